@@ -1,0 +1,246 @@
+// Collectives: argument checks, dispatch to the backend group for the tensor's device, and the
+// conversions that let Gloo carry what it does not support natively.
+#include "cpprun/collectives.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include "comm/group_impl.h"
+#include "comm/ring.h"
+#include "comm/work_state.h"
+
+namespace cpprun {
+namespace {
+
+using at::ScalarType;
+
+void check_tensor(const char* op, const char* name, const at::Tensor& t) {
+  TORCH_CHECK(t.defined(), "cpprun::", op, ": ", name, " is an undefined tensor.");
+  TORCH_CHECK(t.layout() == at::kStrided, "cpprun::", op, ": ", name,
+              " must be a dense tensor, got layout ", t.layout(), ".");
+  TORCH_CHECK(t.is_contiguous(), "cpprun::", op, ": ", name, " (shape ", t.sizes(),
+              ") is not contiguous; the result is written in place, so pass a contiguous tensor "
+              "(e.g. t = t.contiguous() before the call and use t afterwards).");
+}
+
+void check_same_kind(const char* op, const at::Tensor& output, const at::Tensor& input) {
+  TORCH_CHECK(output.scalar_type() == input.scalar_type(), "cpprun::", op,
+              ": output dtype ", output.scalar_type(), " differs from input dtype ",
+              input.scalar_type(), ".");
+  TORCH_CHECK(output.device() == input.device(), "cpprun::", op, ": output is on ",
+              output.device(), " but input is on ", input.device(), ".");
+}
+
+void check_average(const char* op, const at::Tensor& t, ReduceOp reduce) {
+  TORCH_CHECK(reduce != ReduceOp::kAvg || at::isFloatingType(t.scalar_type()), "cpprun::", op,
+              ": ReduceOp::kAvg needs a floating-point tensor, got ", t.scalar_type(),
+              ". Use kSum and divide as your integer semantics require.");
+}
+
+// The element types Gloo (LibTorch 1.13 and 2.x) reduces.
+bool gloo_reduces(ScalarType type) {
+  switch (type) {
+    case ScalarType::Float:
+    case ScalarType::Double:
+    case ScalarType::Half:
+    case ScalarType::Char:
+    case ScalarType::Byte:
+    case ScalarType::Int:
+    case ScalarType::Long: return true;
+    default: return false;
+  }
+}
+
+// Operations that only move bits can carry any type as a same-width type Gloo knows.
+at::Tensor as_movable_bits(const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case ScalarType::BFloat16:
+    case ScalarType::Short: return t.view(ScalarType::Half);
+    case ScalarType::Bool: return t.view(ScalarType::Byte);
+    default: return t;
+  }
+}
+
+c10d::ReduceOp to_c10d(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg: return c10d::ReduceOp::SUM;  // averaged after the sum, on every backend
+    case ReduceOp::kMax: return c10d::ReduceOp::MAX;
+    case ReduceOp::kMin: return c10d::ReduceOp::MIN;
+  }
+  return c10d::ReduceOp::SUM;
+}
+
+// The group's world of one needs no communication at all.
+bool alone(const ProcessGroup& group) { return group.size() == 1; }
+
+}  // namespace
+
+// ---- Work ----------------------------------------------------------------------------------
+
+Work::Work() = default;
+Work::Work(std::shared_ptr<State> state) : state_(std::move(state)) {}
+
+void Work::wait() {
+  if (!state_) return;
+  if (state_->c10d_work) state_->c10d_work->wait();
+  if (state_->task.valid()) state_->task.get();
+  if (state_->then) std::call_once(state_->then_once, state_->then);
+}
+
+void Work::keep_alive(const ProcessGroup& group) {
+  if (!state_) state_ = std::make_shared<State>();
+  state_->group = group;
+}
+
+bool Work::is_completed() const {
+  if (!state_) return true;
+  if (state_->c10d_work && !state_->c10d_work->isCompleted()) return false;
+  if (state_->task.valid() &&
+      state_->task.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
+    return false;
+  }
+  return true;
+}
+
+// ---- all_reduce ----------------------------------------------------------------------------
+
+Work all_reduce_async(const ProcessGroup& group, at::Tensor tensor, ReduceOp op) {
+  check_tensor("all_reduce", "tensor", tensor);
+  check_average("all_reduce", tensor, op);
+  if (alone(group)) return Work();
+  auto& impl = group.impl();
+  // Gloo refuses e.g. bf16: reduce a float32 copy (more exact, too) and copy the result back.
+  const bool convert = !impl.is_nccl(tensor) && !gloo_reduces(tensor.scalar_type());
+  at::Tensor wire = convert ? tensor.to(ScalarType::Float) : tensor;
+  std::vector<at::Tensor> tensors{wire};
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = to_c10d(op);
+  auto work = impl.group_for(tensor).allreduce(tensors, opts);
+  const int size = group.size();
+  return make_work(std::move(work), [tensor, wire, op, size, convert]() mutable {
+    if (op == ReduceOp::kAvg) wire.div_(size);
+    if (convert) tensor.copy_(wire);
+  });
+}
+
+void all_reduce(const ProcessGroup& group, at::Tensor tensor, ReduceOp op) {
+  all_reduce_async(group, std::move(tensor), op).wait();
+}
+
+// ---- broadcast -----------------------------------------------------------------------------
+
+Work broadcast_async(const ProcessGroup& group, at::Tensor tensor, int root) {
+  check_tensor("broadcast", "tensor", tensor);
+  TORCH_CHECK(root >= 0 && root < group.size(), "cpprun::broadcast: root ", root,
+              " is not a rank of this group (0..", group.size() - 1, ").");
+  if (alone(group)) return Work();
+  auto& impl = group.impl();
+  std::vector<at::Tensor> tensors{impl.is_nccl(tensor) ? tensor : as_movable_bits(tensor)};
+  c10d::BroadcastOptions opts;
+  opts.rootRank = root;
+  return make_work(impl.group_for(tensor).broadcast(tensors, opts));
+}
+
+void broadcast(const ProcessGroup& group, at::Tensor tensor, int root) {
+  broadcast_async(group, std::move(tensor), root).wait();
+}
+
+// ---- all_gather_into -----------------------------------------------------------------------
+
+Work all_gather_into_async(const ProcessGroup& group, at::Tensor output, at::Tensor input) {
+  check_tensor("all_gather_into", "input", input);
+  check_tensor("all_gather_into", "output", output);
+  check_same_kind("all_gather_into", output, input);
+  const int n = group.size();
+  TORCH_CHECK(output.numel() == n * input.numel(), "cpprun::all_gather_into: output has ",
+              output.numel(), " elements but needs world_size (", n, ") x input (",
+              input.numel(), ") = ", n * input.numel(), ".");
+  auto& impl = group.impl();
+  if (alone(group)) {
+    output.view_as(input).copy_(input);
+    return Work();
+  }
+  if (impl.is_nccl(input)) {
+    return make_work(impl.group_for(input)._allgather_base(output, input));
+  }
+  // Gloo gathers into a list of tensors: views of `output`, one per rank.
+  at::Tensor in_bits = as_movable_bits(input);
+  at::Tensor out_bits = as_movable_bits(output).view({n, input.numel()});
+  std::vector<at::Tensor> inputs{in_bits.view({input.numel()})};
+  std::vector<std::vector<at::Tensor>> outputs(1);
+  for (int r = 0; r < n; ++r) outputs[0].push_back(out_bits[r]);
+  return make_work(impl.gloo->allgather(outputs, inputs));
+}
+
+void all_gather_into(const ProcessGroup& group, at::Tensor output, at::Tensor input) {
+  all_gather_into_async(group, std::move(output), std::move(input)).wait();
+}
+
+// ---- reduce_scatter ------------------------------------------------------------------------
+
+Work reduce_scatter_async(const ProcessGroup& group, at::Tensor output, at::Tensor input,
+                          ReduceOp op) {
+  check_tensor("reduce_scatter", "input", input);
+  check_tensor("reduce_scatter", "output", output);
+  check_same_kind("reduce_scatter", output, input);
+  check_average("reduce_scatter", input, op);
+  const int n = group.size();
+  TORCH_CHECK(input.numel() == n * output.numel(), "cpprun::reduce_scatter: input has ",
+              input.numel(), " elements but needs world_size (", n, ") x output (",
+              output.numel(), ") = ", n * output.numel(),
+              ". Pad the input to a multiple of the world size.");
+  auto& impl = group.impl();
+  if (alone(group)) {
+    output.view_as(input).copy_(input);
+    return Work();
+  }
+  if (impl.is_nccl(input)) {
+    c10d::ReduceScatterOptions opts;
+    opts.reduceOp = to_c10d(op);
+    auto work = impl.group_for(input)._reduce_scatter_base(output, input, opts);
+    return make_work(std::move(work), [output, op, n]() mutable {
+      if (op == ReduceOp::kAvg) output.div_(n);
+    });
+  }
+  detail::RingReduceScatter ring;
+  ring.group = impl.gloo.get();
+  ring.rank = group.rank();
+  ring.size = n;
+  ring.op_index = impl.next_p2p_op++;
+  ring.op = op;
+  ring.timeout = impl.timeout;
+  ring.bytes_sent = &impl.p2p_bytes_sent;
+  // The task must not own the group: were it the last owner, the group would be destroyed on
+  // its own executor thread. The Work keeps the group alive instead.
+  auto task = impl.executor.submit(
+      [ring, output, input]() { detail::run_ring_reduce_scatter(ring, output, input); });
+  Work work = make_work(std::move(task));
+  work.keep_alive(group);
+  return work;
+}
+
+void reduce_scatter(const ProcessGroup& group, at::Tensor output, at::Tensor input, ReduceOp op) {
+  reduce_scatter_async(group, std::move(output), std::move(input), op).wait();
+}
+
+// ---- barrier -------------------------------------------------------------------------------
+
+Work barrier_async(const ProcessGroup& group) {
+  if (alone(group)) return Work();
+  return make_work(group.impl().gloo->barrier());
+}
+
+void barrier(const ProcessGroup& group) { barrier_async(group).wait(); }
+
+const char* to_string(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return "sum";
+    case ReduceOp::kAvg: return "avg";
+    case ReduceOp::kMax: return "max";
+    case ReduceOp::kMin: return "min";
+  }
+  return "?";
+}
+
+}  // namespace cpprun

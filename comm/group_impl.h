@@ -1,0 +1,40 @@
+// What a cpprun::ProcessGroup holds. Internal to comm/: the rest of cpprun reaches c10d only
+// through the functions declared in cpprun's public headers and comm/c10d_access.h.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <atomic>
+#include <chrono>
+
+#include "comm/c10d_compat.h"
+#include "comm/serial_executor.h"
+#include "cpprun/process_group.h"
+
+namespace cpprun {
+
+struct ProcessGroup::Impl {
+  DistEnv env;
+  Backend backend = Backend::kGloo;
+  std::chrono::milliseconds timeout{};
+  c10::intrusive_ptr<c10d::Store> store;
+  c10::intrusive_ptr<detail::C10dGroup> gloo;  // always: CPU tensors, and the fallback
+  c10::intrusive_ptr<detail::C10dGroup> nccl;  // CUDA builds with a GPU: CUDA tensors
+  // Tags for point-to-point messages of our own algorithms; every rank draws them in the
+  // same order because collectives are called in the same order on every rank.
+  std::atomic<uint32_t> next_p2p_op{0};
+  // Bytes this rank sent point-to-point in our own algorithms: lets tests check that the ring
+  // moves what a native collective would.
+  std::atomic<uint64_t> p2p_bytes_sent{0};
+  // Declared last so it is destroyed first: queued ring steps still use the groups above.
+  detail::SerialExecutor executor;
+
+  // The backend group that handles tensors on `tensor`'s device.
+  detail::C10dGroup& group_for(const at::Tensor& tensor) const {
+    if (tensor.is_cuda() && nccl) return *nccl;
+    return *gloo;
+  }
+  bool is_nccl(const at::Tensor& tensor) const { return tensor.is_cuda() && nccl; }
+};
+
+}  // namespace cpprun

@@ -1,0 +1,245 @@
+// init_process_group(): store, join check, backend groups, and the default group.
+#include <ATen/Context.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+
+#ifdef CPPRUN_WITH_NCCL
+#include <c10/cuda/CUDAFunctions.h>
+#endif
+
+#include <iostream>
+#include <mutex>
+#include <sstream>
+
+#include "comm/group_impl.h"
+
+namespace cpprun {
+namespace {
+
+using Millis = std::chrono::milliseconds;
+
+std::string seconds(Millis t) {
+  std::ostringstream out;
+  out << static_cast<double>(t.count()) / 1000.0 << " s";
+  return out.str();
+}
+
+std::string where(const DistEnv& env) {
+  return "MASTER_ADDR=" + env.master_addr + " MASTER_PORT=" + std::to_string(env.master_port);
+}
+
+bool mentions(const std::string& text, const char* what) {
+  return text.find(what) != std::string::npos;
+}
+
+// Rank 0 starts the store's server at MASTER_ADDR:MASTER_PORT (unless the launcher hosts it);
+// the others connect to it. Errors from c10d are turned into ones that say what to do.
+c10::intrusive_ptr<c10d::Store> connect_store(const DistEnv& env, Millis timeout) {
+  if (env.world_size == 1 && env.source == EnvSource::kSingleProcess) {
+    return c10::make_intrusive<c10d::HashStore>();  // a world of one: no server, no port
+  }
+  c10d::TCPStoreOptions opts;
+  opts.port = static_cast<std::uint16_t>(env.master_port);
+  opts.isServer = env.rank == 0 && !env.agent_hosts_store;
+  opts.numWorkers = env.world_size;
+  opts.waitWorkers = false;  // the join check below waits, and names who is missing
+  opts.timeout = timeout;
+  try {
+    return c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts);
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    TORCH_CHECK(!(opts.isServer && (mentions(what, "in use") || mentions(what, "EADDRINUSE"))),
+                "cpprun: rank 0 cannot start the rendezvous store: port ", env.master_port,
+                " is already in use on this host (", where(env),
+                "). Another job, or a previous run still shutting down, holds it. Pick a free "
+                "port with `cpprun --master_port=PORT` (or `--standalone`), or export "
+                "MASTER_PORT=PORT.\nc10d said: ", what);
+    TORCH_CHECK(opts.isServer, "cpprun: rank ", env.rank,
+                " could not reach the rendezvous store at ", where(env), " within ",
+                seconds(timeout), ". Is rank 0 running, and is MASTER_ADDR an address of rank "
+                "0's host that this host can reach? (MASTER_ADDR/MASTER_PORT are set by cpprun "
+                "or torchrun; the wait is ProcessGroupOptions::timeout.)\nc10d said: ", what);
+    TORCH_CHECK(false, "cpprun: rank 0 could not start the rendezvous store at ", where(env),
+                ": ", what);
+  }
+}
+
+// Every rank announces itself, then waits for the others, so a missing rank is reported by
+// number instead of as a backend's opaque time-out.
+void wait_for_all_ranks(c10d::Store& store, const DistEnv& env, Millis timeout) {
+  auto key = [](int rank) { return "joined/" + std::to_string(rank); };
+  store.set(key(env.rank), std::vector<uint8_t>{1});
+  std::vector<std::string> keys;
+  for (int r = 0; r < env.world_size; ++r) keys.push_back(key(r));
+  try {
+    store.wait(keys, timeout);
+  } catch (const std::exception& e) {
+    std::string missing;
+    for (int r = 0; r < env.world_size; ++r) {
+      bool joined = false;
+      try {
+        joined = store.check({key(r)});
+      } catch (const std::exception&) {
+      }
+      if (!joined) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+    }
+    TORCH_CHECK(false, "cpprun: rank ", env.rank, " timed out after ", seconds(timeout),
+                " waiting for the job's ", env.world_size, " ranks to join at ", where(env),
+                ". Ranks not joined: ", missing.empty() ? "(unknown)" : missing,
+                ". Did every worker start, with the same WORLD_SIZE, MASTER_ADDR and "
+                "MASTER_PORT?\nc10d said: ", e.what());
+  }
+}
+
+// Gloo must listen on an interface the other ranks reach: GLOO_SOCKET_IFNAME when given, the
+// loopback when the job is on this host, else the address the host name resolves to.
+std::shared_ptr<::gloo::transport::Device> gloo_device(const DistEnv& env) {
+  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname) {
+    return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
+  }
+  const std::string& addr = env.master_addr;
+  const bool local = addr == "localhost" || addr.rfind("127.", 0) == 0 || addr == "::1";
+  if (local || env.world_size == env.local_world_size) {
+    return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+  }
+  return c10d::ProcessGroupGloo::createDefaultDevice();
+}
+
+c10::intrusive_ptr<detail::C10dGroup> make_gloo(const c10::intrusive_ptr<c10d::Store>& store,
+                                                const DistEnv& env, Millis timeout) {
+  auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
+  opts->devices.push_back(gloo_device(env));
+  opts->threads = 2;  // as torch.distributed: enough to overlap two collectives
+  auto prefixed = c10::make_intrusive<c10d::PrefixStore>("gloo", store);
+  return c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, env.rank, env.world_size, opts);
+}
+
+bool cuda_usable() {
+#ifdef CPPRUN_WITH_NCCL
+  return at::hasCUDA() && at::getNumGPUs() > 0;
+#else
+  return false;
+#endif
+}
+
+c10::intrusive_ptr<detail::C10dGroup> make_nccl(const c10::intrusive_ptr<c10d::Store>& store,
+                                                const DistEnv& env, Millis timeout) {
+#ifdef CPPRUN_WITH_NCCL
+  // NCCL binds each rank to the GPU that is current when it first communicates.
+  c10::cuda::set_device(static_cast<c10::DeviceIndex>(env.local_rank));
+  auto opts = c10d::ProcessGroupNCCL::Options::create();
+  opts->timeout = timeout;
+  auto prefixed = c10::make_intrusive<c10d::PrefixStore>("nccl", store);
+  return c10::make_intrusive<c10d::ProcessGroupNCCL>(prefixed, env.rank, env.world_size, opts);
+#else
+  (void)store, (void)env, (void)timeout;
+  TORCH_INTERNAL_ASSERT(false, "make_nccl called in a build without NCCL");
+#endif
+}
+
+Backend resolve_backend(Backend asked) {
+  const bool nccl_ok = cuda_usable();
+  switch (asked) {
+    case Backend::kAuto: return nccl_ok ? Backend::kNccl : Backend::kGloo;
+    case Backend::kGloo: return Backend::kGloo;
+    case Backend::kNccl:
+#ifndef CPPRUN_WITH_NCCL
+      TORCH_CHECK(false, "cpprun: backend nccl was asked for, but cpprun was built against a "
+                  "LibTorch without CUDA/NCCL. Use Backend::kGloo (or kAuto), or rebuild cpprun "
+                  "against a CUDA LibTorch (see README, 'Building against another LibTorch').");
+#endif
+      TORCH_CHECK(nccl_ok, "cpprun: backend nccl was asked for, but no GPU is visible to this "
+                  "process (check CUDA_VISIBLE_DEVICES and the driver). Use Backend::kGloo.");
+      return Backend::kNccl;
+  }
+  return Backend::kGloo;
+}
+
+// The default group, as torch.distributed's WORLD.
+std::mutex default_mutex;
+std::optional<ProcessGroup> default_pg;
+int groups_created = 0;  // names each group's keys in the store; same order on every rank
+
+}  // namespace
+
+ProcessGroup::ProcessGroup(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {
+  TORCH_INTERNAL_ASSERT(impl_ != nullptr);
+}
+int ProcessGroup::rank() const { return impl_->env.rank; }
+int ProcessGroup::size() const { return impl_->env.world_size; }
+Backend ProcessGroup::backend() const { return impl_->backend; }
+const DistEnv& ProcessGroup::env() const { return impl_->env; }
+std::chrono::milliseconds ProcessGroup::timeout() const { return impl_->timeout; }
+
+ProcessGroup init_process_group(const ProcessGroupOptions& options) {
+  TORCH_CHECK(options.timeout.count() > 0, "cpprun: ProcessGroupOptions::timeout must be "
+              "positive, got ", options.timeout.count(), " ms.");
+  auto impl = std::make_shared<ProcessGroup::Impl>();
+  impl->env = options.env ? *options.env : read_dist_env();
+  impl->timeout = options.timeout;
+  impl->backend = resolve_backend(options.backend);
+  const DistEnv& env = impl->env;
+
+  if (env.source == EnvSource::kSingleProcess && env.rank == 0) {
+    std::cerr << "cpprun: no RANK/WORLD_SIZE in the environment; running as a single process "
+                 "(world size 1). Use `cpprun --nproc_per_node=N` for more.\n";
+  }
+  int group_index;
+  {
+    std::lock_guard<std::mutex> lock(default_mutex);
+    group_index = groups_created++;
+  }
+  auto root = connect_store(env, options.timeout);
+  impl->store = c10::make_intrusive<c10d::PrefixStore>("cpprun/" + std::to_string(group_index), root);
+  wait_for_all_ranks(*impl->store, env, options.timeout);
+
+  impl->gloo = make_gloo(impl->store, env, options.timeout);
+  if (impl->backend == Backend::kNccl) {
+    impl->nccl = make_nccl(impl->store, env, options.timeout);
+  }
+  ProcessGroup group(std::move(impl));
+  std::lock_guard<std::mutex> lock(default_mutex);
+  if (!default_pg) default_pg = group;
+  return group;
+}
+
+bool is_initialized() {
+  std::lock_guard<std::mutex> lock(default_mutex);
+  return default_pg.has_value();
+}
+
+ProcessGroup default_group() {
+  std::lock_guard<std::mutex> lock(default_mutex);
+  TORCH_CHECK(default_pg, "cpprun: no process group yet; call cpprun::init_process_group() first.");
+  return *default_pg;
+}
+
+void destroy_process_group() {
+  std::lock_guard<std::mutex> lock(default_mutex);
+  default_pg.reset();
+}
+
+int rank() { return is_initialized() ? default_group().rank() : read_dist_env().rank; }
+int world_size() { return is_initialized() ? default_group().size() : read_dist_env().world_size; }
+int local_rank() {
+  return is_initialized() ? default_group().env().local_rank : read_dist_env().local_rank;
+}
+
+c10::Device local_device() {
+  const int index = local_rank();
+  if (at::hasCUDA() && index < static_cast<int>(at::getNumGPUs())) {
+    return c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(index));
+  }
+  return c10::Device(c10::DeviceType::CPU);
+}
+
+const char* to_string(Backend backend) {
+  switch (backend) {
+    case Backend::kAuto: return "auto";
+    case Backend::kGloo: return "gloo";
+    case Backend::kNccl: return "nccl";
+  }
+  return "?";
+}
+
+}  // namespace cpprun

@@ -1,0 +1,30 @@
+// Reduce-scatter as a ring over send/recv, for backends without one (Gloo in LibTorch 1.13).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+
+#include "comm/c10d_compat.h"
+#include "cpprun/collectives.h"
+
+namespace cpprun::detail {
+
+struct RingReduceScatter {
+  C10dGroup* group = nullptr;
+  int rank = 0;
+  int size = 1;
+  uint32_t op_index = 0;  // distinguishes this op's messages from any other op's
+  ReduceOp op = ReduceOp::kSum;
+  std::chrono::milliseconds timeout{};
+  std::atomic<uint64_t>* bytes_sent = nullptr;  // optional tally of what this rank sent
+};
+
+// Blocks until `output` holds the reduction of every rank's chunk `rank` of `input`. Each rank
+// sends and receives (size-1)/size of `input`, as a native reduce-scatter would; all-reduce
+// followed by slicing would move twice that.
+void run_ring_reduce_scatter(const RingReduceScatter& ring, at::Tensor output, at::Tensor input);
+
+}  // namespace cpprun::detail

@@ -1,0 +1,56 @@
+// Collectives with one signature whatever the backend and LibTorch version. Each has a blocking
+// form and an `_async` form that returns a Work to wait on. Where a backend lacks an operation
+// (Gloo in LibTorch 1.13: reduce-scatter, all-gather into one tensor, bf16 all-reduce) it is
+// built from what the backend has, moving as much data as the native operation would.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+
+#include "cpprun/process_group.h"
+
+namespace cpprun {
+
+enum class ReduceOp { kSum, kAvg, kMax, kMin };
+const char* to_string(ReduceOp op);
+
+// Handle to a collective in flight. wait() blocks until it is done, rethrows its error, and
+// finishes any step that follows it (e.g. converting a bf16 result back). Waiting twice is fine.
+class Work {
+ public:
+  struct State;  // comm/work_state.h
+  Work();        // an already-completed no-op
+  explicit Work(std::shared_ptr<State> state);
+  void wait();
+  bool is_completed() const;
+  // Holds the group until this work is gone, for work that runs on the group's own thread.
+  void keep_alive(const ProcessGroup& group);
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+// In place: every rank ends with the reduction of all ranks' `tensor`.
+Work all_reduce_async(const ProcessGroup& group, at::Tensor tensor, ReduceOp op = ReduceOp::kSum);
+void all_reduce(const ProcessGroup& group, at::Tensor tensor, ReduceOp op = ReduceOp::kSum);
+
+// In place: every rank ends with rank `root`'s `tensor`.
+Work broadcast_async(const ProcessGroup& group, at::Tensor tensor, int root = 0);
+void broadcast(const ProcessGroup& group, at::Tensor tensor, int root = 0);
+
+// output (world_size * input.numel() elements) = the ranks' inputs concatenated in rank order.
+Work all_gather_into_async(const ProcessGroup& group, at::Tensor output, at::Tensor input);
+void all_gather_into(const ProcessGroup& group, at::Tensor output, at::Tensor input);
+
+// input (world_size * output.numel() elements) is split into world_size equal chunks;
+// rank r's output = the reduction over ranks of chunk r.
+Work reduce_scatter_async(const ProcessGroup& group, at::Tensor output, at::Tensor input,
+                          ReduceOp op = ReduceOp::kSum);
+void reduce_scatter(const ProcessGroup& group, at::Tensor output, at::Tensor input,
+                    ReduceOp op = ReduceOp::kSum);
+
+Work barrier_async(const ProcessGroup& group);
+void barrier(const ProcessGroup& group);
+
+}  // namespace cpprun

@@ -1,0 +1,64 @@
+// A process group: the ranks of a job, joined through a c10d store, with a Gloo group for CPU
+// tensors and (in CUDA builds) an NCCL group for CUDA tensors. Built on LibTorch's c10d.
+#pragma once
+
+#include <c10/core/Device.h>
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "cpprun/env.h"
+
+namespace cpprun {
+
+enum class Backend {
+  kAuto,  // NCCL for CUDA tensors when LibTorch has CUDA and a GPU is visible; Gloo otherwise
+  kGloo,
+  kNccl,
+};
+const char* to_string(Backend backend);
+
+struct ProcessGroupOptions {
+  Backend backend = Backend::kAuto;
+  // Bounds joining the group and every collective, as torch.distributed's `timeout`.
+  std::chrono::milliseconds timeout = std::chrono::minutes(30);
+  // Who we are; read from the environment (see env.h) when not given.
+  std::optional<DistEnv> env;
+};
+
+// A cheap, copyable handle; the group lives until its last handle is gone.
+class ProcessGroup {
+ public:
+  struct Impl;  // comm/group_impl.h
+  explicit ProcessGroup(std::shared_ptr<Impl> impl);
+
+  int rank() const;
+  int size() const;
+  Backend backend() const;  // what kAuto resolved to: kGloo or kNccl
+  const DistEnv& env() const;
+  std::chrono::milliseconds timeout() const;
+  Impl& impl() const { return *impl_; }
+
+ private:
+  std::shared_ptr<Impl> impl_;
+};
+
+// Joins the job described by options.env (or the environment) and makes the group the default
+// one. Collective: every rank must call it. Throws c10::Error with a clear message on bad
+// environment values, a taken MASTER_PORT, or ranks that do not arrive within the timeout.
+ProcessGroup init_process_group(const ProcessGroupOptions& options = {});
+
+bool is_initialized();
+ProcessGroup default_group();      // throws unless init_process_group() ran
+void destroy_process_group();      // drops the default group (its resources go with the last handle)
+
+// This process's place in the job: from the default group when initialized, else the environment.
+int rank();
+int world_size();
+int local_rank();
+// cuda:LOCAL_RANK when this LibTorch has CUDA and that GPU exists, else cpu.
+c10::Device local_device();
+
+}  // namespace cpprun

@@ -1,0 +1,25 @@
+# ctest script: install cpprun into a scratch prefix, build tests/consumer against it with
+# find_package(cpprun), and run it on 2 ranks with the installed launcher.
+file(REMOVE_RECURSE ${CPPRUN_WORK_DIR})
+set(prefix ${CPPRUN_WORK_DIR}/prefix)
+
+function(run)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+  message("${out}")
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "failed (${rc}): ${ARGN}")
+  endif()
+  set(last_output "${out}" PARENT_SCOPE)
+endfunction()
+
+run(${CMAKE_COMMAND} --install ${CPPRUN_BUILD_DIR} --prefix ${prefix})
+run(${CMAKE_COMMAND} -S ${CPPRUN_CONSUMER_SOURCE} -B ${CPPRUN_WORK_DIR}/build
+    -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_BUILD_TYPE=Release)
+run(${CMAKE_COMMAND} --build ${CPPRUN_WORK_DIR}/build)
+run(${CPPRUN_ISOLATE} ${prefix}/bin/cpprun --standalone --nproc_per_node=2 ${CPPRUN_WORK_DIR}/build/consumer)
+foreach(rank 0 1)
+  if(NOT last_output MATCHES "consumer rank ${rank}/2 sum 3 ok")
+    message(FATAL_ERROR "rank ${rank} did not report the right sum")
+  endif()
+endforeach()
+file(REMOVE_RECURSE ${CPPRUN_WORK_DIR})

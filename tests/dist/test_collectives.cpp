@@ -1,0 +1,180 @@
+// Collectives on the real process group, run under `cpprun --nproc_per_node=K` for K = 1..4.
+// Every rank checks its result against values computed locally. Checks use CHECK, not REQUIRE,
+// so a failing rank still makes the same sequence of collective calls as the others.
+#include <catch2/catch.hpp>
+#include <ATen/ATen.h>
+
+#include <vector>
+
+#include "comm/group_impl.h"  // p2p_bytes_sent
+#include "cpprun/cpprun.h"
+
+using cpprun::ReduceOp;
+
+namespace {
+
+const cpprun::ProcessGroup& group() {
+  static const cpprun::ProcessGroup pg = [] {
+    cpprun::ProcessGroupOptions options;
+    options.timeout = std::chrono::seconds(60);
+    return cpprun::init_process_group(options);
+  }();
+  return pg;
+}
+
+// Sizes that do and do not divide by 2, 3 and 4.
+const std::vector<int64_t> kSizes = {1, 7, 1001, 4099};
+const std::vector<at::ScalarType> kTypes = {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16};
+
+// Rank r's contribution: (r + 1) * (i % 7 + 1): small integers, exact in every type tested.
+at::Tensor contribution(int rank, int64_t n, at::ScalarType type) {
+  return ((at::arange(n, at::kLong) % 7 + 1) * (rank + 1)).to(type);
+}
+
+// What reducing every rank's contribution gives, computed locally in double.
+at::Tensor expected_reduction(int64_t n, ReduceOp op, int world) {
+  at::Tensor base = (at::arange(n, at::kLong) % 7 + 1).to(at::kDouble);
+  switch (op) {
+    case ReduceOp::kSum: return base * (world * (world + 1) / 2);
+    case ReduceOp::kAvg: return base * ((world + 1) / 2.0);
+    case ReduceOp::kMax: return base * world;
+    case ReduceOp::kMin: return base;
+  }
+  return base;
+}
+
+bool equal_as_double(const at::Tensor& actual, const at::Tensor& expected) {
+  return at::allclose(actual.to(at::kDouble), expected.to(at::kDouble), 1e-6, 1e-6);
+}
+
+}  // namespace
+
+TEST_CASE("collectives: the group matches the launcher's environment", "[collectives]") {
+  const auto env = cpprun::read_dist_env();
+  CHECK(group().rank() == env.rank);
+  CHECK(group().size() == env.world_size);
+  CHECK(cpprun::rank() == env.rank);
+  CHECK(cpprun::world_size() == env.world_size);
+  CHECK(cpprun::local_device().is_cpu());
+}
+
+TEST_CASE("collectives: all_reduce sum, avg, max, min over sizes and types", "[collectives]") {
+  const int world = group().size(), rank = group().rank();
+  for (auto type : kTypes) {
+    for (auto n : kSizes) {
+      for (auto op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin}) {
+        at::Tensor t = contribution(rank, n, type);
+        cpprun::all_reduce(group(), t, op);
+        INFO("type " << type << " n " << n << " op " << cpprun::to_string(op));
+        CHECK(t.scalar_type() == type);
+        CHECK(equal_as_double(t, expected_reduction(n, op, world)));
+      }
+    }
+  }
+}
+
+TEST_CASE("collectives: all_reduce of integer tensors sums exactly", "[collectives]") {
+  const int world = group().size(), rank = group().rank();
+  at::Tensor t = at::full({3}, int64_t{1} << 40, at::kLong) + rank;
+  cpprun::all_reduce(group(), t);
+  const int64_t expected = world * (int64_t{1} << 40) + world * (world - 1) / 2;
+  CHECK(t.equal(at::full({3}, expected, at::kLong)));
+  CHECK_THROWS_WITH(cpprun::all_reduce(group(), t, ReduceOp::kAvg), Catch::Contains("floating-point"));
+}
+
+TEST_CASE("collectives: broadcast from every root, every type", "[collectives]") {
+  const int world = group().size(), rank = group().rank();
+  for (auto type : {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16, at::kBool, at::kLong}) {
+    for (int root = 0; root < world; ++root) {
+      at::Tensor t = contribution(rank, 1001, type);
+      cpprun::broadcast(group(), t, root);
+      INFO("type " << type << " root " << root);
+      CHECK(t.equal(contribution(root, 1001, type)));
+    }
+  }
+  at::Tensor t = at::zeros({2});
+  CHECK_THROWS_WITH(cpprun::broadcast(group(), t, world), Catch::Contains("root"));
+}
+
+TEST_CASE("collectives: all_gather_into concatenates in rank order", "[collectives]") {
+  const int world = group().size(), rank = group().rank();
+  for (auto type : kTypes) {
+    for (auto n : kSizes) {
+      at::Tensor output = at::zeros({world * n}, type);
+      cpprun::all_gather_into(group(), output, contribution(rank, n, type));
+      std::vector<at::Tensor> parts;
+      for (int r = 0; r < world; ++r) parts.push_back(contribution(r, n, type));
+      INFO("type " << type << " n " << n);
+      CHECK(output.equal(at::cat(parts)));
+    }
+  }
+  at::Tensor wrong = at::zeros({world * 5 + 1});
+  CHECK_THROWS_WITH(cpprun::all_gather_into(group(), wrong, at::zeros({5})),
+                    Catch::Contains("needs world_size"));
+}
+
+TEST_CASE("collectives: reduce_scatter gives each rank its reduced chunk", "[collectives]") {
+  const int world = group().size(), rank = group().rank();
+  for (auto type : kTypes) {
+    for (auto n : kSizes) {  // n elements per rank: world * n in all, any remainder mod world
+      for (auto op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin}) {
+        at::Tensor input = contribution(rank, world * n, type);
+        at::Tensor output = at::empty({n}, type);
+        cpprun::reduce_scatter(group(), output, input, op);
+        at::Tensor expected = expected_reduction(world * n, op, world).narrow(0, rank * n, n);
+        INFO("type " << type << " n " << n << " op " << cpprun::to_string(op));
+        CHECK(equal_as_double(output, expected));
+      }
+    }
+  }
+  at::Tensor out = at::zeros({4});
+  CHECK_THROWS_WITH(cpprun::reduce_scatter(group(), out, at::zeros({world * 4 + 1})),
+                    Catch::Contains("Pad the input"));
+}
+
+TEST_CASE("collectives: reduce_scatter sends (N-1)/N of its input per rank", "[collectives]") {
+  const int world = group().size(), rank = group().rank();
+  const int64_t n = 10000;  // elements per rank's output chunk
+  at::Tensor input = contribution(rank, world * n, at::kFloat);
+  at::Tensor output = at::empty({n}, at::kFloat);
+  const uint64_t before = group().impl().p2p_bytes_sent;
+  cpprun::reduce_scatter(group(), output, input);
+  const uint64_t sent = group().impl().p2p_bytes_sent - before;
+  // A native reduce-scatter moves (N-1)/N of the input; all-reduce-then-slice twice that.
+  CHECK(sent == static_cast<uint64_t>(world - 1) * n * sizeof(float));
+}
+
+TEST_CASE("collectives: async operations overlap and complete in any wait order", "[collectives]") {
+  const int world = group().size(), rank = group().rank();
+  const int64_t n = 3001;
+  std::vector<at::Tensor> reduced, scattered;
+  std::vector<cpprun::Work> works;
+  for (int i = 0; i < 4; ++i) {
+    reduced.push_back(contribution(rank, n, at::kFloat) * (i + 1));
+    works.push_back(cpprun::all_reduce_async(group(), reduced.back()));
+    scattered.push_back(at::empty({n}, at::kFloat));
+    works.push_back(cpprun::reduce_scatter_async(group(), scattered.back(),
+                                                 contribution(rank, world * n, at::kFloat) * (i + 1)));
+  }
+  works.push_back(cpprun::barrier_async(group()));
+  for (auto it = works.rbegin(); it != works.rend(); ++it) it->wait();  // newest first
+  for (auto& work : works) {
+    CHECK(work.is_completed());
+    work.wait();  // a second wait is harmless
+  }
+  for (int i = 0; i < 4; ++i) {
+    CHECK(equal_as_double(reduced[i], expected_reduction(n, ReduceOp::kSum, world) * (i + 1)));
+    CHECK(equal_as_double(scattered[i],
+                          (expected_reduction(world * n, ReduceOp::kSum, world) * (i + 1)).narrow(0, rank * n, n)));
+  }
+}
+
+TEST_CASE("collectives: multidimensional and non-contiguous tensors", "[collectives]") {
+  const int world = group().size(), rank = group().rank();
+  at::Tensor matrix = contribution(rank, 12, at::kFloat).view({3, 4});
+  cpprun::all_reduce(group(), matrix);
+  CHECK(equal_as_double(matrix.view({12}), expected_reduction(12, ReduceOp::kSum, world)));
+  at::Tensor transposed = at::zeros({3, 4}).t();
+  CHECK_THROWS_WITH(cpprun::all_reduce(group(), transposed), Catch::Contains("not contiguous"));
+  cpprun::barrier(group());
+}

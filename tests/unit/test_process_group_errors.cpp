@@ -1,0 +1,114 @@
+// init_process_group()'s failures: each is an error that says what to do, within the timeout,
+// never a hang. Runs in a private network namespace (tests/run_isolated.sh) or on loopback.
+#include <catch2/catch.hpp>
+#include <c10/util/Exception.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+
+#include "cpprun/cpprun.h"
+
+using namespace std::chrono_literals;
+
+namespace {
+
+// A listening loopback socket on a free port: the port is "taken" while this lives.
+struct TakenPort {
+  int fd = -1;
+  int port = 0;
+  TakenPort() {
+    fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+    REQUIRE(::listen(fd, 4) == 0);
+    socklen_t len = sizeof addr;
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+    port = ntohs(addr.sin_port);
+  }
+  ~TakenPort() { ::close(fd); }
+};
+
+// A loopback port with nothing listening on it.
+int free_port() {
+  TakenPort probe;
+  return probe.port;
+}
+
+cpprun::ProcessGroupOptions options_for(int rank, int world, int port, std::chrono::milliseconds timeout) {
+  cpprun::DistEnv env;
+  env.source = cpprun::EnvSource::kTorchrun;
+  env.rank = rank;
+  env.world_size = world;
+  env.local_rank = rank;
+  env.local_world_size = world;
+  env.master_addr = "127.0.0.1";
+  env.master_port = port;
+  cpprun::ProcessGroupOptions options;
+  options.env = env;
+  options.timeout = timeout;
+  return options;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+}  // namespace
+
+TEST_CASE("process group: a taken MASTER_PORT says so and how to pick another", "[process_group]") {
+  TakenPort taken;
+  CHECK_THROWS_WITH(cpprun::init_process_group(options_for(0, 2, taken.port, 5s)),
+                    Catch::Contains("port " + std::to_string(taken.port) + " is already in use") &&
+                        Catch::Contains("--master_port"));
+}
+
+TEST_CASE("process group: an unreachable master times out and says so", "[process_group]") {
+  const auto start = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH(cpprun::init_process_group(options_for(1, 2, free_port(), 2s)),
+                    Catch::Contains("rank 1 could not reach the rendezvous store") &&
+                        Catch::Contains("Is rank 0 running"));
+  CHECK(seconds_since(start) < 30);
+}
+
+TEST_CASE("process group: ranks that never arrive are named after the timeout", "[process_group]") {
+  const auto start = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH(cpprun::init_process_group(options_for(0, 3, free_port(), 2s)),
+                    Catch::Contains("Ranks not joined: 1, 2"));
+  CHECK(seconds_since(start) < 30);
+}
+
+TEST_CASE("process group: a world of one needs no launcher", "[process_group]") {
+  cpprun::ProcessGroupOptions options;
+  options.env = cpprun::DistEnv{};  // what read_dist_env() returns when nothing is set
+  auto group = cpprun::init_process_group(options);
+  CHECK(group.rank() == 0);
+  CHECK(group.size() == 1);
+  CHECK(group.backend() == cpprun::Backend::kGloo);
+  auto t = at::arange(5, at::kFloat);
+  cpprun::all_reduce(group, t, cpprun::ReduceOp::kAvg);
+  CHECK(t.equal(at::arange(5, at::kFloat)));
+  CHECK(cpprun::is_initialized());
+  cpprun::destroy_process_group();
+  CHECK_FALSE(cpprun::is_initialized());
+}
+
+TEST_CASE("process group: a non-positive timeout is refused", "[process_group]") {
+  cpprun::ProcessGroupOptions options;
+  options.env = cpprun::DistEnv{};
+  options.timeout = 0ms;
+  CHECK_THROWS_WITH(cpprun::init_process_group(options), Catch::Contains("timeout must be positive"));
+}
+
+TEST_CASE("process group: nccl in a CPU-only build is a clear error", "[process_group]") {
+  cpprun::ProcessGroupOptions options;
+  options.env = cpprun::DistEnv{};
+  options.backend = cpprun::Backend::kNccl;
+  if (at::hasCUDA()) return;  // a CUDA build with a GPU may well create it
+  CHECK_THROWS_WITH(cpprun::init_process_group(options), Catch::Contains("nccl"));
+}
