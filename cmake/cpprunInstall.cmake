@@ -11,7 +11,8 @@ install(EXPORT cpprunTargets NAMESPACE cpprun:: DESTINATION ${CMAKE_INSTALL_LIBD
 
 configure_package_config_file(cmake/cpprunConfig.cmake.in
   ${PROJECT_BINARY_DIR}/cpprunConfig.cmake
-  INSTALL_DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/cpprun)
+  INSTALL_DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/cpprun
+  PATH_VARS CMAKE_INSTALL_BINDIR)
 write_basic_package_version_file(${PROJECT_BINARY_DIR}/cpprunConfigVersion.cmake
   COMPATIBILITY SameMinorVersion)
 install(FILES ${PROJECT_BINARY_DIR}/cpprunConfig.cmake ${PROJECT_BINARY_DIR}/cpprunConfigVersion.cmake

@@ -1,0 +1,58 @@
+// Formatting of the failure summary (pure, unit-tested).
+#include "failure_report.h"
+
+#include <sstream>
+
+#include "worker_status.h"
+
+namespace cpprun::launcher {
+namespace {
+
+std::string seconds_text(std::chrono::milliseconds ms) {
+  std::ostringstream out;
+  out << static_cast<double>(ms.count()) / 1000.0 << "s";
+  return out.str();
+}
+
+std::string fate(const WorkerRecord& w, std::chrono::milliseconds shutdown_timeout) {
+  const std::string how = w.exit ? w.exit->describe() : "exit status unknown";
+  switch (w.state) {
+    case WorkerState::kRunning:
+      return "still running";
+    case WorkerState::kFinished:
+      return w.exit && w.exit->succeeded() ? "had finished (exited with code 0)" : "also failed: " + how;
+    case WorkerState::kStoppedByLauncher:
+      return w.sent_sigkill ? "stopped: did not exit within --shutdown_timeout=" +
+                                  seconds_text(shutdown_timeout) + ", " + how
+                            : "stopped: " + how;
+  }
+  return how;
+}
+
+}  // namespace
+
+std::string describe_worker(const WorkerRecord& worker) {
+  return "rank " + std::to_string(worker.rank) + " (local_rank " + std::to_string(worker.local_rank) +
+         ", pid " + std::to_string(worker.pid) + ")";
+}
+
+std::string format_attempt_summary(const std::vector<WorkerRecord>& workers, const AttemptSummary& summary) {
+  std::ostringstream out;
+  if (summary.ending_signal != 0) {
+    out << "cpprun: received " << signal_name(summary.ending_signal)
+        << "; forwarded it to every worker and stopped them\n";
+  }
+  if (summary.root_cause) {
+    const WorkerRecord& root = workers.at(*summary.root_cause);
+    out << "cpprun: " << describe_worker(root) << " failed first (root cause): "
+        << (root.exit ? root.exit->describe() : "exit status unknown") << "\n";
+  }
+  for (std::size_t i = 0; i < workers.size(); ++i) {
+    if (summary.root_cause && i == *summary.root_cause) continue;
+    out << "cpprun:   " << describe_worker(workers[i]) << " " << fate(workers[i], summary.shutdown_timeout)
+        << "\n";
+  }
+  return out.str();
+}
+
+}  // namespace cpprun::launcher

@@ -1,0 +1,27 @@
+// The few lines cpprun prints when an attempt ends badly: which worker failed first (the root
+// cause) and how, and what became of the others.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "worker_status.h"
+
+namespace cpprun::launcher {
+
+struct AttemptSummary {
+  std::optional<std::size_t> root_cause;  // index into the workers, when a worker failed
+  int ending_signal = 0;                  // the signal cpprun received, when interrupted
+  std::chrono::milliseconds shutdown_timeout{0};
+};
+
+// "rank 1 (local_rank 1, pid 4242)"
+std::string describe_worker(const WorkerRecord& worker);
+
+// One line per worker, each starting "cpprun: ", ending in '\n'.
+std::string format_attempt_summary(const std::vector<WorkerRecord>& workers, const AttemptSummary& summary);
+
+}  // namespace cpprun::launcher

@@ -1,0 +1,27 @@
+// Facts about this machine that option parsing needs (core counts, a free port), kept behind a
+// struct so the parser stays pure and tests can supply their own.
+#pragma once
+
+#include <functional>
+#include <string>
+
+namespace cpprun::launcher {
+
+struct HostFacts {
+  int cpu_count = 1;
+  int gpu_count = 0;
+  // Called only for --standalone. Returns a TCP port that was free on 127.0.0.1 a moment ago.
+  std::function<int()> pick_free_port;
+};
+
+// Reads the real machine: online CPUs, visible NVIDIA GPUs, and the real free-port picker.
+HostFacts probe_host();
+
+// Binds 127.0.0.1:0, reads the port the kernel chose, closes the socket. Throws std::system_error.
+int pick_free_port();
+
+// GPUs a CUDA program would see: the /dev/nvidiaN nodes, narrowed by CUDA_VISIBLE_DEVICES the way
+// the CUDA runtime reads it (the list stops at the first empty or negative entry). Null means unset.
+int count_visible_gpus(int device_nodes, const char* cuda_visible_devices);
+
+}  // namespace cpprun::launcher

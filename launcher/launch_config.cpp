@@ -1,0 +1,239 @@
+// CLI11 definition of cpprun's options (torchrun's names, both spellings) and their validation.
+#include "launch_config.h"
+
+#include <CLI/CLI.hpp>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <memory>
+#include <system_error>
+
+namespace cpprun::launcher {
+namespace {
+
+// CLI11 only knows the options; the usage line should also show what follows them.
+class CpprunFormatter : public CLI::Formatter {
+ public:
+  std::string make_usage(const CLI::App* app, std::string name) const override {
+    std::string usage = CLI::Formatter::make_usage(app, std::move(name));
+    const auto end = usage.find_last_not_of('\n') + 1;
+    return usage.substr(0, end) + " PROGRAM [ARGS...]" + usage.substr(end);
+  }
+};
+
+// The raw text of every option, as typed; validate() turns it into a LaunchConfig. Numbers are read
+// as text so that errors can name the flag, the value and the fix in one sentence.
+struct RawOptions {
+  std::string nproc_per_node = "1";
+  std::string nnodes = "1";
+  std::string node_rank = "0";
+  std::string master_addr = "127.0.0.1";
+  std::string master_port = "29500";
+  bool standalone = false;
+  std::string max_restarts = "0";
+  std::string shutdown_timeout = "5";
+  std::string run_id = "none";
+  std::string role = "default";
+  std::string monitor_interval = "0.1";
+  bool no_python = false;
+};
+
+std::string with_value(const std::string& flag, const std::string& value) {
+  return flag + "=" + (value.empty() ? "''" : value);
+}
+
+// Whole numbers only ("4", "-1"); "4x", "4.0" and "" are not numbers.
+bool read_int(const std::string& text, long& out) {
+  if (text.empty()) return false;
+  errno = 0;
+  char* end = nullptr;
+  out = std::strtol(text.c_str(), &end, 10);
+  return errno == 0 && end == text.c_str() + text.size();
+}
+
+int parse_int_in_range(const std::string& flag, const std::string& text, long min, long max,
+                       const std::string& meaning, long example) {
+  long value = 0;
+  if (!read_int(text, value) || value < min || value > max) {
+    throw UsageError(with_value(flag, text) + ": expected " + meaning + ", a whole number from " +
+                     std::to_string(min) + " to " + std::to_string(max) + " (e.g. " + flag + "=" +
+                     std::to_string(example) + ")");
+  }
+  return static_cast<int>(value);
+}
+
+int parse_nproc_per_node(const std::string& text, const HostFacts& host) {
+  const std::string flag = "--nproc_per_node";
+  // torchrun's meanings: auto = one per GPU if there are GPUs, else one per CPU core.
+  if (text == "cpu") return host.cpu_count;
+  if (text == "auto") return host.gpu_count > 0 ? host.gpu_count : host.cpu_count;
+  if (text == "gpu") {
+    if (host.gpu_count > 0) return host.gpu_count;
+    throw UsageError(with_value(flag, text) +
+                     ": no NVIDIA GPU is visible (no /dev/nvidiaN, or CUDA_VISIBLE_DEVICES hides them "
+                     "all); pass a number of workers, or 'cpu' for one per CPU core");
+  }
+  long value = 0;
+  if (!read_int(text, value) || value < 1 || value > 1 << 16) {
+    throw UsageError(with_value(flag, text) +
+                     ": expected the number of workers on this node, a whole number >= 1, or one of "
+                     "auto, cpu, gpu (e.g. --nproc_per_node=4)");
+  }
+  return static_cast<int>(value);
+}
+
+int parse_nnodes(const std::string& text) {
+  // "1" and torchrun's elastic spelling "1:1" both mean one node.
+  if (text == "1" || text == "1:1") return 1;
+  throw UsageError(with_value("--nnodes", text) +
+                   ": this launcher runs a single node; multi-node and elastic MIN:MAX jobs land with "
+                   "the full launcher. Use --nnodes=1 (or leave it out), or torchrun for now");
+}
+
+// Decimal numbers ("5", "0.5"); "5s", "nan" and "" are not.
+bool read_double(const std::string& text, double& out) {
+  if (text.empty()) return false;
+  errno = 0;
+  char* end = nullptr;
+  out = std::strtod(text.c_str(), &end);
+  return errno == 0 && end == text.c_str() + text.size() && std::isfinite(out);
+}
+
+std::chrono::milliseconds parse_seconds(const std::string& flag, const std::string& text) {
+  double seconds = 0;
+  if (!read_double(text, seconds) || seconds < 0 || seconds > 86400) {
+    throw UsageError(with_value(flag, text) +
+                     ": expected a number of seconds from 0 to 86400 (e.g. " + flag + "=5)");
+  }
+  return std::chrono::milliseconds(static_cast<long long>(std::llround(seconds * 1000)));
+}
+
+LaunchConfig validate(const RawOptions& raw, const HostFacts& host) {
+  LaunchConfig config;
+  config.nproc_per_node = parse_nproc_per_node(raw.nproc_per_node, host);
+  config.nnodes = parse_nnodes(raw.nnodes);
+  config.node_rank = parse_int_in_range("--node_rank", raw.node_rank, 0, config.nnodes - 1,
+                                        "this node's rank among --nnodes=" + raw.nnodes, 0);
+  config.max_restarts =
+      parse_int_in_range("--max_restarts", raw.max_restarts, 0, 1000000, "how often to restart", 3);
+  config.shutdown_timeout = parse_seconds("--shutdown_timeout", raw.shutdown_timeout);
+  if (!read_double(raw.monitor_interval, config.monitor_interval)) {
+    throw UsageError(with_value("--monitor_interval", raw.monitor_interval) +
+                     ": expected a number of seconds (accepted for torchrun compatibility, unused)");
+  }
+  config.no_python = raw.no_python;
+  config.run_id = raw.run_id;
+  config.role = raw.role;
+  config.standalone = raw.standalone;
+  if (raw.standalone) {
+    // torchrun's --standalone: a private rendezvous on this host, on a port nobody else uses.
+    if (!host.pick_free_port) throw std::logic_error("HostFacts::pick_free_port is not set");
+    config.master_addr = "127.0.0.1";
+    try {
+      config.master_port = host.pick_free_port();
+    } catch (const std::system_error& e) {
+      throw UsageError(std::string("--standalone: could not find a free port: ") + e.what() +
+                       "; pass --master_port=PORT instead");
+    }
+  } else {
+    if (raw.master_addr.empty()) {
+      throw UsageError("--master_addr='': expected a host name or IP address (e.g. --master_addr=127.0.0.1)");
+    }
+    config.master_addr = raw.master_addr;
+    config.master_port = parse_int_in_range("--master_port", raw.master_port, 1, 65535, "a TCP port", 29500);
+  }
+  return config;
+}
+
+// prefix_command() hands back everything from the first argument CLI11 did not recognise; that is
+// PROGRAM, unless it is an option we do not have.
+void take_program(std::vector<std::string> rest, LaunchConfig& config) {
+  bool after_separator = false;
+  if (!rest.empty() && rest.front() == "--") {
+    rest.erase(rest.begin());
+    after_separator = true;
+  }
+  if (rest.empty()) {
+    throw UsageError(
+        "missing PROGRAM: name the program to launch after the options, e.g. "
+        "`cpprun --nproc_per_node=2 ./train --lr 0.1`\nRun with --help for more information.");
+  }
+  const std::string& first = rest.front();
+  if (!after_separator && first.size() > 1 && first[0] == '-') {
+    throw UsageError("unknown option " + first.substr(0, first.find('=')) +
+                     " (before PROGRAM only cpprun's options are allowed; put -- before PROGRAM "
+                     "if its name starts with '-')\nRun with --help for more information.");
+  }
+  config.program = first;
+  config.program_args.assign(rest.begin() + 1, rest.end());
+}
+
+}  // namespace
+
+ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, const HostFacts& host) {
+  CLI::App app{
+      "Runs PROGRAM as --nproc_per_node local workers with torchrun's environment (RANK, WORLD_SIZE, "
+      "MASTER_ADDR, ...), stops them all when one fails, and restarts the group up to --max_restarts "
+      "times.",
+      "cpprun"};
+  app.prefix_command();
+  app.formatter(std::make_shared<CpprunFormatter>());
+  // argparse semantics, which torchrun users rely on: a repeated option's last value wins.
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  app.footer(
+      "Everything from PROGRAM on is passed to it untouched, including arguments that look like "
+      "options. Every option may also come from the environment as PET_<NAME>, like torchrun.");
+
+  RawOptions raw;
+  auto option = [&](const std::string& names, std::string& value, const std::string& env,
+                    const std::string& type, const std::string& help) {
+    app.add_option(names, value, help)->type_name(type)->envname(env)->capture_default_str();
+  };
+  option("--nproc_per_node,--nproc-per-node", raw.nproc_per_node, "PET_NPROC_PER_NODE", "N|auto|cpu|gpu",
+         "Workers on this node: a number, 'cpu' (one per CPU core), 'gpu' (one per visible NVIDIA "
+         "GPU) or 'auto' (gpu if there are GPUs, else cpu).");
+  option("--nnodes", raw.nnodes, "PET_NNODES", "N",
+         "Number of nodes. Only 1 for now: multi-node lands with the full launcher.");
+  option("--node_rank,--node-rank", raw.node_rank, "PET_NODE_RANK", "INT", "This node's rank.");
+  option("--master_addr,--master-addr", raw.master_addr, "PET_MASTER_ADDR", "HOST",
+         "Address of rank 0, which hosts the c10d TCPStore (MASTER_ADDR).");
+  option("--master_port,--master-port", raw.master_port, "PET_MASTER_PORT", "PORT",
+         "Port of rank 0's TCPStore (MASTER_PORT), 1-65535.");
+  app.add_flag("--standalone", raw.standalone,
+               "Single-node job on a private port: MASTER_ADDR=127.0.0.1 and a free MASTER_PORT, "
+               "overriding --master_addr/--master_port.")
+      ->envname("PET_STANDALONE");
+  option("--max_restarts,--max-restarts", raw.max_restarts, "PET_MAX_RESTARTS", "INT",
+         "When a worker fails, stop the group and start it again up to this many times "
+         "(TORCHELASTIC_RESTART_COUNT counts them).");
+  option("--shutdown_timeout,--shutdown-timeout", raw.shutdown_timeout, "PET_SHUTDOWN_TIMEOUT", "SECONDS",
+         "When stopping workers, seconds between SIGTERM (or the signal cpprun received) and "
+         "SIGKILL. torchrun waits 30; raise this if workers checkpoint on SIGTERM.");
+  option("--rdzv_id,--rdzv-id,--run_id,--run-id", raw.run_id, "PET_RDZV_ID", "ID",
+         "Job id, exported as TORCHELASTIC_RUN_ID.");
+  option("--role", raw.role, "PET_ROLE", "NAME", "Worker role, exported as ROLE_NAME.");
+  option("--monitor_interval,--monitor-interval", raw.monitor_interval, "PET_MONITOR_INTERVAL", "SECONDS",
+         "Accepted for torchrun compatibility and ignored: cpprun reacts to worker exits at once.");
+  app.add_flag("--no_python,--no-python", raw.no_python,
+               "Accepted for torchrun compatibility; cpprun always runs PROGRAM directly.")
+      ->envname("PET_NO_PYTHON");
+
+  ParsedCommandLine result;
+  try {
+    // CLI11's vector overload consumes arguments from the back.
+    std::vector<std::string> reversed(args.rbegin(), args.rend());
+    app.parse(reversed);
+  } catch (const CLI::CallForHelp&) {
+    result.outcome = CliOutcome::kShowHelp;
+    result.help_text = app.help();
+    return result;
+  } catch (const CLI::ParseError& e) {
+    throw UsageError(std::string(e.what()) + "\nRun with --help for more information.");
+  }
+  result.config = validate(raw, host);
+  take_program(app.remaining(), result.config);
+  return result;
+}
+
+}  // namespace cpprun::launcher

@@ -1,0 +1,59 @@
+// What `cpprun [options] PROGRAM [ARGS...]` asked for, parsed and validated. Pure: no processes,
+// no environment writes, so every rule here is unit-tested.
+#pragma once
+
+#include <chrono>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "host_facts.h"
+
+namespace cpprun::launcher {
+
+struct LaunchConfig {
+  int nproc_per_node = 1;
+  int nnodes = 1;  // the core launcher runs one node; see the --nnodes check
+  int node_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  bool standalone = false;  // master_addr/master_port were replaced by 127.0.0.1 and a free port
+  int max_restarts = 0;
+  // SIGTERM (or the forwarded signal) -> SIGKILL grace. torchrun waits 30 s inside its agent; the
+  // launcher defaults to 5 s so a hung rank does not hold a failed job for half a minute.
+  std::chrono::milliseconds shutdown_timeout{5000};
+  std::string run_id = "none";
+  std::string role = "default";
+  // Accepted for torchrun command lines and ignored: the launcher waits on events, it does not
+  // poll, and it never wraps PROGRAM in a Python interpreter.
+  double monitor_interval = 0.1;
+  bool no_python = false;
+
+  std::string program;                    // as typed; resolved on PATH when launching
+  std::vector<std::string> program_args;  // passed to PROGRAM untouched, flags included
+
+  int world_size() const { return nnodes * nproc_per_node; }
+};
+
+enum class CliOutcome { kLaunch, kShowHelp };
+
+struct ParsedCommandLine {
+  CliOutcome outcome = CliOutcome::kLaunch;
+  LaunchConfig config;    // valid when outcome == kLaunch
+  std::string help_text;  // valid when outcome == kShowHelp; CLI11 writes it
+};
+
+// A mistake on the command line. The message names the flag and its value and says how to fix
+// it; the launcher prints it and exits with kUsageExitCode.
+class UsageError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// argparse's (and so torchrun's) code for a bad command line.
+inline constexpr int kUsageExitCode = 2;
+
+// `args` is argv without argv[0]. Throws UsageError.
+ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, const HostFacts& host);
+
+}  // namespace cpprun::launcher

@@ -1,0 +1,149 @@
+// Event loop over the signal relay: SIGCHLD means "reap", anything else is forwarded.
+#include "worker_group.h"
+
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+namespace cpprun::launcher {
+
+WorkerGroup::WorkerGroup(SignalRelay& relay) : relay_(relay) {}
+
+WorkerGroup::~WorkerGroup() {
+  for (WorkerRecord& w : workers_) {
+    if (w.group_lingers) signal_process_group(w.pid, SIGKILL);
+    if (w.state != WorkerState::kRunning) continue;
+    signal_process_group(w.pid, SIGKILL);
+    int status = 0;
+    while (waitpid(w.pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    w.state = WorkerState::kStoppedByLauncher;
+  }
+}
+
+void WorkerGroup::start(const std::vector<WorkerSpec>& specs, std::chrono::milliseconds grace) {
+  workers_.reserve(specs.size());
+  for (const WorkerSpec& spec : specs) {
+    try {
+      WorkerRecord record;
+      record.local_rank = spec.local_rank;
+      record.rank = spec.rank;
+      record.pid = spawn_worker(spec.command, relay_);
+      workers_.push_back(record);
+    } catch (const SpawnError&) {
+      stop(StopStart::kSendSigterm, grace);
+      throw;
+    }
+  }
+}
+
+GroupOutcome WorkerGroup::wait() {
+  for (;;) {
+    handle_events(WorkerState::kFinished);
+    // A job-ending signal outranks a failure seen in the same wake-up: no restart after Ctrl-C.
+    if (ending_signal_ != 0) return {GroupEnd::kInterrupted, root_cause_, ending_signal_};
+    if (root_cause_) return {GroupEnd::kWorkerFailed, root_cause_, 0};
+    if (running() == 0) return {GroupEnd::kSucceeded, std::nullopt, 0};
+    wait_for_signal(-1);
+  }
+}
+
+void WorkerGroup::stop(StopStart how, std::chrono::milliseconds grace) {
+  using Clock = std::chrono::steady_clock;
+  const auto deadline = Clock::now() + grace;
+  if (how == StopStart::kSendSigterm) signal_groups(SIGTERM);
+  for (;;) {
+    handle_events(WorkerState::kStoppedByLauncher);
+    if (running() == 0) break;
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
+    if (left.count() <= 0) break;
+    wait_for_signal(static_cast<int>(std::min<long long>(left.count(), 1 << 30)));
+  }
+  for (WorkerRecord& w : workers_) {
+    // Orphans get as long as the workers took, no longer: nothing tells us when they exit.
+    if (w.group_lingers) {
+      signal_process_group(w.pid, SIGKILL);
+      w.group_lingers = false;
+    }
+    if (w.state != WorkerState::kRunning) continue;
+    w.sent_sigkill = true;
+    signal_process_group(w.pid, SIGKILL);
+  }
+  // SIGKILL cannot be caught, so these waits end as soon as the kernel tears the processes down.
+  for (WorkerRecord& w : workers_) {
+    if (w.state != WorkerState::kRunning) continue;
+    int status = 0;
+    pid_t got = 0;
+    do {
+      got = waitpid(w.pid, &status, 0);
+    } while (got < 0 && errno == EINTR);
+    if (got == w.pid) w.exit = WorkerExit::from_wait_status(status);
+    w.state = WorkerState::kStoppedByLauncher;
+  }
+}
+
+void WorkerGroup::handle_events(WorkerState exit_state) {
+  for (int sig : relay_.take_pending()) {
+    if (sig == SIGCHLD) continue;  // reap() below looks at every worker anyway
+    // Forward before reaping: an unreaped worker's pid still names its process group.
+    signal_groups(sig);
+    if (ends_job(sig) && ending_signal_ == 0) ending_signal_ = sig;
+  }
+  // Once a job-ending signal went out, a worker that exits did so because of it (its handler can
+  // run before we get here): it was stopped, it is not a root cause.
+  reap(ending_signal_ != 0 ? WorkerState::kStoppedByLauncher : exit_state);
+}
+
+void WorkerGroup::reap(WorkerState exit_state) {
+  // Rank order, so when several workers fail in one wake-up the lowest rank is the root cause.
+  for (std::size_t i = 0; i < workers_.size(); ++i) {
+    WorkerRecord& w = workers_[i];
+    if (w.state != WorkerState::kRunning) continue;
+    int status = 0;
+    pid_t got = 0;
+    do {
+      got = waitpid(w.pid, &status, WNOHANG);
+    } while (got < 0 && errno == EINTR);
+    if (got == 0) continue;
+    if (got < 0) {
+      // Only a bug (someone else reaped our child) gets here.
+      throw std::logic_error("cpprun: waitpid(" + std::to_string(w.pid) + ") for rank " +
+                             std::to_string(w.rank) + " failed: " + std::strerror(errno));
+    }
+    w.exit = WorkerExit::from_wait_status(status);
+    w.state = exit_state;
+    // Probed at once, while the group id cannot have been reused. See Note [Orphans in a worker's
+    // process group].
+    const bool ends_attempt = exit_state == WorkerState::kStoppedByLauncher || !w.exit->succeeded();
+    w.group_lingers = ends_attempt && kill(-w.pid, 0) == 0;
+    if (exit_state == WorkerState::kFinished && !w.exit->succeeded() && !root_cause_) root_cause_ = i;
+  }
+}
+
+void WorkerGroup::wait_for_signal(int timeout_ms) {
+  pollfd fd{relay_.wake_fd(), POLLIN, 0};
+  // EINTR just means a handler ran; the caller looks at the relay either way.
+  if (poll(&fd, 1, timeout_ms) < 0 && errno != EINTR) {
+    throw std::runtime_error(std::string("cpprun: poll() failed: ") + std::strerror(errno));
+  }
+}
+
+void WorkerGroup::signal_groups(int sig) {
+  for (const WorkerRecord& w : workers_) {
+    if (w.state == WorkerState::kRunning || w.group_lingers) signal_process_group(w.pid, sig);
+  }
+}
+
+std::size_t WorkerGroup::running() const {
+  std::size_t n = 0;
+  for (const WorkerRecord& w : workers_) n += w.state == WorkerState::kRunning ? 1 : 0;
+  return n;
+}
+
+}  // namespace cpprun::launcher

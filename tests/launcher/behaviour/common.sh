@@ -1,0 +1,78 @@
+# Sourced by the behaviour tests: runs the real cpprun binary ($1), gives the test a private temp
+# dir ($WORK), and on exit kills anything the test started that is still alive, then removes $WORK.
+#
+# Every cpprun under test runs with CPPRUN_TEST_TAG=$WORK in its environment, which its workers
+# inherit; that tag is how leftovers() finds processes without trusting pids that may be reused.
+set -u
+
+CPPRUN=${1:?usage: $0 PATH/TO/cpprun}
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/cpprun-test.XXXXXX")
+export WORK
+unset OMP_NUM_THREADS TORCH_NCCL_ASYNC_ERROR_HANDLING NCCL_ASYNC_ERROR_HANDLING
+unset $(env | sed -n 's/^\(PET_[A-Za-z0-9_]*\)=.*/\1/p')  # torchrun-style option overrides
+
+cleanup() {
+  local pid
+  for pid in $(leftovers); do kill -KILL "$pid" 2>/dev/null; done
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+# Runs cpprun with the tag; stdout and stderr go to $WORK/out and $WORK/err.
+cpprun() {
+  CPPRUN_TEST_TAG=$WORK "$CPPRUN" "$@" >"$WORK/out" 2>"$WORK/err"
+}
+
+# Pids of live processes (zombies have no environment) carrying this test's tag.
+leftovers() {
+  local environ
+  for environ in /proc/[0-9]*/environ; do
+    if { tr '\0' '\n' <"$environ"; } 2>/dev/null | grep -qxF "CPPRUN_TEST_TAG=$WORK"; then
+      environ=${environ#/proc/}
+      echo "${environ%/environ}"
+    fi
+  done
+}
+
+fail() {
+  echo "FAIL: $*" >&2
+  for f in out err; do
+    [ -s "$WORK/$f" ] && { echo "--- cpprun std$f:" >&2; cat "$WORK/$f" >&2; }
+  done
+  exit 1
+}
+
+expect_eq() {  # actual expected what
+  [ "$1" = "$2" ] || fail "$3: expected '$2', got '$1'"
+}
+
+expect_in_file() {  # file text what
+  grep -qF -- "$2" "$1" || fail "$3: '$2' not in $(basename "$1")"
+}
+
+expect_no_leftovers() {
+  local left
+  left=$(leftovers)
+  [ -z "$left" ] || fail "processes left behind: $(for p in $left; do tr '\0' ' ' <"/proc/$p/cmdline"; echo "(pid $p)"; done)"
+}
+
+# Waits up to $1 seconds for every following file to exist.
+wait_for_files() {
+  local deadline=$((SECONDS + $1)) f
+  shift
+  for f in "$@"; do
+    while [ ! -e "$f" ]; do
+      [ "$SECONDS" -lt "$deadline" ] || fail "timed out waiting for $f"
+      sleep 0.05
+    done
+  done
+}
+
+# A live process that is not a zombie.
+alive() {
+  local state
+  state=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1) || return 1
+  [ -n "$state" ] && [ "$state" != Z ]
+}
+
+now_ms() { date +%s%3N; }

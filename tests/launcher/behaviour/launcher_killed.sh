@@ -1,0 +1,21 @@
+# (f) When cpprun is SIGKILLed its workers die too (PR_SET_PDEATHSIG), within seconds.
+. "$(dirname "$0")/common.sh"
+
+CPPRUN_TEST_TAG=$WORK "$CPPRUN" --nproc_per_node=3 /bin/sh -c \
+  'echo $$ > "$WORK/pid.$LOCAL_RANK"; exec sleep 30' >"$WORK/out" 2>"$WORK/err" &
+launcher=$!
+wait_for_files 20 "$WORK/pid.0" "$WORK/pid.1" "$WORK/pid.2"
+sleep 0.2  # let the last worker get from `echo` to `exec sleep`
+kill -KILL "$launcher"
+wait "$launcher"
+expect_eq "$?" 137 "launcher's status"
+deadline=$((SECONDS + 5))
+for rank in 0 1 2; do
+  pid=$(cat "$WORK/pid.$rank")
+  while alive "$pid"; do
+    [ "$SECONDS" -lt "$deadline" ] || fail "rank $rank (pid $pid) outlived the launcher"
+    sleep 0.05
+  done
+done
+expect_no_leftovers
+echo PASS

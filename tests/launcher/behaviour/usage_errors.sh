@@ -1,0 +1,43 @@
+# (h) Command-line mistakes: exit 2 with the flag named; a missing PROGRAM: 127 with its name.
+. "$(dirname "$0")/common.sh"
+
+cpprun --bogus /bin/true
+expect_eq "$?" 2 "unknown flag exit code"
+expect_in_file "$WORK/err" "--bogus" "unknown flag named"
+expect_in_file "$WORK/err" "--help" "usage hint"
+
+cpprun --nproc_per_node=0 /bin/true
+expect_eq "$?" 2 "bad value exit code"
+expect_in_file "$WORK/err" "--nproc_per_node=0" "bad value named"
+
+cpprun --master-port=70000 /bin/true
+expect_eq "$?" 2 "bad port exit code"
+expect_in_file "$WORK/err" "--master_port=70000" "bad port named"
+
+cpprun --nproc_per_node=2
+expect_eq "$?" 2 "missing PROGRAM exit code"
+expect_in_file "$WORK/err" "missing PROGRAM" "missing PROGRAM message"
+
+cpprun --nproc_per_node=2 cpprun-no-such-program --x
+expect_eq "$?" 127 "program not on PATH"
+expect_in_file "$WORK/err" "cpprun-no-such-program" "missing program named"
+
+cpprun "$WORK/nope"
+expect_eq "$?" 127 "missing program path"
+
+touch "$WORK/not-executable"
+cpprun "$WORK/not-executable"
+expect_eq "$?" 126 "non-executable program"
+
+printf 'not a program\n' > "$WORK/garbage"
+chmod +x "$WORK/garbage"
+cpprun --nproc_per_node=2 "$WORK/garbage"
+expect_eq "$?" 126 "exec format error"
+expect_in_file "$WORK/err" "execve() failed" "exec failure explained"
+
+cpprun --help
+expect_eq "$?" 0 "--help exit code"
+expect_in_file "$WORK/out" "Usage: cpprun [OPTIONS] PROGRAM [ARGS...]" "help usage line"
+expect_in_file "$WORK/out" "--nproc_per_node,--nproc-per-node" "help lists both spellings"
+expect_no_leftovers
+echo PASS

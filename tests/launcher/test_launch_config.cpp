@@ -1,0 +1,170 @@
+// Unit tests of cpprun's command line: torchrun's option names, defaults, validation messages.
+#include <catch2/catch.hpp>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "launch_config.h"
+
+using namespace cpprun::launcher;
+using Catch::Matchers::Contains;
+
+namespace {
+
+HostFacts fake_host(int cpus = 8, int gpus = 0) {
+  HostFacts host;
+  host.cpu_count = cpus;
+  host.gpu_count = gpus;
+  host.pick_free_port = [] { return 45678; };
+  return host;
+}
+
+LaunchConfig parse(const std::vector<std::string>& args, const HostFacts& host = fake_host()) {
+  const ParsedCommandLine cli = parse_launch_config(args, host);
+  REQUIRE(cli.outcome == CliOutcome::kLaunch);
+  return cli.config;
+}
+
+std::string usage_error(const std::vector<std::string>& args) {
+  try {
+    parse_launch_config(args, fake_host());
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  FAIL("expected a UsageError");
+  return {};
+}
+
+}  // namespace
+
+TEST_CASE("launch_config: defaults match torchrun's single-node defaults", "[launch_config]") {
+  const LaunchConfig c = parse({"./train"});
+  CHECK(c.nproc_per_node == 1);
+  CHECK(c.nnodes == 1);
+  CHECK(c.node_rank == 0);
+  CHECK(c.master_addr == "127.0.0.1");
+  CHECK(c.master_port == 29500);
+  CHECK_FALSE(c.standalone);
+  CHECK(c.max_restarts == 0);
+  CHECK(c.shutdown_timeout == std::chrono::seconds(5));
+  CHECK(c.run_id == "none");
+  CHECK(c.role == "default");
+  CHECK(c.program == "./train");
+  CHECK(c.program_args.empty());
+  CHECK(c.world_size() == 1);
+}
+
+TEST_CASE("launch_config: underscore and dash spellings are the same option", "[launch_config]") {
+  for (const char* sep : {"_", "-"}) {
+    const std::string s = sep;
+    const LaunchConfig c = parse({"--nproc" + s + "per" + s + "node=3", "--node" + s + "rank", "0",
+                                  "--master" + s + "addr=10.0.0.1", "--master" + s + "port", "1234",
+                                  "--max" + s + "restarts=2", "--shutdown" + s + "timeout=0.5",
+                                  "--rdzv" + s + "id=job7", "--monitor" + s + "interval=2",
+                                  "--no" + s + "python", "--role=trainer", "./train"});
+    INFO("separator " << s);
+    CHECK(c.nproc_per_node == 3);
+    CHECK(c.master_addr == "10.0.0.1");
+    CHECK(c.master_port == 1234);
+    CHECK(c.max_restarts == 2);
+    CHECK(c.shutdown_timeout == std::chrono::milliseconds(500));
+    CHECK(c.run_id == "job7");
+    CHECK(c.monitor_interval == 2.0);
+    CHECK(c.no_python);
+    CHECK(c.role == "trainer");
+  }
+  CHECK(parse({"--run_id=a", "x"}).run_id == "a");
+  CHECK(parse({"--run-id", "b", "x"}).run_id == "b");
+}
+
+TEST_CASE("launch_config: everything from PROGRAM on reaches the worker untouched", "[launch_config]") {
+  const LaunchConfig c =
+      parse({"--nproc_per_node=2", "./train", "--lr", "0.1", "--nproc_per_node", "5", "-h", "--", "x"});
+  CHECK(c.nproc_per_node == 2);
+  CHECK(c.program == "./train");
+  CHECK(c.program_args == std::vector<std::string>{"--lr", "0.1", "--nproc_per_node", "5", "-h", "--", "x"});
+}
+
+TEST_CASE("launch_config: -- ends cpprun's options, even before a program named like a flag",
+          "[launch_config]") {
+  const LaunchConfig c = parse({"--nproc_per_node", "2", "--", "-weird", "--help"});
+  CHECK(c.program == "-weird");
+  CHECK(c.program_args == std::vector<std::string>{"--help"});
+}
+
+TEST_CASE("launch_config: a repeated option's last value wins, like argparse", "[launch_config]") {
+  CHECK(parse({"--nproc_per_node=2", "--nproc-per-node=4", "x"}).nproc_per_node == 4);
+}
+
+TEST_CASE("launch_config: nproc_per_node accepts cpu, gpu and auto", "[launch_config]") {
+  CHECK(parse({"--nproc_per_node=cpu", "x"}, fake_host(6, 2)).nproc_per_node == 6);
+  CHECK(parse({"--nproc_per_node=gpu", "x"}, fake_host(6, 2)).nproc_per_node == 2);
+  CHECK(parse({"--nproc_per_node=auto", "x"}, fake_host(6, 2)).nproc_per_node == 2);
+  CHECK(parse({"--nproc_per_node=auto", "x"}, fake_host(6, 0)).nproc_per_node == 6);
+  REQUIRE_THROWS_WITH(parse_launch_config({"--nproc_per_node=gpu", "x"}, fake_host(6, 0)),
+                      Contains("--nproc_per_node=gpu") && Contains("no NVIDIA GPU"));
+}
+
+TEST_CASE("launch_config: nnodes accepts one node only", "[launch_config]") {
+  CHECK(parse({"--nnodes=1", "x"}).nnodes == 1);
+  CHECK(parse({"--nnodes=1:1", "x"}).nnodes == 1);
+  CHECK_THAT(usage_error({"--nnodes=2", "x"}), Contains("--nnodes=2") && Contains("full launcher"));
+  CHECK_THAT(usage_error({"--nnodes=1:4", "x"}), Contains("--nnodes=1:4"));
+}
+
+TEST_CASE("launch_config: bad values name the flag and the value", "[launch_config]") {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--nproc_per_node=0", "x"}, "--nproc_per_node=0"},
+      {{"--nproc_per_node=-2", "x"}, "--nproc_per_node=-2"},
+      {{"--nproc_per_node=two", "x"}, "--nproc_per_node=two"},
+      {{"--nproc_per_node=2x", "x"}, "--nproc_per_node=2x"},
+      {{"--nproc_per_node", "", "x"}, "--nproc_per_node=''"},
+      {{"--master_port=0", "x"}, "--master_port=0"},
+      {{"--master_port=65536", "x"}, "--master_port=65536"},
+      {{"--master-port=http", "x"}, "--master_port=http"},
+      {{"--master_addr", "", "x"}, "--master_addr=''"},
+      {{"--node_rank=1", "x"}, "--node_rank=1"},
+      {{"--max_restarts=-1", "x"}, "--max_restarts=-1"},
+      {{"--shutdown_timeout=-1", "x"}, "--shutdown_timeout=-1"},
+      {{"--shutdown_timeout=5s", "x"}, "--shutdown_timeout=5s"},
+      {{"--monitor_interval=often", "x"}, "--monitor_interval=often"},
+  };
+  for (const auto& [args, expected] : cases) {
+    INFO(args.front());
+    CHECK_THAT(usage_error(args), Contains(expected) && Contains("expected"));
+  }
+  CHECK_THAT(usage_error({"--master_port=65536", "x"}), Contains("1 to 65535"));
+}
+
+TEST_CASE("launch_config: unknown options and a missing PROGRAM are usage errors", "[launch_config]") {
+  CHECK_THAT(usage_error({"--bogus", "./train"}), Contains("unknown option --bogus"));
+  CHECK_THAT(usage_error({"--bogus=3", "./train"}), Contains("unknown option --bogus"));
+  CHECK_THAT(usage_error({"--nproc_per_node=2"}), Contains("missing PROGRAM"));
+  CHECK_THAT(usage_error({}), Contains("missing PROGRAM"));
+  CHECK_THAT(usage_error({"--nproc_per_node"}), Contains("--nproc_per_node"));
+  CHECK_THAT(usage_error({"--nnodes"}), Contains("--help"));
+}
+
+TEST_CASE("launch_config: --standalone takes 127.0.0.1 and a free port", "[launch_config]") {
+  const LaunchConfig c = parse({"--standalone", "--master_addr=10.1.1.1", "--master_port=1", "x"});
+  CHECK(c.standalone);
+  CHECK(c.master_addr == "127.0.0.1");
+  CHECK(c.master_port == 45678);
+
+  HostFacts real = fake_host();
+  real.pick_free_port = [] { return pick_free_port(); };
+  const int port = parse({"--standalone", "x"}, real).master_port;
+  CHECK(port >= 1);
+  CHECK(port <= 65535);
+}
+
+TEST_CASE("launch_config: --help comes from CLI11 and lists both spellings", "[launch_config]") {
+  const ParsedCommandLine cli = parse_launch_config({"--help"}, fake_host());
+  REQUIRE(cli.outcome == CliOutcome::kShowHelp);
+  CHECK_THAT(cli.help_text, Contains("PROGRAM [ARGS...]"));
+  CHECK_THAT(cli.help_text, Contains("--nproc_per_node,--nproc-per-node"));
+  CHECK_THAT(cli.help_text, Contains("--max_restarts,--max-restarts"));
+  // After PROGRAM, --help belongs to the program.
+  CHECK(parse({"./train", "--help"}).program_args == std::vector<std::string>{"--help"});
+}

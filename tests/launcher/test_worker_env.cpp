@@ -1,0 +1,96 @@
+// Unit tests of the worker environment: torchrun's variables, rank arithmetic, user overrides.
+#include <catch2/catch.hpp>
+
+#include "worker_env.h"
+
+using namespace cpprun::launcher;
+
+namespace {
+
+LaunchConfig config_with(int nproc) {
+  LaunchConfig c;
+  c.nproc_per_node = nproc;
+  c.program = "./train";
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("worker_env: sets every torchrun variable", "[worker_env]") {
+  LaunchConfig c = config_with(3);
+  c.master_addr = "10.0.0.5";
+  c.master_port = 1234;
+  c.max_restarts = 4;
+  c.run_id = "job9";
+  c.role = "trainer";
+  const EnvMap env = make_worker_env(c, 2, 1, {{"OMP_NUM_THREADS", "8"}});
+  const EnvMap expected_subset = {
+      {"RANK", "2"},
+      {"LOCAL_RANK", "2"},
+      {"WORLD_SIZE", "3"},
+      {"LOCAL_WORLD_SIZE", "3"},
+      {"GROUP_RANK", "0"},
+      {"GROUP_WORLD_SIZE", "1"},
+      {"ROLE_RANK", "2"},
+      {"ROLE_WORLD_SIZE", "3"},
+      {"ROLE_NAME", "trainer"},
+      {"MASTER_ADDR", "10.0.0.5"},
+      {"MASTER_PORT", "1234"},
+      {"TORCHELASTIC_RESTART_COUNT", "1"},
+      {"TORCHELASTIC_MAX_RESTARTS", "4"},
+      {"TORCHELASTIC_RUN_ID", "job9"},
+      {"TORCHELASTIC_USE_AGENT_STORE", "False"},
+      {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"},
+      {"NCCL_ASYNC_ERROR_HANDLING", "1"},
+      {"OMP_NUM_THREADS", "8"},
+  };
+  for (const auto& [name, value] : expected_subset) {
+    INFO(name);
+    REQUIRE(env.count(name) == 1);
+    CHECK(env.at(name) == value);
+  }
+}
+
+TEST_CASE("worker_env: RANK is node_rank * nproc_per_node + local_rank", "[worker_env]") {
+  // The core parser only allows one node, but the arithmetic is already the multi-node one.
+  LaunchConfig c = config_with(4);
+  c.nnodes = 2;
+  c.node_rank = 1;
+  const EnvMap env = make_worker_env(c, 2, 0, {});
+  CHECK(env.at("RANK") == "6");
+  CHECK(env.at("ROLE_RANK") == "6");
+  CHECK(env.at("LOCAL_RANK") == "2");
+  CHECK(env.at("WORLD_SIZE") == "8");
+  CHECK(env.at("GROUP_RANK") == "1");
+  CHECK(env.at("GROUP_WORLD_SIZE") == "2");
+}
+
+TEST_CASE("worker_env: inherits the launcher's environment, launcher variables winning", "[worker_env]") {
+  const EnvMap env = make_worker_env(config_with(1), 0, 0, {{"PATH", "/x"}, {"RANK", "99"}});
+  CHECK(env.at("PATH") == "/x");
+  CHECK(env.at("RANK") == "0");
+}
+
+TEST_CASE("worker_env: the user's NCCL error-handling values win", "[worker_env]") {
+  const EnvMap env = make_worker_env(
+      config_with(2), 0, 0, {{"TORCH_NCCL_ASYNC_ERROR_HANDLING", "3"}, {"NCCL_ASYNC_ERROR_HANDLING", "0"}});
+  CHECK(env.at("TORCH_NCCL_ASYNC_ERROR_HANDLING") == "3");
+  CHECK(env.at("NCCL_ASYNC_ERROR_HANDLING") == "0");
+}
+
+TEST_CASE("worker_env: OMP_NUM_THREADS=1 only when unset and several workers share the node",
+          "[worker_env]") {
+  CHECK(defaults_omp_threads(config_with(2), {}));
+  CHECK(make_worker_env(config_with(2), 0, 0, {}).at("OMP_NUM_THREADS") == "1");
+
+  CHECK_FALSE(defaults_omp_threads(config_with(1), {}));
+  CHECK(make_worker_env(config_with(1), 0, 0, {}).count("OMP_NUM_THREADS") == 0);
+
+  // Set, even to the empty string, means the user chose.
+  CHECK_FALSE(defaults_omp_threads(config_with(2), {{"OMP_NUM_THREADS", ""}}));
+  CHECK(make_worker_env(config_with(2), 0, 0, {{"OMP_NUM_THREADS", "4"}}).at("OMP_NUM_THREADS") == "4");
+}
+
+TEST_CASE("worker_env: execve strings are NAME=value", "[worker_env]") {
+  CHECK(to_env_strings({{"A", "1"}, {"B", "x=y"}}) == std::vector<std::string>{"A=1", "B=x=y"});
+}
