@@ -83,6 +83,7 @@ Work::Work(std::shared_ptr<State> state) : state_(std::move(state)) {}
 
 void Work::wait() {
   if (!state_) return;
+  if (state_->before) Work(state_->before).wait();
   if (state_->c10d_work) state_->c10d_work->wait();
   if (state_->task.valid()) state_->task.get();
   if (state_->then) std::call_once(state_->then_once, state_->then);
@@ -93,8 +94,16 @@ void Work::keep_alive(const ProcessGroup& group) {
   state_->group = group;
 }
 
+Work Work::then(std::function<void()> step) const {
+  auto state = std::make_shared<State>();
+  state->before = state_;
+  state->then = std::move(step);
+  return Work(std::move(state));
+}
+
 bool Work::is_completed() const {
   if (!state_) return true;
+  if (state_->before && !Work(state_->before).is_completed()) return false;
   if (state_->c10d_work && !state_->c10d_work->isCompleted()) return false;
   if (state_->task.valid() &&
       state_->task.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
@@ -144,6 +153,33 @@ Work broadcast_async(const ProcessGroup& group, at::Tensor tensor, int root) {
 
 void broadcast(const ProcessGroup& group, at::Tensor tensor, int root) {
   broadcast_async(group, std::move(tensor), root).wait();
+}
+
+void broadcast_coalesced(const ProcessGroup& group, const std::vector<at::Tensor>& tensors, int root) {
+  if (alone(group)) return;
+  at::NoGradGuard no_grad;  // parameters are written in place
+  std::vector<bool> sent(tensors.size(), false);
+  for (std::size_t first = 0; first < tensors.size(); ++first) {
+    if (sent[first]) continue;
+    std::vector<std::size_t> same_kind;  // every later tensor of this one's dtype and device
+    for (std::size_t i = first; i < tensors.size(); ++i) {
+      if (!sent[i] && tensors[i].scalar_type() == tensors[first].scalar_type() &&
+          tensors[i].device() == tensors[first].device()) {
+        same_kind.push_back(i);
+        sent[i] = true;
+      }
+    }
+    std::vector<at::Tensor> flat;
+    for (std::size_t i : same_kind) flat.push_back(tensors[i].detach().reshape({-1}));
+    at::Tensor packed = at::cat(flat);
+    broadcast(group, packed, root);
+    int64_t offset = 0;
+    for (std::size_t i : same_kind) {
+      at::Tensor t = tensors[i].detach();
+      t.copy_(packed.narrow(0, offset, t.numel()).view(t.sizes()));
+      offset += t.numel();
+    }
+  }
 }
 
 // ---- all_gather_into -----------------------------------------------------------------------

@@ -18,6 +18,7 @@ struct Work::State {
   std::function<void()> then;                      // runs once, on the first wait()
   std::once_flag then_once;
   std::optional<ProcessGroup> group;               // see Work::keep_alive
+  std::shared_ptr<State> before;                   // Work::then: wait for this first
 };
 
 // Builders for the two kinds of work.

@@ -6,7 +6,9 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
 #include <memory>
+#include <vector>
 
 #include "cpprun/process_group.h"
 
@@ -26,6 +28,8 @@ class Work {
   bool is_completed() const;
   // Holds the group until this work is gone, for work that runs on the group's own thread.
   void keep_alive(const ProcessGroup& group);
+  // A work that waits for this one, then runs `step` once (e.g. decompressing a result).
+  Work then(std::function<void()> step) const;
 
  private:
   std::shared_ptr<State> state_;
@@ -49,6 +53,10 @@ Work reduce_scatter_async(const ProcessGroup& group, at::Tensor output, at::Tens
                           ReduceOp op = ReduceOp::kSum);
 void reduce_scatter(const ProcessGroup& group, at::Tensor output, at::Tensor input,
                     ReduceOp op = ReduceOp::kSum);
+
+// Every rank's `tensors` get rank `root`'s values, tensors of one dtype and device packed into
+// one message (e.g. a model's parameters and buffers).
+void broadcast_coalesced(const ProcessGroup& group, const std::vector<at::Tensor>& tensors, int root = 0);
 
 Work barrier_async(const ProcessGroup& group);
 void barrier(const ProcessGroup& group);

@@ -2,5 +2,7 @@
 #pragma once
 
 #include "cpprun/collectives.h"
+#include "cpprun/comm_hooks.h"
+#include "cpprun/ddp.h"
 #include "cpprun/env.h"
 #include "cpprun/process_group.h"

@@ -1,0 +1,179 @@
+// DistributedDataParallel's non-template part: construction checks, buffer broadcast, the
+// steps around forward, and join for uneven inputs.
+#include "cpprun/detail/ddp_core.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include <sstream>
+
+#include "cpprun/collectives.h"
+#include "ddp/reducer.h"
+
+namespace cpprun::detail {
+namespace {
+
+// What each rank says about itself at each step of a join (see DdpCore::join).
+enum class JoinState : int64_t { kJoined = 0, kActiveNoSync = 1, kActiveSync = 2 };
+
+std::string shape_string(const std::vector<int64_t>& desc, std::size_t at, int64_t ndim) {
+  std::ostringstream out;
+  out << "[";
+  for (int64_t d = 0; d < ndim; ++d) out << (d ? ", " : "") << desc[at + d];
+  out << "]";
+  return out.str();
+}
+
+// Every rank must wrap the same model: compare each rank's parameter count, dtypes and shapes
+// with rank 0's, and name the first difference. Every rank reaches the same verdict.
+void verify_same_parameters(const ProcessGroup& group, const std::vector<std::string>& names,
+                            const std::vector<at::Tensor>& params) {
+  std::vector<int64_t> desc{static_cast<int64_t>(params.size())};
+  for (const auto& p : params) {
+    desc.push_back(static_cast<int64_t>(p.scalar_type()));
+    desc.push_back(p.dim());
+    desc.insert(desc.end(), p.sizes().begin(), p.sizes().end());
+  }
+  const int n = group.size();
+  auto length = at::tensor({static_cast<int64_t>(desc.size())}, at::kLong);
+  auto lengths = at::empty({n}, at::kLong);
+  all_gather_into(group, lengths, length);
+  const int64_t longest = lengths.max().item<int64_t>();
+  desc.resize(longest, -1);
+  auto all = at::empty({n * longest}, at::kLong);
+  all_gather_into(group, all, at::tensor(desc, at::kLong));
+  const int64_t* data = all.data_ptr<int64_t>();
+  const std::vector<int64_t> rank0(data, data + longest);
+
+  for (int r = 1; r < n; ++r) {
+    const std::vector<int64_t> other(data + r * longest, data + (r + 1) * longest);
+    TORCH_CHECK(other[0] == rank0[0], "cpprun::DistributedDataParallel: rank ", r, " has ", other[0],
+                " parameters that require grad but rank 0 has ", rank0[0],
+                ". Every rank must construct the same model.");
+    std::size_t at = 1;
+    for (int64_t i = 0; i < rank0[0]; ++i) {
+      const int64_t ndim0 = rank0[at + 1], ndim = other[at + 1];
+      const bool same = rank0[at] == other[at] && ndim0 == ndim &&
+                        std::equal(rank0.begin() + at + 2, rank0.begin() + at + 2 + ndim0, other.begin() + at + 2);
+      TORCH_CHECK(same, "cpprun::DistributedDataParallel: parameter ", i, " (\"", names[i], "\") has shape ",
+                  shape_string(other, at + 2, ndim), " and dtype ", static_cast<c10::ScalarType>(other[at]),
+                  " on rank ", r, " but shape ", shape_string(rank0, at + 2, ndim0), " and dtype ",
+                  static_cast<c10::ScalarType>(rank0[at]), " on rank 0. Every rank must construct the same model.");
+      at += 2 + ndim0;
+    }
+  }
+}
+
+}  // namespace
+
+struct DdpCore::Impl {
+  torch::nn::Module& module;
+  ProcessGroup group;
+  DdpOptions options;
+  std::vector<at::Tensor> buffers;
+  std::unique_ptr<Reducer> reducer;
+  bool require_sync = true;
+  bool joining = false;  // inside join(): each forward first tells the others this rank is active
+
+  Impl(torch::nn::Module& m, ProcessGroup g, DdpOptions o) : module(m), group(std::move(g)), options(o) {}
+
+  // Join's handshake: every rank's JoinState, gathered. Returns the lowest active rank (the
+  // source of buffers this step), -1 when every rank has joined, and whether any active rank
+  // will reduce gradients.
+  std::pair<int, bool> exchange_join_state(JoinState mine) {
+    auto state = at::tensor({static_cast<int64_t>(mine)}, at::kLong);
+    auto states = at::empty({group.size()}, at::kLong);
+    all_gather_into(group, states, state);
+    int source = -1;
+    bool any_sync = false;
+    for (int r = group.size() - 1; r >= 0; --r) {
+      const auto s = static_cast<JoinState>(states[r].item<int64_t>());
+      if (s != JoinState::kJoined) source = r;
+      any_sync = any_sync || s == JoinState::kActiveSync;
+    }
+    return {source, any_sync};
+  }
+
+  void broadcast_buffers(int source) {
+    if (options.broadcast_buffers() && !buffers.empty()) broadcast_coalesced(group, buffers, source);
+  }
+};
+
+DdpCore::DdpCore(torch::nn::Module& module, ProcessGroup group, DdpOptions options)
+    : impl_(std::make_unique<Impl>(module, std::move(group), options)) {
+  TORCH_CHECK(options.bucket_cap_mb() > 0 && options.first_bucket_cap_mb() > 0,
+              "cpprun::DistributedDataParallel: bucket_cap_mb and first_bucket_cap_mb must be positive, got ",
+              options.bucket_cap_mb(), " and ", options.first_bucket_cap_mb(), ".");
+  std::vector<std::string> names;
+  std::vector<at::Tensor> params;
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+    if (item.value().requires_grad()) names.push_back(item.key()), params.push_back(item.value());
+  }
+  TORCH_CHECK(!params.empty(), "cpprun::DistributedDataParallel: the module has no parameter that requires "
+              "grad; there is nothing to synchronize.");
+  for (const auto& buffer : module.buffers(/*recurse=*/true)) impl_->buffers.push_back(buffer);
+
+  if (options.init_sync() && impl_->group.size() > 1) {
+    verify_same_parameters(impl_->group, names, params);
+    std::vector<at::Tensor> state = params;
+    state.insert(state.end(), impl_->buffers.begin(), impl_->buffers.end());
+    broadcast_coalesced(impl_->group, state, 0);
+  }
+  impl_->reducer = std::make_unique<Reducer>(std::move(names), std::move(params), impl_->group, options);
+}
+
+DdpCore::~DdpCore() = default;
+
+void DdpCore::before_forward() {
+  Impl& s = *impl_;
+  s.reducer->check_previous_backward();
+  const bool will_sync = s.require_sync && torch::autograd::GradMode::is_enabled();
+  int buffer_source = 0;
+  if (s.joining) {
+    buffer_source = s.exchange_join_state(will_sync ? JoinState::kActiveSync : JoinState::kActiveNoSync).first;
+  }
+  if (will_sync) s.reducer->rebuild_buckets_if_due();
+  if (s.group.size() > 1) s.broadcast_buffers(buffer_source);
+}
+
+void DdpCore::after_forward(const std::vector<at::Tensor>& outputs) {
+  if (impl_->require_sync && torch::autograd::GradMode::is_enabled()) {
+    impl_->reducer->prepare_for_backward(outputs);
+  }
+}
+
+// Note [Join for uneven inputs]
+// Inside join(), each forward starts with an all-gather of every rank's JoinState. A rank whose
+// loop has ended keeps answering that all-gather with kJoined and mirrors, step by step, the
+// collectives an active rank makes: the bucket rebuild, the buffer broadcast (from the lowest
+// active rank) and, when an active rank reduces gradients, one reduction per bucket with zeros
+// plus the used-parameter flags. When the all-gather says every rank has joined, all return.
+// Averages still divide by the full world size, as PyTorch's default.
+void DdpCore::join(const std::function<void()>& train_loop) {
+  Impl& s = *impl_;
+  TORCH_CHECK(!s.joining, "cpprun::DistributedDataParallel::join: already inside join().");
+  s.joining = true;
+  try {
+    train_loop();
+    for (;;) {
+      const auto [source, any_sync] = s.exchange_join_state(JoinState::kJoined);
+      if (source < 0) break;
+      if (any_sync) s.reducer->rebuild_buckets_if_due();
+      s.broadcast_buffers(source);
+      if (any_sync) s.reducer->reduce_as_joined_rank();
+    }
+  } catch (...) {
+    s.joining = false;
+    throw;
+  }
+  s.joining = false;
+}
+
+void DdpCore::set_require_sync(bool sync) { impl_->require_sync = sync; }
+bool DdpCore::require_sync() const { return impl_->require_sync; }
+void DdpCore::register_comm_hook(std::shared_ptr<CommHook> hook) { impl_->reducer->set_comm_hook(std::move(hook)); }
+const ProcessGroup& DdpCore::group() const { return impl_->group; }
+const DdpOptions& DdpCore::options() const { return impl_->options; }
+
+}  // namespace cpprun::detail

@@ -1,0 +1,326 @@
+// See reducer.h. Notes on the ordering rules every rank must follow are inline.
+#include "ddp/reducer.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <algorithm>
+#include <numeric>
+#include <unordered_set>
+
+#include "cpprun/collectives.h"
+#include "ddp/bucket_assignment.h"
+
+namespace cpprun::detail {
+namespace {
+
+// Runs `fn` after AccumulateGrad has added a parameter's gradient into its .grad.
+class GradientReadyHook : public torch::autograd::FunctionPostHook {
+ public:
+  explicit GradientReadyHook(std::function<void()> fn) : fn_(std::move(fn)) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list& /*inputs*/) override {
+    fn_();
+    return outputs;
+  }
+
+ private:
+  std::function<void()> fn_;
+};
+
+constexpr double kMiB = 1024.0 * 1024.0;
+
+// Whether `grad` is exactly this slot of a bucket (gradient_as_bucket_view), not merely another
+// view of the same buffer or a view of a buffer from before a rebuild.
+bool is_slot(const at::Tensor& grad, const at::Tensor& slot) {
+  return grad.defined() && grad.is_alias_of(slot) && grad.data_ptr() == slot.data_ptr();
+}
+
+}  // namespace
+
+Reducer::Reducer(std::vector<std::string> names, std::vector<at::Tensor> params, ProcessGroup group,
+                 DdpOptions options)
+    : names_(std::move(names)),
+      params_(std::move(params)),
+      group_(std::move(group)),
+      options_(options),
+      hook_(allreduce_hook()) {
+  for (const auto& p : params_) {
+    TORCH_CHECK(!p.is_sparse(), "cpprun::DistributedDataParallel does not support sparse parameters.");
+  }
+  // Gradients arrive roughly in reverse registration order: bucket in that order until the
+  // first backward tells the real one.
+  std::vector<std::size_t> order(params_.size());
+  std::iota(order.rbegin(), order.rend(), 0);
+  build_buckets(order);
+
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    // Keep the accumulator alive: the parameter holds it only weakly.
+    auto accumulator = torch::autograd::impl::grad_accumulator(params_[i]);
+    hook_keys_.push_back(accumulator->add_post_hook(
+        std::make_unique<GradientReadyHook>([this, i] { on_gradient_ready(i); })));
+    accumulators_.push_back(std::move(accumulator));
+  }
+}
+
+Reducer::~Reducer() {
+  for (std::size_t i = 0; i < accumulators_.size(); ++i) accumulators_[i]->del_post_hook(hook_keys_[i]);
+}
+
+void Reducer::set_comm_hook(std::shared_ptr<CommHook> hook) {
+  TORCH_CHECK(hook != nullptr, "cpprun::DistributedDataParallel::register_comm_hook: the hook is null.");
+  TORCH_CHECK(synced_backwards_ == 0, "cpprun::DistributedDataParallel::register_comm_hook: register "
+              "the hook before the first backward pass (it must be the same on every rank from the start).");
+  hook_ = std::move(hook);
+}
+
+void Reducer::build_buckets(const std::vector<std::size_t>& order) {
+  std::vector<BucketParam> ordered;
+  for (std::size_t i : order) {
+    const auto& p = params_[i];
+    ordered.push_back({i, static_cast<int64_t>(p.numel() * p.element_size()), p.scalar_type(), p.device()});
+  }
+  const auto assignment = assign_buckets(ordered, static_cast<int64_t>(options_.first_bucket_cap_mb() * kMiB),
+                                         static_cast<int64_t>(options_.bucket_cap_mb() * kMiB));
+  buckets_.clear();
+  location_.assign(params_.size(), {0, 0});
+  for (const auto& indices : assignment) {
+    Bucket bucket;
+    int64_t numel = 0;
+    for (std::size_t i : indices) {
+      location_[i] = {buckets_.size(), bucket.params.size()};
+      bucket.params.push_back(i);
+      bucket.offsets.push_back(numel);
+      numel += params_[i].numel();
+    }
+    bucket.buffer = at::zeros({numel}, params_[indices.front()].options().requires_grad(false));
+    buckets_.push_back(std::move(bucket));
+  }
+}
+
+// A parameter's place in its bucket. Made with set_() rather than narrow()/view(), so autograd
+// does not see a view: LibTorch's Optimizer::zero_grad() calls detach_() on every .grad, which
+// views refuse (gradient_as_bucket_view makes .grad this tensor).
+at::Tensor Reducer::slot(std::size_t param) const {
+  const auto [b, s] = location_[param];
+  const auto& p = params_[param];
+  const at::Tensor& buffer = buckets_[b].buffer;
+  return at::empty({0}, buffer.options()).set_(buffer.storage(), buffer.storage_offset() + buckets_[b].offsets[s],
+                                                 p.sizes(), p.contiguous().strides());
+}
+
+bool Reducer::detects_unused() const {
+  return options_.find_unused_parameters() || (options_.static_graph() && !static_unused_);
+}
+
+void Reducer::check_previous_backward() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (state_ == BackwardState::kUnfinished) {
+    const std::string missing = unready_parameter_list();
+    state_ = BackwardState::kIdle;
+    TORCH_CHECK(false, "cpprun::DistributedDataParallel: rank ", group_.rank(),
+                ": the previous backward pass ended before every parameter received a gradient, so "
+                "its gradient reduction never finished. This means some parameters took no part in "
+                "computing the loss. Make every parameter contribute to the loss, or pass "
+                "DdpOptions().find_unused_parameters(true) (or .static_graph(true) when the same "
+                "parameters go unused in every iteration). Parameters that received no gradient on "
+                "rank ", group_.rank(), ": ", missing);
+  }
+  // A forward with no backward after it (e.g. an evaluation under grad mode) is not an error.
+  state_ = BackwardState::kIdle;
+}
+
+std::string Reducer::unready_parameter_list() const {
+  std::string names, indices;
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    if (ready_[i]) continue;
+    names += (names.empty() ? "" : ", ") + names_[i];
+    indices += (indices.empty() ? "" : " ") + std::to_string(i);
+  }
+  return names + " (indices " + indices + ")";
+}
+
+// Note [Bucket rebuild after the first backward]
+// Buckets are first filled in reverse registration order, a guess at the order in which
+// gradients become ready. The first synchronized backward records the real order; before the
+// next forward, rank 0's order is broadcast and every rank re-buckets by it, so buckets fill
+// front to back and each can be reduced as soon as it fills. All ranks must use the same
+// buckets, hence rank 0's order and not each rank's own. Not done with find_unused_parameters,
+// where the order may change between iterations.
+void Reducer::rebuild_buckets_if_due() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (buckets_rebuilt_ || synced_backwards_ == 0 || options_.find_unused_parameters()) return;
+  buckets_rebuilt_ = true;
+  std::vector<int64_t> order;
+  std::vector<bool> listed(params_.size(), false);
+  for (std::size_t i : ready_order_) order.push_back(static_cast<int64_t>(i)), listed[i] = true;
+  for (std::size_t i = params_.size(); i-- > 0;) {  // never-ready parameters go last
+    if (!listed[i]) order.push_back(static_cast<int64_t>(i));
+  }
+  auto rank0_order = at::tensor(order, at::kLong);
+  broadcast(group_, rank0_order, 0);
+  const int64_t* data = rank0_order.data_ptr<int64_t>();
+  build_buckets(std::vector<std::size_t>(data, data + rank0_order.numel()));
+}
+
+// Note [Same reduction order on every rank]
+// Collectives are matched by the order in which ranks issue them, but gradients may become
+// ready in different orders on different ranks. So bucket k is reduced only after buckets
+// 0..k-1 were launched (launch_ready_buckets), and the used-parameter flags after all buckets.
+void Reducer::prepare_for_backward(const std::vector<at::Tensor>& outputs) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  state_ = BackwardState::kExpecting;
+  ready_.assign(params_.size(), false);
+  used_here_.assign(params_.size(), false);
+  next_bucket_ = 0;
+  finish_queued_ = false;
+  for (auto& bucket : buckets_) bucket.pending = bucket.params.size(), bucket.work = Work();
+
+  if (static_unused_) {  // static_graph: the first backward told which parameters are unused
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      if ((*static_unused_)[i]) mark_ready(i, /*used=*/false);
+    }
+  } else if (detects_unused() && !outputs.empty()) {
+    // Walk the autograd graph from the outputs: parameters whose accumulator is not reached will
+    // get no gradient; mark them ready now so their buckets need not wait for the end of backward.
+    std::unordered_set<torch::autograd::Node*> seen;
+    std::vector<torch::autograd::Node*> stack;
+    for (const auto& out : outputs) {
+      if (out.defined() && out.grad_fn()) stack.push_back(out.grad_fn().get());
+    }
+    while (!stack.empty()) {
+      auto* node = stack.back();
+      stack.pop_back();
+      if (!seen.insert(node).second) continue;
+      for (const auto& edge : node->next_edges()) {
+        if (edge.function) stack.push_back(edge.function.get());
+      }
+    }
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      if (!seen.count(accumulators_[i].get())) mark_ready(i, /*used=*/false);
+    }
+  }
+  launch_ready_buckets();
+}
+
+void Reducer::on_gradient_ready(std::size_t param) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (state_ != BackwardState::kExpecting) return;  // no_sync, eval, or a backward we did not prepare
+  if (!finish_queued_) {
+    finish_queued_ = true;
+    torch::autograd::Engine::get_default_engine().queue_callback([this] { finish_backward(); });
+  }
+  TORCH_CHECK(!ready_[param], "cpprun::DistributedDataParallel: parameter ", names_[param],
+              " received a gradient twice in one backward pass (after being found unused, or by "
+              "a second backward through the same forward). Run forward again before each backward.");
+  if (synced_backwards_ == 0) ready_order_.push_back(param);
+  mark_ready(param, /*used=*/true);
+  launch_ready_buckets();
+}
+
+void Reducer::mark_ready(std::size_t param, bool used) {
+  at::Tensor view = slot(param);
+  at::Tensor& grad = params_[param].mutable_grad();
+  if (!used || !grad.defined()) {
+    // The slot must hold zeros; a .grad that is this slot keeps its value as a copy of its own.
+    if (is_slot(grad, view)) grad = view.clone();
+    view.zero_();
+  } else if (!is_slot(grad, view)) {
+    view.copy_(grad);
+  }
+  ready_[param] = true;
+  used_here_[param] = used;
+  --buckets_[location_[param].first].pending;
+}
+
+void Reducer::launch_ready_buckets() {
+  while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
+    Bucket& bucket = buckets_[next_bucket_];
+    GradBucket view;
+    view.index = static_cast<int>(next_bucket_);
+    view.is_last = next_bucket_ + 1 == buckets_.size();
+    view.buffer = bucket.buffer;
+    for (std::size_t i : bucket.params) view.parameters.push_back(params_[i]);
+    bucket.work = hook_->run(group_, view);
+    ++next_bucket_;
+  }
+}
+
+void Reducer::finish_backward() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (state_ != BackwardState::kExpecting) return;
+  if (next_bucket_ < buckets_.size()) {
+    if (!detects_unused()) {
+      state_ = BackwardState::kUnfinished;  // reported at the next forward, as PyTorch does
+      return;
+    }
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      if (!ready_[i]) mark_ready(i, /*used=*/false);
+    }
+    launch_ready_buckets();
+  }
+  for (auto& bucket : buckets_) bucket.work.wait();
+  std::vector<bool> globally_used(params_.size(), true);
+  if (detects_unused()) {
+    globally_used = reduce_used_flags();
+    if (options_.static_graph()) {
+      static_unused_.emplace(params_.size());
+      for (std::size_t i = 0; i < params_.size(); ++i) (*static_unused_)[i] = !globally_used[i];
+    }
+  }
+  write_back_gradients(globally_used);
+  ++synced_backwards_;
+  state_ = BackwardState::kIdle;
+}
+
+std::vector<bool> Reducer::reduce_used_flags() {
+  auto flags = at::zeros({static_cast<int64_t>(params_.size())}, at::kInt);
+  auto* data = flags.data_ptr<int>();
+  for (std::size_t i = 0; i < params_.size(); ++i) data[i] = used_here_[i] ? 1 : 0;
+  all_reduce(group_, flags, ReduceOp::kMax);
+  std::vector<bool> used(params_.size());
+  for (std::size_t i = 0; i < params_.size(); ++i) used[i] = data[i] != 0;
+  return used;
+}
+
+void Reducer::write_back_gradients(const std::vector<bool>& globally_used) {
+  at::NoGradGuard no_grad;
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    if (!globally_used[i]) continue;  // no rank produced a gradient: leave .grad as it was
+    at::Tensor view = slot(i);
+    at::Tensor& grad = params_[i].mutable_grad();
+    if (options_.gradient_as_bucket_view()) {
+      grad = view;
+    } else if (grad.defined()) {
+      grad.copy_(view);
+    } else {
+      grad = view.clone();  // unused here but used elsewhere: the average still applies
+    }
+  }
+}
+
+void Reducer::reduce_as_joined_rank() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  used_here_.assign(params_.size(), false);
+  for (std::size_t b = 0; b < buckets_.size(); ++b) {
+    buckets_[b].buffer.zero_();
+    GradBucket view;
+    view.index = static_cast<int>(b);
+    view.is_last = b + 1 == buckets_.size();
+    view.buffer = buckets_[b].buffer;
+    hook_->run(group_, view).wait();
+  }
+  if (detects_unused()) {
+    auto globally_used = reduce_used_flags();
+    if (options_.static_graph()) {
+      static_unused_.emplace(params_.size());
+      for (std::size_t i = 0; i < params_.size(); ++i) (*static_unused_)[i] = !globally_used[i];
+    }
+  }
+  ++synced_backwards_;
+}
+
+}  // namespace cpprun::detail

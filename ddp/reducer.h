@@ -1,0 +1,97 @@
+// Gradient reduction for DistributedDataParallel: autograd hooks put each gradient into its
+// bucket as soon as it is ready; a full bucket is reduced (through the comm hook) while backward
+// goes on; when backward ends, the averaged gradients are written back to .grad.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <torch/csrc/autograd/function.h>
+
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cpprun/comm_hooks.h"
+#include "cpprun/ddp_options.h"
+#include "cpprun/process_group.h"
+
+namespace cpprun::detail {
+
+// Where the reducer is within one iteration.
+enum class BackwardState {
+  kIdle,         // no backward expected (before the first forward, after a finished backward)
+  kExpecting,    // a forward prepared a backward: hooks reduce gradients as they come
+  kUnfinished,   // a backward ended with gradients missing and unused parameters not allowed
+};
+
+class Reducer {
+ public:
+  Reducer(std::vector<std::string> names, std::vector<at::Tensor> params, ProcessGroup group,
+          DdpOptions options);
+  ~Reducer();  // removes the autograd hooks
+  Reducer(const Reducer&) = delete;
+  Reducer& operator=(const Reducer&) = delete;
+
+  // Before a forward: throws if the previous backward left gradients unreduced.
+  void check_previous_backward();
+  // Before a forward: after the first synchronized backward, re-buckets once in the order in
+  // which rank 0's gradients became ready. Collective.
+  void rebuild_buckets_if_due();
+  // After a forward that will be followed by a synchronized backward.
+  void prepare_for_backward(const std::vector<at::Tensor>& outputs);
+  // On a rank whose inputs ran out (join): take part in one backward's reductions with zeros.
+  void reduce_as_joined_rank();
+
+  void set_comm_hook(std::shared_ptr<CommHook> hook);
+  std::size_t bucket_count() const { return buckets_.size(); }
+
+ private:
+  struct Bucket {
+    std::vector<std::size_t> params;  // parameter indices, in buffer order
+    std::vector<int64_t> offsets;     // each one's first element in `buffer`
+    at::Tensor buffer;
+    std::size_t pending = 0;          // gradients still to come in this backward
+    Work work;
+  };
+
+  void build_buckets(const std::vector<std::size_t>& order);
+  at::Tensor slot(std::size_t param) const;
+  bool detects_unused() const;
+
+  // Called by the autograd hook of parameter `param` once its .grad holds this backward's gradient.
+  void on_gradient_ready(std::size_t param);
+  void mark_ready(std::size_t param, bool used);
+  void launch_ready_buckets();
+  void finish_backward();  // queued on the autograd engine: runs when backward ends
+  std::vector<bool> reduce_used_flags();
+  void write_back_gradients(const std::vector<bool>& globally_used);
+  std::string unready_parameter_list() const;
+
+  std::vector<std::string> names_;
+  std::vector<at::Tensor> params_;
+  ProcessGroup group_;
+  DdpOptions options_;
+  std::shared_ptr<CommHook> hook_;
+
+  std::vector<Bucket> buckets_;
+  std::vector<std::pair<std::size_t, std::size_t>> location_;  // param -> (bucket, slot)
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  std::vector<uintptr_t> hook_keys_;
+
+  // One iteration's state; guarded by mutex_ since hooks run on autograd's threads.
+  std::mutex mutex_;
+  BackwardState state_ = BackwardState::kIdle;
+  std::vector<bool> ready_;
+  std::vector<bool> used_here_;
+  std::size_t next_bucket_ = 0;
+  bool finish_queued_ = false;
+
+  // Across iterations.
+  int64_t synced_backwards_ = 0;
+  bool buckets_rebuilt_ = false;
+  std::vector<std::size_t> ready_order_;        // first synchronized backward's order
+  std::optional<std::vector<bool>> static_unused_;  // static_graph: found in the first backward
+};
+
+}  // namespace cpprun::detail
