@@ -181,7 +181,7 @@ void Reducer::prepare_for_backward(const std::vector<at::Tensor>& outputs) {
 
   if (static_unused_) {  // static_graph: the first backward told which parameters are unused
     for (std::size_t i = 0; i < params_.size(); ++i) {
-      if ((*static_unused_)[i]) mark_ready(i, /*used=*/false);
+      if (static_unused_->here[i]) mark_ready(i, /*used=*/false);
     }
   } else if (detects_unused() && !outputs.empty()) {
     // Walk the autograd graph from the outputs: parameters whose accumulator is not reached will
@@ -264,16 +264,24 @@ void Reducer::finish_backward() {
   }
   for (auto& bucket : buckets_) bucket.work.wait();
   std::vector<bool> globally_used(params_.size(), true);
-  if (detects_unused()) {
+  if (static_unused_) {
+    for (std::size_t i = 0; i < params_.size(); ++i) globally_used[i] = !static_unused_->everywhere[i];
+  } else if (detects_unused()) {
     globally_used = reduce_used_flags();
-    if (options_.static_graph()) {
-      static_unused_.emplace(params_.size());
-      for (std::size_t i = 0; i < params_.size(); ++i) (*static_unused_)[i] = !globally_used[i];
-    }
+    if (options_.static_graph()) remember_static_unused(globally_used);
   }
   write_back_gradients(globally_used);
   ++synced_backwards_;
   state_ = BackwardState::kIdle;
+}
+
+void Reducer::remember_static_unused(const std::vector<bool>& globally_used) {
+  StaticUnused unused;
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    unused.here.push_back(!used_here_[i]);
+    unused.everywhere.push_back(!globally_used[i]);
+  }
+  static_unused_ = std::move(unused);
 }
 
 std::vector<bool> Reducer::reduce_used_flags() {
@@ -315,10 +323,7 @@ void Reducer::reduce_as_joined_rank() {
   }
   if (detects_unused()) {
     auto globally_used = reduce_used_flags();
-    if (options_.static_graph()) {
-      static_unused_.emplace(params_.size());
-      for (std::size_t i = 0; i < params_.size(); ++i) (*static_unused_)[i] = !globally_used[i];
-    }
+    if (options_.static_graph()) remember_static_unused(globally_used);
   }
   ++synced_backwards_;
 }

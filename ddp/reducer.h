@@ -91,7 +91,13 @@ class Reducer {
   int64_t synced_backwards_ = 0;
   bool buckets_rebuilt_ = false;
   std::vector<std::size_t> ready_order_;        // first synchronized backward's order
-  std::optional<std::vector<bool>> static_unused_;  // static_graph: found in the first backward
+  // static_graph: what the first synchronized backward found, then taken as fixed.
+  struct StaticUnused {
+    std::vector<bool> here;        // no gradient on this rank: marked ready at each prepare
+    std::vector<bool> everywhere;  // no gradient on any rank: .grad left untouched
+  };
+  std::optional<StaticUnused> static_unused_;
+  void remember_static_unused(const std::vector<bool>& globally_used);
 };
 
 }  // namespace cpprun::detail

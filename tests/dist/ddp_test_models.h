@@ -65,3 +65,36 @@ inline double relative_difference(const torch::Tensor& a, const torch::Tensor& b
 }
 
 }  // namespace ddp_test
+
+namespace ddp_test {
+
+// A model whose forward may skip a branch (used on some ranks only) and never uses `unused`.
+struct Branchy : torch::nn::Module {
+  torch::nn::Linear trunk{nullptr}, branch{nullptr}, unused{nullptr}, head{nullptr};
+  Branchy() {
+    trunk = register_module("trunk", torch::nn::Linear(10, 16));
+    branch = register_module("branch", torch::nn::Linear(16, 16));
+    unused = register_module("unused", torch::nn::Linear(16, 16));
+    head = register_module("head", torch::nn::Linear(16, 4));
+  }
+  torch::Tensor forward(torch::Tensor x, bool use_branch) {
+    auto h = torch::relu(trunk(x));
+    if (use_branch) h = h + torch::relu(branch(h));
+    return head(h);
+  }
+};
+
+// Parameters of three dtypes: buckets must never mix them.
+struct MixedPrecisionMlp : torch::nn::Module {
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+  MixedPrecisionMlp() {
+    fc1 = register_module("fc1", torch::nn::Linear(10, 32));
+    fc2 = register_module("fc2", torch::nn::Linear(32, 4));
+    fc2->to(torch::kDouble);
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    return fc2(torch::relu(fc1(x)).to(torch::kDouble)).to(torch::kFloat);
+  }
+};
+
+}  // namespace ddp_test

@@ -128,3 +128,138 @@ TEST_CASE("ddp: fp16 and bf16 compression hooks train within their precision", "
   check_parity<Mlp>("mlp", "sgd", cpprun::DdpOptions(), 3, cpprun::fp16_compress_hook(), 2e-3);
   check_parity<Mlp>("mlp", "sgd", cpprun::DdpOptions(), 3, cpprun::bf16_compress_hook(), 2e-2);
 }
+
+TEST_CASE("ddp: parameters of several dtypes", "[ddp]") {
+  check_parity<MixedPrecisionMlp>("mlp", "sgd", cpprun::DdpOptions());
+  check_parity<MixedPrecisionMlp>("mlp", "adam", cpprun::DdpOptions().bucket_cap_mb(0.001));
+}
+
+TEST_CASE("ddp: no_sync accumulates locally, the next backward reduces the sum", "[ddp]") {
+  const int rank = group().rank(), world = group().size();
+  torch::manual_seed(0);
+  auto net = std::make_shared<Mlp>();
+  auto ddp = cpprun::DistributedDataParallel(net, group());
+  auto ref = std::make_shared<Mlp>();
+  copy_state(*ref, *net);
+  torch::optim::SGD opt(ddp->parameters(), 0.1), ref_opt(ref->parameters(), 0.1);
+
+  for (int step = 0; step < 2; ++step) {
+    opt.zero_grad();
+    ref_opt.zero_grad();
+    for (int micro = 0; micro < 3; ++micro) {  // two micro-batches without sync, then one with
+      auto x = inputs_for("mlp", kGlobalBatch, 10 * step + micro);
+      auto y = targets_for(kGlobalBatch, 10 * step + micro);
+      auto local_loss = [&] {
+        return torch::nn::functional::cross_entropy(ddp->forward(slice(x, rank, world)), slice(y, rank, world));
+      };
+      if (micro < 2) {
+        auto guard = ddp->no_sync();
+        local_loss().backward();
+        if (world > 1 && micro == 0 && step == 0) {  // unsynchronized: ranks' gradients still differ
+          auto grad = net->fc1->weight.grad().sum().reshape({1}).to(torch::kDouble);
+          auto all = torch::empty({world}, torch::kDouble);
+          cpprun::all_gather_into(group(), all, grad);
+          CHECK_FALSE(all.eq(all[0]).all().item<bool>());
+        }
+      } else {
+        local_loss().backward();
+      }
+      reference_backward(*ref, x, y, world);
+    }
+    opt.step();
+    ref_opt.step();
+  }
+  check_same_parameters(*net, *ref, 1e-5);
+}
+
+TEST_CASE("ddp: a parameter without gradient fails the next forward, naming it", "[ddp]") {
+  const int rank = group().rank(), world = group().size();
+  torch::manual_seed(0);
+  auto ddp = cpprun::DistributedDataParallel(std::make_shared<Branchy>(), group());
+  auto x = slice(inputs_for("mlp", kGlobalBatch, 0), rank, world);
+  auto y = slice(targets_for(kGlobalBatch, 0), rank, world);
+  torch::nn::functional::cross_entropy(ddp->forward(x, true), y).backward();
+  CHECK_THROWS_WITH(ddp->forward(x, true),
+                    Catch::Contains("find_unused_parameters(true)") && Catch::Contains("unused.weight") &&
+                        Catch::Contains("unused.bias") && Catch::Contains("rank " + std::to_string(rank)));
+  cpprun::barrier(group());
+}
+
+TEST_CASE("ddp: find_unused_parameters: partly used parameters average, never-used keep .grad", "[ddp]") {
+  for (bool static_graph : {false, true}) {
+    const int rank = group().rank(), world = group().size();
+    torch::manual_seed(0);
+    auto net = std::make_shared<Branchy>();
+    auto options = static_graph ? cpprun::DdpOptions().static_graph(true) : cpprun::DdpOptions().find_unused_parameters(true);
+    auto ddp = cpprun::DistributedDataParallel(net, group(), options);
+    auto ref = std::make_shared<Branchy>();
+    copy_state(*ref, *net);
+    torch::optim::SGD opt(ddp->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    torch::optim::SGD ref_opt(ref->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    const bool branch_here = rank % 2 == 0;  // odd ranks skip the branch
+    for (int step = 0; step < 4; ++step) {
+      auto x = inputs_for("mlp", kGlobalBatch, step);
+      auto y = targets_for(kGlobalBatch, step);
+      opt.zero_grad();
+      torch::nn::functional::cross_entropy(ddp->forward(slice(x, rank, world), branch_here), slice(y, rank, world))
+          .backward();
+      INFO("static_graph " << static_graph << " step " << step);
+      CHECK_FALSE(net->unused->weight.grad().defined());  // no rank used it: untouched
+      CHECK(net->branch->weight.grad().defined());        // rank 0 used it: every rank has the average
+      opt.step();
+      ref_opt.zero_grad();
+      for (int r = 0; r < world; ++r) {
+        auto loss = torch::nn::functional::cross_entropy(ref->forward(slice(x, r, world), r % 2 == 0), slice(y, r, world));
+        (loss / world).backward();
+      }
+      ref_opt.step();
+    }
+    check_same_parameters(*net, *ref, 1e-5);
+  }
+}
+
+TEST_CASE("ddp: models that differ between ranks are refused, naming rank and parameter", "[ddp]") {
+  const int rank = group().rank(), world = group().size();
+  if (world == 1) return;
+  auto net = std::make_shared<Mlp>(rank == world - 1 ? 33 : 32);
+  const std::string last = std::to_string(world - 1);
+  CHECK_THROWS_WITH(cpprun::DistributedDataParallel(net, group()),
+                    Catch::Contains("fc1.weight") && Catch::Contains("[33, 10]") && Catch::Contains("rank " + last) &&
+                        Catch::Contains("[32, 10]"));
+}
+
+TEST_CASE("ddp: uneven inputs under join: ranks that run out shadow the others", "[ddp]") {
+  const int rank = group().rank(), world = group().size();
+  torch::manual_seed(0);
+  auto net = std::make_shared<SmallCnn>();
+  auto ddp = cpprun::DistributedDataParallel(net, group());
+  auto ref = std::make_shared<SmallCnn>();
+  copy_state(*ref, *net);
+  torch::optim::SGD opt(ddp->parameters(), 0.05), ref_opt(ref->parameters(), 0.05);
+  auto batches_of = [](int r) { return 2 + r; };  // rank r has 2 + r batches
+  constexpr int64_t kPerRank = 4;
+
+  ddp->join([&] {
+    for (int step = 0; step < batches_of(rank); ++step) {
+      auto x = inputs_for("cnn", kPerRank, 100 * rank + step);
+      auto y = targets_for(kPerRank, 100 * rank + step);
+      opt.zero_grad();
+      torch::nn::functional::cross_entropy(ddp->forward(x), y).backward();
+      opt.step();
+    }
+  });
+  // Reference: at each step, the ranks that still have batches contribute; the sum is divided by
+  // the whole world size (PyTorch's default under Join).
+  for (int step = 0; step < batches_of(world - 1); ++step) {
+    ref_opt.zero_grad();
+    for (int r = world - 1; r >= 0; --r) {
+      if (step >= batches_of(r)) continue;
+      auto x = inputs_for("cnn", kPerRank, 100 * r + step);
+      auto y = targets_for(kPerRank, 100 * r + step);
+      (torch::nn::functional::cross_entropy(ref->forward(x), y) / world).backward();
+    }
+    ref_opt.step();
+  }
+  if (rank == world - 1) check_same_parameters(*net, *ref, 1e-5);  // the last rank ran every step
+  cpprun::barrier(group());
+}
