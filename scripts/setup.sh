@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything cpprun needs to build and test on Debian 12. Idempotent, non-interactive;
-# needs root (or sudo). Does nothing when all packages are already there.
+# needs root (or sudo). Does nothing when all packages are already there. With --bench, also
+# what the benchmarks compare against (Debian's python3-torch).
 set -euo pipefail
 
 packages=(
@@ -10,6 +11,11 @@ packages=(
   libcli11-dev catch2               # launcher CLI; tests
   iproute2 util-linux procps        # ip + unshare: tests run in private network namespaces; pgrep
 )
+
+# Benchmarks also compare against PyTorch's own Python stack.
+if [ "${1:-}" = "--bench" ]; then
+  packages+=(python3-torch)
+fi
 
 missing=()
 for p in "${packages[@]}"; do

@@ -1,0 +1,44 @@
+# The PyTorch side of scripts/bench_ddp.sh: the same model, data and steps as bench/ddp_bench.cpp,
+# with torch.nn.parallel.DistributedDataParallel over Gloo. Started by cpprun, which sets the same
+# environment as torchrun (Debian's torchrun crashes at its defaults on Python 3.11).
+import argparse, time
+import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+p = argparse.ArgumentParser()
+p.add_argument("--mode", default="ddp", choices=["ddp", "local"])
+p.add_argument("--hidden", type=int, default=1024)
+p.add_argument("--batch", type=int, default=64)
+p.add_argument("--warmup", type=int, default=5)
+p.add_argument("--steps", type=int, default=20)
+a = p.parse_args()
+
+torch.set_num_threads(1)
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+layers = [torch.nn.Linear(1024, a.hidden), torch.nn.ReLU()]
+for _ in range(3):
+    layers += [torch.nn.Linear(a.hidden, a.hidden), torch.nn.ReLU()]
+net = torch.nn.Sequential(*layers, torch.nn.Linear(a.hidden, 10))
+model = DDP(net) if a.mode == "ddp" else net
+x, y = torch.randn(a.batch, 1024), torch.randint(0, 10, (a.batch,))
+opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+def step():
+    opt.zero_grad()
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+
+for _ in range(a.warmup):
+    step()
+dist.barrier()
+start = time.perf_counter()
+for _ in range(a.steps):
+    step()
+dist.barrier()
+ms = (time.perf_counter() - start) * 1000 / a.steps
+params = sum(t.numel() for t in net.parameters())
+if dist.get_rank() == 0:
+    print(f"RESULT impl=pytorch mode={a.mode} params={params} world={dist.get_world_size()} "
+          f"ms_per_step={ms:.2f} samples_per_s={1000 * a.batch * dist.get_world_size() / ms:.1f}", flush=True)
+dist.destroy_process_group()
