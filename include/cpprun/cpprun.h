@@ -6,3 +6,4 @@
 #include "cpprun/ddp.h"
 #include "cpprun/env.h"
 #include "cpprun/process_group.h"
+#include "cpprun/sampler.h"

@@ -1,0 +1,67 @@
+// cpprun::DistributedSampler: each rank's share of a dataset's indices, for torch::data's
+// make_data_loader, yielding exactly the indices of PyTorch's Python
+// torch.utils.data.distributed.DistributedSampler for the same arguments.
+//
+//   cpprun::DistributedSampler sampler(dataset.size().value());        // replicas/rank from the job
+//   auto loader = torch::data::make_data_loader(std::move(dataset), sampler, 64);
+//   for (int epoch = 0; epoch < epochs; ++epoch) {
+//     sampler.set_epoch(epoch);                                         // reaches the loader's copy
+//     for (auto& batch : *loader) { ... }
+//   }
+#pragma once
+
+#include <torch/arg.h>
+#include <torch/data/samplers/base.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "cpprun/process_group.h"
+
+namespace cpprun {
+
+struct DistributedSamplerOptions {
+  // Default: the default process group's size and rank, else WORLD_SIZE / RANK.
+  TORCH_ARG(std::optional<int64_t>, num_replicas) = std::nullopt;
+  TORCH_ARG(std::optional<int64_t>, rank) = std::nullopt;
+  TORCH_ARG(bool, shuffle) = true;
+  TORCH_ARG(uint64_t, seed) = 0;
+  // true: drop the tail that does not divide evenly; false: pad by repeating indices.
+  TORCH_ARG(bool, drop_last) = false;
+};
+
+// Copies share one state: the copy a data loader owns follows set_epoch() on yours.
+class DistributedSampler : public torch::data::samplers::Sampler<> {
+ public:
+  explicit DistributedSampler(size_t dataset_size, DistributedSamplerOptions options = {});
+  DistributedSampler(size_t dataset_size, const ProcessGroup& group, bool shuffle = true);
+
+  // The epoch of the next pass. Without calls, each new pass (loader.begin()) takes the next
+  // epoch by itself, so the order changes every epoch (unlike LibTorch's own samplers).
+  void set_epoch(uint64_t epoch);
+  uint64_t epoch() const;
+  // Indices this rank gets per epoch (the same on every rank).
+  size_t size() const;
+  // This rank's indices for the current epoch, all of them.
+  const std::vector<size_t>& indices() const;
+
+  // torch::data::samplers::Sampler
+  void reset(torch::optional<size_t> new_size = torch::nullopt) override;
+  torch::optional<std::vector<size_t>> next(size_t batch_size) override;
+  // Epoch and position: a loaded sampler resumes mid-epoch where the saved one stood.
+  void save(torch::serialize::OutputArchive& archive) const override;
+  void load(torch::serialize::InputArchive& archive) override;
+
+  struct State;
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+// The indices PyTorch's DistributedSampler gives `rank` in `epoch` (pure; what the sampler uses).
+std::vector<size_t> distributed_indices(size_t dataset_size, int64_t num_replicas, int64_t rank, bool shuffle,
+                                        uint64_t seed, bool drop_last, uint64_t epoch);
+
+}  // namespace cpprun

@@ -1,0 +1,141 @@
+// See cpprun/sampler.h. The index arithmetic follows PyTorch's DistributedSampler step by step:
+// randperm with a CPU generator seeded seed+epoch, pad by repeating from the front (or drop the
+// tail), then take every num_replicas-th index starting at rank.
+#include "cpprun/sampler.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <c10/util/Exception.h>
+#include <torch/serialize/archive.h>
+
+#include <algorithm>
+
+namespace cpprun {
+
+struct DistributedSampler::State {
+  size_t dataset_size = 0;
+  int64_t num_replicas = 1, rank = 0;
+  bool shuffle = true, drop_last = false;
+  uint64_t seed = 0;
+  uint64_t epoch = 0;                    // of the pass under way (or the next, before any)
+  std::optional<uint64_t> chosen_epoch;  // set_epoch() since the last reset
+  bool started = false;                  // a reset has happened
+  std::optional<size_t> resume_position; // from load(): skip this many at the next reset
+  std::vector<size_t> indices;
+  size_t position = 0;
+
+  void compute() {
+    indices = distributed_indices(dataset_size, num_replicas, rank, shuffle, seed, drop_last, epoch);
+  }
+};
+
+namespace {
+
+size_t samples_per_replica(size_t size, int64_t replicas, bool drop_last) {
+  const auto n = static_cast<size_t>(replicas);
+  if (drop_last && size % n != 0) return size < n ? 0 : (size - n + n - 1) / n;  // ceil((size - n) / n)
+  return (size + n - 1) / n;
+}
+
+}  // namespace
+
+std::vector<size_t> distributed_indices(size_t dataset_size, int64_t num_replicas, int64_t rank, bool shuffle,
+                                        uint64_t seed, bool drop_last, uint64_t epoch) {
+  const size_t per_replica = samples_per_replica(dataset_size, num_replicas, drop_last);
+  const size_t total = per_replica * static_cast<size_t>(num_replicas);
+  std::vector<size_t> all(dataset_size);
+  if (shuffle) {
+    auto generator = at::make_generator<at::CPUGeneratorImpl>(seed + epoch);
+    at::Tensor perm = at::randperm(static_cast<int64_t>(dataset_size), generator, at::kLong);
+    const int64_t* p = perm.data_ptr<int64_t>();
+    for (size_t i = 0; i < dataset_size; ++i) all[i] = static_cast<size_t>(p[i]);
+  } else {
+    for (size_t i = 0; i < dataset_size; ++i) all[i] = i;
+  }
+  if (!drop_last) {  // pad with the first indices, repeated as often as needed
+    for (size_t i = 0; all.size() < total; ++i) all.push_back(all[i]);
+  }
+  std::vector<size_t> mine;
+  for (size_t i = static_cast<size_t>(rank); i < total; i += static_cast<size_t>(num_replicas)) mine.push_back(all[i]);
+  return mine;
+}
+
+DistributedSampler::DistributedSampler(size_t dataset_size, DistributedSamplerOptions options)
+    : state_(std::make_shared<State>()) {
+  State& s = *state_;
+  s.dataset_size = dataset_size;
+  s.num_replicas = options.num_replicas().value_or(world_size());
+  s.rank = options.rank().value_or(cpprun::rank());
+  s.shuffle = options.shuffle();
+  s.seed = options.seed();
+  s.drop_last = options.drop_last();
+  TORCH_CHECK(s.num_replicas >= 1, "cpprun::DistributedSampler: num_replicas must be at least 1, got ",
+              s.num_replicas, ".");
+  TORCH_CHECK(s.rank >= 0 && s.rank < s.num_replicas, "cpprun::DistributedSampler: rank ", s.rank,
+              " is not in [0, num_replicas - 1] = [0, ", s.num_replicas - 1, "].");
+  s.compute();
+}
+
+DistributedSampler::DistributedSampler(size_t dataset_size, const ProcessGroup& group, bool shuffle)
+    : DistributedSampler(dataset_size,
+                         DistributedSamplerOptions().num_replicas(group.size()).rank(group.rank()).shuffle(shuffle)) {}
+
+void DistributedSampler::set_epoch(uint64_t epoch) { state_->chosen_epoch = epoch; }
+uint64_t DistributedSampler::epoch() const { return state_->chosen_epoch.value_or(state_->epoch); }
+size_t DistributedSampler::size() const {
+  return samples_per_replica(state_->dataset_size, state_->num_replicas, state_->drop_last);
+}
+const std::vector<size_t>& DistributedSampler::indices() const { return state_->indices; }
+
+void DistributedSampler::reset(torch::optional<size_t> new_size) {
+  State& s = *state_;
+  if (new_size) s.dataset_size = *new_size;
+  if (s.chosen_epoch) {
+    s.epoch = *s.chosen_epoch;
+  } else if (s.started && !s.resume_position) {
+    ++s.epoch;  // a new pass without set_epoch(): a new order all the same
+  }
+  s.chosen_epoch.reset();
+  s.started = true;
+  s.compute();
+  s.position = std::min(s.resume_position.value_or(0), s.indices.size());
+  s.resume_position.reset();
+}
+
+torch::optional<std::vector<size_t>> DistributedSampler::next(size_t batch_size) {
+  State& s = *state_;
+  if (s.position >= s.indices.size()) return torch::nullopt;
+  const size_t end = std::min(s.indices.size(), s.position + batch_size);
+  std::vector<size_t> batch(s.indices.begin() + static_cast<std::ptrdiff_t>(s.position),
+                            s.indices.begin() + static_cast<std::ptrdiff_t>(end));
+  s.position = end;
+  return batch;
+}
+
+void DistributedSampler::save(torch::serialize::OutputArchive& archive) const {
+  const State& s = *state_;
+  auto value = [&](const char* key, int64_t v) { archive.write(key, at::tensor(v, at::kLong), /*is_buffer=*/true); };
+  value("dataset_size", static_cast<int64_t>(s.dataset_size));
+  value("num_replicas", s.num_replicas);
+  value("seed", static_cast<int64_t>(s.seed));
+  value("epoch", static_cast<int64_t>(s.epoch));
+  value("position", static_cast<int64_t>(s.position));
+}
+
+void DistributedSampler::load(torch::serialize::InputArchive& archive) {
+  State& s = *state_;
+  auto value = [&](const char* key) {
+    at::Tensor t;
+    archive.read(key, t, /*is_buffer=*/true);
+    return t.item<int64_t>();
+  };
+  TORCH_CHECK(value("dataset_size") == static_cast<int64_t>(s.dataset_size) && value("num_replicas") == s.num_replicas &&
+                  value("seed") == static_cast<int64_t>(s.seed),
+              "cpprun::DistributedSampler::load: the saved sampler was for another dataset size, number of "
+              "replicas or seed; its position means nothing here.");
+  s.epoch = static_cast<uint64_t>(value("epoch"));
+  s.chosen_epoch = s.epoch;
+  s.resume_position = static_cast<size_t>(value("position"));
+}
+
+}  // namespace cpprun
