@@ -1,5 +1,6 @@
 # ctest script: runs an example briefly under cpprun and checks its output.
 # -DLAUNCHER -DPROGRAM -DNPROC -DISOLATE -DARGS="..." -DEXPECT="regex" [-DFILES="a;b"] (in -DWORK_DIR)
+# [-DFALLS="regex with two numbers captured"]: the second number must be below the first.
 separate_arguments(args UNIX_COMMAND "${ARGS}")
 file(REMOVE_RECURSE ${WORK_DIR})
 file(MAKE_DIRECTORY ${WORK_DIR})
@@ -11,6 +12,14 @@ if(NOT rc EQUAL 0)
 endif()
 if(NOT out MATCHES "${EXPECT}")
   message(FATAL_ERROR "output does not match: ${EXPECT}")
+endif()
+if(FALLS)
+  if(NOT out MATCHES "${FALLS}")
+    message(FATAL_ERROR "output does not match: ${FALLS}")
+  endif()
+  if(NOT CMAKE_MATCH_2 LESS CMAKE_MATCH_1)  # if(LESS) compares as floating-point numbers
+    message(FATAL_ERROR "did not fall: ${CMAKE_MATCH_1} then ${CMAKE_MATCH_2}")
+  endif()
 endif()
 foreach(f ${FILES})
   if(NOT EXISTS ${WORK_DIR}/${f})

@@ -1,0 +1,187 @@
+// Trains a small character-level GPT on a text file with cpprun, then prints a generated sample.
+//
+//   single process:  ./build/examples/train_gpt
+//   two ranks:       ./build/launcher/cpprun --nproc_per_node=2 ./build/examples/train_gpt --mode ddp
+//
+// Options: --text FILE (default /usr/share/common-licenses/GPL-3, on every Debian machine)
+//          --mode ddp|fsdp (ddp)  --steps N (300)  --batch B per rank (16)  --lr X (3e-3)
+//          --block T (64)  --layers L (2)  --embed C (64)  --heads H (4)  --sample N (200 characters)
+#include <cpprun/cpprun.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+struct Options {
+  std::string text = "/usr/share/common-licenses/GPL-3", mode = "ddp";
+  int steps = 300, batch = 16, sample = 200;
+  int64_t block = 64, layers = 2, embed = 64, heads = 4;
+  double lr = 3e-3;
+};
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (i + 1 >= argc) throw std::invalid_argument(flag + " needs a value");
+    const std::string value = argv[++i];
+    if (flag == "--text") o.text = value;
+    else if (flag == "--mode") o.mode = value;
+    else if (flag == "--steps") o.steps = std::stoi(value);
+    else if (flag == "--batch") o.batch = std::stoi(value);
+    else if (flag == "--lr") o.lr = std::stod(value);
+    else if (flag == "--block") o.block = std::stoll(value);
+    else if (flag == "--layers") o.layers = std::stoll(value);
+    else if (flag == "--embed") o.embed = std::stoll(value);
+    else if (flag == "--heads") o.heads = std::stoll(value);
+    else if (flag == "--sample") o.sample = std::stoi(value);
+    else throw std::invalid_argument("unknown flag " + flag + " (see the comment at the top of train_gpt.cpp)");
+  }
+  if (o.mode != "ddp") throw std::invalid_argument("--mode " + o.mode + ": only ddp for now (fsdp lands with FullyShardedDataParallel)");
+  return o;
+}
+
+// Causal self-attention: each position attends to itself and the positions before it.
+struct AttentionImpl : torch::nn::Module {
+  int64_t heads;
+  torch::nn::Linear qkv{nullptr}, proj{nullptr};
+  AttentionImpl(int64_t embed, int64_t heads) : heads(heads) {
+    qkv = register_module("qkv", torch::nn::Linear(embed, 3 * embed));
+    proj = register_module("proj", torch::nn::Linear(embed, embed));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    const int64_t B = x.size(0), T = x.size(1), C = x.size(2), D = C / heads;
+    auto parts = qkv(x).view({B, T, 3, heads, D}).permute({2, 0, 3, 1, 4});  // [3, B, H, T, D]
+    auto q = parts[0], k = parts[1], v = parts[2];
+    auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(D));
+    auto future = torch::ones({T, T}, torch::kBool).triu(1);
+    auto att = torch::softmax(scores.masked_fill(future, -INFINITY), -1);
+    return proj(torch::matmul(att, v).transpose(1, 2).reshape({B, T, C}));
+  }
+};
+TORCH_MODULE(Attention);
+
+struct BlockImpl : torch::nn::Module {
+  torch::nn::LayerNorm ln1{nullptr}, ln2{nullptr};
+  Attention attention{nullptr};
+  torch::nn::Sequential mlp{nullptr};
+  BlockImpl(int64_t embed, int64_t heads) {
+    ln1 = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({embed})));
+    attention = register_module("attention", Attention(embed, heads));
+    ln2 = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({embed})));
+    mlp = register_module("mlp", torch::nn::Sequential(torch::nn::Linear(embed, 4 * embed), torch::nn::GELU(),
+                                                       torch::nn::Linear(4 * embed, embed)));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    x = x + attention(ln1(x));
+    return x + mlp->forward(ln2(x));
+  }
+};
+TORCH_MODULE(Block);
+
+struct GptImpl : torch::nn::Module {
+  torch::nn::Embedding tokens{nullptr}, positions{nullptr};
+  torch::nn::Sequential blocks;
+  torch::nn::LayerNorm ln{nullptr};
+  torch::nn::Linear head{nullptr};
+  GptImpl(int64_t vocab, const Options& o) {
+    tokens = register_module("tokens", torch::nn::Embedding(vocab, o.embed));
+    positions = register_module("positions", torch::nn::Embedding(o.block, o.embed));
+    for (int64_t i = 0; i < o.layers; ++i) blocks->push_back(Block(o.embed, o.heads));
+    register_module("blocks", blocks);
+    ln = register_module("ln", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.embed})));
+    head = register_module("head", torch::nn::Linear(o.embed, vocab));
+  }
+  torch::Tensor forward(torch::Tensor idx) {  // [B, T] -> logits [B, T, vocab]
+    auto x = tokens(idx) + positions(torch::arange(idx.size(1), torch::kLong));
+    return head(ln(blocks->forward(x)));
+  }
+};
+TORCH_MODULE(Gpt);
+
+int main(int argc, char** argv) {
+  const Options opt = parse(argc, argv);
+  auto group = cpprun::init_process_group();
+  const int rank = group.rank();
+
+  std::ifstream file(opt.text);
+  if (!file) throw std::runtime_error("cannot read --text " + opt.text);
+  std::stringstream contents;
+  contents << file.rdbuf();
+  const std::string text = contents.str();
+  std::string vocab;  // the characters that occur, sorted
+  for (int c = 0; c < 256; ++c) {
+    if (text.find(static_cast<char>(c)) != std::string::npos) vocab += static_cast<char>(c);
+  }
+  auto encoded = torch::empty({static_cast<int64_t>(text.size())}, torch::kLong);
+  for (size_t i = 0; i < text.size(); ++i) encoded[i] = static_cast<int64_t>(vocab.find(text[i]));
+  // The last tenth is held out; training windows start anywhere in the rest.
+  const int64_t split = encoded.size(0) * 9 / 10, windows = split - opt.block - 1;
+
+  torch::manual_seed(0);
+  Gpt gpt(static_cast<int64_t>(vocab.size()), opt);
+  auto model = cpprun::DistributedDataParallel(gpt, group);
+  torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(opt.lr).weight_decay(0.01));
+  cpprun::DistributedSampler sampler(static_cast<size_t>(windows), group);
+  auto batch_from = [&](const std::vector<size_t>& starts) {  // inputs and next-character targets
+    std::vector<torch::Tensor> x, y;
+    for (size_t s : starts) {
+      x.push_back(encoded.narrow(0, static_cast<int64_t>(s), opt.block));
+      y.push_back(encoded.narrow(0, static_cast<int64_t>(s) + 1, opt.block));
+    }
+    return std::make_pair(torch::stack(x), torch::stack(y));
+  };
+  if (rank == 0) {
+    int64_t params = 0;
+    for (const auto& p : gpt->parameters()) params += p.numel();
+    std::printf("%s: %zu characters, vocabulary %zu, %lld parameters, %d ranks x %d windows of %lld\n", opt.text.c_str(),
+                text.size(), vocab.size(), static_cast<long long>(params), group.size(), opt.batch,
+                static_cast<long long>(opt.block));
+  }
+
+  sampler.reset();
+  double first_loss = 0, loss_sum = 0;
+  for (int step = 1; step <= opt.steps; ++step) {
+    auto starts = sampler.next(opt.batch);
+    if (!starts || starts->size() < static_cast<size_t>(opt.batch)) sampler.reset(), starts = sampler.next(opt.batch);
+    auto [x, y] = batch_from(*starts);
+    optimizer.zero_grad();
+    auto logits = model->forward(x);
+    auto loss = torch::nn::functional::cross_entropy(logits.view({-1, logits.size(-1)}), y.view({-1}));
+    loss.backward();
+    optimizer.step();
+    auto global = loss.detach().clone();
+    cpprun::all_reduce(group, global, cpprun::ReduceOp::kAvg);
+    if (step == 1) first_loss = global.item<double>();
+    loss_sum += global.item<double>();
+    if (rank == 0 && step % 50 == 0) {
+      std::printf("step %4d/%d  loss %.4f\n", step, opt.steps, loss_sum / 50);
+      std::fflush(stdout);
+      loss_sum = 0;
+    }
+  }
+
+  // Held-out loss, then a sample from rank 0 (greedy decoding would repeat itself: sample).
+  torch::NoGradGuard no_grad;
+  gpt->eval();
+  std::vector<size_t> held_out;
+  for (int64_t s = split; s + opt.block + 1 < encoded.size(0) && held_out.size() < 64; s += opt.block) held_out.push_back(s);
+  auto [vx, vy] = batch_from(held_out);
+  auto vlogits = gpt->forward(vx);
+  auto val = torch::nn::functional::cross_entropy(vlogits.view({-1, vlogits.size(-1)}), vy.view({-1}));
+  if (rank != 0) return 0;
+  std::printf("first loss %.4f, held-out loss %.4f\n", first_loss, val.item<double>());
+  auto context = encoded.narrow(0, split, opt.block).unsqueeze(0);
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(1);
+  std::string sample;
+  for (int i = 0; i < opt.sample; ++i) {
+    auto probabilities = torch::softmax(gpt->forward(context).select(1, -1) / 0.8, -1);
+    auto next = torch::multinomial(probabilities, 1, false, generator);
+    sample += vocab[static_cast<size_t>(next.item<int64_t>())];
+    context = torch::cat({context.narrow(1, 1, opt.block - 1), next}, 1);
+  }
+  std::printf("sample:\n%s\n", sample.c_str());
+}
