@@ -131,7 +131,9 @@ void write_svg(const fs::path& file, const std::vector<double>& losses) {
   for (size_t i = 0; i < losses.size(); ++i) {
     svg << 10 + (w - 20) * i / std::max<size_t>(1, losses.size() - 1) << ',' << h - 10 - (h - 40) * losses[i] / top << ' ';
   }
-  svg << "'/>\n</svg>\n";
+  svg << "'/>\n<line x1='10' y1='" << h - 10 << "' x2='" << w - 10 << "' y2='" << h - 10 << "' stroke='gray'/>\n"
+      << "<text x='12' y='" << h - 14 << "' font-family='sans-serif' font-size='11'>0</text>\n<text x='" << w - 110
+      << "' y='" << h - 14 << "' font-family='sans-serif' font-size='11'>" << losses.size() << " steps</text>\n</svg>\n";
 }
 
 int main(int argc, char** argv) {
