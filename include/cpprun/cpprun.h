@@ -5,5 +5,7 @@
 #include "cpprun/comm_hooks.h"
 #include "cpprun/ddp.h"
 #include "cpprun/env.h"
+#include "cpprun/fsdp.h"
+#include "cpprun/no_sync.h"
 #include "cpprun/process_group.h"
 #include "cpprun/sampler.h"

@@ -17,29 +17,10 @@
 #include "cpprun/comm_hooks.h"
 #include "cpprun/ddp_options.h"
 #include "cpprun/detail/ddp_core.h"
+#include "cpprun/no_sync.h"
 #include "cpprun/process_group.h"
 
 namespace cpprun {
-
-// Gradient accumulation: while a guard lives, backward passes only accumulate local gradients;
-// the first backward after it ends reduces the sum.
-class NoSyncGuard {
- public:
-  explicit NoSyncGuard(detail::DdpCore& core) : core_(&core), was_(core.require_sync()) {
-    core_->set_require_sync(false);
-  }
-  ~NoSyncGuard() {
-    if (core_) core_->set_require_sync(was_);
-  }
-  NoSyncGuard(NoSyncGuard&& other) noexcept : core_(std::exchange(other.core_, nullptr)), was_(other.was_) {}
-  NoSyncGuard(const NoSyncGuard&) = delete;
-  NoSyncGuard& operator=(const NoSyncGuard&) = delete;
-  NoSyncGuard& operator=(NoSyncGuard&&) = delete;
-
- private:
-  detail::DdpCore* core_;
-  bool was_;
-};
 
 template <typename ModuleType>
 class DistributedDataParallelImpl : public torch::nn::Module {

@@ -11,11 +11,12 @@
 
 #include "cpprun/comm_hooks.h"
 #include "cpprun/ddp_options.h"
+#include "cpprun/detail/sync_switch.h"
 #include "cpprun/process_group.h"
 
 namespace cpprun::detail {
 
-class DdpCore {
+class DdpCore : public SyncSwitch {
  public:
   DdpCore(torch::nn::Module& module, ProcessGroup group, DdpOptions options);
   ~DdpCore();
@@ -27,8 +28,8 @@ class DdpCore {
   void before_forward();
   void after_forward(const std::vector<at::Tensor>& outputs);
 
-  void set_require_sync(bool sync);
-  bool require_sync() const;
+  void set_require_sync(bool sync) override;
+  bool require_sync() const override;
   void register_comm_hook(std::shared_ptr<CommHook> hook);
   void join(const std::function<void()>& train_loop);
 

@@ -1,0 +1,38 @@
+// See flat_param.h.
+#include "fsdp/flat_param.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+namespace cpprun::detail {
+
+at::Tensor alias_into(const at::Tensor& flat, int64_t offset, at::IntArrayRef sizes) {
+  std::vector<int64_t> strides(sizes.size(), 1);
+  for (int64_t d = static_cast<int64_t>(sizes.size()) - 2; d >= 0; --d) strides[d] = strides[d + 1] * sizes[d + 1];
+  return at::empty({0}, flat.options()).set_(flat.storage(), flat.storage_offset() + offset, sizes, strides);
+}
+
+FlatParam::FlatParam(std::vector<std::string> names, std::vector<at::Tensor> params, int rank, int world)
+    : names_(std::move(names)), params_(std::move(params)), rank_(rank), world_(world) {
+  TORCH_INTERNAL_ASSERT(!params_.empty());
+  for (const auto& p : params_) {
+    TORCH_INTERNAL_ASSERT(p.scalar_type() == params_.front().scalar_type() && p.device() == params_.front().device());
+    offsets_.push_back(numel_);
+    numel_ += p.numel();
+  }
+  padded_ = (numel_ + world - 1) / world * world;
+  full_ = at::zeros({padded_}, params_.front().options().requires_grad(false));
+  at::NoGradGuard no_grad;
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    at::Tensor place = slot(full_, i);
+    place.copy_(params_[i].detach());
+    params_[i].set_data(place);  // the module's parameter now lives in full_
+  }
+  shard_ = alias_into(full_, shard_offset(), {shard_numel()}).requires_grad_(true);
+}
+
+at::Tensor FlatParam::slot(const at::Tensor& flat, std::size_t i) const {
+  return alias_into(flat, offsets_[i], params_[i].sizes());
+}
+
+}  // namespace cpprun::detail

@@ -1,0 +1,44 @@
+// One unit's parameters of one dtype, laid end to end in a flat tensor padded to a multiple of
+// the world size, so that it splits into equal shards. The module's parameters are rebound to
+// point into the flat tensor: the module computes with them as before.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <string>
+#include <vector>
+
+namespace cpprun::detail {
+
+// A tensor sharing `flat`'s storage at `offset` with `sizes`, made with set_() so autograd sees
+// no view: LibTorch's Optimizer::zero_grad() calls detach_() on .grad, which views refuse.
+at::Tensor alias_into(const at::Tensor& flat, int64_t offset, at::IntArrayRef sizes);
+
+class FlatParam {
+ public:
+  FlatParam(std::vector<std::string> names, std::vector<at::Tensor> params, int rank, int world);
+
+  const std::vector<std::string>& names() const { return names_; }
+  const std::vector<at::Tensor>& params() const { return params_; }
+  int64_t numel() const { return numel_; }          // the parameters' elements
+  int64_t padded_numel() const { return padded_; }  // numel() rounded up to a multiple of world
+  int64_t shard_numel() const { return padded_ / world_; }
+  int64_t shard_offset() const { return rank_ * shard_numel(); }
+
+  // The flat parameter the module computes with.
+  const at::Tensor& full() const { return full_; }
+  // This rank's part of it, as a leaf the optimizer updates (shares full()'s storage).
+  const at::Tensor& shard() const { return shard_; }
+  // Parameter i's place in a tensor laid out like full() (e.g. the flat gradient).
+  at::Tensor slot(const at::Tensor& flat, std::size_t i) const;
+
+ private:
+  std::vector<std::string> names_;
+  std::vector<at::Tensor> params_;
+  std::vector<int64_t> offsets_;
+  int rank_, world_;
+  int64_t numel_ = 0, padded_ = 0;
+  at::Tensor full_, shard_;
+};
+
+}  // namespace cpprun::detail

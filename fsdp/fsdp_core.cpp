@@ -1,0 +1,196 @@
+// FullyShardedDataParallel's non-template part: plans units, flattens their parameters, and
+// keeps the full parameters current (all-gather after each optimizer step); gradient reduction
+// is GradientSync's.
+#include "cpprun/detail/fsdp_core.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/grad_mode.h>
+#include <torch/serialize/archive.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <unordered_map>
+
+#include "cpprun/collectives.h"
+#include "fsdp/flat_param.h"
+#include "fsdp/gradient_sync.h"
+#include "fsdp/unit_plan.h"
+
+namespace cpprun::detail {
+namespace {
+
+// Every parameter must belong to exactly one unit: a flat parameter owns its storage.
+void check_not_shared(const std::vector<UnitPlan>& units) {
+  std::unordered_map<const void*, std::string> owner;
+  for (const auto& unit : units) {
+    for (std::size_t i = 0; i < unit.params.size(); ++i) {
+      auto [it, fresh] = owner.emplace(unit.params[i].unsafeGetTensorImpl(), unit.param_names[i]);
+      TORCH_CHECK(fresh, "cpprun::FullyShardedDataParallel: parameter \"", unit.param_names[i], "\" is the same tensor as \"",
+                  it->second, "\" (a shared or tied parameter). Each parameter must belong to one unit; tie them in "
+                  "forward instead, or keep both modules in one unit (adjust wrap_policy / auto_wrap_min_params).");
+    }
+  }
+}
+
+// Reads `archive` into `module`'s tensors in place (Module::load would replace their storage,
+// which here is a unit's flat parameter).
+void copy_in(torch::nn::Module& module, torch::serialize::InputArchive& archive) {
+  at::NoGradGuard no_grad;
+  for (auto& item : module.named_parameters(/*recurse=*/false)) {
+    at::Tensor value;
+    archive.read(item.key(), value);
+    TORCH_CHECK(value.sizes() == item.value().sizes(), "cpprun::FullyShardedDataParallel: checkpoint tensor \"",
+                item.key(), "\" has shape ", value.sizes(), " but the module's has ", item.value().sizes(), ".");
+    item.value().copy_(value);
+  }
+  for (auto& item : module.named_buffers(/*recurse=*/false)) {
+    at::Tensor value;
+    archive.read(item.key(), value, /*is_buffer=*/true);
+    item.value().copy_(value);
+  }
+  for (auto& child : module.named_children()) {
+    torch::serialize::InputArchive sub;
+    archive.read(child.key(), sub);
+    copy_in(*child.value(), sub);
+  }
+}
+
+}  // namespace
+
+struct FsdpCore::Impl {
+  torch::nn::Module& module;
+  ProcessGroup group;
+  FsdpOptions options;
+  std::vector<FlatParam> flats;  // never resized after construction: GradientSync refers to them
+  std::unique_ptr<GradientSync> sync;
+  bool require_sync = true;
+
+  Impl(torch::nn::Module& m, ProcessGroup g, FsdpOptions o) : module(m), group(std::move(g)), options(std::move(o)) {}
+
+  // After an optimizer step each rank has updated only its shard: gather the full parameters.
+  void gather_if_stepped() {
+    if (!sync->take_shards_stepped()) return;
+    for (auto& flat : flats) all_gather_into(group, flat.full(), flat.shard().detach().clone());
+  }
+};
+
+FsdpCore::FsdpCore(torch::nn::Module& module, ProcessGroup group, FsdpOptions options)
+    : impl_(std::make_unique<Impl>(module, std::move(group), std::move(options))) {
+  Impl& s = *impl_;
+  const int stage = s.options.stage();
+  TORCH_CHECK(stage >= 1 && stage <= 3, "cpprun::FullyShardedDataParallel: stage must be 1, 2 or 3 (the ZeRO "
+              "stages), got ", stage, ".");
+  TORCH_CHECK(stage != 3, "cpprun::FullyShardedDataParallel: stage 3 (parameter sharding) is not available yet. "
+              "Use stage 2 (gradients and optimizer state sharded) or 1.");
+  TORCH_CHECK(s.options.auto_wrap_min_params() >= 0, "cpprun::FullyShardedDataParallel: auto_wrap_min_params must "
+              "not be negative, got ", s.options.auto_wrap_min_params(), ".");
+
+  // Start from rank 0's parameters and buffers everywhere.
+  std::vector<at::Tensor> state;
+  for (const auto& p : module.parameters()) state.push_back(p);
+  for (const auto& b : module.buffers()) state.push_back(b);
+  broadcast_coalesced(s.group, state, 0);
+
+  const auto units = plan_units(module, s.options);
+  TORCH_CHECK(!units.empty(), "cpprun::FullyShardedDataParallel: the module has no parameter that requires grad.");
+  check_not_shared(units);
+  s.flats.reserve(units.size() * 2);
+  for (const auto& unit : units) {
+    // One flat parameter per dtype and device within the unit, parameters in their order.
+    std::map<std::string, std::pair<std::vector<std::string>, std::vector<at::Tensor>>> by_kind;
+    std::vector<std::string> kinds;
+    for (std::size_t i = 0; i < unit.params.size(); ++i) {
+      const auto& p = unit.params[i];
+      const std::string kind = std::string(c10::toString(p.scalar_type())) + "/" + p.device().str();
+      if (!by_kind.count(kind)) kinds.push_back(kind);
+      by_kind[kind].first.push_back(unit.param_names[i]);
+      by_kind[kind].second.push_back(p);
+    }
+    for (const auto& kind : kinds) {
+      s.flats.emplace_back(by_kind[kind].first, by_kind[kind].second, s.group.rank(), s.group.size());
+    }
+  }
+  s.sync = std::make_unique<GradientSync>(s.flats, s.group, stage);
+}
+
+FsdpCore::~FsdpCore() = default;
+
+void FsdpCore::before_forward() {
+  Impl& s = *impl_;
+  s.gather_if_stepped();
+  if (torch::autograd::GradMode::is_enabled()) s.sync->prepare(s.require_sync);
+}
+
+void FsdpCore::gather_full_parameters() { impl_->gather_if_stepped(); }
+
+std::vector<at::Tensor> FsdpCore::shards() const {
+  std::vector<at::Tensor> out;
+  for (const auto& flat : impl_->flats) out.push_back(flat.shard());
+  return out;
+}
+
+double FsdpCore::clip_grad_norm(double max_norm) {
+  TORCH_CHECK(max_norm > 0, "cpprun::FullyShardedDataParallel::clip_grad_norm: max_norm must be positive, got ",
+              max_norm, ".");
+  at::NoGradGuard no_grad;
+  auto squares = at::zeros({1}, at::kDouble);
+  for (const auto& flat : impl_->flats) {
+    const auto& grad = flat.shard().grad();
+    if (grad.defined()) squares += grad.to(at::kDouble).pow(2).sum();
+  }
+  all_reduce(impl_->group, squares);  // the shards together cover every gradient exactly once
+  const double total = std::sqrt(squares.item<double>());
+  const double scale = max_norm / (total + 1e-6);
+  if (scale < 1) {
+    for (const auto& flat : impl_->flats) {
+      if (flat.shard().grad().defined()) flat.shard().grad().mul_(scale);
+    }
+  }
+  return total;
+}
+
+FsdpMemory FsdpCore::memory() const {
+  FsdpMemory m;
+  for (const auto& flat : impl_->flats) m.parameters += flat.full().nbytes();
+  m.gradients = impl_->sync->gradient_bytes();
+  return m;
+}
+
+std::size_t FsdpCore::unit_count() const { return impl_->flats.size(); }
+
+void FsdpCore::save_full_state(const std::string& path) {
+  Impl& s = *impl_;
+  s.gather_if_stepped();  // collective: every rank takes part
+  if (s.group.rank() == 0) {
+    torch::serialize::OutputArchive archive;
+    s.module.save(archive);  // the full parameters are resident in stages 1 and 2
+    const std::string temporary = path + ".tmp";
+    archive.save_to(temporary);
+    std::filesystem::rename(temporary, path);
+  }
+  barrier(s.group);  // the file exists when save returns, on every rank
+}
+
+void FsdpCore::load_full_state(const std::string& path) {
+  Impl& s = *impl_;
+  s.gather_if_stepped();
+  if (s.group.rank() == 0) {
+    torch::serialize::InputArchive archive;
+    archive.load_from(path);
+    copy_in(s.module, archive);
+  }
+  std::vector<at::Tensor> state;
+  for (const auto& p : s.module.parameters()) state.push_back(p);
+  for (const auto& b : s.module.buffers()) state.push_back(b);
+  broadcast_coalesced(s.group, state, 0);  // the shards alias the full parameters: updated too
+}
+
+void FsdpCore::set_require_sync(bool sync) { impl_->require_sync = sync; }
+bool FsdpCore::require_sync() const { return impl_->require_sync; }
+const ProcessGroup& FsdpCore::group() const { return impl_->group; }
+const FsdpOptions& FsdpCore::options() const { return impl_->options; }
+
+}  // namespace cpprun::detail

@@ -1,0 +1,140 @@
+// See gradient_sync.h.
+#include "fsdp/gradient_sync.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+namespace cpprun::detail {
+namespace {
+
+class GradientReadyHook : public torch::autograd::FunctionPostHook {
+ public:
+  explicit GradientReadyHook(std::function<void()> fn) : fn_(std::move(fn)) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list&) override {
+    fn_();
+    return outputs;
+  }
+
+ private:
+  std::function<void()> fn_;
+};
+
+}  // namespace
+
+GradientSync::GradientSync(std::vector<FlatParam>& flats, ProcessGroup group, int stage)
+    : flats_(flats), group_(std::move(group)), stage_(stage), units_(flats.size()) {
+  for (std::size_t f = 0; f < flats_.size(); ++f) {
+    for (const auto& param : flats_[f].params()) {
+      auto accumulator = torch::autograd::impl::grad_accumulator(param);
+      hook_keys_.push_back(accumulator->add_post_hook(
+          std::make_unique<GradientReadyHook>([this, f] { on_gradient_ready(f); })));
+      accumulators_.push_back(std::move(accumulator));
+    }
+  }
+}
+
+GradientSync::~GradientSync() {
+  for (std::size_t i = 0; i < accumulators_.size(); ++i) accumulators_[i]->del_post_hook(hook_keys_[i]);
+}
+
+// A fresh backward starts from zero unless no_sync backwards are accumulating in flat_grad.
+void GradientSync::bind_flat_grad(std::size_t f) {
+  UnitState& unit = units_[f];
+  if (!unit.flat_grad.defined()) {
+    unit.flat_grad = at::zeros_like(flats_[f].full());
+  } else if (unit.reduced) {
+    unit.flat_grad.zero_();  // the optimizer zeroed only its shard of it
+  }
+  unit.reduced = false;
+  at::NoGradGuard no_grad;
+  for (std::size_t i = 0; i < flats_[f].params().size(); ++i) {
+    // Autograd adds each new gradient into this view in place: no copy into a bucket.
+    flats_[f].params()[i].mutable_grad() = flats_[f].slot(unit.flat_grad, i);
+  }
+}
+
+void GradientSync::prepare(bool sync) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (std::size_t f = 0; f < flats_.size(); ++f) {
+    bind_flat_grad(f);
+    units_[f].pending = flats_[f].params().size();
+    units_[f].work = Work();
+  }
+  expecting_ = sync;
+  finish_queued_ = false;
+  next_launch_ = 0;
+}
+
+void GradientSync::on_gradient_ready(std::size_t f) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!expecting_) return;
+  if (!finish_queued_) {
+    finish_queued_ = true;
+    torch::autograd::Engine::get_default_engine().queue_callback([this] { finish_backward(); });
+  }
+  --units_[f].pending;
+  launch_ready_units();
+}
+
+// Note [FSDP reduction order]
+// Units were planned in registration order, so backward tends to finish them last to first.
+// Every rank reduces them in that fixed order (the k-th launched only after the ones before),
+// because collectives are matched by the order ranks issue them.
+void GradientSync::launch_ready_units() {
+  while (next_launch_ < units_.size()) {
+    const std::size_t f = units_.size() - 1 - next_launch_;
+    UnitState& unit = units_[f];
+    if (unit.pending != 0) return;
+    if (stage_ == 1) {
+      unit.work = all_reduce_async(group_, unit.flat_grad, ReduceOp::kAvg);
+    } else {
+      if (!unit.shard_grad.defined()) unit.shard_grad = at::zeros({flats_[f].shard_numel()}, unit.flat_grad.options());
+      unit.work = reduce_scatter_async(group_, unit.shard_grad, unit.flat_grad, ReduceOp::kAvg);
+    }
+    ++next_launch_;
+  }
+}
+
+void GradientSync::finish_backward() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!expecting_) return;
+  // Parameters that got no gradient contribute the zeros already in their place.
+  for (auto& unit : units_) unit.pending = 0;
+  launch_ready_units();
+  at::NoGradGuard no_grad;
+  for (std::size_t f = 0; f < flats_.size(); ++f) {
+    UnitState& unit = units_[f];
+    unit.work.wait();
+    at::Tensor& shard_grad = flats_[f].shard().mutable_grad();
+    unit.reduced = true;
+    if (stage_ == 1) {
+      shard_grad = alias_into(unit.flat_grad, flats_[f].shard_offset(), {flats_[f].shard_numel()});
+    } else {
+      shard_grad = unit.shard_grad;
+      // Stage 2 keeps only the shard's gradient: release the full one until the next backward.
+      for (const auto& param : flats_[f].params()) param.mutable_grad() = at::Tensor();
+      unit.flat_grad = at::Tensor();
+    }
+  }
+  expecting_ = false;
+  shards_stepped_ = true;
+}
+
+bool GradientSync::take_shards_stepped() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return std::exchange(shards_stepped_, false);
+}
+
+int64_t GradientSync::gradient_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& unit : units_) {
+    if (unit.flat_grad.defined()) bytes += unit.flat_grad.nbytes();
+    if (unit.shard_grad.defined()) bytes += unit.shard_grad.nbytes();
+  }
+  return bytes;
+}
+
+}  // namespace cpprun::detail

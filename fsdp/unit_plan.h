@@ -1,0 +1,25 @@
+// Which parameters form which unit: by module type (wrap_policy), then by size
+// (auto_wrap_min_params), the rest in the root unit. Pure: reads the module tree only.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
+
+#include <string>
+#include <vector>
+
+#include "cpprun/fsdp_options.h"
+
+namespace cpprun::detail {
+
+struct UnitPlan {
+  std::string name;  // the unit's module name ("" for the root)
+  std::vector<std::string> param_names;
+  std::vector<at::Tensor> params;
+};
+
+// Units in the order their modules are registered (children before the root unit, which comes
+// last). Only parameters that require grad take part.
+std::vector<UnitPlan> plan_units(torch::nn::Module& root, const FsdpOptions& options);
+
+}  // namespace cpprun::detail

@@ -1,0 +1,56 @@
+// The non-template part of FullyShardedDataParallel. Users do not need this header's names.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cpprun/detail/sync_switch.h"
+#include "cpprun/fsdp_options.h"
+#include "cpprun/process_group.h"
+
+namespace cpprun::detail {
+
+// Per-rank bytes held in each kind of training state, for the memory accounting.
+struct FsdpMemory {
+  int64_t parameters = 0;  // what the module computes with (full or gathered)
+  int64_t shards = 0;      // the optimizer's parameters, where they are not views of the above
+  int64_t gradients = 0;   // gradients held between backward and the next one
+};
+
+class FsdpCore : public SyncSwitch {
+ public:
+  FsdpCore(torch::nn::Module& module, ProcessGroup group, FsdpOptions options);
+  ~FsdpCore();
+  FsdpCore(const FsdpCore&) = delete;
+  FsdpCore& operator=(const FsdpCore&) = delete;
+
+  void before_forward();
+  // Brings the full parameters up to date with the shards now (normally done by the next forward).
+  void gather_full_parameters();
+  // This rank's shards: what the optimizer must update (one flat tensor per unit and dtype).
+  std::vector<at::Tensor> shards() const;
+  void set_require_sync(bool sync) override;
+  bool require_sync() const override;
+  double clip_grad_norm(double max_norm);
+  FsdpMemory memory() const;
+  std::size_t unit_count() const;
+  // Full (unsharded) state in torch::save's format for the wrapped module: rank 0 writes it
+  // (atomically), and a plain module loads it with torch::load. Loading reads on rank 0 and
+  // broadcasts, so only rank 0 needs the file. Collective.
+  void save_full_state(const std::string& path);
+  void load_full_state(const std::string& path);
+
+  const ProcessGroup& group() const;
+  const FsdpOptions& options() const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace cpprun::detail

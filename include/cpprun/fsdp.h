@@ -1,0 +1,99 @@
+// cpprun::FullyShardedDataParallel: ZeRO data parallelism. Each rank keeps only its shard
+// (1/world_size) of the optimizer state (stage 1) and of the gradients (stage 2).
+//
+//   auto model = cpprun::FullyShardedDataParallel(net, group, cpprun::FsdpOptions().stage(2));
+//   torch::optim::AdamW opt(model->parameters(), 1e-3);   // this rank's shards
+//   loss_fn(model->forward(x), y).backward();              // gradients reduce-scattered
+//   opt.step();                                            // each rank steps its shard
+//
+// model->parameters() are the shards, so optimizer state is sharded by construction. The full
+// parameters are all-gathered before the next forward.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "cpprun/detail/fsdp_core.h"
+#include "cpprun/fsdp_options.h"
+#include "cpprun/no_sync.h"
+#include "cpprun/process_group.h"
+
+namespace cpprun {
+
+template <typename ModuleType>
+class FullyShardedDataParallelImpl : public torch::nn::Module {
+ public:
+  FullyShardedDataParallelImpl(std::shared_ptr<ModuleType> module, ProcessGroup group, FsdpOptions options = {})
+      : module_(std::move(module)),
+        core_(std::make_unique<detail::FsdpCore>(*module_, std::move(group), std::move(options))) {
+    // The wrapped module is deliberately not a submodule: parameters() must be the shards.
+    const auto shards = core_->shards();
+    for (std::size_t i = 0; i < shards.size(); ++i) register_parameter("shard_" + std::to_string(i), shards[i]);
+  }
+
+  template <typename... Args>
+  decltype(auto) forward(Args&&... args) {
+    core_->before_forward();
+    return module_->forward(std::forward<Args>(args)...);
+  }
+
+  void train(bool on = true) override {
+    torch::nn::Module::train(on);
+    module_->train(on);
+  }
+
+  std::shared_ptr<ModuleType> module() const { return module_; }
+  // After optimizer.step(), brings module()'s full parameters up to date now rather than at the
+  // next forward (e.g. to inspect or evaluate module() directly). Collective.
+  void gather_full_parameters() { core_->gather_full_parameters(); }
+  NoSyncGuard no_sync() { return NoSyncGuard(*core_); }
+  // Scales this rank's shard gradients so that the norm of all gradients, over every rank, is
+  // at most max_norm; returns that norm before clipping. Collective.
+  double clip_grad_norm(double max_norm) { return core_->clip_grad_norm(max_norm); }
+  detail::FsdpMemory memory() const { return core_->memory(); }
+  std::size_t unit_count() const { return core_->unit_count(); }
+  detail::FsdpCore& core() { return *core_; }
+
+ private:
+  std::shared_ptr<ModuleType> module_;
+  std::unique_ptr<detail::FsdpCore> core_;
+};
+
+template <typename ModuleType>
+class FullyShardedDataParallel : public torch::nn::ModuleHolder<FullyShardedDataParallelImpl<ModuleType>> {
+  using Holder = torch::nn::ModuleHolder<FullyShardedDataParallelImpl<ModuleType>>;
+
+ public:
+  FullyShardedDataParallel(std::shared_ptr<ModuleType> module, ProcessGroup group, FsdpOptions options = {})
+      : Holder(std::make_shared<FullyShardedDataParallelImpl<ModuleType>>(std::move(module), std::move(group),
+                                                                          std::move(options))) {}
+  FullyShardedDataParallel(const torch::nn::ModuleHolder<ModuleType>& module, ProcessGroup group,
+                           FsdpOptions options = {})
+      : FullyShardedDataParallel(module.ptr(), std::move(group), std::move(options)) {}
+};
+
+template <typename ModuleType>
+FullyShardedDataParallel(std::shared_ptr<ModuleType>, ProcessGroup, FsdpOptions = {})
+    -> FullyShardedDataParallel<ModuleType>;
+template <typename ModuleType>
+FullyShardedDataParallel(torch::nn::ModuleHolder<ModuleType>, ProcessGroup, FsdpOptions = {})
+    -> FullyShardedDataParallel<ModuleType>;
+
+// The full model, in torch::save's format for the wrapped module: a plain, unwrapped module of
+// the same type loads it with torch::load(module, path). Rank 0 writes it atomically. Collective.
+template <typename ModuleType>
+void save_full_state_dict(FullyShardedDataParallel<ModuleType>& model, const std::string& path) {
+  model->core().save_full_state(path);
+}
+// The reverse: a file written by torch::save(module, path) or save_full_state_dict. Only rank 0
+// reads it; the values are broadcast. Collective.
+template <typename ModuleType>
+void load_full_state_dict(FullyShardedDataParallel<ModuleType>& model, const std::string& path) {
+  model->core().load_full_state(path);
+}
+
+}  // namespace cpprun

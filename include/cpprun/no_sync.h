@@ -1,0 +1,31 @@
+// cpprun::NoSyncGuard: gradient accumulation. While a guard lives, backward passes only
+// accumulate local gradients; the first backward after it reduces the sum.
+//   { auto guard = model->no_sync(); loss1.backward(); }   // local only
+//   loss2.backward();                                      // reduces loss1's + loss2's gradients
+#pragma once
+
+#include <utility>
+
+#include "cpprun/detail/sync_switch.h"
+
+namespace cpprun {
+
+class NoSyncGuard {
+ public:
+  explicit NoSyncGuard(detail::SyncSwitch& target) : target_(&target), was_(target.require_sync()) {
+    target_->set_require_sync(false);
+  }
+  ~NoSyncGuard() {
+    if (target_) target_->set_require_sync(was_);
+  }
+  NoSyncGuard(NoSyncGuard&& other) noexcept : target_(std::exchange(other.target_, nullptr)), was_(other.was_) {}
+  NoSyncGuard(const NoSyncGuard&) = delete;
+  NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+  NoSyncGuard& operator=(NoSyncGuard&&) = delete;
+
+ private:
+  detail::SyncSwitch* target_;
+  bool was_;
+};
+
+}  // namespace cpprun
