@@ -2,9 +2,11 @@
 //
 //   single process:  ./build/examples/train_gpt
 //   two ranks:       ./build/launcher/cpprun --nproc_per_node=2 ./build/examples/train_gpt --mode ddp
+//   sharded:         ./build/launcher/cpprun --nproc_per_node=2 ./build/examples/train_gpt --mode fsdp --stage 2
 //
 // Options: --text FILE (default /usr/share/common-licenses/GPL-3, on every Debian machine)
-//          --mode ddp|fsdp (ddp)  --steps N (300)  --batch B per rank (16)  --lr X (3e-3)
+//          --mode ddp|fsdp (ddp)  --stage 1|2 (ZeRO stage with fsdp: 2)  --steps N (300)
+//          --batch B per rank (16)  --lr X (3e-3)
 //          --block T (64)  --layers L (2)  --embed C (64)  --heads H (4)  --sample N (200 characters)
 #include <cpprun/cpprun.h>
 #include <torch/torch.h>
@@ -17,7 +19,7 @@
 
 struct Options {
   std::string text = "/usr/share/common-licenses/GPL-3", mode = "ddp";
-  int steps = 300, batch = 16, sample = 200;
+  int steps = 300, batch = 16, sample = 200, stage = 2;
   int64_t block = 64, layers = 2, embed = 64, heads = 4;
   double lr = 3e-3;
 };
@@ -30,6 +32,7 @@ Options parse(int argc, char** argv) {
     const std::string value = argv[++i];
     if (flag == "--text") o.text = value;
     else if (flag == "--mode") o.mode = value;
+    else if (flag == "--stage") o.stage = std::stoi(value);
     else if (flag == "--steps") o.steps = std::stoi(value);
     else if (flag == "--batch") o.batch = std::stoi(value);
     else if (flag == "--lr") o.lr = std::stod(value);
@@ -40,7 +43,7 @@ Options parse(int argc, char** argv) {
     else if (flag == "--sample") o.sample = std::stoi(value);
     else throw std::invalid_argument("unknown flag " + flag + " (see the comment at the top of train_gpt.cpp)");
   }
-  if (o.mode != "ddp") throw std::invalid_argument("--mode " + o.mode + ": only ddp for now (fsdp lands with FullyShardedDataParallel)");
+  if (o.mode != "ddp" && o.mode != "fsdp") throw std::invalid_argument("--mode must be ddp or fsdp, got " + o.mode);
   return o;
 }
 
@@ -123,8 +126,23 @@ int main(int argc, char** argv) {
 
   torch::manual_seed(0);
   Gpt gpt(static_cast<int64_t>(vocab.size()), opt);
-  auto model = cpprun::DistributedDataParallel(gpt, group);
-  torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(opt.lr).weight_decay(0.01));
+  // DDP replicates everything; FSDP (ZeRO) shards optimizer state and, at stage 2, gradients,
+  // one unit per transformer block. Either way the optimizer gets model->parameters().
+  std::function<torch::Tensor(const torch::Tensor&)> forward;
+  std::function<void()> finish = [] {};  // makes gpt's own weights current for evaluation
+  std::vector<torch::Tensor> trainable;
+  if (opt.mode == "ddp") {
+    auto ddp = cpprun::DistributedDataParallel(gpt, group);
+    forward = [ddp](const torch::Tensor& x) mutable { return ddp->forward(x); };
+    trainable = ddp->parameters();
+  } else {
+    auto per_block = [](const torch::nn::Module& m) { return dynamic_cast<const BlockImpl*>(&m) != nullptr; };
+    auto fsdp = cpprun::FullyShardedDataParallel(gpt, group, cpprun::FsdpOptions().stage(opt.stage).wrap_policy(per_block));
+    forward = [fsdp](const torch::Tensor& x) mutable { return fsdp->forward(x); };
+    finish = [fsdp]() mutable { fsdp->gather_full_parameters(); };
+    trainable = fsdp->parameters();
+  }
+  torch::optim::AdamW optimizer(trainable, torch::optim::AdamWOptions(opt.lr).weight_decay(0.01));
   cpprun::DistributedSampler sampler(static_cast<size_t>(windows), group);
   auto batch_from = [&](const std::vector<size_t>& starts) {  // inputs and next-character targets
     std::vector<torch::Tensor> x, y;
@@ -149,7 +167,7 @@ int main(int argc, char** argv) {
     if (!starts || starts->size() < static_cast<size_t>(opt.batch)) sampler.reset(), starts = sampler.next(opt.batch);
     auto [x, y] = batch_from(*starts);
     optimizer.zero_grad();
-    auto logits = model->forward(x);
+    auto logits = forward(x);
     auto loss = torch::nn::functional::cross_entropy(logits.view({-1, logits.size(-1)}), y.view({-1}));
     loss.backward();
     optimizer.step();
@@ -165,6 +183,7 @@ int main(int argc, char** argv) {
   }
 
   // Held-out loss, then a sample from rank 0 (greedy decoding would repeat itself: sample).
+  finish();
   torch::NoGradGuard no_grad;
   gpt->eval();
   std::vector<size_t> held_out;

@@ -18,7 +18,7 @@ echo "BLAS: ${blas:-unknown}; cores: $(nproc); LibTorch (C++) and torch (Python)
 # Runs one configuration; prints its ms/step.
 run() {  # impl mode hidden steps
   local impl=$1 mode=$2 hidden=$3 steps=$4 prog
-  if [ "$impl" = cpp ]; then prog=("$build/bench/ddp_bench"); else prog=(/usr/bin/python3 bench/ddp_bench.py); fi
+  if [ "$impl" = cpp ]; then prog=("$build/bench/dp_bench"); else prog=(/usr/bin/python3 bench/dp_bench.py); fi
   tests/run_isolated.sh "$build/launcher/cpprun" --standalone --nproc_per_node=2 "${prog[@]}" \
       --mode "$mode" --hidden "$hidden" --steps "$steps" --warmup 3 2>/dev/null |
     sed -n 's/.*ms_per_step=\([0-9.]*\).*/\1/p'

@@ -1,8 +1,9 @@
-// One side of scripts/bench_ddp.sh: times training steps of an MLP 1024-[H x 4]-10 with
-// cpprun's DistributedDataParallel ("ddp"), or the same per-rank work with no communication
-// ("local"). bench/ddp_bench.py is the PyTorch side. Prints one line: mode, ms/step, samples/s.
+// One side of scripts/bench_ddp.sh and scripts/bench_fsdp.sh: times training steps of an MLP
+// 1024-[H x 4]-10 with cpprun's DistributedDataParallel ("ddp"), FullyShardedDataParallel at
+// ZeRO stage 1 or 2 ("zero1", "zero2"; one unit per Linear), or the same per-rank work with no
+// communication ("local"). bench/dp_bench.py is the PyTorch side. Prints one RESULT line.
 //
-//   cpprun --nproc_per_node=2 build/bench/ddp_bench --mode ddp --hidden 1024 --batch 64
+//   cpprun --nproc_per_node=2 build/bench/dp_bench --mode ddp --hidden 1024 --batch 64
 #include <cpprun/cpprun.h>
 #include <torch/torch.h>
 
@@ -61,17 +62,22 @@ int main(int argc, char** argv) {
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() / args.steps;
   };
 
+  int64_t params = 0;
+  for (const auto& p : net->parameters()) params += p.numel();
   double ms;
   if (args.mode == "ddp") {
     auto ddp = cpprun::DistributedDataParallel(net.ptr(), group);
     ms = run(ddp);
+  } else if (args.mode == "zero1" || args.mode == "zero2") {
+    auto per_linear = [](const torch::nn::Module& m) { return dynamic_cast<const torch::nn::LinearImpl*>(&m) != nullptr; };
+    auto options = cpprun::FsdpOptions().stage(args.mode == "zero1" ? 1 : 2).wrap_policy(per_linear);
+    auto fsdp = cpprun::FullyShardedDataParallel(net.ptr(), group, options);
+    ms = run(fsdp);
   } else if (args.mode == "local") {
     ms = run(net);
   } else {
-    throw std::invalid_argument("--mode must be ddp or local");
+    throw std::invalid_argument("--mode must be ddp, zero1, zero2 or local");
   }
-  int64_t params = 0;
-  for (const auto& p : net->parameters()) params += p.numel();
   if (group.rank() == 0) {
     std::printf("RESULT impl=cpprun mode=%s params=%lld world=%d ms_per_step=%.2f samples_per_s=%.1f\n",
                 args.mode.c_str(), static_cast<long long>(params), group.size(), ms,

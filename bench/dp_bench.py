@@ -1,12 +1,13 @@
-# The PyTorch side of scripts/bench_ddp.sh: the same model, data and steps as bench/ddp_bench.cpp,
-# with torch.nn.parallel.DistributedDataParallel over Gloo. Started by cpprun, which sets the same
+# The PyTorch side of scripts/bench_ddp.sh and bench_fsdp.sh: the same model, data and steps as
+# bench/dp_bench.cpp, with torch.nn.parallel.DistributedDataParallel over Gloo ("ddp"), and DDP
+# with ZeroRedundancyOptimizer ("zero1": PyTorch's ZeRO-1; its FSDP needs CUDA in 1.13). Started by cpprun, which sets the same
 # environment as torchrun (Debian's torchrun crashes at its defaults on Python 3.11).
 import argparse, time
 import torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 p = argparse.ArgumentParser()
-p.add_argument("--mode", default="ddp", choices=["ddp", "local"])
+p.add_argument("--mode", default="ddp", choices=["ddp", "zero1", "local"])
 p.add_argument("--hidden", type=int, default=1024)
 p.add_argument("--batch", type=int, default=64)
 p.add_argument("--warmup", type=int, default=5)
@@ -20,9 +21,13 @@ layers = [torch.nn.Linear(1024, a.hidden), torch.nn.ReLU()]
 for _ in range(3):
     layers += [torch.nn.Linear(a.hidden, a.hidden), torch.nn.ReLU()]
 net = torch.nn.Sequential(*layers, torch.nn.Linear(a.hidden, 10))
-model = DDP(net) if a.mode == "ddp" else net
+model = DDP(net) if a.mode in ("ddp", "zero1") else net
 x, y = torch.randn(a.batch, 1024), torch.randint(0, 10, (a.batch,))
-opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+if a.mode == "zero1":
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.SGD, lr=0.01, momentum=0.9)
+else:
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
 def step():
     opt.zero_grad()
