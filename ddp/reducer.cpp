@@ -4,8 +4,6 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/engine.h>
-#include <torch/csrc/autograd/function_hook.h>
-#include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
 #include <numeric>
@@ -16,20 +14,6 @@
 
 namespace cpprun::detail {
 namespace {
-
-// Runs `fn` after AccumulateGrad has added a parameter's gradient into its .grad.
-class GradientReadyHook : public torch::autograd::FunctionPostHook {
- public:
-  explicit GradientReadyHook(std::function<void()> fn) : fn_(std::move(fn)) {}
-  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
-                                            const torch::autograd::variable_list& /*inputs*/) override {
-    fn_();
-    return outputs;
-  }
-
- private:
-  std::function<void()> fn_;
-};
 
 constexpr double kMiB = 1024.0 * 1024.0;
 
@@ -57,18 +41,10 @@ Reducer::Reducer(std::vector<std::string> names, std::vector<at::Tensor> params,
   std::iota(order.rbegin(), order.rend(), 0);
   build_buckets(order);
 
-  for (std::size_t i = 0; i < params_.size(); ++i) {
-    // Keep the accumulator alive: the parameter holds it only weakly.
-    auto accumulator = torch::autograd::impl::grad_accumulator(params_[i]);
-    hook_keys_.push_back(accumulator->add_post_hook(
-        std::make_unique<GradientReadyHook>([this, i] { on_gradient_ready(i); })));
-    accumulators_.push_back(std::move(accumulator));
-  }
+  for (std::size_t i = 0; i < params_.size(); ++i) hooks_.add(params_[i], [this, i] { on_gradient_ready(i); });
 }
 
-Reducer::~Reducer() {
-  for (std::size_t i = 0; i < accumulators_.size(); ++i) accumulators_[i]->del_post_hook(hook_keys_[i]);
-}
+Reducer::~Reducer() = default;
 
 void Reducer::set_comm_hook(std::shared_ptr<CommHook> hook) {
   TORCH_CHECK(hook != nullptr, "cpprun::DistributedDataParallel::register_comm_hook: the hook is null.");
@@ -200,7 +176,7 @@ void Reducer::prepare_for_backward(const std::vector<at::Tensor>& outputs) {
       }
     }
     for (std::size_t i = 0; i < params_.size(); ++i) {
-      if (!seen.count(accumulators_[i].get())) mark_ready(i, /*used=*/false);
+      if (!seen.count(hooks_.accumulator(i))) mark_ready(i, /*used=*/false);
     }
   }
   launch_ready_buckets();

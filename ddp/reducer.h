@@ -14,6 +14,7 @@
 
 #include "cpprun/comm_hooks.h"
 #include "cpprun/ddp_options.h"
+#include "core/gradient_ready_hook.h"
 #include "cpprun/process_group.h"
 
 namespace cpprun::detail {
@@ -29,7 +30,7 @@ class Reducer {
  public:
   Reducer(std::vector<std::string> names, std::vector<at::Tensor> params, ProcessGroup group,
           DdpOptions options);
-  ~Reducer();  // removes the autograd hooks
+  ~Reducer();
   Reducer(const Reducer&) = delete;
   Reducer& operator=(const Reducer&) = delete;
 
@@ -76,8 +77,6 @@ class Reducer {
 
   std::vector<Bucket> buckets_;
   std::vector<std::pair<std::size_t, std::size_t>> location_;  // param -> (bucket, slot)
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
-  std::vector<uintptr_t> hook_keys_;
 
   // One iteration's state; guarded by mutex_ since hooks run on autograd's threads.
   std::mutex mutex_;
@@ -98,6 +97,8 @@ class Reducer {
   };
   std::optional<StaticUnused> static_unused_;
   void remember_static_unused(const std::vector<bool>& globally_used);
+
+  GradientReadyHooks hooks_;  // last: removed before the state the hooks touch goes
 };
 
 }  // namespace cpprun::detail

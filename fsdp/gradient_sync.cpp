@@ -3,42 +3,16 @@
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/engine.h>
-#include <torch/csrc/autograd/function_hook.h>
-#include <torch/csrc/autograd/variable.h>
 
 namespace cpprun::detail {
-namespace {
-
-class GradientReadyHook : public torch::autograd::FunctionPostHook {
- public:
-  explicit GradientReadyHook(std::function<void()> fn) : fn_(std::move(fn)) {}
-  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
-                                            const torch::autograd::variable_list&) override {
-    fn_();
-    return outputs;
-  }
-
- private:
-  std::function<void()> fn_;
-};
-
-}  // namespace
-
 GradientSync::GradientSync(std::vector<FlatParam>& flats, ProcessGroup group, int stage)
     : flats_(flats), group_(std::move(group)), stage_(stage), units_(flats.size()) {
   for (std::size_t f = 0; f < flats_.size(); ++f) {
-    for (const auto& param : flats_[f].params()) {
-      auto accumulator = torch::autograd::impl::grad_accumulator(param);
-      hook_keys_.push_back(accumulator->add_post_hook(
-          std::make_unique<GradientReadyHook>([this, f] { on_gradient_ready(f); })));
-      accumulators_.push_back(std::move(accumulator));
-    }
+    for (const auto& param : flats_[f].params()) hooks_.add(param, [this, f] { on_gradient_ready(f); });
   }
 }
 
-GradientSync::~GradientSync() {
-  for (std::size_t i = 0; i < accumulators_.size(); ++i) accumulators_[i]->del_post_hook(hook_keys_[i]);
-}
+GradientSync::~GradientSync() = default;
 
 // A fresh backward starts from zero unless no_sync backwards are accumulating in flat_grad.
 void GradientSync::bind_flat_grad(std::size_t f) {

@@ -12,6 +12,7 @@
 #include <mutex>
 #include <vector>
 
+#include "core/gradient_ready_hook.h"
 #include "cpprun/collectives.h"
 #include "fsdp/flat_param.h"
 
@@ -20,7 +21,7 @@ namespace cpprun::detail {
 class GradientSync {
  public:
   GradientSync(std::vector<FlatParam>& flats, ProcessGroup group, int stage);
-  ~GradientSync();  // removes the autograd hooks
+  ~GradientSync();
   GradientSync(const GradientSync&) = delete;
   GradientSync& operator=(const GradientSync&) = delete;
 
@@ -49,14 +50,12 @@ class GradientSync {
   ProcessGroup group_;
   int stage_;
   std::vector<UnitState> units_;
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
-  std::vector<uintptr_t> hook_keys_;
-
   std::mutex mutex_;
   bool expecting_ = false;  // a synchronized backward was prepared and has not finished
   bool finish_queued_ = false;
   bool shards_stepped_ = false;
   std::size_t next_launch_ = 0;  // units are reduced last to first: see launch_ready_units()
+  GradientReadyHooks hooks_;     // last: removed before the state the hooks touch goes
 };
 
 }  // namespace cpprun::detail

@@ -5,28 +5,15 @@
 # parameters) and H=2720 (25M), SGD with momentum, one unit per Linear. Prints samples/s and ratios.
 #   usage: scripts/bench_fsdp.sh [steps_scale]
 set -euo pipefail
-cd "$(dirname "$0")/.."
-bash scripts/setup.sh --bench >/dev/null
-bash scripts/build.sh >/dev/null
-build=${CPPRUN_BUILD_DIR:-build}
+source "$(dirname "$0")/bench_common.sh"
 scale=${1:-1}
-blas=$(update-alternatives --query libblas.so.3-x86_64-linux-gnu 2>/dev/null | sed -n 's/^Value: //p')
-echo "BLAS: ${blas:-unknown}; cores: $(nproc); LibTorch (C++) and torch (Python): 1.13"
-
-run() {  # impl mode hidden steps -> ms/step
-  local impl=$1 mode=$2 hidden=$3 steps=$4 prog
-  if [ "$impl" = cpp ]; then prog=("$build/bench/dp_bench"); else prog=(/usr/bin/python3 bench/dp_bench.py); fi
-  tests/run_isolated.sh "$build/launcher/cpprun" --standalone --nproc_per_node=2 "${prog[@]}" \
-      --mode "$mode" --hidden "$hidden" --steps "$steps" --warmup 3 2>/dev/null |
-    sed -n 's/.*ms_per_step=\([0-9.]*\).*/\1/p'
-}
 
 printf '\n%-7s %-6s %10s %10s %10s %12s %12s %14s %14s\n' model params "DDP samp/s" "ZeRO-1" "ZeRO-2" \
   "ZeRO-1/DDP" "ZeRO-2/DDP" "Py DDP" "Py ZeRO-1"
 for config in "1024 4.2M $((20 * scale))" "2720 25M $((10 * scale))"; do
   read -r hidden params steps <<<"$config"
-  ddp=$(run cpp ddp "$hidden" "$steps"); z1=$(run cpp zero1 "$hidden" "$steps"); z2=$(run cpp zero2 "$hidden" "$steps")
-  pddp=$(run py ddp "$hidden" "$steps"); pz1=$(run py zero1 "$hidden" "$steps")
+  ddp=$(run_dp cpp ddp "$hidden" "$steps"); z1=$(run_dp cpp zero1 "$hidden" "$steps"); z2=$(run_dp cpp zero2 "$hidden" "$steps")
+  pddp=$(run_dp py ddp "$hidden" "$steps"); pz1=$(run_dp py zero1 "$hidden" "$steps")
   awk -v h="$hidden" -v p="$params" -v d="$ddp" -v a="$z1" -v b="$z2" -v pd="$pddp" -v pz="$pz1" 'BEGIN {
     printf "%-7s %-6s %10.0f %10.0f %10.0f %11.2fx %11.2fx %14.0f %14.0f\n", "H=" h, p, 128000 / d, 128000 / a,
       128000 / b, d / a, d / b, 128000 / pd, 128000 / pz }'

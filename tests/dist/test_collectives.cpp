@@ -8,19 +8,13 @@
 
 #include "comm/group_impl.h"  // p2p_bytes_sent
 #include "cpprun/cpprun.h"
+#include "dist_test_support.h"
 
 using cpprun::ReduceOp;
 
 namespace {
 
-const cpprun::ProcessGroup& group() {
-  static const cpprun::ProcessGroup pg = [] {
-    cpprun::ProcessGroupOptions options;
-    options.timeout = std::chrono::seconds(60);
-    return cpprun::init_process_group(options);
-  }();
-  return pg;
-}
+using dist_test::group;
 
 // Sizes that do and do not divide by 2, 3 and 4.
 const std::vector<int64_t> kSizes = {1, 7, 1001, 4099};

@@ -8,20 +8,15 @@
 #include <functional>
 
 #include "cpprun/cpprun.h"
+#include "dist_test_support.h"
 #include "ddp_test_models.h"
 
 using namespace ddp_test;
 
 namespace {
 
-const cpprun::ProcessGroup& group() {
-  static const cpprun::ProcessGroup pg = [] {
-    cpprun::ProcessGroupOptions options;
-    options.timeout = std::chrono::seconds(60);
-    return cpprun::init_process_group(options);
-  }();
-  return pg;
-}
+using dist_test::group;
+using dist_test::slice;
 
 constexpr int64_t kGlobalBatch = 24;  // divides by 1, 2, 3 and 4 ranks
 
@@ -30,12 +25,6 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::string& kind,
     return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(0.05).momentum(0.9));
   }
   return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(1e-3));
-}
-
-// Rank r's part of a global batch.
-torch::Tensor slice(const torch::Tensor& global, int rank, int world) {
-  const int64_t per_rank = global.size(0) / world;
-  return global.narrow(0, rank * per_rank, per_rank);
 }
 
 void check_same_parameters(torch::nn::Module& trained, torch::nn::Module& reference, double tolerance) {

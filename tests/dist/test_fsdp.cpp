@@ -8,27 +8,17 @@
 #include <cstdio>
 
 #include "cpprun/cpprun.h"
+#include "dist_test_support.h"
 #include "ddp_test_models.h"
 
 using namespace ddp_test;
 
 namespace {
 
-const cpprun::ProcessGroup& group() {
-  static const cpprun::ProcessGroup pg = [] {
-    cpprun::ProcessGroupOptions options;
-    options.timeout = std::chrono::seconds(60);
-    return cpprun::init_process_group(options);
-  }();
-  return pg;
-}
+using dist_test::group;
+using dist_test::slice;
 
 constexpr int64_t kGlobalBatch = 24;
-
-torch::Tensor slice(const torch::Tensor& global, int rank, int world) {
-  const int64_t per_rank = global.size(0) / world;
-  return global.narrow(0, rank * per_rank, per_rank);
-}
 
 // Every Linear is a unit: 3 units of 341, 992 and 128 parameters (hidden 31), sizes that do not
 // divide by 2, 3 or 4 ranks.
