@@ -52,6 +52,18 @@ std::string format_attempt_summary(const std::vector<WorkerRecord>& workers, con
     out << "cpprun:   " << describe_worker(workers[i]) << " " << fate(workers[i], summary.shutdown_timeout)
         << "\n";
   }
+  if (!summary.root_cause) return out.str();
+  // Last, next to the exit line: with many ranks, the root cause's own words scroll away.
+  const std::string rank = "rank " + std::to_string(workers.at(*summary.root_cause).rank);
+  if (!summary.root_cause_stderr_tail.empty()) {
+    out << "cpprun: last lines of " << rank << "'s stderr:\n";
+    for (const std::string& line : summary.root_cause_stderr_tail) out << "cpprun:   | " << line << "\n";
+  }
+  if (summary.root_cause_error_file) {
+    out << "cpprun: " << rank << "'s error file (TORCHELASTIC_ERROR_FILE):\n";
+    std::istringstream lines(*summary.root_cause_error_file);
+    for (std::string line; std::getline(lines, line);) out << "cpprun:   | " << line << "\n";
+  }
   return out.str();
 }
 

@@ -3,11 +3,15 @@
 
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <system_error>
+
+#include "option_suggestion.h"
 
 namespace cpprun::launcher {
 namespace {
@@ -37,6 +41,13 @@ struct RawOptions {
   std::string role = "default";
   std::string monitor_interval = "0.1";
   bool no_python = false;
+  std::string redirects = "0";
+  std::string tee = "0";
+  std::string local_ranks_filter;
+  std::string log_dir;
+  bool dry_run = false;
+  bool module = false;    // torchrun's -m: rejected, see check_python_only
+  bool run_path = false;  // torchrun's --run_path: rejected likewise
 };
 
 std::string with_value(const std::string& flag, const std::string& value) {
@@ -109,9 +120,28 @@ std::chrono::milliseconds parse_seconds(const std::string& flag, const std::stri
   return std::chrono::milliseconds(static_cast<long long>(std::llround(seconds * 1000)));
 }
 
+OutputOptions validate_output(const RawOptions& raw, int nproc_per_node) {
+  OutputOptions output;
+  output.redirects = parse_std_spec("--redirects", raw.redirects, nproc_per_node);
+  output.tee = parse_std_spec("--tee", raw.tee, nproc_per_node);
+  output.shown = parse_local_ranks_filter(raw.local_ranks_filter, nproc_per_node);
+  output.log_dir = raw.log_dir;
+  if (output.writes_files() && output.log_dir.empty()) {
+    // torchrun would invent a temp dir and bury the logs in it; asking puts them where you look.
+    const bool redirecting = std::any_of(output.redirects.begin(), output.redirects.end(),
+                                         [](StdStreams s) { return s != StdStreams::kNone; });
+    throw UsageError(with_value(redirecting ? "--redirects" : "--tee", redirecting ? raw.redirects : raw.tee) +
+                     " needs --log_dir DIR: the output goes to DIR/attempt_N/LOCAL_RANK/{stdout,stderr}.log "
+                     "(e.g. --log_dir=logs)");
+  }
+  return output;
+}
+
 LaunchConfig validate(const RawOptions& raw, const HostFacts& host) {
   LaunchConfig config;
   config.nproc_per_node = parse_nproc_per_node(raw.nproc_per_node, host);
+  config.output = validate_output(raw, config.nproc_per_node);
+  config.dry_run = raw.dry_run;
   config.nnodes = parse_nnodes(raw.nnodes);
   config.node_rank = parse_int_in_range("--node_rank", raw.node_rank, 0, config.nnodes - 1,
                                         "this node's rank among --nnodes=" + raw.nnodes, 0);
@@ -146,9 +176,35 @@ LaunchConfig validate(const RawOptions& raw, const HostFacts& host) {
   return config;
 }
 
+// torchrun's ways of running Python code in its own interpreter have no meaning here; say what
+// to type instead rather than exec the module name as a program.
+void check_python_only(const RawOptions& raw, const LaunchConfig& config) {
+  if (raw.module) {
+    throw UsageError("-m/--module " + config.program +
+                     ": cpprun runs programs directly, not Python modules; use `cpprun [options] python3 -m " +
+                     config.program + " [args...]`");
+  }
+  if (raw.run_path) {
+    throw UsageError("--run_path " + config.program +
+                     ": cpprun runs programs directly and has no Python interpreter to run a script in; use "
+                     "`cpprun [options] python3 " + config.program + " [args...]`");
+  }
+}
+
+// Every spelling CLI11 knows, with its dashes, for "did you mean".
+std::vector<std::string> option_names(const CLI::App& app) {
+  std::vector<std::string> names;
+  for (const CLI::Option* option : app.get_options()) {
+    for (const std::string& name : option->get_lnames()) names.push_back("--" + name);
+    for (const std::string& name : option->get_snames()) names.push_back("-" + name);
+  }
+  return names;
+}
+
 // prefix_command() hands back everything from the first argument CLI11 did not recognise; that is
 // PROGRAM, unless it is an option we do not have.
-void take_program(std::vector<std::string> rest, LaunchConfig& config) {
+void take_program(std::vector<std::string> rest, const std::vector<std::string>& known_options,
+                  LaunchConfig& config) {
   bool after_separator = false;
   if (!rest.empty() && rest.front() == "--") {
     rest.erase(rest.begin());
@@ -161,7 +217,9 @@ void take_program(std::vector<std::string> rest, LaunchConfig& config) {
   }
   const std::string& first = rest.front();
   if (!after_separator && first.size() > 1 && first[0] == '-') {
-    throw UsageError("unknown option " + first.substr(0, first.find('=')) +
+    const std::string typed = first.substr(0, first.find('='));
+    const std::optional<std::string> suggestion = suggest_option(typed, known_options);
+    throw UsageError("unknown option " + typed + (suggestion ? "; did you mean " + *suggestion + "?" : "") +
                      " (before PROGRAM only cpprun's options are allowed; put -- before PROGRAM "
                      "if its name starts with '-')\nRun with --help for more information.");
   }
@@ -183,7 +241,9 @@ ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, cons
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app.footer(
       "Everything from PROGRAM on is passed to it untouched, including arguments that look like "
-      "options. Every option may also come from the environment as PET_<NAME>, like torchrun.");
+      "options. Every option may also come from the environment as PET_<NAME>, like torchrun.\n"
+      "Workers' stdout and stderr pass through cpprun, which prints them line by line, each line "
+      "prefixed with the worker's global rank ([rank3]: ...), so lines of different ranks never mix.");
 
   RawOptions raw;
   auto option = [&](const std::string& names, std::string& value, const std::string& env,
@@ -218,6 +278,28 @@ ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, cons
   app.add_flag("--no_python,--no-python", raw.no_python,
                "Accepted for torchrun compatibility; cpprun always runs PROGRAM directly.")
       ->envname("PET_NO_PYTHON");
+  option("-r,--redirects", raw.redirects, "PET_REDIRECTS", "0-3|LOCAL_RANK:0-3,...",
+         "Send workers' output to files in --log_dir instead of the console: 1 stdout, 2 stderr, "
+         "3 both, 0 neither; one value for all local ranks or a map like 0:1,1:3.");
+  option("-t,--tee", raw.tee, "PET_TEE", "0-3|LOCAL_RANK:0-3,...",
+         "Like --redirects, but the console gets the output too.");
+  option("--log_dir,--log-dir", raw.log_dir, "PET_LOG_DIR", "DIR",
+         "Where --redirects/--tee write: DIR/attempt_N/LOCAL_RANK/{stdout,stderr}.log; workers' "
+         "TORCHELASTIC_ERROR_FILE goes there too (error.json). Without it, error files live in a temp "
+         "dir that cpprun removes.");
+  option("--local_ranks_filter,--local-ranks-filter", raw.local_ranks_filter, "PET_LOCAL_RANKS_FILTER",
+         "LOCAL_RANK,...",
+         "Only these local ranks' output reaches the console (e.g. 0); log files still get everything.");
+  app.add_flag("--dry_run,--dry-run", raw.dry_run,
+               "Print each worker's command line and the environment variables cpprun sets for it; "
+               "start nothing.")
+      ->envname("PET_DRY_RUN");
+  app.add_flag("-m,--module", raw.module,
+               "torchrun's Python-module mode: rejected; run `cpprun [options] python3 -m MODULE` instead.")
+      ->envname("PET_MODULE");
+  app.add_flag("--run_path,--run-path", raw.run_path,
+               "torchrun's in-interpreter mode: rejected; run `cpprun [options] python3 SCRIPT` instead.")
+      ->envname("PET_RUN_PATH");
 
   ParsedCommandLine result;
   try {
@@ -232,7 +314,8 @@ ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, cons
     throw UsageError(std::string(e.what()) + "\nRun with --help for more information.");
   }
   result.config = validate(raw, host);
-  take_program(app.remaining(), result.config);
+  take_program(app.remaining(), option_names(app), result.config);
+  check_python_only(raw, result.config);
   return result;
 }
 

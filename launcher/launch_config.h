@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "host_facts.h"
+#include "output_spec.h"
 
 namespace cpprun::launcher {
 
@@ -28,6 +29,9 @@ struct LaunchConfig {
   // poll, and it never wraps PROGRAM in a Python interpreter.
   double monitor_interval = 0.1;
   bool no_python = false;
+
+  OutputOptions output;  // --redirects, --tee, --local_ranks_filter, --log_dir
+  bool dry_run = false;  // print what would run, start nothing
 
   std::string program;                    // as typed; resolved on PATH when launching
   std::vector<std::string> program_args;  // passed to PROGRAM untouched, flags included

@@ -1,60 +1,84 @@
 // cpprun: torchrun's single-node launcher for C++ programs. Parses the options, then runs attempts
 // (start the workers, wait, stop them) until one succeeds, a signal ends the job, or the restarts
 // run out.
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <cstdlib>
 #include <exception>
 #include <iostream>
 #include <string>
+#include <system_error>
 #include <vector>
 
+#include "dry_run.h"
 #include "failure_report.h"
 #include "host_facts.h"
 #include "launch_config.h"
 #include "program_lookup.h"
+#include "run_directory.h"
 #include "signal_relay.h"
 #include "worker_env.h"
 #include "worker_group.h"
 #include "worker_process.h"
+#include "worker_specs.h"
 
 namespace {
 
 using namespace cpprun::launcher;
 
-std::vector<WorkerSpec> make_worker_specs(const LaunchConfig& config, const std::string& program_path,
-                                          int restart_count, const EnvMap& parent_env) {
-  std::vector<WorkerSpec> specs;
-  for (int local_rank = 0; local_rank < config.nproc_per_node; ++local_rank) {
-    WorkerSpec spec;
-    spec.local_rank = local_rank;
-    spec.rank = config.node_rank * config.nproc_per_node + local_rank;
-    spec.command.path = program_path;
-    spec.command.argv.push_back(config.program);
-    spec.command.argv.insert(spec.command.argv.end(), config.program_args.begin(),
-                             config.program_args.end());
-    spec.command.env = to_env_strings(make_worker_env(config, local_rank, restart_count, parent_env));
-    specs.push_back(std::move(spec));
+// The root cause's error file, shown in full up to this size.
+constexpr std::size_t kErrorFileLimit = 16 * 1024;
+
+// Started with fd 0, 1 or 2 closed, the next pipe() would return it and a worker's output pipe
+// could land on the very descriptor it is dup2()ed to. /dev/null fills the gap.
+void ensure_standard_fds() {
+  for (int fd = 0; fd <= 2; ++fd) {
+    if (fcntl(fd, F_GETFD) < 0 && open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY) < 0) std::_Exit(1);
   }
-  return specs;
+}
+
+// What RunDirectory would lay out, without creating anything.
+RunLayout dry_run_layout(const LaunchConfig& config) {
+  if (!config.output.log_dir.empty()) return {config.output.log_dir, true};
+  const char* tmpdir = std::getenv("TMPDIR");
+  return {std::string(tmpdir != nullptr && *tmpdir != '\0' ? tmpdir : "/tmp") + "/cpprun-XXXXXX", false};
 }
 
 int run(const LaunchConfig& config) {
   const std::string program_path = resolve_program(config.program, std::getenv("PATH"));
   const EnvMap parent_env = current_environment();
+  if (config.dry_run) {
+    std::cout << format_dry_run(make_worker_specs(config, program_path, 0, dry_run_layout(config), parent_env),
+                                parent_env);
+    return 0;
+  }
   if (defaults_omp_threads(config, parent_env)) {
     std::cerr << "cpprun: setting OMP_NUM_THREADS=1 for each of the " << config.nproc_per_node
               << " workers so they do not overload the CPU; set OMP_NUM_THREADS yourself to tune it\n";
   }
   SignalRelay relay;
+  const RunDirectory run_dir(config.output.log_dir);
   for (int restart = 0;; ++restart) {
+    run_dir.prepare_attempt(restart, config.nproc_per_node);
+    const std::vector<WorkerSpec> specs =
+        make_worker_specs(config, program_path, restart, run_dir.layout(), parent_env);
     WorkerGroup group(relay);
-    group.start(make_worker_specs(config, program_path, restart, parent_env), config.shutdown_timeout);
+    group.start(specs, config.shutdown_timeout);
     const GroupOutcome outcome = group.wait();
     if (outcome.end == GroupEnd::kSucceeded) return 0;
 
     group.stop(outcome.end == GroupEnd::kInterrupted ? StopStart::kAlreadySignalled : StopStart::kSendSigterm,
                config.shutdown_timeout);
-    std::cerr << format_attempt_summary(group.workers(),
-                                        {outcome.root_cause, group.ending_signal(), config.shutdown_timeout});
+    AttemptSummary summary;
+    summary.root_cause = outcome.root_cause;
+    summary.ending_signal = group.ending_signal();
+    summary.shutdown_timeout = config.shutdown_timeout;
+    if (outcome.root_cause) {
+      summary.root_cause_stderr_tail = group.stderr_tail(*outcome.root_cause);
+      summary.root_cause_error_file = read_file_head(specs.at(*outcome.root_cause).error_file, kErrorFileLimit);
+    }
+    std::cerr << format_attempt_summary(group.workers(), summary);
     if (group.ending_signal() != 0) return 128 + group.ending_signal();
 
     const WorkerRecord& root = group.workers().at(outcome.root_cause.value());
@@ -77,6 +101,7 @@ int run(const LaunchConfig& config) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  ensure_standard_fds();
   try {
     const ParsedCommandLine cli = parse_launch_config({argv + 1, argv + argc}, probe_host());
     if (cli.outcome == CliOutcome::kShowHelp) {
@@ -93,6 +118,10 @@ int main(int argc, char** argv) {
   } catch (const SpawnError& e) {
     std::cerr << e.what() << "\n";
     return e.exit_code();
+  } catch (const std::system_error& e) {
+    // The run's files (--log_dir, the temp dir, pipes): the message names the path.
+    std::cerr << e.what() << "\n";
+    return 1;
   } catch (const std::exception& e) {
     // Workers were already stopped while unwinding (~WorkerGroup).
     std::cerr << "cpprun: internal error: " << e.what() << "\n";

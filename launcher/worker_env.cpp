@@ -21,7 +21,7 @@ bool defaults_omp_threads(const LaunchConfig& config, const EnvMap& parent) {
 }
 
 EnvMap make_worker_env(const LaunchConfig& config, int local_rank, int restart_count,
-                       const EnvMap& parent) {
+                       const std::string& error_file, const EnvMap& parent) {
   EnvMap env = parent;
   const int rank = config.node_rank * config.nproc_per_node + local_rank;
   const std::string world_size = std::to_string(config.world_size());
@@ -40,6 +40,8 @@ EnvMap make_worker_env(const LaunchConfig& config, int local_rank, int restart_c
   env["TORCHELASTIC_RESTART_COUNT"] = std::to_string(restart_count);
   env["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(config.max_restarts);
   env["TORCHELASTIC_RUN_ID"] = config.run_id;
+  // Per worker and per attempt, so the launcher knows whose it is; torchrun overrides the user's too.
+  env["TORCHELASTIC_ERROR_FILE"] = error_file;
   // The launcher hosts no store: rank 0 creates the c10d TCPStore at MASTER_ADDR:MASTER_PORT.
   // Python's spelling of the boolean, because that is what torch's code compares against.
   env["TORCHELASTIC_USE_AGENT_STORE"] = "False";

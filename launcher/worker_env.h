@@ -19,8 +19,10 @@ EnvMap current_environment();
 // N workers do not each start one OpenMP thread per core. The launcher announces it once.
 bool defaults_omp_threads(const LaunchConfig& config, const EnvMap& parent);
 
+// `error_file` becomes TORCHELASTIC_ERROR_FILE: where torch's @record writes the worker's
+// exception, which the failure summary then shows.
 EnvMap make_worker_env(const LaunchConfig& config, int local_rank, int restart_count,
-                       const EnvMap& parent);
+                       const std::string& error_file, const EnvMap& parent);
 
 // "NAME=value" strings for execve.
 std::vector<std::string> to_env_strings(const EnvMap& env);

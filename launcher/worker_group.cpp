@@ -1,4 +1,5 @@
-// Event loop over the signal relay: SIGCHLD means "reap", anything else is forwarded.
+// Event loop over the signal relay and the workers' output pipes: SIGCHLD means "reap", other signals
+// are forwarded, readable pipes are copied out (see Note [Worker output pipes]).
 #include "worker_group.h"
 
 #include <poll.h>
@@ -25,17 +26,31 @@ WorkerGroup::~WorkerGroup() {
     }
     w.state = WorkerState::kStoppedByLauncher;
   }
+  // Whatever the workers wrote last still reaches the console and the files.
+  for (auto& output : outputs_) {
+    output->out.close();
+    output->err.close();
+  }
 }
 
 void WorkerGroup::start(const std::vector<WorkerSpec>& specs, std::chrono::milliseconds grace) {
+  std::vector<std::unique_ptr<WorkerOutput>> outputs;
+  for (const WorkerSpec& spec : specs) outputs.push_back(std::make_unique<WorkerOutput>(spec.output));
   workers_.reserve(specs.size());
-  for (const WorkerSpec& spec : specs) {
+  outputs_.reserve(specs.size());
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    const WorkerSpec& spec = specs[i];
     try {
       WorkerRecord record;
       record.local_rank = spec.local_rank;
       record.rank = spec.rank;
-      record.pid = spawn_worker(spec.command, relay_);
+      WorkerOutput& output = *outputs[i];
+      record.pid = spawn_worker(spec.command, {output.out.child_fd(), output.err.child_fd()}, relay_);
+      // Only the worker may hold the write ends, or the pipes would never report EOF.
+      output.out.close_child_end();
+      output.err.close_child_end();
       workers_.push_back(record);
+      outputs_.push_back(std::move(outputs[i]));
     } catch (const SpawnError&) {
       stop(StopStart::kSendSigterm, grace);
       throw;
@@ -76,16 +91,28 @@ void WorkerGroup::stop(StopStart how, std::chrono::milliseconds grace) {
     signal_process_group(w.pid, SIGKILL);
   }
   // SIGKILL cannot be caught, so these waits end as soon as the kernel tears the processes down.
-  for (WorkerRecord& w : workers_) {
+  for (std::size_t i = 0; i < workers_.size(); ++i) {
+    WorkerRecord& w = workers_[i];
     if (w.state != WorkerState::kRunning) continue;
     int status = 0;
     pid_t got = 0;
     do {
       got = waitpid(w.pid, &status, 0);
     } while (got < 0 && errno == EINTR);
-    if (got == w.pid) w.exit = WorkerExit::from_wait_status(status);
-    w.state = WorkerState::kStoppedByLauncher;
+    if (got == w.pid) {
+      record_exit(i, status, WorkerState::kStoppedByLauncher);
+    } else {
+      w.state = WorkerState::kStoppedByLauncher;
+    }
   }
+}
+
+void WorkerGroup::record_exit(std::size_t i, int status, WorkerState state) {
+  WorkerRecord& w = workers_[i];
+  w.exit = WorkerExit::from_wait_status(status);
+  w.state = state;
+  outputs_[i]->out.drain();
+  outputs_[i]->err.drain();
 }
 
 void WorkerGroup::handle_events(WorkerState exit_state) {
@@ -116,8 +143,7 @@ void WorkerGroup::reap(WorkerState exit_state) {
       throw std::logic_error("cpprun: waitpid(" + std::to_string(w.pid) + ") for rank " +
                              std::to_string(w.rank) + " failed: " + std::strerror(errno));
     }
-    w.exit = WorkerExit::from_wait_status(status);
-    w.state = exit_state;
+    record_exit(i, status, exit_state);
     // Probed at once, while the group id cannot have been reused. See Note [Orphans in a worker's
     // process group].
     const bool ends_attempt = exit_state == WorkerState::kStoppedByLauncher || !w.exit->succeeded();
@@ -127,10 +153,23 @@ void WorkerGroup::reap(WorkerState exit_state) {
 }
 
 void WorkerGroup::wait_for_signal(int timeout_ms) {
-  pollfd fd{relay_.wake_fd(), POLLIN, 0};
+  std::vector<pollfd> fds{{relay_.wake_fd(), POLLIN, 0}};
+  std::vector<OutputStream*> streams{nullptr};  // parallel to fds
+  for (auto& output : outputs_) {
+    for (OutputStream* stream : {&output->out, &output->err}) {
+      if (stream->read_fd() < 0) continue;
+      fds.push_back({stream->read_fd(), POLLIN, 0});
+      streams.push_back(stream);
+    }
+  }
   // EINTR just means a handler ran; the caller looks at the relay either way.
-  if (poll(&fd, 1, timeout_ms) < 0 && errno != EINTR) {
+  if (poll(fds.data(), fds.size(), timeout_ms) < 0) {
+    if (errno == EINTR) return;
     throw std::runtime_error(std::string("cpprun: poll() failed: ") + std::strerror(errno));
+  }
+  // POLLHUP without POLLIN is EOF, which pump() reads as such.
+  for (std::size_t i = 1; i < fds.size(); ++i) {
+    if (fds[i].revents != 0) streams[i]->pump();
   }
 }
 

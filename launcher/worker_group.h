@@ -4,10 +4,14 @@
 
 #include <chrono>
 #include <cstddef>
+#include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
+#include "output_spec.h"
 #include "signal_relay.h"
+#include "worker_output.h"
 #include "worker_process.h"
 #include "worker_status.h"
 
@@ -17,6 +21,8 @@ struct WorkerSpec {
   int local_rank = 0;
   int rank = 0;
   WorkerCommand command;
+  WorkerOutputSpec output;
+  std::string error_file;  // TORCHELASTIC_ERROR_FILE, also in command.env
 };
 
 enum class GroupEnd {
@@ -53,8 +59,9 @@ class WorkerGroup {
   WorkerGroup(const WorkerGroup&) = delete;
   WorkerGroup& operator=(const WorkerGroup&) = delete;
 
-  // Starts the workers in order. If one cannot start, those already running are stopped and the
-  // SpawnError is rethrown.
+  // Creates every worker's output pipes and log files (std::system_error if one cannot be
+  // created, before any worker runs), then starts the workers in order. If one cannot start, those
+  // already running are stopped and the SpawnError is rethrown.
   void start(const std::vector<WorkerSpec>& specs, std::chrono::milliseconds grace);
 
   // Blocks until every worker succeeded, one failed, or a job-ending signal arrived, forwarding
@@ -71,18 +78,25 @@ class WorkerGroup {
   int ending_signal() const { return ending_signal_; }
 
   const std::vector<WorkerRecord>& workers() const { return workers_; }
+  // The last lines worker i wrote to stderr, oldest first.
+  std::vector<std::string> stderr_tail(std::size_t i) const { return outputs_.at(i)->err.tail().lines(); }
 
  private:
   // Forwards pending signals, then reaps whichever workers have exited.
   void handle_events(WorkerState exit_state);
   void reap(WorkerState exit_state);
-  // Sleeps in poll() on the signal relay until a signal (SIGCHLD included) or the timeout.
+  // Sleeps in poll() on the signal relay and the workers' output pipes until a signal (SIGCHLD
+  // included) or the timeout, copying whatever output arrives meanwhile.
   void wait_for_signal(int timeout_ms);
+  // Worker i was reaped with `status`: records how it ended and copies out everything it wrote
+  // (see Note [Worker output pipes]).
+  void record_exit(std::size_t i, int status, WorkerState state);
   void signal_groups(int sig);
   std::size_t running() const;
 
   SignalRelay& relay_;
   std::vector<WorkerRecord> workers_;
+  std::vector<std::unique_ptr<WorkerOutput>> outputs_;  // parallel to workers_
   std::optional<std::size_t> root_cause_;
   int ending_signal_ = 0;
 };

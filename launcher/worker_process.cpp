@@ -15,7 +15,7 @@ namespace cpprun::launcher {
 namespace {
 
 // Which step failed in the child, sent to the parent with its errno.
-enum class ChildStep : int { kSetsid = 1, kDeathSignal = 2, kExec = 3 };
+enum class ChildStep : int { kSetsid = 1, kDeathSignal = 2, kExec = 3, kStdio = 4 };
 
 struct ChildFailure {
   ChildStep step;
@@ -27,6 +27,7 @@ const char* step_name(ChildStep step) {
     case ChildStep::kSetsid: return "setsid()";
     case ChildStep::kDeathSignal: return "prctl(PR_SET_PDEATHSIG)";
     case ChildStep::kExec: return "execve()";
+    case ChildStep::kStdio: return "dup2() of stdout/stderr";
   }
   return "?";
 }
@@ -62,9 +63,23 @@ std::vector<char*> as_c_strings(const std::vector<std::string>& strings) {
   _exit(127);
 }
 
-[[noreturn]] void run_child(const SignalRelay& relay, pid_t launcher_pid, int report_fd,
+// Makes `fd` the child's `target` (1 or 2) without close-on-exec. main() keeps 0-2 open, so the
+// pipe ends are never 1 or 2 themselves and the first dup2() cannot clobber the second's source.
+bool install_stdio(int fd, int target) {
+  if (fd < 0) return true;
+  int got = 0;
+  do {
+    got = dup2(fd, target);
+  } while (got < 0 && errno == EINTR);
+  return got == target;
+}
+
+[[noreturn]] void run_child(const SignalRelay& relay, pid_t launcher_pid, int report_fd, ChildStdio stdio,
                             const char* path, char* const* argv, char* const* envp) {
   relay.restore_in_child();
+  if (!install_stdio(stdio.out, STDOUT_FILENO) || !install_stdio(stdio.err, STDERR_FILENO)) {
+    fail_in_child(report_fd, ChildStep::kStdio);
+  }
   if (setsid() < 0) fail_in_child(report_fd, ChildStep::kSetsid);  // See Note [Worker sessions]
   if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) fail_in_child(report_fd, ChildStep::kDeathSignal);
   // The launcher may have died before prctl() took effect; then nobody would ever kill us.
@@ -81,7 +96,7 @@ int SpawnError::exit_code() const {
   return 1;
 }
 
-pid_t spawn_worker(const WorkerCommand& command, const SignalRelay& relay) {
+pid_t spawn_worker(const WorkerCommand& command, const ChildStdio& stdio, const SignalRelay& relay) {
   std::vector<char*> argv = as_c_strings(command.argv);
   std::vector<char*> envp = as_c_strings(command.env);
   int report[2];
@@ -97,7 +112,7 @@ pid_t spawn_worker(const WorkerCommand& command, const SignalRelay& relay) {
     fork_errno = errno;
     if (pid == 0) {
       close(report[0]);
-      run_child(relay, launcher_pid, report[1], command.path.c_str(), argv.data(), envp.data());
+      run_child(relay, launcher_pid, report[1], stdio, command.path.c_str(), argv.data(), envp.data());
     }
   }
   close(report[1]);

@@ -12,12 +12,18 @@
 
 namespace cpprun::launcher {
 
-// What to exec. Stdout and stderr are inherited for now; per-rank output prefixing will add the
-// descriptors to dup2() here and the read ends to WorkerGroup's poll set.
+// What to exec.
 struct WorkerCommand {
   std::string path;               // already resolved (see resolve_program)
   std::vector<std::string> argv;  // argv[0] is PROGRAM as the user typed it
   std::vector<std::string> env;   // NAME=value
+};
+
+// The worker's fd 1 and 2, dup2()ed in the child (see Note [Worker output pipes]); -1 inherits
+// the launcher's.
+struct ChildStdio {
+  int out = -1;
+  int err = -1;
 };
 
 class SpawnError : public std::runtime_error {
@@ -38,7 +44,7 @@ class SpawnError : public std::runtime_error {
 // Note [Worker sessions]: setsid() rather than setpgid() because torchrun starts workers with
 // start_new_session=True, and because a worker in a background process group of the terminal's
 // session would be stopped by SIGTTIN the moment it read stdin (pdb in rank 0).
-pid_t spawn_worker(const WorkerCommand& command, const SignalRelay& relay);
+pid_t spawn_worker(const WorkerCommand& command, const ChildStdio& stdio, const SignalRelay& relay);
 
 // kill(-pgid, sig). A group that is already gone is fine; other failures are warned about on stderr.
 void signal_process_group(pid_t pgid, int sig);

@@ -20,6 +20,15 @@ WorkerRecord record(int rank, pid_t pid, WorkerState state, WorkerExit exit, boo
   return w;
 }
 
+AttemptSummary summary(std::optional<std::size_t> root_cause, int ending_signal,
+                       std::chrono::milliseconds shutdown_timeout) {
+  AttemptSummary s;
+  s.root_cause = root_cause;
+  s.ending_signal = ending_signal;
+  s.shutdown_timeout = shutdown_timeout;
+  return s;
+}
+
 }  // namespace
 
 TEST_CASE("failure_report: names the root cause and the stopped workers", "[failure_report]") {
@@ -28,7 +37,7 @@ TEST_CASE("failure_report: names the root cause and the stopped workers", "[fail
       record(1, 101, WorkerState::kFinished, WorkerExit::exited(3)),
       record(2, 102, WorkerState::kStoppedByLauncher, WorkerExit::signaled(SIGKILL), true),
   };
-  const std::string text = format_attempt_summary(workers, {1, 0, std::chrono::seconds(1)});
+  const std::string text = format_attempt_summary(workers, summary(1, 0, std::chrono::seconds(1)));
   CHECK_THAT(text, Contains("rank 1 (local_rank 1, pid 101) failed first (root cause): exited with code 3"));
   CHECK_THAT(text, Contains("rank 0 (local_rank 0, pid 100) stopped: killed by SIGTERM"));
   CHECK_THAT(text, Contains("rank 2 (local_rank 2, pid 102) stopped: did not exit within --shutdown_timeout=1s"));
@@ -39,7 +48,32 @@ TEST_CASE("failure_report: an interruption names the signal", "[failure_report]"
   const std::vector<WorkerRecord> workers = {
       record(0, 100, WorkerState::kStoppedByLauncher, WorkerExit::exited(0)),
   };
-  const std::string text = format_attempt_summary(workers, {std::nullopt, SIGTERM, std::chrono::seconds(5)});
+  const std::string text = format_attempt_summary(workers, summary(std::nullopt, SIGTERM, std::chrono::seconds(5)));
   CHECK_THAT(text, Contains("received SIGTERM"));
   CHECK_THAT(text, Contains("rank 0 (local_rank 0, pid 100) stopped: exited with code 0"));
+}
+
+TEST_CASE("failure_report: the root cause's stderr tail and error file come last", "[failure_report]") {
+  const std::vector<WorkerRecord> workers = {
+      record(0, 100, WorkerState::kStoppedByLauncher, WorkerExit::signaled(SIGTERM)),
+      record(3, 103, WorkerState::kFinished, WorkerExit::exited(1)),
+  };
+  AttemptSummary s = summary(1, 0, std::chrono::seconds(5));
+  s.root_cause_stderr_tail = {"Traceback (most recent call last):", "ValueError: bad batch"};
+  s.root_cause_error_file = std::string("{\"message\": \"bad batch\"}\nsecond line");
+  const std::string text = format_attempt_summary(workers, s);
+  CHECK_THAT(text, Contains("cpprun: last lines of rank 3's stderr:\n"
+                            "cpprun:   | Traceback (most recent call last):\n"
+                            "cpprun:   | ValueError: bad batch\n"));
+  CHECK_THAT(text, Contains("cpprun: rank 3's error file (TORCHELASTIC_ERROR_FILE):\n"
+                            "cpprun:   | {\"message\": \"bad batch\"}\ncpprun:   | second line\n"));
+  CHECK(text.find("rank 0 (local_rank 0") < text.find("last lines"));
+  CHECK(text.find("last lines") < text.find("error file"));
+}
+
+TEST_CASE("failure_report: no tail or error file section when there is none", "[failure_report]") {
+  const std::vector<WorkerRecord> workers = {record(0, 100, WorkerState::kFinished, WorkerExit::exited(2))};
+  const std::string text = format_attempt_summary(workers, summary(0, 0, std::chrono::seconds(5)));
+  CHECK(text.find("stderr") == std::string::npos);
+  CHECK(text.find("error file") == std::string::npos);
 }

@@ -168,3 +168,58 @@ TEST_CASE("launch_config: --help comes from CLI11 and lists both spellings", "[l
   // After PROGRAM, --help belongs to the program.
   CHECK(parse({"./train", "--help"}).program_args == std::vector<std::string>{"--help"});
 }
+
+TEST_CASE("launch_config: --redirects, --tee, --log_dir and --local_ranks_filter", "[launch_config]") {
+  const LaunchConfig c = parse({"--nproc_per_node=3", "-r", "0:1,2:3", "--tee=2", "--log_dir", "logs",
+                                "--local_ranks_filter=0,2", "x"});
+  using S = StdStreams;
+  CHECK(c.output.redirects == std::vector<S>{S::kOut, S::kNone, S::kAll});
+  CHECK(c.output.tee == std::vector<S>{S::kErr, S::kErr, S::kErr});
+  CHECK(c.output.shown == std::vector<bool>{true, false, true});
+  CHECK(c.output.log_dir == "logs");
+  CHECK(parse({"-t", "1", "--log-dir=d", "x"}).output.tee == std::vector<S>{S::kOut});
+  CHECK(parse({"--redirects=3", "--log_dir=d", "x"}).output.redirects == std::vector<S>{S::kAll});
+  CHECK(parse({"--local-ranks-filter=0", "x"}).output.shown == std::vector<bool>{true});
+  // Defaults: everything to the console, no files, so no --log_dir needed.
+  const LaunchConfig d = parse({"--nproc_per_node=2", "x"});
+  CHECK(d.output.redirects == std::vector<S>{S::kNone, S::kNone});
+  CHECK(d.output.shown == std::vector<bool>{true, true});
+  CHECK_FALSE(d.output.writes_files());
+}
+
+TEST_CASE("launch_config: files without --log_dir, and bad output values, are usage errors",
+          "[launch_config]") {
+  CHECK_THAT(usage_error({"--redirects=3", "x"}), Contains("--redirects=3 needs --log_dir"));
+  CHECK_THAT(usage_error({"--nproc_per_node=2", "--tee", "1:1", "x"}), Contains("--tee=1:1 needs --log_dir"));
+  CHECK_THAT(usage_error({"--redirects=5", "--log_dir=d", "x"}), Contains("--redirects=5"));
+  CHECK_THAT(usage_error({"--nproc_per_node=2", "--local_ranks_filter=2", "x"}),
+             Contains("--local_ranks_filter=2"));
+  // --redirects 0 writes nothing, so it needs no --log_dir.
+  CHECK(parse({"--redirects=0", "--tee=0:0", "x"}).output.log_dir.empty());
+}
+
+TEST_CASE("launch_config: --dry_run", "[launch_config]") {
+  CHECK(parse({"--dry_run", "x"}).dry_run);
+  CHECK(parse({"--dry-run", "x"}).dry_run);
+  CHECK_FALSE(parse({"x"}).dry_run);
+}
+
+TEST_CASE("launch_config: torchrun's Python-only modes say what to run instead", "[launch_config]") {
+  CHECK_THAT(usage_error({"-m", "pkg.train", "--lr", "1"}),
+             Contains("-m/--module pkg.train") && Contains("cpprun [options] python3 -m pkg.train"));
+  CHECK_THAT(usage_error({"--module", "pkg"}), Contains("-m/--module pkg"));
+  CHECK_THAT(usage_error({"--run_path", "train.py"}),
+             Contains("--run_path train.py") && Contains("python3 train.py"));
+  CHECK_THAT(usage_error({"--run-path", "train.py"}), Contains("--run_path"));
+  // After PROGRAM, -m belongs to the program.
+  CHECK(parse({"python3", "-m", "pkg"}).program_args == std::vector<std::string>{"-m", "pkg"});
+}
+
+TEST_CASE("launch_config: unknown options get a suggestion when one is close", "[launch_config]") {
+  CHECK_THAT(usage_error({"--nproc_per_nod=2", "x"}),
+             Contains("unknown option --nproc_per_nod; did you mean --nproc_per_node?"));
+  CHECK_THAT(usage_error({"--nnode", "1", "x"}), Contains("did you mean --nnodes?"));
+  CHECK_THAT(usage_error({"--log-dirs=x", "y"}), Contains("did you mean --log-dir?"));
+  CHECK_THAT(usage_error({"--dryrun", "x"}), Contains("did you mean --dry_run?"));
+  CHECK(usage_error({"--bogus", "x"}).find("did you mean") == std::string::npos);
+}

@@ -23,7 +23,7 @@ TEST_CASE("worker_env: sets every torchrun variable", "[worker_env]") {
   c.max_restarts = 4;
   c.run_id = "job9";
   c.role = "trainer";
-  const EnvMap env = make_worker_env(c, 2, 1, {{"OMP_NUM_THREADS", "8"}});
+  const EnvMap env = make_worker_env(c, 2, 1, "/run/e.json", {{"OMP_NUM_THREADS", "8"}});
   const EnvMap expected_subset = {
       {"RANK", "2"},
       {"LOCAL_RANK", "2"},
@@ -56,7 +56,7 @@ TEST_CASE("worker_env: RANK is node_rank * nproc_per_node + local_rank", "[worke
   LaunchConfig c = config_with(4);
   c.nnodes = 2;
   c.node_rank = 1;
-  const EnvMap env = make_worker_env(c, 2, 0, {});
+  const EnvMap env = make_worker_env(c, 2, 0, "/run/e.json", {});
   CHECK(env.at("RANK") == "6");
   CHECK(env.at("ROLE_RANK") == "6");
   CHECK(env.at("LOCAL_RANK") == "2");
@@ -66,14 +66,14 @@ TEST_CASE("worker_env: RANK is node_rank * nproc_per_node + local_rank", "[worke
 }
 
 TEST_CASE("worker_env: inherits the launcher's environment, launcher variables winning", "[worker_env]") {
-  const EnvMap env = make_worker_env(config_with(1), 0, 0, {{"PATH", "/x"}, {"RANK", "99"}});
+  const EnvMap env = make_worker_env(config_with(1), 0, 0, "/run/e.json", {{"PATH", "/x"}, {"RANK", "99"}});
   CHECK(env.at("PATH") == "/x");
   CHECK(env.at("RANK") == "0");
 }
 
 TEST_CASE("worker_env: the user's NCCL error-handling values win", "[worker_env]") {
-  const EnvMap env = make_worker_env(
-      config_with(2), 0, 0, {{"TORCH_NCCL_ASYNC_ERROR_HANDLING", "3"}, {"NCCL_ASYNC_ERROR_HANDLING", "0"}});
+  const EnvMap env = make_worker_env(config_with(2), 0, 0, "/run/e.json",
+                                     {{"TORCH_NCCL_ASYNC_ERROR_HANDLING", "3"}, {"NCCL_ASYNC_ERROR_HANDLING", "0"}});
   CHECK(env.at("TORCH_NCCL_ASYNC_ERROR_HANDLING") == "3");
   CHECK(env.at("NCCL_ASYNC_ERROR_HANDLING") == "0");
 }
@@ -81,14 +81,22 @@ TEST_CASE("worker_env: the user's NCCL error-handling values win", "[worker_env]
 TEST_CASE("worker_env: OMP_NUM_THREADS=1 only when unset and several workers share the node",
           "[worker_env]") {
   CHECK(defaults_omp_threads(config_with(2), {}));
-  CHECK(make_worker_env(config_with(2), 0, 0, {}).at("OMP_NUM_THREADS") == "1");
+  CHECK(make_worker_env(config_with(2), 0, 0, "/run/e.json", {}).at("OMP_NUM_THREADS") == "1");
 
   CHECK_FALSE(defaults_omp_threads(config_with(1), {}));
-  CHECK(make_worker_env(config_with(1), 0, 0, {}).count("OMP_NUM_THREADS") == 0);
+  CHECK(make_worker_env(config_with(1), 0, 0, "/run/e.json", {}).count("OMP_NUM_THREADS") == 0);
 
   // Set, even to the empty string, means the user chose.
   CHECK_FALSE(defaults_omp_threads(config_with(2), {{"OMP_NUM_THREADS", ""}}));
-  CHECK(make_worker_env(config_with(2), 0, 0, {{"OMP_NUM_THREADS", "4"}}).at("OMP_NUM_THREADS") == "4");
+  CHECK(make_worker_env(config_with(2), 0, 0, "/run/e.json", {{"OMP_NUM_THREADS", "4"}}).at("OMP_NUM_THREADS") ==
+        "4");
+}
+
+TEST_CASE("worker_env: TORCHELASTIC_ERROR_FILE is the launcher's path, whatever the user set",
+          "[worker_env]") {
+  const EnvMap env = make_worker_env(config_with(2), 1, 0, "/run/attempt_0/1/error.json",
+                                     {{"TORCHELASTIC_ERROR_FILE", "/elsewhere"}});
+  CHECK(env.at("TORCHELASTIC_ERROR_FILE") == "/run/attempt_0/1/error.json");
 }
 
 TEST_CASE("worker_env: execve strings are NAME=value", "[worker_env]") {

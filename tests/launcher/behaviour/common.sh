@@ -8,6 +8,9 @@ set -u
 CPPRUN=${1:?usage: $0 PATH/TO/cpprun}
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/cpprun-test.XXXXXX")
 export WORK
+# cpprun's per-run temp dir lands here, so expect_no_leftovers can see that it was removed.
+mkdir "$WORK/tmp"
+export TMPDIR=$WORK/tmp
 unset OMP_NUM_THREADS TORCH_NCCL_ASYNC_ERROR_HANDLING NCCL_ASYNC_ERROR_HANDLING
 unset $(env | sed -n 's/^\(PET_[A-Za-z0-9_]*\)=.*/\1/p')  # torchrun-style option overrides
 
@@ -54,6 +57,15 @@ expect_no_leftovers() {
   local left
   left=$(leftovers)
   [ -z "$left" ] || fail "processes left behind: $(for p in $left; do tr '\0' ' ' <"/proc/$p/cmdline"; echo "(pid $p)"; done)"
+  left=$(ls -A "$WORK/tmp")
+  [ -z "$left" ] || fail "temp files left behind in \$TMPDIR: $left"
+}
+
+# Every line of $1 matches the extended regex $2.
+expect_all_lines() {  # file regex what
+  local bad
+  bad=$(grep -cvE -- "$2" "$1")
+  [ "$bad" = 0 ] || fail "$3: $bad lines of $(basename "$1") do not match $2, e.g. '$(grep -vE -- "$2" "$1" | head -1 | cut -c1-120)'"
 }
 
 # Waits up to $1 seconds for every following file to exist.

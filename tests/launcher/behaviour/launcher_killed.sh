@@ -17,5 +17,8 @@ for rank in 0 1 2; do
     sleep 0.05
   done
 done
+# SIGKILL gives cpprun no chance to remove its temp dir (it holds only empty per-rank dirs here).
+ls -d "$TMPDIR"/cpprun-* >/dev/null 2>&1 || fail "expected the killed cpprun's temp dir in \$TMPDIR"
+rm -rf "$TMPDIR"/cpprun-*
 expect_no_leftovers
 echo PASS

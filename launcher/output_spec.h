@@ -1,0 +1,53 @@
+// Where each worker's stdout and stderr go: torchrun's --redirects, --tee and --local_ranks_filter,
+// parsed and resolved per local rank. Pure, so the rules are unit-tested.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace cpprun::launcher {
+
+// torchrun's Std: which of a worker's streams a --redirects or --tee value names.
+enum class StdStreams : unsigned { kNone = 0, kOut = 1, kErr = 2, kAll = 3 };
+
+inline bool includes(StdStreams set, StdStreams stream) {
+  return (static_cast<unsigned>(set) & static_cast<unsigned>(stream)) != 0;
+}
+
+// "3" (every local rank) or torchrun's map "0:1,1:3" (local ranks left out get 0). Returns one
+// value per local rank. Throws UsageError naming `flag` and the text.
+std::vector<StdStreams> parse_std_spec(const std::string& flag, const std::string& text, int nproc_per_node);
+
+// "0,2": the local ranks whose output reaches the console. Empty text: all of them. Returns one
+// flag per local rank. Throws UsageError.
+std::vector<bool> parse_local_ranks_filter(const std::string& text, int nproc_per_node);
+
+// The output options of LaunchConfig, validated. Vectors are per local rank; empty ones (a
+// default-constructed config) mean "nothing redirected, every rank shown".
+struct OutputOptions {
+  std::vector<StdStreams> redirects;  // to a file instead of the console
+  std::vector<StdStreams> tee;        // to a file and the console
+  std::vector<bool> shown;            // --local_ranks_filter
+  std::string log_dir;                // empty: unset
+
+  bool writes_files() const;
+};
+
+// One stream of one worker: whether it reaches the console (prefixed, line by line) and which
+// file receives it verbatim (empty: none).
+struct StreamTarget {
+  bool console = true;
+  std::string file;
+};
+
+struct WorkerOutputSpec {
+  std::string prefix;  // "[rank3]: ", before every console line
+  StreamTarget out;
+  StreamTarget err;
+};
+
+// `worker_dir` is DIR/attempt_N/LOCAL_RANK; its stdout.log and stderr.log are the files.
+WorkerOutputSpec plan_worker_output(const OutputOptions& options, int local_rank, int rank,
+                                    const std::string& worker_dir);
+
+}  // namespace cpprun::launcher

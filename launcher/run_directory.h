@@ -1,0 +1,48 @@
+// Where a run keeps its per-worker files. Under --log_dir it is torchrun's layout, kept:
+// DIR/attempt_N/LOCAL_RANK/ holds stdout.log and stderr.log (--redirects/--tee) and error.json
+// (TORCHELASTIC_ERROR_FILE). Without --log_dir only error files are needed; they go straight into
+// a private temp dir that cpprun removes, named DIR/attempt_N.LOCAL_RANK.error.json.
+// Note [Flat temp dir]: every directory made and removed on ext4 costs about 0.1 ms, and a launch
+// takes only a few ms, so the temp dir has no subdirectories.
+#pragma once
+
+#include <cstddef>
+#include <optional>
+#include <string>
+
+namespace cpprun::launcher {
+
+// The paths of a run's files. Pure.
+struct RunLayout {
+  std::string dir;
+  bool per_worker_dirs = true;  // torchrun's layout (--log_dir); false: flat (the temp dir)
+
+  std::string worker_dir(int attempt, int local_rank) const;  // DIR/attempt_N/LOCAL_RANK
+  std::string error_file(int attempt, int local_rank) const;
+};
+
+class RunDirectory {
+ public:
+  // Creates `log_dir` (and its parents) or, when it is empty, ${TMPDIR:-/tmp}/cpprun-XXXXXX.
+  // Throws std::system_error naming the path.
+  explicit RunDirectory(const std::string& log_dir);
+  // Removes a temp dir and everything in it; a --log_dir stays.
+  ~RunDirectory();
+  RunDirectory(const RunDirectory&) = delete;
+  RunDirectory& operator=(const RunDirectory&) = delete;
+
+  const RunLayout& layout() const { return layout_; }
+
+  // Under --log_dir: creates attempt_N/0 .. attempt_N/nproc-1 and removes any error.json in them,
+  // so a stale one from an earlier run cannot be reported as this attempt's. Throws
+  // std::system_error. The temp dir is fresh and needs nothing.
+  void prepare_attempt(int attempt, int nproc_per_node) const;
+
+ private:
+  RunLayout layout_;
+};
+
+// Up to `limit` bytes of the file; nullopt if it does not exist. A longer file gets a marker.
+std::optional<std::string> read_file_head(const std::string& path, std::size_t limit);
+
+}  // namespace cpprun::launcher

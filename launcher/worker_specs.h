@@ -1,0 +1,19 @@
+// What one attempt starts: per local rank, the command, its environment and where its output goes.
+// Pure, so the dry run prints exactly what a real run would start.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "launch_config.h"
+#include "run_directory.h"
+#include "worker_env.h"
+#include "worker_group.h"
+
+namespace cpprun::launcher {
+
+// `layout` says where each worker's files go (see RunDirectory); `restart_count` is the attempt.
+std::vector<WorkerSpec> make_worker_specs(const LaunchConfig& config, const std::string& program_path,
+                                          int restart_count, const RunLayout& layout, const EnvMap& parent_env);
+
+}  // namespace cpprun::launcher

@@ -1,0 +1,27 @@
+# --dry_run prints each rank's command line and the variables cpprun sets for it, starts nothing,
+# creates nothing, and exits 0.
+. "$(dirname "$0")/common.sh"
+
+cpprun --dry_run --nproc_per_node=2 --master_port=29511 --tee 1 --log_dir "$WORK/logs" \
+  /bin/sh -c 'touch "$WORK/started"' 'arg with spaces'
+expect_eq "$?" 0 "exit code"
+[ ! -e "$WORK/started" ] || fail "a worker ran"
+[ ! -e "$WORK/logs" ] || fail "--log_dir was created"
+expect_eq "$(grep -c '^rank [01] (local_rank [01]):$' "$WORK/out")" 2 "one block per rank"
+expect_in_file "$WORK/out" "  command: /bin/sh -c 'touch \"\$WORK/started\"' 'arg with spaces'" "quoted command"
+expect_in_file "$WORK/out" "  stdout: console, lines prefixed '[rank1]: '; $WORK/logs/attempt_0/1/stdout.log" "stdout plan"
+for var in RANK=1 LOCAL_RANK=1 WORLD_SIZE=2 MASTER_PORT=29511 \
+           "TORCHELASTIC_ERROR_FILE=$WORK/logs/attempt_0/1/error.json"; do
+  expect_in_file "$WORK/out" "    $var" "$var"
+done
+grep -q "    PATH=" "$WORK/out" && fail "inherited PATH listed as set by cpprun"
+
+# Without --log_dir, no temp dir is made; a missing program is still reported.
+cpprun --dry-run /bin/true
+expect_eq "$?" 0 "plain dry run"
+expect_in_file "$WORK/out" "1 worker would start; nothing was started" "header"
+expect_in_file "$WORK/out" "TORCHELASTIC_ERROR_FILE=$TMPDIR/cpprun-XXXXXX/attempt_0.0.error.json" "placeholder"
+cpprun --dry_run cpprun-no-such-program
+expect_eq "$?" 127 "dry run of a missing program"
+expect_no_leftovers
+echo PASS

@@ -1,0 +1,47 @@
+# The failure summary ends with the root cause's last 20 stderr lines and its
+# TORCHELASTIC_ERROR_FILE, which lives in a per-run temp dir that cpprun removes.
+. "$(dirname "$0")/common.sh"
+
+cpprun --nproc_per_node=2 /bin/sh -c '
+  echo "$TORCHELASTIC_ERROR_FILE" > "$WORK/errfile.$RANK"
+  if [ "$RANK" = 1 ]; then
+    while [ ! -e "$WORK/up.0" ]; do sleep 0.02; done
+    i=1; while [ $i -le 30 ]; do echo "err line $i" >&2; i=$((i+1)); done
+    printf "{\"message\": \"boom from rank 1\"}\n" > "$TORCHELASTIC_ERROR_FILE"
+    exit 3
+  fi
+  touch "$WORK/up.0"
+  exec sleep 30'
+expect_eq "$?" 3 "exit code"
+case $(cat "$WORK/errfile.1") in
+  "$TMPDIR"/cpprun-*/attempt_0.1.error.json) ;;
+  *) fail "TORCHELASTIC_ERROR_FILE=$(cat "$WORK/errfile.1") is not in the run's temp dir" ;;
+esac
+[ "$(cat "$WORK/errfile.0")" != "$(cat "$WORK/errfile.1")" ] || fail "ranks share an error file"
+expect_in_file "$WORK/err" "cpprun: last lines of rank 1's stderr:" "tail header"
+expect_in_file "$WORK/err" "cpprun:   | err line 30" "last stderr line"
+expect_in_file "$WORK/err" "cpprun:   | err line 11" "20th line from the end"
+grep -qF "| err line 10" "$WORK/err" && fail "more than 20 lines of tail"
+expect_in_file "$WORK/err" "cpprun: rank 1's error file (TORCHELASTIC_ERROR_FILE):" "error file header"
+expect_in_file "$WORK/err" 'cpprun:   | {"message": "boom from rank 1"}' "error file contents"
+# The summary comes after the worker's own output.
+[ "$(grep -n 'failed first' "$WORK/err" | cut -d: -f1)" -gt "$(grep -n '^\[rank1\]: err line 30' "$WORK/err" | cut -d: -f1)" ] \
+  || fail "summary printed before the worker's last output"
+expect_no_leftovers  # includes: the temp dir is gone
+
+# With stderr sent to files only, the summary is where the user sees it.
+cpprun --redirects=2 --log_dir="$WORK/logs" /bin/sh -c 'echo "only in the file" >&2; exit 4'
+expect_eq "$?" 4 "redirected exit code"
+grep -q '^\[rank0\]: only in the file' "$WORK/err" && fail "redirected stderr reached the console"
+expect_in_file "$WORK/err" "cpprun:   | only in the file" "tail of redirected stderr"
+expect_eq "$(cat "$WORK/logs/attempt_0/0/stderr.log")" "only in the file" "stderr.log"
+
+# A job ended by a signal removes its temp dir too.
+CPPRUN_TEST_TAG=$WORK "$CPPRUN" /bin/sh -c 'touch "$WORK/ready"; exec sleep 30' >"$WORK/out" 2>"$WORK/err" &
+launcher=$!
+wait_for_files 20 "$WORK/ready"
+kill -TERM "$launcher"
+wait "$launcher"
+expect_eq "$?" 143 "exit code after SIGTERM"
+expect_no_leftovers
+echo PASS

@@ -1,0 +1,23 @@
+# Each worker's lines reach the console whole, prefixed [rankN]:, stdout on stdout and stderr on
+# stderr, even when 4 workers write thousands of long lines at once.
+. "$(dirname "$0")/common.sh"
+
+# awk writes to a pipe in 4 KiB blocks, which cut lines anywhere: the launcher must put them together.
+OMP_NUM_THREADS=1 cpprun --nproc_per_node=4 /bin/sh -c '
+  exec awk -v r="$RANK" "BEGIN {
+    pad = sprintf(\"%189s\", \"\"); gsub(/ /, \"x\", pad)
+    for (i = 0; i < 2000; i++) { printf \"r%s l%05d %s\n\", r, i, pad; if (i % 4 == 0) printf \"e%s l%05d %s\n\", r, i, pad > \"/dev/stderr\" }
+  }"'
+expect_eq "$?" 0 "exit code"
+expect_eq "$(wc -l <"$WORK/out")" 8000 "stdout lines"
+expect_eq "$(wc -l <"$WORK/err")" 2000 "stderr lines"
+# Backreference: the prefix's rank is the rank that wrote the line, and the line is complete.
+expect_all_lines "$WORK/out" '^\[rank([0-3])\]: r\1 l[0-9]{5} x{189}$' "stdout"
+expect_all_lines "$WORK/err" '^\[rank([0-3])\]: e\1 l[0-9]{5} x{189}$' "stderr"
+for rank in 0 1 2 3; do
+  # Each rank's lines arrive in order.
+  grep "^\[rank$rank\]" "$WORK/out" | awk -v r="$rank" '{ if ($3 != sprintf("l%05d", NR - 1)) { print "rank " r " line " NR ": " $3; exit 1 } }' \
+    || fail "rank $rank's stdout lines out of order"
+done
+expect_no_leftovers
+echo PASS

@@ -1,0 +1,72 @@
+// Unit tests of line splitting (whole lines, bounded pieces, the unfinished last line) and the
+// stderr tail.
+#include <catch2/catch.hpp>
+
+#include <string>
+#include <vector>
+
+#include "line_splitter.h"
+
+using namespace cpprun::launcher;
+
+namespace {
+
+struct Collected {
+  std::vector<std::string> lines;
+  LineSplitter::LineSink sink() {
+    return [this](std::string_view line) { lines.emplace_back(line); };
+  }
+};
+
+}  // namespace
+
+TEST_CASE("line_splitter: hands out whole lines however the bytes arrive", "[line_splitter]") {
+  LineSplitter splitter;
+  Collected got;
+  splitter.feed("al", got.sink());
+  CHECK(got.lines.empty());
+  splitter.feed("pha\nbe", got.sink());
+  splitter.feed("ta\n\ngam", got.sink());
+  splitter.feed("ma\n", got.sink());
+  CHECK(got.lines == std::vector<std::string>{"alpha", "beta", "", "gamma"});
+  CHECK_FALSE(splitter.has_partial_line());
+}
+
+TEST_CASE("line_splitter: finish() hands out the unfinished last line once", "[line_splitter]") {
+  LineSplitter splitter;
+  Collected got;
+  splitter.feed("done\nno newline", got.sink());
+  CHECK(splitter.has_partial_line());
+  splitter.finish(got.sink());
+  splitter.finish(got.sink());
+  CHECK(got.lines == std::vector<std::string>{"done", "no newline"});
+}
+
+TEST_CASE("line_splitter: an over-long line comes out in pieces of the maximum size", "[line_splitter]") {
+  LineSplitter splitter(4);
+  Collected got;
+  splitter.feed("abcdefghij", got.sink());  // no newline yet: full pieces only
+  CHECK(got.lines == std::vector<std::string>{"abcd", "efgh"});
+  splitter.feed("k\nwxyz\n12", got.sink());  // a line of exactly the maximum is one piece
+  CHECK(got.lines == std::vector<std::string>{"abcd", "efgh", "ijk", "wxyz"});
+  splitter.feed("345", got.sink());
+  splitter.finish(got.sink());
+  CHECK(got.lines == std::vector<std::string>{"abcd", "efgh", "ijk", "wxyz", "1234", "5"});
+}
+
+TEST_CASE("line_splitter: the default maximum is 64 KiB", "[line_splitter]") {
+  LineSplitter splitter;
+  Collected got;
+  splitter.feed(std::string(64 * 1024 + 10, 'x'), got.sink());
+  REQUIRE(got.lines.size() == 1);
+  CHECK(got.lines[0].size() == 64 * 1024);
+}
+
+TEST_CASE("line_splitter: the tail keeps the last lines, each cut short", "[line_splitter]") {
+  LineTail tail(3, 5);
+  for (const char* line : {"one", "two", "three", "four", "a very long line"}) tail.push(line);
+  CHECK(tail.lines() == std::vector<std::string>{"three", "four", "a ver [...]"});
+  LineTail none(0);
+  none.push("x");
+  CHECK(none.lines().empty());
+}

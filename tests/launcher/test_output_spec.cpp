@@ -1,0 +1,117 @@
+// Unit tests of --redirects/--tee/--local_ranks_filter parsing and of each stream's destination.
+#include <catch2/catch.hpp>
+
+#include <string>
+#include <vector>
+
+#include "launch_config.h"
+#include "output_spec.h"
+
+using namespace cpprun::launcher;
+using Catch::Matchers::Contains;
+
+namespace {
+
+using S = StdStreams;
+
+std::string spec_error(const std::string& text, int nproc) {
+  try {
+    parse_std_spec("--redirects", text, nproc);
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  FAIL("expected a UsageError for " << text);
+  return {};
+}
+
+OutputOptions options(std::vector<S> redirects, std::vector<S> tee, std::vector<bool> shown = {}) {
+  OutputOptions o;
+  o.redirects = std::move(redirects);
+  o.tee = std::move(tee);
+  o.shown = std::move(shown);
+  o.log_dir = "logs";
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("output_spec: a single value applies to every local rank", "[output_spec]") {
+  CHECK(parse_std_spec("--tee", "0", 2) == std::vector<S>{S::kNone, S::kNone});
+  CHECK(parse_std_spec("--tee", "1", 2) == std::vector<S>{S::kOut, S::kOut});
+  CHECK(parse_std_spec("--tee", "2", 1) == std::vector<S>{S::kErr});
+  CHECK(parse_std_spec("--tee", "3", 3) == std::vector<S>{S::kAll, S::kAll, S::kAll});
+}
+
+TEST_CASE("output_spec: torchrun's map sets ranks one by one, the rest get 0", "[output_spec]") {
+  CHECK(parse_std_spec("--redirects", "0:1,2:3", 4) == std::vector<S>{S::kOut, S::kNone, S::kAll, S::kNone});
+  CHECK(parse_std_spec("--redirects", "1:2", 2) == std::vector<S>{S::kNone, S::kErr});
+  // Unlike torchrun's regex, local ranks above 9 are fine.
+  CHECK(parse_std_spec("--redirects", "10:1", 11).at(10) == S::kOut);
+}
+
+TEST_CASE("output_spec: bad values name the flag, the text and the fix", "[output_spec]") {
+  for (const char* text : {"4", "-1", "", "x", "0:4", "0:", ":1", "0:1,", "0=1", "0:1;1:2"}) {
+    INFO(text);
+    CHECK_THAT(spec_error(text, 2), Contains(std::string("--redirects=") + text) && Contains("expected"));
+  }
+  CHECK_THAT(spec_error("2:1", 2), Contains("local rank 2") && Contains("--nproc_per_node=2"));
+}
+
+TEST_CASE("output_spec: --local_ranks_filter lists the ranks shown", "[output_spec]") {
+  CHECK(parse_local_ranks_filter("", 3) == std::vector<bool>{true, true, true});
+  CHECK(parse_local_ranks_filter("0,2", 3) == std::vector<bool>{true, false, true});
+  CHECK(parse_local_ranks_filter("1", 2) == std::vector<bool>{false, true});
+  REQUIRE_THROWS_WITH(parse_local_ranks_filter("3", 2),
+                      Contains("--local_ranks_filter=3") && Contains("0 to 1"));
+  REQUIRE_THROWS_WITH(parse_local_ranks_filter("0,,1", 2), Contains("--local_ranks_filter=0,,1"));
+  REQUIRE_THROWS_AS(parse_local_ranks_filter("a", 2), UsageError);
+}
+
+TEST_CASE("output_spec: defaults send both streams to the console, prefixed with the global rank",
+          "[output_spec]") {
+  const WorkerOutputSpec spec = plan_worker_output(OutputOptions{}, 1, 5, "logs/attempt_0/1");
+  CHECK(spec.prefix == "[rank5]: ");
+  CHECK(spec.out.console);
+  CHECK(spec.err.console);
+  CHECK(spec.out.file.empty());
+  CHECK(spec.err.file.empty());
+  CHECK_FALSE(OutputOptions{}.writes_files());
+}
+
+TEST_CASE("output_spec: --redirects moves streams to files, --tee copies them", "[output_spec]") {
+  const std::string dir = "logs/attempt_2/0";
+  SECTION("redirect stdout") {
+    const WorkerOutputSpec spec = plan_worker_output(options({S::kOut}, {S::kNone}), 0, 0, dir);
+    CHECK_FALSE(spec.out.console);
+    CHECK(spec.out.file == dir + "/stdout.log");
+    CHECK(spec.err.console);
+    CHECK(spec.err.file.empty());
+  }
+  SECTION("tee both") {
+    const WorkerOutputSpec spec = plan_worker_output(options({S::kNone}, {S::kAll}), 0, 0, dir);
+    CHECK(spec.out.console);
+    CHECK(spec.out.file == dir + "/stdout.log");
+    CHECK(spec.err.console);
+    CHECK(spec.err.file == dir + "/stderr.log");
+  }
+  SECTION("tee wins over redirects for the console, as in torchrun") {
+    const WorkerOutputSpec spec = plan_worker_output(options({S::kAll}, {S::kErr}), 0, 0, dir);
+    CHECK_FALSE(spec.out.console);
+    CHECK(spec.err.console);
+    CHECK(spec.err.file == dir + "/stderr.log");
+  }
+  CHECK(options({S::kNone, S::kErr}, {S::kNone, S::kNone}).writes_files());
+  CHECK(options({S::kNone}, {S::kOut}).writes_files());
+  CHECK_FALSE(options({S::kNone}, {S::kNone}).writes_files());
+}
+
+TEST_CASE("output_spec: --local_ranks_filter keeps other ranks off the console, not out of files",
+          "[output_spec]") {
+  const OutputOptions o = options({S::kNone, S::kNone}, {S::kAll, S::kAll}, {true, false});
+  const WorkerOutputSpec hidden = plan_worker_output(o, 1, 1, "d");
+  CHECK_FALSE(hidden.out.console);
+  CHECK_FALSE(hidden.err.console);
+  CHECK(hidden.out.file == "d/stdout.log");
+  CHECK(hidden.err.file == "d/stderr.log");
+  CHECK(plan_worker_output(o, 0, 0, "d").out.console);
+}
