@@ -17,6 +17,7 @@
 #include "cpprun/collectives.h"
 #include "fsdp/flat_param.h"
 #include "fsdp/gradient_sync.h"
+#include "fsdp/sharded_checkpoint.h"
 #include "fsdp/unit_plan.h"
 
 namespace cpprun::detail {
@@ -67,12 +68,15 @@ struct FsdpCore::Impl {
   std::vector<FlatParam> flats;  // never resized after construction: GradientSync refers to them
   std::unique_ptr<GradientSync> sync;
   bool require_sync = true;
+  bool shards_loaded = false;  // a checkpoint wrote the shards: gather before the next forward
 
   Impl(torch::nn::Module& m, ProcessGroup g, FsdpOptions o) : module(m), group(std::move(g)), options(std::move(o)) {}
 
   // After an optimizer step each rank has updated only its shard: gather the full parameters.
   void gather_if_stepped() {
-    if (!sync->take_shards_stepped()) return;
+    const bool stepped = sync->take_shards_stepped();
+    const bool loaded = std::exchange(shards_loaded, false);
+    if (!stepped && !loaded) return;
     for (auto& flat : flats) all_gather_into(group, flat.full(), flat.shard().detach().clone());
   }
 };
@@ -186,6 +190,15 @@ void FsdpCore::load_full_state(const std::string& path) {
   for (const auto& p : s.module.parameters()) state.push_back(p);
   for (const auto& b : s.module.buffers()) state.push_back(b);
   broadcast_coalesced(s.group, state, 0);  // the shards alias the full parameters: updated too
+}
+
+void FsdpCore::save_sharded(const std::string& dir, torch::optim::Optimizer* optimizer) {
+  save_sharded_checkpoint(impl_->flats, impl_->group, optimizer, dir);
+}
+
+void FsdpCore::load_sharded(const std::string& dir, torch::optim::Optimizer* optimizer) {
+  load_sharded_checkpoint(impl_->flats, impl_->group, optimizer, dir);
+  impl_->shards_loaded = true;
 }
 
 void FsdpCore::set_require_sync(bool sync) { impl_->require_sync = sync; }

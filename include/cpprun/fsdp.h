@@ -96,4 +96,18 @@ void load_full_state_dict(FullyShardedDataParallel<ModuleType>& model, const std
   model->core().load_full_state(path);
 }
 
+// Sharded checkpoint: each rank writes DIR/rank_<r>.pt with its shards and their optimizer state
+// (SGD, Adam, AdamW), in parallel; rank 0 writes DIR/meta.pt last. It loads at any world size:
+// the saved shards are cut anew. Collective.
+template <typename ModuleType>
+void save_sharded_checkpoint(FullyShardedDataParallel<ModuleType>& model, torch::optim::Optimizer& optimizer,
+                             const std::string& dir) {
+  model->core().save_sharded(dir, &optimizer);
+}
+template <typename ModuleType>
+void load_sharded_checkpoint(FullyShardedDataParallel<ModuleType>& model, torch::optim::Optimizer& optimizer,
+                             const std::string& dir) {
+  model->core().load_sharded(dir, &optimizer);
+}
+
 }  // namespace cpprun

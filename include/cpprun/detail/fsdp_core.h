@@ -3,6 +3,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
 
 #include <memory>
 #include <string>
@@ -43,6 +44,10 @@ class FsdpCore : public SyncSwitch {
   // broadcasts, so only rank 0 needs the file. Collective.
   void save_full_state(const std::string& path);
   void load_full_state(const std::string& path);
+  // Sharded: every rank writes DIR/rank_<r>.pt (its shards and their optimizer state), rank 0
+  // DIR/meta.pt last; loading works at any world size. `optimizer` may be null. Collective.
+  void save_sharded(const std::string& dir, torch::optim::Optimizer* optimizer);
+  void load_sharded(const std::string& dir, torch::optim::Optimizer* optimizer);
 
   const ProcessGroup& group() const;
   const FsdpOptions& options() const;
