@@ -12,7 +12,8 @@ at::Tensor alias_into(const at::Tensor& flat, int64_t offset, at::IntArrayRef si
   return at::empty({0}, flat.options()).set_(flat.storage(), flat.storage_offset() + offset, sizes, strides);
 }
 
-FlatParam::FlatParam(std::vector<std::string> names, std::vector<at::Tensor> params, int rank, int world)
+FlatParam::FlatParam(std::vector<std::string> names, std::vector<at::Tensor> params, int rank, int world,
+                     std::optional<at::ScalarType> compute_dtype)
     : names_(std::move(names)), params_(std::move(params)), rank_(rank), world_(world) {
   TORCH_INTERNAL_ASSERT(!params_.empty());
   for (const auto& p : params_) {
@@ -21,14 +22,20 @@ FlatParam::FlatParam(std::vector<std::string> names, std::vector<at::Tensor> par
     numel_ += p.numel();
   }
   padded_ = (numel_ + world - 1) / world * world;
-  full_ = at::zeros({padded_}, params_.front().options().requires_grad(false));
+  const auto own_dtype = params_.front().scalar_type();
+  const bool mixed = compute_dtype && *compute_dtype != own_dtype;
+  at::Tensor master = at::zeros({padded_}, params_.front().options().requires_grad(false));
+  full_ = mixed ? at::zeros({padded_}, master.options().dtype(*compute_dtype)) : master;
   at::NoGradGuard no_grad;
   for (std::size_t i = 0; i < params_.size(); ++i) {
+    slot(master, i).copy_(params_[i].detach());
     at::Tensor place = slot(full_, i);
-    place.copy_(params_[i].detach());
+    if (mixed) place.copy_(slot(master, i));
     params_[i].set_data(place);  // the module's parameter now lives in full_
   }
-  shard_ = alias_into(full_, shard_offset(), {shard_numel()}).requires_grad_(true);
+  shard_ = mixed ? master.narrow(0, shard_offset(), shard_numel()).clone()  // the fp32 master: this rank's part only
+                 : alias_into(full_, shard_offset(), {shard_numel()});
+  shard_.requires_grad_(true);
 }
 
 at::Tensor FlatParam::slot(const at::Tensor& flat, std::size_t i) const {

@@ -1,10 +1,13 @@
 // One unit's parameters of one dtype, laid end to end in a flat tensor padded to a multiple of
 // the world size, so that it splits into equal shards. The module's parameters are rebound to
-// point into the flat tensor: the module computes with them as before.
+// point into the flat tensor: the module computes with them as before. With a compute dtype
+// (mixed precision) the flat tensor has that dtype and the shard is a separate master copy in
+// the parameters' own dtype; otherwise the shard is a part of the flat tensor itself.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -16,7 +19,8 @@ at::Tensor alias_into(const at::Tensor& flat, int64_t offset, at::IntArrayRef si
 
 class FlatParam {
  public:
-  FlatParam(std::vector<std::string> names, std::vector<at::Tensor> params, int rank, int world);
+  FlatParam(std::vector<std::string> names, std::vector<at::Tensor> params, int rank, int world,
+            std::optional<at::ScalarType> compute_dtype = std::nullopt);
 
   const std::vector<std::string>& names() const { return names_; }
   const std::vector<at::Tensor>& params() const { return params_; }
@@ -27,8 +31,10 @@ class FlatParam {
 
   // The flat parameter the module computes with.
   const at::Tensor& full() const { return full_; }
-  // This rank's part of it, as a leaf the optimizer updates (shares full()'s storage).
+  // This rank's part of it, as a leaf the optimizer updates (full()'s own storage unless a
+  // compute dtype was given).
   const at::Tensor& shard() const { return shard_; }
+  bool shard_is_separate() const { return !shard_.is_alias_of(full_); }
   // Parameter i's place in a tensor laid out like full() (e.g. the flat gradient).
   at::Tensor slot(const at::Tensor& flat, std::size_t i) const;
 

@@ -77,7 +77,11 @@ struct FsdpCore::Impl {
     const bool stepped = sync->take_shards_stepped();
     const bool loaded = std::exchange(shards_loaded, false);
     if (!stepped && !loaded) return;
-    for (auto& flat : flats) all_gather_into(group, flat.full(), flat.shard().detach().clone());
+    for (auto& flat : flats) {
+      // The input must not alias the output (a shard may be part of full()); cast for mixed precision.
+      at::Tensor shard = flat.shard().detach();
+      all_gather_into(group, flat.full(), flat.shard_is_separate() ? shard.to(flat.full().scalar_type()) : shard.clone());
+    }
   }
 };
 
@@ -114,10 +118,12 @@ FsdpCore::FsdpCore(torch::nn::Module& module, ProcessGroup group, FsdpOptions op
       by_kind[kind].second.push_back(p);
     }
     for (const auto& kind : kinds) {
-      s.flats.emplace_back(by_kind[kind].first, by_kind[kind].second, s.group.rank(), s.group.size());
+      s.flats.emplace_back(by_kind[kind].first, by_kind[kind].second, s.group.rank(), s.group.size(),
+                           s.options.param_dtype());
     }
   }
-  s.sync = std::make_unique<GradientSync>(s.flats, s.group, stage);
+  s.sync = std::make_unique<GradientSync>(s.flats, s.group, stage,
+                                          s.options.reduce_dtype() ? s.options.reduce_dtype() : s.options.param_dtype());
 }
 
 FsdpCore::~FsdpCore() = default;
@@ -156,9 +162,18 @@ double FsdpCore::clip_grad_norm(double max_norm) {
   return total;
 }
 
+at::Tensor FsdpCore::cast_input(const at::Tensor& input) const {
+  const auto& dtype = impl_->options.param_dtype();
+  if (!dtype || !input.defined() || !input.is_floating_point() || input.scalar_type() == *dtype) return input;
+  return input.to(*dtype);
+}
+
 FsdpMemory FsdpCore::memory() const {
   FsdpMemory m;
-  for (const auto& flat : impl_->flats) m.parameters += flat.full().nbytes();
+  for (const auto& flat : impl_->flats) {
+    m.parameters += flat.full().nbytes();
+    if (flat.shard_is_separate()) m.shards += flat.shard().nbytes();
+  }
   m.gradients = impl_->sync->gradient_bytes();
   return m;
 }

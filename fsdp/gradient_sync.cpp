@@ -5,8 +5,9 @@
 #include <torch/csrc/autograd/engine.h>
 
 namespace cpprun::detail {
-GradientSync::GradientSync(std::vector<FlatParam>& flats, ProcessGroup group, int stage)
-    : flats_(flats), group_(std::move(group)), stage_(stage), units_(flats.size()) {
+GradientSync::GradientSync(std::vector<FlatParam>& flats, ProcessGroup group, int stage,
+                           std::optional<at::ScalarType> reduce_dtype)
+    : flats_(flats), group_(std::move(group)), stage_(stage), reduce_dtype_(reduce_dtype), units_(flats.size()) {
   for (std::size_t f = 0; f < flats_.size(); ++f) {
     for (const auto& param : flats_[f].params()) hooks_.add(param, [this, f] { on_gradient_ready(f); });
   }
@@ -62,11 +63,13 @@ void GradientSync::launch_ready_units() {
     const std::size_t f = units_.size() - 1 - next_launch_;
     UnitState& unit = units_[f];
     if (unit.pending != 0) return;
+    const bool convert = reduce_dtype_ && *reduce_dtype_ != unit.flat_grad.scalar_type();
+    unit.wire = convert ? unit.flat_grad.to(*reduce_dtype_) : unit.flat_grad;
     if (stage_ == 1) {
-      unit.work = all_reduce_async(group_, unit.flat_grad, ReduceOp::kAvg);
+      unit.work = all_reduce_async(group_, unit.wire, ReduceOp::kAvg);
     } else {
-      if (!unit.shard_grad.defined()) unit.shard_grad = at::zeros({flats_[f].shard_numel()}, unit.flat_grad.options());
-      unit.work = reduce_scatter_async(group_, unit.shard_grad, unit.flat_grad, ReduceOp::kAvg);
+      if (!unit.shard_grad.defined()) unit.shard_grad = at::zeros({flats_[f].shard_numel()}, unit.wire.options());
+      unit.work = reduce_scatter_async(group_, unit.shard_grad, unit.wire, ReduceOp::kAvg);
     }
     ++next_launch_;
   }
@@ -82,12 +85,20 @@ void GradientSync::finish_backward() {
   for (std::size_t f = 0; f < flats_.size(); ++f) {
     UnitState& unit = units_[f];
     unit.work.wait();
-    at::Tensor& shard_grad = flats_[f].shard().mutable_grad();
+    const FlatParam& flat = flats_[f];
+    at::Tensor& shard_grad = flat.shard().mutable_grad();
+    const auto master_dtype = flat.shard().scalar_type();
     unit.reduced = true;
     if (stage_ == 1) {
-      shard_grad = alias_into(unit.flat_grad, flats_[f].shard_offset(), {flats_[f].shard_numel()});
+      if (!flat.shard_is_separate() && unit.wire.scalar_type() == master_dtype) {
+        shard_grad = alias_into(unit.wire, flat.shard_offset(), {flat.shard_numel()});
+      } else {  // mixed precision: the master shard's gradient, in its own dtype
+        shard_grad = unit.wire.narrow(0, flat.shard_offset(), flat.shard_numel()).to(master_dtype, false, /*copy=*/true);
+      }
+      if (!unit.wire.is_same(unit.flat_grad)) unit.wire = at::Tensor();
     } else {
-      shard_grad = unit.shard_grad;
+      shard_grad = unit.shard_grad.scalar_type() == master_dtype ? unit.shard_grad : unit.shard_grad.to(master_dtype);
+      unit.wire = at::Tensor();
       // Stage 2 keeps only the shard's gradient: release the full one until the next backward.
       for (const auto& param : flats_[f].params()) param.mutable_grad() = at::Tensor();
       unit.flat_grad = at::Tensor();

@@ -20,7 +20,9 @@ namespace cpprun::detail {
 
 class GradientSync {
  public:
-  GradientSync(std::vector<FlatParam>& flats, ProcessGroup group, int stage);
+  // reduce_dtype: the dtype gradients are reduced in (mixed precision), else their own.
+  GradientSync(std::vector<FlatParam>& flats, ProcessGroup group, int stage,
+               std::optional<at::ScalarType> reduce_dtype = std::nullopt);
   ~GradientSync();
   GradientSync(const GradientSync&) = delete;
   GradientSync& operator=(const GradientSync&) = delete;
@@ -35,6 +37,7 @@ class GradientSync {
  private:
   struct UnitState {
     at::Tensor flat_grad;   // laid out like FlatParam::full(); undefined when released
+    at::Tensor wire;        // what is reduced: flat_grad, or a copy of it in the reduce dtype
     at::Tensor shard_grad;  // stage 2: this rank's reduced part
     std::size_t pending = 0;
     bool reduced = false;   // flat_grad holds the last synchronized backward's result
@@ -49,6 +52,7 @@ class GradientSync {
   std::vector<FlatParam>& flats_;
   ProcessGroup group_;
   int stage_;
+  std::optional<at::ScalarType> reduce_dtype_;
   std::vector<UnitState> units_;
   std::mutex mutex_;
   bool expecting_ = false;  // a synchronized backward was prepared and has not finished

@@ -15,6 +15,7 @@
 
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "cpprun/detail/fsdp_core.h"
@@ -38,7 +39,7 @@ class FullyShardedDataParallelImpl : public torch::nn::Module {
   template <typename... Args>
   decltype(auto) forward(Args&&... args) {
     core_->before_forward();
-    return module_->forward(std::forward<Args>(args)...);
+    return module_->forward(cast_input(std::forward<Args>(args))...);
   }
 
   void train(bool on = true) override {
@@ -59,6 +60,16 @@ class FullyShardedDataParallelImpl : public torch::nn::Module {
   detail::FsdpCore& core() { return *core_; }
 
  private:
+  // Tensors go through the core (mixed precision casts them); other arguments pass as they are.
+  template <typename T>
+  decltype(auto) cast_input(T&& arg) {
+    if constexpr (std::is_same_v<std::decay_t<T>, at::Tensor>) {
+      return core_->cast_input(arg);
+    } else {
+      return std::forward<T>(arg);
+    }
+  }
+
   std::shared_ptr<ModuleType> module_;
   std::unique_ptr<detail::FsdpCore> core_;
 };

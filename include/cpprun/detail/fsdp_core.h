@@ -30,6 +30,8 @@ class FsdpCore : public SyncSwitch {
   FsdpCore& operator=(const FsdpCore&) = delete;
 
   void before_forward();
+  // Mixed precision: a floating-point input cast to param_dtype; anything else as it is.
+  at::Tensor cast_input(const at::Tensor& input) const;
   // Brings the full parameters up to date with the shards now (normally done by the next forward).
   void gather_full_parameters();
   // This rank's shards: what the optimizer must update (one flat tensor per unit and dtype).
