@@ -42,9 +42,18 @@ void run_ring_reduce_scatter(const RingReduceScatter& ring, at::Tensor output, a
   const int prev = (ring.rank + n - 1) % n;
   auto chunk_index = [&](int offset) { return ((ring.rank - offset) % n + n) % n; };
 
-  at::Tensor sending = chunks[chunk_index(1)].clone();
-  at::Tensor receiving = at::empty_like(sending);
+  // No copies beyond the reduction itself: the first step sends straight from the input (a row
+  // of it is contiguous), and the last receives straight into the output, where this rank's own
+  // chunk is then added.
+  at::Tensor sending = chunks[chunk_index(1)];
+  at::Tensor spare;
+  // An output inside the input (in place, as NCCL allows) must not be written before the end.
+  const bool in_place = output.is_alias_of(input);
+  at::Tensor result = in_place ? at::empty_like(out_flat) : out_flat;
   for (int step = 0; step < n - 1; ++step) {
+    const bool last = step == n - 2;
+    if (!last && !spare.defined()) spare = at::empty_like(sending);
+    at::Tensor receiving = last ? result : spare;
     std::vector<at::Tensor> send_list{sending};
     std::vector<at::Tensor> recv_list{receiving};
     const int tag = message_tag(ring, step);
@@ -54,10 +63,16 @@ void run_ring_reduce_scatter(const RingReduceScatter& ring, at::Tensor output, a
     send->wait(ring.timeout);
     if (ring.bytes_sent) *ring.bytes_sent += sending.nbytes();
     accumulate(receiving, chunks[chunk_index(step + 2)], ring.op);
-    std::swap(sending, receiving);  // the partial just completed travels on at the next step
+    if (!last) {
+      // The partial just completed travels on at the next step; the buffer it was sent from
+      // (once it is not the input) receives the next one.
+      at::Tensor sent = sending;
+      sending = receiving;
+      spare = sent.is_alias_of(input) ? at::empty_like(sending) : sent;
+    }
   }
-  if (ring.op == ReduceOp::kAvg) sending.div_(n);
-  out_flat.copy_(sending);
+  if (ring.op == ReduceOp::kAvg) result.div_(n);
+  if (in_place) out_flat.copy_(result);
 }
 
 }  // namespace cpprun::detail

@@ -126,6 +126,17 @@ TEST_CASE("collectives: reduce_scatter gives each rank its reduced chunk", "[col
                     Catch::Contains("Pad the input"));
 }
 
+TEST_CASE("collectives: reduce_scatter in place, into the rank's own chunk of the input", "[collectives]") {
+  const int world = group().size(), rank = group().rank();
+  for (int64_t n : {1, 1001}) {
+    at::Tensor input = contribution(rank, world * n, at::kFloat);
+    at::Tensor own_chunk = input.narrow(0, rank * n, n);  // as NCCL allows: output inside input
+    cpprun::reduce_scatter(group(), own_chunk, input);
+    INFO("n " << n);
+    CHECK(equal_as_double(own_chunk, expected_reduction(world * n, ReduceOp::kSum, world).narrow(0, rank * n, n)));
+  }
+}
+
 TEST_CASE("collectives: reduce_scatter sends (N-1)/N of its input per rank", "[collectives]") {
   const int world = group().size(), rank = group().rank();
   const int64_t n = 10000;  // elements per rank's output chunk
