@@ -34,6 +34,9 @@ struct RawOptions {
   std::string node_rank = "0";
   std::string master_addr = "127.0.0.1";
   std::string master_port = "29500";
+  std::string rdzv_backend = "static";
+  std::string rdzv_endpoint;
+  std::string rdzv_conf;
   bool standalone = false;
   std::string max_restarts = "0";
   std::string shutdown_timeout = "5";
@@ -94,12 +97,65 @@ int parse_nproc_per_node(const std::string& text, const HostFacts& host) {
   return static_cast<int>(value);
 }
 
+constexpr long kMaxNodes = 1 << 16;
+
 int parse_nnodes(const std::string& text) {
-  // "1" and torchrun's elastic spelling "1:1" both mean one node.
-  if (text == "1" || text == "1:1") return 1;
-  throw UsageError(with_value("--nnodes", text) +
-                   ": this launcher runs a single node; multi-node and elastic MIN:MAX jobs land with "
-                   "the full launcher. Use --nnodes=1 (or leave it out), or torchrun for now");
+  // "2" and torchrun's elastic spelling "2:2" both mean two nodes.
+  const auto colon = text.find(':');
+  const std::string min_text = text.substr(0, colon);
+  const std::string max_text = colon == std::string::npos ? min_text : text.substr(colon + 1);
+  long min = 0;
+  long max = 0;
+  if (!read_int(min_text, min) || !read_int(max_text, max) || min < 1 || max < 1 || min > kMaxNodes ||
+      max > kMaxNodes) {
+    throw UsageError(with_value("--nnodes", text) +
+                     ": expected the number of nodes, a whole number >= 1 (e.g. --nnodes=2), or torchrun's "
+                     "MIN:MAX with MIN = MAX (e.g. --nnodes=2:2)");
+  }
+  if (min != max) {
+    throw UsageError(with_value("--nnodes", text) +
+                     ": elastic jobs (MIN:MAX with MIN != MAX, nodes joining and leaving) are not implemented "
+                     "yet; cpprun runs a fixed number of nodes: pass --nnodes=" + max_text + " (or " + max_text +
+                     ":" + max_text + ")");
+  }
+  return static_cast<int>(min);
+}
+
+// torchrun's backends; only static (a fixed set of nodes meeting at --master_addr:--master_port)
+// exists here.
+void check_rdzv_backend(const std::string& backend) {
+  if (backend == "static") return;
+  if (backend == "c10d" || backend == "etcd" || backend == "etcd-v2") {
+    throw UsageError(with_value("--rdzv_backend", backend) +
+                     ": dynamic (elastic) rendezvous is not implemented yet; cpprun has the static one: "
+                     "leave --rdzv_backend out (or pass --rdzv_backend=static) and give node 0's address "
+                     "with --master_addr/--master_port or --rdzv_endpoint=HOST:PORT");
+  }
+  throw UsageError(with_value("--rdzv_backend", backend) +
+                   ": unknown rendezvous backend; cpprun has static (the default)");
+}
+
+// HOST, HOST:PORT or [IPv6]:PORT. An empty port means "keep --master_port".
+void parse_rdzv_endpoint(const std::string& text, std::string& host, std::string& port) {
+  const std::string flag = "--rdzv_endpoint";
+  if (!text.empty() && text.front() == '[') {
+    const auto close = text.find(']');
+    if (close == std::string::npos || (close + 1 < text.size() && text[close + 1] != ':')) {
+      throw UsageError(with_value(flag, text) + ": expected HOST:PORT, e.g. --rdzv_endpoint=[::1]:29500");
+    }
+    host = text.substr(1, close - 1);
+    if (close + 1 < text.size()) port = text.substr(close + 2);
+  } else {
+    const auto colon = text.find(':');
+    if (colon != std::string::npos && text.find(':', colon + 1) != std::string::npos) {
+      throw UsageError(with_value(flag, text) + ": an IPv6 address needs brackets, e.g. --rdzv_endpoint=[::1]:29500");
+    }
+    host = text.substr(0, colon);
+    if (colon != std::string::npos) port = text.substr(colon + 1);
+  }
+  if (host.empty()) {
+    throw UsageError(with_value(flag, text) + ": expected HOST:PORT of node 0, e.g. --rdzv_endpoint=10.0.0.1:29500");
+  }
 }
 
 // Decimal numbers ("5", "0.5"); "5s", "nan" and "" are not.
@@ -118,6 +174,31 @@ std::chrono::milliseconds parse_seconds(const std::string& flag, const std::stri
                      ": expected a number of seconds from 0 to 86400 (e.g. " + flag + "=5)");
   }
   return std::chrono::milliseconds(static_cast<long long>(std::llround(seconds * 1000)));
+}
+
+// --rdzv_conf KEY=VALUE,...: only the join timeout means something to static rendezvous. torchrun
+// names it `timeout` for its static backend and `join_timeout` for its c10d one; both are read.
+std::chrono::milliseconds parse_rdzv_conf(const std::string& text, std::chrono::milliseconds join_timeout) {
+  std::size_t start = 0;
+  while (start < text.size()) {
+    auto end = text.find(',', start);
+    if (end == std::string::npos) end = text.size();
+    const std::string item = text.substr(start, end - start);
+    start = end + 1;
+    if (item.empty()) continue;
+    const auto eq = item.find('=');
+    const std::string key = item.substr(0, eq);
+    if (eq == std::string::npos || (key != "join_timeout" && key != "timeout")) {
+      throw UsageError(with_value("--rdzv_conf", text) + ": '" + item +
+                       "' is not a setting of static rendezvous; cpprun knows join_timeout=SECONDS (also spelled "
+                       "timeout=SECONDS), e.g. --rdzv_conf join_timeout=300");
+    }
+    join_timeout = parse_seconds("--rdzv_conf " + key, item.substr(eq + 1));
+    if (join_timeout.count() == 0) {
+      throw UsageError(with_value("--rdzv_conf", text) + ": the join timeout must be above 0 seconds");
+    }
+  }
+  return join_timeout;
 }
 
 OutputOptions validate_output(const RawOptions& raw, int nproc_per_node) {
@@ -145,6 +226,12 @@ LaunchConfig validate(const RawOptions& raw, const HostFacts& host) {
   config.nnodes = parse_nnodes(raw.nnodes);
   config.node_rank = parse_int_in_range("--node_rank", raw.node_rank, 0, config.nnodes - 1,
                                         "this node's rank among --nnodes=" + raw.nnodes, 0);
+  check_rdzv_backend(raw.rdzv_backend);
+  config.join_timeout = parse_rdzv_conf(raw.rdzv_conf, config.join_timeout);
+  if (raw.standalone && config.nnodes > 1) {
+    throw UsageError("--standalone runs a single node on a private port; it cannot be combined with --nnodes=" +
+                     raw.nnodes + ". Give node 0's address with --master_addr/--master_port on every node instead");
+  }
   config.max_restarts =
       parse_int_in_range("--max_restarts", raw.max_restarts, 0, 1000000, "how often to restart", 3);
   config.shutdown_timeout = parse_seconds("--shutdown_timeout", raw.shutdown_timeout);
@@ -172,6 +259,14 @@ LaunchConfig validate(const RawOptions& raw, const HostFacts& host) {
     }
     config.master_addr = raw.master_addr;
     config.master_port = parse_int_in_range("--master_port", raw.master_port, 1, 65535, "a TCP port", 29500);
+    if (!raw.rdzv_endpoint.empty()) {
+      // torchrun's static backend meets at the endpoint, and its workers use that store.
+      std::string port;
+      parse_rdzv_endpoint(raw.rdzv_endpoint, config.master_addr, port);
+      if (!port.empty()) {
+        config.master_port = parse_int_in_range("--rdzv_endpoint port", port, 1, 65535, "a TCP port", 29500);
+      }
+    }
   }
   return config;
 }
@@ -233,7 +328,9 @@ ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, cons
   CLI::App app{
       "Runs PROGRAM as --nproc_per_node local workers with torchrun's environment (RANK, WORLD_SIZE, "
       "MASTER_ADDR, ...), stops them all when one fails, and restarts the group up to --max_restarts "
-      "times.",
+      "times. With --nnodes=K, run it on each of K nodes: the agents meet at node 0 "
+      "(--master_addr:--master_port), number the workers across the nodes, stop every node's workers "
+      "when one fails anywhere, and restart all nodes together.",
       "cpprun"};
   app.prefix_command();
   app.formatter(std::make_shared<CpprunFormatter>());
@@ -253,13 +350,26 @@ ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, cons
   option("--nproc_per_node,--nproc-per-node", raw.nproc_per_node, "PET_NPROC_PER_NODE", "N|auto|cpu|gpu",
          "Workers on this node: a number, 'cpu' (one per CPU core), 'gpu' (one per visible NVIDIA "
          "GPU) or 'auto' (gpu if there are GPUs, else cpu).");
-  option("--nnodes", raw.nnodes, "PET_NNODES", "N",
-         "Number of nodes. Only 1 for now: multi-node lands with the full launcher.");
-  option("--node_rank,--node-rank", raw.node_rank, "PET_NODE_RANK", "INT", "This node's rank.");
+  option("--nnodes", raw.nnodes, "PET_NNODES", "N|N:N",
+         "Number of nodes; run cpprun once on each, with its --node_rank. Elastic MIN:MAX ranges are not "
+         "implemented yet.");
+  option("--node_rank,--node-rank", raw.node_rank, "PET_NODE_RANK", "INT",
+         "This node's rank, 0 to nnodes-1; node 0 hosts the rendezvous. A node's workers get consecutive "
+         "ranks, after those of the lower node ranks.");
   option("--master_addr,--master-addr", raw.master_addr, "PET_MASTER_ADDR", "HOST",
-         "Address of rank 0, which hosts the c10d TCPStore (MASTER_ADDR).");
+         "Address of node 0 (MASTER_ADDR). With --nnodes > 1 node 0's agent hosts the c10d TCPStore there; "
+         "with one node, worker rank 0 does.");
   option("--master_port,--master-port", raw.master_port, "PET_MASTER_PORT", "PORT",
-         "Port of rank 0's TCPStore (MASTER_PORT), 1-65535.");
+         "Port of that TCPStore (MASTER_PORT), 1-65535.");
+  option("--rdzv_backend,--rdzv-backend", raw.rdzv_backend, "PET_RDZV_BACKEND", "NAME",
+         "Rendezvous backend: only static (a fixed set of nodes meeting at --master_addr:--master_port); "
+         "dynamic c10d/etcd rendezvous is not implemented yet.");
+  option("--rdzv_endpoint,--rdzv-endpoint", raw.rdzv_endpoint, "PET_RDZV_ENDPOINT", "HOST[:PORT]",
+         "Node 0's address for static rendezvous, as torchrun reads it; replaces --master_addr (and "
+         "--master_port when PORT is given).");
+  option("--rdzv_conf,--rdzv-conf", raw.rdzv_conf, "PET_RDZV_CONF", "KEY=VALUE,...",
+         "Rendezvous settings: join_timeout=SECONDS (also spelled timeout), how long the agents wait for "
+         "every node to join before failing with the node ranks that never came; default 600.");
   app.add_flag("--standalone", raw.standalone,
                "Single-node job on a private port: MASTER_ADDR=127.0.0.1 and a free MASTER_PORT, "
                "overriding --master_addr/--master_port.")

@@ -14,10 +14,14 @@ namespace cpprun::launcher {
 
 struct LaunchConfig {
   int nproc_per_node = 1;
-  int nnodes = 1;  // the core launcher runs one node; see the --nnodes check
+  int nnodes = 1;  // a fixed number of nodes (static rendezvous); elastic MIN:MAX is rejected
   int node_rank = 0;
+  // Node 0's address and port: its agent hosts the c10d store there when nnodes > 1, worker rank 0
+  // when nnodes == 1. --rdzv_endpoint, when given, sets them.
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
+  // How long an agent waits for every node to join the rendezvous (--rdzv_conf join_timeout=S).
+  std::chrono::milliseconds join_timeout{600 * 1000};
   bool standalone = false;  // master_addr/master_port were replaced by 127.0.0.1 and a free port
   int max_restarts = 0;
   // SIGTERM (or the forwarded signal) -> SIGKILL grace. torchrun waits 30 s inside its agent; the
@@ -35,8 +39,6 @@ struct LaunchConfig {
 
   std::string program;                    // as typed; resolved on PATH when launching
   std::vector<std::string> program_args;  // passed to PROGRAM untouched, flags included
-
-  int world_size() const { return nnodes * nproc_per_node; }
 };
 
 enum class CliOutcome { kLaunch, kShowHelp };

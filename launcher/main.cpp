@@ -1,6 +1,6 @@
-// cpprun: torchrun's single-node launcher for C++ programs. Parses the options, then runs attempts
-// (start the workers, wait, stop them) until one succeeds, a signal ends the job, or the restarts
-// run out.
+// cpprun: torchrun's launcher for C++ programs. Parses the options, then runs attempts (start the
+// workers, wait, stop them) until one succeeds, a signal ends the job, or the restarts run out;
+// with --nnodes > 1, in step with the other nodes' agents (multi_node_agent.h).
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -11,24 +11,24 @@
 #include <system_error>
 #include <vector>
 
+#include "agent_store.h"
+#include "attempt.h"
 #include "dry_run.h"
-#include "failure_report.h"
 #include "host_facts.h"
 #include "launch_config.h"
+#include "multi_node_agent.h"
+#include "node_rendezvous.h"
 #include "program_lookup.h"
+#include "rank_layout.h"
 #include "run_directory.h"
 #include "signal_relay.h"
 #include "worker_env.h"
-#include "worker_group.h"
 #include "worker_process.h"
 #include "worker_specs.h"
 
 namespace {
 
 using namespace cpprun::launcher;
-
-// The root cause's error file, shown in full up to this size.
-constexpr std::size_t kErrorFileLimit = 16 * 1024;
 
 // Started with fd 0, 1 or 2 closed, the next pipe() would return it and a worker's output pipe
 // could land on the very descriptor it is dup2()ed to. /dev/null fills the gap.
@@ -49,7 +49,14 @@ int run(const LaunchConfig& config) {
   const std::string program_path = resolve_program(config.program, std::getenv("PATH"));
   const EnvMap parent_env = current_environment();
   if (config.dry_run) {
-    std::cout << format_dry_run(make_worker_specs(config, program_path, 0, dry_run_layout(config), parent_env),
+    if (config.nnodes > 1) {
+      std::cout << "cpprun: dry run of node " << config.node_rank << " of " << config.nnodes
+                << ": the ranks below assume every node runs --nproc_per_node=" << config.nproc_per_node
+                << "; the real ones come from the rendezvous at " << config.master_addr << ":" << config.master_port
+                << "\n";
+    }
+    std::cout << format_dry_run(make_worker_specs(config, assumed_layout(config), program_path, 0,
+                                                  dry_run_layout(config), parent_env),
                                 parent_env);
     return 0;
   }
@@ -59,42 +66,29 @@ int run(const LaunchConfig& config) {
   }
   SignalRelay relay;
   const RunDirectory run_dir(config.output.log_dir);
+  if (config.nnodes > 1) return run_multi_node(config, program_path, parent_env, relay, run_dir);
+
+  const RankLayout ranks = single_node_layout(config);
   for (int restart = 0;; ++restart) {
     run_dir.prepare_attempt(restart, config.nproc_per_node);
     const std::vector<WorkerSpec> specs =
-        make_worker_specs(config, program_path, restart, run_dir.layout(), parent_env);
-    WorkerGroup group(relay);
-    group.start(specs, config.shutdown_timeout);
-    const GroupOutcome outcome = group.wait();
-    if (outcome.end == GroupEnd::kSucceeded) return 0;
+        make_worker_specs(config, ranks, program_path, restart, run_dir.layout(), parent_env);
+    const AttemptEnd attempt = run_attempt(relay, specs, config, nullptr, nullptr);
+    if (attempt.end == GroupEnd::kSucceeded) return 0;
+    if (attempt.end == GroupEnd::kInterrupted) return attempt.exit_code;
 
-    group.stop(outcome.end == GroupEnd::kInterrupted ? StopStart::kAlreadySignalled : StopStart::kSendSigterm,
-               config.shutdown_timeout);
-    AttemptSummary summary;
-    summary.root_cause = outcome.root_cause;
-    summary.ending_signal = group.ending_signal();
-    summary.shutdown_timeout = config.shutdown_timeout;
-    if (outcome.root_cause) {
-      summary.root_cause_stderr_tail = group.stderr_tail(*outcome.root_cause);
-      summary.root_cause_error_file = read_file_head(specs.at(*outcome.root_cause).error_file, kErrorFileLimit);
-    }
-    std::cerr << format_attempt_summary(group.workers(), summary);
-    if (group.ending_signal() != 0) return 128 + group.ending_signal();
-
-    const WorkerRecord& root = group.workers().at(outcome.root_cause.value());
     if (restart < config.max_restarts) {
       std::cerr << "cpprun: restarting all workers (restart " << restart + 1 << " of --max_restarts="
                 << config.max_restarts << ", TORCHELASTIC_RESTART_COUNT=" << restart + 1 << ")\n";
       continue;
     }
-    const int code = root.exit->launcher_exit_code();
     std::cerr << "cpprun: ";
     if (config.max_restarts > 0) {
       std::cerr << "giving up after " << restart + 1 << " attempts (--max_restarts=" << config.max_restarts
                 << "); ";
     }
-    std::cerr << "exiting with code " << code << " from " << describe_worker(root) << "\n";
-    return code;
+    std::cerr << "exiting with code " << attempt.exit_code << " from " << attempt.root_worker << "\n";
+    return attempt.exit_code;
   }
 }
 
@@ -118,6 +112,13 @@ int main(int argc, char** argv) {
   } catch (const SpawnError& e) {
     std::cerr << e.what() << "\n";
     return e.exit_code();
+  } catch (const RendezvousError& e) {
+    // The other nodes were told (or will see this agent's link close).
+    std::cerr << e.what() << "\n";
+    return e.exit_code();
+  } catch (const AgentStoreError& e) {
+    std::cerr << e.what() << "\n";
+    return 1;
   } catch (const std::system_error& e) {
     // The run's files (--log_dir, the temp dir, pipes): the message names the path.
     std::cerr << e.what() << "\n";

@@ -1,4 +1,4 @@
-// torchrun's worker environment (LocalElasticAgent._start_workers) for one node.
+// torchrun's worker environment (LocalElasticAgent._start_workers).
 #include "worker_env.h"
 
 extern char** environ;
@@ -20,20 +20,17 @@ bool defaults_omp_threads(const LaunchConfig& config, const EnvMap& parent) {
   return config.nproc_per_node > 1 && parent.count("OMP_NUM_THREADS") == 0;
 }
 
-EnvMap make_worker_env(const LaunchConfig& config, int local_rank, int restart_count,
+EnvMap make_worker_env(const LaunchConfig& config, const RankLayout& layout, int local_rank, int restart_count,
                        const std::string& error_file, const EnvMap& parent) {
   EnvMap env = parent;
-  const int rank = config.node_rank * config.nproc_per_node + local_rank;
-  const std::string world_size = std::to_string(config.world_size());
-  env["RANK"] = std::to_string(rank);
+  env["RANK"] = std::to_string(layout.base_rank + local_rank);
   env["LOCAL_RANK"] = std::to_string(local_rank);
-  env["WORLD_SIZE"] = world_size;
+  env["WORLD_SIZE"] = std::to_string(layout.world_size);
   env["LOCAL_WORLD_SIZE"] = std::to_string(config.nproc_per_node);
-  env["GROUP_RANK"] = std::to_string(config.node_rank);
-  env["GROUP_WORLD_SIZE"] = std::to_string(config.nnodes);
-  // One role per job, so role ranks are the global ranks.
-  env["ROLE_RANK"] = std::to_string(rank);
-  env["ROLE_WORLD_SIZE"] = world_size;
+  env["GROUP_RANK"] = std::to_string(layout.group_rank);
+  env["GROUP_WORLD_SIZE"] = std::to_string(layout.group_world_size);
+  env["ROLE_RANK"] = std::to_string(layout.role_base_rank + local_rank);
+  env["ROLE_WORLD_SIZE"] = std::to_string(layout.role_world_size);
   env["ROLE_NAME"] = config.role;
   env["MASTER_ADDR"] = config.master_addr;
   env["MASTER_PORT"] = std::to_string(config.master_port);
@@ -42,9 +39,10 @@ EnvMap make_worker_env(const LaunchConfig& config, int local_rank, int restart_c
   env["TORCHELASTIC_RUN_ID"] = config.run_id;
   // Per worker and per attempt, so the launcher knows whose it is; torchrun overrides the user's too.
   env["TORCHELASTIC_ERROR_FILE"] = error_file;
-  // The launcher hosts no store: rank 0 creates the c10d TCPStore at MASTER_ADDR:MASTER_PORT.
+  // One node: the launcher hosts no store, worker rank 0 creates the c10d TCPStore at
+  // MASTER_ADDR:MASTER_PORT. Several: node 0's agent hosts it (see Note [Agent store]).
   // Python's spelling of the boolean, because that is what torch's code compares against.
-  env["TORCHELASTIC_USE_AGENT_STORE"] = "False";
+  env["TORCHELASTIC_USE_AGENT_STORE"] = layout.agent_store ? "True" : "False";
   // Async error handling turns a hung collective into a failed worker we can restart; the user's
   // own setting wins. NCCL_ASYNC_ERROR_HANDLING is the name older PyTorch releases read.
   for (const char* name : {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING"}) {

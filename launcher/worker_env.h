@@ -1,5 +1,5 @@
 // The environment each worker starts with: the launcher's own, plus exactly the variables torchrun
-// sets for a single-node job. Pure, so the rules are unit-tested.
+// sets. Pure, so the rules are unit-tested.
 #pragma once
 
 #include <map>
@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "launch_config.h"
+#include "rank_layout.h"
 
 namespace cpprun::launcher {
 
@@ -19,9 +20,10 @@ EnvMap current_environment();
 // N workers do not each start one OpenMP thread per core. The launcher announces it once.
 bool defaults_omp_threads(const LaunchConfig& config, const EnvMap& parent);
 
+// `layout` places this node's workers in the job (single_node_layout, or the rendezvous's).
 // `error_file` becomes TORCHELASTIC_ERROR_FILE: where torch's @record writes the worker's
 // exception, which the failure summary then shows.
-EnvMap make_worker_env(const LaunchConfig& config, int local_rank, int restart_count,
+EnvMap make_worker_env(const LaunchConfig& config, const RankLayout& layout, int local_rank, int restart_count,
                        const std::string& error_file, const EnvMap& parent);
 
 // "NAME=value" strings for execve.

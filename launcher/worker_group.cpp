@@ -58,13 +58,19 @@ void WorkerGroup::start(const std::vector<WorkerSpec>& specs, std::chrono::milli
   }
 }
 
-GroupOutcome WorkerGroup::wait() {
+GroupOutcome WorkerGroup::wait(PeerEvents* peers) {
+  peers_ = peers;
+  struct Reset {
+    PeerEvents*& peers;
+    ~Reset() { peers = nullptr; }
+  } reset{peers_};
   for (;;) {
     handle_events(WorkerState::kFinished);
     // A job-ending signal outranks a failure seen in the same wake-up: no restart after Ctrl-C.
     if (ending_signal_ != 0) return {GroupEnd::kInterrupted, root_cause_, ending_signal_};
     if (root_cause_) return {GroupEnd::kWorkerFailed, root_cause_, 0};
     if (running() == 0) return {GroupEnd::kSucceeded, std::nullopt, 0};
+    if (peers_ != nullptr && peers_->attempt_ended()) return {GroupEnd::kPeerEnded, std::nullopt, 0};
     wait_for_signal(-1);
   }
 }
@@ -154,7 +160,7 @@ void WorkerGroup::reap(WorkerState exit_state) {
 
 void WorkerGroup::wait_for_signal(int timeout_ms) {
   std::vector<pollfd> fds{{relay_.wake_fd(), POLLIN, 0}};
-  std::vector<OutputStream*> streams{nullptr};  // parallel to fds
+  std::vector<OutputStream*> streams{nullptr};  // parallel to fds; null for the relay and peers
   for (auto& output : outputs_) {
     for (OutputStream* stream : {&output->out, &output->err}) {
       if (stream->read_fd() < 0) continue;
@@ -162,14 +168,21 @@ void WorkerGroup::wait_for_signal(int timeout_ms) {
       streams.push_back(stream);
     }
   }
+  const std::size_t first_peer = fds.size();
+  if (peers_ != nullptr) {
+    for (int fd : peers_->fds()) fds.push_back({fd, POLLIN, 0});
+  }
   // EINTR just means a handler ran; the caller looks at the relay either way.
   if (poll(fds.data(), fds.size(), timeout_ms) < 0) {
     if (errno == EINTR) return;
     throw std::runtime_error(std::string("cpprun: poll() failed: ") + std::strerror(errno));
   }
   // POLLHUP without POLLIN is EOF, which pump() reads as such.
-  for (std::size_t i = 1; i < fds.size(); ++i) {
+  for (std::size_t i = 1; i < first_peer; ++i) {
     if (fds[i].revents != 0) streams[i]->pump();
+  }
+  for (std::size_t i = first_peer; i < fds.size(); ++i) {
+    if (fds[i].revents != 0) peers_->on_readable(fds[i].fd);
   }
 }
 

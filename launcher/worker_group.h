@@ -29,6 +29,21 @@ enum class GroupEnd {
   kSucceeded,     // every worker exited 0
   kWorkerFailed,  // a worker exited non-zero or died by a signal
   kInterrupted,   // cpprun received a job-ending signal (see ends_job) and forwarded it
+  kPeerEnded,     // another node ended the attempt (multi-node jobs; see PeerEvents)
+};
+
+// Events from beyond this node that can end an attempt: the other nodes' agents, in a multi-node
+// job. WorkerGroup::wait() polls fds() along with the workers' pipes and the signal relay, so one
+// loop sees everything at once.
+class PeerEvents {
+ public:
+  virtual ~PeerEvents() = default;
+  // Descriptors to poll for reading; never a closed one.
+  virtual std::vector<int> fds() const = 0;
+  // `fd`, one of fds(), is readable (or at its end).
+  virtual void on_readable(int fd) = 0;
+  // Another node ended the attempt: its worker failed, its agent was signalled, or it is gone.
+  virtual bool attempt_ended() const = 0;
 };
 
 struct GroupOutcome {
@@ -64,9 +79,10 @@ class WorkerGroup {
   // already running are stopped and the SpawnError is rethrown.
   void start(const std::vector<WorkerSpec>& specs, std::chrono::milliseconds grace);
 
-  // Blocks until every worker succeeded, one failed, or a job-ending signal arrived, forwarding
-  // each of kForwardedSignals to every running worker's process group as it comes.
-  GroupOutcome wait();
+  // Blocks until every worker succeeded, one failed, a job-ending signal arrived, or `peers` (if
+  // any) say another node ended the attempt, forwarding each of kForwardedSignals to every running
+  // worker's process group as it comes.
+  GroupOutcome wait(PeerEvents* peers = nullptr);
 
   // Signals every running worker's process group (per `how`), waits up to `grace`, then SIGKILLs
   // the groups still running and reaps them. Signals arriving meanwhile are still forwarded.
@@ -99,6 +115,7 @@ class WorkerGroup {
   std::vector<std::unique_ptr<WorkerOutput>> outputs_;  // parallel to workers_
   std::optional<std::size_t> root_cause_;
   int ending_signal_ = 0;
+  PeerEvents* peers_ = nullptr;  // polled only inside wait()
 };
 
 }  // namespace cpprun::launcher

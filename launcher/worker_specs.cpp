@@ -3,22 +3,23 @@
 
 namespace cpprun::launcher {
 
-std::vector<WorkerSpec> make_worker_specs(const LaunchConfig& config, const std::string& program_path,
-                                          int restart_count, const RunLayout& layout, const EnvMap& parent_env) {
+std::vector<WorkerSpec> make_worker_specs(const LaunchConfig& config, const RankLayout& ranks,
+                                          const std::string& program_path, int restart_count, const RunLayout& files,
+                                          const EnvMap& parent_env) {
   std::vector<WorkerSpec> specs;
   for (int local_rank = 0; local_rank < config.nproc_per_node; ++local_rank) {
     WorkerSpec spec;
     spec.local_rank = local_rank;
-    spec.rank = config.node_rank * config.nproc_per_node + local_rank;
+    spec.rank = ranks.base_rank + local_rank;
     spec.command.path = program_path;
     spec.command.argv.push_back(config.program);
     spec.command.argv.insert(spec.command.argv.end(), config.program_args.begin(), config.program_args.end());
-    spec.error_file = layout.error_file(restart_count, local_rank);
+    spec.error_file = files.error_file(restart_count, local_rank);
     spec.command.env =
-        to_env_strings(make_worker_env(config, local_rank, restart_count, spec.error_file, parent_env));
+        to_env_strings(make_worker_env(config, ranks, local_rank, restart_count, spec.error_file, parent_env));
     // Without --log_dir nothing goes to files (the parser insists), so the flat temp dir is fine.
     spec.output =
-        plan_worker_output(config.output, local_rank, spec.rank, layout.worker_dir(restart_count, local_rank));
+        plan_worker_output(config.output, local_rank, spec.rank, files.worker_dir(restart_count, local_rank));
     specs.push_back(std::move(spec));
   }
   return specs;

@@ -6,14 +6,17 @@
 #include <vector>
 
 #include "launch_config.h"
+#include "rank_layout.h"
 #include "run_directory.h"
 #include "worker_env.h"
 #include "worker_group.h"
 
 namespace cpprun::launcher {
 
-// `layout` says where each worker's files go (see RunDirectory); `restart_count` is the attempt.
-std::vector<WorkerSpec> make_worker_specs(const LaunchConfig& config, const std::string& program_path,
-                                          int restart_count, const RunLayout& layout, const EnvMap& parent_env);
+// `ranks` places the node's workers in the job; `files` says where each worker's files go (see
+// RunDirectory); `restart_count` is the attempt.
+std::vector<WorkerSpec> make_worker_specs(const LaunchConfig& config, const RankLayout& ranks,
+                                          const std::string& program_path, int restart_count, const RunLayout& files,
+                                          const EnvMap& parent_env);
 
 }  // namespace cpprun::launcher

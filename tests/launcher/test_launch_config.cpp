@@ -52,7 +52,7 @@ TEST_CASE("launch_config: defaults match torchrun's single-node defaults", "[lau
   CHECK(c.role == "default");
   CHECK(c.program == "./train");
   CHECK(c.program_args.empty());
-  CHECK(c.world_size() == 1);
+  CHECK(c.join_timeout == std::chrono::seconds(600));
 }
 
 TEST_CASE("launch_config: underscore and dash spellings are the same option", "[launch_config]") {
@@ -106,11 +106,46 @@ TEST_CASE("launch_config: nproc_per_node accepts cpu, gpu and auto", "[launch_co
                       Contains("--nproc_per_node=gpu") && Contains("no NVIDIA GPU"));
 }
 
-TEST_CASE("launch_config: nnodes accepts one node only", "[launch_config]") {
+TEST_CASE("launch_config: nnodes is a fixed number of nodes; elastic ranges are rejected", "[launch_config]") {
   CHECK(parse({"--nnodes=1", "x"}).nnodes == 1);
   CHECK(parse({"--nnodes=1:1", "x"}).nnodes == 1);
-  CHECK_THAT(usage_error({"--nnodes=2", "x"}), Contains("--nnodes=2") && Contains("full launcher"));
-  CHECK_THAT(usage_error({"--nnodes=1:4", "x"}), Contains("--nnodes=1:4"));
+  CHECK(parse({"--nnodes=3", "--node_rank=2", "x"}).nnodes == 3);
+  CHECK(parse({"--nnodes=2:2", "--node_rank=1", "x"}).node_rank == 1);
+  CHECK_THAT(usage_error({"--nnodes=1:4", "x"}),
+             Contains("--nnodes=1:4") && Contains("elastic") && Contains("not implemented yet"));
+  CHECK_THAT(usage_error({"--nnodes=0", "x"}), Contains("--nnodes=0") && Contains("expected"));
+  CHECK_THAT(usage_error({"--nnodes=2:x", "x"}), Contains("--nnodes=2:x"));
+  CHECK_THAT(usage_error({"--nnodes=2", "--node_rank=2", "x"}), Contains("--node_rank=2") && Contains("0 to 1"));
+  CHECK_THAT(usage_error({"--nnodes=2", "--standalone", "x"}), Contains("--standalone") && Contains("--nnodes=2"));
+}
+
+TEST_CASE("launch_config: static rendezvous options", "[launch_config]") {
+  CHECK(parse({"--rdzv_backend=static", "x"}).nnodes == 1);
+  CHECK_THAT(usage_error({"--rdzv_backend=c10d", "x"}),
+             Contains("--rdzv_backend=c10d") && Contains("dynamic") && Contains("not implemented yet"));
+  CHECK_THAT(usage_error({"--rdzv-backend=etcd", "x"}), Contains("not implemented yet"));
+  CHECK_THAT(usage_error({"--rdzv_backend=zk", "x"}), Contains("unknown rendezvous backend"));
+
+  LaunchConfig c = parse({"--rdzv_conf", "join_timeout=3", "x"});
+  CHECK(c.join_timeout == std::chrono::seconds(3));
+  CHECK(parse({"--rdzv_conf=timeout=1.5", "x"}).join_timeout == std::chrono::milliseconds(1500));
+  CHECK_THAT(usage_error({"--rdzv_conf=last_call_timeout=3", "x"}),
+             Contains("last_call_timeout=3") && Contains("join_timeout=SECONDS"));
+  CHECK_THAT(usage_error({"--rdzv_conf=join_timeout=soon", "x"}), Contains("join_timeout=soon"));
+  CHECK_THAT(usage_error({"--rdzv_conf=join_timeout=0", "x"}), Contains("above 0"));
+
+  c = parse({"--rdzv_endpoint=10.0.0.7:1234", "--master_addr=10.9.9.9", "x"});
+  CHECK(c.master_addr == "10.0.0.7");
+  CHECK(c.master_port == 1234);
+  c = parse({"--rdzv_endpoint=node0", "--master_port=4321", "x"});
+  CHECK(c.master_addr == "node0");
+  CHECK(c.master_port == 4321);
+  c = parse({"--rdzv_endpoint=[fe80::1]:29400", "x"});
+  CHECK(c.master_addr == "fe80::1");
+  CHECK(c.master_port == 29400);
+  CHECK_THAT(usage_error({"--rdzv_endpoint=fe80::1:29400", "x"}), Contains("brackets"));
+  CHECK_THAT(usage_error({"--rdzv_endpoint=host:99999", "x"}), Contains("99999"));
+  CHECK_THAT(usage_error({"--rdzv_endpoint=:29400", "x"}), Contains("--rdzv_endpoint=:29400"));
 }
 
 TEST_CASE("launch_config: bad values name the flag and the value", "[launch_config]") {

@@ -14,6 +14,12 @@ LaunchConfig config_with(int nproc) {
   return c;
 }
 
+// The single-node environment of local rank `local_rank`.
+EnvMap env_of(const LaunchConfig& c, int local_rank, int restart, const std::string& error_file,
+              const EnvMap& parent) {
+  return make_worker_env(c, single_node_layout(c), local_rank, restart, error_file, parent);
+}
+
 }  // namespace
 
 TEST_CASE("worker_env: sets every torchrun variable", "[worker_env]") {
@@ -23,7 +29,7 @@ TEST_CASE("worker_env: sets every torchrun variable", "[worker_env]") {
   c.max_restarts = 4;
   c.run_id = "job9";
   c.role = "trainer";
-  const EnvMap env = make_worker_env(c, 2, 1, "/run/e.json", {{"OMP_NUM_THREADS", "8"}});
+  const EnvMap env = env_of(c, 2, 1, "/run/e.json", {{"OMP_NUM_THREADS", "8"}});
   const EnvMap expected_subset = {
       {"RANK", "2"},
       {"LOCAL_RANK", "2"},
@@ -51,28 +57,33 @@ TEST_CASE("worker_env: sets every torchrun variable", "[worker_env]") {
   }
 }
 
-TEST_CASE("worker_env: RANK is node_rank * nproc_per_node + local_rank", "[worker_env]") {
-  // The core parser only allows one node, but the arithmetic is already the multi-node one.
+TEST_CASE("worker_env: multi-node ranks come from the rendezvous's layout", "[worker_env]") {
+  // Node 1 of three nodes running 2, 4 and 1 workers.
   LaunchConfig c = config_with(4);
-  c.nnodes = 2;
+  c.nnodes = 3;
   c.node_rank = 1;
-  const EnvMap env = make_worker_env(c, 2, 0, "/run/e.json", {});
-  CHECK(env.at("RANK") == "6");
-  CHECK(env.at("ROLE_RANK") == "6");
-  CHECK(env.at("LOCAL_RANK") == "2");
-  CHECK(env.at("WORLD_SIZE") == "8");
+  const RankLayout layout = multi_node_layout({{2, "default"}, {4, "default"}, {1, "default"}}, 1);
+  const EnvMap env = make_worker_env(c, layout, 3, 0, "/run/e.json", {});
+  CHECK(env.at("RANK") == "5");
+  CHECK(env.at("ROLE_RANK") == "5");
+  CHECK(env.at("LOCAL_RANK") == "3");
+  CHECK(env.at("LOCAL_WORLD_SIZE") == "4");
+  CHECK(env.at("WORLD_SIZE") == "7");
+  CHECK(env.at("ROLE_WORLD_SIZE") == "7");
   CHECK(env.at("GROUP_RANK") == "1");
-  CHECK(env.at("GROUP_WORLD_SIZE") == "2");
+  CHECK(env.at("GROUP_WORLD_SIZE") == "3");
+  // Node 0's agent hosts the store; worker rank 0 must connect to it, not host its own.
+  CHECK(env.at("TORCHELASTIC_USE_AGENT_STORE") == "True");
 }
 
 TEST_CASE("worker_env: inherits the launcher's environment, launcher variables winning", "[worker_env]") {
-  const EnvMap env = make_worker_env(config_with(1), 0, 0, "/run/e.json", {{"PATH", "/x"}, {"RANK", "99"}});
+  const EnvMap env = env_of(config_with(1), 0, 0, "/run/e.json", {{"PATH", "/x"}, {"RANK", "99"}});
   CHECK(env.at("PATH") == "/x");
   CHECK(env.at("RANK") == "0");
 }
 
 TEST_CASE("worker_env: the user's NCCL error-handling values win", "[worker_env]") {
-  const EnvMap env = make_worker_env(config_with(2), 0, 0, "/run/e.json",
+  const EnvMap env = env_of(config_with(2), 0, 0, "/run/e.json",
                                      {{"TORCH_NCCL_ASYNC_ERROR_HANDLING", "3"}, {"NCCL_ASYNC_ERROR_HANDLING", "0"}});
   CHECK(env.at("TORCH_NCCL_ASYNC_ERROR_HANDLING") == "3");
   CHECK(env.at("NCCL_ASYNC_ERROR_HANDLING") == "0");
@@ -81,20 +92,20 @@ TEST_CASE("worker_env: the user's NCCL error-handling values win", "[worker_env]
 TEST_CASE("worker_env: OMP_NUM_THREADS=1 only when unset and several workers share the node",
           "[worker_env]") {
   CHECK(defaults_omp_threads(config_with(2), {}));
-  CHECK(make_worker_env(config_with(2), 0, 0, "/run/e.json", {}).at("OMP_NUM_THREADS") == "1");
+  CHECK(env_of(config_with(2), 0, 0, "/run/e.json", {}).at("OMP_NUM_THREADS") == "1");
 
   CHECK_FALSE(defaults_omp_threads(config_with(1), {}));
-  CHECK(make_worker_env(config_with(1), 0, 0, "/run/e.json", {}).count("OMP_NUM_THREADS") == 0);
+  CHECK(env_of(config_with(1), 0, 0, "/run/e.json", {}).count("OMP_NUM_THREADS") == 0);
 
   // Set, even to the empty string, means the user chose.
   CHECK_FALSE(defaults_omp_threads(config_with(2), {{"OMP_NUM_THREADS", ""}}));
-  CHECK(make_worker_env(config_with(2), 0, 0, "/run/e.json", {{"OMP_NUM_THREADS", "4"}}).at("OMP_NUM_THREADS") ==
+  CHECK(env_of(config_with(2), 0, 0, "/run/e.json", {{"OMP_NUM_THREADS", "4"}}).at("OMP_NUM_THREADS") ==
         "4");
 }
 
 TEST_CASE("worker_env: TORCHELASTIC_ERROR_FILE is the launcher's path, whatever the user set",
           "[worker_env]") {
-  const EnvMap env = make_worker_env(config_with(2), 1, 0, "/run/attempt_0/1/error.json",
+  const EnvMap env = env_of(config_with(2), 1, 0, "/run/attempt_0/1/error.json",
                                      {{"TORCHELASTIC_ERROR_FILE", "/elsewhere"}});
   CHECK(env.at("TORCHELASTIC_ERROR_FILE") == "/run/attempt_0/1/error.json");
 }

@@ -42,6 +42,9 @@ fail() {
   for f in out err; do
     [ -s "$WORK/$f" ] && { echo "--- cpprun std$f:" >&2; cat "$WORK/$f" >&2; }
   done
+  for f in "$WORK"/node*.out "$WORK"/node*.err; do
+    [ -s "$f" ] && { echo "--- $(basename "$f"):" >&2; cat "$f" >&2; }
+  done
   exit 1
 }
 
@@ -88,3 +91,36 @@ alive() {
 }
 
 now_ms() { date +%s%3N; }
+
+# ---- multi-node: several cpprun agents on this host, one per node ----
+
+# Multi-node tests need a network namespace of their own (tests/run_isolated.sh makes one as root):
+# c10d's store, which node 0's agent hosts, listens on every interface, and only there may a test
+# bind to more than the loopback. Exits with 77 (ctest's SKIP_RETURN_CODE) elsewhere.
+require_private_netns() {
+  # /sys/class/net would show the namespace sysfs was mounted in; ip asks the kernel.
+  if [ "$(ip -o link show 2>/dev/null | awk -F': ' '{print $2}')" != lo ]; then
+    echo "SKIP: needs a private network namespace with only the loopback (run as root under tests/run_isolated.sh)"
+    exit 77
+  fi
+}
+
+# Starts cpprun in the background as one node: `start_node NAME ARGS...`. Its stdout and stderr go
+# to $WORK/NAME.out and $WORK/NAME.err; its pid is in $NODE_PID.
+start_node() {
+  local name=$1
+  shift
+  CPPRUN_TEST_TAG=$WORK "$CPPRUN" "$@" >"$WORK/$name.out" 2>"$WORK/$name.err" &
+  NODE_PID=$!
+}
+
+# Waits at most $2 seconds for the background cpprun $1 to exit; its exit status is in $NODE_STATUS.
+wait_node() {
+  local deadline=$((SECONDS + $2))
+  while kill -0 "$1" 2>/dev/null && alive "$1"; do
+    [ "$SECONDS" -lt "$deadline" ] || fail "cpprun (pid $1) still running after $2 s"
+    sleep 0.05
+  done
+  wait "$1"
+  NODE_STATUS=$?
+}

@@ -18,9 +18,16 @@ cpprun --run_path train.py
 expect_eq "$?" 2 "--run_path exit code"
 expect_in_file "$WORK/err" '`cpprun [options] python3 train.py [args...]`' "--run_path hint"
 
-cpprun --nnodes=2 /bin/true
-expect_eq "$?" 2 "--nnodes=2 exit code"
-expect_in_file "$WORK/err" "this launcher runs a single node" "--nnodes message"
+cpprun --nnodes=1:2 /bin/sh -c 'touch "$WORK/started"'
+expect_eq "$?" 2 "--nnodes=1:2 exit code"
+expect_in_file "$WORK/err" "elastic jobs (MIN:MAX with MIN != MAX" "--nnodes=1:2 message"
+expect_in_file "$WORK/err" "not implemented yet" "--nnodes=1:2 message"
+cpprun --nnodes=2 --rdzv_backend=c10d /bin/sh -c 'touch "$WORK/started"'
+expect_eq "$?" 2 "--rdzv_backend=c10d exit code"
+expect_in_file "$WORK/err" "dynamic (elastic) rendezvous is not implemented yet" "--rdzv_backend message"
+cpprun --nnodes=2 --rdzv_conf close_timeout=3 /bin/sh -c 'touch "$WORK/started"'
+expect_eq "$?" 2 "--rdzv_conf exit code"
+expect_in_file "$WORK/err" "join_timeout=SECONDS" "--rdzv_conf message"
 [ ! -e "$WORK/started" ] || fail "a worker ran"
 expect_no_leftovers
 echo PASS

@@ -1,0 +1,59 @@
+// The c10d TCPStore of a multi-node job, reached through libcpprun_agent_store.so, which is
+// dlopen()ed on first use so that single-node launches never load LibTorch.
+//
+// Note [Agent store]
+// In a multi-node job (--nnodes > 1) node 0's agent hosts a real c10d TCPStore at
+// MASTER_ADDR:MASTER_PORT and every worker gets TORCHELASTIC_USE_AGENT_STORE=True, so worker rank
+// 0 connects to it instead of hosting one: what torchrun's static rendezvous does, and what a
+// torch.distributed (or cpprun::init_process_group) worker expects to find there. Agents use the
+// store for one thing: node 0 publishes under "agent/link_port" the port on which it accepts the
+// other agents' links (see node_link.h), which carry the rendezvous itself. The workers' keys
+// ("cpprun/<n>/...", "joined/<rank>", torch's "/worker/attempt_N/...") never start with "agent/".
+// Each round (restart) gets a fresh store, because our workers' keys do not name the attempt.
+#pragma once
+
+#include <chrono>
+#include <stdexcept>
+#include <string>
+
+struct cpprun_agent_store;
+
+namespace cpprun::launcher {
+
+// The store could not be loaded, started, reached or read. The message says which and why.
+class AgentStoreError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+class AgentStore {
+ public:
+  // Starts the server on `port` (every interface: c10d binds no other way) and connects to it
+  // over the loopback.
+  static AgentStore host(int port, std::chrono::milliseconds timeout);
+  // Connects to a store that another agent hosts.
+  static AgentStore connect(const std::string& host, int port, std::chrono::milliseconds timeout);
+
+  // Loads the library now (about half a second: it brings in LibTorch), so that a later host()
+  // or connect() is quick. Throws AgentStoreError.
+  static void load();
+
+  AgentStore(AgentStore&&) noexcept;
+  AgentStore& operator=(AgentStore&&) noexcept;
+  ~AgentStore();  // a server stops and frees its port
+
+  void set(const std::string& key, const std::string& value);
+  // Waits up to the store's timeout for the key.
+  std::string get(const std::string& key);
+
+ private:
+  explicit AgentStore(cpprun_agent_store* handle) : handle_(handle) {}
+  static AgentStore open(const std::string& host, int port, bool is_server, std::chrono::milliseconds timeout);
+  cpprun_agent_store* handle_ = nullptr;
+};
+
+// The agent store library's path: next to this executable (the build tree), else where
+// `cmake --install` puts it relative to the executable's directory.
+std::string find_agent_store_library();
+
+}  // namespace cpprun::launcher

@@ -1,0 +1,121 @@
+// libcpprun_agent_store.so: a c10d TCPStore behind the C interface of agent_store_abi.h. The only
+// launcher code that links LibTorch; see Note [Agent store] in ../agent_store.h.
+#include "agent_store_abi.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+struct cpprun_agent_store {
+  std::unique_ptr<c10d::TCPStore> store;
+};
+
+namespace {
+
+void put_error(char* err, size_t err_size, const std::string& message) {
+  if (err == nullptr || err_size == 0) return;
+  std::strncpy(err, message.c_str(), err_size - 1);
+  err[err_size - 1] = '\0';
+}
+
+// c10d's exception texts end with a C++ backtrace in some builds; the first line says it all.
+std::string first_line(const char* what) {
+  std::string text = what;
+  const auto end = text.find('\n');
+  return end == std::string::npos ? text : text.substr(0, end);
+}
+
+std::set<int> open_fds() {
+  std::set<int> fds;
+  if (DIR* dir = opendir("/proc/self/fd")) {
+    while (const dirent* entry = readdir(dir)) {
+      if (entry->d_name[0] != '.') fds.insert(std::atoi(entry->d_name));
+    }
+    closedir(dir);
+  }
+  return fds;
+}
+
+// c10d opens its sockets without close-on-exec. The agent forks workers while the store runs; a
+// worker (or a process it leaves behind) holding the listening socket would keep the port bound
+// after the agent closed the store, and the next round could not bind it again.
+void set_cloexec_on_new(const std::set<int>& before) {
+  for (int fd : open_fds()) {
+    if (before.count(fd) != 0) continue;
+    const int flags = fcntl(fd, F_GETFD);
+    if (flags >= 0) fcntl(fd, F_SETFD, flags | FD_CLOEXEC);
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+int cpprun_agent_store_abi_version(void) { return CPPRUN_AGENT_STORE_ABI_VERSION; }
+
+cpprun_agent_store* cpprun_agent_store_open(const char* host, int port, int is_server, long timeout_ms, char* err,
+                                            size_t err_size) {
+  try {
+    c10d::TCPStoreOptions opts;
+    opts.port = static_cast<std::uint16_t>(port);
+    opts.isServer = is_server != 0;
+    opts.waitWorkers = false;  // the agents' own rendezvous counts the nodes
+    opts.timeout = std::chrono::milliseconds(timeout_ms);
+    const std::set<int> before = open_fds();
+    auto handle = std::make_unique<cpprun_agent_store>();
+    handle->store = std::make_unique<c10d::TCPStore>(host, opts);
+    set_cloexec_on_new(before);
+    return handle.release();
+  } catch (const std::exception& e) {
+    put_error(err, err_size, first_line(e.what()));
+  } catch (...) {
+    put_error(err, err_size, "unknown error");
+  }
+  return nullptr;
+}
+
+int cpprun_agent_store_set(cpprun_agent_store* store, const char* key, const char* value, char* err,
+                           size_t err_size) {
+  try {
+    const std::string text = value;
+    store->store->set(key, std::vector<uint8_t>(text.begin(), text.end()));
+    return 0;
+  } catch (const std::exception& e) {
+    put_error(err, err_size, first_line(e.what()));
+  } catch (...) {
+    put_error(err, err_size, "unknown error");
+  }
+  return -1;
+}
+
+int cpprun_agent_store_get(cpprun_agent_store* store, const char* key, char* value, size_t value_size, char* err,
+                           size_t err_size) {
+  try {
+    const std::vector<uint8_t> bytes = store->store->get(key);
+    put_error(value, value_size, std::string(bytes.begin(), bytes.end()));
+    return 0;
+  } catch (const std::exception& e) {
+    put_error(err, err_size, first_line(e.what()));
+  } catch (...) {
+    put_error(err, err_size, "unknown error");
+  }
+  return -1;
+}
+
+void cpprun_agent_store_close(cpprun_agent_store* store) {
+  try {
+    delete store;
+  } catch (...) {
+  }
+}
+
+}  // extern "C"

@@ -1,0 +1,19 @@
+// The agent of one node in a multi-node job (--nnodes > 1): joins the static rendezvous, then runs
+// rounds of this node's workers until every node has succeeded, the job failed, or its restarts
+// ran out. Every node's agent runs this; node 0's also hosts the rendezvous.
+#pragma once
+
+#include <string>
+
+#include "launch_config.h"
+#include "run_directory.h"
+#include "signal_relay.h"
+#include "worker_env.h"
+
+namespace cpprun::launcher {
+
+// Returns cpprun's exit code. Throws RendezvousError when the nodes cannot meet.
+int run_multi_node(const LaunchConfig& config, const std::string& program_path, const EnvMap& parent_env,
+                   SignalRelay& relay, const RunDirectory& run_dir);
+
+}  // namespace cpprun::launcher

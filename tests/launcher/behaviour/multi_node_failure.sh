@@ -1,0 +1,81 @@
+# Multi-node: a worker failing on one node stops every node's workers and every agent exits with its
+# code; a signal to one agent ends the job everywhere; --max_restarts restarts all nodes together,
+# each round with a fresh store (the collectives test passes in the round after a failure).
+. "$(dirname "$0")/common.sh"
+require_private_netns
+collectives=${2:?usage: $0 PATH/TO/cpprun PATH/TO/cpprun_dist_collectives}
+
+# Rank 2 (node 1) fails; the others would sleep.
+worker='echo $$ >"$WORK/pid.$RANK"; [ "$RANK" = 2 ] && { sleep 0.5; echo "bad batch" >&2; exit 3; }; exec sleep 60'
+start_node node0 --nnodes=2 --node_rank=0 --nproc_per_node=2 --master_port=29560 /bin/sh -c "$worker"
+node0=$NODE_PID
+start_node node1 --nnodes=2 --node_rank=1 --nproc_per_node=1 --master_port=29560 /bin/sh -c "$worker"
+node1=$NODE_PID
+wait_node "$node0" 20
+expect_eq "$NODE_STATUS" 3 "node 0's exit code"
+wait_node "$node1" 20
+expect_eq "$NODE_STATUS" 3 "node 1's exit code"
+expect_in_file "$WORK/node0.err" "stopping this node's workers: rank 2 (local_rank 0, pid $(cat "$WORK/pid.2")) on node 1 exited with code 3" \
+  "node 0's reason"
+expect_in_file "$WORK/node0.err" "rank 0 (local_rank 0, pid $(cat "$WORK/pid.0")) stopped: killed by SIGTERM" "rank 0's fate"
+expect_in_file "$WORK/node0.err" "exiting with code 3: rank 2" "node 0's exit line"
+expect_in_file "$WORK/node1.err" "failed first (root cause): exited with code 3" "node 1's summary"
+expect_in_file "$WORK/node1.err" "  | bad batch" "node 1's stderr tail"
+expect_no_leftovers
+
+# SIGTERM to node 0's agent: both nodes' workers get it, both agents exit 143.
+rm -f "$WORK"/pid.*
+worker='echo $$ >"$WORK/pid.$RANK"; exec sleep 60'
+start_node node0 --nnodes=2 --node_rank=0 --master_port=29561 /bin/sh -c "$worker"
+node0=$NODE_PID
+start_node node1 --nnodes=2 --node_rank=1 --master_port=29561 /bin/sh -c "$worker"
+node1=$NODE_PID
+wait_for_files 30 "$WORK/pid.0" "$WORK/pid.1"
+kill -TERM "$node0"
+wait_node "$node0" 20
+expect_eq "$NODE_STATUS" 143 "node 0's exit code after SIGTERM"
+wait_node "$node1" 20
+expect_eq "$NODE_STATUS" 143 "node 1's exit code after node 0's SIGTERM"
+expect_in_file "$WORK/node1.err" "the agent of node 0 received SIGTERM" "node 1's reason"
+expect_no_leftovers
+
+# --max_restarts=1: rank 2 fails in round 0 while ranks 0 and 1 wait for it in init_process_group;
+# round 1 (TORCHELASTIC_RESTART_COUNT=1) runs the collectives test on all three.
+cat >"$WORK/flaky.sh" <<SCRIPT
+#!/bin/sh
+if [ "\$TORCHELASTIC_RESTART_COUNT" = 0 ] && [ "\$RANK" = 2 ]; then sleep 1; exit 7; fi
+exec "$collectives"
+SCRIPT
+chmod +x "$WORK/flaky.sh"
+start_node node1 --max_restarts=1 --nnodes=2 --node_rank=1 --master_port=29562 "$WORK/flaky.sh"
+node1=$NODE_PID
+start_node node0 --max_restarts=1 --nnodes=2 --node_rank=0 --nproc_per_node=2 --master_port=29562 "$WORK/flaky.sh"
+node0=$NODE_PID
+wait_node "$node0" 60
+expect_eq "$NODE_STATUS" 0 "node 0's exit code with a restart"
+wait_node "$node1" 60
+expect_eq "$NODE_STATUS" 0 "node 1's exit code with a restart"
+for node in 0 1; do
+  expect_in_file "$WORK/node$node.err" \
+    "restarting the workers of all 2 nodes (restart 1 of --max_restarts=1, TORCHELASTIC_RESTART_COUNT=1)" \
+    "node $node's restart line"
+done
+expect_in_file "$WORK/node0.out" "[rank0]: All tests passed" "rank 0's result after the restart"
+expect_in_file "$WORK/node0.out" "[rank1]: All tests passed" "rank 1's result after the restart"
+expect_in_file "$WORK/node1.out" "[rank2]: All tests passed" "rank 2's result after the restart"
+expect_no_leftovers
+
+# Failing every round: the restarts run out.
+worker='[ "$RANK" = 1 ] && exit 4; exec sleep 60'
+start_node node0 --max_restarts=1 --nnodes=2 --node_rank=0 --master_port=29563 /bin/sh -c "$worker"
+node0=$NODE_PID
+start_node node1 --max_restarts=1 --nnodes=2 --node_rank=1 --master_port=29563 /bin/sh -c "$worker"
+node1=$NODE_PID
+wait_node "$node0" 30
+expect_eq "$NODE_STATUS" 4 "node 0's exit code when the restarts run out"
+wait_node "$node1" 30
+expect_eq "$NODE_STATUS" 4 "node 1's exit code when the restarts run out"
+expect_in_file "$WORK/node0.err" "giving up after 2 attempts (--max_restarts=1); exiting with code 4: rank 1" \
+  "node 0's last line"
+expect_no_leftovers
+echo PASS
