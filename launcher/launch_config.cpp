@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <iostream>
 #include <memory>
 #include <optional>
 #include <system_error>
@@ -271,6 +272,57 @@ LaunchConfig validate(const RawOptions& raw, const HostFacts& host) {
   return config;
 }
 
+// Which multi-node options the command line or PET_<NAME> gave; the scheduler fills the others.
+struct GivenOptions {
+  bool nnodes = false;
+  bool node_rank = false;
+  bool master_addr = false;  // --master_addr or --rdzv_endpoint
+  bool master_port = false;  // --master_port or --rdzv_endpoint
+};
+
+// Writes the scheduler's values into the options not given and returns the line saying so. Nothing
+// is taken for --standalone, or when the job has one node.
+std::string apply_scheduler_defaults(const GivenOptions& given, const EnvLookup& env, RawOptions& raw) {
+  if (raw.standalone || (given.nnodes && given.node_rank && given.master_addr && given.master_port)) return {};
+  std::optional<SchedulerDefaults> derived;
+  try {
+    derived = derive_from_scheduler(env);
+  } catch (const SchedulerEnvError& e) {
+    throw UsageError(e.what());
+  }
+  if (!derived) return {};
+  const SchedulerDefaults& d = *derived;
+  const int nnodes = given.nnodes ? parse_nnodes(raw.nnodes) : d.nnodes;
+  if (nnodes <= 1) return {};
+  std::string taken;
+  if (!given.nnodes) {
+    raw.nnodes = std::to_string(d.nnodes);
+    taken += " --nnodes=" + raw.nnodes;
+  }
+  if (!given.node_rank) {
+    if (d.node_rank >= nnodes) {
+      throw UsageError(d.node_rank_var + "=" + std::to_string(d.node_rank) + " (from " + d.source +
+                       ") is not a node rank of --nnodes=" + raw.nnodes + "; pass --node_rank explicitly too");
+    }
+    raw.node_rank = std::to_string(d.node_rank);
+    taken += " --node_rank=" + raw.node_rank;
+  }
+  if (!given.master_addr) {
+    if (!d.master_addr) {
+      throw UsageError(d.source + " (" + d.nnodes_var + "=" + std::to_string(d.nnodes) +
+                       ") does not say where node 0 is: set MASTER_ADDR=HOST in the environment of every "
+                       "cpprun, or pass --master_addr=HOST (node 0's address)");
+    }
+    raw.master_addr = *d.master_addr;
+    taken += " --master_addr=" + raw.master_addr;
+  }
+  if (!given.master_port && d.master_port) {
+    raw.master_port = std::to_string(*d.master_port);
+    taken += " --master_port=" + raw.master_port;
+  }
+  return taken.empty() ? std::string() : "cpprun: from " + d.source + ":" + taken;
+}
+
 // torchrun's ways of running Python code in its own interpreter have no meaning here; say what
 // to type instead rather than exec the module name as a program.
 void check_python_only(const RawOptions& raw, const LaunchConfig& config) {
@@ -325,6 +377,13 @@ void take_program(std::vector<std::string> rest, const std::vector<std::string>&
 }  // namespace
 
 ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, const HostFacts& host) {
+  ParsedCommandLine result = parse_launch_config(args, host, process_env());
+  if (!result.scheduler_note.empty()) std::cerr << result.scheduler_note << std::endl;
+  return result;
+}
+
+ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, const HostFacts& host,
+                                      const EnvLookup& env) {
   CLI::App app{
       "Runs PROGRAM as --nproc_per_node local workers with torchrun's environment (RANK, WORLD_SIZE, "
       "MASTER_ADDR, ...), stops them all when one fails, and restarts the group up to --max_restarts "
@@ -423,6 +482,13 @@ ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, cons
   } catch (const CLI::ParseError& e) {
     throw UsageError(std::string(e.what()) + "\nRun with --help for more information.");
   }
+  const auto given = [&](const std::string& name) { return app.get_option(name)->count() > 0; };
+  GivenOptions options_given;
+  options_given.nnodes = given("--nnodes");
+  options_given.node_rank = given("--node_rank");
+  options_given.master_addr = given("--master_addr") || given("--rdzv_endpoint");
+  options_given.master_port = given("--master_port") || given("--rdzv_endpoint");
+  result.scheduler_note = apply_scheduler_defaults(options_given, env, raw);
   result.config = validate(raw, host);
   take_program(app.remaining(), option_names(app), result.config);
   check_python_only(raw, result.config);

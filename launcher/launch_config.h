@@ -9,6 +9,7 @@
 
 #include "host_facts.h"
 #include "output_spec.h"
+#include "scheduler_env.h"
 
 namespace cpprun::launcher {
 
@@ -47,6 +48,9 @@ struct ParsedCommandLine {
   CliOutcome outcome = CliOutcome::kLaunch;
   LaunchConfig config;    // valid when outcome == kLaunch
   std::string help_text;  // valid when outcome == kShowHelp; CLI11 writes it
+  // "cpprun: from Slurm: --nnodes=4 --node_rank=2 --master_addr=node01" when options not given on
+  // the command line (or as PET_<NAME>) came from the scheduler's environment; empty otherwise.
+  std::string scheduler_note;
 };
 
 // A mistake on the command line. The message names the flag and its value and says how to fix
@@ -59,7 +63,13 @@ class UsageError : public std::runtime_error {
 // argparse's (and so torchrun's) code for a bad command line.
 inline constexpr int kUsageExitCode = 2;
 
-// `args` is argv without argv[0]. Throws UsageError.
+// `args` is argv without argv[0]. --nnodes, --node_rank, --master_addr and --master_port that are
+// neither on the command line nor in PET_<NAME> come from the scheduler's variables read through
+// `env` (see scheduler_env.h), and scheduler_note says which. Throws UsageError.
+ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, const HostFacts& host,
+                                      const EnvLookup& env);
+
+// The same with the process environment; prints scheduler_note, if any, to stderr.
 ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, const HostFacts& host);
 
 }  // namespace cpprun::launcher

@@ -1,6 +1,7 @@
 // Unit tests of cpprun's command line: torchrun's option names, defaults, validation messages.
 #include <catch2/catch.hpp>
 
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -20,15 +21,18 @@ HostFacts fake_host(int cpus = 8, int gpus = 0) {
   return host;
 }
 
+// No scheduler variables, so the results do not depend on where the tests run (e.g. inside srun).
+std::optional<std::string> no_env(const std::string&) { return std::nullopt; }
+
 LaunchConfig parse(const std::vector<std::string>& args, const HostFacts& host = fake_host()) {
-  const ParsedCommandLine cli = parse_launch_config(args, host);
+  const ParsedCommandLine cli = parse_launch_config(args, host, no_env);
   REQUIRE(cli.outcome == CliOutcome::kLaunch);
   return cli.config;
 }
 
 std::string usage_error(const std::vector<std::string>& args) {
   try {
-    parse_launch_config(args, fake_host());
+    parse_launch_config(args, fake_host(), no_env);
   } catch (const UsageError& e) {
     return e.what();
   }

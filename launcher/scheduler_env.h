@@ -1,0 +1,48 @@
+// Multi-node defaults from the job scheduler's environment: cpprun started once per node by srun
+// (Slurm), by mpirun --map-by ppr:1:node (Open MPI), or in a Kubeflow PyTorchJob pod. Pure: the
+// environment comes in through a lookup, so every rule here is unit-tested with faked ones.
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+namespace cpprun::launcher {
+
+// Returns the value of an environment variable, or nullopt when it is unset.
+using EnvLookup = std::function<std::optional<std::string>(const std::string& name)>;
+
+// The real process environment (getenv).
+EnvLookup process_env();
+
+// What the scheduler says about this node. Each field records the variable it came from, so that
+// errors and the "cpprun: from Slurm: ..." line can name it.
+struct SchedulerDefaults {
+  std::string source;  // "Slurm", "Open MPI", "Kubeflow"
+  int nnodes = 1;
+  std::string nnodes_var;  // e.g. SLURM_NNODES
+  int node_rank = 0;
+  std::string node_rank_var;               // e.g. SLURM_NODEID
+  std::optional<std::string> master_addr;  // Open MPI: only when MASTER_ADDR is set
+  std::string master_addr_var;             // e.g. SLURM_JOB_NODELIST
+  std::optional<int> master_port;          // from MASTER_PORT where the scheduler sets it
+  std::string master_port_var;
+};
+
+// A scheduler variable with a value cpprun cannot use; the message names the variable and value.
+class SchedulerEnvError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Slurm first (SLURM_JOB_ID), then Open MPI (OMPI_COMM_WORLD_SIZE), then Kubeflow (MASTER_ADDR,
+// MASTER_PORT, WORLD_SIZE and RANK all set, LOCAL_RANK not: that would be a torchrun/cpprun worker).
+// Nullopt when none applies. Throws SchedulerEnvError.
+std::optional<SchedulerDefaults> derive_from_scheduler(const EnvLookup& env);
+
+// The first host of a Slurm host list in its compressed form: "node[01-03,07],gpu5" -> "node01",
+// "rack[1-2]-n[8-9]" -> "rack1-n8". Throws SchedulerEnvError naming `variable` when malformed.
+std::string first_slurm_host(const std::string& nodelist, const std::string& variable = "SLURM_JOB_NODELIST");
+
+}  // namespace cpprun::launcher
