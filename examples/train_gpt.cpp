@@ -119,8 +119,9 @@ int main(int argc, char** argv) {
   for (int c = 0; c < 256; ++c) {
     if (text.find(static_cast<char>(c)) != std::string::npos) vocab += static_cast<char>(c);
   }
-  auto encoded = torch::empty({static_cast<int64_t>(text.size())}, torch::kLong);
-  for (size_t i = 0; i < text.size(); ++i) encoded[i] = static_cast<int64_t>(vocab.find(text[i]));
+  std::vector<int64_t> ids;
+  for (char c : text) ids.push_back(static_cast<int64_t>(vocab.find(c)));
+  auto encoded = torch::tensor(ids, torch::kLong);
   // The last tenth is held out; training windows start anywhere in the rest.
   const int64_t split = encoded.size(0) * 9 / 10, windows = split - opt.block - 1;
 

@@ -22,8 +22,7 @@ WorkerGroup::~WorkerGroup() {
     if (w.state != WorkerState::kRunning) continue;
     signal_process_group(w.pid, SIGKILL);
     int status = 0;
-    while (waitpid(w.pid, &status, 0) < 0 && errno == EINTR) {
-    }
+    wait_for_exit(w.pid, &status);
     w.state = WorkerState::kStoppedByLauncher;
   }
   // Whatever the workers wrote last still reaches the console and the files.
@@ -101,10 +100,7 @@ void WorkerGroup::stop(StopStart how, std::chrono::milliseconds grace) {
     WorkerRecord& w = workers_[i];
     if (w.state != WorkerState::kRunning) continue;
     int status = 0;
-    pid_t got = 0;
-    do {
-      got = waitpid(w.pid, &status, 0);
-    } while (got < 0 && errno == EINTR);
+    const pid_t got = wait_for_exit(w.pid, &status);
     if (got == w.pid) {
       record_exit(i, status, WorkerState::kStoppedByLauncher);
     } else {
@@ -139,10 +135,7 @@ void WorkerGroup::reap(WorkerState exit_state) {
     WorkerRecord& w = workers_[i];
     if (w.state != WorkerState::kRunning) continue;
     int status = 0;
-    pid_t got = 0;
-    do {
-      got = waitpid(w.pid, &status, WNOHANG);
-    } while (got < 0 && errno == EINTR);
+    const pid_t got = wait_for_exit(w.pid, &status, WNOHANG);
     if (got == 0) continue;
     if (got < 0) {
       // Only a bug (someone else reaped our child) gets here.

@@ -129,8 +129,7 @@ pid_t spawn_worker(const WorkerCommand& command, const ChildStdio& stdio, const 
   close(report[0]);
   if (got == 0) return pid;
   int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
+  wait_for_exit(pid, &status);
   if (got != static_cast<ssize_t>(sizeof(failure))) {
     throw SpawnError("cpprun: the worker process for '" + command.path + "' died before exec", EIO);
   }
@@ -145,6 +144,14 @@ void signal_process_group(pid_t pgid, int sig) {
     std::fprintf(stderr, "cpprun: warning: could not send signal %d to process group %d: %s\n", sig,
                  static_cast<int>(pgid), std::strerror(errno));
   }
+}
+
+pid_t wait_for_exit(pid_t pid, int* status, int flags) {
+  pid_t got = 0;
+  do {
+    got = waitpid(pid, status, flags);
+  } while (got < 0 && errno == EINTR);
+  return got;
 }
 
 }  // namespace cpprun::launcher

@@ -49,4 +49,8 @@ pid_t spawn_worker(const WorkerCommand& command, const ChildStdio& stdio, const 
 // kill(-pgid, sig). A group that is already gone is fine; other failures are warned about on stderr.
 void signal_process_group(pid_t pgid, int sig);
 
+// waitpid() that retries when a signal interrupts it (our handlers run during every wait);
+// returns what waitpid() finally returned.
+pid_t wait_for_exit(pid_t pid, int* status, int flags = 0);
+
 }  // namespace cpprun::launcher
