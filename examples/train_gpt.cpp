@@ -5,7 +5,7 @@
 //   sharded:         ./build/launcher/cpprun --nproc_per_node=2 ./build/examples/train_gpt --mode fsdp --stage 2
 //
 // Options: --text FILE (default /usr/share/common-licenses/GPL-3, on every Debian machine)
-//          --mode ddp|fsdp (ddp)  --stage 1|2 (ZeRO stage with fsdp: 2)  --steps N (300)
+//          --mode ddp|fsdp (ddp)  --stage 1|2|3 (ZeRO stage with fsdp: 2)  --steps N (300)
 //          --batch B per rank (16)  --lr X (3e-3)
 //          --block T (64)  --layers L (2)  --embed C (64)  --heads H (4)  --sample N (200 characters)
 #include <cpprun/cpprun.h>
@@ -127,8 +127,9 @@ int main(int argc, char** argv) {
 
   torch::manual_seed(0);
   Gpt gpt(static_cast<int64_t>(vocab.size()), opt);
-  // DDP replicates everything; FSDP (ZeRO) shards optimizer state and, at stage 2, gradients,
-  // one unit per transformer block. Either way the optimizer gets model->parameters().
+  // DDP replicates everything; FSDP (ZeRO) shards optimizer state, at stage 2 also gradients and
+  // at stage 3 also parameters, one unit per transformer block. Either way the optimizer gets
+  // model->parameters().
   std::function<torch::Tensor(const torch::Tensor&)> forward;
   std::function<void()> finish = [] {};  // makes gpt's own weights current for evaluation
   std::vector<torch::Tensor> trainable;

@@ -13,7 +13,7 @@ at::Tensor alias_into(const at::Tensor& flat, int64_t offset, at::IntArrayRef si
 }
 
 FlatParam::FlatParam(std::vector<std::string> names, std::vector<at::Tensor> params, int rank, int world,
-                     std::optional<at::ScalarType> compute_dtype)
+                     std::optional<at::ScalarType> compute_dtype, bool separate_shard)
     : names_(std::move(names)), params_(std::move(params)), rank_(rank), world_(world) {
   TORCH_INTERNAL_ASSERT(!params_.empty());
   for (const auto& p : params_) {
@@ -33,9 +33,31 @@ FlatParam::FlatParam(std::vector<std::string> names, std::vector<at::Tensor> par
     if (mixed) place.copy_(slot(master, i));
     params_[i].set_data(place);  // the module's parameter now lives in full_
   }
-  shard_ = mixed ? master.narrow(0, shard_offset(), shard_numel()).clone()  // the fp32 master: this rank's part only
-                 : alias_into(full_, shard_offset(), {shard_numel()});
+  shard_ = mixed || separate_shard ? master.narrow(0, shard_offset(), shard_numel()).clone()  // this rank's part only
+                                  : alias_into(full_, shard_offset(), {shard_numel()});
   shard_.requires_grad_(true);
+}
+
+void FlatParam::release_full() {
+  c10::StorageImpl* storage = full_.storage().unsafeGetStorageImpl();
+  storage->set_data_ptr_noswap(c10::DataPtr(nullptr, full_.device()));
+  storage->set_nbytes(0);
+}
+
+void FlatParam::allocate_full() {
+  if (full_allocated()) return;
+  c10::StorageImpl* storage = full_.storage().unsafeGetStorageImpl();
+  const std::size_t bytes = static_cast<std::size_t>(padded_) * full_.element_size();
+  storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
+  storage->set_nbytes(bytes);
+}
+
+bool FlatParam::full_allocated() const { return full_.storage().nbytes() != 0; }
+
+void FlatParam::shard_from_full() {
+  if (!shard_is_separate()) return;
+  at::NoGradGuard no_grad;
+  shard_.copy_(full_.narrow(0, shard_offset(), shard_numel()));
 }
 
 at::Tensor FlatParam::slot(const at::Tensor& flat, std::size_t i) const {

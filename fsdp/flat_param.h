@@ -2,7 +2,8 @@
 // the world size, so that it splits into equal shards. The module's parameters are rebound to
 // point into the flat tensor: the module computes with them as before. With a compute dtype
 // (mixed precision) the flat tensor has that dtype and the shard is a separate master copy in
-// the parameters' own dtype; otherwise the shard is a part of the flat tensor itself.
+// the parameters' own dtype; otherwise the shard is a part of the flat tensor itself, unless
+// asked to be separate (ZeRO-3, where the flat tensor's memory is released between uses).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -20,7 +21,7 @@ at::Tensor alias_into(const at::Tensor& flat, int64_t offset, at::IntArrayRef si
 class FlatParam {
  public:
   FlatParam(std::vector<std::string> names, std::vector<at::Tensor> params, int rank, int world,
-            std::optional<at::ScalarType> compute_dtype = std::nullopt);
+            std::optional<at::ScalarType> compute_dtype = std::nullopt, bool separate_shard = false);
 
   const std::vector<std::string>& names() const { return names_; }
   const std::vector<at::Tensor>& params() const { return params_; }
@@ -37,6 +38,14 @@ class FlatParam {
   bool shard_is_separate() const { return !shard_.is_alias_of(full_); }
   // Parameter i's place in a tensor laid out like full() (e.g. the flat gradient).
   at::Tensor slot(const at::Tensor& flat, std::size_t i) const;
+
+  // ZeRO-3: full()'s memory comes and goes; the tensor, its storage object and the parameters
+  // pointing into it stay. While released, full() holds no bytes.
+  void release_full();
+  void allocate_full();
+  bool full_allocated() const;
+  // Copies full()'s values (e.g. just loaded) into a separate shard.
+  void shard_from_full();
 
  private:
   std::vector<std::string> names_;

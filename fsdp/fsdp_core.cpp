@@ -1,6 +1,6 @@
 // FullyShardedDataParallel's non-template part: plans units, flattens their parameters, and
-// keeps the full parameters current (all-gather after each optimizer step); gradient reduction
-// is GradientSync's.
+// keeps the full parameters current (stages 1 and 2: all-gather after each optimizer step;
+// stage 3: ParameterResidency's gather on use); gradient reduction is GradientSync's.
 #include "cpprun/detail/fsdp_core.h"
 
 #include <ATen/ATen.h>
@@ -11,12 +11,14 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <unordered_map>
 
 #include "cpprun/collectives.h"
 #include "fsdp/flat_param.h"
 #include "fsdp/gradient_sync.h"
+#include "fsdp/parameter_residency.h"
 #include "fsdp/sharded_checkpoint.h"
 #include "fsdp/unit_plan.h"
 
@@ -66,6 +68,7 @@ struct FsdpCore::Impl {
   ProcessGroup group;
   FsdpOptions options;
   std::vector<FlatParam> flats;  // never resized after construction: GradientSync refers to them
+  std::unique_ptr<ParameterResidency> residency;  // stage 3; before `sync`, whose hooks call it
   std::unique_ptr<GradientSync> sync;
   bool require_sync = true;
   bool shards_loaded = false;  // a checkpoint wrote the shards: gather before the next forward
@@ -74,6 +77,7 @@ struct FsdpCore::Impl {
 
   // After an optimizer step each rank has updated only its shard: gather the full parameters.
   void gather_if_stepped() {
+    if (residency) return;  // stage 3 gathers on use
     const bool stepped = sync->take_shards_stepped();
     const bool loaded = std::exchange(shards_loaded, false);
     if (!stepped && !loaded) return;
@@ -91,8 +95,8 @@ FsdpCore::FsdpCore(torch::nn::Module& module, ProcessGroup group, FsdpOptions op
   const int stage = s.options.stage();
   TORCH_CHECK(stage >= 1 && stage <= 3, "cpprun::FullyShardedDataParallel: stage must be 1, 2 or 3 (the ZeRO "
               "stages), got ", stage, ".");
-  TORCH_CHECK(stage != 3, "cpprun::FullyShardedDataParallel: stage 3 (parameter sharding) is not available yet. "
-              "Use stage 2 (gradients and optimizer state sharded) or 1.");
+  TORCH_CHECK(s.options.gathered_unit_limit() >= 1, "cpprun::FullyShardedDataParallel: gathered_unit_limit must be "
+              "at least 1, got ", s.options.gathered_unit_limit(), ".");
   TORCH_CHECK(s.options.auto_wrap_min_params() >= 0, "cpprun::FullyShardedDataParallel: auto_wrap_min_params must "
               "not be negative, got ", s.options.auto_wrap_min_params(), ".");
 
@@ -106,6 +110,7 @@ FsdpCore::FsdpCore(torch::nn::Module& module, ProcessGroup group, FsdpOptions op
   TORCH_CHECK(!units.empty(), "cpprun::FullyShardedDataParallel: the module has no parameter that requires grad.");
   check_not_shared(units);
   s.flats.reserve(units.size() * 2);
+  std::vector<bool> root;  // per flat: holds the top-level module's own parameters
   for (const auto& unit : units) {
     // One flat parameter per dtype and device within the unit, parameters in their order.
     std::map<std::string, std::pair<std::vector<std::string>, std::vector<at::Tensor>>> by_kind;
@@ -119,22 +124,45 @@ FsdpCore::FsdpCore(torch::nn::Module& module, ProcessGroup group, FsdpOptions op
     }
     for (const auto& kind : kinds) {
       s.flats.emplace_back(by_kind[kind].first, by_kind[kind].second, s.group.rank(), s.group.size(),
-                           s.options.param_dtype());
+                           s.options.param_dtype(), /*separate_shard=*/stage == 3);
+      // Stage 3: the unit's full parameters go now, so that wrapping a model never holds more
+      // than the model plus one unit.
+      if (stage == 3) s.flats.back().release_full();
+      root.push_back(unit.name.empty());
     }
   }
+  std::function<void(std::size_t)> unit_done;
+  if (stage == 3) {
+    ResidencyOptions residency;
+    residency.reshard_after_forward = s.options.reshard_after_forward();
+    residency.prefetch = s.options.prefetch();
+    residency.limit = s.options.gathered_unit_limit();
+    s.residency = std::make_unique<ParameterResidency>(s.flats, root, s.group, residency);
+    unit_done = [r = s.residency.get()](std::size_t f) { r->backward_done(f); };
+  }
   s.sync = std::make_unique<GradientSync>(s.flats, s.group, stage,
-                                          s.options.reduce_dtype() ? s.options.reduce_dtype() : s.options.param_dtype());
+                                          s.options.reduce_dtype() ? s.options.reduce_dtype() : s.options.param_dtype(),
+                                          std::move(unit_done));
+  if (s.residency) s.sync->on_backward_end([r = s.residency.get()] { r->end_backward(); });
 }
 
 FsdpCore::~FsdpCore() = default;
 
 void FsdpCore::before_forward() {
   Impl& s = *impl_;
+  if (s.residency) s.residency->begin_forward();
   s.gather_if_stepped();
   if (torch::autograd::GradMode::is_enabled()) s.sync->prepare(s.require_sync);
 }
 
-void FsdpCore::gather_full_parameters() { impl_->gather_if_stepped(); }
+void FsdpCore::after_forward() {
+  if (impl_->residency) impl_->residency->end_forward(torch::autograd::GradMode::is_enabled());
+}
+
+void FsdpCore::gather_full_parameters() {
+  if (impl_->residency) impl_->residency->gather_all();
+  impl_->gather_if_stepped();
+}
 
 std::vector<at::Tensor> FsdpCore::shards() const {
   std::vector<at::Tensor> out;
@@ -169,12 +197,15 @@ at::Tensor FsdpCore::cast_input(const at::Tensor& input) const {
 }
 
 FsdpMemory FsdpCore::memory() const {
+  const Impl& s = *impl_;
   FsdpMemory m;
-  for (const auto& flat : impl_->flats) {
-    m.parameters += flat.full().nbytes();
+  for (const auto& flat : s.flats) {
+    m.parameters += static_cast<int64_t>(flat.full().storage().nbytes());
     if (flat.shard_is_separate()) m.shards += flat.shard().nbytes();
   }
-  m.gradients = impl_->sync->gradient_bytes();
+  m.peak_parameters = s.residency ? s.residency->peak_gathered_bytes() : m.parameters;
+  m.gradients = s.sync->gradient_bytes();
+  m.peak_gradients = s.sync->peak_gradient_bytes();
   return m;
 }
 
@@ -182,20 +213,21 @@ std::size_t FsdpCore::unit_count() const { return impl_->flats.size(); }
 
 void FsdpCore::save_full_state(const std::string& path) {
   Impl& s = *impl_;
-  s.gather_if_stepped();  // collective: every rank takes part
+  gather_full_parameters();  // collective: every rank takes part
   if (s.group.rank() == 0) {
     torch::serialize::OutputArchive archive;
-    s.module.save(archive);  // the full parameters are resident in stages 1 and 2
+    s.module.save(archive);
     const std::string temporary = path + ".tmp";
     archive.save_to(temporary);
     std::filesystem::rename(temporary, path);
   }
+  if (s.residency) s.residency->release_all();
   barrier(s.group);  // the file exists when save returns, on every rank
 }
 
 void FsdpCore::load_full_state(const std::string& path) {
   Impl& s = *impl_;
-  s.gather_if_stepped();
+  gather_full_parameters();
   if (s.group.rank() == 0) {
     torch::serialize::InputArchive archive;
     archive.load_from(path);
@@ -204,7 +236,10 @@ void FsdpCore::load_full_state(const std::string& path) {
   std::vector<at::Tensor> state;
   for (const auto& p : s.module.parameters()) state.push_back(p);
   for (const auto& b : s.module.buffers()) state.push_back(b);
-  broadcast_coalesced(s.group, state, 0);  // the shards alias the full parameters: updated too
+  broadcast_coalesced(s.group, state, 0);
+  // Where a shard is not a part of the full parameters (stage 3, mixed precision), copy it over.
+  for (auto& flat : s.flats) flat.shard_from_full();
+  if (s.residency) s.residency->release_all();
 }
 
 void FsdpCore::save_sharded(const std::string& dir, torch::optim::Optimizer* optimizer) {

@@ -2,14 +2,27 @@
 #include "fsdp/gradient_sync.h"
 
 #include <ATen/ATen.h>
+#include <c10/util/Exception.h>
 #include <torch/csrc/autograd/engine.h>
 
 namespace cpprun::detail {
+namespace {
+// Stage 3 keeps at most this many flat gradients alive while their reduce-scatters run.
+constexpr std::size_t kMaxReductionsInFlight = 2;
+}  // namespace
+
 GradientSync::GradientSync(std::vector<FlatParam>& flats, ProcessGroup group, int stage,
-                           std::optional<at::ScalarType> reduce_dtype)
-    : flats_(flats), group_(std::move(group)), stage_(stage), reduce_dtype_(reduce_dtype), units_(flats.size()) {
+                           std::optional<at::ScalarType> reduce_dtype, std::function<void(std::size_t)> unit_done)
+    : flats_(flats),
+      group_(std::move(group)),
+      stage_(stage),
+      reduce_dtype_(reduce_dtype),
+      unit_done_(std::move(unit_done)),
+      units_(flats.size()) {
   for (std::size_t f = 0; f < flats_.size(); ++f) {
-    for (const auto& param : flats_[f].params()) hooks_.add(param, [this, f] { on_gradient_ready(f); });
+    for (std::size_t i = 0; i < flats_[f].params().size(); ++i) {
+      hooks_.add(flats_[f].params()[i], [this, f, i] { on_gradient_ready(f, i); });
+    }
   }
 }
 
@@ -34,24 +47,47 @@ void GradientSync::bind_flat_grad(std::size_t f) {
 void GradientSync::prepare(bool sync) {
   std::lock_guard<std::mutex> lock(mutex_);
   for (std::size_t f = 0; f < flats_.size(); ++f) {
-    bind_flat_grad(f);
+    // Stage 3 has no full-size parameters to bind to; under no_sync, .grad accumulates as usual.
+    if (stage_ != 3) bind_flat_grad(f);
     units_[f].pending = flats_[f].params().size();
+    units_[f].completed = false;
     units_[f].work = Work();
   }
-  expecting_ = sync;
+  note_gradient_bytes();
+  mode_ = sync ? Mode::kSync : Mode::kNoSync;
   finish_queued_ = false;
   next_launch_ = 0;
+  in_flight_.clear();
 }
 
-void GradientSync::on_gradient_ready(std::size_t f) {
+void GradientSync::on_gradient_ready(std::size_t f, std::size_t i) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (!expecting_) return;
+  TORCH_CHECK(mode_ != Mode::kFinished, "cpprun::FullyShardedDataParallel: backward reached the parameters again after "
+              "the gradients of the last forward were already reduced (a second backward through the same graph, "
+              "e.g. with retain_graph). Run the wrapped module's forward before each backward.");
+  if (mode_ == Mode::kNoSync) return;
   if (!finish_queued_) {
     finish_queued_ = true;
     torch::autograd::Engine::get_default_engine().queue_callback([this] { finish_backward(); });
   }
-  --units_[f].pending;
+  if (stage_ == 3) collect(f, i);
+  if (--units_[f].pending == 0 && unit_done_) unit_done_(f);
   launch_ready_units();
+}
+
+// Stage 3: the parameter's gradient (this backward's, plus any no_sync accumulation) moves into
+// the unit's flat gradient, allocated when the unit's first gradient arrives.
+void GradientSync::collect(std::size_t f, std::size_t i) {
+  UnitState& unit = units_[f];
+  at::Tensor& grad = flats_[f].params()[i].mutable_grad();
+  if (!grad.defined()) return;
+  if (!unit.flat_grad.defined()) {
+    unit.flat_grad = at::zeros({flats_[f].padded_numel()}, grad.options());
+    note_gradient_bytes();
+  }
+  at::NoGradGuard no_grad;
+  flats_[f].slot(unit.flat_grad, i).copy_(grad);
+  grad = at::Tensor();
 }
 
 // Note [FSDP reduction order]
@@ -63,6 +99,10 @@ void GradientSync::launch_ready_units() {
     const std::size_t f = units_.size() - 1 - next_launch_;
     UnitState& unit = units_[f];
     if (unit.pending != 0) return;
+    if (!unit.flat_grad.defined()) {  // stage 3, and no parameter of the unit got a gradient
+      unit.flat_grad = at::zeros({flats_[f].padded_numel()}, flats_[f].full().options());
+      note_gradient_bytes();
+    }
     const bool convert = reduce_dtype_ && *reduce_dtype_ != unit.flat_grad.scalar_type();
     unit.wire = convert ? unit.flat_grad.to(*reduce_dtype_) : unit.flat_grad;
     if (stage_ == 1) {
@@ -72,40 +112,65 @@ void GradientSync::launch_ready_units() {
       unit.work = reduce_scatter_async(group_, unit.shard_grad, unit.wire, ReduceOp::kAvg);
     }
     ++next_launch_;
+    if (stage_ == 3) {
+      // Bound the flat gradients alive at once: finish the oldest reduction before going on.
+      in_flight_.push_back(f);
+      if (in_flight_.size() > kMaxReductionsInFlight) {
+        complete(in_flight_.front());
+        in_flight_.pop_front();
+      }
+    }
   }
 }
 
-void GradientSync::finish_backward() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (!expecting_) return;
-  // Parameters that got no gradient contribute the zeros already in their place.
-  for (auto& unit : units_) unit.pending = 0;
-  launch_ready_units();
+// Waits for the unit's reduction and hands its result to the shard's gradient.
+void GradientSync::complete(std::size_t f) {
+  UnitState& unit = units_[f];
+  if (unit.completed) return;
+  unit.completed = true;
+  unit.work.wait();
+  const FlatParam& flat = flats_[f];
   at::NoGradGuard no_grad;
-  for (std::size_t f = 0; f < flats_.size(); ++f) {
-    UnitState& unit = units_[f];
-    unit.work.wait();
-    const FlatParam& flat = flats_[f];
-    at::Tensor& shard_grad = flat.shard().mutable_grad();
-    const auto master_dtype = flat.shard().scalar_type();
-    unit.reduced = true;
-    if (stage_ == 1) {
-      if (!flat.shard_is_separate() && unit.wire.scalar_type() == master_dtype) {
-        shard_grad = alias_into(unit.wire, flat.shard_offset(), {flat.shard_numel()});
-      } else {  // mixed precision: the master shard's gradient, in its own dtype
-        shard_grad = unit.wire.narrow(0, flat.shard_offset(), flat.shard_numel()).to(master_dtype, false, /*copy=*/true);
-      }
-      if (!unit.wire.is_same(unit.flat_grad)) unit.wire = at::Tensor();
-    } else {
-      shard_grad = unit.shard_grad.scalar_type() == master_dtype ? unit.shard_grad : unit.shard_grad.to(master_dtype);
-      unit.wire = at::Tensor();
-      // Stage 2 keeps only the shard's gradient: release the full one until the next backward.
-      for (const auto& param : flats_[f].params()) param.mutable_grad() = at::Tensor();
-      unit.flat_grad = at::Tensor();
+  at::Tensor& shard_grad = flat.shard().mutable_grad();
+  const auto master_dtype = flat.shard().scalar_type();
+  unit.reduced = true;
+  if (stage_ == 1) {
+    if (!flat.shard_is_separate() && unit.wire.scalar_type() == master_dtype) {
+      shard_grad = alias_into(unit.wire, flat.shard_offset(), {flat.shard_numel()});
+    } else {  // mixed precision: the master shard's gradient, in its own dtype
+      shard_grad = unit.wire.narrow(0, flat.shard_offset(), flat.shard_numel()).to(master_dtype, false, /*copy=*/true);
     }
+    if (!unit.wire.is_same(unit.flat_grad)) unit.wire = at::Tensor();
+    return;
   }
-  expecting_ = false;
-  shards_stepped_ = true;
+  shard_grad = unit.shard_grad.scalar_type() == master_dtype ? unit.shard_grad : unit.shard_grad.to(master_dtype);
+  unit.wire = at::Tensor();
+  // Stages 2 and 3 keep only the shard's gradient: release the full one until the next backward.
+  for (const auto& param : flat.params()) param.mutable_grad() = at::Tensor();
+  unit.flat_grad = at::Tensor();
+}
+
+void GradientSync::finish_backward() {
+  std::function<void()> backward_end;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (mode_ != Mode::kSync) return;
+    // Parameters that got no gradient contribute zeros (stage 1 and 2: already in their place).
+    for (std::size_t f = 0; f < units_.size(); ++f) {
+      if (stage_ == 3) {
+        for (std::size_t i = 0; i < flats_[f].params().size(); ++i) collect(f, i);
+      }
+      if (units_[f].pending != 0 && unit_done_) unit_done_(f);
+      units_[f].pending = 0;
+    }
+    launch_ready_units();
+    for (std::size_t f = 0; f < flats_.size(); ++f) complete(f);
+    in_flight_.clear();
+    mode_ = Mode::kFinished;
+    shards_stepped_ = true;
+    backward_end = backward_end_;
+  }
+  if (backward_end) backward_end();
 }
 
 bool GradientSync::take_shards_stepped() {
@@ -120,6 +185,13 @@ int64_t GradientSync::gradient_bytes() const {
     if (unit.shard_grad.defined()) bytes += unit.shard_grad.nbytes();
   }
   return bytes;
+}
+
+void GradientSync::note_gradient_bytes() { peak_bytes_ = std::max(peak_bytes_, gradient_bytes()); }
+
+int64_t GradientSync::peak_gradient_bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return std::max(peak_bytes_, gradient_bytes());
 }
 
 }  // namespace cpprun::detail

@@ -1,13 +1,17 @@
-// Gradient reduction for FSDP stages 1 and 2. Before each backward every parameter's .grad is
-// made a view of its unit's flat gradient, so autograd accumulates straight into it; when all of
-// a unit's gradients are in, the flat gradient is reduced while backward goes on: all-reduced
-// (stage 1) or reduce-scattered into the shard's gradient (stage 2, after which the full flat
-// gradient is released). Scheduling only: the collectives are comm/'s.
+// Gradient reduction for FSDP. Stages 1 and 2: before each backward every parameter's .grad is
+// made a view of its unit's flat gradient, so autograd accumulates straight into it. Stage 3:
+// each gradient is moved into its unit's flat gradient as it arrives (the flat gradient exists
+// only while that unit's backward runs). When all of a unit's gradients are in, the flat
+// gradient is reduced while backward goes on: all-reduced (stage 1) or reduce-scattered into the
+// shard's gradient (stages 2 and 3, after which the full flat gradient is released). Scheduling
+// only: the collectives are comm/'s.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 #include <torch/csrc/autograd/function.h>
 
+#include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -21,8 +25,10 @@ namespace cpprun::detail {
 class GradientSync {
  public:
   // reduce_dtype: the dtype gradients are reduced in (mixed precision), else their own.
+  // unit_done (stage 3): called once all of a unit's gradients are in, so its parameters can go.
   GradientSync(std::vector<FlatParam>& flats, ProcessGroup group, int stage,
-               std::optional<at::ScalarType> reduce_dtype = std::nullopt);
+               std::optional<at::ScalarType> reduce_dtype = std::nullopt,
+               std::function<void(std::size_t)> unit_done = nullptr);
   ~GradientSync();
   GradientSync(const GradientSync&) = delete;
   GradientSync& operator=(const GradientSync&) = delete;
@@ -32,34 +38,46 @@ class GradientSync {
   // Called once a synchronized backward has been reduced: the shards' new values must be
   // all-gathered before the next forward.
   bool take_shards_stepped();
+  // Runs after each synchronized backward has been reduced (stage 3: release the parameters).
+  void on_backward_end(std::function<void()> fn) { backward_end_ = std::move(fn); }
   int64_t gradient_bytes() const;
+  int64_t peak_gradient_bytes() const;
 
  private:
+  enum class Mode { kFinished, kNoSync, kSync };
   struct UnitState {
     at::Tensor flat_grad;   // laid out like FlatParam::full(); undefined when released
     at::Tensor wire;        // what is reduced: flat_grad, or a copy of it in the reduce dtype
-    at::Tensor shard_grad;  // stage 2: this rank's reduced part
+    at::Tensor shard_grad;  // stages 2 and 3: this rank's reduced part
     std::size_t pending = 0;
     bool reduced = false;   // flat_grad holds the last synchronized backward's result
+    bool completed = false;
     Work work;
   };
 
-  void on_gradient_ready(std::size_t flat);
+  void on_gradient_ready(std::size_t flat, std::size_t param);
+  void collect(std::size_t flat, std::size_t param);
   void launch_ready_units();
+  void complete(std::size_t flat);
   void finish_backward();
   void bind_flat_grad(std::size_t flat);
+  void note_gradient_bytes();
 
   std::vector<FlatParam>& flats_;
   ProcessGroup group_;
   int stage_;
   std::optional<at::ScalarType> reduce_dtype_;
+  std::function<void(std::size_t)> unit_done_;
+  std::function<void()> backward_end_;
   std::vector<UnitState> units_;
-  std::mutex mutex_;
-  bool expecting_ = false;  // a synchronized backward was prepared and has not finished
+  mutable std::mutex mutex_;
+  Mode mode_ = Mode::kNoSync;  // before the first forward, gradients simply accumulate
   bool finish_queued_ = false;
   bool shards_stepped_ = false;
-  std::size_t next_launch_ = 0;  // units are reduced last to first: see launch_ready_units()
-  GradientReadyHooks hooks_;     // last: removed before the state the hooks touch goes
+  std::size_t next_launch_ = 0;   // units are reduced last to first: see launch_ready_units()
+  std::deque<std::size_t> in_flight_;
+  int64_t peak_bytes_ = 0;
+  GradientReadyHooks hooks_;      // last: removed before the state the hooks touch goes
 };
 
 }  // namespace cpprun::detail

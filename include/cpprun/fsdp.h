@@ -1,13 +1,15 @@
 // cpprun::FullyShardedDataParallel: ZeRO data parallelism. Each rank keeps only its shard
-// (1/world_size) of the optimizer state (stage 1) and of the gradients (stage 2).
+// (1/world_size) of the optimizer state (stage 1), of the gradients (stage 2) and of the
+// parameters (stage 3).
 //
 //   auto model = cpprun::FullyShardedDataParallel(net, group, cpprun::FsdpOptions().stage(2));
 //   torch::optim::AdamW opt(model->parameters(), 1e-3);   // this rank's shards
 //   loss_fn(model->forward(x), y).backward();              // gradients reduce-scattered
 //   opt.step();                                            // each rank steps its shard
 //
-// model->parameters() are the shards, so optimizer state is sharded by construction. The full
-// parameters are all-gathered before the next forward.
+// model->parameters() are the shards, so optimizer state is sharded by construction. Stages 1
+// and 2 all-gather the full parameters before the next forward; stage 3 gathers each unit just
+// before an operator uses it and releases it after (see FsdpOptions).
 #pragma once
 
 #include <torch/nn/module.h>
@@ -39,7 +41,9 @@ class FullyShardedDataParallelImpl : public torch::nn::Module {
   template <typename... Args>
   decltype(auto) forward(Args&&... args) {
     core_->before_forward();
-    return module_->forward(cast_input(std::forward<Args>(args))...);
+    decltype(auto) output = module_->forward(cast_input(std::forward<Args>(args))...);
+    core_->after_forward();
+    return output;
   }
 
   void train(bool on = true) override {
@@ -49,7 +53,9 @@ class FullyShardedDataParallelImpl : public torch::nn::Module {
 
   std::shared_ptr<ModuleType> module() const { return module_; }
   // After optimizer.step(), brings module()'s full parameters up to date now rather than at the
-  // next forward (e.g. to inspect or evaluate module() directly). Collective.
+  // next forward (e.g. to inspect or evaluate module() directly). Stage 3: gathers every unit
+  // until the next forward. Collective. (Under stage 3, touching module()'s parameters without
+  // this gathers their unit, a collective: do it on every rank.)
   void gather_full_parameters() { core_->gather_full_parameters(); }
   NoSyncGuard no_sync() { return NoSyncGuard(*core_); }
   // Scales this rank's shard gradients so that the norm of all gradients, over every rank, is

@@ -24,6 +24,18 @@ struct FsdpOptions {
   // reduce_dtype (default: param_dtype), and the optimizer steps fp32 master shards.
   TORCH_ARG(std::optional<at::ScalarType>, param_dtype) = std::nullopt;
   TORCH_ARG(std::optional<at::ScalarType>, reduce_dtype) = std::nullopt;
+
+  // Stage 3 only. Each unit's parameters are all-gathered when first used and released again:
+  // after forward unless reshard_after_forward is false (the root unit, holding the top-level
+  // module's own parameters, always stays for backward), and once backward has produced the
+  // unit's gradients.
+  TORCH_ARG(bool, reshard_after_forward) = true;
+  // Gathers the next unit (in the order the last forward used them; reversed in backward) while
+  // the current one computes.
+  TORCH_ARG(bool, prefetch) = true;
+  // At most this many units gathered at once (default: the root, the one computing, the one
+  // being prefetched); the least recently used is released to make room.
+  TORCH_ARG(int, gathered_unit_limit) = 3;
 };
 
 }  // namespace cpprun

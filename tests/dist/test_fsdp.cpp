@@ -1,4 +1,4 @@
-// FullyShardedDataParallel (ZeRO stages 1 and 2) under `cpprun --nproc_per_node=K`: each rank
+// FullyShardedDataParallel (ZeRO stages 1, 2 and 3) under `cpprun --nproc_per_node=K`: each rank
 // trains the sharded model on its slice of every global batch and, alongside, a reference model
 // in one process on the whole batch; parameters must match. CHECK, not REQUIRE, keeps every
 // rank's collective calls in step even when one fails.
@@ -28,6 +28,32 @@ bool is_linear(const torch::nn::Module& m) { return dynamic_cast<const torch::nn
 
 cpprun::FsdpOptions per_linear(int stage) { return cpprun::FsdpOptions().stage(stage).wrap_policy(is_linear); }
 
+// For ZeRO-3's scheduling: a root unit with parameters of its own (used first and last in
+// forward), three block units, and one block used twice per forward. Hidden 13: root 143 + 56
+// elements and blocks of 182, none divisible by 3 or 4.
+struct Block : torch::nn::Module {
+  torch::nn::Linear mix{nullptr};
+  explicit Block(int64_t hidden) { mix = register_module("mix", torch::nn::Linear(hidden, hidden)); }
+  torch::Tensor forward(torch::Tensor x) { return x + torch::tanh(mix(x)); }
+};
+struct Tower : torch::nn::Module {
+  torch::nn::Linear in{nullptr}, out{nullptr};
+  std::shared_ptr<Block> b0, b1, b2;
+  explicit Tower(int64_t hidden = 13) {
+    in = register_module("in", torch::nn::Linear(10, hidden));
+    b0 = register_module("b0", std::make_shared<Block>(hidden));
+    b1 = register_module("b1", std::make_shared<Block>(hidden));
+    b2 = register_module("b2", std::make_shared<Block>(hidden));
+    out = register_module("out", torch::nn::Linear(hidden, 4));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    x = torch::relu(in(x));
+    x = b1->forward(b2->forward(b1->forward(b0->forward(x))));
+    return out(x);
+  }
+};
+bool is_block(const torch::nn::Module& m) { return dynamic_cast<const Block*>(&m) != nullptr; }
+
 // AdamW's step g / (sqrt(v) + eps) turns the rounding-level difference between summing the
 // ranks' gradients and the reference's single backward into a visible one wherever a gradient
 // is ~0 (seen: 4.3e-5 relative at 3 ranks with eps 1e-8, identical for DDP). eps 1e-6 keeps the
@@ -53,13 +79,14 @@ void check_same(torch::nn::Module& trained, torch::nn::Module& reference, double
   }
 }
 
-void check_parity(int stage, const std::string& optimizer, int steps = 5) {
+template <typename Net = Mlp>
+void check_parity(const cpprun::FsdpOptions& options, const std::string& optimizer, int steps = 5) {
   const int rank = group().rank(), world = group().size();
   torch::manual_seed(100 + rank);  // rank 0's initial weights must win
-  auto net = std::make_shared<Mlp>(31);
-  auto model = cpprun::FullyShardedDataParallel(net, group(), per_linear(stage));
-  CHECK(model->unit_count() == 3);
-  auto ref = std::make_shared<Mlp>(31);
+  auto net = std::make_shared<Net>();
+  auto model = cpprun::FullyShardedDataParallel(net, group(), options);
+  CHECK(model->unit_count() >= 3);
+  auto ref = std::make_shared<Net>();
   copy_state(*ref, *net);
   auto opt = make_optimizer(optimizer, model->parameters());
   auto ref_opt = make_optimizer(optimizer, ref->parameters());
@@ -74,7 +101,8 @@ void check_parity(int stage, const std::string& optimizer, int steps = 5) {
     ref_opt->step();
   }
   model->gather_full_parameters();
-  INFO("stage " << stage << " optimizer " << optimizer);
+  INFO("stage " << options.stage() << " optimizer " << optimizer << " limit " << options.gathered_unit_limit()
+                << " prefetch " << options.prefetch() << " reshard_after_forward " << options.reshard_after_forward());
   check_same(*net, *ref, 1e-5);
 }
 
@@ -90,10 +118,49 @@ int64_t optimizer_state_bytes(torch::optim::Optimizer& opt) {
 
 }  // namespace
 
-TEST_CASE("fsdp: ZeRO-1 and ZeRO-2 match one process, SGD-momentum and AdamW", "[fsdp]") {
-  for (int stage : {1, 2}) {
-    check_parity(stage, "sgd");
-    check_parity(stage, "adamw");
+TEST_CASE("fsdp: ZeRO-1, ZeRO-2 and ZeRO-3 match one process, SGD-momentum and AdamW", "[fsdp]") {
+  for (int stage : {1, 2, 3}) {
+    check_parity(per_linear(stage), "sgd");
+    check_parity(per_linear(stage), "adamw");
+  }
+}
+
+TEST_CASE("fsdp: ZeRO-3 matches with a root unit, a unit used twice, and every scheduling option", "[fsdp]") {
+  auto blocks = cpprun::FsdpOptions().stage(3).wrap_policy(is_block);
+  for (const std::string optimizer : {"sgd", "adamw"}) {
+    check_parity<Tower>(blocks, optimizer);
+    check_parity<Tower>(cpprun::FsdpOptions(blocks).gathered_unit_limit(1).prefetch(false), optimizer);
+    check_parity<Tower>(cpprun::FsdpOptions(blocks).gathered_unit_limit(2), optimizer);
+    check_parity<Tower>(cpprun::FsdpOptions(blocks).reshard_after_forward(false), optimizer);
+  }
+}
+
+// What ZeRO-3 is for: the full parameters exist only a few units at a time.
+TEST_CASE("fsdp: ZeRO-3 holds at most gathered_unit_limit units, and none after backward", "[fsdp]") {
+  const int rank = group().rank(), world = group().size();
+  auto padded_bytes = [&](int64_t n) { return 4 * ((n + world - 1) / world * world); };
+  const int64_t block = padded_bytes(182), root = padded_bytes(143 + 56);
+  for (int limit : {1, 2, 3}) {
+    torch::manual_seed(0);
+    auto model = cpprun::FullyShardedDataParallel(
+        std::make_shared<Tower>(), group(), cpprun::FsdpOptions().stage(3).wrap_policy(is_block).gathered_unit_limit(limit));
+    CHECK(model->memory().parameters == 0);  // wrapping released them
+    torch::optim::SGD opt(model->parameters(), 0.1);
+    for (int step = 0; step < 2; ++step) {
+      auto x = inputs_for("mlp", kGlobalBatch, step);
+      opt.zero_grad();
+      auto loss = torch::nn::functional::cross_entropy(model->forward(slice(x, rank, world)),
+                                                       slice(targets_for(kGlobalBatch, step), rank, world));
+      INFO("limit " << limit);
+      CHECK(model->memory().parameters == root);  // only the root unit stays for backward
+      loss.backward();
+      CHECK(model->memory().parameters == 0);
+      opt.step();
+    }
+    // Each operator uses one unit, so the limit holds exactly.
+    const int64_t most = root + (limit - 1) * block;
+    CHECK(model->memory().peak_parameters == std::max(root, most));
+    CHECK(model->memory().peak_parameters < root + 3 * block);
   }
 }
 
@@ -111,7 +178,7 @@ TEST_CASE("fsdp: model->parameters() are this rank's shards, 1/world of each pad
 
 TEST_CASE("fsdp: no_sync accumulates locally; the next backward reduces the sum", "[fsdp]") {
   const int rank = group().rank(), world = group().size();
-  for (int stage : {1, 2}) {
+  for (int stage : {1, 2, 3}) {
     torch::manual_seed(0);
     auto net = std::make_shared<Mlp>(31);
     auto model = cpprun::FullyShardedDataParallel(net, group(), per_linear(stage));
@@ -146,9 +213,11 @@ TEST_CASE("fsdp: no_sync accumulates locally; the next backward reduces the sum"
 
 TEST_CASE("fsdp: clip_grad_norm clips by the norm over all ranks' shards", "[fsdp]") {
   const int rank = group().rank(), world = group().size();
+  const int stage = GENERATE(2, 3);
+  INFO("stage " << stage);
   torch::manual_seed(0);
   auto net = std::make_shared<Mlp>(31);
-  auto model = cpprun::FullyShardedDataParallel(net, group(), per_linear(2));
+  auto model = cpprun::FullyShardedDataParallel(net, group(), per_linear(stage));
   auto ref = std::make_shared<Mlp>(31);
   copy_state(*ref, *net);
   torch::optim::SGD opt(model->parameters(), 0.1), ref_opt(ref->parameters(), 0.1);
@@ -183,36 +252,43 @@ TEST_CASE("fsdp: per-rank bytes follow the ZeRO formulas (fp32 AdamW)", "[fsdp]"
       opt.step();
     }
     auto m = model->memory();
-    return std::array<int64_t, 3>{m.parameters, m.gradients, optimizer_state_bytes(opt)};
+    // Stage 3's shards are separate from the (released) full parameters.
+    return std::array<int64_t, 4>{m.parameters + m.shards, m.gradients, optimizer_state_bytes(opt), m.peak_parameters};
   };
   const int64_t psi = 10 * 64 + 64 + 64 * 64 + 64 + 64 * 4 + 4;
   const double padded = static_cast<double>((psi + world - 1) / world * world);
-  for (int stage : {1, 2}) {
-    const auto [params, grads, optim] = measure(stage);
+  for (int stage : {1, 2, 3}) {
+    const auto [params, grads, optim, peak] = measure(stage);
     // Stage 1: 4 Psi parameters + 4 Psi gradients + 8 Psi / N optimizer state.
     // Stage 2: 4 Psi parameters + 4 Psi / N gradients + 8 Psi / N optimizer state.
+    // Stage 3: 4 Psi / N parameters + 4 Psi / N gradients + 8 Psi / N, plus one gathered unit
+    // (here the whole model: one unit) while it computes.
+    const double expected_params = stage == 3 ? 4 * padded / world : 4 * padded;
     const double expected_grads = stage == 1 ? 4 * padded : 4 * padded / world;
     INFO("stage " << stage << ": parameters " << params << " gradients " << grads << " optimizer " << optim);
-    CHECK(params == Approx(4 * padded).epsilon(0.1));
+    CHECK(params == Approx(expected_params).epsilon(0.1));
     CHECK(grads == Approx(expected_grads).epsilon(0.1));
     CHECK(optim == Approx(8 * padded / world).epsilon(0.1));
+    CHECK(peak == Approx(4 * padded).epsilon(0.1));
     if (rank == 0) {
       std::printf("memory, world %d, stage %d, Psi %lld: parameters %lld B, gradients %lld B, optimizer %lld B; "
                   "total %lld B = %.2f Psi (formula %.2f Psi)\n",
                   world, stage, static_cast<long long>(psi), static_cast<long long>(params), static_cast<long long>(grads),
                   static_cast<long long>(optim), static_cast<long long>(params + grads + optim),
                   static_cast<double>(params + grads + optim) / psi,
-                  stage == 1 ? 8.0 + 8.0 / world : 4.0 + 12.0 / world);
+                  stage == 1 ? 8.0 + 8.0 / world : stage == 2 ? 4.0 + 12.0 / world : 16.0 / world);
     }
   }
 }
 
 TEST_CASE("fsdp: a full state dict loads into a plain module, and back", "[fsdp]") {
   const int rank = group().rank(), world = group().size();
+  const int stage = GENERATE(2, 3);
+  INFO("stage " << stage);
   const std::string path = "/tmp/cpprun_fsdp_full_" + std::to_string(::getppid()) + ".pt";
   torch::manual_seed(0);
   auto net = std::make_shared<Mlp>(31);
-  auto model = cpprun::FullyShardedDataParallel(net, group(), per_linear(2));
+  auto model = cpprun::FullyShardedDataParallel(net, group(), per_linear(stage));
   torch::optim::SGD opt(model->parameters(), 0.1);
   opt.zero_grad();
   auto x = inputs_for("mlp", kGlobalBatch, 0);
@@ -222,6 +298,7 @@ TEST_CASE("fsdp: a full state dict loads into a plain module, and back", "[fsdp]
   cpprun::save_full_state_dict(model, path);  // gathers the stepped shards first
   auto plain = std::make_shared<Mlp>(31);
   torch::load(plain, path);
+  model->gather_full_parameters();
   check_same(*plain, *net, 0);
 
   // The reverse: a plain module's torch::save, loaded into the sharded model (only rank 0 reads).
@@ -235,6 +312,7 @@ TEST_CASE("fsdp: a full state dict loads into a plain module, and back", "[fsdp]
   std::vector<torch::Tensor> expected;
   for (const auto& p : other->parameters()) expected.push_back(p.detach().clone());
   cpprun::broadcast_coalesced(group(), expected, 0);
+  model->gather_full_parameters();
   auto params = net->parameters();
   for (std::size_t i = 0; i < params.size(); ++i) CHECK(params[i].equal(expected[i]));
   // ... and the shards the optimizer steps hold those values too.
@@ -248,11 +326,24 @@ TEST_CASE("fsdp: a full state dict loads into a plain module, and back", "[fsdp]
 TEST_CASE("fsdp: bad options and shared parameters are clear errors", "[fsdp]") {
   CHECK_THROWS_WITH(cpprun::FullyShardedDataParallel(std::make_shared<Mlp>(), group(), cpprun::FsdpOptions().stage(4)),
                     Catch::Contains("stage must be 1, 2 or 3"));
-  CHECK_THROWS_WITH(cpprun::FullyShardedDataParallel(std::make_shared<Mlp>(), group(), cpprun::FsdpOptions().stage(3)),
-                    Catch::Contains("stage 3"));
+  CHECK_THROWS_WITH(cpprun::FullyShardedDataParallel(std::make_shared<Mlp>(), group(),
+                                                    cpprun::FsdpOptions().stage(3).gathered_unit_limit(0)),
+                    Catch::Contains("gathered_unit_limit must be at least 1"));
   auto tied = std::make_shared<Mlp>();
   tied->register_parameter("tied", tied->fc1->weight);
   CHECK_THROWS_WITH(cpprun::FullyShardedDataParallel(tied, group()), Catch::Contains("tied"));
+}
+
+TEST_CASE("fsdp: a second backward through one forward's graph is a clear error", "[fsdp]") {
+  const int rank = group().rank(), world = group().size();
+  for (int stage : {1, 2, 3}) {
+    auto model = cpprun::FullyShardedDataParallel(std::make_shared<Mlp>(31), group(), per_linear(stage));
+    auto loss = torch::nn::functional::cross_entropy(model->forward(slice(inputs_for("mlp", kGlobalBatch, 0), rank, world)),
+                                                     slice(targets_for(kGlobalBatch, 0), rank, world));
+    loss.backward({}, /*retain_graph=*/true);
+    INFO("stage " << stage);
+    CHECK_THROWS_WITH(loss.backward(), Catch::Contains("Run the wrapped module's forward before each backward"));
+  }
 }
 
 // Compared by updates, not weights: bf16 rounding of the weights (2^-8 of their size) is as large
@@ -262,7 +353,7 @@ TEST_CASE("fsdp: bad options and shared parameters are clear errors", "[fsdp]") 
 TEST_CASE("fsdp: mixed precision computes in bf16 from fp32 master shards", "[fsdp]") {
   const int rank = group().rank(), world = group().size();
   const double lr = std::getenv("CPPRUN_TEST_SABOTAGE_LR") ? std::atof(std::getenv("CPPRUN_TEST_SABOTAGE_LR")) : 0.3;
-  for (int stage : {1, 2}) {
+  for (int stage : {1, 2, 3}) {
     for (auto reduce : {at::kBFloat16, at::kFloat}) {
       torch::manual_seed(100 + rank);
       auto net = std::make_shared<Mlp>(31);
@@ -273,7 +364,7 @@ TEST_CASE("fsdp: mixed precision computes in bf16 from fp32 master shards", "[fs
       std::map<std::string, torch::Tensor> initial;
       for (const auto& item : ref->named_parameters()) initial[item.key()] = item.value().detach().clone();
       INFO("stage " << stage << " reduce dtype " << reduce);
-      CHECK(net->fc1->weight.scalar_type() == at::kBFloat16);
+      CHECK(net->fc1->weight.dtype() == at::kBFloat16);
       for (const auto& shard : model->parameters()) CHECK(shard.scalar_type() == at::kFloat);
       torch::optim::SGD opt(model->parameters(), lr), ref_opt(ref->parameters(), 0.3);
       for (int step = 0; step < 6; ++step) {
@@ -317,9 +408,10 @@ TEST_CASE("fsdp: a sharded checkpoint loads at another world size", "[.ckpt]") {
   REQUIRE(dir != nullptr);
   const int rank = group().rank(), world = group().size();
   const bool saving = std::string(phase) == "save";
+  const int stage = std::getenv("CPPRUN_CKPT_STAGE") ? std::atoi(std::getenv("CPPRUN_CKPT_STAGE")) : 2;
   torch::manual_seed(saving ? 100 : 999 + rank);  // loading must overwrite these weights
   auto net = std::make_shared<Mlp>(31);
-  auto model = cpprun::FullyShardedDataParallel(net, group(), per_linear(2));
+  auto model = cpprun::FullyShardedDataParallel(net, group(), per_linear(stage));
   auto opt = make_optimizer("adamw", model->parameters());
   auto train = [&](int first, int last) {
     for (int step = first; step <= last; ++step) {

@@ -17,9 +17,11 @@ namespace cpprun::detail {
 
 // Per-rank bytes held in each kind of training state, for the memory accounting.
 struct FsdpMemory {
-  int64_t parameters = 0;  // what the module computes with (full or gathered)
+  int64_t parameters = 0;  // what the module computes with (full, or the units gathered now)
   int64_t shards = 0;      // the optimizer's parameters, where they are not views of the above
   int64_t gradients = 0;   // gradients held between backward and the next one
+  int64_t peak_parameters = 0;  // the most `parameters` has been since construction
+  int64_t peak_gradients = 0;   // the same for `gradients` (full flat gradients live in backward)
 };
 
 class FsdpCore : public SyncSwitch {
@@ -30,6 +32,7 @@ class FsdpCore : public SyncSwitch {
   FsdpCore& operator=(const FsdpCore&) = delete;
 
   void before_forward();
+  void after_forward();
   // Mixed precision: a floating-point input cast to param_dtype; anything else as it is.
   at::Tensor cast_input(const at::Tensor& input) const;
   // Brings the full parameters up to date with the shards now (normally done by the next forward).

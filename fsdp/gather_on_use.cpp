@@ -1,0 +1,109 @@
+// See gather_on_use.h.
+#include "fsdp/gather_on_use.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <mutex>
+#include <unordered_map>
+#include <utility>
+
+namespace cpprun::detail {
+namespace {
+
+constexpr c10::DispatchKey kWatchKey = c10::DispatchKey::DeferredInit;
+
+// TensorImpl has no public way to add a functionality key to an existing tensor, and the
+// module's parameters must stay the same TensorImpls (modules hold them by value). A pointer to
+// the protected member, taken through a derived class that is never instantiated.
+struct KeySetAccess : c10::TensorImpl {
+  static c10::DispatchKeySet c10::TensorImpl::*member() { return &KeySetAccess::key_set_; }
+};
+
+void set_watch_key(const at::Tensor& tensor, bool on) {
+  c10::TensorImpl* impl = tensor.unsafeGetTensorImpl();
+  c10::DispatchKeySet& keys = impl->*KeySetAccess::member();
+  keys = on ? keys.add(kWatchKey) : keys.remove(kWatchKey);
+}
+
+struct Watch {
+  UseListener* listener;
+  std::size_t unit;
+};
+
+std::mutex& registry_mutex() {
+  static std::mutex mutex;
+  return mutex;
+}
+std::unordered_map<const c10::StorageImpl*, Watch>& registry() {
+  static std::unordered_map<const c10::StorageImpl*, Watch> watches;
+  return watches;
+}
+
+void collect(const at::Tensor& tensor, std::vector<Watch>& uses) {
+  if (!tensor.defined() || !tensor.key_set().has(kWatchKey) || !tensor.has_storage()) return;
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  auto it = registry().find(tensor.storage().unsafeGetStorageImpl());
+  if (it == registry().end()) return;
+  const Watch& w = it->second;
+  const bool seen = std::any_of(uses.begin(), uses.end(),
+                                [&](const Watch& u) { return u.listener == w.listener && u.unit == w.unit; });
+  if (!seen) uses.push_back(w);
+}
+
+void report_uses_then_run(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+  std::vector<Watch> uses;
+  for (const c10::IValue& arg : torch::jit::last(*stack, op.schema().arguments().size())) {
+    if (arg.isTensor()) {
+      collect(arg.toTensor(), uses);
+    } else if (arg.isList()) {  // Tensor[] and Tensor?[]
+      for (const c10::IValue& item : arg.toListRef()) {
+        if (item.isTensor()) collect(item.toTensor(), uses);
+      }
+    }
+  }
+  {
+    // The listener's own operators (its collectives' copies) must not report back here.
+    c10::impl::ExcludeDispatchKeyGuard no_reentry(kWatchKey);
+    while (!uses.empty()) {
+      UseListener* listener = uses.front().listener;
+      std::vector<std::size_t> units;
+      for (auto it = uses.begin(); it != uses.end();) {
+        if (it->listener == listener) {
+          units.push_back(it->unit);
+          it = uses.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      listener->before_use(units);
+    }
+  }
+  op.redispatchBoxed(keys & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kWatchKey), stack);
+}
+
+}  // namespace
+
+void watch_uses(const at::Tensor& storage_of, const std::vector<at::Tensor>& tensors, UseListener& listener,
+                std::size_t unit) {
+  {
+    std::lock_guard<std::mutex> lock(registry_mutex());
+    registry()[storage_of.storage().unsafeGetStorageImpl()] = Watch{&listener, unit};
+  }
+  for (const auto& t : tensors) set_watch_key(t, true);
+}
+
+void unwatch_uses(const at::Tensor& storage_of, const std::vector<at::Tensor>& tensors) {
+  for (const auto& t : tensors) set_watch_key(t, false);
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  registry().erase(storage_of.storage().unsafeGetStorageImpl());
+}
+
+}  // namespace cpprun::detail
+
+TORCH_LIBRARY_IMPL(_, DeferredInit, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&cpprun::detail::report_uses_then_run>());
+}

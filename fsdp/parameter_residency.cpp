@@ -1,0 +1,185 @@
+// See parameter_residency.h.
+#include "fsdp/parameter_residency.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+
+namespace cpprun::detail {
+namespace {
+bool contains(const std::vector<std::size_t>& v, std::size_t x) { return std::find(v.begin(), v.end(), x) != v.end(); }
+}  // namespace
+
+ParameterResidency::ParameterResidency(std::vector<FlatParam>& flats, std::vector<bool> root, ProcessGroup group,
+                                       ResidencyOptions options)
+    : flats_(flats), root_(std::move(root)), group_(std::move(group)), options_(options), units_(flats.size()) {
+  TORCH_CHECK(options_.limit >= 1, "cpprun::FullyShardedDataParallel: gathered_unit_limit must be at least 1, got ",
+              options_.limit, ".");
+  for (std::size_t u = 0; u < flats_.size(); ++u) {
+    flats_[u].release_full();
+    watch_uses(flats_[u].full(), flats_[u].params(), *this, u);
+  }
+}
+
+ParameterResidency::~ParameterResidency() {
+  for (std::size_t u = 0; u < flats_.size(); ++u) {
+    unwatch_uses(flats_[u].full(), flats_[u].params());
+    units_[u].in_flight.wait();
+  }
+}
+
+void ParameterResidency::before_use(const std::vector<std::size_t>& needed) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (std::size_t u : needed) use(u, needed);
+}
+
+void ParameterResidency::use(std::size_t u, const std::vector<std::size_t>& needed) {
+  Unit& unit = units_[u];
+  if (unit.gathered && stale(u)) release(u);  // the optimizer stepped its shard since the gather
+  if (!unit.gathered) gather(u, needed);
+  complete(u);
+  unit.last_use = ++clock_;
+  if (unit.used_this_phase) return;
+  unit.used_this_phase = true;
+  if (phase_ == Phase::kForward) this_order_.push_back(u);
+  if (options_.prefetch && phase_ != Phase::kIdle) prefetch_neighbour(u, needed);
+}
+
+// The unit the model used right after u in the last forward (before it, in backward).
+void ParameterResidency::prefetch_neighbour(std::size_t u, const std::vector<std::size_t>& keep) {
+  auto at = std::find(order_.begin(), order_.end(), u);
+  if (at == order_.end()) return;
+  std::size_t next;
+  if (phase_ == Phase::kForward) {
+    if (at + 1 == order_.end()) return;
+    next = *(at + 1);
+  } else {
+    if (at == order_.begin()) return;
+    next = *(at - 1);
+  }
+  Unit& unit = units_[next];
+  if (unit.gathered || unit.done || contains(keep, next)) return;
+  // Only into free room, or room an idle unit gives up: never at the expense of a unit in use.
+  std::vector<std::size_t> protect = keep;
+  protect.push_back(u);
+  protect.push_back(next);
+  make_room(protect);
+  if (static_cast<int>(gathered_count()) >= options_.limit) return;
+  gather(next, protect);  // completes asynchronously; use() waits for it
+}
+
+void ParameterResidency::gather(std::size_t u, const std::vector<std::size_t>& keep) {
+  make_room(keep);
+  start_gather(u);
+  peak_bytes_ = std::max(peak_bytes_, gathered_bytes());
+}
+
+void ParameterResidency::start_gather(std::size_t u) {
+  FlatParam& flat = flats_[u];
+  Unit& unit = units_[u];
+  flat.allocate_full();
+  at::Tensor shard = flat.shard().detach();
+  unit.send = shard.scalar_type() == flat.full().scalar_type() ? shard : shard.to(flat.full().scalar_type());
+  unit.shard_version = flat.shard()._version();
+  unit.in_flight = all_gather_into_async(group_, flat.full(), unit.send);
+  unit.gathered = true;
+}
+
+void ParameterResidency::complete(std::size_t u) {
+  Unit& unit = units_[u];
+  unit.in_flight.wait();
+  unit.in_flight = Work();
+  unit.send = at::Tensor();
+}
+
+void ParameterResidency::release(std::size_t u) {
+  Unit& unit = units_[u];
+  if (!unit.gathered) return;
+  complete(u);
+  flats_[u].release_full();
+  unit.gathered = false;
+}
+
+// Releases the least recently used gathered units, other than `keep`, until one more fits.
+void ParameterResidency::make_room(const std::vector<std::size_t>& keep) {
+  while (static_cast<int>(gathered_count()) >= options_.limit) {
+    std::size_t victim = units_.size();
+    for (std::size_t v = 0; v < units_.size(); ++v) {
+      if (!units_[v].gathered || contains(keep, v)) continue;
+      if (victim == units_.size() || units_[v].last_use < units_[victim].last_use) victim = v;
+    }
+    if (victim == units_.size()) return;  // everything gathered is in use: exceed the limit
+    release(victim);
+  }
+}
+
+bool ParameterResidency::stale(std::size_t u) const {
+  return flats_[u].shard()._version() != units_[u].shard_version;
+}
+
+std::size_t ParameterResidency::gathered_count() const {
+  return static_cast<std::size_t>(std::count_if(units_.begin(), units_.end(), [](const Unit& u) { return u.gathered; }));
+}
+
+void ParameterResidency::begin_forward() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (std::size_t u = 0; u < units_.size(); ++u) {
+    release(u);
+    units_[u].used_this_phase = false;
+    units_[u].done = false;
+  }
+  this_order_.clear();
+  phase_ = Phase::kForward;
+}
+
+void ParameterResidency::end_forward(bool backward_follows) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (phase_ == Phase::kForward) order_ = this_order_;
+  for (std::size_t u = 0; u < units_.size(); ++u) {
+    const bool keep = backward_follows && (root_[u] || !options_.reshard_after_forward);
+    if (!keep) release(u);
+    units_[u].used_this_phase = false;
+  }
+  phase_ = backward_follows ? Phase::kBackward : Phase::kIdle;
+}
+
+void ParameterResidency::backward_done(std::size_t u) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  units_[u].done = true;
+  release(u);
+}
+
+void ParameterResidency::end_backward() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (std::size_t u = 0; u < units_.size(); ++u) release(u);
+  phase_ = Phase::kIdle;
+}
+
+void ParameterResidency::gather_all() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  phase_ = Phase::kIdle;
+  for (std::size_t u = 0; u < units_.size(); ++u) {
+    if (units_[u].gathered && stale(u)) release(u);
+    if (!units_[u].gathered) start_gather(u);
+  }
+  for (std::size_t u = 0; u < units_.size(); ++u) complete(u);
+  peak_bytes_ = std::max(peak_bytes_, gathered_bytes());
+}
+
+void ParameterResidency::release_all() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (std::size_t u = 0; u < units_.size(); ++u) release(u);
+}
+
+int64_t ParameterResidency::gathered_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& flat : flats_) bytes += static_cast<int64_t>(flat.full().storage().nbytes());
+  return bytes;
+}
+
+int64_t ParameterResidency::peak_gathered_bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return peak_bytes_;
+}
+
+}  // namespace cpprun::detail

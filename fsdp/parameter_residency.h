@@ -1,0 +1,92 @@
+// ZeRO-3 scheduling: which units' full parameters exist right now. A unit is all-gathered from
+// the shards when an operator is about to use it (gather_on_use.h tells us), the next unit in
+// forward order (or the previous one, in backward) is gathered ahead while it computes, at most
+// `limit` units are gathered at once (the least recently used one is released first), units are
+// released after forward (except the root unit, needed again first thing in backward) and as
+// soon as backward has produced all of a unit's gradients. Scheduling only: the collectives are
+// comm/'s, the memory handling FlatParam's.
+//
+// Every rank must make the same decisions, because gathers are collectives matched by issue
+// order: they depend only on the sequence of operators the model runs, which is the same on
+// every rank.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+#include "cpprun/collectives.h"
+#include "fsdp/flat_param.h"
+#include "fsdp/gather_on_use.h"
+
+namespace cpprun::detail {
+
+struct ResidencyOptions {
+  bool reshard_after_forward = true;
+  bool prefetch = true;
+  int limit = 3;  // gathered units alive at once
+};
+
+class ParameterResidency final : public UseListener {
+ public:
+  // root[f]: flats_[f] holds parameters of the root module (kept from forward into backward).
+  ParameterResidency(std::vector<FlatParam>& flats, std::vector<bool> root, ProcessGroup group,
+                     ResidencyOptions options);
+  ~ParameterResidency() override;
+  ParameterResidency(const ParameterResidency&) = delete;
+  ParameterResidency& operator=(const ParameterResidency&) = delete;
+
+  void before_use(const std::vector<std::size_t>& units) override;
+
+  // A forward starts: everything is released (the shards may have been stepped since).
+  void begin_forward();
+  // It returned; `backward_follows` when autograd recorded it.
+  void end_forward(bool backward_follows);
+  // Backward has produced all of this unit's gradients: its parameters are not needed any more.
+  void backward_done(std::size_t unit);
+  // Backward is over: release everything.
+  void end_backward();
+  // Every unit gathered (checkpoints, gather_full_parameters()); they stay until the next forward.
+  void gather_all();
+  void release_all();
+
+  int64_t gathered_bytes() const;
+  int64_t peak_gathered_bytes() const;
+
+ private:
+  enum class Phase { kIdle, kForward, kBackward };
+  struct Unit {
+    bool gathered = false;   // allocated, maybe with a gather still in flight
+    Work in_flight;          // the all-gather filling it
+    at::Tensor send;         // its input, alive until the gather completes
+    int64_t shard_version = 0;
+    uint64_t last_use = 0;
+    bool used_this_phase = false;
+    bool done = false;       // backward_done() since the last forward
+  };
+
+  void use(std::size_t u, const std::vector<std::size_t>& needed);
+  void gather(std::size_t u, const std::vector<std::size_t>& keep);
+  void start_gather(std::size_t u);  // all-gather into freshly allocated memory, asynchronously
+  void complete(std::size_t u);       // wait for it
+  void release(std::size_t u);
+  void make_room(const std::vector<std::size_t>& keep);
+  void prefetch_neighbour(std::size_t u, const std::vector<std::size_t>& keep);
+  bool stale(std::size_t u) const;
+  std::size_t gathered_count() const;
+
+  std::vector<FlatParam>& flats_;
+  std::vector<bool> root_;
+  ProcessGroup group_;
+  ResidencyOptions options_;
+  std::vector<Unit> units_;
+  Phase phase_ = Phase::kIdle;
+  uint64_t clock_ = 0;
+  std::vector<std::size_t> order_;       // units in the order the last complete forward first used them
+  std::vector<std::size_t> this_order_;  // being recorded by the current forward
+  int64_t peak_bytes_ = 0;
+  mutable std::mutex mutex_;
+};
+
+}  // namespace cpprun::detail
