@@ -1,6 +1,6 @@
 // One side of scripts/bench_ddp.sh and scripts/bench_fsdp.sh: times training steps of an MLP
 // 1024-[H x 4]-10 with cpprun's DistributedDataParallel ("ddp"), FullyShardedDataParallel at
-// ZeRO stage 1 or 2 ("zero1", "zero2"; one unit per Linear), or the same per-rank work with no
+// ZeRO stage 1, 2 or 3 ("zero1", "zero2", "zero3"; one unit per Linear), or the same per-rank work with no
 // communication ("local"). bench/dp_bench.py is the PyTorch side. Prints one RESULT line.
 //
 //   cpprun --nproc_per_node=2 build/bench/dp_bench --mode ddp --hidden 1024 --batch 64
@@ -68,15 +68,15 @@ int main(int argc, char** argv) {
   if (args.mode == "ddp") {
     auto ddp = cpprun::DistributedDataParallel(net.ptr(), group);
     ms = run(ddp);
-  } else if (args.mode == "zero1" || args.mode == "zero2") {
+  } else if (args.mode == "zero1" || args.mode == "zero2" || args.mode == "zero3") {
     auto per_linear = [](const torch::nn::Module& m) { return dynamic_cast<const torch::nn::LinearImpl*>(&m) != nullptr; };
-    auto options = cpprun::FsdpOptions().stage(args.mode == "zero1" ? 1 : 2).wrap_policy(per_linear);
+    auto options = cpprun::FsdpOptions().stage(args.mode.back() - '0').wrap_policy(per_linear);
     auto fsdp = cpprun::FullyShardedDataParallel(net.ptr(), group, options);
     ms = run(fsdp);
   } else if (args.mode == "local") {
     ms = run(net);
   } else {
-    throw std::invalid_argument("--mode must be ddp, zero1, zero2 or local");
+    throw std::invalid_argument("--mode must be ddp, zero1, zero2, zero3 or local");
   }
   if (group.rank() == 0) {
     std::printf("RESULT impl=cpprun mode=%s params=%lld world=%d ms_per_step=%.2f samples_per_s=%.1f\n",

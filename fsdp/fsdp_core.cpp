@@ -142,7 +142,8 @@ FsdpCore::FsdpCore(torch::nn::Module& module, ProcessGroup group, FsdpOptions op
   }
   s.sync = std::make_unique<GradientSync>(s.flats, s.group, stage,
                                           s.options.reduce_dtype() ? s.options.reduce_dtype() : s.options.param_dtype(),
-                                          std::move(unit_done));
+                                          std::move(unit_done),
+                                          static_cast<std::size_t>(s.options.gathered_unit_limit() - 1));
   if (s.residency) s.sync->on_backward_end([r = s.residency.get()] { r->end_backward(); });
 }
 

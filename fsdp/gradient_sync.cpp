@@ -6,19 +6,16 @@
 #include <torch/csrc/autograd/engine.h>
 
 namespace cpprun::detail {
-namespace {
-// Stage 3 keeps at most this many flat gradients alive while their reduce-scatters run.
-constexpr std::size_t kMaxReductionsInFlight = 2;
-}  // namespace
-
 GradientSync::GradientSync(std::vector<FlatParam>& flats, ProcessGroup group, int stage,
-                           std::optional<at::ScalarType> reduce_dtype, std::function<void(std::size_t)> unit_done)
+                           std::optional<at::ScalarType> reduce_dtype, std::function<void(std::size_t)> unit_done,
+                           std::size_t max_in_flight)
     : flats_(flats),
       group_(std::move(group)),
       stage_(stage),
       reduce_dtype_(reduce_dtype),
       unit_done_(std::move(unit_done)),
-      units_(flats.size()) {
+      units_(flats.size()),
+      max_in_flight_(max_in_flight) {
   for (std::size_t f = 0; f < flats_.size(); ++f) {
     for (std::size_t i = 0; i < flats_[f].params().size(); ++i) {
       hooks_.add(flats_[f].params()[i], [this, f, i] { on_gradient_ready(f, i); });
@@ -47,8 +44,8 @@ void GradientSync::bind_flat_grad(std::size_t f) {
 void GradientSync::prepare(bool sync) {
   std::lock_guard<std::mutex> lock(mutex_);
   for (std::size_t f = 0; f < flats_.size(); ++f) {
-    // Stage 3 has no full-size parameters to bind to; under no_sync, .grad accumulates as usual.
-    if (stage_ != 3) bind_flat_grad(f);
+    // Stages 2 and 3 collect gradients as they come; under no_sync, .grad accumulates as usual.
+    if (stage_ == 1) bind_flat_grad(f);
     units_[f].pending = flats_[f].params().size();
     units_[f].completed = false;
     units_[f].work = Work();
@@ -70,12 +67,12 @@ void GradientSync::on_gradient_ready(std::size_t f, std::size_t i) {
     finish_queued_ = true;
     torch::autograd::Engine::get_default_engine().queue_callback([this] { finish_backward(); });
   }
-  if (stage_ == 3) collect(f, i);
+  if (stage_ >= 2) collect(f, i);
   if (--units_[f].pending == 0 && unit_done_) unit_done_(f);
   launch_ready_units();
 }
 
-// Stage 3: the parameter's gradient (this backward's, plus any no_sync accumulation) moves into
+// Stages 2 and 3: the parameter's gradient (this backward's, plus any no_sync accumulation) moves into
 // the unit's flat gradient, allocated when the unit's first gradient arrives.
 void GradientSync::collect(std::size_t f, std::size_t i) {
   UnitState& unit = units_[f];
@@ -99,7 +96,7 @@ void GradientSync::launch_ready_units() {
     const std::size_t f = units_.size() - 1 - next_launch_;
     UnitState& unit = units_[f];
     if (unit.pending != 0) return;
-    if (!unit.flat_grad.defined()) {  // stage 3, and no parameter of the unit got a gradient
+    if (!unit.flat_grad.defined()) {  // stage 2 or 3, and no parameter of the unit got a gradient
       unit.flat_grad = at::zeros({flats_[f].padded_numel()}, flats_[f].full().options());
       note_gradient_bytes();
     }
@@ -112,10 +109,10 @@ void GradientSync::launch_ready_units() {
       unit.work = reduce_scatter_async(group_, unit.shard_grad, unit.wire, ReduceOp::kAvg);
     }
     ++next_launch_;
-    if (stage_ == 3) {
+    if (stage_ >= 2) {
       // Bound the flat gradients alive at once: finish the oldest reduction before going on.
       in_flight_.push_back(f);
-      if (in_flight_.size() > kMaxReductionsInFlight) {
+      while (in_flight_.size() > max_in_flight_) {
         complete(in_flight_.front());
         in_flight_.pop_front();
       }
@@ -157,7 +154,7 @@ void GradientSync::finish_backward() {
     if (mode_ != Mode::kSync) return;
     // Parameters that got no gradient contribute zeros (stage 1 and 2: already in their place).
     for (std::size_t f = 0; f < units_.size(); ++f) {
-      if (stage_ == 3) {
+      if (stage_ >= 2) {
         for (std::size_t i = 0; i < flats_[f].params().size(); ++i) collect(f, i);
       }
       if (units_[f].pending != 0 && unit_done_) unit_done_(f);

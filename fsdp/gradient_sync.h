@@ -1,10 +1,10 @@
-// Gradient reduction for FSDP. Stages 1 and 2: before each backward every parameter's .grad is
-// made a view of its unit's flat gradient, so autograd accumulates straight into it. Stage 3:
-// each gradient is moved into its unit's flat gradient as it arrives (the flat gradient exists
-// only while that unit's backward runs). When all of a unit's gradients are in, the flat
-// gradient is reduced while backward goes on: all-reduced (stage 1) or reduce-scattered into the
-// shard's gradient (stages 2 and 3, after which the full flat gradient is released). Scheduling
-// only: the collectives are comm/'s.
+// Gradient reduction for FSDP. Stage 1: before each backward every parameter's .grad is made a
+// view of its unit's flat gradient, so autograd accumulates straight into it, and the flat
+// gradient is all-reduced. Stages 2 and 3: each gradient is moved into its unit's flat gradient
+// as it arrives, the flat gradient is reduce-scattered into the shard's gradient and released,
+// so a full flat gradient exists only while its unit's backward runs and its reduction is in
+// flight (at most `max_in_flight` reductions at once). Either way a unit is reduced as soon as
+// all its gradients are in, while backward goes on. Scheduling only: the collectives are comm/'s.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -28,7 +28,7 @@ class GradientSync {
   // unit_done (stage 3): called once all of a unit's gradients are in, so its parameters can go.
   GradientSync(std::vector<FlatParam>& flats, ProcessGroup group, int stage,
                std::optional<at::ScalarType> reduce_dtype = std::nullopt,
-               std::function<void(std::size_t)> unit_done = nullptr);
+               std::function<void(std::size_t)> unit_done = nullptr, std::size_t max_in_flight = 2);
   ~GradientSync();
   GradientSync(const GradientSync&) = delete;
   GradientSync& operator=(const GradientSync&) = delete;
@@ -75,6 +75,7 @@ class GradientSync {
   bool finish_queued_ = false;
   bool shards_stepped_ = false;
   std::size_t next_launch_ = 0;   // units are reduced last to first: see launch_ready_units()
+  std::size_t max_in_flight_;
   std::deque<std::size_t> in_flight_;
   int64_t peak_bytes_ = 0;
   GradientReadyHooks hooks_;      // last: removed before the state the hooks touch goes

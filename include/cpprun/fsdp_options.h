@@ -25,7 +25,7 @@ struct FsdpOptions {
   TORCH_ARG(std::optional<at::ScalarType>, param_dtype) = std::nullopt;
   TORCH_ARG(std::optional<at::ScalarType>, reduce_dtype) = std::nullopt;
 
-  // Stage 3 only. Each unit's parameters are all-gathered when first used and released again:
+  // Stage 3. Each unit's parameters are all-gathered when first used and released again:
   // after forward unless reshard_after_forward is false (the root unit, holding the top-level
   // module's own parameters, always stays for backward), and once backward has produced the
   // unit's gradients.
@@ -34,7 +34,9 @@ struct FsdpOptions {
   // the current one computes.
   TORCH_ARG(bool, prefetch) = true;
   // At most this many units gathered at once (default: the root, the one computing, the one
-  // being prefetched); the least recently used is released to make room.
+  // being prefetched); the least recently used is released to make room. Stages 2 and 3: also
+  // the most units whose full gradient is alive at once in backward (the one being filled and
+  // the reductions still in flight). 1 gives the least memory and the least overlap.
   TORCH_ARG(int, gathered_unit_limit) = 3;
 };
 

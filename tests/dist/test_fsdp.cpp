@@ -253,12 +253,13 @@ TEST_CASE("fsdp: per-rank bytes follow the ZeRO formulas (fp32 AdamW)", "[fsdp]"
     }
     auto m = model->memory();
     // Stage 3's shards are separate from the (released) full parameters.
-    return std::array<int64_t, 4>{m.parameters + m.shards, m.gradients, optimizer_state_bytes(opt), m.peak_parameters};
+    return std::array<int64_t, 5>{m.parameters + m.shards, m.gradients, optimizer_state_bytes(opt), m.peak_parameters,
+                                  m.peak_gradients};
   };
   const int64_t psi = 10 * 64 + 64 + 64 * 64 + 64 + 64 * 4 + 4;
   const double padded = static_cast<double>((psi + world - 1) / world * world);
   for (int stage : {1, 2, 3}) {
-    const auto [params, grads, optim, peak] = measure(stage);
+    const auto [params, grads, optim, peak, peak_grads] = measure(stage);
     // Stage 1: 4 Psi parameters + 4 Psi gradients + 8 Psi / N optimizer state.
     // Stage 2: 4 Psi parameters + 4 Psi / N gradients + 8 Psi / N optimizer state.
     // Stage 3: 4 Psi / N parameters + 4 Psi / N gradients + 8 Psi / N, plus one gathered unit
@@ -270,6 +271,8 @@ TEST_CASE("fsdp: per-rank bytes follow the ZeRO formulas (fp32 AdamW)", "[fsdp]"
     CHECK(grads == Approx(expected_grads).epsilon(0.1));
     CHECK(optim == Approx(8 * padded / world).epsilon(0.1));
     CHECK(peak == Approx(4 * padded).epsilon(0.1));
+    // In backward: plus the one unit's full gradient while it is reduced (stages 2 and 3).
+    CHECK(peak_grads == Approx(stage == 1 ? 4 * padded : 4 * padded + 4 * padded / world).epsilon(0.1));
     if (rank == 0) {
       std::printf("memory, world %d, stage %d, Psi %lld: parameters %lld B, gradients %lld B, optimizer %lld B; "
                   "total %lld B = %.2f Psi (formula %.2f Psi)\n",
