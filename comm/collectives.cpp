@@ -157,28 +157,46 @@ void broadcast(const ProcessGroup& group, at::Tensor tensor, int root) {
 
 void broadcast_coalesced(const ProcessGroup& group, const std::vector<at::Tensor>& tensors, int root) {
   if (alone(group)) return;
+  // Packed in chunks of at most this many bytes: a model's worth of copies at once would double
+  // the memory it takes just to start (what ZeRO-3 is there to avoid).
+  constexpr int64_t kChunkBytes = 32 << 20;
   at::NoGradGuard no_grad;  // parameters are written in place
   std::vector<bool> sent(tensors.size(), false);
-  for (std::size_t first = 0; first < tensors.size(); ++first) {
-    if (sent[first]) continue;
-    std::vector<std::size_t> same_kind;  // every later tensor of this one's dtype and device
-    for (std::size_t i = first; i < tensors.size(); ++i) {
-      if (!sent[i] && tensors[i].scalar_type() == tensors[first].scalar_type() &&
-          tensors[i].device() == tensors[first].device()) {
-        same_kind.push_back(i);
-        sent[i] = true;
-      }
+  auto send = [&](const std::vector<std::size_t>& chunk) {
+    if (chunk.size() == 1 && tensors[chunk[0]].is_contiguous()) {
+      broadcast(group, tensors[chunk[0]].detach(), root);
+      return;
     }
     std::vector<at::Tensor> flat;
-    for (std::size_t i : same_kind) flat.push_back(tensors[i].detach().reshape({-1}));
+    for (std::size_t i : chunk) flat.push_back(tensors[i].detach().reshape({-1}));
     at::Tensor packed = at::cat(flat);
     broadcast(group, packed, root);
     int64_t offset = 0;
-    for (std::size_t i : same_kind) {
+    for (std::size_t i : chunk) {
       at::Tensor t = tensors[i].detach();
       t.copy_(packed.narrow(0, offset, t.numel()).view(t.sizes()));
       offset += t.numel();
     }
+  };
+  for (std::size_t first = 0; first < tensors.size(); ++first) {
+    if (sent[first]) continue;
+    std::vector<std::size_t> chunk;  // later tensors of this one's dtype and device
+    int64_t bytes = 0;
+    for (std::size_t i = first; i < tensors.size(); ++i) {
+      if (sent[i] || tensors[i].scalar_type() != tensors[first].scalar_type() ||
+          tensors[i].device() != tensors[first].device()) {
+        continue;
+      }
+      if (!chunk.empty() && bytes + static_cast<int64_t>(tensors[i].nbytes()) > kChunkBytes) {
+        send(chunk);
+        chunk.clear();
+        bytes = 0;
+      }
+      chunk.push_back(i);
+      bytes += static_cast<int64_t>(tensors[i].nbytes());
+      sent[i] = true;
+    }
+    if (!chunk.empty()) send(chunk);
   }
 }
 
