@@ -13,7 +13,7 @@ at::Tensor alias_into(const at::Tensor& flat, int64_t offset, at::IntArrayRef si
 }
 
 FlatParam::FlatParam(std::vector<std::string> names, std::vector<at::Tensor> params, int rank, int world,
-                     std::optional<at::ScalarType> compute_dtype, bool separate_shard)
+                     std::optional<at::ScalarType> compute_dtype, bool separate_shard, bool shard_on_cpu)
     : names_(std::move(names)), params_(std::move(params)), rank_(rank), world_(world) {
   TORCH_INTERNAL_ASSERT(!params_.empty());
   for (const auto& p : params_) {
@@ -33,8 +33,13 @@ FlatParam::FlatParam(std::vector<std::string> names, std::vector<at::Tensor> par
     if (mixed) place.copy_(slot(master, i));
     params_[i].set_data(place);  // the module's parameter now lives in full_
   }
-  shard_ = mixed || separate_shard ? master.narrow(0, shard_offset(), shard_numel()).clone()  // this rank's part only
-                                  : alias_into(full_, shard_offset(), {shard_numel()});
+  const bool offload = shard_on_cpu && !full_.is_cpu();
+  if (mixed || separate_shard || offload) {  // this rank's part only
+    shard_ = master.narrow(0, shard_offset(), shard_numel()).clone();
+    if (offload) shard_ = shard_.to(at::kCPU).pin_memory();  // pinned: copies to the GPU overlap
+  } else {
+    shard_ = alias_into(full_, shard_offset(), {shard_numel()});
+  }
   shard_.requires_grad_(true);
 }
 

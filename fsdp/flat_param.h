@@ -3,7 +3,8 @@
 // point into the flat tensor: the module computes with them as before. With a compute dtype
 // (mixed precision) the flat tensor has that dtype and the shard is a separate master copy in
 // the parameters' own dtype; otherwise the shard is a part of the flat tensor itself, unless
-// asked to be separate (ZeRO-3, where the flat tensor's memory is released between uses).
+// asked to be separate (ZeRO-3, where the flat tensor's memory is released between uses), or
+// kept in CPU memory (CPU offload).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -21,7 +22,8 @@ at::Tensor alias_into(const at::Tensor& flat, int64_t offset, at::IntArrayRef si
 class FlatParam {
  public:
   FlatParam(std::vector<std::string> names, std::vector<at::Tensor> params, int rank, int world,
-            std::optional<at::ScalarType> compute_dtype = std::nullopt, bool separate_shard = false);
+            std::optional<at::ScalarType> compute_dtype = std::nullopt, bool separate_shard = false,
+            bool shard_on_cpu = false);
 
   const std::vector<std::string>& names() const { return names_; }
   const std::vector<at::Tensor>& params() const { return params_; }

@@ -95,6 +95,8 @@ FsdpCore::FsdpCore(torch::nn::Module& module, ProcessGroup group, FsdpOptions op
   const int stage = s.options.stage();
   TORCH_CHECK(stage >= 1 && stage <= 3, "cpprun::FullyShardedDataParallel: stage must be 1, 2 or 3 (the ZeRO "
               "stages), got ", stage, ".");
+  TORCH_CHECK(!s.options.cpu_offload() || stage == 3, "cpprun::FullyShardedDataParallel: cpu_offload needs stage 3 "
+              "(it offloads the parameter shards), got stage ", stage, ".");
   TORCH_CHECK(s.options.gathered_unit_limit() >= 1, "cpprun::FullyShardedDataParallel: gathered_unit_limit must be "
               "at least 1, got ", s.options.gathered_unit_limit(), ".");
   TORCH_CHECK(s.options.auto_wrap_min_params() >= 0, "cpprun::FullyShardedDataParallel: auto_wrap_min_params must "
@@ -124,7 +126,7 @@ FsdpCore::FsdpCore(torch::nn::Module& module, ProcessGroup group, FsdpOptions op
     }
     for (const auto& kind : kinds) {
       s.flats.emplace_back(by_kind[kind].first, by_kind[kind].second, s.group.rank(), s.group.size(),
-                           s.options.param_dtype(), /*separate_shard=*/stage == 3);
+                           s.options.param_dtype(), /*separate_shard=*/stage == 3, s.options.cpu_offload());
       // Stage 3: the unit's full parameters go now, so that wrapping a model never holds more
       // than the model plus one unit.
       if (stage == 3) s.flats.back().release_full();

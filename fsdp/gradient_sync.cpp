@@ -140,7 +140,16 @@ void GradientSync::complete(std::size_t f) {
     if (!unit.wire.is_same(unit.flat_grad)) unit.wire = at::Tensor();
     return;
   }
-  shard_grad = unit.shard_grad.scalar_type() == master_dtype ? unit.shard_grad : unit.shard_grad.to(master_dtype);
+  // Where the shard lives elsewhere (CPU offload) or in another dtype (mixed precision), its
+  // gradient is a copy, kept across steps.
+  const at::Tensor& master = flat.shard();
+  if (unit.shard_grad.scalar_type() == master_dtype && unit.shard_grad.device() == master.device()) {
+    shard_grad = unit.shard_grad;
+  } else if (shard_grad.defined() && shard_grad.sizes() == master.sizes() && !shard_grad.is_same(unit.shard_grad)) {
+    shard_grad.copy_(unit.shard_grad);
+  } else {
+    shard_grad = unit.shard_grad.to(master.device(), master_dtype);
+  }
   unit.wire = at::Tensor();
   // Stages 2 and 3 keep only the shard's gradient: release the full one until the next backward.
   for (const auto& param : flat.params()) param.mutable_grad() = at::Tensor();

@@ -78,8 +78,8 @@ void ParameterResidency::start_gather(std::size_t u) {
   FlatParam& flat = flats_[u];
   Unit& unit = units_[u];
   flat.allocate_full();
-  at::Tensor shard = flat.shard().detach();
-  unit.send = shard.scalar_type() == flat.full().scalar_type() ? shard : shard.to(flat.full().scalar_type());
+  // To the model's device (CPU offload) and compute dtype (mixed precision), where they differ.
+  unit.send = flat.shard().detach().to(flat.full().device(), flat.full().scalar_type(), /*non_blocking=*/true);
   unit.shard_version = flat.shard()._version();
   unit.in_flight = all_gather_into_async(group_, flat.full(), unit.send);
   unit.gathered = true;

@@ -38,6 +38,10 @@ struct FsdpOptions {
   // the most units whose full gradient is alive at once in backward (the one being filled and
   // the reductions still in flight). 1 gives the least memory and the least overlap.
   TORCH_ARG(int, gathered_unit_limit) = 3;
+  // Stage 3: keep the shards, their gradients and so the optimizer state in CPU memory (pinned
+  // when the model is on a GPU) and step the optimizer there; each gather copies a shard to the
+  // model's device first, each reduced gradient shard is copied back. A no-op for a CPU model.
+  TORCH_ARG(bool, cpu_offload) = false;
 };
 
 }  // namespace cpprun

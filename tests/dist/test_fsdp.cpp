@@ -102,7 +102,8 @@ void check_parity(const cpprun::FsdpOptions& options, const std::string& optimiz
   }
   model->gather_full_parameters();
   INFO("stage " << options.stage() << " optimizer " << optimizer << " limit " << options.gathered_unit_limit()
-                << " prefetch " << options.prefetch() << " reshard_after_forward " << options.reshard_after_forward());
+                << " prefetch " << options.prefetch() << " reshard_after_forward " << options.reshard_after_forward()
+                << " cpu_offload " << options.cpu_offload());
   check_same(*net, *ref, 1e-5);
 }
 
@@ -132,6 +133,8 @@ TEST_CASE("fsdp: ZeRO-3 matches with a root unit, a unit used twice, and every s
     check_parity<Tower>(cpprun::FsdpOptions(blocks).gathered_unit_limit(1).prefetch(false), optimizer);
     check_parity<Tower>(cpprun::FsdpOptions(blocks).gathered_unit_limit(2), optimizer);
     check_parity<Tower>(cpprun::FsdpOptions(blocks).reshard_after_forward(false), optimizer);
+    // On this CPU model the offload path runs with no copies to make; on a GPU it moves shards.
+    check_parity<Tower>(cpprun::FsdpOptions(blocks).cpu_offload(true), optimizer);
   }
 }
 
@@ -332,6 +335,9 @@ TEST_CASE("fsdp: bad options and shared parameters are clear errors", "[fsdp]") 
   CHECK_THROWS_WITH(cpprun::FullyShardedDataParallel(std::make_shared<Mlp>(), group(),
                                                     cpprun::FsdpOptions().stage(3).gathered_unit_limit(0)),
                     Catch::Contains("gathered_unit_limit must be at least 1"));
+  CHECK_THROWS_WITH(cpprun::FullyShardedDataParallel(std::make_shared<Mlp>(), group(),
+                                                    cpprun::FsdpOptions().stage(2).cpu_offload(true)),
+                    Catch::Contains("cpu_offload needs stage 3"));
   auto tied = std::make_shared<Mlp>();
   tied->register_parameter("tied", tied->fc1->weight);
   CHECK_THROWS_WITH(cpprun::FullyShardedDataParallel(tied, group()), Catch::Contains("tied"));
