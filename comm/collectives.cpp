@@ -218,13 +218,21 @@ Work all_gather_into_async(const ProcessGroup& group, at::Tensor output, at::Ten
   if (impl.is_nccl(input)) {
     return make_work(impl.group_for(input)._allgather_base(output, input));
   }
-  // Gloo gathers into a list of tensors: views of `output`, one per rank.
+  // Gloo's own all-gather would fill a scratch tensor of the output's size and copy it over: a
+  // ring over send/recv moves the same bytes straight into `output`.
   at::Tensor in_bits = as_movable_bits(input);
-  at::Tensor out_bits = as_movable_bits(output).view({n, input.numel()});
-  std::vector<at::Tensor> inputs{in_bits.view({input.numel()})};
-  std::vector<std::vector<at::Tensor>> outputs(1);
-  for (int r = 0; r < n; ++r) outputs[0].push_back(out_bits[r]);
-  return make_work(impl.gloo->allgather(outputs, inputs));
+  at::Tensor out_bits = as_movable_bits(output);
+  detail::Ring ring;
+  ring.group = impl.gloo.get();
+  ring.rank = group.rank();
+  ring.size = n;
+  ring.op_index = impl.next_p2p_op++;
+  ring.timeout = impl.timeout;
+  ring.bytes_sent = &impl.p2p_bytes_sent;
+  auto task = impl.executor.submit([ring, out_bits, in_bits]() { detail::run_ring_all_gather(ring, out_bits, in_bits); });
+  Work work = make_work(std::move(task));
+  work.keep_alive(group);  // as for reduce_scatter_async below
+  return work;
 }
 
 void all_gather_into(const ProcessGroup& group, at::Tensor output, at::Tensor input) {
@@ -257,7 +265,7 @@ Work reduce_scatter_async(const ProcessGroup& group, at::Tensor output, at::Tens
       if (op == ReduceOp::kAvg) output.div_(n);
     });
   }
-  detail::RingReduceScatter ring;
+  detail::Ring ring;
   ring.group = impl.gloo.get();
   ring.rank = group.rank();
   ring.size = n;

@@ -1,4 +1,4 @@
-// Ring reduce-scatter over c10d send/recv. See ring.h.
+// Ring reduce-scatter and all-gather over c10d send/recv. See ring.h.
 #include "comm/ring.h"
 
 #include <ATen/ATen.h>
@@ -6,7 +6,7 @@
 namespace cpprun::detail {
 namespace {
 
-int message_tag(const RingReduceScatter& ring, int step) {
+int message_tag(const Ring& ring, int step) {
   // Unique per (op, step) so concurrent ring ops never take each other's messages; Gloo matches
   // point-to-point messages by peer and tag.
   const uint64_t tag = static_cast<uint64_t>(ring.op_index) * ring.size + step;
@@ -29,7 +29,7 @@ void accumulate(at::Tensor& acc, const at::Tensor& contribution, ReduceOp op) {
 // of chunk (r-s-1) mod size to rank r+1, and receives rank r-1's partial of chunk (r-s-2) mod
 // size, to which it adds its own copy of that chunk. A partial gains one contribution per hop,
 // so after size-1 steps rank r holds chunk (r-size) mod size = r, reduced over all ranks.
-void run_ring_reduce_scatter(const RingReduceScatter& ring, at::Tensor output, at::Tensor input) {
+void run_ring_reduce_scatter(const Ring& ring, at::Tensor output, at::Tensor input) {
   const int n = ring.size;
   const int64_t m = output.numel();
   at::Tensor chunks = input.reshape({n, m});
@@ -73,6 +73,31 @@ void run_ring_reduce_scatter(const RingReduceScatter& ring, at::Tensor output, a
   }
   if (ring.op == ReduceOp::kAvg) result.div_(n);
   if (in_place) out_flat.copy_(result);
+}
+
+// Note [Ring all-gather schedule]
+// Rank r first puts its input in row r of the output. At step s (0 .. size-2) it sends row
+// (r-s) mod size, which it has by then, to rank r+1, and receives row (r-s-1) mod size from rank
+// r-1 straight into its place.
+void run_ring_all_gather(const Ring& ring, at::Tensor output, at::Tensor input) {
+  const int n = ring.size;
+  const int64_t m = input.numel();
+  at::Tensor rows = output.view({n, m});
+  at::Tensor own = rows[ring.rank];
+  if (own.data_ptr() != input.data_ptr()) own.copy_(input.reshape({m}));  // unless gathering in place
+  const int next = (ring.rank + 1) % n;
+  const int prev = (ring.rank + n - 1) % n;
+  auto row = [&](int offset) { return rows[((ring.rank - offset) % n + n) % n]; };
+  for (int step = 0; step < n - 1; ++step) {
+    std::vector<at::Tensor> send_list{row(step)};
+    std::vector<at::Tensor> recv_list{row(step + 1)};
+    const int tag = message_tag(ring, step);
+    auto recv = ring.group->recv(recv_list, prev, tag);
+    auto send = ring.group->send(send_list, next, tag);
+    recv->wait(ring.timeout);
+    send->wait(ring.timeout);
+    if (ring.bytes_sent) *ring.bytes_sent += send_list[0].nbytes();
+  }
 }
 
 }  // namespace cpprun::detail

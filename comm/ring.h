@@ -1,4 +1,5 @@
-// Reduce-scatter as a ring over send/recv, for backends without one (Gloo in LibTorch 1.13).
+// Reduce-scatter and all-gather as rings over send/recv: Gloo in LibTorch 1.13 has no
+// reduce-scatter, and its all-gather goes through a scratch copy of the whole output.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -12,12 +13,12 @@
 
 namespace cpprun::detail {
 
-struct RingReduceScatter {
+struct Ring {
   C10dGroup* group = nullptr;
   int rank = 0;
   int size = 1;
   uint32_t op_index = 0;  // distinguishes this op's messages from any other op's
-  ReduceOp op = ReduceOp::kSum;
+  ReduceOp op = ReduceOp::kSum;  // reduce-scatter only
   std::chrono::milliseconds timeout{};
   std::atomic<uint64_t>* bytes_sent = nullptr;  // optional tally of what this rank sent
 };
@@ -25,6 +26,11 @@ struct RingReduceScatter {
 // Blocks until `output` holds the reduction of every rank's chunk `rank` of `input`. Each rank
 // sends and receives (size-1)/size of `input`, as a native reduce-scatter would; all-reduce
 // followed by slicing would move twice that.
-void run_ring_reduce_scatter(const RingReduceScatter& ring, at::Tensor output, at::Tensor input);
+void run_ring_reduce_scatter(const Ring& ring, at::Tensor output, at::Tensor input);
+
+// Blocks until `output` (size x input, contiguous) holds every rank's `input`, in rank order.
+// Each rank sends and receives (size-1)/size of `output`, straight between the tensors: no
+// scratch copy.
+void run_ring_all_gather(const Ring& ring, at::Tensor output, at::Tensor input);
 
 }  // namespace cpprun::detail

@@ -135,8 +135,14 @@ void ParameterResidency::begin_forward() {
 void ParameterResidency::end_forward(bool backward_follows) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (phase_ == Phase::kForward) order_ = this_order_;
+  // Backward starts with the unit forward used last: releasing it only to gather it again at
+  // once would cost a gather and save nothing.
+  std::size_t last = units_.size();
   for (std::size_t u = 0; u < units_.size(); ++u) {
-    const bool keep = backward_follows && (root_[u] || !options_.reshard_after_forward);
+    if (units_[u].gathered && !root_[u] && (last == units_.size() || units_[u].last_use > units_[last].last_use)) last = u;
+  }
+  for (std::size_t u = 0; u < units_.size(); ++u) {
+    const bool keep = backward_follows && (root_[u] || u == last || !options_.reshard_after_forward);
     if (!keep) release(u);
     units_[u].used_this_phase = false;
   }

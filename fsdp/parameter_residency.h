@@ -2,8 +2,8 @@
 // the shards when an operator is about to use it (gather_on_use.h tells us), the next unit in
 // forward order (or the previous one, in backward) is gathered ahead while it computes, at most
 // `limit` units are gathered at once (the least recently used one is released first), units are
-// released after forward (except the root unit, needed again first thing in backward) and as
-// soon as backward has produced all of a unit's gradients. Scheduling only: the collectives are
+// released after forward (except the root unit and the unit forward used last, both needed
+// first thing in backward) and as soon as backward has produced all of a unit's gradients. Scheduling only: the collectives are
 // comm/'s, the memory handling FlatParam's.
 //
 // Every rank must make the same decisions, because gathers are collectives matched by issue

@@ -27,8 +27,8 @@ struct FsdpOptions {
 
   // Stage 3. Each unit's parameters are all-gathered when first used and released again:
   // after forward unless reshard_after_forward is false (the root unit, holding the top-level
-  // module's own parameters, always stays for backward), and once backward has produced the
-  // unit's gradients.
+  // module's own parameters, and the unit forward used last always stay for backward), and once
+  // backward has produced the unit's gradients.
   TORCH_ARG(bool, reshard_after_forward) = true;
   // Gathers the next unit (in the order the last forward used them; reversed in backward) while
   // the current one computes.
