@@ -1,6 +1,6 @@
 # The PyTorch side of scripts/bench_ddp.sh and bench_fsdp.sh: the same model, data and steps as
 # bench/dp_bench.cpp, with torch.nn.parallel.DistributedDataParallel over Gloo ("ddp"), and DDP
-# with ZeroRedundancyOptimizer ("zero1": PyTorch's ZeRO-1; its FSDP needs CUDA in 1.13). Started by cpprun, which sets the same
+# with ZeroRedundancyOptimizer ("zero1": PyTorch's ZeRO-1; its FSDP cannot be imported from Debian's 1.13 under Python 3.11). Started by cpprun, which sets the same
 # environment as torchrun (Debian's torchrun crashes at its defaults on Python 3.11).
 import argparse, time
 import torch, torch.distributed as dist

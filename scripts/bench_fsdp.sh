@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # FSDP benchmark: cpprun's ZeRO-1, ZeRO-2 and ZeRO-3 against cpprun's DDP on the same model and ranks,
 # and PyTorch's DDP + ZeroRedundancyOptimizer (its ZeRO-1; Python FSDP in Debian's torch 1.13
-# needs CUDA). 2 ranks, 1 thread each, 64 samples per rank, MLP 1024-[H x 4]-10 at H=1024 (4.2M
+# cannot be imported under Python 3.11). 2 ranks, 1 thread each, 64 samples per rank, MLP 1024-[H x 4]-10 at H=1024 (4.2M
 # parameters) and H=2720 (25M), SGD with momentum, one unit per Linear. Prints samples/s and ratios.
 #   usage: scripts/bench_fsdp.sh [steps_scale]
 set -euo pipefail
