@@ -71,7 +71,7 @@ int main(int argc, char** argv) {
   auto x = torch::randn({16, 1024});
   auto y = torch::randint(0, 10, {16}, torch::kLong);
 
-  int64_t params = 0, grads = 0, optim = 0, peak_params = 0, peak_grads = 0;
+  int64_t params = 0, grads = 0, optim = 0, peak_params = 0, peak_grads = 0, kept = 0;
   auto train = [&](auto& model, torch::optim::Optimizer& opt) {
     for (int step = 0; step < 3; ++step) {
       opt.zero_grad();
@@ -101,12 +101,14 @@ int main(int argc, char** argv) {
     peak_params = m.peak_parameters + m.shards;
     grads = m.gradients;
     peak_grads = m.peak_gradients;
+    kept = m.kept;
   }
   if (group.rank() == 0) {
     std::printf("RESULT mode=%s world=%d psi=%lld params=%lld grads=%lld optim=%lld peak_params=%lld peak_grads=%lld "
-                "rss_growth=%lld\n",
+                "kept=%lld rss_growth=%lld\n",
                 mode.c_str(), group.size(), static_cast<long long>(psi), static_cast<long long>(params),
                 static_cast<long long>(grads), static_cast<long long>(optim), static_cast<long long>(peak_params),
-                static_cast<long long>(peak_grads), static_cast<long long>(peak_rss() - rss_before));
+                static_cast<long long>(peak_grads), static_cast<long long>(kept),
+                static_cast<long long>(peak_rss() - rss_before));
   }
 }

@@ -43,19 +43,21 @@ FlatParam::FlatParam(std::vector<std::string> names, std::vector<at::Tensor> par
   shard_.requires_grad_(true);
 }
 
-void FlatParam::release_full() {
+c10::DataPtr FlatParam::release_full() {
   c10::StorageImpl* storage = full_.storage().unsafeGetStorageImpl();
-  storage->set_data_ptr_noswap(c10::DataPtr(nullptr, full_.device()));
+  c10::DataPtr memory = storage->set_data_ptr(c10::DataPtr(nullptr, full_.device()));
   storage->set_nbytes(0);
+  return memory;
 }
 
-void FlatParam::allocate_full() {
+void FlatParam::allocate_full(c10::DataPtr reuse) {
   if (full_allocated()) return;
   c10::StorageImpl* storage = full_.storage().unsafeGetStorageImpl();
-  const std::size_t bytes = static_cast<std::size_t>(padded_) * full_.element_size();
-  storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
-  storage->set_nbytes(bytes);
+  storage->set_data_ptr_noswap(reuse ? std::move(reuse) : storage->allocator()->allocate(full_bytes()));
+  storage->set_nbytes(full_bytes());
 }
+
+std::size_t FlatParam::full_bytes() const { return static_cast<std::size_t>(padded_) * full_.element_size(); }
 
 bool FlatParam::full_allocated() const { return full_.storage().nbytes() != 0; }
 

@@ -42,10 +42,12 @@ class FlatParam {
   at::Tensor slot(const at::Tensor& flat, std::size_t i) const;
 
   // ZeRO-3: full()'s memory comes and goes; the tensor, its storage object and the parameters
-  // pointing into it stay. While released, full() holds no bytes.
-  void release_full();
-  void allocate_full();
+  // pointing into it stay. While released, full() holds no bytes. release_full() hands the
+  // memory back (to reuse, or to drop), allocate_full() takes `reuse` if it is given.
+  c10::DataPtr release_full();
+  void allocate_full(c10::DataPtr reuse = c10::DataPtr());
   bool full_allocated() const;
+  std::size_t full_bytes() const;  // when allocated
   // Copies full()'s values (e.g. just loaded) into a separate shard.
   void shard_from_full();
 

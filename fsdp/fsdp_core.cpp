@@ -209,6 +209,7 @@ FsdpMemory FsdpCore::memory() const {
   m.peak_parameters = s.residency ? s.residency->peak_gathered_bytes() : m.parameters;
   m.gradients = s.sync->gradient_bytes();
   m.peak_gradients = s.sync->peak_gradient_bytes();
+  m.kept = s.sync->kept_bytes() + (s.residency ? s.residency->kept_bytes() : 0);
   return m;
 }
 

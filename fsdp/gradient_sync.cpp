@@ -79,7 +79,7 @@ void GradientSync::collect(std::size_t f, std::size_t i) {
   at::Tensor& grad = flats_[f].params()[i].mutable_grad();
   if (!grad.defined()) return;
   if (!unit.flat_grad.defined()) {
-    unit.flat_grad = at::zeros({flats_[f].padded_numel()}, grad.options());
+    unit.flat_grad = new_flat_grad(f, grad.options());
     note_gradient_bytes();
   }
   at::NoGradGuard no_grad;
@@ -97,7 +97,7 @@ void GradientSync::launch_ready_units() {
     UnitState& unit = units_[f];
     if (unit.pending != 0) return;
     if (!unit.flat_grad.defined()) {  // stage 2 or 3, and no parameter of the unit got a gradient
-      unit.flat_grad = at::zeros({flats_[f].padded_numel()}, flats_[f].full().options());
+      unit.flat_grad = new_flat_grad(f, flats_[f].full().options());
       note_gradient_bytes();
     }
     const bool convert = reduce_dtype_ && *reduce_dtype_ != unit.flat_grad.scalar_type();
@@ -153,7 +153,28 @@ void GradientSync::complete(std::size_t f) {
   unit.wire = at::Tensor();
   // Stages 2 and 3 keep only the shard's gradient: release the full one until the next backward.
   for (const auto& param : flat.params()) param.mutable_grad() = at::Tensor();
+  release_flat_grad(unit);
+}
+
+at::Tensor GradientSync::new_flat_grad(std::size_t f, const at::TensorOptions& options) {
+  const int64_t numel = flats_[f].padded_numel();
+  for (auto it = spare_grads_.begin(); it != spare_grads_.end(); ++it) {
+    if (it->numel() == numel && it->dtype() == options.dtype() && it->device() == options.device()) {
+      at::Tensor grad = std::move(*it);
+      spare_grads_.erase(it);
+      return grad.zero_();
+    }
+  }
+  if (!spare_grads_.empty()) spare_grads_.erase(spare_grads_.begin());  // one that does not fit goes
+  return at::zeros({numel}, options);
+}
+
+void GradientSync::release_flat_grad(UnitState& unit) {
+  at::Tensor grad = std::move(unit.flat_grad);
   unit.flat_grad = at::Tensor();
+  std::size_t alive = spare_grads_.size();
+  for (const auto& u : units_) alive += u.flat_grad.defined() ? 1 : 0;
+  if (alive < max_in_flight_ + 1) spare_grads_.push_back(std::move(grad));
 }
 
 void GradientSync::finish_backward() {
@@ -193,11 +214,22 @@ int64_t GradientSync::gradient_bytes() const {
   return bytes;
 }
 
-void GradientSync::note_gradient_bytes() { peak_bytes_ = std::max(peak_bytes_, gradient_bytes()); }
+int64_t GradientSync::spare_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& grad : spare_grads_) bytes += grad.nbytes();
+  return bytes;
+}
+
+int64_t GradientSync::kept_bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return spare_bytes();
+}
+
+void GradientSync::note_gradient_bytes() { peak_bytes_ = std::max(peak_bytes_, gradient_bytes() + spare_bytes()); }
 
 int64_t GradientSync::peak_gradient_bytes() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return std::max(peak_bytes_, gradient_bytes());
+  return std::max(peak_bytes_, gradient_bytes() + spare_bytes());
 }
 
 }  // namespace cpprun::detail

@@ -40,8 +40,9 @@ class GradientSync {
   bool take_shards_stepped();
   // Runs after each synchronized backward has been reduced (stage 3: release the parameters).
   void on_backward_end(std::function<void()> fn) { backward_end_ = std::move(fn); }
-  int64_t gradient_bytes() const;
-  int64_t peak_gradient_bytes() const;
+  int64_t gradient_bytes() const;       // shard gradients, and full ones while alive
+  int64_t peak_gradient_bytes() const;  // the most gradient_bytes() plus kept_bytes() has been
+  int64_t kept_bytes() const;           // released full gradients kept for reuse
 
  private:
   enum class Mode { kFinished, kNoSync, kSync };
@@ -62,6 +63,11 @@ class GradientSync {
   void finish_backward();
   void bind_flat_grad(std::size_t flat);
   void note_gradient_bytes();
+  int64_t spare_bytes() const;
+  // Full flat gradients: released ones are kept for reuse while at most max_in_flight + 1 exist
+  // (see parameter_residency.h on page faults).
+  at::Tensor new_flat_grad(std::size_t flat, const at::TensorOptions& options);
+  void release_flat_grad(UnitState& unit);
 
   std::vector<FlatParam>& flats_;
   ProcessGroup group_;
@@ -77,6 +83,7 @@ class GradientSync {
   std::size_t next_launch_ = 0;   // units are reduced last to first: see launch_ready_units()
   std::size_t max_in_flight_;
   std::deque<std::size_t> in_flight_;
+  std::vector<at::Tensor> spare_grads_;
   int64_t peak_bytes_ = 0;
   GradientReadyHooks hooks_;      // last: removed before the state the hooks touch goes
 };

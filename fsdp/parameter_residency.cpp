@@ -71,13 +71,25 @@ void ParameterResidency::prefetch_neighbour(std::size_t u, const std::vector<std
 void ParameterResidency::gather(std::size_t u, const std::vector<std::size_t>& keep) {
   make_room(keep);
   start_gather(u);
-  peak_bytes_ = std::max(peak_bytes_, gathered_bytes());
+  peak_bytes_ = std::max(peak_bytes_, gathered_bytes() + spare_bytes());
 }
 
 void ParameterResidency::start_gather(std::size_t u) {
   FlatParam& flat = flats_[u];
   Unit& unit = units_[u];
-  flat.allocate_full();
+  c10::DataPtr reuse;
+  for (auto it = spares_.begin(); it != spares_.end(); ++it) {
+    if (it->bytes == flat.full_bytes()) {
+      reuse = std::move(it->memory);
+      spares_.erase(it);
+      break;
+    }
+  }
+  // No spare fits: drop one if keeping it would take the total past the limit.
+  if (!reuse && !spares_.empty() && static_cast<int>(gathered_count() + spares_.size()) >= options_.limit) {
+    spares_.erase(spares_.begin());
+  }
+  flat.allocate_full(std::move(reuse));
   // To the model's device (CPU offload) and compute dtype (mixed precision), where they differ.
   unit.send = flat.shard().detach().to(flat.full().device(), flat.full().scalar_type(), /*non_blocking=*/true);
   unit.shard_version = flat.shard()._version();
@@ -96,8 +108,10 @@ void ParameterResidency::release(std::size_t u) {
   Unit& unit = units_[u];
   if (!unit.gathered) return;
   complete(u);
-  flats_[u].release_full();
+  const std::size_t bytes = flats_[u].full_bytes();
+  c10::DataPtr memory = flats_[u].release_full();
   unit.gathered = false;
+  if (static_cast<int>(gathered_count() + spares_.size()) < options_.limit) spares_.push_back({bytes, std::move(memory)});
 }
 
 // Releases the least recently used gathered units, other than `keep`, until one more fits.
@@ -169,7 +183,7 @@ void ParameterResidency::gather_all() {
     if (!units_[u].gathered) start_gather(u);
   }
   for (std::size_t u = 0; u < units_.size(); ++u) complete(u);
-  peak_bytes_ = std::max(peak_bytes_, gathered_bytes());
+  peak_bytes_ = std::max(peak_bytes_, gathered_bytes() + spare_bytes());
 }
 
 void ParameterResidency::release_all() {
@@ -181,6 +195,17 @@ int64_t ParameterResidency::gathered_bytes() const {
   int64_t bytes = 0;
   for (const auto& flat : flats_) bytes += static_cast<int64_t>(flat.full().storage().nbytes());
   return bytes;
+}
+
+int64_t ParameterResidency::spare_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& spare : spares_) bytes += static_cast<int64_t>(spare.bytes);
+  return bytes;
+}
+
+int64_t ParameterResidency::kept_bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return spare_bytes();
 }
 
 int64_t ParameterResidency::peak_gathered_bytes() const {

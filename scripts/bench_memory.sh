@@ -14,22 +14,23 @@ bash scripts/build.sh >/dev/null
 build=${CPPRUN_BUILD_DIR:-build}
 unit=1049600  # parameters in the largest unit
 
-printf '%-10s %2s %9s %9s %9s %10s %9s %10s %11s %7s %9s\n' mode N "params MB" "grads MB" "optim MB" \
-  "steady/Psi" "formula" "peak/Psi" "formula+1u" "peak/f" "RSS+ MB"
+printf '%-10s %2s %9s %9s %9s %10s %9s %10s %11s %7s %8s %8s\n' mode N "params MB" "grads MB" "optim MB" \
+  "steady/Psi" "formula" "peak/Psi" "formula+1u" "peak/f" "kept MB" "RSS+ MB"
 for n in 2 4; do
   for mode in ddp zero1 zero2 zero2-min zero3 zero3-min; do
     line=$(tests/run_isolated.sh "$build/launcher/cpprun" --standalone --nproc_per_node=$n "$build/bench/fsdp_memory" \
              --mode "$mode" 2>/dev/null | grep RESULT)
     eval "$(echo "$line" | sed 's/^.*RESULT //; s/ /\n/g' | sed 's/^/m_/')"
     awk -v mode="$mode" -v n="$n" -v psi="$m_psi" -v p="$m_params" -v g="$m_grads" -v o="$m_optim" \
-        -v pp="$m_peak_params" -v pg="$m_peak_grads" -v rss="$m_rss_growth" -v unit="$unit" 'BEGIN {
+        -v pp="$m_peak_params" -v pg="$m_peak_grads" -v kept="${m_kept:-0}" -v rss="$m_rss_growth" -v unit="$unit" 'BEGIN {
       if (mode == "ddp") f = 16; else if (mode == "zero1") f = 8 + 8 / n; else if (mode ~ /^zero2/) f = 4 + 12 / n;
       else f = 16 / n;
       fu = f + (mode ~ /zero3/ ? 8 * unit / psi : mode ~ /zero2/ ? 4 * unit / psi : 0)
       steady = (p + g + o) / psi; peak = (pp + pg + o) / psi
-      printf "%-10s %2d %9.1f %9.1f %9.1f %10.2f %9.2f %10.2f %11.2f %7.2f %9.1f\n", mode, n, p / 1e6, g / 1e6, o / 1e6,
-        steady, f, peak, fu, peak / fu, rss / 1e6 }'
+      printf "%-10s %2d %9.1f %9.1f %9.1f %10.2f %9.2f %10.2f %11.2f %7.2f %8.1f %8.1f\n", mode, n, p / 1e6, g / 1e6,
+        o / 1e6, steady, f, peak, fu, peak / fu, kept / 1e6, rss / 1e6 }'
   done
 done
 echo "(bytes per parameter of the model: steady = after optimizer.step(); peak adds the gathered"
-echo " units and the full flat gradients alive during backward)"
+echo " units and the full flat gradients alive during backward; kept = released full parameters and"
+echo " gradients kept for reuse, within gathered_unit_limit, not in steady)"

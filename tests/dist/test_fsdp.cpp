@@ -159,6 +159,9 @@ TEST_CASE("fsdp: ZeRO-3 holds at most gathered_unit_limit units, and none after 
       CHECK(model->memory().parameters == (limit == 1 ? root : root + block));
       loss.backward();
       CHECK(model->memory().parameters == 0);
+      // Released memory is kept for reuse, within the limit (parameters and gradients alike).
+      CHECK(model->memory().kept > 0);
+      CHECK(model->memory().kept <= 2 * limit * root);
       opt.step();
     }
     // Each operator uses one unit, so the limit holds exactly.

@@ -20,8 +20,9 @@ struct FsdpMemory {
   int64_t parameters = 0;  // what the module computes with (full, or the units gathered now)
   int64_t shards = 0;      // the optimizer's parameters, where they are not views of the above
   int64_t gradients = 0;   // gradients held between backward and the next one
-  int64_t peak_parameters = 0;  // the most `parameters` has been since construction
+  int64_t peak_parameters = 0;  // the most `parameters` (plus the kept part of `kept`) has been
   int64_t peak_gradients = 0;   // the same for `gradients` (full flat gradients live in backward)
+  int64_t kept = 0;  // stages 2 and 3: released full parameters and gradients kept for reuse
 };
 
 class FsdpCore : public SyncSwitch {
