@@ -6,7 +6,9 @@
 #include <torch/nn/module.h>
 
 #include <functional>
+#include <memory>
 #include <optional>
+#include <vector>
 
 namespace cpprun {
 
@@ -43,5 +45,17 @@ struct FsdpOptions {
   // model's device first, each reduced gradient shard is copied back. A no-op for a CPU model.
   TORCH_ARG(bool, cpu_offload) = false;
 };
+
+// Manual wrapping, for wrap_policy: exactly these submodules become units. One may sit inside
+// another; the outer unit then holds the parameters the inner one does not.
+//   FsdpOptions().stage(3).wrap_policy(cpprun::wrap_modules({net->encoder.ptr(), net->decoder.ptr()}))
+inline std::function<bool(const torch::nn::Module&)> wrap_modules(std::vector<std::shared_ptr<torch::nn::Module>> modules) {
+  return [modules = std::move(modules)](const torch::nn::Module& m) {
+    for (const auto& chosen : modules) {
+      if (chosen.get() == &m) return true;
+    }
+    return false;
+  };
+}
 
 }  // namespace cpprun

@@ -138,6 +138,50 @@ TEST_CASE("fsdp: ZeRO-3 matches with a root unit, a unit used twice, and every s
   }
 }
 
+// Manual nesting: a unit inside a unit, picked by hand.
+struct Nested : torch::nn::Module {
+  torch::nn::Sequential inner{nullptr};
+  torch::nn::Linear in{nullptr}, out{nullptr};
+  Nested() {
+    in = register_module("in", torch::nn::Linear(10, 11));
+    inner = register_module("inner", torch::nn::Sequential(torch::nn::Linear(11, 11), torch::nn::Tanh(),
+                                                           torch::nn::Linear(11, 11)));
+    out = register_module("out", torch::nn::Linear(11, 4));
+  }
+  torch::Tensor forward(torch::Tensor x) { return out(inner->forward(torch::relu(in(x)))); }
+};
+
+TEST_CASE("fsdp: manually chosen, nested units match one process at every stage", "[fsdp]") {
+  const int rank = group().rank(), world = group().size();
+  for (int stage : {1, 2, 3}) {
+    for (const std::string optimizer : {"sgd", "adamw"}) {
+      torch::manual_seed(100 + rank);
+      auto net = std::make_shared<Nested>();
+      // The inner Sequential is a unit, and its last Linear a unit inside it.
+      auto model = cpprun::FullyShardedDataParallel(
+          net, group(), cpprun::FsdpOptions().stage(stage).wrap_policy(cpprun::wrap_modules({net->inner.ptr(), net->inner[2]})));
+      CHECK(model->unit_count() == 3);  // inner[2]; inner (its [0]); the root (in, out)
+      auto ref = std::make_shared<Nested>();
+      copy_state(*ref, *net);
+      auto opt = make_optimizer(optimizer, model->parameters());
+      auto ref_opt = make_optimizer(optimizer, ref->parameters());
+      for (int step = 0; step < 4; ++step) {
+        auto x = inputs_for("mlp", kGlobalBatch, step);
+        auto y = targets_for(kGlobalBatch, step);
+        opt->zero_grad();
+        torch::nn::functional::cross_entropy(model->forward(slice(x, rank, world)), slice(y, rank, world)).backward();
+        opt->step();
+        ref_opt->zero_grad();
+        reference_backward(*ref, [&](torch::Tensor in) { return ref->forward(in); }, x, y, world);
+        ref_opt->step();
+      }
+      model->gather_full_parameters();
+      INFO("stage " << stage << " optimizer " << optimizer);
+      check_same(*net, *ref, 1e-5);
+    }
+  }
+}
+
 // What ZeRO-3 is for: the full parameters exist only a few units at a time.
 TEST_CASE("fsdp: ZeRO-3 holds at most gathered_unit_limit units, and none after backward", "[fsdp]") {
   const int rank = group().rank(), world = group().size();
