@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -12,6 +13,7 @@
 #include <optional>
 #include <system_error>
 
+#include "option_prefix.h"
 #include "option_suggestion.h"
 
 namespace cpprun::launcher {
@@ -100,8 +102,13 @@ int parse_nproc_per_node(const std::string& text, const HostFacts& host) {
 
 constexpr long kMaxNodes = 1 << 16;
 
-int parse_nnodes(const std::string& text) {
-  // "2" and torchrun's elastic spelling "2:2" both mean two nodes.
+struct NodeRange {
+  int min = 1;
+  int max = 1;
+};
+
+// "2" (= 2:2) or torchrun's MIN:MAX.
+NodeRange parse_nnodes(const std::string& text) {
   const auto colon = text.find(':');
   const std::string min_text = text.substr(0, colon);
   const std::string max_text = colon == std::string::npos ? min_text : text.substr(colon + 1);
@@ -111,29 +118,27 @@ int parse_nnodes(const std::string& text) {
       max > kMaxNodes) {
     throw UsageError(with_value("--nnodes", text) +
                      ": expected the number of nodes, a whole number >= 1 (e.g. --nnodes=2), or torchrun's "
-                     "MIN:MAX with MIN = MAX (e.g. --nnodes=2:2)");
+                     "MIN:MAX (e.g. --nnodes=2:4, with --rdzv_backend=c10d)");
   }
-  if (min != max) {
-    throw UsageError(with_value("--nnodes", text) +
-                     ": elastic jobs (MIN:MAX with MIN != MAX, nodes joining and leaving) are not implemented "
-                     "yet; cpprun runs a fixed number of nodes: pass --nnodes=" + max_text + " (or " + max_text +
-                     ":" + max_text + ")");
+  if (min > max) {
+    throw UsageError(with_value("--nnodes", text) + ": MIN is above MAX; write --nnodes=" + max_text + ":" +
+                     min_text + " (at least " + max_text + " nodes, at most " + min_text + ")");
   }
-  return static_cast<int>(min);
+  return {static_cast<int>(min), static_cast<int>(max)};
 }
 
-// torchrun's backends; only static (a fixed set of nodes meeting at --master_addr:--master_port)
-// exists here.
-void check_rdzv_backend(const std::string& backend) {
-  if (backend == "static") return;
-  if (backend == "c10d" || backend == "etcd" || backend == "etcd-v2") {
+// torchrun's backends: static (a fixed set of nodes meeting at --master_addr:--master_port) and
+// c10d (dynamic: MIN to MAX nodes meeting at --rdzv_endpoint). etcd needs an etcd server; not here.
+RendezvousBackend parse_rdzv_backend(const std::string& backend) {
+  if (backend == "static") return RendezvousBackend::kStatic;
+  if (backend == "c10d") return RendezvousBackend::kC10d;
+  if (backend == "etcd" || backend == "etcd-v2") {
     throw UsageError(with_value("--rdzv_backend", backend) +
-                     ": dynamic (elastic) rendezvous is not implemented yet; cpprun has the static one: "
-                     "leave --rdzv_backend out (or pass --rdzv_backend=static) and give node 0's address "
-                     "with --master_addr/--master_port or --rdzv_endpoint=HOST:PORT");
+                     ": the etcd rendezvous is not implemented; cpprun's dynamic rendezvous needs no server: "
+                     "use --rdzv_backend=c10d --rdzv_endpoint=HOST:PORT --rdzv_id=ID --nnodes=MIN:MAX");
   }
   throw UsageError(with_value("--rdzv_backend", backend) +
-                   ": unknown rendezvous backend; cpprun has static (the default)");
+                   ": unknown rendezvous backend; cpprun has static (the default) and c10d");
 }
 
 // HOST, HOST:PORT or [IPv6]:PORT. An empty port means "keep --master_port".
@@ -177,9 +182,31 @@ std::chrono::milliseconds parse_seconds(const std::string& flag, const std::stri
   return std::chrono::milliseconds(static_cast<long long>(std::llround(seconds * 1000)));
 }
 
-// --rdzv_conf KEY=VALUE,...: only the join timeout means something to static rendezvous. torchrun
-// names it `timeout` for its static backend and `join_timeout` for its c10d one; both are read.
-std::chrono::milliseconds parse_rdzv_conf(const std::string& text, std::chrono::milliseconds join_timeout) {
+struct RdzvConf {
+  std::chrono::milliseconds join_timeout{600 * 1000};
+  std::chrono::milliseconds last_call_timeout{30 * 1000};
+  std::optional<bool> is_host;
+};
+
+// torchrun's spellings of a boolean (RendezvousParameters.get_as_bool).
+std::optional<bool> read_bool(const std::string& text) {
+  std::string lower;
+  for (char c : text) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (lower == "1" || lower == "true" || lower == "t" || lower == "yes" || lower == "y") return true;
+  if (lower == "0" || lower == "false" || lower == "f" || lower == "no" || lower == "n") return false;
+  return std::nullopt;
+}
+
+// --rdzv_conf KEY=VALUE,...: the keys torchrun's backend reads. The join timeout is `timeout` for
+// torchrun's static backend and `join_timeout` for its c10d one; both are read by both here.
+// close_timeout and read_timeout are accepted for c10d command lines and unused: no agent waits on
+// a store here.
+RdzvConf parse_rdzv_conf(const std::string& text, RendezvousBackend backend) {
+  const bool c10d = backend == RendezvousBackend::kC10d;
+  const std::string known = c10d ? "join_timeout=SECONDS (also spelled timeout), last_call_timeout=SECONDS, "
+                                   "is_host=0|1, close_timeout and read_timeout (accepted, unused)"
+                                 : "join_timeout=SECONDS (also spelled timeout)";
+  RdzvConf conf;
   std::size_t start = 0;
   while (start < text.size()) {
     auto end = text.find(',', start);
@@ -189,17 +216,34 @@ std::chrono::milliseconds parse_rdzv_conf(const std::string& text, std::chrono::
     if (item.empty()) continue;
     const auto eq = item.find('=');
     const std::string key = item.substr(0, eq);
-    if (eq == std::string::npos || (key != "join_timeout" && key != "timeout")) {
-      throw UsageError(with_value("--rdzv_conf", text) + ": '" + item +
-                       "' is not a setting of static rendezvous; cpprun knows join_timeout=SECONDS (also spelled "
-                       "timeout=SECONDS), e.g. --rdzv_conf join_timeout=300");
+    const std::string value = eq == std::string::npos ? std::string() : item.substr(eq + 1);
+    const bool join = key == "join_timeout" || key == "timeout";
+    const bool c10d_key =
+        key == "last_call_timeout" || key == "is_host" || key == "close_timeout" || key == "read_timeout";
+    if (eq == std::string::npos || (!join && !(c10d && c10d_key))) {
+      throw UsageError(with_value("--rdzv_conf", text) + ": '" + item + "' is not a setting of " +
+                       backend_name(backend) + " rendezvous; cpprun knows " + known +
+                       (c10d ? "" : "; last_call_timeout and is_host belong to --rdzv_backend=c10d") +
+                       ", e.g. --rdzv_conf join_timeout=300");
     }
-    join_timeout = parse_seconds("--rdzv_conf " + key, item.substr(eq + 1));
-    if (join_timeout.count() == 0) {
-      throw UsageError(with_value("--rdzv_conf", text) + ": the join timeout must be above 0 seconds");
+    if (join) {
+      conf.join_timeout = parse_seconds("--rdzv_conf " + key, value);
+      if (conf.join_timeout.count() == 0) {
+        throw UsageError(with_value("--rdzv_conf", text) + ": the join timeout must be above 0 seconds");
+      }
+    } else if (key == "last_call_timeout") {
+      conf.last_call_timeout = parse_seconds("--rdzv_conf " + key, value);
+    } else if (key == "is_host") {
+      conf.is_host = read_bool(value);
+      if (!conf.is_host) {
+        throw UsageError(with_value("--rdzv_conf", text) + ": is_host=" + value +
+                         " is not a boolean; write is_host=1 (this agent hosts the rendezvous) or is_host=0");
+      }
+    } else {
+      parse_seconds("--rdzv_conf " + key, value);  // checked like torchrun would, then unused
     }
   }
-  return join_timeout;
+  return conf;
 }
 
 OutputOptions validate_output(const RawOptions& raw, int nproc_per_node) {
@@ -219,20 +263,57 @@ OutputOptions validate_output(const RawOptions& raw, int nproc_per_node) {
   return output;
 }
 
+// The node counts and the rendezvous: static (--node_rank, --master_addr/--master_port) or c10d
+// (--rdzv_endpoint; --node_rank and --master_addr/--master_port are torchrun's static options and
+// ignored, as torchrun ignores them).
+void validate_rendezvous(const RawOptions& raw, LaunchConfig& config) {
+  // torchrun's --standalone overrides the backend and endpoint; here it means one node on a private port.
+  config.rdzv_backend = raw.standalone ? RendezvousBackend::kStatic : parse_rdzv_backend(raw.rdzv_backend);
+  const NodeRange nodes = parse_nnodes(raw.nnodes);
+  if (raw.standalone && nodes.max > 1) {
+    throw UsageError("--standalone runs a single node on a private port; it cannot be combined with --nnodes=" +
+                     raw.nnodes + ". Give node 0's address with --master_addr/--master_port on every node instead");
+  }
+  const RdzvConf conf = parse_rdzv_conf(raw.rdzv_conf, config.rdzv_backend);
+  config.join_timeout = conf.join_timeout;
+  config.last_call_timeout = conf.last_call_timeout;
+  config.is_host = conf.is_host;
+  config.min_nodes = nodes.min;
+  config.max_nodes = nodes.max;
+  config.nnodes = nodes.max;
+  if (config.rdzv_backend == RendezvousBackend::kC10d) {
+    long node_rank = 0;
+    if (!read_int(raw.node_rank, node_rank) || node_rank < 0) {
+      throw UsageError(with_value("--node_rank", raw.node_rank) + ": expected a whole number >= 0 (with "
+                       "--rdzv_backend=c10d it is ignored: nodes are numbered in the order they join)");
+    }
+    config.master_addr = "localhost";  // torchrun's endpoint when none is given
+    config.master_port = 29400;
+    if (!raw.rdzv_endpoint.empty()) {
+      std::string port;
+      parse_rdzv_endpoint(raw.rdzv_endpoint, config.master_addr, port);
+      if (!port.empty()) {
+        config.master_port = parse_int_in_range("--rdzv_endpoint port", port, 1, 65535, "a TCP port", 29400);
+      }
+    }
+    return;
+  }
+  if (nodes.min != nodes.max) {
+    throw UsageError(with_value("--nnodes", raw.nnodes) +
+                     ": a range of nodes needs the dynamic rendezvous: add --rdzv_backend=c10d "
+                     "--rdzv_endpoint=HOST:PORT --rdzv_id=ID on every node; the static backend runs a fixed "
+                     "number of nodes (--nnodes=" + std::to_string(nodes.max) + ")");
+  }
+  config.node_rank = parse_int_in_range("--node_rank", raw.node_rank, 0, config.nnodes - 1,
+                                        "this node's rank among --nnodes=" + raw.nnodes, 0);
+}
+
 LaunchConfig validate(const RawOptions& raw, const HostFacts& host) {
   LaunchConfig config;
   config.nproc_per_node = parse_nproc_per_node(raw.nproc_per_node, host);
   config.output = validate_output(raw, config.nproc_per_node);
   config.dry_run = raw.dry_run;
-  config.nnodes = parse_nnodes(raw.nnodes);
-  config.node_rank = parse_int_in_range("--node_rank", raw.node_rank, 0, config.nnodes - 1,
-                                        "this node's rank among --nnodes=" + raw.nnodes, 0);
-  check_rdzv_backend(raw.rdzv_backend);
-  config.join_timeout = parse_rdzv_conf(raw.rdzv_conf, config.join_timeout);
-  if (raw.standalone && config.nnodes > 1) {
-    throw UsageError("--standalone runs a single node on a private port; it cannot be combined with --nnodes=" +
-                     raw.nnodes + ". Give node 0's address with --master_addr/--master_port on every node instead");
-  }
+  validate_rendezvous(raw, config);
   config.max_restarts =
       parse_int_in_range("--max_restarts", raw.max_restarts, 0, 1000000, "how often to restart", 3);
   config.shutdown_timeout = parse_seconds("--shutdown_timeout", raw.shutdown_timeout);
@@ -244,6 +325,7 @@ LaunchConfig validate(const RawOptions& raw, const HostFacts& host) {
   config.run_id = raw.run_id;
   config.role = raw.role;
   config.standalone = raw.standalone;
+  if (config.rdzv_backend == RendezvousBackend::kC10d) return config;
   if (raw.standalone) {
     // torchrun's --standalone: a private rendezvous on this host, on a port nobody else uses.
     if (!host.pick_free_port) throw std::logic_error("HostFacts::pick_free_port is not set");
@@ -284,6 +366,8 @@ struct GivenOptions {
 // is taken for --standalone, or when the job has one node.
 std::string apply_scheduler_defaults(const GivenOptions& given, const EnvLookup& env, RawOptions& raw) {
   if (raw.standalone || (given.nnodes && given.node_rank && given.master_addr && given.master_port)) return {};
+  // c10d meets at --rdzv_endpoint and numbers the nodes itself, like torchrun's.
+  if (raw.rdzv_backend == "c10d") return {};
   std::optional<SchedulerDefaults> derived;
   try {
     derived = derive_from_scheduler(env);
@@ -292,7 +376,7 @@ std::string apply_scheduler_defaults(const GivenOptions& given, const EnvLookup&
   }
   if (!derived) return {};
   const SchedulerDefaults& d = *derived;
-  const int nnodes = given.nnodes ? parse_nnodes(raw.nnodes) : d.nnodes;
+  const int nnodes = given.nnodes ? parse_nnodes(raw.nnodes).max : d.nnodes;
   if (nnodes <= 1) return {};
   std::string taken;
   if (!given.nnodes) {
@@ -348,6 +432,19 @@ std::vector<std::string> option_names(const CLI::App& app) {
   return names;
 }
 
+// What expand_option_prefixes needs to know of each option.
+std::vector<OptionSpelling> option_spellings(const CLI::App& app) {
+  std::vector<OptionSpelling> spellings;
+  int id = 0;
+  for (const CLI::Option* option : app.get_options()) {
+    const bool takes_value = option->get_items_expected_min() > 0;
+    for (const std::string& name : option->get_lnames()) spellings.push_back({"--" + name, id, takes_value});
+    for (const std::string& name : option->get_snames()) spellings.push_back({"-" + name, id, takes_value});
+    ++id;
+  }
+  return spellings;
+}
+
 // prefix_command() hands back everything from the first argument CLI11 did not recognise; that is
 // PROGRAM, unless it is an option we do not have.
 void take_program(std::vector<std::string> rest, const std::vector<std::string>& known_options,
@@ -376,6 +473,19 @@ void take_program(std::vector<std::string> rest, const std::vector<std::string>&
 
 }  // namespace
 
+bool is_multi_node(const LaunchConfig& config) {
+  return config.rdzv_backend == RendezvousBackend::kC10d || config.nnodes > 1;
+}
+
+const char* backend_name(RendezvousBackend backend) {
+  return backend == RendezvousBackend::kC10d ? "c10d" : "static";
+}
+
+std::string endpoint_text(const LaunchConfig& config) {
+  const bool ipv6 = config.master_addr.find(':') != std::string::npos;
+  return (ipv6 ? "[" + config.master_addr + "]" : config.master_addr) + ":" + std::to_string(config.master_port);
+}
+
 ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, const HostFacts& host) {
   ParsedCommandLine result = parse_launch_config(args, host, process_env());
   if (!result.scheduler_note.empty()) std::cerr << result.scheduler_note << std::endl;
@@ -389,7 +499,8 @@ ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, cons
       "MASTER_ADDR, ...), stops them all when one fails, and restarts the group up to --max_restarts "
       "times. With --nnodes=K, run it on each of K nodes: the agents meet at node 0 "
       "(--master_addr:--master_port), number the workers across the nodes, stop every node's workers "
-      "when one fails anywhere, and restart all nodes together.",
+      "when one fails anywhere, and restart all nodes together. With --rdzv_backend=c10d "
+      "--rdzv_endpoint=HOST:PORT --nnodes=MIN:MAX the nodes meet at the endpoint and may come and go.",
       "cpprun"};
   app.prefix_command();
   app.formatter(std::make_shared<CpprunFormatter>());
@@ -397,7 +508,8 @@ ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, cons
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app.footer(
       "Everything from PROGRAM on is passed to it untouched, including arguments that look like "
-      "options. Every option may also come from the environment as PET_<NAME>, like torchrun.\n"
+      "options. Every option may also come from the environment as PET_<NAME>, like torchrun, and a long "
+      "option may be shortened to any unambiguous prefix (--nproc=2), as argparse allows.\n"
       "Workers' stdout and stderr pass through cpprun, which prints them line by line, each line "
       "prefixed with the worker's global rank ([rank3]: ...), so lines of different ranks never mix.");
 
@@ -409,38 +521,46 @@ ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, cons
   option("--nproc_per_node,--nproc-per-node", raw.nproc_per_node, "PET_NPROC_PER_NODE", "N|auto|cpu|gpu",
          "Workers on this node: a number, 'cpu' (one per CPU core), 'gpu' (one per visible NVIDIA "
          "GPU) or 'auto' (gpu if there are GPUs, else cpu).");
-  option("--nnodes", raw.nnodes, "PET_NNODES", "N|N:N",
-         "Number of nodes; run cpprun once on each, with its --node_rank. Elastic MIN:MAX ranges are not "
-         "implemented yet.");
+  option("--nnodes", raw.nnodes, "PET_NNODES", "N|MIN:MAX",
+         "Number of nodes; run cpprun once on each. Static rendezvous: N, each node with its --node_rank. "
+         "c10d rendezvous: MIN:MAX (N means N:N): the job starts once MAX nodes joined, or MIN and "
+         "--rdzv_conf last_call_timeout passed; nodes may join later, or be lost, down to MIN.");
   option("--node_rank,--node-rank", raw.node_rank, "PET_NODE_RANK", "INT",
-         "This node's rank, 0 to nnodes-1; node 0 hosts the rendezvous. A node's workers get consecutive "
-         "ranks, after those of the lower node ranks.");
+         "Static rendezvous: this node's rank, 0 to nnodes-1; node 0 hosts the rendezvous. A node's workers "
+         "get consecutive ranks, after those of the lower node ranks. Ignored with c10d, which numbers the "
+         "nodes in the order they join.");
   option("--master_addr,--master-addr", raw.master_addr, "PET_MASTER_ADDR", "HOST",
          "Address of node 0 (MASTER_ADDR). With --nnodes > 1 node 0's agent hosts the c10d TCPStore there; "
-         "with one node, worker rank 0 does.");
+         "with one node, worker rank 0 does. Ignored with --rdzv_backend=c10d, as by torchrun.");
   option("--master_port,--master-port", raw.master_port, "PET_MASTER_PORT", "PORT",
          "Port of that TCPStore (MASTER_PORT), 1-65535.");
-  option("--rdzv_backend,--rdzv-backend", raw.rdzv_backend, "PET_RDZV_BACKEND", "NAME",
-         "Rendezvous backend: only static (a fixed set of nodes meeting at --master_addr:--master_port); "
-         "dynamic c10d/etcd rendezvous is not implemented yet.");
+  option("--rdzv_backend,--rdzv-backend", raw.rdzv_backend, "PET_RDZV_BACKEND", "static|c10d",
+         "Rendezvous backend. static: a fixed set of nodes meeting at --master_addr:--master_port. c10d: "
+         "torchrun's dynamic rendezvous at --rdzv_endpoint: the agent that can listen there hosts it, the "
+         "others join; nodes are numbered in join order, a late node restarts the job with it, a lost one "
+         "without it (not counted against --max_restarts). The job ends if the host's agent dies.");
   option("--rdzv_endpoint,--rdzv-endpoint", raw.rdzv_endpoint, "PET_RDZV_ENDPOINT", "HOST[:PORT]",
-         "Node 0's address for static rendezvous, as torchrun reads it; replaces --master_addr (and "
-         "--master_port when PORT is given).");
+         "static: node 0's address, as torchrun reads it; replaces --master_addr (and --master_port when "
+         "PORT is given). c10d: where the rendezvous is hosted, the same on every node (default "
+         "localhost:29400; PORT defaults to 29400); workers get MASTER_ADDR=HOST.");
   option("--rdzv_conf,--rdzv-conf", raw.rdzv_conf, "PET_RDZV_CONF", "KEY=VALUE,...",
-         "Rendezvous settings: join_timeout=SECONDS (also spelled timeout), how long the agents wait for "
-         "every node to join before failing with the node ranks that never came; default 600.");
+         "Rendezvous settings. join_timeout=SECONDS (also spelled timeout): how long the agents wait for the "
+         "rendezvous to complete before failing; default 600. c10d only: last_call_timeout=SECONDS, how "
+         "long to wait for more nodes once MIN are there (default 30); is_host=1|0, whether this agent "
+         "hosts the rendezvous (default: the first that can listen at the endpoint).");
   app.add_flag("--standalone", raw.standalone,
                "Single-node job on a private port: MASTER_ADDR=127.0.0.1 and a free MASTER_PORT, "
                "overriding --master_addr/--master_port.")
       ->envname("PET_STANDALONE");
   option("--max_restarts,--max-restarts", raw.max_restarts, "PET_MAX_RESTARTS", "INT",
          "When a worker fails, stop the group and start it again up to this many times "
-         "(TORCHELASTIC_RESTART_COUNT counts them).");
+         "(TORCHELASTIC_RESTART_COUNT counts them). c10d membership changes do not count.");
   option("--shutdown_timeout,--shutdown-timeout", raw.shutdown_timeout, "PET_SHUTDOWN_TIMEOUT", "SECONDS",
          "When stopping workers, seconds between SIGTERM (or the signal cpprun received) and "
          "SIGKILL. torchrun waits 30; raise this if workers checkpoint on SIGTERM.");
   option("--rdzv_id,--rdzv-id,--run_id,--run-id", raw.run_id, "PET_RDZV_ID", "ID",
-         "Job id, exported as TORCHELASTIC_RUN_ID.");
+         "Job id, exported as TORCHELASTIC_RUN_ID; every node of a job needs the same (c10d refuses "
+         "an agent with another).");
   option("--role", raw.role, "PET_ROLE", "NAME", "Worker role, exported as ROLE_NAME.");
   option("--monitor_interval,--monitor-interval", raw.monitor_interval, "PET_MONITOR_INTERVAL", "SECONDS",
          "Accepted for torchrun compatibility and ignored: cpprun reacts to worker exits at once.");
@@ -471,9 +591,10 @@ ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, cons
       ->envname("PET_RUN_PATH");
 
   ParsedCommandLine result;
+  const std::vector<std::string> expanded = expand_option_prefixes(args, option_spellings(app));
   try {
     // CLI11's vector overload consumes arguments from the back.
-    std::vector<std::string> reversed(args.rbegin(), args.rend());
+    std::vector<std::string> reversed(expanded.rbegin(), expanded.rend());
     app.parse(reversed);
   } catch (const CLI::CallForHelp&) {
     result.outcome = CliOutcome::kShowHelp;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <chrono>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -13,16 +14,31 @@
 
 namespace cpprun::launcher {
 
+// --rdzv_backend. static: a fixed set of nodes, each told its --node_rank, meeting at node 0
+// (node_rendezvous.h). c10d: torchrun's dynamic rendezvous: MIN to MAX nodes meet at
+// --rdzv_endpoint, numbered in the order they join, and the job goes on as nodes come and go.
+enum class RendezvousBackend { kStatic, kC10d };
+
 struct LaunchConfig {
   int nproc_per_node = 1;
-  int nnodes = 1;  // a fixed number of nodes (static rendezvous); elastic MIN:MAX is rejected
-  int node_rank = 0;
-  // Node 0's address and port: its agent hosts the c10d store there when nnodes > 1, worker rank 0
-  // when nnodes == 1. --rdzv_endpoint, when given, sets them.
+  RendezvousBackend rdzv_backend = RendezvousBackend::kStatic;
+  int nnodes = 1;     // static: the number of nodes; c10d: max_nodes
+  int min_nodes = 1;  // --nnodes=MIN:MAX; static: both are nnodes
+  int max_nodes = 1;
+  int node_rank = 0;  // static only; c10d ignores --node_rank, as torchrun does
+  // static: node 0's address and port: its agent hosts the c10d store there when nnodes > 1, worker
+  // rank 0 when nnodes == 1; --rdzv_endpoint, when given, sets them. c10d: --rdzv_endpoint (default
+  // port 29400), where one agent hosts the rendezvous; the workers get this MASTER_ADDR and the
+  // MASTER_PORT the rendezvous picks.
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
-  // How long an agent waits for every node to join the rendezvous (--rdzv_conf join_timeout=S).
+  // How long an agent waits for the rendezvous to complete (--rdzv_conf join_timeout=S).
   std::chrono::milliseconds join_timeout{600 * 1000};
+  // c10d: once MIN nodes are there, how long to wait for more (--rdzv_conf last_call_timeout=S).
+  std::chrono::milliseconds last_call_timeout{30 * 1000};
+  // c10d: --rdzv_conf is_host=1/0 says whether this agent hosts the rendezvous; unset: the first
+  // agent that can listen at the endpoint does.
+  std::optional<bool> is_host;
   bool standalone = false;  // master_addr/master_port were replaced by 127.0.0.1 and a free port
   int max_restarts = 0;
   // SIGTERM (or the forwarded signal) -> SIGKILL grace. torchrun waits 30 s inside its agent; the
@@ -71,5 +87,14 @@ ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, cons
 
 // The same with the process environment; prints scheduler_note, if any, to stderr.
 ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, const HostFacts& host);
+
+// The agent talks to other nodes' agents: static with nnodes > 1, or c10d (even 1:1, like torchrun).
+bool is_multi_node(const LaunchConfig& config);
+
+// "static", "c10d"
+const char* backend_name(RendezvousBackend backend);
+
+// "127.0.0.1:29400"; "[::1]:29400" for an IPv6 address.
+std::string endpoint_text(const LaunchConfig& config);
 
 }  // namespace cpprun::launcher

@@ -1,6 +1,6 @@
 // cpprun: torchrun's launcher for C++ programs. Parses the options, then runs attempts (start the
 // workers, wait, stop them) until one succeeds, a signal ends the job, or the restarts run out;
-// with --nnodes > 1, in step with the other nodes' agents (multi_node_agent.h).
+// with --nnodes > 1 or --rdzv_backend=c10d, in step with the other nodes' agents (multi_node_agent.h).
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -49,7 +49,12 @@ int run(const LaunchConfig& config) {
   const std::string program_path = resolve_program(config.program, std::getenv("PATH"));
   const EnvMap parent_env = current_environment();
   if (config.dry_run) {
-    if (config.nnodes > 1) {
+    if (config.rdzv_backend == RendezvousBackend::kC10d) {
+      std::cout << "cpprun: dry run of one node of --nnodes=" << config.min_nodes << ":" << config.max_nodes
+                << " (c10d rendezvous at " << endpoint_text(config) << "): the ranks below assume this node joins "
+                << "first of " << config.min_nodes << " that all run --nproc_per_node=" << config.nproc_per_node
+                << "; the real ones, and MASTER_PORT, come from the rendezvous\n";
+    } else if (config.nnodes > 1) {
       std::cout << "cpprun: dry run of node " << config.node_rank << " of " << config.nnodes
                 << ": the ranks below assume every node runs --nproc_per_node=" << config.nproc_per_node
                 << "; the real ones come from the rendezvous at " << config.master_addr << ":" << config.master_port
@@ -66,7 +71,7 @@ int run(const LaunchConfig& config) {
   }
   SignalRelay relay;
   const RunDirectory run_dir(config.output.log_dir);
-  if (config.nnodes > 1) return run_multi_node(config, program_path, parent_env, relay, run_dir);
+  if (is_multi_node(config)) return run_multi_node(config, program_path, parent_env, relay, run_dir);
 
   const RankLayout ranks = single_node_layout(config);
   for (int restart = 0;; ++restart) {

@@ -10,23 +10,47 @@
 #include "worker_status.h"
 
 namespace cpprun::launcher {
+namespace {
+
+std::unique_ptr<NodeRendezvous> open_rendezvous(const LaunchConfig& config, SignalRelay& relay, int& signal) {
+  if (config.rdzv_backend == RendezvousBackend::kC10d) return claim_elastic_rendezvous(config, relay, signal);
+  return config.node_rank == 0 ? make_rendezvous_host(config) : make_rendezvous_member(config);
+}
+
+// Why the workers start again: a restart after a failure, or (c10d) a new set of nodes.
+void announce_restart(const LaunchConfig& config, const NodeRendezvous& rendezvous, const RankLayout& layout,
+                      int previous_restart_count) {
+  const int restarts = rendezvous.restart_count();
+  if (restarts > previous_restart_count) {
+    std::cerr << "cpprun: restarting the workers of all " << layout.group_world_size << " nodes (restart "
+              << restarts << " of --max_restarts=" << config.max_restarts
+              << ", TORCHELASTIC_RESTART_COUNT=" << restarts << ")\n";
+    return;
+  }
+  std::cerr << "cpprun: rendezvous round " << rendezvous.round() << ": the nodes changed; restarting this node's "
+            << "workers as node " << layout.group_rank << " of " << layout.group_world_size << " (WORLD_SIZE="
+            << layout.world_size << "; a membership change, not counted against --max_restarts: "
+            << "TORCHELASTIC_RESTART_COUNT stays " << restarts << ")\n";
+}
+
+}  // namespace
 
 int run_multi_node(const LaunchConfig& config, const std::string& program_path, const EnvMap& parent_env,
                    SignalRelay& relay, const RunDirectory& run_dir) {
-  const std::unique_ptr<NodeRendezvous> rendezvous =
-      config.node_rank == 0 ? make_rendezvous_host(config) : make_rendezvous_member(config);
-  const std::string this_node = "node " + std::to_string(config.node_rank);
   int signal = 0;
-  std::optional<RankLayout> layout = rendezvous->join(relay, signal);
+  const std::unique_ptr<NodeRendezvous> rendezvous = open_rendezvous(config, relay, signal);
+  std::optional<RankLayout> layout;
+  if (rendezvous) layout = rendezvous->join(relay, signal);
   if (!layout) {
     std::cerr << "cpprun: received " << signal_name(signal) << " while waiting for the other nodes; exiting\n";
     return 128 + signal;
   }
   for (;;) {
-    const int round = rendezvous->round();
-    run_dir.prepare_attempt(round, config.nproc_per_node);
+    const int restart_count = rendezvous->restart_count();
+    const std::string this_node = "node " + std::to_string(layout->group_rank);
+    run_dir.prepare_attempt(restart_count, config.nproc_per_node);
     const std::vector<WorkerSpec> specs =
-        make_worker_specs(config, *layout, program_path, round, run_dir.layout(), parent_env);
+        make_worker_specs(config, *layout, program_path, restart_count, run_dir.layout(), parent_env);
     // Told before this node's workers are stopped, so every node stops at once.
     const auto tell_others = [&](const AttemptEnd& attempt) {
       switch (attempt.end) {
@@ -37,7 +61,7 @@ int run_multi_node(const LaunchConfig& config, const std::string& program_path, 
         case GroupEnd::kInterrupted:
           rendezvous->report_interrupted(
               {attempt.exit_code, false,
-               describe_agent(config.node_rank, "") + " received " + signal_name(attempt.signal)});
+               describe_agent(layout->group_rank, "") + " received " + signal_name(attempt.signal)});
           break;
         case GroupEnd::kPeerEnded:
           std::cerr << "cpprun: stopping this node's workers: " << rendezvous->peer_end().reason << "\n";
@@ -56,15 +80,13 @@ int run_multi_node(const LaunchConfig& config, const std::string& program_path, 
       case JobDecision::Kind::kFinish:
         return 0;
       case JobDecision::Kind::kRestart:
-        std::cerr << "cpprun: restarting the workers of all " << config.nnodes << " nodes (restart "
-                  << rendezvous->round() << " of --max_restarts=" << config.max_restarts
-                  << ", TORCHELASTIC_RESTART_COUNT=" << rendezvous->round() << ")\n";
         layout = decision.layout;
+        announce_restart(config, *rendezvous, *layout, restart_count);
         continue;
       case JobDecision::Kind::kExit:
         std::cerr << "cpprun: ";
         if (decision.end.restartable && config.max_restarts > 0) {
-          std::cerr << "giving up after " << round + 1 << " attempts (--max_restarts=" << config.max_restarts
+          std::cerr << "giving up after " << restart_count + 1 << " attempts (--max_restarts=" << config.max_restarts
                     << "); ";
         }
         std::cerr << "exiting with code " << decision.end.exit_code << ": " << decision.end.reason << "\n";

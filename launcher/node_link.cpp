@@ -220,6 +220,53 @@ LinkListener::~LinkListener() {
   if (fd_ >= 0) close(fd_);
 }
 
+LinkListener::LinkListener(LinkListener&& other) noexcept : fd_(other.fd_), port_(other.port_) { other.fd_ = -1; }
+
+LinkListener& LinkListener::operator=(LinkListener&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) close(fd_);
+    fd_ = other.fd_;
+    port_ = other.port_;
+    other.fd_ = -1;
+  }
+  return *this;
+}
+
+EndpointListener LinkListener::at_endpoint(const std::string& host, int port) {
+  EndpointListener result;
+  AddressList addresses;
+  if (resolve(host, port, addresses, result.error) != 0) return result;
+  result.status = ListenStatus::kNotHere;
+  for (const addrinfo* a = addresses.head; a != nullptr; a = a->ai_next) {
+    const int fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    // A previous job's connections in TIME_WAIT must not keep the endpoint from being hosted again;
+    // a listening socket still refuses a second listener, which is what decides the host.
+    const int on = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
+    if (a->ai_family == AF_INET6) setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &on, sizeof(on));
+    int error = 0;
+    if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 || listen(fd, 128) != 0) error = errno;
+    if (error == 0) {
+      result.status = ListenStatus::kListening;
+      result.listener.emplace(LinkListener(fd, port));
+      result.error.clear();
+      return result;
+    }
+    close(fd);
+    if (error == EADDRINUSE) {
+      result.status = ListenStatus::kTaken;
+      return result;
+    }
+    if (error != EADDRNOTAVAIL) {
+      result.status = ListenStatus::kFailed;
+      result.error = "cannot listen at " + address_text(a->ai_addr) + ": " + std::strerror(error);
+      return result;
+    }
+  }
+  return result;
+}
+
 std::optional<NodeLink> LinkListener::accept() {
   sockaddr_storage peer{};
   socklen_t size = sizeof(peer);

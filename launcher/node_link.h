@@ -44,13 +44,22 @@ class NodeLink {
   std::string buffer_;  // an incomplete line
 };
 
-// Accepts the member agents' links on a port the kernel picks.
+enum class ListenStatus;
+struct EndpointListener;
+
+// Accepts the member agents' links: on a port the kernel picks (static rendezvous), or at the
+// c10d rendezvous endpoint itself.
 class LinkListener {
  public:
   // On the loopback only when `loopback_only` (every node on this host), else on every interface,
   // as c10d's store listens. Throws std::system_error.
   explicit LinkListener(bool loopback_only);
+  // Listens at host:port, on the first of the host's addresses that is this machine's. Only one
+  // process can: the others learn that it is taken (kTaken) and that agent hosts the rendezvous.
+  static EndpointListener at_endpoint(const std::string& host, int port);
   ~LinkListener();
+  LinkListener(LinkListener&& other) noexcept;
+  LinkListener& operator=(LinkListener&& other) noexcept;
   LinkListener(const LinkListener&) = delete;
   LinkListener& operator=(const LinkListener&) = delete;
 
@@ -60,8 +69,22 @@ class LinkListener {
   std::optional<NodeLink> accept();
 
  private:
+  LinkListener(int fd, int port) : fd_(fd), port_(port) {}
   int fd_ = -1;
   int port_ = 0;
+};
+
+enum class ListenStatus {
+  kListening,  // this process now listens there
+  kTaken,      // another process listens there (on this machine)
+  kNotHere,    // no address of the host is this machine's
+  kFailed,     // cannot resolve, or another error (`error` says which)
+};
+
+struct EndpointListener {
+  ListenStatus status = ListenStatus::kFailed;
+  std::optional<LinkListener> listener;  // kListening
+  std::string error;
 };
 
 enum class ConnectStatus {

@@ -14,6 +14,8 @@ const char* kind_word(MessageKind kind) {
   switch (kind) {
     case MessageKind::kHello: return "hello";
     case MessageKind::kWaiting: return "waiting";
+    case MessageKind::kGathering: return "gathering";
+    case MessageKind::kQueued: return "queued";
     case MessageKind::kStart: return "start";
     case MessageKind::kDone: return "done";
     case MessageKind::kFailed: return "failed";
@@ -25,8 +27,9 @@ const char* kind_word(MessageKind kind) {
 }
 
 std::optional<MessageKind> kind_from_word(const std::string& word) {
-  for (MessageKind kind : {MessageKind::kHello, MessageKind::kWaiting, MessageKind::kStart, MessageKind::kDone,
-                           MessageKind::kFailed, MessageKind::kStopped, MessageKind::kEnd, MessageKind::kExit}) {
+  for (MessageKind kind : {MessageKind::kHello, MessageKind::kWaiting, MessageKind::kGathering, MessageKind::kQueued,
+                           MessageKind::kStart, MessageKind::kDone, MessageKind::kFailed, MessageKind::kStopped,
+                           MessageKind::kEnd, MessageKind::kExit}) {
     if (word == kind_word(kind)) return kind;
   }
   return std::nullopt;
@@ -147,10 +150,28 @@ NodeMessage NodeMessage::make_waiting(std::vector<int> missing) {
   return m;
 }
 
-NodeMessage NodeMessage::make_start(int round, const RankLayout& layout) {
+NodeMessage NodeMessage::make_gathering(int round, int nodes) {
+  NodeMessage m;
+  m.kind = MessageKind::kGathering;
+  m.round = round;
+  m.nodes = nodes;
+  return m;
+}
+
+NodeMessage NodeMessage::make_queued(int round, int nodes, bool restarting) {
+  NodeMessage m;
+  m.kind = MessageKind::kQueued;
+  m.round = round;
+  m.nodes = nodes;
+  m.restarting = restarting;
+  return m;
+}
+
+NodeMessage NodeMessage::make_start(int round, int restart_count, const RankLayout& layout) {
   NodeMessage m;
   m.kind = MessageKind::kStart;
   m.round = round;
+  m.restart_count = restart_count;
   m.layout = layout;
   return m;
 }
@@ -197,9 +218,9 @@ std::string encode_message(const NodeMessage& m) {
   out << kind_word(m.kind);
   switch (m.kind) {
     case MessageKind::kHello:
-      out << ' ' << m.hello.protocol << ' ' << m.hello.node_rank << ' ' << m.hello.nnodes << ' '
-          << m.hello.shape.local_world_size << ' ' << m.hello.max_restarts << ' ' << escape(m.hello.run_id) << ' '
-          << escape(m.hello.shape.role);
+      out << ' ' << m.hello.protocol << ' ' << escape(m.hello.backend) << ' ' << m.hello.node_rank << ' '
+          << m.hello.min_nodes << ' ' << m.hello.max_nodes << ' ' << m.hello.shape.local_world_size << ' '
+          << m.hello.max_restarts << ' ' << escape(m.hello.run_id) << ' ' << escape(m.hello.shape.role);
       break;
     case MessageKind::kWaiting: {
       std::string list;
@@ -207,9 +228,16 @@ std::string encode_message(const NodeMessage& m) {
       out << ' ' << (list.empty() ? "-" : list);
       break;
     }
+    case MessageKind::kGathering:
+      out << ' ' << m.round << ' ' << m.nodes;
+      break;
+    case MessageKind::kQueued:
+      out << ' ' << m.round << ' ' << m.nodes << ' ' << (m.restarting ? 1 : 0);
+      break;
     case MessageKind::kStart:
-      out << ' ' << m.round << ' ' << m.layout.base_rank << ' ' << m.layout.world_size << ' '
-          << m.layout.role_base_rank << ' ' << m.layout.role_world_size;
+      out << ' ' << m.round << ' ' << m.restart_count << ' ' << m.layout.group_rank << ' '
+          << m.layout.group_world_size << ' ' << m.layout.base_rank << ' ' << m.layout.world_size << ' '
+          << m.layout.role_base_rank << ' ' << m.layout.role_world_size << ' ' << m.layout.master_port;
       break;
     case MessageKind::kDone:
     case MessageKind::kStopped:
@@ -238,8 +266,10 @@ std::optional<NodeMessage> decode_message(const std::string& line) {
       m.hello.protocol = in.number();
       // A newer agent's hello may carry more words; the version check comes first.
       if (in.ok() && m.hello.protocol != kNodeProtocolVersion) return m;
+      m.hello.backend = in.text();
       m.hello.node_rank = in.number();
-      m.hello.nnodes = in.number();
+      m.hello.min_nodes = in.number();
+      m.hello.max_nodes = in.number();
       m.hello.shape.local_world_size = in.number();
       m.hello.max_restarts = in.number();
       m.hello.run_id = in.text();
@@ -248,12 +278,25 @@ std::optional<NodeMessage> decode_message(const std::string& line) {
     case MessageKind::kWaiting:
       m.missing = in.numbers();
       break;
+    case MessageKind::kGathering:
+      m.round = in.number();
+      m.nodes = in.number();
+      break;
+    case MessageKind::kQueued:
+      m.round = in.number();
+      m.nodes = in.number();
+      m.restarting = in.number() != 0;
+      break;
     case MessageKind::kStart:
       m.round = in.number();
+      m.restart_count = in.number();
+      m.layout.group_rank = in.number();
+      m.layout.group_world_size = in.number();
       m.layout.base_rank = in.number();
       m.layout.world_size = in.number();
       m.layout.role_base_rank = in.number();
       m.layout.role_world_size = in.number();
+      m.layout.master_port = in.number();
       break;
     case MessageKind::kDone:
     case MessageKind::kStopped:

@@ -2,15 +2,20 @@
 // message per line, words separated by spaces, each word escaped. Pure, so unit-tested.
 //
 // Node 0's agent (the host) and each other agent (a member) talk like this:
-//   member -> host   hello     who I am: node rank, nnodes, nproc, max_restarts, run id, role
-//   host -> member   waiting   the node ranks still missing (after every arrival)
-//   host -> member   start     round N begins: your ranks
+//   member -> host   hello     who I am: backend, node rank, nnodes, nproc, max_restarts, run id, role
+//   host -> member   waiting   static: the node ranks still missing (after every arrival)
+//   host -> member   gathering c10d: round N has this many nodes so far (after every change)
+//   host -> member   queued    c10d: round N runs without you; you are in the next one
+//   host -> member   start     round N begins: your ranks (and, c10d, the workers' MASTER_PORT)
 //   member -> host   done      my workers of round N all succeeded
 //   member -> host   failed    round N failed here (a worker, or a signal to this agent)
 //   host -> member   end       round N is over (failed somewhere): stop your workers
 //   member -> host   stopped   my workers of round N are stopped
 //   host -> member   exit      the job is over: exit with this code (0 when every node was done)
-// A restart is a new `start` with the next round number.
+// A restart is a new `start` with the next round number. With c10d (elastic_host.cpp) the host
+// gathers the members of each round anew (`gathering` while it waits) and numbers them in the order
+// they joined; a node that arrives while a round runs is `queued` and ends that round if the job
+// has room for it.
 #pragma once
 
 #include <optional>
@@ -22,14 +27,16 @@
 namespace cpprun::launcher {
 
 // Bumped when a message changes; agents of different versions refuse each other at `hello`.
-inline constexpr int kNodeProtocolVersion = 1;
+inline constexpr int kNodeProtocolVersion = 2;
 
-enum class MessageKind { kHello, kWaiting, kStart, kDone, kFailed, kStopped, kEnd, kExit };
+enum class MessageKind { kHello, kWaiting, kGathering, kQueued, kStart, kDone, kFailed, kStopped, kEnd, kExit };
 
 struct NodeHello {
   int protocol = kNodeProtocolVersion;
-  int node_rank = 0;
-  int nnodes = 1;
+  std::string backend = "static";  // --rdzv_backend: agents of different backends refuse each other
+  int node_rank = 0;               // static: --node_rank; c10d: -1 (the rendezvous numbers the nodes)
+  int min_nodes = 1;               // --nnodes=MIN:MAX; static: both are --nnodes
+  int max_nodes = 1;
   int max_restarts = 0;
   std::string run_id;
   NodeShape shape;  // --nproc_per_node and --role
@@ -44,15 +51,20 @@ struct JobEnd {
 
 struct NodeMessage {
   MessageKind kind = MessageKind::kHello;
-  int round = 0;                 // kStart, kDone, kFailed, kStopped, kEnd
+  int round = 0;                 // kGathering, kQueued, kStart, kDone, kFailed, kStopped, kEnd
   NodeHello hello;               // kHello
   std::vector<int> missing;      // kWaiting: node ranks not joined yet
-  RankLayout layout;             // kStart: base/world ranks (the member knows its own group rank)
+  int nodes = 0;                 // kGathering: nodes in the round so far; kQueued: nodes running it
+  bool restarting = false;       // kQueued: the running round is being ended to take this node in
+  int restart_count = 0;         // kStart: TORCHELASTIC_RESTART_COUNT
+  RankLayout layout;             // kStart: group rank and size, ranks, master_port (0: the agent store's)
   JobEnd end;                    // kFailed, kEnd, kExit
 
   static NodeMessage make_hello(const NodeHello& hello);
   static NodeMessage make_waiting(std::vector<int> missing);
-  static NodeMessage make_start(int round, const RankLayout& layout);
+  static NodeMessage make_gathering(int round, int nodes);
+  static NodeMessage make_queued(int round, int nodes, bool restarting);
+  static NodeMessage make_start(int round, int restart_count, const RankLayout& layout);
   static NodeMessage make_done(int round);
   static NodeMessage make_failed(int round, JobEnd end);
   static NodeMessage make_stopped(int round);

@@ -1,4 +1,4 @@
-// Helpers shared by both sides of the static rendezvous.
+// Helpers shared by the sides of both rendezvous.
 #include "node_rendezvous.h"
 
 namespace cpprun::launcher {
@@ -13,6 +13,11 @@ int take_ending_signal(SignalRelay& relay) {
 
 std::string describe_agent(int node_rank, const std::string& peer) {
   return "the agent of node " + std::to_string(node_rank) + (peer.empty() ? "" : " (" + peer + ")");
+}
+
+std::string rank_range(int base_rank, int local_world_size) {
+  if (local_world_size == 1) return "rank " + std::to_string(base_rank);
+  return "ranks " + std::to_string(base_rank) + "-" + std::to_string(base_rank + local_world_size - 1);
 }
 
 std::string seconds_text(std::chrono::milliseconds ms) {

@@ -1,8 +1,10 @@
-// Static rendezvous between the agents of a multi-node job (--nnodes=K): node 0's agent hosts it
-// (RendezvousHost), the others join it (RendezvousMember). It numbers the workers across nodes,
-// makes a failure anywhere stop every node, restarts all nodes together, and lets no node exit
-// before the others are done (torchrun's exit barrier). See node_messages.h for the conversation
-// and Note [Agent store] for the c10d store the workers share.
+// Rendezvous between the agents of a multi-node job. Static (--nnodes=K): node 0's agent hosts it
+// (RendezvousHost), the others join it (RendezvousMember). c10d (--nnodes=MIN:MAX): the agent that
+// can listen at --rdzv_endpoint hosts it (ElasticHost, see Note [Elastic rounds]), the others join
+// as members. Either numbers the workers across nodes, makes a failure anywhere stop every node,
+// restarts all nodes together, and lets no node exit before the others are done (torchrun's exit
+// barrier). See node_messages.h for the conversation and Note [Agent store] for the c10d store the
+// workers of a static job share.
 //
 // Note [Why links and not store keys]
 // torchrun's agents rendezvous through keys in the store. Ours only find each other there (node 0
@@ -13,6 +15,22 @@
 // is killed, in the same loop that watches the workers and the signals, with no thread and no
 // timer. And the store is recreated each round (Note [Agent store]), which no agent could stay
 // connected through.
+//
+// Note [Elastic rounds]
+// With c10d the host gathers each round's nodes anew: round 0 completes when MAX nodes joined, or
+// when MIN had joined and --rdzv_conf last_call_timeout has passed since (torchrun's rule: the
+// window opens when the MIN-th node arrives and is not extended by later ones). Nodes are numbered
+// in the order they joined, the host first. A round ends, and the next one is gathered from the
+// remaining nodes plus those queued, when a worker fails (counted against --max_restarts), when a
+// node joins a running job that has fewer than MAX nodes, or when a node is lost. The last two are
+// membership changes: they do not count against --max_restarts, and TORCHELASTIC_RESTART_COUNT
+// keeps its value, as torchrun's agent treats new nodes (it learns of a lost node only when its
+// own workers fail, which does count; ours sees the link close, so a worker failing in the same
+// round is taken for the loss's consequence). A node that comes while the job runs at MAX, or is
+// already finishing, waits for a next round (or its join timeout). A lost node that leaves fewer
+// than MIN ends the job; one whose workers had all succeeded is let go. The host's own agent
+// cannot be lost: with it goes the rendezvous, and the members fail, as torchrun's do when the
+// c10d store's host dies.
 #pragma once
 
 #include <chrono>
@@ -22,6 +40,7 @@
 #include <string>
 
 #include "launch_config.h"
+#include "node_link.h"
 #include "node_messages.h"
 #include "rank_layout.h"
 #include "signal_relay.h"
@@ -54,13 +73,15 @@ struct JobDecision {
 
 class NodeRendezvous : public PeerEvents {
  public:
-  // Waits until all --nnodes nodes have joined and returns this node's ranks for round 0. Throws
-  // RendezvousError after --rdzv_conf join_timeout, naming the node ranks that never came. A
-  // job-ending signal makes it return nullopt with the signal in `signal`.
+  // Waits until the rendezvous completes and returns this node's ranks for its first round. Throws
+  // RendezvousError after --rdzv_conf join_timeout, naming the nodes that never came. A job-ending
+  // signal makes it return nullopt with the signal in `signal`.
   virtual std::optional<RankLayout> join(SignalRelay& relay, int& signal) = 0;
 
-  // The round (= TORCHELASTIC_RESTART_COUNT) being run.
+  // The rendezvous round being run: every restart, and (c10d) every membership change, starts one.
   virtual int round() const = 0;
+  // TORCHELASTIC_RESTART_COUNT: the restarts after worker failures so far. Static: round().
+  virtual int restart_count() const = 0;
 
   // Why another node ended the attempt; valid once attempt_ended().
   virtual const JobEnd& peer_end() const = 0;
@@ -72,11 +93,25 @@ class NodeRendezvous : public PeerEvents {
 
   // Called once this node's workers have finished or been stopped (not after report_interrupted):
   // waits for the job's decision. The exit barrier: a done node waits here until every node is.
+  // c10d: gathering the next round may time out, which throws RendezvousError.
   virtual JobDecision decide(SignalRelay& relay) = 0;
 };
 
+// Static rendezvous: node 0 hosts, the others join through its store.
 std::unique_ptr<NodeRendezvous> make_rendezvous_host(const LaunchConfig& config);
 std::unique_ptr<NodeRendezvous> make_rendezvous_member(const LaunchConfig& config);
+
+// c10d rendezvous: listens at --rdzv_endpoint and hosts, or (taken, or not this machine's address)
+// connects there as a member; retries either until --rdzv_conf join_timeout, as the host may start
+// last. Returns nullptr when a job-ending signal (in `signal`) came first. Throws RendezvousError.
+std::unique_ptr<NodeRendezvous> claim_elastic_rendezvous(const LaunchConfig& config, SignalRelay& relay,
+                                                         int& signal);
+// Its two sides, for an agent that listens at the endpoint or is connected to it. `started` is
+// when the agent began to look for the rendezvous: join_timeout counts from there.
+std::unique_ptr<NodeRendezvous> make_elastic_host(const LaunchConfig& config, LinkListener listener,
+                                                  std::chrono::steady_clock::time_point started);
+std::unique_ptr<NodeRendezvous> make_elastic_member(const LaunchConfig& config, NodeLink link,
+                                                    std::chrono::steady_clock::time_point started);
 
 // The key under which node 0 publishes the port of its LinkListener. See Note [Agent store].
 inline constexpr const char* kLinkPortKey = "agent/link_port";
@@ -90,6 +125,9 @@ int take_ending_signal(SignalRelay& relay);
 
 // "the agent of node 1 (10.0.0.2:41234)"; without the address when `peer` is empty.
 std::string describe_agent(int node_rank, const std::string& peer);
+
+// "rank 4", "ranks 4-7": a node's workers.
+std::string rank_range(int base_rank, int local_world_size);
 
 // "3 s", "0.5 s"
 std::string seconds_text(std::chrono::milliseconds ms);

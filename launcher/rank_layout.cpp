@@ -1,4 +1,4 @@
-// torchrun's rank assignment (SimpleElasticAgent._assign_worker_ranks) for static rendezvous.
+// torchrun's rank assignment (SimpleElasticAgent._assign_worker_ranks).
 #include "rank_layout.h"
 
 #include <stdexcept>
@@ -39,9 +39,15 @@ RankLayout multi_node_layout(const std::vector<NodeShape>& nodes, int node_rank)
 }
 
 RankLayout assumed_layout(const LaunchConfig& config) {
+  const NodeShape self{config.nproc_per_node, config.role};
+  if (config.rdzv_backend == RendezvousBackend::kC10d) {
+    // c10d: the first of MIN nodes to join; worker rank 0 hosts the workers' store.
+    RankLayout layout = multi_node_layout(std::vector<NodeShape>(config.min_nodes, self), 0);
+    layout.agent_store = false;
+    return layout;
+  }
   if (config.nnodes == 1) return single_node_layout(config);
-  return multi_node_layout(std::vector<NodeShape>(config.nnodes, NodeShape{config.nproc_per_node, config.role}),
-                           config.node_rank);
+  return multi_node_layout(std::vector<NodeShape>(config.nnodes, self), config.node_rank);
 }
 
 }  // namespace cpprun::launcher

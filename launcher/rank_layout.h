@@ -15,8 +15,11 @@ struct RankLayout {
   int world_size = 1;        // WORLD_SIZE: workers on all nodes
   int role_base_rank = 0;    // ROLE_RANK of local rank 0
   int role_world_size = 1;   // ROLE_WORLD_SIZE: workers of this node's --role on all nodes
-  // TORCHELASTIC_USE_AGENT_STORE: node 0's agent hosts the c10d store (multi-node jobs).
+  // TORCHELASTIC_USE_AGENT_STORE: node 0's agent hosts the c10d store (static multi-node jobs).
   bool agent_store = false;
+  // MASTER_PORT when the rendezvous picked it (c10d: a free port on group rank 0's host, where
+  // worker rank 0 starts the store); 0 means --master_port.
+  int master_port = 0;
 };
 
 // What each node told the rendezvous about itself.
@@ -34,7 +37,7 @@ RankLayout single_node_layout(const LaunchConfig& config);
 RankLayout multi_node_layout(const std::vector<NodeShape>& nodes, int node_rank);
 
 // Before the rendezvous (--dry_run) a node knows only itself: the layout if every node ran
-// --nproc_per_node workers of the same role.
+// --nproc_per_node workers of the same role (c10d: this node joined first, of MIN nodes).
 RankLayout assumed_layout(const LaunchConfig& config);
 
 }  // namespace cpprun::launcher

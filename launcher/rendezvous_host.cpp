@@ -52,6 +52,7 @@ class RendezvousHost final : public NodeRendezvous {
   }
 
   int round() const override { return round_; }
+  int restart_count() const override { return round_; }
   const JobEnd& peer_end() const override { return *end_; }
 
   std::vector<int> fds() const override {
@@ -227,17 +228,14 @@ class RendezvousHost final : public NodeRendezvous {
     const std::vector<NodeShape> nodes = shapes();
     for (int node = 1; node < config_.nnodes; ++node) {
       members_[node].state = MemberState::kRunning;
-      members_[node].link->send(NodeMessage::make_start(round_, multi_node_layout(nodes, node)));
+      members_[node].link->send(NodeMessage::make_start(round_, round_, multi_node_layout(nodes, node)));
     }
     if (round_ == 0) {
       std::string ranks;
       for (int node = 0; node < config_.nnodes; ++node) {
         const RankLayout l = multi_node_layout(nodes, node);
         ranks += (node == 0 ? "" : ", ") + std::string("node ") + std::to_string(node) + ": " +
-                 (nodes[node].local_world_size == 1
-                      ? "rank " + std::to_string(l.base_rank)
-                      : "ranks " + std::to_string(l.base_rank) + "-" +
-                            std::to_string(l.base_rank + nodes[node].local_world_size - 1));
+                 rank_range(l.base_rank, nodes[node].local_world_size);
       }
       std::cerr << "cpprun: all " << config_.nnodes << " nodes joined at " << endpoint() << "; "
                 << multi_node_layout(nodes, 0).world_size << " workers (" << ranks << ")\n";
@@ -322,9 +320,14 @@ class RendezvousHost final : public NodeRendezvous {
                        std::to_string(kNodeProtocolVersion) + "; run the same cpprun version on every node");
       return;
     }
+    if (h.backend != "static") {
+      refuse(link, "it has --rdzv_backend=" + h.backend + " but node 0 has --rdzv_backend=static; every node "
+                       "needs the same --rdzv_backend");
+      return;
+    }
     const std::string who = "--node_rank=" + std::to_string(h.node_rank);
-    if (h.nnodes != config_.nnodes) {
-      refuse(link, who + " has --nnodes=" + std::to_string(h.nnodes) + " but node 0 has --nnodes=" +
+    if (h.max_nodes != config_.nnodes) {
+      refuse(link, who + " has --nnodes=" + std::to_string(h.max_nodes) + " but node 0 has --nnodes=" +
                        std::to_string(config_.nnodes) + "; every node needs the same --nnodes");
       return;
     }

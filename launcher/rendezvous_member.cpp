@@ -1,5 +1,6 @@
-// A member's side of the static rendezvous (node rank > 0): find node 0 through its store, keep a
-// link to its agent, report this node's news and follow node 0's decisions.
+// A member's side of the rendezvous: static (node rank > 0: find node 0 through its store) or c10d
+// (already connected to the agent at --rdzv_endpoint). Keeps the link to the host's agent, reports
+// this node's news and follows the host's decisions.
 #include <poll.h>
 
 #include <algorithm>
@@ -23,59 +24,61 @@ constexpr std::chrono::milliseconds kRetryInterval{100};
 // Once linked to node 0, how long past its own join timeout a member waits for node 0's verdict,
 // which names the missing nodes best (node 0's clock started about when this one's did).
 constexpr std::chrono::seconds kVerdictGrace{3};
+// c10d: the host answers a hello at once; silence this long means the endpoint is something else.
+constexpr std::chrono::seconds kFirstWordTimeout{10};
 
 class RendezvousMember final : public NodeRendezvous {
  public:
-  explicit RendezvousMember(const LaunchConfig& config) : config_(config), started_(Clock::now()) {}
+  // Static: `link` is empty, join() finds node 0. c10d: connected to the endpoint's agent.
+  RendezvousMember(const LaunchConfig& config, std::optional<NodeLink> link, Clock::time_point started)
+      : config_(config), started_(started), elastic_(config.rdzv_backend == RendezvousBackend::kC10d),
+        link_(std::move(link)) {}
 
   std::optional<RankLayout> join(SignalRelay& relay, int& signal) override {
     const auto deadline = started_ + config_.join_timeout;
-    AgentStore::load();  // while node 0 may still be starting
-    if (!reach_store(relay, deadline, signal)) return std::nullopt;
-    const int link_port = read_link_port(deadline);
-    ConnectResult connected = connect_link(config_.master_addr, link_port, kStoreTimeout, relay.wake_fd());
-    if (connected.status == ConnectStatus::kInterrupted && (signal = take_ending_signal(relay)) != 0) {
-      return std::nullopt;
-    }
-    if (connected.status != ConnectStatus::kConnected) {
-      throw RendezvousError("cpprun: node " + std::to_string(config_.node_rank) + " reached node 0's store at " +
-                                endpoint() + " but not node 0's agent on port " + std::to_string(link_port) +
-                                " (" + connected.error +
-                                "). cpprun's agents talk over that second port, which node 0's kernel picks; a "
-                                "firewall must let the nodes reach each other on such ports, as Gloo needs too.",
-                            1);
-    }
-    link_.emplace(std::move(*connected.link));
+    if (!link_ && !connect_static(relay, deadline, signal)) return std::nullopt;
     NodeHello hello;
-    hello.node_rank = config_.node_rank;
-    hello.nnodes = config_.nnodes;
+    hello.backend = backend_name(config_.rdzv_backend);
+    hello.node_rank = elastic_ ? -1 : config_.node_rank;
+    hello.min_nodes = config_.min_nodes;
+    hello.max_nodes = config_.max_nodes;
     hello.max_restarts = config_.max_restarts;
     hello.run_id = config_.run_id;
     hello.shape = {config_.nproc_per_node, config_.role};
     link_->send(NodeMessage::make_hello(hello));
+    const auto connected = Clock::now();
 
     for (;;) {
-      if (start_) return take_start();
-      if (decision_) throw RendezvousError(decision_->end.reason, decision_->end.exit_code);
-      const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline + kVerdictGrace - Clock::now());
-      if (left.count() <= 0) {
-        throw RendezvousError(
-            "cpprun: rendezvous timed out after " + seconds_text(config_.join_timeout) +
-                " (--rdzv_conf join_timeout): node rank" + (missing_.size() == 1 ? " " : "s ") +
-                join_ranks(missing_) + " of --nnodes=" + std::to_string(config_.nnodes) + " never arrived at " +
-                endpoint() + " (as node 0 last reported). Start cpprun on " +
-                (missing_.size() == 1 ? "that node" : "those nodes") +
-                " with --node_rank set and the same --nnodes, --master_addr and --master_port, or raise "
-                "--rdzv_conf join_timeout=SECONDS.",
-            1);
+      if (start_) {
+        const RankLayout layout = take_start();
+        if (elastic_) {
+          std::cerr << "cpprun: joined the c10d rendezvous at " << endpoint() << " (--rdzv_id=" << config_.run_id
+                    << "): round " << round_ << ", node " << layout.group_rank << " of " << layout.group_world_size
+                    << ", " << rank_range(layout.base_rank, config_.nproc_per_node) << " of WORLD_SIZE="
+                    << layout.world_size << "\n";
+        }
+        return layout;
       }
-      if ((signal = poll_once(relay, static_cast<int>(std::min<long long>(left.count(), 1 << 30)))) != 0) {
+      if (decision_) throw verdict_before_start();
+      if (elastic_ && !heard_ && Clock::now() >= connected + kFirstWordTimeout) {
+        throw RendezvousError("cpprun: " + endpoint() + " (--rdzv_endpoint) accepted a connection but did not "
+                                  "answer as a cpprun c10d rendezvous within " +
+                                  std::to_string(kFirstWordTimeout.count()) +
+                                  " s: is another program (or a static job's store) using that port? Pick "
+                                  "another --rdzv_endpoint port for every node.",
+                              1);
+      }
+      const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline + kVerdictGrace - Clock::now());
+      if (left.count() <= 0) throw RendezvousError(elastic_ ? elastic_timeout_message() : static_timeout_message(), 1);
+      const long long wait = elastic_ && !heard_ ? std::min<long long>(left.count(), 1000) : left.count();
+      if ((signal = poll_once(relay, static_cast<int>(std::min<long long>(wait, 1 << 30)))) != 0) {
         return std::nullopt;
       }
     }
   }
 
   int round() const override { return round_; }
+  int restart_count() const override { return restart_count_; }
   const JobEnd& peer_end() const override { return *end_; }
 
   std::vector<int> fds() const override {
@@ -112,7 +115,7 @@ class RendezvousMember final : public NodeRendezvous {
         return decision;
       }
       if (const int signal = poll_once(relay, -1); signal != 0) {
-        JobEnd end{128 + signal, false, describe_agent(config_.node_rank, "") + " received " + signal_name(signal)};
+        JobEnd end{128 + signal, false, describe_agent(group_rank_, "") + " received " + signal_name(signal)};
         link_->send(NodeMessage::make_failed(round_, end));
         return {JobDecision::Kind::kExit, {}, end};
       }
@@ -120,7 +123,66 @@ class RendezvousMember final : public NodeRendezvous {
   }
 
  private:
-  std::string endpoint() const { return config_.master_addr + ":" + std::to_string(config_.master_port); }
+  std::string endpoint() const { return endpoint_text(config_); }
+
+  // Static: node 0's store at --master_addr:--master_port tells the port of its agent's links.
+  bool connect_static(SignalRelay& relay, Clock::time_point deadline, int& signal) {
+    AgentStore::load();  // while node 0 may still be starting
+    if (!reach_store(relay, deadline, signal)) return false;
+    const int link_port = read_link_port(deadline);
+    ConnectResult connected = connect_link(config_.master_addr, link_port, kStoreTimeout, relay.wake_fd());
+    if (connected.status == ConnectStatus::kInterrupted && (signal = take_ending_signal(relay)) != 0) {
+      return false;
+    }
+    if (connected.status != ConnectStatus::kConnected) {
+      throw RendezvousError("cpprun: node " + std::to_string(config_.node_rank) + " reached node 0's store at " +
+                                endpoint() + " but not node 0's agent on port " + std::to_string(link_port) +
+                                " (" + connected.error +
+                                "). cpprun's agents talk over that second port, which node 0's kernel picks; a "
+                                "firewall must let the nodes reach each other on such ports, as Gloo needs too.",
+                            1);
+    }
+    link_.emplace(std::move(*connected.link));
+    return true;
+  }
+
+  std::string static_timeout_message() const {
+    return "cpprun: rendezvous timed out after " + seconds_text(config_.join_timeout) +
+           " (--rdzv_conf join_timeout): node rank" + (missing_.size() == 1 ? " " : "s ") + join_ranks(missing_) +
+           " of --nnodes=" + std::to_string(config_.nnodes) + " never arrived at " + endpoint() +
+           " (as node 0 last reported). Start cpprun on " + (missing_.size() == 1 ? "that node" : "those nodes") +
+           " with --node_rank set and the same --nnodes, --master_addr and --master_port, or raise "
+           "--rdzv_conf join_timeout=SECONDS.";
+  }
+
+  // The host is silent past the join timeout: it only enforces the timeout while gathering.
+  std::string elastic_timeout_message() const {
+    const std::string nnodes =
+        "--nnodes=" + std::to_string(config_.min_nodes) + ":" + std::to_string(config_.max_nodes);
+    if (queued_) {
+      return "cpprun: this node waited " + seconds_text(config_.join_timeout) +
+             " (--rdzv_conf join_timeout) for a place in the job at " + endpoint() + ", which runs round " +
+             std::to_string(status_round_) + " on " + std::to_string(status_nodes_) + " nodes (" + nnodes +
+             ") and took it in no new round. Raise --rdzv_conf join_timeout=SECONDS to wait longer.";
+    }
+    return "cpprun: rendezvous timed out after " + seconds_text(config_.join_timeout) +
+           " (--rdzv_conf join_timeout): " + std::to_string(status_nodes_) + " of the at least " +
+           std::to_string(config_.min_nodes) + " nodes that " + nnodes + " needs had joined at " + endpoint() +
+           " (as its host last reported). Start cpprun on more nodes with the same --rdzv_endpoint, --rdzv_id and "
+           "--nnodes, or raise --rdzv_conf join_timeout=SECONDS.";
+  }
+
+  // The host said `exit` before this node got into a round: it was refused, the job failed, or
+  // (queued) the job finished without it.
+  RendezvousError verdict_before_start() const {
+    const JobEnd& end = decision_->end;
+    if (end.exit_code == 0) {
+      return RendezvousError("cpprun: the job at " + endpoint() + " (--rdzv_id=" + config_.run_id +
+                                 ") finished before this node got into a round; nothing ran here",
+                             0);
+    }
+    return RendezvousError(end.reason, end.exit_code);
+  }
 
   // Waits until something accepts connections at MASTER_ADDR:MASTER_PORT: node 0 may start last.
   // Plain connects rather than c10d's own retries, so that a signal ends the wait at once.
@@ -179,13 +241,14 @@ class RendezvousMember final : public NodeRendezvous {
   RankLayout take_start() {
     RankLayout layout = start_->layout;
     round_ = start_->round;
+    restart_count_ = start_->restart_count;
     start_.reset();
     end_.reset();
+    queued_ = false;
     self_done_ = false;
     stopped_sent_ = false;
-    layout.group_rank = config_.node_rank;
-    layout.group_world_size = config_.nnodes;
-    layout.agent_store = true;
+    layout.agent_store = !elastic_;  // c10d: worker rank 0 hosts the workers' store, as with torchrun's c10d
+    group_rank_ = layout.group_rank;
     return layout;
   }
 
@@ -214,19 +277,43 @@ class RendezvousMember final : public NodeRendezvous {
     NodeLink::Received got = link_->receive();
     for (const NodeMessage& message : got.messages) handle(message);
     if (got.closed && !decision_) {
-      const std::string why = got.bad_line.empty()
-                                  ? "is gone: it was killed, or its host or network went down"
-                                  : "sent a line that is not a cpprun agent message: '" + got.bad_line + "'";
-      const JobEnd lost{1, false, describe_agent(0, link_->peer()) + " " + why};
+      std::string why = got.bad_line.empty()
+                            ? "is gone: it was killed, or its host or network went down"
+                            : "sent a line that is not a cpprun agent message: '" + got.bad_line + "'";
+      // See Note [Elastic rounds]: the rendezvous lives in the host's agent.
+      if (elastic_) why += "; the job cannot go on without the agent that hosts its c10d rendezvous";
+      const std::string who = elastic_ ? "the agent hosting the c10d rendezvous at " + endpoint() + " (" +
+                                             link_->peer() + ")"
+                                       : describe_agent(0, link_->peer());
+      const JobEnd lost{1, false, who + " " + why};
       if (!end_) end_ = lost;
       decision_ = JobDecision{JobDecision::Kind::kExit, {}, lost};
     }
   }
 
   void handle(const NodeMessage& message) {
+    heard_ = true;
     switch (message.kind) {
       case MessageKind::kWaiting:
         missing_ = message.missing;
+        break;
+      case MessageKind::kGathering:
+        status_round_ = message.round;
+        status_nodes_ = message.nodes;
+        queued_ = false;
+        break;
+      case MessageKind::kQueued:
+        if (!queued_) {
+          std::cerr << "cpprun: the job at " << endpoint() << " is running round " << message.round << " on "
+                    << message.nodes << " node" << (message.nodes == 1 ? "" : "s") << "; this node joins it "
+                    << (message.restarting ? "now: that round is being ended to take it in"
+                                           : "in its next round, if one starts within --rdzv_conf join_timeout "
+                                             "(the job is at --nnodes MAX, or finishing)")
+                    << "\n";
+        }
+        status_round_ = message.round;
+        status_nodes_ = message.nodes;
+        queued_ = true;
         break;
       case MessageKind::kStart:
         start_ = message;
@@ -250,9 +337,16 @@ class RendezvousMember final : public NodeRendezvous {
 
   const LaunchConfig& config_;
   const Clock::time_point started_;
+  const bool elastic_;  // c10d
   std::optional<NodeLink> link_;
   int round_ = 0;
-  std::vector<int> missing_;          // as node 0 last reported
+  int restart_count_ = 0;
+  int group_rank_ = -1;
+  std::vector<int> missing_;          // static: as node 0 last reported
+  bool heard_ = false;                // the host has said something
+  bool queued_ = false;               // c10d: a round runs without this node
+  int status_round_ = 0;              // c10d: the round the host last reported
+  int status_nodes_ = 1;              // c10d: its nodes, as the host last reported
   std::optional<NodeMessage> start_;  // a round's start, not yet taken
   std::optional<JobEnd> end_;         // why the attempt ended elsewhere
   std::optional<JobDecision> decision_;
@@ -263,7 +357,12 @@ class RendezvousMember final : public NodeRendezvous {
 }  // namespace
 
 std::unique_ptr<NodeRendezvous> make_rendezvous_member(const LaunchConfig& config) {
-  return std::make_unique<RendezvousMember>(config);
+  return std::make_unique<RendezvousMember>(config, std::nullopt, Clock::now());
+}
+
+std::unique_ptr<NodeRendezvous> make_elastic_member(const LaunchConfig& config, NodeLink link,
+                                                    Clock::time_point started) {
+  return std::make_unique<RendezvousMember>(config, std::move(link), started);
 }
 
 }  // namespace cpprun::launcher

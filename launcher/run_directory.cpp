@@ -79,11 +79,11 @@ RunDirectory::~RunDirectory() {
 }
 
 void RunDirectory::prepare_attempt(int attempt, int nproc_per_node) const {
-  if (!layout_.per_worker_dirs) return;
   const std::string what = "--log_dir=" + layout_.dir;
-  make_directory(layout_.dir + "/attempt_" + std::to_string(attempt), what);
+  if (layout_.per_worker_dirs) make_directory(layout_.dir + "/attempt_" + std::to_string(attempt), what);
   for (int local_rank = 0; local_rank < nproc_per_node; ++local_rank) {
-    make_directory(layout_.worker_dir(attempt, local_rank), what);
+    // The temp dir too: a c10d membership change runs the same attempt number again.
+    if (layout_.per_worker_dirs) make_directory(layout_.worker_dir(attempt, local_rank), what);
     const std::string error_file = layout_.error_file(attempt, local_rank);
     if (unlink(error_file.c_str()) != 0 && errno != ENOENT) {
       throw std::system_error(errno, std::generic_category(), "cpprun: cannot remove the stale " + error_file);

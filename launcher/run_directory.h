@@ -33,9 +33,10 @@ class RunDirectory {
 
   const RunLayout& layout() const { return layout_; }
 
-  // Under --log_dir: creates attempt_N/0 .. attempt_N/nproc-1 and removes any error.json in them,
-  // so a stale one from an earlier run cannot be reported as this attempt's. Throws
-  // std::system_error. The temp dir is fresh and needs nothing.
+  // Under --log_dir: creates attempt_N/0 .. attempt_N/nproc-1. Removes the attempt's error files,
+  // so a stale one from an earlier run (or, c10d, an earlier round of the same attempt number, as
+  // torchrun reuses it after a membership change) cannot be reported as this one's. Throws
+  // std::system_error.
   void prepare_attempt(int attempt, int nproc_per_node) const;
 
  private:

@@ -33,14 +33,15 @@ EnvMap make_worker_env(const LaunchConfig& config, const RankLayout& layout, int
   env["ROLE_WORLD_SIZE"] = std::to_string(layout.role_world_size);
   env["ROLE_NAME"] = config.role;
   env["MASTER_ADDR"] = config.master_addr;
-  env["MASTER_PORT"] = std::to_string(config.master_port);
+  env["MASTER_PORT"] = std::to_string(layout.master_port != 0 ? layout.master_port : config.master_port);
   env["TORCHELASTIC_RESTART_COUNT"] = std::to_string(restart_count);
   env["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(config.max_restarts);
   env["TORCHELASTIC_RUN_ID"] = config.run_id;
   // Per worker and per attempt, so the launcher knows whose it is; torchrun overrides the user's too.
   env["TORCHELASTIC_ERROR_FILE"] = error_file;
-  // One node: the launcher hosts no store, worker rank 0 creates the c10d TCPStore at
-  // MASTER_ADDR:MASTER_PORT. Several: node 0's agent hosts it (see Note [Agent store]).
+  // One node, or c10d: the launcher hosts no store, worker rank 0 creates the c10d TCPStore at
+  // MASTER_ADDR:MASTER_PORT (torchrun's c10d backend picks that port on group rank 0's host, as
+  // ours does). Several nodes of a static job: node 0's agent hosts it (see Note [Agent store]).
   // Python's spelling of the boolean, because that is what torch's code compares against.
   env["TORCHELASTIC_USE_AGENT_STORE"] = layout.agent_store ? "True" : "False";
   // Async error handling turns a hung collective into a failed worker we can restart; the user's

@@ -30,6 +30,12 @@ LaunchConfig parse(const std::vector<std::string>& args, const HostFacts& host =
   return cli.config;
 }
 
+std::string cli_help(const std::vector<std::string>& args) {
+  const ParsedCommandLine cli = parse_launch_config(args, fake_host(), no_env);
+  REQUIRE(cli.outcome == CliOutcome::kShowHelp);
+  return cli.help_text;
+}
+
 std::string usage_error(const std::vector<std::string>& args) {
   try {
     parse_launch_config(args, fake_host(), no_env);
@@ -110,31 +116,36 @@ TEST_CASE("launch_config: nproc_per_node accepts cpu, gpu and auto", "[launch_co
                       Contains("--nproc_per_node=gpu") && Contains("no NVIDIA GPU"));
 }
 
-TEST_CASE("launch_config: nnodes is a fixed number of nodes; elastic ranges are rejected", "[launch_config]") {
+TEST_CASE("launch_config: static nnodes is a fixed number of nodes; ranges need c10d", "[launch_config]") {
   CHECK(parse({"--nnodes=1", "x"}).nnodes == 1);
   CHECK(parse({"--nnodes=1:1", "x"}).nnodes == 1);
   CHECK(parse({"--nnodes=3", "--node_rank=2", "x"}).nnodes == 3);
-  CHECK(parse({"--nnodes=2:2", "--node_rank=1", "x"}).node_rank == 1);
+  const LaunchConfig c = parse({"--nnodes=2:2", "--node_rank=1", "x"});
+  CHECK(c.node_rank == 1);
+  CHECK(c.min_nodes == 2);
+  CHECK(c.max_nodes == 2);
+  CHECK(c.rdzv_backend == RendezvousBackend::kStatic);
+  CHECK_FALSE(is_multi_node(parse({"x"})));
+  CHECK(is_multi_node(c));
   CHECK_THAT(usage_error({"--nnodes=1:4", "x"}),
-             Contains("--nnodes=1:4") && Contains("elastic") && Contains("not implemented yet"));
+             Contains("--nnodes=1:4") && Contains("--rdzv_backend=c10d") && Contains("--nnodes=4"));
   CHECK_THAT(usage_error({"--nnodes=0", "x"}), Contains("--nnodes=0") && Contains("expected"));
   CHECK_THAT(usage_error({"--nnodes=2:x", "x"}), Contains("--nnodes=2:x"));
+  CHECK_THAT(usage_error({"--nnodes=3:2", "x"}), Contains("MIN is above MAX") && Contains("--nnodes=2:3"));
   CHECK_THAT(usage_error({"--nnodes=2", "--node_rank=2", "x"}), Contains("--node_rank=2") && Contains("0 to 1"));
   CHECK_THAT(usage_error({"--nnodes=2", "--standalone", "x"}), Contains("--standalone") && Contains("--nnodes=2"));
 }
 
 TEST_CASE("launch_config: static rendezvous options", "[launch_config]") {
   CHECK(parse({"--rdzv_backend=static", "x"}).nnodes == 1);
-  CHECK_THAT(usage_error({"--rdzv_backend=c10d", "x"}),
-             Contains("--rdzv_backend=c10d") && Contains("dynamic") && Contains("not implemented yet"));
-  CHECK_THAT(usage_error({"--rdzv-backend=etcd", "x"}), Contains("not implemented yet"));
+  CHECK_THAT(usage_error({"--rdzv-backend=etcd", "x"}), Contains("etcd") && Contains("not implemented"));
   CHECK_THAT(usage_error({"--rdzv_backend=zk", "x"}), Contains("unknown rendezvous backend"));
 
   LaunchConfig c = parse({"--rdzv_conf", "join_timeout=3", "x"});
   CHECK(c.join_timeout == std::chrono::seconds(3));
   CHECK(parse({"--rdzv_conf=timeout=1.5", "x"}).join_timeout == std::chrono::milliseconds(1500));
   CHECK_THAT(usage_error({"--rdzv_conf=last_call_timeout=3", "x"}),
-             Contains("last_call_timeout=3") && Contains("join_timeout=SECONDS"));
+             Contains("last_call_timeout=3") && Contains("join_timeout=SECONDS") && Contains("c10d"));
   CHECK_THAT(usage_error({"--rdzv_conf=join_timeout=soon", "x"}), Contains("join_timeout=soon"));
   CHECK_THAT(usage_error({"--rdzv_conf=join_timeout=0", "x"}), Contains("above 0"));
 
@@ -147,9 +158,84 @@ TEST_CASE("launch_config: static rendezvous options", "[launch_config]") {
   c = parse({"--rdzv_endpoint=[fe80::1]:29400", "x"});
   CHECK(c.master_addr == "fe80::1");
   CHECK(c.master_port == 29400);
+  CHECK(endpoint_text(c) == "[fe80::1]:29400");
   CHECK_THAT(usage_error({"--rdzv_endpoint=fe80::1:29400", "x"}), Contains("brackets"));
   CHECK_THAT(usage_error({"--rdzv_endpoint=host:99999", "x"}), Contains("99999"));
   CHECK_THAT(usage_error({"--rdzv_endpoint=:29400", "x"}), Contains("--rdzv_endpoint=:29400"));
+}
+
+TEST_CASE("launch_config: c10d rendezvous takes MIN:MAX, the endpoint and its settings", "[launch_config]") {
+  LaunchConfig c = parse({"--rdzv_backend=c10d", "--rdzv_endpoint=10.0.0.7:1234", "--nnodes=2:4",
+                          "--rdzv_id=job9", "--master_addr=10.9.9.9", "--master_port=7", "x"});
+  CHECK(c.rdzv_backend == RendezvousBackend::kC10d);
+  CHECK(is_multi_node(c));
+  CHECK(c.min_nodes == 2);
+  CHECK(c.max_nodes == 4);
+  CHECK(c.nnodes == 4);
+  CHECK(c.master_addr == "10.0.0.7");  // torchrun's c10d ignores --master_addr/--master_port
+  CHECK(c.master_port == 1234);
+  CHECK(c.run_id == "job9");
+  CHECK(c.last_call_timeout == std::chrono::seconds(30));  // torchrun's defaults
+  CHECK(c.join_timeout == std::chrono::seconds(600));
+  CHECK_FALSE(c.is_host.has_value());
+
+  // N means N:N, and even one node rendezvouses (torchrun does too).
+  c = parse({"--rdzv_backend=c10d", "--rdzv_endpoint=node0", "x"});
+  CHECK(c.min_nodes == 1);
+  CHECK(c.max_nodes == 1);
+  CHECK(is_multi_node(c));
+  CHECK(c.master_port == 29400);  // torchrun's default c10d port
+  c = parse({"--rdzv_backend=c10d", "x"});
+  CHECK(c.master_addr == "localhost");
+  CHECK(c.master_port == 29400);
+  CHECK(parse({"--rdzv_backend=c10d", "--nnodes=3", "x"}).min_nodes == 3);
+
+  // --node_rank means nothing to c10d (nodes are numbered as they join): ignored, like torchrun.
+  CHECK(parse({"--rdzv_backend=c10d", "--nnodes=1:2", "--node_rank=5", "x"}).node_rank == 0);
+  CHECK_THAT(usage_error({"--rdzv_backend=c10d", "--node_rank=x", "x"}), Contains("--node_rank=x"));
+
+  c = parse({"--rdzv_backend=c10d", "--rdzv_conf", "join_timeout=5,last_call_timeout=0.5,is_host=1,read_timeout=60",
+             "x"});
+  CHECK(c.join_timeout == std::chrono::seconds(5));
+  CHECK(c.last_call_timeout == std::chrono::milliseconds(500));
+  REQUIRE(c.is_host.has_value());
+  CHECK(*c.is_host);
+  CHECK_FALSE(*parse({"--rdzv_backend=c10d", "--rdzv_conf=is_host=false", "x"}).is_host);
+  CHECK(parse({"--rdzv_backend=c10d", "--rdzv_conf=last_call_timeout=0", "x"}).last_call_timeout.count() == 0);
+  CHECK_THAT(usage_error({"--rdzv_backend=c10d", "--rdzv_conf=is_host=maybe", "x"}), Contains("is_host=maybe"));
+  CHECK_THAT(usage_error({"--rdzv_backend=c10d", "--rdzv_conf=last_call_timeout=-1", "x"}),
+             Contains("last_call_timeout=-1"));
+  CHECK_THAT(usage_error({"--rdzv_backend=c10d", "--rdzv_conf=keep_alive=3", "x"}),
+             Contains("'keep_alive=3' is not a setting of c10d rendezvous") && Contains("last_call_timeout"));
+
+  // --standalone keeps its meaning (one node, a private port), whatever backend was asked for.
+  c = parse({"--standalone", "--rdzv_backend=c10d", "x"});
+  CHECK(c.rdzv_backend == RendezvousBackend::kStatic);
+  CHECK(c.master_port == 45678);
+  CHECK_THAT(usage_error({"--standalone", "--rdzv_backend=c10d", "--nnodes=1:2", "x"}), Contains("--standalone"));
+}
+
+TEST_CASE("launch_config: long options may be shortened to an unambiguous prefix, like argparse",
+          "[launch_config]") {
+  LaunchConfig c = parse({"--nproc", "3", "--max_rest=2", "--rdzv_b", "c10d", "--rdzv_e=h:5", "--nn", "1:2",
+                          "--rdzv_i", "j", "./train", "--nproc", "9", "--max"});
+  CHECK(c.nproc_per_node == 3);
+  CHECK(c.max_restarts == 2);
+  CHECK(c.rdzv_backend == RendezvousBackend::kC10d);
+  CHECK(c.master_addr == "h");
+  CHECK(c.max_nodes == 2);
+  CHECK(c.run_id == "j");
+  CHECK(c.program == "./train");
+  CHECK(c.program_args == std::vector<std::string>{"--nproc", "9", "--max"});  // PROGRAM's, untouched
+  CHECK(parse({"--nproc-per", "2", "x"}).nproc_per_node == 2);
+  CHECK(parse({"--stand", "x"}).standalone);
+  CHECK(parse({"--dry", "x"}).dry_run);
+  CHECK(parse({"--tee=1", "--log_d", "d", "x"}).output.log_dir == "d");
+  CHECK_THAT(usage_error({"--rdzv", "x", "y"}),
+             Contains("ambiguous option --rdzv: it could be --rdzv_backend, --rdzv_endpoint, --rdzv_conf, --rdzv_id"));
+  CHECK_THAT(usage_error({"--ma=1", "x"}), Contains("ambiguous option --ma") && Contains("--master_addr") &&
+                                                Contains("--master_port") && Contains("--max_restarts"));
+  CHECK_THAT(cli_help({"--he"}), Contains("PROGRAM [ARGS...]"));
 }
 
 TEST_CASE("launch_config: bad values name the flag and the value", "[launch_config]") {
@@ -255,9 +341,9 @@ TEST_CASE("launch_config: torchrun's Python-only modes say what to run instead",
 }
 
 TEST_CASE("launch_config: unknown options get a suggestion when one is close", "[launch_config]") {
-  CHECK_THAT(usage_error({"--nproc_per_nod=2", "x"}),
-             Contains("unknown option --nproc_per_nod; did you mean --nproc_per_node?"));
-  CHECK_THAT(usage_error({"--nnode", "1", "x"}), Contains("did you mean --nnodes?"));
+  CHECK_THAT(usage_error({"--nproc_pre_node=2", "x"}),
+             Contains("unknown option --nproc_pre_node; did you mean --nproc_per_node?"));
+  CHECK_THAT(usage_error({"--nnode_s", "1", "x"}), Contains("did you mean --nnodes?"));
   CHECK_THAT(usage_error({"--log-dirs=x", "y"}), Contains("did you mean --log-dir?"));
   CHECK_THAT(usage_error({"--dryrun", "x"}), Contains("did you mean --dry_run?"));
   CHECK(usage_error({"--bogus", "x"}).find("did you mean") == std::string::npos);

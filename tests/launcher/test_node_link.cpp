@@ -87,3 +87,33 @@ TEST_CASE("node_link: connecting where nobody listens fails at once", "[node_lin
   CHECK(result.status == ConnectStatus::kFailed);
   CHECK_THAT(result.error, Catch::Matchers::Contains("refused"));
 }
+
+TEST_CASE("node_link: only one process listens at a c10d endpoint; the others learn why not", "[node_link]") {
+  int port = 0;
+  {
+    LinkListener probe(true);  // a port the kernel says is free
+    port = probe.port();
+  }
+  EndpointListener first = LinkListener::at_endpoint("127.0.0.1", port);
+  REQUIRE(first.status == ListenStatus::kListening);
+  REQUIRE(first.listener);
+  CHECK(first.listener->port() == port);
+  // The second agent on this host finds it taken, and joins the first.
+  const EndpointListener second = LinkListener::at_endpoint("127.0.0.1", port);
+  CHECK(second.status == ListenStatus::kTaken);
+  CHECK_FALSE(second.listener);
+  ConnectResult connected = connect_link("127.0.0.1", port, std::chrono::seconds(5), -1);
+  REQUIRE(connected.status == ConnectStatus::kConnected);
+  CHECK(accept_within(*first.listener));
+
+  // An address of another machine (TEST-NET-1, never assigned): not this host's to listen at.
+  CHECK(LinkListener::at_endpoint("192.0.2.1", port).status == ListenStatus::kNotHere);
+  const EndpointListener nowhere = LinkListener::at_endpoint("no-such-host.invalid", port);
+  CHECK(nowhere.status == ListenStatus::kFailed);
+  CHECK_THAT(nowhere.error, Catch::Matchers::Contains("no-such-host.invalid"));
+
+  // Once the host is gone the endpoint is free again, even with its connections in TIME_WAIT.
+  connected.link.reset();
+  first.listener.reset();
+  CHECK(LinkListener::at_endpoint("127.0.0.1", port).status == ListenStatus::kListening);
+}

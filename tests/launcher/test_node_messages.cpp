@@ -22,15 +22,19 @@ NodeMessage round_trip(const NodeMessage& m) {
 
 TEST_CASE("node_messages: hello carries the node's settings, any run id and role", "[node_messages]") {
   NodeHello hello;
-  hello.node_rank = 3;
-  hello.nnodes = 4;
+  hello.backend = "c10d";
+  hello.node_rank = -1;
+  hello.min_nodes = 2;
+  hello.max_nodes = 4;
   hello.max_restarts = 2;
   hello.run_id = "job 7%\nx";
   hello.shape = {5, ""};
   const NodeMessage back = round_trip(NodeMessage::make_hello(hello));
   CHECK(back.hello.protocol == kNodeProtocolVersion);
-  CHECK(back.hello.node_rank == 3);
-  CHECK(back.hello.nnodes == 4);
+  CHECK(back.hello.backend == "c10d");
+  CHECK(back.hello.node_rank == -1);
+  CHECK(back.hello.min_nodes == 2);
+  CHECK(back.hello.max_nodes == 4);
   CHECK(back.hello.max_restarts == 2);
   CHECK(back.hello.run_id == "job 7%\nx");
   CHECK(back.hello.shape.local_world_size == 5);
@@ -41,17 +45,33 @@ TEST_CASE("node_messages: the other kinds", "[node_messages]") {
   CHECK(round_trip(NodeMessage::make_waiting({1, 3})).missing == std::vector<int>{1, 3});
   CHECK(round_trip(NodeMessage::make_waiting({})).missing.empty());
 
+  const NodeMessage gathering = round_trip(NodeMessage::make_gathering(3, 2));
+  CHECK(gathering.round == 3);
+  CHECK(gathering.nodes == 2);
+  const NodeMessage queued = round_trip(NodeMessage::make_queued(1, 3, true));
+  CHECK(queued.round == 1);
+  CHECK(queued.nodes == 3);
+  CHECK(queued.restarting);
+  CHECK_FALSE(round_trip(NodeMessage::make_queued(1, 3, false)).restarting);
+
   RankLayout layout;
+  layout.group_rank = 1;
+  layout.group_world_size = 2;
   layout.base_rank = 2;
   layout.world_size = 3;
   layout.role_base_rank = 1;
   layout.role_world_size = 2;
-  const NodeMessage start = round_trip(NodeMessage::make_start(4, layout));
+  layout.master_port = 41000;
+  const NodeMessage start = round_trip(NodeMessage::make_start(4, 1, layout));
   CHECK(start.round == 4);
+  CHECK(start.restart_count == 1);
+  CHECK(start.layout.group_rank == 1);
+  CHECK(start.layout.group_world_size == 2);
   CHECK(start.layout.base_rank == 2);
   CHECK(start.layout.world_size == 3);
   CHECK(start.layout.role_base_rank == 1);
   CHECK(start.layout.role_world_size == 2);
+  CHECK(start.layout.master_port == 41000);
 
   CHECK(round_trip(NodeMessage::make_done(2)).round == 2);
   CHECK(round_trip(NodeMessage::make_stopped(5)).round == 5);
@@ -72,7 +92,7 @@ TEST_CASE("node_messages: the other kinds", "[node_messages]") {
 
 TEST_CASE("node_messages: lines that are not messages are rejected", "[node_messages]") {
   for (const char* line : {"", "hi", "GET / HTTP/1.1", "done", "done x", "done 1 2", "start 1 2 3", "waiting 1,x",
-                           "exit 1 0 %4", "exit 1 0 %zz", "end 1 1 1"}) {
+                           "gathering 1", "queued 1 2", "exit 1 0 %4", "exit 1 0 %zz", "end 1 1 1"}) {
     INFO(line);
     CHECK_FALSE(decode_message(line));
   }

@@ -56,4 +56,15 @@ TEST_CASE("rank_layout: a dry run assumes every node has --nproc_per_node worker
   CHECK(l.world_size == 12);
   CHECK(l.agent_store);
   CHECK_THROWS_AS(multi_node_layout({{1, "default"}}, 1), std::logic_error);
+
+  // c10d: this node as the first of MIN to join; worker rank 0 hosts the workers' store.
+  c.rdzv_backend = RendezvousBackend::kC10d;
+  c.min_nodes = 2;
+  c.max_nodes = 5;
+  const RankLayout e = assumed_layout(c);
+  CHECK(e.group_rank == 0);
+  CHECK(e.group_world_size == 2);
+  CHECK(e.base_rank == 0);
+  CHECK(e.world_size == 8);
+  CHECK_FALSE(e.agent_store);
 }

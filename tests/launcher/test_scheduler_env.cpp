@@ -184,6 +184,12 @@ TEST_CASE("Explicit flags win over the scheduler", "[scheduler_env]") {
   cli = parse({"./train"}, slurm("1", "0", "n1"));  // a one-node job keeps the single-node defaults
   CHECK(cli.config.master_addr == "127.0.0.1");
   CHECK(cli.scheduler_note.empty());
+
+  // c10d meets at --rdzv_endpoint and numbers the nodes itself: the scheduler is not consulted.
+  cli = parse({"--rdzv_backend=c10d", "--rdzv_endpoint=h:5", "./train"}, slurm("4", "2", "n[1-4"));
+  CHECK(cli.config.min_nodes == 1);
+  CHECK(cli.config.master_addr == "h");
+  CHECK(cli.scheduler_note.empty());
 }
 
 TEST_CASE("Scheduler values that do not fit are usage errors", "[scheduler_env]") {

@@ -76,6 +76,24 @@ TEST_CASE("worker_env: multi-node ranks come from the rendezvous's layout", "[wo
   CHECK(env.at("TORCHELASTIC_USE_AGENT_STORE") == "True");
 }
 
+TEST_CASE("worker_env: c10d workers get the endpoint's host and the rendezvous's MASTER_PORT", "[worker_env]") {
+  LaunchConfig c = config_with(1);
+  c.rdzv_backend = RendezvousBackend::kC10d;
+  c.master_addr = "node0";  // --rdzv_endpoint=node0:29400
+  c.master_port = 29400;
+  c.run_id = "job42";
+  RankLayout layout = multi_node_layout({{2, "default"}, {1, "default"}}, 1);
+  layout.agent_store = false;
+  layout.master_port = 41234;
+  const EnvMap env = make_worker_env(c, layout, 0, 0, "/run/e.json", {});
+  CHECK(env.at("RANK") == "2");
+  CHECK(env.at("MASTER_ADDR") == "node0");
+  CHECK(env.at("MASTER_PORT") == "41234");
+  CHECK(env.at("TORCHELASTIC_RUN_ID") == "job42");
+  // As torchrun's c10d backend: worker rank 0 hosts the workers' store.
+  CHECK(env.at("TORCHELASTIC_USE_AGENT_STORE") == "False");
+}
+
 TEST_CASE("worker_env: inherits the launcher's environment, launcher variables winning", "[worker_env]") {
   const EnvMap env = env_of(config_with(1), 0, 0, "/run/e.json", {{"PATH", "/x"}, {"RANK", "99"}});
   CHECK(env.at("PATH") == "/x");

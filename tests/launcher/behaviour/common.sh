@@ -83,6 +83,15 @@ wait_for_files() {
   done
 }
 
+# Waits up to $1 seconds for file $2 to contain the text $3.
+wait_for_text() {
+  local deadline=$((SECONDS + $1))
+  until grep -qF -- "$3" "$2" 2>/dev/null; do
+    [ "$SECONDS" -lt "$deadline" ] || fail "timed out waiting for '$3' in $(basename "$2")"
+    sleep 0.05
+  done
+}
+
 # A live process that is not a zombie.
 alive() {
   local state

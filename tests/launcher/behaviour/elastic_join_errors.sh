@@ -1,0 +1,75 @@
+# c10d rendezvous: agents that cannot join. A different --rdzv_id (or --nnodes) is refused with both
+# values; too few nodes by join_timeout fail on every agent, saying how many of MIN came; a member
+# waits for a host that starts last (--rdzv_conf is_host).
+. "$(dirname "$0")/common.sh"
+require_private_netns
+
+worker='touch "$WORK/started.$GROUP_RANK.$LOCAL_RANK"'
+c10d="--rdzv_backend=c10d --rdzv_endpoint=127.0.0.1:29620"
+
+# (1) Another job's agent (--rdzv_id=other) is refused at once, naming both ids; the job goes on.
+start_node nodeA $c10d --rdzv_id=job1 --nnodes=1:2 --rdzv_conf last_call_timeout=3 /bin/sh -c "$worker"
+a=$NODE_PID
+wait_for_text 10 "$WORK/nodeA.err" "this agent hosts the c10d rendezvous"  # A hosts: it is node 0
+start_node nodeB $c10d --rdzv_id=other --nnodes=1:2 /bin/sh -c "$worker"
+wait_node "$NODE_PID" 10
+expect_eq "$NODE_STATUS" 2 "the refused agent's exit code"
+expect_in_file "$WORK/nodeB.err" "cpprun: the agent hosting the rendezvous at 127.0.0.1:29620 refused this agent: it has --rdzv_id=other but the job at 127.0.0.1:29620 has --rdzv_id=job1; every node of a job needs the same --rdzv_id" \
+  "the refused agent's message"
+expect_in_file "$WORK/nodeA.err" "refused the agent at 127.0.0.1:" "the host's note"
+# So is one with other --nnodes.
+start_node nodeC $c10d --rdzv_id=job1 --nnodes=1:3 /bin/sh -c "$worker"
+wait_node "$NODE_PID" 10
+expect_eq "$NODE_STATUS" 2 "the agent with other --nnodes"
+expect_in_file "$WORK/nodeC.err" "it has --nnodes=1:3 but the job at 127.0.0.1:29620 has --nnodes=1:2" "other --nnodes"
+wait_node "$a" 20
+expect_eq "$NODE_STATUS" 0 "the host's exit code, alone after the last call"
+[ -e "$WORK/started.0.0" ] || fail "the host's worker did not run"
+ls "$WORK"/started.1.* >/dev/null 2>&1 && fail "a refused agent ran a worker"
+expect_no_leftovers
+
+# (2) --nnodes=3:4 and only two agents: both give up after join_timeout=2, saying 2 of at least 3
+# came, and start no worker.
+rm -f "$WORK"/started.*
+started=$(now_ms)
+start_node nodeA $c10d --rdzv_id=job2 --nnodes=3:4 --rdzv_conf join_timeout=2 /bin/sh -c "$worker"
+a=$NODE_PID
+wait_for_text 10 "$WORK/nodeA.err" "this agent hosts the c10d rendezvous"
+start_node nodeB $c10d --rdzv_id=job2 --nnodes=3:4 --rdzv_conf join_timeout=2 /bin/sh -c "$worker"
+b=$NODE_PID
+wait_node "$a" 20
+expect_eq "$NODE_STATUS" 1 "the host's exit code after the join timeout"
+wait_node "$b" 20
+expect_eq "$NODE_STATUS" 1 "the member's exit code after the join timeout"
+elapsed=$(($(now_ms) - started))
+[ "$elapsed" -ge 1900 ] || fail "gave up after $elapsed ms, before join_timeout=2"
+for node in A B; do
+  expect_in_file "$WORK/node$node.err" "rendezvous timed out after 2 s (--rdzv_conf join_timeout): 2 of the at least 3 nodes that --nnodes=3:4 needs joined at 127.0.0.1:29620 (--rdzv_id=job2)" \
+    "node $node's message"
+done
+ls "$WORK"/started.* >/dev/null 2>&1 && fail "a worker started"
+expect_no_leftovers
+
+# (3) The member starts first and waits (is_host=0: it never hosts); the host (is_host=1) comes later.
+start_node nodeB $c10d --rdzv_id=job3 --nnodes=2 --rdzv_conf is_host=0,join_timeout=20 /bin/sh -c "$worker"
+b=$NODE_PID
+sleep 1
+alive "$b" || fail "the member gave up before its host came"
+start_node nodeA $c10d --rdzv_id=job3 --nnodes=2 --rdzv_conf is_host=1 /bin/sh -c "$worker"
+a=$NODE_PID
+wait_node "$a" 20
+expect_eq "$NODE_STATUS" 0 "the late host's exit code"
+wait_node "$b" 20
+expect_eq "$NODE_STATUS" 0 "the early member's exit code"
+[ -e "$WORK/started.0.0" ] && [ -e "$WORK/started.1.0" ] || fail "both nodes' workers should have run"
+expect_in_file "$WORK/nodeB.err" "node 1 of 2" "the member's numbering"
+expect_no_leftovers
+
+# (4) Nothing ever answers: a member alone (is_host=0) says so after join_timeout.
+start_node nodeB $c10d --rdzv_id=job4 --nnodes=2 --rdzv_conf is_host=0,join_timeout=1 /bin/sh -c "$worker"
+wait_node "$NODE_PID" 10
+expect_eq "$NODE_STATUS" 1 "the lonely member's exit code"
+expect_in_file "$WORK/nodeB.err" "rendezvous timed out after 1 s (--rdzv_conf join_timeout): nothing answered at 127.0.0.1:29620 (--rdzv_endpoint)" \
+  "the lonely member's message"
+expect_no_leftovers
+echo PASS
