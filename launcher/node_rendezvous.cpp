@@ -1,6 +1,11 @@
 // Helpers shared by the sides of both rendezvous.
 #include "node_rendezvous.h"
 
+#include <poll.h>
+
+#include <cerrno>
+#include <cstring>
+
 namespace cpprun::launcher {
 
 int take_ending_signal(SignalRelay& relay) {
@@ -9,6 +14,23 @@ int take_ending_signal(SignalRelay& relay) {
     if (ends_job(sig) && ending == 0) ending = sig;
   }
   return ending;
+}
+
+int poll_links(SignalRelay& relay, const std::vector<int>& fds, int timeout_ms,
+               const std::function<void(int)>& on_readable) {
+  std::vector<pollfd> polled{{relay.wake_fd(), POLLIN, 0}};
+  for (int fd : fds) polled.push_back({fd, POLLIN, 0});
+  if (poll(polled.data(), polled.size(), timeout_ms) < 0) {
+    if (errno == EINTR) return 0;
+    throw std::runtime_error(std::string("cpprun: poll() failed: ") + std::strerror(errno));
+  }
+  if (polled[0].revents != 0) {
+    if (const int signal = take_ending_signal(relay); signal != 0) return signal;
+  }
+  for (std::size_t i = 1; i < polled.size(); ++i) {
+    if (polled[i].revents != 0) on_readable(polled[i].fd);
+  }
+  return 0;
 }
 
 std::string describe_agent(int node_rank, const std::string& peer) {

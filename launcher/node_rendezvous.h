@@ -34,10 +34,12 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "launch_config.h"
 #include "node_link.h"
@@ -122,6 +124,12 @@ inline constexpr std::chrono::milliseconds kStoreTimeout{30000};
 // The job-ending signal among the pending ones, or 0. Others (SIGCHLD, SIGUSR1) are dropped: no
 // worker runs while the agents are rendezvousing or deciding.
 int take_ending_signal(SignalRelay& relay);
+
+// One turn of a rendezvous side's loop: waits up to timeout_ms for a signal or for data on
+// `fds`, and returns the job-ending signal if one came (links unread), else calls
+// on_readable(fd) for each fd with something to read and returns 0.
+int poll_links(SignalRelay& relay, const std::vector<int>& fds, int timeout_ms,
+               const std::function<void(int)>& on_readable);
 
 // "the agent of node 1 (10.0.0.2:41234)"; without the address when `peer` is empty.
 std::string describe_agent(int node_rank, const std::string& peer);

@@ -273,20 +273,8 @@ class RendezvousHost final : public NodeRendezvous {
 
   // Returns true when a job-ending signal arrived (in pending_signal_).
   bool poll_once(SignalRelay& relay, int timeout_ms) {
-    std::vector<pollfd> fds{{relay.wake_fd(), POLLIN, 0}};
-    for (int fd : this->fds()) fds.push_back({fd, POLLIN, 0});
-    if (poll(fds.data(), fds.size(), timeout_ms) < 0) {
-      if (errno == EINTR) return false;
-      throw std::runtime_error(std::string("cpprun: poll() failed: ") + std::strerror(errno));
-    }
-    if (fds[0].revents != 0) {
-      pending_signal_ = take_ending_signal(relay);
-      if (pending_signal_ != 0) return true;
-    }
-    for (std::size_t i = 1; i < fds.size(); ++i) {
-      if (fds[i].revents != 0) on_readable(fds[i].fd);
-    }
-    return false;
+    pending_signal_ = poll_links(relay, fds(), timeout_ms, [this](int fd) { on_readable(fd); });
+    return pending_signal_ != 0;
   }
 
   void accept_links() {

@@ -260,17 +260,7 @@ class RendezvousMember final : public NodeRendezvous {
 
   // Returns the job-ending signal that arrived, or 0.
   int poll_once(SignalRelay& relay, int timeout_ms) {
-    std::vector<pollfd> fds{{relay.wake_fd(), POLLIN, 0}};
-    for (int fd : this->fds()) fds.push_back({fd, POLLIN, 0});
-    if (poll(fds.data(), fds.size(), timeout_ms) < 0) {
-      if (errno == EINTR) return 0;
-      throw std::runtime_error(std::string("cpprun: poll() failed: ") + std::strerror(errno));
-    }
-    if (fds[0].revents != 0) {
-      if (const int signal = take_ending_signal(relay); signal != 0) return signal;
-    }
-    if (fds.size() > 1 && fds[1].revents != 0) read_link();
-    return 0;
+    return poll_links(relay, fds(), timeout_ms, [this](int) { read_link(); });  // fds(): the link alone
   }
 
   void read_link() {
