@@ -13,8 +13,7 @@ bool contains(const std::vector<std::size_t>& v, std::size_t x) { return std::fi
 ParameterResidency::ParameterResidency(std::vector<FlatParam>& flats, std::vector<bool> root, ProcessGroup group,
                                        ResidencyOptions options)
     : flats_(flats), root_(std::move(root)), group_(std::move(group)), options_(options), units_(flats.size()) {
-  TORCH_CHECK(options_.limit >= 1, "cpprun::FullyShardedDataParallel: gathered_unit_limit must be at least 1, got ",
-              options_.limit, ".");
+  TORCH_INTERNAL_ASSERT(options_.limit >= 1);  // FsdpCore checks the user's option
   for (std::size_t u = 0; u < flats_.size(); ++u) {
     flats_[u].release_full();
     watch_uses(flats_[u].full(), flats_[u].params(), *this, u);
