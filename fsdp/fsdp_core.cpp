@@ -215,6 +215,12 @@ FsdpMemory FsdpCore::memory() const {
 
 std::size_t FsdpCore::unit_count() const { return impl_->flats.size(); }
 
+FsdpCore::PrefetchStats FsdpCore::prefetch_stats() const {
+  PrefetchStats stats;
+  if (impl_->residency) impl_->residency->prefetch_stats(stats.started, stats.used);
+  return stats;
+}
+
 void FsdpCore::save_full_state(const std::string& path) {
   Impl& s = *impl_;
   gather_full_parameters();  // collective: every rank takes part

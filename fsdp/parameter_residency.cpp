@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <utility>
 
 namespace cpprun::detail {
 namespace {
@@ -37,6 +38,7 @@ void ParameterResidency::use(std::size_t u, const std::vector<std::size_t>& need
   if (unit.gathered && stale(u)) release(u);  // the optimizer stepped its shard since the gather
   if (!unit.gathered) gather(u, needed);
   complete(u);
+  if (std::exchange(unit.prefetched, false)) ++prefetches_used_;
   unit.last_use = ++clock_;
   if (unit.used_this_phase) return;
   unit.used_this_phase = true;
@@ -65,6 +67,9 @@ void ParameterResidency::prefetch_neighbour(std::size_t u, const std::vector<std
   make_room(protect);
   if (static_cast<int>(gathered_count()) >= options_.limit) return;
   gather(next, protect);  // completes asynchronously; use() waits for it
+  ++prefetches_;
+  unit.prefetched = true;
+  unit.last_use = ++clock_;  // as if used now: LRU must not evict it before its use comes
 }
 
 void ParameterResidency::gather(std::size_t u, const std::vector<std::size_t>& keep) {
@@ -107,6 +112,7 @@ void ParameterResidency::release(std::size_t u) {
   Unit& unit = units_[u];
   if (!unit.gathered) return;
   complete(u);
+  unit.prefetched = false;
   const std::size_t bytes = flats_[u].full_bytes();
   c10::DataPtr memory = flats_[u].release_full();
   unit.gathered = false;
@@ -205,6 +211,12 @@ int64_t ParameterResidency::spare_bytes() const {
 int64_t ParameterResidency::kept_bytes() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return spare_bytes();
+}
+
+void ParameterResidency::prefetch_stats(int64_t& started, int64_t& used) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  started = prefetches_;
+  used = prefetches_used_;
 }
 
 int64_t ParameterResidency::peak_gathered_bytes() const {

@@ -59,6 +59,7 @@ class ParameterResidency final : public UseListener {
   int64_t gathered_bytes() const;
   int64_t peak_gathered_bytes() const;  // gathered plus kept, at most
   int64_t kept_bytes() const;  // released memory kept for reuse
+  void prefetch_stats(int64_t& started, int64_t& used) const;  // gathers started ahead of use
 
  private:
   enum class Phase { kIdle, kForward, kBackward };
@@ -70,6 +71,7 @@ class ParameterResidency final : public UseListener {
     uint64_t last_use = 0;
     bool used_this_phase = false;
     bool done = false;       // backward_done() since the last forward
+    bool prefetched = false; // gathered ahead of use, not used yet
   };
 
   void use(std::size_t u, const std::vector<std::size_t>& needed);
@@ -98,6 +100,7 @@ class ParameterResidency final : public UseListener {
   };
   std::vector<Spare> spares_;
   int64_t peak_bytes_ = 0;
+  int64_t prefetches_ = 0, prefetches_used_ = 0;
   mutable std::mutex mutex_;
 };
 

@@ -173,6 +173,42 @@ TEST_CASE("fsdp: manually chosen, nested units match one process at every stage"
   }
 }
 
+// Tower's forward uses root, b0, b1, b2, b1, root, and backward keeps the root and b1 (used last).
+// With the forward order known (from the second step), forward prefetches b0, b1 and b2, and
+// backward b0 and the root (released by then to make room for b2, within the limit of 3): 5 per
+// step. The first step's forward has no order yet: 2. Every one is used before its release but
+// the root's in backward: the first Linear's backward does not read its weight (its input needs
+// no gradient), so nothing uses the root again there.
+TEST_CASE("fsdp: ZeRO-3 prefetches the next unit in forward and in backward, and not when told not to", "[fsdp]") {
+  const int rank = group().rank(), world = group().size();
+  for (bool prefetch : {true, false}) {
+    torch::manual_seed(0);
+    auto model = cpprun::FullyShardedDataParallel(
+        std::make_shared<Tower>(), group(), cpprun::FsdpOptions().stage(3).wrap_policy(is_block).prefetch(prefetch));
+    torch::optim::SGD opt(model->parameters(), 0.1);
+    std::vector<int64_t> started, used;
+    for (int step = 0; step < 3; ++step) {
+      const auto before = model->core().prefetch_stats();
+      opt.zero_grad();
+      torch::nn::functional::cross_entropy(model->forward(slice(inputs_for("mlp", kGlobalBatch, step), rank, world)),
+                                           slice(targets_for(kGlobalBatch, step), rank, world))
+          .backward();
+      opt.step();
+      const auto after = model->core().prefetch_stats();
+      started.push_back(after.started - before.started);
+      used.push_back(after.used - before.used);
+    }
+    INFO("prefetch " << prefetch << ": started per step " << started[0] << ", " << started[1] << ", " << started[2]
+                     << "; used " << used[0] << ", " << used[1] << ", " << used[2]);
+    if (prefetch) {
+      CHECK(started == std::vector<int64_t>{2, 5, 5});
+      CHECK(used == std::vector<int64_t>{1, 4, 4});  // none evicted before its use
+    } else {
+      CHECK(started == std::vector<int64_t>{0, 0, 0});
+    }
+  }
+}
+
 // What ZeRO-3 is for: the full parameters exist only a few units at a time.
 TEST_CASE("fsdp: ZeRO-3 holds at most gathered_unit_limit units, and none after backward", "[fsdp]") {
   const int rank = group().rank(), world = group().size();

@@ -45,6 +45,13 @@ class FsdpCore : public SyncSwitch {
   double clip_grad_norm(double max_norm);
   FsdpMemory memory() const;
   std::size_t unit_count() const;
+  // Stage 3, since construction: all-gathers started ahead of use (prefetch), and how many of
+  // those units were then used before being released.
+  struct PrefetchStats {
+    int64_t started = 0;
+    int64_t used = 0;
+  };
+  PrefetchStats prefetch_stats() const;
   // Full (unsharded) state in torch::save's format for the wrapped module: rank 0 writes it
   // (atomically), and a plain module loads it with torch::load. Loading reads on rank 0 and
   // broadcasts, so only rank 0 needs the file. Collective.
