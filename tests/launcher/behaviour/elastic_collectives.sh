@@ -40,17 +40,7 @@ expect_in_file "$WORK/nodeB.out" "[rank2]: collectives passed at WORLD_SIZE=4" "
 expect_in_file "$WORK/nodeC.out" "[rank3]: collectives passed at WORLD_SIZE=4" "rank 3 (the newcomer), round 1"
 expect_no_leftovers
 
-python=
-for candidate in python3 /usr/bin/python3; do  # Debian's python3-torch, whatever python3 is first on PATH
-  if "$candidate" -c 'import torch.distributed' 2>/dev/null; then
-    python=$(command -v "$candidate")
-    break
-  fi
-done
-if [ -z "$python" ]; then
-  echo "PASS (the torch.distributed part was skipped: no python3 can import torch)"
-  exit 0
-fi
+find_torch_python_or_pass
 cat >"$WORK/worker.py" <<'PY'
 import datetime, os, torch, torch.distributed as dist
 # env://: RANK, WORLD_SIZE, MASTER_*; TORCHELASTIC_USE_AGENT_STORE=False makes rank 0 host the store.

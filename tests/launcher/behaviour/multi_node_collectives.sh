@@ -20,17 +20,7 @@ expect_in_file "$WORK/node0.out" "[rank1]: All tests passed" "rank 1's result"
 expect_in_file "$WORK/node1.out" "[rank2]: All tests passed" "rank 2's result"
 expect_no_leftovers
 
-python=
-for candidate in python3 /usr/bin/python3; do  # Debian's python3-torch, whatever python3 is first on PATH
-  if "$candidate" -c 'import torch.distributed' 2>/dev/null; then
-    python=$(command -v "$candidate")
-    break
-  fi
-done
-if [ -z "$python" ]; then
-  echo "PASS (the torch.distributed part was skipped: no python3 can import torch)"
-  exit 0
-fi
+find_torch_python_or_pass
 cat >"$WORK/worker.py" <<'PY'
 import datetime, torch, torch.distributed as dist
 # env://: RANK, WORLD_SIZE, MASTER_*; TORCHELASTIC_USE_AGENT_STORE=True makes rank 0 a store client.
