@@ -1,26 +1,51 @@
 // One side of scripts/bench_ddp.sh and scripts/bench_fsdp.sh: times training steps of an MLP
 // 1024-[H x 4]-10 with cpprun's DistributedDataParallel ("ddp"), FullyShardedDataParallel at
-// ZeRO stage 1, 2 or 3 ("zero1", "zero2", "zero3"; one unit per Linear), or the same per-rank work with no
-// communication ("local"). bench/dp_bench.py is the PyTorch side. Prints one RESULT line.
+// ZeRO stage 1, 2 or 3 ("zero1", "zero2", "zero3"; one unit per Linear), the same per-rank work with no
+// communication ("local"), or only the communication: one all-reduce of a flat tensor as large as
+// all the gradients ("allreduce", DDP's floor). bench/dp_bench.py is the PyTorch side. Prints one
+// RESULT line, with the process's CPU time per step (all threads, Gloo's included) beside the wall
+// time: on a machine whose cores the ranks' compute already fills, communication's CPU time
+// cannot be hidden by overlap.
 //
-//   cpprun --nproc_per_node=2 build/bench/dp_bench --mode ddp --hidden 1024 --batch 64
+//   cpprun --nproc_per_node=2 build/bench/dp_bench --mode ddp --hidden 1024 --batch 64 [--bucket-view]
 #include <cpprun/cpprun.h>
 #include <torch/torch.h>
 
+#include <sys/resource.h>
+
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <string>
+
+double cpu_ms() {  // this process's user + system time so far, every thread
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  auto ms = [](const timeval& t) { return t.tv_sec * 1e3 + t.tv_usec / 1e3; };
+  return ms(usage.ru_utime) + ms(usage.ru_stime);
+}
+
+struct Timing {
+  double wall_ms = 0, cpu_ms = 0;  // per step
+};
 
 struct Args {
   std::string mode = "ddp";
   int64_t hidden = 1024, batch = 64;  // batch per rank
   int warmup = 5, steps = 20;
+  bool bucket_view = false;  // DDP with gradient_as_bucket_view
 };
 
 Args parse(int argc, char** argv) {
   Args a;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i], v = argv[i + 1];
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    if (k == "--bucket-view") {
+      a.bucket_view = true;
+      continue;
+    }
+    if (i + 1 == argc) throw std::invalid_argument("flag " + k + " needs a value");
+    const std::string v = argv[++i];
     if (k == "--mode") a.mode = v;
     else if (k == "--hidden") a.hidden = std::stoll(v);
     else if (k == "--batch") a.batch = std::stoll(v);
@@ -47,40 +72,51 @@ int main(int argc, char** argv) {
   auto x = torch::randn({args.batch, 1024});
   auto y = torch::randint(0, 10, {args.batch}, torch::kLong);
 
-  auto run = [&](auto& model) {
-    torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
-    auto step = [&] {
-      opt.zero_grad();
-      torch::nn::functional::cross_entropy(model->forward(x), y).backward();
-      opt.step();
-    };
+  auto time_steps = [&](const std::function<void()>& step) {
     for (int i = 0; i < args.warmup; ++i) step();
     cpprun::barrier(group);
+    const double cpu_start = cpu_ms();
     const auto start = std::chrono::steady_clock::now();
     for (int i = 0; i < args.steps; ++i) step();
     cpprun::barrier(group);
-    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() / args.steps;
+    Timing t;
+    t.wall_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() / args.steps;
+    t.cpu_ms = (cpu_ms() - cpu_start) / args.steps;
+    return t;
+  };
+  auto run = [&](auto& model) {
+    torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+    return time_steps([&] {
+      opt.zero_grad();
+      torch::nn::functional::cross_entropy(model->forward(x), y).backward();
+      opt.step();
+    });
   };
 
   int64_t params = 0;
   for (const auto& p : net->parameters()) params += p.numel();
-  double ms;
+  Timing t;
   if (args.mode == "ddp") {
-    auto ddp = cpprun::DistributedDataParallel(net.ptr(), group);
-    ms = run(ddp);
+    auto ddp = cpprun::DistributedDataParallel(net.ptr(), group,
+                                               cpprun::DdpOptions().gradient_as_bucket_view(args.bucket_view));
+    t = run(ddp);
   } else if (args.mode == "zero1" || args.mode == "zero2" || args.mode == "zero3") {
     auto per_linear = [](const torch::nn::Module& m) { return dynamic_cast<const torch::nn::LinearImpl*>(&m) != nullptr; };
     auto options = cpprun::FsdpOptions().stage(args.mode.back() - '0').wrap_policy(per_linear);
     auto fsdp = cpprun::FullyShardedDataParallel(net.ptr(), group, options);
-    ms = run(fsdp);
+    t = run(fsdp);
   } else if (args.mode == "local") {
-    ms = run(net);
+    t = run(net);
+  } else if (args.mode == "allreduce") {
+    auto gradients = torch::randn({params});
+    t = time_steps([&] { cpprun::all_reduce(group, gradients, cpprun::ReduceOp::kAvg); });
   } else {
-    throw std::invalid_argument("--mode must be ddp, zero1, zero2, zero3 or local");
+    throw std::invalid_argument("--mode must be ddp, zero1, zero2, zero3, local or allreduce");
   }
   if (group.rank() == 0) {
-    std::printf("RESULT impl=cpprun mode=%s params=%lld world=%d ms_per_step=%.2f samples_per_s=%.1f\n",
-                args.mode.c_str(), static_cast<long long>(params), group.size(), ms,
-                1000.0 * args.batch * group.size() / ms);
+    std::printf("RESULT impl=cpprun mode=%s params=%lld world=%d ms_per_step=%.2f cpu_ms_per_step=%.2f "
+                "samples_per_s=%.1f\n",
+                args.mode.c_str(), static_cast<long long>(params), group.size(), t.wall_ms, t.cpu_ms,
+                1000.0 * args.batch * group.size() / t.wall_ms);
   }
 }

@@ -30,8 +30,9 @@ Reducer::Reducer(std::vector<std::string> names, std::vector<at::Tensor> params,
     : names_(std::move(names)),
       params_(std::move(params)),
       group_(std::move(group)),
-      options_(options),
-      hook_(allreduce_hook()) {
+      options_(options) {
+  average_scale_ = at::scalar_tensor(1.0 / group_.size(), at::kDouble);
+  average_scale_.unsafeGetTensorImpl()->set_wrapped_number(true);
   for (const auto& p : params_) {
     TORCH_CHECK(!p.is_sparse(), "cpprun::DistributedDataParallel does not support sparse parameters.");
   }
@@ -200,11 +201,16 @@ void Reducer::on_gradient_ready(std::size_t param) {
 void Reducer::mark_ready(std::size_t param, bool used) {
   at::Tensor view = slot(param);
   at::Tensor& grad = params_[param].mutable_grad();
+  const bool scale = hook_ == nullptr;
   if (!used || !grad.defined()) {
     // The slot must hold zeros; a .grad that is this slot keeps its value as a copy of its own.
     if (is_slot(grad, view)) grad = view.clone();
     view.zero_();
-  } else if (!is_slot(grad, view)) {
+  } else if (is_slot(grad, view)) {
+    if (scale) view.mul_(average_scale_);
+  } else if (scale) {
+    at::mul_out(view, grad, average_scale_);
+  } else {
     view.copy_(grad);
   }
   ready_[param] = true;
@@ -214,15 +220,19 @@ void Reducer::mark_ready(std::size_t param, bool used) {
 
 void Reducer::launch_ready_buckets() {
   while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
-    Bucket& bucket = buckets_[next_bucket_];
-    GradBucket view;
-    view.index = static_cast<int>(next_bucket_);
-    view.is_last = next_bucket_ + 1 == buckets_.size();
-    view.buffer = bucket.buffer;
-    for (std::size_t i : bucket.params) view.parameters.push_back(params_[i]);
-    bucket.work = hook_->run(group_, view);
-    ++next_bucket_;
+    const std::size_t index = next_bucket_++;
+    buckets_[index].work = reduce(buckets_[index], index);
   }
+}
+
+Work Reducer::reduce(Bucket& bucket, std::size_t index) {
+  if (!hook_) return all_reduce_async(group_, bucket.buffer, ReduceOp::kSum);  // scaled on the way in
+  GradBucket view;
+  view.index = static_cast<int>(index);
+  view.is_last = index + 1 == buckets_.size();
+  view.buffer = bucket.buffer;
+  for (std::size_t i : bucket.params) view.parameters.push_back(params_[i]);
+  return hook_->run(group_, view);
 }
 
 void Reducer::finish_backward() {
@@ -291,11 +301,7 @@ void Reducer::reduce_as_joined_rank() {
   used_here_.assign(params_.size(), false);
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
     buckets_[b].buffer.zero_();
-    GradBucket view;
-    view.index = static_cast<int>(b);
-    view.is_last = b + 1 == buckets_.size();
-    view.buffer = buckets_[b].buffer;
-    hook_->run(group_, view).wait();
+    reduce(buckets_[b], b).wait();
   }
   if (detects_unused()) {
     auto globally_used = reduce_used_flags();

@@ -63,6 +63,7 @@ class Reducer {
   // Called by the autograd hook of parameter `param` once its .grad holds this backward's gradient.
   void on_gradient_ready(std::size_t param);
   void mark_ready(std::size_t param, bool used);
+  Work reduce(Bucket& bucket, std::size_t index);
   void launch_ready_buckets();
   void finish_backward();  // queued on the autograd engine: runs when backward ends
   std::vector<bool> reduce_used_flags();
@@ -73,7 +74,11 @@ class Reducer {
   std::vector<at::Tensor> params_;
   ProcessGroup group_;
   DdpOptions options_;
+  // Null unless one was registered. Null means the built-in all-reduce, whose 1/world_size
+  // scaling is done while the gradients are copied in, saving a pass over every gradient (as
+  // PyTorch's reducer does). A registered hook gets the unscaled gradients, as comm_hooks.h says.
   std::shared_ptr<CommHook> hook_;
+  at::Tensor average_scale_;  // 1/world_size, as a wrapped scalar: keeps the gradient's dtype
 
   std::vector<Bucket> buckets_;
   std::vector<std::pair<std::size_t, std::size_t>> location_;  // param -> (bucket, slot)
