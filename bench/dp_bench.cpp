@@ -8,7 +8,9 @@
 // cannot be hidden by overlap.
 //
 //   cpprun --nproc_per_node=2 build/bench/dp_bench --mode ddp --hidden 1024 --batch 64 [--bucket-view]
+//          [--device cuda]   (each rank on GPU LOCAL_RANK, gradients over NCCL)
 #include <cpprun/cpprun.h>
+#include <torch/cuda.h>
 #include <torch/torch.h>
 
 #include <sys/resource.h>
@@ -34,6 +36,7 @@ struct Args {
   int64_t hidden = 1024, batch = 64;  // batch per rank
   int warmup = 5, steps = 20;
   bool bucket_view = false;  // DDP with gradient_as_bucket_view
+  std::string device = "cpu";  // or "cuda": this rank's GPU (LOCAL_RANK), with NCCL
 };
 
 Args parse(int argc, char** argv) {
@@ -51,6 +54,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--batch") a.batch = std::stoll(v);
     else if (k == "--warmup") a.warmup = std::stoi(v);
     else if (k == "--steps") a.steps = std::stoi(v);
+    else if (k == "--device") a.device = v;
     else throw std::invalid_argument("unknown flag " + k);
   }
   return a;
@@ -63,21 +67,34 @@ torch::nn::Sequential make_mlp(int64_t hidden) {
   return net;
 }
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   const Args args = parse(argc, argv);
+  if (args.device != "cpu" && args.device != "cuda") throw std::invalid_argument("--device must be cpu or cuda");
+  if (args.device == "cuda" && !torch::cuda::is_available()) {
+    throw std::invalid_argument("--device cuda: this LibTorch sees no CUDA GPU (a CPU-only build, or no GPU here)");
+  }
   torch::set_num_threads(1);
+  const torch::Device device = args.device == "cuda" ? torch::Device(torch::kCUDA, cpprun::read_dist_env().local_rank)
+                                                     : torch::Device(torch::kCPU);
   auto group = cpprun::init_process_group();
   torch::manual_seed(0);
   auto net = make_mlp(args.hidden);
-  auto x = torch::randn({args.batch, 1024});
-  auto y = torch::randint(0, 10, {args.batch}, torch::kLong);
+  net->to(device);
+  auto x = torch::randn({args.batch, 1024}).to(device);
+  auto y = torch::randint(0, 10, {args.batch}, torch::kLong).to(device);
+  // Kernels on a GPU run asynchronously: wait for them before reading the clock.
+  auto finish_kernels = [&] {
+    if (device.is_cuda()) torch::cuda::synchronize(device.index());
+  };
 
   auto time_steps = [&](const std::function<void()>& step) {
     for (int i = 0; i < args.warmup; ++i) step();
+    finish_kernels();
     cpprun::barrier(group);
     const double cpu_start = cpu_ms();
     const auto start = std::chrono::steady_clock::now();
     for (int i = 0; i < args.steps; ++i) step();
+    finish_kernels();
     cpprun::barrier(group);
     Timing t;
     t.wall_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() / args.steps;
@@ -108,15 +125,25 @@ int main(int argc, char** argv) {
   } else if (args.mode == "local") {
     t = run(net);
   } else if (args.mode == "allreduce") {
-    auto gradients = torch::randn({params});
+    auto gradients = torch::randn({params}).to(device);
     t = time_steps([&] { cpprun::all_reduce(group, gradients, cpprun::ReduceOp::kAvg); });
   } else {
     throw std::invalid_argument("--mode must be ddp, zero1, zero2, zero3, local or allreduce");
   }
   if (group.rank() == 0) {
-    std::printf("RESULT impl=cpprun mode=%s params=%lld world=%d ms_per_step=%.2f cpu_ms_per_step=%.2f "
+    std::printf("RESULT impl=cpprun mode=%s device=%s params=%lld world=%d ms_per_step=%.2f cpu_ms_per_step=%.2f "
                 "samples_per_s=%.1f\n",
-                args.mode.c_str(), static_cast<long long>(params), group.size(), t.wall_ms, t.cpu_ms,
+                args.mode.c_str(), args.device.c_str(), static_cast<long long>(params), group.size(), t.wall_ms, t.cpu_ms,
                 1000.0 * args.batch * group.size() / t.wall_ms);
+  }
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "dp_bench: %s\n", e.what());
+    return 2;
   }
 }
