@@ -70,12 +70,11 @@ torch::nn::Sequential make_mlp(int64_t hidden) {
 int run(int argc, char** argv) {
   const Args args = parse(argc, argv);
   if (args.device != "cpu" && args.device != "cuda") throw std::invalid_argument("--device must be cpu or cuda");
-  if (args.device == "cuda" && !torch::cuda::is_available()) {
-    throw std::invalid_argument("--device cuda: this LibTorch sees no CUDA GPU (a CPU-only build, or no GPU here)");
+  const torch::Device device = args.device == "cuda" ? cpprun::local_device() : torch::Device(torch::kCPU);
+  if (args.device == "cuda" && !device.is_cuda()) {
+    throw std::invalid_argument("--device cuda: no GPU for LOCAL_RANK here (a CPU-only LibTorch, or fewer GPUs than ranks)");
   }
   torch::set_num_threads(1);
-  const torch::Device device = args.device == "cuda" ? torch::Device(torch::kCUDA, cpprun::read_dist_env().local_rank)
-                                                     : torch::Device(torch::kCPU);
   auto group = cpprun::init_process_group();
   torch::manual_seed(0);
   auto net = make_mlp(args.hidden);
