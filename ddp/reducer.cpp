@@ -199,6 +199,9 @@ void Reducer::on_gradient_ready(std::size_t param) {
 }
 
 void Reducer::mark_ready(std::size_t param, bool used) {
+  // The bucket holds values, never part of a graph: under backward(create_graph=true) gradients
+  // require grad, and out= ops such as mul_out would refuse them.
+  at::NoGradGuard no_grad;
   at::Tensor view = slot(param);
   at::Tensor& grad = params_[param].mutable_grad();
   const bool scale = hook_ == nullptr;

@@ -1,6 +1,7 @@
 // Gradient reduction for DistributedDataParallel: autograd hooks put each gradient into its
-// bucket as soon as it is ready; a full bucket is reduced (through the comm hook) while backward
-// goes on; when backward ends, the averaged gradients are written back to .grad.
+// bucket as soon as it is ready; a full bucket is reduced (all-reduced, or through the registered
+// comm hook) while backward goes on; when backward ends, the averaged gradients are written back
+// to .grad.
 #pragma once
 
 #include <ATen/core/Tensor.h>

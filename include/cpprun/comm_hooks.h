@@ -1,6 +1,8 @@
 // Communication hooks: how DistributedDataParallel reduces one bucket of gradients. A hook gets
-// the bucket and returns a Work; when that work has been waited on, the bucket's buffer must
-// hold the gradients averaged over the ranks.
+// the bucket, holding this rank's gradients as they are (not yet divided by the world size), and
+// returns a Work; when that work has been waited on, the bucket's buffer must hold the gradients
+// averaged over the ranks. With no hook registered, DDP all-reduces each bucket itself, its
+// gradients scaled by 1/world size as they were copied in.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -27,7 +29,7 @@ class CommHook {
   virtual std::string name() const = 0;
 };
 
-// All-reduce the bucket and divide by the world size (the default).
+// All-reduce the bucket and divide by the world size: what DDP does with no hook, one pass slower.
 std::shared_ptr<CommHook> allreduce_hook();
 // Send the bucket as float16 / bfloat16 (half the bytes of float32), then decompress.
 std::shared_ptr<CommHook> fp16_compress_hook();

@@ -170,6 +170,27 @@ TEST_CASE("ddp: no_sync accumulates locally, the next backward reduces the sum",
   check_same_parameters(*net, *ref, 1e-5);
 }
 
+// Under create_graph the gradients require grad themselves; the reducer must still average their
+// values (and not refuse them: out= ops reject tensors that require grad in grad mode).
+TEST_CASE("ddp: backward(create_graph=true) still averages the gradients", "[ddp]") {
+  const int rank = group().rank(), world = group().size();
+  torch::manual_seed(0);
+  auto net = std::make_shared<Mlp>();
+  auto ddp = cpprun::DistributedDataParallel(net, group());
+  auto ref = std::make_shared<Mlp>();
+  copy_state(*ref, *net);
+  auto x = inputs_for("mlp", kGlobalBatch, 0);
+  auto y = targets_for(kGlobalBatch, 0);
+  auto loss = torch::nn::functional::cross_entropy(ddp->forward(slice(x, rank, world)), slice(y, rank, world));
+  loss.backward({}, /*retain_graph=*/true, /*create_graph=*/true);
+  reference_backward(*ref, x, y, world);
+  auto ref_params = ref->named_parameters();
+  for (const auto& item : net->named_parameters()) {
+    INFO("gradient of " << item.key());
+    CHECK(relative_difference(item.value().grad().detach(), ref_params[item.key()].grad()) <= 1e-5);
+  }
+}
+
 TEST_CASE("ddp: a parameter without gradient fails the next forward, naming it", "[ddp]") {
   const int rank = group().rank(), world = group().size();
   torch::manual_seed(0);
