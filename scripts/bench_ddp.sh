@@ -26,10 +26,14 @@ median() { tr ' ' '\n' | sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1
 # median_pair MODE HIDDEN STEPS [FLAG...]: "C++ wall, C++ CPU, Python wall, Python CPU" ms/step,
 # each the median over the repeats.
 median_pair() {
-  local cw=() cc=() pw=() pc=() w c
+  local cw=() cc=() pw=() pc=() w c out impl
   for ((r = 0; r < repeats; ++r)); do
-    read -r w c <<<"$(run_dp_with_cpu cpp "$@")"; cw+=("$w"); cc+=("$c")
-    read -r w c <<<"$(run_dp_with_cpu py "$@")"; pw+=("$w"); pc+=("$c")
+    for impl in cpp py; do
+      out=$(run_dp_with_cpu "$impl" "$@")
+      [ -n "$out" ] || { echo "bench_ddp: $impl $* printed no RESULT line (rerun it by hand to see why)" >&2; exit 1; }
+      read -r w c <<<"$out"
+      if [ "$impl" = cpp ]; then cw+=("$w"); cc+=("$c"); else pw+=("$w"); pc+=("$c"); fi
+    done
   done
   echo "$(median <<<"${cw[*]}") $(median <<<"${cc[*]}") $(median <<<"${pw[*]}") $(median <<<"${pc[*]}")"
 }
@@ -41,9 +45,11 @@ ddp_table() {  # $1: title; further arguments go to both sides' DDP runs
     "Py ms/step" "C++ samp/s" "Py samp/s" "C++/Py" "C++ overhead" "Py overhead"
   for config in "${configs[@]}"; do
     read -r hidden params steps <<<"$config"
-    read -r cpp_ddp _ py_ddp _ <<<"$(median_pair ddp "$hidden" "$steps" "$@")"
+    pair=$(median_pair ddp "$hidden" "$steps" "$@")  # an assignment, so that a failed run stops the script
+    read -r cpp_ddp _ py_ddp _ <<<"$pair"
     if [ -z "${local_ms[$hidden]:-}" ]; then
-      read -r cpp_local _ py_local _ <<<"$(median_pair local "$hidden" "$steps")"
+      pair=$(median_pair local "$hidden" "$steps")
+      read -r cpp_local _ py_local _ <<<"$pair"
       local_ms[$hidden]="$cpp_local $py_local"
       py_default_ms[$hidden]=$py_ddp
     fi
@@ -62,7 +68,8 @@ printf '\n%s\n%-7s %-8s %10s %11s %12s %11s %12s %15s %13s\n' \
   model params "local ms" "C++ AR ms" "C++ AR CPU" "Py AR ms" "Py AR CPU" "overhead floor" "best C++/Py"
 for config in "${configs[@]}"; do
   read -r hidden params steps <<<"$config"
-  read -r cpp_ar cpp_ar_cpu py_ar py_ar_cpu <<<"$(median_pair allreduce "$hidden" "$steps")"
+  pair=$(median_pair allreduce "$hidden" "$steps")
+  read -r cpp_ar cpp_ar_cpu py_ar py_ar_cpu <<<"$pair"
   read -r cpp_local _ <<<"${local_ms[$hidden]}"
   # best C++/Py: Python's default DDP step against a C++ step that costs only its compute plus
   # its all-reduce's CPU time.

@@ -20,11 +20,13 @@ cd "$(dirname "$0")/.."
 deps=.gpu_deps
 
 if [ "${1:-}" = "--pack" ]; then
-  rm -rf "$deps" && mkdir -p "$deps/include"
+  # Gloo apart: on the include path only when that LibTorch has no Gloo headers of its own.
+  rm -rf "$deps" && mkdir -p "$deps/include" "$deps/gloo/include"
   for header_dir in CLI catch2 gloo; do
     [ -d "/usr/include/$header_dir" ] || { echo "gpu_check: /usr/include/$header_dir missing: run scripts/setup.sh" >&2; exit 1; }
-    cp -r "/usr/include/$header_dir" "$deps/include/"
   done
+  cp -r /usr/include/CLI /usr/include/catch2 "$deps/include/"
+  cp -r /usr/include/gloo "$deps/gloo/include/"
   echo "gpu_check: packed $(du -sh "$deps" | cut -f1) into $deps; pass carry [\"$deps\"] to the device run"
   exit 0
 fi
@@ -41,8 +43,9 @@ log() { echo "gpu_check: $*" | tee -a "$out/summary.txt"; }
 log "$(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null || echo 'no nvidia-smi')"
 log "torch $("$python" -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda, "gpus", torch.cuda.device_count())')"
 
+torch_prefix=$("$python" -c 'import torch; print(torch.utils.cmake_prefix_path)')
 if wants build; then
-  torch_prefix=$("$python" -c 'import torch; print(torch.utils.cmake_prefix_path)')
+  [ -d "$deps/include" ] || { log "build: $deps missing: run 'bash scripts/gpu_check.sh --pack' here and carry $deps"; exit 1; }
   torch_include=$("$python" -c 'import torch, os; print(os.path.join(os.path.dirname(torch.__file__), "include"))')
   header_args=()
   [ -f /usr/include/CLI/CLI.hpp ] || header_args+=("-DCPPRUN_CLI11_INCLUDE_DIR=$PWD/$deps/include")
@@ -52,7 +55,7 @@ if wants build; then
   else
     # Debian's Gloo headers, older than the Gloo inside this LibTorch: fine for the parts c10d's
     # headers use, but say so.
-    header_args+=("-DCPPRUN_GLOO_INCLUDE=$PWD/$deps/include")
+    header_args+=("-DCPPRUN_GLOO_INCLUDE=$PWD/$deps/gloo/include")
     log "Gloo headers: none in LibTorch, using Debian's from $deps"
   fi
   start=$SECONDS
@@ -70,6 +73,7 @@ fi
 if wants test; then
   start=$SECONDS
   jobs=$(nproc); [ "$jobs" -le 8 ] || jobs=8
+  export CMAKE_PREFIX_PATH="$torch_prefix"  # the find_package test's own project must find this LibTorch too
   if ctest --test-dir "$build" --parallel "$jobs" --output-on-failure >"$out/ctest.log" 2>&1; then result=ok; else result=FAILED; fi
   log "test: $result in $((SECONDS - start)) s: $(grep -E 'tests passed' "$out/ctest.log" || true)"
   grep -E '\(Failed\)|\(Timeout\)|\*\*\*' "$out/ctest.log" | tee -a "$out/summary.txt" || true
@@ -77,9 +81,11 @@ fi
 
 if wants bench; then
   export BENCH_NO_SETUP=1 BENCH_PYTHON="$python" CPPRUN_BUILD_DIR="$build"
-  bash scripts/bench_ddp.sh 1 3 2>&1 | tee "$out/bench_ddp.txt" | tee -a "$out/summary.txt" >/dev/null
-  bash scripts/bench_fsdp.sh 2>&1 | tee "$out/bench_fsdp.txt" | tee -a "$out/summary.txt" >/dev/null
-  log "bench: done (bench_ddp.txt, bench_fsdp.txt)"
+  for bench in bench_ddp bench_fsdp; do  # a failure is logged and the stages after it still run
+    if bash "scripts/$bench.sh" >"$out/$bench.txt" 2>&1; then result=ok; else result=FAILED; fi
+    cat "$out/$bench.txt" >>"$out/summary.txt"
+    log "bench: $bench $result"
+  done
 fi
 
 if wants smoke; then
