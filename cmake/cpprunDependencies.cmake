@@ -1,32 +1,33 @@
-# Finds LibTorch (1.13 from Debian, or any 2.x given with -DCMAKE_PREFIX_PATH) and Gloo,
+# Finds LibTorch 2.x (by default the one scripts/setup.sh installs into .venv) and Gloo's headers,
 # decides which c10d backends we compile, and says so at configure time.
-
-find_package(Torch QUIET)
+include(cpprunFindTorch)
+cpprun_find_torch()
 if(NOT Torch_FOUND)
   message(FATAL_ERROR
     "LibTorch was not found.\n"
-    "  On Debian 12: sudo scripts/setup.sh   (installs libtorch-dev libgloo-dev)\n"
-    "  For another LibTorch (e.g. the one in a PyTorch install):\n"
-    "    cmake -DCMAKE_PREFIX_PATH=$(python3 -c 'import torch;print(torch.utils.cmake_prefix_path)') ...")
+    "  The simplest: bash scripts/setup.sh, then bash scripts/build.sh (installs PyTorch's wheel\n"
+    "  into .venv/ and builds against its LibTorch).\n"
+    "  For a LibTorch you already have, give its CMake prefix:\n"
+    "    pip/conda install:   -DCMAKE_PREFIX_PATH=$(python3 -c 'import torch;print(torch.utils.cmake_prefix_path)')\n"
+    "    zip from pytorch.org: -DCMAKE_PREFIX_PATH=/path/to/libtorch")
 endif()
-
-# torch/version.h tells the version the headers are, whatever cmake calls it.
-find_file(CPPRUN_TORCH_VERSION_H torch/version.h PATHS ${TORCH_INCLUDE_DIRS} NO_DEFAULT_PATH)
-if(CPPRUN_TORCH_VERSION_H)
-  foreach(_part MAJOR MINOR PATCH)
-    file(STRINGS "${CPPRUN_TORCH_VERSION_H}" _line REGEX "#define TORCH_VERSION_${_part} ")
-    string(REGEX REPLACE ".* ([0-9]+).*" "\\1" _torch_${_part} "${_line}")
-  endforeach()
-  set(CPPRUN_TORCH_VERSION "${_torch_MAJOR}.${_torch_MINOR}.${_torch_PATCH}")
+if(Torch_VERSION VERSION_LESS 2.0)
+  message(FATAL_ERROR
+    "cpprun needs LibTorch 2.x; the one found is ${Torch_VERSION} (${TORCH_INSTALL_PREFIX}).\n"
+    "  Support for Debian's LibTorch 1.13 was retired (see README, 'Which LibTorch').\n"
+    "  Run bash scripts/setup.sh for PyTorch's wheel, or pass -DCMAKE_PREFIX_PATH=<a 2.x LibTorch>.")
 endif()
+set(CPPRUN_TESTED_TORCH_VERSION 2.15.0)
 
-# Debian's Gloo is a separate package; a pip LibTorch carries Gloo inside libtorch_cpu.
-find_package(Gloo CONFIG QUIET)
-find_path(CPPRUN_GLOO_INCLUDE gloo/config.h PATHS ${TORCH_INCLUDE_DIRS} ${GLOO_INCLUDE_DIRS})
+# c10d's Gloo header includes Gloo's headers, which neither PyTorch's wheel nor its zip ships;
+# Debian's libgloo-dev provides them. Only the headers: Gloo's code is inside libtorch_cpu, and
+# linking Debian's libgloo as well would give two copies of every Gloo symbol.
+find_path(CPPRUN_GLOO_INCLUDE gloo/config.h PATHS ${TORCH_INCLUDE_DIRS})
 if(NOT CPPRUN_GLOO_INCLUDE)
   message(FATAL_ERROR
-    "Gloo headers (gloo/config.h) were not found; c10d's Gloo backend needs them.\n"
-    "  On Debian 12: sudo apt-get install libgloo-dev   (or run scripts/setup.sh)")
+    "Gloo headers (gloo/config.h) were not found; c10d's Gloo backend header needs them.\n"
+    "  On Debian 12: sudo apt-get install libgloo-dev   (or run scripts/setup.sh),\n"
+    "  or pass -DCPPRUN_GLOO_INCLUDE=<dir containing gloo/>")
 endif()
 
 # CUDA/NCCL code compiles only when this LibTorch was built with CUDA.
@@ -43,5 +44,9 @@ set(_backends "gloo (CPU)")
 if(CPPRUN_WITH_NCCL)
   string(APPEND _backends ", nccl (CUDA)")
 endif()
-message(STATUS "cpprun: LibTorch ${CPPRUN_TORCH_VERSION} at ${TORCH_INSTALL_PREFIX}")
+set(_tested "")
+if(NOT Torch_VERSION VERSION_EQUAL CPPRUN_TESTED_TORCH_VERSION)
+  set(_tested " (CI builds and tests ${CPPRUN_TESTED_TORCH_VERSION} only)")
+endif()
+message(STATUS "cpprun: LibTorch ${Torch_VERSION}${_tested} at ${TORCH_INSTALL_PREFIX}")
 message(STATUS "cpprun: backends built: ${_backends}")

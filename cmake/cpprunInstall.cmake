@@ -16,4 +16,5 @@ configure_package_config_file(cmake/cpprunConfig.cmake.in
 write_basic_package_version_file(${PROJECT_BINARY_DIR}/cpprunConfigVersion.cmake
   COMPATIBILITY SameMinorVersion)
 install(FILES ${PROJECT_BINARY_DIR}/cpprunConfig.cmake ${PROJECT_BINARY_DIR}/cpprunConfigVersion.cmake
+              ${PROJECT_SOURCE_DIR}/cmake/cpprunFindTorch.cmake
         DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/cpprun)

@@ -1,5 +1,5 @@
 // What a cpprun::ProcessGroup holds. Internal to comm/: the rest of cpprun reaches c10d only
-// through the functions declared in cpprun's public headers and comm/c10d_access.h.
+// through the functions declared in cpprun's public headers.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -7,7 +7,7 @@
 #include <atomic>
 #include <chrono>
 
-#include "comm/c10d_compat.h"
+#include "comm/c10d_types.h"
 #include "comm/serial_executor.h"
 #include "cpprun/process_group.h"
 

@@ -1,5 +1,6 @@
-// Reduce-scatter and all-gather as rings over send/recv: Gloo in LibTorch 1.13 has no
-// reduce-scatter, and its all-gather goes through a scratch copy of the whole output.
+// Reduce-scatter and all-gather as rings over send/recv, straight into the caller's tensors.
+// Measured on LibTorch 2.15 (README, "Collectives"): 3-4x faster than Gloo's own
+// reduce_scatter_single / all_gather_single, which go through scratch copies of the whole tensor.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -8,7 +9,7 @@
 #include <chrono>
 #include <cstdint>
 
-#include "comm/c10d_compat.h"
+#include "comm/c10d_types.h"
 #include "cpprun/collectives.h"
 
 namespace cpprun::detail {

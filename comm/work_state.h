@@ -7,7 +7,7 @@
 #include <mutex>
 #include <optional>
 
-#include "comm/c10d_compat.h"
+#include "comm/c10d_types.h"
 #include "cpprun/collectives.h"
 
 namespace cpprun {

@@ -10,6 +10,7 @@
 
 #include <functional>
 #include <memory>
+#include <utility>
 #include <vector>
 
 namespace cpprun::detail {
@@ -47,7 +48,10 @@ class GradientReadyHooks {
   torch::autograd::Node* accumulator(std::size_t i) const { return accumulators_[i].get(); }
 
  private:
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  // The pointer type grad_accumulator() returns (a shared_ptr before LibTorch 2.15, an
+  // intrusive_ptr since).
+  using NodePtr = decltype(torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor&>()));
+  std::vector<NodePtr> accumulators_;
   std::vector<uintptr_t> keys_;
 };
 

@@ -1,26 +1,17 @@
-// See optimizer_state.h. LibTorch keys optimizer state by the parameter's TensorImpl: as a
-// string in 1.13, as a pointer in 2.x; state_key() serves both.
+// See optimizer_state.h. LibTorch keys optimizer state by the parameter's TensorImpl pointer.
 #include "fsdp/optimizer_state.h"
 
 #include <c10/util/Exception.h>
-#include <c10/util/string_utils.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
-
-#include <type_traits>
 
 namespace cpprun::detail {
 namespace {
 
 template <typename Map>
 typename Map::key_type state_key(const Map&, const at::Tensor& param) {
-  using Key = typename Map::key_type;
-  if constexpr (std::is_same_v<Key, std::string>) {
-    return c10::guts::to_string(param.unsafeGetTensorImpl());
-  } else {
-    return static_cast<Key>(param.unsafeGetTensorImpl());
-  }
+  return static_cast<typename Map::key_type>(param.unsafeGetTensorImpl());
 }
 
 void unsupported(const torch::optim::Optimizer& optimizer) {

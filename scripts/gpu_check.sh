@@ -9,7 +9,7 @@
 #       stages, in order, default all: build test bench smoke. Logs go to $OUT (or /tmp/gpu_check).
 #
 # What each stage shows:
-#   build  cpprun compiles against LibTorch 2.x (everything else here builds against 1.13);
+#   build  cpprun compiles against that machine's LibTorch, with scripts/build.sh as everywhere;
 #   test   the whole ctest suite on that LibTorch, CPU and Gloo;
 #   bench  scripts/bench_ddp.sh and bench_fsdp.sh on the CPU with 16 cores, so the ranks' Gloo
 #          threads have cores to spare, against that machine's PyTorch;
@@ -59,13 +59,12 @@ if wants build; then
     log "Gloo headers: none in LibTorch, using Debian's from $deps"
   fi
   start=$SECONDS
-  if cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$torch_prefix" \
-       "${header_args[@]}" >"$out/configure.log" 2>&1 &&
-     cmake --build "$build" --parallel "$(nproc)" >"$out/build.log" 2>&1; then
-    log "build: ok in $((SECONDS - start)) s ($(grep -o 'backends built: .*' "$out/configure.log"))"
+  if CPPRUN_LIBTORCH="$torch_prefix" CPPRUN_BUILD_DIR="$build" \
+       bash scripts/build.sh -DCMAKE_BUILD_TYPE=Release "${header_args[@]}" >"$out/build.log" 2>&1; then
+    log "build: ok in $((SECONDS - start)) s ($(grep -o 'backends built: .*' "$out/build.log"))"
   else
     log "build: FAILED after $((SECONDS - start)) s; first errors:"
-    grep -m 20 -E 'error|Error' "$out/configure.log" "$out/build.log" | tee -a "$out/summary.txt"
+    grep -m 20 -E 'error|Error' "$out/build.log" | tee -a "$out/summary.txt"
     exit 1
   fi
 fi
