@@ -37,9 +37,10 @@ void check_average(const char* op, const at::Tensor& t, ReduceOp reduce) {
               ". Use kSum and divide as your integer semantics require.");
 }
 
-// The element types Gloo (LibTorch 1.13 and 2.x) reduces.
+// The element types Gloo (LibTorch 2.15) reduces; it refuses e.g. int16.
 bool gloo_reduces(ScalarType type) {
   switch (type) {
+    case ScalarType::BFloat16:
     case ScalarType::Float:
     case ScalarType::Double:
     case ScalarType::Half:
@@ -119,7 +120,7 @@ Work all_reduce_async(const ProcessGroup& group, at::Tensor tensor, ReduceOp op)
   check_average("all_reduce", tensor, op);
   if (alone(group)) return Work();
   auto& impl = group.impl();
-  // Gloo refuses e.g. bf16: reduce a float32 copy (more exact, too) and copy the result back.
+  // A type Gloo refuses (int16, bool): reduce a float32 copy and copy the result back.
   const bool convert = !impl.is_nccl(tensor) && !gloo_reduces(tensor.scalar_type());
   at::Tensor wire = convert ? tensor.to(ScalarType::Float) : tensor;
   std::vector<at::Tensor> tensors{wire};
@@ -216,7 +217,7 @@ Work all_gather_into_async(const ProcessGroup& group, at::Tensor output, at::Ten
     return Work();
   }
   if (impl.is_nccl(input)) {
-    return make_work(impl.group_for(input)._allgather_base(output, input));
+    return make_work(impl.group_for(input).all_gather_single(output, input));
   }
   // Gloo's own all-gather would fill a scratch tensor of the output's size and copy it over: a
   // ring over send/recv moves the same bytes straight into `output`.
@@ -260,7 +261,7 @@ Work reduce_scatter_async(const ProcessGroup& group, at::Tensor output, at::Tens
   if (impl.is_nccl(input)) {
     c10d::ReduceScatterOptions opts;
     opts.reduceOp = to_c10d(op);
-    auto work = impl.group_for(input)._reduce_scatter_base(output, input, opts);
+    auto work = impl.group_for(input).reduce_scatter_single(output, input, opts);
     return make_work(std::move(work), [output, op, n]() mutable {
       if (op == ReduceOp::kAvg) output.div_(n);
     });
