@@ -2,8 +2,18 @@
 # launcher dlopen()s it only when --nnodes > 1, so single-node launches never load LibTorch.
 # Included by ../CMakeLists.txt at the end of the top-level directory, once Torch has been found.
 add_library(cpprun_agent_store MODULE "${CMAKE_CURRENT_LIST_DIR}/agent_store_plugin.cpp")
-target_link_libraries(cpprun_agent_store PRIVATE ${TORCH_LIBRARIES} cpprun_warnings)
-target_compile_features(cpprun_agent_store PRIVATE cxx_std_17)
+# libtorch_cpu holds c10d's TCPStore. Not ${TORCH_LIBRARIES}: with a CUDA LibTorch that maps
+# libtorch_cuda and the CUDA libraries too (2.7 GB with PyTorch 2.15's wheel), and on a loaded
+# machine loading them took node 0 past a 3 s join timeout before its store listened.
+# What the torch target asks of the code that includes LibTorch (C++20 since 2.15, the C++ ABI
+# flag) applies all the same.
+target_link_libraries(cpprun_agent_store PRIVATE torch_cpu_library cpprun_warnings)
+foreach(_property COMPILE_FEATURES COMPILE_OPTIONS)
+  get_target_property(_value torch INTERFACE_${_property})
+  if(_value)
+    set_property(TARGET cpprun_agent_store APPEND PROPERTY ${_property} ${_value})
+  endif()
+endforeach()
 # Next to the cpprun executable in the build tree, where the launcher looks first.
 set_target_properties(cpprun_agent_store PROPERTIES
   LIBRARY_OUTPUT_DIRECTORY "$<TARGET_FILE_DIR:cpprun>"
