@@ -1,6 +1,8 @@
 # Writes tests/data/sampler_indices.txt: the indices PyTorch's own DistributedSampler yields, for
-# tests/unit/test_sampler.cpp to compare cpprun::DistributedSampler against. Run with Debian's
-# python3-torch (1.13):  /usr/bin/python3 tests/data/make_sampler_indices.py > tests/data/sampler_indices.txt
+# tests/unit/test_sampler.cpp to compare cpprun::DistributedSampler against. Made with the
+# project's PyTorch (2.15; 1.13 gave the very same indices):
+#   .venv/bin/python tests/data/make_sampler_indices.py > tests/data/sampler_indices.txt
+# ctest's unit.sampler_reference runs it again and checks the file still matches.
 # Each line: size replicas rank shuffle seed drop_last epoch : indices...
 import itertools
 import torch

@@ -1,5 +1,5 @@
 // DistributedSampler: the same indices as PyTorch's Python DistributedSampler (vectors generated
-// by tests/data/make_sampler_indices.py with Debian's python3-torch), and its C++ behaviour.
+// by tests/data/make_sampler_indices.py with PyTorch 2.15), and its C++ behaviour.
 #include <catch2/catch.hpp>
 #include <torch/torch.h>
 

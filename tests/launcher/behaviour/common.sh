@@ -119,6 +119,10 @@ require_private_netns() {
 start_node() {
   local name=$1
   shift
+  # Emptied here, not only by the background job's redirection: that may run later, and a
+  # wait_for_text meanwhile would read an earlier node of the same name.
+  : >"$WORK/$name.out"
+  : >"$WORK/$name.err"
   CPPRUN_TEST_TAG=$WORK "$CPPRUN" "$@" >"$WORK/$name.out" 2>"$WORK/$name.err" &
   NODE_PID=$!
 }
@@ -134,16 +138,18 @@ wait_node() {
   NODE_STATUS=$?
 }
 
-# Sets $python to a python3 that can import torch.distributed (Debian's python3-torch, whatever
-# python3 comes first on PATH), or ends the test as passed, saying the torch part was skipped.
-find_torch_python_or_pass() {
+# Sets $python to a python that can import torch.distributed ($CPPRUN_TORCH_PYTHON, set by ctest
+# to the project's .venv, else python3 on PATH), or ends the test as skipped (77), saying why: the
+# parts before it passed, but a test missing a part is not reported as passed.
+find_torch_python_or_skip() {
   python=
-  for candidate in python3 /usr/bin/python3; do
+  for candidate in ${CPPRUN_TORCH_PYTHON:-} python3; do
     if "$candidate" -c 'import torch.distributed' 2>/dev/null; then
       python=$(command -v "$candidate")
       return
     fi
   done
-  echo "PASS (the torch.distributed part was skipped: no python3 can import torch)"
-  exit 0
+  echo "SKIP: the torch.distributed part needs a python that imports torch (run scripts/setup.sh," \
+       "or configure with -DCPPRUN_TORCH_PYTHON=...); the cpprun parts before it passed"
+  exit 77
 }
