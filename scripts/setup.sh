@@ -66,7 +66,7 @@ fi
 # Where python3 is pyenv's or another one without ensurepip, a venv still works from its own pip.
 python=${CPPRUN_PYTHON:-python3}
 if [ -x "$venv/bin/python" ] &&
-   [ "$("$venv/bin/python" -c 'import importlib.metadata as m; print(m.version("torch"))' 2>/dev/null)" = "$torch_version" ]; then
+   [ "$("$venv/bin/python" -c 'import numpy, importlib.metadata as m; print(m.version("torch"))' 2>/dev/null)" = "$torch_version" ]; then
   echo "setup: [2/2] LibTorch: torch $torch_version present in $venv"
   exit 0
 fi
