@@ -5,7 +5,8 @@
 // all the gradients ("allreduce", DDP's floor). bench/dp_bench.py is the PyTorch side. Prints one
 // RESULT line, with the process's CPU time per step (all threads, Gloo's included) beside the wall
 // time: on a machine whose cores the ranks' compute already fills, communication's CPU time
-// cannot be hidden by overlap.
+// cannot be hidden by overlap. peak_rss_mb: how far the process's peak resident memory rose above
+// its size just before the model was built (bench/dp_bench.py measures the same way).
 //
 //   cpprun --nproc_per_node=2 build/bench/dp_bench --mode ddp --hidden 1024 --batch 64 [--bucket-view]
 //          [--device cuda]   (each rank on GPU LOCAL_RANK, gradients over NCCL)
@@ -14,6 +15,7 @@
 #include <torch/torch.h>
 
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
@@ -25,6 +27,21 @@ double cpu_ms() {  // this process's user + system time so far, every thread
   getrusage(RUSAGE_SELF, &usage);
   auto ms = [](const timeval& t) { return t.tv_sec * 1e3 + t.tv_usec / 1e3; };
   return ms(usage.ru_utime) + ms(usage.ru_stime);
+}
+
+double resident_mb() {  // this process's resident memory now
+  long pages_total = 0, pages_resident = 0;
+  if (FILE* f = std::fopen("/proc/self/statm", "r")) {
+    if (std::fscanf(f, "%ld %ld", &pages_total, &pages_resident) != 2) pages_resident = 0;
+    std::fclose(f);
+  }
+  return static_cast<double>(pages_resident) * static_cast<double>(sysconf(_SC_PAGESIZE)) / (1 << 20);
+}
+
+double peak_resident_mb() {  // the most this process has been resident, ever
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<double>(usage.ru_maxrss) / 1024;  // ru_maxrss is in KiB on Linux
 }
 
 struct Timing {
@@ -76,6 +93,7 @@ int run(int argc, char** argv) {
   }
   torch::set_num_threads(1);
   auto group = cpprun::init_process_group();
+  const double rss_before_model = resident_mb();
   torch::manual_seed(0);
   auto net = make_mlp(args.hidden);
   net->to(device);
@@ -131,9 +149,9 @@ int run(int argc, char** argv) {
   }
   if (group.rank() == 0) {
     std::printf("RESULT impl=cpprun mode=%s device=%s params=%lld world=%d ms_per_step=%.2f cpu_ms_per_step=%.2f "
-                "samples_per_s=%.1f\n",
+                "samples_per_s=%.1f peak_rss_mb=%.1f\n",
                 args.mode.c_str(), args.device.c_str(), static_cast<long long>(params), group.size(), t.wall_ms, t.cpu_ms,
-                1000.0 * args.batch * group.size() / t.wall_ms);
+                1000.0 * args.batch * group.size() / t.wall_ms, peak_resident_mb() - rss_before_model);
   }
   return 0;
 }

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# DDP benchmark: cpprun's C++ DistributedDataParallel against PyTorch's Python DDP (Debian's
-# python3-torch, same LibTorch 1.13, Gloo), side by side on this machine. 2 ranks, 1 thread per
-# rank, 64 samples per rank, MLP 1024-[H x 4]-10 at H=1024 (4.2M parameters) and H=2720 (25M).
-# Both sides are started by cpprun (Debian's torchrun crashes at its defaults on Python 3.11).
+# DDP benchmark: cpprun's C++ DistributedDataParallel against PyTorch's Python DDP (PyTorch 2.15
+# from the project's .venv, whose LibTorch the C++ side links too; Gloo), side by side on this
+# machine. BENCH_NPROC ranks (default 2), 1 thread per rank, 64 samples per rank, MLP
+# 1024-[H x 4]-10 at H=1024 (4.2M parameters) and H=2720 (25M). Both sides are started by cpprun.
 #
 # Prints three tables:
 #  1. both stacks at their defaults: samples/s, C++/Python, and communication overhead = DDP step
@@ -20,8 +20,7 @@ scale=${1:-1}
 repeats=${2:-3}
 configs=("1024 4.2M $((20 * scale))" "2720 25M $((10 * scale))")
 declare -A local_ms py_default_ms
-
-median() { tr ' ' '\n' | sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
+samples=$((64 * ${BENCH_NPROC:-2}))  # per step, over all the ranks
 
 # median_pair MODE HIDDEN STEPS [FLAG...]: "C++ wall, C++ CPU, Python wall, Python CPU" ms/step,
 # each the median over the repeats.
@@ -54,9 +53,9 @@ ddp_table() {  # $1: title; further arguments go to both sides' DDP runs
       py_default_ms[$hidden]=$py_ddp
     fi
     read -r cpp_local py_local <<<"${local_ms[$hidden]}"
-    awk -v h="$hidden" -v p="$params" -v cd="$cpp_ddp" -v pd="$py_ddp" -v cl="$cpp_local" -v pl="$py_local" 'BEGIN {
+    awk -v n="$samples" -v h="$hidden" -v p="$params" -v cd="$cpp_ddp" -v pd="$py_ddp" -v cl="$cpp_local" -v pl="$py_local" 'BEGIN {
       printf "%-7s %-8s %12.1f %12.1f %12.0f %12.0f %8.2fx %13.0f%% %13.0f%%\n", "H=" h, p, cd, pd,
-        128000 / cd, 128000 / pd, pd / cd, 100 * (cd / cl - 1), 100 * (pd / pl - 1) }'
+        1000 * n / cd, 1000 * n / pd, pd / cd, 100 * (cd / cl - 1), 100 * (pd / pl - 1) }'
   done
 }
 

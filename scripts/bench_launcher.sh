@@ -1,62 +1,145 @@
 #!/usr/bin/env bash
-# Launcher overhead: wall time of `cpprun --standalone --nproc_per_node=N /bin/true` against Debian's
-# torchrun (python3-torch 1.13, `python3 -m torch.distributed.run --no_python`) running the same,
-# for N=2 and 4. Each is run RUNS times after one warm-up; prints the medians and their ratio.
-# Runs in a private network namespace (tests/run_isolated.sh), like the tests, so both launchers'
-# --standalone rendezvous stay private.
-#   usage: scripts/bench_launcher.sh [RUNS]   (default 5)
+# Launcher overhead: wall time of cpprun against torchrun (PyTorch 2.15's, from the project's
+# .venv: `.venv/bin/python -m torch.distributed.run`, or $BENCH_PYTHON's), both launching
+# /bin/true, so the figures are the launchers' own cost:
+#   1. --nproc_per_node=2                 2. --nproc_per_node=4
+#   3. two nodes on loopback with c10d rendezvous: two launchers started at once, each
+#      --nnodes=2 --nproc_per_node=1 --rdzv_backend=c10d --rdzv_endpoint=127.0.0.1:PORT
+#      --rdzv_id=bench; timed from starting both until both have exited; a fresh free port
+#      (29700-29799, none listening there) each run.
+# One warm-up run of each launcher per case, then REPEATS runs, cpprun and torchrun alternating;
+# prints the medians and torchrun/cpprun. The project's target is cpprun at most 1/100 of
+# torchrun's wall time, i.e. a ratio of 100x or more.
+#   usage: scripts/bench_launcher.sh [REPEATS]   (default 5)
+# Environment: BENCH_PYTHON, the python3 whose torch's torchrun is measured (default
+# .venv/bin/python); CPPRUN_BUILD_DIR as for scripts/build.sh. Runs scripts/setup.sh when the
+# venv is missing and scripts/build.sh when cpprun is; it never rebuilds an existing cpprun.
 #
-# torchrun settings: --monitor_interval=0.1, so its agent notices the exits quickly (1.13's default
-# of 5 s would make every run take 5 s: the agent polls the workers that often). Debian's torchrun crashes at
-# its defaults on Python 3.11 ('NoneType' object has no attribute 'get'): Std.from_str maps
-# --redirects/--tee values to Std members by iterating the IntFlag, which on 3.11 yields only
-# single-bit members, so 0 (NONE) and 3 (ALL) become None. Work-around: a per-rank map naming a
-# local rank that does not exist, `--redirects 9:1 --tee 9:1`; every real rank then gets Std.NONE,
-# i.e. torchrun's default (output inherited, no files, no tail threads). --log_dir points into
-# this script's temp dir, which it removes: torchrun would otherwise leave /tmp/torchelastic_*.
+# Settings: both launchers at their defaults. torchrun needs no --monitor_interval any more: 2.15's
+# default is 0.1 s (1.13's was 5 s, so every run took 5 s unless one passed
+# --monitor_interval=0.1), and cpprun reacts to worker exits at once. Nor does its c10d case need
+# anything: with --nnodes=2 (MIN = MAX) its rendezvous completes as soon as the second agent
+# joins, as cpprun's does (cpprun's last_call_timeout applies only below MAX), and its exit
+# barrier returns as soon as both agents are done. Both get OMP_NUM_THREADS=1 (keeps both
+# launchers' notice about it out) and TMPDIR inside this script's scratch dir, which it removes:
+# torchrun would otherwise leave a /tmp/torchelastic_* dir per run.
+# Runs in a private network namespace when it can (tests/run_isolated.sh, as the tests do), so
+# the stores both launchers open (which listen on all interfaces) stay private; timing happens
+# inside it. Every launcher runs under `timeout -k 5 60`; on exit or interruption, any still running
+# are stopped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-runs=${1:-5}
+repeats=${1:-5}
+[[ $repeats =~ ^[1-9][0-9]*$ ]] || { echo "usage: $0 [REPEATS]   (a positive number; default 5)" >&2; exit 2; }
+build=${CPPRUN_BUILD_DIR:-build}
+cpprun=$build/launcher/cpprun
+python=${BENCH_PYTHON:-.venv/bin/python}
 
 if [ -z "${CPPRUN_BENCH_ISOLATED:-}" ]; then
-  if ! dpkg-query -W -f='${Status}' python3-torch 2>/dev/null | grep -q "install ok installed"; then
-    echo "bench_launcher: installing python3-torch (Debian's torchrun)"
-    sudo=()
-    [ "$(id -u)" = 0 ] || sudo=(sudo)
-    export DEBIAN_FRONTEND=noninteractive
-    "${sudo[@]}" apt-get update -qq
-    "${sudo[@]}" apt-get install -y -qq --no-install-recommends python3-torch >/dev/null
+  if [ ! -x .venv/bin/python ] && { [ -z "${BENCH_PYTHON:-}" ] || [ ! -x "$cpprun" ]; }; then
+    bash scripts/setup.sh >&2
   fi
-  build=${CPPRUN_BUILD_DIR:-build}
-  [ -f "$build/CMakeCache.txt" ] || bash scripts/build.sh >/dev/null
-  cmake --build "$build" --target cpprun >/dev/null
-  # Timing happens inside one namespace, so unshare's own cost is not in the figures.
-  CPPRUN_BENCH_ISOLATED=1 CPPRUN_BENCH_BIN=$build/launcher/cpprun exec tests/run_isolated.sh bash "$0" "$@"
+  [ -x "$cpprun" ] || bash scripts/build.sh >&2
+  [ -x "$cpprun" ] || { echo "bench_launcher: no $cpprun after scripts/build.sh" >&2; exit 1; }
+  "$python" -c 'import torch.distributed.run' >/dev/null 2>&1 ||
+    { echo "bench_launcher: $python has no torch.distributed.run (set BENCH_PYTHON?)" >&2; exit 1; }
+  CPPRUN_BENCH_ISOLATED=1 exec tests/run_isolated.sh bash "$0" "$@"
 fi
 
-cpprun=$CPPRUN_BENCH_BIN
-scratch=$(mktemp -d "${TMPDIR:-/tmp}/bench_launcher.XXXXXX")
-trap 'rm -rf "$scratch"' EXIT
-export OMP_NUM_THREADS=1  # keeps both launchers' OMP notice out (and makes nproc say 1)
+cores=$(getconf _NPROCESSORS_ONLN)  # before OMP_NUM_THREADS=1, which GNU nproc would report
+torch_version=$("$python" -c 'import importlib.util as u, os, runpy, platform
+d = u.find_spec("torch").submodule_search_locations[0]
+print(runpy.run_path(os.path.join(d, "version.py"))["__version__"], "on Python", platform.python_version())')
+commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+git diff --quiet HEAD 2>/dev/null || commit+=" + uncommitted changes"
+if [ -e /proc/self/ns/net ] && [ "$(readlink /proc/self/ns/net)" != "$(readlink /proc/1/ns/net 2>/dev/null)" ]; then
+  network="a private network namespace"
+else
+  network="the host's network (loopback)"
+fi
 
-# Median wall time in ms of RUNS runs of the command (after one warm-up); fails if it fails.
-median_ms() {
-  local times=() i start
-  "$@" >/dev/null 2>&1 || { echo "bench_launcher: failed: $*" >&2; "$@" >&2 || true; exit 1; }
-  for ((i = 0; i < runs; i++)); do
-    start=$EPOCHREALTIME
-    "$@" >/dev/null 2>&1
-    times+=("$(awk -v a="$start" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.3f", (b - a) * 1000 }')")
+scratch=$(mktemp -d "${TMPDIR:-/tmp}/bench_launcher.XXXXXX")
+export TMPDIR=$scratch OMP_NUM_THREADS=1
+running=()  # pids of the `timeout` processes now running; each leads a process group of its own
+
+stop_running() {
+  local p
+  ((${#running[@]})) || return 0
+  # timeout passes SIGTERM on to its launcher (and that one's group), and SIGKILL 5 s later (-k 5)
+  for p in "${running[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+  wait "${running[@]}" 2>/dev/null || true
+  for p in "${running[@]}"; do kill -KILL -- "-$p" 2>/dev/null || true; done  # any stragglers
+  running=()
+}
+trap 'stop_running; rm -rf "$scratch"' EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+trap 'exit 129' HUP
+
+next_port=29700
+# Sets port to the next port of 29700-29799 on which nothing listens.
+pick_port() {
+  local i
+  for ((i = 0; i < 100; i++)); do
+    port=$next_port
+    next_port=$((29700 + (next_port - 29700 + 1) % 100))
+    [ -z "$(ss -Hltn "sport = :$port")" ] && return 0
   done
-  printf '%s\n' "${times[@]}" | sort -g | awk '{ t[NR] = $1 } END { print (NR % 2) ? t[(NR + 1) / 2] : (t[NR / 2] + t[NR / 2 + 1]) / 2 }'
+  echo "bench_launcher: every port of 29700-29799 is in use" >&2
+  exit 1
 }
 
+# run_once LAUNCHER CASE: one run; sets ms to its wall time. LAUNCHER: cpprun or torchrun;
+# CASE: 2 or 4 (workers on one node) or c10d (two nodes). Stops the script if a launcher fails.
+run_once() {
+  local launcher=() args=() nodes=1 i rc=0 start end
+  if [ "$1" = cpprun ]; then launcher=("$cpprun"); else launcher=("$python" -m torch.distributed.run); fi
+  case $2 in
+    c10d)
+      pick_port
+      nodes=2
+      args=(--nnodes=2 --nproc_per_node=1 --rdzv_backend=c10d --rdzv_endpoint="127.0.0.1:$port" --rdzv_id=bench) ;;
+    *) args=(--nproc_per_node="$2") ;;
+  esac
+  [ "$1" = torchrun ] && args+=(--no_python)
+  start=$EPOCHREALTIME
+  for ((i = 0; i < nodes; i++)); do
+    timeout -k 5 60 "${launcher[@]}" "${args[@]}" /bin/true >"$scratch/node$i.log" 2>&1 &
+    running+=($!)
+  done
+  for i in "${!running[@]}"; do wait "${running[$i]}" || rc=$?; done
+  end=$EPOCHREALTIME
+  running=()
+  if ((rc)); then
+    echo "bench_launcher: failed (exit $rc$( ((rc == 124)) && echo ", timed out")): ${launcher[*]} ${args[*]} /bin/true" \
+         "$( ((nodes > 1)) && echo "(on each of 2 nodes)")" >&2
+    for ((i = 0; i < nodes; i++)); do sed "s/^/  node $i: /" "$scratch/node$i.log" >&2; done
+    exit 1
+  fi
+  ms=$(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.3f", (b - a) * 1000 }')
+}
+
+median() { printf '%s\n' "$@" | sort -g | awk '{ t[NR] = $1 } END { print (NR % 2) ? t[(NR + 1) / 2] : (t[NR / 2] + t[NR / 2 + 1]) / 2 }'; }
+
+echo "cpprun ($cpprun, commit $commit, built $(date -r "$cpprun" '+%F %T')) vs torchrun of torch" \
+     "$torch_version ($python); cores: $cores"
 # Other work on the machine shows up directly in cpprun's few milliseconds: look at the load.
-echo "cores: $(getconf _NPROCESSORS_ONLN); load average: $(cut -d' ' -f1-3 /proc/loadavg); $runs runs each after a warm-up; medians"
-printf '%-6s %14s %14s %10s\n' N "cpprun ms" "torchrun ms" "ratio"
-for n in 2 4; do
-  c=$(median_ms "$cpprun" --standalone --nproc_per_node="$n" /bin/true)
-  t=$(median_ms /usr/bin/python3 -m torch.distributed.run --standalone --nproc_per_node="$n" \
-        --monitor_interval=0.1 --no_python --redirects 9:1 --tee 9:1 --log_dir "$scratch/torchrun" /bin/true)
-  awk -v n="$n" -v c="$c" -v t="$t" 'BEGIN { printf "%-6s %14.2f %14.1f %9.0fx\n", n, c, t, t / c }'
+echo "load average: $(cut -d' ' -f1-3 /proc/loadavg); $network; both at their defaults (torchrun" \
+     "2.15: --monitor_interval 0.1 s); $repeats runs each, alternating, after one warm-up each; medians"
+echo "target: cpprun <= 1/100 of torchrun's wall time, i.e. torchrun/cpprun >= 100x"
+printf '%-36s %11s %13s %16s %7s\n' case "cpprun ms" "torchrun ms" "torchrun/cpprun" target
+for what in 2 4 c10d; do
+  case $what in
+    c10d) label="2 nodes x 1 worker, c10d, loopback" ;;
+    *) label="$what workers of /bin/true" ;;
+  esac
+  run_once cpprun "$what"
+  run_once torchrun "$what"
+  c=() t=()
+  for ((r = 0; r < repeats; r++)); do
+    run_once cpprun "$what"; c+=("$ms")
+    run_once torchrun "$what"; t+=("$ms")
+  done
+  awk -v l="$label" -v c="$(median "${c[@]}")" -v t="$(median "${t[@]}")" 'BEGIN {
+    printf "%-36s %11.2f %13.1f %15.0fx %7s\n", l, c, t, t / c, (t / c >= 100) ? "met" : "MISSED" }'
 done
