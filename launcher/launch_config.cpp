@@ -52,8 +52,8 @@ struct RawOptions {
   std::string local_ranks_filter;
   std::string log_dir;
   bool dry_run = false;
-  bool module = false;    // torchrun's -m: rejected, see check_python_only
-  bool run_path = false;  // torchrun's --run_path: rejected likewise
+  bool module = false;    // torchrun's -m
+  bool run_path = false;  // torchrun's --run_path
 };
 
 std::string with_value(const std::string& flag, const std::string& value) {
@@ -321,7 +321,6 @@ LaunchConfig validate(const RawOptions& raw, const HostFacts& host) {
     throw UsageError(with_value("--monitor_interval", raw.monitor_interval) +
                      ": expected a number of seconds (accepted for torchrun compatibility, unused)");
   }
-  config.no_python = raw.no_python;
   config.run_id = raw.run_id;
   config.role = raw.role;
   config.standalone = raw.standalone;
@@ -407,19 +406,20 @@ std::string apply_scheduler_defaults(const GivenOptions& given, const EnvLookup&
   return taken.empty() ? std::string() : "cpprun: from " + d.source + ":" + taken;
 }
 
-// torchrun's ways of running Python code in its own interpreter have no meaning here; say what
-// to type instead rather than exec the module name as a program.
-void check_python_only(const RawOptions& raw, const LaunchConfig& config) {
-  if (raw.module) {
-    throw UsageError("-m/--module " + config.program +
-                     ": cpprun runs programs directly, not Python modules; use `cpprun [options] python3 -m " +
-                     config.program + " [args...]`");
+// At most one of torchrun's three ways to say how PROGRAM runs (program_command.h).
+ProgramMode program_mode(const RawOptions& raw) {
+  if (raw.no_python && raw.module) {
+    throw UsageError("--no_python and -m/--module contradict each other: -m runs a Python module, --no_python "
+                     "runs PROGRAM without Python; give one");
   }
-  if (raw.run_path) {
-    throw UsageError("--run_path " + config.program +
-                     ": cpprun runs programs directly and has no Python interpreter to run a script in; use "
-                     "`cpprun [options] python3 " + config.program + " [args...]`");
+  if (raw.run_path && (raw.module || raw.no_python)) {
+    throw UsageError(std::string("--run_path runs PROGRAM as a file of Python code; it cannot be combined with ") +
+                     (raw.module ? "-m/--module" : "--no_python"));
   }
+  if (raw.no_python) return ProgramMode::kNoPython;
+  if (raw.module) return ProgramMode::kModule;
+  if (raw.run_path) return ProgramMode::kRunPath;
+  return ProgramMode::kByName;
 }
 
 // Every spelling CLI11 knows, with its dashes, for "did you mean".
@@ -565,7 +565,8 @@ ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, cons
   option("--monitor_interval,--monitor-interval", raw.monitor_interval, "PET_MONITOR_INTERVAL", "SECONDS",
          "Accepted for torchrun compatibility and ignored: cpprun reacts to worker exits at once.");
   app.add_flag("--no_python,--no-python", raw.no_python,
-               "Accepted for torchrun compatibility; cpprun always runs PROGRAM directly.")
+               "Run PROGRAM directly, even PROGRAM.py. Without it, as torchrun: PROGRAM.py runs as `python -u "
+               "PROGRAM.py`; anything else (a C++ program, a script with a shebang) runs directly.")
       ->envname("PET_NO_PYTHON");
   option("-r,--redirects", raw.redirects, "PET_REDIRECTS", "0-3|LOCAL_RANK:0-3,...",
          "Send workers' output to files in --log_dir instead of the console: 1 stdout, 2 stderr, "
@@ -584,10 +585,12 @@ ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, cons
                "start nothing.")
       ->envname("PET_DRY_RUN");
   app.add_flag("-m,--module", raw.module,
-               "torchrun's Python-module mode: rejected; run `cpprun [options] python3 -m MODULE` instead.")
+               "PROGRAM is a Python module: each worker runs `python -u -m PROGRAM ARGS...`. The "
+               "interpreter: $PYTHON_EXEC, else python3 (or python) on PATH; --dry_run shows it.")
       ->envname("PET_MODULE");
   app.add_flag("--run_path,--run-path", raw.run_path,
-               "torchrun's in-interpreter mode: rejected; run `cpprun [options] python3 SCRIPT` instead.")
+               "PROGRAM is a file of Python code, run with runpy.run_path as __main__ (torchrun's "
+               "--run_path), whatever its name.")
       ->envname("PET_RUN_PATH");
 
   ParsedCommandLine result;
@@ -612,7 +615,7 @@ ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, cons
   result.scheduler_note = apply_scheduler_defaults(options_given, env, raw);
   result.config = validate(raw, host);
   take_program(app.remaining(), option_names(app), result.config);
-  check_python_only(raw, result.config);
+  result.config.program_mode = program_mode(raw);
   return result;
 }
 

@@ -10,6 +10,7 @@
 
 #include "host_facts.h"
 #include "output_spec.h"
+#include "program_command.h"
 #include "scheduler_env.h"
 
 namespace cpprun::launcher {
@@ -47,14 +48,15 @@ struct LaunchConfig {
   std::string run_id = "none";
   std::string role = "default";
   // Accepted for torchrun command lines and ignored: the launcher waits on events, it does not
-  // poll, and it never wraps PROGRAM in a Python interpreter.
+  // poll.
   double monitor_interval = 0.1;
-  bool no_python = false;
+  // --no_python, -m, --run_path, or none of them: see program_command.h.
+  ProgramMode program_mode = ProgramMode::kByName;
 
   OutputOptions output;  // --redirects, --tee, --local_ranks_filter, --log_dir
   bool dry_run = false;  // print what would run, start nothing
 
-  std::string program;                    // as typed; resolved on PATH when launching
+  std::string program;                    // as typed; resolved when launching (program_command.h)
   std::vector<std::string> program_args;  // passed to PROGRAM untouched, flags included
 };
 

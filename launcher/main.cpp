@@ -18,6 +18,7 @@
 #include "launch_config.h"
 #include "multi_node_agent.h"
 #include "node_rendezvous.h"
+#include "program_command.h"
 #include "program_lookup.h"
 #include "rank_layout.h"
 #include "run_directory.h"
@@ -46,7 +47,8 @@ RunLayout dry_run_layout(const LaunchConfig& config) {
 }
 
 int run(const LaunchConfig& config) {
-  const std::string program_path = resolve_program(config.program, std::getenv("PATH"));
+  const ProgramCommand program = resolve_program_command(
+      config.program, config.program_args, config.program_mode, {std::getenv("PATH"), std::getenv("PYTHON_EXEC")});
   const EnvMap parent_env = current_environment();
   if (config.dry_run) {
     if (config.rdzv_backend == RendezvousBackend::kC10d) {
@@ -60,7 +62,11 @@ int run(const LaunchConfig& config) {
                 << "; the real ones come from the rendezvous at " << config.master_addr << ":" << config.master_port
                 << "\n";
     }
-    std::cout << format_dry_run(make_worker_specs(config, assumed_layout(config), program_path, 0,
+    if (!program.python_source.empty()) {
+      std::cout << "cpprun: Python runs " << config.program << ": " << program.path << " (" << program.python_source
+                << "; set PYTHON_EXEC to choose another)\n";
+    }
+    std::cout << format_dry_run(make_worker_specs(config, assumed_layout(config), program, 0,
                                                   dry_run_layout(config), parent_env),
                                 parent_env);
     return 0;
@@ -71,13 +77,13 @@ int run(const LaunchConfig& config) {
   }
   SignalRelay relay;
   const RunDirectory run_dir(config.output.log_dir);
-  if (is_multi_node(config)) return run_multi_node(config, program_path, parent_env, relay, run_dir);
+  if (is_multi_node(config)) return run_multi_node(config, program, parent_env, relay, run_dir);
 
   const RankLayout ranks = single_node_layout(config);
   for (int restart = 0;; ++restart) {
     run_dir.prepare_attempt(restart, config.nproc_per_node);
     const std::vector<WorkerSpec> specs =
-        make_worker_specs(config, ranks, program_path, restart, run_dir.layout(), parent_env);
+        make_worker_specs(config, ranks, program, restart, run_dir.layout(), parent_env);
     const AttemptEnd attempt = run_attempt(relay, specs, config, nullptr, nullptr);
     if (attempt.end == GroupEnd::kSucceeded) return 0;
     if (attempt.end == GroupEnd::kInterrupted) return attempt.exit_code;

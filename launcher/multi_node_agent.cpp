@@ -35,7 +35,7 @@ void announce_restart(const LaunchConfig& config, const NodeRendezvous& rendezvo
 
 }  // namespace
 
-int run_multi_node(const LaunchConfig& config, const std::string& program_path, const EnvMap& parent_env,
+int run_multi_node(const LaunchConfig& config, const ProgramCommand& program, const EnvMap& parent_env,
                    SignalRelay& relay, const RunDirectory& run_dir) {
   int signal = 0;
   const std::unique_ptr<NodeRendezvous> rendezvous = open_rendezvous(config, relay, signal);
@@ -50,7 +50,7 @@ int run_multi_node(const LaunchConfig& config, const std::string& program_path, 
     const std::string this_node = "node " + std::to_string(layout->group_rank);
     run_dir.prepare_attempt(restart_count, config.nproc_per_node);
     const std::vector<WorkerSpec> specs =
-        make_worker_specs(config, *layout, program_path, restart_count, run_dir.layout(), parent_env);
+        make_worker_specs(config, *layout, program, restart_count, run_dir.layout(), parent_env);
     // Told before this node's workers are stopped, so every node stops at once.
     const auto tell_others = [&](const AttemptEnd& attempt) {
       switch (attempt.end) {

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "launch_config.h"
+#include "program_command.h"
 #include "run_directory.h"
 #include "signal_relay.h"
 #include "worker_env.h"
@@ -13,7 +14,7 @@
 namespace cpprun::launcher {
 
 // Returns cpprun's exit code. Throws RendezvousError when the nodes cannot meet.
-int run_multi_node(const LaunchConfig& config, const std::string& program_path, const EnvMap& parent_env,
+int run_multi_node(const LaunchConfig& config, const ProgramCommand& program, const EnvMap& parent_env,
                    SignalRelay& relay, const RunDirectory& run_dir);
 
 }  // namespace cpprun::launcher

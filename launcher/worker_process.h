@@ -15,7 +15,7 @@ namespace cpprun::launcher {
 // What to exec.
 struct WorkerCommand {
   std::string path;               // already resolved (see resolve_program)
-  std::vector<std::string> argv;  // argv[0] is PROGRAM as the user typed it
+  std::vector<std::string> argv;  // argv[0]: PROGRAM as typed, or the Python interpreter
   std::vector<std::string> env;   // NAME=value
 };
 

@@ -4,16 +4,15 @@
 namespace cpprun::launcher {
 
 std::vector<WorkerSpec> make_worker_specs(const LaunchConfig& config, const RankLayout& ranks,
-                                          const std::string& program_path, int restart_count, const RunLayout& files,
+                                          const ProgramCommand& program, int restart_count, const RunLayout& files,
                                           const EnvMap& parent_env) {
   std::vector<WorkerSpec> specs;
   for (int local_rank = 0; local_rank < config.nproc_per_node; ++local_rank) {
     WorkerSpec spec;
     spec.local_rank = local_rank;
     spec.rank = ranks.base_rank + local_rank;
-    spec.command.path = program_path;
-    spec.command.argv.push_back(config.program);
-    spec.command.argv.insert(spec.command.argv.end(), config.program_args.begin(), config.program_args.end());
+    spec.command.path = program.path;
+    spec.command.argv = program.argv;
     spec.error_file = files.error_file(restart_count, local_rank);
     spec.command.env =
         to_env_strings(make_worker_env(config, ranks, local_rank, restart_count, spec.error_file, parent_env));

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "launch_config.h"
+#include "program_command.h"
 #include "rank_layout.h"
 #include "run_directory.h"
 #include "worker_env.h"
@@ -13,10 +14,10 @@
 
 namespace cpprun::launcher {
 
-// `ranks` places the node's workers in the job; `files` says where each worker's files go (see
-// RunDirectory); `restart_count` is the attempt.
+// `ranks` places the node's workers in the job; `program` is what each runs (program_command.h);
+// `files` says where each worker's files go (see RunDirectory); `restart_count` is the attempt.
 std::vector<WorkerSpec> make_worker_specs(const LaunchConfig& config, const RankLayout& ranks,
-                                          const std::string& program_path, int restart_count, const RunLayout& files,
+                                          const ProgramCommand& program, int restart_count, const RunLayout& files,
                                           const EnvMap& parent_env);
 
 }  // namespace cpprun::launcher

@@ -81,7 +81,7 @@ TEST_CASE("launch_config: underscore and dash spellings are the same option", "[
     CHECK(c.shutdown_timeout == std::chrono::milliseconds(500));
     CHECK(c.run_id == "job7");
     CHECK(c.monitor_interval == 2.0);
-    CHECK(c.no_python);
+    CHECK(c.program_mode == ProgramMode::kNoPython);
     CHECK(c.role == "trainer");
   }
   CHECK(parse({"--run_id=a", "x"}).run_id == "a");
@@ -329,13 +329,19 @@ TEST_CASE("launch_config: --dry_run", "[launch_config]") {
   CHECK_FALSE(parse({"x"}).dry_run);
 }
 
-TEST_CASE("launch_config: torchrun's Python-only modes say what to run instead", "[launch_config]") {
-  CHECK_THAT(usage_error({"-m", "pkg.train", "--lr", "1"}),
-             Contains("-m/--module pkg.train") && Contains("cpprun [options] python3 -m pkg.train"));
-  CHECK_THAT(usage_error({"--module", "pkg"}), Contains("-m/--module pkg"));
-  CHECK_THAT(usage_error({"--run_path", "train.py"}),
-             Contains("--run_path train.py") && Contains("python3 train.py"));
-  CHECK_THAT(usage_error({"--run-path", "train.py"}), Contains("--run_path"));
+TEST_CASE("launch_config: torchrun's --no_python, -m and --run_path choose how PROGRAM runs", "[launch_config]") {
+  CHECK(parse({"train.py"}).program_mode == ProgramMode::kByName);
+  CHECK(parse({"--no_python", "train.py"}).program_mode == ProgramMode::kNoPython);
+  const LaunchConfig module = parse({"-m", "pkg.train", "--lr", "1"});
+  CHECK(module.program_mode == ProgramMode::kModule);
+  CHECK(module.program == "pkg.train");
+  CHECK(module.program_args == std::vector<std::string>{"--lr", "1"});
+  CHECK(parse({"--module", "pkg"}).program_mode == ProgramMode::kModule);
+  CHECK(parse({"--run_path", "train.py"}).program_mode == ProgramMode::kRunPath);
+  CHECK(parse({"--run-path", "train.py"}).program_mode == ProgramMode::kRunPath);
+  CHECK_THAT(usage_error({"--no_python", "-m", "pkg"}), Contains("--no_python and -m/--module contradict"));
+  CHECK_THAT(usage_error({"--run_path", "-m", "pkg"}), Contains("cannot be combined with -m/--module"));
+  CHECK_THAT(usage_error({"--run_path", "--no_python", "x"}), Contains("cannot be combined with --no_python"));
   // After PROGRAM, -m belongs to the program.
   CHECK(parse({"python3", "-m", "pkg"}).program_args == std::vector<std::string>{"-m", "pkg"});
 }

@@ -1,5 +1,5 @@
 # Mistyped options get a "did you mean"; shortened ones are read as argparse reads them (an ambiguous
-# one lists the candidates); torchrun's Python-only modes say what to run instead.
+# one lists the candidates); contradicting Python modes and a missing script are refused at once.
 . "$(dirname "$0")/common.sh"
 
 cpprun --nproc_pre_node=2 /bin/sh -c 'touch "$WORK/started"'
@@ -10,14 +10,12 @@ expect_in_file "$WORK/err" "did you mean --standalone?" "suggestion"
 cpprun --bogus /bin/true
 grep -q "did you mean" "$WORK/err" && fail "a suggestion for --bogus"
 
-cpprun -m pkg.train --lr 1
-expect_eq "$?" 2 "-m exit code"
-expect_in_file "$WORK/err" '`cpprun [options] python3 -m pkg.train [args...]`' "-m hint"
-cpprun --module pkg.train
-expect_in_file "$WORK/err" "cpprun runs programs directly, not Python modules" "--module hint"
-cpprun --run_path train.py
-expect_eq "$?" 2 "--run_path exit code"
-expect_in_file "$WORK/err" '`cpprun [options] python3 train.py [args...]`' "--run_path hint"
+cpprun --no_python -m pkg.train --lr 1
+expect_eq "$?" 2 "--no_python -m exit code"
+expect_in_file "$WORK/err" "--no_python and -m/--module contradict each other" "--no_python -m message"
+cpprun --nproc_per_node=2 missing.py
+expect_eq "$?" 127 "missing script's exit code"
+expect_in_file "$WORK/err" "cannot run the Python script 'missing.py': no such file" "missing script's message"
 
 # Prefixes: --nproc, --max_rest and --dry are cpprun's options; PROGRAM's arguments stay as they are.
 cpprun --nproc 2 --max_rest 1 --dry /bin/echo --nproc 5

@@ -1,0 +1,34 @@
+// What each worker execs: PROGRAM itself, or a Python interpreter running it, by torchrun's rules
+// (README, "Python scripts"). Decided once, before any worker starts, so that a missing file or
+// interpreter fails with one clear message instead of N identical exec failures.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace cpprun::launcher {
+
+// How PROGRAM is to be run: torchrun's --no_python, -m/--module and --run_path, or by its name.
+enum class ProgramMode {
+  kByName,    // PROGRAM.py: a Python script; anything else: an executable, as execvp finds it
+  kNoPython,  // --no_python: PROGRAM is always executed directly
+  kModule,    // -m: PROGRAM names a Python module (python -m)
+  kRunPath,   // --run_path: PROGRAM is a file of Python code, run with runpy.run_path
+};
+
+struct ProgramCommand {
+  std::string path;               // what to exec, resolved
+  std::vector<std::string> argv;  // argv[0] included; the user's arguments last, untouched
+  std::string python_source;      // when Python runs it: where the interpreter came from
+};
+
+struct ProgramLookup {
+  const char* path_env = nullptr;     // $PATH (nullptr: unset)
+  const char* python_exec = nullptr;  // $PYTHON_EXEC, torchrun's own choice of interpreter
+};
+
+// Throws ProgramNotRunnable (program_lookup.h) with the shell's exit code and what to do.
+ProgramCommand resolve_program_command(const std::string& program, const std::vector<std::string>& args,
+                                       ProgramMode mode, const ProgramLookup& lookup);
+
+}  // namespace cpprun::launcher

@@ -1,0 +1,111 @@
+// Unit tests of what a worker runs: torchrun's rules for Python scripts and modules, the
+// interpreter's choice, and executables as before.
+#include <catch2/catch.hpp>
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "program_command.h"
+#include "program_lookup.h"
+
+using namespace cpprun::launcher;
+using Catch::Matchers::Contains;
+using Args = std::vector<std::string>;
+
+namespace {
+
+// A scratch dir with bin/python3, bin/python (both executable), train.py and notes.txt (neither).
+struct Scratch {
+  std::string dir;
+  Scratch() {
+    char name[] = "/tmp/cpprun-program-command-XXXXXX";
+    dir = mkdtemp(name);
+    mkdir((dir + "/bin").c_str(), 0755);
+    mkdir((dir + "/other").c_str(), 0755);
+    for (const char* exe : {"/bin/python3", "/bin/python", "/other/python"}) write(exe, "#!/bin/sh\n", 0755);
+    write("/train.py", "print('hi')\n", 0644);
+    write("/notes.txt", "", 0644);
+  }
+  ~Scratch() { std::system(("rm -rf '" + dir + "'").c_str()); }
+  void write(const std::string& rel, const std::string& text, mode_t mode) const {
+    std::ofstream(dir + rel) << text;
+    chmod((dir + rel).c_str(), mode);
+  }
+  std::string bin() const { return dir + "/bin"; }
+};
+
+int failure_code(const std::string& program, ProgramMode mode, const ProgramLookup& lookup, std::string* message) {
+  try {
+    resolve_program_command(program, {}, mode, lookup);
+  } catch (const ProgramNotRunnable& e) {
+    if (message != nullptr) *message = e.what();
+    return e.exit_code();
+  }
+  return 0;
+}
+
+}  // namespace
+
+TEST_CASE("program_command: a .py script runs as `python3 -u SCRIPT`, like torchrun", "[program_command]") {
+  Scratch s;
+  const std::string path = s.bin() + ":/bin:/usr/bin";
+  const ProgramCommand c = resolve_program_command(s.dir + "/train.py", {"--lr", "1"}, ProgramMode::kByName, {path.c_str()});
+  CHECK(c.path == s.bin() + "/python3");
+  CHECK(c.argv == Args{s.bin() + "/python3", "-u", s.dir + "/train.py", "--lr", "1"});
+  CHECK(c.python_source == "python3 on PATH");
+}
+
+TEST_CASE("program_command: -m runs a module, --run_path a file through runpy", "[program_command]") {
+  Scratch s;
+  const std::string path = s.bin();
+  const ProgramCommand m = resolve_program_command("pkg.train", {"x"}, ProgramMode::kModule, {path.c_str()});
+  CHECK(m.argv == Args{s.bin() + "/python3", "-u", "-m", "pkg.train", "x"});
+  const ProgramCommand r = resolve_program_command(s.dir + "/notes.txt", {"x"}, ProgramMode::kRunPath, {path.c_str()});
+  REQUIRE(r.argv.size() == 6);
+  CHECK(r.argv[2] == "-c");
+  CHECK_THAT(r.argv[3], Contains("runpy.run_path(sys.argv[0], run_name='__main__')"));
+  CHECK(Args(r.argv.begin() + 4, r.argv.end()) == Args{s.dir + "/notes.txt", "x"});
+}
+
+TEST_CASE("program_command: PYTHON_EXEC, then python3, then python", "[program_command]") {
+  Scratch s;
+  const std::string path = s.bin();
+  const std::string other = s.dir + "/other/python";
+  CHECK(resolve_program_command("m", {}, ProgramMode::kModule, {path.c_str(), other.c_str()}).path == other);
+  CHECK(resolve_program_command("m", {}, ProgramMode::kModule, {path.c_str(), other.c_str()}).python_source ==
+        "PYTHON_EXEC");
+  CHECK(resolve_program_command("m", {}, ProgramMode::kModule, {path.c_str(), ""}).path == s.bin() + "/python3");
+  unlink((s.bin() + "/python3").c_str());
+  CHECK(resolve_program_command("m", {}, ProgramMode::kModule, {path.c_str()}).path == s.bin() + "/python");
+}
+
+TEST_CASE("program_command: executables run directly, as before", "[program_command]") {
+  Scratch s;
+  const ProgramCommand c = resolve_program_command("sh", {"-c", "true"}, ProgramMode::kByName, {"/bin:/usr/bin"});
+  CHECK(c.path == "/bin/sh");
+  CHECK(c.argv == Args{"sh", "-c", "true"});
+  CHECK(c.python_source.empty());
+  // --no_python: even a .py file is exec'd itself (here not executable: the shell's 126).
+  std::string message;
+  CHECK(failure_code(s.dir + "/train.py", ProgramMode::kNoPython, {s.bin().c_str()}, &message) == 126);
+  CHECK_THAT(message, Contains("not an executable file"));
+}
+
+TEST_CASE("program_command: a missing script or interpreter is one clear error", "[program_command]") {
+  Scratch s;
+  std::string message;
+  CHECK(failure_code("missing.py", ProgramMode::kByName, {s.bin().c_str()}, &message) == 127);
+  CHECK_THAT(message, Contains("cannot run the Python script 'missing.py': no such file"));
+  CHECK(failure_code("missing.py", ProgramMode::kRunPath, {s.bin().c_str()}, &message) == 127);
+  CHECK_THAT(message, Contains("cannot run --run_path 'missing.py'"));
+  CHECK(failure_code(s.dir + "/train.py", ProgramMode::kByName, {"/nonexistent"}, &message) == 127);
+  CHECK_THAT(message, Contains("neither python3 nor python is on PATH (PATH=/nonexistent)") &&
+                          Contains("set PYTHON_EXEC=/path/to/python"));
+  CHECK(failure_code("pkg", ProgramMode::kModule, {s.bin().c_str(), "/nonexistent/python"}, &message) == 127);
+  CHECK_THAT(message, Contains("(the Python interpreter named by PYTHON_EXEC=/nonexistent/python)"));
+}
