@@ -75,6 +75,25 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
 // The group's world of one needs no communication at all.
 bool alone(const ProcessGroup& group) { return group.size() == 1; }
 
+// Queues one of our ring collectives (comm/ring.h) on the group's executor, behind those issued
+// before it. The task must not own the group: were it the last owner, the group would be
+// destroyed on its own executor thread. The Work keeps the group alive instead.
+template <typename RunRing>
+Work submit_ring(const ProcessGroup& group, ReduceOp op, RunRing run) {
+  auto& impl = group.impl();
+  detail::Ring ring;
+  ring.group = impl.gloo.get();
+  ring.rank = group.rank();
+  ring.size = group.size();
+  ring.op_index = impl.next_p2p_op++;
+  ring.op = op;
+  ring.timeout = impl.timeout;
+  ring.bytes_sent = &impl.p2p_bytes_sent;
+  Work work = make_work(impl.executor.submit([ring, run]() { run(ring); }));
+  work.keep_alive(group);
+  return work;
+}
+
 }  // namespace
 
 // ---- Work ----------------------------------------------------------------------------------
@@ -223,17 +242,9 @@ Work all_gather_into_async(const ProcessGroup& group, at::Tensor output, at::Ten
   // ring over send/recv moves the same bytes straight into `output`.
   at::Tensor in_bits = as_movable_bits(input);
   at::Tensor out_bits = as_movable_bits(output);
-  detail::Ring ring;
-  ring.group = impl.gloo.get();
-  ring.rank = group.rank();
-  ring.size = n;
-  ring.op_index = impl.next_p2p_op++;
-  ring.timeout = impl.timeout;
-  ring.bytes_sent = &impl.p2p_bytes_sent;
-  auto task = impl.executor.submit([ring, out_bits, in_bits]() { detail::run_ring_all_gather(ring, out_bits, in_bits); });
-  Work work = make_work(std::move(task));
-  work.keep_alive(group);  // as for reduce_scatter_async below
-  return work;
+  return submit_ring(group, ReduceOp::kSum, [out_bits, in_bits](const detail::Ring& ring) {
+    detail::run_ring_all_gather(ring, out_bits, in_bits);
+  });
 }
 
 void all_gather_into(const ProcessGroup& group, at::Tensor output, at::Tensor input) {
@@ -266,21 +277,9 @@ Work reduce_scatter_async(const ProcessGroup& group, at::Tensor output, at::Tens
       if (op == ReduceOp::kAvg) output.div_(n);
     });
   }
-  detail::Ring ring;
-  ring.group = impl.gloo.get();
-  ring.rank = group.rank();
-  ring.size = n;
-  ring.op_index = impl.next_p2p_op++;
-  ring.op = op;
-  ring.timeout = impl.timeout;
-  ring.bytes_sent = &impl.p2p_bytes_sent;
-  // The task must not own the group: were it the last owner, the group would be destroyed on
-  // its own executor thread. The Work keeps the group alive instead.
-  auto task = impl.executor.submit(
-      [ring, output, input]() { detail::run_ring_reduce_scatter(ring, output, input); });
-  Work work = make_work(std::move(task));
-  work.keep_alive(group);
-  return work;
+  return submit_ring(group, op, [output, input](const detail::Ring& ring) {
+    detail::run_ring_reduce_scatter(ring, output, input);
+  });
 }
 
 void reduce_scatter(const ProcessGroup& group, at::Tensor output, at::Tensor input, ReduceOp op) {
