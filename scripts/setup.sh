@@ -63,7 +63,7 @@ if [ -f "$remembered" ]; then
   echo "setup: [2/2] LibTorch: yours, at $(cat "$remembered") (nothing downloaded)"
   exit 0
 fi
-# Where python3 is pyenv's or another one without ensurepip, a venv still works from its own pip.
+# The interpreter the venv is made from: python3 on PATH, or $CPPRUN_PYTHON.
 python=${CPPRUN_PYTHON:-python3}
 if [ -x "$venv/bin/python" ] &&
    [ "$("$venv/bin/python" -c 'import numpy, importlib.metadata as m; print(m.version("torch"))' 2>/dev/null)" = "$torch_version" ]; then
@@ -71,11 +71,15 @@ if [ -x "$venv/bin/python" ] &&
   exit 0
 fi
 [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
-echo "setup: [2/2] LibTorch: downloading PyTorch's wheel torch==$torch_version with its CUDA" \
-     "libraries into $venv (about 3.2 GB to download, 5.3 GB installed; a few minutes)"
+if "$venv/bin/python" -c 'import importlib.metadata as m; m.version("torch")' 2>/dev/null; then
+  echo "setup: [2/2] LibTorch: completing $venv (torch==$torch_version, numpy)"
+else
+  echo "setup: [2/2] LibTorch: downloading PyTorch's wheel torch==$torch_version with its CUDA" \
+       "libraries into $venv (about 3.2 GB to download, 5.3 GB installed; a few minutes)"
+fi
 start=$SECONDS
 "$venv/bin/python" -m pip install --progress-bar off --disable-pip-version-check "torch==$torch_version" numpy |
   grep --line-buffered -E '^(  Downloading|Successfully installed|ERROR)' | sed -u 's/^  /setup:   /'
 "$venv/bin/python" -c "import torch; assert torch.__version__.startswith('$torch_version')" ||
   { echo "setup: torch $torch_version did not install into $venv" >&2; exit 1; }
-echo "setup: torch $torch_version installed in $((SECONDS - start)) s ($(du -sh "$venv" | cut -f1) in $venv)"
+echo "setup: $venv ready in $((SECONDS - start)) s ($(du -sh "$venv" | cut -f1) in $venv)"
