@@ -99,22 +99,23 @@ std::string find_agent_store_library() {
                         " nor " + candidates[1] + ". Build the cpprun_agent_store target, or reinstall cpprun.");
 }
 
-AgentStore AgentStore::open(const std::string& host, int port, bool is_server, std::chrono::milliseconds timeout) {
+AgentStore AgentStore::open(const std::string& host, int port, bool is_server, bool loopback_only,
+                            std::chrono::milliseconds timeout) {
   std::array<char, 1024> err{};
-  cpprun_agent_store* handle =
-      api().open(host.c_str(), port, is_server ? 1 : 0, static_cast<long>(timeout.count()), err.data(), err.size());
+  cpprun_agent_store* handle = api().open(host.c_str(), port, is_server ? 1 : 0, loopback_only ? 1 : 0,
+                                          static_cast<long>(timeout.count()), err.data(), err.size());
   if (handle == nullptr) throw AgentStoreError(err.data());
   return AgentStore(handle);
 }
 
 void AgentStore::load() { api(); }
 
-AgentStore AgentStore::host(int port, std::chrono::milliseconds timeout) {
-  return open("127.0.0.1", port, true, timeout);
+AgentStore AgentStore::host(int port, bool loopback_only, std::chrono::milliseconds timeout) {
+  return open("127.0.0.1", port, true, loopback_only, timeout);
 }
 
 AgentStore AgentStore::connect(const std::string& host, int port, std::chrono::milliseconds timeout) {
-  return open(host, port, false, timeout);
+  return open(host, port, false, false, timeout);
 }
 
 AgentStore::AgentStore(AgentStore&& other) noexcept : handle_(other.handle_) { other.handle_ = nullptr; }

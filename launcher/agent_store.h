@@ -28,9 +28,9 @@ class AgentStoreError : public std::runtime_error {
 
 class AgentStore {
  public:
-  // Starts the server on `port` (every interface: c10d binds no other way) and connects to it
-  // over the loopback.
-  static AgentStore host(int port, std::chrono::milliseconds timeout);
+  // Starts the server on `port` and connects to it over the loopback. The server listens on the
+  // loopback alone when `loopback_only` (every node on this host), else on every interface.
+  static AgentStore host(int port, bool loopback_only, std::chrono::milliseconds timeout);
   // Connects to a store that another agent hosts.
   static AgentStore connect(const std::string& host, int port, std::chrono::milliseconds timeout);
 
@@ -48,7 +48,8 @@ class AgentStore {
 
  private:
   explicit AgentStore(cpprun_agent_store* handle) : handle_(handle) {}
-  static AgentStore open(const std::string& host, int port, bool is_server, std::chrono::milliseconds timeout);
+  static AgentStore open(const std::string& host, int port, bool is_server, bool loopback_only,
+                         std::chrono::milliseconds timeout);
   cpprun_agent_store* handle_ = nullptr;
 };
 

@@ -36,7 +36,7 @@ std::unique_ptr<NodeRendezvous> claim_elastic_rendezvous(const LaunchConfig& con
   std::string last_error;
   for (;;) {
     if (config.is_host.value_or(true)) {
-      EndpointListener listen = LinkListener::at_endpoint(config.master_addr, config.master_port);
+      EndpointListener listen = LinkListener::at_endpoint(config.master_addr, config.master_port, config.job_secret);
       if (listen.status == ListenStatus::kListening) {
         return make_elastic_host(config, std::move(*listen.listener), started);
       }
@@ -63,7 +63,7 @@ std::unique_ptr<NodeRendezvous> claim_elastic_rendezvous(const LaunchConfig& con
     }
     ConnectResult connected = connect_link(config.master_addr, config.master_port,
                                            std::min<std::chrono::milliseconds>(left, std::chrono::seconds(5)),
-                                           relay.wake_fd());
+                                           relay.wake_fd(), config.job_secret);
     if (connected.status == ConnectStatus::kConnected) {
       return make_elastic_member(config, std::move(*connected.link), started);
     }

@@ -13,6 +13,7 @@
 
 #include "host_facts.h"
 #include "node_link.h"
+#include "pending_links.h"
 #include "node_rendezvous.h"
 
 namespace cpprun::launcher {
@@ -72,18 +73,19 @@ class ElasticHost final : public NodeRendezvous {
     std::vector<int> fds;
     for (const Node& n : nodes_) fds.push_back(n.link.fd());
     for (const Node& n : queued_) fds.push_back(n.link.fd());
-    for (const NodeLink& link : pending_) fds.push_back(link.fd());
+    for (int fd : pending_.fds()) fds.push_back(fd);
     fds.push_back(listener_.fd());
     return fds;
   }
 
   void on_readable(int fd) override {
     if (fd == listener_.fd()) {
-      while (std::optional<NodeLink> link = listener_.accept()) pending_.push_back(std::move(*link));
+      pending_.accept_from(listener_);
       return;
     }
-    for (std::size_t i = 0; i < pending_.size(); ++i) {
-      if (pending_[i].fd() == fd) return read_pending(i);
+    if (pending_.owns(fd)) {
+      if (auto introduced = pending_.read(fd)) admit(std::move(introduced->first), introduced->second);
+      return;
     }
     for (std::size_t i = 0; i < nodes_.size(); ++i) {
       if (nodes_[i].link.fd() == fd) return read_node(i);
@@ -348,17 +350,6 @@ class ElasticHost final : public NodeRendezvous {
         {2, false, "cpprun: the agent hosting the rendezvous at " + endpoint() + " refused this agent: " + why}));
   }
 
-  void read_pending(std::size_t i) {
-    NodeLink::Received got = pending_[i].receive();
-    if (!got.messages.empty()) {
-      NodeLink link = std::move(pending_[i]);
-      pending_.erase(pending_.begin() + static_cast<long>(i));
-      admit(std::move(link), got.messages.front());
-      return;
-    }
-    if (got.closed) pending_.erase(pending_.begin() + static_cast<long>(i));
-  }
-
   // Checks that the agent belongs to this job; refuses it with both values otherwise.
   bool acceptable(NodeLink& link, const NodeMessage& message) {
     if (message.kind != MessageKind::kHello) {
@@ -429,8 +420,8 @@ class ElasticHost final : public NodeRendezvous {
   void read_node(std::size_t i) {
     NodeLink::Received got = nodes_[i].link.receive();
     for (const NodeMessage& message : got.messages) handle(nodes_[i], message);
-    if (!got.bad_line.empty()) {
-      lose(i, "sent a line that is not a cpprun agent message: '" + got.bad_line + "'");
+    if (!got.violation.empty()) {
+      lose(i, got.violation);
     } else if (got.closed) {
       lose(i, "is gone: it was killed, or its host or network went down");
     }
@@ -465,7 +456,7 @@ class ElasticHost final : public NodeRendezvous {
   const LaunchConfig& config_;
   const Clock::time_point started_;
   LinkListener listener_;
-  std::vector<NodeLink> pending_;  // connected, not introduced yet
+  PendingLinks pending_;  // connected, not introduced yet
   std::vector<Node> nodes_;        // this round's other nodes, in join order (group ranks 1, 2, ...)
   std::vector<Node> queued_;       // arrived while a round ran, in arrival order
   Phase phase_ = Phase::kGathering;

@@ -13,6 +13,7 @@
 #include <optional>
 #include <system_error>
 
+#include "job_secret.h"
 #include "option_prefix.h"
 #include "option_suggestion.h"
 
@@ -54,6 +55,8 @@ struct RawOptions {
   bool dry_run = false;
   bool module = false;    // torchrun's -m
   bool run_path = false;  // torchrun's --run_path
+  std::string job_secret_file;
+  bool no_job_secret = false;
 };
 
 std::string with_value(const std::string& flag, const std::string& value) {
@@ -593,6 +596,15 @@ ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, cons
                "--run_path), whatever its name.")
       ->envname("PET_RUN_PATH");
 
+  option("--job_secret_file,--job-secret-file", raw.job_secret_file, "PET_JOB_SECRET_FILE", "PATH",
+         "Multi-node: a file holding the job's secret (else $CPPRUN_JOB_SECRET is read). The agents prove "
+         "to each other that they hold it before one acts on what another says; it never crosses the "
+         "network and workers do not inherit it. Every node needs the same; at least 16 characters.");
+  app.add_flag("--no_job_secret,--no-job-secret", raw.no_job_secret,
+               "Multi-node without a job secret: anyone who can reach the rendezvous ports can join, stop "
+               "or steer the job. Only for networks where nobody else can connect.")
+      ->envname("PET_NO_JOB_SECRET");
+
   ParsedCommandLine result;
   const std::vector<std::string> expanded = expand_option_prefixes(args, option_spellings(app));
   try {
@@ -616,6 +628,9 @@ ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, cons
   result.config = validate(raw, host);
   take_program(app.remaining(), option_names(app), result.config);
   result.config.program_mode = program_mode(raw);
+  result.config.no_job_secret = raw.no_job_secret;
+  result.config.job_secret =
+      resolve_job_secret({is_multi_node(result.config), raw.job_secret_file, raw.no_job_secret}, env);
   return result;
 }
 

@@ -53,6 +53,10 @@ struct LaunchConfig {
   // --no_python, -m, --run_path, or none of them: see program_command.h.
   ProgramMode program_mode = ProgramMode::kByName;
 
+  // Multi-node: what the agents prove to each other (job_secret.h); "" with --no_job_secret.
+  std::string job_secret;
+  bool no_job_secret = false;
+
   OutputOptions output;  // --redirects, --tee, --local_ranks_filter, --log_dir
   bool dry_run = false;  // print what would run, start nothing
 

@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "attempt.h"
+#include "job_secret.h"
 #include "node_rendezvous.h"
 #include "worker_specs.h"
 #include "worker_status.h"
@@ -37,6 +38,7 @@ void announce_restart(const LaunchConfig& config, const NodeRendezvous& rendezvo
 
 int run_multi_node(const LaunchConfig& config, const ProgramCommand& program, const EnvMap& parent_env,
                    SignalRelay& relay, const RunDirectory& run_dir) {
+  if (config.no_job_secret) std::cerr << no_secret_warning(endpoint_text(config)) << "\n";
   int signal = 0;
   const std::unique_ptr<NodeRendezvous> rendezvous = open_rendezvous(config, relay, signal);
   std::optional<RankLayout> layout;

@@ -1,4 +1,5 @@
-// Non-blocking sockets for the agents' links, read from the agent's poll() loop.
+// Non-blocking sockets for the agents' links, read from the agent's poll() loop; each proves the
+// job secret before it carries a message (Note [Agent authentication]).
 #include "node_link.h"
 
 #include <arpa/inet.h>
@@ -12,7 +13,11 @@
 
 #include <cerrno>
 #include <cstring>
+#include <iostream>
+#include <sstream>
 #include <system_error>
+
+#include "link_auth.h"
 
 namespace cpprun::launcher {
 namespace {
@@ -21,6 +26,23 @@ using Clock = std::chrono::steady_clock;
 
 // A line longer than this is not one of our messages.
 constexpr std::size_t kMaxLine = 64 * 1024;
+
+// The handshake's words (Note [Agent authentication]).
+constexpr const char* kChallengeWord = "cpprun-auth";
+constexpr const char* kProofWord = "cpprun-proof";
+constexpr const char* kAcceptedWord = "cpprun-auth-ok";
+constexpr const char* kRefusedWord = "cpprun-auth-refused";
+
+std::vector<std::string> split_words(const std::string& line) {
+  std::vector<std::string> words;
+  std::istringstream in(line);
+  for (std::string word; in >> word;) words.push_back(word);
+  return words;
+}
+
+bool is_nonce(const std::string& word) {
+  return word.size() == 32 && word.find_first_not_of("0123456789abcdef") == std::string::npos;
+}
 
 // Notices a peer host that vanished without closing the connection (power loss, cable): probes
 // after 10 s of silence, every 5 s, 4 times. Unacknowledged data gives up after 30 s.
@@ -92,44 +114,46 @@ int resolve(const std::string& host, int port, AddressList& list, std::string& e
 
 }  // namespace
 
-NodeLink::NodeLink(int fd, std::string peer) : fd_(fd), peer_(std::move(peer)) {}
-
-NodeLink::~NodeLink() { close_fd(); }
-
-NodeLink::NodeLink(NodeLink&& other) noexcept
-    : fd_(other.fd_), peer_(std::move(other.peer_)), buffer_(std::move(other.buffer_)) {
-  other.fd_ = -1;
-}
-
-NodeLink& NodeLink::operator=(NodeLink&& other) noexcept {
+OwnedFd& OwnedFd::operator=(OwnedFd&& other) noexcept {
   if (this != &other) {
-    close_fd();
+    reset();
     fd_ = other.fd_;
-    peer_ = std::move(other.peer_);
-    buffer_ = std::move(other.buffer_);
     other.fd_ = -1;
   }
   return *this;
 }
 
-void NodeLink::close_fd() {
+void OwnedFd::reset() {
   if (fd_ >= 0) close(fd_);
   fd_ = -1;
 }
 
-bool NodeLink::send(const NodeMessage& message) {
-  if (fd_ < 0) return false;
-  const std::string line = encode_message(message) + "\n";
+NodeLink::NodeLink(int fd, std::string peer, LinkSide side, std::string secret)
+    : fd_(fd), peer_(std::move(peer)), side_(side), secret_(std::move(secret)),
+      state_(side == LinkSide::kHost ? State::kAwaitProof : State::kAwaitChallenge), opened_(Clock::now()) {
+  if (side_ == LinkSide::kHost) {
+    host_nonce_ = random_nonce();
+    write_line(std::string(kChallengeWord) + " 1 " + host_nonce_);
+  }
+}
+
+bool NodeLink::handshake_overdue(Clock::time_point now) const {
+  return state_ != State::kOpen && now - opened_ > kHandshakeTimeout;
+}
+
+bool NodeLink::write_line(const std::string& text) {
+  if (fd_.get() < 0) return false;
+  const std::string line = text + "\n";
   std::size_t sent = 0;
   while (sent < line.size()) {
-    const ssize_t n = ::send(fd_, line.data() + sent, line.size() - sent, MSG_NOSIGNAL);
+    const ssize_t n = ::send(fd_.get(), line.data() + sent, line.size() - sent, MSG_NOSIGNAL);
     if (n > 0) {
       sent += static_cast<std::size_t>(n);
     } else if (n < 0 && errno == EINTR) {
       continue;
     } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
       // Messages are a few dozen bytes; a full socket buffer means the peer stopped reading.
-      pollfd out{fd_, POLLOUT, 0};
+      pollfd out{fd_.get(), POLLOUT, 0};
       if (poll(&out, 1, 5000) <= 0) return false;
     } else {
       return false;
@@ -138,17 +162,127 @@ bool NodeLink::send(const NodeMessage& message) {
   return true;
 }
 
+bool NodeLink::send(const NodeMessage& message) {
+  if (fd_.get() < 0) return false;
+  if (state_ != State::kOpen) {
+    outbox_.push_back(message);  // the member's hello, written once the host is proven
+    return true;
+  }
+  const std::string line = encode_message(message);
+  const LinkDirection direction =
+      side_ == LinkSide::kHost ? LinkDirection::kHostToMember : LinkDirection::kMemberToHost;
+  const std::uint64_t sequence = sent_++;
+  return write_line(std::to_string(sequence) + " " + message_tag(session_key_, direction, sequence, line) + " " +
+                    line);
+}
+
+void NodeLink::open_session() {
+  session_key_ = session_key(secret_, host_nonce_, member_nonce_);
+  state_ = State::kOpen;
+  std::vector<NodeMessage> queued = std::move(outbox_);
+  outbox_.clear();
+  for (const NodeMessage& message : queued) send(message);
+}
+
+// The member reads the host's challenge and answers it with its proof.
+bool NodeLink::answer_challenge(const std::string& line, Received& got) {
+  const std::vector<std::string> words = split_words(line);
+  if (words.size() != 3 || words[0] != kChallengeWord || words[1] != "1" || !is_nonce(words[2])) {
+    got.violation = "sent a line that is not a cpprun agent message: '" + printable(line.substr(0, 200)) + "'";
+    return false;
+  }
+  host_nonce_ = words[2];
+  member_nonce_ = random_nonce();
+  state_ = State::kAwaitVerdict;
+  return write_line(std::string(kProofWord) + " " + member_nonce_ + " " +
+                    member_proof(secret_, host_nonce_, member_nonce_));
+}
+
+// The host checks the member's proof: the link opens, or is refused without a word about the job.
+bool NodeLink::check_proof(const std::string& line, Received& got) {
+  const std::vector<std::string> words = split_words(line);
+  const bool proven = words.size() == 3 && words[0] == kProofWord && is_nonce(words[1]) &&
+                      same_proof(words[2], member_proof(secret_, host_nonce_, words[1]));
+  if (!proven) {
+    write_line(kRefusedWord);
+    got.refused = words.size() == 3 && words[0] == kProofWord
+                      ? "it did not prove that it holds this job's secret: it was given another one"
+                      : "it did not prove that it holds this job's secret: an older cpprun, or not a cpprun agent";
+    return false;
+  }
+  member_nonce_ = words[1];
+  if (!write_line(std::string(kAcceptedWord) + " " + host_proof(secret_, host_nonce_, member_nonce_))) return false;
+  open_session();
+  return true;
+}
+
+// The member checks the host's answer: the host must prove the secret too.
+bool NodeLink::check_verdict(const std::string& line, Received& got) {
+  const std::vector<std::string> words = split_words(line);
+  if (words.size() == 1 && words[0] == kRefusedWord) {
+    got.refused = "refused this agent's proof of the job secret: the nodes were given different secrets "
+                  "(CPPRUN_JOB_SECRET or --job_secret_file); give every node the same one";
+    return false;
+  }
+  if (words.size() != 2 || words[0] != kAcceptedWord ||
+      !same_proof(words[1], host_proof(secret_, host_nonce_, member_nonce_))) {
+    got.refused = "could not prove that it holds this job's secret: another job's agent, or not a cpprun agent, "
+                  "listens there";
+    return false;
+  }
+  open_session();
+  return true;
+}
+
+// "SEQUENCE TAG MESSAGE": the next number in order, and the tag of the session's key over it.
+bool NodeLink::read_message(const std::string& line, Received& got) {
+  const auto first = line.find(' ');
+  const auto second = first == std::string::npos ? std::string::npos : line.find(' ', first + 1);
+  const LinkDirection direction =
+      side_ == LinkSide::kHost ? LinkDirection::kMemberToHost : LinkDirection::kHostToMember;
+  if (second == std::string::npos || line.compare(0, first, std::to_string(received_)) != 0) {
+    got.violation = "sent a message out of sequence or without its tag (replayed, or not from this job's agent)";
+    return false;
+  }
+  const std::string tag = line.substr(first + 1, second - first - 1);
+  const std::string body = line.substr(second + 1);
+  if (!same_proof(tag, message_tag(session_key_, direction, received_, body))) {
+    got.violation = "sent a message whose tag does not match (forged, or altered on the way)";
+    return false;
+  }
+  ++received_;
+  std::optional<NodeMessage> message = decode_message(body);
+  if (!message) {
+    got.violation = "sent a line that is not a cpprun agent message: '" + printable(body.substr(0, 200)) + "'";
+    return false;
+  }
+  got.messages.push_back(std::move(*message));
+  return true;
+}
+
+bool NodeLink::process_line(const std::string& line, Received& got) {
+  switch (state_) {
+    case State::kAwaitChallenge: return answer_challenge(line, got);
+    case State::kAwaitProof: return check_proof(line, got);
+    case State::kAwaitVerdict: return check_verdict(line, got);
+    case State::kOpen: return read_message(line, got);
+    case State::kClosed: return false;
+  }
+  return false;
+}
+
 NodeLink::Received NodeLink::receive() {
   Received got;
-  if (fd_ < 0) {
+  if (fd_.get() < 0) {
     got.closed = true;
     return got;
   }
   char chunk[4096];
   for (;;) {
-    const ssize_t n = recv(fd_, chunk, sizeof(chunk), 0);
+    const ssize_t n = recv(fd_.get(), chunk, sizeof(chunk), 0);
     if (n > 0) {
       buffer_.append(chunk, static_cast<std::size_t>(n));
+      if (buffer_.size() > kMaxLine) break;  // read no more than one line's worth from a flood
       continue;
     }
     if (n < 0 && errno == EINTR) continue;
@@ -157,32 +291,42 @@ NodeLink::Received NodeLink::receive() {
     break;
   }
   std::size_t start = 0;
-  for (std::size_t end; (end = buffer_.find('\n', start)) != std::string::npos; start = end + 1) {
-    const std::string line = buffer_.substr(start, end - start);
-    std::optional<NodeMessage> message = decode_message(line);
-    if (!message) {
-      got.bad_line = line.substr(0, 200);
-      got.closed = true;
-      break;
-    }
-    got.messages.push_back(std::move(*message));
+  bool ok = true;
+  for (std::size_t end; ok && (end = buffer_.find('\n', start)) != std::string::npos; start = end + 1) {
+    ok = process_line(buffer_.substr(start, end - start), got);
   }
-  buffer_.erase(0, start);
-  if (got.bad_line.empty() && buffer_.size() > kMaxLine) {
-    got.bad_line = buffer_.substr(0, 200);
-    got.closed = true;
+  buffer_.erase(0, ok ? start : buffer_.size());
+  if (ok && buffer_.size() > kMaxLine) {
+    got.violation = "sent a line longer than " + std::to_string(kMaxLine) + " bytes";
+    ok = false;
   }
-  if (got.closed) close_fd();
+  if (!ok) got.closed = true;
+  if (got.closed) {
+    state_ = State::kClosed;
+    fd_.reset();
+  }
   return got;
 }
 
-LinkListener::LinkListener(bool loopback_only) {
+void warn_refused_link(const std::string& peer, const std::string& why) {
+  static int refused = 0;
+  constexpr int kShown = 5;
+  ++refused;
+  if (refused <= kShown) {
+    std::cerr << "cpprun: warning: refused a connection from " << peer << ": " << why << "\n";
+  }
+  if (refused == kShown) {
+    std::cerr << "cpprun: warning: further refused connections are not shown\n";
+  }
+}
+
+LinkListener::LinkListener(bool loopback_only, std::string secret) : secret_(std::move(secret)) {
   // IPv6 with IPV6_V6ONLY off takes IPv4 too; a host without IPv6 gets an IPv4 socket.
-  fd_ = socket(AF_INET6, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  int fd = socket(AF_INET6, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   int rc = -1;
-  if (fd_ >= 0) {
+  if (fd >= 0) {
     const int off = 0;
-    setsockopt(fd_, IPPROTO_IPV6, IPV6_V6ONLY, &off, sizeof(off));
+    setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &off, sizeof(off));
     sockaddr_in6 address{};
     address.sin6_family = AF_INET6;
     if (loopback_only) {
@@ -190,49 +334,34 @@ LinkListener::LinkListener(bool loopback_only) {
     } else {
       address.sin6_addr = in6addr_any;
     }
-    rc = bind(fd_, reinterpret_cast<sockaddr*>(&address), sizeof(address));
+    rc = bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
     if (rc != 0) {
-      close(fd_);
-      fd_ = -1;
+      close(fd);
+      fd = -1;
     }
   }
-  if (fd_ < 0) {
-    fd_ = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd_ < 0) throw std::system_error(errno, std::generic_category(), "cpprun: socket() for the agents' links");
+  if (fd < 0) {
+    fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) throw std::system_error(errno, std::generic_category(), "cpprun: socket() for the agents' links");
     sockaddr_in address{};
     address.sin_family = AF_INET;
     address.sin_addr.s_addr = htonl(loopback_only ? INADDR_LOOPBACK : INADDR_ANY);
-    rc = bind(fd_, reinterpret_cast<sockaddr*>(&address), sizeof(address));
+    rc = bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
   }
-  if (rc != 0 || listen(fd_, 128) != 0) {
+  if (rc != 0 || listen(fd, 128) != 0) {
     const int error = errno;
-    close(fd_);
+    close(fd);
     throw std::system_error(error, std::generic_category(), "cpprun: listening for the other nodes' agents");
   }
+  fd_ = OwnedFd(fd);
   sockaddr_storage bound{};
   socklen_t size = sizeof(bound);
-  getsockname(fd_, reinterpret_cast<sockaddr*>(&bound), &size);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &size);
   port_ = bound.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
                                       : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
 }
 
-LinkListener::~LinkListener() {
-  if (fd_ >= 0) close(fd_);
-}
-
-LinkListener::LinkListener(LinkListener&& other) noexcept : fd_(other.fd_), port_(other.port_) { other.fd_ = -1; }
-
-LinkListener& LinkListener::operator=(LinkListener&& other) noexcept {
-  if (this != &other) {
-    if (fd_ >= 0) close(fd_);
-    fd_ = other.fd_;
-    port_ = other.port_;
-    other.fd_ = -1;
-  }
-  return *this;
-}
-
-EndpointListener LinkListener::at_endpoint(const std::string& host, int port) {
+EndpointListener LinkListener::at_endpoint(const std::string& host, int port, const std::string& secret) {
   EndpointListener result;
   AddressList addresses;
   if (resolve(host, port, addresses, result.error) != 0) return result;
@@ -249,7 +378,7 @@ EndpointListener LinkListener::at_endpoint(const std::string& host, int port) {
     if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 || listen(fd, 128) != 0) error = errno;
     if (error == 0) {
       result.status = ListenStatus::kListening;
-      result.listener.emplace(LinkListener(fd, port));
+      result.listener.emplace(LinkListener(fd, port, secret));
       result.error.clear();
       return result;
     }
@@ -272,14 +401,15 @@ std::optional<NodeLink> LinkListener::accept() {
   socklen_t size = sizeof(peer);
   int fd = -1;
   do {
-    fd = accept4(fd_, reinterpret_cast<sockaddr*>(&peer), &size, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    fd = accept4(fd_.get(), reinterpret_cast<sockaddr*>(&peer), &size, SOCK_NONBLOCK | SOCK_CLOEXEC);
   } while (fd < 0 && errno == EINTR);
   if (fd < 0) return std::nullopt;  // nothing waiting, or it went away already
   enable_keepalive(fd);
-  return NodeLink(fd, address_text(reinterpret_cast<sockaddr*>(&peer)));
+  return NodeLink(fd, address_text(reinterpret_cast<sockaddr*>(&peer)), LinkSide::kHost, secret_);
 }
 
-ConnectResult connect_link(const std::string& host, int port, std::chrono::milliseconds timeout, int wake_fd) {
+ConnectResult connect_link(const std::string& host, int port, std::chrono::milliseconds timeout, int wake_fd,
+                           const std::string& secret) {
   ConnectResult result;
   AddressList addresses;
   if (resolve(host, port, addresses, result.error) != 0) return result;
@@ -316,7 +446,7 @@ ConnectResult connect_link(const std::string& host, int port, std::chrono::milli
     if (error == 0) {
       enable_keepalive(fd);
       result.status = ConnectStatus::kConnected;
-      result.link.emplace(fd, where);
+      result.link.emplace(fd, where, LinkSide::kMember, secret);
       result.error.clear();
       return result;
     }

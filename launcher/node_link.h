@@ -5,6 +5,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -13,36 +14,85 @@
 
 namespace cpprun::launcher {
 
+// Which end of a link this agent holds: the host accepted it and challenges, the member connected.
+enum class LinkSide { kHost, kMember };
+
+// Closes its descriptor when destroyed; movable, so the classes holding one move by default.
+class OwnedFd {
+ public:
+  explicit OwnedFd(int fd = -1) : fd_(fd) {}
+  ~OwnedFd() { reset(); }
+  OwnedFd(OwnedFd&& other) noexcept : fd_(other.fd_) { other.fd_ = -1; }
+  OwnedFd& operator=(OwnedFd&& other) noexcept;
+  OwnedFd(const OwnedFd&) = delete;
+  OwnedFd& operator=(const OwnedFd&) = delete;
+  int get() const { return fd_; }
+  void reset();
+
+ private:
+  int fd_ = -1;
+};
+
+// One agent-to-agent connection. It proves the job secret first (Note [Agent authentication] in
+// link_auth.h) and only then hands out messages; send() before that is queued until it is proven.
 class NodeLink {
  public:
-  // Takes a connected socket; `peer` ("10.0.0.2:41234") is for messages.
-  NodeLink(int fd, std::string peer);
-  ~NodeLink();
-  NodeLink(NodeLink&& other) noexcept;
-  NodeLink& operator=(NodeLink&& other) noexcept;
-  NodeLink(const NodeLink&) = delete;
-  NodeLink& operator=(const NodeLink&) = delete;
+  // Takes a connected socket; `peer` ("10.0.0.2:41234") is for messages. `secret` is the job's
+  // (empty with --no_job_secret). The host's side sends its challenge at once.
+  NodeLink(int fd, std::string peer, LinkSide side, std::string secret);
 
-  int fd() const { return fd_; }
+  int fd() const { return fd_.get(); }
   const std::string& peer() const { return peer_; }
+  bool authenticated() const { return state_ == State::kOpen; }
+  // A connection that has not proven the secret within kHandshakeTimeout of being opened: a
+  // stranger, or a peer that stopped halfway. Its holder drops it.
+  bool handshake_overdue(std::chrono::steady_clock::time_point now) const;
 
-  // Sends one message. False when the connection is gone; the next receive() then reports it.
+  // Sends one message (queued until the link is authenticated). False when the connection is
+  // gone; the next receive() then reports it.
   bool send(const NodeMessage& message);
 
   struct Received {
-    std::vector<NodeMessage> messages;  // complete messages, in order
+    std::vector<NodeMessage> messages;  // complete, authenticated messages, in order
     bool closed = false;                // the peer closed the link, or it broke
-    std::string bad_line;               // set when a line was not a message (the link is then closed)
+    // What the peer sent that is not our protocol, e.g. "sent a line that is not a cpprun agent
+    // message: '...'" (the link is then closed).
+    std::string violation;
+    std::string refused;                // set when the secret was not proven (the link is then closed)
   };
   // Reads what has arrived, without blocking. Call when poll() says fd() is readable.
   Received receive();
 
+  static constexpr std::chrono::seconds kHandshakeTimeout{10};
+
  private:
-  void close_fd();
-  int fd_ = -1;
+  enum class State { kAwaitChallenge, kAwaitProof, kAwaitVerdict, kOpen, kClosed };
+  bool write_line(const std::string& line);
+  bool process_line(const std::string& line, Received& got);  // false: the link is to be closed
+  bool answer_challenge(const std::string& line, Received& got);
+  bool check_proof(const std::string& line, Received& got);
+  bool check_verdict(const std::string& line, Received& got);
+  bool read_message(const std::string& line, Received& got);
+  void open_session();
+
+  OwnedFd fd_;
   std::string peer_;
-  std::string buffer_;  // an incomplete line
+  LinkSide side_;
+  std::string secret_;
+  State state_;
+  std::chrono::steady_clock::time_point opened_;
+  std::string host_nonce_;
+  std::string member_nonce_;
+  std::string session_key_;
+  std::uint64_t sent_ = 0;      // lines sent since the session opened
+  std::uint64_t received_ = 0;  // lines received since the session opened
+  std::vector<NodeMessage> outbox_;  // sent before the session opened
+  std::string buffer_;               // an incomplete line
 };
+
+// Prints that a connection was refused for not proving the secret, naming only its address; after
+// a few, says that further ones are counted, not printed, so a stranger cannot flood the console.
+void warn_refused_link(const std::string& peer, const std::string& why);
 
 enum class ListenStatus;
 struct EndpointListener;
@@ -52,26 +102,21 @@ struct EndpointListener;
 class LinkListener {
  public:
   // On the loopback only when `loopback_only` (every node on this host), else on every interface,
-  // as c10d's store listens. Throws std::system_error.
-  explicit LinkListener(bool loopback_only);
+  // as c10d's store listens. Links it accepts prove `secret`. Throws std::system_error.
+  LinkListener(bool loopback_only, std::string secret);
   // Listens at host:port, on the first of the host's addresses that is this machine's. Only one
   // process can: the others learn that it is taken (kTaken) and that agent hosts the rendezvous.
-  static EndpointListener at_endpoint(const std::string& host, int port);
-  ~LinkListener();
-  LinkListener(LinkListener&& other) noexcept;
-  LinkListener& operator=(LinkListener&& other) noexcept;
-  LinkListener(const LinkListener&) = delete;
-  LinkListener& operator=(const LinkListener&) = delete;
-
-  int fd() const { return fd_; }
+  static EndpointListener at_endpoint(const std::string& host, int port, const std::string& secret);
+  int fd() const { return fd_.get(); }
   int port() const { return port_; }
   // A connection waiting to be accepted, if any; never blocks.
   std::optional<NodeLink> accept();
 
  private:
-  LinkListener(int fd, int port) : fd_(fd), port_(port) {}
-  int fd_ = -1;
+  LinkListener(int fd, int port, std::string secret) : fd_(fd), port_(port), secret_(std::move(secret)) {}
+  OwnedFd fd_;
   int port_ = 0;
+  std::string secret_;
 };
 
 enum class ListenStatus {
@@ -100,8 +145,10 @@ struct ConnectResult {
 };
 
 // One attempt to connect to host:port, trying each address the host resolves to, for at most
-// `timeout` in all; gives up early when `wake_fd` becomes readable (-1: never).
-ConnectResult connect_link(const std::string& host, int port, std::chrono::milliseconds timeout, int wake_fd);
+// `timeout` in all; gives up early when `wake_fd` becomes readable (-1: never). The link then
+// proves `secret` to the host as the first thing it reads and sends.
+ConnectResult connect_link(const std::string& host, int port, std::chrono::milliseconds timeout, int wake_fd,
+                           const std::string& secret);
 
 // Every address `host` resolves to is a loopback one (127.0.0.0/8, ::1): the job is on this host.
 bool is_loopback_host(const std::string& host);

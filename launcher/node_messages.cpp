@@ -84,7 +84,7 @@ class WordReader {
     if (next_ >= words_.size()) return fail();
     std::optional<std::string> value = unescape(words_[next_++]);
     if (!value) return fail();
-    return *value;
+    return printable(*value);  // a peer's words end up on the console
   }
   int number() {
     const std::string word = text();
@@ -126,9 +126,12 @@ void write_end(std::ostringstream& out, const JobEnd& end) {
   out << ' ' << end.exit_code << ' ' << (end.restartable ? 1 : 0) << ' ' << escape(end.reason);
 }
 
-JobEnd read_end(WordReader& in) {
+// A failure's exit code is 1 to 255 whatever the peer claims: no message can make a failed job
+// look like a success (0), or pass the shell a code it would wrap.
+JobEnd read_end(WordReader& in, bool failure) {
   JobEnd end;
   end.exit_code = in.number();
+  if (end.exit_code < (failure ? 1 : 0) || end.exit_code > 255) end.exit_code = 1;
   end.restartable = in.number() != 0;
   end.reason = in.text();
   return end;
@@ -305,14 +308,23 @@ std::optional<NodeMessage> decode_message(const std::string& line) {
     case MessageKind::kFailed:
     case MessageKind::kEnd:
       m.round = in.number();
-      m.end = read_end(in);
+      m.end = read_end(in, true);
       break;
     case MessageKind::kExit:
-      m.end = read_end(in);
+      m.end = read_end(in, false);
       break;
   }
   if (!in.ok() || !in.at_end()) return std::nullopt;
   return m;
+}
+
+std::string printable(const std::string& text) {
+  std::string out = text;
+  for (char& c : out) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (byte < 0x20 || byte == 0x7f) c = '?';
+  }
+  return out;
 }
 
 std::string join_ranks(const std::vector<int>& ranks) {

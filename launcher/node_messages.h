@@ -27,7 +27,7 @@
 namespace cpprun::launcher {
 
 // Bumped when a message changes; agents of different versions refuse each other at `hello`.
-inline constexpr int kNodeProtocolVersion = 2;
+inline constexpr int kNodeProtocolVersion = 3;
 
 enum class MessageKind { kHello, kWaiting, kGathering, kQueued, kStart, kDone, kFailed, kStopped, kEnd, kExit };
 
@@ -76,6 +76,9 @@ struct NodeMessage {
 std::string encode_message(const NodeMessage& message);
 // nullopt for a line that is not a message of this protocol.
 std::optional<NodeMessage> decode_message(const std::string& line);
+
+// `text` with every control character (and DEL) replaced by '?': what a peer said, safe to print.
+std::string printable(const std::string& text);
 
 // "1, 3" (for messages to people).
 std::string join_ranks(const std::vector<int>& ranks);

@@ -11,6 +11,7 @@
 
 #include "agent_store.h"
 #include "node_link.h"
+#include "pending_links.h"
 #include "node_rendezvous.h"
 
 namespace cpprun::launcher {
@@ -25,7 +26,7 @@ constexpr std::chrono::seconds kStopSlack{30};
 class RendezvousHost final : public NodeRendezvous {
  public:
   explicit RendezvousHost(const LaunchConfig& config)
-      : config_(config), started_(Clock::now()), listener_(is_loopback_host(config.master_addr)),
+      : config_(config), started_(Clock::now()), listener_(is_loopback_host(config.master_addr), config.job_secret),
         members_(static_cast<std::size_t>(config.nnodes)) {
     open_store();
   }
@@ -60,21 +61,19 @@ class RendezvousHost final : public NodeRendezvous {
     for (const Member& m : members_) {
       if (m.link && m.link->fd() >= 0) fds.push_back(m.link->fd());
     }
-    for (const NodeLink& link : pending_) fds.push_back(link.fd());
+    for (int fd : pending_.fds()) fds.push_back(fd);
     fds.push_back(listener_.fd());
     return fds;
   }
 
   void on_readable(int fd) override {
     if (fd == listener_.fd()) {
-      accept_links();
+      pending_.accept_from(listener_);
       return;
     }
-    for (std::size_t i = 0; i < pending_.size(); ++i) {
-      if (pending_[i].fd() == fd) {
-        read_pending(i);
-        return;
-      }
+    if (pending_.owns(fd)) {
+      if (auto introduced = pending_.read(fd)) admit(std::move(introduced->first), introduced->second);
+      return;
     }
     for (int node = 1; node < config_.nnodes; ++node) {
       Member& m = members_[node];
@@ -157,7 +156,7 @@ class RendezvousHost final : public NodeRendezvous {
   void open_store() {
     store_.reset();
     try {
-      store_.emplace(AgentStore::host(config_.master_port, kStoreTimeout));
+      store_.emplace(AgentStore::host(config_.master_port, is_loopback_host(config_.master_addr), kStoreTimeout));
       store_->set(kLinkPortKey, std::to_string(listener_.port()));
     } catch (const AgentStoreError& e) {
       const std::string what = e.what();
@@ -277,24 +276,9 @@ class RendezvousHost final : public NodeRendezvous {
     return pending_signal_ != 0;
   }
 
-  void accept_links() {
-    while (std::optional<NodeLink> link = listener_.accept()) pending_.push_back(std::move(*link));
-  }
-
   void refuse(NodeLink& link, const std::string& why) {
     std::cerr << "cpprun: warning: refused the agent at " << link.peer() << ": " << why << "\n";
     link.send(NodeMessage::make_exit({2, false, "cpprun: node 0 refused this agent: " + why}));
-  }
-
-  void read_pending(std::size_t i) {
-    NodeLink::Received got = pending_[i].receive();
-    if (!got.messages.empty()) {
-      NodeLink link = std::move(pending_[i]);
-      pending_.erase(pending_.begin() + static_cast<long>(i));
-      admit(std::move(link), got.messages.front());
-      return;
-    }
-    if (got.closed) pending_.erase(pending_.begin() + static_cast<long>(i));
   }
 
   void admit(NodeLink link, const NodeMessage& message) {
@@ -355,8 +339,8 @@ class RendezvousHost final : public NodeRendezvous {
     Member& m = members_[node];
     NodeLink::Received got = m.link->receive();
     for (const NodeMessage& message : got.messages) handle(node, message);
-    if (!got.bad_line.empty()) {
-      lose(node, "sent a line that is not a cpprun agent message: '" + got.bad_line + "'");
+    if (!got.violation.empty()) {
+      lose(node, got.violation);
     } else if (got.closed) {
       if (!running_) {
         std::cerr << "cpprun: warning: " << describe_agent(node, m.link ? m.link->peer() : "")
@@ -393,7 +377,7 @@ class RendezvousHost final : public NodeRendezvous {
   const Clock::time_point started_;
   LinkListener listener_;
   std::optional<AgentStore> store_;
-  std::vector<NodeLink> pending_;  // connected, not introduced yet
+  PendingLinks pending_;  // connected, not introduced yet
   std::vector<Member> members_;    // by node rank; [0] is this node, which has no link
   int round_ = 0;
   std::optional<JobEnd> end_;

@@ -130,7 +130,7 @@ class RendezvousMember final : public NodeRendezvous {
     AgentStore::load();  // while node 0 may still be starting
     if (!reach_store(relay, deadline, signal)) return false;
     const int link_port = read_link_port(deadline);
-    ConnectResult connected = connect_link(config_.master_addr, link_port, kStoreTimeout, relay.wake_fd());
+    ConnectResult connected = connect_link(config_.master_addr, link_port, kStoreTimeout, relay.wake_fd(), config_.job_secret);
     if (connected.status == ConnectStatus::kInterrupted && (signal = take_ending_signal(relay)) != 0) {
       return false;
     }
@@ -201,8 +201,8 @@ class RendezvousMember final : public NodeRendezvous {
       }
       ConnectResult probe = connect_link(config_.master_addr, config_.master_port,
                                          std::min<std::chrono::milliseconds>(left, std::chrono::seconds(5)),
-                                         relay.wake_fd());
-      if (probe.status == ConnectStatus::kConnected) return true;
+                                         relay.wake_fd(), config_.job_secret);
+      if (probe.status == ConnectStatus::kConnected) return true;  // a reachability probe, closed unused
       if (probe.status == ConnectStatus::kFailed) {
         last_error = probe.error;
         pollfd wake{relay.wake_fd(), POLLIN, 0};
@@ -267,9 +267,9 @@ class RendezvousMember final : public NodeRendezvous {
     NodeLink::Received got = link_->receive();
     for (const NodeMessage& message : got.messages) handle(message);
     if (got.closed && !decision_) {
-      std::string why = got.bad_line.empty()
-                            ? "is gone: it was killed, or its host or network went down"
-                            : "sent a line that is not a cpprun agent message: '" + got.bad_line + "'";
+      std::string why = !got.refused.empty()     ? got.refused
+                        : !got.violation.empty() ? got.violation
+                                                 : "is gone: it was killed, or its host or network went down";
       // See Note [Elastic rounds]: the rendezvous lives in the host's agent.
       if (elastic_) why += "; the job cannot go on without the agent that hosts its c10d rendezvous";
       const std::string who = elastic_ ? "the agent hosting the c10d rendezvous at " + endpoint() + " (" +

@@ -1,6 +1,8 @@
 // torchrun's worker environment (LocalElasticAgent._start_workers).
 #include "worker_env.h"
 
+#include "job_secret.h"
+
 extern char** environ;
 
 namespace cpprun::launcher {
@@ -23,6 +25,8 @@ bool defaults_omp_threads(const LaunchConfig& config, const EnvMap& parent) {
 EnvMap make_worker_env(const LaunchConfig& config, const RankLayout& layout, int local_rank, int restart_count,
                        const std::string& error_file, const EnvMap& parent) {
   EnvMap env = parent;
+  // Only the agents need the job secret; a worker, or anything it runs, could leak it.
+  env.erase(kJobSecretVariable);
   env["RANK"] = std::to_string(layout.base_rank + local_rank);
   env["LOCAL_RANK"] = std::to_string(local_rank);
   env["WORLD_SIZE"] = std::to_string(layout.world_size);

@@ -92,6 +92,10 @@ pick_port() {
   exit 1
 }
 
+# cpprun's agents authenticate each other with the job secret (torchrun's do not); that cost is in
+# the c10d figures.
+export CPPRUN_JOB_SECRET=bench-launcher-$$-$RANDOM$RANDOM
+
 # run_once LAUNCHER CASE: one run; sets ms to its wall time. LAUNCHER: cpprun or torchrun;
 # CASE: 2 or 4 (workers on one node) or c10d (two nodes). Stops the script if a launcher fails.
 run_once() {

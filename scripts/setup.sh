@@ -37,6 +37,7 @@ packages=(
   build-essential cmake ninja-build pkg-config
   libgloo-dev                       # Gloo's headers: c10d's Gloo header needs them, no LibTorch ships them
   libcli11-dev catch2               # launcher CLI; tests
+  libssl-dev                        # libcrypto's HMAC-SHA-256: multi-node agents prove the job secret
   iproute2 util-linux procps        # ip + unshare: tests run in private network namespaces; pgrep
   python3-venv                      # the project's .venv
 )

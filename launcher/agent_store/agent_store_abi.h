@@ -12,17 +12,18 @@ extern "C" {
 #endif
 
 /* Bumped whenever a signature below changes; the launcher refuses a library with another one. */
-#define CPPRUN_AGENT_STORE_ABI_VERSION 1
+#define CPPRUN_AGENT_STORE_ABI_VERSION 2
 
 typedef struct cpprun_agent_store cpprun_agent_store;
 
 int cpprun_agent_store_abi_version(void);
 
-/* With is_server: starts a c10d TCPStore server on `port` (all interfaces, as c10d does) and
- * connects to it; otherwise connects to host:port. `timeout_ms` bounds the connection and every
- * later get(). Returns NULL on failure with a message in err (always NUL-terminated). */
-cpprun_agent_store* cpprun_agent_store_open(const char* host, int port, int is_server, long timeout_ms, char* err,
-                                            size_t err_size);
+/* With is_server: starts a c10d TCPStore server on `port` (on 127.0.0.1 alone with loopback_only,
+ * else on all interfaces, as c10d does) and connects to it; otherwise connects to host:port.
+ * `timeout_ms` bounds the connection and every later get(). Returns NULL on failure with a message
+ * in err (always NUL-terminated). */
+cpprun_agent_store* cpprun_agent_store_open(const char* host, int port, int is_server, int loopback_only,
+                                            long timeout_ms, char* err, size_t err_size);
 
 /* 0 on success, -1 with a message in err. */
 int cpprun_agent_store_set(cpprun_agent_store* store, const char* key, const char* value, char* err,

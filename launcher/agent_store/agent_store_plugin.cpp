@@ -2,10 +2,15 @@
 // launcher code that links LibTorch; see Note [Agent store] in ../agent_store.h.
 #include "agent_store_abi.h"
 
+#include <arpa/inet.h>
 #include <dirent.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 #include <fcntl.h>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -56,20 +61,50 @@ void set_cloexec_on_new(const std::set<int>& before) {
   }
 }
 
+// c10d binds its server to every interface. A job whose nodes are all on this host needs only the
+// loopback, and nobody on the network should reach its store: we bind the socket and hand it over
+// (TCPStoreOptions::masterListenFd). -1 with errno on failure.
+int listen_on_loopback(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  const int on = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<std::uint16_t>(port));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 || listen(fd, 128) != 0) {
+    const int error = errno;
+    close(fd);
+    errno = error;
+    return -1;
+  }
+  return fd;
+}
+
 }  // namespace
 
 extern "C" {
 
 int cpprun_agent_store_abi_version(void) { return CPPRUN_AGENT_STORE_ABI_VERSION; }
 
-cpprun_agent_store* cpprun_agent_store_open(const char* host, int port, int is_server, long timeout_ms, char* err,
-                                            size_t err_size) {
+cpprun_agent_store* cpprun_agent_store_open(const char* host, int port, int is_server, int loopback_only,
+                                            long timeout_ms, char* err, size_t err_size) {
   try {
     c10d::TCPStoreOptions opts;
     opts.port = static_cast<std::uint16_t>(port);
     opts.isServer = is_server != 0;
     opts.waitWorkers = false;  // the agents' own rendezvous counts the nodes
     opts.timeout = std::chrono::milliseconds(timeout_ms);
+    if (is_server != 0 && loopback_only != 0) {
+      const int fd = listen_on_loopback(port);  // c10d takes it over
+      if (fd < 0) {
+        put_error(err, err_size, std::string("cannot listen at 127.0.0.1:") + std::to_string(port) + ": " +
+                                     std::strerror(errno) + (errno == EADDRINUSE ? " (EADDRINUSE: port in use)" : ""));
+        return nullptr;
+      }
+      opts.masterListenFd = fd;
+    }
     const std::set<int> before = open_fds();
     auto handle = std::make_unique<cpprun_agent_store>();
     handle->store = std::make_unique<c10d::TCPStore>(host, opts);

@@ -1,6 +1,11 @@
 // Unit tests of cpprun's command line: torchrun's option names, defaults, validation messages.
 #include <catch2/catch.hpp>
 
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
 #include <optional>
 #include <string>
 #include <utility>
@@ -21,8 +26,14 @@ HostFacts fake_host(int cpus = 8, int gpus = 0) {
   return host;
 }
 
-// No scheduler variables, so the results do not depend on where the tests run (e.g. inside srun).
-std::optional<std::string> no_env(const std::string&) { return std::nullopt; }
+const std::string kSecret = "0123456789abcdef0123";
+
+// No scheduler variables, so the results do not depend on where the tests run (e.g. inside srun);
+// the job secret that multi-node launches need.
+std::optional<std::string> no_env(const std::string& name) {
+  if (name == "CPPRUN_JOB_SECRET") return kSecret;
+  return std::nullopt;
+}
 
 LaunchConfig parse(const std::vector<std::string>& args, const HostFacts& host = fake_host()) {
   const ParsedCommandLine cli = parse_launch_config(args, host, no_env);
@@ -353,4 +364,46 @@ TEST_CASE("launch_config: unknown options get a suggestion when one is close", "
   CHECK_THAT(usage_error({"--log-dirs=x", "y"}), Contains("did you mean --log-dir?"));
   CHECK_THAT(usage_error({"--dryrun", "x"}), Contains("did you mean --dry_run?"));
   CHECK(usage_error({"--bogus", "x"}).find("did you mean") == std::string::npos);
+}
+
+TEST_CASE("launch_config: a multi-node job needs a job secret, from the environment or a file",
+          "[launch_config]") {
+  const auto parse_with = [](const std::vector<std::string>& args, std::optional<std::string> secret) {
+    return parse_launch_config(args, fake_host(), [secret](const std::string& name) -> std::optional<std::string> {
+             if (name == "CPPRUN_JOB_SECRET") return secret;
+             return std::nullopt;
+           }).config;
+  };
+  const auto error_with = [&](const std::vector<std::string>& args, std::optional<std::string> secret) {
+    try {
+      parse_with(args, std::move(secret));
+    } catch (const UsageError& e) {
+      return std::string(e.what());
+    }
+    FAIL("expected a UsageError");
+    return std::string();
+  };
+  CHECK(parse({"--nnodes=2", "--node_rank=1", "x"}).job_secret == kSecret);
+  CHECK(parse_with({"x"}, std::nullopt).job_secret.empty());  // one node: no agent listens
+  CHECK_THAT(error_with({"--nnodes=2", "x"}, std::nullopt),
+             Contains("needs a job secret") && Contains("CPPRUN_JOB_SECRET") && Contains("--no_job_secret"));
+  CHECK_THAT(error_with({"--rdzv_backend=c10d", "--nnodes=1:2", "x"}, std::nullopt), Contains("needs a job secret"));
+  CHECK_THAT(error_with({"--nnodes=2", "x"}, std::string("short")),
+             Contains("CPPRUN_JOB_SECRET holds a secret of 5 characters; it needs at least 16"));
+  const LaunchConfig open = parse_with({"--nnodes=2", "--no_job_secret", "x"}, std::nullopt);
+  CHECK(open.no_job_secret);
+  CHECK(open.job_secret.empty());
+
+  const std::string file = std::string(std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp") +
+                           "/cpprun-test-secret-" + std::to_string(::getpid());
+  {
+    std::ofstream out(file);
+    out << "from a file, long enough\n";
+  }
+  CHECK(parse_with({"--nnodes=2", "--job_secret_file", file, "x"}, kSecret).job_secret == "from a file, long enough");
+  CHECK_THAT(error_with({"--nnodes=2", "--job_secret_file", file, "--no_job_secret", "x"}, std::nullopt),
+             Contains("contradict"));
+  std::remove(file.c_str());
+  CHECK_THAT(error_with({"--nnodes=2", "--job_secret_file", file, "x"}, std::nullopt),
+             Contains("--job_secret_file=" + file + ": cannot read it"));
 }

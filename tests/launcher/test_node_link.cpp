@@ -1,28 +1,91 @@
 // Unit tests of the agents' links over the loopback: messages arrive whole and in order, a closed
-// peer is noticed, and a connection nobody accepts fails fast.
+// peer is noticed, a connection nobody accepts fails fast, and nothing is believed from a peer that
+// has not proven the job secret (Note [Agent authentication]): wrong secrets, forged, altered and
+// replayed lines are refused.
 #include <catch2/catch.hpp>
 
 #include <poll.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <functional>
+
+#include "link_auth.h"
 #include "node_link.h"
+#include "pending_links.h"
 
 using namespace cpprun::launcher;
 
 namespace {
 
-// Polls `link` until `count` messages (or its end) arrived, for at most 5 s.
-NodeLink::Received receive_all(NodeLink& link, std::size_t count) {
+const std::string kSecret = "a secret of this job, 32 chars!!";
+
+void add(NodeLink::Received& all, NodeLink::Received got) {
+  for (NodeMessage& m : got.messages) all.messages.push_back(std::move(m));
+  all.closed = all.closed || got.closed;
+  if (!got.violation.empty()) all.violation = got.violation;
+  if (!got.refused.empty()) all.refused = got.refused;
+}
+
+// Polls `link` until `count` messages (or its end) arrived, for at most 5 s, reading `other` too
+// (when given) so that its side of the handshake goes on.
+NodeLink::Received receive_all(NodeLink& link, std::size_t count, NodeLink* other = nullptr,
+                               NodeLink::Received* other_got = nullptr) {
   NodeLink::Received all;
   for (int i = 0; i < 100 && all.messages.size() < count && !all.closed; ++i) {
-    pollfd fd{link.fd(), POLLIN, 0};
-    if (poll(&fd, 1, 50) <= 0) continue;
-    NodeLink::Received got = link.receive();
-    for (NodeMessage& m : got.messages) all.messages.push_back(std::move(m));
-    all.closed = got.closed;
-    all.bad_line = got.bad_line;
+    pollfd fds[2] = {{link.fd(), POLLIN, 0}, {other != nullptr ? other->fd() : -1, POLLIN, 0}};
+    if (poll(fds, 2, 50) <= 0) continue;
+    if (other != nullptr && (fds[1].revents & (POLLIN | POLLHUP)) != 0) {
+      NodeLink::Received got = other->receive();
+      if (other_got != nullptr) add(*other_got, std::move(got));
+    }
+    if ((fds[0].revents & (POLLIN | POLLHUP)) != 0) add(all, link.receive());
   }
   return all;
+}
+
+// Reads `link` as data arrives until `done()`, for at most 5 s.
+NodeLink::Received pump_until(NodeLink& link, const std::function<bool()>& done) {
+  NodeLink::Received all;
+  for (int i = 0; i < 100 && !done() && !all.closed; ++i) {
+    pollfd fd{link.fd(), POLLIN, 0};
+    if (poll(&fd, 1, 50) > 0) add(all, link.receive());
+  }
+  return all;
+}
+
+// A host and a member link joined over the loopback, each with its own secret.
+struct LinkPair {
+  LinkListener listener;
+  std::optional<NodeLink> host;
+  std::optional<NodeLink> member;
+  LinkPair(const std::string& host_secret, const std::string& member_secret) : listener(true, host_secret) {
+    ConnectResult connected = connect_link("127.0.0.1", listener.port(), std::chrono::seconds(5), -1, member_secret);
+    REQUIRE(connected.status == ConnectStatus::kConnected);
+    member.emplace(std::move(*connected.link));
+    for (int i = 0; i < 100 && !host; ++i) {
+      host = listener.accept();
+      pollfd fd{listener.fd(), POLLIN, 0};
+      if (!host) poll(&fd, 1, 50);
+    }
+    REQUIRE(host);
+  }
+};
+
+// Reads raw lines from a plain socket until `count` newline-ended lines arrived.
+std::string read_lines(int fd, int count) {
+  std::string text;
+  for (int i = 0; i < 100; ++i) {
+    if (static_cast<int>(std::count(text.begin(), text.end(), '\n')) >= count) break;
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, 50) <= 0) continue;
+    char chunk[1024];
+    const ssize_t n = recv(fd, chunk, sizeof(chunk), 0);
+    if (n <= 0) break;
+    text.append(chunk, static_cast<std::size_t>(n));
+  }
+  return text;
 }
 
 std::optional<NodeLink> accept_within(LinkListener& listener) {
@@ -41,16 +104,17 @@ TEST_CASE("node_link: messages cross the link in order; closing is noticed", "[n
   CHECK(is_loopback_host("localhost"));
   CHECK_FALSE(is_loopback_host("10.1.2.3"));
 
-  LinkListener listener(/*loopback_only=*/true);
-  REQUIRE(listener.port() > 0);
-  ConnectResult connected = connect_link("127.0.0.1", listener.port(), std::chrono::seconds(5), -1);
-  REQUIRE(connected.status == ConnectStatus::kConnected);
-  NodeLink& member = *connected.link;
-  std::optional<NodeLink> host = accept_within(listener);
-  REQUIRE(host);
+  LinkPair pair(kSecret, kSecret);
+  REQUIRE(pair.listener.port() > 0);
+  NodeLink& member = *pair.member;
+  std::optional<NodeLink>& host = pair.host;
 
+  // Sent before the secret is proven: queued, then delivered in order once it is.
   for (int round = 0; round < 50; ++round) REQUIRE(member.send(NodeMessage::make_done(round)));
-  const NodeLink::Received got = receive_all(*host, 50);
+  CHECK_FALSE(member.authenticated());
+  const NodeLink::Received got = receive_all(*host, 50, &member);
+  CHECK(member.authenticated());
+  CHECK(host->authenticated());
   REQUIRE(got.messages.size() == 50);
   for (int round = 0; round < 50; ++round) CHECK(got.messages[round].round == round);
   CHECK_FALSE(got.closed);
@@ -65,25 +129,192 @@ TEST_CASE("node_link: messages cross the link in order; closing is noticed", "[n
   CHECK(member.fd() < 0);
 }
 
-TEST_CASE("node_link: a line that is not a message closes the link", "[node_link]") {
-  LinkListener listener(true);
-  ConnectResult connected = connect_link("127.0.0.1", listener.port(), std::chrono::seconds(5), -1);
+TEST_CASE("node_link: a line that is not the handshake closes the link, with nothing said about the job",
+          "[node_link]") {
+  LinkListener listener(true, kSecret);
+  ConnectResult connected = connect_link("127.0.0.1", listener.port(), std::chrono::seconds(5), -1, kSecret);
   REQUIRE(connected.status == ConnectStatus::kConnected);
   std::optional<NodeLink> host = accept_within(listener);
   REQUIRE(host);
-  REQUIRE(::send(connected.link->fd(), "GET / HTTP/1.1\r\n", 16, 0) == 16);
+  // What a stranger who read the link port from the store sent: a hello in the clear.
+  const std::string hello = encode_message(NodeMessage::make_hello(NodeHello{})) + "\n";
+  REQUIRE(::send(connected.link->fd(), hello.data(), hello.size(), 0) == static_cast<ssize_t>(hello.size()));
   const NodeLink::Received got = receive_all(*host, 1);
   CHECK(got.closed);
-  CHECK(got.bad_line.find("GET /") == 0);
+  CHECK(got.messages.empty());
+  CHECK_THAT(got.refused, Catch::Matchers::Contains("did not prove that it holds this job's secret"));
+  // All the stranger heard: the challenge, and that it was refused.
+  const std::string heard = read_lines(connected.link->fd(), 2);
+  CHECK(heard.rfind("cpprun-auth 1 ", 0) == 0);
+  CHECK_THAT(heard, Catch::Matchers::EndsWith("cpprun-auth-refused\n"));
+}
+
+TEST_CASE("node_link: agents with different secrets refuse each other; both say why", "[node_link]") {
+  LinkPair pair(kSecret, "another job's secret, long enough");
+  REQUIRE(pair.member->send(NodeMessage::make_hello(NodeHello{})));
+  NodeLink::Received host_got;
+  const NodeLink::Received member_got = receive_all(*pair.member, 1, &*pair.host, &host_got);
+  CHECK(member_got.closed);
+  CHECK(member_got.messages.empty());
+  CHECK_THAT(member_got.refused, Catch::Matchers::Contains("different secrets"));
+  CHECK(host_got.messages.empty());  // the hello was never sent: the member had not proven itself
+  CHECK_THAT(host_got.refused, Catch::Matchers::Contains("was given another one"));
+}
+
+TEST_CASE("node_link: a member does not believe a host that cannot prove the secret", "[node_link]") {
+  // A stranger listening where the member expects node 0: it sends a challenge and accepts anything.
+  LinkListener fake(true, "");
+  ConnectResult connected = connect_link("127.0.0.1", fake.port(), std::chrono::seconds(5), -1, kSecret);
+  REQUIRE(connected.status == ConnectStatus::kConnected);
+  std::optional<NodeLink> fake_host = accept_within(fake);  // sends its challenge
+  REQUIRE(fake_host);
+  // The member reads the challenge and sends its proof.
+  std::string answer;
+  NodeLink::Received member_got = pump_until(*connected.link, [&] {
+    char chunk[512];
+    const ssize_t n = recv(fake_host->fd(), chunk, sizeof(chunk), MSG_DONTWAIT);
+    if (n > 0) answer.append(chunk, static_cast<std::size_t>(n));
+    return !answer.empty();
+  });
+  REQUIRE_FALSE(member_got.closed);
+  CHECK(answer.rfind("cpprun-proof ", 0) == 0);
+  const std::string forged = "cpprun-auth-ok " + std::string(32, '0') + "\n";
+  REQUIRE(::send(fake_host->fd(), forged.data(), forged.size(), 0) == static_cast<ssize_t>(forged.size()));
+  member_got = receive_all(*connected.link, 1);
+  CHECK(member_got.closed);
+  CHECK_THAT(member_got.refused, Catch::Matchers::Contains("could not prove that it holds this job's secret"));
+}
+
+// A member played by the test over a plain socket: it does the handshake by hand, so it knows the
+// session key and can send lines that are correctly tagged, or not.
+struct HandMadeMember {
+  int fd = -1;
+  std::string key;
+  HandMadeMember(int port, const std::string& secret) {
+    ConnectResult c = connect_link("127.0.0.1", port, std::chrono::seconds(5), -1, secret);
+    REQUIRE(c.status == ConnectStatus::kConnected);
+    fd = dup(c.link->fd());  // the NodeLink closes its own descriptor; this one stays ours
+  }
+  ~HandMadeMember() { close(fd); }
+  void handshake(const std::string& secret, NodeLink& host) {
+    const std::string challenge = read_lines(fd, 1);
+    REQUIRE(challenge.rfind("cpprun-auth 1 ", 0) == 0);
+    const std::string host_nonce = challenge.substr(14, 32);
+    const std::string nonce = random_nonce();
+    send_line("cpprun-proof " + nonce + " " + member_proof(secret, host_nonce, nonce));
+    pump_until(host, [&] { return host.authenticated(); });  // the host checks the proof
+    REQUIRE(host.authenticated());
+    CHECK(read_lines(fd, 1) == "cpprun-auth-ok " + host_proof(secret, host_nonce, nonce) + "\n");
+    key = session_key(secret, host_nonce, nonce);
+  }
+  std::string framed(std::uint64_t sequence, const NodeMessage& message) const {
+    const std::string body = encode_message(message);
+    return std::to_string(sequence) + " " + message_tag(key, LinkDirection::kMemberToHost, sequence, body) + " " + body;
+  }
+  void send_line(const std::string& line) {
+    const std::string text = line + "\n";
+    REQUIRE(::send(fd, text.data(), text.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(text.size()));
+  }
+};
+
+TEST_CASE("node_link: forged, altered and replayed messages close the link", "[node_link]") {
+  const NodeMessage failed = NodeMessage::make_failed(0, {5, true, "rank 1 exited"});
+  for (const std::string attack : {"forged", "altered", "replayed", "reflected"}) {
+    DYNAMIC_SECTION(attack) {
+      LinkListener listener(true, kSecret);
+      HandMadeMember member(listener.port(), kSecret);
+      std::optional<NodeLink> host = accept_within(listener);
+      REQUIRE(host);
+      member.handshake(kSecret, *host);
+      const std::string first = member.framed(0, NodeMessage::make_done(0));
+      member.send_line(first);
+      REQUIRE(receive_all(*host, 1).messages.size() == 1);  // a correctly tagged line is believed
+
+      const std::string body = encode_message(failed);
+      std::string line;
+      if (attack == "forged") line = "1 " + std::string(32, 'a') + " " + body;
+      if (attack == "altered") {  // a real tag over another body
+        line = member.framed(1, NodeMessage::make_done(0));
+        line = line.substr(0, line.rfind("done")) + body;
+      }
+      if (attack == "replayed") line = first;  // a whole, valid line again: its number is spent
+      if (attack == "reflected") {  // tagged as if the host had sent it
+        line = "1 " + message_tag(member.key, LinkDirection::kHostToMember, 1, body) + " " + body;
+      }
+      member.send_line(line);
+      const NodeLink::Received got = receive_all(*host, 1);
+      CHECK(got.closed);
+      CHECK(got.messages.empty());
+      CHECK_THAT(got.violation, Catch::Matchers::StartsWith("sent a message"));
+    }
+  }
+}
+
+TEST_CASE("node_link: peers' words are made printable and failures keep a failing exit code", "[node_link]") {
+  const NodeMessage sent = NodeMessage::make_failed(3, {0, true, "evil\x1b[2J\rtext\x7f"});
+  const std::optional<NodeMessage> got = decode_message(encode_message(sent));
+  REQUIRE(got);
+  CHECK(got->end.reason == "evil?[2J?text?");
+  CHECK(got->end.exit_code == 1);  // "failed" with code 0 would make a failed job look successful
+  CHECK(decode_message(encode_message(NodeMessage::make_end(3, {300, true, "x"})))->end.exit_code == 1);
+  CHECK(decode_message(encode_message(NodeMessage::make_exit({0, false, ""})))->end.exit_code == 0);
+}
+
+TEST_CASE("node_link: the proofs depend on the secret and both nonces; tags on direction and sequence",
+          "[node_link]") {
+  const std::string n1 = random_nonce();
+  const std::string n2 = random_nonce();
+  CHECK(n1.size() == 32);
+  CHECK(n1 != n2);
+  CHECK(member_proof("s", n1, n2) == member_proof("s", n1, n2));
+  CHECK(member_proof("s", n1, n2) != member_proof("t", n1, n2));
+  CHECK(member_proof("s", n1, n2) != member_proof("s", n2, n1));
+  CHECK(member_proof("s", n1, n2) != host_proof("s", n1, n2));
+  const std::string key = session_key("s", n1, n2);
+  CHECK(message_tag(key, LinkDirection::kMemberToHost, 0, "done 0") !=
+        message_tag(key, LinkDirection::kHostToMember, 0, "done 0"));
+  CHECK(message_tag(key, LinkDirection::kMemberToHost, 0, "done 0") !=
+        message_tag(key, LinkDirection::kMemberToHost, 1, "done 0"));
+  CHECK(same_proof("abc", "abc"));
+  CHECK_FALSE(same_proof("abc", "abd"));
+  CHECK_FALSE(same_proof("abc", "ab"));
+}
+
+TEST_CASE("node_link: strangers holding connections open are bounded in number and in time", "[node_link]") {
+  LinkListener listener(true, kSecret);
+  std::vector<int> strangers;
+  for (std::size_t i = 0; i < PendingLinks::kMaxPending + 8; ++i) {
+    ConnectResult c = connect_link("127.0.0.1", listener.port(), std::chrono::seconds(5), -1, kSecret);
+    REQUIRE(c.status == ConnectStatus::kConnected);
+    strangers.push_back(dup(c.link->fd()));  // keeps the connection open, silent
+  }
+  PendingLinks pending;
+  for (int i = 0; i < 40 && pending.fds().size() < PendingLinks::kMaxPending; ++i) {
+    pollfd fd{listener.fd(), POLLIN, 0};
+    poll(&fd, 1, 50);
+    pending.accept_from(listener);
+  }
+  CHECK(pending.fds().size() == PendingLinks::kMaxPending);  // the oldest were closed to make room
+  for (int fd : strangers) close(fd);
+
+  // A silent connection is overdue once kHandshakeTimeout passed (accept_from then drops it); a
+  // proven one never is.
+  LinkPair pair(kSecret, kSecret);
+  const auto later = std::chrono::steady_clock::now() + NodeLink::kHandshakeTimeout + std::chrono::seconds(1);
+  CHECK_FALSE(pair.host->handshake_overdue(std::chrono::steady_clock::now()));
+  CHECK(pair.host->handshake_overdue(later));
+  REQUIRE(pair.member->send(NodeMessage::make_done(0)));
+  REQUIRE(receive_all(*pair.host, 1, &*pair.member).messages.size() == 1);
+  CHECK_FALSE(pair.host->handshake_overdue(later));
 }
 
 TEST_CASE("node_link: connecting where nobody listens fails at once", "[node_link]") {
   int port = 0;
   {
-    LinkListener gone(true);
+    LinkListener gone(true, kSecret);
     port = gone.port();
   }
-  const ConnectResult result = connect_link("127.0.0.1", port, std::chrono::seconds(5), -1);
+  const ConnectResult result = connect_link("127.0.0.1", port, std::chrono::seconds(5), -1, kSecret);
   CHECK(result.status == ConnectStatus::kFailed);
   CHECK_THAT(result.error, Catch::Matchers::Contains("refused"));
 }
@@ -91,29 +322,29 @@ TEST_CASE("node_link: connecting where nobody listens fails at once", "[node_lin
 TEST_CASE("node_link: only one process listens at a c10d endpoint; the others learn why not", "[node_link]") {
   int port = 0;
   {
-    LinkListener probe(true);  // a port the kernel says is free
+    LinkListener probe(true, kSecret);  // a port the kernel says is free
     port = probe.port();
   }
-  EndpointListener first = LinkListener::at_endpoint("127.0.0.1", port);
+  EndpointListener first = LinkListener::at_endpoint("127.0.0.1", port, kSecret);
   REQUIRE(first.status == ListenStatus::kListening);
   REQUIRE(first.listener);
   CHECK(first.listener->port() == port);
   // The second agent on this host finds it taken, and joins the first.
-  const EndpointListener second = LinkListener::at_endpoint("127.0.0.1", port);
+  const EndpointListener second = LinkListener::at_endpoint("127.0.0.1", port, kSecret);
   CHECK(second.status == ListenStatus::kTaken);
   CHECK_FALSE(second.listener);
-  ConnectResult connected = connect_link("127.0.0.1", port, std::chrono::seconds(5), -1);
+  ConnectResult connected = connect_link("127.0.0.1", port, std::chrono::seconds(5), -1, kSecret);
   REQUIRE(connected.status == ConnectStatus::kConnected);
   CHECK(accept_within(*first.listener));
 
   // An address of another machine (TEST-NET-1, never assigned): not this host's to listen at.
-  CHECK(LinkListener::at_endpoint("192.0.2.1", port).status == ListenStatus::kNotHere);
-  const EndpointListener nowhere = LinkListener::at_endpoint("no-such-host.invalid", port);
+  CHECK(LinkListener::at_endpoint("192.0.2.1", port, kSecret).status == ListenStatus::kNotHere);
+  const EndpointListener nowhere = LinkListener::at_endpoint("no-such-host.invalid", port, kSecret);
   CHECK(nowhere.status == ListenStatus::kFailed);
   CHECK_THAT(nowhere.error, Catch::Matchers::Contains("no-such-host.invalid"));
 
   // Once the host is gone the endpoint is free again, even with its connections in TIME_WAIT.
   connected.link.reset();
   first.listener.reset();
-  CHECK(LinkListener::at_endpoint("127.0.0.1", port).status == ListenStatus::kListening);
+  CHECK(LinkListener::at_endpoint("127.0.0.1", port, kSecret).status == ListenStatus::kListening);
 }

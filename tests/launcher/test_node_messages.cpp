@@ -36,7 +36,7 @@ TEST_CASE("node_messages: hello carries the node's settings, any run id and role
   CHECK(back.hello.min_nodes == 2);
   CHECK(back.hello.max_nodes == 4);
   CHECK(back.hello.max_restarts == 2);
-  CHECK(back.hello.run_id == "job 7%\nx");
+  CHECK(back.hello.run_id == "job 7%?x");  // escaped on the wire; a peer's control characters are never printed
   CHECK(back.hello.shape.local_world_size == 5);
   CHECK(back.hello.shape.role.empty());
 }

@@ -46,15 +46,21 @@ HostFacts fake_host() {
   return host;
 }
 
+// The scheduler's variables plus the job secret every multi-node launch needs (job_secret.h).
+EnvLookup job_env(Env vars) {
+  vars.emplace("CPPRUN_JOB_SECRET", "0123456789abcdef0123");
+  return fake_env(std::move(vars));
+}
+
 ParsedCommandLine parse(const std::vector<std::string>& args, const Env& env) {
-  ParsedCommandLine cli = parse_launch_config(args, fake_host(), fake_env(env));
+  ParsedCommandLine cli = parse_launch_config(args, fake_host(), job_env(env));
   REQUIRE(cli.outcome == CliOutcome::kLaunch);
   return cli;
 }
 
 std::string usage_error(const std::vector<std::string>& args, const Env& env) {
   try {
-    parse_launch_config(args, fake_host(), fake_env(env));
+    parse_launch_config(args, fake_host(), job_env(env));
   } catch (const UsageError& e) {
     return e.what();
   }

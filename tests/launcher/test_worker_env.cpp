@@ -100,6 +100,13 @@ TEST_CASE("worker_env: inherits the launcher's environment, launcher variables w
   CHECK(env.at("RANK") == "0");
 }
 
+TEST_CASE("worker_env: workers do not inherit the job secret", "[worker_env]") {
+  const EnvMap env =
+      env_of(config_with(1), 0, 0, "/run/e.json", {{"CPPRUN_JOB_SECRET", "s3cret-s3cret-s3cret"}, {"HOME", "/h"}});
+  CHECK(env.count("CPPRUN_JOB_SECRET") == 0);
+  CHECK(env.at("HOME") == "/h");
+}
+
 TEST_CASE("worker_env: the user's NCCL error-handling values win", "[worker_env]") {
   const EnvMap env = env_of(config_with(2), 0, 0, "/run/e.json",
                                      {{"TORCH_NCCL_ASYNC_ERROR_HANDLING", "3"}, {"NCCL_ASYNC_ERROR_HANDLING", "0"}});

@@ -12,6 +12,10 @@ export WORK
 mkdir "$WORK/tmp"
 export TMPDIR=$WORK/tmp
 unset OMP_NUM_THREADS TORCH_NCCL_ASYNC_ERROR_HANDLING NCCL_ASYNC_ERROR_HANDLING
+# Multi-node agents prove this to each other (Note [Agent authentication]); one per test, as a job
+# would have one per job.
+CPPRUN_JOB_SECRET=cpprun-test-$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
+export CPPRUN_JOB_SECRET
 unset $(env | sed -n 's/^\(PET_[A-Za-z0-9_]*\)=.*/\1/p')  # torchrun-style option overrides
 
 cleanup() {

@@ -1,0 +1,104 @@
+# Strangers at the agents' ports (issue 16): without the job secret nobody can take a node's place,
+# end the job, or learn its settings; a node with another secret is refused and told why; silent
+# connections cannot fill the host; a job whose nodes are all on this host listens on the loopback
+# only. A multi-node job without a secret does not start unless told to (--no_job_secret).
+. "$(dirname "$0")/common.sh"
+require_private_netns
+stranger() { python3 "$(dirname "$0")/stranger.py" "$@"; }
+
+# ---- a multi-node job needs a secret ----
+CPPRUN_JOB_SECRET= cpprun --nnodes=2 --node_rank=0 --master_port=29570 /bin/true
+expect_eq $? 2 "exit code without a secret"
+expect_in_file "$WORK/err" "a multi-node job needs a job secret" "the refusal"
+expect_in_file "$WORK/err" "--no_job_secret" "the way out"
+
+# ---- static: node 0 waits for node 1; strangers come first ----
+port=29571
+start_node node0 --nnodes=2 --node_rank=0 --master_port=$port --rdzv_id=run-id-not-for-strangers \
+  --max_restarts=1 --rdzv_conf join_timeout=40 /bin/sh -c 'echo "worker $RANK done"'
+node0=$NODE_PID
+# Node 0's agent listens at --master_port (its store) and on a second port for the agents' links.
+link_port=
+for _ in $(seq 200); do
+  link_port=$(ss -ltnpH 2>/dev/null | grep "pid=$node0," | awk '{print $4}' | sed 's/.*://' | grep -vx "$port" | head -1)
+  [ -n "$link_port" ] && break
+  sleep 0.05
+done
+[ -n "$link_port" ] || fail "node 0's agent does not listen for links"
+
+# Every listener of a job whose nodes are all on this host is on the loopback.
+listening=$(ss -ltnpH | grep "pid=$node0," | awk '{print $4}')
+for address in $listening; do
+  case $address in
+    127.0.0.1:* | \[::ffff:127.0.0.1\]:*) ;;
+    *) fail "node 0's agent listens at $address, not on the loopback alone (all: $listening)" ;;
+  esac
+done
+
+# A hello in the clear, then a forged failure: refused before a word is read.
+stranger hello 127.0.0.1 "$link_port" >"$WORK/stranger_hello.out"
+grep -qE '^cpprun-auth 1 [0-9a-f]{32}$' "$WORK/stranger_hello.out" || fail "no challenge: $(cat "$WORK/stranger_hello.out")"
+expect_in_file "$WORK/stranger_hello.out" "cpprun-auth-refused" "the stranger's refusal"
+[ "$(wc -l <"$WORK/stranger_hello.out")" = 2 ] || fail "the agent told the stranger more: $(cat "$WORK/stranger_hello.out")"
+grep -q "run-id-not-for-strangers\|max_restarts" "$WORK/stranger_hello.out" && fail "the refusal revealed the job's settings"
+# A made-up proof, and a flood without a newline.
+stranger proof 127.0.0.1 "$link_port" >"$WORK/stranger_proof.out"
+expect_in_file "$WORK/stranger_proof.out" "cpprun-auth-refused" "the made-up proof's refusal"
+stranger flood 127.0.0.1 "$link_port" >"$WORK/stranger_flood.out"
+# Silent connections, more than the host keeps pending.
+python3 "$(dirname "$0")/stranger.py" hold 127.0.0.1 "$link_port" 40 >"$WORK/stranger_hold.out" &
+holder=$!
+trap 'kill "$holder" 2>/dev/null; cleanup' EXIT
+wait_for_text 10 "$WORK/stranger_hold.out" "holding 40 connections"
+expect_in_file "$WORK/node0.err" "refused a connection from 127.0.0.1:" "node 0's warning"
+expect_in_file "$WORK/node0.err" "did not prove that it holds this job's secret" "node 0's reason"
+grep -q "pwned" "$WORK/node0.err" && fail "node 0 printed what the stranger said"
+
+# A node with another job's secret is refused, and says why.
+CPPRUN_JOB_SECRET=another-jobs-secret-0123456789 start_node node1bad --nnodes=2 --node_rank=1 --master_port=$port \
+  --rdzv_id=run-id-not-for-strangers --max_restarts=1 /bin/true
+wait_node "$NODE_PID" 20
+expect_eq "$NODE_STATUS" 1 "the node with another secret"
+expect_in_file "$WORK/node1bad.err" "different secrets" "its reason"
+
+# The real node 1 still gets its place: the job runs and succeeds.
+start_node node1 --nnodes=2 --node_rank=1 --master_port=$port --rdzv_id=run-id-not-for-strangers --max_restarts=1 \
+  /bin/sh -c 'echo "worker $RANK done"'
+node1=$NODE_PID
+wait_node "$node0" 30
+expect_eq "$NODE_STATUS" 0 "node 0's exit code"
+wait_node "$node1" 30
+expect_eq "$NODE_STATUS" 0 "node 1's exit code"
+expect_in_file "$WORK/node0.out" "worker 0 done" "rank 0 ran"
+expect_in_file "$WORK/node1.out" "worker 1 done" "rank 1 ran"
+kill "$holder" 2>/dev/null
+wait "$holder" 2>/dev/null
+
+# ---- c10d: the endpoint itself is the link port; refusals reveal nothing ----
+endpoint=127.0.0.1:29572
+start_node c0 --nnodes=2 --rdzv_backend=c10d --rdzv_endpoint=$endpoint --rdzv_id=run-id-not-for-strangers \
+  --rdzv_conf join_timeout=40 /bin/sh -c 'echo "worker $RANK done"'
+c0=$NODE_PID
+for _ in $(seq 200); do ss -ltnH | grep -q "127.0.0.1:29572" && break; sleep 0.05; done
+stranger hello 127.0.0.1 29572 >"$WORK/stranger_c10d.out"
+expect_in_file "$WORK/stranger_c10d.out" "cpprun-auth-refused" "the c10d stranger's refusal"
+grep -q "run-id-not-for-strangers\|rdzv_id\|nnodes" "$WORK/stranger_c10d.out" && fail "the c10d refusal revealed the job's settings"
+start_node c1 --nnodes=2 --rdzv_backend=c10d --rdzv_endpoint=$endpoint --rdzv_id=run-id-not-for-strangers \
+  /bin/sh -c 'echo "worker $RANK done"'
+c1=$NODE_PID
+wait_node "$c0" 30
+expect_eq "$NODE_STATUS" 0 "c10d host's exit code"
+wait_node "$c1" 30
+expect_eq "$NODE_STATUS" 0 "c10d member's exit code"
+
+# ---- --no_job_secret: runs, and says what that exposes ----
+CPPRUN_JOB_SECRET= start_node open0 --nnodes=2 --node_rank=0 --master_port=29573 --no_job_secret /bin/true
+open0=$NODE_PID
+CPPRUN_JOB_SECRET= start_node open1 --nnodes=2 --node_rank=1 --master_port=29573 --no_job_secret /bin/true
+wait_node "$open0" 30
+expect_eq "$NODE_STATUS" 0 "node 0 without a secret"
+wait_node "$NODE_PID" 30
+expect_eq "$NODE_STATUS" 0 "node 1 without a secret"
+expect_in_file "$WORK/open0.err" "warning: --no_job_secret: the agents do not authenticate each other" "the warning"
+expect_no_leftovers
+echo PASS
