@@ -3,47 +3,86 @@
 //   single process:  ./build/examples/train_gpt
 //   two ranks:       ./build/launcher/cpprun --nproc_per_node=2 ./build/examples/train_gpt --mode ddp
 //   sharded:         ./build/launcher/cpprun --nproc_per_node=2 ./build/examples/train_gpt --mode fsdp --stage 2
-//
-// Options: --text FILE (default /usr/share/common-licenses/GPL-3, on every Debian machine)
-//          --mode ddp|fsdp (ddp)  --stage 1|2|3 (ZeRO stage with fsdp: 2)  --steps N (300)
-//          --batch B per rank (16)  --lr X (3e-3)
-//          --block T (64)  --layers L (2)  --embed C (64)  --heads H (4)  --sample N (200 characters)
+//   options:         ./build/examples/train_gpt --help
 #include <cpprun/cpprun.h>
 #include <torch/torch.h>
 
+#include <cerrno>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <string>
+
+constexpr const char* kUsage = R"(usage: train_gpt [options]
+  --text FILE        the text to learn (default /usr/share/common-licenses/GPL-3, on every Debian machine)
+  --mode ddp|fsdp    DistributedDataParallel, or FullyShardedDataParallel with one unit per block (default ddp)
+  --stage 1|2|3      ZeRO stage with --mode fsdp (default 2)
+  --steps N          optimizer steps (default 300)
+  --batch B          windows per rank and step (default 16)
+  --lr X             AdamW's learning rate (default 3e-3)
+  --block T          characters per window (default 64)
+  --layers L         transformer blocks (default 2)
+  --embed C          embedding width, a multiple of --heads (default 64)
+  --heads H          attention heads (default 4)
+  --sample N         characters to generate at the end (default 200)
+  --help             this text
+)";
 
 struct Options {
   std::string text = "/usr/share/common-licenses/GPL-3", mode = "ddp";
   int steps = 300, batch = 16, sample = 200, stage = 2;
   int64_t block = 64, layers = 2, embed = 64, heads = 4;
   double lr = 3e-3;
+  bool help = false;
 };
+
+// A flag's value as a number: std::stoi alone would accept "12abc" or fail saying only "stoi".
+template <typename T>
+T number(const std::string& flag, const std::string& text, T lowest) {
+  T value{};
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (error != std::errc() || end != text.data() + text.size() || text.empty()) {
+    throw std::invalid_argument(flag + " needs a number, got '" + text + "' (see --help)");
+  }
+  if (!(value >= lowest)) {
+    std::ostringstream message;
+    message << flag << " must be at least " << lowest << ", got " << text;
+    throw std::invalid_argument(message.str());
+  }
+  return value;
+}
 
 Options parse(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
-    if (i + 1 >= argc) throw std::invalid_argument(flag + " needs a value");
-    const std::string value = argv[++i];
-    if (flag == "--text") o.text = value;
-    else if (flag == "--mode") o.mode = value;
-    else if (flag == "--stage") o.stage = std::stoi(value);
-    else if (flag == "--steps") o.steps = std::stoi(value);
-    else if (flag == "--batch") o.batch = std::stoi(value);
-    else if (flag == "--lr") o.lr = std::stod(value);
-    else if (flag == "--block") o.block = std::stoll(value);
-    else if (flag == "--layers") o.layers = std::stoll(value);
-    else if (flag == "--embed") o.embed = std::stoll(value);
-    else if (flag == "--heads") o.heads = std::stoll(value);
-    else if (flag == "--sample") o.sample = std::stoi(value);
-    else throw std::invalid_argument("unknown flag " + flag + " (see the comment at the top of train_gpt.cpp)");
+    auto value = [&] {
+      if (i + 1 >= argc) throw std::invalid_argument(flag + " needs a value (see --help)");
+      return std::string(argv[++i]);
+    };
+    if (flag == "--help" || flag == "-h") o.help = true;
+    else if (flag == "--text") o.text = value();
+    else if (flag == "--mode") o.mode = value();
+    else if (flag == "--stage") o.stage = number(flag, value(), 1);
+    else if (flag == "--steps") o.steps = number(flag, value(), 1);
+    else if (flag == "--batch") o.batch = number(flag, value(), 1);
+    else if (flag == "--lr") o.lr = number(flag, value(), 1e-12);
+    else if (flag == "--block") o.block = number<int64_t>(flag, value(), 1);
+    else if (flag == "--layers") o.layers = number<int64_t>(flag, value(), 1);
+    else if (flag == "--embed") o.embed = number<int64_t>(flag, value(), 1);
+    else if (flag == "--heads") o.heads = number<int64_t>(flag, value(), 1);
+    else if (flag == "--sample") o.sample = number(flag, value(), 0);
+    else throw std::invalid_argument("unknown option " + flag + " (train_gpt --help lists them)");
   }
   if (o.mode != "ddp" && o.mode != "fsdp") throw std::invalid_argument("--mode must be ddp or fsdp, got " + o.mode);
+  if (o.stage > 3) throw std::invalid_argument("--stage must be 1, 2 or 3, got " + std::to_string(o.stage));
+  if (o.embed % o.heads != 0) {
+    throw std::invalid_argument("--embed " + std::to_string(o.embed) + " must be a multiple of --heads " +
+                                std::to_string(o.heads));
+  }
   return o;
 }
 
@@ -105,16 +144,26 @@ struct GptImpl : torch::nn::Module {
 };
 TORCH_MODULE(Gpt);
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   const Options opt = parse(argc, argv);
+  if (opt.help) {
+    std::printf("%s", kUsage);
+    return 0;
+  }
   auto group = cpprun::init_process_group();
   const int rank = group.rank();
 
   std::ifstream file(opt.text);
-  if (!file) throw std::runtime_error("cannot read --text " + opt.text);
+  if (!file) throw std::runtime_error("cannot read --text " + opt.text + ": " + std::strerror(errno));
   std::stringstream contents;
   contents << file.rdbuf();
   const std::string text = contents.str();
+  // Training windows come from the first nine tenths, held-out windows from the last tenth.
+  const int64_t needed = 10 * (opt.block + 2);
+  if (static_cast<int64_t>(text.size()) < needed) {
+    throw std::invalid_argument("--text " + opt.text + " has " + std::to_string(text.size()) + " characters; --block " +
+                                std::to_string(opt.block) + " needs at least " + std::to_string(needed));
+  }
   std::string vocab;  // the characters that occur, sorted
   for (int c = 0; c < 256; ++c) {
     if (text.find(static_cast<char>(c)) != std::string::npos) vocab += static_cast<char>(c);
@@ -205,4 +254,9 @@ int main(int argc, char** argv) {
     context = torch::cat({context.narrow(1, 1, opt.block - 1), next}, 1);
   }
   std::printf("sample:\n%s\n", sample.c_str());
+  return 0;
 }
+
+// Any error (a bad option, an unreadable --text) ends with its message and exit code 1, written
+// where cpprun's failure summary shows it (cpprun::record), rather than an abort.
+int main(int argc, char** argv) { return cpprun::record([&] { return run(argc, argv); }); }

@@ -5,28 +5,65 @@
 //
 //   single process:  ./build/examples/train_mlp
 //   two ranks:       ./build/launcher/cpprun --nproc_per_node=2 ./build/examples/train_mlp
-//   options:         --steps N (default 300)  --global-batch B (default 256)  --lr X (default 0.05)
+//   options:         ./build/examples/train_mlp --help
 #include <cpprun/cpprun.h>
 #include <torch/torch.h>
 
+#include <charconv>
 #include <cstdio>
-#include <cstring>
+#include <sstream>
 #include <string>
+
+constexpr const char* kUsage = R"(usage: train_mlp [options]
+  --steps N          optimizer steps (default 300)
+  --global-batch B   examples per step over all ranks; must divide by the world size (default 256)
+  --lr X             SGD's learning rate (default 0.05)
+  --help             this text
+)";
+
+// The three interleaved spirals this trains on hold this many points.
+constexpr int64_t kPoints = 60000;
 
 struct Options {
   int steps = 300;
   int global_batch = 256;
   double lr = 0.05;
+  bool help = false;
 };
+
+// A flag's value as a number: std::stoi alone would accept "12abc" or fail saying only "stoi".
+template <typename T>
+T number(const std::string& flag, const std::string& text, T lowest) {
+  T value{};
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (error != std::errc() || end != text.data() + text.size() || text.empty()) {
+    throw std::invalid_argument(flag + " needs a number, got '" + text + "' (see --help)");
+  }
+  if (!(value >= lowest)) {
+    std::ostringstream message;
+    message << flag << " must be at least " << lowest << ", got " << text;
+    throw std::invalid_argument(message.str());
+  }
+  return value;
+}
 
 Options parse(int argc, char** argv) {
   Options o;
-  for (int i = 1; i + 1 < argc; i += 2) {
+  for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
-    if (flag == "--steps") o.steps = std::stoi(argv[i + 1]);
-    else if (flag == "--global-batch") o.global_batch = std::stoi(argv[i + 1]);
-    else if (flag == "--lr") o.lr = std::stod(argv[i + 1]);
-    else throw std::invalid_argument("unknown flag " + flag + " (known: --steps --global-batch --lr)");
+    auto value = [&] {
+      if (i + 1 >= argc) throw std::invalid_argument(flag + " needs a value (see --help)");
+      return std::string(argv[++i]);
+    };
+    if (flag == "--help" || flag == "-h") o.help = true;
+    else if (flag == "--steps") o.steps = number(flag, value(), 1);
+    else if (flag == "--global-batch") o.global_batch = number(flag, value(), 1);
+    else if (flag == "--lr") o.lr = number(flag, value(), 1e-12);
+    else throw std::invalid_argument("unknown option " + flag + " (train_mlp --help lists them)");
+  }
+  if (o.global_batch >= kPoints) {
+    throw std::invalid_argument("--global-batch " + std::to_string(o.global_batch) + " must be below the " +
+                                std::to_string(kPoints) + " points of the data set");
   }
   return o;
 }
@@ -48,13 +85,17 @@ struct Mlp : torch::nn::Module {
   torch::Tensor forward(torch::Tensor x) { return body->forward(x); }
 };
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   const Options opt = parse(argc, argv);
+  if (opt.help) {
+    std::printf("%s", kUsage);
+    return 0;
+  }
   auto group = cpprun::init_process_group();
   const int rank = group.rank(), world = group.size();
   if (opt.global_batch % world != 0) {
-    std::fprintf(stderr, "--global-batch %d must divide by the world size %d\n", opt.global_batch, world);
-    return 2;
+    throw std::invalid_argument("--global-batch " + std::to_string(opt.global_batch) +
+                                " must divide by the world size " + std::to_string(world));
   }
   const int local_batch = opt.global_batch / world;
   torch::manual_seed(0);  // same initial weights everywhere; we still broadcast to be sure
@@ -62,7 +103,7 @@ int main(int argc, char** argv) {
   for (auto& p : model->parameters()) cpprun::broadcast(group, p.detach(), 0);
   torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(opt.lr).momentum(0.9));
 
-  auto [points, labels] = spirals(60000, /*seed=*/1);
+  auto [points, labels] = spirals(kPoints, /*seed=*/1);
   double first_loss = 0, loss_sum = 0;
   int loss_count = 0;
   for (int step = 0; step < opt.steps; ++step) {
@@ -115,3 +156,7 @@ int main(int argc, char** argv) {
   }
   return in_sync ? 0 : 1;
 }
+
+// Any error (a bad option, a failed collective) ends with its message and exit code 1, written
+// where cpprun's failure summary shows it (cpprun::record), rather than an abort.
+int main(int argc, char** argv) { return cpprun::record([&] { return run(argc, argv); }); }

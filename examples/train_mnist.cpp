@@ -3,49 +3,90 @@
 //   single process:  ./build/examples/train_mnist --data DIR
 //   two ranks:       ./build/launcher/cpprun --nproc_per_node=2 ./build/examples/train_mnist --data DIR
 //   fault tolerant:  ./build/launcher/cpprun --max_restarts=3 --nproc_per_node=2 ./build/examples/train_mnist --resume
+//   options:         ./build/examples/train_mnist --help
 //
-// DIR holds MNIST's idx files (train-images-idx3-ubyte, ...). Without them a stand-in set of
-// the same shape is generated, so the program runs anywhere. Each epoch, rank 0 writes a
-// checkpoint (atomically); --resume continues from it, so a run restarted by cpprun after a
-// worker died goes on where it was. At the end, rank 0 writes loss.csv and loss.svg.
-// Options: --data DIR  --out DIR (default mnist_run)  --epochs N (3)  --batch B per rank (64)
-//          --lr X (Adam, 1e-3)  --train-size N (all)  --resume
+// DIR holds MNIST's idx files (train-images-idx3-ubyte, ...), which are checked as they are read:
+// a truncated or foreign file is an error naming it, never training on garbage. Without --data a
+// stand-in set of the same shape is generated, so the program runs anywhere. After each epoch,
+// rank 0 writes a checkpoint (atomically, with a checksum) and keeps the newest few; --resume
+// continues from the newest one that passes its check, so a run restarted by cpprun after a
+// worker died goes on where it was. At the end, rank 0 writes loss.csv and loss.svg. Every error
+// (a bad option, a missing or damaged file) ends with a message and exit code 1, and under cpprun
+// in the failure summary (cpprun::record).
 #include <cpprun/cpprun.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 
 namespace fs = std::filesystem;
 
+constexpr const char* kUsage = R"(usage: train_mnist [options]
+  --data DIR              MNIST's four idx files (train-images-idx3-ubyte, train-labels-idx1-ubyte,
+                          t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte); default: a generated stand-in
+  --out DIR               checkpoints, loss.csv and loss.svg (default mnist_run)
+  --epochs N              (default 3)
+  --batch B               examples per rank and step (default 64)
+  --lr X                  Adam's learning rate (default 1e-3)
+  --train-size N          train on the first N examples only (default all)
+  --resume                continue from the newest good checkpoint in --out, if there is one
+  --keep-checkpoints K    keep the newest K checkpoints (default 2), so a damaged one has a fallback
+  --help                  this text
+)";
+
 struct Options {
   std::string data, out = "mnist_run";
-  int epochs = 3, batch = 64;
+  int epochs = 3, batch = 64, keep_checkpoints = 2;
   double lr = 1e-3;
   int64_t train_size = -1;
-  bool resume = false;
+  bool resume = false, help = false;
 };
+
+// A flag's value as a number: std::stoi alone would accept "12abc" or fail saying only "stoi".
+template <typename T>
+T number(const std::string& flag, const std::string& text, T lowest) {
+  T value{};
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (error != std::errc() || end != text.data() + text.size() || text.empty()) {
+    throw std::invalid_argument(flag + " needs a number, got '" + text + "' (see --help)");
+  }
+  if (!(value >= lowest)) {
+    std::ostringstream message;
+    message << flag << " must be at least " << lowest << ", got " << text;
+    throw std::invalid_argument(message.str());
+  }
+  return value;
+}
 
 Options parse(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     auto value = [&] {
-      if (i + 1 >= argc) throw std::invalid_argument(flag + " needs a value");
+      if (i + 1 >= argc) throw std::invalid_argument(flag + " needs a value (see --help)");
       return std::string(argv[++i]);
     };
-    if (flag == "--data") o.data = value();
+    if (flag == "--help" || flag == "-h") o.help = true;
+    else if (flag == "--data") o.data = value();
     else if (flag == "--out") o.out = value();
-    else if (flag == "--epochs") o.epochs = std::stoi(value());
-    else if (flag == "--batch") o.batch = std::stoi(value());
-    else if (flag == "--lr") o.lr = std::stod(value());
-    else if (flag == "--train-size") o.train_size = std::stoll(value());
+    else if (flag == "--epochs") o.epochs = number(flag, value(), 1);
+    else if (flag == "--batch") o.batch = number(flag, value(), 1);
+    else if (flag == "--lr") o.lr = number(flag, value(), 1e-12);
+    else if (flag == "--train-size") o.train_size = number<int64_t>(flag, value(), 1);
+    else if (flag == "--keep-checkpoints") o.keep_checkpoints = number(flag, value(), 1);
     else if (flag == "--resume") o.resume = true;
-    else throw std::invalid_argument("unknown flag " + flag + " (see the comment at the top of train_mnist.cpp)");
+    else throw std::invalid_argument("unknown option " + flag + " (train_mnist --help lists them)");
+  }
+  if (!o.data.empty() && !fs::is_directory(o.data)) {  // before joining the job: fail fast, on every rank
+    throw std::invalid_argument("--data " + o.data + (fs::exists(o.data) ? " is not a directory" : " does not exist") +
+                                "; it must be the directory holding MNIST's idx files");
   }
   return o;
 }
@@ -74,14 +115,79 @@ Split stand_in(int64_t n, uint64_t seed) {
   return {images, labels};
 }
 
-std::pair<Split, Split> load_data(const std::string& dir, int rank) {
-  using torch::data::datasets::MNIST;
-  if (!dir.empty() && fs::exists(fs::path(dir) / "train-images-idx3-ubyte")) {
-    MNIST train(dir, MNIST::Mode::kTrain), test(dir, MNIST::Mode::kTest);
-    return {{train.images(), train.targets()}, {test.images(), test.targets()}};
+// MNIST's IDX files, checked as they are read (torch::data::datasets::MNIST reads a truncated
+// file into uninitialized memory, and any label byte as a class): big-endian magic number
+// 0x0000080N (unsigned bytes, N dimensions), N sizes, then the items.
+torch::Tensor read_idx(const fs::path& file, int dims) {
+  if (!fs::exists(file)) {
+    if (fs::exists(file.string() + ".gz")) {
+      throw std::runtime_error(file.string() + ".gz is compressed: gunzip it (MNIST's files are read uncompressed)");
+    }
+    throw std::runtime_error("missing " + file.string() + ": --data DIR must hold MNIST's four idx files (see --help)");
   }
-  if (rank == 0) std::printf("no MNIST files in '%s': using a generated stand-in set of the same shape\n", dir.c_str());
-  return {stand_in(12000, 1), stand_in(2000, 2)};
+  std::ifstream in(file, std::ios::binary);
+  std::stringstream contents;
+  contents << in.rdbuf();
+  if (!in) throw std::runtime_error("cannot read " + file.string());
+  const std::string bytes = contents.str();
+  const std::size_t header = 4 * (1 + dims);
+  auto word = [&](int k) {
+    uint32_t value = 0;
+    for (int b = 0; b < 4; ++b) value = value << 8 | static_cast<unsigned char>(bytes[4 * k + b]);
+    return value;
+  };
+  if (bytes.size() < header) {
+    throw std::runtime_error(file.string() + " has " + std::to_string(bytes.size()) +
+                             " bytes, fewer than an IDX header's " + std::to_string(header) + ": not an MNIST file");
+  }
+  const uint32_t magic = 0x800 + dims;
+  if (word(0) != magic) {
+    char text[160];
+    std::snprintf(text, sizeof text, " starts with 0x%08x, not the IDX magic number 0x%08x of MNIST's %s file",
+                  word(0), magic, dims == 3 ? "images" : "labels");
+    throw std::runtime_error(file.string() + text);
+  }
+  std::vector<int64_t> shape;
+  int64_t items = 1;
+  for (int d = 0; d < dims; ++d) shape.push_back(word(1 + d)), items *= shape.back();
+  if (dims == 3 && (shape[1] != 28 || shape[2] != 28)) {
+    throw std::runtime_error(file.string() + " holds " + std::to_string(shape[1]) + "x" + std::to_string(shape[2]) +
+                             " images; MNIST's are 28x28");
+  }
+  if (shape[0] == 0) throw std::runtime_error(file.string() + " holds no items");
+  const uint64_t expected = header + static_cast<uint64_t>(items);
+  if (bytes.size() != expected) {
+    throw std::runtime_error(file.string() + (bytes.size() < expected ? " is truncated" : " is too long") +
+                             ": its header promises " + std::to_string(shape[0]) + " items (" +
+                             std::to_string(expected) + " bytes) but it has " + std::to_string(bytes.size()) + " bytes");
+  }
+  return torch::from_blob(const_cast<char*>(bytes.data() + header), shape, torch::kUInt8).clone();
+}
+
+// train-* or t10k-* images and labels, checked against each other.
+Split read_mnist(const fs::path& dir, const std::string& prefix) {
+  const fs::path images_file = dir / (prefix + "-images-idx3-ubyte"), labels_file = dir / (prefix + "-labels-idx1-ubyte");
+  auto images = read_idx(images_file, 3);
+  auto labels = read_idx(labels_file, 1).to(torch::kLong);
+  if (images.size(0) != labels.size(0)) {
+    throw std::runtime_error(images_file.string() + " holds " + std::to_string(images.size(0)) + " images but " +
+                             labels_file.string() + " holds " + std::to_string(labels.size(0)) + " labels");
+  }
+  const auto bad = (labels > 9).nonzero();
+  if (bad.numel() > 0) {
+    const int64_t at = bad[0].item<int64_t>();
+    throw std::runtime_error(labels_file.string() + ": label " + std::to_string(labels[at].item<int64_t>()) +
+                             " of item " + std::to_string(at) + " is not a digit 0..9");
+  }
+  return {images.to(torch::kFloat32).div_(255).unsqueeze(1), labels};
+}
+
+std::pair<Split, Split> load_data(const std::string& dir, int rank) {
+  if (dir.empty()) {
+    if (rank == 0) std::printf("no --data DIR: using a generated stand-in set of MNIST's shape\n");
+    return {stand_in(12000, 1), stand_in(2000, 2)};
+  }
+  return {read_mnist(dir, "train"), read_mnist(dir, "t10k")};
 }
 
 // One example per index, normalized as MNIST usually is.
@@ -122,9 +228,9 @@ double evaluate(Net& net, const Split& test, const cpprun::ProcessGroup& group) 
   return counts[0].item<double>() / counts[1].item<double>();
 }
 
-void write_svg(const fs::path& file, const std::vector<double>& losses) {
+std::string svg_plot(const std::vector<double>& losses) {
   const double w = 640, h = 360, top = *std::max_element(losses.begin(), losses.end());
-  std::ofstream svg(file);
+  std::ostringstream svg;
   svg << "<svg xmlns='http://www.w3.org/2000/svg' width='" << w << "' height='" << h << "'>\n"
       << "<rect width='100%' height='100%' fill='white'/>\n<text x='10' y='20' font-family='sans-serif'>"
       << "train_mnist: loss per step (max " << top << ")</text>\n<polyline fill='none' stroke='steelblue' points='";
@@ -134,10 +240,35 @@ void write_svg(const fs::path& file, const std::vector<double>& losses) {
   svg << "'/>\n<line x1='10' y1='" << h - 10 << "' x2='" << w - 10 << "' y2='" << h - 10 << "' stroke='gray'/>\n"
       << "<text x='12' y='" << h - 14 << "' font-family='sans-serif' font-size='11'>0</text>\n<text x='" << w - 110
       << "' y='" << h - 14 << "' font-family='sans-serif' font-size='11'>" << losses.size() << " steps</text>\n</svg>\n";
+  return svg.str();
 }
 
-int main(int argc, char** argv) {
+// Checkpoints are OUT/checkpoint_epoch<E>.pt, written after epoch E; listed newest first.
+fs::path checkpoint_file(const std::string& out, int epoch) {
+  return fs::path(out) / ("checkpoint_epoch" + std::to_string(epoch) + ".pt");
+}
+
+std::vector<std::pair<int, fs::path>> checkpoints_in(const std::string& out) {
+  const std::string prefix = "checkpoint_epoch", suffix = ".pt";
+  std::vector<std::pair<int, fs::path>> found;
+  for (const auto& entry : fs::directory_iterator(out)) {
+    const std::string name = entry.path().filename().string();
+    if (name.size() <= prefix.size() + suffix.size() || name.rfind(prefix, 0) != 0 ||
+        name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) continue;
+    const std::string digits = name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
+    if (digits.find_first_not_of("0123456789") != std::string::npos || digits.size() > 6) continue;
+    found.emplace_back(std::stoi(digits), entry.path());
+  }
+  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  return found;
+}
+
+int run(int argc, char** argv) {
   const Options opt = parse(argc, argv);
+  if (opt.help) {
+    std::printf("%s", kUsage);
+    return 0;
+  }
   auto group = cpprun::init_process_group();
   const int rank = group.rank();
   auto [train, test] = load_data(opt.data, rank);
@@ -145,24 +276,40 @@ int main(int argc, char** argv) {
     train = {train.images.narrow(0, 0, opt.train_size), train.labels.narrow(0, 0, opt.train_size)};
   }
   fs::create_directories(opt.out);
-  const fs::path checkpoint = fs::path(opt.out) / "checkpoint.pt";
 
   torch::manual_seed(0);
   Net net;
   torch::optim::Adam optimizer(net->parameters(), torch::optim::AdamOptions(opt.lr));
   int start_epoch = 0;
   std::vector<double> losses;  // global loss per step, kept in the checkpoint for the plot
-  if (opt.resume && fs::exists(checkpoint)) {
-    torch::serialize::InputArchive archive;
-    archive.load_from(checkpoint.string());
-    net->load(archive);
-    optimizer.load(archive);
-    torch::Tensor saved_epoch, saved_losses;
-    archive.read("epoch", saved_epoch);
-    archive.read("losses", saved_losses);
-    start_epoch = saved_epoch.item<int>() + 1;
-    losses.assign(saved_losses.data_ptr<double>(), saved_losses.data_ptr<double>() + saved_losses.numel());
-    if (rank == 0) std::printf("resuming after epoch %d from %s\n", start_epoch, checkpoint.c_str());
+  if (opt.resume) {
+    // The newest checkpoint that passes its checksum; a damaged one is named and skipped. Every
+    // rank reads the same files, so all resume from the same one.
+    const auto checkpoints = checkpoints_in(opt.out);
+    bool resumed = false;
+    for (const auto& [epoch, file] : checkpoints) {
+      torch::serialize::InputArchive archive;
+      try {
+        cpprun::load_checkpoint(archive, file.string());
+      } catch (const std::exception& e) {
+        if (rank == 0) std::fprintf(stderr, "%s\nskipping %s: trying the checkpoint before it\n", e.what(), file.c_str());
+        continue;
+      }
+      net->load(archive);
+      optimizer.load(archive);
+      torch::Tensor saved_epoch, saved_losses;
+      archive.read("epoch", saved_epoch);
+      archive.read("losses", saved_losses);
+      start_epoch = saved_epoch.item<int>() + 1;
+      losses.assign(saved_losses.data_ptr<double>(), saved_losses.data_ptr<double>() + saved_losses.numel());
+      if (rank == 0) std::printf("resuming after epoch %d from %s\n", start_epoch, file.c_str());
+      resumed = true;
+      break;
+    }
+    if (!resumed && !checkpoints.empty()) {
+      throw std::runtime_error("--resume: none of the " + std::to_string(checkpoints.size()) + " checkpoints in " +
+                               opt.out + " passes its check (above); remove them to start afresh");
+    }
   }
   auto model = cpprun::DistributedDataParallel(net, group);
 
@@ -199,23 +346,30 @@ int main(int argc, char** argv) {
     const double accuracy = evaluate(net, test, group);
     if (rank == 0) {
       std::printf("%sepoch %d/%d  test accuracy %.2f%%\n", terminal ? "\n" : "", epoch + 1, opt.epochs, 100 * accuracy);
-      torch::serialize::OutputArchive archive;  // written to a temporary name, then renamed
+      torch::serialize::OutputArchive archive;
       net->save(archive);
       optimizer.save(archive);
       archive.write("epoch", torch::tensor(epoch));
       archive.write("losses", torch::tensor(losses, torch::kDouble));
-      const fs::path temporary = checkpoint.string() + ".tmp";
-      archive.save_to(temporary.string());
-      fs::rename(temporary, checkpoint);
+      cpprun::save_checkpoint(archive, checkpoint_file(opt.out, epoch + 1).string());  // atomic, checksummed
+      // Older ones go only once the new one is safely written.
+      const auto checkpoints = checkpoints_in(opt.out);
+      for (size_t i = opt.keep_checkpoints; i < checkpoints.size(); ++i) fs::remove(checkpoints[i].second);
     }
   }
 
   const double accuracy = evaluate(net, test, group);  // collective: every rank calls it
   if (rank == 0 && !losses.empty()) {
-    std::ofstream csv(fs::path(opt.out) / "loss.csv");
+    std::ostringstream csv;
     csv << "step,loss\n";
     for (size_t i = 0; i < losses.size(); ++i) csv << i + 1 << ',' << losses[i] << '\n';
-    write_svg(fs::path(opt.out) / "loss.svg", losses);
+    cpprun::write_file_atomically((fs::path(opt.out) / "loss.csv").string(), csv.str());
+    cpprun::write_file_atomically((fs::path(opt.out) / "loss.svg").string(), svg_plot(losses));
     std::printf("final test accuracy %.2f%%; loss curve in %s/loss.csv and loss.svg\n", 100 * accuracy, opt.out.c_str());
   }
+  return 0;
 }
+
+// Any error (a bad option, a missing or damaged file) ends with its message and exit code 1,
+// written where cpprun's failure summary shows it, rather than an abort.
+int main(int argc, char** argv) { return cpprun::record([&] { return run(argc, argv); }); }

@@ -15,7 +15,9 @@
 #include <map>
 #include <unordered_map>
 
+#include "cpprun/checkpoint_file.h"
 #include "cpprun/collectives.h"
+#include "fsdp/failure_agreement.h"
 #include "fsdp/flat_param.h"
 #include "fsdp/gradient_sync.h"
 #include "fsdp/parameter_residency.h"
@@ -224,24 +226,41 @@ FsdpCore::PrefetchStats FsdpCore::prefetch_stats() const {
 void FsdpCore::save_full_state(const std::string& path) {
   Impl& s = *impl_;
   gather_full_parameters();  // collective: every rank takes part
+  std::exception_ptr failure;
   if (s.group.rank() == 0) {
-    torch::serialize::OutputArchive archive;
-    s.module.save(archive);
-    const std::string temporary = path + ".tmp";
-    archive.save_to(temporary);
-    std::filesystem::rename(temporary, path);
+    try {
+      torch::serialize::OutputArchive archive;
+      s.module.save(archive);
+      save_checkpoint(archive, path);  // atomic, with a checksum; torch::load still reads it
+    } catch (...) {
+      failure = std::current_exception();
+    }
   }
   if (s.residency) s.residency->release_all();
-  barrier(s.group);  // the file exists when save returns, on every rank
+  // Also the barrier: the file exists when save returns, on every rank.
+  agree_on_failure(s.group, failure, "saving the full state dict to " + path);
 }
 
 void FsdpCore::load_full_state(const std::string& path) {
   Impl& s = *impl_;
   gather_full_parameters();
+  std::exception_ptr failure;
   if (s.group.rank() == 0) {
-    torch::serialize::InputArchive archive;
-    archive.load_from(path);
-    copy_in(s.module, archive);
+    try {
+      torch::serialize::InputArchive archive;
+      // Our own files are checked; one torch::save wrote carries no checksum and is read as it is.
+      load_checkpoint(archive, path, UncheckedFiles::kAccept);
+      copy_in(s.module, archive);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+  try {
+    // Only rank 0 reads: the others must not wait for its broadcast if it could not.
+    agree_on_failure(s.group, failure, "loading the full state dict from " + path);
+  } catch (...) {
+    if (s.residency) s.residency->release_all();
+    throw;
   }
   std::vector<at::Tensor> state;
   for (const auto& p : s.module.parameters()) state.push_back(p);

@@ -6,10 +6,13 @@
 #include <torch/serialize/archive.h>
 
 #include <algorithm>
+#include <functional>
 #include <filesystem>
 #include <map>
 
+#include "cpprun/checkpoint_file.h"
 #include "cpprun/collectives.h"
+#include "fsdp/failure_agreement.h"
 #include "fsdp/optimizer_state.h"
 
 namespace cpprun::detail {
@@ -19,11 +22,6 @@ namespace {
 std::string rank_file(const std::string& dir, int rank) { return (fs::path(dir) / ("rank_" + std::to_string(rank) + ".pt")).string(); }
 std::string meta_file(const std::string& dir) { return (fs::path(dir) / "meta.pt").string(); }
 std::string key(std::size_t unit, const std::string& what) { return "u" + std::to_string(unit) + "." + what; }
-
-void save_atomically(torch::serialize::OutputArchive& archive, const std::string& path) {
-  archive.save_to(path + ".tmp");
-  fs::rename(path + ".tmp", path);
-}
 
 int64_t read_int(torch::serialize::InputArchive& archive, const std::string& name) {
   at::Tensor t;
@@ -41,34 +39,44 @@ c10::IValue names_of(const FlatParam& flat) {
 
 void save_sharded_checkpoint(const std::vector<FlatParam>& flats, const ProcessGroup& group,
                              torch::optim::Optimizer* optimizer, const std::string& dir) {
-  fs::create_directories(dir);
-  torch::serialize::OutputArchive archive;
-  for (std::size_t f = 0; f < flats.size(); ++f) {
-    archive.write(key(f, "shard"), flats[f].shard().detach());
-    if (!optimizer) continue;
-    if (auto state = read_optimizer_state(*optimizer, flats[f].shard())) {
-      c10::List<std::string> names;
-      for (const auto& [name, tensor] : state->tensors) {
-        archive.write(key(f, "opt." + name), tensor);
-        names.push_back(name);
-      }
-      archive.write(key(f, "opt.names"), names);
-      archive.write(key(f, "opt.step"), at::tensor(state->step));
-    }
-  }
-  save_atomically(archive, rank_file(dir, group.rank()));
-  barrier(group);  // every rank's file is in place before meta.pt says the checkpoint is whole
-  if (group.rank() == 0) {
-    torch::serialize::OutputArchive meta;
-    meta.write("world_size", at::tensor(static_cast<int64_t>(group.size())));
-    meta.write("units", at::tensor(static_cast<int64_t>(flats.size())));
+  std::exception_ptr failure;
+  try {
+    fs::create_directories(dir);
+    torch::serialize::OutputArchive archive;
     for (std::size_t f = 0; f < flats.size(); ++f) {
-      meta.write(key(f, "numel"), at::tensor(flats[f].numel()));
-      meta.write(key(f, "names"), names_of(flats[f]));
+      archive.write(key(f, "shard"), flats[f].shard().detach());
+      if (!optimizer) continue;
+      if (auto state = read_optimizer_state(*optimizer, flats[f].shard())) {
+        c10::List<std::string> names;
+        for (const auto& [name, tensor] : state->tensors) {
+          archive.write(key(f, "opt." + name), tensor);
+          names.push_back(name);
+        }
+        archive.write(key(f, "opt.names"), names);
+        archive.write(key(f, "opt.step"), at::tensor(state->step));
+      }
     }
-    save_atomically(meta, meta_file(dir));
+    save_checkpoint(archive, rank_file(dir, group.rank()));
+  } catch (...) {
+    failure = std::current_exception();
   }
-  barrier(group);
+  // Every rank's file is in place before meta.pt says the checkpoint is whole.
+  agree_on_failure(group, failure, "saving the sharded checkpoint in " + dir);
+  if (group.rank() == 0) {
+    try {
+      torch::serialize::OutputArchive meta;
+      meta.write("world_size", at::tensor(static_cast<int64_t>(group.size())));
+      meta.write("units", at::tensor(static_cast<int64_t>(flats.size())));
+      for (std::size_t f = 0; f < flats.size(); ++f) {
+        meta.write(key(f, "numel"), at::tensor(flats[f].numel()));
+        meta.write(key(f, "names"), names_of(flats[f]));
+      }
+      save_checkpoint(meta, meta_file(dir));
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+  agree_on_failure(group, failure, "saving the sharded checkpoint in " + dir);
 }
 
 // Note [Resharding a checkpoint]
@@ -77,72 +85,89 @@ void save_sharded_checkpoint(const std::vector<FlatParam>& flats, const ProcessG
 // range and copies the overlaps; elements past the unit's real size are padding and stay zero.
 void load_sharded_checkpoint(const std::vector<FlatParam>& flats, const ProcessGroup& group,
                              torch::optim::Optimizer* optimizer, const std::string& dir) {
-  TORCH_CHECK(fs::exists(meta_file(dir)), "cpprun: ", dir, " holds no complete sharded checkpoint (no meta.pt: ",
-              "the save did not finish, or this is not a checkpoint directory).");
-  torch::serialize::InputArchive meta;
-  meta.load_from(meta_file(dir));
-  const int64_t saved_world = read_int(meta, "world_size");
-  TORCH_CHECK(read_int(meta, "units") == static_cast<int64_t>(flats.size()), "cpprun: the checkpoint in ", dir, " has ",
-              read_int(meta, "units"), " flat parameters but this model has ", flats.size(),
-              "; it was saved from another model or another unit plan (wrap_policy / auto_wrap_min_params).");
-  for (std::size_t f = 0; f < flats.size(); ++f) {
-    c10::IValue names;
-    meta.read(key(f, "names"), names);
-    const auto saved = names.toList();
-    TORCH_CHECK(read_int(meta, key(f, "numel")) == flats[f].numel() && saved.size() == flats[f].names().size(),
-                "cpprun: flat parameter ", f, " of the checkpoint in ", dir, " does not match this model's (",
-                read_int(meta, key(f, "numel")), " elements saved, ", flats[f].numel(), " here).");
-    for (std::size_t i = 0; i < saved.size(); ++i) {
-      const std::string name = saved.get(i).toStringRef();
-      TORCH_CHECK(name == flats[f].names()[i], "cpprun: the checkpoint in ", dir, " has parameter \"", name,
-                  "\" where this model has \"", flats[f].names()[i], "\".");
-    }
-  }
-
-  std::map<int64_t, torch::serialize::InputArchive> saved_ranks;  // opened on first need
-  auto archive_of = [&](int64_t q) -> torch::serialize::InputArchive& {
-    auto it = saved_ranks.find(q);
-    if (it == saved_ranks.end()) {
-      it = saved_ranks.emplace(q, torch::serialize::InputArchive()).first;
-      it->second.load_from(rank_file(dir, static_cast<int>(q)));
-    }
-    return it->second;
-  };
-
-  at::NoGradGuard no_grad;
-  for (std::size_t f = 0; f < flats.size(); ++f) {
-    const FlatParam& flat = flats[f];
-    const int64_t saved_padded = (flat.numel() + saved_world - 1) / saved_world * saved_world;
-    const int64_t saved_shard = saved_padded / saved_world;
-    const int64_t lo = flat.shard_offset(), hi = std::min(lo + flat.shard_numel(), flat.numel());
-    at::Tensor shard = flat.shard().detach();
-    shard.zero_();
-    std::optional<ParamOptimizerState> state;
-    for (int64_t q = lo / saved_shard; q < saved_world && q * saved_shard < hi; ++q) {
-      const int64_t from = std::max(lo, q * saved_shard), to = std::min(hi, (q + 1) * saved_shard);
-      if (from >= to) continue;
-      auto& archive = archive_of(q);
-      at::Tensor saved;
-      archive.read(key(f, "shard"), saved);
-      shard.narrow(0, from - lo, to - from).copy_(saved.narrow(0, from - q * saved_shard, to - from));
+  // Each rank reads the files it needs: one may find a damaged file that the others never open.
+  std::exception_ptr failure;
+  try {
+    TORCH_CHECK(fs::exists(meta_file(dir)), "cpprun: ", dir, " holds no complete sharded checkpoint (no meta.pt: ",
+                "the save did not finish, or this is not a checkpoint directory).");
+    torch::serialize::InputArchive meta;
+    load_checkpoint(meta, meta_file(dir));
+    const int64_t saved_world = read_int(meta, "world_size");
+    TORCH_CHECK(read_int(meta, "units") == static_cast<int64_t>(flats.size()), "cpprun: the checkpoint in ", dir, " has ",
+                read_int(meta, "units"), " flat parameters but this model has ", flats.size(),
+                "; it was saved from another model or another unit plan (wrap_policy / auto_wrap_min_params).");
+    for (std::size_t f = 0; f < flats.size(); ++f) {
       c10::IValue names;
-      if (!optimizer || !archive.try_read(key(f, "opt.names"), names)) continue;
-      if (!state) {
-        state.emplace();
-        state->step = read_int(archive, key(f, "opt.step"));
-      }
-      for (const auto& name : names.toList()) {
-        const std::string n = c10::IValue(name).toStringRef();
-        at::Tensor piece;
-        archive.read(key(f, "opt." + n), piece);
-        auto& whole = state->tensors[n];
-        if (!whole.defined()) whole = at::zeros_like(shard);
-        whole.narrow(0, from - lo, to - from).copy_(piece.narrow(0, from - q * saved_shard, to - from));
+      meta.read(key(f, "names"), names);
+      const auto saved = names.toList();
+      TORCH_CHECK(read_int(meta, key(f, "numel")) == flats[f].numel() && saved.size() == flats[f].names().size(),
+                  "cpprun: flat parameter ", f, " of the checkpoint in ", dir, " does not match this model's (",
+                  read_int(meta, key(f, "numel")), " elements saved, ", flats[f].numel(), " here).");
+      for (std::size_t i = 0; i < saved.size(); ++i) {
+        const std::string name = saved.get(i).toStringRef();
+        TORCH_CHECK(name == flats[f].names()[i], "cpprun: the checkpoint in ", dir, " has parameter \"", name,
+                    "\" where this model has \"", flats[f].names()[i], "\".");
       }
     }
-    if (optimizer && state) write_optimizer_state(*optimizer, flat.shard(), *state);
+
+    std::map<int64_t, torch::serialize::InputArchive> saved_ranks;  // opened on first need
+    auto archive_of = [&](int64_t q) -> torch::serialize::InputArchive& {
+      auto it = saved_ranks.find(q);
+      if (it == saved_ranks.end()) {
+        it = saved_ranks.emplace(q, torch::serialize::InputArchive()).first;
+        load_checkpoint(it->second, rank_file(dir, static_cast<int>(q)));
+      }
+      return it->second;
+    };
+
+    // Open (and check) every file this rank needs before changing a shard: a damaged file leaves
+    // the model as it was.
+    auto overlapping_ranks = [&](const FlatParam& flat, const std::function<void(int64_t)>& fn) {
+      const int64_t saved_shard = (flat.numel() + saved_world - 1) / saved_world;
+      const int64_t lo = flat.shard_offset(), hi = std::min(lo + flat.shard_numel(), flat.numel());
+      for (int64_t q = lo / saved_shard; q < saved_world && q * saved_shard < hi; ++q) {
+        if (std::max(lo, q * saved_shard) < std::min(hi, (q + 1) * saved_shard)) fn(q);
+      }
+    };
+    for (const FlatParam& flat : flats) overlapping_ranks(flat, [&](int64_t q) { archive_of(q); });
+
+    at::NoGradGuard no_grad;
+    for (std::size_t f = 0; f < flats.size(); ++f) {
+      const FlatParam& flat = flats[f];
+      const int64_t saved_padded = (flat.numel() + saved_world - 1) / saved_world * saved_world;
+      const int64_t saved_shard = saved_padded / saved_world;
+      const int64_t lo = flat.shard_offset(), hi = std::min(lo + flat.shard_numel(), flat.numel());
+      at::Tensor shard = flat.shard().detach();
+      shard.zero_();
+      std::optional<ParamOptimizerState> state;
+      for (int64_t q = lo / saved_shard; q < saved_world && q * saved_shard < hi; ++q) {
+        const int64_t from = std::max(lo, q * saved_shard), to = std::min(hi, (q + 1) * saved_shard);
+        if (from >= to) continue;
+        auto& archive = archive_of(q);
+        at::Tensor saved;
+        archive.read(key(f, "shard"), saved);
+        shard.narrow(0, from - lo, to - from).copy_(saved.narrow(0, from - q * saved_shard, to - from));
+        c10::IValue names;
+        if (!optimizer || !archive.try_read(key(f, "opt.names"), names)) continue;
+        if (!state) {
+          state.emplace();
+          state->step = read_int(archive, key(f, "opt.step"));
+        }
+        for (const auto& name : names.toList()) {
+          const std::string n = c10::IValue(name).toStringRef();
+          at::Tensor piece;
+          archive.read(key(f, "opt." + n), piece);
+          auto& whole = state->tensors[n];
+          if (!whole.defined()) whole = at::zeros_like(shard);
+          whole.narrow(0, from - lo, to - from).copy_(piece.narrow(0, from - q * saved_shard, to - from));
+        }
+      }
+      if (optimizer && state) write_optimizer_state(*optimizer, flat.shard(), *state);
+    }
+  } catch (...) {
+    failure = std::current_exception();
   }
-  barrier(group);
+  agree_on_failure(group, failure, "loading the sharded checkpoint in " + dir);
 }
 
 }  // namespace cpprun::detail

@@ -1,6 +1,8 @@
 // The whole cpprun API: #include <cpprun/cpprun.h>.
 #pragma once
 
+#include "cpprun/atomic_file.h"
+#include "cpprun/checkpoint_file.h"
 #include "cpprun/collectives.h"
 #include "cpprun/comm_hooks.h"
 #include "cpprun/ddp.h"
@@ -8,4 +10,5 @@
 #include "cpprun/fsdp.h"
 #include "cpprun/no_sync.h"
 #include "cpprun/process_group.h"
+#include "cpprun/record.h"
 #include "cpprun/sampler.h"

@@ -101,21 +101,26 @@ FullyShardedDataParallel(torch::nn::ModuleHolder<ModuleType>, ProcessGroup, Fsdp
     -> FullyShardedDataParallel<ModuleType>;
 
 // The full model, in torch::save's format for the wrapped module: a plain, unwrapped module of
-// the same type loads it with torch::load(module, path). Rank 0 writes it atomically. Collective.
+// the same type loads it with torch::load(module, path). Rank 0 writes it atomically, with a
+// checksum (cpprun/checkpoint_file.h); if it cannot, every rank throws. Collective.
 template <typename ModuleType>
 void save_full_state_dict(FullyShardedDataParallel<ModuleType>& model, const std::string& path) {
   model->core().save_full_state(path);
 }
 // The reverse: a file written by torch::save(module, path) or save_full_state_dict. Only rank 0
-// reads it; the values are broadcast. Collective.
+// reads it; the values are broadcast. A file save_full_state_dict wrote is checked first: a
+// damaged one is refused (cpprun::CorruptCheckpointError naming it on rank 0; an error on the
+// others). Collective.
 template <typename ModuleType>
 void load_full_state_dict(FullyShardedDataParallel<ModuleType>& model, const std::string& path) {
   model->core().load_full_state(path);
 }
 
 // Sharded checkpoint: each rank writes DIR/rank_<r>.pt with its shards and their optimizer state
-// (SGD, Adam, AdamW), in parallel; rank 0 writes DIR/meta.pt last. It loads at any world size:
-// the saved shards are cut anew. Collective.
+// (SGD, Adam, AdamW), in parallel; rank 0 writes DIR/meta.pt last. Each file is written atomically
+// with a checksum, verified on load: a damaged file is refused with an error naming it, on the
+// rank that read it, and every other rank throws too. It loads at any world size: the saved shards
+// are cut anew. Collective.
 template <typename ModuleType>
 void save_sharded_checkpoint(FullyShardedDataParallel<ModuleType>& model, torch::optim::Optimizer& optimizer,
                              const std::string& dir) {

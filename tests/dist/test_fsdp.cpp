@@ -7,6 +7,8 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 
@@ -477,6 +479,68 @@ TEST_CASE("fsdp: mixed precision computes in bf16 from fp32 master shards", "[fs
       CHECK(m.parameters == 2 * padded);        // the bf16 flat parameters
       CHECK(m.shards == 4 * padded / world);    // the fp32 masters
     }
+  }
+}
+
+TEST_CASE("fsdp: a damaged checkpoint is refused on every rank, naming the file, and changes nothing", "[fsdp]") {
+  const int rank = group().rank(), world = group().size();
+  const std::string base = "/tmp/cpprun_fsdp_damaged_" + std::to_string(::getppid());
+  torch::manual_seed(0);
+  auto net = std::make_shared<Mlp>(31);
+  auto model = cpprun::FullyShardedDataParallel(net, group(), per_linear(3));
+  auto opt = make_optimizer("adamw", model->parameters());
+  auto damage = [](const std::string& file) {  // one byte in the middle, flipped
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(0, std::ios::end);
+    const auto middle = f.tellg() / 2;
+    f.seekg(middle);
+    const char c = static_cast<char>(f.get());
+    f.seekp(middle);
+    f.put(static_cast<char>(c ^ 0x40));
+  };
+  auto error_of = [](const std::function<void()>& fn) -> std::string {
+    try {
+      fn();
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+    return "<nothing thrown>";
+  };
+
+  // Full state: only rank 0 reads; the others learn that it failed rather than wait for it.
+  const std::string path = base + ".pt";
+  cpprun::save_full_state_dict(model, path);
+  if (rank == 0) damage(path);
+  cpprun::barrier(group());
+  std::string message = error_of([&] { cpprun::load_full_state_dict(model, path); });
+  if (rank == 0) {
+    CHECK_THAT(message, Catch::Matchers::Contains("checkpoint " + path + " is damaged: the CRC-32"));
+  } else {
+    CHECK_THAT(message, Catch::Matchers::Contains("loading the full state dict from " + path + " failed on rank 0"));
+  }
+
+  // Sharded: at the same world size rank r reads only rank_r.pt; the last rank's is damaged.
+  const std::string dir = base + "_sharded";
+  cpprun::save_sharded_checkpoint(model, *opt, dir);
+  const int victim = world - 1;
+  const std::string victim_file = dir + "/rank_" + std::to_string(victim) + ".pt";
+  if (rank == 0) damage(victim_file);
+  cpprun::barrier(group());
+  std::vector<torch::Tensor> before;
+  for (const auto& p : model->parameters()) before.push_back(p.detach().clone());
+  message = error_of([&] { cpprun::load_sharded_checkpoint(model, *opt, dir); });
+  if (rank == victim) {
+    CHECK_THAT(message, Catch::Matchers::Contains("checkpoint " + victim_file + " is damaged"));
+  } else {
+    CHECK_THAT(message, Catch::Matchers::Contains("loading the sharded checkpoint in " + dir + " failed on rank " +
+                                                  std::to_string(victim)));
+  }
+  const auto after = model->parameters();
+  for (std::size_t i = 0; i < before.size(); ++i) CHECK(after[i].equal(before[i]));
+  cpprun::barrier(group());
+  if (rank == 0) {
+    std::remove(path.c_str());
+    std::filesystem::remove_all(dir);
   }
 }
 

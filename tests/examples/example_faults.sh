@@ -1,0 +1,112 @@
+#!/bin/sh
+# Bad input and damaged files make the examples stop with a message naming the problem and exit
+# code 1 (cpprun::record), never an abort (134) or a silent success; a damaged checkpoint is
+# refused and the one before it used.
+# usage: example_faults.sh CASE CPPRUN TRAIN_MNIST TRAIN_MLP TRAIN_GPT
+#   CASE: options | mnist_files | checkpoints | under_cpprun
+set -u
+case_name=$1 cpprun=$2 mnist=$3 mlp=$4 gpt=$5
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*"; echo "--- output:"; cat "$tmp/out" 2>/dev/null; exit 1; }
+
+# expect CODE PATTERN COMMAND...: runs COMMAND (stdout and stderr to $tmp/out, 120 s at most) and
+# checks its exit code and that its output holds PATTERN (a fixed string).
+expect() {
+  code=$1 pattern=$2
+  shift 2
+  timeout 120 "$@" >"$tmp/out" 2>&1
+  rc=$?
+  [ $rc -eq "$code" ] || fail "exit code $rc (expected $code) from: $*"
+  grep -qF -- "$pattern" "$tmp/out" || fail "no '$pattern' in the output of: $*"
+  echo "ok: $* -> $rc, '$pattern'"
+}
+
+# be32 N: N as 4 big-endian bytes. idx_images FILE COUNT / idx_labels FILE COUNT: valid IDX files
+# (images of noise, labels i % 10).
+be32() { printf "$(printf '\\%03o\\%03o\\%03o\\%03o' $(($1 >> 24 & 255)) $(($1 >> 16 & 255)) $(($1 >> 8 & 255)) $(($1 & 255)))"; }
+idx_images() { { be32 2051; be32 "$2"; be32 28; be32 28; head -c $(($2 * 784)) /dev/urandom; } >"$1"; }
+idx_labels() {
+  { be32 2049; be32 "$2"; i=0; while [ $i -lt "$2" ]; do printf "\\$(printf %03o $((i % 10)))"; i=$((i + 1)); done; } >"$1"
+}
+mnist_dir() {  # mnist_dir DIR: a small valid MNIST directory (64 training, 32 test examples)
+  mkdir -p "$1"
+  idx_images "$1/train-images-idx3-ubyte" 64; idx_labels "$1/train-labels-idx1-ubyte" 64
+  idx_images "$1/t10k-images-idx3-ubyte" 32; idx_labels "$1/t10k-labels-idx1-ubyte" 32
+}
+
+case $case_name in
+options)
+  for spec in "$mnist --epochs" "$mlp --steps" "$gpt --steps"; do
+    program=${spec% *} count_flag=${spec##* }
+    name=$(basename "$program")
+    expect 0 "usage: $name" "$program" --help
+    expect 1 "unknown option --bogus ($name --help lists them)" "$program" --bogus
+    expect 1 "$count_flag needs a number, got '12abc'" "$program" "$count_flag" 12abc
+    expect 1 "--lr needs a value" "$program" --lr
+  done
+  expect 0 "--keep-checkpoints K" "$mnist" --help
+  expect 1 "std::invalid_argument: --epochs must be at least 1, got 0" "$mnist" --epochs 0
+  expect 1 "--data $tmp/nonexistent does not exist" "$mnist" --data "$tmp/nonexistent"
+  expect 1 "--global-batch 5 must divide by the world size" "$cpprun" --standalone --nproc_per_node=2 "$mlp" --global-batch 5
+  expect 1 "--embed 64 must be a multiple of --heads 5" "$gpt" --heads 5
+  expect 1 "cannot read --text $tmp/none.txt: No such file or directory" "$gpt" --text "$tmp/none.txt"
+  ;;
+mnist_files)
+  mnist_dir "$tmp/good"
+  # The checks accept valid files: a small set trains and exits 0.
+  expect 0 "final test accuracy" "$mnist" --data "$tmp/good" --epochs 1 --out "$tmp/run"
+  bad() { rm -rf "$tmp/bad"; cp -r "$tmp/good" "$tmp/bad"; }
+  bad; truncate -s -100 "$tmp/bad/train-images-idx3-ubyte"
+  expect 1 "$tmp/bad/train-images-idx3-ubyte is truncated: its header promises 64 items (50192 bytes) but it has 50092 bytes" \
+    "$mnist" --data "$tmp/bad" --epochs 1 --out "$tmp/run"
+  bad; printf '\012' | dd of="$tmp/bad/t10k-labels-idx1-ubyte" bs=1 seek=13 conv=notrunc 2>/dev/null  # item 5 := 10
+  expect 1 "$tmp/bad/t10k-labels-idx1-ubyte: label 10 of item 5 is not a digit 0..9" \
+    "$mnist" --data "$tmp/bad" --epochs 1 --out "$tmp/run"
+  bad; idx_labels "$tmp/bad/train-labels-idx1-ubyte" 63
+  expect 1 "$tmp/bad/train-images-idx3-ubyte holds 64 images but $tmp/bad/train-labels-idx1-ubyte holds 63 labels" \
+    "$mnist" --data "$tmp/bad" --epochs 1 --out "$tmp/run"
+  bad; cp "$tmp/good/train-labels-idx1-ubyte" "$tmp/bad/train-images-idx3-ubyte"
+  expect 1 "$tmp/bad/train-images-idx3-ubyte starts with 0x00000801, not the IDX magic number 0x00000803" \
+    "$mnist" --data "$tmp/bad" --epochs 1 --out "$tmp/run"
+  bad; truncate -s +1 "$tmp/bad/t10k-labels-idx1-ubyte"
+  expect 1 "$tmp/bad/t10k-labels-idx1-ubyte is too long" "$mnist" --data "$tmp/bad" --epochs 1 --out "$tmp/run"
+  bad; gzip "$tmp/bad/t10k-images-idx3-ubyte"
+  expect 1 "$tmp/bad/t10k-images-idx3-ubyte.gz is compressed: gunzip it" "$mnist" --data "$tmp/bad" --out "$tmp/run"
+  bad; rm "$tmp/bad/t10k-images-idx3-ubyte"
+  expect 1 "missing $tmp/bad/t10k-images-idx3-ubyte" "$mnist" --data "$tmp/bad" --out "$tmp/run"
+  ;;
+checkpoints)
+  run="$tmp/run" args="--train-size 256 --batch 64"
+  expect 0 "final test accuracy" "$mnist" $args --epochs 3 --out "$run"
+  # The newest two are kept (--keep-checkpoints 2).
+  [ -f "$run/checkpoint_epoch3.pt" ] && [ -f "$run/checkpoint_epoch2.pt" ] || fail "the newest two checkpoints are not there"
+  [ ! -e "$run/checkpoint_epoch1.pt" ] || fail "checkpoint_epoch1.pt was kept beyond --keep-checkpoints 2"
+  ls "$run" | grep -q '\.tmp$' && fail "a temporary file was left: $(ls "$run")"
+  # Flip bytes in the middle of the newest: refused, named, and the one before used.
+  size=$(stat -c %s "$run/checkpoint_epoch3.pt")
+  printf 'XXXX' | dd of="$run/checkpoint_epoch3.pt" bs=1 seek=$((size / 2)) conv=notrunc 2>/dev/null
+  expect 0 "resuming after epoch 2 from $run/checkpoint_epoch2.pt" "$mnist" $args --epochs 4 --out "$run" --resume
+  grep -qF "checkpoint $run/checkpoint_epoch3.pt is damaged: the CRC-32" "$tmp/out" || fail "the damaged checkpoint was not named"
+  grep -q "epoch 4/4  test accuracy" "$tmp/out" || fail "the resumed run did not train epoch 4"
+  # With --keep-checkpoints 1 only the newest stays; when every checkpoint is damaged, --resume stops.
+  expect 0 "final test accuracy" "$mnist" $args --epochs 5 --out "$run" --resume --keep-checkpoints 1
+  [ "$(ls "$run" | grep -c '^checkpoint_epoch')" -eq 1 ] || fail "not one checkpoint kept: $(ls "$run")"
+  truncate -s -1 "$run/checkpoint_epoch5.pt"
+  expect 1 "none of the 1 checkpoints in $run passes its check" "$mnist" $args --epochs 6 --out "$run" --resume
+  grep -qF "checkpoint $run/checkpoint_epoch5.pt is damaged" "$tmp/out" || fail "the truncated checkpoint was not named"
+  ;;
+under_cpprun)
+  # The root cause's error file, in cpprun's failure summary: the C++ type and the message.
+  expect 1 "std::invalid_argument: --data $tmp/nonexistent does not exist" \
+    "$cpprun" --standalone --nproc_per_node=2 "$mnist" --data "$tmp/nonexistent"
+  grep -qF "error file (TORCHELASTIC_ERROR_FILE)" "$tmp/out" || fail "no error file in the failure summary"
+  grep -qF '"message": "std::invalid_argument: --data' "$tmp/out" || fail "the error file does not carry the exception"
+  grep -q "exited with code 1" "$tmp/out" || fail "the worker did not exit with code 1"
+  grep -q "SIGABRT\|signal 6" "$tmp/out" && fail "a worker aborted"
+  ;;
+*)
+  fail "unknown case $case_name"
+  ;;
+esac
+echo PASS
