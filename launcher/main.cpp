@@ -21,11 +21,13 @@
 #include "program_command.h"
 #include "program_lookup.h"
 #include "rank_layout.h"
+#include "restart_pacer.h"
 #include "run_directory.h"
 #include "signal_relay.h"
 #include "worker_env.h"
 #include "worker_process.h"
 #include "worker_specs.h"
+#include "worker_status.h"
 
 namespace {
 
@@ -80,15 +82,22 @@ int run(const LaunchConfig& config) {
   if (is_multi_node(config)) return run_multi_node(config, program, parent_env, relay, run_dir);
 
   const RankLayout ranks = single_node_layout(config);
+  RestartPacer pacer(config.restart_backoff);
   for (int restart = 0;; ++restart) {
     run_dir.prepare_attempt(restart, config.nproc_per_node);
     const std::vector<WorkerSpec> specs =
         make_worker_specs(config, ranks, program, restart, run_dir.layout(), parent_env);
+    pacer.attempt_started();
     const AttemptEnd attempt = run_attempt(relay, specs, config, nullptr, nullptr);
     if (attempt.end == GroupEnd::kSucceeded) return 0;
     if (attempt.end == GroupEnd::kInterrupted) return attempt.exit_code;
 
     if (restart < config.max_restarts) {
+      if (const int sig = sleep_until(relay, pacer.restart_at(restart + 1, config.max_restarts)); sig != 0) {
+        std::cerr << "cpprun: received " << signal_name(sig) << " while waiting to restart; exiting with code "
+                  << 128 + sig << " (no worker was running)\n";
+        return 128 + sig;
+      }
       std::cerr << "cpprun: restarting all workers (restart " << restart + 1 << " of --max_restarts="
                 << config.max_restarts << ", TORCHELASTIC_RESTART_COUNT=" << restart + 1 << ")\n";
       continue;
