@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <exception>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <system_error>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "attempt.h"
 #include "dry_run.h"
 #include "host_facts.h"
+#include "job_process_tree.h"
 #include "launch_config.h"
 #include "multi_node_agent.h"
 #include "node_rendezvous.h"
@@ -51,6 +53,9 @@ RunLayout dry_run_layout(const LaunchConfig& config) {
 int run(const LaunchConfig& config) {
   const ProgramCommand program = resolve_program_command(
       config.program, config.program_args, config.program_mode, {std::getenv("PATH"), std::getenv("PYTHON_EXEC")});
+  // Before the environment is read for the workers, who inherit its token, and before any thread.
+  std::optional<JobProcessTree> tree;
+  if (!config.dry_run) tree.emplace();
   const EnvMap parent_env = current_environment();
   if (config.dry_run) {
     if (config.rdzv_backend == RendezvousBackend::kC10d) {
