@@ -18,6 +18,7 @@
 #include "host_facts.h"
 #include "job_process_tree.h"
 #include "launch_config.h"
+#include "meeting_host.h"
 #include "multi_node_agent.h"
 #include "node_rendezvous.h"
 #include "program_command.h"
@@ -53,6 +54,7 @@ RunLayout dry_run_layout(const LaunchConfig& config) {
 int run(const LaunchConfig& config) {
   const ProgramCommand program = resolve_program_command(
       config.program, config.program_args, config.program_mode, {std::getenv("PATH"), std::getenv("PYTHON_EXEC")});
+  if (!config.dry_run) check_meeting_host_resolves(config);
   // Before the environment is read for the workers, who inherit its token, and before any thread.
   std::optional<JobProcessTree> tree;
   if (!config.dry_run) tree.emplace();
