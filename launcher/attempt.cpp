@@ -1,9 +1,11 @@
 // Start, wait, stop and summarise one attempt of this node's workers.
 #include "attempt.h"
 
+#include <csignal>
 #include <iostream>
 
 #include "failure_report.h"
+#include "job_process_tree.h"
 #include "run_directory.h"
 
 namespace cpprun::launcher {
@@ -21,7 +23,12 @@ AttemptEnd run_attempt(SignalRelay& relay, const std::vector<WorkerSpec>& specs,
   const GroupOutcome outcome = group.wait(peers);
   AttemptEnd result;
   result.end = outcome.end;
-  if (outcome.end == GroupEnd::kSucceeded) return result;
+  if (outcome.end == GroupEnd::kSucceeded) {
+    // See Note [The job's process tree]. A job-ending signal that cut the grace short is raised
+    // again, for whatever waits next (the exit barrier of a multi-node job) to act on.
+    if (const int sig = stop_leftovers(relay, config.shutdown_timeout); sig != 0) raise(sig);
+    return result;
+  }
   if (outcome.root_cause) {
     const WorkerRecord& root = group.workers().at(*outcome.root_cause);
     result.root_worker = describe_worker(root);
@@ -45,10 +52,12 @@ AttemptEnd run_attempt(SignalRelay& relay, const std::vector<WorkerSpec>& specs,
     summary.root_cause_error_file = read_file_head(specs.at(*outcome.root_cause).error_file, kErrorFileLimit);
   }
   std::cerr << format_attempt_summary(group.workers(), summary);
+  const int leftovers_signal = stop_leftovers(relay, config.shutdown_timeout);
   // A signal that arrived while stopping after a failure still means "do not restart".
-  if (group.ending_signal() != 0) {
+  const int late_signal = group.ending_signal() != 0 ? group.ending_signal() : leftovers_signal;
+  if (late_signal != 0) {
     result.end = GroupEnd::kInterrupted;
-    result.signal = group.ending_signal();
+    result.signal = late_signal;
     result.exit_code = 128 + result.signal;
   }
   return result;

@@ -1,5 +1,6 @@
 // One attempt of this node's workers: start them, supervise them until the attempt ends, and
-// unless they all succeeded, stop the rest and print the failure summary. The single-node loop
+// unless they all succeeded, stop the rest and print the failure summary. Either way, whatever the
+// workers left behind is stopped before it returns (Note [The job's process tree]). The single-node loop
 // (main.cpp) and the multi-node one (multi_node_agent.cpp) decide what comes next.
 #pragma once
 

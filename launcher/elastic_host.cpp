@@ -15,6 +15,7 @@
 #include "node_link.h"
 #include "pending_links.h"
 #include "node_rendezvous.h"
+#include "restart_pacer.h"
 
 namespace cpprun::launcher {
 namespace {
@@ -121,7 +122,9 @@ class ElasticHost final : public NodeRendezvous {
         broadcast_all(NodeMessage::make_exit(decisive_));
         return {JobDecision::Kind::kExit, {}, decisive_};
       } else if (all_nodes(NodeState::kStopped)) {
-        return next_round(relay);
+        // Only restarts after a worker failure back off; the links are polled until it is due.
+        if (why_ == RoundEnd::kWorkerFailed) stop_deadline = pacer_.restart_at(restart_count_ + 1, config_.max_restarts);
+        if (why_ != RoundEnd::kWorkerFailed || Clock::now() >= *stop_deadline) return next_round(relay);
       } else if (!stop_deadline) {
         stop_deadline = Clock::now() + config_.shutdown_timeout + kStopSlack;
       } else if (Clock::now() >= *stop_deadline) {
@@ -231,6 +234,7 @@ class ElasticHost final : public NodeRendezvous {
 
   RankLayout start_round() {
     phase_ = Phase::kRunning;
+    pacer_.attempt_started();
     end_.reset();
     why_ = RoundEnd::kNone;
     self_done_ = false;
@@ -468,6 +472,7 @@ class ElasticHost final : public NodeRendezvous {
   JobEnd decisive_;  // the end that decides: see RoundEnd
   bool self_done_ = false;
   int pending_signal_ = 0;
+  RestartPacer pacer_{config_.restart_backoff};  // the backoff before every node's restart
 };
 
 }  // namespace

@@ -43,6 +43,7 @@ struct RawOptions {
   std::string rdzv_conf;
   bool standalone = false;
   std::string max_restarts = "0";
+  std::string restart_backoff = "1:30";
   std::string shutdown_timeout = "5";
   std::string run_id = "none";
   std::string role = "default";
@@ -185,6 +186,29 @@ std::chrono::milliseconds parse_seconds(const std::string& flag, const std::stri
   return std::chrono::milliseconds(static_cast<long long>(std::llround(seconds * 1000)));
 }
 
+// INITIAL[:MAX] seconds. MAX defaults to 30 s, or INITIAL if that is longer (a fixed delay).
+RestartBackoffSettings parse_restart_backoff(const std::string& text) {
+  const std::string flag = "--restart_backoff";
+  const auto colon = text.find(':');
+  const auto seconds = [&](const std::string& part) {
+    double value = 0;
+    if (!read_double(part, value) || value < 0 || value > 86400) {
+      throw UsageError(with_value(flag, text) + ": expected INITIAL[:MAX], seconds from 0 to 86400: the wait "
+                       "before the first restart after a failure, doubling with each failure in a row up to MAX "
+                       "(e.g. " + flag + "=1:30; 0 restarts at once)");
+    }
+    return std::chrono::milliseconds(static_cast<long long>(std::llround(value * 1000)));
+  };
+  RestartBackoffSettings settings;
+  settings.initial = seconds(text.substr(0, colon));
+  settings.max = colon == std::string::npos ? std::max(settings.max, settings.initial) : seconds(text.substr(colon + 1));
+  if (settings.max < settings.initial) {
+    throw UsageError(with_value(flag, text) + ": MAX is below INITIAL; write " + flag + "=" + text.substr(colon + 1) +
+                     ":" + text.substr(0, colon) + " (or INITIAL alone for a fixed wait)");
+  }
+  return settings;
+}
+
 struct RdzvConf {
   std::chrono::milliseconds join_timeout{600 * 1000};
   std::chrono::milliseconds last_call_timeout{30 * 1000};
@@ -319,6 +343,7 @@ LaunchConfig validate(const RawOptions& raw, const HostFacts& host) {
   validate_rendezvous(raw, config);
   config.max_restarts =
       parse_int_in_range("--max_restarts", raw.max_restarts, 0, 1000000, "how often to restart", 3);
+  config.restart_backoff = parse_restart_backoff(raw.restart_backoff);
   config.shutdown_timeout = parse_seconds("--shutdown_timeout", raw.shutdown_timeout);
   if (!read_double(raw.monitor_interval, config.monitor_interval)) {
     throw UsageError(with_value("--monitor_interval", raw.monitor_interval) +
@@ -558,6 +583,11 @@ ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, cons
   option("--max_restarts,--max-restarts", raw.max_restarts, "PET_MAX_RESTARTS", "INT",
          "When a worker fails, stop the group and start it again up to this many times "
          "(TORCHELASTIC_RESTART_COUNT counts them). c10d membership changes do not count.");
+  option("--restart_backoff,--restart-backoff", raw.restart_backoff, "PET_RESTART_BACKOFF", "INITIAL[:MAX]",
+         "Seconds to wait before a restart after a failure: INITIAL before the first, doubling with each "
+         "failure in a row up to MAX (default 30, or INITIAL if longer); an attempt that ran MAX seconds "
+         "or more starts the doubling over. 0 restarts at once. With several nodes, the agent hosting the "
+         "rendezvous decides for all. A signal during the wait ends the job.");
   option("--shutdown_timeout,--shutdown-timeout", raw.shutdown_timeout, "PET_SHUTDOWN_TIMEOUT", "SECONDS",
          "When stopping workers, seconds between SIGTERM (or the signal cpprun received) and "
          "SIGKILL. torchrun waits 30; raise this if workers checkpoint on SIGTERM.");

@@ -11,6 +11,7 @@
 #include "host_facts.h"
 #include "output_spec.h"
 #include "program_command.h"
+#include "restart_backoff.h"
 #include "scheduler_env.h"
 
 namespace cpprun::launcher {
@@ -42,6 +43,8 @@ struct LaunchConfig {
   std::optional<bool> is_host;
   bool standalone = false;  // master_addr/master_port were replaced by 127.0.0.1 and a free port
   int max_restarts = 0;
+  // --restart_backoff=INITIAL[:MAX]: the wait before each restart after a failure (restart_backoff.h).
+  RestartBackoffSettings restart_backoff;
   // SIGTERM (or the forwarded signal) -> SIGKILL grace. torchrun waits 30 s inside its agent; the
   // launcher defaults to 5 s so a hung rank does not hold a failed job for half a minute.
   std::chrono::milliseconds shutdown_timeout{5000};

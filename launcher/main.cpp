@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <exception>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <system_error>
 #include <vector>
@@ -15,17 +16,21 @@
 #include "attempt.h"
 #include "dry_run.h"
 #include "host_facts.h"
+#include "job_process_tree.h"
 #include "launch_config.h"
+#include "meeting_host.h"
 #include "multi_node_agent.h"
 #include "node_rendezvous.h"
 #include "program_command.h"
 #include "program_lookup.h"
 #include "rank_layout.h"
+#include "restart_pacer.h"
 #include "run_directory.h"
 #include "signal_relay.h"
 #include "worker_env.h"
 #include "worker_process.h"
 #include "worker_specs.h"
+#include "worker_status.h"
 
 namespace {
 
@@ -49,6 +54,10 @@ RunLayout dry_run_layout(const LaunchConfig& config) {
 int run(const LaunchConfig& config) {
   const ProgramCommand program = resolve_program_command(
       config.program, config.program_args, config.program_mode, {std::getenv("PATH"), std::getenv("PYTHON_EXEC")});
+  if (!config.dry_run) check_meeting_host_resolves(config);
+  // Before the environment is read for the workers, who inherit its token, and before any thread.
+  std::optional<JobProcessTree> tree;
+  if (!config.dry_run) tree.emplace();
   const EnvMap parent_env = current_environment();
   if (config.dry_run) {
     if (config.rdzv_backend == RendezvousBackend::kC10d) {
@@ -80,15 +89,22 @@ int run(const LaunchConfig& config) {
   if (is_multi_node(config)) return run_multi_node(config, program, parent_env, relay, run_dir);
 
   const RankLayout ranks = single_node_layout(config);
+  RestartPacer pacer(config.restart_backoff);
   for (int restart = 0;; ++restart) {
     run_dir.prepare_attempt(restart, config.nproc_per_node);
     const std::vector<WorkerSpec> specs =
         make_worker_specs(config, ranks, program, restart, run_dir.layout(), parent_env);
+    pacer.attempt_started();
     const AttemptEnd attempt = run_attempt(relay, specs, config, nullptr, nullptr);
     if (attempt.end == GroupEnd::kSucceeded) return 0;
     if (attempt.end == GroupEnd::kInterrupted) return attempt.exit_code;
 
     if (restart < config.max_restarts) {
+      if (const int sig = sleep_until(relay, pacer.restart_at(restart + 1, config.max_restarts)); sig != 0) {
+        std::cerr << "cpprun: received " << signal_name(sig) << " while waiting to restart; exiting with code "
+                  << 128 + sig << " (no worker was running)\n";
+        return 128 + sig;
+      }
       std::cerr << "cpprun: restarting all workers (restart " << restart + 1 << " of --max_restarts="
                 << config.max_restarts << ", TORCHELASTIC_RESTART_COUNT=" << restart + 1 << ")\n";
       continue;

@@ -13,6 +13,7 @@
 #include "node_link.h"
 #include "pending_links.h"
 #include "node_rendezvous.h"
+#include "restart_pacer.h"
 
 namespace cpprun::launcher {
 namespace {
@@ -107,7 +108,8 @@ class RendezvousHost final : public NodeRendezvous {
         broadcast(NodeMessage::make_exit(*end_));
         return {JobDecision::Kind::kExit, {}, *end_};
       } else if (all_members(MemberState::kStopped)) {
-        return restart();
+        stop_deadline = pacer_.restart_at(round_ + 1, config_.max_restarts);  // polls the links until then
+        if (Clock::now() >= *stop_deadline) return restart();
       } else if (!stop_deadline) {
         stop_deadline = Clock::now() + config_.shutdown_timeout + kStopSlack;
       } else if (Clock::now() >= *stop_deadline) {
@@ -224,6 +226,7 @@ class RendezvousHost final : public NodeRendezvous {
 
   RankLayout start_round() {
     running_ = true;
+    pacer_.attempt_started();
     const std::vector<NodeShape> nodes = shapes();
     for (int node = 1; node < config_.nnodes; ++node) {
       members_[node].state = MemberState::kRunning;
@@ -384,6 +387,7 @@ class RendezvousHost final : public NodeRendezvous {
   bool running_ = false;  // round 0 has started: no more joining
   bool self_done_ = false;
   int pending_signal_ = 0;
+  RestartPacer pacer_{config_.restart_backoff};  // the backoff before every node's restart
 };
 
 }  // namespace

@@ -32,6 +32,7 @@ void on_signal(int sig) {
 
 std::vector<int> handled_signals() {
   std::vector<int> sigs(std::begin(kForwardedSignals), std::end(kForwardedSignals));
+  sigs.insert(sigs.end(), std::begin(kJobControlSignals), std::end(kJobControlSignals));
   sigs.push_back(SIGCHLD);
   return sigs;
 }
@@ -82,13 +83,39 @@ std::vector<int> SignalRelay::take_pending() {
   }
   std::vector<int> pending;
   for (int sig = 1; sig < NSIG; ++sig) {
-    if (g_pending[sig].exchange(false)) pending.push_back(sig);
+    if (!g_pending[sig].exchange(false)) continue;
+    if (sig == SIGTSTP) {
+      stop_job();
+    } else if (sig == SIGCONT) {
+      if (signal_workers_) signal_workers_(SIGCONT);
+    } else {
+      pending.push_back(sig);
+    }
   }
   return pending;
 }
 
+void SignalRelay::set_job_control(std::function<void(int sig)> signal_workers) {
+  signal_workers_ = std::move(signal_workers);
+}
+
+void SignalRelay::stop_job() {
+  if (signal_workers_) signal_workers_(SIGSTOP);
+  // The default action stops this process right inside raise(); it returns once continued.
+  struct sigaction stop {};
+  stop.sa_handler = SIG_DFL;
+  sigemptyset(&stop.sa_mask);
+  struct sigaction ours {};
+  sigaction(SIGTSTP, &stop, &ours);
+  raise(SIGTSTP);
+  sigaction(SIGTSTP, &ours, nullptr);
+  // SIGCONT's handler has run too, but its flag is read in a later call; continue them now.
+  if (signal_workers_) signal_workers_(SIGCONT);
+}
+
 void SignalRelay::restore_in_child() const noexcept {
   for (int sig : kForwardedSignals) sigaction(sig, &g_startup_action[sig], nullptr);
+  for (int sig : kJobControlSignals) sigaction(sig, &g_startup_action[sig], nullptr);
   sigaction(SIGCHLD, &g_startup_action[SIGCHLD], nullptr);
   sigprocmask(SIG_SETMASK, &g_startup_mask, nullptr);
 }

@@ -14,9 +14,13 @@
 
 namespace cpprun::launcher {
 
-WorkerGroup::WorkerGroup(SignalRelay& relay) : relay_(relay) {}
+WorkerGroup::WorkerGroup(SignalRelay& relay) : relay_(relay) {
+  // Ctrl-Z stops the workers and SIGCONT resumes them. See Note [Job control].
+  relay_.set_job_control([this](int sig) { signal_groups(sig); });
+}
 
 WorkerGroup::~WorkerGroup() {
+  relay_.set_job_control(nullptr);
   for (WorkerRecord& w : workers_) {
     if (w.group_lingers) signal_process_group(w.pid, SIGKILL);
     if (w.state != WorkerState::kRunning) continue;
@@ -142,13 +146,29 @@ void WorkerGroup::reap(WorkerState exit_state) {
       throw std::logic_error("cpprun: waitpid(" + std::to_string(w.pid) + ") for rank " +
                              std::to_string(w.rank) + " failed: " + std::strerror(errno));
     }
-    record_exit(i, status, exit_state);
-    // Probed at once, while the group id cannot have been reused. See Note [Orphans in a worker's
-    // process group].
-    const bool ends_attempt = exit_state == WorkerState::kStoppedByLauncher || !w.exit->succeeded();
-    w.group_lingers = ends_attempt && kill(-w.pid, 0) == 0;
-    if (exit_state == WorkerState::kFinished && !w.exit->succeeded() && !root_cause_) root_cause_ = i;
+    on_exit(i, status, exit_state);
   }
+  // cpprun's other children are orphans it adopted (Note [The job's process tree]); reaped as they
+  // exit, or they would stay zombies until the attempt ends. A worker that exited since the loop
+  // above may turn up here too.
+  for (;;) {
+    int status = 0;
+    const pid_t got = wait_for_exit(-1, &status, WNOHANG);
+    if (got <= 0) break;
+    for (std::size_t i = 0; i < workers_.size(); ++i) {
+      if (workers_[i].pid == got && workers_[i].state == WorkerState::kRunning) on_exit(i, status, exit_state);
+    }
+  }
+}
+
+void WorkerGroup::on_exit(std::size_t i, int status, WorkerState exit_state) {
+  WorkerRecord& w = workers_[i];
+  record_exit(i, status, exit_state);
+  // Probed at once, while the group id cannot have been reused. See Note [Orphans in a worker's
+  // process group].
+  const bool ends_attempt = exit_state == WorkerState::kStoppedByLauncher || !w.exit->succeeded();
+  w.group_lingers = ends_attempt && kill(-w.pid, 0) == 0;
+  if (exit_state == WorkerState::kFinished && !w.exit->succeeded() && !root_cause_) root_cause_ = i;
 }
 
 void WorkerGroup::wait_for_signal(int timeout_ms) {

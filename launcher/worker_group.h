@@ -65,7 +65,8 @@ enum class StopStart {
 // when forwarding signals and stopping, SIGKILLing it once the other workers are gone. Only failed
 // and stopped workers are probed: their groups are signalled moments later, while the orphans still
 // pin the group id, so the id cannot meanwhile name someone else's group. Orphans of a worker that
-// succeeded are left alone, as torchrun leaves them; so are processes that left the group.
+// succeeded, and processes that left the group, are stopped when the attempt ends, as cpprun's
+// adopted children: see Note [The job's process tree] (torchrun leaves them running).
 class WorkerGroup {
  public:
   explicit WorkerGroup(SignalRelay& relay);
@@ -101,6 +102,8 @@ class WorkerGroup {
   // Forwards pending signals, then reaps whichever workers have exited.
   void handle_events(WorkerState exit_state);
   void reap(WorkerState exit_state);
+  // Worker i was reaped in wait() or stop(): records it, and whether it is the root cause.
+  void on_exit(std::size_t i, int status, WorkerState exit_state);
   // Sleeps in poll() on the signal relay and the workers' output pipes until a signal (SIGCHLD
   // included) or the timeout, copying whatever output arrives meanwhile.
   void wait_for_signal(int timeout_ms);

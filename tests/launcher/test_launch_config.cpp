@@ -407,3 +407,30 @@ TEST_CASE("launch_config: a multi-node job needs a job secret, from the environm
   CHECK_THAT(error_with({"--nnodes=2", "--job_secret_file", file, "x"}, std::nullopt),
              Contains("--job_secret_file=" + file + ": cannot read it"));
 }
+
+TEST_CASE("launch_config: --restart_backoff takes INITIAL[:MAX] seconds", "[launch_config]") {
+  using std::chrono::milliseconds;
+  const LaunchConfig defaults = parse({"x"});
+  CHECK(defaults.restart_backoff.initial == milliseconds(1000));
+  CHECK(defaults.restart_backoff.max == milliseconds(30000));
+  const LaunchConfig both = parse({"--restart_backoff=0.25:4", "x"});
+  CHECK(both.restart_backoff.initial == milliseconds(250));
+  CHECK(both.restart_backoff.max == milliseconds(4000));
+  // INITIAL alone keeps the 30 s cap, or is a fixed wait when longer.
+  CHECK(parse({"--restart-backoff", "2", "x"}).restart_backoff.max == milliseconds(30000));
+  const LaunchConfig fixed = parse({"--restart_backoff=45", "x"});
+  CHECK(fixed.restart_backoff.initial == milliseconds(45000));
+  CHECK(fixed.restart_backoff.max == milliseconds(45000));
+  CHECK(parse({"--restart_backoff=0", "x"}).restart_backoff.initial == milliseconds(0));
+  CHECK_THAT(cli_help({"--help"}), Contains("--restart_backoff,--restart-backoff"));
+}
+
+TEST_CASE("launch_config: a bad --restart_backoff says what it expects", "[launch_config]") {
+  for (const char* bad : {"--restart_backoff=fast", "--restart_backoff=1:", "--restart_backoff=-1",
+                          "--restart_backoff=1:2:3", "--restart_backoff=1s", "--restart_backoff=90000"}) {
+    INFO(bad);
+    CHECK_THAT(usage_error({bad, "x"}), Contains(bad) && Contains("expected INITIAL[:MAX]"));
+  }
+  CHECK_THAT(usage_error({"--restart_backoff=10:2", "x"}),
+             Contains("--restart_backoff=10:2: MAX is below INITIAL; write --restart_backoff=2:10"));
+}

@@ -68,6 +68,14 @@ expect_no_leftovers() {
   [ -z "$left" ] || fail "temp files left behind in \$TMPDIR: $left"
 }
 
+# The same, allowing $1 seconds for the leftovers to go: after cpprun was SIGKILLed, its guardian
+# (which carries the tag too) is still sweeping for a moment.
+expect_no_leftovers_within() {
+  local deadline=$((SECONDS + $1))
+  while [ -n "$(leftovers)" ] && [ "$SECONDS" -lt "$deadline" ]; do sleep 0.05; done
+  expect_no_leftovers
+}
+
 # Every line of $1 matches the extended regex $2.
 expect_all_lines() {  # file regex what
   local bad

@@ -87,7 +87,7 @@ expect_in_file "$WORK/nodeC.err" "restarting this node's workers as node 1 of 2 
 expect_in_file "$WORK/nodeA.err" "rendezvous round 1 complete at 127.0.0.1:29611: 2 nodes of --nnodes=2:3" "a's round 1"
 alive "$victim_worker" && fail "the killed agent's worker (pid $victim_worker) outlived it"
 rm -rf "$TMPDIR"/cpprun-*  # the killed agent could not remove its temp dir
-expect_no_leftovers
+expect_no_leftovers_within 5  # nor had its guardian necessarily finished sweeping
 
 # (3) Two of --nnodes=2:3 and one is killed: one node is below MIN, the job ends with a clear error.
 rm -f "$WORK"/env.* "$WORK"/pid.*
@@ -108,7 +108,7 @@ expect_in_file "$WORK/nodeA.err" "exiting with code 1: the agent of node 1 (127.
 expect_in_file "$WORK/nodeA.err" "only 1 node remains, fewer than the 2 that --nnodes=2:3 needs, so the job cannot go on" \
   "a's last line"
 rm -rf "$TMPDIR"/cpprun-*
-expect_no_leftovers
+expect_no_leftovers_within 5  # the killed agent's guardian may still be sweeping
 
 # (4) The host's agent is killed: its members cannot go on (torchrun's c10d store dies with it too).
 rm -f "$WORK"/env.* "$WORK"/pid.*
@@ -125,7 +125,7 @@ expect_eq "$NODE_STATUS" 1 "the member's exit code after the host was lost"
 expect_in_file "$WORK/nodeB.err" "the agent hosting the c10d rendezvous at 127.0.0.1:29613 (127.0.0.1:29613) is gone: it was killed, or its host or network went down; the job cannot go on without the agent that hosts its c10d rendezvous" \
   "b's message"
 rm -rf "$TMPDIR"/cpprun-*
-expect_no_leftovers
+expect_no_leftovers_within 5  # the killed agent's guardian may still be sweeping
 
 # (5) A node that comes while the job runs at MAX (--nnodes=1:2) waits for a next round; the job
 # finishes without one, and the late node exits 0, having run nothing.
@@ -199,5 +199,5 @@ for node in a c; do
 done
 expect_in_file "$WORK/nodeA.err" "rendezvous round 1 complete at 127.0.0.1:29616: 2 nodes of --nnodes=1:2" "a's round 1"
 rm -rf "$TMPDIR"/cpprun-*
-expect_no_leftovers
+expect_no_leftovers_within 5  # the killed agent's guardian may still be sweeping
 echo PASS

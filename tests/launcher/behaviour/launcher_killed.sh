@@ -20,5 +20,5 @@ done
 # SIGKILL gives cpprun no chance to remove its temp dir (it holds only empty per-rank dirs here).
 ls -d "$TMPDIR"/cpprun-* >/dev/null 2>&1 || fail "expected the killed cpprun's temp dir in \$TMPDIR"
 rm -rf "$TMPDIR"/cpprun-*
-expect_no_leftovers
+expect_no_leftovers_within 5  # cpprun's guardian may still be sweeping
 echo PASS

@@ -37,7 +37,7 @@ kill_agent_of() {
   done
   # SIGKILL gives the killed agent no chance to remove its temp dir.
   rm -rf "$TMPDIR"/cpprun-*
-  expect_no_leftovers
+  expect_no_leftovers_within 5  # the killed agent's guardian may still be sweeping
 }
 
 kill_agent_of 1 29540

@@ -1,0 +1,86 @@
+// Unit tests of the start-up check that --master_addr (or c10d's endpoint host) resolves.
+#include <catch2/catch.hpp>
+
+#include <string>
+
+#include "launch_config.h"
+#include "meeting_host.h"
+#include "node_rendezvous.h"
+
+using namespace cpprun::launcher;
+using Catch::Matchers::Contains;
+
+namespace {
+
+LaunchConfig config_for(const std::string& host, RendezvousBackend backend = RendezvousBackend::kStatic,
+                        int nnodes = 2) {
+  LaunchConfig config;
+  config.master_addr = host;
+  config.rdzv_backend = backend;
+  config.nnodes = config.max_nodes = nnodes;
+  return config;
+}
+
+HostLookup answer(HostLookup::Result result, const std::string& error = "") {
+  HostLookup lookup;
+  lookup.result = result;
+  lookup.error = error;
+  return lookup;
+}
+
+std::string usage_error(const LaunchConfig& config, const HostLookup& lookup) {
+  try {
+    check_meeting_host_resolves(config, [&](const std::string&) { return lookup; });
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  FAIL("expected a UsageError");
+  return {};
+}
+
+}  // namespace
+
+TEST_CASE("meeting_host: a name that does not exist fails at once, naming the flag and the host",
+          "[meeting_host]") {
+  const HostLookup unknown = answer(HostLookup::Result::kUnknown, "Name or service not known");
+  CHECK_THAT(usage_error(config_for("nosuch.invalid"), unknown),
+             Contains("cannot resolve --master_addr=nosuch.invalid: Name or service not known") &&
+                 Contains("node 0's host name"));
+  CHECK_THAT(usage_error(config_for("nosuch.invalid", RendezvousBackend::kStatic, 1), unknown),
+             Contains("cannot resolve --master_addr=nosuch.invalid") && Contains("worker rank 0 hosts the store"));
+  LaunchConfig c10d = config_for("nosuch.invalid", RendezvousBackend::kC10d);
+  c10d.master_port = 29400;
+  CHECK_THAT(usage_error(c10d, unknown), Contains("cannot resolve the host of --rdzv_endpoint=nosuch.invalid:29400"));
+}
+
+TEST_CASE("meeting_host: a resolvable name passes, asked once", "[meeting_host]") {
+  int asked = 0;
+  std::string host;
+  check_meeting_host_resolves(config_for("node01"), [&](const std::string& h) {
+    ++asked;
+    host = h;
+    return answer(HostLookup::Result::kResolved);
+  });
+  CHECK(asked == 1);
+  CHECK(host == "node01");
+}
+
+TEST_CASE("meeting_host: a resolver that cannot answer now is asked again", "[meeting_host]") {
+  int asked = 0;
+  check_meeting_host_resolves(config_for("node01"), [&](const std::string&) {
+    return ++asked < 3 ? answer(HostLookup::Result::kTemporary, "Temporary failure in name resolution")
+                       : answer(HostLookup::Result::kResolved);
+  });
+  CHECK(asked == 3);
+}
+
+TEST_CASE("meeting_host: the real resolver: numeric addresses and localhost resolve, .invalid does not",
+          "[meeting_host]") {
+  CHECK(look_up_host("127.0.0.1").result == HostLookup::Result::kResolved);
+  CHECK(look_up_host("::1").result == HostLookup::Result::kResolved);
+  CHECK(look_up_host("localhost").result == HostLookup::Result::kResolved);
+  // RFC 6761: never resolves. Without DNS (a private network namespace) the answer is "try again".
+  const HostLookup lookup = look_up_host("nosuch.invalid");
+  CHECK(lookup.result != HostLookup::Result::kResolved);
+  CHECK_FALSE(lookup.error.empty());
+}
