@@ -2,6 +2,9 @@
 #include "comm/ring.h"
 
 #include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include "comm/collective_fingerprint.h"
 
 namespace cpprun::detail {
 namespace {
@@ -11,6 +14,43 @@ int message_tag(const Ring& ring, int step) {
   // point-to-point messages by peer and tag.
   const uint64_t tag = static_cast<uint64_t>(ring.op_index) * ring.size + step;
   return static_cast<int>(tag % (1u << 30));
+}
+
+// The tag of the check's message: step size-1, which no data step uses.
+int check_tag(const Ring& ring) { return message_tag(ring, ring.size - 1); }
+
+// Note [Ring neighbour check]
+// Gloo does not compare message sizes: a receive posted for more bytes than its peer sends
+// completes with the buffer partly written, and one posted for fewer aborts the process from
+// Gloo's I/O thread. So before the first data step each rank sends its call's fingerprint (192
+// bytes, the same size on every rank) to the next rank and compares the previous rank's with
+// its own. A mismatch throws on the ranks beside it at once; ranks further round the ring,
+// whose neighbours agree, then wait for data that does not come and fail at the group's
+// timeout. The messages travel in parallel with nothing else, so the check costs one small
+// message latency per ring collective (README, "Collective consistency": measured).
+void check_neighbours(const Ring& ring) {
+  if (!ring.call.defined()) return;
+  const int next = (ring.rank + 1) % ring.size;
+  const int prev = (ring.rank + ring.size - 1) % ring.size;
+  at::Tensor theirs = at::empty_like(ring.call);
+  std::vector<at::Tensor> send_list{ring.call};
+  std::vector<at::Tensor> recv_list{theirs};
+  auto recv = ring.group->recv(recv_list, prev, check_tag(ring));
+  auto send = ring.group->send(send_list, next, check_tag(ring));
+  try {
+    recv->wait(ring.timeout);
+    send->wait(ring.timeout);
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "cpprun: collective #", sequence_of(ring.call), " ", describe(ring.call),
+                " on rank ", ring.rank, ": rank ", prev, " (the previous rank in the ring) sent "
+                "nothing for it within ", ring.timeout.count(), " ms. It may have stopped, or be "
+                "in a different collective: TORCH_DISTRIBUTED_DEBUG=DETAIL names every rank's "
+                "call.\nc10d said: ", e.what());
+  }
+  if (auto message = mismatch(ring.call, {ring.call, theirs}, {ring.rank, prev}, Agreement::kSameNumel)) {
+    TORCH_CHECK(false, *message, " (found on rank ", ring.rank, " by comparing its call with rank ",
+                prev, "'s before the ring moves any data.)");
+  }
 }
 
 void accumulate(at::Tensor& acc, const at::Tensor& contribution, ReduceOp op) {
@@ -38,6 +78,7 @@ void run_ring_reduce_scatter(const Ring& ring, at::Tensor output, at::Tensor inp
     out_flat.copy_(chunks[0]);
     return;
   }
+  check_neighbours(ring);
   const int next = (ring.rank + 1) % n;
   const int prev = (ring.rank + n - 1) % n;
   auto chunk_index = [&](int offset) { return ((ring.rank - offset) % n + n) % n; };
@@ -85,6 +126,7 @@ void run_ring_all_gather(const Ring& ring, at::Tensor output, at::Tensor input) 
   at::Tensor rows = output.view({n, m});
   at::Tensor own = rows[ring.rank];
   if (own.data_ptr() != input.data_ptr()) own.copy_(input.reshape({m}));  // unless gathering in place
+  check_neighbours(ring);
   const int next = (ring.rank + 1) % n;
   const int prev = (ring.rank + n - 1) % n;
   auto row = [&](int offset) { return rows[((ring.rank - offset) % n + n) % n]; };
