@@ -23,11 +23,11 @@ struct Ring {
   std::chrono::milliseconds timeout{};
   std::atomic<uint64_t>* bytes_sent = nullptr;  // optional tally of what this rank sent
   // This rank's call (comm/collective_fingerprint.h): checked against the previous rank's
-  // before any data moves. See Note [Ring neighbour check].
+  // before its first data is used. See Note [Ring neighbour check].
   at::Tensor call;
 };
 
-// Both throw c10::Error, before moving any data, when the previous rank in the ring called a
+// Both throw c10::Error, before using any data, when the previous rank in the ring called a
 // different collective or one of another size, dtype or reduce op.
 
 // Blocks until `output` holds the reduction of every rank's chunk `rank` of `input`. Each rank
