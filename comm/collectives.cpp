@@ -5,6 +5,8 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include "comm/collective_fingerprint.h"
+#include "comm/consistency_check.h"
 #include "comm/group_impl.h"
 #include "comm/ring.h"
 #include "comm/work_state.h"
@@ -13,6 +15,8 @@ namespace cpprun {
 namespace {
 
 using at::ScalarType;
+using detail::CollectiveCall;
+using detail::CollectiveKind;
 
 void check_tensor(const char* op, const char* name, const at::Tensor& t) {
   TORCH_CHECK(t.defined(), "cpprun::", op, ": ", name, " is an undefined tensor.");
@@ -75,20 +79,45 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
 // The group's world of one needs no communication at all.
 bool alone(const ProcessGroup& group) { return group.size() == 1; }
 
+// Whether `call` is checked across ranks before it runs. Under DETAIL, every collective. Always,
+// a broadcast over Gloo: a smaller broadcast from the root leaves the others' tensors half
+// written without any error, and one all-gather of a few bytes before it is cheap next to the
+// broadcast itself (README, "Collective consistency"). Our rings check their neighbours
+// themselves (comm/ring.cpp); other mismatches need DETAIL.
+bool checked_across_ranks(const ProcessGroup::Impl& impl, const CollectiveCall& call) {
+  if (impl.debug_level == DebugLevel::kDetail) return true;
+  return call.kind == CollectiveKind::kBroadcast && !impl.is_nccl(call.tensors.at(0));
+}
+
+// Every collective is issued through here: it takes the group's next sequence number, makes
+// the cross-rank check when one is due, then runs `issue(sequence)`, all under the group's
+// issue lock so that checks and collectives keep one order on every rank.
+// See Note [Collective consistency check].
+template <typename Issue>
+Work issue_collective(const ProcessGroup& group, const CollectiveCall& call, Issue issue) {
+  auto& impl = group.impl();
+  std::lock_guard<std::mutex> lock(impl.issue_mutex);
+  const uint64_t sequence = ++impl.collectives_issued;
+  if (checked_across_ranks(impl, call)) detail::check_across_ranks(impl, call, sequence);
+  return issue(sequence);
+}
+
 // Queues one of our ring collectives (comm/ring.h) on the group's executor, behind those issued
 // before it. The task must not own the group: were it the last owner, the group would be
 // destroyed on its own executor thread. The Work keeps the group alive instead.
 template <typename RunRing>
-Work submit_ring(const ProcessGroup& group, ReduceOp op, RunRing run) {
+Work submit_ring(const ProcessGroup& group, const CollectiveCall& call, uint64_t sequence,
+                 RunRing run) {
   auto& impl = group.impl();
   detail::Ring ring;
   ring.group = impl.gloo.get();
   ring.rank = group.rank();
   ring.size = group.size();
   ring.op_index = impl.next_p2p_op++;
-  ring.op = op;
+  ring.op = call.reduce.value_or(ReduceOp::kSum);
   ring.timeout = impl.timeout;
   ring.bytes_sent = &impl.p2p_bytes_sent;
+  ring.call = detail::fingerprint(call, sequence);
   Work work = make_work(impl.executor.submit([ring, run]() { run(ring); }));
   work.keep_alive(group);
   return work;
@@ -142,14 +171,17 @@ Work all_reduce_async(const ProcessGroup& group, at::Tensor tensor, ReduceOp op)
   // A type Gloo refuses (int16, bool): reduce a float32 copy and copy the result back.
   const bool convert = !impl.is_nccl(tensor) && !gloo_reduces(tensor.scalar_type());
   at::Tensor wire = convert ? tensor.to(ScalarType::Float) : tensor;
-  std::vector<at::Tensor> tensors{wire};
-  c10d::AllreduceOptions opts;
-  opts.reduceOp = to_c10d(op);
-  auto work = impl.group_for(tensor).allreduce(tensors, opts);
-  const int size = group.size();
-  return make_work(std::move(work), [tensor, wire, op, size, convert]() mutable {
-    if (op == ReduceOp::kAvg) wire.div_(size);
-    if (convert) tensor.copy_(wire);
+  CollectiveCall call{CollectiveKind::kAllReduce, {tensor}, std::nullopt, op};
+  return issue_collective(group, call, [&](uint64_t) {
+    std::vector<at::Tensor> tensors{wire};
+    c10d::AllreduceOptions opts;
+    opts.reduceOp = to_c10d(op);
+    auto work = impl.group_for(tensor).allreduce(tensors, opts);
+    const int size = group.size();
+    return make_work(std::move(work), [tensor, wire, op, size, convert]() mutable {
+      if (op == ReduceOp::kAvg) wire.div_(size);
+      if (convert) tensor.copy_(wire);
+    });
   });
 }
 
@@ -165,10 +197,13 @@ Work broadcast_async(const ProcessGroup& group, at::Tensor tensor, int root) {
               " is not a rank of this group (0..", group.size() - 1, ").");
   if (alone(group)) return Work();
   auto& impl = group.impl();
-  std::vector<at::Tensor> tensors{impl.is_nccl(tensor) ? tensor : as_movable_bits(tensor)};
-  c10d::BroadcastOptions opts;
-  opts.rootRank = root;
-  return make_work(impl.group_for(tensor).broadcast(tensors, opts));
+  CollectiveCall call{CollectiveKind::kBroadcast, {tensor}, root, std::nullopt};
+  return issue_collective(group, call, [&](uint64_t) {
+    std::vector<at::Tensor> tensors{impl.is_nccl(tensor) ? tensor : as_movable_bits(tensor)};
+    c10d::BroadcastOptions opts;
+    opts.rootRank = root;
+    return make_work(impl.group_for(tensor).broadcast(tensors, opts));
+  });
 }
 
 void broadcast(const ProcessGroup& group, at::Tensor tensor, int root) {
@@ -235,15 +270,18 @@ Work all_gather_into_async(const ProcessGroup& group, at::Tensor output, at::Ten
     output.view_as(input).copy_(input);
     return Work();
   }
-  if (impl.is_nccl(input)) {
-    return make_work(impl.group_for(input).all_gather_single(output, input));
-  }
-  // Gloo's own all-gather would fill a scratch tensor of the output's size and copy it over: a
-  // ring over send/recv moves the same bytes straight into `output`.
-  at::Tensor in_bits = as_movable_bits(input);
-  at::Tensor out_bits = as_movable_bits(output);
-  return submit_ring(group, ReduceOp::kSum, [out_bits, in_bits](const detail::Ring& ring) {
-    detail::run_ring_all_gather(ring, out_bits, in_bits);
+  CollectiveCall call{CollectiveKind::kAllGatherInto, {output, input}, std::nullopt, std::nullopt};
+  return issue_collective(group, call, [&](uint64_t sequence) {
+    if (impl.is_nccl(input)) {
+      return make_work(impl.group_for(input).all_gather_single(output, input));
+    }
+    // Gloo's own all-gather would fill a scratch tensor of the output's size and copy it over:
+    // a ring over send/recv moves the same bytes straight into `output`.
+    at::Tensor in_bits = as_movable_bits(input);
+    at::Tensor out_bits = as_movable_bits(output);
+    return submit_ring(group, call, sequence, [out_bits, in_bits](const detail::Ring& ring) {
+      detail::run_ring_all_gather(ring, out_bits, in_bits);
+    });
   });
 }
 
@@ -269,16 +307,19 @@ Work reduce_scatter_async(const ProcessGroup& group, at::Tensor output, at::Tens
     output.view_as(input).copy_(input);
     return Work();
   }
-  if (impl.is_nccl(input)) {
-    c10d::ReduceScatterOptions opts;
-    opts.reduceOp = to_c10d(op);
-    auto work = impl.group_for(input).reduce_scatter_single(output, input, opts);
-    return make_work(std::move(work), [output, op, n]() mutable {
-      if (op == ReduceOp::kAvg) output.div_(n);
+  CollectiveCall call{CollectiveKind::kReduceScatter, {output, input}, std::nullopt, op};
+  return issue_collective(group, call, [&](uint64_t sequence) {
+    if (impl.is_nccl(input)) {
+      c10d::ReduceScatterOptions opts;
+      opts.reduceOp = to_c10d(op);
+      auto work = impl.group_for(input).reduce_scatter_single(output, input, opts);
+      return make_work(std::move(work), [output, op, n]() mutable {
+        if (op == ReduceOp::kAvg) output.div_(n);
+      });
+    }
+    return submit_ring(group, call, sequence, [output, input](const detail::Ring& ring) {
+      detail::run_ring_reduce_scatter(ring, output, input);
     });
-  }
-  return submit_ring(group, op, [output, input](const detail::Ring& ring) {
-    detail::run_ring_reduce_scatter(ring, output, input);
   });
 }
 
@@ -290,7 +331,8 @@ void reduce_scatter(const ProcessGroup& group, at::Tensor output, at::Tensor inp
 
 Work barrier_async(const ProcessGroup& group) {
   if (alone(group)) return Work();
-  return make_work(group.impl().gloo->barrier());
+  CollectiveCall call{CollectiveKind::kBarrier, {}, std::nullopt, std::nullopt};
+  return issue_collective(group, call, [&](uint64_t) { return make_work(group.impl().gloo->barrier()); });
 }
 
 void barrier(const ProcessGroup& group) { barrier_async(group).wait(); }

@@ -4,6 +4,8 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cstdlib>
 
@@ -148,6 +150,29 @@ DistEnv read_dist_env(const EnvLookup& lookup) {
               " (", setter_of(out.source), ").");
   read_master(env, out);
   return out;
+}
+
+DebugLevel read_debug_level(const EnvLookup& lookup) {
+  auto value = lookup("TORCH_DISTRIBUTED_DEBUG");
+  if (!value) return DebugLevel::kOff;
+  std::string level = *value;
+  std::transform(level.begin(), level.end(), level.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::toupper(c)); });
+  if (level == "OFF") return DebugLevel::kOff;
+  if (level == "INFO") return DebugLevel::kInfo;
+  if (level == "DETAIL") return DebugLevel::kDetail;
+  TORCH_CHECK(false, "cpprun: TORCH_DISTRIBUTED_DEBUG=\"", *value, "\" is not a debug level; it "
+              "must be OFF, INFO or DETAIL (as in PyTorch). DETAIL checks every collective across "
+              "ranks before it runs; unset it for the default.");
+}
+
+const char* to_string(DebugLevel level) {
+  switch (level) {
+    case DebugLevel::kOff: return "OFF";
+    case DebugLevel::kInfo: return "INFO";
+    case DebugLevel::kDetail: return "DETAIL";
+  }
+  return "?";
 }
 
 const char* to_string(EnvSource source) {

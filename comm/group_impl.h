@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <mutex>
 
 #include "comm/c10d_types.h"
 #include "comm/serial_executor.h"
@@ -20,6 +21,12 @@ struct ProcessGroup::Impl {
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<detail::C10dGroup> gloo;  // always: CPU tensors, and the fallback
   c10::intrusive_ptr<detail::C10dGroup> nccl;  // CUDA builds with a GPU: CUDA tensors
+  DebugLevel debug_level = DebugLevel::kOff;
+  // Held while a collective is checked and issued, so that its check and the collective itself
+  // follow each other in the group's order on every rank. See Note [Collective consistency check].
+  std::mutex issue_mutex;
+  // Collectives issued on this group (under issue_mutex): the sequence number errors name.
+  uint64_t collectives_issued = 0;
   // Tags for point-to-point messages of our own algorithms; every rank draws them in the
   // same order because collectives are called in the same order on every rank.
   std::atomic<uint32_t> next_p2p_op{0};

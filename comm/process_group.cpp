@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "comm/group_impl.h"
+#include "comm/store_address.h"
 
 namespace cpprun {
 namespace {
@@ -33,27 +34,34 @@ bool mentions(const std::string& text, const char* what) {
 }
 
 // Rank 0 starts the store's server at MASTER_ADDR:MASTER_PORT (unless the launcher hosts it);
-// the others connect to it. Errors from c10d are turned into ones that say what to do.
+// the others connect to it. MASTER_ADDR is resolved first, so that a name that does not resolve
+// fails at once instead of after the timeout. In a job on one host the server listens on the
+// loopback only (c10d's own listens on every interface): see store_address.h. Errors from c10d
+// are turned into ones that say what to do.
 c10::intrusive_ptr<c10d::Store> connect_store(const DistEnv& env, Millis timeout) {
   if (env.world_size == 1 && env.source == EnvSource::kSingleProcess) {
     return c10::make_intrusive<c10d::HashStore>();  // a world of one: no server, no port
   }
+  const std::vector<std::string> resolved = detail::resolve_master(env);
   c10d::TCPStoreOptions opts;
   opts.port = static_cast<std::uint16_t>(env.master_port);
   opts.isServer = env.rank == 0 && !env.agent_hosts_store;
   opts.numWorkers = env.world_size;
   opts.waitWorkers = false;  // the join check below waits, and names who is missing
   opts.timeout = timeout;
+  if (opts.isServer) {
+    if (auto loopback = detail::store_loopback_address(env, resolved)) {
+      // LibTorch 2.15's libuv store server takes over a socket we bound (uv_tcp_open).
+      opts.masterListenFd = detail::listen_on(*loopback, env.master_port, env);
+    }
+  }
   try {
     return c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts);
   } catch (const std::exception& e) {
     const std::string what = e.what();
-    TORCH_CHECK(!(opts.isServer && (mentions(what, "in use") || mentions(what, "EADDRINUSE"))),
-                "cpprun: rank 0 cannot start the rendezvous store: port ", env.master_port,
-                " is already in use on this host (", where(env),
-                "). Another job, or a previous run still shutting down, holds it. Pick a free "
-                "port with `cpprun --master_port=PORT` (or `--standalone`), or export "
-                "MASTER_PORT=PORT.\nc10d said: ", what);
+    if (opts.isServer && (mentions(what, "in use") || mentions(what, "EADDRINUSE"))) {
+      detail::throw_port_in_use(env, "c10d said: " + what);
+    }
     TORCH_CHECK(opts.isServer, "cpprun: rank ", env.rank,
                 " could not reach the rendezvous store at ", where(env), " within ",
                 seconds(timeout), ". Is rank 0 running, and is MASTER_ADDR an address of rank "
@@ -178,6 +186,7 @@ ProcessGroup init_process_group(const ProcessGroupOptions& options) {
   impl->env = options.env ? *options.env : read_dist_env();
   impl->timeout = options.timeout;
   impl->backend = resolve_backend(options.backend);
+  impl->debug_level = options.debug_level ? *options.debug_level : read_debug_level();
   const DistEnv& env = impl->env;
 
   if (env.source == EnvSource::kSingleProcess && env.rank == 0) {

@@ -22,7 +22,13 @@ struct Ring {
   ReduceOp op = ReduceOp::kSum;  // reduce-scatter only
   std::chrono::milliseconds timeout{};
   std::atomic<uint64_t>* bytes_sent = nullptr;  // optional tally of what this rank sent
+  // This rank's call (comm/collective_fingerprint.h): checked against the previous rank's
+  // before its first data is used. See Note [Ring neighbour check].
+  at::Tensor call;
 };
+
+// Both throw c10::Error, before using any data, when the previous rank in the ring called a
+// different collective or one of another size, dtype or reduce op.
 
 // Blocks until `output` holds the reduction of every rank's chunk `rank` of `input`. Each rank
 // sends and receives (size-1)/size of `input`, as a native reduce-scatter would; all-reduce

@@ -39,4 +39,11 @@ DistEnv read_dist_env(const EnvLookup& lookup = process_env());
 
 const char* to_string(EnvSource source);
 
+// TORCH_DISTRIBUTED_DEBUG, read as PyTorch reads it (case-insensitive OFF, INFO or DETAIL; unset
+// is OFF). DETAIL makes every collective first check that all ranks called the same one with the
+// same shapes, dtypes and roots (README, "Collective consistency"); INFO adds nothing yet.
+enum class DebugLevel { kOff, kInfo, kDetail };
+DebugLevel read_debug_level(const EnvLookup& lookup = process_env());
+const char* to_string(DebugLevel level);
+
 }  // namespace cpprun

@@ -26,6 +26,9 @@ struct ProcessGroupOptions {
   std::chrono::milliseconds timeout = std::chrono::minutes(30);
   // Who we are; read from the environment (see env.h) when not given.
   std::optional<DistEnv> env;
+  // DETAIL checks every collective across ranks before it runs; TORCH_DISTRIBUTED_DEBUG when
+  // not given (see env.h).
+  std::optional<DebugLevel> debug_level;
 };
 
 // A cheap, copyable handle; the group lives until its last handle is gone.

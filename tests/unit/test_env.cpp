@@ -111,3 +111,15 @@ TEST_CASE("env: each bad input names the variable, its value and what sets it", 
   CHECK_THROWS_WITH(read({{"SLURM_PROCID", "0"}}), Catch::Contains("SLURM_NTASKS is not set") &&
                                                        Catch::Contains("srun"));
 }
+
+TEST_CASE("env: TORCH_DISTRIBUTED_DEBUG is read as PyTorch reads it", "[env]") {
+  using cpprun::DebugLevel;
+  auto level = [](const Vars& vars) { return cpprun::read_debug_level(lookup_in(vars)); };
+  CHECK(level({}) == DebugLevel::kOff);
+  CHECK(level({{"TORCH_DISTRIBUTED_DEBUG", "OFF"}}) == DebugLevel::kOff);
+  CHECK(level({{"TORCH_DISTRIBUTED_DEBUG", "info"}}) == DebugLevel::kInfo);
+  CHECK(level({{"TORCH_DISTRIBUTED_DEBUG", "Detail"}}) == DebugLevel::kDetail);
+  CHECK_THROWS_WITH(level({{"TORCH_DISTRIBUTED_DEBUG", "verbose"}}),
+                    Catch::Contains("TORCH_DISTRIBUTED_DEBUG=\"verbose\"") &&
+                        Catch::Contains("OFF, INFO or DETAIL"));
+}

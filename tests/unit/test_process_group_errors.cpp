@@ -10,6 +10,7 @@
 
 #include <chrono>
 
+#include "comm/store_address.h"
 #include "cpprun/cpprun.h"
 
 using namespace std::chrono_literals;
@@ -74,6 +75,40 @@ TEST_CASE("process group: an unreachable master times out and says so", "[proces
                     Catch::Contains("rank 1 could not reach the rendezvous store") &&
                         Catch::Contains("Is rank 0 running"));
   CHECK(seconds_since(start) < 30);
+}
+
+TEST_CASE("process group: a MASTER_ADDR that does not resolve fails at once, naming it", "[process_group]") {
+  for (int rank : {0, 1}) {
+    auto options = options_for(rank, 2, free_port(), 60s);
+    options.env->master_addr = "nosuch.invalid";
+    const auto start = std::chrono::steady_clock::now();
+    CHECK_THROWS_WITH(cpprun::init_process_group(options),
+                      Catch::Contains("MASTER_ADDR=\"nosuch.invalid\" does not resolve"));
+    // Without the check, rank 1 retried until the 60 s timeout (rank 0 until the join check's).
+    CHECK(seconds_since(start) < 30);
+  }
+}
+
+TEST_CASE("process group: the store listens on the loopback only when the job is on one host",
+          "[process_group]") {
+  using cpprun::detail::store_loopback_address;
+  cpprun::DistEnv env;
+  env.world_size = 4;
+  env.local_world_size = 4;
+  env.master_addr = "127.0.0.1";
+  CHECK(store_loopback_address(env, {"127.0.0.1"}) == "127.0.0.1");
+  env.master_addr = "localhost";
+  CHECK(store_loopback_address(env, {"::1", "127.0.0.1"}) == "127.0.0.1");
+  env.master_addr = "::1";
+  CHECK(store_loopback_address(env, {"::1"}) == "::1");
+  env.master_addr = "myhost";  // Debian's /etc/hosts maps the host name to 127.0.1.1
+  CHECK(store_loopback_address(env, {"127.0.1.1"}) == "127.0.1.1");
+  env.local_world_size = 2;  // another node may resolve "myhost" to a routable address
+  CHECK(store_loopback_address(env, {"127.0.1.1"}) == std::nullopt);
+  env.master_addr = "10.1.2.3";
+  CHECK(store_loopback_address(env, {"10.1.2.3"}) == std::nullopt);
+  env.local_world_size = 4;
+  CHECK(store_loopback_address(env, {"10.1.2.3"}) == std::nullopt);  // other hosts may join through it
 }
 
 TEST_CASE("process group: ranks that never arrive are named after the timeout", "[process_group]") {

@@ -1,0 +1,57 @@
+// What one rank is about to do in a collective (op, sequence number, dtype, shapes, root, reduce
+// op), packed into a small fixed-size tensor that ranks can exchange and compare, and the
+// message that names every rank's call when they differ. Used by the DETAIL-mode check
+// (comm/consistency_check.h) and by the ring's neighbour check (comm/ring.cpp).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cpprun/collectives.h"
+
+namespace cpprun::detail {
+
+enum class CollectiveKind : int64_t {
+  kAllReduce = 1,
+  kBroadcast,
+  kAllGatherInto,
+  kReduceScatter,
+  kBarrier,
+};
+const char* to_string(CollectiveKind kind);
+
+// One collective call as this rank makes it. Tensors: the output first where there are two.
+struct CollectiveCall {
+  CollectiveKind kind = CollectiveKind::kBarrier;
+  std::vector<at::Tensor> tensors;   // at most two
+  std::optional<int> root;           // broadcast
+  std::optional<ReduceOp> reduce;    // all_reduce, reduce_scatter
+};
+
+// How strictly two calls must agree.
+enum class Agreement {
+  kExact,        // same op, sequence number, dtype, device, shapes, root, reduce op (DETAIL)
+  kSameNumel,    // as kExact, but shapes need only hold as many elements (what a ring moves)
+};
+
+// A call packed as kFingerprintLength int64 values: a CPU tensor, so that any backend's ranks
+// can exchange it over Gloo.
+constexpr int64_t kFingerprintLength = 24;
+at::Tensor fingerprint(const CollectiveCall& call, uint64_t sequence);
+
+// Whether every row of `fingerprints` (one per rank, kFingerprintLength each) agrees with
+// `mine`; if not, the message naming each rank's call, e.g. "cpprun: collective #12 mismatch:
+// rank 0 called broadcast(float32[4], root 0), rank 1 called broadcast(float32[8], root 0)."
+// `ranks` gives the rank of each row.
+std::optional<std::string> mismatch(const at::Tensor& mine, const std::vector<at::Tensor>& fingerprints,
+                                    const std::vector<int>& ranks, Agreement agreement);
+
+// "broadcast(float32[4], root 0)": a fingerprint as a call, for messages.
+std::string describe(const at::Tensor& fingerprint);
+uint64_t sequence_of(const at::Tensor& fingerprint);
+
+}  // namespace cpprun::detail

@@ -1,0 +1,46 @@
+// The DETAIL-mode (and Gloo broadcast) check: an all-gather of fingerprints before the collective.
+#include "comm/consistency_check.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include <numeric>
+#include <sstream>
+
+namespace cpprun::detail {
+
+// Note [Collective consistency check]
+// Mismatched collectives do not fail cleanly on their own: Gloo fills a broadcast's larger
+// buffer half and returns, or aborts in its I/O thread where no try/catch reaches; NCCL hangs.
+// So, before the collective is issued, the ranks all-gather a fixed-size fingerprint of their
+// calls (comm/collective_fingerprint.h) over the same group's Gloo backend and compare. Every
+// rank receives every fingerprint, so every rank sees a mismatch and throws the same message.
+// Order: a fingerprint exchange pairs with the other ranks' exchange by Gloo's per-group
+// collective order, so the exchange and the collective it guards must be issued with nothing
+// in between: callers hold ProcessGroup::Impl::issue_mutex across both (DDP issues bucket
+// all-reduces from autograd hooks, possibly beside other threads' collectives). Async
+// collectives become synchronous up to the exchange, as under PyTorch's ProcessGroupWrapper.
+void check_across_ranks(ProcessGroup::Impl& group, const CollectiveCall& call, uint64_t sequence) {
+  const int world = group.env.world_size;
+  at::Tensor mine = fingerprint(call, sequence);
+  std::vector<at::Tensor> inputs{mine};
+  std::vector<std::vector<at::Tensor>> outputs(1);
+  for (int r = 0; r < world; ++r) outputs[0].push_back(at::empty_like(mine));
+  try {
+    group.gloo->allgather(outputs, inputs)->wait(group.timeout);
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "cpprun: collective #", sequence, " ", describe(mine), " on rank ",
+                group.env.rank, ": not every rank reached it within ", group.timeout.count(),
+                " ms (the check before each collective waits for all ranks). A rank may have "
+                "stopped, failed, or be waiting in a different number of collectives; its own "
+                "output says which.\nc10d said: ", e.what());
+  }
+  std::vector<int> ranks(world);
+  std::iota(ranks.begin(), ranks.end(), 0);
+  if (auto message = mismatch(mine, outputs[0], ranks, Agreement::kExact)) {
+    TORCH_CHECK(false, *message, " (found on rank ", group.env.rank,
+                " by the check before each collective.)");
+  }
+}
+
+}  // namespace cpprun::detail

@@ -1,0 +1,81 @@
+# Mismatched collectives fail on every rank with one message naming the collective's number and
+# each rank's call, under TORCH_DISTRIBUTED_DEBUG=DETAIL and, for what the default mode checks,
+# without it; and a single-node job's store listens on the loopback only.
+# usage: consistency.sh CPPRUN PROBE CASE   (CASE: detail | default | store_loopback)
+. "$(dirname "$0")/../launcher/behaviour/common.sh"
+PROBE=${2:?usage: consistency.sh CPPRUN PROBE CASE}
+CASE=${3:?usage: consistency.sh CPPRUN PROBE CASE}
+
+# Runs the probe's MODE on 2 ranks with the given environment assignments; exit status in $status.
+run_probe() {  # MODE [VAR=VALUE...]
+  local mode=$1
+  shift
+  rm -f "$WORK"/failed.* "$WORK"/store_port "$WORK"/inspected
+  env "$@" CPPRUN_TEST_TAG="$WORK" "$CPPRUN" --standalone --nproc_per_node=2 "$PROBE" "$mode" "$WORK" \
+    >"$WORK/out" 2>"$WORK/err"
+  status=$?
+}
+
+# Every rank failed, and printed `text` (a fixed string) itself.
+expect_every_rank_failed_with() {  # text what
+  [ "$status" != 0 ] || fail "$2: the job exited 0"
+  grep -q '^\[rank[0-9]*\]: result' "$WORK/out" && fail "$2: a rank returned a result"
+  for rank in 0 1; do
+    [ -e "$WORK/failed.$rank" ] || fail "$2: rank $rank did not catch an error"
+    grep -F "[rank$rank]: rank $rank caught: " "$WORK/err" | grep -qF -- "$1" \
+      || fail "$2: rank $rank's error does not say '$1'"
+  done
+}
+
+case $CASE in
+detail)
+  run_probe broadcast_size TORCH_DISTRIBUTED_DEBUG=DETAIL
+  expect_every_rank_failed_with "cpprun: collective #3 mismatch: rank 0 called broadcast(float32[4], root 0), rank 1 called broadcast(float32[8], root 0)." "DETAIL, broadcast of 4 and 8 elements"
+  run_probe op TORCH_DISTRIBUTED_DEBUG=detail
+  expect_every_rank_failed_with "cpprun: collective #3 mismatch: rank 0 called all_reduce(float32[4], sum), rank 1 called broadcast(float32[4], root 0)." "DETAIL, all_reduce against broadcast"
+  run_probe dtype TORCH_DISTRIBUTED_DEBUG=DETAIL
+  expect_every_rank_failed_with "cpprun: collective #3 mismatch: rank 0 called all_reduce(float32[4], sum), rank 1 called all_reduce(float64[4], sum)." "DETAIL, float32 against float64"
+  run_probe reduce_scatter_op TORCH_DISTRIBUTED_DEBUG=DETAIL
+  expect_every_rank_failed_with "cpprun: collective #3 mismatch: rank 0 called reduce_scatter(float32[4], float32[8], sum), rank 1 called reduce_scatter(float32[4], float32[8], max)." "DETAIL, sum against max"
+  ;;
+default)
+  # What the default mode checks (README, "Collective consistency"): broadcasts over Gloo, and
+  # our ring all-gather / reduce-scatter between neighbours.
+  run_probe broadcast_size TORCH_DISTRIBUTED_DEBUG=OFF
+  expect_every_rank_failed_with "cpprun: collective #3 mismatch: rank 0 called broadcast(float32[4], root 0), rank 1 called broadcast(float32[8], root 0)." "default, broadcast of 4 and 8 elements"
+  run_probe broadcast_size_root_larger
+  expect_every_rank_failed_with "cpprun: collective #3 mismatch: rank 0 called broadcast(float32[8], root 0), rank 1 called broadcast(float32[4], root 0)." "default, broadcast of 8 and 4 elements"
+  run_probe all_gather_size
+  expect_every_rank_failed_with "cpprun: collective #3 mismatch: rank 0 called all_gather_into(float32[8], float32[4]), rank 1 called all_gather_into(float32[16], float32[8])." "default, all-gather of 4 and 8 elements"
+  run_probe reduce_scatter_op
+  expect_every_rank_failed_with "cpprun: collective #3 mismatch: rank 0 called reduce_scatter(float32[4], float32[8], sum), rank 1 called reduce_scatter(float32[4], float32[8], max)." "default, reduce-scatter sum against max"
+  ;;
+store_loopback)
+  CPPRUN_TEST_TAG="$WORK" "$CPPRUN" --standalone --nproc_per_node=2 "$PROBE" store_binding "$WORK" \
+    >"$WORK/out" 2>"$WORK/err" &
+  job=$!
+  wait_for_files 60 "$WORK/store_port"
+  port=$(cat "$WORK/store_port")
+  hex=$(printf '%04X' "$port")
+  # /proc/net/tcp{,6}: "local_address" is ADDR:PORT in hex, state 0A is LISTEN.
+  listeners=$(awk -v p="$hex" '$4 == "0A" { split($2, a, ":"); if (a[2] == p) print a[1] }' \
+                /proc/net/tcp /proc/net/tcp6 2>/dev/null)
+  command -v ss >/dev/null && ss -ltn "sport = :$port"
+  touch "$WORK/inspected"
+  wait "$job"
+  status=$?
+  [ -n "$listeners" ] || fail "nothing listens on the store's port $port"
+  for address in $listeners; do
+    case $address in
+      0100007F) ;;  # 127.0.0.1
+      00000000 | 00000000000000000000000000000000)
+        fail "the store listens on every interface (port $port, address $address)" ;;
+      *) fail "the store listens on $address:$port, not 127.0.0.1" ;;
+    esac
+  done
+  [ "$status" = 0 ] || fail "the store_binding job failed (exit $status)"
+  ;;
+*) fail "unknown case $CASE" ;;
+esac
+expect_no_leftovers
+echo PASS

@@ -1,0 +1,109 @@
+// Ranks that call mismatched collectives, for tests/dist/consistency.sh, and a job that holds its
+// store open while the script looks at where it listens.
+//
+// usage: consistency_probe MODE SYNC_DIR   (under cpprun --nproc_per_node=2)
+// Two matching all-reduces come first, so the mismatch is collective #3. A rank that catches the
+// error prints it, marks SYNC_DIR/failed.RANK and waits for the other ranks' marks before it
+// exits 1, so that every rank's message is printed before cpprun stops the job. A rank that gets
+// through prints its result and exits 0.
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <string>
+#include <thread>
+
+#include "cpprun/cpprun.h"
+
+namespace fs = std::filesystem;
+using cpprun::ReduceOp;
+
+namespace {
+
+bool wait_for(const fs::path& file, std::chrono::seconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (!fs::exists(file)) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return true;
+}
+
+// The mismatched call of each mode; rank 0 differs from the others.
+void mismatched_call(const std::string& mode, const cpprun::ProcessGroup& pg) {
+  const bool first = pg.rank() == 0;
+  if (mode == "broadcast_size") {  // the root sends fewer elements than the others expect
+    at::Tensor t = at::full({first ? 4 : 8}, first ? 7.0 : -1.0);
+    cpprun::broadcast(pg, t, 0);
+    std::cout << "result " << t << std::endl;
+  } else if (mode == "broadcast_size_root_larger") {
+    at::Tensor t = at::full({first ? 8 : 4}, first ? 7.0 : -1.0);
+    cpprun::broadcast(pg, t, 0);
+    std::cout << "result " << t << std::endl;
+  } else if (mode == "op") {
+    at::Tensor t = at::ones({4});
+    if (first) {
+      cpprun::all_reduce(pg, t);
+    } else {
+      cpprun::broadcast(pg, t, 0);
+    }
+    std::cout << "result " << t << std::endl;
+  } else if (mode == "dtype") {
+    at::Tensor t = at::ones({4}, first ? at::kFloat : at::kDouble);
+    cpprun::all_reduce(pg, t);
+    std::cout << "result " << t << std::endl;
+  } else if (mode == "all_gather_size") {
+    const int64_t n = first ? 4 : 8;
+    at::Tensor out = at::zeros({pg.size() * n});
+    cpprun::all_gather_into(pg, out, at::ones({n}));
+    std::cout << "result " << out << std::endl;
+  } else if (mode == "reduce_scatter_op") {
+    at::Tensor out = at::zeros({4});
+    cpprun::reduce_scatter(pg, out, at::ones({pg.size() * 4}), first ? ReduceOp::kSum : ReduceOp::kMax);
+    std::cout << "result " << out << std::endl;
+  } else {
+    TORCH_CHECK(false, "consistency_probe: unknown mode ", mode);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 3) {
+    std::cerr << "usage: consistency_probe MODE SYNC_DIR\n";
+    return 2;
+  }
+  const std::string mode = argv[1];
+  const fs::path sync_dir = argv[2];
+  cpprun::ProcessGroupOptions options;
+  options.timeout = std::chrono::seconds(30);
+  auto pg = cpprun::init_process_group(options);
+
+  if (mode == "store_binding") {  // hold the job while the script inspects the listening sockets
+    if (pg.rank() == 0) {
+      std::ofstream(sync_dir / "store_port") << pg.env().master_port << "\n";
+      if (!wait_for(sync_dir / "inspected", std::chrono::seconds(25))) return 1;
+    }
+    cpprun::barrier(pg);
+    return 0;
+  }
+
+  for (int i = 0; i < 2; ++i) {  // collectives #1 and #2 match
+    at::Tensor t = at::ones({3});
+    cpprun::all_reduce(pg, t);
+    TORCH_CHECK(t.sum().item<double>() == 3.0 * pg.size(), "matching all_reduce gave ", t);
+  }
+  try {
+    mismatched_call(mode, pg);
+  } catch (const c10::Error& e) {
+    std::cerr << "rank " << pg.rank() << " caught: " << e.what_without_backtrace() << std::endl;
+    std::ofstream(sync_dir / ("failed." + std::to_string(pg.rank()))) << "1\n";
+    for (int r = 0; r < pg.size(); ++r) wait_for(sync_dir / ("failed." + std::to_string(r)), std::chrono::seconds(10));
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,64 @@
+// The fingerprints ranks exchange before a collective (comm/collective_fingerprint.h): what
+// counts as a mismatch, and the message that names each rank's call.
+#include <catch2/catch.hpp>
+#include <ATen/ATen.h>
+
+#include "comm/collective_fingerprint.h"
+
+using cpprun::ReduceOp;
+using cpprun::detail::Agreement;
+using cpprun::detail::CollectiveCall;
+using cpprun::detail::CollectiveKind;
+using cpprun::detail::fingerprint;
+using cpprun::detail::mismatch;
+
+namespace {
+
+at::Tensor broadcast_of(at::Tensor t, int root, uint64_t sequence = 12) {
+  return fingerprint(CollectiveCall{CollectiveKind::kBroadcast, {std::move(t)}, root, std::nullopt}, sequence);
+}
+
+}  // namespace
+
+TEST_CASE("fingerprint: a call is described as the user wrote it", "[fingerprint]") {
+  using cpprun::detail::describe;
+  CHECK(describe(broadcast_of(at::zeros({4}), 0)) == "broadcast(float32[4], root 0)");
+  CHECK(describe(fingerprint({CollectiveKind::kAllReduce, {at::zeros({2, 3}, at::kBFloat16)}, std::nullopt,
+                              ReduceOp::kAvg}, 1)) == "all_reduce(bfloat16[2, 3], avg)");
+  CHECK(describe(fingerprint({CollectiveKind::kReduceScatter, {at::zeros({4}), at::zeros({8})}, std::nullopt,
+                              ReduceOp::kMax}, 1)) == "reduce_scatter(float32[4], float32[8], max)");
+  CHECK(describe(fingerprint({CollectiveKind::kBarrier, {}, std::nullopt, std::nullopt}, 1)) == "barrier()");
+  CHECK(describe(broadcast_of(at::zeros({1, 2, 3, 4, 5, 6, 7}), 1)) == "broadcast(float32[1, 2, 3, 4, 5, ...], root 1)");
+}
+
+TEST_CASE("fingerprint: identical calls agree, and each difference is a mismatch", "[fingerprint]") {
+  const at::Tensor mine = broadcast_of(at::zeros({4}), 0);
+  CHECK_FALSE(mismatch(mine, {mine, broadcast_of(at::ones({4}), 0)}, {0, 1}, Agreement::kExact).has_value());
+  CHECK(mismatch(mine, {mine, broadcast_of(at::zeros({8}), 0)}, {0, 1}, Agreement::kExact).has_value());
+  CHECK(mismatch(mine, {mine, broadcast_of(at::zeros({4}, at::kDouble), 0)}, {0, 1}, Agreement::kExact).has_value());
+  CHECK(mismatch(mine, {mine, broadcast_of(at::zeros({4}), 1)}, {0, 1}, Agreement::kExact).has_value());
+  CHECK(mismatch(mine, {mine, broadcast_of(at::zeros({4}), 0, 13)}, {0, 1}, Agreement::kExact).has_value());
+  CHECK(mismatch(mine, {mine, broadcast_of(at::zeros({2, 2}), 0)}, {0, 1}, Agreement::kExact).has_value());
+  // Shapes past the sixth dimension still count.
+  CHECK(mismatch(broadcast_of(at::zeros({1, 1, 1, 1, 1, 2, 3}), 0),
+                 {broadcast_of(at::zeros({1, 1, 1, 1, 1, 3, 2}), 0)}, {1}, Agreement::kExact).has_value());
+  // What a ring compares: the same number of elements is enough.
+  CHECK_FALSE(mismatch(mine, {broadcast_of(at::zeros({2, 2}), 0)}, {1}, Agreement::kSameNumel).has_value());
+  CHECK(mismatch(mine, {broadcast_of(at::zeros({5}), 0)}, {1}, Agreement::kSameNumel).has_value());
+}
+
+TEST_CASE("fingerprint: the message names the collective's number and each rank's call", "[fingerprint]") {
+  const at::Tensor four = broadcast_of(at::zeros({4}), 0);
+  const at::Tensor eight = broadcast_of(at::zeros({8}), 0);
+  CHECK(*mismatch(four, {four, eight}, {0, 1}, Agreement::kExact) ==
+        "cpprun: collective #12 mismatch: rank 0 called broadcast(float32[4], root 0), rank 1 called "
+        "broadcast(float32[8], root 0). Every rank must call the same collectives in the same order, "
+        "with the same dtypes, shapes and roots.");
+  // Ranks that agree are named together; rows come in any order.
+  CHECK_THAT(*mismatch(eight, {eight, four, four, eight}, {3, 0, 2, 1}, Agreement::kExact),
+             Catch::StartsWith("cpprun: collective #12 mismatch: ranks 0, 2 called broadcast(float32[4], "
+                               "root 0), ranks 1, 3 called broadcast(float32[8], root 0)."));
+  // A rank at another collective number says so.
+  CHECK_THAT(*mismatch(four, {four, broadcast_of(at::zeros({4}), 0, 14)}, {0, 1}, Agreement::kExact),
+             Catch::Contains("rank 1 called broadcast(float32[4], root 0) as collective #14"));
+}
