@@ -18,13 +18,14 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
+
+#include "flag_value.h"
 
 namespace fs = std::filesystem;
 
@@ -49,21 +50,7 @@ struct Options {
   bool resume = false, help = false;
 };
 
-// A flag's value as a number: std::stoi alone would accept "12abc" or fail saying only "stoi".
-template <typename T>
-T number(const std::string& flag, const std::string& text, T lowest) {
-  T value{};
-  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (error != std::errc() || end != text.data() + text.size() || text.empty()) {
-    throw std::invalid_argument(flag + " needs a number, got '" + text + "' (see --help)");
-  }
-  if (!(value >= lowest)) {
-    std::ostringstream message;
-    message << flag << " must be at least " << lowest << ", got " << text;
-    throw std::invalid_argument(message.str());
-  }
-  return value;
-}
+using examples::number;  // examples/flag_value.h
 
 Options parse(int argc, char** argv) {
   Options o;

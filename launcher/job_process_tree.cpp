@@ -4,7 +4,6 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/prctl.h>
-#include <sys/random.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -20,6 +19,7 @@
 #include <system_error>
 #include <vector>
 
+#include "link_auth.h"
 #include "process_table.h"
 #include "tree_guardian.h"
 
@@ -27,25 +27,6 @@ namespace cpprun::launcher {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// 128 random bits, so no other run's (or stranger's) processes can carry the same token.
-std::string random_token() {
-  unsigned char bytes[16];
-  std::size_t got = 0;
-  while (got < sizeof(bytes)) {
-    const ssize_t n = getrandom(bytes + got, sizeof(bytes) - got, 0);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) throw std::system_error(errno, std::generic_category(), "cpprun: getrandom() for the job token");
-    got += static_cast<std::size_t>(n);
-  }
-  static const char kHex[] = "0123456789abcdef";
-  std::string token;
-  for (unsigned char b : bytes) {
-    token += kHex[b >> 4];
-    token += kHex[b & 15];
-  }
-  return token;
-}
 
 // Reaps every child that has exited; all are leftovers here (stop_leftovers runs without workers).
 void reap_exited() {
@@ -81,7 +62,8 @@ std::string describe_processes(const std::vector<pid_t>& pids) {
 }  // namespace
 
 JobProcessTree::JobProcessTree() {
-  const std::string token = random_token();
+  // 128 random bits, so no other run's (or stranger's) processes can carry the same token.
+  const std::string token = random_nonce();
   // The guardian first: started while cpprun is no subreaper yet, it is not adopted back (see
   // TreeGuardian), and it needs no token of its own.
   guardian_ = std::make_unique<TreeGuardian>(std::string(kJobTokenVariable) + "=" + token);

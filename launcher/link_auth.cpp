@@ -6,7 +6,9 @@
 #include <openssl/hmac.h>
 #include <sys/random.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <stdexcept>
 #include <system_error>
 
 namespace cpprun::launcher {

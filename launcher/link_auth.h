@@ -22,7 +22,8 @@
 
 namespace cpprun::launcher {
 
-// 16 bytes from the kernel's random source, as 32 hex digits. Throws std::system_error.
+// 16 bytes from the kernel's random source, as 32 hex digits: a link's nonce, the job token of
+// job_process_tree.h. Throws std::system_error.
 std::string random_nonce();
 
 // The member's and the host's proof that they hold `secret`, for one connection's nonces.
