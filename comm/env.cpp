@@ -97,14 +97,6 @@ void read_master(const Reader& env, DistEnv& out) {
 
 }  // namespace
 
-EnvLookup process_env() {
-  return [](const std::string& name) -> std::optional<std::string> {
-    const char* value = std::getenv(name.c_str());
-    if (value == nullptr) return std::nullopt;
-    return std::string(value);
-  };
-}
-
 DistEnv read_dist_env(const EnvLookup& lookup) {
   DistEnv out;
   out.source = detect_source(lookup);

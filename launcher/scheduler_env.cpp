@@ -92,14 +92,6 @@ bool is_set(const EnvLookup& env, const std::string& name) { return env(name).ha
 
 }  // namespace
 
-EnvLookup process_env() {
-  return [](const std::string& name) -> std::optional<std::string> {
-    const char* value = std::getenv(name.c_str());
-    if (value == nullptr) return std::nullopt;
-    return std::string(value);
-  };
-}
-
 std::string first_slurm_host(const std::string& nodelist, const std::string& variable) {
   const auto bad = [&](const std::string& why) {
     return SchedulerEnvError(shown(variable, nodelist) + ": " + why +

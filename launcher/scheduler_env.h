@@ -8,13 +8,12 @@
 #include <stdexcept>
 #include <string>
 
+#include <cpprun/env_lookup.h>  // EnvLookup, process_env(): the library's, LibTorch-free
+
 namespace cpprun::launcher {
 
-// Returns the value of an environment variable, or nullopt when it is unset.
-using EnvLookup = std::function<std::optional<std::string>(const std::string& name)>;
-
-// The real process environment (getenv).
-EnvLookup process_env();
+using cpprun::EnvLookup;
+using cpprun::process_env;
 
 // What the scheduler says about this node. Each field records the variable it came from, so that
 // errors and the "cpprun: from Slurm: ..." line can name it.

@@ -2,9 +2,10 @@
 // cpprun / torchrun (RANK, WORLD_SIZE, ...), Slurm's srun (SLURM_*), or Open MPI's mpirun (OMPI_*).
 #pragma once
 
-#include <functional>
 #include <optional>
 #include <string>
+
+#include "cpprun/env_lookup.h"  // EnvLookup, process_env()
 
 namespace cpprun {
 
@@ -28,10 +29,6 @@ struct DistEnv {
   // rank 0 must connect to it as a client instead of starting a server.
   bool agent_hosts_store = false;
 };
-
-// Looks up one environment variable; nullopt when unset. Tests pass a map instead.
-using EnvLookup = std::function<std::optional<std::string>(const std::string& name)>;
-EnvLookup process_env();
 
 // Reads and validates the environment. Throws c10::Error naming the variable, its value,
 // what normally sets it and how to fix it (missing, not a number, RANK >= WORLD_SIZE, ...).
