@@ -18,27 +18,13 @@
 #include "cpprun/atomic_file.h"
 #include "cpprun/checkpoint_file.h"
 #include "support/crc32.h"
+#include "scratch_files.h"
 
 namespace fs = std::filesystem;
+using scratch::contents;
+using scratch::ScratchDir;
 
 namespace {
-
-struct ScratchDir {
-  fs::path path;
-  ScratchDir() {
-    char name[] = "/tmp/cpprun_checkpoint_file_XXXXXX";
-    REQUIRE(::mkdtemp(name) != nullptr);
-    path = name;
-  }
-  ~ScratchDir() { fs::remove_all(path); }
-};
-
-std::string contents(const fs::path& file) {
-  std::ifstream in(file, std::ios::binary);
-  std::ostringstream out;
-  out << in.rdbuf();
-  return out.str();
-}
 
 void overwrite(const fs::path& file, const std::string& bytes) { std::ofstream(file, std::ios::binary) << bytes; }
 
@@ -91,7 +77,7 @@ TEST_CASE("checkpoint_file: CRC-32 is the standard one", "[checkpoint_file]") {
 
 TEST_CASE("checkpoint_file: what is written reads back, and any damage is refused naming the file",
           "[checkpoint_file]") {
-  ScratchDir dir;
+  ScratchDir dir("checkpoint_file");
   const std::string path = (dir.path / "ckpt.bin").string();
   const std::string payload = payload_of(10007);
   cpprun::write_checkpoint_file(path, payload);
@@ -139,7 +125,7 @@ TEST_CASE("checkpoint_file: what is written reads back, and any damage is refuse
 
 TEST_CASE("checkpoint_file: a torch archive round-trips, is still a torch archive, and a flipped byte is refused",
           "[checkpoint_file]") {
-  ScratchDir dir;
+  ScratchDir dir("checkpoint_file");
   const std::string path = (dir.path / "model.pt").string();
   const at::Tensor weights = at::arange(1000, at::kFloat);
   torch::serialize::OutputArchive out;
@@ -176,7 +162,7 @@ TEST_CASE("checkpoint_file: a torch archive round-trips, is still a torch archiv
 
 TEST_CASE("atomic_file: a failed write keeps the old file, removes the temporary one and says why",
           "[checkpoint_file]") {
-  ScratchDir dir;
+  ScratchDir dir("checkpoint_file");
   const std::string path = (dir.path / "state.bin").string();
   cpprun::write_file_atomically(path, "old contents");
   REQUIRE(contents(path) == "old contents");

@@ -15,8 +15,11 @@
 #include <stdexcept>
 
 #include "cpprun/record.h"
+#include "scratch_files.h"
 
 namespace fs = std::filesystem;
+using scratch::contents;
+using scratch::ScratchDir;
 
 namespace {
 
@@ -54,23 +57,6 @@ struct CapturedStderr {
   }
 };
 
-struct ScratchDir {
-  fs::path path;
-  ScratchDir() {
-    char name[] = "/tmp/cpprun_record_XXXXXX";
-    REQUIRE(::mkdtemp(name) != nullptr);
-    path = name;
-  }
-  ~ScratchDir() { fs::remove_all(path); }
-};
-
-std::string contents(const fs::path& file) {
-  std::ifstream in(file);
-  std::ostringstream out;
-  out << in.rdbuf();
-  return out.str();
-}
-
 // The raw (still escaped) text of string field "key" in `json`.
 std::string field(const std::string& json, const std::string& key) {
   const std::string start = "\"" + key + "\": \"";
@@ -84,7 +70,7 @@ std::string field(const std::string& json, const std::string& key) {
 }  // namespace
 
 TEST_CASE("record: an exception becomes torch's error file, a line on stderr and exit code 1", "[record]") {
-  ScratchDir dir;
+  ScratchDir dir("record");
   const fs::path error_file = dir.path / "error.json";
   ScopedEnv file_env("TORCHELASTIC_ERROR_FILE", error_file.string());
   ScopedEnv rank_env("RANK", "3");
@@ -120,7 +106,7 @@ TEST_CASE("record: an exception becomes torch's error file, a line on stderr and
 }
 
 TEST_CASE("record: the C++ type is demangled, c10::Error keeps its stack, any thrown type is reported", "[record]") {
-  ScratchDir dir;
+  ScratchDir dir("record");
   const fs::path error_file = dir.path / "error.json";
   ScopedEnv file_env("TORCHELASTIC_ERROR_FILE", error_file.string());
   ScopedEnv rank_env("RANK", "0");
@@ -138,7 +124,7 @@ TEST_CASE("record: the C++ type is demangled, c10::Error keeps its stack, any th
 }
 
 TEST_CASE("record: a main that returns is passed through, and no error file is written", "[record]") {
-  ScratchDir dir;
+  ScratchDir dir("record");
   const fs::path error_file = dir.path / "error.json";
   ScopedEnv file_env("TORCHELASTIC_ERROR_FILE", error_file.string());
   CHECK(cpprun::record([] { return 7; }) == 7);
