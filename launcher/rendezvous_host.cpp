@@ -27,7 +27,8 @@ constexpr std::chrono::seconds kStopSlack{30};
 class RendezvousHost final : public NodeRendezvous {
  public:
   explicit RendezvousHost(const LaunchConfig& config)
-      : config_(config), started_(Clock::now()), listener_(is_loopback_host(config.master_addr), config.job_secret),
+      : config_(config), started_(Clock::now()), on_loopback_(is_loopback_host(config.master_addr)),
+        listener_(on_loopback_, config.job_secret),
         members_(static_cast<std::size_t>(config.nnodes)) {
     open_store();
   }
@@ -158,7 +159,7 @@ class RendezvousHost final : public NodeRendezvous {
   void open_store() {
     store_.reset();
     try {
-      store_.emplace(AgentStore::host(config_.master_port, is_loopback_host(config_.master_addr), kStoreTimeout));
+      store_.emplace(AgentStore::host(config_.master_port, on_loopback_, kStoreTimeout));
       store_->set(kLinkPortKey, std::to_string(listener_.port()));
     } catch (const AgentStoreError& e) {
       const std::string what = e.what();
@@ -378,6 +379,9 @@ class RendezvousHost final : public NodeRendezvous {
 
   const LaunchConfig& config_;
   const Clock::time_point started_;
+  // Every node is on this host (a loopback --master_addr): listen on the loopback alone. Resolved
+  // once, not at every round's new store.
+  const bool on_loopback_;
   LinkListener listener_;
   std::optional<AgentStore> store_;
   PendingLinks pending_;  // connected, not introduced yet
