@@ -509,10 +509,12 @@ const char* backend_name(RendezvousBackend backend) {
   return backend == RendezvousBackend::kC10d ? "c10d" : "static";
 }
 
-std::string endpoint_text(const LaunchConfig& config) {
-  const bool ipv6 = config.master_addr.find(':') != std::string::npos;
-  return (ipv6 ? "[" + config.master_addr + "]" : config.master_addr) + ":" + std::to_string(config.master_port);
+std::string endpoint_text(const std::string& host, int port) {
+  const bool ipv6 = host.find(':') != std::string::npos;
+  return (ipv6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
 }
+
+std::string endpoint_text(const LaunchConfig& config) { return endpoint_text(config.master_addr, config.master_port); }
 
 ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, const HostFacts& host) {
   ParsedCommandLine result = parse_launch_config(args, host, process_env());

@@ -104,6 +104,7 @@ bool is_multi_node(const LaunchConfig& config);
 const char* backend_name(RendezvousBackend backend);
 
 // "127.0.0.1:29400"; "[::1]:29400" for an IPv6 address.
-std::string endpoint_text(const LaunchConfig& config);
+std::string endpoint_text(const std::string& host, int port);
+std::string endpoint_text(const LaunchConfig& config);  // --master_addr:--master_port
 
 }  // namespace cpprun::launcher

@@ -13,9 +13,24 @@
 namespace cpprun::launcher {
 namespace {
 
-std::unique_ptr<NodeRendezvous> open_rendezvous(const LaunchConfig& config, SignalRelay& relay, int& signal) {
-  if (config.rdzv_backend == RendezvousBackend::kC10d) return claim_elastic_rendezvous(config, relay, signal);
-  return config.node_rank == 0 ? make_rendezvous_host(config) : make_rendezvous_member(config);
+RendezvousSettings rendezvous_settings(const LaunchConfig& config) {
+  RendezvousSettings settings;
+  settings.backend = config.rdzv_backend;
+  settings.min_nodes = config.min_nodes;
+  settings.max_nodes = config.max_nodes;
+  settings.node_rank = config.rdzv_backend == RendezvousBackend::kStatic ? config.node_rank : -1;
+  settings.host = config.master_addr;
+  settings.port = config.master_port;
+  settings.join_timeout = config.join_timeout;
+  settings.last_call_timeout = config.last_call_timeout;
+  settings.is_host = config.is_host;
+  settings.max_restarts = config.max_restarts;
+  settings.restart_backoff = config.restart_backoff;
+  settings.shutdown_timeout = config.shutdown_timeout;
+  settings.run_id = config.run_id;
+  settings.shape = {config.nproc_per_node, config.role};
+  settings.job_secret = config.job_secret;
+  return settings;
 }
 
 // Why the workers start again: a restart after a failure, or (c10d) a new set of nodes.
@@ -40,7 +55,7 @@ int run_multi_node(const LaunchConfig& config, const ProgramCommand& program, co
                    SignalRelay& relay, const RunDirectory& run_dir) {
   if (config.no_job_secret) std::cerr << no_secret_warning(endpoint_text(config)) << "\n";
   int signal = 0;
-  const std::unique_ptr<NodeRendezvous> rendezvous = open_rendezvous(config, relay, signal);
+  const std::unique_ptr<NodeRendezvous> rendezvous = open_rendezvous(rendezvous_settings(config), relay, signal);
   std::optional<RankLayout> layout;
   if (rendezvous) layout = rendezvous->join(relay, signal);
   if (!layout) {

@@ -320,7 +320,8 @@ void warn_refused_link(const std::string& peer, const std::string& why) {
   }
 }
 
-LinkListener::LinkListener(bool loopback_only, std::string secret) : secret_(std::move(secret)) {
+LinkListener::LinkListener(bool loopback_only, std::string secret)
+    : secret_(std::move(secret)), loopback_only_(loopback_only) {
   // IPv6 with IPV6_V6ONLY off takes IPv4 too; a host without IPv6 gets an IPv4 socket.
   int fd = socket(AF_INET6, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   int rc = -1;

@@ -109,6 +109,7 @@ class LinkListener {
   static EndpointListener at_endpoint(const std::string& host, int port, const std::string& secret);
   int fd() const { return fd_.get(); }
   int port() const { return port_; }
+  bool loopback_only() const { return loopback_only_; }
   // A connection waiting to be accepted, if any; never blocks.
   std::optional<NodeLink> accept();
 
@@ -117,6 +118,7 @@ class LinkListener {
   OwnedFd fd_;
   int port_ = 0;
   std::string secret_;
+  bool loopback_only_ = false;
 };
 
 enum class ListenStatus {

@@ -13,7 +13,6 @@ namespace {
 const char* kind_word(MessageKind kind) {
   switch (kind) {
     case MessageKind::kHello: return "hello";
-    case MessageKind::kWaiting: return "waiting";
     case MessageKind::kGathering: return "gathering";
     case MessageKind::kQueued: return "queued";
     case MessageKind::kStart: return "start";
@@ -27,7 +26,7 @@ const char* kind_word(MessageKind kind) {
 }
 
 std::optional<MessageKind> kind_from_word(const std::string& word) {
-  for (MessageKind kind : {MessageKind::kHello, MessageKind::kWaiting, MessageKind::kGathering, MessageKind::kQueued,
+  for (MessageKind kind : {MessageKind::kHello, MessageKind::kGathering, MessageKind::kQueued,
                            MessageKind::kStart, MessageKind::kDone, MessageKind::kFailed, MessageKind::kStopped,
                            MessageKind::kEnd, MessageKind::kExit}) {
     if (word == kind_word(kind)) return kind;
@@ -137,81 +136,60 @@ JobEnd read_end(WordReader& in, bool failure) {
   return end;
 }
 
+// A message of `kind` about `round`; the make_* below add what their kind carries.
+NodeMessage about(MessageKind kind, int round) {
+  NodeMessage m;
+  m.kind = kind;
+  m.round = round;
+  return m;
+}
+
 }  // namespace
 
 NodeMessage NodeMessage::make_hello(const NodeHello& hello) {
-  NodeMessage m;
-  m.kind = MessageKind::kHello;
+  NodeMessage m = about(MessageKind::kHello, 0);
   m.hello = hello;
   return m;
 }
 
-NodeMessage NodeMessage::make_waiting(std::vector<int> missing) {
-  NodeMessage m;
-  m.kind = MessageKind::kWaiting;
+NodeMessage NodeMessage::make_gathering(int round, int nodes, std::vector<int> missing) {
+  NodeMessage m = about(MessageKind::kGathering, round);
+  m.nodes = nodes;
   m.missing = std::move(missing);
   return m;
 }
 
-NodeMessage NodeMessage::make_gathering(int round, int nodes) {
-  NodeMessage m;
-  m.kind = MessageKind::kGathering;
-  m.round = round;
-  m.nodes = nodes;
-  return m;
-}
-
 NodeMessage NodeMessage::make_queued(int round, int nodes, bool restarting) {
-  NodeMessage m;
-  m.kind = MessageKind::kQueued;
-  m.round = round;
+  NodeMessage m = about(MessageKind::kQueued, round);
   m.nodes = nodes;
   m.restarting = restarting;
   return m;
 }
 
 NodeMessage NodeMessage::make_start(int round, int restart_count, const RankLayout& layout) {
-  NodeMessage m;
-  m.kind = MessageKind::kStart;
-  m.round = round;
+  NodeMessage m = about(MessageKind::kStart, round);
   m.restart_count = restart_count;
   m.layout = layout;
   return m;
 }
 
-NodeMessage NodeMessage::make_done(int round) {
-  NodeMessage m;
-  m.kind = MessageKind::kDone;
-  m.round = round;
-  return m;
-}
+NodeMessage NodeMessage::make_done(int round) { return about(MessageKind::kDone, round); }
+NodeMessage NodeMessage::make_stopped(int round) { return about(MessageKind::kStopped, round); }
 
 NodeMessage NodeMessage::make_failed(int round, JobEnd end) {
-  NodeMessage m;
-  m.kind = MessageKind::kFailed;
-  m.round = round;
+  NodeMessage m = about(MessageKind::kFailed, round);
   m.end = std::move(end);
   return m;
 }
 
-NodeMessage NodeMessage::make_stopped(int round) {
-  NodeMessage m;
-  m.kind = MessageKind::kStopped;
-  m.round = round;
-  return m;
-}
-
 NodeMessage NodeMessage::make_end(int round, JobEnd end) {
-  NodeMessage m;
-  m.kind = MessageKind::kEnd;
-  m.round = round;
+  NodeMessage m = about(MessageKind::kEnd, round);
   m.end = std::move(end);
   return m;
 }
 
 NodeMessage NodeMessage::make_exit(JobEnd end) {
-  NodeMessage m;
-  m.kind = MessageKind::kExit;
+  NodeMessage m = about(MessageKind::kExit, 0);
   m.end = std::move(end);
   return m;
 }
@@ -225,15 +203,12 @@ std::string encode_message(const NodeMessage& m) {
           << m.hello.min_nodes << ' ' << m.hello.max_nodes << ' ' << m.hello.shape.local_world_size << ' '
           << m.hello.max_restarts << ' ' << escape(m.hello.run_id) << ' ' << escape(m.hello.shape.role);
       break;
-    case MessageKind::kWaiting: {
+    case MessageKind::kGathering: {
       std::string list;
       for (int r : m.missing) list += (list.empty() ? "" : ",") + std::to_string(r);
-      out << ' ' << (list.empty() ? "-" : list);
+      out << ' ' << m.round << ' ' << m.nodes << ' ' << (list.empty() ? "-" : list);
       break;
     }
-    case MessageKind::kGathering:
-      out << ' ' << m.round << ' ' << m.nodes;
-      break;
     case MessageKind::kQueued:
       out << ' ' << m.round << ' ' << m.nodes << ' ' << (m.restarting ? 1 : 0);
       break;
@@ -278,12 +253,10 @@ std::optional<NodeMessage> decode_message(const std::string& line) {
       m.hello.run_id = in.text();
       m.hello.shape.role = in.text();
       break;
-    case MessageKind::kWaiting:
-      m.missing = in.numbers();
-      break;
     case MessageKind::kGathering:
       m.round = in.number();
       m.nodes = in.number();
+      m.missing = in.numbers();
       break;
     case MessageKind::kQueued:
       m.round = in.number();

@@ -3,8 +3,8 @@
 //
 // Node 0's agent (the host) and each other agent (a member) talk like this:
 //   member -> host   hello     who I am: backend, node rank, nnodes, nproc, max_restarts, run id, role
-//   host -> member   waiting   static: the node ranks still missing (after every arrival)
-//   host -> member   gathering c10d: round N has this many nodes so far (after every change)
+//   host -> member   gathering round N has this many nodes so far, and (static) the node ranks
+//                              still missing (after every arrival or departure)
 //   host -> member   queued    c10d: round N runs without you; you are in the next one
 //   host -> member   start     round N begins: your ranks (and, c10d, the workers' MASTER_PORT)
 //   member -> host   done      my workers of round N all succeeded
@@ -12,10 +12,10 @@
 //   host -> member   end       round N is over (failed somewhere): stop your workers
 //   member -> host   stopped   my workers of round N are stopped
 //   host -> member   exit      the job is over: exit with this code (0 when every node was done)
-// A restart is a new `start` with the next round number. With c10d (elastic_host.cpp) the host
-// gathers the members of each round anew (`gathering` while it waits) and numbers them in the order
-// they joined; a node that arrives while a round runs is `queued` and ends that round if the job
-// has room for it.
+// A restart is a new `start` with the next round number. The host (rendezvous_host.cpp) gathers
+// the members of each round anew (`gathering` while it waits); with c10d it numbers them in the
+// order they joined, and a node that arrives while a round runs is `queued` and ends that round if
+// the job has room for it.
 #pragma once
 
 #include <optional>
@@ -27,9 +27,9 @@
 namespace cpprun::launcher {
 
 // Bumped when a message changes; agents of different versions refuse each other at `hello`.
-inline constexpr int kNodeProtocolVersion = 3;
+inline constexpr int kNodeProtocolVersion = 4;
 
-enum class MessageKind { kHello, kWaiting, kGathering, kQueued, kStart, kDone, kFailed, kStopped, kEnd, kExit };
+enum class MessageKind { kHello, kGathering, kQueued, kStart, kDone, kFailed, kStopped, kEnd, kExit };
 
 struct NodeHello {
   int protocol = kNodeProtocolVersion;
@@ -53,7 +53,7 @@ struct NodeMessage {
   MessageKind kind = MessageKind::kHello;
   int round = 0;                 // kGathering, kQueued, kStart, kDone, kFailed, kStopped, kEnd
   NodeHello hello;               // kHello
-  std::vector<int> missing;      // kWaiting: node ranks not joined yet
+  std::vector<int> missing;      // kGathering: static node ranks not joined yet
   int nodes = 0;                 // kGathering: nodes in the round so far; kQueued: nodes running it
   bool restarting = false;       // kQueued: the running round is being ended to take this node in
   int restart_count = 0;         // kStart: TORCHELASTIC_RESTART_COUNT
@@ -61,8 +61,7 @@ struct NodeMessage {
   JobEnd end;                    // kFailed, kEnd, kExit
 
   static NodeMessage make_hello(const NodeHello& hello);
-  static NodeMessage make_waiting(std::vector<int> missing);
-  static NodeMessage make_gathering(int round, int nodes);
+  static NodeMessage make_gathering(int round, int nodes, std::vector<int> missing);
   static NodeMessage make_queued(int round, int nodes, bool restarting);
   static NodeMessage make_start(int round, int restart_count, const RankLayout& layout);
   static NodeMessage make_done(int round);

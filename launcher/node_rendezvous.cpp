@@ -1,4 +1,4 @@
-// Helpers shared by the sides of both rendezvous.
+// Helpers shared by the sides of the rendezvous.
 #include "node_rendezvous.h"
 
 #include <poll.h>
@@ -7,6 +7,13 @@
 #include <cstring>
 
 namespace cpprun::launcher {
+
+std::string RendezvousSettings::endpoint() const { return endpoint_text(host, port); }
+
+std::string RendezvousSettings::nnodes_flag() const {
+  if (fixed_ranks()) return "--nnodes=" + std::to_string(max_nodes);
+  return "--nnodes=" + std::to_string(min_nodes) + ":" + std::to_string(max_nodes);
+}
 
 int take_ending_signal(SignalRelay& relay) {
   int ending = 0;

@@ -1,10 +1,12 @@
-// Rendezvous between the agents of a multi-node job. Static (--nnodes=K): node 0's agent hosts it
-// (RendezvousHost), the others join it (RendezvousMember). c10d (--nnodes=MIN:MAX): the agent that
-// can listen at --rdzv_endpoint hosts it (ElasticHost, see Note [Elastic rounds]), the others join
-// as members. Either numbers the workers across nodes, makes a failure anywhere stop every node,
-// restarts all nodes together, and lets no node exit before the others are done (torchrun's exit
-// barrier). See node_messages.h for the conversation and Note [Agent store] for the c10d store the
-// workers of a static job share.
+// Rendezvous between the agents of a multi-node job: one state machine for both backends, as
+// torchrun has one agent. One agent hosts it (RendezvousHost), the others join it as members
+// (RendezvousMember). c10d (--nnodes=MIN:MAX): the agent that can listen at --rdzv_endpoint hosts
+// and numbers the nodes in the order they join (Note [Elastic rounds]). static (--nnodes=K): the
+// same with MIN = MAX = K, hosted by node 0, and each node's rank fixed by its --node_rank. Either
+// numbers the workers across nodes, makes a failure anywhere stop every node, restarts all nodes
+// together, and lets no node exit before the others are done (torchrun's exit barrier). See
+// node_messages.h for the conversation and Note [Agent store] for the c10d store the workers of a
+// static job share.
 //
 // Note [Why links and not store keys]
 // torchrun's agents rendezvous through keys in the store. Ours only find each other there (node 0
@@ -30,7 +32,9 @@
 // already finishing, waits for a next round (or its join timeout). A lost node that leaves fewer
 // than MIN ends the job; one whose workers had all succeeded is let go. The host's own agent
 // cannot be lost: with it goes the rendezvous, and the members fail, as torchrun's do when the
-// c10d store's host dies.
+// c10d store's host dies. A static job follows the same rules with MIN = MAX: a lost node leaves
+// fewer than MIN, so it ends the job, and a node that comes while the job runs is refused (its
+// --node_rank is taken).
 #pragma once
 
 #include <chrono>
@@ -45,10 +49,38 @@
 #include "node_link.h"
 #include "node_messages.h"
 #include "rank_layout.h"
+#include "restart_backoff.h"
 #include "signal_relay.h"
 #include "worker_group.h"
 
 namespace cpprun::launcher {
+
+// What the rendezvous needs of the command line.
+struct RendezvousSettings {
+  RendezvousBackend backend = RendezvousBackend::kStatic;
+  int min_nodes = 1;  // --nnodes=MIN:MAX; static: both are --nnodes
+  int max_nodes = 1;
+  int node_rank = -1;  // static: --node_rank; c10d: -1 (the host numbers the nodes as they join)
+  // static: node 0's store (--master_addr, --master_port); c10d: --rdzv_endpoint.
+  std::string host = "127.0.0.1";
+  int port = 0;
+  std::chrono::milliseconds join_timeout{600 * 1000};
+  std::chrono::milliseconds last_call_timeout{30 * 1000};  // c10d; static never waits for more
+  std::optional<bool> is_host;                             // c10d: --rdzv_conf is_host
+  int max_restarts = 0;
+  RestartBackoffSettings restart_backoff;
+  std::chrono::milliseconds shutdown_timeout{5000};
+  std::string run_id = "none";
+  NodeShape shape;         // --nproc_per_node and --role
+  std::string job_secret;  // "" with --no_job_secret
+
+  // static: every node brings its rank, and the host is node 0.
+  bool fixed_ranks() const { return backend == RendezvousBackend::kStatic; }
+  // "127.0.0.1:29400"
+  std::string endpoint() const;
+  // "--nnodes=2" (static), "--nnodes=1:3" (c10d)
+  std::string nnodes_flag() const;
+};
 
 // The rendezvous failed (a node never came, nodes disagree, node 0 is unreachable). The message
 // says which nodes and what to do; the agent exits with exit_code().
@@ -99,21 +131,19 @@ class NodeRendezvous : public PeerEvents {
   virtual JobDecision decide(SignalRelay& relay) = 0;
 };
 
-// Static rendezvous: node 0 hosts, the others join through its store.
-std::unique_ptr<NodeRendezvous> make_rendezvous_host(const LaunchConfig& config);
-std::unique_ptr<NodeRendezvous> make_rendezvous_member(const LaunchConfig& config);
+// Finds this agent's side (rendezvous_claim.cpp). static: node 0 hosts (its store at
+// --master_addr:--master_port tells the others where its links are accepted). c10d: the agent that
+// can listen at --rdzv_endpoint hosts, the others (taken, or not this machine's address) connect
+// there. A member retries until --rdzv_conf join_timeout, as the host may start last. Returns nullptr
+// when a job-ending signal (in `signal`) came first. Throws RendezvousError.
+std::unique_ptr<NodeRendezvous> open_rendezvous(const RendezvousSettings& settings, SignalRelay& relay, int& signal);
 
-// c10d rendezvous: listens at --rdzv_endpoint and hosts, or (taken, or not this machine's address)
-// connects there as a member; retries either until --rdzv_conf join_timeout, as the host may start
-// last. Returns nullptr when a job-ending signal (in `signal`) came first. Throws RendezvousError.
-std::unique_ptr<NodeRendezvous> claim_elastic_rendezvous(const LaunchConfig& config, SignalRelay& relay,
-                                                         int& signal);
-// Its two sides, for an agent that listens at the endpoint or is connected to it. `started` is
-// when the agent began to look for the rendezvous: join_timeout counts from there.
-std::unique_ptr<NodeRendezvous> make_elastic_host(const LaunchConfig& config, LinkListener listener,
-                                                  std::chrono::steady_clock::time_point started);
-std::unique_ptr<NodeRendezvous> make_elastic_member(const LaunchConfig& config, NodeLink link,
-                                                    std::chrono::steady_clock::time_point started);
+// Its two sides, for an agent that listens for the members' links or is connected to the host.
+// `started` is when the agent began to look for the rendezvous: join_timeout counts from there.
+std::unique_ptr<NodeRendezvous> make_rendezvous_host(const RendezvousSettings& settings, LinkListener listener,
+                                                     std::chrono::steady_clock::time_point started);
+std::unique_ptr<NodeRendezvous> make_rendezvous_member(const RendezvousSettings& settings, NodeLink link,
+                                                       std::chrono::steady_clock::time_point started);
 
 // The key under which node 0 publishes the port of its LinkListener. See Note [Agent store].
 inline constexpr const char* kLinkPortKey = "agent/link_port";

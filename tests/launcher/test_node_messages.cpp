@@ -42,10 +42,10 @@ TEST_CASE("node_messages: hello carries the node's settings, any run id and role
 }
 
 TEST_CASE("node_messages: the other kinds", "[node_messages]") {
-  CHECK(round_trip(NodeMessage::make_waiting({1, 3})).missing == std::vector<int>{1, 3});
-  CHECK(round_trip(NodeMessage::make_waiting({})).missing.empty());
+  CHECK(round_trip(NodeMessage::make_gathering(0, 2, {1, 3})).missing == std::vector<int>{1, 3});
+  CHECK(round_trip(NodeMessage::make_gathering(0, 2, {})).missing.empty());
 
-  const NodeMessage gathering = round_trip(NodeMessage::make_gathering(3, 2));
+  const NodeMessage gathering = round_trip(NodeMessage::make_gathering(3, 2, {}));
   CHECK(gathering.round == 3);
   CHECK(gathering.nodes == 2);
   const NodeMessage queued = round_trip(NodeMessage::make_queued(1, 3, true));
@@ -91,8 +91,8 @@ TEST_CASE("node_messages: the other kinds", "[node_messages]") {
 }
 
 TEST_CASE("node_messages: lines that are not messages are rejected", "[node_messages]") {
-  for (const char* line : {"", "hi", "GET / HTTP/1.1", "done", "done x", "done 1 2", "start 1 2 3", "waiting 1,x",
-                           "gathering 1", "queued 1 2", "exit 1 0 %4", "exit 1 0 %zz", "end 1 1 1"}) {
+  for (const char* line : {"", "hi", "GET / HTTP/1.1", "done", "done x", "done 1 2", "start 1 2 3", "gathering 1 2 1,x",
+                           "gathering 1 2", "queued 1 2", "exit 1 0 %4", "exit 1 0 %zz", "end 1 1 1"}) {
     INFO(line);
     CHECK_FALSE(decode_message(line));
   }
