@@ -1,5 +1,5 @@
 // libcpprun_agent_store.so: a c10d TCPStore behind the C interface of agent_store_abi.h. The only
-// launcher code that links LibTorch; see Note [Agent store] in ../agent_store.h.
+// launcher code that links LibTorch; see Note [Agent store] in agent_store.h.
 #include "agent_store_abi.h"
 
 #include <arpa/inet.h>

@@ -5,8 +5,8 @@
 #include <string>
 #include <vector>
 
-#include "dry_run.h"
-#include "worker_specs.h"
+#include "command_line/dry_run.h"
+#include "workers/worker_specs.h"
 
 using namespace cpprun::launcher;
 using Catch::Matchers::Contains;

@@ -3,7 +3,7 @@
 
 #include <csignal>
 
-#include "failure_report.h"
+#include "workers/failure_report.h"
 
 using namespace cpprun::launcher;
 using Catch::Matchers::Contains;

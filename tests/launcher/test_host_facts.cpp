@@ -1,7 +1,7 @@
 // Unit tests of GPU counting for --nproc_per_node=gpu|auto.
 #include <catch2/catch.hpp>
 
-#include "host_facts.h"
+#include "command_line/host_facts.h"
 
 using namespace cpprun::launcher;
 

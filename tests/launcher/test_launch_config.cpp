@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-#include "launch_config.h"
+#include "command_line/launch_config.h"
 
 using namespace cpprun::launcher;
 using Catch::Matchers::Contains;

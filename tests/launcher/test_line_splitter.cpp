@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "line_splitter.h"
+#include "workers/line_splitter.h"
 
 using namespace cpprun::launcher;
 

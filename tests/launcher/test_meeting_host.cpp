@@ -3,9 +3,9 @@
 
 #include <string>
 
-#include "launch_config.h"
-#include "meeting_host.h"
-#include "node_rendezvous.h"
+#include "command_line/launch_config.h"
+#include "rendezvous/meeting_host.h"
+#include "rendezvous/node_rendezvous.h"
 
 using namespace cpprun::launcher;
 using Catch::Matchers::Contains;

@@ -11,9 +11,9 @@
 #include <algorithm>
 #include <functional>
 
-#include "link_auth.h"
-#include "node_link.h"
-#include "pending_links.h"
+#include "rendezvous/link_auth.h"
+#include "rendezvous/node_link.h"
+#include "rendezvous/pending_links.h"
 
 using namespace cpprun::launcher;
 

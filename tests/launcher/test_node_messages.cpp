@@ -2,7 +2,7 @@
 // lines that are not messages are rejected.
 #include <catch2/catch.hpp>
 
-#include "node_messages.h"
+#include "rendezvous/node_messages.h"
 
 using namespace cpprun::launcher;
 

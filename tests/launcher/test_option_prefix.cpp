@@ -4,8 +4,8 @@
 #include <string>
 #include <vector>
 
-#include "launch_config.h"
-#include "option_prefix.h"
+#include "command_line/launch_config.h"
+#include "command_line/option_prefix.h"
 
 using namespace cpprun::launcher;
 using Catch::Matchers::Contains;

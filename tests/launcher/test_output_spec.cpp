@@ -4,8 +4,8 @@
 #include <string>
 #include <vector>
 
-#include "launch_config.h"
-#include "output_spec.h"
+#include "command_line/launch_config.h"
+#include "command_line/output_spec.h"
 
 using namespace cpprun::launcher;
 using Catch::Matchers::Contains;

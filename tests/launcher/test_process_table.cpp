@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "process_table.h"
+#include "workers/process_table.h"
 
 using namespace cpprun::launcher;
 

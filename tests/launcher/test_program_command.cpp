@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "program_command.h"
-#include "program_lookup.h"
+#include "command_line/program_command.h"
+#include "command_line/program_lookup.h"
 
 using namespace cpprun::launcher;
 using Catch::Matchers::Contains;

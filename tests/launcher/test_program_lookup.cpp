@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "program_lookup.h"
+#include "command_line/program_lookup.h"
 
 using namespace cpprun::launcher;
 using Catch::Matchers::Contains;

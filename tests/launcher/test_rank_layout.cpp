@@ -1,7 +1,7 @@
 // Unit tests of torchrun's rank arithmetic across nodes.
 #include <catch2/catch.hpp>
 
-#include "rank_layout.h"
+#include "rendezvous/rank_layout.h"
 
 using namespace cpprun::launcher;
 

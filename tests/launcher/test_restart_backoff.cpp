@@ -4,7 +4,7 @@
 #include <chrono>
 #include <vector>
 
-#include "restart_backoff.h"
+#include "workers/restart_backoff.h"
 
 using namespace cpprun::launcher;
 using std::chrono::milliseconds;

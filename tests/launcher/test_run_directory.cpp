@@ -9,7 +9,7 @@
 #include <fstream>
 #include <string>
 
-#include "run_directory.h"
+#include "workers/run_directory.h"
 
 using namespace cpprun::launcher;
 using Catch::Matchers::Contains;

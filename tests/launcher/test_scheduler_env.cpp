@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "launch_config.h"
-#include "scheduler_env.h"
+#include "command_line/launch_config.h"
+#include "command_line/scheduler_env.h"
 
 using namespace cpprun::launcher;
 using Catch::Matchers::Contains;

@@ -1,7 +1,7 @@
 // Unit tests of the worker environment: torchrun's variables, rank arithmetic, user overrides.
 #include <catch2/catch.hpp>
 
-#include "worker_env.h"
+#include "workers/worker_env.h"
 
 using namespace cpprun::launcher;
 

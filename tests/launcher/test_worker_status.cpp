@@ -6,7 +6,7 @@
 
 #include <csignal>
 
-#include "worker_status.h"
+#include "workers/worker_status.h"
 
 using namespace cpprun::launcher;
 using Catch::Matchers::Contains;

@@ -1,0 +1,152 @@
+// dlopen() of libcpprun_agent_store.so on first use; see Note [Agent store].
+#include "agent_store/agent_store.h"
+
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <array>
+#include <climits>
+#include <cstdlib>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "agent_store/agent_store_abi.h"
+
+#ifndef CPPRUN_AGENT_STORE_RELATIVE_DIR
+#define CPPRUN_AGENT_STORE_RELATIVE_DIR "../lib/cpprun"
+#endif
+
+namespace cpprun::launcher {
+namespace {
+
+constexpr const char* kLibraryName = "libcpprun_agent_store.so";
+
+struct Api {
+  decltype(&cpprun_agent_store_open) open = nullptr;
+  decltype(&cpprun_agent_store_set) set = nullptr;
+  decltype(&cpprun_agent_store_get) get = nullptr;
+  decltype(&cpprun_agent_store_close) close = nullptr;
+};
+
+std::string executable_dir() {
+  std::array<char, PATH_MAX> path{};
+  const ssize_t n = readlink("/proc/self/exe", path.data(), path.size() - 1);
+  if (n <= 0) return ".";
+  const std::string exe(path.data(), static_cast<std::size_t>(n));
+  return exe.substr(0, exe.find_last_of('/'));
+}
+
+template <typename F>
+F symbol(void* library, const char* name, const std::string& path) {
+  void* address = dlsym(library, name);
+  if (address == nullptr) {
+    throw AgentStoreError("cpprun: " + path + " lacks " + name +
+                          "; it does not belong to this cpprun. Rebuild or reinstall cpprun.");
+  }
+  return reinterpret_cast<F>(address);
+}
+
+// Loaded once, kept for the life of the process (c10d's threads live in it).
+const Api& api() {
+  static std::once_flag once;
+  static Api loaded;
+  static std::string failure;
+  std::call_once(once, [] {
+    try {
+      const std::string path = find_agent_store_library();
+      // c10d logs through glog, which would repeat our own errors with a warning that it was never
+      // initialised. glog reads its level when it is loaded; a level the user set wins.
+      const bool user_level = std::getenv("GLOG_minloglevel") != nullptr;
+      if (!user_level) setenv("GLOG_minloglevel", "3", 1);
+      void* library = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+      if (!user_level) unsetenv("GLOG_minloglevel");
+      if (library == nullptr) {
+        throw AgentStoreError(std::string("cpprun: a multi-node job (--nnodes > 1) needs ") + kLibraryName +
+                              ", cpprun's LibTorch part, to host the c10d store; loading it failed: " +
+                              dlerror() + ". Is LibTorch installed where it was when cpprun was built?");
+      }
+      const auto version = symbol<decltype(&cpprun_agent_store_abi_version)>(
+          library, "cpprun_agent_store_abi_version", path);
+      if (version() != CPPRUN_AGENT_STORE_ABI_VERSION) {
+        throw AgentStoreError("cpprun: " + path + " has interface version " + std::to_string(version()) +
+                              ", this cpprun needs " + std::to_string(CPPRUN_AGENT_STORE_ABI_VERSION) +
+                              "; it belongs to another cpprun build. Rebuild or reinstall cpprun.");
+      }
+      loaded.open = symbol<decltype(loaded.open)>(library, "cpprun_agent_store_open", path);
+      loaded.set = symbol<decltype(loaded.set)>(library, "cpprun_agent_store_set", path);
+      loaded.get = symbol<decltype(loaded.get)>(library, "cpprun_agent_store_get", path);
+      loaded.close = symbol<decltype(loaded.close)>(library, "cpprun_agent_store_close", path);
+    } catch (const AgentStoreError& e) {
+      failure = e.what();
+    }
+  });
+  if (!failure.empty()) throw AgentStoreError(failure);
+  return loaded;
+}
+
+}  // namespace
+
+std::string find_agent_store_library() {
+  const std::string dir = executable_dir();
+  const std::vector<std::string> candidates = {dir + "/" + kLibraryName,
+                                               dir + "/" CPPRUN_AGENT_STORE_RELATIVE_DIR "/" + kLibraryName};
+  for (const std::string& path : candidates) {
+    if (access(path.c_str(), R_OK) == 0) return path;
+  }
+  throw AgentStoreError(std::string("cpprun: a multi-node job (--nnodes > 1) needs ") + kLibraryName +
+                        ", cpprun's LibTorch part, to host the c10d store; it is not in " + candidates[0] +
+                        " nor " + candidates[1] + ". Build the cpprun_agent_store target, or reinstall cpprun.");
+}
+
+AgentStore AgentStore::open(const std::string& host, int port, bool is_server, bool loopback_only,
+                            std::chrono::milliseconds timeout) {
+  std::array<char, 1024> err{};
+  cpprun_agent_store* handle = api().open(host.c_str(), port, is_server ? 1 : 0, loopback_only ? 1 : 0,
+                                          static_cast<long>(timeout.count()), err.data(), err.size());
+  if (handle == nullptr) throw AgentStoreError(err.data());
+  return AgentStore(handle);
+}
+
+void AgentStore::load() { api(); }
+
+AgentStore AgentStore::host(int port, bool loopback_only, std::chrono::milliseconds timeout) {
+  return open("127.0.0.1", port, true, loopback_only, timeout);
+}
+
+AgentStore AgentStore::connect(const std::string& host, int port, std::chrono::milliseconds timeout) {
+  return open(host, port, false, false, timeout);
+}
+
+AgentStore::AgentStore(AgentStore&& other) noexcept : handle_(other.handle_) { other.handle_ = nullptr; }
+
+AgentStore& AgentStore::operator=(AgentStore&& other) noexcept {
+  if (this != &other) {
+    if (handle_ != nullptr) api().close(handle_);
+    handle_ = other.handle_;
+    other.handle_ = nullptr;
+  }
+  return *this;
+}
+
+AgentStore::~AgentStore() {
+  if (handle_ != nullptr) api().close(handle_);
+}
+
+void AgentStore::set(const std::string& key, const std::string& value) {
+  std::array<char, 1024> err{};
+  if (api().set(handle_, key.c_str(), value.c_str(), err.data(), err.size()) != 0) {
+    throw AgentStoreError("cpprun: setting " + key + " in the agent store failed: " + err.data());
+  }
+}
+
+std::string AgentStore::get(const std::string& key) {
+  std::array<char, 1024> err{};
+  std::array<char, 4096> value{};
+  if (api().get(handle_, key.c_str(), value.data(), value.size(), err.data(), err.size()) != 0) {
+    throw AgentStoreError(err.data());
+  }
+  return value.data();
+}
+
+}  // namespace cpprun::launcher

@@ -1,0 +1,78 @@
+// Probing the host for --nproc_per_node=auto|cpu|gpu and --standalone.
+#include "command_line/host_facts.h"
+
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cstdlib>
+#include <system_error>
+
+namespace cpprun::launcher {
+namespace {
+
+int count_nvidia_device_nodes() {
+  // /dev/nvidia0, /dev/nvidia1, ...; not nvidiactl, nvidia-uvm, nvidia-caps.
+  DIR* dev = opendir("/dev");
+  if (dev == nullptr) return 0;
+  int count = 0;
+  while (const dirent* entry = readdir(dev)) {
+    const std::string name = entry->d_name;
+    if (name.size() > 6 && name.compare(0, 6, "nvidia") == 0 &&
+        std::all_of(name.begin() + 6, name.end(), [](unsigned char c) { return std::isdigit(c); })) {
+      ++count;
+    }
+  }
+  closedir(dev);
+  return count;
+}
+
+}  // namespace
+
+int count_visible_gpus(int device_nodes, const char* cuda_visible_devices) {
+  if (cuda_visible_devices == nullptr) return device_nodes;
+  int listed = 0;
+  std::string list = cuda_visible_devices;
+  std::string::size_type start = 0;
+  while (start <= list.size()) {
+    const auto comma = std::min(list.find(',', start), list.size());
+    const std::string entry = list.substr(start, comma - start);
+    if (entry.empty() || entry[0] == '-') break;
+    ++listed;
+    start = comma + 1;
+  }
+  return std::min(listed, device_nodes);
+}
+
+int pick_free_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) throw std::system_error(errno, std::generic_category(), "socket() for --standalone");
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;  // the kernel picks
+  socklen_t len = sizeof(addr);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    const int err = errno;
+    close(fd);
+    throw std::system_error(err, std::generic_category(), "binding 127.0.0.1:0 for --standalone");
+  }
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+HostFacts probe_host() {
+  HostFacts facts;
+  facts.cpu_count = static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
+  facts.gpu_count = count_visible_gpus(count_nvidia_device_nodes(), std::getenv("CUDA_VISIBLE_DEVICES"));
+  facts.pick_free_port = [] { return pick_free_port(); };
+  return facts;
+}
+
+}  // namespace cpprun::launcher

@@ -1,0 +1,669 @@
+// CLI11 definition of cpprun's options (torchrun's names, both spellings) and their validation.
+#include "command_line/launch_config.h"
+
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <system_error>
+
+#include "rendezvous/job_secret.h"
+#include "command_line/option_prefix.h"
+#include "command_line/option_suggestion.h"
+
+namespace cpprun::launcher {
+namespace {
+
+// CLI11 only knows the options; the usage line should also show what follows them.
+class CpprunFormatter : public CLI::Formatter {
+ public:
+  std::string make_usage(const CLI::App* app, std::string name) const override {
+    std::string usage = CLI::Formatter::make_usage(app, std::move(name));
+    const auto end = usage.find_last_not_of('\n') + 1;
+    return usage.substr(0, end) + " PROGRAM [ARGS...]" + usage.substr(end);
+  }
+};
+
+// The raw text of every option, as typed; validate() turns it into a LaunchConfig. Numbers are read
+// as text so that errors can name the flag, the value and the fix in one sentence.
+struct RawOptions {
+  std::string nproc_per_node = "1";
+  std::string nnodes = "1";
+  std::string node_rank = "0";
+  std::string master_addr = "127.0.0.1";
+  std::string master_port = "29500";
+  std::string rdzv_backend = "static";
+  std::string rdzv_endpoint;
+  std::string rdzv_conf;
+  bool standalone = false;
+  std::string max_restarts = "0";
+  std::string restart_backoff = "1:30";
+  std::string shutdown_timeout = "5";
+  std::string run_id = "none";
+  std::string role = "default";
+  std::string monitor_interval = "0.1";
+  bool no_python = false;
+  std::string redirects = "0";
+  std::string tee = "0";
+  std::string local_ranks_filter;
+  std::string log_dir;
+  bool dry_run = false;
+  bool module = false;    // torchrun's -m
+  bool run_path = false;  // torchrun's --run_path
+  std::string job_secret_file;
+  bool no_job_secret = false;
+};
+
+std::string with_value(const std::string& flag, const std::string& value) {
+  return flag + "=" + (value.empty() ? "''" : value);
+}
+
+// Whole numbers only ("4", "-1"); "4x", "4.0" and "" are not numbers.
+bool read_int(const std::string& text, long& out) {
+  if (text.empty()) return false;
+  errno = 0;
+  char* end = nullptr;
+  out = std::strtol(text.c_str(), &end, 10);
+  return errno == 0 && end == text.c_str() + text.size();
+}
+
+int parse_int_in_range(const std::string& flag, const std::string& text, long min, long max,
+                       const std::string& meaning, long example) {
+  long value = 0;
+  if (!read_int(text, value) || value < min || value > max) {
+    throw UsageError(with_value(flag, text) + ": expected " + meaning + ", a whole number from " +
+                     std::to_string(min) + " to " + std::to_string(max) + " (e.g. " + flag + "=" +
+                     std::to_string(example) + ")");
+  }
+  return static_cast<int>(value);
+}
+
+int parse_nproc_per_node(const std::string& text, const HostFacts& host) {
+  const std::string flag = "--nproc_per_node";
+  // torchrun's meanings: auto = one per GPU if there are GPUs, else one per CPU core.
+  if (text == "cpu") return host.cpu_count;
+  if (text == "auto") return host.gpu_count > 0 ? host.gpu_count : host.cpu_count;
+  if (text == "gpu") {
+    if (host.gpu_count > 0) return host.gpu_count;
+    throw UsageError(with_value(flag, text) +
+                     ": no NVIDIA GPU is visible (no /dev/nvidiaN, or CUDA_VISIBLE_DEVICES hides them "
+                     "all); pass a number of workers, or 'cpu' for one per CPU core");
+  }
+  long value = 0;
+  if (!read_int(text, value) || value < 1 || value > 1 << 16) {
+    throw UsageError(with_value(flag, text) +
+                     ": expected the number of workers on this node, a whole number >= 1, or one of "
+                     "auto, cpu, gpu (e.g. --nproc_per_node=4)");
+  }
+  return static_cast<int>(value);
+}
+
+constexpr long kMaxNodes = 1 << 16;
+
+struct NodeRange {
+  int min = 1;
+  int max = 1;
+};
+
+// "2" (= 2:2) or torchrun's MIN:MAX.
+NodeRange parse_nnodes(const std::string& text) {
+  const auto colon = text.find(':');
+  const std::string min_text = text.substr(0, colon);
+  const std::string max_text = colon == std::string::npos ? min_text : text.substr(colon + 1);
+  long min = 0;
+  long max = 0;
+  if (!read_int(min_text, min) || !read_int(max_text, max) || min < 1 || max < 1 || min > kMaxNodes ||
+      max > kMaxNodes) {
+    throw UsageError(with_value("--nnodes", text) +
+                     ": expected the number of nodes, a whole number >= 1 (e.g. --nnodes=2), or torchrun's "
+                     "MIN:MAX (e.g. --nnodes=2:4, with --rdzv_backend=c10d)");
+  }
+  if (min > max) {
+    throw UsageError(with_value("--nnodes", text) + ": MIN is above MAX; write --nnodes=" + max_text + ":" +
+                     min_text + " (at least " + max_text + " nodes, at most " + min_text + ")");
+  }
+  return {static_cast<int>(min), static_cast<int>(max)};
+}
+
+// torchrun's backends: static (a fixed set of nodes meeting at --master_addr:--master_port) and
+// c10d (dynamic: MIN to MAX nodes meeting at --rdzv_endpoint). etcd needs an etcd server; not here.
+RendezvousBackend parse_rdzv_backend(const std::string& backend) {
+  if (backend == "static") return RendezvousBackend::kStatic;
+  if (backend == "c10d") return RendezvousBackend::kC10d;
+  if (backend == "etcd" || backend == "etcd-v2") {
+    throw UsageError(with_value("--rdzv_backend", backend) +
+                     ": the etcd rendezvous is not implemented; cpprun's dynamic rendezvous needs no server: "
+                     "use --rdzv_backend=c10d --rdzv_endpoint=HOST:PORT --rdzv_id=ID --nnodes=MIN:MAX");
+  }
+  throw UsageError(with_value("--rdzv_backend", backend) +
+                   ": unknown rendezvous backend; cpprun has static (the default) and c10d");
+}
+
+// HOST, HOST:PORT or [IPv6]:PORT. An empty port means "keep --master_port".
+void parse_rdzv_endpoint(const std::string& text, std::string& host, std::string& port) {
+  const std::string flag = "--rdzv_endpoint";
+  if (!text.empty() && text.front() == '[') {
+    const auto close = text.find(']');
+    if (close == std::string::npos || (close + 1 < text.size() && text[close + 1] != ':')) {
+      throw UsageError(with_value(flag, text) + ": expected HOST:PORT, e.g. --rdzv_endpoint=[::1]:29500");
+    }
+    host = text.substr(1, close - 1);
+    if (close + 1 < text.size()) port = text.substr(close + 2);
+  } else {
+    const auto colon = text.find(':');
+    if (colon != std::string::npos && text.find(':', colon + 1) != std::string::npos) {
+      throw UsageError(with_value(flag, text) + ": an IPv6 address needs brackets, e.g. --rdzv_endpoint=[::1]:29500");
+    }
+    host = text.substr(0, colon);
+    if (colon != std::string::npos) port = text.substr(colon + 1);
+  }
+  if (host.empty()) {
+    throw UsageError(with_value(flag, text) + ": expected HOST:PORT of node 0, e.g. --rdzv_endpoint=10.0.0.1:29500");
+  }
+}
+
+// Decimal numbers ("5", "0.5"); "5s", "nan" and "" are not.
+bool read_double(const std::string& text, double& out) {
+  if (text.empty()) return false;
+  errno = 0;
+  char* end = nullptr;
+  out = std::strtod(text.c_str(), &end);
+  return errno == 0 && end == text.c_str() + text.size() && std::isfinite(out);
+}
+
+std::chrono::milliseconds parse_seconds(const std::string& flag, const std::string& text) {
+  double seconds = 0;
+  if (!read_double(text, seconds) || seconds < 0 || seconds > 86400) {
+    throw UsageError(with_value(flag, text) +
+                     ": expected a number of seconds from 0 to 86400 (e.g. " + flag + "=5)");
+  }
+  return std::chrono::milliseconds(static_cast<long long>(std::llround(seconds * 1000)));
+}
+
+// INITIAL[:MAX] seconds. MAX defaults to 30 s, or INITIAL if that is longer (a fixed delay).
+RestartBackoffSettings parse_restart_backoff(const std::string& text) {
+  const std::string flag = "--restart_backoff";
+  const auto colon = text.find(':');
+  const auto seconds = [&](const std::string& part) {
+    double value = 0;
+    if (!read_double(part, value) || value < 0 || value > 86400) {
+      throw UsageError(with_value(flag, text) + ": expected INITIAL[:MAX], seconds from 0 to 86400: the wait "
+                       "before the first restart after a failure, doubling with each failure in a row up to MAX "
+                       "(e.g. " + flag + "=1:30; 0 restarts at once)");
+    }
+    return std::chrono::milliseconds(static_cast<long long>(std::llround(value * 1000)));
+  };
+  RestartBackoffSettings settings;
+  settings.initial = seconds(text.substr(0, colon));
+  settings.max = colon == std::string::npos ? std::max(settings.max, settings.initial) : seconds(text.substr(colon + 1));
+  if (settings.max < settings.initial) {
+    throw UsageError(with_value(flag, text) + ": MAX is below INITIAL; write " + flag + "=" + text.substr(colon + 1) +
+                     ":" + text.substr(0, colon) + " (or INITIAL alone for a fixed wait)");
+  }
+  return settings;
+}
+
+struct RdzvConf {
+  std::chrono::milliseconds join_timeout{600 * 1000};
+  std::chrono::milliseconds last_call_timeout{30 * 1000};
+  std::optional<bool> is_host;
+};
+
+// torchrun's spellings of a boolean (RendezvousParameters.get_as_bool).
+std::optional<bool> read_bool(const std::string& text) {
+  std::string lower;
+  for (char c : text) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (lower == "1" || lower == "true" || lower == "t" || lower == "yes" || lower == "y") return true;
+  if (lower == "0" || lower == "false" || lower == "f" || lower == "no" || lower == "n") return false;
+  return std::nullopt;
+}
+
+// --rdzv_conf KEY=VALUE,...: the keys torchrun's backend reads. The join timeout is `timeout` for
+// torchrun's static backend and `join_timeout` for its c10d one; both are read by both here.
+// close_timeout and read_timeout are accepted for c10d command lines and unused: no agent waits on
+// a store here.
+RdzvConf parse_rdzv_conf(const std::string& text, RendezvousBackend backend) {
+  const bool c10d = backend == RendezvousBackend::kC10d;
+  const std::string known = c10d ? "join_timeout=SECONDS (also spelled timeout), last_call_timeout=SECONDS, "
+                                   "is_host=0|1, close_timeout and read_timeout (accepted, unused)"
+                                 : "join_timeout=SECONDS (also spelled timeout)";
+  RdzvConf conf;
+  std::size_t start = 0;
+  while (start < text.size()) {
+    auto end = text.find(',', start);
+    if (end == std::string::npos) end = text.size();
+    const std::string item = text.substr(start, end - start);
+    start = end + 1;
+    if (item.empty()) continue;
+    const auto eq = item.find('=');
+    const std::string key = item.substr(0, eq);
+    const std::string value = eq == std::string::npos ? std::string() : item.substr(eq + 1);
+    const bool join = key == "join_timeout" || key == "timeout";
+    const bool c10d_key =
+        key == "last_call_timeout" || key == "is_host" || key == "close_timeout" || key == "read_timeout";
+    if (eq == std::string::npos || (!join && !(c10d && c10d_key))) {
+      throw UsageError(with_value("--rdzv_conf", text) + ": '" + item + "' is not a setting of " +
+                       backend_name(backend) + " rendezvous; cpprun knows " + known +
+                       (c10d ? "" : "; last_call_timeout and is_host belong to --rdzv_backend=c10d") +
+                       ", e.g. --rdzv_conf join_timeout=300");
+    }
+    if (join) {
+      conf.join_timeout = parse_seconds("--rdzv_conf " + key, value);
+      if (conf.join_timeout.count() == 0) {
+        throw UsageError(with_value("--rdzv_conf", text) + ": the join timeout must be above 0 seconds");
+      }
+    } else if (key == "last_call_timeout") {
+      conf.last_call_timeout = parse_seconds("--rdzv_conf " + key, value);
+    } else if (key == "is_host") {
+      conf.is_host = read_bool(value);
+      if (!conf.is_host) {
+        throw UsageError(with_value("--rdzv_conf", text) + ": is_host=" + value +
+                         " is not a boolean; write is_host=1 (this agent hosts the rendezvous) or is_host=0");
+      }
+    } else {
+      parse_seconds("--rdzv_conf " + key, value);  // checked like torchrun would, then unused
+    }
+  }
+  return conf;
+}
+
+OutputOptions validate_output(const RawOptions& raw, int nproc_per_node) {
+  OutputOptions output;
+  output.redirects = parse_std_spec("--redirects", raw.redirects, nproc_per_node);
+  output.tee = parse_std_spec("--tee", raw.tee, nproc_per_node);
+  output.shown = parse_local_ranks_filter(raw.local_ranks_filter, nproc_per_node);
+  output.log_dir = raw.log_dir;
+  if (output.writes_files() && output.log_dir.empty()) {
+    // torchrun would invent a temp dir and bury the logs in it; asking puts them where you look.
+    const bool redirecting = std::any_of(output.redirects.begin(), output.redirects.end(),
+                                         [](StdStreams s) { return s != StdStreams::kNone; });
+    throw UsageError(with_value(redirecting ? "--redirects" : "--tee", redirecting ? raw.redirects : raw.tee) +
+                     " needs --log_dir DIR: the output goes to DIR/attempt_N/LOCAL_RANK/{stdout,stderr}.log "
+                     "(e.g. --log_dir=logs)");
+  }
+  return output;
+}
+
+// The node counts and the rendezvous: static (--node_rank, --master_addr/--master_port) or c10d
+// (--rdzv_endpoint; --node_rank and --master_addr/--master_port are torchrun's static options and
+// ignored, as torchrun ignores them).
+void validate_rendezvous(const RawOptions& raw, LaunchConfig& config) {
+  // torchrun's --standalone overrides the backend and endpoint; here it means one node on a private port.
+  config.rdzv_backend = raw.standalone ? RendezvousBackend::kStatic : parse_rdzv_backend(raw.rdzv_backend);
+  const NodeRange nodes = parse_nnodes(raw.nnodes);
+  if (raw.standalone && nodes.max > 1) {
+    throw UsageError("--standalone runs a single node on a private port; it cannot be combined with --nnodes=" +
+                     raw.nnodes + ". Give node 0's address with --master_addr/--master_port on every node instead");
+  }
+  const RdzvConf conf = parse_rdzv_conf(raw.rdzv_conf, config.rdzv_backend);
+  config.join_timeout = conf.join_timeout;
+  config.last_call_timeout = conf.last_call_timeout;
+  config.is_host = conf.is_host;
+  config.min_nodes = nodes.min;
+  config.max_nodes = nodes.max;
+  config.nnodes = nodes.max;
+  if (config.rdzv_backend == RendezvousBackend::kC10d) {
+    long node_rank = 0;
+    if (!read_int(raw.node_rank, node_rank) || node_rank < 0) {
+      throw UsageError(with_value("--node_rank", raw.node_rank) + ": expected a whole number >= 0 (with "
+                       "--rdzv_backend=c10d it is ignored: nodes are numbered in the order they join)");
+    }
+    config.master_addr = "localhost";  // torchrun's endpoint when none is given
+    config.master_port = 29400;
+    if (!raw.rdzv_endpoint.empty()) {
+      std::string port;
+      parse_rdzv_endpoint(raw.rdzv_endpoint, config.master_addr, port);
+      if (!port.empty()) {
+        config.master_port = parse_int_in_range("--rdzv_endpoint port", port, 1, 65535, "a TCP port", 29400);
+      }
+    }
+    return;
+  }
+  if (nodes.min != nodes.max) {
+    throw UsageError(with_value("--nnodes", raw.nnodes) +
+                     ": a range of nodes needs the dynamic rendezvous: add --rdzv_backend=c10d "
+                     "--rdzv_endpoint=HOST:PORT --rdzv_id=ID on every node; the static backend runs a fixed "
+                     "number of nodes (--nnodes=" + std::to_string(nodes.max) + ")");
+  }
+  config.node_rank = parse_int_in_range("--node_rank", raw.node_rank, 0, config.nnodes - 1,
+                                        "this node's rank among --nnodes=" + raw.nnodes, 0);
+}
+
+LaunchConfig validate(const RawOptions& raw, const HostFacts& host) {
+  LaunchConfig config;
+  config.nproc_per_node = parse_nproc_per_node(raw.nproc_per_node, host);
+  config.output = validate_output(raw, config.nproc_per_node);
+  config.dry_run = raw.dry_run;
+  validate_rendezvous(raw, config);
+  config.max_restarts =
+      parse_int_in_range("--max_restarts", raw.max_restarts, 0, 1000000, "how often to restart", 3);
+  config.restart_backoff = parse_restart_backoff(raw.restart_backoff);
+  config.shutdown_timeout = parse_seconds("--shutdown_timeout", raw.shutdown_timeout);
+  if (!read_double(raw.monitor_interval, config.monitor_interval)) {
+    throw UsageError(with_value("--monitor_interval", raw.monitor_interval) +
+                     ": expected a number of seconds (accepted for torchrun compatibility, unused)");
+  }
+  config.run_id = raw.run_id;
+  config.role = raw.role;
+  config.standalone = raw.standalone;
+  if (config.rdzv_backend == RendezvousBackend::kC10d) return config;
+  if (raw.standalone) {
+    // torchrun's --standalone: a private rendezvous on this host, on a port nobody else uses.
+    if (!host.pick_free_port) throw std::logic_error("HostFacts::pick_free_port is not set");
+    config.master_addr = "127.0.0.1";
+    try {
+      config.master_port = host.pick_free_port();
+    } catch (const std::system_error& e) {
+      throw UsageError(std::string("--standalone: could not find a free port: ") + e.what() +
+                       "; pass --master_port=PORT instead");
+    }
+  } else {
+    if (raw.master_addr.empty()) {
+      throw UsageError("--master_addr='': expected a host name or IP address (e.g. --master_addr=127.0.0.1)");
+    }
+    config.master_addr = raw.master_addr;
+    config.master_port = parse_int_in_range("--master_port", raw.master_port, 1, 65535, "a TCP port", 29500);
+    if (!raw.rdzv_endpoint.empty()) {
+      // torchrun's static backend meets at the endpoint, and its workers use that store.
+      std::string port;
+      parse_rdzv_endpoint(raw.rdzv_endpoint, config.master_addr, port);
+      if (!port.empty()) {
+        config.master_port = parse_int_in_range("--rdzv_endpoint port", port, 1, 65535, "a TCP port", 29500);
+      }
+    }
+  }
+  return config;
+}
+
+// Which multi-node options the command line or PET_<NAME> gave; the scheduler fills the others.
+struct GivenOptions {
+  bool nnodes = false;
+  bool node_rank = false;
+  bool master_addr = false;  // --master_addr or --rdzv_endpoint
+  bool master_port = false;  // --master_port or --rdzv_endpoint
+};
+
+// Writes the scheduler's values into the options not given and returns the line saying so. Nothing
+// is taken for --standalone, or when the job has one node.
+std::string apply_scheduler_defaults(const GivenOptions& given, const EnvLookup& env, RawOptions& raw) {
+  if (raw.standalone || (given.nnodes && given.node_rank && given.master_addr && given.master_port)) return {};
+  // c10d meets at --rdzv_endpoint and numbers the nodes itself, like torchrun's.
+  if (raw.rdzv_backend == "c10d") return {};
+  std::optional<SchedulerDefaults> derived;
+  try {
+    derived = derive_from_scheduler(env);
+  } catch (const SchedulerEnvError& e) {
+    throw UsageError(e.what());
+  }
+  if (!derived) return {};
+  const SchedulerDefaults& d = *derived;
+  const int nnodes = given.nnodes ? parse_nnodes(raw.nnodes).max : d.nnodes;
+  if (nnodes <= 1) return {};
+  std::string taken;
+  if (!given.nnodes) {
+    raw.nnodes = std::to_string(d.nnodes);
+    taken += " --nnodes=" + raw.nnodes;
+  }
+  if (!given.node_rank) {
+    if (d.node_rank >= nnodes) {
+      throw UsageError(d.node_rank_var + "=" + std::to_string(d.node_rank) + " (from " + d.source +
+                       ") is not a node rank of --nnodes=" + raw.nnodes + "; pass --node_rank explicitly too");
+    }
+    raw.node_rank = std::to_string(d.node_rank);
+    taken += " --node_rank=" + raw.node_rank;
+  }
+  if (!given.master_addr) {
+    if (!d.master_addr) {
+      throw UsageError(d.source + " (" + d.nnodes_var + "=" + std::to_string(d.nnodes) +
+                       ") does not say where node 0 is: set MASTER_ADDR=HOST in the environment of every "
+                       "cpprun, or pass --master_addr=HOST (node 0's address)");
+    }
+    raw.master_addr = *d.master_addr;
+    taken += " --master_addr=" + raw.master_addr;
+  }
+  if (!given.master_port && d.master_port) {
+    raw.master_port = std::to_string(*d.master_port);
+    taken += " --master_port=" + raw.master_port;
+  }
+  return taken.empty() ? std::string() : "cpprun: from " + d.source + ":" + taken;
+}
+
+// At most one of torchrun's three ways to say how PROGRAM runs (program_command.h).
+ProgramMode program_mode(const RawOptions& raw) {
+  if (raw.no_python && raw.module) {
+    throw UsageError("--no_python and -m/--module contradict each other: -m runs a Python module, --no_python "
+                     "runs PROGRAM without Python; give one");
+  }
+  if (raw.run_path && (raw.module || raw.no_python)) {
+    throw UsageError(std::string("--run_path runs PROGRAM as a file of Python code; it cannot be combined with ") +
+                     (raw.module ? "-m/--module" : "--no_python"));
+  }
+  if (raw.no_python) return ProgramMode::kNoPython;
+  if (raw.module) return ProgramMode::kModule;
+  if (raw.run_path) return ProgramMode::kRunPath;
+  return ProgramMode::kByName;
+}
+
+// Every spelling CLI11 knows, with its dashes, for "did you mean".
+std::vector<std::string> option_names(const CLI::App& app) {
+  std::vector<std::string> names;
+  for (const CLI::Option* option : app.get_options()) {
+    for (const std::string& name : option->get_lnames()) names.push_back("--" + name);
+    for (const std::string& name : option->get_snames()) names.push_back("-" + name);
+  }
+  return names;
+}
+
+// What expand_option_prefixes needs to know of each option.
+std::vector<OptionSpelling> option_spellings(const CLI::App& app) {
+  std::vector<OptionSpelling> spellings;
+  int id = 0;
+  for (const CLI::Option* option : app.get_options()) {
+    const bool takes_value = option->get_items_expected_min() > 0;
+    for (const std::string& name : option->get_lnames()) spellings.push_back({"--" + name, id, takes_value});
+    for (const std::string& name : option->get_snames()) spellings.push_back({"-" + name, id, takes_value});
+    ++id;
+  }
+  return spellings;
+}
+
+// prefix_command() hands back everything from the first argument CLI11 did not recognise; that is
+// PROGRAM, unless it is an option we do not have.
+void take_program(std::vector<std::string> rest, const std::vector<std::string>& known_options,
+                  LaunchConfig& config) {
+  bool after_separator = false;
+  if (!rest.empty() && rest.front() == "--") {
+    rest.erase(rest.begin());
+    after_separator = true;
+  }
+  if (rest.empty()) {
+    throw UsageError(
+        "missing PROGRAM: name the program to launch after the options, e.g. "
+        "`cpprun --nproc_per_node=2 ./train --lr 0.1`\nRun with --help for more information.");
+  }
+  const std::string& first = rest.front();
+  if (!after_separator && first.size() > 1 && first[0] == '-') {
+    const std::string typed = first.substr(0, first.find('='));
+    const std::optional<std::string> suggestion = suggest_option(typed, known_options);
+    throw UsageError("unknown option " + typed + (suggestion ? "; did you mean " + *suggestion + "?" : "") +
+                     " (before PROGRAM only cpprun's options are allowed; put -- before PROGRAM "
+                     "if its name starts with '-')\nRun with --help for more information.");
+  }
+  config.program = first;
+  config.program_args.assign(rest.begin() + 1, rest.end());
+}
+
+}  // namespace
+
+bool is_multi_node(const LaunchConfig& config) {
+  return config.rdzv_backend == RendezvousBackend::kC10d || config.nnodes > 1;
+}
+
+const char* backend_name(RendezvousBackend backend) {
+  return backend == RendezvousBackend::kC10d ? "c10d" : "static";
+}
+
+std::string endpoint_text(const std::string& host, int port) {
+  const bool ipv6 = host.find(':') != std::string::npos;
+  return (ipv6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
+}
+
+std::string endpoint_text(const LaunchConfig& config) { return endpoint_text(config.master_addr, config.master_port); }
+
+ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, const HostFacts& host) {
+  ParsedCommandLine result = parse_launch_config(args, host, process_env());
+  if (!result.scheduler_note.empty()) std::cerr << result.scheduler_note << std::endl;
+  return result;
+}
+
+ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, const HostFacts& host,
+                                      const EnvLookup& env) {
+  CLI::App app{
+      "Runs PROGRAM as --nproc_per_node local workers with torchrun's environment (RANK, WORLD_SIZE, "
+      "MASTER_ADDR, ...), stops them all when one fails, and restarts the group up to --max_restarts "
+      "times. With --nnodes=K, run it on each of K nodes: the agents meet at node 0 "
+      "(--master_addr:--master_port), number the workers across the nodes, stop every node's workers "
+      "when one fails anywhere, and restart all nodes together. With --rdzv_backend=c10d "
+      "--rdzv_endpoint=HOST:PORT --nnodes=MIN:MAX the nodes meet at the endpoint and may come and go.",
+      "cpprun"};
+  app.prefix_command();
+  app.formatter(std::make_shared<CpprunFormatter>());
+  // argparse semantics, which torchrun users rely on: a repeated option's last value wins.
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  app.footer(
+      "Everything from PROGRAM on is passed to it untouched, including arguments that look like "
+      "options. Every option may also come from the environment as PET_<NAME>, like torchrun, and a long "
+      "option may be shortened to any unambiguous prefix (--nproc=2), as argparse allows.\n"
+      "Workers' stdout and stderr pass through cpprun, which prints them line by line, each line "
+      "prefixed with the worker's global rank ([rank3]: ...), so lines of different ranks never mix.");
+
+  RawOptions raw;
+  auto option = [&](const std::string& names, std::string& value, const std::string& env,
+                    const std::string& type, const std::string& help) {
+    app.add_option(names, value, help)->type_name(type)->envname(env)->capture_default_str();
+  };
+  option("--nproc_per_node,--nproc-per-node", raw.nproc_per_node, "PET_NPROC_PER_NODE", "N|auto|cpu|gpu",
+         "Workers on this node: a number, 'cpu' (one per CPU core), 'gpu' (one per visible NVIDIA "
+         "GPU) or 'auto' (gpu if there are GPUs, else cpu).");
+  option("--nnodes", raw.nnodes, "PET_NNODES", "N|MIN:MAX",
+         "Number of nodes; run cpprun once on each. Static rendezvous: N, each node with its --node_rank. "
+         "c10d rendezvous: MIN:MAX (N means N:N): the job starts once MAX nodes joined, or MIN and "
+         "--rdzv_conf last_call_timeout passed; nodes may join later, or be lost, down to MIN.");
+  option("--node_rank,--node-rank", raw.node_rank, "PET_NODE_RANK", "INT",
+         "Static rendezvous: this node's rank, 0 to nnodes-1; node 0 hosts the rendezvous. A node's workers "
+         "get consecutive ranks, after those of the lower node ranks. Ignored with c10d, which numbers the "
+         "nodes in the order they join.");
+  option("--master_addr,--master-addr", raw.master_addr, "PET_MASTER_ADDR", "HOST",
+         "Address of node 0 (MASTER_ADDR). With --nnodes > 1 node 0's agent hosts the c10d TCPStore there; "
+         "with one node, worker rank 0 does. Ignored with --rdzv_backend=c10d, as by torchrun.");
+  option("--master_port,--master-port", raw.master_port, "PET_MASTER_PORT", "PORT",
+         "Port of that TCPStore (MASTER_PORT), 1-65535.");
+  option("--rdzv_backend,--rdzv-backend", raw.rdzv_backend, "PET_RDZV_BACKEND", "static|c10d",
+         "Rendezvous backend. static: a fixed set of nodes meeting at --master_addr:--master_port. c10d: "
+         "torchrun's dynamic rendezvous at --rdzv_endpoint: the agent that can listen there hosts it, the "
+         "others join; nodes are numbered in join order, a late node restarts the job with it, a lost one "
+         "without it (not counted against --max_restarts). The job ends if the host's agent dies.");
+  option("--rdzv_endpoint,--rdzv-endpoint", raw.rdzv_endpoint, "PET_RDZV_ENDPOINT", "HOST[:PORT]",
+         "static: node 0's address, as torchrun reads it; replaces --master_addr (and --master_port when "
+         "PORT is given). c10d: where the rendezvous is hosted, the same on every node (default "
+         "localhost:29400; PORT defaults to 29400); workers get MASTER_ADDR=HOST.");
+  option("--rdzv_conf,--rdzv-conf", raw.rdzv_conf, "PET_RDZV_CONF", "KEY=VALUE,...",
+         "Rendezvous settings. join_timeout=SECONDS (also spelled timeout): how long the agents wait for the "
+         "rendezvous to complete before failing; default 600. c10d only: last_call_timeout=SECONDS, how "
+         "long to wait for more nodes once MIN are there (default 30); is_host=1|0, whether this agent "
+         "hosts the rendezvous (default: the first that can listen at the endpoint).");
+  app.add_flag("--standalone", raw.standalone,
+               "Single-node job on a private port: MASTER_ADDR=127.0.0.1 and a free MASTER_PORT, "
+               "overriding --master_addr/--master_port.")
+      ->envname("PET_STANDALONE");
+  option("--max_restarts,--max-restarts", raw.max_restarts, "PET_MAX_RESTARTS", "INT",
+         "When a worker fails, stop the group and start it again up to this many times "
+         "(TORCHELASTIC_RESTART_COUNT counts them). c10d membership changes do not count.");
+  option("--restart_backoff,--restart-backoff", raw.restart_backoff, "PET_RESTART_BACKOFF", "INITIAL[:MAX]",
+         "Seconds to wait before a restart after a failure: INITIAL before the first, doubling with each "
+         "failure in a row up to MAX (default 30, or INITIAL if longer); an attempt that ran MAX seconds "
+         "or more starts the doubling over. 0 restarts at once. With several nodes, the agent hosting the "
+         "rendezvous decides for all. A signal during the wait ends the job.");
+  option("--shutdown_timeout,--shutdown-timeout", raw.shutdown_timeout, "PET_SHUTDOWN_TIMEOUT", "SECONDS",
+         "When stopping workers, seconds between SIGTERM (or the signal cpprun received) and "
+         "SIGKILL. torchrun waits 30; raise this if workers checkpoint on SIGTERM.");
+  option("--rdzv_id,--rdzv-id,--run_id,--run-id", raw.run_id, "PET_RDZV_ID", "ID",
+         "Job id, exported as TORCHELASTIC_RUN_ID; every node of a job needs the same (c10d refuses "
+         "an agent with another).");
+  option("--role", raw.role, "PET_ROLE", "NAME", "Worker role, exported as ROLE_NAME.");
+  option("--monitor_interval,--monitor-interval", raw.monitor_interval, "PET_MONITOR_INTERVAL", "SECONDS",
+         "Accepted for torchrun compatibility and ignored: cpprun reacts to worker exits at once.");
+  app.add_flag("--no_python,--no-python", raw.no_python,
+               "Run PROGRAM directly, even PROGRAM.py. Without it, as torchrun: PROGRAM.py runs as `python -u "
+               "PROGRAM.py`; anything else (a C++ program, a script with a shebang) runs directly.")
+      ->envname("PET_NO_PYTHON");
+  option("-r,--redirects", raw.redirects, "PET_REDIRECTS", "0-3|LOCAL_RANK:0-3,...",
+         "Send workers' output to files in --log_dir instead of the console: 1 stdout, 2 stderr, "
+         "3 both, 0 neither; one value for all local ranks or a map like 0:1,1:3.");
+  option("-t,--tee", raw.tee, "PET_TEE", "0-3|LOCAL_RANK:0-3,...",
+         "Like --redirects, but the console gets the output too.");
+  option("--log_dir,--log-dir", raw.log_dir, "PET_LOG_DIR", "DIR",
+         "Where --redirects/--tee write: DIR/attempt_N/LOCAL_RANK/{stdout,stderr}.log; workers' "
+         "TORCHELASTIC_ERROR_FILE goes there too (error.json). Without it, error files live in a temp "
+         "dir that cpprun removes.");
+  option("--local_ranks_filter,--local-ranks-filter", raw.local_ranks_filter, "PET_LOCAL_RANKS_FILTER",
+         "LOCAL_RANK,...",
+         "Only these local ranks' output reaches the console (e.g. 0); log files still get everything.");
+  app.add_flag("--dry_run,--dry-run", raw.dry_run,
+               "Print each worker's command line and the environment variables cpprun sets for it; "
+               "start nothing.")
+      ->envname("PET_DRY_RUN");
+  app.add_flag("-m,--module", raw.module,
+               "PROGRAM is a Python module: each worker runs `python -u -m PROGRAM ARGS...`. The "
+               "interpreter: $PYTHON_EXEC, else python3 (or python) on PATH; --dry_run shows it.")
+      ->envname("PET_MODULE");
+  app.add_flag("--run_path,--run-path", raw.run_path,
+               "PROGRAM is a file of Python code, run with runpy.run_path as __main__ (torchrun's "
+               "--run_path), whatever its name.")
+      ->envname("PET_RUN_PATH");
+
+  option("--job_secret_file,--job-secret-file", raw.job_secret_file, "PET_JOB_SECRET_FILE", "PATH",
+         "Multi-node: a file holding the job's secret (else $CPPRUN_JOB_SECRET is read). The agents prove "
+         "to each other that they hold it before one acts on what another says; it never crosses the "
+         "network and workers do not inherit it. Every node needs the same; at least 16 characters.");
+  app.add_flag("--no_job_secret,--no-job-secret", raw.no_job_secret,
+               "Multi-node without a job secret: anyone who can reach the rendezvous ports can join, stop "
+               "or steer the job. Only for networks where nobody else can connect.")
+      ->envname("PET_NO_JOB_SECRET");
+
+  ParsedCommandLine result;
+  const std::vector<std::string> expanded = expand_option_prefixes(args, option_spellings(app));
+  try {
+    // CLI11's vector overload consumes arguments from the back.
+    std::vector<std::string> reversed(expanded.rbegin(), expanded.rend());
+    app.parse(reversed);
+  } catch (const CLI::CallForHelp&) {
+    result.outcome = CliOutcome::kShowHelp;
+    result.help_text = app.help();
+    return result;
+  } catch (const CLI::ParseError& e) {
+    throw UsageError(std::string(e.what()) + "\nRun with --help for more information.");
+  }
+  const auto given = [&](const std::string& name) { return app.get_option(name)->count() > 0; };
+  GivenOptions options_given;
+  options_given.nnodes = given("--nnodes");
+  options_given.node_rank = given("--node_rank");
+  options_given.master_addr = given("--master_addr") || given("--rdzv_endpoint");
+  options_given.master_port = given("--master_port") || given("--rdzv_endpoint");
+  result.scheduler_note = apply_scheduler_defaults(options_given, env, raw);
+  result.config = validate(raw, host);
+  take_program(app.remaining(), option_names(app), result.config);
+  result.config.program_mode = program_mode(raw);
+  result.config.no_job_secret = raw.no_job_secret;
+  result.config.job_secret =
+      resolve_job_secret({is_multi_node(result.config), raw.job_secret_file, raw.no_job_secret}, env);
+  return result;
+}
+
+}  // namespace cpprun::launcher

@@ -1,0 +1,106 @@
+// Parsing torchrun's output options and deciding, per worker stream, console and/or file.
+#include "command_line/output_spec.h"
+
+#include <cerrno>
+#include <cstdlib>
+
+#include "command_line/launch_config.h"  // UsageError
+
+namespace cpprun::launcher {
+namespace {
+
+// A whole number in [0, limit); -1 if the text is not one.
+long read_index(const std::string& text, long limit) {
+  if (text.empty() || text.find_first_not_of("0123456789") != std::string::npos) return -1;
+  errno = 0;
+  const long value = std::strtol(text.c_str(), nullptr, 10);
+  return errno == 0 && value < limit ? value : -1;
+}
+
+std::vector<std::string> split(const std::string& text, char separator) {
+  std::vector<std::string> parts;
+  std::string::size_type start = 0;
+  for (;;) {
+    const auto end = text.find(separator, start);
+    parts.push_back(text.substr(start, end - start));
+    if (end == std::string::npos) return parts;
+    start = end + 1;
+  }
+}
+
+template <typename T>
+T at_or(const std::vector<T>& values, int index, T fallback) {
+  return index >= 0 && static_cast<std::size_t>(index) < values.size() ? values[index] : fallback;
+}
+
+}  // namespace
+
+std::vector<StdStreams> parse_std_spec(const std::string& flag, const std::string& text, int nproc_per_node) {
+  const std::string value_help =
+      "expected 0 (console), 1 (stdout), 2 (stderr) or 3 (both) for every local rank, or "
+      "LOCAL_RANK:VALUE pairs such as " + flag + "=0:1,1:3";
+  const long single = read_index(text, 4);
+  if (single >= 0) return std::vector<StdStreams>(nproc_per_node, static_cast<StdStreams>(single));
+
+  std::vector<StdStreams> per_rank(nproc_per_node, StdStreams::kNone);
+  for (const std::string& pair : split(text, ',')) {
+    const auto colon = pair.find(':');
+    const long value = colon == std::string::npos ? -1 : read_index(pair.substr(colon + 1), 4);
+    if (value < 0 || read_index(pair.substr(0, colon), 1L << 20) < 0) {
+      throw UsageError(flag + "=" + text + ": '" + pair + "' is not LOCAL_RANK:VALUE; " + value_help);
+    }
+    const long rank = read_index(pair.substr(0, colon), nproc_per_node);
+    if (rank < 0) {
+      throw UsageError(flag + "=" + text + ": local rank " + pair.substr(0, colon) +
+                       " does not exist with --nproc_per_node=" + std::to_string(nproc_per_node) +
+                       " (local ranks are 0 to " + std::to_string(nproc_per_node - 1) + ")");
+    }
+    per_rank[rank] = static_cast<StdStreams>(value);
+  }
+  return per_rank;
+}
+
+std::vector<bool> parse_local_ranks_filter(const std::string& text, int nproc_per_node) {
+  if (text.empty()) return std::vector<bool>(nproc_per_node, true);
+  std::vector<bool> shown(nproc_per_node, false);
+  for (const std::string& item : split(text, ',')) {
+    const long rank = read_index(item, nproc_per_node);
+    if (rank < 0) {
+      throw UsageError("--local_ranks_filter=" + text + ": '" + item +
+                       "' is not a local rank; expected a comma-separated list of local ranks from 0 "
+                       "to " + std::to_string(nproc_per_node - 1) + " (e.g. --local_ranks_filter=0)");
+    }
+    shown[rank] = true;
+  }
+  return shown;
+}
+
+bool OutputOptions::writes_files() const {
+  for (const auto* spec : {&redirects, &tee}) {
+    for (StdStreams s : *spec) {
+      if (s != StdStreams::kNone) return true;
+    }
+  }
+  return false;
+}
+
+WorkerOutputSpec plan_worker_output(const OutputOptions& options, int local_rank, int rank,
+                                    const std::string& worker_dir) {
+  const StdStreams redirect = at_or(options.redirects, local_rank, StdStreams::kNone);
+  const StdStreams tee = at_or(options.tee, local_rank, StdStreams::kNone);
+  const bool shown = at_or(options.shown, local_rank, true);
+  // As in torchrun, --tee implies the file and wins over --redirects for the console.
+  auto target = [&](StdStreams stream, const char* file_name) {
+    StreamTarget t;
+    t.console = shown && (!includes(redirect, stream) || includes(tee, stream));
+    if (includes(redirect, stream) || includes(tee, stream)) t.file = worker_dir + "/" + file_name;
+    return t;
+  };
+  WorkerOutputSpec spec;
+  spec.prefix = "[rank" + std::to_string(rank) + "]: ";
+  spec.out = target(StdStreams::kOut, "stdout.log");
+  spec.err = target(StdStreams::kErr, "stderr.log");
+  return spec;
+}
+
+}  // namespace cpprun::launcher

@@ -1,0 +1,87 @@
+// torchrun's rules for what a worker runs: `python -u SCRIPT`, `python -u -m MODULE`, a file run
+// with runpy.run_path, or PROGRAM itself. The interpreter: $PYTHON_EXEC (torchrun's variable),
+// else python3, else python, found on PATH (an activated virtual environment comes first there).
+#include "command_line/program_command.h"
+
+#include <sys/stat.h>
+
+#include "command_line/program_lookup.h"
+
+namespace cpprun::launcher {
+namespace {
+
+bool ends_with(const std::string& text, const std::string& suffix) {
+  return text.size() >= suffix.size() && text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+bool is_regular_file(const std::string& path) {
+  struct stat st {};
+  return stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+struct Python {
+  std::string path;
+  std::string source;
+};
+
+Python find_python(const std::string& program, const ProgramLookup& lookup) {
+  if (lookup.python_exec != nullptr && *lookup.python_exec != '\0') {
+    try {
+      return {resolve_program(lookup.python_exec, lookup.path_env), "PYTHON_EXEC"};
+    } catch (const ProgramNotRunnable& e) {
+      throw ProgramNotRunnable(std::string(e.what()) + " (the Python interpreter named by PYTHON_EXEC=" +
+                                   lookup.python_exec + ")", e.exit_code());
+    }
+  }
+  for (const char* name : {"python3", "python"}) {
+    try {
+      return {resolve_program(name, lookup.path_env), std::string(name) + " on PATH"};
+    } catch (const ProgramNotRunnable&) {
+    }
+  }
+  throw ProgramNotRunnable("cpprun: '" + program + "' is Python code, but neither python3 nor python is on PATH (PATH=" +
+                               (lookup.path_env != nullptr ? lookup.path_env : "") +
+                               "). Activate your virtual environment, set PYTHON_EXEC=/path/to/python, or run an "
+                               "executable with --no_python",
+                           127);
+}
+
+void require_file(const std::string& program, const char* what) {
+  if (!is_regular_file(program)) {
+    throw ProgramNotRunnable("cpprun: cannot run " + std::string(what) + " '" + program +
+                                 "': no such file (relative to the current directory, as python would look)",
+                             127);
+  }
+}
+
+// Runs a file as torchrun's --run_path does (runpy.run_path, as __main__), with sys.argv as the
+// script would see it.
+const char* const kRunPathCode =
+    "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')";
+
+}  // namespace
+
+ProgramCommand resolve_program_command(const std::string& program, const std::vector<std::string>& args,
+                                       ProgramMode mode, const ProgramLookup& lookup) {
+  ProgramCommand command;
+  if (mode == ProgramMode::kNoPython || (mode == ProgramMode::kByName && !ends_with(program, ".py"))) {
+    command.path = resolve_program(program, lookup.path_env);
+    command.argv.push_back(program);
+  } else {
+    if (program.empty()) throw ProgramNotRunnable("cpprun: PROGRAM is an empty string", 127);
+    if (mode == ProgramMode::kByName) require_file(program, "the Python script");
+    if (mode == ProgramMode::kRunPath) require_file(program, "--run_path");
+    const Python python = find_python(program, lookup);
+    command.path = python.path;
+    command.python_source = python.source;
+    // -u: unbuffered, as torchrun runs its workers, so lines reach the console as they are printed.
+    command.argv = {python.path, "-u"};
+    if (mode == ProgramMode::kModule) command.argv.push_back("-m");
+    if (mode == ProgramMode::kRunPath) command.argv.insert(command.argv.end(), {"-c", kRunPathCode});
+    command.argv.push_back(program);
+  }
+  command.argv.insert(command.argv.end(), args.begin(), args.end());
+  return command;
+}
+
+}  // namespace cpprun::launcher

@@ -1,0 +1,139 @@
+// Reads Slurm's, Open MPI's and Kubeflow's variables into --nnodes/--node_rank/--master_addr defaults.
+#include "command_line/scheduler_env.h"
+
+#include <cctype>
+#include <cerrno>
+#include <cstdlib>
+
+namespace cpprun::launcher {
+namespace {
+
+std::string shown(const std::string& variable, const std::string& value) {
+  return variable + "=" + (value.empty() ? "''" : value);
+}
+
+// A whole number from min to max, or an error naming the variable, its value and what it should be.
+int read_number(const EnvLookup& env, const std::string& variable, long min, long max, const std::string& meaning) {
+  const std::string text = env(variable).value_or("");
+  errno = 0;
+  char* end = nullptr;
+  const long value = text.empty() ? 0 : std::strtol(text.c_str(), &end, 10);
+  if (text.empty() || errno != 0 || end != text.c_str() + text.size() || value < min || value > max) {
+    throw SchedulerEnvError(shown(variable, text) + ": expected " + meaning + ", a whole number from " +
+                            std::to_string(min) + " to " + std::to_string(max));
+  }
+  return static_cast<int>(value);
+}
+
+constexpr long kMaxNodes = 1 << 16;
+
+// Fills node_rank after nnodes, checking that it fits.
+void read_nodes(const EnvLookup& env, SchedulerDefaults& d, const std::string& nnodes_var,
+                const std::string& node_rank_var) {
+  d.nnodes_var = nnodes_var;
+  d.nnodes = read_number(env, nnodes_var, 1, kMaxNodes, "the number of nodes");
+  d.node_rank_var = node_rank_var;
+  d.node_rank = read_number(env, node_rank_var, 0, d.nnodes - 1,
+                            "this node's rank among " + shown(nnodes_var, std::to_string(d.nnodes)));
+}
+
+void read_master(const EnvLookup& env, SchedulerDefaults& d) {
+  if (auto addr = env("MASTER_ADDR"); addr && !addr->empty()) {
+    d.master_addr = *addr;
+    d.master_addr_var = "MASTER_ADDR";
+  }
+  if (auto port = env("MASTER_PORT"); port && !port->empty()) {
+    d.master_port = read_number(env, "MASTER_PORT", 1, 65535, "a TCP port");
+    d.master_port_var = "MASTER_PORT";
+  }
+}
+
+SchedulerDefaults from_slurm(const EnvLookup& env) {
+  SchedulerDefaults d;
+  d.source = "Slurm";
+  read_nodes(env, d, "SLURM_NNODES", "SLURM_NODEID");
+  // srun sets the step's task count; cpprun starts a node's workers itself, so one task per node.
+  const auto tasks = env("SLURM_STEP_NUM_TASKS");
+  if (tasks && *tasks != std::to_string(d.nnodes)) {
+    throw SchedulerEnvError(shown("SLURM_STEP_NUM_TASKS", *tasks) + " with " +
+                            shown("SLURM_NNODES", std::to_string(d.nnodes)) +
+                            ": cpprun starts each node's workers itself; run one cpprun per node "
+                            "(srun --ntasks-per-node=1 cpprun ...), or pass --nnodes/--node_rank/--master_addr");
+  }
+  const std::string nodelist = env("SLURM_JOB_NODELIST").value_or("");
+  d.master_addr = first_slurm_host(nodelist, "SLURM_JOB_NODELIST");
+  d.master_addr_var = "SLURM_JOB_NODELIST";
+  return d;
+}
+
+SchedulerDefaults from_open_mpi(const EnvLookup& env) {
+  SchedulerDefaults d;
+  d.source = "Open MPI";
+  if (const auto local = env("OMPI_COMM_WORLD_LOCAL_SIZE"); local && *local != "1") {
+    throw SchedulerEnvError(shown("OMPI_COMM_WORLD_LOCAL_SIZE", *local) +
+                            ": cpprun starts each node's workers itself; start one cpprun per node "
+                            "(mpirun --map-by ppr:1:node cpprun ...), or pass --nnodes/--node_rank/--master_addr");
+  }
+  read_nodes(env, d, "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK");
+  read_master(env, d);  // mpirun knows no master address: MASTER_ADDR or --master_addr must say it
+  return d;
+}
+
+SchedulerDefaults from_kubeflow(const EnvLookup& env) {
+  SchedulerDefaults d;
+  d.source = "Kubeflow";
+  // The PyTorchJob operator sets WORLD_SIZE to the number of pods and RANK to this pod's index.
+  read_nodes(env, d, "WORLD_SIZE", "RANK");
+  read_master(env, d);
+  return d;
+}
+
+bool is_set(const EnvLookup& env, const std::string& name) { return env(name).has_value(); }
+
+}  // namespace
+
+std::string first_slurm_host(const std::string& nodelist, const std::string& variable) {
+  const auto bad = [&](const std::string& why) {
+    return SchedulerEnvError(shown(variable, nodelist) + ": " + why +
+                             " (expected a Slurm host list such as node[01-03,07],gpu5); pass --master_addr=HOST");
+  };
+  std::string host;
+  std::size_t i = 0;
+  while (i < nodelist.size() && nodelist[i] != ',') {
+    const char c = nodelist[i];
+    if (c == ']') throw bad("']' without '['");
+    if (c != '[') {
+      host += c;
+      ++i;
+      continue;
+    }
+    const auto close = nodelist.find(']', i);
+    if (close == std::string::npos) throw bad("'[' without ']'");
+    // The first number of the first range, zero padding kept: "[007-010,12]" -> "007".
+    const std::string group = nodelist.substr(i + 1, close - i - 1);
+    const std::string first = group.substr(0, group.find_first_of(",-"));
+    if (first.empty()) throw bad("empty range");
+    for (char digit : group) {
+      if (!std::isdigit(static_cast<unsigned char>(digit)) && digit != ',' && digit != '-') {
+        throw bad("'" + group + "' is not a list of numbers and ranges");
+      }
+    }
+    host += first;
+    i = close + 1;
+  }
+  if (host.empty()) throw bad(nodelist.empty() ? "not set or empty" : "no host name before the first ','");
+  return host;
+}
+
+std::optional<SchedulerDefaults> derive_from_scheduler(const EnvLookup& env) {
+  if (is_set(env, "SLURM_JOB_ID")) return from_slurm(env);
+  if (is_set(env, "OMPI_COMM_WORLD_SIZE")) return from_open_mpi(env);
+  // LOCAL_RANK set means a worker of torchrun or cpprun, whose RANK/WORLD_SIZE count workers, not pods.
+  if (is_set(env, "MASTER_ADDR") && is_set(env, "MASTER_PORT") && is_set(env, "WORLD_SIZE") && is_set(env, "RANK") &&
+      !is_set(env, "LOCAL_RANK")) {
+    return from_kubeflow(env);
+  }
+  return std::nullopt;
+}
+
+}  // namespace cpprun::launcher

@@ -1,0 +1,20 @@
+// The agent of one node in a multi-node job (--nnodes > 1, or --rdzv_backend=c10d): joins the
+// rendezvous, then runs rounds of this node's workers until every node has succeeded, the job
+// failed, or its restarts ran out. Every node's agent runs this; one also hosts the rendezvous.
+#pragma once
+
+#include <string>
+
+#include "command_line/launch_config.h"
+#include "command_line/program_command.h"
+#include "workers/run_directory.h"
+#include "workers/signal_relay.h"
+#include "workers/worker_env.h"
+
+namespace cpprun::launcher {
+
+// Returns cpprun's exit code. Throws RendezvousError when the nodes cannot meet.
+int run_multi_node(const LaunchConfig& config, const ProgramCommand& program, const EnvMap& parent_env,
+                   SignalRelay& relay, const RunDirectory& run_dir);
+
+}  // namespace cpprun::launcher

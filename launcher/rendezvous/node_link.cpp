@@ -1,0 +1,471 @@
+// Non-blocking sockets for the agents' links, read from the agent's poll() loop; each proves the
+// job secret before it carries a message (Note [Agent authentication]).
+#include "rendezvous/node_link.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <iostream>
+#include <sstream>
+#include <system_error>
+
+#include "rendezvous/link_auth.h"
+
+namespace cpprun::launcher {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// A line longer than this is not one of our messages.
+constexpr std::size_t kMaxLine = 64 * 1024;
+
+// The handshake's words (Note [Agent authentication]).
+constexpr const char* kChallengeWord = "cpprun-auth";
+constexpr const char* kProofWord = "cpprun-proof";
+constexpr const char* kAcceptedWord = "cpprun-auth-ok";
+constexpr const char* kRefusedWord = "cpprun-auth-refused";
+
+std::vector<std::string> split_words(const std::string& line) {
+  std::vector<std::string> words;
+  std::istringstream in(line);
+  for (std::string word; in >> word;) words.push_back(word);
+  return words;
+}
+
+bool is_nonce(const std::string& word) {
+  return word.size() == 32 && word.find_first_not_of("0123456789abcdef") == std::string::npos;
+}
+
+// Notices a peer host that vanished without closing the connection (power loss, cable): probes
+// after 10 s of silence, every 5 s, 4 times. Unacknowledged data gives up after 30 s.
+void enable_keepalive(int fd) {
+  const int on = 1;
+  const int idle = 10;
+  const int interval = 5;
+  const int count = 4;
+  const unsigned user_timeout_ms = 30000;
+  setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof(on));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof(interval));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof(count));
+  setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout_ms, sizeof(user_timeout_ms));
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof(on));
+}
+
+std::string address_text(const sockaddr* address) {
+  char host[INET6_ADDRSTRLEN] = "?";
+  int port = 0;
+  if (address->sa_family == AF_INET) {
+    const auto* in = reinterpret_cast<const sockaddr_in*>(address);
+    inet_ntop(AF_INET, &in->sin_addr, host, sizeof(host));
+    port = ntohs(in->sin_port);
+    return std::string(host) + ":" + std::to_string(port);
+  }
+  if (address->sa_family == AF_INET6) {
+    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(address);
+    port = ntohs(in6->sin6_port);
+    if (IN6_IS_ADDR_V4MAPPED(&in6->sin6_addr)) {  // an IPv4 peer of our dual-stack listener
+      inet_ntop(AF_INET, &in6->sin6_addr.s6_addr[12], host, sizeof(host));
+      return std::string(host) + ":" + std::to_string(port);
+    }
+    inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof(host));
+    return "[" + std::string(host) + "]:" + std::to_string(port);
+  }
+  return "?";
+}
+
+bool is_loopback_address(const sockaddr* address) {
+  if (address->sa_family == AF_INET) {
+    const auto* in = reinterpret_cast<const sockaddr_in*>(address);
+    return (ntohl(in->sin_addr.s_addr) >> 24) == 127;
+  }
+  if (address->sa_family == AF_INET6) {
+    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(address);
+    if (IN6_IS_ADDR_LOOPBACK(&in6->sin6_addr)) return true;
+    return IN6_IS_ADDR_V4MAPPED(&in6->sin6_addr) && in6->sin6_addr.s6_addr[12] == 127;
+  }
+  return false;
+}
+
+struct AddressList {
+  addrinfo* head = nullptr;
+  ~AddressList() {
+    if (head != nullptr) freeaddrinfo(head);
+  }
+};
+
+// getaddrinfo's error as text.
+int resolve(const std::string& host, int port, AddressList& list, std::string& error) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  const int rc = getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &list.head);
+  if (rc != 0) error = "cannot resolve " + host + ": " + gai_strerror(rc);
+  return rc;
+}
+
+}  // namespace
+
+OwnedFd& OwnedFd::operator=(OwnedFd&& other) noexcept {
+  if (this != &other) {
+    reset();
+    fd_ = other.fd_;
+    other.fd_ = -1;
+  }
+  return *this;
+}
+
+void OwnedFd::reset() {
+  if (fd_ >= 0) close(fd_);
+  fd_ = -1;
+}
+
+NodeLink::NodeLink(int fd, std::string peer, LinkSide side, std::string secret)
+    : fd_(fd), peer_(std::move(peer)), side_(side), secret_(std::move(secret)),
+      state_(side == LinkSide::kHost ? State::kAwaitProof : State::kAwaitChallenge), opened_(Clock::now()) {
+  if (side_ == LinkSide::kHost) {
+    host_nonce_ = random_nonce();
+    write_line(std::string(kChallengeWord) + " 1 " + host_nonce_);
+  }
+}
+
+bool NodeLink::handshake_overdue(Clock::time_point now) const {
+  return state_ != State::kOpen && now - opened_ > kHandshakeTimeout;
+}
+
+bool NodeLink::write_line(const std::string& text) {
+  if (fd_.get() < 0) return false;
+  const std::string line = text + "\n";
+  std::size_t sent = 0;
+  while (sent < line.size()) {
+    const ssize_t n = ::send(fd_.get(), line.data() + sent, line.size() - sent, MSG_NOSIGNAL);
+    if (n > 0) {
+      sent += static_cast<std::size_t>(n);
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      // Messages are a few dozen bytes; a full socket buffer means the peer stopped reading.
+      pollfd out{fd_.get(), POLLOUT, 0};
+      if (poll(&out, 1, 5000) <= 0) return false;
+    } else {
+      return false;
+    }
+  }
+  return true;
+}
+
+bool NodeLink::send(const NodeMessage& message) {
+  if (fd_.get() < 0) return false;
+  if (state_ != State::kOpen) {
+    outbox_.push_back(message);  // the member's hello, written once the host is proven
+    return true;
+  }
+  const std::string line = encode_message(message);
+  const LinkDirection direction =
+      side_ == LinkSide::kHost ? LinkDirection::kHostToMember : LinkDirection::kMemberToHost;
+  const std::uint64_t sequence = sent_++;
+  return write_line(std::to_string(sequence) + " " + message_tag(session_key_, direction, sequence, line) + " " +
+                    line);
+}
+
+void NodeLink::open_session() {
+  session_key_ = session_key(secret_, host_nonce_, member_nonce_);
+  state_ = State::kOpen;
+  std::vector<NodeMessage> queued = std::move(outbox_);
+  outbox_.clear();
+  for (const NodeMessage& message : queued) send(message);
+}
+
+// The member reads the host's challenge and answers it with its proof.
+bool NodeLink::answer_challenge(const std::string& line, Received& got) {
+  const std::vector<std::string> words = split_words(line);
+  if (words.size() != 3 || words[0] != kChallengeWord || words[1] != "1" || !is_nonce(words[2])) {
+    got.violation = "sent a line that is not a cpprun agent message: '" + printable(line.substr(0, 200)) + "'";
+    return false;
+  }
+  host_nonce_ = words[2];
+  member_nonce_ = random_nonce();
+  state_ = State::kAwaitVerdict;
+  return write_line(std::string(kProofWord) + " " + member_nonce_ + " " +
+                    member_proof(secret_, host_nonce_, member_nonce_));
+}
+
+// The host checks the member's proof: the link opens, or is refused without a word about the job.
+bool NodeLink::check_proof(const std::string& line, Received& got) {
+  const std::vector<std::string> words = split_words(line);
+  const bool proven = words.size() == 3 && words[0] == kProofWord && is_nonce(words[1]) &&
+                      same_proof(words[2], member_proof(secret_, host_nonce_, words[1]));
+  if (!proven) {
+    write_line(kRefusedWord);
+    got.refused = words.size() == 3 && words[0] == kProofWord
+                      ? "it did not prove that it holds this job's secret: it was given another one"
+                      : "it did not prove that it holds this job's secret: an older cpprun, or not a cpprun agent";
+    return false;
+  }
+  member_nonce_ = words[1];
+  if (!write_line(std::string(kAcceptedWord) + " " + host_proof(secret_, host_nonce_, member_nonce_))) return false;
+  open_session();
+  return true;
+}
+
+// The member checks the host's answer: the host must prove the secret too.
+bool NodeLink::check_verdict(const std::string& line, Received& got) {
+  const std::vector<std::string> words = split_words(line);
+  if (words.size() == 1 && words[0] == kRefusedWord) {
+    got.refused = "refused this agent's proof of the job secret: the nodes were given different secrets "
+                  "(CPPRUN_JOB_SECRET or --job_secret_file); give every node the same one";
+    return false;
+  }
+  if (words.size() != 2 || words[0] != kAcceptedWord ||
+      !same_proof(words[1], host_proof(secret_, host_nonce_, member_nonce_))) {
+    got.refused = "could not prove that it holds this job's secret: another job's agent, or not a cpprun agent, "
+                  "listens there";
+    return false;
+  }
+  open_session();
+  return true;
+}
+
+// "SEQUENCE TAG MESSAGE": the next number in order, and the tag of the session's key over it.
+bool NodeLink::read_message(const std::string& line, Received& got) {
+  const auto first = line.find(' ');
+  const auto second = first == std::string::npos ? std::string::npos : line.find(' ', first + 1);
+  const LinkDirection direction =
+      side_ == LinkSide::kHost ? LinkDirection::kMemberToHost : LinkDirection::kHostToMember;
+  if (second == std::string::npos || line.compare(0, first, std::to_string(received_)) != 0) {
+    got.violation = "sent a message out of sequence or without its tag (replayed, or not from this job's agent)";
+    return false;
+  }
+  const std::string tag = line.substr(first + 1, second - first - 1);
+  const std::string body = line.substr(second + 1);
+  if (!same_proof(tag, message_tag(session_key_, direction, received_, body))) {
+    got.violation = "sent a message whose tag does not match (forged, or altered on the way)";
+    return false;
+  }
+  ++received_;
+  std::optional<NodeMessage> message = decode_message(body);
+  if (!message) {
+    got.violation = "sent a line that is not a cpprun agent message: '" + printable(body.substr(0, 200)) + "'";
+    return false;
+  }
+  got.messages.push_back(std::move(*message));
+  return true;
+}
+
+bool NodeLink::process_line(const std::string& line, Received& got) {
+  switch (state_) {
+    case State::kAwaitChallenge: return answer_challenge(line, got);
+    case State::kAwaitProof: return check_proof(line, got);
+    case State::kAwaitVerdict: return check_verdict(line, got);
+    case State::kOpen: return read_message(line, got);
+    case State::kClosed: return false;
+  }
+  return false;
+}
+
+NodeLink::Received NodeLink::receive() {
+  Received got;
+  if (fd_.get() < 0) {
+    got.closed = true;
+    return got;
+  }
+  char chunk[4096];
+  for (;;) {
+    const ssize_t n = recv(fd_.get(), chunk, sizeof(chunk), 0);
+    if (n > 0) {
+      buffer_.append(chunk, static_cast<std::size_t>(n));
+      if (buffer_.size() > kMaxLine) break;  // read no more than one line's worth from a flood
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+    got.closed = true;  // 0: orderly close; else ECONNRESET, ETIMEDOUT (keep-alive), ...
+    break;
+  }
+  std::size_t start = 0;
+  bool ok = true;
+  for (std::size_t end; ok && (end = buffer_.find('\n', start)) != std::string::npos; start = end + 1) {
+    ok = process_line(buffer_.substr(start, end - start), got);
+  }
+  buffer_.erase(0, ok ? start : buffer_.size());
+  if (ok && buffer_.size() > kMaxLine) {
+    got.violation = "sent a line longer than " + std::to_string(kMaxLine) + " bytes";
+    ok = false;
+  }
+  if (!ok) got.closed = true;
+  if (got.closed) {
+    state_ = State::kClosed;
+    fd_.reset();
+  }
+  return got;
+}
+
+void warn_refused_link(const std::string& peer, const std::string& why) {
+  static int refused = 0;
+  constexpr int kShown = 5;
+  ++refused;
+  if (refused <= kShown) {
+    std::cerr << "cpprun: warning: refused a connection from " << peer << ": " << why << "\n";
+  }
+  if (refused == kShown) {
+    std::cerr << "cpprun: warning: further refused connections are not shown\n";
+  }
+}
+
+LinkListener::LinkListener(bool loopback_only, std::string secret)
+    : secret_(std::move(secret)), loopback_only_(loopback_only) {
+  // IPv6 with IPV6_V6ONLY off takes IPv4 too; a host without IPv6 gets an IPv4 socket.
+  int fd = socket(AF_INET6, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  int rc = -1;
+  if (fd >= 0) {
+    const int off = 0;
+    setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &off, sizeof(off));
+    sockaddr_in6 address{};
+    address.sin6_family = AF_INET6;
+    if (loopback_only) {
+      inet_pton(AF_INET6, "::ffff:127.0.0.1", &address.sin6_addr);
+    } else {
+      address.sin6_addr = in6addr_any;
+    }
+    rc = bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
+    if (rc != 0) {
+      close(fd);
+      fd = -1;
+    }
+  }
+  if (fd < 0) {
+    fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) throw std::system_error(errno, std::generic_category(), "cpprun: socket() for the agents' links");
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(loopback_only ? INADDR_LOOPBACK : INADDR_ANY);
+    rc = bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
+  }
+  if (rc != 0 || listen(fd, 128) != 0) {
+    const int error = errno;
+    close(fd);
+    throw std::system_error(error, std::generic_category(), "cpprun: listening for the other nodes' agents");
+  }
+  fd_ = OwnedFd(fd);
+  sockaddr_storage bound{};
+  socklen_t size = sizeof(bound);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &size);
+  port_ = bound.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
+                                      : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+}
+
+EndpointListener LinkListener::at_endpoint(const std::string& host, int port, const std::string& secret) {
+  EndpointListener result;
+  AddressList addresses;
+  if (resolve(host, port, addresses, result.error) != 0) return result;
+  result.status = ListenStatus::kNotHere;
+  for (const addrinfo* a = addresses.head; a != nullptr; a = a->ai_next) {
+    const int fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    // A previous job's connections in TIME_WAIT must not keep the endpoint from being hosted again;
+    // a listening socket still refuses a second listener, which is what decides the host.
+    const int on = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
+    if (a->ai_family == AF_INET6) setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &on, sizeof(on));
+    int error = 0;
+    if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 || listen(fd, 128) != 0) error = errno;
+    if (error == 0) {
+      result.status = ListenStatus::kListening;
+      result.listener.emplace(LinkListener(fd, port, secret));
+      result.error.clear();
+      return result;
+    }
+    close(fd);
+    if (error == EADDRINUSE) {
+      result.status = ListenStatus::kTaken;
+      return result;
+    }
+    if (error != EADDRNOTAVAIL) {
+      result.status = ListenStatus::kFailed;
+      result.error = "cannot listen at " + address_text(a->ai_addr) + ": " + std::strerror(error);
+      return result;
+    }
+  }
+  return result;
+}
+
+std::optional<NodeLink> LinkListener::accept() {
+  sockaddr_storage peer{};
+  socklen_t size = sizeof(peer);
+  int fd = -1;
+  do {
+    fd = accept4(fd_.get(), reinterpret_cast<sockaddr*>(&peer), &size, SOCK_NONBLOCK | SOCK_CLOEXEC);
+  } while (fd < 0 && errno == EINTR);
+  if (fd < 0) return std::nullopt;  // nothing waiting, or it went away already
+  enable_keepalive(fd);
+  return NodeLink(fd, address_text(reinterpret_cast<sockaddr*>(&peer)), LinkSide::kHost, secret_);
+}
+
+ConnectResult connect_link(const std::string& host, int port, std::chrono::milliseconds timeout, int wake_fd,
+                           const std::string& secret) {
+  ConnectResult result;
+  AddressList addresses;
+  if (resolve(host, port, addresses, result.error) != 0) return result;
+  const auto deadline = Clock::now() + timeout;
+  for (const addrinfo* a = addresses.head; a != nullptr; a = a->ai_next) {
+    const int fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) {
+      result.error = std::string("socket(): ") + std::strerror(errno);
+      continue;
+    }
+    const std::string where = address_text(a->ai_addr);
+    int error = 0;
+    if (connect(fd, a->ai_addr, a->ai_addrlen) != 0) error = errno;
+    if (error == EINPROGRESS) {
+      pollfd fds[2] = {{fd, POLLOUT, 0}, {wake_fd, POLLIN, 0}};
+      for (;;) {
+        const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()).count();
+        const int ready = poll(fds, wake_fd >= 0 ? 2 : 1, static_cast<int>(std::max<long long>(left, 0)));
+        if (ready < 0 && errno == EINTR) continue;
+        if (ready > 0 && wake_fd >= 0 && (fds[1].revents & POLLIN) != 0) {
+          close(fd);
+          result.status = ConnectStatus::kInterrupted;
+          return result;
+        }
+        if (ready <= 0) {
+          error = ETIMEDOUT;
+        } else {
+          socklen_t size = sizeof(error);
+          getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &size);
+        }
+        break;
+      }
+    }
+    if (error == 0) {
+      enable_keepalive(fd);
+      result.status = ConnectStatus::kConnected;
+      result.link.emplace(fd, where, LinkSide::kMember, secret);
+      result.error.clear();
+      return result;
+    }
+    close(fd);
+    result.error = where + ": " + std::strerror(error);
+    if (Clock::now() >= deadline) break;
+  }
+  return result;
+}
+
+bool is_loopback_host(const std::string& host) {
+  AddressList addresses;
+  std::string error;
+  if (resolve(host, 0, addresses, error) != 0) return false;
+  for (const addrinfo* a = addresses.head; a != nullptr; a = a->ai_next) {
+    if (!is_loopback_address(a->ai_addr)) return false;
+  }
+  return addresses.head != nullptr;
+}
+
+}  // namespace cpprun::launcher

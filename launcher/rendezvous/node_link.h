@@ -1,0 +1,158 @@
+// The TCP links between the agents of a multi-node job. Each member agent keeps one connection to
+// node 0's agent for the whole job; the messages of node_messages.h travel on it, and its end is
+// how one agent learns at once that another is gone: the kernel closes a killed process's
+// sockets, and TCP keep-alive notices a host that went away (about 30 s).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "rendezvous/node_messages.h"
+
+namespace cpprun::launcher {
+
+// Which end of a link this agent holds: the host accepted it and challenges, the member connected.
+enum class LinkSide { kHost, kMember };
+
+// Closes its descriptor when destroyed; movable, so the classes holding one move by default.
+class OwnedFd {
+ public:
+  explicit OwnedFd(int fd = -1) : fd_(fd) {}
+  ~OwnedFd() { reset(); }
+  OwnedFd(OwnedFd&& other) noexcept : fd_(other.fd_) { other.fd_ = -1; }
+  OwnedFd& operator=(OwnedFd&& other) noexcept;
+  OwnedFd(const OwnedFd&) = delete;
+  OwnedFd& operator=(const OwnedFd&) = delete;
+  int get() const { return fd_; }
+  void reset();
+
+ private:
+  int fd_ = -1;
+};
+
+// One agent-to-agent connection. It proves the job secret first (Note [Agent authentication] in
+// link_auth.h) and only then hands out messages; send() before that is queued until it is proven.
+class NodeLink {
+ public:
+  // Takes a connected socket; `peer` ("10.0.0.2:41234") is for messages. `secret` is the job's
+  // (empty with --no_job_secret). The host's side sends its challenge at once.
+  NodeLink(int fd, std::string peer, LinkSide side, std::string secret);
+
+  int fd() const { return fd_.get(); }
+  const std::string& peer() const { return peer_; }
+  bool authenticated() const { return state_ == State::kOpen; }
+  // A connection that has not proven the secret within kHandshakeTimeout of being opened: a
+  // stranger, or a peer that stopped halfway. Its holder drops it.
+  bool handshake_overdue(std::chrono::steady_clock::time_point now) const;
+
+  // Sends one message (queued until the link is authenticated). False when the connection is
+  // gone; the next receive() then reports it.
+  bool send(const NodeMessage& message);
+
+  struct Received {
+    std::vector<NodeMessage> messages;  // complete, authenticated messages, in order
+    bool closed = false;                // the peer closed the link, or it broke
+    // What the peer sent that is not our protocol, e.g. "sent a line that is not a cpprun agent
+    // message: '...'" (the link is then closed).
+    std::string violation;
+    std::string refused;                // set when the secret was not proven (the link is then closed)
+  };
+  // Reads what has arrived, without blocking. Call when poll() says fd() is readable.
+  Received receive();
+
+  static constexpr std::chrono::seconds kHandshakeTimeout{10};
+
+ private:
+  enum class State { kAwaitChallenge, kAwaitProof, kAwaitVerdict, kOpen, kClosed };
+  bool write_line(const std::string& line);
+  bool process_line(const std::string& line, Received& got);  // false: the link is to be closed
+  bool answer_challenge(const std::string& line, Received& got);
+  bool check_proof(const std::string& line, Received& got);
+  bool check_verdict(const std::string& line, Received& got);
+  bool read_message(const std::string& line, Received& got);
+  void open_session();
+
+  OwnedFd fd_;
+  std::string peer_;
+  LinkSide side_;
+  std::string secret_;
+  State state_;
+  std::chrono::steady_clock::time_point opened_;
+  std::string host_nonce_;
+  std::string member_nonce_;
+  std::string session_key_;
+  std::uint64_t sent_ = 0;      // lines sent since the session opened
+  std::uint64_t received_ = 0;  // lines received since the session opened
+  std::vector<NodeMessage> outbox_;  // sent before the session opened
+  std::string buffer_;               // an incomplete line
+};
+
+// Prints that a connection was refused for not proving the secret, naming only its address; after
+// a few, says that further ones are counted, not printed, so a stranger cannot flood the console.
+void warn_refused_link(const std::string& peer, const std::string& why);
+
+enum class ListenStatus;
+struct EndpointListener;
+
+// Accepts the member agents' links: on a port the kernel picks (static rendezvous), or at the
+// c10d rendezvous endpoint itself.
+class LinkListener {
+ public:
+  // On the loopback only when `loopback_only` (every node on this host), else on every interface,
+  // as c10d's store listens. Links it accepts prove `secret`. Throws std::system_error.
+  LinkListener(bool loopback_only, std::string secret);
+  // Listens at host:port, on the first of the host's addresses that is this machine's. Only one
+  // process can: the others learn that it is taken (kTaken) and that agent hosts the rendezvous.
+  static EndpointListener at_endpoint(const std::string& host, int port, const std::string& secret);
+  int fd() const { return fd_.get(); }
+  int port() const { return port_; }
+  bool loopback_only() const { return loopback_only_; }
+  // A connection waiting to be accepted, if any; never blocks.
+  std::optional<NodeLink> accept();
+
+ private:
+  LinkListener(int fd, int port, std::string secret) : fd_(fd), port_(port), secret_(std::move(secret)) {}
+  OwnedFd fd_;
+  int port_ = 0;
+  std::string secret_;
+  bool loopback_only_ = false;
+};
+
+enum class ListenStatus {
+  kListening,  // this process now listens there
+  kTaken,      // another process listens there (on this machine)
+  kNotHere,    // no address of the host is this machine's
+  kFailed,     // cannot resolve, or another error (`error` says which)
+};
+
+struct EndpointListener {
+  ListenStatus status = ListenStatus::kFailed;
+  std::optional<LinkListener> listener;  // kListening
+  std::string error;
+};
+
+enum class ConnectStatus {
+  kConnected,
+  kFailed,       // refused, unreachable, timed out or unresolvable: `error` says which
+  kInterrupted,  // `wake_fd` became readable first (a signal arrived)
+};
+
+struct ConnectResult {
+  ConnectStatus status = ConnectStatus::kFailed;
+  std::optional<NodeLink> link;
+  std::string error;
+};
+
+// One attempt to connect to host:port, trying each address the host resolves to, for at most
+// `timeout` in all; gives up early when `wake_fd` becomes readable (-1: never). The link then
+// proves `secret` to the host as the first thing it reads and sends.
+ConnectResult connect_link(const std::string& host, int port, std::chrono::milliseconds timeout, int wake_fd,
+                           const std::string& secret);
+
+// Every address `host` resolves to is a loopback one (127.0.0.0/8, ::1): the job is on this host.
+bool is_loopback_host(const std::string& host);
+
+}  // namespace cpprun::launcher

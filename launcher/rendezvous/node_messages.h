@@ -1,0 +1,85 @@
+// What the agents of a multi-node job say to each other over their links (node_link.h): one
+// message per line, words separated by spaces, each word escaped. Pure, so unit-tested.
+//
+// Node 0's agent (the host) and each other agent (a member) talk like this:
+//   member -> host   hello     who I am: backend, node rank, nnodes, nproc, max_restarts, run id, role
+//   host -> member   gathering round N has this many nodes so far, and (static) the node ranks
+//                              still missing (after every arrival or departure)
+//   host -> member   queued    c10d: round N runs without you; you are in the next one
+//   host -> member   start     round N begins: your ranks (and, c10d, the workers' MASTER_PORT)
+//   member -> host   done      my workers of round N all succeeded
+//   member -> host   failed    round N failed here (a worker, or a signal to this agent)
+//   host -> member   end       round N is over (failed somewhere): stop your workers
+//   member -> host   stopped   my workers of round N are stopped
+//   host -> member   exit      the job is over: exit with this code (0 when every node was done)
+// A restart is a new `start` with the next round number. The host (rendezvous_host.cpp) gathers
+// the members of each round anew (`gathering` while it waits); with c10d it numbers them in the
+// order they joined, and a node that arrives while a round runs is `queued` and ends that round if
+// the job has room for it.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "rendezvous/rank_layout.h"
+
+namespace cpprun::launcher {
+
+// Bumped when a message changes; agents of different versions refuse each other at `hello`.
+inline constexpr int kNodeProtocolVersion = 4;
+
+enum class MessageKind { kHello, kGathering, kQueued, kStart, kDone, kFailed, kStopped, kEnd, kExit };
+
+struct NodeHello {
+  int protocol = kNodeProtocolVersion;
+  std::string backend = "static";  // --rdzv_backend: agents of different backends refuse each other
+  int node_rank = 0;               // static: --node_rank; c10d: -1 (the rendezvous numbers the nodes)
+  int min_nodes = 1;               // --nnodes=MIN:MAX; static: both are --nnodes
+  int max_nodes = 1;
+  int max_restarts = 0;
+  std::string run_id;
+  NodeShape shape;  // --nproc_per_node and --role
+};
+
+// Why a round (or the job) ended, and the exit code it implies.
+struct JobEnd {
+  int exit_code = 1;
+  bool restartable = false;  // a worker failed; false for signals and lost agents
+  std::string reason;        // one line, e.g. "rank 2 (local_rank 0, pid 41) on node 1 exited with code 3"
+};
+
+struct NodeMessage {
+  MessageKind kind = MessageKind::kHello;
+  int round = 0;                 // kGathering, kQueued, kStart, kDone, kFailed, kStopped, kEnd
+  NodeHello hello;               // kHello
+  std::vector<int> missing;      // kGathering: static node ranks not joined yet
+  int nodes = 0;                 // kGathering: nodes in the round so far; kQueued: nodes running it
+  bool restarting = false;       // kQueued: the running round is being ended to take this node in
+  int restart_count = 0;         // kStart: TORCHELASTIC_RESTART_COUNT
+  RankLayout layout;             // kStart: group rank and size, ranks, master_port (0: the agent store's)
+  JobEnd end;                    // kFailed, kEnd, kExit
+
+  static NodeMessage make_hello(const NodeHello& hello);
+  static NodeMessage make_gathering(int round, int nodes, std::vector<int> missing);
+  static NodeMessage make_queued(int round, int nodes, bool restarting);
+  static NodeMessage make_start(int round, int restart_count, const RankLayout& layout);
+  static NodeMessage make_done(int round);
+  static NodeMessage make_failed(int round, JobEnd end);
+  static NodeMessage make_stopped(int round);
+  static NodeMessage make_end(int round, JobEnd end);
+  static NodeMessage make_exit(JobEnd end);
+};
+
+// One line, without the newline.
+std::string encode_message(const NodeMessage& message);
+// nullopt for a line that is not a message of this protocol.
+std::optional<NodeMessage> decode_message(const std::string& line);
+
+// `text` with every control character (and DEL) replaced by '?': what a peer said, safe to print.
+std::string printable(const std::string& text);
+
+// "1, 3" (for messages to people).
+std::string join_ranks(const std::vector<int>& ranks);
+
+}  // namespace cpprun::launcher

@@ -1,0 +1,53 @@
+// torchrun's rank assignment (SimpleElasticAgent._assign_worker_ranks).
+#include "rendezvous/rank_layout.h"
+
+#include <stdexcept>
+
+namespace cpprun::launcher {
+
+RankLayout single_node_layout(const LaunchConfig& config) {
+  RankLayout layout;
+  layout.world_size = config.nproc_per_node;
+  layout.role_world_size = config.nproc_per_node;
+  return layout;
+}
+
+RankLayout multi_node_layout(const std::vector<NodeShape>& nodes, int node_rank) {
+  if (node_rank < 0 || node_rank >= static_cast<int>(nodes.size())) {
+    throw std::logic_error("multi_node_layout: node rank " + std::to_string(node_rank) + " of " +
+                           std::to_string(nodes.size()) + " nodes");
+  }
+  const NodeShape& self = nodes[node_rank];
+  RankLayout layout;
+  layout.group_rank = node_rank;
+  layout.group_world_size = static_cast<int>(nodes.size());
+  layout.base_rank = 0;
+  layout.world_size = 0;
+  layout.role_base_rank = 0;
+  layout.role_world_size = 0;
+  for (int i = 0; i < static_cast<int>(nodes.size()); ++i) {
+    const bool same_role = nodes[i].role == self.role;
+    layout.world_size += nodes[i].local_world_size;
+    if (same_role) layout.role_world_size += nodes[i].local_world_size;
+    if (i < node_rank) {
+      layout.base_rank += nodes[i].local_world_size;
+      if (same_role) layout.role_base_rank += nodes[i].local_world_size;
+    }
+  }
+  layout.agent_store = true;
+  return layout;
+}
+
+RankLayout assumed_layout(const LaunchConfig& config) {
+  const NodeShape self{config.nproc_per_node, config.role};
+  if (config.rdzv_backend == RendezvousBackend::kC10d) {
+    // c10d: the first of MIN nodes to join; worker rank 0 hosts the workers' store.
+    RankLayout layout = multi_node_layout(std::vector<NodeShape>(config.min_nodes, self), 0);
+    layout.agent_store = false;
+    return layout;
+  }
+  if (config.nnodes == 1) return single_node_layout(config);
+  return multi_node_layout(std::vector<NodeShape>(config.nnodes, self), config.node_rank);
+}
+
+}  // namespace cpprun::launcher

@@ -1,0 +1,43 @@
+// Where one node's workers sit among the job's: torchrun's rank arithmetic. Pure, unit-tested.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "command_line/launch_config.h"
+
+namespace cpprun::launcher {
+
+struct RankLayout {
+  int group_rank = 0;        // GROUP_RANK: this node's rank
+  int group_world_size = 1;  // GROUP_WORLD_SIZE: the number of nodes
+  int base_rank = 0;         // RANK of this node's local rank 0
+  int world_size = 1;        // WORLD_SIZE: workers on all nodes
+  int role_base_rank = 0;    // ROLE_RANK of local rank 0
+  int role_world_size = 1;   // ROLE_WORLD_SIZE: workers of this node's --role on all nodes
+  // TORCHELASTIC_USE_AGENT_STORE: node 0's agent hosts the c10d store (static multi-node jobs).
+  bool agent_store = false;
+  // MASTER_PORT when the rendezvous picked it (c10d: a free port on group rank 0's host, where
+  // worker rank 0 starts the store); 0 means --master_port.
+  int master_port = 0;
+};
+
+// What each node told the rendezvous about itself.
+struct NodeShape {
+  int local_world_size = 1;  // its --nproc_per_node
+  std::string role = "default";
+};
+
+// A job of one node: ranks 0..nproc_per_node-1, worker rank 0 hosts the store.
+RankLayout single_node_layout(const LaunchConfig& config);
+
+// Node `node_rank`'s layout when node i runs nodes[i].local_world_size workers, as torchrun's
+// agent assigns it: a node's ranks are contiguous and ordered by node rank; role ranks likewise,
+// counting only the nodes of the same role.
+RankLayout multi_node_layout(const std::vector<NodeShape>& nodes, int node_rank);
+
+// Before the rendezvous (--dry_run) a node knows only itself: the layout if every node ran
+// --nproc_per_node workers of the same role (c10d: this node joined first, of MIN nodes).
+RankLayout assumed_layout(const LaunchConfig& config);
+
+}  // namespace cpprun::launcher

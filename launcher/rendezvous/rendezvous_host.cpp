@@ -1,0 +1,576 @@
+// The rendezvous's host, static (node 0) or c10d (the agent at --rdzv_endpoint): gathers each
+// round's nodes, numbers them, relays every node's news to the others, and decides restarts,
+// membership changes and the job's end. One state machine for both: a static job is one with
+// MIN = MAX whose nodes bring their ranks. See Note [Elastic rounds].
+#include <algorithm>
+#include <chrono>
+#include <iostream>
+#include <set>
+#include <system_error>
+#include <vector>
+
+#include "agent_store/agent_store.h"
+#include "command_line/host_facts.h"
+#include "rendezvous/node_link.h"
+#include "rendezvous/node_rendezvous.h"
+#include "rendezvous/pending_links.h"
+#include "workers/restart_pacer.h"
+
+namespace cpprun::launcher {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// After a round ended, how long the host waits for the other nodes to report their workers stopped,
+// beyond --shutdown_timeout, before it counts a silent one as lost.
+constexpr std::chrono::seconds kStopSlack{30};
+
+// Why the running round ended. The first reason is what the nodes are told; a stronger one that
+// comes later still decides what happens next (a worker failing because a node died is the node's
+// loss, not a failure to count against --max_restarts).
+enum class RoundEnd {
+  kNone,
+  kWorkerFailed,  // a restart, counted against --max_restarts
+  kNodeJoined,    // a membership change: a node came while the job had room
+  kNodeLost,      // a membership change: a node left while its workers ran
+  kFatal,         // an agent got a job-ending signal: the job ends
+};
+
+int strength(RoundEnd end) {
+  switch (end) {
+    case RoundEnd::kNone: return 0;
+    case RoundEnd::kWorkerFailed:
+    case RoundEnd::kNodeJoined: return 1;
+    case RoundEnd::kNodeLost: return 2;
+    case RoundEnd::kFatal: return 3;
+  }
+  return 0;
+}
+
+int ms_until(Clock::time_point when) {
+  const auto left = std::chrono::ceil<std::chrono::milliseconds>(when - Clock::now());
+  return static_cast<int>(std::clamp<long long>(left.count(), 0, 1 << 30));
+}
+
+class RendezvousHost final : public NodeRendezvous {
+ public:
+  RendezvousHost(const RendezvousSettings& settings, LinkListener listener, Clock::time_point started)
+      : settings_(settings), started_(started), listener_(std::move(listener)),
+        on_loopback_(listener_.loopback_only()) {
+    if (settings_.fixed_ranks()) open_store();
+  }
+
+  std::optional<RankLayout> join(SignalRelay& relay, int& signal) override {
+    if (!settings_.fixed_ranks()) {
+      std::cerr << "cpprun: this agent hosts the c10d rendezvous at " << endpoint() << " (--rdzv_id="
+                << settings_.run_id << ", " << settings_.nnodes_flag() << ")\n";
+    }
+    std::optional<RankLayout> layout = gather(relay, started_);
+    if (!layout) {
+      signal = pending_signal_;
+      broadcast_all(NodeMessage::make_exit(
+          {128 + signal, false, "cpprun: " + title() + " received " + signal_name(signal) + " before the job started"}));
+    }
+    return layout;
+  }
+
+  int round() const override { return round_; }
+  int restart_count() const override { return restart_count_; }
+  const JobEnd& peer_end() const override { return *end_; }
+
+  std::vector<int> fds() const override {
+    std::vector<int> fds;
+    for (const Node& n : nodes_) fds.push_back(n.link.fd());
+    for (const Node& n : queued_) fds.push_back(n.link.fd());
+    for (int fd : pending_.fds()) fds.push_back(fd);
+    fds.push_back(listener_.fd());
+    return fds;
+  }
+
+  void on_readable(int fd) override {
+    if (fd == listener_.fd()) {
+      pending_.accept_from(listener_);
+      return;
+    }
+    if (pending_.owns(fd)) {
+      if (auto introduced = pending_.read(fd)) admit(std::move(introduced->first), introduced->second);
+      return;
+    }
+    for (std::size_t i = 0; i < nodes_.size(); ++i) {
+      if (nodes_[i].link.fd() == fd) return read_node(i);
+    }
+    for (std::size_t i = 0; i < queued_.size(); ++i) {
+      if (queued_[i].link.fd() == fd) return read_queued(i);
+    }
+  }
+
+  bool attempt_ended() const override { return end_.has_value(); }
+
+  void report_done() override { self_done_ = true; }
+
+  void report_failed(const JobEnd& end) override { end_round(RoundEnd::kWorkerFailed, end); }
+
+  void report_interrupted(const JobEnd& end) override {
+    if (!end_) end_ = end;
+    broadcast_all(NodeMessage::make_exit(end));
+  }
+
+  JobDecision decide(SignalRelay& relay) override {
+    // News that arrived while this node's workers were being stopped (a lost node, say) counts.
+    if (poll_once(relay, 0)) return interrupted();
+    std::optional<Clock::time_point> stop_deadline;
+    for (;;) {
+      if (!end_) {
+        if (self_done_ && all_nodes(NodeState::kDone)) {
+          broadcast_all(NodeMessage::make_exit({0, false, ""}));
+          return {JobDecision::Kind::kFinish, {}, {}};
+        }
+      } else if (why_ == RoundEnd::kFatal ||
+                 (why_ == RoundEnd::kWorkerFailed && restart_count_ >= settings_.max_restarts)) {
+        broadcast_all(NodeMessage::make_exit(decisive_));
+        return {JobDecision::Kind::kExit, {}, decisive_};
+      } else if (all_nodes(NodeState::kStopped)) {
+        // Only restarts after a worker failure back off; the links are polled until it is due.
+        if (why_ == RoundEnd::kWorkerFailed) {
+          stop_deadline = pacer_.restart_at(restart_count_ + 1, settings_.max_restarts);
+        }
+        if (why_ != RoundEnd::kWorkerFailed || Clock::now() >= *stop_deadline) return next_round(relay);
+      } else if (!stop_deadline) {
+        stop_deadline = Clock::now() + settings_.shutdown_timeout + kStopSlack;
+      } else if (Clock::now() >= *stop_deadline) {
+        for (std::size_t i = nodes_.size(); i-- > 0;) {
+          if (nodes_[i].state != NodeState::kStopped) {
+            lose(i, "did not report its workers stopped within --shutdown_timeout + " +
+                        std::to_string(kStopSlack.count()) + " s");
+          }
+        }
+        continue;
+      }
+      if (poll_once(relay, stop_deadline ? ms_until(*stop_deadline) : -1)) return interrupted();
+    }
+  }
+
+ private:
+  enum class NodeState {
+    kJoined,   // in the round being gathered
+    kRunning,  // its workers run this round
+    kDone,     // its workers all succeeded this round
+    kFailed,   // it reported a failure this round
+    kStopped,  // its workers of this round are stopped
+    kQueued,   // came while a round ran: joins the next one
+  };
+
+  struct Node {
+    NodeLink link;
+    NodeHello hello;
+    NodeState state = NodeState::kJoined;
+    int group_rank = -1;  // in the running round; -1 before it got one
+  };
+
+  enum class Phase { kGathering, kRunning };
+
+  std::string endpoint() const { return settings_.endpoint(); }
+  int count() const { return 1 + static_cast<int>(nodes_.size()); }  // this node too
+
+  // How the members and the console name this agent.
+  std::string title() const {
+    return settings_.fixed_ranks() ? describe_agent(0, "") : "the agent hosting the rendezvous at " + endpoint();
+  }
+
+  static std::string describe(const Node& node) {
+    const int rank = node.group_rank >= 0 ? node.group_rank : node.hello.node_rank;  // static: known from hello
+    return rank >= 0 ? describe_agent(rank, node.link.peer()) : "the agent at " + node.link.peer();
+  }
+
+  // static: a fresh store each round (see Note [Agent store]), where the members find this agent.
+  void open_store() {
+    store_.reset();
+    try {
+      store_.emplace(AgentStore::host(settings_.port, on_loopback_, kStoreTimeout));
+      store_->set(kLinkPortKey, std::to_string(listener_.port()));
+    } catch (const AgentStoreError& e) {
+      const std::string what = e.what();
+      if (what.find("in use") != std::string::npos || what.find("EADDRINUSE") != std::string::npos) {
+        throw RendezvousError("cpprun: node 0 cannot host the rendezvous store: --master_port=" +
+                                  std::to_string(settings_.port) +
+                                  " is already in use on this host (another job, or one still shutting down). "
+                                  "Pick a free port with --master_port=PORT on every node.\nc10d said: " + what,
+                              1);
+      }
+      if (what.rfind("cpprun:", 0) == 0) throw RendezvousError(what, 1);
+      throw RendezvousError("cpprun: node 0 cannot host the rendezvous store on port " +
+                                std::to_string(settings_.port) + ": " + what, 1);
+    }
+  }
+
+  // Gathers a round: the nodes still here, then the queued ones in arrival order, then any that
+  // arrive, until MAX are here or MIN and the last call passed. nullopt: a job-ending signal came.
+  std::optional<RankLayout> gather(SignalRelay& relay, Clock::time_point since) {
+    phase_ = Phase::kGathering;
+    for (Node& n : nodes_) {
+      n.state = NodeState::kJoined;
+      n.group_rank = -1;  // numbered again when the round starts
+    }
+    while (!queued_.empty() && count() < settings_.max_nodes) {
+      nodes_.push_back(std::move(queued_.front()));
+      queued_.erase(queued_.begin());
+      nodes_.back().state = NodeState::kJoined;
+    }
+    last_call_.reset();
+    count_changed();
+    const auto deadline = since + settings_.join_timeout;
+    for (;;) {
+      const bool enough = count() >= settings_.min_nodes;
+      if (count() >= settings_.max_nodes || (last_call_ && Clock::now() >= *last_call_) ||
+          (enough && Clock::now() >= deadline)) {
+        return start_round();
+      }
+      if (Clock::now() >= deadline) {
+        const std::string message = join_timeout_message();
+        broadcast_all(NodeMessage::make_exit({1, false, message}));
+        throw RendezvousError(message, 1);
+      }
+      if (poll_once(relay, ms_until(last_call_ ? std::min(*last_call_, deadline) : deadline))) return std::nullopt;
+    }
+  }
+
+  // After a node joined or left while gathering: torchrun's last call opens when the MIN-th node
+  // arrives and closes if the nodes drop below MIN again.
+  void count_changed() {
+    if (count() < settings_.min_nodes) {
+      last_call_.reset();
+    } else if (!last_call_ && count() < settings_.max_nodes) {
+      last_call_ = Clock::now() + settings_.last_call_timeout;
+      std::cerr << "cpprun: " << count() << " node" << (count() == 1 ? "" : "s") << " (" << settings_.nnodes_flag()
+                << ") at " << endpoint() << "; starting round " << round_ << " in "
+                << seconds_text(settings_.last_call_timeout) << " unless more join (--rdzv_conf last_call_timeout)\n";
+    }
+    for (Node& n : nodes_) n.link.send(NodeMessage::make_gathering(round_, count(), missing()));
+  }
+
+  // static: the node ranks not here yet. c10d: none, nodes have no rank before their round.
+  std::vector<int> missing() const {
+    std::vector<int> ranks;
+    if (!settings_.fixed_ranks()) return ranks;
+    for (int node = 1; node < settings_.max_nodes; ++node) {
+      if (!slot(node)) ranks.push_back(node);
+    }
+    return ranks;
+  }
+
+  const Node* slot(int node_rank) const {
+    const auto it = std::find_if(nodes_.begin(), nodes_.end(),
+                                 [&](const Node& n) { return n.hello.node_rank == node_rank; });
+    return it == nodes_.end() ? nullptr : &*it;
+  }
+
+  std::string join_timeout_message() const {
+    std::string message = "cpprun: rendezvous timed out after " + seconds_text(settings_.join_timeout) +
+                          " (--rdzv_conf join_timeout): ";
+    if (!settings_.fixed_ranks()) {
+      return message + std::to_string(count()) + " of the at least " + std::to_string(settings_.min_nodes) +
+             " nodes that " + settings_.nnodes_flag() + " needs joined at " + endpoint() + " (--rdzv_id=" +
+             settings_.run_id + "). Start cpprun on more nodes with the same --rdzv_endpoint, --rdzv_id and " +
+             "--nnodes, or raise --rdzv_conf join_timeout=SECONDS.";
+    }
+    // Names the nodes that never came, and apart from them those that came and left again.
+    std::vector<int> never;
+    std::vector<int> left;
+    for (int node : missing()) (ever_joined_.count(node) != 0 ? left : never).push_back(node);
+    const auto ranks = [](const std::vector<int>& r) {
+      return std::string(r.size() == 1 ? "node rank " : "node ranks ") + join_ranks(r);
+    };
+    if (!never.empty()) {
+      message += ranks(never) + " of " + settings_.nnodes_flag() + " never arrived at " + endpoint();
+    }
+    if (!left.empty()) {
+      message += std::string(never.empty() ? "" : "; ") + ranks(left) + " joined at " + endpoint() +
+                 " but left again before the others came";
+    }
+    return message + ". Start cpprun on " + (never.size() + left.size() == 1 ? "that node" : "those nodes") +
+           " with --node_rank set and the same --nnodes, --master_addr and --master_port, or raise "
+           "--rdzv_conf join_timeout=SECONDS.";
+  }
+
+  RankLayout start_round() {
+    phase_ = Phase::kRunning;
+    pacer_.attempt_started();
+    end_.reset();
+    why_ = RoundEnd::kNone;
+    self_done_ = false;
+    last_call_.reset();
+    // static: the workers meet at the agent store (master_port 0); c10d: worker rank 0 hosts their
+    // store on a free port of this host, as torchrun picks it.
+    int master_port = 0;
+    if (!settings_.fixed_ranks()) {
+      try {
+        master_port = pick_free_port();
+      } catch (const std::system_error& e) {
+        throw RendezvousError(
+            std::string("cpprun: cannot find a free port for the workers' MASTER_PORT: ") + e.what(), 1);
+      }
+    }
+    std::vector<NodeShape> shapes{settings_.shape};
+    for (const Node& n : nodes_) shapes.push_back(n.hello.shape);
+    const auto layout_of = [&](int group_rank) {
+      RankLayout layout = multi_node_layout(shapes, group_rank);
+      layout.master_port = master_port;
+      layout.agent_store = master_port == 0;
+      return layout;
+    };
+    std::string ranks = "node 0: " + rank_range(0, shapes[0].local_world_size);
+    for (std::size_t i = 0; i < nodes_.size(); ++i) {
+      Node& n = nodes_[i];
+      n.group_rank = static_cast<int>(i) + 1;  // static: nodes_ is ordered by --node_rank
+      n.state = NodeState::kRunning;
+      const RankLayout layout = layout_of(n.group_rank);
+      n.link.send(NodeMessage::make_start(round_, restart_count_, layout));
+      ranks += ", node " + std::to_string(n.group_rank) +
+               (settings_.fixed_ranks() ? "" : " (" + n.link.peer() + ")") + ": " +
+               rank_range(layout.base_rank, n.hello.shape.local_world_size);
+    }
+    for (Node& n : queued_) n.link.send(NodeMessage::make_queued(round_, count(), false));
+    const RankLayout own = layout_of(0);
+    if (settings_.fixed_ranks()) {
+      if (round_ == 0) {
+        std::cerr << "cpprun: all " << count() << " nodes joined at " << endpoint() << "; " << own.world_size
+                  << " workers (" << ranks << ")\n";
+      }
+      return own;
+    }
+    std::cerr << "cpprun: rendezvous round " << round_ << " complete at " << endpoint() << ": " << count() << " node"
+              << (count() == 1 ? "" : "s") << " of " << settings_.nnodes_flag() << ", " << own.world_size
+              << (own.world_size == 1 ? " worker (" : " workers (") << ranks << "), MASTER_PORT=" << master_port
+              << "\n";
+    return own;
+  }
+
+  // Every remaining node has stopped its workers: gather the next round, or end the job.
+  JobDecision next_round(SignalRelay& relay) {
+    const int available = count() + static_cast<int>(queued_.size());
+    if (available < settings_.min_nodes) {
+      const JobEnd end{1, false,
+                       decisive_.reason + "; only " + std::to_string(available) + " node" +
+                           (available == 1 ? "" : "s") + " remain" + (available == 1 ? "s" : "") +
+                           ", fewer than the " + std::to_string(settings_.min_nodes) + " that " +
+                           settings_.nnodes_flag() + " needs, so the job cannot go on"};
+      broadcast_all(NodeMessage::make_exit(end));
+      return {JobDecision::Kind::kExit, {}, end};
+    }
+    if (why_ == RoundEnd::kWorkerFailed) ++restart_count_;
+    ++round_;
+    if (settings_.fixed_ranks()) open_store();
+    std::optional<RankLayout> layout = gather(relay, Clock::now());
+    if (!layout) return interrupted();
+    return {JobDecision::Kind::kRestart, *layout, {}};
+  }
+
+  JobDecision interrupted() {
+    const JobEnd end{128 + pending_signal_, false, title() + " received " + signal_name(pending_signal_)};
+    broadcast_all(NodeMessage::make_exit(end));
+    return {JobDecision::Kind::kExit, {}, end};
+  }
+
+  bool all_nodes(NodeState state) const {
+    return std::all_of(nodes_.begin(), nodes_.end(), [&](const Node& n) { return n.state == state; });
+  }
+
+  bool anyone_done() const {
+    return self_done_ ||
+           std::any_of(nodes_.begin(), nodes_.end(), [](const Node& n) { return n.state == NodeState::kDone; });
+  }
+
+  void broadcast_all(const NodeMessage& message) {
+    for (Node& n : nodes_) n.link.send(message);
+    for (Node& n : queued_) n.link.send(message);
+  }
+
+  // The first end is told to every node; the strongest decides. See RoundEnd.
+  void end_round(RoundEnd why, const JobEnd& end) {
+    if (strength(why) > strength(why_)) {
+      why_ = why;
+      decisive_ = end;
+    }
+    if (end_) return;
+    end_ = end;
+    for (Node& n : nodes_) n.link.send(NodeMessage::make_end(round_, end));
+  }
+
+  void lose(std::size_t i, const std::string& why) {
+    Node node = std::move(nodes_[i]);
+    nodes_.erase(nodes_.begin() + static_cast<long>(i));
+    const std::string who = describe(node);
+    if (phase_ == Phase::kGathering) {
+      std::cerr << "cpprun: warning: " << who << " left before round " << round_ << " started"
+                << (settings_.fixed_ranks() ? "; waiting for a node " + std::to_string(node.hello.node_rank) + " again"
+                                            : "")
+                << "\n";
+      count_changed();
+      return;
+    }
+    // A node whose workers all succeeded has done its part; the others need not start over for it.
+    if (node.state == NodeState::kDone) {
+      std::cerr << "cpprun: warning: " << who << " " << why << " after its workers succeeded\n";
+      return;
+    }
+    end_round(RoundEnd::kNodeLost, {1, false, who + " " + why});
+  }
+
+  // Returns true when a job-ending signal arrived (in pending_signal_).
+  bool poll_once(SignalRelay& relay, int timeout_ms) {
+    pending_signal_ = poll_links(relay, fds(), timeout_ms, [this](int fd) { on_readable(fd); });
+    return pending_signal_ != 0;
+  }
+
+  void refuse(NodeLink& link, const std::string& why) {
+    std::cerr << "cpprun: warning: refused the agent at " << link.peer() << ": " << why << "\n";
+    link.send(NodeMessage::make_exit({2, false, "cpprun: " + title() + " refused this agent: " + why}));
+  }
+
+  // Why an agent that introduced itself with `message` cannot join this job; "" when it can. Every
+  // mismatch names both values.
+  std::string refusal(const NodeMessage& message) const {
+    if (message.kind != MessageKind::kHello) return "it did not introduce itself";
+    const NodeHello& h = message.hello;
+    if (h.protocol != kNodeProtocolVersion) {
+      return "it speaks agent protocol " + std::to_string(h.protocol) + ", the host speaks " +
+             std::to_string(kNodeProtocolVersion) + "; run the same cpprun version on every node";
+    }
+    const bool fixed = settings_.fixed_ranks();
+    const std::string where = fixed ? "node 0" : "the job at " + endpoint();
+    const std::string backend = backend_name(settings_.backend);
+    if (h.backend != backend) {
+      return "it has --rdzv_backend=" + h.backend + " but " + where + " has --rdzv_backend=" + backend +
+             "; every node needs the same --rdzv_backend";
+    }
+    const std::string who = fixed ? "--node_rank=" + std::to_string(h.node_rank) : "it";
+    if (h.run_id != settings_.run_id) {
+      return who + " has --rdzv_id=" + h.run_id + " but " + where + " has --rdzv_id=" + settings_.run_id +
+             "; every node of a job needs the same --rdzv_id (or another " +
+             (fixed ? "--master_port" : "--rdzv_endpoint") + " for another job)";
+    }
+    RendezvousSettings theirs = settings_;
+    theirs.min_nodes = h.min_nodes;
+    theirs.max_nodes = h.max_nodes;
+    if (h.min_nodes != settings_.min_nodes || h.max_nodes != settings_.max_nodes) {
+      return who + " has " + theirs.nnodes_flag() + " but " + where + " has " + settings_.nnodes_flag() +
+             "; every node needs the same --nnodes";
+    }
+    if (h.max_restarts != settings_.max_restarts) {
+      return who + " has --max_restarts=" + std::to_string(h.max_restarts) + " but " + where +
+             " has --max_restarts=" + std::to_string(settings_.max_restarts) +
+             "; nodes restart together, so they need the same value";
+    }
+    if (!fixed) return "";
+    const int nnodes = settings_.max_nodes;
+    if (h.node_rank < 1 || h.node_rank >= nnodes) {
+      return who + (h.node_rank == 0 ? " is node 0's own rank" : " is not below --nnodes=" + std::to_string(nnodes)) +
+             "; give each node its own --node_rank from 1 to " + std::to_string(nnodes - 1);
+    }
+    if (const Node* taken = slot(h.node_rank)) {
+      return who + " has already joined from " + taken->link.peer() + "; give each node its own --node_rank";
+    }
+    if (phase_ == Phase::kRunning) return "the job's " + std::to_string(nnodes) + " nodes are all running already";
+    return "";
+  }
+
+  void admit(NodeLink link, const NodeMessage& message) {
+    if (const std::string why = refusal(message); !why.empty()) return refuse(link, why);
+    Node node{std::move(link), message.hello, NodeState::kJoined, -1};
+    if (phase_ == Phase::kGathering && count() < settings_.max_nodes) {
+      // static: nodes_ stays ordered by --node_rank, which makes the group ranks the node ranks.
+      const auto at = std::find_if(nodes_.begin(), nodes_.end(),
+                                   [&](const Node& n) { return n.hello.node_rank > node.hello.node_rank; });
+      if (settings_.fixed_ranks()) ever_joined_.insert(node.hello.node_rank);
+      nodes_.insert(settings_.fixed_ranks() ? at : nodes_.end(), std::move(node));
+      count_changed();
+      return;
+    }
+    // A round runs (or is full): the node waits for the next. Torchrun's agents restart for it when
+    // the job has room and is not finishing; so do we. See Note [Elastic rounds].
+    node.state = NodeState::kQueued;
+    const bool room = count() + static_cast<int>(queued_.size()) < settings_.max_nodes;
+    const bool taken_in = phase_ == Phase::kRunning && room && (end_ || !anyone_done());
+    node.link.send(NodeMessage::make_queued(round_, count(), taken_in));
+    const std::string who = "the agent at " + node.link.peer();
+    queued_.push_back(std::move(node));
+    if (taken_in && !end_) {
+      std::cerr << "cpprun: " << who << " joined the running job; ending round " << round_ << " to take it in\n";
+      end_round(RoundEnd::kNodeJoined,
+                {1, true,
+                 "a new node (" + who + ") joined the job at " + endpoint() + "; restarting every node's workers to "
+                 "take it in (a membership change: not counted against --max_restarts)"});
+    } else if (!taken_in) {
+      std::cerr << "cpprun: " << who << " joined; it waits for a next round ("
+                << (room ? "the job is finishing" : "the job runs at its maximum of " + settings_.nnodes_flag())
+                << ")\n";
+    }
+  }
+
+  void read_node(std::size_t i) {
+    NodeLink::Received got = nodes_[i].link.receive();
+    for (const NodeMessage& message : got.messages) handle(nodes_[i], message);
+    if (!got.violation.empty()) {
+      lose(i, got.violation);
+    } else if (got.closed) {
+      lose(i, "is gone: it was killed, or its host or network went down");
+    }
+  }
+
+  void read_queued(std::size_t i) {
+    NodeLink::Received got = queued_[i].link.receive();  // a queued node says nothing until its round
+    if (got.closed) {
+      std::cerr << "cpprun: warning: " << describe(queued_[i]) << " left before it got into a round\n";
+      queued_.erase(queued_.begin() + static_cast<long>(i));
+    }
+  }
+
+  void handle(Node& node, const NodeMessage& message) {
+    if (message.round != round_ || phase_ != Phase::kRunning) return;  // news of an earlier round
+    switch (message.kind) {
+      case MessageKind::kDone:
+        node.state = NodeState::kDone;
+        break;
+      case MessageKind::kFailed:
+        node.state = NodeState::kFailed;
+        end_round(message.end.restartable ? RoundEnd::kWorkerFailed : RoundEnd::kFatal, message.end);
+        break;
+      case MessageKind::kStopped:
+        node.state = NodeState::kStopped;
+        break;
+      default:
+        break;  // members send nothing else once joined
+    }
+  }
+
+  const RendezvousSettings settings_;
+  const Clock::time_point started_;
+  LinkListener listener_;
+  // static: every node is on this host (a loopback --master_addr), so the store listens on the
+  // loopback alone, as the links do. Resolved once, not at every round's new store.
+  const bool on_loopback_;
+  std::optional<AgentStore> store_;  // static
+  PendingLinks pending_;             // connected, not introduced yet
+  std::vector<Node> nodes_;          // this round's other nodes: in join order (c10d), by --node_rank (static)
+  std::vector<Node> queued_;         // arrived while a round ran, in arrival order
+  std::set<int> ever_joined_;        // static: node ranks that joined, for the join time-out's message
+  Phase phase_ = Phase::kGathering;
+  std::optional<Clock::time_point> last_call_;
+  int round_ = 0;
+  int restart_count_ = 0;
+  std::optional<JobEnd> end_;  // what the nodes were told ended the round
+  RoundEnd why_ = RoundEnd::kNone;
+  JobEnd decisive_;  // the end that decides: see RoundEnd
+  bool self_done_ = false;
+  int pending_signal_ = 0;
+  RestartPacer pacer_{settings_.restart_backoff};  // the backoff before every node's restart
+};
+
+}  // namespace
+
+std::unique_ptr<NodeRendezvous> make_rendezvous_host(const RendezvousSettings& settings, LinkListener listener,
+                                                     Clock::time_point started) {
+  return std::make_unique<RendezvousHost>(settings, std::move(listener), started);
+}
+
+}  // namespace cpprun::launcher

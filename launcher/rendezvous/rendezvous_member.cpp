@@ -1,0 +1,261 @@
+// A member's side of the rendezvous, static or c10d: connected to the host's agent (see
+// rendezvous_claim.cpp), reports this node's news and follows the host's decisions.
+#include <algorithm>
+#include <chrono>
+#include <iostream>
+#include <vector>
+
+#include "rendezvous/node_link.h"
+#include "rendezvous/node_rendezvous.h"
+
+namespace cpprun::launcher {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Once linked to the host, how long past its own join timeout a member waits for the host's
+// verdict, which names the missing nodes best (the host's clock started about when this one's did).
+constexpr std::chrono::seconds kVerdictGrace{3};
+// The host answers a hello at once; silence this long means the port is something else's.
+constexpr std::chrono::seconds kFirstWordTimeout{10};
+
+class RendezvousMember final : public NodeRendezvous {
+ public:
+  RendezvousMember(const RendezvousSettings& settings, NodeLink link, Clock::time_point started)
+      : settings_(settings), started_(started), link_(std::move(link)),
+        host_title_(settings.fixed_ranks() ? describe_agent(0, link_.peer())
+                                           : "the agent hosting the c10d rendezvous at " + settings.endpoint() + " (" +
+                                                 link_.peer() + ")") {}
+
+  std::optional<RankLayout> join(SignalRelay& relay, int& signal) override {
+    const auto deadline = started_ + settings_.join_timeout;
+    NodeHello hello;
+    hello.backend = backend_name(settings_.backend);
+    hello.node_rank = settings_.node_rank;
+    hello.min_nodes = settings_.min_nodes;
+    hello.max_nodes = settings_.max_nodes;
+    hello.max_restarts = settings_.max_restarts;
+    hello.run_id = settings_.run_id;
+    hello.shape = settings_.shape;
+    link_.send(NodeMessage::make_hello(hello));
+    const auto connected = Clock::now();
+
+    for (;;) {
+      if (start_) {
+        const RankLayout layout = take_start();
+        std::cerr << "cpprun: joined the " << hello.backend << " rendezvous at " << endpoint() << " (--rdzv_id="
+                  << settings_.run_id << "): round " << round_ << ", node " << layout.group_rank << " of "
+                  << layout.group_world_size << ", " << rank_range(layout.base_rank, settings_.shape.local_world_size)
+                  << " of WORLD_SIZE=" << layout.world_size << "\n";
+        return layout;
+      }
+      if (decision_) throw verdict_before_start();
+      if (!heard_ && Clock::now() >= connected + kFirstWordTimeout) {
+        throw RendezvousError("cpprun: " + link_.peer() + ", reached through " + endpoint() + ", accepted a "
+                                  "connection but did not answer as a cpprun rendezvous host within " +
+                                  std::to_string(kFirstWordTimeout.count()) +
+                                  " s: is another program (or another job's store) using that port? Pick another "
+                                  "port for every node.",
+                              1);
+      }
+      const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline + kVerdictGrace - Clock::now());
+      if (left.count() <= 0) throw RendezvousError(timeout_message(), 1);
+      const long long wait = heard_ ? left.count() : std::min<long long>(left.count(), 1000);
+      if ((signal = poll_once(relay, static_cast<int>(std::min<long long>(wait, 1 << 30)))) != 0) {
+        return std::nullopt;
+      }
+    }
+  }
+
+  int round() const override { return round_; }
+  int restart_count() const override { return restart_count_; }
+  const JobEnd& peer_end() const override { return *end_; }
+
+  std::vector<int> fds() const override {
+    if (link_.fd() >= 0) return {link_.fd()};
+    return {};
+  }
+
+  void on_readable(int) override { read_link(); }
+
+  bool attempt_ended() const override { return end_.has_value(); }
+
+  void report_done() override {
+    self_done_ = true;
+    link_.send(NodeMessage::make_done(round_));
+  }
+
+  void report_failed(const JobEnd& end) override { link_.send(NodeMessage::make_failed(round_, end)); }
+
+  void report_interrupted(const JobEnd& end) override { link_.send(NodeMessage::make_failed(round_, end)); }
+
+  JobDecision decide(SignalRelay& relay) override {
+    // Node 0 restarts once every node's workers are stopped; done ones count once the round ended.
+    if (!self_done_ || end_) send_stopped();
+    for (;;) {
+      if (decision_) {
+        JobDecision decision = *decision_;
+        decision_.reset();
+        return decision;
+      }
+      if (start_) {
+        JobDecision decision;
+        decision.kind = JobDecision::Kind::kRestart;
+        decision.layout = take_start();
+        return decision;
+      }
+      if (const int signal = poll_once(relay, -1); signal != 0) {
+        JobEnd end{128 + signal, false, describe_agent(group_rank_, "") + " received " + signal_name(signal)};
+        link_.send(NodeMessage::make_failed(round_, end));
+        return {JobDecision::Kind::kExit, {}, end};
+      }
+    }
+  }
+
+ private:
+  std::string endpoint() const { return settings_.endpoint(); }
+
+  // The host is silent past the join timeout (c10d: it only enforces the timeout while gathering).
+  std::string timeout_message() const {
+    const std::string waited = seconds_text(settings_.join_timeout) + " (--rdzv_conf join_timeout)";
+    if (settings_.fixed_ranks()) {
+      return "cpprun: rendezvous timed out after " + waited + ": node rank" + (missing_.size() == 1 ? " " : "s ") +
+             join_ranks(missing_) + " of " + settings_.nnodes_flag() + " never arrived at " + endpoint() +
+             " (as node 0 last reported). Start cpprun on " + (missing_.size() == 1 ? "that node" : "those nodes") +
+             " with --node_rank set and the same --nnodes, --master_addr and --master_port, or raise "
+             "--rdzv_conf join_timeout=SECONDS.";
+    }
+    const std::string nnodes = settings_.nnodes_flag();
+    if (queued_) {
+      return "cpprun: this node waited " + waited + " for a place in the job at " + endpoint() + ", which runs round " +
+             std::to_string(status_round_) + " on " + std::to_string(status_nodes_) + " nodes (" + nnodes +
+             ") and took it in no new round. Raise --rdzv_conf join_timeout=SECONDS to wait longer.";
+    }
+    return "cpprun: rendezvous timed out after " + waited + ": " + std::to_string(status_nodes_) + " of the at least " +
+           std::to_string(settings_.min_nodes) + " nodes that " + nnodes + " needs had joined at " + endpoint() +
+           " (as its host last reported). Start cpprun on more nodes with the same --rdzv_endpoint, --rdzv_id and "
+           "--nnodes, or raise --rdzv_conf join_timeout=SECONDS.";
+  }
+
+  // The host said `exit` before this node got into a round: it was refused, the job failed, or
+  // (queued) the job finished without it.
+  RendezvousError verdict_before_start() const {
+    const JobEnd& end = decision_->end;
+    if (end.exit_code == 0) {
+      return RendezvousError("cpprun: the job at " + endpoint() + " (--rdzv_id=" + settings_.run_id +
+                                 ") finished before this node got into a round; nothing ran here",
+                             0);
+    }
+    return RendezvousError(end.reason, end.exit_code);
+  }
+
+  RankLayout take_start() {
+    RankLayout layout = start_->layout;
+    round_ = start_->round;
+    restart_count_ = start_->restart_count;
+    start_.reset();
+    end_.reset();
+    queued_ = false;
+    self_done_ = false;
+    stopped_sent_ = false;
+    layout.agent_store = layout.master_port == 0;  // c10d: worker rank 0 hosts the workers' store on master_port
+    group_rank_ = layout.group_rank;
+    return layout;
+  }
+
+  void send_stopped() {
+    if (stopped_sent_) return;
+    link_.send(NodeMessage::make_stopped(round_));
+    stopped_sent_ = true;
+  }
+
+  // Returns the job-ending signal that arrived, or 0.
+  int poll_once(SignalRelay& relay, int timeout_ms) {
+    return poll_links(relay, fds(), timeout_ms, [this](int) { read_link(); });  // fds(): the link alone
+  }
+
+  void read_link() {
+    NodeLink::Received got = link_.receive();
+    for (const NodeMessage& message : got.messages) handle(message);
+    if (got.closed && !decision_) {
+      std::string why = !got.refused.empty()     ? got.refused
+                        : !got.violation.empty() ? got.violation
+                                                 : "is gone: it was killed, or its host or network went down";
+      // See Note [Elastic rounds]: the rendezvous lives in the host's agent.
+      why += "; the job cannot go on without the agent that hosts its " + std::string(backend_name(settings_.backend)) +
+             " rendezvous";
+      const JobEnd lost{1, false, host_title_ + " " + why};
+      if (!end_) end_ = lost;
+      decision_ = JobDecision{JobDecision::Kind::kExit, {}, lost};
+    }
+  }
+
+  void handle(const NodeMessage& message) {
+    heard_ = true;
+    switch (message.kind) {
+      case MessageKind::kGathering:
+        missing_ = message.missing;
+        status_round_ = message.round;
+        status_nodes_ = message.nodes;
+        queued_ = false;
+        break;
+      case MessageKind::kQueued:
+        if (!queued_) {
+          std::cerr << "cpprun: the job at " << endpoint() << " is running round " << message.round << " on "
+                    << message.nodes << " node" << (message.nodes == 1 ? "" : "s") << "; this node joins it "
+                    << (message.restarting ? "now: that round is being ended to take it in"
+                                           : "in its next round, if one starts within --rdzv_conf join_timeout "
+                                             "(the job is at --nnodes MAX, or finishing)")
+                    << "\n";
+        }
+        status_round_ = message.round;
+        status_nodes_ = message.nodes;
+        queued_ = true;
+        break;
+      case MessageKind::kStart:
+        start_ = message;
+        break;
+      case MessageKind::kEnd:
+        if (message.round != round_) break;
+        if (!end_) end_ = message.end;
+        // Done already: nothing to stop, say so at once. Otherwise decide() says it once stopped.
+        if (self_done_) send_stopped();
+        break;
+      case MessageKind::kExit:
+        if (!end_) end_ = message.end;
+        decision_ = JobDecision{message.end.exit_code == 0 ? JobDecision::Kind::kFinish : JobDecision::Kind::kExit,
+                                {},
+                                message.end};
+        break;
+      default:
+        break;  // node 0 sends nothing else
+    }
+  }
+
+  const RendezvousSettings settings_;
+  const Clock::time_point started_;
+  NodeLink link_;
+  const std::string host_title_;  // "the agent of node 0 (10.0.0.1:41234)": for messages
+  int round_ = 0;
+  int restart_count_ = 0;
+  int group_rank_ = -1;
+  std::vector<int> missing_;          // static: the node ranks not joined, as node 0 last reported
+  bool heard_ = false;                // the host has said something
+  bool queued_ = false;               // c10d: a round runs without this node
+  int status_round_ = 0;              // the round the host last reported
+  int status_nodes_ = 1;              // its nodes, as the host last reported
+  std::optional<NodeMessage> start_;  // a round's start, not yet taken
+  std::optional<JobEnd> end_;         // why the attempt ended elsewhere
+  std::optional<JobDecision> decision_;
+  bool self_done_ = false;
+  bool stopped_sent_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<NodeRendezvous> make_rendezvous_member(const RendezvousSettings& settings, NodeLink link,
+                                                       Clock::time_point started) {
+  return std::make_unique<RendezvousMember>(settings, std::move(link), started);
+}
+
+}  // namespace cpprun::launcher

@@ -1,0 +1,67 @@
+// The clock and the console around RestartBackoff.
+#include "workers/restart_pacer.h"
+
+#include <poll.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <iostream>
+#include <stdexcept>
+#include <string>
+
+namespace cpprun::launcher {
+namespace {
+
+// "2", "0.25"
+std::string seconds(std::chrono::milliseconds ms) {
+  std::string text = std::to_string(ms.count() / 1000);
+  if (const long long millis = ms.count() % 1000; millis != 0) {
+    std::string fraction = std::to_string(millis + 1000).substr(1);
+    while (fraction.back() == '0') fraction.pop_back();
+    text += "." + fraction;
+  }
+  return text;
+}
+
+}  // namespace
+
+RestartPacer::RestartPacer(RestartBackoffSettings settings)
+    : backoff_(settings), settings_(settings), attempt_start_(Clock::now()) {}
+
+void RestartPacer::attempt_started() {
+  attempt_start_ = Clock::now();
+  decided_ = false;
+}
+
+RestartPacer::Clock::time_point RestartPacer::restart_at(int restart, int max_restarts) {
+  if (decided_) return restart_at_;
+  const Clock::time_point now = Clock::now();
+  const auto ran = std::chrono::duration_cast<std::chrono::milliseconds>(now - attempt_start_);
+  const std::chrono::milliseconds delay = backoff_.after_failure(ran);
+  decided_ = true;
+  restart_at_ = now + delay;
+  if (delay.count() > 0) {
+    const std::string max = seconds(settings_.max);
+    std::cerr << "cpprun: restarting in " << seconds(delay) << " s (restart " << restart << " of --max_restarts="
+              << max_restarts << "; --restart_backoff=" << seconds(settings_.initial) << ":" << max
+              << " doubles the wait after each attempt that fails within " << max << " s, up to " << max << " s)\n";
+  }
+  return restart_at_;
+}
+
+int sleep_until(SignalRelay& relay, RestartPacer::Clock::time_point when) {
+  for (;;) {
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(when - RestartPacer::Clock::now());
+    if (left.count() <= 0) return 0;
+    pollfd fd{relay.wake_fd(), POLLIN, 0};
+    if (poll(&fd, 1, static_cast<int>(std::min<long long>(left.count(), 1 << 30))) < 0 && errno != EINTR) {
+      throw std::runtime_error(std::string("cpprun: poll() failed: ") + std::strerror(errno));
+    }
+    for (int sig : relay.take_pending()) {
+      if (ends_job(sig)) return sig;
+    }
+  }
+}
+
+}  // namespace cpprun::launcher

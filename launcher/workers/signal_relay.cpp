@@ -1,0 +1,123 @@
+// Self-pipe signal relay: the handler only sets a flag and writes a byte.
+#include "workers/signal_relay.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <stdexcept>
+#include <system_error>
+
+namespace cpprun::launcher {
+namespace {
+
+// Handler state must be global: a signal handler gets no context pointer.
+static_assert(std::atomic<bool>::is_always_lock_free, "handler flags must be async-signal-safe");
+std::atomic<bool> g_pending[NSIG];
+int g_wake_read = -1;
+int g_wake_write = -1;
+bool g_installed = false;
+struct sigaction g_startup_action[NSIG];
+sigset_t g_startup_mask;
+
+void on_signal(int sig) {
+  const int saved_errno = errno;
+  g_pending[sig].store(true);
+  // A full pipe already guarantees a wake-up, so a failed write loses nothing.
+  const char byte = 0;
+  [[maybe_unused]] const ssize_t n = write(g_wake_write, &byte, 1);
+  errno = saved_errno;
+}
+
+std::vector<int> handled_signals() {
+  std::vector<int> sigs(std::begin(kForwardedSignals), std::end(kForwardedSignals));
+  sigs.insert(sigs.end(), std::begin(kJobControlSignals), std::end(kJobControlSignals));
+  sigs.push_back(SIGCHLD);
+  return sigs;
+}
+
+}  // namespace
+
+bool ends_job(int sig) {
+  return sig == SIGINT || sig == SIGTERM || sig == SIGHUP || sig == SIGQUIT;
+}
+
+SignalRelay::SignalRelay() {
+  if (g_installed) throw std::logic_error("SignalRelay: only one instance per process");
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0) {
+    throw std::system_error(errno, std::generic_category(), "cpprun: creating the signal pipe");
+  }
+  g_wake_read = fds[0];
+  g_wake_write = fds[1];
+  sigprocmask(SIG_SETMASK, nullptr, &g_startup_mask);
+  for (int sig : handled_signals()) {
+    sigaction(sig, nullptr, &g_startup_action[sig]);
+    if (sig != SIGCHLD && g_startup_action[sig].sa_handler == SIG_IGN) continue;  // Note [Signals ignored at startup]
+    struct sigaction action {};
+    action.sa_handler = on_signal;
+    sigemptyset(&action.sa_mask);
+    // SA_RESTART: only poll() should see EINTR. SA_NOCLDSTOP: a stopped worker is not an exit.
+    action.sa_flags = SA_RESTART | (sig == SIGCHLD ? SA_NOCLDSTOP : 0);
+    sigaction(sig, &action, nullptr);
+  }
+  g_installed = true;
+}
+
+SignalRelay::~SignalRelay() {
+  for (int sig : handled_signals()) sigaction(sig, &g_startup_action[sig], nullptr);
+  close(g_wake_read);
+  close(g_wake_write);
+  g_wake_read = g_wake_write = -1;
+  g_installed = false;
+}
+
+int SignalRelay::wake_fd() const { return g_wake_read; }
+
+std::vector<int> SignalRelay::take_pending() {
+  // Drain first, then read the flags: a signal landing in between leaves a byte behind and costs
+  // one spurious wake-up, never a lost signal.
+  char buffer[256];
+  while (read(g_wake_read, buffer, sizeof(buffer)) > 0) {
+  }
+  std::vector<int> pending;
+  for (int sig = 1; sig < NSIG; ++sig) {
+    if (!g_pending[sig].exchange(false)) continue;
+    if (sig == SIGTSTP) {
+      stop_job();
+    } else if (sig == SIGCONT) {
+      if (signal_workers_) signal_workers_(SIGCONT);
+    } else {
+      pending.push_back(sig);
+    }
+  }
+  return pending;
+}
+
+void SignalRelay::set_job_control(std::function<void(int sig)> signal_workers) {
+  signal_workers_ = std::move(signal_workers);
+}
+
+void SignalRelay::stop_job() {
+  if (signal_workers_) signal_workers_(SIGSTOP);
+  // The default action stops this process right inside raise(); it returns once continued.
+  struct sigaction stop {};
+  stop.sa_handler = SIG_DFL;
+  sigemptyset(&stop.sa_mask);
+  struct sigaction ours {};
+  sigaction(SIGTSTP, &stop, &ours);
+  raise(SIGTSTP);
+  sigaction(SIGTSTP, &ours, nullptr);
+  // SIGCONT's handler has run too, but its flag is read in a later call; continue them now.
+  if (signal_workers_) signal_workers_(SIGCONT);
+}
+
+void SignalRelay::restore_in_child() const noexcept {
+  for (int sig : kForwardedSignals) sigaction(sig, &g_startup_action[sig], nullptr);
+  for (int sig : kJobControlSignals) sigaction(sig, &g_startup_action[sig], nullptr);
+  sigaction(SIGCHLD, &g_startup_action[SIGCHLD], nullptr);
+  sigprocmask(SIG_SETMASK, &g_startup_mask, nullptr);
+}
+
+}  // namespace cpprun::launcher

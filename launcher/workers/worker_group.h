@@ -1,0 +1,124 @@
+// Supervising one attempt's workers: start them, wait for the exit (or signal) that decides the
+// attempt, stop the rest. Knows nothing of restarts; main.cpp decides those.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "command_line/output_spec.h"
+#include "workers/signal_relay.h"
+#include "workers/worker_output.h"
+#include "workers/worker_process.h"
+#include "workers/worker_status.h"
+
+namespace cpprun::launcher {
+
+struct WorkerSpec {
+  int local_rank = 0;
+  int rank = 0;
+  WorkerCommand command;
+  WorkerOutputSpec output;
+  std::string error_file;  // TORCHELASTIC_ERROR_FILE, also in command.env
+};
+
+enum class GroupEnd {
+  kSucceeded,     // every worker exited 0
+  kWorkerFailed,  // a worker exited non-zero or died by a signal
+  kInterrupted,   // cpprun received a job-ending signal (see ends_job) and forwarded it
+  kPeerEnded,     // another node ended the attempt (multi-node jobs; see PeerEvents)
+};
+
+// Events from beyond this node that can end an attempt: the other nodes' agents, in a multi-node
+// job. WorkerGroup::wait() polls fds() along with the workers' pipes and the signal relay, so one
+// loop sees everything at once.
+class PeerEvents {
+ public:
+  virtual ~PeerEvents() = default;
+  // Descriptors to poll for reading; never a closed one.
+  virtual std::vector<int> fds() const = 0;
+  // `fd`, one of fds(), is readable (or at its end).
+  virtual void on_readable(int fd) = 0;
+  // Another node ended the attempt: its worker failed, its agent was signalled, or it is gone.
+  virtual bool attempt_ended() const = 0;
+};
+
+struct GroupOutcome {
+  GroupEnd end = GroupEnd::kSucceeded;
+  std::optional<std::size_t> root_cause;  // index in workers() of the first failure, if any
+  int signal = 0;                         // the job-ending signal, for kInterrupted
+};
+
+enum class StopStart {
+  kSendSigterm,       // a worker failed: ask the others to finish
+  kAlreadySignalled,  // wait() forwarded a job-ending signal; sending more would cut short the
+                      // workers' own clean-up (a second SIGINT interrupts Python's `finally`)
+};
+
+// Note [Orphans in a worker's process group]
+// A worker's children share its process group, so signalling the group reaches them too. When a
+// worker fails or is stopped but its children live on (`./helper & exit 1`), the group outlives the
+// worker. The launcher probes at reap time (kill(-pgid, 0)) and, if the group lingers, includes it
+// when forwarding signals and stopping, SIGKILLing it once the other workers are gone. Only failed
+// and stopped workers are probed: their groups are signalled moments later, while the orphans still
+// pin the group id, so the id cannot meanwhile name someone else's group. Orphans of a worker that
+// succeeded, and processes that left the group, are stopped when the attempt ends, as cpprun's
+// adopted children: see Note [The job's process tree] (torchrun leaves them running).
+class WorkerGroup {
+ public:
+  explicit WorkerGroup(SignalRelay& relay);
+  // Never leaves a worker behind, even when unwinding from an exception: SIGKILLs and reaps.
+  ~WorkerGroup();
+  WorkerGroup(const WorkerGroup&) = delete;
+  WorkerGroup& operator=(const WorkerGroup&) = delete;
+
+  // Creates every worker's output pipes and log files (std::system_error if one cannot be
+  // created, before any worker runs), then starts the workers in order. If one cannot start, those
+  // already running are stopped and the SpawnError is rethrown.
+  void start(const std::vector<WorkerSpec>& specs, std::chrono::milliseconds grace);
+
+  // Blocks until every worker succeeded, one failed, a job-ending signal arrived, or `peers` (if
+  // any) say another node ended the attempt, forwarding each of kForwardedSignals to every running
+  // worker's process group as it comes.
+  GroupOutcome wait(PeerEvents* peers = nullptr);
+
+  // Signals every running worker's process group (per `how`), waits up to `grace`, then SIGKILLs
+  // the groups still running and reaps them. Signals arriving meanwhile are still forwarded.
+  // See Note [Orphans in a worker's process group] for groups whose worker already exited.
+  void stop(StopStart how, std::chrono::milliseconds grace);
+
+  // The first job-ending signal cpprun received in wait() or stop(); 0 if none. A signal during a
+  // failure's stop still means "do not restart".
+  int ending_signal() const { return ending_signal_; }
+
+  const std::vector<WorkerRecord>& workers() const { return workers_; }
+  // The last lines worker i wrote to stderr, oldest first.
+  std::vector<std::string> stderr_tail(std::size_t i) const { return outputs_.at(i)->err.tail().lines(); }
+
+ private:
+  // Forwards pending signals, then reaps whichever workers have exited.
+  void handle_events(WorkerState exit_state);
+  void reap(WorkerState exit_state);
+  // Worker i was reaped in wait() or stop(): records it, and whether it is the root cause.
+  void on_exit(std::size_t i, int status, WorkerState exit_state);
+  // Sleeps in poll() on the signal relay and the workers' output pipes until a signal (SIGCHLD
+  // included) or the timeout, copying whatever output arrives meanwhile.
+  void wait_for_signal(int timeout_ms);
+  // Worker i was reaped with `status`: records how it ended and copies out everything it wrote
+  // (see Note [Worker output pipes]).
+  void record_exit(std::size_t i, int status, WorkerState state);
+  void signal_groups(int sig);
+  std::size_t running() const;
+
+  SignalRelay& relay_;
+  std::vector<WorkerRecord> workers_;
+  std::vector<std::unique_ptr<WorkerOutput>> outputs_;  // parallel to workers_
+  std::optional<std::size_t> root_cause_;
+  int ending_signal_ = 0;
+  PeerEvents* peers_ = nullptr;  // polled only inside wait()
+};
+
+}  // namespace cpprun::launcher

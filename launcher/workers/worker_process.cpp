@@ -1,0 +1,157 @@
+// fork + exec of one worker, with the exec's outcome reported back over a close-on-exec pipe.
+#include "workers/worker_process.h"
+
+#include <fcntl.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+
+namespace cpprun::launcher {
+namespace {
+
+// Which step failed in the child, sent to the parent with its errno.
+enum class ChildStep : int { kSetsid = 1, kDeathSignal = 2, kExec = 3, kStdio = 4 };
+
+struct ChildFailure {
+  ChildStep step;
+  int error;
+};
+
+const char* step_name(ChildStep step) {
+  switch (step) {
+    case ChildStep::kSetsid: return "setsid()";
+    case ChildStep::kDeathSignal: return "prctl(PR_SET_PDEATHSIG)";
+    case ChildStep::kExec: return "execve()";
+    case ChildStep::kStdio: return "dup2() of stdout/stderr";
+  }
+  return "?";
+}
+
+// Blocks every signal for its lifetime, so no handler runs in the child between fork() and
+// restore_in_child(): the handler would write to the launcher's wake pipe, which the child shares.
+class BlockAllSignals {
+ public:
+  BlockAllSignals() {
+    sigset_t all;
+    sigfillset(&all);
+    sigprocmask(SIG_BLOCK, &all, &saved_);
+  }
+  ~BlockAllSignals() { sigprocmask(SIG_SETMASK, &saved_, nullptr); }
+  BlockAllSignals(const BlockAllSignals&) = delete;
+  BlockAllSignals& operator=(const BlockAllSignals&) = delete;
+
+ private:
+  sigset_t saved_;
+};
+
+std::vector<char*> as_c_strings(const std::vector<std::string>& strings) {
+  std::vector<char*> pointers;
+  pointers.reserve(strings.size() + 1);
+  for (const std::string& s : strings) pointers.push_back(const_cast<char*>(s.c_str()));
+  pointers.push_back(nullptr);
+  return pointers;
+}
+
+[[noreturn]] void fail_in_child(int report_fd, ChildStep step) {
+  const ChildFailure failure{step, errno};
+  [[maybe_unused]] const ssize_t n = write(report_fd, &failure, sizeof(failure));
+  _exit(127);
+}
+
+// Makes `fd` the child's `target` (1 or 2) without close-on-exec. main() keeps 0-2 open, so the
+// pipe ends are never 1 or 2 themselves and the first dup2() cannot clobber the second's source.
+bool install_stdio(int fd, int target) {
+  if (fd < 0) return true;
+  int got = 0;
+  do {
+    got = dup2(fd, target);
+  } while (got < 0 && errno == EINTR);
+  return got == target;
+}
+
+[[noreturn]] void run_child(const SignalRelay& relay, pid_t launcher_pid, int report_fd, ChildStdio stdio,
+                            const char* path, char* const* argv, char* const* envp) {
+  relay.restore_in_child();
+  if (!install_stdio(stdio.out, STDOUT_FILENO) || !install_stdio(stdio.err, STDERR_FILENO)) {
+    fail_in_child(report_fd, ChildStep::kStdio);
+  }
+  if (setsid() < 0) fail_in_child(report_fd, ChildStep::kSetsid);  // See Note [Worker sessions]
+  if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) fail_in_child(report_fd, ChildStep::kDeathSignal);
+  // The launcher may have died before prctl() took effect; then nobody would ever kill us.
+  if (getppid() != launcher_pid) _exit(127);
+  execve(path, argv, envp);
+  fail_in_child(report_fd, ChildStep::kExec);
+}
+
+}  // namespace
+
+int SpawnError::exit_code() const {
+  if (error_ == ENOENT) return 127;
+  if (error_ == EACCES || error_ == ENOEXEC || error_ == EISDIR) return 126;
+  return 1;
+}
+
+pid_t spawn_worker(const WorkerCommand& command, const ChildStdio& stdio, const SignalRelay& relay) {
+  std::vector<char*> argv = as_c_strings(command.argv);
+  std::vector<char*> envp = as_c_strings(command.env);
+  int report[2];
+  if (pipe2(report, O_CLOEXEC) != 0) {
+    throw SpawnError(std::string("cpprun: pipe2() failed: ") + std::strerror(errno), errno);
+  }
+  const pid_t launcher_pid = getpid();
+  pid_t pid = -1;
+  int fork_errno = 0;
+  {
+    BlockAllSignals blocked;
+    pid = fork();
+    fork_errno = errno;
+    if (pid == 0) {
+      close(report[0]);
+      run_child(relay, launcher_pid, report[1], stdio, command.path.c_str(), argv.data(), envp.data());
+    }
+  }
+  close(report[1]);
+  if (pid < 0) {
+    close(report[0]);
+    throw SpawnError(std::string("cpprun: fork() failed: ") + std::strerror(fork_errno), fork_errno);
+  }
+  // EOF means the exec happened (the pipe is close-on-exec); a record means it did not.
+  ChildFailure failure{};
+  ssize_t got = 0;
+  do {
+    got = read(report[0], &failure, sizeof(failure));
+  } while (got < 0 && errno == EINTR);
+  close(report[0]);
+  if (got == 0) return pid;
+  int status = 0;
+  wait_for_exit(pid, &status);
+  if (got != static_cast<ssize_t>(sizeof(failure))) {
+    throw SpawnError("cpprun: the worker process for '" + command.path + "' died before exec", EIO);
+  }
+  throw SpawnError("cpprun: cannot start '" + command.path + "': " + step_name(failure.step) +
+                       " failed: " + std::strerror(failure.error),
+                   failure.error);
+}
+
+void signal_process_group(pid_t pgid, int sig) {
+  // Not an exception: the caller is usually stopping workers and must go on to the next group.
+  if (kill(-pgid, sig) != 0 && errno != ESRCH) {
+    std::fprintf(stderr, "cpprun: warning: could not send signal %d to process group %d: %s\n", sig,
+                 static_cast<int>(pgid), std::strerror(errno));
+  }
+}
+
+pid_t wait_for_exit(pid_t pid, int* status, int flags) {
+  pid_t got = 0;
+  do {
+    got = waitpid(pid, status, flags);
+  } while (got < 0 && errno == EINTR);
+  return got;
+}
+
+}  // namespace cpprun::launcher

@@ -1,0 +1,56 @@
+// Starting one worker process and signalling it. Everything the child needs is prepared before
+// fork(), because between fork() and exec() the child may only make async-signal-safe calls.
+#pragma once
+
+#include <sys/types.h>
+
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "workers/signal_relay.h"
+
+namespace cpprun::launcher {
+
+// What to exec.
+struct WorkerCommand {
+  std::string path;               // already resolved (see resolve_program)
+  std::vector<std::string> argv;  // argv[0]: PROGRAM as typed, or the Python interpreter
+  std::vector<std::string> env;   // NAME=value
+};
+
+// The worker's fd 1 and 2, dup2()ed in the child (see Note [Worker output pipes]); -1 inherits
+// the launcher's.
+struct ChildStdio {
+  int out = -1;
+  int err = -1;
+};
+
+class SpawnError : public std::runtime_error {
+ public:
+  SpawnError(const std::string& message, int error)
+      : std::runtime_error(message), error_(error) {}
+  int error() const { return error_; }  // errno of the failing call
+  // The shell's convention: 127 when the file vanished, 126 when it cannot be executed, else 1.
+  int exit_code() const;
+
+ private:
+  int error_;
+};
+
+// Forks and execs `command`, returning only after the exec succeeded (or throwing SpawnError with
+// the child's errno, the child already reaped). The worker leads a new session, so its pid is also
+// its process group id, and is SIGKILLed by the kernel if cpprun dies.
+// Note [Worker sessions]: setsid() rather than setpgid() because torchrun starts workers with
+// start_new_session=True, and because a worker in a background process group of the terminal's
+// session would be stopped by SIGTTIN the moment it read stdin (pdb in rank 0).
+pid_t spawn_worker(const WorkerCommand& command, const ChildStdio& stdio, const SignalRelay& relay);
+
+// kill(-pgid, sig). A group that is already gone is fine; other failures are warned about on stderr.
+void signal_process_group(pid_t pgid, int sig);
+
+// waitpid() that retries when a signal interrupts it (our handlers run during every wait);
+// returns what waitpid() finally returned.
+pid_t wait_for_exit(pid_t pid, int* status, int flags = 0);
+
+}  // namespace cpprun::launcher

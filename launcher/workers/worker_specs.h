@@ -1,0 +1,23 @@
+// What one attempt starts: per local rank, the command, its environment and where its output goes.
+// Pure, so the dry run prints exactly what a real run would start.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "command_line/launch_config.h"
+#include "command_line/program_command.h"
+#include "rendezvous/rank_layout.h"
+#include "workers/run_directory.h"
+#include "workers/worker_env.h"
+#include "workers/worker_group.h"
+
+namespace cpprun::launcher {
+
+// `ranks` places the node's workers in the job; `program` is what each runs (program_command.h);
+// `files` says where each worker's files go (see RunDirectory); `restart_count` is the attempt.
+std::vector<WorkerSpec> make_worker_specs(const LaunchConfig& config, const RankLayout& ranks,
+                                          const ProgramCommand& program, int restart_count, const RunLayout& files,
+                                          const EnvMap& parent_env);
+
+}  // namespace cpprun::launcher
