@@ -3,6 +3,8 @@
 
 #include <c10/util/Exception.h>
 
+#include "cpprun/store_port.h"
+
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -83,36 +85,13 @@ void throw_port_in_use(const DistEnv& env, const std::string& detail) {
 }
 
 int listen_on(const std::string& address, int port, const DistEnv& env) {
-  sockaddr_storage storage{};
-  socklen_t length = 0;
-  if (address.find(':') == std::string::npos) {
-    auto* in = reinterpret_cast<sockaddr_in*>(&storage);
-    in->sin_family = AF_INET;
-    in->sin_port = htons(static_cast<uint16_t>(port));
-    TORCH_INTERNAL_ASSERT(::inet_pton(AF_INET, address.c_str(), &in->sin_addr) == 1, address);
-    length = sizeof(sockaddr_in);
-  } else {
-    auto* in6 = reinterpret_cast<sockaddr_in6*>(&storage);
-    in6->sin6_family = AF_INET6;
-    in6->sin6_port = htons(static_cast<uint16_t>(port));
-    TORCH_INTERNAL_ASSERT(::inet_pton(AF_INET6, address.c_str(), &in6->sin6_addr) == 1, address);
-    length = sizeof(sockaddr_in6);
+  const StoreListen listen = listen_for_store(address, port);
+  if (listen.port_in_use()) {
+    throw_port_in_use(env, "bind(" + address + ":" + std::to_string(port) + "): " + std::strerror(listen.error));
   }
-  const int fd = ::socket(storage.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  TORCH_CHECK(fd >= 0, "cpprun: rank 0 could not create the store's socket: ", std::strerror(errno));
-  const int on = 1;
-  // As c10d's own server socket: a port left in TIME_WAIT by a finished job can be reused.
-  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
-  if (::bind(fd, reinterpret_cast<const sockaddr*>(&storage), length) != 0 || ::listen(fd, SOMAXCONN) != 0) {
-    const int error = errno;
-    ::close(fd);
-    if (error == EADDRINUSE) {
-      throw_port_in_use(env, "bind(" + address + ":" + std::to_string(port) + "): " + std::strerror(error));
-    }
-    TORCH_CHECK(false, "cpprun: rank 0 could not listen on ", address, ":", port, " for the "
-                "rendezvous store (", where(env), "): ", std::strerror(error));
-  }
-  return fd;
+  TORCH_CHECK(listen.fd >= 0, "cpprun: rank 0 could not listen on ", address, ":", port, " for the "
+              "rendezvous store (", where(env), "): ", std::strerror(listen.error));
+  return listen.fd;
 }
 
 }  // namespace cpprun::detail

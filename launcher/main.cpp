@@ -54,7 +54,9 @@ RunLayout dry_run_layout(const LaunchConfig& config) {
 int run(const LaunchConfig& config) {
   const ProgramCommand program = resolve_program_command(
       config.program, config.program_args, config.program_mode, {std::getenv("PATH"), std::getenv("PYTHON_EXEC")});
-  if (!config.dry_run) check_meeting_host_resolves(config);
+  const RendezvousSettings rendezvous = rendezvous_settings(config);
+  const WorkerSettings workers = worker_settings(config);
+  if (!config.dry_run) check_meeting_host_resolves(rendezvous);
   // Before the environment is read for the workers, who inherit its token, and before any thread.
   std::optional<JobProcessTree> tree;
   if (!config.dry_run) tree.emplace();
@@ -75,27 +77,27 @@ int run(const LaunchConfig& config) {
       std::cout << "cpprun: Python runs " << config.program << ": " << program.path << " (" << program.python_source
                 << "; set PYTHON_EXEC to choose another)\n";
     }
-    std::cout << format_dry_run(make_worker_specs(config, assumed_layout(config), program, 0,
+    std::cout << format_dry_run(make_worker_specs(workers, assumed_layout(rendezvous), program, 0,
                                                   dry_run_layout(config), parent_env),
                                 parent_env);
     return 0;
   }
-  if (defaults_omp_threads(config, parent_env)) {
+  if (defaults_omp_threads(config.nproc_per_node, parent_env)) {
     std::cerr << "cpprun: setting OMP_NUM_THREADS=1 for each of the " << config.nproc_per_node
               << " workers so they do not overload the CPU; set OMP_NUM_THREADS yourself to tune it\n";
   }
   SignalRelay relay;
   const RunDirectory run_dir(config.output.log_dir);
-  if (is_multi_node(config)) return run_multi_node(config, program, parent_env, relay, run_dir);
+  if (rendezvous.multi_node()) return run_multi_node(rendezvous, workers, program, parent_env, relay, run_dir);
 
-  const RankLayout ranks = single_node_layout(config);
+  const RankLayout ranks = single_node_layout(config.nproc_per_node);
   RestartPacer pacer(config.restart_backoff);
   for (int restart = 0;; ++restart) {
     run_dir.prepare_attempt(restart, config.nproc_per_node);
     const std::vector<WorkerSpec> specs =
-        make_worker_specs(config, ranks, program, restart, run_dir.layout(), parent_env);
+        make_worker_specs(workers, ranks, program, restart, run_dir.layout(), parent_env);
     pacer.attempt_started();
-    const AttemptEnd attempt = run_attempt(relay, specs, config, nullptr, nullptr);
+    const AttemptEnd attempt = run_attempt(relay, specs, config.shutdown_timeout, nullptr, nullptr);
     if (attempt.end == GroupEnd::kSucceeded) return 0;
     if (attempt.end == GroupEnd::kInterrupted) return attempt.exit_code;
 

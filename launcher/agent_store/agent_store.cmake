@@ -8,6 +8,8 @@ add_library(cpprun_agent_store MODULE "${CMAKE_CURRENT_LIST_DIR}/agent_store_plu
 # What the torch target asks of the code that includes LibTorch (C++20 since 2.15, the C++ ABI
 # flag) applies all the same.
 target_link_libraries(cpprun_agent_store PRIVATE torch_cpu_library cpprun_warnings)
+# cpprun/store_port.h, LibTorch-free, shared with the library.
+target_include_directories(cpprun_agent_store PRIVATE "${PROJECT_SOURCE_DIR}/include")
 foreach(_property COMPILE_FEATURES COMPILE_OPTIONS)
   get_target_property(_value torch INTERFACE_${_property})
   if(_value)

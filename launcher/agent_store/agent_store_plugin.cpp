@@ -1,11 +1,9 @@
 // libcpprun_agent_store.so: a c10d TCPStore behind the C interface of agent_store_abi.h. The only
 // launcher code that links LibTorch; see Note [Agent store] in agent_store.h.
 #include "agent_store_abi.h"
+#include "cpprun/store_port.h"
 
-#include <arpa/inet.h>
 #include <dirent.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 #include <fcntl.h>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -17,6 +15,7 @@
 #include <exception>
 #include <memory>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -61,25 +60,19 @@ void set_cloexec_on_new(const std::set<int>& before) {
   }
 }
 
-// c10d binds its server to every interface. A job whose nodes are all on this host needs only the
-// loopback, and nobody on the network should reach its store: we bind the socket and hand it over
-// (TCPStoreOptions::masterListenFd). -1 with errno on failure.
-int listen_on_loopback(int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return -1;
-  const int on = 1;
-  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_port = htons(static_cast<std::uint16_t>(port));
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 || listen(fd, 128) != 0) {
-    const int error = errno;
-    close(fd);
-    errno = error;
-    return -1;
+// Runs `body`, turning an exception into its first line in `err`: none may cross the C ABI.
+// False when one was thrown.
+template <typename Body>
+bool guarded(char* err, size_t err_size, const Body& body) {
+  try {
+    body();
+    return true;
+  } catch (const std::exception& e) {
+    put_error(err, err_size, first_line(e.what()));
+  } catch (...) {
+    put_error(err, err_size, "unknown error");
   }
-  return fd;
+  return false;
 }
 
 }  // namespace
@@ -90,60 +83,48 @@ int cpprun_agent_store_abi_version(void) { return CPPRUN_AGENT_STORE_ABI_VERSION
 
 cpprun_agent_store* cpprun_agent_store_open(const char* host, int port, int is_server, int loopback_only,
                                             long timeout_ms, char* err, size_t err_size) {
-  try {
+  cpprun_agent_store* opened = nullptr;
+  guarded(err, err_size, [&] {
     c10d::TCPStoreOptions opts;
     opts.port = static_cast<std::uint16_t>(port);
     opts.isServer = is_server != 0;
     opts.waitWorkers = false;  // the agents' own rendezvous counts the nodes
     opts.timeout = std::chrono::milliseconds(timeout_ms);
+    // c10d binds its server to every interface. A job whose nodes are all on this host needs only
+    // the loopback, and nobody on the network should reach its store: we bind the socket and hand
+    // it over.
     if (is_server != 0 && loopback_only != 0) {
-      const int fd = listen_on_loopback(port);  // c10d takes it over
-      if (fd < 0) {
-        put_error(err, err_size, std::string("cannot listen at 127.0.0.1:") + std::to_string(port) + ": " +
-                                     std::strerror(errno) + (errno == EADDRINUSE ? " (EADDRINUSE: port in use)" : ""));
-        return nullptr;
+      const cpprun::StoreListen listen = cpprun::listen_for_store("127.0.0.1", port);
+      if (listen.fd < 0) {
+        throw std::runtime_error("cannot listen at 127.0.0.1:" + std::to_string(port) + ": " +
+                                 std::strerror(listen.error) +
+                                 (listen.port_in_use() ? " (EADDRINUSE: port in use)" : ""));
       }
-      opts.masterListenFd = fd;
+      opts.masterListenFd = listen.fd;
     }
     const std::set<int> before = open_fds();
     auto handle = std::make_unique<cpprun_agent_store>();
     handle->store = std::make_unique<c10d::TCPStore>(host, opts);
     set_cloexec_on_new(before);
-    return handle.release();
-  } catch (const std::exception& e) {
-    put_error(err, err_size, first_line(e.what()));
-  } catch (...) {
-    put_error(err, err_size, "unknown error");
-  }
-  return nullptr;
+    opened = handle.release();
+  });
+  return opened;
 }
 
 int cpprun_agent_store_set(cpprun_agent_store* store, const char* key, const char* value, char* err,
                            size_t err_size) {
-  try {
+  return guarded(err, err_size, [&] {
     const std::string text = value;
     store->store->set(key, std::vector<uint8_t>(text.begin(), text.end()));
-    return 0;
-  } catch (const std::exception& e) {
-    put_error(err, err_size, first_line(e.what()));
-  } catch (...) {
-    put_error(err, err_size, "unknown error");
-  }
-  return -1;
+  }) ? 0 : -1;
 }
 
 int cpprun_agent_store_get(cpprun_agent_store* store, const char* key, char* value, size_t value_size, char* err,
                            size_t err_size) {
-  try {
+  return guarded(err, err_size, [&] {
     const std::vector<uint8_t> bytes = store->store->get(key);
     put_error(value, value_size, std::string(bytes.begin(), bytes.end()));
-    return 0;
-  } catch (const std::exception& e) {
-    put_error(err, err_size, first_line(e.what()));
-  } catch (...) {
-    put_error(err, err_size, "unknown error");
-  }
-  return -1;
+  }) ? 0 : -1;
 }
 
 void cpprun_agent_store_close(cpprun_agent_store* store) {

@@ -11,6 +11,7 @@
 #include <iostream>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <system_error>
 
 #include "rendezvous/job_secret.h"
@@ -502,19 +503,38 @@ void take_program(std::vector<std::string> rest, const std::vector<std::string>&
 }  // namespace
 
 bool is_multi_node(const LaunchConfig& config) {
-  return config.rdzv_backend == RendezvousBackend::kC10d || config.nnodes > 1;
-}
-
-const char* backend_name(RendezvousBackend backend) {
-  return backend == RendezvousBackend::kC10d ? "c10d" : "static";
-}
-
-std::string endpoint_text(const std::string& host, int port) {
-  const bool ipv6 = host.find(':') != std::string::npos;
-  return (ipv6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
+  return rendezvous_settings(config).multi_node();
 }
 
 std::string endpoint_text(const LaunchConfig& config) { return endpoint_text(config.master_addr, config.master_port); }
+
+RendezvousSettings rendezvous_settings(const LaunchConfig& config) {
+  RendezvousSettings settings;
+  settings.backend = config.rdzv_backend;
+  settings.min_nodes = config.min_nodes;
+  settings.max_nodes = config.max_nodes;
+  settings.node_rank = config.rdzv_backend == RendezvousBackend::kStatic ? config.node_rank : -1;
+  settings.host = config.master_addr;
+  settings.port = config.master_port;
+  settings.join_timeout = config.join_timeout;
+  settings.last_call_timeout = config.last_call_timeout;
+  settings.is_host = config.is_host;
+  settings.max_restarts = config.max_restarts;
+  settings.restart_backoff = config.restart_backoff;
+  settings.shutdown_timeout = config.shutdown_timeout;
+  settings.run_id = config.run_id;
+  settings.shape = {config.nproc_per_node, config.role};
+  settings.job_secret = config.job_secret;
+  return settings;
+}
+
+WorkerSettings worker_settings(const LaunchConfig& config) {
+  WorkerSettings settings;
+  settings.env = {config.nproc_per_node, config.role,         config.master_addr,
+                  config.master_port,    config.max_restarts, config.run_id};
+  settings.output = config.output;
+  return settings;
+}
 
 ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, const HostFacts& host) {
   ParsedCommandLine result = parse_launch_config(args, host, process_env());
@@ -544,98 +564,109 @@ ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, cons
       "prefixed with the worker's global rank ([rank3]: ...), so lines of different ranks never mix.");
 
   RawOptions raw;
-  auto option = [&](const std::string& names, std::string& value, const std::string& env,
-                    const std::string& type, const std::string& help) {
-    app.add_option(names, value, help)->type_name(type)->envname(env)->capture_default_str();
+  // Each option is also spelt with dashes for its underscores and read from PET_<NAME>, as torchrun's
+  // argparse options are: --nproc_per_node is --nproc-per-node and PET_NPROC_PER_NODE too.
+  const auto spellings = [](const std::string& names) {
+    std::string all;
+    std::istringstream in(names);
+    for (std::string name; std::getline(in, name, ',');) {
+      std::string dashed = name;
+      std::replace(dashed.begin() + 2, dashed.end(), '_', '-');
+      all += (all.empty() ? "" : ",") + name + (dashed == name ? "" : "," + dashed);
+    }
+    return all;
   };
-  option("--nproc_per_node,--nproc-per-node", raw.nproc_per_node, "PET_NPROC_PER_NODE", "N|auto|cpu|gpu",
+  const auto env_name = [](const std::string& names) {  // from the first long name
+    const std::size_t start = names.find("--") + 2;
+    std::string env = "PET_" + names.substr(start, names.find(',', start) - start);
+    std::transform(env.begin(), env.end(), env.begin(), [](unsigned char c) { return std::toupper(c); });
+    return env;
+  };
+  auto option = [&](const std::string& names, std::string& value, const std::string& type, const std::string& help) {
+    app.add_option(spellings(names), value, help)->type_name(type)->envname(env_name(names))->capture_default_str();
+  };
+  auto flag = [&](const std::string& names, bool& value, const std::string& help) {
+    app.add_flag(spellings(names), value, help)->envname(env_name(names));
+  };
+  option("--nproc_per_node", raw.nproc_per_node, "N|auto|cpu|gpu",
          "Workers on this node: a number, 'cpu' (one per CPU core), 'gpu' (one per visible NVIDIA "
          "GPU) or 'auto' (gpu if there are GPUs, else cpu).");
-  option("--nnodes", raw.nnodes, "PET_NNODES", "N|MIN:MAX",
+  option("--nnodes", raw.nnodes, "N|MIN:MAX",
          "Number of nodes; run cpprun once on each. Static rendezvous: N, each node with its --node_rank. "
          "c10d rendezvous: MIN:MAX (N means N:N): the job starts once MAX nodes joined, or MIN and "
          "--rdzv_conf last_call_timeout passed; nodes may join later, or be lost, down to MIN.");
-  option("--node_rank,--node-rank", raw.node_rank, "PET_NODE_RANK", "INT",
+  option("--node_rank", raw.node_rank, "INT",
          "Static rendezvous: this node's rank, 0 to nnodes-1; node 0 hosts the rendezvous. A node's workers "
          "get consecutive ranks, after those of the lower node ranks. Ignored with c10d, which numbers the "
          "nodes in the order they join.");
-  option("--master_addr,--master-addr", raw.master_addr, "PET_MASTER_ADDR", "HOST",
+  option("--master_addr", raw.master_addr, "HOST",
          "Address of node 0 (MASTER_ADDR). With --nnodes > 1 node 0's agent hosts the c10d TCPStore there; "
          "with one node, worker rank 0 does. Ignored with --rdzv_backend=c10d, as by torchrun.");
-  option("--master_port,--master-port", raw.master_port, "PET_MASTER_PORT", "PORT",
-         "Port of that TCPStore (MASTER_PORT), 1-65535.");
-  option("--rdzv_backend,--rdzv-backend", raw.rdzv_backend, "PET_RDZV_BACKEND", "static|c10d",
+  option("--master_port", raw.master_port, "PORT", "Port of that TCPStore (MASTER_PORT), 1-65535.");
+  option("--rdzv_backend", raw.rdzv_backend, "static|c10d",
          "Rendezvous backend. static: a fixed set of nodes meeting at --master_addr:--master_port. c10d: "
          "torchrun's dynamic rendezvous at --rdzv_endpoint: the agent that can listen there hosts it, the "
          "others join; nodes are numbered in join order, a late node restarts the job with it, a lost one "
          "without it (not counted against --max_restarts). The job ends if the host's agent dies.");
-  option("--rdzv_endpoint,--rdzv-endpoint", raw.rdzv_endpoint, "PET_RDZV_ENDPOINT", "HOST[:PORT]",
+  option("--rdzv_endpoint", raw.rdzv_endpoint, "HOST[:PORT]",
          "static: node 0's address, as torchrun reads it; replaces --master_addr (and --master_port when "
          "PORT is given). c10d: where the rendezvous is hosted, the same on every node (default "
          "localhost:29400; PORT defaults to 29400); workers get MASTER_ADDR=HOST.");
-  option("--rdzv_conf,--rdzv-conf", raw.rdzv_conf, "PET_RDZV_CONF", "KEY=VALUE,...",
+  option("--rdzv_conf", raw.rdzv_conf, "KEY=VALUE,...",
          "Rendezvous settings. join_timeout=SECONDS (also spelled timeout): how long the agents wait for the "
          "rendezvous to complete before failing; default 600. c10d only: last_call_timeout=SECONDS, how "
          "long to wait for more nodes once MIN are there (default 30); is_host=1|0, whether this agent "
          "hosts the rendezvous (default: the first that can listen at the endpoint).");
-  app.add_flag("--standalone", raw.standalone,
-               "Single-node job on a private port: MASTER_ADDR=127.0.0.1 and a free MASTER_PORT, "
-               "overriding --master_addr/--master_port.")
-      ->envname("PET_STANDALONE");
-  option("--max_restarts,--max-restarts", raw.max_restarts, "PET_MAX_RESTARTS", "INT",
+  flag("--standalone", raw.standalone,
+       "Single-node job on a private port: MASTER_ADDR=127.0.0.1 and a free MASTER_PORT, "
+       "overriding --master_addr/--master_port.");
+  option("--max_restarts", raw.max_restarts, "INT",
          "When a worker fails, stop the group and start it again up to this many times "
          "(TORCHELASTIC_RESTART_COUNT counts them). c10d membership changes do not count.");
-  option("--restart_backoff,--restart-backoff", raw.restart_backoff, "PET_RESTART_BACKOFF", "INITIAL[:MAX]",
+  option("--restart_backoff", raw.restart_backoff, "INITIAL[:MAX]",
          "Seconds to wait before a restart after a failure: INITIAL before the first, doubling with each "
          "failure in a row up to MAX (default 30, or INITIAL if longer); an attempt that ran MAX seconds "
          "or more starts the doubling over. 0 restarts at once. With several nodes, the agent hosting the "
          "rendezvous decides for all. A signal during the wait ends the job.");
-  option("--shutdown_timeout,--shutdown-timeout", raw.shutdown_timeout, "PET_SHUTDOWN_TIMEOUT", "SECONDS",
+  option("--shutdown_timeout", raw.shutdown_timeout, "SECONDS",
          "When stopping workers, seconds between SIGTERM (or the signal cpprun received) and "
          "SIGKILL. torchrun waits 30; raise this if workers checkpoint on SIGTERM.");
-  option("--rdzv_id,--rdzv-id,--run_id,--run-id", raw.run_id, "PET_RDZV_ID", "ID",
+  option("--rdzv_id,--run_id", raw.run_id, "ID",
          "Job id, exported as TORCHELASTIC_RUN_ID; every node of a job needs the same (c10d refuses "
          "an agent with another).");
-  option("--role", raw.role, "PET_ROLE", "NAME", "Worker role, exported as ROLE_NAME.");
-  option("--monitor_interval,--monitor-interval", raw.monitor_interval, "PET_MONITOR_INTERVAL", "SECONDS",
+  option("--role", raw.role, "NAME", "Worker role, exported as ROLE_NAME.");
+  option("--monitor_interval", raw.monitor_interval, "SECONDS",
          "Accepted for torchrun compatibility and ignored: cpprun reacts to worker exits at once.");
-  app.add_flag("--no_python,--no-python", raw.no_python,
-               "Run PROGRAM directly, even PROGRAM.py. Without it, as torchrun: PROGRAM.py runs as `python -u "
-               "PROGRAM.py`; anything else (a C++ program, a script with a shebang) runs directly.")
-      ->envname("PET_NO_PYTHON");
-  option("-r,--redirects", raw.redirects, "PET_REDIRECTS", "0-3|LOCAL_RANK:0-3,...",
+  flag("--no_python", raw.no_python,
+       "Run PROGRAM directly, even PROGRAM.py. Without it, as torchrun: PROGRAM.py runs as `python -u "
+       "PROGRAM.py`; anything else (a C++ program, a script with a shebang) runs directly.");
+  option("-r,--redirects", raw.redirects, "0-3|LOCAL_RANK:0-3,...",
          "Send workers' output to files in --log_dir instead of the console: 1 stdout, 2 stderr, "
          "3 both, 0 neither; one value for all local ranks or a map like 0:1,1:3.");
-  option("-t,--tee", raw.tee, "PET_TEE", "0-3|LOCAL_RANK:0-3,...",
-         "Like --redirects, but the console gets the output too.");
-  option("--log_dir,--log-dir", raw.log_dir, "PET_LOG_DIR", "DIR",
+  option("-t,--tee", raw.tee, "0-3|LOCAL_RANK:0-3,...", "Like --redirects, but the console gets the output too.");
+  option("--log_dir", raw.log_dir, "DIR",
          "Where --redirects/--tee write: DIR/attempt_N/LOCAL_RANK/{stdout,stderr}.log; workers' "
          "TORCHELASTIC_ERROR_FILE goes there too (error.json). Without it, error files live in a temp "
          "dir that cpprun removes.");
-  option("--local_ranks_filter,--local-ranks-filter", raw.local_ranks_filter, "PET_LOCAL_RANKS_FILTER",
-         "LOCAL_RANK,...",
+  option("--local_ranks_filter", raw.local_ranks_filter, "LOCAL_RANK,...",
          "Only these local ranks' output reaches the console (e.g. 0); log files still get everything.");
-  app.add_flag("--dry_run,--dry-run", raw.dry_run,
-               "Print each worker's command line and the environment variables cpprun sets for it; "
-               "start nothing.")
-      ->envname("PET_DRY_RUN");
-  app.add_flag("-m,--module", raw.module,
-               "PROGRAM is a Python module: each worker runs `python -u -m PROGRAM ARGS...`. The "
-               "interpreter: $PYTHON_EXEC, else python3 (or python) on PATH; --dry_run shows it.")
-      ->envname("PET_MODULE");
-  app.add_flag("--run_path,--run-path", raw.run_path,
-               "PROGRAM is a file of Python code, run with runpy.run_path as __main__ (torchrun's "
-               "--run_path), whatever its name.")
-      ->envname("PET_RUN_PATH");
+  flag("--dry_run", raw.dry_run,
+       "Print each worker's command line and the environment variables cpprun sets for it; "
+       "start nothing.");
+  flag("-m,--module", raw.module,
+       "PROGRAM is a Python module: each worker runs `python -u -m PROGRAM ARGS...`. The "
+       "interpreter: $PYTHON_EXEC, else python3 (or python) on PATH; --dry_run shows it.");
+  flag("--run_path", raw.run_path,
+       "PROGRAM is a file of Python code, run with runpy.run_path as __main__ (torchrun's "
+       "--run_path), whatever its name.");
 
-  option("--job_secret_file,--job-secret-file", raw.job_secret_file, "PET_JOB_SECRET_FILE", "PATH",
+  option("--job_secret_file", raw.job_secret_file, "PATH",
          "Multi-node: a file holding the job's secret (else $CPPRUN_JOB_SECRET is read). The agents prove "
          "to each other that they hold it before one acts on what another says; it never crosses the "
          "network and workers do not inherit it. Every node needs the same; at least 16 characters.");
-  app.add_flag("--no_job_secret,--no-job-secret", raw.no_job_secret,
-               "Multi-node without a job secret: anyone who can reach the rendezvous ports can join, stop "
-               "or steer the job. Only for networks where nobody else can connect.")
-      ->envname("PET_NO_JOB_SECRET");
+  flag("--no_job_secret", raw.no_job_secret,
+       "Multi-node without a job secret: anyone who can reach the rendezvous ports can join, stop "
+       "or steer the job. Only for networks where nobody else can connect.");
 
   ParsedCommandLine result;
   const std::vector<std::string> expanded = expand_option_prefixes(args, option_spellings(app));

@@ -11,19 +11,16 @@
 #include "command_line/host_facts.h"
 #include "command_line/output_spec.h"
 #include "command_line/program_command.h"
-#include "workers/restart_backoff.h"
 #include "command_line/scheduler_env.h"
+#include "rendezvous/rendezvous_settings.h"
+#include "workers/restart_backoff.h"
+#include "workers/worker_specs.h"
 
 namespace cpprun::launcher {
 
-// --rdzv_backend. static: a fixed set of nodes, each told its --node_rank, meeting at node 0
-// (node_rendezvous.h). c10d: torchrun's dynamic rendezvous: MIN to MAX nodes meet at
-// --rdzv_endpoint, numbered in the order they join, and the job goes on as nodes come and go.
-enum class RendezvousBackend { kStatic, kC10d };
-
 struct LaunchConfig {
   int nproc_per_node = 1;
-  RendezvousBackend rdzv_backend = RendezvousBackend::kStatic;
+  RendezvousBackend rdzv_backend = RendezvousBackend::kStatic;  // see rendezvous/rendezvous_settings.h
   int nnodes = 1;     // static: the number of nodes; c10d: max_nodes
   int min_nodes = 1;  // --nnodes=MIN:MAX; static: both are nnodes
   int max_nodes = 1;
@@ -100,11 +97,11 @@ ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, cons
 // The agent talks to other nodes' agents: static with nnodes > 1, or c10d (even 1:1, like torchrun).
 bool is_multi_node(const LaunchConfig& config);
 
-// "static", "c10d"
-const char* backend_name(RendezvousBackend backend);
+// --master_addr:--master_port, as endpoint_text(host, port) writes it.
+std::string endpoint_text(const LaunchConfig& config);
 
-// "127.0.0.1:29400"; "[::1]:29400" for an IPv6 address.
-std::string endpoint_text(const std::string& host, int port);
-std::string endpoint_text(const LaunchConfig& config);  // --master_addr:--master_port
+// What each component takes of the command line.
+RendezvousSettings rendezvous_settings(const LaunchConfig& config);
+WorkerSettings worker_settings(const LaunchConfig& config);
 
 }  // namespace cpprun::launcher

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <ctime>
 
+#include "command_line/launch_config.h"
 #include "rendezvous/node_rendezvous.h"
 
 namespace cpprun::launcher {
@@ -16,17 +17,17 @@ namespace {
 constexpr std::chrono::seconds kTemporaryFailureWindow{5};
 constexpr std::chrono::milliseconds kRetryPause{500};
 
-std::string flag_text(const LaunchConfig& config) {
-  if (config.rdzv_backend == RendezvousBackend::kC10d) return "the host of --rdzv_endpoint=" + endpoint_text(config);
-  return "--master_addr=" + config.master_addr;
+std::string flag_text(const RendezvousSettings& settings) {
+  if (!settings.fixed_ranks()) return "the host of --rdzv_endpoint=" + settings.endpoint();
+  return "--master_addr=" + settings.host;
 }
 
-std::string advice(const LaunchConfig& config) {
+std::string advice(const RendezvousSettings& settings) {
   const std::string fix = ": check its spelling, /etc/hosts and DNS, or give the IP address.";
-  if (config.rdzv_backend == RendezvousBackend::kC10d) {
+  if (!settings.fixed_ranks()) {
     return ". It must name the machine hosting the rendezvous, resolvable on every node" + fix;
   }
-  if (is_multi_node(config)) return ". It must be node 0's host name or IP address, resolvable on every node" + fix;
+  if (settings.multi_node()) return ". It must be node 0's host name or IP address, resolvable on every node" + fix;
   return ". It must be an address of this machine, where worker rank 0 hosts the store (127.0.0.1 by default)" + fix;
 }
 
@@ -46,21 +47,21 @@ HostLookup look_up_host(const std::string& host) {
   return lookup;
 }
 
-void check_meeting_host_resolves(const LaunchConfig& config,
+void check_meeting_host_resolves(const RendezvousSettings& settings,
                                  const std::function<HostLookup(const std::string&)>& look_up) {
   const auto give_up = std::chrono::steady_clock::now() + kTemporaryFailureWindow;
   for (;;) {
-    const HostLookup lookup = look_up(config.master_addr);
+    const HostLookup lookup = look_up(settings.host);
     switch (lookup.result) {
       case HostLookup::Result::kResolved:
         return;
       case HostLookup::Result::kUnknown:
-        throw UsageError("cannot resolve " + flag_text(config) + ": " + lookup.error + advice(config));
+        throw UsageError("cannot resolve " + flag_text(settings) + ": " + lookup.error + advice(settings));
       case HostLookup::Result::kTemporary:
         if (std::chrono::steady_clock::now() >= give_up) {
-          throw RendezvousError("cpprun: cannot resolve " + flag_text(config) + ": " + lookup.error +
+          throw RendezvousError("cpprun: cannot resolve " + flag_text(settings) + ": " + lookup.error +
                                     " (the resolver gave no answer for " +
-                                    std::to_string(kTemporaryFailureWindow.count()) + " s)" + advice(config),
+                                    std::to_string(kTemporaryFailureWindow.count()) + " s)" + advice(settings),
                                 1);
         }
         // Before the signal relay exists: Ctrl-C simply ends cpprun, with nothing started yet.

@@ -7,7 +7,7 @@
 #include <optional>
 #include <string>
 
-#include "command_line/launch_config.h"
+#include "rendezvous/rendezvous_settings.h"
 
 namespace cpprun::launcher {
 
@@ -25,10 +25,10 @@ struct HostLookup {
 // getaddrinfo() of `host` for a TCP connection.
 HostLookup look_up_host(const std::string& host);
 
-// Throws UsageError (exit code 2) naming the flag and the host if config.master_addr, the static
+// Throws UsageError (exit code 2) naming the flag and the host if settings.host, the static
 // rendezvous's --master_addr or c10d's --rdzv_endpoint host, does not exist; and RendezvousError
 // (exit code 1) if the resolver gave no answer for about 5 s. `look_up` is for tests.
-void check_meeting_host_resolves(const LaunchConfig& config,
+void check_meeting_host_resolves(const RendezvousSettings& settings,
                                  const std::function<HostLookup(const std::string&)>& look_up = look_up_host);
 
 }  // namespace cpprun::launcher

@@ -13,33 +13,13 @@
 namespace cpprun::launcher {
 namespace {
 
-RendezvousSettings rendezvous_settings(const LaunchConfig& config) {
-  RendezvousSettings settings;
-  settings.backend = config.rdzv_backend;
-  settings.min_nodes = config.min_nodes;
-  settings.max_nodes = config.max_nodes;
-  settings.node_rank = config.rdzv_backend == RendezvousBackend::kStatic ? config.node_rank : -1;
-  settings.host = config.master_addr;
-  settings.port = config.master_port;
-  settings.join_timeout = config.join_timeout;
-  settings.last_call_timeout = config.last_call_timeout;
-  settings.is_host = config.is_host;
-  settings.max_restarts = config.max_restarts;
-  settings.restart_backoff = config.restart_backoff;
-  settings.shutdown_timeout = config.shutdown_timeout;
-  settings.run_id = config.run_id;
-  settings.shape = {config.nproc_per_node, config.role};
-  settings.job_secret = config.job_secret;
-  return settings;
-}
-
 // Why the workers start again: a restart after a failure, or (c10d) a new set of nodes.
-void announce_restart(const LaunchConfig& config, const NodeRendezvous& rendezvous, const RankLayout& layout,
+void announce_restart(int max_restarts, const NodeRendezvous& rendezvous, const RankLayout& layout,
                       int previous_restart_count) {
   const int restarts = rendezvous.restart_count();
   if (restarts > previous_restart_count) {
     std::cerr << "cpprun: restarting the workers of all " << layout.group_world_size << " nodes (restart "
-              << restarts << " of --max_restarts=" << config.max_restarts
+              << restarts << " of --max_restarts=" << max_restarts
               << ", TORCHELASTIC_RESTART_COUNT=" << restarts << ")\n";
     return;
   }
@@ -51,11 +31,11 @@ void announce_restart(const LaunchConfig& config, const NodeRendezvous& rendezvo
 
 }  // namespace
 
-int run_multi_node(const LaunchConfig& config, const ProgramCommand& program, const EnvMap& parent_env,
-                   SignalRelay& relay, const RunDirectory& run_dir) {
-  if (config.no_job_secret) std::cerr << no_secret_warning(endpoint_text(config)) << "\n";
+int run_multi_node(const RendezvousSettings& settings, const WorkerSettings& workers, const ProgramCommand& program,
+                   const EnvMap& parent_env, SignalRelay& relay, const RunDirectory& run_dir) {
+  if (settings.job_secret.empty()) std::cerr << no_secret_warning(settings.endpoint()) << "\n";  // --no_job_secret
   int signal = 0;
-  const std::unique_ptr<NodeRendezvous> rendezvous = open_rendezvous(rendezvous_settings(config), relay, signal);
+  const std::unique_ptr<NodeRendezvous> rendezvous = open_rendezvous(settings, relay, signal);
   std::optional<RankLayout> layout;
   if (rendezvous) layout = rendezvous->join(relay, signal);
   if (!layout) {
@@ -65,9 +45,9 @@ int run_multi_node(const LaunchConfig& config, const ProgramCommand& program, co
   for (;;) {
     const int restart_count = rendezvous->restart_count();
     const std::string this_node = "node " + std::to_string(layout->group_rank);
-    run_dir.prepare_attempt(restart_count, config.nproc_per_node);
+    run_dir.prepare_attempt(restart_count, workers.env.local_world_size);
     const std::vector<WorkerSpec> specs =
-        make_worker_specs(config, *layout, program, restart_count, run_dir.layout(), parent_env);
+        make_worker_specs(workers, *layout, program, restart_count, run_dir.layout(), parent_env);
     // Told before this node's workers are stopped, so every node stops at once.
     const auto tell_others = [&](const AttemptEnd& attempt) {
       switch (attempt.end) {
@@ -87,7 +67,7 @@ int run_multi_node(const LaunchConfig& config, const ProgramCommand& program, co
           break;
       }
     };
-    const AttemptEnd attempt = run_attempt(relay, specs, config, rendezvous.get(), tell_others);
+    const AttemptEnd attempt = run_attempt(relay, specs, settings.shutdown_timeout, rendezvous.get(), tell_others);
     if (attempt.end == GroupEnd::kSucceeded) rendezvous->report_done();
     // A signal ends the job on every node; this one does not wait for the others' news.
     if (attempt.end == GroupEnd::kInterrupted) return attempt.exit_code;
@@ -98,12 +78,12 @@ int run_multi_node(const LaunchConfig& config, const ProgramCommand& program, co
         return 0;
       case JobDecision::Kind::kRestart:
         layout = decision.layout;
-        announce_restart(config, *rendezvous, *layout, restart_count);
+        announce_restart(settings.max_restarts, *rendezvous, *layout, restart_count);
         continue;
       case JobDecision::Kind::kExit:
         std::cerr << "cpprun: ";
-        if (decision.end.restartable && config.max_restarts > 0) {
-          std::cerr << "giving up after " << restart_count + 1 << " attempts (--max_restarts=" << config.max_restarts
+        if (decision.end.restartable && settings.max_restarts > 0) {
+          std::cerr << "giving up after " << restart_count + 1 << " attempts (--max_restarts=" << settings.max_restarts
                     << "); ";
         }
         std::cerr << "exiting with code " << decision.end.exit_code << ": " << decision.end.reason << "\n";

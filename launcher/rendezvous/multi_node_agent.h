@@ -5,16 +5,17 @@
 
 #include <string>
 
-#include "command_line/launch_config.h"
 #include "command_line/program_command.h"
+#include "rendezvous/rendezvous_settings.h"
 #include "workers/run_directory.h"
 #include "workers/signal_relay.h"
 #include "workers/worker_env.h"
+#include "workers/worker_specs.h"
 
 namespace cpprun::launcher {
 
 // Returns cpprun's exit code. Throws RendezvousError when the nodes cannot meet.
-int run_multi_node(const LaunchConfig& config, const ProgramCommand& program, const EnvMap& parent_env,
-                   SignalRelay& relay, const RunDirectory& run_dir);
+int run_multi_node(const RendezvousSettings& settings, const WorkerSettings& workers, const ProgramCommand& program,
+                   const EnvMap& parent_env, SignalRelay& relay, const RunDirectory& run_dir);
 
 }  // namespace cpprun::launcher

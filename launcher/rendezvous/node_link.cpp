@@ -18,6 +18,7 @@
 #include <system_error>
 
 #include "rendezvous/link_auth.h"
+#include "rendezvous/rendezvous_settings.h"
 
 namespace cpprun::launcher {
 namespace {
@@ -62,22 +63,19 @@ void enable_keepalive(int fd) {
 
 std::string address_text(const sockaddr* address) {
   char host[INET6_ADDRSTRLEN] = "?";
-  int port = 0;
   if (address->sa_family == AF_INET) {
     const auto* in = reinterpret_cast<const sockaddr_in*>(address);
     inet_ntop(AF_INET, &in->sin_addr, host, sizeof(host));
-    port = ntohs(in->sin_port);
-    return std::string(host) + ":" + std::to_string(port);
+    return endpoint_text(host, ntohs(in->sin_port));
   }
   if (address->sa_family == AF_INET6) {
     const auto* in6 = reinterpret_cast<const sockaddr_in6*>(address);
-    port = ntohs(in6->sin6_port);
     if (IN6_IS_ADDR_V4MAPPED(&in6->sin6_addr)) {  // an IPv4 peer of our dual-stack listener
       inet_ntop(AF_INET, &in6->sin6_addr.s6_addr[12], host, sizeof(host));
-      return std::string(host) + ":" + std::to_string(port);
+    } else {
+      inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof(host));
     }
-    inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof(host));
-    return "[" + std::string(host) + "]:" + std::to_string(port);
+    return endpoint_text(host, ntohs(in6->sin6_port));
   }
   return "?";
 }
@@ -466,6 +464,11 @@ bool is_loopback_host(const std::string& host) {
     if (!is_loopback_address(a->ai_addr)) return false;
   }
   return addresses.head != nullptr;
+}
+
+std::string endpoint_text(const std::string& host, int port) {
+  const bool ipv6 = host.find(':') != std::string::npos;
+  return (ipv6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
 }
 
 }  // namespace cpprun::launcher

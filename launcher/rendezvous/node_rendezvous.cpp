@@ -8,6 +8,10 @@
 
 namespace cpprun::launcher {
 
+const char* backend_name(RendezvousBackend backend) {
+  return backend == RendezvousBackend::kC10d ? "c10d" : "static";
+}
+
 std::string RendezvousSettings::endpoint() const { return endpoint_text(host, port); }
 
 std::string RendezvousSettings::nnodes_flag() const {

@@ -45,42 +45,14 @@
 #include <string>
 #include <vector>
 
-#include "command_line/launch_config.h"
 #include "rendezvous/node_link.h"
 #include "rendezvous/node_messages.h"
 #include "rendezvous/rank_layout.h"
-#include "workers/restart_backoff.h"
+#include "rendezvous/rendezvous_settings.h"
 #include "workers/signal_relay.h"
 #include "workers/worker_group.h"
 
 namespace cpprun::launcher {
-
-// What the rendezvous needs of the command line.
-struct RendezvousSettings {
-  RendezvousBackend backend = RendezvousBackend::kStatic;
-  int min_nodes = 1;  // --nnodes=MIN:MAX; static: both are --nnodes
-  int max_nodes = 1;
-  int node_rank = -1;  // static: --node_rank; c10d: -1 (the host numbers the nodes as they join)
-  // static: node 0's store (--master_addr, --master_port); c10d: --rdzv_endpoint.
-  std::string host = "127.0.0.1";
-  int port = 0;
-  std::chrono::milliseconds join_timeout{600 * 1000};
-  std::chrono::milliseconds last_call_timeout{30 * 1000};  // c10d; static never waits for more
-  std::optional<bool> is_host;                             // c10d: --rdzv_conf is_host
-  int max_restarts = 0;
-  RestartBackoffSettings restart_backoff;
-  std::chrono::milliseconds shutdown_timeout{5000};
-  std::string run_id = "none";
-  NodeShape shape;         // --nproc_per_node and --role
-  std::string job_secret;  // "" with --no_job_secret
-
-  // static: every node brings its rank, and the host is node 0.
-  bool fixed_ranks() const { return backend == RendezvousBackend::kStatic; }
-  // "127.0.0.1:29400"
-  std::string endpoint() const;
-  // "--nnodes=2" (static), "--nnodes=1:3" (c10d)
-  std::string nnodes_flag() const;
-};
 
 // The rendezvous failed (a node never came, nodes disagree, node 0 is unreachable). The message
 // says which nodes and what to do; the agent exits with exit_code().

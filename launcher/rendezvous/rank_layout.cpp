@@ -5,10 +5,10 @@
 
 namespace cpprun::launcher {
 
-RankLayout single_node_layout(const LaunchConfig& config) {
+RankLayout single_node_layout(int nproc_per_node) {
   RankLayout layout;
-  layout.world_size = config.nproc_per_node;
-  layout.role_world_size = config.nproc_per_node;
+  layout.world_size = nproc_per_node;
+  layout.role_world_size = nproc_per_node;
   return layout;
 }
 
@@ -38,16 +38,16 @@ RankLayout multi_node_layout(const std::vector<NodeShape>& nodes, int node_rank)
   return layout;
 }
 
-RankLayout assumed_layout(const LaunchConfig& config) {
-  const NodeShape self{config.nproc_per_node, config.role};
-  if (config.rdzv_backend == RendezvousBackend::kC10d) {
+RankLayout assumed_layout(const RendezvousSettings& settings) {
+  const NodeShape& self = settings.shape;
+  if (!settings.fixed_ranks()) {
     // c10d: the first of MIN nodes to join; worker rank 0 hosts the workers' store.
-    RankLayout layout = multi_node_layout(std::vector<NodeShape>(config.min_nodes, self), 0);
+    RankLayout layout = multi_node_layout(std::vector<NodeShape>(settings.min_nodes, self), 0);
     layout.agent_store = false;
     return layout;
   }
-  if (config.nnodes == 1) return single_node_layout(config);
-  return multi_node_layout(std::vector<NodeShape>(config.nnodes, self), config.node_rank);
+  if (!settings.multi_node()) return single_node_layout(self.local_world_size);
+  return multi_node_layout(std::vector<NodeShape>(settings.max_nodes, self), settings.node_rank);
 }
 
 }  // namespace cpprun::launcher

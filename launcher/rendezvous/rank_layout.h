@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "command_line/launch_config.h"
+#include "rendezvous/rendezvous_settings.h"
 
 namespace cpprun::launcher {
 
@@ -22,14 +22,8 @@ struct RankLayout {
   int master_port = 0;
 };
 
-// What each node told the rendezvous about itself.
-struct NodeShape {
-  int local_world_size = 1;  // its --nproc_per_node
-  std::string role = "default";
-};
-
 // A job of one node: ranks 0..nproc_per_node-1, worker rank 0 hosts the store.
-RankLayout single_node_layout(const LaunchConfig& config);
+RankLayout single_node_layout(int nproc_per_node);
 
 // Node `node_rank`'s layout when node i runs nodes[i].local_world_size workers, as torchrun's
 // agent assigns it: a node's ranks are contiguous and ordered by node rank; role ranks likewise,
@@ -38,6 +32,6 @@ RankLayout multi_node_layout(const std::vector<NodeShape>& nodes, int node_rank)
 
 // Before the rendezvous (--dry_run) a node knows only itself: the layout if every node ran
 // --nproc_per_node workers of the same role (c10d: this node joined first, of MIN nodes).
-RankLayout assumed_layout(const LaunchConfig& config);
+RankLayout assumed_layout(const RendezvousSettings& settings);
 
 }  // namespace cpprun::launcher

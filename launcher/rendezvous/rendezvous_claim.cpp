@@ -37,8 +37,8 @@ std::optional<Result> keep_connecting(const RendezvousSettings& settings, Signal
     }
     const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
     if (left.count() <= 0) throw RendezvousError(timeout_message(last_error), 1);
-    ConnectResult attempt = connect_link(settings.host, settings.port, std::min<std::chrono::milliseconds>(left, std::chrono::seconds(5)),
-                                         relay.wake_fd(), settings.job_secret);
+    const auto try_for = std::min<std::chrono::milliseconds>(left, std::chrono::seconds(5));
+    ConnectResult attempt = connect_link(settings.host, settings.port, try_for, relay.wake_fd(), settings.job_secret);
     if (attempt.status == ConnectStatus::kConnected) return connected(std::move(*attempt.link));
     if (attempt.status == ConnectStatus::kFailed) {
       last_error = attempt.error;

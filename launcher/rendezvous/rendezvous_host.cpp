@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "agent_store/agent_store.h"
+#include "cpprun/store_port.h"
 #include "command_line/host_facts.h"
 #include "rendezvous/node_link.h"
 #include "rendezvous/node_rendezvous.h"
@@ -68,8 +69,8 @@ class RendezvousHost final : public NodeRendezvous {
     std::optional<RankLayout> layout = gather(relay, started_);
     if (!layout) {
       signal = pending_signal_;
-      broadcast_all(NodeMessage::make_exit(
-          {128 + signal, false, "cpprun: " + title() + " received " + signal_name(signal) + " before the job started"}));
+      const std::string why = "cpprun: " + title() + " received " + signal_name(signal) + " before the job started";
+      broadcast_all(NodeMessage::make_exit({128 + signal, false, why}));
     }
     return layout;
   }
@@ -190,7 +191,7 @@ class RendezvousHost final : public NodeRendezvous {
       store_->set(kLinkPortKey, std::to_string(listener_.port()));
     } catch (const AgentStoreError& e) {
       const std::string what = e.what();
-      if (what.find("in use") != std::string::npos || what.find("EADDRINUSE") != std::string::npos) {
+      if (reports_port_in_use(what)) {
         throw RendezvousError("cpprun: node 0 cannot host the rendezvous store: --master_port=" +
                                   std::to_string(settings_.port) +
                                   " is already in use on this host (another job, or one still shutting down). "

@@ -29,14 +29,9 @@ class RendezvousMember final : public NodeRendezvous {
 
   std::optional<RankLayout> join(SignalRelay& relay, int& signal) override {
     const auto deadline = started_ + settings_.join_timeout;
-    NodeHello hello;
-    hello.backend = backend_name(settings_.backend);
-    hello.node_rank = settings_.node_rank;
-    hello.min_nodes = settings_.min_nodes;
-    hello.max_nodes = settings_.max_nodes;
-    hello.max_restarts = settings_.max_restarts;
-    hello.run_id = settings_.run_id;
-    hello.shape = settings_.shape;
+    const NodeHello hello{kNodeProtocolVersion, backend_name(settings_.backend), settings_.node_rank,
+                          settings_.min_nodes, settings_.max_nodes, settings_.max_restarts, settings_.run_id,
+                          settings_.shape};
     link_.send(NodeMessage::make_hello(hello));
     const auto connected = Clock::now();
 

@@ -16,17 +16,18 @@ constexpr std::size_t kErrorFileLimit = 16 * 1024;
 
 }  // namespace
 
-AttemptEnd run_attempt(SignalRelay& relay, const std::vector<WorkerSpec>& specs, const LaunchConfig& config,
+AttemptEnd run_attempt(SignalRelay& relay, const std::vector<WorkerSpec>& specs,
+                       std::chrono::milliseconds shutdown_timeout,
                        PeerEvents* peers, const std::function<void(const AttemptEnd&)>& before_stop) {
   WorkerGroup group(relay);
-  group.start(specs, config.shutdown_timeout);
+  group.start(specs, shutdown_timeout);
   const GroupOutcome outcome = group.wait(peers);
   AttemptEnd result;
   result.end = outcome.end;
   if (outcome.end == GroupEnd::kSucceeded) {
     // See Note [The job's process tree]. A job-ending signal that cut the grace short is raised
     // again, for whatever waits next (the exit barrier of a multi-node job) to act on.
-    if (const int sig = stop_leftovers(relay, config.shutdown_timeout); sig != 0) raise(sig);
+    if (const int sig = stop_leftovers(relay, shutdown_timeout); sig != 0) raise(sig);
     return result;
   }
   if (outcome.root_cause) {
@@ -42,17 +43,17 @@ AttemptEnd run_attempt(SignalRelay& relay, const std::vector<WorkerSpec>& specs,
   if (before_stop) before_stop(result);
 
   group.stop(outcome.end == GroupEnd::kInterrupted ? StopStart::kAlreadySignalled : StopStart::kSendSigterm,
-             config.shutdown_timeout);
+             shutdown_timeout);
   AttemptSummary summary;
   summary.root_cause = outcome.root_cause;
   summary.ending_signal = group.ending_signal();
-  summary.shutdown_timeout = config.shutdown_timeout;
+  summary.shutdown_timeout = shutdown_timeout;
   if (outcome.root_cause) {
     summary.root_cause_stderr_tail = group.stderr_tail(*outcome.root_cause);
     summary.root_cause_error_file = read_file_head(specs.at(*outcome.root_cause).error_file, kErrorFileLimit);
   }
   std::cerr << format_attempt_summary(group.workers(), summary);
-  const int leftovers_signal = stop_leftovers(relay, config.shutdown_timeout);
+  const int leftovers_signal = stop_leftovers(relay, shutdown_timeout);
   // A signal that arrived while stopping after a failure still means "do not restart".
   const int late_signal = group.ending_signal() != 0 ? group.ending_signal() : leftovers_signal;
   if (late_signal != 0) {

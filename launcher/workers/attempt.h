@@ -4,11 +4,11 @@
 // (main.cpp) and the multi-node one (multi_node_agent.cpp) decide what comes next.
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <string>
 #include <vector>
 
-#include "command_line/launch_config.h"
 #include "workers/signal_relay.h"
 #include "workers/worker_group.h"
 
@@ -23,8 +23,10 @@ struct AttemptEnd {
 };
 
 // `peers` (multi-node) may end the attempt too; `before_stop`, if set, runs once the attempt has
-// ended badly and before the workers are stopped, so other nodes can hear of it at once.
-AttemptEnd run_attempt(SignalRelay& relay, const std::vector<WorkerSpec>& specs, const LaunchConfig& config,
+// ended badly and before the workers are stopped, so other nodes can hear of it at once. Stopping
+// gives SIGTERM `shutdown_timeout` (--shutdown_timeout) before SIGKILL.
+AttemptEnd run_attempt(SignalRelay& relay, const std::vector<WorkerSpec>& specs,
+                       std::chrono::milliseconds shutdown_timeout,
                        PeerEvents* peers, const std::function<void(const AttemptEnd&)>& before_stop);
 
 }  // namespace cpprun::launcher

@@ -18,11 +18,11 @@ EnvMap current_environment() {
   return env;
 }
 
-bool defaults_omp_threads(const LaunchConfig& config, const EnvMap& parent) {
-  return config.nproc_per_node > 1 && parent.count("OMP_NUM_THREADS") == 0;
+bool defaults_omp_threads(int local_world_size, const EnvMap& parent) {
+  return local_world_size > 1 && parent.count("OMP_NUM_THREADS") == 0;
 }
 
-EnvMap make_worker_env(const LaunchConfig& config, const RankLayout& layout, int local_rank, int restart_count,
+EnvMap make_worker_env(const WorkerEnvSettings& settings, const RankLayout& layout, int local_rank, int restart_count,
                        const std::string& error_file, const EnvMap& parent) {
   EnvMap env = parent;
   // Only the agents need the job secret; a worker, or anything it runs, could leak it.
@@ -30,17 +30,17 @@ EnvMap make_worker_env(const LaunchConfig& config, const RankLayout& layout, int
   env["RANK"] = std::to_string(layout.base_rank + local_rank);
   env["LOCAL_RANK"] = std::to_string(local_rank);
   env["WORLD_SIZE"] = std::to_string(layout.world_size);
-  env["LOCAL_WORLD_SIZE"] = std::to_string(config.nproc_per_node);
+  env["LOCAL_WORLD_SIZE"] = std::to_string(settings.local_world_size);
   env["GROUP_RANK"] = std::to_string(layout.group_rank);
   env["GROUP_WORLD_SIZE"] = std::to_string(layout.group_world_size);
   env["ROLE_RANK"] = std::to_string(layout.role_base_rank + local_rank);
   env["ROLE_WORLD_SIZE"] = std::to_string(layout.role_world_size);
-  env["ROLE_NAME"] = config.role;
-  env["MASTER_ADDR"] = config.master_addr;
-  env["MASTER_PORT"] = std::to_string(layout.master_port != 0 ? layout.master_port : config.master_port);
+  env["ROLE_NAME"] = settings.role;
+  env["MASTER_ADDR"] = settings.master_addr;
+  env["MASTER_PORT"] = std::to_string(layout.master_port != 0 ? layout.master_port : settings.master_port);
   env["TORCHELASTIC_RESTART_COUNT"] = std::to_string(restart_count);
-  env["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(config.max_restarts);
-  env["TORCHELASTIC_RUN_ID"] = config.run_id;
+  env["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(settings.max_restarts);
+  env["TORCHELASTIC_RUN_ID"] = settings.run_id;
   // Per worker and per attempt, so the launcher knows whose it is; torchrun overrides the user's too.
   env["TORCHELASTIC_ERROR_FILE"] = error_file;
   // One node, or c10d: the launcher hosts no store, worker rank 0 creates the c10d TCPStore at
@@ -53,7 +53,7 @@ EnvMap make_worker_env(const LaunchConfig& config, const RankLayout& layout, int
   for (const char* name : {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING"}) {
     if (parent.count(name) == 0) env[name] = "1";
   }
-  if (defaults_omp_threads(config, parent)) env["OMP_NUM_THREADS"] = "1";
+  if (defaults_omp_threads(settings.local_world_size, parent)) env["OMP_NUM_THREADS"] = "1";
   return env;
 }
 

@@ -5,7 +5,6 @@
 #include <string>
 #include <vector>
 
-#include "command_line/launch_config.h"
 #include "command_line/program_command.h"
 #include "rendezvous/rank_layout.h"
 #include "workers/run_directory.h"
@@ -14,9 +13,15 @@
 
 namespace cpprun::launcher {
 
+// What the workers' specs take of the command line.
+struct WorkerSettings {
+  WorkerEnvSettings env;
+  OutputOptions output;  // --redirects, --tee, --local_ranks_filter, --log_dir
+};
+
 // `ranks` places the node's workers in the job; `program` is what each runs (program_command.h);
 // `files` says where each worker's files go (see RunDirectory); `restart_count` is the attempt.
-std::vector<WorkerSpec> make_worker_specs(const LaunchConfig& config, const RankLayout& ranks,
+std::vector<WorkerSpec> make_worker_specs(const WorkerSettings& settings, const RankLayout& ranks,
                                           const ProgramCommand& program, int restart_count, const RunLayout& files,
                                           const EnvMap& parent_env);
 

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "command_line/dry_run.h"
+#include "command_line/launch_config.h"
 #include "workers/worker_specs.h"
 
 using namespace cpprun::launcher;
@@ -36,7 +37,7 @@ ProgramCommand train() { return {"/abs/train", {"./train", "--lr", "0.1", "a b"}
 
 TEST_CASE("dry_run: worker specs carry the command, env, error file and output plan", "[dry_run]") {
   const LaunchConfig c = config_with(2);
-  const std::vector<WorkerSpec> specs = make_worker_specs(c, single_node_layout(c), train(), 1, {"/run", true}, {});
+  const std::vector<WorkerSpec> specs = make_worker_specs(worker_settings(c), single_node_layout(2), train(), 1, {"/run", true}, {});
   REQUIRE(specs.size() == 2);
   const WorkerSpec& w = specs[1];
   CHECK(w.rank == 1);
@@ -55,7 +56,8 @@ TEST_CASE("dry_run: prints each rank's command and only the variables cpprun set
   c.output.log_dir = "logs";
   const EnvMap parent = {{"PATH", "/bin"}, {"OMP_NUM_THREADS", "4"}, {"RANK", "7"}};
   const std::string text =
-      format_dry_run(make_worker_specs(c, single_node_layout(c), train(), 0, {"logs", true}, parent), parent);
+      format_dry_run(make_worker_specs(worker_settings(c), single_node_layout(2), train(), 0, {"logs", true}, parent),
+                     parent);
   CHECK_THAT(text, Contains("2 workers would start; nothing was started"));
   CHECK_THAT(text, Contains("rank 1 (local_rank 1):\n  command: ./train --lr 0.1 'a b'\n  program: /abs/train"));
   CHECK_THAT(text, Contains("  stdout: logs/attempt_0/1/stdout.log\n"));

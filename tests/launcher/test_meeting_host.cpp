@@ -3,7 +3,7 @@
 
 #include <string>
 
-#include "command_line/launch_config.h"
+#include "command_line/launch_config.h"  // UsageError
 #include "rendezvous/meeting_host.h"
 #include "rendezvous/node_rendezvous.h"
 
@@ -12,12 +12,12 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-LaunchConfig config_for(const std::string& host, RendezvousBackend backend = RendezvousBackend::kStatic,
-                        int nnodes = 2) {
-  LaunchConfig config;
-  config.master_addr = host;
-  config.rdzv_backend = backend;
-  config.nnodes = config.max_nodes = nnodes;
+RendezvousSettings config_for(const std::string& host, RendezvousBackend backend = RendezvousBackend::kStatic,
+                              int nnodes = 2) {
+  RendezvousSettings config;
+  config.host = host;
+  config.backend = backend;
+  config.min_nodes = config.max_nodes = nnodes;
   return config;
 }
 
@@ -28,7 +28,7 @@ HostLookup answer(HostLookup::Result result, const std::string& error = "") {
   return lookup;
 }
 
-std::string usage_error(const LaunchConfig& config, const HostLookup& lookup) {
+std::string usage_error(const RendezvousSettings& config, const HostLookup& lookup) {
   try {
     check_meeting_host_resolves(config, [&](const std::string&) { return lookup; });
   } catch (const UsageError& e) {
@@ -48,8 +48,8 @@ TEST_CASE("meeting_host: a name that does not exist fails at once, naming the fl
                  Contains("node 0's host name"));
   CHECK_THAT(usage_error(config_for("nosuch.invalid", RendezvousBackend::kStatic, 1), unknown),
              Contains("cannot resolve --master_addr=nosuch.invalid") && Contains("worker rank 0 hosts the store"));
-  LaunchConfig c10d = config_for("nosuch.invalid", RendezvousBackend::kC10d);
-  c10d.master_port = 29400;
+  RendezvousSettings c10d = config_for("nosuch.invalid", RendezvousBackend::kC10d);
+  c10d.port = 29400;
   CHECK_THAT(usage_error(c10d, unknown), Contains("cannot resolve the host of --rdzv_endpoint=nosuch.invalid:29400"));
 }
 

@@ -6,9 +6,7 @@
 using namespace cpprun::launcher;
 
 TEST_CASE("rank_layout: one node hosts ranks 0..N-1 and no agent store", "[rank_layout]") {
-  LaunchConfig c;
-  c.nproc_per_node = 3;
-  const RankLayout l = single_node_layout(c);
+  const RankLayout l = single_node_layout(3);
   CHECK(l.base_rank == 0);
   CHECK(l.world_size == 3);
   CHECK(l.group_rank == 0);
@@ -47,9 +45,9 @@ TEST_CASE("rank_layout: role ranks count only the nodes of the same role", "[ran
 }
 
 TEST_CASE("rank_layout: a dry run assumes every node has --nproc_per_node workers", "[rank_layout]") {
-  LaunchConfig c;
-  c.nproc_per_node = 4;
-  c.nnodes = 3;
+  RendezvousSettings c;
+  c.shape.local_world_size = 4;
+  c.min_nodes = c.max_nodes = 3;  // --nnodes=3
   c.node_rank = 2;
   const RankLayout l = assumed_layout(c);
   CHECK(l.base_rank == 8);
@@ -58,7 +56,8 @@ TEST_CASE("rank_layout: a dry run assumes every node has --nproc_per_node worker
   CHECK_THROWS_AS(multi_node_layout({{1, "default"}}, 1), std::logic_error);
 
   // c10d: this node as the first of MIN to join; worker rank 0 hosts the workers' store.
-  c.rdzv_backend = RendezvousBackend::kC10d;
+  c.backend = RendezvousBackend::kC10d;
+  c.node_rank = -1;
   c.min_nodes = 2;
   c.max_nodes = 5;
   const RankLayout e = assumed_layout(c);

@@ -1,29 +1,29 @@
 // Unit tests of the worker environment: torchrun's variables, rank arithmetic, user overrides.
 #include <catch2/catch.hpp>
 
+#include "rendezvous/rank_layout.h"
 #include "workers/worker_env.h"
 
 using namespace cpprun::launcher;
 
 namespace {
 
-LaunchConfig config_with(int nproc) {
-  LaunchConfig c;
-  c.nproc_per_node = nproc;
-  c.program = "./train";
+WorkerEnvSettings config_with(int nproc) {
+  WorkerEnvSettings c;
+  c.local_world_size = nproc;
   return c;
 }
 
 // The single-node environment of local rank `local_rank`.
-EnvMap env_of(const LaunchConfig& c, int local_rank, int restart, const std::string& error_file,
+EnvMap env_of(const WorkerEnvSettings& c, int local_rank, int restart, const std::string& error_file,
               const EnvMap& parent) {
-  return make_worker_env(c, single_node_layout(c), local_rank, restart, error_file, parent);
+  return make_worker_env(c, single_node_layout(c.local_world_size), local_rank, restart, error_file, parent);
 }
 
 }  // namespace
 
 TEST_CASE("worker_env: sets every torchrun variable", "[worker_env]") {
-  LaunchConfig c = config_with(3);
+  WorkerEnvSettings c = config_with(3);
   c.master_addr = "10.0.0.5";
   c.master_port = 1234;
   c.max_restarts = 4;
@@ -59,9 +59,7 @@ TEST_CASE("worker_env: sets every torchrun variable", "[worker_env]") {
 
 TEST_CASE("worker_env: multi-node ranks come from the rendezvous's layout", "[worker_env]") {
   // Node 1 of three nodes running 2, 4 and 1 workers.
-  LaunchConfig c = config_with(4);
-  c.nnodes = 3;
-  c.node_rank = 1;
+  WorkerEnvSettings c = config_with(4);
   const RankLayout layout = multi_node_layout({{2, "default"}, {4, "default"}, {1, "default"}}, 1);
   const EnvMap env = make_worker_env(c, layout, 3, 0, "/run/e.json", {});
   CHECK(env.at("RANK") == "5");
@@ -77,8 +75,7 @@ TEST_CASE("worker_env: multi-node ranks come from the rendezvous's layout", "[wo
 }
 
 TEST_CASE("worker_env: c10d workers get the endpoint's host and the rendezvous's MASTER_PORT", "[worker_env]") {
-  LaunchConfig c = config_with(1);
-  c.rdzv_backend = RendezvousBackend::kC10d;
+  WorkerEnvSettings c = config_with(1);
   c.master_addr = "node0";  // --rdzv_endpoint=node0:29400
   c.master_port = 29400;
   c.run_id = "job42";
@@ -116,14 +113,14 @@ TEST_CASE("worker_env: the user's NCCL error-handling values win", "[worker_env]
 
 TEST_CASE("worker_env: OMP_NUM_THREADS=1 only when unset and several workers share the node",
           "[worker_env]") {
-  CHECK(defaults_omp_threads(config_with(2), {}));
+  CHECK(defaults_omp_threads(2, {}));
   CHECK(env_of(config_with(2), 0, 0, "/run/e.json", {}).at("OMP_NUM_THREADS") == "1");
 
-  CHECK_FALSE(defaults_omp_threads(config_with(1), {}));
+  CHECK_FALSE(defaults_omp_threads(1, {}));
   CHECK(env_of(config_with(1), 0, 0, "/run/e.json", {}).count("OMP_NUM_THREADS") == 0);
 
   // Set, even to the empty string, means the user chose.
-  CHECK_FALSE(defaults_omp_threads(config_with(2), {{"OMP_NUM_THREADS", ""}}));
+  CHECK_FALSE(defaults_omp_threads(2, {{"OMP_NUM_THREADS", ""}}));
   CHECK(env_of(config_with(2), 0, 0, "/run/e.json", {{"OMP_NUM_THREADS", "4"}}).at("OMP_NUM_THREADS") ==
         "4");
 }

@@ -1,0 +1,59 @@
+// What the rendezvous between the nodes needs of the command line (command_line/launch_config.h
+// fills it in), and the names it goes by in messages.
+#pragma once
+
+#include <chrono>
+#include <optional>
+#include <string>
+
+#include "workers/restart_backoff.h"
+
+namespace cpprun::launcher {
+
+// --rdzv_backend. static: a fixed set of nodes, each told its --node_rank, meeting at node 0.
+// c10d: torchrun's dynamic rendezvous: MIN to MAX nodes meet at --rdzv_endpoint, numbered in the
+// order they join, and the job goes on as nodes come and go. One state machine runs both
+// (node_rendezvous.h): static is c10d with MIN = MAX and the ranks fixed.
+enum class RendezvousBackend { kStatic, kC10d };
+
+// What each node tells the rendezvous about itself.
+struct NodeShape {
+  int local_world_size = 1;  // its --nproc_per_node
+  std::string role = "default";
+};
+
+struct RendezvousSettings {
+  RendezvousBackend backend = RendezvousBackend::kStatic;
+  int min_nodes = 1;  // --nnodes=MIN:MAX; static: both are --nnodes
+  int max_nodes = 1;
+  int node_rank = -1;  // static: --node_rank; c10d: -1 (the host numbers the nodes as they join)
+  // static: node 0's store (--master_addr, --master_port); c10d: --rdzv_endpoint.
+  std::string host = "127.0.0.1";
+  int port = 0;
+  std::chrono::milliseconds join_timeout{600 * 1000};
+  std::chrono::milliseconds last_call_timeout{30 * 1000};  // c10d; static never waits for more
+  std::optional<bool> is_host;                             // c10d: --rdzv_conf is_host
+  int max_restarts = 0;
+  RestartBackoffSettings restart_backoff;
+  std::chrono::milliseconds shutdown_timeout{5000};
+  std::string run_id = "none";
+  NodeShape shape;         // --nproc_per_node and --role
+  std::string job_secret;  // "" with --no_job_secret
+
+  // static: every node brings its rank, and the host is node 0.
+  bool fixed_ranks() const { return backend == RendezvousBackend::kStatic; }
+  // The agents talk to each other: static with several nodes, or c10d (even 1:1, like torchrun).
+  bool multi_node() const { return !fixed_ranks() || max_nodes > 1; }
+  // "127.0.0.1:29400"
+  std::string endpoint() const;
+  // "--nnodes=2" (static), "--nnodes=1:3" (c10d)
+  std::string nnodes_flag() const;
+};
+
+// "static", "c10d"
+const char* backend_name(RendezvousBackend backend);
+
+// "127.0.0.1:29400"; "[::1]:29400" for an IPv6 address.
+std::string endpoint_text(const std::string& host, int port);
+
+}  // namespace cpprun::launcher
