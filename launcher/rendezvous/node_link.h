@@ -1,5 +1,5 @@
 // The TCP links between the agents of a multi-node job. Each member agent keeps one connection to
-// node 0's agent for the whole job; the messages of node_messages.h travel on it, and its end is
+// the agent hosting the rendezvous (node 0's, static) for the whole job; the messages of node_messages.h travel on it, and its end is
 // how one agent learns at once that another is gone: the kernel closes a killed process's
 // sockets, and TCP keep-alive notices a host that went away (about 30 s).
 #pragma once

@@ -111,6 +111,22 @@ class WordReader {
     return values;
   }
 
+  // For visit_words(): each reads the next word into its field.
+  void number(int& value) { value = number(); }
+  void text(std::string& value) { value = text(); }
+  void flag(bool& value) { value = number() != 0; }
+  void numbers(std::vector<int>& values) { values = numbers(); }
+  // A failure's exit code is 1 to 255 whatever the peer claims: no message can make a failed job
+  // look like a success (0), or pass the shell a code it would wrap.
+  void end(JobEnd& end, bool failure) {
+    end.exit_code = number();
+    if (end.exit_code < (failure ? 1 : 0) || end.exit_code > 255) end.exit_code = 1;
+    flag(end.restartable);
+    text(end.reason);
+  }
+  // False when the hello is of another protocol: a newer agent's may carry more words.
+  bool same_protocol(int protocol) const { return !ok_ || protocol == kNodeProtocolVersion; }
+
  private:
   std::string fail() {
     ok_ = false;
@@ -121,19 +137,76 @@ class WordReader {
   bool ok_ = true;
 };
 
-void write_end(std::ostringstream& out, const JobEnd& end) {
-  out << ' ' << end.exit_code << ' ' << (end.restartable ? 1 : 0) << ' ' << escape(end.reason);
-}
+// Writes a message's words, escaped, each after a space.
+class WordWriter {
+ public:
+  void number(int value) { out_ << ' ' << value; }
+  void text(const std::string& value) { out_ << ' ' << escape(value); }
+  void flag(bool value) { number(value ? 1 : 0); }
+  void numbers(const std::vector<int>& values) {  // "1,3", or "-" for none
+    std::string list;
+    for (int v : values) list += (list.empty() ? "" : ",") + std::to_string(v);
+    out_ << ' ' << (list.empty() ? "-" : list);
+  }
+  void end(const JobEnd& end, bool /*failure*/) {
+    number(end.exit_code);
+    flag(end.restartable);
+    text(end.reason);
+  }
+  bool same_protocol(int /*protocol*/) const { return true; }
+  std::string str() const { return out_.str(); }
 
-// A failure's exit code is 1 to 255 whatever the peer claims: no message can make a failed job
-// look like a success (0), or pass the shell a code it would wrap.
-JobEnd read_end(WordReader& in, bool failure) {
-  JobEnd end;
-  end.exit_code = in.number();
-  if (end.exit_code < (failure ? 1 : 0) || end.exit_code > 255) end.exit_code = 1;
-  end.restartable = in.number() != 0;
-  end.reason = in.text();
-  return end;
+ private:
+  std::ostringstream out_;
+};
+
+// The words after a message's kind, in order: one list for writing (WordWriter, a const
+// NodeMessage) and for reading (WordReader), so that the two cannot drift apart.
+template <typename Message, typename Words>
+void visit_words(Message& m, Words& w) {
+  switch (m.kind) {
+    case MessageKind::kHello:
+      w.number(m.hello.protocol);
+      if (!w.same_protocol(m.hello.protocol)) return;  // the version check comes first
+      w.text(m.hello.backend);
+      w.number(m.hello.node_rank);
+      w.number(m.hello.min_nodes);
+      w.number(m.hello.max_nodes);
+      w.number(m.hello.shape.local_world_size);
+      w.number(m.hello.max_restarts);
+      w.text(m.hello.run_id);
+      w.text(m.hello.shape.role);
+      return;
+    case MessageKind::kGathering:
+      w.number(m.round);
+      w.number(m.nodes);
+      w.numbers(m.missing);
+      return;
+    case MessageKind::kQueued:
+      w.number(m.round);
+      w.number(m.nodes);
+      w.flag(m.restarting);
+      return;
+    case MessageKind::kStart:
+      for (auto* field : {&m.round, &m.restart_count, &m.layout.group_rank, &m.layout.group_world_size,
+                          &m.layout.base_rank, &m.layout.world_size, &m.layout.role_base_rank,
+                          &m.layout.role_world_size, &m.layout.master_port}) {
+        w.number(*field);
+      }
+      return;
+    case MessageKind::kDone:
+    case MessageKind::kStopped:
+      w.number(m.round);
+      return;
+    case MessageKind::kFailed:
+    case MessageKind::kEnd:
+      w.number(m.round);
+      w.end(m.end, true);
+      return;
+    case MessageKind::kExit:
+      w.end(m.end, false);
+      return;
+  }
 }
 
 // A message of `kind` about `round`; the make_* below add what their kind carries.
@@ -195,42 +268,9 @@ NodeMessage NodeMessage::make_exit(JobEnd end) {
 }
 
 std::string encode_message(const NodeMessage& m) {
-  std::ostringstream out;
-  out << kind_word(m.kind);
-  switch (m.kind) {
-    case MessageKind::kHello:
-      out << ' ' << m.hello.protocol << ' ' << escape(m.hello.backend) << ' ' << m.hello.node_rank << ' '
-          << m.hello.min_nodes << ' ' << m.hello.max_nodes << ' ' << m.hello.shape.local_world_size << ' '
-          << m.hello.max_restarts << ' ' << escape(m.hello.run_id) << ' ' << escape(m.hello.shape.role);
-      break;
-    case MessageKind::kGathering: {
-      std::string list;
-      for (int r : m.missing) list += (list.empty() ? "" : ",") + std::to_string(r);
-      out << ' ' << m.round << ' ' << m.nodes << ' ' << (list.empty() ? "-" : list);
-      break;
-    }
-    case MessageKind::kQueued:
-      out << ' ' << m.round << ' ' << m.nodes << ' ' << (m.restarting ? 1 : 0);
-      break;
-    case MessageKind::kStart:
-      out << ' ' << m.round << ' ' << m.restart_count << ' ' << m.layout.group_rank << ' '
-          << m.layout.group_world_size << ' ' << m.layout.base_rank << ' ' << m.layout.world_size << ' '
-          << m.layout.role_base_rank << ' ' << m.layout.role_world_size << ' ' << m.layout.master_port;
-      break;
-    case MessageKind::kDone:
-    case MessageKind::kStopped:
-      out << ' ' << m.round;
-      break;
-    case MessageKind::kFailed:
-    case MessageKind::kEnd:
-      out << ' ' << m.round;
-      write_end(out, m.end);
-      break;
-    case MessageKind::kExit:
-      write_end(out, m.end);
-      break;
-  }
-  return out.str();
+  WordWriter out;
+  visit_words(m, out);
+  return kind_word(m.kind) + out.str();
 }
 
 std::optional<NodeMessage> decode_message(const std::string& line) {
@@ -239,54 +279,8 @@ std::optional<NodeMessage> decode_message(const std::string& line) {
   if (!kind) return std::nullopt;
   NodeMessage m;
   m.kind = *kind;
-  switch (m.kind) {
-    case MessageKind::kHello:
-      m.hello.protocol = in.number();
-      // A newer agent's hello may carry more words; the version check comes first.
-      if (in.ok() && m.hello.protocol != kNodeProtocolVersion) return m;
-      m.hello.backend = in.text();
-      m.hello.node_rank = in.number();
-      m.hello.min_nodes = in.number();
-      m.hello.max_nodes = in.number();
-      m.hello.shape.local_world_size = in.number();
-      m.hello.max_restarts = in.number();
-      m.hello.run_id = in.text();
-      m.hello.shape.role = in.text();
-      break;
-    case MessageKind::kGathering:
-      m.round = in.number();
-      m.nodes = in.number();
-      m.missing = in.numbers();
-      break;
-    case MessageKind::kQueued:
-      m.round = in.number();
-      m.nodes = in.number();
-      m.restarting = in.number() != 0;
-      break;
-    case MessageKind::kStart:
-      m.round = in.number();
-      m.restart_count = in.number();
-      m.layout.group_rank = in.number();
-      m.layout.group_world_size = in.number();
-      m.layout.base_rank = in.number();
-      m.layout.world_size = in.number();
-      m.layout.role_base_rank = in.number();
-      m.layout.role_world_size = in.number();
-      m.layout.master_port = in.number();
-      break;
-    case MessageKind::kDone:
-    case MessageKind::kStopped:
-      m.round = in.number();
-      break;
-    case MessageKind::kFailed:
-    case MessageKind::kEnd:
-      m.round = in.number();
-      m.end = read_end(in, true);
-      break;
-    case MessageKind::kExit:
-      m.end = read_end(in, false);
-      break;
-  }
+  visit_words(m, in);
+  if (m.kind == MessageKind::kHello && !in.same_protocol(m.hello.protocol)) return m;  // refused by version
   if (!in.ok() || !in.at_end()) return std::nullopt;
   return m;
 }

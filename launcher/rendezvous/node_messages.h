@@ -1,7 +1,8 @@
 // What the agents of a multi-node job say to each other over their links (node_link.h): one
 // message per line, words separated by spaces, each word escaped. Pure, so unit-tested.
 //
-// Node 0's agent (the host) and each other agent (a member) talk like this:
+// The agent hosting the rendezvous (the host; node 0 for static) and each other agent (a member)
+// talk like this:
 //   member -> host   hello     who I am: backend, node rank, nnodes, nproc, max_restarts, run id, role
 //   host -> member   gathering round N has this many nodes so far, and (static) the node ranks
 //                              still missing (after every arrival or departure)
