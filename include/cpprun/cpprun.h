@@ -14,3 +14,4 @@
 #include "cpprun/process_group.h"
 #include "cpprun/record.h"
 #include "cpprun/sampler.h"
+#include "cpprun/unique_parameters.h"

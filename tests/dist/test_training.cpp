@@ -101,6 +101,30 @@ void reference_backward(Net& ref, int step, int world, const torch::Tensor& x, c
 
 const std::vector<std::string> kWrappers = {"ddp", "zero1", "zero2", "zero3"};
 
+// A small language model whose output layer is the token embedding, transposed: one tensor under
+// two names ("embed.weight", "head.weight"). The head has a bias of its own, so that it can be a
+// unit without the tied weight.
+constexpr int64_t kVocab = 11;
+struct TiedHead : torch::nn::Module {
+  torch::Tensor weight, bias;
+  explicit TiedHead(const torch::Tensor& embedding) {
+    weight = register_parameter("weight", embedding);
+    bias = register_parameter("bias", torch::zeros({kVocab}));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return torch::matmul(x, weight.t()) + bias; }
+};
+struct TiedLm : torch::nn::Module {
+  torch::nn::Embedding embed{nullptr};
+  std::shared_ptr<Block> block;
+  std::shared_ptr<TiedHead> head;
+  TiedLm() {
+    embed = register_module("embed", torch::nn::Embedding(kVocab, kWidth));
+    block = register_module("block", std::make_shared<Block>());
+    head = register_module("head", std::make_shared<TiedHead>(embed->weight));
+  }
+  torch::Tensor forward(torch::Tensor tokens) { return head->forward(block->forward(embed(tokens))); }
+};
+
 }  // namespace
 
 TEST_CASE("checkpointed blocks with dropout match one process under DDP and ZeRO-1/2/3", "[checkpoint]") {
@@ -172,5 +196,62 @@ TEST_CASE("GradScaler: an overflow on one rank skips the step on every rank, the
     CHECK(scaler.get_scale() == 1024);  // grew back after growth_interval clean steps
     model.full_parameters();
     check_same(*net, *ref, 1e-5);  // power-of-two scales: unscaled gradients are exact
+  }
+}
+
+TEST_CASE("tied embedding and output weights match one process under DDP and ZeRO-1/2/3, in one unit or two",
+          "[tied]") {
+  const int rank = group().rank(), world = group().size();
+  // "one unit": embedding and head in the root unit; "two units": the head is a unit of its own
+  // and uses the tied weight that lives in the root unit.
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"ddp", ""}, {"zero1", "one unit"}, {"zero2", "one unit"}, {"zero3", "one unit"},
+      {"zero1", "two units"}, {"zero2", "two units"}, {"zero3", "two units"}};
+  for (const auto& [how, layout] : cases) {
+    INFO("wrapper " << how << " " << layout);
+    torch::manual_seed(100 + rank);
+    auto net = std::make_shared<TiedLm>();
+    REQUIRE(net->head->weight.is_same(net->embed->weight));
+    std::function<torch::Tensor(torch::Tensor)> forward;
+    std::vector<torch::Tensor> params;
+    std::function<void()> full_parameters = [] {};
+    if (how == "ddp") {
+      auto model = cpprun::DistributedDataParallel(net, group());
+      forward = [model](torch::Tensor x) mutable { return model->forward(x); };
+      params = cpprun::unique_parameters(*model);
+    } else {
+      auto policy = [layout = layout](const torch::nn::Module& m) {
+        return dynamic_cast<const Block*>(&m) != nullptr ||
+               (layout == "two units" && dynamic_cast<const TiedHead*>(&m) != nullptr);
+      };
+      auto model = cpprun::FullyShardedDataParallel(
+          net, group(), cpprun::FsdpOptions().stage(how.back() - '0').wrap_policy(policy));
+      CHECK(model->unit_count() == (layout == "two units" ? 3u : 2u));
+      forward = [model](torch::Tensor x) mutable { return model->forward(x); };
+      params = model->parameters();
+      full_parameters = [model]() mutable { model->gather_full_parameters(); };
+    }
+    auto ref = std::make_shared<TiedLm>();
+    copy_state(*ref, *net);
+    torch::optim::AdamW opt(params, torch::optim::AdamWOptions(1e-2).eps(1e-6));
+    torch::optim::AdamW ref_opt(cpprun::unique_parameters(*ref), torch::optim::AdamWOptions(1e-2).eps(1e-6));
+    for (int step = 0; step < 4; ++step) {
+      torch::manual_seed(3000 + step);
+      auto tokens = torch::randint(0, kVocab, {kGlobalBatch}, torch::kLong);
+      auto targets = (tokens + 1) % kVocab;
+      opt.zero_grad();
+      seed_dropout(step, rank, world);
+      loss_of(forward(slice(tokens, rank, world)), slice(targets, rank, world)).backward();
+      opt.step();
+      ref_opt.zero_grad();
+      for (int r = 0; r < world; ++r) {
+        seed_dropout(step, r, world);
+        (loss_of(ref->forward(slice(tokens, r, world)), slice(targets, r, world)) / world).backward();
+      }
+      ref_opt.step();
+    }
+    full_parameters();
+    CHECK(net->head->weight.is_same(net->embed->weight));  // still one tensor
+    check_same(*net, *ref, 1e-5);
   }
 }
