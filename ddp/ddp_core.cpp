@@ -7,6 +7,7 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include <sstream>
+#include <unordered_set>
 
 #include "cpprun/collectives.h"
 #include "ddp/reducer.h"
@@ -107,8 +108,12 @@ DdpCore::DdpCore(torch::nn::Module& module, ProcessGroup group, DdpOptions optio
               options.bucket_cap_mb(), " and ", options.first_bucket_cap_mb(), ".");
   std::vector<std::string> names;
   std::vector<at::Tensor> params;
+  // A tensor registered under several names (tied weights) is one parameter: reduced once.
+  std::unordered_set<const c10::TensorImpl*> seen;
   for (const auto& item : module.named_parameters(/*recurse=*/true)) {
-    if (item.value().requires_grad()) names.push_back(item.key()), params.push_back(item.value());
+    if (item.value().requires_grad() && seen.insert(item.value().unsafeGetTensorImpl()).second) {
+      names.push_back(item.key()), params.push_back(item.value());
+    }
   }
   TORCH_CHECK(!params.empty(), "cpprun::DistributedDataParallel: the module has no parameter that requires "
               "grad; there is nothing to synchronize.");

@@ -27,15 +27,20 @@
 namespace cpprun::detail {
 namespace {
 
-// Every parameter must belong to exactly one unit: a flat parameter owns its storage.
-void check_not_shared(const std::vector<UnitPlan>& units) {
+// Each parameter's memory must be its own: the flat parameter takes it over. A tensor registered
+// under two names (tied) is one parameter and was planned once; two different tensors over the
+// same memory (tied with set_data, or one a view of the other) cannot both be moved into flat
+// parameters and stay tied.
+void check_not_sharing_memory(const std::vector<UnitPlan>& units) {
   std::unordered_map<const void*, std::string> owner;
   for (const auto& unit : units) {
     for (std::size_t i = 0; i < unit.params.size(); ++i) {
-      auto [it, fresh] = owner.emplace(unit.params[i].unsafeGetTensorImpl(), unit.param_names[i]);
-      TORCH_CHECK(fresh, "cpprun::FullyShardedDataParallel: parameter \"", unit.param_names[i], "\" is the same tensor as \"",
-                  it->second, "\" (a shared or tied parameter). Each parameter must belong to one unit; tie them in "
-                  "forward instead, or keep both modules in one unit (adjust wrap_policy / auto_wrap_min_params).");
+      const void* memory = unit.params[i].storage().unsafeGetStorageImpl();
+      auto [it, fresh] = owner.emplace(memory, unit.param_names[i]);
+      TORCH_CHECK(fresh, "cpprun::FullyShardedDataParallel: parameters \"", unit.param_names[i], "\" and \"", it->second,
+                  "\" are different tensors over the same memory (tied with set_data, or one a view of the other). "
+                  "Tie parameters by registering the same tensor under both names (register_parameter(\"weight\", "
+                  "other->weight)); FSDP then keeps one copy and sums its gradients.");
     }
   }
 }
@@ -112,7 +117,7 @@ FsdpCore::FsdpCore(torch::nn::Module& module, ProcessGroup group, FsdpOptions op
 
   const auto units = plan_units(module, s.options);
   TORCH_CHECK(!units.empty(), "cpprun::FullyShardedDataParallel: the module has no parameter that requires grad.");
-  check_not_shared(units);
+  check_not_sharing_memory(units);
   s.flats.reserve(units.size() * 2);
   std::vector<bool> root;  // per flat: holds the top-level module's own parameters
   for (const auto& unit : units) {

@@ -19,7 +19,8 @@ struct UnitPlan {
 };
 
 // Units in the order their modules are registered (children before the root unit, which comes
-// last). Only parameters that require grad take part.
+// last). Only parameters that require grad take part, each tensor once: a tied parameter goes to
+// the first unit that holds it (in that order), under its first name.
 std::vector<UnitPlan> plan_units(torch::nn::Module& root, const FsdpOptions& options);
 
 }  // namespace cpprun::detail

@@ -1,6 +1,7 @@
 // The whole cpprun API: #include <cpprun/cpprun.h>.
 #pragma once
 
+#include "cpprun/activation_checkpoint.h"
 #include "cpprun/atomic_file.h"
 #include "cpprun/checkpoint_file.h"
 #include "cpprun/collectives.h"
@@ -8,7 +9,9 @@
 #include "cpprun/ddp.h"
 #include "cpprun/env.h"
 #include "cpprun/fsdp.h"
+#include "cpprun/grad_scaler.h"
 #include "cpprun/no_sync.h"
 #include "cpprun/process_group.h"
 #include "cpprun/record.h"
 #include "cpprun/sampler.h"
+#include "cpprun/unique_parameters.h"

@@ -1,0 +1,88 @@
+// Activation memory of one forward + backward through N residual MLP blocks (width W, hidden 4W,
+// GELU, dropout), with and without cpprun::checkpoint around each block. One process: activation
+// checkpointing needs no distribution. Prints the peak resident memory growth during the step
+// (above the size after the model and input were built), which activations dominate. Run by
+// scripts/bench_activation_memory.sh beside bench/activation_memory.py (torch.utils.checkpoint).
+//
+//   build/bench/activation_memory --blocks 8 --checkpoint 1 [--width 256 --batch 4096]
+#include <cpprun/cpprun.h>
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "../examples/flag_value.h"
+
+namespace {
+
+// Peak resident memory of this process so far, in bytes (VmHWM), and resetting it (Linux 4.0+:
+// writing 5 to clear_refs resets the high-water mark to the current size).
+int64_t peak_rss() {
+  std::ifstream status("/proc/self/status");
+  std::string key;
+  int64_t kb = 0;
+  while (status >> key) {
+    if (key == "VmHWM:") {
+      status >> kb;
+      break;
+    }
+  }
+  return kb * 1024;
+}
+void reset_peak_rss() { std::ofstream("/proc/self/clear_refs") << "5"; }
+
+struct Block : torch::nn::Module {
+  torch::nn::Linear up{nullptr}, down{nullptr};
+  torch::nn::Dropout drop{nullptr};
+  explicit Block(int64_t width) {
+    up = register_module("up", torch::nn::Linear(width, 4 * width));
+    down = register_module("down", torch::nn::Linear(4 * width, width));
+    drop = register_module("drop", torch::nn::Dropout(0.1));
+  }
+  torch::Tensor forward(torch::Tensor x) { return x + drop(down(torch::gelu(up(x)))); }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int64_t blocks = 8, width = 256, batch = 4096;
+  bool checkpoint = false;
+  for (int i = 1; i < argc; i += 2) {
+    const std::string flag = argv[i];
+    if (i + 1 >= argc) throw std::invalid_argument("flag " + flag + " needs a value");
+    const std::string value = argv[i + 1];
+    if (flag == "--blocks") blocks = examples::number<int64_t>(flag, value, 1);
+    else if (flag == "--width") width = examples::number<int64_t>(flag, value, 1);
+    else if (flag == "--batch") batch = examples::number<int64_t>(flag, value, 1);
+    else if (flag == "--checkpoint") checkpoint = examples::number<int64_t>(flag, value, 0) != 0;
+    else throw std::invalid_argument("unknown flag " + flag + " (--blocks, --width, --batch, --checkpoint 0|1)");
+  }
+  torch::set_num_threads(1);
+  torch::manual_seed(0);
+  std::vector<std::shared_ptr<Block>> stack;
+  for (int64_t i = 0; i < blocks; ++i) stack.push_back(std::make_shared<Block>(width));
+  auto x = torch::randn({batch, width}).requires_grad_();
+
+  auto run = [&] {
+    torch::Tensor h = x;
+    for (auto& block : stack) {
+      h = checkpoint ? cpprun::checkpoint([block](const torch::Tensor& in) { return block->forward(in); }, h)
+                     : block->forward(h);
+    }
+    h.pow(2).mean().backward();
+  };
+  run();  // warm-up: parameter gradients exist from here on, as in training
+  const int64_t before = peak_rss();
+  reset_peak_rss();
+  const int64_t base = peak_rss();
+  run();
+  const int64_t growth = peak_rss() - base;
+  // One block's saved activations, in float32: up's output and GELU's (4W each), the dropout
+  // mask (W, one byte per element kept as bool) and down's output (W), per sample.
+  const double one_block_mb = batch * (4.0 * width * 4 * 2 + width * 4 * 2 + width) / 1e6;
+  std::printf("RESULT impl=cpp blocks=%lld checkpoint=%d peak_growth_mb=%.1f one_block_mb=%.1f base_mb=%.1f "
+              "before_mb=%.1f\n",
+              static_cast<long long>(blocks), checkpoint ? 1 : 0, growth / 1e6, one_block_mb, base / 1e6, before / 1e6);
+  return 0;
+}

@@ -1,0 +1,109 @@
+// cpprun::GradScaler in one process: torch.amp.GradScaler's growth and backoff, skipped steps on
+// overflow, the order checks, and save/load.
+#include <catch2/catch.hpp>
+#include <torch/torch.h>
+
+#include <limits>
+
+#include "cpprun/grad_scaler.h"
+
+namespace {
+
+// One step of y = w * x: returns whether the scaler stepped. `poison` puts an inf in the gradient.
+bool train_step(cpprun::GradScaler& scaler, torch::optim::SGD& opt, torch::Tensor& w, bool poison) {
+  opt.zero_grad();
+  scaler.scale((w * 3).sum()).backward();
+  if (poison) w.mutable_grad()[0] = std::numeric_limits<float>::infinity();
+  const bool stepped = scaler.step(opt);
+  scaler.update();
+  return stepped;
+}
+
+}  // namespace
+
+TEST_CASE("grad_scaler: grows after growth_interval clean steps, backs off and skips on overflow", "[grad_scaler]") {
+  auto w = torch::ones({2}).requires_grad_();
+  torch::optim::SGD opt({w}, 0.1);
+  cpprun::GradScaler scaler(cpprun::GradScalerOptions().init_scale(8).growth_interval(2));
+  CHECK(scaler.get_scale() == 8);
+
+  CHECK(train_step(scaler, opt, w, false));
+  CHECK(scaler.get_scale() == 8);
+  CHECK(scaler.growth_tracker() == 1);
+  // Unscaled before the step: w moved by lr * 3, not lr * 3 * 8.
+  CHECK(torch::allclose(w, torch::full({2}, 1 - 0.3)));
+  CHECK(train_step(scaler, opt, w, false));
+  CHECK(scaler.get_scale() == 16);
+  CHECK(scaler.growth_tracker() == 0);
+
+  const auto before = w.detach().clone();
+  CHECK_FALSE(train_step(scaler, opt, w, true));
+  CHECK(torch::equal(w, before));  // skipped
+  CHECK(scaler.get_scale() == 8);
+  CHECK(scaler.growth_tracker() == 0);
+
+  CHECK(train_step(scaler, opt, w, false));  // recovers
+  CHECK_FALSE(torch::equal(w, before));
+}
+
+TEST_CASE("grad_scaler: a NaN is an overflow too, and unscale_ before step is not repeated", "[grad_scaler]") {
+  auto w = torch::ones({2}).requires_grad_();
+  torch::optim::SGD opt({w}, 0.1);
+  cpprun::GradScaler scaler(cpprun::GradScalerOptions().init_scale(4));
+  scaler.scale((w * w).sum()).backward();
+  scaler.unscale_(opt);
+  CHECK(torch::allclose(w.grad(), torch::full({2}, 2.0)));  // unscaled once, not again by step()
+  CHECK_THROWS_WITH(scaler.unscale_(opt), Catch::Contains("already called"));
+  w.mutable_grad()[1] = std::numeric_limits<float>::quiet_NaN();  // after the check: not seen
+  CHECK(scaler.step(opt));
+  CHECK_THROWS_WITH(scaler.step(opt), Catch::Contains("update()"));
+  scaler.update();
+
+  opt.zero_grad();
+  scaler.scale((w * w).sum()).backward();
+  w.mutable_grad()[1] = std::numeric_limits<float>::quiet_NaN();
+  CHECK_FALSE(scaler.step(opt));
+  scaler.update();
+  CHECK(scaler.get_scale() == 2);
+}
+
+TEST_CASE("grad_scaler: misuse is named", "[grad_scaler]") {
+  auto w = torch::ones({1}).requires_grad_();
+  torch::optim::SGD opt({w}, 0.1);
+  cpprun::GradScaler scaler;
+  CHECK_THROWS_WITH(scaler.unscale_(opt), Catch::Contains("before any scale()"));
+  CHECK_THROWS_WITH(scaler.update(), Catch::Contains("without a step()"));
+  cpprun::GradScaler bad(cpprun::GradScalerOptions().backoff_factor(2));
+  CHECK_THROWS_WITH(bad.scale(w.sum()), Catch::Contains("backoff_factor"));
+}
+
+TEST_CASE("grad_scaler: disabled is a pass-through", "[grad_scaler]") {
+  auto w = torch::ones({1}).requires_grad_();
+  torch::optim::SGD opt({w}, 0.1);
+  cpprun::GradScaler scaler(cpprun::GradScalerOptions().enabled(false));
+  auto loss = (w * 2).sum();
+  CHECK(scaler.scale(loss).item<double>() == loss.item<double>());
+  loss.backward();
+  CHECK(scaler.step(opt));
+  scaler.update();
+  CHECK(scaler.get_scale() == 1.0);
+}
+
+TEST_CASE("grad_scaler: save and load keep the scale and the growth count", "[grad_scaler]") {
+  auto w = torch::ones({1}).requires_grad_();
+  torch::optim::SGD opt({w}, 0.1);
+  cpprun::GradScaler scaler(cpprun::GradScalerOptions().init_scale(32).growth_interval(5));
+  train_step(scaler, opt, w, false);
+  train_step(scaler, opt, w, true);
+  train_step(scaler, opt, w, false);
+  torch::serialize::OutputArchive out;
+  scaler.save(out);
+  std::stringstream buffer;
+  out.save_to(buffer);
+  torch::serialize::InputArchive in;
+  in.load_from(buffer);
+  cpprun::GradScaler restored(cpprun::GradScalerOptions().growth_interval(5));
+  restored.load(in);
+  CHECK(restored.get_scale() == 16);
+  CHECK(restored.growth_tracker() == 1);
+}

@@ -1,0 +1,153 @@
+// See cpprun/grad_scaler.h. The arithmetic is ATen's own (_amp_foreach_non_finite_check_and_unscale_,
+// _amp_update_scale_), so the growth and backoff follow torch.amp.GradScaler step for step.
+#include "cpprun/grad_scaler.h"
+
+#include <ATen/ATen.h>
+#include <torch/serialize/tensor.h>
+
+#include <map>
+#include <utility>
+#include <vector>
+
+#include "cpprun/collectives.h"
+
+namespace cpprun {
+namespace {
+
+std::optional<ProcessGroup> default_group_if_any() {
+  if (is_initialized()) return default_group();
+  return std::nullopt;
+}
+
+}  // namespace
+
+GradScaler::GradScaler(GradScalerOptions options) : options_(options), group_(default_group_if_any()) {}
+
+GradScaler::GradScaler(ProcessGroup group, GradScalerOptions options) : options_(options), group_(std::move(group)) {}
+
+void GradScaler::init_scale_like(const at::Tensor& like) {
+  TORCH_CHECK(options_.init_scale() > 0 && options_.growth_factor() > 1 && options_.backoff_factor() > 0 &&
+                  options_.backoff_factor() < 1 && options_.growth_interval() > 0,
+              "cpprun::GradScaler: options must have init_scale > 0, growth_factor > 1, 0 < backoff_factor < 1 and "
+              "growth_interval > 0; got init_scale ", options_.init_scale(), ", growth_factor ", options_.growth_factor(),
+              ", backoff_factor ", options_.backoff_factor(), ", growth_interval ", options_.growth_interval());
+  const auto device = like.device();
+  if (!scale_.defined()) {
+    scale_ = at::full({}, options_.init_scale(), at::TensorOptions().dtype(at::kFloat).device(device));
+    growth_tracker_ = at::zeros({}, at::TensorOptions().dtype(at::kInt).device(device));
+  } else if (scale_.device() != device) {  // loaded from a checkpoint on another device
+    scale_ = scale_.to(device);
+    growth_tracker_ = growth_tracker_.to(device);
+  }
+}
+
+at::Tensor GradScaler::scale(const at::Tensor& loss) {
+  if (!options_.enabled()) return loss;
+  init_scale_like(loss);
+  return loss * scale_;
+}
+
+at::Tensor GradScaler::agreed_found_inf(const at::Tensor& local) const {
+  if (!group_) return local;
+  all_reduce(*group_, local, ReduceOp::kMax);
+  return local;
+}
+
+void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
+  if (!options_.enabled()) return;
+  PerOptimizer& state = per_optimizer_[&optimizer];
+  TORCH_CHECK(state.stage != Stage::kUnscaled,
+              "cpprun::GradScaler: unscale_() was already called on this optimizer since the last update(); call it "
+              "at most once per optimizer per iteration");
+  TORCH_CHECK(state.stage != Stage::kStepped,
+              "cpprun::GradScaler: unscale_() after step(); call unscale_() before step() (step() unscales by itself)");
+  TORCH_CHECK(scale_.defined(),
+              "cpprun::GradScaler: unscale_() before any scale(): backward the loss returned by scaler.scale(loss)");
+
+  // One fused check-and-unscale per device and dtype, as torch.amp.GradScaler groups them.
+  std::map<std::pair<std::string, at::ScalarType>, std::vector<at::Tensor>> grads;
+  for (const auto& group : optimizer.param_groups()) {
+    for (const auto& param : group.params()) {
+      const at::Tensor& grad = param.grad();
+      if (!grad.defined()) continue;
+      TORCH_CHECK(!grad.is_sparse(), "cpprun::GradScaler: sparse gradients are not supported");
+      grads[{grad.device().str(), grad.scalar_type()}].push_back(grad);
+    }
+  }
+  at::NoGradGuard no_grad;
+  const at::Tensor inv_scale = scale_.to(at::kDouble).reciprocal().to(at::kFloat);
+  at::Tensor found_inf = at::zeros({1}, scale_.options());
+  for (auto& [key, list] : grads) {
+    const auto device = list.front().device();
+    at::Tensor found_here = at::zeros({1}, at::TensorOptions().dtype(at::kFloat).device(device));
+    at::_amp_foreach_non_finite_check_and_unscale_(list, found_here, inv_scale.to(device));
+    found_inf.add_(found_here.to(found_inf.device()));
+  }
+  // Every rank takes part, with or without gradients, so that all decide alike.
+  state.found_inf = agreed_found_inf(found_inf);
+  state.stage = Stage::kUnscaled;
+}
+
+bool GradScaler::step(torch::optim::Optimizer& optimizer) {
+  if (!options_.enabled()) {
+    optimizer.step();
+    return true;
+  }
+  PerOptimizer& state = per_optimizer_[&optimizer];
+  TORCH_CHECK(state.stage != Stage::kStepped,
+              "cpprun::GradScaler: step() was already called on this optimizer since the last update(); call "
+              "update() once per iteration, after the steps");
+  if (state.stage == Stage::kReady) unscale_(optimizer);
+  const bool overflow = state.found_inf.item<float>() != 0.0f;
+  if (!overflow) optimizer.step();
+  state.stage = Stage::kStepped;
+  return !overflow;
+}
+
+void GradScaler::update() {
+  if (!options_.enabled()) return;
+  TORCH_CHECK(!per_optimizer_.empty() && scale_.defined(),
+              "cpprun::GradScaler: update() without a step() since the last one; call scaler.step(optimizer) first");
+  at::Tensor found_inf = at::zeros({1}, scale_.options());
+  for (const auto& [optimizer, state] : per_optimizer_) {
+    if (state.found_inf.defined()) found_inf.add_(state.found_inf);
+  }
+  at::_amp_update_scale_(scale_, growth_tracker_, found_inf, options_.growth_factor(), options_.backoff_factor(),
+                         options_.growth_interval());
+  per_optimizer_.clear();
+}
+
+void GradScaler::update(double new_scale) {
+  if (!options_.enabled()) return;
+  TORCH_CHECK(new_scale > 0, "cpprun::GradScaler: update(new_scale) needs a positive scale, got ", new_scale);
+  if (!scale_.defined()) init_scale_like(at::empty({0}));
+  scale_.fill_(new_scale);
+  per_optimizer_.clear();
+}
+
+double GradScaler::get_scale() const {
+  if (!options_.enabled()) return 1.0;
+  return scale_.defined() ? scale_.item<double>() : options_.init_scale();
+}
+
+int64_t GradScaler::growth_tracker() const { return growth_tracker_.defined() ? growth_tracker_.item<int64_t>() : 0; }
+
+void GradScaler::save(torch::serialize::OutputArchive& archive) const {
+  archive.write("grad_scaler/scale", at::full({}, get_scale(), at::kFloat));
+  archive.write("grad_scaler/growth_tracker", at::full({}, growth_tracker(), at::kInt));
+}
+
+void GradScaler::load(torch::serialize::InputArchive& archive) {
+  at::Tensor scale, tracker;
+  archive.read("grad_scaler/scale", scale);
+  archive.read("grad_scaler/growth_tracker", tracker);
+  TORCH_CHECK(scale.numel() == 1 && scale.item<double>() > 0 && tracker.numel() == 1,
+              "cpprun::GradScaler: the archive's grad_scaler/scale must be one positive number and growth_tracker one "
+              "integer; got ", scale.numel(), " and ", tracker.numel(), " elements");
+  const auto device = scale_.defined() ? scale_.device() : at::Device(at::kCPU);
+  scale_ = scale.to(device, at::kFloat).reshape({});
+  growth_tracker_ = tracker.to(device, at::kInt).reshape({});
+  per_optimizer_.clear();
+}
+
+}  // namespace cpprun
