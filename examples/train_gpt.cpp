@@ -164,23 +164,14 @@ int run(int argc, char** argv) {
   torch::manual_seed(0);
   Gpt gpt(static_cast<int64_t>(vocab.size()), opt);
   // DDP replicates everything; FSDP (ZeRO) shards optimizer state, at stage 2 also gradients and
-  // at stage 3 also parameters, one unit per transformer block. Either way the optimizer gets
-  // model->parameters().
-  std::function<torch::Tensor(const torch::Tensor&)> forward;
-  std::function<void()> finish = [] {};  // makes gpt's own weights current for evaluation
-  std::vector<torch::Tensor> trainable;
-  if (opt.mode == "ddp") {
-    auto ddp = cpprun::DistributedDataParallel(gpt, group);
-    forward = [ddp](const torch::Tensor& x) mutable { return ddp->forward(x); };
-    trainable = ddp->parameters();
-  } else {
-    auto per_block = [](const torch::nn::Module& m) { return dynamic_cast<const BlockImpl*>(&m) != nullptr; };
-    auto fsdp = cpprun::FullyShardedDataParallel(gpt, group, cpprun::FsdpOptions().stage(opt.stage).wrap_policy(per_block));
-    forward = [fsdp](const torch::Tensor& x) mutable { return fsdp->forward(x); };
-    finish = [fsdp]() mutable { fsdp->gather_full_parameters(); };
-    trainable = fsdp->parameters();
-  }
-  torch::optim::AdamW optimizer(trainable, torch::optim::AdamWOptions(opt.lr).weight_decay(0.01));
+  // at stage 3 also parameters, one unit per transformer block. Either is a DataParallel<Gpt>:
+  // the training loop below is the same for both.
+  auto per_block = [](const torch::nn::Module& m) { return dynamic_cast<const BlockImpl*>(&m) != nullptr; };
+  auto per_block_fsdp = cpprun::FsdpOptions().stage(opt.stage).wrap_policy(per_block);
+  cpprun::DataParallel<GptImpl> model = nullptr;
+  if (opt.mode == "ddp") model = cpprun::DistributedDataParallel(gpt, group);
+  else model = cpprun::FullyShardedDataParallel(gpt, group, per_block_fsdp);
+  torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(opt.lr).weight_decay(0.01));
   cpprun::DistributedSampler sampler(static_cast<size_t>(windows), group);
   auto batch_from = [&](const std::vector<size_t>& starts) {  // inputs and next-character targets
     std::vector<torch::Tensor> x, y;
@@ -205,7 +196,7 @@ int run(int argc, char** argv) {
     if (!starts || starts->size() < static_cast<size_t>(opt.batch)) sampler.reset(), starts = sampler.next(opt.batch);
     auto [x, y] = batch_from(*starts);
     optimizer.zero_grad();
-    auto logits = forward(x);
+    auto logits = model->forward(x);
     auto loss = torch::nn::functional::cross_entropy(logits.view({-1, logits.size(-1)}), y.view({-1}));
     loss.backward();
     optimizer.step();
@@ -221,7 +212,7 @@ int run(int argc, char** argv) {
   }
 
   // Held-out loss, then a sample from rank 0 (greedy decoding would repeat itself: sample).
-  finish();
+  model->gather_full_parameters();  // FSDP: gpt's own weights made current; DDP: they are
   torch::NoGradGuard no_grad;
   gpt->eval();
   std::vector<size_t> held_out;

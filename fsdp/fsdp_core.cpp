@@ -16,6 +16,7 @@
 #include <unordered_map>
 
 #include "cpprun/checkpoint_file.h"
+#include "core/clip_grad_norm.h"
 #include "cpprun/collectives.h"
 #include "fsdp/failure_agreement.h"
 #include "fsdp/flat_param.h"
@@ -72,6 +73,7 @@ struct FsdpCore::Impl {
   std::vector<FlatParam> flats;  // never resized after construction: GradientSync refers to them
   std::unique_ptr<ParameterResidency> residency;  // stage 3; before `sync`, whose hooks call it
   std::unique_ptr<GradientSync> sync;
+  std::size_t unit_count = 0;
   bool require_sync = true;
   bool shards_loaded = false;  // a checkpoint wrote the shards: gather before the next forward
 
@@ -113,6 +115,7 @@ FsdpCore::FsdpCore(torch::nn::Module& module, ProcessGroup group, FsdpOptions op
   const auto units = plan_units(module, s.options);
   TORCH_CHECK(!units.empty(), "cpprun::FullyShardedDataParallel: the module has no parameter that requires grad.");
   check_not_shared(units);
+  s.unit_count = units.size();
   s.flats.reserve(units.size() * 2);
   std::vector<bool> root;  // per flat: holds the top-level module's own parameters
   for (const auto& unit : units) {
@@ -160,7 +163,7 @@ void FsdpCore::before_forward() {
   if (torch::autograd::GradMode::is_enabled()) s.sync->prepare(s.require_sync);
 }
 
-void FsdpCore::after_forward() {
+void FsdpCore::after_forward(const std::vector<at::Tensor>& /*outputs*/) {
   if (impl_->residency) impl_->residency->end_forward(torch::autograd::GradMode::is_enabled());
 }
 
@@ -176,23 +179,10 @@ std::vector<at::Tensor> FsdpCore::shards() const {
 }
 
 double FsdpCore::clip_grad_norm(double max_norm) {
-  TORCH_CHECK(max_norm > 0, "cpprun::FullyShardedDataParallel::clip_grad_norm: max_norm must be positive, got ",
-              max_norm, ".");
-  at::NoGradGuard no_grad;
-  auto squares = at::zeros({1}, at::kDouble);
-  for (const auto& flat : impl_->flats) {
-    const auto& grad = flat.shard().grad();
-    if (grad.defined()) squares += grad.to(at::kDouble).pow(2).sum();
-  }
-  all_reduce(impl_->group, squares);  // the shards together cover every gradient exactly once
-  const double total = std::sqrt(squares.item<double>());
-  const double scale = max_norm / (total + 1e-6);
-  if (scale < 1) {
-    for (const auto& flat : impl_->flats) {
-      if (flat.shard().grad().defined()) flat.shard().grad().mul_(scale);
-    }
-  }
-  return total;
+  std::vector<at::Tensor> grads;
+  for (const auto& flat : impl_->flats) grads.push_back(flat.shard().grad());
+  // The shards together cover every gradient exactly once.
+  return detail::clip_grad_norm(grads, max_norm, &impl_->group, "cpprun::FullyShardedDataParallel");
 }
 
 at::Tensor FsdpCore::cast_input(const at::Tensor& input) const {
@@ -215,10 +205,11 @@ FsdpMemory FsdpCore::memory() const {
   return m;
 }
 
-std::size_t FsdpCore::unit_count() const { return impl_->flats.size(); }
+std::size_t FsdpCore::unit_count() const { return impl_->unit_count; }
+std::size_t FsdpCore::flat_parameter_count() const { return impl_->flats.size(); }
 
-FsdpCore::PrefetchStats FsdpCore::prefetch_stats() const {
-  PrefetchStats stats;
+FsdpPrefetchStats FsdpCore::prefetch_stats() const {
+  FsdpPrefetchStats stats;
   if (impl_->residency) impl_->residency->prefetch_stats(stats.started, stats.used);
   return stats;
 }
