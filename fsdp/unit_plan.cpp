@@ -3,6 +3,10 @@
 // minimum; otherwise its parameters stay with its parent.
 #include "fsdp/unit_plan.h"
 
+#include <c10/util/Exception.h>
+
+#include <unordered_map>
+
 namespace cpprun::detail {
 namespace {
 
@@ -38,12 +42,27 @@ UnitPlan plan_subtree(torch::nn::Module& module, const std::string& prefix, cons
   return rest;
 }
 
+// Every parameter must belong to exactly one unit: a flat parameter owns its storage.
+void check_not_shared(const std::vector<UnitPlan>& units) {
+  std::unordered_map<const void*, std::string> owner;
+  for (const auto& unit : units) {
+    for (std::size_t i = 0; i < unit.params.size(); ++i) {
+      auto [it, fresh] = owner.emplace(unit.params[i].unsafeGetTensorImpl(), unit.param_names[i]);
+      TORCH_CHECK(fresh, "cpprun::FullyShardedDataParallel: parameter \"", unit.param_names[i], "\" is the same tensor as \"",
+                  it->second, "\" (a shared or tied parameter). Each parameter must belong to one unit; tie them in "
+                  "forward instead, or keep both modules in one unit (adjust wrap_policy / auto_wrap_min_params).");
+    }
+  }
+}
+
 }  // namespace
 
 std::vector<UnitPlan> plan_units(torch::nn::Module& root, const FsdpOptions& options) {
   std::vector<UnitPlan> units;
   UnitPlan rest = plan_subtree(root, "", options, units);
   if (!rest.params.empty()) units.push_back(std::move(rest));
+  TORCH_CHECK(!units.empty(), "cpprun::FullyShardedDataParallel: the module has no parameter that requires grad.");
+  check_not_shared(units);
   return units;
 }
 
