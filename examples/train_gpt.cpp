@@ -40,29 +40,22 @@ struct Options {
   bool help = false;
 };
 
-using examples::number;  // examples/flag_value.h
-
 Options parse(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    auto value = [&] {
-      if (i + 1 >= argc) throw std::invalid_argument(flag + " needs a value (see --help)");
-      return std::string(argv[++i]);
-    };
-    if (flag == "--help" || flag == "-h") o.help = true;
-    else if (flag == "--text") o.text = value();
-    else if (flag == "--mode") o.mode = value();
-    else if (flag == "--stage") o.stage = number(flag, value(), 1);
-    else if (flag == "--steps") o.steps = number(flag, value(), 1);
-    else if (flag == "--batch") o.batch = number(flag, value(), 1);
-    else if (flag == "--lr") o.lr = number(flag, value(), 1e-12);
-    else if (flag == "--block") o.block = number<int64_t>(flag, value(), 1);
-    else if (flag == "--layers") o.layers = number<int64_t>(flag, value(), 1);
-    else if (flag == "--embed") o.embed = number<int64_t>(flag, value(), 1);
-    else if (flag == "--heads") o.heads = number<int64_t>(flag, value(), 1);
-    else if (flag == "--sample") o.sample = number(flag, value(), 0);
-    else throw std::invalid_argument("unknown option " + flag + " (train_gpt --help lists them)");
+  for (examples::Flags flags(argc, argv, "train_gpt"); flags.next();) {
+    if (flags.is("--help") || flags.is("-h")) o.help = true;
+    else if (flags.is("--text")) o.text = flags.value();
+    else if (flags.is("--mode")) o.mode = flags.value();
+    else if (flags.is("--stage")) o.stage = flags.number(1);
+    else if (flags.is("--steps")) o.steps = flags.number(1);
+    else if (flags.is("--batch")) o.batch = flags.number(1);
+    else if (flags.is("--lr")) o.lr = flags.number(1e-12);
+    else if (flags.is("--block")) o.block = flags.number<int64_t>(1);
+    else if (flags.is("--layers")) o.layers = flags.number<int64_t>(1);
+    else if (flags.is("--embed")) o.embed = flags.number<int64_t>(1);
+    else if (flags.is("--heads")) o.heads = flags.number<int64_t>(1);
+    else if (flags.is("--sample")) o.sample = flags.number(0);
+    else flags.unknown();
   }
   if (o.mode != "ddp" && o.mode != "fsdp") throw std::invalid_argument("--mode must be ddp or fsdp, got " + o.mode);
   if (o.stage > 3) throw std::invalid_argument("--stage must be 1, 2 or 3, got " + std::to_string(o.stage));
@@ -133,10 +126,7 @@ TORCH_MODULE(Gpt);
 
 int run(int argc, char** argv) {
   const Options opt = parse(argc, argv);
-  if (opt.help) {
-    std::printf("%s", kUsage);
-    return 0;
-  }
+  if (opt.help) return examples::print_usage(kUsage);
   auto group = cpprun::init_process_group();
   const int rank = group.rank();
 

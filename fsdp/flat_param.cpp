@@ -8,12 +8,6 @@
 
 namespace cpprun::detail {
 
-at::Tensor alias_into(const at::Tensor& flat, int64_t offset, at::IntArrayRef sizes) {
-  std::vector<int64_t> strides(sizes.size(), 1);
-  for (int64_t d = static_cast<int64_t>(sizes.size()) - 2; d >= 0; --d) strides[d] = strides[d + 1] * sizes[d + 1];
-  return at::empty({0}, flat.options()).set_(flat.storage(), flat.storage_offset() + offset, sizes, strides);
-}
-
 FlatParam::FlatParam(std::vector<std::string> names, std::vector<at::Tensor> params, int rank, int world,
                      std::optional<at::ScalarType> compute_dtype, bool separate_shard, bool shard_on_cpu)
     : names_(std::move(names)), params_(std::move(params)), rank_(rank), world_(world) {

@@ -13,13 +13,10 @@
 #include <string>
 #include <vector>
 
+#include "core/tensor_alias.h"  // alias_into
 #include "fsdp/unit_plan.h"
 
 namespace cpprun::detail {
-
-// A tensor sharing `flat`'s storage at `offset` with `sizes`, made with set_() so autograd sees
-// no view: LibTorch's Optimizer::zero_grad() calls detach_() on .grad, which views refuse.
-at::Tensor alias_into(const at::Tensor& flat, int64_t offset, at::IntArrayRef sizes);
 
 class FlatParam {
  public:
