@@ -84,7 +84,7 @@ bool alone(const ProcessGroup& group) { return group.size() == 1; }
 // written without any error, and one all-gather of a few bytes before it is cheap next to the
 // broadcast itself (README, "Collective consistency"). Our rings check their neighbours
 // themselves (comm/ring.cpp); other mismatches need DETAIL.
-bool checked_across_ranks(const ProcessGroup::Impl& impl, const CollectiveCall& call) {
+bool checked_across_ranks(const detail::GroupImpl& impl, const CollectiveCall& call) {
   if (impl.debug_level == DebugLevel::kDetail) return true;
   return call.kind == CollectiveKind::kBroadcast && !impl.is_nccl(call.tensors.at(0));
 }
@@ -95,7 +95,7 @@ bool checked_across_ranks(const ProcessGroup::Impl& impl, const CollectiveCall& 
 // See Note [Collective consistency check].
 template <typename Issue>
 Work issue_collective(const ProcessGroup& group, const CollectiveCall& call, Issue issue) {
-  auto& impl = group.impl();
+  auto& impl = detail::impl_of(group);
   std::lock_guard<std::mutex> lock(impl.issue_mutex);
   const uint64_t sequence = ++impl.collectives_issued;
   if (checked_across_ranks(impl, call)) detail::check_across_ranks(impl, call, sequence);
@@ -108,7 +108,7 @@ Work issue_collective(const ProcessGroup& group, const CollectiveCall& call, Iss
 template <typename RunRing>
 Work submit_ring(const ProcessGroup& group, const CollectiveCall& call, uint64_t sequence,
                  RunRing run) {
-  auto& impl = group.impl();
+  auto& impl = detail::impl_of(group);
   detail::Ring ring;
   ring.group = impl.gloo.get();
   ring.rank = group.rank();
@@ -167,7 +167,7 @@ Work all_reduce_async(const ProcessGroup& group, at::Tensor tensor, ReduceOp op)
   check_tensor("all_reduce", "tensor", tensor);
   check_average("all_reduce", tensor, op);
   if (alone(group)) return Work();
-  auto& impl = group.impl();
+  auto& impl = detail::impl_of(group);
   // A type Gloo refuses (int16, bool): reduce a float32 copy and copy the result back.
   const bool convert = !impl.is_nccl(tensor) && !gloo_reduces(tensor.scalar_type());
   at::Tensor wire = convert ? tensor.to(ScalarType::Float) : tensor;
@@ -196,7 +196,7 @@ Work broadcast_async(const ProcessGroup& group, at::Tensor tensor, int root) {
   TORCH_CHECK(root >= 0 && root < group.size(), "cpprun::broadcast: root ", root,
               " is not a rank of this group (0..", group.size() - 1, ").");
   if (alone(group)) return Work();
-  auto& impl = group.impl();
+  auto& impl = detail::impl_of(group);
   CollectiveCall call{CollectiveKind::kBroadcast, {tensor}, root, std::nullopt};
   return issue_collective(group, call, [&](uint64_t) {
     std::vector<at::Tensor> tensors{impl.is_nccl(tensor) ? tensor : as_movable_bits(tensor)};
@@ -265,7 +265,7 @@ Work all_gather_into_async(const ProcessGroup& group, at::Tensor output, at::Ten
   TORCH_CHECK(output.numel() == n * input.numel(), "cpprun::all_gather_into: output has ",
               output.numel(), " elements but needs world_size (", n, ") x input (",
               input.numel(), ") = ", n * input.numel(), ".");
-  auto& impl = group.impl();
+  auto& impl = detail::impl_of(group);
   if (alone(group)) {
     output.view_as(input).copy_(input);
     return Work();
@@ -302,7 +302,7 @@ Work reduce_scatter_async(const ProcessGroup& group, at::Tensor output, at::Tens
               input.numel(), " elements but needs world_size (", n, ") x output (",
               output.numel(), ") = ", n * output.numel(),
               ". Pad the input to a multiple of the world size.");
-  auto& impl = group.impl();
+  auto& impl = detail::impl_of(group);
   if (alone(group)) {
     output.view_as(input).copy_(input);
     return Work();
@@ -332,7 +332,7 @@ void reduce_scatter(const ProcessGroup& group, at::Tensor output, at::Tensor inp
 Work barrier_async(const ProcessGroup& group) {
   if (alone(group)) return Work();
   CollectiveCall call{CollectiveKind::kBarrier, {}, std::nullopt, std::nullopt};
-  return issue_collective(group, call, [&](uint64_t) { return make_work(group.impl().gloo->barrier()); });
+  return issue_collective(group, call, [&](uint64_t) { return make_work(detail::impl_of(group).gloo->barrier()); });
 }
 
 void barrier(const ProcessGroup& group) { barrier_async(group).wait(); }

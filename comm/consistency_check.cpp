@@ -17,10 +17,10 @@ namespace cpprun::detail {
 // rank receives every fingerprint, so every rank sees a mismatch and throws the same message.
 // Order: a fingerprint exchange pairs with the other ranks' exchange by Gloo's per-group
 // collective order, so the exchange and the collective it guards must be issued with nothing
-// in between: callers hold ProcessGroup::Impl::issue_mutex across both (DDP issues bucket
+// in between: callers hold GroupImpl::issue_mutex across both (DDP issues bucket
 // all-reduces from autograd hooks, possibly beside other threads' collectives). Async
 // collectives become synchronous up to the exchange, as under PyTorch's ProcessGroupWrapper.
-void check_across_ranks(ProcessGroup::Impl& group, const CollectiveCall& call, uint64_t sequence) {
+void check_across_ranks(GroupImpl& group, const CollectiveCall& call, uint64_t sequence) {
   const int world = group.env.world_size;
   at::Tensor mine = fingerprint(call, sequence);
   std::vector<at::Tensor> inputs{mine};

@@ -14,6 +14,6 @@ namespace cpprun::detail {
 // Blocks until every rank of `group` has reached its collective number `sequence`; throws
 // c10::Error naming the ranks' calls when they are not all `call`, or naming the call when not
 // every rank reached it within the group's timeout.
-void check_across_ranks(ProcessGroup::Impl& group, const CollectiveCall& call, uint64_t sequence);
+void check_across_ranks(GroupImpl& group, const CollectiveCall& call, uint64_t sequence);
 
 }  // namespace cpprun::detail

@@ -44,4 +44,16 @@ struct ProcessGroup::Impl {
   bool is_nccl(const at::Tensor& tensor) const { return tensor.is_cuda() && nccl; }
 };
 
+namespace detail {
+
+// The library's access to what ProcessGroup keeps private (users cannot name it).
+struct GroupAccess {
+  using Impl = ProcessGroup::Impl;
+  static Impl& impl(const ProcessGroup& group) { return *group.impl_; }
+  static ProcessGroup make(std::shared_ptr<Impl> impl) { return ProcessGroup(std::move(impl)); }
+};
+using GroupImpl = GroupAccess::Impl;
+inline GroupImpl& impl_of(const ProcessGroup& group) { return GroupAccess::impl(group); }
+
+}  // namespace detail
 }  // namespace cpprun

@@ -182,7 +182,7 @@ std::chrono::milliseconds ProcessGroup::timeout() const { return impl_->timeout;
 ProcessGroup init_process_group(const ProcessGroupOptions& options) {
   TORCH_CHECK(options.timeout.count() > 0, "cpprun: ProcessGroupOptions::timeout must be "
               "positive, got ", options.timeout.count(), " ms.");
-  auto impl = std::make_shared<ProcessGroup::Impl>();
+  auto impl = std::make_shared<detail::GroupImpl>();
   impl->env = options.env ? *options.env : read_dist_env();
   impl->timeout = options.timeout;
   impl->backend = resolve_backend(options.backend);
@@ -206,7 +206,7 @@ ProcessGroup init_process_group(const ProcessGroupOptions& options) {
   if (impl->backend == Backend::kNccl) {
     impl->nccl = make_nccl(impl->store, env, options.timeout);
   }
-  ProcessGroup group(std::move(impl));
+  ProcessGroup group = detail::GroupAccess::make(std::move(impl));
   std::lock_guard<std::mutex> lock(default_mutex);
   if (!default_pg) default_pg = group;
   return group;

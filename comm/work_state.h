@@ -21,18 +21,28 @@ struct Work::State {
   std::shared_ptr<State> before;                   // Work::then: wait for this first
 };
 
+namespace detail {
+
+// The library's access to what Work keeps private (users cannot name it).
+struct WorkAccess {
+  using State = Work::State;
+  static Work make(std::shared_ptr<State> state) { return Work(std::move(state)); }
+};
+
+}  // namespace detail
+
 // Builders for the two kinds of work.
 inline Work make_work(c10::intrusive_ptr<detail::C10dWork> work, std::function<void()> then = {}) {
-  auto state = std::make_shared<Work::State>();
+  auto state = std::make_shared<detail::WorkAccess::State>();
   state->c10d_work = std::move(work);
   state->then = std::move(then);
-  return Work(std::move(state));
+  return detail::WorkAccess::make(std::move(state));
 }
 inline Work make_work(std::shared_future<void> task, std::function<void()> then = {}) {
-  auto state = std::make_shared<Work::State>();
+  auto state = std::make_shared<detail::WorkAccess::State>();
   state->task = std::move(task);
   state->then = std::move(then);
-  return Work(std::move(state));
+  return detail::WorkAccess::make(std::move(state));
 }
 
 }  // namespace cpprun

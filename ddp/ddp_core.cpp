@@ -9,6 +9,7 @@
 #include <sstream>
 #include <unordered_set>
 
+#include "core/clip_grad_norm.h"
 #include "cpprun/collectives.h"
 #include "ddp/reducer.h"
 
@@ -177,6 +178,11 @@ void DdpCore::join(const std::function<void()>& train_loop) {
 
 void DdpCore::set_require_sync(bool sync) { impl_->require_sync = sync; }
 bool DdpCore::require_sync() const { return impl_->require_sync; }
+double DdpCore::clip_grad_norm(double max_norm) {
+  std::vector<at::Tensor> grads;
+  for (const auto& p : impl_->module.parameters()) grads.push_back(p.grad());
+  return detail::clip_grad_norm(grads, max_norm, /*sum_over=*/nullptr, "cpprun::DistributedDataParallel");
+}
 void DdpCore::register_comm_hook(std::shared_ptr<CommHook> hook) { impl_->reducer->set_comm_hook(std::move(hook)); }
 const ProcessGroup& DdpCore::group() const { return impl_->group; }
 const DdpOptions& DdpCore::options() const { return impl_->options; }

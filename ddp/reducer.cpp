@@ -9,6 +9,7 @@
 #include <numeric>
 #include <unordered_set>
 
+#include "core/tensor_alias.h"
 #include "cpprun/collectives.h"
 #include "ddp/bucket_assignment.h"
 
@@ -78,15 +79,17 @@ void Reducer::build_buckets(const std::vector<std::size_t>& order) {
   }
 }
 
-// A parameter's place in its bucket. Made with set_() rather than narrow()/view(), so autograd
-// does not see a view: LibTorch's Optimizer::zero_grad() calls detach_() on every .grad, which
-// views refuse (gradient_as_bucket_view makes .grad this tensor).
+// A parameter's place in its bucket, contiguous; not a view, since gradient_as_bucket_view makes
+// .grad this tensor (see core/tensor_alias.h).
 at::Tensor Reducer::slot(std::size_t param) const {
   const auto [b, s] = location_[param];
-  const auto& p = params_[param];
-  const at::Tensor& buffer = buckets_[b].buffer;
-  return at::empty({0}, buffer.options()).set_(buffer.storage(), buffer.storage_offset() + buckets_[b].offsets[s],
-                                                 p.sizes(), p.contiguous().strides());
+  return alias_into(buckets_[b].buffer, buckets_[b].offsets[s], params_[param].sizes());
+}
+
+std::vector<std::vector<std::size_t>> Reducer::bucket_parameters() const {
+  std::vector<std::vector<std::size_t>> out;
+  for (const auto& bucket : buckets_) out.push_back(bucket.params);
+  return out;
 }
 
 bool Reducer::detects_unused() const {

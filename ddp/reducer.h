@@ -47,6 +47,8 @@ class Reducer {
 
   void set_comm_hook(std::shared_ptr<CommHook> hook);
   std::size_t bucket_count() const { return buckets_.size(); }
+  // Each bucket's parameter indices, buckets in reduction order (for tests and diagnostics).
+  std::vector<std::vector<std::size_t>> bucket_parameters() const;
 
  private:
   struct Bucket {

@@ -40,29 +40,22 @@ struct Options {
   bool help = false;
 };
 
-using examples::number;  // examples/flag_value.h
-
 Options parse(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    auto value = [&] {
-      if (i + 1 >= argc) throw std::invalid_argument(flag + " needs a value (see --help)");
-      return std::string(argv[++i]);
-    };
-    if (flag == "--help" || flag == "-h") o.help = true;
-    else if (flag == "--text") o.text = value();
-    else if (flag == "--mode") o.mode = value();
-    else if (flag == "--stage") o.stage = number(flag, value(), 1);
-    else if (flag == "--steps") o.steps = number(flag, value(), 1);
-    else if (flag == "--batch") o.batch = number(flag, value(), 1);
-    else if (flag == "--lr") o.lr = number(flag, value(), 1e-12);
-    else if (flag == "--block") o.block = number<int64_t>(flag, value(), 1);
-    else if (flag == "--layers") o.layers = number<int64_t>(flag, value(), 1);
-    else if (flag == "--embed") o.embed = number<int64_t>(flag, value(), 1);
-    else if (flag == "--heads") o.heads = number<int64_t>(flag, value(), 1);
-    else if (flag == "--sample") o.sample = number(flag, value(), 0);
-    else throw std::invalid_argument("unknown option " + flag + " (train_gpt --help lists them)");
+  for (examples::Flags flags(argc, argv, "train_gpt"); flags.next();) {
+    if (flags.is("--help") || flags.is("-h")) o.help = true;
+    else if (flags.is("--text")) o.text = flags.value();
+    else if (flags.is("--mode")) o.mode = flags.value();
+    else if (flags.is("--stage")) o.stage = flags.number(1);
+    else if (flags.is("--steps")) o.steps = flags.number(1);
+    else if (flags.is("--batch")) o.batch = flags.number(1);
+    else if (flags.is("--lr")) o.lr = flags.number(1e-12);
+    else if (flags.is("--block")) o.block = flags.number<int64_t>(1);
+    else if (flags.is("--layers")) o.layers = flags.number<int64_t>(1);
+    else if (flags.is("--embed")) o.embed = flags.number<int64_t>(1);
+    else if (flags.is("--heads")) o.heads = flags.number<int64_t>(1);
+    else if (flags.is("--sample")) o.sample = flags.number(0);
+    else flags.unknown();
   }
   if (o.mode != "ddp" && o.mode != "fsdp") throw std::invalid_argument("--mode must be ddp or fsdp, got " + o.mode);
   if (o.stage > 3) throw std::invalid_argument("--stage must be 1, 2 or 3, got " + std::to_string(o.stage));
@@ -133,10 +126,7 @@ TORCH_MODULE(Gpt);
 
 int run(int argc, char** argv) {
   const Options opt = parse(argc, argv);
-  if (opt.help) {
-    std::printf("%s", kUsage);
-    return 0;
-  }
+  if (opt.help) return examples::print_usage(kUsage);
   auto group = cpprun::init_process_group();
   const int rank = group.rank();
 
@@ -164,23 +154,14 @@ int run(int argc, char** argv) {
   torch::manual_seed(0);
   Gpt gpt(static_cast<int64_t>(vocab.size()), opt);
   // DDP replicates everything; FSDP (ZeRO) shards optimizer state, at stage 2 also gradients and
-  // at stage 3 also parameters, one unit per transformer block. Either way the optimizer gets
-  // model->parameters().
-  std::function<torch::Tensor(const torch::Tensor&)> forward;
-  std::function<void()> finish = [] {};  // makes gpt's own weights current for evaluation
-  std::vector<torch::Tensor> trainable;
-  if (opt.mode == "ddp") {
-    auto ddp = cpprun::DistributedDataParallel(gpt, group);
-    forward = [ddp](const torch::Tensor& x) mutable { return ddp->forward(x); };
-    trainable = ddp->parameters();
-  } else {
-    auto per_block = [](const torch::nn::Module& m) { return dynamic_cast<const BlockImpl*>(&m) != nullptr; };
-    auto fsdp = cpprun::FullyShardedDataParallel(gpt, group, cpprun::FsdpOptions().stage(opt.stage).wrap_policy(per_block));
-    forward = [fsdp](const torch::Tensor& x) mutable { return fsdp->forward(x); };
-    finish = [fsdp]() mutable { fsdp->gather_full_parameters(); };
-    trainable = fsdp->parameters();
-  }
-  torch::optim::AdamW optimizer(trainable, torch::optim::AdamWOptions(opt.lr).weight_decay(0.01));
+  // at stage 3 also parameters, one unit per transformer block. Either is a DataParallel<Gpt>:
+  // the training loop below is the same for both.
+  auto per_block = [](const torch::nn::Module& m) { return dynamic_cast<const BlockImpl*>(&m) != nullptr; };
+  auto per_block_fsdp = cpprun::FsdpOptions().stage(opt.stage).wrap_policy(per_block);
+  cpprun::DataParallel<GptImpl> model = nullptr;
+  if (opt.mode == "ddp") model = cpprun::DistributedDataParallel(gpt, group);
+  else model = cpprun::FullyShardedDataParallel(gpt, group, per_block_fsdp);
+  torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(opt.lr).weight_decay(0.01));
   cpprun::DistributedSampler sampler(static_cast<size_t>(windows), group);
   auto batch_from = [&](const std::vector<size_t>& starts) {  // inputs and next-character targets
     std::vector<torch::Tensor> x, y;
@@ -205,7 +186,7 @@ int run(int argc, char** argv) {
     if (!starts || starts->size() < static_cast<size_t>(opt.batch)) sampler.reset(), starts = sampler.next(opt.batch);
     auto [x, y] = batch_from(*starts);
     optimizer.zero_grad();
-    auto logits = forward(x);
+    auto logits = model->forward(x);
     auto loss = torch::nn::functional::cross_entropy(logits.view({-1, logits.size(-1)}), y.view({-1}));
     loss.backward();
     optimizer.step();
@@ -221,7 +202,7 @@ int run(int argc, char** argv) {
   }
 
   // Held-out loss, then a sample from rank 0 (greedy decoding would repeat itself: sample).
-  finish();
+  model->gather_full_parameters();  // FSDP: gpt's own weights made current; DDP: they are
   torch::NoGradGuard no_grad;
   gpt->eval();
   std::vector<size_t> held_out;

@@ -32,21 +32,14 @@ struct Options {
   bool help = false;
 };
 
-using examples::number;  // examples/flag_value.h
-
 Options parse(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    auto value = [&] {
-      if (i + 1 >= argc) throw std::invalid_argument(flag + " needs a value (see --help)");
-      return std::string(argv[++i]);
-    };
-    if (flag == "--help" || flag == "-h") o.help = true;
-    else if (flag == "--steps") o.steps = number(flag, value(), 1);
-    else if (flag == "--global-batch") o.global_batch = number(flag, value(), 1);
-    else if (flag == "--lr") o.lr = number(flag, value(), 1e-12);
-    else throw std::invalid_argument("unknown option " + flag + " (train_mlp --help lists them)");
+  for (examples::Flags flags(argc, argv, "train_mlp"); flags.next();) {
+    if (flags.is("--help") || flags.is("-h")) o.help = true;
+    else if (flags.is("--steps")) o.steps = flags.number(1);
+    else if (flags.is("--global-batch")) o.global_batch = flags.number(1);
+    else if (flags.is("--lr")) o.lr = flags.number(1e-12);
+    else flags.unknown();
   }
   if (o.global_batch >= kPoints) {
     throw std::invalid_argument("--global-batch " + std::to_string(o.global_batch) + " must be below the " +
@@ -74,10 +67,7 @@ struct Mlp : torch::nn::Module {
 
 int run(int argc, char** argv) {
   const Options opt = parse(argc, argv);
-  if (opt.help) {
-    std::printf("%s", kUsage);
-    return 0;
-  }
+  if (opt.help) return examples::print_usage(kUsage);
   auto group = cpprun::init_process_group();
   const int rank = group.rank(), world = group.size();
   if (opt.global_batch % world != 0) {

@@ -50,26 +50,19 @@ struct Options {
   bool resume = false, help = false;
 };
 
-using examples::number;  // examples/flag_value.h
-
 Options parse(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    auto value = [&] {
-      if (i + 1 >= argc) throw std::invalid_argument(flag + " needs a value (see --help)");
-      return std::string(argv[++i]);
-    };
-    if (flag == "--help" || flag == "-h") o.help = true;
-    else if (flag == "--data") o.data = value();
-    else if (flag == "--out") o.out = value();
-    else if (flag == "--epochs") o.epochs = number(flag, value(), 1);
-    else if (flag == "--batch") o.batch = number(flag, value(), 1);
-    else if (flag == "--lr") o.lr = number(flag, value(), 1e-12);
-    else if (flag == "--train-size") o.train_size = number<int64_t>(flag, value(), 1);
-    else if (flag == "--keep-checkpoints") o.keep_checkpoints = number(flag, value(), 1);
-    else if (flag == "--resume") o.resume = true;
-    else throw std::invalid_argument("unknown option " + flag + " (train_mnist --help lists them)");
+  for (examples::Flags flags(argc, argv, "train_mnist"); flags.next();) {
+    if (flags.is("--help") || flags.is("-h")) o.help = true;
+    else if (flags.is("--data")) o.data = flags.value();
+    else if (flags.is("--out")) o.out = flags.value();
+    else if (flags.is("--epochs")) o.epochs = flags.number(1);
+    else if (flags.is("--batch")) o.batch = flags.number(1);
+    else if (flags.is("--lr")) o.lr = flags.number(1e-12);
+    else if (flags.is("--train-size")) o.train_size = flags.number<int64_t>(1);
+    else if (flags.is("--keep-checkpoints")) o.keep_checkpoints = flags.number(1);
+    else if (flags.is("--resume")) o.resume = true;
+    else flags.unknown();
   }
   if (!o.data.empty() && !fs::is_directory(o.data)) {  // before joining the job: fail fast, on every rank
     throw std::invalid_argument("--data " + o.data + (fs::exists(o.data) ? " is not a directory" : " does not exist") +
@@ -252,10 +245,7 @@ std::vector<std::pair<int, fs::path>> checkpoints_in(const std::string& out) {
 
 int run(int argc, char** argv) {
   const Options opt = parse(argc, argv);
-  if (opt.help) {
-    std::printf("%s", kUsage);
-    return 0;
-  }
+  if (opt.help) return examples::print_usage(kUsage);
   auto group = cpprun::init_process_group();
   const int rank = group.rank();
   auto [train, test] = load_data(opt.data, rank);

@@ -4,13 +4,9 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
-namespace cpprun::detail {
+#include <map>
 
-at::Tensor alias_into(const at::Tensor& flat, int64_t offset, at::IntArrayRef sizes) {
-  std::vector<int64_t> strides(sizes.size(), 1);
-  for (int64_t d = static_cast<int64_t>(sizes.size()) - 2; d >= 0; --d) strides[d] = strides[d + 1] * sizes[d + 1];
-  return at::empty({0}, flat.options()).set_(flat.storage(), flat.storage_offset() + offset, sizes, strides);
-}
+namespace cpprun::detail {
 
 FlatParam::FlatParam(std::vector<std::string> names, std::vector<at::Tensor> params, int rank, int world,
                      std::optional<at::ScalarType> compute_dtype, bool separate_shard, bool shard_on_cpu)
@@ -69,6 +65,30 @@ void FlatParam::shard_from_full() {
 
 at::Tensor FlatParam::slot(const at::Tensor& flat, std::size_t i) const {
   return alias_into(flat, offsets_[i], params_[i].sizes());
+}
+
+std::vector<FlatParam> flatten_units(const std::vector<UnitPlan>& units, const FlattenOptions& options,
+                                     std::vector<bool>& in_root_unit) {
+  std::vector<FlatParam> flats;
+  in_root_unit.clear();
+  for (const auto& unit : units) {
+    std::map<std::string, std::pair<std::vector<std::string>, std::vector<at::Tensor>>> by_kind;
+    std::vector<std::string> kinds;  // in the order of their first parameter
+    for (std::size_t i = 0; i < unit.params.size(); ++i) {
+      const auto& p = unit.params[i];
+      const std::string kind = std::string(c10::toString(p.scalar_type())) + "/" + p.device().str();
+      if (!by_kind.count(kind)) kinds.push_back(kind);
+      by_kind[kind].first.push_back(unit.param_names[i]);
+      by_kind[kind].second.push_back(p);
+    }
+    for (const auto& kind : kinds) {
+      flats.emplace_back(by_kind[kind].first, by_kind[kind].second, options.rank, options.world, options.compute_dtype,
+                         options.separate_shard, options.shard_on_cpu);
+      if (options.release_full) flats.back().release_full();
+      in_root_unit.push_back(unit.name.empty());
+    }
+  }
+  return flats;
 }
 
 }  // namespace cpprun::detail

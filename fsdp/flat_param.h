@@ -13,11 +13,10 @@
 #include <string>
 #include <vector>
 
-namespace cpprun::detail {
+#include "core/tensor_alias.h"  // alias_into
+#include "fsdp/unit_plan.h"
 
-// A tensor sharing `flat`'s storage at `offset` with `sizes`, made with set_() so autograd sees
-// no view: LibTorch's Optimizer::zero_grad() calls detach_() on .grad, which views refuse.
-at::Tensor alias_into(const at::Tensor& flat, int64_t offset, at::IntArrayRef sizes);
+namespace cpprun::detail {
 
 class FlatParam {
  public:
@@ -59,5 +58,21 @@ class FlatParam {
   int64_t numel_ = 0, padded_ = 0;
   at::Tensor full_, shard_;
 };
+
+struct FlattenOptions {
+  int rank = 0, world = 1;
+  std::optional<at::ScalarType> compute_dtype;  // mixed precision (see FlatParam)
+  bool separate_shard = false;                  // ZeRO-3
+  bool shard_on_cpu = false;                    // CPU offload
+  // ZeRO-3: each flat parameter's full memory goes as soon as it is made, so that wrapping a
+  // model never holds more than the model plus one unit.
+  bool release_full = false;
+};
+
+// The units' parameters as flat parameters: one per dtype and device within each unit (a flat
+// tensor has one dtype), in the units' order, each unit's parameters in their order.
+// `in_root_unit[f]`: flat parameter f holds parameters of the root unit (the top-level module's own).
+std::vector<FlatParam> flatten_units(const std::vector<UnitPlan>& units, const FlattenOptions& options,
+                                     std::vector<bool>& in_root_unit);
 
 }  // namespace cpprun::detail

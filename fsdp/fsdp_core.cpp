@@ -1,72 +1,40 @@
-// FullyShardedDataParallel's non-template part: plans units, flattens their parameters, and
-// keeps the full parameters current (stages 1 and 2: all-gather after each optimizer step;
-// stage 3: ParameterResidency's gather on use); gradient reduction is GradientSync's.
+// FullyShardedDataParallel's non-template part: wires its pieces together. Units are planned
+// (unit_plan.h) and flattened (flat_param.h); the full parameters are kept current (stages 1 and
+// 2: all-gathered after each optimizer step; stage 3: ParameterResidency's gather on use);
+// gradients are reduced by GradientSync; checkpoints are checkpoint.h's.
 #include "cpprun/detail/fsdp_core.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/grad_mode.h>
-#include <torch/serialize/archive.h>
 
-#include <cmath>
-#include <cstdio>
-#include <filesystem>
 #include <functional>
-#include <map>
-#include <unordered_map>
 
-#include "cpprun/checkpoint_file.h"
+#include "core/clip_grad_norm.h"
 #include "cpprun/collectives.h"
-#include "fsdp/failure_agreement.h"
+#include "fsdp/checkpoint.h"
 #include "fsdp/flat_param.h"
 #include "fsdp/gradient_sync.h"
 #include "fsdp/parameter_residency.h"
-#include "fsdp/sharded_checkpoint.h"
 #include "fsdp/unit_plan.h"
 
 namespace cpprun::detail {
+
 namespace {
 
-// Each parameter's memory must be its own: the flat parameter takes it over. A tensor registered
-// under two names (tied) is one parameter and was planned once; two different tensors over the
-// same memory (tied with set_data, or one a view of the other) cannot both be moved into flat
-// parameters and stay tied.
-void check_not_sharing_memory(const std::vector<UnitPlan>& units) {
-  std::unordered_map<const void*, std::string> owner;
-  for (const auto& unit : units) {
-    for (std::size_t i = 0; i < unit.params.size(); ++i) {
-      const void* memory = unit.params[i].storage().unsafeGetStorageImpl();
-      auto [it, fresh] = owner.emplace(memory, unit.param_names[i]);
-      TORCH_CHECK(fresh, "cpprun::FullyShardedDataParallel: parameters \"", unit.param_names[i], "\" and \"", it->second,
-                  "\" are different tensors over the same memory (tied with set_data, or one a view of the other). "
-                  "Tie parameters by registering the same tensor under both names (register_parameter(\"weight\", "
-                  "other->weight)); FSDP then keeps one copy and sums its gradients.");
-    }
+// Stage 3: releases every gathered unit when a checkpoint is done with them, however it ends.
+class ReleaseAfter {
+ public:
+  explicit ReleaseAfter(ParameterResidency* residency) : residency_(residency) {}
+  ~ReleaseAfter() {
+    if (residency_) residency_->release_all();
   }
-}
+  ReleaseAfter(const ReleaseAfter&) = delete;
+  ReleaseAfter& operator=(const ReleaseAfter&) = delete;
 
-// Reads `archive` into `module`'s tensors in place (Module::load would replace their storage,
-// which here is a unit's flat parameter).
-void copy_in(torch::nn::Module& module, torch::serialize::InputArchive& archive) {
-  at::NoGradGuard no_grad;
-  for (auto& item : module.named_parameters(/*recurse=*/false)) {
-    at::Tensor value;
-    archive.read(item.key(), value);
-    TORCH_CHECK(value.sizes() == item.value().sizes(), "cpprun::FullyShardedDataParallel: checkpoint tensor \"",
-                item.key(), "\" has shape ", value.sizes(), " but the module's has ", item.value().sizes(), ".");
-    item.value().copy_(value);
-  }
-  for (auto& item : module.named_buffers(/*recurse=*/false)) {
-    at::Tensor value;
-    archive.read(item.key(), value, /*is_buffer=*/true);
-    item.value().copy_(value);
-  }
-  for (auto& child : module.named_children()) {
-    torch::serialize::InputArchive sub;
-    archive.read(child.key(), sub);
-    copy_in(*child.value(), sub);
-  }
-}
+ private:
+  ParameterResidency* residency_;
+};
 
 }  // namespace
 
@@ -77,6 +45,7 @@ struct FsdpCore::Impl {
   std::vector<FlatParam> flats;  // never resized after construction: GradientSync refers to them
   std::unique_ptr<ParameterResidency> residency;  // stage 3; before `sync`, whose hooks call it
   std::unique_ptr<GradientSync> sync;
+  std::size_t unit_count = 0;
   bool require_sync = true;
   bool shards_loaded = false;  // a checkpoint wrote the shards: gather before the next forward
 
@@ -109,49 +78,31 @@ FsdpCore::FsdpCore(torch::nn::Module& module, ProcessGroup group, FsdpOptions op
   TORCH_CHECK(s.options.auto_wrap_min_params() >= 0, "cpprun::FullyShardedDataParallel: auto_wrap_min_params must "
               "not be negative, got ", s.options.auto_wrap_min_params(), ".");
 
-  // Start from rank 0's parameters and buffers everywhere.
-  std::vector<at::Tensor> state;
-  for (const auto& p : module.parameters()) state.push_back(p);
-  for (const auto& b : module.buffers()) state.push_back(b);
-  broadcast_coalesced(s.group, state, 0);
+  broadcast_module_state(module, s.group);  // start from rank 0's parameters and buffers everywhere
 
   const auto units = plan_units(module, s.options);
-  TORCH_CHECK(!units.empty(), "cpprun::FullyShardedDataParallel: the module has no parameter that requires grad.");
-  check_not_sharing_memory(units);
-  s.flats.reserve(units.size() * 2);
-  std::vector<bool> root;  // per flat: holds the top-level module's own parameters
-  for (const auto& unit : units) {
-    // One flat parameter per dtype and device within the unit, parameters in their order.
-    std::map<std::string, std::pair<std::vector<std::string>, std::vector<at::Tensor>>> by_kind;
-    std::vector<std::string> kinds;
-    for (std::size_t i = 0; i < unit.params.size(); ++i) {
-      const auto& p = unit.params[i];
-      const std::string kind = std::string(c10::toString(p.scalar_type())) + "/" + p.device().str();
-      if (!by_kind.count(kind)) kinds.push_back(kind);
-      by_kind[kind].first.push_back(unit.param_names[i]);
-      by_kind[kind].second.push_back(p);
-    }
-    for (const auto& kind : kinds) {
-      s.flats.emplace_back(by_kind[kind].first, by_kind[kind].second, s.group.rank(), s.group.size(),
-                           s.options.param_dtype(), /*separate_shard=*/stage == 3, s.options.cpu_offload());
-      // Stage 3: the unit's full parameters go now, so that wrapping a model never holds more
-      // than the model plus one unit.
-      if (stage == 3) s.flats.back().release_full();
-      root.push_back(unit.name.empty());
-    }
-  }
-  std::function<void(std::size_t)> unit_done;
+  s.unit_count = units.size();
+  FlattenOptions flatten;
+  flatten.rank = s.group.rank();
+  flatten.world = s.group.size();
+  flatten.compute_dtype = s.options.param_dtype();
+  flatten.separate_shard = flatten.release_full = stage == 3;
+  flatten.shard_on_cpu = s.options.cpu_offload();
+  std::vector<bool> root;  // per flat parameter: holds the top-level module's own parameters
+  s.flats = flatten_units(units, flatten, root);
+
+  std::function<void(std::size_t)> flat_done;
   if (stage == 3) {
     ResidencyOptions residency;
     residency.reshard_after_forward = s.options.reshard_after_forward();
     residency.prefetch = s.options.prefetch();
     residency.limit = s.options.gathered_unit_limit();
     s.residency = std::make_unique<ParameterResidency>(s.flats, root, s.group, residency);
-    unit_done = [r = s.residency.get()](std::size_t f) { r->backward_done(f); };
+    flat_done = [r = s.residency.get()](std::size_t f) { r->backward_done(f); };
   }
   s.sync = std::make_unique<GradientSync>(s.flats, s.group, stage,
                                           s.options.reduce_dtype() ? s.options.reduce_dtype() : s.options.param_dtype(),
-                                          std::move(unit_done),
+                                          std::move(flat_done),
                                           static_cast<std::size_t>(s.options.gathered_unit_limit() - 1));
   if (s.residency) s.sync->on_backward_end([r = s.residency.get()] { r->end_backward(); });
 }
@@ -165,7 +116,7 @@ void FsdpCore::before_forward() {
   if (torch::autograd::GradMode::is_enabled()) s.sync->prepare(s.require_sync);
 }
 
-void FsdpCore::after_forward() {
+void FsdpCore::after_forward(const std::vector<at::Tensor>& /*outputs*/) {
   if (impl_->residency) impl_->residency->end_forward(torch::autograd::GradMode::is_enabled());
 }
 
@@ -181,23 +132,10 @@ std::vector<at::Tensor> FsdpCore::shards() const {
 }
 
 double FsdpCore::clip_grad_norm(double max_norm) {
-  TORCH_CHECK(max_norm > 0, "cpprun::FullyShardedDataParallel::clip_grad_norm: max_norm must be positive, got ",
-              max_norm, ".");
-  at::NoGradGuard no_grad;
-  auto squares = at::zeros({1}, at::kDouble);
-  for (const auto& flat : impl_->flats) {
-    const auto& grad = flat.shard().grad();
-    if (grad.defined()) squares += grad.to(at::kDouble).pow(2).sum();
-  }
-  all_reduce(impl_->group, squares);  // the shards together cover every gradient exactly once
-  const double total = std::sqrt(squares.item<double>());
-  const double scale = max_norm / (total + 1e-6);
-  if (scale < 1) {
-    for (const auto& flat : impl_->flats) {
-      if (flat.shard().grad().defined()) flat.shard().grad().mul_(scale);
-    }
-  }
-  return total;
+  std::vector<at::Tensor> grads;
+  for (const auto& flat : impl_->flats) grads.push_back(flat.shard().grad());
+  // The shards together cover every gradient exactly once.
+  return detail::clip_grad_norm(grads, max_norm, &impl_->group, "cpprun::FullyShardedDataParallel");
 }
 
 at::Tensor FsdpCore::cast_input(const at::Tensor& input) const {
@@ -220,60 +158,25 @@ FsdpMemory FsdpCore::memory() const {
   return m;
 }
 
-std::size_t FsdpCore::unit_count() const { return impl_->flats.size(); }
+std::size_t FsdpCore::unit_count() const { return impl_->unit_count; }
+std::size_t FsdpCore::flat_parameter_count() const { return impl_->flats.size(); }
 
-FsdpCore::PrefetchStats FsdpCore::prefetch_stats() const {
-  PrefetchStats stats;
+FsdpPrefetchStats FsdpCore::prefetch_stats() const {
+  FsdpPrefetchStats stats;
   if (impl_->residency) impl_->residency->prefetch_stats(stats.started, stats.used);
   return stats;
 }
 
 void FsdpCore::save_full_state(const std::string& path) {
-  Impl& s = *impl_;
   gather_full_parameters();  // collective: every rank takes part
-  std::exception_ptr failure;
-  if (s.group.rank() == 0) {
-    try {
-      torch::serialize::OutputArchive archive;
-      s.module.save(archive);
-      save_checkpoint(archive, path);  // atomic, with a checksum; torch::load still reads it
-    } catch (...) {
-      failure = std::current_exception();
-    }
-  }
-  if (s.residency) s.residency->release_all();
-  // Also the barrier: the file exists when save returns, on every rank.
-  agree_on_failure(s.group, failure, "saving the full state dict to " + path);
+  ReleaseAfter release(impl_->residency.get());
+  detail::save_full_state(impl_->module, impl_->group, path);
 }
 
 void FsdpCore::load_full_state(const std::string& path) {
-  Impl& s = *impl_;
   gather_full_parameters();
-  std::exception_ptr failure;
-  if (s.group.rank() == 0) {
-    try {
-      torch::serialize::InputArchive archive;
-      // Our own files are checked; one torch::save wrote carries no checksum and is read as it is.
-      load_checkpoint(archive, path, UncheckedFiles::kAccept);
-      copy_in(s.module, archive);
-    } catch (...) {
-      failure = std::current_exception();
-    }
-  }
-  try {
-    // Only rank 0 reads: the others must not wait for its broadcast if it could not.
-    agree_on_failure(s.group, failure, "loading the full state dict from " + path);
-  } catch (...) {
-    if (s.residency) s.residency->release_all();
-    throw;
-  }
-  std::vector<at::Tensor> state;
-  for (const auto& p : s.module.parameters()) state.push_back(p);
-  for (const auto& b : s.module.buffers()) state.push_back(b);
-  broadcast_coalesced(s.group, state, 0);
-  // Where a shard is not a part of the full parameters (stage 3, mixed precision), copy it over.
-  for (auto& flat : s.flats) flat.shard_from_full();
-  if (s.residency) s.residency->release_all();
+  ReleaseAfter release(impl_->residency.get());
+  detail::load_full_state(impl_->module, impl_->flats, impl_->group, path);
 }
 
 void FsdpCore::save_sharded(const std::string& dir, torch::optim::Optimizer* optimizer) {

@@ -31,7 +31,7 @@ void set_watch_key(const at::Tensor& tensor, bool on) {
 
 struct Watch {
   UseListener* listener;
-  std::size_t unit;
+  std::size_t flat;
 };
 
 std::mutex& registry_mutex() {
@@ -50,7 +50,7 @@ void collect(const at::Tensor& tensor, std::vector<Watch>& uses) {
   if (it == registry().end()) return;
   const Watch& w = it->second;
   const bool seen = std::any_of(uses.begin(), uses.end(),
-                                [&](const Watch& u) { return u.listener == w.listener && u.unit == w.unit; });
+                                [&](const Watch& u) { return u.listener == w.listener && u.flat == w.flat; });
   if (!seen) uses.push_back(w);
 }
 
@@ -70,16 +70,16 @@ void report_uses_then_run(const c10::OperatorHandle& op, c10::DispatchKeySet key
     c10::impl::ExcludeDispatchKeyGuard no_reentry(kWatchKey);
     while (!uses.empty()) {
       UseListener* listener = uses.front().listener;
-      std::vector<std::size_t> units;
+      std::vector<std::size_t> flats;
       for (auto it = uses.begin(); it != uses.end();) {
         if (it->listener == listener) {
-          units.push_back(it->unit);
+          flats.push_back(it->flat);
           it = uses.erase(it);
         } else {
           ++it;
         }
       }
-      listener->before_use(units);
+      listener->before_use(flats);
     }
   }
   op.redispatchBoxed(keys & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kWatchKey), stack);
@@ -88,10 +88,10 @@ void report_uses_then_run(const c10::OperatorHandle& op, c10::DispatchKeySet key
 }  // namespace
 
 void watch_uses(const at::Tensor& storage_of, const std::vector<at::Tensor>& tensors, UseListener& listener,
-                std::size_t unit) {
+                std::size_t flat) {
   {
     std::lock_guard<std::mutex> lock(registry_mutex());
-    registry()[storage_of.storage().unsafeGetStorageImpl()] = Watch{&listener, unit};
+    registry()[storage_of.storage().unsafeGetStorageImpl()] = Watch{&listener, flat};
   }
   for (const auto& t : tensors) set_watch_key(t, true);
 }

@@ -1,9 +1,10 @@
-// Gradient reduction for FSDP. Stage 1: before each backward every parameter's .grad is made a
-// view of its unit's flat gradient, so autograd accumulates straight into it, and the flat
-// gradient is all-reduced. Stages 2 and 3: each gradient is moved into its unit's flat gradient
-// as it arrives, the flat gradient is reduce-scattered into the shard's gradient and released,
-// so a full flat gradient exists only while its unit's backward runs and its reduction is in
-// flight (at most `max_in_flight` reductions at once). Either way a unit is reduced as soon as
+// Gradient reduction for FSDP, per flat parameter. Stage 1: before each backward every
+// parameter's .grad is made a view of its flat parameter's flat gradient, so autograd accumulates
+// straight into it, and the flat gradient is all-reduced. Stages 2 and 3: each gradient is moved
+// into its flat gradient as it arrives, the flat gradient is reduce-scattered into the shard's
+// gradient and released, so a full flat gradient exists only while its backward runs and its
+// reduction is in flight (at most `max_in_flight` reductions at once). Either way a flat
+// parameter's gradients are reduced as soon as
 // all its gradients are in, while backward goes on. Scheduling only: the collectives are comm/'s.
 #pragma once
 
@@ -25,10 +26,10 @@ namespace cpprun::detail {
 class GradientSync {
  public:
   // reduce_dtype: the dtype gradients are reduced in (mixed precision), else their own.
-  // unit_done (stage 3): called once all of a unit's gradients are in, so its parameters can go.
+  // flat_done (stage 3): called once all of a flat parameter's gradients are in, so it can go.
   GradientSync(std::vector<FlatParam>& flats, ProcessGroup group, int stage,
                std::optional<at::ScalarType> reduce_dtype = std::nullopt,
-               std::function<void(std::size_t)> unit_done = nullptr, std::size_t max_in_flight = 2);
+               std::function<void(std::size_t)> flat_done = nullptr, std::size_t max_in_flight = 2);
   ~GradientSync();
   GradientSync(const GradientSync&) = delete;
   GradientSync& operator=(const GradientSync&) = delete;
@@ -46,7 +47,7 @@ class GradientSync {
 
  private:
   enum class Mode { kFinished, kNoSync, kSync };
-  struct UnitState {
+  struct FlatState {
     at::Tensor flat_grad;   // laid out like FlatParam::full(); undefined when released
     at::Tensor wire;        // what is reduced: flat_grad, or a copy of it in the reduce dtype
     at::Tensor shard_grad;  // stages 2 and 3: this rank's reduced part
@@ -58,7 +59,7 @@ class GradientSync {
 
   void on_gradient_ready(std::size_t flat, std::size_t param);
   void collect(std::size_t flat, std::size_t param);
-  void launch_ready_units();
+  void launch_ready_flats();
   void complete(std::size_t flat);
   void finish_backward();
   void bind_flat_grad(std::size_t flat);
@@ -67,20 +68,20 @@ class GradientSync {
   // Full flat gradients: released ones are kept for reuse while at most max_in_flight + 1 exist
   // (see parameter_residency.h on page faults).
   at::Tensor new_flat_grad(std::size_t flat, const at::TensorOptions& options);
-  void release_flat_grad(UnitState& unit);
+  void release_flat_grad(FlatState& state);
 
   std::vector<FlatParam>& flats_;
   ProcessGroup group_;
   int stage_;
   std::optional<at::ScalarType> reduce_dtype_;
-  std::function<void(std::size_t)> unit_done_;
+  std::function<void(std::size_t)> flat_done_;
   std::function<void()> backward_end_;
-  std::vector<UnitState> units_;
+  std::vector<FlatState> states_;
   mutable std::mutex mutex_;
   Mode mode_ = Mode::kNoSync;  // before the first forward, gradients simply accumulate
   bool finish_queued_ = false;
   bool shards_stepped_ = false;
-  std::size_t next_launch_ = 0;   // units are reduced last to first: see launch_ready_units()
+  std::size_t next_launch_ = 0;   // reduced last to first: see launch_ready_flats()
   std::size_t max_in_flight_;
   std::deque<std::size_t> in_flight_;
   std::vector<at::Tensor> spare_grads_;

@@ -1,13 +1,15 @@
-// ZeRO-3 scheduling: which units' full parameters exist right now. A unit is all-gathered from
-// the shards when an operator is about to use it (gather_on_use.h tells us), the next unit in
-// forward order (or the previous one, in backward) is gathered ahead while it computes, at most
-// `limit` units are gathered at once (the least recently used one is released first), units are
-// released after forward (except the root unit and the unit forward used last, both needed
-// first thing in backward) and as soon as backward has produced all of a unit's gradients. Scheduling only: the collectives are
-// comm/'s, the memory handling FlatParam's.
+// ZeRO-3 scheduling: which flat parameters are gathered (their full memory exists) right now.
+// A unit (a wrapped module) has one flat parameter per dtype, so usually exactly one; scheduling
+// is per flat parameter. One is all-gathered from the shards when an operator is about to use it
+// (gather_on_use.h tells us), the next in forward order (or the previous one, in backward) is
+// gathered ahead while it computes, at most `limit` are gathered at once (the least recently used
+// one is released first), all are released after forward (except those of the root unit and the
+// one forward used last, both needed first thing in backward) and each as soon as backward has
+// produced all its gradients. Scheduling only: the collectives are comm/'s, the memory handling
+// FlatParam's.
 //
-// Released memory is kept for the next gather of a unit of the same size, as long as gathered
-// plus kept units stay within `limit`: CPU memory freshly mapped from the OS costs a page fault
+// Released memory is kept for the next gather of a flat parameter of the same size, as long as
+// gathered plus kept ones stay within `limit`: CPU memory freshly mapped from the OS costs a page fault
 // per 4 KiB on first touch (17% of a ZeRO-3 step at 25M parameters, measured), which a caching
 // allocator avoids on GPUs.
 //
@@ -30,7 +32,7 @@ namespace cpprun::detail {
 struct ResidencyOptions {
   bool reshard_after_forward = true;
   bool prefetch = true;
-  int limit = 3;  // gathered units alive at once
+  int limit = 3;  // gathered flat parameters alive at once
 };
 
 class ParameterResidency final : public UseListener {
@@ -42,17 +44,17 @@ class ParameterResidency final : public UseListener {
   ParameterResidency(const ParameterResidency&) = delete;
   ParameterResidency& operator=(const ParameterResidency&) = delete;
 
-  void before_use(const std::vector<std::size_t>& units) override;
+  void before_use(const std::vector<std::size_t>& flats) override;
 
   // A forward starts: everything is released (the shards may have been stepped since).
   void begin_forward();
   // It returned; `backward_follows` when autograd recorded it.
   void end_forward(bool backward_follows);
-  // Backward has produced all of this unit's gradients: its parameters are not needed any more.
-  void backward_done(std::size_t unit);
+  // Backward has produced all of this flat parameter's gradients: it is not needed any more.
+  void backward_done(std::size_t flat);
   // Backward is over: release everything.
   void end_backward();
-  // Every unit gathered (checkpoints, gather_full_parameters()); they stay until the next forward.
+  // Everything gathered (checkpoints, gather_full_parameters()); they stay until the next forward.
   void gather_all();
   void release_all();
 
@@ -63,7 +65,7 @@ class ParameterResidency final : public UseListener {
 
  private:
   enum class Phase { kIdle, kForward, kBackward };
-  struct Unit {
+  struct FlatState {
     bool gathered = false;   // allocated, maybe with a gather still in flight
     Work in_flight;          // the all-gather filling it
     at::Tensor send;         // its input, alive until the gather completes
@@ -89,10 +91,10 @@ class ParameterResidency final : public UseListener {
   std::vector<bool> root_;
   ProcessGroup group_;
   ResidencyOptions options_;
-  std::vector<Unit> units_;
+  std::vector<FlatState> states_;
   Phase phase_ = Phase::kIdle;
   uint64_t clock_ = 0;
-  std::vector<std::size_t> order_;       // units in the order the last complete forward first used them
+  std::vector<std::size_t> order_;       // flat parameters in the order the last complete forward first used them
   std::vector<std::size_t> this_order_;  // being recorded by the current forward
   struct Spare {
     std::size_t bytes;

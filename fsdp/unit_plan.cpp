@@ -4,6 +4,9 @@
 // (tied, e.g. an embedding and the output layer) is planned once, where the walk meets it first.
 #include "fsdp/unit_plan.h"
 
+#include <c10/util/Exception.h>
+
+#include <unordered_map>
 #include <unordered_set>
 
 namespace cpprun::detail {
@@ -42,6 +45,24 @@ UnitPlan plan_subtree(torch::nn::Module& module, const std::string& prefix, cons
   return rest;
 }
 
+// Each parameter's memory must be its own: its flat parameter takes it over. A tensor registered
+// under two names (tied) is one parameter and was planned once; two different tensors over the
+// same memory (tied with set_data, or one a view of the other) cannot both be moved into flat
+// parameters and stay tied.
+void check_not_sharing_memory(const std::vector<UnitPlan>& units) {
+  std::unordered_map<const void*, std::string> owner;
+  for (const auto& unit : units) {
+    for (std::size_t i = 0; i < unit.params.size(); ++i) {
+      const void* memory = unit.params[i].storage().unsafeGetStorageImpl();
+      auto [it, fresh] = owner.emplace(memory, unit.param_names[i]);
+      TORCH_CHECK(fresh, "cpprun::FullyShardedDataParallel: parameters \"", unit.param_names[i], "\" and \"", it->second,
+                  "\" are different tensors over the same memory (tied with set_data, or one a view of the other). "
+                  "Tie parameters by registering the same tensor under both names (register_parameter(\"weight\", "
+                  "other->weight)); FSDP then keeps one copy and sums its gradients.");
+    }
+  }
+}
+
 }  // namespace
 
 std::vector<UnitPlan> plan_units(torch::nn::Module& root, const FsdpOptions& options) {
@@ -49,6 +70,8 @@ std::vector<UnitPlan> plan_units(torch::nn::Module& root, const FsdpOptions& opt
   std::unordered_set<const c10::TensorImpl*> planned;
   UnitPlan rest = plan_subtree(root, "", options, units, planned);
   if (!rest.params.empty()) units.push_back(std::move(rest));
+  TORCH_CHECK(!units.empty(), "cpprun::FullyShardedDataParallel: the module has no parameter that requires grad.");
+  check_not_sharing_memory(units);
   return units;
 }
 

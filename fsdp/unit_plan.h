@@ -1,5 +1,6 @@
-// Which parameters form which unit: by module type (wrap_policy), then by size
-// (auto_wrap_min_params), the rest in the root unit. Pure: reads the module tree only.
+// Which parameters form which unit (a wrapped module, whose parameters are gathered and released
+// together): by module type (wrap_policy), then by size (auto_wrap_min_params), the rest in the
+// root unit. Pure: reads the module tree only. flat_param.h turns units into flat parameters.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -20,7 +21,8 @@ struct UnitPlan {
 
 // Units in the order their modules are registered (children before the root unit, which comes
 // last). Only parameters that require grad take part, each tensor once: a tied parameter goes to
-// the first unit that holds it (in that order), under its first name.
+// the first unit that holds it (in that order), under its first name. Throws if there are none,
+// or if two different tensors share memory.
 std::vector<UnitPlan> plan_units(torch::nn::Module& root, const FsdpOptions& options);
 
 }  // namespace cpprun::detail

@@ -12,24 +12,18 @@
 
 namespace cpprun {
 
-struct DistributedSampler::State {
-  size_t dataset_size = 0;
-  int64_t num_replicas = 1, rank = 0;
-  bool shuffle = true, drop_last = false;
-  uint64_t seed = 0;
-  uint64_t epoch = 0;                    // of the pass under way (or the next, before any)
-  std::optional<uint64_t> chosen_epoch;  // set_epoch() since the last reset
-  bool started = false;                  // a reset has happened
-  std::optional<size_t> resume_position; // from load(): skip this many at the next reset
-  std::vector<size_t> indices;
-  size_t position = 0;
-
-  void compute() {
-    indices = distributed_indices(dataset_size, num_replicas, rank, shuffle, seed, drop_last, epoch);
-  }
-};
-
 namespace {
+
+// num_replicas and rank filled in from the job where not given, and checked.
+DistributedSamplerOptions resolved(DistributedSamplerOptions options) {
+  options.num_replicas(options.num_replicas().value_or(world_size()));
+  options.rank(options.rank().value_or(cpprun::rank()));
+  const int64_t replicas = *options.num_replicas(), rank = *options.rank();
+  TORCH_CHECK(replicas >= 1, "cpprun::DistributedSampler: num_replicas must be at least 1, got ", replicas, ".");
+  TORCH_CHECK(rank >= 0 && rank < replicas, "cpprun::DistributedSampler: rank ", rank,
+              " is not in [0, num_replicas - 1] = [0, ", replicas - 1, "].");
+  return options;
+}
 
 size_t samples_per_replica(size_t size, int64_t replicas, bool drop_last) {
   const auto n = static_cast<size_t>(replicas);
@@ -39,8 +33,25 @@ size_t samples_per_replica(size_t size, int64_t replicas, bool drop_last) {
 
 }  // namespace
 
-std::vector<size_t> distributed_indices(size_t dataset_size, int64_t num_replicas, int64_t rank, bool shuffle,
-                                        uint64_t seed, bool drop_last, uint64_t epoch) {
+struct DistributedSampler::State {
+  size_t dataset_size = 0;
+  DistributedSamplerOptions options;     // num_replicas and rank resolved
+  uint64_t epoch = 0;                    // of the pass under way (or the next, before any)
+  std::optional<uint64_t> chosen_epoch;  // set_epoch() since the last reset
+  bool started = false;                  // a reset has happened
+  std::optional<size_t> resume_position; // from load(): skip this many at the next reset
+  std::vector<size_t> indices;
+  size_t position = 0;
+
+  int64_t num_replicas() const { return *options.num_replicas(); }
+  void compute() { indices = distributed_indices(dataset_size, options, epoch); }
+};
+
+std::vector<size_t> distributed_indices(size_t dataset_size, const DistributedSamplerOptions& given, uint64_t epoch) {
+  const DistributedSamplerOptions options = resolved(given);
+  const int64_t num_replicas = *options.num_replicas(), rank = *options.rank();
+  const bool shuffle = options.shuffle(), drop_last = options.drop_last();
+  const uint64_t seed = options.seed();
   const size_t per_replica = samples_per_replica(dataset_size, num_replicas, drop_last);
   const size_t total = per_replica * static_cast<size_t>(num_replicas);
   std::vector<size_t> all(dataset_size);
@@ -64,15 +75,7 @@ DistributedSampler::DistributedSampler(size_t dataset_size, DistributedSamplerOp
     : state_(std::make_shared<State>()) {
   State& s = *state_;
   s.dataset_size = dataset_size;
-  s.num_replicas = options.num_replicas().value_or(world_size());
-  s.rank = options.rank().value_or(cpprun::rank());
-  s.shuffle = options.shuffle();
-  s.seed = options.seed();
-  s.drop_last = options.drop_last();
-  TORCH_CHECK(s.num_replicas >= 1, "cpprun::DistributedSampler: num_replicas must be at least 1, got ",
-              s.num_replicas, ".");
-  TORCH_CHECK(s.rank >= 0 && s.rank < s.num_replicas, "cpprun::DistributedSampler: rank ", s.rank,
-              " is not in [0, num_replicas - 1] = [0, ", s.num_replicas - 1, "].");
+  s.options = resolved(std::move(options));
   s.compute();
 }
 
@@ -83,7 +86,7 @@ DistributedSampler::DistributedSampler(size_t dataset_size, const ProcessGroup& 
 void DistributedSampler::set_epoch(uint64_t epoch) { state_->chosen_epoch = epoch; }
 uint64_t DistributedSampler::epoch() const { return state_->chosen_epoch.value_or(state_->epoch); }
 size_t DistributedSampler::size() const {
-  return samples_per_replica(state_->dataset_size, state_->num_replicas, state_->drop_last);
+  return samples_per_replica(state_->dataset_size, state_->num_replicas(), state_->options.drop_last());
 }
 const std::vector<size_t>& DistributedSampler::indices() const { return state_->indices; }
 
@@ -116,8 +119,8 @@ void DistributedSampler::save(torch::serialize::OutputArchive& archive) const {
   const State& s = *state_;
   auto value = [&](const char* key, int64_t v) { archive.write(key, at::tensor(v, at::kLong), /*is_buffer=*/true); };
   value("dataset_size", static_cast<int64_t>(s.dataset_size));
-  value("num_replicas", s.num_replicas);
-  value("seed", static_cast<int64_t>(s.seed));
+  value("num_replicas", s.num_replicas());
+  value("seed", static_cast<int64_t>(s.options.seed()));
   value("epoch", static_cast<int64_t>(s.epoch));
   value("position", static_cast<int64_t>(s.position));
 }
@@ -129,8 +132,8 @@ void DistributedSampler::load(torch::serialize::InputArchive& archive) {
     archive.read(key, t, /*is_buffer=*/true);
     return t.item<int64_t>();
   };
-  TORCH_CHECK(value("dataset_size") == static_cast<int64_t>(s.dataset_size) && value("num_replicas") == s.num_replicas &&
-                  value("seed") == static_cast<int64_t>(s.seed),
+  TORCH_CHECK(value("dataset_size") == static_cast<int64_t>(s.dataset_size) && value("num_replicas") == s.num_replicas() &&
+                  value("seed") == static_cast<int64_t>(s.options.seed()),
               "cpprun::DistributedSampler::load: the saved sampler was for another dataset size, number of "
               "replicas or seed; its position means nothing here.");
   s.epoch = static_cast<uint64_t>(value("epoch"));

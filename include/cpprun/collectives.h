@@ -13,6 +13,9 @@
 #include "cpprun/process_group.h"
 
 namespace cpprun {
+namespace detail {
+struct WorkAccess;  // comm/work_state.h: how the library makes a Work
+}  // namespace detail
 
 enum class ReduceOp { kSum, kAvg, kMax, kMin };
 const char* to_string(ReduceOp op);
@@ -21,9 +24,7 @@ const char* to_string(ReduceOp op);
 // finishes any step that follows it (e.g. converting a bf16 result back). Waiting twice is fine.
 class Work {
  public:
-  struct State;  // comm/work_state.h
-  Work();        // an already-completed no-op
-  explicit Work(std::shared_ptr<State> state);
+  Work();  // an already-completed no-op
   void wait();
   bool is_completed() const;
   // Holds the group until this work is gone, for work that runs on the group's own thread.
@@ -32,6 +33,10 @@ class Work {
   Work then(std::function<void()> step) const;
 
  private:
+  struct State;  // comm/work_state.h
+  friend struct detail::WorkAccess;
+  explicit Work(std::shared_ptr<State> state);
+
   std::shared_ptr<State> state_;
 };
 

@@ -6,55 +6,47 @@
 //   auto loss = loss_fn(model->forward(x), y);
 //   loss.backward();                                             // gradients averaged here
 //   opt.step();
+//
+// It is a cpprun::DataParallel (data_parallel.h): forward, no_sync, process_group,
+// clip_grad_norm, ... as FullyShardedDataParallel has them.
 #pragma once
 
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
+#include <functional>
 #include <memory>
 #include <utility>
 
 #include "cpprun/comm_hooks.h"
+#include "cpprun/data_parallel.h"
 #include "cpprun/ddp_options.h"
 #include "cpprun/detail/ddp_core.h"
-#include "cpprun/no_sync.h"
 #include "cpprun/process_group.h"
 
 namespace cpprun {
 
 template <typename ModuleType>
-class DistributedDataParallelImpl : public torch::nn::Module {
+class DistributedDataParallelImpl : public DataParallelImpl<ModuleType> {
+  using Base = DataParallelImpl<ModuleType>;
+
  public:
   DistributedDataParallelImpl(std::shared_ptr<ModuleType> module, ProcessGroup group, DdpOptions options = {})
-      : module_(register_module("module", std::move(module))),
-        core_(std::make_unique<detail::DdpCore>(*module_, std::move(group), std::move(options))) {}
-
-  // Calls the wrapped module's forward with the same arguments.
-  template <typename... Args>
-  decltype(auto) forward(Args&&... args) {
-    core_->before_forward();
-    decltype(auto) output = module_->forward(std::forward<Args>(args)...);
-    std::vector<at::Tensor> tensors;
-    detail::collect_tensors(output, tensors);
-    core_->after_forward(tensors);
-    return output;
+      : Base(module, std::make_unique<detail::DdpCore>(*module, std::move(group), std::move(options))) {
+    this->register_module("module", module);
   }
 
-  std::shared_ptr<ModuleType> module() const { return module_; }
-  NoSyncGuard no_sync() { return NoSyncGuard(*core_); }
-  void register_comm_hook(std::shared_ptr<CommHook> hook) { core_->register_comm_hook(std::move(hook)); }
+  void register_comm_hook(std::shared_ptr<CommHook> hook) { ddp_core().register_comm_hook(std::move(hook)); }
 
   // Uneven inputs: runs `train_loop` (this rank's iterations, however many); a rank whose loop
   // ends first keeps taking part in the others' gradient reductions (with zero gradients) until
   // every rank's loop has ended, as PyTorch's `with Join([model]):`.
-  void join(const std::function<void()>& train_loop) { core_->join(train_loop); }
+  void join(const std::function<void()>& train_loop) { ddp_core().join(train_loop); }
 
-  const ProcessGroup& process_group() const { return core_->group(); }
-  const DdpOptions& options() const { return core_->options(); }
+  const DdpOptions& options() const { return ddp_core().options(); }
 
  private:
-  std::shared_ptr<ModuleType> module_;
-  std::unique_ptr<detail::DdpCore> core_;
+  detail::DdpCore& ddp_core() const { return static_cast<detail::DdpCore&>(Base::core()); }
 };
 
 template <typename ModuleType>

@@ -14,70 +14,52 @@
 
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
+#include <torch/optim/optimizer.h>
 
+#include <cstddef>
 #include <memory>
 #include <string>
-#include <type_traits>
 #include <utility>
 
+#include "cpprun/data_parallel.h"
 #include "cpprun/detail/fsdp_core.h"
 #include "cpprun/fsdp_options.h"
-#include "cpprun/no_sync.h"
+#include "cpprun/fsdp_stats.h"
 #include "cpprun/process_group.h"
 
 namespace cpprun {
+namespace detail {
+struct FsdpAccess;
+}  // namespace detail
 
+// A cpprun::DataParallel (data_parallel.h): forward, no_sync, process_group, clip_grad_norm,
+// gather_full_parameters, ... as DistributedDataParallel has them.
 template <typename ModuleType>
-class FullyShardedDataParallelImpl : public torch::nn::Module {
+class FullyShardedDataParallelImpl : public DataParallelImpl<ModuleType> {
+  using Base = DataParallelImpl<ModuleType>;
+
  public:
   FullyShardedDataParallelImpl(std::shared_ptr<ModuleType> module, ProcessGroup group, FsdpOptions options = {})
-      : module_(std::move(module)),
-        core_(std::make_unique<detail::FsdpCore>(*module_, std::move(group), std::move(options))) {
+      : Base(module, std::make_unique<detail::FsdpCore>(*module, std::move(group), std::move(options))) {
     // The wrapped module is deliberately not a submodule: parameters() must be the shards.
-    const auto shards = core_->shards();
-    for (std::size_t i = 0; i < shards.size(); ++i) register_parameter("shard_" + std::to_string(i), shards[i]);
+    const auto shards = fsdp_core().shards();
+    for (std::size_t i = 0; i < shards.size(); ++i) this->register_parameter("shard_" + std::to_string(i), shards[i]);
   }
 
-  template <typename... Args>
-  decltype(auto) forward(Args&&... args) {
-    core_->before_forward();
-    decltype(auto) output = module_->forward(cast_input(std::forward<Args>(args))...);
-    core_->after_forward();
-    return output;
-  }
-
-  void train(bool on = true) override {
-    torch::nn::Module::train(on);
-    module_->train(on);
-  }
-
-  std::shared_ptr<ModuleType> module() const { return module_; }
-  // After optimizer.step(), brings module()'s full parameters up to date now rather than at the
-  // next forward (e.g. to inspect or evaluate module() directly). Stage 3: gathers every unit
-  // until the next forward. Collective. (Under stage 3, touching module()'s parameters without
-  // this gathers their unit, a collective: do it on every rank.)
-  void gather_full_parameters() { core_->gather_full_parameters(); }
-  NoSyncGuard no_sync() { return NoSyncGuard(*core_); }
-  // Scales this rank's shard gradients so that the norm of all gradients, over every rank, is
-  // at most max_norm; returns that norm before clipping. Collective.
-  double clip_grad_norm(double max_norm) { return core_->clip_grad_norm(max_norm); }
-  detail::FsdpMemory memory() const { return core_->memory(); }
-  std::size_t unit_count() const { return core_->unit_count(); }
-  detail::FsdpCore& core() { return *core_; }
+  // Bytes of parameters, shards and gradients this rank holds (see fsdp_stats.h).
+  FsdpMemory memory() const { return fsdp_core().memory(); }
+  // Stage 3: how many gathers were started ahead of use, and how many of those were used.
+  FsdpPrefetchStats prefetch_stats() const { return fsdp_core().prefetch_stats(); }
+  // Units: the wrapped modules whose parameters are gathered and released together (see
+  // FsdpOptions::wrap_policy), the root module's own parameters being one. Each unit's parameters
+  // are flattened into one flat parameter per dtype, of which this rank holds a shard.
+  std::size_t unit_count() const { return fsdp_core().unit_count(); }
+  std::size_t flat_parameter_count() const { return fsdp_core().flat_parameter_count(); }
+  const FsdpOptions& options() const { return fsdp_core().options(); }
 
  private:
-  // Tensors go through the core (mixed precision casts them); other arguments pass as they are.
-  template <typename T>
-  decltype(auto) cast_input(T&& arg) {
-    if constexpr (std::is_same_v<std::decay_t<T>, at::Tensor>) {
-      return core_->cast_input(arg);
-    } else {
-      return std::forward<T>(arg);
-    }
-  }
-
-  std::shared_ptr<ModuleType> module_;
-  std::unique_ptr<detail::FsdpCore> core_;
+  friend struct detail::FsdpAccess;
+  detail::FsdpCore& fsdp_core() const { return static_cast<detail::FsdpCore&>(Base::core()); }
 };
 
 template <typename ModuleType>
@@ -100,12 +82,22 @@ template <typename ModuleType>
 FullyShardedDataParallel(torch::nn::ModuleHolder<ModuleType>, ProcessGroup, FsdpOptions = {})
     -> FullyShardedDataParallel<ModuleType>;
 
+namespace detail {
+// The checkpoint functions' way to the core (users cannot reach it).
+struct FsdpAccess {
+  template <typename ModuleType>
+  static FsdpCore& core(FullyShardedDataParallel<ModuleType>& model) {
+    return model->fsdp_core();
+  }
+};
+}  // namespace detail
+
 // The full model, in torch::save's format for the wrapped module: a plain, unwrapped module of
 // the same type loads it with torch::load(module, path). Rank 0 writes it atomically, with a
 // checksum (cpprun/checkpoint_file.h); if it cannot, every rank throws. Collective.
 template <typename ModuleType>
 void save_full_state_dict(FullyShardedDataParallel<ModuleType>& model, const std::string& path) {
-  model->core().save_full_state(path);
+  detail::FsdpAccess::core(model).save_full_state(path);
 }
 // The reverse: a file written by torch::save(module, path) or save_full_state_dict. Only rank 0
 // reads it; the values are broadcast. A file save_full_state_dict wrote is checked first: a
@@ -113,7 +105,7 @@ void save_full_state_dict(FullyShardedDataParallel<ModuleType>& model, const std
 // others). Collective.
 template <typename ModuleType>
 void load_full_state_dict(FullyShardedDataParallel<ModuleType>& model, const std::string& path) {
-  model->core().load_full_state(path);
+  detail::FsdpAccess::core(model).load_full_state(path);
 }
 
 // Sharded checkpoint: each rank writes DIR/rank_<r>.pt with its shards and their optimizer state
@@ -124,12 +116,12 @@ void load_full_state_dict(FullyShardedDataParallel<ModuleType>& model, const std
 template <typename ModuleType>
 void save_sharded_checkpoint(FullyShardedDataParallel<ModuleType>& model, torch::optim::Optimizer& optimizer,
                              const std::string& dir) {
-  model->core().save_sharded(dir, &optimizer);
+  detail::FsdpAccess::core(model).save_sharded(dir, &optimizer);
 }
 template <typename ModuleType>
 void load_sharded_checkpoint(FullyShardedDataParallel<ModuleType>& model, torch::optim::Optimizer& optimizer,
                              const std::string& dir) {
-  model->core().load_sharded(dir, &optimizer);
+  detail::FsdpAccess::core(model).load_sharded(dir, &optimizer);
 }
 
 }  // namespace cpprun

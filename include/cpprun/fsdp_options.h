@@ -15,7 +15,8 @@ namespace cpprun {
 struct FsdpOptions {
   // ZeRO stage: 1 shards optimizer state, 2 also gradients, 3 also parameters.
   TORCH_ARG(int, stage) = 2;
-  // Units (one flat parameter each, communicated together): every submodule holding at least
+  // Units (wrapped modules whose parameters are gathered and released together, flattened into
+  // one flat parameter per dtype): every submodule holding at least
   // this many parameters not already in a smaller unit becomes one; 0: the whole model is one unit.
   TORCH_ARG(int64_t, auto_wrap_min_params) = 0;
   // Units by module type: submodules for which this returns true become units (e.g. every
@@ -38,7 +39,8 @@ struct FsdpOptions {
   // At most this many units gathered at once (default: the root, the one computing, the one
   // being prefetched); the least recently used is released to make room. Stages 2 and 3: also
   // the most units whose full gradient is alive at once in backward (the one being filled and
-  // the reductions still in flight). 1 gives the least memory and the least overlap.
+  // the reductions still in flight). 1 gives the least memory and the least overlap. (Strictly,
+  // it counts flat parameters: a unit whose parameters have several dtypes has one per dtype.)
   TORCH_ARG(int, gathered_unit_limit) = 3;
   // Stage 3: keep the shards, their gradients and so the optimizer state in CPU memory (pinned
   // when the model is on a GPU) and step the optimizer there; each gather copies a shard to the

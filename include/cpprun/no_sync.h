@@ -6,15 +6,16 @@
 
 #include <utility>
 
-#include "cpprun/detail/sync_switch.h"
+#include "cpprun/detail/data_parallel_core.h"
 
 namespace cpprun {
 
+template <typename ModuleType>
+class DataParallelImpl;
+
+// Made by model->no_sync() (DistributedDataParallel, FullyShardedDataParallel, DataParallel).
 class NoSyncGuard {
  public:
-  explicit NoSyncGuard(detail::SyncSwitch& target) : target_(&target), was_(target.require_sync()) {
-    target_->set_require_sync(false);
-  }
   ~NoSyncGuard() {
     if (target_) target_->set_require_sync(was_);
   }
@@ -24,7 +25,13 @@ class NoSyncGuard {
   NoSyncGuard& operator=(NoSyncGuard&&) = delete;
 
  private:
-  detail::SyncSwitch* target_;
+  template <typename ModuleType>
+  friend class DataParallelImpl;
+  explicit NoSyncGuard(detail::DataParallelCore& target) : target_(&target), was_(target.require_sync()) {
+    target_->set_require_sync(false);
+  }
+
+  detail::DataParallelCore* target_;
   bool was_;
 };
 

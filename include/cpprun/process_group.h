@@ -12,6 +12,9 @@
 #include "cpprun/env.h"
 
 namespace cpprun {
+namespace detail {
+struct GroupAccess;  // comm/group_impl.h: the library's way to a group's internals
+}  // namespace detail
 
 enum class Backend {
   kAuto,  // NCCL for CUDA tensors when LibTorch has CUDA and a GPU is visible; Gloo otherwise
@@ -34,17 +37,17 @@ struct ProcessGroupOptions {
 // A cheap, copyable handle; the group lives until its last handle is gone.
 class ProcessGroup {
  public:
-  struct Impl;  // comm/group_impl.h
-  explicit ProcessGroup(std::shared_ptr<Impl> impl);
-
   int rank() const;
   int size() const;
   Backend backend() const;  // what kAuto resolved to: kGloo or kNccl
   const DistEnv& env() const;
   std::chrono::milliseconds timeout() const;
-  Impl& impl() const { return *impl_; }
 
  private:
+  struct Impl;  // comm/group_impl.h
+  friend struct detail::GroupAccess;
+  explicit ProcessGroup(std::shared_ptr<Impl> impl);
+
   std::shared_ptr<Impl> impl_;
 };
 

@@ -54,14 +54,15 @@ class DistributedSampler : public torch::data::samplers::Sampler<> {
   void save(torch::serialize::OutputArchive& archive) const override;
   void load(torch::serialize::InputArchive& archive) override;
 
-  struct State;
-
  private:
+  struct State;
   std::shared_ptr<State> state_;
 };
 
-// The indices PyTorch's DistributedSampler gives `rank` in `epoch` (pure; what the sampler uses).
-std::vector<size_t> distributed_indices(size_t dataset_size, int64_t num_replicas, int64_t rank, bool shuffle,
-                                        uint64_t seed, bool drop_last, uint64_t epoch);
+// The indices PyTorch's DistributedSampler gives `options.rank()` in `epoch`: what the sampler
+// yields. Pure when num_replicas and rank are given (otherwise they come from the job, as above).
+//   cpprun::distributed_indices(100, cpprun::DistributedSamplerOptions().num_replicas(4).rank(1), epoch)
+std::vector<size_t> distributed_indices(size_t dataset_size, const DistributedSamplerOptions& options,
+                                        uint64_t epoch = 0);
 
 }  // namespace cpprun

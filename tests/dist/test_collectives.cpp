@@ -142,9 +142,9 @@ TEST_CASE("collectives: reduce_scatter sends (N-1)/N of its input per rank", "[c
   const int64_t n = 10000;  // elements per rank's output chunk
   at::Tensor input = contribution(rank, world * n, at::kFloat);
   at::Tensor output = at::empty({n}, at::kFloat);
-  const uint64_t before = group().impl().p2p_bytes_sent;
+  const uint64_t before = cpprun::detail::impl_of(group()).p2p_bytes_sent;
   cpprun::reduce_scatter(group(), output, input);
-  const uint64_t sent = group().impl().p2p_bytes_sent - before;
+  const uint64_t sent = cpprun::detail::impl_of(group()).p2p_bytes_sent - before;
   // A native reduce-scatter moves (N-1)/N of the input; all-reduce-then-slice twice that.
   CHECK(sent == static_cast<uint64_t>(world - 1) * n * sizeof(float));
 }

@@ -6,8 +6,11 @@
 #include <torch/torch.h>
 
 #include <functional>
+#include <mutex>
 
+#include "core/gradient_ready_hook.h"
 #include "cpprun/cpprun.h"
+#include "ddp/reducer.h"
 #include "dist_test_support.h"
 #include "ddp_test_models.h"
 
@@ -106,6 +109,79 @@ TEST_CASE("ddp: CNN with BatchNorm, SGD-momentum and Adam", "[ddp]") {
 TEST_CASE("ddp: many small buckets, rebuilt after the first backward", "[ddp]") {
   check_parity<Mlp>("mlp", "sgd", cpprun::DdpOptions().bucket_cap_mb(0.002).first_bucket_cap_mb(0.001));
   check_parity<SmallCnn>("cnn", "adam", cpprun::DdpOptions().bucket_cap_mb(0.001).first_bucket_cap_mb(0.001));
+}
+
+// Registered c, a, b but run a -> b -> c: gradients become ready c's first, which is not the
+// reverse registration order the first buckets guess.
+struct OutOfOrder : torch::nn::Module {
+  torch::nn::Linear c{nullptr}, a{nullptr}, b{nullptr};
+  OutOfOrder() {
+    c = register_module("c", torch::nn::Linear(16, 4));
+    a = register_module("a", torch::nn::Linear(10, 16));
+    b = register_module("b", torch::nn::Linear(16, 16));
+  }
+  torch::Tensor forward(torch::Tensor x) { return c(torch::relu(b(torch::relu(a(x))))); }
+};
+
+std::vector<std::size_t> flattened(const std::vector<std::vector<std::size_t>>& buckets) {
+  std::vector<std::size_t> out;
+  for (const auto& bucket : buckets) out.insert(out.end(), bucket.begin(), bucket.end());
+  return out;
+}
+
+// White box: the Reducer driven as DdpCore drives it. See Note [Bucket rebuild after the first
+// backward] in ddp/reducer.cpp.
+TEST_CASE("ddp: buckets are rebuilt in rank 0's gradient-ready order after the first backward", "[ddp]") {
+  const int rank = group().rank(), world = group().size();
+  torch::manual_seed(0);
+  auto net = std::make_shared<OutOfOrder>();
+  std::vector<std::string> names;
+  std::vector<torch::Tensor> params;
+  for (const auto& item : net->named_parameters()) names.push_back(item.key()), params.push_back(item.value());
+  const std::size_t n = params.size();
+  // 64-byte caps: several buckets, none holding all parameters.
+  cpprun::detail::Reducer reducer(names, params, group(), cpprun::DdpOptions().bucket_cap_mb(64e-6).first_bucket_cap_mb(64e-6));
+
+  std::vector<std::size_t> reverse_registration(n);
+  for (std::size_t i = 0; i < n; ++i) reverse_registration[i] = n - 1 - i;
+  CHECK(flattened(reducer.bucket_parameters()) == reverse_registration);
+  CHECK(reducer.bucket_count() > 1);
+
+  std::vector<std::size_t> ready;  // this backward's order, as the reducer's own hooks see it
+  std::mutex ready_mutex;
+  cpprun::detail::GradientReadyHooks record;
+  for (std::size_t i = 0; i < n; ++i) {
+    record.add(params[i], [&, i] {
+      std::lock_guard<std::mutex> lock(ready_mutex);
+      ready.push_back(i);
+    });
+  }
+  auto first_order = torch::full({static_cast<int64_t>(n)}, -1, torch::kLong);  // same size on every rank
+  std::vector<std::vector<std::size_t>> rebuilt;
+  for (int step = 0; step < 3; ++step) {
+    reducer.check_previous_backward();
+    reducer.rebuild_buckets_if_due();
+    if (step == 1) {  // rebuilt from the first backward: rank 0's order, on every rank
+      cpprun::broadcast(group(), first_order, 0);
+      const int64_t* rank0 = first_order.data_ptr<int64_t>();
+      const std::vector<std::size_t> expected(rank0, rank0 + n);
+      INFO("rank " << rank << " of " << world);
+      rebuilt = reducer.bucket_parameters();
+      CHECK(flattened(rebuilt) == expected);
+      CHECK(expected != reverse_registration);  // else this test could not tell a rebuild happened
+      CHECK(rebuilt.size() > 1);
+    }
+    ready.clear();
+    auto x = inputs_for("mlp", kGlobalBatch, step);
+    auto out = net->forward(slice(x, rank, world));
+    reducer.prepare_for_backward({out});
+    torch::nn::functional::cross_entropy(out, slice(targets_for(kGlobalBatch, step), rank, world)).backward();
+    CHECK(ready.size() == n);
+    if (step == 0) {
+      for (std::size_t i = 0; i < std::min(n, ready.size()); ++i) first_order[i] = static_cast<int64_t>(ready[i]);
+    }
+  }
+  CHECK(reducer.bucket_parameters() == rebuilt);  // rebuilt once: later backwards do not re-bucket
 }
 
 TEST_CASE("ddp: gradient_as_bucket_view gives the same training", "[ddp]") {

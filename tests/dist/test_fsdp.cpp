@@ -91,7 +91,7 @@ void check_parity(const std::function<cpprun::FsdpOptions(Net&)>& options_for, c
   auto net = std::make_shared<Net>();
   const cpprun::FsdpOptions options = options_for(*net);
   auto model = cpprun::FullyShardedDataParallel(net, group(), options);
-  CHECK(model->unit_count() >= 3);
+  CHECK(model->flat_parameter_count() >= 3);
   auto ref = std::make_shared<Net>();
   copy_state(*ref, *net);
   auto opt = make_optimizer(optimizer, model->parameters());
@@ -169,7 +169,7 @@ TEST_CASE("fsdp: manually chosen, nested units match one process at every stage"
       return cpprun::FsdpOptions().stage(stage).wrap_policy(cpprun::wrap_modules({net.inner.ptr(), net.inner[2]}));
     };
     auto probe = std::make_shared<Nested>();
-    CHECK(cpprun::FullyShardedDataParallel(probe, group(), nested_units(*probe))->unit_count() == 3);
+    CHECK(cpprun::FullyShardedDataParallel(probe, group(), nested_units(*probe))->flat_parameter_count() == 3);
     check_parity<Nested>(nested_units, "sgd", 4);
     check_parity<Nested>(nested_units, "adamw", 4);
   }
@@ -190,13 +190,13 @@ TEST_CASE("fsdp: ZeRO-3 prefetches the next unit in forward and in backward, and
     torch::optim::SGD opt(model->parameters(), 0.1);
     std::vector<int64_t> started, used;
     for (int step = 0; step < 3; ++step) {
-      const auto before = model->core().prefetch_stats();
+      const auto before = model->prefetch_stats();
       opt.zero_grad();
       torch::nn::functional::cross_entropy(model->forward(slice(inputs_for("mlp", kGlobalBatch, step), rank, world)),
                                            slice(targets_for(kGlobalBatch, step), rank, world))
           .backward();
       opt.step();
-      const auto after = model->core().prefetch_stats();
+      const auto after = model->prefetch_stats();
       started.push_back(after.started - before.started);
       used.push_back(after.used - before.used);
     }
@@ -291,13 +291,16 @@ TEST_CASE("fsdp: no_sync accumulates locally; the next backward reduces the sum"
   }
 }
 
-TEST_CASE("fsdp: clip_grad_norm clips by the norm over all ranks' shards", "[fsdp]") {
+// Through cpprun::DataParallel, as a loop written for either would call it; stage 0 is DDP.
+TEST_CASE("fsdp: clip_grad_norm clips by the norm over all ranks' shards (DDP: over its gradients)", "[fsdp]") {
   const int rank = group().rank(), world = group().size();
-  const int stage = GENERATE(2, 3);
+  const int stage = GENERATE(0, 2, 3);
   INFO("stage " << stage);
   torch::manual_seed(0);
   auto net = std::make_shared<Mlp>(31);
-  auto model = cpprun::FullyShardedDataParallel(net, group(), per_linear(stage));
+  cpprun::DataParallel<Mlp> model = nullptr;
+  if (stage == 0) model = cpprun::DistributedDataParallel(net, group());
+  else model = cpprun::FullyShardedDataParallel(net, group(), per_linear(stage));
   auto ref = std::make_shared<Mlp>(31);
   copy_state(*ref, *net);
   torch::optim::SGD opt(model->parameters(), 0.1), ref_opt(ref->parameters(), 0.1);

@@ -2,14 +2,10 @@
 # (same global batch), and its replicas must end in sync.
 # -DLAUNCHER -DPROGRAM -DNPROC -DISOLATE [-DARGS="..."]
 separate_arguments(args UNIX_COMMAND "${ARGS}")
+include(${CMAKE_CURRENT_LIST_DIR}/run_under_cpprun.cmake)
 
 function(run_with nproc out_var)
-  execute_process(COMMAND ${ISOLATE} ${LAUNCHER} --standalone --nproc_per_node=${nproc} ${PROGRAM} ${args}
-                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 240)
-  message("--- ${nproc} rank(s):\n${out}${err}")
-  if(NOT rc EQUAL 0)
-    message(FATAL_ERROR "${PROGRAM} on ${nproc} rank(s) failed with ${rc}")
-  endif()
+  run_under_cpprun(${nproc} "" 240 out)
   if(NOT out MATCHES "replicas in sync")
     message(FATAL_ERROR "${PROGRAM} on ${nproc} rank(s) did not report replicas in sync")
   endif()

@@ -64,7 +64,7 @@ TEST_CASE("sampler: ranks partition the indices", "[sampler]") {
     for (bool drop_last : {false, true}) {
       std::multiset<size_t> seen;
       for (int64_t rank = 0; rank < 4; ++rank) {
-        auto indices = cpprun::distributed_indices(size, 4, rank, true, 7, drop_last, 3);
+        auto indices = cpprun::distributed_indices(size, on(4, rank).seed(7).drop_last(drop_last), 3);
         seen.insert(indices.begin(), indices.end());
       }
       std::set<size_t> distinct(seen.begin(), seen.end());
@@ -86,8 +86,8 @@ TEST_CASE("sampler: each pass is a new epoch even without set_epoch", "[sampler]
   auto first = drain(sampler, 8);
   sampler.reset();
   auto second = drain(sampler, 8);
-  CHECK(first == cpprun::distributed_indices(100, 2, 1, true, 0, false, 0));
-  CHECK(second == cpprun::distributed_indices(100, 2, 1, true, 0, false, 1));
+  CHECK(first == cpprun::distributed_indices(100, on(2, 1), 0));
+  CHECK(second == cpprun::distributed_indices(100, on(2, 1), 1));
   CHECK(first != second);
   CHECK(sampler.epoch() == 1);
 }
@@ -102,7 +102,7 @@ TEST_CASE("sampler: set_epoch on your copy reaches the data loader's", "[sampler
       for (auto v : batch) got.push_back(static_cast<size_t>(v));
     }
     INFO("epoch " << epoch);
-    CHECK(got == cpprun::distributed_indices(40, 2, 0, true, 0, false, epoch));
+    CHECK(got == cpprun::distributed_indices(40, on(2, 0), epoch));
   }
 }
 

@@ -9,49 +9,37 @@
 #include <string>
 #include <vector>
 
-#include "cpprun/detail/sync_switch.h"
+#include "cpprun/detail/data_parallel_core.h"
 #include "cpprun/fsdp_options.h"
+#include "cpprun/fsdp_stats.h"
 #include "cpprun/process_group.h"
 
 namespace cpprun::detail {
 
-// Per-rank bytes held in each kind of training state, for the memory accounting.
-struct FsdpMemory {
-  int64_t parameters = 0;  // what the module computes with (full, or the units gathered now)
-  int64_t shards = 0;      // the optimizer's parameters, where they are not views of the above
-  int64_t gradients = 0;   // gradients held between backward and the next one
-  int64_t peak_parameters = 0;  // the most `parameters` (plus the kept part of `kept`) has been
-  int64_t peak_gradients = 0;   // the same for `gradients` (full flat gradients live in backward)
-  int64_t kept = 0;  // stages 2 and 3: released full parameters and gradients kept for reuse
-};
-
-class FsdpCore : public SyncSwitch {
+class FsdpCore final : public DataParallelCore {
  public:
   FsdpCore(torch::nn::Module& module, ProcessGroup group, FsdpOptions options);
   ~FsdpCore();
   FsdpCore(const FsdpCore&) = delete;
   FsdpCore& operator=(const FsdpCore&) = delete;
 
-  void before_forward();
-  void after_forward();
+  void before_forward() override;
+  void after_forward(const std::vector<at::Tensor>& outputs) override;
   // Mixed precision: a floating-point input cast to param_dtype; anything else as it is.
-  at::Tensor cast_input(const at::Tensor& input) const;
+  at::Tensor cast_input(const at::Tensor& input) const override;
   // Brings the full parameters up to date with the shards now (normally done by the next forward).
-  void gather_full_parameters();
-  // This rank's shards: what the optimizer must update (one flat tensor per unit and dtype).
+  void gather_full_parameters() override;
+  // This rank's shards: what the optimizer must update (one per flat parameter).
   std::vector<at::Tensor> shards() const;
   void set_require_sync(bool sync) override;
   bool require_sync() const override;
-  double clip_grad_norm(double max_norm);
+  double clip_grad_norm(double max_norm) override;
+  const ProcessGroup& group() const override;
+
   FsdpMemory memory() const;
-  std::size_t unit_count() const;
-  // Stage 3, since construction: all-gathers started ahead of use (prefetch), and how many of
-  // those units were then used before being released.
-  struct PrefetchStats {
-    int64_t started = 0;
-    int64_t used = 0;
-  };
-  PrefetchStats prefetch_stats() const;
+  FsdpPrefetchStats prefetch_stats() const;
+  std::size_t unit_count() const;            // wrapped modules (the root included)
+  std::size_t flat_parameter_count() const;  // one per unit and dtype
   // Full (unsharded) state in torch::save's format for the wrapped module: rank 0 writes it
   // (atomically), and a plain module loads it with torch::load. Loading reads on rank 0 and
   // broadcasts, so only rank 0 needs the file. Collective.
@@ -62,12 +50,10 @@ class FsdpCore : public SyncSwitch {
   void save_sharded(const std::string& dir, torch::optim::Optimizer* optimizer);
   void load_sharded(const std::string& dir, torch::optim::Optimizer* optimizer);
 
-  const ProcessGroup& group() const;
   const FsdpOptions& options() const;
 
-  struct Impl;
-
  private:
+  struct Impl;
   std::unique_ptr<Impl> impl_;
 };
 

@@ -1,5 +1,5 @@
-// See sharded_checkpoint.h.
-#include "fsdp/sharded_checkpoint.h"
+// See checkpoint.h.
+#include "fsdp/checkpoint.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -21,7 +21,7 @@ namespace {
 
 std::string rank_file(const std::string& dir, int rank) { return (fs::path(dir) / ("rank_" + std::to_string(rank) + ".pt")).string(); }
 std::string meta_file(const std::string& dir) { return (fs::path(dir) / "meta.pt").string(); }
-std::string key(std::size_t unit, const std::string& what) { return "u" + std::to_string(unit) + "." + what; }
+std::string key(std::size_t flat, const std::string& what) { return "u" + std::to_string(flat) + "." + what; }
 
 int64_t read_int(torch::serialize::InputArchive& archive, const std::string& name) {
   at::Tensor t;
@@ -35,7 +35,72 @@ c10::IValue names_of(const FlatParam& flat) {
   return names;
 }
 
+// Reads `archive` into `module`'s tensors in place (Module::load would replace their storage,
+// which here is a flat parameter's).
+void copy_in(torch::nn::Module& module, torch::serialize::InputArchive& archive) {
+  at::NoGradGuard no_grad;
+  for (auto& item : module.named_parameters(/*recurse=*/false)) {
+    at::Tensor value;
+    archive.read(item.key(), value);
+    TORCH_CHECK(value.sizes() == item.value().sizes(), "cpprun::FullyShardedDataParallel: checkpoint tensor \"",
+                item.key(), "\" has shape ", value.sizes(), " but the module's has ", item.value().sizes(), ".");
+    item.value().copy_(value);
+  }
+  for (auto& item : module.named_buffers(/*recurse=*/false)) {
+    at::Tensor value;
+    archive.read(item.key(), value, /*is_buffer=*/true);
+    item.value().copy_(value);
+  }
+  for (auto& child : module.named_children()) {
+    torch::serialize::InputArchive sub;
+    archive.read(child.key(), sub);
+    copy_in(*child.value(), sub);
+  }
+}
+
 }  // namespace
+
+void broadcast_module_state(torch::nn::Module& module, const ProcessGroup& group) {
+  std::vector<at::Tensor> state;
+  for (const auto& p : module.parameters()) state.push_back(p);
+  for (const auto& b : module.buffers()) state.push_back(b);
+  broadcast_coalesced(group, state, 0);
+}
+
+void save_full_state(torch::nn::Module& module, const ProcessGroup& group, const std::string& path) {
+  std::exception_ptr failure;
+  if (group.rank() == 0) {
+    try {
+      torch::serialize::OutputArchive archive;
+      module.save(archive);
+      save_checkpoint(archive, path);  // atomic, with a checksum; torch::load still reads it
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+  // Also the barrier: the file exists when save returns, on every rank.
+  agree_on_failure(group, failure, "saving the full state dict to " + path);
+}
+
+void load_full_state(torch::nn::Module& module, std::vector<FlatParam>& flats, const ProcessGroup& group,
+                     const std::string& path) {
+  std::exception_ptr failure;
+  if (group.rank() == 0) {
+    try {
+      torch::serialize::InputArchive archive;
+      // Our own files are checked; one torch::save wrote carries no checksum and is read as it is.
+      load_checkpoint(archive, path, UncheckedFiles::kAccept);
+      copy_in(module, archive);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+  // Only rank 0 reads: the others must not wait for its broadcast if it could not.
+  agree_on_failure(group, failure, "loading the full state dict from " + path);
+  broadcast_module_state(module, group);
+  // Where a shard is not a part of the full parameters (stage 3, mixed precision), copy it over.
+  for (auto& flat : flats) flat.shard_from_full();
+}
 
 void save_sharded_checkpoint(const std::vector<FlatParam>& flats, const ProcessGroup& group,
                              torch::optim::Optimizer* optimizer, const std::string& dir) {
@@ -66,7 +131,7 @@ void save_sharded_checkpoint(const std::vector<FlatParam>& flats, const ProcessG
     try {
       torch::serialize::OutputArchive meta;
       meta.write("world_size", at::tensor(static_cast<int64_t>(group.size())));
-      meta.write("units", at::tensor(static_cast<int64_t>(flats.size())));
+      meta.write("units", at::tensor(static_cast<int64_t>(flats.size())));  // flat parameters; the key is kept for old files
       for (std::size_t f = 0; f < flats.size(); ++f) {
         meta.write(key(f, "numel"), at::tensor(flats[f].numel()));
         meta.write(key(f, "names"), names_of(flats[f]));
@@ -80,9 +145,9 @@ void save_sharded_checkpoint(const std::vector<FlatParam>& flats, const ProcessG
 }
 
 // Note [Resharding a checkpoint]
-// Saved on W ranks, unit f's flat tensor was cut into W shards of S' = padded'/W elements; now
+// Saved on W ranks, flat parameter f was cut into W shards of S' = padded'/W elements; now
 // this rank owns elements [r*S, r*S + S). It reads only the saved ranks whose shards overlap that
-// range and copies the overlaps; elements past the unit's real size are padding and stay zero.
+// range and copies the overlaps; elements past its real size are padding and stay zero.
 void load_sharded_checkpoint(const std::vector<FlatParam>& flats, const ProcessGroup& group,
                              torch::optim::Optimizer* optimizer, const std::string& dir) {
   // Each rank reads the files it needs: one may find a damaged file that the others never open.

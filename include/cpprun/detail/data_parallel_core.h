@@ -1,0 +1,52 @@
+// The non-template part that DistributedDataParallel and FullyShardedDataParallel share: what
+// cpprun::DataParallelImpl calls around the wrapped module's forward. Users do not need this
+// header's names.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "cpprun/process_group.h"
+
+namespace cpprun::detail {
+
+class DataParallelCore {
+ public:
+  virtual ~DataParallelCore() = default;
+
+  virtual void before_forward() = 0;
+  // A tensor argument as the wrapped module's forward gets it (FSDP's mixed precision casts it).
+  virtual at::Tensor cast_input(const at::Tensor& input) const { return input; }
+  // `outputs`: the tensors the forward returned (DDP finds unused parameters from them).
+  virtual void after_forward(const std::vector<at::Tensor>& outputs) = 0;
+
+  // Whether the next backward reduces gradients across ranks (what no_sync() switches off).
+  virtual void set_require_sync(bool sync) = 0;
+  virtual bool require_sync() const = 0;
+  virtual double clip_grad_norm(double max_norm) = 0;
+  virtual void gather_full_parameters() {}
+  virtual const ProcessGroup& group() const = 0;
+};
+
+// The tensors in a forward's result: a tensor, a vector of them, or a tuple/pair of them.
+inline void collect_tensors(const at::Tensor& t, std::vector<at::Tensor>& out) { out.push_back(t); }
+inline void collect_tensors(const std::vector<at::Tensor>& ts, std::vector<at::Tensor>& out) {
+  out.insert(out.end(), ts.begin(), ts.end());
+}
+template <typename... T>
+void collect_tensors(const std::tuple<T...>& tuple, std::vector<at::Tensor>& out) {
+  std::apply([&](const auto&... item) { (collect_tensors(item, out), ...); }, tuple);
+}
+template <typename A, typename B>
+void collect_tensors(const std::pair<A, B>& pair, std::vector<at::Tensor>& out) {
+  collect_tensors(pair.first, out);
+  collect_tensors(pair.second, out);
+}
+// Anything else holds no tensor we can see: unused parameters are then found when backward ends.
+template <typename T>
+void collect_tensors(const T&, std::vector<at::Tensor>&) {}
+
+}  // namespace cpprun::detail

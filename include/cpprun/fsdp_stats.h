@@ -1,0 +1,38 @@
+// What FullyShardedDataParallel holds and does, per rank: model->memory() and
+// model->prefetch_stats(). For memory accounting against the ZeRO formulas and for tuning
+// gathered_unit_limit and prefetch (see FsdpOptions).
+#pragma once
+
+#include <cstdint>
+
+namespace cpprun {
+
+// Bytes this rank holds now in each kind of training state.
+struct FsdpMemory {
+  // Full (unsharded) parameters the wrapped module computes with: the whole model at stages 1
+  // and 2; at stage 3 the units gathered right now (0 between steps).
+  int64_t parameters = 0;
+  // The shards the optimizer updates, where they are not part of `parameters` (stage 3, mixed
+  // precision's float32 master copy, CPU offload).
+  int64_t shards = 0;
+  // Gradients held between a backward and the next one: full ones at stage 1, this rank's shard
+  // at stages 2 and 3 (plus full flat gradients while their reduction is in flight).
+  int64_t gradients = 0;
+  // The most `parameters` (plus the released parameter memory kept for reuse) has been since
+  // construction.
+  int64_t peak_parameters = 0;
+  // The same for `gradients` (full flat gradients live during backward).
+  int64_t peak_gradients = 0;
+  // Stages 2 and 3: released full parameters and gradients kept for reuse by the next gather or
+  // backward (fresh memory costs a page fault per 4 KiB on the CPU).
+  int64_t kept = 0;
+};
+
+// Stage 3, since construction: all-gathers started ahead of use (prefetch), and how many of the
+// units so gathered were then used before being released. Always zero at stages 1 and 2.
+struct FsdpPrefetchStats {
+  int64_t started = 0;
+  int64_t used = 0;
+};
+
+}  // namespace cpprun
