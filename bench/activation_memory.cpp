@@ -48,15 +48,12 @@ struct Block : torch::nn::Module {
 int main(int argc, char** argv) {
   int64_t blocks = 8, width = 256, batch = 4096;
   bool checkpoint = false;
-  for (int i = 1; i < argc; i += 2) {
-    const std::string flag = argv[i];
-    if (i + 1 >= argc) throw std::invalid_argument("flag " + flag + " needs a value");
-    const std::string value = argv[i + 1];
-    if (flag == "--blocks") blocks = examples::number<int64_t>(flag, value, 1);
-    else if (flag == "--width") width = examples::number<int64_t>(flag, value, 1);
-    else if (flag == "--batch") batch = examples::number<int64_t>(flag, value, 1);
-    else if (flag == "--checkpoint") checkpoint = examples::number<int64_t>(flag, value, 0) != 0;
-    else throw std::invalid_argument("unknown flag " + flag + " (--blocks, --width, --batch, --checkpoint 0|1)");
+  for (examples::Flags flags(argc, argv, "activation_memory"); flags.next();) {
+    if (flags.is("--blocks")) blocks = flags.number<int64_t>(1);
+    else if (flags.is("--width")) width = flags.number<int64_t>(1);
+    else if (flags.is("--batch")) batch = flags.number<int64_t>(1);
+    else if (flags.is("--checkpoint")) checkpoint = flags.number<int64_t>(0) != 0;
+    else flags.unknown();
   }
   torch::set_num_threads(1);
   torch::manual_seed(0);
