@@ -3,7 +3,9 @@
 //   single process:  ./build/examples/train_gpt
 //   two ranks:       ./build/launcher/cpprun --nproc_per_node=2 ./build/examples/train_gpt --mode ddp
 //   sharded:         ./build/launcher/cpprun --nproc_per_node=2 ./build/examples/train_gpt --mode fsdp --stage 2
+//   larger:          ... --mode fsdp --stage 3 --checkpoint-activations --amp fp16
 //   options:         ./build/examples/train_gpt --help
+#include <ATen/autocast_mode.h>
 #include <cpprun/cpprun.h>
 #include <torch/torch.h>
 
@@ -29,6 +31,10 @@ constexpr const char* kUsage = R"(usage: train_gpt [options]
   --embed C          embedding width, a multiple of --heads (default 64)
   --heads H          attention heads (default 4)
   --sample N         characters to generate at the end (default 200)
+  --checkpoint-activations
+                     recompute each block's activations in backward instead of keeping them
+  --amp fp32|bf16|fp16
+                     autocast precision (default fp32); fp16 scales the loss (cpprun::GradScaler)
   --help             this text
 )";
 
@@ -37,7 +43,8 @@ struct Options {
   int steps = 300, batch = 16, sample = 200, stage = 2;
   int64_t block = 64, layers = 2, embed = 64, heads = 4;
   double lr = 3e-3;
-  bool help = false;
+  bool help = false, checkpoint_activations = false;
+  std::string amp = "fp32";
 };
 
 Options parse(int argc, char** argv) {
@@ -55,9 +62,14 @@ Options parse(int argc, char** argv) {
     else if (flags.is("--embed")) o.embed = flags.number<int64_t>(1);
     else if (flags.is("--heads")) o.heads = flags.number<int64_t>(1);
     else if (flags.is("--sample")) o.sample = flags.number(0);
+    else if (flags.is("--checkpoint-activations")) o.checkpoint_activations = true;
+    else if (flags.is("--amp")) o.amp = flags.value();
     else flags.unknown();
   }
   if (o.mode != "ddp" && o.mode != "fsdp") throw std::invalid_argument("--mode must be ddp or fsdp, got " + o.mode);
+  if (o.amp != "fp32" && o.amp != "bf16" && o.amp != "fp16") {
+    throw std::invalid_argument("--amp must be fp32, bf16 or fp16, got " + o.amp);
+  }
   if (o.stage > 3) throw std::invalid_argument("--stage must be 1, 2 or 3, got " + std::to_string(o.stage));
   if (o.embed % o.heads != 0) {
     throw std::invalid_argument("--embed " + std::to_string(o.embed) + " must be a multiple of --heads " +
@@ -104,22 +116,37 @@ struct BlockImpl : torch::nn::Module {
 };
 TORCH_MODULE(Block);
 
+// The output layer is the token embedding, transposed (tied weights, as GPT-2): one tensor under
+// the names "tokens.weight" and "head.weight", whose two uses' gradients autograd sums.
+struct TiedHeadImpl : torch::nn::Module {
+  torch::Tensor weight;
+  explicit TiedHeadImpl(const torch::Tensor& embedding) { weight = register_parameter("weight", embedding); }
+  torch::Tensor forward(const torch::Tensor& x) { return torch::matmul(x, weight.t()); }
+};
+TORCH_MODULE(TiedHead);
+
 struct GptImpl : torch::nn::Module {
   torch::nn::Embedding tokens{nullptr}, positions{nullptr};
-  torch::nn::Sequential blocks;
+  std::vector<Block> blocks;
   torch::nn::LayerNorm ln{nullptr};
-  torch::nn::Linear head{nullptr};
-  GptImpl(int64_t vocab, const Options& o) {
+  TiedHead head{nullptr};
+  bool checkpoint_activations;
+  GptImpl(int64_t vocab, const Options& o) : checkpoint_activations(o.checkpoint_activations) {
     tokens = register_module("tokens", torch::nn::Embedding(vocab, o.embed));
     positions = register_module("positions", torch::nn::Embedding(o.block, o.embed));
-    for (int64_t i = 0; i < o.layers; ++i) blocks->push_back(Block(o.embed, o.heads));
-    register_module("blocks", blocks);
+    for (int64_t i = 0; i < o.layers; ++i) blocks.push_back(register_module("block" + std::to_string(i), Block(o.embed, o.heads)));
     ln = register_module("ln", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.embed})));
-    head = register_module("head", torch::nn::Linear(o.embed, vocab));
+    head = register_module("head", TiedHead(tokens->weight));
   }
   torch::Tensor forward(torch::Tensor idx) {  // [B, T] -> logits [B, T, vocab]
     auto x = tokens(idx) + positions(torch::arange(idx.size(1), torch::kLong));
-    return head(ln(blocks->forward(x)));
+    for (auto& block : blocks) {
+      // Checkpointed, a block keeps only its input for backward, which runs it again.
+      x = checkpoint_activations
+              ? cpprun::checkpoint([b = block.ptr()](const torch::Tensor& h) { return b->forward(h); }, x)
+              : block(x);
+    }
+    return head(ln(x));
   }
 };
 TORCH_MODULE(Gpt);
@@ -161,7 +188,16 @@ int run(int argc, char** argv) {
   cpprun::DataParallel<GptImpl> model = nullptr;
   if (opt.mode == "ddp") model = cpprun::DistributedDataParallel(gpt, group);
   else model = cpprun::FullyShardedDataParallel(gpt, group, per_block_fsdp);
-  torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(opt.lr).weight_decay(0.01));
+  // Each tensor once: the tied embedding is listed under two names (FSDP's shards are unique anyway).
+  torch::optim::AdamW optimizer(cpprun::unique_parameters(*model), torch::optim::AdamWOptions(opt.lr).weight_decay(0.01));
+  // Mixed precision by autocast (matmuls in bf16 or fp16, parameters and optimizer in fp32); fp16's
+  // narrow range needs the loss scaled, and an overflow on any rank skips the step on all.
+  const auto device_type = cpprun::local_device().type();
+  if (opt.amp != "fp32") {
+    at::autocast::set_autocast_dtype(device_type, opt.amp == "bf16" ? at::kBFloat16 : at::kHalf);
+  }
+  cpprun::GradScaler scaler(group, cpprun::GradScalerOptions().enabled(opt.amp == "fp16"));
+  int skipped = 0;
   cpprun::DistributedSampler sampler(static_cast<size_t>(windows), group);
   auto batch_from = [&](const std::vector<size_t>& starts) {  // inputs and next-character targets
     std::vector<torch::Tensor> x, y;
@@ -173,7 +209,7 @@ int run(int argc, char** argv) {
   };
   if (rank == 0) {
     int64_t params = 0;
-    for (const auto& p : gpt->parameters()) params += p.numel();
+    for (const auto& p : cpprun::unique_parameters(*gpt)) params += p.numel();
     std::printf("%s: %zu characters, vocabulary %zu, %lld parameters, %d ranks x %d windows of %lld\n", opt.text.c_str(),
                 text.size(), vocab.size(), static_cast<long long>(params), group.size(), opt.batch,
                 static_cast<long long>(opt.block));
@@ -186,10 +222,13 @@ int run(int argc, char** argv) {
     if (!starts || starts->size() < static_cast<size_t>(opt.batch)) sampler.reset(), starts = sampler.next(opt.batch);
     auto [x, y] = batch_from(*starts);
     optimizer.zero_grad();
+    at::autocast::set_autocast_enabled(device_type, opt.amp != "fp32");
     auto logits = model->forward(x);
-    auto loss = torch::nn::functional::cross_entropy(logits.view({-1, logits.size(-1)}), y.view({-1}));
-    loss.backward();
-    optimizer.step();
+    at::autocast::set_autocast_enabled(device_type, false);
+    auto loss = torch::nn::functional::cross_entropy(logits.view({-1, logits.size(-1)}).to(torch::kFloat), y.view({-1}));
+    scaler.scale(loss).backward();
+    if (!scaler.step(optimizer)) ++skipped;
+    scaler.update();
     auto global = loss.detach().clone();
     cpprun::all_reduce(group, global, cpprun::ReduceOp::kAvg);
     if (step == 1) first_loss = global.item<double>();
@@ -212,6 +251,7 @@ int run(int argc, char** argv) {
   auto val = torch::nn::functional::cross_entropy(vlogits.view({-1, vlogits.size(-1)}), vy.view({-1}));
   if (rank != 0) return 0;
   std::printf("first loss %.4f, held-out loss %.4f\n", first_loss, val.item<double>());
+  if (opt.amp == "fp16") std::printf("fp16: %d of %d steps skipped for overflow, loss scale now %g\n", skipped, opt.steps, scaler.get_scale());
   auto context = encoded.narrow(0, split, opt.block).unsqueeze(0);
   auto generator = at::make_generator<at::CPUGeneratorImpl>(1);
   std::string sample;
