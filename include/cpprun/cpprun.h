@@ -9,6 +9,7 @@
 #include "cpprun/env.h"
 #include "cpprun/fsdp.h"
 #include "cpprun/no_sync.h"
+#include "cpprun/object_collectives.h"
 #include "cpprun/point_to_point.h"
 #include "cpprun/process_group.h"
 #include "cpprun/record.h"
