@@ -6,6 +6,7 @@
 #include "cpprun/collectives.h"
 #include "cpprun/comm_hooks.h"
 #include "cpprun/ddp.h"
+#include "cpprun/device_mesh.h"
 #include "cpprun/env.h"
 #include "cpprun/fsdp.h"
 #include "cpprun/no_sync.h"
