@@ -15,3 +15,4 @@
 #include "cpprun/process_group.h"
 #include "cpprun/record.h"
 #include "cpprun/sampler.h"
+#include "cpprun/sync_batch_norm.h"
