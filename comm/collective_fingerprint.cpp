@@ -78,6 +78,11 @@ const char* to_string(CollectiveKind kind) {
     case CollectiveKind::kAllGatherInto: return "all_gather_into";
     case CollectiveKind::kReduceScatter: return "reduce_scatter";
     case CollectiveKind::kBarrier: return "barrier";
+    case CollectiveKind::kAllToAll: return "all_to_all";
+    case CollectiveKind::kGather: return "gather";
+    case CollectiveKind::kScatter: return "scatter";
+    case CollectiveKind::kReduce: return "reduce";
+    case CollectiveKind::kSendRecv: return "send/recv";
   }
   return "?";
 }
@@ -97,6 +102,7 @@ at::Tensor fingerprint(const CollectiveCall& call, uint64_t sequence) {
     // The tensors of one call share dtype and device (checked before the call is packed).
     v[kDtypeSlot] = static_cast<int64_t>(tensor.scalar_type());
     v[kDeviceSlot] = static_cast<int64_t>(tensor.device().type());
+    if (call.shapes_vary) continue;  // ndim and numel stay -1: described as "[*]"
     const auto sizes = tensor.sizes();
     const auto ndim = static_cast<int64_t>(sizes.size());
     v[tensor_slot(t, 0)] = ndim;
@@ -111,6 +117,18 @@ uint64_t sequence_of(const at::Tensor& fingerprint) {
   return static_cast<uint64_t>(values(fingerprint)[kSequenceSlot]);
 }
 
+int64_t numel_of(const at::Tensor& fingerprint, int64_t index) {
+  TORCH_INTERNAL_ASSERT(index >= 0 && index < kMaxTensors);
+  return values(fingerprint)[tensor_slot(index, 1)];
+}
+
+at::ScalarType dtype_of(const at::Tensor& fingerprint) {
+  const int64_t dtype = values(fingerprint)[kDtypeSlot];
+  TORCH_CHECK(dtype >= 0 && dtype < static_cast<int64_t>(c10::ScalarType::NumOptions),
+              "cpprun: a peer's message header names no known dtype (", dtype, ").");
+  return static_cast<at::ScalarType>(dtype);
+}
+
 std::string describe(const at::Tensor& fingerprint) {
   const int64_t* v = values(fingerprint);
   if (v[kMagicSlot] != kMagic) return "something that is not a cpprun collective";
@@ -122,6 +140,7 @@ std::string describe(const at::Tensor& fingerprint) {
     if (v[kDeviceSlot] >= 0 && device != c10::DeviceType::CPU) out << c10::DeviceTypeName(device, true) << " ";
     out << dtype_name(v[kDtypeSlot]) << "[";
     const int64_t ndim = v[tensor_slot(t, 0)];
+    if (ndim < 0) out << "*";
     for (int64_t d = 0; d < std::min(ndim, kMaxDims); ++d) {
       out << (d ? ", " : "");
       if (ndim > kMaxDims && d == kMaxDims - 1) {

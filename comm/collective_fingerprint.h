@@ -21,6 +21,11 @@ enum class CollectiveKind : int64_t {
   kAllGatherInto,
   kReduceScatter,
   kBarrier,
+  kAllToAll,
+  kGather,
+  kScatter,
+  kReduce,
+  kSendRecv,   // a point-to-point message: both ends describe it alike (comm/point_to_point.cpp)
 };
 const char* to_string(CollectiveKind kind);
 
@@ -29,7 +34,10 @@ struct CollectiveCall {
   CollectiveKind kind = CollectiveKind::kBarrier;
   std::vector<at::Tensor> tensors;   // at most two
   std::optional<int> root;           // broadcast
-  std::optional<ReduceOp> reduce;    // all_reduce, reduce_scatter
+  std::optional<ReduceOp> reduce;    // all_reduce, reduce_scatter, reduce
+  // The tensors' shapes may differ between ranks (uneven all-to-all): only their dtype and
+  // device are compared.
+  bool shapes_vary = false;
 };
 
 // How strictly two calls must agree.
@@ -53,5 +61,8 @@ std::optional<std::string> mismatch(const at::Tensor& mine, const std::vector<at
 // "broadcast(float32[4], root 0)": a fingerprint as a call, for messages.
 std::string describe(const at::Tensor& fingerprint);
 uint64_t sequence_of(const at::Tensor& fingerprint);
+// The element count of the fingerprint's tensor `index`, and its dtype.
+int64_t numel_of(const at::Tensor& fingerprint, int64_t index);
+at::ScalarType dtype_of(const at::Tensor& fingerprint);
 
 }  // namespace cpprun::detail

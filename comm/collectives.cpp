@@ -5,18 +5,16 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
-#include "comm/collective_fingerprint.h"
-#include "comm/consistency_check.h"
-#include "comm/group_impl.h"
+#include <sstream>
+
+#include "comm/collective_support.h"
 #include "comm/ring.h"
 #include "comm/work_state.h"
 
 namespace cpprun {
-namespace {
+namespace detail {
 
 using at::ScalarType;
-using detail::CollectiveCall;
-using detail::CollectiveKind;
 
 void check_tensor(const char* op, const char* name, const at::Tensor& t) {
   TORCH_CHECK(t.defined(), "cpprun::", op, ": ", name, " is an undefined tensor.");
@@ -41,7 +39,27 @@ void check_average(const char* op, const at::Tensor& t, ReduceOp reduce) {
               ". Use kSum and divide as your integer semantics require.");
 }
 
-// The element types Gloo (LibTorch 2.15) reduces; it refuses e.g. int16.
+void check_rank(const char* op, const char* what, int rank, const ProcessGroup& group) {
+  TORCH_CHECK(rank >= 0 && rank < group.size(), "cpprun::", op, ": ", what, " ", rank,
+              " is not a rank of this group (0..", group.size() - 1, ").");
+}
+
+void check_member(const char* op, const ProcessGroup& group) {
+  const auto& impl = detail::impl_of(group);
+  if (impl.member) return;
+  std::ostringstream ranks;
+  for (std::size_t i = 0; i < impl.global_ranks.size(); ++i) ranks << (i ? ", " : "") << impl.global_ranks[i];
+  TORCH_CHECK(false, "cpprun::", op, ": this process (rank ", impl.parent_rank,
+              " of the group it was created from) is not a member of this subgroup (ranks ",
+              ranks.str(), "). new_group() and split_group() are called by every rank, but only "
+              "members may use the group: test group.is_member() before calling collectives on it.");
+}
+
+bool alone(const char* op, const ProcessGroup& group) {
+  check_member(op, group);
+  return group.size() == 1;
+}
+
 bool gloo_reduces(ScalarType type) {
   switch (type) {
     case ScalarType::BFloat16:
@@ -56,7 +74,6 @@ bool gloo_reduces(ScalarType type) {
   }
 }
 
-// Operations that only move bits can carry any type as a same-width type Gloo knows.
 at::Tensor as_movable_bits(const at::Tensor& t) {
   switch (t.scalar_type()) {
     case ScalarType::BFloat16:
@@ -76,31 +93,38 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
   return c10d::ReduceOp::SUM;
 }
 
-// The group's world of one needs no communication at all.
-bool alone(const ProcessGroup& group) { return group.size() == 1; }
-
-// Whether `call` is checked across ranks before it runs. Under DETAIL, every collective. Always,
-// a broadcast over Gloo: a smaller broadcast from the root leaves the others' tensors half
-// written without any error, and one all-gather of a few bytes before it is cheap next to the
-// broadcast itself (README, "Collective consistency"). Our rings check their neighbours
-// themselves (comm/ring.cpp); other mismatches need DETAIL.
+// Under DETAIL, every collective. Always, over Gloo, those whose mismatch Gloo would not report:
+// a smaller broadcast from the root leaves the others' tensors half written without any error,
+// and gather, scatter and reduce of mismatched sizes corrupt or abort in Gloo's I/O thread
+// (all-to-all checks its split sizes itself, comm/scatter_gather.cpp). One all-gather of a few bytes before each is cheap next to the collective itself
+// (README, "Collective consistency"). Our rings check their neighbours themselves
+// (comm/ring.cpp); other mismatches need DETAIL.
 bool checked_across_ranks(const detail::GroupImpl& impl, const CollectiveCall& call) {
   if (impl.debug_level == DebugLevel::kDetail) return true;
-  return call.kind == CollectiveKind::kBroadcast && !impl.is_nccl(call.tensors.at(0));
+  switch (call.kind) {
+    case CollectiveKind::kBroadcast:
+    case CollectiveKind::kGather:
+    case CollectiveKind::kScatter:
+    case CollectiveKind::kReduce: return !impl.is_nccl(call.tensors.at(0));
+    default: return false;
+  }
 }
 
-// Every collective is issued through here: it takes the group's next sequence number, makes
-// the cross-rank check when one is due, then runs `issue(sequence)`, all under the group's
-// issue lock so that checks and collectives keep one order on every rank.
-// See Note [Collective consistency check].
-template <typename Issue>
-Work issue_collective(const ProcessGroup& group, const CollectiveCall& call, Issue issue) {
-  auto& impl = detail::impl_of(group);
-  std::lock_guard<std::mutex> lock(impl.issue_mutex);
-  const uint64_t sequence = ++impl.collectives_issued;
-  if (checked_across_ranks(impl, call)) detail::check_across_ranks(impl, call, sequence);
-  return issue(sequence);
-}
+}  // namespace detail
+
+namespace {
+
+using at::ScalarType;
+using detail::alone;
+using detail::as_movable_bits;
+using detail::check_average;
+using detail::check_same_kind;
+using detail::check_tensor;
+using detail::CollectiveCall;
+using detail::CollectiveKind;
+using detail::gloo_reduces;
+using detail::issue_collective;
+using detail::to_c10d;
 
 // Queues one of our ring collectives (comm/ring.h) on the group's executor, behind those issued
 // before it. The task must not own the group: were it the last owner, the group would be
@@ -166,7 +190,7 @@ bool Work::is_completed() const {
 Work all_reduce_async(const ProcessGroup& group, at::Tensor tensor, ReduceOp op) {
   check_tensor("all_reduce", "tensor", tensor);
   check_average("all_reduce", tensor, op);
-  if (alone(group)) return Work();
+  if (alone("all_reduce", group)) return Work();
   auto& impl = detail::impl_of(group);
   // A type Gloo refuses (int16, bool): reduce a float32 copy and copy the result back.
   const bool convert = !impl.is_nccl(tensor) && !gloo_reduces(tensor.scalar_type());
@@ -193,9 +217,9 @@ void all_reduce(const ProcessGroup& group, at::Tensor tensor, ReduceOp op) {
 
 Work broadcast_async(const ProcessGroup& group, at::Tensor tensor, int root) {
   check_tensor("broadcast", "tensor", tensor);
-  TORCH_CHECK(root >= 0 && root < group.size(), "cpprun::broadcast: root ", root,
-              " is not a rank of this group (0..", group.size() - 1, ").");
-  if (alone(group)) return Work();
+  detail::check_member("broadcast", group);
+  detail::check_rank("broadcast", "root", root, group);
+  if (alone("broadcast", group)) return Work();
   auto& impl = detail::impl_of(group);
   CollectiveCall call{CollectiveKind::kBroadcast, {tensor}, root, std::nullopt};
   return issue_collective(group, call, [&](uint64_t) {
@@ -211,7 +235,7 @@ void broadcast(const ProcessGroup& group, at::Tensor tensor, int root) {
 }
 
 void broadcast_coalesced(const ProcessGroup& group, const std::vector<at::Tensor>& tensors, int root) {
-  if (alone(group)) return;
+  if (alone("broadcast_coalesced", group)) return;
   // Packed in chunks of at most this many bytes: a model's worth of copies at once would double
   // the memory it takes just to start (what ZeRO-3 is there to avoid).
   constexpr int64_t kChunkBytes = 32 << 20;
@@ -261,12 +285,13 @@ Work all_gather_into_async(const ProcessGroup& group, at::Tensor output, at::Ten
   check_tensor("all_gather_into", "input", input);
   check_tensor("all_gather_into", "output", output);
   check_same_kind("all_gather_into", output, input);
+  detail::check_member("all_gather_into", group);
   const int n = group.size();
   TORCH_CHECK(output.numel() == n * input.numel(), "cpprun::all_gather_into: output has ",
               output.numel(), " elements but needs world_size (", n, ") x input (",
               input.numel(), ") = ", n * input.numel(), ".");
   auto& impl = detail::impl_of(group);
-  if (alone(group)) {
+  if (group.size() == 1) {
     output.view_as(input).copy_(input);
     return Work();
   }
@@ -297,13 +322,14 @@ Work reduce_scatter_async(const ProcessGroup& group, at::Tensor output, at::Tens
   check_tensor("reduce_scatter", "output", output);
   check_same_kind("reduce_scatter", output, input);
   check_average("reduce_scatter", input, op);
+  detail::check_member("reduce_scatter", group);
   const int n = group.size();
   TORCH_CHECK(input.numel() == n * output.numel(), "cpprun::reduce_scatter: input has ",
               input.numel(), " elements but needs world_size (", n, ") x output (",
               output.numel(), ") = ", n * output.numel(),
               ". Pad the input to a multiple of the world size.");
   auto& impl = detail::impl_of(group);
-  if (alone(group)) {
+  if (group.size() == 1) {
     output.view_as(input).copy_(input);
     return Work();
   }
@@ -330,7 +356,7 @@ void reduce_scatter(const ProcessGroup& group, at::Tensor output, at::Tensor inp
 // ---- barrier -------------------------------------------------------------------------------
 
 Work barrier_async(const ProcessGroup& group) {
-  if (alone(group)) return Work();
+  if (alone("barrier", group)) return Work();
   CollectiveCall call{CollectiveKind::kBarrier, {}, std::nullopt, std::nullopt};
   return issue_collective(group, call, [&](uint64_t) { return make_work(detail::impl_of(group).gloo->barrier()); });
 }

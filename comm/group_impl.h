@@ -6,7 +6,10 @@
 
 #include <atomic>
 #include <chrono>
+#include <future>
+#include <map>
 #include <mutex>
+#include <vector>
 
 #include "comm/c10d_types.h"
 #include "comm/serial_executor.h"
@@ -15,7 +18,19 @@
 namespace cpprun {
 
 struct ProcessGroup::Impl {
+  // For a subgroup (comm/subgroups.cpp), env.rank and env.world_size are this process's rank in
+  // the subgroup and the subgroup's size; the rest is the job's environment.
   DistEnv env;
+  // Whether this process belongs to the group: a subgroup exists on every rank that took part
+  // in creating it, but only its members hold backends (see Note [Subgroup creation]).
+  bool member = true;
+  // The members' ranks in the group this one was created from (empty for a group made by
+  // init_process_group), and this process's rank there: for messages.
+  std::vector<int> global_ranks;
+  int parent_rank = 0;
+  // Subgroups created from this group so far: names each one's keys in the store, and is the
+  // same on every rank because creation is collective.
+  std::atomic<uint32_t> subgroups_created{0};
   Backend backend = Backend::kGloo;
   std::chrono::milliseconds timeout{};
   c10::intrusive_ptr<c10d::Store> store;
@@ -33,6 +48,10 @@ struct ProcessGroup::Impl {
   // Bytes this rank sent point-to-point in our own algorithms: lets tests check that the ring
   // moves what a native collective would.
   std::atomic<uint64_t> p2p_bytes_sent{0};
+  // Point-to-point receives of one tag post their data receives in the order they were called:
+  // the last one's "posted" signal per tag. See Note [Point-to-point messages].
+  std::mutex p2p_mutex;
+  std::map<int, std::shared_future<void>> p2p_data_posted;
   // Declared last so it is destroyed first: queued ring steps still use the groups above.
   detail::SerialExecutor executor;
 

@@ -11,6 +11,7 @@
 #include <mutex>
 #include <sstream>
 
+#include "comm/backends.h"
 #include "comm/group_impl.h"
 #include "comm/store_address.h"
 
@@ -113,15 +114,6 @@ std::shared_ptr<::gloo::transport::Device> gloo_device(const DistEnv& env) {
   return c10d::ProcessGroupGloo::createDefaultDevice();
 }
 
-c10::intrusive_ptr<detail::C10dGroup> make_gloo(const c10::intrusive_ptr<c10d::Store>& store,
-                                                const DistEnv& env, Millis timeout) {
-  auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
-  opts->devices.push_back(gloo_device(env));
-  opts->threads = 2;  // as torch.distributed: enough to overlap two collectives
-  auto prefixed = c10::make_intrusive<c10d::PrefixStore>("gloo", store);
-  return c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, env.rank, env.world_size, opts);
-}
-
 bool cuda_usable() {
 #ifdef CPPRUN_WITH_NCCL
   return at::hasCUDA() && at::getNumGPUs() > 0;
@@ -130,20 +122,33 @@ bool cuda_usable() {
 #endif
 }
 
-c10::intrusive_ptr<detail::C10dGroup> make_nccl(const c10::intrusive_ptr<c10d::Store>& store,
-                                                const DistEnv& env, Millis timeout) {
+}  // namespace
+
+c10::intrusive_ptr<detail::C10dGroup> detail::make_gloo(const c10::intrusive_ptr<c10d::Store>& store,
+                                                        const DistEnv& env, int rank, int size, Millis timeout) {
+  auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
+  opts->devices.push_back(gloo_device(env));
+  opts->threads = 2;  // as torch.distributed: enough to overlap two collectives
+  auto prefixed = c10::make_intrusive<c10d::PrefixStore>("gloo", store);
+  return c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, rank, size, opts);
+}
+
+c10::intrusive_ptr<detail::C10dGroup> detail::make_nccl(const c10::intrusive_ptr<c10d::Store>& store,
+                                                        const DistEnv& env, int rank, int size, Millis timeout) {
 #ifdef CPPRUN_WITH_NCCL
   // NCCL binds each rank to the GPU that is current when it first communicates.
   c10::cuda::set_device(static_cast<c10::DeviceIndex>(env.local_rank));
   auto opts = c10d::ProcessGroupNCCL::Options::create();
   opts->timeout = timeout;
   auto prefixed = c10::make_intrusive<c10d::PrefixStore>("nccl", store);
-  return c10::make_intrusive<c10d::ProcessGroupNCCL>(prefixed, env.rank, env.world_size, opts);
+  return c10::make_intrusive<c10d::ProcessGroupNCCL>(prefixed, rank, size, opts);
 #else
-  (void)store, (void)env, (void)timeout;
+  (void)store, (void)env, (void)rank, (void)size, (void)timeout;
   TORCH_INTERNAL_ASSERT(false, "make_nccl called in a build without NCCL");
 #endif
 }
+
+namespace {
 
 Backend resolve_backend(Backend asked) {
   const bool nccl_ok = cuda_usable();
@@ -178,6 +183,7 @@ int ProcessGroup::size() const { return impl_->env.world_size; }
 Backend ProcessGroup::backend() const { return impl_->backend; }
 const DistEnv& ProcessGroup::env() const { return impl_->env; }
 std::chrono::milliseconds ProcessGroup::timeout() const { return impl_->timeout; }
+bool ProcessGroup::is_member() const { return impl_->member; }
 
 ProcessGroup init_process_group(const ProcessGroupOptions& options) {
   TORCH_CHECK(options.timeout.count() > 0, "cpprun: ProcessGroupOptions::timeout must be "
@@ -202,9 +208,9 @@ ProcessGroup init_process_group(const ProcessGroupOptions& options) {
   impl->store = c10::make_intrusive<c10d::PrefixStore>("cpprun/" + std::to_string(group_index), root);
   wait_for_all_ranks(*impl->store, env, options.timeout);
 
-  impl->gloo = make_gloo(impl->store, env, options.timeout);
+  impl->gloo = detail::make_gloo(impl->store, env, env.rank, env.world_size, options.timeout);
   if (impl->backend == Backend::kNccl) {
-    impl->nccl = make_nccl(impl->store, env, options.timeout);
+    impl->nccl = detail::make_nccl(impl->store, env, env.rank, env.world_size, options.timeout);
   }
   ProcessGroup group = detail::GroupAccess::make(std::move(impl));
   std::lock_guard<std::mutex> lock(default_mutex);

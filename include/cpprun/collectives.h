@@ -1,4 +1,5 @@
-// Collectives with one signature whatever the backend. Each has a blocking form and an `_async`
+// Collectives with one signature whatever the backend (point-to-point messages: point_to_point.h;
+// objects: object_collectives.h). Each has a blocking form and an `_async`
 // form that returns a Work to wait on. On Gloo, reduce-scatter and all-gather into one tensor are
 // our own rings over send/recv (3-4x faster than Gloo's own in LibTorch 2.15; see README), and
 // types Gloo cannot reduce (int16, bool) travel as float32.
@@ -65,5 +66,38 @@ void broadcast_coalesced(const ProcessGroup& group, const std::vector<at::Tensor
 
 Work barrier_async(const ProcessGroup& group);
 void barrier(const ProcessGroup& group);
+
+// ---- all-to-all, gather, scatter, reduce, all-gather of uneven sizes (comm/scatter_gather.cpp)
+
+// Rank r's input is cut along dim 0 into world_size pieces, input_splits[s] rows for rank s;
+// rank r's output receives rank s's piece for r in its output_splits[s] rows, in rank order.
+// Empty splits: equal pieces (dim 0 must divide by world_size). Every rank's splits are
+// exchanged first, so ones that do not pair up (rank r sends k rows to s, who expects j != k)
+// end in the same error on every rank.
+Work all_to_all_async(const ProcessGroup& group, at::Tensor output, at::Tensor input,
+                      std::vector<int64_t> output_splits = {}, std::vector<int64_t> input_splits = {});
+void all_to_all(const ProcessGroup& group, at::Tensor output, at::Tensor input,
+                std::vector<int64_t> output_splits = {}, std::vector<int64_t> input_splits = {});
+
+// Rank `root`'s outputs[r] = rank r's input (every rank's input of one shape). Other ranks
+// pass an empty `outputs`.
+Work gather_async(const ProcessGroup& group, at::Tensor input, std::vector<at::Tensor> outputs, int root = 0);
+void gather(const ProcessGroup& group, at::Tensor input, std::vector<at::Tensor> outputs, int root = 0);
+
+// Rank r's output = rank `root`'s inputs[r] (every rank's output of one shape). Other ranks
+// pass an empty `inputs`.
+Work scatter_async(const ProcessGroup& group, at::Tensor output, std::vector<at::Tensor> inputs, int root = 0);
+void scatter(const ProcessGroup& group, at::Tensor output, std::vector<at::Tensor> inputs, int root = 0);
+
+// In place on rank `root` only: its `tensor` ends with the reduction of all ranks' `tensor`
+// (the others' are left as they were).
+Work reduce_async(const ProcessGroup& group, at::Tensor tensor, int root = 0, ReduceOp op = ReduceOp::kSum);
+void reduce(const ProcessGroup& group, at::Tensor tensor, int root = 0, ReduceOp op = ReduceOp::kSum);
+
+// outputs[r] = rank r's input, where each rank's input may have its own size (outputs[r] must
+// have rank r's element count; the sizes are exchanged and checked first). Equal sizes are
+// cheaper through all_gather_into. The size exchange blocks; the data moves asynchronously.
+Work all_gather_async(const ProcessGroup& group, std::vector<at::Tensor> outputs, const at::Tensor& input);
+void all_gather(const ProcessGroup& group, std::vector<at::Tensor> outputs, const at::Tensor& input);
 
 }  // namespace cpprun

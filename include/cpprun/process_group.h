@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "cpprun/env.h"
 
@@ -42,6 +43,9 @@ class ProcessGroup {
   Backend backend() const;  // what kAuto resolved to: kGloo or kNccl
   const DistEnv& env() const;
   std::chrono::milliseconds timeout() const;
+  // False on the ranks that took part in creating a subgroup without joining it (rank() is then
+  // -1, and collectives on the group throw).
+  bool is_member() const;
 
  private:
   struct Impl;  // comm/group_impl.h
@@ -59,6 +63,23 @@ ProcessGroup init_process_group(const ProcessGroupOptions& options = {});
 bool is_initialized();
 ProcessGroup default_group();      // throws unless init_process_group() ran
 void destroy_process_group();      // drops the default group (its resources go with the last handle)
+
+// ---- subgroups (comm/subgroups.cpp) ----
+// Note [Subgroup creation]: both are collective over `parent`: every rank of it calls them, in
+// the same order, with the same arguments (new_group) — a rank that disagrees, or creates
+// groups in another order, gets an error naming every rank's call on every rank. Each subgroup
+// has its own store prefix and backends; collectives on disjoint subgroups may run at once. A
+// subgroup is a ProcessGroup like any other: collectives, DDP, FSDP and the sampler take it.
+
+// The group of `ranks` (ranks of `parent`, any order: a member's rank in the subgroup is its
+// position in the sorted list). Non-members get a handle with is_member() false.
+ProcessGroup new_group(const ProcessGroup& parent, std::vector<int> ranks);
+ProcessGroup new_group(std::vector<int> ranks);  // parent: default_group()
+
+// Ranks passing the same `colour` form one group, ordered by (key, rank in parent); a rank
+// passing kNoColour joins none (as MPI_Comm_split). Returns this rank's group.
+constexpr int kNoColour = -1;
+ProcessGroup split_group(const ProcessGroup& parent, int colour, int key = 0);
 
 // This process's place in the job: from the default group when initialized, else the environment.
 int rank();

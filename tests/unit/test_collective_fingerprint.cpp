@@ -62,3 +62,20 @@ TEST_CASE("fingerprint: the message names the collective's number and each rank'
   CHECK_THAT(*mismatch(four, {four, broadcast_of(at::zeros({4}), 0, 14)}, {0, 1}, Agreement::kExact),
              Catch::Contains("rank 1 called broadcast(float32[4], root 0) as collective #14"));
 }
+
+TEST_CASE("fingerprint: the newer collectives, and shapes that may differ between ranks", "[fingerprint]") {
+  using cpprun::detail::describe;
+  const at::Tensor uneven = fingerprint({CollectiveKind::kAllToAll, {at::zeros({6}), at::zeros({4})}, std::nullopt,
+                                         std::nullopt, /*shapes_vary=*/true}, 3);
+  CHECK(describe(uneven) == "all_to_all(float32[*], float32[*])");
+  const at::Tensor other = fingerprint({CollectiveKind::kAllToAll, {at::zeros({2}), at::zeros({8})}, std::nullopt,
+                                        std::nullopt, true}, 3);
+  CHECK_FALSE(mismatch(uneven, {uneven, other}, {0, 1}, Agreement::kExact).has_value());
+  CHECK(describe(fingerprint({CollectiveKind::kReduce, {at::zeros({3}, at::kDouble)}, 2, ReduceOp::kMax}, 1)) ==
+        "reduce(float64[3], root 2, max)");
+  const at::Tensor message = fingerprint({CollectiveKind::kSendRecv, {at::zeros({5}, at::kHalf)}, std::nullopt,
+                                          std::nullopt}, 9);
+  CHECK(describe(message) == "send/recv(float16[5])");
+  CHECK(cpprun::detail::numel_of(message, 0) == 5);
+  CHECK(cpprun::detail::dtype_of(message) == at::kHalf);
+}

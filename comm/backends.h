@@ -1,0 +1,19 @@
+// Making a group's backends (Gloo for CPU tensors, NCCL for CUDA ones) over a store: for the
+// world group (process_group.cpp) and subgroups (subgroups.cpp). Internal to comm/.
+#pragma once
+
+#include <chrono>
+
+#include "comm/c10d_types.h"
+#include "cpprun/env.h"
+
+namespace cpprun::detail {
+
+// `env` is the job's environment (it says which interface Gloo listens on and which GPU NCCL
+// uses); `rank` and `size` are this process's place in the group being made.
+c10::intrusive_ptr<C10dGroup> make_gloo(const c10::intrusive_ptr<c10d::Store>& store, const DistEnv& env,
+                                        int rank, int size, std::chrono::milliseconds timeout);
+c10::intrusive_ptr<C10dGroup> make_nccl(const c10::intrusive_ptr<c10d::Store>& store, const DistEnv& env,
+                                        int rank, int size, std::chrono::milliseconds timeout);
+
+}  // namespace cpprun::detail

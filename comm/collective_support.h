@@ -1,0 +1,54 @@
+// What every collective of comm/ shares: argument checks, the conversions that let Gloo carry
+// what it does not support, and issue_collective(), the one place collectives are issued from.
+// Internal to comm/.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <mutex>
+
+#include "comm/collective_fingerprint.h"
+#include "comm/consistency_check.h"
+#include "comm/group_impl.h"
+#include "cpprun/collectives.h"
+
+namespace cpprun::detail {
+
+void check_tensor(const char* op, const char* name, const at::Tensor& t);
+void check_same_kind(const char* op, const at::Tensor& output, const at::Tensor& input);
+void check_average(const char* op, const at::Tensor& t, ReduceOp reduce);
+// `rank` (a root, a peer) is a rank of `group`; `what` names it in the message ("root", "dst").
+void check_rank(const char* op, const char* what, int rank, const ProcessGroup& group);
+
+// Throws when this process is not a member of `group` (a subgroup created without it), naming
+// the group's ranks. Every public collective calls it first.
+void check_member(const char* op, const ProcessGroup& group);
+// check_member, then whether the group is a world of one (no communication needed).
+bool alone(const char* op, const ProcessGroup& group);
+
+// The element types Gloo (LibTorch 2.15) reduces; it refuses e.g. int16.
+bool gloo_reduces(at::ScalarType type);
+// Operations that only move bits can carry any type as a same-width type Gloo knows.
+at::Tensor as_movable_bits(const at::Tensor& t);
+c10d::ReduceOp to_c10d(ReduceOp op);
+
+// Whether `call` is checked across ranks before it runs: every collective under DETAIL; always,
+// the Gloo collectives whose mismatches Gloo itself would turn into silent corruption or an
+// abort (broadcast, gather, scatter, reduce). See checked_across_ranks in
+// collectives.cpp.
+bool checked_across_ranks(const detail::GroupImpl& impl, const CollectiveCall& call);
+
+// Every collective is issued through here: it takes the group's next sequence number, makes
+// the cross-rank check when one is due, then runs `issue(sequence)`, all under the group's
+// issue lock so that checks and collectives keep one order on every rank.
+// See Note [Collective consistency check].
+template <typename Issue>
+Work issue_collective(const ProcessGroup& group, const CollectiveCall& call, Issue issue) {
+  auto& impl = detail::impl_of(group);
+  std::lock_guard<std::mutex> lock(impl.issue_mutex);
+  const uint64_t sequence = ++impl.collectives_issued;
+  if (checked_across_ranks(impl, call)) check_across_ranks(impl, call, sequence);
+  return issue(sequence);
+}
+
+}  // namespace cpprun::detail

@@ -1,0 +1,176 @@
+// send / recv / isend / irecv with a header and an acknowledgement around each message.
+#include "cpprun/point_to_point.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include <future>
+
+#include "comm/collective_support.h"
+#include "comm/work_state.h"
+
+namespace cpprun {
+namespace {
+
+using detail::C10dWork;
+using detail::CollectiveCall;
+using detail::CollectiveKind;
+
+// Note [Point-to-point messages]
+// Gloo does not compare sizes: a receive posted for more bytes than its message completes half
+// written, one for fewer aborts the process in Gloo's I/O thread. So a message is three: the
+// sender's header (its call's fingerprint: dtype, element count, tag), then the data, then the
+// receiver's acknowledgement (its own fingerprint) back. The receiver posts its data receive only
+// after the header has arrived: matching, into the caller's tensor; not matching, into a scratch
+// tensor of the sender's size, so the channel stays clean for later messages. Both ends then
+// compare the two fingerprints and throw the same message on a mismatch. A send completes when
+// the receiver has the data. Gloo pairs messages by (peer, tag) in posting order, so headers are
+// posted at the call; data receives of one tag are posted in call order too (each waits for the
+// previous one's), or two receives of one tag from one sender could swap their messages.
+// Tags live above the rings' (comm/ring.cpp), which stay below 2^30.
+enum class Part { kHeader = 0, kData = 1, kAck = 2 };
+int wire_tag(int tag, Part part) { return (1 << 30) | (tag << 2) | static_cast<int>(part); }
+
+void check_p2p(const char* op, const ProcessGroup& group, const at::Tensor& tensor, int peer,
+               const char* peer_name, int tag) {
+  detail::check_tensor(op, "tensor", tensor);
+  detail::check_member(op, group);
+  TORCH_CHECK(tag >= 0 && tag <= kMaxTag, "cpprun::", op, ": tag ", tag, " is outside 0..", kMaxTag, ".");
+  if (peer == kAnySource) {
+    TORCH_CHECK(group.size() > 1, "cpprun::", op, ": a group of one has no other rank to receive from.");
+    return;
+  }
+  detail::check_rank(op, peer_name, peer, group);
+  TORCH_CHECK(peer != group.rank(), "cpprun::", op, ": rank ", group.rank(), " cannot message itself (",
+              peer_name, " ", peer, "); copy the tensor instead.");
+}
+
+at::Tensor header_of(const at::Tensor& tensor, int tag) {
+  return detail::fingerprint(CollectiveCall{CollectiveKind::kSendRecv, {tensor}, std::nullopt, std::nullopt}, tag);
+}
+
+void wait_for(const c10::intrusive_ptr<C10dWork>& work, const detail::GroupImpl& impl, const char* what,
+              int peer, int tag) {
+  try {
+    work->wait(impl.timeout);
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "cpprun: rank ", impl.env.rank, " waited ", impl.timeout.count(), " ms for ", what,
+                " (peer ", peer, ", tag ", tag, ") without success. Does the peer make the matching ",
+                "send/recv with this tag? It may also have stopped or failed.\nc10d said: ", e.what());
+  }
+}
+
+void check_match(const at::Tensor& sent, const at::Tensor& expected, int sender, int receiver, int me) {
+  if (auto message = detail::mismatch(sent, {sent, expected}, {sender, receiver}, detail::Agreement::kSameNumel)) {
+    // The fingerprints' sequence number is the tag: say so.
+    const std::string collective = "collective #" + std::to_string(detail::sequence_of(sent));
+    if (auto at = message->find(collective); at != std::string::npos) {
+      message->replace(at, collective.size(), "message with tag " + std::to_string(detail::sequence_of(sent)));
+    }
+    TORCH_CHECK(false, *message, " (found on rank ", me, ": rank ", sender, " sent a message that rank ",
+                receiver, "'s receive does not fit; sender and receiver need one dtype and element count.)");
+  }
+}
+
+at::Tensor wire(const detail::GroupImpl& impl, const at::Tensor& t) {
+  return impl.is_nccl(t) ? t : detail::as_movable_bits(t);
+}
+
+}  // namespace
+
+Work isend(const ProcessGroup& group, at::Tensor tensor, int dst, int tag) {
+  check_p2p("isend", group, tensor, dst, "dst", tag);
+  auto& impl = detail::impl_of(group);
+  at::Tensor header = header_of(tensor, tag);
+  at::Tensor ack = at::empty_like(header);
+  std::vector<at::Tensor> header_list{header}, data_list{wire(impl, tensor)}, ack_list{ack};
+  auto header_send = impl.gloo->send(header_list, dst, wire_tag(tag, Part::kHeader));
+  auto data_send = impl.group_for(tensor).send(data_list, dst, wire_tag(tag, Part::kData));
+  auto ack_recv = impl.gloo->recv(ack_list, dst, wire_tag(tag, Part::kAck));
+  const int me = group.rank();
+  const ProcessGroup keep = group;
+  auto done = std::async(std::launch::async, [=, &impl]() {
+    wait_for(header_send, impl, "a send's header to be taken", dst, tag);
+    wait_for(data_send, impl, "a send's data to be taken", dst, tag);
+    wait_for(ack_recv, impl, "the receiver's acknowledgement", dst, tag);
+    check_match(header, ack, me, dst, me);
+    (void)keep;
+  });
+  Work work = make_work(done.share());
+  work.keep_alive(group);
+  return work;
+}
+
+void send(const ProcessGroup& group, const at::Tensor& tensor, int dst, int tag) {
+  isend(group, tensor, dst, tag).wait();
+}
+
+Work irecv(const ProcessGroup& group, at::Tensor tensor, int src, int tag, int* source) {
+  check_p2p("irecv", group, tensor, src, "src", tag);
+  auto& impl = detail::impl_of(group);
+  at::Tensor mine = header_of(tensor, tag);
+  at::Tensor theirs = at::empty_like(mine);
+  std::vector<at::Tensor> header_list{theirs};
+  auto header_recv = src == kAnySource ? impl.gloo->recvAnysource(header_list, wire_tag(tag, Part::kHeader))
+                                       : impl.gloo->recv(header_list, src, wire_tag(tag, Part::kHeader));
+  std::shared_future<void> previous;
+  auto posted = std::make_shared<std::promise<void>>();
+  {
+    std::lock_guard<std::mutex> lock(impl.p2p_mutex);
+    auto& last = impl.p2p_data_posted[tag];
+    previous = last;
+    last = posted->get_future().share();
+  }
+  const int me = group.rank();
+  const ProcessGroup keep = group;
+  auto done = std::async(std::launch::async, [=, &impl]() {
+    (void)keep;
+    // Signals the next receive of this tag whatever happens here, or it would wait for ever.
+    struct Signal {
+      std::shared_ptr<std::promise<void>> promise;
+      bool sent = false;
+      void send() {
+        if (!sent) promise->set_value();
+        sent = true;
+      }
+      ~Signal() { send(); }
+    } signal{posted};
+    wait_for(header_recv, impl, "a message's header", src, tag);
+    const int sender = src == kAnySource ? header_recv->sourceRank() : src;
+    if (previous.valid()) previous.wait();
+    const bool fits = !detail::mismatch(theirs, {theirs, mine}, {sender, me}, detail::Agreement::kSameNumel);
+    // A message that does not fit is drained into scratch on the backend it travels by (a CUDA
+    // message into a CPU receive cannot be: the sender then fails at its timeout).
+    const bool sent_from_cpu = detail::describe(theirs).find("cuda") == std::string::npos;
+    const bool drain = !fits && (sent_from_cpu || tensor.is_cuda());
+    at::Tensor into = tensor;
+    if (drain) {
+      into = at::empty({detail::numel_of(theirs, 0)}, tensor.options()
+                                                          .dtype(detail::dtype_of(theirs))
+                                                          .device(sent_from_cpu ? at::Device(at::kCPU) : tensor.device()));
+    }
+    c10::intrusive_ptr<C10dWork> data_recv;
+    if (fits || drain) {
+      std::vector<at::Tensor> data_list{wire(impl, into)};
+      data_recv = impl.group_for(into).recv(data_list, sender, wire_tag(tag, Part::kData));
+    }
+    signal.send();
+    if (data_recv) wait_for(data_recv, impl, "a message's data", sender, tag);
+    std::vector<at::Tensor> ack_list{mine};
+    auto ack_send = impl.gloo->send(ack_list, sender, wire_tag(tag, Part::kAck));
+    wait_for(ack_send, impl, "the sender to take the acknowledgement", sender, tag);
+    if (source) *source = sender;
+    check_match(theirs, mine, sender, me, me);
+  });
+  Work work = make_work(done.share());
+  work.keep_alive(group);
+  return work;
+}
+
+int recv(const ProcessGroup& group, at::Tensor tensor, int src, int tag) {
+  int source = src;
+  irecv(group, std::move(tensor), src, tag, &source).wait();
+  return source;
+}
+
+}  // namespace cpprun

@@ -1,0 +1,56 @@
+// A DeviceMesh: the ranks of a group laid out as a 1- or 2-dimensional array with named
+// dimensions, and for each dimension the subgroup of ranks that differ only along it (as
+// torch.distributed.device_mesh). For hybrid sharding, a {nodes, gpus_per_node} mesh shards
+// within a node (group("local")) and replicates across nodes (group("node")).
+//
+//   auto mesh = cpprun::init_device_mesh();           // {NNODES, LOCAL_WORLD_SIZE}: "node", "local"
+//   auto mesh2 = cpprun::DeviceMesh(group, {2, 4}, {"replicate", "shard"});
+//   cpprun::all_reduce(mesh2.group("replicate"), t);  // the 2 ranks holding the same shard
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "cpprun/process_group.h"
+
+namespace cpprun {
+
+class DeviceMesh {
+ public:
+  // Ranks of `group` row-major over `shape` (the product must be group.size()): in a {R, S}
+  // mesh rank = r * S + s. `names` (default "dim0", "dim1") must be distinct. Collective over
+  // `group`: every rank constructs the same mesh (it creates one subgroup per dimension).
+  DeviceMesh(const ProcessGroup& group, std::vector<int> shape, std::vector<std::string> names = {});
+
+  int ndim() const { return static_cast<int>(shape_.size()); }
+  const std::vector<int>& shape() const { return shape_; }
+  const std::vector<std::string>& names() const { return names_; }
+  int size(int dim) const;
+  int size(const std::string& name) const { return size(dim_of(name)); }
+  // This rank's index along a dimension.
+  int coordinate(int dim) const;
+  int coordinate(const std::string& name) const { return coordinate(dim_of(name)); }
+  // The ranks that share this rank's coordinates in every other dimension; its rank there is
+  // coordinate(dim).
+  const ProcessGroup& group(int dim) const;
+  const ProcessGroup& group(const std::string& name) const { return group(dim_of(name)); }
+  // The group the mesh was made from.
+  const ProcessGroup& whole() const { return whole_; }
+  // The dimension called `name`; throws listing the names when there is none.
+  int dim_of(const std::string& name) const;
+
+ private:
+  ProcessGroup whole_;
+  std::vector<int> shape_;
+  std::vector<std::string> names_;
+  std::vector<int> coordinates_;
+  std::vector<ProcessGroup> groups_;
+};
+
+// A {nodes, processes per node} mesh of `group` (default: the default group) named "node" and
+// "local", from WORLD_SIZE and LOCAL_WORLD_SIZE as the launcher set them (every node must run
+// the same number of processes, as cpprun and torchrun do).
+DeviceMesh init_device_mesh();
+DeviceMesh init_device_mesh(const ProcessGroup& group);
+
+}  // namespace cpprun

@@ -1,0 +1,114 @@
+// Collectives of C++ values rather than tensors, as torch.distributed's broadcast_object_list and
+// all_gather_object: a value travels as the bytes its ObjectCodec writes.
+//
+//   std::string run_name = rank == 0 ? make_name() : "";
+//   cpprun::broadcast_object(group, run_name);                       // every rank: rank 0's name
+//   auto counts = cpprun::all_gather_object(group, std::vector<int64_t>{seen, skipped});
+//
+// Codecs come for std::string, std::vector of trivially copyable elements, and trivially
+// copyable values (int, double, a plain struct). torch::serialize archives travel as their bytes
+// (archive_bytes / load_archive below). To send your own type, specialise ObjectCodec:
+//
+//   template <> struct cpprun::ObjectCodec<Config> {
+//     static std::string encode(const Config& c) { return c.to_json(); }
+//     static Config decode(const std::string& bytes) { return Config::from_json(bytes); }
+//   };
+//
+// The bytes are copied as they are: types whose layout differs between ranks' builds (a
+// trivially copyable struct compiled differently) need a codec of their own.
+#pragma once
+
+#include <cstring>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "cpprun/process_group.h"
+
+namespace torch::serialize {
+class OutputArchive;
+class InputArchive;
+}  // namespace torch::serialize
+
+namespace cpprun {
+
+template <typename T, typename Enable = void>
+struct ObjectCodec;  // encode(const T&) -> std::string; decode(const std::string&) -> T
+
+template <>
+struct ObjectCodec<std::string> {
+  static std::string encode(const std::string& value) { return value; }
+  static std::string decode(const std::string& bytes) { return bytes; }
+};
+
+template <typename T>
+struct ObjectCodec<T, std::enable_if_t<std::is_trivially_copyable_v<T>>> {
+  static std::string encode(const T& value) {
+    return std::string(reinterpret_cast<const char*>(&value), sizeof(T));
+  }
+  static T decode(const std::string& bytes);
+};
+
+template <typename T>
+struct ObjectCodec<std::vector<T>, std::enable_if_t<std::is_trivially_copyable_v<T>>> {
+  static std::string encode(const std::vector<T>& value) {
+    return std::string(reinterpret_cast<const char*>(value.data()), value.size() * sizeof(T));
+  }
+  static std::vector<T> decode(const std::string& bytes);
+};
+
+namespace detail {
+// Throws c10::Error: `bytes` cannot be a `type` of `expected` bytes (or a multiple of them).
+[[noreturn]] void throw_bad_object_size(const char* type, std::size_t bytes, std::size_t expected);
+}  // namespace detail
+
+template <typename T>
+T ObjectCodec<T, std::enable_if_t<std::is_trivially_copyable_v<T>>>::decode(const std::string& bytes) {
+  if (bytes.size() != sizeof(T)) detail::throw_bad_object_size("trivially copyable value", bytes.size(), sizeof(T));
+  T value;
+  std::memcpy(static_cast<void*>(&value), bytes.data(), sizeof(T));
+  return value;
+}
+
+template <typename T>
+std::vector<T> ObjectCodec<std::vector<T>, std::enable_if_t<std::is_trivially_copyable_v<T>>>::decode(
+    const std::string& bytes) {
+  if (bytes.size() % sizeof(T) != 0) detail::throw_bad_object_size("vector's elements", bytes.size(), sizeof(T));
+  std::vector<T> value(bytes.size() / sizeof(T));
+  if (!value.empty()) std::memcpy(static_cast<void*>(value.data()), bytes.data(), bytes.size());
+  return value;
+}
+
+// The byte-level collectives the templates below are built on. Collective: every rank calls.
+// Every rank's `bytes` becomes rank `root`'s (its size is sent first).
+void broadcast_bytes(const ProcessGroup& group, std::string& bytes, int root = 0);
+// Every rank's bytes, in rank order (of any sizes).
+std::vector<std::string> all_gather_bytes(const ProcessGroup& group, const std::string& bytes);
+
+// Every rank's `value` becomes rank `root`'s.
+template <typename T>
+void broadcast_object(const ProcessGroup& group, T& value, int root = 0) {
+  std::string bytes = group.rank() == root ? ObjectCodec<T>::encode(value) : std::string();
+  broadcast_bytes(group, bytes, root);
+  if (group.rank() != root) value = ObjectCodec<T>::decode(bytes);
+}
+
+// Every rank's `value`, in rank order.
+template <typename T>
+std::vector<T> all_gather_object(const ProcessGroup& group, const T& value) {
+  std::vector<T> values;
+  for (const std::string& bytes : all_gather_bytes(group, ObjectCodec<T>::encode(value))) {
+    values.push_back(ObjectCodec<T>::decode(bytes));
+  }
+  return values;
+}
+
+// A torch::serialize archive as bytes and back (what torch::save writes), e.g. to broadcast a
+// state rank 0 read from disk:
+//   std::string bytes; if (rank == 0) { OutputArchive out; ...write...; bytes = archive_bytes(out); }
+//   cpprun::broadcast_object(group, bytes);
+//   torch::serialize::InputArchive in; cpprun::load_archive(in, bytes);
+std::string archive_bytes(torch::serialize::OutputArchive& archive);
+void load_archive(torch::serialize::InputArchive& archive, const std::string& bytes);
+
+}  // namespace cpprun

@@ -1,0 +1,34 @@
+// Point-to-point messages between two ranks of a group, as torch.distributed's send/recv.
+//
+//   if (group.rank() == 0) cpprun::send(group, t, /*dst=*/1, /*tag=*/7);
+//   else if (group.rank() == 1) cpprun::recv(group, t, /*src=*/0, /*tag=*/7);
+//
+// A message pairs with the receive of the same tag from its sender, in the order both were
+// posted. Each carries a small header: a receive whose tensor has another dtype or element count
+// than the message fails on both ranks with one message, instead of Gloo's silent half-written
+// tensor or abort. Tags are 0 .. kMaxTag.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include "cpprun/collectives.h"
+#include "cpprun/process_group.h"
+
+namespace cpprun {
+
+constexpr int kMaxTag = (1 << 27) - 1;
+constexpr int kAnySource = -1;  // recv from whichever rank sends first
+
+// Completes when `dst` has received the message (its receive acknowledges it).
+Work isend(const ProcessGroup& group, at::Tensor tensor, int dst, int tag = 0);
+void send(const ProcessGroup& group, const at::Tensor& tensor, int dst, int tag = 0);
+
+// Receives into `tensor` (contiguous, of the sender's dtype and element count). With
+// src = kAnySource, the first rank to send with this tag; `source`, when given, is set to the
+// sender's rank before the work completes.
+Work irecv(const ProcessGroup& group, at::Tensor tensor, int src = kAnySource, int tag = 0,
+           int* source = nullptr);
+// Returns the sender's rank.
+int recv(const ProcessGroup& group, at::Tensor tensor, int src = kAnySource, int tag = 0);
+
+}  // namespace cpprun
