@@ -14,6 +14,7 @@
 #include "comm/backends.h"
 #include "comm/group_impl.h"
 #include "comm/store_address.h"
+#include "cpprun/store_port.h"
 
 namespace cpprun {
 namespace {
@@ -28,10 +29,6 @@ std::string seconds(Millis t) {
 
 std::string where(const DistEnv& env) {
   return "MASTER_ADDR=" + env.master_addr + " MASTER_PORT=" + std::to_string(env.master_port);
-}
-
-bool mentions(const std::string& text, const char* what) {
-  return text.find(what) != std::string::npos;
 }
 
 // Rank 0 starts the store's server at MASTER_ADDR:MASTER_PORT (unless the launcher hosts it);
@@ -60,7 +57,7 @@ c10::intrusive_ptr<c10d::Store> connect_store(const DistEnv& env, Millis timeout
     return c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts);
   } catch (const std::exception& e) {
     const std::string what = e.what();
-    if (opts.isServer && (mentions(what, "in use") || mentions(what, "EADDRINUSE"))) {
+    if (opts.isServer && reports_port_in_use(what)) {
       detail::throw_port_in_use(env, "c10d said: " + what);
     }
     TORCH_CHECK(opts.isServer, "cpprun: rank ", env.rank,
