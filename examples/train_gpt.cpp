@@ -137,6 +137,10 @@ struct GptImpl : torch::nn::Module {
     for (int64_t i = 0; i < o.layers; ++i) blocks.push_back(register_module("block" + std::to_string(i), Block(o.embed, o.heads)));
     ln = register_module("ln", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.embed})));
     head = register_module("head", TiedHead(tokens->weight));
+    // Small embeddings (GPT-2's 0.02): the tied head's logits start near zero, not at N(0, embed).
+    torch::NoGradGuard no_grad;
+    torch::nn::init::normal_(tokens->weight, 0, 0.02);
+    torch::nn::init::normal_(positions->weight, 0, 0.02);
   }
   torch::Tensor forward(torch::Tensor idx) {  // [B, T] -> logits [B, T, vocab]
     auto x = tokens(idx) + positions(torch::arange(idx.size(1), torch::kLong));
