@@ -14,23 +14,10 @@
 
 #include "../examples/flag_value.h"
 
+#include "peak_rss.h"
+
 namespace {
 
-// Peak resident memory of this process so far, in bytes (VmHWM), and resetting it (Linux 4.0+:
-// writing 5 to clear_refs resets the high-water mark to the current size).
-int64_t peak_rss() {
-  std::ifstream status("/proc/self/status");
-  std::string key;
-  int64_t kb = 0;
-  while (status >> key) {
-    if (key == "VmHWM:") {
-      status >> kb;
-      break;
-    }
-  }
-  return kb * 1024;
-}
-void reset_peak_rss() { std::ofstream("/proc/self/clear_refs") << "5"; }
 
 struct Block : torch::nn::Module {
   torch::nn::Linear up{nullptr}, down{nullptr};
@@ -70,11 +57,11 @@ int main(int argc, char** argv) {
     h.pow(2).mean().backward();
   };
   run();  // warm-up: parameter gradients exist from here on, as in training
-  const int64_t before = peak_rss();
-  reset_peak_rss();
-  const int64_t base = peak_rss();
+  const int64_t before = bench::peak_rss();
+  bench::reset_peak_rss();
+  const int64_t base = bench::peak_rss();
   run();
-  const int64_t growth = peak_rss() - base;
+  const int64_t growth = bench::peak_rss() - base;
   // One block's saved activations, in float32: up's output and GELU's (4W each), the dropout
   // mask (W, one byte per element kept as bool) and down's output (W), per sample.
   const double one_block_mb = batch * (4.0 * width * 4 * 2 + width * 4 * 2 + width) / 1e6;

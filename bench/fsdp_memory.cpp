@@ -13,21 +13,10 @@
 #include <set>
 #include <string>
 
+#include "peak_rss.h"
+
 namespace {
 
-// Peak resident memory of this process so far, in bytes (VmHWM).
-int64_t peak_rss() {
-  std::ifstream status("/proc/self/status");
-  std::string key;
-  int64_t kb = 0;
-  while (status >> key) {
-    if (key == "VmHWM:") {
-      status >> kb;
-      break;
-    }
-  }
-  return kb * 1024;
-}
 
 int64_t distinct_storage_bytes(const std::vector<torch::Tensor>& tensors) {
   std::set<const void*> seen;
@@ -61,7 +50,7 @@ int main(int argc, char** argv) {
   }
   torch::set_num_threads(1);
   auto group = cpprun::init_process_group();
-  const int64_t rss_before = peak_rss();
+  const int64_t rss_before = bench::peak_rss();
   torch::manual_seed(0);
   torch::nn::Sequential net(torch::nn::Linear(1024, hidden), torch::nn::ReLU());
   for (int i = 0; i < 3; ++i) net->push_back(torch::nn::Linear(hidden, hidden)), net->push_back(torch::nn::ReLU());
@@ -109,6 +98,6 @@ int main(int argc, char** argv) {
                 mode.c_str(), group.size(), static_cast<long long>(psi), static_cast<long long>(params),
                 static_cast<long long>(grads), static_cast<long long>(optim), static_cast<long long>(peak_params),
                 static_cast<long long>(peak_grads), static_cast<long long>(kept),
-                static_cast<long long>(peak_rss() - rss_before));
+                static_cast<long long>(bench::peak_rss() - rss_before));
   }
 }

@@ -13,6 +13,7 @@
 #include "ddp/reducer.h"
 #include "dist_test_support.h"
 #include "ddp_test_models.h"
+#include "parity_checks.h"
 
 using namespace ddp_test;
 
@@ -30,14 +31,6 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::string& kind,
   return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(1e-3));
 }
 
-void check_same_parameters(torch::nn::Module& trained, torch::nn::Module& reference, double tolerance) {
-  auto ref = reference.named_parameters();
-  for (const auto& item : trained.named_parameters()) {
-    const double diff = relative_difference(item.value(), ref[item.key()]);
-    INFO("parameter " << item.key() << " relative difference " << diff);
-    CHECK(diff <= tolerance);
-  }
-}
 
 // Reference gradients for the whole global batch: the mean of each rank's slice's loss, which
 // is what DDP's averaged gradients correspond to. BatchNorm's running statistics end as rank 0's

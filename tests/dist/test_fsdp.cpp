@@ -15,6 +15,7 @@
 #include "cpprun/cpprun.h"
 #include "dist_test_support.h"
 #include "ddp_test_models.h"
+#include "parity_checks.h"
 
 using namespace ddp_test;
 
@@ -73,14 +74,6 @@ void reference_backward(torch::nn::Module& ref, const std::function<torch::Tenso
   }
 }
 
-void check_same(torch::nn::Module& trained, torch::nn::Module& reference, double tolerance) {
-  auto ref = reference.named_parameters();
-  for (const auto& item : trained.named_parameters()) {
-    const double diff = relative_difference(item.value(), ref[item.key()]);
-    INFO("parameter " << item.key() << " relative difference " << diff);
-    CHECK(diff <= tolerance);
-  }
-}
 
 // options_for: the options for this net (manual wrapping names its submodules).
 template <typename Net = Mlp>
@@ -110,7 +103,7 @@ void check_parity(const std::function<cpprun::FsdpOptions(Net&)>& options_for, c
   INFO("stage " << options.stage() << " optimizer " << optimizer << " limit " << options.gathered_unit_limit()
                 << " prefetch " << options.prefetch() << " reshard_after_forward " << options.reshard_after_forward()
                 << " cpu_offload " << options.cpu_offload());
-  check_same(*net, *ref, 1e-5);
+  check_same_parameters(*net, *ref, 1e-5);
 }
 
 template <typename Net = Mlp>
@@ -287,7 +280,7 @@ TEST_CASE("fsdp: no_sync accumulates locally; the next backward reduces the sum"
     }
     model->gather_full_parameters();
     INFO("stage " << stage);
-    check_same(*net, *ref, 1e-5);
+    check_same_parameters(*net, *ref, 1e-5);
   }
 }
 
@@ -316,7 +309,7 @@ TEST_CASE("fsdp: clip_grad_norm clips by the norm over all ranks' shards (DDP: o
   opt.step();
   ref_opt.step();
   model->gather_full_parameters();
-  check_same(*net, *ref, 1e-5);
+  check_same_parameters(*net, *ref, 1e-5);
   CHECK_THROWS_WITH(model->clip_grad_norm(0), Catch::Contains("max_norm must be positive"));
 }
 
@@ -385,7 +378,7 @@ TEST_CASE("fsdp: a full state dict loads into a plain module, and back", "[fsdp]
   auto plain = std::make_shared<Mlp>(31);
   torch::load(plain, path);
   model->gather_full_parameters();
-  check_same(*plain, *net, 0);
+  check_same_parameters(*plain, *net, 0);
 
   // The reverse: a plain module's torch::save, loaded into the sharded model (only rank 0 reads).
   auto other = std::make_shared<Mlp>(31);
@@ -594,5 +587,5 @@ TEST_CASE("fsdp: a sharded checkpoint loads at another world size", "[.ckpt]") {
         .backward();
     ref_opt->step();
   }
-  check_same(*net, *ref, 1e-5);
+  check_same_parameters(*net, *ref, 1e-5);
 }

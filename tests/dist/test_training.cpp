@@ -13,6 +13,7 @@
 
 #include "cpprun/cpprun.h"
 #include "ddp_test_models.h"
+#include "parity_checks.h"
 #include "dist_test_support.h"
 
 using namespace ddp_test;
@@ -60,31 +61,13 @@ bool is_block(const torch::nn::Module& m) { return dynamic_cast<const Block*>(&m
 // The seed of rank r's dropout masks at a step: the reference replays it for r's slice.
 void seed_dropout(int step, int rank, int world) { torch::manual_seed(5000 + step * world + rank); }
 
-// A wrapped model, whichever wrapper: what the training loop needs of it.
-struct Wrapped {
-  std::function<torch::Tensor(torch::Tensor)> forward;
-  std::vector<torch::Tensor> parameters;
-  std::function<void()> full_parameters;  // brings net's own parameters up to date
-};
-
-Wrapped wrap(const std::string& how, const std::shared_ptr<Net>& net) {
-  if (how == "ddp") {
-    auto model = cpprun::DistributedDataParallel(net, group());
-    return {[model](torch::Tensor x) mutable { return model->forward(x); }, model->parameters(), [] {}};
-  }
+// DDP or FSDP behind the interface both offer: the training loops below are written once.
+template <typename Module>
+cpprun::DataParallel<Module> wrap(const std::string& how, const std::shared_ptr<Module>& net,
+                                  const std::function<bool(const torch::nn::Module&)>& unit_policy) {
+  if (how == "ddp") return cpprun::DistributedDataParallel(net, group());
   const int stage = how.back() - '0';
-  auto model = cpprun::FullyShardedDataParallel(net, group(), cpprun::FsdpOptions().stage(stage).wrap_policy(is_block));
-  return {[model](torch::Tensor x) mutable { return model->forward(x); }, model->parameters(),
-          [model]() mutable { model->gather_full_parameters(); }};
-}
-
-void check_same(torch::nn::Module& trained, torch::nn::Module& reference, double tolerance) {
-  auto ref = reference.named_parameters();
-  for (const auto& item : trained.named_parameters()) {
-    const double diff = relative_difference(item.value(), ref[item.key()]);
-    INFO("parameter " << item.key() << " relative difference " << diff);
-    CHECK(diff <= tolerance);
-  }
+  return cpprun::FullyShardedDataParallel(net, group(), cpprun::FsdpOptions().stage(stage).wrap_policy(unit_policy));
 }
 
 torch::Tensor loss_of(const torch::Tensor& logits, const torch::Tensor& targets) {
@@ -133,24 +116,24 @@ TEST_CASE("checkpointed blocks with dropout match one process under DDP and ZeRO
     INFO("wrapper " << how);
     torch::manual_seed(100 + rank);  // rank 0's initial weights must win
     auto net = std::make_shared<Net>(/*checkpointed_blocks=*/true);
-    Wrapped model = wrap(how, net);
+    auto model = wrap<Net>(how, net, is_block);
     auto ref = std::make_shared<Net>(/*checkpointed_blocks=*/false);
     copy_state(*ref, *net);
-    torch::optim::AdamW opt(model.parameters, torch::optim::AdamWOptions(1e-3).eps(1e-6));
+    torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-3).eps(1e-6));
     torch::optim::AdamW ref_opt(ref->parameters(), torch::optim::AdamWOptions(1e-3).eps(1e-6));
     for (int step = 0; step < 4; ++step) {
       auto x = inputs_for("mlp", kGlobalBatch, step);
       auto y = targets_for(kGlobalBatch, step);
       opt.zero_grad();
       seed_dropout(step, rank, world);
-      loss_of(model.forward(slice(x, rank, world)), slice(y, rank, world)).backward();
+      loss_of(model->forward(slice(x, rank, world)), slice(y, rank, world)).backward();
       opt.step();
       ref_opt.zero_grad();
       reference_backward(*ref, step, world, x, y);
       ref_opt.step();
     }
-    model.full_parameters();
-    check_same(*net, *ref, 1e-5);
+    model->gather_full_parameters();
+    check_same_parameters(*net, *ref, 1e-5);
   }
 }
 
@@ -162,10 +145,10 @@ TEST_CASE("GradScaler: an overflow on one rank skips the step on every rank, the
     INFO("wrapper " << how);
     torch::manual_seed(100 + rank);
     auto net = std::make_shared<Net>(/*checkpointed_blocks=*/false);
-    Wrapped model = wrap(how, net);
+    auto model = wrap<Net>(how, net, is_block);
     auto ref = std::make_shared<Net>(/*checkpointed_blocks=*/false);
     copy_state(*ref, *net);
-    torch::optim::SGD opt(model.parameters, torch::optim::SGDOptions(0.05).momentum(0.9));
+    torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
     torch::optim::SGD ref_opt(ref->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
     cpprun::GradScaler scaler(group(), cpprun::GradScalerOptions().init_scale(1024).growth_interval(3));
     for (int step = 0; step < 6; ++step) {
@@ -173,10 +156,10 @@ TEST_CASE("GradScaler: an overflow on one rank skips the step on every rank, the
       auto y = targets_for(kGlobalBatch, step);
       opt.zero_grad();
       seed_dropout(step, rank, world);
-      scaler.scale(loss_of(model.forward(slice(x, rank, world)), slice(y, rank, world))).backward();
+      scaler.scale(loss_of(model->forward(slice(x, rank, world)), slice(y, rank, world))).backward();
       if (step == kOverflowStep && rank == world - 1) {
         // Only the last rank sees it: under ZeRO-2/3 in its own shard of the gradients.
-        for (auto& p : model.parameters) {
+        for (auto& p : model->parameters()) {
           if (p.grad().defined() && p.grad().numel() > 0) {
             p.mutable_grad().view(-1)[0] = std::numeric_limits<float>::infinity();
             break;
@@ -194,8 +177,8 @@ TEST_CASE("GradScaler: an overflow on one rank skips the step on every rank, the
       }
     }
     CHECK(scaler.get_scale() == 1024);  // grew back after growth_interval clean steps
-    model.full_parameters();
-    check_same(*net, *ref, 1e-5);  // power-of-two scales: unscaled gradients are exact
+    model->gather_full_parameters();
+    check_same_parameters(*net, *ref, 1e-5);  // power-of-two scales: unscaled gradients are exact
   }
 }
 
@@ -212,28 +195,18 @@ TEST_CASE("tied embedding and output weights match one process under DDP and ZeR
     torch::manual_seed(100 + rank);
     auto net = std::make_shared<TiedLm>();
     REQUIRE(net->head->weight.is_same(net->embed->weight));
-    std::function<torch::Tensor(torch::Tensor)> forward;
-    std::vector<torch::Tensor> params;
-    std::function<void()> full_parameters = [] {};
-    if (how == "ddp") {
-      auto model = cpprun::DistributedDataParallel(net, group());
-      forward = [model](torch::Tensor x) mutable { return model->forward(x); };
-      params = cpprun::unique_parameters(*model);
-    } else {
-      auto policy = [layout = layout](const torch::nn::Module& m) {
-        return dynamic_cast<const Block*>(&m) != nullptr ||
-               (layout == "two units" && dynamic_cast<const TiedHead*>(&m) != nullptr);
-      };
-      auto model = cpprun::FullyShardedDataParallel(
-          net, group(), cpprun::FsdpOptions().stage(how.back() - '0').wrap_policy(policy));
-      CHECK(model->unit_count() == (layout == "two units" ? 3u : 2u));
-      forward = [model](torch::Tensor x) mutable { return model->forward(x); };
-      params = model->parameters();
-      full_parameters = [model]() mutable { model->gather_full_parameters(); };
+    auto policy = [layout = layout](const torch::nn::Module& m) {
+      return dynamic_cast<const Block*>(&m) != nullptr ||
+             (layout == "two units" && dynamic_cast<const TiedHead*>(&m) != nullptr);
+    };
+    auto model = wrap<TiedLm>(how, net, policy);
+    if (auto* fsdp = dynamic_cast<cpprun::FullyShardedDataParallelImpl<TiedLm>*>(model.ptr().get())) {
+      CHECK(fsdp->unit_count() == (layout == "two units" ? 3u : 2u));
     }
     auto ref = std::make_shared<TiedLm>();
     copy_state(*ref, *net);
-    torch::optim::AdamW opt(params, torch::optim::AdamWOptions(1e-2).eps(1e-6));
+    // Each tensor once: under DDP the tied weight is listed under two names.
+    torch::optim::AdamW opt(cpprun::unique_parameters(*model), torch::optim::AdamWOptions(1e-2).eps(1e-6));
     torch::optim::AdamW ref_opt(cpprun::unique_parameters(*ref), torch::optim::AdamWOptions(1e-2).eps(1e-6));
     for (int step = 0; step < 4; ++step) {
       torch::manual_seed(3000 + step);
@@ -241,7 +214,7 @@ TEST_CASE("tied embedding and output weights match one process under DDP and ZeR
       auto targets = (tokens + 1) % kVocab;
       opt.zero_grad();
       seed_dropout(step, rank, world);
-      loss_of(forward(slice(tokens, rank, world)), slice(targets, rank, world)).backward();
+      loss_of(model->forward(slice(tokens, rank, world)), slice(targets, rank, world)).backward();
       opt.step();
       ref_opt.zero_grad();
       for (int r = 0; r < world; ++r) {
@@ -250,8 +223,8 @@ TEST_CASE("tied embedding and output weights match one process under DDP and ZeR
       }
       ref_opt.step();
     }
-    full_parameters();
+    model->gather_full_parameters();
     CHECK(net->head->weight.is_same(net->embed->weight));  // still one tensor
-    check_same(*net, *ref, 1e-5);
+    check_same_parameters(*net, *ref, 1e-5);
   }
 }
