@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 #include <torch/torch.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
@@ -39,6 +40,10 @@ const std::vector<cpprun::DeviceMesh>& meshes() {
     } else {
       out.emplace_back(group(), std::vector<int>{1, world}, std::vector<std::string>{"replicate", "shard"});
       out.emplace_back(group(), std::vector<int>{world, 1}, std::vector<std::string>{"replicate", "shard"});
+    }
+    for (const auto& mesh : out) {  // what the test ran on, for hsdp_two_nodes.sh to check
+      std::printf("hsdp: mesh %dx%d (%s, %s)\n", mesh.size(0), mesh.size(1), mesh.names()[0].c_str(),
+                  mesh.names()[1].c_str());
     }
     return out;
   }();
