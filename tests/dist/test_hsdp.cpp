@@ -16,11 +16,13 @@
 #include "cpprun/cpprun.h"
 #include "ddp_test_models.h"
 #include "dist_test_support.h"
+#include "parity_checks.h"
 
 using namespace ddp_test;
 
 namespace {
 
+using dist_test::check_parameters_match;
 using dist_test::group;
 using dist_test::slice;
 
@@ -54,15 +56,6 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::string& kind,
   if (kind == "sgd") return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(0.05).momentum(0.9));
   // eps 1e-6: see test_fsdp.cpp's make_optimizer.
   return std::make_unique<torch::optim::AdamW>(params, torch::optim::AdamWOptions(1e-3).weight_decay(0.01).eps(1e-6));
-}
-
-void check_same(torch::nn::Module& trained, torch::nn::Module& reference, double tolerance) {
-  auto ref = reference.named_parameters();
-  for (const auto& item : trained.named_parameters()) {
-    const double diff = relative_difference(item.value(), ref[item.key()]);
-    INFO("parameter " << item.key() << " relative difference " << diff);
-    CHECK(diff <= tolerance);
-  }
 }
 
 // One training step of `model` on this rank's slice, returning clip_grad_norm's norm (nothing is
@@ -112,7 +105,7 @@ void check_parity(const cpprun::FsdpOptions& options, const std::string& optimiz
     CHECK(std::abs(norm - ref_norm) <= 1e-5 * ref_norm);
   }
   model->gather_full_parameters();
-  check_same(*net, *ref, 1e-5);
+  check_parameters_match(*net, *ref, 1e-5);
 }
 
 cpprun::FsdpOptions hsdp(const cpprun::DeviceMesh& mesh, int stage) {
@@ -189,7 +182,7 @@ TEST_CASE("hsdp: a sharded checkpoint is written by the first replica and loads 
     }
     for (int step = 3; step < 5; ++step) step_both(model, *opt, *ref, *ref_opt, step);
     model->gather_full_parameters();
-    check_same(*net, *ref, 1e-5);
+    check_parameters_match(*net, *ref, 1e-5);
   };
   resume(hsdp(mesh, 3));
   resume(hsdp(mesh, 1));
