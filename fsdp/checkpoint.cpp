@@ -102,26 +102,36 @@ void load_full_state(torch::nn::Module& module, std::vector<FlatParam>& flats, c
   for (auto& flat : flats) flat.shard_from_full();
 }
 
-void save_sharded_checkpoint(const std::vector<FlatParam>& flats, const ProcessGroup& group,
+namespace {
+
+// This rank's shards and their optimizer state, to PATH.
+void write_shards(const std::vector<FlatParam>& flats, torch::optim::Optimizer* optimizer, const std::string& path) {
+  torch::serialize::OutputArchive archive;
+  for (std::size_t f = 0; f < flats.size(); ++f) {
+    archive.write(key(f, "shard"), flats[f].shard().detach());
+    if (!optimizer) continue;
+    if (auto state = read_optimizer_state(*optimizer, flats[f].shard())) {
+      c10::List<std::string> names;
+      for (const auto& [name, tensor] : state->tensors) {
+        archive.write(key(f, "opt." + name), tensor);
+        names.push_back(name);
+      }
+      archive.write(key(f, "opt.names"), names);
+      archive.write(key(f, "opt.step"), at::tensor(state->step));
+    }
+  }
+  save_checkpoint(archive, path);
+}
+
+}  // namespace
+
+void save_sharded_checkpoint(const std::vector<FlatParam>& flats, const ShardGroups& groups,
                              torch::optim::Optimizer* optimizer, const std::string& dir) {
+  const ProcessGroup& group = groups.whole;
   std::exception_ptr failure;
   try {
     fs::create_directories(dir);
-    torch::serialize::OutputArchive archive;
-    for (std::size_t f = 0; f < flats.size(); ++f) {
-      archive.write(key(f, "shard"), flats[f].shard().detach());
-      if (!optimizer) continue;
-      if (auto state = read_optimizer_state(*optimizer, flats[f].shard())) {
-        c10::List<std::string> names;
-        for (const auto& [name, tensor] : state->tensors) {
-          archive.write(key(f, "opt." + name), tensor);
-          names.push_back(name);
-        }
-        archive.write(key(f, "opt.names"), names);
-        archive.write(key(f, "opt.step"), at::tensor(state->step));
-      }
-    }
-    save_checkpoint(archive, rank_file(dir, group.rank()));
+    if (groups.first_replica()) write_shards(flats, optimizer, rank_file(dir, groups.shard.rank()));
   } catch (...) {
     failure = std::current_exception();
   }
@@ -130,7 +140,7 @@ void save_sharded_checkpoint(const std::vector<FlatParam>& flats, const ProcessG
   if (group.rank() == 0) {
     try {
       torch::serialize::OutputArchive meta;
-      meta.write("world_size", at::tensor(static_cast<int64_t>(group.size())));
+      meta.write("world_size", at::tensor(static_cast<int64_t>(groups.shard.size())));
       meta.write("units", at::tensor(static_cast<int64_t>(flats.size())));  // flat parameters; the key is kept for old files
       for (std::size_t f = 0; f < flats.size(); ++f) {
         meta.write(key(f, "numel"), at::tensor(flats[f].numel()));
@@ -148,8 +158,9 @@ void save_sharded_checkpoint(const std::vector<FlatParam>& flats, const ProcessG
 // Saved on W ranks, flat parameter f was cut into W shards of S' = padded'/W elements; now
 // this rank owns elements [r*S, r*S + S). It reads only the saved ranks whose shards overlap that
 // range and copies the overlaps; elements past its real size are padding and stay zero.
-void load_sharded_checkpoint(const std::vector<FlatParam>& flats, const ProcessGroup& group,
+void load_sharded_checkpoint(const std::vector<FlatParam>& flats, const ShardGroups& groups,
                              torch::optim::Optimizer* optimizer, const std::string& dir) {
+  const ProcessGroup& group = groups.whole;
   // Each rank reads the files it needs: one may find a damaged file that the others never open.
   std::exception_ptr failure;
   try {

@@ -13,6 +13,7 @@
 
 #include "cpprun/process_group.h"
 #include "fsdp/flat_param.h"
+#include "fsdp/shard_groups.h"
 
 namespace cpprun::detail {
 
@@ -27,12 +28,15 @@ void save_full_state(torch::nn::Module& module, const ProcessGroup& group, const
 void load_full_state(torch::nn::Module& module, std::vector<FlatParam>& flats, const ProcessGroup& group,
                      const std::string& path);
 
-// DIR/rank_<r>.pt per rank, then DIR/meta.pt from rank 0 once all are written (its presence
-// marks a complete checkpoint). `optimizer` may be null. Collective.
-void save_sharded_checkpoint(const std::vector<FlatParam>& flats, const ProcessGroup& group,
+// DIR/rank_<r>.pt per shard rank r, then DIR/meta.pt from rank 0 once all are written (its
+// presence marks a complete checkpoint). HSDP: replica 0 alone writes (the other replicas hold
+// the same shards), so the files are those of plain FSDP over the shard group. `optimizer` may
+// be null. Collective over groups.whole.
+void save_sharded_checkpoint(const std::vector<FlatParam>& flats, const ShardGroups& groups,
                              torch::optim::Optimizer* optimizer, const std::string& dir);
-// Fills the shards (and the optimizer's state for them) from DIR. Collective.
-void load_sharded_checkpoint(const std::vector<FlatParam>& flats, const ProcessGroup& group,
+// Fills the shards (and the optimizer's state for them) from DIR; under HSDP every replica
+// reads its shards. Collective over groups.whole.
+void load_sharded_checkpoint(const std::vector<FlatParam>& flats, const ShardGroups& groups,
                              torch::optim::Optimizer* optimizer, const std::string& dir);
 
 }  // namespace cpprun::detail

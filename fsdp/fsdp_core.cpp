@@ -16,6 +16,7 @@
 #include "fsdp/flat_param.h"
 #include "fsdp/gradient_sync.h"
 #include "fsdp/parameter_residency.h"
+#include "fsdp/shard_groups.h"
 #include "fsdp/unit_plan.h"
 
 namespace cpprun::detail {
@@ -42,6 +43,7 @@ struct FsdpCore::Impl {
   torch::nn::Module& module;
   ProcessGroup group;
   FsdpOptions options;
+  ShardGroups groups;  // HSDP: shard within groups.shard, replicate across groups.replicate
   std::vector<FlatParam> flats;  // never resized after construction: GradientSync refers to them
   std::unique_ptr<ParameterResidency> residency;  // stage 3; before `sync`, whose hooks call it
   std::unique_ptr<GradientSync> sync;
@@ -49,7 +51,8 @@ struct FsdpCore::Impl {
   bool require_sync = true;
   bool shards_loaded = false;  // a checkpoint wrote the shards: gather before the next forward
 
-  Impl(torch::nn::Module& m, ProcessGroup g, FsdpOptions o) : module(m), group(std::move(g)), options(std::move(o)) {}
+  Impl(torch::nn::Module& m, ProcessGroup g, FsdpOptions o)
+      : module(m), group(std::move(g)), options(std::move(o)), groups(make_shard_groups(group, options)) {}
 
   // After an optimizer step each rank has updated only its shard: gather the full parameters.
   void gather_if_stepped() {
@@ -60,7 +63,7 @@ struct FsdpCore::Impl {
     for (auto& flat : flats) {
       // The input must not alias the output (a shard may be part of full()); cast for mixed precision.
       at::Tensor shard = flat.shard().detach();
-      all_gather_into(group, flat.full(), flat.shard_is_separate() ? shard.to(flat.full().scalar_type()) : shard.clone());
+      all_gather_into(groups.shard, flat.full(), flat.shard_is_separate() ? shard.to(flat.full().scalar_type()) : shard.clone());
     }
   }
 };
@@ -83,8 +86,8 @@ FsdpCore::FsdpCore(torch::nn::Module& module, ProcessGroup group, FsdpOptions op
   const auto units = plan_units(module, s.options);
   s.unit_count = units.size();
   FlattenOptions flatten;
-  flatten.rank = s.group.rank();
-  flatten.world = s.group.size();
+  flatten.rank = s.groups.shard.rank();
+  flatten.world = s.groups.shard.size();
   flatten.compute_dtype = s.options.param_dtype();
   flatten.separate_shard = flatten.release_full = stage == 3;
   flatten.shard_on_cpu = s.options.cpu_offload();
@@ -97,10 +100,10 @@ FsdpCore::FsdpCore(torch::nn::Module& module, ProcessGroup group, FsdpOptions op
     residency.reshard_after_forward = s.options.reshard_after_forward();
     residency.prefetch = s.options.prefetch();
     residency.limit = s.options.gathered_unit_limit();
-    s.residency = std::make_unique<ParameterResidency>(s.flats, root, s.group, residency);
+    s.residency = std::make_unique<ParameterResidency>(s.flats, root, s.groups.shard, residency);
     flat_done = [r = s.residency.get()](std::size_t f) { r->backward_done(f); };
   }
-  s.sync = std::make_unique<GradientSync>(s.flats, s.group, stage,
+  s.sync = std::make_unique<GradientSync>(s.flats, s.groups, stage,
                                           s.options.reduce_dtype() ? s.options.reduce_dtype() : s.options.param_dtype(),
                                           std::move(flat_done),
                                           static_cast<std::size_t>(s.options.gathered_unit_limit() - 1));
@@ -134,8 +137,8 @@ std::vector<at::Tensor> FsdpCore::shards() const {
 double FsdpCore::clip_grad_norm(double max_norm) {
   std::vector<at::Tensor> grads;
   for (const auto& flat : impl_->flats) grads.push_back(flat.shard().grad());
-  // The shards together cover every gradient exactly once.
-  return detail::clip_grad_norm(grads, max_norm, &impl_->group, "cpprun::FullyShardedDataParallel");
+  // The shard group's shards cover every gradient exactly once (HSDP: replicas hold equal ones).
+  return detail::clip_grad_norm(grads, max_norm, &impl_->groups.shard, "cpprun::FullyShardedDataParallel");
 }
 
 at::Tensor FsdpCore::cast_input(const at::Tensor& input) const {
@@ -180,11 +183,11 @@ void FsdpCore::load_full_state(const std::string& path) {
 }
 
 void FsdpCore::save_sharded(const std::string& dir, torch::optim::Optimizer* optimizer) {
-  save_sharded_checkpoint(impl_->flats, impl_->group, optimizer, dir);
+  save_sharded_checkpoint(impl_->flats, impl_->groups, optimizer, dir);
 }
 
 void FsdpCore::load_sharded(const std::string& dir, torch::optim::Optimizer* optimizer) {
-  load_sharded_checkpoint(impl_->flats, impl_->group, optimizer, dir);
+  load_sharded_checkpoint(impl_->flats, impl_->groups, optimizer, dir);
   impl_->shards_loaded = true;
 }
 

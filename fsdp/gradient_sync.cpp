@@ -6,11 +6,12 @@
 #include <torch/csrc/autograd/engine.h>
 
 namespace cpprun::detail {
-GradientSync::GradientSync(std::vector<FlatParam>& flats, ProcessGroup group, int stage,
+GradientSync::GradientSync(std::vector<FlatParam>& flats, const ShardGroups& groups, int stage,
                            std::optional<at::ScalarType> reduce_dtype, std::function<void(std::size_t)> flat_done,
                            std::size_t max_in_flight)
     : flats_(flats),
-      group_(std::move(group)),
+      group_(groups.shard),
+      replicate_(groups.replicate),
       stage_(stage),
       reduce_dtype_(reduce_dtype),
       flat_done_(std::move(flat_done)),
@@ -127,6 +128,16 @@ void GradientSync::complete(std::size_t f) {
   state.completed = true;
   state.work.wait();
   const FlatParam& flat = flats_[f];
+  if (replicate_) {
+    // Note [HSDP gradient reduction]
+    // The shard group has averaged its ranks' gradients; the replicas, each another slice of the
+    // batch, now average the part this rank keeps: Ψ/S elements cross the replicate dimension,
+    // not Ψ. Stage 1's flat gradient outside the shard keeps the shard group's average only:
+    // nothing reads it (the optimizer steps the shard). Synchronous, in the order every rank
+    // completes its flat parameters (see Note [FSDP reduction order]).
+    at::Tensor mine = stage_ == 1 ? state.wire.narrow(0, flat.shard_offset(), flat.shard_numel()) : state.shard_grad;
+    all_reduce(*replicate_, mine, ReduceOp::kAvg);
+  }
   at::NoGradGuard no_grad;
   at::Tensor& shard_grad = flat.shard().mutable_grad();
   const auto master_dtype = flat.shard().scalar_type();

@@ -20,6 +20,7 @@
 #include "core/gradient_ready_hook.h"
 #include "cpprun/collectives.h"
 #include "fsdp/flat_param.h"
+#include "fsdp/shard_groups.h"
 
 namespace cpprun::detail {
 
@@ -27,7 +28,9 @@ class GradientSync {
  public:
   // reduce_dtype: the dtype gradients are reduced in (mixed precision), else their own.
   // flat_done (stage 3): called once all of a flat parameter's gradients are in, so it can go.
-  GradientSync(std::vector<FlatParam>& flats, ProcessGroup group, int stage,
+  // HSDP (groups.replicate): after the reduction in groups.shard, each shard's gradient is
+  // averaged across the replicas.
+  GradientSync(std::vector<FlatParam>& flats, const ShardGroups& groups, int stage,
                std::optional<at::ScalarType> reduce_dtype = std::nullopt,
                std::function<void(std::size_t)> flat_done = nullptr, std::size_t max_in_flight = 2);
   ~GradientSync();
@@ -71,7 +74,8 @@ class GradientSync {
   void release_flat_grad(FlatState& state);
 
   std::vector<FlatParam>& flats_;
-  ProcessGroup group_;
+  ProcessGroup group_;                     // the shard group
+  std::optional<ProcessGroup> replicate_;  // HSDP
   int stage_;
   std::optional<at::ScalarType> reduce_dtype_;
   std::function<void(std::size_t)> flat_done_;

@@ -109,7 +109,9 @@ void load_full_state_dict(FullyShardedDataParallel<ModuleType>& model, const std
 }
 
 // Sharded checkpoint: each rank writes DIR/rank_<r>.pt with its shards and their optimizer state
-// (SGD, Adam, AdamW), in parallel; rank 0 writes DIR/meta.pt last. Each file is written atomically
+// (SGD, Adam, AdamW), in parallel; rank 0 writes DIR/meta.pt last. Under HSDP (FsdpOptions::mesh)
+// only the first replica writes, r being the rank in the shard group, and every replica loads:
+// the files are those plain FSDP over the shard group would write. Each file is written atomically
 // with a checksum, verified on load: a damaged file is refused with an error naming it, on the
 // rank that read it, and every other rank throws too. It loads at any world size: the saved shards
 // are cut anew. Collective.

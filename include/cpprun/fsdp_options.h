@@ -8,7 +8,10 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
+
+#include "cpprun/device_mesh.h"
 
 namespace cpprun {
 
@@ -46,6 +49,20 @@ struct FsdpOptions {
   // when the model is on a GPU) and step the optimizer there; each gather copies a shard to the
   // model's device first, each reduced gradient shard is copied back. A no-op for a CPU model.
   TORCH_ARG(bool, cpu_offload) = false;
+
+  // HSDP (hybrid sharding): a 2-D DeviceMesh of the group FSDP is given (its whole()). The
+  // parameters, gradients and optimizer state are sharded over one dimension (shard_dim) and
+  // replicated over the other: each rank holds 1/size(shard_dim) of the model, and the ranks
+  // with the same shard coordinate hold the same shard. Gradients are reduce-scattered (stage 1:
+  // all-reduced) within the shard group, then the shard's gradient is averaged across the
+  // replicas; parameters are all-gathered within the shard group only. With a {nodes, local}
+  // mesh (init_device_mesh()), only Ψ/local gradient bytes per step cross nodes.
+  //   auto mesh = cpprun::init_device_mesh();
+  //   auto model = cpprun::FullyShardedDataParallel(net, mesh.whole(), FsdpOptions().stage(3).mesh(mesh));
+  TORCH_ARG(std::optional<DeviceMesh>, mesh) = std::nullopt;
+  // The mesh dimension (by name) to shard over; the other one replicates. Empty: the last
+  // dimension (so a {replicate, shard} or {node, local} mesh shards within a row / node).
+  TORCH_ARG(std::string, shard_dim) = "";
 };
 
 // Manual wrapping, for wrap_policy: exactly these submodules become units. One may sit inside

@@ -1,0 +1,203 @@
+// HSDP (FsdpOptions::mesh): FullyShardedDataParallel sharded over one mesh dimension and
+// replicated over the other, under `cpprun`. At 4 ranks the mesh is 2 replicas x 2 shards; across
+// two cpprun agents (tests/dist/hsdp_two_nodes.sh) it is init_device_mesh()'s {node, local}; at 1-3
+// ranks the degenerate meshes 1 x N (plain FSDP) and N x 1 (every rank a full replica). Each rank
+// trains on its slice of every global batch beside a reference model trained in one process on
+// the whole batch; parameters must match. CHECK, not REQUIRE, keeps the ranks' collectives in step.
+#include <catch2/catch.hpp>
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "cpprun/cpprun.h"
+#include "ddp_test_models.h"
+#include "dist_test_support.h"
+#include "parity_checks.h"
+
+using namespace ddp_test;
+
+namespace {
+
+using dist_test::group;
+using dist_test::slice;
+
+constexpr int64_t kGlobalBatch = 24;
+
+bool is_linear(const torch::nn::Module& m) { return dynamic_cast<const torch::nn::LinearImpl*>(&m) != nullptr; }
+
+// The meshes this job tests (made once: each is collective and creates subgroups).
+const std::vector<cpprun::DeviceMesh>& meshes() {
+  static const std::vector<cpprun::DeviceMesh> all = [] {
+    const int world = group().size();
+    std::vector<cpprun::DeviceMesh> out;
+    if (group().env().local_world_size < world) {
+      out.push_back(cpprun::init_device_mesh(group()));  // several nodes: shard within, replicate across
+    } else if (world == 4) {
+      out.emplace_back(group(), std::vector<int>{2, 2}, std::vector<std::string>{"replicate", "shard"});
+    } else {
+      out.emplace_back(group(), std::vector<int>{1, world}, std::vector<std::string>{"replicate", "shard"});
+      out.emplace_back(group(), std::vector<int>{world, 1}, std::vector<std::string>{"replicate", "shard"});
+    }
+    for (const auto& mesh : out) {  // what the test ran on, for hsdp_two_nodes.sh to check
+      std::printf("hsdp: mesh %dx%d (%s, %s)\n", mesh.size(0), mesh.size(1), mesh.names()[0].c_str(),
+                  mesh.names()[1].c_str());
+    }
+    return out;
+  }();
+  return all;
+}
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::string& kind, std::vector<torch::Tensor> params) {
+  if (kind == "sgd") return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(0.05).momentum(0.9));
+  // eps 1e-6: see test_fsdp.cpp's make_optimizer.
+  return std::make_unique<torch::optim::AdamW>(params, torch::optim::AdamWOptions(1e-3).weight_decay(0.01).eps(1e-6));
+}
+
+// One training step of `model` on this rank's slice, returning clip_grad_norm's norm (nothing is
+// clipped), and of `ref` on the whole batch, returning its gradients' norm.
+template <typename Model>
+std::pair<double, double> step_both(Model& model, torch::optim::Optimizer& opt, Mlp& ref, torch::optim::Optimizer& ref_opt,
+                                    int step) {
+  const int rank = group().rank(), world = group().size();
+  auto x = inputs_for("mlp", kGlobalBatch, step);
+  auto y = targets_for(kGlobalBatch, step);
+  opt.zero_grad();
+  torch::nn::functional::cross_entropy(model->forward(slice(x, rank, world)), slice(y, rank, world)).backward();
+  const double norm = model->clip_grad_norm(1e9);
+  opt.step();
+  ref_opt.zero_grad();
+  torch::nn::functional::cross_entropy(ref.forward(x), y).backward();
+  const double ref_norm = torch::nn::utils::clip_grad_norm_(ref.parameters(), 1e9);
+  ref_opt.step();
+  return {norm, ref_norm};
+}
+
+void check_parity(const cpprun::FsdpOptions& options, const std::string& optimizer, int steps = 4) {
+  const cpprun::DeviceMesh& mesh = *options.mesh();
+  INFO("mesh " << mesh.size(0) << "x" << mesh.size(1) << " shard_dim '" << options.shard_dim() << "' stage "
+               << options.stage() << " optimizer " << optimizer << " limit " << options.gathered_unit_limit()
+               << " prefetch " << options.prefetch() << " reshard_after_forward " << options.reshard_after_forward()
+               << " cpu_offload " << options.cpu_offload());
+  torch::manual_seed(100 + group().rank());  // rank 0's initial weights must win
+  auto net = std::make_shared<Mlp>(31);
+  auto model = cpprun::FullyShardedDataParallel(net, mesh.whole(), options);
+  auto ref = std::make_shared<Mlp>(31);
+  copy_state(*ref, *net);
+  auto opt = make_optimizer(optimizer, model->parameters());
+  auto ref_opt = make_optimizer(optimizer, ref->parameters());
+
+  // Sharded over the shard dimension only: each shard is 1/S of its padded flat parameter.
+  const int shards = options.shard_dim().empty() ? mesh.size(1) : mesh.size(options.shard_dim());
+  int64_t held = 0, total = 0;
+  for (const auto& shard : model->parameters()) held += shard.numel();
+  for (const auto& p : net->parameters()) total += p.numel();
+  CHECK(held * shards >= total);
+  CHECK(held * shards < total + shards * static_cast<int64_t>(model->flat_parameter_count()));
+
+  for (int step = 0; step < steps; ++step) {
+    const auto [norm, ref_norm] = step_both(model, *opt, *ref, *ref_opt, step);
+    INFO("step " << step << " norm " << norm << " reference " << ref_norm);
+    CHECK(std::abs(norm - ref_norm) <= 1e-5 * ref_norm);
+  }
+  model->gather_full_parameters();
+  check_same_parameters(*net, *ref, 1e-5);
+}
+
+cpprun::FsdpOptions hsdp(const cpprun::DeviceMesh& mesh, int stage) {
+  return cpprun::FsdpOptions().stage(stage).wrap_policy(is_linear).mesh(mesh);
+}
+
+}  // namespace
+
+TEST_CASE("hsdp: ZeRO-1, -2 and -3 over a replicate x shard mesh match one process, SGD-momentum and AdamW", "[hsdp]") {
+  for (const auto& mesh : meshes()) {
+    for (int stage : {1, 2, 3}) {
+      check_parity(hsdp(mesh, stage), "sgd");
+      check_parity(hsdp(mesh, stage), "adamw");
+    }
+  }
+}
+
+TEST_CASE("hsdp: every ZeRO-3 option, and sharding over the first mesh dimension, match one process", "[hsdp]") {
+  for (const auto& mesh : meshes()) {
+    check_parity(hsdp(mesh, 3).reshard_after_forward(false), "adamw");
+    check_parity(hsdp(mesh, 3).prefetch(false).gathered_unit_limit(1), "adamw");
+    check_parity(hsdp(mesh, 3).cpu_offload(true), "adamw");
+    check_parity(hsdp(mesh, 3).auto_wrap_min_params(0).wrap_policy(nullptr), "sgd");  // the model as one unit
+    check_parity(hsdp(mesh, 2).shard_dim(mesh.names()[0]), "adamw");
+  }
+}
+
+TEST_CASE("hsdp: a sharded checkpoint is written by the first replica and loads into every replica and into plain FSDP",
+          "[hsdp]") {
+  const int rank = group().rank();
+  const cpprun::DeviceMesh& mesh = meshes().front();
+  // One directory for the job, named by rank 0 (the nodes' agents differ).
+  at::Tensor id = at::tensor(static_cast<int64_t>(::getpid()));
+  cpprun::broadcast(group(), id, 0);
+  const std::string dir = "/tmp/cpprun_hsdp_ckpt_" + std::to_string(id.item<int64_t>());
+
+  auto initial = std::make_shared<Mlp>(31);  // rank 0's initial weights, for the references
+  {
+    torch::manual_seed(100 + rank);
+    auto net = std::make_shared<Mlp>(31);
+    auto model = cpprun::FullyShardedDataParallel(net, group(), hsdp(mesh, 3));  // rank 0's weights everywhere
+    copy_state(*initial, *net);
+    auto ref = std::make_shared<Mlp>(31);
+    copy_state(*ref, *net);
+    auto ref_opt = make_optimizer("adamw", ref->parameters());
+    auto opt = make_optimizer("adamw", model->parameters());
+    for (int step = 0; step < 3; ++step) step_both(model, *opt, *ref, *ref_opt, step);
+    cpprun::save_sharded_checkpoint(model, *opt, dir);
+  }
+  // The files of plain FSDP over the shard group: one per shard rank, from the first replica.
+  int rank_files = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    rank_files += entry.path().filename().string().rfind("rank_", 0) == 0 ? 1 : 0;
+  }
+  CHECK(rank_files == mesh.size(1));
+  CHECK(std::filesystem::exists(dir + "/meta.pt"));
+
+  // Into HSDP (every replica reads the same shards) and into plain FSDP over every rank; both
+  // then go on training as the reference does.
+  auto resume = [&](const cpprun::FsdpOptions& options) {
+    torch::manual_seed(999 + rank);  // loading must overwrite these weights
+    auto net = std::make_shared<Mlp>(31);
+    auto model = cpprun::FullyShardedDataParallel(net, group(), options);
+    auto opt = make_optimizer("adamw", model->parameters());
+    cpprun::load_sharded_checkpoint(model, *opt, dir);
+    auto ref = std::make_shared<Mlp>(31);
+    copy_state(*ref, *initial);
+    auto ref_opt = make_optimizer("adamw", ref->parameters());
+    for (int step = 0; step < 3; ++step) {
+      ref_opt->zero_grad();
+      torch::nn::functional::cross_entropy(ref->forward(inputs_for("mlp", kGlobalBatch, step)),
+                                           targets_for(kGlobalBatch, step)).backward();
+      ref_opt->step();
+    }
+    for (int step = 3; step < 5; ++step) step_both(model, *opt, *ref, *ref_opt, step);
+    model->gather_full_parameters();
+    check_same_parameters(*net, *ref, 1e-5);
+  };
+  resume(hsdp(mesh, 3));
+  resume(hsdp(mesh, 1));
+  resume(cpprun::FsdpOptions().stage(2).wrap_policy(is_linear));
+  cpprun::barrier(group());
+  if (rank == 0) std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("hsdp: a 1-D mesh, a shard_dim naming no dimension, or one without a mesh is a clear error", "[hsdp]") {
+  auto net = std::make_shared<Mlp>(31);
+  CHECK_THROWS_WITH(cpprun::FullyShardedDataParallel(net, group(), cpprun::FsdpOptions().shard_dim("shard")),
+                    Catch::Matchers::Contains("no mesh was given"));
+  const cpprun::DeviceMesh& mesh = meshes().front();
+  CHECK_THROWS_WITH(cpprun::FullyShardedDataParallel(net, group(), hsdp(mesh, 2).shard_dim("rows")),
+                    Catch::Matchers::Contains("rows"));
+  const cpprun::DeviceMesh flat(group(), {group().size()});
+  CHECK_THROWS_WITH(cpprun::FullyShardedDataParallel(net, group(), cpprun::FsdpOptions().mesh(flat)),
+                    Catch::Matchers::Contains("HSDP needs a 2-D mesh"));
+}
