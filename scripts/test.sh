@@ -9,6 +9,6 @@ bash scripts/setup.sh
 echo "test: [2/3] build"
 bash scripts/build.sh
 echo "test: set-up + build took $(( $(date +%s) - start )) s"
-echo "test: [3/3] ctest (about 70 tests, 2-3 minutes on 2 cores; each line is one test done)"
+echo "test: [3/3] ctest (about 110 tests, 5-6 minutes on 2 cores; each line is one test done)"
 ctest --test-dir "${CPPRUN_BUILD_DIR:-build}" --output-on-failure --parallel 2 "$@"
 echo "test: set-up + build + tests took $(( $(date +%s) - start )) s"
