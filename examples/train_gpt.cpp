@@ -1,4 +1,5 @@
-// Trains a small character-level GPT on a text file with cpprun, then prints a generated sample.
+// Trains a small character-level GPT on a text file with cpprun, then prints tokens/s, the peak
+// memory per rank, the held-out loss and a generated sample.
 //
 //   single process:  ./build/examples/train_gpt
 //   two ranks:       ./build/launcher/cpprun --nproc_per_node=2 ./build/examples/train_gpt --mode ddp
@@ -10,6 +11,7 @@
 #include <torch/torch.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -155,6 +157,21 @@ struct GptImpl : torch::nn::Module {
 };
 TORCH_MODULE(Gpt);
 
+// This process's peak resident memory (VmHWM), in MB: what the model, its gradients, optimizer
+// state and activations took at most on this rank (host memory; on a GPU see the CUDA allocator).
+double peak_rss_mb() {
+  std::ifstream status("/proc/self/status");
+  std::string key;
+  double kb = 0;
+  while (status >> key) {
+    if (key == "VmHWM:") {
+      status >> kb;
+      break;
+    }
+  }
+  return kb / 1024;
+}
+
 int run(int argc, char** argv) {
   const Options opt = parse(argc, argv);
   if (opt.help) return examples::print_usage(kUsage);
@@ -221,6 +238,7 @@ int run(int argc, char** argv) {
 
   sampler.reset();
   double first_loss = 0, loss_sum = 0;
+  const auto started = std::chrono::steady_clock::now();
   for (int step = 1; step <= opt.steps; ++step) {
     auto starts = sampler.next(opt.batch);
     if (!starts || starts->size() < static_cast<size_t>(opt.batch)) sampler.reset(), starts = sampler.next(opt.batch);
@@ -244,6 +262,12 @@ int run(int argc, char** argv) {
     }
   }
 
+  // Throughput over all ranks, and the largest rank's peak memory (a collective: every rank).
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  auto peak = torch::tensor({peak_rss_mb()}, torch::kDouble);
+  cpprun::all_reduce(group, peak, cpprun::ReduceOp::kMax);
+  const double tokens = static_cast<double>(opt.steps) * opt.batch * opt.block * group.size();
+
   // Held-out loss, then a sample from rank 0 (greedy decoding would repeat itself: sample).
   model->gather_full_parameters();  // FSDP: gpt's own weights made current; DDP: they are
   torch::NoGradGuard no_grad;
@@ -255,6 +279,8 @@ int run(int argc, char** argv) {
   auto val = torch::nn::functional::cross_entropy(vlogits.view({-1, vlogits.size(-1)}), vy.view({-1}));
   if (rank != 0) return 0;
   std::printf("first loss %.4f, held-out loss %.4f\n", first_loss, val.item<double>());
+  std::printf("%.0f tokens/s over %d ranks; peak memory per rank %.0f MB (the largest rank's resident memory)\n",
+              tokens / seconds, group.size(), peak.item<double>());
   if (opt.amp == "fp16") std::printf("fp16: %d of %d steps skipped for overflow, loss scale now %g\n", skipped, opt.steps, scaler.get_scale());
   auto context = encoded.narrow(0, split, opt.block).unsqueeze(0);
   auto generator = at::make_generator<at::CPUGeneratorImpl>(1);
