@@ -38,6 +38,9 @@ struct SmallCnn : torch::nn::Module {
   }
 };
 
+// FSDP's wrap policy of one unit per Linear, which the FSDP and HSDP tests share.
+inline bool is_linear(const torch::nn::Module& m) { return dynamic_cast<const torch::nn::LinearImpl*>(&m) != nullptr; }
+
 // Deterministic data: the same on every rank, so each can slice out its part.
 inline torch::Tensor inputs_for(const std::string& model, int64_t n, int64_t step) {
   torch::manual_seed(1000 + step);

@@ -27,8 +27,6 @@ using dist_test::slice;
 
 constexpr int64_t kGlobalBatch = 24;
 
-bool is_linear(const torch::nn::Module& m) { return dynamic_cast<const torch::nn::LinearImpl*>(&m) != nullptr; }
-
 // The meshes this job tests (made once: each is collective and creates subgroups).
 const std::vector<cpprun::DeviceMesh>& meshes() {
   static const std::vector<cpprun::DeviceMesh> all = [] {
