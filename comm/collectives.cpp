@@ -298,7 +298,9 @@ Work all_gather_into_async(const ProcessGroup& group, at::Tensor output, at::Ten
   CollectiveCall call{CollectiveKind::kAllGatherInto, {output, input}, std::nullopt, std::nullopt};
   return issue_collective(group, call, [&](uint64_t sequence) {
     if (impl.is_nccl(input)) {
-      return make_work(impl.group_for(input).all_gather_single(output, input));
+      // _allgather_base, not all_gather_single: the older name is in every LibTorch 2.x (2.11, on
+      // the GPU machine, has no all_gather_single; 2.15 forwards one to the other).
+      return make_work(impl.group_for(input)._allgather_base(output, input));
     }
     // Gloo's own all-gather would fill a scratch tensor of the output's size and copy it over:
     // a ring over send/recv moves the same bytes straight into `output`.
@@ -338,7 +340,7 @@ Work reduce_scatter_async(const ProcessGroup& group, at::Tensor output, at::Tens
     if (impl.is_nccl(input)) {
       c10d::ReduceScatterOptions opts;
       opts.reduceOp = to_c10d(op);
-      auto work = impl.group_for(input).reduce_scatter_single(output, input, opts);
+      auto work = impl.group_for(input)._reduce_scatter_base(output, input, opts);  // as _allgather_base
       return make_work(std::move(work), [output, op, n]() mutable {
         if (op == ReduceOp::kAvg) output.div_(n);
       });

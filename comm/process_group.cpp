@@ -111,12 +111,24 @@ std::shared_ptr<::gloo::transport::Device> gloo_device(const DistEnv& env) {
   return c10d::ProcessGroupGloo::createDefaultDevice();
 }
 
-bool cuda_usable() {
+int visible_gpus() {
 #ifdef CPPRUN_WITH_NCCL
-  return at::hasCUDA() && at::getNumGPUs() > 0;
+  return at::hasCUDA() ? static_cast<int>(at::getNumGPUs()) : 0;
 #else
-  return false;
+  return 0;
 #endif
+}
+
+// GPUs are used only when every rank on this node has one of its own: NCCL refuses two ranks on
+// one GPU, and a node where rank 0 took the GPU while ranks 1-3 fell back to the CPU would mix
+// backends within one job. Every rank of the node sees the same count, so all decide alike.
+bool gpu_for_every_local_rank(const DistEnv& env) {
+  return visible_gpus() > 0 && visible_gpus() >= env.local_world_size;
+}
+
+std::string too_few_gpus(const DistEnv& env) {
+  return std::to_string(env.local_world_size) + " ranks on this node (LOCAL_WORLD_SIZE) but " +
+         std::to_string(visible_gpus()) + " GPU(s) visible, and NCCL needs one GPU per rank";
 }
 
 }  // namespace
@@ -147,10 +159,16 @@ c10::intrusive_ptr<detail::C10dGroup> detail::make_nccl(const c10::intrusive_ptr
 
 namespace {
 
-Backend resolve_backend(Backend asked) {
-  const bool nccl_ok = cuda_usable();
+Backend resolve_backend(Backend asked, const DistEnv& env) {
+  const bool nccl_ok = gpu_for_every_local_rank(env);
   switch (asked) {
-    case Backend::kAuto: return nccl_ok ? Backend::kNccl : Backend::kGloo;
+    case Backend::kAuto:
+      if (!nccl_ok && visible_gpus() > 0 && env.local_rank == 0) {
+        std::cerr << "cpprun: " << too_few_gpus(env) << ": every rank uses the CPU and Gloo. Launch "
+                     "--nproc_per_node=" << visible_gpus() << " to train on the GPUs, or set "
+                     "CUDA_VISIBLE_DEVICES= to hide them and silence this.\n";
+      }
+      return nccl_ok ? Backend::kNccl : Backend::kGloo;
     case Backend::kGloo: return Backend::kGloo;
     case Backend::kNccl:
 #ifndef CPPRUN_WITH_NCCL
@@ -158,8 +176,10 @@ Backend resolve_backend(Backend asked) {
                   "LibTorch without CUDA/NCCL. Use Backend::kGloo (or kAuto), or rebuild cpprun "
                   "against a CUDA LibTorch (see README, 'Building against another LibTorch').");
 #endif
-      TORCH_CHECK(nccl_ok, "cpprun: backend nccl was asked for, but no GPU is visible to this "
-                  "process (check CUDA_VISIBLE_DEVICES and the driver). Use Backend::kGloo.");
+      TORCH_CHECK(visible_gpus() > 0, "cpprun: backend nccl was asked for, but no GPU is visible to "
+                  "this process (check CUDA_VISIBLE_DEVICES and the driver). Use Backend::kGloo.");
+      TORCH_CHECK(nccl_ok, "cpprun: backend nccl was asked for, but there are ", too_few_gpus(env),
+                  ". Launch --nproc_per_node=", visible_gpus(), ", or use Backend::kGloo.");
       return Backend::kNccl;
   }
   return Backend::kGloo;
@@ -188,7 +208,7 @@ ProcessGroup init_process_group(const ProcessGroupOptions& options) {
   auto impl = std::make_shared<detail::GroupImpl>();
   impl->env = options.env ? *options.env : read_dist_env();
   impl->timeout = options.timeout;
-  impl->backend = resolve_backend(options.backend);
+  impl->backend = resolve_backend(options.backend, impl->env);
   impl->debug_level = options.debug_level ? *options.debug_level : read_debug_level();
   const DistEnv& env = impl->env;
 
@@ -238,9 +258,9 @@ int local_rank() {
 }
 
 c10::Device local_device() {
-  const int index = local_rank();
-  if (at::hasCUDA() && index < static_cast<int>(at::getNumGPUs())) {
-    return c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(index));
+  const DistEnv env = is_initialized() ? default_group().env() : read_dist_env();
+  if (gpu_for_every_local_rank(env)) {
+    return c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(env.local_rank));
   }
   return c10::Device(c10::DeviceType::CPU);
 }

@@ -93,7 +93,7 @@ struct AttentionImpl : torch::nn::Module {
     auto parts = qkv(x).view({B, T, 3, heads, D}).permute({2, 0, 3, 1, 4});  // [3, B, H, T, D]
     auto q = parts[0], k = parts[1], v = parts[2];
     auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(D));
-    auto future = torch::ones({T, T}, torch::kBool).triu(1);
+    auto future = torch::ones({T, T}, x.options().dtype(torch::kBool)).triu(1);
     auto att = torch::softmax(scores.masked_fill(future, -INFINITY), -1);
     return proj(torch::matmul(att, v).transpose(1, 2).reshape({B, T, C}));
   }
@@ -145,7 +145,7 @@ struct GptImpl : torch::nn::Module {
     torch::nn::init::normal_(positions->weight, 0, 0.02);
   }
   torch::Tensor forward(torch::Tensor idx) {  // [B, T] -> logits [B, T, vocab]
-    auto x = tokens(idx) + positions(torch::arange(idx.size(1), torch::kLong));
+    auto x = tokens(idx) + positions(torch::arange(idx.size(1), idx.options()));
     for (auto& block : blocks) {
       // Checkpointed, a block keeps only its input for backward, which runs it again.
       x = checkpoint_activations
@@ -199,8 +199,12 @@ int run(int argc, char** argv) {
   // The last tenth is held out; training windows start anywhere in the rest.
   const int64_t split = encoded.size(0) * 9 / 10, windows = split - opt.block - 1;
 
+  // This rank's GPU where there is one (cuda:LOCAL_RANK), else the CPU: model and data live there.
+  const auto device = cpprun::local_device();
+  encoded = encoded.to(device);
   torch::manual_seed(0);
   Gpt gpt(static_cast<int64_t>(vocab.size()), opt);
+  gpt->to(device);
   // DDP replicates everything; FSDP (ZeRO) shards optimizer state, at stage 2 also gradients and
   // at stage 3 also parameters, one unit per transformer block. Either is a DataParallel<Gpt>:
   // the training loop below is the same for both.
@@ -213,7 +217,7 @@ int run(int argc, char** argv) {
   torch::optim::AdamW optimizer(cpprun::unique_parameters(*model), torch::optim::AdamWOptions(opt.lr).weight_decay(0.01));
   // Mixed precision by autocast (matmuls in bf16 or fp16, parameters and optimizer in fp32); fp16's
   // narrow range needs the loss scaled, and an overflow on any rank skips the step on all.
-  const auto device_type = cpprun::local_device().type();
+  const auto device_type = device.type();
   if (opt.amp != "fp32") {
     at::autocast::set_autocast_dtype(device_type, opt.amp == "bf16" ? at::kBFloat16 : at::kHalf);
   }
@@ -287,7 +291,7 @@ int run(int argc, char** argv) {
   std::string sample;
   for (int i = 0; i < opt.sample; ++i) {
     auto probabilities = torch::softmax(gpt->forward(context).select(1, -1) / 0.8, -1);
-    auto next = torch::multinomial(probabilities, 1, false, generator);
+    auto next = torch::multinomial(probabilities.cpu(), 1, false, generator).to(device);  // a CPU generator
     sample += vocab[static_cast<size_t>(next.item<int64_t>())];
     context = torch::cat({context.narrow(1, 1, opt.block - 1), next}, 1);
   }

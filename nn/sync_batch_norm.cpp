@@ -29,6 +29,17 @@ struct AllReduceSumBackward : torch::autograd::Node {
   ProcessGroup group;
 };
 
+// A node held the way this LibTorch holds them: by c10::intrusive_ptr since 2.15 (Node derives
+// from intrusive_ptr_target), by std::shared_ptr before (2.11 on the GPU machine).
+template <class NodeType, class... Args>
+auto make_node(Args&&... args) {
+  if constexpr (std::is_base_of_v<c10::intrusive_ptr_target, torch::autograd::Node>) {
+    return c10::make_intrusive<NodeType>(std::forward<Args>(args)...);
+  } else {
+    return std::make_shared<NodeType>(std::forward<Args>(args)...);
+  }
+}
+
 // A differentiable all-reduce sum of `local` (a new tensor; `local` is unchanged).
 at::Tensor all_reduce_sum_with_grad(const ProcessGroup& group, const at::Tensor& local) {
   at::Tensor global;
@@ -38,7 +49,7 @@ at::Tensor all_reduce_sum_with_grad(const ProcessGroup& group, const at::Tensor&
   }
   all_reduce(group, global);
   if (local.requires_grad() && at::GradMode::is_enabled()) {
-    auto node = c10::make_intrusive<AllReduceSumBackward>(group);
+    auto node = make_node<AllReduceSumBackward>(group);
     node->set_next_edges(torch::autograd::collect_next_edges(local));
     torch::autograd::set_history(global, node);
   }

@@ -6,15 +6,17 @@
 #       copies the header-only dependencies that machine lacks (CLI11, Catch2 v2, and Gloo's
 #       headers in case its LibTorch ships none) into .gpu_deps/ (ignored by git);
 #   there:                  bash scripts/gpu_check.sh [stage...]      (run with carry: [".gpu_deps"])
-#       stages, in order, default all: build test bench smoke. Logs go to $OUT (or /tmp/gpu_check).
+#       stages, in order, default all: build test bench smoke gpt. Logs go to $OUT (or /tmp/gpu_check).
 #
 # What each stage shows:
 #   build  cpprun compiles against that machine's LibTorch, with scripts/build.sh as everywhere;
-#   test   the whole ctest suite on that LibTorch, CPU and Gloo;
+#   test   the whole ctest suite on that LibTorch, CPU and Gloo (the GPU hidden from it);
 #   bench  scripts/bench_ddp.sh and bench_fsdp.sh on the CPU with 16 cores, so the ranks' Gloo
 #          threads have cores to spare, against that machine's PyTorch;
-#   smoke  DDP and FSDP training steps on the GPU with one rank. One GPU cannot hold two NCCL
-#          ranks (NCCL refuses two ranks on one device), so NCCL itself is not exercised here.
+#   smoke  DDP and FSDP training steps on the GPU with one rank, then ctest's gpu label;
+#   gpt    examples/train_gpt on the GPU: DDP and ZeRO-1/2/3, bf16 and fp16 (GradScaler),
+#          activation checkpointing. One GPU holds one NCCL rank (NCCL refuses two ranks on one
+#          device), so these run NCCL's code paths with a world of 1; no bytes cross a link.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 deps=.gpu_deps
@@ -32,7 +34,7 @@ if [ "${1:-}" = "--pack" ]; then
 fi
 
 stages=("$@")
-[ ${#stages[@]} -gt 0 ] || stages=(build test bench smoke)
+[ ${#stages[@]} -gt 0 ] || stages=(build test bench smoke gpt)
 out=${OUT:-/tmp/gpu_check}
 mkdir -p "$out"
 build=build-gpu
@@ -73,7 +75,10 @@ if wants test; then
   start=$SECONDS
   jobs=$(nproc); [ "$jobs" -le 8 ] || jobs=8
   export CMAKE_PREFIX_PATH="$torch_prefix"  # the find_package test's own project must find this LibTorch too
-  if ctest --test-dir "$build" --parallel "$jobs" --output-on-failure >"$out/ctest.log" 2>&1; then result=ok; else result=FAILED; fi
+  # The suite is the CPU and Gloo one CI runs, so the GPU is hidden from it (a test of one rank
+  # would otherwise get cuda:0 and NCCL); the gpu label runs with the GPU, in the smoke stage.
+  if CUDA_VISIBLE_DEVICES= ctest --test-dir "$build" --parallel "$jobs" --label-exclude gpu --output-on-failure \
+       >"$out/ctest.log" 2>&1; then result=ok; else result=FAILED; fi
   log "test: $result in $((SECONDS - start)) s: $(grep -E 'tests passed' "$out/ctest.log" || true)"
   grep -E '\(Failed\)|\(Timeout\)|\*\*\*' "$out/ctest.log" | tee -a "$out/summary.txt" || true
 fi
@@ -94,6 +99,23 @@ if wants smoke; then
       log "smoke: $line"
     else
       log "smoke: $mode on cuda FAILED: $(tail -3 "$out/smoke_$mode.err" | tr '\n' ' ')"
+    fi
+  done
+  if ctest --test-dir "$build" -L gpu --output-on-failure >"$out/ctest_gpu.log" 2>&1; then result=ok; else result=FAILED; fi
+  log "smoke: ctest -L gpu $result: $(grep -E 'tests passed' "$out/ctest_gpu.log" || true)"
+fi
+
+if wants gpt; then
+  # README.md as the text: every checkout has it, whatever the machine's distribution.
+  gpt=("$build/launcher/cpprun" --standalone --nproc_per_node=1 "$build/examples/train_gpt" --text README.md
+       --steps 60 --layers 4 --embed 128 --block 128 --batch 32 --sample 0)
+  for run in "--mode ddp" "--mode ddp --amp bf16" "--mode fsdp --stage 1 --amp fp16" "--mode fsdp --stage 2 --amp bf16" \
+             "--mode fsdp --stage 3" "--mode fsdp --stage 3 --amp fp16 --checkpoint-activations"; do
+    # shellcheck disable=SC2086  # $run is a list of flags
+    if "${gpt[@]}" $run >"$out/gpt.log" 2>&1; then
+      log "gpt: $run: $(grep -E 'tokens/s|held-out|skipped' "$out/gpt.log" | tr '\n' ' ')"
+    else
+      log "gpt: $run FAILED: $(tail -4 "$out/gpt.log" | tr '\n' ' ')"
     fi
   done
 fi

@@ -85,7 +85,8 @@ ProcessGroup split_group(const ProcessGroup& parent, int colour, int key = 0);
 int rank();
 int world_size();
 int local_rank();
-// cuda:LOCAL_RANK when this LibTorch has CUDA and that GPU exists, else cpu.
+// cuda:LOCAL_RANK when this LibTorch has CUDA and the node has a GPU for every local rank (as
+// Backend::kAuto picks NCCL), else cpu on every rank of the node: never a mix.
 c10::Device local_device();
 
 }  // namespace cpprun

@@ -4,6 +4,7 @@
 // rank's collective calls in step even when one fails.
 #include <catch2/catch.hpp>
 #include <torch/torch.h>
+#include <unistd.h>  // getppid
 
 #include <cstdio>
 #include <cstdlib>

@@ -6,6 +6,7 @@
 // the whole batch; parameters must match. CHECK, not REQUIRE, keeps the ranks' collectives in step.
 #include <catch2/catch.hpp>
 #include <torch/torch.h>
+#include <unistd.h>  // getpid
 
 #include <cstdio>
 #include <cstdlib>
