@@ -219,7 +219,9 @@ NodeMessage NodeMessage::make_start(int round, int restart_count, const RankLayo
 
 NodeMessage NodeMessage::make_done(int round) { return about(MessageKind::kDone, round); }
 NodeMessage NodeMessage::make_stopped(int round) { return about(MessageKind::kStopped, round); }
-NodeMessage NodeMessage::make_failed(int round, JobEnd end) { return about(MessageKind::kFailed, round, std::move(end)); }
+NodeMessage NodeMessage::make_failed(int round, JobEnd end) {
+  return about(MessageKind::kFailed, round, std::move(end));
+}
 NodeMessage NodeMessage::make_end(int round, JobEnd end) { return about(MessageKind::kEnd, round, std::move(end)); }
 NodeMessage NodeMessage::make_exit(JobEnd end) { return about(MessageKind::kExit, 0, std::move(end)); }
 

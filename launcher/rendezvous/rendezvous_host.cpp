@@ -57,8 +57,8 @@ class RendezvousHost final : public NodeRendezvous {
     std::optional<RankLayout> layout = gather(relay, started_);
     if (!layout) {
       signal = pending_signal_;
-      const std::string why = "cpprun: " + title() + " received " + signal_name(signal) + " before the job started";
-      broadcast_all(NodeMessage::make_exit({128 + signal, false, why}));
+      end_job({128 + signal, false,
+               "cpprun: " + title() + " received " + signal_name(signal) + " before the job started"});
     }
     return layout;
   }
