@@ -44,8 +44,7 @@ int strength(RoundEnd end) {
 class RendezvousHost final : public NodeRendezvous {
  public:
   RendezvousHost(const RendezvousSettings& settings, LinkListener listener, Clock::time_point started)
-      : settings_(settings), started_(started), listener_(std::move(listener)),
-        on_loopback_(listener_.loopback_only()) {
+      : settings_(settings), started_(started), listener_(std::move(listener)) {
     if (settings_.fixed_ranks()) open_store();
   }
 
@@ -170,7 +169,9 @@ class RendezvousHost final : public NodeRendezvous {
   void open_store() {
     store_.reset();
     try {
-      store_.emplace(AgentStore::host(settings_.port, on_loopback_, kStoreTimeout));
+      // Every node on this host (a loopback --master_addr): the store listens on the loopback alone,
+      // as the links do.
+      store_.emplace(AgentStore::host(settings_.port, listener_.loopback_only(), kStoreTimeout));
       store_->set(kLinkPortKey, std::to_string(listener_.port()));
     } catch (const AgentStoreError& e) {
       const std::string what = e.what();
@@ -506,9 +507,6 @@ class RendezvousHost final : public NodeRendezvous {
   const RendezvousSettings settings_;
   const Clock::time_point started_;
   LinkListener listener_;
-  // static: every node is on this host (a loopback --master_addr), so the store listens on the
-  // loopback alone, as the links do. Resolved once, not at every round's new store.
-  const bool on_loopback_;
   std::optional<AgentStore> store_;  // static
   PendingLinks pending_;             // connected, not introduced yet
   std::vector<Node> nodes_;          // this round's other nodes: in join order (c10d), by --node_rank (static)
