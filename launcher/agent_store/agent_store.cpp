@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "agent_store/agent_store_abi.h"
@@ -22,13 +23,6 @@ namespace {
 
 constexpr const char* kLibraryName = "libcpprun_agent_store.so";
 
-struct Api {
-  decltype(&cpprun_agent_store_open) open = nullptr;
-  decltype(&cpprun_agent_store_set) set = nullptr;
-  decltype(&cpprun_agent_store_get) get = nullptr;
-  decltype(&cpprun_agent_store_close) close = nullptr;
-};
-
 std::string executable_dir() {
   std::array<char, PATH_MAX> path{};
   const ssize_t n = readlink("/proc/self/exe", path.data(), path.size() - 1);
@@ -37,57 +31,8 @@ std::string executable_dir() {
   return exe.substr(0, exe.find_last_of('/'));
 }
 
-template <typename F>
-F symbol(void* library, const char* name, const std::string& path) {
-  void* address = dlsym(library, name);
-  if (address == nullptr) {
-    throw AgentStoreError("cpprun: " + path + " lacks " + name +
-                          "; it does not belong to this cpprun. Rebuild or reinstall cpprun.");
-  }
-  return reinterpret_cast<F>(address);
-}
-
-// Loaded once, kept for the life of the process (c10d's threads live in it).
-const Api& api() {
-  static std::once_flag once;
-  static Api loaded;
-  static std::string failure;
-  std::call_once(once, [] {
-    try {
-      const std::string path = find_agent_store_library();
-      // c10d logs through glog, which would repeat our own errors with a warning that it was never
-      // initialised. glog reads its level when it is loaded; a level the user set wins.
-      const bool user_level = std::getenv("GLOG_minloglevel") != nullptr;
-      if (!user_level) setenv("GLOG_minloglevel", "3", 1);
-      void* library = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-      if (!user_level) unsetenv("GLOG_minloglevel");
-      if (library == nullptr) {
-        throw AgentStoreError(std::string("cpprun: a multi-node job (--nnodes > 1) needs ") + kLibraryName +
-                              ", cpprun's LibTorch part, to host the c10d store; loading it failed: " +
-                              dlerror() + ". Is LibTorch installed where it was when cpprun was built?");
-      }
-      const auto version = symbol<decltype(&cpprun_agent_store_abi_version)>(
-          library, "cpprun_agent_store_abi_version", path);
-      if (version() != CPPRUN_AGENT_STORE_ABI_VERSION) {
-        throw AgentStoreError("cpprun: " + path + " has interface version " + std::to_string(version()) +
-                              ", this cpprun needs " + std::to_string(CPPRUN_AGENT_STORE_ABI_VERSION) +
-                              "; it belongs to another cpprun build. Rebuild or reinstall cpprun.");
-      }
-      loaded.open = symbol<decltype(loaded.open)>(library, "cpprun_agent_store_open", path);
-      loaded.set = symbol<decltype(loaded.set)>(library, "cpprun_agent_store_set", path);
-      loaded.get = symbol<decltype(loaded.get)>(library, "cpprun_agent_store_get", path);
-      loaded.close = symbol<decltype(loaded.close)>(library, "cpprun_agent_store_close", path);
-    } catch (const AgentStoreError& e) {
-      failure = e.what();
-    }
-  });
-  if (!failure.empty()) throw AgentStoreError(failure);
-  return loaded;
-}
-
-}  // namespace
-
-std::string find_agent_store_library() {
+// Next to this executable (the build tree), else where `cmake --install` puts it relative to it.
+std::string find_library() {
   const std::string dir = executable_dir();
   const std::vector<std::string> candidates = {dir + "/" + kLibraryName,
                                                dir + "/" CPPRUN_AGENT_STORE_RELATIVE_DIR "/" + kLibraryName};
@@ -98,6 +43,53 @@ std::string find_agent_store_library() {
                         ", cpprun's LibTorch part, to host the c10d store; it is not in " + candidates[0] +
                         " nor " + candidates[1] + ". Build the cpprun_agent_store target, or reinstall cpprun.");
 }
+
+const cpprun_agent_store_api& load_library() {
+  const std::string path = find_library();
+  // c10d logs through glog, which would repeat our own errors with a warning that it was never
+  // initialised. glog reads its level when it is loaded; a level the user set wins.
+  const bool user_level = std::getenv("GLOG_minloglevel") != nullptr;
+  if (!user_level) setenv("GLOG_minloglevel", "3", 1);
+  void* library = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!user_level) unsetenv("GLOG_minloglevel");
+  if (library == nullptr) {
+    throw AgentStoreError(std::string("cpprun: a multi-node job (--nnodes > 1) needs ") + kLibraryName +
+                          ", cpprun's LibTorch part, to host the c10d store; loading it failed: " + dlerror() +
+                          ". Is LibTorch installed where it was when cpprun was built?");
+  }
+  const auto get_api = reinterpret_cast<decltype(&cpprun_agent_store_get_api)>(
+      dlsym(library, "cpprun_agent_store_get_api"));
+  if (get_api == nullptr) {
+    throw AgentStoreError("cpprun: " + path +
+                          " lacks cpprun_agent_store_get_api; it does not belong to this cpprun. Rebuild or "
+                          "reinstall cpprun.");
+  }
+  const cpprun_agent_store_api& api = *get_api();
+  if (api.abi_version != CPPRUN_AGENT_STORE_ABI_VERSION) {
+    throw AgentStoreError("cpprun: " + path + " has interface version " + std::to_string(api.abi_version) +
+                          ", this cpprun needs " + std::to_string(CPPRUN_AGENT_STORE_ABI_VERSION) +
+                          "; it belongs to another cpprun build. Rebuild or reinstall cpprun.");
+  }
+  return api;
+}
+
+// Loaded once, kept for the life of the process (c10d's threads live in it).
+const cpprun_agent_store_api& api() {
+  static std::once_flag once;
+  static const cpprun_agent_store_api* loaded = nullptr;
+  static std::string failure;
+  std::call_once(once, [] {
+    try {
+      loaded = &load_library();
+    } catch (const AgentStoreError& e) {
+      failure = e.what();
+    }
+  });
+  if (loaded == nullptr) throw AgentStoreError(failure);
+  return *loaded;
+}
+
+}  // namespace
 
 AgentStore AgentStore::open(const std::string& host, int port, bool is_server, bool loopback_only,
                             std::chrono::milliseconds timeout) {
@@ -118,13 +110,12 @@ AgentStore AgentStore::connect(const std::string& host, int port, std::chrono::m
   return open(host, port, false, false, timeout);
 }
 
-AgentStore::AgentStore(AgentStore&& other) noexcept : handle_(other.handle_) { other.handle_ = nullptr; }
+AgentStore::AgentStore(AgentStore&& other) noexcept : handle_(std::exchange(other.handle_, nullptr)) {}
 
 AgentStore& AgentStore::operator=(AgentStore&& other) noexcept {
   if (this != &other) {
     if (handle_ != nullptr) api().close(handle_);
-    handle_ = other.handle_;
-    other.handle_ = nullptr;
+    handle_ = std::exchange(other.handle_, nullptr);
   }
   return *this;
 }

@@ -1,15 +1,13 @@
-// The c10d TCPStore of a multi-node job, reached through libcpprun_agent_store.so, which is
-// dlopen()ed on first use so that single-node launches never load LibTorch.
+// The c10d TCPStore of a multi-node job, in libcpprun_agent_store.so, dlopen()ed on first use so
+// that single-node launches never load LibTorch.
 //
 // Note [Agent store]
-// In a multi-node job (--nnodes > 1) node 0's agent hosts a real c10d TCPStore at
-// MASTER_ADDR:MASTER_PORT and every worker gets TORCHELASTIC_USE_AGENT_STORE=True, so worker rank
-// 0 connects to it instead of hosting one: what torchrun's static rendezvous does, and what a
-// torch.distributed (or cpprun::init_process_group) worker expects to find there. Agents use the
-// store for one thing: node 0 publishes under "agent/link_port" the port on which it accepts the
-// other agents' links (see node_link.h), which carry the rendezvous itself. The workers' keys
-// ("cpprun/<n>/...", "joined/<rank>", torch's "/worker/attempt_N/...") never start with "agent/".
-// Each round (restart) gets a fresh store, because our workers' keys do not name the attempt.
+// In a static multi-node job node 0's agent hosts a real c10d TCPStore at MASTER_ADDR:MASTER_PORT
+// and every worker gets TORCHELASTIC_USE_AGENT_STORE=True, so worker rank 0 connects to it instead
+// of hosting one, as with torchrun's static rendezvous. The agents use it for one key: node 0
+// publishes under "agent/link_port" the port where it accepts the other agents' links
+// (node_link.h); the workers' keys never start with "agent/". Each round gets a fresh store,
+// because our workers' keys do not name the attempt.
 #pragma once
 
 #include <chrono>
@@ -52,9 +50,5 @@ class AgentStore {
                          std::chrono::milliseconds timeout);
   cpprun_agent_store* handle_ = nullptr;
 };
-
-// The agent store library's path: next to this executable (the build tree), else where
-// `cmake --install` puts it relative to the executable's directory.
-std::string find_agent_store_library();
 
 }  // namespace cpprun::launcher

@@ -4,7 +4,6 @@
 #include "cpprun/store_port.h"
 
 #include <dirent.h>
-#include <unistd.h>
 #include <fcntl.h>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
@@ -60,8 +59,7 @@ void set_cloexec_on_new(const std::set<int>& before) {
   }
 }
 
-// Runs `body`, turning an exception into its first line in `err`: none may cross the C ABI.
-// False when one was thrown.
+// Runs `body`; false, with the exception's first line in `err`, if it threw: none may cross the C ABI.
 template <typename Body>
 bool guarded(char* err, size_t err_size, const Body& body) {
   try {
@@ -75,14 +73,8 @@ bool guarded(char* err, size_t err_size, const Body& body) {
   return false;
 }
 
-}  // namespace
-
-extern "C" {
-
-int cpprun_agent_store_abi_version(void) { return CPPRUN_AGENT_STORE_ABI_VERSION; }
-
-cpprun_agent_store* cpprun_agent_store_open(const char* host, int port, int is_server, int loopback_only,
-                                            long timeout_ms, char* err, size_t err_size) {
+cpprun_agent_store* open_store(const char* host, int port, int is_server, int loopback_only, long timeout_ms,
+                               char* err, size_t err_size) {
   cpprun_agent_store* opened = nullptr;
   guarded(err, err_size, [&] {
     c10d::TCPStoreOptions opts;
@@ -90,9 +82,8 @@ cpprun_agent_store* cpprun_agent_store_open(const char* host, int port, int is_s
     opts.isServer = is_server != 0;
     opts.waitWorkers = false;  // the agents' own rendezvous counts the nodes
     opts.timeout = std::chrono::milliseconds(timeout_ms);
-    // c10d binds its server to every interface. A job whose nodes are all on this host needs only
-    // the loopback, and nobody on the network should reach its store: we bind the socket and hand
-    // it over.
+    // c10d binds its server to every interface; a job whose nodes are all on this host needs only
+    // the loopback, where nobody on the network reaches its store. We bind and hand the socket over.
     if (is_server != 0 && loopback_only != 0) {
       const cpprun::StoreListen listen = cpprun::listen_for_store("127.0.0.1", port);
       if (listen.fd < 0) {
@@ -111,27 +102,30 @@ cpprun_agent_store* cpprun_agent_store_open(const char* host, int port, int is_s
   return opened;
 }
 
-int cpprun_agent_store_set(cpprun_agent_store* store, const char* key, const char* value, char* err,
-                           size_t err_size) {
+int set_key(cpprun_agent_store* store, const char* key, const char* value, char* err, size_t err_size) {
   return guarded(err, err_size, [&] {
     const std::string text = value;
     store->store->set(key, std::vector<uint8_t>(text.begin(), text.end()));
   }) ? 0 : -1;
 }
 
-int cpprun_agent_store_get(cpprun_agent_store* store, const char* key, char* value, size_t value_size, char* err,
-                           size_t err_size) {
+int get_key(cpprun_agent_store* store, const char* key, char* value, size_t value_size, char* err, size_t err_size) {
   return guarded(err, err_size, [&] {
     const std::vector<uint8_t> bytes = store->store->get(key);
     put_error(value, value_size, std::string(bytes.begin(), bytes.end()));
   }) ? 0 : -1;
 }
 
-void cpprun_agent_store_close(cpprun_agent_store* store) {
+void close_store(cpprun_agent_store* store) {
   try {
     delete store;
   } catch (...) {
   }
 }
 
-}  // extern "C"
+}  // namespace
+
+extern "C" const cpprun_agent_store_api* cpprun_agent_store_get_api(void) {
+  static const cpprun_agent_store_api api{CPPRUN_AGENT_STORE_ABI_VERSION, open_store, set_key, get_key, close_store};
+  return &api;
+}

@@ -11,17 +11,12 @@
 namespace cpprun::launcher {
 namespace {
 
+// Shorter secrets could be guessed offline from one recorded handshake.
+constexpr std::size_t kMinJobSecretBytes = 16;
+
 const char* const kHowToMakeOne =
     "give every node the same secret of at least 16 characters, e.g. `export CPPRUN_JOB_SECRET=$(openssl rand "
     "-hex 32)` before starting cpprun on each node, or --job_secret_file=PATH naming a file that holds it";
-
-// A file written by `echo` or an editor ends in a newline that is not part of the secret.
-std::string without_trailing_space(std::string text) {
-  while (!text.empty() && (text.back() == '\n' || text.back() == '\r' || text.back() == ' ' || text.back() == '\t')) {
-    text.pop_back();
-  }
-  return text;
-}
 
 std::string read_secret_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -31,7 +26,9 @@ std::string read_secret_file(const std::string& path) {
   }
   std::ostringstream text;
   text << in.rdbuf();
-  return without_trailing_space(text.str());
+  // A file written by `echo` or an editor ends in a newline that is not part of the secret.
+  std::string secret = text.str();
+  return secret.erase(secret.find_last_not_of(" \t\r\n") + 1);
 }
 
 }  // namespace

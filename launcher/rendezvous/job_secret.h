@@ -11,17 +11,14 @@ namespace cpprun::launcher {
 // The environment variable that holds the secret, the same on every node.
 inline constexpr const char* kJobSecretVariable = "CPPRUN_JOB_SECRET";
 
-// Shorter secrets could be guessed offline from one recorded handshake.
-inline constexpr std::size_t kMinJobSecretBytes = 16;
-
 struct JobSecretOptions {
   bool multi_node = false;
   std::string secret_file;     // --job_secret_file: wins over the environment variable
   bool no_job_secret = false;  // --no_job_secret: the user accepts unauthenticated agents
 };
 
-// The job's secret: "" for a single-node job (no agent listens) or with --no_job_secret. Reads
-// --job_secret_file, else CPPRUN_JOB_SECRET through `env`. Throws UsageError (launch_config.h)
+// The job's secret: "" for a single-node job (no agent listens) or with --no_job_secret; else
+// --job_secret_file's, or CPPRUN_JOB_SECRET through `env`. Throws UsageError (launch_config.h)
 // when a multi-node job has none, or one too short, naming what to do.
 std::string resolve_job_secret(const JobSecretOptions& options, const EnvLookup& env);
 

@@ -1,6 +1,6 @@
 // The agent of one node in a multi-node job (--nnodes > 1, or --rdzv_backend=c10d): joins the
-// rendezvous, then runs rounds of this node's workers until every node has succeeded, the job
-// failed, or its restarts ran out. Every node's agent runs this; one also hosts the rendezvous.
+// rendezvous, then runs rounds of this node's workers until every node succeeded, the job failed,
+// or its restarts ran out.
 #pragma once
 
 #include <string>

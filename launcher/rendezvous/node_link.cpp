@@ -3,7 +3,6 @@
 #include "rendezvous/node_link.h"
 
 #include <arpa/inet.h>
-#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -14,8 +13,9 @@
 #include <cerrno>
 #include <cstring>
 #include <iostream>
-#include <sstream>
+#include <memory>
 #include <system_error>
+#include <utility>
 
 #include "rendezvous/link_auth.h"
 #include "rendezvous/rendezvous_settings.h"
@@ -34,13 +34,6 @@ constexpr const char* kProofWord = "cpprun-proof";
 constexpr const char* kAcceptedWord = "cpprun-auth-ok";
 constexpr const char* kRefusedWord = "cpprun-auth-refused";
 
-std::vector<std::string> split_words(const std::string& line) {
-  std::vector<std::string> words;
-  std::istringstream in(line);
-  for (std::string word; in >> word;) words.push_back(word);
-  return words;
-}
-
 bool is_nonce(const std::string& word) {
   return word.size() == 32 && word.find_first_not_of("0123456789abcdef") == std::string::npos;
 }
@@ -48,66 +41,80 @@ bool is_nonce(const std::string& word) {
 // Notices a peer host that vanished without closing the connection (power loss, cable): probes
 // after 10 s of silence, every 5 s, 4 times. Unacknowledged data gives up after 30 s.
 void enable_keepalive(int fd) {
-  const int on = 1;
-  const int idle = 10;
-  const int interval = 5;
-  const int count = 4;
-  const unsigned user_timeout_ms = 30000;
-  setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof(on));
-  setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
-  setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof(interval));
-  setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof(count));
-  setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout_ms, sizeof(user_timeout_ms));
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof(on));
+  struct Option {
+    int level;
+    int name;
+    int value;
+  };
+  for (const Option& o : {Option{SOL_SOCKET, SO_KEEPALIVE, 1}, Option{IPPROTO_TCP, TCP_KEEPIDLE, 10},
+                          Option{IPPROTO_TCP, TCP_KEEPINTVL, 5}, Option{IPPROTO_TCP, TCP_KEEPCNT, 4},
+                          Option{IPPROTO_TCP, TCP_USER_TIMEOUT, 30000}, Option{IPPROTO_TCP, TCP_NODELAY, 1}}) {
+    setsockopt(fd, o.level, o.name, &o.value, sizeof(o.value));
+  }
+}
+
+// The IPv4 address in `address`, also when it is an IPv4 peer of a dual-stack socket
+// (::ffff:a.b.c.d); nullptr for another.
+const unsigned char* ipv4_bytes(const sockaddr* address) {
+  if (address->sa_family == AF_INET) {
+    return reinterpret_cast<const unsigned char*>(&reinterpret_cast<const sockaddr_in*>(address)->sin_addr);
+  }
+  const in6_addr& in6 = reinterpret_cast<const sockaddr_in6*>(address)->sin6_addr;
+  return address->sa_family == AF_INET6 && IN6_IS_ADDR_V4MAPPED(&in6) ? &in6.s6_addr[12] : nullptr;
+}
+
+int port_of(const sockaddr* address) {
+  return ntohs(address->sa_family == AF_INET6 ? reinterpret_cast<const sockaddr_in6*>(address)->sin6_port
+                                              : reinterpret_cast<const sockaddr_in*>(address)->sin_port);
 }
 
 std::string address_text(const sockaddr* address) {
   char host[INET6_ADDRSTRLEN] = "?";
-  if (address->sa_family == AF_INET) {
-    const auto* in = reinterpret_cast<const sockaddr_in*>(address);
-    inet_ntop(AF_INET, &in->sin_addr, host, sizeof(host));
-    return endpoint_text(host, ntohs(in->sin_port));
+  if (const unsigned char* v4 = ipv4_bytes(address)) {
+    inet_ntop(AF_INET, v4, host, sizeof(host));
+  } else if (address->sa_family == AF_INET6) {
+    inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(address)->sin6_addr, host, sizeof(host));
+  } else {
+    return "?";
   }
-  if (address->sa_family == AF_INET6) {
-    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(address);
-    if (IN6_IS_ADDR_V4MAPPED(&in6->sin6_addr)) {  // an IPv4 peer of our dual-stack listener
-      inet_ntop(AF_INET, &in6->sin6_addr.s6_addr[12], host, sizeof(host));
-    } else {
-      inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof(host));
-    }
-    return endpoint_text(host, ntohs(in6->sin6_port));
-  }
-  return "?";
+  return endpoint_text(host, port_of(address));
 }
 
 bool is_loopback_address(const sockaddr* address) {
-  if (address->sa_family == AF_INET) {
-    const auto* in = reinterpret_cast<const sockaddr_in*>(address);
-    return (ntohl(in->sin_addr.s_addr) >> 24) == 127;
-  }
-  if (address->sa_family == AF_INET6) {
-    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(address);
-    if (IN6_IS_ADDR_LOOPBACK(&in6->sin6_addr)) return true;
-    return IN6_IS_ADDR_V4MAPPED(&in6->sin6_addr) && in6->sin6_addr.s6_addr[12] == 127;
-  }
-  return false;
+  if (const unsigned char* v4 = ipv4_bytes(address)) return v4[0] == 127;
+  return address->sa_family == AF_INET6 &&
+         IN6_IS_ADDR_LOOPBACK(&reinterpret_cast<const sockaddr_in6*>(address)->sin6_addr);
 }
 
-struct AddressList {
-  addrinfo* head = nullptr;
-  ~AddressList() {
-    if (head != nullptr) freeaddrinfo(head);
-  }
-};
+using AddressList = std::unique_ptr<addrinfo, decltype(&freeaddrinfo)>;
 
-// getaddrinfo's error as text.
-int resolve(const std::string& host, int port, AddressList& list, std::string& error) {
+// getaddrinfo() for a TCP connection; empty, with `error` set, when it fails.
+AddressList resolve(const std::string& host, int port, std::string& error) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
-  const int rc = getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &list.head);
+  addrinfo* head = nullptr;
+  const int rc = getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &head);
   if (rc != 0) error = "cannot resolve " + host + ": " + gai_strerror(rc);
-  return rc;
+  return AddressList(rc == 0 ? head : nullptr, &freeaddrinfo);
+}
+
+// A non-blocking socket listening at `address`, or -1 with errno set. `exclusive` (a c10d
+// endpoint): IPv6 only on an IPv6 address, and SO_REUSEADDR so that a previous job's connections in
+// TIME_WAIT do not keep the endpoint from being hosted again; a listening socket still refuses a
+// second listener, which is what decides the host. Otherwise an IPv6 socket takes IPv4 too.
+int listen_socket(const sockaddr* address, socklen_t size, bool exclusive) {
+  const int fd = socket(address->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  const int on = 1;
+  const int v6only = exclusive ? 1 : 0;
+  if (exclusive) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
+  if (address->sa_family == AF_INET6) setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &v6only, sizeof(v6only));
+  if (bind(fd, address, size) == 0 && listen(fd, 128) == 0) return fd;
+  const int error = errno;
+  close(fd);
+  errno = error;
+  return -1;
 }
 
 }  // namespace
@@ -115,8 +122,7 @@ int resolve(const std::string& host, int port, AddressList& list, std::string& e
 OwnedFd& OwnedFd::operator=(OwnedFd&& other) noexcept {
   if (this != &other) {
     reset();
-    fd_ = other.fd_;
-    other.fd_ = -1;
+    fd_ = std::exchange(other.fd_, -1);
   }
   return *this;
 }
@@ -177,9 +183,7 @@ bool NodeLink::send(const NodeMessage& message) {
 void NodeLink::open_session() {
   session_key_ = session_key(secret_, host_nonce_, member_nonce_);
   state_ = State::kOpen;
-  std::vector<NodeMessage> queued = std::move(outbox_);
-  outbox_.clear();
-  for (const NodeMessage& message : queued) send(message);
+  for (const NodeMessage& message : std::exchange(outbox_, {})) send(message);
 }
 
 // The member reads the host's challenge and answers it with its proof.
@@ -320,75 +324,43 @@ void warn_refused_link(const std::string& peer, const std::string& why) {
 
 LinkListener::LinkListener(bool loopback_only, std::string secret)
     : secret_(std::move(secret)), loopback_only_(loopback_only) {
-  // IPv6 with IPV6_V6ONLY off takes IPv4 too; a host without IPv6 gets an IPv4 socket.
-  int fd = socket(AF_INET6, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  int rc = -1;
-  if (fd >= 0) {
-    const int off = 0;
-    setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &off, sizeof(off));
-    sockaddr_in6 address{};
-    address.sin6_family = AF_INET6;
-    if (loopback_only) {
-      inet_pton(AF_INET6, "::ffff:127.0.0.1", &address.sin6_addr);
-    } else {
-      address.sin6_addr = in6addr_any;
-    }
-    rc = bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
-    if (rc != 0) {
-      close(fd);
-      fd = -1;
-    }
-  }
-  if (fd < 0) {
-    fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0) throw std::system_error(errno, std::generic_category(), "cpprun: socket() for the agents' links");
-    sockaddr_in address{};
-    address.sin_family = AF_INET;
-    address.sin_addr.s_addr = htonl(loopback_only ? INADDR_LOOPBACK : INADDR_ANY);
-    rc = bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
-  }
-  if (rc != 0 || listen(fd, 128) != 0) {
-    const int error = errno;
-    close(fd);
-    throw std::system_error(error, std::generic_category(), "cpprun: listening for the other nodes' agents");
-  }
+  // Dual-stack IPv6 takes IPv4 too; a host without IPv6 gets an IPv4 socket.
+  sockaddr_in6 v6{};
+  v6.sin6_family = AF_INET6;
+  v6.sin6_addr = in6addr_any;
+  if (loopback_only) inet_pton(AF_INET6, "::ffff:127.0.0.1", &v6.sin6_addr);
+  sockaddr_in v4{};
+  v4.sin_family = AF_INET;
+  v4.sin_addr.s_addr = htonl(loopback_only ? INADDR_LOOPBACK : INADDR_ANY);
+  int fd = listen_socket(reinterpret_cast<sockaddr*>(&v6), sizeof(v6), false);
+  if (fd < 0) fd = listen_socket(reinterpret_cast<sockaddr*>(&v4), sizeof(v4), false);
+  if (fd < 0) throw std::system_error(errno, std::generic_category(), "cpprun: listening for the other nodes' agents");
   fd_ = OwnedFd(fd);
   sockaddr_storage bound{};
   socklen_t size = sizeof(bound);
   getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &size);
-  port_ = bound.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
-                                      : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+  port_ = port_of(reinterpret_cast<sockaddr*>(&bound));
 }
 
 EndpointListener LinkListener::at_endpoint(const std::string& host, int port, const std::string& secret) {
   EndpointListener result;
-  AddressList addresses;
-  if (resolve(host, port, addresses, result.error) != 0) return result;
+  const AddressList addresses = resolve(host, port, result.error);
+  if (!addresses) return result;
   result.status = ListenStatus::kNotHere;
-  for (const addrinfo* a = addresses.head; a != nullptr; a = a->ai_next) {
-    const int fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
-    if (fd < 0) continue;
-    // A previous job's connections in TIME_WAIT must not keep the endpoint from being hosted again;
-    // a listening socket still refuses a second listener, which is what decides the host.
-    const int on = 1;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
-    if (a->ai_family == AF_INET6) setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &on, sizeof(on));
-    int error = 0;
-    if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 || listen(fd, 128) != 0) error = errno;
-    if (error == 0) {
+  for (const addrinfo* a = addresses.get(); a != nullptr; a = a->ai_next) {
+    const int fd = listen_socket(a->ai_addr, a->ai_addrlen, true);
+    if (fd >= 0) {
       result.status = ListenStatus::kListening;
       result.listener.emplace(LinkListener(fd, port, secret));
-      result.error.clear();
       return result;
     }
-    close(fd);
-    if (error == EADDRINUSE) {
+    if (errno == EADDRINUSE) {
       result.status = ListenStatus::kTaken;
       return result;
     }
-    if (error != EADDRNOTAVAIL) {
+    if (errno != EADDRNOTAVAIL && errno != EAFNOSUPPORT) {
       result.status = ListenStatus::kFailed;
-      result.error = "cannot listen at " + address_text(a->ai_addr) + ": " + std::strerror(error);
+      result.error = "cannot listen at " + address_text(a->ai_addr) + ": " + std::strerror(errno);
       return result;
     }
   }
@@ -410,10 +382,10 @@ std::optional<NodeLink> LinkListener::accept() {
 ConnectResult connect_link(const std::string& host, int port, std::chrono::milliseconds timeout, int wake_fd,
                            const std::string& secret) {
   ConnectResult result;
-  AddressList addresses;
-  if (resolve(host, port, addresses, result.error) != 0) return result;
+  const AddressList addresses = resolve(host, port, result.error);
+  if (!addresses) return result;
   const auto deadline = Clock::now() + timeout;
-  for (const addrinfo* a = addresses.head; a != nullptr; a = a->ai_next) {
+  for (const addrinfo* a = addresses.get(); a != nullptr; a = a->ai_next) {
     const int fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
     if (fd < 0) {
       result.error = std::string("socket(): ") + std::strerror(errno);
@@ -424,23 +396,18 @@ ConnectResult connect_link(const std::string& host, int port, std::chrono::milli
     if (connect(fd, a->ai_addr, a->ai_addrlen) != 0) error = errno;
     if (error == EINPROGRESS) {
       pollfd fds[2] = {{fd, POLLOUT, 0}, {wake_fd, POLLIN, 0}};
-      for (;;) {
+      int ready = 0;
+      do {
         const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()).count();
-        const int ready = poll(fds, wake_fd >= 0 ? 2 : 1, static_cast<int>(std::max<long long>(left, 0)));
-        if (ready < 0 && errno == EINTR) continue;
-        if (ready > 0 && wake_fd >= 0 && (fds[1].revents & POLLIN) != 0) {
-          close(fd);
-          result.status = ConnectStatus::kInterrupted;
-          return result;
-        }
-        if (ready <= 0) {
-          error = ETIMEDOUT;
-        } else {
-          socklen_t size = sizeof(error);
-          getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &size);
-        }
-        break;
+        ready = poll(fds, wake_fd >= 0 ? 2 : 1, static_cast<int>(std::max<long long>(left, 0)));
+      } while (ready < 0 && errno == EINTR);
+      if (ready > 0 && wake_fd >= 0 && (fds[1].revents & POLLIN) != 0) {
+        close(fd);
+        result.status = ConnectStatus::kInterrupted;
+        return result;
       }
+      socklen_t size = sizeof(error);
+      if (ready <= 0 || getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &size) != 0) error = ETIMEDOUT;
     }
     if (error == 0) {
       enable_keepalive(fd);
@@ -457,13 +424,12 @@ ConnectResult connect_link(const std::string& host, int port, std::chrono::milli
 }
 
 bool is_loopback_host(const std::string& host) {
-  AddressList addresses;
   std::string error;
-  if (resolve(host, 0, addresses, error) != 0) return false;
-  for (const addrinfo* a = addresses.head; a != nullptr; a = a->ai_next) {
+  const AddressList addresses = resolve(host, 0, error);
+  for (const addrinfo* a = addresses.get(); a != nullptr; a = a->ai_next) {
     if (!is_loopback_address(a->ai_addr)) return false;
   }
-  return addresses.head != nullptr;
+  return addresses != nullptr;
 }
 
 std::string endpoint_text(const std::string& host, int port) {

@@ -1,6 +1,6 @@
 // The TCP links between the agents of a multi-node job. Each member agent keeps one connection to
-// the agent hosting the rendezvous (node 0's, static) for the whole job; the messages of node_messages.h travel on it, and its end is
-// how one agent learns at once that another is gone: the kernel closes a killed process's
+// the agent hosting the rendezvous for the whole job; the messages of node_messages.h travel on it,
+// and its end tells one agent at once that another is gone: the kernel closes a killed process's
 // sockets, and TCP keep-alive notices a host that went away (about 30 s).
 #pragma once
 
@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "rendezvous/node_messages.h"
@@ -22,10 +23,8 @@ class OwnedFd {
  public:
   explicit OwnedFd(int fd = -1) : fd_(fd) {}
   ~OwnedFd() { reset(); }
-  OwnedFd(OwnedFd&& other) noexcept : fd_(other.fd_) { other.fd_ = -1; }
+  OwnedFd(OwnedFd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
   OwnedFd& operator=(OwnedFd&& other) noexcept;
-  OwnedFd(const OwnedFd&) = delete;
-  OwnedFd& operator=(const OwnedFd&) = delete;
   int get() const { return fd_; }
   void reset();
 
@@ -44,21 +43,17 @@ class NodeLink {
   int fd() const { return fd_.get(); }
   const std::string& peer() const { return peer_; }
   bool authenticated() const { return state_ == State::kOpen; }
-  // A connection that has not proven the secret within kHandshakeTimeout of being opened: a
-  // stranger, or a peer that stopped halfway. Its holder drops it.
+  // Not proven within kHandshakeTimeout of being opened: a stranger, or a peer that stopped halfway.
   bool handshake_overdue(std::chrono::steady_clock::time_point now) const;
 
-  // Sends one message (queued until the link is authenticated). False when the connection is
-  // gone; the next receive() then reports it.
+  // Sends one message. False when the connection is gone; the next receive() then reports it.
   bool send(const NodeMessage& message);
 
   struct Received {
     std::vector<NodeMessage> messages;  // complete, authenticated messages, in order
-    bool closed = false;                // the peer closed the link, or it broke
-    // What the peer sent that is not our protocol, e.g. "sent a line that is not a cpprun agent
-    // message: '...'" (the link is then closed).
-    std::string violation;
-    std::string refused;                // set when the secret was not proven (the link is then closed)
+    bool closed = false;                // the peer closed the link, it broke, or one of the two below
+    std::string violation;              // what the peer sent that is not our protocol
+    std::string refused;                // why the secret was not proven
   };
   // Reads what has arrived, without blocking. Call when poll() says fd() is readable.
   Received receive();
@@ -84,17 +79,23 @@ class NodeLink {
   std::string host_nonce_;
   std::string member_nonce_;
   std::string session_key_;
-  std::uint64_t sent_ = 0;      // lines sent since the session opened
-  std::uint64_t received_ = 0;  // lines received since the session opened
+  std::uint64_t sent_ = 0;           // lines sent since the session opened
+  std::uint64_t received_ = 0;       // lines received since the session opened
   std::vector<NodeMessage> outbox_;  // sent before the session opened
   std::string buffer_;               // an incomplete line
 };
 
-// Prints that a connection was refused for not proving the secret, naming only its address; after
-// a few, says that further ones are counted, not printed, so a stranger cannot flood the console.
+// Warns of a connection refused for not proving the secret, naming only its address; after a few,
+// says that further ones are not shown, so a stranger cannot flood the console.
 void warn_refused_link(const std::string& peer, const std::string& why);
 
-enum class ListenStatus;
+enum class ListenStatus {
+  kListening,  // this process now listens there
+  kTaken,      // another process listens there (on this machine)
+  kNotHere,    // no address of the host is this machine's
+  kFailed,     // cannot resolve, or another error (`error` says which)
+};
+
 struct EndpointListener;
 
 // Accepts the member agents' links: on a port the kernel picks (static rendezvous), or at the
@@ -121,13 +122,6 @@ class LinkListener {
   bool loopback_only_ = false;
 };
 
-enum class ListenStatus {
-  kListening,  // this process now listens there
-  kTaken,      // another process listens there (on this machine)
-  kNotHere,    // no address of the host is this machine's
-  kFailed,     // cannot resolve, or another error (`error` says which)
-};
-
 struct EndpointListener {
   ListenStatus status = ListenStatus::kFailed;
   std::optional<LinkListener> listener;  // kListening
@@ -148,7 +142,7 @@ struct ConnectResult {
 
 // One attempt to connect to host:port, trying each address the host resolves to, for at most
 // `timeout` in all; gives up early when `wake_fd` becomes readable (-1: never). The link then
-// proves `secret` to the host as the first thing it reads and sends.
+// proves `secret` as the first thing it reads and sends.
 ConnectResult connect_link(const std::string& host, int port, std::chrono::milliseconds timeout, int wake_fd,
                            const std::string& secret);
 

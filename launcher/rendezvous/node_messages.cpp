@@ -2,34 +2,24 @@
 // fits in one word.
 #include "rendezvous/node_messages.h"
 
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <iterator>
 #include <sstream>
 
 namespace cpprun::launcher {
 namespace {
 
-const char* kind_word(MessageKind kind) {
-  switch (kind) {
-    case MessageKind::kHello: return "hello";
-    case MessageKind::kGathering: return "gathering";
-    case MessageKind::kQueued: return "queued";
-    case MessageKind::kStart: return "start";
-    case MessageKind::kDone: return "done";
-    case MessageKind::kFailed: return "failed";
-    case MessageKind::kStopped: return "stopped";
-    case MessageKind::kEnd: return "end";
-    case MessageKind::kExit: return "exit";
-  }
-  return "?";
-}
+// Indexed by MessageKind.
+constexpr const char* kKindWords[] = {"hello", "gathering", "queued", "start", "done",
+                                      "failed", "stopped", "end",    "exit"};
+static_assert(std::size(kKindWords) == static_cast<std::size_t>(MessageKind::kExit) + 1);
 
 std::optional<MessageKind> kind_from_word(const std::string& word) {
-  for (MessageKind kind : {MessageKind::kHello, MessageKind::kGathering, MessageKind::kQueued,
-                           MessageKind::kStart, MessageKind::kDone, MessageKind::kFailed, MessageKind::kStopped,
-                           MessageKind::kEnd, MessageKind::kExit}) {
-    if (word == kind_word(kind)) return kind;
+  for (std::size_t i = 0; i < std::size(kKindWords); ++i) {
+    if (word == kKindWords[i]) return static_cast<MessageKind>(i);
   }
   return std::nullopt;
 }
@@ -58,80 +48,64 @@ std::optional<std::string> unescape(const std::string& word) {
       out += word[i];
       continue;
     }
-    if (i + 2 >= word.size()) return std::nullopt;  // '%' needs two hex digits after it
-    const std::string hex = word.substr(i + 1, 2);
-    char* end = nullptr;
-    const long value = std::strtol(hex.c_str(), &end, 16);
-    if (hex.size() != 2 || end != hex.c_str() + 2) return std::nullopt;
-    out += static_cast<char>(value);
+    // '%' needs two hex digits after it.
+    if (i + 2 >= word.size() || !std::isxdigit(static_cast<unsigned char>(word[i + 1])) ||
+        !std::isxdigit(static_cast<unsigned char>(word[i + 2]))) {
+      return std::nullopt;
+    }
+    out += static_cast<char>(std::stoi(word.substr(i + 1, 2), nullptr, 16));
     i += 2;
   }
   return out;
 }
 
-// Reads the words of one line in order; any failure leaves ok() false.
+// A decimal number within +-2^30 that is the whole of `word`.
+bool parse_number(const std::string& word, int& value) {
+  errno = 0;
+  char* end = nullptr;
+  const long parsed = std::strtol(word.c_str(), &end, 10);
+  if (word.empty() || errno != 0 || *end != '\0' || std::labs(parsed) > (1L << 30)) return false;
+  value = static_cast<int>(parsed);
+  return true;
+}
+
+// Reads the words of one line in order, each into its field; any failure leaves ok() false.
 class WordReader {
  public:
-  explicit WordReader(const std::string& line) {
-    std::istringstream in(line);
-    for (std::string word; in >> word;) words_.push_back(word);
-  }
+  explicit WordReader(const std::string& line) : words_(split_words(line)) {}
   bool ok() const { return ok_; }
   bool at_end() const { return next_ == words_.size(); }
 
-  std::string text() {
-    if (next_ >= words_.size()) return fail();
-    std::optional<std::string> value = unescape(words_[next_++]);
-    if (!value) return fail();
-    return printable(*value);  // a peer's words end up on the console
+  void text(std::string& value) {
+    std::optional<std::string> word;
+    if (next_ < words_.size()) word = unescape(words_[next_++]);
+    if (!word) return fail();
+    value = printable(*word);  // a peer's words end up on the console
   }
-  int number() {
-    const std::string word = text();
-    if (!ok_) return 0;
-    errno = 0;
-    char* end = nullptr;
-    const long value = std::strtol(word.c_str(), &end, 10);
-    if (word.empty() || errno != 0 || end != word.c_str() + word.size() || value < -(1L << 30) ||
-        value > (1L << 30)) {
-      fail();
-      return 0;
-    }
-    return static_cast<int>(value);
+  void number(int& value) {
+    std::string word;
+    text(word);
+    if (ok_ && !parse_number(word, value)) fail();
   }
-  std::vector<int> numbers() {  // "1,3", or "-" for none
-    const std::string word = text();
-    std::vector<int> values;
-    if (!ok_ || word == "-") return values;
+  void flag(bool& value) {
+    int number_value = 0;
+    number(number_value);
+    value = number_value != 0;
+  }
+  void numbers(std::vector<int>& values) {  // "1,3", or "-" for none
+    std::string word;
+    text(word);
+    if (!ok_ || word == "-") return;
     std::istringstream in(word);
     for (std::string item; std::getline(in, item, ',');) {
-      WordReader one(item);
-      values.push_back(one.number());
-      if (!one.ok() || !one.at_end()) fail();
+      if (!parse_number(item, values.emplace_back())) fail();
     }
-    return values;
-  }
-
-  // For visit_words(): each reads the next word into its field.
-  void number(int& value) { value = number(); }
-  void text(std::string& value) { value = text(); }
-  void flag(bool& value) { value = number() != 0; }
-  void numbers(std::vector<int>& values) { values = numbers(); }
-  // A failure's exit code is 1 to 255 whatever the peer claims: no message can make a failed job
-  // look like a success (0), or pass the shell a code it would wrap.
-  void end(JobEnd& end, bool failure) {
-    end.exit_code = number();
-    if (end.exit_code < (failure ? 1 : 0) || end.exit_code > 255) end.exit_code = 1;
-    flag(end.restartable);
-    text(end.reason);
   }
   // False when the hello is of another protocol: a newer agent's may carry more words.
   bool same_protocol(int protocol) const { return !ok_ || protocol == kNodeProtocolVersion; }
 
  private:
-  std::string fail() {
-    ok_ = false;
-    return {};
-  }
+  void fail() { ok_ = false; }
   std::vector<std::string> words_;
   std::size_t next_ = 0;
   bool ok_ = true;
@@ -147,11 +121,6 @@ class WordWriter {
     std::string list;
     for (int v : values) list += (list.empty() ? "" : ",") + std::to_string(v);
     out_ << ' ' << (list.empty() ? "-" : list);
-  }
-  void end(const JobEnd& end, bool /*failure*/) {
-    number(end.exit_code);
-    flag(end.restartable);
-    text(end.reason);
   }
   bool same_protocol(int /*protocol*/) const { return true; }
   std::string str() const { return out_.str(); }
@@ -201,19 +170,21 @@ void visit_words(Message& m, Words& w) {
     case MessageKind::kFailed:
     case MessageKind::kEnd:
       w.number(m.round);
-      w.end(m.end, true);
-      return;
+      [[fallthrough]];
     case MessageKind::kExit:
-      w.end(m.end, false);
+      w.number(m.end.exit_code);
+      w.flag(m.end.restartable);
+      w.text(m.end.reason);
       return;
   }
 }
 
 // A message of `kind` about `round`; the make_* below add what their kind carries.
-NodeMessage about(MessageKind kind, int round) {
+NodeMessage about(MessageKind kind, int round, JobEnd end = {}) {
   NodeMessage m;
   m.kind = kind;
   m.round = round;
+  m.end = std::move(end);
   return m;
 }
 
@@ -248,41 +219,40 @@ NodeMessage NodeMessage::make_start(int round, int restart_count, const RankLayo
 
 NodeMessage NodeMessage::make_done(int round) { return about(MessageKind::kDone, round); }
 NodeMessage NodeMessage::make_stopped(int round) { return about(MessageKind::kStopped, round); }
-
 NodeMessage NodeMessage::make_failed(int round, JobEnd end) {
-  NodeMessage m = about(MessageKind::kFailed, round);
-  m.end = std::move(end);
-  return m;
+  return about(MessageKind::kFailed, round, std::move(end));
 }
-
-NodeMessage NodeMessage::make_end(int round, JobEnd end) {
-  NodeMessage m = about(MessageKind::kEnd, round);
-  m.end = std::move(end);
-  return m;
-}
-
-NodeMessage NodeMessage::make_exit(JobEnd end) {
-  NodeMessage m = about(MessageKind::kExit, 0);
-  m.end = std::move(end);
-  return m;
-}
+NodeMessage NodeMessage::make_end(int round, JobEnd end) { return about(MessageKind::kEnd, round, std::move(end)); }
+NodeMessage NodeMessage::make_exit(JobEnd end) { return about(MessageKind::kExit, 0, std::move(end)); }
 
 std::string encode_message(const NodeMessage& m) {
   WordWriter out;
   visit_words(m, out);
-  return kind_word(m.kind) + out.str();
+  return kKindWords[static_cast<int>(m.kind)] + out.str();
 }
 
 std::optional<NodeMessage> decode_message(const std::string& line) {
   WordReader in(line);
-  const std::optional<MessageKind> kind = kind_from_word(in.text());
+  std::string word;
+  in.text(word);
+  const std::optional<MessageKind> kind = kind_from_word(word);
   if (!kind) return std::nullopt;
   NodeMessage m;
   m.kind = *kind;
   visit_words(m, in);
   if (m.kind == MessageKind::kHello && !in.same_protocol(m.hello.protocol)) return m;  // refused by version
   if (!in.ok() || !in.at_end()) return std::nullopt;
+  // A failure's exit code is 1 to 255 whatever the peer claims: no message can make a failed job
+  // look like a success (0), or pass the shell a code it would wrap.
+  if (m.end.exit_code < (m.kind == MessageKind::kExit ? 0 : 1) || m.end.exit_code > 255) m.end.exit_code = 1;
   return m;
+}
+
+std::vector<std::string> split_words(const std::string& line) {
+  std::vector<std::string> words;
+  std::istringstream in(line);
+  for (std::string word; in >> word;) words.push_back(word);
+  return words;
 }
 
 std::string printable(const std::string& text) {

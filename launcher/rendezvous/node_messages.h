@@ -1,8 +1,7 @@
 // What the agents of a multi-node job say to each other over their links (node_link.h): one
 // message per line, words separated by spaces, each word escaped. Pure, so unit-tested.
 //
-// The agent hosting the rendezvous (the host; node 0 for static) and each other agent (a member)
-// talk like this:
+// The agent hosting the rendezvous (the host) and each other agent (a member) say:
 //   member -> host   hello     who I am: backend, node rank, nnodes, nproc, max_restarts, run id, role
 //   host -> member   gathering round N has this many nodes so far, and (static) the node ranks
 //                              still missing (after every arrival or departure)
@@ -13,10 +12,7 @@
 //   host -> member   end       round N is over (failed somewhere): stop your workers
 //   member -> host   stopped   my workers of round N are stopped
 //   host -> member   exit      the job is over: exit with this code (0 when every node was done)
-// A restart is a new `start` with the next round number. The host (rendezvous_host.cpp) gathers
-// the members of each round anew (`gathering` while it waits); with c10d it numbers them in the
-// order they joined, and a node that arrives while a round runs is `queued` and ends that round if
-// the job has room for it.
+// A restart is a new `start` with the next round number; see Note [Elastic rounds].
 #pragma once
 
 #include <optional>
@@ -76,6 +72,9 @@ struct NodeMessage {
 std::string encode_message(const NodeMessage& message);
 // nullopt for a line that is not a message of this protocol.
 std::optional<NodeMessage> decode_message(const std::string& line);
+
+// The words of `line`, split at whitespace.
+std::vector<std::string> split_words(const std::string& line);
 
 // `text` with every control character (and DEL) replaced by '?': what a peer said, safe to print.
 std::string printable(const std::string& text);

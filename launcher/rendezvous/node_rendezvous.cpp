@@ -3,6 +3,7 @@
 
 #include <poll.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -42,6 +43,35 @@ int poll_links(SignalRelay& relay, const std::vector<int>& fds, int timeout_ms,
     if (polled[i].revents != 0) on_readable(polled[i].fd);
   }
   return 0;
+}
+
+std::string join_timeout_message(const RendezvousSettings& settings, const std::vector<int>& never,
+                                 const std::vector<int>& left, int joined, const std::string& source) {
+  const std::string at = settings.endpoint();
+  std::string message = "cpprun: rendezvous timed out after " + seconds_text(settings.join_timeout) +
+                        " (--rdzv_conf join_timeout): ";
+  if (!settings.fixed_ranks()) {
+    return message + std::to_string(joined) + " of the at least " + std::to_string(settings.min_nodes) +
+           " nodes that " + settings.nnodes_flag() + " needs joined at " + at + source +
+           ". Start cpprun on more nodes with the same --rdzv_endpoint, --rdzv_id and --nnodes, or raise "
+           "--rdzv_conf join_timeout=SECONDS.";
+  }
+  const auto ranks = [](const std::vector<int>& r) {
+    return std::string(r.size() == 1 ? "node rank " : "node ranks ") + join_ranks(r);
+  };
+  if (!never.empty()) message += ranks(never) + " of " + settings.nnodes_flag() + " never arrived at " + at;
+  if (!left.empty()) {
+    message += std::string(never.empty() ? "" : "; ") + ranks(left) + " joined at " + at +
+               " but left again before the others came";
+  }
+  return message + source + ". Start cpprun on " + (never.size() + left.size() == 1 ? "that node" : "those nodes") +
+         " with --node_rank set and the same --nnodes, --master_addr and --master_port, or raise "
+         "--rdzv_conf join_timeout=SECONDS.";
+}
+
+int ms_until(std::chrono::steady_clock::time_point when) {
+  const auto left = std::chrono::ceil<std::chrono::milliseconds>(when - std::chrono::steady_clock::now());
+  return static_cast<int>(std::clamp<long long>(left.count(), 0, 1 << 30));
 }
 
 std::string describe_agent(int node_rank, const std::string& peer) {

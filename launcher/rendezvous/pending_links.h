@@ -1,7 +1,7 @@
-// The connections a rendezvous host has accepted whose agents have not introduced themselves yet.
-// Anyone who reaches the port can open one, so they are bounded: at most kMaxPending at a time
-// (the oldest goes first), each dropped if it has not proven the job secret within
-// NodeLink::kHandshakeTimeout, each reading at most one line's worth (node_link.cpp).
+// The connections a rendezvous host accepted whose agents have not introduced themselves yet.
+// Anyone who reaches the port can open one, so they are bounded: at most kMaxPending (the oldest
+// goes first), each dropped if unproven after NodeLink::kHandshakeTimeout, each read at most one
+// line's worth at a time (node_link.cpp).
 #pragma once
 
 #include <cstddef>
@@ -24,9 +24,8 @@ class PendingLinks {
   std::vector<int> fds() const;
   bool owns(int fd) const;
 
-  // Reads the link on `fd`. When it has proven the secret and sent its first message, hands both
-  // over (the link is no longer pending); a link that closed, or was refused (warned about,
-  // naming only its address), is dropped.
+  // Reads the link on `fd`. Once it has proven the secret and sent its first message, hands both
+  // over; a link that closed or was refused (warned about, naming only its address) is dropped.
   std::optional<std::pair<NodeLink, NodeMessage>> read(int fd);
 
  private:

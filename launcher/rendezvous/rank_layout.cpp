@@ -17,24 +17,20 @@ RankLayout multi_node_layout(const std::vector<NodeShape>& nodes, int node_rank)
     throw std::logic_error("multi_node_layout: node rank " + std::to_string(node_rank) + " of " +
                            std::to_string(nodes.size()) + " nodes");
   }
-  const NodeShape& self = nodes[node_rank];
   RankLayout layout;
   layout.group_rank = node_rank;
   layout.group_world_size = static_cast<int>(nodes.size());
-  layout.base_rank = 0;
   layout.world_size = 0;
-  layout.role_base_rank = 0;
   layout.role_world_size = 0;
-  for (int i = 0; i < static_cast<int>(nodes.size()); ++i) {
-    const bool same_role = nodes[i].role == self.role;
-    layout.world_size += nodes[i].local_world_size;
-    if (same_role) layout.role_world_size += nodes[i].local_world_size;
-    if (i < node_rank) {
-      layout.base_rank += nodes[i].local_world_size;
-      if (same_role) layout.role_base_rank += nodes[i].local_world_size;
-    }
-  }
   layout.agent_store = true;
+  for (int i = 0; i < layout.group_world_size; ++i) {
+    const int workers = nodes[i].local_world_size;
+    const bool same_role = nodes[i].role == nodes[node_rank].role;
+    layout.world_size += workers;
+    layout.role_world_size += same_role ? workers : 0;
+    layout.base_rank += i < node_rank ? workers : 0;
+    layout.role_base_rank += same_role && i < node_rank ? workers : 0;
+  }
   return layout;
 }
 

@@ -7,7 +7,8 @@
 
 #include <algorithm>
 #include <chrono>
-#include <functional>
+#include <optional>
+#include <string>
 
 #include "agent_store/agent_store.h"
 #include "rendezvous/node_link.h"
@@ -21,32 +22,22 @@ using Clock = std::chrono::steady_clock;
 // While nothing answers where the host will be (it may start last), how often to try again.
 constexpr std::chrono::milliseconds kRetryInterval{100};
 
-// Connects to the settings' host:port, trying again until `deadline` (then throws the error that
-// timeout_message(last error) says) or a job-ending signal (then nullopt, the signal in `signal`).
-// `before_each`, if set, runs before every try and may end the wait with its own result.
-template <typename Result>
-std::optional<Result> keep_connecting(const RendezvousSettings& settings, SignalRelay& relay, int& signal,
-                                      Clock::time_point deadline,
-                                      const std::function<std::optional<Result>(NodeLink&&)>& connected,
-                                      const std::function<std::optional<Result>()>& before_each,
-                                      const std::function<std::string(const std::string&)>& timeout_message) {
-  std::string last_error;
-  for (;;) {
-    if (before_each) {
-      if (std::optional<Result> done = before_each()) return done;
-    }
-    const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
-    if (left.count() <= 0) throw RendezvousError(timeout_message(last_error), 1);
-    const auto try_for = std::min<std::chrono::milliseconds>(left, std::chrono::seconds(5));
-    ConnectResult attempt = connect_link(settings.host, settings.port, try_for, relay.wake_fd(), settings.job_secret);
-    if (attempt.status == ConnectStatus::kConnected) return connected(std::move(*attempt.link));
-    if (attempt.status == ConnectStatus::kFailed) {
-      last_error = attempt.error;
-      pollfd wake{relay.wake_fd(), POLLIN, 0};
-      poll(&wake, 1, static_cast<int>(std::min(left, kRetryInterval).count()));
-    }
-    if ((signal = take_ending_signal(relay)) != 0) return std::nullopt;
+// One try to connect to the settings' host:port, for at most 5 s, and a pause after a failure,
+// whose reason goes to `last_error`; a signal cuts both short. False once `deadline` has passed.
+// Plain connects rather than c10d's own retries, so that a signal ends the wait at once.
+bool try_connect(const RendezvousSettings& settings, SignalRelay& relay, Clock::time_point deadline,
+                 std::optional<NodeLink>& link, std::string& last_error) {
+  const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
+  if (left.count() <= 0) return false;
+  const auto try_for = std::min<std::chrono::milliseconds>(left, std::chrono::seconds(5));
+  ConnectResult attempt = connect_link(settings.host, settings.port, try_for, relay.wake_fd(), settings.job_secret);
+  if (attempt.status == ConnectStatus::kConnected) link = std::move(attempt.link);
+  if (attempt.status == ConnectStatus::kFailed) {
+    last_error = attempt.error;
+    pollfd wake{relay.wake_fd(), POLLIN, 0};
+    poll(&wake, 1, static_cast<int>(std::min(left, kRetryInterval).count()));
   }
+  return true;
 }
 
 // static, node rank > 0: node 0's store tells the port of its agent's links.
@@ -79,18 +70,21 @@ int read_link_port(const RendezvousSettings& settings, Clock::time_point deadlin
 std::unique_ptr<NodeRendezvous> join_static(const RendezvousSettings& settings, SignalRelay& relay, int& signal,
                                             Clock::time_point started) {
   AgentStore::load();  // while node 0 may still be starting
-  // Plain connects rather than c10d's own retries, so that a signal ends the wait at once.
   const auto deadline = started + settings.join_timeout;
-  const std::optional<bool> reached = keep_connecting<bool>(
-      settings, relay, signal, deadline, [](NodeLink&&) { return true; }, nullptr,
-      [&](const std::string& last_error) {
-        return "cpprun: rendezvous timed out after " + seconds_text(settings.join_timeout) +
-               " (--rdzv_conf join_timeout): node rank 0 never arrived: nothing answered at " + settings.endpoint() +
-               (last_error.empty() ? "" : " (" + last_error + ")") +
-               ". Start cpprun with --node_rank=0 on the host of --master_addr, with the same --master_port, "
-               "or check that this host can reach that address.";
-      });
-  if (!reached) return nullptr;  // the probe's link is closed unused
+  std::optional<NodeLink> store_probe;  // closed unused once node 0's store answers
+  std::string last_error;
+  while (!store_probe) {
+    if (!try_connect(settings, relay, deadline, store_probe, last_error)) {
+      throw RendezvousError(
+          "cpprun: rendezvous timed out after " + seconds_text(settings.join_timeout) +
+              " (--rdzv_conf join_timeout): node rank 0 never arrived: nothing answered at " + settings.endpoint() +
+              (last_error.empty() ? "" : " (" + last_error + ")") +
+              ". Start cpprun with --node_rank=0 on the host of --master_addr, with the same --master_port, "
+              "or check that this host can reach that address.",
+          1);
+    }
+    if (!store_probe && (signal = take_ending_signal(relay)) != 0) return nullptr;
+  }
   const int link_port = read_link_port(settings, deadline);
   ConnectResult connected = connect_link(settings.host, link_port, kStoreTimeout, relay.wake_fd(), settings.job_secret);
   if (connected.status == ConnectStatus::kInterrupted && (signal = take_ending_signal(relay)) != 0) return nullptr;
@@ -105,49 +99,48 @@ std::unique_ptr<NodeRendezvous> join_static(const RendezvousSettings& settings, 
   return make_rendezvous_member(settings, std::move(*connected.link), started);
 }
 
+// The first agent that can listen at the endpoint hosts (unless --rdzv_conf is_host says otherwise);
+// the others connect there.
 std::unique_ptr<NodeRendezvous> claim_c10d(const RendezvousSettings& settings, SignalRelay& relay, int& signal,
                                            Clock::time_point started) {
-  using Claimed = std::unique_ptr<NodeRendezvous>;
   std::string listen_note;  // why this agent does not host
-  const auto try_to_host = [&]() -> std::optional<Claimed> {
-    if (!settings.is_host.value_or(true)) return std::nullopt;
-    EndpointListener listen = LinkListener::at_endpoint(settings.host, settings.port, settings.job_secret);
-    if (listen.status == ListenStatus::kListening) {
-      return make_rendezvous_host(settings, std::move(*listen.listener), started);
+  std::string last_error;
+  for (;;) {
+    if (settings.is_host.value_or(true)) {
+      EndpointListener listen = LinkListener::at_endpoint(settings.host, settings.port, settings.job_secret);
+      if (listen.status == ListenStatus::kListening) {
+        return make_rendezvous_host(settings, std::move(*listen.listener), started);
+      }
+      if (listen.status == ListenStatus::kFailed) {
+        throw RendezvousError("cpprun: cannot host the c10d rendezvous at " + settings.endpoint() + ": " +
+                                  listen.error + ". Pick another --rdzv_endpoint (the same on every node).",
+                              1);
+      }
+      const bool taken = listen.status == ListenStatus::kTaken;
+      if (settings.is_host.value_or(false)) {
+        throw RendezvousError(
+            "cpprun: --rdzv_conf is_host=1, but this agent cannot listen at " + settings.endpoint() + ": " +
+                (taken ? "another process on this machine listens there already"
+                       : "that address is not one of this machine's") +
+                ". Start the hosting agent on the machine --rdzv_endpoint names, on a free port.",
+            1);
+      }
+      listen_note = taken ? "the port is taken on this machine" : "the address is not this machine's";
     }
-    if (listen.status == ListenStatus::kFailed) {
-      throw RendezvousError("cpprun: cannot host the c10d rendezvous at " + settings.endpoint() + ": " + listen.error +
-                                ". Pick another --rdzv_endpoint (the same on every node).",
-                            1);
-    }
-    if (settings.is_host.value_or(false)) {
+    std::optional<NodeLink> link;
+    if (!try_connect(settings, relay, started + settings.join_timeout, link, last_error)) {
+      const std::string sep = listen_note.empty() || last_error.empty() ? "" : "; ";
       throw RendezvousError(
-          "cpprun: --rdzv_conf is_host=1, but this agent cannot listen at " + settings.endpoint() + ": " +
-              (listen.status == ListenStatus::kTaken ? "another process on this machine listens there already"
-                                                     : "that address is not one of this machine's") +
-              ". Start the hosting agent on the machine --rdzv_endpoint names, on a free port.",
+          "cpprun: rendezvous timed out after " + seconds_text(settings.join_timeout) +
+              " (--rdzv_conf join_timeout): nothing answered at " + settings.endpoint() + " (--rdzv_endpoint) (" +
+              listen_note + sep + last_error +
+              "). Start cpprun with the same --rdzv_endpoint on the machine it names (any node there hosts the "
+              "rendezvous), or check that this host can reach that address.",
           1);
     }
-    listen_note = listen.status == ListenStatus::kTaken ? "the port is taken on this machine"
-                                                        : "the address is not this machine's";
-    return std::nullopt;
-  };
-  std::optional<Claimed> claimed = keep_connecting<Claimed>(
-      settings, relay, signal, started + settings.join_timeout,
-      [&](NodeLink&& link) -> std::optional<Claimed> {
-        return make_rendezvous_member(settings, std::move(link), started);
-      },
-      try_to_host,
-      [&](const std::string& last_error) {
-        const std::string sep = listen_note.empty() || last_error.empty() ? "" : "; ";
-        return "cpprun: rendezvous timed out after " + seconds_text(settings.join_timeout) +
-               " (--rdzv_conf join_timeout): nothing answered at " + settings.endpoint() + " (--rdzv_endpoint) (" +
-               listen_note + sep + last_error +
-               "). Start cpprun with the same --rdzv_endpoint on the machine it names (any node there hosts the "
-               "rendezvous), or check that this host can reach that address.";
-      });
-  if (!claimed) return nullptr;
-  return std::move(*claimed);
+    if (link) return make_rendezvous_member(settings, std::move(*link), started);
+    if ((signal = take_ending_signal(relay)) != 0) return nullptr;
+  }
 }
 
 }  // namespace

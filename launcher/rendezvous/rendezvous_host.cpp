@@ -1,7 +1,6 @@
 // The rendezvous's host, static (node 0) or c10d (the agent at --rdzv_endpoint): gathers each
-// round's nodes, numbers them, relays every node's news to the others, and decides restarts,
-// membership changes and the job's end. One state machine for both: a static job is one with
-// MIN = MAX whose nodes bring their ranks. See Note [Elastic rounds].
+// round's nodes, numbers them, relays every node's news, and decides restarts, membership changes
+// and the job's end. See Note [Elastic rounds].
 #include <algorithm>
 #include <chrono>
 #include <iostream>
@@ -22,13 +21,13 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// After a round ended, how long the host waits for the other nodes to report their workers stopped,
-// beyond --shutdown_timeout, before it counts a silent one as lost.
+// How long past --shutdown_timeout the host waits for a node to report its workers stopped before
+// it counts the node as lost.
 constexpr std::chrono::seconds kStopSlack{30};
 
 // Why the running round ended. The first reason is what the nodes are told; a stronger one that
-// comes later still decides what happens next (a worker failing because a node died is the node's
-// loss, not a failure to count against --max_restarts).
+// comes later decides what happens next (a worker failing because a node died is the node's loss,
+// not a failure to count against --max_restarts).
 enum class RoundEnd {
   kNone,
   kWorkerFailed,  // a restart, counted against --max_restarts
@@ -38,26 +37,14 @@ enum class RoundEnd {
 };
 
 int strength(RoundEnd end) {
-  switch (end) {
-    case RoundEnd::kNone: return 0;
-    case RoundEnd::kWorkerFailed:
-    case RoundEnd::kNodeJoined: return 1;
-    case RoundEnd::kNodeLost: return 2;
-    case RoundEnd::kFatal: return 3;
-  }
-  return 0;
-}
-
-int ms_until(Clock::time_point when) {
-  const auto left = std::chrono::ceil<std::chrono::milliseconds>(when - Clock::now());
-  return static_cast<int>(std::clamp<long long>(left.count(), 0, 1 << 30));
+  constexpr int kStrength[] = {0, 1, 1, 2, 3};  // in RoundEnd's order: a failure and a join tie
+  return kStrength[static_cast<int>(end)];
 }
 
 class RendezvousHost final : public NodeRendezvous {
  public:
   RendezvousHost(const RendezvousSettings& settings, LinkListener listener, Clock::time_point started)
-      : settings_(settings), started_(started), listener_(std::move(listener)),
-        on_loopback_(listener_.loopback_only()) {
+      : settings_(settings), started_(started), listener_(std::move(listener)) {
     if (settings_.fixed_ranks()) open_store();
   }
 
@@ -69,8 +56,8 @@ class RendezvousHost final : public NodeRendezvous {
     std::optional<RankLayout> layout = gather(relay, started_);
     if (!layout) {
       signal = pending_signal_;
-      const std::string why = "cpprun: " + title() + " received " + signal_name(signal) + " before the job started";
-      broadcast_all(NodeMessage::make_exit({128 + signal, false, why}));
+      end_job({128 + signal, false,
+               "cpprun: " + title() + " received " + signal_name(signal) + " before the job started"});
     }
     return layout;
   }
@@ -106,11 +93,8 @@ class RendezvousHost final : public NodeRendezvous {
   }
 
   bool attempt_ended() const override { return end_.has_value(); }
-
   void report_done() override { self_done_ = true; }
-
   void report_failed(const JobEnd& end) override { end_round(RoundEnd::kWorkerFailed, end); }
-
   void report_interrupted(const JobEnd& end) override {
     if (!end_) end_ = end;
     broadcast_all(NodeMessage::make_exit(end));
@@ -128,8 +112,7 @@ class RendezvousHost final : public NodeRendezvous {
         }
       } else if (why_ == RoundEnd::kFatal ||
                  (why_ == RoundEnd::kWorkerFailed && restart_count_ >= settings_.max_restarts)) {
-        broadcast_all(NodeMessage::make_exit(decisive_));
-        return {JobDecision::Kind::kExit, {}, decisive_};
+        return end_job(decisive_);
       } else if (all_nodes(NodeState::kStopped)) {
         // Only restarts after a worker failure back off; the links are polled until it is due.
         if (why_ == RoundEnd::kWorkerFailed) {
@@ -158,7 +141,6 @@ class RendezvousHost final : public NodeRendezvous {
     kDone,     // its workers all succeeded this round
     kFailed,   // it reported a failure this round
     kStopped,  // its workers of this round are stopped
-    kQueued,   // came while a round ran: joins the next one
   };
 
   struct Node {
@@ -187,7 +169,9 @@ class RendezvousHost final : public NodeRendezvous {
   void open_store() {
     store_.reset();
     try {
-      store_.emplace(AgentStore::host(settings_.port, on_loopback_, kStoreTimeout));
+      // Every node on this host (a loopback --master_addr): the store listens on the loopback alone,
+      // as the links do.
+      store_.emplace(AgentStore::host(settings_.port, listener_.loopback_only(), kStoreTimeout));
       store_->set(kLinkPortKey, std::to_string(listener_.port()));
     } catch (const AgentStoreError& e) {
       const std::string what = e.what();
@@ -266,31 +250,14 @@ class RendezvousHost final : public NodeRendezvous {
   }
 
   std::string join_timeout_message() const {
-    std::string message = "cpprun: rendezvous timed out after " + seconds_text(settings_.join_timeout) +
-                          " (--rdzv_conf join_timeout): ";
     if (!settings_.fixed_ranks()) {
-      return message + std::to_string(count()) + " of the at least " + std::to_string(settings_.min_nodes) +
-             " nodes that " + settings_.nnodes_flag() + " needs joined at " + endpoint() + " (--rdzv_id=" +
-             settings_.run_id + "). Start cpprun on more nodes with the same --rdzv_endpoint, --rdzv_id and " +
-             "--nnodes, or raise --rdzv_conf join_timeout=SECONDS.";
+      return launcher::join_timeout_message(settings_, {}, {}, count(), " (--rdzv_id=" + settings_.run_id + ")");
     }
     // Names the nodes that never came, and apart from them those that came and left again.
     std::vector<int> never;
     std::vector<int> left;
     for (int node : missing()) (ever_joined_.count(node) != 0 ? left : never).push_back(node);
-    const auto ranks = [](const std::vector<int>& r) {
-      return std::string(r.size() == 1 ? "node rank " : "node ranks ") + join_ranks(r);
-    };
-    if (!never.empty()) {
-      message += ranks(never) + " of " + settings_.nnodes_flag() + " never arrived at " + endpoint();
-    }
-    if (!left.empty()) {
-      message += std::string(never.empty() ? "" : "; ") + ranks(left) + " joined at " + endpoint() +
-                 " but left again before the others came";
-    }
-    return message + ". Start cpprun on " + (never.size() + left.size() == 1 ? "that node" : "those nodes") +
-           " with --node_rank set and the same --nnodes, --master_addr and --master_port, or raise "
-           "--rdzv_conf join_timeout=SECONDS.";
+    return launcher::join_timeout_message(settings_, never, left, count(), "");
   }
 
   RankLayout start_round() {
@@ -350,13 +317,11 @@ class RendezvousHost final : public NodeRendezvous {
   JobDecision next_round(SignalRelay& relay) {
     const int available = count() + static_cast<int>(queued_.size());
     if (available < settings_.min_nodes) {
-      const JobEnd end{1, false,
-                       decisive_.reason + "; only " + std::to_string(available) + " node" +
-                           (available == 1 ? "" : "s") + " remain" + (available == 1 ? "s" : "") +
-                           ", fewer than the " + std::to_string(settings_.min_nodes) + " that " +
-                           settings_.nnodes_flag() + " needs, so the job cannot go on"};
-      broadcast_all(NodeMessage::make_exit(end));
-      return {JobDecision::Kind::kExit, {}, end};
+      return end_job({1, false,
+                      decisive_.reason + "; only " + std::to_string(available) + " node" + (available == 1 ? "" : "s") +
+                          " remain" + (available == 1 ? "s" : "") + ", fewer than the " +
+                          std::to_string(settings_.min_nodes) + " that " + settings_.nnodes_flag() +
+                          " needs, so the job cannot go on"});
     }
     if (why_ == RoundEnd::kWorkerFailed) ++restart_count_;
     ++round_;
@@ -367,7 +332,10 @@ class RendezvousHost final : public NodeRendezvous {
   }
 
   JobDecision interrupted() {
-    const JobEnd end{128 + pending_signal_, false, title() + " received " + signal_name(pending_signal_)};
+    return end_job({128 + pending_signal_, false, title() + " received " + signal_name(pending_signal_)});
+  }
+
+  JobDecision end_job(const JobEnd& end) {
     broadcast_all(NodeMessage::make_exit(end));
     return {JobDecision::Kind::kExit, {}, end};
   }
@@ -489,7 +457,6 @@ class RendezvousHost final : public NodeRendezvous {
     }
     // A round runs (or is full): the node waits for the next. Torchrun's agents restart for it when
     // the job has room and is not finishing; so do we. See Note [Elastic rounds].
-    node.state = NodeState::kQueued;
     const bool room = count() + static_cast<int>(queued_.size()) < settings_.max_nodes;
     const bool taken_in = phase_ == Phase::kRunning && room && (end_ || !anyone_done());
     node.link.send(NodeMessage::make_queued(round_, count(), taken_in));
@@ -526,30 +493,20 @@ class RendezvousHost final : public NodeRendezvous {
     }
   }
 
+  // Members send nothing but these once joined; news of an earlier round is stale.
   void handle(Node& node, const NodeMessage& message) {
-    if (message.round != round_ || phase_ != Phase::kRunning) return;  // news of an earlier round
-    switch (message.kind) {
-      case MessageKind::kDone:
-        node.state = NodeState::kDone;
-        break;
-      case MessageKind::kFailed:
-        node.state = NodeState::kFailed;
-        end_round(message.end.restartable ? RoundEnd::kWorkerFailed : RoundEnd::kFatal, message.end);
-        break;
-      case MessageKind::kStopped:
-        node.state = NodeState::kStopped;
-        break;
-      default:
-        break;  // members send nothing else once joined
+    if (message.round != round_ || phase_ != Phase::kRunning) return;
+    if (message.kind == MessageKind::kDone) node.state = NodeState::kDone;
+    if (message.kind == MessageKind::kStopped) node.state = NodeState::kStopped;
+    if (message.kind == MessageKind::kFailed) {
+      node.state = NodeState::kFailed;
+      end_round(message.end.restartable ? RoundEnd::kWorkerFailed : RoundEnd::kFatal, message.end);
     }
   }
 
   const RendezvousSettings settings_;
   const Clock::time_point started_;
   LinkListener listener_;
-  // static: every node is on this host (a loopback --master_addr), so the store listens on the
-  // loopback alone, as the links do. Resolved once, not at every round's new store.
-  const bool on_loopback_;
   std::optional<AgentStore> store_;  // static
   PendingLinks pending_;             // connected, not introduced yet
   std::vector<Node> nodes_;          // this round's other nodes: in join order (c10d), by --node_rank (static)

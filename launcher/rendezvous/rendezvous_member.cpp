@@ -53,12 +53,9 @@ class RendezvousMember final : public NodeRendezvous {
                                   "port for every node.",
                               1);
       }
-      const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline + kVerdictGrace - Clock::now());
-      if (left.count() <= 0) throw RendezvousError(timeout_message(), 1);
-      const long long wait = heard_ ? left.count() : std::min<long long>(left.count(), 1000);
-      if ((signal = poll_once(relay, static_cast<int>(std::min<long long>(wait, 1 << 30)))) != 0) {
-        return std::nullopt;
-      }
+      const int left = ms_until(deadline + kVerdictGrace);
+      if (left <= 0) throw RendezvousError(timeout_message(), 1);
+      if ((signal = poll_once(relay, heard_ ? left : std::min(left, 1000))) != 0) return std::nullopt;
     }
   }
 
@@ -66,22 +63,15 @@ class RendezvousMember final : public NodeRendezvous {
   int restart_count() const override { return restart_count_; }
   const JobEnd& peer_end() const override { return *end_; }
 
-  std::vector<int> fds() const override {
-    if (link_.fd() >= 0) return {link_.fd()};
-    return {};
-  }
-
+  std::vector<int> fds() const override { return link_.fd() >= 0 ? std::vector<int>{link_.fd()} : std::vector<int>{}; }
   void on_readable(int) override { read_link(); }
-
   bool attempt_ended() const override { return end_.has_value(); }
 
   void report_done() override {
     self_done_ = true;
     link_.send(NodeMessage::make_done(round_));
   }
-
   void report_failed(const JobEnd& end) override { link_.send(NodeMessage::make_failed(round_, end)); }
-
   void report_interrupted(const JobEnd& end) override { link_.send(NodeMessage::make_failed(round_, end)); }
 
   JobDecision decide(SignalRelay& relay) override {
@@ -93,12 +83,7 @@ class RendezvousMember final : public NodeRendezvous {
         decision_.reset();
         return decision;
       }
-      if (start_) {
-        JobDecision decision;
-        decision.kind = JobDecision::Kind::kRestart;
-        decision.layout = take_start();
-        return decision;
-      }
+      if (start_) return {JobDecision::Kind::kRestart, take_start(), {}};
       if (const int signal = poll_once(relay, -1); signal != 0) {
         JobEnd end{128 + signal, false, describe_agent(group_rank_, "") + " received " + signal_name(signal)};
         link_.send(NodeMessage::make_failed(round_, end));
@@ -112,24 +97,13 @@ class RendezvousMember final : public NodeRendezvous {
 
   // The host is silent past the join timeout (c10d: it only enforces the timeout while gathering).
   std::string timeout_message() const {
-    const std::string waited = seconds_text(settings_.join_timeout) + " (--rdzv_conf join_timeout)";
-    if (settings_.fixed_ranks()) {
-      return "cpprun: rendezvous timed out after " + waited + ": node rank" + (missing_.size() == 1 ? " " : "s ") +
-             join_ranks(missing_) + " of " + settings_.nnodes_flag() + " never arrived at " + endpoint() +
-             " (as node 0 last reported). Start cpprun on " + (missing_.size() == 1 ? "that node" : "those nodes") +
-             " with --node_rank set and the same --nnodes, --master_addr and --master_port, or raise "
-             "--rdzv_conf join_timeout=SECONDS.";
-    }
-    const std::string nnodes = settings_.nnodes_flag();
-    if (queued_) {
-      return "cpprun: this node waited " + waited + " for a place in the job at " + endpoint() + ", which runs round " +
-             std::to_string(status_round_) + " on " + std::to_string(status_nodes_) + " nodes (" + nnodes +
-             ") and took it in no new round. Raise --rdzv_conf join_timeout=SECONDS to wait longer.";
-    }
-    return "cpprun: rendezvous timed out after " + waited + ": " + std::to_string(status_nodes_) + " of the at least " +
-           std::to_string(settings_.min_nodes) + " nodes that " + nnodes + " needs had joined at " + endpoint() +
-           " (as its host last reported). Start cpprun on more nodes with the same --rdzv_endpoint, --rdzv_id and "
-           "--nnodes, or raise --rdzv_conf join_timeout=SECONDS.";
+    if (settings_.fixed_ranks()) return join_timeout_message(settings_, missing_, {}, 0, " (as node 0 last reported)");
+    if (!queued_) return join_timeout_message(settings_, {}, {}, status_nodes_, " (as its host last reported)");
+    return "cpprun: this node waited " + seconds_text(settings_.join_timeout) +
+           " (--rdzv_conf join_timeout) for a place in the job at " + endpoint() + ", which runs round " +
+           std::to_string(status_round_) + " on " + std::to_string(status_nodes_) + " nodes (" +
+           settings_.nnodes_flag() + ") and took it in no new round. Raise --rdzv_conf join_timeout=SECONDS to wait "
+           "longer.";
   }
 
   // The host said `exit` before this node got into a round: it was refused, the job failed, or

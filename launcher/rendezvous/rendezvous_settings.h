@@ -1,5 +1,4 @@
-// What the rendezvous between the nodes needs of the command line (command_line/launch_config.h
-// fills it in), and the names it goes by in messages.
+// What the rendezvous between the nodes needs of the command line (launch_config.h fills it in).
 #pragma once
 
 #include <chrono>
@@ -11,9 +10,7 @@
 namespace cpprun::launcher {
 
 // --rdzv_backend. static: a fixed set of nodes, each told its --node_rank, meeting at node 0.
-// c10d: torchrun's dynamic rendezvous: MIN to MAX nodes meet at --rdzv_endpoint, numbered in the
-// order they join, and the job goes on as nodes come and go. One state machine runs both
-// (node_rendezvous.h): static is c10d with MIN = MAX and the ranks fixed.
+// c10d: torchrun's dynamic rendezvous of MIN to MAX nodes at --rdzv_endpoint (node_rendezvous.h).
 enum class RendezvousBackend { kStatic, kC10d };
 
 // What each node tells the rendezvous about itself.
