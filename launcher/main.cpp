@@ -22,7 +22,6 @@
 #include "rendezvous/multi_node_agent.h"
 #include "rendezvous/node_rendezvous.h"
 #include "command_line/program_command.h"
-#include "command_line/program_lookup.h"
 #include "rendezvous/rank_layout.h"
 #include "workers/restart_pacer.h"
 #include "workers/run_directory.h"
@@ -42,13 +41,6 @@ void ensure_standard_fds() {
   for (int fd = 0; fd <= 2; ++fd) {
     if (fcntl(fd, F_GETFD) < 0 && open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY) < 0) std::_Exit(1);
   }
-}
-
-// What RunDirectory would lay out, without creating anything.
-RunLayout dry_run_layout(const LaunchConfig& config) {
-  if (!config.output.log_dir.empty()) return {config.output.log_dir, true};
-  const char* tmpdir = std::getenv("TMPDIR");
-  return {std::string(tmpdir != nullptr && *tmpdir != '\0' ? tmpdir : "/tmp") + "/cpprun-XXXXXX", false};
 }
 
 int run(const LaunchConfig& config) {
@@ -78,7 +70,7 @@ int run(const LaunchConfig& config) {
                 << "; set PYTHON_EXEC to choose another)\n";
     }
     std::cout << format_dry_run(make_worker_specs(workers, assumed_layout(rendezvous), program, 0,
-                                                  dry_run_layout(config), parent_env),
+                                                  RunLayout::planned(config.output.log_dir), parent_env),
                                 parent_env);
     return 0;
   }

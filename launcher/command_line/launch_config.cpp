@@ -15,8 +15,7 @@
 #include <system_error>
 
 #include "rendezvous/job_secret.h"
-#include "command_line/option_prefix.h"
-#include "command_line/option_suggestion.h"
+#include "command_line/option_spelling.h"
 
 namespace cpprun::launcher {
 namespace {
@@ -146,26 +145,30 @@ RendezvousBackend parse_rdzv_backend(const std::string& backend) {
                    ": unknown rendezvous backend; cpprun has static (the default) and c10d");
 }
 
-// HOST, HOST:PORT or [IPv6]:PORT. An empty port means "keep --master_port".
-void parse_rdzv_endpoint(const std::string& text, std::string& host, std::string& port) {
+// HOST, HOST:PORT or [IPv6]:PORT: sets master_addr, and master_port when PORT is given.
+void read_rdzv_endpoint(const std::string& text, int example_port, LaunchConfig& config) {
   const std::string flag = "--rdzv_endpoint";
+  std::string port;
   if (!text.empty() && text.front() == '[') {
     const auto close = text.find(']');
     if (close == std::string::npos || (close + 1 < text.size() && text[close + 1] != ':')) {
       throw UsageError(with_value(flag, text) + ": expected HOST:PORT, e.g. --rdzv_endpoint=[::1]:29500");
     }
-    host = text.substr(1, close - 1);
+    config.master_addr = text.substr(1, close - 1);
     if (close + 1 < text.size()) port = text.substr(close + 2);
   } else {
     const auto colon = text.find(':');
     if (colon != std::string::npos && text.find(':', colon + 1) != std::string::npos) {
       throw UsageError(with_value(flag, text) + ": an IPv6 address needs brackets, e.g. --rdzv_endpoint=[::1]:29500");
     }
-    host = text.substr(0, colon);
+    config.master_addr = text.substr(0, colon);
     if (colon != std::string::npos) port = text.substr(colon + 1);
   }
-  if (host.empty()) {
+  if (config.master_addr.empty()) {
     throw UsageError(with_value(flag, text) + ": expected HOST:PORT of node 0, e.g. --rdzv_endpoint=10.0.0.1:29500");
+  }
+  if (!port.empty()) {
+    config.master_port = parse_int_in_range(flag + " port", port, 1, 65535, "a TCP port", example_port);
   }
 }
 
@@ -317,13 +320,7 @@ void validate_rendezvous(const RawOptions& raw, LaunchConfig& config) {
     }
     config.master_addr = "localhost";  // torchrun's endpoint when none is given
     config.master_port = 29400;
-    if (!raw.rdzv_endpoint.empty()) {
-      std::string port;
-      parse_rdzv_endpoint(raw.rdzv_endpoint, config.master_addr, port);
-      if (!port.empty()) {
-        config.master_port = parse_int_in_range("--rdzv_endpoint port", port, 1, 65535, "a TCP port", 29400);
-      }
-    }
+    if (!raw.rdzv_endpoint.empty()) read_rdzv_endpoint(raw.rdzv_endpoint, 29400, config);
     return;
   }
   if (nodes.min != nodes.max) {
@@ -370,14 +367,8 @@ LaunchConfig validate(const RawOptions& raw, const HostFacts& host) {
     }
     config.master_addr = raw.master_addr;
     config.master_port = parse_int_in_range("--master_port", raw.master_port, 1, 65535, "a TCP port", 29500);
-    if (!raw.rdzv_endpoint.empty()) {
-      // torchrun's static backend meets at the endpoint, and its workers use that store.
-      std::string port;
-      parse_rdzv_endpoint(raw.rdzv_endpoint, config.master_addr, port);
-      if (!port.empty()) {
-        config.master_port = parse_int_in_range("--rdzv_endpoint port", port, 1, 65535, "a TCP port", 29500);
-      }
-    }
+    // torchrun's static backend meets at the endpoint, and its workers use that store.
+    if (!raw.rdzv_endpoint.empty()) read_rdzv_endpoint(raw.rdzv_endpoint, 29500, config);
   }
   return config;
 }
@@ -451,17 +442,7 @@ ProgramMode program_mode(const RawOptions& raw) {
   return ProgramMode::kByName;
 }
 
-// Every spelling CLI11 knows, with its dashes, for "did you mean".
-std::vector<std::string> option_names(const CLI::App& app) {
-  std::vector<std::string> names;
-  for (const CLI::Option* option : app.get_options()) {
-    for (const std::string& name : option->get_lnames()) names.push_back("--" + name);
-    for (const std::string& name : option->get_snames()) names.push_back("-" + name);
-  }
-  return names;
-}
-
-// What expand_option_prefixes needs to know of each option.
+// Every spelling CLI11 knows, with its dashes: for expand_option_prefixes and "did you mean".
 std::vector<OptionSpelling> option_spellings(const CLI::App& app) {
   std::vector<OptionSpelling> spellings;
   int id = 0;
@@ -476,7 +457,7 @@ std::vector<OptionSpelling> option_spellings(const CLI::App& app) {
 
 // prefix_command() hands back everything from the first argument CLI11 did not recognise; that is
 // PROGRAM, unless it is an option we do not have.
-void take_program(std::vector<std::string> rest, const std::vector<std::string>& known_options,
+void take_program(std::vector<std::string> rest, const std::vector<OptionSpelling>& spellings,
                   LaunchConfig& config) {
   bool after_separator = false;
   if (!rest.empty() && rest.front() == "--") {
@@ -491,7 +472,9 @@ void take_program(std::vector<std::string> rest, const std::vector<std::string>&
   const std::string& first = rest.front();
   if (!after_separator && first.size() > 1 && first[0] == '-') {
     const std::string typed = first.substr(0, first.find('='));
-    const std::optional<std::string> suggestion = suggest_option(typed, known_options);
+    std::vector<std::string> known;
+    for (const OptionSpelling& spelling : spellings) known.push_back(spelling.name);
+    const std::optional<std::string> suggestion = suggest_option(typed, known);
     throw UsageError("unknown option " + typed + (suggestion ? "; did you mean " + *suggestion + "?" : "") +
                      " (before PROGRAM only cpprun's options are allowed; put -- before PROGRAM "
                      "if its name starts with '-')\nRun with --help for more information.");
@@ -669,7 +652,8 @@ ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, cons
        "or steer the job. Only for networks where nobody else can connect.");
 
   ParsedCommandLine result;
-  const std::vector<std::string> expanded = expand_option_prefixes(args, option_spellings(app));
+  const std::vector<OptionSpelling> known = option_spellings(app);
+  const std::vector<std::string> expanded = expand_option_prefixes(args, known);
   try {
     // CLI11's vector overload consumes arguments from the back.
     std::vector<std::string> reversed(expanded.rbegin(), expanded.rend());
@@ -689,7 +673,7 @@ ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, cons
   options_given.master_port = given("--master_port") || given("--rdzv_endpoint");
   result.scheduler_note = apply_scheduler_defaults(options_given, env, raw);
   result.config = validate(raw, host);
-  take_program(app.remaining(), option_names(app), result.config);
+  take_program(app.remaining(), known, result.config);
   result.config.program_mode = program_mode(raw);
   result.config.no_job_secret = raw.no_job_secret;
   result.config.job_secret =

@@ -10,27 +10,24 @@
 #include <sstream>
 
 namespace cpprun::launcher {
-namespace {
 
-// Whole file, or empty if it cannot be read (the process is gone, or not ours).
-std::string read_small_file(const std::string& path) {
+std::string read_proc_file(const std::string& path) {
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return {};
   std::string text;
   char buffer[4096];
-  for (;;) {
-    const ssize_t n = read(fd, buffer, sizeof(buffer));
+  for (ssize_t n; (n = read(fd, buffer, sizeof(buffer))) != 0;) {
     if (n > 0) {
       text.append(buffer, static_cast<std::size_t>(n));
-    } else if (n < 0 && errno == EINTR) {
-      continue;
-    } else {
+    } else if (errno != EINTR) {
       break;
     }
   }
   close(fd);
   return text;
 }
+
+namespace {
 
 // Numeric names in `dir`: pids in /proc, thread ids in /proc/PID/task.
 std::vector<pid_t> numeric_entries(const std::string& dir) {
@@ -53,7 +50,7 @@ struct StatFields {
 
 // "PID (COMM) S PPID ...": COMM may hold spaces and parentheses, so read after the last ')'.
 bool read_stat(pid_t pid, StatFields& fields) {
-  const std::string stat = read_small_file("/proc/" + std::to_string(pid) + "/stat");
+  const std::string stat = read_proc_file("/proc/" + std::to_string(pid) + "/stat");
   const auto close = stat.rfind(')');
   if (close == std::string::npos) return false;
   std::istringstream rest(stat.substr(close + 1));
@@ -81,7 +78,7 @@ std::vector<pid_t> live_children(pid_t parent) {
       listed = false;  // no CONFIG_PROC_CHILDREN
       break;
     }
-    std::istringstream list(read_small_file(path));
+    std::istringstream list(read_proc_file(path));
     for (long pid = 0; list >> pid;) {
       if (is_live(static_cast<pid_t>(pid))) children.push_back(static_cast<pid_t>(pid));
     }
@@ -102,7 +99,7 @@ std::vector<pid_t> processes_with_env_entry(const std::string& entry) {
   const std::string needle = std::string(1, '\0') + entry + '\0';
   for (pid_t pid : numeric_entries("/proc")) {
     // A leading NUL lets one search match whole entries only, the first one included.
-    const std::string environ = '\0' + read_small_file("/proc/" + std::to_string(pid) + "/environ");
+    const std::string environ = '\0' + read_proc_file("/proc/" + std::to_string(pid) + "/environ");
     if (environ.find(needle) != std::string::npos && is_live(pid)) found.push_back(pid);
   }
   return found;

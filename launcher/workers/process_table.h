@@ -9,6 +9,9 @@
 
 namespace cpprun::launcher {
 
+// The whole file, or "" if it cannot be read (the process is gone, or not ours).
+std::string read_proc_file(const std::string& path);
+
 // The live (not zombie) children of `parent`, from /proc/PARENT/task/*/children where the kernel
 // has it (CONFIG_PROC_CHILDREN), else by reading every /proc/PID/stat.
 std::vector<pid_t> live_children(pid_t parent);

@@ -17,6 +17,9 @@ struct RunLayout {
   std::string dir;
   bool per_worker_dirs = true;  // torchrun's layout (--log_dir); false: flat (the temp dir)
 
+  // What RunDirectory(log_dir) lays out, creating nothing (--dry_run): a temp dir keeps its XXXXXX.
+  static RunLayout planned(const std::string& log_dir);
+
   std::string worker_dir(int attempt, int local_rank) const;  // DIR/attempt_N/LOCAL_RANK
   std::string error_file(int attempt, int local_rank) const;
 };

@@ -28,14 +28,12 @@ struct ChildStdio {
 
 class SpawnError : public std::runtime_error {
  public:
-  SpawnError(const std::string& message, int error)
-      : std::runtime_error(message), error_(error) {}
-  int error() const { return error_; }  // errno of the failing call
+  SpawnError(const std::string& message, int error) : std::runtime_error(message), error_(error) {}
   // The shell's convention: 127 when the file vanished, 126 when it cannot be executed, else 1.
   int exit_code() const;
 
  private:
-  int error_;
+  int error_;  // errno of the failing call
 };
 
 // Forks and execs `command`, returning only after the exec succeeded (or throwing SpawnError with
@@ -49,8 +47,7 @@ pid_t spawn_worker(const WorkerCommand& command, const ChildStdio& stdio, const 
 // kill(-pgid, sig). A group that is already gone is fine; other failures are warned about on stderr.
 void signal_process_group(pid_t pgid, int sig);
 
-// waitpid() that retries when a signal interrupts it (our handlers run during every wait);
-// returns what waitpid() finally returned.
+// waitpid() that retries when a signal interrupts it (our handlers run during every wait).
 pid_t wait_for_exit(pid_t pid, int* status, int flags = 0);
 
 }  // namespace cpprun::launcher
