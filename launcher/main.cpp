@@ -14,7 +14,6 @@
 
 #include "agent_store/agent_store.h"
 #include "workers/attempt.h"
-#include "command_line/dry_run.h"
 #include "command_line/host_facts.h"
 #include "workers/job_process_tree.h"
 #include "command_line/launch_config.h"
@@ -41,6 +40,12 @@ void ensure_standard_fds() {
   for (int fd = 0; fd <= 2; ++fd) {
     if (fcntl(fd, F_GETFD) < 0 && open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY) < 0) std::_Exit(1);
   }
+}
+
+// The error's message names what failed; `exit_code` is what cpprun exits with.
+int report(const std::exception& error, int exit_code) {
+  std::cerr << error.what() << "\n";
+  return exit_code;
 }
 
 int run(const LaunchConfig& config) {
@@ -128,22 +133,15 @@ int main(int argc, char** argv) {
     std::cerr << "cpprun: " << e.what() << "\n";
     return kUsageExitCode;
   } catch (const ProgramNotRunnable& e) {
-    std::cerr << e.what() << "\n";
-    return e.exit_code();
+    return report(e, e.exit_code());
   } catch (const SpawnError& e) {
-    std::cerr << e.what() << "\n";
-    return e.exit_code();
-  } catch (const RendezvousError& e) {
-    // The other nodes were told (or will see this agent's link close).
-    std::cerr << e.what() << "\n";
-    return e.exit_code();
+    return report(e, e.exit_code());
+  } catch (const RendezvousError& e) {  // the other nodes were told, or see this agent's link close
+    return report(e, e.exit_code());
   } catch (const AgentStoreError& e) {
-    std::cerr << e.what() << "\n";
-    return 1;
-  } catch (const std::system_error& e) {
-    // The run's files (--log_dir, the temp dir, pipes): the message names the path.
-    std::cerr << e.what() << "\n";
-    return 1;
+    return report(e, 1);
+  } catch (const std::system_error& e) {  // the run's files (--log_dir, the temp dir, pipes), named
+    return report(e, 1);
   } catch (const std::exception& e) {
     // Workers were already stopped while unwinding (~WorkerGroup).
     std::cerr << "cpprun: internal error: " << e.what() << "\n";

@@ -181,13 +181,16 @@ bool read_double(const std::string& text, double& out) {
   return errno == 0 && end == text.c_str() + text.size() && std::isfinite(out);
 }
 
-std::chrono::milliseconds parse_seconds(const std::string& flag, const std::string& text) {
+// 0 to 86400 seconds.
+std::optional<std::chrono::milliseconds> read_seconds(const std::string& text) {
   double seconds = 0;
-  if (!read_double(text, seconds) || seconds < 0 || seconds > 86400) {
-    throw UsageError(with_value(flag, text) +
-                     ": expected a number of seconds from 0 to 86400 (e.g. " + flag + "=5)");
-  }
+  if (!read_double(text, seconds) || seconds < 0 || seconds > 86400) return std::nullopt;
   return std::chrono::milliseconds(static_cast<long long>(std::llround(seconds * 1000)));
+}
+
+std::chrono::milliseconds parse_seconds(const std::string& flag, const std::string& text) {
+  if (const auto ms = read_seconds(text)) return *ms;
+  throw UsageError(with_value(flag, text) + ": expected a number of seconds from 0 to 86400 (e.g. " + flag + "=5)");
 }
 
 // INITIAL[:MAX] seconds. MAX defaults to 30 s, or INITIAL if that is longer (a fixed delay).
@@ -195,13 +198,10 @@ RestartBackoffSettings parse_restart_backoff(const std::string& text) {
   const std::string flag = "--restart_backoff";
   const auto colon = text.find(':');
   const auto seconds = [&](const std::string& part) {
-    double value = 0;
-    if (!read_double(part, value) || value < 0 || value > 86400) {
-      throw UsageError(with_value(flag, text) + ": expected INITIAL[:MAX], seconds from 0 to 86400: the wait "
-                       "before the first restart after a failure, doubling with each failure in a row up to MAX "
-                       "(e.g. " + flag + "=1:30; 0 restarts at once)");
-    }
-    return std::chrono::milliseconds(static_cast<long long>(std::llround(value * 1000)));
+    if (const auto ms = read_seconds(part)) return *ms;
+    throw UsageError(with_value(flag, text) + ": expected INITIAL[:MAX], seconds from 0 to 86400: the wait "
+                     "before the first restart after a failure, doubling with each failure in a row up to MAX "
+                     "(e.g. " + flag + "=1:30; 0 restarts at once)");
   };
   RestartBackoffSettings settings;
   settings.initial = seconds(text.substr(0, colon));
@@ -213,12 +213,6 @@ RestartBackoffSettings parse_restart_backoff(const std::string& text) {
   return settings;
 }
 
-struct RdzvConf {
-  std::chrono::milliseconds join_timeout{600 * 1000};
-  std::chrono::milliseconds last_call_timeout{30 * 1000};
-  std::optional<bool> is_host;
-};
-
 // torchrun's spellings of a boolean (RendezvousParameters.get_as_bool).
 std::optional<bool> read_bool(const std::string& text) {
   std::string lower;
@@ -228,22 +222,17 @@ std::optional<bool> read_bool(const std::string& text) {
   return std::nullopt;
 }
 
-// --rdzv_conf KEY=VALUE,...: the keys torchrun's backend reads. The join timeout is `timeout` for
-// torchrun's static backend and `join_timeout` for its c10d one; both are read by both here.
-// close_timeout and read_timeout are accepted for c10d command lines and unused: no agent waits on
-// a store here.
-RdzvConf parse_rdzv_conf(const std::string& text, RendezvousBackend backend) {
+// --rdzv_conf KEY=VALUE,...: the keys torchrun's backends read. The join timeout is `timeout` for
+// torchrun's static backend, `join_timeout` for its c10d one; both read both here. close_timeout and
+// read_timeout are accepted for c10d command lines and unused: no agent waits on a store here.
+void read_rdzv_conf(const std::string& text, LaunchConfig& config) {
+  const RendezvousBackend backend = config.rdzv_backend;
   const bool c10d = backend == RendezvousBackend::kC10d;
   const std::string known = c10d ? "join_timeout=SECONDS (also spelled timeout), last_call_timeout=SECONDS, "
                                    "is_host=0|1, close_timeout and read_timeout (accepted, unused)"
                                  : "join_timeout=SECONDS (also spelled timeout)";
-  RdzvConf conf;
-  std::size_t start = 0;
-  while (start < text.size()) {
-    auto end = text.find(',', start);
-    if (end == std::string::npos) end = text.size();
-    const std::string item = text.substr(start, end - start);
-    start = end + 1;
+  std::istringstream items(text);
+  for (std::string item; std::getline(items, item, ',');) {
     if (item.empty()) continue;
     const auto eq = item.find('=');
     const std::string key = item.substr(0, eq);
@@ -258,15 +247,15 @@ RdzvConf parse_rdzv_conf(const std::string& text, RendezvousBackend backend) {
                        ", e.g. --rdzv_conf join_timeout=300");
     }
     if (join) {
-      conf.join_timeout = parse_seconds("--rdzv_conf " + key, value);
-      if (conf.join_timeout.count() == 0) {
+      config.join_timeout = parse_seconds("--rdzv_conf " + key, value);
+      if (config.join_timeout.count() == 0) {
         throw UsageError(with_value("--rdzv_conf", text) + ": the join timeout must be above 0 seconds");
       }
     } else if (key == "last_call_timeout") {
-      conf.last_call_timeout = parse_seconds("--rdzv_conf " + key, value);
+      config.last_call_timeout = parse_seconds("--rdzv_conf " + key, value);
     } else if (key == "is_host") {
-      conf.is_host = read_bool(value);
-      if (!conf.is_host) {
+      config.is_host = read_bool(value);
+      if (!config.is_host) {
         throw UsageError(with_value("--rdzv_conf", text) + ": is_host=" + value +
                          " is not a boolean; write is_host=1 (this agent hosts the rendezvous) or is_host=0");
       }
@@ -274,7 +263,6 @@ RdzvConf parse_rdzv_conf(const std::string& text, RendezvousBackend backend) {
       parse_seconds("--rdzv_conf " + key, value);  // checked like torchrun would, then unused
     }
   }
-  return conf;
 }
 
 OutputOptions validate_output(const RawOptions& raw, int nproc_per_node) {
@@ -295,8 +283,7 @@ OutputOptions validate_output(const RawOptions& raw, int nproc_per_node) {
 }
 
 // The node counts and the rendezvous: static (--node_rank, --master_addr/--master_port) or c10d
-// (--rdzv_endpoint; --node_rank and --master_addr/--master_port are torchrun's static options and
-// ignored, as torchrun ignores them).
+// (--rdzv_endpoint; like torchrun, it ignores those static options).
 void validate_rendezvous(const RawOptions& raw, LaunchConfig& config) {
   // torchrun's --standalone overrides the backend and endpoint; here it means one node on a private port.
   config.rdzv_backend = raw.standalone ? RendezvousBackend::kStatic : parse_rdzv_backend(raw.rdzv_backend);
@@ -305,10 +292,7 @@ void validate_rendezvous(const RawOptions& raw, LaunchConfig& config) {
     throw UsageError("--standalone runs a single node on a private port; it cannot be combined with --nnodes=" +
                      raw.nnodes + ". Give node 0's address with --master_addr/--master_port on every node instead");
   }
-  const RdzvConf conf = parse_rdzv_conf(raw.rdzv_conf, config.rdzv_backend);
-  config.join_timeout = conf.join_timeout;
-  config.last_call_timeout = conf.last_call_timeout;
-  config.is_host = conf.is_host;
+  read_rdzv_conf(raw.rdzv_conf, config);
   config.min_nodes = nodes.min;
   config.max_nodes = nodes.max;
   config.nnodes = nodes.max;

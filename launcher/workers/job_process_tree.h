@@ -22,7 +22,11 @@
 // starts for a worker (systemd-run, at). A cgroup would hold these; cpprun may not create one.
 #pragma once
 
+#include <sys/types.h>
+
 #include <chrono>
+#include <string>
+#include <vector>
 
 #include "workers/signal_relay.h"
 
@@ -48,5 +52,17 @@ class JobProcessTree {
 // stderr: SIGTERM, up to `grace` for them to exit, then SIGKILL, until none is left. A job-ending
 // signal arriving meanwhile cuts the grace short; it is returned (0 if none came).
 int stop_leftovers(SignalRelay& relay, std::chrono::milliseconds grace);
+
+// What /proc says about other processes. The whole file, or "" if it cannot be read (the process
+// is gone, or not ours).
+std::string read_proc_file(const std::string& path);
+
+// The live (not zombie) children of `parent`, from /proc/PARENT/task/*/children where the kernel
+// has it (CONFIG_PROC_CHILDREN), else by reading every /proc/PID/stat.
+std::vector<pid_t> live_children(pid_t parent);
+
+// The live processes whose initial environment (/proc/PID/environ) holds `entry` ("NAME=VALUE")
+// exactly. Processes of other users, whose environment cannot be read, are not among them.
+std::vector<pid_t> processes_with_env_entry(const std::string& entry);
 
 }  // namespace cpprun::launcher

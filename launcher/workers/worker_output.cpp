@@ -61,25 +61,17 @@ void LineSplitter::emit_long(std::string_view line, bool complete, const LineSin
 void LineSplitter::feed(std::string_view data, const LineSink& sink) {
   while (!data.empty()) {
     const auto newline = data.find('\n');
-    if (newline == std::string_view::npos) {
-      if (pending_.empty()) {
-        emit_long(data, false, sink);
-      } else {
-        std::string joined = std::move(pending_);
-        joined.append(data);
-        emit_long(joined, false, sink);
-      }
-      return;
+    const bool complete = newline != std::string_view::npos;
+    std::string_view line = data.substr(0, newline);
+    std::string joined;  // only when a line continues, so most lines are never copied
+    if (!pending_.empty()) {
+      joined = std::move(pending_);
+      joined.append(line);
+      line = joined;
     }
-    const std::string_view rest = data.substr(0, newline);
-    if (pending_.empty()) {
-      if (rest.empty()) sink(rest);  // an empty line is still a line
-      emit_long(rest, true, sink);
-    } else {
-      std::string joined = std::move(pending_);
-      joined.append(rest);
-      emit_long(joined, true, sink);
-    }
+    if (complete && line.empty()) sink(line);  // an empty line is still a line
+    emit_long(line, complete, sink);
+    if (!complete) return;
     data.remove_prefix(newline + 1);
   }
 }
