@@ -357,18 +357,16 @@ LaunchConfig validate(const RawOptions& raw, const HostFacts& host) {
   return config;
 }
 
-// Which multi-node options the command line or PET_<NAME> gave; the scheduler fills the others.
-struct GivenOptions {
-  bool nnodes = false;
-  bool node_rank = false;
-  bool master_addr = false;  // --master_addr or --rdzv_endpoint
-  bool master_port = false;  // --master_port or --rdzv_endpoint
-};
-
-// Writes the scheduler's values into the options not given and returns the line saying so. Nothing
-// is taken for --standalone, or when the job has one node.
-std::string apply_scheduler_defaults(const GivenOptions& given, const EnvLookup& env, RawOptions& raw) {
-  if (raw.standalone || (given.nnodes && given.node_rank && given.master_addr && given.master_port)) return {};
+// Writes the scheduler's values into the multi-node options that neither the command line nor
+// PET_<NAME> gave, and returns the line saying so. Nothing is taken for --standalone, or when the
+// job has one node.
+std::string apply_scheduler_defaults(const CLI::App& app, const EnvLookup& env, RawOptions& raw) {
+  const auto given = [&](const char* name) { return app.get_option(name)->count() > 0; };
+  const bool nnodes_given = given("--nnodes");
+  const bool node_rank_given = given("--node_rank");
+  const bool addr_given = given("--master_addr") || given("--rdzv_endpoint");
+  const bool port_given = given("--master_port") || given("--rdzv_endpoint");
+  if (raw.standalone || (nnodes_given && node_rank_given && addr_given && port_given)) return {};
   // c10d meets at --rdzv_endpoint and numbers the nodes itself, like torchrun's.
   if (raw.rdzv_backend == "c10d") return {};
   std::optional<SchedulerDefaults> derived;
@@ -379,14 +377,14 @@ std::string apply_scheduler_defaults(const GivenOptions& given, const EnvLookup&
   }
   if (!derived) return {};
   const SchedulerDefaults& d = *derived;
-  const int nnodes = given.nnodes ? parse_nnodes(raw.nnodes).max : d.nnodes;
+  const int nnodes = nnodes_given ? parse_nnodes(raw.nnodes).max : d.nnodes;
   if (nnodes <= 1) return {};
   std::string taken;
-  if (!given.nnodes) {
+  if (!nnodes_given) {
     raw.nnodes = std::to_string(d.nnodes);
     taken += " --nnodes=" + raw.nnodes;
   }
-  if (!given.node_rank) {
+  if (!node_rank_given) {
     if (d.node_rank >= nnodes) {
       throw UsageError(d.node_rank_var + "=" + std::to_string(d.node_rank) + " (from " + d.source +
                        ") is not a node rank of --nnodes=" + raw.nnodes + "; pass --node_rank explicitly too");
@@ -394,7 +392,7 @@ std::string apply_scheduler_defaults(const GivenOptions& given, const EnvLookup&
     raw.node_rank = std::to_string(d.node_rank);
     taken += " --node_rank=" + raw.node_rank;
   }
-  if (!given.master_addr) {
+  if (!addr_given) {
     if (!d.master_addr) {
       throw UsageError(d.source + " (" + d.nnodes_var + "=" + std::to_string(d.nnodes) +
                        ") does not say where node 0 is: set MASTER_ADDR=HOST in the environment of every "
@@ -403,7 +401,7 @@ std::string apply_scheduler_defaults(const GivenOptions& given, const EnvLookup&
     raw.master_addr = *d.master_addr;
     taken += " --master_addr=" + raw.master_addr;
   }
-  if (!given.master_port && d.master_port) {
+  if (!port_given && d.master_port) {
     raw.master_port = std::to_string(*d.master_port);
     taken += " --master_port=" + raw.master_port;
   }
@@ -649,13 +647,7 @@ ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, cons
   } catch (const CLI::ParseError& e) {
     throw UsageError(std::string(e.what()) + "\nRun with --help for more information.");
   }
-  const auto given = [&](const std::string& name) { return app.get_option(name)->count() > 0; };
-  GivenOptions options_given;
-  options_given.nnodes = given("--nnodes");
-  options_given.node_rank = given("--node_rank");
-  options_given.master_addr = given("--master_addr") || given("--rdzv_endpoint");
-  options_given.master_port = given("--master_port") || given("--rdzv_endpoint");
-  result.scheduler_note = apply_scheduler_defaults(options_given, env, raw);
+  result.scheduler_note = apply_scheduler_defaults(app, env, raw);
   result.config = validate(raw, host);
   take_program(app.remaining(), known, result.config);
   result.config.program_mode = program_mode(raw);
