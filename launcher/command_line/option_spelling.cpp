@@ -67,7 +67,6 @@ std::vector<std::string> expand_option_prefixes(const std::vector<std::string>& 
   return out;
 }
 
-
 std::size_t edit_distance(const std::string& a, const std::string& b) {
   // d[i][j]: distance between a's first i and b's first j characters, three rows kept.
   std::vector<std::size_t> before(b.size() + 1), previous(b.size() + 1), current(b.size() + 1);

@@ -16,11 +16,9 @@ struct OptionSpelling {
   bool takes_value = false;  // the next argument is its value unless written --name=value
 };
 
-// Returns `args` with each long option that is a prefix of exactly one option's spellings written
-// out in full (the first spelling that matches), before CLI11 parses. An exact spelling always wins.
-// Stops, leaving the rest untouched, at `--`, at the first argument that is not an option (PROGRAM)
-// and at an unknown option (CLI11 reports it); an option's separate value is skipped. Throws
-// UsageError for a prefix of several options, listing them.
+// `args` with each long option that is a prefix of exactly one option written out in full, for
+// CLI11; an exact spelling wins. Stops at `--`, at PROGRAM and at an unknown option (CLI11 reports
+// it); skips an option's separate value. Throws UsageError for a prefix of several options.
 std::vector<std::string> expand_option_prefixes(const std::vector<std::string>& args,
                                                 const std::vector<OptionSpelling>& options);
 

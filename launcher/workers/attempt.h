@@ -1,7 +1,6 @@
-// One attempt of this node's workers: start them, supervise them until the attempt ends, and
-// unless they all succeeded, stop the rest and print the failure summary. Either way, what the
-// workers left behind is stopped before it returns (Note [The job's process tree]). The caller's
-// loop (single- or multi-node) decides what comes next.
+// One attempt of this node's workers: start them, supervise them until the attempt ends, stop the
+// rest and print the failure summary unless all succeeded, and stop what they left behind (Note
+// [The job's process tree]). The caller's loop (single- or multi-node) decides what comes next.
 #pragma once
 
 #include <chrono>

@@ -1,25 +1,18 @@
 // Keeping every process the workers start inside the job, so that none outlives it.
 //
 // Note [The job's process tree]
-// Whatever a worker starts must end with the job, whichever way the job ends. Three mechanisms,
-// each covering what the others cannot:
-// 1. cpprun is a child subreaper (PR_SET_CHILD_SUBREAPER): an orphan, even one that called setsid()
-//    or double-forked, is reparented to cpprun rather than to init. So once an attempt's workers
-//    are reaped, every child cpprun still has was left behind by them: stop_leftovers() sends those
-//    SIGTERM, then SIGKILL after --shutdown_timeout. Orphans that exit during the attempt are
-//    reaped by WorkerGroup.
-// 2. While the attempt runs, each worker's process group gets every signal cpprun forwards, and the
-//    group of a failed or stopped worker is SIGKILLed once the workers are stopped (Note [Orphans in
-//    a worker's process group]): that reaches a worker's `cmd &` at once.
-// 3. A SIGKILLed cpprun does nothing more: its workers die by PR_SET_PDEATHSIG, and their
-//    descendants go to whoever is above cpprun. For them a guardian process, in a session of its
-//    own, waits on a socket to cpprun; when that closes without cpprun having dismissed it, it
-//    SIGKILLs every process whose environment holds CPPRUN_JOB_TOKEN=<this run's random token>,
-//    which every worker inherits and passes on (how Jenkins finds the processes of a build).
-// Not covered: after a SIGKILL of cpprun, a descendant that exec'd without the token (env -i) or
-// whose environment we may not read (another user's, setuid); always, a process that leaves the
-// tree through a subreaper of its own (a container runtime, systemd --user) or that a service
-// starts for a worker (systemd-run, at). A cgroup would hold these; cpprun may not create one.
+// Whatever a worker starts must end with the job, however the job ends:
+// 1. cpprun is a child subreaper, so orphans (even setsid()ed or double-forked ones) become its
+//    children: once an attempt's workers are reaped, stop_leftovers() SIGTERMs, then SIGKILLs them.
+// 2. During the attempt, forwarded signals reach each worker's whole process group, and a failed or
+//    stopped worker's group is SIGKILLed with it (Note [Orphans in a worker's process group]).
+// 3. If cpprun is SIGKILLed, its workers die by PR_SET_PDEATHSIG; a guardian process in its own
+//    session sees cpprun's socket close and SIGKILLs every process whose environment holds this
+//    run's random CPPRUN_JOB_TOKEN, which workers inherit (as Jenkins finds a build's processes).
+// Not covered: after a SIGKILL of cpprun, a process that dropped the token (env -i) or whose
+// environment we may not read; always, one that leaves through a subreaper of its own (a container
+// runtime, systemd --user) or that a service starts (systemd-run, at). Only a cgroup holds these,
+// and cpprun may not create one.
 #pragma once
 
 #include <sys/types.h>

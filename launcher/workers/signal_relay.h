@@ -38,13 +38,11 @@ class SignalRelay {
   std::vector<int> take_pending();
 
   // Note [Job control]
-  // Workers lead sessions of their own (Note [Worker sessions]), so the terminal's Ctrl-Z (SIGTSTP)
-  // reaches cpprun alone. cpprun passes it on as SIGSTOP (the kernel discards SIGTSTP sent to a
-  // worker's group, which is orphaned), then stops itself with SIGTSTP so the shell sees a stopped
-  // job; `fg`/`bg` send cpprun SIGCONT, which it passes on (as any SIGCONT). Whichever loop drains
-  // the relay does this, so Ctrl-Z works while waiting for other nodes or a restart too. If
-  // cpprun's own group is orphaned, the kernel discards its SIGTSTP and the workers go on at once.
-  // `signal_workers` (nullptr: none run) is called with SIGSTOP and SIGCONT.
+  // Ctrl-Z's SIGTSTP reaches cpprun alone (workers lead their own sessions). cpprun sends the
+  // workers SIGSTOP (the kernel discards SIGTSTP sent to their orphaned groups), then stops itself
+  // so the shell sees a stopped job; the SIGCONT of `fg`/`bg` is passed on. (In an orphaned group
+  // cpprun's own SIGTSTP is discarded: nothing stops.) Whichever loop drains the relay does this.
+  // `signal_workers` (nullptr: none run) gets SIGSTOP and SIGCONT.
   void set_job_control(std::function<void(int sig)> signal_workers);
 
   // In a forked child, before exec: puts back the dispositions and signal mask cpprun started with,

@@ -58,13 +58,11 @@ enum class StopStart {
 };
 
 // Note [Orphans in a worker's process group]
-// A worker's children share its process group, which outlives a worker that fails or is stopped
-// while they run on (`./helper & exit 1`). Such a group, probed at reap time (kill(-pgid, 0)), gets
-// the signals forwarded and is SIGKILLed once the other workers are gone. Only failed and stopped
-// workers are probed: their groups are signalled moments later, while the orphans still pin the
-// group id, so it cannot name someone else's group meanwhile. Orphans of a worker that succeeded,
-// and processes that left the group, are stopped when the attempt ends (Note [The job's process
-// tree]; torchrun leaves them running).
+// A worker's group outlives it while its children run on (`./helper & exit 1`). Probed at reap
+// time (kill(-pgid, 0)), such a group gets the signals forwarded and is SIGKILLed once the other
+// workers are gone. Only failed and stopped workers are probed: their groups are signalled moments
+// later, while the orphans still pin the id, so it cannot name another group. Other leftovers are
+// stopped when the attempt ends (Note [The job's process tree]; torchrun leaves them running).
 class WorkerGroup {
  public:
   explicit WorkerGroup(SignalRelay& relay);

@@ -53,12 +53,10 @@ class LineTail {
 };
 
 // Note [Worker output pipes]
-// The launcher is one thread: it reads a pipe only when poll() says it is readable (together with
-// the signal relay's wake-up pipe), and writes each batch of whole lines with one write(), so two
-// ranks' lines cannot mix. Everything a worker wrote is in its pipe by the time it can be reaped,
-// so reaping drains the pipe and flushes an unfinished last line. Processes the worker left behind
-// may hold the pipe open: it stays in the poll set until EOF or the end of the attempt, when it is
-// closed; what they write after that meets a closed pipe, as it would a closed terminal.
+// One thread reads a pipe only when poll() says it is readable, and writes each batch of whole
+// lines with one write(), so two ranks' lines never mix. A reaped worker's output is all in its
+// pipe, so reaping drains it, unfinished last line included. Orphans may hold the pipe open: it is
+// polled until EOF or the attempt's end, when it is closed, as a terminal would be.
 class OutputStream {
  public:
   enum class Kind { kStdout, kStderr };
