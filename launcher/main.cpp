@@ -14,7 +14,6 @@
 
 #include "agent_store/agent_store.h"
 #include "workers/attempt.h"
-#include "command_line/dry_run.h"
 #include "command_line/host_facts.h"
 #include "workers/job_process_tree.h"
 #include "command_line/launch_config.h"
@@ -22,7 +21,6 @@
 #include "rendezvous/multi_node_agent.h"
 #include "rendezvous/node_rendezvous.h"
 #include "command_line/program_command.h"
-#include "command_line/program_lookup.h"
 #include "rendezvous/rank_layout.h"
 #include "workers/restart_pacer.h"
 #include "workers/run_directory.h"
@@ -44,11 +42,10 @@ void ensure_standard_fds() {
   }
 }
 
-// What RunDirectory would lay out, without creating anything.
-RunLayout dry_run_layout(const LaunchConfig& config) {
-  if (!config.output.log_dir.empty()) return {config.output.log_dir, true};
-  const char* tmpdir = std::getenv("TMPDIR");
-  return {std::string(tmpdir != nullptr && *tmpdir != '\0' ? tmpdir : "/tmp") + "/cpprun-XXXXXX", false};
+// The error's message names what failed; `exit_code` is what cpprun exits with.
+int report(const std::exception& error, int exit_code) {
+  std::cerr << error.what() << "\n";
+  return exit_code;
 }
 
 int run(const LaunchConfig& config) {
@@ -78,7 +75,7 @@ int run(const LaunchConfig& config) {
                 << "; set PYTHON_EXEC to choose another)\n";
     }
     std::cout << format_dry_run(make_worker_specs(workers, assumed_layout(rendezvous), program, 0,
-                                                  dry_run_layout(config), parent_env),
+                                                  RunLayout::planned(config.output.log_dir), parent_env),
                                 parent_env);
     return 0;
   }
@@ -136,22 +133,15 @@ int main(int argc, char** argv) {
     std::cerr << "cpprun: " << e.what() << "\n";
     return kUsageExitCode;
   } catch (const ProgramNotRunnable& e) {
-    std::cerr << e.what() << "\n";
-    return e.exit_code();
+    return report(e, e.exit_code());
   } catch (const SpawnError& e) {
-    std::cerr << e.what() << "\n";
-    return e.exit_code();
-  } catch (const RendezvousError& e) {
-    // The other nodes were told (or will see this agent's link close).
-    std::cerr << e.what() << "\n";
-    return e.exit_code();
+    return report(e, e.exit_code());
+  } catch (const RendezvousError& e) {  // the other nodes were told, or see this agent's link close
+    return report(e, e.exit_code());
   } catch (const AgentStoreError& e) {
-    std::cerr << e.what() << "\n";
-    return 1;
-  } catch (const std::system_error& e) {
-    // The run's files (--log_dir, the temp dir, pipes): the message names the path.
-    std::cerr << e.what() << "\n";
-    return 1;
+    return report(e, 1);
+  } catch (const std::system_error& e) {  // the run's files (--log_dir, the temp dir, pipes), named
+    return report(e, 1);
   } catch (const std::exception& e) {
     // Workers were already stopped while unwinding (~WorkerGroup).
     std::cerr << "cpprun: internal error: " << e.what() << "\n";

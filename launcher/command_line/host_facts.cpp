@@ -11,6 +11,7 @@
 #include <cctype>
 #include <cerrno>
 #include <cstdlib>
+#include <sstream>
 #include <system_error>
 
 namespace cpprun::launcher {
@@ -37,15 +38,8 @@ int count_nvidia_device_nodes() {
 int count_visible_gpus(int device_nodes, const char* cuda_visible_devices) {
   if (cuda_visible_devices == nullptr) return device_nodes;
   int listed = 0;
-  std::string list = cuda_visible_devices;
-  std::string::size_type start = 0;
-  while (start <= list.size()) {
-    const auto comma = std::min(list.find(',', start), list.size());
-    const std::string entry = list.substr(start, comma - start);
-    if (entry.empty() || entry[0] == '-') break;
-    ++listed;
-    start = comma + 1;
-  }
+  std::istringstream list(cuda_visible_devices);
+  for (std::string entry; std::getline(list, entry, ',') && !entry.empty() && entry[0] != '-';) ++listed;
   return std::min(listed, device_nodes);
 }
 

@@ -15,8 +15,7 @@
 #include <system_error>
 
 #include "rendezvous/job_secret.h"
-#include "command_line/option_prefix.h"
-#include "command_line/option_suggestion.h"
+#include "command_line/option_spelling.h"
 
 namespace cpprun::launcher {
 namespace {
@@ -146,26 +145,30 @@ RendezvousBackend parse_rdzv_backend(const std::string& backend) {
                    ": unknown rendezvous backend; cpprun has static (the default) and c10d");
 }
 
-// HOST, HOST:PORT or [IPv6]:PORT. An empty port means "keep --master_port".
-void parse_rdzv_endpoint(const std::string& text, std::string& host, std::string& port) {
+// HOST, HOST:PORT or [IPv6]:PORT: sets master_addr, and master_port when PORT is given.
+void read_rdzv_endpoint(const std::string& text, int example_port, LaunchConfig& config) {
   const std::string flag = "--rdzv_endpoint";
+  std::string port;
   if (!text.empty() && text.front() == '[') {
     const auto close = text.find(']');
     if (close == std::string::npos || (close + 1 < text.size() && text[close + 1] != ':')) {
       throw UsageError(with_value(flag, text) + ": expected HOST:PORT, e.g. --rdzv_endpoint=[::1]:29500");
     }
-    host = text.substr(1, close - 1);
+    config.master_addr = text.substr(1, close - 1);
     if (close + 1 < text.size()) port = text.substr(close + 2);
   } else {
     const auto colon = text.find(':');
     if (colon != std::string::npos && text.find(':', colon + 1) != std::string::npos) {
       throw UsageError(with_value(flag, text) + ": an IPv6 address needs brackets, e.g. --rdzv_endpoint=[::1]:29500");
     }
-    host = text.substr(0, colon);
+    config.master_addr = text.substr(0, colon);
     if (colon != std::string::npos) port = text.substr(colon + 1);
   }
-  if (host.empty()) {
+  if (config.master_addr.empty()) {
     throw UsageError(with_value(flag, text) + ": expected HOST:PORT of node 0, e.g. --rdzv_endpoint=10.0.0.1:29500");
+  }
+  if (!port.empty()) {
+    config.master_port = parse_int_in_range(flag + " port", port, 1, 65535, "a TCP port", example_port);
   }
 }
 
@@ -178,13 +181,16 @@ bool read_double(const std::string& text, double& out) {
   return errno == 0 && end == text.c_str() + text.size() && std::isfinite(out);
 }
 
-std::chrono::milliseconds parse_seconds(const std::string& flag, const std::string& text) {
+// 0 to 86400 seconds.
+std::optional<std::chrono::milliseconds> read_seconds(const std::string& text) {
   double seconds = 0;
-  if (!read_double(text, seconds) || seconds < 0 || seconds > 86400) {
-    throw UsageError(with_value(flag, text) +
-                     ": expected a number of seconds from 0 to 86400 (e.g. " + flag + "=5)");
-  }
+  if (!read_double(text, seconds) || seconds < 0 || seconds > 86400) return std::nullopt;
   return std::chrono::milliseconds(static_cast<long long>(std::llround(seconds * 1000)));
+}
+
+std::chrono::milliseconds parse_seconds(const std::string& flag, const std::string& text) {
+  if (const auto ms = read_seconds(text)) return *ms;
+  throw UsageError(with_value(flag, text) + ": expected a number of seconds from 0 to 86400 (e.g. " + flag + "=5)");
 }
 
 // INITIAL[:MAX] seconds. MAX defaults to 30 s, or INITIAL if that is longer (a fixed delay).
@@ -192,13 +198,10 @@ RestartBackoffSettings parse_restart_backoff(const std::string& text) {
   const std::string flag = "--restart_backoff";
   const auto colon = text.find(':');
   const auto seconds = [&](const std::string& part) {
-    double value = 0;
-    if (!read_double(part, value) || value < 0 || value > 86400) {
-      throw UsageError(with_value(flag, text) + ": expected INITIAL[:MAX], seconds from 0 to 86400: the wait "
-                       "before the first restart after a failure, doubling with each failure in a row up to MAX "
-                       "(e.g. " + flag + "=1:30; 0 restarts at once)");
-    }
-    return std::chrono::milliseconds(static_cast<long long>(std::llround(value * 1000)));
+    if (const auto ms = read_seconds(part)) return *ms;
+    throw UsageError(with_value(flag, text) + ": expected INITIAL[:MAX], seconds from 0 to 86400: the wait "
+                     "before the first restart after a failure, doubling with each failure in a row up to MAX "
+                     "(e.g. " + flag + "=1:30; 0 restarts at once)");
   };
   RestartBackoffSettings settings;
   settings.initial = seconds(text.substr(0, colon));
@@ -210,12 +213,6 @@ RestartBackoffSettings parse_restart_backoff(const std::string& text) {
   return settings;
 }
 
-struct RdzvConf {
-  std::chrono::milliseconds join_timeout{600 * 1000};
-  std::chrono::milliseconds last_call_timeout{30 * 1000};
-  std::optional<bool> is_host;
-};
-
 // torchrun's spellings of a boolean (RendezvousParameters.get_as_bool).
 std::optional<bool> read_bool(const std::string& text) {
   std::string lower;
@@ -225,22 +222,17 @@ std::optional<bool> read_bool(const std::string& text) {
   return std::nullopt;
 }
 
-// --rdzv_conf KEY=VALUE,...: the keys torchrun's backend reads. The join timeout is `timeout` for
-// torchrun's static backend and `join_timeout` for its c10d one; both are read by both here.
-// close_timeout and read_timeout are accepted for c10d command lines and unused: no agent waits on
-// a store here.
-RdzvConf parse_rdzv_conf(const std::string& text, RendezvousBackend backend) {
+// --rdzv_conf KEY=VALUE,...: the keys torchrun's backends read. The join timeout is `timeout` for
+// torchrun's static backend, `join_timeout` for its c10d one; both read both here. close_timeout and
+// read_timeout are accepted for c10d command lines and unused: no agent waits on a store here.
+void read_rdzv_conf(const std::string& text, LaunchConfig& config) {
+  const RendezvousBackend backend = config.rdzv_backend;
   const bool c10d = backend == RendezvousBackend::kC10d;
   const std::string known = c10d ? "join_timeout=SECONDS (also spelled timeout), last_call_timeout=SECONDS, "
                                    "is_host=0|1, close_timeout and read_timeout (accepted, unused)"
                                  : "join_timeout=SECONDS (also spelled timeout)";
-  RdzvConf conf;
-  std::size_t start = 0;
-  while (start < text.size()) {
-    auto end = text.find(',', start);
-    if (end == std::string::npos) end = text.size();
-    const std::string item = text.substr(start, end - start);
-    start = end + 1;
+  std::istringstream items(text);
+  for (std::string item; std::getline(items, item, ',');) {
     if (item.empty()) continue;
     const auto eq = item.find('=');
     const std::string key = item.substr(0, eq);
@@ -255,15 +247,15 @@ RdzvConf parse_rdzv_conf(const std::string& text, RendezvousBackend backend) {
                        ", e.g. --rdzv_conf join_timeout=300");
     }
     if (join) {
-      conf.join_timeout = parse_seconds("--rdzv_conf " + key, value);
-      if (conf.join_timeout.count() == 0) {
+      config.join_timeout = parse_seconds("--rdzv_conf " + key, value);
+      if (config.join_timeout.count() == 0) {
         throw UsageError(with_value("--rdzv_conf", text) + ": the join timeout must be above 0 seconds");
       }
     } else if (key == "last_call_timeout") {
-      conf.last_call_timeout = parse_seconds("--rdzv_conf " + key, value);
+      config.last_call_timeout = parse_seconds("--rdzv_conf " + key, value);
     } else if (key == "is_host") {
-      conf.is_host = read_bool(value);
-      if (!conf.is_host) {
+      config.is_host = read_bool(value);
+      if (!config.is_host) {
         throw UsageError(with_value("--rdzv_conf", text) + ": is_host=" + value +
                          " is not a boolean; write is_host=1 (this agent hosts the rendezvous) or is_host=0");
       }
@@ -271,7 +263,6 @@ RdzvConf parse_rdzv_conf(const std::string& text, RendezvousBackend backend) {
       parse_seconds("--rdzv_conf " + key, value);  // checked like torchrun would, then unused
     }
   }
-  return conf;
 }
 
 OutputOptions validate_output(const RawOptions& raw, int nproc_per_node) {
@@ -292,8 +283,7 @@ OutputOptions validate_output(const RawOptions& raw, int nproc_per_node) {
 }
 
 // The node counts and the rendezvous: static (--node_rank, --master_addr/--master_port) or c10d
-// (--rdzv_endpoint; --node_rank and --master_addr/--master_port are torchrun's static options and
-// ignored, as torchrun ignores them).
+// (--rdzv_endpoint; like torchrun, it ignores those static options).
 void validate_rendezvous(const RawOptions& raw, LaunchConfig& config) {
   // torchrun's --standalone overrides the backend and endpoint; here it means one node on a private port.
   config.rdzv_backend = raw.standalone ? RendezvousBackend::kStatic : parse_rdzv_backend(raw.rdzv_backend);
@@ -302,10 +292,7 @@ void validate_rendezvous(const RawOptions& raw, LaunchConfig& config) {
     throw UsageError("--standalone runs a single node on a private port; it cannot be combined with --nnodes=" +
                      raw.nnodes + ". Give node 0's address with --master_addr/--master_port on every node instead");
   }
-  const RdzvConf conf = parse_rdzv_conf(raw.rdzv_conf, config.rdzv_backend);
-  config.join_timeout = conf.join_timeout;
-  config.last_call_timeout = conf.last_call_timeout;
-  config.is_host = conf.is_host;
+  read_rdzv_conf(raw.rdzv_conf, config);
   config.min_nodes = nodes.min;
   config.max_nodes = nodes.max;
   config.nnodes = nodes.max;
@@ -317,13 +304,7 @@ void validate_rendezvous(const RawOptions& raw, LaunchConfig& config) {
     }
     config.master_addr = "localhost";  // torchrun's endpoint when none is given
     config.master_port = 29400;
-    if (!raw.rdzv_endpoint.empty()) {
-      std::string port;
-      parse_rdzv_endpoint(raw.rdzv_endpoint, config.master_addr, port);
-      if (!port.empty()) {
-        config.master_port = parse_int_in_range("--rdzv_endpoint port", port, 1, 65535, "a TCP port", 29400);
-      }
-    }
+    if (!raw.rdzv_endpoint.empty()) read_rdzv_endpoint(raw.rdzv_endpoint, 29400, config);
     return;
   }
   if (nodes.min != nodes.max) {
@@ -370,30 +351,22 @@ LaunchConfig validate(const RawOptions& raw, const HostFacts& host) {
     }
     config.master_addr = raw.master_addr;
     config.master_port = parse_int_in_range("--master_port", raw.master_port, 1, 65535, "a TCP port", 29500);
-    if (!raw.rdzv_endpoint.empty()) {
-      // torchrun's static backend meets at the endpoint, and its workers use that store.
-      std::string port;
-      parse_rdzv_endpoint(raw.rdzv_endpoint, config.master_addr, port);
-      if (!port.empty()) {
-        config.master_port = parse_int_in_range("--rdzv_endpoint port", port, 1, 65535, "a TCP port", 29500);
-      }
-    }
+    // torchrun's static backend meets at the endpoint, and its workers use that store.
+    if (!raw.rdzv_endpoint.empty()) read_rdzv_endpoint(raw.rdzv_endpoint, 29500, config);
   }
   return config;
 }
 
-// Which multi-node options the command line or PET_<NAME> gave; the scheduler fills the others.
-struct GivenOptions {
-  bool nnodes = false;
-  bool node_rank = false;
-  bool master_addr = false;  // --master_addr or --rdzv_endpoint
-  bool master_port = false;  // --master_port or --rdzv_endpoint
-};
-
-// Writes the scheduler's values into the options not given and returns the line saying so. Nothing
-// is taken for --standalone, or when the job has one node.
-std::string apply_scheduler_defaults(const GivenOptions& given, const EnvLookup& env, RawOptions& raw) {
-  if (raw.standalone || (given.nnodes && given.node_rank && given.master_addr && given.master_port)) return {};
+// Writes the scheduler's values into the multi-node options that neither the command line nor
+// PET_<NAME> gave, and returns the line saying so. Nothing is taken for --standalone, or when the
+// job has one node.
+std::string apply_scheduler_defaults(const CLI::App& app, const EnvLookup& env, RawOptions& raw) {
+  const auto given = [&](const char* name) { return app.get_option(name)->count() > 0; };
+  const bool nnodes_given = given("--nnodes");
+  const bool node_rank_given = given("--node_rank");
+  const bool addr_given = given("--master_addr") || given("--rdzv_endpoint");
+  const bool port_given = given("--master_port") || given("--rdzv_endpoint");
+  if (raw.standalone || (nnodes_given && node_rank_given && addr_given && port_given)) return {};
   // c10d meets at --rdzv_endpoint and numbers the nodes itself, like torchrun's.
   if (raw.rdzv_backend == "c10d") return {};
   std::optional<SchedulerDefaults> derived;
@@ -404,14 +377,14 @@ std::string apply_scheduler_defaults(const GivenOptions& given, const EnvLookup&
   }
   if (!derived) return {};
   const SchedulerDefaults& d = *derived;
-  const int nnodes = given.nnodes ? parse_nnodes(raw.nnodes).max : d.nnodes;
+  const int nnodes = nnodes_given ? parse_nnodes(raw.nnodes).max : d.nnodes;
   if (nnodes <= 1) return {};
   std::string taken;
-  if (!given.nnodes) {
+  if (!nnodes_given) {
     raw.nnodes = std::to_string(d.nnodes);
     taken += " --nnodes=" + raw.nnodes;
   }
-  if (!given.node_rank) {
+  if (!node_rank_given) {
     if (d.node_rank >= nnodes) {
       throw UsageError(d.node_rank_var + "=" + std::to_string(d.node_rank) + " (from " + d.source +
                        ") is not a node rank of --nnodes=" + raw.nnodes + "; pass --node_rank explicitly too");
@@ -419,7 +392,7 @@ std::string apply_scheduler_defaults(const GivenOptions& given, const EnvLookup&
     raw.node_rank = std::to_string(d.node_rank);
     taken += " --node_rank=" + raw.node_rank;
   }
-  if (!given.master_addr) {
+  if (!addr_given) {
     if (!d.master_addr) {
       throw UsageError(d.source + " (" + d.nnodes_var + "=" + std::to_string(d.nnodes) +
                        ") does not say where node 0 is: set MASTER_ADDR=HOST in the environment of every "
@@ -428,7 +401,7 @@ std::string apply_scheduler_defaults(const GivenOptions& given, const EnvLookup&
     raw.master_addr = *d.master_addr;
     taken += " --master_addr=" + raw.master_addr;
   }
-  if (!given.master_port && d.master_port) {
+  if (!port_given && d.master_port) {
     raw.master_port = std::to_string(*d.master_port);
     taken += " --master_port=" + raw.master_port;
   }
@@ -451,17 +424,7 @@ ProgramMode program_mode(const RawOptions& raw) {
   return ProgramMode::kByName;
 }
 
-// Every spelling CLI11 knows, with its dashes, for "did you mean".
-std::vector<std::string> option_names(const CLI::App& app) {
-  std::vector<std::string> names;
-  for (const CLI::Option* option : app.get_options()) {
-    for (const std::string& name : option->get_lnames()) names.push_back("--" + name);
-    for (const std::string& name : option->get_snames()) names.push_back("-" + name);
-  }
-  return names;
-}
-
-// What expand_option_prefixes needs to know of each option.
+// Every spelling CLI11 knows, with its dashes: for expand_option_prefixes and "did you mean".
 std::vector<OptionSpelling> option_spellings(const CLI::App& app) {
   std::vector<OptionSpelling> spellings;
   int id = 0;
@@ -476,7 +439,7 @@ std::vector<OptionSpelling> option_spellings(const CLI::App& app) {
 
 // prefix_command() hands back everything from the first argument CLI11 did not recognise; that is
 // PROGRAM, unless it is an option we do not have.
-void take_program(std::vector<std::string> rest, const std::vector<std::string>& known_options,
+void take_program(std::vector<std::string> rest, const std::vector<OptionSpelling>& spellings,
                   LaunchConfig& config) {
   bool after_separator = false;
   if (!rest.empty() && rest.front() == "--") {
@@ -491,7 +454,9 @@ void take_program(std::vector<std::string> rest, const std::vector<std::string>&
   const std::string& first = rest.front();
   if (!after_separator && first.size() > 1 && first[0] == '-') {
     const std::string typed = first.substr(0, first.find('='));
-    const std::optional<std::string> suggestion = suggest_option(typed, known_options);
+    std::vector<std::string> known;
+    for (const OptionSpelling& spelling : spellings) known.push_back(spelling.name);
+    const std::optional<std::string> suggestion = suggest_option(typed, known);
     throw UsageError("unknown option " + typed + (suggestion ? "; did you mean " + *suggestion + "?" : "") +
                      " (before PROGRAM only cpprun's options are allowed; put -- before PROGRAM "
                      "if its name starts with '-')\nRun with --help for more information.");
@@ -669,7 +634,8 @@ ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, cons
        "or steer the job. Only for networks where nobody else can connect.");
 
   ParsedCommandLine result;
-  const std::vector<std::string> expanded = expand_option_prefixes(args, option_spellings(app));
+  const std::vector<OptionSpelling> known = option_spellings(app);
+  const std::vector<std::string> expanded = expand_option_prefixes(args, known);
   try {
     // CLI11's vector overload consumes arguments from the back.
     std::vector<std::string> reversed(expanded.rbegin(), expanded.rend());
@@ -681,15 +647,9 @@ ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, cons
   } catch (const CLI::ParseError& e) {
     throw UsageError(std::string(e.what()) + "\nRun with --help for more information.");
   }
-  const auto given = [&](const std::string& name) { return app.get_option(name)->count() > 0; };
-  GivenOptions options_given;
-  options_given.nnodes = given("--nnodes");
-  options_given.node_rank = given("--node_rank");
-  options_given.master_addr = given("--master_addr") || given("--rdzv_endpoint");
-  options_given.master_port = given("--master_port") || given("--rdzv_endpoint");
-  result.scheduler_note = apply_scheduler_defaults(options_given, env, raw);
+  result.scheduler_note = apply_scheduler_defaults(app, env, raw);
   result.config = validate(raw, host);
-  take_program(app.remaining(), option_names(app), result.config);
+  take_program(app.remaining(), known, result.config);
   result.config.program_mode = program_mode(raw);
   result.config.no_job_secret = raw.no_job_secret;
   result.config.job_secret =

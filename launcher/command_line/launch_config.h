@@ -25,32 +25,25 @@ struct LaunchConfig {
   int min_nodes = 1;  // --nnodes=MIN:MAX; static: both are nnodes
   int max_nodes = 1;
   int node_rank = 0;  // static only; c10d ignores --node_rank, as torchrun does
-  // static: node 0's address and port: its agent hosts the c10d store there when nnodes > 1, worker
-  // rank 0 when nnodes == 1; --rdzv_endpoint, when given, sets them. c10d: --rdzv_endpoint (default
-  // port 29400), where one agent hosts the rendezvous; the workers get this MASTER_ADDR and the
-  // MASTER_PORT the rendezvous picks.
+  // static: node 0's, where its agent (nnodes > 1) or worker rank 0 hosts the c10d store; set by
+  // --rdzv_endpoint too. c10d: --rdzv_endpoint (port 29400 by default), where one agent hosts the
+  // rendezvous; workers get this MASTER_ADDR and the MASTER_PORT the rendezvous picks.
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
-  // How long an agent waits for the rendezvous to complete (--rdzv_conf join_timeout=S).
+  // --rdzv_conf join_timeout, last_call_timeout (c10d) and is_host (c10d; unset: the first agent
+  // that can listen at the endpoint hosts).
   std::chrono::milliseconds join_timeout{600 * 1000};
-  // c10d: once MIN nodes are there, how long to wait for more (--rdzv_conf last_call_timeout=S).
   std::chrono::milliseconds last_call_timeout{30 * 1000};
-  // c10d: --rdzv_conf is_host=1/0 says whether this agent hosts the rendezvous; unset: the first
-  // agent that can listen at the endpoint does.
   std::optional<bool> is_host;
   bool standalone = false;  // master_addr/master_port were replaced by 127.0.0.1 and a free port
   int max_restarts = 0;
-  // --restart_backoff=INITIAL[:MAX]: the wait before each restart after a failure (restart_backoff.h).
   RestartBackoffSettings restart_backoff;
-  // SIGTERM (or the forwarded signal) -> SIGKILL grace. torchrun waits 30 s inside its agent; the
-  // launcher defaults to 5 s so a hung rank does not hold a failed job for half a minute.
+  // SIGTERM (or the forwarded signal) -> SIGKILL grace. torchrun waits 30 s; 5 s here, so a hung
+  // rank does not hold a failed job for half a minute.
   std::chrono::milliseconds shutdown_timeout{5000};
   std::string run_id = "none";
   std::string role = "default";
-  // Accepted for torchrun command lines and ignored: the launcher waits on events, it does not
-  // poll.
-  double monitor_interval = 0.1;
-  // --no_python, -m, --run_path, or none of them: see program_command.h.
+  double monitor_interval = 0.1;  // accepted for torchrun command lines; cpprun waits on events
   ProgramMode program_mode = ProgramMode::kByName;
 
   // Multi-node: what the agents prove to each other (job_secret.h); "" with --no_job_secret.
@@ -75,8 +68,8 @@ struct ParsedCommandLine {
   std::string scheduler_note;
 };
 
-// A mistake on the command line. The message names the flag and its value and says how to fix
-// it; the launcher prints it and exits with kUsageExitCode.
+// A mistake on the command line; the message names the flag, its value and the fix. cpprun prints
+// it and exits with kUsageExitCode.
 class UsageError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
@@ -85,9 +78,9 @@ class UsageError : public std::runtime_error {
 // argparse's (and so torchrun's) code for a bad command line.
 inline constexpr int kUsageExitCode = 2;
 
-// `args` is argv without argv[0]. --nnodes, --node_rank, --master_addr and --master_port that are
-// neither on the command line nor in PET_<NAME> come from the scheduler's variables read through
-// `env` (see scheduler_env.h), and scheduler_note says which. Throws UsageError.
+// `args` is argv without argv[0]. --nnodes, --node_rank, --master_addr and --master_port given
+// neither on the command line nor as PET_<NAME> come from the scheduler's variables in `env`
+// (scheduler_env.h); scheduler_note says which. Throws UsageError.
 ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, const HostFacts& host,
                                       const EnvLookup& env);
 

@@ -3,10 +3,27 @@
 // interpreter fails with one clear message instead of N identical exec failures.
 #pragma once
 
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 namespace cpprun::launcher {
+
+class ProgramNotRunnable : public std::runtime_error {
+ public:
+  ProgramNotRunnable(const std::string& message, int exit_code)
+      : std::runtime_error(message), exit_code_(exit_code) {}
+  // The shell's codes: 127 not found, 126 found but not executable.
+  int exit_code() const { return exit_code_; }
+
+ private:
+  int exit_code_;
+};
+
+// Finds `program` as execvp would: a name with a '/' is used as given; otherwise each PATH entry is
+// tried in order (an empty entry is the current directory; unset PATH means "/bin:/usr/bin", as
+// glibc's execvp). Returns the path to exec. Throws ProgramNotRunnable.
+std::string resolve_program(const std::string& program, const char* path_env);
 
 // How PROGRAM is to be run: torchrun's --no_python, -m/--module and --run_path, or by its name.
 enum class ProgramMode {
@@ -27,7 +44,7 @@ struct ProgramLookup {
   const char* python_exec = nullptr;  // $PYTHON_EXEC, torchrun's own choice of interpreter
 };
 
-// Throws ProgramNotRunnable (program_lookup.h) with the shell's exit code and what to do.
+// Throws ProgramNotRunnable with the shell's exit code and what to do.
 ProgramCommand resolve_program_command(const std::string& program, const std::vector<std::string>& args,
                                        ProgramMode mode, const ProgramLookup& lookup);
 

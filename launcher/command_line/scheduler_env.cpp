@@ -38,13 +38,9 @@ void read_nodes(const EnvLookup& env, SchedulerDefaults& d, const std::string& n
 }
 
 void read_master(const EnvLookup& env, SchedulerDefaults& d) {
-  if (auto addr = env("MASTER_ADDR"); addr && !addr->empty()) {
-    d.master_addr = *addr;
-    d.master_addr_var = "MASTER_ADDR";
-  }
+  if (auto addr = env("MASTER_ADDR"); addr && !addr->empty()) d.master_addr = *addr;
   if (auto port = env("MASTER_PORT"); port && !port->empty()) {
     d.master_port = read_number(env, "MASTER_PORT", 1, 65535, "a TCP port");
-    d.master_port_var = "MASTER_PORT";
   }
 }
 
@@ -60,9 +56,7 @@ SchedulerDefaults from_slurm(const EnvLookup& env) {
                             ": cpprun starts each node's workers itself; run one cpprun per node "
                             "(srun --ntasks-per-node=1 cpprun ...), or pass --nnodes/--node_rank/--master_addr");
   }
-  const std::string nodelist = env("SLURM_JOB_NODELIST").value_or("");
-  d.master_addr = first_slurm_host(nodelist, "SLURM_JOB_NODELIST");
-  d.master_addr_var = "SLURM_JOB_NODELIST";
+  d.master_addr = first_slurm_host(env("SLURM_JOB_NODELIST").value_or(""), "SLURM_JOB_NODELIST");
   return d;
 }
 

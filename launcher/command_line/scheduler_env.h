@@ -15,8 +15,7 @@ namespace cpprun::launcher {
 using cpprun::EnvLookup;
 using cpprun::process_env;
 
-// What the scheduler says about this node. Each field records the variable it came from, so that
-// errors and the "cpprun: from Slurm: ..." line can name it.
+// What the scheduler says about this node, with the variables errors name.
 struct SchedulerDefaults {
   std::string source;  // "Slurm", "Open MPI", "Kubeflow"
   int nnodes = 1;
@@ -24,9 +23,7 @@ struct SchedulerDefaults {
   int node_rank = 0;
   std::string node_rank_var;               // e.g. SLURM_NODEID
   std::optional<std::string> master_addr;  // Open MPI: only when MASTER_ADDR is set
-  std::string master_addr_var;             // e.g. SLURM_JOB_NODELIST
   std::optional<int> master_port;          // from MASTER_PORT where the scheduler sets it
-  std::string master_port_var;
 };
 
 // A scheduler variable with a value cpprun cannot use; the message names the variable and value.

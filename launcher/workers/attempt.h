@@ -1,16 +1,18 @@
-// One attempt of this node's workers: start them, supervise them until the attempt ends, and
-// unless they all succeeded, stop the rest and print the failure summary. Either way, whatever the
-// workers left behind is stopped before it returns (Note [The job's process tree]). The single-node loop
-// (main.cpp) and the multi-node one (multi_node_agent.cpp) decide what comes next.
+// One attempt of this node's workers: start them, supervise them until the attempt ends, stop the
+// rest and print the failure summary unless all succeeded, and stop what they left behind (Note
+// [The job's process tree]). The caller's loop (single- or multi-node) decides what comes next.
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "workers/signal_relay.h"
 #include "workers/worker_group.h"
+#include "workers/worker_status.h"
 
 namespace cpprun::launcher {
 
@@ -23,10 +25,28 @@ struct AttemptEnd {
 };
 
 // `peers` (multi-node) may end the attempt too; `before_stop`, if set, runs once the attempt has
-// ended badly and before the workers are stopped, so other nodes can hear of it at once. Stopping
+// ended badly and before the workers are stopped, so other nodes hear of it at once. Stopping
 // gives SIGTERM `shutdown_timeout` (--shutdown_timeout) before SIGKILL.
 AttemptEnd run_attempt(SignalRelay& relay, const std::vector<WorkerSpec>& specs,
                        std::chrono::milliseconds shutdown_timeout,
                        PeerEvents* peers, const std::function<void(const AttemptEnd&)>& before_stop);
+
+// What the failure summary says: which worker failed first (the root cause) and how, and what
+// became of the others.
+struct AttemptSummary {
+  std::optional<std::size_t> root_cause;  // index into the workers, when a worker failed
+  int ending_signal = 0;                  // the signal cpprun received, when interrupted
+  std::chrono::milliseconds shutdown_timeout{0};
+  // Of the root cause: its last stderr lines, and its TORCHELASTIC_ERROR_FILE if it wrote one.
+  std::vector<std::string> root_cause_stderr_tail;
+  std::optional<std::string> root_cause_error_file;
+};
+
+// "rank 1 (local_rank 1, pid 4242)"
+std::string describe_worker(const WorkerRecord& worker);
+
+// One line per worker, then the root cause's stderr tail and error file; each line starting
+// "cpprun: ", ending in '\n'. Pure.
+std::string format_attempt_summary(const std::vector<WorkerRecord>& workers, const AttemptSummary& summary);
 
 }  // namespace cpprun::launcher

@@ -1,60 +1,173 @@
-// The subreaper, the job token, and stopping what the workers left behind.
+// The subreaper, the job token and its guardian, stopping what the workers left behind, and
+// reading /proc/PID/stat, /proc/PID/task/TID/children and /proc/PID/environ to find them.
 #include "workers/job_process_tree.h"
 
+#include <dirent.h>
 #include <fcntl.h>
-#include <poll.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <cerrno>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <iostream>
 #include <set>
-#include <stdexcept>
+#include <sstream>
 #include <string>
 #include <system_error>
 #include <vector>
 
 #include "rendezvous/link_auth.h"
-#include "workers/process_table.h"
-#include "workers/tree_guardian.h"
+#include "workers/worker_process.h"
 
 namespace cpprun::launcher {
 namespace {
 
-using Clock = std::chrono::steady_clock;
+// Numeric names in `dir`: pids in /proc, thread ids in /proc/PID/task.
+std::vector<pid_t> numeric_entries(const std::string& dir) {
+  std::vector<pid_t> ids;
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return ids;
+  while (const dirent* entry = readdir(d)) {
+    char* end = nullptr;
+    const long id = std::strtol(entry->d_name, &end, 10);
+    if (end != entry->d_name && *end == '\0' && id > 0) ids.push_back(static_cast<pid_t>(id));
+  }
+  closedir(d);
+  return ids;
+}
 
-// Reaps every child that has exited; all are leftovers here (stop_leftovers runs without workers).
+struct StatFields {
+  char state = '?';
+  pid_t ppid = 0;
+};
+
+// "PID (COMM) S PPID ...": COMM may hold spaces and parentheses, so read after the last ')'.
+bool read_stat(pid_t pid, StatFields& fields) {
+  const std::string stat = read_proc_file("/proc/" + std::to_string(pid) + "/stat");
+  const auto close = stat.rfind(')');
+  if (close == std::string::npos) return false;
+  std::istringstream rest(stat.substr(close + 1));
+  long ppid = 0;
+  if (!(rest >> fields.state >> ppid)) return false;
+  fields.ppid = static_cast<pid_t>(ppid);
+  return true;
+}
+
+bool is_live(pid_t pid) {
+  StatFields fields;
+  return read_stat(pid, fields) && fields.state != 'Z' && fields.state != 'X';
+}
+
+// The environment variable that marks the processes of one cpprun run.
+constexpr const char* kJobTokenVariable = "CPPRUN_JOB_TOKEN";
+
+// SIGKILL every process carrying the token until none is left: a killed process's children may
+// still have been forking. Bounded, in case something forks faster than we can kill.
+void sweep(const std::string& token_entry) {
+  const pid_t self = getpid();
+  for (int round = 0; round < 500; ++round) {
+    bool any = false;
+    for (pid_t pid : processes_with_env_entry(token_entry)) {
+      if (pid == self) continue;
+      any = true;
+      kill(pid, SIGKILL);
+    }
+    if (!any) return;
+    const timespec pause{0, 10 * 1000 * 1000};  // let the kernel tear them down before looking again
+    nanosleep(&pause, nullptr);
+  }
+}
+
+// Blocks reading `line`, whose only other end is cpprun's: a byte means "dismissed", EOF means
+// cpprun died without saying so.
+[[noreturn]] void run_guardian(int line, const std::string& token_entry) {
+  // Its own session: Ctrl-C, Ctrl-Z, a hangup or a kill of cpprun's whole process group must not
+  // take the guardian away; only cpprun's end (or SIGKILL) ends it.
+  setsid();
+  prctl(PR_SET_NAME, "cpprun-guardian");  // what ps shows
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGTSTP, SIGTTIN, SIGTTOU, SIGPIPE, SIGUSR1, SIGUSR2}) {
+    signal(sig, SIG_IGN);
+  }
+  // Nobody reads what it could print; keep stderr for nothing but a crash's message.
+  const int null = open("/dev/null", O_RDWR);
+  if (null >= 0) {
+    dup2(null, STDIN_FILENO);
+    dup2(null, STDOUT_FILENO);
+    if (null > STDERR_FILENO) close(null);
+  }
+  char byte = 0;
+  ssize_t got = 0;
+  do {
+    got = read(line, &byte, 1);
+  } while (got < 0 && errno == EINTR);
+  if (got == 0) sweep(token_entry);
+  _exit(0);
+}
+
+// Returns cpprun's end of the guardian's socket. Call before any thread starts: the child runs on
+// without exec.
+int start_guardian(const std::string& token_entry) {
+  int fds[2];
+  // Close-on-exec: a worker holding cpprun's end would keep the guardian from ever seeing EOF. A
+  // socket rather than a pipe so that dismissing a guardian that died cannot raise SIGPIPE.
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) {
+    throw std::system_error(errno, std::generic_category(), "cpprun: creating the guardian's socket");
+  }
+  // Forked twice, the guardian is init's child (or an outer subreaper's), not cpprun's, so that
+  // every child of cpprun is a worker or something the workers left.
+  const pid_t middle = fork();
+  if (middle < 0) {
+    const int error = errno;
+    close(fds[0]);
+    close(fds[1]);
+    throw std::system_error(error, std::generic_category(), "cpprun: forking the guardian process");
+  }
+  if (middle == 0) {
+    close(fds[1]);
+    if (fork() == 0) run_guardian(fds[0], token_entry);
+    _exit(0);  // if that fork failed, cpprun runs unguarded: nothing else it does depends on it
+  }
+  close(fds[0]);
+  int status = 0;
+  wait_for_exit(middle, &status);
+  return fds[1];
+}
+
+// Reaps every child that has exited; all are leftovers here (no worker runs).
 void reap_exited() {
   int status = 0;
-  pid_t got = 0;
-  do {
-    got = waitpid(-1, &status, WNOHANG);
-  } while (got > 0 || (got < 0 && errno == EINTR));
-}
-
-// "1234 (sleep)"
-std::string describe_process(pid_t pid) {
-  int fd = open(("/proc/" + std::to_string(pid) + "/comm").c_str(), O_RDONLY | O_CLOEXEC);
-  std::string name;
-  if (fd >= 0) {
-    char buffer[64];
-    const ssize_t n = read(fd, buffer, sizeof(buffer));
-    if (n > 0) name.assign(buffer, static_cast<std::size_t>(n));
-    close(fd);
+  while (wait_for_exit(-1, &status, WNOHANG) > 0) {
   }
-  while (!name.empty() && name.back() == '\n') name.pop_back();
-  return std::to_string(pid) + (name.empty() ? "" : " (" + name + ")");
 }
 
+// SIGKILL cannot be caught, so each wait ends as soon as the kernel has torn the process down.
+// Bounded, in case something forks faster than we kill.
+void kill_children(std::vector<pid_t> left) {
+  for (int round = 0; round < 100 && !left.empty(); ++round) {
+    for (pid_t pid : left) kill(pid, SIGKILL);
+    for (pid_t pid : left) {
+      int status = 0;
+      wait_for_exit(pid, &status);
+    }
+    reap_exited();
+    left = live_children(getpid());
+  }
+}
+
+// "1234 (sleep), 1240 (python3) and 3 more"
 std::string describe_processes(const std::vector<pid_t>& pids) {
   constexpr std::size_t kNamed = 5;
   std::string text;
-  for (std::size_t i = 0; i < pids.size() && i < kNamed; ++i) text += (i == 0 ? "" : ", ") + describe_process(pids[i]);
+  for (std::size_t i = 0; i < pids.size() && i < kNamed; ++i) {
+    std::string name = read_proc_file("/proc/" + std::to_string(pids[i]) + "/comm");
+    while (!name.empty() && name.back() == '\n') name.pop_back();
+    text += (i == 0 ? "" : ", ") + std::to_string(pids[i]) + (name.empty() ? "" : " (" + name + ")");
+  }
   if (pids.size() > kNamed) text += " and " + std::to_string(pids.size() - kNamed) + " more";
   return text;
 }
@@ -64,15 +177,14 @@ std::string describe_processes(const std::vector<pid_t>& pids) {
 JobProcessTree::JobProcessTree() {
   // 128 random bits, so no other run's (or stranger's) processes can carry the same token.
   const std::string token = random_nonce();
-  // The guardian first: started while cpprun is no subreaper yet, it is not adopted back (see
-  // TreeGuardian), and it needs no token of its own.
-  guardian_ = std::make_unique<TreeGuardian>(std::string(kJobTokenVariable) + "=" + token);
+  // The guardian first: started while cpprun is no subreaper yet, it is not adopted back, and it
+  // needs no token of its own.
+  guardian_line_ = start_guardian(std::string(kJobTokenVariable) + "=" + token);
   if (setenv(kJobTokenVariable, token.c_str(), 1) != 0) {
     throw std::system_error(errno, std::generic_category(), "cpprun: setting " + std::string(kJobTokenVariable));
   }
   if (prctl(PR_SET_CHILD_SUBREAPER, 1) != 0) {
-    // Kernels before 3.4. Orphans then go to init; only the guardian's token sweep is left, which
-    // runs only if cpprun is killed, so say what is lost.
+    // Kernels before 3.4: orphans go to init, and only the guardian's sweep after a kill of cpprun is left.
     std::cerr << "cpprun: warning: prctl(PR_SET_CHILD_SUBREAPER) failed (" << std::strerror(errno)
               << "): processes the workers leave behind will not be stopped when the job ends\n";
   }
@@ -80,18 +192,16 @@ JobProcessTree::JobProcessTree() {
 
 JobProcessTree::~JobProcessTree() {
   // Normally nothing is left: each attempt stopped its leftovers. After an exception, no waiting.
-  for (int round = 0; round < 100; ++round) {
-    reap_exited();
-    const std::vector<pid_t> left = live_children(getpid());
-    if (left.empty()) break;
-    for (pid_t pid : left) kill(pid, SIGKILL);
-    for (pid_t pid : left) {
-      int status = 0;
-      while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-      }
+  reap_exited();
+  kill_children(live_children(getpid()));
+  const char dismissed = 'q';
+  if (send(guardian_line_, &dismissed, 1, MSG_NOSIGNAL) == 1) {
+    // The guardian's end closes when it exits: wait for that, so that it never outlives cpprun.
+    char byte = 0;
+    while (recv(guardian_line_, &byte, 1, 0) < 0 && errno == EINTR) {
     }
   }
-  guardian_.reset();
+  close(guardian_line_);
 }
 
 int stop_leftovers(SignalRelay& relay, std::chrono::milliseconds grace) {
@@ -103,18 +213,13 @@ int stop_leftovers(SignalRelay& relay, std::chrono::milliseconds grace) {
             << "; SIGTERM, then SIGKILL after --shutdown_timeout\n";
   int ending = 0;
   std::set<pid_t> told;  // SIGTERM once each, also to orphans of orphans adopted meanwhile
-  const auto deadline = Clock::now() + grace;
+  const auto deadline = std::chrono::steady_clock::now() + grace;
   for (;;) {
     for (pid_t pid : left) {
       if (told.insert(pid).second) kill(pid, SIGTERM);
     }
-    const auto wait = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
-    if (wait.count() <= 0 || ending != 0) break;
     // SIGCHLD (through the relay) says one of them exited.
-    pollfd fd{relay.wake_fd(), POLLIN, 0};
-    if (poll(&fd, 1, static_cast<int>(std::min<long long>(wait.count(), 1 << 30))) < 0 && errno != EINTR) {
-      throw std::runtime_error(std::string("cpprun: poll() failed: ") + std::strerror(errno));
-    }
+    if (ending != 0 || !relay.wait_until(deadline)) break;
     for (int sig : relay.take_pending()) {
       if (ends_job(sig) && ending == 0) ending = sig;
     }
@@ -122,19 +227,62 @@ int stop_leftovers(SignalRelay& relay, std::chrono::milliseconds grace) {
     left = live_children(getpid());
     if (left.empty()) return ending;
   }
-  // SIGKILL cannot be caught, so each wait ends as soon as the kernel has torn the process down.
-  // Bounded, in case something forks faster than we kill.
-  for (int round = 0; round < 100 && !left.empty(); ++round) {
-    for (pid_t pid : left) kill(pid, SIGKILL);
-    for (pid_t pid : left) {
-      int status = 0;
-      while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-      }
-    }
-    reap_exited();
-    left = live_children(getpid());
-  }
+  kill_children(left);
   return ending;
+}
+
+std::string read_proc_file(const std::string& path) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return {};
+  std::string text;
+  char buffer[4096];
+  for (ssize_t n; (n = read(fd, buffer, sizeof(buffer))) != 0;) {
+    if (n > 0) {
+      text.append(buffer, static_cast<std::size_t>(n));
+    } else if (errno != EINTR) {
+      break;
+    }
+  }
+  close(fd);
+  return text;
+}
+
+std::vector<pid_t> live_children(pid_t parent) {
+  const std::string task_dir = "/proc/" + std::to_string(parent) + "/task";
+  std::vector<pid_t> children;
+  const std::vector<pid_t> threads = numeric_entries(task_dir);
+  bool listed = !threads.empty();
+  for (pid_t tid : threads) {
+    const std::string path = task_dir + "/" + std::to_string(tid) + "/children";
+    if (access(path.c_str(), R_OK) != 0) {
+      listed = false;  // no CONFIG_PROC_CHILDREN
+      break;
+    }
+    std::istringstream list(read_proc_file(path));
+    for (long pid = 0; list >> pid;) {
+      if (is_live(static_cast<pid_t>(pid))) children.push_back(static_cast<pid_t>(pid));
+    }
+  }
+  if (listed) return children;
+  children.clear();
+  for (pid_t pid : numeric_entries("/proc")) {
+    StatFields fields;
+    if (read_stat(pid, fields) && fields.ppid == parent && fields.state != 'Z' && fields.state != 'X') {
+      children.push_back(pid);
+    }
+  }
+  return children;
+}
+
+std::vector<pid_t> processes_with_env_entry(const std::string& entry) {
+  std::vector<pid_t> found;
+  const std::string needle = std::string(1, '\0') + entry + '\0';
+  for (pid_t pid : numeric_entries("/proc")) {
+    // A leading NUL lets one search match whole entries only, the first one included.
+    const std::string environ = '\0' + read_proc_file("/proc/" + std::to_string(pid) + "/environ");
+    if (environ.find(needle) != std::string::npos && is_live(pid)) found.push_back(pid);
+  }
+  return found;
 }
 
 }  // namespace cpprun::launcher

@@ -1,13 +1,7 @@
 // The clock and the console around RestartBackoff.
 #include "workers/restart_pacer.h"
 
-#include <poll.h>
-
-#include <algorithm>
-#include <cerrno>
-#include <cstring>
 #include <iostream>
-#include <stdexcept>
 #include <string>
 
 namespace cpprun::launcher {
@@ -37,8 +31,8 @@ void RestartPacer::attempt_started() {
 RestartPacer::Clock::time_point RestartPacer::restart_at(int restart, int max_restarts) {
   if (decided_) return restart_at_;
   const Clock::time_point now = Clock::now();
-  const auto ran = std::chrono::duration_cast<std::chrono::milliseconds>(now - attempt_start_);
-  const std::chrono::milliseconds delay = backoff_.after_failure(ran);
+  const std::chrono::milliseconds delay =
+      backoff_.after_failure(std::chrono::duration_cast<std::chrono::milliseconds>(now - attempt_start_));
   decided_ = true;
   restart_at_ = now + delay;
   if (delay.count() > 0) {
@@ -51,17 +45,12 @@ RestartPacer::Clock::time_point RestartPacer::restart_at(int restart, int max_re
 }
 
 int sleep_until(SignalRelay& relay, RestartPacer::Clock::time_point when) {
-  for (;;) {
-    const auto left = std::chrono::ceil<std::chrono::milliseconds>(when - RestartPacer::Clock::now());
-    if (left.count() <= 0) return 0;
-    pollfd fd{relay.wake_fd(), POLLIN, 0};
-    if (poll(&fd, 1, static_cast<int>(std::min<long long>(left.count(), 1 << 30))) < 0 && errno != EINTR) {
-      throw std::runtime_error(std::string("cpprun: poll() failed: ") + std::strerror(errno));
-    }
+  while (relay.wait_until(when)) {
     for (int sig : relay.take_pending()) {
       if (ends_job(sig)) return sig;
     }
   }
+  return 0;
 }
 
 }  // namespace cpprun::launcher

@@ -1,7 +1,6 @@
-// Applies the restart backoff (restart_backoff.h) to the attempts of a job: remembers when the
-// running attempt started, says how long the next restart waits, and waits it out. Used by the
-// single-node loop (main.cpp) and by the agent hosting a multi-node rendezvous, whose decision
-// paces every node (the others wait for its start message).
+// The restart backoff (restart_backoff.h) applied to a job's attempts: when the running attempt
+// started, how long the next restart waits, and the wait. The agent hosting a multi-node
+// rendezvous paces every node this way (the others wait for its start message).
 #pragma once
 
 #include <chrono>

@@ -16,25 +16,22 @@
 namespace cpprun::launcher {
 namespace {
 
+// One level, its parent already there.
+void make_directory(const std::string& path, const std::string& what) {
+  if (mkdir(path.c_str(), 0777) != 0 && errno != EEXIST) {
+    throw std::system_error(errno, std::generic_category(), "cpprun: " + what + ": cannot create " + path);
+  }
+}
+
 // mkdir -p. Existing directories are fine.
 void make_directories(const std::string& path, const std::string& what) {
   for (std::string::size_type slash = path.find('/', 1);; slash = path.find('/', slash + 1)) {
-    const std::string prefix = path.substr(0, slash);
-    if (!prefix.empty() && mkdir(prefix.c_str(), 0777) != 0 && errno != EEXIST) {
-      throw std::system_error(errno, std::generic_category(), "cpprun: " + what + ": cannot create " + prefix);
-    }
+    make_directory(path.substr(0, slash), what);
     if (slash == std::string::npos) break;
   }
   struct stat info {};
   if (stat(path.c_str(), &info) != 0 || !S_ISDIR(info.st_mode)) {
     throw std::system_error(ENOTDIR, std::generic_category(), "cpprun: " + what + ": " + path);
-  }
-}
-
-// One level, its parent already there.
-void make_directory(const std::string& path, const std::string& what) {
-  if (mkdir(path.c_str(), 0777) != 0 && errno != EEXIST) {
-    throw std::system_error(errno, std::generic_category(), "cpprun: " + what + ": cannot create " + path);
   }
 }
 
@@ -54,21 +51,24 @@ std::string RunLayout::error_file(int attempt, int local_rank) const {
   return dir + "/attempt_" + std::to_string(attempt) + "." + std::to_string(local_rank) + ".error.json";
 }
 
-RunDirectory::RunDirectory(const std::string& log_dir) {
-  if (!log_dir.empty()) {
-    layout_ = {log_dir, true};
+RunLayout RunLayout::planned(const std::string& log_dir) {
+  if (!log_dir.empty()) return {log_dir, true};
+  const char* tmpdir = std::getenv("TMPDIR");
+  return {std::string(tmpdir != nullptr && *tmpdir != '\0' ? tmpdir : "/tmp") + "/cpprun-XXXXXX", false};
+}
+
+RunDirectory::RunDirectory(const std::string& log_dir) : layout_(RunLayout::planned(log_dir)) {
+  if (layout_.per_worker_dirs) {
     make_directories(log_dir, "--log_dir=" + log_dir);
     return;
   }
-  const char* tmpdir = std::getenv("TMPDIR");
-  std::string pattern = std::string(tmpdir != nullptr && *tmpdir != '\0' ? tmpdir : "/tmp") + "/cpprun-XXXXXX";
-  std::vector<char> buffer(pattern.begin(), pattern.end());
+  std::vector<char> buffer(layout_.dir.begin(), layout_.dir.end());
   buffer.push_back('\0');
   if (mkdtemp(buffer.data()) == nullptr) {
     throw std::system_error(errno, std::generic_category(),
-                            "cpprun: cannot create the run's temp dir " + pattern + " (set TMPDIR or --log_dir)");
+                            "cpprun: cannot create the run's temp dir " + layout_.dir + " (set TMPDIR or --log_dir)");
   }
-  layout_ = {buffer.data(), false};  // See Note [Flat temp dir]
+  layout_.dir = buffer.data();  // See Note [Flat temp dir]
 }
 
 RunDirectory::~RunDirectory() {

@@ -1,9 +1,7 @@
-// Where a run keeps its per-worker files. Under --log_dir it is torchrun's layout, kept:
-// DIR/attempt_N/LOCAL_RANK/ holds stdout.log and stderr.log (--redirects/--tee) and error.json
-// (TORCHELASTIC_ERROR_FILE). Without --log_dir only error files are needed; they go straight into
-// a private temp dir that cpprun removes, named DIR/attempt_N.LOCAL_RANK.error.json.
-// Note [Flat temp dir]: every directory made and removed on ext4 costs about 0.1 ms, and a launch
-// takes only a few ms, so the temp dir has no subdirectories.
+// Where a run keeps its per-worker files. Under --log_dir, torchrun's layout: DIR/attempt_N/
+// LOCAL_RANK/ holds stdout.log, stderr.log (--redirects/--tee) and error.json (TORCHELASTIC_ERROR_FILE).
+// Without it, only error files, as DIR/attempt_N.LOCAL_RANK.error.json in a temp dir cpprun removes.
+// Note [Flat temp dir]: a directory made and removed costs ~0.1 ms on ext4, a launch a few ms.
 #pragma once
 
 #include <cstddef>
@@ -16,6 +14,9 @@ namespace cpprun::launcher {
 struct RunLayout {
   std::string dir;
   bool per_worker_dirs = true;  // torchrun's layout (--log_dir); false: flat (the temp dir)
+
+  // What RunDirectory(log_dir) lays out, creating nothing (--dry_run): a temp dir keeps its XXXXXX.
+  static RunLayout planned(const std::string& log_dir);
 
   std::string worker_dir(int attempt, int local_rank) const;  // DIR/attempt_N/LOCAL_RANK
   std::string error_file(int attempt, int local_rank) const;

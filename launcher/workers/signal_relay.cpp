@@ -2,15 +2,21 @@
 #include "workers/signal_relay.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstring>
 #include <stdexcept>
+#include <string>
 #include <system_error>
 
 namespace cpprun::launcher {
 namespace {
+
+constexpr int kHandledSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGTSTP, SIGCONT, SIGCHLD};
 
 // Handler state must be global: a signal handler gets no context pointer.
 static_assert(std::atomic<bool>::is_always_lock_free, "handler flags must be async-signal-safe");
@@ -30,13 +36,6 @@ void on_signal(int sig) {
   errno = saved_errno;
 }
 
-std::vector<int> handled_signals() {
-  std::vector<int> sigs(std::begin(kForwardedSignals), std::end(kForwardedSignals));
-  sigs.insert(sigs.end(), std::begin(kJobControlSignals), std::end(kJobControlSignals));
-  sigs.push_back(SIGCHLD);
-  return sigs;
-}
-
 }  // namespace
 
 bool ends_job(int sig) {
@@ -52,7 +51,7 @@ SignalRelay::SignalRelay() {
   g_wake_read = fds[0];
   g_wake_write = fds[1];
   sigprocmask(SIG_SETMASK, nullptr, &g_startup_mask);
-  for (int sig : handled_signals()) {
+  for (int sig : kHandledSignals) {
     sigaction(sig, nullptr, &g_startup_action[sig]);
     if (sig != SIGCHLD && g_startup_action[sig].sa_handler == SIG_IGN) continue;  // Note [Signals ignored at startup]
     struct sigaction action {};
@@ -66,7 +65,7 @@ SignalRelay::SignalRelay() {
 }
 
 SignalRelay::~SignalRelay() {
-  for (int sig : handled_signals()) sigaction(sig, &g_startup_action[sig], nullptr);
+  for (int sig : kHandledSignals) sigaction(sig, &g_startup_action[sig], nullptr);
   close(g_wake_read);
   close(g_wake_write);
   g_wake_read = g_wake_write = -1;
@@ -74,6 +73,16 @@ SignalRelay::~SignalRelay() {
 }
 
 int SignalRelay::wake_fd() const { return g_wake_read; }
+
+bool SignalRelay::wait_until(std::chrono::steady_clock::time_point deadline) const {
+  const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+  if (left.count() <= 0) return false;
+  pollfd fd{g_wake_read, POLLIN, 0};
+  if (poll(&fd, 1, static_cast<int>(std::min<long long>(left.count(), 1 << 30))) < 0 && errno != EINTR) {
+    throw std::runtime_error(std::string("cpprun: poll() failed: ") + std::strerror(errno));
+  }
+  return true;
+}
 
 std::vector<int> SignalRelay::take_pending() {
   // Drain first, then read the flags: a signal landing in between leaves a byte behind and costs
@@ -114,9 +123,7 @@ void SignalRelay::stop_job() {
 }
 
 void SignalRelay::restore_in_child() const noexcept {
-  for (int sig : kForwardedSignals) sigaction(sig, &g_startup_action[sig], nullptr);
-  for (int sig : kJobControlSignals) sigaction(sig, &g_startup_action[sig], nullptr);
-  sigaction(SIGCHLD, &g_startup_action[SIGCHLD], nullptr);
+  for (int sig : kHandledSignals) sigaction(sig, &g_startup_action[sig], nullptr);
   sigprocmask(SIG_SETMASK, &g_startup_mask, nullptr);
 }
 

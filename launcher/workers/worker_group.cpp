@@ -21,14 +21,7 @@ WorkerGroup::WorkerGroup(SignalRelay& relay) : relay_(relay) {
 
 WorkerGroup::~WorkerGroup() {
   relay_.set_job_control(nullptr);
-  for (WorkerRecord& w : workers_) {
-    if (w.group_lingers) signal_process_group(w.pid, SIGKILL);
-    if (w.state != WorkerState::kRunning) continue;
-    signal_process_group(w.pid, SIGKILL);
-    int status = 0;
-    wait_for_exit(w.pid, &status);
-    w.state = WorkerState::kStoppedByLauncher;
-  }
+  kill_remaining();
   // Whatever the workers wrote last still reaches the console and the files.
   for (auto& output : outputs_) {
     output->out.close();
@@ -89,6 +82,10 @@ void WorkerGroup::stop(StopStart how, std::chrono::milliseconds grace) {
     if (left.count() <= 0) break;
     wait_for_signal(static_cast<int>(std::min<long long>(left.count(), 1 << 30)));
   }
+  kill_remaining();
+}
+
+void WorkerGroup::kill_remaining() {
   for (WorkerRecord& w : workers_) {
     // Orphans get as long as the workers took, no longer: nothing tells us when they exit.
     if (w.group_lingers) {
@@ -104,8 +101,7 @@ void WorkerGroup::stop(StopStart how, std::chrono::milliseconds grace) {
     WorkerRecord& w = workers_[i];
     if (w.state != WorkerState::kRunning) continue;
     int status = 0;
-    const pid_t got = wait_for_exit(w.pid, &status);
-    if (got == w.pid) {
+    if (wait_for_exit(w.pid, &status) == w.pid) {
       record_exit(i, status, WorkerState::kStoppedByLauncher);
     } else {
       w.state = WorkerState::kStoppedByLauncher;

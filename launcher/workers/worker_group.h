@@ -1,5 +1,5 @@
 // Supervising one attempt's workers: start them, wait for the exit (or signal) that decides the
-// attempt, stop the rest. Knows nothing of restarts; main.cpp decides those.
+// attempt, stop the rest. Knows nothing of restarts.
 #pragma once
 
 #include <chrono>
@@ -32,9 +32,8 @@ enum class GroupEnd {
   kPeerEnded,     // another node ended the attempt (multi-node jobs; see PeerEvents)
 };
 
-// Events from beyond this node that can end an attempt: the other nodes' agents, in a multi-node
-// job. WorkerGroup::wait() polls fds() along with the workers' pipes and the signal relay, so one
-// loop sees everything at once.
+// Events from the other nodes' agents that can end an attempt. WorkerGroup::wait() polls fds() with
+// the workers' pipes and the signal relay, so one loop sees everything at once.
 class PeerEvents {
  public:
   virtual ~PeerEvents() = default;
@@ -59,14 +58,11 @@ enum class StopStart {
 };
 
 // Note [Orphans in a worker's process group]
-// A worker's children share its process group, so signalling the group reaches them too. When a
-// worker fails or is stopped but its children live on (`./helper & exit 1`), the group outlives the
-// worker. The launcher probes at reap time (kill(-pgid, 0)) and, if the group lingers, includes it
-// when forwarding signals and stopping, SIGKILLing it once the other workers are gone. Only failed
-// and stopped workers are probed: their groups are signalled moments later, while the orphans still
-// pin the group id, so the id cannot meanwhile name someone else's group. Orphans of a worker that
-// succeeded, and processes that left the group, are stopped when the attempt ends, as cpprun's
-// adopted children: see Note [The job's process tree] (torchrun leaves them running).
+// A worker's group outlives it while its children run on (`./helper & exit 1`). Probed at reap
+// time (kill(-pgid, 0)), such a group gets the signals forwarded and is SIGKILLed once the other
+// workers are gone. Only failed and stopped workers are probed: their groups are signalled moments
+// later, while the orphans still pin the id, so it cannot name another group. Other leftovers are
+// stopped when the attempt ends (Note [The job's process tree]; torchrun leaves them running).
 class WorkerGroup {
  public:
   explicit WorkerGroup(SignalRelay& relay);
@@ -86,8 +82,8 @@ class WorkerGroup {
   GroupOutcome wait(PeerEvents* peers = nullptr);
 
   // Signals every running worker's process group (per `how`), waits up to `grace`, then SIGKILLs
-  // the groups still running and reaps them. Signals arriving meanwhile are still forwarded.
-  // See Note [Orphans in a worker's process group] for groups whose worker already exited.
+  // the groups still running (Note [Orphans in a worker's process group]) and reaps them. Signals
+  // arriving meanwhile are still forwarded.
   void stop(StopStart how, std::chrono::milliseconds grace);
 
   // The first job-ending signal cpprun received in wait() or stop(); 0 if none. A signal during a
@@ -104,12 +100,13 @@ class WorkerGroup {
   void reap(WorkerState exit_state);
   // Worker i was reaped in wait() or stop(): records it, and whether it is the root cause.
   void on_exit(std::size_t i, int status, WorkerState exit_state);
-  // Sleeps in poll() on the signal relay and the workers' output pipes until a signal (SIGCHLD
-  // included) or the timeout, copying whatever output arrives meanwhile.
+  // Sleeps in poll() on the signal relay, the workers' output pipes and the peers until a signal
+  // (SIGCHLD included) or the timeout, copying whatever output arrives meanwhile.
   void wait_for_signal(int timeout_ms);
-  // Worker i was reaped with `status`: records how it ended and copies out everything it wrote
-  // (see Note [Worker output pipes]).
+  // Records how worker i ended and copies out everything it wrote (Note [Worker output pipes]).
   void record_exit(std::size_t i, int status, WorkerState state);
+  // SIGKILLs the groups still running or lingering and reaps the workers.
+  void kill_remaining();
   void signal_groups(int sig);
   std::size_t running() const;
 

@@ -1,14 +1,17 @@
-// Reading worker pipes and copying their contents to the console and the log files.
+// Line splitting, and reading worker pipes into the console and the log files.
 // See Note [Worker output pipes].
 #include "workers/worker_output.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/ioctl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <stdexcept>
 #include <system_error>
 
 namespace cpprun::launcher {
@@ -22,8 +25,8 @@ void close_fd(int& fd) {
   fd = -1;
 }
 
-}  // namespace
-
+// write() until all of `data` is out, riding out EINTR, partial writes and a non-blocking fd.
+// Returns false (errno set) on a real error.
 bool write_all(int fd, std::string_view data) {
   while (!data.empty()) {
     const ssize_t n = ::write(fd, data.data(), data.size());
@@ -37,6 +40,60 @@ bool write_all(int fd, std::string_view data) {
     }
   }
   return true;
+}
+
+}  // namespace
+
+LineSplitter::LineSplitter(std::size_t max_line) : max_line_(max_line) {
+  if (max_line == 0) throw std::invalid_argument("LineSplitter: max_line must be positive");
+}
+
+void LineSplitter::emit_long(std::string_view line, bool complete, const LineSink& sink) {
+  // Full pieces go out at once; a complete line's remainder too; an incomplete one's waits.
+  while (line.size() > max_line_ || (complete && !line.empty())) {
+    const std::size_t n = std::min(line.size(), max_line_);
+    sink(line.substr(0, n));
+    line.remove_prefix(n);
+  }
+  pending_.assign(line);
+}
+
+void LineSplitter::feed(std::string_view data, const LineSink& sink) {
+  while (!data.empty()) {
+    const auto newline = data.find('\n');
+    const bool complete = newline != std::string_view::npos;
+    std::string_view line = data.substr(0, newline);
+    std::string joined;  // only when a line continues, so most lines are never copied
+    if (!pending_.empty()) {
+      joined = std::move(pending_);
+      joined.append(line);
+      line = joined;
+    }
+    if (complete && line.empty()) sink(line);  // an empty line is still a line
+    emit_long(line, complete, sink);
+    if (!complete) return;
+    data.remove_prefix(newline + 1);
+  }
+}
+
+void LineSplitter::finish(const LineSink& sink) {
+  if (pending_.empty()) return;
+  std::string last = std::move(pending_);
+  pending_.clear();
+  sink(last);
+}
+
+LineTail::LineTail(std::size_t max_lines, std::size_t max_line_bytes)
+    : max_lines_(max_lines), max_line_bytes_(max_line_bytes) {}
+
+void LineTail::push(std::string_view line) {
+  if (max_lines_ == 0) return;
+  if (lines_.size() == max_lines_) lines_.pop_front();
+  if (line.size() <= max_line_bytes_) {
+    lines_.emplace_back(line);
+  } else {
+    lines_.emplace_back(std::string(line.substr(0, max_line_bytes_)) + " [...]");
+  }
 }
 
 OutputStream::OutputStream(Kind kind, const StreamTarget& target, const std::string& prefix)
@@ -73,8 +130,8 @@ OutputStream::~OutputStream() {
 
 void OutputStream::close_child_end() { close_fd(write_fd_); }
 
-OutputStream::ReadResult OutputStream::read_once() {
-  if (read_fd_ < 0) return ReadResult::kEnd;
+bool OutputStream::pump() {
+  if (read_fd_ < 0) return false;
   char buffer[kReadChunk];
   ssize_t n = 0;
   do {
@@ -83,15 +140,14 @@ OutputStream::ReadResult OutputStream::read_once() {
   if (n > 0) {
     bytes_read_ += static_cast<std::size_t>(n);
     route({buffer, static_cast<std::size_t>(n)});
-    return ReadResult::kData;
+    return true;
   }
-  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return ReadResult::kEmpty;
-  finish();  // EOF, or an error that no retry would fix
-  close_fd(read_fd_);
-  return ReadResult::kEnd;
+  if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) {
+    finish();  // EOF, or an error that no retry would fix
+    close_fd(read_fd_);
+  }
+  return false;
 }
-
-void OutputStream::pump() { read_once(); }
 
 void OutputStream::drain() {
   // Only what is buffered now: an orphan still writing (`yes &`) must not keep us here forever.
@@ -99,7 +155,7 @@ void OutputStream::drain() {
   if (read_fd_ >= 0 && ioctl(read_fd_, FIONREAD, &buffered) != 0) buffered = 0;
   for (long left = buffered; left > 0;) {
     const std::size_t before = bytes_read_;
-    if (read_once() != ReadResult::kData) break;
+    if (!pump()) break;
     left -= static_cast<long>(bytes_read_ - before);
   }
   finish();

@@ -3,26 +3,60 @@
 // and verbatim to the log files of --redirects/--tee.
 #pragma once
 
-#include <poll.h>
-
-#include <array>
+#include <cstddef>
+#include <deque>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
 
-#include "workers/line_splitter.h"
 #include "command_line/output_spec.h"
 
 namespace cpprun::launcher {
 
+// Cuts a stream into whole lines, so that lines of different ranks interleave on the console but
+// never mix inside one line. Pure, so unit-tested.
+class LineSplitter {
+ public:
+  using LineSink = std::function<void(std::string_view line)>;  // without its '\n'
+
+  // A longer line is handed out in pieces of at most this size, so a worker printing without
+  // newlines cannot make the launcher hold (or a reader wait for) unbounded output.
+  explicit LineSplitter(std::size_t max_line = 64 * 1024);
+
+  // Hands `sink` every line (or over-long piece) that `data` completes; keeps the rest.
+  void feed(std::string_view data, const LineSink& sink);
+  // Hands out the unfinished last line, if any (the worker exited without a final newline).
+  void finish(const LineSink& sink);
+
+  bool has_partial_line() const { return !pending_.empty(); }
+
+ private:
+  void emit_long(std::string_view line, bool complete, const LineSink& sink);
+
+  std::size_t max_line_;
+  std::string pending_;  // the current line's start; shorter than max_line_ + 1 between calls
+};
+
+// The last `max_lines` lines seen, each cut to `max_line_bytes`: the stderr tail shown in the
+// failure summary.
+class LineTail {
+ public:
+  explicit LineTail(std::size_t max_lines = 20, std::size_t max_line_bytes = 1024);
+  void push(std::string_view line);
+  std::vector<std::string> lines() const { return {lines_.begin(), lines_.end()}; }  // oldest first
+
+ private:
+  std::size_t max_lines_;
+  std::size_t max_line_bytes_;
+  std::deque<std::string> lines_;
+};
+
 // Note [Worker output pipes]
-// The launcher is one thread: it reads a pipe only when poll() says it is readable (together with
-// the signal relay's wake-up pipe), and writes each batch of whole lines with one write(), so two
-// ranks' lines cannot mix. Everything a worker wrote is in its pipe by the time it can be reaped,
-// so reaping drains the pipe and flushes an unfinished last line. Processes the worker left
-// behind may hold the pipe open: it stays in the poll set until EOF or the end of the attempt,
-// when it is closed; what they write after that meets a closed pipe, as it would a closed
-// terminal.
+// One thread reads a pipe only when poll() says it is readable, and writes each batch of whole
+// lines with one write(), so two ranks' lines never mix. A reaped worker's output is all in its
+// pipe, so reaping drains it, unfinished last line included. Orphans may hold the pipe open: it is
+// polled until EOF or the attempt's end, when it is closed, as a terminal would be.
 class OutputStream {
  public:
   enum class Kind { kStdout, kStderr };
@@ -38,8 +72,8 @@ class OutputStream {
   void close_child_end();                     // after the worker started
 
   // poll() said read_fd() is ready: reads one chunk (so one chatty rank cannot starve the others)
-  // and routes it. Closes the pipe at EOF.
-  void pump();
+  // and routes it; false if there was none. Closes the pipe at EOF.
+  bool pump();
   // The worker was reaped: routes what the pipe holds now, then any unfinished last line.
   void drain();
   // End of the attempt: drain(), then close the pipe.
@@ -48,8 +82,6 @@ class OutputStream {
   const LineTail& tail() const { return tail_; }  // kept for stderr only
 
  private:
-  enum class ReadResult { kData, kEmpty, kEnd };
-  ReadResult read_once();
   void route(std::string_view data);
   void add_line(std::string_view line);
   void flush_console();
@@ -76,9 +108,5 @@ struct WorkerOutput {
   OutputStream out;
   OutputStream err;
 };
-
-// write() until all of `data` is out, riding out EINTR, partial writes and a non-blocking fd.
-// Returns false (errno set) on a real error.
-bool write_all(int fd, std::string_view data);
 
 }  // namespace cpprun::launcher

@@ -14,39 +14,11 @@
 namespace cpprun::launcher {
 namespace {
 
-// Which step failed in the child, sent to the parent with its errno.
-enum class ChildStep : int { kSetsid = 1, kDeathSignal = 2, kExec = 3, kStdio = 4 };
-
+// What the child sends back when a step before the exec, or the exec, fails. `step` points at a
+// string literal, which has the same address in the parent: fork() copied the address space.
 struct ChildFailure {
-  ChildStep step;
+  const char* step;
   int error;
-};
-
-const char* step_name(ChildStep step) {
-  switch (step) {
-    case ChildStep::kSetsid: return "setsid()";
-    case ChildStep::kDeathSignal: return "prctl(PR_SET_PDEATHSIG)";
-    case ChildStep::kExec: return "execve()";
-    case ChildStep::kStdio: return "dup2() of stdout/stderr";
-  }
-  return "?";
-}
-
-// Blocks every signal for its lifetime, so no handler runs in the child between fork() and
-// restore_in_child(): the handler would write to the launcher's wake pipe, which the child shares.
-class BlockAllSignals {
- public:
-  BlockAllSignals() {
-    sigset_t all;
-    sigfillset(&all);
-    sigprocmask(SIG_BLOCK, &all, &saved_);
-  }
-  ~BlockAllSignals() { sigprocmask(SIG_SETMASK, &saved_, nullptr); }
-  BlockAllSignals(const BlockAllSignals&) = delete;
-  BlockAllSignals& operator=(const BlockAllSignals&) = delete;
-
- private:
-  sigset_t saved_;
 };
 
 std::vector<char*> as_c_strings(const std::vector<std::string>& strings) {
@@ -57,7 +29,7 @@ std::vector<char*> as_c_strings(const std::vector<std::string>& strings) {
   return pointers;
 }
 
-[[noreturn]] void fail_in_child(int report_fd, ChildStep step) {
+[[noreturn]] void fail_in_child(int report_fd, const char* step) {
   const ChildFailure failure{step, errno};
   [[maybe_unused]] const ssize_t n = write(report_fd, &failure, sizeof(failure));
   _exit(127);
@@ -78,14 +50,14 @@ bool install_stdio(int fd, int target) {
                             const char* path, char* const* argv, char* const* envp) {
   relay.restore_in_child();
   if (!install_stdio(stdio.out, STDOUT_FILENO) || !install_stdio(stdio.err, STDERR_FILENO)) {
-    fail_in_child(report_fd, ChildStep::kStdio);
+    fail_in_child(report_fd, "dup2() of stdout/stderr");
   }
-  if (setsid() < 0) fail_in_child(report_fd, ChildStep::kSetsid);  // See Note [Worker sessions]
-  if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) fail_in_child(report_fd, ChildStep::kDeathSignal);
+  if (setsid() < 0) fail_in_child(report_fd, "setsid()");  // See Note [Worker sessions]
+  if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) fail_in_child(report_fd, "prctl(PR_SET_PDEATHSIG)");
   // The launcher may have died before prctl() took effect; then nobody would ever kill us.
   if (getppid() != launcher_pid) _exit(127);
   execve(path, argv, envp);
-  fail_in_child(report_fd, ChildStep::kExec);
+  fail_in_child(report_fd, "execve()");
 }
 
 }  // namespace
@@ -104,17 +76,19 @@ pid_t spawn_worker(const WorkerCommand& command, const ChildStdio& stdio, const 
     throw SpawnError(std::string("cpprun: pipe2() failed: ") + std::strerror(errno), errno);
   }
   const pid_t launcher_pid = getpid();
-  pid_t pid = -1;
-  int fork_errno = 0;
-  {
-    BlockAllSignals blocked;
-    pid = fork();
-    fork_errno = errno;
-    if (pid == 0) {
-      close(report[0]);
-      run_child(relay, launcher_pid, report[1], stdio, command.path.c_str(), argv.data(), envp.data());
-    }
+  // All signals blocked across fork(), so no handler runs in the child before restore_in_child():
+  // it would write to the launcher's wake pipe, which the child shares.
+  sigset_t all;
+  sigset_t saved;
+  sigfillset(&all);
+  sigprocmask(SIG_BLOCK, &all, &saved);
+  const pid_t pid = fork();
+  const int fork_errno = errno;
+  if (pid == 0) {
+    close(report[0]);
+    run_child(relay, launcher_pid, report[1], stdio, command.path.c_str(), argv.data(), envp.data());
   }
+  sigprocmask(SIG_SETMASK, &saved, nullptr);
   close(report[1]);
   if (pid < 0) {
     close(report[0]);
@@ -133,8 +107,8 @@ pid_t spawn_worker(const WorkerCommand& command, const ChildStdio& stdio, const 
   if (got != static_cast<ssize_t>(sizeof(failure))) {
     throw SpawnError("cpprun: the worker process for '" + command.path + "' died before exec", EIO);
   }
-  throw SpawnError("cpprun: cannot start '" + command.path + "': " + step_name(failure.step) +
-                       " failed: " + std::strerror(failure.error),
+  throw SpawnError("cpprun: cannot start '" + command.path + "': " + failure.step + " failed: " +
+                       std::strerror(failure.error),
                    failure.error);
 }
 

@@ -28,29 +28,25 @@ struct ChildStdio {
 
 class SpawnError : public std::runtime_error {
  public:
-  SpawnError(const std::string& message, int error)
-      : std::runtime_error(message), error_(error) {}
-  int error() const { return error_; }  // errno of the failing call
+  SpawnError(const std::string& message, int error) : std::runtime_error(message), error_(error) {}
   // The shell's convention: 127 when the file vanished, 126 when it cannot be executed, else 1.
   int exit_code() const;
 
  private:
-  int error_;
+  int error_;  // errno of the failing call
 };
 
-// Forks and execs `command`, returning only after the exec succeeded (or throwing SpawnError with
-// the child's errno, the child already reaped). The worker leads a new session, so its pid is also
-// its process group id, and is SIGKILLed by the kernel if cpprun dies.
-// Note [Worker sessions]: setsid() rather than setpgid() because torchrun starts workers with
-// start_new_session=True, and because a worker in a background process group of the terminal's
-// session would be stopped by SIGTTIN the moment it read stdin (pdb in rank 0).
+// Forks and execs `command`, returning once the exec succeeded (else SpawnError with the child's
+// errno, the child reaped). The worker leads a new session, so its pid is its process group id, and
+// the kernel SIGKILLs it if cpprun dies.
+// Note [Worker sessions]: setsid(), as torchrun's start_new_session=True; in a background group of
+// the terminal's session a worker reading stdin (pdb in rank 0) would be stopped by SIGTTIN.
 pid_t spawn_worker(const WorkerCommand& command, const ChildStdio& stdio, const SignalRelay& relay);
 
 // kill(-pgid, sig). A group that is already gone is fine; other failures are warned about on stderr.
 void signal_process_group(pid_t pgid, int sig);
 
-// waitpid() that retries when a signal interrupts it (our handlers run during every wait);
-// returns what waitpid() finally returned.
+// waitpid() that retries when a signal interrupts it (our handlers run during every wait).
 pid_t wait_for_exit(pid_t pid, int* status, int flags = 0);
 
 }  // namespace cpprun::launcher

@@ -1,5 +1,5 @@
-// What one attempt starts: per local rank, the command, its environment and where its output goes.
-// Pure, so the dry run prints exactly what a real run would start.
+// What one attempt starts: per local rank, the command, its environment and where its output goes;
+// and --dry_run's report of it. Pure, so the dry run prints exactly what a real run would start.
 #pragma once
 
 #include <string>
@@ -24,5 +24,11 @@ struct WorkerSettings {
 std::vector<WorkerSpec> make_worker_specs(const WorkerSettings& settings, const RankLayout& ranks,
                                           const ProgramCommand& program, int restart_count, const RunLayout& files,
                                           const EnvMap& parent_env);
+
+// `word` quoted for a POSIX shell when it needs it, so the printed commands can be pasted.
+std::string shell_quote(const std::string& word);
+
+// Each worker's command line, where its output goes, and the variables cpprun sets or changes.
+std::string format_dry_run(const std::vector<WorkerSpec>& specs, const EnvMap& parent_env);
 
 }  // namespace cpprun::launcher

@@ -5,7 +5,6 @@
 #include <string>
 #include <vector>
 
-#include "command_line/dry_run.h"
 #include "command_line/launch_config.h"
 #include "workers/worker_specs.h"
 

@@ -3,7 +3,7 @@
 
 #include <csignal>
 
-#include "workers/failure_report.h"
+#include "workers/attempt.h"
 
 using namespace cpprun::launcher;
 using Catch::Matchers::Contains;

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "workers/line_splitter.h"
+#include "workers/worker_output.h"
 
 using namespace cpprun::launcher;
 

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "command_line/launch_config.h"
-#include "command_line/option_prefix.h"
+#include "command_line/option_spelling.h"
 
 using namespace cpprun::launcher;
 using Catch::Matchers::Contains;

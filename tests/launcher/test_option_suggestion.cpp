@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "command_line/option_suggestion.h"
+#include "command_line/option_spelling.h"
 
 using namespace cpprun::launcher;
 

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "workers/process_table.h"
+#include "workers/job_process_tree.h"
 
 using namespace cpprun::launcher;
 

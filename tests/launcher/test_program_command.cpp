@@ -11,7 +11,6 @@
 #include <vector>
 
 #include "command_line/program_command.h"
-#include "command_line/program_lookup.h"
 
 using namespace cpprun::launcher;
 using Catch::Matchers::Contains;

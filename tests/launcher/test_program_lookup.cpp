@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "command_line/program_lookup.h"
+#include "command_line/program_command.h"
 
 using namespace cpprun::launcher;
 using Catch::Matchers::Contains;

@@ -1,0 +1,33 @@
+// How what was typed maps to cpprun's options: argparse's (so torchrun's) unambiguous prefixes of a
+// long option (--nproc 2 for --nproc_per_node 2), which CLI11 lacks, and "did you mean" for a typo.
+// Pure, unit-tested.
+#pragma once
+
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace cpprun::launcher {
+
+struct OptionSpelling {
+  std::string name;          // "--nproc_per_node", "-r"
+  int option = 0;            // spellings of one option share it (--nproc_per_node, --nproc-per-node)
+  bool takes_value = false;  // the next argument is its value unless written --name=value
+};
+
+// `args` with each long option that is a prefix of exactly one option written out in full, for
+// CLI11; an exact spelling wins. Stops at `--`, at PROGRAM and at an unknown option (CLI11 reports
+// it); skips an option's separate value. Throws UsageError for a prefix of several options.
+std::vector<std::string> expand_option_prefixes(const std::vector<std::string>& args,
+                                                const std::vector<OptionSpelling>& options);
+
+// Edits (insert, delete, substitute, swap two neighbours) that turn `a` into `b`.
+std::size_t edit_distance(const std::string& a, const std::string& b);
+
+// The known option (spelled with its dashes, e.g. "--log_dir") closest to `typed`, if it is close
+// enough to be what the user meant: a few edits away for a long name, one for a short one, or
+// `typed` cut short ("--nproc" for "--nproc_per_node"). Ties go to the earlier name in `known`.
+std::optional<std::string> suggest_option(const std::string& typed, const std::vector<std::string>& known);
+
+}  // namespace cpprun::launcher
