@@ -49,10 +49,10 @@ EnvMap make_worker_env(const WorkerEnvSettings& settings, const RankLayout& layo
   // Python's spelling of the boolean, because that is what torch's code compares against.
   env["TORCHELASTIC_USE_AGENT_STORE"] = layout.agent_store ? "True" : "False";
   // Async error handling turns a hung collective into a failed worker we can restart; the user's
-  // own setting wins. NCCL_ASYNC_ERROR_HANDLING is the name older PyTorch releases read.
-  for (const char* name : {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING"}) {
-    if (parent.count(name) == 0) env[name] = "1";
-  }
+  // own setting wins. Only the TORCH_ name, as torchrun 2.x: LibTorch 2.x warns in every NCCL
+  // worker about the old NCCL_ASYNC_ERROR_HANDLING (seen on the first GPU machine), which a user
+  // who sets it still passes through.
+  if (parent.count("TORCH_NCCL_ASYNC_ERROR_HANDLING") == 0) env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1";
   if (defaults_omp_threads(settings.local_world_size, parent)) env["OMP_NUM_THREADS"] = "1";
   return env;
 }

@@ -13,10 +13,11 @@ for rank in 0 1 2; do
              GROUP_WORLD_SIZE=1 "ROLE_RANK=$rank" ROLE_WORLD_SIZE=3 ROLE_NAME=default \
              MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 TORCHELASTIC_RESTART_COUNT=0 \
              TORCHELASTIC_MAX_RESTARTS=0 TORCHELASTIC_RUN_ID=none TORCHELASTIC_USE_AGENT_STORE=False \
-             OMP_NUM_THREADS=1 TORCH_NCCL_ASYNC_ERROR_HANDLING=1 NCCL_ASYNC_ERROR_HANDLING=1 \
+             OMP_NUM_THREADS=1 TORCH_NCCL_ASYNC_ERROR_HANDLING=1 \
              "CPPRUN_TEST_TAG=$WORK"; do
     grep -qxF "$var" "$env_file" || fail "rank $rank: $var missing; got: $(grep -E '^(RANK|LOCAL_RANK|WORLD_SIZE|MASTER_)' "$env_file" | tr '\n' ' ')"
   done
+  ! grep -q '^NCCL_ASYNC_ERROR_HANDLING=' "$env_file" || fail "rank $rank: the deprecated NCCL_ASYNC_ERROR_HANDLING was set (torchrun 2.x sets only TORCH_NCCL_ASYNC_ERROR_HANDLING)"
   expect_eq "$(cat "$WORK/args.$rank")" "--lr|0.1|--nproc_per_node|9|-h|" "rank $rank arguments"
 done
 
