@@ -1,6 +1,7 @@
 // See deferred_init.h.
 #include "core/deferred_init.h"
 
+#include <ATen/ATen.h>
 #include <ATen/EmptyTensor.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/TensorOptions.h>
@@ -140,6 +141,16 @@ bool recordable(const c10::FunctionSchema& schema) {
   return !args.empty() && args[0].alias_info() && args[0].alias_info()->isWrite();
 }
 
+// Ops that read only sizes, strides and types (Module::to() asks _has_compatible_shallow_copy_type).
+constexpr std::array<const char*, 15> kMetadataOnly = {
+    "aten::_has_compatible_shallow_copy_type", "aten::is_same_size", "aten::size", "aten::stride", "aten::sym_size",
+    "aten::sym_stride", "aten::sym_numel", "aten::sym_storage_offset", "aten::dim", "aten::numel",
+    "aten::is_complex", "aten::is_floating_point", "aten::is_conj", "aten::is_neg", "aten::is_inference"};
+
+bool reads_metadata_only(const c10::FunctionSchema& schema) {
+  return std::find(kMetadataOnly.begin(), kMetadataOnly.end(), schema.name()) != kMetadataOnly.end();
+}
+
 const char* kMaterialiseHint =
     "Materialise the module first: cpprun::materialize(module), or wrap it in cpprun::FullyShardedDataParallel, "
     "which materialises it unit by unit. Or do this computation outside the cpprun::deferred_init scope.";
@@ -184,6 +195,43 @@ void make_factory_output(const c10::OperatorHandle& op, std::size_t device_arg, 
     if (draws_random(op)) record->generator = generator_for(op, args, device);
   }
   add_entry(tensor, std::move(record));
+  torch::jit::drop(*stack, n);
+  stack->emplace_back(std::move(tensor));
+}
+
+// tensor.to(device or dtype) (Module::to()): a new deferred tensor, its value a recorded copy_ of
+// the source's.
+void make_converted_copy(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto& schema = op.schema();
+  const std::size_t n = schema.arguments().size();
+  std::vector<c10::IValue> args(stack->end() - n, stack->end());
+  const at::Tensor source = args[0].toTensor();
+  std::optional<at::ScalarType> dtype;
+  std::optional<c10::Device> device;
+  for (std::size_t i = 1; i < n; ++i) {
+    if (schema.arguments()[i].name() == "dtype" && !args[i].isNone()) dtype = args[i].toScalarType();
+    if (schema.arguments()[i].name() == "device" && !args[i].isNone()) device = args[i].toDevice();
+  }
+  const auto meta_options = at::TensorOptions().dtype(dtype.value_or(source.scalar_type())).device(at::kMeta);
+  at::Tensor shape;
+  {
+    c10::impl::ExcludeDispatchKeyGuard no_reentry(kExtensionKey);
+    shape = source.is_non_overlapping_and_dense() ? at::empty_strided(source.sizes(), source.strides(), meta_options)
+                                                  : at::empty(source.sizes(), meta_options);
+  }
+  at::Tensor tensor = make_deferred(shape, device.value_or(source.device()));
+  static const c10::OperatorHandle copy = c10::Dispatcher::singleton().findSchemaOrThrow("aten::copy_", "");
+  auto record = std::make_shared<DeferredOp>(copy);
+  record->seq = next_seq++;
+  record->args = {c10::IValue(), c10::IValue(), c10::IValue(false)};
+  record->inputs.push_back({0, tensor.storage().unsafeGetStorageImpl(), c10::Storage(), geometry_of(tensor)});
+  record->inputs.push_back({1, source.storage().unsafeGetStorageImpl(), source.storage(), geometry_of(source)});
+  add_entry(tensor, nullptr);
+  {
+    Registry& r = registry();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    find_locked(r, tensor.storage().unsafeGetStorageImpl())->ops.push_back(std::move(record));
+  }
   torch::jit::drop(*stack, n);
   stack->emplace_back(std::move(tensor));
 }
@@ -239,6 +287,15 @@ bool record_deferred_op(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
   }
   if (!deferred_in_list && is_view(schema)) {
     op.redispatchBoxed(keys & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kExtensionKey), stack);
+    return true;
+  }
+  if (!deferred_in_list && (schema.name() == "aten::set_data" || reads_metadata_only(schema))) {
+    // Module::to(): the parameter's TensorImpl takes the new tensor's storage (and key set); queries.
+    op.redispatchBoxed(keys & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kExtensionKey), stack);
+    return true;
+  }
+  if (!deferred_in_list && deferred.size() == 1 && deferred.front() == 0 && schema.name() == "aten::_to_copy") {
+    make_converted_copy(op, stack);
     return true;
   }
   const bool writes_deferred = !deferred.empty() && deferred.front() == 0;

@@ -226,3 +226,22 @@ TEST_CASE("deferred_init: other ops on a deferred tensor fail, naming the op", "
   cpprun::materialize(*fc);
   CHECK(fc(x).sizes() == torch::IntArrayRef({2, 3}));
 }
+
+TEST_CASE("deferred_init: Module::to() on a deferred module converts when it is materialised", "[deferred_init]") {
+  auto make = [] { return std::make_shared<TiedLm>(); };
+  torch::manual_seed(5);
+  auto eager = make();
+  eager->to(torch::kDouble);
+  const auto eager_next = torch::rand({4});
+  torch::manual_seed(5);
+  auto deferred = cpprun::deferred_init(make);
+  deferred->to(torch::kDouble);
+  for (const auto& p : deferred->parameters()) {
+    CHECK(cpprun::is_deferred(p));
+    CHECK(p.scalar_type() == torch::kDouble);
+  }
+  CHECK(deferred->head->weight.is_same(deferred->tokens->weight));
+  cpprun::materialize(*deferred);
+  CHECK(torch::equal(eager_next, torch::rand({4})));
+  check_same_state(*eager, *deferred);
+}
