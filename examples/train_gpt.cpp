@@ -5,6 +5,8 @@
 //   two ranks:       ./build/launcher/cpprun --nproc_per_node=2 ./build/examples/train_gpt --mode ddp
 //   sharded:         ./build/launcher/cpprun --nproc_per_node=2 ./build/examples/train_gpt --mode fsdp --stage 2
 //   larger:          ... --mode fsdp --stage 3 --checkpoint-activations --amp fp16
+//                    (at stage 3 the model is built with deferred initialisation: FSDP materialises it
+//                    block by block, so no rank ever holds all of it)
 //   options:         ./build/examples/train_gpt --help
 #include <ATen/autocast_mode.h>
 #include <cpprun/cpprun.h>
@@ -37,6 +39,10 @@ constexpr const char* kUsage = R"(usage: train_gpt [options]
                      recompute each block's activations in backward instead of keeping them
   --amp fp32|bf16|fp16
                      autocast precision (default fp32); fp16 scales the loss (cpprun::GradScaler)
+  --deferred-init on|off
+                     build the model without memory (cpprun::deferred_init) and materialise it block by
+                     block while sharding it (FSDP), or at once (DDP); the same values either way
+                     (default on with --mode fsdp --stage 3, else off)
   --help             this text
 )";
 
@@ -46,7 +52,7 @@ struct Options {
   int64_t block = 64, layers = 2, embed = 64, heads = 4;
   double lr = 3e-3;
   bool help = false, checkpoint_activations = false;
-  std::string amp = "fp32";
+  std::string amp = "fp32", deferred_init = "auto";
 };
 
 Options parse(int argc, char** argv) {
@@ -66,12 +72,17 @@ Options parse(int argc, char** argv) {
     else if (flags.is("--sample")) o.sample = flags.number(0);
     else if (flags.is("--checkpoint-activations")) o.checkpoint_activations = true;
     else if (flags.is("--amp")) o.amp = flags.value();
+    else if (flags.is("--deferred-init")) o.deferred_init = flags.value();
     else flags.unknown();
   }
   if (o.mode != "ddp" && o.mode != "fsdp") throw std::invalid_argument("--mode must be ddp or fsdp, got " + o.mode);
   if (o.amp != "fp32" && o.amp != "bf16" && o.amp != "fp16") {
     throw std::invalid_argument("--amp must be fp32, bf16 or fp16, got " + o.amp);
   }
+  if (o.deferred_init != "auto" && o.deferred_init != "on" && o.deferred_init != "off") {
+    throw std::invalid_argument("--deferred-init must be on or off, got " + o.deferred_init);
+  }
+  if (o.deferred_init == "auto") o.deferred_init = o.mode == "fsdp" && o.stage == 3 ? "on" : "off";
   if (o.stage > 3) throw std::invalid_argument("--stage must be 1, 2 or 3, got " + std::to_string(o.stage));
   if (o.embed % o.heads != 0) {
     throw std::invalid_argument("--embed " + std::to_string(o.embed) + " must be a multiple of --heads " +
@@ -203,8 +214,12 @@ int run(int argc, char** argv) {
   const auto device = cpprun::local_device();
   encoded = encoded.to(device);
   torch::manual_seed(0);
-  Gpt gpt(static_cast<int64_t>(vocab.size()), opt);
-  gpt->to(device);
+  auto build = [&] { return Gpt(static_cast<int64_t>(vocab.size()), opt); };
+  // Deferred: the parameters get memory (and the values eager construction gives) only when the
+  // wrapper materialises them, under ZeRO-3 one block at a time, keeping only this rank's shard.
+  Gpt gpt = opt.deferred_init == "on" ? cpprun::deferred_init(build) : build();
+  if (!device.is_cpu()) gpt->to(device);  // on a deferred module, recorded for materialisation
+  if (opt.deferred_init == "on" && opt.mode == "ddp") cpprun::materialize(gpt);
   // DDP replicates everything; FSDP (ZeRO) shards optimizer state, at stage 2 also gradients and
   // at stage 3 also parameters, one unit per transformer block. Either is a DataParallel<Gpt>:
   // the training loop below is the same for both.
@@ -235,8 +250,9 @@ int run(int argc, char** argv) {
   if (rank == 0) {
     int64_t params = 0;
     for (const auto& p : cpprun::unique_parameters(*gpt)) params += p.numel();
-    std::printf("%s: %zu characters, vocabulary %zu, %lld parameters, %d ranks x %d windows of %lld\n", opt.text.c_str(),
-                text.size(), vocab.size(), static_cast<long long>(params), group.size(), opt.batch,
+    std::printf("%s: %zu characters, vocabulary %zu, %lld parameters%s, %d ranks x %d windows of %lld\n",
+                opt.text.c_str(), text.size(), vocab.size(), static_cast<long long>(params),
+                opt.deferred_init == "on" ? " (deferred initialisation)" : "", group.size(), opt.batch,
                 static_cast<long long>(opt.block));
   }
 

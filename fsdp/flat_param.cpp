@@ -71,7 +71,9 @@ std::vector<FlatParam> flatten_units(const std::vector<UnitPlan>& units, const F
                                      std::vector<bool>& in_root_unit) {
   std::vector<FlatParam> flats;
   in_root_unit.clear();
-  for (const auto& unit : units) {
+  for (std::size_t u = 0; u < units.size(); ++u) {
+    const UnitPlan& unit = units[u];
+    if (options.before_unit) options.before_unit(u);
     std::map<std::string, std::pair<std::vector<std::string>, std::vector<at::Tensor>>> by_kind;
     std::vector<std::string> kinds;  // in the order of their first parameter
     for (std::size_t i = 0; i < unit.params.size(); ++i) {

@@ -9,6 +9,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -67,6 +68,9 @@ struct FlattenOptions {
   // ZeRO-3: each flat parameter's full memory goes as soon as it is made, so that wrapping a
   // model never holds more than the model plus one unit.
   bool release_full = false;
+  // Called with each unit's index just before the unit is flattened (a deferred module's unit is
+  // materialised there: fsdp/deferred_units.h).
+  std::function<void(std::size_t)> before_unit;
 };
 
 // The units' parameters as flat parameters: one per dtype and device within each unit (a flat

@@ -13,6 +13,7 @@
 #include "core/clip_grad_norm.h"
 #include "cpprun/collectives.h"
 #include "fsdp/checkpoint.h"
+#include "fsdp/deferred_units.h"
 #include "fsdp/flat_param.h"
 #include "fsdp/gradient_sync.h"
 #include "fsdp/parameter_residency.h"
@@ -81,16 +82,24 @@ FsdpCore::FsdpCore(torch::nn::Module& module, ProcessGroup group, FsdpOptions op
   TORCH_CHECK(s.options.auto_wrap_min_params() >= 0, "cpprun::FullyShardedDataParallel: auto_wrap_min_params must "
               "not be negative, got ", s.options.auto_wrap_min_params(), ".");
 
-  broadcast_module_state(module, s.group);  // start from rank 0's parameters and buffers everywhere
-
   const auto units = plan_units(module, s.options);
   s.unit_count = units.size();
+  // Start from rank 0's parameters and buffers everywhere; a deferred module is materialised unit by
+  // unit as it is flattened, each broadcast then.
+  std::unique_ptr<DeferredUnits> deferred;
+  if (has_deferred_state(module)) {
+    deferred = std::make_unique<DeferredUnits>(module, units, s.group);
+    deferred->materialize_rest();
+  } else {
+    broadcast_module_state(module, s.group);
+  }
   FlattenOptions flatten;
   flatten.rank = s.groups.shard.rank();
   flatten.world = s.groups.shard.size();
   flatten.compute_dtype = s.options.param_dtype();
   flatten.separate_shard = flatten.release_full = stage == 3;
   flatten.shard_on_cpu = s.options.cpu_offload();
+  if (deferred) flatten.before_unit = [&deferred](std::size_t u) { deferred->materialize_unit(u); };
   std::vector<bool> root;  // per flat parameter: holds the top-level module's own parameters
   s.flats = flatten_units(units, flatten, root);
 

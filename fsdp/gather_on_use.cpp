@@ -1,33 +1,19 @@
 // See gather_on_use.h.
 #include "fsdp/gather_on_use.h"
 
-#include <ATen/core/dispatch/Dispatcher.h>
-#include <ATen/core/stack.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
-#include <torch/library.h>
 
 #include <algorithm>
 #include <mutex>
 #include <unordered_map>
 #include <utility>
 
+#include "core/extension_key.h"
+
 namespace cpprun::detail {
 namespace {
 
-constexpr c10::DispatchKey kWatchKey = c10::DispatchKey::DeferredInit;
-
-// TensorImpl has no public way to add a functionality key to an existing tensor, and the
-// module's parameters must stay the same TensorImpls (modules hold them by value). A pointer to
-// the protected member, taken through a derived class that is never instantiated.
-struct KeySetAccess : c10::TensorImpl {
-  static c10::DispatchKeySet c10::TensorImpl::*member() { return &KeySetAccess::key_set_; }
-};
-
-void set_watch_key(const at::Tensor& tensor, bool on) {
-  c10::TensorImpl* impl = tensor.unsafeGetTensorImpl();
-  c10::DispatchKeySet& keys = impl->*KeySetAccess::member();
-  keys = on ? keys.add(kWatchKey) : keys.remove(kWatchKey);
-}
+constexpr c10::DispatchKey kWatchKey = kExtensionKey;
 
 struct Watch {
   UseListener* listener;
@@ -53,6 +39,8 @@ void collect(const at::Tensor& tensor, std::vector<Watch>& uses) {
                                 [&](const Watch& u) { return u.listener == w.listener && u.flat == w.flat; });
   if (!seen) uses.push_back(w);
 }
+
+}  // namespace
 
 void report_uses_then_run(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
   std::vector<Watch> uses;
@@ -85,25 +73,19 @@ void report_uses_then_run(const c10::OperatorHandle& op, c10::DispatchKeySet key
   op.redispatchBoxed(keys & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kWatchKey), stack);
 }
 
-}  // namespace
-
 void watch_uses(const at::Tensor& storage_of, const std::vector<at::Tensor>& tensors, UseListener& listener,
                 std::size_t flat) {
   {
     std::lock_guard<std::mutex> lock(registry_mutex());
     registry()[storage_of.storage().unsafeGetStorageImpl()] = Watch{&listener, flat};
   }
-  for (const auto& t : tensors) set_watch_key(t, true);
+  for (const auto& t : tensors) set_extension_key(t, true);
 }
 
 void unwatch_uses(const at::Tensor& storage_of, const std::vector<at::Tensor>& tensors) {
-  for (const auto& t : tensors) set_watch_key(t, false);
+  for (const auto& t : tensors) set_extension_key(t, false);
   std::lock_guard<std::mutex> lock(registry_mutex());
   registry().erase(storage_of.storage().unsafeGetStorageImpl());
 }
 
 }  // namespace cpprun::detail
-
-TORCH_LIBRARY_IMPL(_, DeferredInit, m) {
-  m.fallback(torch::CppFunction::makeFromBoxedFunction<&cpprun::detail::report_uses_then_run>());
-}

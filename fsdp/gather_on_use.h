@@ -2,14 +2,15 @@
 // parameter's parameters are about to be used (in forward, or by autograd in backward) without
 // module hooks, which LibTorch does not have.
 //
-// Watched tensors carry one extra dispatch key (DispatchKey::DeferredInit, reserved for
-// out-of-tree extensions; nothing in LibTorch registers it). A boxed fallback on that key calls
+// Watched tensors carry one extra dispatch key (core/extension_key.h). Its boxed fallback calls
 // the listener with the flat parameters whose storage the operator's tensor arguments share, then
 // re-dispatches the operator below the key. Views of a watched tensor inherit the key, so the
 // tensors autograd saves for backward (e.g. a weight's transpose) are watched as well.
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
 
 #include <cstddef>
 #include <vector>
@@ -31,5 +32,9 @@ void watch_uses(const at::Tensor& storage_of, const std::vector<at::Tensor>& ten
                 std::size_t flat);
 // Ends watch_uses: the tensors lose the key and the storage its listener.
 void unwatch_uses(const at::Tensor& storage_of, const std::vector<at::Tensor>& tensors);
+
+// The key's fallback (core/extension_key.cpp) for an operator that is no deferred
+// initialisation's business: reports the watched flat parameters among its arguments, then runs it.
+void report_uses_then_run(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack);
 
 }  // namespace cpprun::detail

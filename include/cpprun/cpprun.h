@@ -8,6 +8,7 @@
 #include "cpprun/comm_hooks.h"
 #include "cpprun/data_parallel.h"
 #include "cpprun/ddp.h"
+#include "cpprun/deferred_init.h"
 #include "cpprun/device_mesh.h"
 #include "cpprun/env.h"
 #include "cpprun/fsdp.h"

@@ -1,26 +1,47 @@
 #!/bin/sh
-# ZeRO-3 trains a model that DDP cannot, under the same per-rank memory budget (see
-# memory_budget.cpp). usage: memory_budget.sh CPPRUN BINARY [BUDGET_MB]
+# Under one per-rank memory budget (see memory_budget.cpp), at 4 ranks:
+#   ddp (default): ZeRO-3 trains a model that DDP cannot;
+#   deferred:      ZeRO-3 builds with cpprun::deferred_init and trains a model whose fp32
+#                  parameters alone exceed the budget; building it eagerly fails.
+# usage: memory_budget.sh CPPRUN BINARY [ddp|deferred] [BUDGET_MB]
 set -u
-cpprun=$1 binary=$2 budget=${3:-400}
-zero3=$("$cpprun" --standalone --nproc_per_node=4 "$binary" --mode zero3 --budget-mb "$budget" 2>&1)
+cpprun=$1 binary=$2 case=${3:-ddp}
+if [ "$case" = deferred ]; then
+  budget=${4:-220}
+  model="--layers 64 --width 1024 --optimizer sgd"
+  fits_args="--mode zero3 --init deferred" fails_args="--mode zero3 --init eager"
+else
+  budget=${4:-400}
+  model=""
+  fits_args="--mode zero3" fails_args="--mode ddp"
+fi
+# shellcheck disable=SC2086
+fits=$("$cpprun" --standalone --nproc_per_node=4 "$binary" $fits_args $model --budget-mb "$budget" 2>&1)
 status=$?
-echo "$zero3" | grep -E "fits|out of memory|error"
-if [ $status -ne 0 ] || ! echo "$zero3" | grep -q "fits: zero3"; then
-  echo "$zero3" | tail -20
-  echo "FAIL: ZeRO-3 did not train within ${budget} MB per rank"
+echo "$fits" | grep -E "model:|fits|out of memory|error"
+if [ $status -ne 0 ] || ! echo "$fits" | grep -q "fits: zero3"; then
+  echo "$fits" | tail -20
+  echo "FAIL: $fits_args did not train within ${budget} MB per rank"
   exit 1
 fi
-ddp=$("$cpprun" --standalone --nproc_per_node=4 "$binary" --mode ddp --budget-mb "$budget" 2>&1)
+if [ "$case" = deferred ]; then
+  param_mb=$(echo "$fits" | sed -n 's/.*model: fp32 parameters \([0-9]*\) MB.*/\1/p' | head -1)
+  if [ -z "$param_mb" ] || [ "$param_mb" -le "$budget" ]; then
+    echo "FAIL: the model's fp32 parameters (${param_mb:-?} MB) do not exceed the ${budget} MB budget"
+    exit 1
+  fi
+fi
+# shellcheck disable=SC2086
+fails=$("$cpprun" --standalone --nproc_per_node=4 "$binary" $fails_args $model --budget-mb "$budget" 2>&1)
 status=$?
-echo "$ddp" | grep -E "fits|out of memory|error" | head -4
+echo "$fails" | grep -E "fits|out of memory|error" | head -4
 if [ $status -eq 0 ]; then
-  echo "FAIL: DDP fit in ${budget} MB too, so the budget proves nothing"
+  echo "FAIL: $fails_args fit in ${budget} MB too, so the budget proves nothing"
   exit 1
 fi
-if ! echo "$ddp" | grep -q "out of memory"; then
-  echo "$ddp" | tail -20
-  echo "FAIL: DDP failed, but not for lack of memory"
+if ! echo "$fails" | grep -q "out of memory"; then
+  echo "$fails" | tail -20
+  echo "FAIL: $fails_args failed, but not for lack of memory"
   exit 1
 fi
 echo PASS
