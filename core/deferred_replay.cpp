@@ -3,6 +3,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
+#include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
 
@@ -182,6 +183,8 @@ void DeferredReplay::materialize(std::size_t group) {
   for (const auto* key : groups_[group]) {
     const Entry& entry = entries_.at(key);
     c10::StorageImpl* storage = entry.storage.unsafeGetStorageImpl();
+    // CUDA's caching allocator allocates on the current device, not the storage's: make it current.
+    const c10::DeviceGuard on_device(entry.device);
     storage->set_data_ptr_noswap(storage->allocator()->allocate(storage->nbytes()));
     for (const auto& op : entry.ops) ops.emplace_back(op.get(), &entry);
   }

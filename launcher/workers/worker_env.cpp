@@ -49,10 +49,12 @@ EnvMap make_worker_env(const WorkerEnvSettings& settings, const RankLayout& layo
   // Python's spelling of the boolean, because that is what torch's code compares against.
   env["TORCHELASTIC_USE_AGENT_STORE"] = layout.agent_store ? "True" : "False";
   // Async error handling turns a hung collective into a failed worker we can restart; the user's
-  // own setting wins. Only the TORCH_ name, as torchrun 2.x: LibTorch 2.x warns in every NCCL
-  // worker about the old NCCL_ASYNC_ERROR_HANDLING (seen on the first GPU machine), which a user
-  // who sets it still passes through.
-  if (parent.count("TORCH_NCCL_ASYNC_ERROR_HANDLING") == 0) env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1";
+  // own setting wins, under either name (LibTorch reads the TORCH_ one first, so setting it would
+  // override a user's old-style NCCL_ASYNC_ERROR_HANDLING). Only the TORCH_ name is ours, as in
+  // torchrun 2.x: LibTorch warns in every NCCL worker about the old one (seen on the GPU machine).
+  if (parent.count("TORCH_NCCL_ASYNC_ERROR_HANDLING") == 0 && parent.count("NCCL_ASYNC_ERROR_HANDLING") == 0) {
+    env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1";
+  }
   if (defaults_omp_threads(settings.local_world_size, parent)) env["OMP_NUM_THREADS"] = "1";
   return env;
 }

@@ -110,6 +110,10 @@ TEST_CASE("worker_env: the user's NCCL error-handling values win", "[worker_env]
                                      {{"TORCH_NCCL_ASYNC_ERROR_HANDLING", "3"}, {"NCCL_ASYNC_ERROR_HANDLING", "0"}});
   CHECK(env.at("TORCH_NCCL_ASYNC_ERROR_HANDLING") == "3");
   CHECK(env.at("NCCL_ASYNC_ERROR_HANDLING") == "0");
+  // The old name alone: LibTorch would read a TORCH_ value first, so none is added over it.
+  const EnvMap old_only = env_of(config_with(2), 0, 0, "/run/e.json", {{"NCCL_ASYNC_ERROR_HANDLING", "0"}});
+  CHECK(old_only.at("NCCL_ASYNC_ERROR_HANDLING") == "0");
+  CHECK(old_only.count("TORCH_NCCL_ASYNC_ERROR_HANDLING") == 0);
 }
 
 TEST_CASE("worker_env: OMP_NUM_THREADS=1 only when unset and several workers share the node",
