@@ -21,6 +21,7 @@
 #include <sstream>
 #include <string>
 
+#include "../bench/peak_rss.h"  // the memory benchmarks' measure (VmHWM)
 #include "flag_value.h"
 
 constexpr const char* kUsage = R"(usage: train_gpt [options]
@@ -168,21 +169,6 @@ struct GptImpl : torch::nn::Module {
 };
 TORCH_MODULE(Gpt);
 
-// This process's peak resident memory (VmHWM), in MB: what the model, its gradients, optimizer
-// state and activations took at most on this rank (host memory; on a GPU see the CUDA allocator).
-double peak_rss_mb() {
-  std::ifstream status("/proc/self/status");
-  std::string key;
-  double kb = 0;
-  while (status >> key) {
-    if (key == "VmHWM:") {
-      status >> kb;
-      break;
-    }
-  }
-  return kb / 1024;
-}
-
 int run(int argc, char** argv) {
   const Options opt = parse(argc, argv);
   if (opt.help) return examples::print_usage(kUsage);
@@ -284,7 +270,9 @@ int run(int argc, char** argv) {
 
   // Throughput over all ranks, and the largest rank's peak memory (a collective: every rank).
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-  auto peak = torch::tensor({peak_rss_mb()}, torch::kDouble);
+  // This rank's peak resident memory: model, gradients, optimizer state and activations at most
+  // (host memory; on a GPU see the CUDA allocator).
+  auto peak = torch::tensor({bench::peak_rss() / 1048576.0}, torch::kDouble);
   cpprun::all_reduce(group, peak, cpprun::ReduceOp::kMax);
   const double tokens = static_cast<double>(opt.steps) * opt.batch * opt.block * group.size();
 
