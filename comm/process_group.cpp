@@ -111,13 +111,13 @@ std::shared_ptr<::gloo::transport::Device> gloo_device(const DistEnv& env) {
   return c10d::ProcessGroupGloo::createDefaultDevice();
 }
 
-int visible_gpus() {
 #ifdef CPPRUN_WITH_NCCL
-  return at::hasCUDA() ? static_cast<int>(at::getNumGPUs()) : 0;
+constexpr bool kNcclBuilt = true;
 #else
-  return 0;
+constexpr bool kNcclBuilt = false;
 #endif
-}
+
+int visible_gpus() { return at::hasCUDA() ? static_cast<int>(at::getNumGPUs()) : 0; }
 
 // GPUs are used only when every rank on this node has one of its own: NCCL refuses two ranks on
 // one GPU, and a node where rank 0 took the GPU while ranks 1-3 fell back to the CPU would mix
@@ -160,10 +160,10 @@ c10::intrusive_ptr<detail::C10dGroup> detail::make_nccl(const c10::intrusive_ptr
 namespace {
 
 Backend resolve_backend(Backend asked, const DistEnv& env) {
-  const bool nccl_ok = gpu_for_every_local_rank(env);
+  const bool nccl_ok = kNcclBuilt && gpu_for_every_local_rank(env);
   switch (asked) {
     case Backend::kAuto:
-      if (!nccl_ok && visible_gpus() > 0 && env.local_rank == 0) {
+      if (kNcclBuilt && !nccl_ok && visible_gpus() > 0 && env.local_rank == 0) {
         std::cerr << "cpprun: " << too_few_gpus(env) << ": every rank uses the CPU and Gloo. Launch "
                      "--nproc_per_node=" << visible_gpus() << " to train on the GPUs, or set "
                      "CUDA_VISIBLE_DEVICES= to hide them and silence this.\n";
