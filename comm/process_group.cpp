@@ -13,6 +13,7 @@
 
 #include "comm/backends.h"
 #include "comm/group_impl.h"
+#include "comm/rank_join.h"
 #include "comm/store_address.h"
 #include "cpprun/store_port.h"
 
@@ -70,33 +71,6 @@ c10::intrusive_ptr<c10d::Store> connect_store(const DistEnv& env, Millis timeout
   }
 }
 
-// Every rank announces itself, then waits for the others, so a missing rank is reported by
-// number instead of as a backend's opaque time-out.
-void wait_for_all_ranks(c10d::Store& store, const DistEnv& env, Millis timeout) {
-  auto key = [](int rank) { return "joined/" + std::to_string(rank); };
-  store.set(key(env.rank), std::vector<uint8_t>{1});
-  std::vector<std::string> keys;
-  for (int r = 0; r < env.world_size; ++r) keys.push_back(key(r));
-  try {
-    store.wait(keys, timeout);
-  } catch (const std::exception& e) {
-    std::string missing;
-    for (int r = 0; r < env.world_size; ++r) {
-      bool joined = false;
-      try {
-        joined = store.check({key(r)});
-      } catch (const std::exception&) {
-      }
-      if (!joined) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-    }
-    TORCH_CHECK(false, "cpprun: rank ", env.rank, " timed out after ", seconds(timeout),
-                " waiting for the job's ", env.world_size, " ranks to join at ", where(env),
-                ". Ranks not joined: ", missing.empty() ? "(unknown)" : missing,
-                ". Did every worker start, with the same WORLD_SIZE, MASTER_ADDR and "
-                "MASTER_PORT?\nc10d said: ", e.what());
-  }
-}
-
 // Gloo must listen on an interface the other ranks reach: GLOO_SOCKET_IFNAME when given, the
 // loopback when the job is on this host, else the address the host name resolves to.
 std::shared_ptr<::gloo::transport::Device> gloo_device(const DistEnv& env) {
@@ -119,9 +93,9 @@ constexpr bool kNcclBuilt = false;
 
 int visible_gpus() { return at::hasCUDA() ? static_cast<int>(at::getNumGPUs()) : 0; }
 
-// GPUs are used only when every rank on this node has one of its own: NCCL refuses two ranks on
-// one GPU, and a node where rank 0 took the GPU while ranks 1-3 fell back to the CPU would mix
-// backends within one job. Every rank of the node sees the same count, so all decide alike.
+// A rank has a GPU of its own when its node has one for every local rank: NCCL refuses two ranks
+// on one GPU. This is the rank's vote; the job uses GPUs only when every rank votes yes
+// (Note [One device choice per job]).
 bool gpu_for_every_local_rank(const DistEnv& env) {
   return visible_gpus() > 0 && visible_gpus() >= env.local_world_size;
 }
@@ -159,35 +133,39 @@ c10::intrusive_ptr<detail::C10dGroup> detail::make_nccl(const c10::intrusive_ptr
 
 namespace {
 
-Backend resolve_backend(Backend asked, const DistEnv& env) {
-  const bool nccl_ok = kNcclBuilt && gpu_for_every_local_rank(env);
-  switch (asked) {
-    case Backend::kAuto:
-      if (kNcclBuilt && !nccl_ok && visible_gpus() > 0 && env.local_rank == 0) {
-        std::cerr << "cpprun: " << too_few_gpus(env) << ": every rank uses the CPU and Gloo. Launch "
-                     "--nproc_per_node=" << visible_gpus() << " to train on the GPUs, or set "
-                     "CUDA_VISIBLE_DEVICES= to hide them and silence this.\n";
-      }
-      return nccl_ok ? Backend::kNccl : Backend::kGloo;
-    case Backend::kGloo: return Backend::kGloo;
-    case Backend::kNccl:
+// Backend::kNccl fails here, on the rank that cannot use it, before it joins the others.
+void check_nccl_possible(const DistEnv& env) {
 #ifndef CPPRUN_WITH_NCCL
-      TORCH_CHECK(false, "cpprun: backend nccl was asked for, but cpprun was built against a "
-                  "LibTorch without CUDA/NCCL. Use Backend::kGloo (or kAuto), or rebuild cpprun "
-                  "against a CUDA LibTorch (see README, 'Building against another LibTorch').");
+  TORCH_CHECK(false, "cpprun: backend nccl was asked for, but cpprun was built against a "
+              "LibTorch without CUDA/NCCL. Use Backend::kGloo (or kAuto), or rebuild cpprun "
+              "against a CUDA LibTorch (see README, 'Building against another LibTorch').");
 #endif
-      TORCH_CHECK(visible_gpus() > 0, "cpprun: backend nccl was asked for, but no GPU is visible to "
-                  "this process (check CUDA_VISIBLE_DEVICES and the driver). Use Backend::kGloo.");
-      TORCH_CHECK(nccl_ok, "cpprun: backend nccl was asked for, but there are ", too_few_gpus(env),
-                  ". Launch --nproc_per_node=", visible_gpus(), ", or use Backend::kGloo.");
-      return Backend::kNccl;
+  TORCH_CHECK(visible_gpus() > 0, "cpprun: backend nccl was asked for, but no GPU is visible to "
+              "this process (check CUDA_VISIBLE_DEVICES and the driver). Use Backend::kGloo.");
+  TORCH_CHECK(gpu_for_every_local_rank(env), "cpprun: backend nccl was asked for, but there are ",
+              too_few_gpus(env), ". Launch --nproc_per_node=", visible_gpus(), ", or use Backend::kGloo.");
+}
+
+// kAuto follows the job-wide vote, so that every rank picks the same backend.
+Backend resolve_backend(Backend asked, const DistEnv& env, bool every_rank_has_gpu) {
+  if (asked != Backend::kAuto) return asked;
+  if (kNcclBuilt && visible_gpus() > 0 && env.local_rank == 0) {
+    if (!gpu_for_every_local_rank(env)) {
+      std::cerr << "cpprun: " << too_few_gpus(env) << ": every rank uses the CPU and Gloo. Launch "
+                   "--nproc_per_node=" << visible_gpus() << " to train on the GPUs, or set "
+                   "CUDA_VISIBLE_DEVICES= to hide them and silence this.\n";
+    } else if (!every_rank_has_gpu) {
+      std::cerr << "cpprun: this node has a GPU for each of its ranks, but another node does not: every "
+                   "rank uses the CPU and Gloo, as one job must use one backend.\n";
+    }
   }
-  return Backend::kGloo;
+  return kNcclBuilt && every_rank_has_gpu ? Backend::kNccl : Backend::kGloo;
 }
 
 // The default group, as torch.distributed's WORLD.
 std::mutex default_mutex;
 std::optional<ProcessGroup> default_pg;
+bool default_pg_has_gpus = false;  // the default group's job-wide vote, for local_device()
 int groups_created = 0;  // names each group's keys in the store; same order on every rank
 
 }  // namespace
@@ -208,7 +186,7 @@ ProcessGroup init_process_group(const ProcessGroupOptions& options) {
   auto impl = std::make_shared<detail::GroupImpl>();
   impl->env = options.env ? *options.env : read_dist_env();
   impl->timeout = options.timeout;
-  impl->backend = resolve_backend(options.backend, impl->env);
+  if (options.backend == Backend::kNccl) check_nccl_possible(impl->env);
   impl->debug_level = options.debug_level ? *options.debug_level : read_debug_level();
   const DistEnv& env = impl->env;
 
@@ -223,7 +201,9 @@ ProcessGroup init_process_group(const ProcessGroupOptions& options) {
   }
   auto root = connect_store(env, options.timeout);
   impl->store = c10::make_intrusive<c10d::PrefixStore>("cpprun/" + std::to_string(group_index), root);
-  wait_for_all_ranks(*impl->store, env, options.timeout);
+  const detail::JoinResult joined =
+      detail::join_ranks(*impl->store, env, options.timeout, gpu_for_every_local_rank(env));
+  impl->backend = resolve_backend(options.backend, env, joined.every_rank_has_gpu);
 
   impl->gloo = detail::make_gloo(impl->store, env, env.rank, env.world_size, options.timeout);
   if (impl->backend == Backend::kNccl) {
@@ -231,7 +211,10 @@ ProcessGroup init_process_group(const ProcessGroupOptions& options) {
   }
   ProcessGroup group = detail::GroupAccess::make(std::move(impl));
   std::lock_guard<std::mutex> lock(default_mutex);
-  if (!default_pg) default_pg = group;
+  if (!default_pg) {
+    default_pg = group;
+    default_pg_has_gpus = joined.every_rank_has_gpu;
+  }
   return group;
 }
 
@@ -258,8 +241,13 @@ int local_rank() {
 }
 
 c10::Device local_device() {
-  const DistEnv env = is_initialized() ? default_group().env() : read_dist_env();
-  if (gpu_for_every_local_rank(env)) {
+  std::optional<bool> job_has_gpus;
+  {
+    std::lock_guard<std::mutex> lock(default_mutex);
+    if (default_pg) job_has_gpus = default_pg_has_gpus;
+  }
+  const DistEnv env = job_has_gpus ? default_group().env() : read_dist_env();
+  if (job_has_gpus ? *job_has_gpus : gpu_for_every_local_rank(env)) {
     return c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(env.local_rank));
   }
   return c10::Device(c10::DeviceType::CPU);

@@ -18,7 +18,7 @@ struct GroupAccess;  // comm/group_impl.h: the library's way to a group's intern
 }  // namespace detail
 
 enum class Backend {
-  kAuto,  // NCCL for CUDA tensors when LibTorch has CUDA and a GPU is visible; Gloo otherwise
+  kAuto,  // NCCL for CUDA tensors when LibTorch has NCCL and every rank has its own GPU; else Gloo
   kGloo,
   kNccl,
 };
@@ -85,8 +85,8 @@ ProcessGroup split_group(const ProcessGroup& parent, int colour, int key = 0);
 int rank();
 int world_size();
 int local_rank();
-// cuda:LOCAL_RANK when this LibTorch has CUDA and the node has a GPU for every local rank (as
-// Backend::kAuto picks NCCL), else cpu on every rank of the node: never a mix.
+// cuda:LOCAL_RANK when this LibTorch has CUDA and every rank of the job has a GPU of its own (the
+// vote Backend::kAuto follows; before init, this node's count decides), else cpu: never a mix.
 c10::Device local_device();
 
 }  // namespace cpprun

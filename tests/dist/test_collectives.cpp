@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "comm/group_impl.h"  // p2p_bytes_sent
+#include "comm/rank_join.h"
 #include "cpprun/cpprun.h"
 #include "dist_test_support.h"
 
@@ -50,6 +51,22 @@ TEST_CASE("collectives: the group matches the launcher's environment", "[collect
   CHECK(cpprun::rank() == env.rank);
   CHECK(cpprun::world_size() == env.world_size);
   CHECK(cpprun::local_device().is_cpu());
+}
+
+// What kAuto and local_device() follow (Note [One device choice per job]). The GPUs of a node
+// cannot be faked on a CPU machine, so the votes are given directly.
+TEST_CASE("collectives: one rank without a GPU makes every rank's answer the CPU", "[collectives]") {
+  const auto& impl = cpprun::detail::impl_of(group());
+  const std::chrono::seconds timeout(30);
+  const auto vote = [&](const std::string& round, bool has_gpu) {
+    c10d::PrefixStore store("gpu_vote/" + round, impl.store);
+    return cpprun::detail::join_ranks(store, impl.env, timeout, has_gpu).every_rank_has_gpu;
+  };
+  CHECK(vote("all", true));
+  CHECK_FALSE(vote("none", false));
+  for (int without = 0; without < impl.env.world_size; ++without) {
+    CHECK_FALSE(vote("without_" + std::to_string(without), impl.env.rank != without));
+  }
 }
 
 TEST_CASE("collectives: all_reduce sum, avg, max, min over sizes and types", "[collectives]") {
