@@ -23,17 +23,30 @@ namespace cpprun::detail {
 namespace {
 
 thread_local int scope_depth = 0;
+thread_local uint64_t current_scope = 0;
+std::atomic<uint64_t> next_scope{1};
 std::atomic<uint64_t> next_seq{1};
 
 struct Entry {
   c10::weak_intrusive_ptr<c10::StorageImpl> storage;
   DeferredOps ops;
+  std::size_t nbytes = 0;
+  c10::Device device = c10::Device(c10::kCPU);
 };
 
+// Note [Dropped draws]
+// A deferred tensor can die unmaterialised while its module is built: a member made by a default
+// initialiser (`Linear a{4, 4};`) and replaced in the constructor. Eager construction drew its
+// random numbers all the same, so the values drawn after it depend on them. Its random records are
+// therefore kept when its entry goes, and replayed (on scratch memory, in recording order) by the
+// next materialisation of tensors recorded in the same deferred_init scope. A dropped draw of a
+// scope with no live deferred tensor left is discarded: nothing of that scope can be materialised
+// any more (a whole model built deferred and thrown away, e.g. before a reseed, draws nothing).
 struct Registry {
   std::mutex mutex;
   std::unordered_map<const c10::StorageImpl*, Entry> entries;
   std::size_t pruned_at = 64;  // entries of tensors dropped unmaterialised are pruned when it doubles
+  std::vector<DroppedDraw> dropped;
 };
 
 Registry& registry() {
@@ -41,13 +54,42 @@ Registry& registry() {
   return r;
 }
 
+bool died(const Entry& entry, const c10::StorageImpl* storage) {
+  return entry.storage.expired() || entry.storage.lock().get() != storage;
+}
+
+// Removes the entry of a storage that died unmaterialised, keeping its draws (the caller holds the mutex).
+std::unordered_map<const c10::StorageImpl*, Entry>::iterator drop_locked(
+    Registry& r, std::unordered_map<const c10::StorageImpl*, Entry>::iterator it) {
+  for (const auto& op : it->second.ops) {
+    if (op->generator) r.dropped.push_back({op, it->second.nbytes, it->second.device});
+  }
+  return r.entries.erase(it);
+}
+
+// Drops the entries of dead storages, then the dropped draws of scopes with no live entry left.
+void sweep_locked(Registry& r) {
+  std::unordered_set<uint64_t> live_scopes;
+  for (auto it = r.entries.begin(); it != r.entries.end();) {
+    if (died(it->second, it->first)) {
+      it = drop_locked(r, it);
+      continue;
+    }
+    for (const auto& op : it->second.ops) live_scopes.insert(op->scope);
+    ++it;
+  }
+  r.dropped.erase(std::remove_if(r.dropped.begin(), r.dropped.end(),
+                                 [&](const DroppedDraw& d) { return live_scopes.count(d.op->scope) == 0; }),
+                  r.dropped.end());
+}
+
 // The entry of a live deferred storage (the caller holds the mutex).
 Entry* find_locked(Registry& r, const c10::StorageImpl* storage) {
   auto it = r.entries.find(storage);
   if (it == r.entries.end()) return nullptr;
   // A storage that died unmaterialised leaves its entry; a new one may reuse its address.
-  if (it->second.storage.expired() || it->second.storage.lock().get() != storage) {
-    r.entries.erase(it);
+  if (died(it->second, storage)) {
+    drop_locked(r, it);
     return nullptr;
   }
   return &it->second;
@@ -57,14 +99,15 @@ void add_entry(const at::Tensor& tensor, std::shared_ptr<const DeferredOp> facto
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
   if (r.entries.size() >= 2 * r.pruned_at) {
-    for (auto it = r.entries.begin(); it != r.entries.end();) {
-      it = it->second.storage.expired() ? r.entries.erase(it) : std::next(it);
-    }
+    sweep_locked(r);
     r.pruned_at = std::max<std::size_t>(64, r.entries.size());
   }
-  Entry entry{c10::weak_intrusive_ptr<c10::StorageImpl>(tensor.storage().getWeakStorageImpl()), {}};
+  const c10::StorageImpl* key = tensor.storage().unsafeGetStorageImpl();
+  find_locked(r, key);  // a dead storage's entry at this address goes first, keeping its draws
+  Entry entry{c10::weak_intrusive_ptr<c10::StorageImpl>(tensor.storage().getWeakStorageImpl()), {},
+              tensor.storage().nbytes(), tensor.device()};
   if (factory) entry.ops.push_back(std::move(factory));
-  r.entries.insert_or_assign(tensor.storage().unsafeGetStorageImpl(), std::move(entry));
+  r.entries.insert_or_assign(key, std::move(entry));
 }
 
 TensorGeometry geometry_of(const at::Tensor& t) {
@@ -189,6 +232,7 @@ void make_factory_output(const c10::OperatorHandle& op, std::size_t device_arg, 
   if (name != "aten::empty" && name != "aten::empty_strided" && name != "aten::empty_permuted") {  // no values to give
     record = std::make_shared<DeferredOp>(op);
     record->seq = next_seq++;
+    record->scope = current_scope;
     record->args = args;
     record->factory = true;
     record->result = geometry_of(tensor);
@@ -223,6 +267,7 @@ void make_converted_copy(const c10::OperatorHandle& op, torch::jit::Stack* stack
   static const c10::OperatorHandle copy = c10::Dispatcher::singleton().findSchemaOrThrow("aten::copy_", "");
   auto record = std::make_shared<DeferredOp>(copy);
   record->seq = next_seq++;
+  record->scope = current_scope;
   record->args = {c10::IValue(), c10::IValue(), c10::IValue(false)};
   record->inputs.push_back({0, tensor.storage().unsafeGetStorageImpl(), c10::Storage(), geometry_of(tensor)});
   record->inputs.push_back({1, source.storage().unsafeGetStorageImpl(), source.storage(), geometry_of(source)});
@@ -239,7 +284,9 @@ void make_converted_copy(const c10::OperatorHandle& op, torch::jit::Stack* stack
 }  // namespace
 
 bool deferred_init_scope_active() { return scope_depth > 0; }
-void enter_deferred_init_scope() { ++scope_depth; }
+void enter_deferred_init_scope() {
+  if (scope_depth++ == 0) current_scope = next_scope++;
+}
 void leave_deferred_init_scope() { --scope_depth; }
 
 bool is_deferred_tensor(const at::Tensor& tensor) {
@@ -261,6 +308,19 @@ void forget_deferred(const c10::StorageImpl* storage) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
   r.entries.erase(storage);
+}
+
+std::vector<DroppedDraw> take_dropped_draws(const std::unordered_set<uint64_t>& scopes, uint64_t before_seq) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  sweep_locked(r);
+  std::vector<DroppedDraw> taken, kept;
+  for (auto& draw : r.dropped) {
+    (scopes.count(draw.op->scope) && draw.op->seq < before_seq ? taken : kept).push_back(std::move(draw));
+  }
+  r.dropped = std::move(kept);
+  std::sort(taken.begin(), taken.end(), [](const auto& a, const auto& b) { return a.op->seq < b.op->seq; });
+  return taken;
 }
 
 bool record_deferred_op(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
@@ -306,6 +366,7 @@ bool record_deferred_op(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
               "random_, bernoulli_, mul_, add_, clamp_, erfinv_, ... on the deferred tensor. ", kMaterialiseHint);
   auto record = std::make_shared<DeferredOp>(op);
   record->seq = next_seq++;
+  record->scope = current_scope;
   record->args.assign(stack->end() - n, stack->end());
   const at::Tensor self = record->args[0].toTensor();
   for (std::size_t i : deferred) {

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -38,6 +39,7 @@ struct DeferredOp {
   };
   explicit DeferredOp(c10::OperatorHandle handle) : op(std::move(handle)) {}
   uint64_t seq = 0;  // recording order, across all deferred tensors
+  uint64_t scope = 0;  // which deferred_init scope (outermost, on its thread) recorded it
   c10::OperatorHandle op;
   std::vector<c10::IValue> args;  // each deferred input's place holds None
   bool factory = false;
@@ -60,5 +62,14 @@ bool is_deferred_tensor(const at::Tensor& tensor);
 std::optional<DeferredOps> deferred_ops_of(const c10::StorageImpl* storage);
 // The storage has its memory and values now: ops on it run as usual.
 void forget_deferred(const c10::StorageImpl* storage);
+
+// A random draw recorded on a deferred tensor that died unmaterialised (Note [Dropped draws]).
+struct DroppedDraw {
+  std::shared_ptr<const DeferredOp> op;
+  std::size_t nbytes = 0;  // of the storage it wrote
+  c10::Device device = c10::Device(c10::kCPU);
+};
+// Hands over, by seq, the dropped draws recorded in one of `scopes` before `before_seq`.
+std::vector<DroppedDraw> take_dropped_draws(const std::unordered_set<uint64_t>& scopes, uint64_t before_seq);
 
 }  // namespace cpprun::detail

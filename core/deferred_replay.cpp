@@ -78,7 +78,16 @@ DeferredReplay::DeferredReplay(const std::vector<std::vector<at::Tensor>>& group
       }
     }
   }
-  snapshots_ = needs_snapshots();
+  std::unordered_set<uint64_t> scopes;
+  uint64_t last_draw = 0;
+  for (const auto& item : entries_) {
+    for (const auto& op : item.second.ops) {
+      scopes.insert(op->scope);
+      if (op->generator) last_draw = std::max(last_draw, op->seq);
+    }
+  }
+  dropped_ = take_dropped_draws(scopes, last_draw);
+  snapshots_ = !dropped_.empty() || needs_snapshots();
   if (snapshots_) take_snapshots();
 }
 
@@ -123,21 +132,27 @@ bool DeferredReplay::needs_snapshots() const {
 }
 
 void DeferredReplay::take_snapshots() {
-  std::vector<std::pair<const DeferredOp*, const Entry*>> draws;
+  struct Draw {
+    const DeferredOp* op;
+    std::size_t nbytes;
+    c10::Device device;
+  };
+  std::vector<Draw> draws;
   for (const auto& item : entries_) {
     for (const auto& op : item.second.ops) {
-      if (op->generator) draws.emplace_back(op.get(), &item.second);
+      if (op->generator) draws.push_back({op.get(), item.second.nbytes, item.second.device});
     }
   }
-  std::sort(draws.begin(), draws.end(), [](const auto& a, const auto& b) { return a.first->seq < b.first->seq; });
+  for (const auto& d : dropped_) draws.push_back({d.op.get(), d.nbytes, d.device});
+  std::sort(draws.begin(), draws.end(), [](const Draw& a, const Draw& b) { return a.op->seq < b.op->seq; });
   std::vector<at::Generator> generators;
-  for (const auto& [op, entry] : draws) {
+  for (const auto& [op, nbytes, device] : draws) {
     const at::Generator& generator = *op->generator;
     state_before_[op] = state_of(generator);
     if (std::find(generators.begin(), generators.end(), generator) == generators.end()) generators.push_back(generator);
     // Draw as eager construction did, into scratch memory the size of the tensor's storage.
     std::vector<c10::IValue> stack = op->args;
-    if (!op->factory) stack[op->inputs.front().index] = over(scratch(entry->nbytes, entry->device), written(*op));
+    if (!op->factory) stack[op->inputs.front().index] = over(scratch(nbytes, device), written(*op));
     call(*op, std::move(stack));
   }
   for (const auto& generator : generators) final_states_.emplace_back(generator, state_of(generator));

@@ -7,7 +7,8 @@
 //  - otherwise a first pass runs every random draw in recording order on scratch memory (one
 //    tensor at a time) and keeps each draw's generator state (a few KiB), which the groups then
 //    start their draws from.
-// Either way the generators end where eager construction leaves them.
+// Either way the generators end where eager construction leaves them. The draws of deferred
+// tensors that died before materialisation take part in the first pass (Note [Dropped draws]).
 #pragma once
 
 #include <ATen/core/Generator.h>
@@ -57,6 +58,7 @@ class DeferredReplay {
   std::unordered_map<const c10::StorageImpl*, Entry> entries_;
   std::size_t next_group_ = 0;
   bool snapshots_ = false;
+  std::vector<DroppedDraw> dropped_;  // replayed in the first pass only
   std::unordered_map<const DeferredOp*, at::Tensor> state_before_;
   std::vector<std::pair<at::Generator, at::Tensor>> final_states_;
 };

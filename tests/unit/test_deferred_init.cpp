@@ -62,6 +62,17 @@ struct Mixed : torch::nn::Module {
   }
 };
 
+// Members built by default initialisers, one of them replaced in the constructor: eager
+// construction drew the replaced Linear's random numbers too (Note [Dropped draws]).
+struct Replaced : torch::nn::Module {
+  torch::nn::Linear a{4, 4};
+  torch::nn::Linear b{5, 3};
+  Replaced() {
+    a = register_module("a", torch::nn::Linear(3, 3));
+    register_module("b", b);
+  }
+};
+
 void check_same_state(torch::nn::Module& eager, torch::nn::Module& deferred) {
   const auto a = eager.named_parameters(), b = deferred.named_parameters();
   REQUIRE(a.size() == b.size());
@@ -133,6 +144,20 @@ TEST_CASE("deferred_init: materialize gives eager values, module by module", "[d
     check_materialize_gives_eager_values([] { return std::make_shared<TiedLm>(); });
   }
   SECTION("all of them in one model") { check_materialize_gives_eager_values([] { return std::make_shared<Mixed>(); }); }
+}
+
+TEST_CASE("deferred_init: a member replaced in the constructor still draws, as eager construction does",
+          "[deferred_init]") {
+  // A deferred model thrown away first: its scope is gone, so its draws must not be replayed.
+  torch::manual_seed(3);
+  { auto unused = cpprun::deferred_init([] { return std::make_shared<Replaced>(); }); }
+  check_materialize_gives_eager_values([] { return std::make_shared<Replaced>(); });
+  check_materialize_gives_eager_values([] {  // the replaced member inside a submodule
+    auto outer = std::make_shared<torch::nn::Module>();
+    outer->register_module("first", torch::nn::Linear(2, 2));
+    outer->register_module("replaced", std::make_shared<Replaced>());
+    return outer;
+  });
 }
 
 TEST_CASE("deferred_init: the materialised tied module still shares one tensor and trains", "[deferred_init]") {
