@@ -17,7 +17,7 @@
 #include <system_error>
 #include <utility>
 
-#include "rendezvous/link_auth.h"
+#include "rendezvous/job_secret.h"
 #include "rendezvous/rendezvous_settings.h"
 
 namespace cpprun::launcher {

@@ -33,7 +33,7 @@ class OwnedFd {
 };
 
 // One agent-to-agent connection. It proves the job secret first (Note [Agent authentication] in
-// link_auth.h) and only then hands out messages; send() before that is queued until it is proven.
+// job_secret.h) and only then hands out messages; send() before that is queued until it is proven.
 class NodeLink {
  public:
   // Takes a connected socket; `peer` ("10.0.0.2:41234") is for messages. `secret` is the job's

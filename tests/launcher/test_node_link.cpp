@@ -11,7 +11,7 @@
 #include <algorithm>
 #include <functional>
 
-#include "rendezvous/link_auth.h"
+#include "rendezvous/job_secret.h"
 #include "rendezvous/node_link.h"
 #include "rendezvous/pending_links.h"
 
