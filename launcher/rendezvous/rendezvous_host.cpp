@@ -13,7 +13,6 @@
 #include "command_line/host_facts.h"
 #include "rendezvous/node_link.h"
 #include "rendezvous/node_rendezvous.h"
-#include "rendezvous/pending_links.h"
 #include "workers/restart_pacer.h"
 
 namespace cpprun::launcher {

@@ -13,7 +13,6 @@
 
 #include "rendezvous/job_secret.h"
 #include "rendezvous/node_link.h"
-#include "rendezvous/pending_links.h"
 
 using namespace cpprun::launcher;
 
