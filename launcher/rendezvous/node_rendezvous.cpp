@@ -244,15 +244,9 @@ std::string rank_range(int base_rank, int local_world_size) {
 }
 
 std::string seconds_text(std::chrono::milliseconds ms) {
-  const long long whole = ms.count() / 1000;
-  const long long millis = ms.count() % 1000;
-  std::string text = std::to_string(whole);
-  if (millis != 0) {
-    std::string fraction = std::to_string(millis + 1000).substr(1);
-    while (fraction.back() == '0') fraction.pop_back();
-    text += "." + fraction;
-  }
-  return text + " s";
+  std::string fraction = std::to_string(ms.count() % 1000 + 1000).substr(1);  // "050" for 1.05 s
+  fraction.erase(fraction.find_last_not_of('0') + 1);
+  return std::to_string(ms.count() / 1000) + (fraction.empty() ? "" : "." + fraction) + " s";
 }
 
 HostLookup look_up_host(const std::string& host) {

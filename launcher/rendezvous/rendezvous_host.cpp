@@ -187,9 +187,8 @@ class RendezvousHost final : public NodeRendezvous {
       n.group_rank = -1;  // numbered again when the round starts
     }
     while (!queued_.empty() && count() < settings_.max_nodes) {
-      nodes_.push_back(std::move(queued_.front()));
+      nodes_.push_back(std::move(queued_.front()));  // still kJoined: a queued node has no news
       queued_.erase(queued_.begin());
-      nodes_.back().state = NodeState::kJoined;
     }
     last_call_.reset();
     count_changed();
@@ -293,12 +292,12 @@ class RendezvousHost final : public NodeRendezvous {
         std::cerr << "cpprun: all " << count() << " nodes joined at " << settings_.endpoint() << "; " << own.world_size
                   << " workers (" << ranks << ")\n";
       }
-      return own;
+    } else {
+      std::cerr << "cpprun: rendezvous round " << round_ << " complete at " << settings_.endpoint() << ": " << count()
+                << (count() == 1 ? " node" : " nodes") << " of " << settings_.nnodes_flag() << ", " << own.world_size
+                << (own.world_size == 1 ? " worker (" : " workers (") << ranks << "), MASTER_PORT=" << master_port
+                << "\n";
     }
-    std::cerr << "cpprun: rendezvous round " << round_ << " complete at " << settings_.endpoint() << ": " << count()
-              << (count() == 1 ? " node" : " nodes") << " of " << settings_.nnodes_flag() << ", " << own.world_size
-              << (own.world_size == 1 ? " worker (" : " workers (") << ranks << "), MASTER_PORT=" << master_port
-              << "\n";
     return own;
   }
 
@@ -380,11 +379,6 @@ class RendezvousHost final : public NodeRendezvous {
     return pending_signal_ != 0;
   }
 
-  void refuse(NodeLink& link, const std::string& why) {
-    std::cerr << "cpprun: warning: refused the agent at " << link.peer() << ": " << why << "\n";
-    link.send(NodeMessage::make_exit({2, false, "cpprun: " + title() + " refused this agent: " + why}));
-  }
-
   // Why an agent that introduced itself with `message` cannot join this job; "" when it can. Every
   // mismatch names both values.
   std::string refusal(const NodeMessage& message) const {
@@ -433,7 +427,11 @@ class RendezvousHost final : public NodeRendezvous {
   }
 
   void admit(NodeLink link, const NodeMessage& message) {
-    if (const std::string why = refusal(message); !why.empty()) return refuse(link, why);
+    if (const std::string why = refusal(message); !why.empty()) {
+      std::cerr << "cpprun: warning: refused the agent at " << link.peer() << ": " << why << "\n";
+      link.send(NodeMessage::make_exit({2, false, "cpprun: " + title() + " refused this agent: " + why}));
+      return;
+    }
     Node node{std::move(link), message.hello, NodeState::kJoined, -1};
     if (phase_ == Phase::kGathering && count() < settings_.max_nodes) {
       // static: nodes_ stays ordered by --node_rank, which makes the group ranks the node ranks.
