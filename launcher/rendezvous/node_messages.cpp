@@ -40,15 +40,13 @@ std::optional<std::string> unescape(const std::string& word) {
   for (std::size_t i = 0; i < word.size(); ++i) {
     if (word[i] != '%') {
       out += word[i];
-      continue;
-    }
-    // '%' needs two hex digits after it.
-    if (i + 2 >= word.size() || !std::isxdigit(static_cast<unsigned char>(word[i + 1])) ||
-        !std::isxdigit(static_cast<unsigned char>(word[i + 2]))) {
+    } else if (i + 2 < word.size() && std::isxdigit(static_cast<unsigned char>(word[i + 1])) &&
+               std::isxdigit(static_cast<unsigned char>(word[i + 2]))) {  // '%' needs two hex digits
+      out += static_cast<char>(std::stoi(word.substr(i + 1, 2), nullptr, 16));
+      i += 2;
+    } else {
       return std::nullopt;
     }
-    out += static_cast<char>(std::stoi(word.substr(i + 1, 2), nullptr, 16));
-    i += 2;
   }
   return out;
 }
