@@ -17,7 +17,6 @@
 #include "command_line/host_facts.h"
 #include "workers/job_process_tree.h"
 #include "command_line/launch_config.h"
-#include "rendezvous/meeting_host.h"
 #include "rendezvous/multi_node_agent.h"
 #include "rendezvous/node_rendezvous.h"
 #include "command_line/program_command.h"

@@ -1,10 +1,19 @@
-// Reading and checking the job secret; see job_secret.h.
+// Reading and checking the job secret, and HMAC-SHA-256 through OpenSSL's libcrypto for the proofs
+// made with it; see Note [Agent authentication] in job_secret.h.
 #include "rendezvous/job_secret.h"
 
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <sys/random.h>
+
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <stdexcept>
+#include <system_error>
 
 #include "command_line/launch_config.h"
 
@@ -29,6 +38,30 @@ std::string read_secret_file(const std::string& path) {
   // A file written by `echo` or an editor ends in a newline that is not part of the secret.
   std::string secret = text.str();
   return secret.erase(secret.find_last_not_of(" \t\r\n") + 1);
+}
+
+std::string hex(const unsigned char* bytes, std::size_t size) {
+  constexpr const char* kDigits = "0123456789abcdef";
+  std::string out;
+  for (std::size_t i = 0; i < size; ++i) out += {kDigits[bytes[i] >> 4], kDigits[bytes[i] & 0xf]};
+  return out;
+}
+
+// The fields are joined with a byte no hex nonce or label contains, so no two different field
+// lists hash the same text.
+std::string hmac_hex(const std::string& key, const std::string& label, const std::string& a, const std::string& b,
+                     std::size_t bytes) {
+  const std::string text = label + '\n' + a + '\n' + b;
+  unsigned char out[EVP_MAX_MD_SIZE];
+  unsigned int size = 0;
+  // An empty key (--no_job_secret) is still a key: HMAC pads it with zeros.
+  static const unsigned char kNoKey = 0;
+  const void* key_bytes = key.empty() ? static_cast<const void*>(&kNoKey) : static_cast<const void*>(key.data());
+  if (HMAC(EVP_sha256(), key_bytes, static_cast<int>(key.size()), reinterpret_cast<const unsigned char*>(text.data()),
+           text.size(), out, &size) == nullptr) {
+    throw std::runtime_error("cpprun: OpenSSL's HMAC-SHA-256 failed");
+  }
+  return hex(out, std::min<std::size_t>(bytes, size));
 }
 
 }  // namespace
@@ -68,6 +101,40 @@ std::string no_secret_warning(const std::string& endpoint) {
   return "cpprun: warning: --no_job_secret: the agents do not authenticate each other; anyone who can reach " +
          endpoint + " or this agent's link port can join the job in a node's place, stop it, or choose its exit "
          "code. Set CPPRUN_JOB_SECRET on every node to prevent that.";
+}
+
+std::string random_nonce() {
+  unsigned char bytes[16];
+  ssize_t n = 0;
+  do {
+    n = getrandom(bytes, sizeof(bytes), 0);  // up to 256 bytes come whole; a signal may end the wait
+  } while (n < 0 && errno == EINTR);
+  if (n != static_cast<ssize_t>(sizeof(bytes))) {
+    throw std::system_error(errno, std::generic_category(), "cpprun: getrandom() for a link nonce");
+  }
+  return hex(bytes, sizeof(bytes));
+}
+
+std::string member_proof(const std::string& secret, const std::string& host_nonce, const std::string& member_nonce) {
+  return hmac_hex(secret, "cpprun member proof", host_nonce, member_nonce, 32);
+}
+
+std::string host_proof(const std::string& secret, const std::string& host_nonce, const std::string& member_nonce) {
+  return hmac_hex(secret, "cpprun host proof", host_nonce, member_nonce, 32);
+}
+
+std::string session_key(const std::string& secret, const std::string& host_nonce, const std::string& member_nonce) {
+  return hmac_hex(secret, "cpprun session key", host_nonce, member_nonce, 32);
+}
+
+std::string message_tag(const std::string& key, LinkDirection direction, std::uint64_t sequence,
+                        const std::string& line) {
+  const char* label = direction == LinkDirection::kHostToMember ? "cpprun host to member" : "cpprun member to host";
+  return hmac_hex(key, label, std::to_string(sequence), line, 16);
+}
+
+bool same_proof(const std::string& a, const std::string& b) {
+  return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
 }
 
 }  // namespace cpprun::launcher

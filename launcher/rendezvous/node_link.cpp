@@ -10,14 +10,14 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <iostream>
 #include <memory>
 #include <system_error>
-#include <utility>
 
-#include "rendezvous/link_auth.h"
+#include "rendezvous/job_secret.h"
 #include "rendezvous/rendezvous_settings.h"
 
 namespace cpprun::launcher {
@@ -41,16 +41,10 @@ bool is_nonce(const std::string& word) {
 // Notices a peer host that vanished without closing the connection (power loss, cable): probes
 // after 10 s of silence, every 5 s, 4 times. Unacknowledged data gives up after 30 s.
 void enable_keepalive(int fd) {
-  struct Option {
-    int level;
-    int name;
-    int value;
-  };
-  for (const Option& o : {Option{SOL_SOCKET, SO_KEEPALIVE, 1}, Option{IPPROTO_TCP, TCP_KEEPIDLE, 10},
-                          Option{IPPROTO_TCP, TCP_KEEPINTVL, 5}, Option{IPPROTO_TCP, TCP_KEEPCNT, 4},
-                          Option{IPPROTO_TCP, TCP_USER_TIMEOUT, 30000}, Option{IPPROTO_TCP, TCP_NODELAY, 1}}) {
-    setsockopt(fd, o.level, o.name, &o.value, sizeof(o.value));
-  }
+  static const int kOptions[][3] = {{SOL_SOCKET, SO_KEEPALIVE, 1},         {IPPROTO_TCP, TCP_KEEPIDLE, 10},
+                                    {IPPROTO_TCP, TCP_KEEPINTVL, 5},        {IPPROTO_TCP, TCP_KEEPCNT, 4},
+                                    {IPPROTO_TCP, TCP_USER_TIMEOUT, 30000}, {IPPROTO_TCP, TCP_NODELAY, 1}};
+  for (const auto& [level, name, value] : kOptions) setsockopt(fd, level, name, &value, sizeof(value));
 }
 
 // The IPv4 address in `address`, also when it is an IPv4 peer of a dual-stack socket
@@ -117,15 +111,17 @@ int listen_socket(const sockaddr* address, socklen_t size, bool exclusive) {
   return -1;
 }
 
-}  // namespace
-
-OwnedFd& OwnedFd::operator=(OwnedFd&& other) noexcept {
-  if (this != &other) {
-    reset();
-    fd_ = std::exchange(other.fd_, -1);
-  }
-  return *this;
+// Names only the address; after a few, says that further ones are not shown, so that a stranger
+// cannot flood the console.
+void warn_refused_link(const std::string& peer, const std::string& why) {
+  static int refused = 0;
+  constexpr int kShown = 5;
+  ++refused;
+  if (refused <= kShown) std::cerr << "cpprun: warning: refused a connection from " << peer << ": " << why << "\n";
+  if (refused == kShown) std::cerr << "cpprun: warning: further refused connections are not shown\n";
 }
+
+}  // namespace
 
 void OwnedFd::reset() {
   if (fd_ >= 0) close(fd_);
@@ -173,11 +169,9 @@ bool NodeLink::send(const NodeMessage& message) {
     return true;
   }
   const std::string line = encode_message(message);
-  const LinkDirection direction =
-      side_ == LinkSide::kHost ? LinkDirection::kHostToMember : LinkDirection::kMemberToHost;
+  const auto direction = side_ == LinkSide::kHost ? LinkDirection::kHostToMember : LinkDirection::kMemberToHost;
   const std::uint64_t sequence = sent_++;
-  return write_line(std::to_string(sequence) + " " + message_tag(session_key_, direction, sequence, line) + " " +
-                    line);
+  return write_line(std::to_string(sequence) + " " + message_tag(session_key_, direction, sequence, line) + " " + line);
 }
 
 void NodeLink::open_session() {
@@ -240,8 +234,7 @@ bool NodeLink::check_verdict(const std::string& line, Received& got) {
 bool NodeLink::read_message(const std::string& line, Received& got) {
   const auto first = line.find(' ');
   const auto second = first == std::string::npos ? std::string::npos : line.find(' ', first + 1);
-  const LinkDirection direction =
-      side_ == LinkSide::kHost ? LinkDirection::kMemberToHost : LinkDirection::kHostToMember;
+  const auto direction = side_ == LinkSide::kHost ? LinkDirection::kMemberToHost : LinkDirection::kHostToMember;
   if (second == std::string::npos || line.compare(0, first, std::to_string(received_)) != 0) {
     got.violation = "sent a message out of sequence or without its tag (replayed, or not from this job's agent)";
     return false;
@@ -280,18 +273,14 @@ NodeLink::Received NodeLink::receive() {
     return got;
   }
   char chunk[4096];
-  for (;;) {
-    const ssize_t n = recv(fd_.get(), chunk, sizeof(chunk), 0);
-    if (n > 0) {
-      buffer_.append(chunk, static_cast<std::size_t>(n));
-      if (buffer_.size() > kMaxLine) break;  // read no more than one line's worth from a flood
-      continue;
-    }
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
-    got.closed = true;  // 0: orderly close; else ECONNRESET, ETIMEDOUT (keep-alive), ...
-    break;
+  ssize_t n = 1;
+  while (buffer_.size() <= kMaxLine) {  // no more than one line's worth from a flood
+    n = recv(fd_.get(), chunk, sizeof(chunk), 0);
+    if (n > 0) buffer_.append(chunk, static_cast<std::size_t>(n));
+    if (n == 0 || (n < 0 && errno != EINTR)) break;
   }
+  // 0: an orderly close; else ECONNRESET, ETIMEDOUT (keep-alive), ...
+  if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) got.closed = true;
   std::size_t start = 0;
   bool ok = true;
   for (std::size_t end; ok && (end = buffer_.find('\n', start)) != std::string::npos; start = end + 1) {
@@ -308,18 +297,6 @@ NodeLink::Received NodeLink::receive() {
     fd_.reset();
   }
   return got;
-}
-
-void warn_refused_link(const std::string& peer, const std::string& why) {
-  static int refused = 0;
-  constexpr int kShown = 5;
-  ++refused;
-  if (refused <= kShown) {
-    std::cerr << "cpprun: warning: refused a connection from " << peer << ": " << why << "\n";
-  }
-  if (refused == kShown) {
-    std::cerr << "cpprun: warning: further refused connections are not shown\n";
-  }
 }
 
 LinkListener::LinkListener(bool loopback_only, std::string secret)
@@ -377,6 +354,41 @@ std::optional<NodeLink> LinkListener::accept() {
   if (fd < 0) return std::nullopt;  // nothing waiting, or it went away already
   enable_keepalive(fd);
   return NodeLink(fd, address_text(reinterpret_cast<sockaddr*>(&peer)), LinkSide::kHost, secret_);
+}
+
+void PendingLinks::accept_from(LinkListener& listener) {
+  const auto now = Clock::now();
+  links_.erase(std::remove_if(links_.begin(), links_.end(),
+                              [now](const NodeLink& link) { return link.handshake_overdue(now); }),
+               links_.end());
+  while (std::optional<NodeLink> link = listener.accept()) {
+    if (links_.size() >= kMaxPending) links_.erase(links_.begin());
+    links_.push_back(std::move(*link));
+  }
+}
+
+std::vector<int> PendingLinks::fds() const {
+  std::vector<int> fds;
+  for (const NodeLink& link : links_) fds.push_back(link.fd());
+  return fds;
+}
+
+bool PendingLinks::owns(int fd) const {
+  return std::any_of(links_.begin(), links_.end(), [fd](const NodeLink& link) { return link.fd() == fd; });
+}
+
+std::optional<std::pair<NodeLink, NodeMessage>> PendingLinks::read(int fd) {
+  const auto it = std::find_if(links_.begin(), links_.end(), [fd](const NodeLink& link) { return link.fd() == fd; });
+  if (it == links_.end()) return std::nullopt;
+  NodeLink::Received got = it->receive();
+  if (!got.messages.empty()) {
+    std::pair<NodeLink, NodeMessage> introduced{std::move(*it), std::move(got.messages.front())};
+    links_.erase(it);
+    return introduced;
+  }
+  if (!got.refused.empty()) warn_refused_link(it->peer(), got.refused);
+  if (got.closed) links_.erase(it);
+  return std::nullopt;
 }
 
 ConnectResult connect_link(const std::string& host, int port, std::chrono::milliseconds timeout, int wake_fd,

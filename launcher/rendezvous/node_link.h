@@ -5,6 +5,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -18,13 +19,17 @@ namespace cpprun::launcher {
 // Which end of a link this agent holds: the host accepted it and challenges, the member connected.
 enum class LinkSide { kHost, kMember };
 
-// Closes its descriptor when destroyed; movable, so the classes holding one move by default.
+// Closes its descriptor when destroyed; movable, so the classes holding one move by default. A
+// move-assignment swaps: the source closes the old descriptor when it goes.
 class OwnedFd {
  public:
   explicit OwnedFd(int fd = -1) : fd_(fd) {}
   ~OwnedFd() { reset(); }
   OwnedFd(OwnedFd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
-  OwnedFd& operator=(OwnedFd&& other) noexcept;
+  OwnedFd& operator=(OwnedFd&& other) noexcept {
+    std::swap(fd_, other.fd_);
+    return *this;
+  }
   int get() const { return fd_; }
   void reset();
 
@@ -33,11 +38,11 @@ class OwnedFd {
 };
 
 // One agent-to-agent connection. It proves the job secret first (Note [Agent authentication] in
-// link_auth.h) and only then hands out messages; send() before that is queued until it is proven.
+// job_secret.h) and only then hands out messages; send() before that is queued until it is proven.
 class NodeLink {
  public:
-  // Takes a connected socket; `peer` ("10.0.0.2:41234") is for messages. `secret` is the job's
-  // (empty with --no_job_secret). The host's side sends its challenge at once.
+  // Takes a connected socket; `peer` ("10.0.0.2:41234") is for messages; `secret` is "" with
+  // --no_job_secret. The host's side sends its challenge at once.
   NodeLink(int fd, std::string peer, LinkSide side, std::string secret);
 
   int fd() const { return fd_.get(); }
@@ -85,10 +90,6 @@ class NodeLink {
   std::string buffer_;               // an incomplete line
 };
 
-// Warns of a connection refused for not proving the secret, naming only its address; after a few,
-// says that further ones are not shown, so a stranger cannot flood the console.
-void warn_refused_link(const std::string& peer, const std::string& why);
-
 enum class ListenStatus {
   kListening,  // this process now listens there
   kTaken,      // another process listens there (on this machine)
@@ -126,6 +127,25 @@ struct EndpointListener {
   ListenStatus status = ListenStatus::kFailed;
   std::optional<LinkListener> listener;  // kListening
   std::string error;
+};
+
+// The accepted links whose agents have not introduced themselves yet. Anyone who reaches the port
+// can open one, so they are bounded: at most kMaxPending (the oldest goes first), each dropped if
+// unproven after NodeLink::kHandshakeTimeout, each read at most one line's worth at a time.
+class PendingLinks {
+ public:
+  static constexpr std::size_t kMaxPending = 16;
+
+  // Accepts every connection waiting at `listener`, after dropping the overdue ones.
+  void accept_from(LinkListener& listener);
+  std::vector<int> fds() const;
+  bool owns(int fd) const;
+  // Reads the link on `fd`. Once it has proven the secret and sent its first message, hands both
+  // over; a link that closed or was refused (warned about, naming only its address) is dropped.
+  std::optional<std::pair<NodeLink, NodeMessage>> read(int fd);
+
+ private:
+  std::vector<NodeLink> links_;
 };
 
 enum class ConnectStatus {

@@ -2,6 +2,7 @@
 // fits in one word.
 #include "rendezvous/node_messages.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cstdio>
@@ -16,13 +17,6 @@ namespace {
 constexpr const char* kKindWords[] = {"hello", "gathering", "queued", "start", "done",
                                       "failed", "stopped", "end",    "exit"};
 static_assert(std::size(kKindWords) == static_cast<std::size_t>(MessageKind::kExit) + 1);
-
-std::optional<MessageKind> kind_from_word(const std::string& word) {
-  for (std::size_t i = 0; i < std::size(kKindWords); ++i) {
-    if (word == kKindWords[i]) return static_cast<MessageKind>(i);
-  }
-  return std::nullopt;
-}
 
 // "" is "%", so that every word is non-empty.
 std::string escape(const std::string& text) {
@@ -46,15 +40,13 @@ std::optional<std::string> unescape(const std::string& word) {
   for (std::size_t i = 0; i < word.size(); ++i) {
     if (word[i] != '%') {
       out += word[i];
-      continue;
-    }
-    // '%' needs two hex digits after it.
-    if (i + 2 >= word.size() || !std::isxdigit(static_cast<unsigned char>(word[i + 1])) ||
-        !std::isxdigit(static_cast<unsigned char>(word[i + 2]))) {
+    } else if (i + 2 < word.size() && std::isxdigit(static_cast<unsigned char>(word[i + 1])) &&
+               std::isxdigit(static_cast<unsigned char>(word[i + 2]))) {  // '%' needs two hex digits
+      out += static_cast<char>(std::stoi(word.substr(i + 1, 2), nullptr, 16));
+      i += 2;
+    } else {
       return std::nullopt;
     }
-    out += static_cast<char>(std::stoi(word.substr(i + 1, 2), nullptr, 16));
-    i += 2;
   }
   return out;
 }
@@ -179,51 +171,36 @@ void visit_words(Message& m, Words& w) {
   }
 }
 
-// A message of `kind` about `round`; the make_* below add what their kind carries.
-NodeMessage about(MessageKind kind, int round, JobEnd end = {}) {
-  NodeMessage m;
-  m.kind = kind;
-  m.round = round;
-  m.end = std::move(end);
-  return m;
-}
-
 }  // namespace
 
-NodeMessage NodeMessage::make_hello(const NodeHello& hello) {
-  NodeMessage m = about(MessageKind::kHello, 0);
-  m.hello = hello;
-  return m;
-}
+NodeMessage NodeMessage::make_hello(const NodeHello& hello) { return {MessageKind::kHello, 0, {}, hello}; }
 
 NodeMessage NodeMessage::make_gathering(int round, int nodes, std::vector<int> missing) {
-  NodeMessage m = about(MessageKind::kGathering, round);
+  NodeMessage m{MessageKind::kGathering, round};
   m.nodes = nodes;
   m.missing = std::move(missing);
   return m;
 }
 
 NodeMessage NodeMessage::make_queued(int round, int nodes, bool restarting) {
-  NodeMessage m = about(MessageKind::kQueued, round);
+  NodeMessage m{MessageKind::kQueued, round};
   m.nodes = nodes;
   m.restarting = restarting;
   return m;
 }
 
 NodeMessage NodeMessage::make_start(int round, int restart_count, const RankLayout& layout) {
-  NodeMessage m = about(MessageKind::kStart, round);
+  NodeMessage m{MessageKind::kStart, round};
   m.restart_count = restart_count;
   m.layout = layout;
   return m;
 }
 
-NodeMessage NodeMessage::make_done(int round) { return about(MessageKind::kDone, round); }
-NodeMessage NodeMessage::make_stopped(int round) { return about(MessageKind::kStopped, round); }
-NodeMessage NodeMessage::make_failed(int round, JobEnd end) {
-  return about(MessageKind::kFailed, round, std::move(end));
-}
-NodeMessage NodeMessage::make_end(int round, JobEnd end) { return about(MessageKind::kEnd, round, std::move(end)); }
-NodeMessage NodeMessage::make_exit(JobEnd end) { return about(MessageKind::kExit, 0, std::move(end)); }
+NodeMessage NodeMessage::make_done(int round) { return {MessageKind::kDone, round}; }
+NodeMessage NodeMessage::make_stopped(int round) { return {MessageKind::kStopped, round}; }
+NodeMessage NodeMessage::make_failed(int round, JobEnd end) { return {MessageKind::kFailed, round, std::move(end)}; }
+NodeMessage NodeMessage::make_end(int round, JobEnd end) { return {MessageKind::kEnd, round, std::move(end)}; }
+NodeMessage NodeMessage::make_exit(JobEnd end) { return {MessageKind::kExit, 0, std::move(end)}; }
 
 std::string encode_message(const NodeMessage& m) {
   WordWriter out;
@@ -235,10 +212,10 @@ std::optional<NodeMessage> decode_message(const std::string& line) {
   WordReader in(line);
   std::string word;
   in.text(word);
-  const std::optional<MessageKind> kind = kind_from_word(word);
-  if (!kind) return std::nullopt;
+  const auto kind = std::find(std::begin(kKindWords), std::end(kKindWords), word);
+  if (kind == std::end(kKindWords)) return std::nullopt;
   NodeMessage m;
-  m.kind = *kind;
+  m.kind = static_cast<MessageKind>(kind - std::begin(kKindWords));
   visit_words(m, in);
   if (m.kind == MessageKind::kHello && !in.same_protocol(m.hello.protocol)) return m;  // refused by version
   if (!in.ok() || !in.at_end()) return std::nullopt;
@@ -255,13 +232,9 @@ std::vector<std::string> split_words(const std::string& line) {
   return words;
 }
 
-std::string printable(const std::string& text) {
-  std::string out = text;
-  for (char& c : out) {
-    const auto byte = static_cast<unsigned char>(c);
-    if (byte < 0x20 || byte == 0x7f) c = '?';
-  }
-  return out;
+std::string printable(std::string text) {
+  std::replace_if(text.begin(), text.end(), [](unsigned char c) { return c < 0x20 || c == 0x7f; }, '?');
+  return text;
 }
 
 std::string join_ranks(const std::vector<int>& ranks) {

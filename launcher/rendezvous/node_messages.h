@@ -48,14 +48,14 @@ struct JobEnd {
 
 struct NodeMessage {
   MessageKind kind = MessageKind::kHello;
-  int round = 0;                 // kGathering, kQueued, kStart, kDone, kFailed, kStopped, kEnd
-  NodeHello hello;               // kHello
-  std::vector<int> missing;      // kGathering: static node ranks not joined yet
-  int nodes = 0;                 // kGathering: nodes in the round so far; kQueued: nodes running it
-  bool restarting = false;       // kQueued: the running round is being ended to take this node in
-  int restart_count = 0;         // kStart: TORCHELASTIC_RESTART_COUNT
-  RankLayout layout;             // kStart: group rank and size, ranks, master_port (0: the agent store's)
-  JobEnd end;                    // kFailed, kEnd, kExit
+  int round = 0;               // kGathering, kQueued, kStart, kDone, kFailed, kStopped, kEnd
+  JobEnd end{};                // kFailed, kEnd, kExit
+  NodeHello hello{};           // kHello
+  std::vector<int> missing{};  // kGathering: static node ranks not joined yet
+  int nodes = 0;               // kGathering: nodes in the round so far; kQueued: nodes running it
+  bool restarting = false;     // kQueued: the running round is being ended to take this node in
+  int restart_count = 0;       // kStart: TORCHELASTIC_RESTART_COUNT
+  RankLayout layout{};         // kStart: group rank and size, ranks, master_port (0: the agent store's)
 
   static NodeMessage make_hello(const NodeHello& hello);
   static NodeMessage make_gathering(int round, int nodes, std::vector<int> missing);
@@ -77,7 +77,7 @@ std::optional<NodeMessage> decode_message(const std::string& line);
 std::vector<std::string> split_words(const std::string& line);
 
 // `text` with every control character (and DEL) replaced by '?': what a peer said, safe to print.
-std::string printable(const std::string& text);
+std::string printable(std::string text);
 
 // "1, 3" (for messages to people).
 std::string join_ranks(const std::vector<int>& ranks);

@@ -1,13 +1,181 @@
-// Helpers shared by the sides of the rendezvous.
+// Opening the rendezvous, and what its two sides share. The meeting host's name is resolved once at
+// start-up, retried for a few seconds only while the resolver cannot answer. Then this agent claims
+// its side. static: node 0 hosts. c10d: the first agent that can listen at --rdzv_endpoint hosts;
+// torchrun asks whether the endpoint names this machine, then tries to host there, and listening is
+// that test made atomic, so that several agents on one host (the tests, a single-node elastic job)
+// agree on one host without a race. --rdzv_conf is_host=0/1 overrides it.
 #include "rendezvous/node_rendezvous.h"
 
+#include <netdb.h>
 #include <poll.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <thread>
+
+#include "agent_store/agent_store.h"
+#include "command_line/launch_config.h"
 
 namespace cpprun::launcher {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// How long a resolver that cannot answer (EAI_AGAIN) is given before the job fails.
+constexpr std::chrono::seconds kTemporaryFailureWindow{5};
+constexpr std::chrono::milliseconds kRetryPause{500};
+
+std::string flag_text(const RendezvousSettings& settings) {
+  if (!settings.fixed_ranks()) return "the host of --rdzv_endpoint=" + settings.endpoint();
+  return "--master_addr=" + settings.host;
+}
+
+std::string advice(const RendezvousSettings& settings) {
+  const std::string fix = ": check its spelling, /etc/hosts and DNS, or give the IP address.";
+  if (!settings.fixed_ranks()) {
+    return ". It must name the machine hosting the rendezvous, resolvable on every node" + fix;
+  }
+  if (settings.multi_node()) return ". It must be node 0's host name or IP address, resolvable on every node" + fix;
+  return ". It must be an address of this machine, where worker rank 0 hosts the store (127.0.0.1 by default)" + fix;
+}
+
+// The job-ending signal among the pending ones, or 0; the others are dropped, as no worker runs
+// while the agents rendezvous or decide.
+int take_ending_signal(SignalRelay& relay) {
+  int ending = 0;
+  for (int sig : relay.take_pending()) {
+    if (ends_job(sig) && ending == 0) ending = sig;
+  }
+  return ending;
+}
+
+// While nothing answers where the host will be (it may start last), how often to try again.
+constexpr std::chrono::milliseconds kRetryInterval{100};
+
+// One try to connect to the settings' host:port, for at most 5 s, and a pause after a failure,
+// whose reason goes to `last_error`; a signal cuts both short. False once `deadline` has passed.
+// Plain connects rather than c10d's own retries, so that a signal ends the wait at once.
+bool try_connect(const RendezvousSettings& settings, SignalRelay& relay, Clock::time_point deadline,
+                 std::optional<NodeLink>& link, std::string& last_error) {
+  const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
+  if (left.count() <= 0) return false;
+  const auto try_for = std::min<std::chrono::milliseconds>(left, std::chrono::seconds(5));
+  ConnectResult attempt = connect_link(settings.host, settings.port, try_for, relay.wake_fd(), settings.job_secret);
+  if (attempt.status == ConnectStatus::kConnected) link = std::move(attempt.link);
+  if (attempt.status == ConnectStatus::kFailed) {
+    last_error = attempt.error;
+    pollfd wake{relay.wake_fd(), POLLIN, 0};
+    poll(&wake, 1, static_cast<int>(std::min(left, kRetryInterval).count()));
+  }
+  return true;
+}
+
+// static, node rank > 0: node 0 publishes its links' port as soon as its store runs; a store
+// without it is someone else's.
+int read_link_port(const RendezvousSettings& settings, Clock::time_point deadline) {
+  const auto timeout = std::clamp(std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()),
+                                  std::chrono::milliseconds(1000), kStoreTimeout);
+  std::string value;
+  try {
+    AgentStore store = AgentStore::connect(settings.host, settings.port, timeout);
+    value = store.get(kLinkPortKey);
+  } catch (const AgentStoreError& e) {
+    const std::string what = e.what();
+    if (what.rfind("cpprun:", 0) == 0) throw RendezvousError(what, 1);
+    throw RendezvousError("cpprun: " + settings.endpoint() + " answers, but not as node 0's cpprun agent (no " +
+                              kLinkPortKey + " in its store within " + seconds_text(timeout) +
+                              "): is another job using --master_port=" + std::to_string(settings.port) +
+                              "?\nc10d said: " + what,
+                          1);
+  }
+  try {
+    return std::stoi(value);
+  } catch (const std::exception&) {
+    throw RendezvousError("cpprun: node 0's store at " + settings.endpoint() + " holds " + kLinkPortKey + "='" +
+                              value + "', not a port; is node 0 running the same cpprun version?",
+                          1);
+  }
+}
+
+std::unique_ptr<NodeRendezvous> join_static(const RendezvousSettings& settings, SignalRelay& relay, int& signal,
+                                            Clock::time_point started) {
+  AgentStore::load();  // while node 0 may still be starting
+  const auto deadline = started + settings.join_timeout;
+  std::optional<NodeLink> store_probe;  // closed unused once node 0's store answers
+  std::string last_error;
+  while (!store_probe) {
+    if (!try_connect(settings, relay, deadline, store_probe, last_error)) {
+      throw RendezvousError(
+          "cpprun: rendezvous timed out after " + seconds_text(settings.join_timeout) +
+              " (--rdzv_conf join_timeout): node rank 0 never arrived: nothing answered at " + settings.endpoint() +
+              (last_error.empty() ? "" : " (" + last_error + ")") +
+              ". Start cpprun with --node_rank=0 on the host of --master_addr, with the same --master_port, "
+              "or check that this host can reach that address.",
+          1);
+    }
+    if (!store_probe && (signal = take_ending_signal(relay)) != 0) return nullptr;
+  }
+  const int link_port = read_link_port(settings, deadline);
+  ConnectResult connected = connect_link(settings.host, link_port, kStoreTimeout, relay.wake_fd(), settings.job_secret);
+  if (connected.status == ConnectStatus::kInterrupted && (signal = take_ending_signal(relay)) != 0) return nullptr;
+  if (connected.status != ConnectStatus::kConnected) {
+    throw RendezvousError("cpprun: node " + std::to_string(settings.node_rank) + " reached node 0's store at " +
+                              settings.endpoint() + " but not node 0's agent on port " + std::to_string(link_port) +
+                              " (" + connected.error +
+                              "). cpprun's agents talk over that second port, which node 0's kernel picks; a "
+                              "firewall must let the nodes reach each other on such ports, as Gloo needs too.",
+                          1);
+  }
+  return make_rendezvous_member(settings, std::move(*connected.link), started);
+}
+
+// The first agent that can listen at the endpoint hosts (unless --rdzv_conf is_host says otherwise);
+// the others connect there.
+std::unique_ptr<NodeRendezvous> claim_c10d(const RendezvousSettings& settings, SignalRelay& relay, int& signal,
+                                           Clock::time_point started) {
+  std::string listen_note;  // why this agent does not host
+  std::string last_error;
+  for (;;) {
+    if (settings.is_host.value_or(true)) {
+      EndpointListener listen = LinkListener::at_endpoint(settings.host, settings.port, settings.job_secret);
+      if (listen.status == ListenStatus::kListening) {
+        return make_rendezvous_host(settings, std::move(*listen.listener), started);
+      }
+      if (listen.status == ListenStatus::kFailed) {
+        throw RendezvousError("cpprun: cannot host the c10d rendezvous at " + settings.endpoint() + ": " +
+                                  listen.error + ". Pick another --rdzv_endpoint (the same on every node).",
+                              1);
+      }
+      const bool taken = listen.status == ListenStatus::kTaken;
+      if (settings.is_host.value_or(false)) {
+        throw RendezvousError(
+            "cpprun: --rdzv_conf is_host=1, but this agent cannot listen at " + settings.endpoint() + ": " +
+                (taken ? "another process on this machine listens there already"
+                       : "that address is not one of this machine's") +
+                ". Start the hosting agent on the machine --rdzv_endpoint names, on a free port.",
+            1);
+      }
+      listen_note = taken ? "the port is taken on this machine" : "the address is not this machine's";
+    }
+    std::optional<NodeLink> link;
+    if (!try_connect(settings, relay, started + settings.join_timeout, link, last_error)) {
+      const std::string sep = listen_note.empty() || last_error.empty() ? "" : "; ";
+      throw RendezvousError(
+          "cpprun: rendezvous timed out after " + seconds_text(settings.join_timeout) +
+              " (--rdzv_conf join_timeout): nothing answered at " + settings.endpoint() + " (--rdzv_endpoint) (" +
+              listen_note + sep + last_error +
+              "). Start cpprun with the same --rdzv_endpoint on the machine it names (any node there hosts the "
+              "rendezvous), or check that this host can reach that address.",
+          1);
+    }
+    if (link) return make_rendezvous_member(settings, std::move(*link), started);
+    if ((signal = take_ending_signal(relay)) != 0) return nullptr;
+  }
+}
+
+}  // namespace
 
 const char* backend_name(RendezvousBackend backend) {
   return backend == RendezvousBackend::kC10d ? "c10d" : "static";
@@ -18,14 +186,6 @@ std::string RendezvousSettings::endpoint() const { return endpoint_text(host, po
 std::string RendezvousSettings::nnodes_flag() const {
   if (fixed_ranks()) return "--nnodes=" + std::to_string(max_nodes);
   return "--nnodes=" + std::to_string(min_nodes) + ":" + std::to_string(max_nodes);
-}
-
-int take_ending_signal(SignalRelay& relay) {
-  int ending = 0;
-  for (int sig : relay.take_pending()) {
-    if (ends_job(sig) && ending == 0) ending = sig;
-  }
-  return ending;
 }
 
 int poll_links(SignalRelay& relay, const std::vector<int>& fds, int timeout_ms,
@@ -84,15 +244,51 @@ std::string rank_range(int base_rank, int local_world_size) {
 }
 
 std::string seconds_text(std::chrono::milliseconds ms) {
-  const long long whole = ms.count() / 1000;
-  const long long millis = ms.count() % 1000;
-  std::string text = std::to_string(whole);
-  if (millis != 0) {
-    std::string fraction = std::to_string(millis + 1000).substr(1);
-    while (fraction.back() == '0') fraction.pop_back();
-    text += "." + fraction;
+  std::string fraction = std::to_string(ms.count() % 1000 + 1000).substr(1);  // "050" for 1.05 s
+  fraction.erase(fraction.find_last_not_of('0') + 1);
+  return std::to_string(ms.count() / 1000) + (fraction.empty() ? "" : "." + fraction) + " s";
+}
+
+HostLookup look_up_host(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* list = nullptr;
+  const int rc = getaddrinfo(host.c_str(), nullptr, &hints, &list);
+  if (list != nullptr) freeaddrinfo(list);
+  if (rc == 0) return {};
+  return {rc == EAI_AGAIN ? HostLookup::Result::kTemporary : HostLookup::Result::kUnknown, gai_strerror(rc)};
+}
+
+void check_meeting_host_resolves(const RendezvousSettings& settings,
+                                 const std::function<HostLookup(const std::string&)>& look_up) {
+  const auto give_up = std::chrono::steady_clock::now() + kTemporaryFailureWindow;
+  for (;;) {
+    const HostLookup lookup = look_up(settings.host);
+    switch (lookup.result) {
+      case HostLookup::Result::kResolved:
+        return;
+      case HostLookup::Result::kUnknown:
+        throw UsageError("cannot resolve " + flag_text(settings) + ": " + lookup.error + advice(settings));
+      case HostLookup::Result::kTemporary:
+        if (std::chrono::steady_clock::now() >= give_up) {
+          throw RendezvousError("cpprun: cannot resolve " + flag_text(settings) + ": " + lookup.error +
+                                    " (the resolver gave no answer for " + seconds_text(kTemporaryFailureWindow) +
+                                    ")" + advice(settings),
+                                1);
+        }
+        // Before the signal relay exists: Ctrl-C simply ends cpprun, with nothing started yet.
+        std::this_thread::sleep_for(kRetryPause);
+        break;
+    }
   }
-  return text + " s";
+}
+
+std::unique_ptr<NodeRendezvous> open_rendezvous(const RendezvousSettings& settings, SignalRelay& relay, int& signal) {
+  const auto started = Clock::now();
+  if (!settings.fixed_ranks()) return claim_c10d(settings, relay, signal, started);
+  if (settings.node_rank != 0) return join_static(settings, relay, signal, started);
+  return make_rendezvous_host(settings, LinkListener(is_loopback_host(settings.host), settings.job_secret), started);
 }
 
 }  // namespace cpprun::launcher

@@ -7,22 +7,21 @@
 //
 // Note [Why links and not store keys]
 // torchrun's agents rendezvous through store keys. Ours only find each other there (node 0
-// publishes a port) and then talk over one TCP link per member (node_link.h): a c10d store cannot
-// tell node 0 that an agent died, wait for the first of several keys, or be interrupted by Ctrl-C,
-// and it is recreated each round (Note [Agent store]). A link's end shows in poll() the moment an
-// agent is killed, in the loop that already watches the workers and the signals.
+// publishes a port), then talk over one TCP link per member (node_link.h): a c10d store cannot tell
+// node 0 that an agent died, wait for the first of several keys, or be interrupted by Ctrl-C, and
+// it is recreated each round (Note [Agent store]). A link's end shows in poll() at once, in the
+// loop that already watches the workers and the signals.
 //
 // Note [Elastic rounds]
 // The host gathers each round anew: round 0 completes when MAX nodes joined, or MIN joined and
 // --rdzv_conf last_call_timeout passed since the MIN-th came (torchrun's rule). Nodes are numbered
 // in join order, the host first. A round ends when a worker fails (counted against --max_restarts),
-// or on a membership change, which is not counted and keeps TORCHELASTIC_RESTART_COUNT: a node
-// joining a job below MAX, or a node lost (a worker failing in the same round is taken for the
-// loss's consequence). A node that comes while the job runs at MAX or is finishing waits for the
-// next round. A loss that leaves fewer than MIN ends the job; a lost node whose workers all
-// succeeded is let go. Losing the host's agent loses the rendezvous: the members fail, as torchrun's
-// do when the c10d store's host dies. static is the same with MIN = MAX, so a lost node ends the
-// job and a latecomer is refused (its --node_rank is taken).
+// or on a membership change, which is not counted: a node joining a job below MAX, or a node lost
+// (a worker failing in the same round is taken for the loss's consequence). A node that comes while
+// the job runs at MAX or is finishing waits for the next round. A loss that leaves fewer than MIN
+// ends the job; a lost node whose workers all succeeded is let go. Losing the host's agent loses the
+// rendezvous, as torchrun's members fail when the c10d store's host dies. static is the same with
+// MIN = MAX: a lost node ends the job and a latecomer is refused (its --node_rank is taken).
 #pragma once
 
 #include <chrono>
@@ -53,6 +52,26 @@ class RendezvousError : public std::runtime_error {
   int exit_code_;
 };
 
+// What getaddrinfo() said about a host name.
+struct HostLookup {
+  enum class Result {
+    kResolved,
+    kUnknown,    // the name does not exist (EAI_NONAME, EAI_NODATA, EAI_FAIL): retrying cannot help
+    kTemporary,  // the resolver could not answer now (EAI_AGAIN: DNS unreachable, say)
+  };
+  Result result = Result::kResolved;
+  std::string error;  // gai_strerror's text, e.g. "Name or service not known"
+};
+
+HostLookup look_up_host(const std::string& host);
+
+// Checked before anything starts, else a misspelt --master_addr shows only after the join timeout,
+// as "nothing answered". Throws UsageError (exit code 2), naming the flag and the host, if
+// settings.host (--master_addr, or c10d's --rdzv_endpoint host) does not exist; RendezvousError
+// (exit code 1) if the resolver gave no answer for about 5 s. `look_up` is for tests.
+void check_meeting_host_resolves(const RendezvousSettings& settings,
+                                 const std::function<HostLookup(const std::string&)>& look_up = look_up_host);
+
 // What the job does once this node's attempt is over.
 struct JobDecision {
   enum class Kind {
@@ -72,11 +91,12 @@ class NodeRendezvous : public PeerEvents {
   virtual std::optional<RankLayout> join(SignalRelay& relay, int& signal) = 0;
 
   // The round being run: every restart and (c10d) every membership change starts one.
-  virtual int round() const = 0;
+  int round() const { return round_; }
   // TORCHELASTIC_RESTART_COUNT: the restarts after worker failures so far.
-  virtual int restart_count() const = 0;
+  int restart_count() const { return restart_count_; }
+  bool attempt_ended() const override { return end_.has_value(); }
   // Why another node ended the attempt; valid once attempt_ended().
-  virtual const JobEnd& peer_end() const = 0;
+  const JobEnd& peer_end() const { return *end_; }
 
   // This node's attempt is over; each tells the other nodes at once, before workers are stopped.
   virtual void report_done() = 0;                          // every local worker succeeded
@@ -86,9 +106,14 @@ class NodeRendezvous : public PeerEvents {
   // Once this node's workers have finished or been stopped (not after report_interrupted): waits
   // for the job's decision; a done node waits here until every node is (the exit barrier).
   virtual JobDecision decide(SignalRelay& relay) = 0;
+
+ protected:
+  int round_ = 0;
+  int restart_count_ = 0;
+  std::optional<JobEnd> end_;  // why the attempt ended
 };
 
-// Finds this agent's side (rendezvous_claim.cpp) and connects it. Returns nullptr when a
+// Finds this agent's side (node_rendezvous.cpp) and connects it. Returns nullptr when a
 // job-ending signal (in `signal`) came first. Throws RendezvousError.
 std::unique_ptr<NodeRendezvous> open_rendezvous(const RendezvousSettings& settings, SignalRelay& relay, int& signal);
 
@@ -99,14 +124,10 @@ std::unique_ptr<NodeRendezvous> make_rendezvous_host(const RendezvousSettings& s
 std::unique_ptr<NodeRendezvous> make_rendezvous_member(const RendezvousSettings& settings, NodeLink link,
                                                        std::chrono::steady_clock::time_point started);
 
-// The key under which node 0 publishes the port of its LinkListener. See Note [Agent store].
+// Where node 0 publishes its LinkListener's port (Note [Agent store]), and the store's timeout to
+// connect and read a key: node 0 is known to be up by then.
 inline constexpr const char* kLinkPortKey = "agent/link_port";
-// The agent store's timeout for connecting and reading a key; node 0 is known to be up by then.
 inline constexpr std::chrono::milliseconds kStoreTimeout{30000};
-
-// The job-ending signal among the pending ones, or 0; the others are dropped, as no worker runs
-// while the agents rendezvous or decide.
-int take_ending_signal(SignalRelay& relay);
 
 // Waits up to timeout_ms for a signal or for data on `fds`. Returns the job-ending signal if one
 // came (links unread); else calls on_readable(fd) for each readable fd and returns 0.
@@ -114,14 +135,15 @@ int poll_links(SignalRelay& relay, const std::vector<int>& fds, int timeout_ms,
                const std::function<void(int)>& on_readable);
 
 // Why the rendezvous timed out. static: the node ranks that `never` came, and those that came and
-// `left` again; c10d: how many nodes `joined`. `source` follows the counts, e.g. " (as node 0 last
-// reported)" in a member, which repeats what the host last told it.
+// `left` again; c10d: how many nodes `joined`. `source` follows, e.g. " (as node 0 last reported)".
 std::string join_timeout_message(const RendezvousSettings& settings, const std::vector<int>& never,
                                  const std::vector<int>& left, int joined, const std::string& source);
 
 // Milliseconds from now until `when`, for poll(): 0 once it has passed.
 int ms_until(std::chrono::steady_clock::time_point when);
 
+// Why an agent's link ended when it sent nothing wrong.
+inline constexpr const char* kAgentGone = "is gone: it was killed, or its host or network went down";
 // "the agent of node 1 (10.0.0.2:41234)"; without the address when `peer` is empty.
 std::string describe_agent(int node_rank, const std::string& peer);
 // "rank 4", "ranks 4-7": a node's workers.

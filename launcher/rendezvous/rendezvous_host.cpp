@@ -13,7 +13,6 @@
 #include "command_line/host_facts.h"
 #include "rendezvous/node_link.h"
 #include "rendezvous/node_rendezvous.h"
-#include "rendezvous/pending_links.h"
 #include "workers/restart_pacer.h"
 
 namespace cpprun::launcher {
@@ -50,7 +49,7 @@ class RendezvousHost final : public NodeRendezvous {
 
   std::optional<RankLayout> join(SignalRelay& relay, int& signal) override {
     if (!settings_.fixed_ranks()) {
-      std::cerr << "cpprun: this agent hosts the c10d rendezvous at " << endpoint() << " (--rdzv_id="
+      std::cerr << "cpprun: this agent hosts the c10d rendezvous at " << settings_.endpoint() << " (--rdzv_id="
                 << settings_.run_id << ", " << settings_.nnodes_flag() << ")\n";
     }
     std::optional<RankLayout> layout = gather(relay, started_);
@@ -62,10 +61,6 @@ class RendezvousHost final : public NodeRendezvous {
     return layout;
   }
 
-  int round() const override { return round_; }
-  int restart_count() const override { return restart_count_; }
-  const JobEnd& peer_end() const override { return *end_; }
-
   std::vector<int> fds() const override {
     std::vector<int> fds;
     for (const Node& n : nodes_) fds.push_back(n.link.fd());
@@ -76,10 +71,7 @@ class RendezvousHost final : public NodeRendezvous {
   }
 
   void on_readable(int fd) override {
-    if (fd == listener_.fd()) {
-      pending_.accept_from(listener_);
-      return;
-    }
+    if (fd == listener_.fd()) return pending_.accept_from(listener_);
     if (pending_.owns(fd)) {
       if (auto introduced = pending_.read(fd)) admit(std::move(introduced->first), introduced->second);
       return;
@@ -92,7 +84,6 @@ class RendezvousHost final : public NodeRendezvous {
     }
   }
 
-  bool attempt_ended() const override { return end_.has_value(); }
   void report_done() override { self_done_ = true; }
   void report_failed(const JobEnd& end) override { end_round(RoundEnd::kWorkerFailed, end); }
   void report_interrupted(const JobEnd& end) override {
@@ -139,7 +130,6 @@ class RendezvousHost final : public NodeRendezvous {
     kJoined,   // in the round being gathered
     kRunning,  // its workers run this round
     kDone,     // its workers all succeeded this round
-    kFailed,   // it reported a failure this round
     kStopped,  // its workers of this round are stopped
   };
 
@@ -152,12 +142,12 @@ class RendezvousHost final : public NodeRendezvous {
 
   enum class Phase { kGathering, kRunning };
 
-  std::string endpoint() const { return settings_.endpoint(); }
   int count() const { return 1 + static_cast<int>(nodes_.size()); }  // this node too
 
   // How the members and the console name this agent.
   std::string title() const {
-    return settings_.fixed_ranks() ? describe_agent(0, "") : "the agent hosting the rendezvous at " + endpoint();
+    if (settings_.fixed_ranks()) return describe_agent(0, "");
+    return "the agent hosting the rendezvous at " + settings_.endpoint();
   }
 
   static std::string describe(const Node& node) {
@@ -197,17 +187,15 @@ class RendezvousHost final : public NodeRendezvous {
       n.group_rank = -1;  // numbered again when the round starts
     }
     while (!queued_.empty() && count() < settings_.max_nodes) {
-      nodes_.push_back(std::move(queued_.front()));
+      nodes_.push_back(std::move(queued_.front()));  // still kJoined: a queued node has no news
       queued_.erase(queued_.begin());
-      nodes_.back().state = NodeState::kJoined;
     }
     last_call_.reset();
     count_changed();
     const auto deadline = since + settings_.join_timeout;
     for (;;) {
-      const bool enough = count() >= settings_.min_nodes;
       if (count() >= settings_.max_nodes || (last_call_ && Clock::now() >= *last_call_) ||
-          (enough && Clock::now() >= deadline)) {
+          (count() >= settings_.min_nodes && Clock::now() >= deadline)) {
         return start_round();
       }
       if (Clock::now() >= deadline) {
@@ -227,7 +215,7 @@ class RendezvousHost final : public NodeRendezvous {
     } else if (!last_call_ && count() < settings_.max_nodes) {
       last_call_ = Clock::now() + settings_.last_call_timeout;
       std::cerr << "cpprun: " << count() << " node" << (count() == 1 ? "" : "s") << " (" << settings_.nnodes_flag()
-                << ") at " << endpoint() << "; starting round " << round_ << " in "
+                << ") at " << settings_.endpoint() << "; starting round " << round_ << " in "
                 << seconds_text(settings_.last_call_timeout) << " unless more join (--rdzv_conf last_call_timeout)\n";
     }
     for (Node& n : nodes_) n.link.send(NodeMessage::make_gathering(round_, count(), missing()));
@@ -301,15 +289,15 @@ class RendezvousHost final : public NodeRendezvous {
     const RankLayout own = layout_of(0);
     if (settings_.fixed_ranks()) {
       if (round_ == 0) {
-        std::cerr << "cpprun: all " << count() << " nodes joined at " << endpoint() << "; " << own.world_size
+        std::cerr << "cpprun: all " << count() << " nodes joined at " << settings_.endpoint() << "; " << own.world_size
                   << " workers (" << ranks << ")\n";
       }
-      return own;
+    } else {
+      std::cerr << "cpprun: rendezvous round " << round_ << " complete at " << settings_.endpoint() << ": " << count()
+                << (count() == 1 ? " node" : " nodes") << " of " << settings_.nnodes_flag() << ", " << own.world_size
+                << (own.world_size == 1 ? " worker (" : " workers (") << ranks << "), MASTER_PORT=" << master_port
+                << "\n";
     }
-    std::cerr << "cpprun: rendezvous round " << round_ << " complete at " << endpoint() << ": " << count() << " node"
-              << (count() == 1 ? "" : "s") << " of " << settings_.nnodes_flag() << ", " << own.world_size
-              << (own.world_size == 1 ? " worker (" : " workers (") << ranks << "), MASTER_PORT=" << master_port
-              << "\n";
     return own;
   }
 
@@ -391,11 +379,6 @@ class RendezvousHost final : public NodeRendezvous {
     return pending_signal_ != 0;
   }
 
-  void refuse(NodeLink& link, const std::string& why) {
-    std::cerr << "cpprun: warning: refused the agent at " << link.peer() << ": " << why << "\n";
-    link.send(NodeMessage::make_exit({2, false, "cpprun: " + title() + " refused this agent: " + why}));
-  }
-
   // Why an agent that introduced itself with `message` cannot join this job; "" when it can. Every
   // mismatch names both values.
   std::string refusal(const NodeMessage& message) const {
@@ -406,7 +389,7 @@ class RendezvousHost final : public NodeRendezvous {
              std::to_string(kNodeProtocolVersion) + "; run the same cpprun version on every node";
     }
     const bool fixed = settings_.fixed_ranks();
-    const std::string where = fixed ? "node 0" : "the job at " + endpoint();
+    const std::string where = fixed ? "node 0" : "the job at " + settings_.endpoint();
     const std::string backend = backend_name(settings_.backend);
     if (h.backend != backend) {
       return "it has --rdzv_backend=" + h.backend + " but " + where + " has --rdzv_backend=" + backend +
@@ -444,7 +427,11 @@ class RendezvousHost final : public NodeRendezvous {
   }
 
   void admit(NodeLink link, const NodeMessage& message) {
-    if (const std::string why = refusal(message); !why.empty()) return refuse(link, why);
+    if (const std::string why = refusal(message); !why.empty()) {
+      std::cerr << "cpprun: warning: refused the agent at " << link.peer() << ": " << why << "\n";
+      link.send(NodeMessage::make_exit({2, false, "cpprun: " + title() + " refused this agent: " + why}));
+      return;
+    }
     Node node{std::move(link), message.hello, NodeState::kJoined, -1};
     if (phase_ == Phase::kGathering && count() < settings_.max_nodes) {
       // static: nodes_ stays ordered by --node_rank, which makes the group ranks the node ranks.
@@ -466,8 +453,9 @@ class RendezvousHost final : public NodeRendezvous {
       std::cerr << "cpprun: " << who << " joined the running job; ending round " << round_ << " to take it in\n";
       end_round(RoundEnd::kNodeJoined,
                 {1, true,
-                 "a new node (" + who + ") joined the job at " + endpoint() + "; restarting every node's workers to "
-                 "take it in (a membership change: not counted against --max_restarts)"});
+                 "a new node (" + who + ") joined the job at " + settings_.endpoint() +
+                     "; restarting every node's workers to take it in (a membership change: not counted against "
+                     "--max_restarts)"});
     } else if (!taken_in) {
       std::cerr << "cpprun: " << who << " joined; it waits for a next round ("
                 << (room ? "the job is finishing" : "the job runs at its maximum of " + settings_.nnodes_flag())
@@ -478,11 +466,7 @@ class RendezvousHost final : public NodeRendezvous {
   void read_node(std::size_t i) {
     NodeLink::Received got = nodes_[i].link.receive();
     for (const NodeMessage& message : got.messages) handle(nodes_[i], message);
-    if (!got.violation.empty()) {
-      lose(i, got.violation);
-    } else if (got.closed) {
-      lose(i, "is gone: it was killed, or its host or network went down");
-    }
+    if (got.closed) lose(i, got.violation.empty() ? kAgentGone : got.violation);  // a violation closes it too
   }
 
   void read_queued(std::size_t i) {
@@ -499,7 +483,6 @@ class RendezvousHost final : public NodeRendezvous {
     if (message.kind == MessageKind::kDone) node.state = NodeState::kDone;
     if (message.kind == MessageKind::kStopped) node.state = NodeState::kStopped;
     if (message.kind == MessageKind::kFailed) {
-      node.state = NodeState::kFailed;
       end_round(message.end.restartable ? RoundEnd::kWorkerFailed : RoundEnd::kFatal, message.end);
     }
   }
@@ -514,9 +497,6 @@ class RendezvousHost final : public NodeRendezvous {
   std::set<int> ever_joined_;        // static: node ranks that joined, for the join time-out's message
   Phase phase_ = Phase::kGathering;
   std::optional<Clock::time_point> last_call_;
-  int round_ = 0;
-  int restart_count_ = 0;
-  std::optional<JobEnd> end_;  // what the nodes were told ended the round
   RoundEnd why_ = RoundEnd::kNone;
   JobEnd decisive_;  // the end that decides: see RoundEnd
   bool self_done_ = false;

@@ -1,5 +1,5 @@
 // A member's side of the rendezvous, static or c10d: connected to the host's agent (see
-// rendezvous_claim.cpp), reports this node's news and follows the host's decisions.
+// node_rendezvous.cpp), reports this node's news and follows the host's decisions.
 #include <algorithm>
 #include <chrono>
 #include <iostream>
@@ -38,19 +38,19 @@ class RendezvousMember final : public NodeRendezvous {
     for (;;) {
       if (start_) {
         const RankLayout layout = take_start();
-        std::cerr << "cpprun: joined the " << hello.backend << " rendezvous at " << endpoint() << " (--rdzv_id="
-                  << settings_.run_id << "): round " << round_ << ", node " << layout.group_rank << " of "
-                  << layout.group_world_size << ", " << rank_range(layout.base_rank, settings_.shape.local_world_size)
+        std::cerr << "cpprun: joined the " << hello.backend << " rendezvous at " << settings_.endpoint()
+                  << " (--rdzv_id=" << settings_.run_id << "): round " << round_ << ", node " << layout.group_rank
+                  << " of " << layout.group_world_size << ", "
+                  << rank_range(layout.base_rank, settings_.shape.local_world_size)
                   << " of WORLD_SIZE=" << layout.world_size << "\n";
         return layout;
       }
       if (decision_) throw verdict_before_start();
       if (!heard_ && Clock::now() >= connected + kFirstWordTimeout) {
-        throw RendezvousError("cpprun: " + link_.peer() + ", reached through " + endpoint() + ", accepted a "
-                                  "connection but did not answer as a cpprun rendezvous host within " +
-                                  std::to_string(kFirstWordTimeout.count()) +
-                                  " s: is another program (or another job's store) using that port? Pick another "
-                                  "port for every node.",
+        throw RendezvousError("cpprun: " + link_.peer() + ", reached through " + settings_.endpoint() +
+                                  ", accepted a connection but did not answer as a cpprun rendezvous host within " +
+                                  seconds_text(kFirstWordTimeout) + ": is another program (or another job's store) "
+                                  "using that port? Pick another port for every node.",
                               1);
       }
       const int left = ms_until(deadline + kVerdictGrace);
@@ -59,13 +59,8 @@ class RendezvousMember final : public NodeRendezvous {
     }
   }
 
-  int round() const override { return round_; }
-  int restart_count() const override { return restart_count_; }
-  const JobEnd& peer_end() const override { return *end_; }
-
   std::vector<int> fds() const override { return link_.fd() >= 0 ? std::vector<int>{link_.fd()} : std::vector<int>{}; }
   void on_readable(int) override { read_link(); }
-  bool attempt_ended() const override { return end_.has_value(); }
 
   void report_done() override {
     self_done_ = true;
@@ -78,11 +73,7 @@ class RendezvousMember final : public NodeRendezvous {
     // Node 0 restarts once every node's workers are stopped; done ones count once the round ended.
     if (!self_done_ || end_) send_stopped();
     for (;;) {
-      if (decision_) {
-        JobDecision decision = *decision_;
-        decision_.reset();
-        return decision;
-      }
+      if (decision_) return *std::exchange(decision_, std::nullopt);
       if (start_) return {JobDecision::Kind::kRestart, take_start(), {}};
       if (const int signal = poll_once(relay, -1); signal != 0) {
         JobEnd end{128 + signal, false, describe_agent(group_rank_, "") + " received " + signal_name(signal)};
@@ -93,14 +84,12 @@ class RendezvousMember final : public NodeRendezvous {
   }
 
  private:
-  std::string endpoint() const { return settings_.endpoint(); }
-
   // The host is silent past the join timeout (c10d: it only enforces the timeout while gathering).
   std::string timeout_message() const {
     if (settings_.fixed_ranks()) return join_timeout_message(settings_, missing_, {}, 0, " (as node 0 last reported)");
     if (!queued_) return join_timeout_message(settings_, {}, {}, status_nodes_, " (as its host last reported)");
     return "cpprun: this node waited " + seconds_text(settings_.join_timeout) +
-           " (--rdzv_conf join_timeout) for a place in the job at " + endpoint() + ", which runs round " +
+           " (--rdzv_conf join_timeout) for a place in the job at " + settings_.endpoint() + ", which runs round " +
            std::to_string(status_round_) + " on " + std::to_string(status_nodes_) + " nodes (" +
            settings_.nnodes_flag() + ") and took it in no new round. Raise --rdzv_conf join_timeout=SECONDS to wait "
            "longer.";
@@ -111,7 +100,7 @@ class RendezvousMember final : public NodeRendezvous {
   RendezvousError verdict_before_start() const {
     const JobEnd& end = decision_->end;
     if (end.exit_code == 0) {
-      return RendezvousError("cpprun: the job at " + endpoint() + " (--rdzv_id=" + settings_.run_id +
+      return RendezvousError("cpprun: the job at " + settings_.endpoint() + " (--rdzv_id=" + settings_.run_id +
                                  ") finished before this node got into a round; nothing ran here",
                              0);
     }
@@ -147,9 +136,7 @@ class RendezvousMember final : public NodeRendezvous {
     NodeLink::Received got = link_.receive();
     for (const NodeMessage& message : got.messages) handle(message);
     if (got.closed && !decision_) {
-      std::string why = !got.refused.empty()     ? got.refused
-                        : !got.violation.empty() ? got.violation
-                                                 : "is gone: it was killed, or its host or network went down";
+      std::string why = !got.refused.empty() ? got.refused : !got.violation.empty() ? got.violation : kAgentGone;
       // See Note [Elastic rounds]: the rendezvous lives in the host's agent.
       why += "; the job cannot go on without the agent that hosts its " + std::string(backend_name(settings_.backend)) +
              " rendezvous";
@@ -163,23 +150,19 @@ class RendezvousMember final : public NodeRendezvous {
     heard_ = true;
     switch (message.kind) {
       case MessageKind::kGathering:
-        missing_ = message.missing;
-        status_round_ = message.round;
-        status_nodes_ = message.nodes;
-        queued_ = false;
-        break;
       case MessageKind::kQueued:
-        if (!queued_) {
-          std::cerr << "cpprun: the job at " << endpoint() << " is running round " << message.round << " on "
+        if (message.kind == MessageKind::kQueued && !queued_) {
+          std::cerr << "cpprun: the job at " << settings_.endpoint() << " is running round " << message.round << " on "
                     << message.nodes << " node" << (message.nodes == 1 ? "" : "s") << "; this node joins it "
                     << (message.restarting ? "now: that round is being ended to take it in"
                                            : "in its next round, if one starts within --rdzv_conf join_timeout "
                                              "(the job is at --nnodes MAX, or finishing)")
                     << "\n";
         }
+        missing_ = message.missing;  // static; a queued node is c10d's
         status_round_ = message.round;
         status_nodes_ = message.nodes;
-        queued_ = true;
+        queued_ = message.kind == MessageKind::kQueued;
         break;
       case MessageKind::kStart:
         start_ = message;
@@ -193,8 +176,7 @@ class RendezvousMember final : public NodeRendezvous {
       case MessageKind::kExit:
         if (!end_) end_ = message.end;
         decision_ = JobDecision{message.end.exit_code == 0 ? JobDecision::Kind::kFinish : JobDecision::Kind::kExit,
-                                {},
-                                message.end};
+                                {}, message.end};
         break;
       default:
         break;  // node 0 sends nothing else
@@ -205,8 +187,6 @@ class RendezvousMember final : public NodeRendezvous {
   const Clock::time_point started_;
   NodeLink link_;
   const std::string host_title_;  // "the agent of node 0 (10.0.0.1:41234)": for messages
-  int round_ = 0;
-  int restart_count_ = 0;
   int group_rank_ = -1;
   std::vector<int> missing_;          // static: the node ranks not joined, as node 0 last reported
   bool heard_ = false;                // the host has said something
@@ -214,7 +194,6 @@ class RendezvousMember final : public NodeRendezvous {
   int status_round_ = 0;              // the round the host last reported
   int status_nodes_ = 1;              // its nodes, as the host last reported
   std::optional<NodeMessage> start_;  // a round's start, not yet taken
-  std::optional<JobEnd> end_;         // why the attempt ended elsewhere
   std::optional<JobDecision> decision_;
   bool self_done_ = false;
   bool stopped_sent_ = false;

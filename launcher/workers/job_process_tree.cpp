@@ -21,7 +21,7 @@
 #include <system_error>
 #include <vector>
 
-#include "rendezvous/link_auth.h"
+#include "rendezvous/job_secret.h"
 #include "workers/worker_process.h"
 
 namespace cpprun::launcher {

@@ -4,7 +4,6 @@
 #include <string>
 
 #include "command_line/launch_config.h"  // UsageError
-#include "rendezvous/meeting_host.h"
 #include "rendezvous/node_rendezvous.h"
 
 using namespace cpprun::launcher;

@@ -11,9 +11,8 @@
 #include <algorithm>
 #include <functional>
 
-#include "rendezvous/link_auth.h"
+#include "rendezvous/job_secret.h"
 #include "rendezvous/node_link.h"
-#include "rendezvous/pending_links.h"
 
 using namespace cpprun::launcher;
 
