@@ -7,7 +7,6 @@
 #include <array>
 #include <climits>
 #include <cstdlib>
-#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -73,18 +72,18 @@ const cpprun_agent_store_api& load_library() {
   return api;
 }
 
-// Loaded once, kept for the life of the process (c10d's threads live in it).
+// Loaded once, kept for the life of the process (c10d's threads live in it). A failure is kept
+// too: loading again would set GLOG_minloglevel again, with other threads running.
 const cpprun_agent_store_api& api() {
-  static std::once_flag once;
-  static const cpprun_agent_store_api* loaded = nullptr;
   static std::string failure;
-  std::call_once(once, [] {
+  static const cpprun_agent_store_api* const loaded = []() -> const cpprun_agent_store_api* {
     try {
-      loaded = &load_library();
+      return &load_library();
     } catch (const AgentStoreError& e) {
       failure = e.what();
+      return nullptr;
     }
-  });
+  }();
   if (loaded == nullptr) throw AgentStoreError(failure);
   return *loaded;
 }

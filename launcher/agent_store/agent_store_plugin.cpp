@@ -7,7 +7,6 @@
 #include <fcntl.h>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
-#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -116,12 +115,7 @@ int get_key(cpprun_agent_store* store, const char* key, char* value, size_t valu
   }) ? 0 : -1;
 }
 
-void close_store(cpprun_agent_store* store) {
-  try {
-    delete store;
-  } catch (...) {
-  }
-}
+void close_store(cpprun_agent_store* store) { delete store; }  // destructors do not throw
 
 }  // namespace
 
