@@ -62,11 +62,8 @@ int pick_free_port() {
 }
 
 HostFacts probe_host() {
-  HostFacts facts;
-  facts.cpu_count = static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
-  facts.gpu_count = count_visible_gpus(count_nvidia_device_nodes(), std::getenv("CUDA_VISIBLE_DEVICES"));
-  facts.pick_free_port = [] { return pick_free_port(); };
-  return facts;
+  return {static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN))),
+          count_visible_gpus(count_nvidia_device_nodes(), std::getenv("CUDA_VISIBLE_DEVICES")), pick_free_port};
 }
 
 }  // namespace cpprun::launcher

@@ -10,20 +10,16 @@ namespace cpprun::launcher {
 namespace {
 
 const OptionSpelling* exact(const std::string& name, const std::vector<OptionSpelling>& options) {
-  for (const OptionSpelling& o : options) {
-    if (o.name == name) return &o;
-  }
-  return nullptr;
+  const auto found = std::find_if(options.begin(), options.end(), [&](const auto& o) { return o.name == name; });
+  return found == options.end() ? nullptr : &*found;
 }
 
 // The first matching spelling of each option that `name` is a prefix of, in declaration order.
 std::vector<const OptionSpelling*> prefixed(const std::string& name, const std::vector<OptionSpelling>& options) {
   std::vector<const OptionSpelling*> found;
   for (const OptionSpelling& o : options) {
-    if (o.name.rfind(name, 0) != 0) continue;
-    bool seen = false;
-    for (const OptionSpelling* f : found) seen = seen || f->option == o.option;
-    if (!seen) found.push_back(&o);
+    const auto same_option = [&](const OptionSpelling* f) { return f->option == o.option; };
+    if (o.name.rfind(name, 0) == 0 && std::none_of(found.begin(), found.end(), same_option)) found.push_back(&o);
   }
   return found;
 }
