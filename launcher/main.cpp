@@ -124,6 +124,7 @@ int main(int argc, char** argv) {
   ensure_standard_fds();
   try {
     const ParsedCommandLine cli = parse_launch_config({argv + 1, argv + argc}, probe_host());
+    if (!cli.scheduler_note.empty()) std::cerr << cli.scheduler_note << std::endl;
     if (cli.outcome == CliOutcome::kShowHelp) {
       std::cout << cli.help_text;
       return 0;

@@ -60,28 +60,11 @@ struct RawOptions {
   bool no_job_secret = false;
 };
 
-std::string with_value(const std::string& flag, const std::string& value) {
-  return flag + "=" + (value.empty() ? "''" : value);
-}
-
-// Whole numbers only ("4", "-1"); "4x", "4.0" and "" are not numbers.
-bool read_int(const std::string& text, long& out) {
-  if (text.empty()) return false;
-  errno = 0;
-  char* end = nullptr;
-  out = std::strtol(text.c_str(), &end, 10);
-  return errno == 0 && end == text.c_str() + text.size();
-}
-
-int parse_int_in_range(const std::string& flag, const std::string& text, long min, long max,
-                       const std::string& meaning, long example) {
-  long value = 0;
-  if (!read_int(text, value) || value < min || value > max) {
-    throw UsageError(with_value(flag, text) + ": expected " + meaning + ", a whole number from " +
-                     std::to_string(min) + " to " + std::to_string(max) + " (e.g. " + flag + "=" +
-                     std::to_string(example) + ")");
-  }
-  return static_cast<int>(value);
+int parse_int_in_range(const std::string& flag, const std::string& text, int min, int max,
+                       const std::string& meaning, int example) {
+  if (const std::optional<int> value = int_in_range(text, min, max)) return *value;
+  throw UsageError(with_value(flag, text) + ": expected " + meaning + ", " + range_text(min, max) + " (e.g. " +
+                   flag + "=" + std::to_string(example) + ")");
 }
 
 int parse_nproc_per_node(const std::string& text, const HostFacts& host) {
@@ -95,16 +78,11 @@ int parse_nproc_per_node(const std::string& text, const HostFacts& host) {
                      ": no NVIDIA GPU is visible (no /dev/nvidiaN, or CUDA_VISIBLE_DEVICES hides them "
                      "all); pass a number of workers, or 'cpu' for one per CPU core");
   }
-  long value = 0;
-  if (!read_int(text, value) || value < 1 || value > 1 << 16) {
-    throw UsageError(with_value(flag, text) +
-                     ": expected the number of workers on this node, a whole number >= 1, or one of "
-                     "auto, cpu, gpu (e.g. --nproc_per_node=4)");
-  }
-  return static_cast<int>(value);
+  if (const std::optional<int> value = int_in_range(text, 1, 1 << 16)) return *value;
+  throw UsageError(with_value(flag, text) +
+                   ": expected the number of workers on this node, a whole number >= 1, or one of "
+                   "auto, cpu, gpu (e.g. --nproc_per_node=4)");
 }
-
-constexpr long kMaxNodes = 1 << 16;
 
 struct NodeRange {
   int min = 1;
@@ -116,19 +94,18 @@ NodeRange parse_nnodes(const std::string& text) {
   const auto colon = text.find(':');
   const std::string min_text = text.substr(0, colon);
   const std::string max_text = colon == std::string::npos ? min_text : text.substr(colon + 1);
-  long min = 0;
-  long max = 0;
-  if (!read_int(min_text, min) || !read_int(max_text, max) || min < 1 || max < 1 || min > kMaxNodes ||
-      max > kMaxNodes) {
+  const std::optional<int> min = int_in_range(min_text, 1, kMaxNodes);
+  const std::optional<int> max = int_in_range(max_text, 1, kMaxNodes);
+  if (!min || !max) {
     throw UsageError(with_value("--nnodes", text) +
                      ": expected the number of nodes, a whole number >= 1 (e.g. --nnodes=2), or torchrun's "
                      "MIN:MAX (e.g. --nnodes=2:4, with --rdzv_backend=c10d)");
   }
-  if (min > max) {
+  if (*min > *max) {
     throw UsageError(with_value("--nnodes", text) + ": MIN is above MAX; write --nnodes=" + max_text + ":" +
                      min_text + " (at least " + max_text + " nodes, at most " + min_text + ")");
   }
-  return {static_cast<int>(min), static_cast<int>(max)};
+  return {*min, *max};
 }
 
 // torchrun's backends: static (a fixed set of nodes meeting at --master_addr:--master_port) and
@@ -174,18 +151,17 @@ void read_rdzv_endpoint(const std::string& text, int example_port, LaunchConfig&
 
 // Decimal numbers ("5", "0.5"); "5s", "nan" and "" are not.
 bool read_double(const std::string& text, double& out) {
-  if (text.empty()) return false;
   errno = 0;
   char* end = nullptr;
   out = std::strtod(text.c_str(), &end);
-  return errno == 0 && end == text.c_str() + text.size() && std::isfinite(out);
+  return !text.empty() && errno == 0 && end == text.c_str() + text.size() && std::isfinite(out);
 }
 
 // 0 to 86400 seconds.
 std::optional<std::chrono::milliseconds> read_seconds(const std::string& text) {
   double seconds = 0;
   if (!read_double(text, seconds) || seconds < 0 || seconds > 86400) return std::nullopt;
-  return std::chrono::milliseconds(static_cast<long long>(std::llround(seconds * 1000)));
+  return std::chrono::milliseconds(std::llround(seconds * 1000));
 }
 
 std::chrono::milliseconds parse_seconds(const std::string& flag, const std::string& text) {
@@ -297,8 +273,7 @@ void validate_rendezvous(const RawOptions& raw, LaunchConfig& config) {
   config.max_nodes = nodes.max;
   config.nnodes = nodes.max;
   if (config.rdzv_backend == RendezvousBackend::kC10d) {
-    long node_rank = 0;
-    if (!read_int(raw.node_rank, node_rank) || node_rank < 0) {
+    if (!int_in_range(raw.node_rank, 0, std::numeric_limits<int>::max())) {
       throw UsageError(with_value("--node_rank", raw.node_rank) + ": expected a whole number >= 0 (with "
                        "--rdzv_backend=c10d it is ignored: nodes are numbered in the order they join)");
     }
@@ -380,17 +355,17 @@ std::string apply_scheduler_defaults(const CLI::App& app, const EnvLookup& env, 
   const int nnodes = nnodes_given ? parse_nnodes(raw.nnodes).max : d.nnodes;
   if (nnodes <= 1) return {};
   std::string taken;
-  if (!nnodes_given) {
-    raw.nnodes = std::to_string(d.nnodes);
-    taken += " --nnodes=" + raw.nnodes;
-  }
+  const auto take = [&](std::string& option, const std::string& flag, const std::string& value) {
+    option = value;
+    taken += " " + with_value(flag, value);
+  };
+  if (!nnodes_given) take(raw.nnodes, "--nnodes", std::to_string(d.nnodes));
   if (!node_rank_given) {
     if (d.node_rank >= nnodes) {
       throw UsageError(d.node_rank_var + "=" + std::to_string(d.node_rank) + " (from " + d.source +
                        ") is not a node rank of --nnodes=" + raw.nnodes + "; pass --node_rank explicitly too");
     }
-    raw.node_rank = std::to_string(d.node_rank);
-    taken += " --node_rank=" + raw.node_rank;
+    take(raw.node_rank, "--node_rank", std::to_string(d.node_rank));
   }
   if (!addr_given) {
     if (!d.master_addr) {
@@ -398,13 +373,9 @@ std::string apply_scheduler_defaults(const CLI::App& app, const EnvLookup& env, 
                        ") does not say where node 0 is: set MASTER_ADDR=HOST in the environment of every "
                        "cpprun, or pass --master_addr=HOST (node 0's address)");
     }
-    raw.master_addr = *d.master_addr;
-    taken += " --master_addr=" + raw.master_addr;
+    take(raw.master_addr, "--master_addr", *d.master_addr);
   }
-  if (!port_given && d.master_port) {
-    raw.master_port = std::to_string(*d.master_port);
-    taken += " --master_port=" + raw.master_port;
-  }
+  if (!port_given && d.master_port) take(raw.master_port, "--master_port", std::to_string(*d.master_port));
   return taken.empty() ? std::string() : "cpprun: from " + d.source + ":" + taken;
 }
 
@@ -467,44 +438,40 @@ void take_program(std::vector<std::string> rest, const std::vector<OptionSpellin
 
 }  // namespace
 
+std::string with_value(const std::string& name, const std::string& value) {
+  return name + "=" + (value.empty() ? "''" : value);
+}
+
+std::optional<int> int_in_range(const std::string& text, long min, long max) {
+  errno = 0;
+  char* end = nullptr;
+  const long value = std::strtol(text.c_str(), &end, 10);
+  if (text.empty() || errno != 0 || end != text.c_str() + text.size() || value < min || value > max) {
+    return std::nullopt;
+  }
+  return static_cast<int>(value);
+}
+
+std::string range_text(long min, long max) {
+  return "a whole number from " + std::to_string(min) + " to " + std::to_string(max);
+}
+
 bool is_multi_node(const LaunchConfig& config) {
   return rendezvous_settings(config).multi_node();
 }
 
 std::string endpoint_text(const LaunchConfig& config) { return endpoint_text(config.master_addr, config.master_port); }
 
-RendezvousSettings rendezvous_settings(const LaunchConfig& config) {
-  RendezvousSettings settings;
-  settings.backend = config.rdzv_backend;
-  settings.min_nodes = config.min_nodes;
-  settings.max_nodes = config.max_nodes;
-  settings.node_rank = config.rdzv_backend == RendezvousBackend::kStatic ? config.node_rank : -1;
-  settings.host = config.master_addr;
-  settings.port = config.master_port;
-  settings.join_timeout = config.join_timeout;
-  settings.last_call_timeout = config.last_call_timeout;
-  settings.is_host = config.is_host;
-  settings.max_restarts = config.max_restarts;
-  settings.restart_backoff = config.restart_backoff;
-  settings.shutdown_timeout = config.shutdown_timeout;
-  settings.run_id = config.run_id;
-  settings.shape = {config.nproc_per_node, config.role};
-  settings.job_secret = config.job_secret;
-  return settings;
+// In the order of RendezvousSettings' and WorkerSettings' fields.
+RendezvousSettings rendezvous_settings(const LaunchConfig& c) {
+  const int node_rank = c.rdzv_backend == RendezvousBackend::kStatic ? c.node_rank : -1;
+  return {c.rdzv_backend, c.min_nodes, c.max_nodes, node_rank, c.master_addr, c.master_port, c.join_timeout,
+          c.last_call_timeout, c.is_host, c.max_restarts, c.restart_backoff, c.shutdown_timeout, c.run_id,
+          {c.nproc_per_node, c.role}, c.job_secret};
 }
 
-WorkerSettings worker_settings(const LaunchConfig& config) {
-  WorkerSettings settings;
-  settings.env = {config.nproc_per_node, config.role,         config.master_addr,
-                  config.master_port,    config.max_restarts, config.run_id};
-  settings.output = config.output;
-  return settings;
-}
-
-ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, const HostFacts& host) {
-  ParsedCommandLine result = parse_launch_config(args, host, process_env());
-  if (!result.scheduler_note.empty()) std::cerr << result.scheduler_note << std::endl;
-  return result;
+WorkerSettings worker_settings(const LaunchConfig& c) {
+  return {{c.nproc_per_node, c.role, c.master_addr, c.master_port, c.max_restarts, c.run_id}, c.output};
 }
 
 ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, const HostFacts& host,

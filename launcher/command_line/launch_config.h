@@ -78,14 +78,14 @@ class UsageError : public std::runtime_error {
 // argparse's (and so torchrun's) code for a bad command line.
 inline constexpr int kUsageExitCode = 2;
 
+// A bound on --nnodes and on the schedulers' node counts.
+inline constexpr int kMaxNodes = 1 << 16;
+
 // `args` is argv without argv[0]. --nnodes, --node_rank, --master_addr and --master_port given
 // neither on the command line nor as PET_<NAME> come from the scheduler's variables in `env`
 // (scheduler_env.h); scheduler_note says which. Throws UsageError.
 ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, const HostFacts& host,
-                                      const EnvLookup& env);
-
-// The same with the process environment; prints scheduler_note, if any, to stderr.
-ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, const HostFacts& host);
+                                      const EnvLookup& env = process_env());
 
 // The agent talks to other nodes' agents: static with nnodes > 1, or c10d (even 1:1, like torchrun).
 bool is_multi_node(const LaunchConfig& config);
@@ -96,5 +96,15 @@ std::string endpoint_text(const LaunchConfig& config);
 // What each component takes of the command line.
 RendezvousSettings rendezvous_settings(const LaunchConfig& config);
 WorkerSettings worker_settings(const LaunchConfig& config);
+
+// How errors quote what was given, for the options and the scheduler's variables alike:
+// "--master_port=http", "--master_addr=''".
+std::string with_value(const std::string& name, const std::string& value);
+
+// `text` if it is a whole number from min to max ("4", "-1"; not "4x", "4.0" or "").
+std::optional<int> int_in_range(const std::string& text, long min, long max);
+
+// "a whole number from 0 to 3", for the errors of int_in_range's callers.
+std::string range_text(long min, long max);
 
 }  // namespace cpprun::launcher

@@ -2,30 +2,18 @@
 #include "command_line/scheduler_env.h"
 
 #include <cctype>
-#include <cerrno>
-#include <cstdlib>
+
+#include "command_line/launch_config.h"  // with_value, int_in_range, kMaxNodes
 
 namespace cpprun::launcher {
 namespace {
 
-std::string shown(const std::string& variable, const std::string& value) {
-  return variable + "=" + (value.empty() ? "''" : value);
-}
-
 // A whole number from min to max, or an error naming the variable, its value and what it should be.
 int read_number(const EnvLookup& env, const std::string& variable, long min, long max, const std::string& meaning) {
   const std::string text = env(variable).value_or("");
-  errno = 0;
-  char* end = nullptr;
-  const long value = text.empty() ? 0 : std::strtol(text.c_str(), &end, 10);
-  if (text.empty() || errno != 0 || end != text.c_str() + text.size() || value < min || value > max) {
-    throw SchedulerEnvError(shown(variable, text) + ": expected " + meaning + ", a whole number from " +
-                            std::to_string(min) + " to " + std::to_string(max));
-  }
-  return static_cast<int>(value);
+  if (const std::optional<int> value = int_in_range(text, min, max)) return *value;
+  throw SchedulerEnvError(with_value(variable, text) + ": expected " + meaning + ", " + range_text(min, max));
 }
-
-constexpr long kMaxNodes = 1 << 16;
 
 // Fills node_rank after nnodes, checking that it fits.
 void read_nodes(const EnvLookup& env, SchedulerDefaults& d, const std::string& nnodes_var,
@@ -34,7 +22,7 @@ void read_nodes(const EnvLookup& env, SchedulerDefaults& d, const std::string& n
   d.nnodes = read_number(env, nnodes_var, 1, kMaxNodes, "the number of nodes");
   d.node_rank_var = node_rank_var;
   d.node_rank = read_number(env, node_rank_var, 0, d.nnodes - 1,
-                            "this node's rank among " + shown(nnodes_var, std::to_string(d.nnodes)));
+                            "this node's rank among " + with_value(nnodes_var, std::to_string(d.nnodes)));
 }
 
 void read_master(const EnvLookup& env, SchedulerDefaults& d) {
@@ -51,8 +39,8 @@ SchedulerDefaults from_slurm(const EnvLookup& env) {
   // srun sets the step's task count; cpprun starts a node's workers itself, so one task per node.
   const auto tasks = env("SLURM_STEP_NUM_TASKS");
   if (tasks && *tasks != std::to_string(d.nnodes)) {
-    throw SchedulerEnvError(shown("SLURM_STEP_NUM_TASKS", *tasks) + " with " +
-                            shown("SLURM_NNODES", std::to_string(d.nnodes)) +
+    throw SchedulerEnvError(with_value("SLURM_STEP_NUM_TASKS", *tasks) + " with " +
+                            with_value("SLURM_NNODES", std::to_string(d.nnodes)) +
                             ": cpprun starts each node's workers itself; run one cpprun per node "
                             "(srun --ntasks-per-node=1 cpprun ...), or pass --nnodes/--node_rank/--master_addr");
   }
@@ -64,7 +52,7 @@ SchedulerDefaults from_open_mpi(const EnvLookup& env) {
   SchedulerDefaults d;
   d.source = "Open MPI";
   if (const auto local = env("OMPI_COMM_WORLD_LOCAL_SIZE"); local && *local != "1") {
-    throw SchedulerEnvError(shown("OMPI_COMM_WORLD_LOCAL_SIZE", *local) +
+    throw SchedulerEnvError(with_value("OMPI_COMM_WORLD_LOCAL_SIZE", *local) +
                             ": cpprun starts each node's workers itself; start one cpprun per node "
                             "(mpirun --map-by ppr:1:node cpprun ...), or pass --nnodes/--node_rank/--master_addr");
   }
@@ -88,7 +76,7 @@ bool is_set(const EnvLookup& env, const std::string& name) { return env(name).ha
 
 std::string first_slurm_host(const std::string& nodelist, const std::string& variable) {
   const auto bad = [&](const std::string& why) {
-    return SchedulerEnvError(shown(variable, nodelist) + ": " + why +
+    return SchedulerEnvError(with_value(variable, nodelist) + ": " + why +
                              " (expected a Slurm host list such as node[01-03,07],gpu5); pass --master_addr=HOST");
   };
   std::string host;
