@@ -477,23 +477,18 @@ WorkerSettings worker_settings(const LaunchConfig& c) {
 ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, const HostFacts& host,
                                       const EnvLookup& env) {
   CLI::App app{
-      "Runs PROGRAM as --nproc_per_node local workers with torchrun's environment (RANK, WORLD_SIZE, "
-      "MASTER_ADDR, ...), stops them all when one fails, and restarts the group up to --max_restarts "
-      "times. With --nnodes=K, run it on each of K nodes: the agents meet at node 0 "
-      "(--master_addr:--master_port), number the workers across the nodes, stop every node's workers "
-      "when one fails anywhere, and restart all nodes together. With --rdzv_backend=c10d "
-      "--rdzv_endpoint=HOST:PORT --nnodes=MIN:MAX the nodes meet at the endpoint and may come and go.",
+      "Runs PROGRAM as --nproc_per_node workers with torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, "
+      "...), stops them all when one fails, and restarts them up to --max_restarts times. With --nnodes=K, run "
+      "it on each of K nodes; with --rdzv_backend=c10d and --nnodes=MIN:MAX, nodes may come and go.",
       "cpprun"};
   app.prefix_command();
   app.formatter(std::make_shared<CpprunFormatter>());
   // argparse semantics, which torchrun users rely on: a repeated option's last value wins.
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app.footer(
-      "Everything from PROGRAM on is passed to it untouched, including arguments that look like "
-      "options. Every option may also come from the environment as PET_<NAME>, like torchrun, and a long "
-      "option may be shortened to any unambiguous prefix (--nproc=2), as argparse allows.\n"
-      "Workers' stdout and stderr pass through cpprun, which prints them line by line, each line "
-      "prefixed with the worker's global rank ([rank3]: ...), so lines of different ranks never mix.");
+      "Everything from PROGRAM on is passed to it untouched. As with torchrun, an option may also come from "
+      "PET_<NAME>, and a long option may be cut to an unambiguous prefix (--nproc=2). Each line of the workers' "
+      "output is prefixed with its rank ([rank3]: ...).");
 
   RawOptions raw;
   // Each option is also spelt with dashes for its underscores and read from PET_<NAME>, as torchrun's
@@ -521,84 +516,56 @@ ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, cons
     app.add_flag(spellings(names), value, help)->envname(env_name(names));
   };
   option("--nproc_per_node", raw.nproc_per_node, "N|auto|cpu|gpu",
-         "Workers on this node: a number, 'cpu' (one per CPU core), 'gpu' (one per visible NVIDIA "
-         "GPU) or 'auto' (gpu if there are GPUs, else cpu).");
+         "Workers on this node: a number, cpu (one per CPU core), gpu (one per visible NVIDIA GPU) or auto "
+         "(gpu if there are GPUs, else cpu).");
   option("--nnodes", raw.nnodes, "N|MIN:MAX",
-         "Number of nodes; run cpprun once on each. Static rendezvous: N, each node with its --node_rank. "
-         "c10d rendezvous: MIN:MAX (N means N:N): the job starts once MAX nodes joined, or MIN and "
-         "--rdzv_conf last_call_timeout passed; nodes may join later, or be lost, down to MIN.");
+         "Number of nodes, each running cpprun. c10d: MIN:MAX; the job starts with MAX nodes, or MIN after "
+         "--rdzv_conf last_call_timeout; nodes may join later, or be lost down to MIN.");
   option("--node_rank", raw.node_rank, "INT",
-         "Static rendezvous: this node's rank, 0 to nnodes-1; node 0 hosts the rendezvous. A node's workers "
-         "get consecutive ranks, after those of the lower node ranks. Ignored with c10d, which numbers the "
-         "nodes in the order they join.");
+         "Static rendezvous: this node's rank, 0 to nnodes-1; node 0 hosts the rendezvous. Ignored by c10d.");
   option("--master_addr", raw.master_addr, "HOST",
-         "Address of node 0 (MASTER_ADDR). With --nnodes > 1 node 0's agent hosts the c10d TCPStore there; "
-         "with one node, worker rank 0 does. Ignored with --rdzv_backend=c10d, as by torchrun.");
+         "Address of node 0 (MASTER_ADDR), where the c10d TCPStore is hosted. Ignored by c10d.");
   option("--master_port", raw.master_port, "PORT", "Port of that TCPStore (MASTER_PORT), 1-65535.");
   option("--rdzv_backend", raw.rdzv_backend, "static|c10d",
-         "Rendezvous backend. static: a fixed set of nodes meeting at --master_addr:--master_port. c10d: "
-         "torchrun's dynamic rendezvous at --rdzv_endpoint: the agent that can listen there hosts it, the "
-         "others join; nodes are numbered in join order, a late node restarts the job with it, a lost one "
-         "without it (not counted against --max_restarts). The job ends if the host's agent dies.");
+         "static: a fixed set of nodes meeting at --master_addr:--master_port. c10d: torchrun's dynamic "
+         "rendezvous at --rdzv_endpoint, hosted by the agent that can listen there; a late node restarts the "
+         "job with it, a lost one without it (neither counts against --max_restarts).");
   option("--rdzv_endpoint", raw.rdzv_endpoint, "HOST[:PORT]",
-         "static: node 0's address, as torchrun reads it; replaces --master_addr (and --master_port when "
-         "PORT is given). c10d: where the rendezvous is hosted, the same on every node (default "
-         "localhost:29400; PORT defaults to 29400); workers get MASTER_ADDR=HOST.");
+         "static: replaces --master_addr (and --master_port if PORT is given). c10d: where the rendezvous is "
+         "hosted, the same on every node (default localhost:29400).");
   option("--rdzv_conf", raw.rdzv_conf, "KEY=VALUE,...",
-         "Rendezvous settings. join_timeout=SECONDS (also spelled timeout): how long the agents wait for the "
-         "rendezvous to complete before failing; default 600. c10d only: last_call_timeout=SECONDS, how "
-         "long to wait for more nodes once MIN are there (default 30); is_host=1|0, whether this agent "
-         "hosts the rendezvous (default: the first that can listen at the endpoint).");
-  flag("--standalone", raw.standalone,
-       "Single-node job on a private port: MASTER_ADDR=127.0.0.1 and a free MASTER_PORT, "
-       "overriding --master_addr/--master_port.");
+         "join_timeout=SECONDS (or timeout; default 600). c10d only: last_call_timeout=SECONDS (default 30), "
+         "is_host=1|0 (default: the first agent that can listen at the endpoint hosts).");
+  flag("--standalone", raw.standalone, "One node on a private port: MASTER_ADDR=127.0.0.1 and a free MASTER_PORT.");
   option("--max_restarts", raw.max_restarts, "INT",
-         "When a worker fails, stop the group and start it again up to this many times "
-         "(TORCHELASTIC_RESTART_COUNT counts them). c10d membership changes do not count.");
+         "Restarts of the group after a worker fails (TORCHELASTIC_RESTART_COUNT counts them).");
   option("--restart_backoff", raw.restart_backoff, "INITIAL[:MAX]",
-         "Seconds to wait before a restart after a failure: INITIAL before the first, doubling with each "
-         "failure in a row up to MAX (default 30, or INITIAL if longer); an attempt that ran MAX seconds "
-         "or more starts the doubling over. 0 restarts at once. With several nodes, the agent hosting the "
-         "rendezvous decides for all. A signal during the wait ends the job.");
+         "Seconds before a restart: INITIAL, doubling with each failure in a row up to MAX (default 30); an "
+         "attempt that ran MAX seconds starts over. 0: at once. Several nodes follow the rendezvous host's.");
   option("--shutdown_timeout", raw.shutdown_timeout, "SECONDS",
-         "When stopping workers, seconds between SIGTERM (or the signal cpprun received) and "
-         "SIGKILL. torchrun waits 30; raise this if workers checkpoint on SIGTERM.");
-  option("--rdzv_id,--run_id", raw.run_id, "ID",
-         "Job id, exported as TORCHELASTIC_RUN_ID; every node of a job needs the same (c10d refuses "
-         "an agent with another).");
-  option("--role", raw.role, "NAME", "Worker role, exported as ROLE_NAME.");
-  option("--monitor_interval", raw.monitor_interval, "SECONDS",
-         "Accepted for torchrun compatibility and ignored: cpprun reacts to worker exits at once.");
+         "Seconds between SIGTERM and SIGKILL when stopping workers (torchrun waits 30).");
+  option("--rdzv_id,--run_id", raw.run_id, "ID", "Job id (TORCHELASTIC_RUN_ID), the same on every node.");
+  option("--role", raw.role, "NAME", "Worker role (ROLE_NAME).");
+  option("--monitor_interval", raw.monitor_interval, "SECONDS", "Accepted for torchrun compatibility; unused.");
   flag("--no_python", raw.no_python,
-       "Run PROGRAM directly, even PROGRAM.py. Without it, as torchrun: PROGRAM.py runs as `python -u "
-       "PROGRAM.py`; anything else (a C++ program, a script with a shebang) runs directly.");
+       "Run PROGRAM directly, even PROGRAM.py (which otherwise runs as `python -u PROGRAM.py`).");
   option("-r,--redirects", raw.redirects, "0-3|LOCAL_RANK:0-3,...",
-         "Send workers' output to files in --log_dir instead of the console: 1 stdout, 2 stderr, "
-         "3 both, 0 neither; one value for all local ranks or a map like 0:1,1:3.");
+         "Send workers' output to files in --log_dir instead of the console: 1 stdout, 2 stderr, 3 both, "
+         "0 neither; one value for all local ranks or a map like 0:1,1:3.");
   option("-t,--tee", raw.tee, "0-3|LOCAL_RANK:0-3,...", "Like --redirects, but the console gets the output too.");
   option("--log_dir", raw.log_dir, "DIR",
-         "Where --redirects/--tee write: DIR/attempt_N/LOCAL_RANK/{stdout,stderr}.log; workers' "
-         "TORCHELASTIC_ERROR_FILE goes there too (error.json). Without it, error files live in a temp "
-         "dir that cpprun removes.");
+         "Where --redirects/--tee write (DIR/attempt_N/LOCAL_RANK/{stdout,stderr}.log) and workers' error.json.");
   option("--local_ranks_filter", raw.local_ranks_filter, "LOCAL_RANK,...",
-         "Only these local ranks' output reaches the console (e.g. 0); log files still get everything.");
-  flag("--dry_run", raw.dry_run,
-       "Print each worker's command line and the environment variables cpprun sets for it; "
-       "start nothing.");
+         "Only these local ranks' output reaches the console (e.g. 0).");
+  flag("--dry_run", raw.dry_run, "Print each worker's command line and environment; start nothing.");
   flag("-m,--module", raw.module,
-       "PROGRAM is a Python module: each worker runs `python -u -m PROGRAM ARGS...`. The "
-       "interpreter: $PYTHON_EXEC, else python3 (or python) on PATH; --dry_run shows it.");
-  flag("--run_path", raw.run_path,
-       "PROGRAM is a file of Python code, run with runpy.run_path as __main__ (torchrun's "
-       "--run_path), whatever its name.");
-
+       "PROGRAM is a Python module: workers run `python -u -m PROGRAM` ($PYTHON_EXEC, else python3 on PATH).");
+  flag("--run_path", raw.run_path, "PROGRAM is a file of Python code, run with runpy.run_path whatever its name.");
   option("--job_secret_file", raw.job_secret_file, "PATH",
-         "Multi-node: a file holding the job's secret (else $CPPRUN_JOB_SECRET is read). The agents prove "
-         "to each other that they hold it before one acts on what another says; it never crosses the "
-         "network and workers do not inherit it. Every node needs the same; at least 16 characters.");
+         "Multi-node: a file holding the job's secret (else $CPPRUN_JOB_SECRET), the same on every node, at "
+         "least 16 characters. The agents prove to each other that they hold it; it never crosses the network.");
   flag("--no_job_secret", raw.no_job_secret,
-       "Multi-node without a job secret: anyone who can reach the rendezvous ports can join, stop "
-       "or steer the job. Only for networks where nobody else can connect.");
+       "Multi-node without a job secret: anyone who can reach the agents' ports can join or steer the job.");
 
   ParsedCommandLine result;
   const std::vector<OptionSpelling> known = option_spellings(app);
