@@ -31,9 +31,8 @@ void put_error(char* err, size_t err_size, const std::string& message) {
 
 // c10d's exception texts end with a C++ backtrace in some builds; the first line says it all.
 std::string first_line(const char* what) {
-  std::string text = what;
-  const auto end = text.find('\n');
-  return end == std::string::npos ? text : text.substr(0, end);
+  const std::string text = what;
+  return text.substr(0, text.find('\n'));
 }
 
 std::set<int> open_fds() {

@@ -62,18 +62,15 @@ const char* const kRunPathCode =
 std::string resolve_program(const std::string& program, const char* path_env) {
   if (program.empty()) throw ProgramNotRunnable("cpprun: PROGRAM is an empty string", 127);
   if (program.find('/') != std::string::npos) {
-    switch (check(program)) {
-      case Candidate::kRunnable:
-        return program;
-      case Candidate::kMissing:
-        throw ProgramNotRunnable("cpprun: cannot run PROGRAM '" + program +
-                                     "': no such file (check the path, relative to " +
-                                     "the current directory)", 127);
-      case Candidate::kNotExecutable:
-        throw ProgramNotRunnable("cpprun: cannot run PROGRAM '" + program +
-                                     "': not an executable file (chmod +x it, or name its "
-                                     "interpreter first, e.g. `cpprun python3 " + program + "`)", 126);
+    const Candidate found = check(program);
+    if (found == Candidate::kRunnable) return program;
+    if (found == Candidate::kMissing) {
+      throw ProgramNotRunnable("cpprun: cannot run PROGRAM '" + program +
+                                   "': no such file (check the path, relative to the current directory)", 127);
     }
+    throw ProgramNotRunnable("cpprun: cannot run PROGRAM '" + program +
+                                 "': not an executable file (chmod +x it, or name its interpreter first, e.g. "
+                                 "`cpprun python3 " + program + "`)", 126);
   }
   const std::string path = path_env != nullptr ? path_env : "/bin:/usr/bin";
   std::string not_executable;  // first match that exists but cannot run, for the error
@@ -82,15 +79,9 @@ std::string resolve_program(const std::string& program, const char* path_env) {
     const auto colon = std::min(path.find(':', start), path.size());
     const std::string dir = path.substr(start, colon - start);
     const std::string candidate = (dir.empty() ? std::string(".") : dir) + "/" + program;
-    switch (check(candidate)) {
-      case Candidate::kRunnable:
-        return candidate;
-      case Candidate::kNotExecutable:
-        if (not_executable.empty()) not_executable = candidate;
-        break;
-      case Candidate::kMissing:
-        break;
-    }
+    const Candidate found = check(candidate);
+    if (found == Candidate::kRunnable) return candidate;
+    if (found == Candidate::kNotExecutable && not_executable.empty()) not_executable = candidate;
     start = colon + 1;
   }
   if (!not_executable.empty()) {

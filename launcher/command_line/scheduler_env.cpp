@@ -15,27 +15,25 @@ int read_number(const EnvLookup& env, const std::string& variable, long min, lon
   throw SchedulerEnvError(with_value(variable, text) + ": expected " + meaning + ", " + range_text(min, max));
 }
 
-// Fills node_rank after nnodes, checking that it fits.
-void read_nodes(const EnvLookup& env, SchedulerDefaults& d, const std::string& nnodes_var,
-                const std::string& node_rank_var) {
-  d.nnodes_var = nnodes_var;
-  d.nnodes = read_number(env, nnodes_var, 1, kMaxNodes, "the number of nodes");
-  d.node_rank_var = node_rank_var;
-  d.node_rank = read_number(env, node_rank_var, 0, d.nnodes - 1,
-                            "this node's rank among " + with_value(nnodes_var, std::to_string(d.nnodes)));
+// The node count, then a node rank that fits it.
+SchedulerDefaults read_nodes(const EnvLookup& env, const std::string& source, const std::string& nnodes_var,
+                             const std::string& node_rank_var) {
+  const int nnodes = read_number(env, nnodes_var, 1, kMaxNodes, "the number of nodes");
+  const int node_rank = read_number(env, node_rank_var, 0, nnodes - 1,
+                                    "this node's rank among " + with_value(nnodes_var, std::to_string(nnodes)));
+  return {source, nnodes, nnodes_var, node_rank, node_rank_var, std::nullopt, std::nullopt};
 }
 
-void read_master(const EnvLookup& env, SchedulerDefaults& d) {
+SchedulerDefaults with_master(const EnvLookup& env, SchedulerDefaults d) {
   if (auto addr = env("MASTER_ADDR"); addr && !addr->empty()) d.master_addr = *addr;
   if (auto port = env("MASTER_PORT"); port && !port->empty()) {
     d.master_port = read_number(env, "MASTER_PORT", 1, 65535, "a TCP port");
   }
+  return d;
 }
 
 SchedulerDefaults from_slurm(const EnvLookup& env) {
-  SchedulerDefaults d;
-  d.source = "Slurm";
-  read_nodes(env, d, "SLURM_NNODES", "SLURM_NODEID");
+  SchedulerDefaults d = read_nodes(env, "Slurm", "SLURM_NNODES", "SLURM_NODEID");
   // srun sets the step's task count; cpprun starts a node's workers itself, so one task per node.
   const auto tasks = env("SLURM_STEP_NUM_TASKS");
   if (tasks && *tasks != std::to_string(d.nnodes)) {
@@ -49,25 +47,18 @@ SchedulerDefaults from_slurm(const EnvLookup& env) {
 }
 
 SchedulerDefaults from_open_mpi(const EnvLookup& env) {
-  SchedulerDefaults d;
-  d.source = "Open MPI";
   if (const auto local = env("OMPI_COMM_WORLD_LOCAL_SIZE"); local && *local != "1") {
     throw SchedulerEnvError(with_value("OMPI_COMM_WORLD_LOCAL_SIZE", *local) +
                             ": cpprun starts each node's workers itself; start one cpprun per node "
                             "(mpirun --map-by ppr:1:node cpprun ...), or pass --nnodes/--node_rank/--master_addr");
   }
-  read_nodes(env, d, "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK");
-  read_master(env, d);  // mpirun knows no master address: MASTER_ADDR or --master_addr must say it
-  return d;
+  // mpirun knows no master address: MASTER_ADDR or --master_addr must say it.
+  return with_master(env, read_nodes(env, "Open MPI", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK"));
 }
 
 SchedulerDefaults from_kubeflow(const EnvLookup& env) {
-  SchedulerDefaults d;
-  d.source = "Kubeflow";
   // The PyTorchJob operator sets WORLD_SIZE to the number of pods and RANK to this pod's index.
-  read_nodes(env, d, "WORLD_SIZE", "RANK");
-  read_master(env, d);
-  return d;
+  return with_master(env, read_nodes(env, "Kubeflow", "WORLD_SIZE", "RANK"));
 }
 
 bool is_set(const EnvLookup& env, const std::string& name) { return env(name).has_value(); }
