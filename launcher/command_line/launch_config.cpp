@@ -11,11 +11,13 @@
 #include <iostream>
 #include <memory>
 #include <optional>
+#include <limits>
 #include <sstream>
 #include <system_error>
 
 #include "rendezvous/job_secret.h"
 #include "command_line/option_spelling.h"
+#include "command_line/scheduler_env.h"
 
 namespace cpprun::launcher {
 namespace {
@@ -341,15 +343,10 @@ std::string apply_scheduler_defaults(const CLI::App& app, const EnvLookup& env, 
   const bool node_rank_given = given("--node_rank");
   const bool addr_given = given("--master_addr") || given("--rdzv_endpoint");
   const bool port_given = given("--master_port") || given("--rdzv_endpoint");
-  if (raw.standalone || (nnodes_given && node_rank_given && addr_given && port_given)) return {};
   // c10d meets at --rdzv_endpoint and numbers the nodes itself, like torchrun's.
-  if (raw.rdzv_backend == "c10d") return {};
-  std::optional<SchedulerDefaults> derived;
-  try {
-    derived = derive_from_scheduler(env);
-  } catch (const SchedulerEnvError& e) {
-    throw UsageError(e.what());
-  }
+  if (raw.standalone || raw.rdzv_backend == "c10d") return {};
+  if (nnodes_given && node_rank_given && addr_given && port_given) return {};
+  const std::optional<SchedulerDefaults> derived = derive_from_scheduler(env);
   if (!derived) return {};
   const SchedulerDefaults& d = *derived;
   const int nnodes = nnodes_given ? parse_nnodes(raw.nnodes).max : d.nnodes;

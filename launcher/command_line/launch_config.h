@@ -11,7 +11,7 @@
 #include "command_line/host_facts.h"
 #include "command_line/output_spec.h"
 #include "command_line/program_command.h"
-#include "command_line/scheduler_env.h"
+#include "cpprun/env_lookup.h"
 #include "rendezvous/rendezvous_settings.h"
 #include "workers/restart_backoff.h"
 #include "workers/worker_specs.h"
