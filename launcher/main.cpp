@@ -2,12 +2,10 @@
 // workers, wait, stop them) until one succeeds, a signal ends the job, or the restarts run out;
 // with --nnodes > 1 or --rdzv_backend=c10d, in step with the other nodes' agents (multi_node_agent.h).
 #include <fcntl.h>
-#include <unistd.h>
 
 #include <cstdlib>
 #include <exception>
 #include <iostream>
-#include <optional>
 #include <string>
 #include <system_error>
 #include <vector>
@@ -53,12 +51,8 @@ int run(const LaunchConfig& config) {
       config.program, config.program_args, config.program_mode, {std::getenv("PATH"), std::getenv("PYTHON_EXEC")});
   const RendezvousSettings rendezvous = rendezvous_settings(config);
   const WorkerSettings workers = worker_settings(config);
-  if (!config.dry_run) check_meeting_host_resolves(rendezvous);
-  // Before the environment is read for the workers, who inherit its token, and before any thread.
-  std::optional<JobProcessTree> tree;
-  if (!config.dry_run) tree.emplace();
-  const EnvMap parent_env = current_environment();
   if (config.dry_run) {
+    const EnvMap parent_env = current_environment();
     if (config.rdzv_backend == RendezvousBackend::kC10d) {
       std::cout << "cpprun: dry run of one node of --nnodes=" << config.min_nodes << ":" << config.max_nodes
                 << " (c10d rendezvous at " << endpoint_text(config) << "): the ranks below assume this node joins "
@@ -79,6 +73,10 @@ int run(const LaunchConfig& config) {
                                 parent_env);
     return 0;
   }
+  check_meeting_host_resolves(rendezvous);
+  // Before the environment is read for the workers, who inherit its token, and before any thread.
+  const JobProcessTree tree;
+  const EnvMap parent_env = current_environment();
   if (defaults_omp_threads(config.nproc_per_node, parent_env)) {
     std::cerr << "cpprun: setting OMP_NUM_THREADS=1 for each of the " << config.nproc_per_node
               << " workers so they do not overload the CPU; set OMP_NUM_THREADS yourself to tune it\n";

@@ -111,14 +111,6 @@ AgentStore AgentStore::connect(const std::string& host, int port, std::chrono::m
 
 AgentStore::AgentStore(AgentStore&& other) noexcept : handle_(std::exchange(other.handle_, nullptr)) {}
 
-AgentStore& AgentStore::operator=(AgentStore&& other) noexcept {
-  if (this != &other) {
-    if (handle_ != nullptr) api().close(handle_);
-    handle_ = std::exchange(other.handle_, nullptr);
-  }
-  return *this;
-}
-
 AgentStore::~AgentStore() {
   if (handle_ != nullptr) api().close(handle_);
 }

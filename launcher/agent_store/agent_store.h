@@ -37,7 +37,6 @@ class AgentStore {
   static void load();
 
   AgentStore(AgentStore&&) noexcept;
-  AgentStore& operator=(AgentStore&&) noexcept;
   ~AgentStore();  // a server stops and frees its port
 
   void set(const std::string& key, const std::string& value);
