@@ -32,8 +32,8 @@ class CpprunFormatter : public CLI::Formatter {
   }
 };
 
-// The raw text of every option, as typed; validate() turns it into a LaunchConfig. Numbers are read
-// as text so that errors can name the flag, the value and the fix in one sentence.
+// The options that need checking, as typed; validate() turns them into a LaunchConfig, to which the
+// others bind directly. Numbers are read as text so that errors can name the flag, the value and the fix.
 struct RawOptions {
   std::string nproc_per_node = "1";
   std::string nnodes = "1";
@@ -43,23 +43,18 @@ struct RawOptions {
   std::string rdzv_backend = "static";
   std::string rdzv_endpoint;
   std::string rdzv_conf;
-  bool standalone = false;
   std::string max_restarts = "0";
   std::string restart_backoff = "1:30";
   std::string shutdown_timeout = "5";
-  std::string run_id = "none";
-  std::string role = "default";
   std::string monitor_interval = "0.1";
   bool no_python = false;
   std::string redirects = "0";
   std::string tee = "0";
   std::string local_ranks_filter;
   std::string log_dir;
-  bool dry_run = false;
   bool module = false;    // torchrun's -m
   bool run_path = false;  // torchrun's --run_path
   std::string job_secret_file;
-  bool no_job_secret = false;
 };
 
 int parse_int_in_range(const std::string& flag, const std::string& text, int min, int max,
@@ -224,22 +219,21 @@ void read_rdzv_conf(const std::string& text, LaunchConfig& config) {
                        (c10d ? "" : "; last_call_timeout and is_host belong to --rdzv_backend=c10d") +
                        ", e.g. --rdzv_conf join_timeout=300");
     }
-    if (join) {
-      config.join_timeout = parse_seconds("--rdzv_conf " + key, value);
-      if (config.join_timeout.count() == 0) {
-        throw UsageError(with_value("--rdzv_conf", text) + ": the join timeout must be above 0 seconds");
-      }
-    } else if (key == "last_call_timeout") {
-      config.last_call_timeout = parse_seconds("--rdzv_conf " + key, value);
-    } else if (key == "is_host") {
+    if (key == "is_host") {
       config.is_host = read_bool(value);
       if (!config.is_host) {
         throw UsageError(with_value("--rdzv_conf", text) + ": is_host=" + value +
                          " is not a boolean; write is_host=1 (this agent hosts the rendezvous) or is_host=0");
       }
-    } else {
-      parse_seconds("--rdzv_conf " + key, value);  // checked like torchrun would, then unused
+      continue;
     }
+    // Every other key is seconds; close_timeout and read_timeout are checked like torchrun would, then unused.
+    const std::chrono::milliseconds seconds = parse_seconds("--rdzv_conf " + key, value);
+    if (join && seconds.count() == 0) {
+      throw UsageError(with_value("--rdzv_conf", text) + ": the join timeout must be above 0 seconds");
+    }
+    if (join) config.join_timeout = seconds;
+    if (key == "last_call_timeout") config.last_call_timeout = seconds;
   }
 }
 
@@ -264,9 +258,9 @@ OutputOptions validate_output(const RawOptions& raw, int nproc_per_node) {
 // (--rdzv_endpoint; like torchrun, it ignores those static options).
 void validate_rendezvous(const RawOptions& raw, LaunchConfig& config) {
   // torchrun's --standalone overrides the backend and endpoint; here it means one node on a private port.
-  config.rdzv_backend = raw.standalone ? RendezvousBackend::kStatic : parse_rdzv_backend(raw.rdzv_backend);
+  config.rdzv_backend = config.standalone ? RendezvousBackend::kStatic : parse_rdzv_backend(raw.rdzv_backend);
   const NodeRange nodes = parse_nnodes(raw.nnodes);
-  if (raw.standalone && nodes.max > 1) {
+  if (config.standalone && nodes.max > 1) {
     throw UsageError("--standalone runs a single node on a private port; it cannot be combined with --nnodes=" +
                      raw.nnodes + ". Give node 0's address with --master_addr/--master_port on every node instead");
   }
@@ -294,11 +288,9 @@ void validate_rendezvous(const RawOptions& raw, LaunchConfig& config) {
                                         "this node's rank among --nnodes=" + raw.nnodes, 0);
 }
 
-LaunchConfig validate(const RawOptions& raw, const HostFacts& host) {
-  LaunchConfig config;
+void validate(const RawOptions& raw, const HostFacts& host, LaunchConfig& config) {
   config.nproc_per_node = parse_nproc_per_node(raw.nproc_per_node, host);
   config.output = validate_output(raw, config.nproc_per_node);
-  config.dry_run = raw.dry_run;
   validate_rendezvous(raw, config);
   config.max_restarts =
       parse_int_in_range("--max_restarts", raw.max_restarts, 0, 1000000, "how often to restart", 3);
@@ -308,11 +300,8 @@ LaunchConfig validate(const RawOptions& raw, const HostFacts& host) {
     throw UsageError(with_value("--monitor_interval", raw.monitor_interval) +
                      ": expected a number of seconds (accepted for torchrun compatibility, unused)");
   }
-  config.run_id = raw.run_id;
-  config.role = raw.role;
-  config.standalone = raw.standalone;
-  if (config.rdzv_backend == RendezvousBackend::kC10d) return config;
-  if (raw.standalone) {
+  if (config.rdzv_backend == RendezvousBackend::kC10d) return;
+  if (config.standalone) {
     // torchrun's --standalone: a private rendezvous on this host, on a port nobody else uses.
     if (!host.pick_free_port) throw std::logic_error("HostFacts::pick_free_port is not set");
     config.master_addr = "127.0.0.1";
@@ -331,20 +320,19 @@ LaunchConfig validate(const RawOptions& raw, const HostFacts& host) {
     // torchrun's static backend meets at the endpoint, and its workers use that store.
     if (!raw.rdzv_endpoint.empty()) read_rdzv_endpoint(raw.rdzv_endpoint, 29500, config);
   }
-  return config;
 }
 
 // Writes the scheduler's values into the multi-node options that neither the command line nor
 // PET_<NAME> gave, and returns the line saying so. Nothing is taken for --standalone, or when the
 // job has one node.
-std::string apply_scheduler_defaults(const CLI::App& app, const EnvLookup& env, RawOptions& raw) {
+std::string apply_scheduler_defaults(const CLI::App& app, const EnvLookup& env, bool standalone, RawOptions& raw) {
   const auto given = [&](const char* name) { return app.get_option(name)->count() > 0; };
   const bool nnodes_given = given("--nnodes");
   const bool node_rank_given = given("--node_rank");
   const bool addr_given = given("--master_addr") || given("--rdzv_endpoint");
   const bool port_given = given("--master_port") || given("--rdzv_endpoint");
   // c10d meets at --rdzv_endpoint and numbers the nodes itself, like torchrun's.
-  if (raw.standalone || raw.rdzv_backend == "c10d") return {};
+  if (standalone || raw.rdzv_backend == "c10d") return {};
   if (nnodes_given && node_rank_given && addr_given && port_given) return {};
   const std::optional<SchedulerDefaults> derived = derive_from_scheduler(env);
   if (!derived) return {};
@@ -488,6 +476,8 @@ ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, cons
       "output is prefixed with its rank ([rank3]: ...).");
 
   RawOptions raw;
+  ParsedCommandLine result;
+  LaunchConfig& config = result.config;
   // Each option is also spelt with dashes for its underscores and read from PET_<NAME>, as torchrun's
   // argparse options are: --nproc_per_node is --nproc-per-node and PET_NPROC_PER_NODE too.
   const auto spellings = [](const std::string& names) {
@@ -513,58 +503,41 @@ ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, cons
     app.add_flag(spellings(names), value, help)->envname(env_name(names));
   };
   option("--nproc_per_node", raw.nproc_per_node, "N|auto|cpu|gpu",
-         "Workers on this node: a number, cpu (one per CPU core), gpu (one per visible NVIDIA GPU) or auto "
-         "(gpu if there are GPUs, else cpu).");
+         "Workers on this node: N, cpu (one per CPU core), gpu (one per GPU) or auto (gpu if any, else cpu).");
   option("--nnodes", raw.nnodes, "N|MIN:MAX",
-         "Number of nodes, each running cpprun. c10d: MIN:MAX; the job starts with MAX nodes, or MIN after "
-         "--rdzv_conf last_call_timeout; nodes may join later, or be lost down to MIN.");
-  option("--node_rank", raw.node_rank, "INT",
-         "Static rendezvous: this node's rank, 0 to nnodes-1; node 0 hosts the rendezvous. Ignored by c10d.");
-  option("--master_addr", raw.master_addr, "HOST",
-         "Address of node 0 (MASTER_ADDR), where the c10d TCPStore is hosted. Ignored by c10d.");
-  option("--master_port", raw.master_port, "PORT", "Port of that TCPStore (MASTER_PORT), 1-65535.");
+         "Nodes, each running cpprun; c10d: MIN:MAX, from MAX or from MIN after last_call_timeout.");
+  option("--node_rank", raw.node_rank, "INT", "Static rendezvous: this node's rank; node 0 hosts the rendezvous.");
+  option("--master_addr", raw.master_addr, "HOST", "Node 0's address (MASTER_ADDR). Ignored by c10d.");
+  option("--master_port", raw.master_port, "PORT", "Node 0's TCPStore port (MASTER_PORT). Ignored by c10d.");
   option("--rdzv_backend", raw.rdzv_backend, "static|c10d",
-         "static: a fixed set of nodes meeting at --master_addr:--master_port. c10d: torchrun's dynamic "
-         "rendezvous at --rdzv_endpoint, hosted by the agent that can listen there; a late node restarts the "
-         "job with it, a lost one without it (neither counts against --max_restarts).");
+         "static: fixed nodes meeting at --master_addr:--master_port. c10d: torchrun's dynamic rendezvous at "
+         "--rdzv_endpoint; nodes may join and leave (not counted against --max_restarts).");
   option("--rdzv_endpoint", raw.rdzv_endpoint, "HOST[:PORT]",
-         "static: replaces --master_addr (and --master_port if PORT is given). c10d: where the rendezvous is "
-         "hosted, the same on every node (default localhost:29400).");
+         "static: node 0's --master_addr[:--master_port]. c10d: the rendezvous (default localhost:29400).");
   option("--rdzv_conf", raw.rdzv_conf, "KEY=VALUE,...",
-         "join_timeout=SECONDS (or timeout; default 600). c10d only: last_call_timeout=SECONDS (default 30), "
-         "is_host=1|0 (default: the first agent that can listen at the endpoint hosts).");
-  flag("--standalone", raw.standalone, "One node on a private port: MASTER_ADDR=127.0.0.1 and a free MASTER_PORT.");
-  option("--max_restarts", raw.max_restarts, "INT",
-         "Restarts of the group after a worker fails (TORCHELASTIC_RESTART_COUNT counts them).");
+         "join_timeout=SECONDS (default 600); c10d: last_call_timeout=SECONDS (default 30), is_host=1|0.");
+  flag("--standalone", config.standalone, "One node on a private port: 127.0.0.1 and a free MASTER_PORT.");
+  option("--max_restarts", raw.max_restarts, "INT", "Restarts of the workers after a failure.");
   option("--restart_backoff", raw.restart_backoff, "INITIAL[:MAX]",
-         "Seconds before a restart: INITIAL, doubling with each failure in a row up to MAX (default 30); an "
-         "attempt that ran MAX seconds starts over. 0: at once. Several nodes follow the rendezvous host's.");
-  option("--shutdown_timeout", raw.shutdown_timeout, "SECONDS",
-         "Seconds between SIGTERM and SIGKILL when stopping workers (torchrun waits 30).");
-  option("--rdzv_id,--run_id", raw.run_id, "ID", "Job id (TORCHELASTIC_RUN_ID), the same on every node.");
-  option("--role", raw.role, "NAME", "Worker role (ROLE_NAME).");
+         "Seconds before a restart: INITIAL, doubling with each failure in a row up to MAX (default 30).");
+  option("--shutdown_timeout", raw.shutdown_timeout, "SECONDS", "Seconds from SIGTERM to SIGKILL (torchrun: 30).");
+  option("--rdzv_id,--run_id", config.run_id, "ID", "Job id (TORCHELASTIC_RUN_ID), the same on every node.");
+  option("--role", config.role, "NAME", "Worker role (ROLE_NAME).");
   option("--monitor_interval", raw.monitor_interval, "SECONDS", "Accepted for torchrun compatibility; unused.");
-  flag("--no_python", raw.no_python,
-       "Run PROGRAM directly, even PROGRAM.py (which otherwise runs as `python -u PROGRAM.py`).");
+  flag("--no_python", raw.no_python, "Run PROGRAM directly, even PROGRAM.py.");
   option("-r,--redirects", raw.redirects, "0-3|LOCAL_RANK:0-3,...",
-         "Send workers' output to files in --log_dir instead of the console: 1 stdout, 2 stderr, 3 both, "
-         "0 neither; one value for all local ranks or a map like 0:1,1:3.");
+         "Workers' output to files in --log_dir, not the console: 1 stdout, 2 stderr, 3 both; or a map like 0:1,1:3.");
   option("-t,--tee", raw.tee, "0-3|LOCAL_RANK:0-3,...", "Like --redirects, but the console gets the output too.");
-  option("--log_dir", raw.log_dir, "DIR",
-         "Where --redirects/--tee write (DIR/attempt_N/LOCAL_RANK/{stdout,stderr}.log) and workers' error.json.");
-  option("--local_ranks_filter", raw.local_ranks_filter, "LOCAL_RANK,...",
-         "Only these local ranks' output reaches the console (e.g. 0).");
-  flag("--dry_run", raw.dry_run, "Print each worker's command line and environment; start nothing.");
-  flag("-m,--module", raw.module,
-       "PROGRAM is a Python module: workers run `python -u -m PROGRAM` ($PYTHON_EXEC, else python3 on PATH).");
+  option("--log_dir", raw.log_dir, "DIR", "For --redirects/--tee: DIR/attempt_N/LOCAL_RANK/{stdout,stderr}.log");
+  option("--local_ranks_filter", raw.local_ranks_filter, "LOCAL_RANK,...", "The local ranks shown on the console.");
+  flag("--dry_run", config.dry_run, "Print each worker's command line and environment; start nothing.");
+  flag("-m,--module", raw.module, "PROGRAM is a Python module: workers run `python -u -m PROGRAM`.");
   flag("--run_path", raw.run_path, "PROGRAM is a file of Python code, run with runpy.run_path whatever its name.");
   option("--job_secret_file", raw.job_secret_file, "PATH",
-         "Multi-node: a file holding the job's secret (else $CPPRUN_JOB_SECRET), the same on every node, at "
-         "least 16 characters. The agents prove to each other that they hold it; it never crosses the network.");
-  flag("--no_job_secret", raw.no_job_secret,
-       "Multi-node without a job secret: anyone who can reach the agents' ports can join or steer the job.");
+         "Multi-node: the job's secret, the same on every node (else $CPPRUN_JOB_SECRET); 16 characters or more.");
+  flag("--no_job_secret", config.no_job_secret,
+       "Multi-node without a secret: anyone who reaches the agents' ports can join or steer the job.");
 
-  ParsedCommandLine result;
   const std::vector<OptionSpelling> known = option_spellings(app);
   const std::vector<std::string> expanded = expand_option_prefixes(args, known);
   try {
@@ -578,13 +551,11 @@ ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, cons
   } catch (const CLI::ParseError& e) {
     throw UsageError(std::string(e.what()) + "\nRun with --help for more information.");
   }
-  result.scheduler_note = apply_scheduler_defaults(app, env, raw);
-  result.config = validate(raw, host);
-  take_program(app.remaining(), known, result.config);
-  result.config.program_mode = program_mode(raw);
-  result.config.no_job_secret = raw.no_job_secret;
-  result.config.job_secret =
-      resolve_job_secret({is_multi_node(result.config), raw.job_secret_file, raw.no_job_secret}, env);
+  result.scheduler_note = apply_scheduler_defaults(app, env, config.standalone, raw);
+  validate(raw, host, config);
+  take_program(app.remaining(), known, config);
+  config.program_mode = program_mode(raw);
+  config.job_secret = resolve_job_secret({is_multi_node(config), raw.job_secret_file, config.no_job_secret}, env);
   return result;
 }
 

@@ -1,6 +1,8 @@
 // Parsing torchrun's output options and deciding, per worker stream, console and/or file.
 #include "command_line/output_spec.h"
 
+#include <algorithm>
+
 #include "command_line/launch_config.h"  // UsageError, int_in_range
 
 namespace cpprun::launcher {
@@ -31,9 +33,6 @@ T at_or(const std::vector<T>& values, int index, T fallback) {
 }  // namespace
 
 std::vector<StdStreams> parse_std_spec(const std::string& flag, const std::string& text, int nproc_per_node) {
-  const std::string value_help =
-      "expected 0 (console), 1 (stdout), 2 (stderr) or 3 (both) for every local rank, or "
-      "LOCAL_RANK:VALUE pairs such as " + flag + "=0:1,1:3";
   const int single = read_index(text, 4);
   if (single >= 0) return std::vector<StdStreams>(nproc_per_node, static_cast<StdStreams>(single));
 
@@ -42,7 +41,9 @@ std::vector<StdStreams> parse_std_spec(const std::string& flag, const std::strin
     const auto colon = pair.find(':');
     const int value = colon == std::string::npos ? -1 : read_index(pair.substr(colon + 1), 4);
     if (value < 0 || read_index(pair.substr(0, colon), 1L << 20) < 0) {
-      throw UsageError(flag + "=" + text + ": '" + pair + "' is not LOCAL_RANK:VALUE; " + value_help);
+      throw UsageError(flag + "=" + text + ": '" + pair + "' is not LOCAL_RANK:VALUE; expected 0 (console), " +
+                       "1 (stdout), 2 (stderr) or 3 (both) for every local rank, or pairs such as " + flag +
+                       "=0:1,1:3");
     }
     const int rank = read_index(pair.substr(0, colon), nproc_per_node);
     if (rank < 0) {
@@ -71,12 +72,8 @@ std::vector<bool> parse_local_ranks_filter(const std::string& text, int nproc_pe
 }
 
 bool OutputOptions::writes_files() const {
-  for (const auto* spec : {&redirects, &tee}) {
-    for (StdStreams s : *spec) {
-      if (s != StdStreams::kNone) return true;
-    }
-  }
-  return false;
+  const auto to_file = [](StdStreams s) { return s != StdStreams::kNone; };
+  return std::any_of(redirects.begin(), redirects.end(), to_file) || std::any_of(tee.begin(), tee.end(), to_file);
 }
 
 WorkerOutputSpec plan_worker_output(const OutputOptions& options, int local_rank, int rank,
