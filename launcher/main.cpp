@@ -40,7 +40,6 @@ void ensure_standard_fds() {
   }
 }
 
-// The error's message names what failed; `exit_code` is what cpprun exits with.
 int report(const std::exception& error, int exit_code) {
   std::cerr << error.what() << "\n";
   return exit_code;
@@ -53,15 +52,12 @@ int run(const LaunchConfig& config) {
   const WorkerSettings workers = worker_settings(config);
   if (config.dry_run) {
     const EnvMap parent_env = current_environment();
-    if (config.rdzv_backend == RendezvousBackend::kC10d) {
-      std::cout << "cpprun: dry run of one node of --nnodes=" << config.min_nodes << ":" << config.max_nodes
-                << " (c10d rendezvous at " << endpoint_text(config) << "): the ranks below assume this node joins "
-                << "first of " << config.min_nodes << " that all run --nproc_per_node=" << config.nproc_per_node
-                << "; the real ones, and MASTER_PORT, come from the rendezvous\n";
-    } else if (config.nnodes > 1) {
-      std::cout << "cpprun: dry run of node " << config.node_rank << " of " << config.nnodes
-                << ": the ranks below assume every node runs --nproc_per_node=" << config.nproc_per_node
-                << "; the real ones come from the rendezvous at " << config.master_addr << ":" << config.master_port
+    if (rendezvous.multi_node()) {
+      const std::string node = rendezvous.fixed_ranks() ? "node " + std::to_string(config.node_rank)
+                                                        : "first of " + std::to_string(config.min_nodes) + " to join";
+      std::cout << "cpprun: dry run of one node of " << rendezvous.nnodes_flag() << ": the ranks below assume it is "
+                << node << " and every node runs --nproc_per_node=" << config.nproc_per_node
+                << "; the real ranks (and c10d's MASTER_PORT) come from the rendezvous at " << endpoint_text(config)
                 << "\n";
     }
     if (!program.python_source.empty()) {

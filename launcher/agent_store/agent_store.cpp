@@ -58,18 +58,14 @@ const cpprun_agent_store_api& load_library() {
   }
   const auto get_api = reinterpret_cast<decltype(&cpprun_agent_store_get_api)>(
       dlsym(library, "cpprun_agent_store_get_api"));
-  if (get_api == nullptr) {
-    throw AgentStoreError("cpprun: " + path +
-                          " lacks cpprun_agent_store_get_api; it does not belong to this cpprun. Rebuild or "
-                          "reinstall cpprun.");
+  const cpprun_agent_store_api* api = get_api != nullptr ? get_api() : nullptr;
+  if (api == nullptr || api->abi_version != CPPRUN_AGENT_STORE_ABI_VERSION) {
+    const std::string found = api == nullptr ? "no interface" : "interface version " + std::to_string(api->abi_version);
+    throw AgentStoreError("cpprun: " + path + " has " + found + ", this cpprun needs interface version " +
+                          std::to_string(CPPRUN_AGENT_STORE_ABI_VERSION) +
+                          ": it belongs to another cpprun build. Rebuild or reinstall cpprun.");
   }
-  const cpprun_agent_store_api& api = *get_api();
-  if (api.abi_version != CPPRUN_AGENT_STORE_ABI_VERSION) {
-    throw AgentStoreError("cpprun: " + path + " has interface version " + std::to_string(api.abi_version) +
-                          ", this cpprun needs " + std::to_string(CPPRUN_AGENT_STORE_ABI_VERSION) +
-                          "; it belongs to another cpprun build. Rebuild or reinstall cpprun.");
-  }
-  return api;
+  return *api;
 }
 
 // Loaded once, kept for the life of the process (c10d's threads live in it). A failure is kept
@@ -100,14 +96,6 @@ AgentStore AgentStore::open(const std::string& host, int port, bool is_server, b
 }
 
 void AgentStore::load() { api(); }
-
-AgentStore AgentStore::host(int port, bool loopback_only, std::chrono::milliseconds timeout) {
-  return open("127.0.0.1", port, true, loopback_only, timeout);
-}
-
-AgentStore AgentStore::connect(const std::string& host, int port, std::chrono::milliseconds timeout) {
-  return open(host, port, false, false, timeout);
-}
 
 AgentStore::AgentStore(AgentStore&& other) noexcept : handle_(std::exchange(other.handle_, nullptr)) {}
 

@@ -8,10 +8,9 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
-#include <iostream>
+#include <limits>
 #include <memory>
 #include <optional>
-#include <limits>
 #include <sstream>
 #include <system_error>
 
@@ -23,8 +22,7 @@ namespace cpprun::launcher {
 namespace {
 
 // CLI11 only knows the options; the usage line should also show what follows them.
-class CpprunFormatter : public CLI::Formatter {
- public:
+struct CpprunFormatter : CLI::Formatter {
   std::string make_usage(const CLI::App* app, std::string name) const override {
     std::string usage = CLI::Formatter::make_usage(app, std::move(name));
     const auto end = usage.find_last_not_of('\n') + 1;
@@ -60,8 +58,8 @@ struct RawOptions {
 int parse_int_in_range(const std::string& flag, const std::string& text, int min, int max,
                        const std::string& meaning, int example) {
   if (const std::optional<int> value = int_in_range(text, min, max)) return *value;
-  throw UsageError(with_value(flag, text) + ": expected " + meaning + ", " + range_text(min, max) + " (e.g. " +
-                   flag + "=" + std::to_string(example) + ")");
+  throw UsageError(with_value(flag, text) + ": expected " + meaning + ", a whole number from " + std::to_string(min) +
+                   " to " + std::to_string(max) + " (e.g. " + flag + "=" + std::to_string(example) + ")");
 }
 
 int parse_nproc_per_node(const std::string& text, const HostFacts& host) {
@@ -105,8 +103,7 @@ NodeRange parse_nnodes(const std::string& text) {
   return {*min, *max};
 }
 
-// torchrun's backends: static (a fixed set of nodes meeting at --master_addr:--master_port) and
-// c10d (dynamic: MIN to MAX nodes meeting at --rdzv_endpoint). etcd needs an etcd server; not here.
+// torchrun's backends but etcd, which needs an etcd server.
 RendezvousBackend parse_rdzv_backend(const std::string& backend) {
   if (backend == "static") return RendezvousBackend::kStatic;
   if (backend == "c10d") return RendezvousBackend::kC10d;
@@ -119,8 +116,9 @@ RendezvousBackend parse_rdzv_backend(const std::string& backend) {
                    ": unknown rendezvous backend; cpprun has static (the default) and c10d");
 }
 
-// HOST, HOST:PORT or [IPv6]:PORT: sets master_addr, and master_port when PORT is given.
-void read_rdzv_endpoint(const std::string& text, int example_port, LaunchConfig& config) {
+// HOST, HOST:PORT or [IPv6]:PORT: sets master_addr, and master_port when PORT is given. `example`: a
+// port for the error to suggest.
+void read_rdzv_endpoint(const std::string& text, int example, LaunchConfig& config) {
   const std::string flag = "--rdzv_endpoint";
   std::string port;
   if (!text.empty() && text.front() == '[') {
@@ -141,9 +139,7 @@ void read_rdzv_endpoint(const std::string& text, int example_port, LaunchConfig&
   if (config.master_addr.empty()) {
     throw UsageError(with_value(flag, text) + ": expected HOST:PORT of node 0, e.g. --rdzv_endpoint=10.0.0.1:29500");
   }
-  if (!port.empty()) {
-    config.master_port = parse_int_in_range(flag + " port", port, 1, 65535, "a TCP port", example_port);
-  }
+  if (!port.empty()) config.master_port = parse_int_in_range(flag + " port", port, 1, 65535, "a TCP port", example);
 }
 
 // Decimal numbers ("5", "0.5"); "5s", "nan" and "" are not.
@@ -196,8 +192,7 @@ std::optional<bool> read_bool(const std::string& text) {
 }
 
 // --rdzv_conf KEY=VALUE,...: the keys torchrun's backends read. The join timeout is `timeout` for
-// torchrun's static backend, `join_timeout` for its c10d one; both read both here. close_timeout and
-// read_timeout are accepted for c10d command lines and unused: no agent waits on a store here.
+// torchrun's static backend, `join_timeout` for its c10d one; both read both here.
 void read_rdzv_conf(const std::string& text, LaunchConfig& config) {
   const RendezvousBackend backend = config.rdzv_backend;
   const bool c10d = backend == RendezvousBackend::kC10d;
@@ -227,7 +222,8 @@ void read_rdzv_conf(const std::string& text, LaunchConfig& config) {
       }
       continue;
     }
-    // Every other key is seconds; close_timeout and read_timeout are checked like torchrun would, then unused.
+    // The other keys are seconds; c10d's close_timeout and read_timeout are checked, then unused (no agent
+    // waits on a store here).
     const std::chrono::milliseconds seconds = parse_seconds("--rdzv_conf " + key, value);
     if (join && seconds.count() == 0) {
       throw UsageError(with_value("--rdzv_conf", text) + ": the join timeout must be above 0 seconds");
@@ -238,15 +234,12 @@ void read_rdzv_conf(const std::string& text, LaunchConfig& config) {
 }
 
 OutputOptions validate_output(const RawOptions& raw, int nproc_per_node) {
-  OutputOptions output;
-  output.redirects = parse_std_spec("--redirects", raw.redirects, nproc_per_node);
-  output.tee = parse_std_spec("--tee", raw.tee, nproc_per_node);
-  output.shown = parse_local_ranks_filter(raw.local_ranks_filter, nproc_per_node);
-  output.log_dir = raw.log_dir;
+  OutputOptions output{parse_std_spec("--redirects", raw.redirects, nproc_per_node),
+                       parse_std_spec("--tee", raw.tee, nproc_per_node),
+                       parse_local_ranks_filter(raw.local_ranks_filter, nproc_per_node), raw.log_dir};
   if (output.writes_files() && output.log_dir.empty()) {
     // torchrun would invent a temp dir and bury the logs in it; asking puts them where you look.
-    const bool redirecting = std::any_of(output.redirects.begin(), output.redirects.end(),
-                                         [](StdStreams s) { return s != StdStreams::kNone; });
+    const bool redirecting = output.redirects != std::vector<StdStreams>(nproc_per_node, StdStreams::kNone);
     throw UsageError(with_value(redirecting ? "--redirects" : "--tee", redirecting ? raw.redirects : raw.tee) +
                      " needs --log_dir DIR: the output goes to DIR/attempt_N/LOCAL_RANK/{stdout,stderr}.log "
                      "(e.g. --log_dir=logs)");
@@ -254,8 +247,7 @@ OutputOptions validate_output(const RawOptions& raw, int nproc_per_node) {
   return output;
 }
 
-// The node counts and the rendezvous: static (--node_rank, --master_addr/--master_port) or c10d
-// (--rdzv_endpoint; like torchrun, it ignores those static options).
+// The node counts and the rendezvous; c10d ignores the static options, as torchrun's does.
 void validate_rendezvous(const RawOptions& raw, LaunchConfig& config) {
   // torchrun's --standalone overrides the backend and endpoint; here it means one node on a private port.
   config.rdzv_backend = config.standalone ? RendezvousBackend::kStatic : parse_rdzv_backend(raw.rdzv_backend);
@@ -303,7 +295,6 @@ void validate(const RawOptions& raw, const HostFacts& host, LaunchConfig& config
   if (config.rdzv_backend == RendezvousBackend::kC10d) return;
   if (config.standalone) {
     // torchrun's --standalone: a private rendezvous on this host, on a port nobody else uses.
-    if (!host.pick_free_port) throw std::logic_error("HostFacts::pick_free_port is not set");
     config.master_addr = "127.0.0.1";
     try {
       config.master_port = host.pick_free_port();
@@ -323,8 +314,7 @@ void validate(const RawOptions& raw, const HostFacts& host, LaunchConfig& config
 }
 
 // Writes the scheduler's values into the multi-node options that neither the command line nor
-// PET_<NAME> gave, and returns the line saying so. Nothing is taken for --standalone, or when the
-// job has one node.
+// PET_<NAME> gave, and returns the line saying so; nothing for --standalone or a one-node job.
 std::string apply_scheduler_defaults(const CLI::App& app, const EnvLookup& env, bool standalone, RawOptions& raw) {
   const auto given = [&](const char* name) { return app.get_option(name)->count() > 0; };
   const bool nnodes_given = given("--nnodes");
@@ -397,11 +387,8 @@ std::vector<OptionSpelling> option_spellings(const CLI::App& app) {
 // PROGRAM, unless it is an option we do not have.
 void take_program(std::vector<std::string> rest, const std::vector<OptionSpelling>& spellings,
                   LaunchConfig& config) {
-  bool after_separator = false;
-  if (!rest.empty() && rest.front() == "--") {
-    rest.erase(rest.begin());
-    after_separator = true;
-  }
+  const bool after_separator = !rest.empty() && rest.front() == "--";
+  if (after_separator) rest.erase(rest.begin());
   if (rest.empty()) {
     throw UsageError(
         "missing PROGRAM: name the program to launch after the options, e.g. "
@@ -435,10 +422,6 @@ std::optional<int> int_in_range(const std::string& text, long min, long max) {
     return std::nullopt;
   }
   return static_cast<int>(value);
-}
-
-std::string range_text(long min, long max) {
-  return "a whole number from " + std::to_string(min) + " to " + std::to_string(max);
 }
 
 bool is_multi_node(const LaunchConfig& config) {

@@ -99,7 +99,4 @@ std::string with_value(const std::string& name, const std::string& value);
 // `text` if it is a whole number from min to max ("4", "-1"; not "4x", "4.0" or "").
 std::optional<int> int_in_range(const std::string& text, long min, long max);
 
-// "a whole number from 0 to 3", for the errors of int_in_range's callers.
-std::string range_text(long min, long max);
-
 }  // namespace cpprun::launcher

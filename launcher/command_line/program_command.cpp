@@ -52,8 +52,7 @@ void require_file(const std::string& program, const char* what) {
   }
 }
 
-// Runs a file as torchrun's --run_path does (runpy.run_path, as __main__), with sys.argv as the
-// script would see it.
+// torchrun's --run_path: runpy.run_path as __main__, with sys.argv as the script would see it.
 const char* const kRunPathCode =
     "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')";
 

@@ -10,7 +10,8 @@ namespace {
 int read_number(const EnvLookup& env, const std::string& variable, long min, long max, const std::string& meaning) {
   const std::string text = env(variable).value_or("");
   if (const std::optional<int> value = int_in_range(text, min, max)) return *value;
-  throw SchedulerEnvError(with_value(variable, text) + ": expected " + meaning + ", " + range_text(min, max));
+  throw SchedulerEnvError(with_value(variable, text) + ": expected " + meaning + ", a whole number from " +
+                          std::to_string(min) + " to " + std::to_string(max));
 }
 
 // The node count, then a node rank that fits it.
