@@ -2,12 +2,10 @@
 // workers, wait, stop them) until one succeeds, a signal ends the job, or the restarts run out;
 // with --nnodes > 1 or --rdzv_backend=c10d, in step with the other nodes' agents (multi_node_agent.h).
 #include <fcntl.h>
-#include <unistd.h>
 
 #include <cstdlib>
 #include <exception>
 #include <iostream>
-#include <optional>
 #include <string>
 #include <system_error>
 #include <vector>
@@ -41,7 +39,6 @@ void ensure_standard_fds() {
   }
 }
 
-// The error's message names what failed; `exit_code` is what cpprun exits with.
 int report(const std::exception& error, int exit_code) {
   std::cerr << error.what() << "\n";
   return exit_code;
@@ -52,21 +49,14 @@ int run(const LaunchConfig& config) {
       config.program, config.program_args, config.program_mode, {std::getenv("PATH"), std::getenv("PYTHON_EXEC")});
   const RendezvousSettings rendezvous = rendezvous_settings(config);
   const WorkerSettings workers = worker_settings(config);
-  if (!config.dry_run) check_meeting_host_resolves(rendezvous);
-  // Before the environment is read for the workers, who inherit its token, and before any thread.
-  std::optional<JobProcessTree> tree;
-  if (!config.dry_run) tree.emplace();
-  const EnvMap parent_env = current_environment();
   if (config.dry_run) {
-    if (config.rdzv_backend == RendezvousBackend::kC10d) {
-      std::cout << "cpprun: dry run of one node of --nnodes=" << config.min_nodes << ":" << config.max_nodes
-                << " (c10d rendezvous at " << endpoint_text(config) << "): the ranks below assume this node joins "
-                << "first of " << config.min_nodes << " that all run --nproc_per_node=" << config.nproc_per_node
-                << "; the real ones, and MASTER_PORT, come from the rendezvous\n";
-    } else if (config.nnodes > 1) {
-      std::cout << "cpprun: dry run of node " << config.node_rank << " of " << config.nnodes
-                << ": the ranks below assume every node runs --nproc_per_node=" << config.nproc_per_node
-                << "; the real ones come from the rendezvous at " << config.master_addr << ":" << config.master_port
+    const EnvMap parent_env = current_environment();
+    if (rendezvous.multi_node()) {
+      const std::string node = rendezvous.fixed_ranks() ? "node " + std::to_string(config.node_rank)
+                                                        : "first of " + std::to_string(config.min_nodes) + " to join";
+      std::cout << "cpprun: dry run of one node of " << rendezvous.nnodes_flag() << ": the ranks below assume it is "
+                << node << " and every node runs --nproc_per_node=" << config.nproc_per_node
+                << "; the real ranks (and c10d's MASTER_PORT) come from the rendezvous at " << endpoint_text(config)
                 << "\n";
     }
     if (!program.python_source.empty()) {
@@ -78,6 +68,10 @@ int run(const LaunchConfig& config) {
                                 parent_env);
     return 0;
   }
+  check_meeting_host_resolves(rendezvous);
+  // Before the environment is read for the workers, who inherit its token, and before any thread.
+  const JobProcessTree tree;
+  const EnvMap parent_env = current_environment();
   if (defaults_omp_threads(config.nproc_per_node, parent_env)) {
     std::cerr << "cpprun: setting OMP_NUM_THREADS=1 for each of the " << config.nproc_per_node
               << " workers so they do not overload the CPU; set OMP_NUM_THREADS yourself to tune it\n";
@@ -123,6 +117,7 @@ int main(int argc, char** argv) {
   ensure_standard_fds();
   try {
     const ParsedCommandLine cli = parse_launch_config({argv + 1, argv + argc}, probe_host());
+    if (!cli.scheduler_note.empty()) std::cerr << cli.scheduler_note << std::endl;
     if (cli.outcome == CliOutcome::kShowHelp) {
       std::cout << cli.help_text;
       return 0;

@@ -7,7 +7,6 @@
 #include <array>
 #include <climits>
 #include <cstdlib>
-#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -59,32 +58,28 @@ const cpprun_agent_store_api& load_library() {
   }
   const auto get_api = reinterpret_cast<decltype(&cpprun_agent_store_get_api)>(
       dlsym(library, "cpprun_agent_store_get_api"));
-  if (get_api == nullptr) {
-    throw AgentStoreError("cpprun: " + path +
-                          " lacks cpprun_agent_store_get_api; it does not belong to this cpprun. Rebuild or "
-                          "reinstall cpprun.");
+  const cpprun_agent_store_api* api = get_api != nullptr ? get_api() : nullptr;
+  if (api == nullptr || api->abi_version != CPPRUN_AGENT_STORE_ABI_VERSION) {
+    const std::string found = api == nullptr ? "no interface" : "interface version " + std::to_string(api->abi_version);
+    throw AgentStoreError("cpprun: " + path + " has " + found + ", this cpprun needs interface version " +
+                          std::to_string(CPPRUN_AGENT_STORE_ABI_VERSION) +
+                          ": it belongs to another cpprun build. Rebuild or reinstall cpprun.");
   }
-  const cpprun_agent_store_api& api = *get_api();
-  if (api.abi_version != CPPRUN_AGENT_STORE_ABI_VERSION) {
-    throw AgentStoreError("cpprun: " + path + " has interface version " + std::to_string(api.abi_version) +
-                          ", this cpprun needs " + std::to_string(CPPRUN_AGENT_STORE_ABI_VERSION) +
-                          "; it belongs to another cpprun build. Rebuild or reinstall cpprun.");
-  }
-  return api;
+  return *api;
 }
 
-// Loaded once, kept for the life of the process (c10d's threads live in it).
+// Loaded once, kept for the life of the process (c10d's threads live in it). A failure is kept
+// too: loading again would set GLOG_minloglevel again, with other threads running.
 const cpprun_agent_store_api& api() {
-  static std::once_flag once;
-  static const cpprun_agent_store_api* loaded = nullptr;
   static std::string failure;
-  std::call_once(once, [] {
+  static const cpprun_agent_store_api* const loaded = []() -> const cpprun_agent_store_api* {
     try {
-      loaded = &load_library();
+      return &load_library();
     } catch (const AgentStoreError& e) {
       failure = e.what();
+      return nullptr;
     }
-  });
+  }();
   if (loaded == nullptr) throw AgentStoreError(failure);
   return *loaded;
 }
@@ -102,23 +97,7 @@ AgentStore AgentStore::open(const std::string& host, int port, bool is_server, b
 
 void AgentStore::load() { api(); }
 
-AgentStore AgentStore::host(int port, bool loopback_only, std::chrono::milliseconds timeout) {
-  return open("127.0.0.1", port, true, loopback_only, timeout);
-}
-
-AgentStore AgentStore::connect(const std::string& host, int port, std::chrono::milliseconds timeout) {
-  return open(host, port, false, false, timeout);
-}
-
 AgentStore::AgentStore(AgentStore&& other) noexcept : handle_(std::exchange(other.handle_, nullptr)) {}
-
-AgentStore& AgentStore::operator=(AgentStore&& other) noexcept {
-  if (this != &other) {
-    if (handle_ != nullptr) api().close(handle_);
-    handle_ = std::exchange(other.handle_, nullptr);
-  }
-  return *this;
-}
 
 AgentStore::~AgentStore() {
   if (handle_ != nullptr) api().close(handle_);

@@ -28,16 +28,19 @@ class AgentStore {
  public:
   // Starts the server on `port` and connects to it over the loopback. The server listens on the
   // loopback alone when `loopback_only` (every node on this host), else on every interface.
-  static AgentStore host(int port, bool loopback_only, std::chrono::milliseconds timeout);
+  static AgentStore host(int port, bool loopback_only, std::chrono::milliseconds timeout) {
+    return open("127.0.0.1", port, true, loopback_only, timeout);
+  }
   // Connects to a store that another agent hosts.
-  static AgentStore connect(const std::string& host, int port, std::chrono::milliseconds timeout);
+  static AgentStore connect(const std::string& host, int port, std::chrono::milliseconds timeout) {
+    return open(host, port, false, false, timeout);
+  }
 
   // Loads the library now (about half a second: it brings in LibTorch), so that a later host()
   // or connect() is quick. Throws AgentStoreError.
   static void load();
 
   AgentStore(AgentStore&&) noexcept;
-  AgentStore& operator=(AgentStore&&) noexcept;
   ~AgentStore();  // a server stops and frees its port
 
   void set(const std::string& key, const std::string& value);

@@ -1,14 +1,11 @@
 /* The C interface of libcpprun_agent_store.so, the LibTorch part of cpprun that hosts and reads the
  * c10d TCPStore of a multi-node job. C, so that the launcher, which links no LibTorch, can dlopen()
  * it only when --nnodes > 1 and never sees a C++ exception or a LibTorch type. */
-#ifndef CPPRUN_LAUNCHER_AGENT_STORE_ABI_H
-#define CPPRUN_LAUNCHER_AGENT_STORE_ABI_H
+#pragma once
 
 #include <stddef.h>
 
-#ifdef __cplusplus
 extern "C" {
-#endif
 
 /* Bumped whenever the table below changes; the launcher refuses a library with another one. */
 #define CPPRUN_AGENT_STORE_ABI_VERSION 3
@@ -35,9 +32,4 @@ typedef struct cpprun_agent_store_api {
 
 /* The library's one entry point. */
 const cpprun_agent_store_api* cpprun_agent_store_get_api(void);
-
-#ifdef __cplusplus
 }
-#endif
-
-#endif

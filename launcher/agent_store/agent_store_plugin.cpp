@@ -3,15 +3,13 @@
 #include "agent_store_abi.h"
 #include "cpprun/store_port.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
-#include <cerrno>
 #include <chrono>
-#include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <filesystem>
 #include <memory>
 #include <set>
 #include <stdexcept>
@@ -30,20 +28,10 @@ void put_error(char* err, size_t err_size, const std::string& message) {
   err[err_size - 1] = '\0';
 }
 
-// c10d's exception texts end with a C++ backtrace in some builds; the first line says it all.
-std::string first_line(const char* what) {
-  std::string text = what;
-  const auto end = text.find('\n');
-  return end == std::string::npos ? text : text.substr(0, end);
-}
-
 std::set<int> open_fds() {
   std::set<int> fds;
-  if (DIR* dir = opendir("/proc/self/fd")) {
-    while (const dirent* entry = readdir(dir)) {
-      if (entry->d_name[0] != '.') fds.insert(std::atoi(entry->d_name));
-    }
-    closedir(dir);
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
+    fds.insert(std::stoi(entry.path().filename().string()));
   }
   return fds;
 }
@@ -66,7 +54,9 @@ bool guarded(char* err, size_t err_size, const Body& body) {
     body();
     return true;
   } catch (const std::exception& e) {
-    put_error(err, err_size, first_line(e.what()));
+    // c10d's exception texts end with a C++ backtrace in some builds; the first line says it all.
+    const std::string what = e.what();
+    put_error(err, err_size, what.substr(0, what.find('\n')));
   } catch (...) {
     put_error(err, err_size, "unknown error");
   }
@@ -103,10 +93,8 @@ cpprun_agent_store* open_store(const char* host, int port, int is_server, int lo
 }
 
 int set_key(cpprun_agent_store* store, const char* key, const char* value, char* err, size_t err_size) {
-  return guarded(err, err_size, [&] {
-    const std::string text = value;
-    store->store->set(key, std::vector<uint8_t>(text.begin(), text.end()));
-  }) ? 0 : -1;
+  const auto set = [&] { store->store->set(key, std::vector<uint8_t>(value, value + std::strlen(value))); };
+  return guarded(err, err_size, set) ? 0 : -1;
 }
 
 int get_key(cpprun_agent_store* store, const char* key, char* value, size_t value_size, char* err, size_t err_size) {
@@ -116,12 +104,7 @@ int get_key(cpprun_agent_store* store, const char* key, char* value, size_t valu
   }) ? 0 : -1;
 }
 
-void close_store(cpprun_agent_store* store) {
-  try {
-    delete store;
-  } catch (...) {
-  }
-}
+void close_store(cpprun_agent_store* store) { delete store; }  // destructors do not throw
 
 }  // namespace
 

@@ -2,7 +2,6 @@
 #include "command_line/host_facts.h"
 
 #include <arpa/inet.h>
-#include <dirent.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -11,6 +10,7 @@
 #include <cctype>
 #include <cerrno>
 #include <cstdlib>
+#include <filesystem>
 #include <sstream>
 #include <system_error>
 
@@ -19,17 +19,13 @@ namespace {
 
 int count_nvidia_device_nodes() {
   // /dev/nvidia0, /dev/nvidia1, ...; not nvidiactl, nvidia-uvm, nvidia-caps.
-  DIR* dev = opendir("/dev");
-  if (dev == nullptr) return 0;
+  std::error_code no_dev;
   int count = 0;
-  while (const dirent* entry = readdir(dev)) {
-    const std::string name = entry->d_name;
-    if (name.size() > 6 && name.compare(0, 6, "nvidia") == 0 &&
-        std::all_of(name.begin() + 6, name.end(), [](unsigned char c) { return std::isdigit(c); })) {
-      ++count;
-    }
+  for (const auto& entry : std::filesystem::directory_iterator("/dev", no_dev)) {
+    const std::string name = entry.path().filename().string();
+    count += name.size() > 6 && name.compare(0, 6, "nvidia") == 0 &&
+             std::all_of(name.begin() + 6, name.end(), [](unsigned char c) { return std::isdigit(c); });
   }
-  closedir(dev);
   return count;
 }
 
@@ -62,11 +58,8 @@ int pick_free_port() {
 }
 
 HostFacts probe_host() {
-  HostFacts facts;
-  facts.cpu_count = static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
-  facts.gpu_count = count_visible_gpus(count_nvidia_device_nodes(), std::getenv("CUDA_VISIBLE_DEVICES"));
-  facts.pick_free_port = [] { return pick_free_port(); };
-  return facts;
+  return {static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN))),
+          count_visible_gpus(count_nvidia_device_nodes(), std::getenv("CUDA_VISIBLE_DEVICES")), pick_free_port};
 }
 
 }  // namespace cpprun::launcher

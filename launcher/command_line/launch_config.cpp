@@ -8,7 +8,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
-#include <iostream>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -16,13 +16,13 @@
 
 #include "rendezvous/job_secret.h"
 #include "command_line/option_spelling.h"
+#include "command_line/scheduler_env.h"
 
 namespace cpprun::launcher {
 namespace {
 
 // CLI11 only knows the options; the usage line should also show what follows them.
-class CpprunFormatter : public CLI::Formatter {
- public:
+struct CpprunFormatter : CLI::Formatter {
   std::string make_usage(const CLI::App* app, std::string name) const override {
     std::string usage = CLI::Formatter::make_usage(app, std::move(name));
     const auto end = usage.find_last_not_of('\n') + 1;
@@ -30,8 +30,8 @@ class CpprunFormatter : public CLI::Formatter {
   }
 };
 
-// The raw text of every option, as typed; validate() turns it into a LaunchConfig. Numbers are read
-// as text so that errors can name the flag, the value and the fix in one sentence.
+// The options that need checking, as typed; validate() turns them into a LaunchConfig, to which the
+// others bind directly. Numbers are read as text so that errors can name the flag, the value and the fix.
 struct RawOptions {
   std::string nproc_per_node = "1";
   std::string nnodes = "1";
@@ -41,47 +41,25 @@ struct RawOptions {
   std::string rdzv_backend = "static";
   std::string rdzv_endpoint;
   std::string rdzv_conf;
-  bool standalone = false;
   std::string max_restarts = "0";
   std::string restart_backoff = "1:30";
   std::string shutdown_timeout = "5";
-  std::string run_id = "none";
-  std::string role = "default";
   std::string monitor_interval = "0.1";
   bool no_python = false;
   std::string redirects = "0";
   std::string tee = "0";
   std::string local_ranks_filter;
   std::string log_dir;
-  bool dry_run = false;
   bool module = false;    // torchrun's -m
   bool run_path = false;  // torchrun's --run_path
   std::string job_secret_file;
-  bool no_job_secret = false;
 };
 
-std::string with_value(const std::string& flag, const std::string& value) {
-  return flag + "=" + (value.empty() ? "''" : value);
-}
-
-// Whole numbers only ("4", "-1"); "4x", "4.0" and "" are not numbers.
-bool read_int(const std::string& text, long& out) {
-  if (text.empty()) return false;
-  errno = 0;
-  char* end = nullptr;
-  out = std::strtol(text.c_str(), &end, 10);
-  return errno == 0 && end == text.c_str() + text.size();
-}
-
-int parse_int_in_range(const std::string& flag, const std::string& text, long min, long max,
-                       const std::string& meaning, long example) {
-  long value = 0;
-  if (!read_int(text, value) || value < min || value > max) {
-    throw UsageError(with_value(flag, text) + ": expected " + meaning + ", a whole number from " +
-                     std::to_string(min) + " to " + std::to_string(max) + " (e.g. " + flag + "=" +
-                     std::to_string(example) + ")");
-  }
-  return static_cast<int>(value);
+int parse_int_in_range(const std::string& flag, const std::string& text, int min, int max,
+                       const std::string& meaning, int example) {
+  if (const std::optional<int> value = int_in_range(text, min, max)) return *value;
+  throw UsageError(with_value(flag, text) + ": expected " + meaning + ", a whole number from " + std::to_string(min) +
+                   " to " + std::to_string(max) + " (e.g. " + flag + "=" + std::to_string(example) + ")");
 }
 
 int parse_nproc_per_node(const std::string& text, const HostFacts& host) {
@@ -95,16 +73,11 @@ int parse_nproc_per_node(const std::string& text, const HostFacts& host) {
                      ": no NVIDIA GPU is visible (no /dev/nvidiaN, or CUDA_VISIBLE_DEVICES hides them "
                      "all); pass a number of workers, or 'cpu' for one per CPU core");
   }
-  long value = 0;
-  if (!read_int(text, value) || value < 1 || value > 1 << 16) {
-    throw UsageError(with_value(flag, text) +
-                     ": expected the number of workers on this node, a whole number >= 1, or one of "
-                     "auto, cpu, gpu (e.g. --nproc_per_node=4)");
-  }
-  return static_cast<int>(value);
+  if (const std::optional<int> value = int_in_range(text, 1, 1 << 16)) return *value;
+  throw UsageError(with_value(flag, text) +
+                   ": expected the number of workers on this node, a whole number >= 1, or one of "
+                   "auto, cpu, gpu (e.g. --nproc_per_node=4)");
 }
-
-constexpr long kMaxNodes = 1 << 16;
 
 struct NodeRange {
   int min = 1;
@@ -116,23 +89,21 @@ NodeRange parse_nnodes(const std::string& text) {
   const auto colon = text.find(':');
   const std::string min_text = text.substr(0, colon);
   const std::string max_text = colon == std::string::npos ? min_text : text.substr(colon + 1);
-  long min = 0;
-  long max = 0;
-  if (!read_int(min_text, min) || !read_int(max_text, max) || min < 1 || max < 1 || min > kMaxNodes ||
-      max > kMaxNodes) {
+  const std::optional<int> min = int_in_range(min_text, 1, kMaxNodes);
+  const std::optional<int> max = int_in_range(max_text, 1, kMaxNodes);
+  if (!min || !max) {
     throw UsageError(with_value("--nnodes", text) +
                      ": expected the number of nodes, a whole number >= 1 (e.g. --nnodes=2), or torchrun's "
                      "MIN:MAX (e.g. --nnodes=2:4, with --rdzv_backend=c10d)");
   }
-  if (min > max) {
+  if (*min > *max) {
     throw UsageError(with_value("--nnodes", text) + ": MIN is above MAX; write --nnodes=" + max_text + ":" +
                      min_text + " (at least " + max_text + " nodes, at most " + min_text + ")");
   }
-  return {static_cast<int>(min), static_cast<int>(max)};
+  return {*min, *max};
 }
 
-// torchrun's backends: static (a fixed set of nodes meeting at --master_addr:--master_port) and
-// c10d (dynamic: MIN to MAX nodes meeting at --rdzv_endpoint). etcd needs an etcd server; not here.
+// torchrun's backends but etcd, which needs an etcd server.
 RendezvousBackend parse_rdzv_backend(const std::string& backend) {
   if (backend == "static") return RendezvousBackend::kStatic;
   if (backend == "c10d") return RendezvousBackend::kC10d;
@@ -145,8 +116,9 @@ RendezvousBackend parse_rdzv_backend(const std::string& backend) {
                    ": unknown rendezvous backend; cpprun has static (the default) and c10d");
 }
 
-// HOST, HOST:PORT or [IPv6]:PORT: sets master_addr, and master_port when PORT is given.
-void read_rdzv_endpoint(const std::string& text, int example_port, LaunchConfig& config) {
+// HOST, HOST:PORT or [IPv6]:PORT: sets master_addr, and master_port when PORT is given. `example`: a
+// port for the error to suggest.
+void read_rdzv_endpoint(const std::string& text, int example, LaunchConfig& config) {
   const std::string flag = "--rdzv_endpoint";
   std::string port;
   if (!text.empty() && text.front() == '[') {
@@ -167,25 +139,22 @@ void read_rdzv_endpoint(const std::string& text, int example_port, LaunchConfig&
   if (config.master_addr.empty()) {
     throw UsageError(with_value(flag, text) + ": expected HOST:PORT of node 0, e.g. --rdzv_endpoint=10.0.0.1:29500");
   }
-  if (!port.empty()) {
-    config.master_port = parse_int_in_range(flag + " port", port, 1, 65535, "a TCP port", example_port);
-  }
+  if (!port.empty()) config.master_port = parse_int_in_range(flag + " port", port, 1, 65535, "a TCP port", example);
 }
 
 // Decimal numbers ("5", "0.5"); "5s", "nan" and "" are not.
 bool read_double(const std::string& text, double& out) {
-  if (text.empty()) return false;
   errno = 0;
   char* end = nullptr;
   out = std::strtod(text.c_str(), &end);
-  return errno == 0 && end == text.c_str() + text.size() && std::isfinite(out);
+  return !text.empty() && errno == 0 && end == text.c_str() + text.size() && std::isfinite(out);
 }
 
 // 0 to 86400 seconds.
 std::optional<std::chrono::milliseconds> read_seconds(const std::string& text) {
   double seconds = 0;
   if (!read_double(text, seconds) || seconds < 0 || seconds > 86400) return std::nullopt;
-  return std::chrono::milliseconds(static_cast<long long>(std::llround(seconds * 1000)));
+  return std::chrono::milliseconds(std::llround(seconds * 1000));
 }
 
 std::chrono::milliseconds parse_seconds(const std::string& flag, const std::string& text) {
@@ -223,8 +192,7 @@ std::optional<bool> read_bool(const std::string& text) {
 }
 
 // --rdzv_conf KEY=VALUE,...: the keys torchrun's backends read. The join timeout is `timeout` for
-// torchrun's static backend, `join_timeout` for its c10d one; both read both here. close_timeout and
-// read_timeout are accepted for c10d command lines and unused: no agent waits on a store here.
+// torchrun's static backend, `join_timeout` for its c10d one; both read both here.
 void read_rdzv_conf(const std::string& text, LaunchConfig& config) {
   const RendezvousBackend backend = config.rdzv_backend;
   const bool c10d = backend == RendezvousBackend::kC10d;
@@ -246,35 +214,32 @@ void read_rdzv_conf(const std::string& text, LaunchConfig& config) {
                        (c10d ? "" : "; last_call_timeout and is_host belong to --rdzv_backend=c10d") +
                        ", e.g. --rdzv_conf join_timeout=300");
     }
-    if (join) {
-      config.join_timeout = parse_seconds("--rdzv_conf " + key, value);
-      if (config.join_timeout.count() == 0) {
-        throw UsageError(with_value("--rdzv_conf", text) + ": the join timeout must be above 0 seconds");
-      }
-    } else if (key == "last_call_timeout") {
-      config.last_call_timeout = parse_seconds("--rdzv_conf " + key, value);
-    } else if (key == "is_host") {
+    if (key == "is_host") {
       config.is_host = read_bool(value);
       if (!config.is_host) {
         throw UsageError(with_value("--rdzv_conf", text) + ": is_host=" + value +
                          " is not a boolean; write is_host=1 (this agent hosts the rendezvous) or is_host=0");
       }
-    } else {
-      parse_seconds("--rdzv_conf " + key, value);  // checked like torchrun would, then unused
+      continue;
     }
+    // The other keys are seconds; c10d's close_timeout and read_timeout are checked, then unused (no agent
+    // waits on a store here).
+    const std::chrono::milliseconds seconds = parse_seconds("--rdzv_conf " + key, value);
+    if (join && seconds.count() == 0) {
+      throw UsageError(with_value("--rdzv_conf", text) + ": the join timeout must be above 0 seconds");
+    }
+    if (join) config.join_timeout = seconds;
+    if (key == "last_call_timeout") config.last_call_timeout = seconds;
   }
 }
 
 OutputOptions validate_output(const RawOptions& raw, int nproc_per_node) {
-  OutputOptions output;
-  output.redirects = parse_std_spec("--redirects", raw.redirects, nproc_per_node);
-  output.tee = parse_std_spec("--tee", raw.tee, nproc_per_node);
-  output.shown = parse_local_ranks_filter(raw.local_ranks_filter, nproc_per_node);
-  output.log_dir = raw.log_dir;
+  OutputOptions output{parse_std_spec("--redirects", raw.redirects, nproc_per_node),
+                       parse_std_spec("--tee", raw.tee, nproc_per_node),
+                       parse_local_ranks_filter(raw.local_ranks_filter, nproc_per_node), raw.log_dir};
   if (output.writes_files() && output.log_dir.empty()) {
     // torchrun would invent a temp dir and bury the logs in it; asking puts them where you look.
-    const bool redirecting = std::any_of(output.redirects.begin(), output.redirects.end(),
-                                         [](StdStreams s) { return s != StdStreams::kNone; });
+    const bool redirecting = output.redirects != std::vector<StdStreams>(nproc_per_node, StdStreams::kNone);
     throw UsageError(with_value(redirecting ? "--redirects" : "--tee", redirecting ? raw.redirects : raw.tee) +
                      " needs --log_dir DIR: the output goes to DIR/attempt_N/LOCAL_RANK/{stdout,stderr}.log "
                      "(e.g. --log_dir=logs)");
@@ -282,13 +247,12 @@ OutputOptions validate_output(const RawOptions& raw, int nproc_per_node) {
   return output;
 }
 
-// The node counts and the rendezvous: static (--node_rank, --master_addr/--master_port) or c10d
-// (--rdzv_endpoint; like torchrun, it ignores those static options).
+// The node counts and the rendezvous; c10d ignores the static options, as torchrun's does.
 void validate_rendezvous(const RawOptions& raw, LaunchConfig& config) {
   // torchrun's --standalone overrides the backend and endpoint; here it means one node on a private port.
-  config.rdzv_backend = raw.standalone ? RendezvousBackend::kStatic : parse_rdzv_backend(raw.rdzv_backend);
+  config.rdzv_backend = config.standalone ? RendezvousBackend::kStatic : parse_rdzv_backend(raw.rdzv_backend);
   const NodeRange nodes = parse_nnodes(raw.nnodes);
-  if (raw.standalone && nodes.max > 1) {
+  if (config.standalone && nodes.max > 1) {
     throw UsageError("--standalone runs a single node on a private port; it cannot be combined with --nnodes=" +
                      raw.nnodes + ". Give node 0's address with --master_addr/--master_port on every node instead");
   }
@@ -297,8 +261,7 @@ void validate_rendezvous(const RawOptions& raw, LaunchConfig& config) {
   config.max_nodes = nodes.max;
   config.nnodes = nodes.max;
   if (config.rdzv_backend == RendezvousBackend::kC10d) {
-    long node_rank = 0;
-    if (!read_int(raw.node_rank, node_rank) || node_rank < 0) {
+    if (!int_in_range(raw.node_rank, 0, std::numeric_limits<int>::max())) {
       throw UsageError(with_value("--node_rank", raw.node_rank) + ": expected a whole number >= 0 (with "
                        "--rdzv_backend=c10d it is ignored: nodes are numbered in the order they join)");
     }
@@ -317,11 +280,9 @@ void validate_rendezvous(const RawOptions& raw, LaunchConfig& config) {
                                         "this node's rank among --nnodes=" + raw.nnodes, 0);
 }
 
-LaunchConfig validate(const RawOptions& raw, const HostFacts& host) {
-  LaunchConfig config;
+void validate(const RawOptions& raw, const HostFacts& host, LaunchConfig& config) {
   config.nproc_per_node = parse_nproc_per_node(raw.nproc_per_node, host);
   config.output = validate_output(raw, config.nproc_per_node);
-  config.dry_run = raw.dry_run;
   validate_rendezvous(raw, config);
   config.max_restarts =
       parse_int_in_range("--max_restarts", raw.max_restarts, 0, 1000000, "how often to restart", 3);
@@ -331,13 +292,9 @@ LaunchConfig validate(const RawOptions& raw, const HostFacts& host) {
     throw UsageError(with_value("--monitor_interval", raw.monitor_interval) +
                      ": expected a number of seconds (accepted for torchrun compatibility, unused)");
   }
-  config.run_id = raw.run_id;
-  config.role = raw.role;
-  config.standalone = raw.standalone;
-  if (config.rdzv_backend == RendezvousBackend::kC10d) return config;
-  if (raw.standalone) {
+  if (config.rdzv_backend == RendezvousBackend::kC10d) return;
+  if (config.standalone) {
     // torchrun's --standalone: a private rendezvous on this host, on a port nobody else uses.
-    if (!host.pick_free_port) throw std::logic_error("HostFacts::pick_free_port is not set");
     config.master_addr = "127.0.0.1";
     try {
       config.master_port = host.pick_free_port();
@@ -354,43 +311,36 @@ LaunchConfig validate(const RawOptions& raw, const HostFacts& host) {
     // torchrun's static backend meets at the endpoint, and its workers use that store.
     if (!raw.rdzv_endpoint.empty()) read_rdzv_endpoint(raw.rdzv_endpoint, 29500, config);
   }
-  return config;
 }
 
 // Writes the scheduler's values into the multi-node options that neither the command line nor
-// PET_<NAME> gave, and returns the line saying so. Nothing is taken for --standalone, or when the
-// job has one node.
-std::string apply_scheduler_defaults(const CLI::App& app, const EnvLookup& env, RawOptions& raw) {
+// PET_<NAME> gave, and returns the line saying so; nothing for --standalone or a one-node job.
+std::string apply_scheduler_defaults(const CLI::App& app, const EnvLookup& env, bool standalone, RawOptions& raw) {
   const auto given = [&](const char* name) { return app.get_option(name)->count() > 0; };
   const bool nnodes_given = given("--nnodes");
   const bool node_rank_given = given("--node_rank");
   const bool addr_given = given("--master_addr") || given("--rdzv_endpoint");
   const bool port_given = given("--master_port") || given("--rdzv_endpoint");
-  if (raw.standalone || (nnodes_given && node_rank_given && addr_given && port_given)) return {};
   // c10d meets at --rdzv_endpoint and numbers the nodes itself, like torchrun's.
-  if (raw.rdzv_backend == "c10d") return {};
-  std::optional<SchedulerDefaults> derived;
-  try {
-    derived = derive_from_scheduler(env);
-  } catch (const SchedulerEnvError& e) {
-    throw UsageError(e.what());
-  }
+  if (standalone || raw.rdzv_backend == "c10d") return {};
+  if (nnodes_given && node_rank_given && addr_given && port_given) return {};
+  const std::optional<SchedulerDefaults> derived = derive_from_scheduler(env);
   if (!derived) return {};
   const SchedulerDefaults& d = *derived;
   const int nnodes = nnodes_given ? parse_nnodes(raw.nnodes).max : d.nnodes;
   if (nnodes <= 1) return {};
   std::string taken;
-  if (!nnodes_given) {
-    raw.nnodes = std::to_string(d.nnodes);
-    taken += " --nnodes=" + raw.nnodes;
-  }
+  const auto take = [&](std::string& option, const std::string& flag, const std::string& value) {
+    option = value;
+    taken += " " + with_value(flag, value);
+  };
+  if (!nnodes_given) take(raw.nnodes, "--nnodes", std::to_string(d.nnodes));
   if (!node_rank_given) {
     if (d.node_rank >= nnodes) {
       throw UsageError(d.node_rank_var + "=" + std::to_string(d.node_rank) + " (from " + d.source +
                        ") is not a node rank of --nnodes=" + raw.nnodes + "; pass --node_rank explicitly too");
     }
-    raw.node_rank = std::to_string(d.node_rank);
-    taken += " --node_rank=" + raw.node_rank;
+    take(raw.node_rank, "--node_rank", std::to_string(d.node_rank));
   }
   if (!addr_given) {
     if (!d.master_addr) {
@@ -398,13 +348,9 @@ std::string apply_scheduler_defaults(const CLI::App& app, const EnvLookup& env, 
                        ") does not say where node 0 is: set MASTER_ADDR=HOST in the environment of every "
                        "cpprun, or pass --master_addr=HOST (node 0's address)");
     }
-    raw.master_addr = *d.master_addr;
-    taken += " --master_addr=" + raw.master_addr;
+    take(raw.master_addr, "--master_addr", *d.master_addr);
   }
-  if (!port_given && d.master_port) {
-    raw.master_port = std::to_string(*d.master_port);
-    taken += " --master_port=" + raw.master_port;
-  }
+  if (!port_given && d.master_port) take(raw.master_port, "--master_port", std::to_string(*d.master_port));
   return taken.empty() ? std::string() : "cpprun: from " + d.source + ":" + taken;
 }
 
@@ -441,11 +387,8 @@ std::vector<OptionSpelling> option_spellings(const CLI::App& app) {
 // PROGRAM, unless it is an option we do not have.
 void take_program(std::vector<std::string> rest, const std::vector<OptionSpelling>& spellings,
                   LaunchConfig& config) {
-  bool after_separator = false;
-  if (!rest.empty() && rest.front() == "--") {
-    rest.erase(rest.begin());
-    after_separator = true;
-  }
+  const bool after_separator = !rest.empty() && rest.front() == "--";
+  if (after_separator) rest.erase(rest.begin());
   if (rest.empty()) {
     throw UsageError(
         "missing PROGRAM: name the program to launch after the options, e.g. "
@@ -467,68 +410,57 @@ void take_program(std::vector<std::string> rest, const std::vector<OptionSpellin
 
 }  // namespace
 
+std::string with_value(const std::string& name, const std::string& value) {
+  return name + "=" + (value.empty() ? "''" : value);
+}
+
+std::optional<int> int_in_range(const std::string& text, long min, long max) {
+  errno = 0;
+  char* end = nullptr;
+  const long value = std::strtol(text.c_str(), &end, 10);
+  if (text.empty() || errno != 0 || end != text.c_str() + text.size() || value < min || value > max) {
+    return std::nullopt;
+  }
+  return static_cast<int>(value);
+}
+
 bool is_multi_node(const LaunchConfig& config) {
   return rendezvous_settings(config).multi_node();
 }
 
 std::string endpoint_text(const LaunchConfig& config) { return endpoint_text(config.master_addr, config.master_port); }
 
-RendezvousSettings rendezvous_settings(const LaunchConfig& config) {
-  RendezvousSettings settings;
-  settings.backend = config.rdzv_backend;
-  settings.min_nodes = config.min_nodes;
-  settings.max_nodes = config.max_nodes;
-  settings.node_rank = config.rdzv_backend == RendezvousBackend::kStatic ? config.node_rank : -1;
-  settings.host = config.master_addr;
-  settings.port = config.master_port;
-  settings.join_timeout = config.join_timeout;
-  settings.last_call_timeout = config.last_call_timeout;
-  settings.is_host = config.is_host;
-  settings.max_restarts = config.max_restarts;
-  settings.restart_backoff = config.restart_backoff;
-  settings.shutdown_timeout = config.shutdown_timeout;
-  settings.run_id = config.run_id;
-  settings.shape = {config.nproc_per_node, config.role};
-  settings.job_secret = config.job_secret;
-  return settings;
+// In the order of RendezvousSettings' and WorkerSettings' fields.
+RendezvousSettings rendezvous_settings(const LaunchConfig& c) {
+  const int node_rank = c.rdzv_backend == RendezvousBackend::kStatic ? c.node_rank : -1;
+  return {c.rdzv_backend, c.min_nodes, c.max_nodes, node_rank, c.master_addr, c.master_port, c.join_timeout,
+          c.last_call_timeout, c.is_host, c.max_restarts, c.restart_backoff, c.shutdown_timeout, c.run_id,
+          {c.nproc_per_node, c.role}, c.job_secret};
 }
 
-WorkerSettings worker_settings(const LaunchConfig& config) {
-  WorkerSettings settings;
-  settings.env = {config.nproc_per_node, config.role,         config.master_addr,
-                  config.master_port,    config.max_restarts, config.run_id};
-  settings.output = config.output;
-  return settings;
-}
-
-ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, const HostFacts& host) {
-  ParsedCommandLine result = parse_launch_config(args, host, process_env());
-  if (!result.scheduler_note.empty()) std::cerr << result.scheduler_note << std::endl;
-  return result;
+WorkerSettings worker_settings(const LaunchConfig& c) {
+  return {{c.nproc_per_node, c.role, c.master_addr, c.master_port, c.max_restarts, c.run_id}, c.output};
 }
 
 ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, const HostFacts& host,
                                       const EnvLookup& env) {
   CLI::App app{
-      "Runs PROGRAM as --nproc_per_node local workers with torchrun's environment (RANK, WORLD_SIZE, "
-      "MASTER_ADDR, ...), stops them all when one fails, and restarts the group up to --max_restarts "
-      "times. With --nnodes=K, run it on each of K nodes: the agents meet at node 0 "
-      "(--master_addr:--master_port), number the workers across the nodes, stop every node's workers "
-      "when one fails anywhere, and restart all nodes together. With --rdzv_backend=c10d "
-      "--rdzv_endpoint=HOST:PORT --nnodes=MIN:MAX the nodes meet at the endpoint and may come and go.",
+      "Runs PROGRAM as --nproc_per_node workers with torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, "
+      "...), stops them all when one fails, and restarts them up to --max_restarts times. With --nnodes=K, run "
+      "it on each of K nodes; with --rdzv_backend=c10d and --nnodes=MIN:MAX, nodes may come and go.",
       "cpprun"};
   app.prefix_command();
   app.formatter(std::make_shared<CpprunFormatter>());
   // argparse semantics, which torchrun users rely on: a repeated option's last value wins.
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app.footer(
-      "Everything from PROGRAM on is passed to it untouched, including arguments that look like "
-      "options. Every option may also come from the environment as PET_<NAME>, like torchrun, and a long "
-      "option may be shortened to any unambiguous prefix (--nproc=2), as argparse allows.\n"
-      "Workers' stdout and stderr pass through cpprun, which prints them line by line, each line "
-      "prefixed with the worker's global rank ([rank3]: ...), so lines of different ranks never mix.");
+      "Everything from PROGRAM on is passed to it untouched. As with torchrun, an option may also come from "
+      "PET_<NAME>, and a long option may be cut to an unambiguous prefix (--nproc=2). Each line of the workers' "
+      "output is prefixed with its rank ([rank3]: ...).");
 
   RawOptions raw;
+  ParsedCommandLine result;
+  LaunchConfig& config = result.config;
   // Each option is also spelt with dashes for its underscores and read from PET_<NAME>, as torchrun's
   // argparse options are: --nproc_per_node is --nproc-per-node and PET_NPROC_PER_NODE too.
   const auto spellings = [](const std::string& names) {
@@ -554,86 +486,41 @@ ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, cons
     app.add_flag(spellings(names), value, help)->envname(env_name(names));
   };
   option("--nproc_per_node", raw.nproc_per_node, "N|auto|cpu|gpu",
-         "Workers on this node: a number, 'cpu' (one per CPU core), 'gpu' (one per visible NVIDIA "
-         "GPU) or 'auto' (gpu if there are GPUs, else cpu).");
+         "Workers on this node: N, cpu (one per CPU core), gpu (one per GPU) or auto (gpu if any, else cpu).");
   option("--nnodes", raw.nnodes, "N|MIN:MAX",
-         "Number of nodes; run cpprun once on each. Static rendezvous: N, each node with its --node_rank. "
-         "c10d rendezvous: MIN:MAX (N means N:N): the job starts once MAX nodes joined, or MIN and "
-         "--rdzv_conf last_call_timeout passed; nodes may join later, or be lost, down to MIN.");
-  option("--node_rank", raw.node_rank, "INT",
-         "Static rendezvous: this node's rank, 0 to nnodes-1; node 0 hosts the rendezvous. A node's workers "
-         "get consecutive ranks, after those of the lower node ranks. Ignored with c10d, which numbers the "
-         "nodes in the order they join.");
-  option("--master_addr", raw.master_addr, "HOST",
-         "Address of node 0 (MASTER_ADDR). With --nnodes > 1 node 0's agent hosts the c10d TCPStore there; "
-         "with one node, worker rank 0 does. Ignored with --rdzv_backend=c10d, as by torchrun.");
-  option("--master_port", raw.master_port, "PORT", "Port of that TCPStore (MASTER_PORT), 1-65535.");
+         "Nodes, each running cpprun; c10d: MIN:MAX, from MAX or from MIN after last_call_timeout.");
+  option("--node_rank", raw.node_rank, "INT", "Static rendezvous: this node's rank; node 0 hosts the rendezvous.");
+  option("--master_addr", raw.master_addr, "HOST", "Node 0's address (MASTER_ADDR). Ignored by c10d.");
+  option("--master_port", raw.master_port, "PORT", "Node 0's TCPStore port (MASTER_PORT). Ignored by c10d.");
   option("--rdzv_backend", raw.rdzv_backend, "static|c10d",
-         "Rendezvous backend. static: a fixed set of nodes meeting at --master_addr:--master_port. c10d: "
-         "torchrun's dynamic rendezvous at --rdzv_endpoint: the agent that can listen there hosts it, the "
-         "others join; nodes are numbered in join order, a late node restarts the job with it, a lost one "
-         "without it (not counted against --max_restarts). The job ends if the host's agent dies.");
+         "static: fixed nodes meeting at --master_addr:--master_port. c10d: torchrun's dynamic rendezvous at "
+         "--rdzv_endpoint; nodes may join and leave (not counted against --max_restarts).");
   option("--rdzv_endpoint", raw.rdzv_endpoint, "HOST[:PORT]",
-         "static: node 0's address, as torchrun reads it; replaces --master_addr (and --master_port when "
-         "PORT is given). c10d: where the rendezvous is hosted, the same on every node (default "
-         "localhost:29400; PORT defaults to 29400); workers get MASTER_ADDR=HOST.");
+         "static: node 0's --master_addr[:--master_port]. c10d: the rendezvous (default localhost:29400).");
   option("--rdzv_conf", raw.rdzv_conf, "KEY=VALUE,...",
-         "Rendezvous settings. join_timeout=SECONDS (also spelled timeout): how long the agents wait for the "
-         "rendezvous to complete before failing; default 600. c10d only: last_call_timeout=SECONDS, how "
-         "long to wait for more nodes once MIN are there (default 30); is_host=1|0, whether this agent "
-         "hosts the rendezvous (default: the first that can listen at the endpoint).");
-  flag("--standalone", raw.standalone,
-       "Single-node job on a private port: MASTER_ADDR=127.0.0.1 and a free MASTER_PORT, "
-       "overriding --master_addr/--master_port.");
-  option("--max_restarts", raw.max_restarts, "INT",
-         "When a worker fails, stop the group and start it again up to this many times "
-         "(TORCHELASTIC_RESTART_COUNT counts them). c10d membership changes do not count.");
+         "join_timeout=SECONDS (default 600); c10d: last_call_timeout=SECONDS (default 30), is_host=1|0.");
+  flag("--standalone", config.standalone, "One node on a private port: 127.0.0.1 and a free MASTER_PORT.");
+  option("--max_restarts", raw.max_restarts, "INT", "Restarts of the workers after a failure.");
   option("--restart_backoff", raw.restart_backoff, "INITIAL[:MAX]",
-         "Seconds to wait before a restart after a failure: INITIAL before the first, doubling with each "
-         "failure in a row up to MAX (default 30, or INITIAL if longer); an attempt that ran MAX seconds "
-         "or more starts the doubling over. 0 restarts at once. With several nodes, the agent hosting the "
-         "rendezvous decides for all. A signal during the wait ends the job.");
-  option("--shutdown_timeout", raw.shutdown_timeout, "SECONDS",
-         "When stopping workers, seconds between SIGTERM (or the signal cpprun received) and "
-         "SIGKILL. torchrun waits 30; raise this if workers checkpoint on SIGTERM.");
-  option("--rdzv_id,--run_id", raw.run_id, "ID",
-         "Job id, exported as TORCHELASTIC_RUN_ID; every node of a job needs the same (c10d refuses "
-         "an agent with another).");
-  option("--role", raw.role, "NAME", "Worker role, exported as ROLE_NAME.");
-  option("--monitor_interval", raw.monitor_interval, "SECONDS",
-         "Accepted for torchrun compatibility and ignored: cpprun reacts to worker exits at once.");
-  flag("--no_python", raw.no_python,
-       "Run PROGRAM directly, even PROGRAM.py. Without it, as torchrun: PROGRAM.py runs as `python -u "
-       "PROGRAM.py`; anything else (a C++ program, a script with a shebang) runs directly.");
+         "Seconds before a restart: INITIAL, doubling with each failure in a row up to MAX (default 30).");
+  option("--shutdown_timeout", raw.shutdown_timeout, "SECONDS", "Seconds from SIGTERM to SIGKILL (torchrun: 30).");
+  option("--rdzv_id,--run_id", config.run_id, "ID", "Job id (TORCHELASTIC_RUN_ID), the same on every node.");
+  option("--role", config.role, "NAME", "Worker role (ROLE_NAME).");
+  option("--monitor_interval", raw.monitor_interval, "SECONDS", "Accepted for torchrun compatibility; unused.");
+  flag("--no_python", raw.no_python, "Run PROGRAM directly, even PROGRAM.py.");
   option("-r,--redirects", raw.redirects, "0-3|LOCAL_RANK:0-3,...",
-         "Send workers' output to files in --log_dir instead of the console: 1 stdout, 2 stderr, "
-         "3 both, 0 neither; one value for all local ranks or a map like 0:1,1:3.");
+         "Workers' output to files in --log_dir, not the console: 1 stdout, 2 stderr, 3 both; or a map like 0:1,1:3.");
   option("-t,--tee", raw.tee, "0-3|LOCAL_RANK:0-3,...", "Like --redirects, but the console gets the output too.");
-  option("--log_dir", raw.log_dir, "DIR",
-         "Where --redirects/--tee write: DIR/attempt_N/LOCAL_RANK/{stdout,stderr}.log; workers' "
-         "TORCHELASTIC_ERROR_FILE goes there too (error.json). Without it, error files live in a temp "
-         "dir that cpprun removes.");
-  option("--local_ranks_filter", raw.local_ranks_filter, "LOCAL_RANK,...",
-         "Only these local ranks' output reaches the console (e.g. 0); log files still get everything.");
-  flag("--dry_run", raw.dry_run,
-       "Print each worker's command line and the environment variables cpprun sets for it; "
-       "start nothing.");
-  flag("-m,--module", raw.module,
-       "PROGRAM is a Python module: each worker runs `python -u -m PROGRAM ARGS...`. The "
-       "interpreter: $PYTHON_EXEC, else python3 (or python) on PATH; --dry_run shows it.");
-  flag("--run_path", raw.run_path,
-       "PROGRAM is a file of Python code, run with runpy.run_path as __main__ (torchrun's "
-       "--run_path), whatever its name.");
-
+  option("--log_dir", raw.log_dir, "DIR", "For --redirects/--tee: DIR/attempt_N/LOCAL_RANK/{stdout,stderr}.log");
+  option("--local_ranks_filter", raw.local_ranks_filter, "LOCAL_RANK,...", "The local ranks shown on the console.");
+  flag("--dry_run", config.dry_run, "Print each worker's command line and environment; start nothing.");
+  flag("-m,--module", raw.module, "PROGRAM is a Python module: workers run `python -u -m PROGRAM`.");
+  flag("--run_path", raw.run_path, "PROGRAM is a file of Python code, run with runpy.run_path whatever its name.");
   option("--job_secret_file", raw.job_secret_file, "PATH",
-         "Multi-node: a file holding the job's secret (else $CPPRUN_JOB_SECRET is read). The agents prove "
-         "to each other that they hold it before one acts on what another says; it never crosses the "
-         "network and workers do not inherit it. Every node needs the same; at least 16 characters.");
-  flag("--no_job_secret", raw.no_job_secret,
-       "Multi-node without a job secret: anyone who can reach the rendezvous ports can join, stop "
-       "or steer the job. Only for networks where nobody else can connect.");
+         "Multi-node: the job's secret, the same on every node (else $CPPRUN_JOB_SECRET); 16 characters or more.");
+  flag("--no_job_secret", config.no_job_secret,
+       "Multi-node without a secret: anyone who reaches the agents' ports can join or steer the job.");
 
-  ParsedCommandLine result;
   const std::vector<OptionSpelling> known = option_spellings(app);
   const std::vector<std::string> expanded = expand_option_prefixes(args, known);
   try {
@@ -647,13 +534,11 @@ ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, cons
   } catch (const CLI::ParseError& e) {
     throw UsageError(std::string(e.what()) + "\nRun with --help for more information.");
   }
-  result.scheduler_note = apply_scheduler_defaults(app, env, raw);
-  result.config = validate(raw, host);
-  take_program(app.remaining(), known, result.config);
-  result.config.program_mode = program_mode(raw);
-  result.config.no_job_secret = raw.no_job_secret;
-  result.config.job_secret =
-      resolve_job_secret({is_multi_node(result.config), raw.job_secret_file, raw.no_job_secret}, env);
+  result.scheduler_note = apply_scheduler_defaults(app, env, config.standalone, raw);
+  validate(raw, host, config);
+  take_program(app.remaining(), known, config);
+  config.program_mode = program_mode(raw);
+  config.job_secret = resolve_job_secret({is_multi_node(config), raw.job_secret_file, config.no_job_secret}, env);
   return result;
 }
 

@@ -11,7 +11,7 @@
 #include "command_line/host_facts.h"
 #include "command_line/output_spec.h"
 #include "command_line/program_command.h"
-#include "command_line/scheduler_env.h"
+#include "cpprun/env_lookup.h"
 #include "rendezvous/rendezvous_settings.h"
 #include "workers/restart_backoff.h"
 #include "workers/worker_specs.h"
@@ -25,13 +25,11 @@ struct LaunchConfig {
   int min_nodes = 1;  // --nnodes=MIN:MAX; static: both are nnodes
   int max_nodes = 1;
   int node_rank = 0;  // static only; c10d ignores --node_rank, as torchrun does
-  // static: node 0's, where its agent (nnodes > 1) or worker rank 0 hosts the c10d store; set by
-  // --rdzv_endpoint too. c10d: --rdzv_endpoint (port 29400 by default), where one agent hosts the
-  // rendezvous; workers get this MASTER_ADDR and the MASTER_PORT the rendezvous picks.
+  // static: node 0's c10d store (--master_addr/--master_port or --rdzv_endpoint). c10d: --rdzv_endpoint,
+  // where one agent hosts the rendezvous; workers get the MASTER_PORT the rendezvous picks.
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
-  // --rdzv_conf join_timeout, last_call_timeout (c10d) and is_host (c10d; unset: the first agent
-  // that can listen at the endpoint hosts).
+  // --rdzv_conf; last_call_timeout and is_host are c10d's (is_host unset: the first agent that listens hosts).
   std::chrono::milliseconds join_timeout{600 * 1000};
   std::chrono::milliseconds last_call_timeout{30 * 1000};
   std::optional<bool> is_host;
@@ -63,13 +61,11 @@ struct ParsedCommandLine {
   CliOutcome outcome = CliOutcome::kLaunch;
   LaunchConfig config;    // valid when outcome == kLaunch
   std::string help_text;  // valid when outcome == kShowHelp; CLI11 writes it
-  // "cpprun: from Slurm: --nnodes=4 --node_rank=2 --master_addr=node01" when options not given on
-  // the command line (or as PET_<NAME>) came from the scheduler's environment; empty otherwise.
+  // "cpprun: from Slurm: --nnodes=4 --node_rank=2 --master_addr=node01" if the scheduler gave options.
   std::string scheduler_note;
 };
 
-// A mistake on the command line; the message names the flag, its value and the fix. cpprun prints
-// it and exits with kUsageExitCode.
+// A mistake on the command line; the message names the flag, its value and the fix.
 class UsageError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
@@ -78,14 +74,13 @@ class UsageError : public std::runtime_error {
 // argparse's (and so torchrun's) code for a bad command line.
 inline constexpr int kUsageExitCode = 2;
 
-// `args` is argv without argv[0]. --nnodes, --node_rank, --master_addr and --master_port given
-// neither on the command line nor as PET_<NAME> come from the scheduler's variables in `env`
-// (scheduler_env.h); scheduler_note says which. Throws UsageError.
-ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, const HostFacts& host,
-                                      const EnvLookup& env);
+// A bound on --nnodes and on the schedulers' node counts.
+inline constexpr int kMaxNodes = 1 << 16;
 
-// The same with the process environment; prints scheduler_note, if any, to stderr.
-ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, const HostFacts& host);
+// `args` is argv without argv[0]. --nnodes, --node_rank, --master_addr and --master_port not given
+// (nor as PET_<NAME>) come from the scheduler's variables in `env` (scheduler_env.h). Throws UsageError.
+ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, const HostFacts& host,
+                                      const EnvLookup& env = process_env());
 
 // The agent talks to other nodes' agents: static with nnodes > 1, or c10d (even 1:1, like torchrun).
 bool is_multi_node(const LaunchConfig& config);
@@ -96,5 +91,12 @@ std::string endpoint_text(const LaunchConfig& config);
 // What each component takes of the command line.
 RendezvousSettings rendezvous_settings(const LaunchConfig& config);
 WorkerSettings worker_settings(const LaunchConfig& config);
+
+// How errors quote what was given, for the options and the scheduler's variables alike:
+// "--master_port=http", "--master_addr=''".
+std::string with_value(const std::string& name, const std::string& value);
+
+// `text` if it is a whole number from min to max ("4", "-1"; not "4x", "4.0" or "").
+std::optional<int> int_in_range(const std::string& text, long min, long max);
 
 }  // namespace cpprun::launcher

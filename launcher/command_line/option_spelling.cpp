@@ -10,20 +10,16 @@ namespace cpprun::launcher {
 namespace {
 
 const OptionSpelling* exact(const std::string& name, const std::vector<OptionSpelling>& options) {
-  for (const OptionSpelling& o : options) {
-    if (o.name == name) return &o;
-  }
-  return nullptr;
+  const auto found = std::find_if(options.begin(), options.end(), [&](const auto& o) { return o.name == name; });
+  return found == options.end() ? nullptr : &*found;
 }
 
 // The first matching spelling of each option that `name` is a prefix of, in declaration order.
 std::vector<const OptionSpelling*> prefixed(const std::string& name, const std::vector<OptionSpelling>& options) {
   std::vector<const OptionSpelling*> found;
   for (const OptionSpelling& o : options) {
-    if (o.name.rfind(name, 0) != 0) continue;
-    bool seen = false;
-    for (const OptionSpelling* f : found) seen = seen || f->option == o.option;
-    if (!seen) found.push_back(&o);
+    const auto same_option = [&](const OptionSpelling* f) { return f->option == o.option; };
+    if (o.name.rfind(name, 0) == 0 && std::none_of(found.begin(), found.end(), same_option)) found.push_back(&o);
   }
   return found;
 }
@@ -58,9 +54,7 @@ std::vector<std::string> expand_option_prefixes(const std::vector<std::string>& 
         out[i] = option->name + (eq == std::string::npos ? std::string() : arg.substr(eq));
       }
     }
-    if (option == nullptr && name[1] != '-' && exact(name.substr(0, 2), options) != nullptr) {
-      continue;  // a short option with its value attached: -r3
-    }
+    if (option == nullptr && name[1] != '-' && exact(name.substr(0, 2), options)) continue;  // -r3: value attached
     if (option == nullptr) break;  // PROGRAM's flags never get here; CLI11 names the unknown option
     if (option->takes_value && eq == std::string::npos) ++i;
   }
@@ -68,22 +62,18 @@ std::vector<std::string> expand_option_prefixes(const std::vector<std::string>& 
 }
 
 std::size_t edit_distance(const std::string& a, const std::string& b) {
-  // d[i][j]: distance between a's first i and b's first j characters, three rows kept.
-  std::vector<std::size_t> before(b.size() + 1), previous(b.size() + 1), current(b.size() + 1);
-  for (std::size_t j = 0; j <= b.size(); ++j) previous[j] = j;
+  // d[i][j]: distance between a's first i and b's first j characters.
+  std::vector<std::vector<std::size_t>> d(a.size() + 1, std::vector<std::size_t>(b.size() + 1));
+  for (std::size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (std::size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
   for (std::size_t i = 1; i <= a.size(); ++i) {
-    current[0] = i;
     for (std::size_t j = 1; j <= b.size(); ++j) {
-      const std::size_t substitute = previous[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1);
-      current[j] = std::min({previous[j] + 1, current[j - 1] + 1, substitute});
-      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) {
-        current[j] = std::min(current[j], before[j - 2] + 1);
-      }
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      const bool swapped = i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1];
+      if (swapped) d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
     }
-    before.swap(previous);
-    previous.swap(current);
   }
-  return previous[b.size()];
+  return d[a.size()][b.size()];
 }
 
 std::optional<std::string> suggest_option(const std::string& typed, const std::vector<std::string>& known) {

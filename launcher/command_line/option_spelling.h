@@ -1,6 +1,5 @@
 // How what was typed maps to cpprun's options: argparse's (so torchrun's) unambiguous prefixes of a
 // long option (--nproc 2 for --nproc_per_node 2), which CLI11 lacks, and "did you mean" for a typo.
-// Pure, unit-tested.
 #pragma once
 
 #include <cstddef>

@@ -1,20 +1,17 @@
 // Parsing torchrun's output options and deciding, per worker stream, console and/or file.
 #include "command_line/output_spec.h"
 
-#include <cerrno>
-#include <cstdlib>
+#include <algorithm>
 
-#include "command_line/launch_config.h"  // UsageError
+#include "command_line/launch_config.h"  // UsageError, int_in_range
 
 namespace cpprun::launcher {
 namespace {
 
-// A whole number in [0, limit); -1 if the text is not one.
-long read_index(const std::string& text, long limit) {
-  if (text.empty() || text.find_first_not_of("0123456789") != std::string::npos) return -1;
-  errno = 0;
-  const long value = std::strtol(text.c_str(), nullptr, 10);
-  return errno == 0 && value < limit ? value : -1;
+// A whole number in [0, limit), digits only; -1 if the text is not one.
+int read_index(const std::string& text, long limit) {
+  if (text.find_first_not_of("0123456789") != std::string::npos) return -1;
+  return int_in_range(text, 0, limit - 1).value_or(-1);
 }
 
 std::vector<std::string> split(const std::string& text, char separator) {
@@ -36,20 +33,19 @@ T at_or(const std::vector<T>& values, int index, T fallback) {
 }  // namespace
 
 std::vector<StdStreams> parse_std_spec(const std::string& flag, const std::string& text, int nproc_per_node) {
-  const std::string value_help =
-      "expected 0 (console), 1 (stdout), 2 (stderr) or 3 (both) for every local rank, or "
-      "LOCAL_RANK:VALUE pairs such as " + flag + "=0:1,1:3";
-  const long single = read_index(text, 4);
+  const int single = read_index(text, 4);
   if (single >= 0) return std::vector<StdStreams>(nproc_per_node, static_cast<StdStreams>(single));
 
   std::vector<StdStreams> per_rank(nproc_per_node, StdStreams::kNone);
   for (const std::string& pair : split(text, ',')) {
     const auto colon = pair.find(':');
-    const long value = colon == std::string::npos ? -1 : read_index(pair.substr(colon + 1), 4);
+    const int value = colon == std::string::npos ? -1 : read_index(pair.substr(colon + 1), 4);
     if (value < 0 || read_index(pair.substr(0, colon), 1L << 20) < 0) {
-      throw UsageError(flag + "=" + text + ": '" + pair + "' is not LOCAL_RANK:VALUE; " + value_help);
+      throw UsageError(flag + "=" + text + ": '" + pair + "' is not LOCAL_RANK:VALUE; expected 0 (console), " +
+                       "1 (stdout), 2 (stderr) or 3 (both) for every local rank, or pairs such as " + flag +
+                       "=0:1,1:3");
     }
-    const long rank = read_index(pair.substr(0, colon), nproc_per_node);
+    const int rank = read_index(pair.substr(0, colon), nproc_per_node);
     if (rank < 0) {
       throw UsageError(flag + "=" + text + ": local rank " + pair.substr(0, colon) +
                        " does not exist with --nproc_per_node=" + std::to_string(nproc_per_node) +
@@ -64,7 +60,7 @@ std::vector<bool> parse_local_ranks_filter(const std::string& text, int nproc_pe
   if (text.empty()) return std::vector<bool>(nproc_per_node, true);
   std::vector<bool> shown(nproc_per_node, false);
   for (const std::string& item : split(text, ',')) {
-    const long rank = read_index(item, nproc_per_node);
+    const int rank = read_index(item, nproc_per_node);
     if (rank < 0) {
       throw UsageError("--local_ranks_filter=" + text + ": '" + item +
                        "' is not a local rank; expected a comma-separated list of local ranks from 0 "
@@ -76,12 +72,8 @@ std::vector<bool> parse_local_ranks_filter(const std::string& text, int nproc_pe
 }
 
 bool OutputOptions::writes_files() const {
-  for (const auto* spec : {&redirects, &tee}) {
-    for (StdStreams s : *spec) {
-      if (s != StdStreams::kNone) return true;
-    }
-  }
-  return false;
+  const auto to_file = [](StdStreams s) { return s != StdStreams::kNone; };
+  return std::any_of(redirects.begin(), redirects.end(), to_file) || std::any_of(tee.begin(), tee.end(), to_file);
 }
 
 WorkerOutputSpec plan_worker_output(const OutputOptions& options, int local_rank, int rank,

@@ -20,24 +20,11 @@ Candidate check(const std::string& path) {
   return Candidate::kRunnable;
 }
 
-bool ends_with(const std::string& text, const std::string& suffix) {
-  return text.size() >= suffix.size() && text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
-bool is_regular_file(const std::string& path) {
-  struct stat st {};
-  return stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
-}
-
-struct Python {
-  std::string path;
-  std::string source;
-};
-
-Python find_python(const std::string& program, const ProgramLookup& lookup) {
+// A command whose argv is still to be written: the interpreter's path, and where it came from.
+ProgramCommand find_python(const std::string& program, const ProgramLookup& lookup) {
   if (lookup.python_exec != nullptr && *lookup.python_exec != '\0') {
     try {
-      return {resolve_program(lookup.python_exec, lookup.path_env), "PYTHON_EXEC"};
+      return {resolve_program(lookup.python_exec, lookup.path_env), {}, "PYTHON_EXEC"};
     } catch (const ProgramNotRunnable& e) {
       throw ProgramNotRunnable(std::string(e.what()) + " (the Python interpreter named by PYTHON_EXEC=" +
                                    lookup.python_exec + ")", e.exit_code());
@@ -45,7 +32,7 @@ Python find_python(const std::string& program, const ProgramLookup& lookup) {
   }
   for (const char* name : {"python3", "python"}) {
     try {
-      return {resolve_program(name, lookup.path_env), std::string(name) + " on PATH"};
+      return {resolve_program(name, lookup.path_env), {}, std::string(name) + " on PATH"};
     } catch (const ProgramNotRunnable&) {
     }
   }
@@ -57,15 +44,15 @@ Python find_python(const std::string& program, const ProgramLookup& lookup) {
 }
 
 void require_file(const std::string& program, const char* what) {
-  if (!is_regular_file(program)) {
+  struct stat st {};
+  if (stat(program.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
     throw ProgramNotRunnable("cpprun: cannot run " + std::string(what) + " '" + program +
                                  "': no such file (relative to the current directory, as python would look)",
                              127);
   }
 }
 
-// Runs a file as torchrun's --run_path does (runpy.run_path, as __main__), with sys.argv as the
-// script would see it.
+// torchrun's --run_path: runpy.run_path as __main__, with sys.argv as the script would see it.
 const char* const kRunPathCode =
     "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')";
 
@@ -74,18 +61,15 @@ const char* const kRunPathCode =
 std::string resolve_program(const std::string& program, const char* path_env) {
   if (program.empty()) throw ProgramNotRunnable("cpprun: PROGRAM is an empty string", 127);
   if (program.find('/') != std::string::npos) {
-    switch (check(program)) {
-      case Candidate::kRunnable:
-        return program;
-      case Candidate::kMissing:
-        throw ProgramNotRunnable("cpprun: cannot run PROGRAM '" + program +
-                                     "': no such file (check the path, relative to " +
-                                     "the current directory)", 127);
-      case Candidate::kNotExecutable:
-        throw ProgramNotRunnable("cpprun: cannot run PROGRAM '" + program +
-                                     "': not an executable file (chmod +x it, or name its "
-                                     "interpreter first, e.g. `cpprun python3 " + program + "`)", 126);
+    const Candidate found = check(program);
+    if (found == Candidate::kRunnable) return program;
+    if (found == Candidate::kMissing) {
+      throw ProgramNotRunnable("cpprun: cannot run PROGRAM '" + program +
+                                   "': no such file (check the path, relative to the current directory)", 127);
     }
+    throw ProgramNotRunnable("cpprun: cannot run PROGRAM '" + program +
+                                 "': not an executable file (chmod +x it, or name its interpreter first, e.g. "
+                                 "`cpprun python3 " + program + "`)", 126);
   }
   const std::string path = path_env != nullptr ? path_env : "/bin:/usr/bin";
   std::string not_executable;  // first match that exists but cannot run, for the error
@@ -94,15 +78,9 @@ std::string resolve_program(const std::string& program, const char* path_env) {
     const auto colon = std::min(path.find(':', start), path.size());
     const std::string dir = path.substr(start, colon - start);
     const std::string candidate = (dir.empty() ? std::string(".") : dir) + "/" + program;
-    switch (check(candidate)) {
-      case Candidate::kRunnable:
-        return candidate;
-      case Candidate::kNotExecutable:
-        if (not_executable.empty()) not_executable = candidate;
-        break;
-      case Candidate::kMissing:
-        break;
-    }
+    const Candidate found = check(candidate);
+    if (found == Candidate::kRunnable) return candidate;
+    if (found == Candidate::kNotExecutable && not_executable.empty()) not_executable = candidate;
     start = colon + 1;
   }
   if (!not_executable.empty()) {
@@ -116,19 +94,17 @@ std::string resolve_program(const std::string& program, const char* path_env) {
 
 ProgramCommand resolve_program_command(const std::string& program, const std::vector<std::string>& args,
                                        ProgramMode mode, const ProgramLookup& lookup) {
+  const bool python_file = program.size() >= 3 && program.compare(program.size() - 3, 3, ".py") == 0;
   ProgramCommand command;
-  if (mode == ProgramMode::kNoPython || (mode == ProgramMode::kByName && !ends_with(program, ".py"))) {
-    command.path = resolve_program(program, lookup.path_env);
-    command.argv.push_back(program);
+  if (mode == ProgramMode::kNoPython || (mode == ProgramMode::kByName && !python_file)) {
+    command = {resolve_program(program, lookup.path_env), {program}, ""};
   } else {
     if (program.empty()) throw ProgramNotRunnable("cpprun: PROGRAM is an empty string", 127);
     if (mode == ProgramMode::kByName) require_file(program, "the Python script");
     if (mode == ProgramMode::kRunPath) require_file(program, "--run_path");
-    const Python python = find_python(program, lookup);
-    command.path = python.path;
-    command.python_source = python.source;
+    command = find_python(program, lookup);
     // -u: unbuffered, as torchrun runs its workers, so lines reach the console as they are printed.
-    command.argv = {python.path, "-u"};
+    command.argv = {command.path, "-u"};
     if (mode == ProgramMode::kModule) command.argv.push_back("-m");
     if (mode == ProgramMode::kRunPath) command.argv.insert(command.argv.end(), {"-c", kRunPathCode});
     command.argv.push_back(program);

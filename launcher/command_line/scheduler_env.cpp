@@ -2,57 +2,42 @@
 #include "command_line/scheduler_env.h"
 
 #include <cctype>
-#include <cerrno>
-#include <cstdlib>
 
 namespace cpprun::launcher {
 namespace {
 
-std::string shown(const std::string& variable, const std::string& value) {
-  return variable + "=" + (value.empty() ? "''" : value);
-}
-
 // A whole number from min to max, or an error naming the variable, its value and what it should be.
 int read_number(const EnvLookup& env, const std::string& variable, long min, long max, const std::string& meaning) {
   const std::string text = env(variable).value_or("");
-  errno = 0;
-  char* end = nullptr;
-  const long value = text.empty() ? 0 : std::strtol(text.c_str(), &end, 10);
-  if (text.empty() || errno != 0 || end != text.c_str() + text.size() || value < min || value > max) {
-    throw SchedulerEnvError(shown(variable, text) + ": expected " + meaning + ", a whole number from " +
-                            std::to_string(min) + " to " + std::to_string(max));
-  }
-  return static_cast<int>(value);
+  if (const std::optional<int> value = int_in_range(text, min, max)) return *value;
+  throw SchedulerEnvError(with_value(variable, text) + ": expected " + meaning + ", a whole number from " +
+                          std::to_string(min) + " to " + std::to_string(max));
 }
 
-constexpr long kMaxNodes = 1 << 16;
-
-// Fills node_rank after nnodes, checking that it fits.
-void read_nodes(const EnvLookup& env, SchedulerDefaults& d, const std::string& nnodes_var,
-                const std::string& node_rank_var) {
-  d.nnodes_var = nnodes_var;
-  d.nnodes = read_number(env, nnodes_var, 1, kMaxNodes, "the number of nodes");
-  d.node_rank_var = node_rank_var;
-  d.node_rank = read_number(env, node_rank_var, 0, d.nnodes - 1,
-                            "this node's rank among " + shown(nnodes_var, std::to_string(d.nnodes)));
+// The node count, then a node rank that fits it.
+SchedulerDefaults read_nodes(const EnvLookup& env, const std::string& source, const std::string& nnodes_var,
+                             const std::string& node_rank_var) {
+  const int nnodes = read_number(env, nnodes_var, 1, kMaxNodes, "the number of nodes");
+  const int node_rank = read_number(env, node_rank_var, 0, nnodes - 1,
+                                    "this node's rank among " + with_value(nnodes_var, std::to_string(nnodes)));
+  return {source, nnodes, nnodes_var, node_rank, node_rank_var, std::nullopt, std::nullopt};
 }
 
-void read_master(const EnvLookup& env, SchedulerDefaults& d) {
+SchedulerDefaults with_master(const EnvLookup& env, SchedulerDefaults d) {
   if (auto addr = env("MASTER_ADDR"); addr && !addr->empty()) d.master_addr = *addr;
   if (auto port = env("MASTER_PORT"); port && !port->empty()) {
     d.master_port = read_number(env, "MASTER_PORT", 1, 65535, "a TCP port");
   }
+  return d;
 }
 
 SchedulerDefaults from_slurm(const EnvLookup& env) {
-  SchedulerDefaults d;
-  d.source = "Slurm";
-  read_nodes(env, d, "SLURM_NNODES", "SLURM_NODEID");
+  SchedulerDefaults d = read_nodes(env, "Slurm", "SLURM_NNODES", "SLURM_NODEID");
   // srun sets the step's task count; cpprun starts a node's workers itself, so one task per node.
   const auto tasks = env("SLURM_STEP_NUM_TASKS");
   if (tasks && *tasks != std::to_string(d.nnodes)) {
-    throw SchedulerEnvError(shown("SLURM_STEP_NUM_TASKS", *tasks) + " with " +
-                            shown("SLURM_NNODES", std::to_string(d.nnodes)) +
+    throw SchedulerEnvError(with_value("SLURM_STEP_NUM_TASKS", *tasks) + " with " +
+                            with_value("SLURM_NNODES", std::to_string(d.nnodes)) +
                             ": cpprun starts each node's workers itself; run one cpprun per node "
                             "(srun --ntasks-per-node=1 cpprun ...), or pass --nnodes/--node_rank/--master_addr");
   }
@@ -61,25 +46,18 @@ SchedulerDefaults from_slurm(const EnvLookup& env) {
 }
 
 SchedulerDefaults from_open_mpi(const EnvLookup& env) {
-  SchedulerDefaults d;
-  d.source = "Open MPI";
   if (const auto local = env("OMPI_COMM_WORLD_LOCAL_SIZE"); local && *local != "1") {
-    throw SchedulerEnvError(shown("OMPI_COMM_WORLD_LOCAL_SIZE", *local) +
+    throw SchedulerEnvError(with_value("OMPI_COMM_WORLD_LOCAL_SIZE", *local) +
                             ": cpprun starts each node's workers itself; start one cpprun per node "
                             "(mpirun --map-by ppr:1:node cpprun ...), or pass --nnodes/--node_rank/--master_addr");
   }
-  read_nodes(env, d, "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK");
-  read_master(env, d);  // mpirun knows no master address: MASTER_ADDR or --master_addr must say it
-  return d;
+  // mpirun knows no master address: MASTER_ADDR or --master_addr must say it.
+  return with_master(env, read_nodes(env, "Open MPI", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK"));
 }
 
 SchedulerDefaults from_kubeflow(const EnvLookup& env) {
-  SchedulerDefaults d;
-  d.source = "Kubeflow";
   // The PyTorchJob operator sets WORLD_SIZE to the number of pods and RANK to this pod's index.
-  read_nodes(env, d, "WORLD_SIZE", "RANK");
-  read_master(env, d);
-  return d;
+  return with_master(env, read_nodes(env, "Kubeflow", "WORLD_SIZE", "RANK"));
 }
 
 bool is_set(const EnvLookup& env, const std::string& name) { return env(name).has_value(); }
@@ -88,7 +66,7 @@ bool is_set(const EnvLookup& env, const std::string& name) { return env(name).ha
 
 std::string first_slurm_host(const std::string& nodelist, const std::string& variable) {
   const auto bad = [&](const std::string& why) {
-    return SchedulerEnvError(shown(variable, nodelist) + ": " + why +
+    return SchedulerEnvError(with_value(variable, nodelist) + ": " + why +
                              " (expected a Slurm host list such as node[01-03,07],gpu5); pass --master_addr=HOST");
   };
   std::string host;

@@ -3,12 +3,12 @@
 // environment comes in through a lookup, so every rule here is unit-tested with faked ones.
 #pragma once
 
-#include <functional>
 #include <optional>
-#include <stdexcept>
 #include <string>
 
 #include <cpprun/env_lookup.h>  // EnvLookup, process_env(): the library's, LibTorch-free
+
+#include "command_line/launch_config.h"  // UsageError
 
 namespace cpprun::launcher {
 
@@ -26,10 +26,11 @@ struct SchedulerDefaults {
   std::optional<int> master_port;          // from MASTER_PORT where the scheduler sets it
 };
 
-// A scheduler variable with a value cpprun cannot use; the message names the variable and value.
-class SchedulerEnvError : public std::runtime_error {
+// A scheduler variable with a value cpprun cannot use; the message names the variable, the value
+// and the option or variable that fixes it.
+class SchedulerEnvError : public UsageError {
  public:
-  using std::runtime_error::runtime_error;
+  using UsageError::UsageError;
 };
 
 // Slurm first (SLURM_JOB_ID), then Open MPI (OMPI_COMM_WORLD_SIZE), then Kubeflow (MASTER_ADDR,
