@@ -430,14 +430,27 @@ bool is_multi_node(const LaunchConfig& config) {
 
 std::string endpoint_text(const LaunchConfig& config) { return endpoint_text(config.master_addr, config.master_port); }
 
-// In the order of RendezvousSettings' and WorkerSettings' fields.
+// Field by field: neighbouring fields share types (min/max nodes, the timeouts), so an aggregate
+// in declaration order would compile wrong after a reordering.
 RendezvousSettings rendezvous_settings(const LaunchConfig& c) {
-  const int node_rank = c.rdzv_backend == RendezvousBackend::kStatic ? c.node_rank : -1;
-  return {c.rdzv_backend, c.min_nodes, c.max_nodes, node_rank, c.master_addr, c.master_port, c.join_timeout,
-          c.last_call_timeout, c.is_host, c.max_restarts, c.restart_backoff, c.shutdown_timeout, c.run_id,
-          {c.nproc_per_node, c.role}, c.job_secret};
+  RendezvousSettings s;
+  s.backend = c.rdzv_backend;
+  s.min_nodes = c.min_nodes;
+  s.max_nodes = c.max_nodes;
+  s.node_rank = c.rdzv_backend == RendezvousBackend::kStatic ? c.node_rank : -1;
+  s.host = c.master_addr;
+  s.port = c.master_port;
+  s.join_timeout = c.join_timeout;
+  s.last_call_timeout = c.last_call_timeout;
+  s.is_host = c.is_host;
+  s.max_restarts = c.max_restarts;
+  s.restart_backoff = c.restart_backoff;
+  s.shutdown_timeout = c.shutdown_timeout;
+  s.run_id = c.run_id;
+  s.shape = {c.nproc_per_node, c.role};
+  s.job_secret = c.job_secret;
+  return s;
 }
-
 WorkerSettings worker_settings(const LaunchConfig& c) {
   return {{c.nproc_per_node, c.role, c.master_addr, c.master_port, c.max_restarts, c.run_id}, c.output};
 }
