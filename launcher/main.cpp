@@ -22,7 +22,7 @@
 #include "rendezvous/node_rendezvous.h"
 #include "command_line/program_command.h"
 #include "rendezvous/rank_layout.h"
-#include "workers/restart_pacer.h"
+#include "workers/restart_backoff.h"
 #include "workers/run_directory.h"
 #include "workers/signal_relay.h"
 #include "workers/worker_env.h"

@@ -14,7 +14,7 @@
 #include "rendezvous/node_link.h"
 #include "rendezvous/node_rendezvous.h"
 #include "rendezvous/pending_links.h"
-#include "workers/restart_pacer.h"
+#include "workers/restart_backoff.h"
 
 namespace cpprun::launcher {
 namespace {

@@ -1,8 +1,10 @@
 // The clock and the console around RestartBackoff.
-#include "workers/restart_pacer.h"
+#include "workers/restart_backoff.h"
 
 #include <iostream>
 #include <string>
+
+#include "workers/signal_relay.h"
 
 namespace cpprun::launcher {
 namespace {
@@ -19,14 +21,6 @@ std::string seconds(std::chrono::milliseconds ms) {
 }
 
 }  // namespace
-
-RestartPacer::RestartPacer(RestartBackoffSettings settings)
-    : backoff_(settings), settings_(settings), attempt_start_(Clock::now()) {}
-
-void RestartPacer::attempt_started() {
-  attempt_start_ = Clock::now();
-  decided_ = false;
-}
 
 RestartPacer::Clock::time_point RestartPacer::restart_at(int restart, int max_restarts) {
   if (decided_) return restart_at_;
