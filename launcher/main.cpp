@@ -28,7 +28,6 @@
 #include "workers/worker_env.h"
 #include "workers/worker_process.h"
 #include "workers/worker_specs.h"
-#include "workers/worker_status.h"
 
 namespace {
 

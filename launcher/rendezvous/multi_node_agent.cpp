@@ -8,7 +8,6 @@
 #include "rendezvous/job_secret.h"
 #include "rendezvous/node_rendezvous.h"
 #include "workers/worker_specs.h"
-#include "workers/worker_status.h"
 
 namespace cpprun::launcher {
 namespace {

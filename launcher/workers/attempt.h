@@ -12,7 +12,6 @@
 
 #include "workers/signal_relay.h"
 #include "workers/worker_group.h"
-#include "workers/worker_status.h"
 
 namespace cpprun::launcher {
 
