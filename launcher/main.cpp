@@ -25,7 +25,6 @@
 #include "workers/restart_backoff.h"
 #include "workers/run_directory.h"
 #include "workers/signal_relay.h"
-#include "workers/worker_env.h"
 #include "workers/worker_process.h"
 #include "workers/worker_specs.h"
 
