@@ -4,8 +4,6 @@
 #include <iostream>
 #include <string>
 
-#include "workers/signal_relay.h"
-
 namespace cpprun::launcher {
 namespace {
 
@@ -36,15 +34,6 @@ RestartPacer::Clock::time_point RestartPacer::restart_at(int restart, int max_re
               << " doubles the wait after each attempt that fails within " << max << " s, up to " << max << " s)\n";
   }
   return restart_at_;
-}
-
-int sleep_until(SignalRelay& relay, RestartPacer::Clock::time_point when) {
-  while (relay.wait_until(when)) {
-    for (int sig : relay.take_pending()) {
-      if (ends_job(sig)) return sig;
-    }
-  }
-  return 0;
 }
 
 }  // namespace cpprun::launcher

@@ -9,8 +9,6 @@
 
 namespace cpprun::launcher {
 
-class SignalRelay;
-
 // --restart_backoff=INITIAL[:MAX].
 struct RestartBackoffSettings {
   // Before the first restart of a run of failures. 0: every restart at once (torchrun's behaviour).
@@ -39,8 +37,7 @@ class RestartBackoff {
   std::chrono::milliseconds next_;  // the delay after the next quick failure
 };
 
-// The backoff applied to a job's attempts. The agent hosting a multi-node rendezvous paces every
-// node this way (the others wait for its start message).
+// The backoff on the clock. The agent hosting a multi-node rendezvous paces every node this way.
 class RestartPacer {
  public:
   using Clock = std::chrono::steady_clock;
@@ -65,9 +62,5 @@ class RestartPacer {
   bool decided_ = false;  // restart_at_ holds this attempt's answer
   Clock::time_point restart_at_;
 };
-
-// Sleeps in poll() on the relay until `when`. Returns the job-ending signal that cut the wait short
-// (see ends_job), or 0; other signals are dropped, as no worker runs meanwhile.
-int sleep_until(SignalRelay& relay, RestartPacer::Clock::time_point when);
 
 }  // namespace cpprun::launcher
