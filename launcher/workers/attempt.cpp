@@ -22,17 +22,18 @@ std::string seconds_text(std::chrono::milliseconds ms) {
 
 std::string fate(const WorkerRecord& w, std::chrono::milliseconds shutdown_timeout) {
   const std::string how = w.exit ? w.exit->describe() : "exit status unknown";
-  switch (w.state) {
-    case WorkerState::kRunning:
-      return "still running";
-    case WorkerState::kFinished:
-      return w.exit && w.exit->succeeded() ? "had finished (exited with code 0)" : "also failed: " + how;
-    case WorkerState::kStoppedByLauncher:
-      return w.sent_sigkill ? "stopped: did not exit within --shutdown_timeout=" +
-                                  seconds_text(shutdown_timeout) + ", " + how
-                            : "stopped: " + how;
+  if (w.state == WorkerState::kRunning) return "still running";
+  if (w.state == WorkerState::kFinished) {
+    return w.exit && w.exit->succeeded() ? "had finished (exited with code 0)" : "also failed: " + how;
   }
-  return how;
+  if (!w.sent_sigkill) return "stopped: " + how;
+  return "stopped: did not exit within --shutdown_timeout=" + seconds_text(shutdown_timeout) + ", " + how;
+}
+
+// "rank 1 (local_rank 1, pid 4242)"
+std::string describe_worker(const WorkerRecord& worker) {
+  return "rank " + std::to_string(worker.rank) + " (local_rank " + std::to_string(worker.local_rank) +
+         ", pid " + std::to_string(worker.pid) + ")";
 }
 
 }  // namespace
@@ -43,36 +44,28 @@ AttemptEnd run_attempt(SignalRelay& relay, const std::vector<WorkerSpec>& specs,
   WorkerGroup group(relay);
   group.start(specs, shutdown_timeout);
   const GroupOutcome outcome = group.wait(peers);
-  AttemptEnd result;
-  result.end = outcome.end;
   if (outcome.end == GroupEnd::kSucceeded) {
     // See Note [The job's process tree]. A job-ending signal that cut the grace short is raised
     // again, for whatever waits next (the exit barrier of a multi-node job) to act on.
     if (const int sig = stop_leftovers(relay, shutdown_timeout); sig != 0) raise(sig);
-    return result;
+    return {};
   }
+  AttemptEnd result{outcome.end, 0, outcome.signal, "", ""};
   if (outcome.root_cause) {
     const WorkerRecord& root = group.workers().at(*outcome.root_cause);
     result.root_worker = describe_worker(root);
     result.root_how = root.exit->describe();
     result.exit_code = root.exit->launcher_exit_code();
   }
-  if (outcome.end == GroupEnd::kInterrupted) {
-    result.signal = outcome.signal;
-    result.exit_code = 128 + outcome.signal;
-  }
+  if (outcome.end == GroupEnd::kInterrupted) result.exit_code = 128 + outcome.signal;
   if (before_stop) before_stop(result);
 
   group.stop(outcome.end == GroupEnd::kInterrupted ? StopStart::kAlreadySignalled : StopStart::kSendSigterm,
              shutdown_timeout);
-  AttemptSummary summary;
-  summary.root_cause = outcome.root_cause;
-  summary.ending_signal = group.ending_signal();
-  summary.shutdown_timeout = shutdown_timeout;
-  if (outcome.root_cause) {
-    summary.root_cause_stderr_tail = group.stderr_tail(*outcome.root_cause);
-    summary.root_cause_error_file = read_file_head(specs.at(*outcome.root_cause).error_file, kErrorFileLimit);
-  }
+  const std::optional<std::size_t> root = outcome.root_cause;
+  const AttemptSummary summary{root, group.ending_signal(), shutdown_timeout,
+                               root ? group.stderr_tail(*root) : std::vector<std::string>{},
+                               root ? read_file_head(specs.at(*root).error_file, kErrorFileLimit) : std::nullopt};
   std::cerr << format_attempt_summary(group.workers(), summary);
   const int leftovers_signal = stop_leftovers(relay, shutdown_timeout);
   // A signal that arrived while stopping after a failure still means "do not restart".
@@ -83,11 +76,6 @@ AttemptEnd run_attempt(SignalRelay& relay, const std::vector<WorkerSpec>& specs,
     result.exit_code = 128 + result.signal;
   }
   return result;
-}
-
-std::string describe_worker(const WorkerRecord& worker) {
-  return "rank " + std::to_string(worker.rank) + " (local_rank " + std::to_string(worker.local_rank) +
-         ", pid " + std::to_string(worker.pid) + ")";
 }
 
 std::string format_attempt_summary(const std::vector<WorkerRecord>& workers, const AttemptSummary& summary) {

@@ -1,6 +1,6 @@
-// One attempt of this node's workers: start them, supervise them until the attempt ends, stop the
-// rest and print the failure summary unless all succeeded, and stop what they left behind (Note
-// [The job's process tree]). The caller's loop (single- or multi-node) decides what comes next.
+// One attempt of this node's workers: start and supervise them, stop the rest and print the failure
+// summary unless all succeeded, and stop what they left behind (Note [The job's process tree]).
+// The caller's loop (single- or multi-node) decides what comes next.
 #pragma once
 
 #include <chrono>
@@ -10,7 +10,6 @@
 #include <string>
 #include <vector>
 
-#include "workers/signal_relay.h"
 #include "workers/worker_group.h"
 
 namespace cpprun::launcher {
@@ -24,14 +23,12 @@ struct AttemptEnd {
 };
 
 // `peers` (multi-node) may end the attempt too; `before_stop`, if set, runs once the attempt has
-// ended badly and before the workers are stopped, so other nodes hear of it at once. Stopping
-// gives SIGTERM `shutdown_timeout` (--shutdown_timeout) before SIGKILL.
+// ended badly, before the workers are stopped, so other nodes hear of it at once.
 AttemptEnd run_attempt(SignalRelay& relay, const std::vector<WorkerSpec>& specs,
                        std::chrono::milliseconds shutdown_timeout,
                        PeerEvents* peers, const std::function<void(const AttemptEnd&)>& before_stop);
 
-// What the failure summary says: which worker failed first (the root cause) and how, and what
-// became of the others.
+// What the failure summary says besides the workers' records.
 struct AttemptSummary {
   std::optional<std::size_t> root_cause;  // index into the workers, when a worker failed
   int ending_signal = 0;                  // the signal cpprun received, when interrupted
@@ -40,9 +37,6 @@ struct AttemptSummary {
   std::vector<std::string> root_cause_stderr_tail;
   std::optional<std::string> root_cause_error_file;
 };
-
-// "rank 1 (local_rank 1, pid 4242)"
-std::string describe_worker(const WorkerRecord& worker);
 
 // One line per worker, then the root cause's stderr tail and error file; each line starting
 // "cpprun: ", ending in '\n'. Pure.

@@ -1,5 +1,5 @@
 // Event loop over the signal relay and the workers' output pipes: SIGCHLD means "reap", other signals
-// are forwarded, readable pipes are copied out (see Note [Worker output pipes]).
+// are forwarded, readable pipes are copied out.
 #include "workers/worker_group.h"
 
 #include <poll.h>
@@ -12,16 +12,13 @@
 #include <string.h>  // strsignal is POSIX, not in std::
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace cpprun::launcher {
 
 WorkerExit WorkerExit::from_wait_status(int status) {
   if (WIFSIGNALED(status)) return signaled(WTERMSIG(status));
   return exited(WEXITSTATUS(status));
-}
-
-int WorkerExit::launcher_exit_code() const {
-  return kind == Kind::kSignaled ? 128 + value : value;
 }
 
 std::string WorkerExit::describe() const {
@@ -31,11 +28,7 @@ std::string WorkerExit::describe() const {
 }
 
 std::string signal_name(int sig) {
-  struct Named {
-    int number;
-    const char* name;
-  };
-  static constexpr Named kNames[] = {
+  static constexpr std::pair<int, const char*> kNames[] = {
       {SIGHUP, "SIGHUP"},   {SIGINT, "SIGINT"},     {SIGQUIT, "SIGQUIT"}, {SIGILL, "SIGILL"},
       {SIGTRAP, "SIGTRAP"}, {SIGABRT, "SIGABRT"},   {SIGBUS, "SIGBUS"},   {SIGFPE, "SIGFPE"},
       {SIGKILL, "SIGKILL"}, {SIGUSR1, "SIGUSR1"},   {SIGSEGV, "SIGSEGV"}, {SIGUSR2, "SIGUSR2"},
@@ -43,8 +36,8 @@ std::string signal_name(int sig) {
       {SIGCONT, "SIGCONT"}, {SIGSTOP, "SIGSTOP"},   {SIGTSTP, "SIGTSTP"}, {SIGTTIN, "SIGTTIN"},
       {SIGTTOU, "SIGTTOU"}, {SIGXCPU, "SIGXCPU"},   {SIGXFSZ, "SIGXFSZ"}, {SIGSYS, "SIGSYS"},
   };
-  for (const Named& n : kNames) {
-    if (n.number == sig) return n.name;
+  for (const auto& [number, name] : kNames) {
+    if (number == sig) return name;
   }
   return "signal " + std::to_string(sig);
 }
@@ -57,10 +50,10 @@ WorkerGroup::WorkerGroup(SignalRelay& relay) : relay_(relay) {
 WorkerGroup::~WorkerGroup() {
   relay_.set_job_control(nullptr);
   kill_remaining();
-  // Whatever the workers wrote last still reaches the console and the files.
+  // Whatever the workers wrote last still reaches the console and the files; then the pipes close.
   for (auto& output : outputs_) {
-    output->out.close();
-    output->err.close();
+    output->out.drain();
+    output->err.drain();
   }
 }
 
@@ -70,13 +63,12 @@ void WorkerGroup::start(const std::vector<WorkerSpec>& specs, std::chrono::milli
   workers_.reserve(specs.size());
   outputs_.reserve(specs.size());
   for (std::size_t i = 0; i < specs.size(); ++i) {
-    const WorkerSpec& spec = specs[i];
+    WorkerOutput& output = *outputs[i];
     try {
       WorkerRecord record;
-      record.local_rank = spec.local_rank;
-      record.rank = spec.rank;
-      WorkerOutput& output = *outputs[i];
-      record.pid = spawn_worker(spec.command, {output.out.child_fd(), output.err.child_fd()}, relay_);
+      record.local_rank = specs[i].local_rank;
+      record.rank = specs[i].rank;
+      record.pid = spawn_worker(specs[i].command, {output.out.child_fd(), output.err.child_fd()}, relay_);
       // Only the worker may hold the write ends, or the pipes would never report EOF.
       output.out.close_child_end();
       output.err.close_child_end();
@@ -90,19 +82,14 @@ void WorkerGroup::start(const std::vector<WorkerSpec>& specs, std::chrono::milli
 }
 
 GroupOutcome WorkerGroup::wait(PeerEvents* peers) {
-  peers_ = peers;
-  struct Reset {
-    PeerEvents*& peers;
-    ~Reset() { peers = nullptr; }
-  } reset{peers_};
   for (;;) {
     handle_events(WorkerState::kFinished);
     // A job-ending signal outranks a failure seen in the same wake-up: no restart after Ctrl-C.
     if (ending_signal_ != 0) return {GroupEnd::kInterrupted, root_cause_, ending_signal_};
     if (root_cause_) return {GroupEnd::kWorkerFailed, root_cause_, 0};
     if (running() == 0) return {GroupEnd::kSucceeded, std::nullopt, 0};
-    if (peers_ != nullptr && peers_->attempt_ended()) return {GroupEnd::kPeerEnded, std::nullopt, 0};
-    wait_for_signal(-1);
+    if (peers != nullptr && peers->attempt_ended()) return {GroupEnd::kPeerEnded, std::nullopt, 0};
+    wait_for_signal(-1, peers);
   }
 }
 
@@ -122,14 +109,11 @@ void WorkerGroup::stop(StopStart how, std::chrono::milliseconds grace) {
 
 void WorkerGroup::kill_remaining() {
   for (WorkerRecord& w : workers_) {
+    const bool running = w.state == WorkerState::kRunning;
+    if (running) w.sent_sigkill = true;
     // Orphans get as long as the workers took, no longer: nothing tells us when they exit.
-    if (w.group_lingers) {
-      signal_process_group(w.pid, SIGKILL);
-      w.group_lingers = false;
-    }
-    if (w.state != WorkerState::kRunning) continue;
-    w.sent_sigkill = true;
-    signal_process_group(w.pid, SIGKILL);
+    if (running || w.group_lingers) signal_process_group(w.pid, SIGKILL);
+    w.group_lingers = false;
   }
   // SIGKILL cannot be caught, so these waits end as soon as the kernel tears the processes down.
   for (std::size_t i = 0; i < workers_.size(); ++i) {
@@ -179,9 +163,8 @@ void WorkerGroup::reap(WorkerState exit_state) {
     }
     on_exit(i, status, exit_state);
   }
-  // cpprun's other children are orphans it adopted (Note [The job's process tree]); reaped as they
-  // exit, or they would stay zombies until the attempt ends. A worker that exited since the loop
-  // above may turn up here too.
+  // Orphans cpprun adopted (Note [The job's process tree]) would stay zombies until the attempt
+  // ends; a worker that exited since the loop above may turn up here too.
   for (;;) {
     int status = 0;
     const pid_t got = wait_for_exit(-1, &status, WNOHANG);
@@ -195,14 +178,13 @@ void WorkerGroup::reap(WorkerState exit_state) {
 void WorkerGroup::on_exit(std::size_t i, int status, WorkerState exit_state) {
   WorkerRecord& w = workers_[i];
   record_exit(i, status, exit_state);
-  // Probed at once, while the group id cannot have been reused. See Note [Orphans in a worker's
-  // process group].
+  // Probed at once, while the group id cannot be reused: Note [Orphans in a worker's process group].
   const bool ends_attempt = exit_state == WorkerState::kStoppedByLauncher || !w.exit->succeeded();
   w.group_lingers = ends_attempt && kill(-w.pid, 0) == 0;
   if (exit_state == WorkerState::kFinished && !w.exit->succeeded() && !root_cause_) root_cause_ = i;
 }
 
-void WorkerGroup::wait_for_signal(int timeout_ms) {
+void WorkerGroup::wait_for_signal(int timeout_ms, PeerEvents* peers) {
   std::vector<pollfd> fds{{relay_.wake_fd(), POLLIN, 0}};
   std::vector<OutputStream*> streams{nullptr};  // parallel to fds; null for the relay and peers
   for (auto& output : outputs_) {
@@ -213,8 +195,8 @@ void WorkerGroup::wait_for_signal(int timeout_ms) {
     }
   }
   const std::size_t first_peer = fds.size();
-  if (peers_ != nullptr) {
-    for (int fd : peers_->fds()) fds.push_back({fd, POLLIN, 0});
+  if (peers != nullptr) {
+    for (int fd : peers->fds()) fds.push_back({fd, POLLIN, 0});
   }
   // EINTR just means a handler ran; the caller looks at the relay either way.
   if (poll(fds.data(), fds.size(), timeout_ms) < 0) {
@@ -226,7 +208,7 @@ void WorkerGroup::wait_for_signal(int timeout_ms) {
     if (fds[i].revents != 0) streams[i]->pump();
   }
   for (std::size_t i = first_peer; i < fds.size(); ++i) {
-    if (fds[i].revents != 0) peers_->on_readable(fds[i].fd);
+    if (fds[i].revents != 0) peers->on_readable(fds[i].fd);
   }
 }
 
@@ -237,9 +219,8 @@ void WorkerGroup::signal_groups(int sig) {
 }
 
 std::size_t WorkerGroup::running() const {
-  std::size_t n = 0;
-  for (const WorkerRecord& w : workers_) n += w.state == WorkerState::kRunning ? 1 : 0;
-  return n;
+  return std::count_if(workers_.begin(), workers_.end(),
+                       [](const WorkerRecord& w) { return w.state == WorkerState::kRunning; });
 }
 
 }  // namespace cpprun::launcher

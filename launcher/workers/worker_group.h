@@ -1,5 +1,5 @@
 // Supervising one attempt's workers: start them, wait for the exit (or signal) that decides the
-// attempt, stop the rest. Knows nothing of restarts.
+// attempt, stop the rest; and how a worker ended. Knows nothing of restarts.
 #pragma once
 
 #include <sys/types.h>
@@ -11,7 +11,6 @@
 #include <string>
 #include <vector>
 
-#include "command_line/output_spec.h"
 #include "workers/signal_relay.h"
 #include "workers/worker_output.h"
 #include "workers/worker_process.h"
@@ -29,9 +28,9 @@ struct WorkerExit {
   static WorkerExit signaled(int sig) { return {Kind::kSignaled, sig}; }
 
   bool succeeded() const { return kind == Kind::kExited && value == 0; }
-  // What the launcher exits with when this worker is the root cause: the worker's own code, or
-  // 128+signal like a shell, so `cpprun ... ; echo $?` reads the same as running the worker alone.
-  int launcher_exit_code() const;
+  // What cpprun exits with when this worker is the root cause: its code, or 128+signal like a
+  // shell, so `cpprun ... ; echo $?` reads the same as running the worker alone.
+  int launcher_exit_code() const { return kind == Kind::kSignaled ? 128 + value : value; }
   // "exited with code 3", "killed by SIGKILL (Killed)".
   std::string describe() const;
 };
@@ -52,9 +51,7 @@ struct WorkerRecord {
   WorkerState state = WorkerState::kRunning;
   std::optional<WorkerExit> exit;  // set once reaped
   bool sent_sigkill = false;       // still alive at the end of the grace period
-  // The worker has been reaped but processes it started still run in its process group.
-  // See Note [Orphans in a worker's process group].
-  bool group_lingers = false;
+  bool group_lingers = false;      // reaped, its group not empty: Note [Orphans in a worker's process group]
 };
 
 struct WorkerSpec {
@@ -72,15 +69,12 @@ enum class GroupEnd {
   kPeerEnded,     // another node ended the attempt (multi-node jobs; see PeerEvents)
 };
 
-// Events from the other nodes' agents that can end an attempt. WorkerGroup::wait() polls fds() with
-// the workers' pipes and the signal relay, so one loop sees everything at once.
+// Events from the other nodes' agents that can end an attempt, polled in WorkerGroup::wait()'s loop.
 class PeerEvents {
  public:
   virtual ~PeerEvents() = default;
-  // Descriptors to poll for reading; never a closed one.
-  virtual std::vector<int> fds() const = 0;
-  // `fd`, one of fds(), is readable (or at its end).
-  virtual void on_readable(int fd) = 0;
+  virtual std::vector<int> fds() const = 0;  // to poll for reading; never a closed one
+  virtual void on_readable(int fd) = 0;      // `fd`, one of fds(), is readable (or at its end)
   // Another node ended the attempt: its worker failed, its agent was signalled, or it is gone.
   virtual bool attempt_ended() const = 0;
 };
@@ -111,19 +105,16 @@ class WorkerGroup {
   WorkerGroup(const WorkerGroup&) = delete;
   WorkerGroup& operator=(const WorkerGroup&) = delete;
 
-  // Creates every worker's output pipes and log files (std::system_error if one cannot be
-  // created, before any worker runs), then starts the workers in order. If one cannot start, those
-  // already running are stopped and the SpawnError is rethrown.
+  // Creates every worker's pipes and log files (std::system_error), then starts the workers in
+  // order. If one cannot start, those already running are stopped and the SpawnError is rethrown.
   void start(const std::vector<WorkerSpec>& specs, std::chrono::milliseconds grace);
 
   // Blocks until every worker succeeded, one failed, a job-ending signal arrived, or `peers` (if
-  // any) say another node ended the attempt, forwarding each of kForwardedSignals to every running
-  // worker's process group as it comes.
+  // any) say another node ended the attempt, forwarding signals to the workers' groups meanwhile.
   GroupOutcome wait(PeerEvents* peers = nullptr);
 
-  // Signals every running worker's process group (per `how`), waits up to `grace`, then SIGKILLs
-  // the groups still running (Note [Orphans in a worker's process group]) and reaps them. Signals
-  // arriving meanwhile are still forwarded.
+  // Signals the running workers' groups (per `how`), waits up to `grace`, then SIGKILLs the groups
+  // still running or lingering and reaps them. Signals arriving meanwhile are still forwarded.
   void stop(StopStart how, std::chrono::milliseconds grace);
 
   // The first job-ending signal cpprun received in wait() or stop(); 0 if none. A signal during a
@@ -131,21 +122,18 @@ class WorkerGroup {
   int ending_signal() const { return ending_signal_; }
 
   const std::vector<WorkerRecord>& workers() const { return workers_; }
-  // The last lines worker i wrote to stderr, oldest first.
   std::vector<std::string> stderr_tail(std::size_t i) const { return outputs_.at(i)->err.tail().lines(); }
 
  private:
-  // Forwards pending signals, then reaps whichever workers have exited.
-  void handle_events(WorkerState exit_state);
+  void handle_events(WorkerState exit_state);  // forwards pending signals, then reaps
   void reap(WorkerState exit_state);
   // Worker i was reaped in wait() or stop(): records it, and whether it is the root cause.
   void on_exit(std::size_t i, int status, WorkerState exit_state);
-  // Sleeps in poll() on the signal relay, the workers' output pipes and the peers until a signal
-  // (SIGCHLD included) or the timeout, copying whatever output arrives meanwhile.
-  void wait_for_signal(int timeout_ms);
+  // Sleeps in poll() until a signal (SIGCHLD included), `peers` or the timeout wakes it, copying
+  // whatever output arrives meanwhile.
+  void wait_for_signal(int timeout_ms, PeerEvents* peers = nullptr);
   // Records how worker i ended and copies out everything it wrote (Note [Worker output pipes]).
   void record_exit(std::size_t i, int status, WorkerState state);
-  // SIGKILLs the groups still running or lingering and reaps the workers.
   void kill_remaining();
   void signal_groups(int sig);
   std::size_t running() const;
@@ -155,7 +143,6 @@ class WorkerGroup {
   std::vector<std::unique_ptr<WorkerOutput>> outputs_;  // parallel to workers_
   std::optional<std::size_t> root_cause_;
   int ending_signal_ = 0;
-  PeerEvents* peers_ = nullptr;  // polled only inside wait()
 };
 
 }  // namespace cpprun::launcher
