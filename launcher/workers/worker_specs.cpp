@@ -1,5 +1,4 @@
-// Building each worker's command, environment (torchrun's, LocalElasticAgent._start_workers) and
-// output plan, and printing them for --dry_run.
+// Each worker's command, environment (torchrun's LocalElasticAgent._start_workers) and output plan.
 #include "workers/worker_specs.h"
 
 #include <sstream>
@@ -56,15 +55,13 @@ EnvMap make_worker_env(const WorkerEnvSettings& settings, const RankLayout& layo
   env["TORCHELASTIC_RUN_ID"] = settings.run_id;
   // Per worker and per attempt, so the launcher knows whose it is; torchrun overrides the user's too.
   env["TORCHELASTIC_ERROR_FILE"] = error_file;
-  // One node, or c10d: the launcher hosts no store, worker rank 0 creates the c10d TCPStore at
-  // MASTER_ADDR:MASTER_PORT (torchrun's c10d backend picks that port on group rank 0's host, as
-  // ours does). Several nodes of a static job: node 0's agent hosts it (see Note [Agent store]).
-  // Python's spelling of the boolean, because that is what torch's code compares against.
+  // One node, or c10d: worker rank 0 creates the TCPStore at MASTER_ADDR:MASTER_PORT, as under
+  // torchrun. A static multi-node job: node 0's agent hosts it (Note [Agent store]). Python's
+  // spelling of the boolean, which torch's code compares against.
   env["TORCHELASTIC_USE_AGENT_STORE"] = layout.agent_store ? "True" : "False";
-  // Async error handling turns a hung collective into a failed worker we can restart; the user's
-  // own setting wins, under either name (LibTorch reads the TORCH_ one first, so setting it would
-  // override a user's old-style NCCL_ASYNC_ERROR_HANDLING). Only the TORCH_ name is ours, as in
-  // torchrun 2.x: LibTorch warns in every NCCL worker about the old one (seen on the GPU machine).
+  // Async error handling turns a hung collective into a failed worker we can restart. The user's
+  // setting wins under either name (LibTorch reads TORCH_ first); we set only the TORCH_ name, as
+  // torchrun 2.x does: LibTorch warns about the old one in every NCCL worker.
   if (parent.count("TORCH_NCCL_ASYNC_ERROR_HANDLING") == 0 && parent.count("NCCL_ASYNC_ERROR_HANDLING") == 0) {
     env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1";
   }
@@ -84,18 +81,13 @@ std::vector<WorkerSpec> make_worker_specs(const WorkerSettings& settings, const 
                                           const EnvMap& parent_env) {
   std::vector<WorkerSpec> specs;
   for (int local_rank = 0; local_rank < settings.env.local_world_size; ++local_rank) {
-    WorkerSpec spec;
-    spec.local_rank = local_rank;
-    spec.rank = ranks.base_rank + local_rank;
-    spec.command.path = program.path;
-    spec.command.argv = program.argv;
-    spec.error_file = files.error_file(restart_count, local_rank);
-    spec.command.env =
-        to_env_strings(make_worker_env(settings.env, ranks, local_rank, restart_count, spec.error_file, parent_env));
+    const int rank = ranks.base_rank + local_rank;
+    const std::string error_file = files.error_file(restart_count, local_rank);
+    const EnvMap env = make_worker_env(settings.env, ranks, local_rank, restart_count, error_file, parent_env);
     // Without --log_dir nothing goes to files (the parser insists), so the flat temp dir is fine.
-    spec.output =
-        plan_worker_output(settings.output, local_rank, spec.rank, files.worker_dir(restart_count, local_rank));
-    specs.push_back(std::move(spec));
+    specs.push_back({local_rank, rank, {program.path, program.argv, to_env_strings(env)},
+                     plan_worker_output(settings.output, local_rank, rank, files.worker_dir(restart_count, local_rank)),
+                     error_file});
   }
   return specs;
 }

@@ -39,17 +39,15 @@ EnvMap current_environment();
 // N workers do not each start one OpenMP thread per core. The launcher announces it once.
 bool defaults_omp_threads(int local_world_size, const EnvMap& parent);
 
-// `layout` places this node's workers in the job (single_node_layout, or the rendezvous's).
-// `error_file` becomes TORCHELASTIC_ERROR_FILE: where torch's @record writes the worker's
-// exception, which the failure summary then shows.
+// `layout` places this node's workers in the job. `error_file` becomes TORCHELASTIC_ERROR_FILE,
+// where torch's @record writes the worker's exception for the failure summary.
 EnvMap make_worker_env(const WorkerEnvSettings& settings, const RankLayout& layout, int local_rank, int restart_count,
                        const std::string& error_file, const EnvMap& parent);
 
 // "NAME=value" strings for execve.
 std::vector<std::string> to_env_strings(const EnvMap& env);
 
-// `ranks` places the node's workers in the job; `program` is what each runs (program_command.h);
-// `files` says where each worker's files go (see RunDirectory); `restart_count` is the attempt.
+// `files` says where each worker's files go; `restart_count` is the attempt.
 std::vector<WorkerSpec> make_worker_specs(const WorkerSettings& settings, const RankLayout& ranks,
                                           const ProgramCommand& program, int restart_count, const RunLayout& files,
                                           const EnvMap& parent_env);
