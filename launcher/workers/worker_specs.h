@@ -10,7 +10,7 @@
 #include "command_line/program_command.h"
 #include "rendezvous/rank_layout.h"
 #include "workers/run_directory.h"
-#include "workers/worker_group.h"
+#include "workers/attempt.h"
 
 namespace cpprun::launcher {
 
