@@ -19,13 +19,11 @@
 #include "rendezvous/node_rendezvous.h"
 #include "command_line/program_command.h"
 #include "rendezvous/rank_layout.h"
-#include "workers/restart_pacer.h"
+#include "workers/restart_backoff.h"
 #include "workers/run_directory.h"
 #include "workers/signal_relay.h"
-#include "workers/worker_env.h"
 #include "workers/worker_process.h"
 #include "workers/worker_specs.h"
-#include "workers/worker_status.h"
 
 namespace {
 

@@ -7,7 +7,7 @@
 #include "workers/attempt.h"
 #include "rendezvous/job_secret.h"
 #include "rendezvous/node_rendezvous.h"
-#include "workers/worker_status.h"
+#include "workers/worker_specs.h"
 
 namespace cpprun::launcher {
 namespace {

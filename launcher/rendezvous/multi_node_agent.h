@@ -9,7 +9,6 @@
 #include "rendezvous/rendezvous_settings.h"
 #include "workers/run_directory.h"
 #include "workers/signal_relay.h"
-#include "workers/worker_env.h"
 #include "workers/worker_specs.h"
 
 namespace cpprun::launcher {

@@ -37,7 +37,7 @@
 #include "rendezvous/rank_layout.h"
 #include "rendezvous/rendezvous_settings.h"
 #include "workers/signal_relay.h"
-#include "workers/worker_group.h"
+#include "workers/attempt.h"
 
 namespace cpprun::launcher {
 

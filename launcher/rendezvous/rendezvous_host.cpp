@@ -13,7 +13,7 @@
 #include "command_line/host_facts.h"
 #include "rendezvous/node_link.h"
 #include "rendezvous/node_rendezvous.h"
-#include "workers/restart_pacer.h"
+#include "workers/restart_backoff.h"
 
 namespace cpprun::launcher {
 namespace {

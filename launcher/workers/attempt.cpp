@@ -1,12 +1,23 @@
 // Start, wait, stop and summarise one attempt of this node's workers.
 #include "workers/attempt.h"
 
-#include <csignal>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <string.h>  // strsignal is POSIX, not in std::
 #include <iostream>
+#include <memory>
 #include <sstream>
+#include <stdexcept>
+#include <utility>
 
 #include "workers/job_process_tree.h"
 #include "workers/run_directory.h"
+#include "workers/worker_output.h"
 
 namespace cpprun::launcher {
 namespace {
@@ -22,20 +33,281 @@ std::string seconds_text(std::chrono::milliseconds ms) {
 
 std::string fate(const WorkerRecord& w, std::chrono::milliseconds shutdown_timeout) {
   const std::string how = w.exit ? w.exit->describe() : "exit status unknown";
-  switch (w.state) {
-    case WorkerState::kRunning:
-      return "still running";
-    case WorkerState::kFinished:
-      return w.exit && w.exit->succeeded() ? "had finished (exited with code 0)" : "also failed: " + how;
-    case WorkerState::kStoppedByLauncher:
-      return w.sent_sigkill ? "stopped: did not exit within --shutdown_timeout=" +
-                                  seconds_text(shutdown_timeout) + ", " + how
-                            : "stopped: " + how;
+  if (w.state == WorkerState::kRunning) return "still running";
+  if (w.state == WorkerState::kFinished) {
+    return w.exit && w.exit->succeeded() ? "had finished (exited with code 0)" : "also failed: " + how;
   }
-  return how;
+  if (!w.sent_sigkill) return "stopped: " + how;
+  return "stopped: did not exit within --shutdown_timeout=" + seconds_text(shutdown_timeout) + ", " + how;
 }
 
+// "rank 1 (local_rank 1, pid 4242)"
+std::string describe_worker(const WorkerRecord& worker) {
+  return "rank " + std::to_string(worker.rank) + " (local_rank " + std::to_string(worker.local_rank) +
+         ", pid " + std::to_string(worker.pid) + ")";
+}
+
+struct GroupOutcome {
+  GroupEnd end = GroupEnd::kSucceeded;
+  std::optional<std::size_t> root_cause;  // index in workers() of the first failure, if any
+  int signal = 0;                         // the job-ending signal, for kInterrupted
+};
+
+enum class StopStart {
+  kSendSigterm,       // a worker failed: ask the others to finish
+  kAlreadySignalled,  // wait() forwarded a job-ending signal; sending more would cut short the
+                      // workers' own clean-up (a second SIGINT interrupts Python's `finally`)
+};
+
+// Supervises one attempt's workers: an event loop over the signal relay and the workers' output
+// pipes, where SIGCHLD means "reap", other signals are forwarded and readable pipes are copied out.
+//
+// Note [Orphans in a worker's process group]
+// A worker's group outlives it while its children run on (`./helper & exit 1`). Probed at reap
+// time (kill(-pgid, 0)), such a group gets the signals forwarded and is SIGKILLed once the other
+// workers are gone. Only failed and stopped workers are probed: their groups are signalled moments
+// later, while the orphans still pin the id, so it cannot name another group. Other leftovers are
+// stopped when the attempt ends (Note [The job's process tree]; torchrun leaves them running).
+class WorkerGroup {
+ public:
+  explicit WorkerGroup(SignalRelay& relay) : relay_(relay) {
+    // Ctrl-Z stops the workers and SIGCONT resumes them. See Note [Job control].
+    relay_.set_job_control([this](int sig) { signal_groups(sig); });
+  }
+
+  // Never leaves a worker behind, even when unwinding from an exception: SIGKILLs and reaps.
+  ~WorkerGroup() {
+    relay_.set_job_control(nullptr);
+    kill_remaining();
+    // Whatever the workers wrote last still reaches the console and the files; then the pipes close.
+    for (auto& output : outputs_) {
+      output->out.drain();
+      output->err.drain();
+    }
+  }
+
+  WorkerGroup(const WorkerGroup&) = delete;
+  WorkerGroup& operator=(const WorkerGroup&) = delete;
+
+  // Creates every worker's pipes and log files (std::system_error), then starts the workers in
+  // order. If one cannot start, those already running are stopped and the SpawnError is rethrown.
+  void start(const std::vector<WorkerSpec>& specs, std::chrono::milliseconds grace) {
+    std::vector<std::unique_ptr<WorkerOutput>> outputs;
+    for (const WorkerSpec& spec : specs) outputs.push_back(std::make_unique<WorkerOutput>(spec.output));
+    workers_.reserve(specs.size());
+    outputs_.reserve(specs.size());
+    for (std::size_t i = 0; i < specs.size(); ++i) {
+      WorkerOutput& output = *outputs[i];
+      try {
+        WorkerRecord record;
+        record.local_rank = specs[i].local_rank;
+        record.rank = specs[i].rank;
+        record.pid = spawn_worker(specs[i].command, {output.out.child_fd(), output.err.child_fd()}, relay_);
+        // Only the worker may hold the write ends, or the pipes would never report EOF.
+        output.out.close_child_end();
+        output.err.close_child_end();
+        workers_.push_back(record);
+        outputs_.push_back(std::move(outputs[i]));
+      } catch (const SpawnError&) {
+        stop(StopStart::kSendSigterm, grace);
+        throw;
+      }
+    }
+  }
+
+  // Blocks until every worker succeeded, one failed, a job-ending signal arrived, or `peers` (if
+  // any) say another node ended the attempt, forwarding signals to the workers' groups meanwhile.
+  GroupOutcome wait(PeerEvents* peers) {
+    for (;;) {
+      handle_events(WorkerState::kFinished);
+      // A job-ending signal outranks a failure seen in the same wake-up: no restart after Ctrl-C.
+      if (ending_signal_ != 0) return {GroupEnd::kInterrupted, root_cause_, ending_signal_};
+      if (root_cause_) return {GroupEnd::kWorkerFailed, root_cause_, 0};
+      if (running() == 0) return {GroupEnd::kSucceeded, std::nullopt, 0};
+      if (peers != nullptr && peers->attempt_ended()) return {GroupEnd::kPeerEnded, std::nullopt, 0};
+      wait_for_signal(-1, peers);
+    }
+  }
+
+  // Signals the running workers' groups (per `how`), waits up to `grace`, then SIGKILLs the groups
+  // still running or lingering and reaps them. Signals arriving meanwhile are still forwarded.
+  void stop(StopStart how, std::chrono::milliseconds grace) {
+    using Clock = std::chrono::steady_clock;
+    const auto deadline = Clock::now() + grace;
+    if (how == StopStart::kSendSigterm) signal_groups(SIGTERM);
+    for (;;) {
+      handle_events(WorkerState::kStoppedByLauncher);
+      if (running() == 0) break;
+      const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
+      if (left.count() <= 0) break;
+      wait_for_signal(static_cast<int>(std::min<long long>(left.count(), 1 << 30)));
+    }
+    kill_remaining();
+  }
+
+  // The first job-ending signal cpprun received in wait() or stop(); 0 if none. A signal during a
+  // failure's stop still means "do not restart".
+  int ending_signal() const { return ending_signal_; }
+
+  const std::vector<WorkerRecord>& workers() const { return workers_; }
+  std::vector<std::string> stderr_tail(std::size_t i) const { return outputs_.at(i)->err.tail().lines(); }
+
+ private:
+  void kill_remaining() {
+    for (WorkerRecord& w : workers_) {
+      const bool running = w.state == WorkerState::kRunning;
+      if (running) w.sent_sigkill = true;
+      // Orphans get as long as the workers took, no longer: nothing tells us when they exit.
+      if (running || w.group_lingers) signal_process_group(w.pid, SIGKILL);
+      w.group_lingers = false;
+    }
+    // SIGKILL cannot be caught, so these waits end as soon as the kernel tears the processes down.
+    for (std::size_t i = 0; i < workers_.size(); ++i) {
+      WorkerRecord& w = workers_[i];
+      if (w.state != WorkerState::kRunning) continue;
+      int status = 0;
+      if (wait_for_exit(w.pid, &status) == w.pid) {
+        record_exit(i, status, WorkerState::kStoppedByLauncher);
+      } else {
+        w.state = WorkerState::kStoppedByLauncher;
+      }
+    }
+  }
+
+  // Records how worker i ended and copies out everything it wrote (Note [Worker output pipes]).
+  void record_exit(std::size_t i, int status, WorkerState state) {
+    WorkerRecord& w = workers_[i];
+    w.exit = WorkerExit::from_wait_status(status);
+    w.state = state;
+    outputs_[i]->out.drain();
+    outputs_[i]->err.drain();
+  }
+
+  // Forwards pending signals, then reaps.
+  void handle_events(WorkerState exit_state) {
+    for (int sig : relay_.take_pending()) {
+      if (sig == SIGCHLD) continue;  // reap() below looks at every worker anyway
+      // Forward before reaping: an unreaped worker's pid still names its process group.
+      signal_groups(sig);
+      if (ends_job(sig) && ending_signal_ == 0) ending_signal_ = sig;
+    }
+    // Once a job-ending signal went out, a worker that exits did so because of it (its handler can
+    // run before we get here): it was stopped, it is not a root cause.
+    reap(ending_signal_ != 0 ? WorkerState::kStoppedByLauncher : exit_state);
+  }
+
+  void reap(WorkerState exit_state) {
+    // Rank order, so when several workers fail in one wake-up the lowest rank is the root cause.
+    for (std::size_t i = 0; i < workers_.size(); ++i) {
+      WorkerRecord& w = workers_[i];
+      if (w.state != WorkerState::kRunning) continue;
+      int status = 0;
+      const pid_t got = wait_for_exit(w.pid, &status, WNOHANG);
+      if (got == 0) continue;
+      if (got < 0) {
+        // Only a bug (someone else reaped our child) gets here.
+        throw std::logic_error("cpprun: waitpid(" + std::to_string(w.pid) + ") for rank " +
+                               std::to_string(w.rank) + " failed: " + std::strerror(errno));
+      }
+      on_exit(i, status, exit_state);
+    }
+    // Orphans cpprun adopted (Note [The job's process tree]) would stay zombies until the attempt
+    // ends; a worker that exited since the loop above may turn up here too.
+    for (;;) {
+      int status = 0;
+      const pid_t got = wait_for_exit(-1, &status, WNOHANG);
+      if (got <= 0) break;
+      for (std::size_t i = 0; i < workers_.size(); ++i) {
+        if (workers_[i].pid == got && workers_[i].state == WorkerState::kRunning) on_exit(i, status, exit_state);
+      }
+    }
+  }
+
+  // Worker i was reaped in wait() or stop(): records it, and whether it is the root cause.
+  void on_exit(std::size_t i, int status, WorkerState exit_state) {
+    WorkerRecord& w = workers_[i];
+    record_exit(i, status, exit_state);
+    // Probed at once, while the group id cannot be reused: Note [Orphans in a worker's process group].
+    const bool ends_attempt = exit_state == WorkerState::kStoppedByLauncher || !w.exit->succeeded();
+    w.group_lingers = ends_attempt && kill(-w.pid, 0) == 0;
+    if (exit_state == WorkerState::kFinished && !w.exit->succeeded() && !root_cause_) root_cause_ = i;
+  }
+
+  // Sleeps in poll() until a signal (SIGCHLD included), `peers` or the timeout wakes it, copying
+  // whatever output arrives meanwhile.
+  void wait_for_signal(int timeout_ms, PeerEvents* peers = nullptr) {
+    std::vector<pollfd> fds{{relay_.wake_fd(), POLLIN, 0}};
+    std::vector<OutputStream*> streams{nullptr};  // parallel to fds; null for the relay and peers
+    for (auto& output : outputs_) {
+      for (OutputStream* stream : {&output->out, &output->err}) {
+        if (stream->read_fd() < 0) continue;
+        fds.push_back({stream->read_fd(), POLLIN, 0});
+        streams.push_back(stream);
+      }
+    }
+    const std::size_t first_peer = fds.size();
+    if (peers != nullptr) {
+      for (int fd : peers->fds()) fds.push_back({fd, POLLIN, 0});
+    }
+    // EINTR just means a handler ran; the caller looks at the relay either way.
+    if (poll(fds.data(), fds.size(), timeout_ms) < 0) {
+      if (errno == EINTR) return;
+      throw std::runtime_error(std::string("cpprun: poll() failed: ") + std::strerror(errno));
+    }
+    // POLLHUP without POLLIN is EOF, which pump() reads as such.
+    for (std::size_t i = 1; i < first_peer; ++i) {
+      if (fds[i].revents != 0) streams[i]->pump();
+    }
+    for (std::size_t i = first_peer; i < fds.size(); ++i) {
+      if (fds[i].revents != 0) peers->on_readable(fds[i].fd);
+    }
+  }
+
+  void signal_groups(int sig) {
+    for (const WorkerRecord& w : workers_) {
+      if (w.state == WorkerState::kRunning || w.group_lingers) signal_process_group(w.pid, sig);
+    }
+  }
+
+  std::size_t running() const {
+    return std::count_if(workers_.begin(), workers_.end(),
+                         [](const WorkerRecord& w) { return w.state == WorkerState::kRunning; });
+  }
+
+  SignalRelay& relay_;
+  std::vector<WorkerRecord> workers_;
+  std::vector<std::unique_ptr<WorkerOutput>> outputs_;  // parallel to workers_
+  std::optional<std::size_t> root_cause_;
+  int ending_signal_ = 0;
+};
+
 }  // namespace
+
+WorkerExit WorkerExit::from_wait_status(int status) {
+  if (WIFSIGNALED(status)) return signaled(WTERMSIG(status));
+  return exited(WEXITSTATUS(status));
+}
+
+std::string WorkerExit::describe() const {
+  if (kind == Kind::kExited) return "exited with code " + std::to_string(value);
+  // strsignal gives the human words ("Killed"); the name is what people grep for.
+  return "killed by " + signal_name(value) + " (" + ::strsignal(value) + ")";
+}
+
+std::string signal_name(int sig) {
+  static constexpr std::pair<int, const char*> kNames[] = {
+      {SIGHUP, "SIGHUP"},   {SIGINT, "SIGINT"},     {SIGQUIT, "SIGQUIT"}, {SIGILL, "SIGILL"},
+      {SIGTRAP, "SIGTRAP"}, {SIGABRT, "SIGABRT"},   {SIGBUS, "SIGBUS"},   {SIGFPE, "SIGFPE"},
+      {SIGKILL, "SIGKILL"}, {SIGUSR1, "SIGUSR1"},   {SIGSEGV, "SIGSEGV"}, {SIGUSR2, "SIGUSR2"},
+      {SIGPIPE, "SIGPIPE"}, {SIGALRM, "SIGALRM"},   {SIGTERM, "SIGTERM"}, {SIGCHLD, "SIGCHLD"},
+      {SIGCONT, "SIGCONT"}, {SIGSTOP, "SIGSTOP"},   {SIGTSTP, "SIGTSTP"}, {SIGTTIN, "SIGTTIN"},
+      {SIGTTOU, "SIGTTOU"}, {SIGXCPU, "SIGXCPU"},   {SIGXFSZ, "SIGXFSZ"}, {SIGSYS, "SIGSYS"},
+  };
+  for (const auto& [number, name] : kNames) {
+    if (number == sig) return name;
+  }
+  return "signal " + std::to_string(sig);
+}
 
 AttemptEnd run_attempt(SignalRelay& relay, const std::vector<WorkerSpec>& specs,
                        std::chrono::milliseconds shutdown_timeout,
@@ -43,36 +315,28 @@ AttemptEnd run_attempt(SignalRelay& relay, const std::vector<WorkerSpec>& specs,
   WorkerGroup group(relay);
   group.start(specs, shutdown_timeout);
   const GroupOutcome outcome = group.wait(peers);
-  AttemptEnd result;
-  result.end = outcome.end;
   if (outcome.end == GroupEnd::kSucceeded) {
     // See Note [The job's process tree]. A job-ending signal that cut the grace short is raised
     // again, for whatever waits next (the exit barrier of a multi-node job) to act on.
     if (const int sig = stop_leftovers(relay, shutdown_timeout); sig != 0) raise(sig);
-    return result;
+    return {};
   }
+  AttemptEnd result{outcome.end, 0, outcome.signal, "", ""};
   if (outcome.root_cause) {
     const WorkerRecord& root = group.workers().at(*outcome.root_cause);
     result.root_worker = describe_worker(root);
     result.root_how = root.exit->describe();
     result.exit_code = root.exit->launcher_exit_code();
   }
-  if (outcome.end == GroupEnd::kInterrupted) {
-    result.signal = outcome.signal;
-    result.exit_code = 128 + outcome.signal;
-  }
+  if (outcome.end == GroupEnd::kInterrupted) result.exit_code = 128 + outcome.signal;
   if (before_stop) before_stop(result);
 
   group.stop(outcome.end == GroupEnd::kInterrupted ? StopStart::kAlreadySignalled : StopStart::kSendSigterm,
              shutdown_timeout);
-  AttemptSummary summary;
-  summary.root_cause = outcome.root_cause;
-  summary.ending_signal = group.ending_signal();
-  summary.shutdown_timeout = shutdown_timeout;
-  if (outcome.root_cause) {
-    summary.root_cause_stderr_tail = group.stderr_tail(*outcome.root_cause);
-    summary.root_cause_error_file = read_file_head(specs.at(*outcome.root_cause).error_file, kErrorFileLimit);
-  }
+  const std::optional<std::size_t> root = outcome.root_cause;
+  const AttemptSummary summary{root, group.ending_signal(), shutdown_timeout,
+                               root ? group.stderr_tail(*root) : std::vector<std::string>{},
+                               root ? read_file_head(specs.at(*root).error_file, kErrorFileLimit) : std::nullopt};
   std::cerr << format_attempt_summary(group.workers(), summary);
   const int leftovers_signal = stop_leftovers(relay, shutdown_timeout);
   // A signal that arrived while stopping after a failure still means "do not restart".
@@ -83,11 +347,6 @@ AttemptEnd run_attempt(SignalRelay& relay, const std::vector<WorkerSpec>& specs,
     result.exit_code = 128 + result.signal;
   }
   return result;
-}
-
-std::string describe_worker(const WorkerRecord& worker) {
-  return "rank " + std::to_string(worker.rank) + " (local_rank " + std::to_string(worker.local_rank) +
-         ", pid " + std::to_string(worker.pid) + ")";
 }
 
 std::string format_attempt_summary(const std::vector<WorkerRecord>& workers, const AttemptSummary& summary) {

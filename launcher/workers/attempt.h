@@ -1,7 +1,9 @@
-// One attempt of this node's workers: start them, supervise them until the attempt ends, stop the
-// rest and print the failure summary unless all succeeded, and stop what they left behind (Note
-// [The job's process tree]). The caller's loop (single- or multi-node) decides what comes next.
+// One attempt of this node's workers: start and supervise them, stop the rest and print the failure
+// summary unless all succeeded, and stop what they left behind (Note [The job's process tree]).
+// The caller's loop (single- or multi-node) decides what comes next: this knows nothing of restarts.
 #pragma once
+
+#include <sys/types.h>
 
 #include <chrono>
 #include <cstddef>
@@ -10,11 +12,73 @@
 #include <string>
 #include <vector>
 
+#include "command_line/output_spec.h"
 #include "workers/signal_relay.h"
-#include "workers/worker_group.h"
-#include "workers/worker_status.h"
+#include "workers/worker_process.h"
 
 namespace cpprun::launcher {
+
+// A reaped worker's wait status, decoded.
+struct WorkerExit {
+  enum class Kind { kExited, kSignaled };
+  Kind kind = Kind::kExited;
+  int value = 0;  // exit code for kExited, signal number for kSignaled
+
+  static WorkerExit from_wait_status(int status);
+  static WorkerExit exited(int code) { return {Kind::kExited, code}; }
+  static WorkerExit signaled(int sig) { return {Kind::kSignaled, sig}; }
+
+  bool succeeded() const { return kind == Kind::kExited && value == 0; }
+  // What cpprun exits with when this worker is the root cause: its code, or 128+signal like a
+  // shell, so `cpprun ... ; echo $?` reads the same as running the worker alone.
+  int launcher_exit_code() const { return kind == Kind::kSignaled ? 128 + value : value; }
+  // "exited with code 3", "killed by SIGKILL (Killed)".
+  std::string describe() const;
+};
+
+// "SIGTERM" for the signals a launcher meets; "signal 42" for the rest.
+std::string signal_name(int sig);
+
+enum class WorkerState {
+  kRunning,            // spawned, not yet reaped
+  kFinished,           // ended on its own (success or failure)
+  kStoppedByLauncher,  // ended after the launcher signalled its process group
+};
+
+struct WorkerRecord {
+  int local_rank = 0;
+  int rank = 0;
+  pid_t pid = -1;  // also the worker's process group (and session) id
+  WorkerState state = WorkerState::kRunning;
+  std::optional<WorkerExit> exit;  // set once reaped
+  bool sent_sigkill = false;       // still alive at the end of the grace period
+  bool group_lingers = false;      // reaped, its group not empty: Note [Orphans in a worker's process group]
+};
+
+struct WorkerSpec {
+  int local_rank = 0;
+  int rank = 0;
+  WorkerCommand command;
+  WorkerOutputSpec output;
+  std::string error_file;  // TORCHELASTIC_ERROR_FILE, also in command.env
+};
+
+enum class GroupEnd {
+  kSucceeded,     // every worker exited 0
+  kWorkerFailed,  // a worker exited non-zero or died by a signal
+  kInterrupted,   // cpprun received a job-ending signal (see ends_job) and forwarded it
+  kPeerEnded,     // another node ended the attempt (multi-node jobs; see PeerEvents)
+};
+
+// Events from the other nodes' agents that can end an attempt, polled with the workers' pipes.
+class PeerEvents {
+ public:
+  virtual ~PeerEvents() = default;
+  virtual std::vector<int> fds() const = 0;  // to poll for reading; never a closed one
+  virtual void on_readable(int fd) = 0;      // `fd`, one of fds(), is readable (or at its end)
+  // Another node ended the attempt: its worker failed, its agent was signalled, or it is gone.
+  virtual bool attempt_ended() const = 0;
+};
 
 struct AttemptEnd {
   GroupEnd end = GroupEnd::kSucceeded;
@@ -25,14 +89,12 @@ struct AttemptEnd {
 };
 
 // `peers` (multi-node) may end the attempt too; `before_stop`, if set, runs once the attempt has
-// ended badly and before the workers are stopped, so other nodes hear of it at once. Stopping
-// gives SIGTERM `shutdown_timeout` (--shutdown_timeout) before SIGKILL.
+// ended badly, before the workers are stopped, so other nodes hear of it at once.
 AttemptEnd run_attempt(SignalRelay& relay, const std::vector<WorkerSpec>& specs,
                        std::chrono::milliseconds shutdown_timeout,
                        PeerEvents* peers, const std::function<void(const AttemptEnd&)>& before_stop);
 
-// What the failure summary says: which worker failed first (the root cause) and how, and what
-// became of the others.
+// What the failure summary says besides the workers' records.
 struct AttemptSummary {
   std::optional<std::size_t> root_cause;  // index into the workers, when a worker failed
   int ending_signal = 0;                  // the signal cpprun received, when interrupted
@@ -41,9 +103,6 @@ struct AttemptSummary {
   std::vector<std::string> root_cause_stderr_tail;
   std::optional<std::string> root_cause_error_file;
 };
-
-// "rank 1 (local_rank 1, pid 4242)"
-std::string describe_worker(const WorkerRecord& worker);
 
 // One line per worker, then the root cause's stderr tail and error file; each line starting
 // "cpprun: ", ending in '\n'. Pure.

@@ -1,5 +1,5 @@
-// The subreaper, the job token and its guardian, stopping what the workers left behind, and
-// reading /proc/PID/stat, /proc/PID/task/TID/children and /proc/PID/environ to find them.
+// The subreaper, the job token and its guardian, and finding (in /proc) and stopping what the
+// workers left behind.
 #include "workers/job_process_tree.h"
 
 #include <dirent.h>
@@ -9,23 +9,31 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <fstream>
 #include <iostream>
+#include <iterator>
 #include <set>
 #include <sstream>
-#include <string>
 #include <system_error>
-#include <vector>
 
 #include "rendezvous/job_secret.h"
+#include "workers/signal_relay.h"
 #include "workers/worker_process.h"
 
 namespace cpprun::launcher {
 namespace {
+
+// The whole file, or "" if it cannot be read (the process is gone, or not ours).
+std::string read_proc_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
 
 // Numeric names in `dir`: pids in /proc, thread ids in /proc/PID/task.
 std::vector<pid_t> numeric_entries(const std::string& dir) {
@@ -42,25 +50,19 @@ std::vector<pid_t> numeric_entries(const std::string& dir) {
 }
 
 struct StatFields {
-  char state = '?';
-  pid_t ppid = 0;
+  char state = 'X';  // unreadable: gone, as good as dead
+  long ppid = 0;
+  bool live() const { return state != 'Z' && state != 'X'; }
 };
 
 // "PID (COMM) S PPID ...": COMM may hold spaces and parentheses, so read after the last ')'.
-bool read_stat(pid_t pid, StatFields& fields) {
+StatFields read_stat(pid_t pid) {
   const std::string stat = read_proc_file("/proc/" + std::to_string(pid) + "/stat");
   const auto close = stat.rfind(')');
-  if (close == std::string::npos) return false;
+  if (close == std::string::npos) return {};
   std::istringstream rest(stat.substr(close + 1));
-  long ppid = 0;
-  if (!(rest >> fields.state >> ppid)) return false;
-  fields.ppid = static_cast<pid_t>(ppid);
-  return true;
-}
-
-bool is_live(pid_t pid) {
   StatFields fields;
-  return read_stat(pid, fields) && fields.state != 'Z' && fields.state != 'X';
+  return rest >> fields.state >> fields.ppid ? fields : StatFields{};
 }
 
 // The environment variable that marks the processes of one cpprun run.
@@ -71,20 +73,16 @@ constexpr const char* kJobTokenVariable = "CPPRUN_JOB_TOKEN";
 void sweep(const std::string& token_entry) {
   const pid_t self = getpid();
   for (int round = 0; round < 500; ++round) {
-    bool any = false;
-    for (pid_t pid : processes_with_env_entry(token_entry)) {
-      if (pid == self) continue;
-      any = true;
-      kill(pid, SIGKILL);
-    }
-    if (!any) return;
+    std::vector<pid_t> found = processes_with_env_entry(token_entry);
+    found.erase(std::remove(found.begin(), found.end(), self), found.end());
+    if (found.empty()) return;
+    for (pid_t pid : found) kill(pid, SIGKILL);
     const timespec pause{0, 10 * 1000 * 1000};  // let the kernel tear them down before looking again
     nanosleep(&pause, nullptr);
   }
 }
 
-// Blocks reading `line`, whose only other end is cpprun's: a byte means "dismissed", EOF means
-// cpprun died without saying so.
+// Blocks reading `line` from cpprun: a byte means "dismissed", EOF means cpprun died.
 [[noreturn]] void run_guardian(int line, const std::string& token_entry) {
   // Its own session: Ctrl-C, Ctrl-Z, a hangup or a kill of cpprun's whole process group must not
   // take the guardian away; only cpprun's end (or SIGKILL) ends it.
@@ -101,16 +99,11 @@ void sweep(const std::string& token_entry) {
     if (null > STDERR_FILENO) close(null);
   }
   char byte = 0;
-  ssize_t got = 0;
-  do {
-    got = read(line, &byte, 1);
-  } while (got < 0 && errno == EINTR);
-  if (got == 0) sweep(token_entry);
+  if (retry_on_eintr([&] { return read(line, &byte, 1); }) == 0) sweep(token_entry);
   _exit(0);
 }
 
-// Returns cpprun's end of the guardian's socket. Call before any thread starts: the child runs on
-// without exec.
+// Returns cpprun's end of the guardian's socket. Before any thread starts: the child does not exec.
 int start_guardian(const std::string& token_entry) {
   int fds[2];
   // Close-on-exec: a worker holding cpprun's end would keep the guardian from ever seeing EOF. A
@@ -133,27 +126,21 @@ int start_guardian(const std::string& token_entry) {
     _exit(0);  // if that fork failed, cpprun runs unguarded: nothing else it does depends on it
   }
   close(fds[0]);
-  int status = 0;
-  wait_for_exit(middle, &status);
+  wait_for_exit(middle);
   return fds[1];
 }
 
 // Reaps every child that has exited; all are leftovers here (no worker runs).
 void reap_exited() {
-  int status = 0;
-  while (wait_for_exit(-1, &status, WNOHANG) > 0) {
+  while (wait_for_exit(-1, nullptr, WNOHANG) > 0) {
   }
 }
 
-// SIGKILL cannot be caught, so each wait ends as soon as the kernel has torn the process down.
-// Bounded, in case something forks faster than we kill.
+// SIGKILL cannot be caught, so each wait is short. Bounded, in case something forks faster than we kill.
 void kill_children(std::vector<pid_t> left) {
   for (int round = 0; round < 100 && !left.empty(); ++round) {
     for (pid_t pid : left) kill(pid, SIGKILL);
-    for (pid_t pid : left) {
-      int status = 0;
-      wait_for_exit(pid, &status);
-    }
+    for (pid_t pid : left) wait_for_exit(pid);
     reap_exited();
     left = live_children(getpid());
   }
@@ -198,8 +185,7 @@ JobProcessTree::~JobProcessTree() {
   if (send(guardian_line_, &dismissed, 1, MSG_NOSIGNAL) == 1) {
     // The guardian's end closes when it exits: wait for that, so that it never outlives cpprun.
     char byte = 0;
-    while (recv(guardian_line_, &byte, 1, 0) < 0 && errno == EINTR) {
-    }
+    retry_on_eintr([&] { return recv(guardian_line_, &byte, 1, 0); });
   }
   close(guardian_line_);
 }
@@ -231,45 +217,21 @@ int stop_leftovers(SignalRelay& relay, std::chrono::milliseconds grace) {
   return ending;
 }
 
-std::string read_proc_file(const std::string& path) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return {};
-  std::string text;
-  char buffer[4096];
-  for (ssize_t n; (n = read(fd, buffer, sizeof(buffer))) != 0;) {
-    if (n > 0) {
-      text.append(buffer, static_cast<std::size_t>(n));
-    } else if (errno != EINTR) {
-      break;
-    }
-  }
-  close(fd);
-  return text;
-}
-
 std::vector<pid_t> live_children(pid_t parent) {
-  const std::string task_dir = "/proc/" + std::to_string(parent) + "/task";
-  std::vector<pid_t> children;
+  const std::string task_dir = "/proc/" + std::to_string(parent) + "/task/";
   const std::vector<pid_t> threads = numeric_entries(task_dir);
-  bool listed = !threads.empty();
-  for (pid_t tid : threads) {
-    const std::string path = task_dir + "/" + std::to_string(tid) + "/children";
-    if (access(path.c_str(), R_OK) != 0) {
-      listed = false;  // no CONFIG_PROC_CHILDREN
-      break;
+  std::vector<pid_t> children;
+  if (!threads.empty() && access((task_dir + std::to_string(threads[0]) + "/children").c_str(), R_OK) == 0) {
+    for (pid_t tid : threads) {
+      std::istringstream list(read_proc_file(task_dir + std::to_string(tid) + "/children"));
+      for (long pid = 0; list >> pid;) {
+        if (read_stat(static_cast<pid_t>(pid)).live()) children.push_back(static_cast<pid_t>(pid));
+      }
     }
-    std::istringstream list(read_proc_file(path));
-    for (long pid = 0; list >> pid;) {
-      if (is_live(static_cast<pid_t>(pid))) children.push_back(static_cast<pid_t>(pid));
-    }
+    return children;
   }
-  if (listed) return children;
-  children.clear();
-  for (pid_t pid : numeric_entries("/proc")) {
-    StatFields fields;
-    if (read_stat(pid, fields) && fields.ppid == parent && fields.state != 'Z' && fields.state != 'X') {
-      children.push_back(pid);
-    }
+  for (pid_t pid : numeric_entries("/proc")) {  // no CONFIG_PROC_CHILDREN
+    if (const StatFields fields = read_stat(pid); fields.ppid == parent && fields.live()) children.push_back(pid);
   }
   return children;
 }
@@ -280,7 +242,7 @@ std::vector<pid_t> processes_with_env_entry(const std::string& entry) {
   for (pid_t pid : numeric_entries("/proc")) {
     // A leading NUL lets one search match whole entries only, the first one included.
     const std::string environ = '\0' + read_proc_file("/proc/" + std::to_string(pid) + "/environ");
-    if (environ.find(needle) != std::string::npos && is_live(pid)) found.push_back(pid);
+    if (environ.find(needle) != std::string::npos && read_stat(pid).live()) found.push_back(pid);
   }
   return found;
 }

@@ -1,7 +1,6 @@
 // Keeping every process the workers start inside the job, so that none outlives it.
 //
 // Note [The job's process tree]
-// Whatever a worker starts must end with the job, however the job ends:
 // 1. cpprun is a child subreaper, so orphans (even setsid()ed or double-forked ones) become its
 //    children: once an attempt's workers are reaped, stop_leftovers() SIGTERMs, then SIGKILLs them.
 // 2. During the attempt, forwarded signals reach each worker's whole process group, and a failed or
@@ -21,11 +20,10 @@
 #include <string>
 #include <vector>
 
-#include "workers/signal_relay.h"
-
 namespace cpprun::launcher {
 
-// One per cpprun run that starts workers; see Note [The job's process tree].
+class SignalRelay;
+
 class JobProcessTree {
  public:
   // Starts the guardian, sets CPPRUN_JOB_TOKEN in this process's environment (create this before
@@ -42,20 +40,16 @@ class JobProcessTree {
 };
 
 // Once an attempt's workers are all reaped: stops every child cpprun still has, naming them on
-// stderr: SIGTERM, up to `grace` for them to exit, then SIGKILL, until none is left. A job-ending
-// signal arriving meanwhile cuts the grace short; it is returned (0 if none came).
+// stderr: SIGTERM, up to `grace` for them to exit, then SIGKILL. A job-ending signal arriving
+// meanwhile cuts the grace short; it is returned (0 if none came).
 int stop_leftovers(SignalRelay& relay, std::chrono::milliseconds grace);
-
-// What /proc says about other processes. The whole file, or "" if it cannot be read (the process
-// is gone, or not ours).
-std::string read_proc_file(const std::string& path);
 
 // The live (not zombie) children of `parent`, from /proc/PARENT/task/*/children where the kernel
 // has it (CONFIG_PROC_CHILDREN), else by reading every /proc/PID/stat.
 std::vector<pid_t> live_children(pid_t parent);
 
 // The live processes whose initial environment (/proc/PID/environ) holds `entry` ("NAME=VALUE")
-// exactly. Processes of other users, whose environment cannot be read, are not among them.
+// exactly; not those of other users, whose environment cannot be read.
 std::vector<pid_t> processes_with_env_entry(const std::string& entry);
 
 }  // namespace cpprun::launcher

@@ -1,7 +1,7 @@
 // How long cpprun waits before restarting the workers after a failure: a delay that doubles with
 // each failure in a row, up to a cap, and starts over after a healthy attempt. So a program that
 // fails at once is not restarted in a tight loop (a tester saw 1,093 restarts in 10 s), while one
-// that fails now and then after running a while restarts after the short initial delay. Pure.
+// that fails now and then after running a while restarts after the short initial delay.
 #pragma once
 
 #include <algorithm>
@@ -14,10 +14,10 @@ struct RestartBackoffSettings {
   // Before the first restart of a run of failures. 0: every restart at once (torchrun's behaviour).
   std::chrono::milliseconds initial{1000};
   // The cap. An attempt that ran at least this long was healthy: the next delay is `initial` again.
-  // So once the delay has grown to the cap, attempts start at most once every `max`.
   std::chrono::milliseconds max{30000};
 };
 
+// The delays alone, without a clock. Pure.
 class RestartBackoff {
  public:
   explicit RestartBackoff(RestartBackoffSettings settings) : settings_(settings), next_(first()) {}
@@ -35,6 +35,32 @@ class RestartBackoff {
 
   RestartBackoffSettings settings_;
   std::chrono::milliseconds next_;  // the delay after the next quick failure
+};
+
+// The backoff on the clock. The agent hosting a multi-node rendezvous paces every node this way.
+class RestartPacer {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  explicit RestartPacer(RestartBackoffSettings settings)
+      : backoff_(settings), settings_(settings), attempt_start_(Clock::now()) {}
+
+  void attempt_started() {
+    attempt_start_ = Clock::now();
+    decided_ = false;
+  }
+
+  // The attempt failed and restart `restart` (from 1) of `max_restarts` is due: when it may start.
+  // The first call after attempt_started() picks the delay and, unless it is 0, prints
+  // "cpprun: restarting in 2 s (restart 3 of --max_restarts=5; ...)"; later calls return the same.
+  Clock::time_point restart_at(int restart, int max_restarts);
+
+ private:
+  RestartBackoff backoff_;
+  RestartBackoffSettings settings_;
+  Clock::time_point attempt_start_;
+  bool decided_ = false;  // restart_at_ holds this attempt's answer
+  Clock::time_point restart_at_;
 };
 
 }  // namespace cpprun::launcher

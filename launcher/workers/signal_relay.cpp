@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <csignal>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -111,11 +112,9 @@ void SignalRelay::set_job_control(std::function<void(int sig)> signal_workers) {
 void SignalRelay::stop_job() {
   if (signal_workers_) signal_workers_(SIGSTOP);
   // The default action stops this process right inside raise(); it returns once continued.
-  struct sigaction stop {};
-  stop.sa_handler = SIG_DFL;
-  sigemptyset(&stop.sa_mask);
   struct sigaction ours {};
-  sigaction(SIGTSTP, &stop, &ours);
+  sigaction(SIGTSTP, nullptr, &ours);
+  signal(SIGTSTP, SIG_DFL);
   raise(SIGTSTP);
   sigaction(SIGTSTP, &ours, nullptr);
   // SIGCONT's handler has run too, but its flag is read in a later call; continue them now.
@@ -125,6 +124,15 @@ void SignalRelay::stop_job() {
 void SignalRelay::restore_in_child() const noexcept {
   for (int sig : kHandledSignals) sigaction(sig, &g_startup_action[sig], nullptr);
   sigprocmask(SIG_SETMASK, &g_startup_mask, nullptr);
+}
+
+int sleep_until(SignalRelay& relay, std::chrono::steady_clock::time_point deadline) {
+  while (relay.wait_until(deadline)) {
+    for (int sig : relay.take_pending()) {
+      if (ends_job(sig)) return sig;
+    }
+  }
+  return 0;
 }
 
 }  // namespace cpprun::launcher

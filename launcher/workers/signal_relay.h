@@ -3,20 +3,17 @@
 #pragma once
 
 #include <chrono>
-#include <csignal>
 #include <functional>
 #include <vector>
 
 namespace cpprun::launcher {
 
-// Signals cpprun forwards to every worker's process group (as torchrun does).
-inline constexpr int kForwardedSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
-
 // Forwarded signals that also end the job: the group is stopped and cpprun exits 128+signal,
 // without restarting. SIGUSR1/SIGUSR2 are only passed on (e.g. "checkpoint now").
 bool ends_job(int sig);
 
-// One per process: owns the handlers for kForwardedSignals, SIGTSTP, SIGCONT and SIGCHLD.
+// One per process: owns the handlers of the signals forwarded to the workers' process groups (as
+// torchrun's: SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2), SIGTSTP, SIGCONT and SIGCHLD.
 // Note [Signals ignored at startup]: a forwarded signal that was SIG_IGN when cpprun started (nohup
 // sets SIGHUP so, a non-interactive shell's `&` SIGINT and SIGQUIT) stays ignored, so that `nohup
 // cpprun ...` survives a hangup as asked. SIGCHLD is always caught: the kernel must not auto-reap.
@@ -27,8 +24,7 @@ class SignalRelay {
   SignalRelay(const SignalRelay&) = delete;
   SignalRelay& operator=(const SignalRelay&) = delete;
 
-  // Readable when signals are pending; wait on it with poll().
-  int wake_fd() const;
+  int wake_fd() const;  // readable when signals are pending
 
   // Sleeps in poll() until a signal is pending or `deadline`; false, at once, once it has passed.
   bool wait_until(std::chrono::steady_clock::time_point deadline) const;
@@ -55,5 +51,9 @@ class SignalRelay {
 
   std::function<void(int)> signal_workers_;
 };
+
+// Sleeps until `deadline` while no worker runs. Returns the job-ending signal that cut the wait
+// short, or 0; other signals are dropped.
+int sleep_until(SignalRelay& relay, std::chrono::steady_clock::time_point deadline);
 
 }  // namespace cpprun::launcher

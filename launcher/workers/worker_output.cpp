@@ -1,5 +1,4 @@
 // Line splitting, and reading worker pipes into the console and the log files.
-// See Note [Worker output pipes].
 #include "workers/worker_output.h"
 
 #include <fcntl.h>
@@ -7,12 +6,13 @@
 #include <sys/ioctl.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <stdexcept>
 #include <system_error>
+
+#include "workers/worker_process.h"
 
 namespace cpprun::launcher {
 namespace {
@@ -25,8 +25,7 @@ void close_fd(int& fd) {
   fd = -1;
 }
 
-// write() until all of `data` is out, riding out EINTR, partial writes and a non-blocking fd.
-// Returns false (errno set) on a real error.
+// write() all of `data`, riding out EINTR, partial writes and a non-blocking fd; false on an error.
 bool write_all(int fd, std::string_view data) {
   while (!data.empty()) {
     const ssize_t n = ::write(fd, data.data(), data.size());
@@ -48,32 +47,20 @@ LineSplitter::LineSplitter(std::size_t max_line) : max_line_(max_line) {
   if (max_line == 0) throw std::invalid_argument("LineSplitter: max_line must be positive");
 }
 
-void LineSplitter::emit_long(std::string_view line, bool complete, const LineSink& sink) {
-  // Full pieces go out at once; a complete line's remainder too; an incomplete one's waits.
-  while (line.size() > max_line_ || (complete && !line.empty())) {
-    const std::size_t n = std::min(line.size(), max_line_);
-    sink(line.substr(0, n));
-    line.remove_prefix(n);
-  }
-  pending_.assign(line);
-}
-
 void LineSplitter::feed(std::string_view data, const LineSink& sink) {
-  while (!data.empty()) {
-    const auto newline = data.find('\n');
-    const bool complete = newline != std::string_view::npos;
-    std::string_view line = data.substr(0, newline);
-    std::string joined;  // only when a line continues, so most lines are never copied
-    if (!pending_.empty()) {
-      joined = std::move(pending_);
-      joined.append(line);
-      line = joined;
-    }
-    if (complete && line.empty()) sink(line);  // an empty line is still a line
-    emit_long(line, complete, sink);
-    if (!complete) return;
-    data.remove_prefix(newline + 1);
+  pending_.append(data);
+  const std::string_view text = pending_;
+  std::size_t start = 0;
+  for (;;) {
+    const std::size_t newline = text.find('\n', start);
+    const std::size_t end = newline == std::string_view::npos ? text.size() : newline;
+    // Full pieces of an over-long line go out at once, complete or not.
+    for (; end - start > max_line_; start += max_line_) sink(text.substr(start, max_line_));
+    if (newline == std::string_view::npos) break;
+    sink(text.substr(start, newline - start));
+    start = newline + 1;
   }
+  pending_.erase(0, start);
 }
 
 void LineSplitter::finish(const LineSink& sink) {
@@ -83,17 +70,11 @@ void LineSplitter::finish(const LineSink& sink) {
   sink(last);
 }
 
-LineTail::LineTail(std::size_t max_lines, std::size_t max_line_bytes)
-    : max_lines_(max_lines), max_line_bytes_(max_line_bytes) {}
-
 void LineTail::push(std::string_view line) {
   if (max_lines_ == 0) return;
   if (lines_.size() == max_lines_) lines_.pop_front();
-  if (line.size() <= max_line_bytes_) {
-    lines_.emplace_back(line);
-  } else {
-    lines_.emplace_back(std::string(line.substr(0, max_line_bytes_)) + " [...]");
-  }
+  const std::string kept(line.substr(0, max_line_bytes_));
+  lines_.push_back(line.size() <= max_line_bytes_ ? kept : kept + " [...]");
 }
 
 OutputStream::OutputStream(Kind kind, const StreamTarget& target, const std::string& prefix)
@@ -130,40 +111,31 @@ OutputStream::~OutputStream() {
 
 void OutputStream::close_child_end() { close_fd(write_fd_); }
 
-bool OutputStream::pump() {
-  if (read_fd_ < 0) return false;
+std::size_t OutputStream::pump() {
+  if (read_fd_ < 0) return 0;
   char buffer[kReadChunk];
-  ssize_t n = 0;
-  do {
-    n = ::read(read_fd_, buffer, sizeof(buffer));
-  } while (n < 0 && errno == EINTR);
+  const ssize_t n = retry_on_eintr([&] { return ::read(read_fd_, buffer, sizeof(buffer)); });
   if (n > 0) {
-    bytes_read_ += static_cast<std::size_t>(n);
     route({buffer, static_cast<std::size_t>(n)});
-    return true;
+    return static_cast<std::size_t>(n);
   }
   if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) {
     finish();  // EOF, or an error that no retry would fix
     close_fd(read_fd_);
   }
-  return false;
+  return 0;
 }
 
 void OutputStream::drain() {
   // Only what is buffered now: an orphan still writing (`yes &`) must not keep us here forever.
-  int buffered = 0;
-  if (read_fd_ >= 0 && ioctl(read_fd_, FIONREAD, &buffered) != 0) buffered = 0;
-  for (long left = buffered; left > 0;) {
-    const std::size_t before = bytes_read_;
-    if (!pump()) break;
-    left -= static_cast<long>(bytes_read_ - before);
+  int left = 0;
+  if (read_fd_ >= 0 && ioctl(read_fd_, FIONREAD, &left) != 0) left = 0;
+  while (left > 0) {
+    const std::size_t got = pump();
+    if (got == 0) break;
+    left -= static_cast<int>(got);
   }
   finish();
-}
-
-void OutputStream::close() {
-  drain();
-  close_fd(read_fd_);
 }
 
 void OutputStream::route(std::string_view data) {
@@ -177,7 +149,7 @@ void OutputStream::route(std::string_view data) {
 }
 
 void OutputStream::add_line(std::string_view line) {
-  if (kind_ == Kind::kStderr) tail_.push(line);
+  tail_.push(line);  // a no-op for stdout
   if (!console_) return;
   batch_ += prefix_;
   batch_ += line;

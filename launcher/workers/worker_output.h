@@ -1,6 +1,5 @@
-// One worker's stdout and stderr as the launcher sees them: pipes the worker writes into, read in
-// the launcher's event loop and copied, line by line and prefixed with the rank, to the console,
-// and verbatim to the log files of --redirects/--tee.
+// A worker's stdout and stderr: pipes read in the launcher's event loop and copied to the console
+// line by line, prefixed with the rank, and verbatim to the log files of --redirects/--tee.
 #pragma once
 
 #include <cstddef>
@@ -32,17 +31,15 @@ class LineSplitter {
   bool has_partial_line() const { return !pending_.empty(); }
 
  private:
-  void emit_long(std::string_view line, bool complete, const LineSink& sink);
-
   std::size_t max_line_;
   std::string pending_;  // the current line's start; shorter than max_line_ + 1 between calls
 };
 
-// The last `max_lines` lines seen, each cut to `max_line_bytes`: the stderr tail shown in the
-// failure summary.
+// The last `max_lines` lines, each cut to `max_line_bytes`: the failure summary's stderr tail.
 class LineTail {
  public:
-  explicit LineTail(std::size_t max_lines = 20, std::size_t max_line_bytes = 1024);
+  explicit LineTail(std::size_t max_lines = 20, std::size_t max_line_bytes = 1024)
+      : max_lines_(max_lines), max_line_bytes_(max_line_bytes) {}
   void push(std::string_view line);
   std::vector<std::string> lines() const { return {lines_.begin(), lines_.end()}; }  // oldest first
 
@@ -72,14 +69,13 @@ class OutputStream {
   void close_child_end();                     // after the worker started
 
   // poll() said read_fd() is ready: reads one chunk (so one chatty rank cannot starve the others)
-  // and routes it; false if there was none. Closes the pipe at EOF.
-  bool pump();
-  // The worker was reaped: routes what the pipe holds now, then any unfinished last line.
+  // and routes it; returns its size. Closes the pipe at EOF.
+  std::size_t pump();
+  // The worker was reaped, or the attempt ends: routes what the pipe holds now, then any
+  // unfinished last line.
   void drain();
-  // End of the attempt: drain(), then close the pipe.
-  void close();
 
-  const LineTail& tail() const { return tail_; }  // kept for stderr only
+  const LineTail& tail() const { return tail_; }  // empty for stdout
 
  private:
   void route(std::string_view data);
@@ -98,7 +94,6 @@ class OutputStream {
   LineTail tail_;
   std::string batch_;  // prefixed lines waiting for one write to the console
   bool file_failed_ = false;
-  std::size_t bytes_read_ = 0;
 };
 
 struct WorkerOutput {

@@ -38,12 +38,7 @@ std::vector<char*> as_c_strings(const std::vector<std::string>& strings) {
 // Makes `fd` the child's `target` (1 or 2) without close-on-exec. main() keeps 0-2 open, so the
 // pipe ends are never 1 or 2 themselves and the first dup2() cannot clobber the second's source.
 bool install_stdio(int fd, int target) {
-  if (fd < 0) return true;
-  int got = 0;
-  do {
-    got = dup2(fd, target);
-  } while (got < 0 && errno == EINTR);
-  return got == target;
+  return fd < 0 || retry_on_eintr([&] { return dup2(fd, target); }) == target;
 }
 
 [[noreturn]] void run_child(const SignalRelay& relay, pid_t launcher_pid, int report_fd, ChildStdio stdio,
@@ -96,14 +91,10 @@ pid_t spawn_worker(const WorkerCommand& command, const ChildStdio& stdio, const 
   }
   // EOF means the exec happened (the pipe is close-on-exec); a record means it did not.
   ChildFailure failure{};
-  ssize_t got = 0;
-  do {
-    got = read(report[0], &failure, sizeof(failure));
-  } while (got < 0 && errno == EINTR);
+  const ssize_t got = retry_on_eintr([&] { return read(report[0], &failure, sizeof(failure)); });
   close(report[0]);
   if (got == 0) return pid;
-  int status = 0;
-  wait_for_exit(pid, &status);
+  wait_for_exit(pid);
   if (got != static_cast<ssize_t>(sizeof(failure))) {
     throw SpawnError("cpprun: the worker process for '" + command.path + "' died before exec", EIO);
   }
@@ -121,11 +112,7 @@ void signal_process_group(pid_t pgid, int sig) {
 }
 
 pid_t wait_for_exit(pid_t pid, int* status, int flags) {
-  pid_t got = 0;
-  do {
-    got = waitpid(pid, status, flags);
-  } while (got < 0 && errno == EINTR);
-  return got;
+  return retry_on_eintr([&] { return waitpid(pid, status, flags); });
 }
 
 }  // namespace cpprun::launcher

@@ -4,6 +4,7 @@
 
 #include <sys/types.h>
 
+#include <cerrno>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -19,8 +20,7 @@ struct WorkerCommand {
   std::vector<std::string> env;   // NAME=value
 };
 
-// The worker's fd 1 and 2, dup2()ed in the child (see Note [Worker output pipes]); -1 inherits
-// the launcher's.
+// The worker's fd 1 and 2, dup2()ed in the child; -1 inherits the launcher's.
 struct ChildStdio {
   int out = -1;
   int err = -1;
@@ -36,17 +36,25 @@ class SpawnError : public std::runtime_error {
   int error_;  // errno of the failing call
 };
 
-// Forks and execs `command`, returning once the exec succeeded (else SpawnError with the child's
-// errno, the child reaped). The worker leads a new session, so its pid is its process group id, and
-// the kernel SIGKILLs it if cpprun dies.
-// Note [Worker sessions]: setsid(), as torchrun's start_new_session=True; in a background group of
-// the terminal's session a worker reading stdin (pdb in rank 0) would be stopped by SIGTTIN.
+// Forks and execs `command`, returning once the exec succeeded (else SpawnError, the child reaped).
+// The kernel SIGKILLs the worker if cpprun dies.
+// Note [Worker sessions]: the worker leads a new session (its pid is its process group id), as
+// torchrun's start_new_session=True; in a background group of the terminal's session a worker
+// reading stdin (pdb in rank 0) would be stopped by SIGTTIN.
 pid_t spawn_worker(const WorkerCommand& command, const ChildStdio& stdio, const SignalRelay& relay);
 
 // kill(-pgid, sig). A group that is already gone is fine; other failures are warned about on stderr.
 void signal_process_group(pid_t pgid, int sig);
 
-// waitpid() that retries when a signal interrupts it (our handlers run during every wait).
-pid_t wait_for_exit(pid_t pid, int* status, int flags = 0);
+// Calls `call` again while a signal interrupts it: cpprun's handlers run during every wait.
+template <typename Call>
+auto retry_on_eintr(const Call& call) {
+  auto result = call();
+  while (result < 0 && errno == EINTR) result = call();
+  return result;
+}
+
+// waitpid(), retried.
+pid_t wait_for_exit(pid_t pid, int* status = nullptr, int flags = 0);
 
 }  // namespace cpprun::launcher

@@ -1,7 +1,11 @@
-// Building each worker's command, environment and output plan, and printing them for --dry_run.
+// Each worker's command, environment (torchrun's LocalElasticAgent._start_workers) and output plan.
 #include "workers/worker_specs.h"
 
 #include <sstream>
+
+#include "rendezvous/job_secret.h"
+
+extern char** environ;
 
 namespace cpprun::launcher {
 namespace {
@@ -15,23 +19,75 @@ std::string describe_target(const StreamTarget& target, const std::string& prefi
 
 }  // namespace
 
+EnvMap current_environment() {
+  EnvMap env;
+  for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
+    const std::string text = *entry;
+    const auto eq = text.find('=');
+    if (eq == std::string::npos) continue;  // not NAME=value; execve would pass it, nobody reads it
+    env.emplace(text.substr(0, eq), text.substr(eq + 1));
+  }
+  return env;
+}
+
+bool defaults_omp_threads(int local_world_size, const EnvMap& parent) {
+  return local_world_size > 1 && parent.count("OMP_NUM_THREADS") == 0;
+}
+
+EnvMap make_worker_env(const WorkerEnvSettings& settings, const RankLayout& layout, int local_rank, int restart_count,
+                       const std::string& error_file, const EnvMap& parent) {
+  EnvMap env = parent;
+  // Only the agents need the job secret; a worker, or anything it runs, could leak it.
+  env.erase(kJobSecretVariable);
+  env["RANK"] = std::to_string(layout.base_rank + local_rank);
+  env["LOCAL_RANK"] = std::to_string(local_rank);
+  env["WORLD_SIZE"] = std::to_string(layout.world_size);
+  env["LOCAL_WORLD_SIZE"] = std::to_string(settings.local_world_size);
+  env["GROUP_RANK"] = std::to_string(layout.group_rank);
+  env["GROUP_WORLD_SIZE"] = std::to_string(layout.group_world_size);
+  env["ROLE_RANK"] = std::to_string(layout.role_base_rank + local_rank);
+  env["ROLE_WORLD_SIZE"] = std::to_string(layout.role_world_size);
+  env["ROLE_NAME"] = settings.role;
+  env["MASTER_ADDR"] = settings.master_addr;
+  env["MASTER_PORT"] = std::to_string(layout.master_port != 0 ? layout.master_port : settings.master_port);
+  env["TORCHELASTIC_RESTART_COUNT"] = std::to_string(restart_count);
+  env["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(settings.max_restarts);
+  env["TORCHELASTIC_RUN_ID"] = settings.run_id;
+  // Per worker and per attempt, so the launcher knows whose it is; torchrun overrides the user's too.
+  env["TORCHELASTIC_ERROR_FILE"] = error_file;
+  // One node, or c10d: worker rank 0 creates the TCPStore at MASTER_ADDR:MASTER_PORT, as under
+  // torchrun. A static multi-node job: node 0's agent hosts it (Note [Agent store]). Python's
+  // spelling of the boolean, which torch's code compares against.
+  env["TORCHELASTIC_USE_AGENT_STORE"] = layout.agent_store ? "True" : "False";
+  // Async error handling turns a hung collective into a failed worker we can restart. The user's
+  // setting wins under either name (LibTorch reads TORCH_ first); we set only the TORCH_ name, as
+  // torchrun 2.x does: LibTorch warns about the old one in every NCCL worker.
+  if (parent.count("TORCH_NCCL_ASYNC_ERROR_HANDLING") == 0 && parent.count("NCCL_ASYNC_ERROR_HANDLING") == 0) {
+    env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1";
+  }
+  if (defaults_omp_threads(settings.local_world_size, parent)) env["OMP_NUM_THREADS"] = "1";
+  return env;
+}
+
+std::vector<std::string> to_env_strings(const EnvMap& env) {
+  std::vector<std::string> strings;
+  strings.reserve(env.size());
+  for (const auto& [name, value] : env) strings.push_back(name + "=" + value);
+  return strings;
+}
+
 std::vector<WorkerSpec> make_worker_specs(const WorkerSettings& settings, const RankLayout& ranks,
                                           const ProgramCommand& program, int restart_count, const RunLayout& files,
                                           const EnvMap& parent_env) {
   std::vector<WorkerSpec> specs;
   for (int local_rank = 0; local_rank < settings.env.local_world_size; ++local_rank) {
-    WorkerSpec spec;
-    spec.local_rank = local_rank;
-    spec.rank = ranks.base_rank + local_rank;
-    spec.command.path = program.path;
-    spec.command.argv = program.argv;
-    spec.error_file = files.error_file(restart_count, local_rank);
-    spec.command.env =
-        to_env_strings(make_worker_env(settings.env, ranks, local_rank, restart_count, spec.error_file, parent_env));
+    const int rank = ranks.base_rank + local_rank;
+    const std::string error_file = files.error_file(restart_count, local_rank);
+    const EnvMap env = make_worker_env(settings.env, ranks, local_rank, restart_count, error_file, parent_env);
     // Without --log_dir nothing goes to files (the parser insists), so the flat temp dir is fine.
-    spec.output =
-        plan_worker_output(settings.output, local_rank, spec.rank, files.worker_dir(restart_count, local_rank));
-    specs.push_back(std::move(spec));
+    specs.push_back({local_rank, rank, {program.path, program.argv, to_env_strings(env)},
+                     plan_worker_output(settings.output, local_rank, rank, files.worker_dir(restart_count, local_rank)),
+                     error_file});
   }
   return specs;
 }

@@ -1,17 +1,30 @@
-// What one attempt starts: per local rank, the command, its environment and where its output goes;
-// and --dry_run's report of it. Pure, so the dry run prints exactly what a real run would start.
+// What one attempt starts: per local rank, the command, its environment (the launcher's own plus
+// exactly the variables torchrun sets) and where its output goes; and --dry_run's report of it.
+// Pure, so the rules are unit-tested and the dry run prints exactly what a real run would start.
 #pragma once
 
+#include <map>
 #include <string>
 #include <vector>
 
 #include "command_line/program_command.h"
 #include "rendezvous/rank_layout.h"
 #include "workers/run_directory.h"
-#include "workers/worker_env.h"
-#include "workers/worker_group.h"
+#include "workers/attempt.h"
 
 namespace cpprun::launcher {
+
+using EnvMap = std::map<std::string, std::string>;
+
+// The torchrun variables that come from the command line, the same for every worker of the job.
+struct WorkerEnvSettings {
+  int local_world_size = 1;  // --nproc_per_node
+  std::string role = "default";
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;  // unless the rendezvous picked one (RankLayout::master_port)
+  int max_restarts = 0;
+  std::string run_id = "none";
+};
 
 // What the workers' specs take of the command line.
 struct WorkerSettings {
@@ -19,8 +32,22 @@ struct WorkerSettings {
   OutputOptions output;  // --redirects, --tee, --local_ranks_filter, --log_dir
 };
 
-// `ranks` places the node's workers in the job; `program` is what each runs (program_command.h);
-// `files` says where each worker's files go (see RunDirectory); `restart_count` is the attempt.
+// This process's environment (`environ`), first definition winning like getenv().
+EnvMap current_environment();
+
+// torchrun sets OMP_NUM_THREADS=1 when several workers share a node and the user left it unset, so
+// N workers do not each start one OpenMP thread per core. The launcher announces it once.
+bool defaults_omp_threads(int local_world_size, const EnvMap& parent);
+
+// `layout` places this node's workers in the job. `error_file` becomes TORCHELASTIC_ERROR_FILE,
+// where torch's @record writes the worker's exception for the failure summary.
+EnvMap make_worker_env(const WorkerEnvSettings& settings, const RankLayout& layout, int local_rank, int restart_count,
+                       const std::string& error_file, const EnvMap& parent);
+
+// "NAME=value" strings for execve.
+std::vector<std::string> to_env_strings(const EnvMap& env);
+
+// `files` says where each worker's files go; `restart_count` is the attempt.
 std::vector<WorkerSpec> make_worker_specs(const WorkerSettings& settings, const RankLayout& ranks,
                                           const ProgramCommand& program, int restart_count, const RunLayout& files,
                                           const EnvMap& parent_env);

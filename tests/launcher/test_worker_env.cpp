@@ -2,7 +2,7 @@
 #include <catch2/catch.hpp>
 
 #include "rendezvous/rank_layout.h"
-#include "workers/worker_env.h"
+#include "workers/worker_specs.h"
 
 using namespace cpprun::launcher;
 

@@ -6,7 +6,7 @@
 
 #include <csignal>
 
-#include "workers/worker_status.h"
+#include "workers/attempt.h"
 
 using namespace cpprun::launcher;
 using Catch::Matchers::Contains;

@@ -1,5 +1,5 @@
 // The clock and the console around RestartBackoff.
-#include "workers/restart_pacer.h"
+#include "workers/restart_backoff.h"
 
 #include <iostream>
 #include <string>
@@ -20,14 +20,6 @@ std::string seconds(std::chrono::milliseconds ms) {
 
 }  // namespace
 
-RestartPacer::RestartPacer(RestartBackoffSettings settings)
-    : backoff_(settings), settings_(settings), attempt_start_(Clock::now()) {}
-
-void RestartPacer::attempt_started() {
-  attempt_start_ = Clock::now();
-  decided_ = false;
-}
-
 RestartPacer::Clock::time_point RestartPacer::restart_at(int restart, int max_restarts) {
   if (decided_) return restart_at_;
   const Clock::time_point now = Clock::now();
@@ -42,15 +34,6 @@ RestartPacer::Clock::time_point RestartPacer::restart_at(int restart, int max_re
               << " doubles the wait after each attempt that fails within " << max << " s, up to " << max << " s)\n";
   }
   return restart_at_;
-}
-
-int sleep_until(SignalRelay& relay, RestartPacer::Clock::time_point when) {
-  while (relay.wait_until(when)) {
-    for (int sig : relay.take_pending()) {
-      if (ends_job(sig)) return sig;
-    }
-  }
-  return 0;
 }
 
 }  // namespace cpprun::launcher
