@@ -47,8 +47,7 @@ std::string hex(const unsigned char* bytes, std::size_t size) {
   return out;
 }
 
-// The fields are joined with a byte no hex nonce or label contains, so no two different field
-// lists hash the same text.
+// Joined with a byte no hex nonce or label contains: different field lists never hash the same text.
 std::string hmac_hex(const std::string& key, const std::string& label, const std::string& a, const std::string& b,
                      std::size_t bytes) {
   const std::string text = label + '\n' + a + '\n' + b;
@@ -67,20 +66,16 @@ std::string hmac_hex(const std::string& key, const std::string& label, const std
 }  // namespace
 
 std::string resolve_job_secret(const JobSecretOptions& options, const EnvLookup& env) {
-  const std::optional<std::string> from_env = env(kJobSecretVariable);
-  if (options.no_job_secret) {
-    if (!options.secret_file.empty()) {
-      throw UsageError("--no_job_secret and --job_secret_file contradict each other; give one");
-    }
-    return {};
+  if (options.no_job_secret && !options.secret_file.empty()) {
+    throw UsageError("--no_job_secret and --job_secret_file contradict each other; give one");
   }
-  if (!options.multi_node) return {};  // no agent listens; workers never see the secret
+  if (options.no_job_secret || !options.multi_node) return {};  // single node: no agent listens
   std::string secret;
   std::string source;
   if (!options.secret_file.empty()) {
     secret = read_secret_file(options.secret_file);
     source = "--job_secret_file=" + options.secret_file;
-  } else if (from_env && !from_env->empty()) {
+  } else if (const std::optional<std::string> from_env = env(kJobSecretVariable); from_env && !from_env->empty()) {
     secret = *from_env;
     source = kJobSecretVariable;
   } else {

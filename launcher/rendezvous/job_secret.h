@@ -30,9 +30,8 @@ struct JobSecretOptions {
   bool no_job_secret = false;  // --no_job_secret: the user accepts unauthenticated agents
 };
 
-// The job's secret: "" for a single-node job (no agent listens) or with --no_job_secret; else
-// --job_secret_file's, or CPPRUN_JOB_SECRET through `env`. Throws UsageError (launch_config.h)
-// when a multi-node job has none, or one too short, naming what to do.
+// "" for a single-node job (no agent listens) or with --no_job_secret; else --job_secret_file's, or
+// CPPRUN_JOB_SECRET through `env`. Throws UsageError when a multi-node job has none, or one too short.
 std::string resolve_job_secret(const JobSecretOptions& options, const EnvLookup& env);
 
 // What --no_job_secret exposes, printed when a multi-node agent starts without a secret.

@@ -110,9 +110,7 @@ class WordWriter {
   void text(const std::string& value) { out_ << ' ' << escape(value); }
   void flag(bool value) { number(value ? 1 : 0); }
   void numbers(const std::vector<int>& values) {  // "1,3", or "-" for none
-    std::string list;
-    for (int v : values) list += (list.empty() ? "" : ",") + std::to_string(v);
-    out_ << ' ' << (list.empty() ? "-" : list);
+    out_ << ' ' << (values.empty() ? "-" : join_ranks(values, ","));
   }
   bool same_protocol(int /*protocol*/) const { return true; }
   std::string str() const { return out_.str(); }
@@ -121,8 +119,7 @@ class WordWriter {
   std::ostringstream out_;
 };
 
-// The words after a message's kind, in order: one list for writing (WordWriter, a const
-// NodeMessage) and for reading (WordReader), so that the two cannot drift apart.
+// The words after a message's kind: one list for writing and for reading, so they cannot drift apart.
 template <typename Message, typename Words>
 void visit_words(Message& m, Words& w) {
   switch (m.kind) {
@@ -237,9 +234,9 @@ std::string printable(std::string text) {
   return text;
 }
 
-std::string join_ranks(const std::vector<int>& ranks) {
+std::string join_ranks(const std::vector<int>& ranks, const char* separator) {
   std::string text;
-  for (int r : ranks) text += (text.empty() ? "" : ", ") + std::to_string(r);
+  for (int r : ranks) text += (text.empty() ? "" : separator) + std::to_string(r);
   return text;
 }
 

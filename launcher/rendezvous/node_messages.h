@@ -73,13 +73,12 @@ std::string encode_message(const NodeMessage& message);
 // nullopt for a line that is not a message of this protocol.
 std::optional<NodeMessage> decode_message(const std::string& line);
 
-// The words of `line`, split at whitespace.
 std::vector<std::string> split_words(const std::string& line);
 
 // `text` with every control character (and DEL) replaced by '?': what a peer said, safe to print.
 std::string printable(std::string text);
 
-// "1, 3" (for messages to people).
-std::string join_ranks(const std::vector<int>& ranks);
+// "1, 3" (for messages to people); "1,3" with `separator` ",".
+std::string join_ranks(const std::vector<int>& ranks, const char* separator = ", ");
 
 }  // namespace cpprun::launcher

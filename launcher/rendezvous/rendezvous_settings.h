@@ -41,14 +41,11 @@ struct RendezvousSettings {
   bool fixed_ranks() const { return backend == RendezvousBackend::kStatic; }
   // The agents talk to each other: static with several nodes, or c10d (even 1:1, like torchrun).
   bool multi_node() const { return !fixed_ranks() || max_nodes > 1; }
-  // "127.0.0.1:29400"
-  std::string endpoint() const;
-  // "--nnodes=2" (static), "--nnodes=1:3" (c10d)
-  std::string nnodes_flag() const;
+  std::string endpoint() const;     // "127.0.0.1:29400"
+  std::string nnodes_flag() const;  // "--nnodes=2" (static), "--nnodes=1:3" (c10d)
 };
 
-// "static", "c10d"
-const char* backend_name(RendezvousBackend backend);
+const char* backend_name(RendezvousBackend backend);  // "static", "c10d"
 
 // "127.0.0.1:29400"; "[::1]:29400" for an IPv6 address.
 std::string endpoint_text(const std::string& host, int port);
