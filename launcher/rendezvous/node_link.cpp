@@ -23,8 +23,6 @@
 namespace cpprun::launcher {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
 // A line longer than this is not one of our messages.
 constexpr std::size_t kMaxLine = 64 * 1024;
 
@@ -47,8 +45,7 @@ void enable_keepalive(int fd) {
   for (const auto& [level, name, value] : kOptions) setsockopt(fd, level, name, &value, sizeof(value));
 }
 
-// The IPv4 address in `address`, also when it is an IPv4 peer of a dual-stack socket
-// (::ffff:a.b.c.d); nullptr for another.
+// The IPv4 address in `address`, also as a dual-stack socket's IPv4 peer (::ffff:a.b.c.d); else nullptr.
 const unsigned char* ipv4_bytes(const sockaddr* address) {
   if (address->sa_family == AF_INET) {
     return reinterpret_cast<const unsigned char*>(&reinterpret_cast<const sockaddr_in*>(address)->sin_addr);
@@ -93,10 +90,9 @@ AddressList resolve(const std::string& host, int port, std::string& error) {
   return AddressList(rc == 0 ? head : nullptr, &freeaddrinfo);
 }
 
-// A non-blocking socket listening at `address`, or -1 with errno set. `exclusive` (a c10d
-// endpoint): IPv6 only on an IPv6 address, and SO_REUSEADDR so that a previous job's connections in
-// TIME_WAIT do not keep the endpoint from being hosted again; a listening socket still refuses a
-// second listener, which is what decides the host. Otherwise an IPv6 socket takes IPv4 too.
+// A non-blocking socket listening at `address`, or -1 with errno set. `exclusive` (a c10d endpoint):
+// IPv6 only on an IPv6 address, and SO_REUSEADDR so that a previous job's connections in TIME_WAIT do
+// not block the endpoint; a second listener is still refused, which decides the host.
 int listen_socket(const sockaddr* address, socklen_t size, bool exclusive) {
   const int fd = socket(address->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return -1;
@@ -111,8 +107,7 @@ int listen_socket(const sockaddr* address, socklen_t size, bool exclusive) {
   return -1;
 }
 
-// Names only the address; after a few, says that further ones are not shown, so that a stranger
-// cannot flood the console.
+// Names only the address, and only the first few, so that a stranger cannot flood the console.
 void warn_refused_link(const std::string& peer, const std::string& why) {
   static int refused = 0;
   constexpr int kShown = 5;
@@ -267,11 +262,8 @@ bool NodeLink::process_line(const std::string& line, Received& got) {
 }
 
 NodeLink::Received NodeLink::receive() {
+  if (fd_.get() < 0) return {{}, true, "", ""};
   Received got;
-  if (fd_.get() < 0) {
-    got.closed = true;
-    return got;
-  }
   char chunk[4096];
   ssize_t n = 1;
   while (buffer_.size() <= kMaxLine) {  // no more than one line's worth from a flood
@@ -326,19 +318,11 @@ EndpointListener LinkListener::at_endpoint(const std::string& host, int port, co
   result.status = ListenStatus::kNotHere;
   for (const addrinfo* a = addresses.get(); a != nullptr; a = a->ai_next) {
     const int fd = listen_socket(a->ai_addr, a->ai_addrlen, true);
-    if (fd >= 0) {
-      result.status = ListenStatus::kListening;
-      result.listener.emplace(LinkListener(fd, port, secret));
-      return result;
-    }
-    if (errno == EADDRINUSE) {
-      result.status = ListenStatus::kTaken;
-      return result;
-    }
+    if (fd >= 0) return {ListenStatus::kListening, LinkListener(fd, port, secret), ""};
+    if (errno == EADDRINUSE) return {ListenStatus::kTaken, std::nullopt, ""};
     if (errno != EADDRNOTAVAIL && errno != EAFNOSUPPORT) {
-      result.status = ListenStatus::kFailed;
-      result.error = "cannot listen at " + address_text(a->ai_addr) + ": " + std::strerror(errno);
-      return result;
+      const std::string why = std::strerror(errno);
+      return {ListenStatus::kFailed, std::nullopt, "cannot listen at " + address_text(a->ai_addr) + ": " + why};
     }
   }
   return result;
@@ -371,10 +355,6 @@ std::vector<int> PendingLinks::fds() const {
   std::vector<int> fds;
   for (const NodeLink& link : links_) fds.push_back(link.fd());
   return fds;
-}
-
-bool PendingLinks::owns(int fd) const {
-  return std::any_of(links_.begin(), links_.end(), [fd](const NodeLink& link) { return link.fd() == fd; });
 }
 
 std::optional<std::pair<NodeLink, NodeMessage>> PendingLinks::read(int fd) {
@@ -415,18 +395,14 @@ ConnectResult connect_link(const std::string& host, int port, std::chrono::milli
       } while (ready < 0 && errno == EINTR);
       if (ready > 0 && wake_fd >= 0 && (fds[1].revents & POLLIN) != 0) {
         close(fd);
-        result.status = ConnectStatus::kInterrupted;
-        return result;
+        return {ConnectStatus::kInterrupted, std::nullopt, ""};
       }
       socklen_t size = sizeof(error);
       if (ready <= 0 || getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &size) != 0) error = ETIMEDOUT;
     }
     if (error == 0) {
       enable_keepalive(fd);
-      result.status = ConnectStatus::kConnected;
-      result.link.emplace(fd, where, LinkSide::kMember, secret);
-      result.error.clear();
-      return result;
+      return {ConnectStatus::kConnected, NodeLink(fd, where, LinkSide::kMember, secret), ""};
     }
     close(fd);
     result.error = where + ": " + std::strerror(error);

@@ -16,11 +16,12 @@
 
 namespace cpprun::launcher {
 
+using Clock = std::chrono::steady_clock;
+
 // Which end of a link this agent holds: the host accepted it and challenges, the member connected.
 enum class LinkSide { kHost, kMember };
 
-// Closes its descriptor when destroyed; movable, so the classes holding one move by default. A
-// move-assignment swaps: the source closes the old descriptor when it goes.
+// Closes its descriptor when destroyed. A move-assignment swaps: the source closes the old one.
 class OwnedFd {
  public:
   explicit OwnedFd(int fd = -1) : fd_(fd) {}
@@ -41,17 +42,17 @@ class OwnedFd {
 // job_secret.h) and only then hands out messages; send() before that is queued until it is proven.
 class NodeLink {
  public:
-  // Takes a connected socket; `peer` ("10.0.0.2:41234") is for messages; `secret` is "" with
-  // --no_job_secret. The host's side sends its challenge at once.
+  // Takes a connected socket; `peer` ("10.0.0.2:41234") names it in messages. The host's side
+  // sends its challenge at once.
   NodeLink(int fd, std::string peer, LinkSide side, std::string secret);
 
   int fd() const { return fd_.get(); }
   const std::string& peer() const { return peer_; }
   bool authenticated() const { return state_ == State::kOpen; }
   // Not proven within kHandshakeTimeout of being opened: a stranger, or a peer that stopped halfway.
-  bool handshake_overdue(std::chrono::steady_clock::time_point now) const;
+  bool handshake_overdue(Clock::time_point now) const;
 
-  // Sends one message. False when the connection is gone; the next receive() then reports it.
+  // False when the connection is gone; the next receive() then reports it.
   bool send(const NodeMessage& message);
 
   struct Received {
@@ -60,8 +61,7 @@ class NodeLink {
     std::string violation;              // what the peer sent that is not our protocol
     std::string refused;                // why the secret was not proven
   };
-  // Reads what has arrived, without blocking. Call when poll() says fd() is readable.
-  Received receive();
+  Received receive();  // without blocking: call when poll() says fd() is readable
 
   static constexpr std::chrono::seconds kHandshakeTimeout{10};
 
@@ -80,7 +80,7 @@ class NodeLink {
   LinkSide side_;
   std::string secret_;
   State state_;
-  std::chrono::steady_clock::time_point opened_;
+  Clock::time_point opened_;
   std::string host_nonce_;
   std::string member_nonce_;
   std::string session_key_;
@@ -99,12 +99,11 @@ enum class ListenStatus {
 
 struct EndpointListener;
 
-// Accepts the member agents' links: on a port the kernel picks (static rendezvous), or at the
-// c10d rendezvous endpoint itself.
+// Accepts the member agents' links: on a port the kernel picks (static), or at the c10d endpoint.
 class LinkListener {
  public:
   // On the loopback only when `loopback_only` (every node on this host), else on every interface,
-  // as c10d's store listens. Links it accepts prove `secret`. Throws std::system_error.
+  // as c10d's store listens. Throws std::system_error.
   LinkListener(bool loopback_only, std::string secret);
   // Listens at host:port, on the first of the host's addresses that is this machine's. Only one
   // process can: the others learn that it is taken (kTaken) and that agent hosts the rendezvous.
@@ -112,8 +111,7 @@ class LinkListener {
   int fd() const { return fd_.get(); }
   int port() const { return port_; }
   bool loopback_only() const { return loopback_only_; }
-  // A connection waiting to be accepted, if any; never blocks.
-  std::optional<NodeLink> accept();
+  std::optional<NodeLink> accept();  // a waiting connection, if any; never blocks
 
  private:
   LinkListener(int fd, int port, std::string secret) : fd_(fd), port_(port), secret_(std::move(secret)) {}
@@ -139,9 +137,8 @@ class PendingLinks {
   // Accepts every connection waiting at `listener`, after dropping the overdue ones.
   void accept_from(LinkListener& listener);
   std::vector<int> fds() const;
-  bool owns(int fd) const;
-  // Reads the link on `fd`. Once it has proven the secret and sent its first message, hands both
-  // over; a link that closed or was refused (warned about, naming only its address) is dropped.
+  // Reads the link on `fd`, if one of these; once it has proven the secret and sent its first message,
+  // hands both over. A link that closed or was refused (warned about, by address only) is dropped.
   std::optional<std::pair<NodeLink, NodeMessage>> read(int fd);
 
  private:
@@ -160,9 +157,8 @@ struct ConnectResult {
   std::string error;
 };
 
-// One attempt to connect to host:port, trying each address the host resolves to, for at most
-// `timeout` in all; gives up early when `wake_fd` becomes readable (-1: never). The link then
-// proves `secret` as the first thing it reads and sends.
+// One attempt to connect to each address of host:port in turn, for at most `timeout` in all; gives
+// up early when `wake_fd` becomes readable (-1: never).
 ConnectResult connect_link(const std::string& host, int port, std::chrono::milliseconds timeout, int wake_fd,
                            const std::string& secret);
 

@@ -21,8 +21,6 @@
 namespace cpprun::launcher {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
 // How long a resolver that cannot answer (EAI_AGAIN) is given before the job fails.
 constexpr std::chrono::seconds kTemporaryFailureWindow{5};
 constexpr std::chrono::milliseconds kRetryPause{500};
@@ -41,14 +39,11 @@ std::string advice(const RendezvousSettings& settings) {
   return ". It must be an address of this machine, where worker rank 0 hosts the store (127.0.0.1 by default)" + fix;
 }
 
-// The job-ending signal among the pending ones, or 0; the others are dropped, as no worker runs
-// while the agents rendezvous or decide.
+// The job-ending signal among the pending ones, or 0; no worker runs now, so the others are dropped.
 int take_ending_signal(SignalRelay& relay) {
-  int ending = 0;
-  for (int sig : relay.take_pending()) {
-    if (ends_job(sig) && ending == 0) ending = sig;
-  }
-  return ending;
+  const std::vector<int> pending = relay.take_pending();
+  const auto ending = std::find_if(pending.begin(), pending.end(), ends_job);
+  return ending == pending.end() ? 0 : *ending;
 }
 
 // While nothing answers where the host will be (it may start last), how often to try again.
@@ -72,8 +67,7 @@ bool try_connect(const RendezvousSettings& settings, SignalRelay& relay, Clock::
   return true;
 }
 
-// static, node rank > 0: node 0 publishes its links' port as soon as its store runs; a store
-// without it is someone else's.
+// static, node rank > 0: the links' port node 0 publishes in its store; a store without it is another's.
 int read_link_port(const RendezvousSettings& settings, Clock::time_point deadline) {
   const auto timeout = std::clamp(std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()),
                                   std::chrono::milliseconds(1000), kStoreTimeout);
@@ -131,8 +125,7 @@ std::unique_ptr<NodeRendezvous> join_static(const RendezvousSettings& settings, 
   return make_rendezvous_member(settings, std::move(*connected.link), started);
 }
 
-// The first agent that can listen at the endpoint hosts (unless --rdzv_conf is_host says otherwise);
-// the others connect there.
+// The first agent that can listen at the endpoint hosts (unless --rdzv_conf is_host); the others connect.
 std::unique_ptr<NodeRendezvous> claim_c10d(const RendezvousSettings& settings, SignalRelay& relay, int& signal,
                                            Clock::time_point started) {
   std::string listen_note;  // why this agent does not host
@@ -229,8 +222,8 @@ std::string join_timeout_message(const RendezvousSettings& settings, const std::
          "--rdzv_conf join_timeout=SECONDS.";
 }
 
-int ms_until(std::chrono::steady_clock::time_point when) {
-  const auto left = std::chrono::ceil<std::chrono::milliseconds>(when - std::chrono::steady_clock::now());
+int ms_until(Clock::time_point when) {
+  const auto left = std::chrono::ceil<std::chrono::milliseconds>(when - Clock::now());
   return static_cast<int>(std::clamp<long long>(left.count(), 0, 1 << 30));
 }
 
@@ -262,25 +255,19 @@ HostLookup look_up_host(const std::string& host) {
 
 void check_meeting_host_resolves(const RendezvousSettings& settings,
                                  const std::function<HostLookup(const std::string&)>& look_up) {
-  const auto give_up = std::chrono::steady_clock::now() + kTemporaryFailureWindow;
+  const auto give_up = Clock::now() + kTemporaryFailureWindow;
   for (;;) {
     const HostLookup lookup = look_up(settings.host);
-    switch (lookup.result) {
-      case HostLookup::Result::kResolved:
-        return;
-      case HostLookup::Result::kUnknown:
-        throw UsageError("cannot resolve " + flag_text(settings) + ": " + lookup.error + advice(settings));
-      case HostLookup::Result::kTemporary:
-        if (std::chrono::steady_clock::now() >= give_up) {
-          throw RendezvousError("cpprun: cannot resolve " + flag_text(settings) + ": " + lookup.error +
-                                    " (the resolver gave no answer for " + seconds_text(kTemporaryFailureWindow) +
-                                    ")" + advice(settings),
-                                1);
-        }
-        // Before the signal relay exists: Ctrl-C simply ends cpprun, with nothing started yet.
-        std::this_thread::sleep_for(kRetryPause);
-        break;
+    if (lookup.result == HostLookup::Result::kResolved) return;
+    const std::string failed = "cannot resolve " + flag_text(settings) + ": " + lookup.error;
+    if (lookup.result == HostLookup::Result::kUnknown) throw UsageError(failed + advice(settings));
+    if (Clock::now() >= give_up) {
+      throw RendezvousError("cpprun: " + failed + " (the resolver gave no answer for " +
+                                seconds_text(kTemporaryFailureWindow) + ")" + advice(settings),
+                            1);
     }
+    // Before the signal relay exists: Ctrl-C simply ends cpprun, with nothing started yet.
+    std::this_thread::sleep_for(kRetryPause);
   }
 }
 

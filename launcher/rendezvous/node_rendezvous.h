@@ -1,9 +1,7 @@
 // Rendezvous between the agents of a multi-node job: one state machine for both backends, as
-// torchrun has one agent. One agent hosts it (RendezvousHost), the others join it (RendezvousMember).
-// c10d (--nnodes=MIN:MAX): the agent that can listen at --rdzv_endpoint hosts and numbers the nodes
-// as they join. static (--nnodes=K): the same with MIN = MAX = K, hosted by node 0, each node's rank
-// fixed by --node_rank. Either numbers the workers across nodes, stops every node when one fails,
-// restarts all together, and lets no node exit before the others are done (torchrun's exit barrier).
+// torchrun has one agent. One agent hosts it (RendezvousHost; which one: node_rendezvous.cpp), the
+// others join it (RendezvousMember). It numbers the workers across nodes, stops every node when one
+// fails, restarts all together, and lets no node exit before the others are done (the exit barrier).
 //
 // Note [Why links and not store keys]
 // torchrun's agents rendezvous through store keys. Ours only find each other there (node 0
@@ -41,8 +39,7 @@
 
 namespace cpprun::launcher {
 
-// The rendezvous failed (a node never came, nodes disagree, node 0 is unreachable); the message
-// says which nodes and what to do, and the agent exits with exit_code().
+// The rendezvous failed (a node never came, nodes disagree, node 0 is unreachable): exit with exit_code().
 class RendezvousError : public std::runtime_error {
  public:
   RendezvousError(const std::string& message, int exit_code) : std::runtime_error(message), exit_code_(exit_code) {}
@@ -65,10 +62,9 @@ struct HostLookup {
 
 HostLookup look_up_host(const std::string& host);
 
-// Checked before anything starts, else a misspelt --master_addr shows only after the join timeout,
-// as "nothing answered". Throws UsageError (exit code 2), naming the flag and the host, if
-// settings.host (--master_addr, or c10d's --rdzv_endpoint host) does not exist; RendezvousError
-// (exit code 1) if the resolver gave no answer for about 5 s. `look_up` is for tests.
+// Before anything starts, else a misspelt --master_addr shows only after the join timeout as
+// "nothing answered". Throws UsageError if settings.host does not exist; RendezvousError if the
+// resolver gave no answer for about 5 s. `look_up` is for tests.
 void check_meeting_host_resolves(const RendezvousSettings& settings,
                                  const std::function<HostLookup(const std::string&)>& look_up = look_up_host);
 
@@ -113,24 +109,22 @@ class NodeRendezvous : public PeerEvents {
   std::optional<JobEnd> end_;  // why the attempt ended
 };
 
-// Finds this agent's side (node_rendezvous.cpp) and connects it. Returns nullptr when a
-// job-ending signal (in `signal`) came first. Throws RendezvousError.
+// Finds this agent's side and connects it; nullptr when a job-ending signal (in `signal`) came first.
 std::unique_ptr<NodeRendezvous> open_rendezvous(const RendezvousSettings& settings, SignalRelay& relay, int& signal);
 
-// The two sides. `started` is when the agent began to look for the rendezvous: join_timeout counts
-// from there.
+// The two sides; join_timeout counts from `started`, when the agent began to look for the rendezvous.
 std::unique_ptr<NodeRendezvous> make_rendezvous_host(const RendezvousSettings& settings, LinkListener listener,
-                                                     std::chrono::steady_clock::time_point started);
+                                                     Clock::time_point started);
 std::unique_ptr<NodeRendezvous> make_rendezvous_member(const RendezvousSettings& settings, NodeLink link,
-                                                       std::chrono::steady_clock::time_point started);
+                                                       Clock::time_point started);
 
-// Where node 0 publishes its LinkListener's port (Note [Agent store]), and the store's timeout to
-// connect and read a key: node 0 is known to be up by then.
+// Where node 0 publishes its LinkListener's port (Note [Agent store]), and the store's timeout:
+// node 0 is known to be up by then.
 inline constexpr const char* kLinkPortKey = "agent/link_port";
 inline constexpr std::chrono::milliseconds kStoreTimeout{30000};
 
-// Waits up to timeout_ms for a signal or for data on `fds`. Returns the job-ending signal if one
-// came (links unread); else calls on_readable(fd) for each readable fd and returns 0.
+// Waits up to timeout_ms for data on `fds`: calls on_readable(fd) for each readable one and returns
+// 0, or returns the job-ending signal that came (links unread).
 int poll_links(SignalRelay& relay, const std::vector<int>& fds, int timeout_ms,
                const std::function<void(int)>& on_readable);
 
@@ -140,15 +134,13 @@ std::string join_timeout_message(const RendezvousSettings& settings, const std::
                                  const std::vector<int>& left, int joined, const std::string& source);
 
 // Milliseconds from now until `when`, for poll(): 0 once it has passed.
-int ms_until(std::chrono::steady_clock::time_point when);
+int ms_until(Clock::time_point when);
 
 // Why an agent's link ended when it sent nothing wrong.
 inline constexpr const char* kAgentGone = "is gone: it was killed, or its host or network went down";
 // "the agent of node 1 (10.0.0.2:41234)"; without the address when `peer` is empty.
 std::string describe_agent(int node_rank, const std::string& peer);
-// "rank 4", "ranks 4-7": a node's workers.
-std::string rank_range(int base_rank, int local_world_size);
-// "3 s", "0.5 s"
-std::string seconds_text(std::chrono::milliseconds ms);
+std::string rank_range(int base_rank, int local_world_size);  // a node's workers: "rank 4", "ranks 4-7"
+std::string seconds_text(std::chrono::milliseconds ms);       // "3 s", "0.5 s"
 
 }  // namespace cpprun::launcher

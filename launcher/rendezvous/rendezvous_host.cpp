@@ -1,6 +1,5 @@
-// The rendezvous's host, static (node 0) or c10d (the agent at --rdzv_endpoint): gathers each
-// round's nodes, numbers them, relays every node's news, and decides restarts, membership changes
-// and the job's end. See Note [Elastic rounds].
+// The rendezvous's host, static (node 0) or c10d: gathers each round's nodes, numbers them, relays
+// every node's news, and decides restarts, membership changes and the job's end (Note [Elastic rounds]).
 #include <algorithm>
 #include <chrono>
 #include <iostream>
@@ -18,10 +17,7 @@
 namespace cpprun::launcher {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-// How long past --shutdown_timeout the host waits for a node to report its workers stopped before
-// it counts the node as lost.
+// Past --shutdown_timeout, how long a node may take to report its workers stopped before it is lost.
 constexpr std::chrono::seconds kStopSlack{30};
 
 // Why the running round ended. The first reason is what the nodes are told; a stronger one that
@@ -72,10 +68,7 @@ class RendezvousHost final : public NodeRendezvous {
 
   void on_readable(int fd) override {
     if (fd == listener_.fd()) return pending_.accept_from(listener_);
-    if (pending_.owns(fd)) {
-      if (auto introduced = pending_.read(fd)) admit(std::move(introduced->first), introduced->second);
-      return;
-    }
+    if (auto introduced = pending_.read(fd)) return admit(std::move(introduced->first), introduced->second);
     for (std::size_t i = 0; i < nodes_.size(); ++i) {
       if (nodes_[i].link.fd() == fd) return read_node(i);
     }
@@ -106,10 +99,9 @@ class RendezvousHost final : public NodeRendezvous {
         return end_job(decisive_);
       } else if (all_nodes(NodeState::kStopped)) {
         // Only restarts after a worker failure back off; the links are polled until it is due.
-        if (why_ == RoundEnd::kWorkerFailed) {
-          stop_deadline = pacer_.restart_at(restart_count_ + 1, settings_.max_restarts);
-        }
-        if (why_ != RoundEnd::kWorkerFailed || Clock::now() >= *stop_deadline) return next_round(relay);
+        if (why_ != RoundEnd::kWorkerFailed) return next_round(relay);
+        stop_deadline = pacer_.restart_at(restart_count_ + 1, settings_.max_restarts);
+        if (Clock::now() >= *stop_deadline) return next_round(relay);
       } else if (!stop_deadline) {
         stop_deadline = Clock::now() + settings_.shutdown_timeout + kStopSlack;
       } else if (Clock::now() >= *stop_deadline) {
@@ -159,8 +151,7 @@ class RendezvousHost final : public NodeRendezvous {
   void open_store() {
     store_.reset();
     try {
-      // Every node on this host (a loopback --master_addr): the store listens on the loopback alone,
-      // as the links do.
+      // A loopback --master_addr (every node on this host): the store listens there alone, as the links do.
       store_.emplace(AgentStore::host(settings_.port, listener_.loopback_only(), kStoreTimeout));
       store_->set(kLinkPortKey, std::to_string(listener_.port()));
     } catch (const AgentStoreError& e) {
@@ -287,12 +278,10 @@ class RendezvousHost final : public NodeRendezvous {
     }
     for (Node& n : queued_) n.link.send(NodeMessage::make_queued(round_, count(), false));
     const RankLayout own = layout_of(0);
-    if (settings_.fixed_ranks()) {
-      if (round_ == 0) {
-        std::cerr << "cpprun: all " << count() << " nodes joined at " << settings_.endpoint() << "; " << own.world_size
-                  << " workers (" << ranks << ")\n";
-      }
-    } else {
+    if (settings_.fixed_ranks() && round_ == 0) {
+      std::cerr << "cpprun: all " << count() << " nodes joined at " << settings_.endpoint() << "; " << own.world_size
+                << " workers (" << ranks << ")\n";
+    } else if (!settings_.fixed_ranks()) {
       std::cerr << "cpprun: rendezvous round " << round_ << " complete at " << settings_.endpoint() << ": " << count()
                 << (count() == 1 ? " node" : " nodes") << " of " << settings_.nnodes_flag() << ", " << own.world_size
                 << (own.world_size == 1 ? " worker (" : " workers (") << ranks << "), MASTER_PORT=" << master_port
@@ -379,8 +368,7 @@ class RendezvousHost final : public NodeRendezvous {
     return pending_signal_ != 0;
   }
 
-  // Why an agent that introduced itself with `message` cannot join this job; "" when it can. Every
-  // mismatch names both values.
+  // Why an agent that introduced itself with `message` cannot join this job; "" when it can.
   std::string refusal(const NodeMessage& message) const {
     if (message.kind != MessageKind::kHello) return "it did not introduce itself";
     const NodeHello& h = message.hello;

@@ -11,8 +11,6 @@
 namespace cpprun::launcher {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
 // Once linked to the host, how long past its own join timeout a member waits for the host's
 // verdict, which names the missing nodes best (the host's clock started about when this one's did).
 constexpr std::chrono::seconds kVerdictGrace{3};
@@ -95,8 +93,7 @@ class RendezvousMember final : public NodeRendezvous {
            "longer.";
   }
 
-  // The host said `exit` before this node got into a round: it was refused, the job failed, or
-  // (queued) the job finished without it.
+  // The host said `exit` before this node got into a round: refused, failed, or finished without it.
   RendezvousError verdict_before_start() const {
     const JobEnd& end = decision_->end;
     if (end.exit_code == 0) {
