@@ -1,6 +1,6 @@
 // cpprun: torchrun's launcher for C++ programs. Parses the options, then runs attempts (start the
 // workers, wait, stop them) until one succeeds, a signal ends the job, or the restarts run out;
-// with --nnodes > 1 or --rdzv_backend=c10d, in step with the other nodes' agents (multi_node_agent.h).
+// with --nnodes > 1 or --rdzv_backend=c10d, in step with the other nodes' agents (node_rendezvous.h).
 #include <fcntl.h>
 
 #include <cstdlib>
@@ -15,7 +15,6 @@
 #include "command_line/host_facts.h"
 #include "workers/job_process_tree.h"
 #include "command_line/launch_config.h"
-#include "rendezvous/multi_node_agent.h"
 #include "rendezvous/node_rendezvous.h"
 #include "command_line/program_command.h"
 #include "rendezvous/rank_layout.h"

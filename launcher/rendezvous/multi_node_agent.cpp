@@ -1,34 +1,11 @@
 // Rounds of this node's workers, coordinated with the other nodes through NodeRendezvous.
-#include "rendezvous/multi_node_agent.h"
-
 #include <iostream>
 #include <memory>
 
-#include "workers/attempt.h"
 #include "rendezvous/job_secret.h"
 #include "rendezvous/node_rendezvous.h"
-#include "workers/worker_specs.h"
 
 namespace cpprun::launcher {
-namespace {
-
-// Why the workers start again: a restart after a failure, or (c10d) a new set of nodes.
-void announce_restart(int max_restarts, const NodeRendezvous& rendezvous, const RankLayout& layout,
-                      int previous_restart_count) {
-  const int restarts = rendezvous.restart_count();
-  if (restarts > previous_restart_count) {
-    std::cerr << "cpprun: restarting the workers of all " << layout.group_world_size << " nodes (restart "
-              << restarts << " of --max_restarts=" << max_restarts
-              << ", TORCHELASTIC_RESTART_COUNT=" << restarts << ")\n";
-    return;
-  }
-  std::cerr << "cpprun: rendezvous round " << rendezvous.round() << ": the nodes changed; restarting this node's "
-            << "workers as node " << layout.group_rank << " of " << layout.group_world_size << " (WORLD_SIZE="
-            << layout.world_size << "; a membership change, not counted against --max_restarts: "
-            << "TORCHELASTIC_RESTART_COUNT stays " << restarts << ")\n";
-}
-
-}  // namespace
 
 int run_multi_node(const RendezvousSettings& settings, const WorkerSettings& workers, const ProgramCommand& program,
                    const EnvMap& parent_env, SignalRelay& relay, const RunDirectory& run_dir) {
@@ -77,7 +54,16 @@ int run_multi_node(const RendezvousSettings& settings, const WorkerSettings& wor
         return 0;
       case JobDecision::Kind::kRestart:
         layout = decision.layout;
-        announce_restart(settings.max_restarts, *rendezvous, *layout, restart_count);
+        if (rendezvous->restart_count() > restart_count) {  // after a failure, else (c10d) for new nodes
+          std::cerr << "cpprun: restarting the workers of all " << layout->group_world_size << " nodes (restart "
+                    << rendezvous->restart_count() << " of --max_restarts=" << settings.max_restarts
+                    << ", TORCHELASTIC_RESTART_COUNT=" << rendezvous->restart_count() << ")\n";
+        } else {
+          std::cerr << "cpprun: rendezvous round " << rendezvous->round() << ": the nodes changed; restarting this "
+                    << "node's workers as node " << layout->group_rank << " of " << layout->group_world_size
+                    << " (WORLD_SIZE=" << layout->world_size << "; a membership change, not counted against "
+                    << "--max_restarts: TORCHELASTIC_RESTART_COUNT stays " << rendezvous->restart_count() << ")\n";
+        }
         continue;
       case JobDecision::Kind::kExit:
         std::cerr << "cpprun: ";

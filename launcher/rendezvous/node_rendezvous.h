@@ -30,12 +30,15 @@
 #include <string>
 #include <vector>
 
+#include "command_line/program_command.h"
 #include "rendezvous/node_link.h"
 #include "rendezvous/node_messages.h"
 #include "rendezvous/rank_layout.h"
 #include "rendezvous/rendezvous_settings.h"
-#include "workers/signal_relay.h"
 #include "workers/attempt.h"
+#include "workers/run_directory.h"
+#include "workers/signal_relay.h"
+#include "workers/worker_specs.h"
 
 namespace cpprun::launcher {
 
@@ -108,6 +111,12 @@ class NodeRendezvous : public PeerEvents {
   int restart_count_ = 0;
   std::optional<JobEnd> end_;  // why the attempt ended
 };
+
+// The agent of one node (multi_node_agent.cpp): joins the rendezvous, then runs rounds of this
+// node's workers until every node succeeded, the job failed, or its restarts ran out. Returns
+// cpprun's exit code. Throws RendezvousError when the nodes cannot meet.
+int run_multi_node(const RendezvousSettings& settings, const WorkerSettings& workers, const ProgramCommand& program,
+                   const EnvMap& parent_env, SignalRelay& relay, const RunDirectory& run_dir);
 
 // Finds this agent's side and connects it; nullptr when a job-ending signal (in `signal`) came first.
 std::unique_ptr<NodeRendezvous> open_rendezvous(const RendezvousSettings& settings, SignalRelay& relay, int& signal);
