@@ -1,6 +1,5 @@
-// One attempt of this node's workers: start and supervise them, stop the rest and print the failure
-// summary unless all succeeded, and stop what they left behind (Note [The job's process tree]).
-// The caller's loop (single- or multi-node) decides what comes next: this knows nothing of restarts.
+// One attempt of this node's workers: start and supervise them; unless all succeed, stop the rest and
+// print the failure summary; stop what they left behind. What comes next (a restart) is the caller's.
 #pragma once
 
 #include <sys/types.h>
