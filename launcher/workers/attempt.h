@@ -103,8 +103,7 @@ struct AttemptSummary {
   std::optional<std::string> root_cause_error_file;
 };
 
-// One line per worker, then the root cause's stderr tail and error file; each line starting
-// "cpprun: ", ending in '\n'. Pure.
+// One line per worker, then the root cause's stderr tail and error file; every line "cpprun: ...\n". Pure.
 std::string format_attempt_summary(const std::vector<WorkerRecord>& workers, const AttemptSummary& summary);
 
 }  // namespace cpprun::launcher

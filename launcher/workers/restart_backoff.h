@@ -54,9 +54,8 @@ class RestartPacer {
     restart_at_.reset();
   }
 
-  // The attempt failed and restart `restart` (from 1) of `max_restarts` is due: when it may start.
-  // The first call after attempt_started() picks the delay and, unless it is 0, prints
-  // "cpprun: restarting in 2 s (restart 3 of --max_restarts=5; ...)"; later calls return the same.
+  // The attempt failed and restart `restart` (from 1) of `max_restarts` is due: when it may start. The first
+  // call after attempt_started() decides, printing "cpprun: restarting in 2 s ..." unless 0; later ones repeat it.
   Clock::time_point restart_at(int restart, int max_restarts);
 
  private:

@@ -24,8 +24,7 @@ struct RunLayout {
 
 class RunDirectory {
  public:
-  // Creates `log_dir` (and its parents) or, when it is empty, ${TMPDIR:-/tmp}/cpprun-XXXXXX.
-  // Throws std::system_error naming the path.
+  // Creates `log_dir` (mkdir -p) or, if empty, ${TMPDIR:-/tmp}/cpprun-XXXXXX; std::system_error names the path.
   explicit RunDirectory(const std::string& log_dir);
   // Removes a temp dir and everything in it; a --log_dir stays.
   ~RunDirectory();
