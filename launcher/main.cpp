@@ -53,8 +53,7 @@ int run(const LaunchConfig& config) {
                                                         : "first of " + std::to_string(config.min_nodes) + " to join";
       std::cout << "cpprun: dry run of one node of " << rendezvous.nnodes_flag() << ": the ranks below assume it is "
                 << node << " and every node runs --nproc_per_node=" << config.nproc_per_node
-                << "; the real ranks (and c10d's MASTER_PORT) come from the rendezvous at " << endpoint_text(config)
-                << "\n";
+                << "; real ranks and c10d's MASTER_PORT come from the rendezvous at " << endpoint_text(config) << "\n";
     }
     if (!program.python_source.empty()) {
       std::cout << "cpprun: Python runs " << config.program << ": " << program.path << " (" << program.python_source
@@ -88,23 +87,20 @@ int run(const LaunchConfig& config) {
     if (attempt.end == GroupEnd::kSucceeded) return 0;
     if (attempt.end == GroupEnd::kInterrupted) return attempt.exit_code;
 
-    if (restart < config.max_restarts) {
-      if (const int sig = sleep_until(relay, pacer.restart_at(restart + 1, config.max_restarts)); sig != 0) {
-        std::cerr << "cpprun: received " << signal_name(sig) << " while waiting to restart; exiting with code "
-                  << 128 + sig << " (no worker was running)\n";
-        return 128 + sig;
-      }
-      std::cerr << "cpprun: restarting all workers (restart " << restart + 1 << " of --max_restarts="
-                << config.max_restarts << ", TORCHELASTIC_RESTART_COUNT=" << restart + 1 << ")\n";
-      continue;
+    if (restart >= config.max_restarts) {
+      const std::string gave_up = "giving up after " + std::to_string(restart + 1) + " attempts (--max_restarts=" +
+                                  std::to_string(config.max_restarts) + "); ";
+      std::cerr << "cpprun: " << (config.max_restarts > 0 ? gave_up : "") << "exiting with code " << attempt.exit_code
+                << " from " << attempt.root_worker << "\n";
+      return attempt.exit_code;
     }
-    std::cerr << "cpprun: ";
-    if (config.max_restarts > 0) {
-      std::cerr << "giving up after " << restart + 1 << " attempts (--max_restarts=" << config.max_restarts
-                << "); ";
+    if (const int sig = sleep_until(relay, pacer.restart_at(restart + 1, config.max_restarts)); sig != 0) {
+      std::cerr << "cpprun: received " << signal_name(sig) << " while waiting to restart; exiting with code "
+                << 128 + sig << " (no worker was running)\n";
+      return 128 + sig;
     }
-    std::cerr << "exiting with code " << attempt.exit_code << " from " << attempt.root_worker << "\n";
-    return attempt.exit_code;
+    std::cerr << "cpprun: restarting all workers (restart " << restart + 1 << " of --max_restarts="
+              << config.max_restarts << ", TORCHELASTIC_RESTART_COUNT=" << restart + 1 << ")\n";
   }
 }
 

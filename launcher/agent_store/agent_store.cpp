@@ -5,8 +5,8 @@
 #include <unistd.h>
 
 #include <array>
-#include <climits>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 #include <utility>
 #include <vector>
@@ -22,17 +22,11 @@ namespace {
 
 constexpr const char* kLibraryName = "libcpprun_agent_store.so";
 
-std::string executable_dir() {
-  std::array<char, PATH_MAX> path{};
-  const ssize_t n = readlink("/proc/self/exe", path.data(), path.size() - 1);
-  if (n <= 0) return ".";
-  const std::string exe(path.data(), static_cast<std::size_t>(n));
-  return exe.substr(0, exe.find_last_of('/'));
-}
-
 // Next to this executable (the build tree), else where `cmake --install` puts it relative to it.
 std::string find_library() {
-  const std::string dir = executable_dir();
+  std::error_code error;
+  const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", error);
+  const std::string dir = error ? "." : exe.parent_path().string();
   const std::vector<std::string> candidates = {dir + "/" + kLibraryName,
                                                dir + "/" CPPRUN_AGENT_STORE_RELATIVE_DIR "/" + kLibraryName};
   for (const std::string& path : candidates) {

@@ -24,8 +24,7 @@ typedef struct cpprun_agent_store_api {
   int (*set)(cpprun_agent_store* store, const char* key, const char* value, char* err, size_t err_size);
   /* Waits (up to the store's timeout) for `key`, then copies its value, NUL-terminated and cut to
    * value_size - 1 bytes. 0 on success, -1 on failure. */
-  int (*get)(cpprun_agent_store* store, const char* key, char* value, size_t value_size, char* err,
-             size_t err_size);
+  int (*get)(cpprun_agent_store* store, const char* key, char* value, size_t value_size, char* err, size_t err_size);
   /* Closes the connection; a server stops serving and frees its port. */
   void (*close)(cpprun_agent_store* store);
 } cpprun_agent_store_api;

@@ -36,14 +36,11 @@ std::set<int> open_fds() {
   return fds;
 }
 
-// c10d opens its sockets without close-on-exec. The agent forks workers while the store runs; a
-// worker (or a process it leaves behind) holding the listening socket would keep the port bound
-// after the agent closed the store, and the next round could not bind it again.
+// c10d's sockets lack close-on-exec: a worker (or its leftover) holding the listening socket would keep
+// the port bound after the agent closed the store, and the next round could not bind it again.
 void set_cloexec_on_new(const std::set<int>& before) {
   for (int fd : open_fds()) {
-    if (before.count(fd) != 0) continue;
-    const int flags = fcntl(fd, F_GETFD);
-    if (flags >= 0) fcntl(fd, F_SETFD, flags | FD_CLOEXEC);
+    if (before.count(fd) == 0) fcntl(fd, F_SETFD, FD_CLOEXEC);  // the only descriptor flag there is
   }
 }
 

@@ -236,11 +236,7 @@ std::string rank_range(int base_rank, int local_world_size) {
   return "ranks " + std::to_string(base_rank) + "-" + std::to_string(base_rank + local_world_size - 1);
 }
 
-std::string seconds_text(std::chrono::milliseconds ms) {
-  std::string fraction = std::to_string(ms.count() % 1000 + 1000).substr(1);  // "050" for 1.05 s
-  fraction.erase(fraction.find_last_not_of('0') + 1);
-  return std::to_string(ms.count() / 1000) + (fraction.empty() ? "" : "." + fraction) + " s";
-}
+std::string seconds_text(std::chrono::milliseconds ms) { return decimal_seconds(ms) + " s"; }
 
 HostLookup look_up_host(const std::string& host) {
   addrinfo hints{};

@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "workers/job_process_tree.h"
+#include "workers/restart_backoff.h"
 #include "workers/run_directory.h"
 #include "workers/worker_output.h"
 
@@ -25,12 +26,6 @@ namespace {
 // The root cause's error file, shown in full up to this size.
 constexpr std::size_t kErrorFileLimit = 16 * 1024;
 
-std::string seconds_text(std::chrono::milliseconds ms) {
-  std::ostringstream out;
-  out << static_cast<double>(ms.count()) / 1000.0 << "s";
-  return out.str();
-}
-
 std::string fate(const WorkerRecord& w, std::chrono::milliseconds shutdown_timeout) {
   const std::string how = w.exit ? w.exit->describe() : "exit status unknown";
   if (w.state == WorkerState::kRunning) return "still running";
@@ -38,7 +33,7 @@ std::string fate(const WorkerRecord& w, std::chrono::milliseconds shutdown_timeo
     return w.exit && w.exit->succeeded() ? "had finished (exited with code 0)" : "also failed: " + how;
   }
   if (!w.sent_sigkill) return "stopped: " + how;
-  return "stopped: did not exit within --shutdown_timeout=" + seconds_text(shutdown_timeout) + ", " + how;
+  return "stopped: did not exit within --shutdown_timeout=" + decimal_seconds(shutdown_timeout) + "s, " + how;
 }
 
 // "rank 1 (local_rank 1, pid 4242)"
@@ -46,12 +41,6 @@ std::string describe_worker(const WorkerRecord& worker) {
   return "rank " + std::to_string(worker.rank) + " (local_rank " + std::to_string(worker.local_rank) +
          ", pid " + std::to_string(worker.pid) + ")";
 }
-
-struct GroupOutcome {
-  GroupEnd end = GroupEnd::kSucceeded;
-  std::optional<std::size_t> root_cause;  // index in workers() of the first failure, if any
-  int signal = 0;                         // the job-ending signal, for kInterrupted
-};
 
 enum class StopStart {
   kSendSigterm,       // a worker failed: ask the others to finish
@@ -92,12 +81,9 @@ class WorkerGroup {
   // Creates every worker's pipes and log files (std::system_error), then starts the workers in
   // order. If one cannot start, those already running are stopped and the SpawnError is rethrown.
   void start(const std::vector<WorkerSpec>& specs, std::chrono::milliseconds grace) {
-    std::vector<std::unique_ptr<WorkerOutput>> outputs;
-    for (const WorkerSpec& spec : specs) outputs.push_back(std::make_unique<WorkerOutput>(spec.output));
-    workers_.reserve(specs.size());
-    outputs_.reserve(specs.size());
+    for (const WorkerSpec& spec : specs) outputs_.push_back(std::make_unique<WorkerOutput>(spec.output));
     for (std::size_t i = 0; i < specs.size(); ++i) {
-      WorkerOutput& output = *outputs[i];
+      WorkerOutput& output = *outputs_[i];
       try {
         WorkerRecord record;
         record.local_rank = specs[i].local_rank;
@@ -107,7 +93,6 @@ class WorkerGroup {
         output.out.close_child_end();
         output.err.close_child_end();
         workers_.push_back(record);
-        outputs_.push_back(std::move(outputs[i]));
       } catch (const SpawnError&) {
         stop(StopStart::kSendSigterm, grace);
         throw;
@@ -117,14 +102,14 @@ class WorkerGroup {
 
   // Blocks until every worker succeeded, one failed, a job-ending signal arrived, or `peers` (if
   // any) say another node ended the attempt, forwarding signals to the workers' groups meanwhile.
-  GroupOutcome wait(PeerEvents* peers) {
+  GroupEnd wait(PeerEvents* peers) {
     for (;;) {
       handle_events(WorkerState::kFinished);
       // A job-ending signal outranks a failure seen in the same wake-up: no restart after Ctrl-C.
-      if (ending_signal_ != 0) return {GroupEnd::kInterrupted, root_cause_, ending_signal_};
-      if (root_cause_) return {GroupEnd::kWorkerFailed, root_cause_, 0};
-      if (running() == 0) return {GroupEnd::kSucceeded, std::nullopt, 0};
-      if (peers != nullptr && peers->attempt_ended()) return {GroupEnd::kPeerEnded, std::nullopt, 0};
+      if (ending_signal_ != 0) return GroupEnd::kInterrupted;
+      if (root_cause_) return GroupEnd::kWorkerFailed;
+      if (running() == 0) return GroupEnd::kSucceeded;
+      if (peers != nullptr && peers->attempt_ended()) return GroupEnd::kPeerEnded;
       wait_for_signal(-1, peers);
     }
   }
@@ -148,6 +133,8 @@ class WorkerGroup {
   // The first job-ending signal cpprun received in wait() or stop(); 0 if none. A signal during a
   // failure's stop still means "do not restart".
   int ending_signal() const { return ending_signal_; }
+  // The index in workers() of the first failure, if any.
+  std::optional<std::size_t> root_cause() const { return root_cause_; }
 
   const std::vector<WorkerRecord>& workers() const { return workers_; }
   std::vector<std::string> stderr_tail(std::size_t i) const { return outputs_.at(i)->err.tail().lines(); }
@@ -165,12 +152,8 @@ class WorkerGroup {
     for (std::size_t i = 0; i < workers_.size(); ++i) {
       WorkerRecord& w = workers_[i];
       if (w.state != WorkerState::kRunning) continue;
-      int status = 0;
-      if (wait_for_exit(w.pid, &status) == w.pid) {
-        record_exit(i, status, WorkerState::kStoppedByLauncher);
-      } else {
-        w.state = WorkerState::kStoppedByLauncher;
-      }
+      w.state = WorkerState::kStoppedByLauncher;
+      if (int status = 0; wait_for_exit(w.pid, &status) == w.pid) record_exit(i, status, w.state);
     }
   }
 
@@ -213,10 +196,8 @@ class WorkerGroup {
     }
     // Orphans cpprun adopted (Note [The job's process tree]) would stay zombies until the attempt
     // ends; a worker that exited since the loop above may turn up here too.
-    for (;;) {
-      int status = 0;
-      const pid_t got = wait_for_exit(-1, &status, WNOHANG);
-      if (got <= 0) break;
+    int status = 0;
+    for (pid_t got; (got = wait_for_exit(-1, &status, WNOHANG)) > 0;) {
       for (std::size_t i = 0; i < workers_.size(); ++i) {
         if (workers_[i].pid == got && workers_[i].state == WorkerState::kRunning) on_exit(i, status, exit_state);
       }
@@ -246,9 +227,7 @@ class WorkerGroup {
       }
     }
     const std::size_t first_peer = fds.size();
-    if (peers != nullptr) {
-      for (int fd : peers->fds()) fds.push_back({fd, POLLIN, 0});
-    }
+    for (int fd : peers != nullptr ? peers->fds() : std::vector<int>{}) fds.push_back({fd, POLLIN, 0});
     // EINTR just means a handler ran; the caller looks at the relay either way.
     if (poll(fds.data(), fds.size(), timeout_ms) < 0) {
       if (errno == EINTR) return;
@@ -276,7 +255,7 @@ class WorkerGroup {
 
   SignalRelay& relay_;
   std::vector<WorkerRecord> workers_;
-  std::vector<std::unique_ptr<WorkerOutput>> outputs_;  // parallel to workers_
+  std::vector<std::unique_ptr<WorkerOutput>> outputs_;  // one per spec: workers_[i] writes to outputs_[i]
   std::optional<std::size_t> root_cause_;
   int ending_signal_ = 0;
 };
@@ -314,37 +293,31 @@ AttemptEnd run_attempt(SignalRelay& relay, const std::vector<WorkerSpec>& specs,
                        PeerEvents* peers, const std::function<void(const AttemptEnd&)>& before_stop) {
   WorkerGroup group(relay);
   group.start(specs, shutdown_timeout);
-  const GroupOutcome outcome = group.wait(peers);
-  if (outcome.end == GroupEnd::kSucceeded) {
+  const GroupEnd end = group.wait(peers);
+  if (end == GroupEnd::kSucceeded) {
     // See Note [The job's process tree]. A job-ending signal that cut the grace short is raised
     // again, for whatever waits next (the exit barrier of a multi-node job) to act on.
     if (const int sig = stop_leftovers(relay, shutdown_timeout); sig != 0) raise(sig);
     return {};
   }
-  AttemptEnd result{outcome.end, 0, outcome.signal, "", ""};
-  if (outcome.root_cause) {
-    const WorkerRecord& root = group.workers().at(*outcome.root_cause);
-    result.root_worker = describe_worker(root);
-    result.root_how = root.exit->describe();
-    result.exit_code = root.exit->launcher_exit_code();
+  const std::optional<std::size_t> root = group.root_cause();
+  AttemptEnd result{end, 0, group.ending_signal(), "", ""};
+  if (root) {
+    const WorkerRecord& worker = group.workers().at(*root);
+    result = {end, worker.exit->launcher_exit_code(), result.signal, describe_worker(worker), worker.exit->describe()};
   }
-  if (outcome.end == GroupEnd::kInterrupted) result.exit_code = 128 + outcome.signal;
+  if (end == GroupEnd::kInterrupted) result.exit_code = 128 + result.signal;
   if (before_stop) before_stop(result);
 
-  group.stop(outcome.end == GroupEnd::kInterrupted ? StopStart::kAlreadySignalled : StopStart::kSendSigterm,
-             shutdown_timeout);
-  const std::optional<std::size_t> root = outcome.root_cause;
+  group.stop(end == GroupEnd::kInterrupted ? StopStart::kAlreadySignalled : StopStart::kSendSigterm, shutdown_timeout);
   const AttemptSummary summary{root, group.ending_signal(), shutdown_timeout,
                                root ? group.stderr_tail(*root) : std::vector<std::string>{},
                                root ? read_file_head(specs.at(*root).error_file, kErrorFileLimit) : std::nullopt};
   std::cerr << format_attempt_summary(group.workers(), summary);
   const int leftovers_signal = stop_leftovers(relay, shutdown_timeout);
   // A signal that arrived while stopping after a failure still means "do not restart".
-  const int late_signal = group.ending_signal() != 0 ? group.ending_signal() : leftovers_signal;
-  if (late_signal != 0) {
-    result.end = GroupEnd::kInterrupted;
-    result.signal = late_signal;
-    result.exit_code = 128 + result.signal;
+  if (const int late = group.ending_signal() != 0 ? group.ending_signal() : leftovers_signal; late != 0) {
+    result = {GroupEnd::kInterrupted, 128 + late, late, result.root_worker, result.root_how};
   }
   return result;
 }
@@ -362,8 +335,7 @@ std::string format_attempt_summary(const std::vector<WorkerRecord>& workers, con
   }
   for (std::size_t i = 0; i < workers.size(); ++i) {
     if (summary.root_cause && i == *summary.root_cause) continue;
-    out << "cpprun:   " << describe_worker(workers[i]) << " " << fate(workers[i], summary.shutdown_timeout)
-        << "\n";
+    out << "cpprun:   " << describe_worker(workers[i]) << " " << fate(workers[i], summary.shutdown_timeout) << "\n";
   }
   if (!summary.root_cause) return out.str();
   // Last, next to the exit line: with many ranks, the root cause's own words scroll away.

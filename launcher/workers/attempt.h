@@ -1,6 +1,5 @@
-// One attempt of this node's workers: start and supervise them, stop the rest and print the failure
-// summary unless all succeeded, and stop what they left behind (Note [The job's process tree]).
-// The caller's loop (single- or multi-node) decides what comes next: this knows nothing of restarts.
+// One attempt of this node's workers: start and supervise them; unless all succeed, stop the rest and
+// print the failure summary; stop what they left behind. What comes next (a restart) is the caller's.
 #pragma once
 
 #include <sys/types.h>
@@ -104,8 +103,7 @@ struct AttemptSummary {
   std::optional<std::string> root_cause_error_file;
 };
 
-// One line per worker, then the root cause's stderr tail and error file; each line starting
-// "cpprun: ", ending in '\n'. Pure.
+// One line per worker, then the root cause's stderr tail and error file; every line "cpprun: ...\n". Pure.
 std::string format_attempt_summary(const std::vector<WorkerRecord>& workers, const AttemptSummary& summary);
 
 }  // namespace cpprun::launcher

@@ -5,13 +5,12 @@
 //    children: once an attempt's workers are reaped, stop_leftovers() SIGTERMs, then SIGKILLs them.
 // 2. During the attempt, forwarded signals reach each worker's whole process group, and a failed or
 //    stopped worker's group is SIGKILLed with it (Note [Orphans in a worker's process group]).
-// 3. If cpprun is SIGKILLed, its workers die by PR_SET_PDEATHSIG; a guardian process in its own
-//    session sees cpprun's socket close and SIGKILLs every process whose environment holds this
-//    run's random CPPRUN_JOB_TOKEN, which workers inherit (as Jenkins finds a build's processes).
-// Not covered: after a SIGKILL of cpprun, a process that dropped the token (env -i) or whose
-// environment we may not read; always, one that leaves through a subreaper of its own (a container
-// runtime, systemd --user) or that a service starts (systemd-run, at). Only a cgroup holds these,
-// and cpprun may not create one.
+// 3. If cpprun is SIGKILLed, its workers die by PR_SET_PDEATHSIG; a guardian in its own session sees
+//    cpprun's socket close and SIGKILLs every process whose environment holds this run's random
+//    CPPRUN_JOB_TOKEN, which workers inherit (as Jenkins finds a build's processes).
+// Not covered (only a cgroup holds these, and cpprun may not create one): after a SIGKILL of cpprun,
+// a process that dropped the token (env -i) or whose environment we may not read; always, one that
+// leaves through a subreaper of its own (a container runtime, systemd --user) or a service (systemd-run, at).
 #pragma once
 
 #include <sys/types.h>
@@ -26,9 +25,8 @@ class SignalRelay;
 
 class JobProcessTree {
  public:
-  // Starts the guardian, sets CPPRUN_JOB_TOKEN in this process's environment (create this before
-  // reading the environment for the workers) and makes cpprun a child subreaper. Call before any
-  // thread or worker starts.
+  // Starts the guardian, sets CPPRUN_JOB_TOKEN in this process's environment and makes cpprun a child
+  // subreaper. Create it before any thread or worker starts and before the workers' environment is read.
   JobProcessTree();
   // SIGKILLs whatever is left (an exception may have cut an attempt short), dismisses the guardian.
   ~JobProcessTree();
@@ -39,9 +37,8 @@ class JobProcessTree {
   int guardian_line_ = -1;  // cpprun's end of the socket the guardian waits on
 };
 
-// Once an attempt's workers are all reaped: stops every child cpprun still has, naming them on
-// stderr: SIGTERM, up to `grace` for them to exit, then SIGKILL. A job-ending signal arriving
-// meanwhile cuts the grace short; it is returned (0 if none came).
+// Once an attempt's workers are all reaped: SIGTERMs every child cpprun still has (named on stderr),
+// waits up to `grace`, then SIGKILLs. Returns a job-ending signal that cut the grace short, or 0.
 int stop_leftovers(SignalRelay& relay, std::chrono::milliseconds grace);
 
 // The live (not zombie) children of `parent`, from /proc/PARENT/task/*/children where the kernel

@@ -1,13 +1,17 @@
 // How long cpprun waits before restarting the workers after a failure: a delay that doubles with
-// each failure in a row, up to a cap, and starts over after a healthy attempt. So a program that
-// fails at once is not restarted in a tight loop (a tester saw 1,093 restarts in 10 s), while one
-// that fails now and then after running a while restarts after the short initial delay.
+// each failure in a row, up to a cap, and starts over after a healthy attempt, so that a program that
+// fails at once is not restarted in a tight loop (a tester saw 1,093 restarts in 10 s).
 #pragma once
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
+#include <string>
 
 namespace cpprun::launcher {
+
+// "2", "0.25": a duration as the duration options take it; the launcher's messages add " s".
+std::string decimal_seconds(std::chrono::milliseconds ms);
 
 // --restart_backoff=INITIAL[:MAX].
 struct RestartBackoffSettings {
@@ -47,20 +51,18 @@ class RestartPacer {
 
   void attempt_started() {
     attempt_start_ = Clock::now();
-    decided_ = false;
+    restart_at_.reset();
   }
 
-  // The attempt failed and restart `restart` (from 1) of `max_restarts` is due: when it may start.
-  // The first call after attempt_started() picks the delay and, unless it is 0, prints
-  // "cpprun: restarting in 2 s (restart 3 of --max_restarts=5; ...)"; later calls return the same.
+  // The attempt failed and restart `restart` (from 1) of `max_restarts` is due: when it may start. The first
+  // call after attempt_started() decides, printing "cpprun: restarting in 2 s ..." unless 0; later ones repeat it.
   Clock::time_point restart_at(int restart, int max_restarts);
 
  private:
   RestartBackoff backoff_;
   RestartBackoffSettings settings_;
   Clock::time_point attempt_start_;
-  bool decided_ = false;  // restart_at_ holds this attempt's answer
-  Clock::time_point restart_at_;
+  std::optional<Clock::time_point> restart_at_;  // this attempt's answer, once decided
 };
 
 }  // namespace cpprun::launcher

@@ -24,8 +24,7 @@ struct RunLayout {
 
 class RunDirectory {
  public:
-  // Creates `log_dir` (and its parents) or, when it is empty, ${TMPDIR:-/tmp}/cpprun-XXXXXX.
-  // Throws std::system_error naming the path.
+  // Creates `log_dir` (mkdir -p) or, if empty, ${TMPDIR:-/tmp}/cpprun-XXXXXX; std::system_error names the path.
   explicit RunDirectory(const std::string& log_dir);
   // Removes a temp dir and everything in it; a --log_dir stays.
   ~RunDirectory();
@@ -34,9 +33,8 @@ class RunDirectory {
 
   const RunLayout& layout() const { return layout_; }
 
-  // Under --log_dir: creates attempt_N/0 .. attempt_N/nproc-1. Removes the attempt's error files,
-  // so a stale one (an earlier run's, or with c10d an earlier round's: torchrun reuses the attempt
-  // number after a membership change) is not reported as this one's. Throws std::system_error.
+  // Under --log_dir: creates attempt_N/0 .. attempt_N/nproc-1. Removes the attempt's stale error files
+  // (an earlier run's, or c10d's earlier round's: the same attempt number). Throws std::system_error.
   void prepare_attempt(int attempt, int nproc_per_node) const;
 
  private:

@@ -37,6 +37,19 @@ void on_signal(int sig) {
   errno = saved_errno;
 }
 
+// SIGTSTP: stops the workers, then cpprun, and continues the workers once cpprun is continued.
+void stop_job(const std::function<void(int)>& signal_workers) {
+  if (signal_workers) signal_workers(SIGSTOP);
+  // The default action stops this process right inside raise(); it returns once continued.
+  struct sigaction ours {};
+  sigaction(SIGTSTP, nullptr, &ours);
+  signal(SIGTSTP, SIG_DFL);
+  raise(SIGTSTP);
+  sigaction(SIGTSTP, &ours, nullptr);
+  // SIGCONT's handler has run too, but its flag is read in a later call; continue them now.
+  if (signal_workers) signal_workers(SIGCONT);
+}
+
 }  // namespace
 
 bool ends_job(int sig) {
@@ -95,7 +108,7 @@ std::vector<int> SignalRelay::take_pending() {
   for (int sig = 1; sig < NSIG; ++sig) {
     if (!g_pending[sig].exchange(false)) continue;
     if (sig == SIGTSTP) {
-      stop_job();
+      stop_job(signal_workers_);
     } else if (sig == SIGCONT) {
       if (signal_workers_) signal_workers_(SIGCONT);
     } else {
@@ -103,22 +116,6 @@ std::vector<int> SignalRelay::take_pending() {
     }
   }
   return pending;
-}
-
-void SignalRelay::set_job_control(std::function<void(int sig)> signal_workers) {
-  signal_workers_ = std::move(signal_workers);
-}
-
-void SignalRelay::stop_job() {
-  if (signal_workers_) signal_workers_(SIGSTOP);
-  // The default action stops this process right inside raise(); it returns once continued.
-  struct sigaction ours {};
-  sigaction(SIGTSTP, nullptr, &ours);
-  signal(SIGTSTP, SIG_DFL);
-  raise(SIGTSTP);
-  sigaction(SIGTSTP, &ours, nullptr);
-  // SIGCONT's handler has run too, but its flag is read in a later call; continue them now.
-  if (signal_workers_) signal_workers_(SIGCONT);
 }
 
 void SignalRelay::restore_in_child() const noexcept {

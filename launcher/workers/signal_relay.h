@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <functional>
+#include <utility>
 #include <vector>
 
 namespace cpprun::launcher {
@@ -34,21 +35,17 @@ class SignalRelay {
   std::vector<int> take_pending();
 
   // Note [Job control]
-  // Ctrl-Z's SIGTSTP reaches cpprun alone (workers lead their own sessions). cpprun sends the
-  // workers SIGSTOP (the kernel discards SIGTSTP sent to their orphaned groups), then stops itself
-  // so the shell sees a stopped job; the SIGCONT of `fg`/`bg` is passed on. (In an orphaned group
-  // cpprun's own SIGTSTP is discarded: nothing stops.) Whichever loop drains the relay does this.
-  // `signal_workers` (nullptr: none run) gets SIGSTOP and SIGCONT.
-  void set_job_control(std::function<void(int sig)> signal_workers);
+  // Ctrl-Z's SIGTSTP reaches cpprun alone (workers lead their own sessions). Whichever loop drains the
+  // relay sends the workers SIGSTOP through `signal_workers` (nullptr: none run; the kernel discards
+  // SIGTSTP sent to their orphaned groups), then stops cpprun so the shell sees a stopped job; the
+  // SIGCONT of `fg`/`bg` is passed on. (In an orphaned group cpprun's own SIGTSTP is discarded.)
+  void set_job_control(std::function<void(int sig)> signal_workers) { signal_workers_ = std::move(signal_workers); }
 
   // In a forked child, before exec: puts back the dispositions and signal mask cpprun started with,
   // so workers see signals as if cpprun were not there. Async-signal-safe.
   void restore_in_child() const noexcept;
 
  private:
-  // SIGTSTP: stops the workers, then cpprun, and continues the workers once cpprun is continued.
-  void stop_job();
-
   std::function<void(int)> signal_workers_;
 };
 

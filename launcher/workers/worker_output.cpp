@@ -11,6 +11,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <system_error>
+#include <utility>
 
 #include "workers/worker_process.h"
 
@@ -64,10 +65,7 @@ void LineSplitter::feed(std::string_view data, const LineSink& sink) {
 }
 
 void LineSplitter::finish(const LineSink& sink) {
-  if (pending_.empty()) return;
-  std::string last = std::move(pending_);
-  pending_.clear();
-  sink(last);
+  if (!pending_.empty()) sink(std::exchange(pending_, {}));
 }
 
 void LineTail::push(std::string_view line) {
@@ -78,29 +76,25 @@ void LineTail::push(std::string_view line) {
 }
 
 OutputStream::OutputStream(Kind kind, const StreamTarget& target, const std::string& prefix)
-    : kind_(kind),
-      file_path_(target.file),
-      console_(target.console),
-      prefix_(prefix),
+    : kind_(kind), file_path_(target.file), console_(target.console), prefix_(prefix),
       tail_(kind == Kind::kStderr ? 20 : 0) {
+  if (!file_path_.empty()) {
+    file_fd_ = open(file_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+    if (file_fd_ < 0) {
+      throw std::system_error(errno, std::generic_category(), "cpprun: cannot create the log file " + file_path_);
+    }
+  }
   int fds[2];
   // Close-on-exec: the worker gets its end through dup2(), and no other worker inherits either.
   if (pipe2(fds, O_CLOEXEC) != 0) {
-    throw std::system_error(errno, std::generic_category(), "cpprun: pipe2() for a worker's output");
+    const int error = errno;
+    close_fd(file_fd_);
+    throw std::system_error(error, std::generic_category(), "cpprun: pipe2() for a worker's output");
   }
   read_fd_ = fds[0];
   write_fd_ = fds[1];
   // Non-blocking reads: drain() reads until the pipe is empty, never waiting for more.
   fcntl(read_fd_, F_SETFL, fcntl(read_fd_, F_GETFL) | O_NONBLOCK);
-  if (!file_path_.empty()) {
-    file_fd_ = open(file_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
-    if (file_fd_ < 0) {
-      const int error = errno;
-      close_fd(read_fd_);
-      close_fd(write_fd_);
-      throw std::system_error(error, std::generic_category(), "cpprun: cannot create the log file " + file_path_);
-    }
-  }
 }
 
 OutputStream::~OutputStream() {
@@ -130,11 +124,7 @@ void OutputStream::drain() {
   // Only what is buffered now: an orphan still writing (`yes &`) must not keep us here forever.
   int left = 0;
   if (read_fd_ >= 0 && ioctl(read_fd_, FIONREAD, &left) != 0) left = 0;
-  while (left > 0) {
-    const std::size_t got = pump();
-    if (got == 0) break;
-    left -= static_cast<int>(got);
-  }
+  for (std::size_t got = 0; left > 0 && (got = pump()) > 0;) left -= static_cast<int>(got);
   finish();
 }
 

@@ -71,8 +71,7 @@ class OutputStream {
   // poll() said read_fd() is ready: reads one chunk (so one chatty rank cannot starve the others)
   // and routes it; returns its size. Closes the pipe at EOF.
   std::size_t pump();
-  // The worker was reaped, or the attempt ends: routes what the pipe holds now, then any
-  // unfinished last line.
+  // The worker was reaped, or the attempt ends: routes what the pipe holds now and any partial last line.
   void drain();
 
   const LineTail& tail() const { return tail_; }  // empty for stdout

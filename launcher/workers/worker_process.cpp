@@ -98,9 +98,8 @@ pid_t spawn_worker(const WorkerCommand& command, const ChildStdio& stdio, const 
   if (got != static_cast<ssize_t>(sizeof(failure))) {
     throw SpawnError("cpprun: the worker process for '" + command.path + "' died before exec", EIO);
   }
-  throw SpawnError("cpprun: cannot start '" + command.path + "': " + failure.step + " failed: " +
-                       std::strerror(failure.error),
-                   failure.error);
+  const std::string why = std::string(failure.step) + " failed: " + std::strerror(failure.error);
+  throw SpawnError("cpprun: cannot start '" + command.path + "': " + why, failure.error);
 }
 
 void signal_process_group(pid_t pgid, int sig) {

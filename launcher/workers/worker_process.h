@@ -36,11 +36,9 @@ class SpawnError : public std::runtime_error {
   int error_;  // errno of the failing call
 };
 
-// Forks and execs `command`, returning once the exec succeeded (else SpawnError, the child reaped).
-// The kernel SIGKILLs the worker if cpprun dies.
-// Note [Worker sessions]: the worker leads a new session (its pid is its process group id), as
-// torchrun's start_new_session=True; in a background group of the terminal's session a worker
-// reading stdin (pdb in rank 0) would be stopped by SIGTTIN.
+// Forks and execs `command`; returns once the exec succeeded, else throws SpawnError (the child reaped).
+// Note [Worker sessions]: the worker leads a new session (its pid is its process group id), as torchrun's
+// start_new_session=True: in the terminal's session a worker reading stdin (pdb in rank 0) gets SIGTTIN.
 pid_t spawn_worker(const WorkerCommand& command, const ChildStdio& stdio, const SignalRelay& relay);
 
 // kill(-pgid, sig). A group that is already gone is fine; other failures are warned about on stderr.

@@ -55,13 +55,11 @@ EnvMap make_worker_env(const WorkerEnvSettings& settings, const RankLayout& layo
   env["TORCHELASTIC_RUN_ID"] = settings.run_id;
   // Per worker and per attempt, so the launcher knows whose it is; torchrun overrides the user's too.
   env["TORCHELASTIC_ERROR_FILE"] = error_file;
-  // One node, or c10d: worker rank 0 creates the TCPStore at MASTER_ADDR:MASTER_PORT, as under
-  // torchrun. A static multi-node job: node 0's agent hosts it (Note [Agent store]). Python's
-  // spelling of the boolean, which torch's code compares against.
+  // Worker rank 0 hosts the TCPStore at MASTER_ADDR:MASTER_PORT (one node, or c10d, as torchrun), or node
+  // 0's agent does (a static multi-node job: Note [Agent store]). torch compares Python's "True".
   env["TORCHELASTIC_USE_AGENT_STORE"] = layout.agent_store ? "True" : "False";
-  // Async error handling turns a hung collective into a failed worker we can restart. The user's
-  // setting wins under either name (LibTorch reads TORCH_ first); we set only the TORCH_ name, as
-  // torchrun 2.x does: LibTorch warns about the old one in every NCCL worker.
+  // Async error handling turns a hung collective into a failed worker we can restart. The user's setting
+  // wins under either name; we set only TORCH_'s, as torchrun 2.x does (LibTorch warns about the old one).
   if (parent.count("TORCH_NCCL_ASYNC_ERROR_HANDLING") == 0 && parent.count("NCCL_ASYNC_ERROR_HANDLING") == 0) {
     env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1";
   }
