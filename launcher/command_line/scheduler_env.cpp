@@ -70,13 +70,10 @@ std::string first_slurm_host(const std::string& nodelist, const std::string& var
                              " (expected a Slurm host list such as node[01-03,07],gpu5); pass --master_addr=HOST");
   };
   std::string host;
-  std::size_t i = 0;
-  while (i < nodelist.size() && nodelist[i] != ',') {
-    const char c = nodelist[i];
-    if (c == ']') throw bad("']' without '['");
-    if (c != '[') {
-      host += c;
-      ++i;
+  for (std::size_t i = 0; i < nodelist.size() && nodelist[i] != ','; ++i) {
+    if (nodelist[i] == ']') throw bad("']' without '['");
+    if (nodelist[i] != '[') {
+      host += nodelist[i];
       continue;
     }
     const auto close = nodelist.find(']', i);
@@ -91,7 +88,7 @@ std::string first_slurm_host(const std::string& nodelist, const std::string& var
       }
     }
     host += first;
-    i = close + 1;
+    i = close;  // the loop steps past ']'
   }
   if (host.empty()) throw bad(nodelist.empty() ? "not set or empty" : "no host name before the first ','");
   return host;

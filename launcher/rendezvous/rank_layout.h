@@ -1,7 +1,6 @@
 // Where one node's workers sit among the job's: torchrun's rank arithmetic. Pure, unit-tested.
 #pragma once
 
-#include <string>
 #include <vector>
 
 #include "rendezvous/rendezvous_settings.h"
