@@ -173,24 +173,15 @@ void visit_words(Message& m, Words& w) {
 NodeMessage NodeMessage::make_hello(const NodeHello& hello) { return {MessageKind::kHello, 0, {}, hello}; }
 
 NodeMessage NodeMessage::make_gathering(int round, int nodes, std::vector<int> missing) {
-  NodeMessage m{MessageKind::kGathering, round};
-  m.nodes = nodes;
-  m.missing = std::move(missing);
-  return m;
+  return {MessageKind::kGathering, round, {}, {}, std::move(missing), nodes};
 }
 
 NodeMessage NodeMessage::make_queued(int round, int nodes, bool restarting) {
-  NodeMessage m{MessageKind::kQueued, round};
-  m.nodes = nodes;
-  m.restarting = restarting;
-  return m;
+  return {MessageKind::kQueued, round, {}, {}, {}, nodes, restarting};
 }
 
 NodeMessage NodeMessage::make_start(int round, int restart_count, const RankLayout& layout) {
-  NodeMessage m{MessageKind::kStart, round};
-  m.restart_count = restart_count;
-  m.layout = layout;
-  return m;
+  return {MessageKind::kStart, round, {}, {}, {}, 0, false, restart_count, layout};
 }
 
 NodeMessage NodeMessage::make_done(int round) { return {MessageKind::kDone, round}; }

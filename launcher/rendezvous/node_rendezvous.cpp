@@ -181,10 +181,9 @@ std::string RendezvousSettings::nnodes_flag() const {
   return "--nnodes=" + std::to_string(min_nodes) + ":" + std::to_string(max_nodes);
 }
 
-int poll_links(SignalRelay& relay, const std::vector<int>& fds, int timeout_ms,
-               const std::function<void(int)>& on_readable) {
+int NodeRendezvous::poll_links(SignalRelay& relay, int timeout_ms) {
   std::vector<pollfd> polled{{relay.wake_fd(), POLLIN, 0}};
-  for (int fd : fds) polled.push_back({fd, POLLIN, 0});
+  for (int fd : fds()) polled.push_back({fd, POLLIN, 0});
   if (poll(polled.data(), polled.size(), timeout_ms) < 0) {
     if (errno == EINTR) return 0;
     throw std::runtime_error(std::string("cpprun: poll() failed: ") + std::strerror(errno));

@@ -4,22 +4,21 @@
 // fails, restarts all together, and lets no node exit before the others are done (the exit barrier).
 //
 // Note [Why links and not store keys]
-// torchrun's agents rendezvous through store keys. Ours only find each other there (node 0
-// publishes a port), then talk over one TCP link per member (node_link.h): a c10d store cannot tell
-// node 0 that an agent died, wait for the first of several keys, or be interrupted by Ctrl-C, and
-// it is recreated each round (Note [Agent store]). A link's end shows in poll() at once, in the
-// loop that already watches the workers and the signals.
+// torchrun's agents rendezvous through store keys; ours only find each other there, then talk over
+// one TCP link per member (node_link.h). A c10d store cannot tell node 0 that an agent died, wait for
+// the first of several keys, or be interrupted by Ctrl-C, and it is recreated each round (Note [Agent
+// store]); a link's end shows at once in the poll() that already watches the workers and signals.
 //
 // Note [Elastic rounds]
 // The host gathers each round anew: round 0 completes when MAX nodes joined, or MIN joined and
 // --rdzv_conf last_call_timeout passed since the MIN-th came (torchrun's rule). Nodes are numbered
-// in join order, the host first. A round ends when a worker fails (counted against --max_restarts),
-// or on a membership change, which is not counted: a node joining a job below MAX, or a node lost
-// (a worker failing in the same round is taken for the loss's consequence). A node that comes while
-// the job runs at MAX or is finishing waits for the next round. A loss that leaves fewer than MIN
-// ends the job; a lost node whose workers all succeeded is let go. Losing the host's agent loses the
-// rendezvous, as torchrun's members fail when the c10d store's host dies. static is the same with
-// MIN = MAX: a lost node ends the job and a latecomer is refused (its --node_rank is taken).
+// in join order, the host first. A round ends when a worker fails (counted against --max_restarts)
+// or on a membership change, not counted: a node joining a job below MAX, or a node lost (a worker
+// failing in that round is taken for the loss's consequence). A node that comes while the job runs
+// at MAX or is finishing waits for the next round. A loss that leaves fewer than MIN ends the job; a
+// lost node whose workers all succeeded is let go. Losing the host's agent loses the rendezvous, as
+// torchrun's members fail when the c10d store's host dies. static is this with MIN = MAX: a lost
+// node ends the job and a latecomer is refused (its --node_rank is taken).
 #pragma once
 
 #include <chrono>
@@ -107,6 +106,10 @@ class NodeRendezvous : public PeerEvents {
   virtual JobDecision decide(SignalRelay& relay) = 0;
 
  protected:
+  // Waits up to timeout_ms for news on fds(), read through on_readable(); returns 0, or the
+  // job-ending signal that came first (the links unread).
+  int poll_links(SignalRelay& relay, int timeout_ms);
+
   int round_ = 0;
   int restart_count_ = 0;
   std::optional<JobEnd> end_;  // why the attempt ended
@@ -131,11 +134,6 @@ std::unique_ptr<NodeRendezvous> make_rendezvous_member(const RendezvousSettings&
 // node 0 is known to be up by then.
 inline constexpr const char* kLinkPortKey = "agent/link_port";
 inline constexpr std::chrono::milliseconds kStoreTimeout{30000};
-
-// Waits up to timeout_ms for data on `fds`: calls on_readable(fd) for each readable one and returns
-// 0, or returns the job-ending signal that came (links unread).
-int poll_links(SignalRelay& relay, const std::vector<int>& fds, int timeout_ms,
-               const std::function<void(int)>& on_readable);
 
 // Why the rendezvous timed out. static: the node ranks that `never` came, and those that came and
 // `left` again; c10d: how many nodes `joined`. `source` follows, e.g. " (as node 0 last reported)".

@@ -364,7 +364,7 @@ class RendezvousHost final : public NodeRendezvous {
 
   // Returns true when a job-ending signal arrived (in pending_signal_).
   bool poll_once(SignalRelay& relay, int timeout_ms) {
-    pending_signal_ = poll_links(relay, fds(), timeout_ms, [this](int fd) { on_readable(fd); });
+    pending_signal_ = poll_links(relay, timeout_ms);
     return pending_signal_ != 0;
   }
 

@@ -53,12 +53,25 @@ class RendezvousMember final : public NodeRendezvous {
       }
       const int left = ms_until(deadline + kVerdictGrace);
       if (left <= 0) throw RendezvousError(timeout_message(), 1);
-      if ((signal = poll_once(relay, heard_ ? left : std::min(left, 1000))) != 0) return std::nullopt;
+      if ((signal = poll_links(relay, heard_ ? left : std::min(left, 1000))) != 0) return std::nullopt;
     }
   }
 
   std::vector<int> fds() const override { return link_.fd() >= 0 ? std::vector<int>{link_.fd()} : std::vector<int>{}; }
-  void on_readable(int) override { read_link(); }
+
+  void on_readable(int) override {
+    NodeLink::Received got = link_.receive();
+    for (const NodeMessage& message : got.messages) handle(message);
+    if (got.closed && !decision_) {
+      std::string why = !got.refused.empty() ? got.refused : !got.violation.empty() ? got.violation : kAgentGone;
+      // See Note [Elastic rounds]: the rendezvous lives in the host's agent.
+      why += "; the job cannot go on without the agent that hosts its " + std::string(backend_name(settings_.backend)) +
+             " rendezvous";
+      const JobEnd lost{1, false, host_title_ + " " + why};
+      if (!end_) end_ = lost;
+      decision_ = JobDecision{JobDecision::Kind::kExit, {}, lost};
+    }
+  }
 
   void report_done() override {
     self_done_ = true;
@@ -73,7 +86,7 @@ class RendezvousMember final : public NodeRendezvous {
     for (;;) {
       if (decision_) return *std::exchange(decision_, std::nullopt);
       if (start_) return {JobDecision::Kind::kRestart, take_start(), {}};
-      if (const int signal = poll_once(relay, -1); signal != 0) {
+      if (const int signal = poll_links(relay, -1); signal != 0) {
         JobEnd end{128 + signal, false, describe_agent(group_rank_, "") + " received " + signal_name(signal)};
         link_.send(NodeMessage::make_failed(round_, end));
         return {JobDecision::Kind::kExit, {}, end};
@@ -122,25 +135,6 @@ class RendezvousMember final : public NodeRendezvous {
     if (stopped_sent_) return;
     link_.send(NodeMessage::make_stopped(round_));
     stopped_sent_ = true;
-  }
-
-  // Returns the job-ending signal that arrived, or 0.
-  int poll_once(SignalRelay& relay, int timeout_ms) {
-    return poll_links(relay, fds(), timeout_ms, [this](int) { read_link(); });  // fds(): the link alone
-  }
-
-  void read_link() {
-    NodeLink::Received got = link_.receive();
-    for (const NodeMessage& message : got.messages) handle(message);
-    if (got.closed && !decision_) {
-      std::string why = !got.refused.empty() ? got.refused : !got.violation.empty() ? got.violation : kAgentGone;
-      // See Note [Elastic rounds]: the rendezvous lives in the host's agent.
-      why += "; the job cannot go on without the agent that hosts its " + std::string(backend_name(settings_.backend)) +
-             " rendezvous";
-      const JobEnd lost{1, false, host_title_ + " " + why};
-      if (!end_) end_ = lost;
-      decision_ = JobDecision{JobDecision::Kind::kExit, {}, lost};
-    }
   }
 
   void handle(const NodeMessage& message) {
