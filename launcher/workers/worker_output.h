@@ -92,7 +92,6 @@ class OutputStream {
   LineSplitter splitter_;
   LineTail tail_;
   std::string batch_;  // prefixed lines waiting for one write to the console
-  bool file_failed_ = false;
 };
 
 struct WorkerOutput {
