@@ -98,6 +98,10 @@ struct WorkerOutput {
   explicit WorkerOutput(const WorkerOutputSpec& spec)
       : out(OutputStream::Kind::kStdout, spec.out, spec.prefix),
         err(OutputStream::Kind::kStderr, spec.err, spec.prefix) {}
+  void drain() {
+    out.drain();
+    err.drain();
+  }
   OutputStream out;
   OutputStream err;
 };
