@@ -69,10 +69,7 @@ class WorkerGroup {
     relay_.set_job_control(nullptr);
     kill_remaining();
     // Whatever the workers wrote last still reaches the console and the files; then the pipes close.
-    for (auto& output : outputs_) {
-      output->out.drain();
-      output->err.drain();
-    }
+    for (auto& output : outputs_) output->drain();
   }
 
   WorkerGroup(const WorkerGroup&) = delete;
@@ -85,18 +82,15 @@ class WorkerGroup {
     for (std::size_t i = 0; i < specs.size(); ++i) {
       WorkerOutput& output = *outputs_[i];
       try {
-        WorkerRecord record;
-        record.local_rank = specs[i].local_rank;
-        record.rank = specs[i].rank;
-        record.pid = spawn_worker(specs[i].command, {output.out.child_fd(), output.err.child_fd()}, relay_);
-        // Only the worker may hold the write ends, or the pipes would never report EOF.
-        output.out.close_child_end();
-        output.err.close_child_end();
-        workers_.push_back(record);
+        const pid_t pid = spawn_worker(specs[i].command, {output.out.child_fd(), output.err.child_fd()}, relay_);
+        workers_.push_back({specs[i].local_rank, specs[i].rank, pid});
       } catch (const SpawnError&) {
         stop(StopStart::kSendSigterm, grace);
         throw;
       }
+      // Only the worker may hold the write ends, or the pipes would never report EOF.
+      output.out.close_child_end();
+      output.err.close_child_end();
     }
   }
 
@@ -130,8 +124,7 @@ class WorkerGroup {
     kill_remaining();
   }
 
-  // The first job-ending signal cpprun received in wait() or stop(); 0 if none. A signal during a
-  // failure's stop still means "do not restart".
+  // The first job-ending signal cpprun received in wait() or stop(); 0 if none.
   int ending_signal() const { return ending_signal_; }
   // The index in workers() of the first failure, if any.
   std::optional<std::size_t> root_cause() const { return root_cause_; }
@@ -141,17 +134,14 @@ class WorkerGroup {
 
  private:
   void kill_remaining() {
-    for (WorkerRecord& w : workers_) {
-      const bool running = w.state == WorkerState::kRunning;
-      if (running) w.sent_sigkill = true;
-      // Orphans get as long as the workers took, no longer: nothing tells us when they exit.
-      if (running || w.group_lingers) signal_process_group(w.pid, SIGKILL);
-      w.group_lingers = false;
-    }
+    // Lingering groups too: their orphans get as long as the workers took, no longer (nothing tells us when they exit).
+    signal_groups(SIGKILL);
     // SIGKILL cannot be caught, so these waits end as soon as the kernel tears the processes down.
     for (std::size_t i = 0; i < workers_.size(); ++i) {
       WorkerRecord& w = workers_[i];
+      w.group_lingers = false;
       if (w.state != WorkerState::kRunning) continue;
+      w.sent_sigkill = true;
       w.state = WorkerState::kStoppedByLauncher;
       if (int status = 0; wait_for_exit(w.pid, &status) == w.pid) record_exit(i, status, w.state);
     }
@@ -162,11 +152,9 @@ class WorkerGroup {
     WorkerRecord& w = workers_[i];
     w.exit = WorkerExit::from_wait_status(status);
     w.state = state;
-    outputs_[i]->out.drain();
-    outputs_[i]->err.drain();
+    outputs_[i]->drain();
   }
 
-  // Forwards pending signals, then reaps.
   void handle_events(WorkerState exit_state) {
     for (int sig : relay_.take_pending()) {
       if (sig == SIGCHLD) continue;  // reap() below looks at every worker anyway
@@ -182,17 +170,14 @@ class WorkerGroup {
   void reap(WorkerState exit_state) {
     // Rank order, so when several workers fail in one wake-up the lowest rank is the root cause.
     for (std::size_t i = 0; i < workers_.size(); ++i) {
-      WorkerRecord& w = workers_[i];
+      const WorkerRecord& w = workers_[i];
       if (w.state != WorkerState::kRunning) continue;
       int status = 0;
       const pid_t got = wait_for_exit(w.pid, &status, WNOHANG);
-      if (got == 0) continue;
-      if (got < 0) {
-        // Only a bug (someone else reaped our child) gets here.
-        throw std::logic_error("cpprun: waitpid(" + std::to_string(w.pid) + ") for rank " +
-                               std::to_string(w.rank) + " failed: " + std::strerror(errno));
+      if (got < 0) {  // only a bug: someone else reaped our child
+        throw std::logic_error("cpprun: waitpid(" + std::to_string(w.pid) + ") failed: " + std::strerror(errno));
       }
-      on_exit(i, status, exit_state);
+      if (got > 0) on_exit(i, status, exit_state);
     }
     // Orphans cpprun adopted (Note [The job's process tree]) would stay zombies until the attempt
     // ends; a worker that exited since the loop above may turn up here too.

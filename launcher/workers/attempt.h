@@ -28,8 +28,7 @@ struct WorkerExit {
   static WorkerExit signaled(int sig) { return {Kind::kSignaled, sig}; }
 
   bool succeeded() const { return kind == Kind::kExited && value == 0; }
-  // What cpprun exits with when this worker is the root cause: its code, or 128+signal like a
-  // shell, so `cpprun ... ; echo $?` reads the same as running the worker alone.
+  // cpprun's exit code when this worker is the root cause: its code, or 128+signal as a shell would say.
   int launcher_exit_code() const { return kind == Kind::kSignaled ? 128 + value : value; }
   // "exited with code 3", "killed by SIGKILL (Killed)".
   std::string describe() const;

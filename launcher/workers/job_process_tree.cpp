@@ -35,10 +35,10 @@ std::string read_proc_file(const std::string& path) {
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
-// Numeric names in `dir`: pids in /proc, thread ids in /proc/PID/task.
-std::vector<pid_t> numeric_entries(const std::string& dir) {
+// Every process's id: the numeric names in /proc.
+std::vector<pid_t> all_pids() {
   std::vector<pid_t> ids;
-  DIR* d = opendir(dir.c_str());
+  DIR* d = opendir("/proc");
   if (d == nullptr) return ids;
   while (const dirent* entry = readdir(d)) {
     char* end = nullptr;
@@ -65,7 +65,6 @@ StatFields read_stat(pid_t pid) {
   return rest >> fields.state >> fields.ppid ? fields : StatFields{};
 }
 
-// The environment variable that marks the processes of one cpprun run.
 constexpr const char* kJobTokenVariable = "CPPRUN_JOB_TOKEN";
 
 // SIGKILL every process carrying the token until none is left: a killed process's children may
@@ -218,19 +217,8 @@ int stop_leftovers(SignalRelay& relay, std::chrono::milliseconds grace) {
 }
 
 std::vector<pid_t> live_children(pid_t parent) {
-  const std::string task_dir = "/proc/" + std::to_string(parent) + "/task/";
-  const std::vector<pid_t> threads = numeric_entries(task_dir);
   std::vector<pid_t> children;
-  if (!threads.empty() && access((task_dir + std::to_string(threads[0]) + "/children").c_str(), R_OK) == 0) {
-    for (pid_t tid : threads) {
-      std::istringstream list(read_proc_file(task_dir + std::to_string(tid) + "/children"));
-      for (long pid = 0; list >> pid;) {
-        if (read_stat(static_cast<pid_t>(pid)).live()) children.push_back(static_cast<pid_t>(pid));
-      }
-    }
-    return children;
-  }
-  for (pid_t pid : numeric_entries("/proc")) {  // no CONFIG_PROC_CHILDREN
+  for (pid_t pid : all_pids()) {
     if (const StatFields fields = read_stat(pid); fields.ppid == parent && fields.live()) children.push_back(pid);
   }
   return children;
@@ -239,7 +227,7 @@ std::vector<pid_t> live_children(pid_t parent) {
 std::vector<pid_t> processes_with_env_entry(const std::string& entry) {
   std::vector<pid_t> found;
   const std::string needle = std::string(1, '\0') + entry + '\0';
-  for (pid_t pid : numeric_entries("/proc")) {
+  for (pid_t pid : all_pids()) {
     // A leading NUL lets one search match whole entries only, the first one included.
     const std::string environ = '\0' + read_proc_file("/proc/" + std::to_string(pid) + "/environ");
     if (environ.find(needle) != std::string::npos && read_stat(pid).live()) found.push_back(pid);

@@ -41,8 +41,8 @@ class JobProcessTree {
 // waits up to `grace`, then SIGKILLs. Returns a job-ending signal that cut the grace short, or 0.
 int stop_leftovers(SignalRelay& relay, std::chrono::milliseconds grace);
 
-// The live (not zombie) children of `parent`, from /proc/PARENT/task/*/children where the kernel
-// has it (CONFIG_PROC_CHILDREN), else by reading every /proc/PID/stat.
+// The live (not zombie) children of `parent`, from every /proc/PID/stat: /proc/PID/task/*/children
+// may leave out some while others exit (proc_tid_children(5)), as leftovers do when told to stop.
 std::vector<pid_t> live_children(pid_t parent);
 
 // The live processes whose initial environment (/proc/PID/environ) holds `entry` ("NAME=VALUE")

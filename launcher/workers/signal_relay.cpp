@@ -24,7 +24,6 @@ static_assert(std::atomic<bool>::is_always_lock_free, "handler flags must be asy
 std::atomic<bool> g_pending[NSIG];
 int g_wake_read = -1;
 int g_wake_write = -1;
-bool g_installed = false;
 struct sigaction g_startup_action[NSIG];
 sigset_t g_startup_mask;
 
@@ -57,7 +56,7 @@ bool ends_job(int sig) {
 }
 
 SignalRelay::SignalRelay() {
-  if (g_installed) throw std::logic_error("SignalRelay: only one instance per process");
+  if (g_wake_read >= 0) throw std::logic_error("SignalRelay: only one instance per process");
   int fds[2];
   if (pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0) {
     throw std::system_error(errno, std::generic_category(), "cpprun: creating the signal pipe");
@@ -75,7 +74,6 @@ SignalRelay::SignalRelay() {
     action.sa_flags = SA_RESTART | (sig == SIGCHLD ? SA_NOCLDSTOP : 0);
     sigaction(sig, &action, nullptr);
   }
-  g_installed = true;
 }
 
 SignalRelay::~SignalRelay() {
@@ -83,7 +81,6 @@ SignalRelay::~SignalRelay() {
   close(g_wake_read);
   close(g_wake_write);
   g_wake_read = g_wake_write = -1;
-  g_installed = false;
 }
 
 int SignalRelay::wake_fd() const { return g_wake_read; }

@@ -129,10 +129,10 @@ void OutputStream::drain() {
 }
 
 void OutputStream::route(std::string_view data) {
-  if (file_fd_ >= 0 && !file_failed_ && !write_all(file_fd_, data)) {
-    file_failed_ = true;  // warn once, keep the console going
+  if (file_fd_ >= 0 && !write_all(file_fd_, data)) {
     std::fprintf(stderr, "cpprun: warning: cannot write %s (%s); the rest of this stream is not saved\n",
                  file_path_.c_str(), std::strerror(errno));
+    close_fd(file_fd_);  // warn once, keep the console going
   }
   splitter_.feed(data, [this](std::string_view line) { add_line(line); });
   flush_console();
@@ -141,9 +141,7 @@ void OutputStream::route(std::string_view data) {
 void OutputStream::add_line(std::string_view line) {
   tail_.push(line);  // a no-op for stdout
   if (!console_) return;
-  batch_ += prefix_;
-  batch_ += line;
-  batch_ += '\n';
+  batch_.append(prefix_).append(line).append("\n");
 }
 
 void OutputStream::flush_console() {

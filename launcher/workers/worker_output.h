@@ -92,13 +92,16 @@ class OutputStream {
   LineSplitter splitter_;
   LineTail tail_;
   std::string batch_;  // prefixed lines waiting for one write to the console
-  bool file_failed_ = false;
 };
 
 struct WorkerOutput {
   explicit WorkerOutput(const WorkerOutputSpec& spec)
       : out(OutputStream::Kind::kStdout, spec.out, spec.prefix),
         err(OutputStream::Kind::kStderr, spec.err, spec.prefix) {}
+  void drain() {
+    out.drain();
+    err.drain();
+  }
   OutputStream out;
   OutputStream err;
 };

@@ -13,7 +13,6 @@
 
 namespace cpprun::launcher {
 
-// What to exec.
 struct WorkerCommand {
   std::string path;               // already resolved (see resolve_program)
   std::vector<std::string> argv;  // argv[0]: PROGRAM as typed, or the Python interpreter
