@@ -55,13 +55,6 @@ SchedulerDefaults from_open_mpi(const EnvLookup& env) {
   return with_master(env, read_nodes(env, "Open MPI", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK"));
 }
 
-SchedulerDefaults from_kubeflow(const EnvLookup& env) {
-  // The PyTorchJob operator sets WORLD_SIZE to the number of pods and RANK to this pod's index.
-  return with_master(env, read_nodes(env, "Kubeflow", "WORLD_SIZE", "RANK"));
-}
-
-bool is_set(const EnvLookup& env, const std::string& name) { return env(name).has_value(); }
-
 }  // namespace
 
 std::string first_slurm_host(const std::string& nodelist, const std::string& variable) {
@@ -95,13 +88,13 @@ std::string first_slurm_host(const std::string& nodelist, const std::string& var
 }
 
 std::optional<SchedulerDefaults> derive_from_scheduler(const EnvLookup& env) {
-  if (is_set(env, "SLURM_JOB_ID")) return from_slurm(env);
-  if (is_set(env, "OMPI_COMM_WORLD_SIZE")) return from_open_mpi(env);
+  const auto is_set = [&](const char* name) { return env(name).has_value(); };
+  if (is_set("SLURM_JOB_ID")) return from_slurm(env);
+  if (is_set("OMPI_COMM_WORLD_SIZE")) return from_open_mpi(env);
+  // Kubeflow's PyTorchJob operator sets WORLD_SIZE to the number of pods and RANK to this pod's index;
   // LOCAL_RANK set means a worker of torchrun or cpprun, whose RANK/WORLD_SIZE count workers, not pods.
-  if (is_set(env, "MASTER_ADDR") && is_set(env, "MASTER_PORT") && is_set(env, "WORLD_SIZE") && is_set(env, "RANK") &&
-      !is_set(env, "LOCAL_RANK")) {
-    return from_kubeflow(env);
-  }
+  const bool pod = is_set("MASTER_ADDR") && is_set("MASTER_PORT") && is_set("WORLD_SIZE") && is_set("RANK");
+  if (pod && !is_set("LOCAL_RANK")) return with_master(env, read_nodes(env, "Kubeflow", "WORLD_SIZE", "RANK"));
   return std::nullopt;
 }
 

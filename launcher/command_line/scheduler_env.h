@@ -12,8 +12,7 @@
 
 namespace cpprun::launcher {
 
-using cpprun::EnvLookup;
-using cpprun::process_env;
+using cpprun::EnvLookup;  // for the tests, which use namespace cpprun::launcher
 
 // What the scheduler says about this node, with the variables errors name.
 struct SchedulerDefaults {
@@ -26,16 +25,14 @@ struct SchedulerDefaults {
   std::optional<int> master_port;          // from MASTER_PORT where the scheduler sets it
 };
 
-// A scheduler variable with a value cpprun cannot use; the message names the variable, the value
-// and the option or variable that fixes it.
+// A scheduler variable whose value cpprun cannot use; the message names it, the value and the fix.
 class SchedulerEnvError : public UsageError {
  public:
   using UsageError::UsageError;
 };
 
-// Slurm first (SLURM_JOB_ID), then Open MPI (OMPI_COMM_WORLD_SIZE), then Kubeflow (MASTER_ADDR,
-// MASTER_PORT, WORLD_SIZE and RANK all set, LOCAL_RANK not: that would be a torchrun/cpprun worker).
-// Nullopt when none applies. Throws SchedulerEnvError.
+// Slurm first (SLURM_JOB_ID), then Open MPI (OMPI_COMM_WORLD_SIZE), then Kubeflow (MASTER_ADDR, MASTER_PORT,
+// WORLD_SIZE and RANK set, LOCAL_RANK not); nullopt when none applies. Throws SchedulerEnvError.
 std::optional<SchedulerDefaults> derive_from_scheduler(const EnvLookup& env);
 
 // The first host of a Slurm host list in its compressed form: "node[01-03,07],gpu5" -> "node01",
