@@ -25,6 +25,10 @@ std::vector<std::string> split(const std::string& text, char separator) {
   }
 }
 
+bool includes(StdStreams set, StdStreams stream) {
+  return (static_cast<unsigned>(set) & static_cast<unsigned>(stream)) != 0;
+}
+
 template <typename T>
 T at_or(const std::vector<T>& values, int index, T fallback) {
   return index >= 0 && static_cast<std::size_t>(index) < values.size() ? values[index] : fallback;
@@ -82,14 +86,12 @@ WorkerOutputSpec plan_worker_output(const OutputOptions& options, int local_rank
   const StdStreams tee = at_or(options.tee, local_rank, StdStreams::kNone);
   const bool shown = at_or(options.shown, local_rank, true);
   // As in torchrun, --tee implies the file and wins over --redirects for the console.
-  auto target = [&](StdStreams stream, const char* file_name) {
-    StreamTarget t;
-    t.console = shown && (!includes(redirect, stream) || includes(tee, stream));
-    if (includes(redirect, stream) || includes(tee, stream)) t.file = worker_dir + "/" + file_name;
-    return t;
+  const auto target = [&](StdStreams stream, const char* file_name) {
+    const bool to_file = includes(redirect, stream) || includes(tee, stream);
+    return StreamTarget{shown && (!includes(redirect, stream) || includes(tee, stream)),
+                        to_file ? worker_dir + "/" + file_name : std::string()};
   };
-  WorkerOutputSpec spec;
-  spec.prefix = "[rank" + std::to_string(rank) + "]: ";
+  WorkerOutputSpec spec{"[rank" + std::to_string(rank) + "]: "};
   spec.out = target(StdStreams::kOut, "stdout.log");
   spec.err = target(StdStreams::kErr, "stderr.log");
   return spec;

@@ -10,16 +10,10 @@ namespace cpprun::launcher {
 // torchrun's Std: which of a worker's streams a --redirects or --tee value names.
 enum class StdStreams : unsigned { kNone = 0, kOut = 1, kErr = 2, kAll = 3 };
 
-inline bool includes(StdStreams set, StdStreams stream) {
-  return (static_cast<unsigned>(set) & static_cast<unsigned>(stream)) != 0;
-}
-
-// "3" (every local rank) or torchrun's map "0:1,1:3" (local ranks left out get 0). Returns one
-// value per local rank. Throws UsageError naming `flag` and the text.
+// "3" (every local rank) or torchrun's map "0:1,1:3" (local ranks left out get 0): a value per local rank.
 std::vector<StdStreams> parse_std_spec(const std::string& flag, const std::string& text, int nproc_per_node);
 
-// "0,2": the local ranks whose output reaches the console. Empty text: all of them. Returns one
-// flag per local rank. Throws UsageError.
+// "0,2": the local ranks whose output reaches the console ("": all of them), a flag per local rank.
 std::vector<bool> parse_local_ranks_filter(const std::string& text, int nproc_per_node);
 
 // The output options of LaunchConfig, validated. Vectors are per local rank; empty ones (a
@@ -33,11 +27,10 @@ struct OutputOptions {
   bool writes_files() const;
 };
 
-// One stream of one worker: whether it reaches the console (prefixed, line by line) and which
-// file receives it verbatim (empty: none).
+// One stream of one worker.
 struct StreamTarget {
-  bool console = true;
-  std::string file;
+  bool console = true;  // prefixed, line by line
+  std::string file;     // verbatim; empty: none
 };
 
 struct WorkerOutputSpec {
