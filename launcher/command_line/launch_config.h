@@ -92,8 +92,7 @@ std::string endpoint_text(const LaunchConfig& config);
 RendezvousSettings rendezvous_settings(const LaunchConfig& config);
 WorkerSettings worker_settings(const LaunchConfig& config);
 
-// How errors quote what was given, for the options and the scheduler's variables alike:
-// "--master_port=http", "--master_addr=''".
+// How errors quote an option or a scheduler variable: "--master_port=http", "--master_addr=''".
 std::string with_value(const std::string& name, const std::string& value);
 
 // `text` if it is a whole number from min to max ("4", "-1"; not "4x", "4.0" or "").
