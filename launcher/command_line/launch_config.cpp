@@ -192,13 +192,10 @@ std::optional<bool> read_bool(const std::string& text) {
 }
 
 // --rdzv_conf KEY=VALUE,...: the keys torchrun's backends read. The join timeout is `timeout` for
-// torchrun's static backend, `join_timeout` for its c10d one; both read both here.
+// torchrun's static backend, `join_timeout` for its c10d one; both read both here. c10d's close_timeout
+// and read_timeout are checked, then unused (no agent waits on a store here).
 void read_rdzv_conf(const std::string& text, LaunchConfig& config) {
-  const RendezvousBackend backend = config.rdzv_backend;
-  const bool c10d = backend == RendezvousBackend::kC10d;
-  const std::string known = c10d ? "join_timeout=SECONDS (also spelled timeout), last_call_timeout=SECONDS, "
-                                   "is_host=0|1, close_timeout and read_timeout (accepted, unused)"
-                                 : "join_timeout=SECONDS (also spelled timeout)";
+  const bool c10d = config.rdzv_backend == RendezvousBackend::kC10d;
   std::istringstream items(text);
   for (std::string item; std::getline(items, item, ',');) {
     if (item.empty()) continue;
@@ -210,8 +207,11 @@ void read_rdzv_conf(const std::string& text, LaunchConfig& config) {
         key == "last_call_timeout" || key == "is_host" || key == "close_timeout" || key == "read_timeout";
     if (eq == std::string::npos || (!join && !(c10d && c10d_key))) {
       throw UsageError(with_value("--rdzv_conf", text) + ": '" + item + "' is not a setting of " +
-                       backend_name(backend) + " rendezvous; cpprun knows " + known +
-                       (c10d ? "" : "; last_call_timeout and is_host belong to --rdzv_backend=c10d") +
+                       backend_name(config.rdzv_backend) +
+                       " rendezvous; cpprun knows join_timeout=SECONDS (also spelled timeout)" +
+                       (c10d ? ", last_call_timeout=SECONDS, is_host=0|1, close_timeout and read_timeout "
+                               "(accepted, unused)"
+                             : "; last_call_timeout and is_host belong to --rdzv_backend=c10d") +
                        ", e.g. --rdzv_conf join_timeout=300");
     }
     if (key == "is_host") {
@@ -222,8 +222,6 @@ void read_rdzv_conf(const std::string& text, LaunchConfig& config) {
       }
       continue;
     }
-    // The other keys are seconds; c10d's close_timeout and read_timeout are checked, then unused (no agent
-    // waits on a store here).
     const std::chrono::milliseconds seconds = parse_seconds("--rdzv_conf " + key, value);
     if (join && seconds.count() == 0) {
       throw UsageError(with_value("--rdzv_conf", text) + ": the join timeout must be above 0 seconds");
@@ -247,8 +245,8 @@ OutputOptions validate_output(const RawOptions& raw, int nproc_per_node) {
   return output;
 }
 
-// The node counts and the rendezvous; c10d ignores the static options, as torchrun's does.
-void validate_rendezvous(const RawOptions& raw, LaunchConfig& config) {
+// The node counts and where the nodes meet; c10d ignores the static options, as torchrun's does.
+void validate_rendezvous(const RawOptions& raw, const HostFacts& host, LaunchConfig& config) {
   // torchrun's --standalone overrides the backend and endpoint; here it means one node on a private port.
   config.rdzv_backend = config.standalone ? RendezvousBackend::kStatic : parse_rdzv_backend(raw.rdzv_backend);
   const NodeRange nodes = parse_nnodes(raw.nnodes);
@@ -278,23 +276,7 @@ void validate_rendezvous(const RawOptions& raw, LaunchConfig& config) {
   }
   config.node_rank = parse_int_in_range("--node_rank", raw.node_rank, 0, config.nnodes - 1,
                                         "this node's rank among --nnodes=" + raw.nnodes, 0);
-}
-
-void validate(const RawOptions& raw, const HostFacts& host, LaunchConfig& config) {
-  config.nproc_per_node = parse_nproc_per_node(raw.nproc_per_node, host);
-  config.output = validate_output(raw, config.nproc_per_node);
-  validate_rendezvous(raw, config);
-  config.max_restarts =
-      parse_int_in_range("--max_restarts", raw.max_restarts, 0, 1000000, "how often to restart", 3);
-  config.restart_backoff = parse_restart_backoff(raw.restart_backoff);
-  config.shutdown_timeout = parse_seconds("--shutdown_timeout", raw.shutdown_timeout);
-  if (!read_double(raw.monitor_interval, config.monitor_interval)) {
-    throw UsageError(with_value("--monitor_interval", raw.monitor_interval) +
-                     ": expected a number of seconds (accepted for torchrun compatibility, unused)");
-  }
-  if (config.rdzv_backend == RendezvousBackend::kC10d) return;
   if (config.standalone) {
-    // torchrun's --standalone: a private rendezvous on this host, on a port nobody else uses.
     config.master_addr = "127.0.0.1";
     try {
       config.master_port = host.pick_free_port();
@@ -302,14 +284,28 @@ void validate(const RawOptions& raw, const HostFacts& host, LaunchConfig& config
       throw UsageError(std::string("--standalone: could not find a free port: ") + e.what() +
                        "; pass --master_port=PORT instead");
     }
-  } else {
-    if (raw.master_addr.empty()) {
-      throw UsageError("--master_addr='': expected a host name or IP address (e.g. --master_addr=127.0.0.1)");
-    }
-    config.master_addr = raw.master_addr;
-    config.master_port = parse_int_in_range("--master_port", raw.master_port, 1, 65535, "a TCP port", 29500);
-    // torchrun's static backend meets at the endpoint, and its workers use that store.
-    if (!raw.rdzv_endpoint.empty()) read_rdzv_endpoint(raw.rdzv_endpoint, 29500, config);
+    return;
+  }
+  if (raw.master_addr.empty()) {
+    throw UsageError("--master_addr='': expected a host name or IP address (e.g. --master_addr=127.0.0.1)");
+  }
+  config.master_addr = raw.master_addr;
+  config.master_port = parse_int_in_range("--master_port", raw.master_port, 1, 65535, "a TCP port", 29500);
+  // torchrun's static backend meets at the endpoint, and its workers use that store.
+  if (!raw.rdzv_endpoint.empty()) read_rdzv_endpoint(raw.rdzv_endpoint, 29500, config);
+}
+
+void validate(const RawOptions& raw, const HostFacts& host, LaunchConfig& config) {
+  config.nproc_per_node = parse_nproc_per_node(raw.nproc_per_node, host);
+  config.output = validate_output(raw, config.nproc_per_node);
+  validate_rendezvous(raw, host, config);
+  config.max_restarts =
+      parse_int_in_range("--max_restarts", raw.max_restarts, 0, 1000000, "how often to restart", 3);
+  config.restart_backoff = parse_restart_backoff(raw.restart_backoff);
+  config.shutdown_timeout = parse_seconds("--shutdown_timeout", raw.shutdown_timeout);
+  if (!read_double(raw.monitor_interval, config.monitor_interval)) {
+    throw UsageError(with_value("--monitor_interval", raw.monitor_interval) +
+                     ": expected a number of seconds (accepted for torchrun compatibility, unused)");
   }
 }
 
@@ -324,34 +320,33 @@ std::string apply_scheduler_defaults(const CLI::App& app, const EnvLookup& env, 
   // c10d meets at --rdzv_endpoint and numbers the nodes itself, like torchrun's.
   if (standalone || raw.rdzv_backend == "c10d") return {};
   if (nnodes_given && node_rank_given && addr_given && port_given) return {};
-  const std::optional<SchedulerDefaults> derived = derive_from_scheduler(env);
-  if (!derived) return {};
-  const SchedulerDefaults& d = *derived;
-  const int nnodes = nnodes_given ? parse_nnodes(raw.nnodes).max : d.nnodes;
+  const std::optional<SchedulerDefaults> d = derive_from_scheduler(env);
+  if (!d) return {};
+  const int nnodes = nnodes_given ? parse_nnodes(raw.nnodes).max : d->nnodes;
   if (nnodes <= 1) return {};
   std::string taken;
   const auto take = [&](std::string& option, const std::string& flag, const std::string& value) {
     option = value;
     taken += " " + with_value(flag, value);
   };
-  if (!nnodes_given) take(raw.nnodes, "--nnodes", std::to_string(d.nnodes));
+  if (!nnodes_given) take(raw.nnodes, "--nnodes", std::to_string(d->nnodes));
   if (!node_rank_given) {
-    if (d.node_rank >= nnodes) {
-      throw UsageError(d.node_rank_var + "=" + std::to_string(d.node_rank) + " (from " + d.source +
+    if (d->node_rank >= nnodes) {
+      throw UsageError(d->node_rank_var + "=" + std::to_string(d->node_rank) + " (from " + d->source +
                        ") is not a node rank of --nnodes=" + raw.nnodes + "; pass --node_rank explicitly too");
     }
-    take(raw.node_rank, "--node_rank", std::to_string(d.node_rank));
+    take(raw.node_rank, "--node_rank", std::to_string(d->node_rank));
   }
   if (!addr_given) {
-    if (!d.master_addr) {
-      throw UsageError(d.source + " (" + d.nnodes_var + "=" + std::to_string(d.nnodes) +
+    if (!d->master_addr) {
+      throw UsageError(d->source + " (" + d->nnodes_var + "=" + std::to_string(d->nnodes) +
                        ") does not say where node 0 is: set MASTER_ADDR=HOST in the environment of every "
                        "cpprun, or pass --master_addr=HOST (node 0's address)");
     }
-    take(raw.master_addr, "--master_addr", *d.master_addr);
+    take(raw.master_addr, "--master_addr", *d->master_addr);
   }
-  if (!port_given && d.master_port) take(raw.master_port, "--master_port", std::to_string(*d.master_port));
-  return taken.empty() ? std::string() : "cpprun: from " + d.source + ":" + taken;
+  if (!port_given && d->master_port) take(raw.master_port, "--master_port", std::to_string(*d->master_port));
+  return taken.empty() ? std::string() : "cpprun: from " + d->source + ":" + taken;
 }
 
 // At most one of torchrun's three ways to say how PROGRAM runs (program_command.h).
@@ -477,14 +472,9 @@ ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, cons
   // Each option is also spelt with dashes for its underscores and read from PET_<NAME>, as torchrun's
   // argparse options are: --nproc_per_node is --nproc-per-node and PET_NPROC_PER_NODE too.
   const auto spellings = [](const std::string& names) {
-    std::string all;
-    std::istringstream in(names);
-    for (std::string name; std::getline(in, name, ',');) {
-      std::string dashed = name;
-      std::replace(dashed.begin() + 2, dashed.end(), '_', '-');
-      all += (all.empty() ? "" : ",") + name + (dashed == name ? "" : "," + dashed);
-    }
-    return all;
+    std::string dashed = names;
+    std::replace(dashed.begin(), dashed.end(), '_', '-');
+    return dashed == names ? names : names + "," + dashed;
   };
   const auto env_name = [](const std::string& names) {  // from the first long name
     const std::size_t start = names.find("--") + 2;
