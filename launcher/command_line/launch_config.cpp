@@ -174,7 +174,8 @@ RestartBackoffSettings parse_restart_backoff(const std::string& text) {
   };
   RestartBackoffSettings settings;
   settings.initial = seconds(text.substr(0, colon));
-  settings.max = colon == std::string::npos ? std::max(settings.max, settings.initial) : seconds(text.substr(colon + 1));
+  settings.max =
+      colon == std::string::npos ? std::max(settings.max, settings.initial) : seconds(text.substr(colon + 1));
   if (settings.max < settings.initial) {
     throw UsageError(with_value(flag, text) + ": MAX is below INITIAL; write " + flag + "=" + text.substr(colon + 1) +
                      ":" + text.substr(0, colon) + " (or INITIAL alone for a fixed wait)");

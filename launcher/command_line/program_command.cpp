@@ -36,7 +36,8 @@ ProgramCommand find_python(const std::string& program, const ProgramLookup& look
     } catch (const ProgramNotRunnable&) {
     }
   }
-  throw ProgramNotRunnable("cpprun: '" + program + "' is Python code, but neither python3 nor python is on PATH (PATH=" +
+  throw ProgramNotRunnable("cpprun: '" + program +
+                               "' is Python code, but neither python3 nor python is on PATH (PATH=" +
                                (lookup.path_env != nullptr ? lookup.path_env : "") +
                                "). Activate your virtual environment, set PYTHON_EXEC=/path/to/python, or run an "
                                "executable with --no_python",

@@ -124,7 +124,8 @@ class WorkerGroup {
     kill_remaining();
   }
 
-  // The first job-ending signal cpprun received in wait() or stop(); 0 if none.
+  // The first job-ending signal cpprun received in wait() or stop(); 0 if none. One that comes
+  // while a failure's workers are being stopped still means "do not restart".
   int ending_signal() const { return ending_signal_; }
   // The index in workers() of the first failure, if any.
   std::optional<std::size_t> root_cause() const { return root_cause_; }
