@@ -1,5 +1,5 @@
 // Unit tests of what a worker runs: torchrun's rules for Python scripts and modules, the
-// interpreter's choice, and executables as before.
+// interpreter's choice, executables as before, and PATH lookup (execvp's rules, the shell's 126/127).
 #include <catch2/catch.hpp>
 
 #include <sys/stat.h>
@@ -43,6 +43,15 @@ int failure_code(const std::string& program, ProgramMode mode, const ProgramLook
     resolve_program_command(program, {}, mode, lookup);
   } catch (const ProgramNotRunnable& e) {
     if (message != nullptr) *message = e.what();
+    return e.exit_code();
+  }
+  return 0;
+}
+
+int lookup_failure_code(const std::string& program, const char* path) {
+  try {
+    resolve_program(program, path);
+  } catch (const ProgramNotRunnable& e) {
     return e.exit_code();
   }
   return 0;
@@ -107,4 +116,25 @@ TEST_CASE("program_command: a missing script or interpreter is one clear error",
                           Contains("set PYTHON_EXEC=/path/to/python"));
   CHECK(failure_code("pkg", ProgramMode::kModule, {s.bin().c_str(), "/nonexistent/python"}, &message) == 127);
   CHECK_THAT(message, Contains("(the Python interpreter named by PYTHON_EXEC=/nonexistent/python)"));
+}
+
+TEST_CASE("program_command: PATH is searched in order, paths are used as given", "[program_command]") {
+  CHECK(resolve_program("sh", "/nonexistent:/bin:/usr/bin") == "/bin/sh");
+  CHECK(resolve_program("/bin/sh", "/nonexistent") == "/bin/sh");
+  CHECK(resolve_program("sh", nullptr) == "/bin/sh");  // unset PATH: execvp's default
+}
+
+TEST_CASE("program_command: a missing program is 127, a non-executable one 126, with the name", "[program_command]") {
+  CHECK(lookup_failure_code("no-such-program-cpprun", "/bin:/usr/bin") == 127);
+  CHECK(lookup_failure_code("./no-such-program-cpprun", "/bin") == 127);
+  char plain_file[] = "/tmp/cpprun-test-lookup.XXXXXX";
+  const int fd = mkstemp(plain_file);  // mode 0600: exists, not executable
+  REQUIRE(fd >= 0);
+  close(fd);
+  const int code = lookup_failure_code(plain_file, "/bin");
+  unlink(plain_file);
+  CHECK(code == 126);
+  CHECK(lookup_failure_code("/bin", "/bin") == 126);  // a directory
+  REQUIRE_THROWS_WITH(resolve_program("no-such-program-cpprun", "/bin"),
+                      Contains("'no-such-program-cpprun'") && Contains("PATH=/bin"));
 }

@@ -1,5 +1,9 @@
-// Unit tests of the failure summary: root cause first, then what happened to the others.
+// Unit tests of an attempt's vocabulary and report: exit-status decoding, the exit codes cpprun
+// passes on, and the failure summary (root cause first, then what happened to the others).
 #include <catch2/catch.hpp>
+
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <csignal>
 
@@ -7,6 +11,43 @@
 
 using namespace cpprun::launcher;
 using Catch::Matchers::Contains;
+
+namespace {
+
+// A real wait status, so the test does not depend on how the macros encode it.
+int wait_status_of(void (*body)()) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    body();
+    _exit(0);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return status;
+}
+
+}  // namespace
+
+TEST_CASE("attempt: a worker's exit code passes through, signals become 128+N", "[attempt]") {
+  const WorkerExit three = WorkerExit::from_wait_status(wait_status_of([] { _exit(3); }));
+  CHECK(three.kind == WorkerExit::Kind::kExited);
+  CHECK(three.launcher_exit_code() == 3);
+  CHECK_FALSE(three.succeeded());
+  CHECK(three.describe() == "exited with code 3");
+
+  const WorkerExit killed = WorkerExit::from_wait_status(wait_status_of([] { raise(SIGKILL); }));
+  CHECK(killed.kind == WorkerExit::Kind::kSignaled);
+  CHECK(killed.launcher_exit_code() == 137);
+  CHECK_THAT(killed.describe(), Contains("SIGKILL"));
+
+  CHECK(WorkerExit::from_wait_status(wait_status_of([] {})).succeeded());
+}
+
+TEST_CASE("attempt: signals have their usual names", "[attempt]") {
+  CHECK(signal_name(SIGTERM) == "SIGTERM");
+  CHECK(signal_name(SIGSEGV) == "SIGSEGV");
+  CHECK(signal_name(SIGRTMIN + 3) == "signal " + std::to_string(SIGRTMIN + 3));
+}
 
 namespace {
 
@@ -31,7 +72,7 @@ AttemptSummary summary(std::optional<std::size_t> root_cause, int ending_signal,
 
 }  // namespace
 
-TEST_CASE("failure_report: names the root cause and the stopped workers", "[failure_report]") {
+TEST_CASE("attempt: the failure summary names the root cause and the stopped workers", "[attempt]") {
   const std::vector<WorkerRecord> workers = {
       record(0, 100, WorkerState::kStoppedByLauncher, WorkerExit::signaled(SIGTERM)),
       record(1, 101, WorkerState::kFinished, WorkerExit::exited(3)),
@@ -44,7 +85,7 @@ TEST_CASE("failure_report: names the root cause and the stopped workers", "[fail
   CHECK(text.find("rank 1") < text.find("rank 0"));  // root cause first
 }
 
-TEST_CASE("failure_report: an interruption names the signal", "[failure_report]") {
+TEST_CASE("attempt: the failure summary of an interruption names the signal", "[attempt]") {
   const std::vector<WorkerRecord> workers = {
       record(0, 100, WorkerState::kStoppedByLauncher, WorkerExit::exited(0)),
   };
@@ -53,7 +94,7 @@ TEST_CASE("failure_report: an interruption names the signal", "[failure_report]"
   CHECK_THAT(text, Contains("rank 0 (local_rank 0, pid 100) stopped: exited with code 0"));
 }
 
-TEST_CASE("failure_report: the root cause's stderr tail and error file come last", "[failure_report]") {
+TEST_CASE("attempt: the root cause's stderr tail and error file come last", "[attempt]") {
   const std::vector<WorkerRecord> workers = {
       record(0, 100, WorkerState::kStoppedByLauncher, WorkerExit::signaled(SIGTERM)),
       record(3, 103, WorkerState::kFinished, WorkerExit::exited(1)),
@@ -71,7 +112,7 @@ TEST_CASE("failure_report: the root cause's stderr tail and error file come last
   CHECK(text.find("last lines") < text.find("error file"));
 }
 
-TEST_CASE("failure_report: no tail or error file section when there is none", "[failure_report]") {
+TEST_CASE("attempt: no tail or error file section when there is none", "[attempt]") {
   const std::vector<WorkerRecord> workers = {record(0, 100, WorkerState::kFinished, WorkerExit::exited(2))};
   const std::string text = format_attempt_summary(workers, summary(0, 0, std::chrono::seconds(5)));
   CHECK(text.find("stderr") == std::string::npos);

@@ -20,7 +20,7 @@ struct Collected {
 
 }  // namespace
 
-TEST_CASE("line_splitter: hands out whole lines however the bytes arrive", "[line_splitter]") {
+TEST_CASE("worker_output: hands out whole lines however the bytes arrive", "[worker_output]") {
   LineSplitter splitter;
   Collected got;
   splitter.feed("al", got.sink());
@@ -32,7 +32,7 @@ TEST_CASE("line_splitter: hands out whole lines however the bytes arrive", "[lin
   CHECK_FALSE(splitter.has_partial_line());
 }
 
-TEST_CASE("line_splitter: finish() hands out the unfinished last line once", "[line_splitter]") {
+TEST_CASE("worker_output: finish() hands out the unfinished last line once", "[worker_output]") {
   LineSplitter splitter;
   Collected got;
   splitter.feed("done\nno newline", got.sink());
@@ -42,7 +42,7 @@ TEST_CASE("line_splitter: finish() hands out the unfinished last line once", "[l
   CHECK(got.lines == std::vector<std::string>{"done", "no newline"});
 }
 
-TEST_CASE("line_splitter: an over-long line comes out in pieces of the maximum size", "[line_splitter]") {
+TEST_CASE("worker_output: an over-long line comes out in pieces of the maximum size", "[worker_output]") {
   LineSplitter splitter(4);
   Collected got;
   splitter.feed("abcdefghij", got.sink());  // no newline yet: full pieces only
@@ -54,7 +54,7 @@ TEST_CASE("line_splitter: an over-long line comes out in pieces of the maximum s
   CHECK(got.lines == std::vector<std::string>{"abcd", "efgh", "ijk", "wxyz", "1234", "5"});
 }
 
-TEST_CASE("line_splitter: the default maximum is 64 KiB", "[line_splitter]") {
+TEST_CASE("worker_output: the default maximum is 64 KiB", "[worker_output]") {
   LineSplitter splitter;
   Collected got;
   splitter.feed(std::string(64 * 1024 + 10, 'x'), got.sink());
@@ -62,7 +62,7 @@ TEST_CASE("line_splitter: the default maximum is 64 KiB", "[line_splitter]") {
   CHECK(got.lines[0].size() == 64 * 1024);
 }
 
-TEST_CASE("line_splitter: the tail keeps the last lines, each cut short", "[line_splitter]") {
+TEST_CASE("worker_output: the tail keeps the last lines, each cut short", "[worker_output]") {
   LineTail tail(3, 5);
   for (const char* line : {"one", "two", "three", "four", "a very long line"}) tail.push(line);
   CHECK(tail.lines() == std::vector<std::string>{"three", "four", "a ver [...]"});

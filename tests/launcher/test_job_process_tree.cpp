@@ -45,7 +45,7 @@ void wait_until_found(const std::string& entry, pid_t pid) {
 
 }  // namespace
 
-TEST_CASE("process_table: live_children lists this process's children, not zombies", "[process_table]") {
+TEST_CASE("job_process_tree: live_children lists this process's children, not zombies", "[job_process_tree]") {
   const pid_t child = start_sleep({"A=1"});
   CHECK(contains(live_children(getpid()), child));
   CHECK_FALSE(contains(live_children(getpid()), getpid()));
@@ -57,7 +57,7 @@ TEST_CASE("process_table: live_children lists this process's children, not zombi
   stop(child);
 }
 
-TEST_CASE("process_table: processes_with_env_entry matches whole entries only", "[process_table]") {
+TEST_CASE("job_process_tree: processes_with_env_entry matches whole entries only", "[job_process_tree]") {
   const std::string token = "CPPRUN_TEST_PROCESS_TABLE=" + std::to_string(getpid());
   const pid_t first = start_sleep({token, "OTHER=1"});
   const pid_t last = start_sleep({"OTHER=1", token});

@@ -1,4 +1,5 @@
-// Unit tests of long-option prefixes (argparse's allow_abbrev, which torchrun users rely on).
+// Unit tests of option spellings: long-option prefixes (argparse's allow_abbrev, which torchrun
+// users rely on) and "did you mean" (the distance, and which mistakes get which suggestion).
 #include <catch2/catch.hpp>
 
 #include <string>
@@ -9,10 +10,10 @@
 
 using namespace cpprun::launcher;
 using Catch::Matchers::Contains;
+using Args = std::vector<std::string>;
 
 namespace {
 
-using Args = std::vector<std::string>;
 
 // A few of cpprun's options: two spellings of one, flags, short ones, and a shared prefix.
 const std::vector<OptionSpelling> kOptions = {
@@ -36,7 +37,7 @@ std::string ambiguity(const Args& args) {
 
 }  // namespace
 
-TEST_CASE("option_prefix: an unambiguous prefix becomes the option", "[option_prefix]") {
+TEST_CASE("option_spelling: an unambiguous prefix becomes the option", "[option_spelling]") {
   CHECK(expand({"--nproc", "2", "x"}) == Args{"--nproc_per_node", "2", "x"});
   CHECK(expand({"--nproc=2", "x"}) == Args{"--nproc_per_node=2", "x"});
   CHECK(expand({"--nproc-per", "2", "x"}) == Args{"--nproc-per-node", "2", "x"});
@@ -47,7 +48,7 @@ TEST_CASE("option_prefix: an unambiguous prefix becomes the option", "[option_pr
   CHECK(expand({"--tee", "1", "x"}) == Args{"--tee", "1", "x"});
 }
 
-TEST_CASE("option_prefix: an option's value, PROGRAM and what follows are left alone", "[option_prefix]") {
+TEST_CASE("option_spelling: an option's value, PROGRAM and what follows are left alone", "[option_spelling]") {
   // The value of --nnodes looks like an option; PROGRAM's own flags are never touched.
   CHECK(expand({"--nnodes", "--max", "./train", "--nproc", "4"}) ==
         Args{"--nnodes", "--max", "./train", "--nproc", "4"});
@@ -60,9 +61,54 @@ TEST_CASE("option_prefix: an option's value, PROGRAM and what follows are left a
   CHECK(expand({}).empty());
 }
 
-TEST_CASE("option_prefix: an ambiguous prefix is an error that lists the candidates", "[option_prefix]") {
+TEST_CASE("option_spelling: an ambiguous prefix is an error that lists the candidates", "[option_spelling]") {
   CHECK_THAT(ambiguity({"--n", "2", "x"}),
              Contains("ambiguous option --n: it could be --nproc_per_node, --nnodes, --node_rank, --no_python"));
   CHECK_THAT(ambiguity({"--no=1", "x"}), Contains("ambiguous option --no: it could be --node_rank, --no_python"));
   CHECK_THAT(ambiguity({"--ma", "1", "x"}), Contains("--max_restarts, --master_port"));
+}
+
+namespace {
+
+const std::vector<std::string> kKnown = {"--help",        "-h",           "--nproc_per_node", "--nproc-per-node",
+                                         "--nnodes",      "--master_addr", "--master_port",   "--standalone",
+                                         "--log_dir",     "--log-dir",    "-r",               "--redirects",
+                                         "--tee",         "-t",           "--max_restarts"};
+
+std::string suggest(const std::string& typed) { return suggest_option(typed, kKnown).value_or("(none)"); }
+
+}  // namespace
+
+TEST_CASE("option_spelling: edit distance counts inserts, deletes, substitutions and swaps",
+          "[option_spelling]") {
+  CHECK(edit_distance("", "") == 0);
+  CHECK(edit_distance("abc", "abc") == 0);
+  CHECK(edit_distance("abc", "") == 3);
+  CHECK(edit_distance("kitten", "sitting") == 3);
+  CHECK(edit_distance("nnodes", "nndoes") == 1);  // one swap
+  CHECK(edit_distance("ab", "ba") == 1);
+}
+
+TEST_CASE("option_spelling: typos get the closest option", "[option_spelling]") {
+  CHECK(suggest("--nproc_per_nod") == "--nproc_per_node");
+  CHECK(suggest("--nprocs-per-node") == "--nproc-per-node");  // the typed spelling's twin
+  CHECK(suggest("-nproc_per_node") == "--nproc_per_node");
+  CHECK(suggest("--nndoes") == "--nnodes");
+  CHECK(suggest("--standalon") == "--standalone");
+  CHECK(suggest("--logdir") == "--log_dir");
+  CHECK(suggest("--redirect") == "--redirects");
+  CHECK(suggest("--max_restart") == "--max_restarts");
+}
+
+TEST_CASE("option_spelling: abbreviations, as argparse would accept them", "[option_spelling]") {
+  CHECK(suggest("--nproc") == "--nproc_per_node");
+  CHECK(suggest("--stand") == "--standalone");
+}
+
+TEST_CASE("option_spelling: nothing for names that are nobody's typo", "[option_spelling]") {
+  CHECK(suggest("--bogus") == "(none)");
+  CHECK(suggest("--lr") == "(none)");
+  CHECK(suggest("-x") == "(none)");
+  CHECK(suggest("--") == "(none)");
+  CHECK(suggest("--completely-different") == "(none)");
 }

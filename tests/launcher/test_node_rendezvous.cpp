@@ -1,4 +1,5 @@
-// Unit tests of the start-up check that --master_addr (or c10d's endpoint host) resolves.
+// Unit tests of opening the rendezvous: the start-up check that --master_addr (or c10d's endpoint
+// host) resolves.
 #include <catch2/catch.hpp>
 
 #include <string>
@@ -39,8 +40,8 @@ std::string usage_error(const RendezvousSettings& config, const HostLookup& look
 
 }  // namespace
 
-TEST_CASE("meeting_host: a name that does not exist fails at once, naming the flag and the host",
-          "[meeting_host]") {
+TEST_CASE("node_rendezvous: a meeting host that does not exist fails at once, naming the flag and the host",
+          "[node_rendezvous]") {
   const HostLookup unknown = answer(HostLookup::Result::kUnknown, "Name or service not known");
   CHECK_THAT(usage_error(config_for("nosuch.invalid"), unknown),
              Contains("cannot resolve --master_addr=nosuch.invalid: Name or service not known") &&
@@ -52,7 +53,7 @@ TEST_CASE("meeting_host: a name that does not exist fails at once, naming the fl
   CHECK_THAT(usage_error(c10d, unknown), Contains("cannot resolve the host of --rdzv_endpoint=nosuch.invalid:29400"));
 }
 
-TEST_CASE("meeting_host: a resolvable name passes, asked once", "[meeting_host]") {
+TEST_CASE("node_rendezvous: a resolvable meeting host passes, asked once", "[node_rendezvous]") {
   int asked = 0;
   std::string host;
   check_meeting_host_resolves(config_for("node01"), [&](const std::string& h) {
@@ -64,7 +65,7 @@ TEST_CASE("meeting_host: a resolvable name passes, asked once", "[meeting_host]"
   CHECK(host == "node01");
 }
 
-TEST_CASE("meeting_host: a resolver that cannot answer now is asked again", "[meeting_host]") {
+TEST_CASE("node_rendezvous: a resolver that cannot answer now is asked again", "[node_rendezvous]") {
   int asked = 0;
   check_meeting_host_resolves(config_for("node01"), [&](const std::string&) {
     return ++asked < 3 ? answer(HostLookup::Result::kTemporary, "Temporary failure in name resolution")
@@ -73,8 +74,8 @@ TEST_CASE("meeting_host: a resolver that cannot answer now is asked again", "[me
   CHECK(asked == 3);
 }
 
-TEST_CASE("meeting_host: the real resolver: numeric addresses and localhost resolve, .invalid does not",
-          "[meeting_host]") {
+TEST_CASE("node_rendezvous: the real resolver: numeric addresses and localhost resolve, .invalid does not",
+          "[node_rendezvous]") {
   CHECK(look_up_host("127.0.0.1").result == HostLookup::Result::kResolved);
   CHECK(look_up_host("::1").result == HostLookup::Result::kResolved);
   CHECK(look_up_host("localhost").result == HostLookup::Result::kResolved);

@@ -1,10 +1,17 @@
-// Unit tests of the worker environment: torchrun's variables, rank arithmetic, user overrides.
+// Unit tests of the worker specs: torchrun's variables, rank arithmetic and user overrides in
+// each worker's environment, and --dry_run's report of the specs a real run starts.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "command_line/launch_config.h"
 #include "rendezvous/rank_layout.h"
 #include "workers/worker_specs.h"
 
 using namespace cpprun::launcher;
+using Catch::Matchers::Contains;
 
 namespace {
 
@@ -22,7 +29,7 @@ EnvMap env_of(const WorkerEnvSettings& c, int local_rank, int restart, const std
 
 }  // namespace
 
-TEST_CASE("worker_env: sets every torchrun variable", "[worker_env]") {
+TEST_CASE("worker_specs: the environment sets every torchrun variable", "[worker_specs]") {
   WorkerEnvSettings c = config_with(3);
   c.master_addr = "10.0.0.5";
   c.master_port = 1234;
@@ -58,7 +65,7 @@ TEST_CASE("worker_env: sets every torchrun variable", "[worker_env]") {
   CHECK(env.count("NCCL_ASYNC_ERROR_HANDLING") == 0);
 }
 
-TEST_CASE("worker_env: multi-node ranks come from the rendezvous's layout", "[worker_env]") {
+TEST_CASE("worker_specs: multi-node ranks come from the rendezvous's layout", "[worker_specs]") {
   // Node 1 of three nodes running 2, 4 and 1 workers.
   WorkerEnvSettings c = config_with(4);
   const RankLayout layout = multi_node_layout({{2, "default"}, {4, "default"}, {1, "default"}}, 1);
@@ -75,7 +82,7 @@ TEST_CASE("worker_env: multi-node ranks come from the rendezvous's layout", "[wo
   CHECK(env.at("TORCHELASTIC_USE_AGENT_STORE") == "True");
 }
 
-TEST_CASE("worker_env: c10d workers get the endpoint's host and the rendezvous's MASTER_PORT", "[worker_env]") {
+TEST_CASE("worker_specs: c10d workers get the endpoint's host and the rendezvous's MASTER_PORT", "[worker_specs]") {
   WorkerEnvSettings c = config_with(1);
   c.master_addr = "node0";  // --rdzv_endpoint=node0:29400
   c.master_port = 29400;
@@ -92,20 +99,20 @@ TEST_CASE("worker_env: c10d workers get the endpoint's host and the rendezvous's
   CHECK(env.at("TORCHELASTIC_USE_AGENT_STORE") == "False");
 }
 
-TEST_CASE("worker_env: inherits the launcher's environment, launcher variables winning", "[worker_env]") {
+TEST_CASE("worker_specs: the environment inherits the launcher's, launcher variables winning", "[worker_specs]") {
   const EnvMap env = env_of(config_with(1), 0, 0, "/run/e.json", {{"PATH", "/x"}, {"RANK", "99"}});
   CHECK(env.at("PATH") == "/x");
   CHECK(env.at("RANK") == "0");
 }
 
-TEST_CASE("worker_env: workers do not inherit the job secret", "[worker_env]") {
+TEST_CASE("worker_specs: workers do not inherit the job secret", "[worker_specs]") {
   const EnvMap env =
       env_of(config_with(1), 0, 0, "/run/e.json", {{"CPPRUN_JOB_SECRET", "s3cret-s3cret-s3cret"}, {"HOME", "/h"}});
   CHECK(env.count("CPPRUN_JOB_SECRET") == 0);
   CHECK(env.at("HOME") == "/h");
 }
 
-TEST_CASE("worker_env: the user's NCCL error-handling values win", "[worker_env]") {
+TEST_CASE("worker_specs: the user's NCCL error-handling values win", "[worker_specs]") {
   const EnvMap env = env_of(config_with(2), 0, 0, "/run/e.json",
                                      {{"TORCH_NCCL_ASYNC_ERROR_HANDLING", "3"}, {"NCCL_ASYNC_ERROR_HANDLING", "0"}});
   CHECK(env.at("TORCH_NCCL_ASYNC_ERROR_HANDLING") == "3");
@@ -116,8 +123,8 @@ TEST_CASE("worker_env: the user's NCCL error-handling values win", "[worker_env]
   CHECK(old_only.count("TORCH_NCCL_ASYNC_ERROR_HANDLING") == 0);
 }
 
-TEST_CASE("worker_env: OMP_NUM_THREADS=1 only when unset and several workers share the node",
-          "[worker_env]") {
+TEST_CASE("worker_specs: OMP_NUM_THREADS=1 only when unset and several workers share the node",
+          "[worker_specs]") {
   CHECK(defaults_omp_threads(2, {}));
   CHECK(env_of(config_with(2), 0, 0, "/run/e.json", {}).at("OMP_NUM_THREADS") == "1");
 
@@ -130,13 +137,69 @@ TEST_CASE("worker_env: OMP_NUM_THREADS=1 only when unset and several workers sha
         "4");
 }
 
-TEST_CASE("worker_env: TORCHELASTIC_ERROR_FILE is the launcher's path, whatever the user set",
-          "[worker_env]") {
+TEST_CASE("worker_specs: TORCHELASTIC_ERROR_FILE is the launcher's path, whatever the user set",
+          "[worker_specs]") {
   const EnvMap env = env_of(config_with(2), 1, 0, "/run/attempt_0/1/error.json",
                                      {{"TORCHELASTIC_ERROR_FILE", "/elsewhere"}});
   CHECK(env.at("TORCHELASTIC_ERROR_FILE") == "/run/attempt_0/1/error.json");
 }
 
-TEST_CASE("worker_env: execve strings are NAME=value", "[worker_env]") {
+TEST_CASE("worker_specs: the environment's execve strings are NAME=value", "[worker_specs]") {
   CHECK(to_env_strings({{"A", "1"}, {"B", "x=y"}}) == std::vector<std::string>{"A=1", "B=x=y"});
+}
+
+namespace {
+
+LaunchConfig launch_config_with(int nproc) {
+  LaunchConfig c;
+  c.nproc_per_node = nproc;
+  c.program = "./train";
+  c.program_args = {"--lr", "0.1", "a b"};
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("worker_specs: --dry_run shell-quotes only where needed", "[worker_specs]") {
+  CHECK(shell_quote("--lr=0.1") == "--lr=0.1");
+  CHECK(shell_quote("a b") == "'a b'");
+  CHECK(shell_quote("") == "''");
+  CHECK(shell_quote("it's") == "'it'\\''s'");
+  CHECK(shell_quote("$HOME") == "'$HOME'");
+}
+
+// ./train resolved to /abs/train, with launch_config_with's arguments.
+ProgramCommand train() { return {"/abs/train", {"./train", "--lr", "0.1", "a b"}, ""}; }
+
+TEST_CASE("worker_specs: specs carry the command, env, error file and output plan", "[worker_specs]") {
+  const LaunchConfig c = launch_config_with(2);
+  const std::vector<WorkerSpec> specs = make_worker_specs(worker_settings(c), single_node_layout(2), train(), 1, {"/run", true}, {});
+  REQUIRE(specs.size() == 2);
+  const WorkerSpec& w = specs[1];
+  CHECK(w.rank == 1);
+  CHECK(w.command.path == "/abs/train");
+  CHECK(w.command.argv == std::vector<std::string>{"./train", "--lr", "0.1", "a b"});
+  CHECK(w.error_file == "/run/attempt_1/1/error.json");
+  CHECK(std::count(w.command.env.begin(), w.command.env.end(),
+                   "TORCHELASTIC_ERROR_FILE=/run/attempt_1/1/error.json") == 1);
+  CHECK(w.output.prefix == "[rank1]: ");
+}
+
+TEST_CASE("worker_specs: --dry_run prints each rank's command and only the variables cpprun sets", "[worker_specs]") {
+  LaunchConfig c = launch_config_with(2);
+  c.output.redirects = {StdStreams::kNone, StdStreams::kOut};
+  c.output.tee = {StdStreams::kNone, StdStreams::kNone};
+  c.output.log_dir = "logs";
+  const EnvMap parent = {{"PATH", "/bin"}, {"OMP_NUM_THREADS", "4"}, {"RANK", "7"}};
+  const std::string text =
+      format_dry_run(make_worker_specs(worker_settings(c), single_node_layout(2), train(), 0, {"logs", true}, parent),
+                     parent);
+  CHECK_THAT(text, Contains("2 workers would start; nothing was started"));
+  CHECK_THAT(text, Contains("rank 1 (local_rank 1):\n  command: ./train --lr 0.1 'a b'\n  program: /abs/train"));
+  CHECK_THAT(text, Contains("  stdout: logs/attempt_0/1/stdout.log\n"));
+  CHECK_THAT(text, Contains("  stderr: console, lines prefixed '[rank1]: '\n"));
+  CHECK_THAT(text, Contains("    RANK=1\n"));  // changed from the parent's 7
+  CHECK_THAT(text, Contains("    TORCHELASTIC_ERROR_FILE=logs/attempt_0/0/error.json\n"));
+  CHECK(text.find("PATH=") == std::string::npos);             // inherited unchanged
+  CHECK(text.find("OMP_NUM_THREADS") == std::string::npos);  // the user's own
 }
