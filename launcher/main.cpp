@@ -11,13 +11,13 @@
 #include <vector>
 
 #include "agent_store/agent_store.h"
-#include "workers/attempt.h"
 #include "command_line/host_facts.h"
-#include "workers/job_process_tree.h"
 #include "command_line/launch_config.h"
-#include "rendezvous/node_rendezvous.h"
 #include "command_line/program_command.h"
+#include "rendezvous/node_rendezvous.h"
 #include "rendezvous/rank_layout.h"
+#include "workers/attempt.h"
+#include "workers/job_process_tree.h"
 #include "workers/restart_backoff.h"
 #include "workers/run_directory.h"
 #include "workers/signal_relay.h"

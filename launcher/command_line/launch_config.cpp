@@ -14,9 +14,9 @@
 #include <sstream>
 #include <system_error>
 
-#include "rendezvous/job_secret.h"
 #include "command_line/option_spelling.h"
 #include "command_line/scheduler_env.h"
+#include "rendezvous/job_secret.h"
 
 namespace cpprun::launcher {
 namespace {

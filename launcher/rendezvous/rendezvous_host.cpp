@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "agent_store/agent_store.h"
-#include "cpprun/store_port.h"
 #include "command_line/host_facts.h"
+#include "cpprun/store_port.h"
 #include "rendezvous/node_link.h"
 #include "rendezvous/node_rendezvous.h"
 #include "workers/restart_backoff.h"

@@ -9,8 +9,8 @@
 
 #include "command_line/program_command.h"
 #include "rendezvous/rank_layout.h"
-#include "workers/run_directory.h"
 #include "workers/attempt.h"
+#include "workers/run_directory.h"
 
 namespace cpprun::launcher {
 
