@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "command_line/launch_config.h"
+#include "usage_error_text.h"
 
 using namespace cpprun::launcher;
 using Catch::Matchers::Contains;
@@ -48,13 +49,7 @@ std::string cli_help(const std::vector<std::string>& args) {
 }
 
 std::string usage_error(const std::vector<std::string>& args) {
-  try {
-    parse_launch_config(args, fake_host(), no_env);
-  } catch (const UsageError& e) {
-    return e.what();
-  }
-  FAIL("expected a UsageError");
-  return {};
+  return usage_error_text([&] { parse_launch_config(args, fake_host(), no_env); });
 }
 
 }  // namespace
@@ -375,13 +370,7 @@ TEST_CASE("launch_config: a multi-node job needs a job secret, from the environm
            }).config;
   };
   const auto error_with = [&](const std::vector<std::string>& args, std::optional<std::string> secret) {
-    try {
-      parse_with(args, std::move(secret));
-    } catch (const UsageError& e) {
-      return std::string(e.what());
-    }
-    FAIL("expected a UsageError");
-    return std::string();
+    return usage_error_text([&] { parse_with(args, std::move(secret)); });
   };
   CHECK(parse({"--nnodes=2", "--node_rank=1", "x"}).job_secret == kSecret);
   CHECK(parse_with({"x"}, std::nullopt).job_secret.empty());  // one node: no agent listens

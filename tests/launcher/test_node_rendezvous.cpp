@@ -4,8 +4,8 @@
 
 #include <string>
 
-#include "command_line/launch_config.h"  // UsageError
 #include "rendezvous/node_rendezvous.h"
+#include "usage_error_text.h"
 
 using namespace cpprun::launcher;
 using Catch::Matchers::Contains;
@@ -29,13 +29,7 @@ HostLookup answer(HostLookup::Result result, const std::string& error = "") {
 }
 
 std::string usage_error(const RendezvousSettings& config, const HostLookup& lookup) {
-  try {
-    check_meeting_host_resolves(config, [&](const std::string&) { return lookup; });
-  } catch (const UsageError& e) {
-    return e.what();
-  }
-  FAIL("expected a UsageError");
-  return {};
+  return usage_error_text([&] { check_meeting_host_resolves(config, [&](const std::string&) { return lookup; }); });
 }
 
 }  // namespace

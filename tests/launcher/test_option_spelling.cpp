@@ -7,6 +7,7 @@
 
 #include "command_line/launch_config.h"
 #include "command_line/option_spelling.h"
+#include "usage_error_text.h"
 
 using namespace cpprun::launcher;
 using Catch::Matchers::Contains;
@@ -26,13 +27,7 @@ const std::vector<OptionSpelling> kOptions = {
 Args expand(const Args& args) { return expand_option_prefixes(args, kOptions); }
 
 std::string ambiguity(const Args& args) {
-  try {
-    expand(args);
-  } catch (const UsageError& e) {
-    return e.what();
-  }
-  FAIL("expected a UsageError");
-  return {};
+  return usage_error_text([&] { expand(args); });
 }
 
 }  // namespace

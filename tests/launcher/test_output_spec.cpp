@@ -6,6 +6,7 @@
 
 #include "command_line/launch_config.h"
 #include "command_line/output_spec.h"
+#include "usage_error_text.h"
 
 using namespace cpprun::launcher;
 using Catch::Matchers::Contains;
@@ -15,13 +16,8 @@ namespace {
 using S = StdStreams;
 
 std::string spec_error(const std::string& text, int nproc) {
-  try {
-    parse_std_spec("--redirects", text, nproc);
-  } catch (const UsageError& e) {
-    return e.what();
-  }
-  FAIL("expected a UsageError for " << text);
-  return {};
+  INFO("--redirects " << text);
+  return usage_error_text([&] { parse_std_spec("--redirects", text, nproc); });
 }
 
 OutputOptions options(std::vector<S> redirects, std::vector<S> tee, std::vector<bool> shown = {}) {

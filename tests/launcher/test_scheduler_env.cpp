@@ -8,6 +8,7 @@
 
 #include "command_line/launch_config.h"
 #include "command_line/scheduler_env.h"
+#include "usage_error_text.h"
 
 using namespace cpprun::launcher;
 using Catch::Matchers::Contains;
@@ -59,13 +60,7 @@ ParsedCommandLine parse(const std::vector<std::string>& args, const Env& env) {
 }
 
 std::string usage_error(const std::vector<std::string>& args, const Env& env) {
-  try {
-    parse_launch_config(args, fake_host(), job_env(env));
-  } catch (const UsageError& e) {
-    return e.what();
-  }
-  FAIL("expected a UsageError");
-  return {};
+  return usage_error_text([&] { parse_launch_config(args, fake_host(), job_env(env)); });
 }
 
 }  // namespace
