@@ -26,6 +26,25 @@ int wait_status_of(void (*body)()) {
   return status;
 }
 
+WorkerRecord record(int rank, pid_t pid, WorkerState state, WorkerExit exit, bool sigkill = false) {
+  WorkerRecord w;
+  w.rank = w.local_rank = rank;
+  w.pid = pid;
+  w.state = state;
+  w.exit = exit;
+  w.sent_sigkill = sigkill;
+  return w;
+}
+
+AttemptSummary summary(std::optional<std::size_t> root_cause, int ending_signal,
+                       std::chrono::milliseconds shutdown_timeout) {
+  AttemptSummary s;
+  s.root_cause = root_cause;
+  s.ending_signal = ending_signal;
+  s.shutdown_timeout = shutdown_timeout;
+  return s;
+}
+
 }  // namespace
 
 TEST_CASE("attempt: a worker's exit code passes through, signals become 128+N", "[attempt]") {
@@ -48,29 +67,6 @@ TEST_CASE("attempt: signals have their usual names", "[attempt]") {
   CHECK(signal_name(SIGSEGV) == "SIGSEGV");
   CHECK(signal_name(SIGRTMIN + 3) == "signal " + std::to_string(SIGRTMIN + 3));
 }
-
-namespace {
-
-WorkerRecord record(int rank, pid_t pid, WorkerState state, WorkerExit exit, bool sigkill = false) {
-  WorkerRecord w;
-  w.rank = w.local_rank = rank;
-  w.pid = pid;
-  w.state = state;
-  w.exit = exit;
-  w.sent_sigkill = sigkill;
-  return w;
-}
-
-AttemptSummary summary(std::optional<std::size_t> root_cause, int ending_signal,
-                       std::chrono::milliseconds shutdown_timeout) {
-  AttemptSummary s;
-  s.root_cause = root_cause;
-  s.ending_signal = ending_signal;
-  s.shutdown_timeout = shutdown_timeout;
-  return s;
-}
-
-}  // namespace
 
 TEST_CASE("attempt: the failure summary names the root cause and the stopped workers", "[attempt]") {
   const std::vector<WorkerRecord> workers = {

@@ -15,7 +15,6 @@ using Args = std::vector<std::string>;
 
 namespace {
 
-
 // A few of cpprun's options: two spellings of one, flags, short ones, and a shared prefix.
 const std::vector<OptionSpelling> kOptions = {
     {"--nproc_per_node", 0, true}, {"--nproc-per-node", 0, true}, {"--nnodes", 1, true},
@@ -29,6 +28,14 @@ Args expand(const Args& args) { return expand_option_prefixes(args, kOptions); }
 std::string ambiguity(const Args& args) {
   return usage_error_text([&] { expand(args); });
 }
+
+// The spellings "did you mean" chooses among.
+const std::vector<std::string> kKnown = {"--help",        "-h",           "--nproc_per_node", "--nproc-per-node",
+                                         "--nnodes",      "--master_addr", "--master_port",   "--standalone",
+                                         "--log_dir",     "--log-dir",    "-r",               "--redirects",
+                                         "--tee",         "-t",           "--max_restarts"};
+
+std::string suggest(const std::string& typed) { return suggest_option(typed, kKnown).value_or("(none)"); }
 
 }  // namespace
 
@@ -62,17 +69,6 @@ TEST_CASE("option_spelling: an ambiguous prefix is an error that lists the candi
   CHECK_THAT(ambiguity({"--no=1", "x"}), Contains("ambiguous option --no: it could be --node_rank, --no_python"));
   CHECK_THAT(ambiguity({"--ma", "1", "x"}), Contains("--max_restarts, --master_port"));
 }
-
-namespace {
-
-const std::vector<std::string> kKnown = {"--help",        "-h",           "--nproc_per_node", "--nproc-per-node",
-                                         "--nnodes",      "--master_addr", "--master_port",   "--standalone",
-                                         "--log_dir",     "--log-dir",    "-r",               "--redirects",
-                                         "--tee",         "-t",           "--max_restarts"};
-
-std::string suggest(const std::string& typed) { return suggest_option(typed, kKnown).value_or("(none)"); }
-
-}  // namespace
 
 TEST_CASE("option_spelling: edit distance counts inserts, deletes, substitutions and swaps",
           "[option_spelling]") {

@@ -27,6 +27,17 @@ EnvMap env_of(const WorkerEnvSettings& c, int local_rank, int restart, const std
   return make_worker_env(c, single_node_layout(c.local_world_size), local_rank, restart, error_file, parent);
 }
 
+LaunchConfig launch_config_with(int nproc) {
+  LaunchConfig c;
+  c.nproc_per_node = nproc;
+  c.program = "./train";
+  c.program_args = {"--lr", "0.1", "a b"};
+  return c;
+}
+
+// ./train resolved to /abs/train, with launch_config_with's arguments.
+ProgramCommand train() { return {"/abs/train", {"./train", "--lr", "0.1", "a b"}, ""}; }
+
 }  // namespace
 
 TEST_CASE("worker_specs: the environment sets every torchrun variable", "[worker_specs]") {
@@ -148,18 +159,6 @@ TEST_CASE("worker_specs: the environment's execve strings are NAME=value", "[wor
   CHECK(to_env_strings({{"A", "1"}, {"B", "x=y"}}) == std::vector<std::string>{"A=1", "B=x=y"});
 }
 
-namespace {
-
-LaunchConfig launch_config_with(int nproc) {
-  LaunchConfig c;
-  c.nproc_per_node = nproc;
-  c.program = "./train";
-  c.program_args = {"--lr", "0.1", "a b"};
-  return c;
-}
-
-}  // namespace
-
 TEST_CASE("worker_specs: --dry_run shell-quotes only where needed", "[worker_specs]") {
   CHECK(shell_quote("--lr=0.1") == "--lr=0.1");
   CHECK(shell_quote("a b") == "'a b'");
@@ -167,9 +166,6 @@ TEST_CASE("worker_specs: --dry_run shell-quotes only where needed", "[worker_spe
   CHECK(shell_quote("it's") == "'it'\\''s'");
   CHECK(shell_quote("$HOME") == "'$HOME'");
 }
-
-// ./train resolved to /abs/train, with launch_config_with's arguments.
-ProgramCommand train() { return {"/abs/train", {"./train", "--lr", "0.1", "a b"}, ""}; }
 
 TEST_CASE("worker_specs: specs carry the command, env, error file and output plan", "[worker_specs]") {
   const LaunchConfig c = launch_config_with(2);
