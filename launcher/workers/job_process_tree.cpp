@@ -15,9 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
-#include <fstream>
 #include <iostream>
-#include <iterator>
 #include <set>
 #include <sstream>
 #include <system_error>
@@ -27,13 +25,23 @@
 #include "workers/worker_process.h"
 
 namespace cpprun::launcher {
-namespace {
 
-// The whole file, or "" if it cannot be read (the process is gone, or not ours).
+// Plain open/read: libstdc++'s filebuf throws from underflow() when read() fails, and a read of
+// /proc/PID/... fails with ESRCH when PID exits between the open and the read.
 std::string read_proc_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return {};
+  std::string text;
+  char chunk[4096];
+  ssize_t got = 0;
+  while ((got = read(fd, chunk, sizeof chunk)) > 0 || (got < 0 && errno == EINTR)) {
+    if (got > 0) text.append(chunk, static_cast<std::size_t>(got));
+  }
+  close(fd);
+  return got < 0 ? std::string() : text;
 }
+
+namespace {
 
 // Every process's id: the numeric names in /proc.
 std::vector<pid_t> all_pids() {

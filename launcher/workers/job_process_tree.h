@@ -41,6 +41,9 @@ class JobProcessTree {
 // waits up to `grace`, then SIGKILLs. Returns a job-ending signal that cut the grace short, or 0.
 int stop_leftovers(SignalRelay& relay, std::chrono::milliseconds grace);
 
+// The whole of a /proc file, or "" if it cannot be opened or read (the process is gone, or not ours).
+std::string read_proc_file(const std::string& path);
+
 // The live (not zombie) children of `parent`, from every /proc/PID/stat: /proc/PID/task/*/children
 // may leave out some while others exit (proc_tid_children(5)), as leftovers do when told to stop.
 std::vector<pid_t> live_children(pid_t parent);

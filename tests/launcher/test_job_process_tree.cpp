@@ -73,3 +73,12 @@ TEST_CASE("job_process_tree: processes_with_env_entry matches whole entries only
   for (pid_t pid : {first, last, longer, prefixed}) stop(pid);
   CHECK_FALSE(contains(processes_with_env_entry(token), first));
 }
+
+TEST_CASE("job_process_tree: read_proc_file returns \"\" when a read fails after the open", "[job_process_tree]") {
+  // A process that exits between the open and the read of its /proc file makes read() fail (ESRCH);
+  // a directory makes it fail the same way (EISDIR), every time. Neither may throw.
+  CHECK(read_proc_file("/proc/self").empty());
+  CHECK(read_proc_file("/proc/0/stat").empty());
+  const std::string stat = read_proc_file("/proc/self/stat");
+  CHECK(stat.rfind(std::to_string(getpid()) + " (", 0) == 0);
+}
