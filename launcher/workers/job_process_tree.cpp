@@ -34,8 +34,8 @@ std::string read_proc_file(const std::string& path) {
   std::string text;
   char chunk[4096];
   ssize_t got = 0;
-  while ((got = read(fd, chunk, sizeof chunk)) > 0 || (got < 0 && errno == EINTR)) {
-    if (got > 0) text.append(chunk, static_cast<std::size_t>(got));
+  while ((got = retry_on_eintr([&] { return read(fd, chunk, sizeof chunk); })) > 0) {
+    text.append(chunk, static_cast<std::size_t>(got));
   }
   close(fd);
   return got < 0 ? std::string() : text;
