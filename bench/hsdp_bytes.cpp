@@ -6,13 +6,13 @@
 // Measured: all-gathers and reduce-scatters run on cpprun's own ring, which counts the bytes each
 // rank sends per group (GroupImpl::p2p_bytes_sent). Computed: the replicas' all-reduce of the
 // gradient shards runs on Gloo's all-reduce, which counts nothing; it is one all-reduce of each
-// flat parameter's shard (Ψ/S elements in all) per step, 2·(R−1)/R·Ψ/S·4 bytes as a ring sends.
+// unit's shard (Ψ/S elements in all) per step, 2·(R−1)/R·Ψ/S·4 bytes as a ring sends.
 // The replicate group's ring counter is printed too: it stays 0 (no parameter crosses replicas).
 //
 // ZeRO-3 per step: forward all-gathers every unit, backward all-gathers every unit again except
 // the one forward used last (it stays for backward), and reduce-scatters every gradient:
-// (3Ψ − Ψ_last)·(N−1)/N·4 bytes per rank, ≈ 3·Ψ·(N−1)/N·4; Ψ counts padding (each flat parameter
-// is padded to a multiple of the ranks it is sharded over).
+// (3Ψ − Ψ_last)·(N−1)/N·4 bytes per rank, ≈ 3·Ψ·(N−1)/N·4; Ψ counts padding (each parameter's
+// rows are padded to a multiple of the ranks it is sharded over).
 #include <cpprun/cpprun.h>
 #include <torch/torch.h>
 
@@ -45,11 +45,20 @@ struct StepBytes {
 };
 
 // Bytes this rank sent in one step (after one step of warm-up).
+// Elements of `module`'s parameters, each padded to a multiple of `ranks` rows.
+int64_t padded(torch::nn::Module& module, int ranks) {
+  int64_t n = 0;
+  for (const auto& p : module.parameters()) n += (p.size(0) + ranks - 1) / ranks * ranks * (p.numel() / p.size(0));
+  return n;
+}
+
 StepBytes measure(const cpprun::ProcessGroup& whole, const cpprun::ProcessGroup& shard,
-                  const cpprun::ProcessGroup* replicate, const cpprun::FsdpOptions& options) {
+                  const cpprun::ProcessGroup* replicate, const cpprun::FsdpOptions& options,
+                  const cpprun::DeviceMesh* mesh = nullptr) {
   torch::manual_seed(0);
   auto net = std::make_shared<Net>();
-  auto model = cpprun::FullyShardedDataParallel(net, whole, options);
+  auto model = mesh ? cpprun::FullyShardedDataParallel(net, *mesh, options)
+                    : cpprun::FullyShardedDataParallel(net, whole, options);
   torch::optim::SGD opt(model->parameters(), 0.01);
   auto step = [&] {
     opt.zero_grad();
@@ -62,9 +71,8 @@ StepBytes measure(const cpprun::ProcessGroup& whole, const cpprun::ProcessGroup&
   StepBytes bytes;
   bytes.shard = static_cast<double>(sent(shard) - shard_before);
   bytes.replicate_ring = replicate ? static_cast<double>(sent(*replicate) - replicate_before) : 0;
-  const auto shards = model->parameters();
-  for (const auto& s : shards) bytes.padded += s.numel() * shard.size();
-  bytes.padded_last = shards.back().numel() * shard.size();  // the head: the last unit planned
+  bytes.padded = padded(*net, shard.size());
+  bytes.padded_last = padded(*net->head, shard.size());  // the head: the last unit planned
   return bytes;
 }
 
@@ -82,7 +90,7 @@ int main() {
   const StepBytes zero3 = measure(whole, whole, nullptr, base);
   cpprun::DeviceMesh mesh(whole, {2, 2}, {"replicate", "shard"});
   const int r = mesh.size(0), s = mesh.size(1);
-  const StepBytes hsdp = measure(whole, mesh.group("shard"), &mesh.group("replicate"), cpprun::FsdpOptions(base).mesh(mesh));
+  const StepBytes hsdp = measure(whole, mesh.group("shard"), &mesh.group("replicate"), base, &mesh);
   if (whole.rank() != 0) return 0;
 
   const double f = 4.0;  // fp32

@@ -6,8 +6,9 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
 
+#include <atomic>
+
 #include "core/deferred_init.h"
-#include "fsdp/gather_on_use.h"
 
 namespace cpprun::detail {
 namespace {
@@ -19,19 +20,39 @@ struct KeySetAccess : c10::TensorImpl {
   static c10::DispatchKeySet c10::TensorImpl::*member() { return &KeySetAccess::key_set_; }
 };
 
+std::atomic<ExtensionHandler> handler{nullptr};
+
+void run_handler(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+  if (ExtensionHandler h = handler.load()) {
+    h(op, keys, stack);
+  } else {
+    redispatch_below_extension_key(op, keys, stack);
+  }
+}
+
 void route(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
   if (record_deferred_op(op, keys, stack)) return;
   if (deferred_init_scope_active()) {
     // An operator on real tensors inside a deferred_init scope: the factories its kernel calls
     // (e.g. the output's at::empty) must allocate for real.
     c10::impl::ExcludeDispatchKeyGuard real_factories(kExtensionKey);
-    report_uses_then_run(op, keys, stack);
+    run_handler(op, keys, stack);
     return;
   }
-  report_uses_then_run(op, keys, stack);
+  run_handler(op, keys, stack);
 }
 
 }  // namespace
+
+void set_extension_handler(ExtensionHandler h) {
+  ExtensionHandler expected = nullptr;
+  if (handler.compare_exchange_strong(expected, h)) return;
+  TORCH_INTERNAL_ASSERT(expected == h, "a second extension-key handler");
+}
+
+void redispatch_below_extension_key(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+  op.redispatchBoxed(keys & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kExtensionKey), stack);
+}
 
 void set_extension_key(const at::Tensor& tensor, bool on) {
   c10::TensorImpl* impl = tensor.unsafeGetTensorImpl();

@@ -10,6 +10,8 @@
 #include <unordered_set>
 
 #include "core/clip_grad_norm.h"
+#include "core/full_state.h"
+#include "cpprun/unique_parameters.h"
 #include "cpprun/collectives.h"
 #include "ddp/reducer.h"
 
@@ -179,9 +181,23 @@ void DdpCore::join(const std::function<void()>& train_loop) {
 void DdpCore::set_require_sync(bool sync) { impl_->require_sync = sync; }
 bool DdpCore::require_sync() const { return impl_->require_sync; }
 double DdpCore::clip_grad_norm(double max_norm) {
+  // Each tensor once: LibTorch lists a tied weight under each of its names, and counting its
+  // gradient twice would inflate the norm and scale it twice (torch.nn.utils.clip_grad_norm_
+  // on a Python module meets each parameter once).
   std::vector<at::Tensor> grads;
-  for (const auto& p : impl_->module.parameters()) grads.push_back(p.grad());
+  for (const auto& p : unique_parameters(impl_->module)) grads.push_back(p.grad());
   return detail::clip_grad_norm(grads, max_norm, /*sum_over=*/nullptr, "cpprun::DistributedDataParallel");
+}
+void DdpCore::save_full_state(const std::string& path) { detail::save_full_state(impl_->module, impl_->group, path); }
+void DdpCore::load_full_state(const std::string& path) { detail::load_full_state(impl_->module, impl_->group, path); }
+void DdpCore::save_sharded(const std::string& dir, torch::optim::Optimizer*) {
+  TORCH_CHECK(false, "cpprun::DistributedDataParallel: save_sharded_checkpoint(model, optimizer, \"", dir, "\") needs "
+              "FullyShardedDataParallel (each of its ranks holds a shard); every DDP rank holds the whole model: use "
+              "save_full_state_dict(model, path).");
+}
+void DdpCore::load_sharded(const std::string& dir, torch::optim::Optimizer*) {
+  TORCH_CHECK(false, "cpprun::DistributedDataParallel: load_sharded_checkpoint(model, optimizer, \"", dir, "\") needs "
+              "FullyShardedDataParallel; under DDP use load_full_state_dict(model, path).");
 }
 void DdpCore::register_comm_hook(std::shared_ptr<CommHook> hook) { impl_->reducer->set_comm_hook(std::move(hook)); }
 const ProcessGroup& DdpCore::group() const { return impl_->group; }

@@ -214,8 +214,20 @@ int run(int argc, char** argv) {
   cpprun::DataParallel<GptImpl> model = nullptr;
   if (opt.mode == "ddp") model = cpprun::DistributedDataParallel(gpt, group);
   else model = cpprun::FullyShardedDataParallel(gpt, group, per_block_fsdp);
-  // Each tensor once: the tied embedding is listed under two names (FSDP's shards are unique anyway).
-  torch::optim::AdamW optimizer(cpprun::unique_parameters(*model), torch::optim::AdamWOptions(opt.lr).weight_decay(0.01));
+  // AdamW as nanoGPT builds it: weight decay on 2-D weights (matmuls, embeddings) only, not on
+  // biases and norms. By name and shape, the same under DDP and FSDP (whose parameters are this
+  // rank's rows of each, under the model's own names); each tensor once (the tied embedding has
+  // two names).
+  std::vector<torch::Tensor> decay, no_decay;
+  for (const auto& item : cpprun::unique_named_parameters(*model)) {
+    (item.value().dim() >= 2 ? decay : no_decay).push_back(item.value());
+  }
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(decay, std::make_unique<torch::optim::AdamWOptions>(
+                                 torch::optim::AdamWOptions(opt.lr).weight_decay(0.1)));
+  groups.emplace_back(no_decay, std::make_unique<torch::optim::AdamWOptions>(
+                                    torch::optim::AdamWOptions(opt.lr).weight_decay(0)));
+  torch::optim::AdamW optimizer(groups, torch::optim::AdamWOptions(opt.lr));
   // Mixed precision by autocast (matmuls in bf16 or fp16, parameters and optimizer in fp32); fp16's
   // narrow range needs the loss scaled, and an overflow on any rank skips the step on all.
   const auto device_type = device.type();

@@ -1,7 +1,8 @@
 // FullyShardedDataParallel's non-template part: wires its pieces together. Units are planned
-// (unit_plan.h) and flattened (flat_param.h); the full parameters are kept current (stages 1 and
-// 2: all-gathered after each optimizer step; stage 3: ParameterResidency's gather on use);
-// gradients are reduced by GradientSync; checkpoints are checkpoint.h's.
+// (unit_plan.h) and their parameters sharded (param_bucket.h); the full parameters are kept
+// current (stages 1 and 2: all-gathered after each optimizer step; stage 3: ParameterResidency's
+// gather on use); gradients are reduced by GradientSync; checkpoints are checkpoint.h's. What
+// differs between the ZeRO stages is decided once, in StageBehaviour.
 #include "cpprun/detail/fsdp_core.h"
 
 #include <ATen/ATen.h>
@@ -9,12 +10,16 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include <functional>
+#include <unordered_map>
+#include <unordered_set>
 
 #include "core/clip_grad_norm.h"
 #include "cpprun/collectives.h"
+#include "core/full_state.h"
 #include "fsdp/checkpoint.h"
 #include "fsdp/deferred_units.h"
-#include "fsdp/flat_param.h"
+#include "fsdp/fsdp_collectives.h"
+#include "fsdp/param_bucket.h"
 #include "fsdp/gradient_sync.h"
 #include "fsdp/parameter_residency.h"
 #include "fsdp/shard_groups.h"
@@ -38,22 +43,40 @@ class ReleaseAfter {
   ParameterResidency* residency_;
 };
 
+// Everything the ZeRO stage decides, in one place.
+struct StageBehaviour {
+  bool shard_gradients;   // reduce-scatter into shard gradients (2, 3), not all-reduce (1)
+  bool shard_parameters;  // full parameters exist only while used (3): gathered on use
+};
+
+StageBehaviour behaviour_of(int stage) {
+  TORCH_CHECK(stage >= 1 && stage <= 3, "cpprun::FullyShardedDataParallel: stage must be 1, 2 or 3 (the ZeRO "
+              "stages), got ", stage, ".");
+  return StageBehaviour{stage >= 2, stage == 3};
+}
+
 }  // namespace
 
 struct FsdpCore::Impl {
   torch::nn::Module& module;
   ProcessGroup group;
   FsdpOptions options;
+  StageBehaviour stage;
   ShardGroups groups;  // HSDP: shard within groups.shard, replicate across groups.replicate
-  std::vector<FlatParam> flats;  // never resized after construction: GradientSync refers to them
+  std::vector<ParamBucket> buckets;  // never resized after construction: the others refer to them
   std::unique_ptr<ParameterResidency> residency;  // stage 3; before `sync`, whose hooks call it
   std::unique_ptr<GradientSync> sync;
   std::size_t unit_count = 0;
+  at::Tensor received;  // stages 1 and 2: the wire buffer of the last gather, reused
   bool require_sync = true;
   bool shards_loaded = false;  // a checkpoint wrote the shards: gather before the next forward
 
-  Impl(torch::nn::Module& m, ProcessGroup g, FsdpOptions o)
-      : module(m), group(std::move(g)), options(std::move(o)), groups(make_shard_groups(group, options)) {}
+  Impl(torch::nn::Module& m, ProcessGroup g, const std::optional<DeviceMesh>& mesh, FsdpOptions o)
+      : module(m),
+        group(std::move(g)),
+        options(std::move(o)),
+        stage(behaviour_of(options.stage())),
+        groups(make_shard_groups(group, mesh, options.shard_dim())) {}
 
   // After an optimizer step each rank has updated only its shard: gather the full parameters.
   void gather_if_stepped() {
@@ -61,21 +84,24 @@ struct FsdpCore::Impl {
     const bool stepped = sync->take_shards_stepped();
     const bool loaded = std::exchange(shards_loaded, false);
     if (!stepped && !loaded) return;
-    for (auto& flat : flats) {
-      // The input must not alias the output (a shard may be part of full()); cast for mixed precision.
-      at::Tensor shard = flat.shard().detach();
-      all_gather_into(groups.shard, flat.full(), flat.shard_is_separate() ? shard.to(flat.full().scalar_type()) : shard.clone());
+    for (auto& bucket : buckets) {
+      const at::Tensor& into = bucket.unsharded();
+      if (!received.defined() || received.numel() < bucket.unsharded_numel() || received.dtype() != into.dtype()) {
+        int64_t most = 0;
+        for (const auto& b : buckets) most = std::max(most, b.unsharded_numel());
+        received = at::empty({most}, into.options());
+      }
+      all_gather_shards(groups.shard, bucket, into, received.narrow(0, 0, bucket.unsharded_numel())).wait();
     }
   }
 };
 
-FsdpCore::FsdpCore(torch::nn::Module& module, ProcessGroup group, FsdpOptions options)
-    : impl_(std::make_unique<Impl>(module, std::move(group), std::move(options))) {
+FsdpCore::FsdpCore(torch::nn::Module& module, ProcessGroup group, std::optional<DeviceMesh> mesh,
+                   FsdpOptions options)
+    : impl_(std::make_unique<Impl>(module, std::move(group), mesh, std::move(options))) {
   Impl& s = *impl_;
   const int stage = s.options.stage();
-  TORCH_CHECK(stage >= 1 && stage <= 3, "cpprun::FullyShardedDataParallel: stage must be 1, 2 or 3 (the ZeRO "
-              "stages), got ", stage, ".");
-  TORCH_CHECK(!s.options.cpu_offload() || stage == 3, "cpprun::FullyShardedDataParallel: cpu_offload needs stage 3 "
+  TORCH_CHECK(!s.options.cpu_offload() || s.stage.shard_parameters, "cpprun::FullyShardedDataParallel: cpu_offload needs stage 3 "
               "(it offloads the parameter shards), got stage ", stage, ".");
   TORCH_CHECK(s.options.gathered_unit_limit() >= 1, "cpprun::FullyShardedDataParallel: gathered_unit_limit must be "
               "at least 1, got ", s.options.gathered_unit_limit(), ".");
@@ -85,7 +111,7 @@ FsdpCore::FsdpCore(torch::nn::Module& module, ProcessGroup group, FsdpOptions op
   const auto units = plan_units(module, s.options);
   s.unit_count = units.size();
   // Start from rank 0's parameters and buffers everywhere; a deferred module is materialised unit by
-  // unit as it is flattened, each broadcast then.
+  // unit as it is sharded, each broadcast then.
   std::unique_ptr<DeferredUnits> deferred;
   if (has_deferred_state(module)) {
     deferred = std::make_unique<DeferredUnits>(module, units, s.group);
@@ -93,29 +119,34 @@ FsdpCore::FsdpCore(torch::nn::Module& module, ProcessGroup group, FsdpOptions op
   } else {
     broadcast_module_state(module, s.group);
   }
-  FlattenOptions flatten;
-  flatten.rank = s.groups.shard.rank();
-  flatten.world = s.groups.shard.size();
-  flatten.compute_dtype = s.options.param_dtype();
-  flatten.separate_shard = flatten.release_full = stage == 3;
-  flatten.shard_on_cpu = s.options.cpu_offload();
-  if (deferred) flatten.before_unit = [&deferred](std::size_t u) { deferred->materialize_unit(u); };
-  std::vector<bool> root;  // per flat parameter: holds the top-level module's own parameters
-  s.flats = flatten_units(units, flatten, root);
+  ShardOptions sharding;
+  sharding.rank = s.groups.shard.rank();
+  sharding.world = s.groups.shard.size();
+  sharding.compute_dtype = s.options.param_dtype();
+  sharding.separate_shards = s.stage.shard_parameters;
+  sharding.keep_unsharded = !s.stage.shard_parameters;
+  sharding.shards_on_cpu = s.options.cpu_offload();
+  if (deferred) sharding.before_unit = [&deferred](std::size_t u) { deferred->materialize_unit(u); };
+  s.buckets = shard_units(units, sharding);
+  std::size_t root_unit = units.size();  // the top-level module's own parameters, if it has any
+  for (std::size_t u = 0; u < units.size(); ++u) {
+    if (units[u].name.empty()) root_unit = u;
+  }
 
-  std::function<void(std::size_t)> flat_done;
-  if (stage == 3) {
+  std::function<void(std::size_t)> bucket_done;
+  if (s.stage.shard_parameters) {
     ResidencyOptions residency;
     residency.reshard_after_forward = s.options.reshard_after_forward();
     residency.prefetch = s.options.prefetch();
     residency.limit = s.options.gathered_unit_limit();
-    s.residency = std::make_unique<ParameterResidency>(s.flats, root, s.groups.shard, residency);
-    flat_done = [r = s.residency.get()](std::size_t f) { r->backward_done(f); };
+    s.residency = std::make_unique<ParameterResidency>(s.buckets, units.size(), root_unit, s.groups.shard, residency);
+    bucket_done = [r = s.residency.get()](std::size_t b) { r->backward_done(b); };
   }
-  s.sync = std::make_unique<GradientSync>(s.flats, s.groups, stage,
-                                          s.options.reduce_dtype() ? s.options.reduce_dtype() : s.options.param_dtype(),
-                                          std::move(flat_done),
-                                          static_cast<std::size_t>(s.options.gathered_unit_limit() - 1));
+  GradientSyncOptions reduction;
+  reduction.shard_gradients = s.stage.shard_gradients;
+  reduction.reduce_dtype = s.options.reduce_dtype() ? s.options.reduce_dtype() : s.options.param_dtype();
+  reduction.max_in_flight = static_cast<std::size_t>(s.options.gathered_unit_limit() - 1);
+  s.sync = std::make_unique<GradientSync>(s.buckets, s.groups, reduction, std::move(bucket_done));
   if (s.residency) s.sync->on_backward_end([r = s.residency.get()] { r->end_backward(); });
 }
 
@@ -137,15 +168,43 @@ void FsdpCore::gather_full_parameters() {
   impl_->gather_if_stepped();
 }
 
-std::vector<at::Tensor> FsdpCore::shards() const {
-  std::vector<at::Tensor> out;
-  for (const auto& flat : impl_->flats) out.push_back(flat.shard());
-  return out;
+void FsdpCore::register_shards(torch::nn::Module& wrapper) const {
+  std::unordered_map<const c10::TensorImpl*, at::Tensor> shard_of;
+  for (const auto& bucket : impl_->buckets) {
+    for (const auto& s : bucket.params()) shard_of[s.param.unsafeGetTensorImpl()] = s.shard;
+  }
+  // Module names may not contain dots: one plain module per path component, made on first need,
+  // so that the wrapper's named_parameters() walk meets the names in the wrapped module's order.
+  std::unordered_map<std::string, std::shared_ptr<torch::nn::Module>> made;
+  // Each tensor once, under its first name, as Python's named_parameters() (and so FSDP2) lists
+  // them: LibTorch's own repeats a tied weight under every name, and an optimizer built from such
+  // a list steps it twice.
+  std::unordered_set<const c10::TensorImpl*> seen;
+  for (const auto& item : impl_->module.named_parameters()) {
+    const std::string& name = item.key();
+    if (!seen.insert(item.value().unsafeGetTensorImpl()).second) continue;
+    auto it = shard_of.find(item.value().unsafeGetTensorImpl());
+    const at::Tensor& tensor = it == shard_of.end() ? item.value() : it->second;  // frozen: as it is
+    torch::nn::Module* owner = &wrapper;
+    std::string path;
+    std::size_t start = 0;
+    for (std::size_t dot = name.find('.'); dot != std::string::npos; dot = name.find('.', start)) {
+      const std::string part = name.substr(start, dot - start);
+      path += (path.empty() ? "" : ".") + part;
+      auto& child = made[path];
+      if (!child) child = owner->register_module(part, std::make_shared<torch::nn::Module>("FsdpShards"));
+      owner = child.get();
+      start = dot + 1;
+    }
+    owner->register_parameter(name.substr(start), tensor, tensor.requires_grad());
+  }
 }
 
 double FsdpCore::clip_grad_norm(double max_norm) {
   std::vector<at::Tensor> grads;
-  for (const auto& flat : impl_->flats) grads.push_back(flat.shard().grad());
+  for (const auto& bucket : impl_->buckets) {
+    for (const auto& s : bucket.params()) grads.push_back(s.shard.grad());
+  }
   // The shard group's shards cover every gradient exactly once (HSDP: replicas hold equal ones).
   return detail::clip_grad_norm(grads, max_norm, &impl_->groups.shard, "cpprun::FullyShardedDataParallel");
 }
@@ -159,19 +218,21 @@ at::Tensor FsdpCore::cast_input(const at::Tensor& input) const {
 FsdpMemory FsdpCore::memory() const {
   const Impl& s = *impl_;
   FsdpMemory m;
-  for (const auto& flat : s.flats) {
-    m.parameters += static_cast<int64_t>(flat.full().storage().nbytes());
-    if (flat.shard_is_separate()) m.shards += flat.shard().nbytes();
+  for (const auto& bucket : s.buckets) {
+    m.parameters += static_cast<int64_t>(bucket.unsharded().storage().nbytes());
+    if (!bucket.shards_are_separate()) continue;
+    for (const auto& p : bucket.params()) m.shards += static_cast<int64_t>(p.shard.nbytes());
   }
   m.peak_parameters = s.residency ? s.residency->peak_gathered_bytes() : m.parameters;
   m.gradients = s.sync->gradient_bytes();
   m.peak_gradients = s.sync->peak_gradient_bytes();
-  m.kept = s.sync->kept_bytes() + (s.residency ? s.residency->kept_bytes() : 0);
+  m.kept = s.sync->kept_bytes() + (s.residency ? s.residency->kept_bytes()
+                                                : s.received.defined() ? static_cast<int64_t>(s.received.nbytes()) : 0);
   return m;
 }
 
 std::size_t FsdpCore::unit_count() const { return impl_->unit_count; }
-std::size_t FsdpCore::flat_parameter_count() const { return impl_->flats.size(); }
+std::size_t FsdpCore::bucket_count() const { return impl_->buckets.size(); }
 
 FsdpPrefetchStats FsdpCore::prefetch_stats() const {
   FsdpPrefetchStats stats;
@@ -182,21 +243,23 @@ FsdpPrefetchStats FsdpCore::prefetch_stats() const {
 void FsdpCore::save_full_state(const std::string& path) {
   gather_full_parameters();  // collective: every rank takes part
   ReleaseAfter release(impl_->residency.get());
-  detail::save_full_state(impl_->module, impl_->group, path);
+  detail::save_full_state(impl_->module, impl_->groups.whole, path);
 }
 
 void FsdpCore::load_full_state(const std::string& path) {
   gather_full_parameters();
   ReleaseAfter release(impl_->residency.get());
-  detail::load_full_state(impl_->module, impl_->flats, impl_->group, path);
+  detail::load_full_state(impl_->module, impl_->groups.whole, path);
+  // Where a shard is not a view of the full parameters (stage 3, mixed precision), copy it over.
+  for (auto& bucket : impl_->buckets) bucket.shards_from_unsharded();
 }
 
 void FsdpCore::save_sharded(const std::string& dir, torch::optim::Optimizer* optimizer) {
-  save_sharded_checkpoint(impl_->flats, impl_->groups, optimizer, dir);
+  save_sharded_checkpoint(impl_->buckets, impl_->groups, optimizer, dir);
 }
 
 void FsdpCore::load_sharded(const std::string& dir, torch::optim::Optimizer* optimizer) {
-  load_sharded_checkpoint(impl_->flats, impl_->groups, optimizer, dir);
+  load_sharded_checkpoint(impl_->buckets, impl_->groups, optimizer, dir);
   impl_->shards_loaded = true;
 }
 

@@ -17,7 +17,7 @@ constexpr c10::DispatchKey kWatchKey = kExtensionKey;
 
 struct Watch {
   UseListener* listener;
-  std::size_t flat;
+  std::size_t unit;
 };
 
 std::mutex& registry_mutex() {
@@ -36,7 +36,7 @@ void collect(const at::Tensor& tensor, std::vector<Watch>& uses) {
   if (it == registry().end()) return;
   const Watch& w = it->second;
   const bool seen = std::any_of(uses.begin(), uses.end(),
-                                [&](const Watch& u) { return u.listener == w.listener && u.flat == w.flat; });
+                                [&](const Watch& u) { return u.listener == w.listener && u.unit == w.unit; });
   if (!seen) uses.push_back(w);
 }
 
@@ -58,26 +58,27 @@ void report_uses_then_run(const c10::OperatorHandle& op, c10::DispatchKeySet key
     c10::impl::ExcludeDispatchKeyGuard no_reentry(kWatchKey);
     while (!uses.empty()) {
       UseListener* listener = uses.front().listener;
-      std::vector<std::size_t> flats;
+      std::vector<std::size_t> units;
       for (auto it = uses.begin(); it != uses.end();) {
         if (it->listener == listener) {
-          flats.push_back(it->flat);
+          units.push_back(it->unit);
           it = uses.erase(it);
         } else {
           ++it;
         }
       }
-      listener->before_use(flats);
+      listener->before_use(units);
     }
   }
-  op.redispatchBoxed(keys & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kWatchKey), stack);
+  redispatch_below_extension_key(op, keys, stack);
 }
 
 void watch_uses(const at::Tensor& storage_of, const std::vector<at::Tensor>& tensors, UseListener& listener,
-                std::size_t flat) {
+                std::size_t unit) {
+  set_extension_handler(&report_uses_then_run);
   {
     std::lock_guard<std::mutex> lock(registry_mutex());
-    registry()[storage_of.storage().unsafeGetStorageImpl()] = Watch{&listener, flat};
+    registry()[storage_of.storage().unsafeGetStorageImpl()] = Watch{&listener, unit};
   }
   for (const auto& t : tensors) set_extension_key(t, true);
 }

@@ -5,51 +5,51 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/engine.h>
 
+#include "fsdp/fsdp_collectives.h"
+
 namespace cpprun::detail {
-GradientSync::GradientSync(std::vector<FlatParam>& flats, const ShardGroups& groups, int stage,
-                           std::optional<at::ScalarType> reduce_dtype, std::function<void(std::size_t)> flat_done,
-                           std::size_t max_in_flight)
-    : flats_(flats),
+GradientSync::GradientSync(std::vector<ParamBucket>& buckets, const ShardGroups& groups, GradientSyncOptions options,
+                           std::function<void(std::size_t)> bucket_done)
+    : buckets_(buckets),
       group_(groups.shard),
       replicate_(groups.replicate),
-      stage_(stage),
-      reduce_dtype_(reduce_dtype),
-      flat_done_(std::move(flat_done)),
-      states_(flats.size()),
-      max_in_flight_(max_in_flight) {
-  for (std::size_t f = 0; f < flats_.size(); ++f) {
-    for (std::size_t i = 0; i < flats_[f].params().size(); ++i) {
-      hooks_.add(flats_[f].params()[i], [this, f, i] { on_gradient_ready(f, i); });
+      options_(options),
+      bucket_done_(std::move(bucket_done)),
+      states_(buckets.size()) {
+  for (std::size_t b = 0; b < buckets_.size(); ++b) {
+    for (std::size_t i = 0; i < buckets_[b].params().size(); ++i) {
+      hooks_.add(buckets_[b].params()[i].param, [this, b, i] { on_gradient_ready(b, i); });
     }
   }
 }
 
 GradientSync::~GradientSync() = default;
 
-// A fresh backward starts from zero unless no_sync backwards are accumulating in flat_grad.
-void GradientSync::bind_flat_grad(std::size_t f) {
-  FlatState& state = states_[f];
-  if (!state.flat_grad.defined()) {
-    state.flat_grad = at::zeros_like(flats_[f].full());
+// Stage 1. A fresh backward starts from zero unless no_sync backwards are accumulating in full_grad.
+void GradientSync::bind_full_grad(std::size_t b) {
+  BucketState& state = states_[b];
+  ParamBucket& bucket = buckets_[b];
+  if (!state.full_grad.defined()) {
+    state.full_grad = at::zeros_like(bucket.unsharded());
   } else if (state.reduced) {
-    state.flat_grad.zero_();  // the optimizer zeroed only its shard of it
+    state.full_grad.zero_();  // the optimizer zeroed only its shard of it
   }
   state.reduced = false;
   at::NoGradGuard no_grad;
-  for (std::size_t i = 0; i < flats_[f].params().size(); ++i) {
+  for (std::size_t i = 0; i < bucket.params().size(); ++i) {
     // Autograd adds each new gradient into this view in place: no copy into a bucket.
-    flats_[f].params()[i].mutable_grad() = flats_[f].slot(state.flat_grad, i);
+    bucket.params()[i].param.mutable_grad() = bucket.param_view(state.full_grad, i);
   }
 }
 
 void GradientSync::prepare(bool sync) {
   std::lock_guard<std::mutex> lock(mutex_);
-  for (std::size_t f = 0; f < flats_.size(); ++f) {
+  for (std::size_t b = 0; b < buckets_.size(); ++b) {
     // Stages 2 and 3 collect gradients as they come; under no_sync, .grad accumulates as usual.
-    if (stage_ == 1) bind_flat_grad(f);
-    states_[f].pending = flats_[f].params().size();
-    states_[f].completed = false;
-    states_[f].work = Work();
+    if (!options_.shard_gradients) bind_full_grad(b);
+    states_[b].pending = buckets_[b].params().size();
+    states_[b].completed = false;
+    states_[b].work = Work();
   }
   note_gradient_bytes();
   mode_ = sync ? Mode::kSync : Mode::kNoSync;
@@ -58,7 +58,7 @@ void GradientSync::prepare(bool sync) {
   in_flight_.clear();
 }
 
-void GradientSync::on_gradient_ready(std::size_t f, std::size_t i) {
+void GradientSync::on_gradient_ready(std::size_t b, std::size_t i) {
   std::lock_guard<std::mutex> lock(mutex_);
   TORCH_CHECK(mode_ != Mode::kFinished, "cpprun::FullyShardedDataParallel: backward reached the parameters again after "
               "the gradients of the last forward were already reduced (a second backward through the same graph, "
@@ -68,52 +68,54 @@ void GradientSync::on_gradient_ready(std::size_t f, std::size_t i) {
     finish_queued_ = true;
     torch::autograd::Engine::get_default_engine().queue_callback([this] { finish_backward(); });
   }
-  if (stage_ >= 2) collect(f, i);
-  if (--states_[f].pending == 0 && flat_done_) flat_done_(f);
-  launch_ready_flats();
+  if (options_.shard_gradients) collect(b, i);
+  if (--states_[b].pending == 0 && bucket_done_) bucket_done_(b);
+  launch_ready_buckets();
 }
 
-// Stages 2 and 3: the parameter's gradient (this backward's, plus any no_sync accumulation) moves into
-// its flat gradient, allocated when the flat parameter's first gradient arrives.
-void GradientSync::collect(std::size_t f, std::size_t i) {
-  FlatState& state = states_[f];
-  at::Tensor& grad = flats_[f].params()[i].mutable_grad();
+// Stages 2 and 3: the parameter's gradient (this backward's, plus any no_sync accumulation) goes
+// into the wire, allocated when the bucket's first gradient arrives.
+void GradientSync::collect(std::size_t b, std::size_t i) {
+  BucketState& state = states_[b];
+  at::Tensor& grad = buckets_[b].params()[i].param.mutable_grad();
   if (!grad.defined()) return;
-  if (!state.flat_grad.defined()) {
-    state.flat_grad = new_flat_grad(f, grad.options());
+  if (!state.full_grad.defined()) {
+    state.full_grad = new_full_grad(buckets_[b].unsharded_numel(), grad.options().dtype(options_.reduce_dtype.value_or(grad.scalar_type())));
     note_gradient_bytes();
   }
-  at::NoGradGuard no_grad;
-  flats_[f].slot(state.flat_grad, i).copy_(grad);
+  copy_gradient_to_wire(buckets_[b], i, grad, state.full_grad);
   grad = at::Tensor();
 }
 
 // Note [FSDP reduction order]
 // Units were planned in registration order, so backward tends to finish them last to first.
-// Every rank reduces them in that fixed order (the k-th launched only after the ones before),
-// because collectives are matched by the order ranks issue them.
-void GradientSync::launch_ready_flats() {
+// Every rank reduces the buckets in that fixed order (the k-th launched only after the ones
+// before), because collectives are matched by the order ranks issue them.
+void GradientSync::launch_ready_buckets() {
   while (next_launch_ < states_.size()) {
-    const std::size_t f = states_.size() - 1 - next_launch_;
-    FlatState& state = states_[f];
+    const std::size_t b = states_.size() - 1 - next_launch_;
+    BucketState& state = states_[b];
+    ParamBucket& bucket = buckets_[b];
     if (state.pending != 0) return;
-    if (!state.flat_grad.defined()) {  // stage 2 or 3, and none of its parameters got a gradient
-      state.flat_grad = new_flat_grad(f, flats_[f].full().options());
-      note_gradient_bytes();
-    }
-    const bool convert = reduce_dtype_ && *reduce_dtype_ != state.flat_grad.scalar_type();
-    state.wire = convert ? state.flat_grad.to(*reduce_dtype_) : state.flat_grad;
-    if (stage_ == 1) {
+    if (!options_.shard_gradients) {
+      const bool convert = options_.reduce_dtype && *options_.reduce_dtype != state.full_grad.scalar_type();
+      state.wire = convert ? state.full_grad.to(*options_.reduce_dtype) : state.full_grad;
       state.work = all_reduce_async(group_, state.wire, ReduceOp::kAvg);
     } else {
-      if (!state.shard_grad.defined()) state.shard_grad = at::zeros({flats_[f].shard_numel()}, state.wire.options());
-      state.work = reduce_scatter_async(group_, state.shard_grad, state.wire, ReduceOp::kAvg);
+      if (!state.full_grad.defined()) {  // none of its parameters got a gradient
+        const auto dtype = options_.reduce_dtype.value_or(bucket.unsharded().scalar_type());
+        state.full_grad = new_full_grad(bucket.unsharded_numel(), bucket.unsharded().options().dtype(dtype));
+        note_gradient_bytes();
+      }
+      state.wire = state.full_grad;
+      if (!state.chunk.defined()) state.chunk = at::empty({bucket.chunk_numel()}, state.wire.options());
+      state.work = reduce_scatter_gradients(group_, state.chunk, state.wire);
     }
     ++next_launch_;
-    if (stage_ >= 2) {
-      // Bound the flat gradients alive at once: finish the oldest reduction before going on.
-      in_flight_.push_back(f);
-      while (in_flight_.size() > max_in_flight_) {
+    if (options_.shard_gradients) {
+      // Bound the full gradients alive at once: finish the oldest reduction before going on.
+      in_flight_.push_back(b);
+      while (in_flight_.size() > options_.max_in_flight) {
         complete(in_flight_.front());
         in_flight_.pop_front();
       }
@@ -121,54 +123,40 @@ void GradientSync::launch_ready_flats() {
   }
 }
 
-// Waits for flat parameter f's reduction and hands its result to the shard's gradient.
-void GradientSync::complete(std::size_t f) {
-  FlatState& state = states_[f];
+// Waits for bucket b's reduction and hands its result to the shards' gradients.
+void GradientSync::complete(std::size_t b) {
+  BucketState& state = states_[b];
   if (state.completed) return;
   state.completed = true;
   state.work.wait();
-  const FlatParam& flat = flats_[f];
-  if (replicate_) {
-    // Note [HSDP gradient reduction]
-    // The shard group has averaged its ranks' gradients; the replicas, each another slice of the
-    // batch, now average the part this rank keeps: Ψ/S elements cross the replicate dimension,
-    // not Ψ. Stage 1's flat gradient outside the shard keeps the shard group's average only:
-    // nothing reads it (the optimizer steps the shard). Synchronous, in the order every rank
-    // completes its flat parameters (see Note [FSDP reduction order]).
-    at::Tensor mine = stage_ == 1 ? state.wire.narrow(0, flat.shard_offset(), flat.shard_numel()) : state.shard_grad;
-    all_reduce(*replicate_, mine, ReduceOp::kAvg);
-  }
-  at::NoGradGuard no_grad;
-  at::Tensor& shard_grad = flat.shard().mutable_grad();
-  const auto master_dtype = flat.shard().scalar_type();
+  ParamBucket& bucket = buckets_[b];
   state.reduced = true;
-  if (stage_ == 1) {
-    if (!flat.shard_is_separate() && state.wire.scalar_type() == master_dtype) {
-      shard_grad = alias_into(state.wire, flat.shard_offset(), {flat.shard_numel()});
-    } else {  // mixed precision: the master shard's gradient, in its own dtype
-      shard_grad = state.wire.narrow(0, flat.shard_offset(), flat.shard_numel()).to(master_dtype, false, /*copy=*/true);
+  if (!options_.shard_gradients) {
+    if (replicate_) {
+      // Note [HSDP gradient reduction]
+      // The shard group has averaged its ranks' gradients; the replicas, each another slice of
+      // the batch, now average the part this rank keeps: Ψ/S elements cross the replicate
+      // dimension, not Ψ. Synchronous, in the order every rank completes its buckets (see
+      // Note [FSDP reduction order]). Stage 1's full gradient outside the shard keeps the shard
+      // group's average only: nothing reads it (the optimizer steps the shard).
+      at::Tensor mine = rank_chunk(bucket, state.wire);
+      all_reduce(*replicate_, mine, ReduceOp::kAvg);
+      set_shard_grads_from_chunk(bucket, mine);
+    } else {
+      set_shard_grads_from_unsharded(bucket, state.wire);
     }
-    if (!state.wire.is_same(state.flat_grad)) state.wire = at::Tensor();
+    if (!state.wire.is_same(state.full_grad)) state.wire = at::Tensor();
     return;
   }
-  // Where the shard lives elsewhere (CPU offload) or in another dtype (mixed precision), its
-  // gradient is a copy, kept across steps.
-  const at::Tensor& master = flat.shard();
-  if (state.shard_grad.scalar_type() == master_dtype && state.shard_grad.device() == master.device()) {
-    shard_grad = state.shard_grad;
-  } else if (shard_grad.defined() && shard_grad.sizes() == master.sizes() && !shard_grad.is_same(state.shard_grad)) {
-    shard_grad.copy_(state.shard_grad);
-  } else {
-    shard_grad = state.shard_grad.to(master.device(), master_dtype);
-  }
+  if (replicate_) all_reduce(*replicate_, state.chunk, ReduceOp::kAvg);  // See Note [HSDP gradient reduction]
+  set_shard_grads_from_chunk(bucket, state.chunk);
   state.wire = at::Tensor();
-  // Stages 2 and 3 keep only the shard's gradient: release the full one until the next backward.
-  for (const auto& param : flat.params()) param.mutable_grad() = at::Tensor();
-  release_flat_grad(state);
+  // Stages 2 and 3 keep only the shards' gradients: release the full one until the next backward.
+  for (const auto& s : bucket.params()) s.param.mutable_grad() = at::Tensor();
+  release_full_grad(state);
 }
 
-at::Tensor GradientSync::new_flat_grad(std::size_t f, const at::TensorOptions& options) {
-  const int64_t numel = flats_[f].padded_numel();
+at::Tensor GradientSync::new_full_grad(int64_t numel, const at::TensorOptions& options) {
   for (auto it = spare_grads_.begin(); it != spare_grads_.end(); ++it) {
     if (it->numel() == numel && it->dtype() == options.dtype() && it->device() == options.device()) {
       at::Tensor grad = std::move(*it);
@@ -180,12 +168,12 @@ at::Tensor GradientSync::new_flat_grad(std::size_t f, const at::TensorOptions& o
   return at::zeros({numel}, options);
 }
 
-void GradientSync::release_flat_grad(FlatState& state) {
-  at::Tensor grad = std::move(state.flat_grad);
-  state.flat_grad = at::Tensor();
+void GradientSync::release_full_grad(BucketState& state) {
+  at::Tensor grad = std::move(state.full_grad);
+  state.full_grad = at::Tensor();
   std::size_t alive = spare_grads_.size();
-  for (const auto& u : states_) alive += u.flat_grad.defined() ? 1 : 0;
-  if (alive < max_in_flight_ + 1) spare_grads_.push_back(std::move(grad));
+  for (const auto& u : states_) alive += u.full_grad.defined() ? 1 : 0;
+  if (alive < options_.max_in_flight + 1) spare_grads_.push_back(std::move(grad));
 }
 
 void GradientSync::finish_backward() {
@@ -193,16 +181,16 @@ void GradientSync::finish_backward() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (mode_ != Mode::kSync) return;
-    // Parameters that got no gradient contribute zeros (stage 1 and 2: already in their place).
-    for (std::size_t f = 0; f < states_.size(); ++f) {
-      if (stage_ >= 2) {
-        for (std::size_t i = 0; i < flats_[f].params().size(); ++i) collect(f, i);
+    // Parameters that got no gradient contribute zeros (stage 1: already in their place).
+    for (std::size_t b = 0; b < states_.size(); ++b) {
+      if (options_.shard_gradients) {
+        for (std::size_t i = 0; i < buckets_[b].params().size(); ++i) collect(b, i);
       }
-      if (states_[f].pending != 0 && flat_done_) flat_done_(f);
-      states_[f].pending = 0;
+      if (states_[b].pending != 0 && bucket_done_) bucket_done_(b);
+      states_[b].pending = 0;
     }
-    launch_ready_flats();
-    for (std::size_t f = 0; f < flats_.size(); ++f) complete(f);
+    launch_ready_buckets();
+    for (std::size_t b = 0; b < buckets_.size(); ++b) complete(b);
     in_flight_.clear();
     mode_ = Mode::kFinished;
     shards_stepped_ = true;
@@ -219,8 +207,8 @@ bool GradientSync::take_shards_stepped() {
 int64_t GradientSync::gradient_bytes() const {
   int64_t bytes = 0;
   for (const auto& state : states_) {
-    if (state.flat_grad.defined()) bytes += state.flat_grad.nbytes();
-    if (state.shard_grad.defined()) bytes += state.shard_grad.nbytes();
+    if (state.full_grad.defined()) bytes += state.full_grad.nbytes();
+    if (state.chunk.defined()) bytes += state.chunk.nbytes();
   }
   return bytes;
 }

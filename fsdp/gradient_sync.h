@@ -1,11 +1,12 @@
-// Gradient reduction for FSDP, per flat parameter. Stage 1: before each backward every
-// parameter's .grad is made a view of its flat parameter's flat gradient, so autograd accumulates
-// straight into it, and the flat gradient is all-reduced. Stages 2 and 3: each gradient is moved
-// into its flat gradient as it arrives, the flat gradient is reduce-scattered into the shard's
-// gradient and released, so a full flat gradient exists only while its backward runs and its
-// reduction is in flight (at most `max_in_flight` reductions at once). Either way a flat
-// parameter's gradients are reduced as soon as
-// all its gradients are in, while backward goes on. Scheduling only: the collectives are comm/'s.
+// Gradient reduction for FSDP, per bucket (a unit's parameters of one dtype). Stage 1: before
+// each backward every parameter's .grad is made a view of its bucket's gradient, laid out like
+// the bucket's unsharded parameters, so autograd accumulates straight into it; it is all-reduced
+// and each shard's gradient is a view of its rows. Stages 2 and 3: each gradient is copied into
+// the bucket's wire buffer as it arrives and dropped; the wire is reduce-scattered into this
+// rank's chunk, whose views are the shards' gradients, and released, so a full gradient exists
+// only while its bucket's backward runs and its reduction is in flight (at most `max_in_flight`
+// reductions at once). Either way a bucket is reduced as soon as all its gradients are in, while
+// backward goes on. Scheduling only: the wire work is fsdp_collectives.h's.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -19,20 +20,24 @@
 
 #include "core/gradient_ready_hook.h"
 #include "cpprun/collectives.h"
-#include "fsdp/flat_param.h"
+#include "fsdp/param_bucket.h"
 #include "fsdp/shard_groups.h"
 
 namespace cpprun::detail {
 
+struct GradientSyncOptions {
+  bool shard_gradients = true;  // reduce-scatter (stages 2 and 3), else all-reduce (stage 1)
+  std::optional<at::ScalarType> reduce_dtype;  // mixed precision; else the gradients' own
+  std::size_t max_in_flight = 2;
+};
+
 class GradientSync {
  public:
-  // reduce_dtype: the dtype gradients are reduced in (mixed precision), else their own.
-  // flat_done (stage 3): called once all of a flat parameter's gradients are in, so it can go.
-  // HSDP (groups.replicate): after the reduction in groups.shard, each shard's gradient is
+  // bucket_done (stage 3): called once all of a bucket's gradients are in, so its parameters can
+  // go. HSDP (groups.replicate): after the reduction in groups.shard, each shard's gradient is
   // averaged across the replicas.
-  GradientSync(std::vector<FlatParam>& flats, const ShardGroups& groups, int stage,
-               std::optional<at::ScalarType> reduce_dtype = std::nullopt,
-               std::function<void(std::size_t)> flat_done = nullptr, std::size_t max_in_flight = 2);
+  GradientSync(std::vector<ParamBucket>& buckets, const ShardGroups& groups, GradientSyncOptions options,
+               std::function<void(std::size_t)> bucket_done = nullptr);
   ~GradientSync();
   GradientSync(const GradientSync&) = delete;
   GradientSync& operator=(const GradientSync&) = delete;
@@ -50,43 +55,41 @@ class GradientSync {
 
  private:
   enum class Mode { kFinished, kNoSync, kSync };
-  struct FlatState {
-    at::Tensor flat_grad;   // laid out like FlatParam::full(); undefined when released
-    at::Tensor wire;        // what is reduced: flat_grad, or a copy of it in the reduce dtype
-    at::Tensor shard_grad;  // stages 2 and 3: this rank's reduced part
+  struct BucketState {
+    at::Tensor full_grad;   // stage 1: laid out like unsharded(), .grad views of it; stages 2-3: the wire
+    at::Tensor wire;        // what is reduced: full_grad, or (stage 1) a copy of it in the reduce dtype
+    at::Tensor chunk;       // stages 2 and 3: this rank's reduced part
     std::size_t pending = 0;
-    bool reduced = false;   // flat_grad holds the last synchronized backward's result
+    bool reduced = false;   // full_grad holds the last synchronized backward's result
     bool completed = false;
     Work work;
   };
 
-  void on_gradient_ready(std::size_t flat, std::size_t param);
-  void collect(std::size_t flat, std::size_t param);
-  void launch_ready_flats();
-  void complete(std::size_t flat);
+  void on_gradient_ready(std::size_t bucket, std::size_t param);
+  void collect(std::size_t bucket, std::size_t param);
+  void launch_ready_buckets();
+  void complete(std::size_t bucket);
   void finish_backward();
-  void bind_flat_grad(std::size_t flat);
+  void bind_full_grad(std::size_t bucket);
   void note_gradient_bytes();
   int64_t spare_bytes() const;
-  // Full flat gradients: released ones are kept for reuse while at most max_in_flight + 1 exist
+  // Full gradients: released ones are kept for reuse while at most max_in_flight + 1 exist
   // (see parameter_residency.h on page faults).
-  at::Tensor new_flat_grad(std::size_t flat, const at::TensorOptions& options);
-  void release_flat_grad(FlatState& state);
+  at::Tensor new_full_grad(int64_t numel, const at::TensorOptions& options);
+  void release_full_grad(BucketState& state);
 
-  std::vector<FlatParam>& flats_;
+  std::vector<ParamBucket>& buckets_;
   ProcessGroup group_;                     // the shard group
   std::optional<ProcessGroup> replicate_;  // HSDP
-  int stage_;
-  std::optional<at::ScalarType> reduce_dtype_;
-  std::function<void(std::size_t)> flat_done_;
+  GradientSyncOptions options_;
+  std::function<void(std::size_t)> bucket_done_;
   std::function<void()> backward_end_;
-  std::vector<FlatState> states_;
+  std::vector<BucketState> states_;
   mutable std::mutex mutex_;
   Mode mode_ = Mode::kNoSync;  // before the first forward, gradients simply accumulate
   bool finish_queued_ = false;
   bool shards_stepped_ = false;
-  std::size_t next_launch_ = 0;   // reduced last to first: see launch_ready_flats()
-  std::size_t max_in_flight_;
+  std::size_t next_launch_ = 0;   // reduced last to first: see launch_ready_buckets()
   std::deque<std::size_t> in_flight_;
   std::vector<at::Tensor> spare_grads_;
   int64_t peak_bytes_ = 0;

@@ -6,25 +6,35 @@
 #include <algorithm>
 #include <utility>
 
+#include "fsdp/fsdp_collectives.h"
+
 namespace cpprun::detail {
 namespace {
 bool contains(const std::vector<std::size_t>& v, std::size_t x) { return std::find(v.begin(), v.end(), x) != v.end(); }
 }  // namespace
 
-ParameterResidency::ParameterResidency(std::vector<FlatParam>& flats, std::vector<bool> root, ProcessGroup group,
-                                       ResidencyOptions options)
-    : flats_(flats), root_(std::move(root)), group_(std::move(group)), options_(options), states_(flats.size()) {
+ParameterResidency::ParameterResidency(std::vector<ParamBucket>& buckets, std::size_t unit_count,
+                                       std::size_t root_unit, ProcessGroup group, ResidencyOptions options)
+    : buckets_(buckets), root_unit_(root_unit), group_(std::move(group)), options_(options), states_(unit_count) {
   TORCH_INTERNAL_ASSERT(options_.limit >= 1);  // FsdpCore checks the user's option
-  for (std::size_t u = 0; u < flats_.size(); ++u) {
-    flats_[u].release_full();
-    watch_uses(flats_[u].full(), flats_[u].params(), *this, u);
+  for (std::size_t b = 0; b < buckets_.size(); ++b) {
+    ParamBucket& bucket = buckets_[b];
+    states_[bucket.unit()].buckets.push_back(b);
+    if (bucket.unsharded_allocated()) bucket.release_unsharded();
+    std::vector<at::Tensor> params;
+    for (const auto& s : bucket.params()) params.push_back(s.param);
+    watch_uses(bucket.unsharded(), params, *this, bucket.unit());
   }
 }
 
 ParameterResidency::~ParameterResidency() {
-  for (std::size_t u = 0; u < flats_.size(); ++u) {
-    unwatch_uses(flats_[u].full(), flats_[u].params());
-    states_[u].in_flight.wait();
+  for (auto& bucket : buckets_) {
+    std::vector<at::Tensor> params;
+    for (const auto& s : bucket.params()) params.push_back(s.param);
+    unwatch_uses(bucket.unsharded(), params);
+  }
+  for (auto& state : states_) {
+    for (auto& work : state.in_flight) work.wait();
   }
 }
 
@@ -34,8 +44,8 @@ void ParameterResidency::before_use(const std::vector<std::size_t>& needed) {
 }
 
 void ParameterResidency::use(std::size_t u, const std::vector<std::size_t>& needed) {
-  FlatState& state = states_[u];
-  if (state.gathered && stale(u)) release(u);  // the optimizer stepped its shard since the gather
+  UnitState& state = states_[u];
+  if (state.gathered && shard_version(u) != state.shard_version) release(u);  // the optimizer stepped since
   if (!state.gathered) gather(u, needed);
   complete(u);
   if (std::exchange(state.prefetched, false)) ++prefetches_used_;
@@ -46,7 +56,7 @@ void ParameterResidency::use(std::size_t u, const std::vector<std::size_t>& need
   if (options_.prefetch && phase_ != Phase::kIdle) prefetch_neighbour(u, needed);
 }
 
-// The flat parameter the model used right after u in the last forward (before it, in backward).
+// The unit the model used right after u in the last forward (before it, in backward).
 void ParameterResidency::prefetch_neighbour(std::size_t u, const std::vector<std::size_t>& keep) {
   auto at = std::find(order_.begin(), order_.end(), u);
   if (at == order_.end()) return;
@@ -58,7 +68,7 @@ void ParameterResidency::prefetch_neighbour(std::size_t u, const std::vector<std
     if (at == order_.begin()) return;
     next = *(at - 1);
   }
-  FlatState& state = states_[next];
+  UnitState& state = states_[next];
   if (state.gathered || state.done || contains(keep, next)) return;
   // Only into free room, or room an idle one gives up: never at the expense of one in use.
   std::vector<std::size_t> protect = keep;
@@ -75,51 +85,80 @@ void ParameterResidency::prefetch_neighbour(std::size_t u, const std::vector<std
 void ParameterResidency::gather(std::size_t u, const std::vector<std::size_t>& keep) {
   make_room(keep);
   start_gather(u);
-  peak_bytes_ = std::max(peak_bytes_, gathered_bytes() + spare_bytes());
+  note_peak();
 }
 
-void ParameterResidency::start_gather(std::size_t u) {
-  FlatParam& flat = flats_[u];
-  FlatState& state = states_[u];
-  c10::DataPtr reuse;
+// Gathered, kept, and the wire buffers of the all-gathers in flight.
+void ParameterResidency::note_peak() {
+  int64_t bytes = gathered_bytes() + spare_bytes();
+  for (const auto& state : states_) {
+    for (const auto& received : state.received) bytes += static_cast<int64_t>(received.nbytes());
+  }
+  peak_bytes_ = std::max(peak_bytes_, bytes);
+}
+
+c10::DataPtr ParameterResidency::take_spare(std::size_t bytes) {
   for (auto it = spares_.begin(); it != spares_.end(); ++it) {
-    if (it->bytes == flat.full_bytes()) {
-      reuse = std::move(it->memory);
+    if (it->bytes == bytes) {
+      c10::DataPtr memory = std::move(it->memory);
       spares_.erase(it);
-      break;
+      return memory;
     }
   }
   // No spare fits: drop one if keeping it would take the total past the limit.
-  if (!reuse && !spares_.empty() && static_cast<int>(gathered_count() + spares_.size()) >= options_.limit) {
+  if (!spares_.empty() && static_cast<int>(gathered_count() + spares_.size()) >= options_.limit) {
     spares_.erase(spares_.begin());
   }
-  flat.allocate_full(std::move(reuse));
-  // To the model's device (CPU offload) and compute dtype (mixed precision), where they differ.
-  state.send = flat.shard().detach().to(flat.full().device(), flat.full().scalar_type(), /*non_blocking=*/true);
-  state.shard_version = flat.shard()._version();
-  state.in_flight = all_gather_into_async(group_, flat.full(), state.send);
+  return c10::DataPtr();
+}
+
+void ParameterResidency::keep_spare(std::size_t bytes, c10::DataPtr memory) {
+  if (static_cast<int>(gathered_count() + spares_.size()) < options_.limit) spares_.push_back({bytes, std::move(memory)});
+}
+
+void ParameterResidency::start_gather(std::size_t u) {
+  UnitState& state = states_[u];
+  state.shard_version = shard_version(u);
+  for (std::size_t b : state.buckets) {
+    ParamBucket& bucket = buckets_[b];
+    bucket.allocate_unsharded(take_spare(bucket.unsharded_bytes()));
+    at::Tensor received;
+    if (spare_received_.defined() && spare_received_.numel() == bucket.unsharded_numel() &&
+        spare_received_.dtype() == bucket.unsharded().dtype() && spare_received_.device() == bucket.unsharded().device()) {
+      received = std::exchange(spare_received_, at::Tensor());
+    } else {
+      spare_received_ = at::Tensor();  // one that does not fit goes first
+      received = at::empty({bucket.unsharded_numel()}, bucket.unsharded().options());
+    }
+    state.in_flight.push_back(all_gather_shards(group_, bucket, bucket.unsharded(), received));
+    state.received.push_back(std::move(received));
+  }
   state.gathered = true;
 }
 
 void ParameterResidency::complete(std::size_t u) {
-  FlatState& state = states_[u];
-  state.in_flight.wait();
-  state.in_flight = Work();
-  state.send = at::Tensor();
+  UnitState& state = states_[u];
+  for (auto& work : state.in_flight) work.wait();  // also copies out into unsharded()
+  state.in_flight.clear();
+  for (auto& received : state.received) {
+    if (!spare_received_.defined() || received.numel() >= spare_received_.numel()) spare_received_ = std::move(received);
+  }
+  state.received.clear();
 }
 
 void ParameterResidency::release(std::size_t u) {
-  FlatState& state = states_[u];
+  UnitState& state = states_[u];
   if (!state.gathered) return;
   complete(u);
   state.prefetched = false;
-  const std::size_t bytes = flats_[u].full_bytes();
-  c10::DataPtr memory = flats_[u].release_full();
   state.gathered = false;
-  if (static_cast<int>(gathered_count() + spares_.size()) < options_.limit) spares_.push_back({bytes, std::move(memory)});
+  for (std::size_t b : state.buckets) {
+    const std::size_t bytes = buckets_[b].unsharded_bytes();
+    keep_spare(bytes, buckets_[b].release_unsharded());
+  }
 }
 
-// Releases the least recently used gathered flat parameters, other than `keep`, until one more fits.
+// Releases the least recently used gathered units, other than `keep`, until one more fits.
 void ParameterResidency::make_room(const std::vector<std::size_t>& keep) {
   while (static_cast<int>(gathered_count()) >= options_.limit) {
     std::size_t victim = states_.size();
@@ -132,12 +171,16 @@ void ParameterResidency::make_room(const std::vector<std::size_t>& keep) {
   }
 }
 
-bool ParameterResidency::stale(std::size_t u) const {
-  return flats_[u].shard()._version() != states_[u].shard_version;
+int64_t ParameterResidency::shard_version(std::size_t u) const {
+  int64_t sum = 0;
+  for (std::size_t b : states_[u].buckets) {
+    for (const auto& s : buckets_[b].params()) sum += static_cast<int64_t>(s.shard._version());
+  }
+  return sum;
 }
 
 std::size_t ParameterResidency::gathered_count() const {
-  return static_cast<std::size_t>(std::count_if(states_.begin(), states_.end(), [](const FlatState& s) { return s.gathered; }));
+  return static_cast<std::size_t>(std::count_if(states_.begin(), states_.end(), [](const UnitState& s) { return s.gathered; }));
 }
 
 void ParameterResidency::begin_forward() {
@@ -146,6 +189,7 @@ void ParameterResidency::begin_forward() {
     release(u);
     states_[u].used_this_phase = false;
     states_[u].done = false;
+    states_[u].buckets_done = 0;
   }
   this_order_.clear();
   phase_ = Phase::kForward;
@@ -154,24 +198,28 @@ void ParameterResidency::begin_forward() {
 void ParameterResidency::end_forward(bool backward_follows) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (phase_ == Phase::kForward) order_ = this_order_;
-  // Backward starts with the flat parameter forward used last: releasing it only to gather it again at
+  // Backward starts with the unit forward used last: releasing it only to gather it again at
   // once would cost a gather and save nothing.
   std::size_t last = states_.size();
   for (std::size_t u = 0; u < states_.size(); ++u) {
-    if (states_[u].gathered && !root_[u] && (last == states_.size() || states_[u].last_use > states_[last].last_use)) last = u;
+    if (states_[u].gathered && u != root_unit_ && (last == states_.size() || states_[u].last_use > states_[last].last_use)) {
+      last = u;
+    }
   }
   for (std::size_t u = 0; u < states_.size(); ++u) {
-    const bool keep = backward_follows && (root_[u] || u == last || !options_.reshard_after_forward);
+    const bool keep = backward_follows && (u == root_unit_ || u == last || !options_.reshard_after_forward);
     if (!keep) release(u);
     states_[u].used_this_phase = false;
   }
   phase_ = backward_follows ? Phase::kBackward : Phase::kIdle;
 }
 
-void ParameterResidency::backward_done(std::size_t u) {
+void ParameterResidency::backward_done(std::size_t bucket) {
   std::lock_guard<std::mutex> lock(mutex_);
-  states_[u].done = true;
-  release(u);
+  UnitState& state = states_[buckets_[bucket].unit()];
+  if (++state.buckets_done < state.buckets.size()) return;
+  state.done = true;
+  release(buckets_[bucket].unit());
 }
 
 void ParameterResidency::end_backward() {
@@ -184,11 +232,11 @@ void ParameterResidency::gather_all() {
   std::lock_guard<std::mutex> lock(mutex_);
   phase_ = Phase::kIdle;
   for (std::size_t u = 0; u < states_.size(); ++u) {
-    if (states_[u].gathered && stale(u)) release(u);
+    if (states_[u].gathered && shard_version(u) != states_[u].shard_version) release(u);
     if (!states_[u].gathered) start_gather(u);
+    note_peak();
+    complete(u);  // one at a time: one wire buffer
   }
-  for (std::size_t u = 0; u < states_.size(); ++u) complete(u);
-  peak_bytes_ = std::max(peak_bytes_, gathered_bytes() + spare_bytes());
 }
 
 void ParameterResidency::release_all() {
@@ -198,12 +246,12 @@ void ParameterResidency::release_all() {
 
 int64_t ParameterResidency::gathered_bytes() const {
   int64_t bytes = 0;
-  for (const auto& flat : flats_) bytes += static_cast<int64_t>(flat.full().storage().nbytes());
+  for (const auto& bucket : buckets_) bytes += static_cast<int64_t>(bucket.unsharded().storage().nbytes());
   return bytes;
 }
 
 int64_t ParameterResidency::spare_bytes() const {
-  int64_t bytes = 0;
+  int64_t bytes = spare_received_.defined() ? static_cast<int64_t>(spare_received_.nbytes()) : 0;
   for (const auto& spare : spares_) bytes += static_cast<int64_t>(spare.bytes);
   return bytes;
 }

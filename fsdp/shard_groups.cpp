@@ -5,23 +5,22 @@
 
 namespace cpprun::detail {
 
-ShardGroups make_shard_groups(const ProcessGroup& group, const FsdpOptions& options) {
-  if (!options.mesh()) {
-    TORCH_CHECK(options.shard_dim().empty(), "cpprun::FullyShardedDataParallel: shard_dim(\"", options.shard_dim(),
-                "\") names a mesh dimension, but no mesh was given; pass FsdpOptions().mesh(mesh) too.");
+ShardGroups make_shard_groups(const ProcessGroup& group, const std::optional<DeviceMesh>& mesh,
+                              const std::string& shard_dim) {
+  if (!mesh) {
+    TORCH_CHECK(shard_dim.empty(), "cpprun::FullyShardedDataParallel: shard_dim(\"", shard_dim, "\") names a mesh "
+                "dimension, but FSDP was given a group; pass the DeviceMesh itself: FullyShardedDataParallel(net, mesh, "
+                "options).");
     return ShardGroups{group, group, std::nullopt};
   }
-  const DeviceMesh& mesh = *options.mesh();
-  TORCH_CHECK(mesh.ndim() == 2, "cpprun::FullyShardedDataParallel: HSDP needs a 2-D mesh (replicate x shard), got ",
-              mesh.ndim(), " dimension(s); for plain FSDP over one dimension pass mesh.group(dim) as the group and ",
-              "no mesh.");
-  // The group's identity is not observable; its size and this rank's place in it are.
-  TORCH_CHECK(mesh.whole().size() == group.size() && mesh.whole().rank() == group.rank(),
-              "cpprun::FullyShardedDataParallel: the mesh was made from a group of ", mesh.whole().size(),
-              " ranks (this rank ", mesh.whole().rank(), ") but FSDP was given one of ", group.size(), " (this rank ",
-              group.rank(), "); pass mesh.whole() as FSDP's group (rank ", group.rank(), ").");
-  const int shard_dim = options.shard_dim().empty() ? mesh.ndim() - 1 : mesh.dim_of(options.shard_dim());
-  return ShardGroups{group, mesh.group(shard_dim), mesh.group(1 - shard_dim)};
+  TORCH_CHECK(mesh->ndim() == 1 || mesh->ndim() == 2, "cpprun::FullyShardedDataParallel: a mesh of 1 dimension (FSDP) "
+              "or 2 (HSDP: replicate x shard) was expected, got ", mesh->ndim(), ".");
+  if (mesh->ndim() == 1) {
+    if (!shard_dim.empty()) mesh->dim_of(shard_dim);  // a name the mesh lacks: an error listing its names
+    return ShardGroups{group, mesh->group(0), std::nullopt};
+  }
+  const int dim = shard_dim.empty() ? mesh->ndim() - 1 : mesh->dim_of(shard_dim);
+  return ShardGroups{group, mesh->group(dim), mesh->group(1 - dim)};
 }
 
 }  // namespace cpprun::detail

@@ -1,13 +1,14 @@
 // Which ranks FSDP shards over and which it replicates over. Plain FSDP shards over its whole
-// group. HSDP (FsdpOptions::mesh) shards over one mesh dimension and keeps a replica of each
-// shard along the other: everything that cuts or gathers shards uses `shard`, gradients are
+// group (or a 1-D mesh). HSDP (a 2-D mesh) shards over one mesh dimension and keeps a replica of
+// each shard along the other: everything that cuts or gathers shards uses `shard`, gradients are
 // averaged across `replicate` after their reduction in `shard`, and what must agree on every
 // rank (the initial broadcast, failure agreement) uses `whole`.
 #pragma once
 
 #include <optional>
+#include <string>
 
-#include "cpprun/fsdp_options.h"
+#include "cpprun/device_mesh.h"
 #include "cpprun/process_group.h"
 
 namespace cpprun::detail {
@@ -21,7 +22,9 @@ struct ShardGroups {
   bool first_replica() const { return !replicate || replicate->rank() == 0; }
 };
 
-// From FSDP's group and options; checks that a mesh is 2-D and made from `group`.
-ShardGroups make_shard_groups(const ProcessGroup& group, const FsdpOptions& options);
+// From FSDP's group, or its mesh (then `group` is mesh.whole()); `shard_dim` names the mesh
+// dimension to shard over (empty: the last).
+ShardGroups make_shard_groups(const ProcessGroup& group, const std::optional<DeviceMesh>& mesh,
+                              const std::string& shard_dim);
 
 }  // namespace cpprun::detail

@@ -14,6 +14,7 @@
 #include "cpprun/fsdp.h"
 #include "cpprun/fsdp_stats.h"
 #include "cpprun/grad_scaler.h"
+#include "cpprun/model_checkpoint.h"
 #include "cpprun/no_sync.h"
 #include "cpprun/object_collectives.h"
 #include "cpprun/point_to_point.h"

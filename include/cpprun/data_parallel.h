@@ -32,6 +32,18 @@ template <typename ModuleType>
 class DistributedDataParallelImpl;
 template <typename ModuleType>
 class FullyShardedDataParallelImpl;
+template <typename ModuleType>
+class DataParallelImpl;
+
+namespace detail {
+// How the checkpoint functions (model_checkpoint.h) reach any wrapper's core.
+struct DataParallelAccess {
+  template <typename ModuleType>
+  static DataParallelCore& core(DataParallelImpl<ModuleType>& model) {
+    return model.core();
+  }
+};
+}  // namespace detail
 
 template <typename ModuleType>
 class DataParallelImpl : public torch::nn::Module {
@@ -70,6 +82,7 @@ class DataParallelImpl : public torch::nn::Module {
  private:
   friend class DistributedDataParallelImpl<ModuleType>;
   friend class FullyShardedDataParallelImpl<ModuleType>;
+  friend struct detail::DataParallelAccess;
   DataParallelImpl(std::shared_ptr<ModuleType> module, std::unique_ptr<detail::DataParallelCore> core)
       : module_(std::move(module)), core_(std::move(core)) {}
   detail::DataParallelCore& core() const { return *core_; }

@@ -11,16 +11,15 @@
 #include <string>
 #include <vector>
 
-#include "cpprun/device_mesh.h"
 
 namespace cpprun {
 
 struct FsdpOptions {
   // ZeRO stage: 1 shards optimizer state, 2 also gradients, 3 also parameters.
   TORCH_ARG(int, stage) = 2;
-  // Units (wrapped modules whose parameters are gathered and released together, flattened into
-  // one flat parameter per dtype): every submodule holding at least
-  // this many parameters not already in a smaller unit becomes one; 0: the whole model is one unit.
+  // Units (wrapped modules whose parameters are gathered and released together, with one
+  // all-gather and one reduce-scatter per dtype): every submodule holding at least this many
+  // parameters not already in a smaller unit becomes one; 0: the whole model is one unit.
   TORCH_ARG(int64_t, auto_wrap_min_params) = 0;
   // Units by module type: submodules for which this returns true become units (e.g. every
   // transformer block). Applied before auto_wrap_min_params.
@@ -42,26 +41,16 @@ struct FsdpOptions {
   // At most this many units gathered at once (default: the root, the one computing, the one
   // being prefetched); the least recently used is released to make room. Stages 2 and 3: also
   // the most units whose full gradient is alive at once in backward (the one being filled and
-  // the reductions still in flight). 1 gives the least memory and the least overlap. (Strictly,
-  // it counts flat parameters: a unit whose parameters have several dtypes has one per dtype.)
+  // the reductions still in flight). 1 gives the least memory and the least overlap.
   TORCH_ARG(int, gathered_unit_limit) = 3;
   // Stage 3: keep the shards, their gradients and so the optimizer state in CPU memory (pinned
   // when the model is on a GPU) and step the optimizer there; each gather copies a shard to the
   // model's device first, each reduced gradient shard is copied back. A no-op for a CPU model.
   TORCH_ARG(bool, cpu_offload) = false;
 
-  // HSDP (hybrid sharding): a 2-D DeviceMesh of the group FSDP is given (its whole()). The
-  // parameters, gradients and optimizer state are sharded over one dimension (shard_dim) and
-  // replicated over the other: each rank holds 1/size(shard_dim) of the model, and the ranks
-  // with the same shard coordinate hold the same shard. Gradients are reduce-scattered (stage 1:
-  // all-reduced) within the shard group, then the shard's gradient is averaged across the
-  // replicas; parameters are all-gathered within the shard group only. With a {nodes, local}
-  // mesh (init_device_mesh()), only Ψ/local gradient bytes per step cross nodes.
-  //   auto mesh = cpprun::init_device_mesh();
-  //   auto model = cpprun::FullyShardedDataParallel(net, mesh.whole(), FsdpOptions().stage(3).mesh(mesh));
-  TORCH_ARG(std::optional<DeviceMesh>, mesh) = std::nullopt;
-  // The mesh dimension (by name) to shard over; the other one replicates. Empty: the last
-  // dimension (so a {replicate, shard} or {node, local} mesh shards within a row / node).
+  // HSDP (FullyShardedDataParallel(net, mesh, options) with a 2-D DeviceMesh): the mesh
+  // dimension (by name) to shard over; the other one replicates. Empty: the last dimension (so a
+  // {replicate, shard} or {node, local} mesh shards within a row / node).
   TORCH_ARG(std::string, shard_dim) = "";
 };
 

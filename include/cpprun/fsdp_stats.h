@@ -16,15 +16,16 @@ struct FsdpMemory {
   // precision's float32 master copy, CPU offload).
   int64_t shards = 0;
   // Gradients held between a backward and the next one: full ones at stage 1, this rank's shard
-  // at stages 2 and 3 (plus full flat gradients while their reduction is in flight).
+  // at stages 2 and 3 (plus a unit's full gradients while their reduction is in flight).
   int64_t gradients = 0;
-  // The most `parameters` (plus the released parameter memory kept for reuse) has been since
+  // The most `parameters` (plus the released parameter memory kept for reuse, and at stage 3
+  // the buffer each all-gather fills before its copy into the parameters) has been since
   // construction.
   int64_t peak_parameters = 0;
   // The same for `gradients` (full flat gradients live during backward).
   int64_t peak_gradients = 0;
-  // Stages 2 and 3: released full parameters and gradients kept for reuse by the next gather or
-  // backward (fresh memory costs a page fault per 4 KiB on the CPU).
+  // Released full parameters and gradients, and the all-gathers' buffer, kept for reuse by the
+  // next gather or backward (fresh memory costs a page fault per 4 KiB on the CPU).
   int64_t kept = 0;
 };
 

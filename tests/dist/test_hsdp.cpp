@@ -1,4 +1,4 @@
-// HSDP (FsdpOptions::mesh): FullyShardedDataParallel sharded over one mesh dimension and
+// HSDP (FullyShardedDataParallel(net, mesh, options)): FullyShardedDataParallel sharded over one mesh dimension and
 // replicated over the other, under `cpprun`. At 4 ranks the mesh is 2 replicas x 2 shards; across
 // two cpprun agents (tests/dist/hsdp_two_nodes.sh) it is init_device_mesh()'s {node, local}; at 1-3
 // ranks the degenerate meshes 1 x N (plain FSDP) and N x 1 (every rank a full replica). Each rank
@@ -75,27 +75,29 @@ std::pair<double, double> step_both(Model& model, torch::optim::Optimizer& opt, 
   return {norm, ref_norm};
 }
 
-void check_parity(const cpprun::FsdpOptions& options, const std::string& optimizer, int steps = 4) {
-  const cpprun::DeviceMesh& mesh = *options.mesh();
-  INFO("mesh " << mesh.size(0) << "x" << mesh.size(1) << " shard_dim '" << options.shard_dim() << "' stage "
+void check_parity(const cpprun::DeviceMesh& mesh, const cpprun::FsdpOptions& options, const std::string& optimizer,
+                  int steps = 4) {
+  INFO("mesh " << mesh.size(0) << "x" << (mesh.ndim() == 2 ? mesh.size(1) : 1) << " shard_dim '" << options.shard_dim()
+               << "' stage "
                << options.stage() << " optimizer " << optimizer << " limit " << options.gathered_unit_limit()
                << " prefetch " << options.prefetch() << " reshard_after_forward " << options.reshard_after_forward()
                << " cpu_offload " << options.cpu_offload());
   torch::manual_seed(100 + group().rank());  // rank 0's initial weights must win
   auto net = std::make_shared<Mlp>(31);
-  auto model = cpprun::FullyShardedDataParallel(net, mesh.whole(), options);
+  auto model = cpprun::FullyShardedDataParallel(net, mesh, options);
   auto ref = std::make_shared<Mlp>(31);
   copy_state(*ref, *net);
   auto opt = make_optimizer(optimizer, model->parameters());
   auto ref_opt = make_optimizer(optimizer, ref->parameters());
 
-  // Sharded over the shard dimension only: each shard is 1/S of its padded flat parameter.
-  const int shards = options.shard_dim().empty() ? mesh.size(1) : mesh.size(options.shard_dim());
-  int64_t held = 0, total = 0;
+  // Sharded over the shard dimension only: the shard group's rows make up every parameter once.
+  const std::string shard_dim = options.shard_dim().empty() ? mesh.names().back() : options.shard_dim();
+  at::Tensor held = at::zeros({1}, at::kLong);
+  int64_t total = 0;
   for (const auto& shard : model->parameters()) held += shard.numel();
   for (const auto& p : net->parameters()) total += p.numel();
-  CHECK(held * shards >= total);
-  CHECK(held * shards < total + shards * static_cast<int64_t>(model->flat_parameter_count()));
+  cpprun::all_reduce(mesh.group(shard_dim), held);
+  CHECK(held.item<int64_t>() == total);
 
   for (int step = 0; step < steps; ++step) {
     const auto [norm, ref_norm] = step_both(model, *opt, *ref, *ref_opt, step);
@@ -106,28 +108,26 @@ void check_parity(const cpprun::FsdpOptions& options, const std::string& optimiz
   check_same_parameters(*net, *ref, 1e-5);
 }
 
-cpprun::FsdpOptions hsdp(const cpprun::DeviceMesh& mesh, int stage) {
-  return cpprun::FsdpOptions().stage(stage).wrap_policy(is_linear).mesh(mesh);
-}
+cpprun::FsdpOptions hsdp(int stage) { return cpprun::FsdpOptions().stage(stage).wrap_policy(is_linear); }
 
 }  // namespace
 
 TEST_CASE("hsdp: ZeRO-1, -2 and -3 over a replicate x shard mesh match one process, SGD-momentum and AdamW", "[hsdp]") {
   for (const auto& mesh : meshes()) {
     for (int stage : {1, 2, 3}) {
-      check_parity(hsdp(mesh, stage), "sgd");
-      check_parity(hsdp(mesh, stage), "adamw");
+      check_parity(mesh, hsdp(stage), "sgd");
+      check_parity(mesh, hsdp(stage), "adamw");
     }
   }
 }
 
 TEST_CASE("hsdp: every ZeRO-3 option, and sharding over the first mesh dimension, match one process", "[hsdp]") {
   for (const auto& mesh : meshes()) {
-    check_parity(hsdp(mesh, 3).reshard_after_forward(false), "adamw");
-    check_parity(hsdp(mesh, 3).prefetch(false).gathered_unit_limit(1), "adamw");
-    check_parity(hsdp(mesh, 3).cpu_offload(true), "adamw");
-    check_parity(hsdp(mesh, 3).auto_wrap_min_params(0).wrap_policy(nullptr), "sgd");  // the model as one unit
-    check_parity(hsdp(mesh, 2).shard_dim(mesh.names()[0]), "adamw");
+    check_parity(mesh, hsdp(3).reshard_after_forward(false), "adamw");
+    check_parity(mesh, hsdp(3).prefetch(false).gathered_unit_limit(1), "adamw");
+    check_parity(mesh, hsdp(3).cpu_offload(true), "adamw");
+    check_parity(mesh, hsdp(3).auto_wrap_min_params(0).wrap_policy(nullptr), "sgd");  // the model as one unit
+    check_parity(mesh, hsdp(2).shard_dim(mesh.names()[0]), "adamw");
   }
 }
 
@@ -144,7 +144,7 @@ TEST_CASE("hsdp: a sharded checkpoint is written by the first replica and loads 
   {
     torch::manual_seed(100 + rank);
     auto net = std::make_shared<Mlp>(31);
-    auto model = cpprun::FullyShardedDataParallel(net, group(), hsdp(mesh, 3));  // rank 0's weights everywhere
+    auto model = cpprun::FullyShardedDataParallel(net, mesh, hsdp(3));  // rank 0's weights everywhere
     copy_state(*initial, *net);
     auto ref = std::make_shared<Mlp>(31);
     copy_state(*ref, *net);
@@ -163,10 +163,11 @@ TEST_CASE("hsdp: a sharded checkpoint is written by the first replica and loads 
 
   // Into HSDP (every replica reads the same shards) and into plain FSDP over every rank; both
   // then go on training as the reference does.
-  auto resume = [&](const cpprun::FsdpOptions& options) {
+  auto resume = [&](bool hybrid, const cpprun::FsdpOptions& options) {
     torch::manual_seed(999 + rank);  // loading must overwrite these weights
     auto net = std::make_shared<Mlp>(31);
-    auto model = cpprun::FullyShardedDataParallel(net, group(), options);
+    auto model = hybrid ? cpprun::FullyShardedDataParallel(net, mesh, options)
+                        : cpprun::FullyShardedDataParallel(net, group(), options);
     auto opt = make_optimizer("adamw", model->parameters());
     cpprun::load_sharded_checkpoint(model, *opt, dir);
     auto ref = std::make_shared<Mlp>(31);
@@ -182,21 +183,23 @@ TEST_CASE("hsdp: a sharded checkpoint is written by the first replica and loads 
     model->gather_full_parameters();
     check_same_parameters(*net, *ref, 1e-5);
   };
-  resume(hsdp(mesh, 3));
-  resume(hsdp(mesh, 1));
-  resume(cpprun::FsdpOptions().stage(2).wrap_policy(is_linear));
+  resume(true, hsdp(3));
+  resume(true, hsdp(1));
+  resume(false, cpprun::FsdpOptions().stage(2).wrap_policy(is_linear));
+  // Units are no part of the file: the whole model as one unit loads it as well.
+  resume(false, cpprun::FsdpOptions().stage(3));
   cpprun::barrier(group());
   if (rank == 0) std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("hsdp: a 1-D mesh, a shard_dim naming no dimension, or one without a mesh is a clear error", "[hsdp]") {
+TEST_CASE("hsdp: a 1-D mesh is plain FSDP; a shard_dim naming no dimension, or without a mesh, is a clear error",
+          "[hsdp]") {
   auto net = std::make_shared<Mlp>(31);
   CHECK_THROWS_WITH(cpprun::FullyShardedDataParallel(net, group(), cpprun::FsdpOptions().shard_dim("shard")),
-                    Catch::Matchers::Contains("no mesh was given"));
+                    Catch::Matchers::Contains("but FSDP was given a group"));
   const cpprun::DeviceMesh& mesh = meshes().front();
-  CHECK_THROWS_WITH(cpprun::FullyShardedDataParallel(net, group(), hsdp(mesh, 2).shard_dim("rows")),
+  CHECK_THROWS_WITH(cpprun::FullyShardedDataParallel(net, mesh, hsdp(2).shard_dim("rows")),
                     Catch::Matchers::Contains("rows"));
-  const cpprun::DeviceMesh flat(group(), {group().size()});
-  CHECK_THROWS_WITH(cpprun::FullyShardedDataParallel(net, group(), cpprun::FsdpOptions().mesh(flat)),
-                    Catch::Matchers::Contains("HSDP needs a 2-D mesh"));
+  const cpprun::DeviceMesh flat(group(), {group().size()}, {"shard"});
+  check_parity(flat, hsdp(3), "adamw");
 }

@@ -215,12 +215,17 @@ TEST_CASE("tied embedding and output weights match one process under DDP and ZeR
       opt.zero_grad();
       seed_dropout(step, rank, world);
       loss_of(model->forward(slice(tokens, rank, world)), slice(targets, rank, world)).backward();
+      // The tied weight's gradient counts once (and is scaled once), as torch.nn.utils.clip_grad_norm_
+      // counts a Python module's parameters: each once.
+      const double norm = model->clip_grad_norm(0.5);
       opt.step();
       ref_opt.zero_grad();
       for (int r = 0; r < world; ++r) {
         seed_dropout(step, r, world);
         (loss_of(ref->forward(slice(tokens, r, world)), slice(targets, r, world)) / world).backward();
       }
+      const double ref_norm = torch::nn::utils::clip_grad_norm_(cpprun::unique_parameters(*ref), 0.5);
+      CHECK(norm == Approx(ref_norm).epsilon(1e-5));
       ref_opt.step();
     }
     model->gather_full_parameters();

@@ -5,11 +5,16 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
 
 #include "cpprun/process_group.h"
+
+namespace torch::optim {
+class Optimizer;
+}  // namespace torch::optim
 
 namespace cpprun::detail {
 
@@ -29,6 +34,12 @@ class DataParallelCore {
   virtual double clip_grad_norm(double max_norm) = 0;
   virtual void gather_full_parameters() {}
   virtual const ProcessGroup& group() const = 0;
+
+  // Checkpoints (cpprun/model_checkpoint.h). Collective. `optimizer` may be null.
+  virtual void save_full_state(const std::string& path) = 0;
+  virtual void load_full_state(const std::string& path) = 0;
+  virtual void save_sharded(const std::string& dir, torch::optim::Optimizer* optimizer) = 0;
+  virtual void load_sharded(const std::string& dir, torch::optim::Optimizer* optimizer) = 0;
 };
 
 // The tensors in a forward's result: a tensor, a vector of them, or a tuple/pair of them.

@@ -6,10 +6,12 @@
 #include <torch/optim/optimizer.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "cpprun/detail/data_parallel_core.h"
+#include "cpprun/device_mesh.h"
 #include "cpprun/fsdp_options.h"
 #include "cpprun/fsdp_stats.h"
 #include "cpprun/process_group.h"
@@ -18,7 +20,8 @@ namespace cpprun::detail {
 
 class FsdpCore final : public DataParallelCore {
  public:
-  FsdpCore(torch::nn::Module& module, ProcessGroup group, FsdpOptions options);
+  // `mesh`: FSDP over a 1-D mesh, HSDP over a 2-D one (then `group` is mesh->whole()).
+  FsdpCore(torch::nn::Module& module, ProcessGroup group, std::optional<DeviceMesh> mesh, FsdpOptions options);
   ~FsdpCore();
   FsdpCore(const FsdpCore&) = delete;
   FsdpCore& operator=(const FsdpCore&) = delete;
@@ -29,8 +32,10 @@ class FsdpCore final : public DataParallelCore {
   at::Tensor cast_input(const at::Tensor& input) const override;
   // Brings the full parameters up to date with the shards now (normally done by the next forward).
   void gather_full_parameters() override;
-  // This rank's shards: what the optimizer must update (one per flat parameter).
-  std::vector<at::Tensor> shards() const;
+  // Registers this rank's shards on `wrapper` under the wrapped module's parameter names, in its
+  // order, each tensor once (a tied one under its first name; frozen parameters as they are),
+  // through plain submodules named by the path.
+  void register_shards(torch::nn::Module& wrapper) const;
   void set_require_sync(bool sync) override;
   bool require_sync() const override;
   double clip_grad_norm(double max_norm) override;
@@ -39,16 +44,13 @@ class FsdpCore final : public DataParallelCore {
   FsdpMemory memory() const;
   FsdpPrefetchStats prefetch_stats() const;
   std::size_t unit_count() const;            // wrapped modules (the root included)
-  std::size_t flat_parameter_count() const;  // one per unit and dtype
-  // Full (unsharded) state in torch::save's format for the wrapped module: rank 0 writes it
-  // (atomically), and a plain module loads it with torch::load. Loading reads on rank 0 and
-  // broadcasts, so only rank 0 needs the file. Collective.
-  void save_full_state(const std::string& path);
-  void load_full_state(const std::string& path);
-  // Sharded: every rank writes DIR/rank_<r>.pt (its shards and their optimizer state), rank 0
-  // DIR/meta.pt last; loading works at any world size. `optimizer` may be null. Collective.
-  void save_sharded(const std::string& dir, torch::optim::Optimizer* optimizer);
-  void load_sharded(const std::string& dir, torch::optim::Optimizer* optimizer);
+  std::size_t bucket_count() const;  // one per unit and dtype
+  // Full state: gathers, then rank 0 writes / reads the wrapped module; sharded: per parameter by
+  // name (fsdp/checkpoint.h). Collective.
+  void save_full_state(const std::string& path) override;
+  void load_full_state(const std::string& path) override;
+  void save_sharded(const std::string& dir, torch::optim::Optimizer* optimizer) override;
+  void load_sharded(const std::string& dir, torch::optim::Optimizer* optimizer) override;
 
   const FsdpOptions& options() const;
 

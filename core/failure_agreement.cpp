@@ -1,5 +1,5 @@
 // See failure_agreement.h.
-#include "fsdp/failure_agreement.h"
+#include "core/failure_agreement.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
