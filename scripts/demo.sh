@@ -16,7 +16,7 @@ stage_done() {  # "demo: set-up took 81 s (81 s so far)"
 echo "demo: [1/3] set-up (Debian packages, PyTorch's LibTorch)"
 bash scripts/setup.sh
 stage_done "set-up"
-echo "demo: [2/3] build (the launcher and train_mnist only: about 6 minutes on 2 cores from scratch)"
+echo "demo: [2/3] build (the launcher and train_mnist only: about 5 minutes from scratch on 2 idle cores)"
 CPPRUN_BUILD_TARGETS="cpprun train_mnist" bash scripts/build.sh
 stage_done "build"
 echo "demo: [3/3] $build/launcher/cpprun --standalone --nproc_per_node=2 $build/examples/train_mnist --out mnist_run $*"
