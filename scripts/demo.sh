@@ -20,4 +20,7 @@ echo "demo: [2/3] build (the launcher and train_mnist only: about 5 minutes from
 CPPRUN_BUILD_TARGETS="cpprun train_mnist" bash scripts/build.sh
 stage_done "build"
 echo "demo: [3/3] $build/launcher/cpprun --standalone --nproc_per_node=2 $build/examples/train_mnist --out mnist_run $*"
-exec "$build/launcher/cpprun" --standalone --nproc_per_node=2 "$build/examples/train_mnist" --out mnist_run "$@"
+status=0
+"$build/launcher/cpprun" --standalone --nproc_per_node=2 "$build/examples/train_mnist" --out mnist_run "$@" || status=$?
+stage_done "training"
+exit "$status"
