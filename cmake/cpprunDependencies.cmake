@@ -14,7 +14,7 @@ endif()
 if(Torch_VERSION VERSION_LESS 2.0)
   message(FATAL_ERROR
     "cpprun needs LibTorch 2.x; the one found is ${Torch_VERSION} (${TORCH_INSTALL_PREFIX}).\n"
-    "  Support for Debian's LibTorch 1.13 was retired (see README, 'Which LibTorch').\n"
+    "  Support for Debian's LibTorch 1.13 was retired (see docs/development.md, 'Which LibTorch').\n"
     "  Run bash scripts/setup.sh for PyTorch's wheel, or pass -DCMAKE_PREFIX_PATH=<a 2.x LibTorch>.")
 endif()
 set(CPPRUN_TESTED_TORCH_VERSION 2.15.0)

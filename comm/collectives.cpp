@@ -97,7 +97,7 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
 // a smaller broadcast from the root leaves the others' tensors half written without any error,
 // and gather, scatter and reduce of mismatched sizes corrupt or abort in Gloo's I/O thread
 // (all-to-all checks its split sizes itself, comm/scatter_gather.cpp). One all-gather of a few bytes before each is cheap next to the collective itself
-// (README, "Collective consistency"). Our rings check their neighbours themselves
+// (docs/process_groups.md, "Collectives"). Our rings check their neighbours themselves
 // (comm/ring.cpp); other mismatches need DETAIL.
 bool checked_across_ranks(const detail::GroupImpl& impl, const CollectiveCall& call) {
   if (impl.debug_level == DebugLevel::kDetail) return true;

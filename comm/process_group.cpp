@@ -138,7 +138,7 @@ void check_nccl_possible(const DistEnv& env) {
 #ifndef CPPRUN_WITH_NCCL
   TORCH_CHECK(false, "cpprun: backend nccl was asked for, but cpprun was built against a "
               "LibTorch without CUDA/NCCL. Use Backend::kGloo (or kAuto), or rebuild cpprun "
-              "against a CUDA LibTorch (see README, 'Building against another LibTorch').");
+              "against a CUDA LibTorch (see docs/development.md, 'Which LibTorch').");
 #endif
   TORCH_CHECK(visible_gpus() > 0, "cpprun: backend nccl was asked for, but no GPU is visible to "
               "this process (check CUDA_VISIBLE_DEVICES and the driver). Use Backend::kGloo.");

@@ -1,5 +1,5 @@
 // Reduce-scatter and all-gather as rings over send/recv, straight into the caller's tensors.
-// Measured on LibTorch 2.15 (README, "Collectives"): 3-4x faster than Gloo's own
+// Measured on LibTorch 2.15 (docs/process_groups.md, "Collectives"): 3-4x faster than Gloo's own
 // reduce_scatter_single / all_gather_single, which go through scratch copies of the whole tensor.
 #pragma once
 

@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -208,18 +209,53 @@ double evaluate(Net& net, const Split& test, const cpprun::ProcessGroup& group) 
   return counts[0].item<double>() / counts[1].item<double>();
 }
 
-std::string svg_plot(const std::vector<double>& losses) {
-  const double w = 640, h = 360, top = *std::max_element(losses.begin(), losses.end());
-  std::ostringstream svg;
-  svg << "<svg xmlns='http://www.w3.org/2000/svg' width='" << w << "' height='" << h << "'>\n"
-      << "<rect width='100%' height='100%' fill='white'/>\n<text x='10' y='20' font-family='sans-serif'>"
-      << "train_mnist: loss per step (max " << top << ")</text>\n<polyline fill='none' stroke='steelblue' points='";
-  for (size_t i = 0; i < losses.size(); ++i) {
-    svg << 10 + (w - 20) * i / std::max<size_t>(1, losses.size() - 1) << ',' << h - 10 - (h - 40) * losses[i] / top << ' ';
+// A tick spacing of 1, 2 or 5 times a power of ten that cuts [0, span] into about `count` pieces.
+double tick_step(double span, int count) {
+  const double raw = std::max(span, 1e-12) / count, power = std::pow(10.0, std::floor(std::log10(raw)));
+  for (double m : {1.0, 2.0, 5.0}) {
+    if (m * power >= raw) return m * power;
   }
-  svg << "'/>\n<line x1='10' y1='" << h - 10 << "' x2='" << w - 10 << "' y2='" << h - 10 << "' stroke='gray'/>\n"
-      << "<text x='12' y='" << h - 14 << "' font-family='sans-serif' font-size='11'>0</text>\n<text x='" << w - 110
-      << "' y='" << h - 14 << "' font-family='sans-serif' font-size='11'>" << losses.size() << " steps</text>\n</svg>\n";
+  return 10 * power;
+}
+
+// The loss curve as an SVG line chart: step on x, loss on y (from 0), ticks with their values, a
+// light grid, and a dashed line where each epoch ends.
+std::string svg_plot(const std::vector<double>& losses, int64_t steps_per_epoch) {
+  const double w = 640, h = 400, left = 64, right = 24, top = 40, bottom = 52;
+  const double highest = *std::max_element(losses.begin(), losses.end());
+  const double y_step = highest > 0 ? tick_step(highest, 5) : 1, y_max = y_step * std::ceil(highest / y_step + 1e-9);
+  const double steps = static_cast<double>(losses.size()), x_step = tick_step(steps, 6);
+  const double x_max = x_step * std::ceil(steps / x_step);  // the axes end on a tick
+  auto x = [&](double step) { return left + (w - left - right) * step / x_max; };
+  auto y = [&](double loss) { return h - bottom - (h - top - bottom) * loss / y_max; };
+  std::ostringstream svg;
+  svg << "<svg xmlns='http://www.w3.org/2000/svg' width='" << w << "' height='" << h
+      << "' font-family='sans-serif' font-size='12'>\n<rect width='100%' height='100%' fill='white'/>\n"
+      << "<text x='" << w / 2 << "' y='22' text-anchor='middle' font-size='14'>train_mnist: training loss "
+      << "(mean over ranks) per step</text>\n";
+  for (int i = 0; i * y_step <= y_max + y_step / 2; ++i) {  // y ticks, labels and grid
+    const double v = i * y_step;
+    svg << "<line x1='" << left - 5 << "' y1='" << y(v) << "' x2='" << w - right << "' y2='" << y(v)
+        << "' stroke='" << (v == 0 ? "black" : "#ddd") << "'/>\n<text x='" << left - 8 << "' y='" << y(v) + 4
+        << "' text-anchor='end'>" << v << "</text>\n";
+  }
+  for (int i = 0; i * x_step <= x_max + x_step / 2; ++i) {  // x ticks, labels and grid
+    const double s = i * x_step;
+    svg << "<line x1='" << x(s) << "' y1='" << top << "' x2='" << x(s) << "' y2='" << h - bottom + 5 << "' stroke='"
+        << (s == 0 ? "black" : "#ddd") << "'/>\n<text x='" << x(s) << "' y='" << h - bottom + 20
+        << "' text-anchor='middle'>" << s << "</text>\n";
+  }
+  for (int64_t end = steps_per_epoch; steps_per_epoch > 0 && end < static_cast<int64_t>(losses.size());
+       end += steps_per_epoch) {
+    svg << "<line x1='" << x(end) << "' y1='" << top << "' x2='" << x(end) << "' y2='" << h - bottom
+        << "' stroke='gray' stroke-dasharray='4 3'/>\n<text x='" << x(end) + 4 << "' y='" << top + 12
+        << "' font-size='10' fill='gray'>epoch " << end / steps_per_epoch << " ends</text>\n";
+  }
+  svg << "<polyline fill='none' stroke='steelblue' stroke-width='1.5' points='";
+  for (size_t i = 0; i < losses.size(); ++i) svg << x(i + 1) << ',' << y(losses[i]) << ' ';
+  svg << "'/>\n<text x='" << left + (w - left - right) / 2 << "' y='" << h - 12 << "' text-anchor='middle'>step</text>\n"
+      << "<text transform='translate(18," << top + (h - top - bottom) / 2 << ") rotate(-90)' text-anchor='middle'>"
+      << "loss (cross-entropy)</text>\n</svg>\n";
   return svg.str();
 }
 
@@ -341,7 +377,7 @@ int run(int argc, char** argv) {
     csv << "step,loss\n";
     for (size_t i = 0; i < losses.size(); ++i) csv << i + 1 << ',' << losses[i] << '\n';
     cpprun::write_file_atomically((fs::path(opt.out) / "loss.csv").string(), csv.str());
-    cpprun::write_file_atomically((fs::path(opt.out) / "loss.svg").string(), svg_plot(losses));
+    cpprun::write_file_atomically((fs::path(opt.out) / "loss.svg").string(), svg_plot(losses, steps_per_epoch));
     std::printf("final test accuracy %.2f%%; loss curve in %s/loss.csv and loss.svg\n", 100 * accuracy, opt.out.c_str());
   }
   return 0;

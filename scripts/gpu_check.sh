@@ -106,8 +106,10 @@ if wants smoke; then
 fi
 
 if wants gpt; then
-  # README.md as the text: every checkout has it, whatever the machine's distribution.
-  gpt=("$build/launcher/cpprun" --standalone --nproc_per_node=1 "$build/examples/train_gpt" --text README.md
+  # The README and docs/ as the text: every checkout has them, whatever the machine's distribution
+  # (about 150 kB together; the README alone became a short front page).
+  cat README.md docs/*.md >"$out/gpt_text.md"
+  gpt=("$build/launcher/cpprun" --standalone --nproc_per_node=1 "$build/examples/train_gpt" --text "$out/gpt_text.md"
        --steps 60 --layers 4 --embed 128 --block 128 --batch 32 --sample 0)
   for run in "--mode ddp" "--mode ddp --amp bf16" "--mode fsdp --stage 1 --amp fp16" "--mode fsdp --stage 2 --amp bf16" \
              "--mode fsdp --stage 3" "--mode fsdp --stage 3 --amp fp16 --checkpoint-activations"; do

@@ -1,7 +1,7 @@
 // Collectives with one signature whatever the backend (point-to-point messages: point_to_point.h;
 // objects: object_collectives.h). Each has a blocking form and an `_async`
 // form that returns a Work to wait on. On Gloo, reduce-scatter and all-gather into one tensor are
-// our own rings over send/recv (3-4x faster than Gloo's own in LibTorch 2.15; see README), and
+// our own rings over send/recv (3-4x faster than Gloo's own in LibTorch 2.15; see docs/process_groups.md), and
 // types Gloo cannot reduce (int16, bool) travel as float32.
 #pragma once
 

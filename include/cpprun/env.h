@@ -38,7 +38,7 @@ const char* to_string(EnvSource source);
 
 // TORCH_DISTRIBUTED_DEBUG, read as PyTorch reads it (case-insensitive OFF, INFO or DETAIL; unset
 // is OFF). DETAIL makes every collective first check that all ranks called the same one with the
-// same shapes, dtypes and roots (README, "Collective consistency"); INFO adds nothing yet.
+// same shapes, dtypes and roots (docs/process_groups.md, "Collectives"); INFO adds nothing yet.
 enum class DebugLevel { kOff, kInfo, kDetail };
 DebugLevel read_debug_level(const EnvLookup& lookup = process_env());
 const char* to_string(DebugLevel level);

@@ -1,5 +1,5 @@
 // What each worker execs: PROGRAM itself, or a Python interpreter running it, by torchrun's rules
-// (README, "Python scripts"). Decided once, before any worker starts, so that a missing file or
+// (docs/launcher.md, "Python scripts"). Decided once, before any worker starts, so that a missing file or
 // interpreter fails with one clear message instead of N identical exec failures.
 #pragma once
 

@@ -39,7 +39,7 @@ detail)
   expect_every_rank_failed_with "cpprun: collective #3 mismatch: rank 0 called reduce_scatter(float32[4], float32[8], sum), rank 1 called reduce_scatter(float32[4], float32[8], max)." "DETAIL, sum against max"
   ;;
 default)
-  # What the default mode checks (README, "Collective consistency"): broadcasts over Gloo, and
+  # What the default mode checks (docs/process_groups.md, "Collectives"): broadcasts over Gloo, and
   # our ring all-gather / reduce-scatter between neighbours.
   run_probe broadcast_size TORCH_DISTRIBUTED_DEBUG=OFF
   expect_every_rank_failed_with "cpprun: collective #3 mismatch: rank 0 called broadcast(float32[4], root 0), rank 1 called broadcast(float32[8], root 0)." "default, broadcast of 4 and 8 elements"
