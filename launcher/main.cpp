@@ -17,6 +17,7 @@
 #include "rendezvous/node_rendezvous.h"
 #include "rendezvous/rank_layout.h"
 #include "workers/attempt.h"
+#include "workers/error_file.h"
 #include "workers/job_process_tree.h"
 #include "workers/restart_backoff.h"
 #include "workers/run_directory.h"
@@ -60,7 +61,9 @@ int run(const LaunchConfig& config) {
                 << "; set PYTHON_EXEC to choose another)\n";
     }
     std::cout << format_dry_run(make_worker_specs(workers, assumed_layout(rendezvous), program, 0,
-                                                  RunLayout::planned(config.output.log_dir), parent_env),
+                                                  RunLayout::planned(config.output.log_dir, config.run_id,
+                                                                     config.output.writes_files()),
+                                                  parent_env),
                                 parent_env);
     return 0;
   }
@@ -73,7 +76,11 @@ int run(const LaunchConfig& config) {
               << " workers so they do not overload the CPU; set OMP_NUM_THREADS yourself to tune it\n";
   }
   SignalRelay relay;
-  const RunDirectory run_dir(config.output.log_dir);
+  const RunDirectory run_dir(config.output.log_dir, config.run_id, config.output.writes_files());
+  if (!run_dir.made_log_dir().empty()) {
+    std::cerr << "cpprun: --redirects/--tee without --log_dir: the workers' files go to " << run_dir.layout().dir
+              << " (kept, as torchrun's)\n";
+  }
   if (rendezvous.multi_node()) return run_multi_node(rendezvous, workers, program, parent_env, relay, run_dir);
 
   const RankLayout ranks = single_node_layout(config.nproc_per_node);
@@ -88,6 +95,7 @@ int run(const LaunchConfig& config) {
     if (attempt.end == GroupEnd::kInterrupted) return attempt.exit_code;
 
     if (restart >= config.max_restarts) {
+      if (attempt.end == GroupEnd::kWorkerFailed) hand_over_error_file(attempt);
       const std::string gave_up = "giving up after " + std::to_string(restart + 1) + " attempts (--max_restarts=" +
                                   std::to_string(config.max_restarts) + "); ";
       std::cerr << "cpprun: " << (config.max_restarts > 0 ? gave_up : "") << "exiting with code " << attempt.exit_code
@@ -111,6 +119,7 @@ int main(int argc, char** argv) {
   try {
     const ParsedCommandLine cli = parse_launch_config({argv + 1, argv + argc}, probe_host());
     if (!cli.scheduler_note.empty()) std::cerr << cli.scheduler_note << std::endl;
+    for (const std::string& note : cli.notes) std::cerr << note << std::endl;
     if (cli.outcome == CliOutcome::kShowHelp) {
       std::cout << cli.help_text;
       return 0;

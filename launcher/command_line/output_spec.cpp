@@ -2,6 +2,8 @@
 #include "command_line/output_spec.h"
 
 #include <algorithm>
+#include <cctype>
+#include <optional>
 
 #include "command_line/launch_config.h"  // UsageError, int_in_range
 
@@ -78,6 +80,45 @@ std::vector<bool> parse_local_ranks_filter(const std::string& text, int nproc_pe
 bool OutputOptions::writes_files() const {
   const auto to_file = [](StdStreams s) { return s != StdStreams::kNone; };
   return std::any_of(redirects.begin(), redirects.end(), to_file) || std::any_of(tee.begin(), tee.end(), to_file);
+}
+
+std::string render_prefix_template(const std::string& text, const PrefixFields& fields) {
+  const auto value = [&](const std::string& name) -> std::optional<std::string> {
+    if (name == "role_name") return fields.role_name;
+    if (name == "rank") return std::to_string(fields.rank);
+    if (name == "local_rank") return std::to_string(fields.local_rank);
+    if (name == "hostname") return fields.hostname;
+    return std::nullopt;
+  };
+  const auto identifier_char = [](char c, bool first) {
+    return c == '_' || std::isalpha(static_cast<unsigned char>(c)) || (!first && std::isdigit(static_cast<unsigned char>(c)));
+  };
+  std::string out;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    if (text[i] != '$' || i + 1 == text.size()) {
+      out += text[i];
+      continue;
+    }
+    if (text[i + 1] == '$') {
+      out += '$';
+      ++i;
+      continue;
+    }
+    const bool braced = text[i + 1] == '{';
+    const std::size_t start = i + (braced ? 2 : 1);
+    std::size_t end = start;
+    while (end < text.size() && identifier_char(text[end], end == start)) ++end;
+    const bool closed = !braced || (end < text.size() && text[end] == '}');
+    const std::optional<std::string> replacement = end > start && closed ? value(text.substr(start, end - start))
+                                                                         : std::nullopt;
+    if (!replacement) {
+      out += '$';
+      continue;
+    }
+    out += *replacement;
+    i = end + (braced ? 1 : 0) - 1;
+  }
+  return out;
 }
 
 WorkerOutputSpec plan_worker_output(const OutputOptions& options, int local_rank, int rank,

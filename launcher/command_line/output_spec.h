@@ -39,6 +39,18 @@ struct WorkerOutputSpec {
   StreamTarget err;
 };
 
+// What ${role_name}, ${rank}, ${local_rank} and ${hostname} stand for in --log_line_prefix_template.
+struct PrefixFields {
+  std::string role_name;
+  int rank = 0;
+  int local_rank = 0;
+  std::string hostname;
+};
+
+// torchrun's --log_line_prefix_template rendered as Python's string.Template.safe_substitute does:
+// $name or ${name} replaced, $$ is $, anything else (an unknown name, a lone $) left as written.
+std::string render_prefix_template(const std::string& text, const PrefixFields& fields);
+
 // `worker_dir` is DIR/attempt_N/LOCAL_RANK; its stdout.log and stderr.log are the files.
 WorkerOutputSpec plan_worker_output(const OutputOptions& options, int local_rank, int rank,
                                     const std::string& worker_dir);

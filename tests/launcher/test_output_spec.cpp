@@ -111,3 +111,15 @@ TEST_CASE("output_spec: --local_ranks_filter keeps other ranks off the console, 
   CHECK(hidden.err.file == "d/stderr.log");
   CHECK(plan_worker_output(o, 0, 0, "d").out.console);
 }
+
+TEST_CASE("output_spec: --log_line_prefix_template substitutes as Python's Template.safe_substitute",
+          "[output_spec]") {
+  const PrefixFields f{"default", 5, 1, "r12i0n8"};
+  CHECK(render_prefix_template("[${role_name}${local_rank}]:", f) == "[default1]:");  // torchrun's own default
+  CHECK(render_prefix_template("${hostname}:${rank}: ", f) == "r12i0n8:5: ");
+  CHECK(render_prefix_template("$rank|$local_rank", f) == "5|1");
+  CHECK(render_prefix_template("$$rank", f) == "$rank");
+  // Unknown names, unclosed braces and a lone $ stay as written.
+  CHECK(render_prefix_template("${nope} $nope ${rank $", f) == "${nope} $nope ${rank $");
+  CHECK(render_prefix_template("$ranks", f) == "$ranks");
+}
