@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <exception>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <system_error>
 #include <vector>
@@ -18,6 +19,7 @@
 #include "rendezvous/rank_layout.h"
 #include "workers/attempt.h"
 #include "workers/error_file.h"
+#include "workers/file_timer.h"
 #include "workers/job_process_tree.h"
 #include "workers/restart_backoff.h"
 #include "workers/run_directory.h"
@@ -70,6 +72,19 @@ int run(const LaunchConfig& config) {
   check_meeting_host_resolves(rendezvous);
   // Before the environment is read for the workers, who inherit its token, and before any thread.
   const JobProcessTree tree;
+  // torchrun's watchdog pipe; the workers inherit TORCHELASTIC_TIMER_FILE from cpprun's environment.
+  std::optional<FileTimerServer> file_timer;
+  const auto getenv_opt = [](const char* name) -> std::optional<std::string> {
+    const char* value = std::getenv(name);
+    return value != nullptr ? std::optional<std::string>(value) : std::nullopt;
+  };
+  const char* tmpdir = std::getenv("TMPDIR");
+  if (const auto path = file_timer_path(getenv_opt("TORCHELASTIC_ENABLE_FILE_TIMER"),
+                                        getenv_opt("TORCHELASTIC_TIMER_FILE"),
+                                        tmpdir != nullptr && *tmpdir != '\0' ? tmpdir : "/tmp", random_uuid4())) {
+    file_timer.emplace(*path, "CPPRUN_JOB_TOKEN=" + getenv_opt("CPPRUN_JOB_TOKEN").value_or(""));
+    setenv("TORCHELASTIC_TIMER_FILE", path->c_str(), 1);
+  }
   const EnvMap parent_env = current_environment();
   if (defaults_omp_threads(config.nproc_per_node, parent_env)) {
     std::cerr << "cpprun: setting OMP_NUM_THREADS=1 for each of the " << config.nproc_per_node
