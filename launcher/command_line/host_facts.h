@@ -10,7 +10,8 @@ namespace cpprun::launcher {
 struct HostFacts {
   int cpu_count = 1;
   int gpu_count = 0;
-  // Called for --standalone and a one-node job without --master_port. Returns a TCP port that was free on 127.0.0.1 a moment ago.
+  // Called for --standalone and a one-node job without --master_port. Returns a TCP port that was
+  // free on 127.0.0.1 a moment ago.
   std::function<int()> pick_free_port;
   std::string hostname;  // gethostname(): ${hostname} of --log_line_prefix_template
   // A fresh run id for a one-node job without --master_port (torchrun's uuid4).

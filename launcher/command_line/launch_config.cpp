@@ -346,7 +346,9 @@ void validate(const RawOptions& raw, const HostFacts& host, LaunchConfig& config
   config.max_restarts =
       parse_int_in_range("--max_restarts", raw.max_restarts, 0, 1000000, "how often to restart", 3);
   config.restart_backoff = parse_restart_backoff(raw.restart_backoff);
-  if (!raw.shutdown_timeout.empty()) config.shutdown_timeout = parse_seconds("--shutdown_timeout", raw.shutdown_timeout);
+  if (!raw.shutdown_timeout.empty()) {
+    config.shutdown_timeout = parse_seconds("--shutdown_timeout", raw.shutdown_timeout);
+  }
   if (!read_double(raw.monitor_interval, config.monitor_interval)) {
     throw UsageError(with_value("--monitor_interval", raw.monitor_interval) +
                      ": expected a number of seconds (accepted for torchrun compatibility, unused)");

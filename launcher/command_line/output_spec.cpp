@@ -91,7 +91,8 @@ std::string render_prefix_template(const std::string& text, const PrefixFields& 
     return std::nullopt;
   };
   const auto identifier_char = [](char c, bool first) {
-    return c == '_' || std::isalpha(static_cast<unsigned char>(c)) || (!first && std::isdigit(static_cast<unsigned char>(c)));
+    const auto u = static_cast<unsigned char>(c);
+    return c == '_' || std::isalpha(u) || (!first && std::isdigit(u));
   };
   std::string out;
   for (std::size_t i = 0; i < text.size(); ++i) {

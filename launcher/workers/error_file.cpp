@@ -61,7 +61,9 @@ class Scanner {
     }
     // A number, true, false or null.
     const std::size_t start = i;
-    while (i < text_.size() && (std::isalnum(static_cast<unsigned char>(text_[i])) || std::strchr("+-.", text_[i]))) ++i;
+    while (i < text_.size() && (std::isalnum(static_cast<unsigned char>(text_[i])) || std::strchr("+-.", text_[i]))) {
+      ++i;
+    }
     return i > start ? i : npos;
   }
 

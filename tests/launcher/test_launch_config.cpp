@@ -498,7 +498,8 @@ TEST_CASE("launch_config: one node without --master_port takes a free port and a
   CHECK(parse({"--master_addr=::1", "x"}).master_addr == "::1");
 }
 
-TEST_CASE("launch_config: TORCH_ELASTIC_SHUTDOWN_TIMEOUT and TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "[launch_config]") {
+TEST_CASE("launch_config: TORCH_ELASTIC_SHUTDOWN_TIMEOUT and TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE",
+          "[launch_config]") {
   const auto env = [](const std::string& name) -> std::optional<std::string> {
     if (name == "TORCH_ELASTIC_SHUTDOWN_TIMEOUT") return std::string("12");
     if (name == "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE") return std::string("[${rank}] ");
