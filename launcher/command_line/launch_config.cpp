@@ -333,6 +333,10 @@ void validate_rendezvous(const RawOptions& raw, const HostFacts& host, LaunchCon
     }
   }
   config.master_addr = raw.master_addr;
+  // torchrun's help writes an IPv6 --master_addr in brackets ([0:0:0:0:0:0:0:1]); MASTER_ADDR has none.
+  if (config.master_addr.size() > 2 && config.master_addr.front() == '[' && config.master_addr.back() == ']') {
+    config.master_addr = config.master_addr.substr(1, config.master_addr.size() - 2);
+  }
   if (config.picked_port) return;
   config.master_port = parse_int_in_range("--master_port", raw.master_port, 1, 65535, "a TCP port", 29500);
   // torchrun's static backend meets at the endpoint, and its workers use that store.

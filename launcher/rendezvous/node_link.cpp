@@ -291,18 +291,29 @@ NodeLink::Received NodeLink::receive() {
   return got;
 }
 
-LinkListener::LinkListener(bool loopback_only, std::string secret)
-    : secret_(std::move(secret)), loopback_only_(loopback_only) {
-  // Dual-stack IPv6 takes IPv4 too; a host without IPv6 gets an IPv4 socket.
+LinkListener::LinkListener(const std::optional<std::string>& loopback_address, std::string secret)
+    : secret_(std::move(secret)), loopback_address_(loopback_address) {
+  // Dual-stack IPv6 takes IPv4 too; a host without IPv6 gets an IPv4 socket. On the loopback: exactly
+  // the address node 0 is known by (::1 over IPv6 only; 127.0.0.1 as IPv4, or IPv4-mapped).
   sockaddr_in6 v6{};
   v6.sin6_family = AF_INET6;
   v6.sin6_addr = in6addr_any;
-  if (loopback_only) inet_pton(AF_INET6, "::ffff:127.0.0.1", &v6.sin6_addr);
   sockaddr_in v4{};
   v4.sin_family = AF_INET;
-  v4.sin_addr.s_addr = htonl(loopback_only ? INADDR_LOOPBACK : INADDR_ANY);
-  int fd = listen_socket(reinterpret_cast<sockaddr*>(&v6), sizeof(v6), false);
-  if (fd < 0) fd = listen_socket(reinterpret_cast<sockaddr*>(&v4), sizeof(v4), false);
+  v4.sin_addr.s_addr = htonl(INADDR_ANY);
+  int fd = -1;
+  if (loopback_address && inet_pton(AF_INET6, loopback_address->c_str(), &v6.sin6_addr) == 1) {
+    fd = listen_socket(reinterpret_cast<sockaddr*>(&v6), sizeof(v6), true);
+  } else {
+    if (loopback_address) {
+      if (inet_pton(AF_INET, loopback_address->c_str(), &v4.sin_addr) != 1) {
+        throw std::system_error(EINVAL, std::generic_category(), "cpprun: listening at " + *loopback_address);
+      }
+      inet_pton(AF_INET6, ("::ffff:" + *loopback_address).c_str(), &v6.sin6_addr);
+    }
+    fd = listen_socket(reinterpret_cast<sockaddr*>(&v6), sizeof(v6), false);
+    if (fd < 0) fd = listen_socket(reinterpret_cast<sockaddr*>(&v4), sizeof(v4), false);
+  }
   if (fd < 0) throw std::system_error(errno, std::generic_category(), "cpprun: listening for the other nodes' agents");
   fd_ = OwnedFd(fd);
   sockaddr_storage bound{};
@@ -409,6 +420,21 @@ ConnectResult connect_link(const std::string& host, int port, std::chrono::milli
     if (Clock::now() >= deadline) break;
   }
   return result;
+}
+
+std::optional<std::string> loopback_listen_address(const std::string& host) {
+  if (!is_loopback_host(host)) return std::nullopt;
+  std::string error;
+  const AddressList addresses = resolve(host, 0, error);
+  if (!addresses) return std::nullopt;
+  char text[INET6_ADDRSTRLEN] = {};
+  const sockaddr* first = addresses->ai_addr;
+  if (const unsigned char* v4 = ipv4_bytes(first)) {
+    inet_ntop(AF_INET, v4, text, sizeof(text));
+  } else {
+    inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(first)->sin6_addr, text, sizeof(text));
+  }
+  return std::string(text);
 }
 
 bool is_loopback_host(const std::string& host) {

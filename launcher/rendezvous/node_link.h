@@ -102,15 +102,15 @@ struct EndpointListener;
 // Accepts the member agents' links: on a port the kernel picks (static), or at the c10d endpoint.
 class LinkListener {
  public:
-  // On the loopback only when `loopback_only` (every node on this host), else on every interface,
-  // as c10d's store listens. Throws std::system_error.
-  LinkListener(bool loopback_only, std::string secret);
+  // At `loopback_address` alone (numeric: "127.0.0.1", "::1") when given (every node on this host),
+  // else on every interface, as c10d's store listens. Throws std::system_error.
+  LinkListener(const std::optional<std::string>& loopback_address, std::string secret);
   // Listens at host:port, on the first of the host's addresses that is this machine's. Only one
   // process can: the others learn that it is taken (kTaken) and that agent hosts the rendezvous.
   static EndpointListener at_endpoint(const std::string& host, int port, const std::string& secret);
   int fd() const { return fd_.get(); }
   int port() const { return port_; }
-  bool loopback_only() const { return loopback_only_; }
+  const std::optional<std::string>& loopback_address() const { return loopback_address_; }
   std::optional<NodeLink> accept();  // a waiting connection, if any; never blocks
 
  private:
@@ -118,7 +118,7 @@ class LinkListener {
   OwnedFd fd_;
   int port_ = 0;
   std::string secret_;
-  bool loopback_only_ = false;
+  std::optional<std::string> loopback_address_;
 };
 
 struct EndpointListener {
@@ -164,5 +164,10 @@ ConnectResult connect_link(const std::string& host, int port, std::chrono::milli
 
 // Every address `host` resolves to is a loopback one (127.0.0.0/8, ::1): the job is on this host.
 bool is_loopback_host(const std::string& host);
+
+// For such a host, the first address it resolves to, numeric ("127.0.0.1", "::1"): where node 0
+// listens, so that a --master_addr of ::1 is reached over IPv6 (the other nodes try each address of
+// the host in turn). Nullopt when the host is not on the loopback alone or does not resolve.
+std::optional<std::string> loopback_listen_address(const std::string& host);
 
 }  // namespace cpprun::launcher

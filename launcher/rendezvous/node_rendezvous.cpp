@@ -270,7 +270,8 @@ std::unique_ptr<NodeRendezvous> open_rendezvous(const RendezvousSettings& settin
   const auto started = Clock::now();
   if (!settings.fixed_ranks()) return claim_c10d(settings, relay, signal, started);
   if (settings.node_rank != 0) return join_static(settings, relay, signal, started);
-  return make_rendezvous_host(settings, LinkListener(is_loopback_host(settings.host), settings.job_secret), started);
+  return make_rendezvous_host(settings, LinkListener(loopback_listen_address(settings.host), settings.job_secret),
+                              started);
 }
 
 }  // namespace cpprun::launcher

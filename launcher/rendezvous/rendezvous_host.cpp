@@ -152,7 +152,7 @@ class RendezvousHost final : public NodeRendezvous {
     store_.reset();
     try {
       // A loopback --master_addr (every node on this host): the store listens there alone, as the links do.
-      store_.emplace(AgentStore::host(settings_.port, listener_.loopback_only(), kStoreTimeout));
+      store_.emplace(AgentStore::host(settings_.port, listener_.loopback_address(), kStoreTimeout));
       store_->set(kLinkPortKey, std::to_string(listener_.port()));
     } catch (const AgentStoreError& e) {
       const std::string what = e.what();

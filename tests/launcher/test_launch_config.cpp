@@ -494,8 +494,9 @@ TEST_CASE("launch_config: one node without --master_port takes a free port and a
   CHECK(parse({"--rdzv_endpoint=127.0.0.1:29700", "x"}).master_port == 29700);
   CHECK(parse({"--nnodes=2", "--node_rank=1", "x"}).master_port == 29500);
   CHECK(parse({"--nnodes=2", "--node_rank=1", "x"}).run_id == "none");
-  // A given --master_addr stays.
+  // A given --master_addr stays; torchrun's bracketed IPv6 form loses its brackets.
   CHECK(parse({"--master_addr=::1", "x"}).master_addr == "::1");
+  CHECK(parse({"--master_addr=[0:0:0:0:0:0:0:1]", "--master_port=29500", "x"}).master_addr == "0:0:0:0:0:0:0:1");
 }
 
 TEST_CASE("launch_config: TORCH_ELASTIC_SHUTDOWN_TIMEOUT and TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE",

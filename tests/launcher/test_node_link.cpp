@@ -59,7 +59,7 @@ struct LinkPair {
   LinkListener listener;
   std::optional<NodeLink> host;
   std::optional<NodeLink> member;
-  LinkPair(const std::string& host_secret, const std::string& member_secret) : listener(true, host_secret) {
+  LinkPair(const std::string& host_secret, const std::string& member_secret) : listener(std::string("127.0.0.1"), host_secret) {
     ConnectResult connected = connect_link("127.0.0.1", listener.port(), std::chrono::seconds(5), -1, member_secret);
     REQUIRE(connected.status == ConnectStatus::kConnected);
     member.emplace(std::move(*connected.link));
@@ -130,7 +130,7 @@ TEST_CASE("node_link: messages cross the link in order; closing is noticed", "[n
 
 TEST_CASE("node_link: a line that is not the handshake closes the link, with nothing said about the job",
           "[node_link]") {
-  LinkListener listener(true, kSecret);
+  LinkListener listener(std::string("127.0.0.1"), kSecret);
   ConnectResult connected = connect_link("127.0.0.1", listener.port(), std::chrono::seconds(5), -1, kSecret);
   REQUIRE(connected.status == ConnectStatus::kConnected);
   std::optional<NodeLink> host = accept_within(listener);
@@ -162,7 +162,7 @@ TEST_CASE("node_link: agents with different secrets refuse each other; both say 
 
 TEST_CASE("node_link: a member does not believe a host that cannot prove the secret", "[node_link]") {
   // A stranger listening where the member expects node 0: it sends a challenge and accepts anything.
-  LinkListener fake(true, "");
+  LinkListener fake(std::string("127.0.0.1"), "");
   ConnectResult connected = connect_link("127.0.0.1", fake.port(), std::chrono::seconds(5), -1, kSecret);
   REQUIRE(connected.status == ConnectStatus::kConnected);
   std::optional<NodeLink> fake_host = accept_within(fake);  // sends its challenge
@@ -220,7 +220,7 @@ TEST_CASE("node_link: forged, altered and replayed messages close the link", "[n
   const NodeMessage failed = NodeMessage::make_failed(0, {5, true, "rank 1 exited"});
   for (const std::string attack : {"forged", "altered", "replayed", "reflected"}) {
     DYNAMIC_SECTION(attack) {
-      LinkListener listener(true, kSecret);
+      LinkListener listener(std::string("127.0.0.1"), kSecret);
       HandMadeMember member(listener.port(), kSecret);
       std::optional<NodeLink> host = accept_within(listener);
       REQUIRE(host);
@@ -280,7 +280,7 @@ TEST_CASE("node_link: the proofs depend on the secret and both nonces; tags on d
 }
 
 TEST_CASE("node_link: strangers holding connections open are bounded in number and in time", "[node_link]") {
-  LinkListener listener(true, kSecret);
+  LinkListener listener(std::string("127.0.0.1"), kSecret);
   std::vector<int> strangers;
   for (std::size_t i = 0; i < PendingLinks::kMaxPending + 8; ++i) {
     ConnectResult c = connect_link("127.0.0.1", listener.port(), std::chrono::seconds(5), -1, kSecret);
@@ -310,7 +310,7 @@ TEST_CASE("node_link: strangers holding connections open are bounded in number a
 TEST_CASE("node_link: connecting where nobody listens fails at once", "[node_link]") {
   int port = 0;
   {
-    LinkListener gone(true, kSecret);
+    LinkListener gone(std::string("127.0.0.1"), kSecret);
     port = gone.port();
   }
   const ConnectResult result = connect_link("127.0.0.1", port, std::chrono::seconds(5), -1, kSecret);
@@ -321,7 +321,7 @@ TEST_CASE("node_link: connecting where nobody listens fails at once", "[node_lin
 TEST_CASE("node_link: only one process listens at a c10d endpoint; the others learn why not", "[node_link]") {
   int port = 0;
   {
-    LinkListener probe(true, kSecret);  // a port the kernel says is free
+    LinkListener probe(std::string("127.0.0.1"), kSecret);  // a port the kernel says is free
     port = probe.port();
   }
   EndpointListener first = LinkListener::at_endpoint("127.0.0.1", port, kSecret);
@@ -346,4 +346,28 @@ TEST_CASE("node_link: only one process listens at a c10d endpoint; the others le
   connected.link.reset();
   first.listener.reset();
   CHECK(LinkListener::at_endpoint("127.0.0.1", port, kSecret).status == ListenStatus::kListening);
+}
+
+TEST_CASE("node_link: node 0 listens at the loopback address the others know it by, IPv6 included",
+          "[node_link]") {
+  CHECK(loopback_listen_address("127.0.0.1") == "127.0.0.1");
+  CHECK(loopback_listen_address("127.0.0.2") == "127.0.0.2");
+  CHECK(loopback_listen_address("::1") == "::1");
+  CHECK(loopback_listen_address("0:0:0:0:0:0:0:1") == "::1");
+  CHECK_FALSE(loopback_listen_address("10.1.2.3"));
+  CHECK_FALSE(loopback_listen_address("cpprun-no-such-host.invalid"));
+  // --master_addr=::1: reachable over IPv6, and not over IPv4.
+  LinkListener v6(std::string("::1"), kSecret);
+  ConnectResult connected = connect_link("::1", v6.port(), std::chrono::seconds(5), -1, kSecret);
+  if (connected.status != ConnectStatus::kConnected && connected.error.find("Address family") != std::string::npos) {
+    WARN("no IPv6 on this host's loopback: the IPv6 half is not tested");
+    return;
+  }
+  CHECK(connected.status == ConnectStatus::kConnected);
+  CHECK(connect_link("127.0.0.1", v6.port(), std::chrono::seconds(2), -1, kSecret).status == ConnectStatus::kFailed);
+  // 127.0.0.1: IPv4 only.
+  LinkListener v4(std::string("127.0.0.1"), kSecret);
+  CHECK(connect_link("127.0.0.1", v4.port(), std::chrono::seconds(5), -1, kSecret).status ==
+        ConnectStatus::kConnected);
+  CHECK(connect_link("::1", v4.port(), std::chrono::seconds(2), -1, kSecret).status == ConnectStatus::kFailed);
 }
