@@ -67,7 +67,11 @@ class RendezvousHost final : public NodeRendezvous {
   }
 
   void on_readable(int fd) override {
-    if (fd == listener_.fd()) return pending_.accept_from(listener_);
+    if (fd == listener_.fd()) {
+      pending_.accept_from(listener_);
+      while (auto introduced = pending_.take_introduced()) admit(std::move(introduced->first), introduced->second);
+      return;
+    }
     if (auto introduced = pending_.read(fd)) return admit(std::move(introduced->first), introduced->second);
     for (std::size_t i = 0; i < nodes_.size(); ++i) {
       if (nodes_[i].link.fd() == fd) return read_node(i);

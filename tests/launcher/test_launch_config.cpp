@@ -436,7 +436,7 @@ TEST_CASE("launch_config: a bad --restart_backoff says what it expects", "[launc
 
 TEST_CASE("launch_config: torchrun's options cpprun cannot honour are accepted, checked like torchrun's",
           "[launch_config]") {
-  for (const std::string& method : {"spawn", "fork", "forkserver"}) {
+  for (const std::string method : {"spawn", "fork", "forkserver"}) {
     CHECK(parse({"--start_method=" + method, "x"}).program == "x");
     CHECK(parse({"--start-method", method, "x"}).program == "x");
   }

@@ -4,11 +4,14 @@
 // replayed lines are refused.
 #include <catch2/catch.hpp>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <functional>
 
 #include "rendezvous/job_secret.h"
@@ -279,23 +282,120 @@ TEST_CASE("node_link: the proofs depend on the secret and both nonces; tags on d
   CHECK_FALSE(same_proof("abc", "ab"));
 }
 
-TEST_CASE("node_link: strangers holding connections open are bounded in number and in time", "[node_link]") {
-  LinkListener listener(std::string("127.0.0.1"), kSecret);
-  std::vector<int> strangers;
-  for (std::size_t i = 0; i < PendingLinks::kMaxPending + 8; ++i) {
-    ConnectResult c = connect_link("127.0.0.1", listener.port(), std::chrono::seconds(5), -1, kSecret);
-    REQUIRE(c.status == ConnectStatus::kConnected);
-    strangers.push_back(dup(c.link->fd()));  // keeps the connection open, silent
-  }
-  PendingLinks pending;
-  for (int i = 0; i < 40 && pending.fds().size() < PendingLinks::kMaxPending; ++i) {
+namespace {
+
+// A silent TCP connection to 127.0.0.1:port from the local address `source` (any of 127.0.0.0/8).
+int raw_connect(const char* source, int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in from{};
+  from.sin_family = AF_INET;
+  inet_pton(AF_INET, source, &from.sin_addr);
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(static_cast<std::uint16_t>(port));
+  inet_pton(AF_INET, "127.0.0.1", &to.sin_addr);
+  REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&from), sizeof(from)) == 0);
+  REQUIRE(connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof(to)) == 0);
+  return fd;
+}
+
+void accept_all(PendingLinks& pending, LinkListener& listener, std::size_t expected) {
+  for (int i = 0; i < 40; ++i) {
     pollfd fd{listener.fd(), POLLIN, 0};
-    poll(&fd, 1, 50);
+    if (poll(&fd, 1, 50) <= 0 && pending.size() >= expected) return;
     pending.accept_from(listener);
   }
-  CHECK(pending.fds().size() == PendingLinks::kMaxPending);  // the oldest were closed to make room
-  for (int fd : strangers) close(fd);
+}
 
+// One receive() once `link` is readable (within `ms`): the handshake's next step.
+void read_once(NodeLink& link, int ms) {
+  pollfd fd{link.fd(), POLLIN, 0};
+  if (poll(&fd, 1, ms) > 0) link.receive();
+}
+
+}  // namespace
+
+TEST_CASE("node_link: strangers holding connections open are bounded per source, then in all, and in time",
+          "[node_link]") {
+  CHECK(peer_source("10.0.0.2:41234") == "10.0.0.2");
+  CHECK(peer_source("[::1]:41234") == "::1");
+  LinkListener listener(std::string("127.0.0.1"), kSecret);
+  std::vector<int> strangers;
+  // One source: at most kMaxPendingPerSource; the evicted are told the host is busy.
+  for (std::size_t i = 0; i < PendingLinks::kMaxPendingPerSource + 3; ++i) {
+    strangers.push_back(raw_connect("127.0.0.2", listener.port()));
+  }
+  PendingLinks pending;
+  accept_all(pending, listener, PendingLinks::kMaxPendingPerSource);
+  CHECK(pending.size() == PendingLinks::kMaxPendingPerSource);
+  const std::string first_heard = read_lines(strangers.front(), 2);
+  CHECK_THAT(first_heard, Catch::Matchers::EndsWith("cpprun-auth-busy\n"));
+  // Many sources: at most kMaxPending in all.
+  for (int source = 3; source < 3 + 10; ++source) {
+    const std::string address = "127.0.0." + std::to_string(source);
+    for (std::size_t i = 0; i < PendingLinks::kMaxPendingPerSource; ++i) {
+      strangers.push_back(raw_connect(address.c_str(), listener.port()));
+    }
+  }
+  accept_all(pending, listener, PendingLinks::kMaxPending);
+  CHECK(pending.size() == PendingLinks::kMaxPending);
+  for (int fd : strangers) close(fd);
+}
+
+TEST_CASE("node_link: a flood from one source does not evict an agent from another, nor a proven one",
+          "[node_link]") {
+  LinkListener listener(std::string("127.0.0.1"), kSecret);
+  PendingLinks pending;
+  // The agent of node 1 connects (from 127.0.0.1) and has its challenge answered...
+  ConnectResult member = connect_link("127.0.0.1", listener.port(), std::chrono::seconds(5), -1, kSecret);
+  REQUIRE(member.status == ConnectStatus::kConnected);
+  accept_all(pending, listener, 1);
+  REQUIRE(pending.size() == 1);
+  read_once(*member.link, 2000);  // reads the challenge, writes the proof
+  REQUIRE(member.link->send(NodeMessage::make_hello(NodeHello{})));  // queued until the host's verdict
+  // ...while strangers flood from 127.0.0.2 and, past its bound, from 127.0.0.1 as well.
+  std::vector<int> strangers;
+  for (int i = 0; i < 200; ++i) {
+    strangers.push_back(raw_connect("127.0.0.2", listener.port()));
+    if (i % 20 == 19) pending.accept_from(listener);  // as the host's loop would, between arrivals
+  }
+  for (std::size_t i = 0; i < PendingLinks::kMaxPendingPerSource + 2; ++i) {
+    strangers.push_back(raw_connect("127.0.0.1", listener.port()));
+  }
+  accept_all(pending, listener, PendingLinks::kMaxPendingPerSource * 2);
+  // The member's proof was read and verified before any eviction from its source: it stays.
+  std::optional<std::pair<NodeLink, NodeMessage>> introduced = pending.take_introduced();
+  for (int i = 0; i < 100 && !introduced; ++i) {
+    read_once(*member.link, 50);  // the verdict; the queued hello goes out
+    for (int fd : pending.fds()) {
+      if (!introduced) introduced = pending.read(fd);
+    }
+  }
+  REQUIRE(introduced);
+  CHECK(introduced->second.kind == MessageKind::kHello);
+  for (int fd : strangers) close(fd);
+}
+
+TEST_CASE("node_link: a member dropped as busy is told so", "[node_link]") {
+  LinkListener listener(std::string("127.0.0.1"), kSecret);
+  ConnectResult member = connect_link("127.0.0.1", listener.port(), std::chrono::seconds(5), -1, kSecret);
+  REQUIRE(member.status == ConnectStatus::kConnected);
+  std::optional<NodeLink> host = accept_within(listener);
+  REQUIRE(host);
+  host->drop_busy();  // before the member answered the challenge
+  NodeLink::Received got;
+  for (int i = 0; i < 100 && !got.closed; ++i) {
+    pollfd fd{member.link->fd(), POLLIN, 0};
+    poll(&fd, 1, 50);
+    got = member.link->receive();
+  }
+  CHECK(got.closed);
+  CHECK(got.busy);
+  CHECK(got.refused.empty());
+  CHECK(got.violation.empty());
+}
+
+TEST_CASE("node_link: a silent connection is overdue after the handshake timeout", "[node_link]") {
   // A silent connection is overdue once kHandshakeTimeout passed (accept_from then drops it); a
   // proven one never is.
   LinkPair pair(kSecret, kSecret);
