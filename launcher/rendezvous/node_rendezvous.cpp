@@ -134,7 +134,8 @@ std::unique_ptr<NodeRendezvous> join_static(const RendezvousSettings& settings, 
                               "firewall must let the nodes reach each other on such ports, as Gloo needs too.",
                           1);
   }
-  return make_rendezvous_member(settings, std::move(*connected.link), started, reconnect_to(settings, link_port, relay));
+  return make_rendezvous_member(settings, std::move(*connected.link), started,
+                                reconnect_to(settings, link_port, relay));
 }
 
 // The first agent that can listen at the endpoint hosts (unless --rdzv_conf is_host); the others connect.
@@ -175,7 +176,9 @@ std::unique_ptr<NodeRendezvous> claim_c10d(const RendezvousSettings& settings, S
               "rendezvous), or check that this host can reach that address.",
           1);
     }
-    if (link) return make_rendezvous_member(settings, std::move(*link), started, reconnect_to(settings, settings.port, relay));
+    if (link) {
+      return make_rendezvous_member(settings, std::move(*link), started, reconnect_to(settings, settings.port, relay));
+    }
     if ((signal = take_ending_signal(relay)) != 0) return nullptr;
   }
 }

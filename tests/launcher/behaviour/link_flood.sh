@@ -12,7 +12,8 @@ for trial in $(seq "$trials"); do
   node0=$NODE_PID
   link_port=
   for _ in $(seq 200); do
-    link_port=$(ss -ltnpH 2>/dev/null | grep "pid=$node0," | awk '{print $4}' | sed 's/.*://' | grep -vx "$port" | head -1)
+    link_port=$(ss -ltnpH 2>/dev/null | grep "pid=$node0," | awk '{print $4}' | sed 's/.*://' |
+                grep -vx "$port" | head -1)
     [ -n "$link_port" ] && break
     sleep 0.05
   done

@@ -20,7 +20,8 @@ wait_for_files 30 "$WORK/env.0" "$WORK/env.1" "$WORK/listening"
 local_addresses=$(awk '{print $4}' "$WORK/listening")
 printf '%s\n' "$local_addresses" | grep -qxF '[::1]:29520' ||
   fail "the agent store does not listen at [::1]:29520: $(cat "$WORK/listening")"
-[ "$(printf '%s\n' "$local_addresses" | wc -l)" -ge 2 ] || fail "no link port beside the store: $(cat "$WORK/listening")"
+[ "$(printf '%s\n' "$local_addresses" | wc -l)" -ge 2 ] ||
+  fail "no link port beside the store: $(cat "$WORK/listening")"
 printf '%s\n' "$local_addresses" | grep -vq '^\[::1\]:' && fail "node 0 listens beyond [::1]: $(cat "$WORK/listening")"
 touch "$WORK/release"
 wait_node "$node0" 20
