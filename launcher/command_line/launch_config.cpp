@@ -276,7 +276,10 @@ void read_rdzv_conf(const std::string& raw_text, LaunchConfig& config) {
 OutputOptions validate_output(const RawOptions& raw, int nproc_per_node) {
   OutputOptions output{parse_std_spec("--redirects", raw.redirects, nproc_per_node),
                        parse_std_spec("--tee", raw.tee, nproc_per_node),
-                       parse_local_ranks_filter(raw.local_ranks_filter, nproc_per_node), raw.log_dir};
+                       parse_local_ranks_filter(raw.local_ranks_filter, nproc_per_node),
+                       raw.log_dir,
+                       parse_duplicate_filters(raw.duplicate_stdout_filters),
+                       parse_duplicate_filters(raw.duplicate_stderr_filters)};
   // Files without --log_dir go to a temp dir that stays, as torchrun's (run_directory.h).
   return output;
 }
@@ -406,10 +409,6 @@ std::vector<std::string> ignored_option_notes(const RawOptions& raw) {
   if (!raw.numa_binding.empty()) {
     note(with_value("--numa_binding", raw.numa_binding) + " is accepted and ignored: cpprun does not bind workers "
          "to CPUs (bind them yourself, e.g. numactl in a wrapper script)");
-  }
-  if (!raw.duplicate_stdout_filters.empty() || !raw.duplicate_stderr_filters.empty()) {
-    note("--duplicate_stdout_filters/--duplicate_stderr_filters are accepted and ignored: cpprun writes no "
-         "filtered_stdout.log/filtered_stderr.log (grep the --tee files instead)");
   }
   if (raw.event_log_handler != "null") {
     note(with_value("--event_log_handler", raw.event_log_handler) + " is accepted and ignored: cpprun records no "
@@ -663,9 +662,9 @@ ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, cons
   option("--local_addr", raw.local_addr, "HOST", "Accepted for torchrun compatibility; unused.");
   option("--event_log_handler", raw.event_log_handler, "NAME", "Accepted for torchrun compatibility; unused.");
   option("--duplicate_stdout_filters", raw.duplicate_stdout_filters, "TEXT,...",
-         "Accepted for torchrun compatibility; unused.");
+         "--tee'd stdout lines holding any TEXT also go to the attempt's filtered_stdout.log (,, is a comma).");
   option("--duplicate_stderr_filters", raw.duplicate_stderr_filters, "TEXT,...",
-         "Accepted for torchrun compatibility; unused.");
+         "The same for stderr: filtered_stderr.log.");
   option("--logs_specs", raw.logs_specs, "NAME", "Accepted for torchrun compatibility; unused (a Python plugin).");
   option("--numa_binding", raw.numa_binding, "node|socket|exclusive|core-complex",
          "Accepted for torchrun compatibility; unused.");

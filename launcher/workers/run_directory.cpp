@@ -103,6 +103,15 @@ RunDirectory::~RunDirectory() {
 }
 
 void RunDirectory::prepare_attempt(int attempt, int nproc_per_node) const {
+  // torchrun starts each attempt's filtered_std{out,err}.log afresh (c10d's rounds reuse attempt_N).
+  if (layout_.per_worker_dirs) {
+    for (const char* name : {"filtered_stdout.log", "filtered_stderr.log"}) {
+      const std::string path = layout_.dir + "/attempt_" + std::to_string(attempt) + "/" + name;
+      if (unlink(path.c_str()) != 0 && errno != ENOENT) {
+        throw std::system_error(errno, std::generic_category(), "cpprun: cannot remove the stale " + path);
+      }
+    }
+  }
   for (int local_rank = 0; local_rank < nproc_per_node; ++local_rank) {
     // The temp dir too: a c10d membership change runs the same attempt number again.
     if (layout_.per_worker_dirs) make_directories(layout_.worker_dir(attempt, local_rank), "--log_dir=" + layout_.dir);

@@ -453,11 +453,15 @@ TEST_CASE("launch_config: torchrun's options cpprun cannot honour are accepted, 
       parse_launch_config({"--numa-binding=node", "--logs_specs=mine", "--duplicate_stdout_filters=a,b",
                            "--event_log_handler=console", "x"},
                           fake_host(), no_env);
-  REQUIRE(noisy.notes.size() == 4);
+  REQUIRE(noisy.notes.size() == 3);  // --duplicate_stdout_filters is implemented
   CHECK_THAT(noisy.notes[0], Contains("--logs_specs=mine") && Contains("ignored"));
   CHECK_THAT(noisy.notes[1], Contains("--numa_binding=node") && Contains("ignored"));
-  CHECK_THAT(noisy.notes[2], Contains("filtered_stdout.log"));
-  CHECK_THAT(noisy.notes[3], Contains("--event_log_handler=console"));
+  CHECK_THAT(noisy.notes[2], Contains("--event_log_handler=console"));
+  // torchrun's comma_separated_list: ",," is a comma; filters mean files (a log dir, a temp one if need be).
+  const LaunchConfig filters = parse({"--duplicate-stdout-filters=apple,,pie,orange", "--tee=1", "x"});
+  CHECK(filters.output.duplicate_stdout_filters == std::vector<std::string>{"apple,pie", "orange"});
+  CHECK(filters.output.duplicate_stderr_filters.empty());
+  CHECK(parse({"--duplicate_stderr_filters=E", "x"}).output.writes_files());
 }
 
 TEST_CASE("launch_config: --rdzv_conf as PyTorch's own tests quote it", "[launch_config]") {

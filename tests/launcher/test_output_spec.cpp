@@ -123,3 +123,21 @@ TEST_CASE("output_spec: --log_line_prefix_template substitutes as Python's Templ
   CHECK(render_prefix_template("${nope} $nope ${rank $", f) == "${nope} $nope ${rank $");
   CHECK(render_prefix_template("$ranks", f) == "$ranks");
 }
+
+TEST_CASE("output_spec: --duplicate_*_filters apply to the shown ranks' tee'd streams, into the attempt dir",
+          "[output_spec]") {
+  CHECK(parse_duplicate_filters("").empty());
+  CHECK(parse_duplicate_filters("a,b") == std::vector<std::string>{"a", "b"});
+  CHECK(parse_duplicate_filters("a,,b,c") == std::vector<std::string>{"a,b", "c"});
+  OutputOptions options;
+  options.tee = {S::kOut, S::kAll, S::kNone};
+  options.shown = {true, false, true};
+  options.duplicate_stdout_filters = {"loss"};
+  options.duplicate_stderr_filters = {"warn"};
+  const WorkerOutputSpec r0 = plan_worker_output(options, 0, 0, "d/attempt_1/0");
+  CHECK(r0.out.filtered_file == "d/attempt_1/filtered_stdout.log");
+  CHECK(r0.out.filters == std::vector<std::string>{"loss"});
+  CHECK(r0.err.filtered_file.empty());  // stderr not tee'd
+  CHECK(plan_worker_output(options, 1, 1, "d/attempt_1/1").out.filtered_file.empty());  // hidden rank
+  CHECK(plan_worker_output(options, 2, 2, "d/attempt_1/2").out.filtered_file.empty());  // not tee'd
+}

@@ -69,6 +69,16 @@ expect_eq "$?" 0 "--tee without --log_dir"
 expect_in_file "$WORK/err" "[rank0]: teed" "teed stderr on the console"
 rm -rf "$TMPDIR"/torchelastic_*
 
+# --duplicate_stdout_filters: tee'd lines holding a needle also go, prefixed, to attempt_N/filtered_stdout.log.
+rm -rf "$WORK/logs"
+cpprun --nproc_per_node=2 --tee=1 --duplicate-stdout-filters='loss,,x,step' --log_dir "$logs" /bin/sh -c '
+  echo "loss,x $RANK"; echo "other $RANK"; echo "step $RANK"'
+expect_eq "$?" 0 "filters exit code"
+run=$(run_dir_in "$logs") || exit 1
+expect_eq "$(sort "$run/attempt_0/filtered_stdout.log" | tr '\n' '|')" \
+  "[rank0]: loss,x 0|[rank0]: step 0|[rank1]: loss,x 1|[rank1]: step 1|" "filtered_stdout.log"
+[ ! -e "$run/attempt_0/filtered_stderr.log" ] || fail "a filtered_stderr.log without --duplicate_stderr_filters"
+
 # A --log_dir that cannot be created.
 touch "$WORK/a-file"
 cpprun --tee 1 --log_dir "$WORK/a-file/logs" /bin/sh -c 'touch "$WORK/started"'

@@ -124,12 +124,20 @@ done
   fail "error files differ: cpprun $(cat "$WORK/cpprun.error.json"), torchrun $(cat "$WORK/torchrun.error.json")"
 expect_in_file "$WORK/cpprun.error.json" '"errorCode": 3' "errorCode"
 
-# 6. --log-line-prefix-template on --tee'd lines: the same prefix.
+# 6. --log-line-prefix-template on --tee'd lines: the same prefix; --duplicate-stdout-filters: the same
+# filtered_stdout.log (",," a comma in a needle).
 for launcher in cpprun torchrun; do
-  $launcher --tee=3 --log-dir="$WORK/$launcher-prefix" --log-line-prefix-template='${role_name}:${rank}| ' --no-python \
-    /bin/echo hello || fail "$launcher: --log-line-prefix-template failed"
+  $launcher --tee=3 --log-dir="$WORK/$launcher-prefix" --log-line-prefix-template='${role_name}:${rank}| ' \
+    --duplicate-stdout-filters='apple,,pie,orange' --no-python \
+    /bin/sh -c 'echo hello; echo "apple,pie 1"; echo "apple 2"; echo "an orange"' ||
+    fail "$launcher: --log-line-prefix-template failed"
   expect_in_file "$WORK/out" "default:0| hello" "$launcher's prefixed line"
+  cat "$WORK/$launcher-prefix"/*/attempt_0/filtered_stdout.log > "$WORK/$launcher.filtered" ||
+    fail "$launcher: no filtered_stdout.log"
 done
+expect_eq "$(cat "$WORK/cpprun.filtered")" "$(cat "$WORK/torchrun.filtered")" "filtered_stdout.log, cpprun vs torchrun"
+expect_eq "$(cat "$WORK/cpprun.filtered")" "default:0| apple,pie 1
+default:0| an orange" "filtered_stdout.log"
 rm -rf "$WORK/torchrun-tmp" "$WORK/cpprun-tmp"
 expect_no_leftovers
 echo PASS
