@@ -53,7 +53,7 @@ struct RawOptions {
   bool module = false;    // torchrun's -m
   bool run_path = false;  // torchrun's --run_path
   std::string job_secret_file;
-  // torchrun's options that cpprun checks and then honours differently or not at all (docs/torchrun_options.md).
+  // torchrun 2.x's newer options (docs/torchrun_options.md: what cpprun does with each).
   std::string start_method = "spawn";
   std::string event_log_handler = "null";
   std::string log_line_prefix_template;
