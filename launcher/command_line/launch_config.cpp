@@ -564,6 +564,7 @@ RendezvousSettings rendezvous_settings(const LaunchConfig& c) {
   s.run_id = c.run_id;
   s.shape = {c.nproc_per_node, c.role};
   s.job_secret = c.job_secret;
+  s.local_addr = c.local_addr;
   return s;
 }
 WorkerSettings worker_settings(const LaunchConfig& c) {
@@ -659,7 +660,8 @@ ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, cons
          "SIGQUIT, SIGUSR1 and SIGUSR2.");
   option("--start_method", raw.start_method, "spawn|fork|forkserver",
          "Accepted for torchrun compatibility; cpprun always fork-execs PROGRAM.");
-  option("--local_addr", raw.local_addr, "HOST", "Accepted for torchrun compatibility; unused.");
+  option("--local_addr", raw.local_addr, "HOST",
+         "c10d: this node's address; if it hosts the rendezvous, every worker's MASTER_ADDR. Static: unused.");
   option("--event_log_handler", raw.event_log_handler, "NAME", "Accepted for torchrun compatibility; unused.");
   option("--duplicate_stdout_filters", raw.duplicate_stdout_filters, "TEXT,...",
          "--tee'd stdout lines holding any TEXT also go to the attempt's filtered_stdout.log (,, is a comma).");
@@ -707,6 +709,7 @@ ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, cons
   }
   check_signal_names(raw.signals_to_handle);
   config.signals_to_handle = raw.signals_to_handle;
+  config.local_addr = raw.local_addr;
   config.log_line_prefix_template = raw.log_line_prefix_template;
   if (config.log_line_prefix_template.empty()) {
     config.log_line_prefix_template = env("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE").value_or("");

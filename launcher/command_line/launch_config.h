@@ -58,6 +58,7 @@ struct LaunchConfig {
   std::string hostname;  // ${hostname} in that template
   bool virtual_local_rank = false;  // LOCAL_RANK=0, each worker sees only its GPU
   std::string signals_to_handle = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";  // exported as torchrun does
+  std::string local_addr;  // c10d: the hosting agent's address for the workers' MASTER_ADDR
   bool dry_run = false;  // print what would run, start nothing
 
   std::string program;                    // as typed; resolved when launching (program_command.h)

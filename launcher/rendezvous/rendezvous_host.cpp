@@ -267,6 +267,8 @@ class RendezvousHost final : public NodeRendezvous {
       RankLayout layout = multi_node_layout(shapes, group_rank);
       layout.master_port = master_port;
       layout.agent_store = master_port == 0;
+      // c10d: worker rank 0 is on this host; torchrun's rank-0 node advertises its --local_addr.
+      if (!settings_.fixed_ranks()) layout.master_addr = settings_.local_addr;
       return layout;
     };
     std::string ranks = "node 0: " + rank_range(0, shapes[0].local_world_size);

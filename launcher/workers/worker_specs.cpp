@@ -48,7 +48,7 @@ EnvMap make_worker_env(const WorkerEnvSettings& settings, const RankLayout& layo
   env["ROLE_RANK"] = std::to_string(layout.role_base_rank + local_rank);
   env["ROLE_WORLD_SIZE"] = std::to_string(layout.role_world_size);
   env["ROLE_NAME"] = settings.role;
-  env["MASTER_ADDR"] = settings.master_addr;
+  env["MASTER_ADDR"] = layout.master_addr.empty() ? settings.master_addr : layout.master_addr;
   env["MASTER_PORT"] = std::to_string(layout.master_port != 0 ? layout.master_port : settings.master_port);
   env["TORCHELASTIC_RESTART_COUNT"] = std::to_string(restart_count);
   env["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(settings.max_restarts);

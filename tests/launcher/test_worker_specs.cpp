@@ -107,8 +107,11 @@ TEST_CASE("worker_specs: c10d workers get the endpoint's host and the rendezvous
   CHECK(env.at("MASTER_ADDR") == "node0");
   CHECK(env.at("MASTER_PORT") == "41234");
   CHECK(env.at("TORCHELASTIC_RUN_ID") == "job42");
-  // As torchrun's c10d backend: worker rank 0 hosts the workers' store.
+  // worker rank 0 hosts the workers' store (torchrun says True: docs/torchrun_options.md).
   CHECK(env.at("TORCHELASTIC_USE_AGENT_STORE") == "False");
+  // The hosting agent's --local_addr, sent with the round's start, is the workers' MASTER_ADDR.
+  layout.master_addr = "10.0.0.7";
+  CHECK(make_worker_env(c, layout, 0, 0, "/run/e.json", {}).at("MASTER_ADDR") == "10.0.0.7");
 }
 
 TEST_CASE("worker_specs: the environment inherits the launcher's, launcher variables winning", "[worker_specs]") {
