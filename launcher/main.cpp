@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <exception>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <system_error>
 #include <vector>
@@ -17,6 +18,8 @@
 #include "rendezvous/node_rendezvous.h"
 #include "rendezvous/rank_layout.h"
 #include "workers/attempt.h"
+#include "workers/error_file.h"
+#include "workers/file_timer.h"
 #include "workers/job_process_tree.h"
 #include "workers/restart_backoff.h"
 #include "workers/run_directory.h"
@@ -60,20 +63,39 @@ int run(const LaunchConfig& config) {
                 << "; set PYTHON_EXEC to choose another)\n";
     }
     std::cout << format_dry_run(make_worker_specs(workers, assumed_layout(rendezvous), program, 0,
-                                                  RunLayout::planned(config.output.log_dir), parent_env),
+                                                  RunLayout::planned(config.output.log_dir, config.run_id,
+                                                                     config.output.writes_files()),
+                                                  parent_env),
                                 parent_env);
     return 0;
   }
   check_meeting_host_resolves(rendezvous);
   // Before the environment is read for the workers, who inherit its token, and before any thread.
   const JobProcessTree tree;
+  // torchrun's watchdog pipe; the workers inherit TORCHELASTIC_TIMER_FILE from cpprun's environment.
+  std::optional<FileTimerServer> file_timer;
+  const auto getenv_opt = [](const char* name) -> std::optional<std::string> {
+    const char* value = std::getenv(name);
+    return value != nullptr ? std::optional<std::string>(value) : std::nullopt;
+  };
+  const char* tmpdir = std::getenv("TMPDIR");
+  if (const auto path = file_timer_path(getenv_opt("TORCHELASTIC_ENABLE_FILE_TIMER"),
+                                        getenv_opt("TORCHELASTIC_TIMER_FILE"),
+                                        tmpdir != nullptr && *tmpdir != '\0' ? tmpdir : "/tmp", random_uuid4())) {
+    file_timer.emplace(*path, "CPPRUN_JOB_TOKEN=" + getenv_opt("CPPRUN_JOB_TOKEN").value_or(""));
+    setenv("TORCHELASTIC_TIMER_FILE", path->c_str(), 1);
+  }
   const EnvMap parent_env = current_environment();
   if (defaults_omp_threads(config.nproc_per_node, parent_env)) {
     std::cerr << "cpprun: setting OMP_NUM_THREADS=1 for each of the " << config.nproc_per_node
               << " workers so they do not overload the CPU; set OMP_NUM_THREADS yourself to tune it\n";
   }
   SignalRelay relay;
-  const RunDirectory run_dir(config.output.log_dir);
+  const RunDirectory run_dir(config.output.log_dir, config.run_id, config.output.writes_files());
+  if (!run_dir.made_log_dir().empty()) {
+    std::cerr << "cpprun: --redirects/--tee without --log_dir: the workers' files go to " << run_dir.layout().dir
+              << " (kept, as torchrun's)\n";
+  }
   if (rendezvous.multi_node()) return run_multi_node(rendezvous, workers, program, parent_env, relay, run_dir);
 
   const RankLayout ranks = single_node_layout(config.nproc_per_node);
@@ -88,6 +110,7 @@ int run(const LaunchConfig& config) {
     if (attempt.end == GroupEnd::kInterrupted) return attempt.exit_code;
 
     if (restart >= config.max_restarts) {
+      if (attempt.end == GroupEnd::kWorkerFailed) hand_over_error_file(attempt);
       const std::string gave_up = "giving up after " + std::to_string(restart + 1) + " attempts (--max_restarts=" +
                                   std::to_string(config.max_restarts) + "); ";
       std::cerr << "cpprun: " << (config.max_restarts > 0 ? gave_up : "") << "exiting with code " << attempt.exit_code
@@ -111,6 +134,7 @@ int main(int argc, char** argv) {
   try {
     const ParsedCommandLine cli = parse_launch_config({argv + 1, argv + argc}, probe_host());
     if (!cli.scheduler_note.empty()) std::cerr << cli.scheduler_note << std::endl;
+    for (const std::string& note : cli.notes) std::cerr << note << std::endl;
     if (cli.outcome == CliOutcome::kShowHelp) {
       std::cout << cli.help_text;
       return 0;

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <chrono>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -26,10 +27,12 @@ class AgentStoreError : public std::runtime_error {
 
 class AgentStore {
  public:
-  // Starts the server on `port` and connects to it over the loopback. The server listens on the
-  // loopback alone when `loopback_only` (every node on this host), else on every interface.
-  static AgentStore host(int port, bool loopback_only, std::chrono::milliseconds timeout) {
-    return open("127.0.0.1", port, true, loopback_only, timeout);
+  // Starts the server on `port` and connects to it over the loopback. The server listens at
+  // `loopback_address` alone ("127.0.0.1", "::1") when given (every node on this host), else on
+  // every interface.
+  static AgentStore host(int port, const std::optional<std::string>& loopback_address,
+                         std::chrono::milliseconds timeout) {
+    return open(loopback_address.value_or("127.0.0.1"), port, true, loopback_address.has_value(), timeout);
   }
   // Connects to a store that another agent hosts.
   static AgentStore connect(const std::string& host, int port, std::chrono::milliseconds timeout) {

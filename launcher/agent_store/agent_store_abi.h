@@ -15,7 +15,7 @@ typedef struct cpprun_agent_store cpprun_agent_store;
 /* A failing call leaves a NUL-terminated message in err. */
 typedef struct cpprun_agent_store_api {
   int abi_version; /* first in every version, so that a mismatch can be told */
-  /* With is_server: starts a c10d TCPStore server on `port` (on 127.0.0.1 alone with loopback_only,
+  /* With is_server: starts a c10d TCPStore server on `port` (on `host`, numeric, alone with loopback_only,
    * else on all interfaces, as c10d does) and connects to it; otherwise connects to host:port.
    * `timeout_ms` bounds the connection and every later get(). NULL on failure. */
   cpprun_agent_store* (*open)(const char* host, int port, int is_server, int loopback_only, long timeout_ms,

@@ -71,10 +71,11 @@ cpprun_agent_store* open_store(const char* host, int port, int is_server, int lo
     opts.timeout = std::chrono::milliseconds(timeout_ms);
     // c10d binds its server to every interface; a job whose nodes are all on this host needs only
     // the loopback, where nobody on the network reaches its store. We bind and hand the socket over.
+    // `host` is then the numeric loopback address the other nodes know node 0 by (::1 or 127.x).
     if (is_server != 0 && loopback_only != 0) {
-      const cpprun::StoreListen listen = cpprun::listen_for_store("127.0.0.1", port);
+      const cpprun::StoreListen listen = cpprun::listen_for_store(host, port);
       if (listen.fd < 0) {
-        throw std::runtime_error("cannot listen at 127.0.0.1:" + std::to_string(port) + ": " +
+        throw std::runtime_error("cannot listen at " + std::string(host) + " port " + std::to_string(port) + ": " +
                                  std::strerror(listen.error) +
                                  (listen.port_in_use() ? " (EADDRINUSE: port in use)" : ""));
       }

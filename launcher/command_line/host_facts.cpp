@@ -4,12 +4,14 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cstdlib>
+#include <cstdint>
 #include <filesystem>
 #include <sstream>
 #include <system_error>
@@ -56,9 +58,31 @@ int pick_free_port() {
   return ntohs(addr.sin_port);
 }
 
+std::string random_uuid4() {
+  std::uint8_t bytes[16];
+  const int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+  const bool read_all = fd >= 0 && read(fd, bytes, sizeof(bytes)) == static_cast<ssize_t>(sizeof(bytes));
+  const int err = errno;
+  if (fd >= 0) close(fd);
+  if (!read_all) throw std::system_error(err, std::generic_category(), "reading /dev/urandom for a run id");
+  bytes[6] = static_cast<std::uint8_t>((bytes[6] & 0x0f) | 0x40);  // version 4
+  bytes[8] = static_cast<std::uint8_t>((bytes[8] & 0x3f) | 0x80);  // RFC 4122 variant
+  static const char kHex[] = "0123456789abcdef";
+  std::string text;
+  for (int i = 0; i < 16; ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) text += '-';
+    text += kHex[bytes[i] >> 4];
+    text += kHex[bytes[i] & 0xf];
+  }
+  return text;
+}
+
 HostFacts probe_host() {
+  char name[256] = {};
+  if (gethostname(name, sizeof(name) - 1) != 0) name[0] = '\0';
   return {static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN))),
-          count_visible_gpus(count_nvidia_device_nodes(), std::getenv("CUDA_VISIBLE_DEVICES")), pick_free_port};
+          count_visible_gpus(count_nvidia_device_nodes(), std::getenv("CUDA_VISIBLE_DEVICES")), pick_free_port,
+          name, random_uuid4};
 }
 
 }  // namespace cpprun::launcher

@@ -3,14 +3,19 @@
 #pragma once
 
 #include <functional>
+#include <string>
 
 namespace cpprun::launcher {
 
 struct HostFacts {
   int cpu_count = 1;
   int gpu_count = 0;
-  // Called only for --standalone. Returns a TCP port that was free on 127.0.0.1 a moment ago.
+  // Called for --standalone and a one-node job without --master_port. Returns a TCP port that was
+  // free on 127.0.0.1 a moment ago.
   std::function<int()> pick_free_port;
+  std::string hostname;  // gethostname(): ${hostname} of --log_line_prefix_template
+  // A fresh run id for a one-node job without --master_port (torchrun's uuid4).
+  std::function<std::string()> random_run_id;
 };
 
 // Reads the real machine: online CPUs, visible NVIDIA GPUs, and the real free-port picker.
@@ -18,6 +23,10 @@ HostFacts probe_host();
 
 // Binds 127.0.0.1:0, reads the port the kernel chose, closes the socket. Throws std::system_error.
 int pick_free_port();
+
+// A random version-4 UUID ("1b4e28ba-2fa1-4d2f-883f-0016d3cca427") from /dev/urandom, as torchrun's
+// uuid.uuid4() run ids. Throws std::system_error.
+std::string random_uuid4();
 
 // GPUs a CUDA program would see: the /dev/nvidiaN nodes, narrowed by CUDA_VISIBLE_DEVICES the way
 // the CUDA runtime reads it (the list stops at the first empty or negative entry). Null means unset.

@@ -43,7 +43,7 @@ struct RawOptions {
   std::string rdzv_conf;
   std::string max_restarts = "0";
   std::string restart_backoff = "1:30";
-  std::string shutdown_timeout = "5";
+  std::string shutdown_timeout;  // unset: $TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 5
   std::string monitor_interval = "0.1";
   bool no_python = false;
   std::string redirects = "0";
@@ -53,6 +53,18 @@ struct RawOptions {
   bool module = false;    // torchrun's -m
   bool run_path = false;  // torchrun's --run_path
   std::string job_secret_file;
+  // torchrun 2.x's newer options (docs/torchrun_options.md: what cpprun does with each).
+  std::string start_method = "spawn";
+  std::string event_log_handler = "null";
+  std::string log_line_prefix_template;
+  std::string duplicate_stdout_filters;
+  std::string duplicate_stderr_filters;
+  std::string local_addr;
+  std::string logs_specs;
+  std::string numa_binding;
+  std::string signals_to_handle = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
+  std::string print_completion;
+  bool master_port_given = false;  // on the command line, as PET_MASTER_PORT or from the scheduler
 };
 
 int parse_int_in_range(const std::string& flag, const std::string& text, int min, int max,
@@ -192,40 +204,69 @@ std::optional<bool> read_bool(const std::string& text) {
   return std::nullopt;
 }
 
+// Surrounding whitespace and one pair of matching quotes: PyTorch's own launcher tests pass
+// "--rdzv-conf='join_timeout=5,last_call_timeout=1,timeout=5'" in one argv word, quotes included.
+std::string unquoted(std::string text) {
+  const auto trim = [](std::string& t) {
+    const auto first = t.find_first_not_of(" \t");
+    t = first == std::string::npos ? std::string() : t.substr(first, t.find_last_not_of(" \t") - first + 1);
+  };
+  trim(text);
+  if (text.size() >= 2 && (text.front() == '\'' || text.front() == '"') && text.back() == text.front()) {
+    text = text.substr(1, text.size() - 2);
+    trim(text);
+  }
+  return text;
+}
+
 // --rdzv_conf KEY=VALUE,...: the keys torchrun's backends read. The join timeout is `timeout` for
-// torchrun's static backend, `join_timeout` for its c10d one; both read both here. c10d's close_timeout
-// and read_timeout are checked, then unused (no agent waits on a store here).
-void read_rdzv_conf(const std::string& text, LaunchConfig& config) {
+// torchrun's static backend, `join_timeout` for its c10d one; both read both here. c10d's other
+// settings of an agent waiting on a store (close_timeout, read_timeout, heartbeat, keep_alive_*,
+// store_type) are accepted and unused: no agent waits on a store here. The static backend accepts c10d's
+// keys unused (torchrun runs a one-node job with c10d). An unknown key is an error (torchrun ignores it,
+// so a misspelt key silently keeps the default).
+void read_rdzv_conf(const std::string& raw_text, LaunchConfig& config) {
   const bool c10d = config.rdzv_backend == RendezvousBackend::kC10d;
+  const std::string text = unquoted(raw_text);
   std::istringstream items(text);
   for (std::string item; std::getline(items, item, ',');) {
+    item = unquoted(item);
     if (item.empty()) continue;
     const auto eq = item.find('=');
-    const std::string key = item.substr(0, eq);
-    const std::string value = eq == std::string::npos ? std::string() : item.substr(eq + 1);
+    const std::string key = unquoted(item.substr(0, eq));
+    const std::string value = eq == std::string::npos ? std::string() : unquoted(item.substr(eq + 1));
     const bool join = key == "join_timeout" || key == "timeout";
-    const bool c10d_key =
-        key == "last_call_timeout" || key == "is_host" || key == "close_timeout" || key == "read_timeout";
-    if (eq == std::string::npos || (!join && !(c10d && c10d_key))) {
-      throw UsageError(with_value("--rdzv_conf", text) + ": '" + item + "' is not a setting of " +
+    const bool c10d_used = key == "last_call_timeout" || key == "is_host";
+    const bool c10d_unused_seconds = key == "close_timeout" || key == "read_timeout" || key == "heartbeat" ||
+                                     key == "keep_alive_interval";
+    const bool c10d_unused_other = key == "keep_alive_max_attempt" || key == "store_type";
+    const bool c10d_key = c10d_used || c10d_unused_seconds || c10d_unused_other;
+    if (eq == std::string::npos || (!join && !c10d_key)) {
+      throw UsageError(with_value("--rdzv_conf", raw_text) + ": '" + item + "' is not a setting of " +
                        backend_name(config.rdzv_backend) +
                        " rendezvous; cpprun knows join_timeout=SECONDS (also spelled timeout)" +
-                       (c10d ? ", last_call_timeout=SECONDS, is_host=0|1, close_timeout and read_timeout "
-                               "(accepted, unused)"
-                             : "; last_call_timeout and is_host belong to --rdzv_backend=c10d") +
+                       (c10d ? ", last_call_timeout=SECONDS, is_host=0|1; close_timeout, read_timeout, heartbeat, "
+                               "keep_alive_interval, keep_alive_max_attempt and store_type are accepted, unused"
+                             : "; c10d's last_call_timeout, is_host, close_timeout, read_timeout, heartbeat, "
+                               "keep_alive_interval, keep_alive_max_attempt and store_type are accepted, unused") +
                        ", e.g. --rdzv_conf join_timeout=300");
     }
+    if (value.empty()) {
+      throw UsageError(with_value("--rdzv_conf", raw_text) + ": '" + key + "' has no value; write " + key +
+                       "=VALUE (torchrun: \"must have a value specified\")");
+    }
+    if (c10d_unused_other || (!c10d && c10d_key && !join)) continue;
     if (key == "is_host") {
       config.is_host = read_bool(value);
       if (!config.is_host) {
-        throw UsageError(with_value("--rdzv_conf", text) + ": is_host=" + value +
+        throw UsageError(with_value("--rdzv_conf", raw_text) + ": is_host=" + value +
                          " is not a boolean; write is_host=1 (this agent hosts the rendezvous) or is_host=0");
       }
       continue;
     }
     const std::chrono::milliseconds seconds = parse_seconds("--rdzv_conf " + key, value);
     if (join && seconds.count() == 0) {
-      throw UsageError(with_value("--rdzv_conf", text) + ": the join timeout must be above 0 seconds");
+      throw UsageError(with_value("--rdzv_conf", raw_text) + ": the join timeout must be above 0 seconds");
     }
     if (join) config.join_timeout = seconds;
     if (key == "last_call_timeout") config.last_call_timeout = seconds;
@@ -235,14 +276,11 @@ void read_rdzv_conf(const std::string& text, LaunchConfig& config) {
 OutputOptions validate_output(const RawOptions& raw, int nproc_per_node) {
   OutputOptions output{parse_std_spec("--redirects", raw.redirects, nproc_per_node),
                        parse_std_spec("--tee", raw.tee, nproc_per_node),
-                       parse_local_ranks_filter(raw.local_ranks_filter, nproc_per_node), raw.log_dir};
-  if (output.writes_files() && output.log_dir.empty()) {
-    // torchrun would invent a temp dir and bury the logs in it; asking puts them where you look.
-    const bool redirecting = output.redirects != std::vector<StdStreams>(nproc_per_node, StdStreams::kNone);
-    throw UsageError(with_value(redirecting ? "--redirects" : "--tee", redirecting ? raw.redirects : raw.tee) +
-                     " needs --log_dir DIR: the output goes to DIR/attempt_N/LOCAL_RANK/{stdout,stderr}.log "
-                     "(e.g. --log_dir=logs)");
-  }
+                       parse_local_ranks_filter(raw.local_ranks_filter, nproc_per_node),
+                       raw.log_dir,
+                       parse_duplicate_filters(raw.duplicate_stdout_filters),
+                       parse_duplicate_filters(raw.duplicate_stderr_filters)};
+  // Files without --log_dir go to a temp dir that stays, as torchrun's (run_directory.h).
   return output;
 }
 
@@ -277,20 +315,32 @@ void validate_rendezvous(const RawOptions& raw, const HostFacts& host, LaunchCon
   }
   config.node_rank = parse_int_in_range("--node_rank", raw.node_rank, 0, config.nnodes - 1,
                                         "this node's rank among --nnodes=" + raw.nnodes, 0);
-  if (config.standalone) {
-    config.master_addr = "127.0.0.1";
-    try {
-      config.master_port = host.pick_free_port();
-    } catch (const std::system_error& e) {
-      throw UsageError(std::string("--standalone: could not find a free port: ") + e.what() +
-                       "; pass --master_port=PORT instead");
-    }
-    return;
-  }
-  if (raw.master_addr.empty()) {
+  // torchrun 2.x: --standalone, or one node with neither --master_port nor --rdzv_endpoint, runs on a
+  // free port under a random run id (a uuid4, replacing --rdzv_id), so default jobs on one host never collide.
+  config.picked_port = config.standalone || (config.nnodes == 1 && !raw.master_port_given && raw.rdzv_endpoint.empty());
+  if (raw.master_addr.empty() && !config.standalone) {
     throw UsageError("--master_addr='': expected a host name or IP address (e.g. --master_addr=127.0.0.1)");
   }
+  if (config.picked_port) {
+    const std::string why = config.standalone ? "--standalone" : "one node without --master_port";
+    try {
+      config.master_port = host.pick_free_port();
+      config.run_id = host.random_run_id();
+    } catch (const std::system_error& e) {
+      throw UsageError(why + ": could not find a free port or make a run id: " + e.what() +
+                       "; pass --master_port=PORT instead");
+    }
+    if (config.standalone) {
+      config.master_addr = "127.0.0.1";
+      return;
+    }
+  }
   config.master_addr = raw.master_addr;
+  // torchrun's help writes an IPv6 --master_addr in brackets ([0:0:0:0:0:0:0:1]); MASTER_ADDR has none.
+  if (config.master_addr.size() > 2 && config.master_addr.front() == '[' && config.master_addr.back() == ']') {
+    config.master_addr = config.master_addr.substr(1, config.master_addr.size() - 2);
+  }
+  if (config.picked_port) return;
   config.master_port = parse_int_in_range("--master_port", raw.master_port, 1, 65535, "a TCP port", 29500);
   // torchrun's static backend meets at the endpoint, and its workers use that store.
   if (!raw.rdzv_endpoint.empty()) read_rdzv_endpoint(raw.rdzv_endpoint, 29500, config);
@@ -303,11 +353,80 @@ void validate(const RawOptions& raw, const HostFacts& host, LaunchConfig& config
   config.max_restarts =
       parse_int_in_range("--max_restarts", raw.max_restarts, 0, 1000000, "how often to restart", 3);
   config.restart_backoff = parse_restart_backoff(raw.restart_backoff);
-  config.shutdown_timeout = parse_seconds("--shutdown_timeout", raw.shutdown_timeout);
+  if (!raw.shutdown_timeout.empty()) {
+    config.shutdown_timeout = parse_seconds("--shutdown_timeout", raw.shutdown_timeout);
+  }
   if (!read_double(raw.monitor_interval, config.monitor_interval)) {
     throw UsageError(with_value("--monitor_interval", raw.monitor_interval) +
                      ": expected a number of seconds (accepted for torchrun compatibility, unused)");
   }
+}
+
+// One of `choices`, as argparse's choices=[...] checks it.
+void check_choice(const std::string& flag, const std::string& value, const std::vector<std::string>& choices) {
+  if (std::find(choices.begin(), choices.end(), value) != choices.end()) return;
+  std::string list;
+  for (const std::string& c : choices) list += (list.empty() ? "" : ", ") + c;
+  throw UsageError(with_value(flag, value) + ": expected one of " + list + " (as torchrun's)");
+}
+
+// torchrun's --signals_to_handle: names of signals, comma-separated ("SIGTERM,SIGUSR1").
+void check_signal_names(const std::string& text) {
+  static const std::vector<std::string> kKnown = {"SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2",
+                                                  "SIGABRT", "SIGALRM", "SIGPIPE", "SIGXCPU", "SIGXFSZ"};
+  std::istringstream items(text);
+  for (std::string item; std::getline(items, item, ',');) {
+    item = unquoted(item);
+    if (std::find(kKnown.begin(), kKnown.end(), item) != kKnown.end()) continue;
+    throw UsageError(with_value("--signals_to_handle", text) + ": '" + item +
+                     "' is not a signal name cpprun knows; write names like SIGTERM,SIGINT,SIGUSR1");
+  }
+}
+
+// --virtual_local_rank gives local rank i the i-th GPU of the parent's CUDA_VISIBLE_DEVICES (or
+// HIP_VISIBLE_DEVICES): there must be one per worker, as torchrun checks when it starts them.
+void check_virtual_local_rank(const LaunchConfig& config, const EnvLookup& env) {
+  if (!config.virtual_local_rank) return;
+  const std::optional<std::string> hip = env("HIP_VISIBLE_DEVICES");
+  const std::string name = hip && !hip->empty() ? "HIP_VISIBLE_DEVICES" : "CUDA_VISIBLE_DEVICES";
+  const std::optional<std::string> visible = hip && !hip->empty() ? hip : env("CUDA_VISIBLE_DEVICES");
+  if (!visible) return;
+  const auto listed = static_cast<int>(std::count(visible->begin(), visible->end(), ',')) + 1;
+  if (listed >= config.nproc_per_node) return;
+  throw UsageError("--virtual_local_rank gives each worker one GPU of " + name + "=" + *visible + ", which lists " +
+                   std::to_string(listed) + " for --nproc_per_node=" + std::to_string(config.nproc_per_node) +
+                   "; list one per worker, or run fewer workers");
+}
+
+// torchrun options cpprun accepts but cannot honour: said once on stderr, when they ask for something.
+std::vector<std::string> ignored_option_notes(const RawOptions& raw) {
+  std::vector<std::string> notes;
+  const auto note = [&](const std::string& text) { notes.push_back("cpprun: " + text); };
+  if (!raw.logs_specs.empty()) {
+    note(with_value("--logs_specs", raw.logs_specs) + " names a Python plugin (a torchrun.logs_specs entry point), "
+         "which cpprun cannot load; ignored: the logs go where torchrun's default LogsSpecs puts them");
+  }
+  if (!raw.numa_binding.empty()) {
+    note(with_value("--numa_binding", raw.numa_binding) + " is accepted and ignored: cpprun does not bind workers "
+         "to CPUs (bind them yourself, e.g. numactl in a wrapper script)");
+  }
+  if (raw.event_log_handler != "null") {
+    note(with_value("--event_log_handler", raw.event_log_handler) + " is accepted and ignored: cpprun records no "
+         "torchelastic events");
+  }
+  return notes;
+}
+
+// --print_completion SHELL: a completion script for cpprun's options (torchrun's needs the shtab package).
+std::string completion_script(const std::string& shell, const std::vector<OptionSpelling>& spellings) {
+  std::string words;
+  for (const OptionSpelling& spelling : spellings) words += (words.empty() ? "" : " ") + spelling.name;
+  if (shell == "tcsh") {
+    throw UsageError("--print_completion=tcsh: cpprun prints completion scripts for bash and zsh only");
+  }
+  std::string script;
+  if (shell == "zsh") script = "autoload -U +X bashcompinit && bashcompinit\n";
+  return script + "complete -o default -W \"" + words + "\" cpprun\n";
 }
 
 // Writes the scheduler's values into the multi-node options that neither the command line nor
@@ -445,10 +564,15 @@ RendezvousSettings rendezvous_settings(const LaunchConfig& c) {
   s.run_id = c.run_id;
   s.shape = {c.nproc_per_node, c.role};
   s.job_secret = c.job_secret;
+  s.local_addr = c.local_addr;
   return s;
 }
 WorkerSettings worker_settings(const LaunchConfig& c) {
-  return {{c.nproc_per_node, c.role, c.master_addr, c.master_port, c.max_restarts, c.run_id}, c.output};
+  return {{c.nproc_per_node, c.role, c.master_addr, c.master_port, c.max_restarts, c.run_id, c.virtual_local_rank,
+           c.signals_to_handle},
+          c.output,
+          c.log_line_prefix_template,
+          c.hostname};
 }
 
 ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, const HostFacts& host,
@@ -507,7 +631,8 @@ ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, cons
   option("--max_restarts", raw.max_restarts, "INT", "Restarts of the workers after a failure.");
   option("--restart_backoff", raw.restart_backoff, "INITIAL[:MAX]",
          "Seconds before a restart: INITIAL, doubling with each failure in a row up to MAX (default 30).");
-  option("--shutdown_timeout", raw.shutdown_timeout, "SECONDS", "Seconds from SIGTERM to SIGKILL (torchrun: 30).");
+  option("--shutdown_timeout", raw.shutdown_timeout, "SECONDS",
+         "Seconds from SIGTERM to SIGKILL; default $TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 5 (torchrun: 30).");
   option("--rdzv_id,--run_id", config.run_id, "ID", "Job id (TORCHELASTIC_RUN_ID), the same on every node.");
   option("--role", config.role, "NAME", "Worker role (ROLE_NAME).");
   option("--monitor_interval", raw.monitor_interval, "SECONDS", "Accepted for torchrun compatibility; unused.");
@@ -515,7 +640,9 @@ ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, cons
   option("-r,--redirects", raw.redirects, "0-3|LOCAL_RANK:0-3,...",
          "Workers' output to files in --log_dir, not the console: 1 stdout, 2 stderr, 3 both; or a map like 0:1,1:3.");
   option("-t,--tee", raw.tee, "0-3|LOCAL_RANK:0-3,...", "Like --redirects, but the console gets the output too.");
-  option("--log_dir", raw.log_dir, "DIR", "For --redirects/--tee: DIR/attempt_N/LOCAL_RANK/{stdout,stderr}.log");
+  option("--log_dir", raw.log_dir, "DIR",
+         "Workers' files in DIR/RUN_ID_XXXXXXXX/attempt_N/LOCAL_RANK/ (a kept temp dir for --redirects/--tee "
+         "without it).");
   option("--local_ranks_filter", raw.local_ranks_filter, "LOCAL_RANK,...", "The local ranks shown on the console.");
   flag("--dry_run", config.dry_run, "Print each worker's command line and environment; start nothing.");
   flag("-m,--module", raw.module, "PROGRAM is a Python module: workers run `python -u -m PROGRAM`.");
@@ -524,6 +651,26 @@ ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, cons
          "Multi-node: the job's secret, the same on every node (else $CPPRUN_JOB_SECRET); 16 characters or more.");
   flag("--no_job_secret", config.no_job_secret,
        "Multi-node without a secret: anyone who reaches the agents' ports can join or steer the job.");
+  option("--log_line_prefix_template", raw.log_line_prefix_template, "TEMPLATE",
+         "Console line prefix instead of [rankN]: , with ${role_name}, ${rank}, ${local_rank}, ${hostname}.");
+  flag("--virtual_local_rank", config.virtual_local_rank,
+       "LOCAL_RANK=0 for every worker; worker i sees only GPU i (CUDA_VISIBLE_DEVICES).");
+  option("--signals_to_handle", raw.signals_to_handle, "SIG,...",
+         "Checked and exported as TORCHELASTIC_SIGNALS_TO_HANDLE; cpprun always forwards SIGINT, SIGTERM, SIGHUP, "
+         "SIGQUIT, SIGUSR1 and SIGUSR2.");
+  option("--start_method", raw.start_method, "spawn|fork|forkserver",
+         "Accepted for torchrun compatibility; cpprun always fork-execs PROGRAM.");
+  option("--local_addr", raw.local_addr, "HOST",
+         "c10d: this node's address; if it hosts the rendezvous, every worker's MASTER_ADDR. Static: unused.");
+  option("--event_log_handler", raw.event_log_handler, "NAME", "Accepted for torchrun compatibility; unused.");
+  option("--duplicate_stdout_filters", raw.duplicate_stdout_filters, "TEXT,...",
+         "--tee'd stdout lines holding any TEXT also go to the attempt's filtered_stdout.log (,, is a comma).");
+  option("--duplicate_stderr_filters", raw.duplicate_stderr_filters, "TEXT,...",
+         "The same for stderr: filtered_stderr.log.");
+  option("--logs_specs", raw.logs_specs, "NAME", "Accepted for torchrun compatibility; unused (a Python plugin).");
+  option("--numa_binding", raw.numa_binding, "node|socket|exclusive|core-complex",
+         "Accepted for torchrun compatibility; unused.");
+  option("--print_completion", raw.print_completion, "bash|zsh", "Print a shell completion script and exit.");
 
   const std::vector<OptionSpelling> known = option_spellings(app);
   const std::vector<std::string> expanded = expand_option_prefixes(args, known);
@@ -538,8 +685,38 @@ ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, cons
   } catch (const CLI::ParseError& e) {
     throw UsageError(std::string(e.what()) + "\nRun with --help for more information.");
   }
+  if (!raw.print_completion.empty()) {
+    check_choice("--print_completion", raw.print_completion, {"bash", "zsh", "tcsh"});
+    result.outcome = CliOutcome::kShowHelp;
+    result.help_text = completion_script(raw.print_completion, known);
+    return result;
+  }
   result.scheduler_note = apply_scheduler_defaults(app, env, config.standalone, raw);
+  raw.master_port_given = app.get_option("--master_port")->count() > 0 || raw.master_port != "29500";
+  if (raw.shutdown_timeout.empty()) {
+    if (const std::optional<std::string> from_env = env("TORCH_ELASTIC_SHUTDOWN_TIMEOUT")) {
+      if (!read_seconds(*from_env)) {
+        throw UsageError("TORCH_ELASTIC_SHUTDOWN_TIMEOUT=" + *from_env +
+                         ": expected a number of seconds from 0 to 86400 (or pass --shutdown_timeout)");
+      }
+      raw.shutdown_timeout = *from_env;
+    }
+  }
   validate(raw, host, config);
+  check_choice("--start_method", raw.start_method, {"spawn", "fork", "forkserver"});
+  if (!raw.numa_binding.empty()) {
+    check_choice("--numa_binding", raw.numa_binding, {"node", "socket", "exclusive", "core-complex"});
+  }
+  check_signal_names(raw.signals_to_handle);
+  config.signals_to_handle = raw.signals_to_handle;
+  config.local_addr = raw.local_addr;
+  config.log_line_prefix_template = raw.log_line_prefix_template;
+  if (config.log_line_prefix_template.empty()) {
+    config.log_line_prefix_template = env("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE").value_or("");
+  }
+  config.hostname = host.hostname;
+  check_virtual_local_rank(config, env);
+  result.notes = ignored_option_notes(raw);
   take_program(app.remaining(), known, config);
   config.program_mode = program_mode(raw);
   config.job_secret = resolve_job_secret({is_multi_node(config), raw.job_secret_file, config.no_job_secret}, env);

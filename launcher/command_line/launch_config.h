@@ -34,10 +34,14 @@ struct LaunchConfig {
   std::chrono::milliseconds last_call_timeout{30 * 1000};
   std::optional<bool> is_host;
   bool standalone = false;  // master_addr/master_port were replaced by 127.0.0.1 and a free port
+  // One node, no --master_port (nor --rdzv_endpoint): as torchrun 2.x, a free port and a random run id,
+  // so two default jobs on one host do not collide. Also true with --standalone.
+  bool picked_port = false;
   int max_restarts = 0;
   RestartBackoffSettings restart_backoff;
-  // SIGTERM (or the forwarded signal) -> SIGKILL grace. torchrun waits 30 s; 5 s here, so a hung
-  // rank does not hold a failed job for half a minute.
+  // SIGTERM (or the forwarded signal) -> SIGKILL grace: --shutdown_timeout, else
+  // $TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 5 s (torchrun: 30 s), so a hung rank does not hold a failed
+  // job for half a minute.
   std::chrono::milliseconds shutdown_timeout{5000};
   std::string run_id = "none";
   std::string role = "default";
@@ -49,6 +53,12 @@ struct LaunchConfig {
   bool no_job_secret = false;
 
   OutputOptions output;  // --redirects, --tee, --local_ranks_filter, --log_dir
+  // --log_line_prefix_template (or $TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE): "" keeps "[rankN]: ".
+  std::string log_line_prefix_template;
+  std::string hostname;  // ${hostname} in that template
+  bool virtual_local_rank = false;  // LOCAL_RANK=0, each worker sees only its GPU
+  std::string signals_to_handle = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";  // exported as torchrun does
+  std::string local_addr;  // c10d: the hosting agent's address for the workers' MASTER_ADDR
   bool dry_run = false;  // print what would run, start nothing
 
   std::string program;                    // as typed; resolved when launching (program_command.h)
@@ -60,9 +70,11 @@ enum class CliOutcome { kLaunch, kShowHelp };
 struct ParsedCommandLine {
   CliOutcome outcome = CliOutcome::kLaunch;
   LaunchConfig config;    // valid when outcome == kLaunch
-  std::string help_text;  // valid when outcome == kShowHelp; CLI11 writes it
+  std::string help_text;  // valid when outcome == kShowHelp; CLI11 writes it (or --print_completion's script)
   // "cpprun: from Slurm: --nnodes=4 --node_rank=2 --master_addr=node01" if the scheduler gave options.
   std::string scheduler_note;
+  // "cpprun: --numa_binding=node is accepted and ignored: ..." for torchrun options cpprun cannot honour.
+  std::vector<std::string> notes;
 };
 
 // A mistake on the command line; the message names the flag, its value and the fix.

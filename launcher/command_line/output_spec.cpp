@@ -2,6 +2,8 @@
 #include "command_line/output_spec.h"
 
 #include <algorithm>
+#include <cctype>
+#include <optional>
 
 #include "command_line/launch_config.h"  // UsageError, int_in_range
 
@@ -75,9 +77,66 @@ std::vector<bool> parse_local_ranks_filter(const std::string& text, int nproc_pe
   return shown;
 }
 
+std::vector<std::string> parse_duplicate_filters(const std::string& text) {
+  if (text.empty()) return {};
+  std::vector<std::string> needles{""};
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    if (text[i] != ',') {
+      needles.back() += text[i];
+    } else if (i + 1 < text.size() && text[i + 1] == ',') {
+      needles.back() += ',';
+      ++i;
+    } else {
+      needles.emplace_back();
+    }
+  }
+  return needles;
+}
+
 bool OutputOptions::writes_files() const {
   const auto to_file = [](StdStreams s) { return s != StdStreams::kNone; };
-  return std::any_of(redirects.begin(), redirects.end(), to_file) || std::any_of(tee.begin(), tee.end(), to_file);
+  return std::any_of(redirects.begin(), redirects.end(), to_file) || std::any_of(tee.begin(), tee.end(), to_file) ||
+         !duplicate_stdout_filters.empty() || !duplicate_stderr_filters.empty();
+}
+
+std::string render_prefix_template(const std::string& text, const PrefixFields& fields) {
+  const auto value = [&](const std::string& name) -> std::optional<std::string> {
+    if (name == "role_name") return fields.role_name;
+    if (name == "rank") return std::to_string(fields.rank);
+    if (name == "local_rank") return std::to_string(fields.local_rank);
+    if (name == "hostname") return fields.hostname;
+    return std::nullopt;
+  };
+  const auto identifier_char = [](char c, bool first) {
+    const auto u = static_cast<unsigned char>(c);
+    return c == '_' || std::isalpha(u) || (!first && std::isdigit(u));
+  };
+  std::string out;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    if (text[i] != '$' || i + 1 == text.size()) {
+      out += text[i];
+      continue;
+    }
+    if (text[i + 1] == '$') {
+      out += '$';
+      ++i;
+      continue;
+    }
+    const bool braced = text[i + 1] == '{';
+    const std::size_t start = i + (braced ? 2 : 1);
+    std::size_t end = start;
+    while (end < text.size() && identifier_char(text[end], end == start)) ++end;
+    const bool closed = !braced || (end < text.size() && text[end] == '}');
+    const std::optional<std::string> replacement = end > start && closed ? value(text.substr(start, end - start))
+                                                                         : std::nullopt;
+    if (!replacement) {
+      out += '$';
+      continue;
+    }
+    out += *replacement;
+    i = end + (braced ? 1 : 0) - 1;
+  }
+  return out;
 }
 
 WorkerOutputSpec plan_worker_output(const OutputOptions& options, int local_rank, int rank,
@@ -89,11 +148,21 @@ WorkerOutputSpec plan_worker_output(const OutputOptions& options, int local_rank
   const auto target = [&](StdStreams stream, const char* file_name) {
     const bool to_file = includes(redirect, stream) || includes(tee, stream);
     return StreamTarget{shown && (!includes(redirect, stream) || includes(tee, stream)),
-                        to_file ? worker_dir + "/" + file_name : std::string()};
+                        to_file ? worker_dir + "/" + file_name : std::string(), "", {}};
   };
   WorkerOutputSpec spec{"[rank" + std::to_string(rank) + "]: "};
   spec.out = target(StdStreams::kOut, "stdout.log");
   spec.err = target(StdStreams::kErr, "stderr.log");
+  // torchrun filters what its TailLog copies to the console: the tee'd streams of the shown ranks.
+  const std::string attempt_dir = worker_dir.substr(0, worker_dir.rfind('/'));
+  const auto filtered = [&](StreamTarget& t, StdStreams stream, const std::vector<std::string>& needles,
+                            const char* file_name) {
+    if (needles.empty() || !shown || !includes(tee, stream)) return;
+    t.filtered_file = attempt_dir + "/" + file_name;
+    t.filters = needles;
+  };
+  filtered(spec.out, StdStreams::kOut, options.duplicate_stdout_filters, "filtered_stdout.log");
+  filtered(spec.err, StdStreams::kErr, options.duplicate_stderr_filters, "filtered_stderr.log");
   return spec;
 }
 

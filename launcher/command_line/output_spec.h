@@ -16,6 +16,9 @@ std::vector<StdStreams> parse_std_spec(const std::string& flag, const std::strin
 // "0,2": the local ranks whose output reaches the console ("": all of them), a flag per local rank.
 std::vector<bool> parse_local_ranks_filter(const std::string& text, int nproc_per_node);
 
+// torchrun's --duplicate_stdout_filters "apple,orange": the needles, ",," standing for a comma.
+std::vector<std::string> parse_duplicate_filters(const std::string& text);
+
 // The output options of LaunchConfig, validated. Vectors are per local rank; empty ones (a
 // default-constructed config) mean "nothing redirected, every rank shown".
 struct OutputOptions {
@@ -23,6 +26,10 @@ struct OutputOptions {
   std::vector<StdStreams> tee;        // to a file and the console
   std::vector<bool> shown;            // --local_ranks_filter
   std::string log_dir;                // empty: unset
+  // --duplicate_std{out,err}_filters: a tee'd line holding any of these is also appended to the
+  // attempt's filtered_std{out,err}.log, as torchrun's TailLog does.
+  std::vector<std::string> duplicate_stdout_filters;
+  std::vector<std::string> duplicate_stderr_filters;
 
   bool writes_files() const;
 };
@@ -31,6 +38,10 @@ struct OutputOptions {
 struct StreamTarget {
   bool console = true;  // prefixed, line by line
   std::string file;     // verbatim; empty: none
+  // A tee'd stream's lines holding one of `filters` are appended, prefixed, to `filtered_file`
+  // (DIR/attempt_N/filtered_stdout.log), which the workers of the attempt share.
+  std::string filtered_file;
+  std::vector<std::string> filters;
 };
 
 struct WorkerOutputSpec {
@@ -38,6 +49,18 @@ struct WorkerOutputSpec {
   StreamTarget out;
   StreamTarget err;
 };
+
+// What ${role_name}, ${rank}, ${local_rank} and ${hostname} stand for in --log_line_prefix_template.
+struct PrefixFields {
+  std::string role_name;
+  int rank = 0;
+  int local_rank = 0;
+  std::string hostname;
+};
+
+// torchrun's --log_line_prefix_template rendered as Python's string.Template.safe_substitute does:
+// $name or ${name} replaced, $$ is $, anything else (an unknown name, a lone $) left as written.
+std::string render_prefix_template(const std::string& text, const PrefixFields& fields);
 
 // `worker_dir` is DIR/attempt_N/LOCAL_RANK; its stdout.log and stderr.log are the files.
 WorkerOutputSpec plan_worker_output(const OutputOptions& options, int local_rank, int rank,

@@ -3,6 +3,7 @@
 #include <memory>
 
 #include "rendezvous/job_secret.h"
+#include "workers/error_file.h"
 #include "rendezvous/node_rendezvous.h"
 
 namespace cpprun::launcher {
@@ -66,6 +67,7 @@ int run_multi_node(const RendezvousSettings& settings, const WorkerSettings& wor
         }
         continue;
       case JobDecision::Kind::kExit:
+        if (attempt.end == GroupEnd::kWorkerFailed) hand_over_error_file(attempt);
         std::cerr << "cpprun: ";
         if (decision.end.restartable && settings.max_restarts > 0) {
           std::cerr << "giving up after " << restart_count + 1 << " attempts (--max_restarts=" << settings.max_restarts

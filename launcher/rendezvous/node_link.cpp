@@ -31,6 +31,7 @@ constexpr const char* kChallengeWord = "cpprun-auth";
 constexpr const char* kProofWord = "cpprun-proof";
 constexpr const char* kAcceptedWord = "cpprun-auth-ok";
 constexpr const char* kRefusedWord = "cpprun-auth-refused";
+constexpr const char* kBusyWord = "cpprun-auth-busy";  // Note [Pending links under a flood]
 
 bool is_nonce(const std::string& word) {
   return word.size() == 32 && word.find_first_not_of("0123456789abcdef") == std::string::npos;
@@ -251,6 +252,10 @@ bool NodeLink::read_message(const std::string& line, Received& got) {
 }
 
 bool NodeLink::process_line(const std::string& line, Received& got) {
+  if (side_ == LinkSide::kMember && state_ != State::kOpen && line == kBusyWord) {
+    got.busy = true;  // Note [Pending links under a flood]
+    return false;
+  }
   switch (state_) {
     case State::kAwaitChallenge: return answer_challenge(line, got);
     case State::kAwaitProof: return check_proof(line, got);
@@ -291,18 +296,29 @@ NodeLink::Received NodeLink::receive() {
   return got;
 }
 
-LinkListener::LinkListener(bool loopback_only, std::string secret)
-    : secret_(std::move(secret)), loopback_only_(loopback_only) {
-  // Dual-stack IPv6 takes IPv4 too; a host without IPv6 gets an IPv4 socket.
+LinkListener::LinkListener(const std::optional<std::string>& loopback_address, std::string secret)
+    : secret_(std::move(secret)), loopback_address_(loopback_address) {
+  // Dual-stack IPv6 takes IPv4 too; a host without IPv6 gets an IPv4 socket. On the loopback: exactly
+  // the address node 0 is known by (::1 over IPv6 only; 127.0.0.1 as IPv4, or IPv4-mapped).
   sockaddr_in6 v6{};
   v6.sin6_family = AF_INET6;
   v6.sin6_addr = in6addr_any;
-  if (loopback_only) inet_pton(AF_INET6, "::ffff:127.0.0.1", &v6.sin6_addr);
   sockaddr_in v4{};
   v4.sin_family = AF_INET;
-  v4.sin_addr.s_addr = htonl(loopback_only ? INADDR_LOOPBACK : INADDR_ANY);
-  int fd = listen_socket(reinterpret_cast<sockaddr*>(&v6), sizeof(v6), false);
-  if (fd < 0) fd = listen_socket(reinterpret_cast<sockaddr*>(&v4), sizeof(v4), false);
+  v4.sin_addr.s_addr = htonl(INADDR_ANY);
+  int fd = -1;
+  if (loopback_address && inet_pton(AF_INET6, loopback_address->c_str(), &v6.sin6_addr) == 1) {
+    fd = listen_socket(reinterpret_cast<sockaddr*>(&v6), sizeof(v6), true);
+  } else {
+    if (loopback_address) {
+      if (inet_pton(AF_INET, loopback_address->c_str(), &v4.sin_addr) != 1) {
+        throw std::system_error(EINVAL, std::generic_category(), "cpprun: listening at " + *loopback_address);
+      }
+      inet_pton(AF_INET6, ("::ffff:" + *loopback_address).c_str(), &v6.sin6_addr);
+    }
+    fd = listen_socket(reinterpret_cast<sockaddr*>(&v6), sizeof(v6), false);
+    if (fd < 0) fd = listen_socket(reinterpret_cast<sockaddr*>(&v4), sizeof(v4), false);
+  }
   if (fd < 0) throw std::system_error(errno, std::generic_category(), "cpprun: listening for the other nodes' agents");
   fd_ = OwnedFd(fd);
   sockaddr_storage bound{};
@@ -340,15 +356,102 @@ std::optional<NodeLink> LinkListener::accept() {
   return NodeLink(fd, address_text(reinterpret_cast<sockaddr*>(&peer)), LinkSide::kHost, secret_);
 }
 
+std::string peer_source(const std::string& peer) {
+  const auto colon = peer.rfind(':');
+  std::string host = colon == std::string::npos ? peer : peer.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  return host;
+}
+
+void NodeLink::drop_busy() {
+  if (fd_.get() < 0) return;
+  const std::string line = std::string(kBusyWord) + "\n";
+  // Best effort and never blocking: a stranger that does not read gets nothing more.
+  [[maybe_unused]] const ssize_t n = ::send(fd_.get(), line.data(), line.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  state_ = State::kClosed;
+  fd_.reset();
+}
+
 void PendingLinks::accept_from(LinkListener& listener) {
   const auto now = Clock::now();
   links_.erase(std::remove_if(links_.begin(), links_.end(),
                               [now](const NodeLink& link) { return link.handshake_overdue(now); }),
                links_.end());
-  while (std::optional<NodeLink> link = listener.accept()) {
-    if (links_.size() >= kMaxPending) links_.erase(links_.begin());
-    links_.push_back(std::move(*link));
+  // Bounded per call: see Note [Pending links under a flood].
+  for (int accepted = 0; accepted < 256; ++accepted) {
+    std::optional<NodeLink> link = listener.accept();
+    if (!link) break;
+    add(std::move(*link));
   }
+}
+
+void PendingLinks::add(NodeLink link) {
+  const std::string source = peer_source(link.peer());
+  const auto from = [&](const std::string& s) {
+    return static_cast<std::size_t>(
+        std::count_if(links_.begin(), links_.end(), [&](const NodeLink& l) { return peer_source(l.peer()) == s; }));
+  };
+  if (from(source) >= kMaxPendingPerSource && !evict_from(source)) {
+    link.drop_busy();  // every link of that source has proven the secret: no stranger to evict
+    return;
+  }
+  if (links_.size() >= kMaxPending) {
+    // The source with the most pending links (the oldest link's, among equals) loses its oldest.
+    std::string fullest;
+    std::size_t most = 0;
+    for (const NodeLink& l : links_) {
+      const std::string s = peer_source(l.peer());
+      if (const std::size_t n = from(s); n > most) {
+        most = n;
+        fullest = s;
+      }
+    }
+    if (!evict_from(fullest)) {
+      link.drop_busy();
+      return;
+    }
+  }
+  links_.push_back(std::move(link));
+}
+
+bool PendingLinks::verify(std::size_t i) {
+  NodeLink::Received got = links_[i].receive();
+  if (!got.messages.empty()) {
+    introduced_.emplace_back(std::move(links_[i]), std::move(got.messages.front()));
+    links_.erase(links_.begin() + static_cast<std::ptrdiff_t>(i));
+    return false;
+  }
+  if (!got.refused.empty()) warn_refused_link(links_[i].peer(), got.refused);
+  if (got.closed) {
+    links_.erase(links_.begin() + static_cast<std::ptrdiff_t>(i));
+    return false;
+  }
+  return true;
+}
+
+bool PendingLinks::evict_from(const std::string& source) {
+  for (std::size_t i = 0; i < links_.size();) {
+    if (peer_source(links_[i].peer()) != source) {
+      ++i;
+      continue;
+    }
+    if (!verify(i)) return true;  // it went by itself: room made
+    if (links_[i].authenticated()) {
+      ++i;  // proven: an agent of this job, about to say hello
+      continue;
+    }
+    links_[i].drop_busy();
+    links_.erase(links_.begin() + static_cast<std::ptrdiff_t>(i));
+    return true;
+  }
+  return false;
+}
+
+std::optional<std::pair<NodeLink, NodeMessage>> PendingLinks::take_introduced() {
+  if (introduced_.empty()) return std::nullopt;
+  std::pair<NodeLink, NodeMessage> first = std::move(introduced_.front());
+  introduced_.erase(introduced_.begin());
+  return first;
 }
 
 std::vector<int> PendingLinks::fds() const {
@@ -409,6 +512,21 @@ ConnectResult connect_link(const std::string& host, int port, std::chrono::milli
     if (Clock::now() >= deadline) break;
   }
   return result;
+}
+
+std::optional<std::string> loopback_listen_address(const std::string& host) {
+  if (!is_loopback_host(host)) return std::nullopt;
+  std::string error;
+  const AddressList addresses = resolve(host, 0, error);
+  if (!addresses) return std::nullopt;
+  char text[INET6_ADDRSTRLEN] = {};
+  const sockaddr* first = addresses->ai_addr;
+  if (const unsigned char* v4 = ipv4_bytes(first)) {
+    inet_ntop(AF_INET, v4, text, sizeof(text));
+  } else {
+    inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(first)->sin6_addr, text, sizeof(text));
+  }
+  return std::string(text);
 }
 
 bool is_loopback_host(const std::string& host) {

@@ -54,12 +54,15 @@ class NodeLink {
 
   // False when the connection is gone; the next receive() then reports it.
   bool send(const NodeMessage& message);
+  // The host's side, not yet proven: tells the peer that the host is busy (cpprun-auth-busy), closes.
+  void drop_busy();
 
   struct Received {
     std::vector<NodeMessage> messages;  // complete, authenticated messages, in order
     bool closed = false;                // the peer closed the link, it broke, or one of the two below
     std::string violation;              // what the peer sent that is not our protocol
     std::string refused;                // why the secret was not proven
+    bool busy = false;                  // member side: the host dropped this link unproven, too busy
   };
   Received receive();  // without blocking: call when poll() says fd() is readable
 
@@ -102,15 +105,15 @@ struct EndpointListener;
 // Accepts the member agents' links: on a port the kernel picks (static), or at the c10d endpoint.
 class LinkListener {
  public:
-  // On the loopback only when `loopback_only` (every node on this host), else on every interface,
-  // as c10d's store listens. Throws std::system_error.
-  LinkListener(bool loopback_only, std::string secret);
+  // At `loopback_address` alone (numeric: "127.0.0.1", "::1") when given (every node on this host),
+  // else on every interface, as c10d's store listens. Throws std::system_error.
+  LinkListener(const std::optional<std::string>& loopback_address, std::string secret);
   // Listens at host:port, on the first of the host's addresses that is this machine's. Only one
   // process can: the others learn that it is taken (kTaken) and that agent hosts the rendezvous.
   static EndpointListener at_endpoint(const std::string& host, int port, const std::string& secret);
   int fd() const { return fd_.get(); }
   int port() const { return port_; }
-  bool loopback_only() const { return loopback_only_; }
+  const std::optional<std::string>& loopback_address() const { return loopback_address_; }
   std::optional<NodeLink> accept();  // a waiting connection, if any; never blocks
 
  private:
@@ -118,7 +121,7 @@ class LinkListener {
   OwnedFd fd_;
   int port_ = 0;
   std::string secret_;
-  bool loopback_only_ = false;
+  std::optional<std::string> loopback_address_;
 };
 
 struct EndpointListener {
@@ -128,22 +131,45 @@ struct EndpointListener {
 };
 
 // The accepted links whose agents have not introduced themselves yet. Anyone who reaches the port
-// can open one, so they are bounded: at most kMaxPending (the oldest goes first), each dropped if
-// unproven after NodeLink::kHandshakeTimeout, each read at most one line's worth at a time.
+// can open one, so they are bounded, each dropped if unproven after NodeLink::kHandshakeTimeout and
+// read at most one line's worth at a time.
+//
+// Note [Pending links under a flood]
+// A stranger opening thousands of connections a second must not crowd out a node that holds the
+// secret. So the bound is per source address first (kMaxPendingPerSource: a new link from a full
+// source evicts that source's oldest), then overall (kMaxPending: the fullest source loses its
+// oldest). Before a link is evicted, what it sent is read and verified: one that has proven the
+// secret stays (or, with its hello, is handed over). An evicted link is told "cpprun-auth-busy", and
+// its agent, if it is one, tries again until its join timeout (rendezvous_member.cpp).
 class PendingLinks {
  public:
-  static constexpr std::size_t kMaxPending = 16;
+  static constexpr std::size_t kMaxPending = 64;
+  static constexpr std::size_t kMaxPendingPerSource = 8;
 
-  // Accepts every connection waiting at `listener`, after dropping the overdue ones.
+  // Accepts the connections waiting at `listener` (a bounded number per call, so that the links
+  // already pending are read between), after dropping the overdue ones.
   void accept_from(LinkListener& listener);
   std::vector<int> fds() const;
   // Reads the link on `fd`, if one of these; once it has proven the secret and sent its first message,
   // hands both over. A link that closed or was refused (warned about, by address only) is dropped.
   std::optional<std::pair<NodeLink, NodeMessage>> read(int fd);
+  // A link found introduced while accept_from() verified it before an eviction; call after accept_from().
+  std::optional<std::pair<NodeLink, NodeMessage>> take_introduced();
+  std::size_t size() const { return links_.size(); }
 
  private:
-  std::vector<NodeLink> links_;
+  void add(NodeLink link);
+  // Reads and verifies links_[i]; false if it is gone (closed, refused, or handed to introduced_).
+  bool verify(std::size_t i);
+  // Evicts the oldest unproven link of `source`; false if it has none.
+  bool evict_from(const std::string& source);
+
+  std::vector<NodeLink> links_;  // oldest first
+  std::vector<std::pair<NodeLink, NodeMessage>> introduced_;
 };
+
+// "10.0.0.2" of a peer "10.0.0.2:41234" or "[::1]:41234": whom the per-source bound counts.
+std::string peer_source(const std::string& peer);
 
 enum class ConnectStatus {
   kConnected,
@@ -164,5 +190,10 @@ ConnectResult connect_link(const std::string& host, int port, std::chrono::milli
 
 // Every address `host` resolves to is a loopback one (127.0.0.0/8, ::1): the job is on this host.
 bool is_loopback_host(const std::string& host);
+
+// For such a host, the first address it resolves to, numeric ("127.0.0.1", "::1"): where node 0
+// listens, so that a --master_addr of ::1 is reached over IPv6 (the other nodes try each address of
+// the host in turn). Nullopt when the host is not on the loopback alone or does not resolve.
+std::optional<std::string> loopback_listen_address(const std::string& host);
 
 }  // namespace cpprun::launcher

@@ -151,6 +151,7 @@ void visit_words(Message& m, Words& w) {
                           &m.layout.role_world_size, &m.layout.master_port}) {
         w.number(*field);
       }
+      w.text(m.layout.master_addr);
       return;
     case MessageKind::kDone:
     case MessageKind::kStopped:

@@ -24,7 +24,7 @@
 namespace cpprun::launcher {
 
 // Bumped when a message changes; agents of different versions refuse each other at `hello`.
-inline constexpr int kNodeProtocolVersion = 4;
+inline constexpr int kNodeProtocolVersion = 5;  // 5: kStart carries MASTER_ADDR (--local_addr)
 
 enum class MessageKind { kHello, kGathering, kQueued, kStart, kDone, kFailed, kStopped, kEnd, kExit };
 

@@ -67,6 +67,18 @@ bool try_connect(const RendezvousSettings& settings, SignalRelay& relay, Clock::
   return true;
 }
 
+// A new link to the host at settings.host:port, for a member whose first one was dropped unproven.
+Reconnect reconnect_to(const RendezvousSettings& settings, int port, SignalRelay& relay) {
+  return [host = settings.host, port, secret = settings.job_secret, &relay](Clock::time_point deadline,
+                                                                            std::string& error) {
+    const auto left = std::clamp(std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()),
+                                 std::chrono::milliseconds(1), std::chrono::milliseconds(5000));
+    ConnectResult connected = connect_link(host, port, left, relay.wake_fd(), secret);
+    if (connected.status != ConnectStatus::kConnected) error = connected.error;
+    return std::move(connected.link);
+  };
+}
+
 // static, node rank > 0: the links' port node 0 publishes in its store; a store without it is another's.
 int read_link_port(const RendezvousSettings& settings, Clock::time_point deadline) {
   const auto timeout = std::clamp(std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()),
@@ -122,7 +134,8 @@ std::unique_ptr<NodeRendezvous> join_static(const RendezvousSettings& settings, 
                               "firewall must let the nodes reach each other on such ports, as Gloo needs too.",
                           1);
   }
-  return make_rendezvous_member(settings, std::move(*connected.link), started);
+  return make_rendezvous_member(settings, std::move(*connected.link), started,
+                                reconnect_to(settings, link_port, relay));
 }
 
 // The first agent that can listen at the endpoint hosts (unless --rdzv_conf is_host); the others connect.
@@ -163,7 +176,9 @@ std::unique_ptr<NodeRendezvous> claim_c10d(const RendezvousSettings& settings, S
               "rendezvous), or check that this host can reach that address.",
           1);
     }
-    if (link) return make_rendezvous_member(settings, std::move(*link), started);
+    if (link) {
+      return make_rendezvous_member(settings, std::move(*link), started, reconnect_to(settings, settings.port, relay));
+    }
     if ((signal = take_ending_signal(relay)) != 0) return nullptr;
   }
 }
@@ -270,7 +285,8 @@ std::unique_ptr<NodeRendezvous> open_rendezvous(const RendezvousSettings& settin
   const auto started = Clock::now();
   if (!settings.fixed_ranks()) return claim_c10d(settings, relay, signal, started);
   if (settings.node_rank != 0) return join_static(settings, relay, signal, started);
-  return make_rendezvous_host(settings, LinkListener(is_loopback_host(settings.host), settings.job_secret), started);
+  return make_rendezvous_host(settings, LinkListener(loopback_listen_address(settings.host), settings.job_secret),
+                              started);
 }
 
 }  // namespace cpprun::launcher

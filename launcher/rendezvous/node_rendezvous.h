@@ -127,8 +127,12 @@ std::unique_ptr<NodeRendezvous> open_rendezvous(const RendezvousSettings& settin
 // The two sides; join_timeout counts from `started`, when the agent began to look for the rendezvous.
 std::unique_ptr<NodeRendezvous> make_rendezvous_host(const RendezvousSettings& settings, LinkListener listener,
                                                      Clock::time_point started);
+// `reconnect` opens a new link to the host, or nullopt if it could not by the deadline (or a signal
+// came): a member whose link the host drops before the handshake completes (a flood at its port:
+// Note [Pending links under a flood]) tries again with it until its join timeout.
+using Reconnect = std::function<std::optional<NodeLink>(Clock::time_point deadline, std::string& error)>;
 std::unique_ptr<NodeRendezvous> make_rendezvous_member(const RendezvousSettings& settings, NodeLink link,
-                                                       Clock::time_point started);
+                                                       Clock::time_point started, Reconnect reconnect);
 
 // Where node 0 publishes its LinkListener's port (Note [Agent store]), and the store's timeout:
 // node 0 is known to be up by then.

@@ -1,6 +1,7 @@
 // Where one node's workers sit among the job's: torchrun's rank arithmetic. Pure, unit-tested.
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "rendezvous/rendezvous_settings.h"
@@ -19,6 +20,9 @@ struct RankLayout {
   // MASTER_PORT when the rendezvous picked it (c10d: a free port on group rank 0's host, where
   // worker rank 0 starts the store); 0 means --master_port.
   int master_port = 0;
+  // MASTER_ADDR when the rendezvous chose it (c10d: the hosting agent's --local_addr, as torchrun's
+  // rank-0 node advertises its own); "" means --master_addr, or the --rdzv_endpoint host.
+  std::string master_addr;
 };
 
 // A job of one node: ranks 0..nproc_per_node-1, worker rank 0 hosts the store.

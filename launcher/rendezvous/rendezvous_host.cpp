@@ -67,7 +67,11 @@ class RendezvousHost final : public NodeRendezvous {
   }
 
   void on_readable(int fd) override {
-    if (fd == listener_.fd()) return pending_.accept_from(listener_);
+    if (fd == listener_.fd()) {
+      pending_.accept_from(listener_);
+      while (auto introduced = pending_.take_introduced()) admit(std::move(introduced->first), introduced->second);
+      return;
+    }
     if (auto introduced = pending_.read(fd)) return admit(std::move(introduced->first), introduced->second);
     for (std::size_t i = 0; i < nodes_.size(); ++i) {
       if (nodes_[i].link.fd() == fd) return read_node(i);
@@ -152,7 +156,7 @@ class RendezvousHost final : public NodeRendezvous {
     store_.reset();
     try {
       // A loopback --master_addr (every node on this host): the store listens there alone, as the links do.
-      store_.emplace(AgentStore::host(settings_.port, listener_.loopback_only(), kStoreTimeout));
+      store_.emplace(AgentStore::host(settings_.port, listener_.loopback_address(), kStoreTimeout));
       store_->set(kLinkPortKey, std::to_string(listener_.port()));
     } catch (const AgentStoreError& e) {
       const std::string what = e.what();
@@ -263,6 +267,8 @@ class RendezvousHost final : public NodeRendezvous {
       RankLayout layout = multi_node_layout(shapes, group_rank);
       layout.master_port = master_port;
       layout.agent_store = master_port == 0;
+      // c10d: worker rank 0 is on this host; torchrun's rank-0 node advertises its --local_addr.
+      if (!settings_.fixed_ranks()) layout.master_addr = settings_.local_addr;
       return layout;
     };
     std::string ranks = "node 0: " + rank_range(0, shapes[0].local_world_size);

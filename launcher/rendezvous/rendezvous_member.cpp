@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <iostream>
+#include <utility>
 #include <vector>
 
 #include "rendezvous/node_link.h"
@@ -19,8 +20,8 @@ constexpr std::chrono::seconds kFirstWordTimeout{10};
 
 class RendezvousMember final : public NodeRendezvous {
  public:
-  RendezvousMember(const RendezvousSettings& settings, NodeLink link, Clock::time_point started)
-      : settings_(settings), started_(started), link_(std::move(link)),
+  RendezvousMember(const RendezvousSettings& settings, NodeLink link, Clock::time_point started, Reconnect reconnect)
+      : settings_(settings), started_(started), link_(std::move(link)), reconnect_(std::move(reconnect)),
         host_title_(settings.fixed_ranks() ? describe_agent(0, link_.peer())
                                            : "the agent hosting the c10d rendezvous at " + settings.endpoint() + " (" +
                                                  link_.peer() + ")") {}
@@ -31,9 +32,35 @@ class RendezvousMember final : public NodeRendezvous {
                           settings_.min_nodes, settings_.max_nodes, settings_.max_restarts, settings_.run_id,
                           settings_.shape};
     link_.send(NodeMessage::make_hello(hello));
-    const auto connected = Clock::now();
+    auto connected = Clock::now();
 
     for (;;) {
+      if (dropped_early_) {  // See Note [Pending links under a flood]
+        dropped_early_ = false;
+        ++retries_;
+        if (retries_ == 1) {
+          std::cerr << "cpprun: " << host_title_ << " " << drop_reason_ << "; trying again until the join timeout ("
+                    << seconds_text(settings_.join_timeout) << ")\n";
+        }
+        std::optional<NodeLink> again;
+        std::string error;
+        while (!again && Clock::now() < deadline) {
+          again = reconnect_(deadline, error);
+          if (!again && (signal = poll_links(relay, std::min(ms_until(deadline), 200))) != 0) return std::nullopt;
+        }
+        if (!again) {
+          throw RendezvousError("cpprun: " + host_title_ + " " + drop_reason_ + ", " + std::to_string(retries_) +
+                                    " time" + (retries_ == 1 ? "" : "s") + " within the join timeout (" +
+                                    seconds_text(settings_.join_timeout) + ")" + (error.empty() ? "" : "; " + error) +
+                                    ". Something may be flooding node 0's agent with connections: find it (ss -tn "
+                                    "on node 0 lists them), or raise --rdzv_conf join_timeout=SECONDS.",
+                                1);
+        }
+        link_ = std::move(*again);
+        heard_ = false;
+        link_.send(NodeMessage::make_hello(hello));
+        connected = Clock::now();
+      }
       if (start_) {
         const RankLayout layout = take_start();
         std::cerr << "cpprun: joined the " << hello.backend << " rendezvous at " << settings_.endpoint()
@@ -60,8 +87,19 @@ class RendezvousMember final : public NodeRendezvous {
   std::vector<int> fds() const override { return link_.fd() >= 0 ? std::vector<int>{link_.fd()} : std::vector<int>{}; }
 
   void on_readable(int) override {
+    const bool was_open = link_.authenticated();
     NodeLink::Received got = link_.receive();
     for (const NodeMessage& message : got.messages) handle(message);
+    // Dropped before the handshake completed, by a host too busy to keep it, or closed unanswered:
+    // join() tries again (Note [Pending links under a flood]). A refusal of the secret is final.
+    if (got.closed && !was_open && !link_.authenticated() && got.messages.empty() && got.refused.empty() &&
+        got.violation.empty() && !decision_ && !start_ && reconnect_) {
+      dropped_early_ = true;
+      drop_reason_ = got.busy ? "dropped this node's connection before the handshake: it was busy with too many "
+                                "unproven connections"
+                              : "closed this node's connection before the handshake completed";
+      return;
+    }
     if (got.closed && !decision_) {
       std::string why = !got.refused.empty() ? got.refused : !got.violation.empty() ? got.violation : kAgentGone;
       // See Note [Elastic rounds]: the rendezvous lives in the host's agent.
@@ -177,6 +215,7 @@ class RendezvousMember final : public NodeRendezvous {
   const RendezvousSettings settings_;
   const Clock::time_point started_;
   NodeLink link_;
+  const Reconnect reconnect_;
   const std::string host_title_;  // "the agent of node 0 (10.0.0.1:41234)": for messages
   int group_rank_ = -1;
   std::vector<int> missing_;          // static: the node ranks not joined, as node 0 last reported
@@ -188,13 +227,16 @@ class RendezvousMember final : public NodeRendezvous {
   std::optional<JobDecision> decision_;
   bool self_done_ = false;
   bool stopped_sent_ = false;
+  bool dropped_early_ = false;  // the link closed before the handshake: join() reconnects
+  std::string drop_reason_;
+  int retries_ = 0;
 };
 
 }  // namespace
 
 std::unique_ptr<NodeRendezvous> make_rendezvous_member(const RendezvousSettings& settings, NodeLink link,
-                                                       Clock::time_point started) {
-  return std::make_unique<RendezvousMember>(settings, std::move(link), started);
+                                                       Clock::time_point started, Reconnect reconnect) {
+  return std::make_unique<RendezvousMember>(settings, std::move(link), started, std::move(reconnect));
 }
 
 }  // namespace cpprun::launcher

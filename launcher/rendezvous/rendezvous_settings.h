@@ -36,6 +36,8 @@ struct RendezvousSettings {
   std::string run_id = "none";
   NodeShape shape;         // --nproc_per_node and --role
   std::string job_secret;  // "" with --no_job_secret
+  // c10d: --local_addr, the workers' MASTER_ADDR when this agent hosts ("": the endpoint's host).
+  std::string local_addr;
 
   // static: every node brings its rank, and the host is node 0.
   bool fixed_ranks() const { return backend == RendezvousBackend::kStatic; }

@@ -287,10 +287,12 @@ AttemptEnd run_attempt(SignalRelay& relay, const std::vector<WorkerSpec>& specs,
     return {};
   }
   const std::optional<std::size_t> root = group.root_cause();
-  AttemptEnd result{end, 0, group.ending_signal(), "", ""};
+  AttemptEnd result{end, 0, group.ending_signal(), "", "", "", 0};
   if (root) {
     const WorkerRecord& worker = group.workers().at(*root);
-    result = {end, worker.exit->launcher_exit_code(), result.signal, describe_worker(worker), worker.exit->describe()};
+    result = {end, worker.exit->launcher_exit_code(), result.signal, describe_worker(worker), worker.exit->describe(),
+              specs.at(*root).error_file,
+              worker.exit->kind == WorkerExit::Kind::kSignaled ? -worker.exit->value : worker.exit->value};
   }
   if (end == GroupEnd::kInterrupted) result.exit_code = 128 + result.signal;
   if (before_stop) before_stop(result);
@@ -303,7 +305,7 @@ AttemptEnd run_attempt(SignalRelay& relay, const std::vector<WorkerSpec>& specs,
   const int leftovers_signal = stop_leftovers(relay, shutdown_timeout);
   // A signal that arrived while stopping after a failure still means "do not restart".
   if (const int late = group.ending_signal() != 0 ? group.ending_signal() : leftovers_signal; late != 0) {
-    result = {GroupEnd::kInterrupted, 128 + late, late, result.root_worker, result.root_how};
+    result = {GroupEnd::kInterrupted, 128 + late, late, result.root_worker, result.root_how, "", 0};
   }
   return result;
 }

@@ -84,6 +84,8 @@ struct AttemptEnd {
   int signal = 0;           // kInterrupted: the job-ending signal cpprun received (maybe while stopping)
   std::string root_worker;  // kWorkerFailed: "rank 1 (local_rank 1, pid 4242)"
   std::string root_how;     // kWorkerFailed: "exited with code 3"
+  std::string root_error_file;  // kWorkerFailed: the root cause's TORCHELASTIC_ERROR_FILE
+  int root_error_code = 0;      // kWorkerFailed: torch's exit code for it (-SIGNAL if killed)
 };
 
 // `peers` (multi-node) may end the attempt too; `before_stop`, if set, runs once the attempt has

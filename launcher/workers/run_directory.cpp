@@ -1,6 +1,8 @@
 // Creating and removing the run directory; reading back a worker's error file.
 #include "workers/run_directory.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -21,6 +23,36 @@ void make_directories(const std::string& path, const std::string& what) {
   if (error) throw std::system_error(error, "cpprun: " + what + ": cannot create " + path);
 }
 
+std::string temp_root() {
+  const char* tmpdir = std::getenv("TMPDIR");
+  return tmpdir != nullptr && *tmpdir != '\0' ? tmpdir : "/tmp";
+}
+
+// `prefix` + 8 characters of Python's mkdtemp alphabet, made with mkdir (which fails if it exists).
+std::string make_unique_dir(const std::string& prefix, const std::string& what) {
+  static const char kAlphabet[] = "abcdefghijklmnopqrstuvwxyz0123456789_";
+  const int urandom = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+  if (urandom < 0) throw std::system_error(errno, std::generic_category(), "cpprun: " + what + ": /dev/urandom");
+  for (int tries = 0; tries < 100; ++tries) {
+    unsigned char bytes[8];
+    if (read(urandom, bytes, sizeof(bytes)) != static_cast<ssize_t>(sizeof(bytes))) break;
+    std::string path = prefix;
+    for (unsigned char b : bytes) path += kAlphabet[b % (sizeof(kAlphabet) - 1)];
+    if (mkdir(path.c_str(), 0700) == 0) {
+      close(urandom);
+      return path;
+    }
+    if (errno != EEXIST) {
+      const int err = errno;
+      close(urandom);
+      throw std::system_error(err, std::generic_category(), "cpprun: " + what + ": cannot create " + path);
+    }
+  }
+  const int err = errno;
+  close(urandom);
+  throw std::system_error(err, std::generic_category(), "cpprun: " + what + ": cannot create " + prefix + "XXXXXXXX");
+}
+
 }  // namespace
 
 std::string RunLayout::worker_dir(int attempt, int local_rank) const {
@@ -32,15 +64,28 @@ std::string RunLayout::error_file(int attempt, int local_rank) const {
   return dir + "/attempt_" + std::to_string(attempt) + "." + std::to_string(local_rank) + ".error.json";
 }
 
-RunLayout RunLayout::planned(const std::string& log_dir) {
-  if (!log_dir.empty()) return {log_dir, true};
-  const char* tmpdir = std::getenv("TMPDIR");
-  return {std::string(tmpdir != nullptr && *tmpdir != '\0' ? tmpdir : "/tmp") + "/cpprun-XXXXXX", false};
+RunLayout RunLayout::planned(const std::string& log_dir, const std::string& run_id, bool writes_files) {
+  if (!log_dir.empty()) return {log_dir + "/" + run_id + "_XXXXXXXX", true};
+  if (writes_files) return {temp_root() + "/torchelastic_XXXXXX/" + run_id + "_XXXXXXXX", true};
+  return {temp_root() + "/cpprun-XXXXXX", false};
 }
 
-RunDirectory::RunDirectory(const std::string& log_dir) : layout_(RunLayout::planned(log_dir)) {
+RunDirectory::RunDirectory(const std::string& log_dir, const std::string& run_id, bool writes_files)
+    : layout_(RunLayout::planned(log_dir, run_id, writes_files)) {
   if (layout_.per_worker_dirs) {
-    make_directories(log_dir, "--log_dir=" + log_dir);
+    std::string base = log_dir;
+    if (base.empty()) {
+      base = temp_root() + "/torchelastic_XXXXXX";
+      if (mkdtemp(base.data()) == nullptr) {
+        throw std::system_error(errno, std::generic_category(),
+                                "cpprun: cannot create a log dir " + base + " for --redirects/--tee (set TMPDIR or "
+                                "--log_dir)");
+      }
+      made_log_dir_ = base;
+    } else {
+      make_directories(log_dir, "--log_dir=" + log_dir);
+    }
+    layout_.dir = make_unique_dir(base + "/" + run_id + "_", "--log_dir=" + base);
     return;
   }
   std::string dir = layout_.dir;
@@ -58,6 +103,15 @@ RunDirectory::~RunDirectory() {
 }
 
 void RunDirectory::prepare_attempt(int attempt, int nproc_per_node) const {
+  // torchrun starts each attempt's filtered_std{out,err}.log afresh (c10d's rounds reuse attempt_N).
+  if (layout_.per_worker_dirs) {
+    for (const char* name : {"filtered_stdout.log", "filtered_stderr.log"}) {
+      const std::string path = layout_.dir + "/attempt_" + std::to_string(attempt) + "/" + name;
+      if (unlink(path.c_str()) != 0 && errno != ENOENT) {
+        throw std::system_error(errno, std::generic_category(), "cpprun: cannot remove the stale " + path);
+      }
+    }
+  }
   for (int local_rank = 0; local_rank < nproc_per_node; ++local_rank) {
     // The temp dir too: a c10d membership change runs the same attempt number again.
     if (layout_.per_worker_dirs) make_directories(layout_.worker_dir(attempt, local_rank), "--log_dir=" + layout_.dir);

@@ -1,6 +1,8 @@
-// Where a run keeps its per-worker files. Under --log_dir, torchrun's layout: DIR/attempt_N/
-// LOCAL_RANK/ holds stdout.log, stderr.log (--redirects/--tee) and error.json (TORCHELASTIC_ERROR_FILE).
-// Without it, only error files, as DIR/attempt_N.LOCAL_RANK.error.json in a temp dir cpprun removes.
+// Where a run keeps its per-worker files. Under --log_dir, torchrun's layout: each run makes its own
+// LOG_DIR/RUN_ID_XXXXXXXX/ (8 random characters, as Python's mkdtemp), whose attempt_N/LOCAL_RANK/ holds
+// stdout.log, stderr.log (--redirects/--tee) and error.json (TORCHELASTIC_ERROR_FILE). --redirects or
+// --tee without --log_dir: LOG_DIR is a fresh ${TMPDIR:-/tmp}/torchelastic_XXXXXX that stays, as torchrun's.
+// Otherwise only error files, as DIR/attempt_N.LOCAL_RANK.error.json in a temp dir cpprun removes.
 // Note [Flat temp dir]: a directory made and removed costs ~0.1 ms on ext4, a launch a few ms.
 #pragma once
 
@@ -12,11 +14,11 @@ namespace cpprun::launcher {
 
 // The paths of a run's files. Pure.
 struct RunLayout {
-  std::string dir;
+  std::string dir;              // LOG_DIR/RUN_ID_XXXXXXXX, or the flat temp dir
   bool per_worker_dirs = true;  // torchrun's layout (--log_dir); false: flat (the temp dir)
 
-  // What RunDirectory(log_dir) lays out, creating nothing (--dry_run): a temp dir keeps its XXXXXX.
-  static RunLayout planned(const std::string& log_dir);
+  // What RunDirectory lays out, creating nothing (--dry_run): the random parts stay X's.
+  static RunLayout planned(const std::string& log_dir, const std::string& run_id, bool writes_files);
 
   std::string worker_dir(int attempt, int local_rank) const;  // DIR/attempt_N/LOCAL_RANK
   std::string error_file(int attempt, int local_rank) const;
@@ -24,14 +26,17 @@ struct RunLayout {
 
 class RunDirectory {
  public:
-  // Creates `log_dir` (mkdir -p) or, if empty, ${TMPDIR:-/tmp}/cpprun-XXXXXX; std::system_error names the path.
-  explicit RunDirectory(const std::string& log_dir);
-  // Removes a temp dir and everything in it; a --log_dir stays.
+  // Creates `log_dir` (mkdir -p) or, if empty and `writes_files`, a torchelastic_ temp dir; then the run's
+  // RUN_ID_XXXXXXXX in it. Else ${TMPDIR:-/tmp}/cpprun-XXXXXX. std::system_error names the path.
+  RunDirectory(const std::string& log_dir, const std::string& run_id, bool writes_files);
+  // Removes the flat temp dir and everything in it; a log dir (given or made) stays.
   ~RunDirectory();
   RunDirectory(const RunDirectory&) = delete;
   RunDirectory& operator=(const RunDirectory&) = delete;
 
   const RunLayout& layout() const { return layout_; }
+  // The torchelastic_XXXXXX dir made for --redirects/--tee without --log_dir; "" otherwise.
+  const std::string& made_log_dir() const { return made_log_dir_; }
 
   // Under --log_dir: creates attempt_N/0 .. attempt_N/nproc-1. Removes the attempt's stale error files
   // (an earlier run's, or c10d's earlier round's: the same attempt number). Throws std::system_error.
@@ -39,6 +44,7 @@ class RunDirectory {
 
  private:
   RunLayout layout_;
+  std::string made_log_dir_;
 };
 
 // Up to `limit` bytes of the file; nullopt if it does not exist. A longer file gets a marker.

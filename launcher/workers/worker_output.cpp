@@ -6,6 +6,7 @@
 #include <sys/ioctl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -76,12 +77,21 @@ void LineTail::push(std::string_view line) {
 }
 
 OutputStream::OutputStream(Kind kind, const StreamTarget& target, const std::string& prefix)
-    : kind_(kind), file_path_(target.file), console_(target.console), prefix_(prefix),
+    : kind_(kind), file_path_(target.file), filters_(target.filters), console_(target.console), prefix_(prefix),
       tail_(kind == Kind::kStderr ? 20 : 0) {
   if (!file_path_.empty()) {
     file_fd_ = open(file_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
     if (file_fd_ < 0) {
       throw std::system_error(errno, std::generic_category(), "cpprun: cannot create the log file " + file_path_);
+    }
+  }
+  if (!target.filtered_file.empty()) {
+    // Shared by the attempt's workers: O_APPEND keeps each write of whole lines in one piece.
+    filtered_fd_ = open(target.filtered_file.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0666);
+    if (filtered_fd_ < 0) {
+      const int error = errno;
+      close_fd(file_fd_);
+      throw std::system_error(error, std::generic_category(), "cpprun: cannot create " + target.filtered_file);
     }
   }
   int fds[2];
@@ -101,6 +111,7 @@ OutputStream::~OutputStream() {
   close_fd(read_fd_);
   close_fd(write_fd_);
   close_fd(file_fd_);
+  close_fd(filtered_fd_);
 }
 
 void OutputStream::close_child_end() { close_fd(write_fd_); }
@@ -142,6 +153,10 @@ void OutputStream::add_line(std::string_view line) {
   tail_.push(line);  // a no-op for stdout
   if (!console_) return;
   batch_.append(prefix_).append(line).append("\n");
+  const auto holds = [&](const std::string& needle) { return line.find(needle) != std::string_view::npos; };
+  if (filtered_fd_ >= 0 && std::any_of(filters_.begin(), filters_.end(), holds)) {
+    filtered_batch_.append(prefix_).append(line).append("\n");
+  }
 }
 
 void OutputStream::flush_console() {
@@ -150,6 +165,10 @@ void OutputStream::flush_console() {
   // ended a worker writing to it directly; other errors are not worth stopping the job for.
   write_all(kind_ == Kind::kStdout ? STDOUT_FILENO : STDERR_FILENO, batch_);
   batch_.clear();
+  if (!filtered_batch_.empty()) {
+    write_all(filtered_fd_, filtered_batch_);
+    filtered_batch_.clear();
+  }
 }
 
 void OutputStream::finish() {

@@ -87,6 +87,9 @@ class OutputStream {
   int write_fd_ = -1;
   int file_fd_ = -1;
   std::string file_path_;
+  int filtered_fd_ = -1;  // StreamTarget::filtered_file, appended to
+  std::vector<std::string> filters_;
+  std::string filtered_batch_;
   bool console_;
   std::string prefix_;
   LineSplitter splitter_;

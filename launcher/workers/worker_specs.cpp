@@ -40,7 +40,7 @@ EnvMap make_worker_env(const WorkerEnvSettings& settings, const RankLayout& layo
   // Only the agents need the job secret; a worker, or anything it runs, could leak it.
   env.erase(kJobSecretVariable);
   env["RANK"] = std::to_string(layout.base_rank + local_rank);
-  env["LOCAL_RANK"] = std::to_string(local_rank);
+  env["LOCAL_RANK"] = std::to_string(settings.virtual_local_rank ? 0 : local_rank);
   env["WORLD_SIZE"] = std::to_string(layout.world_size);
   env["LOCAL_WORLD_SIZE"] = std::to_string(settings.local_world_size);
   env["GROUP_RANK"] = std::to_string(layout.group_rank);
@@ -48,15 +48,16 @@ EnvMap make_worker_env(const WorkerEnvSettings& settings, const RankLayout& layo
   env["ROLE_RANK"] = std::to_string(layout.role_base_rank + local_rank);
   env["ROLE_WORLD_SIZE"] = std::to_string(layout.role_world_size);
   env["ROLE_NAME"] = settings.role;
-  env["MASTER_ADDR"] = settings.master_addr;
+  env["MASTER_ADDR"] = layout.master_addr.empty() ? settings.master_addr : layout.master_addr;
   env["MASTER_PORT"] = std::to_string(layout.master_port != 0 ? layout.master_port : settings.master_port);
   env["TORCHELASTIC_RESTART_COUNT"] = std::to_string(restart_count);
   env["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(settings.max_restarts);
   env["TORCHELASTIC_RUN_ID"] = settings.run_id;
   // Per worker and per attempt, so the launcher knows whose it is; torchrun overrides the user's too.
   env["TORCHELASTIC_ERROR_FILE"] = error_file;
-  // Worker rank 0 hosts the TCPStore at MASTER_ADDR:MASTER_PORT (one node, or c10d, as torchrun), or node
-  // 0's agent does (a static multi-node job: Note [Agent store]). torch compares Python's "True".
+  // Worker rank 0 hosts the TCPStore at MASTER_ADDR:MASTER_PORT (one node, or c10d; torchrun's agent shares
+  // its own store there and says True: docs/torchrun_options.md), or node 0's agent does (a static multi-node
+  // job: Note [Agent store]). torch compares Python's "True".
   env["TORCHELASTIC_USE_AGENT_STORE"] = layout.agent_store ? "True" : "False";
   // Async error handling turns a hung collective into a failed worker we can restart. The user's setting
   // wins under either name; we set only TORCH_'s, as torchrun 2.x does (LibTorch warns about the old one).
@@ -64,6 +65,24 @@ EnvMap make_worker_env(const WorkerEnvSettings& settings, const RankLayout& layo
     env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1";
   }
   if (defaults_omp_threads(settings.local_world_size, parent)) env["OMP_NUM_THREADS"] = "1";
+  // torchrun's launcher exports it, so its workers inherit it.
+  env["TORCHELASTIC_SIGNALS_TO_HANDLE"] = settings.signals_to_handle;
+  if (settings.virtual_local_rank) {
+    // Worker i sees the i-th visible GPU as device 0 (HIP_VISIBLE_DEVICES wins on ROCm, as in torchrun).
+    const auto hip = parent.find("HIP_VISIBLE_DEVICES");
+    const bool use_hip = hip != parent.end() && !hip->second.empty();
+    const auto cuda = parent.find("CUDA_VISIBLE_DEVICES");
+    std::string gpu = std::to_string(local_rank);
+    if (use_hip || cuda != parent.end()) {
+      std::istringstream list(use_hip ? hip->second : cuda->second);
+      for (int i = 0; std::getline(list, gpu, ',') && i < local_rank; ++i) {
+      }
+      const auto first = gpu.find_first_not_of(" \t");
+      gpu = first == std::string::npos ? std::string() : gpu.substr(first, gpu.find_last_not_of(" \t") - first + 1);
+    }
+    env["CUDA_VISIBLE_DEVICES"] = gpu;
+    if (use_hip) env["HIP_VISIBLE_DEVICES"] = gpu;
+  }
   return env;
 }
 
@@ -82,10 +101,13 @@ std::vector<WorkerSpec> make_worker_specs(const WorkerSettings& settings, const 
     const int rank = ranks.base_rank + local_rank;
     const std::string error_file = files.error_file(restart_count, local_rank);
     const EnvMap env = make_worker_env(settings.env, ranks, local_rank, restart_count, error_file, parent_env);
-    // Without --log_dir nothing goes to files (the parser insists), so the flat temp dir is fine.
-    specs.push_back({local_rank, rank, {program.path, program.argv, to_env_strings(env)},
-                     plan_worker_output(settings.output, local_rank, rank, files.worker_dir(restart_count, local_rank)),
-                     error_file});
+    WorkerOutputSpec output =
+        plan_worker_output(settings.output, local_rank, rank, files.worker_dir(restart_count, local_rank));
+    if (!settings.log_line_prefix_template.empty()) {
+      output.prefix = render_prefix_template(settings.log_line_prefix_template,
+                                             {settings.env.role, rank, local_rank, settings.hostname});
+    }
+    specs.push_back({local_rank, rank, {program.path, program.argv, to_env_strings(env)}, output, error_file});
   }
   return specs;
 }

@@ -24,12 +24,18 @@ struct WorkerEnvSettings {
   int master_port = 29500;  // unless the rendezvous picked one (RankLayout::master_port)
   int max_restarts = 0;
   std::string run_id = "none";
+  // LOCAL_RANK=0 and one GPU each (torchrun's --virtual_local_rank); checked against the parent's
+  // CUDA_VISIBLE_DEVICES by the parser.
+  bool virtual_local_rank = false;
+  std::string signals_to_handle = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";  // TORCHELASTIC_SIGNALS_TO_HANDLE
 };
 
 // What the workers' specs take of the command line.
 struct WorkerSettings {
   WorkerEnvSettings env;
   OutputOptions output;  // --redirects, --tee, --local_ranks_filter, --log_dir
+  std::string log_line_prefix_template;  // "": "[rankN]: "
+  std::string hostname;                  // its ${hostname}
 };
 
 // This process's environment (`environ`), first definition winning like getenv().

@@ -24,6 +24,8 @@ HostFacts fake_host(int cpus = 8, int gpus = 0) {
   host.cpu_count = cpus;
   host.gpu_count = gpus;
   host.pick_free_port = [] { return 45678; };
+  host.random_run_id = [] { return std::string("11111111-2222-4333-8444-555555555555"); };
+  host.hostname = "node7";
   return host;
 }
 
@@ -60,11 +62,13 @@ TEST_CASE("launch_config: defaults match torchrun's single-node defaults", "[lau
   CHECK(c.nnodes == 1);
   CHECK(c.node_rank == 0);
   CHECK(c.master_addr == "127.0.0.1");
-  CHECK(c.master_port == 29500);
+  // torchrun 2.x: one node without --master_port runs on a free port under a random (uuid4) run id.
+  CHECK(c.master_port == 45678);
+  CHECK(c.picked_port);
   CHECK_FALSE(c.standalone);
   CHECK(c.max_restarts == 0);
   CHECK(c.shutdown_timeout == std::chrono::seconds(5));
-  CHECK(c.run_id == "none");
+  CHECK(c.run_id == "11111111-2222-4333-8444-555555555555");
   CHECK(c.role == "default");
   CHECK(c.program == "./train");
   CHECK(c.program_args.empty());
@@ -90,8 +94,8 @@ TEST_CASE("launch_config: underscore and dash spellings are the same option", "[
     CHECK(c.program_mode == ProgramMode::kNoPython);
     CHECK(c.role == "trainer");
   }
-  CHECK(parse({"--run_id=a", "x"}).run_id == "a");
-  CHECK(parse({"--run-id", "b", "x"}).run_id == "b");
+  CHECK(parse({"--run_id=a", "--master_port=29500", "x"}).run_id == "a");
+  CHECK(parse({"--run-id", "b", "--master_port=29500", "x"}).run_id == "b");
 }
 
 TEST_CASE("launch_config: everything from PROGRAM on reaches the worker untouched", "[launch_config]") {
@@ -150,8 +154,10 @@ TEST_CASE("launch_config: static rendezvous options", "[launch_config]") {
   LaunchConfig c = parse({"--rdzv_conf", "join_timeout=3", "x"});
   CHECK(c.join_timeout == std::chrono::seconds(3));
   CHECK(parse({"--rdzv_conf=timeout=1.5", "x"}).join_timeout == std::chrono::milliseconds(1500));
-  CHECK_THAT(usage_error({"--rdzv_conf=last_call_timeout=3", "x"}),
-             Contains("last_call_timeout=3") && Contains("join_timeout=SECONDS") && Contains("c10d"));
+  // c10d's keys are accepted and unused (torchrun runs one node with c10d); an unknown key is an error.
+  CHECK(parse({"--rdzv_conf=last_call_timeout=3,is_host=1", "x"}).join_timeout == std::chrono::seconds(600));
+  CHECK_THAT(usage_error({"--rdzv_conf=last_cal_timeout=3", "x"}),
+             Contains("last_cal_timeout=3") && Contains("join_timeout=SECONDS") && Contains("c10d"));
   CHECK_THAT(usage_error({"--rdzv_conf=join_timeout=soon", "x"}), Contains("join_timeout=soon"));
   CHECK_THAT(usage_error({"--rdzv_conf=join_timeout=0", "x"}), Contains("above 0"));
 
@@ -277,11 +283,12 @@ TEST_CASE("launch_config: unknown options and a missing PROGRAM are usage errors
   CHECK_THAT(usage_error({"--nnodes"}), Contains("--help"));
 }
 
-TEST_CASE("launch_config: --standalone takes 127.0.0.1 and a free port", "[launch_config]") {
-  const LaunchConfig c = parse({"--standalone", "--master_addr=10.1.1.1", "--master_port=1", "x"});
+TEST_CASE("launch_config: --standalone takes 127.0.0.1, a free port and a random run id", "[launch_config]") {
+  const LaunchConfig c = parse({"--standalone", "--master_addr=10.1.1.1", "--master_port=1", "--rdzv_id=mine", "x"});
   CHECK(c.standalone);
   CHECK(c.master_addr == "127.0.0.1");
   CHECK(c.master_port == 45678);
+  CHECK(c.run_id == "11111111-2222-4333-8444-555555555555");  // torchrun replaces --rdzv_id too
 
   HostFacts real = fake_host();
   real.pick_free_port = [] { return pick_free_port(); };
@@ -318,10 +325,13 @@ TEST_CASE("launch_config: --redirects, --tee, --log_dir and --local_ranks_filter
   CHECK_FALSE(d.output.writes_files());
 }
 
-TEST_CASE("launch_config: files without --log_dir, and bad output values, are usage errors",
+TEST_CASE("launch_config: files without --log_dir go to a temp dir; bad output values are usage errors",
           "[launch_config]") {
-  CHECK_THAT(usage_error({"--redirects=3", "x"}), Contains("--redirects=3 needs --log_dir"));
-  CHECK_THAT(usage_error({"--nproc_per_node=2", "--tee", "1:1", "x"}), Contains("--tee=1:1 needs --log_dir"));
+  // As torchrun: a temp log dir (run_directory.h), not an error.
+  const LaunchConfig files = parse({"--redirects=3", "x"});
+  CHECK(files.output.writes_files());
+  CHECK(files.output.log_dir.empty());
+  CHECK(parse({"--nproc_per_node=2", "--tee", "1:1", "x"}).output.writes_files());
   CHECK_THAT(usage_error({"--redirects=5", "--log_dir=d", "x"}), Contains("--redirects=5"));
   CHECK_THAT(usage_error({"--nproc_per_node=2", "--local_ranks_filter=2", "x"}),
              Contains("--local_ranks_filter=2"));
@@ -422,4 +432,115 @@ TEST_CASE("launch_config: a bad --restart_backoff says what it expects", "[launc
   }
   CHECK_THAT(usage_error({"--restart_backoff=10:2", "x"}),
              Contains("--restart_backoff=10:2: MAX is below INITIAL; write --restart_backoff=2:10"));
+}
+
+TEST_CASE("launch_config: torchrun's options cpprun cannot honour are accepted, checked like torchrun's",
+          "[launch_config]") {
+  for (const std::string method : {"spawn", "fork", "forkserver"}) {
+    CHECK(parse({"--start_method=" + method, "x"}).program == "x");
+    CHECK(parse({"--start-method", method, "x"}).program == "x");
+  }
+  CHECK_THAT(usage_error({"--start_method=thread", "x"}),
+             Contains("--start_method=thread") && Contains("spawn, fork, forkserver"));
+  CHECK(parse({"--local_addr=10.0.0.1", "--event-log-handler=null", "x"}).program == "x");
+  CHECK_THAT(usage_error({"--numa_binding=everywhere", "x"}), Contains("node, socket, exclusive, core-complex"));
+  CHECK(parse({"--signals_to_handle=SIGTERM,SIGUSR1", "x"}).signals_to_handle == "SIGTERM,SIGUSR1");
+  CHECK_THAT(usage_error({"--signals_to_handle=SIGTERM,SIGFOO", "x"}), Contains("'SIGFOO'"));
+  // Those asking for something cpprun does not do say so, once, on stderr.
+  const ParsedCommandLine quiet = parse_launch_config({"--start_method=fork", "x"}, fake_host(), no_env);
+  CHECK(quiet.notes.empty());
+  const ParsedCommandLine noisy =
+      parse_launch_config({"--numa-binding=node", "--logs_specs=mine", "--duplicate_stdout_filters=a,b",
+                           "--event_log_handler=console", "x"},
+                          fake_host(), no_env);
+  REQUIRE(noisy.notes.size() == 3);  // --duplicate_stdout_filters is implemented
+  CHECK_THAT(noisy.notes[0], Contains("--logs_specs=mine") && Contains("ignored"));
+  CHECK_THAT(noisy.notes[1], Contains("--numa_binding=node") && Contains("ignored"));
+  CHECK_THAT(noisy.notes[2], Contains("--event_log_handler=console"));
+  // torchrun's comma_separated_list: ",," is a comma; filters mean files (a log dir, a temp one if need be).
+  const LaunchConfig filters = parse({"--duplicate-stdout-filters=apple,,pie,orange", "--tee=1", "x"});
+  CHECK(filters.output.duplicate_stdout_filters == std::vector<std::string>{"apple,pie", "orange"});
+  CHECK(filters.output.duplicate_stderr_filters.empty());
+  CHECK(parse({"--duplicate_stderr_filters=E", "x"}).output.writes_files());
+}
+
+TEST_CASE("launch_config: --rdzv_conf as PyTorch's own tests quote it", "[launch_config]") {
+  // One argv word with the quotes in it: test/distributed/launcher/run_test.py.
+  const LaunchConfig c = parse({"--rdzv-backend=c10d", "--rdzv-endpoint=localhost:29400", "--nnodes=1:2",
+                                "--rdzv-conf='join_timeout=5,last_call_timeout=1,timeout=5'", "x"});
+  CHECK(c.join_timeout == std::chrono::seconds(5));
+  CHECK(c.last_call_timeout == std::chrono::seconds(1));
+  CHECK(parse({"--rdzv_conf=\" join_timeout = 7 \"", "x"}).join_timeout == std::chrono::seconds(7));
+  // c10d's settings of a store-based agent are accepted and unused.
+  CHECK(parse({"--rdzv_backend=c10d", "--rdzv_conf=read_timeout=60,keep_alive_max_attempt=3,store_type=tcp", "x"})
+            .join_timeout == std::chrono::seconds(600));
+  CHECK_THAT(usage_error({"--rdzv_conf=join_timeout=", "x"}), Contains("has no value"));
+}
+
+TEST_CASE("launch_config: one node without --master_port takes a free port and a random run id, as torchrun 2.x",
+          "[launch_config]") {
+  const std::string random = "11111111-2222-4333-8444-555555555555";
+  LaunchConfig c = parse({"--nproc_per_node=2", "--rdzv_id=mine", "x"});
+  CHECK(c.picked_port);
+  CHECK(c.master_port == 45678);
+  CHECK(c.run_id == random);  // torchrun replaces --rdzv_id too
+  // --master_port (even 29500, even as PET_MASTER_PORT) keeps the static backend's port and run id.
+  c = parse({"--master_port=29500", "--rdzv_id=mine", "x"});
+  CHECK_FALSE(c.picked_port);
+  CHECK(c.master_port == 29500);
+  CHECK(c.run_id == "mine");
+  setenv("PET_MASTER_PORT", "29600", 1);  // CLI11 reads PET_<NAME> from the real environment
+  c = parse({"x"});
+  unsetenv("PET_MASTER_PORT");
+  CHECK(c.master_port == 29600);
+  CHECK_FALSE(c.picked_port);
+  // --rdzv_endpoint gives the port; several nodes never pick one.
+  CHECK(parse({"--rdzv_endpoint=127.0.0.1:29700", "x"}).master_port == 29700);
+  CHECK(parse({"--nnodes=2", "--node_rank=1", "x"}).master_port == 29500);
+  CHECK(parse({"--nnodes=2", "--node_rank=1", "x"}).run_id == "none");
+  // A given --master_addr stays; torchrun's bracketed IPv6 form loses its brackets.
+  CHECK(parse({"--master_addr=::1", "x"}).master_addr == "::1");
+  CHECK(parse({"--master_addr=[0:0:0:0:0:0:0:1]", "--master_port=29500", "x"}).master_addr == "0:0:0:0:0:0:0:1");
+}
+
+TEST_CASE("launch_config: TORCH_ELASTIC_SHUTDOWN_TIMEOUT and TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE",
+          "[launch_config]") {
+  const auto env = [](const std::string& name) -> std::optional<std::string> {
+    if (name == "TORCH_ELASTIC_SHUTDOWN_TIMEOUT") return std::string("12");
+    if (name == "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE") return std::string("[${rank}] ");
+    return std::nullopt;
+  };
+  LaunchConfig c = parse_launch_config({"x"}, fake_host(), env).config;
+  CHECK(c.shutdown_timeout == std::chrono::seconds(12));
+  CHECK(c.log_line_prefix_template == "[${rank}] ");
+  c = parse_launch_config({"--shutdown_timeout=2", "--log_line_prefix_template=${hostname}: ", "x"}, fake_host(), env)
+          .config;
+  CHECK(c.shutdown_timeout == std::chrono::seconds(2));  // the flag wins
+  CHECK(c.log_line_prefix_template == "${hostname}: ");
+  CHECK(c.hostname == "node7");
+  const auto bad = [](const std::string& name) -> std::optional<std::string> {
+    if (name == "TORCH_ELASTIC_SHUTDOWN_TIMEOUT") return std::string("soon");
+    return std::nullopt;
+  };
+  CHECK_THAT(usage_error_text([&] { parse_launch_config({"x"}, fake_host(), bad); }),
+             Contains("TORCH_ELASTIC_SHUTDOWN_TIMEOUT=soon"));
+}
+
+TEST_CASE("launch_config: --virtual_local_rank needs a visible GPU per worker", "[launch_config]") {
+  CHECK(parse({"--virtual_local_rank", "--nproc_per_node=2", "x"}).virtual_local_rank);
+  const auto one_gpu = [](const std::string& name) -> std::optional<std::string> {
+    if (name == "CUDA_VISIBLE_DEVICES") return std::string("3");
+    return std::nullopt;
+  };
+  CHECK_THAT(usage_error_text([&] {
+               parse_launch_config({"--virtual-local-rank", "--nproc_per_node=2", "x"}, fake_host(), one_gpu);
+             }),
+             Contains("CUDA_VISIBLE_DEVICES=3") && Contains("--nproc_per_node=2"));
+}
+
+TEST_CASE("launch_config: --print_completion prints a script for cpprun's options", "[launch_config]") {
+  const std::string bash = cli_help({"--print_completion", "bash"});
+  CHECK_THAT(bash, Contains("complete -o default -W") && Contains("--nproc_per_node") && Contains("cpprun"));
+  CHECK_THAT(cli_help({"--print-completion=zsh"}), Contains("bashcompinit"));
+  CHECK_THAT(usage_error({"--print_completion=fish"}), Contains("bash, zsh, tcsh"));
 }

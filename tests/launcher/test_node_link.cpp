@@ -4,11 +4,14 @@
 // replayed lines are refused.
 #include <catch2/catch.hpp>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <functional>
 
 #include "rendezvous/job_secret.h"
@@ -59,7 +62,7 @@ struct LinkPair {
   LinkListener listener;
   std::optional<NodeLink> host;
   std::optional<NodeLink> member;
-  LinkPair(const std::string& host_secret, const std::string& member_secret) : listener(true, host_secret) {
+  LinkPair(const std::string& host_secret, const std::string& member_secret) : listener(std::string("127.0.0.1"), host_secret) {
     ConnectResult connected = connect_link("127.0.0.1", listener.port(), std::chrono::seconds(5), -1, member_secret);
     REQUIRE(connected.status == ConnectStatus::kConnected);
     member.emplace(std::move(*connected.link));
@@ -130,7 +133,7 @@ TEST_CASE("node_link: messages cross the link in order; closing is noticed", "[n
 
 TEST_CASE("node_link: a line that is not the handshake closes the link, with nothing said about the job",
           "[node_link]") {
-  LinkListener listener(true, kSecret);
+  LinkListener listener(std::string("127.0.0.1"), kSecret);
   ConnectResult connected = connect_link("127.0.0.1", listener.port(), std::chrono::seconds(5), -1, kSecret);
   REQUIRE(connected.status == ConnectStatus::kConnected);
   std::optional<NodeLink> host = accept_within(listener);
@@ -162,7 +165,7 @@ TEST_CASE("node_link: agents with different secrets refuse each other; both say 
 
 TEST_CASE("node_link: a member does not believe a host that cannot prove the secret", "[node_link]") {
   // A stranger listening where the member expects node 0: it sends a challenge and accepts anything.
-  LinkListener fake(true, "");
+  LinkListener fake(std::string("127.0.0.1"), "");
   ConnectResult connected = connect_link("127.0.0.1", fake.port(), std::chrono::seconds(5), -1, kSecret);
   REQUIRE(connected.status == ConnectStatus::kConnected);
   std::optional<NodeLink> fake_host = accept_within(fake);  // sends its challenge
@@ -220,7 +223,7 @@ TEST_CASE("node_link: forged, altered and replayed messages close the link", "[n
   const NodeMessage failed = NodeMessage::make_failed(0, {5, true, "rank 1 exited"});
   for (const std::string attack : {"forged", "altered", "replayed", "reflected"}) {
     DYNAMIC_SECTION(attack) {
-      LinkListener listener(true, kSecret);
+      LinkListener listener(std::string("127.0.0.1"), kSecret);
       HandMadeMember member(listener.port(), kSecret);
       std::optional<NodeLink> host = accept_within(listener);
       REQUIRE(host);
@@ -279,23 +282,120 @@ TEST_CASE("node_link: the proofs depend on the secret and both nonces; tags on d
   CHECK_FALSE(same_proof("abc", "ab"));
 }
 
-TEST_CASE("node_link: strangers holding connections open are bounded in number and in time", "[node_link]") {
-  LinkListener listener(true, kSecret);
-  std::vector<int> strangers;
-  for (std::size_t i = 0; i < PendingLinks::kMaxPending + 8; ++i) {
-    ConnectResult c = connect_link("127.0.0.1", listener.port(), std::chrono::seconds(5), -1, kSecret);
-    REQUIRE(c.status == ConnectStatus::kConnected);
-    strangers.push_back(dup(c.link->fd()));  // keeps the connection open, silent
-  }
-  PendingLinks pending;
-  for (int i = 0; i < 40 && pending.fds().size() < PendingLinks::kMaxPending; ++i) {
+namespace {
+
+// A silent TCP connection to 127.0.0.1:port from the local address `source` (any of 127.0.0.0/8).
+int raw_connect(const char* source, int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in from{};
+  from.sin_family = AF_INET;
+  inet_pton(AF_INET, source, &from.sin_addr);
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(static_cast<std::uint16_t>(port));
+  inet_pton(AF_INET, "127.0.0.1", &to.sin_addr);
+  REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&from), sizeof(from)) == 0);
+  REQUIRE(connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof(to)) == 0);
+  return fd;
+}
+
+void accept_all(PendingLinks& pending, LinkListener& listener, std::size_t expected) {
+  for (int i = 0; i < 40; ++i) {
     pollfd fd{listener.fd(), POLLIN, 0};
-    poll(&fd, 1, 50);
+    if (poll(&fd, 1, 50) <= 0 && pending.size() >= expected) return;
     pending.accept_from(listener);
   }
-  CHECK(pending.fds().size() == PendingLinks::kMaxPending);  // the oldest were closed to make room
-  for (int fd : strangers) close(fd);
+}
 
+// One receive() once `link` is readable (within `ms`): the handshake's next step.
+void read_once(NodeLink& link, int ms) {
+  pollfd fd{link.fd(), POLLIN, 0};
+  if (poll(&fd, 1, ms) > 0) link.receive();
+}
+
+}  // namespace
+
+TEST_CASE("node_link: strangers holding connections open are bounded per source, then in all, and in time",
+          "[node_link]") {
+  CHECK(peer_source("10.0.0.2:41234") == "10.0.0.2");
+  CHECK(peer_source("[::1]:41234") == "::1");
+  LinkListener listener(std::string("127.0.0.1"), kSecret);
+  std::vector<int> strangers;
+  // One source: at most kMaxPendingPerSource; the evicted are told the host is busy.
+  for (std::size_t i = 0; i < PendingLinks::kMaxPendingPerSource + 3; ++i) {
+    strangers.push_back(raw_connect("127.0.0.2", listener.port()));
+  }
+  PendingLinks pending;
+  accept_all(pending, listener, PendingLinks::kMaxPendingPerSource);
+  CHECK(pending.size() == PendingLinks::kMaxPendingPerSource);
+  const std::string first_heard = read_lines(strangers.front(), 2);
+  CHECK_THAT(first_heard, Catch::Matchers::EndsWith("cpprun-auth-busy\n"));
+  // Many sources: at most kMaxPending in all.
+  for (int source = 3; source < 3 + 10; ++source) {
+    const std::string address = "127.0.0." + std::to_string(source);
+    for (std::size_t i = 0; i < PendingLinks::kMaxPendingPerSource; ++i) {
+      strangers.push_back(raw_connect(address.c_str(), listener.port()));
+    }
+  }
+  accept_all(pending, listener, PendingLinks::kMaxPending);
+  CHECK(pending.size() == PendingLinks::kMaxPending);
+  for (int fd : strangers) close(fd);
+}
+
+TEST_CASE("node_link: a flood from one source does not evict an agent from another, nor a proven one",
+          "[node_link]") {
+  LinkListener listener(std::string("127.0.0.1"), kSecret);
+  PendingLinks pending;
+  // The agent of node 1 connects (from 127.0.0.1) and has its challenge answered...
+  ConnectResult member = connect_link("127.0.0.1", listener.port(), std::chrono::seconds(5), -1, kSecret);
+  REQUIRE(member.status == ConnectStatus::kConnected);
+  accept_all(pending, listener, 1);
+  REQUIRE(pending.size() == 1);
+  read_once(*member.link, 2000);  // reads the challenge, writes the proof
+  REQUIRE(member.link->send(NodeMessage::make_hello(NodeHello{})));  // queued until the host's verdict
+  // ...while strangers flood from 127.0.0.2 and, past its bound, from 127.0.0.1 as well.
+  std::vector<int> strangers;
+  for (int i = 0; i < 200; ++i) {
+    strangers.push_back(raw_connect("127.0.0.2", listener.port()));
+    if (i % 20 == 19) pending.accept_from(listener);  // as the host's loop would, between arrivals
+  }
+  for (std::size_t i = 0; i < PendingLinks::kMaxPendingPerSource + 2; ++i) {
+    strangers.push_back(raw_connect("127.0.0.1", listener.port()));
+  }
+  accept_all(pending, listener, PendingLinks::kMaxPendingPerSource * 2);
+  // The member's proof was read and verified before any eviction from its source: it stays.
+  std::optional<std::pair<NodeLink, NodeMessage>> introduced = pending.take_introduced();
+  for (int i = 0; i < 100 && !introduced; ++i) {
+    read_once(*member.link, 50);  // the verdict; the queued hello goes out
+    for (int fd : pending.fds()) {
+      if (!introduced) introduced = pending.read(fd);
+    }
+  }
+  REQUIRE(introduced);
+  CHECK(introduced->second.kind == MessageKind::kHello);
+  for (int fd : strangers) close(fd);
+}
+
+TEST_CASE("node_link: a member dropped as busy is told so", "[node_link]") {
+  LinkListener listener(std::string("127.0.0.1"), kSecret);
+  ConnectResult member = connect_link("127.0.0.1", listener.port(), std::chrono::seconds(5), -1, kSecret);
+  REQUIRE(member.status == ConnectStatus::kConnected);
+  std::optional<NodeLink> host = accept_within(listener);
+  REQUIRE(host);
+  host->drop_busy();  // before the member answered the challenge
+  NodeLink::Received got;
+  for (int i = 0; i < 100 && !got.closed; ++i) {
+    pollfd fd{member.link->fd(), POLLIN, 0};
+    poll(&fd, 1, 50);
+    got = member.link->receive();
+  }
+  CHECK(got.closed);
+  CHECK(got.busy);
+  CHECK(got.refused.empty());
+  CHECK(got.violation.empty());
+}
+
+TEST_CASE("node_link: a silent connection is overdue after the handshake timeout", "[node_link]") {
   // A silent connection is overdue once kHandshakeTimeout passed (accept_from then drops it); a
   // proven one never is.
   LinkPair pair(kSecret, kSecret);
@@ -310,7 +410,7 @@ TEST_CASE("node_link: strangers holding connections open are bounded in number a
 TEST_CASE("node_link: connecting where nobody listens fails at once", "[node_link]") {
   int port = 0;
   {
-    LinkListener gone(true, kSecret);
+    LinkListener gone(std::string("127.0.0.1"), kSecret);
     port = gone.port();
   }
   const ConnectResult result = connect_link("127.0.0.1", port, std::chrono::seconds(5), -1, kSecret);
@@ -321,7 +421,7 @@ TEST_CASE("node_link: connecting where nobody listens fails at once", "[node_lin
 TEST_CASE("node_link: only one process listens at a c10d endpoint; the others learn why not", "[node_link]") {
   int port = 0;
   {
-    LinkListener probe(true, kSecret);  // a port the kernel says is free
+    LinkListener probe(std::string("127.0.0.1"), kSecret);  // a port the kernel says is free
     port = probe.port();
   }
   EndpointListener first = LinkListener::at_endpoint("127.0.0.1", port, kSecret);
@@ -346,4 +446,28 @@ TEST_CASE("node_link: only one process listens at a c10d endpoint; the others le
   connected.link.reset();
   first.listener.reset();
   CHECK(LinkListener::at_endpoint("127.0.0.1", port, kSecret).status == ListenStatus::kListening);
+}
+
+TEST_CASE("node_link: node 0 listens at the loopback address the others know it by, IPv6 included",
+          "[node_link]") {
+  CHECK(loopback_listen_address("127.0.0.1") == "127.0.0.1");
+  CHECK(loopback_listen_address("127.0.0.2") == "127.0.0.2");
+  CHECK(loopback_listen_address("::1") == "::1");
+  CHECK(loopback_listen_address("0:0:0:0:0:0:0:1") == "::1");
+  CHECK_FALSE(loopback_listen_address("10.1.2.3"));
+  CHECK_FALSE(loopback_listen_address("cpprun-no-such-host.invalid"));
+  // --master_addr=::1: reachable over IPv6, and not over IPv4.
+  LinkListener v6(std::string("::1"), kSecret);
+  ConnectResult connected = connect_link("::1", v6.port(), std::chrono::seconds(5), -1, kSecret);
+  if (connected.status != ConnectStatus::kConnected && connected.error.find("Address family") != std::string::npos) {
+    WARN("no IPv6 on this host's loopback: the IPv6 half is not tested");
+    return;
+  }
+  CHECK(connected.status == ConnectStatus::kConnected);
+  CHECK(connect_link("127.0.0.1", v6.port(), std::chrono::seconds(2), -1, kSecret).status == ConnectStatus::kFailed);
+  // 127.0.0.1: IPv4 only.
+  LinkListener v4(std::string("127.0.0.1"), kSecret);
+  CHECK(connect_link("127.0.0.1", v4.port(), std::chrono::seconds(5), -1, kSecret).status ==
+        ConnectStatus::kConnected);
+  CHECK(connect_link("::1", v4.port(), std::chrono::seconds(2), -1, kSecret).status == ConnectStatus::kFailed);
 }

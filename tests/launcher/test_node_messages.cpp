@@ -72,6 +72,9 @@ TEST_CASE("node_messages: the other kinds", "[node_messages]") {
   CHECK(start.layout.role_base_rank == 1);
   CHECK(start.layout.role_world_size == 2);
   CHECK(start.layout.master_port == 41000);
+  CHECK(start.layout.master_addr.empty());  // none chosen: the workers use the endpoint's host
+  layout.master_addr = "10.0.0.7";          // the host's --local_addr
+  CHECK(round_trip(NodeMessage::make_start(4, 1, layout)).layout.master_addr == "10.0.0.7");
 
   CHECK(round_trip(NodeMessage::make_done(2)).round == 2);
   CHECK(round_trip(NodeMessage::make_stopped(5)).round == 5);

@@ -111,3 +111,33 @@ TEST_CASE("output_spec: --local_ranks_filter keeps other ranks off the console, 
   CHECK(hidden.err.file == "d/stderr.log");
   CHECK(plan_worker_output(o, 0, 0, "d").out.console);
 }
+
+TEST_CASE("output_spec: --log_line_prefix_template substitutes as Python's Template.safe_substitute",
+          "[output_spec]") {
+  const PrefixFields f{"default", 5, 1, "r12i0n8"};
+  CHECK(render_prefix_template("[${role_name}${local_rank}]:", f) == "[default1]:");  // torchrun's own default
+  CHECK(render_prefix_template("${hostname}:${rank}: ", f) == "r12i0n8:5: ");
+  CHECK(render_prefix_template("$rank|$local_rank", f) == "5|1");
+  CHECK(render_prefix_template("$$rank", f) == "$rank");
+  // Unknown names, unclosed braces and a lone $ stay as written.
+  CHECK(render_prefix_template("${nope} $nope ${rank $", f) == "${nope} $nope ${rank $");
+  CHECK(render_prefix_template("$ranks", f) == "$ranks");
+}
+
+TEST_CASE("output_spec: --duplicate_*_filters apply to the shown ranks' tee'd streams, into the attempt dir",
+          "[output_spec]") {
+  CHECK(parse_duplicate_filters("").empty());
+  CHECK(parse_duplicate_filters("a,b") == std::vector<std::string>{"a", "b"});
+  CHECK(parse_duplicate_filters("a,,b,c") == std::vector<std::string>{"a,b", "c"});
+  OutputOptions options;
+  options.tee = {S::kOut, S::kAll, S::kNone};
+  options.shown = {true, false, true};
+  options.duplicate_stdout_filters = {"loss"};
+  options.duplicate_stderr_filters = {"warn"};
+  const WorkerOutputSpec r0 = plan_worker_output(options, 0, 0, "d/attempt_1/0");
+  CHECK(r0.out.filtered_file == "d/attempt_1/filtered_stdout.log");
+  CHECK(r0.out.filters == std::vector<std::string>{"loss"});
+  CHECK(r0.err.filtered_file.empty());  // stderr not tee'd
+  CHECK(plan_worker_output(options, 1, 1, "d/attempt_1/1").out.filtered_file.empty());  // hidden rank
+  CHECK(plan_worker_output(options, 2, 2, "d/attempt_1/2").out.filtered_file.empty());  // not tee'd
+}

@@ -50,7 +50,7 @@ TEST_CASE("run_directory: without --log_dir, a temp dir under TMPDIR that is rem
   setenv("TMPDIR", scratch.path.c_str(), 1);
   std::string path;
   {
-    const RunDirectory dir("");
+    const RunDirectory dir("", "job", false);
     path = dir.layout().dir;
     CHECK_THAT(path, StartsWith(scratch.path + "/cpprun-"));
     CHECK_FALSE(dir.layout().per_worker_dirs);
@@ -62,27 +62,55 @@ TEST_CASE("run_directory: without --log_dir, a temp dir under TMPDIR that is rem
   CHECK_FALSE(exists(path));
 }
 
-TEST_CASE("run_directory: a --log_dir is created with its parents and kept", "[run_directory]") {
+TEST_CASE("run_directory: a --log_dir is created with its parents and kept, a RUN_ID_XXXXXXXX dir per run",
+          "[run_directory]") {
   Scratch scratch;
   const std::string log_dir = scratch.path + "/a/b";
-  const RunLayout layout{log_dir, true};
+  std::string run_dir;
   {
-    const RunDirectory dir(log_dir);
-    CHECK(dir.layout().dir == log_dir);
+    const RunDirectory dir(log_dir, "job7", false);
+    run_dir = dir.layout().dir;
+    // torchrun's layout: LOG_DIR/<run_id>_<8 of Python mkdtemp's characters>/attempt_N/LOCAL_RANK
+    CHECK_THAT(run_dir, StartsWith(log_dir + "/job7_"));
+    CHECK(run_dir.size() == (log_dir + "/job7_").size() + 8);
+    CHECK(run_dir.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_", log_dir.size() + 6) == std::string::npos);
     CHECK(dir.layout().per_worker_dirs);
+    CHECK(dir.made_log_dir().empty());
     dir.prepare_attempt(1, 1);
-    // A stale error file from an earlier run is not this attempt's.
-    std::ofstream(layout.error_file(1, 0)) << "stale";
+    // A stale error file (c10d's earlier round of the same attempt) is not this attempt's.
+    std::ofstream(dir.layout().error_file(1, 0)) << "stale";
     dir.prepare_attempt(1, 1);
-    CHECK_FALSE(exists(layout.error_file(1, 0)));
+    CHECK_FALSE(exists(dir.layout().error_file(1, 0)));
+    // A second run with the same id gets a directory of its own.
+    const RunDirectory again(log_dir, "job7", false);
+    CHECK(again.layout().dir != run_dir);
   }
-  CHECK(exists(log_dir + "/attempt_1/0"));
+  CHECK(exists(run_dir + "/attempt_1/0"));
+  CHECK(RunLayout::planned(log_dir, "job7", false).dir == log_dir + "/job7_XXXXXXXX");
+}
+
+TEST_CASE("run_directory: files without --log_dir go to a torchelastic_ temp dir that stays", "[run_directory]") {
+  Scratch scratch;
+  const char* saved = std::getenv("TMPDIR");
+  const std::string saved_value = saved != nullptr ? saved : "";
+  setenv("TMPDIR", scratch.path.c_str(), 1);
+  std::string made;
+  {
+    const RunDirectory dir("", "job", true);
+    made = dir.made_log_dir();
+    CHECK_THAT(made, StartsWith(scratch.path + "/torchelastic_"));
+    CHECK_THAT(dir.layout().dir, StartsWith(made + "/job_"));
+    CHECK(dir.layout().per_worker_dirs);
+    dir.prepare_attempt(0, 1);
+  }
+  if (saved != nullptr) setenv("TMPDIR", saved_value.c_str(), 1); else unsetenv("TMPDIR");
+  CHECK(exists(made));
 }
 
 TEST_CASE("run_directory: an unusable --log_dir names itself", "[run_directory]") {
   Scratch scratch;
   std::ofstream(scratch.path + "/file") << "x";
-  REQUIRE_THROWS_WITH(RunDirectory(scratch.path + "/file/sub"),
+  REQUIRE_THROWS_WITH(RunDirectory(scratch.path + "/file/sub", "none", false),
                       Contains("--log_dir=" + scratch.path + "/file/sub") && Contains("cannot create"));
 }
 

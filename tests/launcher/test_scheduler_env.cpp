@@ -44,6 +44,7 @@ HostFacts fake_host() {
   HostFacts host;
   host.cpu_count = 8;
   host.pick_free_port = [] { return 45678; };
+  host.random_run_id = [] { return std::string("random-run-id"); };
   return host;
 }
 

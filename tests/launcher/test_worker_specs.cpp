@@ -66,6 +66,7 @@ TEST_CASE("worker_specs: the environment sets every torchrun variable", "[worker
       {"TORCHELASTIC_USE_AGENT_STORE", "False"},
       {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"},
       {"OMP_NUM_THREADS", "8"},
+      {"TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT,SIGHUP,SIGQUIT"},  // torchrun's launcher exports it
   };
   for (const auto& [name, value] : expected_subset) {
     INFO(name);
@@ -106,8 +107,11 @@ TEST_CASE("worker_specs: c10d workers get the endpoint's host and the rendezvous
   CHECK(env.at("MASTER_ADDR") == "node0");
   CHECK(env.at("MASTER_PORT") == "41234");
   CHECK(env.at("TORCHELASTIC_RUN_ID") == "job42");
-  // As torchrun's c10d backend: worker rank 0 hosts the workers' store.
+  // worker rank 0 hosts the workers' store (torchrun says True: docs/torchrun_options.md).
   CHECK(env.at("TORCHELASTIC_USE_AGENT_STORE") == "False");
+  // The hosting agent's --local_addr, sent with the round's start, is the workers' MASTER_ADDR.
+  layout.master_addr = "10.0.0.7";
+  CHECK(make_worker_env(c, layout, 0, 0, "/run/e.json", {}).at("MASTER_ADDR") == "10.0.0.7");
 }
 
 TEST_CASE("worker_specs: the environment inherits the launcher's, launcher variables winning", "[worker_specs]") {
@@ -198,4 +202,38 @@ TEST_CASE("worker_specs: --dry_run prints each rank's command and only the varia
   CHECK_THAT(text, Contains("    TORCHELASTIC_ERROR_FILE=logs/attempt_0/0/error.json\n"));
   CHECK(text.find("PATH=") == std::string::npos);             // inherited unchanged
   CHECK(text.find("OMP_NUM_THREADS") == std::string::npos);  // the user's own
+}
+
+TEST_CASE("worker_specs: --virtual_local_rank gives LOCAL_RANK=0 and one GPU each, as torchrun", "[worker_specs]") {
+  WorkerEnvSettings c = config_with(3);
+  c.virtual_local_rank = true;
+  // Without CUDA_VISIBLE_DEVICES, local rank i gets GPU i.
+  EnvMap env = env_of(c, 2, 0, "e", {});
+  CHECK(env.at("LOCAL_RANK") == "0");
+  CHECK(env.at("RANK") == "2");
+  CHECK(env.at("CUDA_VISIBLE_DEVICES") == "2");
+  // With it, the i-th entry (trimmed).
+  env = env_of(c, 1, 0, "e", {{"CUDA_VISIBLE_DEVICES", "4, 6,7"}});
+  CHECK(env.at("CUDA_VISIBLE_DEVICES") == "6");
+  // HIP_VISIBLE_DEVICES wins and is narrowed too.
+  env = env_of(c, 2, 0, "e", {{"HIP_VISIBLE_DEVICES", "1,3,5"}, {"CUDA_VISIBLE_DEVICES", "0,1,2"}});
+  CHECK(env.at("CUDA_VISIBLE_DEVICES") == "5");
+  CHECK(env.at("HIP_VISIBLE_DEVICES") == "5");
+  // Off: LOCAL_RANK is the local rank and CUDA_VISIBLE_DEVICES is inherited untouched.
+  c.virtual_local_rank = false;
+  env = env_of(c, 1, 0, "e", {{"CUDA_VISIBLE_DEVICES", "4,6,7"}});
+  CHECK(env.at("LOCAL_RANK") == "1");
+  CHECK(env.at("CUDA_VISIBLE_DEVICES") == "4,6,7");
+}
+
+TEST_CASE("worker_specs: --log_line_prefix_template replaces the [rankN]: prefix", "[worker_specs]") {
+  LaunchConfig config = launch_config_with(2);
+  config.role = "trainer";
+  config.hostname = "node7";
+  CHECK(make_worker_specs(worker_settings(config), single_node_layout(2), train(), 0, {"d", false}, {})[1]
+            .output.prefix == "[rank1]: ");
+  config.log_line_prefix_template = "${hostname}:${rank}:$local_rank:${role_name}| ";
+  const std::vector<WorkerSpec> specs =
+      make_worker_specs(worker_settings(config), single_node_layout(2), train(), 0, {"d", false}, {});
+  CHECK(specs[1].output.prefix == "node7:1:1:trainer| ");
 }

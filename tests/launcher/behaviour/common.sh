@@ -60,6 +60,17 @@ expect_in_file() {  # file text what
   grep -qF -- "$2" "$1" || fail "$3: '$2' not in $(basename "$1")"
 }
 
+# The one run directory torchrun's layout puts in log dir $1: $1/RUN_ID_XXXXXXXX (8 characters of
+# Python's mkdtemp). Fails unless there is exactly one, its id being $2 if given.
+run_dir_in() {  # log_dir [run_id]
+  local dirs
+  dirs=$(find "$1" -mindepth 1 -maxdepth 1 -type d 2>/dev/null)
+  [ -n "$dirs" ] && [ "$(printf '%s\n' "$dirs" | wc -l)" -eq 1 ] || fail "expected one run dir in $1, found: '$dirs'"
+  local name=${dirs##*/}
+  printf '%s\n' "$name" | grep -qE "^${2:-.+}_[a-z0-9_]{8}\$" || fail "run dir $name is not RUN_ID_XXXXXXXX"
+  echo "$dirs"
+}
+
 expect_no_leftovers() {
   local left
   left=$(leftovers)

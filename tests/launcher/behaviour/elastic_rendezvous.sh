@@ -87,5 +87,20 @@ elastic nodeA 29602 1 --nnodes=1:2 --rdzv_conf last_call_timeout=0.2 /bin/sh -c 
 wait_node "$NODE_PID" 20
 expect_eq "$NODE_STATUS" 0 "a lone node of --nnodes=1:2"
 grep -qxF GROUP_WORLD_SIZE=1 "$WORK/env.0" || fail "a lone node: GROUP_WORLD_SIZE=1 missing"
+
+# (4) --local_addr, as torchrun's: the hosting agent's is every worker's MASTER_ADDR; a member's is not.
+rm -f "$WORK"/env.*
+elastic nodeA 29603 1 --nnodes=2 --local_addr=127.0.0.3 /bin/sh -c "$worker"
+a=$NODE_PID
+wait_for_text 10 "$WORK/nodeA.err" "this agent hosts the c10d rendezvous"
+elastic nodeB 29603 1 --nnodes=2 --local-addr=127.0.0.4 /bin/sh -c "$worker"
+b=$NODE_PID
+wait_node "$a" 20
+expect_eq "$NODE_STATUS" 0 "--local_addr: node a's exit code"
+wait_node "$b" 20
+expect_eq "$NODE_STATUS" 0 "--local_addr: node b's exit code"
+for rank in 0 1; do
+  grep -qxF MASTER_ADDR=127.0.0.3 "$WORK/env.$rank" || fail "--local_addr: rank $rank's MASTER_ADDR is not the host's"
+done
 expect_no_leftovers
 echo PASS

@@ -34,7 +34,36 @@ cpprun --redirects=2 --log_dir="$WORK/logs" /bin/sh -c 'echo "only in the file" 
 expect_eq "$?" 4 "redirected exit code"
 grep -q '^\[rank0\]: only in the file' "$WORK/err" && fail "redirected stderr reached the console"
 expect_in_file "$WORK/err" "cpprun:   | only in the file" "tail of redirected stderr"
-expect_eq "$(cat "$WORK/logs/attempt_0/0/stderr.log")" "only in the file" "stderr.log"
+run=$(run_dir_in "$WORK/logs") || exit 1
+expect_eq "$(cat "$run/attempt_0/0/stderr.log")" "only in the file" "stderr.log"
+
+# torchrun's hand-over for schedulers: the root cause's error file is copied into the launcher's own
+# TORCHELASTIC_ERROR_FILE, errorCode set to its exit code (-SIGNAL when killed), once the job gives up.
+cpprun --nproc_per_node=2 --max_restarts=1 --restart_backoff=0 /bin/sh -c '
+  [ "$RANK" = 1 ] || exit 0
+  printf "{\"message\": {\"message\": \"E%s\", \"extraInfo\": {\"timestamp\": \"1\"}}}" \
+    "$TORCHELASTIC_RESTART_COUNT" > "$TORCHELASTIC_ERROR_FILE"
+  exit 3' </dev/null
+expect_eq "$?" 3 "exit code without a launcher error file"
+TORCHELASTIC_ERROR_FILE=$WORK/mine.json cpprun --nproc_per_node=2 --max_restarts=1 --restart_backoff=0 /bin/sh -c '
+  [ "$RANK" = 1 ] || exit 0
+  printf "{\"message\": {\"message\": \"E%s\", \"extraInfo\": {\"timestamp\": \"1\"}}}" \
+    "$TORCHELASTIC_RESTART_COUNT" > "$TORCHELASTIC_ERROR_FILE"
+  exit 3'
+expect_eq "$?" 3 "exit code with a launcher error file"
+expect_eq "$(cat "$WORK/mine.json")" \
+  '{"message": {"message": "E1", "extraInfo": {"timestamp": "1"}, "errorCode": 3}}' "launcher's error file"
+rm -f "$WORK/mine.json"
+TORCHELASTIC_ERROR_FILE=$WORK/mine.json cpprun /bin/sh -c '
+  echo "{\"message\": {\"message\": \"K\"}}" > "$TORCHELASTIC_ERROR_FILE"; kill -KILL $$'
+expect_eq "$?" 137 "exit code of a killed worker"
+expect_eq "$(cat "$WORK/mine.json")" '{"message": {"message": "K", "errorCode": -9}}' "killed worker's error file"
+rm -f "$WORK/mine.json"
+TORCHELASTIC_ERROR_FILE=$WORK/mine.json cpprun /bin/sh -c 'exit 5'
+expect_eq "$?" 5 "exit code of a worker without an error file"
+[ ! -e "$WORK/mine.json" ] || fail "a launcher error file although the worker wrote none"
+TORCHELASTIC_ERROR_FILE=$WORK/mine.json cpprun /bin/true
+[ ! -e "$WORK/mine.json" ] || fail "a launcher error file after success"
 
 # A job ended by a signal removes its temp dir too.
 CPPRUN_TEST_TAG=$WORK "$CPPRUN" /bin/sh -c 'touch "$WORK/ready"; exec sleep 30' >"$WORK/out" 2>"$WORK/err" &

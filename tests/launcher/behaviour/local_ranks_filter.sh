@@ -7,8 +7,9 @@ cpprun --nproc_per_node=3 --local_ranks_filter=0,2 --tee 3 --log_dir "$WORK/logs
 expect_eq "$?" 0 "exit code"
 expect_eq "$(grep '^\[rank' "$WORK/out" | sort | tr '\n' '|')" "[rank0]: out 0|[rank2]: out 2|" "stdout shown"
 expect_eq "$(grep '^\[rank' "$WORK/err" | sort | tr '\n' '|')" "[rank0]: err 0|[rank2]: err 2|" "stderr shown"
-expect_eq "$(cat "$WORK/logs/attempt_0/1/stdout.log")" "out 1" "hidden rank's stdout.log"
-expect_eq "$(cat "$WORK/logs/attempt_0/1/stderr.log")" "err 1" "hidden rank's stderr.log"
+run=$(run_dir_in "$WORK/logs") || exit 1
+expect_eq "$(cat "$run/attempt_0/1/stdout.log")" "out 1" "hidden rank's stdout.log"
+expect_eq "$(cat "$run/attempt_0/1/stderr.log")" "err 1" "hidden rank's stderr.log"
 
 cpprun --nproc_per_node=2 --local-ranks-filter 0 /bin/sh -c '
   [ "$RANK" = 1 ] || exit 0

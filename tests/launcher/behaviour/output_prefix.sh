@@ -19,5 +19,13 @@ for rank in 0 1 2 3; do
   grep "^\[rank$rank\]" "$WORK/out" | awk -v r="$rank" '{ if ($3 != sprintf("l%05d", NR - 1)) { print "rank " r " line " NR ": " $3; exit 1 } }' \
     || fail "rank $rank's stdout lines out of order"
 done
+
+# torchrun's --log_line_prefix_template (and its variable) replace the [rankN]: prefix.
+cpprun --nproc_per_node=2 --role=trainer --log-line-prefix-template='${role_name}/${rank}/${local_rank}@${hostname}| ' \
+  /bin/sh -c 'echo "hi $RANK"'
+expect_eq "$?" 0 "template exit code"
+expect_in_file "$WORK/out" "trainer/1/1@$(hostname)| hi 1" "--log_line_prefix_template"
+TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='<$rank> ' cpprun /bin/sh -c 'echo "hi"'
+expect_in_file "$WORK/out" "<0> hi" "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"
 expect_no_leftovers
 echo PASS

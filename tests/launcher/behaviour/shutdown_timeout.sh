@@ -16,5 +16,23 @@ expect_eq "$rc" 1 "exit code"
 [ "$elapsed" -ge 1000 ] || fail "took ${elapsed} ms: SIGKILL came before --shutdown_timeout=1"
 [ "$elapsed" -lt 8000 ] || fail "took ${elapsed} ms: SIGKILL did not come after --shutdown_timeout=1"
 expect_in_file "$WORK/err" "did not exit within --shutdown_timeout=1s, killed by SIGKILL" "summary"
+
+# Without the flag, torchrun's TORCH_ELASTIC_SHUTDOWN_TIMEOUT sets it (cpprun's own default is 5 s).
+rm -f "$WORK/stubborn"
+start=$(now_ms)
+TORCH_ELASTIC_SHUTDOWN_TIMEOUT=1 cpprun --nproc_per_node=2 /bin/sh -c '
+  if [ "$LOCAL_RANK" = 1 ]; then
+    i=0; while [ ! -e "$WORK/stubborn" ]; do i=$((i+1)); [ $i -gt 200 ] && exit 99; sleep 0.05; done
+    exit 1
+  fi
+  trap "" TERM
+  touch "$WORK/stubborn"
+  exec sleep 30'
+rc=$?
+env_elapsed=$(( $(now_ms) - start ))
+expect_eq "$rc" 1 "exit code (TORCH_ELASTIC_SHUTDOWN_TIMEOUT)"
+[ "$env_elapsed" -ge 1000 ] || fail "took ${env_elapsed} ms: SIGKILL came before TORCH_ELASTIC_SHUTDOWN_TIMEOUT=1"
+[ "$env_elapsed" -lt 4500 ] || fail "took ${env_elapsed} ms: TORCH_ELASTIC_SHUTDOWN_TIMEOUT=1 was not used"
+expect_in_file "$WORK/err" "did not exit within --shutdown_timeout=1s" "summary (TORCH_ELASTIC_SHUTDOWN_TIMEOUT)"
 expect_no_leftovers
-echo "PASS (${elapsed} ms)"
+echo "PASS (${elapsed} ms, ${env_elapsed} ms)"

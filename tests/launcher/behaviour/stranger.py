@@ -5,11 +5,16 @@
     stranger.py proof HOST PORT       answers the challenge with a made-up proof
     stranger.py flood HOST PORT       sends 1 MiB without a newline
     stranger.py hold HOST PORT N      opens N connections and keeps them open, silent, until killed
+    stranger.py storm HOST PORT SECONDS [SOURCE]
+                                      opens connections as fast as it can for SECONDS (from the local
+                                      address SOURCE if given), each held silent for 1 s
 
 Prints everything the agent sent back (until it closed the connection, or 5 s passed) on stdout,
 so the test can check that the agent revealed nothing but its challenge and its refusal.
 """
+import collections
 import os
+import resource
 import socket
 import sys
 import time
@@ -30,8 +35,40 @@ def read_all(sock, seconds=5.0):
     return data.decode("utf-8", "replace")
 
 
+def storm(host, port, seconds, source):
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    held = collections.deque()
+    opened = 0
+    end = time.monotonic() + seconds
+    print("storming", flush=True)
+    while time.monotonic() < end:
+        now = time.monotonic()
+        while held and now - held[0][0] > 1.0:
+            held.popleft()[1].close()
+        try:
+            sock = socket.socket(family, socket.SOCK_STREAM)
+        except OSError:  # out of descriptors: let the held ones go first
+            time.sleep(0.001)
+            continue
+        try:
+            if source:
+                sock.bind((source, 0))
+            sock.setblocking(False)
+            sock.connect_ex((host, port))
+            held.append((now, sock))
+            opened += 1
+        except OSError:
+            sock.close()
+    print(f"opened {opened} connections in {seconds:.0f} s", flush=True)
+
+
 def main():
     mode, host, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    if mode == "storm":
+        storm(host, port, float(sys.argv[4]), sys.argv[5] if len(sys.argv) > 5 else None)
+        return
     if mode == "hold":
         held = [socket.create_connection((host, port)) for _ in range(int(sys.argv[4]))]
         print(f"holding {len(held)} connections", flush=True)

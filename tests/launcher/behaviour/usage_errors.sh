@@ -39,5 +39,21 @@ cpprun --help
 expect_eq "$?" 0 "--help exit code"
 expect_in_file "$WORK/out" "Usage: cpprun [OPTIONS] PROGRAM [ARGS...]" "help usage line"
 expect_in_file "$WORK/out" "--nproc_per_node,--nproc-per-node" "help lists both spellings"
+
+# torchrun's options that cpprun checks as torchrun does: bad values are usage errors, like argparse's.
+cpprun --start_method=thread /bin/sh -c 'touch "$WORK/started"'
+expect_eq "$?" 2 "--start_method=thread exit code"
+expect_in_file "$WORK/err" "--start_method=thread: expected one of spawn, fork, forkserver" "--start_method message"
+cpprun --signals-to-handle=SIGNOPE /bin/true
+expect_eq "$?" 2 "--signals_to_handle exit code"
+expect_in_file "$WORK/err" "'SIGNOPE' is not a signal name" "--signals_to_handle message"
+CUDA_VISIBLE_DEVICES=0 cpprun --virtual_local_rank --nproc_per_node=2 /bin/true
+expect_eq "$?" 2 "--virtual_local_rank with too few GPUs exit code"
+expect_in_file "$WORK/err" "CUDA_VISIBLE_DEVICES=0, which lists 1 for --nproc_per_node=2" "--virtual_local_rank message"
+[ ! -e "$WORK/started" ] || fail "a worker ran"
+cpprun --print_completion bash
+expect_eq "$?" 0 "--print_completion exit code"
+expect_in_file "$WORK/out" "complete -o default -W" "completion script"
+bash -n "$WORK/out" || fail "the bash completion script does not parse"
 expect_no_leftovers
 echo PASS

@@ -34,9 +34,9 @@ expect_in_file "$WORK/err" "a range of nodes needs the dynamic rendezvous: add -
 cpprun --nnodes=2 --rdzv_backend=etcd /bin/sh -c 'touch "$WORK/started"'
 expect_eq "$?" 2 "--rdzv_backend=etcd exit code"
 expect_in_file "$WORK/err" "the etcd rendezvous is not implemented" "--rdzv_backend message"
-cpprun --nnodes=2 --rdzv_conf close_timeout=3 /bin/sh -c 'touch "$WORK/started"'
+cpprun --nnodes=2 --rdzv_conf close_timout=3 /bin/sh -c 'touch "$WORK/started"'
 expect_eq "$?" 2 "--rdzv_conf exit code"
-expect_in_file "$WORK/err" "join_timeout=SECONDS" "--rdzv_conf message"
+expect_in_file "$WORK/err" "'close_timout=3' is not a setting" "--rdzv_conf message"
 [ ! -e "$WORK/started" ] || fail "a worker ran"
 expect_no_leftovers
 echo PASS

@@ -1,0 +1,155 @@
+// Setting errorCode in a worker's error file without a JSON library: a scanner that skips values.
+#include "workers/error_file.h"
+
+#include <cctype>
+#include <cstdlib>
+#include <iostream>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <optional>
+#include <sstream>
+
+#include "workers/attempt.h"
+
+namespace cpprun::launcher {
+namespace {
+
+// Positions in `text`, a JSON document; each returns the index after what it read, or npos on bad JSON.
+class Scanner {
+ public:
+  explicit Scanner(const std::string& text) : text_(text) {}
+
+  std::size_t space(std::size_t i) const {
+    while (i < text_.size() && std::isspace(static_cast<unsigned char>(text_[i]))) ++i;
+    return i;
+  }
+
+  // A string starting at text[i] == '"'; `out` gets its raw (escaped) contents.
+  std::size_t string(std::size_t i, std::string* out = nullptr) const {
+    if (i >= text_.size() || text_[i] != '"') return npos;
+    for (std::size_t j = i + 1; j < text_.size(); ++j) {
+      if (text_[j] == '\\') {
+        ++j;
+      } else if (text_[j] == '"') {
+        if (out != nullptr) *out = text_.substr(i + 1, j - i - 1);
+        return j + 1;
+      }
+    }
+    return npos;
+  }
+
+  std::size_t value(std::size_t i) const {
+    i = space(i);
+    if (i >= text_.size()) return npos;
+    if (text_[i] == '"') return string(i);
+    if (text_[i] == '{' || text_[i] == '[') {
+      const char close = text_[i] == '{' ? '}' : ']';
+      i = space(i + 1);
+      if (i < text_.size() && text_[i] == close) return i + 1;
+      for (;;) {
+        if (close == '}') {
+          i = string(space(i));
+          if (i == npos || (i = space(i)) >= text_.size() || text_[i] != ':') return npos;
+          ++i;
+        }
+        if ((i = value(i)) == npos || (i = space(i)) >= text_.size()) return npos;
+        if (text_[i] == close) return i + 1;
+        if (text_[i] != ',') return npos;
+        ++i;
+      }
+    }
+    // A number, true, false or null.
+    const std::size_t start = i;
+    while (i < text_.size() && (std::isalnum(static_cast<unsigned char>(text_[i])) || std::strchr("+-.", text_[i]))) {
+      ++i;
+    }
+    return i > start ? i : npos;
+  }
+
+  // In the object at text[i] == '{': where the value of `key` starts and ends, and the object's '}'.
+  struct Member {
+    std::size_t value_start = npos;
+    std::size_t value_end = npos;
+    std::size_t close = npos;
+    bool empty = true;
+  };
+  std::optional<Member> find(std::size_t i, const std::string& key) const {
+    if (i >= text_.size() || text_[i] != '{') return std::nullopt;
+    Member member;
+    i = space(i + 1);
+    if (i < text_.size() && text_[i] == '}') {
+      member.close = i;
+      return member;
+    }
+    member.empty = false;
+    for (;;) {
+      std::string name;
+      i = string(space(i), &name);
+      if (i == npos || (i = space(i)) >= text_.size() || text_[i] != ':') return std::nullopt;
+      const std::size_t start = space(i + 1);
+      const std::size_t end = value(start);
+      if (end == npos) return std::nullopt;
+      if (name == key) {
+        member.value_start = start;
+        member.value_end = end;
+      }
+      i = space(end);
+      if (i >= text_.size()) return std::nullopt;
+      if (text_[i] == '}') {
+        member.close = i;
+        return member;
+      }
+      if (text_[i] != ',') return std::nullopt;
+      ++i;
+    }
+  }
+
+  static constexpr std::size_t npos = std::string::npos;
+
+ private:
+  const std::string& text_;
+};
+
+}  // namespace
+
+std::string with_error_code(const std::string& json, int error_code) {
+  if (error_code == 0) return json;
+  const Scanner scan(json);
+  const std::size_t root = scan.space(0);
+  const std::optional<Scanner::Member> message = scan.find(root, "message");
+  if (!message || message->value_start == Scanner::npos || json[message->value_start] != '{') return json;
+  const std::optional<Scanner::Member> code = scan.find(message->value_start, "errorCode");
+  if (!code) return json;
+  const std::string value = std::to_string(error_code);
+  if (code->value_start != Scanner::npos) {
+    return json.substr(0, code->value_start) + value + json.substr(code->value_end);
+  }
+  return json.substr(0, code->close) + (code->empty ? "" : ", ") + "\"errorCode\": " + value + json.substr(code->close);
+}
+
+std::string copy_root_error_file(const std::string& worker_error_file, const std::string& launcher_error_file,
+                                 int error_code) {
+  if (worker_error_file.empty() || launcher_error_file.empty()) return "";
+  std::ifstream in(worker_error_file, std::ios::binary);
+  if (!in) return "";  // the worker wrote none (torch's @record writes one for an uncaught exception)
+  std::ostringstream text;
+  text << in.rdbuf();
+  std::ofstream out(launcher_error_file, std::ios::binary | std::ios::trunc);
+  out << with_error_code(text.str(), error_code);
+  out.close();
+  if (!out) {
+    return "cpprun: could not write the root cause's error file to TORCHELASTIC_ERROR_FILE=" + launcher_error_file +
+           ": " + std::strerror(errno);
+  }
+  return "";
+}
+
+void hand_over_error_file(const AttemptEnd& attempt) {
+  const char* mine = std::getenv("TORCHELASTIC_ERROR_FILE");
+  const std::string warning =
+      copy_root_error_file(attempt.root_error_file, mine != nullptr ? mine : "", attempt.root_error_code);
+  if (!warning.empty()) std::cerr << warning << "\n";
+}
+
+}  // namespace cpprun::launcher

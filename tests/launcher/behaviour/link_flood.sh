@@ -1,0 +1,42 @@
+# A stranger opening connections to node 0's link port as fast as it can (each held silent for 1 s)
+# does not keep node 1, which holds the job secret, out: pending connections are bounded per source,
+# so the stranger's evict only its own; node 1 joins and the job runs, three times over.
+. "$(dirname "$0")/common.sh"
+require_private_netns
+
+trials=${CPPRUN_FLOOD_TRIALS:-3}
+for trial in $(seq "$trials"); do
+  port=$((29580 + trial))
+  start_node node0 --nnodes=2 --node_rank=0 --master_port=$port --rdzv_conf join_timeout=30 \
+    /bin/sh -c 'echo "worker $RANK done"'
+  node0=$NODE_PID
+  link_port=
+  for _ in $(seq 200); do
+    link_port=$(ss -ltnpH 2>/dev/null | grep "pid=$node0," | awk '{print $4}' | sed 's/.*://' |
+                grep -vx "$port" | head -1)
+    [ -n "$link_port" ] && break
+    sleep 0.05
+  done
+  [ -n "$link_port" ] || fail "trial $trial: node 0's agent does not listen for links"
+  # The stranger is another host: 127.0.0.2, on this namespace's loopback.
+  python3 "$(dirname "$0")/stranger.py" storm 127.0.0.1 "$link_port" 15 127.0.0.2 >"$WORK/storm.out" 2>&1 &
+  storm=$!
+  trap 'kill "$storm" 2>/dev/null; cleanup' EXIT
+  wait_for_text 10 "$WORK/storm.out" "storming"
+  sleep 1
+  start_node node1 --nnodes=2 --node_rank=1 --master_port=$port --rdzv_conf join_timeout=30 \
+    /bin/sh -c 'echo "worker $RANK done"'
+  node1=$NODE_PID
+  wait_node "$node1" 40
+  status1=$NODE_STATUS
+  wait_node "$node0" 40
+  status0=$NODE_STATUS
+  kill "$storm" 2>/dev/null
+  wait "$storm" 2>/dev/null
+  expect_eq "$status1" 0 "trial $trial: node 1's exit code under the flood"
+  expect_eq "$status0" 0 "trial $trial: node 0's exit code under the flood"
+  expect_in_file "$WORK/node1.out" "[rank1]: worker 1 done" "trial $trial: node 1's worker ran"
+  expect_in_file "$WORK/node0.out" "[rank0]: worker 0 done" "trial $trial: node 0's worker ran"
+done
+expect_no_leftovers
+echo PASS
