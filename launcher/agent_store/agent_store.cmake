@@ -16,10 +16,14 @@ foreach(_property COMPILE_FEATURES COMPILE_OPTIONS)
     set_property(TARGET cpprun_agent_store APPEND PROPERTY ${_property} ${_value})
   endif()
 endforeach()
-# Next to the cpprun executable in the build tree, where the launcher looks first.
+# Next to the cpprun executable in the build tree, where the launcher looks first. Its run path,
+# built and installed alike, is the directory of the LibTorch it was built against and nothing
+# else: the link path would also bring Torch's stray MKL directories (/lib/intel64, ...) and, when
+# installed, lose LibTorch's own, so that an installed cpprun could not load it.
 set_target_properties(cpprun_agent_store PROPERTIES
   LIBRARY_OUTPUT_DIRECTORY "$<TARGET_FILE_DIR:cpprun>"
-  INSTALL_RPATH_USE_LINK_PATH TRUE)
+  BUILD_WITH_INSTALL_RPATH TRUE
+  INSTALL_RPATH "${TORCH_INSTALL_PREFIX}/lib")
 add_dependencies(cpprun cpprun_agent_store)
 get_target_property(_cpprun_agent_store_dir cpprun CPPRUN_AGENT_STORE_INSTALL_DIR)
 install(TARGETS cpprun_agent_store LIBRARY DESTINATION "${_cpprun_agent_store_dir}")

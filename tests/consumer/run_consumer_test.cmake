@@ -1,5 +1,5 @@
 # ctest script: install cpprun into a scratch prefix, build tests/consumer against it with
-# find_package(cpprun), and run it on 2 ranks with the installed launcher.
+# find_package(cpprun), and run it on 2 ranks with the installed launcher: one node, then two.
 file(REMOVE_RECURSE ${CPPRUN_WORK_DIR})
 set(prefix ${CPPRUN_WORK_DIR}/prefix)
 
@@ -20,6 +20,22 @@ run(${CPPRUN_ISOLATE} ${prefix}/bin/cpprun --standalone --nproc_per_node=2 ${CPP
 foreach(rank 0 1)
   if(NOT last_output MATCHES "consumer rank ${rank}/2 sum 3 ok")
     message(FATAL_ERROR "rank ${rank} did not report the right sum")
+  endif()
+endforeach()
+
+# The installed plugin that hosts a multi-node job's store finds LibTorch by its run path alone:
+# that directory, and none of Torch's stray ones.
+set(plugin ${prefix}/lib/cpprun/libcpprun_agent_store.so)
+execute_process(COMMAND readelf -d ${plugin} OUTPUT_VARIABLE dynamic RESULT_VARIABLE rc)
+string(REGEX MATCH "Library r(un)?path: \\[([^]]*)\\]" found "${dynamic}")
+if(NOT rc EQUAL 0 OR NOT CMAKE_MATCH_2 STREQUAL "${CPPRUN_TORCH_LIB_DIR}")
+  message(FATAL_ERROR "${plugin}'s run path is '${CMAKE_MATCH_2}', not ${CPPRUN_TORCH_LIB_DIR}:\n${dynamic}")
+endif()
+# A 2-node job with the installed cpprun, started from another directory (as a user's PATH would).
+run(${CPPRUN_ISOLATE} bash ${CMAKE_CURRENT_LIST_DIR}/two_nodes.sh ${prefix}/bin/cpprun ${CPPRUN_WORK_DIR}/build/consumer)
+foreach(rank 0 1)
+  if(NOT last_output MATCHES "consumer rank ${rank}/2 sum 3 ok")
+    message(FATAL_ERROR "two nodes: rank ${rank} did not report the right sum")
   endif()
 endforeach()
 file(REMOVE_RECURSE ${CPPRUN_WORK_DIR})
