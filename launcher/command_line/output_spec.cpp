@@ -150,7 +150,7 @@ WorkerOutputSpec plan_worker_output(const OutputOptions& options, int local_rank
     return StreamTarget{shown && (!includes(redirect, stream) || includes(tee, stream)),
                         to_file ? worker_dir + "/" + file_name : std::string(), "", {}};
   };
-  WorkerOutputSpec spec{"[rank" + std::to_string(rank) + "]: "};
+  WorkerOutputSpec spec{"[rank" + std::to_string(rank) + "]: ", {}, {}};
   spec.out = target(StdStreams::kOut, "stdout.log");
   spec.err = target(StdStreams::kErr, "stderr.log");
   // torchrun filters what its TailLog copies to the console: the tee'd streams of the shown ranks.

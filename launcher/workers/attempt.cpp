@@ -83,7 +83,11 @@ class WorkerGroup {
       WorkerOutput& output = *outputs_[i];
       try {
         const pid_t pid = spawn_worker(specs[i].command, {output.out.child_fd(), output.err.child_fd()}, relay_);
-        workers_.push_back({specs[i].local_rank, specs[i].rank, pid});
+        WorkerRecord record;
+        record.local_rank = specs[i].local_rank;
+        record.rank = specs[i].rank;
+        record.pid = pid;
+        workers_.push_back(record);
       } catch (const SpawnError&) {
         stop(StopStart::kSendSigterm, grace);
         throw;
