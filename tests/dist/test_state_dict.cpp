@@ -124,3 +124,17 @@ TEST_CASE("state_dict: FSDP under mixed precision refuses, rather than saving th
   CHECK_THROWS_WITH(cpprun::save_state_dict(model, path), Catch::Matchers::Contains("under mixed precision"));
   CHECK_THROWS_WITH(cpprun::load_state_dict(model, path), Catch::Matchers::Contains("under mixed precision"));
 }
+
+TEST_CASE("state_dict: HSDP (2 replicas x 2 shards) saves and loads as the plain module", "[state_dict]") {
+  if (group().size() != 4) return;  // the 2x2 mesh needs 4 ranks
+  const cpprun::DeviceMesh mesh(group(), std::vector<int>{2, 2}, std::vector<std::string>{"replicate", "shard"});
+  auto model =
+      cpprun::FullyShardedDataParallel(seeded(1), mesh, cpprun::FsdpOptions().stage(3).wrap_policy(is_linear));
+  check_wrapper(model, "hsdp");
+}
+
+TEST_CASE("state_dict: DataParallel<Net> (either wrapper, one type) saves and loads", "[state_dict]") {
+  cpprun::DataParallel<Net> model =
+      cpprun::FullyShardedDataParallel(seeded(1), group(), cpprun::FsdpOptions().stage(2));
+  check_wrapper(model, "dataparallel");
+}
