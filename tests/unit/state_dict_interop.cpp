@@ -24,6 +24,13 @@ struct Net : torch::nn::Module {
   torch::nn::Sequential body = register_module(
       "body", torch::nn::Sequential(torch::nn::Linear(4, 3), torch::nn::BatchNorm1d(3)));
   Head head = register_module("head", Head(embed->weight));
+  // Other dtypes and shapes: a 0-d, an empty, bf16, float64, int32, bool.
+  torch::Tensor scalar = register_buffer("scalar", torch::zeros({}));
+  torch::Tensor empty = register_buffer("empty", torch::zeros({0, 4}));
+  torch::Tensor half_precision = register_buffer("bf16", torch::zeros({2, 3}, torch::kBFloat16));
+  torch::Tensor wide = register_buffer("f64", torch::zeros({3}, torch::kDouble));
+  torch::Tensor count = register_buffer("i32", torch::zeros({4}, torch::kInt));
+  torch::Tensor flags = register_buffer("flags", torch::zeros({3}, torch::kBool));
 };
 
 // The reference values: the k-th name in sorted order holds arange(numel) * 0.25 + k (integers:

@@ -23,6 +23,13 @@ class Net(nn.Module):
         self.body = nn.Sequential(nn.Linear(4, hidden), nn.BatchNorm1d(hidden))
         self.head = nn.Linear(4, 5, bias=False)
         self.head.weight = self.embed.weight
+        # Other dtypes and shapes: a 0-d, an empty, bf16, float64, int32, bool.
+        self.register_buffer("scalar", torch.zeros(()))
+        self.register_buffer("empty", torch.zeros(0, 4))
+        self.register_buffer("bf16", torch.zeros(2, 3, dtype=torch.bfloat16))
+        self.register_buffer("f64", torch.zeros(3, dtype=torch.float64))
+        self.register_buffer("i32", torch.zeros(4, dtype=torch.int32))
+        self.register_buffer("flags", torch.zeros(3, dtype=torch.bool))
 
 
 def reference(model):
