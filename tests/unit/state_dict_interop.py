@@ -60,6 +60,8 @@ def check(directory):
     loaded = torch.load(directory / "cpp.pt")  # PyTorch's default: weights_only=True
     assert isinstance(loaded, dict), f"torch.load gave a {type(loaded)}"
     same(loaded, expected, "cpp.pt")
+    # The tied pair is one storage, as torch.save writes it.
+    assert loaded["embed.weight"].data_ptr() == loaded["head.weight"].data_ptr(), "cpp.pt: the tied pair is two copies"
     model.load_state_dict(loaded)  # strict
     same(model.state_dict(), expected, "cpp.pt in Net")
     tensors = safetensors.torch.load_file(directory / "cpp.safetensors")
