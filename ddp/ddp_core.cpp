@@ -11,6 +11,7 @@
 
 #include "core/clip_grad_norm.h"
 #include "core/full_state.h"
+#include "core/state_dict.h"
 #include "cpprun/unique_parameters.h"
 #include "cpprun/collectives.h"
 #include "ddp/reducer.h"
@@ -190,6 +191,10 @@ double DdpCore::clip_grad_norm(double max_norm) {
 }
 void DdpCore::save_full_state(const std::string& path) { detail::save_full_state(impl_->module, impl_->group, path); }
 void DdpCore::load_full_state(const std::string& path) { detail::load_full_state(impl_->module, impl_->group, path); }
+void DdpCore::save_state_dict(const std::string& path) { detail::save_state_dict(impl_->module, impl_->group, path); }
+StateDictLoadReport DdpCore::load_state_dict(const std::string& path, const StateDictOptions& options) {
+  return detail::load_state_dict(impl_->module, impl_->group, path, options);
+}
 void DdpCore::save_sharded(const std::string& dir, torch::optim::Optimizer*) {
   TORCH_CHECK(false, "cpprun::DistributedDataParallel: save_sharded_checkpoint(model, optimizer, \"", dir, "\") needs "
               "FullyShardedDataParallel (each of its ranks holds a shard); every DDP rank holds the whole model: use "

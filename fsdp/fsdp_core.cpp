@@ -16,6 +16,7 @@
 #include "core/clip_grad_norm.h"
 #include "cpprun/collectives.h"
 #include "core/full_state.h"
+#include "core/state_dict.h"
 #include "fsdp/checkpoint.h"
 #include "fsdp/deferred_units.h"
 #include "fsdp/fsdp_collectives.h"
@@ -252,6 +253,31 @@ void FsdpCore::load_full_state(const std::string& path) {
   detail::load_full_state(impl_->module, impl_->groups.whole, path);
   // Where a shard is not a view of the full parameters (stage 3, mixed precision), copy it over.
   for (auto& bucket : impl_->buckets) bucket.shards_from_unsharded();
+}
+
+// The gathered parameters are in the compute dtype under mixed precision: a state dict made from
+// them would lose the fp32 values, and one loaded into them would not reach the fp32 shards' bits.
+static void refuse_mixed_precision(const FsdpOptions& options, const char* call, const std::string& path) {
+  TORCH_CHECK(!options.param_dtype(), "cpprun::FullyShardedDataParallel: ", call, "(model, \"", path,
+              "\") under mixed precision (param_dtype ", *options.param_dtype(), ") is not supported yet: the "
+              "gathered parameters are in the compute dtype, not the fp32 values. Use save_sharded_checkpoint / "
+              "load_sharded_checkpoint, or a model without param_dtype.");
+}
+
+void FsdpCore::save_state_dict(const std::string& path) {
+  refuse_mixed_precision(impl_->options, "save_state_dict", path);
+  gather_full_parameters();  // collective: every rank takes part
+  ReleaseAfter release(impl_->residency.get());
+  detail::save_state_dict(impl_->module, impl_->groups.whole, path);
+}
+
+StateDictLoadReport FsdpCore::load_state_dict(const std::string& path, const StateDictOptions& options) {
+  refuse_mixed_precision(impl_->options, "load_state_dict", path);
+  gather_full_parameters();
+  ReleaseAfter release(impl_->residency.get());
+  StateDictLoadReport report = detail::load_state_dict(impl_->module, impl_->groups.whole, path, options);
+  for (auto& bucket : impl_->buckets) bucket.shards_from_unsharded();  // as load_full_state
+  return report;
 }
 
 void FsdpCore::save_sharded(const std::string& dir, torch::optim::Optimizer* optimizer) {

@@ -66,20 +66,22 @@ if [ -f "$remembered" ]; then
 fi
 # The interpreter the venv is made from: python3 on PATH, or $CPPRUN_PYTHON.
 python=${CPPRUN_PYTHON:-python3}
-if [ -x "$venv/bin/python" ] &&
-   [ "$("$venv/bin/python" -c 'import numpy, importlib.metadata as m; print(m.version("torch"))' 2>/dev/null)" = "$torch_version" ]; then
+# Complete when torch is this version and the test dependencies (numpy, safetensors) import.
+venv_check='import numpy, safetensors, importlib.metadata as m; print(m.version("torch"))'
+if [ -x "$venv/bin/python" ] && [ "$("$venv/bin/python" -c "$venv_check" 2>/dev/null)" = "$torch_version" ]; then
   echo "setup: [2/2] LibTorch: torch $torch_version present in $venv"
   exit 0
 fi
 [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
 if "$venv/bin/python" -c 'import importlib.metadata as m; m.version("torch")' 2>/dev/null; then
-  echo "setup: [2/2] LibTorch: completing $venv (torch==$torch_version, numpy)"
+  echo "setup: [2/2] LibTorch: completing $venv (torch==$torch_version, numpy, safetensors)"
 else
   echo "setup: [2/2] LibTorch: downloading PyTorch's wheel torch==$torch_version with its CUDA" \
        "libraries into $venv (about 3.2 GB to download, 5.3 GB installed; a few minutes)"
 fi
 start=$SECONDS
-"$venv/bin/python" -m pip install --progress-bar off --disable-pip-version-check "torch==$torch_version" numpy |
+"$venv/bin/python" -m pip install --progress-bar off --disable-pip-version-check \
+    "torch==$torch_version" numpy safetensors |
   grep --line-buffered -E '^(  Downloading|Successfully installed|ERROR)' | sed -u 's/^  /setup:   /'
 "$venv/bin/python" -c "import torch; assert torch.__version__.startswith('$torch_version')" ||
   { echo "setup: torch $torch_version did not install into $venv" >&2; exit 1; }

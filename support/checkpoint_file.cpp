@@ -106,6 +106,12 @@ std::string read_checkpoint_file(const std::string& path) {
   return bytes;
 }
 
+std::string read_checkpoint_file(const std::string& path, UncheckedFiles unchecked) {
+  std::string bytes = read_whole_file(path);
+  if (unchecked == UncheckedFiles::kRefuse || has_footer(bytes)) verify_and_strip(path, bytes);
+  return bytes;
+}
+
 void save_checkpoint(torch::serialize::OutputArchive& archive, const std::string& path) {
   // In memory first: the checksum covers exactly the bytes that are written.
   std::string payload;

@@ -36,5 +36,7 @@ enum class UncheckedFiles { kRefuse, kAccept };
 // Checks PATH, then loads it into `archive`. Errors name PATH.
 void load_checkpoint(torch::serialize::InputArchive& archive, const std::string& path,
                      UncheckedFiles unchecked = UncheckedFiles::kRefuse);
+// The payload of PATH: checked when it ends in cpprun's footer, else (kAccept) taken as it is.
+std::string read_checkpoint_file(const std::string& path, UncheckedFiles unchecked);
 
 }  // namespace cpprun

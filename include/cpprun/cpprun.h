@@ -21,5 +21,7 @@
 #include "cpprun/process_group.h"
 #include "cpprun/record.h"
 #include "cpprun/sampler.h"
+#include "cpprun/state_dict.h"
+#include "cpprun/state_dict_options.h"
 #include "cpprun/sync_batch_norm.h"
 #include "cpprun/unique_parameters.h"

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cpprun/process_group.h"
+#include "cpprun/state_dict_options.h"
 
 namespace torch::optim {
 class Optimizer;
@@ -40,6 +41,9 @@ class DataParallelCore {
   virtual void load_full_state(const std::string& path) = 0;
   virtual void save_sharded(const std::string& dir, torch::optim::Optimizer* optimizer) = 0;
   virtual void load_sharded(const std::string& dir, torch::optim::Optimizer* optimizer) = 0;
+  // State dicts by name (cpprun/state_dict.h). Collective.
+  virtual void save_state_dict(const std::string& path) = 0;
+  virtual StateDictLoadReport load_state_dict(const std::string& path, const StateDictOptions& options) = 0;
 };
 
 // The tensors in a forward's result: a tensor, a vector of them, or a tuple/pair of them.

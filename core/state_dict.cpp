@@ -1,0 +1,279 @@
+// See state_dict.h.
+#include "core/state_dict.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <system_error>
+
+#include "core/failure_agreement.h"
+#include "core/full_state.h"
+#include "cpprun/atomic_file.h"
+#include "cpprun/checkpoint_file.h"
+#include "cpprun/object_collectives.h"
+#include "cpprun/state_dict.h"
+#include "support/safetensors.h"
+
+namespace cpprun::detail {
+namespace {
+
+enum class StateDictFormat { kSafetensors, kTorchSave };
+
+StateDictFormat format_of(const std::string& path) {
+  std::string ext = path.substr(std::min(path.size(), path.find_last_of('.')));
+  std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (ext == ".safetensors") return StateDictFormat::kSafetensors;
+  if (ext == ".pt" || ext == ".pth") return StateDictFormat::kTorchSave;
+  TORCH_CHECK(false, "cpprun: cannot tell a state dict's format from the name \"", path,
+              "\": end it in .safetensors (Hugging Face's format) or .pt / .pth (torch.save's).");
+}
+
+// safetensors' dtype names for ours.
+constexpr std::pair<at::ScalarType, const char*> kSafetensorsDtypes[] = {
+    {at::kFloat, "F32"},  {at::kDouble, "F64"}, {at::kHalf, "F16"},  {at::kBFloat16, "BF16"},
+    {at::kLong, "I64"},   {at::kInt, "I32"},    {at::kShort, "I16"}, {at::kChar, "I8"},
+    {at::kByte, "U8"},    {at::kBool, "BOOL"},  {at::kFloat8_e4m3fn, "F8_E4M3"}, {at::kFloat8_e5m2, "F8_E5M2"},
+    {at::kUInt16, "U16"}, {at::kUInt32, "U32"}, {at::kUInt64, "U64"}};
+
+// PyTorch's spelling of a dtype (torch.float32), for messages.
+std::string dtype_name(at::ScalarType type) {
+  switch (type) {
+    case at::kFloat: return "float32";
+    case at::kDouble: return "float64";
+    case at::kHalf: return "float16";
+    case at::kBFloat16: return "bfloat16";
+    case at::kLong: return "int64";
+    case at::kInt: return "int32";
+    case at::kShort: return "int16";
+    case at::kChar: return "int8";
+    case at::kByte: return "uint8";
+    case at::kBool: return "bool";
+    default: return c10::toString(type);
+  }
+}
+
+std::string describe(const at::Tensor& t) {
+  std::ostringstream out;
+  out << dtype_name(t.scalar_type()) << " " << t.sizes();
+  return out.str();
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::system_error(errno, std::generic_category(), "cpprun: cannot read state dict " + path);
+  std::ostringstream contents;
+  contents << in.rdbuf();
+  if (in.bad()) throw std::system_error(errno, std::generic_category(), "cpprun: cannot read state dict " + path);
+  return std::move(contents).str();
+}
+
+std::string join(const std::vector<std::string>& items, const std::string& separator) {
+  std::string out;
+  for (std::size_t i = 0; i < items.size(); ++i) out += (i ? separator : "") + items[i];
+  return out;
+}
+
+std::string mismatch_message(const StateDictLoadReport& report, const std::string& path) {
+  std::string message = "cpprun: load_state_dict refused " + path +
+                        ": its tensors do not match the module's, and nothing was loaded.";
+  if (!report.missing_keys.empty()) {
+    message += "\n  missing from the file (" + std::to_string(report.missing_keys.size()) +
+               "): " + join(report.missing_keys, ", ");
+  }
+  if (!report.unexpected_keys.empty()) {
+    message += "\n  in the file but not in the module (" + std::to_string(report.unexpected_keys.size()) +
+               "): " + join(report.unexpected_keys, ", ");
+  }
+  if (!report.mismatched.empty()) {
+    message += "\n  shape or dtype differs (" + std::to_string(report.mismatched.size()) + "):\n    " +
+               join(report.mismatched, "\n    ");
+  }
+  return message + "\nIs it another model's file? To load only what fits, pass StateDictOptions().strict(false).";
+}
+
+// The report as bytes for broadcast_bytes: lists split by '\x01', items by '\0'.
+std::string encode_report(const StateDictLoadReport& report) {
+  const std::string nul(1, '\0');
+  return join(report.missing_keys, nul) + '\x01' + join(report.unexpected_keys, nul) + '\x01' +
+         join(report.mismatched, nul);
+}
+StateDictLoadReport decode_report(const std::string& bytes) {
+  std::vector<std::vector<std::string>> lists(1);
+  std::string item;
+  bool has_item = false;
+  for (const char c : bytes) {
+    if (c == '\x01' || c == '\0') {
+      if (has_item) lists.back().push_back(item);
+      item.clear();
+      has_item = false;
+      if (c == '\x01') lists.emplace_back();
+    } else {
+      item.push_back(c);
+      has_item = true;
+    }
+  }
+  if (has_item) lists.back().push_back(item);
+  TORCH_INTERNAL_ASSERT(lists.size() == 3, "a state dict load report arrived garbled");
+  return {lists[0], lists[1], lists[2]};
+}
+
+}  // namespace
+
+NamedTensors module_state(torch::nn::Module& module) {
+  NamedTensors out;
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+    if (item.value().defined()) out.emplace_back(item.key(), item.value());
+  }
+  for (const auto& item : module.named_buffers(/*recurse=*/true)) {
+    if (item.value().defined()) out.emplace_back(item.key(), item.value());
+  }
+  return out;
+}
+
+StateDictLoadReport compare_state(const NamedTensors& module, const NamedTensors& file) {
+  std::map<std::string, const at::Tensor*> in_file;
+  for (const auto& [name, tensor] : file) in_file[name] = &tensor;
+  std::map<std::string, bool> in_module;
+  StateDictLoadReport report;
+  for (const auto& [name, tensor] : module) {
+    in_module[name] = true;
+    const auto found = in_file.find(name);
+    if (found == in_file.end()) {
+      report.missing_keys.push_back(name);
+    } else if (found->second->sizes() != tensor.sizes() || found->second->scalar_type() != tensor.scalar_type()) {
+      report.mismatched.push_back(name + ": file " + describe(*found->second) + ", module " + describe(tensor));
+    }
+  }
+  for (const auto& [name, tensor] : file) {
+    if (!in_module.count(name)) report.unexpected_keys.push_back(name);
+  }
+  // Sorted, so that a message reads the same whichever order the file keeps.
+  for (auto* list : {&report.missing_keys, &report.unexpected_keys, &report.mismatched}) {
+    std::sort(list->begin(), list->end());
+  }
+  return report;
+}
+
+std::string encode_state_dict(const NamedTensors& tensors, const std::string& path) {
+  if (format_of(path) == StateDictFormat::kTorchSave) return encode_torch_save(tensors);
+  std::vector<at::Tensor> cpu;  // keeps the bytes alive while written
+  std::vector<SafetensorsTensor> entries;
+  for (const auto& [name, tensor] : tensors) {
+    const char* dtype = nullptr;
+    for (const auto& [type, text] : kSafetensorsDtypes) {
+      if (type == tensor.scalar_type()) dtype = text;
+    }
+    TORCH_CHECK(dtype, "cpprun: cannot write tensor \"", name, "\" of dtype ", tensor.scalar_type(),
+                " to a safetensors file (the format has no name for it).");
+    cpu.push_back(tensor.detach().to(at::kCPU).contiguous());
+    entries.push_back({name, dtype, cpu.back().sizes().vec(),
+                       std::string_view(static_cast<const char*>(cpu.back().data_ptr()), cpu.back().nbytes())});
+  }
+  return write_safetensors(std::move(entries), {{"format", "pt"}});
+}
+
+NamedTensors decode_state_dict(std::string_view bytes, const std::string& path) {
+  if (format_of(path) == StateDictFormat::kTorchSave) return decode_torch_save(bytes, path);
+  const SafetensorsFile file = read_safetensors(bytes, path);
+  NamedTensors out;
+  for (const auto& entry : file.tensors) {
+    const at::ScalarType* type = nullptr;
+    for (const auto& item : kSafetensorsDtypes) {
+      if (entry.dtype == item.second) type = &item.first;
+    }
+    if (!type) {
+      throw CorruptCheckpointError("cpprun: safetensors file " + path + ": tensor \"" + entry.name +
+                                   "\" has dtype " + entry.dtype + ", which LibTorch has no type for.");
+    }
+    at::Tensor tensor = at::empty(entry.shape, at::TensorOptions().dtype(*type));
+    if (!entry.data.empty()) std::memcpy(tensor.data_ptr(), entry.data.data(), entry.data.size());
+    out.emplace_back(entry.name, std::move(tensor));
+  }
+  return out;
+}
+
+void save_state_dict_file(torch::nn::Module& module, const std::string& path) {
+  const std::string bytes = encode_state_dict(module_state(module), path);
+  // .pt: cpprun's checksum footer, which torch.load ignores (Note [Checkpoint footer]);
+  // .safetensors: the checksum is in the header's __metadata__.
+  if (format_of(path) == StateDictFormat::kTorchSave) {
+    write_checkpoint_file(path, bytes);
+  } else {
+    write_file_atomically(path, bytes);
+  }
+}
+
+StateDictLoadReport load_state_dict_file(torch::nn::Module& module, const std::string& path,
+                                         const StateDictOptions& options) {
+  const StateDictFormat format = format_of(path);
+  // A .pt that torch.save wrote has no footer and is read as it is; ours is checked.
+  const std::string bytes = format == StateDictFormat::kTorchSave ? read_checkpoint_file(path, UncheckedFiles::kAccept)
+                                                                   : read_file(path);
+  const NamedTensors file = decode_state_dict(bytes, path);
+  const NamedTensors mine = module_state(module);
+  StateDictLoadReport report = compare_state(mine, file);
+  const bool differs = !report.missing_keys.empty() || !report.unexpected_keys.empty() || !report.mismatched.empty();
+  if (options.strict() && differs) throw StateDictMismatchError(mismatch_message(report, path));
+  std::map<std::string, const at::Tensor*> by_name;
+  for (const auto& [name, tensor] : file) by_name[name] = &tensor;
+  at::NoGradGuard no_grad;
+  for (const auto& [name, tensor] : mine) {
+    const auto found = by_name.find(name);
+    if (found != by_name.end() && found->second->sizes() == tensor.sizes() &&
+        found->second->scalar_type() == tensor.scalar_type()) {
+      tensor.copy_(*found->second);  // in place: FSDP's unsharded memory stays where it is
+    }
+  }
+  return report;
+}
+
+void save_state_dict(torch::nn::Module& module, const ProcessGroup& group, const std::string& path) {
+  std::exception_ptr failure;
+  if (group.rank() == 0) {
+    try {
+      save_state_dict_file(module, path);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+  // Also the barrier: the file exists when save returns, on every rank.
+  agree_on_failure(group, failure, "saving the state dict to " + path);
+}
+
+StateDictLoadReport load_state_dict(torch::nn::Module& module, const ProcessGroup& group, const std::string& path,
+                                    const StateDictOptions& options) {
+  std::exception_ptr failure;
+  StateDictLoadReport report;
+  if (group.rank() == 0) {
+    try {
+      report = load_state_dict_file(module, path, options);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+  agree_on_failure(group, failure, "loading the state dict from " + path);
+  broadcast_module_state(module, group);
+  std::string bytes = group.rank() == 0 ? encode_report(report) : std::string();
+  broadcast_bytes(group, bytes, 0);
+  return decode_report(bytes);
+}
+
+}  // namespace cpprun::detail
+
+namespace cpprun::detail {
+
+// cpprun/state_dict.h's entry points for a plain module.
+void save_module_state_dict(torch::nn::Module& module, const std::string& path) { save_state_dict_file(module, path); }
+StateDictLoadReport load_module_state_dict(torch::nn::Module& module, const std::string& path,
+                                           const StateDictOptions& options) {
+  return load_state_dict_file(module, path, options);
+}
+
+}  // namespace cpprun::detail

@@ -1,0 +1,79 @@
+// State dicts by parameter name, in files PyTorch and Hugging Face read, for a plain module or any
+// DataParallel wrapper. The format follows the extension:
+//   .safetensors   Hugging Face's safetensors (safetensors.torch.load_file, transformers)
+//   .pt / .pth     torch.save's dict of tensors (torch.load(path), default weights_only=True)
+// The names are Python's model.state_dict() keys: parameters and buffers ("0.weight",
+// "1.running_mean"), a tied weight under each of its names.
+//
+//   cpprun::save_state_dict(net, "model.safetensors");            // a module: this process alone
+//   cpprun::save_state_dict(model, "model.pt");                   // DDP/FSDP: collective, rank 0 writes
+//   cpprun::load_state_dict(net, "pytorch_model.pt");             // strict: one error lists every difference
+//   auto report = cpprun::load_state_dict(net, "f.safetensors", cpprun::StateDictOptions().strict(false));
+//
+// Files are written atomically and carry a CRC-32 (.safetensors: in __metadata__; .pt: cpprun's
+// footer, which torch.load ignores); a damaged file is refused, naming it. Files without one
+// (written by Python) load unchecked.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "cpprun/data_parallel.h"
+#include "cpprun/state_dict_options.h"
+
+namespace cpprun {
+namespace detail {
+
+void save_module_state_dict(torch::nn::Module& module, const std::string& path);
+StateDictLoadReport load_module_state_dict(torch::nn::Module& module, const std::string& path,
+                                           const StateDictOptions& options);
+
+template <typename Model>
+concept DataParallelWrapper = requires(Model& model) { DataParallelAccess::core(*model); };
+
+inline torch::nn::Module& as_module(torch::nn::Module& module) { return module; }
+template <typename M>
+torch::nn::Module& as_module(const std::shared_ptr<M>& module) {
+  return *module;
+}
+template <typename M>
+torch::nn::Module& as_module(const torch::nn::ModuleHolder<M>& holder) {
+  return *holder.ptr();
+}
+
+}  // namespace detail
+
+// Writes the model's state dict to PATH. A DataParallel wrapper: collective, every rank calls it;
+// rank 0 writes the wrapped module's state (FSDP gathers the full parameters first). A module
+// (a torch::nn::Module, a shared_ptr to one, or a module holder such as torch::nn::Linear): this
+// process alone writes.
+template <typename Model>
+void save_state_dict(Model&& model, const std::string& path) {
+  if constexpr (detail::DataParallelWrapper<std::remove_reference_t<Model>>) {
+    detail::DataParallelAccess::core(*model).save_state_dict(path);
+  } else {
+    detail::save_module_state_dict(detail::as_module(model), path);
+  }
+}
+
+// Copies PATH's tensors into the model's parameters and buffers in place, by name; a file whose
+// names, shapes or dtypes differ is refused (StateDictMismatchError, listing every difference,
+// nothing loaded) unless options.strict(false), which loads what fits and reports the rest. A
+// wrapper: collective; rank 0 reads, the values are broadcast (FSDP: each rank keeps its rows),
+// and every rank returns the same report or throws the same error.
+template <typename Model>
+StateDictLoadReport load_state_dict(Model&& model, const std::string& path,
+                                    const StateDictOptions& options = StateDictOptions()) {
+  if constexpr (detail::DataParallelWrapper<std::remove_reference_t<Model>>) {
+    return detail::DataParallelAccess::core(*model).load_state_dict(path, options);
+  } else {
+    return detail::load_module_state_dict(detail::as_module(model), path, options);
+  }
+}
+
+}  // namespace cpprun

@@ -1,0 +1,41 @@
+// Options and the result of cpprun::load_state_dict (cpprun/state_dict.h).
+#pragma once
+
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace cpprun {
+
+class StateDictOptions {
+ public:
+  // As PyTorch's load_state_dict(strict=True), the default: a file whose names, shapes or dtypes
+  // differ from the module's is refused with one error listing every difference, and the module
+  // is left unchanged. strict(false) loads the tensors that fit and reports the rest.
+  StateDictOptions& strict(bool on) {
+    strict_ = on;
+    return *this;
+  }
+  bool strict() const { return strict_; }
+
+ private:
+  bool strict_ = true;
+};
+
+// What load_state_dict did not load (all empty after a strict load, which throws otherwise), as
+// PyTorch's load_state_dict returns missing_keys and unexpected_keys.
+struct StateDictLoadReport {
+  std::vector<std::string> missing_keys;     // the module's names the file lacks
+  std::vector<std::string> unexpected_keys;  // the file's names the module lacks
+  // "name: file float32 [3, 4], module float32 [4, 4]", for each name both have whose shape or
+  // dtype differs.
+  std::vector<std::string> mismatched;
+};
+
+// A strict load_state_dict refused the file: it names the file and lists every difference.
+class StateDictMismatchError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+}  // namespace cpprun

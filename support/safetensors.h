@@ -1,0 +1,44 @@
+// The safetensors format (Hugging Face's; https://github.com/huggingface/safetensors), as bytes:
+// an 8-byte little-endian header length N, N bytes of JSON ({"name": {"dtype": "F32", "shape":
+// [2, 3], "data_offsets": [begin, end]}, ..., "__metadata__": {"key": "value"}}), then the tensors'
+// raw little-endian data, offsets counted from the data's start. No LibTorch here: the reader's
+// decisions are unit-tested on plain bytes.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace cpprun::detail {
+
+struct SafetensorsTensor {
+  std::string name;
+  std::string dtype;            // "F32", "BF16", "I64", ... (the format's names)
+  std::vector<int64_t> shape;
+  std::string_view data;        // shape's product x the dtype's size bytes
+};
+
+// Bytes per element of a safetensors dtype; 0 for a name the format does not define.
+std::size_t safetensors_dtype_size(std::string_view dtype);
+
+// The metadata key under which cpprun records the CRC-32 of the data section (8 hex digits).
+inline constexpr std::string_view kSafetensorsCrcKey = "cpprun_crc32";
+
+// The file's bytes: tensors sorted by name, stored back to back, the header padded with spaces to
+// a multiple of 8 bytes (as the reference writer does); `metadata` plus kSafetensorsCrcKey.
+std::string write_safetensors(std::vector<SafetensorsTensor> tensors, std::map<std::string, std::string> metadata);
+
+struct SafetensorsFile {
+  std::vector<SafetensorsTensor> tensors;  // in the header's order; data views into the bytes read
+  std::map<std::string, std::string> metadata;
+};
+// Reads `bytes` strictly (header length within the file and at most 100 MB, valid JSON, known
+// dtypes, offsets in range, neither overlapping nor leaving holes, sizes matching the shapes) and
+// verifies kSafetensorsCrcKey when present. Throws cpprun::CorruptCheckpointError naming `path`
+// and what is wrong.
+SafetensorsFile read_safetensors(std::string_view bytes, const std::string& path);
+
+}  // namespace cpprun::detail

@@ -1,0 +1,426 @@
+// See torch_save_file.h. The pickle is what Python's torch.save(dict) emits (protocol 2, as
+// pickletools.dis shows it), less the memo, which pickle does not require.
+#include "support/torch_save_file.h"
+
+#include <ATen/ATen.h>
+#include <caffe2/serialize/in_memory_adapter.h>
+#include <caffe2/serialize/inline_container.h>
+
+#include <bit>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <unordered_map>
+
+#include "cpprun/checkpoint_file.h"
+
+namespace cpprun::detail {
+namespace {
+
+static_assert(std::endian::native == std::endian::little, "torch.save files hold little-endian data");
+
+// torch.save names a storage's dtype by its legacy class (torch.FloatStorage, ...).
+constexpr std::pair<at::ScalarType, const char*> kStorageClasses[] = {
+    {at::kFloat, "FloatStorage"}, {at::kDouble, "DoubleStorage"}, {at::kHalf, "HalfStorage"},
+    {at::kBFloat16, "BFloat16Storage"}, {at::kLong, "LongStorage"}, {at::kInt, "IntStorage"},
+    {at::kShort, "ShortStorage"}, {at::kChar, "CharStorage"}, {at::kByte, "ByteStorage"},
+    {at::kBool, "BoolStorage"}};
+
+[[noreturn]] void bad(const std::string& path, const std::string& why) {
+  throw CorruptCheckpointError("cpprun: " + path + " is not a torch.save file of a dict of tensors: " + why + ".");
+}
+
+// ---- writing ----
+
+class PickleWriter {
+ public:
+  std::string bytes = std::string("\x80\x02", 2);  // PROTO 2
+
+  void op(char code) { bytes.push_back(code); }
+  void global(std::string_view module, std::string_view name) {
+    op('c');
+    bytes.append(module).push_back('\n');
+    bytes.append(name).push_back('\n');
+  }
+  void string(std::string_view text) {
+    op('X');  // BINUNICODE: u32 length, UTF-8
+    put_le(text.size(), 4);
+    bytes.append(text);
+  }
+  void integer(int64_t value) {
+    if (value >= 0 && value < 256) {
+      op('K');
+      put_le(value, 1);
+    } else if (value >= INT32_MIN && value <= INT32_MAX) {
+      op('J');
+      put_le(static_cast<uint32_t>(value), 4);
+    } else {
+      op('\x8a');  // LONG1: 8 bytes, two's complement
+      put_le(1 * 8, 1);
+      put_le(static_cast<uint64_t>(value), 8);
+    }
+  }
+  void int_tuple(at::IntArrayRef values) {
+    op('(');
+    for (const int64_t v : values) integer(v);
+    op('t');
+  }
+  void empty_ordered_dict() {
+    global("collections", "OrderedDict");
+    op(')');
+    op('R');
+  }
+
+ private:
+  void put_le(uint64_t value, int count) {
+    for (int i = 0; i < count; ++i) bytes.push_back(static_cast<char>((value >> (8 * i)) & 0xFF));
+  }
+};
+
+const char* storage_class(at::ScalarType type, const std::string& name) {
+  for (const auto& [t, cls] : kStorageClasses) {
+    if (t == type) return cls;
+  }
+  TORCH_CHECK(false, "cpprun: cannot write tensor \"", name, "\" of dtype ", type,
+              " to a .pt state dict (torch.save's storage classes cover float, double, half, bfloat16, "
+              "int64/32/16/8, uint8 and bool); save it as .safetensors or convert it first.");
+}
+
+// ---- reading: a stack machine for the opcodes torch.save emits ----
+
+struct Value;
+using ValuePtr = std::shared_ptr<Value>;
+struct Value {
+  enum class Kind { kNone, kBool, kInt, kFloat, kString, kTuple, kList, kDict, kGlobal, kStorage, kTensor };
+  Kind kind = Kind::kNone;
+  int64_t integer = 0;
+  std::string text;   // a string; a global's "module.name"
+  std::vector<ValuePtr> items;
+  std::vector<std::pair<ValuePtr, ValuePtr>> entries;
+  at::Tensor tensor;  // a tensor; a storage as an empty-shaped tensor over it
+};
+
+ValuePtr make(Value::Kind kind) {
+  auto v = std::make_shared<Value>();
+  v->kind = kind;
+  return v;
+}
+
+class PickleReader {
+ public:
+  PickleReader(std::string_view pickle, caffe2::serialize::PyTorchStreamReader& zip, const std::string& path)
+      : in_(pickle), zip_(zip), path_(path) {}
+
+  ValuePtr run() {
+    while (true) {
+      const char code = static_cast<char>(byte());
+      switch (code) {
+        case '\x80': byte(); break;                  // PROTO
+        case '\x95': take(8); break;                 // FRAME (protocol 4)
+        case '.': return pop();                      // STOP
+        case '(': marks_.push_back(stack_.size()); break;
+        case ')': push(make(Value::Kind::kTuple)); break;
+        case 't': push(collect(Value::Kind::kTuple)); break;
+        case '\x85': tuple_of(1); break;
+        case '\x86': tuple_of(2); break;
+        case '\x87': tuple_of(3); break;
+        case ']': push(make(Value::Kind::kList)); break;
+        case 'a': { auto item = pop(); expect(top(), Value::Kind::kList, "APPEND")->items.push_back(item); break; }
+        case 'e': { auto items = collect(Value::Kind::kList);
+                    auto& list = expect(top(), Value::Kind::kList, "APPENDS")->items;
+                    list.insert(list.end(), items->items.begin(), items->items.end()); break; }
+        case '}': push(make(Value::Kind::kDict)); break;
+        case 's': { auto value = pop(); auto key = pop();
+                    expect(top(), Value::Kind::kDict, "SETITEM")->entries.emplace_back(key, value); break; }
+        case 'u': { auto items = collect(Value::Kind::kList);
+                    if (items->items.size() % 2 != 0) fail("SETITEMS with an odd number of items");
+                    auto& dict = expect(top(), Value::Kind::kDict, "SETITEMS")->entries;
+                    for (std::size_t i = 0; i < items->items.size(); i += 2) {
+                      dict.emplace_back(items->items[i], items->items[i + 1]);
+                    }
+                    break; }
+        case 'X': string_of(le(4)); break;           // BINUNICODE
+        case '\x8c': string_of(le(1)); break;        // SHORT_BINUNICODE
+        case '\x8d': string_of(le(8)); break;        // BINUNICODE8
+        case 'K': integer(le(1)); break;             // BININT1
+        case 'M': integer(le(2)); break;             // BININT2
+        case 'J': integer(static_cast<int32_t>(le(4))); break;  // BININT
+        case '\x8a': long1(); break;
+        case 'G': { uint64_t bits = 0; for (int i = 0; i < 8; ++i) bits = bits << 8 | byte();  // big-endian double
+                    auto v = make(Value::Kind::kFloat); v->text = std::to_string(std::bit_cast<double>(bits));
+                    push(v); break; }
+        case 'N': push(make(Value::Kind::kNone)); break;
+        case '\x88': case '\x89': { auto v = make(Value::Kind::kBool); v->integer = code == '\x88'; push(v); break; }
+        case 'c': { std::string module = line(); std::string name = line(); global(module + "." + name); break; }
+        case '\x93': { auto name = pop(); auto module = pop();
+                       global(expect(module, Value::Kind::kString, "STACK_GLOBAL")->text + "." +
+                              expect(name, Value::Kind::kString, "STACK_GLOBAL")->text); break; }
+        case 'q': memo_[le(1)] = top(); break;       // BINPUT
+        case 'r': memo_[le(4)] = top(); break;       // LONG_BINPUT
+        case '\x94': memo_[memo_.size()] = top(); break;  // MEMOIZE
+        case 'h': push(memo(le(1))); break;          // BINGET
+        case 'j': push(memo(le(4))); break;          // LONG_BINGET
+        case 'R': reduce(); break;
+        case 'b': build(); break;
+        case 'Q': push(storage(pop())); break;       // BINPERSID
+        default: fail("the pickle opcode 0x" + hex(code) + " at byte " + std::to_string(pos_ - 1) +
+                      " is not one torch.save writes for a dict of tensors");
+      }
+    }
+  }
+
+ private:
+  [[noreturn]] void fail(const std::string& why) { bad(path_, "data.pkl: " + why); }
+  static std::string hex(char c) {
+    const char* digits = "0123456789abcdef";
+    return {digits[(c >> 4) & 0xF], digits[c & 0xF]};
+  }
+  uint8_t byte() { return static_cast<uint8_t>(take(1)[0]); }
+  std::string_view take(uint64_t count) {
+    if (count > in_.size() - pos_) fail("it ends early");
+    const auto out = in_.substr(pos_, count);
+    pos_ += count;
+    return out;
+  }
+  uint64_t le(int count) {
+    const auto raw = take(count);
+    uint64_t value = 0;
+    for (int i = count - 1; i >= 0; --i) value = value << 8 | static_cast<uint8_t>(raw[i]);
+    return value;
+  }
+  std::string line() {
+    const auto end = in_.find('\n', pos_);
+    if (end == std::string_view::npos) fail("a GLOBAL is not ended");
+    std::string out(in_.substr(pos_, end - pos_));
+    pos_ = end + 1;
+    return out;
+  }
+  void push(ValuePtr v) { stack_.push_back(std::move(v)); }
+  ValuePtr pop() {
+    if (stack_.empty() || (!marks_.empty() && marks_.back() == stack_.size())) fail("its stack runs empty");
+    auto v = stack_.back();
+    stack_.pop_back();
+    return v;
+  }
+  ValuePtr top() {
+    if (stack_.empty()) fail("its stack runs empty");
+    return stack_.back();
+  }
+  ValuePtr expect(const ValuePtr& v, Value::Kind kind, const char* what) {
+    if (v->kind != kind) fail(std::string(what) + " on a value of the wrong kind");
+    return v;
+  }
+  ValuePtr memo(uint64_t key) {
+    const auto found = memo_.find(key);
+    if (found == memo_.end()) fail("it refers to memo entry " + std::to_string(key) + ", never stored");
+    return found->second;
+  }
+  // The items since the last MARK, as one value of `kind`.
+  ValuePtr collect(Value::Kind kind) {
+    if (marks_.empty()) fail("a MARK is missing");
+    auto v = make(kind);
+    v->items.assign(stack_.begin() + static_cast<std::ptrdiff_t>(marks_.back()), stack_.end());
+    stack_.resize(marks_.back());
+    marks_.pop_back();
+    return v;
+  }
+  void tuple_of(int count) {
+    auto v = make(Value::Kind::kTuple);
+    v->items.resize(count);
+    for (int i = count - 1; i >= 0; --i) v->items[i] = pop();
+    push(v);
+  }
+  void string_of(uint64_t size) {
+    auto v = make(Value::Kind::kString);
+    v->text = std::string(take(size));
+    push(v);
+  }
+  void integer(int64_t value) {
+    auto v = make(Value::Kind::kInt);
+    v->integer = value;
+    push(v);
+  }
+  void long1() {
+    const auto size = byte();
+    if (size > 8) fail("an integer wider than 64 bits");
+    uint64_t value = size ? le(size) : 0;
+    if (size && size < 8 && (value >> (8 * size - 1)) & 1) value |= ~uint64_t{0} << (8 * size);  // sign
+    integer(static_cast<int64_t>(value));
+  }
+  void global(const std::string& name) {
+    static const char* const allowed[] = {"collections.OrderedDict", "torch._utils._rebuild_tensor_v2",
+                                          "torch._utils._rebuild_parameter"};
+    bool ok = false;
+    for (const char* a : allowed) ok = ok || name == a;
+    for (const auto& [type, cls] : kStorageClasses) ok = ok || name == std::string("torch.") + cls;
+    if (!ok) fail("it names the global " + name + ", which a dict of tensors does not need (refused, as torch.load's "
+                  "weights_only=True refuses it)");
+    auto v = make(Value::Kind::kGlobal);
+    v->text = name;
+    push(v);
+  }
+  int64_t as_int(const ValuePtr& v, const char* what) {
+    if (v->kind != Value::Kind::kInt) fail(std::string(what) + " is not an integer");
+    return v->integer;
+  }
+  std::vector<int64_t> as_ints(const ValuePtr& v, const char* what) {
+    if (v->kind != Value::Kind::kTuple) fail(std::string(what) + " is not a tuple");
+    std::vector<int64_t> out;
+    for (const auto& item : v->items) out.push_back(as_int(item, what));
+    return out;
+  }
+  void reduce() {
+    auto args = expect(pop(), Value::Kind::kTuple, "REDUCE");
+    auto callable = expect(pop(), Value::Kind::kGlobal, "REDUCE");
+    const auto& a = args->items;
+    if (callable->text == "collections.OrderedDict") {
+      if (!a.empty()) fail("OrderedDict called with arguments");
+      push(make(Value::Kind::kDict));
+    } else if (callable->text == "torch._utils._rebuild_tensor_v2") {
+      // (storage, storage_offset, size, stride, requires_grad, backward_hooks[, metadata])
+      if (a.size() < 4 || a[0]->kind != Value::Kind::kStorage) fail("_rebuild_tensor_v2 with other arguments");
+      const auto sizes = as_ints(a[2], "a tensor's size");
+      const auto strides = as_ints(a[3], "a tensor's stride");
+      const int64_t offset = as_int(a[1], "a tensor's storage offset");
+      if (sizes.size() != strides.size()) fail("a tensor's size and stride differ in length");
+      auto v = make(Value::Kind::kTensor);
+      try {
+        v->tensor = at::empty({0}, a[0]->tensor.options()).set_(a[0]->tensor.storage(), offset, sizes, strides);
+      } catch (const c10::Error& e) {
+        fail(std::string("a tensor does not fit its storage: ") + e.what_without_backtrace());
+      }
+      push(v);
+    } else if (callable->text == "torch._utils._rebuild_parameter") {
+      if (a.empty() || a[0]->kind != Value::Kind::kTensor) fail("_rebuild_parameter with other arguments");
+      push(a[0]);
+    } else {
+      fail(callable->text + " called");
+    }
+  }
+  // An OrderedDict's state (a state dict's _metadata: version numbers) means nothing here.
+  void build() {
+    pop();
+    if (top()->kind != Value::Kind::kDict) fail("BUILD on something other than a dict");
+  }
+  // ('storage', torch.<Type>Storage, key, location, numel): data/<key>'s bytes, read once.
+  ValuePtr storage(const ValuePtr& id) {
+    const auto& a = expect(id, Value::Kind::kTuple, "a persistent id")->items;
+    if (a.size() != 5 || a[0]->kind != Value::Kind::kString || a[0]->text != "storage" ||
+        a[1]->kind != Value::Kind::kGlobal || a[2]->kind != Value::Kind::kString) {
+      fail("a persistent id other than ('storage', type, key, location, numel)");
+    }
+    at::ScalarType type = at::kFloat;
+    bool found = false;
+    for (const auto& [t, cls] : kStorageClasses) {
+      if (a[1]->text == std::string("torch.") + cls) type = t, found = true;
+    }
+    if (!found) fail("a storage of type " + a[1]->text);
+    const int64_t numel = as_int(a[4], "a storage's size");
+    const std::string& key = a[2]->text;
+    auto& cached = storages_[key];
+    if (!cached) {
+      const std::string record = "data/" + key;
+      if (!zip_.hasRecord(record)) fail("its storage " + key + " is missing from the zip");
+      auto [data, size] = zip_.getRecord(record);
+      if (numel < 0 || size != static_cast<std::size_t>(numel) * at::elementSize(type)) {
+        fail("storage " + key + " holds " + std::to_string(size) + " bytes, not " + std::to_string(numel) +
+             " elements of " + c10::toString(type));
+      }
+      c10::Storage storage(c10::Storage::use_byte_size_t(), size, std::move(data), nullptr, false);
+      cached = make(Value::Kind::kStorage);
+      cached->tensor = at::empty({0}, at::TensorOptions().dtype(type)).set_(storage);
+    }
+    return cached;
+  }
+
+  std::string_view in_;
+  caffe2::serialize::PyTorchStreamReader& zip_;
+  const std::string& path_;
+  std::size_t pos_ = 0;
+  std::vector<ValuePtr> stack_;
+  std::vector<std::size_t> marks_;
+  std::unordered_map<uint64_t, ValuePtr> memo_;
+  std::map<std::string, ValuePtr> storages_;
+};
+
+}  // namespace
+
+std::string encode_torch_save(const NamedTensors& tensors) {
+  std::string out;
+  caffe2::serialize::PyTorchStreamWriter zip([&out](const void* data, std::size_t size) {
+    out.append(static_cast<const char*>(data), size);
+    return size;
+  });
+  PickleWriter pickle;
+  pickle.empty_ordered_dict();
+  pickle.op('(');
+  std::unordered_map<const void*, std::pair<std::string, at::Tensor>> written;  // tensor -> key, CPU copy
+  for (const auto& [name, tensor] : tensors) {
+    auto& entry = written[tensor.unsafeGetTensorImpl()];
+    if (entry.first.empty()) {
+      entry.first = std::to_string(written.size() - 1);
+      entry.second = tensor.detach().to(at::kCPU).contiguous();
+      zip.writeRecord("data/" + entry.first, entry.second.data_ptr(), entry.second.nbytes());
+    }
+    const at::Tensor& cpu = entry.second;
+    pickle.string(name);
+    pickle.global("torch._utils", "_rebuild_tensor_v2");
+    pickle.op('(');
+    pickle.op('(');  // the persistent id of its storage
+    pickle.string("storage");
+    pickle.global("torch", storage_class(cpu.scalar_type(), name));
+    pickle.string(entry.first);
+    pickle.string("cpu");
+    pickle.integer(cpu.numel());
+    pickle.op('t');
+    pickle.op('Q');
+    pickle.integer(0);  // storage offset
+    pickle.int_tuple(cpu.sizes());
+    pickle.int_tuple(cpu.strides());
+    pickle.op('\x89');  // requires_grad=False, as state_dict() detaches
+    pickle.empty_ordered_dict();  // backward hooks
+    pickle.op('t');
+    pickle.op('R');
+  }
+  pickle.op('u');
+  pickle.op('.');
+  zip.writeRecord("data.pkl", pickle.bytes.data(), pickle.bytes.size());
+  zip.writeRecord("byteorder", "little", 6);
+  zip.writeRecord(".format_version", "1", 1);
+  zip.writeEndOfFile();
+  return out;
+}
+
+NamedTensors decode_torch_save(std::string_view bytes, const std::string& path) {
+  std::unique_ptr<caffe2::serialize::PyTorchStreamReader> zip;
+  try {
+    zip = std::make_unique<caffe2::serialize::PyTorchStreamReader>(
+        std::make_shared<caffe2::serialize::MemoryReadAdapter>(bytes.data(), static_cast<off_t>(bytes.size())));
+  } catch (const c10::Error& e) {
+    bad(path, std::string("it is not a zip archive (") + e.what_without_backtrace() + ")");
+  }
+  try {
+    if (zip->hasRecord("byteorder")) {
+      auto [order, size] = zip->getRecord("byteorder");
+      if (std::string_view(static_cast<const char*>(order.get()), size) != "little") {
+        bad(path, "its data is big-endian, which cpprun does not read; re-save it on a little-endian machine");
+      }
+    }
+    if (!zip->hasRecord("data.pkl")) bad(path, "it has no data.pkl (a TorchScript archive? Load it with torch::load)");
+    auto [pickle_data, pickle_size] = zip->getRecord("data.pkl");
+    const std::string_view pickle(static_cast<const char*>(pickle_data.get()), pickle_size);
+    const ValuePtr root = PickleReader(pickle, *zip, path).run();
+    if (root->kind != Value::Kind::kDict) bad(path, "data.pkl holds something other than a dict");
+    NamedTensors out;
+    for (const auto& [key, value] : root->entries) {
+      if (key->kind != Value::Kind::kString) bad(path, "a key of its dict is not a string");
+      if (value->kind != Value::Kind::kTensor) bad(path, "the value of \"" + key->text + "\" is not a tensor");
+      out.emplace_back(key->text, value->tensor);
+    }
+    return out;
+  } catch (const c10::Error& e) {
+    bad(path, std::string("its zip cannot be read (") + e.what_without_backtrace() + ")");
+  }
+}
+
+}  // namespace cpprun::detail

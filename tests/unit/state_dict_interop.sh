@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# State dicts move both ways between cpprun and PyTorch/safetensors, each read by the other side's
+# own reader: cpprun's .pt and .safetensors load with torch.load(path) and
+# safetensors.torch.load_file(path) defaults; torch.save(model.state_dict()) and
+# safetensors.torch.save_file files load into cpprun; a file of other shapes is refused, named.
+# Usage: state_dict_interop.sh TOOL PYTHON. Skips (77) without a python that has torch and safetensors.
+set -u
+tool=$1
+python=${2:-}
+here=$(dirname "$0")
+if [ -z "$python" ] || ! "$python" -c 'import torch, safetensors.torch' 2>/dev/null; then
+  echo "SKIP: needs a python with torch and safetensors (run scripts/setup.sh, or -DCPPRUN_TORCH_PYTHON=...)"
+  exit 77
+fi
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+"$tool" write "$dir" || fail "state_dict_interop write"
+"$python" "$here/state_dict_interop.py" check "$dir" || fail "Python could not read cpprun's files"
+"$python" "$here/state_dict_interop.py" write "$dir" || fail "Python could not write its files"
+for file in py.pt py.safetensors; do
+  "$tool" read "$dir/$file" || fail "cpprun could not load $file"
+done
+out=$("$tool" refuse "$dir/py_other.pt") || fail "$out"
+echo "$out"
+for expected in "refused $dir/py_other.pt" "body.0.weight: file float32 \[6, 4\], module float32 \[3, 4\]"; do
+  grep -q "$expected" <<<"$out" || fail "the refusal does not say \"$expected\""
+done
+echo "PASS: cpprun <-> PyTorch <-> safetensors"

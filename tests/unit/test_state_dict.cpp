@@ -1,0 +1,252 @@
+// State dicts by name (cpprun/state_dict.h): round trips through .safetensors and .pt, strict
+// loading's one error, strict(false)'s report, and the safetensors reader's refusals.
+#include <catch2/catch.hpp>
+#include <torch/torch.h>
+
+#include <fstream>
+#include <functional>
+#include <string>
+
+#include "cpprun/checkpoint_file.h"
+#include "cpprun/state_dict.h"
+#include "core/state_dict.h"
+#include "scratch_files.h"
+#include "support/safetensors.h"
+
+namespace {
+
+// Python's nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3)) has the same names.
+torch::nn::Sequential small_net(int64_t out = 3) {
+  return torch::nn::Sequential(torch::nn::Linear(4, out), torch::nn::BatchNorm1d(out));
+}
+
+// Every dtype both formats name, as buffers.
+struct Typed : torch::nn::Module {
+  Typed() {
+    register_buffer("f64", torch::arange(6, torch::kDouble).reshape({2, 3}) / 7);
+    register_buffer("bf16", torch::arange(5, torch::kFloat).to(torch::kBFloat16) * 0.5);
+    register_buffer("f16", torch::arange(3, torch::kFloat).to(torch::kHalf));
+    register_buffer("i64", torch::tensor({int64_t{-1}, int64_t{1} << 40}, torch::kLong));
+    register_buffer("i32", torch::tensor({-7, 9}, torch::kInt));
+    register_buffer("u8", torch::tensor({0, 255}, torch::kByte));
+    register_buffer("flag", torch::tensor({true, false}));
+    register_buffer("scalar", torch::tensor(3.5));
+    register_buffer("empty", torch::empty({0, 4}));
+  }
+};
+
+// A tied weight: one tensor under two names, as an LM's embedding and head.
+struct Tied : torch::nn::Module {
+  torch::Tensor shared = register_parameter("embed", torch::randn({3, 2}));
+  Tied() { register_parameter("head", shared); }
+};
+
+void scramble(torch::nn::Module& m) {
+  torch::NoGradGuard no_grad;
+  for (auto& t : m.parameters()) t.uniform_(-5, 5);
+  for (auto& b : m.buffers()) {
+    if (b.is_floating_point()) b.fill_(42);
+    else b.zero_();
+  }
+}
+
+void require_equal_state(torch::nn::Module& a, torch::nn::Module& b) {
+  auto sa = a.named_parameters();
+  auto sb = b.named_parameters();
+  REQUIRE(sa.size() == sb.size());
+  for (const auto& item : sa) CHECK(torch::equal(item.value(), sb[item.key()]));
+  auto ba = a.named_buffers();
+  auto bb = b.named_buffers();
+  REQUIRE(ba.size() == bb.size());
+  for (const auto& item : ba) CHECK(torch::equal(item.value(), bb[item.key()]));
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+void write_bytes(const std::filesystem::path& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary) << bytes;
+}
+
+}  // namespace
+
+TEST_CASE("state_dict: a module round-trips through .safetensors, .pt and .pth", "[state_dict]") {
+  scratch::ScratchDir dir("state_dict_roundtrip");
+  for (const char* name : {"m.safetensors", "m.pt", "m.pth"}) {
+    const std::string path = (dir.path / name).string();
+    auto saved = small_net();
+    cpprun::save_state_dict(saved, path);
+    auto loaded = small_net();
+    scramble(*loaded);
+    const auto report = cpprun::load_state_dict(loaded, path);
+    CHECK(report.missing_keys.empty());
+    CHECK(report.unexpected_keys.empty());
+    require_equal_state(*saved, *loaded);
+
+    Typed typed;
+    cpprun::save_state_dict(typed, path);
+    Typed other;
+    scramble(other);
+    cpprun::load_state_dict(other, path);
+    require_equal_state(typed, other);
+  }
+}
+
+TEST_CASE("state_dict: a tied weight is listed under both names and loads", "[state_dict]") {
+  scratch::ScratchDir dir("state_dict_tied");
+  for (const char* name : {"t.safetensors", "t.pt"}) {
+    const std::string path = (dir.path / name).string();
+    auto tied = std::make_shared<Tied>();
+    cpprun::save_state_dict(tied, path);
+    const auto bytes = name[2] == 's' ? scratch::contents(path) : cpprun::read_checkpoint_file(path);
+    const auto file = cpprun::detail::decode_state_dict(bytes, path);
+    REQUIRE(file.size() == 2);
+    auto other = std::make_shared<Tied>();
+    cpprun::load_state_dict(other, path);
+    CHECK(torch::equal(other->shared, tied->shared));
+    CHECK(other->named_parameters()["head"].data_ptr() == other->shared.data_ptr());  // still tied
+  }
+}
+
+TEST_CASE("state_dict: a strict load lists every difference in one error, names the file, changes nothing",
+          "[state_dict]") {
+  scratch::ScratchDir dir("state_dict_strict");
+  for (const char* name : {"s.safetensors", "s.pt"}) {
+    const std::string path = (dir.path / name).string();
+    auto wide = small_net(5);  // other shapes under the same names
+    cpprun::save_state_dict(wide, path);
+    auto net = small_net();
+    auto before = small_net();
+    torch::NoGradGuard no_grad;
+    for (std::size_t i = 0; i < net->parameters().size(); ++i) before->parameters()[i].copy_(net->parameters()[i]);
+    const std::string shapes = error_of([&] { cpprun::load_state_dict(net, path); });
+    CHECK_THAT(shapes, Catch::Matchers::Contains("load_state_dict refused " + path));
+    CHECK_THAT(shapes, Catch::Matchers::Contains("0.weight: file float32 [5, 4], module float32 [3, 4]"));
+    CHECK_THAT(shapes, Catch::Matchers::Contains("1.running_var: file float32 [5], module float32 [3]"));
+    CHECK_THAT(shapes, Catch::Matchers::Contains("shape or dtype differs (6)"));
+    CHECK_THROWS_AS(cpprun::load_state_dict(net, path), cpprun::StateDictMismatchError);
+    require_equal_state(*net, *before);
+
+    // Other names: a model with an extra layer misses names the file lacks, and vice versa.
+    auto longer = torch::nn::Sequential(torch::nn::Linear(4, 3), torch::nn::BatchNorm1d(3), torch::nn::Linear(3, 2));
+    const std::string names = error_of([&] { cpprun::load_state_dict(longer, path); });
+    CHECK_THAT(names, Catch::Matchers::Contains("missing from the file (2): 2.bias, 2.weight"));
+    auto shorter = torch::nn::Sequential(torch::nn::Linear(4, 5));
+    const std::string extra = error_of([&] { cpprun::load_state_dict(shorter, path); });
+    CHECK_THAT(extra, Catch::Matchers::Contains(
+                          "in the file but not in the module (5): 1.bias, 1.num_batches_tracked, 1.running_mean"));
+  }
+}
+
+TEST_CASE("state_dict: strict(false) loads what fits and reports the rest", "[state_dict]") {
+  scratch::ScratchDir dir("state_dict_lenient");
+  const std::string path = (dir.path / "l.safetensors").string();
+  auto source = torch::nn::Sequential(torch::nn::Linear(4, 3), torch::nn::Linear(3, 7));
+  cpprun::save_state_dict(source, path);
+  auto target = torch::nn::Sequential(torch::nn::Linear(4, 3), torch::nn::Linear(3, 2), torch::nn::Linear(2, 2));
+  const auto report = cpprun::load_state_dict(target, path, cpprun::StateDictOptions().strict(false));
+  CHECK(report.missing_keys == std::vector<std::string>{"2.bias", "2.weight"});
+  CHECK(report.unexpected_keys.empty());
+  REQUIRE(report.mismatched.size() == 2);
+  CHECK(report.mismatched[0] == "1.bias: file float32 [7], module float32 [2]");
+  CHECK(report.mismatched[1] == "1.weight: file float32 [7, 3], module float32 [2, 3]");
+  CHECK(torch::equal(target[0]->as<torch::nn::Linear>()->weight, source[0]->as<torch::nn::Linear>()->weight));
+  CHECK(torch::equal(target[0]->as<torch::nn::Linear>()->bias, source[0]->as<torch::nn::Linear>()->bias));
+}
+
+TEST_CASE("state_dict: damaged files are refused, naming the file and the fault, the model unchanged",
+          "[state_dict]") {
+  scratch::ScratchDir dir("state_dict_faults");
+  const std::string good = (dir.path / "good.safetensors").string();
+  auto source = small_net();
+  cpprun::save_state_dict(source, good);
+  const std::string bytes = scratch::contents(good);
+  auto net = small_net();
+  auto before = torch::nn::Sequential(torch::nn::Linear(4, 3), torch::nn::BatchNorm1d(3));
+  {
+    torch::NoGradGuard no_grad;
+    for (std::size_t i = 0; i < net->parameters().size(); ++i) before->parameters()[i].copy_(net->parameters()[i]);
+  }
+  const auto refused = [&](const std::string& file_name, const std::string& contents, const std::string& why) {
+    const std::string path = (dir.path / file_name).string();
+    write_bytes(path, contents);
+    const std::string message = error_of([&] { cpprun::load_state_dict(net, path); });
+    CHECK_THAT(message, Catch::Matchers::Contains(path));
+    CHECK_THAT(message, Catch::Matchers::Contains(why));
+    CHECK_THROWS_AS(cpprun::load_state_dict(net, path), cpprun::CorruptCheckpointError);
+    require_equal_state(*net, *before);
+  };
+  const uint64_t header = static_cast<uint8_t>(bytes[0]) | static_cast<uint64_t>(static_cast<uint8_t>(bytes[1])) << 8;
+  refused("short.safetensors", bytes.substr(0, 5), "fewer than the 8 of the header length");
+  refused("cut_header.safetensors", bytes.substr(0, 8 + header / 2), "only " + std::to_string(header / 2) + " follow");
+  std::string claims = bytes;
+  claims[5] = '\x01';  // a header length of 2^40 bytes
+  refused("claims.safetensors", claims, "more than the format's limit");
+  std::string more = bytes;
+  more[0] = static_cast<char>(bytes.size() & 0xFF), more[1] = static_cast<char>((bytes.size() >> 8) & 0xFF);
+  refused("more.safetensors", more, "bytes but only");
+  refused("cut_data.safetensors", bytes.substr(0, bytes.size() - 4), "lie outside the file's");
+  refused("added.safetensors", bytes + "xxxx", "added to?");
+  std::string flipped = bytes;
+  flipped[bytes.size() - 3] ^= 0x10;
+  refused("flipped.safetensors", flipped, "the CRC-32 of its");
+  std::string json = bytes;
+  json[8 + 1] = '}';
+  refused("json.safetensors", json, "JSON header is malformed");
+
+  // A .pt of ours carries cpprun's footer: a flipped byte is caught.
+  const std::string pt = (dir.path / "good.pt").string();
+  cpprun::save_state_dict(source, pt);
+  std::string pt_bytes = scratch::contents(pt);
+  pt_bytes[pt_bytes.size() / 2] ^= 0x01;
+  refused("flipped.pt", pt_bytes, "is damaged: the CRC-32");
+  refused("not_zip.pt", "hello", "is not a torch.save file");
+  CHECK_THAT(error_of([&] { cpprun::save_state_dict(net, (dir.path / "x.bin").string()); }),
+             Catch::Matchers::Contains("end it in .safetensors"));
+}
+
+TEST_CASE("safetensors: the reader refuses headers the format does not allow", "[state_dict]") {
+  // A hand-made file: header JSON, then `data`.
+  const auto file = [](std::string header, const std::string& data) {
+    std::string out;
+    for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((header.size() >> (8 * i)) & 0xFF));
+    return out + header + data;
+  };
+  const auto error = [](const std::string& bytes) {
+    return error_of([&] { cpprun::detail::read_safetensors(bytes, "h.safetensors"); });
+  };
+  const auto ok = cpprun::detail::read_safetensors(
+      file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+           R"("b\u00e9":{"dtype":"U8","shape":[],"data_offsets":[8,9]}})",
+           std::string(9, '\0')),
+      "h.safetensors");
+  REQUIRE(ok.tensors.size() == 2);
+  CHECK(ok.tensors[1].name == "b\xc3\xa9");
+  CHECK_THAT(error(file(R"({"a":{"dtype":"Q7","shape":[1],"data_offsets":[0,1]}})", "x")),
+             Catch::Matchers::Contains("unknown dtype \"Q7\""));
+  CHECK_THAT(error(file(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", std::string(8, 'x'))),
+             Catch::Matchers::Contains("is F32 of 3 elements (12 bytes) but its data_offsets span 8 bytes"));
+  CHECK_THAT(error(file(R"({"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},"b":{"dtype":"U8","shape":[4],)"
+                        R"("data_offsets":[2,6]}})", std::string(6, 'x'))),
+             Catch::Matchers::Contains("overlap at byte 2"));
+  CHECK_THAT(error(file(R"({"a":{"dtype":"U8","shape":[2],"data_offsets":[2,4]}})", std::string(4, 'x'))),
+             Catch::Matchers::Contains("no tensor covers data bytes 0 to 2"));
+  CHECK_THAT(error(file(R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"a":{"dtype":"U8","shape":[0],)"
+                        R"("data_offsets":[1,1]}})", "x")),
+             Catch::Matchers::Contains("the key \"a\" appears twice"));
+  CHECK_THAT(error(file(R"({"a":{"dtype":"U8","shape":[-1],"data_offsets":[0,1]}})", "x")),
+             Catch::Matchers::Contains("not a non-negative integer"));
+  CHECK_THAT(error(file(R"({"a":{"dtype":"U8","shape":[4294967296,4294967296],"data_offsets":[0,1]}})", "x")),
+             Catch::Matchers::Contains("more elements than the file has bytes"));
+  CHECK_THAT(error(file(R"([1])", "")), Catch::Matchers::Contains("does not start with '{'"));
+  CHECK_THAT(error(file(std::string(20, '[') , "")), Catch::Matchers::Contains("does not start with '{'"));
+  CHECK_THAT(error(file("{\"a\":" + std::string(20, '[') + std::string(20, ']') + "}", "")),
+             Catch::Matchers::Contains("nested too deeply"));
+  CHECK_THAT(error(file(R"({"__metadata__":{"k":1}})", "")), Catch::Matchers::Contains("is not a string"));
+}
