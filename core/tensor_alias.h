@@ -1,5 +1,5 @@
 // A tensor that shares another's storage at an offset, without autograd seeing a view. DDP's
-// bucket slots and FSDP's flat parameters both need it.
+// bucket slots and FSDP's unsharded parameters and shards both need it.
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -43,7 +43,7 @@ void DeferredUnits::materialize_rest() {
 void DeferredUnits::materialize_unit(std::size_t u) {
   replay_->materialize(u + 1);
   broadcast_coalesced(group_, units_[u], 0);
-  units_[u].clear();  // flattening moves them into the flat parameter: hold no reference
+  units_[u].clear();  // sharding moves them into the bucket's memory: hold no reference
 }
 
 }  // namespace cpprun::detail

@@ -1,5 +1,5 @@
 // A module built with deferred initialisation (cpprun/deferred_init.h) under FSDP: each unit is
-// materialised just before it is flattened, so that a rank never holds more than its shards plus
+// materialised just before it is sharded, so that a rank never holds more than its shards plus
 // the unit at hand. Every rank replays every unit's records (the generators advance as they do in
 // eager construction), then takes rank 0's values, as the eager path does with its broadcast.
 #pragma once

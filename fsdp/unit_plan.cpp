@@ -45,10 +45,10 @@ UnitPlan plan_subtree(torch::nn::Module& module, const std::string& prefix, cons
   return rest;
 }
 
-// Each parameter's memory must be its own: its flat parameter takes it over. A tensor registered
-// under two names (tied) is one parameter and was planned once; two different tensors over the
-// same memory (tied with set_data, or one a view of the other) cannot both be moved into flat
-// parameters and stay tied.
+// Each parameter's memory must be its own: its bucket takes it over. A tensor registered under two
+// names (tied) is one parameter and was planned once; two different tensors over the same memory
+// (tied with set_data, or one a view of the other) cannot both be moved into a bucket and stay
+// tied.
 void check_not_sharing_memory(const std::vector<UnitPlan>& units) {
   std::unordered_map<const void*, std::string> owner;
   for (const auto& unit : units) {

@@ -1,6 +1,6 @@
 // Which parameters form which unit (a wrapped module, whose parameters are gathered and released
 // together): by module type (wrap_policy), then by size (auto_wrap_min_params), the rest in the
-// root unit. Pure: reads the module tree only. flat_param.h turns units into flat parameters.
+// root unit. Pure: reads the module tree only. param_bucket.h shards units' parameters.
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -22,7 +22,7 @@ struct FsdpMemory {
   // the buffer each all-gather fills before its copy into the parameters) has been since
   // construction.
   int64_t peak_parameters = 0;
-  // The same for `gradients` (full flat gradients live during backward).
+  // The same for `gradients` (a unit's full gradients live during backward).
   int64_t peak_gradients = 0;
   // Released full parameters and gradients, and the all-gathers' buffer, kept for reuse by the
   // next gather or backward (fresh memory costs a page fault per 4 KiB on the CPU).
