@@ -160,33 +160,33 @@ void load_sharded_checkpoint(const std::vector<ParamBucket>& buckets, const Shar
       }
       return it->second;
     };
-    // Calls fn(q, first, count): saved rank q holds rows [first, first + count) of this rank's.
-    auto overlaps = [&](const ShardedParam& s, const std::function<void(int64_t, int64_t, int64_t)>& fn) {
+    // Calls fn(q, first, count, saved_first): saved rank q holds rows [first, first + count) of this
+    // rank's, as its own rows [saved_first, saved_first + count).
+    using Overlap = std::function<void(int64_t, int64_t, int64_t, int64_t)>;
+    auto overlaps = [&](const ShardedParam& s, const Overlap& fn) {
       const int64_t saved_rows = (s.rows + saved_world - 1) / saved_world;
-      const int64_t lo = groups.shard.rank() * s.rows_per_rank, hi = lo + s.local_rows;
+      const int64_t lo = s.first_row, hi = lo + s.local_rows;
       if (saved_rows == 0) return;
       for (int64_t q = lo / saved_rows; q < saved_world && q * saved_rows < hi; ++q) {
         const int64_t from = std::max(lo, q * saved_rows), to = std::min(hi, (q + 1) * saved_rows);
-        if (from < to) fn(q, from - lo, to - from);
+        if (from < to) fn(q, from - lo, to - from, from - q * saved_rows);
       }
     };
     // Open (and check) every file this rank needs before changing a shard: a damaged file leaves
     // the model as it was.
     for (const ParamBucket& bucket : buckets) {
-      for (const ShardedParam& s : bucket.params()) overlaps(s, [&](int64_t q, int64_t, int64_t) { archive_of(q); });
+      for (const ShardedParam& s : bucket.params()) {
+        overlaps(s, [&](int64_t q, int64_t, int64_t, int64_t) { archive_of(q); });
+      }
     }
 
     at::NoGradGuard no_grad;
-    const int64_t my_first_row_of = groups.shard.rank();
     for (const ParamBucket& bucket : buckets) {
       for (const ShardedParam& s : bucket.params()) {
-        const int64_t saved_rows = (s.rows + saved_world - 1) / saved_world;
-        const int64_t lo = my_first_row_of * s.rows_per_rank;
         at::Tensor shard = s.shard.detach();
         std::optional<ParamOptimizerState> state;
-        overlaps(s, [&](int64_t q, int64_t first, int64_t count) {
+        overlaps(s, [&](int64_t q, int64_t first, int64_t count, int64_t offset) {
           auto& archive = archive_of(q);
-          const int64_t offset = lo + first - q * saved_rows;  // in the saved rank's rows
           at::Tensor saved;
           archive.read(key(s.name, "shard"), saved);
           shard.narrow(0, first, count).copy_(saved.narrow(0, offset, count));

@@ -37,7 +37,8 @@ ParamBucket::ParamBucket(std::size_t unit, std::vector<std::string> names, std::
     s.row_numel = 1;
     for (std::size_t d = 1; d < s.sizes.size(); ++d) s.row_numel *= s.sizes[d];
     s.rows_per_rank = (s.rows + world - 1) / world;
-    s.local_rows = std::clamp<int64_t>(s.rows - rank * s.rows_per_rank, 0, s.rows_per_rank);
+    s.first_row = std::min(rank * s.rows_per_rank, s.rows);
+    s.local_rows = std::min(s.rows - s.first_row, s.rows_per_rank);
     s.unsharded_offset = chunk_numel_ * world;
     s.wire_offset = chunk_numel_;
     chunk_numel_ += s.chunk_numel();
@@ -53,9 +54,7 @@ ParamBucket::ParamBucket(std::size_t unit, std::vector<std::string> names, std::
     ShardedParam& s = params_[i];
     at::Tensor value = s.param.detach();
     if (separate_) {
-      // (A rank past the last row holds none: its start is clamped to the end.)
-      const int64_t first = std::min(rank * s.rows_per_rank, s.rows);
-      at::Tensor rows = value.reshape({s.rows, s.row_numel}).narrow(0, first, s.local_rows);
+      at::Tensor rows = value.reshape({s.rows, s.row_numel}).narrow(0, s.first_row, s.local_rows);
       s.shard = rows.clone().view(s.shard_sizes());
       if (offload) s.shard = s.shard.to(at::kCPU).pin_memory();  // pinned: copies to the GPU overlap
     }

@@ -31,6 +31,7 @@ struct ShardedParam {
   int64_t row_numel = 0;     // elements per row
   int64_t rows_per_rank = 0; // C: ceil(rows / world)
   int64_t local_rows = 0;    // the rows this rank's shard holds (fewer than C, or none, at the end)
+  int64_t first_row = 0;     // the first of them: min(rank * C, rows)
   int64_t unsharded_offset = 0;  // where its W*C padded rows start in unsharded()
   int64_t wire_offset = 0;       // where its C rows start within each rank's wire chunk
   at::Tensor shard;          // [local_rows, ...]: the leaf the optimizer steps
