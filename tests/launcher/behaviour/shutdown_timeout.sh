@@ -1,15 +1,21 @@
 # (g) A worker that ignores SIGTERM is SIGKILLed once --shutdown_timeout has passed.
 . "$(dirname "$0")/common.sh"
 
+# Local rank 0 ignores SIGTERM; local rank 1 fails once rank 0 is ready, so cpprun stops the job.
+stubborn_job() {
+  rm -f "$WORK/stubborn"
+  cpprun --nproc_per_node=2 "$@" /bin/sh -c '
+    if [ "$LOCAL_RANK" = 1 ]; then
+      i=0; while [ ! -e "$WORK/stubborn" ]; do i=$((i+1)); [ $i -gt 200 ] && exit 99; sleep 0.05; done
+      exit 1
+    fi
+    trap "" TERM
+    touch "$WORK/stubborn"
+    exec sleep 30'
+}
+
 start=$(now_ms)
-cpprun --nproc_per_node=2 --shutdown_timeout=1 /bin/sh -c '
-  if [ "$LOCAL_RANK" = 1 ]; then
-    i=0; while [ ! -e "$WORK/stubborn" ]; do i=$((i+1)); [ $i -gt 200 ] && exit 99; sleep 0.05; done
-    exit 1
-  fi
-  trap "" TERM
-  touch "$WORK/stubborn"
-  exec sleep 30'
+stubborn_job --shutdown_timeout=1
 rc=$?
 elapsed=$(( $(now_ms) - start ))
 expect_eq "$rc" 1 "exit code"
@@ -18,16 +24,8 @@ expect_eq "$rc" 1 "exit code"
 expect_in_file "$WORK/err" "did not exit within --shutdown_timeout=1s, killed by SIGKILL" "summary"
 
 # Without the flag, torchrun's TORCH_ELASTIC_SHUTDOWN_TIMEOUT sets it (cpprun's own default is 5 s).
-rm -f "$WORK/stubborn"
 start=$(now_ms)
-TORCH_ELASTIC_SHUTDOWN_TIMEOUT=1 cpprun --nproc_per_node=2 /bin/sh -c '
-  if [ "$LOCAL_RANK" = 1 ]; then
-    i=0; while [ ! -e "$WORK/stubborn" ]; do i=$((i+1)); [ $i -gt 200 ] && exit 99; sleep 0.05; done
-    exit 1
-  fi
-  trap "" TERM
-  touch "$WORK/stubborn"
-  exec sleep 30'
+TORCH_ELASTIC_SHUTDOWN_TIMEOUT=1 stubborn_job
 rc=$?
 env_elapsed=$(( $(now_ms) - start ))
 expect_eq "$rc" 1 "exit code (TORCH_ELASTIC_SHUTDOWN_TIMEOUT)"
