@@ -11,7 +11,6 @@
 #include <system_error>
 #include <vector>
 
-#include "agent_store/agent_store.h"
 #include "command_line/host_facts.h"
 #include "command_line/launch_config.h"
 #include "command_line/program_command.h"
@@ -56,7 +55,8 @@ int run(const LaunchConfig& config) {
                                                         : "first of " + std::to_string(config.min_nodes) + " to join";
       std::cout << "cpprun: dry run of one node of " << rendezvous.nnodes_flag() << ": the ranks below assume it is "
                 << node << " and every node runs --nproc_per_node=" << config.nproc_per_node
-                << "; real ranks and c10d's MASTER_PORT come from the rendezvous at " << endpoint_text(config) << "\n";
+                << "; real ranks and the workers' MASTER_PORT (a free port on the first node) come from the "
+                << "rendezvous at " << endpoint_text(config) << "\n";
     }
     if (!program.python_source.empty()) {
       std::cout << "cpprun: Python runs " << config.program << ": " << program.path << " (" << program.python_source
@@ -149,8 +149,6 @@ int main(int argc, char** argv) {
     return report(e, e.exit_code());
   } catch (const RendezvousError& e) {  // the other nodes were told, or see this agent's link close
     return report(e, e.exit_code());
-  } catch (const AgentStoreError& e) {
-    return report(e, 1);
   } catch (const std::system_error& e) {  // the run's files (--log_dir, the temp dir, pipes), named
     return report(e, 1);
   } catch (const std::exception& e) {

@@ -7,12 +7,17 @@
 #      --nnodes=2 --nproc_per_node=1 --rdzv_backend=c10d --rdzv_endpoint=127.0.0.1:PORT
 #      --rdzv_id=bench; timed from starting both until both have exited; a fresh free port
 #      (29700-29799, none listening there) each run.
-#   4. --nproc_per_node=4 of a Python script that imports torch and exits (`cpprun x.py` runs it
+#   4. 8 and 32 nodes on loopback with the static backend: 8 (32) launchers started at once, each
+#      --nnodes=N --node_rank=I --nproc_per_node=1 --master_addr=127.0.0.1 --master_port=PORT; timed
+#      until all have exited. What a many-node static job pays per node, here all on 2 cores.
+#   5. --nproc_per_node=4 of a Python script that imports torch and exits (`cpprun x.py` runs it
 #      with PYTHON_EXEC=$BENCH_PYTHON, torchrun with its own interpreter): what a Python user waits.
-# One warm-up run of each launcher per case, then REPEATS runs, cpprun and torchrun alternating;
-# prints the medians and torchrun/cpprun. The project's target is cpprun at most 1/100 of
-# torchrun's wall time, i.e. a ratio of 100x or more.
+# One warm-up run of each launcher per case, then REPEATS runs (the 32-node case: at most 3, since
+# torchrun's takes about a minute a run here), cpprun and torchrun alternating; prints the medians and
+# torchrun/cpprun. The project's target is cpprun at most 1/100 of torchrun's wall time, i.e. a
+# ratio of 100x or more.
 #   usage: scripts/bench_launcher.sh [REPEATS]   (default 5)
+# BENCH_LAUNCHER_CASES picks cases (default "2 4 c10d static8 static32 python").
 # Environment: BENCH_PYTHON, the python3 whose torch's torchrun is measured (default
 # .venv/bin/python); CPPRUN_BUILD_DIR as for scripts/build.sh. Runs scripts/setup.sh when the
 # venv is missing and scripts/build.sh when cpprun is; it never rebuilds an existing cpprun.
@@ -97,9 +102,10 @@ pick_port() {
 export CPPRUN_JOB_SECRET=bench-launcher-$$-$RANDOM$RANDOM
 
 # run_once LAUNCHER CASE: one run; sets ms to its wall time. LAUNCHER: cpprun or torchrun;
-# CASE: 2 or 4 (workers on one node) or c10d (two nodes). Stops the script if a launcher fails.
+# CASE: 2 or 4 (workers on one node), c10d (two nodes), staticN (N nodes). Stops the script if a
+# launcher fails.
 run_once() {
-  local launcher=() args=() nodes=1 i rc=0 start end
+  local launcher=() args=() nodes=1 i rc=0 start end rank_arg=() limit=60
   if [ "$1" = cpprun ]; then launcher=("$cpprun"); else launcher=("$python" -m torch.distributed.run); fi
   local program=/bin/true
   case $2 in
@@ -107,13 +113,21 @@ run_once() {
       pick_port
       nodes=2
       args=(--nnodes=2 --nproc_per_node=1 --rdzv_backend=c10d --rdzv_endpoint="127.0.0.1:$port" --rdzv_id=bench) ;;
+    static*)
+      pick_port
+      nodes=${2#static}
+      limit=300
+      args=(--nnodes="$nodes" --nproc_per_node=1 --master_addr=127.0.0.1 --master_port="$port") ;;
     python) args=(--nproc_per_node=4); program=$scratch/import_torch.py ;;
     *) args=(--nproc_per_node="$2") ;;
   esac
   [ "$1" = torchrun ] && [ "$program" = /bin/true ] && args+=(--no_python)
   start=$EPOCHREALTIME
   for ((i = 0; i < nodes; i++)); do
-    PYTHON_EXEC=$python timeout -k 5 60 "${launcher[@]}" "${args[@]}" "$program" >"$scratch/node$i.log" 2>&1 &
+    rank_arg=()
+    [[ $2 == static* ]] && rank_arg=(--node_rank="$i")
+    PYTHON_EXEC=$python timeout -k 5 "$limit" "${launcher[@]}" "${args[@]}" "${rank_arg[@]}" "$program" \
+      >"$scratch/node$i.log" 2>&1 &
     running+=($!)
   done
   for i in "${!running[@]}"; do wait "${running[$i]}" || rc=$?; done
@@ -121,7 +135,7 @@ run_once() {
   running=()
   if ((rc)); then
     echo "bench_launcher: failed (exit $rc$( ((rc == 124)) && echo ", timed out")): ${launcher[*]} ${args[*]} $program" \
-         "$( ((nodes > 1)) && echo "(on each of 2 nodes)")" >&2
+         "$( ((nodes > 1)) && echo "(on each of $nodes nodes)")" >&2
     for ((i = 0; i < nodes; i++)); do sed "s/^/  node $i: /" "$scratch/node$i.log" >&2; done
     exit 1
   fi
@@ -137,16 +151,22 @@ echo "load average: $(cut -d' ' -f1-3 /proc/loadavg); $network; both at their de
      "2.15: --monitor_interval 0.1 s); $repeats runs each, alternating, after one warm-up each; medians"
 echo "target: cpprun <= 1/100 of torchrun's wall time, i.e. torchrun/cpprun >= 100x"
 printf '%-36s %11s %13s %16s %7s\n' case "cpprun ms" "torchrun ms" "torchrun/cpprun" target
-for what in 2 4 c10d python; do
+for what in ${BENCH_LAUNCHER_CASES:-2 4 c10d static8 static32 python}; do
+  runs=$repeats
   case $what in
     c10d) label="2 nodes x 1 worker, c10d, loopback" ;;
+    static32) label="32 nodes x 1 worker, static, loopback"; ((runs > 3)) && runs=3 ;;
+    static*)
+      [[ ${what#static} =~ ^[1-9][0-9]*$ ]] || { echo "bench_launcher: '$what': staticN needs a number of nodes" >&2; exit 2; }
+      label="${what#static} nodes x 1 worker, static, loopback" ;;
     python) label="4 workers of 'import torch' (Python)" ;;
-    *) label="$what workers of /bin/true" ;;
+    2 | 4) label="$what workers of /bin/true" ;;
+    *) echo "bench_launcher: unknown case '$what' in BENCH_LAUNCHER_CASES (2 4 c10d staticN python)" >&2; exit 2 ;;
   esac
   run_once cpprun "$what"
   run_once torchrun "$what"
   c=() t=()
-  for ((r = 0; r < repeats; r++)); do
+  for ((r = 0; r < runs; r++)); do
     run_once cpprun "$what"; c+=("$ms")
     run_once torchrun "$what"; t+=("$ms")
   done

@@ -94,7 +94,7 @@ std::string resolve_job_secret(const JobSecretOptions& options, const EnvLookup&
 
 std::string no_secret_warning(const std::string& endpoint) {
   return "cpprun: warning: --no_job_secret: the agents do not authenticate each other; anyone who can reach " +
-         endpoint + " or this agent's link port can join the job in a node's place, stop it, or choose its exit "
+         endpoint + " can join the job in a node's place, stop it, or choose its exit "
          "code. Set CPPRUN_JOB_SECRET on every node to prevent that.";
 }
 

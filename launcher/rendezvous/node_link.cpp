@@ -94,13 +94,15 @@ AddressList resolve(const std::string& host, int port, std::string& error) {
 // A non-blocking socket listening at `address`, or -1 with errno set. `exclusive` (a c10d endpoint):
 // IPv6 only on an IPv6 address, and SO_REUSEADDR so that a previous job's connections in TIME_WAIT do
 // not block the endpoint; a second listener is still refused, which decides the host.
-int listen_socket(const sockaddr* address, socklen_t size, bool exclusive) {
+// `v6only`: an IPv6 socket takes no IPv4 (a dual-stack one does). `reuse_address`: a fixed port can be
+// listened on again while an earlier job's connections there are in TIME_WAIT, as c10d's store allows.
+int listen_socket(const sockaddr* address, socklen_t size, bool v6only, bool reuse_address) {
   const int fd = socket(address->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return -1;
   const int on = 1;
-  const int v6only = exclusive ? 1 : 0;
-  if (exclusive) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
-  if (address->sa_family == AF_INET6) setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &v6only, sizeof(v6only));
+  const int v6only_flag = v6only ? 1 : 0;
+  if (reuse_address) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
+  if (address->sa_family == AF_INET6) setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &v6only_flag, sizeof(v6only_flag));
   if (bind(fd, address, size) == 0 && listen(fd, 128) == 0) return fd;
   const int error = errno;
   close(fd);
@@ -296,19 +298,22 @@ NodeLink::Received NodeLink::receive() {
   return got;
 }
 
-LinkListener::LinkListener(const std::optional<std::string>& loopback_address, std::string secret)
+LinkListener::LinkListener(const std::optional<std::string>& loopback_address, int port, std::string secret)
     : secret_(std::move(secret)), loopback_address_(loopback_address) {
   // Dual-stack IPv6 takes IPv4 too; a host without IPv6 gets an IPv4 socket. On the loopback: exactly
   // the address node 0 is known by (::1 over IPv6 only; 127.0.0.1 as IPv4, or IPv4-mapped).
   sockaddr_in6 v6{};
   v6.sin6_family = AF_INET6;
   v6.sin6_addr = in6addr_any;
+  v6.sin6_port = htons(static_cast<uint16_t>(port));
   sockaddr_in v4{};
   v4.sin_family = AF_INET;
   v4.sin_addr.s_addr = htonl(INADDR_ANY);
+  v4.sin_port = htons(static_cast<uint16_t>(port));
+  const bool fixed_port = port != 0;
   int fd = -1;
   if (loopback_address && inet_pton(AF_INET6, loopback_address->c_str(), &v6.sin6_addr) == 1) {
-    fd = listen_socket(reinterpret_cast<sockaddr*>(&v6), sizeof(v6), true);
+    fd = listen_socket(reinterpret_cast<sockaddr*>(&v6), sizeof(v6), true, true);
   } else {
     if (loopback_address) {
       if (inet_pton(AF_INET, loopback_address->c_str(), &v4.sin_addr) != 1) {
@@ -316,8 +321,9 @@ LinkListener::LinkListener(const std::optional<std::string>& loopback_address, s
       }
       inet_pton(AF_INET6, ("::ffff:" + *loopback_address).c_str(), &v6.sin6_addr);
     }
-    fd = listen_socket(reinterpret_cast<sockaddr*>(&v6), sizeof(v6), false);
-    if (fd < 0) fd = listen_socket(reinterpret_cast<sockaddr*>(&v4), sizeof(v4), false);
+    fd = listen_socket(reinterpret_cast<sockaddr*>(&v6), sizeof(v6), false, fixed_port);
+    // A host without IPv6 (EAFNOSUPPORT), not a taken port, falls back to IPv4.
+    if (fd < 0 && errno != EADDRINUSE) fd = listen_socket(reinterpret_cast<sockaddr*>(&v4), sizeof(v4), false, fixed_port);
   }
   if (fd < 0) throw std::system_error(errno, std::generic_category(), "cpprun: listening for the other nodes' agents");
   fd_ = OwnedFd(fd);
@@ -333,7 +339,7 @@ EndpointListener LinkListener::at_endpoint(const std::string& host, int port, co
   if (!addresses) return result;
   result.status = ListenStatus::kNotHere;
   for (const addrinfo* a = addresses.get(); a != nullptr; a = a->ai_next) {
-    const int fd = listen_socket(a->ai_addr, a->ai_addrlen, true);
+    const int fd = listen_socket(a->ai_addr, a->ai_addrlen, true, true);
     if (fd >= 0) return {ListenStatus::kListening, LinkListener(fd, port, secret), ""};
     if (errno == EADDRINUSE) return {ListenStatus::kTaken, std::nullopt, ""};
     if (errno != EADDRNOTAVAIL && errno != EAFNOSUPPORT) {

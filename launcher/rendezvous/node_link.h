@@ -102,12 +102,13 @@ enum class ListenStatus {
 
 struct EndpointListener;
 
-// Accepts the member agents' links: on a port the kernel picks (static), or at the c10d endpoint.
+// Accepts the member agents' links: at --master_port (static) or at the c10d endpoint.
 class LinkListener {
  public:
-  // At `loopback_address` alone (numeric: "127.0.0.1", "::1") when given (every node on this host),
-  // else on every interface, as c10d's store listens. Throws std::system_error.
-  LinkListener(const std::optional<std::string>& loopback_address, std::string secret);
+  // On `port` (0: one the kernel picks), at `loopback_address` alone (numeric: "127.0.0.1", "::1")
+  // when given (every node on this host), else on every interface, as c10d's store listens. Throws
+  // std::system_error (EADDRINUSE: another process listens on the port).
+  LinkListener(const std::optional<std::string>& loopback_address, int port, std::string secret);
   // Listens at host:port, on the first of the host's addresses that is this machine's. Only one
   // process can: the others learn that it is taken (kTaken) and that agent hosts the rendezvous.
   static EndpointListener at_endpoint(const std::string& host, int port, const std::string& secret);

@@ -13,9 +13,9 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <system_error>
 #include <thread>
 
-#include "agent_store/agent_store.h"
 #include "command_line/launch_config.h"
 
 namespace cpprun::launcher {
@@ -46,14 +46,20 @@ int take_ending_signal(SignalRelay& relay) {
   return ending == pending.end() ? 0 : *ending;
 }
 
-// While nothing answers where the host will be (it may start last), how often to try again.
-constexpr std::chrono::milliseconds kRetryInterval{100};
+// While nothing answers where the host will be (it may start last), how long to wait before trying
+// again: 5 ms after the first refusal, doubling to 100 ms. Agents started together (a job's nodes
+// launched at once, the tests) find their host a few milliseconds after it listens, and an agent
+// waiting longer costs its host at most ten refused connections a second.
+std::chrono::milliseconds retry_pause(int refusals) {
+  return std::chrono::milliseconds(std::min(100, 5 << std::min(refusals, 5)));
+}
 
 // One try to connect to the settings' host:port, for at most 5 s, and a pause after a failure,
-// whose reason goes to `last_error`; a signal cuts both short. False once `deadline` has passed.
+// whose reason goes to `last_error` (`refusals` counts them: it sets the pause); a signal cuts both
+// short. False once `deadline` has passed.
 // Plain connects rather than c10d's own retries, so that a signal ends the wait at once.
 bool try_connect(const RendezvousSettings& settings, SignalRelay& relay, Clock::time_point deadline,
-                 std::optional<NodeLink>& link, std::string& last_error) {
+                 std::optional<NodeLink>& link, std::string& last_error, int& refusals) {
   const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
   if (left.count() <= 0) return false;
   const auto try_for = std::min<std::chrono::milliseconds>(left, std::chrono::seconds(5));
@@ -62,7 +68,7 @@ bool try_connect(const RendezvousSettings& settings, SignalRelay& relay, Clock::
   if (attempt.status == ConnectStatus::kFailed) {
     last_error = attempt.error;
     pollfd wake{relay.wake_fd(), POLLIN, 0};
-    poll(&wake, 1, static_cast<int>(std::min(left, kRetryInterval).count()));
+    poll(&wake, 1, static_cast<int>(std::min(left, retry_pause(refusals++)).count()));
   }
   return true;
 }
@@ -79,40 +85,16 @@ Reconnect reconnect_to(const RendezvousSettings& settings, int port, SignalRelay
   };
 }
 
-// static, node rank > 0: the links' port node 0 publishes in its store; a store without it is another's.
-int read_link_port(const RendezvousSettings& settings, Clock::time_point deadline) {
-  const auto timeout = std::clamp(std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()),
-                                  std::chrono::milliseconds(1000), kStoreTimeout);
-  std::string value;
-  try {
-    AgentStore store = AgentStore::connect(settings.host, settings.port, timeout);
-    value = store.get(kLinkPortKey);
-  } catch (const AgentStoreError& e) {
-    const std::string what = e.what();
-    if (what.rfind("cpprun:", 0) == 0) throw RendezvousError(what, 1);
-    throw RendezvousError("cpprun: " + settings.endpoint() + " answers, but not as node 0's cpprun agent (no " +
-                              kLinkPortKey + " in its store within " + seconds_text(timeout) +
-                              "): is another job using --master_port=" + std::to_string(settings.port) +
-                              "?\nc10d said: " + what,
-                          1);
-  }
-  try {
-    return std::stoi(value);
-  } catch (const std::exception&) {
-    throw RendezvousError("cpprun: node 0's store at " + settings.endpoint() + " holds " + kLinkPortKey + "='" +
-                              value + "', not a port; is node 0 running the same cpprun version?",
-                          1);
-  }
-}
-
+// static, node rank > 0: connects to node 0's agent at --master_port, retrying while nothing answers
+// there (node 0 may start last) until the join timeout.
 std::unique_ptr<NodeRendezvous> join_static(const RendezvousSettings& settings, SignalRelay& relay, int& signal,
                                             Clock::time_point started) {
-  AgentStore::load();  // while node 0 may still be starting
   const auto deadline = started + settings.join_timeout;
-  std::optional<NodeLink> store_probe;  // closed unused once node 0's store answers
+  std::optional<NodeLink> link;
   std::string last_error;
-  while (!store_probe) {
-    if (!try_connect(settings, relay, deadline, store_probe, last_error)) {
+  int refusals = 0;
+  while (!link) {
+    if (!try_connect(settings, relay, deadline, link, last_error, refusals)) {
       throw RendezvousError(
           "cpprun: rendezvous timed out after " + seconds_text(settings.join_timeout) +
               " (--rdzv_conf join_timeout): node rank 0 never arrived: nothing answered at " + settings.endpoint() +
@@ -121,21 +103,28 @@ std::unique_ptr<NodeRendezvous> join_static(const RendezvousSettings& settings, 
               "or check that this host can reach that address.",
           1);
     }
-    if (!store_probe && (signal = take_ending_signal(relay)) != 0) return nullptr;
+    if (!link && (signal = take_ending_signal(relay)) != 0) return nullptr;
   }
-  const int link_port = read_link_port(settings, deadline);
-  ConnectResult connected = connect_link(settings.host, link_port, kStoreTimeout, relay.wake_fd(), settings.job_secret);
-  if (connected.status == ConnectStatus::kInterrupted && (signal = take_ending_signal(relay)) != 0) return nullptr;
-  if (connected.status != ConnectStatus::kConnected) {
-    throw RendezvousError("cpprun: node " + std::to_string(settings.node_rank) + " reached node 0's store at " +
-                              settings.endpoint() + " but not node 0's agent on port " + std::to_string(link_port) +
-                              " (" + connected.error +
-                              "). cpprun's agents talk over that second port, which node 0's kernel picks; a "
-                              "firewall must let the nodes reach each other on such ports, as Gloo needs too.",
+  return make_rendezvous_member(settings, std::move(*link), started, reconnect_to(settings, settings.port, relay));
+}
+
+// static, node 0: listens for the other agents at --master_port, where torchrun's node 0 hosts its store.
+std::unique_ptr<NodeRendezvous> host_static(const RendezvousSettings& settings, Clock::time_point started) {
+  try {
+    return make_rendezvous_host(
+        settings, LinkListener(loopback_listen_address(settings.host), settings.port, settings.job_secret), started);
+  } catch (const std::system_error& e) {
+    if (e.code().value() == EADDRINUSE) {
+      throw RendezvousError("cpprun: node 0 cannot host the rendezvous: --master_port=" +
+                                std::to_string(settings.port) +
+                                " is already in use on this host (another job, or one still shutting down). Pick a "
+                                "free port with --master_port=PORT on every node.",
+                            1);
+    }
+    throw RendezvousError("cpprun: node 0 cannot listen for the other nodes on --master_port=" +
+                              std::to_string(settings.port) + ": " + e.code().message(),
                           1);
   }
-  return make_rendezvous_member(settings, std::move(*connected.link), started,
-                                reconnect_to(settings, link_port, relay));
 }
 
 // The first agent that can listen at the endpoint hosts (unless --rdzv_conf is_host); the others connect.
@@ -143,6 +132,7 @@ std::unique_ptr<NodeRendezvous> claim_c10d(const RendezvousSettings& settings, S
                                            Clock::time_point started) {
   std::string listen_note;  // why this agent does not host
   std::string last_error;
+  int refusals = 0;
   for (;;) {
     if (settings.is_host.value_or(true)) {
       EndpointListener listen = LinkListener::at_endpoint(settings.host, settings.port, settings.job_secret);
@@ -166,7 +156,7 @@ std::unique_ptr<NodeRendezvous> claim_c10d(const RendezvousSettings& settings, S
       listen_note = taken ? "the port is taken on this machine" : "the address is not this machine's";
     }
     std::optional<NodeLink> link;
-    if (!try_connect(settings, relay, started + settings.join_timeout, link, last_error)) {
+    if (!try_connect(settings, relay, started + settings.join_timeout, link, last_error, refusals)) {
       const std::string sep = listen_note.empty() || last_error.empty() ? "" : "; ";
       throw RendezvousError(
           "cpprun: rendezvous timed out after " + seconds_text(settings.join_timeout) +
@@ -285,8 +275,7 @@ std::unique_ptr<NodeRendezvous> open_rendezvous(const RendezvousSettings& settin
   const auto started = Clock::now();
   if (!settings.fixed_ranks()) return claim_c10d(settings, relay, signal, started);
   if (settings.node_rank != 0) return join_static(settings, relay, signal, started);
-  return make_rendezvous_host(settings, LinkListener(loopback_listen_address(settings.host), settings.job_secret),
-                              started);
+  return host_static(settings, started);
 }
 
 }  // namespace cpprun::launcher

@@ -4,10 +4,18 @@
 // fails, restarts all together, and lets no node exit before the others are done (the exit barrier).
 //
 // Note [Why links and not store keys]
-// torchrun's agents rendezvous through store keys; ours only find each other there, then talk over
-// one TCP link per member (node_link.h). A c10d store cannot tell node 0 that an agent died, wait for
-// the first of several keys, or be interrupted by Ctrl-C, and it is recreated each round (Note [Agent
-// store]); a link's end shows at once in the poll() that already watches the workers and signals.
+// torchrun's agents rendezvous through the keys of a c10d store that node 0 (static) or the endpoint's
+// host (c10d) serves; ours talk over one TCP link per member (node_link.h) to the agent listening at
+// --master_port (static) or --rdzv_endpoint (c10d). A c10d store cannot tell the host that an agent
+// died, wait for the first of several keys, or be interrupted by Ctrl-C; a link's end shows at once
+// in the poll() that already watches the workers and signals. And the agents need no LibTorch: a
+// static agent starts in milliseconds, as a single-node one does.
+//
+// Note [Workers' store]
+// So no agent hosts a store for the workers: worker rank 0 hosts it (TORCHELASTIC_USE_AGENT_STORE=
+// False, which cpprun::init_process_group() and torch's env:// both honour) on a free port of the
+// host agent's machine, which every worker gets as MASTER_PORT; --master_port is the agents'. A new
+// port each round: a restarted worker never reaches the previous attempt's store.
 //
 // Note [Elastic rounds]
 // The host gathers each round anew: round 0 completes when MAX nodes joined, or MIN joined and
@@ -133,11 +141,6 @@ std::unique_ptr<NodeRendezvous> make_rendezvous_host(const RendezvousSettings& s
 using Reconnect = std::function<std::optional<NodeLink>(Clock::time_point deadline, std::string& error)>;
 std::unique_ptr<NodeRendezvous> make_rendezvous_member(const RendezvousSettings& settings, NodeLink link,
                                                        Clock::time_point started, Reconnect reconnect);
-
-// Where node 0 publishes its LinkListener's port (Note [Agent store]), and the store's timeout:
-// node 0 is known to be up by then.
-inline constexpr const char* kLinkPortKey = "agent/link_port";
-inline constexpr std::chrono::milliseconds kStoreTimeout{30000};
 
 // Why the rendezvous timed out. static: the node ranks that `never` came, and those that came and
 // `left` again; c10d: how many nodes `joined`. `source` follows, e.g. " (as node 0 last reported)".

@@ -22,7 +22,6 @@ RankLayout multi_node_layout(const std::vector<NodeShape>& nodes, int node_rank)
   layout.group_world_size = static_cast<int>(nodes.size());
   layout.world_size = 0;
   layout.role_world_size = 0;
-  layout.agent_store = true;
   for (int i = 0; i < layout.group_world_size; ++i) {
     const int workers = nodes[i].local_world_size;
     const bool same_role = nodes[i].role == nodes[node_rank].role;
@@ -37,10 +36,8 @@ RankLayout multi_node_layout(const std::vector<NodeShape>& nodes, int node_rank)
 RankLayout assumed_layout(const RendezvousSettings& settings) {
   const NodeShape& self = settings.shape;
   if (!settings.fixed_ranks()) {
-    // c10d: the first of MIN nodes to join; worker rank 0 hosts the workers' store.
-    RankLayout layout = multi_node_layout(std::vector<NodeShape>(settings.min_nodes, self), 0);
-    layout.agent_store = false;
-    return layout;
+    // c10d: the first of MIN nodes to join.
+    return multi_node_layout(std::vector<NodeShape>(settings.min_nodes, self), 0);
   }
   if (!settings.multi_node()) return single_node_layout(self.local_world_size);
   return multi_node_layout(std::vector<NodeShape>(settings.max_nodes, self), settings.node_rank);

@@ -15,10 +15,8 @@ struct RankLayout {
   int world_size = 1;        // WORLD_SIZE: workers on all nodes
   int role_base_rank = 0;    // ROLE_RANK of local rank 0
   int role_world_size = 1;   // ROLE_WORLD_SIZE: workers of this node's --role on all nodes
-  // TORCHELASTIC_USE_AGENT_STORE: node 0's agent hosts the c10d store (static multi-node jobs).
-  bool agent_store = false;
-  // MASTER_PORT when the rendezvous picked it (c10d: a free port on group rank 0's host, where
-  // worker rank 0 starts the store); 0 means --master_port.
+  // MASTER_PORT when the rendezvous picked it (multi-node: a free port on group rank 0's host, where
+  // worker rank 0 starts the store: Note [Workers' store]); 0 means --master_port.
   int master_port = 0;
   // MASTER_ADDR when the rendezvous chose it (c10d: the hosting agent's --local_addr, as torchrun's
   // rank-0 node advertises its own); "" means --master_addr, or the --rdzv_endpoint host.

@@ -7,7 +7,6 @@
 #include <system_error>
 #include <vector>
 
-#include "agent_store/agent_store.h"
 #include "command_line/host_facts.h"
 #include "cpprun/store_port.h"
 #include "rendezvous/node_link.h"
@@ -39,9 +38,7 @@ int strength(RoundEnd end) {
 class RendezvousHost final : public NodeRendezvous {
  public:
   RendezvousHost(const RendezvousSettings& settings, LinkListener listener, Clock::time_point started)
-      : settings_(settings), started_(started), listener_(std::move(listener)) {
-    if (settings_.fixed_ranks()) open_store();
-  }
+      : settings_(settings), started_(started), listener_(std::move(listener)) {}
 
   std::optional<RankLayout> join(SignalRelay& relay, int& signal) override {
     if (!settings_.fixed_ranks()) {
@@ -151,28 +148,6 @@ class RendezvousHost final : public NodeRendezvous {
     return rank >= 0 ? describe_agent(rank, node.link.peer()) : "the agent at " + node.link.peer();
   }
 
-  // static: a fresh store each round (see Note [Agent store]), where the members find this agent.
-  void open_store() {
-    store_.reset();
-    try {
-      // A loopback --master_addr (every node on this host): the store listens there alone, as the links do.
-      store_.emplace(AgentStore::host(settings_.port, listener_.loopback_address(), kStoreTimeout));
-      store_->set(kLinkPortKey, std::to_string(listener_.port()));
-    } catch (const AgentStoreError& e) {
-      const std::string what = e.what();
-      if (reports_port_in_use(what)) {
-        throw RendezvousError("cpprun: node 0 cannot host the rendezvous store: --master_port=" +
-                                  std::to_string(settings_.port) +
-                                  " is already in use on this host (another job, or one still shutting down). "
-                                  "Pick a free port with --master_port=PORT on every node.\nc10d said: " + what,
-                              1);
-      }
-      if (what.rfind("cpprun:", 0) == 0) throw RendezvousError(what, 1);
-      throw RendezvousError("cpprun: node 0 cannot host the rendezvous store on port " +
-                                std::to_string(settings_.port) + ": " + what, 1);
-    }
-  }
-
   // Gathers a round: the nodes still here, then the queued ones in arrival order, then any that
   // arrive, until MAX are here or MIN and the last call passed. nullopt: a job-ending signal came.
   std::optional<RankLayout> gather(SignalRelay& relay, Clock::time_point since) {
@@ -250,23 +225,21 @@ class RendezvousHost final : public NodeRendezvous {
     why_ = RoundEnd::kNone;
     self_done_ = false;
     last_call_.reset();
-    // static: the workers meet at the agent store (master_port 0); c10d: worker rank 0 hosts their
-    // store on a free port of this host, as torchrun picks it.
+    // Worker rank 0 hosts the workers' store on a free port of this host, as torchrun's c10d backend
+    // picks it: --master_port is where the agents meet (static), so it is taken. A new port each round,
+    // so a restarted worker never reaches the previous attempt's store. See Note [Workers' store].
     int master_port = 0;
-    if (!settings_.fixed_ranks()) {
-      try {
-        master_port = pick_free_port();
-      } catch (const std::system_error& e) {
-        throw RendezvousError(
-            std::string("cpprun: cannot find a free port for the workers' MASTER_PORT: ") + e.what(), 1);
-      }
+    try {
+      master_port = pick_free_port();
+    } catch (const std::system_error& e) {
+      throw RendezvousError(std::string("cpprun: cannot find a free port for the workers' MASTER_PORT: ") + e.what(),
+                            1);
     }
     std::vector<NodeShape> shapes{settings_.shape};
     for (const Node& n : nodes_) shapes.push_back(n.hello.shape);
     const auto layout_of = [&](int group_rank) {
       RankLayout layout = multi_node_layout(shapes, group_rank);
       layout.master_port = master_port;
-      layout.agent_store = master_port == 0;
       // c10d: worker rank 0 is on this host; torchrun's rank-0 node advertises its --local_addr.
       if (!settings_.fixed_ranks()) layout.master_addr = settings_.local_addr;
       return layout;
@@ -308,7 +281,6 @@ class RendezvousHost final : public NodeRendezvous {
     }
     if (why_ == RoundEnd::kWorkerFailed) ++restart_count_;
     ++round_;
-    if (settings_.fixed_ranks()) open_store();
     std::optional<RankLayout> layout = gather(relay, Clock::now());
     if (!layout) return interrupted();
     return {JobDecision::Kind::kRestart, *layout, {}};
@@ -484,7 +456,6 @@ class RendezvousHost final : public NodeRendezvous {
   const RendezvousSettings settings_;
   const Clock::time_point started_;
   LinkListener listener_;
-  std::optional<AgentStore> store_;  // static
   PendingLinks pending_;             // connected, not introduced yet
   std::vector<Node> nodes_;          // this round's other nodes: in join order (c10d), by --node_rank (static)
   std::vector<Node> queued_;         // arrived while a round ran, in arrival order

@@ -164,7 +164,6 @@ class RendezvousMember final : public NodeRendezvous {
     queued_ = false;
     self_done_ = false;
     stopped_sent_ = false;
-    layout.agent_store = layout.master_port == 0;  // c10d: worker rank 0 hosts the workers' store on master_port
     group_rank_ = layout.group_rank;
     return layout;
   }

@@ -55,10 +55,9 @@ EnvMap make_worker_env(const WorkerEnvSettings& settings, const RankLayout& layo
   env["TORCHELASTIC_RUN_ID"] = settings.run_id;
   // Per worker and per attempt, so the launcher knows whose it is; torchrun overrides the user's too.
   env["TORCHELASTIC_ERROR_FILE"] = error_file;
-  // Worker rank 0 hosts the TCPStore at MASTER_ADDR:MASTER_PORT (one node, or c10d; torchrun's agent shares
-  // its own store there and says True: docs/torchrun_options.md), or node 0's agent does (a static multi-node
-  // job: Note [Agent store]). torch compares Python's "True".
-  env["TORCHELASTIC_USE_AGENT_STORE"] = layout.agent_store ? "True" : "False";
+  // Worker rank 0 hosts the TCPStore at MASTER_ADDR:MASTER_PORT: no agent runs one (Note [Workers' store]).
+  // torchrun's agent shares its own store there and says True: docs/torchrun_options.md.
+  env["TORCHELASTIC_USE_AGENT_STORE"] = "False";
   // Async error handling turns a hung collective into a failed worker we can restart. The user's setting
   // wins under either name; we set only TORCH_'s, as torchrun 2.x does (LibTorch warns about the old one).
   if (parent.count("TORCH_NCCL_ASYNC_ERROR_HANDLING") == 0 && parent.count("NCCL_ASYNC_ERROR_HANDLING") == 0) {

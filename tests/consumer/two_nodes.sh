@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Two cpprun agents as two nodes of one static job (1 worker each) on the loopback, run from /:
-# node 0's installed cpprun loads its agent-store plugin, which must find LibTorch on its own.
+# the installed launcher, from any directory, with nothing of the build tree's.
 #   usage: two_nodes.sh PATH/TO/installed/cpprun PATH/TO/consumer
 set -euo pipefail
 cpprun=$1 consumer=$2

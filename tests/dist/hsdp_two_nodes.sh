@@ -1,5 +1,5 @@
 # HSDP across two cpprun agents on this host as two nodes of 2 workers each (CPPRUN_JOB_SECRET,
-# the agent store: see tests/launcher/behaviour/multi_node_collectives.sh): test_hsdp.cpp then
+# worker rank 0's store: see tests/launcher/behaviour/multi_node_collectives.sh): test_hsdp.cpp then
 # meshes init_device_mesh() = {2 nodes, 2 local}, shards within a node and replicates across
 # them, and must match one process at stages 1-3 and with its sharded checkpoints.
 # Usage: hsdp_two_nodes.sh PATH/TO/cpprun PATH/TO/cpprun_dist_hsdp

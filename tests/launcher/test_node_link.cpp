@@ -11,8 +11,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdint>
 #include <functional>
+#include <system_error>
 
 #include "rendezvous/job_secret.h"
 #include "rendezvous/node_link.h"
@@ -62,7 +64,7 @@ struct LinkPair {
   LinkListener listener;
   std::optional<NodeLink> host;
   std::optional<NodeLink> member;
-  LinkPair(const std::string& host_secret, const std::string& member_secret) : listener(std::string("127.0.0.1"), host_secret) {
+  LinkPair(const std::string& host_secret, const std::string& member_secret) : listener(std::string("127.0.0.1"), 0, host_secret) {
     ConnectResult connected = connect_link("127.0.0.1", listener.port(), std::chrono::seconds(5), -1, member_secret);
     REQUIRE(connected.status == ConnectStatus::kConnected);
     member.emplace(std::move(*connected.link));
@@ -131,14 +133,33 @@ TEST_CASE("node_link: messages cross the link in order; closing is noticed", "[n
   CHECK(member.fd() < 0);
 }
 
+TEST_CASE("node_link: a listener takes the port it is given, and says when another process has it",
+          "[node_link]") {
+  LinkListener first(std::string("127.0.0.1"), 0, kSecret);
+  REQUIRE(first.port() > 0);
+  // Static node 0 listens at --master_port: a taken port is EADDRINUSE, which node 0 reports by name.
+  try {
+    LinkListener second(std::string("127.0.0.1"), first.port(), kSecret);
+    FAIL("a second listener on port " << first.port() << " was allowed");
+  } catch (const std::system_error& e) {
+    CHECK(e.code().value() == EADDRINUSE);
+  }
+  const int port = first.port();
+  first = LinkListener(std::string("127.0.0.1"), 0, kSecret);  // frees `port`
+  LinkListener again(std::string("127.0.0.1"), port, kSecret);
+  CHECK(again.port() == port);
+  ConnectResult connected = connect_link("127.0.0.1", port, std::chrono::seconds(5), -1, kSecret);
+  CHECK(connected.status == ConnectStatus::kConnected);
+}
+
 TEST_CASE("node_link: a line that is not the handshake closes the link, with nothing said about the job",
           "[node_link]") {
-  LinkListener listener(std::string("127.0.0.1"), kSecret);
+  LinkListener listener(std::string("127.0.0.1"), 0, kSecret);
   ConnectResult connected = connect_link("127.0.0.1", listener.port(), std::chrono::seconds(5), -1, kSecret);
   REQUIRE(connected.status == ConnectStatus::kConnected);
   std::optional<NodeLink> host = accept_within(listener);
   REQUIRE(host);
-  // What a stranger who read the link port from the store sent: a hello in the clear.
+  // What a stranger who found node 0's port sent: a hello in the clear.
   const std::string hello = encode_message(NodeMessage::make_hello(NodeHello{})) + "\n";
   REQUIRE(::send(connected.link->fd(), hello.data(), hello.size(), 0) == static_cast<ssize_t>(hello.size()));
   const NodeLink::Received got = receive_all(*host, 1);
@@ -165,7 +186,7 @@ TEST_CASE("node_link: agents with different secrets refuse each other; both say 
 
 TEST_CASE("node_link: a member does not believe a host that cannot prove the secret", "[node_link]") {
   // A stranger listening where the member expects node 0: it sends a challenge and accepts anything.
-  LinkListener fake(std::string("127.0.0.1"), "");
+  LinkListener fake(std::string("127.0.0.1"), 0, "");
   ConnectResult connected = connect_link("127.0.0.1", fake.port(), std::chrono::seconds(5), -1, kSecret);
   REQUIRE(connected.status == ConnectStatus::kConnected);
   std::optional<NodeLink> fake_host = accept_within(fake);  // sends its challenge
@@ -223,7 +244,7 @@ TEST_CASE("node_link: forged, altered and replayed messages close the link", "[n
   const NodeMessage failed = NodeMessage::make_failed(0, {5, true, "rank 1 exited"});
   for (const std::string attack : {"forged", "altered", "replayed", "reflected"}) {
     DYNAMIC_SECTION(attack) {
-      LinkListener listener(std::string("127.0.0.1"), kSecret);
+      LinkListener listener(std::string("127.0.0.1"), 0, kSecret);
       HandMadeMember member(listener.port(), kSecret);
       std::optional<NodeLink> host = accept_within(listener);
       REQUIRE(host);
@@ -319,7 +340,7 @@ TEST_CASE("node_link: strangers holding connections open are bounded per source,
           "[node_link]") {
   CHECK(peer_source("10.0.0.2:41234") == "10.0.0.2");
   CHECK(peer_source("[::1]:41234") == "::1");
-  LinkListener listener(std::string("127.0.0.1"), kSecret);
+  LinkListener listener(std::string("127.0.0.1"), 0, kSecret);
   std::vector<int> strangers;
   // One source: at most kMaxPendingPerSource; the evicted are told the host is busy.
   for (std::size_t i = 0; i < PendingLinks::kMaxPendingPerSource + 3; ++i) {
@@ -344,7 +365,7 @@ TEST_CASE("node_link: strangers holding connections open are bounded per source,
 
 TEST_CASE("node_link: a flood from one source does not evict an agent from another, nor a proven one",
           "[node_link]") {
-  LinkListener listener(std::string("127.0.0.1"), kSecret);
+  LinkListener listener(std::string("127.0.0.1"), 0, kSecret);
   PendingLinks pending;
   // The agent of node 1 connects (from 127.0.0.1) and has its challenge answered...
   ConnectResult member = connect_link("127.0.0.1", listener.port(), std::chrono::seconds(5), -1, kSecret);
@@ -377,7 +398,7 @@ TEST_CASE("node_link: a flood from one source does not evict an agent from anoth
 }
 
 TEST_CASE("node_link: a member dropped as busy is told so", "[node_link]") {
-  LinkListener listener(std::string("127.0.0.1"), kSecret);
+  LinkListener listener(std::string("127.0.0.1"), 0, kSecret);
   ConnectResult member = connect_link("127.0.0.1", listener.port(), std::chrono::seconds(5), -1, kSecret);
   REQUIRE(member.status == ConnectStatus::kConnected);
   std::optional<NodeLink> host = accept_within(listener);
@@ -410,7 +431,7 @@ TEST_CASE("node_link: a silent connection is overdue after the handshake timeout
 TEST_CASE("node_link: connecting where nobody listens fails at once", "[node_link]") {
   int port = 0;
   {
-    LinkListener gone(std::string("127.0.0.1"), kSecret);
+    LinkListener gone(std::string("127.0.0.1"), 0, kSecret);
     port = gone.port();
   }
   const ConnectResult result = connect_link("127.0.0.1", port, std::chrono::seconds(5), -1, kSecret);
@@ -421,7 +442,7 @@ TEST_CASE("node_link: connecting where nobody listens fails at once", "[node_lin
 TEST_CASE("node_link: only one process listens at a c10d endpoint; the others learn why not", "[node_link]") {
   int port = 0;
   {
-    LinkListener probe(std::string("127.0.0.1"), kSecret);  // a port the kernel says is free
+    LinkListener probe(std::string("127.0.0.1"), 0, kSecret);  // a port the kernel says is free
     port = probe.port();
   }
   EndpointListener first = LinkListener::at_endpoint("127.0.0.1", port, kSecret);
@@ -457,7 +478,7 @@ TEST_CASE("node_link: node 0 listens at the loopback address the others know it 
   CHECK_FALSE(loopback_listen_address("10.1.2.3"));
   CHECK_FALSE(loopback_listen_address("cpprun-no-such-host.invalid"));
   // --master_addr=::1: reachable over IPv6, and not over IPv4.
-  LinkListener v6(std::string("::1"), kSecret);
+  LinkListener v6(std::string("::1"), 0, kSecret);
   ConnectResult connected = connect_link("::1", v6.port(), std::chrono::seconds(5), -1, kSecret);
   if (connected.status != ConnectStatus::kConnected && connected.error.find("Address family") != std::string::npos) {
     WARN("no IPv6 on this host's loopback: the IPv6 half is not tested");
@@ -466,7 +487,7 @@ TEST_CASE("node_link: node 0 listens at the loopback address the others know it 
   CHECK(connected.status == ConnectStatus::kConnected);
   CHECK(connect_link("127.0.0.1", v6.port(), std::chrono::seconds(2), -1, kSecret).status == ConnectStatus::kFailed);
   // 127.0.0.1: IPv4 only.
-  LinkListener v4(std::string("127.0.0.1"), kSecret);
+  LinkListener v4(std::string("127.0.0.1"), 0, kSecret);
   CHECK(connect_link("127.0.0.1", v4.port(), std::chrono::seconds(5), -1, kSecret).status ==
         ConnectStatus::kConnected);
   CHECK(connect_link("::1", v4.port(), std::chrono::seconds(2), -1, kSecret).status == ConnectStatus::kFailed);

@@ -5,14 +5,14 @@
 
 using namespace cpprun::launcher;
 
-TEST_CASE("rank_layout: one node hosts ranks 0..N-1 and no agent store", "[rank_layout]") {
+TEST_CASE("rank_layout: one node hosts ranks 0..N-1 at --master_port", "[rank_layout]") {
   const RankLayout l = single_node_layout(3);
   CHECK(l.base_rank == 0);
   CHECK(l.world_size == 3);
   CHECK(l.group_rank == 0);
   CHECK(l.group_world_size == 1);
   CHECK(l.role_world_size == 3);
-  CHECK_FALSE(l.agent_store);
+  CHECK(l.master_port == 0);
 }
 
 TEST_CASE("rank_layout: a node's ranks are contiguous, ordered by node rank", "[rank_layout]") {
@@ -27,7 +27,6 @@ TEST_CASE("rank_layout: a node's ranks are contiguous, ordered by node rank", "[
     CHECK(l.world_size == 6);
     CHECK(l.role_base_rank == l.base_rank);
     CHECK(l.role_world_size == 6);
-    CHECK(l.agent_store);
   }
 }
 
@@ -52,10 +51,9 @@ TEST_CASE("rank_layout: a dry run assumes every node has --nproc_per_node worker
   const RankLayout l = assumed_layout(c);
   CHECK(l.base_rank == 8);
   CHECK(l.world_size == 12);
-  CHECK(l.agent_store);
   CHECK_THROWS_AS(multi_node_layout({{1, "default"}}, 1), std::logic_error);
 
-  // c10d: this node as the first of MIN to join; worker rank 0 hosts the workers' store.
+  // c10d: this node as the first of MIN to join.
   c.backend = RendezvousBackend::kC10d;
   c.node_rank = -1;
   c.min_nodes = 2;
@@ -65,5 +63,4 @@ TEST_CASE("rank_layout: a dry run assumes every node has --nproc_per_node worker
   CHECK(e.group_world_size == 2);
   CHECK(e.base_rank == 0);
   CHECK(e.world_size == 8);
-  CHECK_FALSE(e.agent_store);
 }

@@ -90,8 +90,8 @@ TEST_CASE("worker_specs: multi-node ranks come from the rendezvous's layout", "[
   CHECK(env.at("ROLE_WORLD_SIZE") == "7");
   CHECK(env.at("GROUP_RANK") == "1");
   CHECK(env.at("GROUP_WORLD_SIZE") == "3");
-  // Node 0's agent hosts the store; worker rank 0 must connect to it, not host its own.
-  CHECK(env.at("TORCHELASTIC_USE_AGENT_STORE") == "True");
+  // No agent hosts a store: worker rank 0 hosts it, on the port node 0 picked (Note [Workers' store]).
+  CHECK(env.at("TORCHELASTIC_USE_AGENT_STORE") == "False");
 }
 
 TEST_CASE("worker_specs: c10d workers get the endpoint's host and the rendezvous's MASTER_PORT", "[worker_specs]") {
@@ -100,7 +100,6 @@ TEST_CASE("worker_specs: c10d workers get the endpoint's host and the rendezvous
   c.master_port = 29400;
   c.run_id = "job42";
   RankLayout layout = multi_node_layout({{2, "default"}, {1, "default"}}, 1);
-  layout.agent_store = false;
   layout.master_port = 41234;
   const EnvMap env = make_worker_env(c, layout, 0, 0, "/run/e.json", {});
   CHECK(env.at("RANK") == "2");

@@ -176,3 +176,12 @@ find_torch_python_or_skip() {
        "or configure with -DCPPRUN_TORCH_PYTHON=...); the cpprun parts before it passed"
   exit 77
 }
+
+wait_for_listener() {  # pid port seconds: until process pid listens on TCP port
+  local deadline=$(( $(date +%s) + $3 ))
+  while [ "$(date +%s)" -lt "$deadline" ]; do
+    ss -ltnpH 2>/dev/null | grep "pid=$1," | awk '{print $4}' | grep -q ":$2\$" && return 0
+    sleep 0.05
+  done
+  fail "process $1 does not listen on port $2 after $3 s: $(ss -ltnpH 2>/dev/null | grep "pid=$1,")"
+}

@@ -17,14 +17,9 @@ port=29571
 start_node node0 --nnodes=2 --node_rank=0 --master_port=$port --rdzv_id=run-id-not-for-strangers \
   --max_restarts=1 --rdzv_conf join_timeout=40 /bin/sh -c 'echo "worker $RANK done"'
 node0=$NODE_PID
-# Node 0's agent listens at --master_port (its store) and on a second port for the agents' links.
-link_port=
-for _ in $(seq 200); do
-  link_port=$(ss -ltnpH 2>/dev/null | grep "pid=$node0," | awk '{print $4}' | sed 's/.*://' | grep -vx "$port" | head -1)
-  [ -n "$link_port" ] && break
-  sleep 0.05
-done
-[ -n "$link_port" ] || fail "node 0's agent does not listen for links"
+# Node 0's agent listens for the agents' links at --master_port, and nowhere else.
+link_port=$port
+wait_for_listener "$node0" "$link_port" 10
 
 # Every listener of a job whose nodes are all on this host is on the loopback.
 listening=$(ss -ltnpH | grep "pid=$node0," | awk '{print $4}')

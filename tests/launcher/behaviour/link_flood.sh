@@ -1,4 +1,4 @@
-# A stranger opening connections to node 0's link port as fast as it can (each held silent for 1 s)
+# A stranger opening connections to node 0's agent at --master_port as fast as it can (each held silent for 1 s)
 # does not keep node 1, which holds the job secret, out: pending connections are bounded per source,
 # so the stranger's evict only its own; node 1 joins and the job runs, three times over.
 . "$(dirname "$0")/common.sh"
@@ -10,14 +10,8 @@ for trial in $(seq "$trials"); do
   start_node node0 --nnodes=2 --node_rank=0 --master_port=$port --rdzv_conf join_timeout=30 \
     /bin/sh -c 'echo "worker $RANK done"'
   node0=$NODE_PID
-  link_port=
-  for _ in $(seq 200); do
-    link_port=$(ss -ltnpH 2>/dev/null | grep "pid=$node0," | awk '{print $4}' | sed 's/.*://' |
-                grep -vx "$port" | head -1)
-    [ -n "$link_port" ] && break
-    sleep 0.05
-  done
-  [ -n "$link_port" ] || fail "trial $trial: node 0's agent does not listen for links"
+  link_port=$port  # where node 0's agent takes the other agents' links
+  wait_for_listener "$node0" "$link_port" 10
   # The stranger is another host: 127.0.0.2, on this namespace's loopback.
   python3 "$(dirname "$0")/stranger.py" storm 127.0.0.1 "$link_port" 15 127.0.0.2 >"$WORK/storm.out" 2>&1 &
   storm=$!

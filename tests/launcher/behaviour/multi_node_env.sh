@@ -1,7 +1,7 @@
 # Multi-node (1): two cpprun agents on the loopback as nodes 0 and 1, running 2 and 1 workers. Every
 # worker gets torchrun's numbering across the nodes (a node's ranks contiguous, in node-rank order,
-# whichever node starts first), the agent store is announced, and a node whose workers are done
-# waits for the other (exit barrier).
+# whichever node starts first), worker rank 0 hosts the workers' store on one port node 0 picked (not
+# --master_port, where the agents meet), and a node whose workers are done waits for the other (exit barrier).
 . "$(dirname "$0")/common.sh"
 require_private_netns
 
@@ -23,11 +23,13 @@ expect_eq "$NODE_STATUS" 0 "node 1's exit code"
 
 # rank: LOCAL_RANK LOCAL_WORLD_SIZE GROUP_RANK
 expected=("0 2 0" "1 2 0" "0 1 1")
+master_port=$(sed -n 's/^MASTER_PORT=//p' "$WORK/env.0")
+[ -n "$master_port" ] && [ "$master_port" != 29510 ] || fail "the workers' MASTER_PORT is '$master_port', not a port of their own"
 for rank in 0 1 2; do
   set -- ${expected[$rank]}
   for var in "RANK=$rank" "LOCAL_RANK=$1" WORLD_SIZE=3 "LOCAL_WORLD_SIZE=$2" "GROUP_RANK=$3" GROUP_WORLD_SIZE=2 \
-             "ROLE_RANK=$rank" ROLE_WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=29510 \
-             TORCHELASTIC_USE_AGENT_STORE=True TORCHELASTIC_RESTART_COUNT=0 TORCHELASTIC_RUN_ID=job7; do
+             "ROLE_RANK=$rank" ROLE_WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 "MASTER_PORT=$master_port" \
+             TORCHELASTIC_USE_AGENT_STORE=False TORCHELASTIC_RESTART_COUNT=0 TORCHELASTIC_RUN_ID=job7; do
     grep -qxF "$var" "$WORK/env.$rank" || fail "rank $rank: $var missing; got: $(grep -E '^(RANK|LOCAL_|GROUP_|WORLD_SIZE)' "$WORK/env.$rank" | tr '\n' ' ')"
   done
 done

@@ -1,6 +1,6 @@
 # A static multi-node job on IPv6 loopback: --master_addr=::1 (or torchrun's bracketed form) starts,
-# node 0's link and agent store listen at [::1] alone (not 127.0.0.1, not every interface), and the
-# workers, told MASTER_ADDR=::1, reach the agent store there (a torch TCPStore client, when a Python
+# node 0's agent listens at [::1]:--master_port alone (not 127.0.0.1, not every interface), and the
+# workers, told MASTER_ADDR=::1, reach worker rank 0's store there (torch's TCPStore, when a Python
 # with torch is at hand). Also --rdzv_endpoint=[::1]:PORT.
 . "$(dirname "$0")/common.sh"
 require_private_netns
@@ -16,12 +16,10 @@ start_node node1 --nnodes=2 --node_rank=1 --nproc_per_node=1 --master_addr='[0:0
   --rdzv_conf=join_timeout=20 /bin/sh -c "$worker"
 node1=$NODE_PID
 wait_for_files 30 "$WORK/env.0" "$WORK/env.1" "$WORK/listening"
-# The agent store at [::1]:29520, and node 0's link port on [::1] too; nothing of the job on IPv4.
+# Node 0's agent at [::1]:29520; nothing of the job on IPv4.
 local_addresses=$(awk '{print $4}' "$WORK/listening")
 printf '%s\n' "$local_addresses" | grep -qxF '[::1]:29520' ||
-  fail "the agent store does not listen at [::1]:29520: $(cat "$WORK/listening")"
-[ "$(printf '%s\n' "$local_addresses" | wc -l)" -ge 2 ] ||
-  fail "no link port beside the store: $(cat "$WORK/listening")"
+  fail "node 0's agent does not listen at [::1]:29520: $(cat "$WORK/listening")"
 printf '%s\n' "$local_addresses" | grep -vq '^\[::1\]:' && fail "node 0 listens beyond [::1]: $(cat "$WORK/listening")"
 touch "$WORK/release"
 wait_node "$node0" 20
@@ -29,8 +27,12 @@ expect_eq "$NODE_STATUS" 0 "node 0's exit code"
 wait_node "$node1" 20
 expect_eq "$NODE_STATUS" 0 "node 1's exit code"
 expect_in_file "$WORK/node0.err" "all 2 nodes joined at [::1]:29520" "node 0's rendezvous line"
+# Worker rank 0 hosts the workers' store on a port node 0 picked, the same on both nodes (--master_port
+# is the agents'), and nobody expects an agent's store.
+master_port=$(sed -n 's/^MASTER_PORT=//p' "$WORK/env.0")
+[ -n "$master_port" ] && [ "$master_port" != 29520 ] || fail "rank 0's MASTER_PORT is '$master_port', not a port of its own"
 for rank in 0 1; do
-  for var in "RANK=$rank" WORLD_SIZE=2 MASTER_PORT=29520 TORCHELASTIC_USE_AGENT_STORE=True; do
+  for var in "RANK=$rank" WORLD_SIZE=2 "MASTER_PORT=$master_port" TORCHELASTIC_USE_AGENT_STORE=False; do
     grep -qxF "$var" "$WORK/env.$rank" || fail "rank $rank: $var missing"
   done
 done
@@ -48,7 +50,9 @@ if [ -n "$python" ]; then
 import datetime, os
 from torch.distributed import TCPStore
 rank = int(os.environ["RANK"])
-store = TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+# As torch's env:// does: rank 0 hosts unless an agent says it does.
+hosts = rank == 0 and os.environ["TORCHELASTIC_USE_AGENT_STORE"] != "True"
+store = TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=hosts,
                  timeout=datetime.timedelta(seconds=30))
 store.set(f"ipv6-{rank}", str(rank))
 print("peer says", store.get(f"ipv6-{1 - rank}").decode(), flush=True)
@@ -67,8 +71,8 @@ expect_eq "$NODE_STATUS" 0 "node 0's exit code (--rdzv_endpoint)"
 wait_node "$node1" 60
 expect_eq "$NODE_STATUS" 0 "node 1's exit code (--rdzv_endpoint)"
 if [ -n "$python" ]; then
-  expect_in_file "$WORK/node0.out" "[rank0]: peer says 1" "rank 0 read rank 1's key from the agent store at [::1]"
-  expect_in_file "$WORK/node1.out" "[rank1]: peer says 0" "rank 1 read rank 0's key from the agent store at [::1]"
+  expect_in_file "$WORK/node0.out" "[rank0]: peer says 1" "rank 0 read rank 1's key from rank 0's store at [::1]"
+  expect_in_file "$WORK/node1.out" "[rank1]: peer says 0" "rank 1 read rank 0's key from rank 0's store at [::1]"
 fi
 expect_no_leftovers
 echo PASS
