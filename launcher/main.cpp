@@ -3,6 +3,7 @@
 // with --nnodes > 1 or --rdzv_backend=c10d, in step with the other nodes' agents (node_rendezvous.h).
 #include <fcntl.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <exception>
 #include <iostream>
@@ -17,6 +18,7 @@
 #include "rendezvous/node_rendezvous.h"
 #include "rendezvous/rank_layout.h"
 #include "workers/attempt.h"
+#include "workers/diagnose_request.h"
 #include "workers/error_file.h"
 #include "workers/file_timer.h"
 #include "workers/job_process_tree.h"
@@ -105,7 +107,8 @@ int run(const LaunchConfig& config) {
     const std::vector<WorkerSpec> specs =
         make_worker_specs(workers, ranks, program, restart, run_dir.layout(), parent_env);
     pacer.attempt_started();
-    const AttemptEnd attempt = run_attempt(relay, specs, config.shutdown_timeout, nullptr, nullptr);
+    const AttemptEnd attempt = run_attempt(relay, specs, config.shutdown_timeout, nullptr, nullptr,
+                                           run_dir.layout().diagnosis_file(restart));
     if (attempt.end == GroupEnd::kSucceeded) return 0;
     if (attempt.end == GroupEnd::kInterrupted) return attempt.exit_code;
 
@@ -131,6 +134,14 @@ int run(const LaunchConfig& config) {
 
 int main(int argc, char** argv) {
   ensure_standard_fds();
+  // cpprun's own sub-command, apart from torchrun's options: `cpprun --diagnose PID`.
+  if (argc >= 2 && std::string(argv[1]).rfind("--diagnose", 0) == 0) {
+    const std::string first = argv[1];
+    if (first == "--diagnose" && argc == 3) return request_diagnosis(argv[2], std::chrono::seconds(30));
+    if (first.rfind("--diagnose=", 0) == 0 && argc == 2) return request_diagnosis(first.substr(11), std::chrono::seconds(30));
+    std::cerr << "cpprun: usage: cpprun --diagnose PID (the process id of a running cpprun)\n";
+    return kUsageExitCode;
+  }
   try {
     const ParsedCommandLine cli = parse_launch_config({argv + 1, argv + argc}, probe_host());
     if (!cli.scheduler_note.empty()) std::cerr << cli.scheduler_note << std::endl;

@@ -44,7 +44,8 @@ int run_multi_node(const RendezvousSettings& settings, const WorkerSettings& wor
           break;
       }
     };
-    const AttemptEnd attempt = run_attempt(relay, specs, settings.shutdown_timeout, rendezvous.get(), tell_others);
+    const AttemptEnd attempt = run_attempt(relay, specs, settings.shutdown_timeout, rendezvous.get(), tell_others,
+                                           run_dir.layout().diagnosis_file(restart_count));
     if (attempt.end == GroupEnd::kSucceeded) rendezvous->report_done();
     // A signal ends the job on every node; this one does not wait for the others' news.
     if (attempt.end == GroupEnd::kInterrupted) return attempt.exit_code;

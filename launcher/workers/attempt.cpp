@@ -15,6 +15,7 @@
 #include <stdexcept>
 #include <utility>
 
+#include "workers/flight_requests.h"
 #include "workers/job_process_tree.h"
 #include "workers/restart_backoff.h"
 #include "workers/run_directory.h"
@@ -25,6 +26,9 @@ namespace {
 
 // The root cause's error file, shown in full up to this size.
 constexpr std::size_t kErrorFileLimit = 16 * 1024;
+// How long the workers that record collectives get to dump them when the attempt fails: writing
+// takes milliseconds; a rank stuck so badly that it cannot is named as such.
+constexpr std::chrono::milliseconds kDumpWait{2000};
 
 std::string fate(const WorkerRecord& w, std::chrono::milliseconds shutdown_timeout) {
   const std::string how = w.exit ? w.exit->describe() : "exit status unknown";
@@ -77,12 +81,19 @@ class WorkerGroup {
 
   // Creates every worker's pipes and log files (std::system_error), then starts the workers in
   // order. If one cannot start, those already running are stopped and the SpawnError is rethrown.
-  void start(const std::vector<WorkerSpec>& specs, std::chrono::milliseconds grace) {
-    for (const WorkerSpec& spec : specs) outputs_.push_back(std::make_unique<WorkerOutput>(spec.output));
+  void start(const std::vector<WorkerSpec>& specs, std::chrono::milliseconds grace, std::string diagnosis_file) {
+    diagnosis_file_ = std::move(diagnosis_file);
+    for (const WorkerSpec& spec : specs) {
+      outputs_.push_back(std::make_unique<WorkerOutput>(spec.output));
+      channels_.push_back(std::make_unique<FlightRequestChannel>());
+    }
+    if (!specs.empty()) flight_recorder_dir_ = specs.front().flight_recorder_dir;
     for (std::size_t i = 0; i < specs.size(); ++i) {
       WorkerOutput& output = *outputs_[i];
       try {
-        const pid_t pid = spawn_worker(specs[i].command, {output.out.child_fd(), output.err.child_fd()}, relay_);
+        const ChildStdio stdio{output.out.child_fd(), output.err.child_fd(), channels_[i]->child_fd(),
+                               kFlightRequestFd};
+        const pid_t pid = spawn_worker(specs[i].command, stdio, relay_);
         WorkerRecord record;
         record.local_rank = specs[i].local_rank;
         record.rank = specs[i].rank;
@@ -95,7 +106,22 @@ class WorkerGroup {
       // Only the worker may hold the write ends, or the pipes would never report EOF.
       output.out.close_child_end();
       output.err.close_child_end();
+      channels_[i]->close_child_end();
     }
+  }
+
+  // Every worker's flight-recorder dump: the running ones that record collectives are asked for one
+  // and given up to `timeout`, while their output keeps flowing. See workers/flight_requests.h.
+  std::vector<RankEvidence> gather_dumps(std::chrono::milliseconds timeout) {
+    if (flight_recorder_dir_.empty()) return {};
+    std::vector<DumpSource> sources;
+    for (std::size_t i = 0; i < workers_.size(); ++i) {
+      const WorkerRecord& w = workers_[i];
+      const bool running = w.state == WorkerState::kRunning;
+      sources.push_back({w.rank, running, running ? "still running" : (w.exit ? w.exit->describe() : "ended"),
+                         channels_[i].get()});
+    }
+    return gather_flight_dumps(flight_recorder_dir_, sources, timeout, [this](int ms) { wait_for_signal(ms); });
   }
 
   // Blocks until every worker succeeded, one failed, a job-ending signal arrived, or `peers` (if
@@ -163,6 +189,10 @@ class WorkerGroup {
   void handle_events(WorkerState exit_state) {
     for (int sig : relay_.take_pending()) {
       if (sig == SIGCHLD) continue;  // reap() below looks at every worker anyway
+      if (sig == diagnose_signal()) {  // cpprun --diagnose: answered, not forwarded
+        answer_diagnose();
+        continue;
+      }
       // Forward before reaping: an unreaped worker's pid still names its process group.
       signal_groups(sig);
       if (ends_job(sig) && ending_signal_ == 0) ending_signal_ = sig;
@@ -170,6 +200,18 @@ class WorkerGroup {
     // Once a job-ending signal went out, a worker that exits did so because of it (its handler can
     // run before we get here): it was stopped, it is not a root cause.
     reap(ending_signal_ != 0 ? WorkerState::kStoppedByLauncher : exit_state);
+  }
+
+  // Where each rank is now: printed on this console, and written to the requester's file when
+  // `cpprun --diagnose` asked (a plain kill gets the console alone).
+  void answer_diagnose() {
+    const DiagnoseRequest request = take_diagnose_request();
+    const std::string asker = request.requester > 0 ? "cpprun --diagnose from pid " + std::to_string(request.requester)
+                                                    : "signal " + std::to_string(diagnose_signal());
+    const std::string text = report_diagnosis(gather_dumps(kDumpWait), "asked by " + asker, diagnosis_file_, true);
+    if (request.requester > 0 && request.reply_fd >= 0) {
+      answer_diagnose_request(request.requester, request.reply_fd, text);
+    }
   }
 
   void reap(WorkerState exit_state) {
@@ -246,6 +288,9 @@ class WorkerGroup {
   SignalRelay& relay_;
   std::vector<WorkerRecord> workers_;
   std::vector<std::unique_ptr<WorkerOutput>> outputs_;  // one per spec: workers_[i] writes to outputs_[i]
+  std::vector<std::unique_ptr<FlightRequestChannel>> channels_;  // one per spec, likewise
+  std::string flight_recorder_dir_;
+  std::string diagnosis_file_;
   std::optional<std::size_t> root_cause_;
   int ending_signal_ = 0;
 };
@@ -280,9 +325,10 @@ std::string signal_name(int sig) {
 
 AttemptEnd run_attempt(SignalRelay& relay, const std::vector<WorkerSpec>& specs,
                        std::chrono::milliseconds shutdown_timeout,
-                       PeerEvents* peers, const std::function<void(const AttemptEnd&)>& before_stop) {
+                       PeerEvents* peers, const std::function<void(const AttemptEnd&)>& before_stop,
+                       const std::string& diagnosis_file) {
   WorkerGroup group(relay);
-  group.start(specs, shutdown_timeout);
+  group.start(specs, shutdown_timeout, diagnosis_file);
   const GroupEnd end = group.wait(peers);
   if (end == GroupEnd::kSucceeded) {
     // See Note [The job's process tree]. A job-ending signal that cut the grace short is raised
@@ -300,12 +346,23 @@ AttemptEnd run_attempt(SignalRelay& relay, const std::vector<WorkerSpec>& specs,
   }
   if (end == GroupEnd::kInterrupted) result.exit_code = 128 + result.signal;
   if (before_stop) before_stop(result);
+  // A failure here or on another node: where every rank of this node was, before they are stopped.
+  std::vector<RankEvidence> evidence;
+  std::string why;
+  if (end == GroupEnd::kWorkerFailed) {
+    evidence = group.gather_dumps(kDumpWait);
+    why = result.root_worker + " " + result.root_how;
+  } else if (end == GroupEnd::kPeerEnded) {
+    evidence = group.gather_dumps(kDumpWait);
+    why = "another node ended the attempt";
+  }
 
   group.stop(end == GroupEnd::kInterrupted ? StopStart::kAlreadySignalled : StopStart::kSendSigterm, shutdown_timeout);
   const AttemptSummary summary{root, group.ending_signal(), shutdown_timeout,
                                root ? group.stderr_tail(*root) : std::vector<std::string>{},
                                root ? read_file_head(specs.at(*root).error_file, kErrorFileLimit) : std::nullopt};
   std::cerr << format_attempt_summary(group.workers(), summary);
+  report_diagnosis(evidence, why, diagnosis_file);
   const int leftovers_signal = stop_leftovers(relay, shutdown_timeout);
   // A signal that arrived while stopping after a failure still means "do not restart".
   if (const int late = group.ending_signal() != 0 ? group.ending_signal() : leftovers_signal; late != 0) {

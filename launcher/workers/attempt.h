@@ -59,6 +59,7 @@ struct WorkerSpec {
   WorkerCommand command;
   WorkerOutputSpec output;
   std::string error_file;  // TORCHELASTIC_ERROR_FILE, also in command.env
+  std::string flight_recorder_dir;  // CPPRUN_FLIGHT_RECORDER_DIR, also in command.env
 };
 
 enum class GroupEnd {
@@ -89,10 +90,13 @@ struct AttemptEnd {
 };
 
 // `peers` (multi-node) may end the attempt too; `before_stop`, if set, runs once the attempt has
-// ended badly, before the workers are stopped, so other nodes hear of it at once.
+// ended badly, before the workers are stopped, so other nodes hear of it at once. Then the workers
+// that record collectives are asked for their flight-recorder dumps, and the diagnosis made of them
+// is printed after the failure summary and written to `diagnosis_file` (if not "").
 AttemptEnd run_attempt(SignalRelay& relay, const std::vector<WorkerSpec>& specs,
                        std::chrono::milliseconds shutdown_timeout,
-                       PeerEvents* peers, const std::function<void(const AttemptEnd&)>& before_stop);
+                       PeerEvents* peers, const std::function<void(const AttemptEnd&)>& before_stop,
+                       const std::string& diagnosis_file = "");
 
 // What the failure summary says besides the workers' records.
 struct AttemptSummary {

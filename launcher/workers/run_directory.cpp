@@ -64,6 +64,14 @@ std::string RunLayout::error_file(int attempt, int local_rank) const {
   return dir + "/attempt_" + std::to_string(attempt) + "." + std::to_string(local_rank) + ".error.json";
 }
 
+std::string RunLayout::flight_recorder_dir(int attempt) const {
+  return dir + "/attempt_" + std::to_string(attempt) + (per_worker_dirs ? "/" : ".") + "flight_recorder";
+}
+
+std::string RunLayout::diagnosis_file(int attempt) const {
+  return per_worker_dirs ? dir + "/attempt_" + std::to_string(attempt) + "/diagnosis.json" : "";
+}
+
 RunLayout RunLayout::planned(const std::string& log_dir, const std::string& run_id, bool writes_files) {
   if (!log_dir.empty()) return {log_dir + "/" + run_id + "_XXXXXXXX", true};
   if (writes_files) return {temp_root() + "/torchelastic_XXXXXX/" + run_id + "_XXXXXXXX", true};
@@ -120,6 +128,12 @@ void RunDirectory::prepare_attempt(int attempt, int nproc_per_node) const {
       throw std::system_error(errno, std::generic_category(), "cpprun: cannot remove the stale " + error_file);
     }
   }
+  // Made by the first worker that records collectives, so that a job of programs that do not (a
+  // torch.distributed one) leaves exactly torchrun's --log_dir tree.
+  const std::string dumps = layout_.flight_recorder_dir(attempt);
+  std::error_code error;
+  std::filesystem::remove_all(dumps, error);
+  if (error) throw std::system_error(error, "cpprun: cannot remove the stale " + dumps);
 }
 
 std::optional<std::string> read_file_head(const std::string& path, std::size_t limit) {

@@ -22,6 +22,12 @@ struct RunLayout {
 
   std::string worker_dir(int attempt, int local_rank) const;  // DIR/attempt_N/LOCAL_RANK
   std::string error_file(int attempt, int local_rank) const;
+  // Where the attempt's workers write their flight-recorder dumps (CPPRUN_FLIGHT_RECORDER_DIR):
+  // DIR/attempt_N/flight_recorder, or DIR/attempt_N.flight_recorder in the flat temp dir.
+  std::string flight_recorder_dir(int attempt) const;
+  // Where the launcher writes its diagnosis of the attempt (DIR/attempt_N/diagnosis.json); "" in the
+  // flat temp dir, which is removed: the console has it.
+  std::string diagnosis_file(int attempt) const;
 };
 
 class RunDirectory {
@@ -39,7 +45,8 @@ class RunDirectory {
   const std::string& made_log_dir() const { return made_log_dir_; }
 
   // Under --log_dir: creates attempt_N/0 .. attempt_N/nproc-1. Removes the attempt's stale error files
-  // (an earlier run's, or c10d's earlier round's: the same attempt number). Throws std::system_error.
+  // and flight-recorder dumps (an earlier run's, or c10d's earlier round's: the same attempt number).
+  // Throws std::system_error.
   void prepare_attempt(int attempt, int nproc_per_node) const;
 
  private:

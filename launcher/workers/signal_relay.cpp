@@ -27,6 +27,9 @@ int g_wake_write = -1;
 struct sigaction g_startup_action[NSIG];
 sigset_t g_startup_mask;
 
+std::atomic<pid_t> g_diagnose_requester{0};
+std::atomic<int> g_diagnose_reply_fd{-1};
+
 void on_signal(int sig) {
   const int saved_errno = errno;
   g_pending[sig].store(true);
@@ -34,6 +37,13 @@ void on_signal(int sig) {
   const char byte = 0;
   [[maybe_unused]] const ssize_t n = write(g_wake_write, &byte, 1);
   errno = saved_errno;
+}
+
+void on_diagnose_signal(int sig, siginfo_t* info, void*) {
+  const bool queued = info != nullptr && info->si_code == SI_QUEUE;
+  g_diagnose_requester.store(queued ? info->si_pid : 0);
+  g_diagnose_reply_fd.store(queued ? info->si_value.sival_int : -1);
+  on_signal(sig);
 }
 
 // SIGTSTP: stops the workers, then cpprun, and continues the workers once cpprun is continued.
@@ -50,6 +60,12 @@ void stop_job(const std::function<void(int)>& signal_workers) {
 }
 
 }  // namespace
+
+int diagnose_signal() { return SIGRTMIN + 2; }
+
+DiagnoseRequest take_diagnose_request() {
+  return {g_diagnose_requester.exchange(0), g_diagnose_reply_fd.exchange(-1)};
+}
 
 bool ends_job(int sig) {
   return sig == SIGINT || sig == SIGTERM || sig == SIGHUP || sig == SIGQUIT;
@@ -74,10 +90,18 @@ SignalRelay::SignalRelay() {
     action.sa_flags = SA_RESTART | (sig == SIGCHLD ? SA_NOCLDSTOP : 0);
     sigaction(sig, &action, nullptr);
   }
+  const int diagnose = diagnose_signal();
+  sigaction(diagnose, nullptr, &g_startup_action[diagnose]);
+  struct sigaction action {};
+  action.sa_sigaction = on_diagnose_signal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART | SA_SIGINFO;
+  sigaction(diagnose, &action, nullptr);
 }
 
 SignalRelay::~SignalRelay() {
   for (int sig : kHandledSignals) sigaction(sig, &g_startup_action[sig], nullptr);
+  sigaction(diagnose_signal(), &g_startup_action[diagnose_signal()], nullptr);
   close(g_wake_read);
   close(g_wake_write);
   g_wake_read = g_wake_write = -1;
@@ -117,6 +141,7 @@ std::vector<int> SignalRelay::take_pending() {
 
 void SignalRelay::restore_in_child() const noexcept {
   for (int sig : kHandledSignals) sigaction(sig, &g_startup_action[sig], nullptr);
+  sigaction(diagnose_signal(), &g_startup_action[diagnose_signal()], nullptr);
   sigprocmask(SIG_SETMASK, &g_startup_mask, nullptr);
 }
 

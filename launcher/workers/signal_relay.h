@@ -2,6 +2,8 @@
 // descriptor (with poll) instead of working inside signal handlers or sleeping in a loop.
 #pragma once
 
+#include <sys/types.h>
+
 #include <chrono>
 #include <functional>
 #include <utility>
@@ -48,6 +50,20 @@ class SignalRelay {
  private:
   std::function<void(int)> signal_workers_;
 };
+
+// `cpprun --diagnose PID`'s request to a running cpprun (SIGRTMIN+2, sent with sigqueue()): caught, never
+// forwarded; take_pending() reports it like any signal, and the attempt's loop answers it
+// (workers/attempt.cpp). Chosen from the real-time range so that no signal a user or torchrun sends
+// changes meaning.
+int diagnose_signal();
+
+// Who sent the last diagnose_signal() with sigqueue() and which of its fds it asked the answer to be
+// written to; {0, -1} for a plain kill(). Taken once.
+struct DiagnoseRequest {
+  pid_t requester = 0;
+  int reply_fd = -1;
+};
+DiagnoseRequest take_diagnose_request();
 
 // Sleeps until `deadline` while no worker runs. Returns the job-ending signal that cut the wait
 // short, or 0; other signals are dropped.

@@ -47,6 +47,19 @@ bool install_stdio(int fd, int target) {
   if (!install_stdio(stdio.out, STDOUT_FILENO) || !install_stdio(stdio.err, STDERR_FILENO)) {
     fail_in_child(report_fd, "dup2() of stdout/stderr");
   }
+  if (stdio.extra >= 0) {
+    // The report pipe must survive until exec: move it off the target first.
+    if (report_fd == stdio.extra_target) {
+      report_fd = fcntl(report_fd, F_DUPFD_CLOEXEC, stdio.extra_target + 1);
+      if (report_fd < 0) _exit(127);
+    }
+    // dup2() onto itself would keep close-on-exec, so that case clears the flag instead.
+    const bool installed = stdio.extra == stdio.extra_target
+                               ? fcntl(stdio.extra, F_SETFD, 0) == 0
+                               : retry_on_eintr([&] { return dup2(stdio.extra, stdio.extra_target); }) ==
+                                     stdio.extra_target;
+    if (!installed) fail_in_child(report_fd, "dup2() of the flight-recorder channel");
+  }
   if (setsid() < 0) fail_in_child(report_fd, "setsid()");  // See Note [Worker sessions]
   if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) fail_in_child(report_fd, "prctl(PR_SET_PDEATHSIG)");
   // The launcher may have died before prctl() took effect; then nobody would ever kill us.

@@ -19,10 +19,13 @@ struct WorkerCommand {
   std::vector<std::string> env;   // NAME=value
 };
 
-// The worker's fd 1 and 2, dup2()ed in the child; -1 inherits the launcher's.
+// The worker's fd 1 and 2, dup2()ed in the child; -1 inherits the launcher's. `extra`, if not -1,
+// becomes the child's fd `extra_target` (> 2), inherited across exec (the flight-recorder channel).
 struct ChildStdio {
   int out = -1;
   int err = -1;
+  int extra = -1;
+  int extra_target = -1;
 };
 
 class SpawnError : public std::runtime_error {

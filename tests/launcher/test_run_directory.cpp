@@ -39,8 +39,12 @@ TEST_CASE("run_directory: torchrun's attempt_N/LOCAL_RANK layout, flat in the te
   const RunLayout log_dir{"logs", true};
   CHECK(log_dir.worker_dir(2, 3) == "logs/attempt_2/3");
   CHECK(log_dir.error_file(0, 1) == "logs/attempt_0/1/error.json");
+  CHECK(log_dir.flight_recorder_dir(2) == "logs/attempt_2/flight_recorder");
+  CHECK(log_dir.diagnosis_file(2) == "logs/attempt_2/diagnosis.json");
   const RunLayout temp{"/tmp/cpprun-x", false};
   CHECK(temp.error_file(1, 3) == "/tmp/cpprun-x/attempt_1.3.error.json");
+  CHECK(temp.flight_recorder_dir(1) == "/tmp/cpprun-x/attempt_1.flight_recorder");
+  CHECK(temp.diagnosis_file(1).empty());  // the temp dir goes away: the console has the diagnosis
 }
 
 TEST_CASE("run_directory: without --log_dir, a temp dir under TMPDIR that is removed", "[run_directory]") {
@@ -57,6 +61,15 @@ TEST_CASE("run_directory: without --log_dir, a temp dir under TMPDIR that is rem
     dir.prepare_attempt(0, 2);
     std::ofstream(dir.layout().error_file(0, 1)) << "{}";  // a worker that failed
     CHECK(exists(dir.layout().error_file(0, 1)));
+    // The attempt's dumps start empty: a c10d round that reuses the attempt number sees none of the last's.
+    // (The workers' library creates the dir: a job without it leaves torchrun's tree exactly.)
+    CHECK_FALSE(exists(dir.layout().flight_recorder_dir(0)));
+    REQUIRE(mkdir(dir.layout().flight_recorder_dir(0).c_str(), 0700) == 0);
+    const std::string dump = dir.layout().flight_recorder_dir(0) + "/rank_1.json";
+    std::ofstream(dump) << "{}";
+    CHECK(exists(dump));
+    dir.prepare_attempt(0, 2);
+    CHECK_FALSE(exists(dump));
   }
   if (saved != nullptr) setenv("TMPDIR", saved_value.c_str(), 1); else unsetenv("TMPDIR");
   CHECK_FALSE(exists(path));

@@ -1,0 +1,47 @@
+// One rank's flight-recorder dump, as the library writes it (docs/faults_and_trust.md, "Flight
+// recorder"): the last collectives the rank started, oldest first. Read by the launcher to say which
+// rank is where when a job fails or hangs (hang_diagnosis.h).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace cpprun::launcher {
+
+struct CollectiveRecord {
+  enum class State { kStarted, kCompleted, kFailed };
+  std::string group;             // the process group's name
+  std::vector<int> group_ranks;  // its members' global ranks; empty: every rank
+  int64_t seq = 0;               // the group's sequence number of this collective
+  std::string op;                // "all_reduce", "broadcast", ...
+  std::string dtype;             // "float32", ...
+  std::string shapes;            // "[4096]", "[4096], [2, 3]": as the messages print them
+  std::string reduce_op;         // "sum", ...; "" when the op has none
+  std::optional<int> root;
+  State state = State::kStarted;
+  int64_t start_unix_ms = 0;
+  std::optional<int64_t> end_unix_ms;
+
+  // "all_reduce #1042 (float32[4096], sum)".
+  std::string describe() const;
+};
+
+struct FlightDump {
+  int rank = -1;
+  int world_size = 0;
+  int64_t pid = 0;
+  int64_t dumped_unix_ms = 0;
+  std::string reason;  // "timeout", "failure", "request", "terminate"
+  std::vector<CollectiveRecord> entries;
+};
+
+// The dump in `json`, checked: its format tag and version, and every field's type. Throws
+// std::runtime_error naming what is wrong.
+FlightDump parse_flight_dump(const std::string& json);
+
+// The dump at `path`, or nullopt with `error` set (missing, too large, unreadable or invalid).
+std::optional<FlightDump> read_flight_dump(const std::string& path, std::string& error);
+
+}  // namespace cpprun::launcher

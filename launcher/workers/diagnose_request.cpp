@@ -1,0 +1,111 @@
+// Note [Answering cpprun --diagnose]
+// The request is a queued signal (sigqueue: diagnose_signal()) whose value is the number of a file
+// descriptor of ours: an unlinked temp file. The running cpprun knows our pid from the signal, opens
+// /proc/OUR_PID/fd/N (the kernel lets only our own user, or root, do that), writes the text, and
+// signals back. No socket listens anywhere, and only who may signal cpprun can ask it.
+#include "workers/diagnose_request.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <string>
+
+#include "workers/signal_relay.h"
+
+namespace cpprun::launcher {
+namespace {
+
+// The executable's base name of `pid`, or "" if it cannot be read.
+std::string program_of(pid_t pid) {
+  char target[PATH_MAX] = {};
+  const std::string link = "/proc/" + std::to_string(pid) + "/exe";
+  const ssize_t n = readlink(link.c_str(), target, sizeof(target) - 1);
+  if (n <= 0) return "";
+  std::string path(target, static_cast<std::size_t>(n));
+  const std::string deleted = " (deleted)";  // a rebuilt binary while the job runs
+  if (path.size() > deleted.size() && path.compare(path.size() - deleted.size(), deleted.size(), deleted) == 0) {
+    path.resize(path.size() - deleted.size());
+  }
+  return path.substr(path.rfind('/') + 1);
+}
+
+int temp_file() {
+  const char* dir = std::getenv("TMPDIR");
+  const std::string where = dir != nullptr && *dir != '\0' ? dir : "/tmp";
+  int fd = open(where.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+  if (fd >= 0) return fd;
+  std::string pattern = where + "/cpprun-diagnose-XXXXXX";
+  fd = mkostemp(pattern.data(), O_CLOEXEC);
+  if (fd >= 0) unlink(pattern.c_str());
+  return fd;
+}
+
+}  // namespace
+
+int request_diagnosis(const std::string& pid_text, std::chrono::milliseconds timeout) {
+  char* end = nullptr;
+  errno = 0;
+  const long pid = std::strtol(pid_text.c_str(), &end, 10);
+  if (pid_text.empty() || *end != '\0' || errno != 0 || pid <= 0 || pid > INT_MAX) {
+    std::cerr << "cpprun: --diagnose needs the process id of a running cpprun (e.g. cpprun --diagnose 4242; "
+                 "pgrep -a cpprun lists them), got '" << pid_text << "'\n";
+    return 2;
+  }
+  const std::string program = program_of(static_cast<pid_t>(pid));
+  if (program != "cpprun") {
+    std::cerr << "cpprun: --diagnose " << pid << ": "
+              << (program.empty() ? "no process with that id is yours to ask" : "that process is " + program + ", not cpprun")
+              << " (pgrep -a cpprun lists the running ones)\n";
+    return 2;
+  }
+  const int sig = diagnose_signal();
+  sigset_t wait_for;
+  sigemptyset(&wait_for);
+  sigaddset(&wait_for, sig);
+  sigprocmask(SIG_BLOCK, &wait_for, nullptr);  // from now on the answer waits for sigtimedwait()
+  const int reply = temp_file();
+  if (reply < 0) {
+    std::cerr << "cpprun: --diagnose: cannot make a temp file for the answer: " << std::strerror(errno)
+              << " (set TMPDIR)\n";
+    return 1;
+  }
+  union sigval value {};
+  value.sival_int = reply;
+  if (sigqueue(static_cast<pid_t>(pid), sig, value) != 0) {
+    std::cerr << "cpprun: --diagnose " << pid << ": cannot signal it: " << std::strerror(errno) << "\n";
+    return 2;
+  }
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      std::cerr << "cpprun: --diagnose " << pid << ": no answer within "
+                << std::chrono::duration_cast<std::chrono::seconds>(timeout).count()
+                << " s; a cpprun answers while its workers run (not while it waits for other nodes or to "
+                   "restart)\n";
+      return 1;
+    }
+    const timespec wait{static_cast<time_t>(left.count() / 1000), static_cast<long>(left.count() % 1000) * 1000000L};
+    siginfo_t info{};
+    if (sigtimedwait(&wait_for, &info, &wait) == sig && info.si_pid == static_cast<pid_t>(pid)) break;
+  }
+  std::string text;
+  char buffer[8192];
+  for (off_t offset = 0;;) {
+    const ssize_t n = pread(reply, buffer, sizeof(buffer), offset);
+    if (n <= 0) break;
+    text.append(buffer, static_cast<std::size_t>(n));
+    offset += n;
+  }
+  close(reply);
+  std::cout << text << std::flush;
+  return 0;
+}
+
+}  // namespace cpprun::launcher

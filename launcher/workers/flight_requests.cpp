@@ -1,0 +1,170 @@
+#include "workers/flight_requests.h"
+
+#include <fcntl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <system_error>
+
+#include "workers/signal_relay.h"
+
+namespace cpprun::launcher {
+namespace {
+
+bool file_exists(const std::string& path) {
+  struct stat info {};
+  return stat(path.c_str(), &info) == 0;
+}
+
+int64_t unix_ms_now() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string decimal_seconds(std::chrono::milliseconds ms) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.1f s", static_cast<double>(ms.count()) / 1000.0);
+  return text;
+}
+
+}  // namespace
+
+std::string flight_dump_file(const std::string& dir, int rank) { return dir + "/rank_" + std::to_string(rank) + ".json"; }
+
+std::string flight_listening_file(const std::string& dir, int rank) {
+  return dir + "/rank_" + std::to_string(rank) + ".listening";
+}
+
+FlightRequestChannel::FlightRequestChannel() {
+  int fds[2];
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, fds) != 0) {
+    throw std::system_error(errno, std::generic_category(), "cpprun: a flight-recorder request channel");
+  }
+  launcher_fd_ = fds[0];
+  child_fd_ = fds[1];
+  // The worker's end blocks: its reader thread sleeps in read() until asked.
+  fcntl(child_fd_, F_SETFL, fcntl(child_fd_, F_GETFL) & ~O_NONBLOCK);
+}
+
+FlightRequestChannel::~FlightRequestChannel() {
+  close_child_end();
+  if (launcher_fd_ >= 0) close(launcher_fd_);
+}
+
+void FlightRequestChannel::close_child_end() {
+  if (child_fd_ >= 0) close(child_fd_);
+  child_fd_ = -1;
+}
+
+bool FlightRequestChannel::ask() {
+  const char byte = 'd';
+  ssize_t n = -1;
+  do {
+    n = send(launcher_fd_, &byte, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+  } while (n < 0 && errno == EINTR);
+  // A full buffer holds unread requests already: one more dump is coming either way.
+  return n == 1 || (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK));
+}
+
+std::vector<RankEvidence> gather_flight_dumps(const std::string& dir, const std::vector<DumpSource>& sources,
+                                              std::chrono::milliseconds timeout,
+                                              const std::function<void(int ms)>& wait_ms) {
+  const int64_t asked_at = unix_ms_now();
+  std::vector<bool> asked(sources.size(), false);
+  std::vector<bool> listening(sources.size(), false);
+  for (std::size_t i = 0; i < sources.size(); ++i) {
+    listening[i] = file_exists(flight_listening_file(dir, sources[i].rank));
+    if (sources[i].running && listening[i] && sources[i].channel != nullptr) asked[i] = sources[i].channel->ask();
+  }
+  // A dump counts once it is dated at or after the request (the library stamps it when writing).
+  const auto fresh = [&](std::size_t i) {
+    std::string ignored;
+    const auto dump = read_flight_dump(flight_dump_file(dir, sources[i].rank), ignored);
+    return dump && dump->dumped_unix_ms >= asked_at;
+  };
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    bool all = true;
+    for (std::size_t i = 0; i < sources.size() && all; ++i) all = !asked[i] || fresh(i);
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (all || left.count() <= 0) break;
+    wait_ms(static_cast<int>(std::min<long long>(left.count(), 20)));
+  }
+  std::vector<RankEvidence> evidence;
+  for (std::size_t i = 0; i < sources.size(); ++i) {
+    RankEvidence e;
+    e.rank = sources[i].rank;
+    e.fate = sources[i].fate;
+    std::string error;
+    e.dump = read_flight_dump(flight_dump_file(dir, e.rank), error);
+    if (!e.dump) {
+      if (!listening[i]) {
+        e.no_dump_reason = "it records no collectives (not linked with cpprun's library, or before "
+                           "init_process_group)";
+      } else if (asked[i]) {
+        e.no_dump_reason = "asked for a dump, none came within " + decimal_seconds(timeout);
+      } else if (error.rfind("no dump at", 0) == 0) {
+        e.no_dump_reason = "it ended without writing one";
+      } else {
+        e.no_dump_reason = error;
+      }
+    }
+    evidence.push_back(std::move(e));
+  }
+  return evidence;
+}
+
+std::string report_diagnosis(const std::vector<RankEvidence>& evidence, const std::string& why,
+                             const std::string& json_file, bool even_without_dumps) {
+  bool any = false;
+  for (const RankEvidence& e : evidence) any = any || e.dump.has_value();
+  if (!any && !even_without_dumps) return "";
+  const Diagnosis diagnosis = diagnose(evidence, why);
+  std::string text = "cpprun: diagnosis (" + why + "), from the ranks' flight recorders:\n";
+  for (const std::string& line : diagnosis.lines) text += "cpprun:   " + line + "\n";
+  std::cerr << text;
+  if (!json_file.empty()) {
+    // Replaced whole: a reader never sees half a file.
+    const std::string partial = json_file + ".partial";
+    std::ofstream out(partial, std::ios::trunc);
+    out << diagnosis.json;
+    out.close();
+    if (!out || std::rename(partial.c_str(), json_file.c_str()) != 0) {
+      std::cerr << "cpprun: warning: could not write " << json_file << "\n";
+    } else {
+      std::cerr << "cpprun:   (also in " << json_file << ")\n";
+      text += "cpprun:   (also in " + json_file + ")\n";
+    }
+  }
+  std::cerr << std::flush;
+  return text;
+}
+
+void answer_diagnose_request(pid_t requester, int reply_fd, const std::string& text) {
+  const std::string path = "/proc/" + std::to_string(requester) + "/fd/" + std::to_string(reply_fd);
+  const int fd = open(path.c_str(), O_WRONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) {
+    std::cerr << "cpprun: warning: cannot answer the diagnosis request of pid " << requester << " (" << path
+              << "): " << std::strerror(errno) << "\n";
+    return;
+  }
+  std::size_t written = 0;
+  while (written < text.size()) {
+    const ssize_t n = write(fd, text.data() + written, text.size() - written);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    written += static_cast<std::size_t>(n);
+  }
+  close(fd);
+  kill(requester, diagnose_signal());
+}
+
+}  // namespace cpprun::launcher

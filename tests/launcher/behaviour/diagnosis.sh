@@ -1,0 +1,62 @@
+# The launcher's diagnosis from its workers' flight recorders (issue 27): when a worker fails, the
+# others are asked for a dump before they are stopped, and cpprun prints which rank is behind, where
+# and since when, and writes it as JSON in --log_dir; `cpprun --diagnose PID` asks a running job and
+# prints the same; programs that record nothing get no diagnosis and no wait. The workers here speak
+# the protocol from Python (fake_recorder.py); tests/dist runs it with the library itself.
+. "$(dirname "$0")/common.sh"
+recorder="python3 $(dirname "$0")/fake_recorder.py"
+command -v python3 >/dev/null || { echo "SKIP: no python3"; exit 77; }
+
+# ---- a failure: rank 1 fails in all_gather #6; rank 0 is still in all_reduce #5 ----
+start_ms=$(now_ms)
+FAIL_AFTER=1 cpprun --nproc_per_node=2 --log_dir "$WORK/logs" /bin/sh -c \
+  'if [ "$RANK" = 0 ]; then exec '"$recorder"' behind; else exec '"$recorder"' fails; fi'
+status=$?
+elapsed=$(( $(now_ms) - start_ms ))
+expect_eq "$status" 3 "exit code of the failing job"
+expect_in_file "$WORK/err" "cpprun: diagnosis (rank 1 (local_rank 1" "the diagnosis header"
+expect_in_file "$WORK/err" "rank 0 is in all_reduce #5 (float32[4096], sum) since" "the rank behind, where it is"
+expect_in_file "$WORK/err" "rank 1 failed in all_gather #6 (float32[1024])" "the failed rank, where it failed"
+json=$(ls "$WORK"/logs/*/attempt_0/diagnosis.json 2>/dev/null)
+[ -n "$json" ] || fail "no diagnosis.json in the log dir: $(find "$WORK/logs")"
+python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); assert d["format"] == "cpprun-hang-diagnosis", d
+ranks = {r["rank"]: r for g in d["groups"] for r in g["ranks"]}
+assert ranks[0]["seq"] == 5 and ranks[0]["state"] == "started", ranks
+assert ranks[1]["seq"] == 6 and ranks[1]["state"] == "failed", ranks' "$json" || fail "diagnosis.json: $(cat "$json")"
+# The failure is not held up: dumps take milliseconds (1 s of the worker's own, then the stop).
+[ "$elapsed" -lt 8000 ] || fail "the failing job took $elapsed ms"
+
+# ---- on request: cpprun --diagnose PID against a running job ----
+start_node job --nproc_per_node=2 /bin/sh -c \
+  'if [ "$RANK" = 0 ]; then exec '"$recorder"' ahead; else exec '"$recorder"' behind; fi'
+job=$NODE_PID
+wait_for_text 20 "$WORK/job.out" "rank 1 playing behind"
+wait_for_text 20 "$WORK/job.out" "rank 0 playing ahead"
+"$CPPRUN" --diagnose "$job" >"$WORK/asked.out" 2>"$WORK/asked.err"
+expect_eq $? 0 "cpprun --diagnose's exit code"
+expect_in_file "$WORK/asked.out" "rank 1 is in all_reduce #5 (float32[4096], sum) since 5" "the answer names the rank behind"
+expect_in_file "$WORK/asked.out" "rank 0 waits in all_gather #6 (float32[1024]) since" "the answer names where rank 0 waits"
+expect_in_file "$WORK/job.err" "rank 1 is in all_reduce #5" "the job's own console has it too"
+alive "$job" || fail "cpprun --diagnose stopped the job"
+kill -TERM "$job"
+wait_node "$job" 20
+expect_eq "$NODE_STATUS" 143 "the job after SIGTERM"
+
+# Bad requests are refused with a reason.
+"$CPPRUN" --diagnose notapid >"$WORK/out" 2>"$WORK/err"
+expect_eq $? 2 "--diagnose with no pid"
+expect_in_file "$WORK/err" "needs the process id of a running cpprun" "the usage"
+"$CPPRUN" --diagnose $$ >"$WORK/out" 2>"$WORK/err"
+expect_eq $? 2 "--diagnose of a process that is not cpprun"
+expect_in_file "$WORK/err" "not cpprun" "the refusal"
+
+# ---- programs that record nothing: no diagnosis, no wait ----
+start_ms=$(now_ms)
+cpprun --nproc_per_node=2 /bin/sh -c '[ "$RANK" = 1 ] && exit 4; sleep 30'
+status=$?
+elapsed=$(( $(now_ms) - start_ms ))
+expect_eq "$status" 4 "exit code of a failing shell job"
+grep -q "diagnosis" "$WORK/err" && fail "a diagnosis for programs that record nothing"
+[ "$elapsed" -lt 3000 ] || fail "a failing shell job took $elapsed ms (waited for dumps that cannot come?)"
+expect_no_leftovers
+echo PASS

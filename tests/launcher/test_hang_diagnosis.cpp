@@ -1,0 +1,148 @@
+// Unit tests of reading flight-recorder dumps and of the diagnosis made from them.
+#include <catch2/catch.hpp>
+
+#include <string>
+#include <vector>
+
+#include "diagnosis/flight_dump.h"
+#include "diagnosis/hang_diagnosis.h"
+#include "diagnosis/json_reader.h"
+
+using namespace cpprun::launcher;
+using Catch::Matchers::Contains;
+
+namespace {
+
+// One entry of a dump as the library writes it.
+std::string entry(int seq, const std::string& op, const std::string& state, long long start_ms,
+                  const std::string& extra = "\"dtype\":\"float32\",\"shapes\":[[4096]],\"reduce_op\":\"sum\"") {
+  return "{\"group\":\"world\",\"group_ranks\":[],\"seq\":" + std::to_string(seq) + ",\"op\":\"" + op + "\"," +
+         extra + ",\"root\":null,\"state\":\"" + state + "\",\"start_unix_ms\":" + std::to_string(start_ms) +
+         ",\"end_unix_ms\":" + (state == "completed" ? std::to_string(start_ms + 5) : std::string("null")) + "}";
+}
+
+std::string dump_json(int rank, int world, long long dumped_ms, const std::vector<std::string>& entries) {
+  std::string list;
+  for (const std::string& e : entries) list += (list.empty() ? "" : ",") + e;
+  return "{\"format\":\"cpprun-flight-recorder\",\"version\":1,\"rank\":" + std::to_string(rank) +
+         ",\"world_size\":" + std::to_string(world) + ",\"pid\":42,\"dumped_unix_ms\":" + std::to_string(dumped_ms) +
+         ",\"reason\":\"request\",\"entries\":[" + list + "]}";
+}
+
+RankEvidence evidence(int rank, const std::string& json, const std::string& fate = "still running") {
+  RankEvidence r;
+  r.rank = rank;
+  r.dump = parse_flight_dump(json);
+  r.fate = fate;
+  return r;
+}
+
+std::string joined(const Diagnosis& d) {
+  std::string all;
+  for (const std::string& l : d.lines) all += l + "\n";
+  return all;
+}
+
+}  // namespace
+
+TEST_CASE("json_reader: values, escapes, and bounded refusals", "[hang_diagnosis]") {
+  const JsonValue v = parse_json(R"({"a":[1,-2.5e1,true,null],"s":"x\"\u00e9\ud83d\ude00","o":{}})");
+  REQUIRE(v.find("a") != nullptr);
+  CHECK(v.find("a")->array.size() == 4);
+  CHECK(v.find("a")->array[1].number == -25);
+  CHECK(v.find("s")->string == "x\"\xc3\xa9\xf0\x9f\x98\x80");
+  CHECK(v.find("o")->kind == JsonValue::Kind::kObject);
+  CHECK(v.find("missing") == nullptr);
+  CHECK_THROWS_AS(parse_json("{\"a\":1"), JsonError);
+  CHECK_THROWS_AS(parse_json("[1,]"), JsonError);
+  CHECK_THROWS_AS(parse_json("{} extra"), JsonError);
+  CHECK_THROWS_AS(parse_json("\"\\q\""), JsonError);
+  // A hostile file nested a million deep is refused, not a stack overflow.
+  CHECK_THROWS_WITH(parse_json(std::string(1000000, '[')), Contains("nested deeper than 32"));
+}
+
+TEST_CASE("flight_dump: a dump is read, and anything else refused with the reason", "[hang_diagnosis]") {
+  const FlightDump d = parse_flight_dump(dump_json(3, 4, 1000, {entry(7, "all_reduce", "started", 500)}));
+  CHECK(d.rank == 3);
+  CHECK(d.world_size == 4);
+  REQUIRE(d.entries.size() == 1);
+  CHECK(d.entries[0].describe() == "all_reduce #7 (float32[4096], sum)");
+  CHECK(d.entries[0].state == CollectiveRecord::State::kStarted);
+  CHECK_FALSE(d.entries[0].end_unix_ms);
+  CHECK_THROWS_WITH(parse_flight_dump("{\"format\":\"other\"}"), Contains("not a cpprun flight-recorder dump"));
+  std::string v2 = dump_json(0, 1, 0, {});
+  v2.replace(v2.find("\"version\":1"), 11, "\"version\":2");
+  CHECK_THROWS_WITH(parse_flight_dump(v2), Contains("another cpprun release"));
+  CHECK_THROWS_WITH(parse_flight_dump(dump_json(0, 1, 0, {entry(1, "all_reduce", "sleeping", 0)})),
+                    Contains("unknown state 'sleeping'"));
+  CHECK_THROWS_WITH(parse_flight_dump("[1"), Contains("invalid JSON"));
+  std::string error;
+  CHECK_FALSE(read_flight_dump("/nonexistent/rank_0.json", error));
+  CHECK_THAT(error, Contains("no dump at"));
+}
+
+TEST_CASE("hang_diagnosis: the rank behind is named with its collective, the others where they wait",
+          "[hang_diagnosis]") {
+  // Ranks 0-2 went on to all_gather #1043; rank 3 is still in all_reduce #1042.
+  const long long now = 1000000;
+  const std::string gather = "\"dtype\":\"float32\",\"shapes\":[[1024]],\"reduce_op\":null";
+  std::vector<RankEvidence> ranks;
+  for (int r = 0; r < 3; ++r) {
+    ranks.push_back(evidence(r, dump_json(r, 4, now, {entry(1042, "all_reduce", "completed", now - 30000),
+                                                      entry(1043, "all_gather", "started", now - 20500, gather)})));
+  }
+  ranks.push_back(evidence(3, dump_json(3, 4, now, {entry(1042, "all_reduce", "started", now - 612000)})));
+  const Diagnosis d = diagnose(ranks, "SIGUSR1");
+  const std::string text = joined(d);
+  CHECK_THAT(text, Contains("rank 3 is in all_reduce #1042 (float32[4096], sum) since 612.0 s"));
+  CHECK_THAT(text, Contains("ranks 0-2 wait in all_gather #1043 (float32[1024]) since 20.5 s"));
+  CHECK_THAT(text, !Contains("disagree"));
+  CHECK_THAT(d.json, Contains("\"format\":\"cpprun-hang-diagnosis\""));
+  CHECK_THAT(d.json, Contains("\"why\":\"SIGUSR1\""));
+  CHECK_NOTHROW(parse_json(d.json));
+}
+
+TEST_CASE("hang_diagnosis: different calls under one sequence number are named, lowest first", "[hang_diagnosis]") {
+  const long long now = 50000;
+  const std::string bcast = "\"dtype\":\"float32\",\"shapes\":[[8]],\"reduce_op\":null,\"root_unused\":0";
+  std::vector<RankEvidence> ranks = {
+      evidence(0, dump_json(0, 2, now, {entry(5, "all_reduce", "started", now - 1000)})),
+      evidence(1, dump_json(1, 2, now, {entry(5, "broadcast", "started", now - 900, bcast)})),
+  };
+  const std::string text = joined(diagnose(ranks, "timeout"));
+  CHECK_THAT(text, Contains("ranks disagree at collective #5"));
+  CHECK_THAT(text, Contains("rank 0 called all_reduce #5 (float32[4096], sum)"));
+  CHECK_THAT(text, Contains("rank 1 called broadcast #5 (float32[8])"));
+}
+
+TEST_CASE("hang_diagnosis: a rank that exited early, and ranks without dumps, are said so", "[hang_diagnosis]") {
+  const long long now = 9000;
+  std::vector<RankEvidence> ranks = {
+      evidence(0, dump_json(0, 3, now, {entry(1, "all_reduce", "completed", 100), entry(2, "all_reduce", "started", 8000)})),
+      evidence(1, dump_json(1, 3, now, {entry(1, "all_reduce", "completed", 100)}), "exited with code 0"),
+  };
+  RankEvidence gone;
+  gone.rank = 2;
+  gone.fate = "killed by SIGKILL (Killed)";
+  gone.no_dump_reason = "no dump at /run/rank_2.json";
+  ranks.push_back(gone);
+  const std::string text = joined(diagnose(ranks, "rank 2 was killed"));
+  CHECK_THAT(text, Contains("rank 1 finished all_reduce #1"));
+  CHECK_THAT(text, Contains("started no later one"));
+  CHECK_THAT(text, Contains("rank 0 waits in all_reduce #2"));
+  CHECK_THAT(text, Contains("no dump from rank 2 (killed by SIGKILL (Killed)): no dump at /run/rank_2.json"));
+}
+
+TEST_CASE("hang_diagnosis: all done is not a hang; no dumps at all is said plainly", "[hang_diagnosis]") {
+  std::vector<RankEvidence> ranks = {
+      evidence(0, dump_json(0, 2, 100, {entry(1, "barrier", "completed", 10, "\"dtype\":\"\",\"shapes\":[]")})),
+      evidence(1, dump_json(1, 2, 100, {entry(1, "barrier", "completed", 10, "\"dtype\":\"\",\"shapes\":[]")})),
+  };
+  CHECK_THAT(joined(diagnose(ranks, "request")), Contains("none is stuck"));
+  RankEvidence none;
+  none.rank = 0;
+  none.fate = "exited with code 1";
+  none.no_dump_reason = "no dump";
+  CHECK_THAT(joined(diagnose({none}, "failure")), Contains("no rank left a flight-recorder dump"));
+  CHECK(rank_ranges({5, 0, 1, 2, 7, 6}) == "0-2, 5-7");
+}
