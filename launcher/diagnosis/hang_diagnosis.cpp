@@ -98,7 +98,9 @@ Diagnosis diagnose(const std::vector<RankEvidence>& ranks, const std::string& wh
     std::map<int, int64_t> dumped_at;
   };
   std::map<std::string, GroupView> groups;
+  std::map<int, std::string> fates;  // of the ranks that no longer run: said beside where they were
   for (const RankEvidence& r : ranks) {
+    if (r.fate != kStillRunning) fates[r.rank] = r.fate;
     if (!r.dump) {
       missing.push_back("rank " + std::to_string(r.rank) + " (" + r.fate + "): " + r.no_dump_reason);
       continue;
@@ -163,7 +165,9 @@ Diagnosis diagnose(const std::vector<RankEvidence>& ranks, const std::string& wh
     for (const auto& [rank, p] : at) {
       const bool front = p.last->seq == frontier;
       if (!front || p.last->state != CollectiveRecord::State::kCompleted) pending = true;
-      (front ? at_front : behind)[where_text(p, front)].push_back(rank);
+      const auto fate = fates.find(rank);
+      const std::string ended = fate == fates.end() ? "" : " (then " + fate->second + ")";
+      (front ? at_front : behind)[where_text(p, front) + ended].push_back(rank);
     }
     std::vector<int> silent;  // members with a dump but nothing in this group
     for (int m : members) {

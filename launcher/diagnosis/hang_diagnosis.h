@@ -13,11 +13,13 @@
 
 namespace cpprun::launcher {
 
+inline constexpr const char* kStillRunning = "still running";
+
 struct RankEvidence {
   int rank = 0;
   std::optional<FlightDump> dump;
   std::string no_dump_reason;  // why there is no dump, when there is none
-  std::string fate;            // "still running", "exited with code 1", "killed by SIGKILL (Killed)"
+  std::string fate = kStillRunning;  // or "exited with code 1", "killed by SIGKILL (Killed)"
 };
 
 struct Diagnosis {

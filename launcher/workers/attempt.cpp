@@ -118,7 +118,7 @@ class WorkerGroup {
     for (std::size_t i = 0; i < workers_.size(); ++i) {
       const WorkerRecord& w = workers_[i];
       const bool running = w.state == WorkerState::kRunning;
-      sources.push_back({w.rank, running, running ? "still running" : (w.exit ? w.exit->describe() : "ended"),
+      sources.push_back({w.rank, running, running ? kStillRunning : (w.exit ? w.exit->describe() : "ended"),
                          channels_[i].get()});
     }
     return gather_flight_dumps(flight_recorder_dir_, sources, timeout, [this](int ms) { wait_for_signal(ms); });
