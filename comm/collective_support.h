@@ -9,7 +9,9 @@
 
 #include "comm/collective_fingerprint.h"
 #include "comm/consistency_check.h"
+#include "comm/flight_recorder.h"
 #include "comm/group_impl.h"
+#include "comm/work_state.h"
 #include "cpprun/collectives.h"
 
 namespace cpprun::detail {
@@ -42,13 +44,24 @@ bool checked_across_ranks(const detail::GroupImpl& impl, const CollectiveCall& c
 // the cross-rank check when one is due, then runs `issue(sequence)`, all under the group's
 // issue lock so that checks and collectives keep one order on every rank.
 // See Note [Collective consistency check].
+// Each call is recorded in the flight recorder (Note [Flight recorder]); a check or an issue that
+// throws marks it failed (and dumps) before the error leaves.
 template <typename Issue>
 Work issue_collective(const ProcessGroup& group, const CollectiveCall& call, Issue issue) {
   auto& impl = detail::impl_of(group);
   std::lock_guard<std::mutex> lock(impl.issue_mutex);
   const uint64_t sequence = ++impl.collectives_issued;
-  if (checked_across_ranks(impl, call)) check_across_ranks(impl, call, sequence);
-  return issue(sequence);
+  const uint64_t record =
+      record_issued(impl.recorded, sequence, to_string(call.kind), call.tensors, call.reduce, call.root);
+  try {
+    if (checked_across_ranks(impl, call)) check_across_ranks(impl, call, sequence);
+    Work work = issue(sequence);
+    attach_record(work, record, impl.timeout);
+    return work;
+  } catch (...) {
+    record_failed(record, impl.timeout, std::current_exception());
+    throw;
+  }
 }
 
 }  // namespace cpprun::detail

@@ -157,8 +157,14 @@ Work::Work(std::shared_ptr<State> state) : state_(std::move(state)) {}
 void Work::wait() {
   if (!state_) return;
   if (state_->before) Work(state_->before).wait();
-  if (state_->c10d_work) state_->c10d_work->wait();
-  if (state_->task.valid()) state_->task.get();
+  try {
+    if (state_->c10d_work) state_->c10d_work->wait();
+    if (state_->task.valid()) state_->task.get();
+  } catch (...) {
+    detail::record_failed(state_->recorder_id, state_->timeout, std::current_exception());
+    throw;
+  }
+  detail::record_completed(state_->recorder_id);
   if (state_->then) std::call_once(state_->then_once, state_->then);
 }
 

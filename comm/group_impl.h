@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "comm/c10d_types.h"
+#include "comm/flight_recorder_ring.h"
 #include "comm/serial_executor.h"
 #include "cpprun/process_group.h"
 
@@ -42,6 +43,10 @@ struct ProcessGroup::Impl {
   std::mutex issue_mutex;
   // Collectives issued on this group (under issue_mutex): the sequence number errors name.
   uint64_t collectives_issued = 0;
+  // Sends and receives issued on this group: their number in the flight recorder.
+  std::atomic<uint64_t> p2p_issued{0};
+  // The group's name and global ranks, shared by its flight-recorder entries.
+  std::shared_ptr<const detail::RecordedGroup> recorded;
   // Tags for point-to-point messages of our own algorithms; every rank draws them in the
   // same order because collectives are called in the same order on every rank.
   std::atomic<uint32_t> next_p2p_op{0};

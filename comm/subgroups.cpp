@@ -108,6 +108,7 @@ ProcessGroup make_subgroup(const ProcessGroup& parent, const std::vector<int>& m
   impl->env.rank = impl->member ? static_cast<int>(me - members.begin()) : -1;
   impl->env.world_size = static_cast<int>(members.size());
   impl->store = c10::make_intrusive<c10d::PrefixStore>(name, up.store);
+  impl->recorded = detail::recorded_subgroup(up.recorded ? *up.recorded : detail::RecordedGroup{}, name, members);
   if (impl->member) {
     // Gloo's constructor connects the members through the store: it returns when all have come.
     impl->gloo = detail::make_gloo(impl->store, up.env, impl->env.rank, impl->env.world_size, up.timeout);
