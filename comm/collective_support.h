@@ -34,10 +34,10 @@ bool gloo_reduces(at::ScalarType type);
 at::Tensor as_movable_bits(const at::Tensor& t);
 c10d::ReduceOp to_c10d(ReduceOp op);
 
-// Whether `call` is checked across ranks before it runs: every collective under DETAIL; always,
-// the Gloo collectives whose mismatches Gloo itself would turn into silent corruption or an
-// abort (broadcast, gather, scatter, reduce). See checked_across_ranks in
-// collectives.cpp.
+// Whether `call` is checked across ranks before it runs: every collective under DETAIL; by
+// default (CPPRUN_CHECK_COLLECTIVES=0 turns it off), the Gloo collectives whose mismatches Gloo
+// itself would turn into a silent wrong result or an abort (all_reduce, broadcast, gather,
+// scatter, reduce). See checked_across_ranks in collectives.cpp.
 bool checked_across_ranks(const detail::GroupImpl& impl, const CollectiveCall& call);
 
 // Every collective is issued through here: it takes the group's next sequence number, makes

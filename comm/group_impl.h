@@ -38,6 +38,9 @@ struct ProcessGroup::Impl {
   c10::intrusive_ptr<detail::C10dGroup> gloo;  // always: CPU tensors, and the fallback
   c10::intrusive_ptr<detail::C10dGroup> nccl;  // CUDA builds with a GPU: CUDA tensors
   DebugLevel debug_level = DebugLevel::kOff;
+  // The default mode's checks across ranks (CPPRUN_CHECK_COLLECTIVES, on unless "0"): see
+  // checked_across_ranks in comm/collectives.cpp. DETAIL checks every collective regardless.
+  bool check_collectives = true;
   // Held while a collective is checked and issued, so that its check and the collective itself
   // follow each other in the group's order on every rank. See Note [Collective consistency check].
   std::mutex issue_mutex;

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "comm/backends.h"
+#include "comm/consistency_check.h"
 #include "comm/flight_recorder.h"
 #include "comm/group_impl.h"
 #include "comm/rank_join.h"
@@ -189,6 +190,7 @@ ProcessGroup init_process_group(const ProcessGroupOptions& options) {
   impl->timeout = options.timeout;
   if (options.backend == Backend::kNccl) check_nccl_possible(impl->env);
   impl->debug_level = options.debug_level ? *options.debug_level : read_debug_level();
+  impl->check_collectives = detail::read_check_collectives(process_env());
   const DistEnv& env = impl->env;
   detail::start_flight_recorder(env);  // bad CPPRUN_FLIGHT_RECORDER_* values fail here
 

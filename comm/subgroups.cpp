@@ -101,6 +101,7 @@ ProcessGroup make_subgroup(const ProcessGroup& parent, const std::vector<int>& m
   impl->timeout = up.timeout;
   impl->backend = up.backend;
   impl->debug_level = up.debug_level;
+  impl->check_collectives = up.check_collectives;
   impl->global_ranks = members;
   impl->parent_rank = parent.rank();
   const auto me = std::find(members.begin(), members.end(), parent.rank());
