@@ -4,7 +4,7 @@
 // Two matching all-reduces come first (collectives #1 and #2), then:
 //   stuck      rank 1 skips all_reduce #3; rank 0 waits in it until the group's timeout (3 s),
 //              prints what it caught and exits 1. Rank 1 exits 0 once rank 0's dump is there.
-//   request    rank 0 issues all_reduce #3 and marks SYNC_DIR/ready.0; rank 1 marks ready.1 and
+//   request    rank 0 enters all_reduce #3 and marks SYNC_DIR/ready.0; rank 1 marks ready.1 and
 //              waits for SYNC_DIR/release before it joins #3; both exit 0. Each rank first
 //              checks that its request fd is closed for its children.
 //   terminate  rank 0 throws from main (std::terminate); rank 1 exits 0 once rank 0's dump is there.
@@ -78,9 +78,19 @@ int main(int argc, char** argv) {
   if (mode == "request") {
     at::Tensor t = at::ones({4096});
     if (rank == 0) {
-      cpprun::Work work = cpprun::all_reduce_async(pg, t);
-      std::ofstream(sync_dir / "ready.0") << "1\n";
-      work.wait();
+      // Ready once #3 is recorded: the check before an all-reduce makes even all_reduce_async
+      // wait for rank 1, so the mark comes from beside the call.
+      std::thread mark([&] {
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+        while (std::chrono::steady_clock::now() < deadline) {
+          const auto entries = cpprun::flight_recorder_entries();
+          if (!entries.empty() && entries.back().seq == 3) break;
+          std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        }
+        std::ofstream(sync_dir / "ready.0") << "1\n";
+      });
+      cpprun::all_reduce(pg, t);
+      mark.join();
     } else {
       std::ofstream(sync_dir / "ready.1") << "1\n";
       if (!wait_for(sync_dir / "release", std::chrono::seconds(20))) return 1;
