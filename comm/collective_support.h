@@ -9,7 +9,9 @@
 
 #include "comm/collective_fingerprint.h"
 #include "comm/consistency_check.h"
+#include "comm/flight_recorder.h"
 #include "comm/group_impl.h"
+#include "comm/work_state.h"
 #include "cpprun/collectives.h"
 
 namespace cpprun::detail {
@@ -32,23 +34,34 @@ bool gloo_reduces(at::ScalarType type);
 at::Tensor as_movable_bits(const at::Tensor& t);
 c10d::ReduceOp to_c10d(ReduceOp op);
 
-// Whether `call` is checked across ranks before it runs: every collective under DETAIL; always,
-// the Gloo collectives whose mismatches Gloo itself would turn into silent corruption or an
-// abort (broadcast, gather, scatter, reduce). See checked_across_ranks in
-// collectives.cpp.
+// Whether `call` is checked across ranks before it runs: every collective under DETAIL; by
+// default (CPPRUN_CHECK_COLLECTIVES=0 turns it off), the Gloo collectives whose mismatches Gloo
+// itself would turn into a silent wrong result or an abort (all_reduce, broadcast, gather,
+// scatter, reduce). See checked_across_ranks in collectives.cpp.
 bool checked_across_ranks(const detail::GroupImpl& impl, const CollectiveCall& call);
 
 // Every collective is issued through here: it takes the group's next sequence number, makes
 // the cross-rank check when one is due, then runs `issue(sequence)`, all under the group's
 // issue lock so that checks and collectives keep one order on every rank.
 // See Note [Collective consistency check].
+// Each call is recorded in the flight recorder (Note [Flight recorder]); a check or an issue that
+// throws marks it failed (and dumps) before the error leaves.
 template <typename Issue>
 Work issue_collective(const ProcessGroup& group, const CollectiveCall& call, Issue issue) {
   auto& impl = detail::impl_of(group);
   std::lock_guard<std::mutex> lock(impl.issue_mutex);
   const uint64_t sequence = ++impl.collectives_issued;
-  if (checked_across_ranks(impl, call)) check_across_ranks(impl, call, sequence);
-  return issue(sequence);
+  const uint64_t record =
+      record_issued(impl.recorded, sequence, to_string(call.kind), call.tensors, call.reduce, call.root);
+  try {
+    if (checked_across_ranks(impl, call)) check_across_ranks(impl, call, sequence);
+    Work work = issue(sequence);
+    attach_record(work, record, impl.timeout);
+    return work;
+  } catch (...) {
+    record_failed(record, impl.timeout, std::current_exception());
+    throw;
+  }
 }
 
 }  // namespace cpprun::detail

@@ -93,15 +93,20 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
   return c10d::ReduceOp::SUM;
 }
 
-// Under DETAIL, every collective. Always, over Gloo, those whose mismatch Gloo would not report:
-// a smaller broadcast from the root leaves the others' tensors half written without any error,
-// and gather, scatter and reduce of mismatched sizes corrupt or abort in Gloo's I/O thread
-// (all-to-all checks its split sizes itself, comm/scatter_gather.cpp). One all-gather of a few bytes before each is cheap next to the collective itself
-// (docs/process_groups.md, "Collectives"). Our rings check their neighbours themselves
+// Under DETAIL, every collective. By default (CPPRUN_CHECK_COLLECTIVES unset or 1), over Gloo,
+// those whose mismatch Gloo would not report: an all-reduce with SUM on one rank and MAX on
+// another, or of one dtype against another of the same width, gives every rank a wrong result
+// without an error; one of other sizes aborts in Gloo's I/O thread; a smaller broadcast from the
+// root leaves the others' tensors half written; gather, scatter and reduce of mismatched sizes
+// corrupt or abort (all-to-all checks its split sizes itself, comm/scatter_gather.cpp). One
+// all-gather of a few bytes before each is cheap next to the collective itself
+// (docs/process_groups.md, "Collectives"). Our rings check their neighbours themselves, for free
 // (comm/ring.cpp); other mismatches need DETAIL.
 bool checked_across_ranks(const detail::GroupImpl& impl, const CollectiveCall& call) {
   if (impl.debug_level == DebugLevel::kDetail) return true;
+  if (!impl.check_collectives) return false;
   switch (call.kind) {
+    case CollectiveKind::kAllReduce:
     case CollectiveKind::kBroadcast:
     case CollectiveKind::kGather:
     case CollectiveKind::kScatter:
@@ -157,8 +162,14 @@ Work::Work(std::shared_ptr<State> state) : state_(std::move(state)) {}
 void Work::wait() {
   if (!state_) return;
   if (state_->before) Work(state_->before).wait();
-  if (state_->c10d_work) state_->c10d_work->wait();
-  if (state_->task.valid()) state_->task.get();
+  try {
+    if (state_->c10d_work) state_->c10d_work->wait();
+    if (state_->task.valid()) state_->task.get();
+  } catch (...) {
+    detail::record_failed(state_->recorder_id, state_->timeout, std::current_exception());
+    throw;
+  }
+  detail::record_completed(state_->recorder_id);
   if (state_->then) std::call_once(state_->then_once, state_->then);
 }
 

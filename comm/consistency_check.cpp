@@ -1,4 +1,5 @@
-// The DETAIL-mode (and Gloo broadcast) check: an all-gather of fingerprints before the collective.
+// The check before a collective (every one under DETAIL; Gloo all_reduce, broadcast, gather, scatter
+// and reduce by default): an all-gather of fingerprints, compared on every rank.
 #include "comm/consistency_check.h"
 
 #include <ATen/ATen.h>
@@ -41,6 +42,15 @@ void check_across_ranks(GroupImpl& group, const CollectiveCall& call, uint64_t s
     TORCH_CHECK(false, *message, " (found on rank ", group.env.rank,
                 " by the check before each collective.)");
   }
+}
+
+bool read_check_collectives(const EnvLookup& lookup) {
+  const auto value = lookup("CPPRUN_CHECK_COLLECTIVES");
+  if (!value || *value == "1") return true;
+  if (*value == "0") return false;
+  TORCH_CHECK(false, "cpprun: CPPRUN_CHECK_COLLECTIVES=\"", *value, "\" must be 1 (the default: Gloo's "
+              "all_reduce, broadcast, gather, scatter and reduce compare every rank's call before they run) "
+              "or 0 (no such check: a mismatch may give a wrong result or abort in Gloo).");
 }
 
 }  // namespace cpprun::detail

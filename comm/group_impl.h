@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "comm/c10d_types.h"
+#include "comm/flight_recorder_ring.h"
 #include "comm/serial_executor.h"
 #include "cpprun/process_group.h"
 
@@ -37,11 +38,18 @@ struct ProcessGroup::Impl {
   c10::intrusive_ptr<detail::C10dGroup> gloo;  // always: CPU tensors, and the fallback
   c10::intrusive_ptr<detail::C10dGroup> nccl;  // CUDA builds with a GPU: CUDA tensors
   DebugLevel debug_level = DebugLevel::kOff;
+  // The default mode's checks across ranks (CPPRUN_CHECK_COLLECTIVES, on unless "0"): see
+  // checked_across_ranks in comm/collectives.cpp. DETAIL checks every collective regardless.
+  bool check_collectives = true;
   // Held while a collective is checked and issued, so that its check and the collective itself
   // follow each other in the group's order on every rank. See Note [Collective consistency check].
   std::mutex issue_mutex;
   // Collectives issued on this group (under issue_mutex): the sequence number errors name.
   uint64_t collectives_issued = 0;
+  // Sends and receives issued on this group: their number in the flight recorder.
+  std::atomic<uint64_t> p2p_issued{0};
+  // The group's name and global ranks, shared by its flight-recorder entries.
+  std::shared_ptr<const detail::RecordedGroup> recorded;
   // Tags for point-to-point messages of our own algorithms; every rank draws them in the
   // same order because collectives are called in the same order on every rank.
   std::atomic<uint32_t> next_p2p_op{0};

@@ -81,6 +81,7 @@ at::Tensor wire(const detail::GroupImpl& impl, const at::Tensor& t) {
 Work isend(const ProcessGroup& group, at::Tensor tensor, int dst, int tag) {
   check_p2p("isend", group, tensor, dst, "dst", tag);
   auto& impl = detail::impl_of(group);
+  const uint64_t record = detail::record_issued(impl.recorded, ++impl.p2p_issued, "send", {tensor}, std::nullopt, dst);
   at::Tensor header = header_of(tensor, tag);
   at::Tensor ack = at::empty_like(header);
   std::vector<at::Tensor> header_list{header}, data_list{wire(impl, tensor)}, ack_list{ack};
@@ -98,6 +99,7 @@ Work isend(const ProcessGroup& group, at::Tensor tensor, int dst, int tag) {
   });
   Work work = make_work(done.share());
   work.keep_alive(group);
+  detail::attach_record(work, record, impl.timeout);
   return work;
 }
 
@@ -108,6 +110,8 @@ void send(const ProcessGroup& group, const at::Tensor& tensor, int dst, int tag)
 Work irecv(const ProcessGroup& group, at::Tensor tensor, int src, int tag, int* source) {
   check_p2p("irecv", group, tensor, src, "src", tag);
   auto& impl = detail::impl_of(group);
+  const uint64_t record = detail::record_issued(impl.recorded, ++impl.p2p_issued, "recv", {tensor}, std::nullopt,
+                                                src == kAnySource ? std::nullopt : std::optional<int>(src));
   at::Tensor mine = header_of(tensor, tag);
   at::Tensor theirs = at::empty_like(mine);
   std::vector<at::Tensor> header_list{theirs};
@@ -164,6 +168,7 @@ Work irecv(const ProcessGroup& group, at::Tensor tensor, int src, int tag, int* 
   });
   Work work = make_work(done.share());
   work.keep_alive(group);
+  detail::attach_record(work, record, impl.timeout);
   return work;
 }
 

@@ -12,6 +12,8 @@
 #include <sstream>
 
 #include "comm/backends.h"
+#include "comm/consistency_check.h"
+#include "comm/flight_recorder.h"
 #include "comm/group_impl.h"
 #include "comm/rank_join.h"
 #include "comm/store_address.h"
@@ -188,7 +190,9 @@ ProcessGroup init_process_group(const ProcessGroupOptions& options) {
   impl->timeout = options.timeout;
   if (options.backend == Backend::kNccl) check_nccl_possible(impl->env);
   impl->debug_level = options.debug_level ? *options.debug_level : read_debug_level();
+  impl->check_collectives = detail::read_check_collectives(process_env());
   const DistEnv& env = impl->env;
+  detail::start_flight_recorder(env);  // bad CPPRUN_FLIGHT_RECORDER_* values fail here
 
   if (env.source == EnvSource::kSingleProcess && env.rank == 0) {
     std::cerr << "cpprun: no RANK/WORLD_SIZE in the environment; running as a single process "
@@ -199,6 +203,7 @@ ProcessGroup init_process_group(const ProcessGroupOptions& options) {
     std::lock_guard<std::mutex> lock(default_mutex);
     group_index = groups_created++;
   }
+  impl->recorded = detail::recorded_world_group(group_index, env.world_size);
   auto root = connect_store(env, options.timeout);
   impl->store = c10::make_intrusive<c10d::PrefixStore>("cpprun/" + std::to_string(group_index), root);
   const detail::JoinResult joined =

@@ -101,6 +101,7 @@ ProcessGroup make_subgroup(const ProcessGroup& parent, const std::vector<int>& m
   impl->timeout = up.timeout;
   impl->backend = up.backend;
   impl->debug_level = up.debug_level;
+  impl->check_collectives = up.check_collectives;
   impl->global_ranks = members;
   impl->parent_rank = parent.rank();
   const auto me = std::find(members.begin(), members.end(), parent.rank());
@@ -108,6 +109,7 @@ ProcessGroup make_subgroup(const ProcessGroup& parent, const std::vector<int>& m
   impl->env.rank = impl->member ? static_cast<int>(me - members.begin()) : -1;
   impl->env.world_size = static_cast<int>(members.size());
   impl->store = c10::make_intrusive<c10d::PrefixStore>(name, up.store);
+  impl->recorded = detail::recorded_subgroup(up.recorded ? *up.recorded : detail::RecordedGroup{}, name, members);
   if (impl->member) {
     // Gloo's constructor connects the members through the store: it returns when all have come.
     impl->gloo = detail::make_gloo(impl->store, up.env, impl->env.rank, impl->env.world_size, up.timeout);

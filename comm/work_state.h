@@ -2,12 +2,14 @@
 // it completes (copying a converted result back, dividing for an average).
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <future>
 #include <mutex>
 #include <optional>
 
 #include "comm/c10d_types.h"
+#include "comm/flight_recorder.h"
 #include "cpprun/collectives.h"
 
 namespace cpprun {
@@ -19,6 +21,11 @@ struct Work::State {
   std::once_flag then_once;
   std::optional<ProcessGroup> group;               // see Work::keep_alive
   std::shared_ptr<State> before;                   // Work::then: wait for this first
+  // Its flight-recorder entry (0: none), finished by the first wait(); the group's timeout tells
+  // a timeout from another failure.
+  // See Note [Flight recorder].
+  uint64_t recorder_id = 0;
+  std::chrono::milliseconds timeout{0};
 };
 
 namespace detail {
@@ -27,7 +34,21 @@ namespace detail {
 struct WorkAccess {
   using State = Work::State;
   static Work make(std::shared_ptr<State> state) { return Work(std::move(state)); }
+  static std::shared_ptr<State>& state(Work& work) { return work.state_; }
 };
+
+// Ties `work` to its flight-recorder entry `id` (a work with nothing to wait for completes it
+// at once).
+inline void attach_record(Work& work, uint64_t id, std::chrono::milliseconds timeout) {
+  if (id == 0) return;
+  auto& state = WorkAccess::state(work);
+  if (!state) {
+    record_completed(id);
+    return;
+  }
+  state->recorder_id = id;
+  state->timeout = timeout;
+}
 
 }  // namespace detail
 

@@ -16,6 +16,7 @@
 #include <string>
 #include <string_view>
 
+#include "comm/flight_recorder.h"
 #include "cpprun/atomic_file.h"
 
 namespace cpprun {
@@ -118,6 +119,7 @@ int report_exception(std::exception_ptr error) noexcept {
     std::fprintf(stderr, "error%s%s: %s: %s\n", rank ? " on rank " : "", rank ? rank : "", report.type.c_str(),
                  report.message.c_str());
     std::fflush(stderr);
+    detail::dump_after_failure(detail::DumpReason::kFailure);  // unless a failed collective dumped first
     const char* file = std::getenv("TORCHELASTIC_ERROR_FILE");
     if (!file || !*file) return kRecordedErrorExitCode;
     const std::string json =

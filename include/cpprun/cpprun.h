@@ -11,6 +11,7 @@
 #include "cpprun/deferred_init.h"
 #include "cpprun/device_mesh.h"
 #include "cpprun/env.h"
+#include "cpprun/flight_recorder.h"
 #include "cpprun/fsdp.h"
 #include "cpprun/fsdp_stats.h"
 #include "cpprun/grad_scaler.h"

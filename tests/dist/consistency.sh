@@ -1,7 +1,7 @@
 # Mismatched collectives fail on every rank with one message naming the collective's number and
 # each rank's call, under TORCH_DISTRIBUTED_DEBUG=DETAIL and, for what the default mode checks,
 # without it; and a single-node job's store listens on the loopback only.
-# usage: consistency.sh CPPRUN PROBE CASE   (CASE: detail | default | store_loopback)
+# usage: consistency.sh CPPRUN PROBE CASE   (CASE: detail | default | unchecked | store_loopback)
 . "$(dirname "$0")/../launcher/behaviour/common.sh"
 PROBE=${2:?usage: consistency.sh CPPRUN PROBE CASE}
 CASE=${3:?usage: consistency.sh CPPRUN PROBE CASE}
@@ -39,8 +39,16 @@ detail)
   expect_every_rank_failed_with "cpprun: collective #3 mismatch: rank 0 called reduce_scatter(float32[4], float32[8], sum), rank 1 called reduce_scatter(float32[4], float32[8], max)." "DETAIL, sum against max"
   ;;
 default)
-  # What the default mode checks (docs/process_groups.md, "Collectives"): broadcasts over Gloo, and
-  # our ring all-gather / reduce-scatter between neighbours.
+  # What the default mode checks (docs/process_groups.md, "Collectives"): all-reduces and
+  # broadcasts over Gloo, and our ring all-gather / reduce-scatter between neighbours.
+  run_probe all_reduce_op
+  expect_every_rank_failed_with "cpprun: collective #3 mismatch: rank 0 called all_reduce(float32[4], sum), rank 1 called all_reduce(float32[4], max)." "default, all_reduce sum against max"
+  run_probe all_reduce_size
+  expect_every_rank_failed_with "cpprun: collective #3 mismatch: rank 0 called all_reduce(float32[4], sum), rank 1 called all_reduce(float32[8], sum)." "default, all_reduce of 4 and 8 elements"
+  run_probe dtype
+  expect_every_rank_failed_with "cpprun: collective #3 mismatch: rank 0 called all_reduce(float32[4], sum), rank 1 called all_reduce(float64[4], sum)." "default, all_reduce float32 against float64"
+  run_probe op
+  expect_every_rank_failed_with "cpprun: collective #3 mismatch: rank 0 called all_reduce(float32[4], sum), rank 1 called broadcast(float32[4], root 0)." "default, all_reduce against broadcast"
   run_probe broadcast_size TORCH_DISTRIBUTED_DEBUG=OFF
   expect_every_rank_failed_with "cpprun: collective #3 mismatch: rank 0 called broadcast(float32[4], root 0), rank 1 called broadcast(float32[8], root 0)." "default, broadcast of 4 and 8 elements"
   run_probe broadcast_size_root_larger
@@ -49,6 +57,16 @@ default)
   expect_every_rank_failed_with "cpprun: collective #3 mismatch: rank 0 called all_gather_into(float32[8], float32[4]), rank 1 called all_gather_into(float32[16], float32[8])." "default, all-gather of 4 and 8 elements"
   run_probe reduce_scatter_op
   expect_every_rank_failed_with "cpprun: collective #3 mismatch: rank 0 called reduce_scatter(float32[4], float32[8], sum), rank 1 called reduce_scatter(float32[4], float32[8], max)." "default, reduce-scatter sum against max"
+  ;;
+unchecked)
+  # CPPRUN_CHECK_COLLECTIVES=0 turns the default mode's checks off: sum against max is then the
+  # silent wrong result the check exists for.
+  run_probe all_reduce_op CPPRUN_CHECK_COLLECTIVES=0
+  [ "$status" = 0 ] || fail "unchecked: sum against max failed (exit $status) with the check off"
+  grep -q '^\[rank0\]: result' "$WORK/out" || fail "unchecked: rank 0 printed no result"
+  run_probe all_reduce_op CPPRUN_CHECK_COLLECTIVES=yes
+  [ "$status" != 0 ] || fail "unchecked: CPPRUN_CHECK_COLLECTIVES=yes was accepted"
+  expect_in_file "$WORK/err" 'CPPRUN_CHECK_COLLECTIVES="yes" must be 1' "unchecked: a bad value"
   ;;
 store_loopback)
   CPPRUN_TEST_TAG="$WORK" "$CPPRUN" --standalone --nproc_per_node=2 "$PROBE" store_binding "$WORK" \

@@ -56,6 +56,14 @@ void mismatched_call(const std::string& mode, const cpprun::ProcessGroup& pg) {
     at::Tensor t = at::ones({4}, first ? at::kFloat : at::kDouble);
     cpprun::all_reduce(pg, t);
     std::cout << "result " << t << std::endl;
+  } else if (mode == "all_reduce_op") {  // a wrong result on every rank, unchecked
+    at::Tensor t = at::full({4}, first ? 1.0 : 2.0);
+    cpprun::all_reduce(pg, t, first ? ReduceOp::kSum : ReduceOp::kMax);
+    std::cout << "result " << t << std::endl;
+  } else if (mode == "all_reduce_size") {  // Gloo's abort (SIGABRT), unchecked
+    at::Tensor t = at::ones({first ? 4 : 8});
+    cpprun::all_reduce(pg, t);
+    std::cout << "result " << t << std::endl;
   } else if (mode == "all_gather_size") {
     const int64_t n = first ? 4 : 8;
     at::Tensor out = at::zeros({pg.size() * n});

@@ -200,3 +200,51 @@ TEST_CASE("collectives: multidimensional and non-contiguous tensors", "[collecti
   CHECK_THROWS_WITH(cpprun::all_reduce(group(), transposed), Catch::Contains("not contiguous"));
   cpprun::barrier(group());
 }
+
+TEST_CASE("collectives: the flight recorder holds each call with its group, number and state", "[collectives][flight_recorder]") {
+  const int world = group().size();
+  if (world == 1) return;  // a world of one communicates nothing, and records nothing
+  cpprun::all_reduce(group(), at::ones({5}), ReduceOp::kMax);
+  cpprun::Work work = cpprun::broadcast_async(group(), at::ones({2, 3}, at::kDouble), world - 1);
+  const auto before_wait = cpprun::flight_recorder_entries();
+  work.wait();
+  const auto entries = cpprun::flight_recorder_entries();
+  REQUIRE(entries.size() >= 2);
+  CHECK(before_wait.back().state == cpprun::CollectiveState::kStarted);  // until its wait
+  CHECK_FALSE(before_wait.back().end_unix_ms.has_value());
+
+  const auto& reduced = entries[entries.size() - 2];
+  const auto& broadcast = entries.back();
+  std::vector<int> all(world);
+  for (int r = 0; r < world; ++r) all[r] = r;
+  CHECK(reduced.group == "0");
+  CHECK(reduced.group_ranks == all);
+  CHECK(reduced.op == "all_reduce");
+  CHECK(reduced.dtype == std::optional<std::string>("float32"));
+  CHECK(reduced.shapes == std::vector<std::vector<int64_t>>{{5}});
+  CHECK(reduced.reduce_op == std::optional<std::string>("max"));
+  CHECK_FALSE(reduced.root.has_value());
+  CHECK(reduced.state == cpprun::CollectiveState::kCompleted);
+  CHECK(reduced.end_unix_ms.value_or(0) >= reduced.start_unix_ms);
+  CHECK(broadcast.seq == reduced.seq + 1);
+  CHECK(broadcast.op == "broadcast");
+  CHECK(broadcast.dtype == std::optional<std::string>("float64"));
+  CHECK(broadcast.shapes == std::vector<std::vector<int64_t>>{{2, 3}});
+  CHECK(broadcast.root == std::optional<int>(world - 1));
+  CHECK_FALSE(broadcast.reduce_op.has_value());
+  CHECK(broadcast.state == cpprun::CollectiveState::kCompleted);
+
+  // A subgroup of the first and last rank: named under its parent, its members as global ranks.
+  cpprun::ProcessGroup ends = cpprun::new_group(group(), {0, world - 1});
+  if (ends.is_member()) {
+    cpprun::barrier(ends);
+    const cpprun::FlightRecorderEntry barrier = cpprun::flight_recorder_entries().back();
+    CHECK(barrier.group.rfind("0/sub", 0) == 0);
+    CHECK(barrier.group_ranks == std::vector<int>{0, world - 1});
+    CHECK(barrier.seq == 1);
+    CHECK(barrier.op == "barrier");
+    CHECK_FALSE(barrier.dtype.has_value());
+    CHECK(barrier.shapes.empty());
+  }
+  cpprun::barrier(group());
+}
