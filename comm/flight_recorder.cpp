@@ -10,6 +10,7 @@
 #include <charconv>
 #include <cstring>
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
 #include <mutex>
 #include <thread>
@@ -107,6 +108,7 @@ bool dump_to_dir(DumpReason reason, std::chrono::milliseconds patience) {
   if (!dir) return false;
   const std::string path = *dir + "/rank_" + std::to_string(dump_rank()) + ".json";
   try {
+    std::filesystem::create_directories(*dir);  // the first dump makes it: see announce_listening()
     write_dump(path, reason, patience);
     return true;
   } catch (const std::exception& e) {
@@ -126,6 +128,25 @@ void listen_for_requests(int fd) {
     if (n <= 0) return;
     dump_to_dir(DumpReason::kRequest, std::chrono::seconds(60));
   }
+}
+
+// Tells the launcher that this rank answers requests (rank_R.listening beside its dumps), so that
+// it waits for dumps only from ranks that can write one (launcher/workers/flight_requests.h). The
+// directory is made here, not by the launcher: a job of programs without cpprun's library leaves
+// exactly torchrun's --log_dir tree.
+void announce_listening(int rank) {
+  const std::optional<std::string> dir = dump_dir();
+  if (!dir) return;
+  std::error_code error;
+  std::filesystem::create_directories(*dir, error);
+  const std::string path = *dir + "/rank_" + std::to_string(rank) + ".listening";
+  const int fd = error ? -1 : open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    std::cerr << "cpprun: rank " << rank << ": cannot announce the flight recorder at " << path << ": "
+              << (error ? error.message() : std::strerror(errno)) << " (the launcher will not ask for dumps)\n";
+    return;
+  }
+  close(fd);
 }
 
 int parse_request_fd(const std::string& text) {
@@ -148,6 +169,16 @@ int parse_request_fd(const std::string& text) {
 bool dump_after_failure(DumpReason reason, std::chrono::milliseconds patience) {
   if (settings().failure_dumped.exchange(true)) return false;
   return dump_to_dir(reason, patience);
+}
+
+// Note [Exit dump]
+// Under a launcher (CPPRUN_FLIGHT_RECORDER_DIR set), a rank that ends normally leaves its last
+// collectives too: when another rank then fails or hangs, the diagnosis can say where this one was
+// when it left ("finished all_reduce #41 ... (then exited with code 0)"), the commonest cause of a
+// hang being a rank that stopped calling collectives. A failure's dump is kept instead
+// (Note [First failure dump]). A few milliseconds at exit.
+void dump_at_exit() {
+  if (!settings().failure_dumped.exchange(true)) dump_to_dir(DumpReason::kExit, std::chrono::seconds(2));
 }
 
 std::terminate_handler previous_terminate = nullptr;
@@ -194,10 +225,12 @@ void start_flight_recorder(const DistEnv& env) {
   static std::once_flag started;
   std::call_once(started, [&] {
     previous_terminate = std::set_terminate(dump_on_terminate);
+    if (dump_dir()) std::atexit(dump_at_exit);
     if (request_fd) {
       // The worker's own children (a data loader's helpers, a shell) must not hold the pipe.
       fcntl(*request_fd, F_SETFD, fcntl(*request_fd, F_GETFD) | FD_CLOEXEC);
       std::thread(listen_for_requests, *request_fd).detach();
+      announce_listening(env.rank);
     }
   });
 }

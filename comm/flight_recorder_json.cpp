@@ -73,6 +73,7 @@ const char* to_string(DumpReason reason) {
     case DumpReason::kFailure: return "failure";
     case DumpReason::kRequest: return "request";
     case DumpReason::kTerminate: return "terminate";
+    case DumpReason::kExit: return "exit";
   }
   return "?";
 }

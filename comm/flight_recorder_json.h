@@ -11,7 +11,7 @@
 namespace cpprun::detail {
 
 // Why a dump was written.
-enum class DumpReason { kTimeout, kFailure, kRequest, kTerminate };
+enum class DumpReason { kTimeout, kFailure, kRequest, kTerminate, kExit };
 const char* to_string(DumpReason reason);  // "timeout", "failure", "request", "terminate"
 
 struct DumpHeader {

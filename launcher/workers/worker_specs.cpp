@@ -100,10 +100,15 @@ std::vector<WorkerSpec> make_worker_specs(const WorkerSettings& settings, const 
   for (int local_rank = 0; local_rank < settings.env.local_world_size; ++local_rank) {
     const int rank = ranks.base_rank + local_rank;
     const std::string error_file = files.error_file(restart_count, local_rank);
+    const auto chosen = parent_env.find("CPPRUN_FLIGHT_RECORDER_DIR");
+    const std::string dumps = chosen != parent_env.end() && !chosen->second.empty()
+                                  ? chosen->second
+                                  : files.flight_recorder_dir(restart_count);
     EnvMap env = make_worker_env(settings.env, ranks, local_rank, restart_count, error_file, parent_env);
     // cpprun's library records each rank's collectives and dumps them here when asked on the fd
-    // (workers/flight_requests.h): the launcher's diagnosis of a failure or a hang reads them.
-    env["CPPRUN_FLIGHT_RECORDER_DIR"] = files.flight_recorder_dir(restart_count);
+    // (workers/flight_requests.h): the launcher's diagnosis of a failure or a hang reads them. A
+    // directory the user chose (in cpprun's environment) is kept, shared by the attempts.
+    env["CPPRUN_FLIGHT_RECORDER_DIR"] = dumps;
     env["CPPRUN_FLIGHT_RECORDER_REQUEST_FD"] = std::to_string(kFlightRequestFd);
     WorkerOutputSpec output =
         plan_worker_output(settings.output, local_rank, rank, files.worker_dir(restart_count, local_rank));
@@ -111,8 +116,7 @@ std::vector<WorkerSpec> make_worker_specs(const WorkerSettings& settings, const 
       output.prefix = render_prefix_template(settings.log_line_prefix_template,
                                              {settings.env.role, rank, local_rank, settings.hostname});
     }
-    specs.push_back({local_rank, rank, {program.path, program.argv, to_env_strings(env)}, output, error_file,
-                     files.flight_recorder_dir(restart_count)});
+    specs.push_back({local_rank, rank, {program.path, program.argv, to_env_strings(env)}, output, error_file, dumps});
   }
   return specs;
 }

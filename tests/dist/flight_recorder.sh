@@ -48,7 +48,15 @@ stuck)
   expect_entry "$f" '"seq":2,"op":"all_reduce","dtype":"float32","shapes":[[3]],"reduce_op":"sum","root":null,"state":"completed"' "stuck"
   expect_entry "$f" '"seq":3,"op":"all_reduce","dtype":"float32","shapes":[[4096]],"reduce_op":"sum","root":null,"state":"failed"' "stuck"
   tail -2 "$f" | head -1 | grep -qF '"seq":3,' || fail "stuck: all_reduce #3 is not the last entry: $(cat "$f")"
-  [ ! -e "$DUMPS/rank_1.json" ] || fail "stuck: rank 1, which failed nothing, dumped"
+  # Rank 1 failed nothing: it dumps when it exits (or, if still running, when the launcher asks).
+  f=$DUMPS/rank_1.json
+  expect_valid_json "$f"
+  grep -qE '"reason":"(exit|request)"' "$f" || fail "stuck: rank 1's dump reason: $(cat "$f")"
+  expect_entry "$f" '"seq":2,"op":"all_reduce","dtype":"float32","shapes":[[3]],"reduce_op":"sum","root":null,"state":"completed"' "stuck: rank 1"
+  # The launcher's diagnosis: rank 0 failed in #3; rank 1 (asked, or exited by then) is named with #2.
+  expect_in_file "$WORK/err" "cpprun: diagnosis (rank 0 (local_rank 0" "stuck: the launcher's diagnosis"
+  expect_in_file "$WORK/err" "rank 0 failed in all_reduce #3 (float32[4096], sum)" "stuck: where rank 0 failed"
+  expect_in_file "$WORK/err" "rank 1 finished all_reduce #2 (float32[3], sum)" "stuck: where rank 1 is"
   elapsed=$(( $(date +%s) - start ))
   [ "$elapsed" -lt 20 ] || fail "stuck: took $elapsed s with a 3 s timeout"
   ;;
@@ -60,10 +68,14 @@ request)
     "$PROBE" "$WORK" >"$WORK/out" 2>"$WORK/err" &
   job=$!
   wait_for_files 30 "$WORK/ready.0" "$WORK/ready.1"
-  [ -z "$(ls -A "$DUMPS")" ] || fail "request: dumps before any request: $(ls "$DUMPS")"
+  [ -z "$(ls "$DUMPS"/*.json 2>/dev/null)" ] || fail "request: dumps before any request: $(ls "$DUMPS")"
+  # Each rank announced that it answers requests (the launcher asks only those).
+  wait_for_files 10 "$DUMPS/rank_0.listening" "$DUMPS/rank_1.listening"
   printf x >"$WORK/req.0"
   printf x >"$WORK/req.1"
   wait_for_files 10 "$DUMPS/rank_0.json" "$DUMPS/rank_1.json"
+  sleep 0.2  # each is renamed into place whole; a second byte's dump may follow the first
+  for rank in 0 1; do cp "$DUMPS/rank_$rank.json" "$WORK/asked_$rank.json"; done
   touch "$WORK/release"
   wait "$job"
   status=$?
@@ -71,14 +83,17 @@ request)
   for rank in 0 1; do
     expect_in_file "$WORK/out" "[rank$rank]: request fd 3 does not reach a child" "request: close-on-exec"
     expect_in_file "$WORK/out" "[rank$rank]: all_reduce #3 gave 2" "request: all_reduce #3 after the dump"
-    expect_valid_json "$DUMPS/rank_$rank.json"
-    expect_in_file "$DUMPS/rank_$rank.json" "\"rank\":$rank,\"world_size\":2," "request: rank $rank's header"
-    expect_in_file "$DUMPS/rank_$rank.json" '"reason":"request"' "request: rank $rank's reason"
+    expect_valid_json "$WORK/asked_$rank.json"
+    expect_in_file "$WORK/asked_$rank.json" "\"rank\":$rank,\"world_size\":2," "request: rank $rank's header"
+    expect_in_file "$WORK/asked_$rank.json" '"reason":"request"' "request: rank $rank's reason"
+    # At the end each rank left its last collectives (Note [Exit dump]): #3 completed.
+    expect_in_file "$DUMPS/rank_$rank.json" '"reason":"exit"' "request: rank $rank's exit dump"
+    expect_entry "$DUMPS/rank_$rank.json" '"seq":3,"op":"all_reduce","dtype":"float32","shapes":[[4096]],"reduce_op":"sum","root":null,"state":"completed"' "request: rank $rank's exit dump"
   done
-  expect_entry "$DUMPS/rank_0.json" '"seq":3,"op":"all_reduce","dtype":"float32","shapes":[[4096]],"reduce_op":"sum","root":null,"state":"started","start_unix_ms":' "request: rank 0 waits in #3"
-  expect_entry "$DUMPS/rank_0.json" '"end_unix_ms":null}' "request: rank 0's #3 has no end"
-  expect_entry "$DUMPS/rank_1.json" '"seq":2,"op":"all_reduce","dtype":"float32","shapes":[[3]],"reduce_op":"sum","root":null,"state":"completed"' "request: rank 1 finished #2"
-  grep -qF '"seq":3,' "$DUMPS/rank_1.json" && fail "request: rank 1 recorded #3 before it called it"
+  expect_entry "$WORK/asked_0.json" '"seq":3,"op":"all_reduce","dtype":"float32","shapes":[[4096]],"reduce_op":"sum","root":null,"state":"started","start_unix_ms":' "request: rank 0 waits in #3"
+  expect_entry "$WORK/asked_0.json" '"end_unix_ms":null}' "request: rank 0's #3 has no end"
+  expect_entry "$WORK/asked_1.json" '"seq":2,"op":"all_reduce","dtype":"float32","shapes":[[3]],"reduce_op":"sum","root":null,"state":"completed"' "request: rank 1 finished #2"
+  grep -qF '"seq":3,' "$WORK/asked_1.json" && fail "request: rank 1 recorded #3 before it called it"
   ;;
 terminate)
   run_probe terminate
@@ -93,7 +108,10 @@ bad_settings)
   run_probe stuck CPPRUN_FLIGHT_RECORDER_ENTRIES=lots
   [ "$status" != 0 ] || fail "bad_settings: ENTRIES=lots: the job exited 0"
   expect_in_file "$WORK/err" 'CPPRUN_FLIGHT_RECORDER_ENTRIES="lots" is not a number of entries' "bad_settings: ENTRIES"
-  run_probe stuck CPPRUN_FLIGHT_RECORDER_REQUEST_FD=917
+  # cpprun itself always passes fd 3: a wrong value is set past it, as another launcher might.
+  CPPRUN_FLIGHT_RECORDER_DIR="$DUMPS" CPPRUN_TEST_TAG="$WORK" "$CPPRUN" --standalone --nproc_per_node=2 \
+    /bin/sh -c 'CPPRUN_FLIGHT_RECORDER_REQUEST_FD=917 exec "$0" stuck "$1"' "$PROBE" "$WORK" >"$WORK/out" 2>"$WORK/err"
+  status=$?
   [ "$status" != 0 ] || fail "bad_settings: REQUEST_FD=917: the job exited 0"
   expect_in_file "$WORK/err" 'CPPRUN_FLIGHT_RECORDER_REQUEST_FD=917 names no open file descriptor' "bad_settings: REQUEST_FD"
   ;;
