@@ -19,6 +19,8 @@
 #include "cpprun/checkpoint_file.h"
 #include "cpprun/object_collectives.h"
 #include "cpprun/state_dict.h"
+#include "core/sharded_state_dict.h"
+#include "support/safetensors_index.h"
 #include "support/safetensors.h"
 
 namespace cpprun::detail {
@@ -32,7 +34,8 @@ StateDictFormat format_of(const std::string& path) {
   if (ext == ".safetensors") return StateDictFormat::kSafetensors;
   if (ext == ".pt" || ext == ".pth") return StateDictFormat::kTorchSave;
   TORCH_CHECK(false, "cpprun: cannot tell a state dict's format from the name \"", path,
-              "\": end it in .safetensors (Hugging Face's format) or .pt / .pth (torch.save's).");
+              "\": end it in .safetensors (Hugging Face's format) or .pt / .pth (torch.save's), or in '/' for a "
+              "directory in Hugging Face's sharded layout.");
 }
 
 // safetensors' dtype names for ours.
@@ -65,35 +68,39 @@ std::string describe(const at::Tensor& t) {
   return out.str();
 }
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::system_error(errno, std::generic_category(), "cpprun: cannot read state dict " + path);
-  std::ostringstream contents;
-  contents << in.rdbuf();
-  if (in.bad()) throw std::system_error(errno, std::generic_category(), "cpprun: cannot read state dict " + path);
-  return std::move(contents).str();
-}
-
 std::string join(const std::vector<std::string>& items, const std::string& separator) {
   std::string out;
   for (std::size_t i = 0; i < items.size(); ++i) out += (i ? separator : "") + items[i];
   return out;
 }
 
-std::string mismatch_message(const StateDictLoadReport& report, const std::string& path) {
+// `file_of`: a directory's tensors -> their files, added to each unexpected or mismatched name.
+std::string mismatch_message(const StateDictLoadReport& report, const std::string& path,
+                             const std::map<std::string, std::string>& file_of) {
+  const auto located = [&](const std::vector<std::string>& items, bool name_ends_at_colon) {
+    if (file_of.empty()) return items;
+    std::vector<std::string> out;
+    for (const auto& item : items) {
+      const auto found = file_of.find(name_ends_at_colon ? item.substr(0, item.find(": ")) : item);
+      out.push_back(found == file_of.end() ? item : item + " (in " + found->second + ")");
+    }
+    return out;
+  };
+  const bool directory = !file_of.empty();
   std::string message = "cpprun: load_state_dict refused " + path +
                         ": its tensors do not match the module's, and nothing was loaded.";
   if (!report.missing_keys.empty()) {
-    message += "\n  missing from the file (" + std::to_string(report.missing_keys.size()) +
-               "): " + join(report.missing_keys, ", ");
+    message += std::string("\n  missing from the ") + (directory ? "index and its files" : "file") + " (" +
+               std::to_string(report.missing_keys.size()) + "): " + join(report.missing_keys, ", ");
   }
   if (!report.unexpected_keys.empty()) {
-    message += "\n  in the file but not in the module (" + std::to_string(report.unexpected_keys.size()) +
-               "): " + join(report.unexpected_keys, ", ");
+    message += std::string("\n  in the ") + (directory ? "files" : "file") + " but not in the module (" +
+               std::to_string(report.unexpected_keys.size()) +
+               "): " + join(located(report.unexpected_keys, false), ", ");
   }
   if (!report.mismatched.empty()) {
     message += "\n  shape or dtype differs (" + std::to_string(report.mismatched.size()) + "):\n    " +
-               join(report.mismatched, "\n    ");
+               join(located(report.mismatched, true), "\n    ");
   }
   return message + "\nIs it another model's file? To load only what fits, pass StateDictOptions().strict(false).";
 }
@@ -161,9 +168,18 @@ StateDictLoadReport compare_state(const NamedTensors& module, const NamedTensors
   return report;
 }
 
-std::string encode_state_dict(const NamedTensors& tensors, const std::string& path) {
-  if (format_of(path) == StateDictFormat::kTorchSave) return encode_torch_save(tensors);
+std::string read_state_dict_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::system_error(errno, std::generic_category(), "cpprun: cannot read state dict " + path);
+  std::ostringstream contents;
+  contents << in.rdbuf();
+  if (in.bad()) throw std::system_error(errno, std::generic_category(), "cpprun: cannot read state dict " + path);
+  return std::move(contents).str();
+}
+
+std::string encode_safetensors(const NamedTensors& tensors, std::map<std::string, std::string> metadata) {
   std::vector<at::Tensor> cpu;  // keeps the bytes alive while written
+  cpu.reserve(tensors.size());
   std::vector<SafetensorsTensor> entries;
   for (const auto& [name, tensor] : tensors) {
     const char* dtype = nullptr;
@@ -176,12 +192,16 @@ std::string encode_state_dict(const NamedTensors& tensors, const std::string& pa
     entries.push_back({name, dtype, cpu.back().sizes().vec(),
                        std::string_view(static_cast<const char*>(cpu.back().data_ptr()), cpu.back().nbytes())});
   }
-  return write_safetensors(std::move(entries), {{"format", "pt"}});
+  metadata["format"] = "pt";  // what transformers looks for
+  return write_safetensors(std::move(entries), std::move(metadata));
 }
 
-NamedTensors decode_state_dict(std::string_view bytes, const std::string& path) {
-  if (format_of(path) == StateDictFormat::kTorchSave) return decode_torch_save(bytes, path);
-  const SafetensorsFile file = read_safetensors(bytes, path);
+std::string encode_state_dict(const NamedTensors& tensors, const std::string& path) {
+  if (format_of(path) == StateDictFormat::kTorchSave) return encode_torch_save(tensors);
+  return encode_safetensors(tensors, {});
+}
+
+NamedTensors decode_safetensors(const SafetensorsFile& file, const std::string& path) {
   NamedTensors out;
   for (const auto& entry : file.tensors) {
     const at::ScalarType* type = nullptr;
@@ -199,28 +219,18 @@ NamedTensors decode_state_dict(std::string_view bytes, const std::string& path) 
   return out;
 }
 
-void save_state_dict_file(torch::nn::Module& module, const std::string& path) {
-  const std::string bytes = encode_state_dict(module_state(module), path);
-  // .pt: cpprun's checksum footer, which torch.load ignores (Note [Checkpoint footer]);
-  // .safetensors: the checksum is in the header's __metadata__.
-  if (format_of(path) == StateDictFormat::kTorchSave) {
-    write_checkpoint_file(path, bytes);
-  } else {
-    write_file_atomically(path, bytes);
-  }
+NamedTensors decode_state_dict(std::string_view bytes, const std::string& path) {
+  if (format_of(path) == StateDictFormat::kTorchSave) return decode_torch_save(bytes, path);
+  return decode_safetensors(read_safetensors(bytes, path), path);
 }
 
-StateDictLoadReport load_state_dict_file(torch::nn::Module& module, const std::string& path,
-                                         const StateDictOptions& options) {
-  const StateDictFormat format = format_of(path);
-  // A .pt that torch.save wrote has no footer and is read as it is; ours is checked.
-  const std::string bytes = format == StateDictFormat::kTorchSave ? read_checkpoint_file(path, UncheckedFiles::kAccept)
-                                                                   : read_file(path);
-  const NamedTensors file = decode_state_dict(bytes, path);
+StateDictLoadReport load_named_tensors(torch::nn::Module& module, const NamedTensors& file, const std::string& where,
+                                       const StateDictOptions& options,
+                                       const std::map<std::string, std::string>& file_of) {
   const NamedTensors mine = module_state(module);
   StateDictLoadReport report = compare_state(mine, file);
   const bool differs = !report.missing_keys.empty() || !report.unexpected_keys.empty() || !report.mismatched.empty();
-  if (options.strict() && differs) throw StateDictMismatchError(mismatch_message(report, path));
+  if (options.strict() && differs) throw StateDictMismatchError(mismatch_message(report, where, file_of));
   std::map<std::string, const at::Tensor*> by_name;
   for (const auto& [name, tensor] : file) by_name[name] = &tensor;
   at::NoGradGuard no_grad;
@@ -234,11 +244,43 @@ StateDictLoadReport load_state_dict_file(torch::nn::Module& module, const std::s
   return report;
 }
 
-void save_state_dict(torch::nn::Module& module, const ProcessGroup& group, const std::string& path) {
+void save_state_dict_file(torch::nn::Module& module, const std::string& path, const StateDictSaveOptions& options) {
+  if (is_sharded_state_dict_path(path)) {
+    save_sharded_state_dict(module, nullptr, path, options);
+    return;
+  }
+  const NamedTensors state = module_state(module);
+  // .pt: cpprun's checksum footer, which torch.load ignores (Note [Checkpoint footer]);
+  // .safetensors: the checksum is in the header's __metadata__, with the step when given.
+  if (format_of(path) == StateDictFormat::kTorchSave) {
+    write_checkpoint_file(path, encode_torch_save(state));
+  } else {
+    std::map<std::string, std::string> metadata;
+    if (options.step()) metadata[std::string(kStepKey)] = std::to_string(*options.step());
+    write_file_atomically(path, encode_safetensors(state, std::move(metadata)));
+  }
+}
+
+StateDictLoadReport load_state_dict_file(torch::nn::Module& module, const std::string& path,
+                                         const StateDictOptions& options) {
+  if (is_sharded_state_dict_path(path)) return load_sharded_state_dict(module, path, options);
+  const StateDictFormat format = format_of(path);
+  // A .pt that torch.save wrote has no footer and is read as it is; ours is checked.
+  const std::string bytes = format == StateDictFormat::kTorchSave ? read_checkpoint_file(path, UncheckedFiles::kAccept)
+                                                                   : read_state_dict_bytes(path);
+  return load_named_tensors(module, decode_state_dict(bytes, path), path, options);
+}
+
+void save_state_dict(torch::nn::Module& module, const ProcessGroup& group, const std::string& path,
+                     const StateDictSaveOptions& options) {
+  if (is_sharded_state_dict_path(path)) {
+    save_sharded_state_dict(module, &group, path, options);
+    return;
+  }
   std::exception_ptr failure;
   if (group.rank() == 0) {
     try {
-      save_state_dict_file(module, path);
+      save_state_dict_file(module, path, options);
     } catch (...) {
       failure = std::current_exception();
     }
@@ -270,7 +312,9 @@ StateDictLoadReport load_state_dict(torch::nn::Module& module, const ProcessGrou
 namespace cpprun::detail {
 
 // cpprun/state_dict.h's entry points for a plain module.
-void save_module_state_dict(torch::nn::Module& module, const std::string& path) { save_state_dict_file(module, path); }
+void save_module_state_dict(torch::nn::Module& module, const std::string& path, const StateDictSaveOptions& options) {
+  save_state_dict_file(module, path, options);
+}
 StateDictLoadReport load_module_state_dict(torch::nn::Module& module, const std::string& path,
                                            const StateDictOptions& options) {
   return load_state_dict_file(module, path, options);

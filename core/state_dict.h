@@ -1,14 +1,17 @@
 // State dicts by name (cpprun/state_dict.h): a module's parameters and buffers under PyTorch's
-// state_dict() names, as .safetensors or .pt (torch.save's dict) by the file's extension; the
-// comparison that strict loading decides on; and the collective versions DDP and FSDP call.
+// state_dict() names, as .safetensors or .pt (torch.save's dict) by the file's extension, or a
+// directory in Hugging Face's sharded layout (core/sharded_state_dict.h); the comparison that
+// strict loading decides on; and the collective versions DDP and FSDP call.
 #pragma once
 
 #include <torch/nn/module.h>
 
+#include <map>
 #include <string>
 
 #include "cpprun/process_group.h"
 #include "cpprun/state_dict_options.h"
+#include "support/safetensors.h"
 #include "support/torch_save_file.h"
 
 namespace cpprun::detail {
@@ -24,16 +27,32 @@ StateDictLoadReport compare_state(const NamedTensors& module, const NamedTensors
 std::string encode_state_dict(const NamedTensors& tensors, const std::string& path);
 // The tensors in a file's bytes (CPU), by PATH's extension.
 NamedTensors decode_state_dict(std::string_view bytes, const std::string& path);
+// safetensors bytes for `tensors`, with `metadata` (plus "format": "pt" and the CRC) in the header.
+std::string encode_safetensors(const NamedTensors& tensors, std::map<std::string, std::string> metadata);
+// The tensors of a parsed safetensors file, copied out (CPU); `path` names it in errors.
+NamedTensors decode_safetensors(const SafetensorsFile& file, const std::string& path);
+// PATH's bytes; a system_error naming it when it cannot be read.
+std::string read_state_dict_bytes(const std::string& path);
+
+// Loads `file` into `module` in place, by name: what strict loading decides and does. `where`
+// names the source in the error; `file_of` (a directory's tensors -> their files) adds each
+// unexpected or mismatched tensor's file to it. Throws StateDictMismatchError, changing nothing.
+StateDictLoadReport load_named_tensors(torch::nn::Module& module, const NamedTensors& file, const std::string& where,
+                                       const StateDictOptions& options,
+                                       const std::map<std::string, std::string>& file_of = {});
 
 // One process: writes PATH atomically / reads it into `module` in place. A strict load that finds
-// differences throws StateDictMismatchError and changes nothing.
-void save_state_dict_file(torch::nn::Module& module, const std::string& path);
+// differences throws StateDictMismatchError and changes nothing. A directory: the sharded layout
+// (core/sharded_state_dict.h).
+void save_state_dict_file(torch::nn::Module& module, const std::string& path, const StateDictSaveOptions& options);
 StateDictLoadReport load_state_dict_file(torch::nn::Module& module, const std::string& path,
                                          const StateDictOptions& options);
 
-// Collective: rank 0 writes (reads, then broadcasts the module's state); a failure on rank 0 is
-// raised on every rank. The report is the same on every rank.
-void save_state_dict(torch::nn::Module& module, const ProcessGroup& group, const std::string& path);
+// Collective: rank 0 writes (a directory: every rank writes its share) / rank 0 reads, then
+// broadcasts the module's state; a failure on any rank is raised on every rank. The report is
+// the same on every rank.
+void save_state_dict(torch::nn::Module& module, const ProcessGroup& group, const std::string& path,
+                     const StateDictSaveOptions& options);
 StateDictLoadReport load_state_dict(torch::nn::Module& module, const ProcessGroup& group, const std::string& path,
                                     const StateDictOptions& options);
 

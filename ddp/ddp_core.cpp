@@ -191,7 +191,9 @@ double DdpCore::clip_grad_norm(double max_norm) {
 }
 void DdpCore::save_full_state(const std::string& path) { detail::save_full_state(impl_->module, impl_->group, path); }
 void DdpCore::load_full_state(const std::string& path) { detail::load_full_state(impl_->module, impl_->group, path); }
-void DdpCore::save_state_dict(const std::string& path) { detail::save_state_dict(impl_->module, impl_->group, path); }
+void DdpCore::save_state_dict(const std::string& path, const StateDictSaveOptions& options) {
+  detail::save_state_dict(impl_->module, impl_->group, path, options);
+}
 StateDictLoadReport DdpCore::load_state_dict(const std::string& path, const StateDictOptions& options) {
   return detail::load_state_dict(impl_->module, impl_->group, path, options);
 }

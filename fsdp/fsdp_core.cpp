@@ -264,11 +264,12 @@ static void refuse_mixed_precision(const FsdpOptions& options, const char* call,
               "load_sharded_checkpoint, or a model without param_dtype.");
 }
 
-void FsdpCore::save_state_dict(const std::string& path) {
+void FsdpCore::save_state_dict(const std::string& path, const StateDictSaveOptions& options) {
   refuse_mixed_precision(impl_->options, "save_state_dict", path);
+  // Every rank gathers everything, also for a sharded save (each rank then writes its share).
   gather_full_parameters();  // collective: every rank takes part
   ReleaseAfter release(impl_->residency.get());
-  detail::save_state_dict(impl_->module, impl_->groups.whole, path);
+  detail::save_state_dict(impl_->module, impl_->groups.whole, path, options);
 }
 
 StateDictLoadReport FsdpCore::load_state_dict(const std::string& path, const StateDictOptions& options) {

@@ -5,11 +5,11 @@
 #include <algorithm>
 #include <cstdio>
 #include <memory>
-#include <set>
 #include <utility>
 
 #include "cpprun/checkpoint_file.h"
 #include "support/crc32.h"
+#include "support/json.h"
 
 namespace cpprun::detail {
 namespace {
@@ -20,201 +20,6 @@ constexpr int kMaxJsonDepth = 8;                        // a header nests 3 deep
 [[noreturn]] void bad(const std::string& path, const std::string& why) {
   throw CorruptCheckpointError("cpprun: safetensors file " + path + " is invalid: " + why +
                                ". Write it again, or use another file.");
-}
-
-// Just enough JSON for a header: objects, arrays, strings, numbers (kept as text).
-struct Json {
-  enum class Kind { kObject, kArray, kString, kNumber, kOther } kind = Kind::kOther;
-  std::vector<std::pair<std::string, Json>> members;
-  std::vector<Json> items;
-  std::string text;
-};
-
-class JsonParser {
- public:
-  JsonParser(std::string_view text, const std::string& path) : text_(text), path_(path) {}
-
-  Json parse_document() {
-    Json value = parse_value(0);
-    skip_space();
-    if (pos_ != text_.size()) fail("unexpected text after the JSON object");
-    return value;
-  }
-
- private:
-  [[noreturn]] void fail(const std::string& what) {
-    bad(path_, "its JSON header is malformed at byte " + std::to_string(pos_) + " of " +
-                   std::to_string(text_.size()) + ": " + what);
-  }
-  void skip_space() {
-    while (pos_ < text_.size() && (text_[pos_] == ' ' || text_[pos_] == '\n' || text_[pos_] == '\r' ||
-                                   text_[pos_] == '\t')) {
-      ++pos_;
-    }
-  }
-  char peek() {
-    skip_space();
-    if (pos_ >= text_.size()) fail("it ends early");
-    return text_[pos_];
-  }
-  void expect(char c) {
-    if (peek() != c) fail(std::string("expected '") + c + "'");
-    ++pos_;
-  }
-  Json parse_value(int depth) {
-    if (depth > kMaxJsonDepth) fail("nested too deeply");
-    Json value;
-    const char c = peek();
-    if (c == '{') {
-      value.kind = Json::Kind::kObject;
-      ++pos_;
-      std::set<std::string> seen;
-      if (peek() == '}') {
-        ++pos_;
-        return value;
-      }
-      while (true) {
-        if (peek() != '"') fail("expected a key");
-        std::string key = parse_string();
-        if (!seen.insert(key).second) fail("the key \"" + key + "\" appears twice");
-        expect(':');
-        value.members.emplace_back(std::move(key), parse_value(depth + 1));
-        if (peek() == ',') {
-          ++pos_;
-          continue;
-        }
-        expect('}');
-        return value;
-      }
-    }
-    if (c == '[') {
-      value.kind = Json::Kind::kArray;
-      ++pos_;
-      if (peek() == ']') {
-        ++pos_;
-        return value;
-      }
-      while (true) {
-        value.items.push_back(parse_value(depth + 1));
-        if (peek() == ',') {
-          ++pos_;
-          continue;
-        }
-        expect(']');
-        return value;
-      }
-    }
-    if (c == '"') {
-      value.kind = Json::Kind::kString;
-      value.text = parse_string();
-      return value;
-    }
-    if (c == '-' || (c >= '0' && c <= '9')) {
-      value.kind = Json::Kind::kNumber;
-      const std::size_t start = pos_;
-      while (pos_ < text_.size() && std::string_view("+-.eE0123456789").find(text_[pos_]) != std::string_view::npos) {
-        ++pos_;
-      }
-      value.text = std::string(text_.substr(start, pos_ - start));
-      return value;
-    }
-    for (std::string_view word : {"true", "false", "null"}) {
-      if (text_.substr(pos_, word.size()) == word) {
-        pos_ += word.size();
-        return value;
-      }
-    }
-    fail(std::string("unexpected character '") + c + "'");
-  }
-  std::string parse_string() {
-    expect('"');
-    std::string out;
-    while (true) {
-      if (pos_ >= text_.size()) fail("a string is not closed");
-      const char c = text_[pos_++];
-      if (c == '"') return out;
-      if (static_cast<unsigned char>(c) < 0x20) fail("a control character inside a string");
-      if (c != '\\') {
-        out.push_back(c);
-        continue;
-      }
-      if (pos_ >= text_.size()) fail("a string is not closed");
-      const char e = text_[pos_++];
-      switch (e) {
-        case '"': case '\\': case '/': out.push_back(e); break;
-        case 'b': out.push_back('\b'); break;
-        case 'f': out.push_back('\f'); break;
-        case 'n': out.push_back('\n'); break;
-        case 'r': out.push_back('\r'); break;
-        case 't': out.push_back('\t'); break;
-        case 'u': out += parse_unicode_escape(); break;
-        default: fail(std::string("unknown escape \\") + e);
-      }
-    }
-  }
-  unsigned hex4() {
-    if (pos_ + 4 > text_.size()) fail("a \\u escape is cut short");
-    unsigned value = 0;
-    for (int i = 0; i < 4; ++i) {
-      const char h = text_[pos_++];
-      value <<= 4;
-      if (h >= '0' && h <= '9') value |= h - '0';
-      else if (h >= 'a' && h <= 'f') value |= h - 'a' + 10;
-      else if (h >= 'A' && h <= 'F') value |= h - 'A' + 10;
-      else fail("a \\u escape with a non-hex digit");
-    }
-    return value;
-  }
-  std::string parse_unicode_escape() {
-    unsigned code = hex4();
-    if (code >= 0xD800 && code < 0xDC00) {  // a surrogate pair
-      if (text_.substr(pos_, 2) != "\\u") fail("a lone surrogate in a \\u escape");
-      pos_ += 2;
-      const unsigned low = hex4();
-      if (low < 0xDC00 || low >= 0xE000) fail("a lone surrogate in a \\u escape");
-      code = 0x10000 + ((code - 0xD800) << 10) + (low - 0xDC00);
-    } else if (code >= 0xDC00 && code < 0xE000) {
-      fail("a lone surrogate in a \\u escape");
-    }
-    std::string out;
-    if (code < 0x80) {
-      out.push_back(static_cast<char>(code));
-    } else if (code < 0x800) {
-      out.push_back(static_cast<char>(0xC0 | (code >> 6)));
-      out.push_back(static_cast<char>(0x80 | (code & 0x3F)));
-    } else if (code < 0x10000) {
-      out.push_back(static_cast<char>(0xE0 | (code >> 12)));
-      out.push_back(static_cast<char>(0x80 | ((code >> 6) & 0x3F)));
-      out.push_back(static_cast<char>(0x80 | (code & 0x3F)));
-    } else {
-      out.push_back(static_cast<char>(0xF0 | (code >> 18)));
-      out.push_back(static_cast<char>(0x80 | ((code >> 12) & 0x3F)));
-      out.push_back(static_cast<char>(0x80 | ((code >> 6) & 0x3F)));
-      out.push_back(static_cast<char>(0x80 | (code & 0x3F)));
-    }
-    return out;
-  }
-
-  std::string_view text_;
-  const std::string& path_;
-  std::size_t pos_ = 0;
-};
-
-void append_json_string(std::string& out, std::string_view text) {
-  out.push_back('"');
-  for (const char c : text) {
-    if (c == '"' || c == '\\') {
-      out.push_back('\\');
-      out.push_back(c);
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char escaped[8];
-      std::snprintf(escaped, sizeof escaped, "\\u%04x", static_cast<unsigned>(c));
-      out += escaped;
-    } else {
-      out.push_back(c);
-    }
-  }
-  out.push_back('"');
 }
 
 std::string hex8(std::uint32_t value) {
@@ -340,7 +145,12 @@ SafetensorsFile read_safetensors(std::string_view bytes, const std::string& path
   }
   const std::string_view header = bytes.substr(8, header_size);
   if (header.empty() || header[0] != '{') bad(path, "its header does not start with '{'");
-  const Json root = JsonParser(header, path).parse_document();
+  Json root;
+  try {
+    root = parse_json(header, kMaxJsonDepth);
+  } catch (const JsonSyntaxError& e) {
+    bad(path, std::string("its JSON header is ") + e.what());
+  }
   if (root.kind != Json::Kind::kObject) bad(path, "its header is not a JSON object");
 
   const std::string_view data = bytes.substr(8 + header_size);

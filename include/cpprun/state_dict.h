@@ -1,18 +1,28 @@
 // State dicts by parameter name, in files PyTorch and Hugging Face read, for a plain module or any
-// DataParallel wrapper. The format follows the extension:
+// DataParallel wrapper. The format follows the path:
 //   .safetensors   Hugging Face's safetensors (safetensors.torch.load_file, transformers)
 //   .pt / .pth     torch.save's dict of tensors (torch.load(path), default weights_only=True)
+//   DIR/           (a path ending in '/', or an existing directory) Hugging Face's sharded layout,
+//                  what save_pretrained writes and from_pretrained reads: model-0000R-of-0000N
+//                  .safetensors files of whole tensors plus model.safetensors.index.json. A wrapper
+//                  saves in parallel: each rank writes one file, about 1/N of the bytes. Loading
+//                  reads DIR/model.safetensors.index.json (the path may also name the index), or
+//                  DIR/model.safetensors when DIR holds that alone; at any world size.
 // The names are Python's model.state_dict() keys: parameters and buffers ("0.weight",
 // "1.running_mean"), a tied weight under each of its names.
 //
 //   cpprun::save_state_dict(net, "model.safetensors");            // a module: this process alone
 //   cpprun::save_state_dict(model, "model.pt");                   // DDP/FSDP: collective, rank 0 writes
 //   cpprun::load_state_dict(net, "pytorch_model.pt");             // strict: one error lists every difference
+//   cpprun::save_state_dict(model, "run/hf/", cpprun::StateDictSaveOptions().step(step));  // sharded
 //   auto report = cpprun::load_state_dict(net, "f.safetensors", cpprun::StateDictOptions().strict(false));
 //
 // Files are written atomically and carry a CRC-32 (.safetensors: in __metadata__; .pt: cpprun's
 // footer, which torch.load ignores); a damaged file is refused, naming it. Files without one
-// (written by Python) load unchecked.
+// (written by Python) load unchecked. Every file of a sharded save carries one random save id
+// (and the step, when given); a directory whose files come from different saves, a file the
+// index names but the directory lacks, or a file lacking a tensor the index places in it is
+// refused, naming the file (cpprun::CorruptCheckpointError).
 #pragma once
 
 #include <torch/nn/module.h>
@@ -29,7 +39,7 @@
 namespace cpprun {
 namespace detail {
 
-void save_module_state_dict(torch::nn::Module& module, const std::string& path);
+void save_module_state_dict(torch::nn::Module& module, const std::string& path, const StateDictSaveOptions& options);
 StateDictLoadReport load_module_state_dict(torch::nn::Module& module, const std::string& path,
                                            const StateDictOptions& options);
 
@@ -49,23 +59,26 @@ torch::nn::Module& as_module(const torch::nn::ModuleHolder<M>& holder) {
 }  // namespace detail
 
 // Writes the model's state dict to PATH. A DataParallel wrapper: collective, every rank calls it;
-// rank 0 writes the wrapped module's state (FSDP gathers the full parameters first). A module
-// (a torch::nn::Module, a shared_ptr to one, or a module holder such as torch::nn::Linear): this
-// process alone writes.
+// rank 0 writes the wrapped module's state (FSDP gathers the full parameters first), or, to a
+// directory, each rank writes its share of the tensors and rank 0 the index last. A module (a
+// torch::nn::Module, a shared_ptr to one, or a module holder such as torch::nn::Linear): this
+// process alone writes (a directory: one shard file and the index).
 template <typename Model>
-void save_state_dict(Model&& model, const std::string& path) {
+void save_state_dict(Model&& model, const std::string& path,
+                     const StateDictSaveOptions& options = StateDictSaveOptions()) {
   if constexpr (detail::DataParallelWrapper<std::remove_reference_t<Model>>) {
-    detail::DataParallelAccess::core(*model).save_state_dict(path);
+    detail::DataParallelAccess::core(*model).save_state_dict(path, options);
   } else {
-    detail::save_module_state_dict(detail::as_module(model), path);
+    detail::save_module_state_dict(detail::as_module(model), path, options);
   }
 }
 
 // Copies PATH's tensors into the model's parameters and buffers in place, by name; a file whose
 // names, shapes or dtypes differ is refused (StateDictMismatchError, listing every difference,
-// nothing loaded) unless options.strict(false), which loads what fits and reports the rest. A
-// wrapper: collective; rank 0 reads, the values are broadcast (FSDP: each rank keeps its rows),
-// and every rank returns the same report or throws the same error.
+// nothing loaded) unless options.strict(false), which loads what fits and reports the rest; from
+// a directory, the error also names the file of each unexpected or mismatched tensor. A wrapper:
+// collective; rank 0 reads (every file of a directory), the values are broadcast (FSDP: each
+// rank keeps its rows), and every rank returns the same report or throws the same error.
 template <typename Model>
 StateDictLoadReport load_state_dict(Model&& model, const std::string& path,
                                     const StateDictOptions& options = StateDictOptions()) {

@@ -1,6 +1,8 @@
 // Options and the result of cpprun::load_state_dict (cpprun/state_dict.h).
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -20,6 +22,20 @@ class StateDictOptions {
 
  private:
   bool strict_ = true;
+};
+
+class StateDictSaveOptions {
+ public:
+  // The training step, recorded in every file's safetensors __metadata__ (and a sharded save's
+  // index) as "cpprun_step"; not recorded when not given.
+  StateDictSaveOptions& step(int64_t value) {
+    step_ = value;
+    return *this;
+  }
+  const std::optional<int64_t>& step() const { return step_; }
+
+ private:
+  std::optional<int64_t> step_;
 };
 
 // What load_state_dict did not load (all empty after a strict load, which throws otherwise), as

@@ -1,15 +1,24 @@
 // State dicts through DDP and FSDP (cpprun/state_dict.h): what a wrapper saves is what the plain
 // module holds; what a wrapper loads is what the plain module would, on every rank, and the
-// sharded model computes with it; a file of other shapes is refused on every rank.
+// sharded model computes with it; a file of other shapes is refused on every rank. The same for
+// directories in Hugging Face's sharded layout, which each rank writes its share of; and (run by
+// hf_sharded_reshard.sh) a directory saved on 4 ranks loads bit-exactly on 1 to 3.
 #include <catch2/catch.hpp>
 #include <torch/torch.h>
 #include <unistd.h>  // getppid
 
 #include <cstdio>
+#include <fstream>
+#include <iterator>
+#include <cstdlib>
+#include <filesystem>
+#include <set>
 #include <string>
 
 #include "cpprun/cpprun.h"
 #include "dist_test_support.h"
+#include "support/safetensors.h"
+#include "support/safetensors_index.h"
 
 namespace {
 
@@ -137,4 +146,130 @@ TEST_CASE("state_dict: DataParallel<Net> (either wrapper, one type) saves and lo
   cpprun::DataParallel<Net> model =
       cpprun::FullyShardedDataParallel(seeded(1), group(), cpprun::FsdpOptions().stage(2));
   check_wrapper(model, "dataparallel");
+}
+
+namespace {
+
+// The shard files DIR's index names, each checked to carry the index's save id and `step`.
+std::set<std::string> checked_shard_files(const std::string& dir, int64_t step) {
+  namespace fs = std::filesystem;
+  const fs::path index_path = fs::path(dir) / "model.safetensors.index.json";
+  std::ifstream in(index_path);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto index = cpprun::detail::read_safetensors_index(text, index_path.string());
+  std::set<std::string> files;
+  for (const auto& [name, file] : index.weight_map) files.insert(file);
+  for (const auto& file : files) {
+    std::ifstream shard(fs::path(dir) / file, std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(shard)), std::istreambuf_iterator<char>());
+    const auto parsed = cpprun::detail::read_safetensors(bytes, file);
+    CHECK(parsed.metadata.at("cpprun_save_id") == index.metadata.at("cpprun_save_id"));
+    CHECK(parsed.metadata.at("cpprun_step") == std::to_string(step));
+  }
+  return files;
+}
+
+template <typename Wrapper>
+void check_sharded_wrapper(Wrapper& model, const std::string& kind) {
+  const int rank = group().rank(), world = group().size();
+  const std::string base = "/tmp/cpprun_hf_sharded_" + kind + "_" + std::to_string(::getppid());
+  const std::string saved = base + "_saved/", source = base + "_source/";
+  INFO(kind);
+  // Save: every rank writes its share; every rank reads the whole directory into a plain module.
+  cpprun::save_state_dict(model, saved, cpprun::StateDictSaveOptions().step(11));
+  auto plain = seeded(7);
+  cpprun::load_state_dict(plain, saved);
+  check_same_state(*plain, *seeded(1));
+  const auto files = checked_shard_files(saved, 11);
+  CHECK(files.size() == static_cast<std::size_t>(std::min(world, 5)));  // Net has 5 tensors
+  CHECK(files.count(cpprun::detail::shard_file_name(1, static_cast<int>(files.size()))) == 1);
+
+  // Load: a directory rank 0 wrote alone; the wrapper computes what the plain seed-2 module does.
+  if (rank == 0) cpprun::save_state_dict(seeded(2), source);
+  cpprun::load_state_dict(model, source);
+  torch::manual_seed(3);
+  const auto x = torch::randn({6, 8});
+  {
+    torch::NoGradGuard no_grad;
+    CHECK(torch::allclose(model->forward(x), seeded(2)->forward(x)));
+  }
+  // Another model's directory: refused on every rank, naming it; rank 0 lists the files.
+  if (rank == 0) cpprun::save_state_dict(seeded(4, 9), source);
+  std::string message = "(no error)";
+  try {
+    cpprun::load_state_dict(model, source);
+  } catch (const std::exception& e) {
+    message = e.what();
+  }
+  CHECK_THAT(message, Catch::Matchers::Contains(base + "_source"));
+  if (rank == 0) {
+    CHECK_THAT(message, Catch::Matchers::Contains("fc1.weight: file float32 [9, 8], module float32 [13, 8] "
+                                                  "(in model-00001-of-00001.safetensors)"));
+  }
+  cpprun::barrier(group());
+  if (rank == 0) {
+    std::filesystem::remove_all(saved);
+    std::filesystem::remove_all(source);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("state_dict: DDP and FSDP at every stage save a Hugging Face sharded directory, a share per rank",
+          "[state_dict]") {
+  const int stage = GENERATE(0, 1, 2, 3);  // 0: DDP
+  if (stage == 0) {
+    auto model = cpprun::DistributedDataParallel(seeded(1), group());
+    check_sharded_wrapper(model, "ddp");
+  } else {
+    auto model = cpprun::FullyShardedDataParallel(seeded(1), group(),
+                                                  cpprun::FsdpOptions().stage(stage).wrap_policy(is_linear));
+    check_sharded_wrapper(model, "fsdp" + std::to_string(stage));
+  }
+}
+
+TEST_CASE("state_dict: HSDP (2 replicas x 2 shards) saves a Hugging Face sharded directory", "[state_dict]") {
+  if (group().size() != 4) return;
+  const cpprun::DeviceMesh mesh(group(), std::vector<int>{2, 2}, std::vector<std::string>{"replicate", "shard"});
+  auto model =
+      cpprun::FullyShardedDataParallel(seeded(1), mesh, cpprun::FsdpOptions().stage(3).wrap_policy(is_linear));
+  check_sharded_wrapper(model, "hsdp");
+}
+
+// Run by tests/dist/hf_sharded_reshard.sh: CPPRUN_HF_PHASE=save (on 4 ranks) saves FSDP stage 3's
+// seed-5 model into CPPRUN_HF_DIR, one file per rank; =load (on 1 to 3 ranks) loads it into a
+// plain module, DDP and FSDP stage 3, each equal bit for bit to the seed-5 model.
+TEST_CASE("state_dict: a Hugging Face sharded directory saved on 4 ranks loads at another world size",
+          "[.hf_reshard]") {
+  const char* phase = std::getenv("CPPRUN_HF_PHASE");
+  const char* dir_env = std::getenv("CPPRUN_HF_DIR");
+  REQUIRE(phase != nullptr);
+  REQUIRE(dir_env != nullptr);
+  const std::string dir = std::string(dir_env) + "/";
+  const int rank = group().rank();
+  if (std::string(phase) == "save") {
+    REQUIRE(group().size() == 4);
+    auto model = cpprun::FullyShardedDataParallel(seeded(5), group(),
+                                                  cpprun::FsdpOptions().stage(3).wrap_policy(is_linear));
+    cpprun::save_state_dict(model, dir, cpprun::StateDictSaveOptions().step(3));
+    CHECK(checked_shard_files(dir, 3).size() == 4);
+    return;
+  }
+  auto plain = seeded(7);
+  cpprun::load_state_dict(plain, dir);
+  check_same_state(*plain, *seeded(5));
+  auto ddp = cpprun::DistributedDataParallel(seeded(7), group());
+  cpprun::load_state_dict(ddp, dir);
+  check_same_state(*ddp->module(), *seeded(5));
+  // FSDP keeps only its rows: what it saves again, gathered, is the seed-5 model.
+  auto fsdp =
+      cpprun::FullyShardedDataParallel(seeded(7), group(), cpprun::FsdpOptions().stage(3).wrap_policy(is_linear));
+  cpprun::load_state_dict(fsdp, dir);
+  const std::string again = std::string(dir_env) + "_again_np" + std::to_string(group().size()) + ".safetensors";
+  cpprun::save_state_dict(fsdp, again);
+  auto reloaded = seeded(7);
+  cpprun::load_state_dict(reloaded, again);
+  check_same_state(*reloaded, *seeded(5));
+  cpprun::barrier(group());
+  if (rank == 0) std::remove(again.c_str());
 }

@@ -1,14 +1,18 @@
-// The C++ side of state_dict_interop.sh: writes the reference model's state dict as .pt and
-// .safetensors, or loads a file (from Python) and checks it against the same reference values.
+// The C++ side of state_dict_interop.sh and hf_sharded_interop.sh: writes the reference model's
+// state dict as .pt, .safetensors or a Hugging Face sharded directory, or loads a file or
+// directory (from Python) and checks it against the same reference values.
 //
 //   state_dict_interop write DIR          DIR/cpp.pt, DIR/cpp.safetensors
-//   state_dict_interop read FILE          loads FILE strictly; exit 0 when every value is the reference's
-//   state_dict_interop refuse FILE        loads FILE; prints the error (exit 0) or "loaded" (exit 1)
+//   state_dict_interop write_sharded DIR  under cpprun: FSDP stage 3 saves DIR/ (a file per rank)
+//   state_dict_interop read PATH          loads PATH strictly; exit 0 when every value is the reference's
+//   state_dict_interop refuse PATH        loads PATH; prints the error (exit 0) or "loaded" (exit 1)
 #include <torch/torch.h>
 
 #include <iostream>
 #include <string>
 
+#include "cpprun/fsdp.h"
+#include "cpprun/process_group.h"
 #include "cpprun/state_dict.h"
 
 namespace {
@@ -53,20 +57,30 @@ std::map<std::string, torch::Tensor> reference(Net& net) {
 
 int main(int argc, char** argv) {
   if (argc != 3) {
-    std::cerr << "usage: state_dict_interop write DIR | read FILE | refuse FILE\n";
+    std::cerr << "usage: state_dict_interop write DIR | write_sharded DIR | read PATH | refuse PATH\n";
     return 2;
   }
   const std::string mode = argv[1];
   const std::string target = argv[2];
-  Net net;
+  auto net_ptr = std::make_shared<Net>();
+  Net& net = *net_ptr;
   const auto values = reference(net);
-  if (mode == "write") {
+  if (mode == "write" || mode == "write_sharded") {
     torch::NoGradGuard no_grad;
     // The tied weight is written under both names; its reference is "embed.weight"'s (sorted first).
     for (auto& item : net.named_parameters()) {
       item.value().copy_(values.at(item.key() == "head.weight" ? "embed.weight" : item.key()));
     }
     for (auto& item : net.named_buffers()) item.value().copy_(values.at(item.key()));
+  }
+  if (mode == "write_sharded") {
+    auto group = cpprun::init_process_group();
+    auto model = cpprun::FullyShardedDataParallel(net_ptr, group, cpprun::FsdpOptions().stage(3));
+    cpprun::save_state_dict(model, target + "/", cpprun::StateDictSaveOptions().step(17));
+    if (group.rank() == 0) std::cout << "wrote " << target << "/ on " << group.size() << " ranks\n";
+    return 0;
+  }
+  if (mode == "write") {
     cpprun::save_state_dict(net, target + "/cpp.pt");
     cpprun::save_state_dict(net, target + "/cpp.safetensors");
     std::cout << "wrote " << target << "/cpp.pt and cpp.safetensors\n";

@@ -4,7 +4,13 @@
                                     (torch.load, safetensors.torch.load_file) into Net, equal to the reference
   state_dict_interop.py write DIR   DIR/py.pt (torch.save(model.state_dict())), DIR/py.safetensors
                                     (safetensors.torch.save_file), and DIR/py_other.pt: a Net of other shapes
+  state_dict_interop.py check_sharded DIR N   DIR (cpprun's Hugging Face sharded save on N ranks) reads as one
+                                    model: safetensors.torch.load_file per file + the index; transformers'
+                                    load_sharded_checkpoint too when transformers is installed
+  state_dict_interop.py write_sharded DIR     DIR/py_sharded/ in Hugging Face's layout (3 files + index), and
+                                    DIR/py_sharded_lacking/: its index places a tensor in a file without it
 """
+import json
 import sys
 from pathlib import Path
 
@@ -85,5 +91,73 @@ def write(directory):
     print("wrote py.pt, py.safetensors, py_other.pt")
 
 
+def shard_name(part, parts):
+    return f"model-{part:05d}-of-{parts:05d}.safetensors"
+
+
+def check_sharded(directory, ranks):
+    index = json.loads((directory / "model.safetensors.index.json").read_text())
+    weight_map = index["weight_map"]
+    files = sorted(set(weight_map.values()))
+    # One file per rank (the model has more tensors than ranks), named as transformers names them.
+    assert files == [shard_name(i + 1, ranks) for i in range(ranks)], files
+    tensors, save_ids = {}, set()
+    for file in files:
+        part = safetensors.torch.load_file(directory / file)
+        assert set(part) == {k for k, v in weight_map.items() if v == file}, f"{file} holds {sorted(part)}"
+        assert not set(part) & set(tensors), f"{file} repeats {sorted(set(part) & set(tensors))}"
+        tensors.update(part)
+        with safetensors.safe_open(directory / file, framework="pt") as f:
+            metadata = f.metadata()
+        assert metadata["format"] == "pt" and metadata["cpprun_step"] == "17", metadata
+        save_ids.add(metadata["cpprun_save_id"])
+    assert save_ids == {index["metadata"]["cpprun_save_id"]}, f"save ids {save_ids}, index {index['metadata']}"
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    assert index["metadata"]["total_size"] == total, f"total_size {index['metadata']['total_size']} != {total}"
+    model = Net()
+    expected = reference(model)
+    same(tensors, expected, "the sharded directory")
+    model.load_state_dict(tensors)  # strict
+    same(model.state_dict(), expected, "the sharded directory in Net")
+    print(f"PASS: safetensors reads cpprun's {ranks}-rank sharded directory as one model ({len(tensors)} tensors)")
+    try:
+        from transformers.modeling_utils import load_sharded_checkpoint
+    except ImportError:
+        print("SKIP: transformers is not installed: its load_sharded_checkpoint was not tried")
+        return
+    model = Net()
+    load_sharded_checkpoint(model, directory, strict=True, prefer_safe=True)
+    same(model.state_dict(), expected, "transformers' load_sharded_checkpoint")
+    print("PASS: transformers' load_sharded_checkpoint reads it")
+
+
+def write_sharded(directory):
+    model = Net()
+    with torch.no_grad():
+        for name, value in reference(model).items():
+            model.state_dict()[name].copy_(value)
+    state = {k: v.clone() for k, v in model.state_dict().items()}  # save_file refuses shared storage
+    names = list(state)
+    parts = 3
+    weight_map = {name: shard_name(i * parts // len(names) + 1, parts) for i, name in enumerate(names)}
+    for target, index_map in (("py_sharded", weight_map),
+                              ("py_sharded_lacking", {**weight_map, "body.0.weight": shard_name(3, parts)})):
+        out = directory / target
+        out.mkdir()
+        for part in range(1, parts + 1):
+            file = shard_name(part, parts)
+            safetensors.torch.save_file({k: state[k] for k in names if weight_map[k] == file}, out / file,
+                                        metadata={"format": "pt"})
+        total = sum(t.numel() * t.element_size() for t in state.values())
+        (out / "model.safetensors.index.json").write_text(
+            json.dumps({"metadata": {"total_size": total}, "weight_map": index_map}, indent=2, sort_keys=True))
+    assert weight_map["body.0.weight"] != shard_name(3, parts)
+    print("wrote py_sharded/ and py_sharded_lacking/")
+
+
 if __name__ == "__main__":
-    {"check": check, "write": write}[sys.argv[1]](Path(sys.argv[2]))
+    command = sys.argv[1]
+    if command == "check_sharded":
+        check_sharded(Path(sys.argv[2]), int(sys.argv[3]))
+    else:
+        {"check": check, "write": write, "write_sharded": write_sharded}[command](Path(sys.argv[2]))

@@ -42,7 +42,7 @@ class DataParallelCore {
   virtual void save_sharded(const std::string& dir, torch::optim::Optimizer* optimizer) = 0;
   virtual void load_sharded(const std::string& dir, torch::optim::Optimizer* optimizer) = 0;
   // State dicts by name (cpprun/state_dict.h). Collective.
-  virtual void save_state_dict(const std::string& path) = 0;
+  virtual void save_state_dict(const std::string& path, const StateDictSaveOptions& options) = 0;
   virtual StateDictLoadReport load_state_dict(const std::string& path, const StateDictOptions& options) = 0;
 };
 

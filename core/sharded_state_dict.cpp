@@ -1,0 +1,219 @@
+// See sharded_state_dict.h.
+#include "core/sharded_state_dict.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <random>
+#include <set>
+#include <system_error>
+
+#include "core/failure_agreement.h"
+#include "core/state_dict.h"
+#include "cpprun/atomic_file.h"
+#include "cpprun/checkpoint_file.h"
+#include "cpprun/object_collectives.h"
+#include "support/safetensors.h"
+#include "support/safetensors_index.h"
+
+namespace cpprun::detail {
+namespace fs = std::filesystem;
+namespace {
+
+const std::string kIndexName(kSafetensorsIndexName);
+const std::string kSingleName(kSafetensorsSingleName);
+
+bool names_index_file(const std::string& path) { return fs::path(path).filename().string() == kIndexName; }
+
+// Each tensor's part (0-based) and how many parts there are, the same on every rank.
+struct Plan {
+  std::vector<int> part;
+  int parts = 0;
+};
+Plan plan_for(const NamedTensors& state, int world) {
+  std::vector<std::uint64_t> bytes;
+  for (const auto& [name, tensor] : state) bytes.push_back(tensor.nbytes());
+  Plan plan{partition_by_bytes(bytes, world), 0};
+  for (const int p : plan.part) plan.parts = std::max(plan.parts, p + 1);
+  return plan;
+}
+
+std::map<std::string, std::string> stamp_metadata(const ShardedSaveStamp& stamp) {
+  std::map<std::string, std::string> metadata{{std::string(kSaveIdKey), stamp.save_id}};
+  if (stamp.step) metadata[std::string(kStepKey)] = std::to_string(*stamp.step);
+  return metadata;
+}
+
+std::string join_lines(const std::vector<std::string>& lines) {
+  std::string out;
+  for (const auto& line : lines) out += "\n  " + line;
+  return out;
+}
+
+}  // namespace
+
+bool is_sharded_state_dict_path(const std::string& path) {
+  if (path.empty()) return false;
+  if (path.back() == '/') return true;
+  if (names_index_file(path)) return true;
+  std::error_code ignored;
+  return fs::is_directory(path, ignored);
+}
+
+std::string new_save_id() {
+  std::random_device device;
+  std::string id;
+  for (int i = 0; i < 4; ++i) {
+    char text[9];
+    std::snprintf(text, sizeof text, "%08x", static_cast<unsigned>(device()));
+    id += text;
+  }
+  return id;
+}
+
+void write_state_dict_shard(const NamedTensors& state, const std::string& dir, int rank, int world,
+                            const ShardedSaveStamp& stamp) {
+  const Plan plan = plan_for(state, world);
+  if (rank >= plan.parts) return;  // owns no tensor
+  NamedTensors mine;
+  for (std::size_t i = 0; i < state.size(); ++i) {
+    if (plan.part[i] == rank) mine.push_back(state[i]);
+  }
+  write_file_atomically((fs::path(dir) / shard_file_name(rank + 1, plan.parts)).string(),
+                        encode_safetensors(mine, stamp_metadata(stamp)));
+}
+
+void write_state_dict_index(const NamedTensors& state, const std::string& dir, int world,
+                            const ShardedSaveStamp& stamp) {
+  const Plan plan = plan_for(state, world);
+  SafetensorsIndex index;
+  index.metadata = stamp_metadata(stamp);
+  std::uint64_t total = 0;
+  for (std::size_t i = 0; i < state.size(); ++i) {
+    index.weight_map[state[i].first] = shard_file_name(plan.part[i] + 1, plan.parts);
+    total += state[i].second.nbytes();
+  }
+  index.metadata["total_size"] = std::to_string(total);
+  write_file_atomically((fs::path(dir) / kIndexName).string(), write_safetensors_index(index));
+  // What an earlier save left: other shard files, and a model.safetensors that transformers'
+  // from_pretrained would load in preference to the index (as save_pretrained cleans up).
+  std::set<std::string> written;
+  for (const auto& [name, file] : index.weight_map) written.insert(file);
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    if ((is_shard_file_name(name) && !written.count(name)) || name == kSingleName) {
+      fs::remove(entry.path());
+    }
+  }
+}
+
+void save_sharded_state_dict(torch::nn::Module& module, const ProcessGroup* group, const std::string& dir,
+                             const StateDictSaveOptions& options) {
+  TORCH_CHECK(!names_index_file(dir), "cpprun: save_state_dict(model, \"", dir,
+              "\"): to save in Hugging Face's sharded layout, name the directory (\"",
+              fs::path(dir).parent_path().string(), "/\"); the index is written there.");
+  const NamedTensors state = module_state(module);
+  ShardedSaveStamp stamp{new_save_id(), options.step()};
+  if (!group) {
+    fs::create_directories(dir);
+    write_state_dict_shard(state, dir, 0, 1, stamp);
+    write_state_dict_index(state, dir, 1, stamp);
+    return;
+  }
+  broadcast_bytes(*group, stamp.save_id, 0);  // rank 0's id in every file
+  const std::string what = "saving the state dict to " + dir;
+  std::exception_ptr failure;
+  if (group->rank() == 0) {
+    try {
+      fs::create_directories(dir);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+  agree_on_failure(*group, failure, what);
+  try {
+    write_state_dict_shard(state, dir, group->rank(), group->size(), stamp);
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  // Every file is in place before the index names them.
+  agree_on_failure(*group, failure, what);
+  if (group->rank() == 0) {
+    try {
+      write_state_dict_index(state, dir, group->size(), stamp);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+  agree_on_failure(*group, failure, what);
+}
+
+StateDictLoadReport load_sharded_state_dict(torch::nn::Module& module, const std::string& path,
+                                            const StateDictOptions& options) {
+  const bool names_index = names_index_file(path);
+  const fs::path dir = names_index ? fs::path(path).parent_path() : fs::path(path);
+  const fs::path index_path = dir / kIndexName;
+  const fs::path single_path = dir / kSingleName;
+  if (!names_index) {
+    TORCH_CHECK(fs::is_directory(dir), "cpprun: load_state_dict: ", path, " is not a directory (a path ending in '/' "
+                "names a directory in Hugging Face's sharded layout).");
+    const bool has_index = fs::exists(index_path), has_single = fs::exists(single_path);
+    TORCH_CHECK(!(has_index && has_single), "cpprun: load_state_dict: ", dir.string(), " holds both ",
+                kSafetensorsIndexName, " and ", kSafetensorsSingleName, ", which may be two different saves "
+                "(transformers would load ", kSafetensorsSingleName, "). Remove the one you do not mean, or name "
+                "the file to load.");
+    if (has_single) return load_state_dict_file(module, single_path.string(), options);
+    TORCH_CHECK(has_index, "cpprun: load_state_dict: ", dir.string(), " holds neither ", kSafetensorsIndexName,
+                " nor ", kSafetensorsSingleName, " (Hugging Face's names for a model's weights): is it the "
+                "checkpoint directory?");
+  }
+  const SafetensorsIndex index =
+      read_safetensors_index(read_state_dict_bytes(index_path.string()), index_path.string());
+
+  // Every file the index names must be there before any is read.
+  std::map<std::string, std::vector<std::string>> promised;  // file -> the tensors the index places there
+  for (const auto& [name, file] : index.weight_map) promised[file].push_back(name);
+  std::vector<std::string> absent;
+  for (const auto& [file, names] : promised) {
+    if (!fs::exists(dir / file)) {
+      absent.push_back(file + " (" + std::to_string(names.size()) + " tensor(s), e.g. \"" + names.front() + "\")");
+    }
+  }
+  if (!absent.empty()) {
+    throw CorruptCheckpointError("cpprun: the sharded checkpoint " + index_path.string() + " names " +
+                                 std::to_string(absent.size()) + " file(s) that " + dir.string() + " lacks:" +
+                                 join_lines(absent) + "\nWas a shard lost or not copied? Nothing was loaded.");
+  }
+  // Read (and check each file's CRC), one file's bytes at a time.
+  NamedTensors tensors;
+  std::map<std::string, std::string> file_of;
+  std::vector<ShardFileContents> contents;
+  for (const auto& [file, names] : promised) {
+    const std::string file_path = (dir / file).string();
+    const std::string bytes = read_state_dict_bytes(file_path);
+    const SafetensorsFile parsed = read_safetensors(bytes, file_path);
+    ShardFileContents seen{file, {}, {}};
+    const auto id = parsed.metadata.find(std::string(kSaveIdKey));
+    if (id != parsed.metadata.end()) seen.save_id = id->second;
+    for (auto& [name, tensor] : decode_safetensors(parsed, file_path)) {
+      seen.tensors.push_back(name);
+      file_of[name] = file;
+      tensors.emplace_back(name, std::move(tensor));
+    }
+    contents.push_back(std::move(seen));
+  }
+  const std::vector<std::string> faults = sharded_directory_faults(index, contents);
+  if (!faults.empty()) {
+    throw CorruptCheckpointError("cpprun: the sharded checkpoint in " + dir.string() + " does not hold together (" +
+                                 std::to_string(faults.size()) + " fault(s)), and nothing was loaded:" +
+                                 join_lines(faults) + "\nA save was interrupted, or files of different saves were "
+                                 "put together: save again, or load an earlier checkpoint.");
+  }
+  return load_named_tensors(module, tensors, dir.string(), options, file_of);
+}
+
+}  // namespace cpprun::detail

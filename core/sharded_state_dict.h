@@ -1,0 +1,50 @@
+// State dicts in Hugging Face's sharded layout (support/safetensors_index.h): a directory of
+// model-0000R-of-0000N.safetensors files holding whole tensors, and model.safetensors.index.json.
+// Saved in parallel (each rank writes the contiguous run of tensors it owns, about 1/N of the
+// bytes; rank 0 the index last); loaded by one process, which checks that the index and the
+// files agree and come from one save before anything is copied.
+#pragma once
+
+#include <torch/nn/module.h>
+
+#include <optional>
+#include <string>
+
+#include "cpprun/process_group.h"
+#include "cpprun/state_dict_options.h"
+#include "support/torch_save_file.h"
+
+namespace cpprun::detail {
+
+// Whether PATH means the sharded layout: it ends in '/', is an existing directory, or names a
+// model.safetensors.index.json.
+bool is_sharded_state_dict_path(const std::string& path);
+
+// What every file of one save records.
+struct ShardedSaveStamp {
+  std::string save_id;           // random per save, the same in every file and the index
+  std::optional<int64_t> step;
+};
+std::string new_save_id();  // 32 random hex digits
+
+// The steps of a save of `state` (the same on every rank) by `world` ranks, for the collective
+// below and for tests that play several ranks in one process. write_state_dict_shard: rank
+// `rank`'s file, if it owns any tensor (with fewer tensors than ranks, some own none).
+// write_state_dict_index: the index, once every file is in place; it also removes the shard files
+// and the model.safetensors an earlier save left in DIR, which transformers would otherwise load
+// or which would mix with this save.
+void write_state_dict_shard(const NamedTensors& state, const std::string& dir, int rank, int world,
+                            const ShardedSaveStamp& stamp);
+void write_state_dict_index(const NamedTensors& state, const std::string& dir, int world,
+                            const ShardedSaveStamp& stamp);
+
+// Saves `module`'s state to DIR. `group` null: this process alone (one file); else collective
+// over it, every rank holding the full state: a failure on any rank is raised on every rank.
+void save_sharded_state_dict(torch::nn::Module& module, const ProcessGroup* group, const std::string& dir,
+                             const StateDictSaveOptions& options);
+// Reads DIR (or the index PATH names; a DIR holding only model.safetensors loads that file) into
+// `module` in place, strict as load_state_dict. This process alone.
+StateDictLoadReport load_sharded_state_dict(torch::nn::Module& module, const std::string& path,
+                                            const StateDictOptions& options);
+
+}  // namespace cpprun::detail

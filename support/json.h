@@ -1,0 +1,33 @@
+// Just enough JSON for the files cpprun reads beside tensors (a safetensors header, Hugging Face's
+// model.safetensors.index.json): objects, arrays, strings, numbers kept as their text. Bounded in
+// depth, strict about syntax (a repeated key is an error: the formats do not allow one). No LibTorch.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace cpprun::detail {
+
+struct Json {
+  enum class Kind { kObject, kArray, kString, kNumber, kOther } kind = Kind::kOther;  // kOther: true/false/null
+  std::vector<std::pair<std::string, Json>> members;  // an object's, in the text's order
+  std::vector<Json> items;                             // an array's
+  std::string text;                                    // a string's value, a number's digits
+};
+
+// What is wrong with a text, as "malformed at byte B of N: why"; callers add the file's name.
+class JsonSyntaxError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// One JSON value filling `text` (surrounding white space allowed), nested at most `max_depth`.
+Json parse_json(std::string_view text, int max_depth);
+
+// `text` as a JSON string literal, quotes included, appended to `out`.
+void append_json_string(std::string& out, std::string_view text);
+
+}  // namespace cpprun::detail

@@ -1,0 +1,277 @@
+// State dicts in Hugging Face's sharded layout (core/sharded_state_dict.h): the partition and the
+// index as pure decisions, a module's round trip through a directory, a 4-rank save played in one
+// process, and every way a directory can fail to hold together, each named, the model unchanged.
+#include <catch2/catch.hpp>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <numeric>
+#include <string>
+
+#include "core/sharded_state_dict.h"
+#include "core/state_dict.h"
+#include "cpprun/checkpoint_file.h"
+#include "cpprun/state_dict.h"
+#include "scratch_files.h"
+#include "support/safetensors.h"
+#include "support/safetensors_index.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using cpprun::detail::partition_by_bytes;
+
+// Nine tensors: parameters, then BatchNorm's buffers (Python's nn.Sequential has the same names).
+torch::nn::Sequential net(int64_t hidden = 8) {
+  return torch::nn::Sequential(torch::nn::Linear(4, hidden), torch::nn::BatchNorm1d(hidden),
+                               torch::nn::Linear(hidden, 3));
+}
+
+void scramble(torch::nn::Module& m, double value) {
+  torch::NoGradGuard no_grad;
+  for (auto& t : m.parameters()) t.fill_(value);
+  for (auto& b : m.buffers()) b.fill_(static_cast<int64_t>(value));
+}
+
+void require_equal_state(torch::nn::Module& a, torch::nn::Module& b) {
+  const auto sa = cpprun::detail::module_state(a);
+  const auto sb = cpprun::detail::module_state(b);
+  REQUIRE(sa.size() == sb.size());
+  for (std::size_t i = 0; i < sa.size(); ++i) {
+    INFO(sa[i].first);
+    CHECK(sa[i].first == sb[i].first);
+    CHECK(torch::equal(sa[i].second, sb[i].second));
+  }
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+void write_bytes(const fs::path& path, const std::string& bytes) { std::ofstream(path, std::ios::binary) << bytes; }
+
+// What 4 ranks of one save write, played here: each rank's file, then the index.
+void save_as_ranks(torch::nn::Module& module, const fs::path& dir, int world, const std::string& save_id) {
+  const auto state = cpprun::detail::module_state(module);
+  fs::create_directories(dir);
+  const cpprun::detail::ShardedSaveStamp stamp{save_id, 7};
+  for (int rank = 0; rank < world; ++rank) {
+    cpprun::detail::write_state_dict_shard(state, dir.string(), rank, world, stamp);
+  }
+  cpprun::detail::write_state_dict_index(state, dir.string(), world, stamp);
+}
+
+}  // namespace
+
+TEST_CASE("hf_sharded: tensors split into contiguous runs of about equal bytes", "[state_dict]") {
+  CHECK(partition_by_bytes({}, 4).empty());
+  CHECK(partition_by_bytes({10, 10, 10, 10}, 4) == std::vector<int>{0, 1, 2, 3});
+  CHECK(partition_by_bytes({10, 10, 10, 10}, 2) == std::vector<int>{0, 0, 1, 1});
+  CHECK(partition_by_bytes({10, 10, 10, 10}, 1) == std::vector<int>{0, 0, 0, 0});
+  // Fewer tensors than ranks: the parts used are numbered without gaps.
+  CHECK(partition_by_bytes({10, 10}, 4) == std::vector<int>{0, 1});
+  // One tensor outweighs the rest: still one tensor per rank while there are enough.
+  CHECK(partition_by_bytes({1000, 1, 1, 1}, 4) == std::vector<int>{0, 1, 2, 3});
+  CHECK(partition_by_bytes({1000, 1, 1, 1}, 2) == std::vector<int>{0, 1, 1, 1});
+  CHECK(partition_by_bytes({1, 1, 1, 1000, 1}, 3) == std::vector<int>{0, 0, 0, 1, 2});
+  CHECK(partition_by_bytes({0, 0, 0}, 3) == std::vector<int>{0, 1, 2});
+  // Any split: in order, no gaps, every part used, none above the mean plus one tensor.
+  std::vector<std::uint64_t> bytes;
+  for (int i = 0; i < 50; ++i) bytes.push_back(static_cast<std::uint64_t>((i * 37) % 11 + 1) * 100);
+  const auto part = partition_by_bytes(bytes, 7);
+  std::vector<std::uint64_t> load(7, 0);
+  for (std::size_t i = 0; i < part.size(); ++i) {
+    if (i) CHECK((part[i] == part[i - 1] || part[i] == part[i - 1] + 1));
+    load[part[i]] += bytes[i];
+  }
+  CHECK(part.back() == 6);
+  const auto total = std::accumulate(bytes.begin(), bytes.end(), std::uint64_t{0});
+  for (const auto l : load) {
+    CHECK(l > 0);
+    CHECK(l * 7 <= total + 7 * 1100);
+  }
+}
+
+TEST_CASE("hf_sharded: file names and the index are transformers'", "[state_dict]") {
+  CHECK(cpprun::detail::shard_file_name(1, 4) == "model-00001-of-00004.safetensors");
+  CHECK(cpprun::detail::is_shard_file_name("model-00012-of-00100.safetensors"));
+  CHECK_FALSE(cpprun::detail::is_shard_file_name("model.safetensors"));
+  CHECK_FALSE(cpprun::detail::is_shard_file_name("model-0001-of-00004.safetensors"));
+  cpprun::detail::SafetensorsIndex index;
+  index.metadata = {{"total_size", "1234"}, {"cpprun_save_id", "ab\"c"}};
+  index.weight_map = {{"a.weight", "model-00001-of-00002.safetensors"}, {"b", "model-00002-of-00002.safetensors"}};
+  const std::string text = cpprun::detail::write_safetensors_index(index);
+  CHECK_THAT(text, Catch::Matchers::Contains("\"total_size\": 1234"));  // a number, as transformers writes it
+  const auto back = cpprun::detail::read_safetensors_index(text, "i.json");
+  CHECK(back.metadata == index.metadata);
+  CHECK(back.weight_map == index.weight_map);
+  const auto error = [](const std::string& json) {
+    return error_of([&] { cpprun::detail::read_safetensors_index(json, "i.json"); });
+  };
+  CHECK_THAT(error(R"({"metadata": {}})"), Catch::Matchers::Contains("no \"weight_map\""));
+  CHECK_THAT(error(R"({"weight_map": {"a": "../../etc/passwd"}})"),
+             Catch::Matchers::Contains("not the name of a file in the index's directory"));
+  CHECK_THAT(error(R"({"weight_map": {"a": 3}})"), Catch::Matchers::Contains("is not a file name"));
+  CHECK_THAT(error(R"({"weight_map": {"a": "f")"),
+             Catch::Matchers::Contains("i.json is invalid: its JSON is malformed"));
+}
+
+TEST_CASE("hf_sharded: a module round-trips through a directory, its index, or a lone model.safetensors",
+          "[state_dict]") {
+  scratch::ScratchDir dir("hf_sharded_roundtrip");
+  auto source = net();
+  const std::string out = (dir.path / "hf").string() + "/";
+  cpprun::save_state_dict(source, out, cpprun::StateDictSaveOptions().step(42));
+  CHECK(fs::exists(dir.path / "hf/model-00001-of-00001.safetensors"));
+  REQUIRE(fs::exists(dir.path / "hf/model.safetensors.index.json"));
+  const auto file =
+      cpprun::detail::read_safetensors(scratch::contents(dir.path / "hf/model-00001-of-00001.safetensors"), "f");
+  CHECK(file.metadata.at("cpprun_step") == "42");
+  CHECK(file.metadata.at("format") == "pt");
+  CHECK(file.metadata.at("cpprun_save_id").size() == 32);
+  for (const std::string& path : {out, (dir.path / "hf").string(), out + "model.safetensors.index.json"}) {
+    INFO(path);
+    auto target = net();
+    scramble(*target, 3);
+    cpprun::load_state_dict(target, path);
+    require_equal_state(*target, *source);
+  }
+  // A directory holding one model.safetensors (save_pretrained of a small model) loads too.
+  fs::create_directories(dir.path / "single");
+  cpprun::save_state_dict(source, (dir.path / "single/model.safetensors").string());
+  auto target = net();
+  scramble(*target, 3);
+  cpprun::load_state_dict(target, (dir.path / "single").string());
+  require_equal_state(*target, *source);
+  // Both in one directory: which one is meant? Refused.
+  fs::copy_file(dir.path / "single/model.safetensors", dir.path / "hf/model.safetensors");
+  CHECK_THAT(error_of([&] { cpprun::load_state_dict(target, out); }),
+             Catch::Matchers::Contains("holds both model.safetensors.index.json and model.safetensors"));
+  // A new save into it removes what transformers would load in its place.
+  cpprun::save_state_dict(source, out);
+  CHECK_FALSE(fs::exists(dir.path / "hf/model.safetensors"));
+  CHECK_THAT(error_of([&] { cpprun::load_state_dict(target, (dir.path / "nothing_here").string() + "/"); }),
+             Catch::Matchers::Contains("is not a directory"));
+}
+
+TEST_CASE("hf_sharded: a 4-rank save loads whole; a later 2-rank save into it leaves no stale shard",
+          "[state_dict]") {
+  scratch::ScratchDir dir("hf_sharded_ranks");
+  auto source = net();
+  save_as_ranks(*source, dir.path, 4, "first");
+  for (int r = 1; r <= 4; ++r) CHECK(fs::exists(dir.path / cpprun::detail::shard_file_name(r, 4)));
+  auto target = net();
+  scramble(*target, 3);
+  cpprun::load_state_dict(target, dir.path.string());
+  require_equal_state(*target, *source);
+  // The index's total_size is the tensors' bytes.
+  const auto index = cpprun::detail::read_safetensors_index(
+      scratch::contents(dir.path / "model.safetensors.index.json"), "i");
+  int64_t bytes = 0;
+  for (const auto& [name, t] : cpprun::detail::module_state(*source)) bytes += static_cast<int64_t>(t.nbytes());
+  CHECK(index.metadata.at("total_size") == std::to_string(bytes));
+  CHECK(index.metadata.at("cpprun_step") == "7");
+
+  save_as_ranks(*source, dir.path, 2, "second");
+  CHECK_FALSE(fs::exists(dir.path / cpprun::detail::shard_file_name(3, 4)));
+  CHECK(fs::exists(dir.path / cpprun::detail::shard_file_name(2, 2)));
+  scramble(*target, 3);
+  cpprun::load_state_dict(target, dir.path.string());
+  require_equal_state(*target, *source);
+}
+
+TEST_CASE("hf_sharded: a directory that does not hold together is refused, naming the file; nothing loads",
+          "[state_dict]") {
+  scratch::ScratchDir scratch_dir("hf_sharded_faults");
+  auto source = net();
+  auto target = net();
+  scramble(*target, 3);
+  auto before = net();
+  scramble(*before, 3);
+  const auto refused = [&](const fs::path& dir, const std::vector<std::string>& expected) {
+    const std::string message = error_of([&] { cpprun::load_state_dict(target, dir.string()); });
+    for (const auto& text : expected) CHECK_THAT(message, Catch::Matchers::Contains(text));
+    CHECK_THROWS_AS(cpprun::load_state_dict(target, dir.string()), cpprun::CorruptCheckpointError);
+    require_equal_state(*target, *before);
+  };
+  const auto fresh = [&](const std::string& name) {
+    const fs::path dir = scratch_dir.path / name;
+    save_as_ranks(*source, dir, 4, "aaaa");
+    return dir;
+  };
+  const std::string file2 = cpprun::detail::shard_file_name(2, 4);
+
+  // Mixed saves: rank 1's file comes from another save (a crash between two saves, a copy).
+  const fs::path mixed = fresh("mixed");
+  {
+    const auto state = cpprun::detail::module_state(*source);
+    cpprun::detail::write_state_dict_shard(state, mixed.string(), 1, 4, {"bbbb", std::nullopt});
+  }
+  refused(mixed, {file2 + " is from another save (save id \"bbbb\", the index's \"aaaa\")"});
+  // Without an id in the index (as Python writes it), the odd one out is the file most others disagree with.
+  {
+    auto index = cpprun::detail::read_safetensors_index(scratch::contents(mixed / "model.safetensors.index.json"), "i");
+    index.metadata.erase("cpprun_save_id");
+    write_bytes(mixed / "model.safetensors.index.json", cpprun::detail::write_safetensors_index(index));
+  }
+  refused(mixed, {file2 + " is from another save (save id \"bbbb\", the other files' \"aaaa\")"});
+
+  // A shard file is missing.
+  const fs::path missing = fresh("missing");
+  fs::remove(missing / cpprun::detail::shard_file_name(3, 4));
+  refused(missing, {"names 1 file(s) that " + missing.string() + " lacks", cpprun::detail::shard_file_name(3, 4)});
+
+  // The index places a tensor in a file that does not hold it.
+  const fs::path lacks = fresh("lacks");
+  {
+    auto index = cpprun::detail::read_safetensors_index(scratch::contents(lacks / "model.safetensors.index.json"), "i");
+    const std::string moved = "0.weight";  // file 1 holds it; the index now says file 2
+    REQUIRE(index.weight_map.at(moved) == cpprun::detail::shard_file_name(1, 4));
+    index.weight_map[moved] = file2;
+    write_bytes(lacks / "model.safetensors.index.json", cpprun::detail::write_safetensors_index(index));
+    // (File 1 held only "0.weight": the index names it no more, so it is not read.)
+    refused(lacks, {file2 + " lacks \"" + moved + "\", which the index places there", "1 fault(s)"});
+    // A tensor the index places elsewhere than the file that holds it.
+    index.weight_map["0.bias"] = cpprun::detail::shard_file_name(1, 4);
+    write_bytes(lacks / "model.safetensors.index.json", cpprun::detail::write_safetensors_index(index));
+    refused(lacks, {file2 + " holds \"0.bias\", which the index places in " + cpprun::detail::shard_file_name(1, 4),
+                    cpprun::detail::shard_file_name(1, 4) + " lacks \"0.bias\""});
+  }
+
+  // A shard's header cut short (a truncated copy).
+  const fs::path truncated = fresh("truncated");
+  {
+    const std::string bytes = scratch::contents(truncated / file2);
+    write_bytes(truncated / file2, bytes.substr(0, 40));
+    refused(truncated, {(truncated / file2).string(), "follow (cut short?)"});
+  }
+
+  // A damaged index.
+  const fs::path bad_index = fresh("bad_index");
+  write_bytes(bad_index / "model.safetensors.index.json", "{\"weight_map\": {\"x\": ");
+  refused(bad_index, {(bad_index / "model.safetensors.index.json").string(), "malformed"});
+}
+
+TEST_CASE("hf_sharded: a strict load of another model's directory lists every difference with its file",
+          "[state_dict]") {
+  scratch::ScratchDir dir("hf_sharded_strict");
+  auto other = net(6);
+  save_as_ranks(*other, dir.path, 4, "x");
+  auto target = net();
+  const std::string message = error_of([&] { cpprun::load_state_dict(target, dir.path.string()); });
+  CHECK_THAT(message, Catch::Matchers::Contains("load_state_dict refused " + dir.path.string()));
+  CHECK_THAT(message, Catch::Matchers::Contains("0.weight: file float32 [6, 4], module float32 [8, 4] (in "
+                                                "model-00001-of-00004.safetensors)"));
+  CHECK_THAT(message, Catch::Matchers::Contains("shape or dtype differs (7)"));
+  CHECK_THROWS_AS(cpprun::load_state_dict(target, dir.path.string()), cpprun::StateDictMismatchError);
+  const auto report = cpprun::load_state_dict(target, dir.path.string(), cpprun::StateDictOptions().strict(false));
+  CHECK(report.mismatched.size() == 7);
+  CHECK(report.missing_keys.empty());
+}
