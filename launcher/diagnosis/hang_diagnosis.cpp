@@ -59,7 +59,7 @@ std::string where_text(const Position& p, bool at_frontier) {
       return std::string(at_frontier ? "wait" : "is") + " in " + r.describe() + " since " + seconds(p.since_ms);
     case CollectiveRecord::State::kFailed: return "failed in " + r.describe();
     case CollectiveRecord::State::kCompleted:
-      return "finished " + r.describe() + " " + seconds(p.since_ms) + " before its dump, and started no later one";
+      return "finished " + r.describe() + " and called no collective in the " + seconds(p.since_ms) + " after it";
   }
   return "";
 }
