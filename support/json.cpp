@@ -98,6 +98,7 @@ class JsonParser {
     for (std::string_view word : {"true", "false", "null"}) {
       if (text_.substr(pos_, word.size()) == word) {
         pos_ += word.size();
+        value.text = std::string(word);
         return value;
       }
     }

@@ -15,7 +15,8 @@ struct Json {
   enum class Kind { kObject, kArray, kString, kNumber, kOther } kind = Kind::kOther;  // kOther: true/false/null
   std::vector<std::pair<std::string, Json>> members;  // an object's, in the text's order
   std::vector<Json> items;                             // an array's
-  std::string text;                                    // a string's value, a number's digits
+  std::string text;                                    // a string's value, a number's digits, or the word
+                                                       // (true, false, null)
 };
 
 // What is wrong with a text, as "malformed at byte B of N: why"; callers add the file's name.

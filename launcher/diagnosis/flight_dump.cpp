@@ -4,44 +4,66 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "diagnosis/json_reader.h"
+#include "support/json.h"
 
 namespace cpprun::launcher {
 namespace {
+
+using detail::Json;
 
 constexpr const char* kFormat = "cpprun-flight-recorder";
 constexpr int kVersion = 1;
 // 2,000 entries of a few hundred bytes each are well under this; a larger file is not ours.
 constexpr std::streamoff kMaxDumpBytes = 64LL << 20;
+// A dump nests four deep (document, entries, entry, shapes); anything deeper is not ours.
+constexpr int kMaxDepth = 8;
 
 [[noreturn]] void bad(const std::string& what) { throw std::runtime_error("flight-recorder dump: " + what); }
 
-const JsonValue& member(const JsonValue& object, const std::string& key, JsonValue::Kind kind, const std::string& where) {
-  const JsonValue* value = object.find(key);
+bool is_null(const Json& value) { return value.kind == Json::Kind::kOther && value.text == "null"; }
+
+const Json* find(const Json& object, const std::string& key) {
+  for (const auto& [name, value] : object.members) {
+    if (name == key) return &value;
+  }
+  return nullptr;
+}
+
+const Json& member(const Json& object, const std::string& key, Json::Kind kind, const std::string& where) {
+  const Json* value = find(object, key);
   if (value == nullptr) bad(where + " has no \"" + key + "\"");
   if (value->kind != kind) bad(where + "'s \"" + key + "\" has the wrong type");
   return *value;
 }
 
-int64_t integer(const JsonValue& object, const std::string& key, const std::string& where) {
-  const double n = member(object, key, JsonValue::Kind::kNumber, where).number;
-  if (n != static_cast<double>(static_cast<int64_t>(n))) bad(where + "'s \"" + key + "\" is not an integer");
-  return static_cast<int64_t>(n);
+int64_t integer_of(const Json& number, const std::string& what) {
+  if (number.kind != Json::Kind::kNumber) bad(what + " is not a number");
+  try {
+    std::size_t used = 0;
+    const long long value = std::stoll(number.text, &used);
+    if (used != number.text.size()) bad(what + " is not an integer");
+    return value;
+  } catch (const std::logic_error&) {
+    bad(what + " is not an integer in range");
+  }
 }
 
-std::string text(const JsonValue& object, const std::string& key, const std::string& where) {
-  return member(object, key, JsonValue::Kind::kString, where).string;
+int64_t integer(const Json& object, const std::string& key, const std::string& where) {
+  return integer_of(member(object, key, Json::Kind::kNumber, where), where + "'s \"" + key + "\"");
 }
 
-std::string shapes_text(const JsonValue& shapes, const std::string& where) {
-  if (shapes.kind != JsonValue::Kind::kArray) bad(where + "'s \"shapes\" is not a list");
+std::string text(const Json& object, const std::string& key, const std::string& where) {
+  return member(object, key, Json::Kind::kString, where).text;
+}
+
+std::string shapes_text(const Json& shapes, const std::string& where) {
+  if (shapes.kind != Json::Kind::kArray) bad(where + "'s \"shapes\" is not a list");
   std::string out;
-  for (const JsonValue& shape : shapes.array) {
-    if (shape.kind != JsonValue::Kind::kArray) bad(where + "'s \"shapes\" holds a shape that is not a list");
+  for (const Json& shape : shapes.items) {
+    if (shape.kind != Json::Kind::kArray) bad(where + "'s \"shapes\" holds a shape that is not a list");
     out += out.empty() ? "[" : ", [";
-    for (std::size_t i = 0; i < shape.array.size(); ++i) {
-      if (shape.array[i].kind != JsonValue::Kind::kNumber) bad(where + " has a non-numeric size");
-      out += (i ? ", " : "") + std::to_string(static_cast<int64_t>(shape.array[i].number));
+    for (std::size_t i = 0; i < shape.items.size(); ++i) {
+      out += (i ? ", " : "") + std::to_string(integer_of(shape.items[i], where + "'s size"));
     }
     out += "]";
   }
@@ -65,15 +87,15 @@ std::string CollectiveRecord::describe() const {
 }
 
 FlightDump parse_flight_dump(const std::string& json) {
-  JsonValue doc;
+  Json doc;
   try {
-    doc = parse_json(json);
-  } catch (const JsonError& e) {
-    bad(e.what());
+    doc = detail::parse_json(json, kMaxDepth);
+  } catch (const detail::JsonSyntaxError& e) {
+    bad(std::string("invalid JSON: ") + e.what());
   }
-  if (doc.kind != JsonValue::Kind::kObject) bad("not a JSON object");
-  const JsonValue* format = doc.find("format");
-  if (format == nullptr || format->kind != JsonValue::Kind::kString || format->string != kFormat) {
+  if (doc.kind != Json::Kind::kObject) bad("not a JSON object");
+  const Json* format = find(doc, "format");
+  if (format == nullptr || format->kind != Json::Kind::kString || format->text != kFormat) {
     bad(std::string("not a cpprun flight-recorder dump (no \"format\": \"") + kFormat + "\")");
   }
   const int64_t version = integer(doc, "version", "the dump");
@@ -87,35 +109,36 @@ FlightDump parse_flight_dump(const std::string& json) {
   dump.pid = integer(doc, "pid", "the dump");
   dump.dumped_unix_ms = integer(doc, "dumped_unix_ms", "the dump");
   dump.reason = text(doc, "reason", "the dump");
-  const JsonValue& entries = member(doc, "entries", JsonValue::Kind::kArray, "the dump");
-  for (std::size_t i = 0; i < entries.array.size(); ++i) {
-    const JsonValue& e = entries.array[i];
+  const Json& entries = member(doc, "entries", Json::Kind::kArray, "the dump");
+  for (std::size_t i = 0; i < entries.items.size(); ++i) {
+    const Json& e = entries.items[i];
     const std::string where = "entry " + std::to_string(i);
-    if (e.kind != JsonValue::Kind::kObject) bad(where + " is not an object");
+    if (e.kind != Json::Kind::kObject) bad(where + " is not an object");
     CollectiveRecord record;
     record.group = text(e, "group", where);
-    for (const JsonValue& r : member(e, "group_ranks", JsonValue::Kind::kArray, where).array) {
-      if (r.kind != JsonValue::Kind::kNumber) bad(where + "'s \"group_ranks\" holds a non-number");
-      record.group_ranks.push_back(static_cast<int>(r.number));
+    for (const Json& r : member(e, "group_ranks", Json::Kind::kArray, where).items) {
+      record.group_ranks.push_back(static_cast<int>(integer_of(r, where + "'s \"group_ranks\"")));
     }
     record.seq = integer(e, "seq", where);
     record.op = text(e, "op", where);
-    record.dtype = text(e, "dtype", where);
-    const JsonValue* shapes = e.find("shapes");
+    if (const Json* dtype = find(e, "dtype"); dtype != nullptr && !is_null(*dtype)) {
+      if (dtype->kind != Json::Kind::kString) bad(where + "'s \"dtype\" is not a string");
+      record.dtype = dtype->text;
+    }
+    const Json* shapes = find(e, "shapes");
     if (shapes == nullptr) bad(where + " has no \"shapes\"");
     record.shapes = shapes_text(*shapes, where);
-    if (const JsonValue* reduce = e.find("reduce_op"); reduce != nullptr && !reduce->is_null()) {
-      if (reduce->kind != JsonValue::Kind::kString) bad(where + "'s \"reduce_op\" is not a string");
-      record.reduce_op = reduce->string;
+    if (const Json* reduce = find(e, "reduce_op"); reduce != nullptr && !is_null(*reduce)) {
+      if (reduce->kind != Json::Kind::kString) bad(where + "'s \"reduce_op\" is not a string");
+      record.reduce_op = reduce->text;
     }
-    if (const JsonValue* root = e.find("root"); root != nullptr && !root->is_null()) {
-      if (root->kind != JsonValue::Kind::kNumber) bad(where + "'s \"root\" is not a number");
-      record.root = static_cast<int>(root->number);
+    if (const Json* root = find(e, "root"); root != nullptr && !is_null(*root)) {
+      record.root = static_cast<int>(integer_of(*root, where + "'s \"root\""));
     }
     record.state = state_of(text(e, "state", where), where);
     record.start_unix_ms = integer(e, "start_unix_ms", where);
-    if (const JsonValue* end = e.find("end_unix_ms"); end != nullptr && !end->is_null()) {
-      record.end_unix_ms = integer(e, "end_unix_ms", where);
+    if (const Json* end = find(e, "end_unix_ms"); end != nullptr && !is_null(*end)) {
+      record.end_unix_ms = integer_of(*end, where + "'s \"end_unix_ms\"");
     }
     dump.entries.push_back(std::move(record));
   }

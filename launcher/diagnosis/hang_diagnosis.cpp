@@ -12,6 +12,8 @@
 #include <map>
 #include <set>
 
+#include "support/json.h"
+
 namespace cpprun::launcher {
 namespace {
 
@@ -22,24 +24,9 @@ std::string seconds(int64_t ms) {
 }
 
 std::string json_string(const std::string& s) {
-  std::string out = "\"";
-  for (const char c : s) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          char escaped[8];
-          std::snprintf(escaped, sizeof(escaped), "\\u%04x", static_cast<unsigned>(static_cast<unsigned char>(c)));
-          out += escaped;
-        } else {
-          out += c;
-        }
-    }
-  }
-  return out + "\"";
+  std::string out;
+  detail::append_json_string(out, s);
+  return out;
 }
 
 std::string who(const std::vector<int>& ranks) {
