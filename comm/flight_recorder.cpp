@@ -59,6 +59,9 @@ struct Settings {
   bool dir_read = false;
   std::timed_mutex dump_mutex;     // one writer of rank_R.json.tmp at a time
   std::atomic<bool> failure_dumped{false};  // see dump_after_failure()
+  // The worker's own pid: a child it forked (a data loader's helper) that exits through exit() or
+  // terminates runs the same handlers, and must not replace the worker's file with its copy.
+  std::atomic<pid_t> recording_pid{0};
 };
 Settings& settings() {
   static Settings* s = new Settings();  // never destroyed: see Note [Flight recorder]
@@ -106,6 +109,7 @@ void write_dump(const std::string& path, DumpReason reason, std::chrono::millise
 bool dump_to_dir(DumpReason reason, std::chrono::milliseconds patience) {
   const std::optional<std::string> dir = dump_dir();
   if (!dir) return false;
+  if (const pid_t owner = settings().recording_pid.load(); owner != 0 && owner != getpid()) return false;
   const std::string path = *dir + "/rank_" + std::to_string(dump_rank()) + ".json";
   try {
     std::filesystem::create_directories(*dir);  // the first dump makes it: see announce_listening()
@@ -225,6 +229,7 @@ void start_flight_recorder(const DistEnv& env) {
   static std::once_flag started;
   std::call_once(started, [&] {
     previous_terminate = std::set_terminate(dump_on_terminate);
+    s.recording_pid = getpid();
     if (dump_dir()) std::atexit(dump_at_exit);
     if (request_fd) {
       // The worker's own children (a data loader's helpers, a shell) must not hold the pipe.
