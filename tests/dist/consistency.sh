@@ -1,7 +1,9 @@
 # Mismatched collectives fail on every rank with one message naming the collective's number and
 # each rank's call, under TORCH_DISTRIBUTED_DEBUG=DETAIL and, for what the default mode checks,
-# without it; and a single-node job's store listens on the loopback only.
-# usage: consistency.sh CPPRUN PROBE CASE   (CASE: detail | default | unchecked | store_loopback)
+# without it; ranks that disagree on WORLD_SIZE, or share a RANK, fail at join naming it; and a
+# single-node job's store listens on the loopback only.
+# usage: consistency.sh CPPRUN PROBE CASE   (CASE: detail | default | unchecked | join_disagreement |
+#        store_loopback)
 . "$(dirname "$0")/../launcher/behaviour/common.sh"
 PROBE=${2:?usage: consistency.sh CPPRUN PROBE CASE}
 CASE=${3:?usage: consistency.sh CPPRUN PROBE CASE}
@@ -67,6 +69,36 @@ unchecked)
   run_probe all_reduce_op CPPRUN_CHECK_COLLECTIVES=yes
   [ "$status" != 0 ] || fail "unchecked: CPPRUN_CHECK_COLLECTIVES=yes was accepted"
   expect_in_file "$WORK/err" 'CPPRUN_CHECK_COLLECTIVES="yes" must be 1' "unchecked: a bad value"
+  ;;
+join_disagreement)
+  # Workers started by hand (no launcher keeps them consistent): WORLD_SIZE 2 on one, 3 on the other;
+  # then two with RANK=1. Every rank fails within seconds, naming what disagrees.
+  free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+  run_rank() {  # NAME RANK WORLD_SIZE
+    env RANK="$2" WORLD_SIZE="$3" LOCAL_RANK="$2" LOCAL_WORLD_SIZE="$3" MASTER_ADDR=127.0.0.1 MASTER_PORT="$port" \
+      CPPRUN_TEST_TAG="$WORK" timeout -k 5 60 "$PROBE" op "$WORK" >"$WORK/$1.out" 2>"$WORK/$1.err"
+  }
+  port=$(free_port)
+  start=$(date +%s)
+  run_rank a 0 2 & a=$!
+  run_rank b 1 3 & b=$!
+  wait "$a"; status_a=$?
+  wait "$b"; status_b=$?
+  [ "$status_a" != 0 ] && [ "$status_b" != 0 ] || fail "WORLD_SIZE 2 and 3: exit codes $status_a and $status_b"
+  for name in a b; do
+    grep -F "cpprun: the ranks disagree on WORLD_SIZE" "$WORK/$name.err" | grep -F "WORLD_SIZE=3" | grep -qF "WORLD_SIZE=2" \
+      || fail "WORLD_SIZE 2 and 3: $name's error does not name both values: $(cat "$WORK/$name.err")"
+  done
+  elapsed=$(( $(date +%s) - start ))
+  [ "$elapsed" -lt 15 ] || fail "WORLD_SIZE 2 and 3: took $elapsed s"
+  port=$(free_port)
+  run_rank a 0 3 & a=$!
+  run_rank b 1 3 & b=$!
+  run_rank c 1 3 & c=$!
+  for p in "$a" "$b" "$c"; do wait "$p" && fail "two RANK=1: a process exited 0"; done
+  for name in a b c; do
+    expect_in_file "$WORK/$name.err" "cpprun: two processes have RANK=1 (of WORLD_SIZE=3)" "two RANK=1: $name"
+  done
   ;;
 store_loopback)
   CPPRUN_TEST_TAG="$WORK" "$CPPRUN" --standalone --nproc_per_node=2 "$PROBE" store_binding "$WORK" \
