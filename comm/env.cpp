@@ -114,6 +114,7 @@ DistEnv read_dist_env(const EnvLookup& lookup) {
       out.local_rank = env.optional_int("LOCAL_RANK", 0).value_or(out.rank);
       out.local_world_size = env.optional_int("LOCAL_WORLD_SIZE", 1).value_or(out.world_size);
       out.agent_hosts_store = env.get("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True";
+      out.restart_count = env.optional_int("TORCHELASTIC_RESTART_COUNT", 0).value_or(0);
       break;
     case EnvSource::kSlurm:
       rank_var = "SLURM_PROCID", size_var = "SLURM_NTASKS", local_rank_var = "SLURM_LOCALID";

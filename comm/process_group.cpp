@@ -57,7 +57,13 @@ c10::intrusive_ptr<c10d::Store> connect_store(const DistEnv& env, Millis timeout
     }
   }
   try {
-    return c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts);
+    auto store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts);
+    if (!env.agent_hosts_store) return store;  // rank 0's own store: new with every attempt
+    // A launcher's store that outlived the workers' restarts must not show an attempt the last one's
+    // keys (its joined ranks, Gloo's addresses): older torchrun kept one store for the job, and
+    // its env:// put each attempt under this prefix; 2.15's agent opens a new store per attempt,
+    // where the prefix changes nothing.
+    return c10::make_intrusive<c10d::PrefixStore>("/worker/attempt_" + std::to_string(env.restart_count), store);
   } catch (const std::exception& e) {
     const std::string what = e.what();
     if (opts.isServer && reports_port_in_use(what)) {

@@ -28,6 +28,9 @@ struct DistEnv {
   // torchrun's TORCHELASTIC_USE_AGENT_STORE=True: the launcher hosts the store, so
   // rank 0 must connect to it as a client instead of starting a server.
   bool agent_hosts_store = false;
+  // TORCHELASTIC_RESTART_COUNT: which attempt this is. In a launcher's store each attempt's keys go
+  // under "/worker/attempt_N", as older torch's env:// put them (a store may outlive restarts).
+  int restart_count = 0;
 };
 
 // Reads and validates the environment. Throws c10::Error naming the variable, its value,

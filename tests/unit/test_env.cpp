@@ -47,6 +47,9 @@ TEST_CASE("env: torchrun variables are read", "[env]") {
   CHECK(env.master_port == 29500);
   CHECK_FALSE(env.agent_hosts_store);
   CHECK(read(with(kTorchrun, "TORCHELASTIC_USE_AGENT_STORE", "True")).agent_hosts_store);
+  CHECK(env.restart_count == 0);
+  CHECK(read(with(kTorchrun, "TORCHELASTIC_RESTART_COUNT", "2")).restart_count == 2);
+  CHECK_THROWS(read(with(kTorchrun, "TORCHELASTIC_RESTART_COUNT", "-1")));
 }
 
 TEST_CASE("env: without LOCAL_RANK a hand-started worker is taken as single-node", "[env]") {
