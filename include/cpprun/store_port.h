@@ -1,7 +1,5 @@
 // The port a c10d TCPStore server listens on: bound by us where c10d's own choice (every interface)
-// is wrong, and recognised as taken whoever tried it. LibTorch-free, so that the library
-// (comm/store_address.cpp) and the launcher (its rendezvous host and its agent-store plugin) share
-// one version.
+// is wrong, and recognised as taken whoever tried it (comm/store_address.cpp, comm/process_group.cpp).
 #pragma once
 
 #include <arpa/inet.h>

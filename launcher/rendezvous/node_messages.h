@@ -55,7 +55,7 @@ struct NodeMessage {
   int nodes = 0;               // kGathering: nodes in the round so far; kQueued: nodes running it
   bool restarting = false;     // kQueued: the running round is being ended to take this node in
   int restart_count = 0;       // kStart: TORCHELASTIC_RESTART_COUNT
-  RankLayout layout{};         // kStart: group rank and size, ranks, master_port (0: the agent store's)
+  RankLayout layout{};         // kStart: group rank and size, ranks, master_port (worker rank 0's store)
 
   static NodeMessage make_hello(const NodeHello& hello);
   static NodeMessage make_gathering(int round, int nodes, std::vector<int> missing);

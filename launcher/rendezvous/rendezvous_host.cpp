@@ -8,7 +8,6 @@
 #include <vector>
 
 #include "command_line/host_facts.h"
-#include "cpprun/store_port.h"
 #include "rendezvous/node_link.h"
 #include "rendezvous/node_rendezvous.h"
 #include "workers/restart_backoff.h"
