@@ -7,7 +7,13 @@
 //   larger:          ... --mode fsdp --stage 3 --checkpoint-activations --amp fp16
 //                    (at stage 3 the model is built with deferred initialisation: FSDP materialises it
 //                    block by block, so no rank ever holds all of it)
+//   from GPT-2:      ./build/examples/train_gpt --init-from DIR --export OUT
+//                    (DIR: what transformers' GPT2LMHeadModel.save_pretrained wrote; OUT loads in Python
+//                    with GPT2LMHeadModel.from_pretrained(OUT))
 //   options:         ./build/examples/train_gpt --help
+//
+// The network is GPT-2's, under GPT2LMHeadModel's parameter names and layouts (its linear layers
+// are Hugging Face's "Conv1D", weight [in, out]), so its state dict is a GPT-2 checkpoint as it is.
 #include <ATen/autocast_mode.h>
 #include <cpprun/cpprun.h>
 #include <torch/torch.h>
@@ -17,12 +23,15 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <string>
 
 #include "../bench/peak_rss.h"  // the memory benchmarks' measure (VmHWM)
 #include "flag_value.h"
+#include "gpt2_hf.h"
 
 constexpr const char* kUsage = R"(usage: train_gpt [options]
   --text FILE        the text to learn (default /usr/share/common-licenses/GPL-3, on every Debian machine)
@@ -35,7 +44,19 @@ constexpr const char* kUsage = R"(usage: train_gpt [options]
   --layers L         transformer blocks (default 2)
   --embed C          embedding width, a multiple of --heads (default 64)
   --heads H          attention heads (default 4)
+  --gelu exact|tanh  the MLP's GELU: exact (erf, PyTorch's default) or the tanh approximation GPT-2 uses
+                     (transformers' "gelu_new") (default exact; with --init-from, config.json's)
   --sample N         characters to generate at the end (default 200)
+  --init-from DIR    start from a GPT-2 in Hugging Face's layout (GPT2LMHeadModel.save_pretrained: config.json
+                     and model.safetensors, or sharded with model.safetensors.index.json). The sizes (--layers,
+                     --embed, --heads, the vocabulary, the positions) come from its config.json; a conflicting
+                     flag is refused, as is a config option train_gpt does not implement. The text is still
+                     encoded one character per token (ids in the sorted characters' order), so the model's
+                     vocab_size must cover its characters; --block is at most n_positions (default: 64 or less)
+  --export DIR       after training, write DIR/model.safetensors and DIR/config.json, which
+                     transformers.GPT2LMHeadModel.from_pretrained(DIR) loads (under DDP/FSDP: rank 0 writes)
+  --logits-for IDS   after training, the logits for these comma-separated token ids (one sequence) ...
+  --logits-out FILE  ... written to FILE, a line per position of the vocabulary's logits (%.9g, space separated)
   --checkpoint-activations
                      recompute each block's activations in backward instead of keeping them
   --amp fp32|bf16|fp16
@@ -49,6 +70,10 @@ constexpr const char* kUsage = R"(usage: train_gpt [options]
 
 struct Options {
   std::string text = "/usr/share/common-licenses/GPL-3", mode = "ddp";
+  std::string init_from, export_dir, logits_for, logits_out;
+  examples::Gelu gelu = examples::Gelu::kExact;
+  double layer_norm_eps = 1e-5;
+  int64_t positions = 0, vocab = 0;  // 0: --block, and the text's characters (or --init-from's config)
   int steps = 300, batch = 16, sample = 200, stage = 2;
   int64_t block = 64, layers = 2, embed = 64, heads = 4;
   double lr = 3e-3;
@@ -58,12 +83,17 @@ struct Options {
 
 Options parse(int argc, char** argv) {
   Options o;
+  std::set<std::string> given;  // the size flags on the command line, which --init-from must not contradict
+  std::string gelu;
   for (examples::Flags flags(argc, argv, "train_gpt"); flags.next();) {
+    for (const char* size : {"--block", "--layers", "--embed", "--heads"}) {
+      if (flags.is(size)) given.insert(size);
+    }
     if (flags.is("--help") || flags.is("-h")) o.help = true;
     else if (flags.is("--text")) o.text = flags.value();
     else if (flags.is("--mode")) o.mode = flags.value();
     else if (flags.is("--stage")) o.stage = flags.number(1);
-    else if (flags.is("--steps")) o.steps = flags.number(1);
+    else if (flags.is("--steps")) o.steps = flags.number(0);
     else if (flags.is("--batch")) o.batch = flags.number(1);
     else if (flags.is("--lr")) o.lr = flags.number(1e-12);
     else if (flags.is("--block")) o.block = flags.number<int64_t>(1);
@@ -74,7 +104,47 @@ Options parse(int argc, char** argv) {
     else if (flags.is("--checkpoint-activations")) o.checkpoint_activations = true;
     else if (flags.is("--amp")) o.amp = flags.value();
     else if (flags.is("--deferred-init")) o.deferred_init = flags.value();
+    else if (flags.is("--gelu")) gelu = flags.value();
+    else if (flags.is("--init-from")) o.init_from = flags.value();
+    else if (flags.is("--export")) o.export_dir = flags.value();
+    else if (flags.is("--logits-for")) o.logits_for = flags.value();
+    else if (flags.is("--logits-out")) o.logits_out = flags.value();
     else flags.unknown();
+  }
+  if (o.help) return o;
+  if (!gelu.empty() && gelu != "exact" && gelu != "tanh") throw std::invalid_argument("--gelu must be exact or tanh, got " + gelu);
+  if (gelu == "tanh") o.gelu = examples::Gelu::kTanh;
+  if (o.logits_for.empty() != o.logits_out.empty()) {
+    throw std::invalid_argument("--logits-for and --logits-out go together (the token ids, and the file for their logits)");
+  }
+  o.positions = o.block;
+  if (!o.init_from.empty()) {
+    // The model's sizes are the checkpoint's; a flag saying otherwise is a mistake, not an override.
+    const auto config = examples::read_gpt2_config(o.init_from);
+    auto agree = [&](const char* flag, int64_t value, const char* key, int64_t from_file) {
+      if (given.count(flag) && value != from_file) {
+        throw std::invalid_argument(std::string(flag) + " " + std::to_string(value) + " conflicts with --init-from " +
+                                    o.init_from + "/config.json's \"" + key + "\": " + std::to_string(from_file) +
+                                    "; the model's sizes come from the file: drop " + flag);
+      }
+    };
+    agree("--layers", o.layers, "n_layer", config.layers);
+    agree("--embed", o.embed, "n_embd", config.embed);
+    agree("--heads", o.heads, "n_head", config.heads);
+    const examples::Gelu file_gelu = config.gelu;
+    if (!gelu.empty() && o.gelu != file_gelu) {
+      throw std::invalid_argument("--gelu " + gelu + " conflicts with --init-from " + o.init_from +
+                                  "/config.json's \"activation_function\"; drop --gelu");
+    }
+    o.layers = config.layers, o.embed = config.embed, o.heads = config.heads, o.gelu = file_gelu;
+    o.positions = config.positions, o.vocab = config.vocab, o.layer_norm_eps = config.layer_norm_eps;
+    if (!given.count("--block")) o.block = std::min<int64_t>(o.block, config.positions);
+    if (o.block > config.positions) {
+      throw std::invalid_argument("--block " + std::to_string(o.block) + " exceeds --init-from " + o.init_from +
+                                  "/config.json's \"n_positions\": " + std::to_string(config.positions) +
+                                  " (the model has no position embedding beyond); use --block " +
+                                  std::to_string(config.positions) + " or less");
+    }
   }
   if (o.mode != "ddp" && o.mode != "fsdp") throw std::invalid_argument("--mode must be ddp or fsdp, got " + o.mode);
   if (o.amp != "fp32" && o.amp != "bf16" && o.amp != "fp16") {
@@ -92,46 +162,79 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
+// GPT-2's linear layer as Hugging Face stores it ("Conv1D"): y = x W + b with W [in, out], the
+// transpose of torch::nn::Linear's, so that the state dict is GPT2LMHeadModel's as it is.
+struct Conv1DImpl : torch::nn::Module {
+  torch::Tensor weight, bias;
+  Conv1DImpl(int64_t in, int64_t out) {
+    weight = register_parameter("weight", torch::empty({in, out}));
+    bias = register_parameter("bias", torch::empty({out}));
+    // torch::nn::Linear's initialisation, for training from scratch: uniform in +-1/sqrt(in).
+    torch::NoGradGuard no_grad;
+    const double bound = 1.0 / std::sqrt(static_cast<double>(in));
+    weight.uniform_(-bound, bound);
+    bias.uniform_(-bound, bound);
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    auto sizes = x.sizes().vec();
+    sizes.back() = weight.size(1);
+    return torch::addmm(bias, x.reshape({-1, x.size(-1)}), weight).view(sizes);
+  }
+};
+TORCH_MODULE(Conv1D);
+
 // Causal self-attention: each position attends to itself and the positions before it.
 struct AttentionImpl : torch::nn::Module {
   int64_t heads;
-  torch::nn::Linear qkv{nullptr}, proj{nullptr};
+  Conv1D c_attn{nullptr}, c_proj{nullptr};
   AttentionImpl(int64_t embed, int64_t heads) : heads(heads) {
-    qkv = register_module("qkv", torch::nn::Linear(embed, 3 * embed));
-    proj = register_module("proj", torch::nn::Linear(embed, embed));
+    c_attn = register_module("c_attn", Conv1D(embed, 3 * embed));  // queries, keys, values
+    c_proj = register_module("c_proj", Conv1D(embed, embed));
   }
   torch::Tensor forward(torch::Tensor x) {
     const int64_t B = x.size(0), T = x.size(1), C = x.size(2), D = C / heads;
-    auto parts = qkv(x).view({B, T, 3, heads, D}).permute({2, 0, 3, 1, 4});  // [3, B, H, T, D]
+    auto parts = c_attn(x).view({B, T, 3, heads, D}).permute({2, 0, 3, 1, 4});  // [3, B, H, T, D]
     auto q = parts[0], k = parts[1], v = parts[2];
     auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(D));
     auto future = torch::ones({T, T}, x.options().dtype(torch::kBool)).triu(1);
     auto att = torch::softmax(scores.masked_fill(future, -INFINITY), -1);
-    return proj(torch::matmul(att, v).transpose(1, 2).reshape({B, T, C}));
+    return c_proj(torch::matmul(att, v).transpose(1, 2).reshape({B, T, C}));
   }
 };
 TORCH_MODULE(Attention);
 
+struct MlpImpl : torch::nn::Module {
+  Conv1D c_fc{nullptr}, c_proj{nullptr};
+  torch::nn::GELU act{nullptr};
+  MlpImpl(int64_t embed, examples::Gelu gelu) {
+    c_fc = register_module("c_fc", Conv1D(embed, 4 * embed));
+    act = register_module("act", torch::nn::GELU(torch::nn::GELUOptions().approximate(
+                                     gelu == examples::Gelu::kTanh ? "tanh" : "none")));
+    c_proj = register_module("c_proj", Conv1D(4 * embed, embed));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return c_proj(act(c_fc(x))); }
+};
+TORCH_MODULE(Mlp);
+
 struct BlockImpl : torch::nn::Module {
-  torch::nn::LayerNorm ln1{nullptr}, ln2{nullptr};
-  Attention attention{nullptr};
-  torch::nn::Sequential mlp{nullptr};
-  BlockImpl(int64_t embed, int64_t heads) {
-    ln1 = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({embed})));
-    attention = register_module("attention", Attention(embed, heads));
-    ln2 = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({embed})));
-    mlp = register_module("mlp", torch::nn::Sequential(torch::nn::Linear(embed, 4 * embed), torch::nn::GELU(),
-                                                       torch::nn::Linear(4 * embed, embed)));
+  torch::nn::LayerNorm ln_1{nullptr}, ln_2{nullptr};
+  Attention attn{nullptr};
+  Mlp mlp{nullptr};
+  explicit BlockImpl(const Options& o) {
+    ln_1 = register_module("ln_1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.embed}).eps(o.layer_norm_eps)));
+    attn = register_module("attn", Attention(o.embed, o.heads));
+    ln_2 = register_module("ln_2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.embed}).eps(o.layer_norm_eps)));
+    mlp = register_module("mlp", Mlp(o.embed, o.gelu));
   }
   torch::Tensor forward(torch::Tensor x) {
-    x = x + attention(ln1(x));
-    return x + mlp->forward(ln2(x));
+    x = x + attn(ln_1(x));
+    return x + mlp(ln_2(x));
   }
 };
 TORCH_MODULE(Block);
 
 // The output layer is the token embedding, transposed (tied weights, as GPT-2): one tensor under
-// the names "tokens.weight" and "head.weight", whose two uses' gradients autograd sums.
+// the names "transformer.wte.weight" and "lm_head.weight", whose two uses' gradients autograd sums.
 struct TiedHeadImpl : torch::nn::Module {
   torch::Tensor weight;
   explicit TiedHeadImpl(const torch::Tensor& embedding) { weight = register_parameter("weight", embedding); }
@@ -139,35 +242,96 @@ struct TiedHeadImpl : torch::nn::Module {
 };
 TORCH_MODULE(TiedHead);
 
+// GPT2LMHeadModel's "transformer": embeddings, blocks h.0 ... h.(L-1), final LayerNorm.
+struct TransformerImpl : torch::nn::Module {
+  torch::nn::Embedding wte{nullptr}, wpe{nullptr};
+  torch::nn::ModuleList h{nullptr};
+  std::vector<Block> blocks;  // h's, typed
+  torch::nn::LayerNorm ln_f{nullptr};
+  TransformerImpl(int64_t vocab, const Options& o) {
+    wte = register_module("wte", torch::nn::Embedding(vocab, o.embed));
+    wpe = register_module("wpe", torch::nn::Embedding(o.positions, o.embed));
+    h = register_module("h", torch::nn::ModuleList());
+    for (int64_t i = 0; i < o.layers; ++i) h->push_back(blocks.emplace_back(o));
+    ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.embed}).eps(o.layer_norm_eps)));
+  }
+};
+TORCH_MODULE(Transformer);
+
 struct GptImpl : torch::nn::Module {
-  torch::nn::Embedding tokens{nullptr}, positions{nullptr};
-  std::vector<Block> blocks;
-  torch::nn::LayerNorm ln{nullptr};
-  TiedHead head{nullptr};
+  Transformer transformer{nullptr};
+  TiedHead lm_head{nullptr};
   bool checkpoint_activations;
   GptImpl(int64_t vocab, const Options& o) : checkpoint_activations(o.checkpoint_activations) {
-    tokens = register_module("tokens", torch::nn::Embedding(vocab, o.embed));
-    positions = register_module("positions", torch::nn::Embedding(o.block, o.embed));
-    for (int64_t i = 0; i < o.layers; ++i) blocks.push_back(register_module("block" + std::to_string(i), Block(o.embed, o.heads)));
-    ln = register_module("ln", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.embed})));
-    head = register_module("head", TiedHead(tokens->weight));
+    transformer = register_module("transformer", Transformer(vocab, o));
+    lm_head = register_module("lm_head", TiedHead(transformer->wte->weight));
     // Small embeddings (GPT-2's 0.02): the tied head's logits start near zero, not at N(0, embed).
     torch::NoGradGuard no_grad;
-    torch::nn::init::normal_(tokens->weight, 0, 0.02);
-    torch::nn::init::normal_(positions->weight, 0, 0.02);
+    torch::nn::init::normal_(transformer->wte->weight, 0, 0.02);
+    torch::nn::init::normal_(transformer->wpe->weight, 0, 0.02);
   }
   torch::Tensor forward(torch::Tensor idx) {  // [B, T] -> logits [B, T, vocab]
-    auto x = tokens(idx) + positions(torch::arange(idx.size(1), idx.options()));
-    for (auto& block : blocks) {
+    auto x = transformer->wte(idx) + transformer->wpe(torch::arange(idx.size(1), idx.options()));
+    for (auto& block : transformer->blocks) {
       // Checkpointed, a block keeps only its input for backward, which runs it again.
       x = checkpoint_activations
               ? cpprun::checkpoint([b = block.ptr()](const torch::Tensor& h) { return b->forward(h); }, x)
               : block(x);
     }
-    return head(ln(x));
+    return lm_head(transformer->ln_f(x));
   }
 };
 TORCH_MODULE(Gpt);
+
+// The GPT-2 checkpoint in DIR (one model.safetensors, or sharded with its index) into the model, by
+// name: collective; rank 0 reads, every rank keeps its part. Hugging Face's files leave out the tied
+// lm_head.weight, and older ones carry the attention mask as a buffer (attn.bias, attn.masked_bias):
+// those differences are expected, any other is refused, listing them all.
+void load_gpt2(cpprun::DataParallel<GptImpl>& model, const std::string& dir, const Options& o, int64_t vocab) {
+  const auto report = cpprun::load_state_dict(model, dir, cpprun::StateDictOptions().strict(false));
+  auto ends_with = [](const std::string& s, const std::string& tail) {
+    return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  std::string problems;
+  bool unprefixed = false;
+  for (const auto& key : report.missing_keys) {
+    if (key != "lm_head.weight") problems += "\n  missing: " + key;
+  }
+  for (const auto& key : report.unexpected_keys) {
+    if (ends_with(key, ".attn.bias") || ends_with(key, ".attn.masked_bias")) continue;
+    problems += "\n  unexpected: " + key;
+    unprefixed = unprefixed || key == "wte.weight";
+  }
+  for (const auto& what : report.mismatched) problems += "\n  other shape or dtype: " + what;
+  if (problems.empty()) return;
+  std::string hint = unprefixed ? "\nIts names lack \"transformer.\" (saved from GPT2Model, as the Hub's gpt2 is): "
+                                  "save it again with GPT2LMHeadModel.from_pretrained(DIR).save_pretrained(NEW)."
+                                : "";
+  throw std::invalid_argument("--init-from " + dir + ": its tensors are not those of the GPT2LMHeadModel its config.json "
+                              "describes (n_layer " + std::to_string(o.layers) + ", n_head " + std::to_string(o.heads) +
+                              ", n_embd " + std::to_string(o.embed) + ", n_positions " + std::to_string(o.positions) +
+                              ", vocab_size " + std::to_string(vocab) + ", float32):" + problems + hint +
+                              "\nNothing was trained.");
+}
+
+// "3,1,4" as token ids, each below the vocabulary's size; at most the model's positions.
+std::vector<int64_t> parse_token_ids(const std::string& list, int64_t vocab, int64_t positions) {
+  std::vector<int64_t> ids;
+  std::stringstream in(list);
+  for (std::string item; std::getline(in, item, ',');) {
+    const int64_t id = examples::number<int64_t>("--logits-for", item, 0);
+    if (id >= vocab) {
+      throw std::invalid_argument("--logits-for: token id " + item + " is outside the vocabulary (" +
+                                  std::to_string(vocab) + " tokens: 0 to " + std::to_string(vocab - 1) + ")");
+    }
+    ids.push_back(id);
+  }
+  if (ids.empty() || static_cast<int64_t>(ids.size()) > positions) {
+    throw std::invalid_argument("--logits-for needs 1 to " + std::to_string(positions) +
+                                " comma-separated token ids (the model's positions), got \"" + list + "\"");
+  }
+  return ids;
+}
 
 int run(int argc, char** argv) {
   const Options opt = parse(argc, argv);
@@ -190,6 +354,15 @@ int run(int argc, char** argv) {
   for (int c = 0; c < 256; ++c) {
     if (text.find(static_cast<char>(c)) != std::string::npos) vocab += static_cast<char>(c);
   }
+  // The model's vocabulary: the text's characters, or --init-from's vocab_size, which must hold them.
+  const int64_t model_vocab = opt.vocab ? opt.vocab : static_cast<int64_t>(vocab.size());
+  if (model_vocab < static_cast<int64_t>(vocab.size())) {
+    throw std::invalid_argument("--text " + opt.text + " has " + std::to_string(vocab.size()) + " distinct characters, " +
+                                "more than --init-from " + opt.init_from + "'s vocab_size " + std::to_string(model_vocab) +
+                                " (train_gpt encodes a character per token)");
+  }
+  const auto logits_tokens = opt.logits_for.empty() ? std::vector<int64_t>{}
+                                                    : parse_token_ids(opt.logits_for, model_vocab, opt.positions);
   std::vector<int64_t> ids;
   for (char c : text) ids.push_back(static_cast<int64_t>(vocab.find(c)));
   auto encoded = torch::tensor(ids, torch::kLong);
@@ -200,7 +373,7 @@ int run(int argc, char** argv) {
   const auto device = cpprun::local_device();
   encoded = encoded.to(device);
   torch::manual_seed(0);
-  auto build = [&] { return Gpt(static_cast<int64_t>(vocab.size()), opt); };
+  auto build = [&] { return Gpt(model_vocab, opt); };
   // Deferred: the parameters get memory (and the values eager construction gives) only when the
   // wrapper materialises them, under ZeRO-3 one block at a time, keeping only this rank's shard.
   Gpt gpt = opt.deferred_init == "on" ? cpprun::deferred_init(build) : build();
@@ -214,6 +387,7 @@ int run(int argc, char** argv) {
   cpprun::DataParallel<GptImpl> model = nullptr;
   if (opt.mode == "ddp") model = cpprun::DistributedDataParallel(gpt, group);
   else model = cpprun::FullyShardedDataParallel(gpt, group, per_block_fsdp);
+  if (!opt.init_from.empty()) load_gpt2(model, opt.init_from, opt, model_vocab);
   // AdamW as nanoGPT builds it: weight decay on 2-D weights (matmuls, embeddings) only, not on
   // biases and norms. By name and shape, the same under DDP and FSDP (whose parameters are this
   // rank's rows of each, under the model's own names); each tensor once (the tied embedding has
@@ -248,8 +422,9 @@ int run(int argc, char** argv) {
   if (rank == 0) {
     int64_t params = 0;
     for (const auto& p : cpprun::unique_parameters(*gpt)) params += p.numel();
-    std::printf("%s: %zu characters, vocabulary %zu, %lld parameters%s, %d ranks x %d windows of %lld\n",
-                opt.text.c_str(), text.size(), vocab.size(), static_cast<long long>(params),
+    if (!opt.init_from.empty()) std::printf("GPT-2 from %s\n", opt.init_from.c_str());
+    std::printf("%s: %zu characters, vocabulary %lld, %lld parameters%s, %d ranks x %d windows of %lld\n",
+                opt.text.c_str(), text.size(), static_cast<long long>(model_vocab), static_cast<long long>(params),
                 opt.deferred_init == "on" ? " (deferred initialisation)" : "", group.size(), opt.batch,
                 static_cast<long long>(opt.block));
   }
@@ -288,6 +463,19 @@ int run(int argc, char** argv) {
   cpprun::all_reduce(group, peak, cpprun::ReduceOp::kMax);
   const double tokens = static_cast<double>(opt.steps) * opt.batch * opt.block * group.size();
 
+  // Export (a collective: FSDP gathers the parameters; rank 0 writes): GPT2LMHeadModel's names and
+  // layouts already, so the state dict goes out as it is, with the config.json from_pretrained reads.
+  if (!opt.export_dir.empty()) {
+    if (rank == 0) std::filesystem::create_directories(opt.export_dir);
+    cpprun::save_state_dict(model, opt.export_dir + "/model.safetensors", cpprun::StateDictSaveOptions().step(opt.steps));
+    if (rank == 0) {
+      examples::Gpt2Config config{opt.layers, opt.heads, opt.embed, opt.positions, model_vocab, opt.gelu, opt.layer_norm_eps};
+      cpprun::write_file_atomically(opt.export_dir + "/config.json", examples::gpt2_config_json(config));
+      std::printf("exported to %s (model.safetensors, config.json): transformers.GPT2LMHeadModel.from_pretrained loads it\n",
+                  opt.export_dir.c_str());
+    }
+  }
+
   // Held-out loss, then a sample from rank 0 (greedy decoding would repeat itself: sample).
   model->gather_full_parameters();  // FSDP: gpt's own weights made current; DDP: they are
   torch::NoGradGuard no_grad;
@@ -298,6 +486,19 @@ int run(int argc, char** argv) {
   auto vlogits = gpt->forward(vx);
   auto val = torch::nn::functional::cross_entropy(vlogits.view({-1, vlogits.size(-1)}), vy.view({-1}));
   if (rank != 0) return 0;
+  if (!logits_tokens.empty()) {  // for comparing with another implementation (tests/examples/gpt2_interop.sh)
+    auto logits = gpt->forward(torch::tensor(logits_tokens, torch::kLong).unsqueeze(0).to(device))[0].cpu().contiguous();
+    std::string lines;
+    char number[32];
+    for (int64_t t = 0; t < logits.size(0); ++t) {
+      for (int64_t v = 0; v < logits.size(1); ++v) {
+        std::snprintf(number, sizeof number, v ? " %.9g" : "%.9g", logits[t][v].item<float>());
+        lines += number;
+      }
+      lines += '\n';
+    }
+    cpprun::write_file_atomically(opt.logits_out, lines);
+  }
   std::printf("first loss %.4f, held-out loss %.4f\n", first_loss, val.item<double>());
   std::printf("%.0f tokens/s over %d ranks; peak memory per rank %.0f MB (the largest rank's resident memory)\n",
               tokens / seconds, group.size(), peak.item<double>());
@@ -306,7 +507,9 @@ int run(int argc, char** argv) {
   auto generator = at::make_generator<at::CPUGeneratorImpl>(1);
   std::string sample;
   for (int i = 0; i < opt.sample; ++i) {
-    auto probabilities = torch::softmax(gpt->forward(context).select(1, -1) / 0.8, -1);
+    // Over the text's characters only (a GPT-2's vocabulary may be larger).
+    auto last = gpt->forward(context).select(1, -1).narrow(-1, 0, static_cast<int64_t>(vocab.size()));
+    auto probabilities = torch::softmax(last / 0.8, -1);
     auto next = torch::multinomial(probabilities.cpu(), 1, false, generator).to(device);  // a CPU generator
     sample += vocab[static_cast<size_t>(next.item<int64_t>())];
     context = torch::cat({context.narrow(1, 1, opt.block - 1), next}, 1);

@@ -15,6 +15,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 torch_version=2.15.0   # the newest torch on the index that installs here; CI builds this one
+transformers_version=5.24.0  # tests only (train_gpt's GPT-2 interop); works with torch 2.15
 venv=.venv
 remembered=.libtorch
 
@@ -66,22 +67,22 @@ if [ -f "$remembered" ]; then
 fi
 # The interpreter the venv is made from: python3 on PATH, or $CPPRUN_PYTHON.
 python=${CPPRUN_PYTHON:-python3}
-# Complete when torch is this version and the test dependencies (numpy, safetensors) import.
-venv_check='import numpy, safetensors, importlib.metadata as m; print(m.version("torch"))'
+# Complete when torch is this version and the test dependencies (numpy, safetensors, transformers) import.
+venv_check='import numpy, safetensors, transformers, importlib.metadata as m; print(m.version("torch"))'
 if [ -x "$venv/bin/python" ] && [ "$("$venv/bin/python" -c "$venv_check" 2>/dev/null)" = "$torch_version" ]; then
   echo "setup: [2/2] LibTorch: torch $torch_version present in $venv"
   exit 0
 fi
 [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
 if "$venv/bin/python" -c 'import importlib.metadata as m; m.version("torch")' 2>/dev/null; then
-  echo "setup: [2/2] LibTorch: completing $venv (torch==$torch_version, numpy, safetensors)"
+  echo "setup: [2/2] LibTorch: completing $venv (torch==$torch_version, numpy, safetensors, transformers)"
 else
   echo "setup: [2/2] LibTorch: downloading PyTorch's wheel torch==$torch_version with its CUDA" \
        "libraries into $venv (about 3.2 GB to download, 5.3 GB installed; a few minutes)"
 fi
 start=$SECONDS
 "$venv/bin/python" -m pip install --progress-bar off --disable-pip-version-check \
-    "torch==$torch_version" numpy safetensors |
+    "torch==$torch_version" numpy safetensors "transformers==$transformers_version" |
   grep --line-buffered -E '^(  Downloading|Successfully installed|ERROR)' | sed -u 's/^  /setup:   /'
 "$venv/bin/python" -c "import torch; assert torch.__version__.startswith('$torch_version')" ||
   { echo "setup: torch $torch_version did not install into $venv" >&2; exit 1; }

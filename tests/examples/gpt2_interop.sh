@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# GPT-2 moves both ways between train_gpt and Hugging Face's transformers, each side checked by
+# the other's own code (tests/examples/gpt2_interop.py builds a small random GPT2LMHeadModel from
+# a config: nothing is downloaded):
+#   init    train_gpt --init-from a save_pretrained directory (one file, and sharded) gives
+#           transformers' logits within 1e-5
+#   export  trained a few steps on 2 ranks (FSDP from that GPT-2; DDP from scratch with the exact
+#           GELU), --export's directory loads with GPT2LMHeadModel.from_pretrained, which gives
+#           train_gpt's logits within 1e-5
+#   faults  a config option train_gpt lacks, another model type, a missing tensor, a conflicting
+#           flag: exit code 1 and a message naming it, nothing trained
+# Usage: gpt2_interop.sh CASE CPPRUN TRAIN_GPT PYTHON. Skips (77) without a python with transformers.
+set -u
+case_name=$1 cpprun=$2 gpt=$3 python=${4:-}
+here=$(dirname "$0")
+if [ -z "$python" ] || ! "$python" -c 'import torch, safetensors, transformers' 2>/dev/null; then
+  echo "SKIP: needs a python with torch, safetensors and transformers (run scripts/setup.sh, or -DCPPRUN_TORCH_PYTHON=...)"
+  exit 77
+fi
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*"; echo "--- output:"; cat "$tmp/out" 2>/dev/null; exit 1; }
+py() { timeout 240 "$python" "$here/gpt2_interop.py" "$@" 2>&1 | grep -v "Writing model shards" || true; }
+ids=5,17,3,99,42,0,127,64,8,33,12,70  # token ids (vocab 128)
+
+# run PROGRAM ARGS...: runs it (output in $tmp/out, 240 s at most), fails unless it exits 0.
+run() {
+  timeout 240 "$@" >"$tmp/out" 2>&1 || fail "exit code $? from: $*"
+  cat "$tmp/out"
+}
+# compare DIR LOGITS: transformers' from_pretrained(DIR) gives LOGITS' values within 1e-5.
+compare() {
+  out=$(timeout 240 "$python" "$here/gpt2_interop.py" compare "$1" "$ids" "$2" 2>&1)
+  rc=$?
+  echo "$out"
+  [ $rc -eq 0 ] || fail "transformers' logits for $1 differ from train_gpt's ($2)"
+}
+
+case $case_name in
+init)
+  for layout in single sharded; do
+    py make "$tmp/$layout" $([ $layout = sharded ] && echo --shard)
+    run "$gpt" --init-from "$tmp/$layout" --steps 0 --sample 0 --logits-for "$ids" --logits-out "$tmp/$layout.txt"
+    grep -qF "GPT-2 from $tmp/$layout" "$tmp/out" || fail "train_gpt does not say it started from $tmp/$layout"
+    compare "$tmp/$layout" "$tmp/$layout.txt"
+  done
+  echo "PASS: transformers' GPT-2 in train_gpt, one file and sharded"
+  ;;
+export)
+  py make "$tmp/hf"
+  run "$cpprun" --standalone --nproc_per_node=2 "$gpt" --mode fsdp --stage 2 --init-from "$tmp/hf" --steps 5 \
+      --batch 4 --block 32 --sample 0 --export "$tmp/fsdp" --logits-for "$ids" --logits-out "$tmp/fsdp.txt"
+  grep -qE "exported to $tmp/fsdp" "$tmp/out" || fail "train_gpt did not say it exported"
+  compare "$tmp/fsdp" "$tmp/fsdp.txt"
+  # Trained it has changed: the export is not the start again.
+  if "$python" "$here/gpt2_interop.py" compare "$tmp/hf" "$ids" "$tmp/fsdp.txt" >/dev/null 2>&1; then
+    fail "the exported logits equal the initial model's: did training change nothing?"
+  fi
+  # From scratch under DDP, with PyTorch's exact GELU (config.json says "gelu").
+  run "$cpprun" --standalone --nproc_per_node=2 "$gpt" --mode ddp --layers 2 --embed 32 --heads 2 --block 16 \
+      --steps 5 --batch 4 --sample 0 --export "$tmp/ddp" --logits-for 1,2,3,4,5,6 --logits-out "$tmp/ddp.txt"
+  grep -qF '"activation_function": "gelu"' "$tmp/ddp/config.json" || fail "the DDP export's config.json does not say gelu"
+  ids=1,2,3,4,5,6 compare "$tmp/ddp" "$tmp/ddp.txt"
+  echo "PASS: train_gpt's exports load in transformers, FSDP and DDP"
+  ;;
+faults)
+  py faults "$tmp"
+  # expect PATTERN ARGS...: train_gpt ARGS exits 1 (not an abort) naming PATTERN, before any step.
+  expect() {
+    pattern=$1
+    shift
+    timeout 240 "$gpt" --steps 2 --sample 0 "$@" >"$tmp/out" 2>&1
+    rc=$?
+    [ $rc -eq 1 ] || fail "exit code $rc (expected 1) from: train_gpt $*"
+    grep -qF -- "$pattern" "$tmp/out" || fail "no '$pattern' in the output of: train_gpt $*"
+    ! grep -q "^step\|first loss" "$tmp/out" || fail "train_gpt $* trained"
+    echo "ok: train_gpt $* -> 1, '$pattern'"
+  }
+  expect '"scale_attn_by_inverse_layer_idx": true, which train_gpt does not implement' --init-from "$tmp/inverse_layer_idx"
+  expect '"activation_function" to "relu", which train_gpt does not implement' --init-from "$tmp/relu"
+  expect '"model_type": "llama"; train_gpt loads GPT-2' --init-from "$tmp/not_gpt2"
+  expect 'missing: transformer.h.1.mlp.c_fc.weight' --init-from "$tmp/missing_tensor"
+  expect "cannot read $tmp/none/config.json" --init-from "$tmp/none"
+  expect "--layers 3 conflicts with --init-from $tmp/good/config.json's \"n_layer\": 2" --init-from "$tmp/good" --layers 3
+  expect "--block 64 exceeds --init-from $tmp/good/config.json's \"n_positions\": 32" --init-from "$tmp/good" --block 64
+  expect "--logits-for: token id 128 is outside the vocabulary" --init-from "$tmp/good" --logits-for 1,128 --logits-out "$tmp/x"
+  echo "PASS: train_gpt refuses what it cannot load, naming it"
+  ;;
+*) echo "FAIL: unknown case $case_name"; exit 1 ;;
+esac
