@@ -175,11 +175,10 @@ struct Conv1DImpl : torch::nn::Module {
     weight.uniform_(-bound, bound);
     bias.uniform_(-bound, bound);
   }
-  torch::Tensor forward(const torch::Tensor& x) {
-    auto sizes = x.sizes().vec();
-    sizes.back() = weight.size(1);
-    return torch::addmm(bias, x.reshape({-1, x.size(-1)}), weight).view(sizes);
-  }
+  // linear() of the transposed view: y = x W + b. Not addmm(bias, x, weight): autocast caches its
+  // cast of a leaf weight, so a checkpointed block's recomputation got a cast made before it,
+  // which cpprun::checkpoint refuses (the gradient could not flow); a view's cast is not cached.
+  torch::Tensor forward(const torch::Tensor& x) { return torch::nn::functional::linear(x, weight.t(), bias); }
 };
 TORCH_MODULE(Conv1D);
 
