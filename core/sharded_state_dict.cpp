@@ -75,16 +75,31 @@ std::string new_save_id() {
   return id;
 }
 
+StateDictShard state_dict_shard(const NamedTensors& state, int rank, int world) {
+  const Plan plan = plan_for(state, world);
+  StateDictShard shard;
+  if (rank >= plan.parts) return shard;  // owns no tensor
+  for (std::size_t i = 0; i < state.size(); ++i) {
+    if (plan.part[i] == rank) shard.tensors.push_back(state[i]);
+  }
+  shard.file = shard_file_name(rank + 1, plan.parts);
+  return shard;
+}
+
+void write_state_dict_shard(const StateDictShard& shard, const std::string& dir, const ShardedSaveStamp& stamp) {
+  if (shard.file.empty()) return;
+  write_file_atomically((fs::path(dir) / shard.file).string(), encode_safetensors(shard.tensors, stamp_metadata(stamp)));
+}
+
 void write_state_dict_shard(const NamedTensors& state, const std::string& dir, int rank, int world,
                             const ShardedSaveStamp& stamp) {
-  const Plan plan = plan_for(state, world);
-  if (rank >= plan.parts) return;  // owns no tensor
-  NamedTensors mine;
-  for (std::size_t i = 0; i < state.size(); ++i) {
-    if (plan.part[i] == rank) mine.push_back(state[i]);
-  }
-  write_file_atomically((fs::path(dir) / shard_file_name(rank + 1, plan.parts)).string(),
-                        encode_safetensors(mine, stamp_metadata(stamp)));
+  write_state_dict_shard(state_dict_shard(state, rank, world), dir, stamp);
+}
+
+void check_sharded_save_path(const std::string& dir) {
+  TORCH_CHECK(!names_index_file(dir), "cpprun: save_state_dict(model, \"", dir,
+              "\"): to save in Hugging Face's sharded layout, name the directory (\"",
+              fs::path(dir).parent_path().string(), "/\"); the index is written there.");
 }
 
 void write_state_dict_index(const NamedTensors& state, const std::string& dir, int world,
@@ -113,9 +128,7 @@ void write_state_dict_index(const NamedTensors& state, const std::string& dir, i
 
 void save_sharded_state_dict(torch::nn::Module& module, const ProcessGroup* group, const std::string& dir,
                              const StateDictSaveOptions& options) {
-  TORCH_CHECK(!names_index_file(dir), "cpprun: save_state_dict(model, \"", dir,
-              "\"): to save in Hugging Face's sharded layout, name the directory (\"",
-              fs::path(dir).parent_path().string(), "/\"); the index is written there.");
+  check_sharded_save_path(dir);
   const NamedTensors state = module_state(module);
   ShardedSaveStamp stamp{new_save_id(), options.step()};
   if (!group) {

@@ -35,6 +35,16 @@ std::string new_save_id();  // 32 random hex digits
 // or which would mix with this save.
 void write_state_dict_shard(const NamedTensors& state, const std::string& dir, int rank, int world,
                             const ShardedSaveStamp& stamp);
+// The same in two steps, for a save that copies only its own share (core/async_save.h): rank
+// `rank`'s tensors and file name (empty when it owns none), then that file written to DIR.
+struct StateDictShard {
+  NamedTensors tensors;
+  std::string file;
+};
+StateDictShard state_dict_shard(const NamedTensors& state, int rank, int world);
+void write_state_dict_shard(const StateDictShard& shard, const std::string& dir, const ShardedSaveStamp& stamp);
+// Refuses a path naming the index file itself, which a save cannot take.
+void check_sharded_save_path(const std::string& dir);
 void write_state_dict_index(const NamedTensors& state, const std::string& dir, int world,
                             const ShardedSaveStamp& stamp);
 

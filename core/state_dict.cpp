@@ -249,7 +249,10 @@ void save_state_dict_file(torch::nn::Module& module, const std::string& path, co
     save_sharded_state_dict(module, nullptr, path, options);
     return;
   }
-  const NamedTensors state = module_state(module);
+  write_state_dict_file(module_state(module), path, options);
+}
+
+void write_state_dict_file(const NamedTensors& state, const std::string& path, const StateDictSaveOptions& options) {
   // .pt: cpprun's checksum footer, which torch.load ignores (Note [Checkpoint footer]);
   // .safetensors: the checksum is in the header's __metadata__, with the step when given.
   if (format_of(path) == StateDictFormat::kTorchSave) {
@@ -259,6 +262,10 @@ void save_state_dict_file(torch::nn::Module& module, const std::string& path, co
     if (options.step()) metadata[std::string(kStepKey)] = std::to_string(*options.step());
     write_file_atomically(path, encode_safetensors(state, std::move(metadata)));
   }
+}
+
+void check_state_dict_path(const std::string& path) {
+  if (!is_sharded_state_dict_path(path)) (void)format_of(path);
 }
 
 StateDictLoadReport load_state_dict_file(torch::nn::Module& module, const std::string& path,

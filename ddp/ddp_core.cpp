@@ -10,6 +10,7 @@
 #include <unordered_set>
 
 #include "core/clip_grad_norm.h"
+#include "core/async_save.h"
 #include "core/full_state.h"
 #include "core/state_dict.h"
 #include "cpprun/unique_parameters.h"
@@ -193,6 +194,9 @@ void DdpCore::save_full_state(const std::string& path) { detail::save_full_state
 void DdpCore::load_full_state(const std::string& path) { detail::load_full_state(impl_->module, impl_->group, path); }
 void DdpCore::save_state_dict(const std::string& path, const StateDictSaveOptions& options) {
   detail::save_state_dict(impl_->module, impl_->group, path, options);
+}
+AsyncSave DdpCore::save_state_dict_async(const std::string& path, const StateDictSaveOptions& options) {
+  return detail::start_async_save(impl_->module, &impl_->group, path, options);
 }
 StateDictLoadReport DdpCore::load_state_dict(const std::string& path, const StateDictOptions& options) {
   return detail::load_state_dict(impl_->module, impl_->group, path, options);

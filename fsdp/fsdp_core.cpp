@@ -15,6 +15,7 @@
 
 #include "core/clip_grad_norm.h"
 #include "cpprun/collectives.h"
+#include "core/async_save.h"
 #include "core/full_state.h"
 #include "core/state_dict.h"
 #include "fsdp/checkpoint.h"
@@ -270,6 +271,13 @@ void FsdpCore::save_state_dict(const std::string& path, const StateDictSaveOptio
   gather_full_parameters();  // collective: every rank takes part
   ReleaseAfter release(impl_->residency.get());
   detail::save_state_dict(impl_->module, impl_->groups.whole, path, options);
+}
+
+AsyncSave FsdpCore::save_state_dict_async(const std::string& path, const StateDictSaveOptions& options) {
+  refuse_mixed_precision(impl_->options, "save_async", path);
+  gather_full_parameters();  // collective, as save_state_dict; the copy is taken before the release
+  ReleaseAfter release(impl_->residency.get());
+  return detail::start_async_save(impl_->module, &impl_->groups.whole, path, options);
 }
 
 StateDictLoadReport FsdpCore::load_state_dict(const std::string& path, const StateDictOptions& options) {

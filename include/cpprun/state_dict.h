@@ -16,6 +16,7 @@
 //   cpprun::load_state_dict(net, "pytorch_model.pt");             // strict: one error lists every difference
 //   cpprun::save_state_dict(model, "run/hf/", cpprun::StateDictSaveOptions().step(step));  // sharded
 //   auto report = cpprun::load_state_dict(net, "f.safetensors", cpprun::StateDictOptions().strict(false));
+//   auto pending = cpprun::save_async(model, "run/hf/");  // written in the background; pending.wait()
 //
 // Files are written atomically and carry a CRC-32 (.safetensors: in __metadata__; .pt: cpprun's
 // footer, which torch.load ignores); a damaged file is refused, naming it. Files without one
@@ -33,6 +34,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "cpprun/async_save.h"
 #include "cpprun/data_parallel.h"
 #include "cpprun/state_dict_options.h"
 
@@ -42,6 +44,10 @@ namespace detail {
 void save_module_state_dict(torch::nn::Module& module, const std::string& path, const StateDictSaveOptions& options);
 StateDictLoadReport load_module_state_dict(torch::nn::Module& module, const std::string& path,
                                            const StateDictOptions& options);
+AsyncSave save_module_state_dict_async(torch::nn::Module& module, const std::string& path,
+                                       const StateDictSaveOptions& options);
+// Waits for this process's last save_async; raises its error if nobody has seen it yet.
+void finish_previous_save();
 
 template <typename Model>
 concept DataParallelWrapper = requires(Model& model) { DataParallelAccess::core(*model); };
@@ -66,10 +72,31 @@ torch::nn::Module& as_module(const torch::nn::ModuleHolder<M>& holder) {
 template <typename Model>
 void save_state_dict(Model&& model, const std::string& path,
                      const StateDictSaveOptions& options = StateDictSaveOptions()) {
+  detail::finish_previous_save();
   if constexpr (detail::DataParallelWrapper<std::remove_reference_t<Model>>) {
     detail::DataParallelAccess::core(*model).save_state_dict(path, options);
   } else {
     detail::save_module_state_dict(detail::as_module(model), path, options);
+  }
+}
+
+// save_state_dict, with the writing on a background thread: returns once the state is copied to
+// CPU memory (pinned host memory for tensors on a GPU), and training may change the model at
+// once; the file (or directory) then holds the state as it was at the call. What is collective
+// in save_state_dict (FSDP's gather, the save id) happens here, on the calling thread; the
+// background thread runs no collective. A save first waits for this process's previous one (and
+// raises its error if nobody has seen it). See cpprun/async_save.h for the handle.
+//
+//   cpprun::AsyncSave pending = cpprun::save_async(model, "run/model.safetensors",
+//                                                  cpprun::StateDictSaveOptions().step(step));
+template <typename Model>
+[[nodiscard]] AsyncSave save_async(Model&& model, const std::string& path,
+                                   const StateDictSaveOptions& options = StateDictSaveOptions()) {
+  detail::finish_previous_save();
+  if constexpr (detail::DataParallelWrapper<std::remove_reference_t<Model>>) {
+    return detail::DataParallelAccess::core(*model).save_state_dict_async(path, options);
+  } else {
+    return detail::save_module_state_dict_async(detail::as_module(model), path, options);
   }
 }
 

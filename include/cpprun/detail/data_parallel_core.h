@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "cpprun/async_save.h"
 #include "cpprun/process_group.h"
 #include "cpprun/state_dict_options.h"
 
@@ -44,6 +45,8 @@ class DataParallelCore {
   // State dicts by name (cpprun/state_dict.h). Collective.
   virtual void save_state_dict(const std::string& path, const StateDictSaveOptions& options) = 0;
   virtual StateDictLoadReport load_state_dict(const std::string& path, const StateDictOptions& options) = 0;
+  // save_state_dict's collective part now, the writing on a background thread (core/async_save.h).
+  virtual AsyncSave save_state_dict_async(const std::string& path, const StateDictSaveOptions& options) = 0;
 };
 
 // The tensors in a forward's result: a tensor, a vector of them, or a tuple/pair of them.

@@ -39,6 +39,7 @@ class DdpCore final : public DataParallelCore {
   void save_full_state(const std::string& path) override;
   void load_full_state(const std::string& path) override;
   void save_state_dict(const std::string& path, const StateDictSaveOptions& options) override;
+  AsyncSave save_state_dict_async(const std::string& path, const StateDictSaveOptions& options) override;
   StateDictLoadReport load_state_dict(const std::string& path, const StateDictOptions& options) override;
   void save_sharded(const std::string& dir, torch::optim::Optimizer* optimizer) override;
   void load_sharded(const std::string& dir, torch::optim::Optimizer* optimizer) override;

@@ -1,0 +1,326 @@
+// See async_save.h.
+#include "core/async_save.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include <atomic>
+#include <chrono>
+#include <exception>
+#include <filesystem>
+#include <functional>
+#include <iostream>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "core/sharded_state_dict.h"
+#include "core/state_dict.h"
+#include "cpprun/detail/group_store.h"
+#include "cpprun/object_collectives.h"
+#include "cpprun/state_dict.h"
+
+// Note [Asynchronous save across ranks]
+// A collective save is done when every rank's file is on disk and, for a directory, rank 0 has
+// written the index that names them (the index last: a reader never sees an index whose files are
+// missing or from an earlier save). The synchronous save learns this with collectives
+// (agree_on_failure). The background thread must not issue any: a Gloo collective from a second
+// thread would interleave with the training thread's collectives on the same pairs (a
+// collective's order must be the same on every rank), and its sequence numbers would differ by
+// rank. So the ranks tell each other through the group's store instead, with short requests that
+// never wait inside the store (cpprun/detail/group_store.h):
+//   - each rank, its part written (or failed), sets async_save/<id>/written/<rank> to "ok" or
+//     "failed: <why>" (a directory only: a file is written by rank 0 alone);
+//   - rank 0's thread polls those keys; when every part is in place it writes the index, then
+//     sets async_save/<id>/result to "ok", or to every rank's error;
+//   - every rank's thread polls async_save/<id>/result and ends with it.
+// So done() is true on a rank once the whole save is on disk, and wait() returns, or throws, alike
+// on every rank, with no collective; a handle's destructor may wait too. <id> is the save id,
+// broadcast when the save starts (on the calling thread, with the other collectives), so two
+// saves never share keys. The waits are bounded by the group's timeout: a rank that died does not
+// hold the others' threads for ever. The keys stay in the store (a few bytes per save).
+// PyTorch's DCP async_save runs the save's collectives on its background thread, and its recipe
+// (the async checkpointing tutorial) makes a second process group for them, so that they do not
+// share the training group. Here that group would cost every rank more Gloo connections, and
+// what it protects, the order of collectives, needs no protection when the thread issues none.
+//
+// Note [Async save errors are never lost]
+// DCP's async_save returns a concurrent.futures.Future: an error stays in it until result() is
+// called, and a Future dropped unread loses it without a word. Here the error is kept by the
+// save, raised by wait() (each call) and, when no wait() has raised it, by the next save of the
+// process (save_async or save_state_dict), before that one starts; a handle dropped unwaited
+// first waits for the write (no torn or half-finished save when a scope ends), and when the save
+// failed unseen it writes the error to stderr: the error is seen even when no save follows.
+
+namespace cpprun {
+
+struct AsyncSave::State {
+  explicit State(std::string where) : path(std::move(where)) {}
+  ~State() { join(); }
+  void join() {
+    std::lock_guard<std::mutex> lock(join_mutex);
+    if (thread.joinable()) thread.join();
+  }
+
+  const std::string path;
+  std::thread thread;
+  std::mutex join_mutex;
+  std::atomic<bool> finished{false};
+  std::exception_ptr error;               // set by the thread before it finishes
+  std::atomic<bool> error_raised{false};  // thrown by wait() or by the next save
+};
+
+namespace detail {
+
+struct AsyncSaveAccess {
+  using State = AsyncSave::State;
+  static AsyncSave make(std::shared_ptr<State> state) { return AsyncSave(std::move(state)); }
+};
+
+namespace {
+namespace fs = std::filesystem;
+using State = AsyncSaveAccess::State;
+using Clock = std::chrono::steady_clock;
+
+// This process's latest save: what the next one waits for.
+std::mutex latest_mutex;
+std::shared_ptr<State> latest;
+
+std::string message_of(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "an error that is not a std::exception";
+  }
+}
+
+// Runs `work` on a new thread of `state`, recording what it throws.
+void launch(State& state, std::function<void()> work) {
+  State* raw = &state;  // the state outlives the thread: its destructor joins it
+  state.thread = std::thread([raw, work = std::move(work)] {
+    try {
+      work();
+    } catch (...) {
+      raw->error = std::current_exception();
+    }
+    raw->finished.store(true);
+  });
+}
+
+// Shapes and dtypes only (meta tensors): what rank 0 needs for the index.
+NamedTensors shapes_of(const NamedTensors& state) {
+  NamedTensors out;
+  out.reserve(state.size());
+  for (const auto& [name, tensor] : state) {
+    out.emplace_back(name, at::empty(tensor.sizes(), at::TensorOptions().dtype(tensor.scalar_type()).device(at::kMeta)));
+  }
+  return out;
+}
+
+// What one rank's background thread does in a collective save. See Note [Asynchronous save across ranks].
+struct CollectiveSave {
+  explicit CollectiveSave(ProcessGroup on) : group(std::move(on)) {}
+
+  ProcessGroup group;
+  std::string key;  // async_save/<id>
+  std::string path;
+  bool directory = false;
+  StateDictSaveOptions options;
+  ShardedSaveStamp stamp;
+  NamedTensors file_state;  // a file: rank 0's copy of everything
+  StateDictShard shard;     // a directory: this rank's share
+  NamedTensors shapes;      // a directory, rank 0: every tensor's shape, for the index
+
+  // KEY's value once some rank sets it; nothing when the group's timeout passes first.
+  std::optional<std::string> await(const std::string& name, Clock::time_point deadline) const {
+    for (std::chrono::milliseconds pause{1};; pause = std::min(pause * 2, std::chrono::milliseconds(50))) {
+      if (auto value = store_try_get(group, key + "/" + name)) return value;
+      if (Clock::now() >= deadline) return std::nullopt;
+      std::this_thread::sleep_for(pause);
+    }
+  }
+
+  void run() {
+    const int rank = group.rank();
+    const auto deadline = Clock::now() + group.timeout();
+    std::exception_ptr local;
+    try {
+      if (directory) {
+        fs::create_directories(path);
+        write_state_dict_shard(shard, path, stamp);
+      } else if (rank == 0) {
+        write_state_dict_file(file_state, path, options);
+      }
+    } catch (...) {
+      local = std::current_exception();
+    }
+    std::vector<std::string> faults;
+    if (local) faults.push_back("rank " + std::to_string(rank) + ": " + message_of(local));
+    if (directory) store_set(group, key + "/written/" + std::to_string(rank), local ? "failed: " + message_of(local) : "ok");
+    if (rank == 0) {
+      for (int r = 1; directory && r < group.size(); ++r) {
+        const auto written = await("written/" + std::to_string(r), deadline);
+        if (!written) {
+          faults.push_back("rank " + std::to_string(r) + ": its part was not written within the group's timeout (" +
+                           std::to_string(group.timeout().count()) + " ms)");
+        } else if (*written != "ok") {
+          faults.push_back("rank " + std::to_string(r) + ": " + written->substr(written->find(' ') + 1));
+        }
+      }
+      if (directory && faults.empty()) {
+        try {
+          write_state_dict_index(shapes, path, group.size(), stamp);
+        } catch (...) {
+          local = std::current_exception();
+          faults.push_back("rank 0, writing the index: " + message_of(local));
+        }
+      }
+      std::string result = "ok";
+      if (!faults.empty()) {
+        result = "failed:";
+        for (const auto& fault : faults) result += "\n  " + fault;
+      }
+      store_set(group, key + "/result", result);
+    }
+    const auto result = await("result", deadline);
+    if (local) std::rethrow_exception(local);  // this rank's own error, as it was thrown
+    TORCH_CHECK(result, "cpprun: rank ", rank, " waited the group's timeout (", group.timeout().count(),
+                " ms) for rank 0 to finish the asynchronous save to ", path, "; is rank 0 still running?");
+    TORCH_CHECK(*result == "ok", "cpprun: the asynchronous save to ", path, " failed on another rank (this is rank ",
+                rank, "):", result->substr(std::string("failed:").size()));
+  }
+};
+
+}  // namespace
+
+NamedTensors snapshot_state(const NamedTensors& state) {
+  at::NoGradGuard no_grad;
+  std::unordered_map<const c10::TensorImpl*, at::Tensor> copies;
+  NamedTensors out;
+  out.reserve(state.size());
+  for (const auto& [name, tensor] : state) {
+    at::Tensor& copy = copies[tensor.unsafeGetTensorImpl()];
+    if (!copy.defined()) {
+      // A GPU tensor lands in pinned (page-locked) host memory: the device copies it by DMA at
+      // full speed. A synchronous copy: the bytes are there when the thread starts.
+      copy = tensor.detach().to(at::TensorOptions().dtype(tensor.scalar_type()).device(at::kCPU).pinned_memory(tensor.is_cuda()),
+                                /*non_blocking=*/false, /*copy=*/true);
+    }
+    out.emplace_back(name, copy);
+  }
+  return out;
+}
+
+AsyncSave start_async_save(torch::nn::Module& module, const ProcessGroup* group, const std::string& path,
+                           const StateDictSaveOptions& options) {
+  const bool directory = is_sharded_state_dict_path(path);
+  if (directory) {
+    check_sharded_save_path(path);
+  } else {
+    check_state_dict_path(path);
+  }
+  auto state = std::make_shared<State>(path);
+  const NamedTensors full = module_state(module);
+  if (!group) {
+    launch(*state, [copy = snapshot_state(full), path, options, directory] {
+      if (!directory) {
+        write_state_dict_file(copy, path, options);
+        return;
+      }
+      const ShardedSaveStamp stamp{new_save_id(), options.step()};
+      fs::create_directories(path);
+      write_state_dict_shard(copy, path, 0, 1, stamp);
+      write_state_dict_index(copy, path, 1, stamp);
+    });
+  } else {
+    auto job = std::make_shared<CollectiveSave>(*group);
+    job->stamp = {new_save_id(), options.step()};
+    broadcast_bytes(*group, job->stamp.save_id, 0);  // rank 0's id: in every file, and the store keys
+    job->key = "async_save/" + job->stamp.save_id;
+    job->path = path;
+    job->directory = directory;
+    job->options = options;
+    if (directory) {
+      job->shard = state_dict_shard(full, group->rank(), group->size());
+      job->shard.tensors = snapshot_state(job->shard.tensors);
+      if (group->rank() == 0) job->shapes = shapes_of(full);
+    } else if (group->rank() == 0) {
+      job->file_state = snapshot_state(full);
+    }
+    launch(*state, [job] { job->run(); });
+  }
+  {
+    std::lock_guard<std::mutex> lock(latest_mutex);
+    latest = state;
+  }
+  return AsyncSaveAccess::make(std::move(state));
+}
+
+void finish_previous_save() {
+  std::shared_ptr<State> previous;
+  {
+    std::lock_guard<std::mutex> lock(latest_mutex);
+    previous = std::move(latest);
+  }
+  if (!previous) return;
+  previous->join();
+  if (previous->error && !previous->error_raised.exchange(true)) {
+    TORCH_CHECK(false, "cpprun: the previous asynchronous save, to ", previous->path,
+                ", failed, and no wait() on its handle raised it: ", message_of(previous->error),
+                "\nThis save did not start; call it again to save anyway. (See Note [Async save errors are never lost].)");
+  }
+}
+
+AsyncSave save_module_state_dict_async(torch::nn::Module& module, const std::string& path,
+                                       const StateDictSaveOptions& options) {
+  return start_async_save(module, nullptr, path, options);
+}
+
+}  // namespace detail
+
+AsyncSave& AsyncSave::operator=(AsyncSave&& other) noexcept {
+  if (this != &other) {
+    drop();
+    state_ = std::move(other.state_);
+  }
+  return *this;
+}
+
+AsyncSave::~AsyncSave() { drop(); }
+
+void AsyncSave::drop() noexcept {
+  if (!state_) return;
+  state_->join();
+  if (state_->error && !state_->error_raised.load()) {
+    std::cerr << "cpprun: the asynchronous save to " << state_->path
+              << " failed, and its handle was dropped before wait(): " << detail::message_of(state_->error)
+              << "\ncpprun: the next save raises this error.\n";
+  }
+  state_.reset();
+}
+
+void AsyncSave::wait() {
+  if (!state_) return;
+  state_->join();
+  if (state_->error) {
+    state_->error_raised.store(true);
+    std::rethrow_exception(state_->error);
+  }
+}
+
+bool AsyncSave::done() const { return !state_ || state_->finished.load(); }
+
+const std::string& AsyncSave::path() const {
+  static const std::string none;
+  return state_ ? state_->path : none;
+}
+
+}  // namespace cpprun
