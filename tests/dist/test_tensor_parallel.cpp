@@ -1,0 +1,225 @@
+// Tensor parallelism under `cpprun --nproc_per_node=K`, K = 1..4, every rank one TP group: the
+// mappings' forward and backward, and parity with one process (fp32, AdamW) of an MLP block
+// (LayerNorm, ColwiseParallel + GELU + RowwiseParallel; also with the LayerNorm on sequence
+// shards and all-gather / reduce-scatter at the edges of that region) and of
+// a vocabulary-parallel embedding + head + vocabulary-parallel cross-entropy; bad plans get named
+// errors. Every rank builds the same model from one seed and sees the same data; the parameters
+// are compared through tensor_parallel_full_state_dict, which also loads into an unsplit model.
+#include <catch2/catch.hpp>
+#include <torch/torch.h>
+
+#include "cpprun/cpprun.h"
+#include "cpprun/tensor_parallel.h"
+#include "ddp_test_models.h"
+#include "dist_test_support.h"
+#include "tp/tp_collectives.h"
+
+using dist_test::group;
+using ddp_test::relative_difference;
+
+namespace {
+
+constexpr double kTolerance = 1e-5;
+constexpr int kSteps = 6;
+
+// Features and vocabulary divide by 1, 2, 3 and 4.
+torch::nn::Sequential make_mlp() {
+  torch::manual_seed(7);
+  return torch::nn::Sequential(torch::nn::LayerNorm(torch::nn::LayerNormOptions({12})), torch::nn::Linear(12, 48),
+                               torch::nn::GELU(), torch::nn::Linear(48, 12));
+}
+
+torch::nn::Sequential make_lm() {
+  torch::manual_seed(9);
+  return torch::nn::Sequential(torch::nn::Embedding(24, 12), torch::nn::Linear(12, 24));
+}
+
+double relative(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-12); }
+
+// The parallel model's gathered state dict (tensor_parallel_full_state_dict) against the
+// reference's parameters, name by name; then loaded into a fresh unsplit model, whose output on
+// `input` must be the reference's.
+template <typename MakeModel>
+void check_parameters(torch::nn::Sequential& trained, torch::nn::Sequential& reference, MakeModel make_model,
+                      const at::Tensor& input) {
+  const auto full = cpprun::tensor_parallel_full_state_dict(*trained);
+  auto ref = reference->named_parameters();
+  CHECK(full.size() == ref.size());
+  for (const auto& item : ref) {
+    const at::Tensor* whole = full.find(item.key());
+    REQUIRE(whole != nullptr);
+    REQUIRE(whole->sizes() == item.value().sizes());
+    const double diff = relative_difference(*whole, item.value());
+    INFO("parameter " << item.key() << " relative difference " << diff);
+    CHECK(diff <= kTolerance);
+  }
+  auto unsplit = make_model();
+  {
+    at::NoGradGuard no_grad;
+    for (auto& item : unsplit->named_parameters()) item.value().copy_(full[item.key()]);
+  }
+  CHECK(relative_difference(unsplit->forward(input), reference->forward(input)) <= kTolerance);
+}
+
+}  // namespace
+
+TEST_CASE("tensor parallel: the mappings' forward and backward", "[tp]") {
+  const int world = group().size(), rank = group().rank();
+  const double ranks_sum = world * (world + 1) / 2.0;  // sum of (rank + 1)
+
+  at::Tensor x = at::ones({2, 4 * world}).requires_grad_();
+  (cpprun::copy_to_tensor_parallel_region(x, group()) * (rank + 1)).sum().backward();
+  CHECK(x.grad().eq(ranks_sum).all().item<bool>());  // backward: all-reduce
+
+  at::Tensor y = at::ones({2, 3}).requires_grad_();
+  at::Tensor reduced = cpprun::reduce_from_tensor_parallel_region(y * (rank + 1), group());
+  CHECK(reduced.eq(ranks_sum).all().item<bool>());   // forward: all-reduce
+  reduced.sum().backward();
+  CHECK(y.grad().eq(rank + 1).all().item<bool>());   // backward: identity
+
+  // Columns 0..4*world-1 of a row: rank r keeps columns 4r..4r+3; the gather puts them back.
+  at::Tensor row = at::arange(4 * world, at::kFloat).repeat({2, 1}).requires_grad_();
+  at::Tensor mine = cpprun::scatter_to_tensor_parallel_region(row, group());
+  CHECK(mine.equal(row.detach().narrow(1, 4 * rank, 4)));
+  at::Tensor back = cpprun::gather_from_tensor_parallel_region(mine, group());
+  CHECK(back.equal(row.detach()));
+  (back * (rank + 1)).sum().backward();
+  // gather's backward keeps this rank's columns of its own gradient; scatter's gathers them.
+  CHECK(row.grad().narrow(1, 4 * rank, 4).eq(rank + 1).all().item<bool>());
+
+  // Sequence parallel along dim 1: reduce-scatter is the sum's chunk; its backward all-gathers.
+  at::Tensor seq = at::arange(3 * world, at::kFloat).view({1, 3 * world, 1}).repeat({2, 1, 5}).requires_grad_();
+  at::Tensor scattered = cpprun::reduce_scatter_to_sequence_parallel_region(seq, group(), 1);
+  CHECK(scattered.equal(seq.detach().narrow(1, 3 * rank, 3) * world));
+  at::Tensor gathered = cpprun::gather_from_sequence_parallel_region(scattered, group(), 1);
+  CHECK(gathered.equal(seq.detach() * world));
+  gathered.sum().backward();  // gather's backward reduce-scatters (world), reduce-scatter's all-gathers
+  CHECK(seq.grad().eq(world).all().item<bool>());
+
+  if (world > 1) {
+    CHECK_THROWS_WITH(cpprun::scatter_to_tensor_parallel_region(at::ones({2, 4 * world + 1}), group()),
+                      Catch::Contains("does not divide by the tensor-parallel group's size " + std::to_string(world)));
+  }
+}
+
+TEST_CASE("tensor parallel: an MLP block matches one process after AdamW steps", "[tp]") {
+  const bool sequence_parallel = GENERATE(false, true);
+  const int world = group().size(), rank = group().rank();
+  INFO("tp " << world << (sequence_parallel ? " with sequence parallelism" : ""));
+  auto reference = make_mlp();
+  auto parallel = make_mlp();
+  cpprun::ColwiseParallel colwise;
+  cpprun::RowwiseParallel rowwise;
+  if (sequence_parallel) {  // [batch, sequence, hidden]: each rank holds a slice of the sequence
+    colwise.input_layouts(cpprun::Shard(1));
+    rowwise.output_layouts(cpprun::Shard(1));
+  }
+  cpprun::ParallelizePlan plan{{"1", colwise}, {"3", rowwise}};
+  // A LayerNorm region on sequence shards: whole otherwise (every rank computes it alike).
+  if (sequence_parallel) plan.push_back({"0", cpprun::SequenceParallel()});
+  cpprun::parallelize_module(parallel.ptr(), group(), plan);
+  CHECK(parallel[1]->as<cpprun::ColwiseParallelLinear>()->weight.size(0) == 48 / world);
+  CHECK(parallel[3]->as<cpprun::RowwiseParallelLinear>()->weight.size(1) == 48 / world);
+  CHECK((parallel[0]->as<cpprun::SequenceParallelLayerNorm>() != nullptr) == sequence_parallel);
+
+  torch::manual_seed(11);
+  const at::Tensor x = torch::randn({4, 12, 12}), target = torch::randn({4, 12, 12});
+  torch::optim::AdamW reference_opt(reference->parameters(), torch::optim::AdamWOptions(1e-2));
+  torch::optim::AdamW parallel_opt(parallel->parameters(), torch::optim::AdamWOptions(1e-2));
+  for (int step = 0; step < kSteps; ++step) {
+    reference_opt.zero_grad();
+    at::Tensor reference_loss = torch::mse_loss(reference->forward(x), target, at::Reduction::Sum) / x.numel();
+    reference_loss.backward();
+    reference_opt.step();
+
+    parallel_opt.zero_grad();
+    at::Tensor loss;
+    if (sequence_parallel) {
+      const at::Tensor out = parallel->forward(x.chunk(world, 1)[rank]);
+      loss = torch::mse_loss(out, target.chunk(world, 1)[rank], at::Reduction::Sum) / x.numel();
+    } else {
+      loss = torch::mse_loss(parallel->forward(x), target, at::Reduction::Sum) / x.numel();
+    }
+    loss.backward();
+    parallel_opt.step();
+    at::Tensor whole_loss = loss.detach().clone();
+    if (sequence_parallel) cpprun::all_reduce(group(), whole_loss);  // each rank's loss covers its tokens
+    INFO("step " << step << " loss " << whole_loss.item<double>() << " reference " << reference_loss.item<double>());
+    CHECK(relative(whole_loss.item<double>(), reference_loss.item<double>()) <= kTolerance);
+  }
+  check_parameters(parallel, reference, make_mlp, x);
+}
+
+TEST_CASE("tensor parallel: vocabulary-parallel embedding and cross-entropy match one process", "[tp]") {
+  const int world = group().size();
+  auto reference = make_lm();
+  auto parallel = make_lm();
+  cpprun::parallelize_module(parallel.ptr(), group(), {{"0", cpprun::RowwiseParallel()}, {"1", cpprun::ColwiseParallel()}});
+  CHECK(parallel[0]->as<cpprun::VocabParallelEmbedding>()->weight.size(0) == 24 / world);
+
+  torch::manual_seed(13);
+  const at::Tensor ids = torch::randint(24, {6, 10}), target = torch::randint(24, {6, 10});
+  torch::optim::AdamW reference_opt(reference->parameters(), torch::optim::AdamWOptions(1e-2));
+  torch::optim::AdamW parallel_opt(parallel->parameters(), torch::optim::AdamWOptions(1e-2));
+  for (int step = 0; step < kSteps; ++step) {
+    reference_opt.zero_grad();
+    at::Tensor reference_loss = at::cross_entropy_loss(reference->forward(ids).view({-1, 24}), target.view(-1));
+    reference_loss.backward();
+    reference_opt.step();
+
+    parallel_opt.zero_grad();
+    const at::Tensor logits = parallel->forward(ids);  // [6, 10, 24 / world]: never gathered
+    CHECK(logits.size(-1) == 24 / world);
+    at::Tensor loss = cpprun::vocab_parallel_cross_entropy(logits, target, group()).mean();
+    loss.backward();
+    parallel_opt.step();
+    INFO("step " << step << " loss " << loss.item<double>() << " reference " << reference_loss.item<double>());
+    CHECK(relative(loss.item<double>(), reference_loss.item<double>()) <= kTolerance);
+  }
+  check_parameters(parallel, reference, make_lm, ids);
+}
+
+TEST_CASE("tensor parallel: vocab_parallel_cross_entropy's loss and gradient are cross_entropy's", "[tp]") {
+  const int world = group().size(), rank = group().rank();
+  torch::manual_seed(17);
+  const at::Tensor logits = torch::randn({5, 8 * world}) * 4, target = torch::randint(8 * world, {5});
+  at::Tensor full = logits.clone().requires_grad_();
+  at::cross_entropy_loss(full, target, {}, at::Reduction::Sum).backward();
+  at::Tensor mine = logits.chunk(world, 1)[rank].clone().requires_grad_();
+  at::Tensor loss = cpprun::vocab_parallel_cross_entropy(mine, target, group());
+  CHECK(relative_difference(loss, at::cross_entropy_loss(logits, target, {}, at::Reduction::None)) <= 1e-6);
+  loss.sum().backward();
+  CHECK(relative_difference(mine.grad(), full.grad().chunk(world, 1)[rank]) <= 1e-6);
+
+  CHECK_THROWS_WITH(cpprun::vocab_parallel_cross_entropy(mine, target.clamp_max(0) - 1, group()),
+                    Catch::Contains("ignore_index is not supported"));
+  CHECK_THROWS_WITH(cpprun::vocab_parallel_cross_entropy(mine, target.unsqueeze(0), group()),
+                    Catch::Contains("need a target of shape"));
+}
+
+TEST_CASE("tensor parallel: bad plans are refused, naming the submodule", "[tp]") {
+  const int world = group().size();
+  auto mlp = make_mlp();
+  CHECK_THROWS_WITH(cpprun::parallelize_module(mlp.ptr(), group(), {{"fc3", cpprun::ColwiseParallel()}}),
+                    Catch::Contains("names \"fc3\"") && Catch::Contains("its submodules: \"0\", \"1\", \"2\", \"3\""));
+  CHECK_THROWS_WITH(cpprun::parallelize_module(mlp.ptr(), group(), {{"1.inner", cpprun::ColwiseParallel()}}),
+                    Catch::Contains("\"1\" has no submodule \"inner\""));
+  CHECK_THROWS_WITH(cpprun::parallelize_module(mlp.ptr(), group(), {{"2", cpprun::ColwiseParallel()}}),
+                    Catch::Contains("\"2\" is a torch::nn::GELUImpl"));
+  CHECK_THROWS_WITH(cpprun::parallelize_module(mlp.ptr(), group(), {{"1", cpprun::SequenceParallel()}}),
+                    Catch::Contains("SequenceParallel applies to torch::nn::LayerNorm only"));
+  CHECK_THROWS_WITH(cpprun::parallelize_module(mlp.ptr(), group(),
+                                               {{"1", cpprun::ColwiseParallel()}, {"1", cpprun::RowwiseParallel()}}),
+                    Catch::Contains("names \"1\" twice"));
+  // A plan with a typo after a good entry changed nothing.
+  CHECK_THROWS(cpprun::parallelize_module(mlp.ptr(), group(), {{"1", cpprun::ColwiseParallel()}, {"fc3", cpprun::RowwiseParallel()}}));
+  CHECK(mlp[1]->as<torch::nn::Linear>() != nullptr);
+  if (world > 1) {  // world + 1 output features never divide by world
+    auto odd = torch::nn::Sequential(torch::nn::Linear(4, world + 1));
+    CHECK_THROWS_WITH(cpprun::parallelize_module(odd.ptr(), group(), {{"0", cpprun::ColwiseParallel()}}),
+                      Catch::Contains("ColwiseParallel on \"0\" splits its output features (" +
+                                      std::to_string(world + 1) + ") over the tensor-parallel group's " +
+                                      std::to_string(world) + " ranks"));
+    CHECK(odd[0]->as<torch::nn::Linear>() != nullptr);
+  }
+}

@@ -1,0 +1,166 @@
+// The tensor-parallel Linear and Embedding modules (cpprun/tensor_parallel.h): this rank's shard
+// of the parameters, and the forward that wraps the local op in Megatron's mappings.
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include <ostream>
+
+#include "cpprun/tensor_parallel.h"
+
+namespace cpprun {
+namespace {
+
+// This rank's chunk of `full` along `dim`, a fresh tensor that requires grad as `full` does.
+at::Tensor shard_of(const at::Tensor& full, const ProcessGroup& group, int64_t dim, const char* what) {
+  TORCH_CHECK(full.size(dim) % group.size() == 0, "cpprun::", what, ": dimension ", dim, " of the weight (shape ",
+              full.sizes(), ") has size ", full.size(dim), ", which does not divide by the tensor-parallel group's "
+              "size ", group.size(), ".");
+  at::NoGradGuard no_grad;
+  return full.detach().chunk(group.size(), dim)[group.rank()].clone(at::MemoryFormat::Contiguous);
+}
+
+void check_member(const ProcessGroup& group, const char* what) {
+  TORCH_CHECK(group.is_member(), "cpprun::", what, ": this rank is not a member of the tensor-parallel group; "
+              "only the group's ranks hold a shard.");
+}
+
+}  // namespace
+
+ColwiseParallelLinearImpl::ColwiseParallelLinearImpl(const torch::nn::LinearImpl& full, ProcessGroup group,
+                                                     ColwiseParallel style)
+    : in_features(full.options.in_features()), out_features(full.options.out_features()),
+      group_(std::move(group)), style_(style) {
+  check_member(group_, "ColwiseParallelLinear");
+  const Placement in = style_.input_layouts(), out = style_.output_layouts();
+  TORCH_CHECK(in.is_replicate() || (in.dim != -1 && in.dim >= 0),
+              "cpprun::ColwiseParallel: input_layouts ", in.str(), " is not supported for a Linear: use "
+              "Replicate() or Shard(d) with d the sequence dimension (>= 0; the input's features are whole).");
+  TORCH_CHECK(out.is_replicate() || out.dim == -1, "cpprun::ColwiseParallel: output_layouts ", out.str(),
+              " is not supported: use Shard(-1) (the output features stay split) or Replicate().");
+  weight = register_parameter("weight", shard_of(full.weight, group_, 0, "ColwiseParallel"),
+                              full.weight.requires_grad());
+  if (full.bias.defined()) {
+    bias = register_parameter("bias", shard_of(full.bias, group_, 0, "ColwiseParallel"), full.bias.requires_grad());
+  }
+}
+
+at::Tensor ColwiseParallelLinearImpl::forward(const at::Tensor& input) {
+  const Placement in = style_.input_layouts();
+  at::Tensor x = in.is_shard() ? gather_from_sequence_parallel_region(input, group_, in.dim)
+                               : copy_to_tensor_parallel_region(input, group_);
+  at::Tensor y = at::linear(x, weight, bias);
+  if (style_.output_layouts().is_replicate()) y = gather_from_tensor_parallel_region(y, group_);
+  return y;
+}
+
+void ColwiseParallelLinearImpl::pretty_print(std::ostream& stream) const {
+  stream << "cpprun::ColwiseParallelLinear(in_features=" << in_features << ", out_features=" << out_features
+         << " (" << weight.size(0) << " on this rank), bias=" << bias.defined() << ", input_layouts="
+         << style_.input_layouts().str() << ", output_layouts=" << style_.output_layouts().str() << ", tp="
+         << group_.size() << ")";
+}
+
+RowwiseParallelLinearImpl::RowwiseParallelLinearImpl(const torch::nn::LinearImpl& full, ProcessGroup group,
+                                                     RowwiseParallel style)
+    : in_features(full.options.in_features()), out_features(full.options.out_features()),
+      group_(std::move(group)), style_(style) {
+  check_member(group_, "RowwiseParallelLinear");
+  const Placement in = style_.input_layouts(), out = style_.output_layouts();
+  TORCH_CHECK(in.is_replicate() || in.dim == -1, "cpprun::RowwiseParallel: input_layouts ", in.str(),
+              " is not supported for a Linear: use Shard(-1) (the input features arrive split, e.g. from a "
+              "ColwiseParallel) or Replicate() (split here).");
+  TORCH_CHECK(out.is_replicate() || out.dim >= 0, "cpprun::RowwiseParallel: output_layouts ", out.str(),
+              " is not supported: use Replicate() or Shard(d) with d the sequence dimension (>= 0).");
+  weight = register_parameter("weight", shard_of(full.weight, group_, 1, "RowwiseParallel"),
+                              full.weight.requires_grad());
+  if (full.bias.defined()) {
+    at::NoGradGuard no_grad;
+    bias = register_parameter("bias", full.bias.detach().clone(), full.bias.requires_grad());
+  }
+}
+
+at::Tensor RowwiseParallelLinearImpl::forward(const at::Tensor& input) {
+  const Placement in = style_.input_layouts(), out = style_.output_layouts();
+  at::Tensor x = in.is_replicate() ? scatter_to_tensor_parallel_region(input, group_) : input;
+  TORCH_CHECK(x.dim() >= 1 && x.size(-1) == weight.size(1), "cpprun::RowwiseParallelLinear: the input (shape ",
+              input.sizes(), ", input_layouts ", in.str(), ") gives ", x.dim() ? x.size(-1) : 0, " features on this "
+              "rank; this rank's shard expects ", weight.size(1), " (", in_features, " features split over ",
+              group_.size(), " ranks).");
+  at::Tensor y = at::linear(x, weight);
+  y = out.is_replicate() ? reduce_from_tensor_parallel_region(y, group_)
+                         : reduce_scatter_to_sequence_parallel_region(y, group_, out.dim);
+  if (bias.defined()) {
+    // Added once, after the reduction. On sequence shards each rank's bias gradient covers its own
+    // tokens only: the copy's backward sums them.
+    y = y + (out.is_replicate() ? bias : copy_to_tensor_parallel_region(bias, group_));
+  }
+  return y;
+}
+
+void RowwiseParallelLinearImpl::pretty_print(std::ostream& stream) const {
+  stream << "cpprun::RowwiseParallelLinear(in_features=" << in_features << " (" << weight.size(1)
+         << " on this rank), out_features=" << out_features << ", bias=" << bias.defined() << ", input_layouts="
+         << style_.input_layouts().str() << ", output_layouts=" << style_.output_layouts().str() << ", tp="
+         << group_.size() << ")";
+}
+
+VocabParallelEmbeddingImpl::VocabParallelEmbeddingImpl(const torch::nn::EmbeddingImpl& full, ProcessGroup group,
+                                                       RowwiseParallel style)
+    : num_embeddings(full.weight.size(0)), embedding_dim(full.weight.size(1)), group_(std::move(group)),
+      style_(style) {
+  check_member(group_, "VocabParallelEmbedding");
+  const auto& o = full.options;
+  TORCH_CHECK(!o.padding_idx() && !o.max_norm() && !o.scale_grad_by_freq() && !o.sparse(),
+              "cpprun::RowwiseParallel: the Embedding has padding_idx, max_norm, scale_grad_by_freq or sparse set; "
+              "the vocabulary-parallel embedding supports none of them yet.");
+  TORCH_CHECK(style_.input_layouts().is_replicate() || style_.input_layouts().dim == -1,
+              "cpprun::RowwiseParallel: input_layouts ", style_.input_layouts().str(), " is not supported for an "
+              "Embedding: its input (the token ids) is Replicate() on every rank.");
+  const Placement out = style_.output_layouts();
+  TORCH_CHECK(out.is_replicate() || out.dim >= 0, "cpprun::RowwiseParallel: output_layouts ", out.str(),
+              " is not supported for an Embedding: use Replicate() or Shard(d) with d the sequence dimension.");
+  weight = register_parameter("weight", shard_of(full.weight, group_, 0, "RowwiseParallel"),
+                              full.weight.requires_grad());
+  vocab_start_ = group_.rank() * weight.size(0);
+}
+
+at::Tensor VocabParallelEmbeddingImpl::forward(const at::Tensor& ids) {
+  const int64_t rows = weight.size(0);
+  at::Tensor outside = (ids < vocab_start_) | (ids >= vocab_start_ + rows);
+  at::Tensor local = (ids - vocab_start_).masked_fill(outside, 0);
+  at::Tensor y = at::embedding(weight, local).masked_fill(outside.unsqueeze(-1), 0);
+  const Placement out = style_.output_layouts();
+  return out.is_replicate() ? reduce_from_tensor_parallel_region(y, group_)
+                            : reduce_scatter_to_sequence_parallel_region(y, group_, out.dim);
+}
+
+void VocabParallelEmbeddingImpl::pretty_print(std::ostream& stream) const {
+  stream << "cpprun::VocabParallelEmbedding(num_embeddings=" << num_embeddings << " (ids " << vocab_start_ << ".."
+         << vocab_start_ + weight.size(0) - 1 << " on this rank), embedding_dim=" << embedding_dim
+         << ", output_layouts=" << style_.output_layouts().str() << ", tp=" << group_.size() << ")";
+}
+
+SequenceParallelLayerNormImpl::SequenceParallelLayerNormImpl(const torch::nn::LayerNormImpl& full, ProcessGroup group,
+                                                             SequenceParallel style)
+    : normalized_shape(full.options.normalized_shape()), eps(full.options.eps()), group_(std::move(group)),
+      style_(style) {
+  check_member(group_, "SequenceParallelLayerNorm");
+  at::NoGradGuard no_grad;
+  if (full.weight.defined()) {
+    weight = register_parameter("weight", full.weight.detach().clone(), full.weight.requires_grad());
+    bias = register_parameter("bias", full.bias.detach().clone(), full.bias.requires_grad());
+  }
+}
+
+at::Tensor SequenceParallelLayerNormImpl::forward(const at::Tensor& input) {
+  if (!weight.defined()) return at::layer_norm(input, normalized_shape, {}, {}, eps);
+  return at::layer_norm(input, normalized_shape, copy_to_tensor_parallel_region(weight, group_),
+                        copy_to_tensor_parallel_region(bias, group_), eps);
+}
+
+void SequenceParallelLayerNormImpl::pretty_print(std::ostream& stream) const {
+  stream << "cpprun::SequenceParallelLayerNorm(" << at::IntArrayRef(normalized_shape) << ", eps=" << eps
+         << ", sequence_dim=" << style_.sequence_dim() << ", tp=" << group_.size() << ")";
+}
+
+}  // namespace cpprun

@@ -1,0 +1,161 @@
+// parallelize_module (cpprun/tensor_parallel.h): finds each planned submodule by its dotted name,
+// checks that its split divides, and puts the tensor-parallel module in its place. See
+// Note [Replacing submodules].
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/container/sequential.h>
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include <set>
+#include <sstream>
+
+#include "cpprun/collectives.h"
+#include "cpprun/tensor_parallel.h"
+
+namespace cpprun {
+
+std::string Placement::str() const {
+  return is_replicate() ? "Replicate()" : "Shard(" + std::to_string(dim) + ")";
+}
+
+const char* style_name(const ParallelStyle& style) {
+  if (std::holds_alternative<ColwiseParallel>(style)) return "ColwiseParallel";
+  if (std::holds_alternative<RowwiseParallel>(style)) return "RowwiseParallel";
+  return "SequenceParallel";
+}
+
+namespace {
+
+struct Located {
+  std::shared_ptr<torch::nn::Module> parent;
+  std::string child_name;  // in parent
+  std::shared_ptr<torch::nn::Module> child;
+};
+
+std::string child_names(const torch::nn::Module& module) {
+  std::ostringstream out;
+  const char* sep = "";
+  for (const auto& item : module.named_children()) {
+    out << sep << '"' << item.key() << '"';
+    sep = ", ";
+  }
+  return sep[0] ? out.str() : "none";
+}
+
+Located locate(const std::shared_ptr<torch::nn::Module>& root, const std::string& dotted) {
+  TORCH_CHECK(!dotted.empty(), "cpprun::parallelize_module: the plan has an empty submodule name; name a Linear "
+              "or Embedding submodule as named_modules() does (e.g. \"mlp.fc1\").");
+  Located found{nullptr, "", root};
+  std::string path;
+  std::istringstream parts(dotted);
+  for (std::string part; std::getline(parts, part, '.');) {
+    auto children = found.child->named_children();
+    auto* next = children.find(part);
+    TORCH_CHECK(next != nullptr, "cpprun::parallelize_module: the plan names \"", dotted, "\", but ",
+                path.empty() ? std::string("the module") : "\"" + path + "\"", " has no submodule \"", part,
+                "\" (its submodules: ", child_names(*found.child), ").");
+    found = {found.child, part, *next};
+    path += (path.empty() ? "" : ".") + part;
+  }
+  return found;
+}
+
+void check_divides(const std::string& name, const char* style, const char* what, int64_t size, int tp) {
+  TORCH_CHECK(size % tp == 0, "cpprun::parallelize_module: ", style, " on \"", name, "\" splits its ", what, " (",
+              size, ") over the tensor-parallel group's ", tp, " ranks, and ", size, " does not divide by ", tp,
+              "; choose a size that is a multiple of ", tp, " or a smaller tensor-parallel degree (uneven splits "
+              "are refused, not padded).");
+}
+
+// The full parameters as the group's rank 0 has them, so that every rank cuts the same tensor.
+void agree_on_parameters(torch::nn::Module& module, const ProcessGroup& group) {
+  if (group.size() == 1) return;
+  at::NoGradGuard no_grad;
+  for (auto& p : module.parameters()) broadcast(group, p.detach(), 0);
+}
+
+std::shared_ptr<torch::nn::Module> make_parallel(const std::string& name, const std::shared_ptr<torch::nn::Module>& child,
+                                                 const ParallelStyle& style, const ProcessGroup& group) {
+  const int tp = group.size();
+  if (const auto* sequence = std::get_if<SequenceParallel>(&style)) {
+    auto* norm = dynamic_cast<torch::nn::LayerNormImpl*>(child.get());
+    TORCH_CHECK(norm, "cpprun::parallelize_module: \"", name, "\" is a ", child->name(), "; SequenceParallel "
+                "applies to torch::nn::LayerNorm only (parameter-free modules such as dropout need no plan entry).");
+    agree_on_parameters(*norm, group);
+    return std::make_shared<SequenceParallelLayerNormImpl>(*norm, group, *sequence);
+  }
+  auto* linear = dynamic_cast<torch::nn::LinearImpl*>(child.get());
+  auto* embedding = dynamic_cast<torch::nn::EmbeddingImpl*>(child.get());
+  TORCH_CHECK(linear || embedding, "cpprun::parallelize_module: \"", name, "\" is a ", child->name(), "; ",
+              style_name(style), " applies to torch::nn::Linear and torch::nn::Embedding modules only (a "
+              "submodule parallelized already cannot be planned twice).");
+  if (const auto* colwise = std::get_if<ColwiseParallel>(&style)) {
+    TORCH_CHECK(linear, "cpprun::parallelize_module: ColwiseParallel on the Embedding \"", name, "\" (its "
+                "embedding dimension split) is not implemented yet; use RowwiseParallel (the vocabulary split).");
+    check_divides(name, "ColwiseParallel", "output features", linear->options.out_features(), tp);
+    agree_on_parameters(*linear, group);
+    return std::make_shared<ColwiseParallelLinearImpl>(*linear, group, *colwise);
+  }
+  if (const auto* rowwise = std::get_if<RowwiseParallel>(&style)) {
+    if (linear) {
+      check_divides(name, "RowwiseParallel", "input features", linear->options.in_features(), tp);
+      agree_on_parameters(*linear, group);
+      return std::make_shared<RowwiseParallelLinearImpl>(*linear, group, *rowwise);
+    }
+    check_divides(name, "RowwiseParallel", "vocabulary (num_embeddings)", embedding->weight.size(0), tp);
+    agree_on_parameters(*embedding, group);
+    return std::make_shared<VocabParallelEmbeddingImpl>(*embedding, group, *rowwise);
+  }
+  TORCH_INTERNAL_ASSERT(false, "a ParallelStyle without a case");
+}
+
+// The parent's registry, and the lists Sequential and ModuleList call their entries through.
+void replace_child(const Located& at, const std::shared_ptr<torch::nn::Module>& replacement) {
+  at.parent->replace_module(at.child_name, replacement);
+  if (auto* sequential = dynamic_cast<torch::nn::SequentialImpl*>(at.parent.get())) {
+    for (auto& entry : *sequential) {
+      if (entry.ptr() != at.child) continue;
+      if (auto c = std::dynamic_pointer_cast<ColwiseParallelLinearImpl>(replacement)) entry = torch::nn::AnyModule(c);
+      if (auto r = std::dynamic_pointer_cast<RowwiseParallelLinearImpl>(replacement)) entry = torch::nn::AnyModule(r);
+      if (auto e = std::dynamic_pointer_cast<VocabParallelEmbeddingImpl>(replacement)) entry = torch::nn::AnyModule(e);
+      if (auto n = std::dynamic_pointer_cast<SequenceParallelLayerNormImpl>(replacement)) entry = torch::nn::AnyModule(n);
+    }
+  }
+  if (auto* list = dynamic_cast<torch::nn::ModuleListImpl*>(at.parent.get())) {
+    for (auto& entry : *list) {
+      if (entry == at.child) entry = replacement;
+    }
+  }
+}
+
+}  // namespace
+
+std::shared_ptr<torch::nn::Module> parallelize_module(std::shared_ptr<torch::nn::Module> module,
+                                                      const ProcessGroup& tp_group, const ParallelizePlan& plan) {
+  TORCH_CHECK(module != nullptr, "cpprun::parallelize_module: the module is null.");
+  TORCH_CHECK(tp_group.is_member(), "cpprun::parallelize_module: this rank is not a member of the tensor-parallel "
+              "group; call it on the group's ranks only.");
+  std::set<std::string> seen;
+  for (const auto& [name, style] : plan) {
+    TORCH_CHECK(seen.insert(name).second, "cpprun::parallelize_module: the plan names \"", name, "\" twice.");
+  }
+  // Every entry is found and built before anything is replaced: a plan with a typo or a split
+  // that does not divide leaves the module whole (and fails alike on every rank).
+  std::vector<Located> targets;
+  for (const auto& [name, style] : plan) targets.push_back(locate(module, name));
+  std::vector<std::shared_ptr<torch::nn::Module>> replacements;
+  for (size_t i = 0; i < plan.size(); ++i) {
+    replacements.push_back(make_parallel(plan[i].first, targets[i].child, plan[i].second, tp_group));
+  }
+  for (size_t i = 0; i < plan.size(); ++i) replace_child(targets[i], replacements[i]);
+  return module;
+}
+
+std::shared_ptr<torch::nn::Module> parallelize_module(std::shared_ptr<torch::nn::Module> module,
+                                                      const DeviceMesh& mesh, const std::string& tp_dim,
+                                                      const ParallelizePlan& plan) {
+  return parallelize_module(std::move(module), mesh.group(tp_dim), plan);
+}
+
+}  // namespace cpprun
