@@ -140,7 +140,6 @@ FsdpCore::FsdpCore(torch::nn::Module& module, ProcessGroup group, std::optional<
   // One reduction runs while the next unit's backward computes (none with a limit of 1): each
   // one more would hold another unit's full gradients (see gradient_sync.h).
   reduction.max_in_flight = s.options.gathered_unit_limit() > 1 ? 1 : 0;
-  if (getenv("DBG_INFLIGHT")) reduction.max_in_flight = atoi(getenv("DBG_INFLIGHT"));
   s.sync = std::make_unique<GradientSync>(s.buckets, s.groups, reduction, std::move(bucket_done));
   if (s.residency) s.sync->on_backward_end([r = s.residency.get()] { r->end_backward(); });
 }

@@ -109,8 +109,7 @@ c10::DataPtr ParameterResidency::take_spare(std::size_t bytes) {
 void ParameterResidency::keep_spare(std::size_t bytes, c10::DataPtr memory) {
   // In backward, the unit's gradients come next and need as much memory: the allocator takes
   // it back for them rather than it waiting here for the next gather (see the header).
-  if (phase_ == Phase::kBackward && !getenv("DBG_BWSPARE")) return;
-  if (getenv("DBG_NOSPARE")) return;
+  if (phase_ == Phase::kBackward) return;
   if (static_cast<int>(gathered_count() + spares_.size()) < options_.limit) spares_.push_back({bytes, std::move(memory)});
 }
 
@@ -198,7 +197,7 @@ void ParameterResidency::end_forward(bool backward_follows) {
     states_[u].used_this_phase = false;
   }
   // Backward keeps no released memory (see keep_spare) but for one unit's, for its first gather.
-  if (backward_follows && spares_.size() > 1 && !getenv("DBG_BWSPARE")) spares_.resize(1);
+  if (backward_follows && spares_.size() > 1) spares_.resize(1);
 }
 
 void ParameterResidency::backward_done(std::size_t bucket) {

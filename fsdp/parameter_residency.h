@@ -9,10 +9,14 @@
 //
 // A gather writes straight into the parameters' memory (fsdp_collectives.h): besides the units
 // gathered, only two chunks (1/W of a unit each) of staging exist while it runs.
-// Released memory is kept for the next gather of a bucket of the same size, as long as gathered
-// plus kept ones stay within `limit`: CPU memory freshly mapped from the OS costs a page fault
-// per 4 KiB on first touch (17% of a ZeRO-3 step at 25M parameters, measured), which a caching
-// allocator avoids on GPUs.
+// In forward, released memory is kept for the next gather of a bucket of the same size, as long
+// as gathered plus kept ones stay within `limit`: CPU memory freshly mapped from the OS costs a
+// page fault per 4 KiB on first touch (17% of a ZeRO-3 step at 25M parameters, measured), which
+// a caching allocator avoids on GPUs. In backward (but for one unit's, for its first gather) it
+// goes back to the allocator: each unit's gradients, allocated by autograd as its memory is
+// released, need as much, and memory kept here too would put a fifth unit beside the four
+// backward needs (two units' parameters, the one computing and the one prefetched, and two
+// units' gradients, the one produced and the one being reduced).
 //
 // Every rank must make the same decisions, because gathers are collectives matched by issue
 // order: they depend only on the sequence of operators the model runs, which is the same on
