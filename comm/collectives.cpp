@@ -7,6 +7,7 @@
 
 #include <sstream>
 
+#include "comm/chunked_collectives.h"
 #include "comm/collective_support.h"
 #include "comm/ring.h"
 #include "comm/work_state.h"
@@ -365,6 +366,82 @@ Work reduce_scatter_async(const ProcessGroup& group, at::Tensor output, at::Tens
 void reduce_scatter(const ProcessGroup& group, at::Tensor output, at::Tensor input, ReduceOp op) {
   reduce_scatter_async(group, std::move(output), std::move(input), op).wait();
 }
+
+// ---- the same, of tensors in pieces (comm/chunked_collectives.h) ----------------------------
+
+namespace detail {
+namespace {
+
+void check_chunks(const char* op, const ProcessGroup& group, const ChunkedTensor& chunked, int64_t chunk_numel) {
+  TORCH_CHECK(static_cast<int>(chunked.chunks.size()) == group.size() && chunked.chunk_numel == chunk_numel,
+              "cpprun::", op, ": ", chunked.chunks.size(), " chunks of ", chunked.chunk_numel,
+              " elements do not fit a group of ", group.size(), " with ", chunk_numel, " elements per rank.");
+}
+
+// What the flight recorder and the checks see: the whole tensor, world x chunk (a view).
+at::Tensor described_whole(const at::Tensor& chunk, int world) {
+  return chunk.reshape({1, -1}).expand({world, chunk.numel()});
+}
+
+}  // namespace
+
+Work all_gather_into_chunks_async(const ProcessGroup& group, ChunkedTensor output, at::Tensor input) {
+  check_tensor("all_gather_into", "input", input);
+  check_member("all_gather_into", group);
+  check_chunks("all_gather_into", group, output, input.numel());
+  if (group.size() == 1) {
+    unpack_chunk(input.reshape({-1}), output.chunks[0]);
+    return Work();
+  }
+  auto& impl = impl_of(group);
+  CollectiveCall call{CollectiveKind::kAllGatherInto, {described_whole(input, group.size()), input}, std::nullopt,
+                      std::nullopt};
+  return issue_collective(group, call, [&](uint64_t sequence) {
+    if (impl.is_nccl(input)) {
+      at::Tensor whole = at::empty({group.size() * input.numel()}, input.options());
+      auto work = impl.group_for(input)._allgather_base(whole, input);
+      return make_work(std::move(work), [whole, output = std::move(output)] {
+        at::Tensor rows = whole.view({static_cast<int64_t>(output.chunks.size()), output.chunk_numel});
+        for (std::size_t q = 0; q < output.chunks.size(); ++q) unpack_chunk(rows[q], output.chunks[q]);
+      });
+    }
+    return submit_ring(group, call, sequence, [output = std::move(output), input](const Ring& ring) {
+      run_ring_all_gather(ring, output, input);
+    });
+  });
+}
+
+Work reduce_scatter_chunks_async(const ProcessGroup& group, at::Tensor output, ChunkedTensor input, ReduceOp op) {
+  check_tensor("reduce_scatter", "output", output);
+  check_average("reduce_scatter", output, op);
+  check_member("reduce_scatter", group);
+  check_chunks("reduce_scatter", group, input, output.numel());
+  if (group.size() == 1) {
+    pack_chunk(input.chunks[0], output.view({-1}));
+    return Work();
+  }
+  auto& impl = impl_of(group);
+  CollectiveCall call{CollectiveKind::kReduceScatter, {output, described_whole(output, group.size())}, std::nullopt, op};
+  return issue_collective(group, call, [&](uint64_t sequence) {
+    if (impl.is_nccl(output)) {
+      at::Tensor whole = at::empty({group.size() * output.numel()}, output.options());
+      at::Tensor rows = whole.view({group.size(), output.numel()});
+      for (int q = 0; q < group.size(); ++q) pack_chunk(input.chunks[q], rows[q]);
+      c10d::ReduceScatterOptions opts;
+      opts.reduceOp = to_c10d(op);
+      auto work = impl.group_for(output)._reduce_scatter_base(output, whole, opts);
+      const int n = group.size();
+      return make_work(std::move(work), [output, whole, op, n]() mutable {
+        if (op == ReduceOp::kAvg) output.div_(n);
+      });
+    }
+    return submit_ring(group, call, sequence, [output, input = std::move(input)](const Ring& ring) {
+      run_ring_reduce_scatter(ring, output, input);
+    });
+  });
+}
+
+}  // namespace detail
 
 // ---- barrier -------------------------------------------------------------------------------
 

@@ -4,6 +4,8 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
+
 #include "comm/collective_fingerprint.h"
 
 namespace cpprun::detail {
@@ -80,7 +82,70 @@ void accumulate(at::Tensor& acc, const at::Tensor& contribution, ReduceOp op) {
   }
 }
 
+// Adds (or maxes, mins) a chunk's pieces into `acc`, laid out as the chunk; padding adds nothing.
+void accumulate_chunk(at::Tensor& acc, const std::vector<ChunkPiece>& pieces, ReduceOp op) {
+  for (const ChunkPiece& piece : pieces) {
+    at::Tensor place = acc.narrow(0, piece.offset, piece.values.numel());
+    accumulate(place, piece.values.view({-1}), op);
+  }
+}
+
+// The chunk itself, when one piece of `dtype` is all of it: the ring then sends from it or
+// receives into it directly, with no copy.
+at::Tensor whole_chunk(const std::vector<ChunkPiece>& pieces, at::ScalarType dtype, int64_t chunk_numel) {
+  if (pieces.size() != 1) return at::Tensor();
+  const at::Tensor& values = pieces[0].values;
+  if (pieces[0].offset != 0 || values.numel() != chunk_numel || values.scalar_type() != dtype) return at::Tensor();
+  return values.view({chunk_numel});
+}
+
+// Staging for chunks that are not one tensor: two buffers per ring thread, kept from one op to
+// the next (the largest chunk yet, per dtype and device). Fresh CPU memory costs a page fault per
+// 4 KiB on first touch, which for FSDP's chunks cost more than their copies (measured).
+at::Tensor staging_buffer(int slot, int64_t numel, const at::TensorOptions& options) {
+  thread_local at::Tensor kept[2];
+  at::Tensor& buffer = kept[slot];
+  if (!buffer.defined() || buffer.numel() < numel || buffer.dtype() != options.dtype() ||
+      buffer.device() != options.device()) {
+    buffer = at::Tensor();  // the old one goes first
+    buffer = at::empty({numel}, options);
+  }
+  return buffer.narrow(0, 0, numel);
+}
+
+// One chunk per rank, each the whole of a row of `flat`.
+ChunkedTensor rows_of(const at::Tensor& flat, int size) {
+  ChunkedTensor chunked;
+  chunked.chunk_numel = flat.numel() / size;
+  at::Tensor rows = flat.view({size, chunked.chunk_numel});
+  for (int q = 0; q < size; ++q) chunked.chunks.push_back({ChunkPiece{0, rows[q]}});
+  return chunked;
+}
+
 }  // namespace
+
+void pack_chunk(const std::vector<ChunkPiece>& pieces, const at::Tensor& into) {
+  std::vector<const ChunkPiece*> sorted;
+  for (const ChunkPiece& piece : pieces) sorted.push_back(&piece);
+  std::sort(sorted.begin(), sorted.end(), [](const ChunkPiece* a, const ChunkPiece* b) { return a->offset < b->offset; });
+  int64_t filled = 0;  // zero only the gaps: most chunks have none
+  for (const ChunkPiece* piece : sorted) {
+    if (piece->offset > filled) into.narrow(0, filled, piece->offset - filled).zero_();
+    const int64_t numel = piece->values.numel();
+    at::Tensor place = into.narrow(0, piece->offset, numel);
+    if (place.data_ptr() != piece->values.data_ptr()) place.copy_(piece->values.view({-1}));
+    filled = piece->offset + numel;
+  }
+  if (filled < into.numel()) into.narrow(0, filled, into.numel() - filled).zero_();
+}
+
+void unpack_chunk(const at::Tensor& from, const std::vector<ChunkPiece>& pieces) {
+  for (const ChunkPiece& piece : pieces) {
+    at::Tensor source = from.narrow(0, piece.offset, piece.values.numel());
+    // view(): a piece must be contiguous, so that what is written lands in the caller's tensor.
+    if (source.data_ptr() != piece.values.data_ptr()) piece.values.view({-1}).copy_(source);
+  }
+}
 
 // Note [Ring reduce-scatter schedule]
 // Split the input into `size` chunks. At step s (0 .. size-2) rank r sends its running partial
@@ -88,47 +153,64 @@ void accumulate(at::Tensor& acc, const at::Tensor& contribution, ReduceOp op) {
 // size, to which it adds its own copy of that chunk. A partial gains one contribution per hop,
 // so after size-1 steps rank r holds chunk (r-size) mod size = r, reduced over all ranks.
 void run_ring_reduce_scatter(const Ring& ring, at::Tensor output, at::Tensor input) {
+  run_ring_reduce_scatter(ring, std::move(output), rows_of(input.reshape({-1}), ring.size));
+}
+
+void run_ring_reduce_scatter(const Ring& ring, at::Tensor output, const ChunkedTensor& input) {
   const int n = ring.size;
-  const int64_t m = output.numel();
-  at::Tensor chunks = input.reshape({n, m});
+  const int64_t m = input.chunk_numel;
+  TORCH_INTERNAL_ASSERT(output.numel() == m && static_cast<int>(input.chunks.size()) == n);
   at::Tensor out_flat = output.view({m});
   if (n == 1) {
-    out_flat.copy_(chunks[0]);
+    pack_chunk(input.chunks[0], out_flat);
     return;
   }
   NeighbourCheck check = start_neighbour_check(ring);
   const int next = (ring.rank + 1) % n;
   const int prev = (ring.rank + n - 1) % n;
-  auto chunk_index = [&](int offset) { return ((ring.rank - offset) % n + n) % n; };
+  auto chunk = [&](int offset) -> const std::vector<ChunkPiece>& { return input.chunks[((ring.rank - offset) % n + n) % n]; };
 
-  // No copies beyond the reduction itself: the first step sends straight from the input (a row
-  // of it is contiguous), and the last receives straight into the output, where this rank's own
-  // chunk is then added.
-  at::Tensor sending = chunks[chunk_index(1)];
+  // No copies beyond the reduction itself where a chunk is one tensor: the first step sends
+  // straight from it, and the last receives straight into the output, where this rank's own
+  // chunk is then added. A chunk in pieces is packed once, for the first step.
+  at::Tensor sending = whole_chunk(chunk(1), output.scalar_type(), m);
+  bool sending_from_input = sending.defined();
+  if (!sending_from_input) {
+    sending = staging_buffer(0, m, output.options());
+    pack_chunk(chunk(1), sending);
+  }
   at::Tensor spare;
   // An output inside the input (in place, as NCCL allows) must not be written before the end.
-  const bool in_place = output.is_alias_of(input);
+  bool in_place = false;
+  for (const auto& pieces : input.chunks) {
+    for (const ChunkPiece& piece : pieces) in_place = in_place || output.is_alias_of(piece.values);
+  }
   at::Tensor result = in_place ? at::empty_like(out_flat) : out_flat;
+  const int64_t chunk_bytes = m * static_cast<int64_t>(output.element_size());
   for (int step = 0; step < n - 1; ++step) {
     const bool last = step == n - 2;
-    if (!last && !spare.defined()) spare = at::empty_like(sending);
+    if (!last && !spare.defined()) {
+      const bool first_in_use = !sending_from_input && sending.data_ptr() == staging_buffer(0, m, output.options()).data_ptr();
+      spare = staging_buffer(first_in_use ? 1 : 0, m, output.options());
+    }
     at::Tensor receiving = last ? result : spare;
     std::vector<at::Tensor> send_list{sending};
     std::vector<at::Tensor> recv_list{receiving};
-    const int tag = message_tag(ring, step, static_cast<int64_t>(receiving.nbytes()));
+    const int tag = message_tag(ring, step, chunk_bytes);
     auto recv = ring.group->recv(recv_list, prev, tag);
     auto send = ring.group->send(send_list, next, tag);
     if (step == 0) finish_neighbour_check(ring, check);
     recv->wait(ring.timeout);
     send->wait(ring.timeout);
     if (ring.bytes_sent) *ring.bytes_sent += sending.nbytes();
-    accumulate(receiving, chunks[chunk_index(step + 2)], ring.op);
+    accumulate_chunk(receiving, chunk(step + 2), ring.op);
     if (!last) {
       // The partial just completed travels on at the next step; the buffer it was sent from
       // (once it is not the input) receives the next one.
       at::Tensor sent = sending;
       sending = receiving;
-      spare = sent.is_alias_of(input) ? at::empty_like(sending) : sent;
+      spare = sending_from_input ? at::Tensor() : sent;
+      sending_from_input = false;
     }
   }
   if (ring.op == ReduceOp::kAvg) result.div_(n);
@@ -136,30 +218,63 @@ void run_ring_reduce_scatter(const Ring& ring, at::Tensor output, at::Tensor inp
 }
 
 // Note [Ring all-gather schedule]
-// Rank r first puts its input in row r of the output. At step s (0 .. size-2) it sends row
-// (r-s) mod size, which it has by then, to rank r+1, and receives row (r-s-1) mod size from rank
-// r-1 straight into its place.
+// Rank r's own input goes to chunk r of the output. At step s (0 .. size-2) rank r sends chunk
+// (r-s) mod size, which it has by then, to rank r+1, and receives chunk (r-s-1) mod size from
+// rank r-1: straight into its place when that is one tensor, else into one of two staging
+// buffers, copied out into its pieces while the next step's transfer runs (the buffer is then
+// only read, by that transfer's send and by the copy).
 void run_ring_all_gather(const Ring& ring, at::Tensor output, at::Tensor input) {
+  run_ring_all_gather(ring, rows_of(output.view({-1}), ring.size), std::move(input));
+}
+
+void run_ring_all_gather(const Ring& ring, const ChunkedTensor& output, at::Tensor input) {
   const int n = ring.size;
   const int64_t m = input.numel();
-  at::Tensor rows = output.view({n, m});
-  at::Tensor own = rows[ring.rank];
-  if (own.data_ptr() != input.data_ptr()) own.copy_(input.reshape({m}));  // unless gathering in place
+  TORCH_INTERNAL_ASSERT(output.chunk_numel == m && static_cast<int>(output.chunks.size()) == n);
+  at::Tensor in_flat = input.reshape({m});
+  auto chunk = [&](int offset) -> const std::vector<ChunkPiece>& { return output.chunks[((ring.rank - offset) % n + n) % n]; };
+  if (n == 1) {
+    unpack_chunk(in_flat, chunk(0));
+    return;
+  }
   NeighbourCheck check = start_neighbour_check(ring);
   const int next = (ring.rank + 1) % n;
   const int prev = (ring.rank + n - 1) % n;
-  auto row = [&](int offset) { return rows[((ring.rank - offset) % n + n) % n]; };
+  const int64_t chunk_bytes = m * static_cast<int64_t>(input.element_size());
+  at::Tensor staging[2];
+  at::Tensor sending = in_flat;
+  // What waits to be copied out: this rank's own input first, while step 0 runs.
+  const std::vector<ChunkPiece>* unpack_into = &chunk(0);
+  at::Tensor unpack_from = in_flat;
   for (int step = 0; step < n - 1; ++step) {
-    std::vector<at::Tensor> send_list{row(step)};
-    std::vector<at::Tensor> recv_list{row(step + 1)};
-    const int tag = message_tag(ring, step, static_cast<int64_t>(recv_list[0].nbytes()));
+    const std::vector<ChunkPiece>& target = chunk(step + 1);
+    at::Tensor receiving = whole_chunk(target, input.scalar_type(), m);
+    const bool staged = !receiving.defined();
+    if (staged) {
+      at::Tensor& buffer = staging[step % 2];
+      if (!buffer.defined()) buffer = staging_buffer(step % 2, m, input.options());
+      receiving = buffer;
+    }
+    std::vector<at::Tensor> send_list{sending};
+    std::vector<at::Tensor> recv_list{receiving};
+    const int tag = message_tag(ring, step, chunk_bytes);
     auto recv = ring.group->recv(recv_list, prev, tag);
     auto send = ring.group->send(send_list, next, tag);
     if (step == 0) finish_neighbour_check(ring, check);
+    if (unpack_into) {
+      unpack_chunk(unpack_from, *unpack_into);
+      unpack_into = nullptr;
+    }
     recv->wait(ring.timeout);
     send->wait(ring.timeout);
-    if (ring.bytes_sent) *ring.bytes_sent += send_list[0].nbytes();
+    if (ring.bytes_sent) *ring.bytes_sent += sending.nbytes();
+    if (staged) {
+      unpack_into = &target;
+      unpack_from = receiving;
+    }
+    sending = receiving;
   }
+  if (unpack_into) unpack_chunk(unpack_from, *unpack_into);
 }
 
 }  // namespace cpprun::detail

@@ -1,6 +1,9 @@
 // Reduce-scatter and all-gather as rings over send/recv, straight into the caller's tensors.
 // Measured on LibTorch 2.15 (docs/process_groups.md, "Collectives"): 3-4x faster than Gloo's own
 // reduce_scatter_single / all_gather_single, which go through scratch copies of the whole tensor.
+// The chunked forms take a tensor that exists only as pieces (e.g. FSDP's parameters, each in
+// its own place): the ring copies each chunk out of or into its pieces as it passes, so no
+// tensor of the whole size is ever made, and the copies of one step overlap the next's transfer.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -8,6 +11,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <vector>
 
 #include "comm/c10d_types.h"
 #include "cpprun/collectives.h"
@@ -27,7 +31,21 @@ struct Ring {
   at::Tensor call;
 };
 
-// Both throw c10::Error, before using any data, when the previous rank in the ring called a
+// One piece of a chunk: `values` (contiguous) holds the chunk's elements [offset, offset + numel).
+struct ChunkPiece {
+  int64_t offset = 0;
+  at::Tensor values;
+};
+
+// A tensor of `size` equal chunks of `chunk_numel` elements, chunk q made of chunks[q]'s pieces
+// (in any order, not overlapping). Elements no piece covers are padding: zeros when sent,
+// dropped when received.
+struct ChunkedTensor {
+  int64_t chunk_numel = 0;
+  std::vector<std::vector<ChunkPiece>> chunks;
+};
+
+// All of the ring functions throw c10::Error, before using any data, when the previous rank in the ring called a
 // different collective or one of another size, dtype or reduce op.
 
 // Blocks until `output` holds the reduction of every rank's chunk `rank` of `input`. Each rank
@@ -39,5 +57,15 @@ void run_ring_reduce_scatter(const Ring& ring, at::Tensor output, at::Tensor inp
 // Each rank sends and receives (size-1)/size of `output`, straight between the tensors: no
 // scratch copy.
 void run_ring_all_gather(const Ring& ring, at::Tensor output, at::Tensor input);
+
+// As above, with `input` (or `output`) as pieces: chunk q of the reduce-scatter's input is read
+// from input.chunks[q] (cast to output's dtype); the all-gather writes rank q's input into
+// output.chunks[q] (cast to the pieces' dtypes).
+void run_ring_reduce_scatter(const Ring& ring, at::Tensor output, const ChunkedTensor& input);
+void run_ring_all_gather(const Ring& ring, const ChunkedTensor& output, at::Tensor input);
+
+// The whole tensor's elements from pieces (padding zero), and back.
+void pack_chunk(const std::vector<ChunkPiece>& pieces, const at::Tensor& into);
+void unpack_chunk(const at::Tensor& from, const std::vector<ChunkPiece>& pieces);
 
 }  // namespace cpprun::detail

@@ -9,6 +9,7 @@
 #include <future>
 #include <mutex>
 #include <thread>
+#include <utility>
 
 namespace cpprun::detail {
 
@@ -28,7 +29,14 @@ class SerialExecutor {
   }
 
   std::shared_future<void> submit(std::function<void()> fn) {
-    std::packaged_task<void()> task(std::move(fn));
+    // The future shares the task's state, the callable included. So the task runs the callable
+    // out of a holder it empties first: what the callable captured (e.g. the tensors a
+    // collective reads) goes as soon as it has run, not when the last Work waiting on it does.
+    auto holder = std::make_shared<std::function<void()>>(std::move(fn));
+    std::packaged_task<void()> task([holder] {
+      std::function<void()> run = std::exchange(*holder, nullptr);
+      run();
+    });
     std::shared_future<void> done = task.get_future().share();
     {
       std::lock_guard<std::mutex> lock(mutex_);

@@ -3,6 +3,9 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+
+#include "comm/chunked_collectives.h"
 #include "core/tensor_alias.h"
 
 namespace cpprun::detail {
@@ -43,39 +46,44 @@ at::Tensor rank_chunk(const ParamBucket& bucket, const at::Tensor& unsharded_lik
   return chunk;
 }
 
-void copy_out_gathered(const ParamBucket& bucket, const at::Tensor& received, const at::Tensor& into) {
-  at::NoGradGuard no_grad;
-  const int64_t world = bucket.world();
-  at::Tensor chunks = received.view({world, bucket.chunk_numel()});
+ChunkedTensor unsharded_chunks(const ParamBucket& bucket, const at::Tensor& unsharded_like) {
+  ChunkedTensor chunked;
+  chunked.chunk_numel = bucket.chunk_numel();
+  chunked.chunks.resize(bucket.world());
   for (std::size_t i = 0; i < bucket.params().size(); ++i) {
     const ShardedParam& s = bucket.params()[i];
     if (s.chunk_numel() == 0) continue;
-    bucket.region(into, i).view({world, s.chunk_numel()}).copy_(chunks.narrow(1, s.wire_offset, s.chunk_numel()));
+    at::Tensor rows = bucket.region(unsharded_like, i).view({bucket.world(), s.chunk_numel()});
+    for (int q = 0; q < bucket.world(); ++q) chunked.chunks[q].push_back({s.wire_offset, rows[q]});
   }
+  return chunked;
 }
 
-Work all_gather_shards(const ProcessGroup& group, const ParamBucket& bucket, const at::Tensor& into,
-                       const at::Tensor& received) {
-  at::Tensor send = shard_chunk(bucket, into.options());
-  Work work = all_gather_into_async(group, received, send);
-  return work.then([&bucket, into, received, send] { copy_out_gathered(bucket, received, into); });
+ChunkedTensor gradient_chunks(const ParamBucket& bucket, const std::vector<at::Tensor>& grads) {
+  TORCH_INTERNAL_ASSERT(grads.size() == bucket.params().size());
+  ChunkedTensor chunked;
+  chunked.chunk_numel = bucket.chunk_numel();
+  chunked.chunks.resize(bucket.world());
+  for (std::size_t i = 0; i < grads.size(); ++i) {
+    const ShardedParam& s = bucket.params()[i];
+    if (!grads[i].defined() || s.chunk_numel() == 0) continue;
+    at::Tensor rows = grads[i].contiguous().view({s.rows, s.row_numel});
+    for (int q = 0; q < bucket.world(); ++q) {
+      const int64_t first = std::min(q * s.rows_per_rank, s.rows);
+      const int64_t count = std::min(s.rows_per_rank, s.rows - first);
+      if (count > 0) chunked.chunks[q].push_back({s.wire_offset, rows.narrow(0, first, count)});
+    }
+  }
+  return chunked;
 }
 
-void copy_gradient_to_wire(const ParamBucket& bucket, std::size_t i, const at::Tensor& grad, const at::Tensor& wire) {
-  const ShardedParam& s = bucket.params()[i];
-  if (s.chunk_numel() == 0) return;
-  at::NoGradGuard no_grad;
-  const int64_t rows_per_rank = s.rows_per_rank;
-  at::Tensor places = wire.view({bucket.world(), bucket.chunk_numel()}).narrow(1, s.wire_offset, s.chunk_numel());
-  at::Tensor rows = grad.reshape({s.rows, s.row_numel});
-  const int64_t whole = s.rows / rows_per_rank;  // ranks whose rows are all real
-  if (whole > 0) places.narrow(0, 0, whole).copy_(rows.narrow(0, 0, whole * rows_per_rank).reshape({whole, -1}));
-  const int64_t rest = s.rows - whole * rows_per_rank;
-  if (rest > 0) places.select(0, whole).narrow(0, 0, rest * s.row_numel).copy_(rows.narrow(0, whole * rows_per_rank, rest).reshape({-1}));
+Work all_gather_shards(const ProcessGroup& group, const ParamBucket& bucket, const at::Tensor& into) {
+  return all_gather_into_chunks_async(group, unsharded_chunks(bucket, into), shard_chunk(bucket, into.options()));
 }
 
-Work reduce_scatter_gradients(const ProcessGroup& group, const at::Tensor& chunk, const at::Tensor& wire) {
-  return reduce_scatter_async(group, chunk, wire, ReduceOp::kAvg);
+Work reduce_scatter_gradients(const ProcessGroup& group, const ParamBucket& bucket, const at::Tensor& chunk,
+                              const std::vector<at::Tensor>& grads) {
+  return reduce_scatter_chunks_async(group, chunk, gradient_chunks(bucket, grads), ReduceOp::kAvg);
 }
 
 void set_shard_grads_from_chunk(ParamBucket& bucket, const at::Tensor& chunk) {

@@ -69,7 +69,6 @@ struct FsdpCore::Impl {
   std::unique_ptr<ParameterResidency> residency;  // stage 3; before `sync`, whose hooks call it
   std::unique_ptr<GradientSync> sync;
   std::size_t unit_count = 0;
-  at::Tensor received;  // stages 1 and 2: the wire buffer of the last gather, reused
   bool require_sync = true;
   bool shards_loaded = false;  // a checkpoint wrote the shards: gather before the next forward
 
@@ -86,15 +85,7 @@ struct FsdpCore::Impl {
     const bool stepped = sync->take_shards_stepped();
     const bool loaded = std::exchange(shards_loaded, false);
     if (!stepped && !loaded) return;
-    for (auto& bucket : buckets) {
-      const at::Tensor& into = bucket.unsharded();
-      if (!received.defined() || received.numel() < bucket.unsharded_numel() || received.dtype() != into.dtype()) {
-        int64_t most = 0;
-        for (const auto& b : buckets) most = std::max(most, b.unsharded_numel());
-        received = at::empty({most}, into.options());
-      }
-      all_gather_shards(groups.shard, bucket, into, received.narrow(0, 0, bucket.unsharded_numel())).wait();
-    }
+    for (auto& bucket : buckets) all_gather_shards(groups.shard, bucket, bucket.unsharded()).wait();
   }
 };
 
@@ -147,7 +138,9 @@ FsdpCore::FsdpCore(torch::nn::Module& module, ProcessGroup group, std::optional<
   GradientSyncOptions reduction;
   reduction.shard_gradients = s.stage.shard_gradients;
   reduction.reduce_dtype = s.options.reduce_dtype() ? s.options.reduce_dtype() : s.options.param_dtype();
-  reduction.max_in_flight = static_cast<std::size_t>(s.options.gathered_unit_limit() - 1);
+  // One reduction runs while the next unit's backward computes (none with a limit of 1): each
+  // one more would hold another unit's full gradients (see gradient_sync.h).
+  reduction.max_in_flight = s.options.gathered_unit_limit() > 1 ? 1 : 0;
   s.sync = std::make_unique<GradientSync>(s.buckets, s.groups, reduction, std::move(bucket_done));
   if (s.residency) s.sync->on_backward_end([r = s.residency.get()] { r->end_backward(); });
 }
@@ -228,8 +221,7 @@ FsdpMemory FsdpCore::memory() const {
   m.peak_parameters = s.residency ? s.residency->peak_gathered_bytes() : m.parameters;
   m.gradients = s.sync->gradient_bytes();
   m.peak_gradients = s.sync->peak_gradient_bytes();
-  m.kept = s.sync->kept_bytes() + (s.residency ? s.residency->kept_bytes()
-                                                : s.received.defined() ? static_cast<int64_t>(s.received.nbytes()) : 0);
+  m.kept = s.residency ? s.residency->kept_bytes() : 0;
   return m;
 }
 

@@ -17,6 +17,7 @@ GradientSync::GradientSync(std::vector<ParamBucket>& buckets, const ShardGroups&
       bucket_done_(std::move(bucket_done)),
       states_(buckets.size()) {
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
+    states_[b].grads.resize(buckets_[b].params().size());
     for (std::size_t i = 0; i < buckets_[b].params().size(); ++i) {
       hooks_.add(buckets_[b].params()[i].param, [this, b, i] { on_gradient_ready(b, i); });
     }
@@ -73,18 +74,13 @@ void GradientSync::on_gradient_ready(std::size_t b, std::size_t i) {
   launch_ready_buckets();
 }
 
-// Stages 2 and 3: the parameter's gradient (this backward's, plus any no_sync accumulation) goes
-// into the wire, allocated when the bucket's first gradient arrives.
+// Stages 2 and 3: the parameter's gradient (this backward's, plus any no_sync accumulation) is
+// taken from .grad and held, as autograd made it, until its bucket is reduced.
 void GradientSync::collect(std::size_t b, std::size_t i) {
-  BucketState& state = states_[b];
   at::Tensor& grad = buckets_[b].params()[i].param.mutable_grad();
   if (!grad.defined()) return;
-  if (!state.full_grad.defined()) {
-    state.full_grad = new_full_grad(buckets_[b].unsharded_numel(), grad.options().dtype(options_.reduce_dtype.value_or(grad.scalar_type())));
-    note_gradient_bytes();
-  }
-  copy_gradient_to_wire(buckets_[b], i, grad, state.full_grad);
-  grad = at::Tensor();
+  states_[b].grads[i] = std::exchange(grad, at::Tensor());
+  note_gradient_bytes();
 }
 
 // Note [FSDP reduction order]
@@ -102,14 +98,12 @@ void GradientSync::launch_ready_buckets() {
       state.wire = convert ? state.full_grad.to(*options_.reduce_dtype) : state.full_grad;
       state.work = all_reduce_async(group_, state.wire, ReduceOp::kAvg);
     } else {
-      if (!state.full_grad.defined()) {  // none of its parameters got a gradient
+      if (!state.chunk.defined()) {
         const auto dtype = options_.reduce_dtype.value_or(bucket.unsharded().scalar_type());
-        state.full_grad = new_full_grad(bucket.unsharded_numel(), bucket.unsharded().options().dtype(dtype));
-        note_gradient_bytes();
+        state.chunk = at::empty({bucket.chunk_numel()}, bucket.unsharded().options().dtype(dtype));
       }
-      state.wire = state.full_grad;
-      if (!state.chunk.defined()) state.chunk = at::empty({bucket.chunk_numel()}, state.wire.options());
-      state.work = reduce_scatter_gradients(group_, state.chunk, state.wire);
+      // Parameters that got no gradient count as zeros: gradient_chunks() leaves them out.
+      state.work = reduce_scatter_gradients(group_, bucket, state.chunk, state.grads);
     }
     ++next_launch_;
     if (options_.shard_gradients) {
@@ -150,30 +144,8 @@ void GradientSync::complete(std::size_t b) {
   }
   if (replicate_) all_reduce(*replicate_, state.chunk, ReduceOp::kAvg);  // See Note [HSDP gradient reduction]
   set_shard_grads_from_chunk(bucket, state.chunk);
-  state.wire = at::Tensor();
-  // Stages 2 and 3 keep only the shards' gradients: release the full one until the next backward.
-  for (const auto& s : bucket.params()) s.param.mutable_grad() = at::Tensor();
-  release_full_grad(state);
-}
-
-at::Tensor GradientSync::new_full_grad(int64_t numel, const at::TensorOptions& options) {
-  for (auto it = spare_grads_.begin(); it != spare_grads_.end(); ++it) {
-    if (it->numel() == numel && it->dtype() == options.dtype() && it->device() == options.device()) {
-      at::Tensor grad = std::move(*it);
-      spare_grads_.erase(it);
-      return grad.zero_();
-    }
-  }
-  if (!spare_grads_.empty()) spare_grads_.erase(spare_grads_.begin());  // one that does not fit goes
-  return at::zeros({numel}, options);
-}
-
-void GradientSync::release_full_grad(BucketState& state) {
-  at::Tensor grad = std::move(state.full_grad);
-  state.full_grad = at::Tensor();
-  std::size_t alive = spare_grads_.size();
-  for (const auto& u : states_) alive += u.full_grad.defined() ? 1 : 0;
-  if (alive < options_.max_in_flight + 1) spare_grads_.push_back(std::move(grad));
+  // Stages 2 and 3 keep only the shards' gradients: the full ones go until the next backward.
+  for (auto& grad : state.grads) grad = at::Tensor();
 }
 
 void GradientSync::finish_backward() {
@@ -208,27 +180,17 @@ int64_t GradientSync::gradient_bytes() const {
   int64_t bytes = 0;
   for (const auto& state : states_) {
     if (state.full_grad.defined()) bytes += state.full_grad.nbytes();
+    for (const auto& grad : state.grads) bytes += grad.defined() ? grad.nbytes() : 0;
     if (state.chunk.defined()) bytes += state.chunk.nbytes();
   }
   return bytes;
 }
 
-int64_t GradientSync::spare_bytes() const {
-  int64_t bytes = 0;
-  for (const auto& grad : spare_grads_) bytes += grad.nbytes();
-  return bytes;
-}
-
-int64_t GradientSync::kept_bytes() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return spare_bytes();
-}
-
-void GradientSync::note_gradient_bytes() { peak_bytes_ = std::max(peak_bytes_, gradient_bytes() + spare_bytes()); }
+void GradientSync::note_gradient_bytes() { peak_bytes_ = std::max(peak_bytes_, gradient_bytes()); }
 
 int64_t GradientSync::peak_gradient_bytes() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return std::max(peak_bytes_, gradient_bytes() + spare_bytes());
+  return std::max(peak_bytes_, gradient_bytes());
 }
 
 }  // namespace cpprun::detail

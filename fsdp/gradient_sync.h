@@ -1,12 +1,13 @@
 // Gradient reduction for FSDP, per bucket (a unit's parameters of one dtype). Stage 1: before
 // each backward every parameter's .grad is made a view of its bucket's gradient, laid out like
 // the bucket's unsharded parameters, so autograd accumulates straight into it; it is all-reduced
-// and each shard's gradient is a view of its rows. Stages 2 and 3: each gradient is copied into
-// the bucket's wire buffer as it arrives and dropped; the wire is reduce-scattered into this
-// rank's chunk, whose views are the shards' gradients, and released, so a full gradient exists
-// only while its bucket's backward runs and its reduction is in flight (at most `max_in_flight`
-// reductions at once). Either way a bucket is reduced as soon as all its gradients are in, while
-// backward goes on. Scheduling only: the wire work is fsdp_collectives.h's.
+// and each shard's gradient is a view of its rows. Stages 2 and 3: each parameter's gradient is
+// taken from its .grad as it arrives and held; once the bucket's are all in they are
+// reduce-scattered straight from where autograd left them into this rank's chunk, whose views
+// are the shards' gradients, and dropped, so a full gradient exists only while its bucket's
+// backward runs and its reduction is in flight (at most `max_in_flight` reductions at once).
+// Either way a bucket is reduced as soon as all its gradients are in, while backward goes on.
+// Scheduling only: the wire work is fsdp_collectives.h's.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -49,15 +50,15 @@ class GradientSync {
   bool take_shards_stepped();
   // Runs after each synchronized backward has been reduced (stage 3: release the parameters).
   void on_backward_end(std::function<void()> fn) { backward_end_ = std::move(fn); }
-  int64_t gradient_bytes() const;       // shard gradients, and full ones while alive
-  int64_t peak_gradient_bytes() const;  // the most gradient_bytes() plus kept_bytes() has been
-  int64_t kept_bytes() const;           // released full gradients kept for reuse
+  int64_t gradient_bytes() const;       // shard gradients, and full ones while held
+  int64_t peak_gradient_bytes() const;  // the most gradient_bytes() has been
 
  private:
   enum class Mode { kFinished, kNoSync, kSync };
   struct BucketState {
-    at::Tensor full_grad;   // stage 1: laid out like unsharded(), .grad views of it; stages 2-3: the wire
-    at::Tensor wire;        // what is reduced: full_grad, or (stage 1) a copy of it in the reduce dtype
+    at::Tensor full_grad;   // stage 1: laid out like unsharded(), .grad views of it
+    at::Tensor wire;        // stage 1: what is all-reduced: full_grad, or a copy of it in the reduce dtype
+    std::vector<at::Tensor> grads;  // stages 2 and 3: each parameter's full gradient, until reduced
     at::Tensor chunk;       // stages 2 and 3: this rank's reduced part
     std::size_t pending = 0;
     bool reduced = false;   // full_grad holds the last synchronized backward's result
@@ -72,11 +73,6 @@ class GradientSync {
   void finish_backward();
   void bind_full_grad(std::size_t bucket);
   void note_gradient_bytes();
-  int64_t spare_bytes() const;
-  // Full gradients: released ones are kept for reuse while at most max_in_flight + 1 exist
-  // (see parameter_residency.h on page faults).
-  at::Tensor new_full_grad(int64_t numel, const at::TensorOptions& options);
-  void release_full_grad(BucketState& state);
 
   std::vector<ParamBucket>& buckets_;
   ProcessGroup group_;                     // the shard group
@@ -91,7 +87,6 @@ class GradientSync {
   bool shards_stepped_ = false;
   std::size_t next_launch_ = 0;   // reduced last to first: see launch_ready_buckets()
   std::deque<std::size_t> in_flight_;
-  std::vector<at::Tensor> spare_grads_;
   int64_t peak_bytes_ = 0;
   GradientReadyHooks hooks_;      // last: removed before the state the hooks touch goes
 };

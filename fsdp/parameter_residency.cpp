@@ -88,14 +88,8 @@ void ParameterResidency::gather(std::size_t u, const std::vector<std::size_t>& k
   note_peak();
 }
 
-// Gathered, kept, and the wire buffers of the all-gathers in flight.
-void ParameterResidency::note_peak() {
-  int64_t bytes = gathered_bytes() + spare_bytes();
-  for (const auto& state : states_) {
-    for (const auto& received : state.received) bytes += static_cast<int64_t>(received.nbytes());
-  }
-  peak_bytes_ = std::max(peak_bytes_, bytes);
-}
+// Gathered and kept.
+void ParameterResidency::note_peak() { peak_bytes_ = std::max(peak_bytes_, gathered_bytes() + spare_bytes()); }
 
 c10::DataPtr ParameterResidency::take_spare(std::size_t bytes) {
   for (auto it = spares_.begin(); it != spares_.end(); ++it) {
@@ -113,6 +107,9 @@ c10::DataPtr ParameterResidency::take_spare(std::size_t bytes) {
 }
 
 void ParameterResidency::keep_spare(std::size_t bytes, c10::DataPtr memory) {
+  // In backward, the unit's gradients come next and need as much memory: the allocator takes
+  // it back for them rather than it waiting here for the next gather (see the header).
+  if (phase_ == Phase::kBackward) return;
   if (static_cast<int>(gathered_count() + spares_.size()) < options_.limit) spares_.push_back({bytes, std::move(memory)});
 }
 
@@ -122,28 +119,15 @@ void ParameterResidency::start_gather(std::size_t u) {
   for (std::size_t b : state.buckets) {
     ParamBucket& bucket = buckets_[b];
     bucket.allocate_unsharded(take_spare(bucket.unsharded_bytes()));
-    at::Tensor received;
-    if (spare_received_.defined() && spare_received_.numel() == bucket.unsharded_numel() &&
-        spare_received_.dtype() == bucket.unsharded().dtype() && spare_received_.device() == bucket.unsharded().device()) {
-      received = std::exchange(spare_received_, at::Tensor());
-    } else {
-      spare_received_ = at::Tensor();  // one that does not fit goes first
-      received = at::empty({bucket.unsharded_numel()}, bucket.unsharded().options());
-    }
-    state.in_flight.push_back(all_gather_shards(group_, bucket, bucket.unsharded(), received));
-    state.received.push_back(std::move(received));
+    state.in_flight.push_back(all_gather_shards(group_, bucket, bucket.unsharded()));
   }
   state.gathered = true;
 }
 
 void ParameterResidency::complete(std::size_t u) {
   UnitState& state = states_[u];
-  for (auto& work : state.in_flight) work.wait();  // also copies out into unsharded()
+  for (auto& work : state.in_flight) work.wait();
   state.in_flight.clear();
-  for (auto& received : state.received) {
-    if (!spare_received_.defined() || received.numel() >= spare_received_.numel()) spare_received_ = std::move(received);
-  }
-  state.received.clear();
 }
 
 void ParameterResidency::release(std::size_t u) {
@@ -206,12 +190,14 @@ void ParameterResidency::end_forward(bool backward_follows) {
       last = u;
     }
   }
+  phase_ = backward_follows ? Phase::kBackward : Phase::kIdle;
   for (std::size_t u = 0; u < states_.size(); ++u) {
     const bool keep = backward_follows && (u == root_unit_ || u == last || !options_.reshard_after_forward);
     if (!keep) release(u);
     states_[u].used_this_phase = false;
   }
-  phase_ = backward_follows ? Phase::kBackward : Phase::kIdle;
+  // Backward keeps no released memory (see keep_spare) but for one unit's, for its first gather.
+  if (backward_follows && spares_.size() > 1) spares_.resize(1);
 }
 
 void ParameterResidency::backward_done(std::size_t bucket) {
@@ -235,7 +221,7 @@ void ParameterResidency::gather_all() {
     if (states_[u].gathered && shard_version(u) != states_[u].shard_version) release(u);
     if (!states_[u].gathered) start_gather(u);
     note_peak();
-    complete(u);  // one at a time: one wire buffer
+    complete(u);  // one at a time
   }
 }
 
@@ -251,7 +237,7 @@ int64_t ParameterResidency::gathered_bytes() const {
 }
 
 int64_t ParameterResidency::spare_bytes() const {
-  int64_t bytes = spare_received_.defined() ? static_cast<int64_t>(spare_received_.nbytes()) : 0;
+  int64_t bytes = 0;
   for (const auto& spare : spares_) bytes += static_cast<int64_t>(spare.bytes);
   return bytes;
 }

@@ -7,10 +7,16 @@
 // backward) and each as soon as backward has produced all its gradients. Scheduling only: the
 // wire work is fsdp_collectives.h's, the memory handling ParamBucket's.
 //
-// Released memory is kept for the next gather of a bucket of the same size, as long as gathered
-// plus kept ones stay within `limit`: CPU memory freshly mapped from the OS costs a page fault
-// per 4 KiB on first touch (17% of a ZeRO-3 step at 25M parameters, measured), which a caching
-// allocator avoids on GPUs.
+// A gather writes straight into the parameters' memory (fsdp_collectives.h): besides the units
+// gathered, only two chunks (1/W of a unit each) of staging exist while it runs.
+// In forward, released memory is kept for the next gather of a bucket of the same size, as long
+// as gathered plus kept ones stay within `limit`: CPU memory freshly mapped from the OS costs a
+// page fault per 4 KiB on first touch (17% of a ZeRO-3 step at 25M parameters, measured), which
+// a caching allocator avoids on GPUs. In backward (but for one unit's, for its first gather) it
+// goes back to the allocator: each unit's gradients, allocated by autograd as its memory is
+// released, need as much, and memory kept here too would put a fifth unit beside the four
+// backward needs (two units' parameters, the one computing and the one prefetched, and two
+// units' gradients, the one produced and the one being reduced).
 //
 // Every rank must make the same decisions, because gathers are collectives matched by issue
 // order: they depend only on the sequence of operators the model runs, which is the same on
@@ -61,7 +67,7 @@ class ParameterResidency final : public UseListener {
   void release_all();
 
   int64_t gathered_bytes() const;
-  int64_t peak_gathered_bytes() const;  // gathered plus kept plus wire buffers in flight, at most
+  int64_t peak_gathered_bytes() const;  // gathered plus kept, at most
   int64_t kept_bytes() const;           // released memory kept for reuse
   void prefetch_stats(int64_t& started, int64_t& used) const;  // gathers started ahead of use
 
@@ -71,7 +77,6 @@ class ParameterResidency final : public UseListener {
     std::vector<std::size_t> buckets;
     bool gathered = false;     // allocated, maybe with gathers still in flight
     std::vector<Work> in_flight;     // the all-gathers filling it
-    std::vector<at::Tensor> received;  // their wire buffers, until they complete
     int64_t shard_version = 0;  // the shards' versions summed when it was gathered
     uint64_t last_use = 0;
     bool used_this_phase = false;
@@ -108,7 +113,6 @@ class ParameterResidency final : public UseListener {
     c10::DataPtr memory;
   };
   std::vector<Spare> spares_;      // released unsharded memory
-  at::Tensor spare_received_;      // one released wire buffer
   int64_t peak_bytes_ = 0;
   int64_t prefetches_ = 0, prefetches_used_ = 0;
   mutable std::mutex mutex_;

@@ -39,9 +39,9 @@ struct FsdpOptions {
   // the current one computes.
   TORCH_ARG(bool, prefetch) = true;
   // At most this many units gathered at once (default: the root, the one computing, the one
-  // being prefetched); the least recently used is released to make room. Stages 2 and 3: also
-  // the most units whose full gradient is alive at once in backward (the one being filled and
-  // the reductions still in flight). 1 gives the least memory and the least overlap.
+  // being prefetched); the least recently used is released to make room. Stages 2 and 3: above
+  // 1, one unit's gradient reduction runs while the next unit's backward computes, so two units'
+  // full gradients exist at once; 1 gives the least memory and no overlap at all.
   TORCH_ARG(int, gathered_unit_limit) = 3;
   // Stage 3: keep the shards, their gradients and so the optimizer state in CPU memory (pinned
   // when the model is on a GPU) and step the optimizer there; each gather copies a shard to the

@@ -18,14 +18,14 @@ struct FsdpMemory {
   // Gradients held between a backward and the next one: full ones at stage 1, this rank's shard
   // at stages 2 and 3 (plus a unit's full gradients while their reduction is in flight).
   int64_t gradients = 0;
-  // The most `parameters` (plus the released parameter memory kept for reuse, and at stage 3
-  // the buffer each all-gather fills before its copy into the parameters) has been since
-  // construction.
+  // The most `parameters` (plus, at stage 3, the released parameter memory kept for reuse) has
+  // been since construction. All-gathers write straight into the parameters; besides them,
+  // only two chunks of 1/world of a unit each exist while one runs.
   int64_t peak_parameters = 0;
   // The same for `gradients` (a unit's full gradients live during backward).
   int64_t peak_gradients = 0;
-  // Released full parameters and gradients, and the all-gathers' buffer, kept for reuse by the
-  // next gather or backward (fresh memory costs a page fault per 4 KiB on the CPU).
+  // Stage 3: released full parameters kept for reuse by the next gather (fresh memory costs a
+  // page fault per 4 KiB on the CPU).
   int64_t kept = 0;
 };
 

@@ -70,10 +70,12 @@ TEST_CASE("fsdp layout: all-gathered chunks copy out into the unsharded paramete
     auto buckets = buckets_of_every_rank(world, /*separate=*/true);
     std::vector<at::Tensor> chunks;  // what an all-gather of every rank's shard_chunk receives
     for (const auto& bucket : buckets) chunks.push_back(cpprun::detail::shard_chunk(bucket, at::kFloat));
-    const at::Tensor received = at::cat(chunks);
     const auto& bucket = buckets[world - 1];
     at::Tensor into = at::full({bucket.unsharded_numel()}, 42.0f);
-    cpprun::detail::copy_out_gathered(bucket, received, into);
+    // What the ring does with each rank's chunk as it arrives.
+    const cpprun::detail::ChunkedTensor places = cpprun::detail::unsharded_chunks(bucket, into);
+    REQUIRE(places.chunks.size() == static_cast<std::size_t>(world));
+    for (int q = 0; q < world; ++q) cpprun::detail::unpack_chunk(chunks[q], places.chunks[q]);
     for (std::size_t i = 0; i < full.size(); ++i) CHECK(bucket.param_view(into, i).equal(full[i]));
     // Padding rows come out as zeros.
     at::Tensor expected_padding = at::zeros({bucket.unsharded_numel()});
@@ -82,7 +84,7 @@ TEST_CASE("fsdp layout: all-gathered chunks copy out into the unsharded paramete
   }
 }
 
-TEST_CASE("fsdp layout: a gradient copied into the wire reduce-scatters into each rank's rows", "[fsdp_layout]") {
+TEST_CASE("fsdp layout: the gradients' chunks reduce-scatter into each rank's rows", "[fsdp_layout]") {
   for (int world : {1, 2, 3, 4}) {
     INFO("world " << world);
     auto buckets = buckets_of_every_rank(world, /*separate=*/false);
@@ -90,8 +92,12 @@ TEST_CASE("fsdp layout: a gradient copied into the wire reduce-scatters into eac
     for (const auto& p : make_params()) grads.push_back(at::randn_like(p));
     // Each rank's wire: the same gradients here, so a reduce-scatter's average is one rank's chunk.
     const auto& any = buckets[0];
-    at::Tensor wire = at::zeros({any.unsharded_numel()});
-    for (std::size_t i = 0; i < grads.size(); ++i) cpprun::detail::copy_gradient_to_wire(any, i, grads[i], wire);
+    // What the ring reads for each rank's chunk: the real rows, padding as zeros.
+    const cpprun::detail::ChunkedTensor pieces = cpprun::detail::gradient_chunks(any, grads);
+    at::Tensor wire = at::full({any.unsharded_numel()}, 42.0f);
+    for (int q = 0; q < world; ++q) {
+      cpprun::detail::pack_chunk(pieces.chunks[q], wire.narrow(0, q * any.chunk_numel(), any.chunk_numel()));
+    }
     for (int rank = 0; rank < world; ++rank) {
       auto& bucket = buckets[rank];
       const at::Tensor chunk = wire.narrow(0, rank * bucket.chunk_numel(), bucket.chunk_numel()).clone();
