@@ -32,5 +32,5 @@ for n in 2 4; do
   done
 done
 echo "(bytes per parameter of the model: steady = after optimizer.step(); peak adds the gathered"
-echo " units and the full flat gradients alive during backward; kept = released full parameters and"
-echo " gradients kept for reuse, within gathered_unit_limit, not in steady)"
+echo " units and the full gradients alive during backward; kept = released full parameters kept"
+echo " for reuse at the end, within gathered_unit_limit, not in steady)"
