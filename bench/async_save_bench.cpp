@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include "bench_mlp.h"
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -62,19 +64,12 @@ Args parse(int argc, char** argv) {
   return a;
 }
 
-torch::nn::Sequential make_mlp(int64_t hidden) {  // as bench/dp_bench.cpp's
-  torch::nn::Sequential net(torch::nn::Linear(1024, hidden), torch::nn::ReLU());
-  for (int i = 0; i < 3; ++i) net->push_back(torch::nn::Linear(hidden, hidden)), net->push_back(torch::nn::ReLU());
-  net->push_back(torch::nn::Linear(hidden, 10));
-  return net;
-}
-
 int run(int argc, char** argv) {
   const Args args = parse(argc, argv);
   torch::set_num_threads(1);
   auto group = cpprun::init_process_group();
   torch::manual_seed(0);
-  auto net = make_mlp(args.hidden);
+  auto net = bench::make_mlp(args.hidden);
   int64_t params = 0;
   for (const auto& p : net->parameters()) params += p.numel();
   auto model = cpprun::DistributedDataParallel(net.ptr(), group);

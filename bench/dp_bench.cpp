@@ -22,6 +22,8 @@
 #include <functional>
 #include <string>
 
+#include "bench_mlp.h"
+
 double cpu_ms() {  // this process's user + system time so far, every thread
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
@@ -77,13 +79,6 @@ Args parse(int argc, char** argv) {
   return a;
 }
 
-torch::nn::Sequential make_mlp(int64_t hidden) {
-  torch::nn::Sequential net(torch::nn::Linear(1024, hidden), torch::nn::ReLU());
-  for (int i = 0; i < 3; ++i) net->push_back(torch::nn::Linear(hidden, hidden)), net->push_back(torch::nn::ReLU());
-  net->push_back(torch::nn::Linear(hidden, 10));
-  return net;
-}
-
 int run(int argc, char** argv) {
   const Args args = parse(argc, argv);
   if (args.device != "cpu" && args.device != "cuda") throw std::invalid_argument("--device must be cpu or cuda");
@@ -95,7 +90,7 @@ int run(int argc, char** argv) {
   auto group = cpprun::init_process_group();
   const double rss_before_model = resident_mb();
   torch::manual_seed(0);
-  auto net = make_mlp(args.hidden);
+  auto net = bench::make_mlp(args.hidden);
   net->to(device);
   auto x = torch::randn({args.batch, 1024}).to(device);
   auto y = torch::randint(0, 10, {args.batch}, torch::kLong).to(device);
