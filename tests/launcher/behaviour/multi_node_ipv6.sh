@@ -7,7 +7,7 @@ require_private_netns
 ip -6 addr show dev lo 2>/dev/null | grep -q 'inet6 ::1' || { echo "SKIP: no IPv6 loopback (::1)"; exit 77; }
 
 worker='env >"$WORK/env.$RANK"
-  if [ "$RANK" = 0 ]; then ss -ltnH >"$WORK/listening"; fi
+  if [ "$RANK" = 0 ]; then ss -ltnH >"$WORK/listening.part" && mv "$WORK/listening.part" "$WORK/listening"; fi
   [ "$GROUP_RANK" = 1 ] || while [ ! -e "$WORK/release" ]; do sleep 0.05; done'
 start_node node0 --nnodes=2 --node_rank=0 --nproc_per_node=1 --master_addr=::1 --master_port=29520 \
   --rdzv_conf=join_timeout=20 /bin/sh -c "$worker"
