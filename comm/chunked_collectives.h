@@ -13,9 +13,10 @@
 
 namespace cpprun::detail {
 
-// Every rank's `input` into output.chunks[rank] (cast to the pieces' dtypes). output.chunk_numel
-// must be input.numel(), with one chunk per rank of the group.
-Work all_gather_into_chunks_async(const ProcessGroup& group, ChunkedTensor output, at::Tensor input);
+// Every rank's chunk output.chunks[rank], which the caller has filled, into that chunk on every
+// other rank: an all-gather in place, carrying `wire`'s dtype (pieces of another are cast), with
+// one chunk per rank of the group.
+Work all_gather_chunks_in_place_async(const ProcessGroup& group, ChunkedTensor output, at::TensorOptions wire);
 
 // `output` (input.chunk_numel elements) becomes the reduction over the group of every rank's
 // chunk `rank` of `input` (read in output's dtype; padding counts as zeros).

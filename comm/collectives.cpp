@@ -385,28 +385,34 @@ at::Tensor described_whole(const at::Tensor& chunk, int world) {
 
 }  // namespace
 
-Work all_gather_into_chunks_async(const ProcessGroup& group, ChunkedTensor output, at::Tensor input) {
-  check_tensor("all_gather_into", "input", input);
+Work all_gather_chunks_in_place_async(const ProcessGroup& group, ChunkedTensor output, at::TensorOptions wire) {
   check_member("all_gather_into", group);
-  check_chunks("all_gather_into", group, output, input.numel());
-  if (group.size() == 1) {
-    unpack_chunk(input.reshape({-1}), output.chunks[0]);
-    return Work();
-  }
+  check_chunks("all_gather_into", group, output, output.chunk_numel);
+  if (group.size() == 1) return Work();
+  // Described as an all_gather_into of the whole: what it is, and what a rank calling the
+  // ordinary all_gather_into of the same size must match.
+  // (Views of one element: nothing of the chunk's size is made to describe it.)
+  const at::Tensor one = at::empty({1}, wire);
+  const at::Tensor described_input = one.expand({output.chunk_numel});
+  const at::Tensor described_output = one.expand({group.size(), output.chunk_numel});
   auto& impl = impl_of(group);
-  CollectiveCall call{CollectiveKind::kAllGatherInto, {described_whole(input, group.size()), input}, std::nullopt,
-                      std::nullopt};
+  CollectiveCall call{CollectiveKind::kAllGatherInto, {described_output, described_input}, std::nullopt, std::nullopt};
   return issue_collective(group, call, [&](uint64_t sequence) {
-    if (impl.is_nccl(input)) {
-      at::Tensor whole = at::empty({group.size() * input.numel()}, input.options());
-      auto work = impl.group_for(input)._allgather_base(whole, input);
-      return make_work(std::move(work), [whole, output = std::move(output)] {
+    if (impl.is_nccl(described_input)) {
+      const int64_t m = output.chunk_numel;
+      at::Tensor mine = at::empty({m}, wire);
+      pack_chunk(output.chunks[group.rank()], mine);
+      at::Tensor whole = at::empty({group.size() * m}, wire);
+      auto work = impl.group_for(mine)._allgather_base(whole, mine);
+      return make_work(std::move(work), [whole, mine, output = std::move(output), rank = group.rank()] {
         at::Tensor rows = whole.view({static_cast<int64_t>(output.chunks.size()), output.chunk_numel});
-        for (std::size_t q = 0; q < output.chunks.size(); ++q) unpack_chunk(rows[q], output.chunks[q]);
+        for (std::size_t q = 0; q < output.chunks.size(); ++q) {
+          if (static_cast<int>(q) != rank) unpack_chunk(rows[q], output.chunks[q]);
+        }
       });
     }
-    return submit_ring(group, call, sequence, [output = std::move(output), input](const Ring& ring) {
-      run_ring_all_gather(ring, output, input);
+    return submit_ring(group, call, sequence, [output = std::move(output), wire](const Ring& ring) {
+      run_ring_all_gather_in_place(ring, output, wire);
     });
   });
 }

@@ -8,6 +8,8 @@
 #include <numeric>
 #include <sstream>
 
+#include "comm/peer_loss.h"
+
 namespace cpprun::detail {
 
 // Note [Collective consistency check]
@@ -30,6 +32,13 @@ void check_across_ranks(GroupImpl& group, const CollectiveCall& call, uint64_t s
   try {
     group.gloo->allgather(outputs, inputs)->wait(group.timeout);
   } catch (const std::exception& e) {
+    if (peer_connection_lost(e.what())) {
+      TORCH_CHECK(false, "cpprun: collective #", sequence, " ", describe(mine), " on rank ", group.env.rank,
+                  ": a rank's process ended before reaching it (its connection closed). It exited or "
+                  "failed: its own output and cpprun's diagnosis say which. A rank that returns while "
+                  "the others still call collectives made fewer collectives than they did.\nc10d said: ",
+                  e.what());
+    }
     TORCH_CHECK(false, "cpprun: collective #", sequence, " ", describe(mine), " on rank ",
                 group.env.rank, ": not every rank reached it within ", group.timeout.count(),
                 " ms (the check before each collective waits for all ranks). A rank may have "

@@ -5,21 +5,25 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <string>
 
 #include "comm/collective_fingerprint.h"
+#include "comm/peer_loss.h"
 
 namespace cpprun::detail {
 namespace {
 
 // Tags: the high bits number the (op, step) pair, so concurrent ring ops never take each other's
 // messages (Gloo matches point-to-point messages by peer and tag); the low bits carry a hash of
-// the op's chunk size, so that a peer sending chunks of another size never matches our receive
-// (see Note [Ring neighbour check]).
+// the message's index within the step and its size, so that the messages of one step stay apart
+// and a peer sending chunks of another size never matches our receive (see Note [Ring neighbour
+// check]).
 constexpr int kSizeBits = 12;
-int message_tag(const Ring& ring, int step, int64_t chunk_bytes) {
+int message_tag(const Ring& ring, int step, int message, int64_t message_bytes) {
   const uint64_t position =
       (static_cast<uint64_t>(ring.op_index) * ring.size + step) % (1u << (30 - kSizeBits));
-  const uint64_t size_key = (static_cast<uint64_t>(chunk_bytes) * 0x9E3779B97F4A7C15ull) >> (64 - kSizeBits);
+  const uint64_t key = static_cast<uint64_t>(message_bytes) ^ (static_cast<uint64_t>(message) << 44);
+  const uint64_t size_key = (key * 0x9E3779B97F4A7C15ull) >> (64 - kSizeBits);
   return static_cast<int>(position << kSizeBits | size_key);
 }
 
@@ -45,7 +49,7 @@ NeighbourCheck start_neighbour_check(const Ring& ring) {
   if (!ring.call.defined()) return check;
   const int next = (ring.rank + 1) % ring.size;
   const int prev = (ring.rank + ring.size - 1) % ring.size;
-  const int tag = message_tag(ring, ring.size - 1, 0);  // step size-1: no data step uses it
+  const int tag = message_tag(ring, ring.size - 1, 0, 0);  // step size-1: no data step uses it
   check.theirs = at::empty_like(ring.call);
   std::vector<at::Tensor> send_list{ring.call};
   std::vector<at::Tensor> recv_list{check.theirs};
@@ -61,6 +65,12 @@ void finish_neighbour_check(const Ring& ring, const NeighbourCheck& check) {
     check.recv->wait(ring.timeout);
     check.send->wait(ring.timeout);
   } catch (const std::exception& e) {
+    if (peer_connection_lost(e.what())) {
+      TORCH_CHECK(false, "cpprun: collective #", sequence_of(ring.call), " ", describe(ring.call), " on rank ",
+                  ring.rank, ": a rank's process ended before reaching it (rank ", prev, ", the previous rank in "
+                  "the ring, or another: its connection closed). Its own output and cpprun's diagnosis say "
+                  "which.\nc10d said: ", e.what());
+    }
     TORCH_CHECK(false, "cpprun: collective #", sequence_of(ring.call), " ", describe(ring.call),
                 " on rank ", ring.rank, ": rank ", prev, " (the previous rank in the ring) sent "
                 "nothing for it within ", ring.timeout.count(), " ms. It may have stopped, or be "
@@ -82,24 +92,15 @@ void accumulate(at::Tensor& acc, const at::Tensor& contribution, ReduceOp op) {
   }
 }
 
-// Adds (or maxes, mins) a chunk's pieces into `acc`, laid out as the chunk; padding adds nothing.
-void accumulate_chunk(at::Tensor& acc, const std::vector<ChunkPiece>& pieces, ReduceOp op) {
+// Adds (or maxes, mins) pieces into `acc`, laid out as they say; padding adds nothing.
+void accumulate_pieces(at::Tensor& acc, const std::vector<ChunkPiece>& pieces, ReduceOp op) {
   for (const ChunkPiece& piece : pieces) {
     at::Tensor place = acc.narrow(0, piece.offset, piece.values.numel());
     accumulate(place, piece.values.view({-1}), op);
   }
 }
 
-// The chunk itself, when one piece of `dtype` is all of it: the ring then sends from it or
-// receives into it directly, with no copy.
-at::Tensor whole_chunk(const std::vector<ChunkPiece>& pieces, at::ScalarType dtype, int64_t chunk_numel) {
-  if (pieces.size() != 1) return at::Tensor();
-  const at::Tensor& values = pieces[0].values;
-  if (pieces[0].offset != 0 || values.numel() != chunk_numel || values.scalar_type() != dtype) return at::Tensor();
-  return values.view({chunk_numel});
-}
-
-// Staging for chunks that are not one tensor: two buffers per ring thread, kept from one op to
+// Staging for messages that are not one tensor: two buffers per ring thread, kept from one op to
 // the next (the largest chunk yet, per dtype and device). Fresh CPU memory costs a page fault per
 // 4 KiB on first touch, which for FSDP's chunks cost more than their copies (measured).
 at::Tensor staging_buffer(int slot, int64_t numel, const at::TensorOptions& options) {
@@ -111,6 +112,119 @@ at::Tensor staging_buffer(int slot, int64_t numel, const at::TensorOptions& opti
     buffer = at::empty({numel}, options);
   }
   return buffer.narrow(0, 0, numel);
+}
+
+// One message of a chunk: where it lies, and the pieces inside it (offsets from its start).
+// `direct` is the message itself when it is exactly one piece of the wire's dtype: the ring
+// then sends from it or receives into it, with no copy.
+struct MessagePlace {
+  int64_t offset = 0;
+  int64_t numel = 0;
+  std::vector<ChunkPiece> pieces;
+  at::Tensor direct;
+};
+
+std::vector<MessagePlace> place_messages(const ChunkedTensor& chunked, const std::vector<ChunkPiece>& pieces,
+                                         at::ScalarType dtype) {
+  const int64_t m = chunked.chunk_numel;
+  std::vector<int64_t> starts = chunked.message_starts;
+  if (starts.empty()) starts.push_back(0);
+  TORCH_INTERNAL_ASSERT(starts.front() == 0 && std::is_sorted(starts.begin(), starts.end()) && starts.back() <= m,
+                        "ring: message starts must ascend from 0 within the chunk");
+  std::vector<MessagePlace> places(starts.size());
+  for (std::size_t k = 0; k < starts.size(); ++k) {
+    places[k].offset = starts[k];
+    places[k].numel = (k + 1 < starts.size() ? starts[k + 1] : m) - starts[k];
+  }
+  for (const ChunkPiece& piece : pieces) {
+    if (piece.values.numel() == 0) continue;
+    const auto k = static_cast<std::size_t>(std::upper_bound(starts.begin(), starts.end(), piece.offset) - starts.begin() - 1);
+    MessagePlace& place = places[k];
+    TORCH_INTERNAL_ASSERT(piece.offset + piece.values.numel() <= place.offset + place.numel,
+                          "ring: a piece at ", piece.offset, " crosses the end of its message");
+    place.pieces.push_back({piece.offset - place.offset, piece.values});
+  }
+  for (MessagePlace& place : places) {
+    if (place.pieces.size() != 1) continue;
+    const ChunkPiece& only = place.pieces[0];
+    if (only.offset == 0 && only.values.numel() == place.numel && only.values.scalar_type() == dtype) {
+      place.direct = only.values.view({place.numel});
+    }
+  }
+  // Messages of no elements are not sent (every rank skips the same ones).
+  places.erase(std::remove_if(places.begin(), places.end(), [](const MessagePlace& p) { return p.numel == 0; }),
+               places.end());
+  return places;
+}
+
+// Where each message of `places` is read from or written to: itself when direct, else its place
+// in `staging` (a buffer of the whole chunk), packed from its pieces first if `pack`.
+std::vector<at::Tensor> message_tensors(const std::vector<MessagePlace>& places, const at::Tensor& staging, bool pack) {
+  std::vector<at::Tensor> tensors;
+  for (const MessagePlace& place : places) {
+    if (place.direct.defined()) {
+      tensors.push_back(place.direct);
+      continue;
+    }
+    at::Tensor staged = staging.narrow(0, place.offset, place.numel);
+    if (pack) pack_chunk(place.pieces, staged);
+    tensors.push_back(staged);
+  }
+  return tensors;
+}
+
+// Posts one step's receives (first, so a peer's data has somewhere to land) and sends.
+struct StepWork {
+  std::vector<c10::intrusive_ptr<C10dWork>> recvs, sends;
+};
+
+StepWork post_step(const Ring& ring, int step, const std::vector<at::Tensor>& sending,
+                   const std::vector<at::Tensor>& receiving) {
+  TORCH_INTERNAL_ASSERT(sending.size() == receiving.size());
+  const int next = (ring.rank + 1) % ring.size;
+  const int prev = (ring.rank + ring.size - 1) % ring.size;
+  StepWork work;
+  for (std::size_t k = 0; k < receiving.size(); ++k) {
+    std::vector<at::Tensor> recv_list{receiving[k]};
+    const int tag = message_tag(ring, step, static_cast<int>(k), static_cast<int64_t>(receiving[k].nbytes()));
+    work.recvs.push_back(ring.group->recv(recv_list, prev, tag));
+  }
+  for (std::size_t k = 0; k < sending.size(); ++k) {
+    std::vector<at::Tensor> send_list{sending[k]};
+    const int tag = message_tag(ring, step, static_cast<int>(k), static_cast<int64_t>(sending[k].nbytes()));
+    work.sends.push_back(ring.group->send(send_list, next, tag));
+  }
+  return work;
+}
+
+// Waits for one message to or from `peer`; what Gloo throws (its own exception types, which
+// would otherwise reach the caller raw) becomes our message naming the collective and the peer.
+void wait_message(const Ring& ring, const c10::intrusive_ptr<C10dWork>& work, int peer, const char* direction) {
+  try {
+    work->wait(ring.timeout);
+  } catch (const std::exception& e) {
+    const std::string op = ring.call.defined()
+                               ? "collective #" + std::to_string(sequence_of(ring.call)) + " " + describe(ring.call)
+                               : std::string("a ring collective");
+    if (peer_connection_lost(e.what())) {
+      TORCH_CHECK(false, "cpprun: ", op, " on rank ",
+                  ring.rank, ": a rank's process ended during it (the connection ", direction, " rank ", peer,
+                  " closed). Its own output and cpprun's diagnosis say which.\nc10d said: ", e.what());
+    }
+    TORCH_CHECK(false, "cpprun: ", op, " on rank ", ring.rank, ": a message ", direction, " rank ", peer, " did not complete within ",
+                ring.timeout.count(), " ms. A rank may have stopped.\nc10d said: ", e.what());
+  }
+}
+
+void wait_recv(const Ring& ring, const StepWork& work, std::size_t k) {
+  wait_message(ring, work.recvs[k], (ring.rank + ring.size - 1) % ring.size, "from");
+}
+
+void finish_sends(const Ring& ring, const StepWork& work, const std::vector<at::Tensor>& sending) {
+  for (std::size_t k = 0; k < work.sends.size(); ++k) {
+    wait_message(ring, work.sends[k], (ring.rank + 1) % ring.size, "to");
+    if (ring.bytes_sent) *ring.bytes_sent += sending[k].nbytes();
+  }
 }
 
 // One chunk per rank, each the whole of a row of `flat`.
@@ -152,6 +266,13 @@ void unpack_chunk(const at::Tensor& from, const std::vector<ChunkPiece>& pieces)
 // of chunk (r-s-1) mod size to rank r+1, and receives rank r-1's partial of chunk (r-s-2) mod
 // size, to which it adds its own copy of that chunk. A partial gains one contribution per hop,
 // so after size-1 steps rank r holds chunk (r-size) mod size = r, reduced over all ranks.
+// Each chunk moves as its messages (ChunkedTensor::message_starts); a message's own copy is
+// added as soon as it arrives, while the step's later messages are still on the wire.
+// Where partials wait between steps: in two staging chunks, or, when the input's pieces are
+// scratch, in the pieces themselves. A partial then arrives in the output (free until the last
+// step), is added into this rank's piece of that chunk, and is sent on from the piece, so no
+// chunk-sized buffer is touched beside the input and the output; only messages that are not one
+// piece of the wire's dtype (grouped small parameters) still pass through staging.
 void run_ring_reduce_scatter(const Ring& ring, at::Tensor output, at::Tensor input) {
   run_ring_reduce_scatter(ring, std::move(output), rows_of(input.reshape({-1}), ring.size));
 }
@@ -166,52 +287,55 @@ void run_ring_reduce_scatter(const Ring& ring, at::Tensor output, const ChunkedT
     return;
   }
   NeighbourCheck check = start_neighbour_check(ring);
-  const int next = (ring.rank + 1) % n;
-  const int prev = (ring.rank + n - 1) % n;
+  const at::ScalarType dtype = output.scalar_type();
   auto chunk = [&](int offset) -> const std::vector<ChunkPiece>& { return input.chunks[((ring.rank - offset) % n + n) % n]; };
 
-  // No copies beyond the reduction itself where a chunk is one tensor: the first step sends
-  // straight from it, and the last receives straight into the output, where this rank's own
-  // chunk is then added. A chunk in pieces is packed once, for the first step.
-  at::Tensor sending = whole_chunk(chunk(1), output.scalar_type(), m);
-  bool sending_from_input = sending.defined();
-  if (!sending_from_input) {
-    sending = staging_buffer(0, m, output.options());
-    pack_chunk(chunk(1), sending);
-  }
-  at::Tensor spare;
   // An output inside the input (in place, as NCCL allows) must not be written before the end.
   bool in_place = false;
   for (const auto& pieces : input.chunks) {
     for (const ChunkPiece& piece : pieces) in_place = in_place || output.is_alias_of(piece.values);
   }
   at::Tensor result = in_place ? at::empty_like(out_flat) : out_flat;
-  const int64_t chunk_bytes = m * static_cast<int64_t>(output.element_size());
+  // Partials arrive in staging[(step + 1) % 2] (the last straight into the result) and are sent
+  // on from there; the first step sends straight from the input's pieces where a message is one
+  // piece, else from staging[0], packed. (Only the messages staged touch a staging buffer's pages.)
+  at::Tensor staging[2];
+  auto stage = [&](int slot) -> const at::Tensor& {
+    if (!staging[slot].defined()) staging[slot] = staging_buffer(slot, m, output.options());
+    return staging[slot];
+  };
+  const std::vector<MessagePlace> first = place_messages(input, chunk(1), dtype);
+  bool all_direct = true;
+  for (const MessagePlace& place : first) all_direct = all_direct && place.direct.defined();
+  std::vector<at::Tensor> sending = message_tensors(first, all_direct ? at::Tensor() : stage(0), /*pack=*/true);
   for (int step = 0; step < n - 1; ++step) {
     const bool last = step == n - 2;
-    if (!last && !spare.defined()) {
-      const bool first_in_use = !sending_from_input && sending.data_ptr() == staging_buffer(0, m, output.options()).data_ptr();
-      spare = staging_buffer(first_in_use ? 1 : 0, m, output.options());
-    }
-    at::Tensor receiving = last ? result : spare;
-    std::vector<at::Tensor> send_list{sending};
-    std::vector<at::Tensor> recv_list{receiving};
-    const int tag = message_tag(ring, step, chunk_bytes);
-    auto recv = ring.group->recv(recv_list, prev, tag);
-    auto send = ring.group->send(send_list, next, tag);
+    const bool into_pieces = input.pieces_are_scratch && !last;
+    const std::vector<MessagePlace> own = place_messages(input, chunk(step + 2), dtype);
+    const at::Tensor& into = (last || into_pieces) ? result : stage((step + 1) % 2);
+    std::vector<at::Tensor> receiving;
+    for (const MessagePlace& place : own) receiving.push_back(into.narrow(0, place.offset, place.numel));
+    StepWork work = post_step(ring, step, sending, receiving);
     if (step == 0) finish_neighbour_check(ring, check);
-    recv->wait(ring.timeout);
-    send->wait(ring.timeout);
-    if (ring.bytes_sent) *ring.bytes_sent += sending.nbytes();
-    accumulate_chunk(receiving, chunk(step + 2), ring.op);
-    if (!last) {
-      // The partial just completed travels on at the next step; the buffer it was sent from
-      // (once it is not the input) receives the next one.
-      at::Tensor sent = sending;
-      sending = receiving;
-      spare = sending_from_input ? at::Tensor() : sent;
-      sending_from_input = false;
+    std::vector<at::Tensor> partials;  // what the next step sends
+    for (std::size_t k = 0; k < own.size(); ++k) {
+      wait_recv(ring, work, k);
+      if (!into_pieces) {
+        accumulate_pieces(receiving[k], own[k].pieces, ring.op);
+        partials.push_back(receiving[k]);
+      } else if (own[k].direct.defined()) {
+        at::Tensor piece = own[k].direct;
+        accumulate(piece, receiving[k], ring.op);
+        partials.push_back(piece);
+      } else {
+        at::Tensor staged = stage((step + 1) % 2).narrow(0, own[k].offset, own[k].numel);
+        staged.copy_(receiving[k]);
+        accumulate_pieces(staged, own[k].pieces, ring.op);
+        partials.push_back(staged);
+      }
     }
+    finish_sends(ring, work, sending);
+    sending = std::move(partials);
   }
   if (ring.op == ReduceOp::kAvg) result.div_(n);
   if (in_place) out_flat.copy_(result);
@@ -220,61 +344,108 @@ void run_ring_reduce_scatter(const Ring& ring, at::Tensor output, const ChunkedT
 // Note [Ring all-gather schedule]
 // Rank r's own input goes to chunk r of the output. At step s (0 .. size-2) rank r sends chunk
 // (r-s) mod size, which it has by then, to rank r+1, and receives chunk (r-s-1) mod size from
-// rank r-1: straight into its place when that is one tensor, else into one of two staging
-// buffers, copied out into its pieces while the next step's transfer runs (the buffer is then
-// only read, by that transfer's send and by the copy).
+// rank r-1: each message straight into its place when that is one piece, else into one of two
+// staging buffers, copied out into its pieces while the next step's transfer runs (the buffer is
+// then only read, by that transfer's send and by the copy).
+namespace {
+
+// A staged message waiting to be copied out into its pieces.
+struct Unpack {
+  at::Tensor from;
+  std::vector<ChunkPiece> pieces;
+};
+
+void run_unpacks(std::vector<Unpack>& unpacks) {
+  for (const Unpack& u : unpacks) unpack_chunk(u.from, u.pieces);
+  unpacks.clear();
+}
+
+void ring_all_gather(const Ring& ring, const ChunkedTensor& output, const at::Tensor& input,
+                     const at::TensorOptions& wire) {
+  const int n = ring.size;
+  const int64_t m = output.chunk_numel;
+  TORCH_INTERNAL_ASSERT(static_cast<int>(output.chunks.size()) == n);
+  const at::ScalarType dtype = c10::typeMetaToScalarType(wire.dtype());
+  auto chunk = [&](int offset) -> const std::vector<ChunkPiece>& { return output.chunks[((ring.rank - offset) % n + n) % n]; };
+  const at::Tensor in_flat = input.defined() ? input.reshape({m}) : at::Tensor();
+  if (n == 1) {
+    if (in_flat.defined()) unpack_chunk(in_flat, chunk(0));
+    return;
+  }
+  NeighbourCheck check = start_neighbour_check(ring);
+  at::Tensor staging[2];
+  auto stage = [&](int slot) -> const at::Tensor& {
+    if (!staging[slot].defined()) staging[slot] = staging_buffer(slot, m, wire);
+    return staging[slot];
+  };
+  // Step 0 sends `input`, or this rank's own chunk from its pieces (packed, where a message is
+  // not one piece, into staging[1]: step 0 receives into staging[0], and step 1 into staging[1]
+  // only after step 0's sends are done).
+  std::vector<Unpack> unpacks;  // copied out while the next transfer runs
+  std::vector<at::Tensor> sending;
+  const std::vector<MessagePlace> own = place_messages(output, chunk(0), dtype);
+  if (in_flat.defined()) {
+    for (const MessagePlace& place : own) sending.push_back(in_flat.narrow(0, place.offset, place.numel));
+    unpacks.push_back({in_flat, chunk(0)});
+  } else {
+    bool all_direct = true;
+    for (const MessagePlace& place : own) all_direct = all_direct && place.direct.defined();
+    sending = message_tensors(own, all_direct ? at::Tensor() : stage(1), /*pack=*/true);
+  }
+  for (int step = 0; step < n - 1; ++step) {
+    const std::vector<MessagePlace> target = place_messages(output, chunk(step + 1), dtype);
+    bool all_direct = true;
+    for (const MessagePlace& place : target) all_direct = all_direct && place.direct.defined();
+    std::vector<at::Tensor> receiving = message_tensors(target, all_direct ? at::Tensor() : stage(step % 2), /*pack=*/false);
+    StepWork work = post_step(ring, step, sending, receiving);
+    if (step == 0) finish_neighbour_check(ring, check);
+    run_unpacks(unpacks);
+    for (std::size_t k = 0; k < work.recvs.size(); ++k) wait_recv(ring, work, k);
+    finish_sends(ring, work, sending);
+    for (std::size_t k = 0; k < target.size(); ++k) {
+      if (!target[k].direct.defined()) unpacks.push_back({receiving[k], target[k].pieces});
+    }
+    sending = std::move(receiving);
+  }
+  run_unpacks(unpacks);
+}
+
+}  // namespace
+
 void run_ring_all_gather(const Ring& ring, at::Tensor output, at::Tensor input) {
   run_ring_all_gather(ring, rows_of(output.view({-1}), ring.size), std::move(input));
 }
 
 void run_ring_all_gather(const Ring& ring, const ChunkedTensor& output, at::Tensor input) {
-  const int n = ring.size;
-  const int64_t m = input.numel();
-  TORCH_INTERNAL_ASSERT(output.chunk_numel == m && static_cast<int>(output.chunks.size()) == n);
-  at::Tensor in_flat = input.reshape({m});
-  auto chunk = [&](int offset) -> const std::vector<ChunkPiece>& { return output.chunks[((ring.rank - offset) % n + n) % n]; };
-  if (n == 1) {
-    unpack_chunk(in_flat, chunk(0));
-    return;
+  TORCH_INTERNAL_ASSERT(output.chunk_numel == input.numel());
+  ring_all_gather(ring, output, input, input.options());
+}
+
+void run_ring_all_gather_in_place(const Ring& ring, const ChunkedTensor& output, const at::TensorOptions& wire) {
+  ring_all_gather(ring, output, at::Tensor(), wire);
+}
+
+std::vector<int64_t> message_starts_for(const std::vector<std::pair<int64_t, int64_t>>& extents,
+                                        int64_t element_size, int64_t min_message_bytes) {
+  std::vector<int64_t> starts;
+  int64_t grouped_bytes = -1;  // of the message of small extents being filled; -1: none open
+  for (const auto& [offset, numel] : extents) {
+    if (numel == 0) continue;
+    const int64_t bytes = numel * element_size;
+    if (bytes >= min_message_bytes) {
+      starts.push_back(offset);
+      grouped_bytes = -1;
+      continue;
+    }
+    if (grouped_bytes < 0 || grouped_bytes >= min_message_bytes) {
+      starts.push_back(offset);
+      grouped_bytes = 0;
+    }
+    grouped_bytes += bytes;
   }
-  NeighbourCheck check = start_neighbour_check(ring);
-  const int next = (ring.rank + 1) % n;
-  const int prev = (ring.rank + n - 1) % n;
-  const int64_t chunk_bytes = m * static_cast<int64_t>(input.element_size());
-  at::Tensor staging[2];
-  at::Tensor sending = in_flat;
-  // What waits to be copied out: this rank's own input first, while step 0 runs.
-  const std::vector<ChunkPiece>* unpack_into = &chunk(0);
-  at::Tensor unpack_from = in_flat;
-  for (int step = 0; step < n - 1; ++step) {
-    const std::vector<ChunkPiece>& target = chunk(step + 1);
-    at::Tensor receiving = whole_chunk(target, input.scalar_type(), m);
-    const bool staged = !receiving.defined();
-    if (staged) {
-      at::Tensor& buffer = staging[step % 2];
-      if (!buffer.defined()) buffer = staging_buffer(step % 2, m, input.options());
-      receiving = buffer;
-    }
-    std::vector<at::Tensor> send_list{sending};
-    std::vector<at::Tensor> recv_list{receiving};
-    const int tag = message_tag(ring, step, chunk_bytes);
-    auto recv = ring.group->recv(recv_list, prev, tag);
-    auto send = ring.group->send(send_list, next, tag);
-    if (step == 0) finish_neighbour_check(ring, check);
-    if (unpack_into) {
-      unpack_chunk(unpack_from, *unpack_into);
-      unpack_into = nullptr;
-    }
-    recv->wait(ring.timeout);
-    send->wait(ring.timeout);
-    if (ring.bytes_sent) *ring.bytes_sent += sending.nbytes();
-    if (staged) {
-      unpack_into = &target;
-      unpack_from = receiving;
-    }
-    sending = receiving;
-  }
-  if (unpack_into) unpack_chunk(unpack_from, *unpack_into);
+  if (starts.empty()) return starts;
+  starts.front() = 0;  // whatever precedes the first extent travels with it
+  return starts;
 }
 
 }  // namespace cpprun::detail

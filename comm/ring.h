@@ -2,8 +2,9 @@
 // Measured on LibTorch 2.15 (docs/process_groups.md, "Collectives"): 3-4x faster than Gloo's own
 // reduce_scatter_single / all_gather_single, which go through scratch copies of the whole tensor.
 // The chunked forms take a tensor that exists only as pieces (e.g. FSDP's parameters, each in
-// its own place): the ring copies each chunk out of or into its pieces as it passes, so no
-// tensor of the whole size is ever made, and the copies of one step overlap the next's transfer.
+// its own place): each chunk travels as a few messages, and a message that is one piece is sent
+// from it or received into it with no copy; only messages made of several small pieces are
+// staged, copied while the next transfer runs. No tensor of the whole size is ever made.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -11,6 +12,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "comm/c10d_types.h"
@@ -40,10 +42,28 @@ struct ChunkPiece {
 // A tensor of `size` equal chunks of `chunk_numel` elements, chunk q made of chunks[q]'s pieces
 // (in any order, not overlapping). Elements no piece covers are padding: zeros when sent,
 // dropped when received.
+//
+// Each chunk moves as messages [message_starts[k], message_starts[k+1]) (the last to the chunk's
+// end; none given: one message). Every rank must give the same starts, and no piece may cross
+// one: a message that is exactly one piece of the collective's dtype goes straight from or into
+// it. (Gloo's receive takes one tensor, so a piece per message is how the wire reaches pieces.)
+//
+// `pieces_are_scratch` (reduce-scatter only): the caller drops the pieces afterwards (FSDP's
+// gradients), so the ring may add the partials it receives into them and send them on from
+// there: no staging buffer of the chunk's size is needed (see Note [Ring reduce-scatter schedule]).
 struct ChunkedTensor {
   int64_t chunk_numel = 0;
   std::vector<std::vector<ChunkPiece>> chunks;
+  std::vector<int64_t> message_starts;
+  bool pieces_are_scratch = false;
 };
+
+// Message starts for a chunk laid out as consecutive extents (offset, numel), e.g. a bucket's
+// parameters: one message per extent of at least `min_message_bytes`, and the extents between
+// them grouped into messages of about that size (a message costs a round of Gloo's bookkeeping,
+// which for a LayerNorm's few hundred bytes costs more than copying them).
+std::vector<int64_t> message_starts_for(const std::vector<std::pair<int64_t, int64_t>>& extents,
+                                        int64_t element_size, int64_t min_message_bytes = 256 * 1024);
 
 // All of the ring functions throw c10::Error, before using any data, when the previous rank in the ring called a
 // different collective or one of another size, dtype or reduce op.
@@ -59,10 +79,12 @@ void run_ring_reduce_scatter(const Ring& ring, at::Tensor output, at::Tensor inp
 void run_ring_all_gather(const Ring& ring, at::Tensor output, at::Tensor input);
 
 // As above, with `input` (or `output`) as pieces: chunk q of the reduce-scatter's input is read
-// from input.chunks[q] (cast to output's dtype); the all-gather writes rank q's input into
-// output.chunks[q] (cast to the pieces' dtypes).
+// from input.chunks[q] (cast to output's dtype). The all-gather sends `input` if it is given,
+// else this rank's own chunk, output.chunks[rank], which the caller has filled; rank q's arrives
+// in output.chunks[q] (the wire carries `wire`'s dtype; pieces of another are cast).
 void run_ring_reduce_scatter(const Ring& ring, at::Tensor output, const ChunkedTensor& input);
 void run_ring_all_gather(const Ring& ring, const ChunkedTensor& output, at::Tensor input);
+void run_ring_all_gather_in_place(const Ring& ring, const ChunkedTensor& output, const at::TensorOptions& wire);
 
 // The whole tensor's elements from pieces (padding zero), and back.
 void pack_chunk(const std::vector<ChunkPiece>& pieces, const at::Tensor& into);

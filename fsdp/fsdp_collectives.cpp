@@ -22,6 +22,14 @@ void assign_grad(const at::Tensor& shard, const at::Tensor& value) {
   }
 }
 
+// How the bucket's chunks travel (comm/ring.h): a message per parameter of some size, the small
+// ones grouped. From the layout alone, so every rank splits alike.
+std::vector<int64_t> wire_message_starts(const ParamBucket& bucket, int64_t element_size) {
+  std::vector<std::pair<int64_t, int64_t>> extents;
+  for (const ShardedParam& s : bucket.params()) extents.emplace_back(s.wire_offset, s.chunk_numel());
+  return message_starts_for(extents, element_size);
+}
+
 }  // namespace
 
 at::Tensor shard_chunk(const ParamBucket& bucket, const at::TensorOptions& options) {
@@ -77,13 +85,34 @@ ChunkedTensor gradient_chunks(const ParamBucket& bucket, const std::vector<at::T
   return chunked;
 }
 
+void copy_shards_into(const ParamBucket& bucket, const at::Tensor& into) {
+  at::NoGradGuard no_grad;
+  for (std::size_t i = 0; i < bucket.params().size(); ++i) {
+    const ShardedParam& s = bucket.params()[i];
+    if (s.chunk_numel() == 0) continue;
+    at::Tensor mine = bucket.region(into, i).view({bucket.world(), s.chunk_numel()})[bucket.rank()];
+    if (s.local_numel() > 0) {
+      at::Tensor place = mine.narrow(0, 0, s.local_numel());
+      // Stages 1 and 2 keep each shard as a view of these very rows.
+      if (place.data_ptr() != s.shard.data_ptr()) place.copy_(s.shard.detach().reshape({-1}), /*non_blocking=*/true);
+    }
+    if (s.local_numel() < s.chunk_numel()) mine.narrow(0, s.local_numel(), s.chunk_numel() - s.local_numel()).zero_();
+  }
+}
+
 Work all_gather_shards(const ProcessGroup& group, const ParamBucket& bucket, const at::Tensor& into) {
-  return all_gather_into_chunks_async(group, unsharded_chunks(bucket, into), shard_chunk(bucket, into.options()));
+  copy_shards_into(bucket, into);
+  ChunkedTensor places = unsharded_chunks(bucket, into);
+  places.message_starts = wire_message_starts(bucket, static_cast<int64_t>(into.element_size()));
+  return all_gather_chunks_in_place_async(group, std::move(places), into.options());
 }
 
 Work reduce_scatter_gradients(const ProcessGroup& group, const ParamBucket& bucket, const at::Tensor& chunk,
                               const std::vector<at::Tensor>& grads) {
-  return reduce_scatter_chunks_async(group, chunk, gradient_chunks(bucket, grads), ReduceOp::kAvg);
+  ChunkedTensor pieces = gradient_chunks(bucket, grads);
+  pieces.pieces_are_scratch = true;  // partials wait in the gradients themselves (see the header)
+  pieces.message_starts = wire_message_starts(bucket, static_cast<int64_t>(chunk.element_size()));
+  return reduce_scatter_chunks_async(group, chunk, std::move(pieces), ReduceOp::kAvg);
 }
 
 void set_shard_grads_from_chunk(ParamBucket& bucket, const at::Tensor& chunk) {

@@ -10,11 +10,11 @@
 //   unsharded: p_0's W*C_0 rows, p_1's W*C_1 rows, ...   (each parameter contiguous: the module's)
 //   wire:      chunk 0 | chunk 1 | ... | chunk W-1, chunk q = p_0's rows [q*C_0, q*C_0 + C_0),
 //              p_1's rows [q*C_1, ...), ...               (each rank's part contiguous: the wire's)
-// The wire is never made whole: the ring collectives move one chunk at a time, copying it out
-// into (or in from) its pieces, the parameters' rows, as it passes (FSDP2 copies the whole
-// bucket into and out of a flat buffer around the collective instead: twice the memory for a
-// moment, and copies that cannot overlap the transfer). A rank's shard of p_i is contiguous in
-// both layouts.
+// The wire is never made whole: the ring collectives move one chunk at a time, as a message per
+// parameter (small ones grouped), each sent from or received into the parameter's rows (or its
+// gradient's) where it lies. FSDP2 copies the whole bucket into and out of a flat buffer around
+// the collective instead: twice the memory for a moment, and two copies of every byte. A rank's
+// shard of p_i is contiguous in both layouts.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -40,12 +40,16 @@ ChunkedTensor unsharded_chunks(const ParamBucket& bucket, const at::Tensor& unsh
 // parameter i, or undefined for none): the real rows only, so padding rows count as zeros.
 ChunkedTensor gradient_chunks(const ParamBucket& bucket, const std::vector<at::Tensor>& grads);
 
-// All-gathers the bucket's shards into `into` (laid out like unsharded(), in its dtype), straight
-// into each parameter's rows.
+// This rank's shards into its own rows of `into` (laid out like unsharded(); padding zeroed).
+void copy_shards_into(const ParamBucket& bucket, const at::Tensor& into);
+// All-gathers the bucket's shards into `into` (laid out like unsharded(), in its dtype): this
+// rank's copied into its rows, every other rank's received straight into each parameter's rows.
 Work all_gather_shards(const ProcessGroup& group, const ParamBucket& bucket, const at::Tensor& into);
 // Averages the parameters' full gradients over the group into this rank's `chunk` (in chunk's
-// dtype), read straight from `grads` (as gradient_chunks()). They must stay unchanged until the
-// returned work is done.
+// dtype), read straight from `grads` (as gradient_chunks()). The gradients are the ring's
+// scratch: other ranks' partial sums wait in them between steps, so their values afterwards are
+// not the gradients (GradientSync drops them once this is done). Nothing may touch them until
+// the returned work is done.
 Work reduce_scatter_gradients(const ProcessGroup& group, const ParamBucket& bucket, const at::Tensor& chunk,
                               const std::vector<at::Tensor>& grads);
 

@@ -6,6 +6,10 @@
 // error prints it, marks SYNC_DIR/failed.RANK and waits for the other ranks' marks before it
 // exits 1, so that every rank's message is printed before cpprun stops the job. A rank that gets
 // through prints its result and exits 0.
+//
+// With CPPRUN_PROBE_UNCAUGHT=1 the probe is the careless user of tests/dist/fault_cases.sh
+// instead: the group keeps its default timeout, nothing is caught (an error ends the rank
+// through std::terminate), and no rank waits for another's mark.
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
@@ -69,6 +73,16 @@ void mismatched_call(const std::string& mode, const cpprun::ProcessGroup& pg) {
     at::Tensor out = at::zeros({pg.size() * n});
     cpprun::all_gather_into(pg, out, at::ones({n}));
     std::cout << "result " << out << std::endl;
+  } else if (mode == "skip_and_exit") {  // rank 0 skips all_reduce #3 and returns
+    at::Tensor t = at::ones({4});
+    if (!first) cpprun::all_reduce(pg, t);
+    std::cout << "result " << t << std::endl;
+  } else if (mode == "skip_then_identical") {
+    // Rank 0 skips one of three identical all-reduces: its next pairs with the others' skipped
+    // one (no check can tell them apart), and the others' last finds rank 0 gone.
+    at::Tensor t = at::ones({4});
+    for (int i = 0; i < (first ? 2 : 3); ++i) cpprun::all_reduce(pg, t);
+    std::cout << "result " << t << std::endl;
   } else if (mode == "reduce_scatter_op") {
     at::Tensor out = at::zeros({4});
     cpprun::reduce_scatter(pg, out, at::ones({pg.size() * 4}), first ? ReduceOp::kSum : ReduceOp::kMax);
@@ -87,8 +101,9 @@ int main(int argc, char** argv) {
   }
   const std::string mode = argv[1];
   const fs::path sync_dir = argv[2];
+  const bool uncaught = std::getenv("CPPRUN_PROBE_UNCAUGHT") != nullptr;
   cpprun::ProcessGroupOptions options;
-  options.timeout = std::chrono::seconds(30);
+  if (!uncaught) options.timeout = std::chrono::seconds(30);
   auto pg = cpprun::init_process_group(options);
 
   if (mode == "store_binding") {  // hold the job while the script inspects the listening sockets
@@ -104,6 +119,10 @@ int main(int argc, char** argv) {
     at::Tensor t = at::ones({3});
     cpprun::all_reduce(pg, t);
     TORCH_CHECK(t.sum().item<double>() == 3.0 * pg.size(), "matching all_reduce gave ", t);
+  }
+  if (uncaught) {
+    mismatched_call(mode, pg);
+    return 0;
   }
   try {
     mismatched_call(mode, pg);
