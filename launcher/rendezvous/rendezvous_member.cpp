@@ -118,6 +118,16 @@ class RendezvousMember final : public NodeRendezvous {
   void report_failed(const JobEnd& end) override { link_.send(NodeMessage::make_failed(round_, end)); }
   void report_interrupted(const JobEnd& end) override { link_.send(NodeMessage::make_failed(round_, end)); }
 
+  bool share_evidence(const std::vector<RankEvidence>& evidence) override {
+    bool sent = link_.fd() >= 0;
+    for (const RankEvidence& e : evidence) sent = link_.send(NodeMessage::make_evidence(round_, e)) && sent;
+    return sent && link_.fd() >= 0;
+  }
+
+  std::optional<MergedEvidence> collect_evidence(SignalRelay&, std::chrono::milliseconds) override {
+    return std::nullopt;  // node 0 diagnoses
+  }
+
   JobDecision decide(SignalRelay& relay) override {
     // Node 0 restarts once every node's workers are stopped; done ones count once the round ended.
     if (!self_done_ || end_) send_stopped();
