@@ -71,6 +71,10 @@ int run_multi_node(const RendezvousSettings& settings, const WorkerSettings& wor
     if (attempt.end == GroupEnd::kInterrupted) return attempt.exit_code;
 
     const JobDecision decision = rendezvous->decide(relay);
+    if (const auto late = rendezvous->take_late_evidence()) {  // this node's workers had succeeded
+      for (const std::string& refused : late->merged.refused) std::cerr << "cpprun: warning: " << refused << "\n";
+      report_diagnosis(late->merged.ranks, late->why, run_dir.layout().diagnosis_file(restart_count));
+    }
     switch (decision.kind) {
       case JobDecision::Kind::kFinish:
         return 0;

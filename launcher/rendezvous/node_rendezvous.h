@@ -38,7 +38,9 @@
 // heard nothing of ("node 1 sent no evidence within 5 s"), and writes it to its log dir as JSON. A
 // member prints one line saying that node 0 has it; it prints its own part only when its link to
 // node 0 is gone, so its evidence is still seen. One screen is the point: a member's part alone
-// shows its ranks waiting, not for whom.
+// shows its ranks waiting, not for whom. When the host's own workers had all succeeded before
+// another node failed, its run_attempt reports nothing: the host collects the others' evidence in
+// decide() instead, once the round is known to have failed (take_late_evidence()).
 #pragma once
 
 #include <chrono>
@@ -134,6 +136,13 @@ class NodeRendezvous : public PeerEvents {
   // signal cuts the wait short and is raised again, for decide()), then merges every node's. A
   // member: nullopt.
   virtual std::optional<MergedEvidence> collect_evidence(SignalRelay& relay, std::chrono::milliseconds wait) = 0;
+  // The host, after decide(), when its own workers had all succeeded but another node's failed: the
+  // evidence it collected meanwhile (run_attempt had nothing to report here), once. A member: nullopt.
+  struct LateEvidence {
+    MergedEvidence merged;
+    std::string why;  // how the round ended, as the nodes were told
+  };
+  virtual std::optional<LateEvidence> take_late_evidence() { return std::nullopt; }
 
  protected:
   // Waits up to timeout_ms for news on fds(), read through on_readable(); returns 0, or the

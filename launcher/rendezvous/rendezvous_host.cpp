@@ -8,6 +8,7 @@
 #include <map>
 #include <set>
 #include <system_error>
+#include <utility>
 #include <vector>
 
 #include "command_line/host_facts.h"
@@ -80,7 +81,10 @@ class RendezvousHost final : public NodeRendezvous {
     }
   }
 
-  void report_done() override { self_done_ = true; }
+  void report_done() override {
+    self_done_ = true;
+    heard_[0].done = true;  // Note [One diagnosis for several nodes]
+  }
   void report_failed(const JobEnd& end) override { end_round(RoundEnd::kWorkerFailed, end); }
   void report_interrupted(const JobEnd& end) override {
     if (!end_) end_ = end;
@@ -113,6 +117,8 @@ class RendezvousHost final : public NodeRendezvous {
     return merge_node_evidence(round_nodes_, heard_, waited);
   }
 
+  std::optional<LateEvidence> take_late_evidence() override { return std::exchange(late_evidence_, std::nullopt); }
+
   JobDecision decide(SignalRelay& relay) override {
     // News that arrived while this node's workers were being stopped (a lost node, say) counts.
     if (poll_once(relay, 0)) return interrupted();
@@ -125,8 +131,10 @@ class RendezvousHost final : public NodeRendezvous {
         }
       } else if (why_ == RoundEnd::kFatal ||
                  (why_ == RoundEnd::kWorkerFailed && restart_count_ >= settings_.max_restarts)) {
+        keep_late_evidence(relay);
         return end_job(decisive_);
       } else if (all_nodes(NodeState::kStopped)) {
+        keep_late_evidence(relay);
         // Only restarts after a worker failure back off; the links are polled until it is due.
         if (why_ != RoundEnd::kWorkerFailed) return next_round(relay);
         stop_deadline = pacer_.restart_at(restart_count_ + 1, settings_.max_restarts);
@@ -274,6 +282,7 @@ class RendezvousHost final : public NodeRendezvous {
     };
     heard_.clear();
     too_much_evidence_.clear();
+    late_checked_ = false;
     round_nodes_ = {{0, 0, shapes[0].local_world_size}};
     std::string ranks = "node 0: " + rank_range(0, shapes[0].local_world_size);
     for (std::size_t i = 0; i < nodes_.size(); ++i) {
@@ -487,6 +496,16 @@ class RendezvousHost final : public NodeRendezvous {
     }
   }
 
+  // This node's workers had all succeeded, another node's failed: run_attempt reported nothing here,
+  // so the others' evidence is collected now, once per round (Note [One diagnosis for several nodes]).
+  void keep_late_evidence(SignalRelay& relay) {
+    if (!self_done_ || !end_ || late_checked_) return;
+    late_checked_ = true;
+    // The members send theirs as soon as the round ends; nodes that are done or gone are not waited for.
+    std::optional<MergedEvidence> merged = collect_evidence(relay, kEvidenceWait);
+    late_evidence_ = LateEvidence{std::move(*merged), end_->reason};
+  }
+
   // A node's evidence of this round: no more messages than it has ranks are kept, so that a peer
   // cannot fill this agent's memory (Note [Bounding a peer's evidence]); merge_node_evidence()
   // sets aside what is not the node's.
@@ -517,6 +536,8 @@ class RendezvousHost final : public NodeRendezvous {
   std::vector<NodeSlice> round_nodes_;  // this round's nodes and their ranks, node 0 first
   std::map<int, NodeEvidence> heard_;   // by group rank: Note [One diagnosis for several nodes]
   std::set<int> too_much_evidence_;     // the nodes warned about this round
+  bool late_checked_ = false;           // keep_late_evidence() ran this round
+  std::optional<LateEvidence> late_evidence_;
 };
 
 }  // namespace

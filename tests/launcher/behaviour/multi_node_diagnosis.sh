@@ -2,7 +2,8 @@
 # collective while node 0's ranks wait in it; node 1 sends its ranks' flight-recorder evidence to node
 # 0 over the agents' link, and node 0 prints one diagnosis naming the ranks of both nodes and writes
 # it to its log dir; node 1 prints one line saying so. A node that sends nothing (its agent stopped)
-# is named after node 0's bounded wait, and the job still ends cleanly when it resumes. The workers speak the recorder's protocol from Python
+# is named after node 0's bounded wait, and the job still ends cleanly when it resumes. Node 0 prints
+# the diagnosis also when its own workers had all succeeded before node 1's failed. The workers speak the recorder's protocol from Python
 # (fake_recorder.py), as diagnosis.sh's do. Loopback only, in a private network namespace.
 . "$(dirname "$0")/common.sh"
 require_private_netns
@@ -68,5 +69,24 @@ expect_eq "$NODE_STATUS" 3 "node 0's exit code"
 wait_node "$node1" 30
 expect_eq "$NODE_STATUS" 3 "node 1's exit code"
 [ "$(grep -c "cpprun: diagnosis (" "$WORK/node0.err")" = 1 ] || fail "node 0 printed more than one diagnosis"
+expect_no_leftovers
+
+# ---- node 0's workers all succeed; then rank 1 (node 1) fails: node 0 still prints the diagnosis ----
+worker='[ "$RANK" = 1 ] && exec '"$recorder"' fails; exit 0'
+start_node node0 --nnodes=2 --node_rank=0 --master_port=29572 --log_dir "$WORK/logs2" /bin/sh -c "$worker"
+node0=$NODE_PID
+FAIL_AFTER=2 start_node node1 --nnodes=2 --node_rank=1 --master_port=29572 /bin/sh -c "$worker"
+node1=$NODE_PID
+wait_node "$node0" 40
+expect_eq "$NODE_STATUS" 3 "node 0's exit code"
+wait_node "$node1" 40
+expect_eq "$NODE_STATUS" 3 "node 1's exit code"
+expect_in_file "$WORK/node0.err" "on node 1 exited with code 3), from the ranks' flight recorders:" \
+  "node 0's diagnosis after its own workers succeeded"
+expect_in_file "$WORK/node0.err" "rank 1 failed in all_gather #6 (float32[1024]) (then exited with code 3)" \
+  "node 1's failed rank, in node 0's diagnosis"
+expect_in_file "$WORK/node0.err" "no dump from rank 0 (had finished (exited with code 0)): node 0's workers had all succeeded" \
+  "node 0's own rank, done"
+ls "$WORK"/logs2/*/attempt_0/diagnosis.json >/dev/null 2>&1 || fail "no diagnosis.json in node 0's log dir"
 expect_no_leftovers
 echo PASS
