@@ -156,7 +156,11 @@ bool NodeLink::write_line(const std::string& text) {
       // Messages are a few dozen bytes, evidence up to kMaxEvidenceBytes (which the peer reads while it
       // stops its workers); a socket buffer full for 5 s means the peer stopped reading.
       pollfd out{fd_.get(), POLLOUT, 0};
-      if (poll(&out, 1, 5000) <= 0) return false;
+      if (poll(&out, 1, 5000) <= 0) {
+        // Part of a line may be out: nothing may follow it, so the link ends (receive() reports it).
+        if (sent > 0) ::shutdown(fd_.get(), SHUT_RDWR);
+        return false;
+      }
     } else {
       return false;
     }
