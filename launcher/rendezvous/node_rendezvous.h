@@ -36,8 +36,9 @@
 // not heard from in full -- never for a node whose workers had all succeeded (it has nothing to send)
 // or whose agent is gone -- and prints one diagnosis over every rank of the job, naming the ranks it
 // heard nothing of ("node 1 sent no evidence within 5 s"), and writes it to its log dir as JSON. A
-// member prints one line saying that node 0 has it; it prints its own part only when its link to
-// node 0 is gone, so its evidence is still seen. One screen is the point: a member's part alone
+// member prints one line saying that node 0 has it; it prints its own part only when node 0 will
+// not diagnose (its link to node 0 is gone, or node 0's agent ended the job on a signal), so its
+// evidence is still seen. One screen is the point: a member's part alone
 // shows its ranks waiting, not for whom. When the host's own workers had all succeeded before
 // another node failed, its run_attempt reports nothing: the host collects the others' evidence in
 // decide() instead, once the round is known to have failed (take_late_evidence()).
