@@ -77,7 +77,8 @@ std::string rank_ranges(std::vector<int> ranks) {
 Diagnosis diagnose(const std::vector<RankEvidence>& ranks, const std::string& why) {
   Diagnosis d;
   std::vector<int> dumped;
-  std::vector<std::string> missing;
+  // "(fate): why there is no dump" -> the ranks it applies to, so that a node's ranks share one line.
+  std::vector<std::pair<std::string, std::vector<int>>> missing;
   // group name -> its members (as the dumps say) and each dumped member's records in it
   struct GroupView {
     std::vector<int> members;
@@ -89,7 +90,10 @@ Diagnosis diagnose(const std::vector<RankEvidence>& ranks, const std::string& wh
   for (const RankEvidence& r : ranks) {
     if (r.fate != kStillRunning) fates[r.rank] = r.fate;
     if (!r.dump) {
-      missing.push_back("rank " + std::to_string(r.rank) + " (" + r.fate + "): " + r.no_dump_reason);
+      const std::string text = " (" + r.fate + "): " + r.no_dump_reason;
+      auto same = std::find_if(missing.begin(), missing.end(), [&](const auto& m) { return m.first == text; });
+      if (same == missing.end()) same = missing.insert(missing.end(), {text, {}});
+      same->second.push_back(r.rank);
       continue;
     }
     dumped.push_back(r.rank);
@@ -188,7 +192,7 @@ Diagnosis diagnose(const std::vector<RankEvidence>& ranks, const std::string& wh
   if (!dumped.empty() && d.lines.empty()) {
     d.lines.push_back("every rank's last collective completed: none is stuck in one (" + who(dumped) + " dumped)");
   }
-  for (const std::string& m : missing) d.lines.push_back("no dump from " + m);
+  for (const auto& [text, rs] : missing) d.lines.push_back("no dump from " + who(rs) + text);
   std::string lines_json;
   for (const std::string& l : d.lines) lines_json += std::string(lines_json.empty() ? "" : ",") + json_string(l);
   std::string fates_json;

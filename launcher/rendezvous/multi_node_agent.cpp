@@ -1,10 +1,12 @@
 // Rounds of this node's workers, coordinated with the other nodes through NodeRendezvous.
+#include <algorithm>
 #include <iostream>
 #include <memory>
 
 #include "rendezvous/job_secret.h"
-#include "workers/error_file.h"
 #include "rendezvous/node_rendezvous.h"
+#include "workers/error_file.h"
+#include "workers/flight_requests.h"
 
 namespace cpprun::launcher {
 
@@ -44,13 +46,35 @@ int run_multi_node(const RendezvousSettings& settings, const WorkerSettings& wor
           break;
       }
     };
+    // One diagnosis over every node's ranks, on node 0: Note [One diagnosis for several nodes].
+    bool evidence_sent = false;
+    EvidenceRoute route;
+    route.share = [&](const std::vector<RankEvidence>& evidence) {
+      evidence_sent = rendezvous->share_evidence(evidence);
+    };
+    route.report = [&](const std::vector<RankEvidence>& evidence, const std::string& why, const std::string& file) {
+      if (const std::optional<MergedEvidence> all = rendezvous->collect_evidence(relay, kEvidenceWait)) {
+        for (const std::string& refused : all->refused) std::cerr << "cpprun: warning: " << refused << "\n";
+        // The reason every node was told, which names the node where it began.
+        report_diagnosis(all->ranks, rendezvous->attempt_ended() ? rendezvous->peer_end().reason : why, file);
+      } else if (!evidence_sent) {
+        report_diagnosis(evidence, why, file);  // node 0 cannot be told: this node's part, here
+      } else if (std::any_of(evidence.begin(), evidence.end(), [](const RankEvidence& e) { return e.dump; })) {
+        std::cerr << "cpprun: diagnosis: this node's ranks' flight-recorder dumps went to node 0, which prints one "
+                     "diagnosis over every node's ranks\n";
+      }
+    };
     const AttemptEnd attempt = run_attempt(relay, specs, settings.shutdown_timeout, rendezvous.get(), tell_others,
-                                           run_dir.layout().diagnosis_file(restart_count));
+                                           run_dir.layout().diagnosis_file(restart_count), &route);
     if (attempt.end == GroupEnd::kSucceeded) rendezvous->report_done();
     // A signal ends the job on every node; this one does not wait for the others' news.
     if (attempt.end == GroupEnd::kInterrupted) return attempt.exit_code;
 
     const JobDecision decision = rendezvous->decide(relay);
+    if (const auto late = rendezvous->take_late_evidence()) {  // this node's workers had succeeded
+      for (const std::string& refused : late->merged.refused) std::cerr << "cpprun: warning: " << refused << "\n";
+      report_diagnosis(late->merged.ranks, late->why, run_dir.layout().diagnosis_file(restart_count));
+    }
     switch (decision.kind) {
       case JobDecision::Kind::kFinish:
         return 0;

@@ -23,8 +23,11 @@
 namespace cpprun::launcher {
 namespace {
 
-// A line longer than this is not one of our messages.
+// A line longer than this is not one of our messages: before the secret is proven (a stranger's flood),
+// and after it, where an evidence message is the longest (Note [Bounding a peer's evidence]) and the
+// line adds its sequence number and tag.
 constexpr std::size_t kMaxLine = 64 * 1024;
+constexpr std::size_t kMaxSessionLine = kMaxEvidenceBytes + 256;
 
 // The handshake's words (Note [Agent authentication]).
 constexpr const char* kChallengeWord = "cpprun-auth";
@@ -150,9 +153,14 @@ bool NodeLink::write_line(const std::string& text) {
     } else if (n < 0 && errno == EINTR) {
       continue;
     } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      // Messages are a few dozen bytes; a full socket buffer means the peer stopped reading.
+      // Messages are a few dozen bytes, evidence up to kMaxEvidenceBytes (which the peer reads while it
+      // stops its workers); a socket buffer full for 5 s means the peer stopped reading.
       pollfd out{fd_.get(), POLLOUT, 0};
-      if (poll(&out, 1, 5000) <= 0) return false;
+      if (poll(&out, 1, 5000) <= 0) {
+        // Part of a line may be out: nothing may follow it, so the link ends (receive() reports it).
+        if (sent > 0) ::shutdown(fd_.get(), SHUT_RDWR);
+        return false;
+      }
     } else {
       return false;
     }
@@ -273,7 +281,8 @@ NodeLink::Received NodeLink::receive() {
   Received got;
   char chunk[4096];
   ssize_t n = 1;
-  while (buffer_.size() <= kMaxLine) {  // no more than one line's worth from a flood
+  const std::size_t max_line = state_ == State::kOpen ? kMaxSessionLine : kMaxLine;
+  while (buffer_.size() <= max_line) {  // no more than one line's worth from a flood
     n = recv(fd_.get(), chunk, sizeof(chunk), 0);
     if (n > 0) buffer_.append(chunk, static_cast<std::size_t>(n));
     if (n == 0 || (n < 0 && errno != EINTR)) break;
@@ -286,8 +295,9 @@ NodeLink::Received NodeLink::receive() {
     ok = process_line(buffer_.substr(start, end - start), got);
   }
   buffer_.erase(0, ok ? start : buffer_.size());
-  if (ok && buffer_.size() > kMaxLine) {
-    got.violation = "sent a line longer than " + std::to_string(kMaxLine) + " bytes";
+  const std::size_t limit = state_ == State::kOpen ? kMaxSessionLine : kMaxLine;  // the handshake may have ended
+  if (ok && buffer_.size() > limit) {
+    got.violation = "sent a line longer than " + std::to_string(limit) + " bytes";
     ok = false;
   }
   if (!ok) got.closed = true;

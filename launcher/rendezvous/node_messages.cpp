@@ -9,14 +9,21 @@
 #include <cstdlib>
 #include <iterator>
 #include <sstream>
+#include <type_traits>
 
 namespace cpprun::launcher {
 namespace {
 
 // Indexed by MessageKind.
-constexpr const char* kKindWords[] = {"hello", "gathering", "queued", "start", "done",
-                                      "failed", "stopped", "end",    "exit"};
-static_assert(std::size(kKindWords) == static_cast<std::size_t>(MessageKind::kExit) + 1);
+constexpr const char* kKindWords[] = {"hello",   "gathering", "queued", "start", "done",
+                                      "failed",  "stopped",   "end",    "exit",  "evidence"};
+static_assert(std::size(kKindWords) == static_cast<std::size_t>(MessageKind::kEvidence) + 1);
+
+// Indexed by CollectiveRecord::State.
+constexpr const char* kStateWords[] = {"started", "completed", "failed"};
+
+// The longest text about a rank (its fate, why it has no dump) that an evidence message carries.
+constexpr std::size_t kMaxEvidenceText = 1024;
 
 // "" is "%", so that every word is non-empty.
 std::string escape(const std::string& text) {
@@ -61,6 +68,16 @@ bool parse_number(const std::string& word, int& value) {
   return true;
 }
 
+// A decimal 64-bit number that is the whole of `word` (times in ms, sequence numbers, pids).
+bool parse_number64(const std::string& word, int64_t& value) {
+  errno = 0;
+  char* end = nullptr;
+  const long long parsed = std::strtoll(word.c_str(), &end, 10);
+  if (word.empty() || errno != 0 || *end != '\0') return false;
+  value = parsed;
+  return true;
+}
+
 // Reads the words of one line in order, each into its field; any failure leaves ok() false.
 class WordReader {
  public:
@@ -93,6 +110,37 @@ class WordReader {
       if (!parse_number(item, values.emplace_back())) fail();
     }
   }
+  void number64(int64_t& value) {
+    std::string word;
+    text(word);
+    if (ok_ && !parse_number64(word, value)) fail();
+  }
+  void optional_number(std::optional<int>& value) {  // "-" for none
+    std::string word;
+    text(word);
+    if (!ok_ || word == "-") return;
+    if (!parse_number(word, value.emplace())) fail();
+  }
+  void optional_number64(std::optional<int64_t>& value) {  // "-" for none
+    std::string word;
+    text(word);
+    if (!ok_ || word == "-") return;
+    if (!parse_number64(word, value.emplace())) fail();
+  }
+  // How many items follow; more than `max` is not our message (Note [Bounding a peer's evidence]).
+  void count(std::size_t& value, std::size_t max) {
+    int n = 0;
+    number(n);
+    if (ok_ && (n < 0 || static_cast<std::size_t>(n) > max)) fail();
+    value = ok_ ? static_cast<std::size_t>(n) : 0;
+  }
+  void state(CollectiveRecord::State& value) {
+    std::string word;
+    text(word);
+    const auto it = std::find(std::begin(kStateWords), std::end(kStateWords), word);
+    if (it == std::end(kStateWords)) return fail();
+    value = static_cast<CollectiveRecord::State>(it - std::begin(kStateWords));
+  }
   // False when the hello is of another protocol: a newer agent's may carry more words.
   bool same_protocol(int protocol) const { return !ok_ || protocol == kNodeProtocolVersion; }
 
@@ -112,12 +160,62 @@ class WordWriter {
   void numbers(const std::vector<int>& values) {  // "1,3", or "-" for none
     out_ << ' ' << (values.empty() ? "-" : join_ranks(values, ","));
   }
+  void number64(int64_t value) { out_ << ' ' << value; }
+  void optional_number(const std::optional<int>& value) {
+    if (value) return number(*value);
+    out_ << " -";
+  }
+  void optional_number64(const std::optional<int64_t>& value) {
+    if (value) return number64(*value);
+    out_ << " -";
+  }
+  void count(std::size_t value, std::size_t /*max*/) { out_ << ' ' << value; }
+  void state(CollectiveRecord::State value) { out_ << ' ' << kStateWords[static_cast<int>(value)]; }
+  bool ok() const { return true; }
   bool same_protocol(int /*protocol*/) const { return true; }
   std::string str() const { return out_.str(); }
 
  private:
   std::ostringstream out_;
 };
+
+// An evidence message's words after its round: the rank, its fate, then its dump if it has one.
+// `Evidence` is const when writing; reading fills the optional dump and sizes the entries.
+template <typename Evidence, typename Words>
+void evidence_words(Evidence& e, Words& w) {
+  constexpr bool kReading = !std::is_const_v<Evidence>;
+  w.number(e.rank);
+  w.text(e.fate);
+  w.text(e.no_dump_reason);
+  bool has_dump = e.dump.has_value();
+  w.flag(has_dump);
+  if (!has_dump || !w.ok()) return;
+  if constexpr (kReading) e.dump.emplace();
+  auto& d = *e.dump;
+  w.number(d.rank);
+  w.number(d.world_size);
+  w.number64(d.pid);
+  w.number64(d.dumped_unix_ms);
+  w.text(d.reason);
+  std::size_t entries = d.entries.size();
+  w.count(entries, kMaxEvidenceEntries);
+  if (!w.ok()) return;
+  if constexpr (kReading) d.entries.resize(entries);
+  for (auto& c : d.entries) {
+    w.text(c.group);
+    w.numbers(c.group_ranks);
+    w.number64(c.seq);
+    w.text(c.op);
+    w.text(c.dtype);
+    w.text(c.shapes);
+    w.text(c.reduce_op);
+    w.optional_number(c.root);
+    w.state(c.state);
+    w.number64(c.start_unix_ms);
+    w.optional_number64(c.end_unix_ms);
+    if (!w.ok()) return;
+  }
+}
 
 // The words after a message's kind: one list for writing and for reading, so they cannot drift apart.
 template <typename Message, typename Words>
@@ -166,6 +264,10 @@ void visit_words(Message& m, Words& w) {
       w.flag(m.end.restartable);
       w.text(m.end.reason);
       return;
+    case MessageKind::kEvidence:
+      w.number(m.round);
+      evidence_words(m.evidence, w);
+      return;
   }
 }
 
@@ -191,6 +293,27 @@ NodeMessage NodeMessage::make_failed(int round, JobEnd end) { return {MessageKin
 NodeMessage NodeMessage::make_end(int round, JobEnd end) { return {MessageKind::kEnd, round, std::move(end)}; }
 NodeMessage NodeMessage::make_exit(JobEnd end) { return {MessageKind::kExit, 0, std::move(end)}; }
 
+NodeMessage NodeMessage::make_evidence(int round, RankEvidence evidence) {
+  NodeMessage m{MessageKind::kEvidence, round};
+  m.evidence = std::move(evidence);
+  for (std::string* text : {&m.evidence.fate, &m.evidence.no_dump_reason}) {
+    if (text->size() > kMaxEvidenceText) text->resize(kMaxEvidenceText);
+  }
+  if (!m.evidence.dump) return m;
+  FlightDump& dump = *m.evidence.dump;
+  if (dump.reason.size() > kMaxEvidenceText) dump.reason.resize(kMaxEvidenceText);
+  std::vector<CollectiveRecord>& entries = dump.entries;
+  if (entries.size() > kMaxEvidenceEntries) {
+    entries.erase(entries.begin(), entries.end() - static_cast<long>(kMaxEvidenceEntries));
+  }
+  // Oldest first: drop at least the excess's share of the entries, until the line fits.
+  for (std::size_t size; !entries.empty() && (size = encode_message(m).size()) > kMaxEvidenceBytes;) {
+    const std::size_t drop = entries.size() * (size - kMaxEvidenceBytes) / size + 1;
+    entries.erase(entries.begin(), entries.begin() + static_cast<long>(std::min(drop, entries.size())));
+  }
+  return m;
+}
+
 std::string encode_message(const NodeMessage& m) {
   WordWriter out;
   visit_words(m, out);
@@ -198,6 +321,7 @@ std::string encode_message(const NodeMessage& m) {
 }
 
 std::optional<NodeMessage> decode_message(const std::string& line) {
+  if (line.size() > kMaxEvidenceBytes) return std::nullopt;  // the longest message: Note [Bounding a peer's evidence]
   WordReader in(line);
   std::string word;
   in.text(word);
@@ -208,6 +332,7 @@ std::optional<NodeMessage> decode_message(const std::string& line) {
   visit_words(m, in);
   if (m.kind == MessageKind::kHello && !in.same_protocol(m.hello.protocol)) return m;  // refused by version
   if (!in.ok() || !in.at_end()) return std::nullopt;
+  if (m.kind == MessageKind::kEvidence && m.evidence.rank < 0) return std::nullopt;
   // A failure's exit code is 1 to 255 whatever the peer claims: no message can make a failed job
   // look like a success (0), or pass the shell a code it would wrap.
   if (m.end.exit_code < (m.kind == MessageKind::kExit ? 0 : 1) || m.end.exit_code > 255) m.end.exit_code = 1;

@@ -12,21 +12,37 @@
 //   host -> member   end       round N is over (failed somewhere): stop your workers
 //   member -> host   stopped   my workers of round N are stopped
 //   host -> member   exit      the job is over: exit with this code (0 when every node was done)
+//   member -> host   evidence  round N failed somewhere: one of my ranks' flight-recorder dump and fate,
+//                              one message per rank (Note [One diagnosis for several nodes])
 // A restart is a new `start` with the next round number; see Note [Elastic rounds].
 #pragma once
 
+#include <cstddef>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "diagnosis/hang_diagnosis.h"
 #include "rendezvous/rank_layout.h"
 
 namespace cpprun::launcher {
 
 // Bumped when a message changes; agents of different versions refuse each other at `hello`.
-inline constexpr int kNodeProtocolVersion = 5;  // 5: kStart carries MASTER_ADDR (--local_addr)
+inline constexpr int kNodeProtocolVersion = 6;  // 6: kEvidence (5: kStart carries MASTER_ADDR)
 
-enum class MessageKind { kHello, kGathering, kQueued, kStart, kDone, kFailed, kStopped, kEnd, kExit };
+// Note [Bounding a peer's evidence]
+// An evidence message carries one rank's flight-recorder entries. The library keeps 2,000 by default
+// (CPPRUN_FLIGHT_RECORDER_ENTRIES, as PyTorch's TORCH_FR_BUFFER_SIZE) and at most 1,000,000; the wire
+// takes the newest kMaxEvidenceEntries, each a dozen words of typically 60-120 bytes, so that one
+// message is bounded by kMaxEvidenceEntries * kEvidenceEntryBytes plus the words about the rank. A
+// sender drops its oldest entries until its message fits; a receiver refuses a longer line (NodeLink)
+// or more entries (decode_message) as not our protocol. The diagnosis needs the newest entries only:
+// where each rank is, and the first disagreement among what the ranks still hold.
+inline constexpr std::size_t kMaxEvidenceEntries = 2000;
+inline constexpr std::size_t kEvidenceEntryBytes = 256;
+inline constexpr std::size_t kMaxEvidenceBytes = kMaxEvidenceEntries * kEvidenceEntryBytes + 8 * 1024;
+
+enum class MessageKind { kHello, kGathering, kQueued, kStart, kDone, kFailed, kStopped, kEnd, kExit, kEvidence };
 
 struct NodeHello {
   int protocol = kNodeProtocolVersion;
@@ -48,7 +64,7 @@ struct JobEnd {
 
 struct NodeMessage {
   MessageKind kind = MessageKind::kHello;
-  int round = 0;               // kGathering, kQueued, kStart, kDone, kFailed, kStopped, kEnd
+  int round = 0;               // kGathering, kQueued, kStart, kDone, kFailed, kStopped, kEnd, kEvidence
   JobEnd end{};                // kFailed, kEnd, kExit
   NodeHello hello{};           // kHello
   std::vector<int> missing{};  // kGathering: static node ranks not joined yet
@@ -56,6 +72,7 @@ struct NodeMessage {
   bool restarting = false;     // kQueued: the running round is being ended to take this node in
   int restart_count = 0;       // kStart: TORCHELASTIC_RESTART_COUNT
   RankLayout layout{};         // kStart: group rank and size, ranks, master_port (worker rank 0's store)
+  RankEvidence evidence{};     // kEvidence: one rank's dump (if any) and fate
 
   static NodeMessage make_hello(const NodeHello& hello);
   static NodeMessage make_gathering(int round, int nodes, std::vector<int> missing);
@@ -66,6 +83,8 @@ struct NodeMessage {
   static NodeMessage make_stopped(int round);
   static NodeMessage make_end(int round, JobEnd end);
   static NodeMessage make_exit(JobEnd end);
+  // Drops the oldest entries of the dump that do not fit: Note [Bounding a peer's evidence].
+  static NodeMessage make_evidence(int round, RankEvidence evidence);
 };
 
 // One line, without the newline.

@@ -27,6 +27,21 @@
 // lost node whose workers all succeeded is let go. Losing the host's agent loses the rendezvous, as
 // torchrun's members fail when the c10d store's host dies. static is this with MIN = MAX: a lost
 // node ends the job and a latecomer is refused (its --node_rank is taken).
+//
+// Note [One diagnosis for several nodes]
+// When a round ends badly (a worker failed here, or another node ended it), every agent gathers its
+// own ranks' flight-recorder dumps before stopping its workers (run_attempt), and a member sends them
+// at once to the host, one evidence message per rank (node_messages.h). The host reads its links
+// while it gathers and stops its own workers, then waits up to kEvidenceWait more for the nodes it has
+// not heard from in full -- never for a node whose workers had all succeeded (it has nothing to send)
+// or whose agent is gone -- and prints one diagnosis over every rank of the job, naming the ranks it
+// heard nothing of ("node 1 sent no evidence within 5 s"), and writes it to its log dir as JSON. A
+// member prints one line saying that node 0 has it; it prints its own part only when node 0 will
+// not diagnose (its link to node 0 is gone, or node 0's agent ended the job on a signal), so its
+// evidence is still seen. One screen is the point: a member's part alone
+// shows its ranks waiting, not for whom. When the host's own workers had all succeeded before
+// another node failed, its run_attempt reports nothing: the host collects the others' evidence in
+// decide() instead, once the round is known to have failed (take_late_evidence()).
 #pragma once
 
 #include <chrono>
@@ -38,6 +53,7 @@
 #include <vector>
 
 #include "command_line/program_command.h"
+#include "diagnosis/node_evidence.h"
 #include "rendezvous/node_link.h"
 #include "rendezvous/node_messages.h"
 #include "rendezvous/rank_layout.h"
@@ -113,6 +129,22 @@ class NodeRendezvous : public PeerEvents {
   // for the job's decision; a done node waits here until every node is (the exit barrier).
   virtual JobDecision decide(SignalRelay& relay) = 0;
 
+  // See Note [One diagnosis for several nodes]. Once this node's ranks' evidence is gathered, before
+  // its workers are stopped: a member sends it to the host (false if it could not: the link is gone);
+  // the host keeps its own.
+  virtual bool share_evidence(const std::vector<RankEvidence>& evidence) = 0;
+  // The host: waits up to `wait` for the evidence of the nodes not heard from in full (a job-ending
+  // signal cuts the wait short and is raised again, for decide()), then merges every node's. A
+  // member: nullopt.
+  virtual std::optional<MergedEvidence> collect_evidence(SignalRelay& relay, std::chrono::milliseconds wait) = 0;
+  // The host, after decide(), when its own workers had all succeeded but another node's failed: the
+  // evidence it collected meanwhile (run_attempt had nothing to report here), once. A member: nullopt.
+  struct LateEvidence {
+    MergedEvidence merged;
+    std::string why;  // how the round ended, as the nodes were told
+  };
+  virtual std::optional<LateEvidence> take_late_evidence() { return std::nullopt; }
+
  protected:
   // Waits up to timeout_ms for news on fds(), read through on_readable(); returns 0, or the
   // job-ending signal that came first (the links unread).
@@ -146,6 +178,10 @@ std::unique_ptr<NodeRendezvous> make_rendezvous_member(const RendezvousSettings&
 // `left` again; c10d: how many nodes `joined`. `source` follows, e.g. " (as node 0 last reported)".
 std::string join_timeout_message(const RendezvousSettings& settings, const std::vector<int>& never,
                                  const std::vector<int>& left, int joined, const std::string& source);
+
+// How long the host waits for the other nodes' evidence once its own workers are stopped: they
+// gathered theirs meanwhile (up to 2 s each, as the host did), so this is slack for a slow link.
+inline constexpr std::chrono::seconds kEvidenceWait{5};
 
 // Milliseconds from now until `when`, for poll(): 0 once it has passed.
 int ms_until(Clock::time_point when);

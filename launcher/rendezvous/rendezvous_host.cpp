@@ -1,10 +1,14 @@
 // The rendezvous's host, static (node 0) or c10d: gathers each round's nodes, numbers them, relays
 // every node's news, and decides restarts, membership changes and the job's end (Note [Elastic rounds]).
+#include <signal.h>
+
 #include <algorithm>
 #include <chrono>
 #include <iostream>
+#include <map>
 #include <set>
 #include <system_error>
+#include <utility>
 #include <vector>
 
 #include "command_line/host_facts.h"
@@ -77,12 +81,43 @@ class RendezvousHost final : public NodeRendezvous {
     }
   }
 
-  void report_done() override { self_done_ = true; }
+  void report_done() override {
+    self_done_ = true;
+    heard_[0].done = true;  // Note [One diagnosis for several nodes]
+  }
   void report_failed(const JobEnd& end) override { end_round(RoundEnd::kWorkerFailed, end); }
   void report_interrupted(const JobEnd& end) override {
     if (!end_) end_ = end;
     broadcast_all(NodeMessage::make_exit(end));
   }
+
+  bool share_evidence(const std::vector<RankEvidence>& evidence) override {
+    heard_[0].ranks = evidence;
+    return true;
+  }
+
+  std::optional<MergedEvidence> collect_evidence(SignalRelay& relay, std::chrono::milliseconds wait) override {
+    const auto started = Clock::now();
+    const auto deadline = started + wait;
+    const auto others_awaited = [&] {
+      for (const Node& n : nodes_) {
+        if (n.state == NodeState::kDone && n.group_rank >= 0) heard_[n.group_rank].done = true;
+      }
+      std::vector<int> awaited = awaited_nodes(round_nodes_, heard_);
+      return std::any_of(awaited.begin(), awaited.end(), [](int node) { return node != 0; });
+    };
+    while (others_awaited() && Clock::now() < deadline) {
+      if (const int signal = poll_links(relay, ms_until(deadline)); signal != 0) {
+        raise(signal);  // for decide(): the job ends
+        break;
+      }
+    }
+    const auto waited = std::min<std::chrono::milliseconds>(
+        wait, std::chrono::ceil<std::chrono::milliseconds>(Clock::now() - started));
+    return merge_node_evidence(round_nodes_, heard_, waited);
+  }
+
+  std::optional<LateEvidence> take_late_evidence() override { return std::exchange(late_evidence_, std::nullopt); }
 
   JobDecision decide(SignalRelay& relay) override {
     // News that arrived while this node's workers were being stopped (a lost node, say) counts.
@@ -96,8 +131,10 @@ class RendezvousHost final : public NodeRendezvous {
         }
       } else if (why_ == RoundEnd::kFatal ||
                  (why_ == RoundEnd::kWorkerFailed && restart_count_ >= settings_.max_restarts)) {
+        keep_late_evidence(relay);
         return end_job(decisive_);
       } else if (all_nodes(NodeState::kStopped)) {
+        keep_late_evidence(relay);
         // Only restarts after a worker failure back off; the links are polled until it is due.
         if (why_ != RoundEnd::kWorkerFailed) return next_round(relay);
         stop_deadline = pacer_.restart_at(restart_count_ + 1, settings_.max_restarts);
@@ -243,6 +280,10 @@ class RendezvousHost final : public NodeRendezvous {
       if (!settings_.fixed_ranks()) layout.master_addr = settings_.local_addr;
       return layout;
     };
+    heard_.clear();
+    too_much_evidence_.clear();
+    late_checked_ = false;
+    round_nodes_ = {{0, 0, shapes[0].local_world_size}};
     std::string ranks = "node 0: " + rank_range(0, shapes[0].local_world_size);
     for (std::size_t i = 0; i < nodes_.size(); ++i) {
       Node& n = nodes_[i];
@@ -250,6 +291,7 @@ class RendezvousHost final : public NodeRendezvous {
       n.state = NodeState::kRunning;
       const RankLayout layout = layout_of(n.group_rank);
       n.link.send(NodeMessage::make_start(round_, restart_count_, layout));
+      round_nodes_.push_back({n.group_rank, layout.base_rank, n.hello.shape.local_world_size});
       ranks += ", node " + std::to_string(n.group_rank) +
                (settings_.fixed_ranks() ? "" : " (" + n.link.peer() + ")") + ": " +
                rank_range(layout.base_rank, n.hello.shape.local_world_size);
@@ -331,6 +373,7 @@ class RendezvousHost final : public NodeRendezvous {
       count_changed();
       return;
     }
+    if (node.group_rank >= 0) heard_[node.group_rank].gone = why;  // Note [One diagnosis for several nodes]
     // A node whose workers all succeeded has done its part; the others need not start over for it.
     if (node.state == NodeState::kDone) {
       std::cerr << "cpprun: warning: " << who << " " << why << " after its workers succeeded\n";
@@ -447,8 +490,32 @@ class RendezvousHost final : public NodeRendezvous {
     if (message.round != round_ || phase_ != Phase::kRunning) return;
     if (message.kind == MessageKind::kDone) node.state = NodeState::kDone;
     if (message.kind == MessageKind::kStopped) node.state = NodeState::kStopped;
+    if (message.kind == MessageKind::kEvidence) keep_evidence(node, message.evidence);
     if (message.kind == MessageKind::kFailed) {
       end_round(message.end.restartable ? RoundEnd::kWorkerFailed : RoundEnd::kFatal, message.end);
+    }
+  }
+
+  // This node's workers had all succeeded, another node's failed: run_attempt reported nothing here,
+  // so the others' evidence is collected now, once per round (Note [One diagnosis for several nodes]).
+  void keep_late_evidence(SignalRelay& relay) {
+    if (!self_done_ || !end_ || late_checked_) return;
+    late_checked_ = true;
+    // The members send theirs as soon as the round ends; nodes that are done or gone are not waited for.
+    std::optional<MergedEvidence> merged = collect_evidence(relay, kEvidenceWait);
+    late_evidence_ = LateEvidence{std::move(*merged), end_->reason};
+  }
+
+  // A node's evidence of this round: no more messages than it has ranks are kept, so that a peer
+  // cannot fill this agent's memory (Note [Bounding a peer's evidence]); merge_node_evidence()
+  // sets aside what is not the node's.
+  void keep_evidence(const Node& node, const RankEvidence& evidence) {
+    NodeEvidence& heard = heard_[node.group_rank];
+    if (heard.ranks.size() < static_cast<std::size_t>(node.hello.shape.local_world_size)) {
+      heard.ranks.push_back(evidence);
+    } else if (too_much_evidence_.insert(node.group_rank).second) {
+      std::cerr << "cpprun: warning: " << describe(node) << " sent more evidence than it has ranks ("
+                << node.hello.shape.local_world_size << "): the rest is set aside\n";
     }
   }
 
@@ -466,6 +533,11 @@ class RendezvousHost final : public NodeRendezvous {
   bool self_done_ = false;
   int pending_signal_ = 0;
   RestartPacer pacer_{settings_.restart_backoff};  // the backoff before every node's restart
+  std::vector<NodeSlice> round_nodes_;  // this round's nodes and their ranks, node 0 first
+  std::map<int, NodeEvidence> heard_;   // by group rank: Note [One diagnosis for several nodes]
+  std::set<int> too_much_evidence_;     // the nodes warned about this round
+  bool late_checked_ = false;           // keep_late_evidence() ran this round
+  std::optional<LateEvidence> late_evidence_;
 };
 
 }  // namespace

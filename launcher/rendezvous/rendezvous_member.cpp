@@ -118,6 +118,18 @@ class RendezvousMember final : public NodeRendezvous {
   void report_failed(const JobEnd& end) override { link_.send(NodeMessage::make_failed(round_, end)); }
   void report_interrupted(const JobEnd& end) override { link_.send(NodeMessage::make_failed(round_, end)); }
 
+  bool share_evidence(const std::vector<RankEvidence>& evidence) override {
+    // Ended by the host's `exit` (its agent got a signal): the host diagnoses nothing, so this node does.
+    if (ended_by_exit_) return false;
+    bool sent = link_.fd() >= 0;
+    for (const RankEvidence& e : evidence) sent = link_.send(NodeMessage::make_evidence(round_, e)) && sent;
+    return sent && link_.fd() >= 0;
+  }
+
+  std::optional<MergedEvidence> collect_evidence(SignalRelay&, std::chrono::milliseconds) override {
+    return std::nullopt;  // node 0 diagnoses
+  }
+
   JobDecision decide(SignalRelay& relay) override {
     // Node 0 restarts once every node's workers are stopped; done ones count once the round ended.
     if (!self_done_ || end_) send_stopped();
@@ -164,6 +176,7 @@ class RendezvousMember final : public NodeRendezvous {
     queued_ = false;
     self_done_ = false;
     stopped_sent_ = false;
+    ended_by_exit_ = false;
     group_rank_ = layout.group_rank;
     return layout;
   }
@@ -202,6 +215,7 @@ class RendezvousMember final : public NodeRendezvous {
         if (self_done_) send_stopped();
         break;
       case MessageKind::kExit:
+        if (!end_) ended_by_exit_ = true;
         if (!end_) end_ = message.end;
         decision_ = JobDecision{message.end.exit_code == 0 ? JobDecision::Kind::kFinish : JobDecision::Kind::kExit,
                                 {}, message.end};
@@ -226,6 +240,7 @@ class RendezvousMember final : public NodeRendezvous {
   std::optional<JobDecision> decision_;
   bool self_done_ = false;
   bool stopped_sent_ = false;
+  bool ended_by_exit_ = false;  // the round ended with the host's `exit`, no `end` before it
   bool dropped_early_ = false;  // the link closed before the handshake: join() reconnects
   std::string drop_reason_;
   int retries_ = 0;

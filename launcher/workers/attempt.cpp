@@ -81,8 +81,10 @@ class WorkerGroup {
 
   // Creates every worker's pipes and log files (std::system_error), then starts the workers in
   // order. If one cannot start, those already running are stopped and the SpawnError is rethrown.
-  void start(const std::vector<WorkerSpec>& specs, std::chrono::milliseconds grace, std::string diagnosis_file) {
+  void start(const std::vector<WorkerSpec>& specs, std::chrono::milliseconds grace, std::string diagnosis_file,
+             PeerEvents* peers) {
     diagnosis_file_ = std::move(diagnosis_file);
+    peers_ = peers;
     for (const WorkerSpec& spec : specs) {
       outputs_.push_back(std::make_unique<WorkerOutput>(spec.output));
       channels_.push_back(std::make_unique<FlightRequestChannel>());
@@ -121,20 +123,21 @@ class WorkerGroup {
       sources.push_back({w.rank, running, running ? kStillRunning : (w.exit ? w.exit->describe() : "ended"),
                          channels_[i].get()});
     }
-    return gather_flight_dumps(flight_recorder_dir_, sources, timeout, [this](int ms) { wait_for_signal(ms); });
+    return gather_flight_dumps(flight_recorder_dir_, sources, timeout,
+                               [this](int ms) { wait_for_signal(ms, peers_); });
   }
 
-  // Blocks until every worker succeeded, one failed, a job-ending signal arrived, or `peers` (if
+  // Blocks until every worker succeeded, one failed, a job-ending signal arrived, or the peers (if
   // any) say another node ended the attempt, forwarding signals to the workers' groups meanwhile.
-  GroupEnd wait(PeerEvents* peers) {
+  GroupEnd wait() {
     for (;;) {
       handle_events(WorkerState::kFinished);
       // A job-ending signal outranks a failure seen in the same wake-up: no restart after Ctrl-C.
       if (ending_signal_ != 0) return GroupEnd::kInterrupted;
       if (root_cause_) return GroupEnd::kWorkerFailed;
       if (running() == 0) return GroupEnd::kSucceeded;
-      if (peers != nullptr && peers->attempt_ended()) return GroupEnd::kPeerEnded;
-      wait_for_signal(-1, peers);
+      if (peers_ != nullptr && peers_->attempt_ended()) return GroupEnd::kPeerEnded;
+      wait_for_signal(-1, peers_);
     }
   }
 
@@ -149,7 +152,8 @@ class WorkerGroup {
       if (running() == 0) break;
       const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
       if (left.count() <= 0) break;
-      wait_for_signal(static_cast<int>(std::min<long long>(left.count(), 1 << 30)));
+      // The peers are read too: another node's evidence may be on its way (Note [One diagnosis for several nodes]).
+      wait_for_signal(static_cast<int>(std::min<long long>(left.count(), 1 << 30)), peers_);
     }
     kill_remaining();
   }
@@ -291,6 +295,7 @@ class WorkerGroup {
   std::vector<std::unique_ptr<FlightRequestChannel>> channels_;  // one per spec, likewise
   std::string flight_recorder_dir_;
   std::string diagnosis_file_;
+  PeerEvents* peers_ = nullptr;  // multi-node: the other agents' news, read while waiting
   std::optional<std::size_t> root_cause_;
   int ending_signal_ = 0;
 };
@@ -326,10 +331,10 @@ std::string signal_name(int sig) {
 AttemptEnd run_attempt(SignalRelay& relay, const std::vector<WorkerSpec>& specs,
                        std::chrono::milliseconds shutdown_timeout,
                        PeerEvents* peers, const std::function<void(const AttemptEnd&)>& before_stop,
-                       const std::string& diagnosis_file) {
+                       const std::string& diagnosis_file, const EvidenceRoute* route) {
   WorkerGroup group(relay);
-  group.start(specs, shutdown_timeout, diagnosis_file);
-  const GroupEnd end = group.wait(peers);
+  group.start(specs, shutdown_timeout, diagnosis_file, peers);
+  const GroupEnd end = group.wait();
   if (end == GroupEnd::kSucceeded) {
     // See Note [The job's process tree]. A job-ending signal that cut the grace short is raised
     // again, for whatever waits next (the exit barrier of a multi-node job) to act on.
@@ -356,13 +361,18 @@ AttemptEnd run_attempt(SignalRelay& relay, const std::vector<WorkerSpec>& specs,
     evidence = group.gather_dumps(kDumpWait);
     why = "another node ended the attempt";
   }
+  if (route != nullptr && route->share && end != GroupEnd::kInterrupted) route->share(evidence);
 
   group.stop(end == GroupEnd::kInterrupted ? StopStart::kAlreadySignalled : StopStart::kSendSigterm, shutdown_timeout);
   const AttemptSummary summary{root, group.ending_signal(), shutdown_timeout,
                                root ? group.stderr_tail(*root) : std::vector<std::string>{},
                                root ? read_file_head(specs.at(*root).error_file, kErrorFileLimit) : std::nullopt};
   std::cerr << format_attempt_summary(group.workers(), summary);
-  report_diagnosis(evidence, why, diagnosis_file);
+  if (route != nullptr && route->report && end != GroupEnd::kInterrupted) {
+    route->report(evidence, why, diagnosis_file);
+  } else {
+    report_diagnosis(evidence, why, diagnosis_file);
+  }
   const int leftovers_signal = stop_leftovers(relay, shutdown_timeout);
   // A signal that arrived while stopping after a failure still means "do not restart".
   if (const int late = group.ending_signal() != 0 ? group.ending_signal() : leftovers_signal; late != 0) {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "command_line/output_spec.h"
+#include "diagnosis/hang_diagnosis.h"
 #include "workers/signal_relay.h"
 #include "workers/worker_process.h"
 
@@ -89,14 +90,26 @@ struct AttemptEnd {
   int root_error_code = 0;      // kWorkerFailed: torch's exit code for it (-SIGNAL if killed)
 };
 
+// Multi-node: where the attempt's flight-recorder evidence goes instead of this console alone (Note
+// [One diagnosis for several nodes] in node_rendezvous.h).
+struct EvidenceRoute {
+  // Once the dumps are gathered, before the workers are stopped: a member sends them to node 0.
+  std::function<void(const std::vector<RankEvidence>& evidence)> share;
+  // After the failure summary, in place of printing this node's diagnosis.
+  std::function<void(const std::vector<RankEvidence>& evidence, const std::string& why,
+                     const std::string& diagnosis_file)>
+      report;
+};
+
 // `peers` (multi-node) may end the attempt too; `before_stop`, if set, runs once the attempt has
 // ended badly, before the workers are stopped, so other nodes hear of it at once. Then the workers
 // that record collectives are asked for their flight-recorder dumps, and the diagnosis made of them
-// is printed after the failure summary and written to `diagnosis_file` (if not "").
+// is printed after the failure summary and written to `diagnosis_file` (if not ""), or goes `route`'s way.
+// `peers` are read meanwhile too, so that another node's evidence is not held up.
 AttemptEnd run_attempt(SignalRelay& relay, const std::vector<WorkerSpec>& specs,
                        std::chrono::milliseconds shutdown_timeout,
                        PeerEvents* peers, const std::function<void(const AttemptEnd&)>& before_stop,
-                       const std::string& diagnosis_file = "");
+                       const std::string& diagnosis_file = "", const EvidenceRoute* route = nullptr);
 
 // What the failure summary says besides the workers' records.
 struct AttemptSummary {

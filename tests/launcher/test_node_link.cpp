@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <functional>
 #include <system_error>
+#include <thread>
 
 #include "rendezvous/job_secret.h"
 #include "rendezvous/node_link.h"
@@ -491,4 +492,67 @@ TEST_CASE("node_link: node 0 listens at the loopback address the others know it 
   CHECK(connect_link("127.0.0.1", v4.port(), std::chrono::seconds(5), -1, kSecret).status ==
         ConnectStatus::kConnected);
   CHECK(connect_link("::1", v4.port(), std::chrono::seconds(2), -1, kSecret).status == ConnectStatus::kFailed);
+}
+
+namespace {
+
+// Writes all of `text` to the non-blocking `fd`, waiting while the peer reads; stops if the peer is gone.
+void send_all(int fd, const std::string& text) {
+  std::size_t sent = 0;
+  while (sent < text.size()) {
+    const ssize_t n = ::send(fd, text.data() + sent, text.size() - sent, MSG_NOSIGNAL);
+    if (n > 0) {
+      sent += static_cast<std::size_t>(n);
+    } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+      pollfd out{fd, POLLOUT, 0};
+      if (poll(&out, 1, 5000) <= 0) return;
+    } else {
+      return;
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("node_link: a rank's evidence crosses a proven link; a longer line closes it", "[node_link]") {
+  // The newest 2,000 entries of a rank's dump: far more than the 64 KiB a line may have before the proof.
+  RankEvidence evidence;
+  evidence.rank = 3;
+  evidence.fate = kStillRunning;
+  FlightDump& dump = evidence.dump.emplace();
+  dump.rank = 3;
+  for (int seq = 1; seq <= 3000; ++seq) {
+    CollectiveRecord c;
+    c.group = "world";
+    c.seq = seq;
+    c.op = "all_reduce";
+    c.dtype = "float32";
+    c.shapes = "[4096]";
+    c.reduce_op = "sum";
+    c.start_unix_ms = 1764180000000 + seq;
+    dump.entries.push_back(c);
+  }
+  const NodeMessage message = NodeMessage::make_evidence(0, evidence);
+  REQUIRE(encode_message(message).size() > 64 * 1024);
+
+  LinkListener listener(std::string("127.0.0.1"), 0, kSecret);
+  HandMadeMember member(listener.port(), kSecret);
+  std::optional<NodeLink> host = accept_within(listener);
+  REQUIRE(host);
+  member.handshake(kSecret, *host);
+  std::thread writer([&] { send_all(member.fd, member.framed(0, message) + "\n"); });
+  NodeLink::Received got = receive_all(*host, 1);
+  writer.join();
+  REQUIRE(got.messages.size() == 1);
+  CHECK_FALSE(got.closed);
+  REQUIRE(got.messages[0].evidence.dump);
+  CHECK(got.messages[0].evidence.dump->entries.size() == kMaxEvidenceEntries);
+  CHECK(got.messages[0].evidence.dump->entries.back().seq == 3000);
+
+  // A line past the longest message is not read to its end: the link closes.
+  std::thread flood([&] { send_all(member.fd, "1 " + std::string(kMaxEvidenceBytes + 4096, 'x') + "\n"); });
+  got = receive_all(*host, 1);
+  CHECK(got.closed);
+  CHECK_THAT(got.violation, Catch::Matchers::StartsWith("sent a line longer than"));
+  flood.join();
 }

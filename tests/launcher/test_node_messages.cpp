@@ -107,3 +107,140 @@ TEST_CASE("node_messages: a hello of another protocol version still says its ver
   CHECK(m->hello.protocol == 99);
   CHECK(join_ranks({1, 3, 4}) == "1, 3, 4");
 }
+
+namespace {
+
+CollectiveRecord record(int64_t seq, CollectiveRecord::State state) {
+  CollectiveRecord c;
+  c.group = "world";
+  c.seq = seq;
+  c.op = "all_reduce";
+  c.dtype = "float32";
+  c.shapes = "[4096], [2, 3]";
+  c.reduce_op = "sum";
+  c.state = state;
+  c.start_unix_ms = 1764180000000 + seq;
+  if (state != CollectiveRecord::State::kStarted) c.end_unix_ms = c.start_unix_ms + 5;
+  return c;
+}
+
+RankEvidence dumped_rank(int rank, std::size_t entries) {
+  RankEvidence e;
+  e.rank = rank;
+  e.fate = "exited with code 3";
+  FlightDump& d = e.dump.emplace();
+  d.rank = rank;
+  d.world_size = 4;
+  d.pid = 4242;
+  d.dumped_unix_ms = 1764180009000;
+  d.reason = "failure";
+  for (std::size_t i = 1; i <= entries; ++i) d.entries.push_back(record(static_cast<int64_t>(i), CollectiveRecord::State::kCompleted));
+  return e;
+}
+
+}  // namespace
+
+TEST_CASE("node_messages: evidence carries a rank's fate and its whole dump", "[node_messages]") {
+  RankEvidence e = dumped_rank(2, 3);
+  e.dump->entries[1].group = "tp 0";  // a subgroup, with its members and a root
+  e.dump->entries[1].group_ranks = {0, 2};
+  e.dump->entries[1].root = 2;
+  e.dump->entries[1].reduce_op = "";
+  e.dump->entries.back().state = CollectiveRecord::State::kFailed;
+  e.dump->entries.push_back(record(9, CollectiveRecord::State::kStarted));
+  const NodeMessage back = round_trip(NodeMessage::make_evidence(3, e));
+  CHECK(back.round == 3);
+  CHECK(back.evidence.rank == 2);
+  CHECK(back.evidence.fate == "exited with code 3");
+  REQUIRE(back.evidence.dump);
+  const FlightDump& d = *back.evidence.dump;
+  CHECK(d.rank == 2);
+  CHECK(d.world_size == 4);
+  CHECK(d.pid == 4242);
+  CHECK(d.dumped_unix_ms == 1764180009000);
+  CHECK(d.reason == "failure");
+  REQUIRE(d.entries.size() == 4);
+  for (std::size_t i = 0; i < d.entries.size(); ++i) {
+    INFO(i);
+    CHECK(d.entries[i].describe() == e.dump->entries[i].describe());
+    CHECK(d.entries[i].group == e.dump->entries[i].group);
+    CHECK(d.entries[i].group_ranks == e.dump->entries[i].group_ranks);
+    CHECK(d.entries[i].state == e.dump->entries[i].state);
+    CHECK(d.entries[i].start_unix_ms == e.dump->entries[i].start_unix_ms);
+    CHECK(d.entries[i].end_unix_ms == e.dump->entries[i].end_unix_ms);
+  }
+  CHECK(d.entries[1].root == 2);
+  CHECK_FALSE(d.entries[3].end_unix_ms);
+
+  RankEvidence none;
+  none.rank = 5;
+  none.no_dump_reason = "asked for a dump, none came within 2 s";
+  const NodeMessage without = round_trip(NodeMessage::make_evidence(0, none));
+  CHECK(without.evidence.rank == 5);
+  CHECK(without.evidence.fate == kStillRunning);
+  CHECK(without.evidence.no_dump_reason == none.no_dump_reason);
+  CHECK_FALSE(without.evidence.dump);
+}
+
+TEST_CASE("node_messages: evidence is bounded: the oldest entries that do not fit are dropped",
+          "[node_messages]") {
+  // As many entries as a CPPRUN_FLIGHT_RECORDER_ENTRIES=5000 recorder holds: the newest 2000 travel.
+  const NodeMessage many = NodeMessage::make_evidence(0, dumped_rank(1, 5000));
+  REQUIRE(many.evidence.dump);
+  CHECK(many.evidence.dump->entries.size() == kMaxEvidenceEntries);
+  CHECK(many.evidence.dump->entries.front().seq == 3001);
+  CHECK(many.evidence.dump->entries.back().seq == 5000);
+  CHECK(encode_message(many).size() <= kMaxEvidenceBytes);
+  CHECK(round_trip(many).evidence.dump->entries.size() == kMaxEvidenceEntries);
+
+  // Entries far larger than usual (long group names): fewer fit, the newest kept, the line within the cap.
+  RankEvidence wide = dumped_rank(1, 2000);
+  for (CollectiveRecord& c : wide.dump->entries) c.group = std::string(1000, 'g');
+  const NodeMessage fitted = NodeMessage::make_evidence(0, wide);
+  CHECK(encode_message(fitted).size() <= kMaxEvidenceBytes);
+  CHECK(fitted.evidence.dump->entries.size() < 2000);
+  CHECK(fitted.evidence.dump->entries.size() > 400);
+  CHECK(fitted.evidence.dump->entries.back().seq == 2000);
+
+  // A fate or reason longer than a rank's words may be is cut.
+  RankEvidence talky;
+  talky.rank = 0;
+  talky.fate = std::string(100000, 'x');
+  CHECK(encode_message(NodeMessage::make_evidence(0, talky)).size() < 4096);
+}
+
+TEST_CASE("node_messages: hostile evidence is refused, never a crash", "[node_messages]") {
+  const std::string good = encode_message(NodeMessage::make_evidence(1, dumped_rank(2, 1)));
+  REQUIRE(decode_message(good));
+  // evidence ROUND RANK FATE REASON HAS_DUMP [RANK WORLD PID DUMPED REASON COUNT [GROUP RANKS SEQ OP DTYPE SHAPES
+  // REDUCE ROOT STATE START END]...]
+  const std::string head = "evidence 1 2 exited%20with%20code%203 % 1 2 4 4242 1764180009000 failure";
+  const std::string entry = " world - 1 all_reduce float32 [4096] sum - completed 100 105";
+  CHECK(decode_message(head + " 1" + entry));
+  for (const std::string& line : {
+           std::string("evidence"), std::string("evidence 1"), std::string("evidence 1 2 x % 0 extra"),
+           std::string("evidence 1 -2 x % 0"),                       // a negative rank
+           std::string("evidence 1 2 x % 1"),                        // a dump announced, none follows
+           head + " 2" + entry,                                      // fewer entries than announced
+           head + " 1" + entry + entry,                              // more
+           head + " -1",                                             // a negative count
+           head + " 2001" + entry,                                   // more entries than the cap
+           head + " 99999999999" + entry,                            // a count out of range
+           head + " 1 world - 1 all_reduce float32 [4096] sum - exploded 100 105",   // an unknown state
+           head + " 1 world 1,x 1 all_reduce float32 [4096] sum - completed 100 105",  // a bad rank list
+           head + " 1 world - 1.5 all_reduce float32 [4096] sum - completed 100 105",  // a bad seq
+           head + " 1 world - 1 all_reduce float32 [4096] sum - completed 100 99999999999999999999",  // overflow
+           head + " 1 world - 1 all_reduce float32 [4096] sum %zz completed 100 105",  // bad escaping
+       }) {
+    INFO(line.substr(0, 200));
+    CHECK_FALSE(decode_message(line));
+  }
+  // A line longer than any evidence message may be is refused before it is read.
+  std::string oversize = head + " 1" + entry;
+  oversize.insert(oversize.find(" world") + 1, std::string(kMaxEvidenceBytes, 'w'));
+  CHECK_FALSE(decode_message(oversize));
+  // A peer's control characters are never printed.
+  const std::optional<NodeMessage> odd = decode_message("evidence 1 2 bad%1B[31m % 0");
+  REQUIRE(odd);
+  CHECK(odd->evidence.fate == "bad?[31m");
+}
