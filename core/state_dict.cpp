@@ -224,9 +224,19 @@ NamedTensors decode_state_dict(std::string_view bytes, const std::string& path) 
   return decode_safetensors(read_safetensors(bytes, path), path);
 }
 
-StateDictLoadReport load_named_tensors(torch::nn::Module& module, const NamedTensors& file, const std::string& where,
-                                       const StateDictOptions& options,
-                                       const std::map<std::string, std::string>& file_of) {
+StateDictLoadReport load_named_tensors(torch::nn::Module& module, const NamedTensors& file_as_saved,
+                                       const std::string& where, const StateDictOptions& options,
+                                       const std::map<std::string, std::string>& file_of_as_saved) {
+  // The file's names as the module's (StateDictOptions::file_key_prefix).
+  const std::string& prefix = options.file_key_prefix();
+  NamedTensors prefixed;
+  std::map<std::string, std::string> prefixed_file_of;
+  if (!prefix.empty()) {
+    for (const auto& [name, tensor] : file_as_saved) prefixed.emplace_back(prefix + name, tensor);
+    for (const auto& [name, in_file] : file_of_as_saved) prefixed_file_of.emplace(prefix + name, in_file);
+  }
+  const NamedTensors& file = prefix.empty() ? file_as_saved : prefixed;
+  const auto& file_of = prefix.empty() ? file_of_as_saved : prefixed_file_of;
   const NamedTensors mine = module_state(module);
   StateDictLoadReport report = compare_state(mine, file);
   const bool differs = !report.missing_keys.empty() || !report.unexpected_keys.empty() || !report.mismatched.empty();

@@ -18,6 +18,7 @@
 #include <cpprun/cpprun.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -287,29 +288,30 @@ TORCH_MODULE(Gpt);
 // lm_head.weight, and older ones carry the attention mask as a buffer (attn.bias, attn.masked_bias):
 // those differences are expected, any other is refused, listing them all.
 void load_gpt2(cpprun::DataParallel<GptImpl>& model, const std::string& dir, const Options& o, int64_t vocab) {
-  const auto report = cpprun::load_state_dict(model, dir, cpprun::StateDictOptions().strict(false));
+  auto report = cpprun::load_state_dict(model, dir, cpprun::StateDictOptions().strict(false));
+  // A GPT2Model's file (the Hub's "gpt2" is one) names the same tensors without "transformer.":
+  // read it again under that prefix, as from_pretrained does (nothing of it loaded the first time).
+  const auto& unexpected = report.unexpected_keys;
+  if (std::find(unexpected.begin(), unexpected.end(), "wte.weight") != unexpected.end()) {
+    report = cpprun::load_state_dict(model, dir, cpprun::StateDictOptions().strict(false).file_key_prefix("transformer."));
+  }
   auto ends_with = [](const std::string& s, const std::string& tail) {
     return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
   };
   std::string problems;
-  bool unprefixed = false;
   for (const auto& key : report.missing_keys) {
     if (key != "lm_head.weight") problems += "\n  missing: " + key;
   }
   for (const auto& key : report.unexpected_keys) {
     if (ends_with(key, ".attn.bias") || ends_with(key, ".attn.masked_bias")) continue;
     problems += "\n  unexpected: " + key;
-    unprefixed = unprefixed || key == "wte.weight";
   }
   for (const auto& what : report.mismatched) problems += "\n  other shape or dtype: " + what;
   if (problems.empty()) return;
-  std::string hint = unprefixed ? "\nIts names lack \"transformer.\" (saved from GPT2Model, as the Hub's gpt2 is): "
-                                  "save it again with GPT2LMHeadModel.from_pretrained(DIR).save_pretrained(NEW)."
-                                : "";
   throw std::invalid_argument("--init-from " + dir + ": its tensors are not those of the GPT2LMHeadModel its config.json "
                               "describes (n_layer " + std::to_string(o.layers) + ", n_head " + std::to_string(o.heads) +
                               ", n_embd " + std::to_string(o.embed) + ", n_positions " + std::to_string(o.positions) +
-                              ", vocab_size " + std::to_string(vocab) + ", float32):" + problems + hint +
+                              ", vocab_size " + std::to_string(vocab) + ", float32):" + problems +
                               "\nNothing was trained.");
 }
 

@@ -5,6 +5,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace cpprun {
@@ -20,8 +21,19 @@ class StateDictOptions {
   }
   bool strict() const { return strict_; }
 
+  // The file's names are the module's without this prefix: each is read as PREFIX + name. Loads
+  // a base model's file into a model that holds the base model under a submodule, as Hugging
+  // Face's from_pretrained does with its base_model_prefix (a GPT2Model's "wte.weight" into a
+  // GPT2LMHeadModel's "transformer.wte.weight"). Empty, the default: names as they are.
+  StateDictOptions& file_key_prefix(std::string prefix) {
+    file_key_prefix_ = std::move(prefix);
+    return *this;
+  }
+  const std::string& file_key_prefix() const { return file_key_prefix_; }
+
  private:
   bool strict_ = true;
+  std::string file_key_prefix_;
 };
 
 class StateDictSaveOptions {

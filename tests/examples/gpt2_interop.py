@@ -2,7 +2,8 @@
 (nothing downloaded), its logits compared with the ones train_gpt wrote, and directories that
 train_gpt must refuse.
 
-  gpt2_interop.py make DIR [--shard]     a random GPT2LMHeadModel, save_pretrained(DIR) (sharded: several files + index)
+  gpt2_interop.py make DIR [--shard|--base]  a random GPT2LMHeadModel, save_pretrained(DIR) (sharded: several files +
+                                         index; base: its GPT2Model alone, names without "transformer.", as the Hub's gpt2)
   gpt2_interop.py compare DIR IDS FILE   from_pretrained(DIR)'s logits for IDS equal FILE's within 1e-5
   gpt2_interop.py faults DIR             DIR/<case> for each fault: a config option train_gpt lacks, a missing tensor
 """
@@ -26,7 +27,7 @@ def config():
                       bos_token_id=None, eos_token_id=None)
 
 
-def make(out, shard):
+def make(out, shard, base=False):
     torch.manual_seed(0)
     model = GPT2LMHeadModel(config()).eval()
     # GPT-2's initialisation leaves biases at 0 and LayerNorms at 1: randomise them so that a
@@ -35,10 +36,13 @@ def make(out, shard):
         for name, p in model.named_parameters():
             if name.endswith(".bias") or ".ln_" in name:
                 p.add_(torch.randn_like(p) * 0.1)
-    model.save_pretrained(out, max_shard_size="50KB" if shard else "5GB")
+    (model.transformer if base else model).save_pretrained(out, max_shard_size="50KB" if shard else "5GB")
     files = sorted(os.listdir(out))
     if shard:
         assert "model.safetensors.index.json" in files, files
+    if base:
+        names = load_file(os.path.join(out, "model.safetensors")).keys()
+        assert "wte.weight" in names and not any(n.startswith("transformer.") for n in names), sorted(names)
     print(f"saved a random GPT-2 to {out}: {files}")
 
 
@@ -85,7 +89,7 @@ def faults(out):
 if __name__ == "__main__":
     command = sys.argv[1]
     if command == "make":
-        make(sys.argv[2], shard="--shard" in sys.argv[3:])
+        make(sys.argv[2], shard="--shard" in sys.argv[3:], base="--base" in sys.argv[3:])
     elif command == "compare":
         compare(sys.argv[2], sys.argv[3], sys.argv[4])
     elif command == "faults":

@@ -2,8 +2,8 @@
 # GPT-2 moves both ways between train_gpt and Hugging Face's transformers, each side checked by
 # the other's own code (tests/examples/gpt2_interop.py builds a small random GPT2LMHeadModel from
 # a config: nothing is downloaded):
-#   init    train_gpt --init-from a save_pretrained directory (one file, and sharded) gives
-#           transformers' logits within 1e-5
+#   init    train_gpt --init-from a save_pretrained directory (one file, sharded, and a GPT2Model's
+#           whose names lack "transformer.", as the Hub's gpt2) gives transformers' logits within 1e-5
 #   export  trained a few steps on 2 ranks (FSDP from that GPT-2; DDP from scratch with the exact
 #           GELU), --export's directory loads with GPT2LMHeadModel.from_pretrained, which gives
 #           train_gpt's logits within 1e-5
@@ -38,13 +38,13 @@ compare() {
 
 case $case_name in
 init)
-  for layout in single sharded; do
-    py make "$tmp/$layout" $([ $layout = sharded ] && echo --shard)
+  for layout in single sharded base; do
+    py make "$tmp/$layout" $([ $layout = sharded ] && echo --shard) $([ $layout = base ] && echo --base)
     run "$gpt" --init-from "$tmp/$layout" --steps 0 --sample 0 --logits-for "$ids" --logits-out "$tmp/$layout.txt"
     grep -qF "GPT-2 from $tmp/$layout" "$tmp/out" || fail "train_gpt does not say it started from $tmp/$layout"
     compare "$tmp/$layout" "$tmp/$layout.txt"
   done
-  echo "PASS: transformers' GPT-2 in train_gpt, one file and sharded"
+  echo "PASS: transformers' GPT-2 in train_gpt, one file, sharded, and a GPT2Model's"
   ;;
 export)
   py make "$tmp/hf"
