@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "comm/chunked_collectives.h"
+#include "comm/collective_wait.h"
 #include "comm/collective_support.h"
 #include "comm/ring.h"
 #include "comm/work_state.h"
@@ -162,13 +163,17 @@ Work::Work(std::shared_ptr<State> state) : state_(std::move(state)) {}
 
 void Work::wait() {
   if (!state_) return;
-  if (state_->before) Work(state_->before).wait();
-  try {
-    if (state_->c10d_work) state_->c10d_work->wait();
-    if (state_->task.valid()) state_->task.get();
-  } catch (...) {
-    detail::record_failed(state_->recorder_id, state_->timeout, std::current_exception());
-    throw;
+  {
+    // Blocking collectives wait here too, as do DDP's and FSDP's; the then step is not waiting.
+    detail::CollectiveWaitScope waiting;
+    if (state_->before) Work(state_->before).wait();
+    try {
+      if (state_->c10d_work) state_->c10d_work->wait();
+      if (state_->task.valid()) state_->task.get();
+    } catch (...) {
+      detail::record_failed(state_->recorder_id, state_->timeout, std::current_exception());
+      throw;
+    }
   }
   detail::record_completed(state_->recorder_id);
   if (state_->then) std::call_once(state_->then_once, state_->then);

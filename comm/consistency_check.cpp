@@ -8,6 +8,7 @@
 #include <numeric>
 #include <sstream>
 
+#include "comm/collective_wait.h"
 #include "comm/peer_loss.h"
 
 namespace cpprun::detail {
@@ -30,6 +31,7 @@ void check_across_ranks(GroupImpl& group, const CollectiveCall& call, uint64_t s
   std::vector<std::vector<at::Tensor>> outputs(1);
   for (int r = 0; r < world; ++r) outputs[0].push_back(at::empty_like(mine));
   try {
+    CollectiveWaitScope waiting;  // a slow rank is waited for here, before the collective itself
     group.gloo->allgather(outputs, inputs)->wait(group.timeout);
   } catch (const std::exception& e) {
     if (peer_connection_lost(e.what())) {

@@ -24,6 +24,7 @@
 #include "cpprun/sampler.h"
 #include "cpprun/state_dict.h"
 #include "cpprun/state_dict_options.h"
+#include "cpprun/step_timing.h"
 #include "cpprun/sync_batch_norm.h"
 #include "cpprun/tensor_parallel.h"
 #include "cpprun/unique_parameters.h"
