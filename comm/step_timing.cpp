@@ -145,7 +145,8 @@ std::string format_step_report(const StepReport& report) {
   }
   const double typical = median(others), own = report.ranks[static_cast<size_t>(slowest)].compute_ms;
   line += "; slowest: rank " + std::to_string(slowest);
-  if (typical > 0) line += printf_string(" (%+.0f%% compute)", 100 * (own - typical) / typical, 0);
+  // Both: a percentage alone misleads where the others compute almost nothing (waiting on I/O).
+  if (typical > 0) line += printf_string(" (%+.0f%% compute, %+.1f ms a step)", 100 * (own - typical) / typical, own - typical);
   return line;
 }
 

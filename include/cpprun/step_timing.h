@@ -12,7 +12,7 @@
 //   }
 //
 // prints e.g. "steps 51-100: per step, rank 0 compute 41.2 ms + waiting 3.1 ms; rank 1 compute
-// 55.0 + 0.2; slowest: rank 1 (+34% compute)". See docs/launcher.md, "Stragglers".
+// 55.0 + 0.2; slowest: rank 1 (+34% compute, +13.8 ms a step)". See docs/launcher.md, "Stragglers".
 #pragma once
 
 #include <chrono>
@@ -74,7 +74,7 @@ StepReport make_step_report(int64_t first_step, const std::vector<double>& per_r
 int slowest_rank(const StepReport& report);
 
 // One line: every rank's figures (up to 8 ranks; beyond, the median and the 3 slowest), then
-// the slowest rank and how much more it computes than the median of the others.
+// the slowest rank and how much more it computes than the median of the others (in % and ms).
 std::string format_step_report(const StepReport& report);
 
 }  // namespace cpprun
