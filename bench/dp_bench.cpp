@@ -6,7 +6,8 @@
 // RESULT line, with the process's CPU time per step (all threads, Gloo's included) beside the wall
 // time: on a machine whose cores the ranks' compute already fills, communication's CPU time
 // cannot be hidden by overlap. peak_rss_mb: how far the process's peak resident memory rose above
-// its size just before the model was built (bench/dp_bench.py measures the same way).
+// its size just before the model was built (bench/dp_bench.py measures the same way). Before it,
+// rank 0 prints each rank's compute and waiting per timed step (cpprun/step_timing.h).
 //
 //   cpprun --nproc_per_node=2 build/bench/dp_bench --mode ddp --hidden 1024 --batch 64 [--bucket-view]
 //          [--device cuda]   (each rank on GPU LOCAL_RANK, gradients over NCCL)
@@ -105,12 +106,15 @@ int run(int argc, char** argv) {
     cpprun::barrier(group);
     const double cpu_start = cpu_ms();
     const auto start = std::chrono::steady_clock::now();
-    for (int i = 0; i < args.steps; ++i) step();
+    cpprun::StepTimer step_timer;
+    for (int i = 0; i < args.steps; ++i) step(), step_timer.step_done();
     finish_kernels();
     cpprun::barrier(group);
     Timing t;
     t.wall_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() / args.steps;
     t.cpu_ms = (cpu_ms() - cpu_start) / args.steps;
+    const auto report = step_timer.report(group);  // after the clocks are read: not timed
+    if (group.rank() == 0) std::printf("%s\n", cpprun::format_step_report(report).c_str());
     return t;
   };
   auto run = [&](auto& model) {

@@ -66,6 +66,9 @@ constexpr const char* kUsage = R"(usage: train_gpt [options]
                      build the model without memory (cpprun::deferred_init) and materialise it block by
                      block while sharding it (FSDP), or at once (DDP); the same values either way
                      (default on with --mode fsdp --stage 3, else off)
+  --straggler-every K
+                     every K steps, rank 0 prints each rank's time per step in compute and in waiting for
+                     collectives, and names the slowest rank (default 50; 0: never)
   --help             this text
 )";
 
@@ -75,7 +78,7 @@ struct Options {
   examples::Gelu gelu = examples::Gelu::kExact;
   double layer_norm_eps = 1e-5;
   int64_t positions = 0, vocab = 0;  // 0: --block, and the text's characters (or --init-from's config)
-  int steps = 300, batch = 16, sample = 200, stage = 2;
+  int steps = 300, batch = 16, sample = 200, stage = 2, straggler_every = 50;
   int64_t block = 64, layers = 2, embed = 64, heads = 4;
   double lr = 3e-3;
   bool help = false, checkpoint_activations = false;
@@ -102,6 +105,7 @@ Options parse(int argc, char** argv) {
     else if (flags.is("--embed")) o.embed = flags.number<int64_t>(1);
     else if (flags.is("--heads")) o.heads = flags.number<int64_t>(1);
     else if (flags.is("--sample")) o.sample = flags.number(0);
+    else if (flags.is("--straggler-every")) o.straggler_every = flags.number(0);
     else if (flags.is("--checkpoint-activations")) o.checkpoint_activations = true;
     else if (flags.is("--amp")) o.amp = flags.value();
     else if (flags.is("--deferred-init")) o.deferred_init = flags.value();
@@ -433,6 +437,7 @@ int run(int argc, char** argv) {
   sampler.reset();
   double first_loss = 0, loss_sum = 0;
   const auto started = std::chrono::steady_clock::now();
+  cpprun::StepTimer step_timer;  // each rank's compute and waiting per step: who holds the others up
   for (int step = 1; step <= opt.steps; ++step) {
     auto starts = sampler.next(opt.batch);
     if (!starts || starts->size() < static_cast<size_t>(opt.batch)) sampler.reset(), starts = sampler.next(opt.batch);
@@ -453,6 +458,11 @@ int run(int argc, char** argv) {
       std::printf("step %4d/%d  loss %.4f\n", step, opt.steps, loss_sum / 50);
       std::fflush(stdout);
       loss_sum = 0;
+    }
+    step_timer.step_done();
+    if (opt.straggler_every > 0 && step % opt.straggler_every == 0) {
+      const auto report = step_timer.report(group);  // a collective: every rank
+      if (rank == 0) std::printf("%s\n", cpprun::format_step_report(report).c_str()), std::fflush(stdout);
     }
   }
 
