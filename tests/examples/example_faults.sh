@@ -51,6 +51,8 @@ options)
   expect 1 "--global-batch 5 must divide by the world size" "$cpprun" --standalone --nproc_per_node=2 "$mlp" --global-batch 5
   expect 1 "--embed 64 must be a multiple of --heads 5" "$gpt" --heads 5
   expect 1 "cannot read --text $tmp/none.txt: No such file or directory" "$gpt" --text "$tmp/none.txt"
+  expect 1 "--straggler-every must be at least 0, got -5" "$gpt" --straggler-every -5
+  expect 1 "--straggler-every needs a number, got 'often'" "$gpt" --straggler-every often
   ;;
 mnist_files)
   mnist_dir "$tmp/good"
