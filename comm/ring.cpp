@@ -158,15 +158,17 @@ std::vector<MessagePlace> place_messages(const ChunkedTensor& chunked, const std
 }
 
 // Where each message of `places` is read from or written to: itself when direct, else its place
-// in `staging` (a buffer of the whole chunk), packed from its pieces first if `pack`.
-std::vector<at::Tensor> message_tensors(const std::vector<MessagePlace>& places, const at::Tensor& staging, bool pack) {
+// in `staging()` (a buffer of the whole chunk, asked for only then, so that a chunk of direct
+// messages touches none), packed from its pieces first if `pack`.
+template <typename Staging>
+std::vector<at::Tensor> message_tensors(const std::vector<MessagePlace>& places, Staging&& staging, bool pack) {
   std::vector<at::Tensor> tensors;
   for (const MessagePlace& place : places) {
     if (place.direct.defined()) {
       tensors.push_back(place.direct);
       continue;
     }
-    at::Tensor staged = staging.narrow(0, place.offset, place.numel);
+    at::Tensor staged = staging().narrow(0, place.offset, place.numel);
     if (pack) pack_chunk(place.pieces, staged);
     tensors.push_back(staged);
   }
@@ -305,9 +307,7 @@ void run_ring_reduce_scatter(const Ring& ring, at::Tensor output, const ChunkedT
     return staging[slot];
   };
   const std::vector<MessagePlace> first = place_messages(input, chunk(1), dtype);
-  bool all_direct = true;
-  for (const MessagePlace& place : first) all_direct = all_direct && place.direct.defined();
-  std::vector<at::Tensor> sending = message_tensors(first, all_direct ? at::Tensor() : stage(0), /*pack=*/true);
+  std::vector<at::Tensor> sending = message_tensors(first, [&] { return stage(0); }, /*pack=*/true);
   for (int step = 0; step < n - 1; ++step) {
     const bool last = step == n - 2;
     const bool into_pieces = input.pieces_are_scratch && !last;
@@ -388,15 +388,11 @@ void ring_all_gather(const Ring& ring, const ChunkedTensor& output, const at::Te
     for (const MessagePlace& place : own) sending.push_back(in_flat.narrow(0, place.offset, place.numel));
     unpacks.push_back({in_flat, chunk(0)});
   } else {
-    bool all_direct = true;
-    for (const MessagePlace& place : own) all_direct = all_direct && place.direct.defined();
-    sending = message_tensors(own, all_direct ? at::Tensor() : stage(1), /*pack=*/true);
+    sending = message_tensors(own, [&] { return stage(1); }, /*pack=*/true);
   }
   for (int step = 0; step < n - 1; ++step) {
     const std::vector<MessagePlace> target = place_messages(output, chunk(step + 1), dtype);
-    bool all_direct = true;
-    for (const MessagePlace& place : target) all_direct = all_direct && place.direct.defined();
-    std::vector<at::Tensor> receiving = message_tensors(target, all_direct ? at::Tensor() : stage(step % 2), /*pack=*/false);
+    std::vector<at::Tensor> receiving = message_tensors(target, [&] { return stage(step % 2); }, /*pack=*/false);
     StepWork work = post_step(ring, step, sending, receiving);
     if (step == 0) finish_neighbour_check(ring, check);
     run_unpacks(unpacks);
