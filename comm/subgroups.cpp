@@ -157,4 +157,10 @@ ProcessGroup split_group(const ProcessGroup& parent, int colour, int key) {
   return make_subgroup(parent, members, "sub" + std::to_string(index) + "/" + std::to_string(colour));
 }
 
+std::vector<int> get_process_group_ranks(const ProcessGroup& group) {
+  const auto& impl = detail::GroupAccess::impl(group);
+  if (!impl.member || !impl.recorded) return {};
+  return impl.recorded->ranks;  // the job's ranks, composed through every level of subgroup
+}
+
 }  // namespace cpprun

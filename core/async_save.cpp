@@ -20,6 +20,7 @@
 
 #include "core/sharded_state_dict.h"
 #include "core/state_dict.h"
+#include "core/tensor_parallel_splits.h"
 #include "cpprun/detail/group_store.h"
 #include "cpprun/object_collectives.h"
 #include "cpprun/state_dict.h"
@@ -281,6 +282,7 @@ void finish_previous_save() {
 
 AsyncSave save_module_state_dict_async(torch::nn::Module& module, const std::string& path,
                                        const StateDictSaveOptions& options) {
+  refuse_tensor_parallel_checkpoint(tensor_parallel_splits(module), "cpprun", "save_async", path);
   return start_async_save(module, nullptr, path, options);
 }
 

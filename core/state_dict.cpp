@@ -20,6 +20,7 @@
 #include "cpprun/object_collectives.h"
 #include "cpprun/state_dict.h"
 #include "core/sharded_state_dict.h"
+#include "core/tensor_parallel_splits.h"
 #include "support/safetensors_index.h"
 #include "support/safetensors.h"
 
@@ -330,10 +331,12 @@ namespace cpprun::detail {
 
 // cpprun/state_dict.h's entry points for a plain module.
 void save_module_state_dict(torch::nn::Module& module, const std::string& path, const StateDictSaveOptions& options) {
+  refuse_tensor_parallel_checkpoint(tensor_parallel_splits(module), "cpprun", "save_state_dict", path);
   save_state_dict_file(module, path, options);
 }
 StateDictLoadReport load_module_state_dict(torch::nn::Module& module, const std::string& path,
                                            const StateDictOptions& options) {
+  refuse_tensor_parallel_checkpoint(tensor_parallel_splits(module), "cpprun", "load_state_dict", path);
   return load_state_dict_file(module, path, options);
 }
 

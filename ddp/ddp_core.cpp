@@ -13,12 +13,14 @@
 #include "core/async_save.h"
 #include "core/full_state.h"
 #include "core/state_dict.h"
-#include "cpprun/unique_parameters.h"
+#include "core/tensor_parallel_splits.h"
 #include "cpprun/collectives.h"
 #include "ddp/reducer.h"
 
 namespace cpprun::detail {
 namespace {
+
+constexpr const char* kWho = "cpprun::DistributedDataParallel";  // in errors
 
 // What each rank says about itself at each step of a join (see DdpCore::join).
 enum class JoinState : int64_t { kJoined = 0, kActiveNoSync = 1, kActiveSync = 2 };
@@ -81,8 +83,11 @@ struct DdpCore::Impl {
   std::unique_ptr<Reducer> reducer;
   bool require_sync = true;
   bool joining = false;  // inside join(): each forward first tells the others this rank is active
+  // Parameters split by tensor parallelism, by name (cpprun/tensor_parallel_split.h).
+  std::map<std::string, TensorParallelSplit> tp_splits;
 
-  Impl(torch::nn::Module& m, ProcessGroup g, DdpOptions o) : module(m), group(std::move(g)), options(o) {}
+  Impl(torch::nn::Module& m, ProcessGroup g, DdpOptions o)
+      : module(m), group(std::move(g)), options(o), tp_splits(tensor_parallel_splits(m)) {}
 
   // Join's handshake: every rank's JoinState, gathered. Returns the lowest active rank (the
   // source of buffers this step), -1 when every rank has joined, and whether any active rank
@@ -111,6 +116,7 @@ DdpCore::DdpCore(torch::nn::Module& module, ProcessGroup group, DdpOptions optio
   TORCH_CHECK(options.bucket_cap_mb() > 0 && options.first_bucket_cap_mb() > 0,
               "cpprun::DistributedDataParallel: bucket_cap_mb and first_bucket_cap_mb must be positive, got ",
               options.bucket_cap_mb(), " and ", options.first_bucket_cap_mb(), ".");
+  refuse_tensor_parallel_overlap(impl_->tp_splits, impl_->group, "cpprun::DistributedDataParallel");
   std::vector<std::string> names;
   std::vector<at::Tensor> params;
   // A tensor registered under several names (tied weights) is one parameter: reduced once.
@@ -186,19 +192,35 @@ double DdpCore::clip_grad_norm(double max_norm) {
   // Each tensor once: LibTorch lists a tied weight under each of its names, and counting its
   // gradient twice would inflate the norm and scale it twice (torch.nn.utils.clip_grad_norm_
   // on a Python module meets each parameter once).
-  std::vector<at::Tensor> grads;
-  for (const auto& p : unique_parameters(impl_->module)) grads.push_back(p.grad());
+  std::vector<GradientToClip> grads;
+  std::unordered_set<const c10::TensorImpl*> seen;
+  for (const auto& item : impl_->module.named_parameters(/*recurse=*/true)) {
+    if (!seen.insert(item.value().unsafeGetTensorImpl()).second) continue;
+    const auto split = impl_->tp_splits.find(item.key());
+    grads.push_back({item.value().grad(), split == impl_->tp_splits.end()
+                                              ? std::nullopt
+                                              : std::optional<ProcessGroup>(split->second.group)});
+  }
   return detail::clip_grad_norm(grads, max_norm, /*sum_over=*/nullptr, "cpprun::DistributedDataParallel");
 }
-void DdpCore::save_full_state(const std::string& path) { detail::save_full_state(impl_->module, impl_->group, path); }
-void DdpCore::load_full_state(const std::string& path) { detail::load_full_state(impl_->module, impl_->group, path); }
+void DdpCore::save_full_state(const std::string& path) {
+  refuse_tensor_parallel_checkpoint(impl_->tp_splits, kWho, "save_full_state_dict", path);
+  detail::save_full_state(impl_->module, impl_->group, path);
+}
+void DdpCore::load_full_state(const std::string& path) {
+  refuse_tensor_parallel_checkpoint(impl_->tp_splits, kWho, "load_full_state_dict", path);
+  detail::load_full_state(impl_->module, impl_->group, path);
+}
 void DdpCore::save_state_dict(const std::string& path, const StateDictSaveOptions& options) {
+  refuse_tensor_parallel_checkpoint(impl_->tp_splits, kWho, "save_state_dict", path);
   detail::save_state_dict(impl_->module, impl_->group, path, options);
 }
 AsyncSave DdpCore::save_state_dict_async(const std::string& path, const StateDictSaveOptions& options) {
+  refuse_tensor_parallel_checkpoint(impl_->tp_splits, kWho, "save_async", path);
   return detail::start_async_save(impl_->module, &impl_->group, path, options);
 }
 StateDictLoadReport DdpCore::load_state_dict(const std::string& path, const StateDictOptions& options) {
+  refuse_tensor_parallel_checkpoint(impl_->tp_splits, kWho, "load_state_dict", path);
   return detail::load_state_dict(impl_->module, impl_->group, path, options);
 }
 void DdpCore::save_sharded(const std::string& dir, torch::optim::Optimizer*) {

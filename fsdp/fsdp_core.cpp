@@ -18,6 +18,7 @@
 #include "core/async_save.h"
 #include "core/full_state.h"
 #include "core/state_dict.h"
+#include "core/tensor_parallel_splits.h"
 #include "fsdp/checkpoint.h"
 #include "fsdp/deferred_units.h"
 #include "fsdp/fsdp_collectives.h"
@@ -30,6 +31,8 @@
 namespace cpprun::detail {
 
 namespace {
+
+constexpr const char* kWho = "cpprun::FullyShardedDataParallel";  // in errors
 
 // Stage 3: releases every gathered unit when a checkpoint is done with them, however it ends.
 class ReleaseAfter {
@@ -71,13 +74,17 @@ struct FsdpCore::Impl {
   std::size_t unit_count = 0;
   bool require_sync = true;
   bool shards_loaded = false;  // a checkpoint wrote the shards: gather before the next forward
+  // Parameters split by tensor parallelism, by name (cpprun/tensor_parallel_split.h): FSDP
+  // shards this rank's TP shard; clipping sums their squares over the TP group too.
+  std::map<std::string, TensorParallelSplit> tp_splits;
 
   Impl(torch::nn::Module& m, ProcessGroup g, const std::optional<DeviceMesh>& mesh, FsdpOptions o)
       : module(m),
         group(std::move(g)),
         options(std::move(o)),
         stage(behaviour_of(options.stage())),
-        groups(make_shard_groups(group, mesh, options.shard_dim())) {}
+        groups(make_shard_groups(group, mesh, options.shard_dim())),
+        tp_splits(tensor_parallel_splits(m)) {}
 
   // After an optimizer step each rank has updated only its shard: gather the full parameters.
   void gather_if_stepped() {
@@ -100,6 +107,8 @@ FsdpCore::FsdpCore(torch::nn::Module& module, ProcessGroup group, std::optional<
               "at least 1, got ", s.options.gathered_unit_limit(), ".");
   TORCH_CHECK(s.options.auto_wrap_min_params() >= 0, "cpprun::FullyShardedDataParallel: auto_wrap_min_params must "
               "not be negative, got ", s.options.auto_wrap_min_params(), ".");
+
+  refuse_tensor_parallel_overlap(s.tp_splits, s.groups.whole, "cpprun::FullyShardedDataParallel");
 
   const auto units = plan_units(module, s.options);
   s.unit_count = units.size();
@@ -196,9 +205,13 @@ void FsdpCore::register_shards(torch::nn::Module& wrapper) const {
 }
 
 double FsdpCore::clip_grad_norm(double max_norm) {
-  std::vector<at::Tensor> grads;
+  std::vector<GradientToClip> grads;
   for (const auto& bucket : impl_->buckets) {
-    for (const auto& s : bucket.params()) grads.push_back(s.shard.grad());
+    for (const auto& s : bucket.params()) {
+      const auto split = impl_->tp_splits.find(s.name);
+      grads.push_back({s.shard.grad(), split == impl_->tp_splits.end() ? std::nullopt
+                                                                       : std::optional<ProcessGroup>(split->second.group)});
+    }
   }
   // The shard group's shards cover every gradient exactly once (HSDP: replicas hold equal ones).
   return detail::clip_grad_norm(grads, max_norm, &impl_->groups.shard, "cpprun::FullyShardedDataParallel");
@@ -235,12 +248,14 @@ FsdpPrefetchStats FsdpCore::prefetch_stats() const {
 }
 
 void FsdpCore::save_full_state(const std::string& path) {
+  refuse_tensor_parallel_checkpoint(impl_->tp_splits, kWho, "save_full_state_dict", path);
   gather_full_parameters();  // collective: every rank takes part
   ReleaseAfter release(impl_->residency.get());
   detail::save_full_state(impl_->module, impl_->groups.whole, path);
 }
 
 void FsdpCore::load_full_state(const std::string& path) {
+  refuse_tensor_parallel_checkpoint(impl_->tp_splits, kWho, "load_full_state_dict", path);
   gather_full_parameters();
   ReleaseAfter release(impl_->residency.get());
   detail::load_full_state(impl_->module, impl_->groups.whole, path);
@@ -258,6 +273,7 @@ static void refuse_mixed_precision(const FsdpOptions& options, const char* call,
 }
 
 void FsdpCore::save_state_dict(const std::string& path, const StateDictSaveOptions& options) {
+  refuse_tensor_parallel_checkpoint(impl_->tp_splits, kWho, "save_state_dict", path);
   refuse_mixed_precision(impl_->options, "save_state_dict", path);
   // Every rank gathers everything, also for a sharded save (each rank then writes its share).
   gather_full_parameters();  // collective: every rank takes part
@@ -266,6 +282,7 @@ void FsdpCore::save_state_dict(const std::string& path, const StateDictSaveOptio
 }
 
 AsyncSave FsdpCore::save_state_dict_async(const std::string& path, const StateDictSaveOptions& options) {
+  refuse_tensor_parallel_checkpoint(impl_->tp_splits, kWho, "save_async", path);
   refuse_mixed_precision(impl_->options, "save_async", path);
   gather_full_parameters();  // collective, as save_state_dict; the copy is taken before the release
   ReleaseAfter release(impl_->residency.get());
@@ -273,6 +290,7 @@ AsyncSave FsdpCore::save_state_dict_async(const std::string& path, const StateDi
 }
 
 StateDictLoadReport FsdpCore::load_state_dict(const std::string& path, const StateDictOptions& options) {
+  refuse_tensor_parallel_checkpoint(impl_->tp_splits, kWho, "load_state_dict", path);
   refuse_mixed_precision(impl_->options, "load_state_dict", path);
   gather_full_parameters();
   ReleaseAfter release(impl_->residency.get());
@@ -282,10 +300,12 @@ StateDictLoadReport FsdpCore::load_state_dict(const std::string& path, const Sta
 }
 
 void FsdpCore::save_sharded(const std::string& dir, torch::optim::Optimizer* optimizer) {
+  refuse_tensor_parallel_checkpoint(impl_->tp_splits, kWho, "save_sharded_checkpoint", dir);
   save_sharded_checkpoint(impl_->buckets, impl_->groups, optimizer, dir);
 }
 
 void FsdpCore::load_sharded(const std::string& dir, torch::optim::Optimizer* optimizer) {
+  refuse_tensor_parallel_checkpoint(impl_->tp_splits, kWho, "load_sharded_checkpoint", dir);
   load_sharded_checkpoint(impl_->buckets, impl_->groups, optimizer, dir);
   impl_->shards_loaded = true;
 }

@@ -53,6 +53,12 @@ at::Tensor ColwiseParallelLinearImpl::forward(const at::Tensor& input) {
   return y;
 }
 
+std::map<std::string, TensorParallelSplit> ColwiseParallelLinearImpl::tensor_parallel_splits() const {
+  std::map<std::string, TensorParallelSplit> splits{{"weight", {group_, 0}}};
+  if (bias.defined()) splits.emplace("bias", TensorParallelSplit{group_, 0});
+  return splits;
+}
+
 void ColwiseParallelLinearImpl::pretty_print(std::ostream& stream) const {
   stream << "cpprun::ColwiseParallelLinear(in_features=" << in_features << ", out_features=" << out_features
          << " (" << weight.size(0) << " on this rank), bias=" << bias.defined() << ", input_layouts="
@@ -97,6 +103,10 @@ at::Tensor RowwiseParallelLinearImpl::forward(const at::Tensor& input) {
   return y;
 }
 
+std::map<std::string, TensorParallelSplit> RowwiseParallelLinearImpl::tensor_parallel_splits() const {
+  return {{"weight", {group_, 1}}};  // the bias is whole, added after the reduction
+}
+
 void RowwiseParallelLinearImpl::pretty_print(std::ostream& stream) const {
   stream << "cpprun::RowwiseParallelLinear(in_features=" << in_features << " (" << weight.size(1)
          << " on this rank), out_features=" << out_features << ", bias=" << bias.defined() << ", input_layouts="
@@ -134,6 +144,10 @@ at::Tensor VocabParallelEmbeddingImpl::forward(const at::Tensor& ids) {
                             : reduce_scatter_to_sequence_parallel_region(y, group_, out.dim);
 }
 
+std::map<std::string, TensorParallelSplit> VocabParallelEmbeddingImpl::tensor_parallel_splits() const {
+  return {{"weight", {group_, 0}}};
+}
+
 void VocabParallelEmbeddingImpl::pretty_print(std::ostream& stream) const {
   stream << "cpprun::VocabParallelEmbedding(num_embeddings=" << num_embeddings << " (ids " << vocab_start_ << ".."
          << vocab_start_ + weight.size(0) - 1 << " on this rank), embedding_dim=" << embedding_dim
@@ -156,6 +170,10 @@ at::Tensor SequenceParallelLayerNormImpl::forward(const at::Tensor& input) {
   if (!weight.defined()) return at::layer_norm(input, normalized_shape, {}, {}, eps);
   return at::layer_norm(input, normalized_shape, copy_to_tensor_parallel_region(weight, group_),
                         copy_to_tensor_parallel_region(bias, group_), eps);
+}
+
+std::map<std::string, TensorParallelSplit> SequenceParallelLayerNormImpl::tensor_parallel_splits() const {
+  return {};  // weight and bias whole on every rank; the mappings sum their gradients
 }
 
 void SequenceParallelLayerNormImpl::pretty_print(std::ostream& stream) const {

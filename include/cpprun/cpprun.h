@@ -27,4 +27,5 @@
 #include "cpprun/step_timing.h"
 #include "cpprun/sync_batch_norm.h"
 #include "cpprun/tensor_parallel.h"
+#include "cpprun/tensor_parallel_split.h"
 #include "cpprun/unique_parameters.h"

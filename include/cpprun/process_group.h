@@ -63,6 +63,9 @@ ProcessGroup init_process_group(const ProcessGroupOptions& options = {});
 bool is_initialized();
 ProcessGroup default_group();      // throws unless init_process_group() ran
 void destroy_process_group();      // drops the default group (its resources go with the last handle)
+// The ranks of `group` as ranks of the job, in the group's rank order (as
+// torch.distributed.get_process_group_ranks). Empty on a rank that is not a member.
+std::vector<int> get_process_group_ranks(const ProcessGroup& group);
 
 // ---- subgroups (comm/subgroups.cpp) ----
 // Note [Subgroup creation]: both are collective over `parent`: every rank of it calls them, in

@@ -20,6 +20,7 @@
 #include <torch/nn/pimpl.h>
 #include <torch/ordered_dict.h>
 
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -28,6 +29,7 @@
 #include "cpprun/device_mesh.h"
 #include "cpprun/process_group.h"
 #include "cpprun/tensor_parallel_mappings.h"
+#include "cpprun/tensor_parallel_split.h"
 #include "cpprun/tensor_parallel_styles.h"
 
 namespace cpprun {
@@ -57,12 +59,13 @@ std::shared_ptr<torch::nn::Module> parallelize_module(std::shared_ptr<torch::nn:
 // ---- the tensor-parallel modules parallelize_module puts in place (usable directly, too) ----
 
 // A Linear whose output features are split: weight [out/tp, in], bias [out/tp].
-class ColwiseParallelLinearImpl : public torch::nn::Module {
+class ColwiseParallelLinearImpl : public torch::nn::Module, public TensorParallelModule {
  public:
   // Takes this rank's rows of `full`'s weight and bias (copies; `full` is unchanged).
   ColwiseParallelLinearImpl(const torch::nn::LinearImpl& full, ProcessGroup group, ColwiseParallel style = {});
   at::Tensor forward(const at::Tensor& input);
   void pretty_print(std::ostream& stream) const override;
+  std::map<std::string, TensorParallelSplit> tensor_parallel_splits() const override;
   const ProcessGroup& process_group() const { return group_; }
   const ColwiseParallel& style() const { return style_; }
 
@@ -76,11 +79,12 @@ class ColwiseParallelLinearImpl : public torch::nn::Module {
 TORCH_MODULE(ColwiseParallelLinear);
 
 // A Linear whose input features are split: weight [out, in/tp]; bias [out], whole.
-class RowwiseParallelLinearImpl : public torch::nn::Module {
+class RowwiseParallelLinearImpl : public torch::nn::Module, public TensorParallelModule {
  public:
   RowwiseParallelLinearImpl(const torch::nn::LinearImpl& full, ProcessGroup group, RowwiseParallel style = {});
   at::Tensor forward(const at::Tensor& input);
   void pretty_print(std::ostream& stream) const override;
+  std::map<std::string, TensorParallelSplit> tensor_parallel_splits() const override;
   const ProcessGroup& process_group() const { return group_; }
   const RowwiseParallel& style() const { return style_; }
 
@@ -98,11 +102,12 @@ TORCH_MODULE(RowwiseParallelLinear);
 // [r * num_embeddings/tp, (r+1) * num_embeddings/tp). Ids outside that range look up zeros; the
 // output is all-reduced (or reduce-scattered, output_layouts Shard(d)). Embeddings with
 // padding_idx, max_norm or sparse gradients are refused.
-class VocabParallelEmbeddingImpl : public torch::nn::Module {
+class VocabParallelEmbeddingImpl : public torch::nn::Module, public TensorParallelModule {
  public:
   VocabParallelEmbeddingImpl(const torch::nn::EmbeddingImpl& full, ProcessGroup group, RowwiseParallel style = {});
   at::Tensor forward(const at::Tensor& ids);
   void pretty_print(std::ostream& stream) const override;
+  std::map<std::string, TensorParallelSplit> tensor_parallel_splits() const override;
   const ProcessGroup& process_group() const { return group_; }
   int64_t vocab_start() const { return vocab_start_; }  // the first id this rank holds
 
@@ -121,11 +126,12 @@ TORCH_MODULE(VocabParallelEmbedding);
 // covering its own tokens) are all-reduced over the group in backward (a copy_to region around
 // each). Put it between a RowwiseParallel with output_layouts Shard(d) and a ColwiseParallel
 // with input_layouts Shard(d), d = style.sequence_dim().
-class SequenceParallelLayerNormImpl : public torch::nn::Module {
+class SequenceParallelLayerNormImpl : public torch::nn::Module, public TensorParallelModule {
  public:
   SequenceParallelLayerNormImpl(const torch::nn::LayerNormImpl& full, ProcessGroup group, SequenceParallel style = {});
   at::Tensor forward(const at::Tensor& input);
   void pretty_print(std::ostream& stream) const override;
+  std::map<std::string, TensorParallelSplit> tensor_parallel_splits() const override;
   const ProcessGroup& process_group() const { return group_; }
 
   at::Tensor weight, bias;  // undefined without elementwise_affine

@@ -1,0 +1,67 @@
+// tensor_parallel_splits (cpprun/tensor_parallel_split.h): the split parameters of every
+// TensorParallelModule in a module tree, by dotted name.
+#include <c10/util/Exception.h>
+
+#include "core/tensor_parallel_splits.h"
+
+#include <algorithm>
+#include <sstream>
+
+namespace cpprun {
+
+std::map<std::string, TensorParallelSplit> tensor_parallel_splits(torch::nn::Module& module) {
+  std::map<std::string, TensorParallelSplit> splits;
+  auto note = [&](const std::string& prefix, torch::nn::Module& m) {
+    const auto* tp = dynamic_cast<const TensorParallelModule*>(&m);
+    if (!tp) return;
+    for (auto& [name, split] : tp->tensor_parallel_splits()) {
+      TORCH_CHECK(split.parts >= 1, "cpprun: the tensor-parallel module ", m.name(), " (", prefix, name,
+                  ") says its parameter is split in ", split.parts, " parts; parts must be at least 1.");
+      splits.emplace(prefix + name, std::move(split));
+    }
+  };
+  note("", module);
+  for (const auto& item : module.named_modules(std::string(), /*include_self=*/false)) {
+    note(item.key() + ".", *item.value());
+  }
+  return splits;
+}
+
+namespace detail {
+
+void refuse_tensor_parallel_overlap(const std::map<std::string, TensorParallelSplit>& splits,
+                                    const ProcessGroup& data_parallel, const char* who) {
+  const std::vector<int> dp_ranks = get_process_group_ranks(data_parallel);
+  if (splits.empty() || dp_ranks.empty()) return;
+  const int me = dp_ranks.at(static_cast<std::size_t>(data_parallel.rank()));
+  for (const auto& [name, split] : splits) {
+    const std::vector<int> tp_ranks = get_process_group_ranks(split.group);
+    for (int r : dp_ranks) {
+      if (r == me || std::find(tp_ranks.begin(), tp_ranks.end(), r) == tp_ranks.end()) continue;
+      std::ostringstream ranks;
+      for (std::size_t i = 0; i < tp_ranks.size(); ++i) ranks << (i ? ", " : "") << tp_ranks[i];
+      TORCH_CHECK(false, who, ": its data-parallel group holds rank ", r, ", which is in the same tensor-parallel "
+                  "group as this rank (ranks ", ranks.str(), ", splitting \"", name, "\"): the two hold different "
+                  "shards under one name, and averaging or sharding across them would mix them. Give the wrapper "
+                  "the data-parallel dimension only: with a {dp, tp} DeviceMesh, mesh.group(\"dp\").");
+    }
+  }
+}
+
+void refuse_tensor_parallel_checkpoint(const std::map<std::string, TensorParallelSplit>& splits, const char* who,
+                                       const char* what, const std::string& path) {
+  if (splits.empty()) return;
+  const auto& [name, split] = *splits.begin();
+  const bool saves = std::string(what).rfind("save", 0) == 0;
+  TORCH_CHECK(false, who, ": ", what, "(\"", path, "\") is not supported with tensor parallelism: \"", name,
+              "\" (and ", splits.size() - 1, " more) is split across ", split.group.size(), " tensor-parallel "
+              "ranks, and the file holds whole tensors. ",
+              saves ? "Gather them instead: model->gather_full_parameters(), then "
+                      "cpprun::tensor_parallel_full_state_dict(*model->module()) gives every whole tensor under its "
+                      "unsplit name on every rank; copy it into an unsplit model and save that on one rank."
+                    : "Load the file into the model before parallelize_module, which then cuts each rank's shard.",
+              " (docs/tensor_parallel.md, Checkpoints)");
+}
+
+}  // namespace detail
+}  // namespace cpprun

@@ -1,0 +1,27 @@
+// What DDP and FSDP need from tensor parallelism (cpprun/tensor_parallel_split.h): a check that
+// their data-parallel group leaves each tensor-parallel group's shards apart, and that their
+// checkpoint files are not written from (or read into) shards.
+#pragma once
+
+#include <map>
+#include <string>
+
+#include "cpprun/process_group.h"
+#include "cpprun/tensor_parallel_split.h"
+
+namespace cpprun::detail {
+
+// Refuses a data-parallel group holding another rank of one of `splits`' tensor-parallel groups:
+// the two hold different shards under one name, so averaging (or sharding) across them would mix
+// them silently. With a {dp, tp} mesh, the data-parallel group is mesh.group("dp"). `who` names
+// the wrapper in the error.
+void refuse_tensor_parallel_overlap(const std::map<std::string, TensorParallelSplit>& splits,
+                                    const ProcessGroup& data_parallel, const char* who);
+
+// Refuses a checkpoint save or load (`what`: "save_state_dict") of a model holding
+// tensor-parallel shards: the files name whole tensors, which no rank holds. The error says how
+// to save (gather with tensor_parallel_full_state_dict) or load (before parallelize_module).
+void refuse_tensor_parallel_checkpoint(const std::map<std::string, TensorParallelSplit>& splits, const char* who,
+                                       const char* what, const std::string& path);
+
+}  // namespace cpprun::detail
