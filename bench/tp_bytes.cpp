@@ -1,0 +1,183 @@
+// Per-rank bytes of tensor parallelism at tp = 1, 2 and 4, with and without sequence
+// parallelism, next to Megatron's formulas: the parameters a rank holds, the activations one
+// forward leaves for backward, and what the TP collectives of one training step move. The model
+// is L residual MLP blocks (LayerNorm, Linear H->4H column-parallel, GELU, Linear 4H->H
+// row-parallel), fp32, on N = batch x sequence tokens. One job of 4 ranks measures every tp on a
+// {4/tp, tp} mesh (the dp dimension only repeats the model; nothing is reduced across it here).
+//
+//   cpprun --standalone --nproc_per_node=4 build/bench/tp_bytes [--hidden 512 --tokens 2048 --blocks 4]
+//
+// Parameters: counted from the rank's tensors. Per block: 8H²/t + 4H/t (fc1 rows and bias, fc2
+// columns) + H (fc2's bias, whole) + 2H (the LayerNorm).
+// Activations: this process's resident memory after the forward less before it and less the
+// output, with glibc told to return every allocation of 64 KiB or more to the system when freed
+// (so what stays resident is what autograd keeps). Per block (elements): without sequence parallelism
+// the LayerNorm's input and fc1's input (N·H each, whole on every rank), GELU's input and fc2's
+// input (N·4H/t each): N·H·(2 + 8/t). With it, the LayerNorm runs on N/t tokens and fc1 keeps the
+// all-gathered input: N·H·(1/t + 1 + 8/t). (Megatron re-gathers fc1's input in backward instead of
+// keeping it, for N·H·10/t; cpprun keeps it: one all-gather fewer per block.) The first block's
+// LayerNorm input is the model's input, made before the forward: the formula leaves it out.
+// Communication: the collectives the TP layers issued in one forward + backward, read from the
+// flight recorder (each one's tensor shapes on this rank), as a ring sends them: an all-reduce of
+// E elements 2·(t−1)/t·E·4 bytes, an all-gather or reduce-scatter of E whole (t−1)/t·E·4. Per
+// block: without sequence parallelism one all-reduce of N·H in forward (fc2's output) and one in
+// backward (fc1's input gradient); with it, an all-gather and a reduce-scatter in each direction
+// instead, the same 4·(t−1)/t·N·H·4 bytes, plus the LayerNorm's weight and bias gradients
+// all-reduced (2·(t−1)/t·2H·4).
+#include <cpprun/cpprun.h>
+#include <malloc.h>
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "../examples/flag_value.h"
+
+namespace {
+
+int64_t resident_bytes() {
+  std::ifstream status("/proc/self/status");
+  std::string key;
+  int64_t kb = 0;
+  while (status >> key) {
+    if (key == "VmRSS:") {
+      status >> kb;
+      break;
+    }
+  }
+  return kb * 1024;
+}
+
+struct Sizes {
+  int64_t hidden, tokens, blocks;
+};
+
+torch::nn::Sequential make_stack(const Sizes& s) {
+  torch::manual_seed(0);
+  torch::nn::Sequential stack;
+  for (int64_t b = 0; b < s.blocks; ++b) {
+    stack->push_back(torch::nn::Sequential(torch::nn::LayerNorm(torch::nn::LayerNormOptions({s.hidden})),
+                                           torch::nn::Linear(s.hidden, 4 * s.hidden), torch::nn::GELU(),
+                                           torch::nn::Linear(4 * s.hidden, s.hidden)));
+  }
+  return stack;
+}
+
+at::Tensor residual_forward(torch::nn::Sequential& stack, at::Tensor x) {
+  for (const auto& block : *stack) x = x + block.forward(x);
+  return x;
+}
+
+struct Measured {
+  double parameters = 0, activations = 0, communication = 0;
+  int collectives = 0;
+};
+
+// Ring bytes of the TP group's collectives among `entries` from index `first` on.
+std::pair<double, int> ring_bytes(const std::vector<cpprun::FlightRecorderEntry>& entries, std::size_t first,
+                                  const std::vector<int>& tp_ranks) {
+  const double t = static_cast<double>(tp_ranks.size());
+  double bytes = 0;
+  int count = 0;
+  for (std::size_t i = first; i < entries.size(); ++i) {
+    const auto& e = entries[i];
+    if (e.group_ranks != tp_ranks || e.shapes.empty()) continue;
+    auto numel = [](const std::vector<int64_t>& shape) {
+      double n = 1;
+      for (int64_t d : shape) n *= static_cast<double>(d);
+      return n;
+    };
+    ++count;
+    if (e.op == "all_reduce") bytes += 2 * (t - 1) / t * numel(e.shapes[0]) * 4;
+    else if (e.op.rfind("all_gather", 0) == 0) bytes += (t - 1) / t * numel(e.shapes[0]) * 4;  // the output
+    else if (e.op.rfind("reduce_scatter", 0) == 0) bytes += (t - 1) * numel(e.shapes[0]) * 4;  // t-1 chunks
+    else --count;
+  }
+  return {bytes, count};
+}
+
+Measured measure(const Sizes& s, const cpprun::DeviceMesh& mesh, bool sequence_parallel) {
+  const int64_t t = mesh.size("tp");
+  auto stack = make_stack(s);
+  cpprun::ParallelizePlan plan;
+  cpprun::ColwiseParallel colwise;
+  cpprun::RowwiseParallel rowwise;
+  if (sequence_parallel) colwise.input_layouts(cpprun::Shard(1)), rowwise.output_layouts(cpprun::Shard(1));
+  for (int64_t b = 0; b < s.blocks; ++b) {
+    const std::string name = std::to_string(b) + ".";
+    plan.push_back({name + "1", colwise});
+    plan.push_back({name + "3", rowwise});
+    if (sequence_parallel) plan.push_back({name + "0", cpprun::SequenceParallel()});
+  }
+  cpprun::parallelize_module(stack.ptr(), mesh, "tp", plan);
+
+  Measured m;
+  for (const auto& p : stack->parameters()) m.parameters += static_cast<double>(p.numel()) * 4;
+
+  constexpr int64_t kBatch = 4;
+  torch::manual_seed(1);
+  at::Tensor x = torch::randn({kBatch, s.tokens / kBatch, s.hidden});
+  if (sequence_parallel) x = x.chunk(t, 1)[mesh.coordinate("tp")].contiguous();
+  residual_forward(stack, x).sum().backward();  // warm-up: the allocator's and Gloo's first buffers
+
+  for (auto& p : stack->parameters()) p.mutable_grad() = at::Tensor();
+  const std::size_t first = cpprun::flight_recorder_entries().size();
+  const int64_t before = resident_bytes();
+  at::Tensor out = residual_forward(stack, x);
+  m.activations = static_cast<double>(resident_bytes() - before - out.numel() * 4);
+  out.sum().backward();
+  const auto [bytes, count] = ring_bytes(cpprun::flight_recorder_entries(), first,
+                                         cpprun::get_process_group_ranks(mesh.group("tp")));
+  m.communication = bytes, m.collectives = count;
+  return m;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Sizes s{512, 2048, 4};
+  for (examples::Flags flags(argc, argv, "tp_bytes"); flags.next();) {
+    if (flags.is("--hidden")) s.hidden = flags.number<int64_t>(1);
+    else if (flags.is("--tokens")) s.tokens = flags.number<int64_t>(16);
+    else if (flags.is("--blocks")) s.blocks = flags.number<int64_t>(1);
+    else flags.unknown();
+  }
+  // Freed allocations of 64 KiB or more go back to the system at once (no dynamic threshold), so
+  // resident memory follows the live tensors.
+  mallopt(M_MMAP_THRESHOLD, 64 * 1024);
+  mallopt(M_TRIM_THRESHOLD, 64 * 1024);
+  auto pg = cpprun::init_process_group();
+  if (pg.size() != 4 || s.tokens % 16 != 0 || s.hidden % 4 != 0) {
+    if (pg.rank() == 0) {
+      std::fprintf(stderr, "tp_bytes: run with 4 ranks (cpprun --nproc_per_node=4), --tokens a multiple of 16 and "
+                           "--hidden of 4\n");
+    }
+    return 2;
+  }
+  const double H = static_cast<double>(s.hidden), N = static_cast<double>(s.tokens), L = static_cast<double>(s.blocks);
+  if (pg.rank() == 0) {
+    std::printf("tensor parallelism, per rank, fp32: %lld blocks, hidden %lld, %lld tokens (MiB; measured / formula)\n",
+                static_cast<long long>(s.blocks), static_cast<long long>(s.hidden), static_cast<long long>(s.tokens));
+    std::printf("%-4s %-4s %-26s %-26s %-30s %s\n", "tp", "sp", "parameters", "activations after forward",
+                "TP communication per step", "collectives");
+  }
+  constexpr double kMiB = 1024.0 * 1024.0;
+  for (int t : {1, 2, 4}) {
+    cpprun::DeviceMesh mesh(pg, {4 / t, t}, {"dp", "tp"});
+    for (bool sp : {false, true}) {
+      if (sp && t == 1) continue;
+      const Measured m = measure(s, mesh, sp);
+      const double params = L * (8 * H * H / t + 4 * H / t + 3 * H) * 4;
+      const double acts = (L * N * H * (sp ? 1.0 / t + 1 + 8.0 / t : 2 + 8.0 / t) - N * H / (sp ? t : 1)) * 4;
+      const double comm = L * (4.0 * (t - 1) / t * N * H + (sp ? 2.0 * (t - 1) / t * 2 * H : 0)) * 4;
+      if (pg.rank() == 0) {
+        std::printf("%-4d %-4s %8.2f / %-8.2f (%4.2fx) %8.2f / %-8.2f (%4.2fx) %9.2f / %-9.2f (%4.2fx) %d\n", t,
+                    sp ? "yes" : "no", m.parameters / kMiB, params / kMiB, m.parameters / params,
+                    m.activations / kMiB, acts / kMiB, m.activations / acts, m.communication / kMiB, comm / kMiB,
+                    comm > 0 ? m.communication / comm : 1.0, m.collectives);
+      }
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,229 @@
+// Tensor parallelism composed with data parallelism on a {dp, tp} DeviceMesh, under
+// `cpprun --nproc_per_node=K`: tp = 2 when K is even (else 1), dp = K / tp; at K = 4, {dp 2, tp 2}.
+// A stack of residual MLP blocks, each split Megatron-style (column- then row-parallel, optionally
+// with its LayerNorm on sequence shards), wrapped in DDP or FSDP ZeRO-1/2/3 over the dp dimension,
+// optionally with activation checkpointing around each block, trains 6 AdamW steps with gradient
+// clipping against the same stack in one process on the global batch: every step's loss and
+// clipped norm, and the gathered parameters, within 1e-5. Also: the loss scaler agrees over both
+// dimensions, a data-parallel group spanning a tensor-parallel one is refused, and checkpoint
+// files are refused (they would hold shards under whole names).
+#include <catch2/catch.hpp>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <limits>
+
+#include "cpprun/cpprun.h"
+#include "ddp_test_models.h"
+#include "dist_test_support.h"
+
+using dist_test::group;
+using ddp_test::relative_difference;
+
+namespace {
+
+constexpr double kTolerance = 1e-5;
+constexpr int kSteps = 6;
+constexpr int64_t kHidden = 12, kSequence = 8, kPerReplica = 2;  // kSequence divides by tp
+constexpr double kMaxNorm = 0.05;  // below the gradients' norm: clipping scales every step
+
+const cpprun::DeviceMesh& mesh() {
+  static const cpprun::DeviceMesh m = [] {
+    const int world = group().size(), tp = world % 2 == 0 ? 2 : 1;
+    return cpprun::DeviceMesh(group(), {world / tp, tp}, {"dp", "tp"});
+  }();
+  return m;
+}
+
+// x + block(x) for each block; a block is LayerNorm, Linear 12->48, GELU, Linear 48->12, called
+// through the registry so that parallelize_module's replacements are the ones called.
+struct StackImpl : torch::nn::Module {
+  explicit StackImpl(int64_t blocks) {
+    torch::manual_seed(5);
+    for (int64_t b = 0; b < blocks; ++b) {
+      h->push_back(torch::nn::Sequential(torch::nn::LayerNorm(torch::nn::LayerNormOptions({kHidden})),
+                                         torch::nn::Linear(kHidden, 4 * kHidden), torch::nn::GELU(),
+                                         torch::nn::Linear(4 * kHidden, kHidden)));
+    }
+    register_module("h", h);
+  }
+  at::Tensor forward(at::Tensor x) {
+    for (const auto& entry : *h) {
+      auto block = std::dynamic_pointer_cast<torch::nn::SequentialImpl>(entry);
+      x = x + (checkpoint_blocks ? cpprun::checkpoint([block](const at::Tensor& in) { return block->forward(in); }, x)
+                                 : block->forward(x));
+    }
+    return x;
+  }
+  torch::nn::ModuleList h;
+  bool checkpoint_blocks = false;
+};
+TORCH_MODULE(Stack);
+
+constexpr int64_t kBlocks = 2;
+
+cpprun::ParallelizePlan megatron_plan(bool sequence_parallel) {
+  cpprun::ColwiseParallel colwise;
+  cpprun::RowwiseParallel rowwise;
+  if (sequence_parallel) {
+    colwise.input_layouts(cpprun::Shard(1));
+    rowwise.output_layouts(cpprun::Shard(1));
+  }
+  cpprun::ParallelizePlan plan;
+  for (int64_t b = 0; b < kBlocks; ++b) {
+    const std::string block = "h." + std::to_string(b) + ".";
+    plan.push_back({block + "1", colwise});
+    plan.push_back({block + "3", rowwise});
+    if (sequence_parallel) plan.push_back({block + "0", cpprun::SequenceParallel()});
+  }
+  return plan;
+}
+
+cpprun::DataParallel<StackImpl> wrap(const std::string& how, const Stack& net) {
+  const auto& dp = mesh().group("dp");
+  if (how == "ddp") return cpprun::DistributedDataParallel(net, dp);
+  const int stage = how.back() - '0';
+  auto each_block = [](const torch::nn::Module& m) { return dynamic_cast<const torch::nn::SequentialImpl*>(&m); };
+  return cpprun::FullyShardedDataParallel(net, dp, cpprun::FsdpOptions().stage(stage).wrap_policy(each_block));
+}
+
+// Step `step`'s global batch: [dp * kPerReplica, kSequence, kHidden], inputs and targets.
+std::pair<at::Tensor, at::Tensor> global_batch(int step) {
+  torch::manual_seed(1000 + step);
+  const int64_t batch = mesh().size("dp") * kPerReplica;
+  return {torch::randn({batch, kSequence, kHidden}), torch::randn({batch, kSequence, kHidden})};
+}
+
+// This rank's part: its replica's rows, and with sequence parallelism its tensor-parallel slice of
+// the sequence.
+at::Tensor local_part(const at::Tensor& global, bool sequence_parallel) {
+  at::Tensor rows = dist_test::slice(global, mesh().coordinate("dp"), mesh().size("dp"));
+  return sequence_parallel ? rows.chunk(mesh().size("tp"), 1)[mesh().coordinate("tp")] : rows;
+}
+
+double relative(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-12); }
+
+}  // namespace
+
+TEST_CASE("tensor x data parallel: a Megatron block stack matches one process under DDP and ZeRO-1/2/3",
+          "[tp2d]") {
+  const std::string how = GENERATE("ddp", "zero1", "zero2", "zero3");
+  const bool sequence_parallel = GENERATE(false, true);
+  const bool checkpoint_blocks = GENERATE(false, true);
+  INFO(how << " on {dp " << mesh().size("dp") << ", tp " << mesh().size("tp") << "}"
+           << (sequence_parallel ? ", sequence parallel" : "") << (checkpoint_blocks ? ", checkpointed blocks" : ""));
+
+  Stack reference(kBlocks), net(kBlocks);
+  net->checkpoint_blocks = checkpoint_blocks;
+  cpprun::parallelize_module(net.ptr(), mesh(), "tp", megatron_plan(sequence_parallel));
+  auto model = wrap(how, net);
+  torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-2));
+  torch::optim::AdamW reference_opt(reference->parameters(), torch::optim::AdamWOptions(1e-2));
+
+  for (int step = 0; step < kSteps; ++step) {
+    const auto [x, target] = global_batch(step);
+    reference_opt.zero_grad();
+    at::Tensor reference_loss = torch::mse_loss(reference->forward(x), target, at::Reduction::Sum) / x.numel();
+    reference_loss.backward();
+    const double reference_norm = torch::nn::utils::clip_grad_norm_(reference->parameters(), kMaxNorm);
+    reference_opt.step();
+
+    opt.zero_grad();
+    // Each replica's loss over its rows, scaled so that DP's average over replicas is the global
+    // mean; with sequence parallelism each TP rank's covers its tokens (summed below to report).
+    const at::Tensor out = model->forward(local_part(x, sequence_parallel));
+    at::Tensor loss = torch::mse_loss(out, local_part(target, sequence_parallel), at::Reduction::Sum) /
+                      (x.numel() / mesh().size("dp"));
+    loss.backward();
+    const double norm = model->clip_grad_norm(kMaxNorm);
+    opt.step();
+
+    at::Tensor whole_loss = loss.detach() / mesh().size("dp");
+    cpprun::all_reduce(mesh().group("dp"), whole_loss);
+    if (sequence_parallel) cpprun::all_reduce(mesh().group("tp"), whole_loss);
+    INFO("step " << step << " loss " << whole_loss.item<double>() << " reference " << reference_loss.item<double>()
+                 << "; norm " << norm << " reference " << reference_norm);
+    CHECK(reference_norm > kMaxNorm);  // the clipping is exercised
+    CHECK(relative(whole_loss.item<double>(), reference_loss.item<double>()) <= kTolerance);
+    CHECK(relative(norm, reference_norm) <= kTolerance);
+  }
+
+  // The gathered state dict: whole tensors under the unsplit names, as the reference's.
+  model->gather_full_parameters();
+  const auto full = cpprun::tensor_parallel_full_state_dict(*model->module());
+  const auto reference_params = reference->named_parameters();
+  CHECK(full.size() == reference_params.size());
+  for (const auto& item : reference_params) {
+    const at::Tensor* whole = full.find(item.key());
+    REQUIRE(whole != nullptr);
+    REQUIRE(whole->sizes() == item.value().sizes());
+    INFO("parameter " << item.key());
+    CHECK(relative_difference(*whole, item.value()) <= kTolerance);
+  }
+  // ... which loads into an unsplit model, giving the reference's output.
+  Stack unsplit(kBlocks);
+  {
+    at::NoGradGuard no_grad;
+    for (auto& item : unsplit->named_parameters()) item.value().copy_(full[item.key()]);
+  }
+  const at::Tensor probe = global_batch(kSteps).first;
+  CHECK(relative_difference(unsplit->forward(probe), reference->forward(probe)) <= kTolerance);
+}
+
+TEST_CASE("tensor x data parallel: an overflow on one rank's tensor-parallel shard skips the step everywhere",
+          "[tp2d][grad_scaler]") {
+  const std::string how = GENERATE("ddp", "zero2");
+  INFO(how);
+  const int world = group().size(), rank = group().rank();
+  Stack net(kBlocks);
+  cpprun::parallelize_module(net.ptr(), mesh(), "tp", megatron_plan(false));
+  auto model = wrap(how, net);
+  torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-2));
+  // Over the whole group: the flags of every dp and tp coordinate meet.
+  cpprun::GradScaler scaler(group(), cpprun::GradScalerOptions().init_scale(1024));
+  constexpr int kOverflowStep = 1;
+  for (int step = 0; step < 3; ++step) {
+    const auto [x, target] = global_batch(step);
+    opt.zero_grad();
+    scaler.scale(torch::mse_loss(model->forward(local_part(x, false)), local_part(target, false))).backward();
+    if (step == kOverflowStep && rank == world - 1) {
+      // The last rank alone, in its shard of a split weight, which no other rank holds.
+      // (DDP registers the wrapped module as "module"; FSDP its shards under the module's names.)
+      const auto params = model->named_parameters();
+      at::Tensor grad = params[how == "ddp" ? "module.h.0.1.weight" : "h.0.1.weight"].grad();
+      REQUIRE(grad.numel() > 0);
+      grad.view(-1)[0] = std::numeric_limits<float>::infinity();
+    }
+    const bool stepped = scaler.step(opt);
+    scaler.update();
+    CHECK(stepped == (step != kOverflowStep));
+  }
+  CHECK(scaler.get_scale() == 512);
+}
+
+TEST_CASE("tensor x data parallel: a data-parallel group spanning a tensor-parallel group is refused",
+          "[tp2d]") {
+  if (mesh().size("tp") == 1) return;  // no two ranks share a tensor-parallel group
+  Stack net(kBlocks);
+  cpprun::parallelize_module(net.ptr(), mesh(), "tp", megatron_plan(false));
+  const std::string expected = "in the same tensor-parallel group as this rank";
+  CHECK_THROWS_WITH(cpprun::FullyShardedDataParallel(net, group()), Catch::Contains(expected) &&
+                                                                        Catch::Contains("mesh.group(\"dp\")"));
+  CHECK_THROWS_WITH(cpprun::DistributedDataParallel(net, group()), Catch::Contains(expected));
+  CHECK_NOTHROW(cpprun::DistributedDataParallel(net, mesh().group("dp")));
+}
+
+TEST_CASE("tensor x data parallel: checkpoint files are refused, naming the gathered state dict instead", "[tp2d]") {
+  Stack net(kBlocks);
+  cpprun::parallelize_module(net.ptr(), mesh(), "tp", megatron_plan(false));
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("cpprun_tp2d_" + std::to_string(::getpid()) + "_" + std::to_string(group().rank()));
+  const std::string path = (dir / "model.safetensors").string();
+  CHECK_THROWS_WITH(cpprun::save_state_dict(net, path), Catch::Contains("not supported with tensor parallelism") &&
+                                                              Catch::Contains("tensor_parallel_full_state_dict"));
+  CHECK_THROWS_WITH(cpprun::load_state_dict(net, path), Catch::Contains("before parallelize_module"));
+  auto model = wrap("zero3", net);
+  CHECK_THROWS_WITH(cpprun::save_state_dict(model, path), Catch::Contains("not supported with tensor parallelism"));
+  CHECK_THROWS_WITH(cpprun::save_full_state_dict(model, path), Catch::Contains("not supported with tensor parallelism"));
+  CHECK_FALSE(std::filesystem::exists(path));
+}
