@@ -9,9 +9,9 @@
 //
 // Parameters: counted from the rank's tensors. Per block: 8H²/t + 4H/t (fc1 rows and bias, fc2
 // columns) + H (fc2's bias, whole) + 2H (the LayerNorm).
-// Activations: this process's resident memory after the forward less before it and less the
-// output, with glibc told to return every allocation of 64 KiB or more to the system when freed
-// (so what stays resident is what autograd keeps). Per block (elements): without sequence parallelism
+// Activations: the bytes of CPU tensors alive after the forward less before it and less the
+// output (a counting allocator wraps LibTorch's CPU allocator), i.e. what autograd keeps for
+// backward. Per block (elements): without sequence parallelism
 // the LayerNorm's input and fc1's input (N·H each, whole on every rank), GELU's input and fc2's
 // input (N·4H/t each): N·H·(2 + 8/t). With it, the LayerNorm runs on N/t tokens and fc1 keeps the
 // all-gathered input: N·H·(1/t + 1 + 8/t). (Megatron re-gathers fc1's input in backward instead of
@@ -22,40 +22,95 @@
 // E elements 2·(t−1)/t·E·4 bytes, an all-gather or reduce-scatter of E whole (t−1)/t·E·4. Per
 // block: without sequence parallelism one all-reduce of N·H in forward (fc2's output) and one in
 // backward (fc1's input gradient); with it, an all-gather and a reduce-scatter in each direction
-// instead, the same 4·(t−1)/t·N·H·4 bytes, plus the LayerNorm's weight and bias gradients
-// all-reduced (2·(t−1)/t·2H·4).
+// instead, the same 4·(t−1)/t·N·H·4 bytes, plus three all-reduces of H elements: the gradients of
+// the LayerNorm's weight and bias and of fc2's bias, whole on every rank and each rank's covering
+// its own tokens (2·(t−1)/t·3H·4).
+//
+// --check exits 1 unless every measurement is within 1% of its formula (ctest runs it so, small:
+// dist.tp_bytes).
 #include <cpprun/cpprun.h>
-#include <malloc.h>
 #include <torch/torch.h>
 
+#include <c10/core/Allocator.h>
+#include <c10/core/CPUAllocator.h>
+
+#include <mutex>
+#include <unordered_map>
+#include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <thread>
 
 #include "../examples/flag_value.h"
 
 namespace {
 
-int64_t resident_bytes() {
-  std::ifstream status("/proc/self/status");
-  std::string key;
-  int64_t kb = 0;
-  while (status >> key) {
-    if (key == "VmRSS:") {
-      status >> kb;
-      break;
+// LibTorch's CPU allocator, counting the bytes of the allocations alive. The context of each
+// allocation is its data pointer (some kernels take raw pointers and free them through
+// raw_deleter), looked up in a table to find what to free and how many bytes it held.
+class CountingAllocator final : public c10::Allocator {
+ public:
+  explicit CountingAllocator(c10::Allocator* base) : base_(base) {}
+  c10::DataPtr allocate(std::size_t bytes) override {
+    c10::DataPtr inner = base_->allocate(bytes);
+    void* data = inner.get();
+    const c10::Device device = inner.device();
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      held_.emplace(data, Held{std::move(inner), bytes});
+      live_ += static_cast<int64_t>(bytes);
     }
+    return {data, data, &release, device};
   }
-  return kb * 1024;
+  c10::DeleterFnPtr raw_deleter() const override { return &release; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override { default_copy_data(dest, src, count); }
+  int64_t live() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return live_;
+  }
+
+ private:
+  struct Held {
+    c10::DataPtr inner;
+    std::size_t bytes;
+  };
+  static void release(void* data);
+  c10::Allocator* base_;
+  mutable std::mutex mutex_;
+  std::unordered_map<void*, Held> held_;
+  int64_t live_ = 0;
+  friend CountingAllocator* counting_allocator();
+};
+
+CountingAllocator* counting_allocator() {
+  static CountingAllocator* allocator = [] {
+    auto* a = new CountingAllocator(c10::GetCPUAllocator());  // lives as long as the tensors it made
+    c10::SetCPUAllocator(a, /*priority=*/1);
+    return a;
+  }();
+  return allocator;
+}
+
+void CountingAllocator::release(void* data) {
+  CountingAllocator* self = counting_allocator();
+  c10::DataPtr inner;  // freed after the lock is released
+  std::lock_guard<std::mutex> lock(self->mutex_);
+  auto found = self->held_.find(data);
+  if (found == self->held_.end()) return;
+  self->live_ -= static_cast<int64_t>(found->second.bytes);
+  inner = std::move(found->second.inner);
+  self->held_.erase(found);
 }
 
 struct Sizes {
   int64_t hidden, tokens, blocks;
 };
 
-torch::nn::Sequential make_stack(const Sizes& s) {
+torch::nn::ModuleList make_stack(const Sizes& s) {
   torch::manual_seed(0);
-  torch::nn::Sequential stack;
+  torch::nn::ModuleList stack;
   for (int64_t b = 0; b < s.blocks; ++b) {
     stack->push_back(torch::nn::Sequential(torch::nn::LayerNorm(torch::nn::LayerNormOptions({s.hidden})),
                                            torch::nn::Linear(s.hidden, 4 * s.hidden), torch::nn::GELU(),
@@ -64,8 +119,8 @@ torch::nn::Sequential make_stack(const Sizes& s) {
   return stack;
 }
 
-at::Tensor residual_forward(torch::nn::Sequential& stack, at::Tensor x) {
-  for (const auto& block : *stack) x = x + block.forward(x);
+at::Tensor residual_forward(torch::nn::ModuleList& stack, at::Tensor x) {
+  for (const auto& block : *stack) x = x + block->as<torch::nn::Sequential>()->forward(x);
   return x;
 }
 
@@ -122,10 +177,18 @@ Measured measure(const Sizes& s, const cpprun::DeviceMesh& mesh, bool sequence_p
   residual_forward(stack, x).sum().backward();  // warm-up: the allocator's and Gloo's first buffers
 
   for (auto& p : stack->parameters()) p.mutable_grad() = at::Tensor();
+  // Collectives hand their tensors back from Gloo's threads a moment after they complete: let the
+  // last ones go before each count.
+  auto settle = [&] {
+    cpprun::barrier(mesh.group("tp"));
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  };
+  settle();
   const std::size_t first = cpprun::flight_recorder_entries().size();
-  const int64_t before = resident_bytes();
+  const int64_t before = counting_allocator()->live();
   at::Tensor out = residual_forward(stack, x);
-  m.activations = static_cast<double>(resident_bytes() - before - out.numel() * 4);
+  settle();
+  m.activations = static_cast<double>(counting_allocator()->live() - before - out.numel() * 4);
   out.sum().backward();
   const auto [bytes, count] = ring_bytes(cpprun::flight_recorder_entries(), first,
                                          cpprun::get_process_group_ranks(mesh.group("tp")));
@@ -137,16 +200,15 @@ Measured measure(const Sizes& s, const cpprun::DeviceMesh& mesh, bool sequence_p
 
 int main(int argc, char** argv) {
   Sizes s{512, 2048, 4};
+  bool check = false;
   for (examples::Flags flags(argc, argv, "tp_bytes"); flags.next();) {
     if (flags.is("--hidden")) s.hidden = flags.number<int64_t>(1);
     else if (flags.is("--tokens")) s.tokens = flags.number<int64_t>(16);
     else if (flags.is("--blocks")) s.blocks = flags.number<int64_t>(1);
+    else if (flags.is("--check")) check = true;
     else flags.unknown();
   }
-  // Freed allocations of 64 KiB or more go back to the system at once (no dynamic threshold), so
-  // resident memory follows the live tensors.
-  mallopt(M_MMAP_THRESHOLD, 64 * 1024);
-  mallopt(M_TRIM_THRESHOLD, 64 * 1024);
+  counting_allocator();  // before any tensor
   auto pg = cpprun::init_process_group();
   if (pg.size() != 4 || s.tokens % 16 != 0 || s.hidden % 4 != 0) {
     if (pg.rank() == 0) {
@@ -163,6 +225,10 @@ int main(int argc, char** argv) {
                 "TP communication per step", "collectives");
   }
   constexpr double kMiB = 1024.0 * 1024.0;
+  bool within = true;
+  auto near = [](double measured, double formula, double tolerance) {
+    return formula == 0 ? measured == 0 : std::abs(measured / formula - 1) <= tolerance;
+  };
   for (int t : {1, 2, 4}) {
     cpprun::DeviceMesh mesh(pg, {4 / t, t}, {"dp", "tp"});
     for (bool sp : {false, true}) {
@@ -170,7 +236,14 @@ int main(int argc, char** argv) {
       const Measured m = measure(s, mesh, sp);
       const double params = L * (8 * H * H / t + 4 * H / t + 3 * H) * 4;
       const double acts = (L * N * H * (sp ? 1.0 / t + 1 + 8.0 / t : 2 + 8.0 / t) - N * H / (sp ? t : 1)) * 4;
-      const double comm = L * (4.0 * (t - 1) / t * N * H + (sp ? 2.0 * (t - 1) / t * 2 * H : 0)) * 4;
+      const double comm = L * (4.0 * (t - 1) / t * N * H + (sp ? 2.0 * (t - 1) / t * 3 * H : 0)) * 4;
+      if (!near(m.parameters, params, 0.01) || !near(m.communication, comm, 0.01) ||
+          !near(m.activations, acts, 0.01)) {
+        within = false;
+        std::fprintf(stderr, "tp_bytes: rank %d, tp %d%s: parameters %.0f (formula %.0f), activations %.0f (%.0f), "
+                     "communication %.0f (%.0f) bytes\n", pg.rank(), t, sp ? " sp" : "", m.parameters, params,
+                     m.activations, acts, m.communication, comm);
+      }
       if (pg.rank() == 0) {
         std::printf("%-4d %-4s %8.2f / %-8.2f (%4.2fx) %8.2f / %-8.2f (%4.2fx) %9.2f / %-9.2f (%4.2fx) %d\n", t,
                     sp ? "yes" : "no", m.parameters / kMiB, params / kMiB, m.parameters / params,
@@ -178,6 +251,11 @@ int main(int argc, char** argv) {
                     comm > 0 ? m.communication / comm : 1.0, m.collectives);
       }
     }
+  }
+  if (check && !within) {
+    std::fprintf(stderr, "tp_bytes: rank %d: a measurement is off its formula, above (--check: parameters and "
+                         "communication and activations within 1%%)\n", pg.rank());
+    return 1;
   }
   return 0;
 }
