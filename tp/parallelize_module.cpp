@@ -79,9 +79,13 @@ std::shared_ptr<torch::nn::Module> make_parallel(const std::string& name, const 
                                                  const ParallelStyle& style, const ProcessGroup& group) {
   const int tp = group.size();
   if (const auto* sequence = std::get_if<SequenceParallel>(&style)) {
+    if (auto* dropout = dynamic_cast<torch::nn::DropoutImpl*>(child.get())) {
+      return std::make_shared<SequenceParallelDropoutImpl>(*dropout, group, *sequence);
+    }
     auto* norm = dynamic_cast<torch::nn::LayerNormImpl*>(child.get());
     TORCH_CHECK(norm, "cpprun::parallelize_module: \"", name, "\" is a ", child->name(), "; SequenceParallel "
-                "applies to torch::nn::LayerNorm only (parameter-free modules such as dropout need no plan entry).");
+                "applies to torch::nn::LayerNorm and torch::nn::Dropout only (other parameter-free modules, such "
+                "as GELU, need no plan entry).");
     agree_on_parameters(*norm, group);
     return std::make_shared<SequenceParallelLayerNormImpl>(*norm, group, *sequence);
   }
@@ -120,6 +124,7 @@ void replace_child(const Located& at, const std::shared_ptr<torch::nn::Module>& 
       if (auto r = std::dynamic_pointer_cast<RowwiseParallelLinearImpl>(replacement)) entry = torch::nn::AnyModule(r);
       if (auto e = std::dynamic_pointer_cast<VocabParallelEmbeddingImpl>(replacement)) entry = torch::nn::AnyModule(e);
       if (auto n = std::dynamic_pointer_cast<SequenceParallelLayerNormImpl>(replacement)) entry = torch::nn::AnyModule(n);
+      if (auto d = std::dynamic_pointer_cast<SequenceParallelDropoutImpl>(replacement)) entry = torch::nn::AnyModule(d);
     }
   }
   if (auto* list = dynamic_cast<torch::nn::ModuleListImpl*>(at.parent.get())) {

@@ -14,6 +14,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
+#include <torch/nn/modules/dropout.h>
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
@@ -144,6 +145,37 @@ class SequenceParallelLayerNormImpl : public torch::nn::Module, public TensorPar
 };
 TORCH_MODULE(SequenceParallelLayerNorm);
 
+// Dropout on sequence shards (SequenceParallel on a torch::nn::Dropout), by the rule of
+// tensor_parallel_dropout below: this rank's slice of the mask the whole sequence would get.
+class SequenceParallelDropoutImpl : public torch::nn::Module, public TensorParallelModule {
+ public:
+  SequenceParallelDropoutImpl(const torch::nn::DropoutImpl& full, ProcessGroup group, SequenceParallel style = {});
+  at::Tensor forward(const at::Tensor& input);
+  void pretty_print(std::ostream& stream) const override;
+  std::map<std::string, TensorParallelSplit> tensor_parallel_splits() const override { return {}; }
+  const ProcessGroup& process_group() const { return group_; }
+
+  double p;
+
+ private:
+  ProcessGroup group_;
+  SequenceParallel style_;
+};
+TORCH_MODULE(SequenceParallelDropout);
+
+// Note [Dropout's RNG rule]: dropout on an activation split across the group along `dim` (a
+// sequence shard, or the features between a column- and a row-parallel layer) draws the mask of
+// the whole activation from this rank's default generator and applies this rank's chunk of it, as
+// DTensor's random ops do. With the generators seeded alike across the tensor-parallel group (as
+// torch::manual_seed(seed) on every rank does), the ranks' masks are the slices of one mask:
+// different where their elements differ, and training equals one process's with the same seed
+// (on CPU, where at::dropout draws bernoulli_ over the whole tensor). Dropout on a replicated
+// activation needs nothing: a plain Dropout draws the same mask on every rank. The generators
+// stay in step because every rank draws the same amount. The price: t times the random numbers
+// of the rank's own elements. Identity when !train or p == 0.
+at::Tensor tensor_parallel_dropout(const at::Tensor& input, double p, bool train, const ProcessGroup& group,
+                                   int64_t dim);
+
 // ---- checkpoints ----
 
 // The module's state dict with every tensor-parallel shard gathered back to the whole tensor under
@@ -160,9 +192,12 @@ torch::OrderedDict<std::string, at::Tensor> tensor_parallel_full_state_dict(torc
 // [r * V/tp, (r+1) * V/tp), as a ColwiseParallel output head gives them) without gathering them:
 // the row maximum, the sum of exponentials and the target's logit are each all-reduced (three
 // all-reduces of one value per row; Megatron's vocab_parallel_cross_entropy, PyTorch's
-// loss_parallel). logits: [..., V/tp]; target: [...], ids in [0, V). Returns the per-token loss
-// [...], the same on every rank (take .mean() for cross_entropy's default). The backward needs no
-// communication: softmax minus the one-hot target, on this rank's columns.
-at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits, const at::Tensor& target, const ProcessGroup& group);
+// loss_parallel). logits: [..., V/tp]; target: [...], ids in [0, V) or `ignore_index` (as
+// cross_entropy's, default -100: padding), whose rows get loss 0 and gradient 0. Returns the
+// per-token loss [...], the same on every rank: cross_entropy's default mean is
+// loss.sum() / (target != ignore_index).sum() (.mean() when nothing is ignored). The backward needs
+// no communication: softmax minus the one-hot target, on this rank's columns.
+at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits, const at::Tensor& target, const ProcessGroup& group,
+                                        int64_t ignore_index = -100);
 
 }  // namespace cpprun

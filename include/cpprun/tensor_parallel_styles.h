@@ -53,8 +53,10 @@ struct RowwiseParallel {
 // A LayerNorm run on sequence shards, its parameters whole on every rank: its input and output
 // are Shard(sequence_dim) (dim 1 of [batch, sequence, hidden], as PyTorch's default); the
 // parameters' gradients, partial on each rank, are all-reduced over the group in backward.
-// Parameter-free modules between the boundaries (dropout, GELU) need no plan entry: they run on
-// the shard as they are.
+// A Dropout run on sequence shards: each rank applies its slice of the mask the whole sequence
+// would get (Note [Dropout's RNG rule] in tensor_parallel.h), so masks differ across ranks as
+// their tokens do, and training matches one process. Other parameter-free modules between the
+// boundaries (GELU) need no plan entry: they run on the shard as they are.
 struct SequenceParallel {
   TORCH_ARG(int64_t, sequence_dim) = 1;
 };

@@ -192,9 +192,59 @@ TEST_CASE("tensor parallel: vocab_parallel_cross_entropy's loss and gradient are
   CHECK(relative_difference(mine.grad(), full.grad().chunk(world, 1)[rank]) <= 1e-6);
 
   CHECK_THROWS_WITH(cpprun::vocab_parallel_cross_entropy(mine, target.clamp_max(0) - 1, group()),
-                    Catch::Contains("ignore_index is not supported"));
+                    Catch::Contains("target ids range over [-1, -1]") && Catch::Contains("ignore_index -100 aside"));
   CHECK_THROWS_WITH(cpprun::vocab_parallel_cross_entropy(mine, target.unsqueeze(0), group()),
                     Catch::Contains("need a target of shape"));
+}
+
+TEST_CASE("tensor parallel: vocab_parallel_cross_entropy ignores ignore_index rows as cross_entropy does", "[tp]") {
+  const int world = group().size(), rank = group().rank();
+  torch::manual_seed(19);
+  const at::Tensor logits = torch::randn({3, 4, 8 * world}) * 4;
+  at::Tensor target = torch::randint(8 * world, {3, 4});
+  target[0][1] = -100, target[2][3] = -100;  // padding, cross_entropy's default ignore_index
+  at::Tensor full = logits.clone().requires_grad_();
+  const at::Tensor reference = at::cross_entropy_loss(full.flatten(0, 1), target.flatten(), {}, at::Reduction::Mean);
+  reference.backward();
+  at::Tensor mine = logits.chunk(world, -1)[rank].clone().requires_grad_();
+  const at::Tensor per_token = cpprun::vocab_parallel_cross_entropy(mine, target, group());
+  CHECK(per_token[0][1].item<double>() == 0);
+  const at::Tensor mean = per_token.sum() / (target != -100).sum();
+  CHECK(relative(mean.item<double>(), reference.item<double>()) <= 1e-6);
+  mean.backward();
+  CHECK(relative_difference(mine.grad(), full.grad().chunk(world, -1)[rank]) <= 1e-6);
+  CHECK(mine.grad()[2][3].abs().max().item<double>() == 0);
+  // Another ignore_index: -100 is then an id outside the vocabulary.
+  CHECK_THROWS_WITH(cpprun::vocab_parallel_cross_entropy(mine, target, group(), /*ignore_index=*/7 * world + 7),
+                    Catch::Contains("[-100,"));
+}
+
+TEST_CASE("tensor parallel: dropout on a shard is its slice of the whole tensor's dropout", "[tp]") {
+  const int world = group().size(), rank = group().rank();
+  const at::Tensor whole = torch::randn({3, 4 * world, 5}) + 2;  // no zeros: a zero marks a dropped element
+  torch::manual_seed(23);
+  const at::Tensor expected = at::dropout(whole, 0.3, /*train=*/true);
+  torch::manual_seed(23);
+  const at::Tensor mine =
+      cpprun::tensor_parallel_dropout(whole.chunk(world, 1)[rank].contiguous(), 0.3, /*train=*/true, group(), 1);
+  CHECK(relative_difference(mine, expected.chunk(world, 1)[rank]) <= 1e-7);
+  // The generators stay in step: every rank drew the same amount.
+  const at::Tensor next = torch::rand({1});
+  at::Tensor highest = next.clone(), lowest = next.clone();
+  cpprun::all_reduce(group(), highest, cpprun::ReduceOp::kMax);
+  cpprun::all_reduce(group(), lowest, cpprun::ReduceOp::kMin);
+  CHECK(highest.item<float>() == lowest.item<float>());
+  CHECK(cpprun::tensor_parallel_dropout(whole, 0.3, /*train=*/false, group(), 1).equal(whole));
+
+  // As a plan entry: SequenceParallel on a Dropout.
+  auto net = torch::nn::Sequential(torch::nn::Dropout(0.5));
+  cpprun::parallelize_module(net.ptr(), group(), {{"0", cpprun::SequenceParallel()}});
+  REQUIRE(net[0]->as<cpprun::SequenceParallelDropout>() != nullptr);
+  torch::manual_seed(29);
+  const at::Tensor reference = at::dropout(whole, 0.5, true);
+  torch::manual_seed(29);
+  CHECK(relative_difference(net->forward(whole.chunk(world, 1)[rank].contiguous()),
+                            reference.chunk(world, 1)[rank]) <= 1e-7);
 }
 
 TEST_CASE("tensor parallel: bad plans are refused, naming the submodule", "[tp]") {
@@ -207,7 +257,7 @@ TEST_CASE("tensor parallel: bad plans are refused, naming the submodule", "[tp]"
   CHECK_THROWS_WITH(cpprun::parallelize_module(mlp.ptr(), group(), {{"2", cpprun::ColwiseParallel()}}),
                     Catch::Contains("\"2\" is a torch::nn::GELUImpl"));
   CHECK_THROWS_WITH(cpprun::parallelize_module(mlp.ptr(), group(), {{"1", cpprun::SequenceParallel()}}),
-                    Catch::Contains("SequenceParallel applies to torch::nn::LayerNorm only"));
+                    Catch::Contains("SequenceParallel applies to torch::nn::LayerNorm and torch::nn::Dropout only"));
   CHECK_THROWS_WITH(cpprun::parallelize_module(mlp.ptr(), group(),
                                                {{"1", cpprun::ColwiseParallel()}, {"1", cpprun::RowwiseParallel()}}),
                     Catch::Contains("names \"1\" twice"));

@@ -35,15 +35,15 @@ const cpprun::DeviceMesh& mesh() {
   return m;
 }
 
-// x + block(x) for each block; a block is LayerNorm, Linear 12->48, GELU, Linear 48->12, called
-// through the registry so that parallelize_module's replacements are the ones called.
+// x + block(x) for each block; a block is LayerNorm, Linear 12->48, GELU, Linear 48->12, Dropout,
+// called through the registry so that parallelize_module's replacements are the ones called.
 struct StackImpl : torch::nn::Module {
   explicit StackImpl(int64_t blocks) {
     torch::manual_seed(5);
     for (int64_t b = 0; b < blocks; ++b) {
       h->push_back(torch::nn::Sequential(torch::nn::LayerNorm(torch::nn::LayerNormOptions({kHidden})),
                                          torch::nn::Linear(kHidden, 4 * kHidden), torch::nn::GELU(),
-                                         torch::nn::Linear(4 * kHidden, kHidden)));
+                                         torch::nn::Linear(4 * kHidden, kHidden), torch::nn::Dropout(0.2)));
     }
     register_module("h", h);
   }
@@ -74,7 +74,10 @@ cpprun::ParallelizePlan megatron_plan(bool sequence_parallel) {
     const std::string block = "h." + std::to_string(b) + ".";
     plan.push_back({block + "1", colwise});
     plan.push_back({block + "3", rowwise});
-    if (sequence_parallel) plan.push_back({block + "0", cpprun::SequenceParallel()});
+    if (sequence_parallel) {  // the LayerNorm and the dropout run on sequence shards
+      plan.push_back({block + "0", cpprun::SequenceParallel()});
+      plan.push_back({block + "4", cpprun::SequenceParallel()});
+    }
   }
   return plan;
 }
@@ -103,6 +106,10 @@ at::Tensor local_part(const at::Tensor& global, bool sequence_parallel) {
 
 double relative(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-12); }
 
+// The dropout masks of one replica's forward at one step: the same on every rank of its TP group
+// (Note [Dropout's RNG rule]) and in the reference's forward of that replica's rows.
+void seed_dropout(int step, int replica) { torch::manual_seed(5000 + 100 * step + replica); }
+
 }  // namespace
 
 TEST_CASE("tensor x data parallel: a Megatron block stack matches one process under DDP and ZeRO-1/2/3",
@@ -123,12 +130,19 @@ TEST_CASE("tensor x data parallel: a Megatron block stack matches one process un
   for (int step = 0; step < kSteps; ++step) {
     const auto [x, target] = global_batch(step);
     reference_opt.zero_grad();
-    at::Tensor reference_loss = torch::mse_loss(reference->forward(x), target, at::Reduction::Sum) / x.numel();
-    reference_loss.backward();
+    double reference_loss = 0;
+    for (int replica = 0; replica < mesh().size("dp"); ++replica) {  // each replica's rows, its masks
+      seed_dropout(step, replica);
+      const auto rows = [&](const at::Tensor& t) { return dist_test::slice(t, replica, mesh().size("dp")); };
+      at::Tensor loss = torch::mse_loss(reference->forward(rows(x)), rows(target), at::Reduction::Sum) / x.numel();
+      loss.backward();
+      reference_loss += loss.item<double>();
+    }
     const double reference_norm = torch::nn::utils::clip_grad_norm_(reference->parameters(), kMaxNorm);
     reference_opt.step();
 
     opt.zero_grad();
+    seed_dropout(step, mesh().coordinate("dp"));
     // Each replica's loss over its rows, scaled so that DP's average over replicas is the global
     // mean; with sequence parallelism each TP rank's covers its tokens (summed below to report).
     const at::Tensor out = model->forward(local_part(x, sequence_parallel));
@@ -141,10 +155,10 @@ TEST_CASE("tensor x data parallel: a Megatron block stack matches one process un
     at::Tensor whole_loss = loss.detach() / mesh().size("dp");
     cpprun::all_reduce(mesh().group("dp"), whole_loss);
     if (sequence_parallel) cpprun::all_reduce(mesh().group("tp"), whole_loss);
-    INFO("step " << step << " loss " << whole_loss.item<double>() << " reference " << reference_loss.item<double>()
+    INFO("step " << step << " loss " << whole_loss.item<double>() << " reference " << reference_loss
                  << "; norm " << norm << " reference " << reference_norm);
     CHECK(reference_norm > kMaxNorm);  // the clipping is exercised
-    CHECK(relative(whole_loss.item<double>(), reference_loss.item<double>()) <= kTolerance);
+    CHECK(relative(whole_loss.item<double>(), reference_loss) <= kTolerance);
     CHECK(relative(norm, reference_norm) <= kTolerance);
   }
 
@@ -167,6 +181,8 @@ TEST_CASE("tensor x data parallel: a Megatron block stack matches one process un
     for (auto& item : unsplit->named_parameters()) item.value().copy_(full[item.key()]);
   }
   const at::Tensor probe = global_batch(kSteps).first;
+  unsplit->eval();  // no dropout
+  reference->eval();
   CHECK(relative_difference(unsplit->forward(probe), reference->forward(probe)) <= kTolerance);
 }
 
