@@ -4,6 +4,8 @@
 //   single process:  ./build/examples/train_gpt
 //   two ranks:       ./build/launcher/cpprun --nproc_per_node=2 ./build/examples/train_gpt --mode ddp
 //   sharded:         ./build/launcher/cpprun --nproc_per_node=2 ./build/examples/train_gpt --mode fsdp --stage 2
+//   tensor parallel: ./build/launcher/cpprun --nproc_per_node=4 ./build/examples/train_gpt --tp 2 --mode fsdp --stage 3
+//                    (each pair of ranks splits every block's heads and MLP units; FSDP across the pairs)
 //   larger:          ... --mode fsdp --stage 3 --checkpoint-activations --amp fp16
 //                    (at stage 3 the model is built with deferred initialisation: FSDP materialises it
 //                    block by block, so no rank ever holds all of it)
