@@ -45,10 +45,9 @@ constexpr const char* kUsage = R"(usage: train_gpt [options]
   --stage 1|2|3      ZeRO stage with --mode fsdp (default 2)
   --tp N             tensor parallelism (Megatron's): each group of N consecutive ranks splits every block's
                      attention heads and MLP units among themselves; DDP/FSDP runs across the world/N groups,
-                     which each take their own --batch windows (default 1). N must divide the ranks, --heads
-                     and 4 * --embed
+                     which each take their own --batch windows (default 1). N must divide the ranks and --heads
   --steps N          optimizer steps (default 300)
-  --batch B          windows per rank and step (default 16)
+  --batch B          windows per rank and step; with --tp, per group of N ranks (default 16)
   --lr X             AdamW's learning rate (default 3e-3)
   --block T          characters per window (default 64)
   --layers L         transformer blocks (default 2)
