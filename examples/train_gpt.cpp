@@ -4,6 +4,8 @@
 //   single process:  ./build/examples/train_gpt
 //   two ranks:       ./build/launcher/cpprun --nproc_per_node=2 ./build/examples/train_gpt --mode ddp
 //   sharded:         ./build/launcher/cpprun --nproc_per_node=2 ./build/examples/train_gpt --mode fsdp --stage 2
+//   tensor parallel: ./build/launcher/cpprun --nproc_per_node=4 ./build/examples/train_gpt --tp 2 --mode fsdp --stage 3
+//                    (each pair of ranks splits every block's heads and MLP units; FSDP across the pairs)
 //   larger:          ... --mode fsdp --stage 3 --checkpoint-activations --amp fp16
 //                    (at stage 3 the model is built with deferred initialisation: FSDP materialises it
 //                    block by block, so no rank ever holds all of it)
@@ -26,9 +28,12 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "../bench/peak_rss.h"  // the memory benchmarks' measure (VmHWM)
 #include "flag_value.h"
@@ -38,8 +43,11 @@ constexpr const char* kUsage = R"(usage: train_gpt [options]
   --text FILE        the text to learn (default /usr/share/common-licenses/GPL-3, on every Debian machine)
   --mode ddp|fsdp    DistributedDataParallel, or FullyShardedDataParallel with one unit per block (default ddp)
   --stage 1|2|3      ZeRO stage with --mode fsdp (default 2)
+  --tp N             tensor parallelism (Megatron's): each group of N consecutive ranks splits every block's
+                     attention heads and MLP units among themselves; DDP/FSDP runs across the world/N groups,
+                     which each take their own --batch windows (default 1). N must divide the ranks and --heads
   --steps N          optimizer steps (default 300)
-  --batch B          windows per rank and step (default 16)
+  --batch B          windows per rank and step; with --tp, per group of N ranks (default 16)
   --lr X             AdamW's learning rate (default 3e-3)
   --block T          characters per window (default 64)
   --layers L         transformer blocks (default 2)
@@ -48,6 +56,7 @@ constexpr const char* kUsage = R"(usage: train_gpt [options]
   --gelu exact|tanh  the MLP's GELU: exact (erf, PyTorch's default) or the tanh approximation GPT-2 uses
                      (transformers' "gelu_new") (default exact; with --init-from, config.json's)
   --sample N         characters to generate at the end (default 200)
+  --log-every K      print the mean loss of every K steps (default 50; 1: each step's loss)
   --init-from DIR    start from a GPT-2 in Hugging Face's layout (GPT2LMHeadModel.save_pretrained: config.json
                      and model.safetensors, or sharded with model.safetensors.index.json). The sizes (--layers,
                      --embed, --heads, the vocabulary, the positions) come from its config.json; a conflicting
@@ -78,7 +87,7 @@ struct Options {
   examples::Gelu gelu = examples::Gelu::kExact;
   double layer_norm_eps = 1e-5;
   int64_t positions = 0, vocab = 0;  // 0: --block, and the text's characters (or --init-from's config)
-  int steps = 300, batch = 16, sample = 200, stage = 2, straggler_every = 50;
+  int steps = 300, batch = 16, sample = 200, stage = 2, straggler_every = 50, tp = 1, log_every = 50;
   int64_t block = 64, layers = 2, embed = 64, heads = 4;
   double lr = 3e-3;
   bool help = false, checkpoint_activations = false;
@@ -97,6 +106,8 @@ Options parse(int argc, char** argv) {
     else if (flags.is("--text")) o.text = flags.value();
     else if (flags.is("--mode")) o.mode = flags.value();
     else if (flags.is("--stage")) o.stage = flags.number(1);
+    else if (flags.is("--tp")) o.tp = flags.number(1);
+    else if (flags.is("--log-every")) o.log_every = flags.number(1);
     else if (flags.is("--steps")) o.steps = flags.number(0);
     else if (flags.is("--batch")) o.batch = flags.number(1);
     else if (flags.is("--lr")) o.lr = flags.number(1e-12);
@@ -158,19 +169,48 @@ Options parse(int argc, char** argv) {
   if (o.deferred_init != "auto" && o.deferred_init != "on" && o.deferred_init != "off") {
     throw std::invalid_argument("--deferred-init must be on or off, got " + o.deferred_init);
   }
-  if (o.deferred_init == "auto") o.deferred_init = o.mode == "fsdp" && o.stage == 3 ? "on" : "off";
+  if (o.tp > 1 && o.deferred_init == "on") {
+    throw std::invalid_argument("--deferred-init on does not go with --tp " + std::to_string(o.tp) +
+                                ": each rank's tensor-parallel shards are cut from a whole model built first; "
+                                "drop --deferred-init (with --tp it is off)");
+  }
+  if (o.deferred_init == "auto") o.deferred_init = o.mode == "fsdp" && o.stage == 3 && o.tp == 1 ? "on" : "off";
   if (o.stage > 3) throw std::invalid_argument("--stage must be 1, 2 or 3, got " + std::to_string(o.stage));
   if (o.embed % o.heads != 0) {
     throw std::invalid_argument("--embed " + std::to_string(o.embed) + " must be a multiple of --heads " +
                                 std::to_string(o.heads));
   }
+  // Megatron's split needs whole heads (and so whole MLP units) on every tensor-parallel rank;
+  // padding would change the model's shapes and its GPT-2 state dict.
+  const std::string from = o.init_from.empty() ? "" : " (from --init-from " + o.init_from + "/config.json)";
+  if (o.heads % o.tp != 0) {
+    throw std::invalid_argument("--tp " + std::to_string(o.tp) + " does not divide --heads " + std::to_string(o.heads) +
+                                from + ": each tensor-parallel rank computes heads/tp whole attention heads; "
+                                "choose a --tp that divides the number of heads");
+  }
+  // (4 * embed divides too: embed is a multiple of heads.)
   return o;
 }
 
 // GPT-2's linear layer as Hugging Face stores it ("Conv1D"): y = x W + b with W [in, out], the
 // transpose of torch::nn::Linear's, so that the state dict is GPT2LMHeadModel's as it is.
-struct Conv1DImpl : torch::nn::Module {
+//
+// With --tp, Megatron's split across the tensor-parallel group, under the same names:
+//   kColumns  W's columns (output features) split: W [in, out/tp], b [out/tp]. A fused projection
+//             (c_attn: [q | k | v]) is `parts` blocks split block by block, so rank r holds the
+//             q, k and v columns of its own heads. Its input enters through
+//             copy_to_tensor_parallel_region (whole in forward; its gradient summed over the group).
+//   kRows     W's rows (input features) split: W [in/tp, out], b whole. Each rank's partial product
+//             is summed by reduce_from_tensor_parallel_region, then b is added once.
+// A column-parallel layer followed by a row-parallel one (attention, MLP) costs one all-reduce in
+// forward and one in backward, and nothing between them.
+enum class Split { kWhole, kColumns, kRows };
+
+struct Conv1DImpl : torch::nn::Module, cpprun::TensorParallelModule {
   torch::Tensor weight, bias;
+  Split split = Split::kWhole;
+  std::optional<cpprun::ProcessGroup> tp;  // the tensor-parallel group, when split
+  int64_t parts = 1;
   Conv1DImpl(int64_t in, int64_t out) {
     weight = register_parameter("weight", torch::empty({in, out}));
     bias = register_parameter("bias", torch::empty({out}));
@@ -180,55 +220,96 @@ struct Conv1DImpl : torch::nn::Module {
     weight.uniform_(-bound, bound);
     bias.uniform_(-bound, bound);
   }
+  // This rank's shard of an [in, out] layer, uninitialised: the values are cut from a whole model
+  // (shard_from below), so that every TP size starts from the same network.
+  Conv1DImpl(int64_t in, int64_t out, Split split, const cpprun::ProcessGroup& group, int64_t parts = 1)
+      : split(split), tp(group), parts(parts) {
+    const int64_t n = group.size();
+    weight = register_parameter("weight", torch::empty({split == Split::kRows ? in / n : in,
+                                                        split == Split::kColumns ? out / n : out}));
+    bias = register_parameter("bias", torch::empty({split == Split::kColumns ? out / n : out}));
+  }
   // linear() of the transposed view: y = x W + b. Not addmm(bias, x, weight): autocast caches its
   // cast of a leaf weight, so a checkpointed block's recomputation got a cast made before it,
   // which cpprun::checkpoint refuses (the gradient could not flow); a view's cast is not cached.
-  torch::Tensor forward(const torch::Tensor& x) { return torch::nn::functional::linear(x, weight.t(), bias); }
+  torch::Tensor forward(const torch::Tensor& x) {
+    namespace F = torch::nn::functional;
+    switch (split) {
+      case Split::kColumns: return F::linear(cpprun::copy_to_tensor_parallel_region(x, *tp), weight.t(), bias);
+      case Split::kRows: return cpprun::reduce_from_tensor_parallel_region(F::linear(x, weight.t()), *tp) + bias;
+      case Split::kWhole: break;
+    }
+    return F::linear(x, weight.t(), bias);
+  }
+  // What DDP/FSDP (clipping, the overlap check) and tensor_parallel_full_state_dict read.
+  std::map<std::string, cpprun::TensorParallelSplit> tensor_parallel_splits() const override {
+    switch (split) {
+      case Split::kColumns: return {{"weight", {*tp, 1, parts}}, {"bias", {*tp, 0, parts}}};
+      case Split::kRows: return {{"weight", {*tp, 0}}};
+      case Split::kWhole: break;
+    }
+    return {};
+  }
 };
 TORCH_MODULE(Conv1D);
 
-// Causal self-attention: each position attends to itself and the positions before it.
+// A Conv1D for a block: whole without tensor parallelism, else split as `split` says.
+Conv1D make_conv1d(int64_t in, int64_t out, Split split, const std::optional<cpprun::ProcessGroup>& tp,
+                   int64_t parts = 1) {
+  return tp ? Conv1D(in, out, split, *tp, parts) : Conv1D(in, out);
+}
+
+// Causal self-attention: each position attends to itself and the positions before it. With a
+// tensor-parallel group of t ranks, rank r computes heads [r*H/t, (r+1)*H/t) only: c_attn gives
+// their queries, keys and values, and c_proj's rows for their outputs sum into the whole result.
 struct AttentionImpl : torch::nn::Module {
-  int64_t heads;
+  int64_t heads;  // on this rank
   Conv1D c_attn{nullptr}, c_proj{nullptr};
-  AttentionImpl(int64_t embed, int64_t heads) : heads(heads) {
-    c_attn = register_module("c_attn", Conv1D(embed, 3 * embed));  // queries, keys, values
-    c_proj = register_module("c_proj", Conv1D(embed, embed));
+  AttentionImpl(int64_t embed, int64_t heads, const std::optional<cpprun::ProcessGroup>& tp)
+      : heads(tp ? heads / tp->size() : heads) {
+    c_attn = register_module("c_attn", make_conv1d(embed, 3 * embed, Split::kColumns, tp, /*parts=*/3));  // q, k, v
+    c_proj = register_module("c_proj", make_conv1d(embed, embed, Split::kRows, tp));
   }
   torch::Tensor forward(torch::Tensor x) {
-    const int64_t B = x.size(0), T = x.size(1), C = x.size(2), D = C / heads;
-    auto parts = c_attn(x).view({B, T, 3, heads, D}).permute({2, 0, 3, 1, 4});  // [3, B, H, T, D]
+    const int64_t B = x.size(0), T = x.size(1);
+    auto qkv = c_attn(x);  // [B, T, 3 * heads * D]
+    const int64_t D = qkv.size(2) / (3 * heads);
+    auto parts = qkv.view({B, T, 3, heads, D}).permute({2, 0, 3, 1, 4});  // [3, B, heads, T, D]
     auto q = parts[0], k = parts[1], v = parts[2];
     auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(D));
     auto future = torch::ones({T, T}, x.options().dtype(torch::kBool)).triu(1);
     auto att = torch::softmax(scores.masked_fill(future, -INFINITY), -1);
-    return c_proj(torch::matmul(att, v).transpose(1, 2).reshape({B, T, C}));
+    return c_proj(torch::matmul(att, v).transpose(1, 2).reshape({B, T, heads * D}));
   }
 };
 TORCH_MODULE(Attention);
 
+// With tensor parallelism c_fc's output features (the 4C hidden units) are split, and c_proj's
+// matching input rows: the GELU runs on this rank's units only.
 struct MlpImpl : torch::nn::Module {
   Conv1D c_fc{nullptr}, c_proj{nullptr};
   torch::nn::GELU act{nullptr};
-  MlpImpl(int64_t embed, examples::Gelu gelu) {
-    c_fc = register_module("c_fc", Conv1D(embed, 4 * embed));
+  MlpImpl(int64_t embed, examples::Gelu gelu, const std::optional<cpprun::ProcessGroup>& tp) {
+    c_fc = register_module("c_fc", make_conv1d(embed, 4 * embed, Split::kColumns, tp));
     act = register_module("act", torch::nn::GELU(torch::nn::GELUOptions().approximate(
                                      gelu == examples::Gelu::kTanh ? "tanh" : "none")));
-    c_proj = register_module("c_proj", Conv1D(4 * embed, embed));
+    c_proj = register_module("c_proj", make_conv1d(4 * embed, embed, Split::kRows, tp));
   }
   torch::Tensor forward(const torch::Tensor& x) { return c_proj(act(c_fc(x))); }
 };
 TORCH_MODULE(Mlp);
 
+// LayerNorms stay whole on every tensor-parallel rank (replicated): their inputs and their
+// gradients are the same on all of them.
 struct BlockImpl : torch::nn::Module {
   torch::nn::LayerNorm ln_1{nullptr}, ln_2{nullptr};
   Attention attn{nullptr};
   Mlp mlp{nullptr};
-  explicit BlockImpl(const Options& o) {
+  BlockImpl(const Options& o, const std::optional<cpprun::ProcessGroup>& tp) {
     ln_1 = register_module("ln_1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.embed}).eps(o.layer_norm_eps)));
-    attn = register_module("attn", Attention(o.embed, o.heads));
+    attn = register_module("attn", Attention(o.embed, o.heads, tp));
     ln_2 = register_module("ln_2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.embed}).eps(o.layer_norm_eps)));
-    mlp = register_module("mlp", Mlp(o.embed, o.gelu));
+    mlp = register_module("mlp", Mlp(o.embed, o.gelu, tp));
   }
   torch::Tensor forward(torch::Tensor x) {
     x = x + attn(ln_1(x));
@@ -246,17 +327,18 @@ struct TiedHeadImpl : torch::nn::Module {
 };
 TORCH_MODULE(TiedHead);
 
-// GPT2LMHeadModel's "transformer": embeddings, blocks h.0 ... h.(L-1), final LayerNorm.
+// GPT2LMHeadModel's "transformer": embeddings, blocks h.0 ... h.(L-1), final LayerNorm. Under --tp
+// only the blocks are split: the embeddings, ln_f and the tied head are whole on every rank.
 struct TransformerImpl : torch::nn::Module {
   torch::nn::Embedding wte{nullptr}, wpe{nullptr};
   torch::nn::ModuleList h{nullptr};
   std::vector<Block> blocks;  // h's, typed
   torch::nn::LayerNorm ln_f{nullptr};
-  TransformerImpl(int64_t vocab, const Options& o) {
+  TransformerImpl(int64_t vocab, const Options& o, const std::optional<cpprun::ProcessGroup>& tp) {
     wte = register_module("wte", torch::nn::Embedding(vocab, o.embed));
     wpe = register_module("wpe", torch::nn::Embedding(o.positions, o.embed));
     h = register_module("h", torch::nn::ModuleList());
-    for (int64_t i = 0; i < o.layers; ++i) h->push_back(blocks.emplace_back(o));
+    for (int64_t i = 0; i < o.layers; ++i) h->push_back(blocks.emplace_back(o, tp));
     ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.embed}).eps(o.layer_norm_eps)));
   }
 };
@@ -266,8 +348,11 @@ struct GptImpl : torch::nn::Module {
   Transformer transformer{nullptr};
   TiedHead lm_head{nullptr};
   bool checkpoint_activations;
-  GptImpl(int64_t vocab, const Options& o) : checkpoint_activations(o.checkpoint_activations) {
-    transformer = register_module("transformer", Transformer(vocab, o));
+  // tp: the tensor-parallel group (--tp > 1), whose ranks each hold a shard of every block; none:
+  // the whole model.
+  GptImpl(int64_t vocab, const Options& o, const std::optional<cpprun::ProcessGroup>& tp = std::nullopt)
+      : checkpoint_activations(o.checkpoint_activations) {
+    transformer = register_module("transformer", Transformer(vocab, o, tp));
     lm_head = register_module("lm_head", TiedHead(transformer->wte->weight));
     // Small embeddings (GPT-2's 0.02): the tied head's logits start near zero, not at N(0, embed).
     torch::NoGradGuard no_grad;
@@ -277,7 +362,8 @@ struct GptImpl : torch::nn::Module {
   torch::Tensor forward(torch::Tensor idx) {  // [B, T] -> logits [B, T, vocab]
     auto x = transformer->wte(idx) + transformer->wpe(torch::arange(idx.size(1), idx.options()));
     for (auto& block : transformer->blocks) {
-      // Checkpointed, a block keeps only its input for backward, which runs it again.
+      // Checkpointed, a block keeps only its input for backward, which runs it again (under --tp
+      // with its collectives, in the same order on every rank of the group).
       x = checkpoint_activations
               ? cpprun::checkpoint([b = block.ptr()](const torch::Tensor& h) { return b->forward(h); }, x)
               : block(x);
@@ -291,7 +377,9 @@ TORCH_MODULE(Gpt);
 // name: collective; rank 0 reads, every rank keeps its part. Hugging Face's files leave out the tied
 // lm_head.weight, and older ones carry the attention mask as a buffer (attn.bias, attn.masked_bias):
 // those differences are expected, any other is refused, listing them all.
-void load_gpt2(cpprun::DataParallel<GptImpl>& model, const std::string& dir, const Options& o, int64_t vocab) {
+// `model`: a DataParallel<GptImpl>, or (under --tp, before it is split) the whole Gpt.
+template <typename Model>
+void load_gpt2(Model& model, const std::string& dir, const Options& o, int64_t vocab) {
   auto report = cpprun::load_state_dict(model, dir, cpprun::StateDictOptions().strict(false));
   // A GPT2Model's file (the Hub's "gpt2" is one) names the same tensors without "transformer.":
   // read it again under that prefix, as from_pretrained does (nothing of it loaded the first time).
@@ -319,6 +407,40 @@ void load_gpt2(cpprun::DataParallel<GptImpl>& model, const std::string& dir, con
                               "\nNothing was trained.");
 }
 
+// This rank's part of `whole` under `split`: chunk r of each of its `parts` blocks along its dim
+// (what tensor_parallel_full_state_dict gathers back).
+torch::Tensor shard_of(const torch::Tensor& whole, const cpprun::TensorParallelSplit& split) {
+  std::vector<torch::Tensor> mine;
+  for (const auto& block : whole.chunk(split.parts, split.dim)) {
+    mine.push_back(block.chunk(split.group.size(), split.dim)[split.group.rank()]);
+  }
+  return torch::cat(mine, split.dim);
+}
+
+// Copies `whole`'s parameters into the tensor-parallel `sharded` (the same names): this rank's
+// shard of each split one, the rest as they are.
+void shard_from(torch::nn::Module& sharded, torch::nn::Module& whole) {
+  const auto splits = cpprun::tensor_parallel_splits(sharded);
+  const auto source = whole.named_parameters();
+  torch::NoGradGuard no_grad;
+  for (const auto& item : sharded.named_parameters()) {
+    const auto split = splits.find(item.key());
+    const auto& full = source[item.key()];
+    item.value().copy_(split == splits.end() ? full : shard_of(full, split->second));
+  }
+}
+
+// The whole model again from the shards of a tensor-parallel one: collective over the TP group
+// (tensor_parallel_full_state_dict gathers each split parameter on every rank).
+Gpt unsplit(torch::nn::Module& sharded, int64_t vocab, const Options& o, const torch::Device& device) {
+  const auto full = cpprun::tensor_parallel_full_state_dict(sharded);
+  Gpt whole(vocab, o);
+  whole->to(device);
+  torch::NoGradGuard no_grad;
+  for (const auto& item : whole->named_parameters()) item.value().copy_(full[item.key()]);
+  return whole;
+}
+
 // "3,1,4" as token ids, each below the vocabulary's size; at most the model's positions.
 std::vector<int64_t> parse_token_ids(const std::string& list, int64_t vocab, int64_t positions) {
   std::vector<int64_t> ids;
@@ -343,6 +465,22 @@ int run(int argc, char** argv) {
   if (opt.help) return examples::print_usage(kUsage);
   auto group = cpprun::init_process_group();
   const int rank = group.rank();
+  if (group.size() % opt.tp != 0) {
+    throw std::invalid_argument("--tp " + std::to_string(opt.tp) + " does not divide the " +
+                                std::to_string(group.size()) + " ranks: they form groups of --tp consecutive ranks; run a multiple of " +
+                                std::to_string(opt.tp) + " ranks (--nproc_per_node) or choose a --tp that divides " +
+                                std::to_string(group.size()));
+  }
+  // The ranks as a {dp, tp} grid, rank = d * tp + t: each row of tp consecutive ranks (mesh.group("tp"))
+  // splits the model among themselves; each column (mesh.group("dp")) holds one shard, replicated or
+  // sharded by DDP/FSDP. Without --tp, every rank is data-parallel.
+  std::optional<cpprun::DeviceMesh> mesh;
+  std::optional<cpprun::ProcessGroup> tp_group;
+  if (opt.tp > 1) {
+    mesh.emplace(group, std::vector<int>{group.size() / opt.tp, opt.tp}, std::vector<std::string>{"dp", "tp"});
+    tp_group = mesh->group("tp");
+  }
+  const cpprun::ProcessGroup& dp_group = mesh ? mesh->group("dp") : group;
 
   std::ifstream file(opt.text);
   if (!file) throw std::runtime_error("cannot read --text " + opt.text + ": " + std::strerror(errno));
@@ -384,15 +522,27 @@ int run(int argc, char** argv) {
   Gpt gpt = opt.deferred_init == "on" ? cpprun::deferred_init(build) : build();
   if (!device.is_cpu()) gpt->to(device);  // on a deferred module, recorded for materialisation
   if (opt.deferred_init == "on" && opt.mode == "ddp") cpprun::materialize(gpt);
+  int64_t params = 0;  // of the whole model
+  for (const auto& p : cpprun::unique_parameters(*gpt)) params += p.numel();
+  // --tp: every rank built the same whole model (and loads --init-from into it); each keeps its
+  // shard of every block. So any --tp starts from the network one process trains.
+  if (tp_group) {
+    if (!opt.init_from.empty()) load_gpt2(gpt, opt.init_from, opt, model_vocab);
+    Gpt sharded(model_vocab, opt, tp_group);
+    sharded->to(device);
+    shard_from(*sharded, *gpt);
+    gpt = sharded;
+  }
   // DDP replicates everything; FSDP (ZeRO) shards optimizer state, at stage 2 also gradients and
   // at stage 3 also parameters, one unit per transformer block. Either is a DataParallel<Gpt>:
-  // the training loop below is the same for both.
+  // the training loop below is the same for both. Under --tp they run across the data-parallel
+  // dimension only, over this rank's shards.
   auto per_block = [](const torch::nn::Module& m) { return dynamic_cast<const BlockImpl*>(&m) != nullptr; };
   auto per_block_fsdp = cpprun::FsdpOptions().stage(opt.stage).wrap_policy(per_block);
   cpprun::DataParallel<GptImpl> model = nullptr;
-  if (opt.mode == "ddp") model = cpprun::DistributedDataParallel(gpt, group);
-  else model = cpprun::FullyShardedDataParallel(gpt, group, per_block_fsdp);
-  if (!opt.init_from.empty()) load_gpt2(model, opt.init_from, opt, model_vocab);
+  if (opt.mode == "ddp") model = cpprun::DistributedDataParallel(gpt, dp_group);
+  else model = cpprun::FullyShardedDataParallel(gpt, dp_group, per_block_fsdp);
+  if (!opt.init_from.empty() && !tp_group) load_gpt2(model, opt.init_from, opt, model_vocab);
   // AdamW as nanoGPT builds it: weight decay on 2-D weights (matmuls, embeddings) only, not on
   // biases and norms. By name and shape, the same under DDP and FSDP (whose parameters are this
   // rank's rows of each, under the model's own names); each tensor once (the tied embedding has
@@ -415,7 +565,10 @@ int run(int argc, char** argv) {
   }
   cpprun::GradScaler scaler(group, cpprun::GradScalerOptions().enabled(opt.amp == "fp16"));
   int skipped = 0;
-  cpprun::DistributedSampler sampler(static_cast<size_t>(windows), group);
+  // Each data-parallel rank its own windows; the ranks of a tensor-parallel group the same ones.
+  cpprun::DistributedSampler sampler(static_cast<size_t>(windows), cpprun::DistributedSamplerOptions()
+                                                                       .num_replicas(dp_group.size())
+                                                                       .rank(dp_group.rank()));
   auto batch_from = [&](const std::vector<size_t>& starts) {  // inputs and next-character targets
     std::vector<torch::Tensor> x, y;
     for (size_t s : starts) {
@@ -425,13 +578,16 @@ int run(int argc, char** argv) {
     return std::make_pair(torch::stack(x), torch::stack(y));
   };
   if (rank == 0) {
-    int64_t params = 0;
-    for (const auto& p : cpprun::unique_parameters(*gpt)) params += p.numel();
     if (!opt.init_from.empty()) std::printf("GPT-2 from %s\n", opt.init_from.c_str());
     std::printf("%s: %zu characters, vocabulary %lld, %lld parameters%s, %d ranks x %d windows of %lld\n",
                 opt.text.c_str(), text.size(), static_cast<long long>(model_vocab), static_cast<long long>(params),
                 opt.deferred_init == "on" ? " (deferred initialisation)" : "", group.size(), opt.batch,
                 static_cast<long long>(opt.block));
+    if (tp_group) {
+      std::printf("tensor parallel: %d x %d ranks (data x tensor), every block's %lld heads and %lld MLP units split "
+                  "%d ways; %d x %d windows per step\n", dp_group.size(), opt.tp, static_cast<long long>(opt.heads),
+                  static_cast<long long>(4 * opt.embed), opt.tp, dp_group.size(), opt.batch);
+    }
   }
 
   sampler.reset();
@@ -454,8 +610,8 @@ int run(int argc, char** argv) {
     cpprun::all_reduce(group, global, cpprun::ReduceOp::kAvg);
     if (step == 1) first_loss = global.item<double>();
     loss_sum += global.item<double>();
-    if (rank == 0 && step % 50 == 0) {
-      std::printf("step %4d/%d  loss %.4f\n", step, opt.steps, loss_sum / 50);
+    if (rank == 0 && step % opt.log_every == 0) {
+      std::printf("step %4d/%d  loss %.4f\n", step, opt.steps, loss_sum / opt.log_every);
       std::fflush(stdout);
       loss_sum = 0;
     }
@@ -472,13 +628,24 @@ int run(int argc, char** argv) {
   // (host memory; on a GPU see the CUDA allocator).
   auto peak = torch::tensor({bench::peak_rss() / 1048576.0}, torch::kDouble);
   cpprun::all_reduce(group, peak, cpprun::ReduceOp::kMax);
-  const double tokens = static_cast<double>(opt.steps) * opt.batch * opt.block * group.size();
+  const double tokens = static_cast<double>(opt.steps) * opt.batch * opt.block * dp_group.size();
+
+  // Under --tp no rank holds the whole model: gather it (collective) into an unsplit Gpt on every
+  // rank, which then exports, evaluates and samples as the trained module does without --tp.
+  Gpt whole = gpt;
+  if (tp_group) {
+    model->gather_full_parameters();  // FSDP: this rank's shards made current
+    whole = unsplit(*gpt, model_vocab, opt, device);
+  }
 
   // Export (a collective: FSDP gathers the parameters; rank 0 writes): GPT2LMHeadModel's names and
   // layouts already, so the state dict goes out as it is, with the config.json from_pretrained reads.
   if (!opt.export_dir.empty()) {
     if (rank == 0) std::filesystem::create_directories(opt.export_dir);
-    cpprun::save_state_dict(model, opt.export_dir + "/model.safetensors", cpprun::StateDictSaveOptions().step(opt.steps));
+    const auto path = opt.export_dir + "/model.safetensors";
+    const auto save_options = cpprun::StateDictSaveOptions().step(opt.steps);
+    if (!tp_group) cpprun::save_state_dict(model, path, save_options);
+    else if (rank == 0) cpprun::save_state_dict(whole, path, save_options);  // gathered already: one rank writes
     if (rank == 0) {
       examples::Gpt2Config config{opt.layers, opt.heads, opt.embed, opt.positions, model_vocab, opt.gelu, opt.layer_norm_eps};
       cpprun::write_file_atomically(opt.export_dir + "/config.json", examples::gpt2_config_json(config));
@@ -490,15 +657,16 @@ int run(int argc, char** argv) {
   // Held-out loss, then a sample from rank 0 (greedy decoding would repeat itself: sample).
   model->gather_full_parameters();  // FSDP: gpt's own weights made current; DDP: they are
   torch::NoGradGuard no_grad;
-  gpt->eval();
+  whole->eval();
   std::vector<size_t> held_out;
   for (int64_t s = split; s + opt.block + 1 < encoded.size(0) && held_out.size() < 64; s += opt.block) held_out.push_back(s);
   auto [vx, vy] = batch_from(held_out);
-  auto vlogits = gpt->forward(vx);
+  auto vlogits = whole->forward(vx);
   auto val = torch::nn::functional::cross_entropy(vlogits.view({-1, vlogits.size(-1)}), vy.view({-1}));
   if (rank != 0) return 0;
   if (!logits_tokens.empty()) {  // for comparing with another implementation (tests/examples/gpt2_interop.sh)
-    auto logits = gpt->forward(torch::tensor(logits_tokens, torch::kLong).unsqueeze(0).to(device))[0].cpu().contiguous();
+    auto tokens_in = torch::tensor(logits_tokens, torch::kLong).unsqueeze(0).to(device);
+    auto logits = whole->forward(tokens_in)[0].cpu().contiguous();
     std::string lines;
     char number[32];
     for (int64_t t = 0; t < logits.size(0); ++t) {
@@ -519,7 +687,7 @@ int run(int argc, char** argv) {
   std::string sample;
   for (int i = 0; i < opt.sample; ++i) {
     // Over the text's characters only (a GPT-2's vocabulary may be larger).
-    auto last = gpt->forward(context).select(1, -1).narrow(-1, 0, static_cast<int64_t>(vocab.size()));
+    auto last = whole->forward(context).select(1, -1).narrow(-1, 0, static_cast<int64_t>(vocab.size()));
     auto probabilities = torch::softmax(last / 0.8, -1);
     auto next = torch::multinomial(probabilities.cpu(), 1, false, generator).to(device);  // a CPU generator
     sample += vocab[static_cast<size_t>(next.item<int64_t>())];

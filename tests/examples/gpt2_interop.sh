@@ -4,9 +4,9 @@
 # a config: nothing is downloaded):
 #   init    train_gpt --init-from a save_pretrained directory (one file, sharded, and a GPT2Model's
 #           whose names lack "transformer.", as the Hub's gpt2) gives transformers' logits within 1e-5
-#   export  trained a few steps on 2 ranks (FSDP from that GPT-2; DDP from scratch with the exact
-#           GELU), --export's directory loads with GPT2LMHeadModel.from_pretrained, which gives
-#           train_gpt's logits within 1e-5
+#   export  trained a few steps on 2 ranks (FSDP from that GPT-2; --tp 2 from it too; DDP from
+#           scratch with the exact GELU), --export's directory loads with
+#           GPT2LMHeadModel.from_pretrained, which gives train_gpt's logits within 1e-5
 #   faults  a config option train_gpt lacks, another model type, a missing tensor, a conflicting
 #           flag: exit code 1 and a message naming it, nothing trained
 # Usage: gpt2_interop.sh CASE CPPRUN TRAIN_GPT PYTHON. Skips (77) without a python with transformers.
@@ -56,12 +56,17 @@ export)
   if "$python" "$here/gpt2_interop.py" compare "$tmp/hf" "$ids" "$tmp/fsdp.txt" >/dev/null 2>&1; then
     fail "the exported logits equal the initial model's: did training change nothing?"
   fi
+  # Tensor parallel (--tp 2): the GPT-2 is cut into each rank's heads and MLP units, and gathered
+  # back whole for the export.
+  run "$cpprun" --standalone --nproc_per_node=2 "$gpt" --tp 2 --init-from "$tmp/hf" --steps 5 \
+      --batch 4 --block 32 --sample 0 --export "$tmp/tp" --logits-for "$ids" --logits-out "$tmp/tp.txt"
+  compare "$tmp/tp" "$tmp/tp.txt"
   # From scratch under DDP, with PyTorch's exact GELU (config.json says "gelu").
   run "$cpprun" --standalone --nproc_per_node=2 "$gpt" --mode ddp --layers 2 --embed 32 --heads 2 --block 16 \
       --steps 5 --batch 4 --sample 0 --export "$tmp/ddp" --logits-for 1,2,3,4,5,6 --logits-out "$tmp/ddp.txt"
   grep -qF '"activation_function": "gelu"' "$tmp/ddp/config.json" || fail "the DDP export's config.json does not say gelu"
   ids=1,2,3,4,5,6 compare "$tmp/ddp" "$tmp/ddp.txt"
-  echo "PASS: train_gpt's exports load in transformers, FSDP and DDP"
+  echo "PASS: train_gpt's exports load in transformers, FSDP, --tp 2 and DDP"
   ;;
 faults)
   py faults "$tmp"
