@@ -21,6 +21,7 @@
 #include "cpprun/state_dict.h"
 #include "core/sharded_state_dict.h"
 #include "core/tensor_parallel_splits.h"
+#include "core/tensor_parallel_state.h"
 #include "support/safetensors_index.h"
 #include "support/safetensors.h"
 
@@ -279,14 +280,18 @@ void check_state_dict_path(const std::string& path) {
   if (!is_sharded_state_dict_path(path)) (void)format_of(path);
 }
 
-StateDictLoadReport load_state_dict_file(torch::nn::Module& module, const std::string& path,
-                                         const StateDictOptions& options) {
-  if (is_sharded_state_dict_path(path)) return load_sharded_state_dict(module, path, options);
+NamedTensors read_state_dict_file(const std::string& path) {
   const StateDictFormat format = format_of(path);
   // A .pt that torch.save wrote has no footer and is read as it is; ours is checked.
   const std::string bytes = format == StateDictFormat::kTorchSave ? read_checkpoint_file(path, UncheckedFiles::kAccept)
                                                                    : read_state_dict_bytes(path);
-  return load_named_tensors(module, decode_state_dict(bytes, path), path, options);
+  return decode_state_dict(bytes, path);
+}
+
+StateDictLoadReport load_state_dict_file(torch::nn::Module& module, const std::string& path,
+                                         const StateDictOptions& options) {
+  if (is_sharded_state_dict_path(path)) return load_sharded_state_dict(module, path, options);
+  return load_named_tensors(module, read_state_dict_file(path), path, options);
 }
 
 void save_state_dict(torch::nn::Module& module, const ProcessGroup& group, const std::string& path,
@@ -331,12 +336,17 @@ namespace cpprun::detail {
 
 // cpprun/state_dict.h's entry points for a plain module.
 void save_module_state_dict(torch::nn::Module& module, const std::string& path, const StateDictSaveOptions& options) {
-  refuse_tensor_parallel_checkpoint(tensor_parallel_splits(module), "cpprun", "save_state_dict", path);
+  if (auto splits = tensor_parallel_splits(module); !splits.empty()) {
+    save_tensor_parallel_state_dict(module, /*data_parallel=*/nullptr, splits, path, options);
+    return;
+  }
   save_state_dict_file(module, path, options);
 }
 StateDictLoadReport load_module_state_dict(torch::nn::Module& module, const std::string& path,
                                            const StateDictOptions& options) {
-  refuse_tensor_parallel_checkpoint(tensor_parallel_splits(module), "cpprun", "load_state_dict", path);
+  if (auto splits = tensor_parallel_splits(module); !splits.empty()) {
+    return load_tensor_parallel_state_dict(module, /*data_parallel=*/nullptr, splits, path, options);
+  }
   return load_state_dict_file(module, path, options);
 }
 

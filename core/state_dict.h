@@ -33,6 +33,9 @@ std::string encode_safetensors(const NamedTensors& tensors, std::map<std::string
 NamedTensors decode_safetensors(const SafetensorsFile& file, const std::string& path);
 // PATH's bytes; a system_error naming it when it cannot be read.
 std::string read_state_dict_bytes(const std::string& path);
+// The tensors of the file PATH (.safetensors, or .pt: ours checked by its footer, torch.save's as
+// it is), CPU; an error naming it when it cannot be read or parsed.
+NamedTensors read_state_dict_file(const std::string& path);
 
 // Loads `file` into `module` in place, by name: what strict loading decides and does. `where`
 // names the source in the error; `file_of` (a directory's tensors -> their files) adds each

@@ -55,12 +55,11 @@ void refuse_tensor_parallel_checkpoint(const std::map<std::string, TensorParalle
   const bool saves = std::string(what).rfind("save", 0) == 0;
   TORCH_CHECK(false, who, ": ", what, "(\"", path, "\") is not supported with tensor parallelism: \"", name,
               "\" (and ", splits.size() - 1, " more) is split across ", split.group.size(), " tensor-parallel "
-              "ranks, and the file holds whole tensors. ",
-              saves ? "Gather them instead: model->gather_full_parameters(), then "
-                      "cpprun::tensor_parallel_full_state_dict(*model->module()) gives every whole tensor under its "
-                      "unsplit name on every rank; copy it into an unsplit model and save that on one rank."
-                    : "Load the file into the model before parallelize_module, which then cuts each rank's shard.",
-              " (docs/tensor_parallel.md, Checkpoints)");
+              "ranks. ", saves ? "cpprun::save_state_dict(model, \"model.safetensors\") (or .pt) writes the whole "
+                                 "tensors under their unsplit names, which any split of the model loads"
+                               : "cpprun::load_state_dict(model, FILE) loads a .safetensors or .pt file of whole "
+                                 "tensors, each rank cutting its shard",
+              " (docs/tensor_parallel.md, Checkpoints).");
 }
 
 }  // namespace detail

@@ -18,9 +18,9 @@ namespace cpprun::detail {
 void refuse_tensor_parallel_overlap(const std::map<std::string, TensorParallelSplit>& splits,
                                     const ProcessGroup& data_parallel, const char* who);
 
-// Refuses a checkpoint save or load (`what`: "save_state_dict") of a model holding
-// tensor-parallel shards: the files name whole tensors, which no rank holds. The error says how
-// to save (gather with tensor_parallel_full_state_dict) or load (before parallelize_module).
+// Refuses a checkpoint save or load (`what`: "save_full_state_dict") that has no tensor-parallel
+// form yet, for a model holding tensor-parallel shards; the error names save_state_dict /
+// load_state_dict, which have one (core/tensor_parallel_state.h).
 void refuse_tensor_parallel_checkpoint(const std::map<std::string, TensorParallelSplit>& splits, const char* who,
                                        const char* what, const std::string& path);
 

@@ -14,6 +14,7 @@
 #include "core/full_state.h"
 #include "core/state_dict.h"
 #include "core/tensor_parallel_splits.h"
+#include "core/tensor_parallel_state.h"
 #include "cpprun/collectives.h"
 #include "ddp/reducer.h"
 
@@ -212,7 +213,10 @@ void DdpCore::load_full_state(const std::string& path) {
   detail::load_full_state(impl_->module, impl_->group, path);
 }
 void DdpCore::save_state_dict(const std::string& path, const StateDictSaveOptions& options) {
-  refuse_tensor_parallel_checkpoint(impl_->tp_splits, kWho, "save_state_dict", path);
+  if (!impl_->tp_splits.empty()) {
+    save_tensor_parallel_state_dict(impl_->module, &impl_->group, impl_->tp_splits, path, options);
+    return;
+  }
   detail::save_state_dict(impl_->module, impl_->group, path, options);
 }
 AsyncSave DdpCore::save_state_dict_async(const std::string& path, const StateDictSaveOptions& options) {
@@ -220,7 +224,9 @@ AsyncSave DdpCore::save_state_dict_async(const std::string& path, const StateDic
   return detail::start_async_save(impl_->module, &impl_->group, path, options);
 }
 StateDictLoadReport DdpCore::load_state_dict(const std::string& path, const StateDictOptions& options) {
-  refuse_tensor_parallel_checkpoint(impl_->tp_splits, kWho, "load_state_dict", path);
+  if (!impl_->tp_splits.empty()) {
+    return load_tensor_parallel_state_dict(impl_->module, &impl_->group, impl_->tp_splits, path, options);
+  }
   return detail::load_state_dict(impl_->module, impl_->group, path, options);
 }
 void DdpCore::save_sharded(const std::string& dir, torch::optim::Optimizer*) {

@@ -19,6 +19,7 @@
 #include "core/full_state.h"
 #include "core/state_dict.h"
 #include "core/tensor_parallel_splits.h"
+#include "core/tensor_parallel_state.h"
 #include "fsdp/checkpoint.h"
 #include "fsdp/deferred_units.h"
 #include "fsdp/fsdp_collectives.h"
@@ -273,11 +274,14 @@ static void refuse_mixed_precision(const FsdpOptions& options, const char* call,
 }
 
 void FsdpCore::save_state_dict(const std::string& path, const StateDictSaveOptions& options) {
-  refuse_tensor_parallel_checkpoint(impl_->tp_splits, kWho, "save_state_dict", path);
   refuse_mixed_precision(impl_->options, "save_state_dict", path);
   // Every rank gathers everything, also for a sharded save (each rank then writes its share).
   gather_full_parameters();  // collective: every rank takes part
   ReleaseAfter release(impl_->residency.get());
+  if (!impl_->tp_splits.empty()) {  // and each tensor-parallel shard gathered to its whole
+    save_tensor_parallel_state_dict(impl_->module, &impl_->groups.whole, impl_->tp_splits, path, options);
+    return;
+  }
   detail::save_state_dict(impl_->module, impl_->groups.whole, path, options);
 }
 
@@ -290,11 +294,12 @@ AsyncSave FsdpCore::save_state_dict_async(const std::string& path, const StateDi
 }
 
 StateDictLoadReport FsdpCore::load_state_dict(const std::string& path, const StateDictOptions& options) {
-  refuse_tensor_parallel_checkpoint(impl_->tp_splits, kWho, "load_state_dict", path);
   refuse_mixed_precision(impl_->options, "load_state_dict", path);
   gather_full_parameters();
   ReleaseAfter release(impl_->residency.get());
-  StateDictLoadReport report = detail::load_state_dict(impl_->module, impl_->groups.whole, path, options);
+  StateDictLoadReport report =
+      impl_->tp_splits.empty() ? detail::load_state_dict(impl_->module, impl_->groups.whole, path, options)
+                               : load_tensor_parallel_state_dict(impl_->module, &impl_->groups.whole, impl_->tp_splits, path, options);
   for (auto& bucket : impl_->buckets) bucket.shards_from_unsharded();  // as load_full_state
   return report;
 }

@@ -5,11 +5,12 @@
 // optionally with activation checkpointing around each block, trains 6 AdamW steps with gradient
 // clipping against the same stack in one process on the global batch: every step's loss and
 // clipped norm, and the gathered parameters, within 1e-5. Also: the loss scaler agrees over both
-// dimensions, a data-parallel group spanning a tensor-parallel one is refused, and checkpoint
-// files are refused (they would hold shards under whole names).
+// dimensions, a data-parallel group spanning a tensor-parallel one is refused, and save_state_dict
+// writes whole tensors that load into an unsplit stack and into other splits.
 #include <catch2/catch.hpp>
 #include <torch/torch.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <limits>
 
@@ -229,17 +230,80 @@ TEST_CASE("tensor x data parallel: a data-parallel group spanning a tensor-paral
   CHECK_NOTHROW(cpprun::DistributedDataParallel(net, mesh().group("dp")));
 }
 
-TEST_CASE("tensor x data parallel: checkpoint files are refused, naming the gathered state dict instead", "[tp2d]") {
+TEST_CASE("tensor x data parallel: save_state_dict writes whole tensors, which load into any split", "[tp2d]") {
+  // One directory for the job (MASTER_PORT is the job's own), every rank's files in it.
+  const auto dir = std::filesystem::temp_directory_path() / ("cpprun_tp2d_" + std::string(std::getenv("MASTER_PORT")));
+  if (group().rank() == 0) std::filesystem::create_directories(dir);
+  struct RemoveAtEnd {  // also when a check throws
+    std::filesystem::path dir;
+    ~RemoveAtEnd() {
+      std::error_code ignored;
+      if (group().rank() == 0) std::filesystem::remove_all(dir, ignored);
+    }
+  } remove_at_end{dir};
+  cpprun::barrier(group());
+  const std::string path = (dir / "model.safetensors").string();
+
+  // Trained a step under TP x ZeRO-3 so that every tensor differs from a fresh stack's.
   Stack net(kBlocks);
   cpprun::parallelize_module(net.ptr(), mesh(), "tp", megatron_plan(false));
-  const auto dir = std::filesystem::temp_directory_path() /
-                   ("cpprun_tp2d_" + std::to_string(::getpid()) + "_" + std::to_string(group().rank()));
-  const std::string path = (dir / "model.safetensors").string();
-  CHECK_THROWS_WITH(cpprun::save_state_dict(net, path), Catch::Contains("not supported with tensor parallelism") &&
-                                                              Catch::Contains("tensor_parallel_full_state_dict"));
-  CHECK_THROWS_WITH(cpprun::load_state_dict(net, path), Catch::Contains("before parallelize_module"));
   auto model = wrap("zero3", net);
-  CHECK_THROWS_WITH(cpprun::save_state_dict(model, path), Catch::Contains("not supported with tensor parallelism"));
-  CHECK_THROWS_WITH(cpprun::save_full_state_dict(model, path), Catch::Contains("not supported with tensor parallelism"));
-  CHECK_FALSE(std::filesystem::exists(path));
+  torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-2));
+  const auto [x, target] = global_batch(0);
+  torch::mse_loss(model->forward(local_part(x, false)), local_part(target, false)).backward();
+  opt.step();
+  cpprun::save_state_dict(model, path);
+  model->gather_full_parameters();
+  const auto trained = cpprun::tensor_parallel_full_state_dict(*model->module());
+
+  // The file holds the whole tensors under the unsplit names: an unsplit stack loads it strictly.
+  Stack unsplit(kBlocks);
+  cpprun::load_state_dict(unsplit, path);
+  for (const auto& item : unsplit->named_parameters()) {
+    INFO(item.key());
+    CHECK(item.value().equal(trained[item.key()]));
+  }
+  // A split stack under DDP (another wrapper) and a plain split stack load it too, each rank its
+  // shard, and a plain split stack saves the same file again.
+  Stack again(kBlocks), plain(kBlocks);
+  cpprun::parallelize_module(again.ptr(), mesh(), "tp", megatron_plan(true));
+  cpprun::parallelize_module(plain.ptr(), mesh(), "tp", megatron_plan(false));
+  auto ddp = wrap("ddp", again);
+  cpprun::load_state_dict(ddp, path);
+  cpprun::load_state_dict(plain, path);
+  const auto loaded = cpprun::tensor_parallel_full_state_dict(*again);
+  const auto loaded_plain = cpprun::tensor_parallel_full_state_dict(*plain);
+  for (const auto& item : trained) {
+    INFO(item.key());
+    CHECK(loaded[item.key()].equal(item.value()));
+    CHECK(loaded_plain[item.key()].equal(item.value()));
+  }
+  const std::string copy = (dir / "plain.pt").string();
+  // A plain split model's save is collective over its TP group alone, whose first rank writes:
+  // one replica's group saves (every replica's would write the same file at once).
+  if (mesh().coordinate("dp") == 0) cpprun::save_state_dict(plain, copy);
+  cpprun::barrier(group());
+  Stack from_copy(kBlocks);
+  cpprun::load_state_dict(from_copy, copy);
+  for (const auto& item : from_copy->named_parameters()) CHECK(item.value().equal(trained[item.key()]));
+
+  // A file that does not fit (one block, not two): refused on every rank, naming what is
+  // missing, and nothing loaded; an unreadable file too.
+  const std::string one_block = (dir / "one_block.safetensors").string();
+  if (group().rank() == 0) {
+    Stack small(1);
+    cpprun::save_state_dict(small, one_block);  // plain, not split: rank 0 alone
+  }
+  cpprun::barrier(group());
+  CHECK_THROWS_WITH(cpprun::load_state_dict(ddp, one_block), Catch::Contains("h.1.1.weight"));
+  CHECK_THROWS_WITH(cpprun::load_state_dict(ddp, (dir / "missing.safetensors").string()),
+                    Catch::Contains("missing.safetensors"));
+  const auto unchanged = cpprun::tensor_parallel_full_state_dict(*again);
+  for (const auto& item : trained) CHECK(unchanged[item.key()].equal(item.value()));
+
+  // What has no tensor-parallel form yet is refused, naming the one that has.
+  CHECK_THROWS_WITH(cpprun::save_full_state_dict(model, path), Catch::Contains("not supported with tensor parallelism") &&
+                                                                   Catch::Contains("save_state_dict(model"));
+  CHECK_THROWS_WITH(cpprun::save_state_dict(model, (dir / "sharded/").string()), Catch::Contains("not a directory"));
+  cpprun::barrier(group());  // every rank is done with the files before rank 0 removes them
 }
