@@ -1,8 +1,8 @@
 // tensor_parallel_splits (cpprun/tensor_parallel_split.h): the split parameters of every
 // TensorParallelModule in a module tree, by dotted name.
-#include <c10/util/Exception.h>
-
 #include "core/tensor_parallel_splits.h"
+
+#include <c10/util/Exception.h>
 
 #include <algorithm>
 #include <sstream>

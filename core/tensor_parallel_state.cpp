@@ -45,7 +45,7 @@ void agree(const std::vector<ProcessGroup>& groups, const ProcessGroup* data_par
 
 at::Tensor gather_tensor_parallel_split(const at::Tensor& shard, const TensorParallelSplit& split) {
   const int64_t ranks = split.group.size();
-  const int64_t dim = shard.dim() == 0 ? 0 : (split.dim < 0 ? split.dim + shard.dim() : split.dim);
+  const int64_t dim = split.dim < 0 ? split.dim + shard.dim() : split.dim;
   TORCH_CHECK(dim >= 0 && dim < shard.dim() && shard.size(dim) % split.parts == 0, "cpprun: a tensor-parallel "
               "split says dim ", split.dim, " in ", split.parts, " parts, which a shard of shape ", shard.sizes(),
               " does not have.");
@@ -53,8 +53,8 @@ at::Tensor gather_tensor_parallel_split(const at::Tensor& shard, const TensorPar
   all_gather_into(split.group, gathered, shard.detach().contiguous().view(-1));
   // Rank r's shard is [chunk r of block 0, chunk r of block 1, ...]; the whole tensor wants the
   // blocks in order, and within each the ranks' chunks in rank order.
+  const auto shards = gathered.chunk(ranks);
   std::vector<at::Tensor> in_order;
-  const auto shards = gathered.view({ranks * shard.numel()}).chunk(ranks);
   for (int64_t block = 0; block < split.parts; ++block) {
     for (int64_t r = 0; r < ranks; ++r) {
       in_order.push_back(shards[r].view(shard.sizes()).chunk(split.parts, dim)[block]);
@@ -118,6 +118,7 @@ StateDictLoadReport load_tensor_parallel_state_dict(torch::nn::Module& module, c
       const auto local = mine.find(as_module);
       if (split == splits.end() || local == mine.end()) continue;
       const int64_t dim = split->second.dim < 0 ? split->second.dim + local->second.dim() : split->second.dim;
+      if (dim < 0 || dim >= local->second.dim()) continue;  // left to the shape comparison
       auto whole_shape = local->second.sizes().vec();
       whole_shape[static_cast<std::size_t>(dim)] *= split->second.group.size();
       if (tensor.sizes() == at::IntArrayRef(whole_shape)) tensor = tensor_parallel_shard(tensor, split->second);

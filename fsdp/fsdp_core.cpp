@@ -297,9 +297,10 @@ StateDictLoadReport FsdpCore::load_state_dict(const std::string& path, const Sta
   refuse_mixed_precision(impl_->options, "load_state_dict", path);
   gather_full_parameters();
   ReleaseAfter release(impl_->residency.get());
+  const auto& splits = impl_->tp_splits;
   StateDictLoadReport report =
-      impl_->tp_splits.empty() ? detail::load_state_dict(impl_->module, impl_->groups.whole, path, options)
-                               : load_tensor_parallel_state_dict(impl_->module, &impl_->groups.whole, impl_->tp_splits, path, options);
+      splits.empty() ? detail::load_state_dict(impl_->module, impl_->groups.whole, path, options)
+                     : load_tensor_parallel_state_dict(impl_->module, &impl_->groups.whole, splits, path, options);
   for (auto& bucket : impl_->buckets) bucket.shards_from_unsharded();  // as load_full_state
   return report;
 }

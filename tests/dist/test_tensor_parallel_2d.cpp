@@ -263,8 +263,8 @@ TEST_CASE("tensor x data parallel: save_state_dict writes whole tensors, which l
     INFO(item.key());
     CHECK(item.value().equal(trained[item.key()]));
   }
-  // A split stack under DDP (another wrapper) and a plain split stack load it too, each rank its
-  // shard, and a plain split stack saves the same file again.
+  // A split stack under DDP (another wrapper, with sequence parallelism) and a plain split stack
+  // load it too, each rank its shard, and a plain split stack saves the same file again.
   Stack again(kBlocks), plain(kBlocks);
   cpprun::parallelize_module(again.ptr(), mesh(), "tp", megatron_plan(true));
   cpprun::parallelize_module(plain.ptr(), mesh(), "tp", megatron_plan(false));
@@ -273,10 +273,18 @@ TEST_CASE("tensor x data parallel: save_state_dict writes whole tensors, which l
   cpprun::load_state_dict(plain, path);
   const auto loaded = cpprun::tensor_parallel_full_state_dict(*again);
   const auto loaded_plain = cpprun::tensor_parallel_full_state_dict(*plain);
+  // ... and a fresh split stack under ZeRO-3, whose shards take the loaded values.
+  Stack sharded(kBlocks);
+  cpprun::parallelize_module(sharded.ptr(), mesh(), "tp", megatron_plan(false));
+  auto zero3 = wrap("zero3", sharded);
+  cpprun::load_state_dict(zero3, path);
+  zero3->gather_full_parameters();
+  const auto loaded_zero3 = cpprun::tensor_parallel_full_state_dict(*zero3->module());
   for (const auto& item : trained) {
     INFO(item.key());
     CHECK(loaded[item.key()].equal(item.value()));
     CHECK(loaded_plain[item.key()].equal(item.value()));
+    CHECK(loaded_zero3[item.key()].equal(item.value()));
   }
   const std::string copy = (dir / "plain.pt").string();
   // A plain split model's save is collective over its TP group alone, whose first rank writes:
@@ -302,8 +310,8 @@ TEST_CASE("tensor x data parallel: save_state_dict writes whole tensors, which l
   for (const auto& item : trained) CHECK(unchanged[item.key()].equal(item.value()));
 
   // What has no tensor-parallel form yet is refused, naming the one that has.
-  CHECK_THROWS_WITH(cpprun::save_full_state_dict(model, path), Catch::Contains("not supported with tensor parallelism") &&
-                                                                   Catch::Contains("save_state_dict(model"));
+  CHECK_THROWS_WITH(cpprun::save_full_state_dict(model, path),
+                    Catch::Contains("not supported with tensor parallelism") && Catch::Contains("save_state_dict(model"));
   CHECK_THROWS_WITH(cpprun::save_state_dict(model, (dir / "sharded/").string()), Catch::Contains("not a directory"));
   cpprun::barrier(group());  // every rank is done with the files before rank 0 removes them
 }
