@@ -144,6 +144,13 @@ at::Tensor VocabParallelEmbeddingImpl::forward(const at::Tensor& ids) {
                             : reduce_scatter_to_sequence_parallel_region(y, group_, out.dim);
 }
 
+at::Tensor vocab_parallel_logits(const at::Tensor& hidden, const VocabParallelEmbeddingImpl& embedding) {
+  TORCH_CHECK(hidden.dim() >= 1 && hidden.size(-1) == embedding.embedding_dim, "cpprun::vocab_parallel_logits: the "
+              "hidden state's last dimension is ", (hidden.dim() ? hidden.size(-1) : 0), ", the embedding's width ",
+              embedding.embedding_dim, ".");
+  return at::linear(copy_to_tensor_parallel_region(hidden, embedding.process_group()), embedding.weight);
+}
+
 std::map<std::string, TensorParallelSplit> VocabParallelEmbeddingImpl::tensor_parallel_splits() const {
   return {{"weight", {group_, 0}}};
 }

@@ -7,6 +7,7 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -134,6 +135,27 @@ void replace_child(const Located& at, const std::shared_ptr<torch::nn::Module>& 
   }
 }
 
+// A planned module's parameter that some other module also holds (a tied weight: one tensor
+// under two names) would be split in the one and whole in the other, and the tie would break
+// without a word. Refused, naming both; a head tied to a vocabulary-parallel embedding is
+// vocab_parallel_logits instead.
+void refuse_broken_ties(torch::nn::Module& module, const ParallelizePlan& plan, const std::vector<Located>& targets) {
+  std::map<const c10::TensorImpl*, std::string> planned;  // -> its name under `module`
+  for (size_t i = 0; i < plan.size(); ++i) {
+    for (const auto& item : targets[i].child->named_parameters()) {
+      planned.emplace(item.value().unsafeGetTensorImpl(), plan[i].first + "." + item.key());
+    }
+  }
+  for (const auto& item : module.named_parameters()) {
+    const auto found = planned.find(item.value().unsafeGetTensorImpl());
+    TORCH_CHECK(found == planned.end() || found->second == item.key(), "cpprun::parallelize_module: \"",
+                found->second, "\" and \"", item.key(), "\" are one tensor (tied weights), and the plan splits "
+                "it in one of them: the tie would break. For an output layer tied to a vocabulary-parallel "
+                "embedding, plan the embedding alone (RowwiseParallel) and compute the logits with "
+                "cpprun::vocab_parallel_logits(hidden, embedding), which uses its shard.");
+  }
+}
+
 }  // namespace
 
 std::shared_ptr<torch::nn::Module> parallelize_module(std::shared_ptr<torch::nn::Module> module,
@@ -149,6 +171,7 @@ std::shared_ptr<torch::nn::Module> parallelize_module(std::shared_ptr<torch::nn:
   // that does not divide leaves the module whole (and fails alike on every rank).
   std::vector<Located> targets;
   for (const auto& [name, style] : plan) targets.push_back(locate(module, name));
+  refuse_broken_ties(*module, plan, targets);
   std::vector<std::shared_ptr<torch::nn::Module>> replacements;
   for (size_t i = 0; i < plan.size(); ++i) {
     replacements.push_back(make_parallel(plan[i].first, targets[i].child, plan[i].second, tp_group));

@@ -186,7 +186,16 @@ at::Tensor tensor_parallel_dropout(const at::Tensor& input, double p, bool train
 // every rank gets the whole dict.
 torch::OrderedDict<std::string, at::Tensor> tensor_parallel_full_state_dict(torch::nn::Module& module);
 
-// ---- vocabulary-parallel loss ----
+// ---- vocabulary-parallel output layer and loss ----
+
+// The logits of an output layer tied to a vocabulary-parallel embedding (Megatron's
+// parallel_lm_logits with the word embeddings' weight): hidden [..., H], whole on every rank ->
+// this rank's columns of the logits [..., V/tp] (split along the vocabulary, as
+// vocab_parallel_cross_entropy takes them), hidden · weightᵀ with the embedding's own shard, so
+// the embedding and the head stay one tensor and its gradient sums both uses. The hidden state
+// enters through copy_to_tensor_parallel_region (its gradient all-reduced in backward).
+at::Tensor vocab_parallel_logits(const at::Tensor& hidden, const VocabParallelEmbeddingImpl& embedding);
+
 
 // Cross-entropy of logits split along the vocabulary (the last dim: rank r holds classes
 // [r * V/tp, (r+1) * V/tp), as a ColwiseParallel output head gives them) without gathering them:

@@ -179,6 +179,73 @@ TEST_CASE("tensor parallel: vocabulary-parallel embedding and cross-entropy matc
   check_parameters(parallel, reference, make_lm, ids);
 }
 
+// A language model whose output layer is its token embedding: logits = norm(embed(ids)) · embedᵀ.
+// Unsplit, the head uses the embedding's weight directly; split, the embedding is vocabulary-
+// parallel and vocab_parallel_logits uses its shard, so the two stay one tensor.
+struct TiedLmImpl : torch::nn::Module {
+  torch::nn::Embedding embed{nullptr};
+  torch::nn::LayerNorm norm{nullptr};
+  TiedLmImpl() {
+    torch::manual_seed(13);
+    embed = register_module("embed", torch::nn::Embedding(24, 12));
+    norm = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({12})));
+  }
+  // Through the registry, where parallelize_module put the vocabulary-parallel embedding.
+  at::Tensor logits(const at::Tensor& ids) {
+    auto module = named_children()["embed"];
+    if (auto* split = module->as<cpprun::VocabParallelEmbeddingImpl>()) {
+      return cpprun::vocab_parallel_logits(norm(split->forward(ids)), *split);
+    }
+    return at::linear(norm(embed(ids)), embed->weight);
+  }
+};
+TORCH_MODULE(TiedLm);
+
+TEST_CASE("tensor parallel: a head tied to a vocabulary-parallel embedding matches one process", "[tp]") {
+  const int world = group().size();
+  TiedLm reference, parallel;
+  cpprun::parallelize_module(parallel.ptr(), group(), {{"embed", cpprun::RowwiseParallel()}});
+  torch::manual_seed(31);
+  const at::Tensor ids = torch::randint(24, {4, 6}), target = torch::randint(24, {4, 6});
+  torch::optim::AdamW reference_opt(reference->parameters(), torch::optim::AdamWOptions(1e-2));
+  torch::optim::AdamW parallel_opt(parallel->parameters(), torch::optim::AdamWOptions(1e-2));
+  for (int step = 0; step < kSteps; ++step) {
+    reference_opt.zero_grad();
+    const at::Tensor reference_loss =
+        at::cross_entropy_loss(reference->logits(ids).flatten(0, 1), target.flatten(), {}, at::Reduction::Mean);
+    reference_loss.backward();
+    reference_opt.step();
+    parallel_opt.zero_grad();
+    const at::Tensor logits = parallel->logits(ids);
+    CHECK(logits.size(-1) == 24 / world);  // never gathered whole
+    const at::Tensor loss = cpprun::vocab_parallel_cross_entropy(logits, target, group()).mean();
+    loss.backward();
+    parallel_opt.step();
+    INFO("step " << step);
+    CHECK(relative(loss.item<double>(), reference_loss.item<double>()) <= kTolerance);
+  }
+  const auto full = cpprun::tensor_parallel_full_state_dict(*parallel);
+  for (const auto& item : reference->named_parameters()) {
+    INFO(item.key());
+    CHECK(relative_difference(full[item.key()], item.value()) <= kTolerance);
+  }
+}
+
+TEST_CASE("tensor parallel: a plan that would break a tied weight is refused, naming both names", "[tp]") {
+  struct TiedTwiceImpl : torch::nn::Module {  // "embed.weight" is also "head_weight"
+    torch::nn::Embedding embed{nullptr};
+    TiedTwiceImpl() {
+      embed = register_module("embed", torch::nn::Embedding(24, 12));
+      register_parameter("head_weight", embed->weight);
+    }
+  };
+  auto tied = std::make_shared<TiedTwiceImpl>();
+  CHECK_THROWS_WITH(cpprun::parallelize_module(tied, group(), {{"embed", cpprun::RowwiseParallel()}}),
+                    Catch::Contains("\"embed.weight\" and \"head_weight\" are one tensor") &&
+                        Catch::Contains("vocab_parallel_logits"));
+  CHECK(tied->named_children()["embed"]->as<torch::nn::EmbeddingImpl>() != nullptr);  // left whole
+}
+
 TEST_CASE("tensor parallel: vocab_parallel_cross_entropy's loss and gradient are cross_entropy's", "[tp]") {
   const int world = group().size(), rank = group().rank();
   torch::manual_seed(17);
