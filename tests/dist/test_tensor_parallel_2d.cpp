@@ -4,7 +4,8 @@
 // with its LayerNorm on sequence shards), wrapped in DDP or FSDP ZeRO-1/2/3 over the dp dimension,
 // optionally with activation checkpointing around each block, trains 6 AdamW steps with gradient
 // clipping against the same stack in one process on the global batch: every step's loss and
-// clipped norm, and the gathered parameters, within 1e-5. Also: the loss scaler agrees over both
+// clipped norm, and the gathered parameters, within 1e-5; so does a language model whose head is
+// its vocabulary-parallel embedding. Also: the loss scaler agrees over both
 // dimensions, a data-parallel group spanning a tensor-parallel one is refused, and save_state_dict
 // writes whole tensors that load into an unsplit stack and into other splits.
 #include <catch2/catch.hpp>
@@ -185,6 +186,76 @@ TEST_CASE("tensor x data parallel: a Megatron block stack matches one process un
   unsplit->eval();  // no dropout
   reference->eval();
   CHECK(relative_difference(unsplit->forward(probe), reference->forward(probe)) <= kTolerance);
+}
+
+// A language model whose head is its token embedding (logits = norm(embed(ids)) · embedᵀ), the
+// embedding vocabulary-parallel across tp and the model under DDP or ZeRO-1/2/3 across dp.
+struct TiedLmImpl : torch::nn::Module {
+  torch::nn::Embedding embed{nullptr};
+  torch::nn::LayerNorm norm{nullptr};
+  TiedLmImpl() {
+    torch::manual_seed(13);
+    embed = register_module("embed", torch::nn::Embedding(kVocab, kHidden));
+    norm = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({kHidden})));
+  }
+  // Through the registry, where parallelize_module put the vocabulary-parallel embedding:
+  // its columns of the logits; unsplit, all of them.
+  at::Tensor forward(const at::Tensor& ids) {
+    auto module = named_children()["embed"];
+    if (auto* split = module->as<cpprun::VocabParallelEmbeddingImpl>()) {
+      return cpprun::vocab_parallel_logits(norm(split->forward(ids)), *split);
+    }
+    return at::linear(norm(embed(ids)), embed->weight);
+  }
+  static constexpr int64_t kVocab = 24;
+};
+TORCH_MODULE(TiedLm);
+
+TEST_CASE("tensor x data parallel: a head tied to a vocabulary-parallel embedding matches one process", "[tp2d]") {
+  const std::string how = GENERATE("ddp", "zero1", "zero2", "zero3");
+  INFO(how << " on {dp " << mesh().size("dp") << ", tp " << mesh().size("tp") << "}");
+  TiedLm reference, net;
+  cpprun::parallelize_module(net.ptr(), mesh(), "tp", {{"embed", cpprun::RowwiseParallel()}});
+  const auto& dp = mesh().group("dp");
+  cpprun::DataParallel<TiedLmImpl> model =
+      how == "ddp" ? cpprun::DataParallel<TiedLmImpl>(cpprun::DistributedDataParallel(net, dp))
+                   : cpprun::DataParallel<TiedLmImpl>(cpprun::FullyShardedDataParallel(
+                         net, dp, cpprun::FsdpOptions().stage(how.back() - '0')));
+  torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-2));
+  torch::optim::AdamW reference_opt(reference->parameters(), torch::optim::AdamWOptions(1e-2));
+  const int64_t batch = mesh().size("dp") * kPerReplica;
+  for (int step = 0; step < kSteps; ++step) {
+    torch::manual_seed(2000 + step);
+    const at::Tensor ids = torch::randint(TiedLmImpl::kVocab, {batch, kSequence});
+    const at::Tensor target = torch::randint(TiedLmImpl::kVocab, {batch, kSequence});
+    reference_opt.zero_grad();
+    const at::Tensor reference_loss =
+        at::cross_entropy_loss(reference->forward(ids).flatten(0, 1), target.flatten(), {}, at::Reduction::Mean);
+    reference_loss.backward();
+    const double reference_norm = torch::nn::utils::clip_grad_norm_(reference->parameters(), kMaxNorm);
+    reference_opt.step();
+
+    opt.zero_grad();
+    const auto rows = [&](const at::Tensor& t) {
+      return dist_test::slice(t, mesh().coordinate("dp"), mesh().size("dp"));
+    };
+    const at::Tensor loss = cpprun::vocab_parallel_cross_entropy(model->forward(rows(ids)), rows(target),
+                                                                 mesh().group("tp")).mean();
+    loss.backward();
+    const double norm = model->clip_grad_norm(kMaxNorm);
+    opt.step();
+    at::Tensor whole_loss = loss.detach() / mesh().size("dp");
+    cpprun::all_reduce(dp, whole_loss);
+    INFO("step " << step << " loss " << whole_loss.item<double>() << " reference " << reference_loss.item<double>());
+    CHECK(relative(whole_loss.item<double>(), reference_loss.item<double>()) <= kTolerance);
+    CHECK(relative(norm, reference_norm) <= kTolerance);
+  }
+  model->gather_full_parameters();
+  const auto full = cpprun::tensor_parallel_full_state_dict(*model->module());
+  for (const auto& item : reference->named_parameters()) {
+    INFO(item.key());
+    CHECK(relative_difference(full[item.key()], item.value()) <= kTolerance);
+  }
 }
 
 TEST_CASE("tensor x data parallel: an overflow on one rank's tensor-parallel shard skips the step everywhere",
