@@ -1,5 +1,6 @@
 // Tensor parallelism composed with data parallelism on a {dp, tp} DeviceMesh, under
-// `cpprun --nproc_per_node=K`: tp = 2 when K is even (else 1), dp = K / tp; at K = 4, {dp 2, tp 2}.
+// `cpprun --nproc_per_node=K`: tp = 2 when K is even (else 1), dp = K / tp; at K = 4, {dp 2, tp 2},
+// and for the block stack also {dp 1, tp 4}.
 // A stack of residual MLP blocks, each split Megatron-style (column- then row-parallel, optionally
 // with its LayerNorm on sequence shards), wrapped in DDP or FSDP ZeRO-1/2/3 over the dp dimension,
 // optionally with activation checkpointing around each block, trains 6 AdamW steps with gradient
@@ -14,6 +15,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <limits>
+#include <map>
+#include <vector>
 
 #include "cpprun/cpprun.h"
 #include "ddp_test_models.h"
@@ -26,15 +29,30 @@ namespace {
 
 constexpr double kTolerance = 1e-5;
 constexpr int kSteps = 6;
-constexpr int64_t kHidden = 12, kSequence = 8, kPerReplica = 2;  // kSequence divides by tp
+constexpr int64_t kHidden = 12, kSequence = 8, kPerReplica = 2;  // kSequence and kHidden divide by tp
 constexpr double kMaxNorm = 0.05;  // below the gradients' norm: clipping scales every step
 
+// The tensor-parallel size the test cases run at: 2 at an even rank count, else 1; the parity
+// test also runs the whole job as one TP group when it has 4 ranks ({dp 1, tp 4}).
+int default_tp() { return group().size() % 2 == 0 ? 2 : 1; }
+int current_tp = 0;  // 0: default_tp()
+
+std::vector<int> parity_tp_sizes() {
+  std::vector<int> sizes{default_tp()};
+  if (group().size() == 4) sizes.push_back(4);
+  return sizes;
+}
+
+// The {dp, tp} mesh at the current TP size, made once per size (collective: every rank reaches
+// each size in the same order).
 const cpprun::DeviceMesh& mesh() {
-  static const cpprun::DeviceMesh m = [] {
-    const int world = group().size(), tp = world % 2 == 0 ? 2 : 1;
-    return cpprun::DeviceMesh(group(), {world / tp, tp}, {"dp", "tp"});
-  }();
-  return m;
+  static std::map<int, cpprun::DeviceMesh> meshes;
+  const int tp = current_tp ? current_tp : default_tp();
+  auto found = meshes.find(tp);
+  if (found == meshes.end()) {
+    found = meshes.emplace(tp, cpprun::DeviceMesh(group(), {group().size() / tp, tp}, {"dp", "tp"})).first;
+  }
+  return found->second;
 }
 
 // x + block(x) for each block; a block is LayerNorm, Linear 12->48, GELU, Linear 48->12, Dropout,
@@ -116,9 +134,13 @@ void seed_dropout(int step, int replica) { torch::manual_seed(5000 + 100 * step 
 
 TEST_CASE("tensor x data parallel: a Megatron block stack matches one process under DDP and ZeRO-1/2/3",
           "[tp2d]") {
+  current_tp = GENERATE(from_range(parity_tp_sizes()));
   const std::string how = GENERATE("ddp", "zero1", "zero2", "zero3");
   const bool sequence_parallel = GENERATE(false, true);
   const bool checkpoint_blocks = GENERATE(false, true);
+  struct DefaultAfter {
+    ~DefaultAfter() { current_tp = 0; }
+  } default_after;
   INFO(how << " on {dp " << mesh().size("dp") << ", tp " << mesh().size("tp") << "}"
            << (sequence_parallel ? ", sequence parallel" : "") << (checkpoint_blocks ? ", checkpointed blocks" : ""));
 
