@@ -12,6 +12,7 @@
 #include "cpprun/tensor_parallel.h"
 #include "ddp_test_models.h"
 #include "dist_test_support.h"
+#include "tied_lm.h"
 #include "tp/tp_collectives.h"
 
 using dist_test::group;
@@ -179,31 +180,9 @@ TEST_CASE("tensor parallel: vocabulary-parallel embedding and cross-entropy matc
   check_parameters(parallel, reference, make_lm, ids);
 }
 
-// A language model whose output layer is its token embedding: logits = norm(embed(ids)) · embedᵀ.
-// Unsplit, the head uses the embedding's weight directly; split, the embedding is vocabulary-
-// parallel and vocab_parallel_logits uses its shard, so the two stay one tensor.
-struct TiedLmImpl : torch::nn::Module {
-  torch::nn::Embedding embed{nullptr};
-  torch::nn::LayerNorm norm{nullptr};
-  TiedLmImpl() {
-    torch::manual_seed(13);
-    embed = register_module("embed", torch::nn::Embedding(24, 12));
-    norm = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({12})));
-  }
-  // Through the registry, where parallelize_module put the vocabulary-parallel embedding.
-  at::Tensor logits(const at::Tensor& ids) {
-    auto module = named_children()["embed"];
-    if (auto* split = module->as<cpprun::VocabParallelEmbeddingImpl>()) {
-      return cpprun::vocab_parallel_logits(norm(split->forward(ids)), *split);
-    }
-    return at::linear(norm(embed(ids)), embed->weight);
-  }
-};
-TORCH_MODULE(TiedLm);
-
 TEST_CASE("tensor parallel: a head tied to a vocabulary-parallel embedding matches one process", "[tp]") {
   const int world = group().size();
-  TiedLm reference, parallel;
+  tp_test::TiedLm reference, parallel;
   cpprun::parallelize_module(parallel.ptr(), group(), {{"embed", cpprun::RowwiseParallel()}});
   torch::manual_seed(31);
   const at::Tensor ids = torch::randint(24, {4, 6}), target = torch::randint(24, {4, 6});
@@ -212,11 +191,11 @@ TEST_CASE("tensor parallel: a head tied to a vocabulary-parallel embedding match
   for (int step = 0; step < kSteps; ++step) {
     reference_opt.zero_grad();
     const at::Tensor reference_loss =
-        at::cross_entropy_loss(reference->logits(ids).flatten(0, 1), target.flatten(), {}, at::Reduction::Mean);
+        at::cross_entropy_loss(reference->forward(ids).flatten(0, 1), target.flatten(), {}, at::Reduction::Mean);
     reference_loss.backward();
     reference_opt.step();
     parallel_opt.zero_grad();
-    const at::Tensor logits = parallel->logits(ids);
+    const at::Tensor logits = parallel->forward(ids);
     CHECK(logits.size(-1) == 24 / world);  // never gathered whole
     const at::Tensor loss = cpprun::vocab_parallel_cross_entropy(logits, target, group()).mean();
     loss.backward();

@@ -21,6 +21,7 @@
 #include "cpprun/cpprun.h"
 #include "ddp_test_models.h"
 #include "dist_test_support.h"
+#include "tied_lm.h"
 
 using dist_test::group;
 using ddp_test::relative_difference;
@@ -210,46 +211,24 @@ TEST_CASE("tensor x data parallel: a Megatron block stack matches one process un
   CHECK(relative_difference(unsplit->forward(probe), reference->forward(probe)) <= kTolerance);
 }
 
-// A language model whose head is its token embedding (logits = norm(embed(ids)) · embedᵀ), the
-// embedding vocabulary-parallel across tp and the model under DDP or ZeRO-1/2/3 across dp.
-struct TiedLmImpl : torch::nn::Module {
-  torch::nn::Embedding embed{nullptr};
-  torch::nn::LayerNorm norm{nullptr};
-  TiedLmImpl() {
-    torch::manual_seed(13);
-    embed = register_module("embed", torch::nn::Embedding(kVocab, kHidden));
-    norm = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({kHidden})));
-  }
-  // Through the registry, where parallelize_module put the vocabulary-parallel embedding:
-  // its columns of the logits; unsplit, all of them.
-  at::Tensor forward(const at::Tensor& ids) {
-    auto module = named_children()["embed"];
-    if (auto* split = module->as<cpprun::VocabParallelEmbeddingImpl>()) {
-      return cpprun::vocab_parallel_logits(norm(split->forward(ids)), *split);
-    }
-    return at::linear(norm(embed(ids)), embed->weight);
-  }
-  static constexpr int64_t kVocab = 24;
-};
-TORCH_MODULE(TiedLm);
-
 TEST_CASE("tensor x data parallel: a head tied to a vocabulary-parallel embedding matches one process", "[tp2d]") {
   const std::string how = GENERATE("ddp", "zero1", "zero2", "zero3");
   INFO(how << " on {dp " << mesh().size("dp") << ", tp " << mesh().size("tp") << "}");
-  TiedLm reference, net;
+  // Its head is its embedding, vocabulary-parallel across tp (tied_lm.h).
+  tp_test::TiedLm reference, net;
   cpprun::parallelize_module(net.ptr(), mesh(), "tp", {{"embed", cpprun::RowwiseParallel()}});
   const auto& dp = mesh().group("dp");
-  cpprun::DataParallel<TiedLmImpl> model =
-      how == "ddp" ? cpprun::DataParallel<TiedLmImpl>(cpprun::DistributedDataParallel(net, dp))
-                   : cpprun::DataParallel<TiedLmImpl>(cpprun::FullyShardedDataParallel(
+  cpprun::DataParallel<tp_test::TiedLmImpl> model =
+      how == "ddp" ? cpprun::DataParallel<tp_test::TiedLmImpl>(cpprun::DistributedDataParallel(net, dp))
+                   : cpprun::DataParallel<tp_test::TiedLmImpl>(cpprun::FullyShardedDataParallel(
                          net, dp, cpprun::FsdpOptions().stage(how.back() - '0')));
   torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-2));
   torch::optim::AdamW reference_opt(reference->parameters(), torch::optim::AdamWOptions(1e-2));
   const int64_t batch = mesh().size("dp") * kPerReplica;
   for (int step = 0; step < kSteps; ++step) {
     torch::manual_seed(2000 + step);
-    const at::Tensor ids = torch::randint(TiedLmImpl::kVocab, {batch, kSequence});
-    const at::Tensor target = torch::randint(TiedLmImpl::kVocab, {batch, kSequence});
+    const at::Tensor ids = torch::randint(tp_test::TiedLmImpl::kVocab, {batch, kSequence});
+    const at::Tensor target = torch::randint(tp_test::TiedLmImpl::kVocab, {batch, kSequence});
     reference_opt.zero_grad();
     const at::Tensor reference_loss =
         at::cross_entropy_loss(reference->forward(ids).flatten(0, 1), target.flatten(), {}, at::Reduction::Mean);
@@ -404,7 +383,8 @@ TEST_CASE("tensor x data parallel: save_state_dict writes whole tensors, which l
 
   // What has no tensor-parallel form yet is refused, naming the one that has.
   CHECK_THROWS_WITH(cpprun::save_full_state_dict(model, path),
-                    Catch::Contains("not supported with tensor parallelism") && Catch::Contains("save_state_dict(model"));
+                    Catch::Contains("not supported with tensor parallelism") &&
+                        Catch::Contains("save_state_dict(model"));
   CHECK_THROWS_WITH(cpprun::save_state_dict(model, (dir / "sharded/").string()), Catch::Contains("not a directory"));
   cpprun::barrier(group());  // every rank is done with the files before rank 0 removes them
 }
