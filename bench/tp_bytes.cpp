@@ -13,18 +13,20 @@
 // output (a counting allocator wraps LibTorch's CPU allocator), i.e. what autograd keeps for
 // backward. Per block (elements): without sequence parallelism
 // the LayerNorm's input and fc1's input (N·H each, whole on every rank), GELU's input and fc2's
-// input (N·4H/t each): N·H·(2 + 8/t). With it, the LayerNorm runs on N/t tokens and fc1 keeps the
-// all-gathered input: N·H·(1/t + 1 + 8/t). (Megatron re-gathers fc1's input in backward instead of
-// keeping it, for N·H·10/t; cpprun keeps it: one all-gather fewer per block.) The first block's
-// LayerNorm input is the model's input, made before the forward: the formula leaves it out.
+// input (N·4H/t each): N·H·(2 + 8/t). With it, the LayerNorm runs on N/t tokens and fc1 keeps its
+// input's sequence shard, gathering it again in backward (as Megatron-LM): N·H·10/t, all of it
+// falling by t. With ColwiseParallel's keep_gathered_input (PyTorch DTensor's behaviour) fc1 keeps
+// the all-gathered input instead: N·H·(1/t + 1 + 8/t). The first block's LayerNorm input is the
+// model's input, made before the forward: the formula leaves it out.
 // Communication: the collectives the TP layers issued in one forward + backward, read from the
 // flight recorder (each one's tensor shapes on this rank), as a ring sends them: an all-reduce of
 // E elements 2·(t−1)/t·E·4 bytes, an all-gather or reduce-scatter of E whole (t−1)/t·E·4. Per
 // block: without sequence parallelism one all-reduce of N·H in forward (fc2's output) and one in
 // backward (fc1's input gradient); with it, an all-gather and a reduce-scatter in each direction
-// instead, the same 4·(t−1)/t·N·H·4 bytes, plus three all-reduces of H elements: the gradients of
-// the LayerNorm's weight and bias and of fc2's bias, whole on every rank and each rank's covering
-// its own tokens (2·(t−1)/t·3H·4).
+// instead, the same 4·(t−1)/t·N·H·4 bytes, plus fc1's input gathered again in backward
+// ((t−1)/t·N·H·4; none with keep_gathered_input), plus three all-reduces of H elements: the
+// gradients of the LayerNorm's weight and bias and of fc2's bias, whole on every rank and each
+// rank's covering its own tokens (2·(t−1)/t·3H·4).
 //
 // --check exits 1 unless every measurement is within 1% of its formula (ctest runs it so, small:
 // dist.tp_bytes).
@@ -152,13 +154,20 @@ std::pair<double, int> ring_bytes(const std::vector<cpprun::FlightRecorderEntry>
   return {bytes, count};
 }
 
-Measured measure(const Sizes& s, const cpprun::DeviceMesh& mesh, bool sequence_parallel) {
+// How activations are laid out between the blocks' layers.
+enum class Layout { kWhole, kSequenceParallel, kSequenceParallelKeepGathered };
+
+Measured measure(const Sizes& s, const cpprun::DeviceMesh& mesh, Layout layout) {
   const int64_t t = mesh.size("tp");
+  const bool sequence_parallel = layout != Layout::kWhole;
   auto stack = make_stack(s);
   cpprun::ParallelizePlan plan;
   cpprun::ColwiseParallel colwise;
   cpprun::RowwiseParallel rowwise;
-  if (sequence_parallel) colwise.input_layouts(cpprun::Shard(1)), rowwise.output_layouts(cpprun::Shard(1));
+  if (sequence_parallel) {
+    colwise.input_layouts(cpprun::Shard(1)).keep_gathered_input(layout == Layout::kSequenceParallelKeepGathered);
+    rowwise.output_layouts(cpprun::Shard(1));
+  }
   for (int64_t b = 0; b < s.blocks; ++b) {
     const std::string name = std::to_string(b) + ".";
     plan.push_back({name + "1", colwise});
@@ -231,22 +240,26 @@ int main(int argc, char** argv) {
   };
   for (int t : {1, 2, 4}) {
     cpprun::DeviceMesh mesh(pg, {4 / t, t}, {"dp", "tp"});
-    for (bool sp : {false, true}) {
+    for (Layout layout : {Layout::kWhole, Layout::kSequenceParallel, Layout::kSequenceParallelKeepGathered}) {
+      const bool sp = layout != Layout::kWhole, kept = layout == Layout::kSequenceParallelKeepGathered;
       if (sp && t == 1) continue;
-      const Measured m = measure(s, mesh, sp);
+      const Measured m = measure(s, mesh, layout);
       const double params = L * (8 * H * H / t + 4 * H / t + 3 * H) * 4;
-      const double acts = (L * N * H * (sp ? 1.0 / t + 1 + 8.0 / t : 2 + 8.0 / t) - N * H / (sp ? t : 1)) * 4;
-      const double comm = L * (4.0 * (t - 1) / t * N * H + (sp ? 2.0 * (t - 1) / t * 3 * H : 0)) * 4;
+      const double per_block = !sp ? 2 + 8.0 / t : kept ? 1.0 / t + 1 + 8.0 / t : 10.0 / t;
+      const double acts = (L * N * H * per_block - N * H / (sp ? t : 1)) * 4;
+      const double regather = sp && !kept ? (t - 1.0) / t * N * H : 0;
+      const double comm = L * (4.0 * (t - 1) / t * N * H + regather + (sp ? 2.0 * (t - 1) / t * 3 * H : 0)) * 4;
       if (!near(m.parameters, params, 0.01) || !near(m.communication, comm, 0.01) ||
           !near(m.activations, acts, 0.01)) {
         within = false;
         std::fprintf(stderr, "tp_bytes: rank %d, tp %d%s: parameters %.0f (formula %.0f), activations %.0f (%.0f), "
-                     "communication %.0f (%.0f) bytes\n", pg.rank(), t, sp ? " sp" : "", m.parameters, params,
+                     "communication %.0f (%.0f) bytes\n", pg.rank(), t, !sp ? "" : kept ? " sp kept" : " sp",
+                     m.parameters, params,
                      m.activations, acts, m.communication, comm);
       }
       if (pg.rank() == 0) {
         std::printf("%-4d %-4s %8.2f / %-8.2f (%4.2fx) %8.2f / %-8.2f (%4.2fx) %9.2f / %-9.2f (%4.2fx) %d\n", t,
-                    sp ? "yes" : "no", m.parameters / kMiB, params / kMiB, m.parameters / params,
+                    !sp ? "no" : kept ? "kept" : "yes", m.parameters / kMiB, params / kMiB, m.parameters / params,
                     m.activations / kMiB, acts / kMiB, m.activations / acts, m.communication / kMiB, comm / kMiB,
                     comm > 0 ? m.communication / comm : 1.0, m.collectives);
       }

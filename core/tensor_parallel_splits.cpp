@@ -29,6 +29,32 @@ std::map<std::string, TensorParallelSplit> tensor_parallel_splits(torch::nn::Mod
 
 namespace detail {
 
+std::vector<ProcessGroup> distinct_groups(const std::vector<const ProcessGroup*>& groups,
+                                          std::vector<int64_t>* index_of) {
+  std::vector<std::vector<int>> ranks;
+  ranks.reserve(groups.size());
+  std::map<std::vector<int>, int64_t> position;  // by ranks: the same order on every rank
+  for (const ProcessGroup* group : groups) {
+    ranks.push_back(get_process_group_ranks(*group));
+    position.emplace(ranks.back(), 0);
+  }
+  std::vector<ProcessGroup> distinct;
+  for (auto& [group_ranks, index] : position) {
+    index = static_cast<int64_t>(distinct.size());
+    for (size_t i = 0; i < groups.size(); ++i) {
+      if (ranks[i] == group_ranks) {
+        distinct.push_back(*groups[i]);
+        break;
+      }
+    }
+  }
+  if (index_of) {
+    index_of->clear();
+    for (const auto& group_ranks : ranks) index_of->push_back(position.at(group_ranks));
+  }
+  return distinct;
+}
+
 void refuse_tensor_parallel_overlap(const std::map<std::string, TensorParallelSplit>& splits,
                                     const ProcessGroup& data_parallel, const char* who) {
   const std::vector<int> dp_ranks = get_process_group_ranks(data_parallel);

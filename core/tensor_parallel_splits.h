@@ -5,6 +5,7 @@
 
 #include <map>
 #include <string>
+#include <vector>
 
 #include "cpprun/process_group.h"
 #include "cpprun/tensor_parallel_split.h"
@@ -23,5 +24,12 @@ void refuse_tensor_parallel_overlap(const std::map<std::string, TensorParallelSp
 // load_state_dict, which have one (core/tensor_parallel_state.h).
 void refuse_tensor_parallel_checkpoint(const std::map<std::string, TensorParallelSplit>& splits, const char* who,
                                        const char* what, const std::string& path);
+
+// The distinct groups among `groups` (several parameters share one tensor-parallel group, each
+// holding its own ProcessGroup handle): told apart by their ranks, in the order of their ranks,
+// which every rank sees alike, so collectives over them pair up. `index_of[i]`, when asked for,
+// is groups[i]'s position among them.
+std::vector<ProcessGroup> distinct_groups(const std::vector<const ProcessGroup*>& groups,
+                                          std::vector<int64_t>* index_of = nullptr);
 
 }  // namespace cpprun::detail

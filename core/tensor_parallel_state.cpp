@@ -9,6 +9,7 @@
 
 #include "core/sharded_state_dict.h"
 #include "core/state_dict.h"
+#include "core/tensor_parallel_splits.h"
 #include "cpprun/collectives.h"
 
 namespace cpprun::detail {
@@ -22,11 +23,9 @@ void refuse_directory(const std::string& path, const char* what) {
 
 // The distinct tensor-parallel groups of `splits`, in the same order on every rank.
 std::vector<ProcessGroup> groups_of(const std::map<std::string, TensorParallelSplit>& splits) {
-  std::map<std::vector<int>, ProcessGroup> by_ranks;
-  for (const auto& [name, split] : splits) by_ranks.emplace(get_process_group_ranks(split.group), split.group);
-  std::vector<ProcessGroup> groups;
-  for (auto& [ranks, group] : by_ranks) groups.push_back(group);
-  return groups;
+  std::vector<const ProcessGroup*> groups;
+  for (const auto& [name, split] : splits) groups.push_back(&split.group);
+  return distinct_groups(groups);
 }
 
 // Every rank learns whether any failed: over the tensor-parallel groups, then across the

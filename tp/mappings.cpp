@@ -10,6 +10,7 @@
 #include <c10/util/Exception.h>
 
 #include "cpprun/collectives.h"
+#include "tp/autograd_group.h"
 #include "tp/tp_collectives.h"
 
 namespace cpprun {
@@ -18,18 +19,8 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// A ProcessGroup kept in an autograd context until backward (saved_data holds IValues only).
-struct GroupCapsule : torch::CustomClassHolder {
-  explicit GroupCapsule(ProcessGroup g) : group(std::move(g)) {}
-  ProcessGroup group;
-};
-
-void save_group(AutogradContext* ctx, const ProcessGroup& group) {
-  ctx->saved_data["group"] = at::IValue::make_capsule(c10::make_intrusive<GroupCapsule>(group));
-}
-const ProcessGroup& saved_group(AutogradContext* ctx) {
-  return static_cast<GroupCapsule*>(ctx->saved_data.at("group").toCapsule().get())->group;
-}
+using tp::save_group;
+using tp::saved_group;
 
 struct CopyToRegion : torch::autograd::Function<CopyToRegion> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, ProcessGroup group) {

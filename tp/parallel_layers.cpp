@@ -24,6 +24,12 @@ void check_member(const ProcessGroup& group, const char* what) {
               "only the group's ranks hold a shard.");
 }
 
+void refuse_embedding_options(const torch::nn::EmbeddingOptions& o, const char* style) {
+  TORCH_CHECK(!o.padding_idx() && !o.max_norm() && !o.scale_grad_by_freq() && !o.sparse(), "cpprun::", style,
+              ": the Embedding has padding_idx, max_norm, scale_grad_by_freq or sparse set; the split embedding "
+              "supports none of them yet.");
+}
+
 }  // namespace
 
 ColwiseParallelLinearImpl::ColwiseParallelLinearImpl(const torch::nn::LinearImpl& full, ProcessGroup group,
@@ -46,9 +52,14 @@ ColwiseParallelLinearImpl::ColwiseParallelLinearImpl(const torch::nn::LinearImpl
 
 at::Tensor ColwiseParallelLinearImpl::forward(const at::Tensor& input) {
   const Placement in = style_.input_layouts();
-  at::Tensor x = in.is_shard() ? gather_from_sequence_parallel_region(input, group_, in.dim)
-                               : copy_to_tensor_parallel_region(input, group_);
-  at::Tensor y = at::linear(x, weight, bias);
+  at::Tensor y;
+  if (in.is_shard() && !style_.keep_gathered_input()) {
+    y = sequence_parallel_column_linear(input, weight, bias, group_, in.dim);  // keeps only the shard
+  } else {
+    at::Tensor x = in.is_shard() ? gather_from_sequence_parallel_region(input, group_, in.dim)
+                                 : copy_to_tensor_parallel_region(input, group_);
+    y = at::linear(x, weight, bias);
+  }
   if (style_.output_layouts().is_replicate()) y = gather_from_tensor_parallel_region(y, group_);
   return y;
 }
@@ -62,8 +73,9 @@ std::map<std::string, TensorParallelSplit> ColwiseParallelLinearImpl::tensor_par
 void ColwiseParallelLinearImpl::pretty_print(std::ostream& stream) const {
   stream << "cpprun::ColwiseParallelLinear(in_features=" << in_features << ", out_features=" << out_features
          << " (" << weight.size(0) << " on this rank), bias=" << bias.defined() << ", input_layouts="
-         << style_.input_layouts().str() << ", output_layouts=" << style_.output_layouts().str() << ", tp="
-         << group_.size() << ")";
+         << style_.input_layouts().str() << ", output_layouts=" << style_.output_layouts().str()
+         << (style_.input_layouts().is_shard() && style_.keep_gathered_input() ? ", keep_gathered_input=true" : "")
+         << ", tp=" << group_.size() << ")";
 }
 
 RowwiseParallelLinearImpl::RowwiseParallelLinearImpl(const torch::nn::LinearImpl& full, ProcessGroup group,
@@ -119,10 +131,7 @@ VocabParallelEmbeddingImpl::VocabParallelEmbeddingImpl(const torch::nn::Embeddin
     : num_embeddings(full.weight.size(0)), embedding_dim(full.weight.size(1)), group_(std::move(group)),
       style_(style) {
   check_member(group_, "VocabParallelEmbedding");
-  const auto& o = full.options;
-  TORCH_CHECK(!o.padding_idx() && !o.max_norm() && !o.scale_grad_by_freq() && !o.sparse(),
-              "cpprun::RowwiseParallel: the Embedding has padding_idx, max_norm, scale_grad_by_freq or sparse set; "
-              "the vocabulary-parallel embedding supports none of them yet.");
+  refuse_embedding_options(full.options, "RowwiseParallel");
   TORCH_CHECK(style_.input_layouts().is_replicate() || style_.input_layouts().dim == -1,
               "cpprun::RowwiseParallel: input_layouts ", style_.input_layouts().str(), " is not supported for an "
               "Embedding: its input (the token ids) is Replicate() on every rank.");
@@ -144,10 +153,14 @@ at::Tensor VocabParallelEmbeddingImpl::forward(const at::Tensor& ids) {
                             : reduce_scatter_to_sequence_parallel_region(y, group_, out.dim);
 }
 
-at::Tensor vocab_parallel_logits(const at::Tensor& hidden, const VocabParallelEmbeddingImpl& embedding) {
+at::Tensor vocab_parallel_logits(const at::Tensor& hidden, const VocabParallelEmbeddingImpl& embedding,
+                                 Placement hidden_layout) {
   TORCH_CHECK(hidden.dim() >= 1 && hidden.size(-1) == embedding.embedding_dim, "cpprun::vocab_parallel_logits: the "
               "hidden state's last dimension is ", (hidden.dim() ? hidden.size(-1) : 0), ", the embedding's width ",
               embedding.embedding_dim, ".");
+  if (hidden_layout.is_shard()) {  // sequence parallel: the whole sequence's logits from this rank's tokens
+    return sequence_parallel_column_linear(hidden, embedding.weight, {}, embedding.process_group(), hidden_layout.dim);
+  }
   return at::linear(copy_to_tensor_parallel_region(hidden, embedding.process_group()), embedding.weight);
 }
 
@@ -159,6 +172,38 @@ void VocabParallelEmbeddingImpl::pretty_print(std::ostream& stream) const {
   stream << "cpprun::VocabParallelEmbedding(num_embeddings=" << num_embeddings << " (ids " << vocab_start_ << ".."
          << vocab_start_ + weight.size(0) - 1 << " on this rank), embedding_dim=" << embedding_dim
          << ", output_layouts=" << style_.output_layouts().str() << ", tp=" << group_.size() << ")";
+}
+
+ColwiseParallelEmbeddingImpl::ColwiseParallelEmbeddingImpl(const torch::nn::EmbeddingImpl& full, ProcessGroup group,
+                                                           ColwiseParallel style)
+    : num_embeddings(full.weight.size(0)), embedding_dim(full.weight.size(1)), group_(std::move(group)),
+      style_(style) {
+  check_member(group_, "ColwiseParallelEmbedding");
+  refuse_embedding_options(full.options, "ColwiseParallel");
+  TORCH_CHECK(style_.input_layouts().is_replicate(), "cpprun::ColwiseParallel: input_layouts ",
+              style_.input_layouts().str(), " is not supported for an Embedding: its input (the token ids) is "
+              "Replicate() on every rank.");
+  const Placement out = style_.output_layouts();
+  TORCH_CHECK(out.is_replicate() || out.dim == -1, "cpprun::ColwiseParallel: output_layouts ", out.str(),
+              " is not supported for an Embedding: use Shard(-1) (the embedding dimension stays split) or "
+              "Replicate().");
+  weight = register_parameter("weight", shard_of(full.weight, group_, 1, "ColwiseParallel"),
+                              full.weight.requires_grad());
+}
+
+at::Tensor ColwiseParallelEmbeddingImpl::forward(const at::Tensor& ids) {
+  at::Tensor y = at::embedding(weight, ids);  // this rank's columns of every id's row
+  return style_.output_layouts().is_replicate() ? gather_from_tensor_parallel_region(y, group_) : y;
+}
+
+std::map<std::string, TensorParallelSplit> ColwiseParallelEmbeddingImpl::tensor_parallel_splits() const {
+  return {{"weight", {group_, 1}}};
+}
+
+void ColwiseParallelEmbeddingImpl::pretty_print(std::ostream& stream) const {
+  stream << "cpprun::ColwiseParallelEmbedding(num_embeddings=" << num_embeddings << ", embedding_dim="
+         << embedding_dim << " (" << weight.size(1) << " on this rank), output_layouts="
+         << style_.output_layouts().str() << ", tp=" << group_.size() << ")";
 }
 
 SequenceParallelLayerNormImpl::SequenceParallelLayerNormImpl(const torch::nn::LayerNormImpl& full, ProcessGroup group,

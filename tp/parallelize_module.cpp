@@ -96,8 +96,11 @@ std::shared_ptr<torch::nn::Module> make_parallel(const std::string& name, const 
               style_name(style), " applies to torch::nn::Linear and torch::nn::Embedding modules only (a "
               "submodule parallelized already cannot be planned twice).");
   if (const auto* colwise = std::get_if<ColwiseParallel>(&style)) {
-    TORCH_CHECK(linear, "cpprun::parallelize_module: ColwiseParallel on the Embedding \"", name, "\" (its "
-                "embedding dimension split) is not implemented yet; use RowwiseParallel (the vocabulary split).");
+    if (embedding) {
+      check_divides(name, "ColwiseParallel", "embedding dimension", embedding->weight.size(1), tp);
+      agree_on_parameters(*embedding, group);
+      return std::make_shared<ColwiseParallelEmbeddingImpl>(*embedding, group, *colwise);
+    }
     check_divides(name, "ColwiseParallel", "output features", linear->options.out_features(), tp);
     agree_on_parameters(*linear, group);
     return std::make_shared<ColwiseParallelLinearImpl>(*linear, group, *colwise);
@@ -124,6 +127,7 @@ void replace_child(const Located& at, const std::shared_ptr<torch::nn::Module>& 
       if (auto c = std::dynamic_pointer_cast<ColwiseParallelLinearImpl>(replacement)) entry = torch::nn::AnyModule(c);
       if (auto r = std::dynamic_pointer_cast<RowwiseParallelLinearImpl>(replacement)) entry = torch::nn::AnyModule(r);
       if (auto e = std::dynamic_pointer_cast<VocabParallelEmbeddingImpl>(replacement)) entry = torch::nn::AnyModule(e);
+      if (auto e = std::dynamic_pointer_cast<ColwiseParallelEmbeddingImpl>(replacement)) entry = torch::nn::AnyModule(e);
       if (auto n = std::dynamic_pointer_cast<SequenceParallelLayerNormImpl>(replacement)) entry = torch::nn::AnyModule(n);
       if (auto d = std::dynamic_pointer_cast<SequenceParallelDropoutImpl>(replacement)) entry = torch::nn::AnyModule(d);
     }

@@ -122,6 +122,28 @@ class VocabParallelEmbeddingImpl : public torch::nn::Module, public TensorParall
 };
 TORCH_MODULE(VocabParallelEmbedding);
 
+// An Embedding whose embedding dimension is split (PyTorch's ColwiseParallel on nn.Embedding):
+// weight [num_embeddings, dim/tp], every rank holding every id's columns r·dim/tp onwards. The ids
+// are whole on every rank; the output is this rank's columns (Shard(-1), the default) or
+// all-gathered (Replicate()). No communication in forward with Shard(-1), and none in backward.
+// Embeddings with padding_idx, max_norm or sparse gradients are refused.
+class ColwiseParallelEmbeddingImpl : public torch::nn::Module, public TensorParallelModule {
+ public:
+  ColwiseParallelEmbeddingImpl(const torch::nn::EmbeddingImpl& full, ProcessGroup group, ColwiseParallel style = {});
+  at::Tensor forward(const at::Tensor& ids);
+  void pretty_print(std::ostream& stream) const override;
+  std::map<std::string, TensorParallelSplit> tensor_parallel_splits() const override;
+  const ProcessGroup& process_group() const { return group_; }
+
+  at::Tensor weight;
+  int64_t num_embeddings, embedding_dim;  // of the whole table
+
+ private:
+  ProcessGroup group_;
+  ColwiseParallel style_;
+};
+TORCH_MODULE(ColwiseParallelEmbedding);
+
 // A LayerNorm on sequence shards (SequenceParallel): its input and output are this rank's slice
 // of the sequence; weight and bias are whole on every rank, and their gradients (each rank's
 // covering its own tokens) are all-reduced over the group in backward (a copy_to region around
@@ -192,9 +214,13 @@ torch::OrderedDict<std::string, at::Tensor> tensor_parallel_full_state_dict(torc
 // parallel_lm_logits with the word embeddings' weight): hidden [..., H], whole on every rank ->
 // this rank's columns of the logits [..., V/tp] (split along the vocabulary, as
 // vocab_parallel_cross_entropy takes them), hidden · weightᵀ with the embedding's own shard, so
-// the embedding and the head stay one tensor and its gradient sums both uses. The hidden state
-// enters through copy_to_tensor_parallel_region (its gradient all-reduced in backward).
-at::Tensor vocab_parallel_logits(const at::Tensor& hidden, const VocabParallelEmbeddingImpl& embedding);
+// the embedding and the head stay one tensor and its gradient sums both uses. `hidden_layout`:
+// Replicate() (hidden whole on every rank; it enters through copy_to_tensor_parallel_region, its
+// gradient all-reduced in backward) or Shard(d) under sequence parallelism (hidden is this rank's
+// shard of the sequence dimension d, all-gathered here as a ColwiseParallel's input is, its
+// gradient reduce-scattered; the logits cover the whole sequence).
+at::Tensor vocab_parallel_logits(const at::Tensor& hidden, const VocabParallelEmbeddingImpl& embedding,
+                                 Placement hidden_layout = Replicate());
 
 
 // Cross-entropy of logits split along the vocabulary (the last dim: rank r holds classes

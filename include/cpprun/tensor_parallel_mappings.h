@@ -12,6 +12,7 @@
 //   gather_from_sequence_parallel_region all-gather along `dim`   reduce-scatter along `dim`
 //   reduce_scatter_to_sequence_parallel_region
 //                                        reduce-scatter along `dim` all-gather along `dim`
+//   sequence_parallel_column_linear      all-gather, linear       all-gather (again), reduce-scatter
 //
 // Chunks are in rank order (rank r of the group holds chunk r); a dimension that does not divide
 // by the group's size is refused, naming the dimension, its size and the group's size. Every
@@ -38,5 +39,15 @@ at::Tensor scatter_to_sequence_parallel_region(const at::Tensor& input, const Pr
 at::Tensor gather_from_sequence_parallel_region(const at::Tensor& input, const ProcessGroup& group, int64_t dim);
 at::Tensor reduce_scatter_to_sequence_parallel_region(const at::Tensor& input, const ProcessGroup& group,
                                                       int64_t dim);
+
+// A column-parallel linear on sequence shards, as one autograd function (Megatron-LM's
+// linear_with_grad_accumulation_and_async_allreduce with sequence_parallel): forward all-gathers
+// `input_shard` along `dim` and returns linear(gathered, weight, bias) (weight: this rank's rows);
+// backward reduce-scatters the input's gradient along `dim` and, for the weight's gradient,
+// all-gathers the input again. Autograd keeps only the shard, 1/t of what
+// linear(gather_from_sequence_parallel_region(x), weight, bias) keeps, for one more all-gather.
+// `bias` may be undefined.
+at::Tensor sequence_parallel_column_linear(const at::Tensor& input_shard, const at::Tensor& weight,
+                                           const at::Tensor& bias, const ProcessGroup& group, int64_t dim);
 
 }  // namespace cpprun

@@ -32,10 +32,16 @@ inline Placement Shard(int64_t dim) { return {Placement::Kind::kShard, dim}; }
 // Linear: the output features are split (weight rows, bias). Input: Replicate() (its backward
 // all-reduces the input's gradient) or Shard(d) (sequence parallel: all-gathered along d, its
 // gradient reduce-scattered). Output: Shard(-1) (kept split) or Replicate() (all-gathered).
-// Embedding: not yet (use RowwiseParallel: the vocabulary split).
+// Embedding: the embedding dimension is split (weight columns); input Replicate() (the ids),
+// output Shard(-1) or Replicate().
 struct ColwiseParallel {
   TORCH_ARG(Placement, input_layouts) = Replicate();
   TORCH_ARG(Placement, output_layouts) = Shard(-1);
+  // Sequence parallel input only. false (the default, as Megatron-LM): backward keeps only this
+  // rank's sequence shard of the input and all-gathers it again to compute the weight's gradient,
+  // so the layer's saved activation falls by the TP degree. true (as PyTorch's DTensor): it
+  // keeps the all-gathered input, t times larger, and saves that all-gather.
+  TORCH_ARG(bool, keep_gathered_input) = false;
 };
 
 // Linear: the input features are split (weight columns); the bias stays whole and is added once

@@ -103,16 +103,44 @@ TEST_CASE("tensor parallel: the mappings' forward and backward", "[tp]") {
   }
 }
 
-TEST_CASE("tensor parallel: an MLP block matches one process after AdamW steps", "[tp]") {
-  const bool sequence_parallel = GENERATE(false, true);
+TEST_CASE("tensor parallel: the column linear on sequence shards is linear over the gathered input", "[tp]") {
   const int world = group().size(), rank = group().rank();
-  INFO("tp " << world << (sequence_parallel ? " with sequence parallelism" : ""));
+  torch::manual_seed(5);  // the same on every rank: each takes its own slice below
+  const at::Tensor x = torch::randn({2, 3 * world, 8}), w = torch::randn({4 * world, 8}), b = torch::randn({4 * world});
+  const at::Tensor grad_out = torch::randn({2, 3 * world, 4});  // this rank's output columns' gradient, per rank
+  auto run = [&](bool fused) {
+    at::Tensor shard = x.chunk(world, 1)[rank].clone().requires_grad_();
+    at::Tensor weight = w.chunk(world, 0)[rank].clone().requires_grad_();
+    at::Tensor bias = b.chunk(world, 0)[rank].clone().requires_grad_();
+    at::Tensor y = fused ? cpprun::sequence_parallel_column_linear(shard, weight, bias, group(), 1)
+                         : at::linear(cpprun::gather_from_sequence_parallel_region(shard, group(), 1), weight, bias);
+    (y * (grad_out + rank)).sum().backward();
+    return std::vector<at::Tensor>{y.detach(), shard.grad(), weight.grad(), bias.grad()};
+  };
+  const auto fused = run(true), composed = run(false);
+  for (std::size_t i = 0; i < fused.size(); ++i) {
+    INFO("output, input, weight and bias gradients: " << i);
+    CHECK(relative_difference(fused[i], composed[i]) <= 1e-6);
+  }
+  // The whole layer in one process: this rank's output columns.
+  CHECK(relative_difference(fused[0], at::linear(x, w, b).chunk(world, 2)[rank]) <= 1e-6);
+  CHECK_THROWS_WITH(cpprun::sequence_parallel_column_linear(x, w, b, group(), 2),
+                    Catch::Contains("is the feature dimension"));
+}
+
+TEST_CASE("tensor parallel: an MLP block matches one process after AdamW steps", "[tp]") {
+  // 0: whole inputs; 1: sequence parallel (fc1 keeps its input's shard); 2: fc1 keeps the gathered input.
+  const int layout = GENERATE(0, 1, 2);
+  const bool sequence_parallel = layout > 0;
+  const int world = group().size(), rank = group().rank();
+  INFO("tp " << world << (sequence_parallel ? " with sequence parallelism" : "")
+             << (layout == 2 ? ", keep_gathered_input" : ""));
   auto reference = make_mlp();
   auto parallel = make_mlp();
   cpprun::ColwiseParallel colwise;
   cpprun::RowwiseParallel rowwise;
   if (sequence_parallel) {  // [batch, sequence, hidden]: each rank holds a slice of the sequence
-    colwise.input_layouts(cpprun::Shard(1));
+    colwise.input_layouts(cpprun::Shard(1)).keep_gathered_input(layout == 2);
     rowwise.output_layouts(cpprun::Shard(1));
   }
   cpprun::ParallelizePlan plan{{"1", colwise}, {"3", rowwise}};
@@ -172,6 +200,41 @@ TEST_CASE("tensor parallel: vocabulary-parallel embedding and cross-entropy matc
     const at::Tensor logits = parallel->forward(ids);  // [6, 10, 24 / world]: never gathered
     CHECK(logits.size(-1) == 24 / world);
     at::Tensor loss = cpprun::vocab_parallel_cross_entropy(logits, target, group()).mean();
+    loss.backward();
+    parallel_opt.step();
+    INFO("step " << step << " loss " << loss.item<double>() << " reference " << reference_loss.item<double>());
+    CHECK(relative(loss.item<double>(), reference_loss.item<double>()) <= kTolerance);
+  }
+  check_parameters(parallel, reference, make_lm, ids);
+}
+
+TEST_CASE("tensor parallel: an embedding split by its dimension (ColwiseParallel) matches one process", "[tp]") {
+  // Shard(-1): the embedding's columns feed a row-parallel Linear as they are (no communication
+  // between them); Replicate(): all-gathered, into a whole Linear.
+  const bool gathered = GENERATE(false, true);
+  const int world = group().size();
+  INFO("output_layouts " << (gathered ? "Replicate()" : "Shard(-1)"));
+  auto reference = make_lm();
+  auto parallel = make_lm();
+  cpprun::ParallelizePlan plan{{"0", cpprun::ColwiseParallel().output_layouts(gathered ? cpprun::Replicate()
+                                                                                        : cpprun::Shard(-1))}};
+  if (!gathered) plan.push_back({"1", cpprun::RowwiseParallel()});
+  cpprun::parallelize_module(parallel.ptr(), group(), plan);
+  REQUIRE(parallel[0]->as<cpprun::ColwiseParallelEmbedding>() != nullptr);
+  CHECK(parallel[0]->as<cpprun::ColwiseParallelEmbedding>()->weight.sizes() == at::IntArrayRef{24, 12 / world});
+
+  torch::manual_seed(14);
+  const at::Tensor ids = torch::randint(24, {6, 10}), target = torch::randint(24, {6, 10});
+  torch::optim::AdamW reference_opt(reference->parameters(), torch::optim::AdamWOptions(1e-2));
+  torch::optim::AdamW parallel_opt(parallel->parameters(), torch::optim::AdamWOptions(1e-2));
+  for (int step = 0; step < kSteps; ++step) {
+    reference_opt.zero_grad();
+    at::Tensor reference_loss = at::cross_entropy_loss(reference->forward(ids).view({-1, 24}), target.view(-1));
+    reference_loss.backward();
+    reference_opt.step();
+
+    parallel_opt.zero_grad();
+    at::Tensor loss = at::cross_entropy_loss(parallel->forward(ids).view({-1, 24}), target.view(-1));
     loss.backward();
     parallel_opt.step();
     INFO("step " << step << " loss " << loss.item<double>() << " reference " << reference_loss.item<double>());
