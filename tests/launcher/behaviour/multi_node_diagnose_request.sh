@@ -75,7 +75,8 @@ alive "$node0" && alive "$node1" || fail "the repeated requests stopped the job"
 # ---- asked on node 1: its own ranks, and where to ask for the whole job ----
 ask "$node1" member
 expect_eq "$ASKED" 0 "cpprun --diagnose of node 1's exit code"
-expect_in_file "$WORK/member.out" "rank 2 is in all_reduce #5 (float32[4096], sum) since" "node 1's own stuck rank"
+expect_in_file "$WORK/member.out" "group world (ranks 2-3): rank 2 is in all_reduce #5 (float32[4096], sum) since" \
+  "node 1's own ranks, its stuck one first"
 expect_in_file "$WORK/member.out" "(node 1's ranks only: for every rank of the job, run cpprun --diagnose with the pid of node 0's cpprun, the agent hosting the rendezvous at 127.0.0.1:29573)" \
   "node 1's pointer to node 0"
 
