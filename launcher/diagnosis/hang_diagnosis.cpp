@@ -104,17 +104,18 @@ Diagnosis diagnose(const std::vector<RankEvidence>& ranks, const std::string& wh
       g.dumped_at[r.rank] = r.dump->dumped_unix_ms;
     }
   }
-  const int world = static_cast<int>(ranks.size());
+  // A group that names no members (the world) has every rank given here: all of the job's, or one
+  // node's when that node diagnoses its own part.
+  std::vector<int> every_rank;
+  for (const RankEvidence& r : ranks) every_rank.push_back(r.rank);
+  std::sort(every_rank.begin(), every_rank.end());
   if (dumped.empty()) {
     d.lines.push_back("no rank left a flight-recorder dump (programs not linked with cpprun's library, or "
                       "killed before they could write one)");
   }
   std::string groups_json;
   for (auto& [name, g] : groups) {
-    std::vector<int> members = g.members;
-    if (members.empty()) {
-      for (int r = 0; r < world; ++r) members.push_back(r);
-    }
+    const std::vector<int> members = g.members.empty() ? every_rank : g.members;
     std::map<int, Position> at;
     int64_t frontier = -1;
     for (const auto& [rank, records] : g.records) {

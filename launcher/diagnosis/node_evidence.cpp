@@ -51,6 +51,12 @@ std::vector<int> awaited_nodes(const std::vector<NodeSlice>& nodes, const std::m
   return awaited;
 }
 
+EvidenceFor evidence_for(int message_round, int message_request, int current_round, int open_request) {
+  if (message_round != current_round || message_request < 0) return EvidenceFor::kStale;
+  if (message_request == 0) return EvidenceFor::kFailure;
+  return open_request > 0 && message_request == open_request ? EvidenceFor::kOpenRequest : EvidenceFor::kStale;
+}
+
 MergedEvidence merge_node_evidence(const std::vector<NodeSlice>& nodes, const std::map<int, NodeEvidence>& heard,
                                    std::chrono::milliseconds waited) {
   MergedEvidence merged;

@@ -27,8 +27,19 @@ struct NodeEvidence {
   std::string gone;                 // its agent is gone: why ("is gone: it was killed, ...")
 };
 
+// How long node 0 waits for the other nodes' evidence once its own is gathered: they gather theirs
+// meanwhile (up to 2 s each, as node 0 does), so this is slack for a slow link or a busy agent.
+inline constexpr std::chrono::seconds kEvidenceWait{5};
+
 // The nodes still to be heard from: neither done nor gone, and without every rank's evidence.
 std::vector<int> awaited_nodes(const std::vector<NodeSlice>& nodes, const std::map<int, NodeEvidence>& heard);
+
+// Which of node 0's collections an evidence message belongs to (Note [Diagnosis on request across
+// nodes] in node_rendezvous.h): the running round's failure (request 0), the request node 0 waits
+// for now, or neither -- another round's, or a late answer to a request already answered.
+enum class EvidenceFor { kFailure, kOpenRequest, kStale };
+// `open_request`: the number of the request node 0 collects now, 0 when none.
+EvidenceFor evidence_for(int message_round, int message_request, int current_round, int open_request);
 
 struct MergedEvidence {
   std::vector<RankEvidence> ranks;    // one per rank of every node, by rank

@@ -15,9 +15,9 @@ namespace cpprun::launcher {
 namespace {
 
 // Indexed by MessageKind.
-constexpr const char* kKindWords[] = {"hello",   "gathering", "queued", "start", "done",
-                                      "failed",  "stopped",   "end",    "exit",  "evidence"};
-static_assert(std::size(kKindWords) == static_cast<std::size_t>(MessageKind::kEvidence) + 1);
+constexpr const char* kKindWords[] = {"hello",  "gathering", "queued", "start",    "done", "failed",
+                                      "stopped", "end",      "exit",   "evidence", "ask"};
+static_assert(std::size(kKindWords) == static_cast<std::size_t>(MessageKind::kAsk) + 1);
 
 // Indexed by CollectiveRecord::State.
 constexpr const char* kStateWords[] = {"started", "completed", "failed"};
@@ -266,7 +266,12 @@ void visit_words(Message& m, Words& w) {
       return;
     case MessageKind::kEvidence:
       w.number(m.round);
+      w.number(m.request);
       evidence_words(m.evidence, w);
+      return;
+    case MessageKind::kAsk:
+      w.number(m.round);
+      w.number(m.request);
       return;
   }
 }
@@ -293,9 +298,16 @@ NodeMessage NodeMessage::make_failed(int round, JobEnd end) { return {MessageKin
 NodeMessage NodeMessage::make_end(int round, JobEnd end) { return {MessageKind::kEnd, round, std::move(end)}; }
 NodeMessage NodeMessage::make_exit(JobEnd end) { return {MessageKind::kExit, 0, std::move(end)}; }
 
-NodeMessage NodeMessage::make_evidence(int round, RankEvidence evidence) {
+NodeMessage NodeMessage::make_ask(int round, int request) {
+  NodeMessage m{MessageKind::kAsk, round};
+  m.request = request;
+  return m;
+}
+
+NodeMessage NodeMessage::make_evidence(int round, RankEvidence evidence, int request) {
   NodeMessage m{MessageKind::kEvidence, round};
   m.evidence = std::move(evidence);
+  m.request = request;
   for (std::string* text : {&m.evidence.fate, &m.evidence.no_dump_reason}) {
     if (text->size() > kMaxEvidenceText) text->resize(kMaxEvidenceText);
   }
@@ -332,7 +344,8 @@ std::optional<NodeMessage> decode_message(const std::string& line) {
   visit_words(m, in);
   if (m.kind == MessageKind::kHello && !in.same_protocol(m.hello.protocol)) return m;  // refused by version
   if (!in.ok() || !in.at_end()) return std::nullopt;
-  if (m.kind == MessageKind::kEvidence && m.evidence.rank < 0) return std::nullopt;
+  if (m.kind == MessageKind::kEvidence && (m.evidence.rank < 0 || m.request < 0)) return std::nullopt;
+  if (m.kind == MessageKind::kAsk && m.request < 1) return std::nullopt;  // requests count from 1
   // A failure's exit code is 1 to 255 whatever the peer claims: no message can make a failed job
   // look like a success (0), or pass the shell a code it would wrap.
   if (m.end.exit_code < (m.kind == MessageKind::kExit ? 0 : 1) || m.end.exit_code > 255) m.end.exit_code = 1;

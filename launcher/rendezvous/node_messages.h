@@ -12,8 +12,10 @@
 //   host -> member   end       round N is over (failed somewhere): stop your workers
 //   member -> host   stopped   my workers of round N are stopped
 //   host -> member   exit      the job is over: exit with this code (0 when every node was done)
-//   member -> host   evidence  round N failed somewhere: one of my ranks' flight-recorder dump and fate,
-//                              one message per rank (Note [One diagnosis for several nodes])
+//   host -> member   ask       cpprun --diagnose on the host: request R of round N, send your ranks' evidence
+//   member -> host   evidence  one of my ranks' flight-recorder dump and fate, one message per rank: round N
+//                              failed somewhere (request 0, Note [One diagnosis for several nodes]), or my
+//                              answer to `ask` R (Note [Diagnosis on request across nodes])
 // A restart is a new `start` with the next round number; see Note [Elastic rounds].
 #pragma once
 
@@ -28,7 +30,7 @@
 namespace cpprun::launcher {
 
 // Bumped when a message changes; agents of different versions refuse each other at `hello`.
-inline constexpr int kNodeProtocolVersion = 6;  // 6: kEvidence (5: kStart carries MASTER_ADDR)
+inline constexpr int kNodeProtocolVersion = 7;  // 7: kAsk, kEvidence's request (6: kEvidence)
 
 // Note [Bounding a peer's evidence]
 // An evidence message carries one rank's flight-recorder entries. The library keeps 2,000 by default
@@ -42,7 +44,7 @@ inline constexpr std::size_t kMaxEvidenceEntries = 2000;
 inline constexpr std::size_t kEvidenceEntryBytes = 256;
 inline constexpr std::size_t kMaxEvidenceBytes = kMaxEvidenceEntries * kEvidenceEntryBytes + 8 * 1024;
 
-enum class MessageKind { kHello, kGathering, kQueued, kStart, kDone, kFailed, kStopped, kEnd, kExit, kEvidence };
+enum class MessageKind { kHello, kGathering, kQueued, kStart, kDone, kFailed, kStopped, kEnd, kExit, kEvidence, kAsk };
 
 struct NodeHello {
   int protocol = kNodeProtocolVersion;
@@ -64,7 +66,7 @@ struct JobEnd {
 
 struct NodeMessage {
   MessageKind kind = MessageKind::kHello;
-  int round = 0;               // kGathering, kQueued, kStart, kDone, kFailed, kStopped, kEnd, kEvidence
+  int round = 0;               // kGathering, kQueued, kStart, kDone, kFailed, kStopped, kEnd, kEvidence, kAsk
   JobEnd end{};                // kFailed, kEnd, kExit
   NodeHello hello{};           // kHello
   std::vector<int> missing{};  // kGathering: static node ranks not joined yet
@@ -73,6 +75,7 @@ struct NodeMessage {
   int restart_count = 0;       // kStart: TORCHELASTIC_RESTART_COUNT
   RankLayout layout{};         // kStart: group rank and size, ranks, master_port (worker rank 0's store)
   RankEvidence evidence{};     // kEvidence: one rank's dump (if any) and fate
+  int request = 0;             // kAsk: the request's number (from 1); kEvidence: the one it answers, 0 for a failure
 
   static NodeMessage make_hello(const NodeHello& hello);
   static NodeMessage make_gathering(int round, int nodes, std::vector<int> missing);
@@ -84,7 +87,9 @@ struct NodeMessage {
   static NodeMessage make_end(int round, JobEnd end);
   static NodeMessage make_exit(JobEnd end);
   // Drops the oldest entries of the dump that do not fit: Note [Bounding a peer's evidence].
-  static NodeMessage make_evidence(int round, RankEvidence evidence);
+  // `request`: 0 when the round failed, else the number of the `ask` it answers.
+  static NodeMessage make_evidence(int round, RankEvidence evidence, int request = 0);
+  static NodeMessage make_ask(int round, int request);
 };
 
 // One line, without the newline.

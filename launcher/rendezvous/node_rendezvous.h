@@ -42,6 +42,21 @@
 // shows its ranks waiting, not for whom. When the host's own workers had all succeeded before
 // another node failed, its run_attempt reports nothing: the host collects the others' evidence in
 // decide() instead, once the round is known to have failed (take_late_evidence()).
+//
+// Note [Diagnosis on request across nodes]
+// `cpprun --diagnose` with the host's pid asks every node while the job goes on. The host numbers the
+// request (from 1, for the whole job), sends `ask ROUND R` to each member whose workers run, and
+// gathers its own ranks' dumps meanwhile; each member, between its workers' events (run_attempt),
+// gathers its ranks' dumps as for a local request and sends them back, one `evidence ROUND R`
+// message per rank (the failure path's message and bounds; the failure's own are request 0). The
+// host waits up to kEvidenceWait past its own dumps for the nodes that still owe R an answer (never
+// for a done or gone node; a failure ending the round, or a signal other than another request,
+// cuts the wait short), merges as the failure path does and answers with one diagnosis naming the
+// ranks it heard nothing of. Then R is closed: an answer that comes later, or is of another round,
+// is set aside by its number (evidence_for(), pure), so a slow node's old answer is never taken for
+// a newer request's. A member asked directly answers for its own ranks and says where to ask for
+// the whole job: relaying to the host would need the host's answer, every rank's entries, sent
+// back over a link whose lines are bounded for one rank's, for what the host's pid gives at once.
 #pragma once
 
 #include <chrono>
@@ -178,10 +193,6 @@ std::unique_ptr<NodeRendezvous> make_rendezvous_member(const RendezvousSettings&
 // `left` again; c10d: how many nodes `joined`. `source` follows, e.g. " (as node 0 last reported)".
 std::string join_timeout_message(const RendezvousSettings& settings, const std::vector<int>& never,
                                  const std::vector<int>& left, int joined, const std::string& source);
-
-// How long the host waits for the other nodes' evidence once its own workers are stopped: they
-// gathered theirs meanwhile (up to 2 s each, as the host did), so this is slack for a slow link.
-inline constexpr std::chrono::seconds kEvidenceWait{5};
 
 // Milliseconds from now until `when`, for poll(): 0 once it has passed.
 int ms_until(Clock::time_point when);

@@ -100,9 +100,7 @@ class RendezvousHost final : public NodeRendezvous {
     const auto started = Clock::now();
     const auto deadline = started + wait;
     const auto others_awaited = [&] {
-      for (const Node& n : nodes_) {
-        if (n.state == NodeState::kDone && n.group_rank >= 0) heard_[n.group_rank].done = true;
-      }
+      mark_done(heard_);
       std::vector<int> awaited = awaited_nodes(round_nodes_, heard_);
       return std::any_of(awaited.begin(), awaited.end(), [](int node) { return node != 0; });
     };
@@ -118,6 +116,34 @@ class RendezvousHost final : public NodeRendezvous {
   }
 
   std::optional<LateEvidence> take_late_evidence() override { return std::exchange(late_evidence_, std::nullopt); }
+
+  // Note [Diagnosis on request across nodes]: the running round's other nodes are asked; a new
+  // request replaces an open one, whose late answers are then set aside by number.
+  int ask_nodes_for_evidence() override {
+    if (phase_ != Phase::kRunning || end_ || nodes_.empty()) return 0;
+    request_ = OpenRequest{++last_request_, {}};
+    for (Node& n : nodes_) {
+      if (n.state == NodeState::kRunning) n.link.send(NodeMessage::make_ask(round_, request_->number));
+    }
+    return request_->number;
+  }
+
+  bool evidence_owed(int request) override {
+    if (!request_ || request_->number != request) return false;
+    mark_done(request_->heard);
+    const std::vector<int> awaited = awaited_nodes(round_nodes_, request_->heard);
+    return std::any_of(awaited.begin(), awaited.end(), [](int node) { return node != 0; });
+  }
+
+  MergedEvidence close_evidence_request(int request, std::vector<RankEvidence> own,
+                                        std::chrono::milliseconds waited) override {
+    std::map<int, NodeEvidence> heard;
+    if (request_ && request_->number == request) heard = std::move(request_->heard);
+    request_.reset();  // from now on, its answers are stale
+    mark_done(heard);
+    heard[0].ranks = std::move(own);
+    return merge_node_evidence(round_nodes_, heard, waited);
+  }
 
   JobDecision decide(SignalRelay& relay) override {
     // News that arrived while this node's workers were being stopped (a lost node, say) counts.
@@ -168,6 +194,19 @@ class RendezvousHost final : public NodeRendezvous {
     NodeState state = NodeState::kJoined;
     int group_rank = -1;  // in the running round; -1 before it got one
   };
+
+  // A `cpprun --diagnose` on this agent whose answers are awaited: Note [Diagnosis on request across nodes].
+  struct OpenRequest {
+    int number = 0;
+    std::map<int, NodeEvidence> heard;  // by group rank, as heard_
+  };
+
+  // A node whose workers had all succeeded has nothing to send.
+  void mark_done(std::map<int, NodeEvidence>& heard) const {
+    for (const Node& n : nodes_) {
+      if (n.state == NodeState::kDone && n.group_rank >= 0) heard[n.group_rank].done = true;
+    }
+  }
 
   enum class Phase { kGathering, kRunning };
 
@@ -281,6 +320,7 @@ class RendezvousHost final : public NodeRendezvous {
       return layout;
     };
     heard_.clear();
+    request_.reset();  // a request of the previous round gets no more answers
     too_much_evidence_.clear();
     late_checked_ = false;
     round_nodes_ = {{0, 0, shapes[0].local_world_size}};
@@ -374,6 +414,7 @@ class RendezvousHost final : public NodeRendezvous {
       return;
     }
     if (node.group_rank >= 0) heard_[node.group_rank].gone = why;  // Note [One diagnosis for several nodes]
+    if (node.group_rank >= 0 && request_) request_->heard[node.group_rank].gone = why;
     // A node whose workers all succeeded has done its part; the others need not start over for it.
     if (node.state == NodeState::kDone) {
       std::cerr << "cpprun: warning: " << who << " " << why << " after its workers succeeded\n";
@@ -485,12 +526,24 @@ class RendezvousHost final : public NodeRendezvous {
     }
   }
 
-  // Members send nothing but these once joined; news of an earlier round is stale.
+  // Members send nothing but these once joined; news of an earlier round is stale, and anything else
+  // (an `ask`: only the host asks) is ignored.
   void handle(Node& node, const NodeMessage& message) {
     if (message.round != round_ || phase_ != Phase::kRunning) return;
     if (message.kind == MessageKind::kDone) node.state = NodeState::kDone;
     if (message.kind == MessageKind::kStopped) node.state = NodeState::kStopped;
-    if (message.kind == MessageKind::kEvidence) keep_evidence(node, message.evidence);
+    if (message.kind == MessageKind::kEvidence) {
+      switch (evidence_for(message.round, message.request, round_, request_ ? request_->number : 0)) {
+        case EvidenceFor::kFailure:
+          keep_evidence(node, message.evidence, 0, heard_);
+          break;
+        case EvidenceFor::kOpenRequest:
+          keep_evidence(node, message.evidence, request_->number, request_->heard);
+          break;
+        case EvidenceFor::kStale:  // a late answer to a request already answered
+          break;
+      }
+    }
     if (message.kind == MessageKind::kFailed) {
       end_round(message.end.restartable ? RoundEnd::kWorkerFailed : RoundEnd::kFatal, message.end);
     }
@@ -509,11 +562,13 @@ class RendezvousHost final : public NodeRendezvous {
   // A node's evidence of this round: no more messages than it has ranks are kept, so that a peer
   // cannot fill this agent's memory (Note [Bounding a peer's evidence]); merge_node_evidence()
   // sets aside what is not the node's.
-  void keep_evidence(const Node& node, const RankEvidence& evidence) {
-    NodeEvidence& heard = heard_[node.group_rank];
+  // `request`: 0 for the round's failure, else the request it answers (one warning per node and request).
+  void keep_evidence(const Node& node, const RankEvidence& evidence, int request,
+                     std::map<int, NodeEvidence>& into) {
+    NodeEvidence& heard = into[node.group_rank];
     if (heard.ranks.size() < static_cast<std::size_t>(node.hello.shape.local_world_size)) {
       heard.ranks.push_back(evidence);
-    } else if (too_much_evidence_.insert(node.group_rank).second) {
+    } else if (too_much_evidence_.insert({request, node.group_rank}).second) {
       std::cerr << "cpprun: warning: " << describe(node) << " sent more evidence than it has ranks ("
                 << node.hello.shape.local_world_size << "): the rest is set aside\n";
     }
@@ -535,7 +590,9 @@ class RendezvousHost final : public NodeRendezvous {
   RestartPacer pacer_{settings_.restart_backoff};  // the backoff before every node's restart
   std::vector<NodeSlice> round_nodes_;  // this round's nodes and their ranks, node 0 first
   std::map<int, NodeEvidence> heard_;   // by group rank: Note [One diagnosis for several nodes]
-  std::set<int> too_much_evidence_;     // the nodes warned about this round
+  std::set<std::pair<int, int>> too_much_evidence_;  // (request, node) warned about this round
+  std::optional<OpenRequest> request_;  // the cpprun --diagnose being answered, if any
+  int last_request_ = 0;                // requests are numbered from 1 for the whole job
   bool late_checked_ = false;           // keep_late_evidence() ran this round
   std::optional<LateEvidence> late_evidence_;
 };

@@ -130,6 +130,17 @@ class RendezvousMember final : public NodeRendezvous {
     return std::nullopt;  // node 0 diagnoses
   }
 
+  // Note [Diagnosis on request across nodes]: asked here, this node answers for its own ranks.
+  std::string partial_answer_note() const override {
+    return "cpprun: (node " + std::to_string(group_rank_) + "'s ranks only: for every rank of the job, run cpprun "
+           "--diagnose with the pid of node 0's cpprun, the agent hosting the rendezvous at " + settings_.endpoint() +
+           ")\n";
+  }
+  int take_evidence_request() override { return std::exchange(asked_, 0); }
+  void answer_evidence_request(int request, const std::vector<RankEvidence>& evidence) override {
+    for (const RankEvidence& e : evidence) link_.send(NodeMessage::make_evidence(round_, e, request));
+  }
+
   JobDecision decide(SignalRelay& relay) override {
     // Node 0 restarts once every node's workers are stopped; done ones count once the round ended.
     if (!self_done_ || end_) send_stopped();
@@ -177,6 +188,7 @@ class RendezvousMember final : public NodeRendezvous {
     self_done_ = false;
     stopped_sent_ = false;
     ended_by_exit_ = false;
+    asked_ = 0;
     group_rank_ = layout.group_rank;
     return layout;
   }
@@ -214,6 +226,9 @@ class RendezvousMember final : public NodeRendezvous {
         // Done already: nothing to stop, say so at once. Otherwise decide() says it once stopped.
         if (self_done_) send_stopped();
         break;
+      case MessageKind::kAsk:  // answered between the workers' events (run_attempt), if still running
+        if (message.round == round_ && !end_) asked_ = message.request;
+        break;
       case MessageKind::kExit:
         if (!end_) ended_by_exit_ = true;
         if (!end_) end_ = message.end;
@@ -241,6 +256,7 @@ class RendezvousMember final : public NodeRendezvous {
   bool self_done_ = false;
   bool stopped_sent_ = false;
   bool ended_by_exit_ = false;  // the round ended with the host's `exit`, no `end` before it
+  int asked_ = 0;               // the host's latest `ask` of this round not answered yet
   bool dropped_early_ = false;  // the link closed before the handshake: join() reconnects
   std::string drop_reason_;
   int retries_ = 0;

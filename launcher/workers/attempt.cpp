@@ -191,31 +191,96 @@ class WorkerGroup {
   }
 
   void handle_events(WorkerState exit_state) {
-    for (int sig : relay_.take_pending()) {
-      if (sig == SIGCHLD) continue;  // reap() below looks at every worker anyway
-      if (sig == diagnose_signal()) {  // cpprun --diagnose: answered, not forwarded
-        answer_diagnose();
-        continue;
+    // Until none is pending, those taken while a diagnosis was being answered included (each once).
+    for (;;) {
+      std::vector<int> signals = std::exchange(deferred_signals_, {});
+      for (int sig : relay_.take_pending()) signals.push_back(sig);
+      if (signals.empty()) break;
+      std::sort(signals.begin(), signals.end());
+      signals.erase(std::unique(signals.begin(), signals.end()), signals.end());
+      for (int sig : signals) {
+        if (sig == SIGCHLD) continue;  // reap() below looks at every worker anyway
+        if (sig == diagnose_signal()) {  // cpprun --diagnose: answered, not forwarded
+          answer_diagnose();
+          continue;
+        }
+        // Forward before reaping: an unreaped worker's pid still names its process group.
+        signal_groups(sig);
+        if (ends_job(sig) && ending_signal_ == 0) ending_signal_ = sig;
       }
-      // Forward before reaping: an unreaped worker's pid still names its process group.
-      signal_groups(sig);
-      if (ends_job(sig) && ending_signal_ == 0) ending_signal_ = sig;
     }
     // Once a job-ending signal went out, a worker that exits did so because of it (its handler can
     // run before we get here): it was stopped, it is not a root cause.
     reap(ending_signal_ != 0 ? WorkerState::kStoppedByLauncher : exit_state);
+    // Node 0 asked for this node's part of a diagnosis (again, if it asked while this node answered);
+    // not while stopping: the failure path sends its evidence anyway.
+    while (exit_state == WorkerState::kFinished && ending_signal_ == 0 && !root_cause_ && peers_ != nullptr) {
+      const int request = peers_->take_evidence_request();
+      if (request == 0) break;
+      answer_node_zero(request);
+    }
   }
 
-  // Where each rank is now: printed on this console, and written to the requester's file when
-  // `cpprun --diagnose` asked (a plain kill gets the console alone).
+  // Where each rank is now: printed on this console, and written to each requester's file when
+  // `cpprun --diagnose` asked (a plain kill gets the console alone). Requests that came together get
+  // one answer. On the host of a multi-node job, every node's ranks: Note [Diagnosis on request
+  // across nodes] in node_rendezvous.h.
   void answer_diagnose() {
-    const DiagnoseRequest request = take_diagnose_request();
-    const std::string asker = request.requester > 0 ? "cpprun --diagnose from pid " + std::to_string(request.requester)
-                                                    : "signal " + std::to_string(diagnose_signal());
-    const std::string text = report_diagnosis(gather_dumps(kDumpWait), "asked by " + asker, diagnosis_file_, true);
-    if (request.requester > 0 && request.reply_fd >= 0) {
-      answer_diagnose_request(request.requester, request.reply_fd, text);
+    const std::vector<DiagnoseRequest> requests = take_diagnose_requests();
+    std::string asker;
+    for (const DiagnoseRequest& r : requests) asker += (asker.empty() ? "" : ", ") + std::to_string(r.requester);
+    asker = asker.empty() ? "signal " + std::to_string(diagnose_signal())
+                          : "cpprun --diagnose from pid " + asker;
+    const int request = peers_ != nullptr ? peers_->ask_nodes_for_evidence() : 0;
+    std::vector<RankEvidence> evidence = gather_dumps(kDumpWait);
+    if (request != 0) evidence = collect_other_nodes(request, std::move(evidence));
+    std::string text = report_diagnosis(evidence, "asked by " + asker, diagnosis_file_, true);
+    if (const std::string note = peers_ != nullptr ? peers_->partial_answer_note() : ""; !note.empty()) {
+      std::cerr << note << std::flush;
+      text += note;
     }
+    for (const DiagnoseRequest& r : requests) answer_diagnose_request(r.requester, r.reply_fd, text);
+  }
+
+  // The host, after asking the other nodes for request `request`: waits up to kEvidenceWait past its
+  // own ranks' dumps for their answers, while the workers' output keeps flowing, then merges. A
+  // pending signal (a worker's exit, Ctrl-C) or the attempt's end cuts the wait short: what came is
+  // answered, the rest named, and the main loop acts on the signal.
+  std::vector<RankEvidence> collect_other_nodes(int request, std::vector<RankEvidence> own) {
+    using Clock = std::chrono::steady_clock;
+    const auto started = Clock::now();
+    const auto deadline = started + kEvidenceWait;
+    while (peers_->evidence_owed(request) && !peers_->attempt_ended()) {
+      const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
+      if (left.count() <= 0) break;
+      if (relay_pending()) {
+        // Kept for handle_events(); another `cpprun --diagnose` alone waits for this answer to end.
+        const std::vector<int> signals = relay_.take_pending();
+        deferred_signals_.insert(deferred_signals_.end(), signals.begin(), signals.end());
+        if (std::any_of(signals.begin(), signals.end(), [](int sig) { return sig != diagnose_signal(); })) break;
+        continue;
+      }
+      wait_for_signal(static_cast<int>(std::min<long long>(left.count(), 100)), peers_);
+    }
+    const auto waited = std::min<std::chrono::milliseconds>(
+        kEvidenceWait, std::chrono::ceil<std::chrono::milliseconds>(Clock::now() - started));
+    MergedEvidence merged = peers_->close_evidence_request(request, std::move(own), waited);
+    for (const std::string& refused : merged.refused) std::cerr << "cpprun: warning: " << refused << "\n";
+    return std::move(merged.ranks);
+  }
+
+  // A member: node 0 asked for this node's ranks (its `cpprun --diagnose`); they go back to it.
+  void answer_node_zero(int request) {
+    const std::vector<RankEvidence> evidence = gather_dumps(kDumpWait);
+    peers_->answer_evidence_request(request, evidence);
+    std::cerr << "cpprun: node 0 asked for this node's ranks' flight-recorder dumps (cpprun --diagnose there, "
+                 "request " << request << "); sent them\n" << std::flush;
+  }
+
+  // A signal waits in the relay.
+  bool relay_pending() const {
+    pollfd wake{relay_.wake_fd(), POLLIN, 0};
+    return poll(&wake, 1, 0) > 0;
   }
 
   void reap(WorkerState exit_state) {
@@ -296,6 +361,7 @@ class WorkerGroup {
   std::string flight_recorder_dir_;
   std::string diagnosis_file_;
   PeerEvents* peers_ = nullptr;  // multi-node: the other agents' news, read while waiting
+  std::vector<int> deferred_signals_;  // taken while answering cpprun --diagnose, not yet acted on
   std::optional<std::size_t> root_cause_;
   int ending_signal_ = 0;
 };

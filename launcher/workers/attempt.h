@@ -13,6 +13,7 @@
 
 #include "command_line/output_spec.h"
 #include "diagnosis/hang_diagnosis.h"
+#include "diagnosis/node_evidence.h"
 #include "workers/signal_relay.h"
 #include "workers/worker_process.h"
 
@@ -78,6 +79,27 @@ class PeerEvents {
   virtual void on_readable(int fd) = 0;      // `fd`, one of fds(), is readable (or at its end)
   // Another node ended the attempt: its worker failed, its agent was signalled, or it is gone.
   virtual bool attempt_ended() const = 0;
+
+  // `cpprun --diagnose` while the workers run (Note [Diagnosis on request across nodes] in
+  // node_rendezvous.h). The defaults are a node alone: nobody else to ask, nothing asked of it.
+  //
+  // Asked here, on the host: asks every other node of the round for its ranks' evidence and returns
+  // the request's number (from 1); 0 when no other node is asked (a member, or no other node runs).
+  virtual int ask_nodes_for_evidence() { return 0; }
+  // Whether a node still owes request `request` its answer (neither done, gone nor heard in full).
+  virtual bool evidence_owed(int /*request*/) { return false; }
+  // Closes request `request`: this node's ranks (`own`) and what the others sent, one per rank of the
+  // job, naming the ranks heard nothing of within `waited`. A later answer to it is set aside.
+  virtual MergedEvidence close_evidence_request(int /*request*/, std::vector<RankEvidence> own,
+                                                std::chrono::milliseconds /*waited*/) {
+    return {std::move(own), {}};
+  }
+  // Asked here, on a member: a line saying that this is one node's part and where to ask for the
+  // whole job; "" on the host or alone.
+  virtual std::string partial_answer_note() const { return ""; }
+  // A member: the host's request not answered yet (0: none), taken once; then the answer goes back.
+  virtual int take_evidence_request() { return 0; }
+  virtual void answer_evidence_request(int /*request*/, const std::vector<RankEvidence>& /*evidence*/) {}
 };
 
 struct AttemptEnd {

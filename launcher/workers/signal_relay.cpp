@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cerrno>
 #include <csignal>
+#include <cstdint>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -27,8 +28,10 @@ int g_wake_write = -1;
 struct sigaction g_startup_action[NSIG];
 sigset_t g_startup_mask;
 
-std::atomic<pid_t> g_diagnose_requester{0};
-std::atomic<int> g_diagnose_reply_fd{-1};
+// One slot per waiting `cpprun --diagnose`: its pid in the high half, its fd in the low, 0 when free.
+// One word, so that the handler's claim and the loop's take cannot see half a request.
+static_assert(std::atomic<std::uint64_t>::is_always_lock_free, "diagnose slots must be async-signal-safe");
+std::atomic<std::uint64_t> g_diagnose_requests[kDiagnoseQueue];
 
 void on_signal(int sig) {
   const int saved_errno = errno;
@@ -40,9 +43,16 @@ void on_signal(int sig) {
 }
 
 void on_diagnose_signal(int sig, siginfo_t* info, void*) {
-  const bool queued = info != nullptr && info->si_code == SI_QUEUE;
-  g_diagnose_requester.store(queued ? info->si_pid : 0);
-  g_diagnose_reply_fd.store(queued ? info->si_value.sival_int : -1);
+  const bool queued = info != nullptr && info->si_code == SI_QUEUE && info->si_pid > 0 &&
+                      info->si_value.sival_int >= 0;
+  if (queued) {
+    const std::uint64_t request = (static_cast<std::uint64_t>(static_cast<std::uint32_t>(info->si_pid)) << 32) |
+                                  static_cast<std::uint32_t>(info->si_value.sival_int);
+    for (auto& slot : g_diagnose_requests) {
+      std::uint64_t free = 0;
+      if (slot.compare_exchange_strong(free, request)) break;
+    }
+  }
   on_signal(sig);
 }
 
@@ -63,8 +73,14 @@ void stop_job(const std::function<void(int)>& signal_workers) {
 
 int diagnose_signal() { return SIGRTMIN + 2; }
 
-DiagnoseRequest take_diagnose_request() {
-  return {g_diagnose_requester.exchange(0), g_diagnose_reply_fd.exchange(-1)};
+std::vector<DiagnoseRequest> take_diagnose_requests() {
+  std::vector<DiagnoseRequest> requests;
+  for (auto& slot : g_diagnose_requests) {
+    if (const std::uint64_t request = slot.exchange(0); request != 0) {
+      requests.push_back({static_cast<pid_t>(request >> 32), static_cast<int>(request & 0xffffffffu)});
+    }
+  }
+  return requests;
 }
 
 bool ends_job(int sig) {

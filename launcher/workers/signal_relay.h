@@ -57,13 +57,17 @@ class SignalRelay {
 // changes meaning.
 int diagnose_signal();
 
-// Who sent the last diagnose_signal() with sigqueue() and which of its fds it asked the answer to be
-// written to; {0, -1} for a plain kill(). Taken once.
+// Who sent a diagnose_signal() with sigqueue() and which of its fds it asked the answer to be
+// written to (a plain kill() leaves none: the console alone answers it).
 struct DiagnoseRequest {
   pid_t requester = 0;
   int reply_fd = -1;
 };
-DiagnoseRequest take_diagnose_request();
+// The requests received since the last call, each once. Requests that overlap (a second `cpprun
+// --diagnose` while the first is being answered) wait here, up to kDiagnoseQueue of them; one past
+// that gets no answer in its file (its requester says it had none).
+inline constexpr int kDiagnoseQueue = 16;
+std::vector<DiagnoseRequest> take_diagnose_requests();
 
 // Sleeps until `deadline` while no worker runs. Returns the job-ending signal that cut the wait
 // short, or 0; other signals are dropped.

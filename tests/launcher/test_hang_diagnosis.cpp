@@ -144,3 +144,16 @@ TEST_CASE("hang_diagnosis: all done is not a hang; no dumps at all is said plain
   CHECK_THAT(joined(diagnose({none}, "failure")), Contains("no rank left a flight-recorder dump"));
   CHECK(rank_ranges({5, 0, 1, 2, 7, 6}) == "0-2, 5-7");
 }
+
+TEST_CASE("hang_diagnosis: one node's part names its own ranks as the world's members", "[hang_diagnosis]") {
+  // Node 1 of a 4-rank job (ranks 2-3) diagnosing alone: its world group holds ranks 2 and 3, not 0-1.
+  const long long now = 1000000;
+  const std::string gather = "\"dtype\":\"float32\",\"shapes\":[[1024]],\"reduce_op\":null";
+  const std::vector<RankEvidence> ranks = {
+      evidence(2, dump_json(2, 4, now, {entry(5, "all_reduce", "started", now - 55000)})),
+      evidence(3, dump_json(3, 4, now, {entry(5, "all_reduce", "completed", now - 55000),
+                                        entry(6, "all_gather", "started", now - 54000, gather)}))};
+  const std::string text = joined(diagnose(ranks, "asked"));
+  CHECK_THAT(text, Contains("group world (ranks 2-3): rank 2 is in all_reduce #5"));
+  CHECK_THAT(text, Contains("rank 3 waits in all_gather #6"));
+}

@@ -106,3 +106,48 @@ TEST_CASE("node_evidence: evidence that is not the node's is set aside and said"
   CHECK(merged.refused[1] == "node 1 sent evidence of rank 2 twice: the first kept");
   CHECK(merged.refused[2] == "node 1 sent evidence of rank 3 with the dump of rank 1: that dump set aside");
 }
+
+TEST_CASE("node_evidence: an evidence message belongs to the round's failure, the open request, or neither",
+          "[node_evidence]") {
+  // A failure's evidence (request 0) of the running round, whether a request is open or not.
+  CHECK(evidence_for(3, 0, 3, 0) == EvidenceFor::kFailure);
+  CHECK(evidence_for(3, 0, 3, 2) == EvidenceFor::kFailure);
+  // The answer to the request node 0 collects now.
+  CHECK(evidence_for(3, 2, 3, 2) == EvidenceFor::kOpenRequest);
+  // A late answer to request 1 while request 2 is open, or once none is: never taken for the new one.
+  CHECK(evidence_for(3, 1, 3, 2) == EvidenceFor::kStale);
+  CHECK(evidence_for(3, 2, 3, 0) == EvidenceFor::kStale);
+  // An answer to a request not made yet (a peer guessing numbers) is no answer either.
+  CHECK(evidence_for(3, 3, 3, 2) == EvidenceFor::kStale);
+  // Another round's evidence, failure or answer: the workers it describes are gone.
+  CHECK(evidence_for(2, 0, 3, 0) == EvidenceFor::kStale);
+  CHECK(evidence_for(2, 2, 3, 2) == EvidenceFor::kStale);
+  CHECK(evidence_for(4, 2, 3, 2) == EvidenceFor::kStale);
+  // Hostile numbers.
+  CHECK(evidence_for(3, -1, 3, 0) == EvidenceFor::kStale);
+  CHECK(evidence_for(3, -2, 3, -2) == EvidenceFor::kStale);
+  CHECK(evidence_for(3, 1 << 30, 3, 2) == EvidenceFor::kStale);
+}
+
+TEST_CASE("node_evidence: a request is owed by the nodes not heard from in full, until they answer",
+          "[node_evidence]") {
+  // As node 0 sees request 2 while its own ranks are still being dumped: every other node owes it.
+  std::map<int, NodeEvidence> heard;
+  CHECK(awaited_nodes(kNodes, heard) == std::vector<int>{0, 1, 2});
+  heard[2].ranks = {with_dump(4)};
+  heard[1].ranks = {with_dump(2)};
+  CHECK(awaited_nodes(kNodes, heard) == std::vector<int>{0, 1});
+  // A hostile node answering with another node's rank, or one of its ranks twice, still owes the rest.
+  heard[1].ranks.push_back(with_dump(4));
+  heard[1].ranks.push_back(with_dump(2));
+  CHECK(awaited_nodes(kNodes, heard) == std::vector<int>{0, 1});
+  heard[1].ranks.push_back(with_dump(3));
+  heard[0].ranks = {with_dump(0), with_dump(1)};
+  CHECK(awaited_nodes(kNodes, heard).empty());
+  const MergedEvidence merged = merge_node_evidence(kNodes, heard, 1200ms);
+  REQUIRE(merged.ranks.size() == 5);
+  for (const RankEvidence& r : merged.ranks) CHECK(r.dump);
+  REQUIRE(merged.refused.size() == 2);
+  CHECK(merged.refused[0] == "node 1 sent evidence of rank 4, which is not one of its ranks (2-3): set aside");
+  CHECK(merged.refused[1] == "node 1 sent evidence of rank 2 twice: the first kept");
+}

@@ -150,6 +150,7 @@ TEST_CASE("node_messages: evidence carries a rank's fate and its whole dump", "[
   e.dump->entries.push_back(record(9, CollectiveRecord::State::kStarted));
   const NodeMessage back = round_trip(NodeMessage::make_evidence(3, e));
   CHECK(back.round == 3);
+  CHECK(back.request == 0);  // a failure's
   CHECK(back.evidence.rank == 2);
   CHECK(back.evidence.fate == "exited with code 3");
   REQUIRE(back.evidence.dump);
@@ -212,15 +213,18 @@ TEST_CASE("node_messages: evidence is bounded: the oldest entries that do not fi
 TEST_CASE("node_messages: hostile evidence is refused, never a crash", "[node_messages]") {
   const std::string good = encode_message(NodeMessage::make_evidence(1, dumped_rank(2, 1)));
   REQUIRE(decode_message(good));
-  // evidence ROUND RANK FATE REASON HAS_DUMP [RANK WORLD PID DUMPED REASON COUNT [GROUP RANKS SEQ OP DTYPE SHAPES
-  // REDUCE ROOT STATE START END]...]
-  const std::string head = "evidence 1 2 exited%20with%20code%203 % 1 2 4 4242 1764180009000 failure";
+  // evidence ROUND REQUEST RANK FATE REASON HAS_DUMP [RANK WORLD PID DUMPED REASON COUNT [GROUP RANKS SEQ OP DTYPE
+  // SHAPES REDUCE ROOT STATE START END]...]
+  const std::string head = "evidence 1 0 2 exited%20with%20code%203 % 1 2 4 4242 1764180009000 failure";
   const std::string entry = " world - 1 all_reduce float32 [4096] sum - completed 100 105";
   CHECK(decode_message(head + " 1" + entry));
   for (const std::string& line : {
-           std::string("evidence"), std::string("evidence 1"), std::string("evidence 1 2 x % 0 extra"),
-           std::string("evidence 1 -2 x % 0"),                       // a negative rank
-           std::string("evidence 1 2 x % 1"),                        // a dump announced, none follows
+           std::string("evidence"), std::string("evidence 1"), std::string("evidence 1 0 2 x % 0 extra"),
+           std::string("evidence 1 0 -2 x % 0"),                     // a negative rank
+           std::string("evidence 1 -1 2 x % 0"),                     // a negative request
+           std::string("evidence 1 x 2 x % 0"),                      // a request that is not a number
+           std::string("evidence 1 2 x % 0"),                        // protocol 6's words: no request
+           std::string("evidence 1 0 2 x % 1"),                      // a dump announced, none follows
            head + " 2" + entry,                                      // fewer entries than announced
            head + " 1" + entry + entry,                              // more
            head + " -1",                                             // a negative count
@@ -240,7 +244,33 @@ TEST_CASE("node_messages: hostile evidence is refused, never a crash", "[node_me
   oversize.insert(oversize.find(" world") + 1, std::string(kMaxEvidenceBytes, 'w'));
   CHECK_FALSE(decode_message(oversize));
   // A peer's control characters are never printed.
-  const std::optional<NodeMessage> odd = decode_message("evidence 1 2 bad%1B[31m % 0");
+  const std::optional<NodeMessage> odd = decode_message("evidence 1 0 2 bad%1B[31m % 0");
   REQUIRE(odd);
   CHECK(odd->evidence.fate == "bad?[31m");
+}
+
+TEST_CASE("node_messages: ask and its answers carry the request's number", "[node_messages]") {
+  const NodeMessage ask = round_trip(NodeMessage::make_ask(2, 7));
+  CHECK(ask.round == 2);
+  CHECK(ask.request == 7);
+  CHECK(encode_message(ask) == "ask 2 7");
+  const NodeMessage answer = round_trip(NodeMessage::make_evidence(2, dumped_rank(3, 2), 7));
+  CHECK(answer.round == 2);
+  CHECK(answer.request == 7);
+  CHECK(answer.evidence.rank == 3);
+  REQUIRE(answer.evidence.dump);
+  CHECK(answer.evidence.dump->entries.size() == 2);
+  // An answer is bounded as a failure's evidence is.
+  const NodeMessage many = NodeMessage::make_evidence(2, dumped_rank(1, 5000), 7);
+  CHECK(many.evidence.dump->entries.size() == kMaxEvidenceEntries);
+  CHECK(encode_message(many).size() <= kMaxEvidenceBytes);
+  CHECK(round_trip(many).request == 7);
+}
+
+TEST_CASE("node_messages: hostile asks are refused, never a crash", "[node_messages]") {
+  for (const char* line : {"ask", "ask 1", "ask 1 0", "ask 1 -3", "ask 1 x", "ask x 1", "ask 1 2 3", "ask 1 %zz",
+                           "ask 1 99999999999", "ask 1 2%00"}) {
+    INFO(line);
+    CHECK_FALSE(decode_message(line));
+  }
 }
