@@ -62,6 +62,33 @@ void check_parameters(torch::nn::Sequential& trained, torch::nn::Sequential& ref
   CHECK(relative_difference(unsplit->forward(input), reference->forward(input)) <= kTolerance);
 }
 
+// Trains `parallel` and `reference` (language models of make_lm's shape, alike before the split)
+// kSteps AdamW steps on one batch drawn from `seed`: each step the split model's loss,
+// `parallel_loss(ids, target)`, must be the reference's cross-entropy; then the parameters must
+// agree (check_parameters).
+template <typename Loss>
+void train_lm_against_reference(torch::nn::Sequential& parallel, torch::nn::Sequential& reference, uint64_t seed,
+                                Loss parallel_loss) {
+  torch::manual_seed(seed);
+  const at::Tensor ids = torch::randint(24, {6, 10}), target = torch::randint(24, {6, 10});
+  torch::optim::AdamW reference_opt(reference->parameters(), torch::optim::AdamWOptions(1e-2));
+  torch::optim::AdamW parallel_opt(parallel->parameters(), torch::optim::AdamWOptions(1e-2));
+  for (int step = 0; step < kSteps; ++step) {
+    reference_opt.zero_grad();
+    at::Tensor reference_loss = at::cross_entropy_loss(reference->forward(ids).view({-1, 24}), target.view(-1));
+    reference_loss.backward();
+    reference_opt.step();
+
+    parallel_opt.zero_grad();
+    at::Tensor loss = parallel_loss(ids, target);
+    loss.backward();
+    parallel_opt.step();
+    INFO("step " << step << " loss " << loss.item<double>() << " reference " << reference_loss.item<double>());
+    CHECK(relative(loss.item<double>(), reference_loss.item<double>()) <= kTolerance);
+  }
+  check_parameters(parallel, reference, make_lm, ids);
+}
+
 }  // namespace
 
 TEST_CASE("tensor parallel: the mappings' forward and backward", "[tp]") {
@@ -186,26 +213,11 @@ TEST_CASE("tensor parallel: vocabulary-parallel embedding and cross-entropy matc
   cpprun::parallelize_module(parallel.ptr(), group(), {{"0", cpprun::RowwiseParallel()}, {"1", cpprun::ColwiseParallel()}});
   CHECK(parallel[0]->as<cpprun::VocabParallelEmbedding>()->weight.size(0) == 24 / world);
 
-  torch::manual_seed(13);
-  const at::Tensor ids = torch::randint(24, {6, 10}), target = torch::randint(24, {6, 10});
-  torch::optim::AdamW reference_opt(reference->parameters(), torch::optim::AdamWOptions(1e-2));
-  torch::optim::AdamW parallel_opt(parallel->parameters(), torch::optim::AdamWOptions(1e-2));
-  for (int step = 0; step < kSteps; ++step) {
-    reference_opt.zero_grad();
-    at::Tensor reference_loss = at::cross_entropy_loss(reference->forward(ids).view({-1, 24}), target.view(-1));
-    reference_loss.backward();
-    reference_opt.step();
-
-    parallel_opt.zero_grad();
+  train_lm_against_reference(parallel, reference, 13, [&](const at::Tensor& ids, const at::Tensor& target) {
     const at::Tensor logits = parallel->forward(ids);  // [6, 10, 24 / world]: never gathered
     CHECK(logits.size(-1) == 24 / world);
-    at::Tensor loss = cpprun::vocab_parallel_cross_entropy(logits, target, group()).mean();
-    loss.backward();
-    parallel_opt.step();
-    INFO("step " << step << " loss " << loss.item<double>() << " reference " << reference_loss.item<double>());
-    CHECK(relative(loss.item<double>(), reference_loss.item<double>()) <= kTolerance);
-  }
-  check_parameters(parallel, reference, make_lm, ids);
+    return cpprun::vocab_parallel_cross_entropy(logits, target, group()).mean();
+  });
 }
 
 TEST_CASE("tensor parallel: an embedding split by its dimension (ColwiseParallel) matches one process", "[tp]") {
@@ -223,24 +235,9 @@ TEST_CASE("tensor parallel: an embedding split by its dimension (ColwiseParallel
   REQUIRE(parallel[0]->as<cpprun::ColwiseParallelEmbedding>() != nullptr);
   CHECK(parallel[0]->as<cpprun::ColwiseParallelEmbedding>()->weight.sizes() == at::IntArrayRef{24, 12 / world});
 
-  torch::manual_seed(14);
-  const at::Tensor ids = torch::randint(24, {6, 10}), target = torch::randint(24, {6, 10});
-  torch::optim::AdamW reference_opt(reference->parameters(), torch::optim::AdamWOptions(1e-2));
-  torch::optim::AdamW parallel_opt(parallel->parameters(), torch::optim::AdamWOptions(1e-2));
-  for (int step = 0; step < kSteps; ++step) {
-    reference_opt.zero_grad();
-    at::Tensor reference_loss = at::cross_entropy_loss(reference->forward(ids).view({-1, 24}), target.view(-1));
-    reference_loss.backward();
-    reference_opt.step();
-
-    parallel_opt.zero_grad();
-    at::Tensor loss = at::cross_entropy_loss(parallel->forward(ids).view({-1, 24}), target.view(-1));
-    loss.backward();
-    parallel_opt.step();
-    INFO("step " << step << " loss " << loss.item<double>() << " reference " << reference_loss.item<double>());
-    CHECK(relative(loss.item<double>(), reference_loss.item<double>()) <= kTolerance);
-  }
-  check_parameters(parallel, reference, make_lm, ids);
+  train_lm_against_reference(parallel, reference, 14, [&](const at::Tensor& ids, const at::Tensor& target) {
+    return at::cross_entropy_loss(parallel->forward(ids).view({-1, 24}), target.view(-1));
+  });
 }
 
 TEST_CASE("tensor parallel: a head tied to a vocabulary-parallel embedding matches one process", "[tp]") {

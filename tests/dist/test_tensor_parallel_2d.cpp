@@ -18,6 +18,8 @@
 #include <filesystem>
 #include <limits>
 #include <map>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "cpprun/cpprun.h"
@@ -138,21 +140,37 @@ double relative(double a, double b) { return std::abs(a - b) / std::max(std::abs
 // (Note [Dropout's RNG rule]) and in the reference's forward of that replica's rows.
 void seed_dropout(int step, int replica) { torch::manual_seed(5000 + 100 * step + replica); }
 
+// One combination of the parity tests: the TP size (current_tp for its lifetime), the wrapper,
+// sequence parallelism and activation checkpointing.
+struct ParityCase {
+  ParityCase(int tp, std::string how, bool sequence_parallel, bool checkpoint_blocks)
+      : how(std::move(how)), sequence_parallel(sequence_parallel), checkpoint_blocks(checkpoint_blocks) {
+    current_tp = tp;
+  }
+  ~ParityCase() { current_tp = 0; }
+  // At dp 1 every ZeRO stage shards over one rank: DDP and ZeRO-3 cover {dp 1, tp 2 or 4}.
+  bool redundant() const {
+    return mesh().size("dp") == 1 && mesh().size("tp") > 1 && (how == "zero1" || how == "zero2");
+  }
+  std::string str() const {
+    return how + " on {dp " + std::to_string(mesh().size("dp")) + ", tp " + std::to_string(mesh().size("tp")) + "}" +
+           (sequence_parallel ? ", sequence parallel" : "") + (checkpoint_blocks ? ", checkpointed blocks" : "");
+  }
+  std::string how;
+  bool sequence_parallel, checkpoint_blocks;
+};
+
 }  // namespace
 
 TEST_CASE("tensor x data parallel: a Megatron block stack matches one process under DDP and ZeRO-1/2/3",
           "[tp2d]") {
-  current_tp = GENERATE(from_range(parity_tp_sizes()));
+  const int tp = GENERATE(from_range(parity_tp_sizes()));
   const std::string how = GENERATE("ddp", "zero1", "zero2", "zero3");
   const bool sequence_parallel = GENERATE(false, true);
   const bool checkpoint_blocks = GENERATE(false, true);
-  struct DefaultAfter {
-    ~DefaultAfter() { current_tp = 0; }
-  } default_after;
-  // At dp 1 every ZeRO stage shards over one rank: DDP and ZeRO-3 cover {dp 1, tp 2 or 4}.
-  if (mesh().size("dp") == 1 && mesh().size("tp") > 1 && (how == "zero1" || how == "zero2")) return;
-  INFO(how << " on {dp " << mesh().size("dp") << ", tp " << mesh().size("tp") << "}"
-           << (sequence_parallel ? ", sequence parallel" : "") << (checkpoint_blocks ? ", checkpointed blocks" : ""));
+  const ParityCase parity(tp, how, sequence_parallel, checkpoint_blocks);
+  if (parity.redundant()) return;
+  INFO(parity.str());
 
   Stack reference(kBlocks), net(kBlocks);
   net->checkpoint_blocks = checkpoint_blocks;
@@ -270,17 +288,13 @@ TEST_CASE("tensor x data parallel: a head tied to a vocabulary-parallel embeddin
 
 TEST_CASE("tensor x data parallel: a GPT (attention, MLP, tied vocabulary-parallel head) matches one process",
           "[tp2d]") {
-  current_tp = GENERATE(from_range(parity_tp_sizes()));
+  const int tp = GENERATE(from_range(parity_tp_sizes()));
   const std::string how = GENERATE("ddp", "zero1", "zero2", "zero3");
   const bool sequence_parallel = GENERATE(false, true);
   const bool checkpoint_blocks = GENERATE(false, true);
-  struct DefaultAfter {
-    ~DefaultAfter() { current_tp = 0; }
-  } default_after;
-  // At dp 1 every ZeRO stage shards over one rank: DDP and ZeRO-3 cover {dp 1, tp 2 or 4}.
-  if (mesh().size("dp") == 1 && mesh().size("tp") > 1 && (how == "zero1" || how == "zero2")) return;
-  INFO(how << " on {dp " << mesh().size("dp") << ", tp " << mesh().size("tp") << "}"
-           << (sequence_parallel ? ", sequence parallel" : "") << (checkpoint_blocks ? ", checkpointed blocks" : ""));
+  const ParityCase parity(tp, how, sequence_parallel, checkpoint_blocks);
+  if (parity.redundant()) return;
+  INFO(parity.str());
 
   tp_test::Gpt reference, net;
   net->checkpoint_blocks = checkpoint_blocks;
