@@ -45,9 +45,13 @@ std::shared_ptr<Net> seeded(int seed, int64_t hidden = 13, bool extra = false) {
   return std::make_shared<Net>(hidden, extra);
 }
 
-// "ddp", "zero1", "zero2", "zero3".
+// "ddp", "zero1", "zero2", "zero3", "hsdp" (4 ranks: 2 replicas x 2 shards, stage 3).
 cpprun::DataParallel<Net> wrap(std::shared_ptr<Net> net, const std::string& kind) {
   if (kind == "ddp") return cpprun::DistributedDataParallel(net, group());
+  if (kind == "hsdp") {
+    const cpprun::DeviceMesh mesh(group(), std::vector<int>{2, 2}, std::vector<std::string>{"replicate", "shard"});
+    return cpprun::FullyShardedDataParallel(net, mesh, cpprun::FsdpOptions().stage(3).wrap_policy(is_linear));
+  }
   const int stage = kind.back() - '0';
   return cpprun::FullyShardedDataParallel(net, group(), cpprun::FsdpOptions().stage(stage).wrap_policy(is_linear));
 }
@@ -148,6 +152,12 @@ TEST_CASE("optimizer_state_dict: resumed training matches uninterrupted training
 TEST_CASE("optimizer_state_dict: one .safetensors file, DDP and ZeRO-3", "[optimizer_state_dict]") {
   const std::string wrapper = GENERATE("ddp", "zero3");
   check_resume(wrapper, "adamw", scratch(wrapper + "_file"));
+}
+
+TEST_CASE("optimizer_state_dict: HSDP (2 replicas x 2 shards) resumes as it would have gone on",
+          "[optimizer_state_dict]") {
+  if (group().size() != 4) return;  // the 2x2 mesh needs 4 ranks
+  check_resume("hsdp", "adamw", scratch("hsdp") + "/");
 }
 
 TEST_CASE("optimizer_state_dict: a plain module in one process", "[optimizer_state_dict]") {
