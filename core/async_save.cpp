@@ -236,14 +236,14 @@ AsyncSave start_async_save(torch::nn::Module& module, const ProcessGroup* group,
         write_state_dict_file(copy, path, options);
         return;
       }
-      const ShardedSaveStamp stamp{new_save_id(), options.step()};
+      const ShardedSaveStamp stamp{options.save_id().value_or(new_save_id()), options.step(), {}};
       fs::create_directories(path);
       write_state_dict_shard(copy, path, 0, 1, stamp);
       write_state_dict_index(copy, path, 1, stamp);
     });
   } else {
     auto job = std::make_shared<CollectiveSave>(*group);
-    job->stamp = {new_save_id(), options.step()};
+    job->stamp = {options.save_id().value_or(new_save_id()), options.step(), {}};
     broadcast_bytes(*group, job->stamp.save_id, 0);  // rank 0's id: in every file, and the store keys
     job->key = "async_save/" + job->stamp.save_id;
     job->path = path;

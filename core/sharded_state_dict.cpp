@@ -43,7 +43,8 @@ Plan plan_for(const NamedTensors& state, int world) {
 }
 
 std::map<std::string, std::string> stamp_metadata(const ShardedSaveStamp& stamp) {
-  std::map<std::string, std::string> metadata{{std::string(kSaveIdKey), stamp.save_id}};
+  std::map<std::string, std::string> metadata = stamp.metadata;
+  metadata[std::string(kSaveIdKey)] = stamp.save_id;
   if (stamp.step) metadata[std::string(kStepKey)] = std::to_string(*stamp.step);
   return metadata;
 }
@@ -75,14 +76,14 @@ std::string new_save_id() {
   return id;
 }
 
-StateDictShard state_dict_shard(const NamedTensors& state, int rank, int world) {
+StateDictShard state_dict_shard(const NamedTensors& state, int rank, int world, std::string_view stem) {
   const Plan plan = plan_for(state, world);
   StateDictShard shard;
   if (rank >= plan.parts) return shard;  // owns no tensor
   for (std::size_t i = 0; i < state.size(); ++i) {
     if (plan.part[i] == rank) shard.tensors.push_back(state[i]);
   }
-  shard.file = shard_file_name(rank + 1, plan.parts);
+  shard.file = shard_file_name(rank + 1, plan.parts, stem);
   return shard;
 }
 
@@ -92,8 +93,8 @@ void write_state_dict_shard(const StateDictShard& shard, const std::string& dir,
 }
 
 void write_state_dict_shard(const NamedTensors& state, const std::string& dir, int rank, int world,
-                            const ShardedSaveStamp& stamp) {
-  write_state_dict_shard(state_dict_shard(state, rank, world), dir, stamp);
+                            const ShardedSaveStamp& stamp, std::string_view stem) {
+  write_state_dict_shard(state_dict_shard(state, rank, world, stem), dir, stamp);
 }
 
 void check_sharded_save_path(const std::string& dir) {
@@ -103,38 +104,40 @@ void check_sharded_save_path(const std::string& dir) {
 }
 
 void write_state_dict_index(const NamedTensors& state, const std::string& dir, int world,
-                            const ShardedSaveStamp& stamp) {
+                            const ShardedSaveStamp& stamp, std::string_view stem) {
   const Plan plan = plan_for(state, world);
   SafetensorsIndex index;
   index.metadata = stamp_metadata(stamp);
   std::uint64_t total = 0;
   for (std::size_t i = 0; i < state.size(); ++i) {
-    index.weight_map[state[i].first] = shard_file_name(plan.part[i] + 1, plan.parts);
+    index.weight_map[state[i].first] = shard_file_name(plan.part[i] + 1, plan.parts, stem);
     total += state[i].second.nbytes();
   }
   index.metadata["total_size"] = std::to_string(total);
-  write_file_atomically((fs::path(dir) / kIndexName).string(), write_safetensors_index(index));
+  write_file_atomically((fs::path(dir) / index_file_name(stem)).string(), write_safetensors_index(index));
   // What an earlier save left: other shard files, and a model.safetensors that transformers'
-  // from_pretrained would load in preference to the index (as save_pretrained cleans up).
+  // from_pretrained would load in preference to the index (as save_pretrained cleans up); only
+  // STEM's files: a model's save leaves the optimizer's beside it, and the reverse.
   std::set<std::string> written;
   for (const auto& [name, file] : index.weight_map) written.insert(file);
+  const std::string single = single_file_name(stem);
   for (const auto& entry : fs::directory_iterator(dir)) {
     const std::string name = entry.path().filename().string();
-    if ((is_shard_file_name(name) && !written.count(name)) || name == kSingleName) {
+    if ((is_shard_file_name(name, stem) && !written.count(name)) || name == single) {
       fs::remove(entry.path());
     }
   }
 }
 
-void save_sharded_state_dict(torch::nn::Module& module, const ProcessGroup* group, const std::string& dir,
-                             const StateDictSaveOptions& options) {
+void save_sharded_tensors(const NamedTensors& state, const ProcessGroup* group, const std::string& dir,
+                          const StateDictSaveOptions& options, std::string_view stem,
+                          const std::map<std::string, std::string>& metadata) {
   check_sharded_save_path(dir);
-  const NamedTensors state = module_state(module);
-  ShardedSaveStamp stamp{new_save_id(), options.step()};
+  ShardedSaveStamp stamp{options.save_id().value_or(new_save_id()), options.step(), metadata};
   if (!group) {
     fs::create_directories(dir);
-    write_state_dict_shard(state, dir, 0, 1, stamp);
-    write_state_dict_index(state, dir, 1, stamp);
+    write_state_dict_shard(state, dir, 0, 1, stamp, stem);
+    write_state_dict_index(state, dir, 1, stamp, stem);
     return;
   }
   broadcast_bytes(*group, stamp.save_id, 0);  // rank 0's id in every file
@@ -149,7 +152,7 @@ void save_sharded_state_dict(torch::nn::Module& module, const ProcessGroup* grou
   }
   agree_on_failure(*group, failure, what);
   try {
-    write_state_dict_shard(state, dir, group->rank(), group->size(), stamp);
+    write_state_dict_shard(state, dir, group->rank(), group->size(), stamp, stem);
   } catch (...) {
     failure = std::current_exception();
   }
@@ -157,12 +160,66 @@ void save_sharded_state_dict(torch::nn::Module& module, const ProcessGroup* grou
   agree_on_failure(*group, failure, what);
   if (group->rank() == 0) {
     try {
-      write_state_dict_index(state, dir, group->size(), stamp);
+      write_state_dict_index(state, dir, group->size(), stamp, stem);
     } catch (...) {
       failure = std::current_exception();
     }
   }
   agree_on_failure(*group, failure, what);
+}
+
+void save_sharded_state_dict(torch::nn::Module& module, const ProcessGroup* group, const std::string& dir,
+                             const StateDictSaveOptions& options) {
+  save_sharded_tensors(module_state(module), group, dir, options, kModelStem);
+}
+
+ShardedDirectory read_sharded_directory(const std::string& dir_text, std::string_view stem) {
+  const fs::path dir(dir_text);
+  const fs::path index_path = dir / index_file_name(stem);
+  ShardedDirectory out;
+  out.index_path = index_path.string();
+  out.index = read_safetensors_index(read_state_dict_bytes(index_path.string()), index_path.string());
+  const SafetensorsIndex& index = out.index;
+
+  // Every file the index names must be there before any is read.
+  std::map<std::string, std::vector<std::string>> promised;  // file -> the tensors the index places there
+  for (const auto& [name, file] : index.weight_map) promised[file].push_back(name);
+  std::vector<std::string> absent;
+  for (const auto& [file, names] : promised) {
+    if (!fs::exists(dir / file)) {
+      absent.push_back(file + " (" + std::to_string(names.size()) + " tensor(s), e.g. \"" + names.front() + "\")");
+    }
+  }
+  if (!absent.empty()) {
+    throw CorruptCheckpointError("cpprun: the sharded checkpoint " + index_path.string() + " names " +
+                                 std::to_string(absent.size()) + " file(s) that " + dir.string() + " lacks:" +
+                                 join_lines(absent) + "\nWas a shard lost or not copied? Nothing was loaded.");
+  }
+  // Read (and check each file's CRC), one file's bytes at a time.
+  std::vector<ShardFileContents> contents;
+  for (const auto& [file, names] : promised) {
+    const std::string file_path = (dir / file).string();
+    const std::string bytes = read_state_dict_bytes(file_path);
+    const SafetensorsFile parsed = read_safetensors(bytes, file_path);
+    if (contents.empty()) out.metadata = parsed.metadata;
+    ShardFileContents seen{file, {}, {}};
+    const auto id = parsed.metadata.find(std::string(kSaveIdKey));
+    if (id != parsed.metadata.end()) seen.save_id = id->second;
+    for (auto& [name, tensor] : decode_safetensors(parsed, file_path)) {
+      seen.tensors.push_back(name);
+      out.file_of[name] = file;
+      out.tensors.emplace_back(name, std::move(tensor));
+    }
+    contents.push_back(std::move(seen));
+  }
+  const std::vector<std::string> faults = sharded_directory_faults(index, contents);
+  if (!faults.empty()) {
+    throw CorruptCheckpointError("cpprun: the sharded checkpoint in " + dir.string() + " does not hold together (" +
+                                 std::to_string(faults.size()) + " fault(s)), and nothing was loaded:" +
+                                 join_lines(faults) + "\nA save was interrupted, or files of different saves were "
+                                 "put together: save again, or load an earlier checkpoint.");
+  }
+  return out;
 }
 
 StateDictLoadReport load_sharded_state_dict(torch::nn::Module& module, const std::string& path,
@@ -184,49 +241,12 @@ StateDictLoadReport load_sharded_state_dict(torch::nn::Module& module, const std
                 " nor ", kSafetensorsSingleName, " (Hugging Face's names for a model's weights): is it the "
                 "checkpoint directory?");
   }
-  const SafetensorsIndex index =
-      read_safetensors_index(read_state_dict_bytes(index_path.string()), index_path.string());
-
-  // Every file the index names must be there before any is read.
-  std::map<std::string, std::vector<std::string>> promised;  // file -> the tensors the index places there
-  for (const auto& [name, file] : index.weight_map) promised[file].push_back(name);
-  std::vector<std::string> absent;
-  for (const auto& [file, names] : promised) {
-    if (!fs::exists(dir / file)) {
-      absent.push_back(file + " (" + std::to_string(names.size()) + " tensor(s), e.g. \"" + names.front() + "\")");
-    }
-  }
-  if (!absent.empty()) {
-    throw CorruptCheckpointError("cpprun: the sharded checkpoint " + index_path.string() + " names " +
-                                 std::to_string(absent.size()) + " file(s) that " + dir.string() + " lacks:" +
-                                 join_lines(absent) + "\nWas a shard lost or not copied? Nothing was loaded.");
-  }
-  // Read (and check each file's CRC), one file's bytes at a time.
-  NamedTensors tensors;
-  std::map<std::string, std::string> file_of;
-  std::vector<ShardFileContents> contents;
-  for (const auto& [file, names] : promised) {
-    const std::string file_path = (dir / file).string();
-    const std::string bytes = read_state_dict_bytes(file_path);
-    const SafetensorsFile parsed = read_safetensors(bytes, file_path);
-    ShardFileContents seen{file, {}, {}};
-    const auto id = parsed.metadata.find(std::string(kSaveIdKey));
-    if (id != parsed.metadata.end()) seen.save_id = id->second;
-    for (auto& [name, tensor] : decode_safetensors(parsed, file_path)) {
-      seen.tensors.push_back(name);
-      file_of[name] = file;
-      tensors.emplace_back(name, std::move(tensor));
-    }
-    contents.push_back(std::move(seen));
-  }
-  const std::vector<std::string> faults = sharded_directory_faults(index, contents);
-  if (!faults.empty()) {
-    throw CorruptCheckpointError("cpprun: the sharded checkpoint in " + dir.string() + " does not hold together (" +
-                                 std::to_string(faults.size()) + " fault(s)), and nothing was loaded:" +
-                                 join_lines(faults) + "\nA save was interrupted, or files of different saves were "
-                                 "put together: save again, or load an earlier checkpoint.");
-  }
-  return load_named_tensors(module, tensors, dir.string(), options, file_of);
+  ShardedDirectory read = read_sharded_directory(dir.string(), kModelStem);
+  return load_named_tensors(module, read.tensors, dir.string(), options, read.file_of);
 }
 
 }  // namespace cpprun::detail
+
+namespace cpprun {
+std::string new_save_id() { return detail::new_save_id(); }
+}  // namespace cpprun

@@ -7,11 +7,14 @@
 
 #include <torch/nn/module.h>
 
+#include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "cpprun/process_group.h"
 #include "cpprun/state_dict_options.h"
+#include "support/safetensors_index.h"
 #include "support/torch_save_file.h"
 
 namespace cpprun::detail {
@@ -22,31 +25,52 @@ bool is_sharded_state_dict_path(const std::string& path);
 
 // What every file of one save records.
 struct ShardedSaveStamp {
-  std::string save_id;           // random per save, the same in every file and the index
+  std::string save_id;           // random per save (or the caller's), the same in every file and the index
   std::optional<int64_t> step;
+  std::map<std::string, std::string> metadata;  // more for every file and the index (an optimizer's kind)
 };
 std::string new_save_id();  // 32 random hex digits
 
 // The steps of a save of `state` (the same on every rank) by `world` ranks, for the collective
-// below and for tests that play several ranks in one process. write_state_dict_shard: rank
+// below and for tests that play several ranks in one process. `stem` names the files: "model"
+// (model-0000R-of-0000N.safetensors, model.safetensors.index.json) or "optimizer" for an
+// optimizer's state saved beside a model's; a save of one stem never touches the other's files. write_state_dict_shard: rank
 // `rank`'s file, if it owns any tensor (with fewer tensors than ranks, some own none).
 // write_state_dict_index: the index, once every file is in place; it also removes the shard files
 // and the model.safetensors an earlier save left in DIR, which transformers would otherwise load
 // or which would mix with this save.
 void write_state_dict_shard(const NamedTensors& state, const std::string& dir, int rank, int world,
-                            const ShardedSaveStamp& stamp);
+                            const ShardedSaveStamp& stamp, std::string_view stem = kModelStem);
 // The same in two steps, for a save that copies only its own share (core/async_save.h): rank
 // `rank`'s tensors and file name (empty when it owns none), then that file written to DIR.
 struct StateDictShard {
   NamedTensors tensors;
   std::string file;
 };
-StateDictShard state_dict_shard(const NamedTensors& state, int rank, int world);
+StateDictShard state_dict_shard(const NamedTensors& state, int rank, int world, std::string_view stem = kModelStem);
 void write_state_dict_shard(const StateDictShard& shard, const std::string& dir, const ShardedSaveStamp& stamp);
 // Refuses a path naming the index file itself, which a save cannot take.
 void check_sharded_save_path(const std::string& dir);
 void write_state_dict_index(const NamedTensors& state, const std::string& dir, int world,
-                            const ShardedSaveStamp& stamp);
+                            const ShardedSaveStamp& stamp, std::string_view stem = kModelStem);
+
+// Writes `state` (the same on every rank) to DIR as STEM's files. `group` null: this process
+// alone; else collective, each rank its share, rank 0 the index last, with rank 0's save id
+// (options.save_id(), else drawn); a failure on any rank is raised on every rank.
+void save_sharded_tensors(const NamedTensors& state, const ProcessGroup* group, const std::string& dir,
+                          const StateDictSaveOptions& options, std::string_view stem,
+                          const std::map<std::string, std::string>& metadata = {});
+
+// A sharded directory's tensors as read and checked (CRCs, the index against its files, one save
+// id), or a CorruptCheckpointError listing every fault.
+struct ShardedDirectory {
+  std::string index_path;
+  SafetensorsIndex index;
+  NamedTensors tensors;
+  std::map<std::string, std::string> file_of;  // tensor name -> its file
+  std::map<std::string, std::string> metadata;  // the first file's __metadata__
+};
+ShardedDirectory read_sharded_directory(const std::string& dir, std::string_view stem);
 
 // Saves `module`'s state to DIR. `group` null: this process alone (one file); else collective
 // over it, every rank holding the full state: a failure on any rank is raised on every rank.

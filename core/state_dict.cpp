@@ -272,6 +272,7 @@ void write_state_dict_file(const NamedTensors& state, const std::string& path, c
   } else {
     std::map<std::string, std::string> metadata;
     if (options.step()) metadata[std::string(kStepKey)] = std::to_string(*options.step());
+    if (options.save_id()) metadata[std::string(kSaveIdKey)] = *options.save_id();
     write_file_atomically(path, encode_safetensors(state, std::move(metadata)));
   }
 }

@@ -12,6 +12,7 @@
 #include "core/clip_grad_norm.h"
 #include "core/async_save.h"
 #include "core/full_state.h"
+#include "core/optimizer_state_dict.h"
 #include "core/state_dict.h"
 #include "core/tensor_parallel_splits.h"
 #include "core/tensor_parallel_state.h"
@@ -228,6 +229,15 @@ StateDictLoadReport DdpCore::load_state_dict(const std::string& path, const Stat
     return load_tensor_parallel_state_dict(impl_->module, &impl_->group, impl_->tp_splits, path, options);
   }
   return detail::load_state_dict(impl_->module, impl_->group, path, options);
+}
+void DdpCore::save_optimizer_state_dict(torch::optim::Optimizer& optimizer, const std::string& path,
+                                        const StateDictSaveOptions& options) {
+  refuse_tensor_parallel_checkpoint(impl_->tp_splits, kWho, "save_optimizer_state_dict", path);
+  detail::save_optimizer_state_dict(module_optimizer_params(impl_->module), optimizer, &impl_->group, path, options);
+}
+void DdpCore::load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const std::string& path) {
+  refuse_tensor_parallel_checkpoint(impl_->tp_splits, kWho, "load_optimizer_state_dict", path);
+  detail::load_optimizer_state_dict(module_optimizer_params(impl_->module), optimizer, &impl_->group, path);
 }
 void DdpCore::save_sharded(const std::string& dir, torch::optim::Optimizer*) {
   TORCH_CHECK(false, "cpprun::DistributedDataParallel: save_sharded_checkpoint(model, optimizer, \"", dir, "\") needs "

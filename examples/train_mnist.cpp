@@ -8,9 +8,12 @@
 // DIR holds MNIST's idx files (train-images-idx3-ubyte, ...), which are checked as they are read:
 // a truncated or foreign file is an error naming it, never training on garbage. Without --data a
 // stand-in set of the same shape is generated, so the program runs anywhere. After each epoch,
-// rank 0 writes a checkpoint (atomically, with a checksum) and keeps the newest few; --resume
-// continues from the newest one that passes its check, so a run restarted by cpprun after a
-// worker died goes on where it was. At the end, rank 0 writes loss.csv and loss.svg. Every error
+// rank 0 writes a checkpoint, a directory OUT/checkpoint_epochE/ of files PyTorch reads
+// (model.safetensors, optimizer.safetensors by parameter name, trainer.json with the epoch and
+// the losses; each file checksummed, the directory renamed into place once whole), and keeps the
+// newest few; --resume continues from the newest one that loads, so a run restarted by cpprun
+// after a worker died goes on where it was. Checkpoints of earlier versions (checkpoint_epochE.pt,
+// a TorchScript archive) still load, with a notice. At the end, rank 0 writes loss.csv and loss.svg. Every error
 // (a bad option, a missing or damaged file) ends with a message and exit code 1, and under cpprun
 // in the failure summary (cpprun::record).
 #include <cpprun/cpprun.h>
@@ -22,7 +25,9 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <string>
 
@@ -40,6 +45,8 @@ constexpr const char* kUsage = R"(usage: train_mnist [options]
   --train-size N          train on the first N examples only (default all)
   --resume                continue from the newest good checkpoint in --out, if there is one
   --keep-checkpoints K    keep the newest K checkpoints (default 2), so a damaged one has a fallback
+  --old-checkpoints       write checkpoints in the old format (checkpoint_epochE.pt, a TorchScript
+                          archive) as earlier versions did
   --help                  this text
 )";
 
@@ -48,7 +55,7 @@ struct Options {
   int epochs = 3, batch = 64, keep_checkpoints = 2;
   double lr = 1e-3;
   int64_t train_size = -1;
-  bool resume = false, help = false;
+  bool resume = false, old_checkpoints = false, help = false;
 };
 
 Options parse(int argc, char** argv) {
@@ -63,6 +70,7 @@ Options parse(int argc, char** argv) {
     else if (flags.is("--train-size")) o.train_size = flags.number<int64_t>(1);
     else if (flags.is("--keep-checkpoints")) o.keep_checkpoints = flags.number(1);
     else if (flags.is("--resume")) o.resume = true;
+    else if (flags.is("--old-checkpoints")) o.old_checkpoints = true;
     else flags.unknown();
   }
   if (!o.data.empty() && !fs::is_directory(o.data)) {  // before joining the job: fail fast, on every rank
@@ -259,24 +267,62 @@ std::string svg_plot(const std::vector<double>& losses, int64_t steps_per_epoch)
   return svg.str();
 }
 
-// Checkpoints are OUT/checkpoint_epoch<E>.pt, written after epoch E; listed newest first.
-fs::path checkpoint_file(const std::string& out, int epoch) {
+// Checkpoints are OUT/checkpoint_epoch<E>/ (written after epoch E: model.safetensors,
+// optimizer.safetensors, trainer.json), or OUT/checkpoint_epoch<E>.pt from earlier versions;
+// listed newest first. A directory is written as checkpoint_epoch<E>.tmp/ and renamed when whole,
+// so a half-written one is never listed.
+fs::path checkpoint_dir(const std::string& out, int epoch) {
+  return fs::path(out) / ("checkpoint_epoch" + std::to_string(epoch));
+}
+fs::path old_checkpoint_file(const std::string& out, int epoch) {
   return fs::path(out) / ("checkpoint_epoch" + std::to_string(epoch) + ".pt");
 }
 
 std::vector<std::pair<int, fs::path>> checkpoints_in(const std::string& out) {
-  const std::string prefix = "checkpoint_epoch", suffix = ".pt";
+  const std::string prefix = "checkpoint_epoch";
   std::vector<std::pair<int, fs::path>> found;
   for (const auto& entry : fs::directory_iterator(out)) {
-    const std::string name = entry.path().filename().string();
-    if (name.size() <= prefix.size() + suffix.size() || name.rfind(prefix, 0) != 0 ||
-        name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) continue;
-    const std::string digits = name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
+    std::string name = entry.path().filename().string();
+    const bool old = name.size() > 3 && name.compare(name.size() - 3, 3, ".pt") == 0;
+    if (old) name.resize(name.size() - 3);
+    else if (!entry.is_directory()) continue;
+    if (name.size() <= prefix.size() || name.rfind(prefix, 0) != 0) continue;
+    const std::string digits = name.substr(prefix.size());
     if (digits.find_first_not_of("0123456789") != std::string::npos || digits.size() > 6) continue;
     found.emplace_back(std::stoi(digits), entry.path());
   }
   std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
   return found;
+}
+
+// trainer.json: {"epoch": E, "losses": [...]}, the epoch last finished (0-based) and the loss per
+// step so far, for the plot.
+std::string trainer_json(int epoch, const std::vector<double>& losses) {
+  std::string out = "{\"epoch\": " + std::to_string(epoch) + ", \"losses\": [";
+  char number[32];
+  for (size_t i = 0; i < losses.size(); ++i) {
+    std::snprintf(number, sizeof number, "%s%.17g", i ? ", " : "", losses[i]);
+    out += number;
+  }
+  return out + "]}\n";
+}
+void read_trainer_json(const fs::path& file, int& epoch, std::vector<double>& losses) {
+  std::ifstream in(file);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto epoch_at = text.find("\"epoch\":"), losses_at = text.find("\"losses\": [");
+  if (!in || epoch_at == std::string::npos || losses_at == std::string::npos || text.find(']') == std::string::npos) {
+    throw std::runtime_error("checkpoint " + file.string() + " is damaged: not {\"epoch\": E, \"losses\": [...]}");
+  }
+  epoch = std::stoi(text.substr(epoch_at + 8));
+  losses.clear();
+  const char* at = text.c_str() + losses_at + 11;
+  while (*at != ']') {
+    char* end = nullptr;
+    losses.push_back(std::strtod(at, &end));
+    if (end == at) throw std::runtime_error("checkpoint " + file.string() + " is damaged: a loss is not a number");
+    at = end;
+    while (*at == ',' || *at == ' ') ++at;
+  }
 }
 
 int run(int argc, char** argv) {
@@ -300,22 +346,36 @@ int run(int argc, char** argv) {
     // rank reads the same files, so all resume from the same one.
     const auto checkpoints = checkpoints_in(opt.out);
     bool resumed = false;
-    for (const auto& [epoch, file] : checkpoints) {
-      torch::serialize::InputArchive archive;
+    for (const auto& [epoch, path] : checkpoints) {
+      int saved_epoch = 0;
       try {
-        cpprun::load_checkpoint(archive, file.string());
+        if (path.extension() == ".pt") {
+          // An earlier version's checkpoint: torch::save's archive of the module and optimizer.
+          torch::serialize::InputArchive archive;
+          cpprun::load_checkpoint(archive, path.string());
+          net->load(archive);
+          optimizer.load(archive);
+          torch::Tensor epoch_tensor, saved_losses;
+          archive.read("epoch", epoch_tensor);
+          archive.read("losses", saved_losses);
+          saved_epoch = epoch_tensor.item<int>();
+          losses.assign(saved_losses.data_ptr<double>(), saved_losses.data_ptr<double>() + saved_losses.numel());
+          if (rank == 0) {
+            std::printf("note: %s is in the old format (a TorchScript archive); loaded, and new checkpoints are "
+                        "directories of safetensors files\n", path.c_str());
+          }
+        } else {
+          // Strict: another model's or optimizer's files are refused by name, changing nothing.
+          read_trainer_json(path / "trainer.json", saved_epoch, losses);
+          cpprun::load_state_dict(net, (path / "model.safetensors").string());
+          cpprun::load_optimizer_state_dict(net, optimizer, (path / "optimizer.safetensors").string());
+        }
       } catch (const std::exception& e) {
-        if (rank == 0) std::fprintf(stderr, "%s\nskipping %s: trying the checkpoint before it\n", e.what(), file.c_str());
+        if (rank == 0) std::fprintf(stderr, "%s\nskipping %s: trying the checkpoint before it\n", e.what(), path.c_str());
         continue;
       }
-      net->load(archive);
-      optimizer.load(archive);
-      torch::Tensor saved_epoch, saved_losses;
-      archive.read("epoch", saved_epoch);
-      archive.read("losses", saved_losses);
-      start_epoch = saved_epoch.item<int>() + 1;
-      losses.assign(saved_losses.data_ptr<double>(), saved_losses.data_ptr<double>() + saved_losses.numel());
-      if (rank == 0) std::printf("resuming after epoch %d from %s\n", start_epoch, file.c_str());
+      start_epoch = saved_epoch + 1;
+      if (rank == 0) std::printf("resuming after epoch %d from %s\n", start_epoch, path.c_str());
       resumed = true;
       break;
     }
@@ -359,15 +419,28 @@ int run(int argc, char** argv) {
     const double accuracy = evaluate(net, test, group);
     if (rank == 0) {
       std::printf("%sepoch %d/%d  test accuracy %.2f%%\n", terminal ? "\n" : "", epoch + 1, opt.epochs, 100 * accuracy);
-      torch::serialize::OutputArchive archive;
-      net->save(archive);
-      optimizer.save(archive);
-      archive.write("epoch", torch::tensor(epoch));
-      archive.write("losses", torch::tensor(losses, torch::kDouble));
-      cpprun::save_checkpoint(archive, checkpoint_file(opt.out, epoch + 1).string());  // atomic, checksummed
+      if (opt.old_checkpoints) {
+        torch::serialize::OutputArchive archive;
+        net->save(archive);
+        optimizer.save(archive);
+        archive.write("epoch", torch::tensor(epoch));
+        archive.write("losses", torch::tensor(losses, torch::kDouble));
+        cpprun::save_checkpoint(archive, old_checkpoint_file(opt.out, epoch + 1).string());  // atomic, checksummed
+      } else {
+        // Each file atomic and checksummed, one save id in both; the directory appears whole.
+        const fs::path dir = checkpoint_dir(opt.out, epoch + 1), partial = dir.string() + ".tmp";
+        fs::remove_all(partial);
+        fs::create_directories(partial);
+        const auto save = cpprun::StateDictSaveOptions().step(epoch + 1).save_id(cpprun::new_save_id());
+        cpprun::save_state_dict(net, (partial / "model.safetensors").string(), save);
+        cpprun::save_optimizer_state_dict(net, optimizer, (partial / "optimizer.safetensors").string(), save);
+        cpprun::write_file_atomically((partial / "trainer.json").string(), trainer_json(epoch, losses));
+        fs::remove_all(dir);  // a damaged one of the same epoch, from a run that resumed before it
+        fs::rename(partial, dir);
+      }
       // Older ones go only once the new one is safely written.
       const auto checkpoints = checkpoints_in(opt.out);
-      for (size_t i = opt.keep_checkpoints; i < checkpoints.size(); ++i) fs::remove(checkpoints[i].second);
+      for (size_t i = opt.keep_checkpoints; i < checkpoints.size(); ++i) fs::remove_all(checkpoints[i].second);
     }
   }
 

@@ -14,7 +14,7 @@
 #include "cpprun/checkpoint_file.h"
 #include "cpprun/collectives.h"
 #include "core/failure_agreement.h"
-#include "fsdp/optimizer_state.h"
+#include "core/optimizer_state.h"
 
 namespace cpprun::detail {
 namespace fs = std::filesystem;

@@ -25,6 +25,7 @@
 #include "fsdp/fsdp_collectives.h"
 #include "fsdp/param_bucket.h"
 #include "fsdp/gradient_sync.h"
+#include "fsdp/optimizer_params.h"
 #include "fsdp/parameter_residency.h"
 #include "fsdp/shard_groups.h"
 #include "fsdp/unit_plan.h"
@@ -303,6 +304,21 @@ StateDictLoadReport FsdpCore::load_state_dict(const std::string& path, const Sta
                      : load_tensor_parallel_state_dict(impl_->module, &impl_->groups.whole, splits, path, options);
   for (auto& bucket : impl_->buckets) bucket.shards_from_unsharded();  // as load_full_state
   return report;
+}
+
+// The optimizer steps the shards: its state is gathered to whole tensors by name (every rank, as
+// save_state_dict gathers the parameters) and cut back to this rank's rows on load.
+void FsdpCore::save_optimizer_state_dict(torch::optim::Optimizer& optimizer, const std::string& path,
+                                         const StateDictSaveOptions& options) {
+  refuse_tensor_parallel_checkpoint(impl_->tp_splits, kWho, "save_optimizer_state_dict", path);
+  detail::save_optimizer_state_dict(fsdp_optimizer_params(impl_->buckets, impl_->groups.shard), optimizer,
+                                    &impl_->groups.whole, path, options);
+}
+
+void FsdpCore::load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const std::string& path) {
+  refuse_tensor_parallel_checkpoint(impl_->tp_splits, kWho, "load_optimizer_state_dict", path);
+  detail::load_optimizer_state_dict(fsdp_optimizer_params(impl_->buckets, impl_->groups.shard), optimizer,
+                                    &impl_->groups.whole, path);
 }
 
 void FsdpCore::save_sharded(const std::string& dir, torch::optim::Optimizer* optimizer) {

@@ -23,15 +23,19 @@ bool digits(std::string_view text, std::size_t count) {
 
 }  // namespace
 
-std::string shard_file_name(int part, int parts) {
+std::string index_file_name(std::string_view stem) { return std::string(stem) + ".safetensors.index.json"; }
+std::string single_file_name(std::string_view stem) { return std::string(stem) + ".safetensors"; }
+
+std::string shard_file_name(int part, int parts, std::string_view stem) {
   char name[64];
-  std::snprintf(name, sizeof name, "model-%05d-of-%05d.safetensors", part, parts);
-  return name;
+  std::snprintf(name, sizeof name, "-%05d-of-%05d.safetensors", part, parts);
+  return std::string(stem) + name;
 }
 
-bool is_shard_file_name(std::string_view name) {
-  // "model-" 5 digits "-of-" 5 digits ".safetensors"
-  constexpr std::string_view prefix = "model-", middle = "-of-", suffix = ".safetensors";
+bool is_shard_file_name(std::string_view name, std::string_view stem) {
+  // STEM "-" 5 digits "-of-" 5 digits ".safetensors"
+  const std::string prefix = std::string(stem) + "-";
+  constexpr std::string_view middle = "-of-", suffix = ".safetensors";
   if (name.size() != prefix.size() + 5 + middle.size() + 5 + suffix.size()) return false;
   return name.substr(0, prefix.size()) == prefix && digits(name.substr(prefix.size(), 5), 5) &&
          name.substr(prefix.size() + 5, middle.size()) == middle &&

@@ -20,10 +20,18 @@ inline constexpr std::string_view kSafetensorsSingleName = "model.safetensors";
 inline constexpr std::string_view kSaveIdKey = "cpprun_save_id";
 inline constexpr std::string_view kStepKey = "cpprun_step";
 
+// The stem of a model's files ("model-00001-of-00002.safetensors", "model.safetensors.index.json")
+// and of an optimizer's saved beside them ("optimizer-...", "optimizer.safetensors.index.json").
+inline constexpr std::string_view kModelStem = "model";
+inline constexpr std::string_view kOptimizerStem = "optimizer";
+// "STEM.safetensors.index.json" and "STEM.safetensors".
+std::string index_file_name(std::string_view stem);
+std::string single_file_name(std::string_view stem);
+
 // "model-00002-of-00004.safetensors" for part 2 (1-based) of 4, as transformers names them.
-std::string shard_file_name(int part, int parts);
+std::string shard_file_name(int part, int parts, std::string_view stem = kModelStem);
 // Whether `name` has that form (a file an earlier sharded save may have left).
-bool is_shard_file_name(std::string_view name);
+bool is_shard_file_name(std::string_view name, std::string_view stem = kModelStem);
 
 // Splits tensors (in state-dict order, `bytes` each) into min(parts, tensors) contiguous runs,
 // each tensor whole in one run (as transformers shards, by order), the largest run as small as

@@ -22,6 +22,7 @@
 #include "cpprun/process_group.h"
 #include "cpprun/record.h"
 #include "cpprun/sampler.h"
+#include "cpprun/optimizer_state_dict.h"
 #include "cpprun/state_dict.h"
 #include "cpprun/state_dict_options.h"
 #include "cpprun/step_timing.h"

@@ -46,9 +46,23 @@ class StateDictSaveOptions {
   }
   const std::optional<int64_t>& step() const { return step_; }
 
+  // The save id every file of the save records as "cpprun_save_id" (rank 0's, on a wrapper); not
+  // given: rank 0 draws a random one. Pass the same id to a model's save and its optimizer's
+  // (save_optimizer_state_dict) into one directory: a load refuses an optimizer whose id differs
+  // from the model's there. cpprun::new_save_id() draws one.
+  StateDictSaveOptions& save_id(std::string id) {
+    save_id_ = std::move(id);
+    return *this;
+  }
+  const std::optional<std::string>& save_id() const { return save_id_; }
+
  private:
   std::optional<int64_t> step_;
+  std::optional<std::string> save_id_;
 };
+
+// 32 random hex digits, for StateDictSaveOptions::save_id.
+std::string new_save_id();
 
 // What load_state_dict did not load (all empty after a strict load, which throws otherwise), as
 // PyTorch's load_state_dict returns missing_keys and unexpected_keys.

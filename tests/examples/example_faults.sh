@@ -81,22 +81,38 @@ mnist_files)
 checkpoints)
   run="$tmp/run" args="--train-size 256 --batch 64"
   expect 0 "final test accuracy" "$mnist" $args --epochs 3 --out "$run"
-  # The newest two are kept (--keep-checkpoints 2).
-  [ -f "$run/checkpoint_epoch3.pt" ] && [ -f "$run/checkpoint_epoch2.pt" ] || fail "the newest two checkpoints are not there"
-  [ ! -e "$run/checkpoint_epoch1.pt" ] || fail "checkpoint_epoch1.pt was kept beyond --keep-checkpoints 2"
-  ls "$run" | grep -q '\.tmp$' && fail "a temporary file was left: $(ls "$run")"
-  # Flip bytes in the middle of the newest: refused, named, and the one before used.
-  size=$(stat -c %s "$run/checkpoint_epoch3.pt")
-  printf 'XXXX' | dd of="$run/checkpoint_epoch3.pt" bs=1 seek=$((size / 2)) conv=notrunc 2>/dev/null
-  expect 0 "resuming after epoch 2 from $run/checkpoint_epoch2.pt" "$mnist" $args --epochs 4 --out "$run" --resume
-  grep -qF "checkpoint $run/checkpoint_epoch3.pt is damaged: the CRC-32" "$tmp/out" || fail "the damaged checkpoint was not named"
+  # The newest two are kept (--keep-checkpoints 2), each a directory of safetensors files.
+  for e in 2 3; do
+    for f in model.safetensors optimizer.safetensors trainer.json; do
+      [ -f "$run/checkpoint_epoch$e/$f" ] || fail "checkpoint_epoch$e/$f is not there: $(ls -R "$run")"
+    done
+  done
+  [ ! -e "$run/checkpoint_epoch1" ] || fail "checkpoint_epoch1 was kept beyond --keep-checkpoints 2"
+  ls -R "$run" | grep -q '\.tmp$' && fail "a temporary file was left: $(ls -R "$run")"
+  # A half-written checkpoint (the directory not yet renamed) is not taken for one.
+  mkdir "$run/checkpoint_epoch9.tmp"
+  # Flip bytes in the middle of the newest model: refused, named, and the one before used.
+  size=$(stat -c %s "$run/checkpoint_epoch3/model.safetensors")
+  printf 'XXXX' | dd of="$run/checkpoint_epoch3/model.safetensors" bs=1 seek=$((size / 2)) conv=notrunc 2>/dev/null
+  expect 0 "resuming after epoch 2 from $run/checkpoint_epoch2" "$mnist" $args --epochs 4 --out "$run" --resume
+  grep -qF "safetensors file $run/checkpoint_epoch3/model.safetensors is damaged: the CRC-32" "$tmp/out" ||
+    fail "the damaged checkpoint was not named"
   grep -q "epoch 4/4  test accuracy" "$tmp/out" || fail "the resumed run did not train epoch 4"
+  rm -r "$run/checkpoint_epoch9.tmp"
   # With --keep-checkpoints 1 only the newest stays; when every checkpoint is damaged, --resume stops.
   expect 0 "final test accuracy" "$mnist" $args --epochs 5 --out "$run" --resume --keep-checkpoints 1
   [ "$(ls "$run" | grep -c '^checkpoint_epoch')" -eq 1 ] || fail "not one checkpoint kept: $(ls "$run")"
-  truncate -s -1 "$run/checkpoint_epoch5.pt"
+  truncate -s -1 "$run/checkpoint_epoch5/optimizer.safetensors"
   expect 1 "none of the 1 checkpoints in $run passes its check" "$mnist" $args --epochs 6 --out "$run" --resume
-  grep -qF "checkpoint $run/checkpoint_epoch5.pt is damaged" "$tmp/out" || fail "the truncated checkpoint was not named"
+  grep -qF "$run/checkpoint_epoch5/optimizer.safetensors is invalid" "$tmp/out" ||
+    fail "the truncated checkpoint was not named"
+  # A checkpoint in the old format (a TorchScript archive) still loads, with a one-line notice.
+  old="$tmp/old"
+  expect 0 "final test accuracy" "$mnist" $args --epochs 2 --out "$old" --old-checkpoints
+  [ -f "$old/checkpoint_epoch2.pt" ] || fail "--old-checkpoints wrote no checkpoint_epoch2.pt: $(ls "$old")"
+  expect 0 "resuming after epoch 2 from $old/checkpoint_epoch2.pt" "$mnist" $args --epochs 3 --out "$old" --resume
+  grep -qF "note: $old/checkpoint_epoch2.pt is in the old format" "$tmp/out" || fail "no notice of the old format"
+  [ -f "$old/checkpoint_epoch3/model.safetensors" ] || fail "the resumed run did not save in the new format"
   ;;
 under_cpprun)
   # The root cause's error file, in cpprun's failure summary: the C++ type and the message.

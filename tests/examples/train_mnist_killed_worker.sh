@@ -24,7 +24,7 @@ args="--epochs 3 --train-size 8000"
 launcher=$!
 # Once the first epoch's checkpoint is written, kill a worker while the second epoch runs.
 i=0
-while [ ! -f "$tmp/killed/checkpoint_epoch1.pt" ]; do
+while [ ! -d "$tmp/killed/checkpoint_epoch1" ]; do
   i=$((i + 1)); [ $i -gt 1200 ] && fail "no checkpoint after 60 s"
   sleep 0.05
 done

@@ -61,7 +61,7 @@ void write_bytes(const fs::path& path, const std::string& bytes) { std::ofstream
 void save_as_ranks(torch::nn::Module& module, const fs::path& dir, int world, const std::string& save_id) {
   const auto state = cpprun::detail::module_state(module);
   fs::create_directories(dir);
-  const cpprun::detail::ShardedSaveStamp stamp{save_id, 7};
+  const cpprun::detail::ShardedSaveStamp stamp{save_id, 7, {}};
   for (int rank = 0; rank < world; ++rank) {
     cpprun::detail::write_state_dict_shard(state, dir.string(), rank, world, stamp);
   }
@@ -212,7 +212,7 @@ TEST_CASE("hf_sharded: a directory that does not hold together is refused, namin
   const fs::path mixed = fresh("mixed");
   {
     const auto state = cpprun::detail::module_state(*source);
-    cpprun::detail::write_state_dict_shard(state, mixed.string(), 1, 4, {"bbbb", std::nullopt});
+    cpprun::detail::write_state_dict_shard(state, mixed.string(), 1, 4, {"bbbb", std::nullopt, {}});
   }
   refused(mixed, {file2 + " is from another save (save id \"bbbb\", the index's \"aaaa\")"});
   // Without an id in the index (as Python writes it), the odd one out is the file most others disagree with.

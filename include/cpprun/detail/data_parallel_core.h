@@ -47,6 +47,10 @@ class DataParallelCore {
   virtual StateDictLoadReport load_state_dict(const std::string& path, const StateDictOptions& options) = 0;
   // save_state_dict's collective part now, the writing on a background thread (core/async_save.h).
   virtual AsyncSave save_state_dict_async(const std::string& path, const StateDictSaveOptions& options) = 0;
+  // An optimizer's state by parameter name (cpprun/optimizer_state_dict.h). Collective.
+  virtual void save_optimizer_state_dict(torch::optim::Optimizer& optimizer, const std::string& path,
+                                         const StateDictSaveOptions& options) = 0;
+  virtual void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const std::string& path) = 0;
 };
 
 // The tensors in a forward's result: a tensor, a vector of them, or a tuple/pair of them.

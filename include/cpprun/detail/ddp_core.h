@@ -41,6 +41,9 @@ class DdpCore final : public DataParallelCore {
   void save_state_dict(const std::string& path, const StateDictSaveOptions& options) override;
   AsyncSave save_state_dict_async(const std::string& path, const StateDictSaveOptions& options) override;
   StateDictLoadReport load_state_dict(const std::string& path, const StateDictOptions& options) override;
+  void save_optimizer_state_dict(torch::optim::Optimizer& optimizer, const std::string& path,
+                                 const StateDictSaveOptions& options) override;
+  void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const std::string& path) override;
   void save_sharded(const std::string& dir, torch::optim::Optimizer* optimizer) override;
   void load_sharded(const std::string& dir, torch::optim::Optimizer* optimizer) override;
 

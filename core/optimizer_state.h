@@ -20,5 +20,7 @@ struct ParamOptimizerState {
 std::optional<ParamOptimizerState> read_optimizer_state(torch::optim::Optimizer& optimizer, const at::Tensor& param);
 void write_optimizer_state(torch::optim::Optimizer& optimizer, const at::Tensor& param,
                            const ParamOptimizerState& state);
+// Forgets `param`'s state, as if the optimizer had never stepped it.
+void clear_optimizer_state(torch::optim::Optimizer& optimizer, const at::Tensor& param);
 
 }  // namespace cpprun::detail

@@ -1,5 +1,5 @@
 // See optimizer_state.h. LibTorch keys optimizer state by the parameter's TensorImpl pointer.
-#include "fsdp/optimizer_state.h"
+#include "core/optimizer_state.h"
 
 #include <c10/util/Exception.h>
 #include <torch/optim/adam.h>
@@ -75,6 +75,11 @@ void write_optimizer_state(torch::optim::Optimizer& optimizer, const at::Tensor&
   } else {
     unsupported(optimizer);
   }
+}
+
+void clear_optimizer_state(torch::optim::Optimizer& optimizer, const at::Tensor& param) {
+  auto& states = optimizer.state();
+  states.erase(state_key(states, param));
 }
 
 }  // namespace cpprun::detail

@@ -1,0 +1,493 @@
+// See optimizer_state_dict.h.
+#include "core/optimizer_state_dict.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <optional>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <set>
+#include <unordered_map>
+
+#include "core/failure_agreement.h"
+#include "core/optimizer_state.h"
+#include "core/sharded_state_dict.h"
+#include "core/state_dict.h"
+#include "cpprun/optimizer_state_dict.h"
+#include "cpprun/atomic_file.h"
+#include "cpprun/checkpoint_file.h"
+#include "cpprun/collectives.h"
+#include "cpprun/object_collectives.h"
+#include "support/json.h"
+#include "support/safetensors.h"
+#include "support/safetensors_index.h"
+
+namespace cpprun::detail {
+namespace fs = std::filesystem;
+namespace {
+
+constexpr const char* kFileOfKey = "cpprun_file_of";  // only in the bytes rank 0 broadcasts
+constexpr int kMaxGroupsDepth = 4;                   // [{"params": [...], "betas": [...]}]
+
+// PyTorch's class name of the optimizer; an error for one we cannot save.
+std::string kind_of(torch::optim::Optimizer& optimizer) {
+  if (dynamic_cast<torch::optim::AdamW*>(&optimizer)) return "AdamW";
+  if (dynamic_cast<torch::optim::Adam*>(&optimizer)) return "Adam";
+  if (dynamic_cast<torch::optim::SGD*>(&optimizer)) return "SGD";
+  TORCH_CHECK(false, "cpprun: save/load_optimizer_state_dict: cannot name the state of this optimizer (",
+              typeid(optimizer).name(), "); supported: torch::optim::SGD, Adam, AdamW.");
+}
+
+// The state tensors a parameter of a group holds once stepped (PyTorch's names), "step" aside.
+std::vector<std::string> state_names(const torch::optim::OptimizerOptions& options) {
+  if (auto* o = dynamic_cast<const torch::optim::AdamWOptions*>(&options)) {
+    return o->amsgrad() ? std::vector<std::string>{"exp_avg", "exp_avg_sq", "max_exp_avg_sq"}
+                        : std::vector<std::string>{"exp_avg", "exp_avg_sq"};
+  }
+  if (auto* o = dynamic_cast<const torch::optim::AdamOptions*>(&options)) {
+    return o->amsgrad() ? std::vector<std::string>{"exp_avg", "exp_avg_sq", "max_exp_avg_sq"}
+                        : std::vector<std::string>{"exp_avg", "exp_avg_sq"};
+  }
+  if (auto* o = dynamic_cast<const torch::optim::SGDOptions*>(&options)) {
+    return o->momentum() != 0 ? std::vector<std::string>{"momentum_buffer"} : std::vector<std::string>{};
+  }
+  return {};
+}
+bool has_step(const std::string& kind) { return kind != "SGD"; }
+
+std::string number(double value) {
+  char text[40];
+  std::snprintf(text, sizeof text, "%.17g", value);  // round-trips exactly
+  return text;
+}
+const char* boolean(bool value) { return value ? "true" : "false"; }
+
+// A group's options under PyTorch's names, as JSON members.
+std::string options_json(const torch::optim::OptimizerOptions& options) {
+  const auto member = [](const char* name, const std::string& value) { return ", \"" + std::string(name) + "\": " + value; };
+  std::string out = member("lr", number(options.get_lr()));
+  const auto adam_like = [&](const auto& o) {
+    out += member("betas", "[" + number(std::get<0>(o.betas())) + ", " + number(std::get<1>(o.betas())) + "]") +
+           member("eps", number(o.eps())) + member("weight_decay", number(o.weight_decay())) +
+           member("amsgrad", boolean(o.amsgrad()));
+  };
+  if (auto* o = dynamic_cast<const torch::optim::AdamWOptions*>(&options)) adam_like(*o);
+  if (auto* o = dynamic_cast<const torch::optim::AdamOptions*>(&options)) adam_like(*o);
+  if (auto* o = dynamic_cast<const torch::optim::SGDOptions*>(&options)) {
+    out += member("momentum", number(o->momentum())) + member("dampening", number(o->dampening())) +
+           member("weight_decay", number(o->weight_decay())) + member("nesterov", boolean(o->nesterov()));
+  }
+  return out;
+}
+
+double json_number(const Json& value, const std::string& what) {
+  TORCH_CHECK(value.kind == Json::Kind::kNumber, "cpprun: ", what, " is not a number");
+  return std::stod(value.text);
+}
+bool json_bool(const Json& value, const std::string& what) {
+  TORCH_CHECK(value.kind == Json::Kind::kOther && (value.text == "true" || value.text == "false"), "cpprun: ", what,
+              " is not true or false");
+  return value.text == "true";
+}
+
+// Sets a group's options from the file's JSON object (names PyTorch's; others ignored).
+void apply_options(torch::optim::OptimizerOptions& options, const Json& group, const std::string& where) {
+  for (const auto& [key, value] : group.members) {
+    const std::string what = where + ": param group option \"" + key + "\"";
+    if (key == "lr") options.set_lr(json_number(value, what));
+    const auto adam_like = [&](auto& o) {
+      if (key == "betas") {
+        TORCH_CHECK(value.kind == Json::Kind::kArray && value.items.size() == 2, "cpprun: ", what, " is not [b1, b2]");
+        o.betas({json_number(value.items[0], what), json_number(value.items[1], what)});
+      }
+      if (key == "eps") o.eps(json_number(value, what));
+      if (key == "weight_decay") o.weight_decay(json_number(value, what));
+      if (key == "amsgrad") o.amsgrad(json_bool(value, what));
+    };
+    if (auto* o = dynamic_cast<torch::optim::AdamWOptions*>(&options)) adam_like(*o);
+    if (auto* o = dynamic_cast<torch::optim::AdamOptions*>(&options)) adam_like(*o);
+    if (auto* o = dynamic_cast<torch::optim::SGDOptions*>(&options)) {
+      if (key == "momentum") o->momentum(json_number(value, what));
+      if (key == "dampening") o->dampening(json_number(value, what));
+      if (key == "weight_decay") o->weight_decay(json_number(value, what));
+      if (key == "nesterov") o->nesterov(json_bool(value, what));
+    }
+  }
+}
+
+// Each optimizer group's parameter names, via the model's parameters.
+std::vector<std::vector<std::string>> group_names(const OptimizerParams& params, torch::optim::Optimizer& optimizer,
+                                                  const char* call) {
+  std::unordered_map<const c10::TensorImpl*, const std::string*> name_of;
+  for (std::size_t i = 0; i < params.names.size(); ++i) name_of[params.stepped[i].unsafeGetTensorImpl()] = &params.names[i];
+  std::vector<std::vector<std::string>> out;
+  for (const auto& group : optimizer.param_groups()) {
+    out.emplace_back();
+    for (const auto& p : group.params()) {
+      const auto found = name_of.find(p.unsafeGetTensorImpl());
+      TORCH_CHECK(found != name_of.end(), "cpprun: ", call, ": the optimizer steps a tensor of shape ", p.sizes(),
+                  " that is not a parameter of the model (FSDP: build the optimizer from model->parameters(), the "
+                  "shards).");
+      out.back().push_back(*found->second);
+    }
+  }
+  return out;
+}
+
+std::string join(const std::vector<std::string>& items, const std::string& separator) {
+  std::string out;
+  for (std::size_t i = 0; i < items.size(); ++i) out += (i ? separator : "") + items[i];
+  return out;
+}
+
+bool is_safetensors_path(const std::string& path) {
+  const std::string ext = ".safetensors";
+  return path.size() > ext.size() && path.compare(path.size() - ext.size(), ext.size(), ext) == 0;
+}
+
+void check_path(const std::string& path, const char* call) {
+  TORCH_CHECK(is_sharded_state_dict_path(path) || is_safetensors_path(path), "cpprun: ", call, "(..., \"", path,
+              "\"): an optimizer's state is saved as safetensors: end the path in .safetensors, or in '/' for a "
+              "directory (optimizer-0000R-of-0000N.safetensors beside a model's files).");
+}
+
+// What rank 0 read, checked for integrity, before it is compared with the optimizer.
+struct ReadOptimizerFile {
+  NamedTensors tensors;
+  std::map<std::string, std::string> metadata;
+  std::map<std::string, std::string> file_of;  // a directory's tensor -> its file
+};
+
+ReadOptimizerFile read_optimizer_files(const std::string& path) {
+  ReadOptimizerFile out;
+  if (!is_sharded_state_dict_path(path)) {
+    const std::string bytes = read_state_dict_bytes(path);
+    const SafetensorsFile parsed = read_safetensors(bytes, path);
+    out.metadata = parsed.metadata;
+    out.tensors = decode_safetensors(parsed, path);
+    return out;
+  }
+  const fs::path dir = fs::path(path).filename() == index_file_name(kOptimizerStem) ? fs::path(path).parent_path()
+                                                                                     : fs::path(path);
+  TORCH_CHECK(fs::exists(dir / index_file_name(kOptimizerStem)), "cpprun: load_optimizer_state_dict: ", dir.string(),
+              " holds no ", index_file_name(kOptimizerStem), ": was the optimizer saved there "
+              "(save_optimizer_state_dict(model, optimizer, \"", dir.string(), "/\"))?");
+  ShardedDirectory read = read_sharded_directory(dir.string(), kOptimizerStem);
+  // One save with the model beside it: its index's id, when both have one.
+  const fs::path model_index = dir / index_file_name(kModelStem);
+  const auto optimizer_id = read.index.metadata.find(std::string(kSaveIdKey));
+  if (fs::exists(model_index) && optimizer_id != read.index.metadata.end()) {
+    const SafetensorsIndex model = read_safetensors_index(read_state_dict_bytes(model_index.string()), model_index.string());
+    const auto model_id = model.metadata.find(std::string(kSaveIdKey));
+    if (model_id != model.metadata.end() && model_id->second != optimizer_id->second) {
+      throw CorruptCheckpointError(
+          "cpprun: load_optimizer_state_dict: " + read.index_path + " is from another save (save id \"" +
+          optimizer_id->second + "\") than the model beside it (" + model_index.string() + ", save id \"" +
+          model_id->second + "\"), and nothing was loaded. Save the model and the optimizer with one "
+          "StateDictSaveOptions().save_id(cpprun::new_save_id()), or load the checkpoint they were saved with.");
+    }
+  }
+  out.metadata = std::move(read.metadata);
+  out.tensors = std::move(read.tensors);
+  out.file_of = std::move(read.file_of);
+  return out;
+}
+
+}  // namespace
+
+OptimizerParams module_optimizer_params(torch::nn::Module& module) {
+  OptimizerParams out;
+  std::set<const c10::TensorImpl*> seen;
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+    if (!item.value().defined() || !seen.insert(item.value().unsafeGetTensorImpl()).second) continue;
+    out.names.push_back(item.key());
+    out.stepped.push_back(item.value());
+    out.full_sizes.push_back(item.value().sizes().vec());
+  }
+  return out;
+}
+
+void save_optimizer_state_dict(const OptimizerParams& params, torch::optim::Optimizer& optimizer,
+                               const ProcessGroup* group, const std::string& path,
+                               const StateDictSaveOptions& options) {
+  check_path(path, "save_optimizer_state_dict");
+  const std::string kind = kind_of(optimizer);
+  const auto names = group_names(params, optimizer, "save_optimizer_state_dict");
+  // Each parameter's state names, by its group's options.
+  std::vector<const torch::optim::OptimizerOptions*> options_of(params.names.size());
+  {
+    std::map<std::string, std::size_t> index;
+    for (std::size_t i = 0; i < params.names.size(); ++i) index[params.names[i]] = i;
+    for (std::size_t g = 0; g < names.size(); ++g) {
+      for (const auto& name : names[g]) options_of[index[name]] = &optimizer.param_groups()[g].options();
+    }
+  }
+  // Which parameters have state, and their steps. FSDP: a rank with no rows may hold none where
+  // the others do; the group agrees (max) so that every rank joins the same gathers.
+  const std::size_t n = params.names.size();
+  std::vector<std::optional<ParamOptimizerState>> local(n);
+  std::vector<int64_t> has(2 * n, 0);  // [has state] * n, then [step] * n
+  for (std::size_t i = 0; i < n; ++i) {
+    if (!options_of[i]) continue;  // not in the optimizer
+    local[i] = read_optimizer_state(optimizer, params.stepped[i]);
+    if (local[i]) {
+      has[i] = 1;
+      has[n + i] = local[i]->step;
+    }
+  }
+  if (params.gather && params.shard_group && n > 0) {
+    at::Tensor agreed = at::tensor(has, at::kLong).to(params.stepped[0].device());
+    all_reduce(*params.shard_group, agreed, ReduceOp::kMax);
+    agreed = agreed.cpu();
+    for (std::size_t i = 0; i < 2 * n; ++i) has[i] = agreed[static_cast<int64_t>(i)].item<int64_t>();
+  }
+  NamedTensors state;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (has[i] == 0) continue;
+    const std::string prefix = "state." + params.names[i] + ".";
+    for (const auto& name : state_names(*options_of[i])) {
+      at::Tensor t;
+      if (local[i]) {
+        const auto found = local[i]->tensors.find(name);
+        if (found != local[i]->tensors.end()) t = found->second;
+      }
+      if (!t.defined()) t = at::zeros_like(params.stepped[i]);
+      state.emplace_back(prefix + name, params.gather ? params.gather(i, t.detach()) : t.detach());
+    }
+    if (has_step(kind)) {
+      state.emplace_back(prefix + "step", at::scalar_tensor(static_cast<double>(has[n + i]), at::kFloat));
+    }
+  }
+  std::string groups = "[";
+  for (std::size_t g = 0; g < names.size(); ++g) {
+    std::string list;
+    for (const auto& name : names[g]) {
+      if (!list.empty()) list += ", ";
+      append_json_string(list, name);
+    }
+    groups += (g ? ", " : "") + std::string("{\"params\": [") + list + "]" +
+              options_json(optimizer.param_groups()[g].options()) + "}";
+  }
+  groups += "]";
+  std::map<std::string, std::string> metadata{{kOptimizerKindKey, kind}, {kParamGroupsKey, groups}};
+
+  if (is_sharded_state_dict_path(path)) {
+    save_sharded_tensors(state, group, path, options, kOptimizerStem, metadata);
+    return;
+  }
+  if (options.step()) metadata[std::string(kStepKey)] = std::to_string(*options.step());
+  if (options.save_id()) metadata[std::string(kSaveIdKey)] = *options.save_id();
+  std::exception_ptr failure;
+  if (!group || group->rank() == 0) {
+    try {
+      write_file_atomically(path, encode_safetensors(state, metadata));
+    } catch (...) {
+      if (!group) throw;
+      failure = std::current_exception();
+    }
+  }
+  if (group) agree_on_failure(*group, failure, "saving the optimizer state to " + path);
+}
+
+void load_optimizer_state_dict(const OptimizerParams& params, torch::optim::Optimizer& optimizer,
+                               const ProcessGroup* group, const std::string& path) {
+  check_path(path, "load_optimizer_state_dict");
+  const std::string kind = kind_of(optimizer);
+  const auto names = group_names(params, optimizer, "load_optimizer_state_dict");
+
+  // Rank 0 reads and checks the files; every rank gets the same bytes and decides alike. A
+  // failure to read travels as its message, so every rank raises the same error.
+  std::string bytes;
+  std::exception_ptr failure;
+  if (!group || group->rank() == 0) {
+    try {
+      ReadOptimizerFile read = read_optimizer_files(path);
+      std::string file_of;
+      for (const auto& [name, file] : read.file_of) file_of += name + '\t' + file + '\n';
+      read.metadata[kFileOfKey] = file_of;
+      bytes = "T" + encode_safetensors(read.tensors, read.metadata);
+    } catch (const CorruptCheckpointError& e) {
+      failure = std::current_exception();
+      bytes = std::string("C") + e.what();
+    } catch (const std::exception& e) {
+      failure = std::current_exception();
+      bytes = std::string("E") + e.what();
+    }
+  }
+  if (group) broadcast_bytes(*group, bytes, 0);
+  if (failure) std::rethrow_exception(failure);
+  if (bytes[0] == 'C') throw CorruptCheckpointError(bytes.substr(1) + " (read on rank 0)");
+  if (bytes[0] == 'E') throw std::runtime_error(bytes.substr(1) + " (read on rank 0)");
+  bytes.erase(0, 1);
+  const SafetensorsFile parsed = read_safetensors(bytes, path);
+  NamedTensors tensors = decode_safetensors(parsed, path);
+  std::map<std::string, std::string> file_of;
+  {
+    const std::string& text = parsed.metadata.at(kFileOfKey);
+    std::size_t at = 0;
+    while (at < text.size()) {
+      const std::size_t tab = text.find('\t', at), end = text.find('\n', at);
+      file_of[text.substr(at, tab - at)] = text.substr(tab + 1, end - tab - 1);
+      at = end + 1;
+    }
+  }
+  const auto in_file = [&](const std::string& name) {
+    const auto found = file_of.find(name);
+    return found == file_of.end() ? std::string() : " (in " + found->second + ")";
+  };
+
+  // Every difference, then one error.
+  std::vector<std::string> faults;
+  const auto meta = [&](const char* key) {
+    const auto found = parsed.metadata.find(key);
+    return found == parsed.metadata.end() ? std::string() : found->second;
+  };
+  const std::string file_kind = meta(kOptimizerKindKey);
+  if (file_kind.empty()) {
+    faults.push_back("the file has no \"" + std::string(kOptimizerKindKey) + "\" in its metadata: it is not an "
+                     "optimizer's state saved by save_optimizer_state_dict (a model's state dict?)");
+  } else if (file_kind != kind) {
+    faults.push_back("the file holds " + file_kind + "'s state; this optimizer is " + kind);
+  }
+  Json groups;
+  const std::string groups_text = meta(kParamGroupsKey);
+  try {
+    groups = parse_json(groups_text.empty() ? "[]" : groups_text, kMaxGroupsDepth);
+  } catch (const JsonSyntaxError& e) {
+    faults.push_back(std::string("its \"") + kParamGroupsKey + "\" is not valid JSON: " + e.what());
+  }
+  std::map<std::string, std::size_t> index_of;  // the model's names
+  for (std::size_t i = 0; i < params.names.size(); ++i) index_of[params.names[i]] = i;
+  std::map<std::string, std::size_t> group_of;  // the file's names -> their group
+  if (groups.kind != Json::Kind::kArray) {
+    if (faults.empty()) faults.push_back(std::string("its \"") + kParamGroupsKey + "\" is not a JSON array");
+  } else {
+    std::set<std::string> ours, theirs;
+    for (const auto& list : names) ours.insert(list.begin(), list.end());
+    for (std::size_t g = 0; g < groups.items.size(); ++g) {
+      for (const auto& [key, value] : groups.items[g].members) {
+        if (key != "params") continue;
+        for (const auto& item : value.items) {
+          theirs.insert(item.text);
+          group_of[item.text] = g;
+        }
+      }
+    }
+    std::vector<std::string> missing, unexpected;
+    for (const auto& name : ours) if (!theirs.count(name)) missing.push_back(name);
+    for (const auto& name : theirs) if (!ours.count(name)) unexpected.push_back(name);
+    if (!missing.empty()) {
+      faults.push_back("parameters missing from the file (" + std::to_string(missing.size()) + "): " + join(missing, ", "));
+    }
+    if (!unexpected.empty()) {
+      faults.push_back("parameters in the file but not in the model (" + std::to_string(unexpected.size()) +
+                       "): " + join(unexpected, ", "));
+    }
+    if (missing.empty() && unexpected.empty()) {
+      if (groups.items.size() != names.size()) {
+        faults.push_back("the file has " + std::to_string(groups.items.size()) + " param group(s), the optimizer " +
+                         std::to_string(names.size()));
+      } else {
+        for (std::size_t g = 0; g < names.size(); ++g) {
+          for (const auto& name : names[g]) {
+            if (group_of[name] != g) {
+              faults.push_back("\"" + name + "\" is in param group " + std::to_string(group_of[name]) +
+                               " in the file, " + std::to_string(g) + " here");
+            }
+          }
+        }
+      }
+    }
+  }
+  // The state tensors: "state.<name>.<what>", of the parameter's whole shape (step: 0-d).
+  std::map<std::string, std::map<std::string, at::Tensor>> state_of;
+  for (auto& [key, tensor] : tensors) {
+    const std::size_t dot = key.rfind('.');
+    const std::string name = key.rfind("state.", 0) == 0 && dot > 6 ? key.substr(6, dot - 6) : std::string();
+    const std::string what = dot == std::string::npos ? std::string() : key.substr(dot + 1);
+    const auto found = index_of.find(name);
+    if (found == index_of.end()) {
+      faults.push_back("\"" + key + "\"" + in_file(key) + " names no parameter of the model");
+      continue;
+    }
+    const std::size_t i = found->second;
+    const std::vector<int64_t> expected = what == "step" ? std::vector<int64_t>{} : params.full_sizes[i];
+    if (tensor.sizes().vec() != expected) {
+      faults.push_back("\"" + key + "\"" + in_file(key) + " has shape " + c10::str(tensor.sizes()) +
+                       ", the model's parameter " + c10::str(c10::IntArrayRef(expected)));
+      continue;
+    }
+    state_of[name][what] = tensor;
+  }
+  // A parameter with state has all of it (by its group's options in this optimizer).
+  for (std::size_t g = 0; g < names.size() && faults.empty(); ++g) {
+    auto expected = state_names(optimizer.param_groups()[g].options());
+    if (has_step(kind)) expected.push_back("step");
+    for (const auto& name : names[g]) {
+      const auto found = state_of.find(name);
+      if (found == state_of.end()) continue;  // never stepped
+      for (const auto& what : expected) {
+        if (!found->second.count(what)) faults.push_back("\"state." + name + "." + what + "\" is missing");
+      }
+      for (const auto& [what, tensor] : found->second) {
+        if (std::find(expected.begin(), expected.end(), what) == expected.end()) {
+          faults.push_back("\"state." + name + "." + what + "\" is not " + kind + "'s state");
+        }
+      }
+    }
+  }
+  if (!faults.empty()) {
+    throw StateDictMismatchError("cpprun: load_optimizer_state_dict refused " + path + " (" +
+                                 std::to_string(faults.size()) + " fault(s)), and nothing was loaded:\n  " +
+                                 join(faults, "\n  ") + "\nWas it saved from another model or optimizer?");
+  }
+
+  // Apply: the groups' options, then each parameter's state (this rank's part of it).
+  for (std::size_t g = 0; g < names.size(); ++g) {
+    if (names[g].empty()) continue;
+    apply_options(optimizer.param_groups()[g].options(), groups.items[group_of[names[g].front()]], path);
+  }
+  at::NoGradGuard no_grad;
+  for (std::size_t g = 0; g < names.size(); ++g) {
+    for (const auto& name : names[g]) {
+      const std::size_t i = index_of[name];
+      const at::Tensor& param = params.stepped[i];
+      const auto found = state_of.find(name);
+      if (found == state_of.end()) {
+        clear_optimizer_state(optimizer, param);
+        continue;
+      }
+      ParamOptimizerState state;
+      for (const auto& [what, tensor] : found->second) {
+        if (what == "step") {
+          state.step = std::llround(tensor.item<double>());
+          continue;
+        }
+        at::Tensor mine = params.local_part ? params.local_part(i, tensor) : tensor;
+        state.tensors[what] = mine.to(param.device(), param.scalar_type()).contiguous().clone();
+      }
+      write_optimizer_state(optimizer, param, state);
+    }
+  }
+}
+
+}  // namespace cpprun::detail
+
+namespace cpprun::detail {
+// cpprun/optimizer_state_dict.h's entry points for a plain module.
+void save_module_optimizer_state_dict(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
+                                      const std::string& path, const StateDictSaveOptions& options) {
+  save_optimizer_state_dict(module_optimizer_params(module), optimizer, nullptr, path, options);
+}
+void load_module_optimizer_state_dict(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
+                                      const std::string& path) {
+  load_optimizer_state_dict(module_optimizer_params(module), optimizer, nullptr, path);
+}
+}  // namespace cpprun::detail

@@ -1,0 +1,59 @@
+// An optimizer's state by parameter name, in the flat form PyTorch's
+// get_optimizer_state_dict(..., StateDictOptions(full_state_dict=True,
+// flatten_optimizer_state_dict=True)) gives it: a tensor "state.<fqn>.<name>" per state
+// ("state.fc1.weight.exp_avg"; "state.fc1.weight.step" a 0-d float32, as PyTorch keeps it), each
+// of the whole parameter's shape, in a .safetensors file or a sharded directory beside a model's
+// (optimizer-0000R-of-0000N.safetensors + optimizer.safetensors.index.json). The param groups'
+// options (lr, betas, ...), which safetensors cannot hold as tensors, are JSON in the files'
+// __metadata__ ("cpprun_param_groups": [{"params": [fqn, ...], "lr": ...}]), with the optimizer's
+// kind ("cpprun_optimizer": "AdamW"). Knows SGD, Adam and AdamW (core/optimizer_state.h).
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <cstddef>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "cpprun/process_group.h"
+#include "cpprun/state_dict_options.h"
+
+namespace cpprun::detail {
+
+// The __metadata__ keys of an optimizer's files.
+inline constexpr const char* kOptimizerKindKey = "cpprun_optimizer";
+inline constexpr const char* kParamGroupsKey = "cpprun_param_groups";
+
+// A model's parameters as its optimizer sees them: what a wrapper hands to the functions below.
+struct OptimizerParams {
+  std::vector<std::string> names;                // each parameter's name (a tied one's first)
+  std::vector<at::Tensor> stepped;               // the tensor the optimizer steps (FSDP: this rank's rows)
+  std::vector<std::vector<int64_t>> full_sizes;  // the whole parameter's shape
+  // FSDP: a state tensor of parameter i as this rank holds it -> the whole tensor on every rank
+  // (collective over `shard_group`), and a whole tensor -> this rank's part. Unset (DDP, a
+  // module): every rank's state is already whole.
+  std::function<at::Tensor(std::size_t, const at::Tensor&)> gather;
+  std::function<at::Tensor(std::size_t, const at::Tensor&)> local_part;
+  const ProcessGroup* shard_group = nullptr;
+};
+
+// The parameters of a plain module (DDP's wrapped module), each tensor once.
+OptimizerParams module_optimizer_params(torch::nn::Module& module);
+
+// Writes `optimizer`'s state to PATH (.safetensors, or a directory: "optimizer" files). `group`
+// null: this process alone; else collective: rank 0 writes a file, every rank its share of a
+// directory, with rank 0's save id (options.save_id(), else drawn).
+void save_optimizer_state_dict(const OptimizerParams& params, torch::optim::Optimizer& optimizer,
+                               const ProcessGroup* group, const std::string& path,
+                               const StateDictSaveOptions& options);
+// Reads PATH into `optimizer` (each rank its part, at any world size): its state and its param
+// groups' options. Strict: another optimizer kind, parameters missing or unexpected, a state
+// tensor of the wrong shape, a directory whose optimizer files differ in save id from each other
+// or from the model's index there: one error listing every fault, naming the file, and nothing
+// is changed. `group`: rank 0 reads, every rank gets the same bytes, and every rank throws alike.
+void load_optimizer_state_dict(const OptimizerParams& params, torch::optim::Optimizer& optimizer,
+                               const ProcessGroup* group, const std::string& path);
+
+}  // namespace cpprun::detail

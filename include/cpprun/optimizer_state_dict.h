@@ -1,0 +1,66 @@
+// An optimizer's state by parameter name, beside a model's state dict (cpprun/state_dict.h), in
+// the form PyTorch's torch.distributed.checkpoint.state_dict.get_optimizer_state_dict gives with
+// StateDictOptions(full_state_dict=True, flatten_optimizer_state_dict=True): tensors
+// "state.<param name>.<state>" ("state.fc1.weight.exp_avg"; "state.fc1.weight.step", a 0-d
+// float32), each the whole parameter's shape whatever the wrapper, as safetensors; the param
+// groups' options (lr, betas, eps, weight_decay, amsgrad, momentum, ...) as JSON in the files'
+// __metadata__ "cpprun_param_groups" ([{"params": [name, ...], "lr": ...}], Python's
+// optimizer.state_dict()["param_groups"] with names for ids), and "cpprun_optimizer" ("AdamW").
+// SGD, Adam and AdamW; a plain module, DDP, FSDP (any stage, HSDP: the rows gathered).
+//
+//   auto options = cpprun::StateDictSaveOptions().step(step).save_id(cpprun::new_save_id());
+//   cpprun::save_state_dict(model, "run/ckpt/", options);                  // model-*.safetensors
+//   cpprun::save_optimizer_state_dict(model, opt, "run/ckpt/", options);   // optimizer-*.safetensors
+//   cpprun::load_optimizer_state_dict(model, opt, "run/ckpt/");            // any world size, stage
+//
+// PATH: a .safetensors file, or a directory (a path ending in '/', or an existing one):
+// optimizer-0000R-of-0000N.safetensors files (each rank writes one, in parallel) and
+// optimizer.safetensors.index.json, in Hugging Face's sharded layout beside the model's files;
+// a save of one never touches the other's files. Every file of a save records its save id (rank
+// 0's: options.save_id(), else drawn) and options.step(); loading refuses a directory mixing
+// saves, or whose optimizer index differs in save id from the model's index beside it, naming the
+// file. Strict: another optimizer kind, parameters missing or unexpected, a state tensor of the
+// wrong shape, in one error (cpprun::StateDictMismatchError) listing every fault; nothing changed.
+#pragma once
+
+#include <torch/optim/optimizer.h>
+
+#include <string>
+#include <type_traits>
+
+#include "cpprun/state_dict.h"
+
+namespace cpprun {
+namespace detail {
+void save_module_optimizer_state_dict(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
+                                      const std::string& path, const StateDictSaveOptions& options);
+void load_module_optimizer_state_dict(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
+                                      const std::string& path);
+}  // namespace detail
+
+// Writes `optimizer`'s state for `model`'s parameters to PATH. A DataParallel wrapper:
+// collective, every rank calls it (FSDP gathers each state tensor's rows); a module: this process.
+template <typename Model>
+void save_optimizer_state_dict(Model&& model, torch::optim::Optimizer& optimizer, const std::string& path,
+                               const StateDictSaveOptions& options = StateDictSaveOptions()) {
+  detail::finish_previous_save();
+  if constexpr (detail::DataParallelWrapper<std::remove_reference_t<Model>>) {
+    detail::DataParallelAccess::core(*model).save_optimizer_state_dict(optimizer, path, options);
+  } else {
+    detail::save_module_optimizer_state_dict(detail::as_module(model), optimizer, path, options);
+  }
+}
+
+// Replaces `optimizer`'s state and its param groups' options with PATH's, by parameter name (as
+// PyTorch's optimizer.load_state_dict); each rank takes its part (FSDP: its rows) at any world
+// size. Collective on a wrapper: rank 0 reads, every rank throws alike.
+template <typename Model>
+void load_optimizer_state_dict(Model&& model, torch::optim::Optimizer& optimizer, const std::string& path) {
+  if constexpr (detail::DataParallelWrapper<std::remove_reference_t<Model>>) {
+    detail::DataParallelAccess::core(*model).load_optimizer_state_dict(optimizer, path);
+  } else {
+    detail::load_module_optimizer_state_dict(detail::as_module(model), optimizer, path);
+  }
+}
+
+}  // namespace cpprun

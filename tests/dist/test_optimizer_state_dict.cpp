@@ -1,0 +1,333 @@
+// Optimizer state by parameter name (cpprun/optimizer_state_dict.h) through a module, DDP and FSDP:
+// training resumed from a saved model and optimizer matches training that never stopped (the
+// losses and the parameters, 1e-6), for SGD with momentum, Adam and AdamW, to a file and to a
+// directory beside the model's; faults (a truncated file, mixed saves, a missing parameter, another
+// shape, another optimizer) are named errors on every rank and change nothing. Run by
+// optimizer_resume.sh with CPPRUN_OPT_PHASE set, "[.opt_resume]" saves on one world size and
+// resumes on another.
+#include <catch2/catch.hpp>
+#include <torch/torch.h>
+#include <unistd.h>  // getppid
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cpprun/cpprun.h"
+#include "dist_test_support.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using dist_test::group;
+
+struct Net : torch::nn::Module {
+  explicit Net(int64_t hidden = 13, bool extra = false) {
+    fc1 = register_module("fc1", torch::nn::Linear(8, hidden));
+    fc2 = register_module("fc2", torch::nn::Linear(hidden, 4));
+    if (extra) fc3 = register_module("fc3", torch::nn::Linear(4, 4));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    auto y = fc2(torch::tanh(fc1(x)));
+    return fc3 ? fc3(y) : y;
+  }
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr}, fc3{nullptr};
+};
+
+bool is_linear(const torch::nn::Module& m) { return m.as<torch::nn::Linear>() != nullptr; }
+
+std::shared_ptr<Net> seeded(int seed, int64_t hidden = 13, bool extra = false) {
+  torch::manual_seed(seed);
+  return std::make_shared<Net>(hidden, extra);
+}
+
+// "ddp", "zero1", "zero2", "zero3", "hsdp" (4 ranks: 2 replicas x 2 shards, stage 3).
+cpprun::DataParallel<Net> wrap(std::shared_ptr<Net> net, const std::string& kind) {
+  if (kind == "ddp") return cpprun::DistributedDataParallel(net, group());
+  if (kind == "hsdp") {
+    const cpprun::DeviceMesh mesh(group(), std::vector<int>{2, 2}, std::vector<std::string>{"replicate", "shard"});
+    return cpprun::FullyShardedDataParallel(net, mesh, cpprun::FsdpOptions().stage(3).wrap_policy(is_linear));
+  }
+  const int stage = kind.back() - '0';
+  return cpprun::FullyShardedDataParallel(net, group(), cpprun::FsdpOptions().stage(stage).wrap_policy(is_linear));
+}
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::string& kind, std::vector<torch::Tensor> params,
+                                                        double lr) {
+  if (kind == "sgd") return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(lr).momentum(0.9));
+  if (kind == "adam") return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(lr).amsgrad(true));
+  return std::make_unique<torch::optim::AdamW>(params, torch::optim::AdamWOptions(lr).weight_decay(0.05));
+}
+
+// Step `step`'s global batch (12 rows: divides by 1, 2, 3 and 4 ranks), the same in every job.
+std::pair<torch::Tensor, torch::Tensor> batch(int step) {
+  torch::manual_seed(1000 + step);
+  return {torch::randn({12, 8}), torch::randn({12, 4})};
+}
+
+// One step on this rank's slice; the global batch's mean loss (the same on every rank).
+double train_step(cpprun::DataParallel<Net>& model, torch::optim::Optimizer& opt, int step) {
+  auto [x, y] = batch(step);
+  const int rank = group().rank(), world = group().size();
+  opt.zero_grad();
+  auto loss = torch::mse_loss(model->forward(dist_test::slice(x, rank, world)), dist_test::slice(y, rank, world));
+  loss.backward();
+  opt.step();
+  auto total = loss.detach().clone();
+  cpprun::all_reduce(group(), total);
+  return total.item<double>() / world;
+}
+
+// The full parameters, by name, on every rank.
+std::map<std::string, torch::Tensor> full_parameters(cpprun::DataParallel<Net>& model) {
+  model->gather_full_parameters();
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& item : model->module()->named_parameters()) out[item.key()] = item.value().detach().clone();
+  return out;
+}
+
+void check_close(const std::map<std::string, torch::Tensor>& a, const std::map<std::string, torch::Tensor>& b) {
+  REQUIRE(a.size() == b.size());
+  for (const auto& [name, t] : a) {
+    INFO(name << ": max difference " << (t - b.at(name)).abs().max().item<double>());
+    CHECK(torch::allclose(t, b.at(name), /*rtol=*/0, /*atol=*/1e-6));
+  }
+}
+
+std::string scratch(const std::string& what) {
+  return "/tmp/cpprun_optim_" + what + "_" + std::to_string(::getppid());
+}
+
+constexpr int kBefore = 3, kAfter = 3;
+
+// Trains kBefore steps, saves model and optimizer to `path` (a directory ending in '/', or a
+// stem to which .safetensors is added), trains kAfter more; a fresh model and optimizer (another
+// seed, another lr) load the save and train the same kAfter steps: same losses and parameters.
+void check_resume(const std::string& wrapper, const std::string& optimizer, const std::string& path) {
+  INFO(wrapper << " " << optimizer << " " << path);
+  const bool dir = path.back() == '/';
+  const std::string model_path = dir ? path : path + "_model.safetensors";
+  const std::string opt_path = dir ? path : path + "_optimizer.safetensors";
+  auto model = wrap(seeded(1), wrapper);
+  auto opt = make_optimizer(optimizer, model->parameters(), 0.01);
+  for (int s = 0; s < kBefore; ++s) train_step(model, *opt, s);
+  std::string id = cpprun::new_save_id();
+  const auto options = cpprun::StateDictSaveOptions().step(kBefore).save_id(id);
+  cpprun::save_state_dict(model, model_path, options);
+  cpprun::save_optimizer_state_dict(model, *opt, opt_path, options);
+  std::vector<double> losses;
+  for (int s = kBefore; s < kBefore + kAfter; ++s) losses.push_back(train_step(model, *opt, s));
+  const auto expected = full_parameters(model);
+
+  auto resumed = wrap(seeded(5), wrapper);
+  auto opt2 = make_optimizer(optimizer, resumed->parameters(), 0.5);  // the file's lr wins
+  cpprun::load_state_dict(resumed, model_path);
+  cpprun::load_optimizer_state_dict(resumed, *opt2, opt_path);
+  CHECK(opt2->param_groups()[0].options().get_lr() == 0.01);
+  for (int s = kBefore; s < kBefore + kAfter; ++s) {
+    CHECK(train_step(resumed, *opt2, s) == Approx(losses[s - kBefore]).margin(1e-6));
+  }
+  check_close(full_parameters(resumed), expected);
+  cpprun::barrier(group());
+  if (group().rank() == 0) {
+    std::error_code ignored;
+    fs::remove_all(dir ? path : "", ignored);
+    fs::remove(model_path, ignored), fs::remove(opt_path, ignored);
+  }
+  cpprun::barrier(group());
+}
+
+}  // namespace
+
+TEST_CASE("optimizer_state_dict: resumed training matches uninterrupted training", "[optimizer_state_dict]") {
+  const std::string wrapper = GENERATE("ddp", "zero1", "zero2", "zero3");
+  const std::string optimizer = GENERATE("sgd", "adam", "adamw");
+  check_resume(wrapper, optimizer, scratch(wrapper + "_" + optimizer) + "/");
+}
+
+TEST_CASE("optimizer_state_dict: one .safetensors file, DDP and ZeRO-3", "[optimizer_state_dict]") {
+  const std::string wrapper = GENERATE("ddp", "zero3");
+  check_resume(wrapper, "adamw", scratch(wrapper + "_file"));
+}
+
+TEST_CASE("optimizer_state_dict: HSDP (2 replicas x 2 shards) resumes as it would have gone on",
+          "[optimizer_state_dict]") {
+  if (group().size() != 4) return;  // the 2x2 mesh needs 4 ranks
+  check_resume("hsdp", "adamw", scratch("hsdp") + "/");
+}
+
+TEST_CASE("optimizer_state_dict: a plain module in one process", "[optimizer_state_dict]") {
+  if (group().rank() != 0) return;
+  auto net = seeded(1);
+  torch::optim::AdamW opt(net->parameters(), torch::optim::AdamWOptions(0.01));
+  auto [x, y] = batch(0);
+  torch::mse_loss(net->forward(x), y).backward();
+  opt.step();
+  const std::string path = scratch("plain") + "/";
+  cpprun::save_optimizer_state_dict(net, opt, path);
+  CHECK(fs::exists(path + "optimizer.safetensors.index.json"));
+  CHECK(fs::exists(path + "optimizer-00001-of-00001.safetensors"));
+  auto net2 = seeded(1);
+  torch::optim::AdamW opt2(net2->parameters(), torch::optim::AdamWOptions(0.3));
+  cpprun::load_optimizer_state_dict(net2, opt2, path);
+  auto& state = static_cast<torch::optim::AdamWParamState&>(*opt2.state().at(net2->fc1->weight.unsafeGetTensorImpl()));
+  auto& original = static_cast<torch::optim::AdamWParamState&>(*opt.state().at(net->fc1->weight.unsafeGetTensorImpl()));
+  CHECK(state.step() == 1);
+  CHECK(torch::equal(state.exp_avg(), original.exp_avg()));
+  CHECK(torch::equal(state.exp_avg_sq(), original.exp_avg_sq()));
+  fs::remove_all(path);
+}
+
+namespace {
+
+// What the optimizer holds, to check that a refused load changed nothing.
+std::vector<torch::Tensor> optimizer_tensors(torch::optim::Optimizer& opt) {
+  std::vector<torch::Tensor> out;
+  for (const auto& p : opt.param_groups()[0].params()) {
+    auto found = opt.state().find(p.unsafeGetTensorImpl());
+    if (found == opt.state().end()) continue;
+    out.push_back(static_cast<torch::optim::AdamWParamState&>(*found->second).exp_avg().clone());
+  }
+  return out;
+}
+
+void refused(cpprun::DataParallel<Net>& model, torch::optim::AdamW& opt, const std::string& path,
+             const std::vector<std::string>& fragments) {
+  INFO(path);
+  const auto before = optimizer_tensors(opt);
+  const double lr = opt.param_groups()[0].options().get_lr();
+  try {
+    cpprun::load_optimizer_state_dict(model, opt, path);
+    FAIL("the load was not refused");
+  } catch (const std::exception& e) {
+    const std::string message = e.what();
+    INFO(message);
+    for (const auto& fragment : fragments) CHECK(message.find(fragment) != std::string::npos);
+  }
+  const auto after = optimizer_tensors(opt);
+  REQUIRE(after.size() == before.size());
+  for (std::size_t i = 0; i < after.size(); ++i) CHECK(torch::equal(after[i], before[i]));
+  CHECK(opt.param_groups()[0].options().get_lr() == lr);
+}
+
+}  // namespace
+
+TEST_CASE("optimizer_state_dict: faults are named errors on every rank, and change nothing",
+          "[optimizer_state_dict]") {
+  const std::string wrapper = GENERATE("ddp", "zero3");
+  INFO(wrapper);
+  const int rank = group().rank();
+  auto model = wrap(seeded(1), wrapper);
+  torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(0.01));
+  train_step(model, opt, 0);
+  const std::string base = scratch("faults_" + wrapper);
+  const std::string dir = base + "/";
+  const auto options = cpprun::StateDictSaveOptions().step(1).save_id("aaaa");
+  cpprun::save_state_dict(model, dir, options);
+  cpprun::save_optimizer_state_dict(model, opt, dir, options);
+  const std::string file = base + "_opt.safetensors";
+  cpprun::save_optimizer_state_dict(model, opt, file, options);
+  // Other models' and optimizers' files, rank 0 alone.
+  const std::string wider = base + "_wider.safetensors", extra = base + "_extra.safetensors",
+                    sgd = base + "_sgd.safetensors", truncated = base + "_truncated.safetensors";
+  const std::string mixed = base + "_mixed/";
+  if (rank == 0) {
+    auto save_plain = [&](std::shared_ptr<Net> net, torch::optim::Optimizer& o, const std::string& path) {
+      auto [x, y] = batch(0);
+      o.zero_grad();
+      torch::mse_loss(net->forward(x), y).backward();
+      o.step();
+      cpprun::save_optimizer_state_dict(net, o, path);
+    };
+    auto w = seeded(1, 9);
+    torch::optim::AdamW ow(w->parameters(), torch::optim::AdamWOptions(0.01));
+    save_plain(w, ow, wider);
+    auto e = seeded(1, 13, true);
+    torch::optim::AdamW oe(e->parameters(), torch::optim::AdamWOptions(0.01));
+    save_plain(e, oe, extra);
+    auto s = seeded(1);
+    torch::optim::SGD os(s->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+    save_plain(s, os, sgd);
+    std::ifstream in(file, std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::ofstream(truncated, std::ios::binary) << bytes.substr(0, bytes.size() - 10);
+    // The model's index from one save, the optimizer's from another.
+    cpprun::save_optimizer_state_dict(e, oe, mixed, cpprun::StateDictSaveOptions().save_id("bbbb"));
+    fs::copy_file(dir + "model.safetensors.index.json", mixed + "model.safetensors.index.json");
+  }
+  cpprun::barrier(group());
+  // The fc3 parameters are unexpected (and the model has the same others): rename to check ids.
+  refused(model, opt, truncated, {truncated});
+  refused(model, opt, wider, {wider, "\"state.fc1.weight.exp_avg\" has shape [9, 8], the model's parameter [13, 8]"});
+  refused(model, opt, extra, {extra, "parameters in the file but not in the model (2): fc3.bias, fc3.weight"});
+  refused(model, opt, sgd, {sgd, "the file holds SGD's state; this optimizer is AdamW"});
+  refused(model, opt, mixed, {"optimizer.safetensors.index.json is from another save (save id \"bbbb\")",
+                              "model.safetensors.index.json, save id \"aaaa\""});
+  // A model with a parameter the file lacks.
+  auto bigger = wrap(seeded(1, 13, true), wrapper);
+  torch::optim::AdamW ob(bigger->parameters(), torch::optim::AdamWOptions(0.01));
+  refused(bigger, ob, dir, {dir, "parameters missing from the file (2): fc3.bias, fc3.weight"});
+  // One optimizer shard from another save (4 ranks write 4 files).
+  if (group().size() > 1) {
+    const std::string odd = base + "_odd/";
+    if (rank == 0) {
+      fs::create_directories(odd);
+      for (const auto& entry : fs::directory_iterator(dir)) fs::copy_file(entry.path(), odd + entry.path().filename().string());
+    }
+    cpprun::barrier(group());
+    cpprun::save_optimizer_state_dict(model, opt, base + "_other/", cpprun::StateDictSaveOptions().save_id("cccc"));
+    if (rank == 0) {
+      const std::string shard = "optimizer-00002-of-0000" + std::to_string(group().size()) + ".safetensors";
+      fs::copy_file(base + "_other/" + shard, odd + shard, fs::copy_options::overwrite_existing);
+    }
+    cpprun::barrier(group());
+    refused(model, opt, odd, {"does not hold together", "optimizer-00002-of-", "is from another save (save id \"cccc\""});
+  }
+  // The good ones still load.
+  cpprun::load_optimizer_state_dict(model, opt, dir);
+  cpprun::load_optimizer_state_dict(model, opt, file);
+  cpprun::barrier(group());
+  if (rank == 0) {
+    for (const auto& p : {base, mixed, base + "_odd", base + "_other"}) fs::remove_all(p);
+    for (const auto& p : {file, wider, extra, sgd, truncated}) fs::remove(p);
+  }
+  cpprun::barrier(group());
+}
+
+// optimizer_resume.sh: CPPRUN_OPT_PHASE=save trains kBefore steps at this world size, saves to
+// CPPRUN_OPT_DIR, trains kAfter more and saves the parameters then as the reference; =load, at
+// another world size, loads the save, trains kAfter steps and compares with the reference.
+TEST_CASE("optimizer_state_dict: saved on one world size, resumed on another", "[.opt_resume]") {
+  const char* phase = std::getenv("CPPRUN_OPT_PHASE");
+  const char* dir_env = std::getenv("CPPRUN_OPT_DIR");
+  REQUIRE(phase);
+  REQUIRE(dir_env);
+  const std::string wrapper = GENERATE("ddp", "zero3");
+  const std::string dir = std::string(dir_env) + "/" + wrapper + "/";
+  const std::string reference = std::string(dir_env) + "/" + wrapper + "_reference.safetensors";
+  if (std::string(phase) == "save") {
+    auto model = wrap(seeded(1), wrapper);
+    auto opt = make_optimizer("adamw", model->parameters(), 0.01);
+    for (int s = 0; s < kBefore; ++s) train_step(model, *opt, s);
+    const auto options = cpprun::StateDictSaveOptions().step(kBefore).save_id(cpprun::new_save_id());
+    cpprun::save_state_dict(model, dir, options);
+    cpprun::save_optimizer_state_dict(model, *opt, dir, options);
+    for (int s = kBefore; s < kBefore + kAfter; ++s) train_step(model, *opt, s);
+    cpprun::save_state_dict(model, reference);
+  } else {
+    auto model = wrap(seeded(5), wrapper);
+    auto opt = make_optimizer("adamw", model->parameters(), 0.5);
+    cpprun::load_state_dict(model, dir);
+    cpprun::load_optimizer_state_dict(model, *opt, dir);
+    for (int s = kBefore; s < kBefore + kAfter; ++s) train_step(model, *opt, s);
+    auto expected = seeded(7);
+    cpprun::load_state_dict(expected, reference);
+    std::map<std::string, torch::Tensor> want;
+    for (const auto& item : expected->named_parameters()) want[item.key()] = item.value().detach();
+    check_close(full_parameters(model), want);
+  }
+}

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# An AdamW's state moves both ways between cpprun and PyTorch by parameter name: cpprun's save
+# (model and optimizer in a sharded directory) loads into torch.optim.AdamW through
+# set_optimizer_state_dict(flatten_optimizer_state_dict=True), and its next step gives cpprun's
+# parameters (1e-6); PyTorch's state written in the same form continues in cpprun alike.
+# Usage: optimizer_state_interop.sh TOOL PYTHON. Skips (77) without a python that has torch and safetensors.
+set -u
+tool=$1
+python=${2:-}
+here=$(dirname "$0")
+if [ -z "$python" ] || ! "$python" -c 'import torch, safetensors.torch' 2>/dev/null; then
+  echo "SKIP: needs a python with torch and safetensors (run scripts/setup.sh, or -DCPPRUN_TORCH_PYTHON=...)"
+  exit 77
+fi
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+"$python" "$here/optimizer_state_interop.py" init "$dir" || fail "Python could not write the batches"
+"$tool" write "$dir" || fail "cpprun could not train and save"
+ls "$dir/ckpt"
+"$python" "$here/optimizer_state_interop.py" load "$dir" || fail "PyTorch's step from cpprun's state differs"
+"$python" "$here/optimizer_state_interop.py" write "$dir" || fail "PyTorch could not write its state"
+"$tool" resume "$dir" || fail "cpprun's step from PyTorch's state differs"
+echo "PASS: cpprun <-> PyTorch optimizer state"
