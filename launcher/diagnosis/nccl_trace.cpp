@@ -103,9 +103,9 @@ std::vector<std::string> nccl_trace_lines(const NcclTraceListing& listing) {
     names += (names.empty() ? "" : ", ") + f.name + " (" + size_text(f.bytes) + ")";
   }
   if (listing.unlisted != 0) names += " and " + std::to_string(listing.unlisted) + " more";
-  const std::string who = ranks.empty() ? "files"
-                                        : (ranks.size() == 1 ? "rank " : "ranks ") + rank_ranges(ranks) +
-                                              " dumped their trace";
+  const std::string who = ranks.empty()       ? "files"
+                          : ranks.size() == 1 ? "rank " + rank_ranges(ranks) + " dumped its trace"
+                                              : "ranks " + rank_ranges(ranks) + " dumped their traces";
   lines.push_back("PyTorch's NCCL flight recorder: " + who + " in " + listing.dir + ": " + names);
   if (!listing.error.empty()) lines.push_back("PyTorch's NCCL flight recorder: " + listing.error);
   lines.push_back("read them with PyTorch's reader (pickles; cpprun does not open them): " +

@@ -55,7 +55,7 @@ TEST_CASE("nccl_trace: the ranks that dumped, their files, and torchfrtrace's co
   CHECK(listing.files[3].rank == -1);
   const std::vector<std::string> lines = nccl_trace_lines(listing);
   REQUIRE(lines.size() == 2);
-  CHECK_THAT(lines[0], Contains("ranks 2-3, 10 dumped their trace in " + scratch.path + ": rank_2 (2 B), rank_3 (0 B), "
+  CHECK_THAT(lines[0], Contains("ranks 2-3, 10 dumped their traces in " + scratch.path + ": rank_2 (2 B), rank_3 (0 B), "
                                 "rank_10 (10 B), notes.txt (1 B)"));
   CHECK_THAT(lines[1], Contains("torchfrtrace " + scratch.path + " -p rank_"));
   const std::string json = nccl_trace_json(listing);

@@ -23,7 +23,7 @@ expect_eq "$?" 3 "exit code of the failing job"
 run=$(run_dir_in "$WORK/logs")
 dir=$run/attempt_0/nccl_flight_recorder
 expect_eq "$(cat "$dir/rank_0")" "fake pickle of rank 0" "rank 0's dump where cpprun pointed it"
-expect_in_file "$WORK/err" "PyTorch's NCCL flight recorder: ranks 0-1 dumped their trace in $dir: rank_0 (" "the ranks and the dir"
+expect_in_file "$WORK/err" "PyTorch's NCCL flight recorder: ranks 0-1 dumped their traces in $dir: rank_0 (" "the ranks and the dir"
 expect_in_file "$WORK/err" "rank_1 (" "rank 1's file"
 expect_in_file "$WORK/err" "torchfrtrace $dir -p rank_" "the command that reads them"
 # Only the prefix's two names are cpprun's: its own TORCH_NCCL_ASYNC_ERROR_HANDLING was there before.
@@ -72,4 +72,21 @@ run3=$(run_dir_in "$WORK/logs3")
 [ -e "$run3/attempt_0/nccl_flight_recorder" ] && fail "an empty nccl_flight_recorder dir was left in the log dir"
 grep -q "diagnosis" "$WORK/err" && fail "a diagnosis without any dump: $(cat "$WORK/err")"
 expect_no_leftovers
+
+# ---- a real dump, read by PyTorch's reader with the very command cpprun printed ----
+# nccl_trace_h100_rank_0.pickle: what PyTorch 2.11 (cu130) wrote on an H100 for a one-rank watchdog
+# timeout (an all_reduce queued behind torch.cuda._sleep, 5 s timeout), with the prefix cpprun sets.
+real=$(dirname "$0")/nccl_trace_h100_rank_0.pickle
+cpprun --nproc_per_node=1 --log_dir "$WORK/logs4" /bin/sh -c 'cp "$0" "${TORCH_FR_DUMP_TEMP_FILE}${RANK}"; exit 1' "$real"
+expect_eq "$?" 1 "exit code of the job with a real dump"
+expect_in_file "$WORK/err" "rank 0 dumped its trace in" "the real dump named"
+command=$(sed -n 's/^cpprun: .*cpprun does not open them): //p' "$WORK/err")
+[ -n "$command" ] || fail "no torchfrtrace command printed: $(cat "$WORK/err")"
+find_torch_python_or_skip
+PATH=$(dirname "$python"):$PATH
+command -v torchfrtrace >/dev/null || { echo "SKIP: no torchfrtrace beside $python; the cpprun parts passed"; exit 77; }
+eval "$command" >"$WORK/frtrace.out" 2>&1 || fail "PyTorch's reader failed on the printed command ($command): $(tail -5 "$WORK/frtrace.out")"
+# It did read the file: the same directory under another prefix has nothing for it.
+eval "${command%rank_}nope_" >"$WORK/frtrace.out" 2>&1 && fail "torchfrtrace read nothing yet succeeded: the check above proves nothing"
+expect_in_file "$WORK/frtrace.out" "no files loaded" "torchfrtrace's own refusal under another prefix"
 echo PASS
