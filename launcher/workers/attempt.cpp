@@ -4,10 +4,12 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <string.h>  // strsignal is POSIX, not in std::
 #include <iostream>
 #include <memory>
@@ -74,7 +76,11 @@ class WorkerGroup {
     kill_remaining();
     // Whatever the workers wrote last still reaches the console and the files; then the pipes close.
     for (auto& output : outputs_) output->drain();
+    // A job that dumped nothing (any job not on NCCL) leaves the log dir as torchrun would.
+    if (!nccl_trace_dir_.empty()) rmdir(nccl_trace_dir_.c_str());
   }
+
+  const std::string& nccl_trace_dir() const { return nccl_trace_dir_; }
 
   WorkerGroup(const WorkerGroup&) = delete;
   WorkerGroup& operator=(const WorkerGroup&) = delete;
@@ -90,6 +96,16 @@ class WorkerGroup {
       channels_.push_back(std::make_unique<FlightRequestChannel>());
     }
     if (!specs.empty()) flight_recorder_dir_ = specs.front().flight_recorder_dir;
+    if (!specs.empty()) nccl_trace_dir_ = specs.front().nccl_trace_dir;
+    if (!nccl_trace_dir_.empty()) {
+      // PyTorch writes <prefix><rank> and makes no directory: without this one its dump would be lost.
+      std::error_code error;
+      std::filesystem::create_directories(nccl_trace_dir_, error);
+      if (error) {
+        std::cerr << "cpprun: warning: cannot create " << nccl_trace_dir_ << " for PyTorch's NCCL flight-recorder "
+                  << "dumps (" << error.message() << "); a rank's dump on an NCCL timeout will be lost\n";
+      }
+    }
     for (std::size_t i = 0; i < specs.size(); ++i) {
       WorkerOutput& output = *outputs_[i];
       try {
@@ -234,7 +250,7 @@ class WorkerGroup {
     const int request = peers_ != nullptr ? peers_->ask_nodes_for_evidence() : 0;
     std::vector<RankEvidence> evidence = gather_dumps(kDumpWait);
     if (request != 0) evidence = collect_other_nodes(request, std::move(evidence));
-    std::string text = report_diagnosis(evidence, "asked by " + asker, diagnosis_file_, true);
+    std::string text = report_diagnosis(evidence, "asked by " + asker, diagnosis_file_, true, nccl_trace_dir_);
     if (const std::string note = peers_ != nullptr ? peers_->partial_answer_note() : ""; !note.empty()) {
       std::cerr << note << std::flush;
       text += note;
@@ -359,6 +375,7 @@ class WorkerGroup {
   std::vector<std::unique_ptr<WorkerOutput>> outputs_;  // one per spec: workers_[i] writes to outputs_[i]
   std::vector<std::unique_ptr<FlightRequestChannel>> channels_;  // one per spec, likewise
   std::string flight_recorder_dir_;
+  std::string nccl_trace_dir_;  // PyTorch's NCCL dumps; "" when the user chose where they go
   std::string diagnosis_file_;
   PeerEvents* peers_ = nullptr;  // multi-node: the other agents' news, read while waiting
   std::vector<int> deferred_signals_;  // taken while answering cpprun --diagnose, not yet acted on
@@ -426,6 +443,8 @@ AttemptEnd run_attempt(SignalRelay& relay, const std::vector<WorkerSpec>& specs,
   } else if (end == GroupEnd::kPeerEnded) {
     evidence = group.gather_dumps(kDumpWait);
     why = "another node ended the attempt";
+  } else {
+    why = "cpprun received " + signal_name(result.signal);  // said only if PyTorch's NCCL dumps are there
   }
   if (route != nullptr && route->share && end != GroupEnd::kInterrupted) route->share(evidence);
 
@@ -436,8 +455,9 @@ AttemptEnd run_attempt(SignalRelay& relay, const std::vector<WorkerSpec>& specs,
   std::cerr << format_attempt_summary(group.workers(), summary);
   if (route != nullptr && route->report && end != GroupEnd::kInterrupted) {
     route->report(evidence, why, diagnosis_file);
+    report_node_nccl_trace(group.nccl_trace_dir());  // on this host, not node 0's
   } else {
-    report_diagnosis(evidence, why, diagnosis_file);
+    report_diagnosis(evidence, why, diagnosis_file, false, group.nccl_trace_dir());
   }
   const int leftovers_signal = stop_leftovers(relay, shutdown_timeout);
   // A signal that arrived while stopping after a failure still means "do not restart".

@@ -62,6 +62,9 @@ struct WorkerSpec {
   WorkerOutputSpec output;
   std::string error_file;  // TORCHELASTIC_ERROR_FILE, also in command.env
   std::string flight_recorder_dir;  // CPPRUN_FLIGHT_RECORDER_DIR, also in command.env
+  // Where PyTorch's NCCL flight recorder dumps (workers/nccl_trace_env.h); "" if the user chose the place.
+  // run_attempt creates it, and removes it again if it stays empty.
+  std::string nccl_trace_dir;
 };
 
 enum class GroupEnd {

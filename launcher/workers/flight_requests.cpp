@@ -14,6 +14,7 @@
 #include <iostream>
 #include <system_error>
 
+#include "diagnosis/nccl_trace.h"
 #include "workers/signal_relay.h"
 
 namespace cpprun::launcher {
@@ -123,11 +124,21 @@ std::vector<RankEvidence> gather_flight_dumps(const std::string& dir, const std:
 }
 
 std::string report_diagnosis(const std::vector<RankEvidence>& evidence, const std::string& why,
-                             const std::string& json_file, bool even_without_dumps) {
+                             const std::string& json_file, bool even_without_dumps,
+                             const std::string& nccl_trace_dir) {
   bool any = false;
   for (const RankEvidence& e : evidence) any = any || e.dump.has_value();
-  if (!any && !even_without_dumps) return "";
-  const Diagnosis diagnosis = diagnose(evidence, why);
+  const NcclTraceListing nccl = list_nccl_traces(nccl_trace_dir);
+  const bool nccl_dumps = !nccl.files.empty() || nccl.unlisted != 0;
+  if (!any && !even_without_dumps && !nccl_dumps) return "";
+  Diagnosis diagnosis = diagnose(evidence, why);
+  const std::vector<std::string> nccl_lines = nccl_trace_lines(nccl);
+  diagnosis.lines.insert(diagnosis.lines.end(), nccl_lines.begin(), nccl_lines.end());
+  if (nccl_dumps) {
+    // One more top-level field: diagnose()'s object ends in "}\n".
+    const std::size_t close = diagnosis.json.rfind('}');
+    diagnosis.json = diagnosis.json.substr(0, close) + ",\"nccl_trace\":" + nccl_trace_json(nccl) + "}\n";
+  }
   std::string text = "cpprun: diagnosis (" + why + "), from the ranks' flight recorders:\n";
   for (const std::string& line : diagnosis.lines) text += "cpprun:   " + line + "\n";
   std::cerr << text;
@@ -146,6 +157,13 @@ std::string report_diagnosis(const std::vector<RankEvidence>& evidence, const st
   }
   std::cerr << std::flush;
   return text;
+}
+
+void report_node_nccl_trace(const std::string& dir) {
+  const NcclTraceListing nccl = list_nccl_traces(dir);
+  if (nccl.files.empty() && nccl.unlisted == 0) return;
+  for (const std::string& line : nccl_trace_lines(nccl)) std::cerr << "cpprun: (this node) " << line << "\n";
+  std::cerr << std::flush;
 }
 
 void answer_diagnose_request(pid_t requester, int reply_fd, const std::string& text) {

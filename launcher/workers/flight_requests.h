@@ -59,8 +59,15 @@ std::vector<RankEvidence> gather_flight_dumps(const std::string& dir, const std:
 // Prints the diagnosis of `evidence` as "cpprun: diagnosis ..." lines on stderr, and writes its JSON
 // to `json_file` when that is not empty. Unless `even_without_dumps`, nothing at all when no rank left
 // a dump (a failing program that does not record collectives gets no noise). Returns what it printed.
+// `nccl_trace_dir` (if not ""): PyTorch's NCCL flight-recorder dumps found there are named too, in the
+// JSON as "nccl_trace" (diagnosis/nccl_trace.h); any there make a diagnosis even without cpprun's dumps.
 std::string report_diagnosis(const std::vector<RankEvidence>& evidence, const std::string& why,
-                             const std::string& json_file, bool even_without_dumps = false);
+                             const std::string& json_file, bool even_without_dumps = false,
+                             const std::string& nccl_trace_dir = "");
+
+// Multi-node, where node 0 prints the diagnosis: this node's PyTorch NCCL dumps in `dir`, named on this
+// console (they are on this host). Nothing when there are none.
+void report_node_nccl_trace(const std::string& dir);
 
 // `cpprun --diagnose PID`'s answer: `text` written to the requester's file (its fd `reply_fd`, opened
 // through /proc), then the diagnose signal sent back to say it is there. Best effort.

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <system_error>
+#include <vector>
 
 namespace cpprun::launcher {
 namespace {
@@ -68,6 +69,10 @@ std::string RunLayout::flight_recorder_dir(int attempt) const {
   return dir + "/attempt_" + std::to_string(attempt) + (per_worker_dirs ? "/" : ".") + "flight_recorder";
 }
 
+std::string RunLayout::nccl_trace_dir(int attempt) const {
+  return dir + "/attempt_" + std::to_string(attempt) + (per_worker_dirs ? "/" : ".") + "nccl_flight_recorder";
+}
+
 std::string RunLayout::diagnosis_file(int attempt) const {
   return per_worker_dirs ? dir + "/attempt_" + std::to_string(attempt) + "/diagnosis.json" : "";
 }
@@ -107,7 +112,28 @@ RunDirectory::RunDirectory(const std::string& log_dir, const std::string& run_id
 RunDirectory::~RunDirectory() {
   // Best effort; a symlink a worker left is removed, not followed.
   std::error_code ignored;
-  if (!layout_.per_worker_dirs) std::filesystem::remove_all(layout_.dir, ignored);
+  if (layout_.per_worker_dirs) return;
+  // PyTorch's NCCL dumps are the one thing here a person reads after the job: the diagnosis named them.
+  namespace fs = std::filesystem;
+  std::vector<fs::path> entries;  // all read before any is removed
+  std::error_code listing;
+  for (fs::directory_iterator it(layout_.dir, listing), end; !listing && it != end; it.increment(listing)) {
+    entries.push_back(it->path());
+  }
+  if (listing) {  // cannot tell what is in it: as before, all of it goes
+    fs::remove_all(layout_.dir, ignored);
+    return;
+  }
+  const std::string kept = ".nccl_flight_recorder";
+  for (const fs::path& entry : entries) {
+    const std::string name = entry.filename().string();
+    std::error_code error;
+    const bool nccl_dumps = name.size() > kept.size() &&
+                            name.compare(name.size() - kept.size(), kept.size(), kept) == 0 &&
+                            fs::is_directory(fs::symlink_status(entry, error)) && !fs::is_empty(entry, error) && !error;
+    if (!nccl_dumps) fs::remove_all(entry, ignored);
+  }
+  fs::remove(layout_.dir, ignored);  // only if nothing was kept
 }
 
 void RunDirectory::prepare_attempt(int attempt, int nproc_per_node) const {
@@ -130,10 +156,12 @@ void RunDirectory::prepare_attempt(int attempt, int nproc_per_node) const {
   }
   // Made by the first worker that records collectives, so that a job of programs that do not (a
   // torch.distributed one) leaves exactly torchrun's --log_dir tree.
-  const std::string dumps = layout_.flight_recorder_dir(attempt);
-  std::error_code error;
-  std::filesystem::remove_all(dumps, error);
-  if (error) throw std::system_error(error, "cpprun: cannot remove the stale " + dumps);
+  // PyTorch's NCCL dump dir likewise; run_attempt makes it for the workers that get its prefix.
+  for (const std::string& dumps : {layout_.flight_recorder_dir(attempt), layout_.nccl_trace_dir(attempt)}) {
+    std::error_code error;
+    std::filesystem::remove_all(dumps, error);
+    if (error) throw std::system_error(error, "cpprun: cannot remove the stale " + dumps);
+  }
 }
 
 std::optional<std::string> read_file_head(const std::string& path, std::size_t limit) {

@@ -25,6 +25,9 @@ struct RunLayout {
   // Where the attempt's workers write their flight-recorder dumps (CPPRUN_FLIGHT_RECORDER_DIR):
   // DIR/attempt_N/flight_recorder, or DIR/attempt_N.flight_recorder in the flat temp dir.
   std::string flight_recorder_dir(int attempt) const;
+  // Where PyTorch's NCCL flight recorder dumps (workers/nccl_trace_env.h): DIR/attempt_N/nccl_flight_recorder,
+  // or DIR/attempt_N.nccl_flight_recorder in the flat temp dir.
+  std::string nccl_trace_dir(int attempt) const;
   // Where the launcher writes its diagnosis of the attempt (DIR/attempt_N/diagnosis.json); "" in the
   // flat temp dir, which is removed: the console has it.
   std::string diagnosis_file(int attempt) const;
@@ -35,7 +38,9 @@ class RunDirectory {
   // Creates `log_dir` (mkdir -p) or, if empty and `writes_files`, a torchelastic_ temp dir; then the run's
   // RUN_ID_XXXXXXXX in it. Else ${TMPDIR:-/tmp}/cpprun-XXXXXX. std::system_error names the path.
   RunDirectory(const std::string& log_dir, const std::string& run_id, bool writes_files);
-  // Removes the flat temp dir and everything in it; a log dir (given or made) stays.
+  // Removes the flat temp dir and everything in it, but for PyTorch's NCCL flight-recorder dumps: a
+  // nccl_flight_recorder dir that holds any stays, with the temp dir around it (the diagnosis named them).
+  // A log dir (given or made) stays.
   ~RunDirectory();
   RunDirectory(const RunDirectory&) = delete;
   RunDirectory& operator=(const RunDirectory&) = delete;
@@ -45,7 +50,8 @@ class RunDirectory {
   const std::string& made_log_dir() const { return made_log_dir_; }
 
   // Under --log_dir: creates attempt_N/0 .. attempt_N/nproc-1. Removes the attempt's stale error files
-  // and flight-recorder dumps (an earlier run's, or c10d's earlier round's: the same attempt number).
+  // and flight-recorder dumps, cpprun's and PyTorch's NCCL ones (an earlier run's, or c10d's earlier
+  // round's: the same attempt number).
   // Throws std::system_error.
   void prepare_attempt(int attempt, int nproc_per_node) const;
 

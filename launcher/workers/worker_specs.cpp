@@ -5,6 +5,7 @@
 
 #include "rendezvous/job_secret.h"
 #include "workers/flight_requests.h"
+#include "workers/nccl_trace_env.h"
 
 extern char** environ;
 
@@ -110,13 +111,18 @@ std::vector<WorkerSpec> make_worker_specs(const WorkerSettings& settings, const 
     // directory the user chose (in cpprun's environment) is kept, shared by the attempts.
     env["CPPRUN_FLIGHT_RECORDER_DIR"] = dumps;
     env["CPPRUN_FLIGHT_RECORDER_REQUEST_FD"] = std::to_string(kFlightRequestFd);
+    // PyTorch's own NCCL flight recorder dumps next to ours, per attempt, unless the user chose where.
+    const std::string nccl_dir = files.nccl_trace_dir(restart_count);
+    const auto nccl = nccl_trace_variables(parent_env, nccl_dir);
+    for (const auto& [name, value] : nccl) env[name] = value;
     WorkerOutputSpec output =
         plan_worker_output(settings.output, local_rank, rank, files.worker_dir(restart_count, local_rank));
     if (!settings.log_line_prefix_template.empty()) {
       output.prefix = render_prefix_template(settings.log_line_prefix_template,
                                              {settings.env.role, rank, local_rank, settings.hostname});
     }
-    specs.push_back({local_rank, rank, {program.path, program.argv, to_env_strings(env)}, output, error_file, dumps});
+    specs.push_back({local_rank, rank, {program.path, program.argv, to_env_strings(env)}, output, error_file, dumps,
+                     nccl.empty() ? "" : nccl_dir});
   }
   return specs;
 }

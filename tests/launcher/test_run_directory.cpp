@@ -40,10 +40,12 @@ TEST_CASE("run_directory: torchrun's attempt_N/LOCAL_RANK layout, flat in the te
   CHECK(log_dir.worker_dir(2, 3) == "logs/attempt_2/3");
   CHECK(log_dir.error_file(0, 1) == "logs/attempt_0/1/error.json");
   CHECK(log_dir.flight_recorder_dir(2) == "logs/attempt_2/flight_recorder");
+  CHECK(log_dir.nccl_trace_dir(2) == "logs/attempt_2/nccl_flight_recorder");
   CHECK(log_dir.diagnosis_file(2) == "logs/attempt_2/diagnosis.json");
   const RunLayout temp{"/tmp/cpprun-x", false};
   CHECK(temp.error_file(1, 3) == "/tmp/cpprun-x/attempt_1.3.error.json");
   CHECK(temp.flight_recorder_dir(1) == "/tmp/cpprun-x/attempt_1.flight_recorder");
+  CHECK(temp.nccl_trace_dir(1) == "/tmp/cpprun-x/attempt_1.nccl_flight_recorder");
   CHECK(temp.diagnosis_file(1).empty());  // the temp dir goes away: the console has the diagnosis
 }
 
@@ -73,6 +75,38 @@ TEST_CASE("run_directory: without --log_dir, a temp dir under TMPDIR that is rem
   }
   if (saved != nullptr) setenv("TMPDIR", saved_value.c_str(), 1); else unsetenv("TMPDIR");
   CHECK_FALSE(exists(path));
+}
+
+TEST_CASE("run_directory: the temp dir keeps PyTorch's NCCL dumps, and only them; stale ones are removed",
+          "[run_directory]") {
+  Scratch scratch;
+  const char* saved = std::getenv("TMPDIR");
+  const std::string saved_value = saved != nullptr ? saved : "";
+  setenv("TMPDIR", scratch.path.c_str(), 1);
+  std::string path;
+  std::string dump;
+  {
+    const RunDirectory dir("", "job", false);
+    path = dir.layout().dir;
+    dir.prepare_attempt(0, 1);
+    REQUIRE(mkdir(dir.layout().nccl_trace_dir(0).c_str(), 0700) == 0);
+    const std::string stale = dir.layout().nccl_trace_dir(0) + "/rank_0";
+    std::ofstream(stale) << "old";
+    dir.prepare_attempt(0, 1);  // c10d's next round of attempt 0: not its dumps
+    CHECK_FALSE(exists(stale));
+    dir.prepare_attempt(1, 1);
+    REQUIRE(mkdir(dir.layout().nccl_trace_dir(1).c_str(), 0700) == 0);
+    REQUIRE(mkdir(dir.layout().flight_recorder_dir(1).c_str(), 0700) == 0);
+    std::ofstream(dir.layout().flight_recorder_dir(1) + "/rank_0.json") << "{}";
+    std::ofstream(dir.layout().error_file(1, 0)) << "{}";
+    dump = dir.layout().nccl_trace_dir(1) + "/rank_0";
+    std::ofstream(dump) << "pickle";
+  }
+  if (saved != nullptr) setenv("TMPDIR", saved_value.c_str(), 1); else unsetenv("TMPDIR");
+  CHECK(exists(dump));
+  CHECK_FALSE(exists(path + "/attempt_1.flight_recorder"));
+  CHECK_FALSE(exists(path + "/attempt_1.0.error.json"));
+  CHECK_FALSE(exists(path + "/attempt_0.nccl_flight_recorder"));
 }
 
 TEST_CASE("run_directory: a --log_dir is created with its parents and kept, a RUN_ID_XXXXXXXX dir per run",
