@@ -11,6 +11,8 @@
 //
 //   cpprun --nproc_per_node=2 build/bench/dp_bench --mode ddp --hidden 1024 --batch 64 [--bucket-view]
 //          [--device cuda]   (each rank on GPU LOCAL_RANK, gradients over NCCL)
+//          [--device cuda:N] (every rank on GPU N, gradients over Gloo: ranks sharing one GPU, which
+//                             NCCL refuses; Gloo copies CUDA tensors through host memory)
 #include <cpprun/cpprun.h>
 #include <torch/cuda.h>
 #include <torch/torch.h>
@@ -82,13 +84,22 @@ Args parse(int argc, char** argv) {
 
 int run(int argc, char** argv) {
   const Args args = parse(argc, argv);
-  if (args.device != "cpu" && args.device != "cuda") throw std::invalid_argument("--device must be cpu or cuda");
-  const torch::Device device = args.device == "cuda" ? cpprun::local_device() : torch::Device(torch::kCPU);
+  const bool shared_gpu = args.device.rfind("cuda:", 0) == 0;
+  if (args.device != "cpu" && args.device != "cuda" && !shared_gpu) {
+    throw std::invalid_argument("--device must be cpu, cuda or cuda:N");
+  }
+  const torch::Device device = shared_gpu ? torch::Device(args.device)
+                               : args.device == "cuda" ? cpprun::local_device() : torch::Device(torch::kCPU);
   if (args.device == "cuda" && !device.is_cuda()) {
     throw std::invalid_argument("--device cuda: no GPU for LOCAL_RANK here (a CPU-only LibTorch, or fewer GPUs than ranks)");
   }
+  if (shared_gpu && (!torch::cuda::is_available() || device.index() >= torch::cuda::device_count())) {
+    throw std::invalid_argument("--device " + args.device + ": no such GPU here");
+  }
   torch::set_num_threads(1);
-  auto group = cpprun::init_process_group();
+  cpprun::ProcessGroupOptions group_options;
+  if (shared_gpu) group_options.backend = cpprun::Backend::kGloo;  // NCCL refuses two ranks on one GPU
+  auto group = cpprun::init_process_group(group_options);
   const double rss_before_model = resident_mb();
   torch::manual_seed(0);
   auto net = bench::make_mlp(args.hidden);

@@ -1,6 +1,8 @@
 // Ring reduce-scatter and all-gather over c10d send/recv. See ring.h.
 #include "comm/ring.h"
 
+#include <torch/cuda.h>
+
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
@@ -176,8 +178,16 @@ std::vector<at::Tensor> message_tensors(const std::vector<MessagePlace>& places,
 }
 
 // Posts one step's receives (first, so a peer's data has somewhere to land) and sends.
+// Note [CUDA tensors over Gloo's send/recv]: Gloo's TCP transport reads and writes the tensor's
+// memory from the host, so a CUDA tensor's device pointer fails there (writev: Bad address, and
+// the process aborts). Ranks sharing one GPU over Gloo (NCCL refuses two ranks on one device) get
+// their messages staged through host memory: a send goes from a host copy, a receive lands in a
+// host buffer that wait_recv copies to the device. The device is synchronised first, so the copy
+// reads what every stream of the caller wrote.
 struct StepWork {
   std::vector<c10::intrusive_ptr<C10dWork>> recvs, sends;
+  std::vector<at::Tensor> recv_staging, recv_targets;  // per receive: a host buffer and its device tensor, or none
+  std::vector<at::Tensor> send_staging;                // host copies kept until the sends finish
 };
 
 StepWork post_step(const Ring& ring, int step, const std::vector<at::Tensor>& sending,
@@ -186,13 +196,25 @@ StepWork post_step(const Ring& ring, int step, const std::vector<at::Tensor>& se
   const int next = (ring.rank + 1) % ring.size;
   const int prev = (ring.rank + ring.size - 1) % ring.size;
   StepWork work;
+  for (const auto& t : sending) {
+    if (t.is_cuda()) {
+      torch::cuda::synchronize(t.device().index());
+      break;
+    }
+  }
   for (std::size_t k = 0; k < receiving.size(); ++k) {
-    std::vector<at::Tensor> recv_list{receiving[k]};
+    at::Tensor target = receiving[k];
+    at::Tensor landing = target.is_cuda() ? at::empty(target.sizes(), target.options().device(at::kCPU)) : target;
+    work.recv_staging.push_back(target.is_cuda() ? landing : at::Tensor());
+    work.recv_targets.push_back(target);
+    std::vector<at::Tensor> recv_list{landing};
     const int tag = message_tag(ring, step, static_cast<int>(k), static_cast<int64_t>(receiving[k].nbytes()));
     work.recvs.push_back(ring.group->recv(recv_list, prev, tag));
   }
   for (std::size_t k = 0; k < sending.size(); ++k) {
-    std::vector<at::Tensor> send_list{sending[k]};
+    at::Tensor outgoing = sending[k].is_cuda() ? sending[k].to(at::kCPU) : sending[k];
+    if (sending[k].is_cuda()) work.send_staging.push_back(outgoing);
+    std::vector<at::Tensor> send_list{outgoing};
     const int tag = message_tag(ring, step, static_cast<int>(k), static_cast<int64_t>(sending[k].nbytes()));
     work.sends.push_back(ring.group->send(send_list, next, tag));
   }
@@ -220,6 +242,7 @@ void wait_message(const Ring& ring, const c10::intrusive_ptr<C10dWork>& work, in
 
 void wait_recv(const Ring& ring, const StepWork& work, std::size_t k) {
   wait_message(ring, work.recvs[k], (ring.rank + ring.size - 1) % ring.size, "from");
+  if (work.recv_staging[k].defined()) work.recv_targets[k].copy_(work.recv_staging[k]);  // Note [CUDA tensors over Gloo's send/recv]
 }
 
 void finish_sends(const Ring& ring, const StepWork& work, const std::vector<at::Tensor>& sending) {

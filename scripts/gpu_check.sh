@@ -17,6 +17,13 @@
 #   gpt    examples/train_gpt on the GPU: DDP and ZeRO-1/2/3, bf16 and fp16 (GradScaler),
 #          activation checkpointing. One GPU holds one NCCL rank (NCCL refuses two ranks on one
 #          device), so these run NCCL's code paths with a world of 1; no bytes cross a link.
+#   shared 2 and 4 ranks sharing the one GPU over Gloo (dp_bench --device cuda:0): DDP and
+#          ZeRO-1/2/3 with CUDA tensors and more than one rank, which NCCL cannot give one GPU.
+#   ncclfr PyTorch's own NCCL flight recorder under cpprun: a one-rank job whose all-reduce times
+#          out; its dump must land in the attempt's nccl_flight_recorder/ and the diagnosis name it.
+#   gpt2   train_gpt at GPT-2 124M's shape (12 layers, 768 wide, 12 heads, block 1024; the
+#          vocabulary is the text's characters), bf16, one rank: DDP against ZeRO-3.
+# GPU_CHECK_TARGETS="cpprun dp_bench train_gpt" builds only those (CPPRUN_BUILD_TARGETS).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 deps=.gpu_deps
@@ -34,7 +41,7 @@ if [ "${1:-}" = "--pack" ]; then
 fi
 
 stages=("$@")
-[ ${#stages[@]} -gt 0 ] || stages=(build test bench smoke gpt)
+[ ${#stages[@]} -gt 0 ] || stages=(build test bench smoke gpt shared ncclfr gpt2)
 out=${OUT:-/tmp/gpu_check}
 mkdir -p "$out"
 build=build-gpu
@@ -61,7 +68,7 @@ if wants build; then
     log "Gloo headers: none in LibTorch, using Debian's from $deps"
   fi
   start=$SECONDS
-  if CPPRUN_LIBTORCH="$torch_prefix" CPPRUN_BUILD_DIR="$build" \
+  if CPPRUN_LIBTORCH="$torch_prefix" CPPRUN_BUILD_DIR="$build" CPPRUN_BUILD_TARGETS="${GPU_CHECK_TARGETS:-}" \
        bash scripts/build.sh -DCMAKE_BUILD_TYPE=Release "${header_args[@]}" >"$out/build.log" 2>&1; then
     log "build: ok in $((SECONDS - start)) s ($(grep -o 'backends built: .*' "$out/build.log"))"
   else
@@ -118,6 +125,61 @@ if wants gpt; then
       log "gpt: $run: $(grep -E 'tokens/s|held-out|skipped' "$out/gpt.log" | tr '\n' ' ')"
     else
       log "gpt: $run FAILED: $(tail -4 "$out/gpt.log" | tr '\n' ' ')"
+    fi
+  done
+fi
+if wants shared; then
+  for nproc in 2 4; do
+    for mode in ddp zero1 zero2 zero3; do
+      if line=$(timeout 120 "$build/launcher/cpprun" --standalone --nproc_per_node=$nproc "$build/bench/dp_bench" \
+                  --mode "$mode" --device cuda:0 --hidden 1024 --steps 10 --warmup 2 \
+                  2>"$out/shared_${nproc}_$mode.err" | grep RESULT); then
+        log "shared: $line"
+      else
+        log "shared: $nproc ranks $mode on cuda:0 over Gloo FAILED: $(grep -v -E 'W[0-9]{4}|^\s*$' \
+              "$out/shared_${nproc}_$mode.err" | tail -4 | tr '\n' ' ')"
+      fi
+    done
+  done
+fi
+
+if wants ncclfr; then
+  cat >"$out/nccl_timeout.py" <<'PY'
+import datetime, os, torch, torch.distributed as dist
+dist.init_process_group("nccl", timeout=datetime.timedelta(seconds=5))
+torch.cuda.set_device(0)
+x = torch.ones(1 << 20, device="cuda")
+dist.all_reduce(x)  # the communicator is made at the first collective (and waits for the device): before the sleep
+torch.cuda.synchronize()
+torch.cuda._sleep(int(6e10))  # about 30 s on an H100: the all-reduce behind it times out at 5 s
+dist.all_reduce(x)
+torch.cuda.synchronize()
+PY
+  rm -rf "$out/ncclfr_logs"
+  start=$SECONDS
+  code=0
+  timeout 150 "$build/launcher/cpprun" --standalone --nproc_per_node=1 --log_dir "$out/ncclfr_logs" \
+    "$python" "$out/nccl_timeout.py" >"$out/ncclfr.out" 2>"$out/ncclfr.err" || code=$?
+  dumps=$(find "$out/ncclfr_logs" -path '*nccl_flight_recorder/rank_*' 2>/dev/null | tr '\n' ' ')
+  log "ncclfr: exit $code after $((SECONDS - start)) s; dumps: ${dumps:-none}"
+  grep -E 'NCCL|torchfrtrace' "$out/ncclfr.err" | grep -v -E '^\[rank' | head -6 | tee -a "$out/summary.txt" || true
+  if [ -n "$dumps" ] && command -v torchfrtrace >/dev/null; then
+    dir=$(dirname "$(echo "$dumps" | cut -d' ' -f1)")
+    if timeout 60 torchfrtrace "$dir" -p rank_ >"$out/ncclfr_torchfrtrace.txt" 2>&1; then result=ok; else result=FAILED; fi
+    log "ncclfr: torchfrtrace $dir -p rank_: $result ($(wc -l <"$out/ncclfr_torchfrtrace.txt") lines)"
+  fi
+fi
+
+if wants gpt2; then
+  cat README.md docs/*.md >"$out/gpt_text.md"
+  for run in "--mode ddp" "--mode fsdp --stage 3"; do
+    # shellcheck disable=SC2086  # $run is a list of flags
+    if timeout 300 "$build/launcher/cpprun" --standalone --nproc_per_node=1 "$build/examples/train_gpt" \
+         --text "$out/gpt_text.md" --layers 12 --embed 768 --heads 12 --block 1024 --batch 8 --steps 12 \
+         --sample 0 --straggler-every 0 --amp bf16 $run >"$out/gpt2.log" 2>&1; then
+      log "gpt2: $run: $(grep -E 'parameters|tokens/s|held-out|peak' "$out/gpt2.log" | tr '\n' ' ')"
+    else
+      log "gpt2: $run FAILED: $(tail -4 "$out/gpt2.log" | tr '\n' ' ')"
     fi
   done
 fi

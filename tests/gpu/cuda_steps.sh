@@ -1,24 +1,27 @@
 #!/usr/bin/env bash
 # GPU tests: training steps of DDP and ZeRO-1/2/3 (bench/dp_bench, MLP) on CUDA under cpprun, with
-# NPROC ranks on NPROC GPUs over NCCL (NCCL refuses two ranks on one GPU). Skipped (77), with the
+# NPROC ranks on NPROC GPUs over NCCL (NCCL refuses two ranks on one GPU), or with SHARED, NPROC
+# ranks sharing GPU 0 over Gloo (dp_bench --device cuda:0; docs/gpu.md). Skipped (77), with the
 # reason, on a build without CUDA or a machine with fewer GPUs: never reported as passed.
-#   usage: cuda_steps.sh CPPRUN DP_BENCH WITH_NCCL(ON|OFF) NPROC
+#   usage: cuda_steps.sh CPPRUN DP_BENCH WITH_NCCL(ON|OFF) NPROC [shared]
 set -u
-cpprun=$1 dp_bench=$2 with_nccl=$3 nproc=$4
+cpprun=$1 dp_bench=$2 with_nccl=$3 nproc=$4 shared=${5:-}
 if [ "$with_nccl" != ON ]; then
   echo "SKIP: cpprun was built against a LibTorch without CUDA/NCCL"
   exit 77
 fi
 gpus=$( (nvidia-smi -L 2>/dev/null || true) | grep -c '^GPU')
-if [ "$gpus" -lt "$nproc" ]; then
-  echo "SKIP: needs $nproc CUDA GPU(s); this machine has $gpus"
+need=$nproc device=cuda
+if [ "$shared" = shared ]; then need=1 device=cuda:0; fi
+if [ "$gpus" -lt "$need" ]; then
+  echo "SKIP: needs $need CUDA GPU(s); this machine has $gpus"
   exit 77
 fi
 status=0
 for mode in ddp zero1 zero2 zero3; do
-  out=$(timeout 120 "$cpprun" --standalone --nproc_per_node="$nproc" "$dp_bench" --mode "$mode" --device cuda \
+  out=$(timeout 120 "$cpprun" --standalone --nproc_per_node="$nproc" "$dp_bench" --mode "$mode" --device "$device" \
           --hidden 512 --steps 5 --warmup 2 2>&1)
-  if line=$(grep -m1 "RESULT .*device=cuda .*world=$nproc " <<<"$out"); then
+  if line=$(grep -m1 "RESULT .*device=$device .*world=$nproc " <<<"$out"); then
     echo "ok   $mode: $line"
   else
     echo "FAIL $mode on $nproc GPU(s):"; tail -20 <<<"$out"; status=1

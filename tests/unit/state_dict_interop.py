@@ -121,14 +121,28 @@ def check_sharded(directory, ranks):
     same(model.state_dict(), expected, "the sharded directory in Net")
     print(f"PASS: safetensors reads cpprun's {ranks}-rank sharded directory as one model ({len(tensors)} tensors)")
     try:
-        from transformers.modeling_utils import load_sharded_checkpoint
+        import transformers
     except ImportError:
-        print("SKIP: transformers is not installed: its load_sharded_checkpoint was not tried")
+        print("SKIP: transformers is not installed: its sharded-checkpoint reader was not tried")
         return
     model = Net()
-    load_sharded_checkpoint(model, directory, strict=True, prefer_safe=True)
-    same(model.state_dict(), expected, "transformers' load_sharded_checkpoint")
-    print("PASS: transformers' load_sharded_checkpoint reads it")
+    try:  # transformers 4
+        from transformers.modeling_utils import load_sharded_checkpoint
+    except ImportError:  # transformers 5 dropped it: the reader from_pretrained itself uses
+        from transformers.modeling_utils import load_state_dict
+        from transformers.utils.hub import get_checkpoint_shard_files
+        files, _ = get_checkpoint_shard_files(str(directory), str(directory / "model.safetensors.index.json"),
+                                              local_files_only=True)
+        state = {}
+        for file in files:
+            state.update(load_state_dict(file))
+        model.load_state_dict(state)  # strict
+        reader = "get_checkpoint_shard_files + load_state_dict"
+    else:
+        load_sharded_checkpoint(model, directory, strict=True, prefer_safe=True)
+        reader = "load_sharded_checkpoint"
+    same(model.state_dict(), expected, f"transformers {transformers.__version__}'s {reader}")
+    print(f"PASS: transformers {transformers.__version__}'s {reader} reads it")
 
 
 def write_sharded(directory):
