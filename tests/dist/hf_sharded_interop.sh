@@ -2,7 +2,7 @@
 # Hugging Face sharded directories move both ways between cpprun and Python, each read by the other
 # side's own reader: FSDP stage 3 on 4 ranks saves a directory that safetensors.torch.load_file
 # (per file, with the index) reads as one model, equal to the reference, and transformers'
-# load_sharded_checkpoint too where transformers is installed; a directory Python writes
+# sharded-checkpoint reader too where transformers is installed; a directory Python writes
 # (safetensors.torch.save_file + index json) loads into cpprun; one whose index places a tensor
 # in a file without it is refused, naming the file.
 # Usage: hf_sharded_interop.sh TOOL CPPRUN PYTHON. Skips (77) without a python that has torch and safetensors.
@@ -11,13 +11,9 @@ tool=$1
 cpprun=$2
 python=${3:-}
 here=$(dirname "$0")
-if [ -z "$python" ] || ! "$python" -c 'import torch, safetensors.torch' 2>/dev/null; then
-  echo "SKIP: needs a python with torch and safetensors (run scripts/setup.sh, or -DCPPRUN_TORCH_PYTHON=...)"
-  exit 77
-fi
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
+# shellcheck source=../interop_setup.sh
+. "$here/../interop_setup.sh"
+interop_setup "$python" torch safetensors.torch
 "$cpprun" --standalone --nproc_per_node=4 "$tool" write_sharded "$dir/cpp_sharded" || fail "cpprun could not save on 4 ranks"
 ls "$dir/cpp_sharded"
 "$python" "$here/../unit/state_dict_interop.py" check_sharded "$dir/cpp_sharded" 4 ||

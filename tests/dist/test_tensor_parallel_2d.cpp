@@ -160,6 +160,39 @@ struct ParityCase {
   bool sequence_parallel, checkpoint_blocks;
 };
 
+// One step's checks against the reference: this replica's `loss` (this rank's share of the
+// sequence when `summed_over_tp`), averaged over the replicas, is the reference's, as is the
+// clipped norm, which is above kMaxNorm so that the clipping acts.
+void check_step(int step, const at::Tensor& loss, bool summed_over_tp, double reference_loss, double norm,
+                double reference_norm) {
+  at::Tensor whole_loss = loss.detach() / mesh().size("dp");
+  cpprun::all_reduce(mesh().group("dp"), whole_loss);
+  if (summed_over_tp) cpprun::all_reduce(mesh().group("tp"), whole_loss);
+  INFO("step " << step << " loss " << whole_loss.item<double>() << " reference " << reference_loss << "; norm "
+               << norm << " reference " << reference_norm);
+  CHECK(reference_norm > kMaxNorm);
+  CHECK(relative(whole_loss.item<double>(), reference_loss) <= kTolerance);
+  CHECK(relative(norm, reference_norm) <= kTolerance);
+}
+
+// The trained model's parameters gathered whole under the unsplit names, which must be the
+// reference's, name by name. Returns them.
+template <typename Model, typename Reference>
+torch::OrderedDict<std::string, at::Tensor> check_gathered_parameters(Model& model, Reference& reference) {
+  model->gather_full_parameters();
+  auto full = cpprun::tensor_parallel_full_state_dict(*model->module());
+  const auto reference_params = reference->named_parameters();
+  CHECK(full.size() == reference_params.size());
+  for (const auto& item : reference_params) {
+    INFO("parameter " << item.key());
+    const at::Tensor* whole = full.find(item.key());
+    REQUIRE(whole != nullptr);
+    REQUIRE(whole->sizes() == item.value().sizes());
+    CHECK(relative_difference(*whole, item.value()) <= kTolerance);
+  }
+  return full;
+}
+
 }  // namespace
 
 TEST_CASE("tensor x data parallel: a Megatron block stack matches one process under DDP and ZeRO-1/2/3",
@@ -204,28 +237,11 @@ TEST_CASE("tensor x data parallel: a Megatron block stack matches one process un
     const double norm = model->clip_grad_norm(kMaxNorm);
     opt.step();
 
-    at::Tensor whole_loss = loss.detach() / mesh().size("dp");
-    cpprun::all_reduce(mesh().group("dp"), whole_loss);
-    if (sequence_parallel) cpprun::all_reduce(mesh().group("tp"), whole_loss);
-    INFO("step " << step << " loss " << whole_loss.item<double>() << " reference " << reference_loss
-                 << "; norm " << norm << " reference " << reference_norm);
-    CHECK(reference_norm > kMaxNorm);  // the clipping is exercised
-    CHECK(relative(whole_loss.item<double>(), reference_loss) <= kTolerance);
-    CHECK(relative(norm, reference_norm) <= kTolerance);
+    check_step(step, loss, sequence_parallel, reference_loss, norm, reference_norm);
   }
 
-  // The gathered state dict: whole tensors under the unsplit names, as the reference's.
-  model->gather_full_parameters();
-  const auto full = cpprun::tensor_parallel_full_state_dict(*model->module());
-  const auto reference_params = reference->named_parameters();
-  CHECK(full.size() == reference_params.size());
-  for (const auto& item : reference_params) {
-    const at::Tensor* whole = full.find(item.key());
-    REQUIRE(whole != nullptr);
-    REQUIRE(whole->sizes() == item.value().sizes());
-    INFO("parameter " << item.key());
-    CHECK(relative_difference(*whole, item.value()) <= kTolerance);
-  }
+  // The gathered state dict: whole tensors under the unsplit names, as the reference's ...
+  const auto full = check_gathered_parameters(model, reference);
   // ... which loads into an unsplit model, giving the reference's output.
   Stack unsplit(kBlocks);
   {
@@ -272,18 +288,9 @@ TEST_CASE("tensor x data parallel: a head tied to a vocabulary-parallel embeddin
     loss.backward();
     const double norm = model->clip_grad_norm(kMaxNorm);
     opt.step();
-    at::Tensor whole_loss = loss.detach() / mesh().size("dp");
-    cpprun::all_reduce(dp, whole_loss);
-    INFO("step " << step << " loss " << whole_loss.item<double>() << " reference " << reference_loss.item<double>());
-    CHECK(relative(whole_loss.item<double>(), reference_loss.item<double>()) <= kTolerance);
-    CHECK(relative(norm, reference_norm) <= kTolerance);
+    check_step(step, loss, false, reference_loss.item<double>(), norm, reference_norm);
   }
-  model->gather_full_parameters();
-  const auto full = cpprun::tensor_parallel_full_state_dict(*model->module());
-  for (const auto& item : reference->named_parameters()) {
-    INFO(item.key());
-    CHECK(relative_difference(full[item.key()], item.value()) <= kTolerance);
-  }
+  check_gathered_parameters(model, reference);
 }
 
 TEST_CASE("tensor x data parallel: a GPT (attention, MLP, tied vocabulary-parallel head) matches one process",
@@ -344,24 +351,9 @@ TEST_CASE("tensor x data parallel: a GPT (attention, MLP, tied vocabulary-parall
     const double norm = model->clip_grad_norm(kMaxNorm);
     opt.step();
 
-    at::Tensor whole_loss = loss.detach() / mesh().size("dp");
-    cpprun::all_reduce(dp, whole_loss);
-    INFO("step " << step << " loss " << whole_loss.item<double>() << " reference " << reference_loss
-                 << "; norm " << norm << " reference " << reference_norm);
-    CHECK(reference_norm > kMaxNorm);  // the clipping is exercised
-    CHECK(relative(whole_loss.item<double>(), reference_loss) <= kTolerance);
-    CHECK(relative(norm, reference_norm) <= kTolerance);
+    check_step(step, loss, false, reference_loss, norm, reference_norm);
   }
-  model->gather_full_parameters();
-  const auto full = cpprun::tensor_parallel_full_state_dict(*model->module());
-  const auto reference_params = reference->named_parameters();
-  CHECK(full.size() == reference_params.size());
-  for (const auto& item : reference_params) {
-    INFO(item.key());
-    const at::Tensor* whole = full.find(item.key());
-    REQUIRE(whole != nullptr);
-    CHECK(relative_difference(*whole, item.value()) <= kTolerance);
-  }
+  check_gathered_parameters(model, reference);
 }
 
 TEST_CASE("tensor x data parallel: an overflow on one rank's tensor-parallel shard skips the step everywhere",

@@ -13,12 +13,10 @@
 set -u
 case_name=$1 cpprun=$2 gpt=$3 python=${4:-}
 here=$(dirname "$0")
-if [ -z "$python" ] || ! "$python" -c 'import torch, safetensors, transformers' 2>/dev/null; then
-  echo "SKIP: needs a python with torch, safetensors and transformers (run scripts/setup.sh, or -DCPPRUN_TORCH_PYTHON=...)"
-  exit 77
-fi
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+# shellcheck source=../interop_setup.sh
+. "$here/../interop_setup.sh"
+interop_setup "$python" torch safetensors transformers
+tmp=$dir
 fail() { echo "FAIL: $*"; echo "--- output:"; cat "$tmp/out" 2>/dev/null; exit 1; }
 py() { timeout 240 "$python" "$here/gpt2_interop.py" "$@" 2>&1 | grep -v "Writing model shards" || true; }
 ids=5,17,3,99,42,0,127,64,8,33,12,70  # token ids (vocab 128)

@@ -10,23 +10,12 @@
 #include <string>
 
 #include "diagnosis/nccl_trace.h"
+#include "scratch_dir.h"
 
 using namespace cpprun::launcher;
 using Catch::Matchers::Contains;
 
-namespace {
-
-struct Scratch {
-  std::string path;
-  Scratch() {
-    char pattern[] = "/tmp/cpprun-unit.XXXXXX";
-    REQUIRE(mkdtemp(pattern) != nullptr);
-    path = pattern;
-  }
-  ~Scratch() { std::system(("rm -rf '" + path + "'").c_str()); }
-};
-
-}  // namespace
+using Scratch = launcher_test::ScratchDir;
 
 TEST_CASE("nccl_trace: no dir, a missing dir, an empty dir: nothing to say", "[nccl_trace]") {
   Scratch scratch;

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <string>
 
+#include "scratch_dir.h"
 #include "workers/run_directory.h"
 
 using namespace cpprun::launcher;
@@ -22,16 +23,7 @@ bool exists(const std::string& path) {
   return stat(path.c_str(), &info) == 0;
 }
 
-// A private scratch dir for one test case, removed with everything in it.
-struct Scratch {
-  std::string path;
-  Scratch() {
-    char pattern[] = "/tmp/cpprun-unit.XXXXXX";
-    REQUIRE(mkdtemp(pattern) != nullptr);
-    path = pattern;
-  }
-  ~Scratch() { std::system(("rm -rf '" + path + "'").c_str()); }
-};
+using Scratch = launcher_test::ScratchDir;
 
 }  // namespace
 

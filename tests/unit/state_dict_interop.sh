@@ -8,13 +8,9 @@ set -u
 tool=$1
 python=${2:-}
 here=$(dirname "$0")
-if [ -z "$python" ] || ! "$python" -c 'import torch, safetensors.torch' 2>/dev/null; then
-  echo "SKIP: needs a python with torch and safetensors (run scripts/setup.sh, or -DCPPRUN_TORCH_PYTHON=...)"
-  exit 77
-fi
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
+# shellcheck source=../interop_setup.sh
+. "$here/../interop_setup.sh"
+interop_setup "$python" torch safetensors.torch
 "$tool" write "$dir" || fail "state_dict_interop write"
 "$python" "$here/state_dict_interop.py" check "$dir" || fail "Python could not read cpprun's files"
 "$python" "$here/state_dict_interop.py" write "$dir" || fail "Python could not write its files"
