@@ -222,6 +222,11 @@ NamedTensors snapshot_state(const NamedTensors& state) {
 
 AsyncSave start_async_save(torch::nn::Module& module, const ProcessGroup* group, const std::string& path,
                            const StateDictSaveOptions& options) {
+  return start_async_save(module_state(module), group, path, options);
+}
+
+AsyncSave start_async_save(const NamedTensors& full, const ProcessGroup* group, const std::string& path,
+                           const StateDictSaveOptions& options) {
   const bool directory = is_sharded_state_dict_path(path);
   if (directory) {
     check_sharded_save_path(path);
@@ -229,7 +234,6 @@ AsyncSave start_async_save(torch::nn::Module& module, const ProcessGroup* group,
     check_state_dict_path(path);
   }
   auto state = std::make_shared<State>(path);
-  const NamedTensors full = module_state(module);
   if (!group) {
     launch(*state, [copy = snapshot_state(full), path, options, directory] {
       if (!directory) {

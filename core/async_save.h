@@ -21,6 +21,10 @@ namespace cpprun::detail {
 // Registers the save as this process's latest (see finish_previous_save in cpprun/state_dict.h).
 AsyncSave start_async_save(torch::nn::Module& module, const ProcessGroup* group, const std::string& path,
                            const StateDictSaveOptions& options);
+// The same for tensors that are not a module's own (FSDP's gathered fp32 masters under mixed
+// precision), the same names and shapes on every rank; copied before it returns.
+AsyncSave start_async_save(const NamedTensors& state, const ProcessGroup* group, const std::string& path,
+                           const StateDictSaveOptions& options);
 
 // CPU copies of `state` that training cannot change: pinned host memory for a tensor on a GPU;
 // a tensor listed under two names (tied weights) copied once, so files encode it as the original.

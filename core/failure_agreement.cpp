@@ -4,7 +4,12 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <stdexcept>
+
+#include "cpprun/checkpoint_file.h"
 #include "cpprun/collectives.h"
+#include "cpprun/object_collectives.h"
+#include "cpprun/state_dict_options.h"
 
 namespace cpprun::detail {
 
@@ -19,6 +24,38 @@ void agree_on_failure(const ProcessGroup& group, std::exception_ptr local, const
   }
   TORCH_CHECK(ranks.empty(), "cpprun: ", what, " failed on rank ", ranks, " (its own error says why); rank ",
               group.rank(), " stops too.");
+}
+
+// The kinds a caller may catch by type; anything else travels as its message.
+std::string describe_failure(const std::exception_ptr& failure) {
+  try {
+    std::rethrow_exception(failure);
+  } catch (const StateDictMismatchError& e) {
+    return std::string("M") + e.what();
+  } catch (const CorruptCheckpointError& e) {
+    return std::string("C") + e.what();
+  } catch (const c10::Error& e) {
+    return std::string("E") + e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    return std::string("E") + e.what();
+  } catch (...) {
+    return "Ean error that is not a std::exception";
+  }
+}
+
+void throw_described_failure(const std::string& described) {
+  TORCH_INTERNAL_ASSERT(!described.empty(), "a described failure arrived empty");
+  const std::string message = described.substr(1) + " (raised on rank 0)";
+  if (described[0] == 'M') throw StateDictMismatchError(message);
+  if (described[0] == 'C') throw CorruptCheckpointError(message);
+  throw std::runtime_error(message);
+}
+
+void share_root_failure(const ProcessGroup& group, std::exception_ptr root_failure) {
+  std::string bytes = group.rank() == 0 && root_failure ? describe_failure(root_failure) : std::string();
+  broadcast_bytes(group, bytes, 0);
+  if (group.rank() == 0 && root_failure) std::rethrow_exception(root_failure);
+  if (!bytes.empty()) throw_described_failure(bytes);
 }
 
 }  // namespace cpprun::detail

@@ -14,4 +14,18 @@ namespace cpprun::detail {
 // without one, throws an error naming `what` and the ranks that failed; else returns.
 void agree_on_failure(const ProcessGroup& group, std::exception_ptr local, const std::string& what);
 
+// For a step only rank 0 can fail (it reads a file whose contents the others then receive): every
+// rank throws rank 0's error, of its kind and with its message, so that a user catching on any
+// rank learns what was wrong (a missing key, a damaged file), not only that rank 0 failed.
+// Collective (one broadcast from rank 0); `root_failure` is rank 0's error (null: none; ignored
+// on the other ranks). Rank 0 rethrows its own.
+void share_root_failure(const ProcessGroup& group, std::exception_ptr root_failure);
+
+// The same in two halves, for a broadcast that carries a result when nothing failed: a failure
+// as bytes (its kind, a letter, then its message; never empty), and, on a rank that received
+// them, that failure thrown again: StateDictMismatchError, CorruptCheckpointError, else
+// std::runtime_error, the message followed by " (raised on rank 0)".
+std::string describe_failure(const std::exception_ptr& failure);
+[[noreturn]] void throw_described_failure(const std::string& described);
+
 }  // namespace cpprun::detail

@@ -313,18 +313,14 @@ void load_optimizer_state_dict(const OptimizerParams& params, torch::optim::Opti
       for (const auto& [name, file] : read.file_of) file_of += name + '\t' + file + '\n';
       read.metadata[kFileOfKey] = file_of;
       bytes = "T" + encode_safetensors(read.tensors, read.metadata);
-    } catch (const CorruptCheckpointError& e) {
+    } catch (...) {
       failure = std::current_exception();
-      bytes = std::string("C") + e.what();
-    } catch (const std::exception& e) {
-      failure = std::current_exception();
-      bytes = std::string("E") + e.what();
+      bytes = describe_failure(failure);  // never starts with 'T'
     }
   }
   if (group) broadcast_bytes(*group, bytes, 0);
   if (failure) std::rethrow_exception(failure);
-  if (bytes[0] == 'C') throw CorruptCheckpointError(bytes.substr(1) + " (read on rank 0)");
-  if (bytes[0] == 'E') throw std::runtime_error(bytes.substr(1) + " (read on rank 0)");
+  if (bytes[0] != 'T') throw_described_failure(bytes);
   bytes.erase(0, 1);
   const SafetensorsFile parsed = read_safetensors(bytes, path);
   NamedTensors tensors = decode_safetensors(parsed, path);

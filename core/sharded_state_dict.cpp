@@ -222,7 +222,7 @@ ShardedDirectory read_sharded_directory(const std::string& dir_text, std::string
   return out;
 }
 
-StateDictLoadReport load_sharded_state_dict(torch::nn::Module& module, const std::string& path,
+StateDictLoadReport load_sharded_state_dict(const NamedTensors& into, const std::string& path,
                                             const StateDictOptions& options) {
   const bool names_index = names_index_file(path);
   const fs::path dir = names_index ? fs::path(path).parent_path() : fs::path(path);
@@ -236,13 +236,13 @@ StateDictLoadReport load_sharded_state_dict(torch::nn::Module& module, const std
                 kSafetensorsIndexName, " and ", kSafetensorsSingleName, ", which may be two different saves "
                 "(transformers would load ", kSafetensorsSingleName, "). Remove the one you do not mean, or name "
                 "the file to load.");
-    if (has_single) return load_state_dict_file(module, single_path.string(), options);
+    if (has_single) return load_state_dict_file(into, single_path.string(), options);
     TORCH_CHECK(has_index, "cpprun: load_state_dict: ", dir.string(), " holds neither ", kSafetensorsIndexName,
                 " nor ", kSafetensorsSingleName, " (Hugging Face's names for a model's weights): is it the "
                 "checkpoint directory?");
   }
   ShardedDirectory read = read_sharded_directory(dir.string(), kModelStem);
-  return load_named_tensors(module, read.tensors, dir.string(), options, read.file_of);
+  return load_named_tensors(into, read.tensors, dir.string(), options, read.file_of);
 }
 
 }  // namespace cpprun::detail

@@ -77,8 +77,8 @@ ShardedDirectory read_sharded_directory(const std::string& dir, std::string_view
 void save_sharded_state_dict(torch::nn::Module& module, const ProcessGroup* group, const std::string& dir,
                              const StateDictSaveOptions& options);
 // Reads DIR (or the index PATH names; a DIR holding only model.safetensors loads that file) into
-// `module` in place, strict as load_state_dict. This process alone.
-StateDictLoadReport load_sharded_state_dict(torch::nn::Module& module, const std::string& path,
+// `into` (module_state(module) for a module) in place, strict as load_state_dict. This process alone.
+StateDictLoadReport load_sharded_state_dict(const NamedTensors& into, const std::string& path,
                                             const StateDictOptions& options);
 
 }  // namespace cpprun::detail

@@ -12,11 +12,12 @@
 #include <map>
 #include <sstream>
 #include <system_error>
+#include <unordered_set>
 
 #include "core/failure_agreement.h"
-#include "core/full_state.h"
 #include "cpprun/atomic_file.h"
 #include "cpprun/checkpoint_file.h"
+#include "cpprun/collectives.h"
 #include "cpprun/object_collectives.h"
 #include "cpprun/state_dict.h"
 #include "core/sharded_state_dict.h"
@@ -226,7 +227,7 @@ NamedTensors decode_state_dict(std::string_view bytes, const std::string& path) 
   return decode_safetensors(read_safetensors(bytes, path), path);
 }
 
-StateDictLoadReport load_named_tensors(torch::nn::Module& module, const NamedTensors& file_as_saved,
+StateDictLoadReport load_named_tensors(const NamedTensors& mine, const NamedTensors& file_as_saved,
                                        const std::string& where, const StateDictOptions& options,
                                        const std::map<std::string, std::string>& file_of_as_saved) {
   // The file's names as the module's (StateDictOptions::file_key_prefix).
@@ -239,7 +240,6 @@ StateDictLoadReport load_named_tensors(torch::nn::Module& module, const NamedTen
   }
   const NamedTensors& file = prefix.empty() ? file_as_saved : prefixed;
   const auto& file_of = prefix.empty() ? file_of_as_saved : prefixed_file_of;
-  const NamedTensors mine = module_state(module);
   StateDictLoadReport report = compare_state(mine, file);
   const bool differs = !report.missing_keys.empty() || !report.unexpected_keys.empty() || !report.mismatched.empty();
   if (options.strict() && differs) throw StateDictMismatchError(mismatch_message(report, where, file_of));
@@ -250,7 +250,7 @@ StateDictLoadReport load_named_tensors(torch::nn::Module& module, const NamedTen
     const auto found = by_name.find(name);
     if (found != by_name.end() && found->second->sizes() == tensor.sizes() &&
         found->second->scalar_type() == tensor.scalar_type()) {
-      tensor.copy_(*found->second);  // in place: FSDP's unsharded memory stays where it is
+      tensor.copy_(*found->second);  // in place: FSDP's memory stays where it is
     }
   }
   return report;
@@ -289,22 +289,27 @@ NamedTensors read_state_dict_file(const std::string& path) {
   return decode_state_dict(bytes, path);
 }
 
-StateDictLoadReport load_state_dict_file(torch::nn::Module& module, const std::string& path,
+StateDictLoadReport load_state_dict_file(const NamedTensors& into, const std::string& path,
                                          const StateDictOptions& options) {
-  if (is_sharded_state_dict_path(path)) return load_sharded_state_dict(module, path, options);
-  return load_named_tensors(module, read_state_dict_file(path), path, options);
+  if (is_sharded_state_dict_path(path)) return load_sharded_state_dict(into, path, options);
+  return load_named_tensors(into, read_state_dict_file(path), path, options);
 }
 
 void save_state_dict(torch::nn::Module& module, const ProcessGroup& group, const std::string& path,
                      const StateDictSaveOptions& options) {
+  save_state_dict(module_state(module), group, path, options);
+}
+
+void save_state_dict(const NamedTensors& state, const ProcessGroup& group, const std::string& path,
+                     const StateDictSaveOptions& options) {
   if (is_sharded_state_dict_path(path)) {
-    save_sharded_state_dict(module, &group, path, options);
+    save_sharded_tensors(state, &group, path, options, kModelStem);
     return;
   }
   std::exception_ptr failure;
   if (group.rank() == 0) {
     try {
-      save_state_dict_file(module, path, options);
+      write_state_dict_file(state, path, options);
     } catch (...) {
       failure = std::current_exception();
     }
@@ -315,17 +320,29 @@ void save_state_dict(torch::nn::Module& module, const ProcessGroup& group, const
 
 StateDictLoadReport load_state_dict(torch::nn::Module& module, const ProcessGroup& group, const std::string& path,
                                     const StateDictOptions& options) {
+  return load_state_dict(module_state(module), group, path, options);
+}
+
+StateDictLoadReport load_state_dict(const NamedTensors& into, const ProcessGroup& group, const std::string& path,
+                                    const StateDictOptions& options) {
   std::exception_ptr failure;
   StateDictLoadReport report;
   if (group.rank() == 0) {
     try {
-      report = load_state_dict_file(module, path, options);
+      report = load_state_dict_file(into, path, options);
     } catch (...) {
       failure = std::current_exception();
     }
   }
-  agree_on_failure(group, failure, "loading the state dict from " + path);
-  broadcast_module_state(module, group);
+  // Only rank 0 reads: every rank raises its error (the missing keys, the damaged file), not a
+  // bare "rank 0 failed", as load_optimizer_state_dict does.
+  share_root_failure(group, failure);
+  std::vector<at::Tensor> tensors;  // each once: a tied tensor is listed under each of its names
+  std::unordered_set<const c10::TensorImpl*> listed;
+  for (const auto& [name, tensor] : into) {
+    if (listed.insert(tensor.unsafeGetTensorImpl()).second) tensors.push_back(tensor);
+  }
+  broadcast_coalesced(group, tensors, 0);
   std::string bytes = group.rank() == 0 ? encode_report(report) : std::string();
   broadcast_bytes(group, bytes, 0);
   return decode_report(bytes);
@@ -348,7 +365,7 @@ StateDictLoadReport load_module_state_dict(torch::nn::Module& module, const std:
   if (auto splits = tensor_parallel_splits(module); !splits.empty()) {
     return load_tensor_parallel_state_dict(module, /*data_parallel=*/nullptr, splits, path, options);
   }
-  return load_state_dict_file(module, path, options);
+  return load_state_dict_file(module_state(module), path, options);
 }
 
 }  // namespace cpprun::detail

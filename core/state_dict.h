@@ -37,10 +37,11 @@ std::string read_state_dict_bytes(const std::string& path);
 // it is), CPU; an error naming it when it cannot be read or parsed.
 NamedTensors read_state_dict_file(const std::string& path);
 
-// Loads `file` into `module` in place, by name: what strict loading decides and does. `where`
-// names the source in the error; `file_of` (a directory's tensors -> their files) adds each
-// unexpected or mismatched tensor's file to it. Throws StateDictMismatchError, changing nothing.
-StateDictLoadReport load_named_tensors(torch::nn::Module& module, const NamedTensors& file, const std::string& where,
+// Loads `file` into `mine` (a module's state, or FSDP's gathered fp32 masters) in place, by
+// name: what strict loading decides and does. `where` names the source in the error; `file_of`
+// (a directory's tensors -> their files) adds each unexpected or mismatched tensor's file to it.
+// Throws StateDictMismatchError, changing nothing.
+StateDictLoadReport load_named_tensors(const NamedTensors& mine, const NamedTensors& file, const std::string& where,
                                        const StateDictOptions& options,
                                        const std::map<std::string, std::string>& file_of = {});
 
@@ -52,15 +53,23 @@ void save_state_dict_file(torch::nn::Module& module, const std::string& path, co
 void write_state_dict_file(const NamedTensors& state, const std::string& path, const StateDictSaveOptions& options);
 // Throws the error a save to PATH would for a name whose format cannot be told, before any work.
 void check_state_dict_path(const std::string& path);
-StateDictLoadReport load_state_dict_file(torch::nn::Module& module, const std::string& path,
+// Reads PATH into `into`'s tensors in place (module_state(module) for a module).
+StateDictLoadReport load_state_dict_file(const NamedTensors& into, const std::string& path,
                                          const StateDictOptions& options);
 
 // Collective: rank 0 writes (a directory: every rank writes its share) / rank 0 reads, then
-// broadcasts the module's state; a failure on any rank is raised on every rank. The report is
-// the same on every rank.
+// broadcasts the module's state; a failure on any rank is raised on every rank (a failed load:
+// rank 0's error, of its kind, on every rank). The report is the same on every rank.
 void save_state_dict(torch::nn::Module& module, const ProcessGroup& group, const std::string& path,
                      const StateDictSaveOptions& options);
 StateDictLoadReport load_state_dict(torch::nn::Module& module, const ProcessGroup& group, const std::string& path,
+                                    const StateDictOptions& options);
+// The same for tensors that are not a module's own (FSDP's gathered fp32 masters under mixed
+// precision): `state` / `into` the same names and shapes on every rank; `into` is loaded in place
+// on rank 0 and broadcast.
+void save_state_dict(const NamedTensors& state, const ProcessGroup& group, const std::string& path,
+                     const StateDictSaveOptions& options);
+StateDictLoadReport load_state_dict(const NamedTensors& into, const ProcessGroup& group, const std::string& path,
                                     const StateDictOptions& options);
 
 }  // namespace cpprun::detail

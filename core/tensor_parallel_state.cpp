@@ -122,7 +122,7 @@ StateDictLoadReport load_tensor_parallel_state_dict(torch::nn::Module& module, c
       whole_shape[static_cast<std::size_t>(dim)] *= split->second.group.size();
       if (tensor.sizes() == at::IntArrayRef(whole_shape)) tensor = tensor_parallel_shard(tensor, split->second);
     }
-    report = load_named_tensors(module, file, path, options);
+    report = load_named_tensors(module_state(module), file, path, options);
   } catch (...) {
     failure = std::current_exception();
   }

@@ -25,6 +25,7 @@
 #include "fsdp/fsdp_collectives.h"
 #include "fsdp/param_bucket.h"
 #include "fsdp/gradient_sync.h"
+#include "fsdp/master_state.h"
 #include "fsdp/optimizer_params.h"
 #include "fsdp/parameter_residency.h"
 #include "fsdp/shard_groups.h"
@@ -265,17 +266,26 @@ void FsdpCore::load_full_state(const std::string& path) {
   for (auto& bucket : impl_->buckets) bucket.shards_from_unsharded();
 }
 
-// The gathered parameters are in the compute dtype under mixed precision: a state dict made from
-// them would lose the fp32 values, and one loaded into them would not reach the fp32 shards' bits.
-static void refuse_mixed_precision(const FsdpOptions& options, const char* call, const std::string& path) {
-  TORCH_CHECK(!options.param_dtype(), "cpprun::FullyShardedDataParallel: ", call, "(model, \"", path,
-              "\") under mixed precision (param_dtype ", *options.param_dtype(), ") is not supported yet: the "
-              "gathered parameters are in the compute dtype, not the fp32 values. Use save_sharded_checkpoint / "
-              "load_sharded_checkpoint, or a model without param_dtype.");
+// Under mixed precision the gathered parameters are compute copies (bf16): state dicts are made
+// of, and loaded into, the fp32 masters instead (fsdp/master_state.h), as PyTorch's FSDP2 does.
+static bool saves_masters(const FsdpOptions& options) { return options.param_dtype().has_value(); }
+
+// Tensor parallelism gathers each TP shard from the module's parameters, the compute copies.
+static void refuse_mixed_precision_with_tp(const FsdpOptions& options, bool has_tp, const char* call,
+                                           const std::string& path) {
+  TORCH_CHECK(!has_tp, "cpprun::FullyShardedDataParallel: ", call, "(model, \"", path, "\") of a tensor-parallel "
+              "model under mixed precision (param_dtype ", *options.param_dtype(), ") is not supported: the "
+              "TP shards would be gathered from the compute copies, not the fp32 masters. Use "
+              "save_sharded_checkpoint / load_sharded_checkpoint, or a model without param_dtype.");
 }
 
 void FsdpCore::save_state_dict(const std::string& path, const StateDictSaveOptions& options) {
-  refuse_mixed_precision(impl_->options, "save_state_dict", path);
+  if (saves_masters(impl_->options)) {
+    refuse_mixed_precision_with_tp(impl_->options, !impl_->tp_splits.empty(), "save_state_dict", path);
+    detail::save_state_dict(gather_master_state(impl_->module, impl_->buckets, impl_->groups.shard),
+                            impl_->groups.whole, path, options);
+    return;
+  }
   // Every rank gathers everything, also for a sharded save (each rank then writes its share).
   gather_full_parameters();  // collective: every rank takes part
   ReleaseAfter release(impl_->residency.get());
@@ -288,21 +298,35 @@ void FsdpCore::save_state_dict(const std::string& path, const StateDictSaveOptio
 
 AsyncSave FsdpCore::save_state_dict_async(const std::string& path, const StateDictSaveOptions& options) {
   refuse_tensor_parallel_checkpoint(impl_->tp_splits, kWho, "save_async", path);
-  refuse_mixed_precision(impl_->options, "save_async", path);
+  if (saves_masters(impl_->options)) {  // the gathered masters are copied (to CPU) before it returns
+    return detail::start_async_save(gather_master_state(impl_->module, impl_->buckets, impl_->groups.shard),
+                                    &impl_->groups.whole, path, options);
+  }
   gather_full_parameters();  // collective, as save_state_dict; the copy is taken before the release
   ReleaseAfter release(impl_->residency.get());
   return detail::start_async_save(impl_->module, &impl_->groups.whole, path, options);
 }
 
 StateDictLoadReport FsdpCore::load_state_dict(const std::string& path, const StateDictOptions& options) {
-  refuse_mixed_precision(impl_->options, "load_state_dict", path);
+  Impl& s = *impl_;
+  if (saves_masters(s.options)) {
+    refuse_mixed_precision_with_tp(s.options, !s.tp_splits.empty(), "load_state_dict", path);
+    // The current masters: what strict(false) leaves as it was, and the shapes the file must have.
+    const NamedTensors masters = gather_master_state(s.module, s.buckets, s.groups.shard);
+    StateDictLoadReport report = detail::load_state_dict(masters, s.groups.whole, path, options);
+    scatter_master_state(masters, s.buckets, s.groups.shard);
+    // The compute copies follow the shards before the next forward: ZeRO-3 gathers again as the
+    // shards' versions changed; ZeRO-1/2 gather when told.
+    s.shards_loaded = true;
+    return report;
+  }
   gather_full_parameters();
-  ReleaseAfter release(impl_->residency.get());
-  const auto& splits = impl_->tp_splits;
+  ReleaseAfter release(s.residency.get());
+  const auto& splits = s.tp_splits;
   StateDictLoadReport report =
-      splits.empty() ? detail::load_state_dict(impl_->module, impl_->groups.whole, path, options)
-                     : load_tensor_parallel_state_dict(impl_->module, &impl_->groups.whole, splits, path, options);
-  for (auto& bucket : impl_->buckets) bucket.shards_from_unsharded();  // as load_full_state
+      splits.empty() ? detail::load_state_dict(s.module, s.groups.whole, path, options)
+                     : load_tensor_parallel_state_dict(s.module, &s.groups.whole, splits, path, options);
+  for (auto& bucket : s.buckets) bucket.shards_from_unsharded();  // as load_full_state
   return report;
 }
 

@@ -12,9 +12,13 @@
 #include <iterator>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
+#include <map>
 #include <set>
 #include <string>
 
+#include "core/sharded_state_dict.h"
+#include "core/state_dict.h"
 #include "cpprun/cpprun.h"
 #include "dist_test_support.h"
 #include "support/safetensors.h"
@@ -92,9 +96,8 @@ void check_wrapper(Wrapper& model, const std::string& kind) {
       message = e.what();
     }
     CHECK_THAT(message, Catch::Matchers::Contains(other));
-    if (rank == 0) {
-      CHECK_THAT(message, Catch::Matchers::Contains("fc1.weight: file float32 [9, 8], module float32 [13, 8]"));
-    }
+    // Every rank raises rank 0's list, not only that rank 0 failed.
+    CHECK_THAT(message, Catch::Matchers::Contains("fc1.weight: file float32 [9, 8], module float32 [13, 8]"));
     {
       torch::NoGradGuard no_grad;
       CHECK(torch::allclose(model->forward(x), seeded(2)->forward(x)));
@@ -126,12 +129,292 @@ TEST_CASE("state_dict: FSDP saves and loads as the plain module, at every stage"
   check_wrapper(model, "fsdp" + std::to_string(stage));
 }
 
-TEST_CASE("state_dict: FSDP under mixed precision refuses, rather than saving the compute dtype", "[state_dict]") {
-  auto model = cpprun::FullyShardedDataParallel(seeded(1), group(),
-                                                cpprun::FsdpOptions().stage(2).param_dtype(torch::kBFloat16));
-  const std::string path = "/tmp/cpprun_state_dict_mp_" + std::to_string(::getppid()) + ".safetensors";
-  CHECK_THROWS_WITH(cpprun::save_state_dict(model, path), Catch::Matchers::Contains("under mixed precision"));
-  CHECK_THROWS_WITH(cpprun::load_state_dict(model, path), Catch::Matchers::Contains("under mixed precision"));
+namespace {
+
+using Model = cpprun::DataParallel<Net>;
+using NamedTensors = cpprun::detail::NamedTensors;
+// FSDP (or HSDP) of a Net with these options; `shard_rank` / `shard_world`: this rank's place in
+// its shard group.
+struct FsdpMaker {
+  std::function<Model(std::shared_ptr<Net>, cpprun::FsdpOptions)> make;
+  int shard_rank, shard_world;
+};
+
+cpprun::FsdpOptions fsdp_options(int stage, bool bf16) {
+  auto options = cpprun::FsdpOptions().stage(stage).wrap_policy(is_linear);
+  if (bf16) options.param_dtype(torch::kBFloat16);
+  return options;
+}
+
+// Steps [first, first + count): the same batch on every rank.
+void train(Model& model, torch::optim::Optimizer& opt, int first, int count) {
+  for (int step = first; step < first + count; ++step) {
+    torch::manual_seed(500 + step);
+    const auto x = torch::randn({8, 8}), y = torch::randn({8, 4});
+    opt.zero_grad();
+    torch::mse_loss(model->forward(x), y).backward();
+    opt.step();
+  }
+}
+
+NamedTensors read_saved(const std::string& path) {
+  if (path.back() == '/') return cpprun::detail::read_sharded_directory(path, cpprun::detail::kModelStem).tensors;
+  return cpprun::detail::read_state_dict_file(path);
+}
+
+void check_same_tensors(const NamedTensors& a, const NamedTensors& b) {
+  std::map<std::string, torch::Tensor> in_b(b.begin(), b.end());
+  REQUIRE(a.size() == b.size());
+  for (const auto& [name, tensor] : a) {
+    INFO(name);
+    REQUIRE(in_b.count(name) == 1);
+    CHECK(tensor.scalar_type() == in_b.at(name).scalar_type());
+    CHECK(torch::equal(tensor, in_b.at(name)));
+  }
+}
+
+// The file's rows of each parameter are, bit for bit, this rank's fp32 master shard.
+void check_holds_masters(const NamedTensors& file, Model& model, const FsdpMaker& fsdp) {
+  std::map<std::string, torch::Tensor> by_name(file.begin(), file.end());
+  for (const auto& item : model->named_parameters()) {
+    INFO(item.key());
+    REQUIRE(by_name.count(item.key()) == 1);
+    const torch::Tensor& whole = by_name.at(item.key());
+    CHECK(whole.scalar_type() == torch::kFloat);
+    CHECK(item.value().scalar_type() == torch::kFloat);
+    const int64_t rows = whole.size(0), per_rank = (rows + fsdp.shard_world - 1) / fsdp.shard_world;
+    const int64_t first = std::min(fsdp.shard_rank * per_rank, rows);
+    CHECK(torch::equal(whole.narrow(0, first, item.value().size(0)), item.value().detach()));
+  }
+}
+
+// Under mixed precision (bf16 compute copies, fp32 masters) at `stage`: saves hold the fp32
+// masters, named and typed as the same model's without mixed precision; loads reach the masters
+// and the compute copies, at another stage, with or without mixed precision.
+void check_mixed_precision(const FsdpMaker& fsdp, int stage, int other_stage, const std::string& kind) {
+  const int rank = group().rank();
+  const std::string base = "/tmp/cpprun_state_dict_mp_" + kind + "_" + std::to_string(::getppid());
+  Model model = fsdp.make(seeded(1), fsdp_options(stage, true));
+  torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(0.01));
+  train(model, opt, 0, 3);
+
+  // What the same Net saves without mixed precision: the names and dtypes to match.
+  const std::string reference = base + "_reference.safetensors";
+  if (rank == 0) cpprun::save_state_dict(seeded(1), reference);
+  cpprun::barrier(group());
+  const NamedTensors expected_kinds = read_saved(reference);
+
+  const std::string file = base + "_saved.safetensors";
+  for (const std::string& path : {file, base + "_saved.pt", base + "_saved/"}) {
+    INFO(kind << " saves " << path);
+    cpprun::save_state_dict(model, path);
+    const NamedTensors saved = read_saved(path);
+    check_holds_masters(saved, model, fsdp);
+    REQUIRE(saved.size() == expected_kinds.size());
+    std::map<std::string, torch::Tensor> kinds(expected_kinds.begin(), expected_kinds.end());
+    for (const auto& [name, tensor] : saved) {
+      INFO(name);
+      REQUIRE(kinds.count(name) == 1);
+      CHECK(tensor.scalar_type() == kinds.at(name).scalar_type());
+      CHECK(tensor.sizes() == kinds.at(name).sizes());
+    }
+    // save_async writes the same tensors.
+    const std::string async_path = path.back() == '/' ? base + "_async/" : base + "_async" + path.substr(path.rfind('.'));
+    cpprun::save_async(model, async_path).wait();
+    check_same_tensors(read_saved(async_path), saved);
+  }
+  const std::string optimizer_file = base + "_optimizer.safetensors";
+  cpprun::save_optimizer_state_dict(model, opt, optimizer_file);
+
+  // Loaded into a fresh bf16 model at the same stage with the optimizer's state: both continue alike.
+  {
+    Model resumed = fsdp.make(seeded(9), fsdp_options(stage, true));
+    torch::optim::Adam resumed_opt(resumed->parameters(), torch::optim::AdamOptions(0.5));
+    const auto report = cpprun::load_state_dict(resumed, file);
+    CHECK(report.missing_keys.empty());
+    cpprun::load_optimizer_state_dict(resumed, resumed_opt, optimizer_file);
+    train(model, opt, 3, 2);
+    train(resumed, resumed_opt, 3, 2);
+    auto a = model->named_parameters();
+    for (const auto& item : resumed->named_parameters()) {
+      INFO(item.key());
+      CHECK(torch::equal(item.value(), a[item.key()]));
+    }
+    cpprun::save_state_dict(model, file);  // what the later loads compare with
+  }
+  const NamedTensors masters = read_saved(file);
+
+  // Into a plain module, and into FSDP at another stage with and without mixed precision, from a
+  // file and a directory: saved again, each gives the masters back bit for bit; the bf16 model
+  // computes what the plain module cast to bf16 computes.
+  auto plain = seeded(7);
+  cpprun::load_state_dict(plain, file);
+  torch::manual_seed(3);
+  const auto x = torch::randn({6, 8});
+  cpprun::save_state_dict(model, base + "_saved/");
+  for (const std::string& source : {file, base + "_saved/"}) {
+    for (const bool bf16 : {true, false}) {
+      INFO(kind << ": loads " << source << " at stage " << other_stage << (bf16 ? " in bf16" : " in fp32"));
+      Model loaded = fsdp.make(seeded(9), fsdp_options(other_stage, bf16));
+      cpprun::load_state_dict(loaded, source);
+      const std::string again = base + "_again.safetensors";
+      cpprun::save_state_dict(loaded, again);
+      check_same_tensors(read_saved(again), masters);
+      torch::NoGradGuard no_grad;
+      if (bf16) {  // the layers in bf16, the (fp32) buffer as it is
+        auto cast = seeded(7);
+        cpprun::load_state_dict(cast, file);
+        cast->fc1->to(torch::kBFloat16);
+        cast->fc2->to(torch::kBFloat16);
+        const auto expected = cast->forward(x.to(torch::kBFloat16));
+        CHECK(torch::allclose(loaded->forward(x).to(torch::kFloat), expected.to(torch::kFloat), 1e-2, 1e-2));
+      } else {
+        CHECK(torch::allclose(loaded->forward(x), plain->forward(x)));
+      }
+    }
+  }
+
+  // The other way: a model without mixed precision saves; the bf16 model loads its fp32 values.
+  {
+    Model fp32 = fsdp.make(seeded(2), fsdp_options(stage, false));
+    const std::string fp32_file = base + "_fp32.pt";
+    cpprun::save_state_dict(fp32, fp32_file);
+    Model loaded = fsdp.make(seeded(9), fsdp_options(other_stage, true));
+    cpprun::load_state_dict(loaded, fp32_file);
+    check_holds_masters(read_saved(fp32_file), loaded, fsdp);
+  }
+
+  // Another model's file: refused on every rank with rank 0's list; the masters are unchanged.
+  const std::string other = base + "_other.safetensors";
+  if (rank == 0) cpprun::save_state_dict(seeded(4, 9), other);
+  CHECK_THROWS_WITH(cpprun::load_state_dict(model, other),
+                    Catch::Matchers::Contains("fc1.weight: file float32 [9, 8], module float32 [13, 8]"));
+  check_holds_masters(masters, model, fsdp);
+  // strict(false): what fits (fc2.bias, the buffer) reaches the masters; the rest stays.
+  const auto lenient = cpprun::load_state_dict(model, other, cpprun::StateDictOptions().strict(false));
+  CHECK(lenient.mismatched.size() == 3);  // fc1.weight, fc1.bias, fc2.weight
+  NamedTensors mixed = masters;
+  std::map<std::string, torch::Tensor> in_other;
+  for (const auto& [name, tensor] : read_saved(other)) in_other.emplace(name, tensor);
+  for (auto& [name, tensor] : mixed) {
+    if (name == "fc2.bias" || name == "scale") tensor = in_other.at(name);
+  }
+  check_holds_masters(mixed, model, fsdp);
+
+  cpprun::barrier(group());
+  if (rank == 0) {
+    for (const auto& entry : std::filesystem::directory_iterator("/tmp")) {
+      if (entry.path().string().rfind(base, 0) == 0) std::filesystem::remove_all(entry.path());
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("state_dict: FSDP under mixed precision saves and loads the fp32 masters", "[state_dict]") {
+  const int stage = GENERATE(2, 3);
+  const FsdpMaker fsdp{[](std::shared_ptr<Net> net, cpprun::FsdpOptions options) {
+                         return Model(cpprun::FullyShardedDataParallel(std::move(net), group(), options));
+                       },
+                       group().rank(), group().size()};
+  check_mixed_precision(fsdp, stage, stage == 2 ? 3 : 1, "fsdp" + std::to_string(stage));
+}
+
+TEST_CASE("state_dict: HSDP (2 replicas x 2 shards) under mixed precision saves and loads the fp32 masters",
+          "[state_dict]") {
+  if (group().size() != 4) return;  // the 2x2 mesh needs 4 ranks
+  const cpprun::DeviceMesh mesh(group(), std::vector<int>{2, 2}, std::vector<std::string>{"replicate", "shard"});
+  const FsdpMaker fsdp{[&mesh](std::shared_ptr<Net> net, cpprun::FsdpOptions options) {
+                         return Model(cpprun::FullyShardedDataParallel(std::move(net), mesh, options));
+                       },
+                       group().rank() % 2, 2};
+  check_mixed_precision(fsdp, 3, 2, "hsdp");
+}
+
+namespace {
+
+// What load_state_dict(model, path) throws on this rank: its type's name and message.
+template <typename Wrapper>
+std::pair<std::string, std::string> load_error(Wrapper& model, const std::string& path) {
+  try {
+    cpprun::load_state_dict(model, path);
+  } catch (const cpprun::StateDictMismatchError& e) {
+    return {"mismatch", e.what()};
+  } catch (const cpprun::CorruptCheckpointError& e) {
+    return {"corrupt", e.what()};
+  } catch (const std::exception& e) {
+    return {"other", e.what()};
+  }
+  return {"none", ""};
+}
+
+template <typename Wrapper>
+void check_load_faults(Wrapper& model, const std::string& kind) {
+  const int rank = group().rank();
+  const std::string base = "/tmp/cpprun_state_dict_fault_" + kind + "_" + std::to_string(::getppid());
+  const std::string missing = base + "_missing.safetensors", shape = base + "_shape.pt";
+  const std::string damaged = base + "_damaged.safetensors", absent = base + "_absent.safetensors";
+  if (rank == 0) {
+    // Net's names but fc2.bias.
+    auto partial = std::make_shared<torch::nn::Module>();
+    partial->register_module("fc1", torch::nn::Linear(8, 13));
+    auto fc2 = std::make_shared<torch::nn::Module>();
+    fc2->register_parameter("weight", torch::zeros({4, 13}));
+    partial->register_module("fc2", fc2);
+    partial->register_buffer("scale", torch::ones({4}));
+    cpprun::save_state_dict(partial, missing);
+    cpprun::save_state_dict(seeded(4, 9), shape);
+    cpprun::save_state_dict(seeded(2), damaged);
+    std::filesystem::resize_file(damaged, std::filesystem::file_size(damaged) - 7);
+  }
+  cpprun::barrier(group());
+  INFO(kind << " on rank " << rank);
+  {  // A missing key: rank 0's list on every rank, as a StateDictMismatchError.
+    const auto [type, message] = load_error(model, missing);
+    CHECK(type == "mismatch");
+    CHECK_THAT(message, Catch::Matchers::Contains("missing from the file (1): fc2.bias"));
+    CHECK_THAT(message, Catch::Matchers::Contains(missing));
+  }
+  {  // Shape mismatch.
+    const auto [type, message] = load_error(model, shape);
+    CHECK(type == "mismatch");
+    CHECK_THAT(message, Catch::Matchers::Contains("fc1.weight: file float32 [9, 8], module float32 [13, 8]"));
+  }
+  {  // A damaged file: a CorruptCheckpointError naming it, on every rank.
+    const auto [type, message] = load_error(model, damaged);
+    CHECK(type == "corrupt");
+    CHECK_THAT(message, Catch::Matchers::Contains("safetensors file " + damaged));
+  }
+  {  // No file: the reason, with the path.
+    const auto [type, message] = load_error(model, absent);
+    CHECK(type == "other");
+    CHECK_THAT(message, Catch::Matchers::Contains("cannot read state dict " + absent));
+  }
+  if (rank != 0) {  // the others say where the error came from
+    CHECK_THAT(load_error(model, shape).second, Catch::Matchers::Contains("(raised on rank 0)"));
+  } else {
+    CHECK_THAT(load_error(model, shape).second, !Catch::Matchers::Contains("(raised on rank 0)"));
+  }
+  cpprun::barrier(group());
+  if (rank == 0) {
+    for (const auto& file : {missing, shape, damaged}) std::remove(file.c_str());
+  }
+}
+
+}  // namespace
+
+TEST_CASE("state_dict: a load that fails on rank 0 raises rank 0's error, of its kind, on every rank",
+          "[state_dict]") {
+  const int stage = GENERATE(0, 3, 4);  // 0: DDP; 4: FSDP stage 2 under mixed precision
+  if (stage == 0) {
+    auto model = cpprun::DistributedDataParallel(seeded(1), group());
+    check_load_faults(model, "ddp");
+  } else {
+    auto options = cpprun::FsdpOptions().stage(stage == 4 ? 2 : stage).wrap_policy(is_linear);
+    if (stage == 4) options.param_dtype(torch::kBFloat16);
+    auto model = cpprun::FullyShardedDataParallel(seeded(1), group(), options);
+    check_load_faults(model, "fsdp" + std::to_string(stage));
+  }
 }
 
 TEST_CASE("state_dict: HSDP (2 replicas x 2 shards) saves and loads as the plain module", "[state_dict]") {
@@ -202,10 +485,8 @@ void check_sharded_wrapper(Wrapper& model, const std::string& kind) {
     message = e.what();
   }
   CHECK_THAT(message, Catch::Matchers::Contains(base + "_source"));
-  if (rank == 0) {
-    CHECK_THAT(message, Catch::Matchers::Contains("fc1.weight: file float32 [9, 8], module float32 [13, 8] "
-                                                  "(in model-00001-of-00001.safetensors)"));
-  }
+  CHECK_THAT(message, Catch::Matchers::Contains("fc1.weight: file float32 [9, 8], module float32 [13, 8] "
+                                                "(in model-00001-of-00001.safetensors)"));
   cpprun::barrier(group());
   if (rank == 0) {
     std::filesystem::remove_all(saved);
@@ -237,15 +518,16 @@ TEST_CASE("state_dict: HSDP (2 replicas x 2 shards) saves a Hugging Face sharded
 }
 
 // Run by tests/dist/hf_sharded_reshard.sh: CPPRUN_HF_PHASE=save (on 4 ranks) saves FSDP stage 3's
-// seed-5 model into CPPRUN_HF_DIR, one file per rank; =load (on 1 to 3 ranks) loads it into a
-// plain module, DDP and FSDP stage 3, each equal bit for bit to the seed-5 model.
+// seed-5 model into CPPRUN_HF_DIR, one file per rank, and the same under bf16 mixed precision
+// into CPPRUN_HF_DIR_bf16; =load (on 1 to 3 ranks) loads them into a plain module, DDP, FSDP
+// stage 3 and bf16 FSDP stage 2, each equal bit for bit to the seed-5 model.
 TEST_CASE("state_dict: a Hugging Face sharded directory saved on 4 ranks loads at another world size",
           "[.hf_reshard]") {
   const char* phase = std::getenv("CPPRUN_HF_PHASE");
   const char* dir_env = std::getenv("CPPRUN_HF_DIR");
   REQUIRE(phase != nullptr);
   REQUIRE(dir_env != nullptr);
-  const std::string dir = std::string(dir_env) + "/";
+  const std::string dir = std::string(dir_env) + "/", bf16_dir = std::string(dir_env) + "_bf16/";
   const int rank = group().rank();
   if (std::string(phase) == "save") {
     REQUIRE(group().size() == 4);
@@ -253,7 +535,24 @@ TEST_CASE("state_dict: a Hugging Face sharded directory saved on 4 ranks loads a
                                                   cpprun::FsdpOptions().stage(3).wrap_policy(is_linear));
     cpprun::save_state_dict(model, dir, cpprun::StateDictSaveOptions().step(3));
     CHECK(checked_shard_files(dir, 3).size() == 4);
+    // Under mixed precision: the fp32 masters, the seed-5 model's values.
+    auto bf16 = cpprun::FullyShardedDataParallel(seeded(5), group(), fsdp_options(3, true));
+    cpprun::save_state_dict(bf16, bf16_dir, cpprun::StateDictSaveOptions().step(3));
+    CHECK(checked_shard_files(bf16_dir, 3).size() == 4);
     return;
+  }
+  // The bf16 save loads as the fp32 one; a bf16 FSDP model at this world size takes either.
+  auto from_bf16 = seeded(7);
+  cpprun::load_state_dict(from_bf16, bf16_dir);
+  check_same_state(*from_bf16, *seeded(5));
+  for (const std::string& source : {dir, bf16_dir}) {
+    auto bf16 = cpprun::FullyShardedDataParallel(seeded(7), group(), fsdp_options(2, true));
+    cpprun::load_state_dict(bf16, source);
+    const std::string bf16_again = std::string(dir_env) + "_bf16_again_np" + std::to_string(group().size()) + ".pt";
+    cpprun::save_state_dict(bf16, bf16_again);
+    auto reloaded = seeded(7);
+    cpprun::load_state_dict(reloaded, bf16_again);
+    check_same_state(*reloaded, *seeded(5));
   }
   auto plain = seeded(7);
   cpprun::load_state_dict(plain, dir);
