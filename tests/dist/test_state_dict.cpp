@@ -1,6 +1,7 @@
 // State dicts through DDP and FSDP (cpprun/state_dict.h): what a wrapper saves is what the plain
 // module holds; what a wrapper loads is what the plain module would, on every rank, and the
-// sharded model computes with it; a file of other shapes is refused on every rank. The same for
+// sharded model computes with it; a file of other shapes is refused on every rank, each raising
+// rank 0's error. Under mixed precision FSDP saves and loads the fp32 masters. The same for
 // directories in Hugging Face's sharded layout, which each rank writes its share of; and (run by
 // hf_sharded_reshard.sh) a directory saved on 4 ranks loads bit-exactly on 1 to 3.
 #include <catch2/catch.hpp>
