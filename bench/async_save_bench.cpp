@@ -3,10 +3,13 @@
 // parameters, 100 MB) under DDP. It times training steps with no save in flight; each save's
 // blocking time (how long the call keeps the training thread); and, for save_async, the steps
 // run while the background write is in flight. Prints one RESULT line (rank 0's), medians over
-// --saves saves of each kind.
+// --saves saves of each kind. With --optimizer P, each save also writes the optimizer's state
+// (SGD's momentum: as many bytes again) to P: save_state_dict + save_optimizer_state_dict against
+// one save_async(model, optimizer, ...).
 //
 //   cpprun --nproc_per_node=2 build/bench/async_save_bench --hidden 2720 --path /tmp/bench_ckpt.safetensors
-//          [--saves 3] [--steps 10]   (a path ending in '/': Hugging Face's sharded directory, a file per rank)
+//          [--optimizer /tmp/bench_opt.safetensors] [--saves 3] [--steps 10]
+//          (a path ending in '/': Hugging Face's sharded directory, a file per rank)
 #include <cpprun/cpprun.h>
 #include <torch/torch.h>
 
@@ -46,6 +49,7 @@ struct Args {
   int64_t hidden = 2720, batch = 64;
   int steps = 10, saves = 3;
   std::string path = "/tmp/cpprun_async_save_bench.safetensors";
+  std::string optimizer;  // where the optimizer's state goes; empty: the model alone
 };
 
 Args parse(int argc, char** argv) {
@@ -59,7 +63,8 @@ Args parse(int argc, char** argv) {
     else if (k == "--steps") a.steps = std::stoi(v);
     else if (k == "--saves") a.saves = std::stoi(v);
     else if (k == "--path") a.path = v;
-    else throw std::invalid_argument("unknown flag " + k + " (--hidden, --batch, --steps, --saves, --path)");
+    else if (k == "--optimizer") a.optimizer = v;
+    else throw std::invalid_argument("unknown flag " + k + " (--hidden, --batch, --steps, --saves, --path, --optimizer)");
   }
   return a;
 }
@@ -95,6 +100,7 @@ int run(int argc, char** argv) {
     const double cpu = thread_cpu_ms();
     const auto start = Clock::now();
     cpprun::save_state_dict(model, args.path);
+    if (!args.optimizer.empty()) cpprun::save_optimizer_state_dict(model, opt, args.optimizer);
     sync_block.push_back(ms_since(start));
     sync_cpu.push_back(thread_cpu_ms() - cpu);
     step();
@@ -106,7 +112,8 @@ int run(int argc, char** argv) {
   for (int i = 0; i < args.saves; ++i) {
     cpprun::barrier(group);
     const auto start = Clock::now();
-    cpprun::AsyncSave pending = cpprun::save_async(model, args.path);
+    cpprun::AsyncSave pending = args.optimizer.empty() ? cpprun::save_async(model, args.path)
+                                                       : cpprun::save_async(model, opt, args.path, args.optimizer);
     async_block.push_back(ms_since(start));
     int steps = 0;
     for (;;) {
@@ -120,13 +127,15 @@ int run(int argc, char** argv) {
     pending.wait();
   }
   if (group.rank() == 0) {
-    std::printf("RESULT params=%lld world=%d path=%s step_ms=%.1f sync_block_ms=%.1f sync_cpu_ms=%.1f "
+    std::printf("RESULT params=%lld world=%d path=%s optimizer=%s step_ms=%.1f sync_block_ms=%.1f sync_cpu_ms=%.1f "
                 "async_block_ms=%.1f during_step_ms=%.1f steps_during_save=%.0f\n",
-                static_cast<long long>(params), group.size(), args.path.c_str(), median(plain_steps),
+                static_cast<long long>(params), group.size(), args.path.c_str(),
+                args.optimizer.empty() ? "-" : args.optimizer.c_str(), median(plain_steps),
                 median(sync_block), median(sync_cpu), median(async_block), median(during_steps), median(spanned));
   }
   cpprun::barrier(group);
   if (group.rank() == 0) std::filesystem::remove_all(args.path);
+  if (group.rank() == 0 && !args.optimizer.empty()) std::filesystem::remove_all(args.optimizer);
   return 0;
 }
 

@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <exception>
@@ -126,19 +127,42 @@ NamedTensors shapes_of(const NamedTensors& state) {
   return out;
 }
 
+// A part as one rank holds it for the background thread: its copy of what it writes.
+struct PartToWrite {
+  std::string path;
+  bool directory = false;
+  ShardedSaveStamp stamp;   // a directory: the save id, step and the part's metadata
+  NamedTensors file_state;  // a file: the writer's copy of everything
+  StateDictShard shard;     // a directory: this rank's share
+  NamedTensors shapes;      // a directory, the index writer: every tensor's shape
+  std::string_view stem;
+  std::map<std::string, std::string> metadata;
+};
+
+// Writes PART's file, or this rank's share of its directory.
+void write_part(const PartToWrite& part, const StateDictSaveOptions& options) {
+  if (part.directory) {
+    fs::create_directories(part.path);
+    write_state_dict_shard(part.shard, part.path, part.stamp);
+  } else {
+    write_state_dict_file(part.file_state, part.path, options, part.metadata);
+  }
+}
+
+std::string paths_of(const std::vector<PartToWrite>& parts) {
+  std::string out;
+  for (const auto& part : parts) out += (out.empty() ? "" : " and ") + part.path;
+  return out;
+}
+
 // What one rank's background thread does in a collective save. See Note [Asynchronous save across ranks].
 struct CollectiveSave {
   explicit CollectiveSave(ProcessGroup on) : group(std::move(on)) {}
 
   ProcessGroup group;
   std::string key;  // async_save/<id>
-  std::string path;
-  bool directory = false;
   StateDictSaveOptions options;
-  ShardedSaveStamp stamp;
-  NamedTensors file_state;  // a file: rank 0's copy of everything
-  StateDictShard shard;     // a directory: this rank's share
-  NamedTensors shapes;      // a directory, rank 0: every tensor's shape, for the index
+  std::vector<PartToWrite> parts;
 
   // KEY's value once some rank sets it; nothing when the group's timeout passes first.
   std::optional<std::string> await(const std::string& name, Clock::time_point deadline) const {
@@ -152,13 +176,12 @@ struct CollectiveSave {
   void run() {
     const int rank = group.rank();
     const auto deadline = Clock::now() + group.timeout();
+    const bool directory = std::any_of(parts.begin(), parts.end(), [](const auto& p) { return p.directory; });
+    const std::string where = paths_of(parts);
     std::exception_ptr local;
     try {
-      if (directory) {
-        fs::create_directories(path);
-        write_state_dict_shard(shard, path, stamp);
-      } else if (rank == 0) {
-        write_state_dict_file(file_state, path, options);
+      for (const auto& part : parts) {
+        if (part.directory || rank == 0) write_part(part, options);
       }
     } catch (...) {
       local = std::current_exception();
@@ -176,12 +199,14 @@ struct CollectiveSave {
           faults.push_back("rank " + std::to_string(r) + ": " + written->substr(written->find(' ') + 1));
         }
       }
-      if (directory && faults.empty()) {
+      // The indexes last, once every file of every part is in place.
+      for (const auto& part : parts) {
+        if (!part.directory || !faults.empty()) continue;
         try {
-          write_state_dict_index(shapes, path, group.size(), stamp);
+          write_state_dict_index(part.shapes, part.path, group.size(), part.stamp, part.stem);
         } catch (...) {
           local = std::current_exception();
-          faults.push_back("rank 0, writing the index: " + message_of(local));
+          faults.push_back("rank 0, writing the index in " + part.path + ": " + message_of(local));
         }
       }
       std::string result = "ok";
@@ -194,8 +219,8 @@ struct CollectiveSave {
     const auto result = await("result", deadline);
     if (local) std::rethrow_exception(local);  // this rank's own error, as it was thrown
     TORCH_CHECK(result, "cpprun: rank ", rank, " waited the group's timeout (", group.timeout().count(),
-                " ms) for rank 0 to finish the asynchronous save to ", path, "; is rank 0 still running?");
-    TORCH_CHECK(*result == "ok", "cpprun: the asynchronous save to ", path, " failed on another rank (this is rank ",
+                " ms) for rank 0 to finish the asynchronous save to ", where, "; is rank 0 still running?");
+    TORCH_CHECK(*result == "ok", "cpprun: the asynchronous save to ", where, " failed on another rank (this is rank ",
                 rank, "):", result->substr(std::string("failed:").size()));
   }
 };
@@ -220,46 +245,52 @@ NamedTensors snapshot_state(const NamedTensors& state) {
   return out;
 }
 
-AsyncSave start_async_save(torch::nn::Module& module, const ProcessGroup* group, const std::string& path,
+AsyncSave start_async_save(std::vector<AsyncSavePart> parts, const ProcessGroup* group,
                            const StateDictSaveOptions& options) {
-  return start_async_save(module_state(module), group, path, options);
-}
-
-AsyncSave start_async_save(const NamedTensors& full, const ProcessGroup* group, const std::string& path,
-                           const StateDictSaveOptions& options) {
-  const bool directory = is_sharded_state_dict_path(path);
-  if (directory) {
-    check_sharded_save_path(path);
-  } else {
-    check_state_dict_path(path);
+  TORCH_INTERNAL_ASSERT(!parts.empty(), "an asynchronous save of nothing");
+  for (const auto& part : parts) {
+    if (is_sharded_state_dict_path(part.path)) {
+      check_sharded_save_path(part.path);
+    } else {
+      check_state_dict_path(part.path);
+    }
   }
-  auto state = std::make_shared<State>(path);
+  std::string save_id = options.save_id().value_or(new_save_id());
+  if (group) broadcast_bytes(*group, save_id, 0);  // rank 0's id: in every file, and the store keys
+  // One save, one id: with a model and its optimizer, every file records it (load checks them).
+  StateDictSaveOptions file_options = options;
+  if (parts.size() > 1) file_options.save_id(save_id);
+  const int rank = group ? group->rank() : 0, world = group ? group->size() : 1;
+  std::vector<PartToWrite> to_write;
+  for (auto& part : parts) {
+    PartToWrite out;
+    out.path = part.path;
+    out.directory = is_sharded_state_dict_path(part.path);
+    out.stem = part.stem;
+    out.stamp = {save_id, options.step(), part.metadata};
+    if (out.directory) {
+      out.shard = state_dict_shard(part.state, rank, world, part.stem);
+      out.shard.tensors = snapshot_state(out.shard.tensors);
+      if (rank == 0) out.shapes = shapes_of(part.state);
+    } else if (rank == 0) {
+      out.file_state = snapshot_state(part.state);
+      out.metadata = std::move(part.metadata);
+    }
+    to_write.push_back(std::move(out));
+  }
+  auto state = std::make_shared<State>(paths_of(to_write));
   if (!group) {
-    launch(*state, [copy = snapshot_state(full), path, options, directory] {
-      if (!directory) {
-        write_state_dict_file(copy, path, options);
-        return;
+    launch(*state, [parts = std::move(to_write), file_options] {
+      for (const auto& part : parts) write_part(part, file_options);
+      for (const auto& part : parts) {
+        if (part.directory) write_state_dict_index(part.shapes, part.path, 1, part.stamp, part.stem);
       }
-      const ShardedSaveStamp stamp{options.save_id().value_or(new_save_id()), options.step(), {}};
-      fs::create_directories(path);
-      write_state_dict_shard(copy, path, 0, 1, stamp);
-      write_state_dict_index(copy, path, 1, stamp);
     });
   } else {
     auto job = std::make_shared<CollectiveSave>(*group);
-    job->stamp = {options.save_id().value_or(new_save_id()), options.step(), {}};
-    broadcast_bytes(*group, job->stamp.save_id, 0);  // rank 0's id: in every file, and the store keys
-    job->key = "async_save/" + job->stamp.save_id;
-    job->path = path;
-    job->directory = directory;
-    job->options = options;
-    if (directory) {
-      job->shard = state_dict_shard(full, group->rank(), group->size());
-      job->shard.tensors = snapshot_state(job->shard.tensors);
-      if (group->rank() == 0) job->shapes = shapes_of(full);
-    } else if (group->rank() == 0) {
-      job->file_state = snapshot_state(full);
-    }
+    job->key = "async_save/" + save_id;
+    job->options = file_options;
+    job->parts = std::move(to_write);
     launch(*state, [job] { job->run(); });
   }
   {
@@ -267,6 +298,22 @@ AsyncSave start_async_save(const NamedTensors& full, const ProcessGroup* group, 
     latest = state;
   }
   return AsyncSaveAccess::make(std::move(state));
+}
+
+AsyncSave start_async_save(torch::nn::Module& module, const ProcessGroup* group, const std::string& path,
+                           const StateDictSaveOptions& options) {
+  std::vector<AsyncSavePart> parts(1);
+  parts[0].state = module_state(module);
+  parts[0].path = path;
+  return start_async_save(std::move(parts), group, options);
+}
+
+AsyncSave start_async_save(const NamedTensors& state, const ProcessGroup* group, const std::string& path,
+                           const StateDictSaveOptions& options) {
+  std::vector<AsyncSavePart> parts(1);
+  parts[0].state = state;
+  parts[0].path = path;
+  return start_async_save(std::move(parts), group, options);
 }
 
 void finish_previous_save() {

@@ -5,20 +5,37 @@
 
 #include <torch/nn/module.h>
 
+#include <map>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "cpprun/async_save.h"
 #include "cpprun/process_group.h"
 #include "cpprun/state_dict_options.h"
+#include "support/safetensors_index.h"
 #include "support/torch_save_file.h"
 
 namespace cpprun::detail {
 
-// Starts saving `module`'s state to PATH (a file, or a directory in Hugging Face's sharded
-// layout), as save_state_dict would. `group` null: this process alone. Else collective over it,
-// every rank holding the full state (FSDP gathers it first): the save id is broadcast here, and
-// each rank copies only what it writes (a file: rank 0 all of it; a directory: its share).
+// One set of files of a save: a model's state dict (STEM "model") or an optimizer's state
+// ("optimizer", with its kind and param groups in `metadata`), to a file or a directory.
+struct AsyncSavePart {
+  NamedTensors state;  // whole tensors, the same on every rank; copied before start_async_save returns
+  std::string path;
+  std::string_view stem = kModelStem;
+  std::map<std::string, std::string> metadata;
+};
+
+// Starts saving `parts` (each as save_state_dict / save_optimizer_state_dict would) on one
+// background thread, under one save id, which every file records when there is more than one
+// part (else, as the synchronous save, a file only when options.save_id() is given). `group`
+// null: this process alone. Else collective over it: the save id is broadcast here, and each
+// rank copies only what it writes (a file: rank 0 all of it; a directory: its share).
 // Registers the save as this process's latest (see finish_previous_save in cpprun/state_dict.h).
+AsyncSave start_async_save(std::vector<AsyncSavePart> parts, const ProcessGroup* group,
+                           const StateDictSaveOptions& options);
+// One part: `module`'s state dict.
 AsyncSave start_async_save(torch::nn::Module& module, const ProcessGroup* group, const std::string& path,
                            const StateDictSaveOptions& options);
 // The same for tensors that are not a module's own (FSDP's gathered fp32 masters under mixed

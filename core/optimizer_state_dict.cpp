@@ -204,9 +204,14 @@ ReadOptimizerFile read_optimizer_files(const std::string& path) {
 
 OptimizerParams module_optimizer_params(torch::nn::Module& module) {
   OptimizerParams out;
-  std::set<const c10::TensorImpl*> seen;
+  std::map<const c10::TensorImpl*, std::size_t> seen;
   for (const auto& item : module.named_parameters(/*recurse=*/true)) {
-    if (!item.value().defined() || !seen.insert(item.value().unsafeGetTensorImpl()).second) continue;
+    if (!item.value().defined()) continue;
+    const auto [at, first] = seen.emplace(item.value().unsafeGetTensorImpl(), out.names.size());
+    if (!first) {
+      out.aliases[item.key()] = at->second;
+      continue;
+    }
     out.names.push_back(item.key());
     out.stepped.push_back(item.value());
     out.full_sizes.push_back(item.value().sizes().vec());
@@ -214,10 +219,9 @@ OptimizerParams module_optimizer_params(torch::nn::Module& module) {
   return out;
 }
 
-void save_optimizer_state_dict(const OptimizerParams& params, torch::optim::Optimizer& optimizer,
-                               const ProcessGroup* group, const std::string& path,
-                               const StateDictSaveOptions& options) {
-  check_path(path, "save_optimizer_state_dict");
+void check_optimizer_path(const std::string& path, const char* call) { check_path(path, call); }
+
+OptimizerStateToSave optimizer_state_to_save(const OptimizerParams& params, torch::optim::Optimizer& optimizer) {
   const std::string kind = kind_of(optimizer);
   const auto names = group_names(params, optimizer, "save_optimizer_state_dict");
   // Each parameter's state names, by its group's options.
@@ -276,18 +280,22 @@ void save_optimizer_state_dict(const OptimizerParams& params, torch::optim::Opti
               options_json(optimizer.param_groups()[g].options()) + "}";
   }
   groups += "]";
-  std::map<std::string, std::string> metadata{{kOptimizerKindKey, kind}, {kParamGroupsKey, groups}};
+  return {std::move(state), {{kOptimizerKindKey, kind}, {kParamGroupsKey, groups}}};
+}
 
+void save_optimizer_state_dict(const OptimizerParams& params, torch::optim::Optimizer& optimizer,
+                               const ProcessGroup* group, const std::string& path,
+                               const StateDictSaveOptions& options) {
+  check_path(path, "save_optimizer_state_dict");
+  OptimizerStateToSave saved = optimizer_state_to_save(params, optimizer);
   if (is_sharded_state_dict_path(path)) {
-    save_sharded_tensors(state, group, path, options, kOptimizerStem, metadata);
+    save_sharded_tensors(saved.state, group, path, options, kOptimizerStem, saved.metadata);
     return;
   }
-  if (options.step()) metadata[std::string(kStepKey)] = std::to_string(*options.step());
-  if (options.save_id()) metadata[std::string(kSaveIdKey)] = *options.save_id();
   std::exception_ptr failure;
   if (!group || group->rank() == 0) {
     try {
-      write_file_atomically(path, encode_safetensors(state, metadata));
+      write_state_dict_file(saved.state, path, options, saved.metadata);
     } catch (...) {
       if (!group) throw;
       failure = std::current_exception();
@@ -361,6 +369,11 @@ void load_optimizer_state_dict(const OptimizerParams& params, torch::optim::Opti
   }
   std::map<std::string, std::size_t> index_of;  // the model's names
   for (std::size_t i = 0; i < params.names.size(); ++i) index_of[params.names[i]] = i;
+  // A tied parameter's other name -> its first (see OptimizerParams::aliases).
+  const auto canonical = [&](const std::string& name) {
+    const auto alias = params.aliases.find(name);
+    return alias == params.aliases.end() ? name : params.names[alias->second];
+  };
   std::map<std::string, std::size_t> group_of;  // the file's names -> their group
   if (groups.kind != Json::Kind::kArray) {
     if (faults.empty()) faults.push_back(std::string("its \"") + kParamGroupsKey + "\" is not a JSON array");
@@ -371,8 +384,13 @@ void load_optimizer_state_dict(const OptimizerParams& params, torch::optim::Opti
       for (const auto& [key, value] : groups.items[g].members) {
         if (key != "params") continue;
         for (const auto& item : value.items) {
-          theirs.insert(item.text);
-          group_of[item.text] = g;
+          const std::string name = canonical(item.text);
+          if (!theirs.insert(name).second) {
+            faults.push_back("the param groups name \"" + name + "\" twice" +
+                             (name == item.text ? std::string() : ", once as \"" + item.text + "\" (a tied parameter: "
+                                                  "one tensor, its state saved under one name)"));
+          }
+          group_of[name] = g;
         }
       }
     }
@@ -406,7 +424,7 @@ void load_optimizer_state_dict(const OptimizerParams& params, torch::optim::Opti
   std::map<std::string, std::map<std::string, at::Tensor>> state_of;
   for (auto& [key, tensor] : tensors) {
     const std::size_t dot = key.rfind('.');
-    const std::string name = key.rfind("state.", 0) == 0 && dot > 6 ? key.substr(6, dot - 6) : std::string();
+    const std::string name = canonical(key.rfind("state.", 0) == 0 && dot > 6 ? key.substr(6, dot - 6) : std::string());
     const std::string what = dot == std::string::npos ? std::string() : key.substr(dot + 1);
     const auto found = index_of.find(name);
     if (found == index_of.end()) {
@@ -420,7 +438,10 @@ void load_optimizer_state_dict(const OptimizerParams& params, torch::optim::Opti
                        ", the model's parameter " + c10::str(c10::IntArrayRef(expected)));
       continue;
     }
-    state_of[name][what] = tensor;
+    if (!state_of[name].emplace(what, tensor).second) {
+      faults.push_back("\"" + key + "\"" + in_file(key) + ": the tied parameter \"" + name + "\"'s " + what +
+                       " is in the file under two names");
+    }
   }
   // A parameter with state has all of it (by its group's options in this optimizer).
   for (std::size_t g = 0; g < names.size() && faults.empty(); ++g) {

@@ -14,11 +14,13 @@
 
 #include <cstddef>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "cpprun/process_group.h"
 #include "cpprun/state_dict_options.h"
+#include "support/torch_save_file.h"
 
 namespace cpprun::detail {
 
@@ -31,6 +33,10 @@ struct OptimizerParams {
   std::vector<std::string> names;                // each parameter's name (a tied one's first)
   std::vector<at::Tensor> stepped;               // the tensor the optimizer steps (FSDP: this rank's rows)
   std::vector<std::vector<int64_t>> full_sizes;  // the whole parameter's shape
+  // A tied parameter's other names -> its index. Saved under its first name only, as PyTorch's
+  // get_optimizer_state_dict does; a file naming it by another (PyTorch's set_optimizer_state_dict
+  // takes either) loads too.
+  std::map<std::string, std::size_t> aliases;
   // FSDP: a state tensor of parameter i as this rank holds it -> the whole tensor on every rank
   // (collective over `shard_group`), and a whole tensor -> this rank's part. Unset (DDP, a
   // module): every rank's state is already whole.
@@ -41,6 +47,17 @@ struct OptimizerParams {
 
 // The parameters of a plain module (DDP's wrapped module), each tensor once.
 OptimizerParams module_optimizer_params(torch::nn::Module& module);
+
+// What a save of `optimizer`'s state writes: the tensors "state.<name>.<what>", whole (FSDP
+// gathers each over params.shard_group: collective), and the files' __metadata__ (kind, groups).
+// The tensors of a DDP or plain module's optimizer are its own: copy them before it steps again.
+struct OptimizerStateToSave {
+  NamedTensors state;
+  std::map<std::string, std::string> metadata;
+};
+OptimizerStateToSave optimizer_state_to_save(const OptimizerParams& params, torch::optim::Optimizer& optimizer);
+// Refuses a PATH an optimizer's state cannot be saved to (not .safetensors, not a directory).
+void check_optimizer_path(const std::string& path, const char* call);
 
 // Writes `optimizer`'s state to PATH (.safetensors, or a directory: "optimizer" files). `group`
 // null: this process alone; else collective: rank 0 writes a file, every rank its share of a

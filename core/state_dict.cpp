@@ -264,13 +264,14 @@ void save_state_dict_file(torch::nn::Module& module, const std::string& path, co
   write_state_dict_file(module_state(module), path, options);
 }
 
-void write_state_dict_file(const NamedTensors& state, const std::string& path, const StateDictSaveOptions& options) {
+void write_state_dict_file(const NamedTensors& state, const std::string& path, const StateDictSaveOptions& options,
+                           std::map<std::string, std::string> metadata) {
   // .pt: cpprun's checksum footer, which torch.load ignores (Note [Checkpoint footer]);
   // .safetensors: the checksum is in the header's __metadata__, with the step when given.
   if (format_of(path) == StateDictFormat::kTorchSave) {
+    TORCH_INTERNAL_ASSERT(metadata.empty(), "a .pt file holds no metadata: ", path);
     write_checkpoint_file(path, encode_torch_save(state));
   } else {
-    std::map<std::string, std::string> metadata;
     if (options.step()) metadata[std::string(kStepKey)] = std::to_string(*options.step());
     if (options.save_id()) metadata[std::string(kSaveIdKey)] = *options.save_id();
     write_file_atomically(path, encode_safetensors(state, std::move(metadata)));

@@ -49,8 +49,10 @@ StateDictLoadReport load_named_tensors(const NamedTensors& mine, const NamedTens
 // differences throws StateDictMismatchError and changes nothing. A directory: the sharded layout
 // (core/sharded_state_dict.h).
 void save_state_dict_file(torch::nn::Module& module, const std::string& path, const StateDictSaveOptions& options);
-// Writes `state` to the file PATH atomically, in the format its extension names (not a directory).
-void write_state_dict_file(const NamedTensors& state, const std::string& path, const StateDictSaveOptions& options);
+// Writes `state` to the file PATH atomically, in the format its extension names (not a directory);
+// `metadata` goes into a .safetensors header beside the step and save id (an optimizer's kind).
+void write_state_dict_file(const NamedTensors& state, const std::string& path, const StateDictSaveOptions& options,
+                           std::map<std::string, std::string> metadata = {});
 // Throws the error a save to PATH would for a name whose format cannot be told, before any work.
 void check_state_dict_path(const std::string& path);
 // Reads PATH into `into`'s tensors in place (module_state(module) for a module).

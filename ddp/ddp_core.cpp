@@ -10,6 +10,7 @@
 #include <unordered_set>
 
 #include "core/clip_grad_norm.h"
+#include "core/async_optimizer_save.h"
 #include "core/async_save.h"
 #include "core/full_state.h"
 #include "core/optimizer_state_dict.h"
@@ -238,6 +239,14 @@ void DdpCore::save_optimizer_state_dict(torch::optim::Optimizer& optimizer, cons
 void DdpCore::load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const std::string& path) {
   refuse_tensor_parallel_checkpoint(impl_->tp_splits, kWho, "load_optimizer_state_dict", path);
   detail::load_optimizer_state_dict(module_optimizer_params(impl_->module), optimizer, &impl_->group, path);
+}
+AsyncSave DdpCore::save_state_dicts_async(torch::optim::Optimizer& optimizer, const std::string& model_path,
+                                          const std::string& optimizer_path, const StateDictSaveOptions& options) {
+  refuse_tensor_parallel_checkpoint(impl_->tp_splits, kWho, "save_async", model_path);
+  check_async_save_paths(model_path, optimizer_path);
+  return start_async_save_with_optimizer(module_state(impl_->module),
+                                         optimizer_state_to_save(module_optimizer_params(impl_->module), optimizer),
+                                         &impl_->group, model_path, optimizer_path, options);
 }
 void DdpCore::save_sharded(const std::string& dir, torch::optim::Optimizer*) {
   TORCH_CHECK(false, "cpprun::DistributedDataParallel: save_sharded_checkpoint(model, optimizer, \"", dir, "\") needs "

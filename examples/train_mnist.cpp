@@ -10,8 +10,8 @@
 // stand-in set of the same shape is generated, so the program runs anywhere. After each epoch,
 // rank 0 writes a checkpoint, a directory OUT/checkpoint_epochE/ of files PyTorch reads
 // (model.safetensors, optimizer.safetensors by parameter name, trainer.json with the epoch and
-// the losses; each file checksummed, the directory renamed into place once whole), and keeps the
-// newest few; --resume continues from the newest one that loads, so a run restarted by cpprun
+// the losses; each file checksummed, the directory renamed into place once whole), in the
+// background while the next epoch trains (cpprun::save_async), and keeps the newest few; --resume continues from the newest one that loads, so a run restarted by cpprun
 // after a worker died goes on where it was. Checkpoints of earlier versions (checkpoint_epochE.pt,
 // a TorchScript archive) still load, with a notice. At the end, rank 0 writes loss.csv and loss.svg. Every error
 // (a bad option, a missing or damaged file) ends with a message and exit code 1, and under cpprun
@@ -28,6 +28,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
+#include <optional>
 #include <sstream>
 #include <string>
 
@@ -295,6 +296,31 @@ std::vector<std::pair<int, fs::path>> checkpoints_in(const std::string& out) {
   return found;
 }
 
+// Older checkpoints go only once the newest is safely written.
+void prune_checkpoints(const Options& opt) {
+  const auto checkpoints = checkpoints_in(opt.out);
+  for (size_t i = opt.keep_checkpoints; i < checkpoints.size(); ++i) fs::remove_all(checkpoints[i].second);
+}
+
+// A checkpoint whose model and optimizer are being written in the background (cpprun::save_async):
+// its directory is PARTIAL (.tmp) until both are on disk.
+struct PendingCheckpoint {
+  cpprun::AsyncSave save;
+  fs::path partial, dir;
+};
+
+// Waits for the pending checkpoint, renames it into place, and prunes. A failed write raises its
+// error here (the .tmp directory is left, never renamed: --resume ignores it).
+void finish_checkpoint(std::optional<PendingCheckpoint>& pending, const Options& opt) {
+  if (!pending) return;
+  PendingCheckpoint done = std::move(*pending);
+  pending.reset();
+  done.save.wait();
+  fs::remove_all(done.dir);  // a damaged one of the same epoch, from a run that resumed before it
+  fs::rename(done.partial, done.dir);
+  prune_checkpoints(opt);
+}
+
 // trainer.json: {"epoch": E, "losses": [...]}, the epoch last finished (0-based) and the loss per
 // step so far, for the plot.
 std::string trainer_json(int epoch, const std::vector<double>& losses) {
@@ -340,6 +366,7 @@ int run(int argc, char** argv) {
   Net net;
   torch::optim::Adam optimizer(net->parameters(), torch::optim::AdamOptions(opt.lr));
   int start_epoch = 0;
+  std::optional<PendingCheckpoint> pending;  // rank 0's checkpoint being written in the background
   std::vector<double> losses;  // global loss per step, kept in the checkpoint for the plot
   if (opt.resume) {
     // The newest checkpoint that passes its checksum; a damaged one is named and skipped. Every
@@ -407,6 +434,7 @@ int run(int argc, char** argv) {
       cpprun::all_reduce(group, global_loss, cpprun::ReduceOp::kAvg);
       losses.push_back(global_loss.item<double>());
       ++step, ++steps_done;
+      if (pending && pending->save.done()) finish_checkpoint(pending, opt);  // rank 0's, written meanwhile
       if (rank == 0 && (terminal || step % 50 == 0 || step == steps_per_epoch)) {
         const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
         const double remaining = ((opt.epochs - epoch - 1) * steps_per_epoch + steps_per_epoch - step) * seconds / steps_done;
@@ -427,22 +455,23 @@ int run(int argc, char** argv) {
         archive.write("losses", torch::tensor(losses, torch::kDouble));
         cpprun::save_checkpoint(archive, old_checkpoint_file(opt.out, epoch + 1).string());  // atomic, checksummed
       } else {
-        // Each file atomic and checksummed, one save id in both; the directory appears whole.
+        // Each file atomic and checksummed, one save id in both. The model and the optimizer are
+        // copied now and written while the next epoch trains; the directory is renamed into place
+        // (finish_checkpoint) only once both are on disk, so it appears whole or not at all.
+        finish_checkpoint(pending, opt);
         const fs::path dir = checkpoint_dir(opt.out, epoch + 1), partial = dir.string() + ".tmp";
         fs::remove_all(partial);
         fs::create_directories(partial);
-        const auto save = cpprun::StateDictSaveOptions().step(epoch + 1).save_id(cpprun::new_save_id());
-        cpprun::save_state_dict(net, (partial / "model.safetensors").string(), save);
-        cpprun::save_optimizer_state_dict(net, optimizer, (partial / "optimizer.safetensors").string(), save);
         cpprun::write_file_atomically((partial / "trainer.json").string(), trainer_json(epoch, losses));
-        fs::remove_all(dir);  // a damaged one of the same epoch, from a run that resumed before it
-        fs::rename(partial, dir);
+        pending = PendingCheckpoint{cpprun::save_async(net, optimizer, (partial / "model.safetensors").string(),
+                                                       (partial / "optimizer.safetensors").string(),
+                                                       cpprun::StateDictSaveOptions().step(epoch + 1)),
+                                    partial, dir};
       }
-      // Older ones go only once the new one is safely written.
-      const auto checkpoints = checkpoints_in(opt.out);
-      for (size_t i = opt.keep_checkpoints; i < checkpoints.size(); ++i) fs::remove_all(checkpoints[i].second);
+      if (!pending) prune_checkpoints(opt);
     }
   }
+  if (rank == 0) finish_checkpoint(pending, opt);
 
   const double accuracy = evaluate(net, test, group);  // collective: every rank calls it
   if (rank == 0 && !losses.empty()) {

@@ -15,6 +15,7 @@
 
 #include "core/clip_grad_norm.h"
 #include "cpprun/collectives.h"
+#include "core/async_optimizer_save.h"
 #include "core/async_save.h"
 #include "core/full_state.h"
 #include "core/state_dict.h"
@@ -337,6 +338,25 @@ void FsdpCore::save_optimizer_state_dict(torch::optim::Optimizer& optimizer, con
   refuse_tensor_parallel_checkpoint(impl_->tp_splits, kWho, "save_optimizer_state_dict", path);
   detail::save_optimizer_state_dict(fsdp_optimizer_params(impl_->buckets, impl_->groups.shard), optimizer,
                                     &impl_->groups.whole, path, options);
+}
+
+// The optimizer's state is gathered first (its rows, by name), then the parameters, whose copy is
+// taken before they are released.
+AsyncSave FsdpCore::save_state_dicts_async(torch::optim::Optimizer& optimizer, const std::string& model_path,
+                                           const std::string& optimizer_path, const StateDictSaveOptions& options) {
+  refuse_tensor_parallel_checkpoint(impl_->tp_splits, kWho, "save_async", model_path);
+  check_async_save_paths(model_path, optimizer_path);
+  OptimizerStateToSave optimizer_state =
+      optimizer_state_to_save(fsdp_optimizer_params(impl_->buckets, impl_->groups.shard), optimizer);
+  if (saves_masters(impl_->options)) {  // the fp32 masters, as save_state_dict_async
+    return start_async_save_with_optimizer(gather_master_state(impl_->module, impl_->buckets, impl_->groups.shard),
+                                           std::move(optimizer_state), &impl_->groups.whole, model_path,
+                                           optimizer_path, options);
+  }
+  gather_full_parameters();
+  ReleaseAfter release(impl_->residency.get());
+  return start_async_save_with_optimizer(module_state(impl_->module), std::move(optimizer_state), &impl_->groups.whole, model_path,
+                                         optimizer_path, options);
 }
 
 void FsdpCore::load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const std::string& path) {

@@ -1,5 +1,6 @@
-// cpprun::AsyncSave: the handle cpprun::save_async (cpprun/state_dict.h) returns for a state dict
-// being written on a background thread while training goes on.
+// cpprun::AsyncSave: the handle cpprun::save_async (cpprun/state_dict.h; with an optimizer,
+// cpprun/optimizer_state_dict.h) returns for a state dict being written on a background thread
+// while training goes on.
 //
 //   auto pending = cpprun::save_async(model, "ckpt/model.safetensors");  // copies, then returns
 //   ... train on ...
@@ -37,7 +38,8 @@ class AsyncSave {
   void wait();
   // Whether wait() would return (or throw) at once.
   bool done() const;
-  // The path being saved to ("" for a default-made handle).
+  // The path being saved to ("" for a default-made handle; a model and its optimizer saved
+  // together: both paths, "MODEL_PATH and OPTIMIZER_PATH").
   const std::string& path() const;
 
  private:

@@ -6,6 +6,14 @@
 //
 //   cpprun::save_full_state_dict(model, "model.pt");    // a plain Net loads it: torch::load(net, "model.pt")
 //   cpprun::save_sharded_checkpoint(model, opt, "ckpt/");  // FSDP: each rank its rows, by parameter name
+//
+// Earlier formats, kept so that their files still load, and left synchronous: the state dicts of
+// cpprun/state_dict.h and cpprun/optimizer_state_dict.h supersede them. save_full_state_dict
+// writes a TorchScript archive, which today's torch.load refuses by default; save_state_dict(model,
+// "model.pt") writes the dict PyTorch reads. save_sharded_checkpoint's rank_<r>.pt files only
+// cpprun reads; save_state_dict + save_optimizer_state_dict to a directory are Hugging Face's
+// layout, load at any world size and stage too, and save in the background with
+// save_async(model, optimizer, "ckpt/", "ckpt/"). Both wait for a pending save_async first.
 #pragma once
 
 #include <torch/optim/optimizer.h>
@@ -13,6 +21,7 @@
 #include <string>
 
 #include "cpprun/data_parallel.h"
+#include "cpprun/state_dict.h"
 
 namespace cpprun {
 
@@ -21,6 +30,7 @@ namespace cpprun {
 template <typename Wrapper>
   requires requires(Wrapper& w) { detail::DataParallelAccess::core(*w); }
 void save_full_state_dict(Wrapper& model, const std::string& path) {
+  detail::finish_previous_save();
   detail::DataParallelAccess::core(*model).save_full_state(path);
 }
 // The reverse: a file written by torch::save(module, path) or save_full_state_dict. Only rank 0
@@ -40,6 +50,7 @@ void load_full_state_dict(Wrapper& model, const std::string& path) {
 template <typename Wrapper>
   requires requires(Wrapper& w) { detail::DataParallelAccess::core(*w); }
 void save_sharded_checkpoint(Wrapper& model, torch::optim::Optimizer& optimizer, const std::string& dir) {
+  detail::finish_previous_save();
   detail::DataParallelAccess::core(*model).save_sharded(dir, &optimizer);
 }
 template <typename Wrapper>

@@ -12,6 +12,7 @@
 //   cpprun::save_state_dict(model, "run/ckpt/", options);                  // model-*.safetensors
 //   cpprun::save_optimizer_state_dict(model, opt, "run/ckpt/", options);   // optimizer-*.safetensors
 //   cpprun::load_optimizer_state_dict(model, opt, "run/ckpt/");            // any world size, stage
+//   auto pending = cpprun::save_async(model, opt, "run/ckpt/", "run/ckpt/", options);  // both, in the background
 //
 // PATH: a .safetensors file, or a directory (a path ending in '/', or an existing one):
 // optimizer-0000R-of-0000N.safetensors files (each rank writes one, in parallel) and
@@ -36,6 +37,9 @@ void save_module_optimizer_state_dict(torch::nn::Module& module, torch::optim::O
                                       const std::string& path, const StateDictSaveOptions& options);
 void load_module_optimizer_state_dict(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
                                       const std::string& path);
+AsyncSave save_module_async(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
+                            const std::string& model_path, const std::string& optimizer_path,
+                            const StateDictSaveOptions& options);
 }  // namespace detail
 
 // Writes `optimizer`'s state for `model`'s parameters to PATH. A DataParallel wrapper:
@@ -48,6 +52,37 @@ void save_optimizer_state_dict(Model&& model, torch::optim::Optimizer& optimizer
     detail::DataParallelAccess::core(*model).save_optimizer_state_dict(optimizer, path, options);
   } else {
     detail::save_module_optimizer_state_dict(detail::as_module(model), optimizer, path, options);
+  }
+}
+
+// save_state_dict(model, MODEL_PATH) and save_optimizer_state_dict(model, optimizer,
+// OPTIMIZER_PATH) as one asynchronous save (cpprun/async_save.h): returns once both states are
+// copied to CPU memory (pinned for tensors on a GPU; FSDP gathers the parameters and each state
+// tensor's rows first, on the calling thread, as the synchronous saves do), then one background
+// thread writes both; the optimizer may step at once. Every file of the save records one save id
+// (options.save_id(), else rank 0's draw), so loading refuses a model and optimizer of different
+// saves. The paths may be one directory (ending in '/': model-* and optimizer-* files side by
+// side), or two files (model: .safetensors/.pt; optimizer: .safetensors).
+//
+//   auto pending = cpprun::save_async(model, optimizer, "run/ckpt/", "run/ckpt/",
+//                                     cpprun::StateDictSaveOptions().step(step));
+//   ... train on ...
+//   pending.wait();  // both on disk (or what failed, raised)
+//
+// Why one call for both, as PyTorch DCP's async_save({"model": ..., "optimizer": ...}) takes one
+// state dict: the model and its optimizer are one checkpoint, complete only when both are
+// written, so one handle says when; and two separate asynchronous saves would run one after the
+// other, since a save first waits for this process's previous one.
+template <typename Model>
+[[nodiscard]] AsyncSave save_async(Model&& model, torch::optim::Optimizer& optimizer, const std::string& model_path,
+                                   const std::string& optimizer_path,
+                                   const StateDictSaveOptions& options = StateDictSaveOptions()) {
+  detail::finish_previous_save();
+  if constexpr (detail::DataParallelWrapper<std::remove_reference_t<Model>>) {
+    return detail::DataParallelAccess::core(*model).save_state_dicts_async(optimizer, model_path, optimizer_path,
+                                                                            options);
+  } else {
+    return detail::save_module_async(detail::as_module(model), optimizer, model_path, optimizer_path, options);
   }
 }
 

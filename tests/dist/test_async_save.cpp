@@ -1,7 +1,8 @@
 // Asynchronous saves (cpprun::save_async): training goes on while the file is written, and the
 // file is, byte for byte, what a synchronous save at that step writes; a failed save raises its
 // error on wait() (on every rank) and, when nobody waited, on the next save; back-to-back saves
-// follow each other. A plain module, DDP, FSDP stage 3, files and Hugging Face sharded directories.
+// follow each other. A plain module, DDP, FSDP stage 3, files and Hugging Face sharded directories;
+// a model and its Adam optimizer as one save (save_async(model, optimizer, ...)), the same.
 #include <catch2/catch.hpp>
 #include <torch/torch.h>
 #include <unistd.h>  // getppid
@@ -9,6 +10,9 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
+#include <tuple>
+#include <vector>
 #include <string>
 
 #include "cpprun/cpprun.h"
@@ -157,6 +161,107 @@ void check_back_to_back(Model& model, torch::optim::Optimizer& opt, const std::s
   }
 }
 
+// The files under PATH (a file: itself), by name relative to it.
+std::map<std::string, std::string> files_under(const std::string& path) {
+  std::map<std::string, std::string> out;
+  if (!fs::is_directory(path)) {
+    out[""] = bytes_of(path);
+    return out;
+  }
+  for (const auto& entry : fs::directory_iterator(path)) out[entry.path().filename().string()] = bytes_of(entry.path());
+  return out;
+}
+
+// The "cpprun_save_id" a .safetensors file or a directory's index records.
+std::string save_id_in(const std::string& path) {
+  const std::string bytes = bytes_of(path);
+  const std::string key = "\"cpprun_save_id\":";
+  const std::size_t at = bytes.find(key);
+  if (at == std::string::npos) return "";
+  const std::size_t open = bytes.find('"', at + key.size()), close = bytes.find('"', open + 1);
+  return bytes.substr(open + 1, close - open - 1);
+}
+
+// A model and its optimizer saved as one asynchronous save while training goes on: the files
+// are byte for byte those of the synchronous saves at that step (same save id and step), not
+// the state after the steps that followed (the optimizer's state changes in place); saved
+// without a save id, every file of the save records one and the same.
+template <typename Model>
+void check_optimizer_save_while_training(Model& model, torch::optim::Optimizer& opt, const std::string& prefix,
+                                         bool rank_writes) {
+  train(model, opt, 1);  // the optimizer has state
+  for (const bool directory : {false, true}) {
+    INFO(prefix << (directory ? " to a directory" : " to files"));
+    const auto name = [&](const std::string& which) {
+      return directory ? std::make_pair(prefix + "_opt_" + which + "/", prefix + "_opt_" + which + "/")
+                       : std::make_pair(prefix + "_opt_" + which + "_model.safetensors",
+                                        prefix + "_opt_" + which + "_optimizer.safetensors");
+    };
+    const auto [sync_model, sync_opt] = name("sync");
+    const auto [async_model, async_opt] = name("async");
+    const auto [later_model, later_opt] = name("later");
+    const auto options = cpprun::StateDictSaveOptions().step(7).save_id(cpprun::new_save_id());
+    cpprun::save_state_dict(model, sync_model, options);
+    cpprun::save_optimizer_state_dict(model, opt, sync_opt, options);
+    cpprun::AsyncSave pending = cpprun::save_async(model, opt, async_model, async_opt, options);
+    train(model, opt, 3);  // steps the optimizer: its exp_avg tensors change in place
+    pending.wait();
+    cpprun::save_state_dict(model, later_model, options);
+    cpprun::save_optimizer_state_dict(model, opt, later_opt, options);
+    if (rank_writes) {
+      std::vector<std::tuple<std::string, std::string, std::string>> compared{{sync_model, async_model, later_model}};
+      if (!directory) compared.emplace_back(sync_opt, async_opt, later_opt);  // a directory holds both
+      for (const auto& [sync, async, later] : compared) {
+        const auto written = files_under(async), expected = files_under(sync), after = files_under(later);
+        CHECK(written.size() == expected.size());
+        CHECK(written == expected);
+        CHECK(written != after);
+      }
+      if (directory) {
+        CHECK(fs::exists(async_model + "model.safetensors.index.json"));
+        CHECK(fs::exists(async_opt + "optimizer.safetensors.index.json"));
+      }
+    }
+    // No save id given: one drawn, in the model's files and the optimizer's alike.
+    cpprun::save_async(model, opt, async_model, async_opt, cpprun::StateDictSaveOptions().step(8)).wait();
+    if (rank_writes) {
+      const std::string model_file = directory ? async_model + "model.safetensors.index.json" : async_model;
+      const std::string opt_file = directory ? async_opt + "optimizer.safetensors.index.json" : async_opt;
+      CHECK(save_id_in(model_file).size() == 32);
+      CHECK(save_id_in(model_file) == save_id_in(opt_file));
+      CHECK(save_id_in(model_file) != *options.save_id());
+    }
+  }
+}
+
+// A model-and-optimizer save that cannot be written: wait() raises it on every rank; unwaited,
+// the next save raises it; a model path that is the optimizer's file is refused at the call.
+template <typename Model>
+void check_optimizer_errors(Model& model, torch::optim::Optimizer& opt, const std::string& prefix, bool collective) {
+  const int rank = group().rank();
+  const std::string blocker = prefix + "_opt_blocker";
+  if (rank == 0 || !collective) std::ofstream(blocker) << "a file, not a directory";
+  if (collective) cpprun::barrier(group());
+  const std::string good = prefix + "_opt_good/";
+  for (const std::string& bad : {blocker + "/optimizer.safetensors", blocker + "/hf/"}) {
+    INFO(bad);
+    cpprun::AsyncSave failed = cpprun::save_async(model, opt, good, bad);
+    CHECK_THROWS_WITH(failed.wait(), Catch::Matchers::Contains(blocker));
+    CHECK(failed.done());
+    cpprun::AsyncSave unwaited = cpprun::save_async(model, opt, good, bad);
+    CHECK_THROWS_WITH(cpprun::save_async(model, opt, good, good),
+                      Catch::Matchers::Contains("previous asynchronous save") && Catch::Matchers::Contains(blocker));
+    CHECK_THROWS_WITH(unwaited.wait(), Catch::Matchers::Contains(blocker));
+    cpprun::save_async(model, opt, good, good).wait();  // seen: this one goes ahead
+  }
+  const std::string same = prefix + "_opt_same.safetensors";
+  CHECK_THROWS_WITH(cpprun::save_async(model, opt, same, same), Catch::Matchers::Contains("would be one file"));
+  CHECK_THROWS_WITH(cpprun::save_async(model, opt, good, prefix + "_opt.pt"),
+                    Catch::Matchers::Contains("end the path in .safetensors"));
+  if (collective) cpprun::barrier(group());
+  if (rank == 0 || !collective) fs::remove(blocker);
+}
+
 void clean(const std::string& prefix, bool collective) {
   if (collective) cpprun::barrier(group());
   if (collective && group().rank() != 0) return;
@@ -176,6 +281,9 @@ TEST_CASE("async_save: a plain module, this process alone", "[async_save]") {
   check_save_while_training(net, opt, prefix, true);
   check_errors(net, prefix, false);
   check_back_to_back(net, opt, prefix, true);
+  torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(0.01));
+  check_optimizer_save_while_training(net, adam, prefix, true);
+  check_optimizer_errors(net, adam, prefix, false);
   clean(prefix, false);
 }
 
@@ -186,6 +294,9 @@ TEST_CASE("async_save: DDP, collective, written while training goes on", "[async
   check_save_while_training(model, opt, prefix, true);
   check_errors(model, prefix, true);
   check_back_to_back(model, opt, prefix, group().rank() == 0);
+  torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(0.01));
+  check_optimizer_save_while_training(model, adam, prefix, group().rank() == 0);
+  check_optimizer_errors(model, adam, prefix, true);
   clean(prefix, true);
 }
 
@@ -197,5 +308,8 @@ TEST_CASE("async_save: FSDP stage 3, gathered on the calling thread, written in 
   check_save_while_training(model, opt, prefix, true);
   check_errors(model, prefix, true);
   check_back_to_back(model, opt, prefix, group().rank() == 0);
+  torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(0.01));
+  check_optimizer_save_while_training(model, adam, prefix, group().rank() == 0);
+  check_optimizer_errors(model, adam, prefix, true);
   clean(prefix, true);
 }

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "core/state_dict.h"
 #include "cpprun/cpprun.h"
 #include "dist_test_support.h"
 
@@ -330,4 +331,104 @@ TEST_CASE("optimizer_state_dict: saved on one world size, resumed on another", "
     for (const auto& item : expected->named_parameters()) want[item.key()] = item.value().detach();
     check_close(full_parameters(model), want);
   }
+}
+
+namespace {
+
+// A tied output layer: head.weight is emb.weight. `head_first` registers the head first, so that
+// the tensor's first name is "head.weight" (as in a model whose file names it so).
+struct TiedHead : torch::nn::Module {
+  explicit TiedHead(torch::Tensor embedding) { weight = register_parameter("weight", std::move(embedding)); }
+  torch::Tensor weight;
+};
+struct TiedNet : torch::nn::Module {
+  explicit TiedNet(bool head_first) {
+    torch::manual_seed(5);
+    auto table = torch::nn::Embedding(6, 4);
+    auto linear = torch::nn::Linear(4, 4);
+    if (head_first) head = register_module("head", std::make_shared<TiedHead>(table->weight));
+    emb = register_module("emb", table);
+    mid = register_module("mid", linear);
+    if (!head_first) head = register_module("head", std::make_shared<TiedHead>(table->weight));
+  }
+  torch::Tensor forward(const torch::Tensor& ids) { return torch::matmul(mid(emb(ids)), head->weight.t()); }
+  torch::nn::Embedding emb{nullptr};
+  torch::nn::Linear mid{nullptr};
+  std::shared_ptr<TiedHead> head;
+};
+
+// The JSON header of a .safetensors file.
+std::string safetensors_header(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  uint64_t size = 0;
+  in.read(reinterpret_cast<char*>(&size), 8);
+  std::string header(size, '\0');
+  in.read(header.data(), static_cast<std::streamsize>(size));
+  return header;
+}
+
+torch::Tensor exp_avg_of(torch::optim::AdamW& opt, const torch::Tensor& param) {
+  return static_cast<torch::optim::AdamWParamState&>(*opt.state().at(param.unsafeGetTensorImpl())).exp_avg();
+}
+
+}  // namespace
+
+// PyTorch 2.15's get_optimizer_state_dict(flatten_optimizer_state_dict=True) names a tied
+// parameter's state by its first name only; set_optimizer_state_dict takes a file naming it by
+// either of its names (checked with a tiny nn.Module whose head.weight is emb.weight).
+TEST_CASE("optimizer_state_dict: a tied parameter's state is saved under its first name, loads by either",
+          "[optimizer_state_dict]") {
+  if (group().rank() != 0) return;
+  const std::string dir = scratch("tied");
+  fs::create_directories(dir);
+  const auto ids = torch::tensor({1, 2, 5}, torch::kLong);
+  auto stepped = [&](bool head_first) {
+    auto net = std::make_shared<TiedNet>(head_first);
+    auto opt = std::make_shared<torch::optim::AdamW>(cpprun::unique_parameters(*net), torch::optim::AdamWOptions(0.01));
+    net->forward(ids).sum().backward();
+    opt->step();
+    return std::make_pair(net, opt);
+  };
+  auto [emb_first, emb_opt] = stepped(false);
+  auto [head_first, head_opt] = stepped(true);
+  REQUIRE(torch::equal(exp_avg_of(*emb_opt, emb_first->emb->weight), exp_avg_of(*head_opt, head_first->emb->weight)));
+  const std::string by_emb = dir + "/by_emb.safetensors", by_head = dir + "/by_head.safetensors";
+  cpprun::save_optimizer_state_dict(emb_first, *emb_opt, by_emb);
+  cpprun::save_optimizer_state_dict(head_first, *head_opt, by_head);
+  const std::string emb_header = safetensors_header(by_emb), head_header = safetensors_header(by_head);
+  CHECK(emb_header.find("\"state.emb.weight.exp_avg\"") != std::string::npos);
+  CHECK(emb_header.find("state.head.weight") == std::string::npos);
+  CHECK(head_header.find("\"state.head.weight.exp_avg\"") != std::string::npos);
+  CHECK(head_header.find("state.emb.weight") == std::string::npos);
+  // Each file loads into the model that names the tensor the other way round.
+  for (const bool load_head_first : {false, true}) {
+    auto net = std::make_shared<TiedNet>(load_head_first);
+    torch::optim::AdamW opt(cpprun::unique_parameters(*net), torch::optim::AdamWOptions(0.5));
+    cpprun::load_optimizer_state_dict(net, opt, load_head_first ? by_emb : by_head);
+    CHECK(torch::equal(exp_avg_of(opt, net->emb->weight), exp_avg_of(*emb_opt, emb_first->emb->weight)));
+    CHECK(opt.param_groups()[0].options().get_lr() == 0.01);
+  }
+  // A file naming the one tensor's state under both names is refused (PyTorch refuses it too).
+  {
+    const std::string bytes = cpprun::detail::read_state_dict_bytes(by_emb);
+    const auto parsed = cpprun::detail::read_safetensors(bytes, by_emb);
+    auto tensors = cpprun::detail::decode_safetensors(parsed, by_emb);
+    const auto count = tensors.size();
+    for (std::size_t i = 0; i < count; ++i) {
+      const std::string name = tensors[i].first;
+      if (name.rfind("state.emb.weight.", 0) == 0) {
+        tensors.emplace_back("state.head.weight." + name.substr(17), tensors[i].second.clone());
+      }
+    }
+    auto metadata = parsed.metadata;
+    metadata.erase(std::string(cpprun::detail::kSafetensorsCrcKey));  // encode adds the new one
+    const std::string twice = dir + "/twice.safetensors";
+    cpprun::write_file_atomically(twice, cpprun::detail::encode_safetensors(tensors, metadata));
+    auto net = std::make_shared<TiedNet>(false);
+    torch::optim::AdamW opt(cpprun::unique_parameters(*net), torch::optim::AdamWOptions(0.5));
+    CHECK_THROWS_WITH(cpprun::load_optimizer_state_dict(net, opt, twice),
+                      Catch::Matchers::Contains("under two names") && Catch::Matchers::Contains("emb.weight"));
+    CHECK(opt.state().empty());
+  }
+  fs::remove_all(dir);
 }

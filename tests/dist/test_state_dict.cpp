@@ -226,6 +226,12 @@ void check_mixed_precision(const FsdpMaker& fsdp, int stage, int other_stage, co
   }
   const std::string optimizer_file = base + "_optimizer.safetensors";
   cpprun::save_optimizer_state_dict(model, opt, optimizer_file);
+  {  // the model and its optimizer as one asynchronous save: the masters, and the same optimizer state
+    const std::string async_model = base + "_async_both.safetensors", async_opt = base + "_async_both_opt.safetensors";
+    cpprun::save_async(model, opt, async_model, async_opt).wait();
+    check_same_tensors(read_saved(async_model), read_saved(file));
+    check_same_tensors(read_saved(async_opt), read_saved(optimizer_file));
+  }
 
   // Loaded into a fresh bf16 model at the same stage with the optimizer's state: both continue alike.
   {

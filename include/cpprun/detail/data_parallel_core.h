@@ -51,6 +51,9 @@ class DataParallelCore {
   virtual void save_optimizer_state_dict(torch::optim::Optimizer& optimizer, const std::string& path,
                                          const StateDictSaveOptions& options) = 0;
   virtual void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const std::string& path) = 0;
+  // Both as one asynchronous save (core/async_optimizer_save.h). Collective.
+  virtual AsyncSave save_state_dicts_async(torch::optim::Optimizer& optimizer, const std::string& model_path,
+                                           const std::string& optimizer_path, const StateDictSaveOptions& options) = 0;
 };
 
 // The tensors in a forward's result: a tensor, a vector of them, or a tuple/pair of them.

@@ -44,6 +44,8 @@ class DdpCore final : public DataParallelCore {
   void save_optimizer_state_dict(torch::optim::Optimizer& optimizer, const std::string& path,
                                  const StateDictSaveOptions& options) override;
   void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const std::string& path) override;
+  AsyncSave save_state_dicts_async(torch::optim::Optimizer& optimizer, const std::string& model_path,
+                                   const std::string& optimizer_path, const StateDictSaveOptions& options) override;
   void save_sharded(const std::string& dir, torch::optim::Optimizer* optimizer) override;
   void load_sharded(const std::string& dir, torch::optim::Optimizer* optimizer) override;
 

@@ -1,0 +1,50 @@
+// See async_optimizer_save.h.
+#include "core/async_optimizer_save.h"
+
+#include <utility>
+#include <vector>
+
+#include "core/async_save.h"
+#include "core/sharded_state_dict.h"
+#include "core/state_dict.h"
+#include "core/tensor_parallel_splits.h"
+#include "cpprun/optimizer_state_dict.h"
+
+namespace cpprun::detail {
+
+void check_async_save_paths(const std::string& model_path, const std::string& optimizer_path) {
+  if (is_sharded_state_dict_path(model_path)) {
+    check_sharded_save_path(model_path);
+  } else {
+    check_state_dict_path(model_path);
+  }
+  check_optimizer_path(optimizer_path, "save_async");
+  TORCH_CHECK(model_path != optimizer_path || is_sharded_state_dict_path(model_path), "cpprun: save_async(model, "
+              "optimizer, \"", model_path, "\", \"", optimizer_path, "\"): the model's and the optimizer's files would "
+              "be one file; give each its own path, or one directory (ending in '/') for both.");
+}
+
+AsyncSave start_async_save_with_optimizer(NamedTensors model_state, OptimizerStateToSave optimizer_state,
+                                          const ProcessGroup* group, const std::string& model_path,
+                                          const std::string& optimizer_path, const StateDictSaveOptions& options) {
+  std::vector<AsyncSavePart> parts(2);
+  parts[0].state = std::move(model_state);
+  parts[0].path = model_path;
+  parts[1].state = std::move(optimizer_state.state);
+  parts[1].path = optimizer_path;
+  parts[1].stem = kOptimizerStem;
+  parts[1].metadata = std::move(optimizer_state.metadata);
+  return start_async_save(std::move(parts), group, options);
+}
+
+// cpprun/optimizer_state_dict.h's entry point for a plain module.
+AsyncSave save_module_async(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
+                            const std::string& model_path, const std::string& optimizer_path,
+                            const StateDictSaveOptions& options) {
+  refuse_tensor_parallel_checkpoint(tensor_parallel_splits(module), "cpprun", "save_async", model_path);
+  check_async_save_paths(model_path, optimizer_path);
+  return start_async_save_with_optimizer(module_state(module), optimizer_state_to_save(module_optimizer_params(module), optimizer),
+                                         nullptr, model_path, optimizer_path, options);
+}
+
+}  // namespace cpprun::detail
