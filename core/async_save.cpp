@@ -36,9 +36,10 @@
 // rank. So the ranks tell each other through the group's store instead, with short requests that
 // never wait inside the store (cpprun/detail/group_store.h):
 //   - each rank, its part written (or failed), sets async_save/<id>/written/<rank> to "ok" or
-//     "failed: <why>" (a directory only: a file is written by rank 0 alone);
-//   - rank 0's thread polls those keys; when every part is in place it writes the index, then
-//     sets async_save/<id>/result to "ok", or to every rank's error;
+//     "failed: <why>" (when the save has a directory: a file is written by rank 0 alone);
+//   - rank 0's thread polls those keys; when every part is in place it writes the index (one per
+//     directory: a model's and its optimizer's), then sets async_save/<id>/result to "ok", or to
+//     every rank's error;
 //   - every rank's thread polls async_save/<id>/result and ends with it.
 // So done() is true on a rank once the whole save is on disk, and wait() returns, or throws, alike
 // on every rank, with no collective; a handle's destructor may wait too. <id> is the save id,

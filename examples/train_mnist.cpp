@@ -10,9 +10,10 @@
 // stand-in set of the same shape is generated, so the program runs anywhere. After each epoch,
 // rank 0 writes a checkpoint, a directory OUT/checkpoint_epochE/ of files PyTorch reads
 // (model.safetensors, optimizer.safetensors by parameter name, trainer.json with the epoch and
-// the losses; each file checksummed, the directory renamed into place once whole), in the
-// background while the next epoch trains (cpprun::save_async), and keeps the newest few; --resume continues from the newest one that loads, so a run restarted by cpprun
-// after a worker died goes on where it was. Checkpoints of earlier versions (checkpoint_epochE.pt,
+// the losses; each file checksummed, the directory renamed into place once whole), written in
+// the background while the next epoch trains (cpprun::save_async), and keeps the newest few;
+// --resume continues from the newest one that loads, so a run restarted by cpprun after a worker
+// died goes on where it was. Checkpoints of earlier versions (checkpoint_epochE.pt,
 // a TorchScript archive) still load, with a notice. At the end, rank 0 writes loss.csv and loss.svg. Every error
 // (a bad option, a missing or damaged file) ends with a message and exit code 1, and under cpprun
 // in the failure summary (cpprun::record).

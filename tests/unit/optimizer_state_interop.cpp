@@ -6,6 +6,9 @@
 //                                        batch 3 and writes the parameters then to DIR/cpp_next.safetensors
 //   optimizer_state_interop resume DIR   loads DIR/py/model.safetensors and DIR/py/optimizer.safetensors
 //                                        (PyTorch's), steps on batch 3, compares with DIR/py_next.safetensors
+//   optimizer_state_interop tied DIR     a model whose head.weight is emb.weight: one AdamW step, then
+//                                        save_async(model, optimizer) to DIR/tied/{model,optimizer}.safetensors,
+//                                        one more step, its parameters to DIR/tied_next.safetensors
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -15,6 +18,7 @@
 
 #include "cpprun/optimizer_state_dict.h"
 #include "cpprun/state_dict.h"
+#include "cpprun/unique_parameters.h"
 
 namespace {
 
@@ -45,14 +49,41 @@ void step(Net& net, torch::optim::Optimizer& opt, std::map<std::string, torch::T
   opt.step();
 }
 
+// optimizer_state_interop.py's TiedNet: the output layer is the embedding.
+struct TiedNet : torch::nn::Module {
+  torch::nn::Embedding emb = register_module("emb", torch::nn::Embedding(6, 4));
+  torch::nn::Linear mid = register_module("mid", torch::nn::Linear(4, 4));
+  std::shared_ptr<torch::nn::Module> head = register_module("head", std::make_shared<torch::nn::Module>());
+  torch::Tensor head_weight = head->register_parameter("weight", emb->weight);
+  torch::Tensor forward(const torch::Tensor& ids) { return torch::matmul(mid(emb(ids)), head_weight.t()); }
+};
+
+int tied(const std::string& dir) {
+  torch::manual_seed(3);
+  auto net = std::make_shared<TiedNet>();
+  torch::optim::AdamW opt(cpprun::unique_parameters(*net), torch::optim::AdamWOptions(0.01));
+  const auto ids = torch::tensor({1, 2, 5, 0}, torch::kLong);
+  const auto tied_step = [&] {
+    opt.zero_grad();
+    net->forward(ids).square().mean().backward();
+    opt.step();
+  };
+  tied_step();
+  cpprun::save_async(net, opt, dir + "/tied/model.safetensors", dir + "/tied/optimizer.safetensors").wait();
+  tied_step();
+  cpprun::save_state_dict(net, dir + "/tied_next.safetensors");
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc != 3) {
-    std::cerr << "usage: optimizer_state_interop write|resume DIR\n";
+    std::cerr << "usage: optimizer_state_interop write|resume|tied DIR\n";
     return 2;
   }
   const std::string mode = argv[1], dir = argv[2];
+  if (mode == "tied") return tied(dir);
   auto batches = read_batches(dir + "/batches.safetensors");
   auto net = std::make_shared<Net>();
   torch::optim::AdamW opt(net->parameters(), torch::optim::AdamWOptions(0.01).weight_decay(0.05));

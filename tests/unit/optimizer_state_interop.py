@@ -7,6 +7,8 @@ the same form, is what cpprun resumes from.
   optimizer_state_interop.py init DIR     DIR/batches.safetensors, DIR/init.safetensors
   optimizer_state_interop.py load DIR     loads DIR/ckpt/, steps on batch 3, compares with DIR/cpp_next.safetensors
   optimizer_state_interop.py write DIR    trains 3 steps from init, writes DIR/py/, steps, DIR/py_next.safetensors
+  optimizer_state_interop.py tied DIR     DIR/tied/ (cpprun's save of a model whose head.weight is emb.weight):
+                                          the state's names are PyTorch's own, and it steps to DIR/tied_next.safetensors
 """
 import json
 import os
@@ -27,6 +29,44 @@ class Net(torch.nn.Module):
 
     def forward(self, x):
         return self.fc2(torch.tanh(self.fc1(x)))
+
+
+class TiedNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(6, 4)
+        self.mid = torch.nn.Linear(4, 4)
+        self.head = torch.nn.Linear(4, 6, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, ids):
+        return self.head(self.mid(self.emb(ids)))
+
+
+def tied(d):
+    """A tied parameter's state: cpprun names it as get_optimizer_state_dict does (its first name
+    only), set_optimizer_state_dict takes cpprun's file, and the next step matches cpprun's."""
+    ids = torch.tensor([1, 2, 5, 0])
+    model = TiedNet()
+    model.load_state_dict(load_file(f"{d}/tied/model.safetensors"))
+    probe = torch.optim.AdamW(model.parameters(), lr=0.01)
+    model(ids).square().mean().backward()
+    probe.step()
+    ours = {k for k in get_optimizer_state_dict(model, probe, options=FLAT) if k.startswith("state.")}
+    theirs = set(load_file(f"{d}/tied/optimizer.safetensors"))
+    if ours != theirs:
+        print(f"names differ: PyTorch {sorted(ours)}, cpprun {sorted(theirs)}")
+        return 1
+    model = TiedNet()
+    model.load_state_dict(load_file(f"{d}/tied/model.safetensors"))
+    optim = torch.optim.AdamW(model.parameters(), lr=0.5)
+    load_cpprun_optimizer(model, optim, f"{d}/tied/optimizer.safetensors")
+    optim.zero_grad()
+    model(ids).square().mean().backward()
+    optim.step()
+    w = worst(model, f"{d}/tied_next.safetensors")
+    print(f"tied: the names match PyTorch's ({len(theirs)} tensors); PyTorch's step from cpprun's state: max difference {w:g}")
+    return 0 if w <= 1e-6 else 1
 
 
 # full_state_dict=True as well fails in PyTorch 2.15 on an unsharded model, even with the dict its own
@@ -76,6 +116,8 @@ def main(mode, d):
         save_file(batches, f"{d}/batches.safetensors")
         save_file(Net().state_dict(), f"{d}/init.safetensors")
         return 0
+    if mode == "tied":
+        return tied(d)
     batches = load_file(f"{d}/batches.safetensors")
     model = Net()
     if mode == "load":
