@@ -38,7 +38,11 @@ usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
 all_rows=("cpprun none" "pytorch none" "cpprun ddp" "pytorch ddp" "cpprun zero3" "pytorch fsdp2")
 rows=("${all_rows[@]}")
 gpt2=0 steps="" warmup="" batch="" amp="" nproc=1 repeats=1 log_every="" peak_tflops="" rtol="" text=""
-number() { [[ $2 =~ ^[0-9]+([.][0-9]+)?([eE][-+]?[0-9]+)?$ ]] || { echo "bench_gpt: $1 needs a number, got '$2'" >&2; exit 2; }; }
+number() {  # FLAG VALUE: --peak-tflops and --rtol take any positive number, the others whole ones
+  local pattern='^[0-9]+$'
+  [ "$1" = --peak-tflops ] || [ "$1" = --rtol ] && pattern='^[0-9]+([.][0-9]+)?([eE][-+]?[0-9]+)?$'
+  [[ $2 =~ $pattern ]] || { echo "bench_gpt: $1 needs a $([ "$pattern" = '^[0-9]+$' ] && echo "whole ")number, got '$2'" >&2; exit 2; }
+}
 while [ $# -gt 0 ]; do
   case $1 in
     --gpt2) gpt2=1 ;;
@@ -164,7 +168,7 @@ done
 echo "(N = ${params_of[pytorch ddp]} parameters; tokens/s: the median of $repeats run(s))"
 
 # ratio LABEL A B: "LABEL A/B" when both rows ran.
-ratio() { [ -n "${tok_of[$2]:-}" ] && [ -n "${tok_of[$3]:-}" ] && awk -v l="$1" -v a="${tok_of[$2]}" -v b="${tok_of[$3]}" 'BEGIN { printf " %s %.3f", l, a / b }'; true; }
+ratio() { [ -n "${tok_of[$2]:-}" ] && [ -n "${tok_of[$3]:-}" ] && awk -v l="$1" -v a="${tok_of[$2]}" -v b="${tok_of[$3]}" 'BEGIN { printf "  %s %.3f", l, a / b }'; true; }
 echo
 echo "cpprun / PyTorch tokens/s:$(ratio none "cpprun none" "pytorch none")$(ratio DDP "cpprun ddp" "pytorch ddp")$(ratio ZeRO-3/FSDP2 "cpprun zero3" "pytorch fsdp2")"
 against=$(ratio "cpprun DDP" "cpprun ddp" "cpprun none")$(ratio "cpprun ZeRO-3" "cpprun zero3" "cpprun none")

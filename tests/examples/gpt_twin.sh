@@ -12,7 +12,7 @@ here=$(dirname "$0")
 . "$here/../interop_setup.sh"
 interop_setup "$python" torch
 bench() {
-  BENCH_NO_SETUP=1 BENCH_PYTHON="$python" BENCH_DEVICE=cpu CPPRUN_BUILD_DIR="$build" timeout 120 \
+  BENCH_NO_SETUP=1 BENCH_PYTHON="$python" BENCH_DEVICE=cpu CPPRUN_BUILD_DIR="$build" timeout 300 \
     bash "$here/../../scripts/bench_gpt.sh" --steps 4 --warmup 1 --log-every 1 "$@" >"$dir/out" 2>&1
 }
 
