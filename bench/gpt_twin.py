@@ -13,7 +13,11 @@
 #              torch's DistributedSampler (seed 0; a new epoch when a pass runs short), which is
 #              what cpprun::DistributedSampler reproduces index for index
 #   optimizer  AdamW (betas 0.9/0.999, eps 1e-8), weight decay 0.1 on 2-D tensors and 0 on the
-#              rest, constant --lr, no clipping: train_gpt's
+#              rest, constant --lr, no clipping: train_gpt's. --optimizer libtorch (default) steps
+#              it as LibTorch's torch::optim::AdamW does, operation for operation; torch: PyTorch's
+#              torch.optim.AdamW, whose arithmetic differs in rounding (lerp for the first moment),
+#              a difference that training amplifies: fp32 losses 1.7e-5 apart by step 21 and 2.5%
+#              by step 177 on the tiny model (scripts/bench_gpt.sh --steps 200)
 #   modes      none (no wrapper), ddp (torch DDP), fsdp2 (fully_shard on every block, then the root;
 #              reshard after forward: ZeRO-3); --amp bf16: the forward under torch.autocast
 # Timing as train_gpt: the clock starts after --warmup steps; each step all-reduces its loss and
@@ -48,6 +52,8 @@ p.add_argument("--seed", type=int, default=0, help="--write-init's generator see
 p.add_argument("--amp", default="fp32", choices=["fp32", "bf16"])
 p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="cuda: GPU LOCAL_RANK")
 p.add_argument("--losses-out", metavar="FILE")
+p.add_argument("--optimizer", default="libtorch", choices=["libtorch", "torch"],
+               help="AdamW's arithmetic: LibTorch's (train_gpt's, step for step) or torch.optim.AdamW's")
 a = p.parse_args()
 
 
@@ -80,6 +86,35 @@ def load_safetensors(path):
         begin, end = info["data_offsets"]
         out[name] = torch.frombuffer(bytearray(data[base + begin:base + end]), dtype=torch.float32).reshape(info["shape"])
     return out
+
+
+class LibTorchAdamW(torch.optim.Optimizer):
+    """torch::optim::AdamW::step (torch/csrc/api/src/optim/adamw.cpp) in Python, the same tensor
+    operations in the same order, so that the two sides' parameters stay equal to the last bit."""
+
+    def __init__(self, groups, lr, betas, eps):
+        super().__init__(groups, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": 0.0})
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            lr, (beta1, beta2), eps, weight_decay = group["lr"], group["betas"], group["eps"], group["weight_decay"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                grad = p.grad
+                if weight_decay != 0:
+                    p.mul_(1 - lr * weight_decay)
+                state = self.state[p]
+                if not state:
+                    state.update(step=0, exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
+                state["step"] += 1
+                bias_correction1 = 1 - beta1 ** state["step"]
+                bias_correction2 = 1 - beta2 ** state["step"]
+                state["exp_avg"].mul_(beta1).add_(grad, alpha=1 - beta1)
+                state["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+                denom = (state["exp_avg_sq"].sqrt() / math.sqrt(bias_correction2)).add_(eps)
+                p.addcdiv_(state["exp_avg"], denom, value=-(lr / bias_correction1))
 
 
 def text_ids(path, block):
@@ -260,8 +295,11 @@ else:
 # AdamW as train_gpt builds it: decay on 2-D tensors (matmuls, embeddings), none on biases and norms.
 decay = [t for t in model.parameters() if t.dim() >= 2]
 no_decay = [t for t in model.parameters() if t.dim() < 2]
-optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-                              lr=a.lr, betas=(0.9, 0.999), eps=1e-8)
+groups = [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}]
+if a.optimizer == "libtorch":
+    optimizer = LibTorchAdamW(groups, lr=a.lr, betas=(0.9, 0.999), eps=1e-8)
+else:
+    optimizer = torch.optim.AdamW(groups, lr=a.lr, betas=(0.9, 0.999), eps=1e-8)
 
 # Windows: train_gpt's split and sampler (cpprun::DistributedSampler is torch's, index for index).
 ids = ids.to(device)
