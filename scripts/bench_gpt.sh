@@ -81,8 +81,9 @@ else
   : "${steps:=20}" "${warmup:=2}" "${batch:=8}" "${amp:=fp32}" "${log_every:=5}"
 fi
 [ "$warmup" -lt "$steps" ] || { echo "bench_gpt: --warmup $warmup leaves none of the $steps steps to time" >&2; exit 2; }
-[ "$repeats" -ge 1 ] && [ "$nproc" -ge 1 ] && [ "$log_every" -ge 1 ] ||
-  { echo "bench_gpt: --repeats, --nproc and --log-every must be 1 or more" >&2; exit 2; }
+if [ "$repeats" -lt 1 ] || [ "$nproc" -lt 1 ] || [ "$log_every" -lt 1 ]; then
+  echo "bench_gpt: --repeats, --nproc and --log-every must be 1 or more" >&2; exit 2
+fi
 [ -n "$rtol" ] || { [ "$amp" = bf16 ] && rtol=2e-2 || rtol=1e-5; }
 
 source "$(dirname "$0")/bench_common.sh"  # cd to the repository; $build, $device, $python, median
@@ -116,7 +117,7 @@ run_one() {
   else
     # BENCH_GPT_TWIN_ARGS: extra flags for the twin (tests/examples/gpt_twin.sh sets another --lr
     # to see the loss check fail).
-    # shellcheck disable=SC2086  # a list of flags
+    # shellcheck disable=SC2206  # a list of flags
     prog=("$python" bench/gpt_twin.py --mode "$mode" "${common[@]}" --device "$device" ${BENCH_GPT_TWIN_ARGS:-})
   fi
   out=$tmp/$impl.$mode.out
