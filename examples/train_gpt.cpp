@@ -12,11 +12,16 @@
 //   from GPT-2:      ./build/examples/train_gpt --init-from DIR --export OUT
 //                    (DIR: what transformers' GPT2LMHeadModel.save_pretrained wrote; OUT loads in Python
 //                    with GPT2LMHeadModel.from_pretrained(OUT))
+//   against PyTorch: scripts/bench_gpt.sh (bench/gpt_twin.py: the same model, data and optimizer in
+//                    Python; --mode none, --warmup and --losses-out are there for it)
 //   options:         ./build/examples/train_gpt --help
 //
 // The network is GPT-2's, under GPT2LMHeadModel's parameter names and layouts (its linear layers
 // are Hugging Face's "Conv1D", weight [in, out]), so its state dict is a GPT-2 checkpoint as it is.
 #include <ATen/autocast_mode.h>
+#ifdef CPPRUN_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
 #include <cpprun/cpprun.h>
 #include <torch/torch.h>
 
@@ -41,7 +46,9 @@
 
 constexpr const char* kUsage = R"(usage: train_gpt [options]
   --text FILE        the text to learn (default /usr/share/common-licenses/GPL-3, on every Debian machine)
-  --mode ddp|fsdp    DistributedDataParallel, or FullyShardedDataParallel with one unit per block (default ddp)
+  --mode ddp|fsdp|none
+                     DistributedDataParallel, or FullyShardedDataParallel with one unit per block, or (one
+                     rank) the model without any wrapper, to measure what a wrapper costs (default ddp)
   --stage 1|2|3      ZeRO stage with --mode fsdp (default 2)
   --tp N             tensor parallelism (Megatron's): each group of N consecutive ranks splits every block's
                      attention heads and MLP units among themselves; DDP/FSDP runs across the world/N groups,
@@ -57,6 +64,8 @@ constexpr const char* kUsage = R"(usage: train_gpt [options]
                      (transformers' "gelu_new") (default exact; with --init-from, config.json's)
   --sample N         characters to generate at the end (default 200)
   --log-every K      print the mean loss of every K steps (default 50; 1: each step's loss)
+  --losses-out FILE  write every step's loss (averaged over the ranks) to FILE, one a line (%.9g)
+  --warmup N         leave the first N steps out of tokens/s (CUDA start-up, first allocations) (default 0)
   --init-from DIR    start from a GPT-2 in Hugging Face's layout (GPT2LMHeadModel.save_pretrained: config.json
                      and model.safetensors, or sharded with model.safetensors.index.json). The sizes (--layers,
                      --embed, --heads, the vocabulary, the positions) come from its config.json; a conflicting
@@ -87,7 +96,8 @@ struct Options {
   examples::Gelu gelu = examples::Gelu::kExact;
   double layer_norm_eps = 1e-5;
   int64_t positions = 0, vocab = 0;  // 0: --block, and the text's characters (or --init-from's config)
-  int steps = 300, batch = 16, sample = 200, stage = 2, straggler_every = 50, tp = 1, log_every = 50;
+  int steps = 300, batch = 16, sample = 200, stage = 2, straggler_every = 50, tp = 1, log_every = 50, warmup = 0;
+  std::string losses_out;
   int64_t block = 64, layers = 2, embed = 64, heads = 4;
   double lr = 3e-3;
   bool help = false, checkpoint_activations = false;
@@ -109,6 +119,8 @@ Options parse(int argc, char** argv) {
     else if (flags.is("--tp")) o.tp = flags.number(1);
     else if (flags.is("--log-every")) o.log_every = flags.number(1);
     else if (flags.is("--steps")) o.steps = flags.number(0);
+    else if (flags.is("--warmup")) o.warmup = flags.number(0);
+    else if (flags.is("--losses-out")) o.losses_out = flags.value();
     else if (flags.is("--batch")) o.batch = flags.number(1);
     else if (flags.is("--lr")) o.lr = flags.number(1e-12);
     else if (flags.is("--block")) o.block = flags.number<int64_t>(1);
@@ -162,7 +174,17 @@ Options parse(int argc, char** argv) {
                                   std::to_string(config.positions) + " or less");
     }
   }
-  if (o.mode != "ddp" && o.mode != "fsdp") throw std::invalid_argument("--mode must be ddp or fsdp, got " + o.mode);
+  if (o.mode != "ddp" && o.mode != "fsdp" && o.mode != "none") {
+    throw std::invalid_argument("--mode must be ddp, fsdp or none, got " + o.mode);
+  }
+  if (o.mode == "none" && o.tp > 1) {
+    throw std::invalid_argument("--mode none does not go with --tp " + std::to_string(o.tp) +
+                                ": tensor parallelism runs under DDP or FSDP; use --mode ddp or fsdp");
+  }
+  if (o.warmup >= o.steps && o.steps > 0) {
+    throw std::invalid_argument("--warmup " + std::to_string(o.warmup) + " leaves none of the " +
+                                std::to_string(o.steps) + " --steps to time; use a --warmup below --steps");
+  }
   if (o.amp != "fp32" && o.amp != "bf16" && o.amp != "fp16") {
     throw std::invalid_argument("--amp must be fp32, bf16 or fp16, got " + o.amp);
   }
@@ -481,6 +503,11 @@ int run(int argc, char** argv) {
     tp_group = mesh->group("tp");
   }
   const cpprun::ProcessGroup& dp_group = mesh ? mesh->group("dp") : group;
+  if (opt.mode == "none" && group.size() > 1) {
+    throw std::invalid_argument("--mode none trains the model without any wrapper, so its " + std::to_string(group.size()) +
+                                " ranks would each train a model of their own: run it on one rank (--nproc_per_node=1), "
+                                "or use --mode ddp or fsdp");
+  }
 
   std::ifstream file(opt.text);
   if (!file) throw std::runtime_error("cannot read --text " + opt.text + ": " + std::strerror(errno));
@@ -539,16 +566,22 @@ int run(int argc, char** argv) {
   // dimension only, over this rank's shards.
   auto per_block = [](const torch::nn::Module& m) { return dynamic_cast<const BlockImpl*>(&m) != nullptr; };
   auto per_block_fsdp = cpprun::FsdpOptions().stage(opt.stage).wrap_policy(per_block);
+  // --mode none: no wrapper (model stays empty); the loop calls gpt itself.
   cpprun::DataParallel<GptImpl> model = nullptr;
   if (opt.mode == "ddp") model = cpprun::DistributedDataParallel(gpt, dp_group);
-  else model = cpprun::FullyShardedDataParallel(gpt, dp_group, per_block_fsdp);
-  if (!opt.init_from.empty() && !tp_group) load_gpt2(model, opt.init_from, opt, model_vocab);
+  else if (opt.mode == "fsdp") model = cpprun::FullyShardedDataParallel(gpt, dp_group, per_block_fsdp);
+  const bool wrapped = !model.is_empty();
+  if (!opt.init_from.empty() && !tp_group) {
+    if (wrapped) load_gpt2(model, opt.init_from, opt, model_vocab);
+    else load_gpt2(gpt, opt.init_from, opt, model_vocab);
+  }
+  auto forward = [&](const torch::Tensor& x) { return wrapped ? model->forward(x) : gpt->forward(x); };
   // AdamW as nanoGPT builds it: weight decay on 2-D weights (matmuls, embeddings) only, not on
   // biases and norms. By name and shape, the same under DDP and FSDP (whose parameters are this
   // rank's rows of each, under the model's own names); each tensor once (the tied embedding has
   // two names).
   std::vector<torch::Tensor> decay, no_decay;
-  for (const auto& item : cpprun::unique_named_parameters(*model)) {
+  for (const auto& item : cpprun::unique_named_parameters(wrapped ? static_cast<torch::nn::Module&>(*model) : *gpt)) {
     (item.value().dim() >= 2 ? decay : no_decay).push_back(item.value());
   }
   std::vector<torch::optim::OptimizerParamGroup> groups;
@@ -592,15 +625,18 @@ int run(int argc, char** argv) {
 
   sampler.reset();
   double first_loss = 0, loss_sum = 0;
-  const auto started = std::chrono::steady_clock::now();
+  std::vector<double> losses;  // every step's, for --losses-out
+  auto started = std::chrono::steady_clock::now();
   cpprun::StepTimer step_timer;  // each rank's compute and waiting per step: who holds the others up
   for (int step = 1; step <= opt.steps; ++step) {
+    // The loss's item() below waits for the device each step, so the clock reads finished work.
+    if (step == opt.warmup + 1) started = std::chrono::steady_clock::now();
     auto starts = sampler.next(opt.batch);
     if (!starts || starts->size() < static_cast<size_t>(opt.batch)) sampler.reset(), starts = sampler.next(opt.batch);
     auto [x, y] = batch_from(*starts);
     optimizer.zero_grad();
     at::autocast::set_autocast_enabled(device_type, opt.amp != "fp32");
-    auto logits = model->forward(x);
+    auto logits = forward(x);
     at::autocast::set_autocast_enabled(device_type, false);
     auto loss = torch::nn::functional::cross_entropy(logits.view({-1, logits.size(-1)}).to(torch::kFloat), y.view({-1}));
     scaler.scale(loss).backward();
@@ -609,6 +645,7 @@ int run(int argc, char** argv) {
     auto global = loss.detach().clone();
     cpprun::all_reduce(group, global, cpprun::ReduceOp::kAvg);
     if (step == 1) first_loss = global.item<double>();
+    losses.push_back(global.item<double>());
     loss_sum += global.item<double>();
     if (rank == 0 && step % opt.log_every == 0) {
       std::printf("step %4d/%d  loss %.4f\n", step, opt.steps, loss_sum / opt.log_every);
@@ -628,13 +665,29 @@ int run(int argc, char** argv) {
   // (host memory; on a GPU see the CUDA allocator).
   auto peak = torch::tensor({bench::peak_rss() / 1048576.0}, torch::kDouble);
   cpprun::all_reduce(group, peak, cpprun::ReduceOp::kMax);
-  const double tokens = static_cast<double>(opt.steps) * opt.batch * opt.block * dp_group.size();
+  const double tokens = static_cast<double>(opt.steps - opt.warmup) * opt.batch * opt.block * dp_group.size();
+  // On a GPU, the CUDA allocator's peak (what torch.cuda.max_memory_allocated reports), the largest rank's.
+  double gpu_peak_mb = -1;
+#ifdef CPPRUN_WITH_CUDA
+  if (device.is_cuda()) {
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
+    auto gpu_peak = torch::tensor({static_cast<double>(stats.allocated_bytes[0].peak) / 1048576.0}, torch::kDouble);  // [0]: StatType::AGGREGATE
+    cpprun::all_reduce(group, gpu_peak, cpprun::ReduceOp::kMax);
+    gpu_peak_mb = gpu_peak.item<double>();
+  }
+#endif
+  if (rank == 0 && !opt.losses_out.empty()) {
+    std::string lines;
+    char number[32];
+    for (double l : losses) std::snprintf(number, sizeof number, "%.9g\n", l), lines += number;
+    cpprun::write_file_atomically(opt.losses_out, lines);
+  }
 
   // Under --tp no rank holds the whole model: gather it (collective) into an unsplit Gpt on every
   // rank, which then exports, evaluates and samples as the trained module does without --tp.
   Gpt whole = gpt;
   if (tp_group) {
-    model->gather_full_parameters();  // FSDP: this rank's shards made current
+    model->gather_full_parameters();  // FSDP: this rank's shards made current (--tp: always wrapped)
     whole = unsplit(*gpt, model_vocab, opt, device);
   }
 
@@ -644,7 +697,8 @@ int run(int argc, char** argv) {
     if (rank == 0) std::filesystem::create_directories(opt.export_dir);
     const auto path = opt.export_dir + "/model.safetensors";
     const auto save_options = cpprun::StateDictSaveOptions().step(opt.steps);
-    if (!tp_group) cpprun::save_state_dict(model, path, save_options);
+    if (!wrapped) cpprun::save_state_dict(gpt, path, save_options);
+    else if (!tp_group) cpprun::save_state_dict(model, path, save_options);
     else if (rank == 0) cpprun::save_state_dict(whole, path, save_options);  // gathered already: one rank writes
     if (rank == 0) {
       examples::Gpt2Config config{opt.layers, opt.heads, opt.embed, opt.positions, model_vocab, opt.gelu, opt.layer_norm_eps};
@@ -655,7 +709,7 @@ int run(int argc, char** argv) {
   }
 
   // Held-out loss, then a sample from rank 0 (greedy decoding would repeat itself: sample).
-  model->gather_full_parameters();  // FSDP: gpt's own weights made current; DDP: they are
+  if (wrapped) model->gather_full_parameters();  // FSDP: gpt's own weights made current; DDP: they are
   torch::NoGradGuard no_grad;
   whole->eval();
   std::vector<size_t> held_out;
@@ -681,6 +735,7 @@ int run(int argc, char** argv) {
   std::printf("first loss %.4f, held-out loss %.4f\n", first_loss, val.item<double>());
   std::printf("%.0f tokens/s over %d ranks; peak memory per rank %.0f MB (the largest rank's resident memory)\n",
               tokens / seconds, group.size(), peak.item<double>());
+  if (gpu_peak_mb >= 0) std::printf("peak GPU memory per rank %.0f MB (the CUDA allocator's, the largest rank's)\n", gpu_peak_mb);
   if (opt.amp == "fp16") std::printf("fp16: %d of %d steps skipped for overflow, loss scale now %g\n", skipped, opt.steps, scaler.get_scale());
   auto context = encoded.narrow(0, split, opt.block).unsqueeze(0);
   auto generator = at::make_generator<at::CPUGeneratorImpl>(1);

@@ -23,6 +23,9 @@
 #          out; its dump must land in the attempt's nccl_flight_recorder/ and the diagnosis name it.
 #   gpt2   train_gpt at GPT-2 124M's shape (12 layers, 768 wide, 12 heads, block 1024; the
 #          vocabulary is the text's characters), bf16, one rank: DDP against ZeRO-3.
+#   compare scripts/bench_gpt.sh --gpt2: train_gpt (no wrapper, DDP, ZeRO-3) against its PyTorch
+#          twin bench/gpt_twin.py (no wrapper, DDP, FSDP2) at GPT-2 124M's shape (vocab 50257),
+#          bf16, one rank: tokens/s, MFU, peak GPU memory, the losses (which must agree).
 # GPU_CHECK_TARGETS="cpprun dp_bench train_gpt" builds only those (CPPRUN_BUILD_TARGETS).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -41,7 +44,7 @@ if [ "${1:-}" = "--pack" ]; then
 fi
 
 stages=("$@")
-[ ${#stages[@]} -gt 0 ] || stages=(build test bench smoke gpt shared ncclfr gpt2)
+[ ${#stages[@]} -gt 0 ] || stages=(build test bench smoke gpt shared ncclfr gpt2 compare)
 out=${OUT:-/tmp/gpu_check}
 mkdir -p "$out"
 build=build-gpu
@@ -182,5 +185,11 @@ if wants gpt2; then
       log "gpt2: $run FAILED: $(tail -4 "$out/gpt2.log" | tr '\n' ' ')"
     fi
   done
+fi
+if wants compare; then
+  if BENCH_NO_SETUP=1 BENCH_PYTHON="$python" CPPRUN_BUILD_DIR="$build" BENCH_DEVICE=cuda timeout 480 \
+       bash scripts/bench_gpt.sh --gpt2 >"$out/compare.txt" 2>&1; then result=ok; else result=FAILED; fi
+  cat "$out/compare.txt" >>"$out/summary.txt"
+  log "compare: scripts/bench_gpt.sh --gpt2 (cuda, bf16, one rank): $result"
 fi
 log "logs in $out"
