@@ -316,7 +316,11 @@ gpu=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,nohea
 torch_version=$(torch_query '" ".join(map(str, [torch.__version__, "CUDA", torch.version.cuda, "GPUs", torch.cuda.device_count()]))' version)
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo "not a git checkout")
 {
-  echo "## Latest run: $(date -u '+%Y-%m-%d %H:%M UTC')$([ "$dry_run" = 0 ] || echo ' (dry run: nothing ran)')"
+  echo "# The latest gpu_check run"  # committed as docs/gpu_run.md, as it stands
+  echo
+  echo "[Back to docs/gpu.md](gpu.md)."
+  echo
+  echo "## $(date -u '+%Y-%m-%d %H:%M UTC')$([ "$dry_run" = 0 ] || echo ' (dry run: nothing ran)')"
   echo
   echo "- Device: ${gpu:-no nvidia-smi} (nvidia-smi: name, driver, memory)"
   echo "- PyTorch $torch_version; LibTorch from \`$torch_prefix\`"

@@ -26,7 +26,8 @@ for expected in 'bash scripts/build.sh -DCMAKE_BUILD_TYPE=Release' \
                 '--layers 12 --embed 768 --heads 12 --block 1024'; do
   grep -q -E -e "$expected" "$out/stdout" || fail "no command matches '$expected'"
 done
-grep -q '^## Latest run: .*(dry run: nothing ran)' "$out/logs/gpu_run.md" || fail "gpu_run.md has no head"
+grep -q '^# The latest gpu_check run' "$out/logs/gpu_run.md" || fail "gpu_run.md has no title"
+grep -q '^## .*(dry run: nothing ran)' "$out/logs/gpu_run.md" || fail "gpu_run.md does not say it is a dry run"
 # Nothing ran: no build directory appeared, and an unknown stage is refused, naming the stages.
 [ ! -e "$out/logs/build.log" ] || fail "the dry run wrote build.log: something ran"
 if bash "$repo/scripts/gpu_check.sh" --dry-run nosuch >"$out/bad" 2>&1; then fail "an unknown stage was accepted"; fi
