@@ -116,6 +116,8 @@ set_header_args() {
   [ -f /usr/include/catch2/catch.hpp ] || header_args+=("-DCPPRUN_CATCH2_INCLUDE=$PWD/$deps/include")
   if [ -f "$torch_include/gloo/config.h" ]; then
     log "Gloo headers: LibTorch's own"
+  elif [ -f /usr/include/gloo/config.h ]; then
+    log "Gloo headers: this machine's, in /usr/include"  # what CMake finds by itself, as here
   else
     # Debian's Gloo headers, older than the Gloo inside this LibTorch: fine for the parts c10d's
     # headers use, but say so.

@@ -180,11 +180,10 @@ TEST_CASE("shared_gpu: fp16 autocast with GradScaler under DDP and ZeRO-2 matche
 
 TEST_CASE("shared_gpu: CPU offload (shards and optimizer on the host, compute on the device) matches one process",
           "[shared_gpu]") {
-  // On cpu the offload path has no copies to make; on cuda:N it moves shards to pinned host memory.
-  for (int stage : {2, 3}) {
-    INFO("stage " << stage);
-    check_parity<Mlp>(fsdp(per_linear(stage).cpu_offload(true)), {});
-  }
+  // ZeRO-3 only (FSDP refuses offload below it). On cpu the offload path has no copies to make; on
+  // cuda:N it moves shards to pinned host memory and back.
+  check_parity<Mlp>(fsdp(per_linear(3).cpu_offload(true)), {.optimizer = "sgd"});
+  check_parity<Mlp>(fsdp(per_linear(3).cpu_offload(true)), {.optimizer = "adamw"});
 }
 
 TEST_CASE("shared_gpu: a state dict saved from the device loads into a plain module and back", "[shared_gpu]") {
