@@ -63,7 +63,7 @@ out=${OUT:-/tmp/gpu_check}
 mkdir -p "$out"
 : >"$out/summary.txt"
 report=$out/gpu_run.md
-build=build-gpu
+build="build-gpu"
 python=${BENCH_PYTHON:-python3}
 stage=setup       # the stage running, for the logs
 last_cmd=""       # the last command `run` ran (or showed), which a figure names
@@ -339,5 +339,5 @@ for stage in "${all_stages[@]}"; do
   "stage_$stage"
   md "" "($stage: $((SECONDS - stage_start)) s)"
 done
-stage=done
+stage="done"
 log "logs in $out; the run in Markdown: $report"
