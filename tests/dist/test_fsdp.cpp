@@ -18,6 +18,7 @@
 #include "dist_test_support.h"
 #include "ddp_test_models.h"
 #include "parity_checks.h"
+#include "parity_training.h"
 
 using namespace ddp_test;
 
@@ -58,23 +59,6 @@ struct Tower : torch::nn::Module {
 };
 bool is_block(const torch::nn::Module& m) { return dynamic_cast<const Block*>(&m) != nullptr; }
 
-// AdamW's step g / (sqrt(v) + eps) turns the rounding-level difference between summing the
-// ranks' gradients and the reference's single backward into a visible one wherever a gradient
-// is ~0 (seen: 4.3e-5 relative at 3 ranks with eps 1e-8, identical for DDP). eps 1e-6 keeps the
-// comparison about sharding, not rounding, at the same 1e-5 tolerance.
-std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::string& kind, std::vector<torch::Tensor> params) {
-  if (kind == "sgd") return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(0.05).momentum(0.9));
-  return std::make_unique<torch::optim::AdamW>(params, torch::optim::AdamWOptions(1e-3).weight_decay(0.01).eps(1e-6));
-}
-
-void reference_backward(torch::nn::Module& ref, const std::function<torch::Tensor(torch::Tensor)>& forward,
-                        const torch::Tensor& x, const torch::Tensor& y, int world) {
-  for (int r = 0; r < world; ++r) {
-    (torch::nn::functional::cross_entropy(forward(slice(x, r, world)), slice(y, r, world)) / world).backward();
-  }
-}
-
-
 // options_for: the options for this net (manual wrapping names its submodules).
 template <typename Net = Mlp>
 void check_parity(const std::function<cpprun::FsdpOptions(Net&)>& options_for, const std::string& optimizer,
@@ -96,7 +80,7 @@ void check_parity(const std::function<cpprun::FsdpOptions(Net&)>& options_for, c
     torch::nn::functional::cross_entropy(model->forward(slice(x, rank, world)), slice(y, rank, world)).backward();
     opt->step();
     ref_opt->zero_grad();
-    reference_backward(*ref, [&](torch::Tensor in) { return ref->forward(in); }, x, y, world);
+    reference_backward([&](torch::Tensor in) { return ref->forward(in); }, x, y, world);
     ref_opt->step();
   }
   model->gather_full_parameters();
@@ -402,7 +386,7 @@ TEST_CASE("fsdp: no_sync accumulates locally; the next backward reduces the sum"
         } else {
           local().backward();
         }
-        reference_backward(*ref, [&](torch::Tensor in) { return ref->forward(in); }, x, y, world);
+        reference_backward([&](torch::Tensor in) { return ref->forward(in); }, x, y, world);
       }
       opt.step();
       ref_opt.step();
@@ -431,7 +415,7 @@ TEST_CASE("fsdp: clip_grad_norm clips by the norm over all ranks' shards (DDP: o
   opt.zero_grad();
   torch::nn::functional::cross_entropy(model->forward(slice(x, rank, world)), slice(y, rank, world)).backward();
   const double norm = model->clip_grad_norm(0.5);
-  reference_backward(*ref, [&](torch::Tensor in) { return ref->forward(in); }, x, y, world);
+  reference_backward([&](torch::Tensor in) { return ref->forward(in); }, x, y, world);
   const double ref_norm = torch::nn::utils::clip_grad_norm_(ref->parameters(), 0.5);
   CHECK(norm == Approx(ref_norm).epsilon(1e-4));
   CHECK(norm > 0.5);
@@ -594,7 +578,7 @@ TEST_CASE("fsdp: mixed precision computes in bf16 from fp32 master shards", "[fs
         torch::nn::functional::cross_entropy(logits.to(at::kFloat), slice(y, rank, world)).backward();
         opt.step();
         ref_opt.zero_grad();
-        reference_backward(*ref, [&](torch::Tensor in) { return ref->forward(in); }, x, y, world);
+        reference_backward([&](torch::Tensor in) { return ref->forward(in); }, x, y, world);
         ref_opt.step();
       }
       model->gather_full_parameters();

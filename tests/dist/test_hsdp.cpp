@@ -18,6 +18,7 @@
 #include "ddp_test_models.h"
 #include "dist_test_support.h"
 #include "parity_checks.h"
+#include "parity_training.h"
 
 using namespace ddp_test;
 
@@ -48,12 +49,6 @@ const std::vector<cpprun::DeviceMesh>& meshes() {
     return out;
   }();
   return all;
-}
-
-std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::string& kind, std::vector<torch::Tensor> params) {
-  if (kind == "sgd") return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(0.05).momentum(0.9));
-  // eps 1e-6: see test_fsdp.cpp's make_optimizer.
-  return std::make_unique<torch::optim::AdamW>(params, torch::optim::AdamWOptions(1e-3).weight_decay(0.01).eps(1e-6));
 }
 
 // One training step of `model` on this rank's slice, returning clip_grad_norm's norm (nothing is
