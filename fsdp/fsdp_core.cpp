@@ -253,6 +253,12 @@ FsdpPrefetchStats FsdpCore::prefetch_stats() const {
 
 void FsdpCore::save_full_state(const std::string& path) {
   refuse_tensor_parallel_checkpoint(impl_->tp_splits, kWho, "save_full_state_dict", path);
+  // The gathered module holds the compute copies: the archive would keep bf16 values and lose the
+  // fp32 masters' low bits at every save and resume. save_state_dict writes the masters.
+  TORCH_CHECK(!impl_->options.param_dtype().has_value(), "cpprun::FullyShardedDataParallel: save_full_state_dict(model, \"",
+              path, "\") under mixed precision (param_dtype ", *impl_->options.param_dtype(), ") would write the "
+              "compute copies and lose the fp32 masters' low bits. Use cpprun::save_state_dict(model, \"model.pt\") "
+              "(or .safetensors, or a directory): it saves the fp32 masters, and torch.load reads it.");
   gather_full_parameters();  // collective: every rank takes part
   ReleaseAfter release(impl_->residency.get());
   detail::save_full_state(impl_->module, impl_->groups.whole, path);

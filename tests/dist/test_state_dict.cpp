@@ -226,6 +226,9 @@ void check_mixed_precision(const FsdpMaker& fsdp, int stage, int other_stage, co
   }
   const std::string optimizer_file = base + "_optimizer.safetensors";
   cpprun::save_optimizer_state_dict(model, opt, optimizer_file);
+  // The earlier whole-model archive would hold the bf16 compute copies: refused on every rank, naming the fix.
+  CHECK_THROWS_WITH(cpprun::save_full_state_dict(model, base + "_full.pt"),
+                    Catch::Matchers::Contains("under mixed precision") && Catch::Matchers::Contains("save_state_dict"));
   {  // the model and its optimizer as one asynchronous save: the masters, and the same optimizer state
     const std::string async_model = base + "_async_both.safetensors", async_opt = base + "_async_both_opt.safetensors";
     cpprun::save_async(model, opt, async_model, async_opt).wait();
