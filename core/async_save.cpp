@@ -303,10 +303,7 @@ AsyncSave start_async_save(std::vector<AsyncSavePart> parts, const ProcessGroup*
 
 AsyncSave start_async_save(torch::nn::Module& module, const ProcessGroup* group, const std::string& path,
                            const StateDictSaveOptions& options) {
-  std::vector<AsyncSavePart> parts(1);
-  parts[0].state = module_state(module);
-  parts[0].path = path;
-  return start_async_save(std::move(parts), group, options);
+  return start_async_save(module_state(module), group, path, options);
 }
 
 AsyncSave start_async_save(const NamedTensors& state, const ProcessGroup* group, const std::string& path,

@@ -282,8 +282,8 @@ static void refuse_mixed_precision_with_tp(const FsdpOptions& options, bool has_
                                            const std::string& path) {
   TORCH_CHECK(!has_tp, "cpprun::FullyShardedDataParallel: ", call, "(model, \"", path, "\") of a tensor-parallel "
               "model under mixed precision (param_dtype ", *options.param_dtype(), ") is not supported: the "
-              "TP shards would be gathered from the compute copies, not the fp32 masters. Use "
-              "save_sharded_checkpoint / load_sharded_checkpoint, or a model without param_dtype.");
+              "TP shards would be gathered from the compute copies, not the fp32 masters. Use a model without "
+              "param_dtype to save or load its state dict.");
 }
 
 void FsdpCore::save_state_dict(const std::string& path, const StateDictSaveOptions& options) {
