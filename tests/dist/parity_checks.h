@@ -3,7 +3,7 @@
 // so that a failing rank keeps making the same collective calls as the others.
 #pragma once
 
-#include <catch2/catch.hpp>
+#include "catch.h"
 #include <torch/nn/module.h>
 
 #include "ddp_test_models.h"

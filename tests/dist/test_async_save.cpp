@@ -3,7 +3,7 @@
 // error on wait() (on every rank) and, when nobody waited, on the next save; back-to-back saves
 // follow each other. A plain module, DDP, FSDP stage 3, files and Hugging Face sharded directories;
 // a model and its Adam optimizer as one save (save_async(model, optimizer, ...)), the same.
-#include <catch2/catch.hpp>
+#include "catch.h"
 #include <torch/torch.h>
 #include <unistd.h>  // getppid
 

@@ -2,7 +2,7 @@
 // as FSDP moves a unit of parameters: each chunk as several messages, some one piece (moved with
 // no copy), some several small pieces (staged), some partly padding, some pieces of another dtype.
 // Every rank checks its result against values computed locally; run under cpprun at 1-4 ranks.
-#include <catch2/catch.hpp>
+#include "catch.h"
 #include <ATen/ATen.h>
 
 #include <utility>

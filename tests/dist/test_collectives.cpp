@@ -1,7 +1,7 @@
 // Collectives on the real process group, run under `cpprun --nproc_per_node=K` for K = 1..4.
 // Every rank checks its result against values computed locally. Checks use CHECK, not REQUIRE,
 // so a failing rank still makes the same sequence of collective calls as the others.
-#include <catch2/catch.hpp>
+#include "catch.h"
 #include <ATen/ATen.h>
 
 #include <vector>

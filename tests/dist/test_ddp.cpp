@@ -2,7 +2,7 @@
 // its slice of every global batch and, alongside, a reference model in one process on the whole
 // global batch; both must end with the same parameters. Checks use CHECK, not REQUIRE, so every
 // rank keeps making the same collective calls even when one fails.
-#include <catch2/catch.hpp>
+#include "catch.h"
 #include <torch/torch.h>
 
 #include <functional>

@@ -3,7 +3,7 @@
 // gives rank 0 with the same seed (every rank seeds differently, so rank 0's values must have
 // been broadcast), every rank's generator ends where its eager construction would leave it, and
 // training then matches one process. CHECK, not REQUIRE, keeps the ranks' collectives in step.
-#include <catch2/catch.hpp>
+#include "catch.h"
 #include <torch/torch.h>
 
 #include <memory>

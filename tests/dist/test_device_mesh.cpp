@@ -1,7 +1,7 @@
 // DeviceMesh under `cpprun --nproc_per_node=K`, K = 1..4: each dimension's group holds the
 // ranks that differ only along it, names and shapes are checked, and the default mesh follows
 // the launcher's WORLD_SIZE / LOCAL_WORLD_SIZE.
-#include <catch2/catch.hpp>
+#include "catch.h"
 #include <ATen/ATen.h>
 
 #include "cpprun/cpprun.h"

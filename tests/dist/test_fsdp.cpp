@@ -2,7 +2,7 @@
 // trains the sharded model on its slice of every global batch and, alongside, a reference model
 // in one process on the whole batch; parameters must match. CHECK, not REQUIRE, keeps every
 // rank's collective calls in step even when one fails.
-#include <catch2/catch.hpp>
+#include "catch.h"
 #include <torch/torch.h>
 #include <unistd.h>  // getppid
 

@@ -4,7 +4,7 @@
 // ranks the degenerate meshes 1 x N (plain FSDP) and N x 1 (every rank a full replica). Each rank
 // trains on its slice of every global batch beside a reference model trained in one process on
 // the whole batch; parameters must match. CHECK, not REQUIRE, keeps the ranks' collectives in step.
-#include <catch2/catch.hpp>
+#include "catch.h"
 #include <torch/torch.h>
 #include <unistd.h>  // getpid
 

@@ -1,6 +1,6 @@
 // broadcast_object / all_gather_object for strings, vectors, plain structs, torch::serialize
 // archives and a user's own codec, under `cpprun --nproc_per_node=K` for K = 1..4.
-#include <catch2/catch.hpp>
+#include "catch.h"
 #include <torch/torch.h>
 
 #include <string>

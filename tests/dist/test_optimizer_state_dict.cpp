@@ -5,7 +5,7 @@
 // shape, another optimizer) are named errors on every rank and change nothing. Run by
 // optimizer_resume.sh with CPPRUN_OPT_PHASE set, "[.opt_resume]" saves on one world size and
 // resumes on another.
-#include <catch2/catch.hpp>
+#include "catch.h"
 #include <torch/torch.h>
 #include <unistd.h>  // getppid
 

@@ -3,7 +3,7 @@
 // carries, sizes that do and do not divide by the world size, results against values computed
 // locally, and mismatched calls that fail on every rank (the group stays usable after them).
 // CHECK, not REQUIRE: a failing rank still makes the same collective calls as the others.
-#include <catch2/catch.hpp>
+#include "catch.h"
 #include <ATen/ATen.h>
 
 #include <vector>

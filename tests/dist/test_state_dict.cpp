@@ -4,7 +4,7 @@
 // rank 0's error. Under mixed precision FSDP saves and loads the fp32 masters. The same for
 // directories in Hugging Face's sharded layout, which each rank writes its share of; and (run by
 // hf_sharded_reshard.sh) a directory saved on 4 ranks loads bit-exactly on 1 to 3.
-#include <catch2/catch.hpp>
+#include "catch.h"
 #include <torch/torch.h>
 #include <unistd.h>  // getppid
 

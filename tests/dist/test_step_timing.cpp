@@ -1,6 +1,6 @@
 // Straggler lines on the real process group, under `cpprun --nproc_per_node=K`: the rank that
 // sleeps before each all-reduce is named the slowest, and the others' wait for it is counted.
-#include <catch2/catch.hpp>
+#include "catch.h"
 #include <ATen/ATen.h>
 
 #include <chrono>

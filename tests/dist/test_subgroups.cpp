@@ -1,7 +1,7 @@
 // Subgroups (new_group, split_group) under `cpprun --nproc_per_node=K`, K = 1..4:
 // collectives on disjoint subgroups at once, clear errors for non-members and disagreeing
 // creation, and DDP / FSDP / DistributedSampler on a subgroup matching one process.
-#include <catch2/catch.hpp>
+#include "catch.h"
 #include <torch/torch.h>
 
 #include <numeric>

@@ -1,7 +1,7 @@
 // SyncBatchNorm under `cpprun --nproc_per_node=K`, K = 1..4: DDP training of models whose
 // BatchNorm{1,2}d were converted equals one process training plain BatchNorm on the global
 // batch (parameters and running statistics), and conversion keeps the tensors.
-#include <catch2/catch.hpp>
+#include "catch.h"
 #include <torch/torch.h>
 
 #include "cpprun/cpprun.h"

@@ -5,7 +5,7 @@
 // a vocabulary-parallel embedding + head + vocabulary-parallel cross-entropy; bad plans get named
 // errors. Every rank builds the same model from one seed and sees the same data; the parameters
 // are compared through tensor_parallel_full_state_dict, which also loads into an unsplit model.
-#include <catch2/catch.hpp>
+#include "catch.h"
 #include <torch/torch.h>
 
 #include "cpprun/cpprun.h"

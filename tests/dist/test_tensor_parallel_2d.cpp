@@ -11,7 +11,7 @@
 // with and without sequence parallelism and activation checkpointing. Also: the loss scaler agrees over both
 // dimensions, a data-parallel group spanning a tensor-parallel one is refused, and save_state_dict
 // writes whole tensors that load into an unsplit stack and into other splits.
-#include <catch2/catch.hpp>
+#include "catch.h"
 #include <torch/torch.h>
 
 #include <cstdlib>

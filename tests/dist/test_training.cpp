@@ -2,7 +2,7 @@
 // trains the wrapped model on its slice of every global batch; a reference model in one process
 // runs each rank's slice in turn, with that rank's dropout seed and without checkpointing, and
 // must end with the same parameters. CHECK, not REQUIRE, keeps the ranks' collectives in step.
-#include <catch2/catch.hpp>
+#include "catch.h"
 #include <torch/torch.h>
 
 #include <functional>

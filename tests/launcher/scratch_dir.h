@@ -2,7 +2,7 @@
 // case ends (also when a check fails).
 #pragma once
 
-#include <catch2/catch.hpp>
+#include "catch.h"
 
 #include <stdlib.h>
 

@@ -1,6 +1,6 @@
 // Unit tests of an attempt's vocabulary and report: exit-status decoding, the exit codes cpprun
 // passes on, and the failure summary (root cause first, then what happened to the others).
-#include <catch2/catch.hpp>
+#include "catch.h"
 
 #include <sys/wait.h>
 #include <unistd.h>

@@ -1,5 +1,5 @@
 // Unit tests of the error-file hand-over: errorCode set as torch's ErrorHandler.dump_error_file does.
-#include <catch2/catch.hpp>
+#include "catch.h"
 
 #include <unistd.h>
 

@@ -1,5 +1,5 @@
 // Unit tests of the file timer: torch's FileTimerClient requests and FileTimerServer's expiry rules.
-#include <catch2/catch.hpp>
+#include "catch.h"
 
 #include <signal.h>
 

@@ -1,5 +1,5 @@
 // Unit tests of reading flight-recorder dumps and of the diagnosis made from them.
-#include <catch2/catch.hpp>
+#include "catch.h"
 
 #include <string>
 #include <vector>

@@ -1,5 +1,5 @@
 // Unit tests of GPU counting for --nproc_per_node=gpu|auto.
-#include <catch2/catch.hpp>
+#include "catch.h"
 
 #include "command_line/host_facts.h"
 

@@ -1,5 +1,5 @@
 // Unit tests of what cpprun reads in /proc to find what workers left behind.
-#include <catch2/catch.hpp>
+#include "catch.h"
 
 #include <signal.h>
 #include <sys/wait.h>

@@ -1,5 +1,5 @@
 // Unit tests of cpprun's command line: torchrun's option names, defaults, validation messages.
-#include <catch2/catch.hpp>
+#include "catch.h"
 
 #include <unistd.h>
 

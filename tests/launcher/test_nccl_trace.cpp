@@ -1,6 +1,6 @@
 // Unit tests of naming PyTorch's NCCL flight-recorder dumps in a diagnosis: which files, bounded, and
 // the command that reads them; a missing or odd directory never breaks it.
-#include <catch2/catch.hpp>
+#include "catch.h"
 
 #include <sys/stat.h>
 #include <unistd.h>

@@ -1,6 +1,6 @@
 // Unit tests of where PyTorch's NCCL flight recorder is told to dump: the attempt's dir, unless the
 // user chose a place; and nothing else in a worker's environment changes because of it.
-#include <catch2/catch.hpp>
+#include "catch.h"
 
 #include <string>
 

@@ -1,6 +1,6 @@
 // Unit tests of node 0's merging of every node's evidence (diagnosis/node_evidence.h): one entry per
 // rank of the job, the nodes it heard nothing of named, what is not a node's set aside.
-#include <catch2/catch.hpp>
+#include "catch.h"
 
 #include <map>
 #include <string>

@@ -2,7 +2,7 @@
 // peer is noticed, a connection nobody accepts fails fast, and nothing is believed from a peer that
 // has not proven the job secret (Note [Agent authentication]): wrong secrets, forged, altered and
 // replayed lines are refused.
-#include <catch2/catch.hpp>
+#include "catch.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>

@@ -1,6 +1,6 @@
 // Unit tests of the agents' messages: every kind survives a round trip, odd text included, and
 // lines that are not messages are rejected.
-#include <catch2/catch.hpp>
+#include "catch.h"
 
 #include "rendezvous/node_messages.h"
 

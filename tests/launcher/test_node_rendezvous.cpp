@@ -1,6 +1,6 @@
 // Unit tests of opening the rendezvous: the start-up check that --master_addr (or c10d's endpoint
 // host) resolves.
-#include <catch2/catch.hpp>
+#include "catch.h"
 
 #include <string>
 

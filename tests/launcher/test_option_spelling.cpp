@@ -1,6 +1,6 @@
 // Unit tests of option spellings: long-option prefixes (argparse's allow_abbrev, which torchrun
 // users rely on) and "did you mean" (the distance, and which mistakes get which suggestion).
-#include <catch2/catch.hpp>
+#include "catch.h"
 
 #include <string>
 #include <vector>

@@ -1,5 +1,5 @@
 // Unit tests of --redirects/--tee/--local_ranks_filter parsing and of each stream's destination.
-#include <catch2/catch.hpp>
+#include "catch.h"
 
 #include <string>
 #include <vector>

@@ -1,6 +1,6 @@
 // Unit tests of what a worker runs: torchrun's rules for Python scripts and modules, the
 // interpreter's choice, executables as before, and PATH lookup (execvp's rules, the shell's 126/127).
-#include <catch2/catch.hpp>
+#include "catch.h"
 
 #include <sys/stat.h>
 #include <unistd.h>

@@ -1,5 +1,5 @@
 // Unit tests of torchrun's rank arithmetic across nodes.
-#include <catch2/catch.hpp>
+#include "catch.h"
 
 #include "rendezvous/rank_layout.h"
 

@@ -1,5 +1,5 @@
 // Unit tests of the restart backoff: doubling delays, the cap, the reset after a healthy attempt.
-#include <catch2/catch.hpp>
+#include "catch.h"
 
 #include <chrono>
 #include <vector>

@@ -1,6 +1,6 @@
 // Unit tests of the run directory: torchrun's layout, a temp dir that leaves nothing behind, a
 // --log_dir that stays, and reading back error files.
-#include <catch2/catch.hpp>
+#include "catch.h"
 
 #include <sys/stat.h>
 #include <unistd.h>

@@ -1,5 +1,5 @@
 // Unit tests of the scheduler defaults: Slurm, Open MPI and Kubeflow environments, faked.
-#include <catch2/catch.hpp>
+#include "catch.h"
 
 #include <map>
 #include <optional>

@@ -1,6 +1,6 @@
 // Unit tests of line splitting (whole lines, bounded pieces, the unfinished last line) and the
 // stderr tail.
-#include <catch2/catch.hpp>
+#include "catch.h"
 
 #include <string>
 #include <vector>

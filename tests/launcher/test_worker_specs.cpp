@@ -1,6 +1,6 @@
 // Unit tests of the worker specs: torchrun's variables, rank arithmetic and user overrides in
 // each worker's environment, and --dry_run's report of the specs a real run starts.
-#include <catch2/catch.hpp>
+#include "catch.h"
 
 #include <algorithm>
 #include <string>

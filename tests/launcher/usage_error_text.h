@@ -1,7 +1,7 @@
 // The launcher unit tests' way to read a refusal: the message of the UsageError an action throws.
 #pragma once
 
-#include <catch2/catch.hpp>
+#include "catch.h"
 
 #include <string>
 #include <utility>

@@ -1,7 +1,7 @@
 // Files for unit tests: a private directory removed afterwards, and a file's bytes.
 #pragma once
 
-#include <catch2/catch.hpp>
+#include "catch.h"
 
 #include <stdlib.h>
 

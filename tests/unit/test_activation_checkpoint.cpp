@@ -1,7 +1,7 @@
 // cpprun::checkpoint in one process: the same gradients as running the function normally (with
 // dropout: the same mask), the function run once more in backward, parameters reached without
 // being inputs, and a clear error for a captured activation.
-#include <catch2/catch.hpp>
+#include "catch.h"
 #include <torch/torch.h>
 
 #include <set>

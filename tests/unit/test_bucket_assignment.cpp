@@ -1,5 +1,5 @@
 // assign_buckets(): caps, the smaller first bucket, one dtype and device per bucket, order.
-#include <catch2/catch.hpp>
+#include "catch.h"
 
 #include "ddp/bucket_assignment.h"
 

@@ -1,7 +1,7 @@
 // Atomic writes and checksummed checkpoint files: what is written reads back; a flipped byte, a
 // cut or a growth is refused naming the file; a failed write leaves no temporary file and the old
 // contents, and says why.
-#include <catch2/catch.hpp>
+#include "catch.h"
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
 

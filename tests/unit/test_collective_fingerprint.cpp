@@ -1,6 +1,6 @@
 // The fingerprints ranks exchange before a collective (comm/collective_fingerprint.h): what
 // counts as a mismatch, and the message that names each rank's call.
-#include <catch2/catch.hpp>
+#include "catch.h"
 #include <ATen/ATen.h>
 
 #include "comm/collective_fingerprint.h"

@@ -2,7 +2,7 @@
 // values eager construction gives with the same seed (and leaves the generator where eager
 // construction does) for LibTorch's modules, a custom init, buffers and tied weights, in any
 // group order; other ops on a deferred tensor fail naming the op.
-#include <catch2/catch.hpp>
+#include "catch.h"
 #include <torch/torch.h>
 
 #include <memory>

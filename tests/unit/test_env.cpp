@@ -1,5 +1,5 @@
 // read_dist_env(): the three launchers' conventions, and a clear error for each bad input.
-#include <catch2/catch.hpp>
+#include "catch.h"
 #include <c10/util/Exception.h>
 
 #include <map>

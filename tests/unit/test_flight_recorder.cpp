@@ -1,7 +1,7 @@
 // The flight recorder's parts that need no processes: the ring buffer (order, overwriting,
 // finishing), the JSON it is written as, the CPPRUN_FLIGHT_RECORDER_ENTRIES rule, the public
 // dump; and, hidden ([.bench]), the cost of recording one collective.
-#include <catch2/catch.hpp>
+#include "catch.h"
 #include <c10/util/Exception.h>
 
 #include <chrono>

@@ -3,7 +3,7 @@
 // wire layouts]) that surround the all-gather and the reduce-scatter, checked by simulating the
 // collectives on every rank's buckets.
 #include <ATen/ATen.h>
-#include <catch2/catch.hpp>
+#include "catch.h"
 
 #include <vector>
 

@@ -1,6 +1,6 @@
 // cpprun::GradScaler in one process: torch.amp.GradScaler's growth and backoff, skipped steps on
 // overflow, the order checks, and save/load.
-#include <catch2/catch.hpp>
+#include "catch.h"
 #include <torch/torch.h>
 
 #include <limits>

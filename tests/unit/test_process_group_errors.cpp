@@ -1,6 +1,6 @@
 // init_process_group()'s failures: each is an error that says what to do, within the timeout,
 // never a hang. Runs in a private network namespace (tests/run_isolated.sh) or on loopback.
-#include <catch2/catch.hpp>
+#include "catch.h"
 #include <c10/util/Exception.h>
 
 #include <arpa/inet.h>

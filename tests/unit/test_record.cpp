@@ -1,6 +1,6 @@
 // cpprun::record: the error file torch's agents read (layout, escaping, type, rank, time), the
 // message on stderr and the exit code; nothing written when main succeeds.
-#include <catch2/catch.hpp>
+#include "catch.h"
 #include <c10/util/Exception.h>
 
 #include <fcntl.h>

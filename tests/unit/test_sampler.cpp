@@ -1,6 +1,6 @@
 // DistributedSampler: the same indices as PyTorch's Python DistributedSampler (vectors generated
 // by tests/data/make_sampler_indices.py with PyTorch 2.15), and its C++ behaviour.
-#include <catch2/catch.hpp>
+#include "catch.h"
 #include <torch/torch.h>
 
 #include <fstream>

@@ -1,7 +1,7 @@
 // State dicts in Hugging Face's sharded layout (core/sharded_state_dict.h): the partition and the
 // index as pure decisions, a module's round trip through a directory, a 4-rank save played in one
 // process, and every way a directory can fail to hold together, each named, the model unchanged.
-#include <catch2/catch.hpp>
+#include "catch.h"
 #include <torch/torch.h>
 
 #include <filesystem>

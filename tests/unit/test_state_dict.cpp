@@ -1,6 +1,6 @@
 // State dicts by name (cpprun/state_dict.h): round trips through .safetensors and .pt, strict
 // loading's one error, strict(false)'s report, and the safetensors reader's refusals.
-#include <catch2/catch.hpp>
+#include "catch.h"
 #include <torch/torch.h>
 
 #include <fstream>

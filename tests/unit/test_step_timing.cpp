@@ -1,6 +1,6 @@
 // Straggler lines without ranks: the report built from what the ranks send, the slowest rank,
 // the line, and the waiting counter a blocking wait advances.
-#include <catch2/catch.hpp>
+#include "catch.h"
 
 #include <chrono>
 #include <string>
