@@ -12,4 +12,4 @@
 #include <c10/util/Logging.h>
 #undef CHECK
 #endif
-#include "catch.h"
+#include <catch2/catch.hpp>

@@ -16,8 +16,12 @@ here=$(dirname "$0")
 interop_setup "$python" torch safetensors.torch
 "$cpprun" --standalone --nproc_per_node=4 "$tool" write_sharded "$dir/cpp_sharded" || fail "cpprun could not save on 4 ranks"
 ls "$dir/cpp_sharded"
-"$python" "$here/../unit/state_dict_interop.py" check_sharded "$dir/cpp_sharded" 4 ||
-  fail "Python could not read cpprun's sharded directory"
+"$python" "$here/../unit/state_dict_interop.py" check_sharded "$dir/cpp_sharded" 4
+case $? in
+  0) ;;
+  77) exit 77 ;;  # transformers missing: its reader untried (the line above says so)
+  *) fail "Python could not read cpprun's sharded directory" ;;
+esac
 "$python" "$here/../unit/state_dict_interop.py" write_sharded "$dir" || fail "Python could not write its directories"
 "$tool" read "$dir/py_sharded/" || fail "cpprun could not load Python's sharded directory"
 "$tool" read "$dir/py_sharded/model.safetensors.index.json" || fail "cpprun could not load it by its index"
