@@ -1,12 +1,18 @@
 // Tensor parallelism under `cpprun --nproc_per_node=K`, K = 1..4, every rank one TP group: the
-// mappings' forward and backward, and parity with one process (fp32, AdamW) of an MLP block
+// mappings' forward and backward, and parity with one process (float64, AdamW) of an MLP block
 // (LayerNorm, ColwiseParallel + GELU + RowwiseParallel; also with the LayerNorm on sequence
 // shards and all-gather / reduce-scatter at the edges of that region) and of
 // a vocabulary-parallel embedding + head + vocabulary-parallel cross-entropy; bad plans get named
 // errors. Every rank builds the same model from one seed and sees the same data; the parameters
 // are compared through tensor_parallel_full_state_dict, which also loads into an unsplit model.
+// Models and data are float64, so that a wrong sum or a wrong row stands out from rounding on any CPU.
 #include "catch.h"
 #include <torch/torch.h>
+
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "cpprun/cpprun.h"
 #include "cpprun/tensor_parallel.h"
@@ -20,19 +26,28 @@ using ddp_test::relative_difference;
 
 namespace {
 
-constexpr double kTolerance = 1e-5;
+// In float64 the split models and the one-process reference differ by summation order alone: the
+// worst over every check at 1 to 4 ranks was 3.8e-15 (relative; each compared value's largest,
+// printed per rank). A wrong gradient or a misplaced row moves a parameter by about the learning
+// rate per AdamW step, far past it.
+constexpr double kTolerance = 1e-10;
 constexpr int kSteps = 6;
+const auto kF64 = at::TensorOptions().dtype(at::kDouble);
 
 // Features and vocabulary divide by 1, 2, 3 and 4.
 torch::nn::Sequential make_mlp() {
   torch::manual_seed(7);
-  return torch::nn::Sequential(torch::nn::LayerNorm(torch::nn::LayerNormOptions({12})), torch::nn::Linear(12, 48),
-                               torch::nn::GELU(), torch::nn::Linear(48, 12));
+  torch::nn::Sequential mlp(torch::nn::LayerNorm(torch::nn::LayerNormOptions({12})), torch::nn::Linear(12, 48),
+                            torch::nn::GELU(), torch::nn::Linear(48, 12));
+  mlp->to(at::kDouble);
+  return mlp;
 }
 
 torch::nn::Sequential make_lm() {
   torch::manual_seed(9);
-  return torch::nn::Sequential(torch::nn::Embedding(24, 12), torch::nn::Linear(12, 24));
+  torch::nn::Sequential lm(torch::nn::Embedding(24, 12), torch::nn::Linear(12, 24));
+  lm->to(at::kDouble);
+  return lm;
 }
 
 double relative(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-12); }
@@ -115,6 +130,18 @@ TEST_CASE("tensor parallel: the mappings' forward and backward", "[tp]") {
   // gather's backward keeps this rank's columns of its own gradient; scatter's gathers them.
   CHECK(row.grad().narrow(1, 4 * rank, 4).eq(rank + 1).all().item<bool>());
 
+  // Sequence parallel along dim 1 (given as -2): rank r keeps positions 3r..3r+2 of every row;
+  // the backward all-gathers, so each rank's gradient lands on its own positions.
+  at::Tensor tokens = at::arange(2 * 3 * world * 5, at::kFloat).view({2, 3 * world, 5}).requires_grad_();
+  at::Tensor my_tokens = cpprun::scatter_to_sequence_parallel_region(tokens, group(), -2);
+  CHECK(my_tokens.sizes() == at::IntArrayRef{2, 3, 5});
+  CHECK(my_tokens.equal(tokens.detach().narrow(1, 3 * rank, 3)));
+  (my_tokens * (rank + 1)).sum().backward();
+  for (int r = 0; r < world; ++r) {
+    INFO("positions of rank " << r);
+    CHECK(tokens.grad().narrow(1, 3 * r, 3).eq(r + 1).all().item<bool>());
+  }
+
   // Sequence parallel along dim 1: reduce-scatter is the sum's chunk; its backward all-gathers.
   at::Tensor seq = at::arange(3 * world, at::kFloat).view({1, 3 * world, 1}).repeat({2, 1, 5}).requires_grad_();
   at::Tensor scattered = cpprun::reduce_scatter_to_sequence_parallel_region(seq, group(), 1);
@@ -127,14 +154,67 @@ TEST_CASE("tensor parallel: the mappings' forward and backward", "[tp]") {
   if (world > 1) {
     CHECK_THROWS_WITH(cpprun::scatter_to_tensor_parallel_region(at::ones({2, 4 * world + 1}), group()),
                       Catch::Contains("does not divide by the tensor-parallel group's size " + std::to_string(world)));
+    CHECK_THROWS_WITH(cpprun::scatter_to_sequence_parallel_region(at::ones({2, 3 * world + 1, 5}), group(), 1),
+                      Catch::Contains("scatter_to_sequence_parallel_region: dimension 1") &&
+                          Catch::Contains("group's size " + std::to_string(world)));
   }
+}
+
+TEST_CASE("tensor parallel: tensor_parallel_splits names each split parameter, its dimension and group", "[tp]") {
+  const int world = group().size(), rank = group().rank();
+  auto whole = make_mlp();
+  CHECK(cpprun::tensor_parallel_splits(*whole).empty());
+  auto parallel = make_mlp();
+  cpprun::parallelize_module(parallel.ptr(), group(), {{"1", cpprun::ColwiseParallel()},
+                                                       {"3", cpprun::RowwiseParallel()},
+                                                       {"0", cpprun::SequenceParallel()}});
+  const auto splits = cpprun::tensor_parallel_splits(*parallel);
+  // fc1's rows (weight and bias), fc2's columns; fc2's bias and the LayerNorm are whole.
+  const std::map<std::string, int64_t> expected{{"1.weight", 0}, {"1.bias", 0}, {"3.weight", 1}};
+  CHECK(splits.size() == expected.size());
+  const auto params = parallel->named_parameters();
+  const auto reference = whole->named_parameters();
+  for (const auto& [name, dim] : expected) {
+    INFO(name);
+    const auto found = splits.find(name);
+    REQUIRE(found != splits.end());
+    CHECK(found->second.dim == dim);
+    CHECK(found->second.parts == 1);
+    CHECK(found->second.group.size() == world);
+    CHECK(found->second.group.rank() == rank);
+    // This rank holds chunk `rank` along that dimension.
+    CHECK(params[name].equal(reference[name].chunk(world, dim)[rank]));
+  }
+
+  // A layer of one's own: a fused [q; k; v] projection split by heads, block by block (parts 3),
+  // whose rank r holds chunk r of each block; the gather puts every block's chunks back in order.
+  struct FusedImpl : torch::nn::Module, cpprun::TensorParallelModule {
+    explicit FusedImpl(const at::Tensor& whole_weight, cpprun::ProcessGroup g) : tp(std::move(g)) {
+      std::vector<at::Tensor> mine;
+      for (const auto& block : whole_weight.chunk(3, 0)) mine.push_back(block.chunk(tp.size(), 0)[tp.rank()]);
+      qkv = register_parameter("qkv", at::cat(mine, 0));
+    }
+    std::map<std::string, cpprun::TensorParallelSplit> tensor_parallel_splits() const override {
+      return {{"qkv", {tp, 0, 3}}};
+    }
+    cpprun::ProcessGroup tp;
+    at::Tensor qkv;
+  };
+  auto outer = std::make_shared<torch::nn::Module>();
+  const at::Tensor fused_whole = at::arange(3 * 2 * world * 4, kF64).view({3 * 2 * world, 4});
+  outer->register_module("attn", std::make_shared<FusedImpl>(fused_whole, group()));
+  const auto fused_splits = cpprun::tensor_parallel_splits(*outer);
+  REQUIRE(fused_splits.count("attn.qkv") == 1);
+  CHECK(fused_splits.at("attn.qkv").parts == 3);
+  CHECK(cpprun::tensor_parallel_full_state_dict(*outer)["attn.qkv"].equal(fused_whole));
 }
 
 TEST_CASE("tensor parallel: the column linear on sequence shards is linear over the gathered input", "[tp]") {
   const int world = group().size(), rank = group().rank();
   torch::manual_seed(5);  // the same on every rank: each takes its own slice below
-  const at::Tensor x = torch::randn({2, 3 * world, 8}), w = torch::randn({4 * world, 8}), b = torch::randn({4 * world});
-  const at::Tensor grad_out = torch::randn({2, 3 * world, 4});  // this rank's output columns' gradient, per rank
+  const at::Tensor x = torch::randn({2, 3 * world, 8}, kF64), w = torch::randn({4 * world, 8}, kF64);
+  const at::Tensor b = torch::randn({4 * world}, kF64);
+  const at::Tensor grad_out = torch::randn({2, 3 * world, 4}, kF64);  // this rank's output columns' gradient, per rank
   auto run = [&](bool fused) {
     at::Tensor shard = x.chunk(world, 1)[rank].clone().requires_grad_();
     at::Tensor weight = w.chunk(world, 0)[rank].clone().requires_grad_();
@@ -147,10 +227,10 @@ TEST_CASE("tensor parallel: the column linear on sequence shards is linear over 
   const auto fused = run(true), composed = run(false);
   for (std::size_t i = 0; i < fused.size(); ++i) {
     INFO("output, input, weight and bias gradients: " << i);
-    CHECK(relative_difference(fused[i], composed[i]) <= 1e-6);
+    CHECK(relative_difference(fused[i], composed[i]) <= kTolerance);
   }
   // The whole layer in one process: this rank's output columns.
-  CHECK(relative_difference(fused[0], at::linear(x, w, b).chunk(world, 2)[rank]) <= 1e-6);
+  CHECK(relative_difference(fused[0], at::linear(x, w, b).chunk(world, 2)[rank]) <= kTolerance);
   CHECK_THROWS_WITH(cpprun::sequence_parallel_column_linear(x, w, b, group(), 2),
                     Catch::Contains("is the feature dimension"));
 }
@@ -179,7 +259,7 @@ TEST_CASE("tensor parallel: an MLP block matches one process after AdamW steps",
   CHECK((parallel[0]->as<cpprun::SequenceParallelLayerNorm>() != nullptr) == sequence_parallel);
 
   torch::manual_seed(11);
-  const at::Tensor x = torch::randn({4, 12, 12}), target = torch::randn({4, 12, 12});
+  const at::Tensor x = torch::randn({4, 12, 12}, kF64), target = torch::randn({4, 12, 12}, kF64);
   torch::optim::AdamW reference_opt(reference->parameters(), torch::optim::AdamWOptions(1e-2));
   torch::optim::AdamW parallel_opt(parallel->parameters(), torch::optim::AdamWOptions(1e-2));
   for (int step = 0; step < kSteps; ++step) {
@@ -288,14 +368,14 @@ TEST_CASE("tensor parallel: a plan that would break a tied weight is refused, na
 TEST_CASE("tensor parallel: vocab_parallel_cross_entropy's loss and gradient are cross_entropy's", "[tp]") {
   const int world = group().size(), rank = group().rank();
   torch::manual_seed(17);
-  const at::Tensor logits = torch::randn({5, 8 * world}) * 4, target = torch::randint(8 * world, {5});
+  const at::Tensor logits = torch::randn({5, 8 * world}, kF64) * 4, target = torch::randint(8 * world, {5});
   at::Tensor full = logits.clone().requires_grad_();
   at::cross_entropy_loss(full, target, {}, at::Reduction::Sum).backward();
   at::Tensor mine = logits.chunk(world, 1)[rank].clone().requires_grad_();
   at::Tensor loss = cpprun::vocab_parallel_cross_entropy(mine, target, group());
-  CHECK(relative_difference(loss, at::cross_entropy_loss(logits, target, {}, at::Reduction::None)) <= 1e-6);
+  CHECK(relative_difference(loss, at::cross_entropy_loss(logits, target, {}, at::Reduction::None)) <= kTolerance);
   loss.sum().backward();
-  CHECK(relative_difference(mine.grad(), full.grad().chunk(world, 1)[rank]) <= 1e-6);
+  CHECK(relative_difference(mine.grad(), full.grad().chunk(world, 1)[rank]) <= kTolerance);
 
   CHECK_THROWS_WITH(cpprun::vocab_parallel_cross_entropy(mine, target.clamp_max(0) - 1, group()),
                     Catch::Contains("target ids range over [-1, -1]") && Catch::Contains("ignore_index -100 aside"));
@@ -306,7 +386,7 @@ TEST_CASE("tensor parallel: vocab_parallel_cross_entropy's loss and gradient are
 TEST_CASE("tensor parallel: vocab_parallel_cross_entropy ignores ignore_index rows as cross_entropy does", "[tp]") {
   const int world = group().size(), rank = group().rank();
   torch::manual_seed(19);
-  const at::Tensor logits = torch::randn({3, 4, 8 * world}) * 4;
+  const at::Tensor logits = torch::randn({3, 4, 8 * world}, kF64) * 4;
   at::Tensor target = torch::randint(8 * world, {3, 4});
   target[0][1] = -100, target[2][3] = -100;  // padding, cross_entropy's default ignore_index
   at::Tensor full = logits.clone().requires_grad_();
@@ -316,9 +396,9 @@ TEST_CASE("tensor parallel: vocab_parallel_cross_entropy ignores ignore_index ro
   const at::Tensor per_token = cpprun::vocab_parallel_cross_entropy(mine, target, group());
   CHECK(per_token[0][1].item<double>() == 0);
   const at::Tensor mean = per_token.sum() / (target != -100).sum();
-  CHECK(relative(mean.item<double>(), reference.item<double>()) <= 1e-6);
+  CHECK(relative(mean.item<double>(), reference.item<double>()) <= kTolerance);
   mean.backward();
-  CHECK(relative_difference(mine.grad(), full.grad().chunk(world, -1)[rank]) <= 1e-6);
+  CHECK(relative_difference(mine.grad(), full.grad().chunk(world, -1)[rank]) <= kTolerance);
   CHECK(mine.grad()[2][3].abs().max().item<double>() == 0);
   // Another ignore_index: -100 is then an id outside the vocabulary.
   CHECK_THROWS_WITH(cpprun::vocab_parallel_cross_entropy(mine, target, group(), /*ignore_index=*/7 * world + 7),
@@ -327,13 +407,13 @@ TEST_CASE("tensor parallel: vocab_parallel_cross_entropy ignores ignore_index ro
 
 TEST_CASE("tensor parallel: dropout on a shard is its slice of the whole tensor's dropout", "[tp]") {
   const int world = group().size(), rank = group().rank();
-  const at::Tensor whole = torch::randn({3, 4 * world, 5}) + 2;  // no zeros: a zero marks a dropped element
+  const at::Tensor whole = torch::randn({3, 4 * world, 5}, kF64) + 2;  // no zeros: a zero marks a dropped element
   torch::manual_seed(23);
   const at::Tensor expected = at::dropout(whole, 0.3, /*train=*/true);
   torch::manual_seed(23);
   const at::Tensor mine =
       cpprun::tensor_parallel_dropout(whole.chunk(world, 1)[rank].contiguous(), 0.3, /*train=*/true, group(), 1);
-  CHECK(relative_difference(mine, expected.chunk(world, 1)[rank]) <= 1e-7);
+  CHECK(relative_difference(mine, expected.chunk(world, 1)[rank]) <= kTolerance);
   // The generators stay in step: every rank drew the same amount.
   const at::Tensor next = torch::rand({1});
   at::Tensor highest = next.clone(), lowest = next.clone();
@@ -350,7 +430,7 @@ TEST_CASE("tensor parallel: dropout on a shard is its slice of the whole tensor'
   const at::Tensor reference = at::dropout(whole, 0.5, true);
   torch::manual_seed(29);
   CHECK(relative_difference(net->forward(whole.chunk(world, 1)[rank].contiguous()),
-                            reference.chunk(world, 1)[rank]) <= 1e-7);
+                            reference.chunk(world, 1)[rank]) <= kTolerance);
 }
 
 TEST_CASE("tensor parallel: bad plans are refused, naming the submodule", "[tp]") {

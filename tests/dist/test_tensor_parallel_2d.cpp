@@ -4,13 +4,14 @@
 // A stack of residual MLP blocks, each split Megatron-style (column- then row-parallel, optionally
 // with its LayerNorm on sequence shards), wrapped in DDP or FSDP ZeRO-1/2/3 over the dp dimension,
 // optionally with activation checkpointing around each block, trains 6 AdamW steps with gradient
-// clipping against the same stack in one process on the global batch: every step's loss and
-// clipped norm, and the gathered parameters, within 1e-5; so does a language model whose head is
-// its vocabulary-parallel embedding, and a small GPT (tp_gpt.h: causal attention split by heads,
-// dropout on the attention probabilities, the head tied to the vocabulary-parallel embedding),
-// with and without sequence parallelism and activation checkpointing. Also: the loss scaler agrees over both
-// dimensions, a data-parallel group spanning a tensor-parallel one is refused, and save_state_dict
-// writes whole tensors that load into an unsplit stack and into other splits.
+// clipping against the same stack in one process on the global batch, all in float64: every step's
+// loss and clipped norm, and the gathered parameters, within 1e-10; so does a language model whose
+// head is its vocabulary-parallel embedding, and a small GPT (tp_gpt.h: causal attention split by
+// heads, dropout on the attention probabilities, the head tied to the vocabulary-parallel
+// embedding), with and without sequence parallelism and activation checkpointing. Also: the loss
+// scaler agrees over both dimensions, a data-parallel group spanning a tensor-parallel one is
+// refused, and save_state_dict writes whole tensors that load into an unsplit stack and into other
+// splits.
 #include "catch.h"
 #include <torch/torch.h>
 
@@ -33,12 +34,17 @@ using ddp_test::relative_difference;
 
 namespace {
 
-constexpr double kTolerance = 1e-5;
+// Models and data are float64, so that the split models and the one-process reference differ by
+// summation order alone: the worst over every case at 1 to 4 ranks was 3.8e-13 (relative; each
+// compared value's largest, printed per rank). A wrong gradient moves a parameter by about the
+// learning rate per AdamW step, far past it. (In float32 the GPT's h.1.v.0.weight differed by
+// 1.7e-5 at {dp 3, tp 1} on one CPU and not on another.)
+constexpr double kTolerance = 1e-10;
 constexpr int kSteps = 6;
 constexpr int64_t kHidden = 12, kSequence = 8, kPerReplica = 2;  // kSequence and kHidden divide by tp
 // More tokens than features: with fewer, the keys' projection has directions whose gradient is
-// close to nothing (attention ignores what shifts every key alike), and AdamW's steps magnify
-// the ranks' and the reference's rounding there past 1e-5.
+// close to nothing (attention ignores what shifts every key alike), where AdamW's steps magnify
+// rounding (past 1e-5 when these tests ran in float32).
 constexpr int64_t kGptSequence = 24;
 constexpr double kMaxNorm = 0.05;  // below the gradients' norm: clipping scales every step
 
@@ -76,6 +82,7 @@ struct StackImpl : torch::nn::Module {
                                          torch::nn::Linear(4 * kHidden, kHidden), torch::nn::Dropout(0.2)));
     }
     register_module("h", h);
+    to(torch::kDouble);
   }
   at::Tensor forward(at::Tensor x) {
     for (const auto& entry : *h) {
@@ -124,7 +131,8 @@ cpprun::DataParallel<StackImpl> wrap(const std::string& how, const Stack& net) {
 std::pair<at::Tensor, at::Tensor> global_batch(int step) {
   torch::manual_seed(1000 + step);
   const int64_t batch = mesh().size("dp") * kPerReplica;
-  return {torch::randn({batch, kSequence, kHidden}), torch::randn({batch, kSequence, kHidden})};
+  const auto f64 = at::TensorOptions().dtype(at::kDouble);
+  return {torch::randn({batch, kSequence, kHidden}, f64), torch::randn({batch, kSequence, kHidden}, f64)};
 }
 
 // This rank's part: its replica's rows, and with sequence parallelism its tensor-parallel slice of
@@ -314,8 +322,8 @@ TEST_CASE("tensor x data parallel: a GPT (attention, MLP, tied vocabulary-parall
                          net, dp, cpprun::FsdpOptions().stage(how.back() - '0').wrap_policy(each_block)));
   // A smaller learning rate than the other cases': AdamW divides each element's step by its own
   // gradient's size, so where attention's gradients are small the summation order (the replicas'
-  // halves against the whole batch) shows, at lr 1e-2 as 2e-5 even at tp 1. A wrong gradient
-  // still moves a parameter by about lr per step, far past 1e-5.
+  // halves against the whole batch) shows (in float32, at lr 1e-2, as 2e-5 even at tp 1). A wrong
+  // gradient still moves a parameter by about lr per step, far past kTolerance.
   constexpr double kGptLr = 3e-3;
   torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(kGptLr));
   torch::optim::AdamW reference_opt(reference->parameters(), torch::optim::AdamWOptions(kGptLr));

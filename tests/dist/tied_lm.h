@@ -19,6 +19,7 @@ struct TiedLmImpl : torch::nn::Module {
     torch::manual_seed(13);
     embed = register_module("embed", torch::nn::Embedding(kVocab, kHidden));
     norm = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({kHidden})));
+    to(torch::kDouble);  // the parity tests compare in float64
   }
   // Through the registry, where parallelize_module put the vocabulary-parallel embedding.
   at::Tensor forward(const at::Tensor& ids) {

@@ -74,6 +74,7 @@ struct GptImpl : torch::nn::Module {
     register_module("h", h);
     ln_f = register_module("ln_f", torch::nn::Sequential(
                                        torch::nn::LayerNorm(torch::nn::LayerNormOptions({GptBlockImpl::kHidden}))));
+    to(torch::kDouble);  // the parity tests compare in float64
   }
 
   // ids: [batch, sequence], whole on every rank. Returns the logits: [batch, sequence, vocab], or
