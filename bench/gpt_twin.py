@@ -20,9 +20,12 @@
 #              by step 177 on the tiny model (scripts/bench_gpt.sh --steps 200)
 #   modes      none (no wrapper), ddp (torch DDP), fsdp2 (fully_shard on every block, then the root;
 #              reshard after forward: ZeRO-3); --amp bf16: the forward under torch.autocast
+#   dtype      --dtype float64: the parameters (cast from the float32 file), activations, loss and
+#              optimizer in float64, as train_gpt --dtype float64, so that a comparison of the two
+#              does not depend on how a CPU rounds float32
 # Timing as train_gpt: the clock starts after --warmup steps; each step all-reduces its loss and
 # reads it (item(), which waits for the device). Prints one RESULT line; --losses-out FILE gets
-# every step's loss (%.9g), the format of train_gpt --losses-out.
+# every step's loss (%.17g), the format of train_gpt --losses-out.
 # Run under cpprun (or torchrun) for ddp/fsdp2; none also runs as a plain process.
 import argparse, ctypes, json, math, os, resource, struct, sys, time
 
@@ -50,6 +53,8 @@ p.add_argument("--vocab", type=int, default=0, help="--write-init: vocab_size (d
 p.add_argument("--gelu", default="exact", choices=["exact", "tanh"])
 p.add_argument("--seed", type=int, default=0, help="--write-init's generator seed")
 p.add_argument("--amp", default="fp32", choices=["fp32", "bf16"])
+p.add_argument("--dtype", default="float32", choices=["float32", "float64"],
+               help="the parameters' and activations' type (float64: with --amp fp32 only)")
 p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="cuda: GPU LOCAL_RANK")
 p.add_argument("--losses-out", metavar="FILE")
 p.add_argument("--optimizer", default="libtorch", choices=["libtorch", "torch"],
@@ -242,6 +247,8 @@ def write_init(directory):
           f"({sum(t.numel() for t in model.parameters())} parameters, vocab {vocab})")
 
 
+if a.dtype == "float64" and a.amp != "fp32":
+    sys.exit(f"gpt_twin.py: --dtype float64 goes with --amp fp32 only, got --amp {a.amp}")
 if a.write_init:
     write_init(a.write_init)
     sys.exit(0)
@@ -276,7 +283,8 @@ net = Gpt(config)
 missing, unexpected = net.load_state_dict(load_safetensors(os.path.join(a.init_from, "model.safetensors")), strict=False)
 if missing or unexpected:
     sys.exit(f"gpt_twin.py: {a.init_from}/model.safetensors: missing {missing}, unexpected {unexpected}")
-net.to(device)
+dtype = torch.float64 if a.dtype == "float64" else torch.float32
+net.to(device, dtype)
 params = sum(t.numel() for t in net.parameters())  # unique: the tied head counts once
 
 if a.mode == "ddp":
@@ -332,7 +340,7 @@ for step in range(1, a.steps + 1):
     optimizer.zero_grad()
     with amp:
         logits = model(x)
-    loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), y.view(-1))
+    loss = F.cross_entropy(logits.view(-1, logits.size(-1)).to(dtype), y.view(-1))
     loss.backward()
     optimizer.step()
     mean = loss.detach().clone()
@@ -353,8 +361,8 @@ if distributed:  # the largest rank's, as train_gpt prints
 if rank == 0:
     if a.losses_out:
         with open(a.losses_out, "w") as f:
-            f.writelines(f"{v:.9g}\n" for v in losses)
-    print(f"RESULT impl=pytorch mode={a.mode} device={a.device} amp={a.amp} params={params} world={world} "
+            f.writelines(f"{v:.17g}\n" for v in losses)
+    print(f"RESULT impl=pytorch mode={a.mode} device={a.device} amp={a.amp} dtype={a.dtype} params={params} world={world} "
           f"tokens_per_s={tokens / seconds:.1f} peak_rss_mb={peak_rss.item():.1f} peak_gpu_mb={peak_gpu.item():.1f} "
           f"first_loss={losses[0]:.6f} last_loss={losses[-1]:.6f}", flush=True)
 if distributed:

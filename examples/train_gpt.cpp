@@ -64,7 +64,7 @@ constexpr const char* kUsage = R"(usage: train_gpt [options]
                      (transformers' "gelu_new") (default exact; with --init-from, config.json's)
   --sample N         characters to generate at the end (default 200)
   --log-every K      print the mean loss of every K steps (default 50; 1: each step's loss)
-  --losses-out FILE  write every step's loss (averaged over the ranks) to FILE, one a line (%.9g)
+  --losses-out FILE  write every step's loss (averaged over the ranks) to FILE, one a line (%.17g)
   --warmup N         leave the first N steps out of tokens/s (CUDA start-up, first allocations) (default 0)
   --init-from DIR    start from a GPT-2 in Hugging Face's layout (GPT2LMHeadModel.save_pretrained: config.json
                      and model.safetensors, or sharded with model.safetensors.index.json). The sizes (--layers,
@@ -80,10 +80,14 @@ constexpr const char* kUsage = R"(usage: train_gpt [options]
                      recompute each block's activations in backward instead of keeping them
   --amp fp32|bf16|fp16
                      autocast precision (default fp32); fp16 scales the loss (cpprun::GradScaler)
+  --dtype float32|float64
+                     the parameters', activations' and optimizer's type (default float32); float64 (with --amp
+                     fp32) makes a comparison with another implementation independent of how the CPU rounds
+                     float32 (scripts/bench_gpt.sh --dtype float64); --init-from's float32 tensors are cast to it
   --deferred-init on|off
                      build the model without memory (cpprun::deferred_init) and materialise it block by
                      block while sharding it (FSDP), or at once (DDP); the same values either way
-                     (default on with --mode fsdp --stage 3, else off)
+                     (default on with --mode fsdp --stage 3 in float32, else off)
   --straggler-every K
                      every K steps, rank 0 prints each rank's time per step in compute and in waiting for
                      collectives, and names the slowest rank (default 50; 0: never)
@@ -101,7 +105,7 @@ struct Options {
   int64_t block = 64, layers = 2, embed = 64, heads = 4;
   double lr = 3e-3;
   bool help = false, checkpoint_activations = false;
-  std::string amp = "fp32", deferred_init = "auto";
+  std::string amp = "fp32", deferred_init = "auto", dtype = "float32";
 };
 
 Options parse(int argc, char** argv) {
@@ -131,6 +135,7 @@ Options parse(int argc, char** argv) {
     else if (flags.is("--straggler-every")) o.straggler_every = flags.number(0);
     else if (flags.is("--checkpoint-activations")) o.checkpoint_activations = true;
     else if (flags.is("--amp")) o.amp = flags.value();
+    else if (flags.is("--dtype")) o.dtype = flags.value();
     else if (flags.is("--deferred-init")) o.deferred_init = flags.value();
     else if (flags.is("--gelu")) gelu = flags.value();
     else if (flags.is("--init-from")) o.init_from = flags.value();
@@ -188,6 +193,17 @@ Options parse(int argc, char** argv) {
   if (o.amp != "fp32" && o.amp != "bf16" && o.amp != "fp16") {
     throw std::invalid_argument("--amp must be fp32, bf16 or fp16, got " + o.amp);
   }
+  if (o.dtype != "float32" && o.dtype != "float64") {
+    throw std::invalid_argument("--dtype must be float32 or float64, got " + o.dtype);
+  }
+  if (o.dtype == "float64" && o.amp != "fp32") {
+    throw std::invalid_argument("--dtype float64 goes with --amp fp32 only (autocast computes in " + o.amp +
+                                "), got --amp " + o.amp);
+  }
+  if (o.dtype == "float64" && o.deferred_init == "on") {
+    throw std::invalid_argument("--deferred-init on does not go with --dtype float64: the float32 model is loaded "
+                                "and cast whole before the wrapper sees it; drop --deferred-init (with float64 it is off)");
+  }
   if (o.deferred_init != "auto" && o.deferred_init != "on" && o.deferred_init != "off") {
     throw std::invalid_argument("--deferred-init must be on or off, got " + o.deferred_init);
   }
@@ -196,7 +212,9 @@ Options parse(int argc, char** argv) {
                                 ": each rank's tensor-parallel shards are cut from a whole model built first; "
                                 "drop --deferred-init (with --tp it is off)");
   }
-  if (o.deferred_init == "auto") o.deferred_init = o.mode == "fsdp" && o.stage == 3 && o.tp == 1 ? "on" : "off";
+  if (o.deferred_init == "auto") {
+    o.deferred_init = o.mode == "fsdp" && o.stage == 3 && o.tp == 1 && o.dtype == "float32" ? "on" : "off";
+  }
   if (o.stage > 3) throw std::invalid_argument("--stage must be 1, 2 or 3, got " + std::to_string(o.stage));
   if (o.embed % o.heads != 0) {
     throw std::invalid_argument("--embed " + std::to_string(o.embed) + " must be a multiple of --heads " +
@@ -560,6 +578,13 @@ int run(int argc, char** argv) {
     shard_from(*sharded, *gpt);
     gpt = sharded;
   }
+  // --dtype float64: the whole model cast before a wrapper sees it, so --init-from's float32 tensors
+  // are loaded first (into a float64 model they would be refused as another dtype).
+  const bool float64 = opt.dtype == "float64";
+  if (float64) {
+    if (!opt.init_from.empty() && !tp_group) load_gpt2(gpt, opt.init_from, opt, model_vocab);
+    gpt->to(torch::kDouble);
+  }
   // DDP replicates everything; FSDP (ZeRO) shards optimizer state, at stage 2 also gradients and
   // at stage 3 also parameters, one unit per transformer block. Either is a DataParallel<Gpt>:
   // the training loop below is the same for both. Under --tp they run across the data-parallel
@@ -571,7 +596,7 @@ int run(int argc, char** argv) {
   if (opt.mode == "ddp") model = cpprun::DistributedDataParallel(gpt, dp_group);
   else if (opt.mode == "fsdp") model = cpprun::FullyShardedDataParallel(gpt, dp_group, per_block_fsdp);
   const bool wrapped = !model.is_empty();
-  if (!opt.init_from.empty() && !tp_group) {
+  if (!opt.init_from.empty() && !tp_group && !float64) {
     if (wrapped) load_gpt2(model, opt.init_from, opt, model_vocab);
     else load_gpt2(gpt, opt.init_from, opt, model_vocab);
   }
@@ -638,7 +663,8 @@ int run(int argc, char** argv) {
     at::autocast::set_autocast_enabled(device_type, opt.amp != "fp32");
     auto logits = forward(x);
     at::autocast::set_autocast_enabled(device_type, false);
-    auto loss = torch::nn::functional::cross_entropy(logits.view({-1, logits.size(-1)}).to(torch::kFloat), y.view({-1}));
+    auto loss = torch::nn::functional::cross_entropy(logits.view({-1, logits.size(-1)}).to(float64 ? torch::kDouble : torch::kFloat),
+                                                     y.view({-1}));
     scaler.scale(loss).backward();
     if (!scaler.step(optimizer)) ++skipped;
     scaler.update();
@@ -679,7 +705,7 @@ int run(int argc, char** argv) {
   if (rank == 0 && !opt.losses_out.empty()) {
     std::string lines;
     char number[32];
-    for (double l : losses) std::snprintf(number, sizeof number, "%.9g\n", l), lines += number;
+    for (double l : losses) std::snprintf(number, sizeof number, "%.17g\n", l), lines += number;
     cpprun::write_file_atomically(opt.losses_out, lines);
   }
 
