@@ -87,16 +87,18 @@ struct Branchy : torch::nn::Module {
   }
 };
 
-// Parameters of three dtypes: buckets must never mix them.
+// Parameters of two dtypes, float32 and float64 (whatever the default dtype): buckets must never
+// mix them. Takes inputs of either; returns float64.
 struct MixedPrecisionMlp : torch::nn::Module {
   torch::nn::Linear fc1{nullptr}, fc2{nullptr};
   MixedPrecisionMlp() {
     fc1 = register_module("fc1", torch::nn::Linear(10, 32));
     fc2 = register_module("fc2", torch::nn::Linear(32, 4));
+    fc1->to(torch::kFloat);
     fc2->to(torch::kDouble);
   }
   torch::Tensor forward(torch::Tensor x) {
-    return fc2(torch::relu(fc1(x)).to(torch::kDouble)).to(torch::kFloat);
+    return fc2(torch::relu(fc1(x.to(torch::kFloat))).to(torch::kDouble));
   }
 };
 

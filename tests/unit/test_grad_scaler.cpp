@@ -46,6 +46,21 @@ TEST_CASE("grad_scaler: grows after growth_interval clean steps, backs off and s
   CHECK_FALSE(torch::equal(w, before));
 }
 
+TEST_CASE("grad_scaler: growth_factor multiplies the scale after each growth_interval clean steps", "[grad_scaler]") {
+  auto w = torch::ones({2}).requires_grad_();
+  torch::optim::SGD opt({w}, 0.1);
+  cpprun::GradScaler scaler(cpprun::GradScalerOptions().init_scale(8).growth_factor(3).growth_interval(2));
+  CHECK(train_step(scaler, opt, w, false));
+  CHECK(scaler.get_scale() == 8);
+  CHECK(train_step(scaler, opt, w, false));
+  CHECK(scaler.get_scale() == 24);  // 8 * 3, not the default's 16
+  CHECK(train_step(scaler, opt, w, false));
+  CHECK(train_step(scaler, opt, w, false));
+  CHECK(scaler.get_scale() == 72);
+  CHECK_FALSE(train_step(scaler, opt, w, true));
+  CHECK(scaler.get_scale() == 36);  // backoff_factor is still 0.5
+}
+
 TEST_CASE("grad_scaler: a NaN is an overflow too, and unscale_ before step is not repeated", "[grad_scaler]") {
   auto w = torch::ones({2}).requires_grad_();
   torch::optim::SGD opt({w}, 0.1);
