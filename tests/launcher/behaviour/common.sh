@@ -124,6 +124,21 @@ alive() {
 
 now_ms() { date +%s%3N; }
 
+# Sets $MARK to the latest of the time marks (now_ms's Unix milliseconds, one a file) in the files
+# given; fails, naming `what`, unless every one is there. A timed bound starts at such a mark,
+# written when its fault was reached, never before start-up: a loaded machine may take seconds to
+# start a job.
+latest_mark() {  # what file...
+  local what=$1 f mark
+  shift
+  MARK=0
+  for f in "$@"; do
+    mark=$(cat "$f" 2>/dev/null)
+    [[ $mark =~ ^[0-9]+$ ]] || fail "$what: no time mark in $(basename "$f")"
+    [ "$mark" -gt "$MARK" ] && MARK=$mark
+  done
+}
+
 # ---- multi-node: several cpprun agents on this host, one per node ----
 
 # Multi-node tests need a network namespace of their own (tests/run_isolated.sh makes one as root):
