@@ -79,18 +79,24 @@ join_disagreement)
       CPPRUN_TEST_TAG="$WORK" timeout -k 5 60 "$PROBE" op "$WORK" >"$WORK/$1.out" 2>"$WORK/$1.err"
   }
   port=$(free_port)
-  start=$(date +%s)
+  rm -f "$WORK"/joining.*
   run_rank a 0 2 & a=$!
   run_rank b 1 3 & b=$!
   wait "$a"; status_a=$?
   wait "$b"; status_b=$?
+  ended=$(now_ms)
   [ "$status_a" != 0 ] && [ "$status_b" != 0 ] || fail "WORLD_SIZE 2 and 3: exit codes $status_a and $status_b"
   for name in a b; do
     grep -F "cpprun: the ranks disagree on WORLD_SIZE" "$WORK/$name.err" | grep -F "WORLD_SIZE=3" | grep -qF "WORLD_SIZE=2" \
       || fail "WORLD_SIZE 2 and 3: $name's error does not name both values: $(cat "$WORK/$name.err")"
   done
-  elapsed=$(( $(date +%s) - start ))
-  [ "$elapsed" -lt 15 ] || fail "WORLD_SIZE 2 and 3: took $elapsed s"
+  # Timed from the later process's joining.PID mark, just before it joins: start-up is left out.
+  marks=("$WORK"/joining.*)
+  [ "${#marks[@]}" = 2 ] || fail "WORLD_SIZE 2 and 3: ${#marks[@]} joining marks, not 2"
+  latest_mark "WORLD_SIZE 2 and 3" "${marks[@]}"
+  elapsed=$((ended - MARK))
+  [ "$elapsed" -lt 15000 ] || fail "WORLD_SIZE 2 and 3: took $elapsed ms after both joined"
+  echo "WORLD_SIZE 2 and 3: both failed $elapsed ms after the later one began to join"
   port=$(free_port)
   run_rank a 0 3 & a=$!
   run_rank b 1 3 & b=$!

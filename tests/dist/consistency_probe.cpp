@@ -10,6 +10,11 @@
 // With CPPRUN_PROBE_UNCAUGHT=1 the probe is the careless user of tests/dist/fault_cases.sh
 // instead: the group keeps its default timeout, nothing is caught (an error ends the rank
 // through std::terminate), and no rank waits for another's mark.
+//
+// Time marks for the scripts' bounds, which start there and not at the job's start (start-up on a
+// loaded machine is no part of what they bound), each the Unix time in milliseconds: every process
+// writes SYNC_DIR/joining.PID before it joins the group, and every rank SYNC_DIR/fault.RANK just
+// before its mismatched call.
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
@@ -20,6 +25,8 @@
 #include <iostream>
 #include <string>
 #include <thread>
+
+#include <unistd.h>
 
 #include "cpprun/cpprun.h"
 
@@ -35,6 +42,14 @@ bool wait_for(const fs::path& file, std::chrono::seconds limit) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   return true;
+}
+
+// Writes the time now into `file`, whole: written aside, then renamed into place.
+void mark_time(const fs::path& file) {
+  const auto now = std::chrono::system_clock::now().time_since_epoch();
+  const fs::path part = file.string() + ".part";
+  std::ofstream(part) << std::chrono::duration_cast<std::chrono::milliseconds>(now).count() << "\n";
+  fs::rename(part, file);
 }
 
 // The mismatched call of each mode; rank 0 differs from the others.
@@ -104,6 +119,7 @@ int main(int argc, char** argv) {
   const bool uncaught = std::getenv("CPPRUN_PROBE_UNCAUGHT") != nullptr;
   cpprun::ProcessGroupOptions options;
   if (!uncaught) options.timeout = std::chrono::seconds(30);
+  mark_time(sync_dir / ("joining." + std::to_string(getpid())));
   auto pg = cpprun::init_process_group(options);
 
   if (mode == "store_binding") {  // hold the job while the script inspects the listening sockets
@@ -120,6 +136,7 @@ int main(int argc, char** argv) {
     cpprun::all_reduce(pg, t);
     TORCH_CHECK(t.sum().item<double>() == 3.0 * pg.size(), "matching all_reduce gave ", t);
   }
+  mark_time(sync_dir / ("fault." + std::to_string(pg.rank())));
   if (uncaught) {
     mismatched_call(mode, pg);
     return 0;

@@ -2,8 +2,9 @@
 //
 // usage: flight_recorder_probe MODE SYNC_DIR   (under cpprun --nproc_per_node=2)
 // Two matching all-reduces come first (collectives #1 and #2), then:
-//   stuck      rank 1 skips all_reduce #3; rank 0 waits in it until the group's timeout (3 s),
-//              prints what it caught and exits 1. Rank 1 exits 0 once rank 0's dump is there.
+//   stuck      rank 1 skips all_reduce #3; rank 0 marks SYNC_DIR/stuck.0 (the Unix time in ms,
+//              where the script's time bound starts), waits in #3 until the group's timeout
+//              (3 s), prints what it caught and exits 1. Rank 1 exits 0 once rank 0's dump is there.
 //   request    rank 0 enters all_reduce #3 and marks SYNC_DIR/ready.0; rank 1 marks ready.1 and
 //              waits for SYNC_DIR/release before it joins #3; both exit 0. Each rank first
 //              checks that its request fd is closed for its children.
@@ -66,6 +67,9 @@ int main(int argc, char** argv) {
 
   if (mode == "stuck") {
     if (rank == 1) return wait_for(dump_of(0), std::chrono::seconds(20)) ? 0 : 1;
+    const auto now = std::chrono::system_clock::now().time_since_epoch();
+    std::ofstream(sync_dir / "stuck.0.part") << std::chrono::duration_cast<std::chrono::milliseconds>(now).count() << "\n";
+    fs::rename(sync_dir / "stuck.0.part", sync_dir / "stuck.0");
     try {
       cpprun::all_reduce(pg, at::ones({4096}));
     } catch (const std::exception& e) {  // Gloo's own error types are not all c10::Error

@@ -7,10 +7,12 @@
 require_private_netns
 hsdp=${2:?usage: $0 PATH/TO/cpprun PATH/TO/cpprun_dist_hsdp}
 
-start_node node1 --nnodes=2 --node_rank=1 --nproc_per_node=2 --master_port=29530 "$hsdp"
-node1=$NODE_PID
+# Node 0 first; node 1 once node 0's agent listens at --master_port (an event, not a race).
 start_node node0 --nnodes=2 --node_rank=0 --nproc_per_node=2 --master_port=29530 "$hsdp"
 node0=$NODE_PID
+wait_for_listener "$node0" 29530 30
+start_node node1 --nnodes=2 --node_rank=1 --nproc_per_node=2 --master_port=29530 "$hsdp"
+node1=$NODE_PID
 wait_node "$node0" 200
 expect_eq "$NODE_STATUS" 0 "node 0's exit code"
 wait_node "$node1" 200

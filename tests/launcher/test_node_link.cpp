@@ -470,22 +470,24 @@ TEST_CASE("node_link: only one process listens at a c10d endpoint; the others le
   CHECK(LinkListener::at_endpoint("127.0.0.1", port, kSecret).status == ListenStatus::kListening);
 }
 
-TEST_CASE("node_link: node 0 listens at the loopback address the others know it by, IPv6 included",
-          "[node_link]") {
+TEST_CASE("node_link: node 0 listens at the loopback address the others know it by", "[node_link]") {
   CHECK(loopback_listen_address("127.0.0.1") == "127.0.0.1");
   CHECK(loopback_listen_address("127.0.0.2") == "127.0.0.2");
   CHECK(loopback_listen_address("::1") == "::1");
   CHECK(loopback_listen_address("0:0:0:0:0:0:0:1") == "::1");
   CHECK_FALSE(loopback_listen_address("10.1.2.3"));
   CHECK_FALSE(loopback_listen_address("cpprun-no-such-host.invalid"));
+}
+
+// Its own tag, so its own ctest entry (launcher.unit.node_link_ipv6), which is skipped (exit 77,
+// counted as skipped) on a host without ::1 rather than passing with this half untested.
+TEST_CASE("node_link: node 0 listening at ::1 is reachable over IPv6 only, at 127.0.0.1 over IPv4 only",
+          "[node_link_ipv6]") {
   // --master_addr=::1: reachable over IPv6, and not over IPv4.
   LinkListener v6(std::string("::1"), 0, kSecret);
   ConnectResult connected = connect_link("::1", v6.port(), std::chrono::seconds(5), -1, kSecret);
-  if (connected.status != ConnectStatus::kConnected && connected.error.find("Address family") != std::string::npos) {
-    WARN("no IPv6 on this host's loopback: the IPv6 half is not tested");
-    return;
-  }
-  CHECK(connected.status == ConnectStatus::kConnected);
+  INFO("connecting to [::1]:" << v6.port() << ": " << connected.error);
+  REQUIRE(connected.status == ConnectStatus::kConnected);
   CHECK(connect_link("127.0.0.1", v6.port(), std::chrono::seconds(2), -1, kSecret).status == ConnectStatus::kFailed);
   // 127.0.0.1: IPv4 only.
   LinkListener v4(std::string("127.0.0.1"), 0, kSecret);

@@ -124,6 +124,21 @@ alive() {
 
 now_ms() { date +%s%3N; }
 
+# Sets $MARK to the latest of the time marks (now_ms's Unix milliseconds, one a file) in the files
+# given; fails, naming `what`, unless every one is there. A timed bound starts at such a mark,
+# written when its fault was reached, never before start-up: a loaded machine may take seconds to
+# start a job.
+latest_mark() {  # what file...
+  local what=$1 f mark
+  shift
+  MARK=0
+  for f in "$@"; do
+    mark=$(cat "$f" 2>/dev/null)
+    [[ $mark =~ ^[0-9]+$ ]] || fail "$what: no time mark in $(basename "$f")"
+    [ "$mark" -gt "$MARK" ] && MARK=$mark
+  done
+}
+
 # ---- multi-node: several cpprun agents on this host, one per node ----
 
 # Multi-node tests need a network namespace of their own (tests/run_isolated.sh makes one as root):
@@ -175,6 +190,54 @@ find_torch_python_or_skip() {
   echo "SKIP: the torch.distributed part needs a python that imports torch (run scripts/setup.sh," \
        "or configure with -DCPPRUN_TORCH_PYTHON=...); the cpprun parts before it passed"
   exit 77
+}
+
+# ---- events that order a test's steps, in place of sleeps ----
+
+# Waits up to $3 seconds for the process whose pid is written in file $1 to run the program
+# named $2 (e.g. after `exec sleep`).
+wait_for_exec() {  # pid_file comm seconds
+  local deadline=$((SECONDS + $3)) pid=
+  until [ -n "$pid" ] && [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = "$2" ]; do
+    [ "$SECONDS" -lt "$deadline" ] || fail "pid '$pid' ($(basename "$1")) does not run $2 after $3 s"
+    sleep 0.02
+    pid=$(cat "$1" 2>/dev/null)
+  done
+}
+
+# Waits up to $2 seconds for the pid written in file $1 to be reaped: gone from /proc, not a
+# zombie, so its parent (a cpprun agent) has seen it exit.
+wait_reaped() {  # pid_file seconds
+  local deadline=$((SECONDS + $2)) pid
+  until [ -s "$1" ]; do
+    [ "$SECONDS" -lt "$deadline" ] || fail "no pid in $(basename "$1") after $2 s"
+    sleep 0.02
+  done
+  pid=$(cat "$1")
+  while [ -e "/proc/$pid" ]; do
+    [ "$SECONDS" -lt "$deadline" ] || fail "pid $pid ($(basename "$1")) not reaped after $2 s"
+    sleep 0.02
+  done
+}
+
+# Waits up to $2 seconds for an agent that starts before its host to try to reach it at
+# 127.0.0.1:$1: listens there itself, takes the first connection and resets it without a word,
+# and stops listening (no TIME_WAIT is left to block the host's port). The agent then tries again
+# until the host comes (Note [Pending links under a flood]), and says so once on its stderr.
+# So "this node came first" is an event the test saw, not a sleep's guess.
+wait_for_connect_attempt() {  # port seconds
+  python3 - "$1" "$2" <<'PY' || fail "nothing tried to connect to 127.0.0.1:$1 within $2 s"
+import socket, struct, sys
+server = socket.socket()
+server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+server.bind(("127.0.0.1", int(sys.argv[1])))
+server.listen(1)
+server.settimeout(float(sys.argv[2]))
+peer, _ = server.accept()
+peer.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close with RST
+peer.close()
+server.close()
+PY
 }
 
 wait_for_listener() {  # pid port seconds: until process pid listens on TCP port

@@ -53,7 +53,9 @@ expect_no_leftovers
 # (3) The member starts first and waits (is_host=0: it never hosts); the host (is_host=1) comes later.
 start_node nodeB $c10d --rdzv_id=job3 --nnodes=2 --rdzv_conf is_host=0,join_timeout=20 /bin/sh -c "$worker"
 b=$NODE_PID
-sleep 1
+# The member is seen trying to reach the host, and keeps trying: then the host comes.
+wait_for_connect_attempt 29620 15
+wait_for_text 10 "$WORK/nodeB.err" "closed this node's connection before the handshake completed; trying again"
 alive "$b" || fail "the member gave up before its host came"
 start_node nodeA $c10d --rdzv_id=job3 --nnodes=2 --rdzv_conf is_host=1 /bin/sh -c "$worker"
 a=$NODE_PID

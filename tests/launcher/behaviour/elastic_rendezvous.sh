@@ -15,20 +15,29 @@ elastic() {  # NAME PORT NPROC ARGS...: one agent of job "job7"
 
 # (1) --nnodes=2:3 and two agents: after last_call_timeout=1 the round starts with two. Join order
 # decides the numbering: node a (2 workers) first, then node b (1 worker).
-worker='env >"$WORK/env.$RANK"'
-started=$(now_ms)
+# Each worker marks when it started (started.RANK): the round's start, for the time bounds.
+worker='date +%s%3N >"$WORK/started.$RANK"; env >"$WORK/env.$RANK"'
 elastic nodeA 29600 2 --nnodes=2:3 --rdzv_conf last_call_timeout=1 /bin/sh -c "$worker"
 a=$NODE_PID
 wait_for_text 10 "$WORK/nodeA.err" "this agent hosts the c10d rendezvous"  # A hosts: it is node 0
+b_launched=$(now_ms)  # B joins after this, and MIN with it: the last call cannot start earlier
 elastic nodeB 29600 1 --nnodes=2:3 --rdzv_conf last_call_timeout=1 /bin/sh -c "$worker"
 b=$NODE_PID
+wait_for_text 10 "$WORK/nodeA.err" "starting round 0 in 1 s unless more join"
+last_call=$(now_ms)  # seen a little after the host said it
 wait_node "$a" 20
 expect_eq "$NODE_STATUS" 0 "node a's exit code"
 wait_node "$b" 20
 expect_eq "$NODE_STATUS" 0 "node b's exit code"
-elapsed=$(($(now_ms) - started))
-[ "$elapsed" -ge 1000 ] || fail "the round started after $elapsed ms, before last_call_timeout=1 s"
-[ "$elapsed" -lt 10000 ] || fail "the round took $elapsed ms to start and finish"
+ended=$(now_ms)
+# The round started (its first worker) at least 1 s after B was launched; the whole was bounded
+# from the last call on, not from the agents' start-up.
+first_worker=$(sort -n "$WORK"/started.* | head -1)
+latest_mark "the workers of round 0" "$WORK"/started.{0,1,2}
+elapsed=$((first_worker - b_launched))
+[ "$elapsed" -ge 1000 ] || fail "the round started $elapsed ms after B was launched, before last_call_timeout=1 s"
+elapsed=$((ended - last_call))
+[ "$elapsed" -lt 10000 ] || fail "the round took $elapsed ms to start and finish after the last call"
 expect_in_file "$WORK/nodeA.err" "this agent hosts the c10d rendezvous at 127.0.0.1:29600 (--rdzv_id=job7, --nnodes=2:3)" \
   "a's host line"
 expect_in_file "$WORK/nodeA.err" "starting round 0 in 1 s unless more join (--rdzv_conf last_call_timeout)" "a's last call"
@@ -53,14 +62,14 @@ expect_no_leftovers
 
 # (2) Three agents of --nnodes=2:3 (3, 1 and 2 workers): MAX is there, so the round starts at once,
 # not after last_call_timeout=30.
-rm -f "$WORK"/env.*
-started=$(now_ms)
+rm -f "$WORK"/env.* "$WORK"/started.*
 elastic nodeA 29601 3 --nnodes=2:3 --rdzv_conf last_call_timeout=30 /bin/sh -c "$worker"
 a=$NODE_PID
 wait_for_text 10 "$WORK/nodeA.err" "this agent hosts the c10d rendezvous"  # A hosts: it is node 0
 elastic nodeB 29601 1 --nnodes=2:3 --rdzv_conf last_call_timeout=30 /bin/sh -c "$worker"
 b=$NODE_PID
 wait_for_text 10 "$WORK/nodeA.err" "2 nodes (--nnodes=2:3) at"  # B is node 1
+c_launched=$(now_ms)  # from here, not from A's start-up
 elastic nodeC 29601 2 --nnodes=2:3 --rdzv_conf last_call_timeout=30 /bin/sh -c "$worker"
 c=$NODE_PID
 for node in a b c; do
@@ -68,8 +77,9 @@ for node in a b c; do
   wait_node "$pid" 20
   expect_eq "$NODE_STATUS" 0 "node $node's exit code (three nodes)"
 done
-elapsed=$(($(now_ms) - started))
-[ "$elapsed" -lt 10000 ] || fail "three of --nnodes=2:3 took $elapsed ms: the round should start when MAX joined"
+latest_mark "the workers of the three nodes" "$WORK"/started.{0,1,2,3,4,5}
+elapsed=$((MARK - c_launched))
+[ "$elapsed" -lt 10000 ] || fail "the round started $elapsed ms after C was launched: it should start when MAX joined, not after last_call_timeout=30"
 expect_in_file "$WORK/nodeA.err" "3 nodes of --nnodes=2:3, 6 workers (node 0: ranks 0-2, node 1 (127.0.0.1:" "a's round line (three nodes)"
 # rank: GROUP_RANK LOCAL_RANK LOCAL_WORLD_SIZE
 expected=("0 0 3" "0 1 3" "0 2 3" "1 0 1" "2 0 2" "2 1 2")

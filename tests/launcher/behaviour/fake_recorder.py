@@ -4,7 +4,9 @@ rank_R.listening in $CPPRUN_FLIGHT_RECORDER_DIR, dumps rank_R.json at each byte 
 $CPPRUN_FLIGHT_RECORDER_REQUEST_FD, and plays one part of a hang:
   behind   stuck in all_reduce #5 until stopped
   ahead    finished #5, waits in all_gather #6 until stopped
-  fails    like ahead, then dumps #6 as failed and exits 3 after $FAIL_AFTER seconds
+  fails    like ahead, then dumps #6 as failed and exits 3 once the file $FAIL_ON is there (the
+           test's go, given once the others are ready), writing the Unix time in ms (where a
+           test's time bound starts) to $FAULT_MARK first if it is set
 usage: fake_recorder.py PART"""
 import json, os, sys, threading, time
 
@@ -44,7 +46,16 @@ open(os.path.join(directory, f"rank_{rank}.listening"), "w").close()
 threading.Thread(target=listen, daemon=True).start()
 print(f"rank {rank} playing {part}", flush=True)
 if part == "fails":
-    time.sleep(float(os.environ.get("FAIL_AFTER", "1")))
+    go = os.environ["FAIL_ON"]
+    deadline = time.time() + 60
+    while not os.path.exists(go):
+        if time.time() > deadline:
+            sys.exit(f"fake_recorder.py: rank {rank}: no {go} after 60 s")
+        time.sleep(0.02)
     dump("failure", failed=True)
+    if "FAULT_MARK" in os.environ:
+        with open(os.environ["FAULT_MARK"] + ".part", "w") as f:
+            f.write(f"{int(time.time() * 1000)}\n")
+        os.rename(os.environ["FAULT_MARK"] + ".part", os.environ["FAULT_MARK"])
     sys.exit(3)
 time.sleep(120)

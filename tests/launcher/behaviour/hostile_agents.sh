@@ -74,7 +74,7 @@ endpoint=127.0.0.1:29572
 start_node c0 --nnodes=2 --rdzv_backend=c10d --rdzv_endpoint=$endpoint --rdzv_id=run-id-not-for-strangers \
   --rdzv_conf join_timeout=40 /bin/sh -c 'echo "worker $RANK done"'
 c0=$NODE_PID
-for _ in $(seq 200); do ss -ltnH | grep -q "127.0.0.1:29572" && break; sleep 0.05; done
+wait_for_listener "$c0" 29572 10
 stranger hello 127.0.0.1 29572 >"$WORK/stranger_c10d.out"
 expect_in_file "$WORK/stranger_c10d.out" "cpprun-auth-refused" "the c10d stranger's refusal"
 grep -q "run-id-not-for-strangers\|rdzv_id\|nnodes" "$WORK/stranger_c10d.out" && fail "the c10d refusal revealed the job's settings"

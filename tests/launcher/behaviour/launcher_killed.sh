@@ -5,7 +5,7 @@ CPPRUN_TEST_TAG=$WORK "$CPPRUN" --nproc_per_node=3 /bin/sh -c \
   'echo $$ > "$WORK/pid.$LOCAL_RANK"; exec sleep 30' >"$WORK/out" 2>"$WORK/err" &
 launcher=$!
 wait_for_files 20 "$WORK/pid.0" "$WORK/pid.1" "$WORK/pid.2"
-sleep 0.2  # let the last worker get from `echo` to `exec sleep`
+for rank in 0 1 2; do wait_for_exec "$WORK/pid.$rank" sleep 10; done  # past `echo`
 kill -KILL "$launcher"
 wait "$launcher"
 expect_eq "$?" 137 "launcher's status"

@@ -16,8 +16,9 @@ for trial in $(seq "$trials"); do
   python3 "$(dirname "$0")/stranger.py" storm 127.0.0.1 "$link_port" 15 127.0.0.2 >"$WORK/storm.out" 2>&1 &
   storm=$!
   trap 'kill "$storm" 2>/dev/null; cleanup' EXIT
-  wait_for_text 10 "$WORK/storm.out" "storming"
-  sleep 1
+  # Node 1 comes once the storm is at full strength (it holds each connection 1 s and has let the
+  # first go), an event rather than a sleep.
+  wait_for_text 20 "$WORK/storm.out" "full: holding"
   start_node node1 --nnodes=2 --node_rank=1 --master_port=$port --rdzv_conf join_timeout=30 \
     /bin/sh -c 'echo "worker $RANK done"'
   node1=$NODE_PID

@@ -15,7 +15,7 @@ kill_agent_of() {
   start_node node1 --nnodes=2 --node_rank=1 --nproc_per_node=1 --master_port="$port" /bin/sh -c "$worker"
   local agent1=$NODE_PID
   wait_for_files 30 "$WORK/pid.0" "$WORK/pid.1" "$WORK/pid.2"
-  sleep 0.2  # let the workers get from `echo` to `exec sleep`
+  for rank in 0 1 2; do wait_for_exec "$WORK/pid.$rank" sleep 10; done  # past `echo`
   local victim_pid=$agent0 survivor_pid=$agent1
   [ "$victim" = 1 ] && { victim_pid=$agent1; survivor_pid=$agent0; }
   started=$(now_ms)

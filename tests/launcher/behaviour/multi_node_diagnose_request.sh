@@ -12,10 +12,18 @@ require_private_netns
 command -v python3 >/dev/null || { echo "SKIP: no python3"; exit 77; }
 recorder="python3 $(dirname "$0")/fake_recorder.py"
 
-# Asks cpprun $1 for a diagnosis (at most 40 s), into $WORK/$2.out and .err; the exit code in $ASKED.
+# Asks cpprun $1 for a diagnosis (at most 40 s), into $WORK/$2.out and .err; the exit code in $ASKED,
+# and in $ASK_MS the milliseconds from the asking (marked just before cpprun --diagnose starts)
+# to its answer.
 ask() {
-  timeout 40 "$CPPRUN" --diagnose "$1" >"$WORK/$2.out" 2>"$WORK/$2.err"
+  local ended
+  rm -f "$WORK/$2.asked_ms"
+  timeout 40 sh -c 'date +%s%3N >"$0"; exec "$@"' "$WORK/$2.asked_ms" "$CPPRUN" --diagnose "$1" \
+    >"$WORK/$2.out" 2>"$WORK/$2.err"
   ASKED=$?
+  ended=$(now_ms)
+  latest_mark "$2: the request" "$WORK/$2.asked_ms"
+  ASK_MS=$((ended - MARK))
 }
 
 # Fails unless $WORK/$1.out answers for every rank of both nodes: rank 2 stuck, 0, 1 and 3 waiting.
@@ -44,9 +52,8 @@ for text in "rank 0 playing ahead" "rank 1 playing ahead"; do wait_for_text 30 "
 for text in "rank 2 playing behind" "rank 3 playing ahead"; do wait_for_text 30 "$WORK/node1.out" "$text"; done
 
 # ---- asked on node 0: one diagnosis over both nodes' ranks, the job goes on ----
-start_ms=$(now_ms)
 ask "$node0" first
-elapsed=$(( $(now_ms) - start_ms ))
+elapsed=$ASK_MS
 expect_eq "$ASKED" 0 "cpprun --diagnose of node 0's exit code"
 expect_whole_job first
 expect_in_file "$WORK/node0.err" "rank 2 is in all_reduce #5" "node 0's console has the answer too"
@@ -83,9 +90,8 @@ expect_in_file "$WORK/member.out" "(node 1's ranks only: for every rank of the j
 # ---- node 1's agent stopped: named after node 0's bounded wait; its late answer is not the next one's ----
 requests_before=$(grep -c "node 0 asked for this node's ranks" "$WORK/node1.err")
 kill -STOP "$node1"
-start_ms=$(now_ms)
 ask "$node0" silent
-elapsed=$(( $(now_ms) - start_ms ))
+elapsed=$ASK_MS
 expect_eq "$ASKED" 0 "the request while node 1's agent is stopped: exit code"
 expect_in_file "$WORK/silent.out" "no dump from ranks 2-3 (fate unknown): node 1 sent no evidence within 5 s" \
   "node 0 names the silent node's ranks"

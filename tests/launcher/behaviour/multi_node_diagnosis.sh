@@ -15,9 +15,13 @@ worker='case $RANK in 2) exec '"$recorder"' fails;; 3) exec '"$recorder"' behind
 start_node node0 --nnodes=2 --node_rank=0 --nproc_per_node=2 --master_port=29570 --log_dir "$WORK/logs0" \
   /bin/sh -c "$worker"
 node0=$NODE_PID
-FAIL_AFTER=3 start_node node1 --nnodes=2 --node_rank=1 --nproc_per_node=2 --master_port=29570 \
+FAIL_ON=$WORK/go.1 start_node node1 --nnodes=2 --node_rank=1 --nproc_per_node=2 --master_port=29570 \
   --log_dir "$WORK/logs1" /bin/sh -c "$worker"
 node1=$NODE_PID
+# Rank 2 fails once the others are up and answer requests (each says so): an event, not a delay.
+for text in "rank 0 playing ahead" "rank 1 playing ahead"; do wait_for_text 30 "$WORK/node0.out" "$text"; done
+wait_for_text 30 "$WORK/node1.out" "rank 3 playing behind"
+touch "$WORK/go.1"
 wait_node "$node0" 40
 expect_eq "$NODE_STATUS" 3 "node 0's exit code"
 wait_node "$node1" 40
@@ -48,20 +52,26 @@ expect_no_leftovers
 
 # ---- node 1's agent is stopped (SIGSTOP) and sends nothing: node 0 names it after its 5 s wait ----
 worker='[ "$RANK" = 0 ] && exec '"$recorder"' fails; exec '"$recorder"' ahead'
-FAIL_AFTER=4 start_node node0 --nnodes=2 --node_rank=0 --master_port=29571 /bin/sh -c "$worker"
+FAIL_ON=$WORK/go.2 FAULT_MARK=$WORK/failed_ms start_node node0 --nnodes=2 --node_rank=0 --master_port=29571 \
+  /bin/sh -c "$worker"
 node0=$NODE_PID
 start_node node1 --nnodes=2 --node_rank=1 --master_port=29571 /bin/sh -c "$worker"
 node1=$NODE_PID
+wait_for_text 30 "$WORK/node0.out" "rank 0 playing fails"
 wait_for_text 30 "$WORK/node1.out" "rank 1 playing ahead"
 kill -STOP "$node1"
-start_ms=$(now_ms)
+touch "$WORK/go.2"  # rank 0 fails now, with node 1's agent stopped
 wait_for_text 30 "$WORK/node0.err" "node 1 sent no evidence within 5 s"
-elapsed=$(( $(now_ms) - start_ms ))
+ended=$(now_ms)
 expect_in_file "$WORK/node0.err" "no dump from rank 1 (fate unknown): node 1 sent no evidence within 5 s" \
   "node 0 names the silent node's rank"
 expect_in_file "$WORK/node0.err" "rank 0 failed in all_gather #6" "node 0's own rank, in the same diagnosis"
-# The rank fails 4 s after it started, then 2 s for dumps at most, then the 5 s wait: bounded.
-[ "$elapsed" -lt 20000 ] || fail "node 0 took $elapsed ms to give up on node 1's evidence"
+# From rank 0's failure: at most 2 s for dumps (milliseconds here), then the 5 s wait: bounded,
+# and not shorter than the wait.
+latest_mark "rank 0's failure" "$WORK/failed_ms"
+elapsed=$((ended - MARK))
+[ "$elapsed" -ge 5000 ] || fail "node 0 gave up on node 1's evidence $elapsed ms after the failure, before its 5 s wait"
+[ "$elapsed" -lt 10000 ] || fail "node 0 took $elapsed ms after the failure to give up on node 1's evidence"
 # Resumed, node 1 stops its workers and the job ends as usual; its evidence, late, changes nothing.
 kill -CONT "$node1"
 wait_node "$node0" 30
@@ -72,11 +82,15 @@ expect_eq "$NODE_STATUS" 3 "node 1's exit code"
 expect_no_leftovers
 
 # ---- node 0's workers all succeed; then rank 1 (node 1) fails: node 0 still prints the diagnosis ----
-worker='[ "$RANK" = 1 ] && exec '"$recorder"' fails; exit 0'
+worker='[ "$RANK" = 1 ] && exec '"$recorder"' fails; echo $$ >"$WORK/pid.$RANK"; exit 0'
+rm -f "$WORK"/pid.*
 start_node node0 --nnodes=2 --node_rank=0 --master_port=29572 --log_dir "$WORK/logs2" /bin/sh -c "$worker"
 node0=$NODE_PID
-FAIL_AFTER=2 start_node node1 --nnodes=2 --node_rank=1 --master_port=29572 /bin/sh -c "$worker"
+FAIL_ON=$WORK/go.3 start_node node1 --nnodes=2 --node_rank=1 --master_port=29572 /bin/sh -c "$worker"
 node1=$NODE_PID
+# Rank 1 fails once node 0's agent has reaped its worker (its pid is gone): an event, not a delay.
+wait_reaped "$WORK/pid.0" 30
+touch "$WORK/go.3"
 wait_node "$node0" 40
 expect_eq "$NODE_STATUS" 3 "node 0's exit code"
 wait_node "$node1" 40

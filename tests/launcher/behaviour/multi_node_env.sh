@@ -6,13 +6,16 @@
 require_private_netns
 
 # Node 0's workers wait for $WORK/release; node 1's finish at once.
-worker='env >"$WORK/env.$RANK"; [ "$GROUP_RANK" = 1 ] || while [ ! -e "$WORK/release" ]; do sleep 0.05; done'
+worker='env >"$WORK/env.$RANK"; echo $$ >"$WORK/pid.$RANK"; [ "$GROUP_RANK" = 1 ] || while [ ! -e "$WORK/release" ]; do sleep 0.05; done'
 start_node node0 --nnodes=2 --node_rank=0 --nproc_per_node=2 --master_port=29510 --rdzv_id=job7 /bin/sh -c "$worker"
 node0=$NODE_PID
 start_node node1 --nnodes=2 --node-rank=1 --nproc_per_node=1 --master_addr=127.0.0.1 --master_port=29510 \
   --rdzv_id=job7 /bin/sh -c "$worker"
 node1=$NODE_PID
 wait_for_files 30 "$WORK/env.0" "$WORK/env.1" "$WORK/env.2"
+# Once node 1's agent has reaped its worker it would exit within milliseconds without the barrier:
+# the 0.5 s are that grace, counted from the event, not a guess at when the worker ends.
+wait_reaped "$WORK/pid.2" 30
 sleep 0.5
 alive "$node1" || fail "node 1's cpprun exited while node 0's workers were still running (no exit barrier)"
 touch "$WORK/release"
@@ -41,7 +44,9 @@ rm -f "$WORK"/env.*
 worker='env >"$WORK/env.$RANK"'
 start_node node1 --nnodes=2 --node_rank=1 --nproc_per_node=3 --master_port=29511 /bin/sh -c "$worker"
 node1=$NODE_PID
-sleep 0.3
+# Node 1 is seen trying to reach node 0, and keeps trying: then node 0 starts.
+wait_for_connect_attempt 29511 15
+wait_for_text 10 "$WORK/node1.err" "closed this node's connection before the handshake completed; trying again"
 start_node node0 --nnodes=2 --node_rank=0 --nproc_per_node=1 --master_port=29511 /bin/sh -c "$worker"
 node0=$NODE_PID
 wait_node "$node0" 30

@@ -5,8 +5,13 @@
 require_private_netns
 collectives=${2:?usage: $0 PATH/TO/cpprun PATH/TO/cpprun_dist_collectives}
 
-# Rank 2 (node 1) fails; the others would sleep.
-worker='echo $$ >"$WORK/pid.$RANK"; [ "$RANK" = 2 ] && { sleep 0.5; echo "bad batch" >&2; exit 3; }; exec sleep 60'
+# Rank 2 (node 1) fails once ranks 0 and 1 (node 0) are up; the others would sleep.
+worker='echo $$ >"$WORK/pid.$RANK"
+  if [ "$RANK" = 2 ]; then
+    i=0; until [ -s "$WORK/pid.0" ] && [ -s "$WORK/pid.1" ]; do i=$((i+1)); [ $i -gt 600 ] && exit 99; sleep 0.05; done
+    echo "bad batch" >&2; exit 3
+  fi
+  exec sleep 60'
 start_node node0 --nnodes=2 --node_rank=0 --nproc_per_node=2 --master_port=29560 /bin/sh -c "$worker"
 node0=$NODE_PID
 start_node node1 --nnodes=2 --node_rank=1 --nproc_per_node=1 --master_port=29560 /bin/sh -c "$worker"
@@ -39,11 +44,17 @@ expect_eq "$NODE_STATUS" 143 "node 1's exit code after node 0's SIGTERM"
 expect_in_file "$WORK/node1.err" "the agent of node 0 received SIGTERM" "node 1's reason"
 expect_no_leftovers
 
-# --max_restarts=1: rank 2 fails in round 0 while ranks 0 and 1 wait for it in init_process_group;
-# round 1 (TORCHELASTIC_RESTART_COUNT=1) runs the collectives test on all three.
+# --max_restarts=1: rank 2 fails in round 0 once ranks 0 and 1 have started (they then wait for it
+# in init_process_group); round 1 (TORCHELASTIC_RESTART_COUNT=1) runs the collectives test on all three.
 cat >"$WORK/flaky.sh" <<SCRIPT
 #!/bin/sh
-if [ "\$TORCHELASTIC_RESTART_COUNT" = 0 ] && [ "\$RANK" = 2 ]; then sleep 1; exit 7; fi
+if [ "\$TORCHELASTIC_RESTART_COUNT" = 0 ]; then
+  if [ "\$RANK" = 2 ]; then
+    i=0; until [ -e "$WORK/up.0" ] && [ -e "$WORK/up.1" ]; do i=\$((i+1)); [ \$i -gt 600 ] && exit 99; sleep 0.05; done
+    exit 7
+  fi
+  touch "$WORK/up.\$RANK"
+fi
 exec "$collectives"
 SCRIPT
 chmod +x "$WORK/flaky.sh"

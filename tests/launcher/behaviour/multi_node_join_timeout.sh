@@ -5,19 +5,25 @@ require_private_netns
 
 worker='touch "$WORK/started.$RANK"'
 
-# Three nodes, node 2 never comes.
-started=$(now_ms)
+# Three nodes, node 2 never comes. Node 0's join timeout starts before it listens: the upper
+# bound is timed from when it was seen listening, not from the agents' start-up; the lower from
+# its launch, before its clock started.
 start_node node1 --nnodes=3 --node_rank=1 --master_port=29550 --rdzv_conf join_timeout=3 /bin/sh -c "$worker"
 node1=$NODE_PID
+launched=$(now_ms)
 start_node node0 --nnodes=3 --node_rank=0 --master_port=29550 --rdzv_conf join_timeout=3 /bin/sh -c "$worker"
 node0=$NODE_PID
+wait_for_listener "$node0" 29550 10
+listening=$(now_ms)
 wait_node "$node0" 20
 expect_eq "$NODE_STATUS" 1 "node 0's exit code"
+ended=$(now_ms)
 wait_node "$node1" 20
 expect_eq "$NODE_STATUS" 1 "node 1's exit code"
-elapsed=$(($(now_ms) - started))
-[ "$elapsed" -ge 2900 ] || fail "gave up after $elapsed ms, before join_timeout=3"
-[ "$elapsed" -lt 15000 ] || fail "took $elapsed ms to give up"
+elapsed=$((ended - launched))
+[ "$elapsed" -ge 3000 ] || fail "node 0 gave up $elapsed ms after its launch, before join_timeout=3"
+elapsed=$(($(now_ms) - listening))
+[ "$elapsed" -lt 15000 ] || fail "took $elapsed ms to give up after node 0 listened"
 for node in 0 1; do
   expect_in_file "$WORK/node$node.err" "rendezvous timed out after 3 s (--rdzv_conf join_timeout): node rank 2 of --nnodes=3 never arrived at 127.0.0.1:29550" \
     "node $node's message"

@@ -7,7 +7,8 @@
     stranger.py hold HOST PORT N      opens N connections and keeps them open, silent, until killed
     stranger.py storm HOST PORT SECONDS [SOURCE]
                                       opens connections as fast as it can for SECONDS (from the local
-                                      address SOURCE if given), each held silent for 1 s
+                                      address SOURCE if given), each held silent for 1 s; prints
+                                      "storming" at the start, "full" once it lets the first go
 
 Prints everything the agent sent back (until it closed the connection, or 5 s passed) on stdout,
 so the test can check that the agent revealed nothing but its challenge and its refusal.
@@ -43,10 +44,14 @@ def storm(host, port, seconds, source):
     opened = 0
     end = time.monotonic() + seconds
     print("storming", flush=True)
+    full = False
     while time.monotonic() < end:
         now = time.monotonic()
         while held and now - held[0][0] > 1.0:
             held.popleft()[1].close()
+            if not full:
+                print(f"full: holding {len(held) + 1} connections", flush=True)
+                full = True
         try:
             sock = socket.socket(family, socket.SOCK_STREAM)
         except OSError:  # out of descriptors: let the held ones go first
