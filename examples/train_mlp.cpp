@@ -19,6 +19,8 @@ constexpr const char* kUsage = R"(usage: train_mlp [options]
   --steps N          optimizer steps (default 300)
   --global-batch B   examples per step over all ranks; must divide by the world size (default 256)
   --lr X             SGD's learning rate (default 0.05)
+  --float64          train in double precision and print the losses to 12 digits: the curve on N
+                     ranks then equals the single-process one to rounding (tests/examples/run_parity.cmake)
   --help             this text
 )";
 
@@ -29,6 +31,7 @@ struct Options {
   int steps = 300;
   int global_batch = 256;
   double lr = 0.05;
+  bool float64 = false;
   bool help = false;
 };
 
@@ -39,6 +42,7 @@ Options parse(int argc, char** argv) {
     else if (flags.is("--steps")) o.steps = flags.number(1);
     else if (flags.is("--global-batch")) o.global_batch = flags.number(1);
     else if (flags.is("--lr")) o.lr = flags.number(1e-12);
+    else if (flags.is("--float64")) o.float64 = true;
     else flags.unknown();
   }
   if (o.global_batch >= kPoints) {
@@ -77,10 +81,13 @@ int run(int argc, char** argv) {
   const int local_batch = opt.global_batch / world;
   torch::manual_seed(0);  // same initial weights everywhere; we still broadcast to be sure
   auto model = std::make_shared<Mlp>();
+  const auto dtype = opt.float64 ? torch::kDouble : torch::kFloat;
+  model->to(dtype);
   for (auto& p : model->parameters()) cpprun::broadcast(group, p.detach(), 0);
   torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(opt.lr).momentum(0.9));
 
   auto [points, labels] = spirals(kPoints, /*seed=*/1);
+  points = points.to(dtype);
   double first_loss = 0, loss_sum = 0;
   int loss_count = 0;
   for (int step = 0; step < opt.steps; ++step) {
@@ -112,8 +119,8 @@ int run(int argc, char** argv) {
     if (step == 0) first_loss = value;
     loss_sum += value, ++loss_count;
     if (rank == 0 && ((step + 1) % 50 == 0 || step + 1 == opt.steps)) {
-      std::printf("step %4d/%d  loss %.4f  (world size %d, %d samples per rank)\n", step + 1,
-                  opt.steps, loss_sum / loss_count, world, local_batch);
+      std::printf("step %4d/%d  loss %.*f  (world size %d, %d samples per rank)\n", step + 1, opt.steps,
+                  opt.float64 ? 12 : 4, loss_sum / loss_count, world, local_batch);
       std::fflush(stdout);
       loss_sum = 0, loss_count = 0;
     }

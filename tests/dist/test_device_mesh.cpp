@@ -1,8 +1,11 @@
 // DeviceMesh under `cpprun --nproc_per_node=K`, K = 1..4: each dimension's group holds the
 // ranks that differ only along it, names and shapes are checked, and the default mesh follows
-// the launcher's WORLD_SIZE / LOCAL_WORLD_SIZE.
+// the launcher's WORLD_SIZE / LOCAL_WORLD_SIZE, with or without a group given.
 #include "catch.h"
 #include <ATen/ATen.h>
+
+#include <numeric>
+#include <vector>
 
 #include "cpprun/cpprun.h"
 #include "cpprun/device_mesh.h"
@@ -47,4 +50,22 @@ TEST_CASE("device mesh: the default mesh is nodes x local processes from the lau
   auto one_d = cpprun::DeviceMesh(group(), {world});
   CHECK(one_d.group(0).size() == world);
   CHECK(one_d.names() == std::vector<std::string>{"dim0"});
+}
+
+TEST_CASE("device mesh: init_device_mesh() with no group lays out the default group", "[mesh]") {
+  const int world = group().size(), rank = group().rank();  // group() is the default group
+  auto mesh = cpprun::init_device_mesh();
+  CHECK(mesh.shape() == std::vector<int>{1, world});
+  std::vector<int> everyone(world);
+  std::iota(everyone.begin(), everyone.end(), 0);
+  CHECK(cpprun::get_process_group_ranks(mesh.whole()) == everyone);
+  CHECK(cpprun::get_process_group_ranks(mesh.group("local")) == everyone);
+  CHECK(cpprun::get_process_group_ranks(mesh.group("node")) == std::vector<int>{rank});
+  // Each dimension's group reduces over its own ranks only: all of them along "local", this one
+  // along "node".
+  at::Tensor local_sum = at::full({1}, rank + 1, at::kLong), node_sum = at::full({1}, rank + 1, at::kLong);
+  cpprun::all_reduce(mesh.group("local"), local_sum);
+  cpprun::all_reduce(mesh.group("node"), node_sum);
+  CHECK(local_sum.item<int64_t>() == world * (world + 1) / 2);
+  CHECK(node_sum.item<int64_t>() == rank + 1);
 }

@@ -1,9 +1,11 @@
 // Subgroups (new_group, split_group) under `cpprun --nproc_per_node=K`, K = 1..4:
 // collectives on disjoint subgroups at once, clear errors for non-members and disagreeing
-// creation, and DDP / FSDP / DistributedSampler on a subgroup matching one process.
+// creation, the ranks get_process_group_ranks lists, and DDP / FSDP / DistributedSampler on a
+// subgroup matching one process.
 #include "catch.h"
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <numeric>
 #include <set>
 
@@ -182,4 +184,41 @@ TEST_CASE("subgroups: DistributedSampler on a subgroup partitions among its memb
   CHECK(covered.size() == 103);
   CHECK(total >= 103);
   CHECK(total < 103 + static_cast<std::size_t>(mine.size()));
+}
+
+TEST_CASE("subgroups: new_group(ranks) takes the default group's ranks; get_process_group_ranks lists the job's", "[subgroups]") {
+  const int world = group().size(), rank = group().rank();  // group() is the default group
+  std::vector<int> everyone(world);
+  std::iota(everyone.begin(), everyone.end(), 0);
+  CHECK(cpprun::get_process_group_ranks(group()) == everyone);
+  // Every second rank from the highest down, given in descending order: the group orders them.
+  std::vector<int> members;
+  for (int r = world - 1; r >= 0; r -= 2) members.push_back(r);
+  auto sub = cpprun::new_group(members);
+  std::sort(members.begin(), members.end());
+  const auto place = std::find(members.begin(), members.end(), rank);
+  const bool member = place != members.end();
+  REQUIRE(sub.is_member() == member);
+  if (!member) {
+    CHECK(cpprun::get_process_group_ranks(sub).empty());
+    return;
+  }
+  CHECK(cpprun::get_process_group_ranks(sub) == members);
+  CHECK(sub.rank() == place - members.begin());
+  // A collective on it sums its members' values only.
+  at::Tensor sum = at::full({1}, rank + 1, at::kLong);
+  cpprun::all_reduce(sub, sum);
+  int64_t expected = 0;
+  for (int r : members) expected += r + 1;
+  CHECK(sum.item<int64_t>() == expected);
+  // A subgroup of the subgroup: its last member alone, named by its rank in the job.
+  auto last = cpprun::new_group(sub, {sub.size() - 1});
+  CHECK(cpprun::get_process_group_ranks(last) ==
+        (rank == members.back() ? std::vector<int>{members.back()} : std::vector<int>{}));
+  // split_group lists its ranks in the group's order (by key): here the higher rank of each pair first.
+  auto pair = cpprun::split_group(sub, sub.rank() / 2, -sub.rank());
+  const int first = (sub.rank() / 2) * 2;
+  std::vector<int> pair_ranks;
+  for (int r = std::min(first + 1, sub.size() - 1); r >= first; --r) pair_ranks.push_back(members[r]);
+  CHECK(cpprun::get_process_group_ranks(pair) == pair_ranks);
 }

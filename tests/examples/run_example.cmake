@@ -1,6 +1,7 @@
 # ctest script: runs an example briefly under cpprun and checks its output.
 # -DLAUNCHER -DPROGRAM -DNPROC -DISOLATE -DARGS="..." -DEXPECT="regex" [-DFILES="a;b"] (in -DWORK_DIR)
 # [-DFALLS="regex with two numbers captured"]: the second number must be below the first.
+# [-DFLOOR_OF="regex with one number captured" -DFLOOR=x]: that number must be at least x.
 separate_arguments(args UNIX_COMMAND "${ARGS}")
 file(REMOVE_RECURSE ${WORK_DIR})
 file(MAKE_DIRECTORY ${WORK_DIR})
@@ -15,6 +16,14 @@ if(FALLS)
   endif()
   if(NOT CMAKE_MATCH_2 LESS CMAKE_MATCH_1)  # if(LESS) compares as floating-point numbers
     message(FATAL_ERROR "did not fall: ${CMAKE_MATCH_1} then ${CMAKE_MATCH_2}")
+  endif()
+endif()
+if(FLOOR_OF)
+  if(NOT out MATCHES "${FLOOR_OF}")
+    message(FATAL_ERROR "output does not match: ${FLOOR_OF}")
+  endif()
+  if(CMAKE_MATCH_1 LESS FLOOR)  # as floating-point numbers
+    message(FATAL_ERROR "${CMAKE_MATCH_1} is below the floor ${FLOOR} (${FLOOR_OF})")
   endif()
 endif()
 foreach(f ${FILES})
