@@ -1,4 +1,5 @@
-// Catch2 for every test: include this, never <catch2/catch.hpp> directly (unit.catch_header checks).
+// Catch2 for every test: include this, never <catch2/catch.hpp> directly (unit.catch_header checks;
+// scripts/check_no_pch.sh compiles every test without the precompiled header).
 //
 // Note [Catch2's CHECK against c10's]: without glog, c10/util/logging_is_not_google_glog.h defines a
 // one-argument CHECK(cond) that aborts the process. Whichever definition comes last wins, so a test

@@ -2,6 +2,7 @@
 // finishing), the JSON it is written as, the CPPRUN_FLIGHT_RECORDER_ENTRIES rule, the public
 // dump; and, hidden ([.bench]), the cost of recording one collective.
 #include "catch.h"
+#include <ATen/ATen.h>  // at::empty
 #include <c10/util/Exception.h>
 
 #include <chrono>
