@@ -398,14 +398,22 @@ void check_virtual_local_rank(const LaunchConfig& config, const EnvLookup& env) 
                    "; list one per worker, or run fewer workers");
 }
 
+// torchrun looks --logs_specs NAME up among the torchrun.logs_specs entry points, where PyTorch
+// installs only "default" (DefaultLogsSpecs), and raises ValueError for a name none installs, an
+// empty one included. cpprun loads no Python plugins: "default" is all there is.
+void check_logs_specs(const CLI::App& app, const std::string& name) {
+  if ((app.get_option("--logs_specs")->count() == 0 && name.empty()) || name == "default") return;
+  throw UsageError(with_value("--logs_specs", name) + ": not a LogsSpecs entry point cpprun has; it has only torchrun's "
+                   "default, --logs_specs=default (the logs go where torchrun's DefaultLogsSpecs puts them). torchrun "
+                   "also refuses a name no installed Python package provides (\"Could not find entrypoint under "
+                   "'torchrun.logs_specs[" + name + "]' key\"), and cpprun loads no Python plugins: drop the option "
+                   "or write --logs_specs=default");
+}
+
 // torchrun options cpprun accepts but cannot honour: said once on stderr, when they ask for something.
 std::vector<std::string> ignored_option_notes(const RawOptions& raw) {
   std::vector<std::string> notes;
   const auto note = [&](const std::string& text) { notes.push_back("cpprun: " + text); };
-  if (!raw.logs_specs.empty()) {
-    note(with_value("--logs_specs", raw.logs_specs) + " names a Python plugin (a torchrun.logs_specs entry point), "
-         "which cpprun cannot load; ignored: the logs go where torchrun's default LogsSpecs puts them");
-  }
   if (!raw.numa_binding.empty()) {
     note(with_value("--numa_binding", raw.numa_binding) + " is accepted and ignored: cpprun does not bind workers "
          "to CPUs (bind them yourself, e.g. numactl in a wrapper script)");
@@ -667,7 +675,8 @@ ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, cons
          "--tee'd stdout lines holding any TEXT also go to the attempt's filtered_stdout.log (,, is a comma).");
   option("--duplicate_stderr_filters", raw.duplicate_stderr_filters, "TEXT,...",
          "The same for stderr: filtered_stderr.log.");
-  option("--logs_specs", raw.logs_specs, "NAME", "Accepted for torchrun compatibility; unused (a Python plugin).");
+  option("--logs_specs", raw.logs_specs, "default",
+         "torchrun's default LogsSpecs, the only one (torchrun's others are Python plugins); other names are refused.");
   option("--numa_binding", raw.numa_binding, "node|socket|exclusive|core-complex",
          "Accepted for torchrun compatibility; unused.");
   option("--print_completion", raw.print_completion, "bash|zsh", "Print a shell completion script and exit.");
@@ -708,6 +717,7 @@ ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, cons
     check_choice("--numa_binding", raw.numa_binding, {"node", "socket", "exclusive", "core-complex"});
   }
   check_signal_names(raw.signals_to_handle);
+  check_logs_specs(app, raw.logs_specs);
   config.signals_to_handle = raw.signals_to_handle;
   config.local_addr = raw.local_addr;
   config.log_line_prefix_template = raw.log_line_prefix_template;

@@ -450,13 +450,18 @@ TEST_CASE("launch_config: torchrun's options cpprun cannot honour are accepted, 
   const ParsedCommandLine quiet = parse_launch_config({"--start_method=fork", "x"}, fake_host(), no_env);
   CHECK(quiet.notes.empty());
   const ParsedCommandLine noisy =
-      parse_launch_config({"--numa-binding=node", "--logs_specs=mine", "--duplicate_stdout_filters=a,b",
+      parse_launch_config({"--numa-binding=node", "--logs_specs=default", "--duplicate_stdout_filters=a,b",
                            "--event_log_handler=console", "x"},
                           fake_host(), no_env);
-  REQUIRE(noisy.notes.size() == 3);  // --duplicate_stdout_filters is implemented
-  CHECK_THAT(noisy.notes[0], Contains("--logs_specs=mine") && Contains("ignored"));
-  CHECK_THAT(noisy.notes[1], Contains("--numa_binding=node") && Contains("ignored"));
-  CHECK_THAT(noisy.notes[2], Contains("--event_log_handler=console"));
+  REQUIRE(noisy.notes.size() == 2);  // --duplicate_stdout_filters is implemented, --logs_specs=default is torchrun's own
+  CHECK_THAT(noisy.notes[0], Contains("--numa_binding=node") && Contains("ignored"));
+  CHECK_THAT(noisy.notes[1], Contains("--event_log_handler=console"));
+  // --logs_specs: torchrun's entry point "default" only; any other name, or none, is refused as torchrun refuses it.
+  CHECK(parse({"--logs-specs", "default", "x"}).program == "x");
+  CHECK_THAT(usage_error({"--logs_specs=mine", "x"}),
+             Contains("--logs_specs=mine: not a LogsSpecs entry point") && Contains("--logs_specs=default") &&
+                 Contains("'torchrun.logs_specs[mine]'"));
+  CHECK_THAT(usage_error({"--logs_specs", "", "x"}), Contains("--logs_specs='': not a LogsSpecs entry point"));
   // torchrun's comma_separated_list: ",," is a comma; filters mean files (a log dir, a temp one if need be).
   const LaunchConfig filters = parse({"--duplicate-stdout-filters=apple,,pie,orange", "--tee=1", "x"});
   CHECK(filters.output.duplicate_stdout_filters == std::vector<std::string>{"apple,pie", "orange"});

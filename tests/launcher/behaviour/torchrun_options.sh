@@ -1,8 +1,9 @@
 # cpprun beside the real torchrun (PyTorch's, from CPPRUN_TORCH_PYTHON): every option `torchrun --help`
 # lists is accepted by cpprun and documented in docs/torchrun_options.md; and for the same command
 # lines both give the workers the same variables, lay out --log_dir alike, accept --rdzv_conf as
-# PyTorch's own tests quote it, make a temp log dir for --redirects without --log_dir, and hand the
-# failing worker's error file to the launcher's TORCHELASTIC_ERROR_FILE alike.
+# PyTorch's own tests quote it, refuse a --logs_specs entry point nothing installs, make a temp log
+# dir for --redirects without --log_dir, and hand the failing worker's error file to the launcher's
+# TORCHELASTIC_ERROR_FILE alike.
 . "$(dirname "$0")/common.sh"
 require_private_netns  # torchrun's c10d store listens on every interface
 find_torch_python_or_skip
@@ -62,6 +63,13 @@ for option in $spellings; do
   rc=$?
   [ "$rc" -eq 0 ] || fail "cpprun refused torchrun's $option ${value:+$value }(exit $rc): $(cat "$WORK/err")"
 done
+# --logs_specs NAME nothing installs: torchrun raises ValueError, cpprun refuses it too (a usage error, 2),
+# quoting torchrun's message.
+torchrun --logs-specs=mine --no-python /bin/true && fail "torchrun accepted --logs-specs=mine"
+expect_in_file "$WORK/err" "Could not find entrypoint under 'torchrun.logs_specs[mine]' key" "torchrun's refusal"
+cpprun --logs-specs=mine --no-python /bin/true
+expect_eq "$?" 2 "cpprun --logs-specs=mine exit code"
+expect_in_file "$WORK/err" "Could not find entrypoint under 'torchrun.logs_specs[mine]' key" "cpprun's refusal quotes torchrun's"
 
 # 2. One node without --master_port: the same variables, a free port and a uuid4 run id under both.
 worker='env | grep -E "^(RANK|LOCAL_RANK|WORLD_SIZE|LOCAL_WORLD_SIZE|GROUP_RANK|GROUP_WORLD_SIZE|ROLE_RANK|ROLE_WORLD_SIZE|ROLE_NAME|MASTER_ADDR|MASTER_PORT|TORCHELASTIC_[A-Z_]*|TORCH_NCCL_ASYNC_ERROR_HANDLING|OMP_NUM_THREADS)=" | sort > "$WORK/$LAUNCHER.env.$RANK"'

@@ -51,6 +51,15 @@ CUDA_VISIBLE_DEVICES=0 cpprun --virtual_local_rank --nproc_per_node=2 /bin/true
 expect_eq "$?" 2 "--virtual_local_rank with too few GPUs exit code"
 expect_in_file "$WORK/err" "CUDA_VISIBLE_DEVICES=0, which lists 1 for --nproc_per_node=2" "--virtual_local_rank message"
 [ ! -e "$WORK/started" ] || fail "a worker ran"
+# --logs_specs: torchrun's entry point 'default' only, as torchrun refuses a name nothing installs.
+cpprun --logs_specs=mine /bin/sh -c 'touch "$WORK/started"'
+expect_eq "$?" 2 "--logs_specs=mine exit code"
+expect_in_file "$WORK/err" "--logs_specs=mine: not a LogsSpecs entry point cpprun has; it has only torchrun's default, --logs_specs=default" \
+  "--logs_specs message"
+[ ! -e "$WORK/started" ] || fail "a worker ran"
+cpprun --logs_specs default /bin/true
+expect_eq "$?" 0 "--logs_specs default exit code"
+[ ! -s "$WORK/err" ] || fail "--logs_specs default said something on stderr"
 cpprun --print_completion bash
 expect_eq "$?" 0 "--print_completion exit code"
 expect_in_file "$WORK/out" "complete -o default -W" "completion script"
