@@ -1,12 +1,14 @@
 // torchrun's rules for what a worker runs: `python -u SCRIPT`, `python -u -m MODULE`, a file run
-// with runpy.run_path, or PROGRAM itself, found with execvp's rules. The interpreter: $PYTHON_EXEC
-// (torchrun's variable), else python3, else python, found on PATH (a virtual environment first).
+// with runpy.run_path, or PROGRAM itself, found with execvp's rules (and its #! interpreter checked).
+// The interpreter: $PYTHON_EXEC (torchrun's variable), else python3, else python, found on PATH (a
+// virtual environment first).
 #include "command_line/program_command.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <fstream>
 
 namespace cpprun::launcher {
 namespace {
@@ -44,6 +46,37 @@ ProgramCommand find_python(const std::string& program, const ProgramLookup& look
                            127);
 }
 
+// As much of a file as the kernel reads for its #! line (BINPRM_BUF_SIZE); empty if unreadable.
+std::string file_head(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  char buffer[256];
+  in.read(buffer, sizeof(buffer));
+  return std::string(buffer, static_cast<std::size_t>(in.gcount()));
+}
+
+// A script whose #! interpreter is missing fails execve() with ENOENT, the error of a missing
+// PROGRAM: each worker would report "No such file or directory" about a file that is there. Said
+// once, with both names, before any worker starts.
+void check_interpreter(const std::string& program, const std::string& path) {
+  const std::optional<std::string> interpreter = shebang_interpreter(file_head(path));
+  if (!interpreter) return;
+  const Candidate found = check(*interpreter);
+  if (found == Candidate::kRunnable) return;
+  std::string shown;  // a '\r' made visible
+  for (const char c : *interpreter) shown += c == '\r' ? std::string("\\r") : std::string(1, c);
+  std::string why = found == Candidate::kMissing ? "does not exist" : "is not an executable file";
+  if (interpreter->back() == '\r') {
+    why += ": the #! line ends in a carriage return (Windows line endings); convert the file, e.g. "
+           "`sed -i 's/\\r$//' " + path + "`";
+  } else if (found == Candidate::kMissing) {
+    why += "; install it, or change the #! line (e.g. #!/usr/bin/env bash)";
+  }
+  throw ProgramNotRunnable("cpprun: cannot run PROGRAM '" + program + "'" +
+                               (path == program ? "" : " (found at " + path + ")") + ": its interpreter '" + shown +
+                               "' (from its #! line) " + why,
+                           found == Candidate::kMissing ? 127 : 126);
+}
+
 void require_file(const std::string& program, const char* what) {
   struct stat st {};
   if (stat(program.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
@@ -63,7 +96,10 @@ std::string resolve_program(const std::string& program, const char* path_env) {
   if (program.empty()) throw ProgramNotRunnable("cpprun: PROGRAM is an empty string", 127);
   if (program.find('/') != std::string::npos) {
     const Candidate found = check(program);
-    if (found == Candidate::kRunnable) return program;
+    if (found == Candidate::kRunnable) {
+      check_interpreter(program, program);
+      return program;
+    }
     if (found == Candidate::kMissing) {
       throw ProgramNotRunnable("cpprun: cannot run PROGRAM '" + program +
                                    "': no such file (check the path, relative to the current directory)", 127);
@@ -80,7 +116,10 @@ std::string resolve_program(const std::string& program, const char* path_env) {
     const std::string dir = path.substr(start, colon - start);
     const std::string candidate = (dir.empty() ? std::string(".") : dir) + "/" + program;
     const Candidate found = check(candidate);
-    if (found == Candidate::kRunnable) return candidate;
+    if (found == Candidate::kRunnable) {
+      check_interpreter(program, candidate);
+      return candidate;
+    }
     if (found == Candidate::kNotExecutable && not_executable.empty()) not_executable = candidate;
     start = colon + 1;
   }
@@ -91,6 +130,17 @@ std::string resolve_program(const std::string& program, const char* path_env) {
   throw ProgramNotRunnable("cpprun: cannot run PROGRAM '" + program + "': not found on PATH (PATH=" +
                                path + "); give its path (e.g. ./" + program +
                                ") or add its directory to PATH", 127);
+}
+
+std::optional<std::string> shebang_interpreter(const std::string& head) {
+  if (head.size() < 2 || head[0] != '#' || head[1] != '!') return std::nullopt;
+  const auto blank = [](char c) { return c == ' ' || c == '\t'; };
+  std::size_t start = 2;
+  while (start < head.size() && blank(head[start])) ++start;
+  std::size_t end = start;
+  while (end < head.size() && !blank(head[end]) && head[end] != '\n' && head[end] != '\0') ++end;
+  if (end == start) return std::nullopt;
+  return head.substr(start, end - start);
 }
 
 ProgramCommand resolve_program_command(const std::string& program, const std::vector<std::string>& args,

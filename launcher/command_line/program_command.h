@@ -3,6 +3,7 @@
 // interpreter fails with one clear message instead of N identical exec failures.
 #pragma once
 
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -22,8 +23,14 @@ class ProgramNotRunnable : public std::runtime_error {
 
 // Finds `program` as execvp would: a name with a '/' is used as given; otherwise each PATH entry is
 // tried in order (an empty entry is the current directory; unset PATH means "/bin:/usr/bin", as
-// glibc's execvp). Returns the path to exec. Throws ProgramNotRunnable.
+// glibc's execvp). Returns the path to exec. Throws ProgramNotRunnable, also when the file found is
+// a script whose #! interpreter is missing or cannot run (execve's ENOENT / EACCES, named).
 std::string resolve_program(const std::string& program, const char* path_env);
+
+// The interpreter a script's first bytes name, as the kernel reads a #! line: after "#!" and any
+// blanks, up to the next blank or newline (a '\r' is part of the name, as for the kernel).
+// nullopt: not a #! script, or nothing named.
+std::optional<std::string> shebang_interpreter(const std::string& head);
 
 // How PROGRAM is to be run: torchrun's --no_python, -m/--module and --run_path, or by its name.
 enum class ProgramMode {

@@ -3,6 +3,7 @@
 
 #include <fcntl.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -111,7 +112,13 @@ pid_t spawn_worker(const WorkerCommand& command, const ChildStdio& stdio, const 
   if (got != static_cast<ssize_t>(sizeof(failure))) {
     throw SpawnError("cpprun: the worker process for '" + command.path + "' died before exec", EIO);
   }
-  const std::string why = std::string(failure.step) + " failed: " + std::strerror(failure.error);
+  std::string why = std::string(failure.step) + " failed: " + std::strerror(failure.error);
+  struct stat st {};
+  if (failure.error == ENOENT && stat(command.path.c_str(), &st) == 0) {
+    // resolve_program() checked the #! line; this is what it cannot see (or a file changed since).
+    why += " (the file is there: what is missing is the interpreter its #! line names, or for a binary its "
+           "dynamic loader)";
+  }
   throw SpawnError("cpprun: cannot start '" + command.path + "': " + why, failure.error);
 }
 

@@ -138,3 +138,41 @@ TEST_CASE("program_command: a missing program is 127, a non-executable one 126, 
   REQUIRE_THROWS_WITH(resolve_program("no-such-program-cpprun", "/bin"),
                       Contains("'no-such-program-cpprun'") && Contains("PATH=/bin"));
 }
+
+TEST_CASE("program_command: the #! interpreter, read as the kernel reads it", "[program_command]") {
+  CHECK(shebang_interpreter("#!/bin/sh\necho hi\n") == "/bin/sh");
+  CHECK(shebang_interpreter("#! \t/usr/bin/env python3 -u\n") == "/usr/bin/env");
+  CHECK(shebang_interpreter("#!/bin/bash\r\n") == "/bin/bash\r");  // Windows line endings: part of the name
+  CHECK(shebang_interpreter("#!/no/such/interp") == "/no/such/interp");  // no newline in the bytes read
+  CHECK_FALSE(shebang_interpreter("#!\n").has_value());
+  CHECK_FALSE(shebang_interpreter("#! \n").has_value());
+  CHECK_FALSE(shebang_interpreter("\x7f" "ELF").has_value());
+  CHECK_FALSE(shebang_interpreter("# !/bin/sh\n").has_value());
+  CHECK_FALSE(shebang_interpreter("").has_value());
+}
+
+TEST_CASE("program_command: a script whose #! interpreter is missing is named with it, 127", "[program_command]") {
+  Scratch s;
+  s.write("/train.sh", "#!/no/such/interp\necho hi\n", 0755);
+  std::string message;
+  CHECK(failure_code(s.dir + "/train.sh", ProgramMode::kByName, {"/bin:/usr/bin"}, &message) == 127);
+  CHECK_THAT(message, Contains("cannot run PROGRAM '" + s.dir + "/train.sh': its interpreter '/no/such/interp' "
+                               "(from its #! line) does not exist"));
+  // Found on PATH: where it was found too; --no_python checks the same.
+  CHECK(failure_code("train.sh", ProgramMode::kNoPython, {s.dir.c_str()}, &message) == 127);
+  CHECK_THAT(message, Contains("'train.sh' (found at " + s.dir + "/train.sh): its interpreter '/no/such/interp'"));
+  // A carriage return says why.
+  s.write("/dos.sh", "#!/bin/sh\r\necho hi\r\n", 0755);
+  CHECK(failure_code(s.dir + "/dos.sh", ProgramMode::kByName, {"/bin"}, &message) == 127);
+  CHECK_THAT(message, Contains("its interpreter '/bin/sh\\r'") && Contains("Windows line endings"));
+  // An interpreter that is there but cannot run: the shell's 126.
+  s.write("/by-notes.sh", "#!" + s.dir + "/notes.txt\n", 0755);
+  CHECK(failure_code(s.dir + "/by-notes.sh", ProgramMode::kByName, {"/bin"}, &message) == 126);
+  CHECK_THAT(message, Contains("its interpreter '" + s.dir + "/notes.txt' (from its #! line) is not an executable file"));
+  // A good #! line, and a PYTHON_EXEC that is a script with a missing interpreter.
+  CHECK(resolve_program_command(s.dir + "/bin/python3", {}, ProgramMode::kByName, {"/bin"}).path ==
+        s.dir + "/bin/python3");
+  const std::string shim = s.dir + "/train.sh";
+  CHECK(failure_code("m", ProgramMode::kModule, {s.bin().c_str(), shim.c_str()}, &message) == 127);
+  CHECK_THAT(message, Contains("'/no/such/interp'") && Contains("named by PYTHON_EXEC=" + shim));
+}

@@ -1,4 +1,5 @@
-# (h) Command-line mistakes: exit 2 with the flag named; a missing PROGRAM: 127 with its name.
+# (h) Command-line mistakes: exit 2 with the flag named; a missing PROGRAM (or its #! interpreter): 127
+# with its name.
 . "$(dirname "$0")/common.sh"
 
 cpprun --bogus /bin/true
@@ -35,6 +36,23 @@ cpprun --nproc_per_node=2 "$WORK/garbage"
 expect_eq "$?" 126 "exec format error"
 expect_in_file "$WORK/err" "execve() failed" "exec failure explained"
 
+# A script whose #! interpreter is missing: named with its interpreter before any worker starts,
+# 127 as a shell says (execve's ENOENT would blame the script, which is there).
+printf '#!/no/such/interp\ntouch started\n' >"$WORK/train.sh"
+chmod +x "$WORK/train.sh"
+(cd "$WORK" && cpprun --nproc_per_node=2 ./train.sh)
+expect_eq "$?" 127 "missing #! interpreter's exit code"
+expect_in_file "$WORK/err" \
+  "cpprun: cannot run PROGRAM './train.sh': its interpreter '/no/such/interp' (from its #! line) does not exist" \
+  "missing #! interpreter named"
+printf '#!/bin/sh\r\ntouch started\r\n' >"$WORK/dos.sh"
+chmod +x "$WORK/dos.sh"
+cpprun "$WORK/dos.sh"
+expect_eq "$?" 127 "#! line with a carriage return's exit code"
+expect_in_file "$WORK/err" "its interpreter '/bin/sh\\r' (from its #! line) does not exist: the #! line ends in a carriage return" \
+  "carriage return named"
+[ ! -e "$WORK/started" ] || fail "a script with a missing interpreter ran"
+
 cpprun --help
 expect_eq "$?" 0 "--help exit code"
 expect_in_file "$WORK/out" "Usage: cpprun [OPTIONS] PROGRAM [ARGS...]" "help usage line"
@@ -50,7 +68,6 @@ expect_in_file "$WORK/err" "'SIGNOPE' is not a signal name" "--signals_to_handle
 CUDA_VISIBLE_DEVICES=0 cpprun --virtual_local_rank --nproc_per_node=2 /bin/true
 expect_eq "$?" 2 "--virtual_local_rank with too few GPUs exit code"
 expect_in_file "$WORK/err" "CUDA_VISIBLE_DEVICES=0, which lists 1 for --nproc_per_node=2" "--virtual_local_rank message"
-[ ! -e "$WORK/started" ] || fail "a worker ran"
 # --logs_specs: torchrun's entry point 'default' only, as torchrun refuses a name nothing installs.
 cpprun --logs_specs=mine /bin/sh -c 'touch "$WORK/started"'
 expect_eq "$?" 2 "--logs_specs=mine exit code"
