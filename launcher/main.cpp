@@ -46,8 +46,10 @@ int report(const std::exception& error, int exit_code) {
 }
 
 int run(const LaunchConfig& config) {
-  const ProgramCommand program = resolve_program_command(
-      config.program, config.program_args, config.program_mode, {std::getenv("PATH"), std::getenv("PYTHON_EXEC")});
+  const ProgramCommand program =
+      resolve_program_command(config.program, config.program_args, config.program_mode,
+                              {std::getenv("PATH"), std::getenv("PYTHON_EXEC"), std::getenv("VIRTUAL_ENV"),
+                               std::getenv("CONDA_PREFIX")});
   const RendezvousSettings rendezvous = rendezvous_settings(config);
   const WorkerSettings workers = worker_settings(config);
   if (config.dry_run) {
@@ -70,6 +72,9 @@ int run(const LaunchConfig& config) {
                                                   parent_env),
                                 parent_env);
     return 0;
+  }
+  if (!program.python_source.empty()) {
+    std::cerr << python_choice_line(config.program, config.program_mode, program) << std::endl;
   }
   check_meeting_host_resolves(rendezvous);
   // Before the environment is read for the workers, who inherit its token, and before any thread.

@@ -1,7 +1,7 @@
 // torchrun's rules for what a worker runs: `python -u SCRIPT`, `python -u -m MODULE`, a file run
 // with runpy.run_path, or PROGRAM itself, found with execvp's rules (and its #! interpreter checked).
-// The interpreter: $PYTHON_EXEC (torchrun's variable), else python3, else python, found on PATH (a
-// virtual environment first).
+// The interpreter: $PYTHON_EXEC (torchrun's variable), else the active environment's, else python3,
+// else python, found on PATH.
 #include "command_line/program_command.h"
 
 #include <sys/stat.h>
@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <utility>
 
 namespace cpprun::launcher {
 namespace {
@@ -24,23 +25,21 @@ Candidate check(const std::string& path) {
 
 // A command whose argv is still to be written: the interpreter's path, and where it came from.
 ProgramCommand find_python(const std::string& program, const ProgramLookup& lookup) {
-  if (lookup.python_exec != nullptr && *lookup.python_exec != '\0') {
+  std::string passed_over;  // environments whose interpreter could not run: said with the choice
+  for (const PythonCandidate& candidate : python_candidates(lookup)) {
     try {
-      return {resolve_program(lookup.python_exec, lookup.path_env), {}, "PYTHON_EXEC"};
+      return {resolve_program(candidate.program, lookup.path_env), {}, candidate.source + passed_over};
     } catch (const ProgramNotRunnable& e) {
-      throw ProgramNotRunnable(std::string(e.what()) + " (the Python interpreter named by PYTHON_EXEC=" +
-                                   lookup.python_exec + ")", e.exit_code());
-    }
-  }
-  for (const char* name : {"python3", "python"}) {
-    try {
-      return {resolve_program(name, lookup.path_env), {}, std::string(name) + " on PATH"};
-    } catch (const ProgramNotRunnable&) {
+      if (candidate.chosen_by_user) {
+        throw ProgramNotRunnable(std::string(e.what()) + " (the Python interpreter named by PYTHON_EXEC=" +
+                                     candidate.program + ")", e.exit_code());
+      }
+      if (!candidate.when_unusable.empty()) passed_over += "; " + candidate.when_unusable;
     }
   }
   throw ProgramNotRunnable("cpprun: '" + program +
                                "' is Python code, but neither python3 nor python is on PATH (PATH=" +
-                               (lookup.path_env != nullptr ? lookup.path_env : "") +
+                               (lookup.path_env != nullptr ? lookup.path_env : "") + passed_over +
                                "). Activate your virtual environment, set PYTHON_EXEC=/path/to/python, or run an "
                                "executable with --no_python",
                            127);
@@ -141,6 +140,29 @@ std::optional<std::string> shebang_interpreter(const std::string& head) {
   while (end < head.size() && !blank(head[end]) && head[end] != '\n' && head[end] != '\0') ++end;
   if (end == start) return std::nullopt;
   return head.substr(start, end - start);
+}
+
+std::vector<PythonCandidate> python_candidates(const ProgramLookup& lookup) {
+  const auto set = [](const char* value) { return value != nullptr && *value != '\0'; };
+  if (set(lookup.python_exec)) return {{lookup.python_exec, "PYTHON_EXEC", true, ""}};
+  std::vector<PythonCandidate> candidates;
+  for (const auto& [name, value] :
+       {std::pair{"VIRTUAL_ENV", lookup.virtual_env}, {"CONDA_PREFIX", lookup.conda_prefix}}) {
+    if (!set(value)) continue;
+    const std::string dir = value;
+    candidates.push_back(
+        {dir + "/bin/python", name, false, std::string(name) + "=" + dir + " has no runnable bin/python"});
+  }
+  candidates.push_back({"python3", "python3 on PATH", false, ""});
+  candidates.push_back({"python", "python on PATH", false, ""});
+  return candidates;
+}
+
+std::string python_choice_line(const std::string& program, ProgramMode mode, const ProgramCommand& command) {
+  const std::string what = mode == ProgramMode::kModule ? "-m " + program
+                           : mode == ProgramMode::kRunPath ? "--run_path " + program
+                                                           : program;
+  return "cpprun: running " + what + " with " + command.path + " (" + command.python_source + ")";
 }
 
 ProgramCommand resolve_program_command(const std::string& program, const std::vector<std::string>& args,

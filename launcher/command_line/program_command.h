@@ -43,13 +43,30 @@ enum class ProgramMode {
 struct ProgramCommand {
   std::string path;               // what to exec, resolved
   std::vector<std::string> argv;  // argv[0] included; the user's arguments last, untouched
-  std::string python_source;      // when Python runs it: where the interpreter came from
+  std::string python_source;      // when Python runs it: where the interpreter came from (and any passed over)
 };
 
 struct ProgramLookup {
-  const char* path_env = nullptr;     // $PATH (nullptr: unset)
-  const char* python_exec = nullptr;  // $PYTHON_EXEC, torchrun's own choice of interpreter
+  const char* path_env = nullptr;      // $PATH (nullptr: unset)
+  const char* python_exec = nullptr;   // $PYTHON_EXEC, torchrun's own choice of interpreter
+  const char* virtual_env = nullptr;   // $VIRTUAL_ENV, set by a virtual environment's activate
+  const char* conda_prefix = nullptr;  // $CONDA_PREFIX, set by `conda activate`
 };
+
+// One interpreter to try, in the order python_candidates() gives.
+struct PythonCandidate {
+  std::string program;  // a path, or a name looked up on PATH
+  std::string source;   // for the user: PYTHON_EXEC, VIRTUAL_ENV, CONDA_PREFIX, "python3 on PATH"
+  bool chosen_by_user;  // PYTHON_EXEC: if it cannot run, that is the error; nothing else is tried
+  std::string when_unusable;  // said with the interpreter chosen instead; empty for PATH's
+};
+
+// PYTHON_EXEC alone if set (torchrun's rule); else the active environment's bin/python
+// ($VIRTUAL_ENV, then $CONDA_PREFIX), then python3 and python on PATH.
+std::vector<PythonCandidate> python_candidates(const ProgramLookup& lookup);
+
+// The line cpprun prints when Python runs PROGRAM: which interpreter, and why that one.
+std::string python_choice_line(const std::string& program, ProgramMode mode, const ProgramCommand& command);
 
 // Throws ProgramNotRunnable with the shell's exit code and what to do.
 ProgramCommand resolve_program_command(const std::string& program, const std::vector<std::string>& args,

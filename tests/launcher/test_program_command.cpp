@@ -176,3 +176,53 @@ TEST_CASE("program_command: a script whose #! interpreter is missing is named wi
   CHECK(failure_code("m", ProgramMode::kModule, {s.bin().c_str(), shim.c_str()}, &message) == 127);
   CHECK_THAT(message, Contains("'/no/such/interp'") && Contains("named by PYTHON_EXEC=" + shim));
 }
+
+TEST_CASE("program_command: the active environment's python before PATH's, PYTHON_EXEC before both",
+          "[program_command]") {
+  const auto programs = [](const ProgramLookup& lookup) {
+    std::vector<std::string> out;
+    for (const PythonCandidate& c : python_candidates(lookup)) out.push_back(c.program + " (" + c.source + ")");
+    return out;
+  };
+  CHECK(programs({"/bin"}) == Args{"python3 (python3 on PATH)", "python (python on PATH)"});
+  CHECK(programs({"/bin", nullptr, "/v", "/c"}) ==
+        Args{"/v/bin/python (VIRTUAL_ENV)", "/c/bin/python (CONDA_PREFIX)", "python3 (python3 on PATH)",
+             "python (python on PATH)"});
+  CHECK(programs({"/bin", "", "", "/c"}) ==
+        Args{"/c/bin/python (CONDA_PREFIX)", "python3 (python3 on PATH)", "python (python on PATH)"});
+  const std::vector<PythonCandidate> exec = python_candidates({"/bin", "/p/python", "/v", "/c"});
+  REQUIRE(exec.size() == 1);  // torchrun's rule: PYTHON_EXEC alone
+  CHECK(exec[0].program == "/p/python");
+  CHECK(exec[0].chosen_by_user);
+
+  Scratch s;
+  mkdir((s.dir + "/venv").c_str(), 0755);
+  mkdir((s.dir + "/venv/bin").c_str(), 0755);
+  s.write("/venv/bin/python", "#!/bin/sh\n", 0755);
+  const std::string path = s.bin();
+  const std::string venv = s.dir + "/venv";
+  const std::string conda = s.dir + "/nowhere";  // a prefix without bin/python
+  const ProgramCommand c = resolve_program_command(s.dir + "/train.py", {}, ProgramMode::kByName,
+                                                   {path.c_str(), nullptr, venv.c_str(), nullptr});
+  CHECK(c.path == venv + "/bin/python");
+  CHECK(c.python_source == "VIRTUAL_ENV");
+  CHECK(python_choice_line("train.py", ProgramMode::kByName, c) ==
+        "cpprun: running train.py with " + venv + "/bin/python (VIRTUAL_ENV)");
+  CHECK(python_choice_line("pkg.train", ProgramMode::kModule, c) ==
+        "cpprun: running -m pkg.train with " + venv + "/bin/python (VIRTUAL_ENV)");
+  const ProgramCommand from_conda = resolve_program_command("m", {}, ProgramMode::kModule,
+                                                            {path.c_str(), nullptr, nullptr, venv.c_str()});
+  CHECK(from_conda.python_source == "CONDA_PREFIX");
+  // An environment without a runnable bin/python is passed over, and said so.
+  const ProgramCommand passed = resolve_program_command("m", {}, ProgramMode::kModule,
+                                                        {path.c_str(), nullptr, conda.c_str(), nullptr});
+  CHECK(passed.path == s.bin() + "/python3");
+  CHECK(passed.python_source == "python3 on PATH; VIRTUAL_ENV=" + conda + " has no runnable bin/python");
+  // PYTHON_EXEC still wins over an active environment.
+  const std::string other = s.dir + "/other/python";
+  CHECK(resolve_program_command("m", {}, ProgramMode::kModule, {path.c_str(), other.c_str(), venv.c_str()}).path ==
+        other);
+  std::string message;
+  CHECK(failure_code("m", ProgramMode::kModule, {"/nonexistent", nullptr, conda.c_str()}, &message) == 127);
+  CHECK_THAT(message, Contains("(PATH=/nonexistent; VIRTUAL_ENV=" + conda + " has no runnable bin/python)"));
+}

@@ -1,11 +1,12 @@
-# torchrun's rules for Python: `cpprun train.py` runs `python -u train.py` (python3 first on PATH, as
-# an activated virtual environment puts it), `-m` runs a module, and either prints exactly the
-# losses PyTorch's own torchrun prints for the same DDP script (CPU, Gloo, DistributedSampler
-# with set_epoch): 4 ranks on one node, and 2 nodes of 2. --dry_run names the interpreter, and a
+# torchrun's rules for Python: `cpprun train.py` runs `python -u train.py` (the active environment's
+# $VIRTUAL_ENV/bin/python, else python3 first on PATH), `-m` runs a module, and either prints exactly
+# the losses PyTorch's own torchrun prints for the same DDP script (CPU, Gloo, DistributedSampler
+# with set_epoch): 4 ranks on one node, and 2 nodes of 2. cpprun names the interpreter, and a
 # worker's Python traceback reaches the failure summary.
 . "$(dirname "$0")/common.sh"
 require_private_netns
 find_torch_python_or_skip
+unset VIRTUAL_ENV CONDA_PREFIX PYTHON_EXEC  # each case below names its interpreter's source
 
 mkdir -p "$WORK/pkg" "$WORK/torchrun-tmp"
 # torch's workers make a compile cache under $TMPDIR; keep it out of cpprun's temp dir, which
@@ -62,6 +63,16 @@ PATH=$venv_path cpprun --standalone --nproc_per_node=4 train.py
 expect_eq "$?" 0 "cpprun train.py's exit code"
 losses "$WORK/out" >"$WORK/cpprun.losses"
 diff "$WORK/reference" "$WORK/cpprun.losses" >&2 || fail "cpprun train.py printed other losses than torchrun"
+
+# An active virtual environment's python (here one that runs $python) before python3 on PATH.
+mkdir -p "$WORK/venv/bin"
+printf '#!/bin/sh\nexec "%s" "$@"\n' "$python" >"$WORK/venv/bin/python"
+chmod +x "$WORK/venv/bin/python"
+VIRTUAL_ENV=$WORK/venv cpprun --standalone --nproc_per_node=4 train.py
+expect_eq "$?" 0 "cpprun train.py's exit code under VIRTUAL_ENV"
+expect_in_file "$WORK/err" "cpprun: running train.py with $WORK/venv/bin/python (VIRTUAL_ENV)" "VIRTUAL_ENV's python said"
+losses "$WORK/out" >"$WORK/cpprun.venv.losses"
+diff "$WORK/reference" "$WORK/cpprun.venv.losses" >&2 || fail "cpprun train.py under VIRTUAL_ENV printed other losses than torchrun"
 
 # -m, both launchers.
 torchrun --nproc_per_node=4 -m pkg.ddp_train
