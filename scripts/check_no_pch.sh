@@ -42,7 +42,6 @@ for entry in json.load(open(db)):
     count += 1
     with open(f"{out}/{count:03d}.sh", "w") as f:
         f.write(f"# {entry['file']}\ncd {shlex.quote(entry['directory'])} && {shlex.join(kept)}\n")
-print(count)
 PY
 total=$(ls "$list" | wc -l)
 [ "$total" -gt 0 ] || { echo "check_no_pch: no source in $db matches '$pattern'" >&2; exit 1; }
