@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include "cpprun/cpprun.h"
+#include "time_mark.h"
 
 namespace fs = std::filesystem;
 using cpprun::ReduceOp;
@@ -42,14 +43,6 @@ bool wait_for(const fs::path& file, std::chrono::seconds limit) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   return true;
-}
-
-// Writes the time now into `file`, whole: written aside, then renamed into place.
-void mark_time(const fs::path& file) {
-  const auto now = std::chrono::system_clock::now().time_since_epoch();
-  const fs::path part = file.string() + ".part";
-  std::ofstream(part) << std::chrono::duration_cast<std::chrono::milliseconds>(now).count() << "\n";
-  fs::rename(part, file);
 }
 
 // The mismatched call of each mode; rank 0 differs from the others.
@@ -119,7 +112,7 @@ int main(int argc, char** argv) {
   const bool uncaught = std::getenv("CPPRUN_PROBE_UNCAUGHT") != nullptr;
   cpprun::ProcessGroupOptions options;
   if (!uncaught) options.timeout = std::chrono::seconds(30);
-  mark_time(sync_dir / ("joining." + std::to_string(getpid())));
+  test_marks::mark_time(sync_dir / ("joining." + std::to_string(getpid())));
   auto pg = cpprun::init_process_group(options);
 
   if (mode == "store_binding") {  // hold the job while the script inspects the listening sockets
@@ -136,7 +129,7 @@ int main(int argc, char** argv) {
     cpprun::all_reduce(pg, t);
     TORCH_CHECK(t.sum().item<double>() == 3.0 * pg.size(), "matching all_reduce gave ", t);
   }
-  mark_time(sync_dir / ("fault." + std::to_string(pg.rank())));
+  test_marks::mark_time(sync_dir / ("fault." + std::to_string(pg.rank())));
   if (uncaught) {
     mismatched_call(mode, pg);
     return 0;

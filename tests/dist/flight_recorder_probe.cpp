@@ -23,6 +23,7 @@
 #include <thread>
 
 #include "cpprun/cpprun.h"
+#include "time_mark.h"
 
 namespace fs = std::filesystem;
 
@@ -67,9 +68,7 @@ int main(int argc, char** argv) {
 
   if (mode == "stuck") {
     if (rank == 1) return wait_for(dump_of(0), std::chrono::seconds(20)) ? 0 : 1;
-    const auto now = std::chrono::system_clock::now().time_since_epoch();
-    std::ofstream(sync_dir / "stuck.0.part") << std::chrono::duration_cast<std::chrono::milliseconds>(now).count() << "\n";
-    fs::rename(sync_dir / "stuck.0.part", sync_dir / "stuck.0");
+    test_marks::mark_time(sync_dir / "stuck.0");
     try {
       cpprun::all_reduce(pg, at::ones({4096}));
     } catch (const std::exception& e) {  // Gloo's own error types are not all c10::Error
