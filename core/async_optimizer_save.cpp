@@ -25,7 +25,7 @@ void check_async_save_paths(const std::string& model_path, const std::string& op
 }
 
 AsyncSave start_async_save_with_optimizer(NamedTensors model_state, OptimizerStateToSave optimizer_state,
-                                          const ProcessGroup* group, const std::string& model_path,
+                                          const CheckpointTeam& team, const std::string& model_path,
                                           const std::string& optimizer_path, const StateDictSaveOptions& options) {
   std::vector<AsyncSavePart> parts(2);
   parts[0].state = std::move(model_state);
@@ -34,17 +34,7 @@ AsyncSave start_async_save_with_optimizer(NamedTensors model_state, OptimizerSta
   parts[1].path = optimizer_path;
   parts[1].stem = kOptimizerStem;
   parts[1].metadata = std::move(optimizer_state.metadata);
-  return start_async_save(std::move(parts), group, options);
-}
-
-// cpprun/optimizer_state_dict.h's entry point for a plain module.
-AsyncSave save_module_async(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
-                            const std::string& model_path, const std::string& optimizer_path,
-                            const StateDictSaveOptions& options) {
-  refuse_tensor_parallel_checkpoint(tensor_parallel_splits(module), "cpprun", "save_async", model_path);
-  check_async_save_paths(model_path, optimizer_path);
-  return start_async_save_with_optimizer(module_state(module), optimizer_state_to_save(module_optimizer_params(module), optimizer),
-                                         nullptr, model_path, optimizer_path, options);
+  return start_async_save(std::move(parts), team, options);
 }
 
 }  // namespace cpprun::detail

@@ -10,7 +10,7 @@
 
 #include "core/optimizer_state_dict.h"
 #include "cpprun/async_save.h"
-#include "cpprun/process_group.h"
+#include "checkpoint/checkpoint_team.h"
 #include "cpprun/state_dict_options.h"
 
 namespace cpprun::detail {
@@ -21,9 +21,9 @@ void check_async_save_paths(const std::string& model_path, const std::string& op
 // Starts the save of a model's state dict, `model_state` (module_state(module), whole: FSDP
 // gathers it first; under mixed precision FSDP's fp32 masters), and `optimizer_state`
 // (optimizer_state_to_save's), as save_state_dict and save_optimizer_state_dict would write them.
-// `group` null: this process alone; else collective over it.
+// Collective over `team` (alone: this process).
 AsyncSave start_async_save_with_optimizer(NamedTensors model_state, OptimizerStateToSave optimizer_state,
-                                          const ProcessGroup* group, const std::string& model_path,
+                                          const CheckpointTeam& team, const std::string& model_path,
                                           const std::string& optimizer_path, const StateDictSaveOptions& options);
 
 }  // namespace cpprun::detail

@@ -21,7 +21,6 @@
 
 #include "core/sharded_state_dict.h"
 #include "core/state_dict.h"
-#include "core/tensor_parallel_splits.h"
 #include "cpprun/detail/group_store.h"
 #include "cpprun/object_collectives.h"
 #include "cpprun/state_dict.h"
@@ -158,15 +157,16 @@ std::string paths_of(const std::vector<PartToWrite>& parts) {
 
 // What one rank's background thread does in a collective save. See Note [Asynchronous save across ranks].
 struct CollectiveSave {
-  explicit CollectiveSave(ProcessGroup on) : group(std::move(on)) {}
+  explicit CollectiveSave(CheckpointTeam on) : team(std::move(on)) {}
 
-  ProcessGroup group;
+  CheckpointTeam team;
   std::string key;  // async_save/<id>
   StateDictSaveOptions options;
   std::vector<PartToWrite> parts;
 
-  // KEY's value once some rank sets it; nothing when the group's timeout passes first.
-  std::optional<std::string> await(const std::string& name, Clock::time_point deadline) const {
+  // KEY's value in GROUP's store once some rank sets it; nothing when the timeout passes first.
+  std::optional<std::string> await(const ProcessGroup& group, const std::string& name,
+                                   Clock::time_point deadline) const {
     for (std::chrono::milliseconds pause{1};; pause = std::min(pause * 2, std::chrono::milliseconds(50))) {
       if (auto value = store_try_get(group, key + "/" + name)) return value;
       if (Clock::now() >= deadline) return std::nullopt;
@@ -174,12 +174,11 @@ struct CollectiveSave {
     }
   }
 
-  void run() {
-    const int rank = group.rank();
-    const auto deadline = Clock::now() + group.timeout();
+  // A writer: writes its parts and learns the save's result from the writers' root, which
+  // collects every writer's and writes the indexes.
+  std::optional<std::string> write(std::exception_ptr& local, Clock::time_point deadline) const {
+    const int rank = team.writer_rank();
     const bool directory = std::any_of(parts.begin(), parts.end(), [](const auto& p) { return p.directory; });
-    const std::string where = paths_of(parts);
-    std::exception_ptr local;
     try {
       for (const auto& part : parts) {
         if (part.directory || rank == 0) write_part(part, options);
@@ -189,40 +188,65 @@ struct CollectiveSave {
     }
     std::vector<std::string> faults;
     if (local) faults.push_back("rank " + std::to_string(rank) + ": " + message_of(local));
-    if (directory) store_set(group, key + "/written/" + std::to_string(rank), local ? "failed: " + message_of(local) : "ok");
-    if (rank == 0) {
-      for (int r = 1; directory && r < group.size(); ++r) {
-        const auto written = await("written/" + std::to_string(r), deadline);
-        if (!written) {
-          faults.push_back("rank " + std::to_string(r) + ": its part was not written within the group's timeout (" +
-                           std::to_string(group.timeout().count()) + " ms)");
-        } else if (*written != "ok") {
-          faults.push_back("rank " + std::to_string(r) + ": " + written->substr(written->find(' ') + 1));
-        }
-      }
-      // The indexes last, once every file of every part is in place.
-      for (const auto& part : parts) {
-        if (!part.directory || !faults.empty()) continue;
-        try {
-          write_state_dict_index(part.shapes, part.path, group.size(), part.stamp, part.stem);
-        } catch (...) {
-          local = std::current_exception();
-          faults.push_back("rank 0, writing the index in " + part.path + ": " + message_of(local));
-        }
-      }
-      std::string result = "ok";
-      if (!faults.empty()) {
-        result = "failed:";
-        for (const auto& fault : faults) result += "\n  " + fault;
-      }
-      store_set(group, key + "/result", result);
+    const ProcessGroup* writers = team.replicas();
+    if (directory && writers) {
+      store_set(*writers, key + "/written/" + std::to_string(rank), local ? "failed: " + message_of(local) : "ok");
     }
-    const auto result = await("result", deadline);
+    if (rank != 0) return await(*writers, "result", deadline);
+    for (int r = 1; directory && r < team.writers(); ++r) {
+      const auto written = await(*writers, "written/" + std::to_string(r), deadline);
+      if (!written) {
+        faults.push_back("rank " + std::to_string(r) + ": its part was not written within the group's timeout (" +
+                         std::to_string(writers->timeout().count()) + " ms)");
+      } else if (*written != "ok") {
+        faults.push_back("rank " + std::to_string(r) + ": " + written->substr(written->find(' ') + 1));
+      }
+    }
+    // The indexes last, once every file of every part is in place.
+    for (const auto& part : parts) {
+      if (!part.directory || !faults.empty()) continue;
+      try {
+        write_state_dict_index(part.shapes, part.path, team.writers(), part.stamp, part.stem);
+      } catch (...) {
+        local = std::current_exception();
+        faults.push_back("rank 0, writing the index in " + part.path + ": " + message_of(local));
+      }
+    }
+    std::string result = "ok";
+    if (!faults.empty()) {
+      result = "failed:";
+      for (const auto& fault : faults) result += "\n  " + fault;
+    }
+    if (writers) store_set(*writers, key + "/result", result);
+    return result;
+  }
+
+  void run() {
+    const ProcessGroup& any = team.replicas() ? *team.replicas() : team.tensor_parallel().front();
+    const auto deadline = Clock::now() + any.timeout();
+    const std::string where = paths_of(parts);
+    std::exception_ptr local;
+    std::optional<std::string> result;
+    if (team.writes()) {
+      result = write(local, deadline);
+    } else {
+      // Not a writer (not first in its tensor-parallel group): the result comes from the rank first
+      // there, which relays it below. See Note [Teams over a {dp, tp} mesh].
+      for (const auto& group : team.tensor_parallel()) {
+        if (group.rank() != 0) {
+          result = await(group, "result", deadline);
+          break;
+        }
+      }
+    }
+    for (const auto& group : team.tensor_parallel()) {
+      if (group.rank() == 0) store_set(group, key + "/result", result.value_or("failed:\n  a rank timed out"));
+    }
     if (local) std::rethrow_exception(local);  // this rank's own error, as it was thrown
-    TORCH_CHECK(result, "cpprun: rank ", rank, " waited the group's timeout (", group.timeout().count(),
+    TORCH_CHECK(result, "cpprun: rank ", cpprun::rank(), " waited the group's timeout (", any.timeout().count(),
                 " ms) for rank 0 to finish the asynchronous save to ", where, "; is rank 0 still running?");
     TORCH_CHECK(*result == "ok", "cpprun: the asynchronous save to ", where, " failed on another rank (this is rank ",
-                rank, "):", result->substr(std::string("failed:").size()));
+                cpprun::rank(), "):", result->substr(std::string("failed:").size()));
   }
 };
 
@@ -246,7 +270,7 @@ NamedTensors snapshot_state(const NamedTensors& state) {
   return out;
 }
 
-AsyncSave start_async_save(std::vector<AsyncSavePart> parts, const ProcessGroup* group,
+AsyncSave start_async_save(std::vector<AsyncSavePart> parts, const CheckpointTeam& team,
                            const StateDictSaveOptions& options) {
   TORCH_INTERNAL_ASSERT(!parts.empty(), "an asynchronous save of nothing");
   for (const auto& part : parts) {
@@ -257,11 +281,13 @@ AsyncSave start_async_save(std::vector<AsyncSavePart> parts, const ProcessGroup*
     }
   }
   std::string save_id = options.save_id().value_or(new_save_id());
-  if (group) broadcast_bytes(*group, save_id, 0);  // rank 0's id: in every file, and the store keys
+  team.broadcast_bytes(save_id);  // the root's id: in every file, and the store keys
   // One save, one id: with a model and its optimizer, every file records it (load checks them).
   StateDictSaveOptions file_options = options;
   if (parts.size() > 1) file_options.save_id(save_id);
-  const int rank = group ? group->rank() : 0, world = group ? group->size() : 1;
+  // Each writer copies only what it writes; the other ranks nothing.
+  const bool writes = team.writes();
+  const int rank = team.writer_rank(), world = team.writers();
   std::vector<PartToWrite> to_write;
   for (auto& part : parts) {
     PartToWrite out;
@@ -269,18 +295,18 @@ AsyncSave start_async_save(std::vector<AsyncSavePart> parts, const ProcessGroup*
     out.directory = is_sharded_state_dict_path(part.path);
     out.stem = part.stem;
     out.stamp = {save_id, options.step(), part.metadata};
-    if (out.directory) {
+    if (out.directory && writes) {
       out.shard = state_dict_shard(part.state, rank, world, part.stem);
       out.shard.tensors = snapshot_state(out.shard.tensors);
       if (rank == 0) out.shapes = shapes_of(part.state);
-    } else if (rank == 0) {
+    } else if (!out.directory && writes && rank == 0) {
       out.file_state = snapshot_state(part.state);
       out.metadata = std::move(part.metadata);
     }
     to_write.push_back(std::move(out));
   }
   auto state = std::make_shared<State>(paths_of(to_write));
-  if (!group) {
+  if (team.alone()) {
     launch(*state, [parts = std::move(to_write), file_options] {
       for (const auto& part : parts) write_part(part, file_options);
       for (const auto& part : parts) {
@@ -288,7 +314,7 @@ AsyncSave start_async_save(std::vector<AsyncSavePart> parts, const ProcessGroup*
       }
     });
   } else {
-    auto job = std::make_shared<CollectiveSave>(*group);
+    auto job = std::make_shared<CollectiveSave>(team);
     job->key = "async_save/" + save_id;
     job->options = file_options;
     job->parts = std::move(to_write);
@@ -301,17 +327,12 @@ AsyncSave start_async_save(std::vector<AsyncSavePart> parts, const ProcessGroup*
   return AsyncSaveAccess::make(std::move(state));
 }
 
-AsyncSave start_async_save(torch::nn::Module& module, const ProcessGroup* group, const std::string& path,
-                           const StateDictSaveOptions& options) {
-  return start_async_save(module_state(module), group, path, options);
-}
-
-AsyncSave start_async_save(const NamedTensors& state, const ProcessGroup* group, const std::string& path,
+AsyncSave start_async_save(const NamedTensors& state, const CheckpointTeam& team, const std::string& path,
                            const StateDictSaveOptions& options) {
   std::vector<AsyncSavePart> parts(1);
   parts[0].state = state;
   parts[0].path = path;
-  return start_async_save(std::move(parts), group, options);
+  return start_async_save(std::move(parts), team, options);
 }
 
 void finish_previous_save() {
@@ -327,12 +348,6 @@ void finish_previous_save() {
                 ", failed, and no wait() on its handle raised it: ", message_of(previous->error),
                 "\nThis save did not start; call it again to save anyway. (See Note [Async save errors are never lost].)");
   }
-}
-
-AsyncSave save_module_state_dict_async(torch::nn::Module& module, const std::string& path,
-                                       const StateDictSaveOptions& options) {
-  refuse_tensor_parallel_checkpoint(tensor_parallel_splits(module), "cpprun", "save_async", path);
-  return start_async_save(module, nullptr, path, options);
 }
 
 }  // namespace detail

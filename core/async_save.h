@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "cpprun/async_save.h"
-#include "cpprun/process_group.h"
+#include "checkpoint/checkpoint_team.h"
 #include "cpprun/state_dict_options.h"
 #include "support/safetensors_index.h"
 #include "support/torch_save_file.h"
@@ -29,18 +29,15 @@ struct AsyncSavePart {
 
 // Starts saving `parts` (each as save_state_dict / save_optimizer_state_dict would) on one
 // background thread, under one save id, which every file records when there is more than one
-// part (else, as the synchronous save, a file only when options.save_id() is given). `group`
-// null: this process alone. Else collective over it: the save id is broadcast here, and each
-// rank copies only what it writes (a file: rank 0 all of it; a directory: its share).
-// Registers the save as this process's latest (see finish_previous_save in cpprun/state_dict.h).
-AsyncSave start_async_save(std::vector<AsyncSavePart> parts, const ProcessGroup* group,
+// part (else, as the synchronous save, a file only when options.save_id() is given). Collective
+// over `team` (alone: this process): the save id is broadcast here, and each writer copies only
+// what it writes (a file: the root all of it; a directory: its share); the other ranks copy
+// nothing and learn the result. Registers the save as this process's latest (see
+// finish_previous_save in cpprun/state_dict.h).
+AsyncSave start_async_save(std::vector<AsyncSavePart> parts, const CheckpointTeam& team,
                            const StateDictSaveOptions& options);
-// One part: `module`'s state dict.
-AsyncSave start_async_save(torch::nn::Module& module, const ProcessGroup* group, const std::string& path,
-                           const StateDictSaveOptions& options);
-// The same for tensors that are not a module's own (FSDP's gathered fp32 masters under mixed
-// precision), the same names and shapes on every rank; copied before it returns.
-AsyncSave start_async_save(const NamedTensors& state, const ProcessGroup* group, const std::string& path,
+// One part: whole tensors (the same on every rank), copied before it returns.
+AsyncSave start_async_save(const NamedTensors& state, const CheckpointTeam& team, const std::string& path,
                            const StateDictSaveOptions& options);
 
 // CPU copies of `state` that training cannot change: pinned host memory for a tensor on a GPU;

@@ -202,23 +202,6 @@ ReadOptimizerFile read_optimizer_files(const std::string& path) {
 
 }  // namespace
 
-OptimizerParams module_optimizer_params(torch::nn::Module& module) {
-  OptimizerParams out;
-  std::map<const c10::TensorImpl*, std::size_t> seen;
-  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
-    if (!item.value().defined()) continue;
-    const auto [at, first] = seen.emplace(item.value().unsafeGetTensorImpl(), out.names.size());
-    if (!first) {
-      out.aliases[item.key()] = at->second;
-      continue;
-    }
-    out.names.push_back(item.key());
-    out.stepped.push_back(item.value());
-    out.full_sizes.push_back(item.value().sizes().vec());
-  }
-  return out;
-}
-
 void check_optimizer_path(const std::string& path, const char* call) { check_path(path, call); }
 
 OptimizerStateToSave optimizer_state_to_save(const OptimizerParams& params, torch::optim::Optimizer& optimizer) {
@@ -284,28 +267,27 @@ OptimizerStateToSave optimizer_state_to_save(const OptimizerParams& params, torc
 }
 
 void save_optimizer_state_dict(const OptimizerParams& params, torch::optim::Optimizer& optimizer,
-                               const ProcessGroup* group, const std::string& path,
+                               const CheckpointTeam& team, const std::string& path,
                                const StateDictSaveOptions& options) {
   check_path(path, "save_optimizer_state_dict");
   OptimizerStateToSave saved = optimizer_state_to_save(params, optimizer);
   if (is_sharded_state_dict_path(path)) {
-    save_sharded_tensors(saved.state, group, path, options, kOptimizerStem, saved.metadata);
+    save_sharded_tensors(saved.state, team, path, options, kOptimizerStem, saved.metadata);
     return;
   }
   std::exception_ptr failure;
-  if (!group || group->rank() == 0) {
+  if (team.is_root()) {
     try {
       write_state_dict_file(saved.state, path, options, saved.metadata);
     } catch (...) {
-      if (!group) throw;
       failure = std::current_exception();
     }
   }
-  if (group) agree_on_failure(*group, failure, "saving the optimizer state to " + path);
+  team.agree(failure, "saving the optimizer state to " + path);
 }
 
 void load_optimizer_state_dict(const OptimizerParams& params, torch::optim::Optimizer& optimizer,
-                               const ProcessGroup* group, const std::string& path) {
+                               const CheckpointTeam& team, const std::string& path) {
   check_path(path, "load_optimizer_state_dict");
   const std::string kind = kind_of(optimizer);
   const auto names = group_names(params, optimizer, "load_optimizer_state_dict");
@@ -314,7 +296,7 @@ void load_optimizer_state_dict(const OptimizerParams& params, torch::optim::Opti
   // failure to read travels as its message, so every rank raises the same error.
   std::string bytes;
   std::exception_ptr failure;
-  if (!group || group->rank() == 0) {
+  if (team.is_root()) {
     try {
       ReadOptimizerFile read = read_optimizer_files(path);
       std::string file_of;
@@ -326,7 +308,7 @@ void load_optimizer_state_dict(const OptimizerParams& params, torch::optim::Opti
       bytes = describe_failure(failure);  // never starts with 'T'
     }
   }
-  if (group) broadcast_bytes(*group, bytes, 0);
+  team.broadcast_bytes(bytes);
   if (failure) std::rethrow_exception(failure);
   if (bytes[0] != 'T') throw_described_failure(bytes);
   bytes.erase(0, 1);
@@ -497,14 +479,3 @@ void load_optimizer_state_dict(const OptimizerParams& params, torch::optim::Opti
 
 }  // namespace cpprun::detail
 
-namespace cpprun::detail {
-// cpprun/optimizer_state_dict.h's entry points for a plain module.
-void save_module_optimizer_state_dict(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
-                                      const std::string& path, const StateDictSaveOptions& options) {
-  save_optimizer_state_dict(module_optimizer_params(module), optimizer, nullptr, path, options);
-}
-void load_module_optimizer_state_dict(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
-                                      const std::string& path) {
-  load_optimizer_state_dict(module_optimizer_params(module), optimizer, nullptr, path);
-}
-}  // namespace cpprun::detail

@@ -15,10 +15,11 @@
 #include <cstddef>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
-#include "cpprun/process_group.h"
+#include "checkpoint/checkpoint_team.h"
 #include "cpprun/state_dict_options.h"
 #include "support/torch_save_file.h"
 
@@ -37,16 +38,15 @@ struct OptimizerParams {
   // get_optimizer_state_dict does; a file naming it by another (PyTorch's set_optimizer_state_dict
   // takes either) loads too.
   std::map<std::string, std::size_t> aliases;
-  // FSDP: a state tensor of parameter i as this rank holds it -> the whole tensor on every rank
-  // (collective over `shard_group`), and a whole tensor -> this rank's part. Unset (DDP, a
-  // module): every rank's state is already whole.
+  // A state tensor of parameter i as this rank holds it -> the whole tensor on every rank
+  // (collective over the parameter's groups: checkpoint/state_view.h's gather_whole), and a whole
+  // tensor -> this rank's part. Unset: every rank's state is already whole.
   std::function<at::Tensor(std::size_t, const at::Tensor&)> gather;
   std::function<at::Tensor(std::size_t, const at::Tensor&)> local_part;
-  const ProcessGroup* shard_group = nullptr;
+  // FSDP's shard group, when a rank may hold no rows of a parameter (and so no state for it)
+  // where the others do: the ranks agree which parameters have state before gathering.
+  std::optional<ProcessGroup> shard_group;
 };
-
-// The parameters of a plain module (DDP's wrapped module), each tensor once.
-OptimizerParams module_optimizer_params(torch::nn::Module& module);
 
 // What a save of `optimizer`'s state writes: the tensors "state.<name>.<what>", whole (FSDP
 // gathers each over params.shard_group: collective), and the files' __metadata__ (kind, groups).
@@ -59,18 +59,18 @@ OptimizerStateToSave optimizer_state_to_save(const OptimizerParams& params, torc
 // Refuses a PATH an optimizer's state cannot be saved to (not .safetensors, not a directory).
 void check_optimizer_path(const std::string& path, const char* call);
 
-// Writes `optimizer`'s state to PATH (.safetensors, or a directory: "optimizer" files). `group`
-// null: this process alone; else collective: rank 0 writes a file, every rank its share of a
-// directory, with rank 0's save id (options.save_id(), else drawn).
+// Writes `optimizer`'s state to PATH (.safetensors, or a directory: "optimizer" files).
+// Collective over `team` (alone: this process): the root writes a file, every writer its share
+// of a directory, with the root's save id (options.save_id(), else drawn).
 void save_optimizer_state_dict(const OptimizerParams& params, torch::optim::Optimizer& optimizer,
-                               const ProcessGroup* group, const std::string& path,
+                               const CheckpointTeam& team, const std::string& path,
                                const StateDictSaveOptions& options);
 // Reads PATH into `optimizer` (each rank its part, at any world size): its state and its param
 // groups' options. Strict: another optimizer kind, parameters missing or unexpected, a state
 // tensor of the wrong shape, a directory whose optimizer files differ in save id from each other
 // or from the model's index there: one error listing every fault, naming the file, and nothing
-// is changed. `group`: rank 0 reads, every rank gets the same bytes, and every rank throws alike.
+// is changed. The team's root reads, every rank gets the same bytes, and every rank throws alike.
 void load_optimizer_state_dict(const OptimizerParams& params, torch::optim::Optimizer& optimizer,
-                               const ProcessGroup* group, const std::string& path);
+                               const CheckpointTeam& team, const std::string& path);
 
 }  // namespace cpprun::detail

@@ -129,48 +129,45 @@ void write_state_dict_index(const NamedTensors& state, const std::string& dir, i
   }
 }
 
-void save_sharded_tensors(const NamedTensors& state, const ProcessGroup* group, const std::string& dir,
+void save_sharded_tensors(const NamedTensors& state, const CheckpointTeam& team, const std::string& dir,
                           const StateDictSaveOptions& options, std::string_view stem,
                           const std::map<std::string, std::string>& metadata) {
   check_sharded_save_path(dir);
   ShardedSaveStamp stamp{options.save_id().value_or(new_save_id()), options.step(), metadata};
-  if (!group) {
+  if (team.alone()) {
     fs::create_directories(dir);
     write_state_dict_shard(state, dir, 0, 1, stamp, stem);
     write_state_dict_index(state, dir, 1, stamp, stem);
     return;
   }
-  broadcast_bytes(*group, stamp.save_id, 0);  // rank 0's id in every file
+  team.broadcast_bytes(stamp.save_id);  // the root's id in every file
   const std::string what = "saving the state dict to " + dir;
   std::exception_ptr failure;
-  if (group->rank() == 0) {
+  if (team.is_root()) {
     try {
       fs::create_directories(dir);
     } catch (...) {
       failure = std::current_exception();
     }
   }
-  agree_on_failure(*group, failure, what);
-  try {
-    write_state_dict_shard(state, dir, group->rank(), group->size(), stamp, stem);
-  } catch (...) {
-    failure = std::current_exception();
-  }
-  // Every file is in place before the index names them.
-  agree_on_failure(*group, failure, what);
-  if (group->rank() == 0) {
+  team.agree(failure, what);
+  if (team.writes()) {
     try {
-      write_state_dict_index(state, dir, group->size(), stamp, stem);
+      write_state_dict_shard(state, dir, team.writer_rank(), team.writers(), stamp, stem);
     } catch (...) {
       failure = std::current_exception();
     }
   }
-  agree_on_failure(*group, failure, what);
-}
-
-void save_sharded_state_dict(torch::nn::Module& module, const ProcessGroup* group, const std::string& dir,
-                             const StateDictSaveOptions& options) {
-  save_sharded_tensors(module_state(module), group, dir, options, kModelStem);
+  // Every file is in place before the index names them.
+  team.agree(failure, what);
+  if (team.is_root()) {
+    try {
+      write_state_dict_index(state, dir, team.writers(), stamp, stem);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+  team.agree(failure, what);
 }
 
 ShardedDirectory read_sharded_directory(const std::string& dir_text, std::string_view stem) {

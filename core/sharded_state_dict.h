@@ -12,7 +12,7 @@
 #include <string>
 #include <string_view>
 
-#include "cpprun/process_group.h"
+#include "checkpoint/checkpoint_team.h"
 #include "cpprun/state_dict_options.h"
 #include "support/safetensors_index.h"
 #include "support/torch_save_file.h"
@@ -54,10 +54,10 @@ void check_sharded_save_path(const std::string& dir);
 void write_state_dict_index(const NamedTensors& state, const std::string& dir, int world,
                             const ShardedSaveStamp& stamp, std::string_view stem = kModelStem);
 
-// Writes `state` (the same on every rank) to DIR as STEM's files. `group` null: this process
-// alone; else collective, each rank its share, rank 0 the index last, with rank 0's save id
+// Writes `state` (the same on every rank) to DIR as STEM's files: collective over `team` (alone:
+// this process), each writer its share, the root the index last, with the root's save id
 // (options.save_id(), else drawn); a failure on any rank is raised on every rank.
-void save_sharded_tensors(const NamedTensors& state, const ProcessGroup* group, const std::string& dir,
+void save_sharded_tensors(const NamedTensors& state, const CheckpointTeam& team, const std::string& dir,
                           const StateDictSaveOptions& options, std::string_view stem,
                           const std::map<std::string, std::string>& metadata = {});
 
@@ -72,10 +72,6 @@ struct ShardedDirectory {
 };
 ShardedDirectory read_sharded_directory(const std::string& dir, std::string_view stem);
 
-// Saves `module`'s state to DIR. `group` null: this process alone (one file); else collective
-// over it, every rank holding the full state: a failure on any rank is raised on every rank.
-void save_sharded_state_dict(torch::nn::Module& module, const ProcessGroup* group, const std::string& dir,
-                             const StateDictSaveOptions& options);
 // Reads DIR (or the index PATH names; a DIR holding only model.safetensors loads that file) into
 // `into` (module_state(module) for a module) in place, strict as load_state_dict. This process alone.
 StateDictLoadReport load_sharded_state_dict(const NamedTensors& into, const std::string& path,

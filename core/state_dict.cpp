@@ -21,8 +21,6 @@
 #include "cpprun/object_collectives.h"
 #include "cpprun/state_dict.h"
 #include "core/sharded_state_dict.h"
-#include "core/tensor_parallel_splits.h"
-#include "core/tensor_parallel_state.h"
 #include "support/safetensors_index.h"
 #include "support/safetensors.h"
 
@@ -256,14 +254,6 @@ StateDictLoadReport load_named_tensors(const NamedTensors& mine, const NamedTens
   return report;
 }
 
-void save_state_dict_file(torch::nn::Module& module, const std::string& path, const StateDictSaveOptions& options) {
-  if (is_sharded_state_dict_path(path)) {
-    save_sharded_state_dict(module, nullptr, path, options);
-    return;
-  }
-  write_state_dict_file(module_state(module), path, options);
-}
-
 void write_state_dict_file(const NamedTensors& state, const std::string& path, const StateDictSaveOptions& options,
                            std::map<std::string, std::string> metadata) {
   // .pt: cpprun's checksum footer, which torch.load ignores (Note [Checkpoint footer]);
@@ -296,19 +286,14 @@ StateDictLoadReport load_state_dict_file(const NamedTensors& into, const std::st
   return load_named_tensors(into, read_state_dict_file(path), path, options);
 }
 
-void save_state_dict(torch::nn::Module& module, const ProcessGroup& group, const std::string& path,
-                     const StateDictSaveOptions& options) {
-  save_state_dict(module_state(module), group, path, options);
-}
-
-void save_state_dict(const NamedTensors& state, const ProcessGroup& group, const std::string& path,
+void save_state_dict(const NamedTensors& state, const CheckpointTeam& team, const std::string& path,
                      const StateDictSaveOptions& options) {
   if (is_sharded_state_dict_path(path)) {
-    save_sharded_tensors(state, &group, path, options, kModelStem);
+    save_sharded_tensors(state, team, path, options, kModelStem);
     return;
   }
   std::exception_ptr failure;
-  if (group.rank() == 0) {
+  if (team.is_root()) {
     try {
       write_state_dict_file(state, path, options);
     } catch (...) {
@@ -316,57 +301,33 @@ void save_state_dict(const NamedTensors& state, const ProcessGroup& group, const
     }
   }
   // Also the barrier: the file exists when save returns, on every rank.
-  agree_on_failure(group, failure, "saving the state dict to " + path);
+  team.agree(failure, "saving the state dict to " + path);
 }
 
-StateDictLoadReport load_state_dict(torch::nn::Module& module, const ProcessGroup& group, const std::string& path,
+StateDictLoadReport load_state_dict(const NamedTensors& into, const CheckpointTeam& team, const std::string& path,
                                     const StateDictOptions& options) {
-  return load_state_dict(module_state(module), group, path, options);
-}
-
-StateDictLoadReport load_state_dict(const NamedTensors& into, const ProcessGroup& group, const std::string& path,
-                                    const StateDictOptions& options) {
+  if (team.alone()) return load_state_dict_file(into, path, options);
   std::exception_ptr failure;
   StateDictLoadReport report;
-  if (group.rank() == 0) {
+  if (team.is_root()) {
     try {
       report = load_state_dict_file(into, path, options);
     } catch (...) {
       failure = std::current_exception();
     }
   }
-  // Only rank 0 reads: every rank raises its error (the missing keys, the damaged file), not a
+  // Only the root reads: every rank raises its error (the missing keys, the damaged file), not a
   // bare "rank 0 failed", as load_optimizer_state_dict does.
-  share_root_failure(group, failure);
+  team.share_root_failure(failure);
   std::vector<at::Tensor> tensors;  // each once: a tied tensor is listed under each of its names
   std::unordered_set<const c10::TensorImpl*> listed;
   for (const auto& [name, tensor] : into) {
     if (listed.insert(tensor.unsafeGetTensorImpl()).second) tensors.push_back(tensor);
   }
-  broadcast_coalesced(group, tensors, 0);
-  std::string bytes = group.rank() == 0 ? encode_report(report) : std::string();
-  broadcast_bytes(group, bytes, 0);
+  team.broadcast_tensors(tensors);
+  std::string bytes = team.is_root() ? encode_report(report) : std::string();
+  team.broadcast_bytes(bytes);
   return decode_report(bytes);
-}
-
-}  // namespace cpprun::detail
-
-namespace cpprun::detail {
-
-// cpprun/state_dict.h's entry points for a plain module.
-void save_module_state_dict(torch::nn::Module& module, const std::string& path, const StateDictSaveOptions& options) {
-  if (auto splits = tensor_parallel_splits(module); !splits.empty()) {
-    save_tensor_parallel_state_dict(module, /*data_parallel=*/nullptr, splits, path, options);
-    return;
-  }
-  save_state_dict_file(module, path, options);
-}
-StateDictLoadReport load_module_state_dict(torch::nn::Module& module, const std::string& path,
-                                           const StateDictOptions& options) {
-  if (auto splits = tensor_parallel_splits(module); !splits.empty()) {
-    return load_tensor_parallel_state_dict(module, /*data_parallel=*/nullptr, splits, path, options);
-  }
-  return load_state_dict_file(module_state(module), path, options);
 }
 
 }  // namespace cpprun::detail

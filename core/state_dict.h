@@ -1,7 +1,7 @@
 // State dicts by name (cpprun/state_dict.h): a module's parameters and buffers under PyTorch's
 // state_dict() names, as .safetensors or .pt (torch.save's dict) by the file's extension, or a
 // directory in Hugging Face's sharded layout (core/sharded_state_dict.h); the comparison that
-// strict loading decides on; and the collective versions DDP and FSDP call.
+// strict loading decides on; and the collective save and load of whole tensors over a team.
 #pragma once
 
 #include <torch/nn/module.h>
@@ -9,7 +9,7 @@
 #include <map>
 #include <string>
 
-#include "cpprun/process_group.h"
+#include "checkpoint/checkpoint_team.h"
 #include "cpprun/state_dict_options.h"
 #include "support/safetensors.h"
 #include "support/torch_save_file.h"
@@ -45,33 +45,25 @@ StateDictLoadReport load_named_tensors(const NamedTensors& mine, const NamedTens
                                        const StateDictOptions& options,
                                        const std::map<std::string, std::string>& file_of = {});
 
-// One process: writes PATH atomically / reads it into `module` in place. A strict load that finds
-// differences throws StateDictMismatchError and changes nothing. A directory: the sharded layout
-// (core/sharded_state_dict.h).
-void save_state_dict_file(torch::nn::Module& module, const std::string& path, const StateDictSaveOptions& options);
 // Writes `state` to the file PATH atomically, in the format its extension names (not a directory);
 // `metadata` goes into a .safetensors header beside the step and save id (an optimizer's kind).
 void write_state_dict_file(const NamedTensors& state, const std::string& path, const StateDictSaveOptions& options,
                            std::map<std::string, std::string> metadata = {});
 // Throws the error a save to PATH would for a name whose format cannot be told, before any work.
 void check_state_dict_path(const std::string& path);
-// Reads PATH into `into`'s tensors in place (module_state(module) for a module).
+// Reads PATH (a file, or a directory in the sharded layout) into `into`'s tensors in place.
 StateDictLoadReport load_state_dict_file(const NamedTensors& into, const std::string& path,
                                          const StateDictOptions& options);
 
-// Collective: rank 0 writes (a directory: every rank writes its share) / rank 0 reads, then
-// broadcasts the module's state; a failure on any rank is raised on every rank (a failed load:
-// rank 0's error, of its kind, on every rank). The report is the same on every rank.
-void save_state_dict(torch::nn::Module& module, const ProcessGroup& group, const std::string& path,
+// `state`: whole tensors, the same on every rank of `team`. The team's root writes a file; to a
+// directory every writer writes its share and the root the index last; a failure on any rank is
+// raised on every rank. Alone: this process writes.
+void save_state_dict(const NamedTensors& state, const CheckpointTeam& team, const std::string& path,
                      const StateDictSaveOptions& options);
-StateDictLoadReport load_state_dict(torch::nn::Module& module, const ProcessGroup& group, const std::string& path,
-                                    const StateDictOptions& options);
-// The same for tensors that are not a module's own (FSDP's gathered fp32 masters under mixed
-// precision): `state` / `into` the same names and shapes on every rank; `into` is loaded in place
-// on rank 0 and broadcast.
-void save_state_dict(const NamedTensors& state, const ProcessGroup& group, const std::string& path,
-                     const StateDictSaveOptions& options);
-StateDictLoadReport load_state_dict(const NamedTensors& into, const ProcessGroup& group, const std::string& path,
+// `into`: whole tensors of the same names and shapes on every rank; the root reads PATH into them
+// in place (strict: a difference changes nothing and throws StateDictMismatchError), then they
+// are broadcast; every rank returns the root's report or throws its error.
+StateDictLoadReport load_state_dict(const NamedTensors& into, const CheckpointTeam& team, const std::string& path,
                                     const StateDictOptions& options);
 
 }  // namespace cpprun::detail

@@ -81,10 +81,12 @@ void refuse_tensor_parallel_checkpoint(const std::map<std::string, TensorParalle
   const bool saves = std::string(what).rfind("save", 0) == 0;
   TORCH_CHECK(false, who, ": ", what, "(\"", path, "\") is not supported with tensor parallelism: \"", name,
               "\" (and ", splits.size() - 1, " more) is split across ", split.group.size(), " tensor-parallel "
-              "ranks. ", saves ? "cpprun::save_state_dict(model, \"model.safetensors\") (or .pt) writes the whole "
-                                 "tensors under their unsplit names, which any split of the model loads"
-                               : "cpprun::load_state_dict(model, FILE) loads a .safetensors or .pt file of whole "
-                                 "tensors, each rank cutting its shard",
+              "ranks. ", saves ? "cpprun::save_state_dict(model, \"ck/\") (or a .safetensors or .pt file) writes the "
+                                 "whole tensors under their unsplit names, which any split of the model loads, and "
+                                 "save_optimizer_state_dict(model, optimizer, \"ck/\") the optimizer's state"
+                               : "cpprun::load_state_dict(model, PATH) loads a directory or a .safetensors or .pt "
+                                 "file of whole tensors, each rank cutting its shard, and load_optimizer_state_dict "
+                                 "the optimizer's state",
               " (docs/tensor_parallel.md, Checkpoints).");
 }
 

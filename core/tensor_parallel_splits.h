@@ -19,9 +19,9 @@ namespace cpprun::detail {
 void refuse_tensor_parallel_overlap(const std::map<std::string, TensorParallelSplit>& splits,
                                     const ProcessGroup& data_parallel, const char* who);
 
-// Refuses a checkpoint save or load (`what`: "save_full_state_dict") that has no tensor-parallel
-// form yet, for a model holding tensor-parallel shards; the error names save_state_dict /
-// load_state_dict, which have one (core/tensor_parallel_state.h).
+// Refuses a save or load of an earlier checkpoint format (`what`: "save_full_state_dict"), which
+// has no tensor-parallel form, for a model holding tensor-parallel shards; the error names
+// save_state_dict / load_state_dict, which have one (checkpoint/state_view.h).
 void refuse_tensor_parallel_checkpoint(const std::map<std::string, TensorParallelSplit>& splits, const char* who,
                                        const char* what, const std::string& path);
 

@@ -10,13 +10,9 @@
 #include <unordered_set>
 
 #include "core/clip_grad_norm.h"
-#include "core/async_optimizer_save.h"
-#include "core/async_save.h"
+#include "checkpoint/state_view.h"
 #include "core/full_state.h"
-#include "core/optimizer_state_dict.h"
-#include "core/state_dict.h"
 #include "core/tensor_parallel_splits.h"
-#include "core/tensor_parallel_state.h"
 #include "cpprun/collectives.h"
 #include "ddp/reducer.h"
 
@@ -214,39 +210,12 @@ void DdpCore::load_full_state(const std::string& path) {
   refuse_tensor_parallel_checkpoint(impl_->tp_splits, kWho, "load_full_state_dict", path);
   detail::load_full_state(impl_->module, impl_->group, path);
 }
-void DdpCore::save_state_dict(const std::string& path, const StateDictSaveOptions& options) {
-  if (!impl_->tp_splits.empty()) {
-    save_tensor_parallel_state_dict(impl_->module, &impl_->group, impl_->tp_splits, path, options);
-    return;
-  }
-  detail::save_state_dict(impl_->module, impl_->group, path, options);
-}
-AsyncSave DdpCore::save_state_dict_async(const std::string& path, const StateDictSaveOptions& options) {
-  refuse_tensor_parallel_checkpoint(impl_->tp_splits, kWho, "save_async", path);
-  return detail::start_async_save(impl_->module, &impl_->group, path, options);
-}
-StateDictLoadReport DdpCore::load_state_dict(const std::string& path, const StateDictOptions& options) {
-  if (!impl_->tp_splits.empty()) {
-    return load_tensor_parallel_state_dict(impl_->module, &impl_->group, impl_->tp_splits, path, options);
-  }
-  return detail::load_state_dict(impl_->module, impl_->group, path, options);
-}
-void DdpCore::save_optimizer_state_dict(torch::optim::Optimizer& optimizer, const std::string& path,
-                                        const StateDictSaveOptions& options) {
-  refuse_tensor_parallel_checkpoint(impl_->tp_splits, kWho, "save_optimizer_state_dict", path);
-  detail::save_optimizer_state_dict(module_optimizer_params(impl_->module), optimizer, &impl_->group, path, options);
-}
-void DdpCore::load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const std::string& path) {
-  refuse_tensor_parallel_checkpoint(impl_->tp_splits, kWho, "load_optimizer_state_dict", path);
-  detail::load_optimizer_state_dict(module_optimizer_params(impl_->module), optimizer, &impl_->group, path);
-}
-AsyncSave DdpCore::save_state_dicts_async(torch::optim::Optimizer& optimizer, const std::string& model_path,
-                                          const std::string& optimizer_path, const StateDictSaveOptions& options) {
-  refuse_tensor_parallel_checkpoint(impl_->tp_splits, kWho, "save_async", model_path);
-  check_async_save_paths(model_path, optimizer_path);
-  return start_async_save_with_optimizer(module_state(impl_->module),
-                                         optimizer_state_to_save(module_optimizer_params(impl_->module), optimizer),
-                                         &impl_->group, model_path, optimizer_path, options);
+void DdpCore::describe_state(StateView& view) {
+  // Every rank holds the whole module (its tensor-parallel shards aside): replicated over the group.
+  std::vector<const ProcessGroup*> tensor_parallel;
+  for (const auto& [name, split] : impl_->tp_splits) tensor_parallel.push_back(&split.group);
+  view = module_state_view(impl_->module, impl_->tp_splits,
+                           CheckpointTeam(impl_->group, distinct_groups(tensor_parallel)));
 }
 void DdpCore::save_sharded(const std::string& dir, torch::optim::Optimizer*) {
   TORCH_CHECK(false, "cpprun::DistributedDataParallel: save_sharded_checkpoint(model, optimizer, \"", dir, "\") needs "

@@ -15,19 +15,14 @@
 
 #include "core/clip_grad_norm.h"
 #include "cpprun/collectives.h"
-#include "core/async_optimizer_save.h"
-#include "core/async_save.h"
+#include "checkpoint/state_view.h"
 #include "core/full_state.h"
-#include "core/state_dict.h"
 #include "core/tensor_parallel_splits.h"
-#include "core/tensor_parallel_state.h"
 #include "fsdp/checkpoint.h"
 #include "fsdp/deferred_units.h"
 #include "fsdp/fsdp_collectives.h"
 #include "fsdp/param_bucket.h"
 #include "fsdp/gradient_sync.h"
-#include "fsdp/master_state.h"
-#include "fsdp/optimizer_params.h"
 #include "fsdp/parameter_residency.h"
 #include "fsdp/shard_groups.h"
 #include "fsdp/unit_plan.h"
@@ -273,102 +268,33 @@ void FsdpCore::load_full_state(const std::string& path) {
   for (auto& bucket : impl_->buckets) bucket.shards_from_unsharded();
 }
 
-// Under mixed precision the gathered parameters are compute copies (bf16): state dicts are made
-// of, and loaded into, the fp32 masters instead (fsdp/master_state.h), as PyTorch's FSDP2 does.
-static bool saves_masters(const FsdpOptions& options) { return options.param_dtype().has_value(); }
-
-// Tensor parallelism gathers each TP shard from the module's parameters, the compute copies.
-static void refuse_mixed_precision_with_tp(const FsdpOptions& options, bool has_tp, const char* call,
-                                           const std::string& path) {
-  TORCH_CHECK(!has_tp, "cpprun::FullyShardedDataParallel: ", call, "(model, \"", path, "\") of a tensor-parallel "
-              "model under mixed precision (param_dtype ", *options.param_dtype(), ") is not supported: the "
-              "TP shards would be gathered from the compute copies, not the fp32 masters. Use a model without "
-              "param_dtype to save or load its state dict.");
-}
-
-void FsdpCore::save_state_dict(const std::string& path, const StateDictSaveOptions& options) {
-  if (saves_masters(impl_->options)) {
-    refuse_mixed_precision_with_tp(impl_->options, !impl_->tp_splits.empty(), "save_state_dict", path);
-    detail::save_state_dict(gather_master_state(impl_->module, impl_->buckets, impl_->groups.shard),
-                            impl_->groups.whole, path, options);
-    return;
-  }
-  // Every rank gathers everything, also for a sharded save (each rank then writes its share).
-  gather_full_parameters();  // collective: every rank takes part
-  ReleaseAfter release(impl_->residency.get());
-  if (!impl_->tp_splits.empty()) {  // and each tensor-parallel shard gathered to its whole
-    save_tensor_parallel_state_dict(impl_->module, &impl_->groups.whole, impl_->tp_splits, path, options);
-    return;
-  }
-  detail::save_state_dict(impl_->module, impl_->groups.whole, path, options);
-}
-
-AsyncSave FsdpCore::save_state_dict_async(const std::string& path, const StateDictSaveOptions& options) {
-  refuse_tensor_parallel_checkpoint(impl_->tp_splits, kWho, "save_async", path);
-  if (saves_masters(impl_->options)) {  // the gathered masters are copied (to CPU) before it returns
-    return detail::start_async_save(gather_master_state(impl_->module, impl_->buckets, impl_->groups.shard),
-                                    &impl_->groups.whole, path, options);
-  }
-  gather_full_parameters();  // collective, as save_state_dict; the copy is taken before the release
-  ReleaseAfter release(impl_->residency.get());
-  return detail::start_async_save(impl_->module, &impl_->groups.whole, path, options);
-}
-
-StateDictLoadReport FsdpCore::load_state_dict(const std::string& path, const StateDictOptions& options) {
+// Each parameter's entry is its shard, the tensor the optimizer steps: under mixed precision the
+// fp32 master, not the compute copy (as PyTorch's FSDP2, whose state_dict() holds the sharded fp32
+// parameters). Buffers and frozen parameters are the module's own, replicated.
+void FsdpCore::describe_state(StateView& view) {
   Impl& s = *impl_;
-  if (saves_masters(s.options)) {
-    refuse_mixed_precision_with_tp(s.options, !s.tp_splits.empty(), "load_state_dict", path);
-    // The current masters: what strict(false) leaves as it was, and the shapes the file must have.
-    const NamedTensors masters = gather_master_state(s.module, s.buckets, s.groups.shard);
-    StateDictLoadReport report = detail::load_state_dict(masters, s.groups.whole, path, options);
-    scatter_master_state(masters, s.buckets, s.groups.shard);
-    // The compute copies follow the shards before the next forward: ZeRO-3 gathers again as the
-    // shards' versions changed; ZeRO-1/2 gather when told.
+  std::vector<const ProcessGroup*> tensor_parallel;
+  for (const auto& [name, split] : s.tp_splits) tensor_parallel.push_back(&split.group);
+  view = module_state_view(s.module, s.tp_splits, CheckpointTeam(s.groups.whole, distinct_groups(tensor_parallel)));
+  std::unordered_map<const c10::TensorImpl*, StateEntry*> entry_of;
+  for (auto& entry : view.entries) entry_of[entry.module_tensor.unsafeGetTensorImpl()] = &entry;
+  for (const ParamBucket& bucket : s.buckets) {
+    for (const ShardedParam& p : bucket.params()) {
+      const auto found = entry_of.find(p.param.unsafeGetTensorImpl());
+      TORCH_INTERNAL_ASSERT(found != entry_of.end(), "FSDP parameter ", p.name, " is not in the module's state");
+      StateEntry& entry = *found->second;
+      entry.local = p.shard;
+      entry.device = p.param.device();  // an offloaded shard lives on the CPU; collectives want this
+      entry.placement.rows = RowShard{s.groups.shard, p.rows,       p.row_numel, p.rows_per_rank,
+                                      p.first_row,    p.local_rows, p.sizes,     p.shard_sizes()};
+    }
+  }
+  // A load wrote the shards: the full parameters follow at once (ZeRO-1/2), or when next used
+  // (ZeRO-3 gathers again, as the shards' versions changed).
+  view.after_load = [&s] {
     s.shards_loaded = true;
-    return report;
-  }
-  gather_full_parameters();
-  ReleaseAfter release(s.residency.get());
-  const auto& splits = s.tp_splits;
-  StateDictLoadReport report =
-      splits.empty() ? detail::load_state_dict(s.module, s.groups.whole, path, options)
-                     : load_tensor_parallel_state_dict(s.module, &s.groups.whole, splits, path, options);
-  for (auto& bucket : s.buckets) bucket.shards_from_unsharded();  // as load_full_state
-  return report;
-}
-
-// The optimizer steps the shards: its state is gathered to whole tensors by name (every rank, as
-// save_state_dict gathers the parameters) and cut back to this rank's rows on load.
-void FsdpCore::save_optimizer_state_dict(torch::optim::Optimizer& optimizer, const std::string& path,
-                                         const StateDictSaveOptions& options) {
-  refuse_tensor_parallel_checkpoint(impl_->tp_splits, kWho, "save_optimizer_state_dict", path);
-  detail::save_optimizer_state_dict(fsdp_optimizer_params(impl_->buckets, impl_->groups.shard), optimizer,
-                                    &impl_->groups.whole, path, options);
-}
-
-// The optimizer's state is gathered first (its rows, by name), then the parameters, whose copy is
-// taken before they are released.
-AsyncSave FsdpCore::save_state_dicts_async(torch::optim::Optimizer& optimizer, const std::string& model_path,
-                                           const std::string& optimizer_path, const StateDictSaveOptions& options) {
-  refuse_tensor_parallel_checkpoint(impl_->tp_splits, kWho, "save_async", model_path);
-  check_async_save_paths(model_path, optimizer_path);
-  OptimizerStateToSave optimizer_state =
-      optimizer_state_to_save(fsdp_optimizer_params(impl_->buckets, impl_->groups.shard), optimizer);
-  if (saves_masters(impl_->options)) {  // the fp32 masters, as save_state_dict_async
-    return start_async_save_with_optimizer(gather_master_state(impl_->module, impl_->buckets, impl_->groups.shard),
-                                           std::move(optimizer_state), &impl_->groups.whole, model_path,
-                                           optimizer_path, options);
-  }
-  gather_full_parameters();
-  ReleaseAfter release(impl_->residency.get());
-  return start_async_save_with_optimizer(module_state(impl_->module), std::move(optimizer_state), &impl_->groups.whole, model_path,
-                                         optimizer_path, options);
-}
-
-void FsdpCore::load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const std::string& path) {
-  refuse_tensor_parallel_checkpoint(impl_->tp_splits, kWho, "load_optimizer_state_dict", path);
-  detail::load_optimizer_state_dict(fsdp_optimizer_params(impl_->buckets, impl_->groups.shard), optimizer,
-                                    &impl_->groups.whole, path);
+    s.gather_if_stepped();
+  };
 }
 
 void FsdpCore::save_sharded(const std::string& dir, torch::optim::Optimizer* optimizer) {

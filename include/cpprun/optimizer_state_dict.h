@@ -33,13 +33,13 @@
 
 namespace cpprun {
 namespace detail {
-void save_module_optimizer_state_dict(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
-                                      const std::string& path, const StateDictSaveOptions& options);
-void load_module_optimizer_state_dict(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
-                                      const std::string& path);
-AsyncSave save_module_async(torch::nn::Module& module, torch::optim::Optimizer& optimizer,
-                            const std::string& model_path, const std::string& optimizer_path,
-                            const StateDictSaveOptions& options);
+// checkpoint/checkpoint.cpp: the same code for every wrapper and for a module.
+void save_optimizer_state(StateSource source, torch::optim::Optimizer& optimizer, const std::string& path,
+                          const StateDictSaveOptions& options);
+void load_optimizer_state(StateSource source, torch::optim::Optimizer& optimizer, const std::string& path);
+AsyncSave save_model_and_optimizer_async(StateSource source, torch::optim::Optimizer& optimizer,
+                                         const std::string& model_path, const std::string& optimizer_path,
+                                         const StateDictSaveOptions& options);
 }  // namespace detail
 
 // Writes `optimizer`'s state for `model`'s parameters to PATH. A DataParallel wrapper:
@@ -48,11 +48,7 @@ template <typename Model>
 void save_optimizer_state_dict(Model&& model, torch::optim::Optimizer& optimizer, const std::string& path,
                                const StateDictSaveOptions& options = StateDictSaveOptions()) {
   detail::finish_previous_save();
-  if constexpr (detail::DataParallelWrapper<std::remove_reference_t<Model>>) {
-    detail::DataParallelAccess::core(*model).save_optimizer_state_dict(optimizer, path, options);
-  } else {
-    detail::save_module_optimizer_state_dict(detail::as_module(model), optimizer, path, options);
-  }
+  detail::save_optimizer_state(detail::state_source(model), optimizer, path, options);
 }
 
 // save_state_dict(model, MODEL_PATH) and save_optimizer_state_dict(model, optimizer,
@@ -78,12 +74,8 @@ template <typename Model>
                                    const std::string& optimizer_path,
                                    const StateDictSaveOptions& options = StateDictSaveOptions()) {
   detail::finish_previous_save();
-  if constexpr (detail::DataParallelWrapper<std::remove_reference_t<Model>>) {
-    return detail::DataParallelAccess::core(*model).save_state_dicts_async(optimizer, model_path, optimizer_path,
-                                                                            options);
-  } else {
-    return detail::save_module_async(detail::as_module(model), optimizer, model_path, optimizer_path, options);
-  }
+  return detail::save_model_and_optimizer_async(detail::state_source(model), optimizer, model_path, optimizer_path,
+                                                options);
 }
 
 // Replaces `optimizer`'s state and its param groups' options with PATH's, by parameter name (as
@@ -91,11 +83,7 @@ template <typename Model>
 // size. Collective on a wrapper: rank 0 reads, every rank throws alike.
 template <typename Model>
 void load_optimizer_state_dict(Model&& model, torch::optim::Optimizer& optimizer, const std::string& path) {
-  if constexpr (detail::DataParallelWrapper<std::remove_reference_t<Model>>) {
-    detail::DataParallelAccess::core(*model).load_optimizer_state_dict(optimizer, path);
-  } else {
-    detail::load_module_optimizer_state_dict(detail::as_module(model), optimizer, path);
-  }
+  detail::load_optimizer_state(detail::state_source(model), optimizer, path);
 }
 
 }  // namespace cpprun

@@ -41,11 +41,6 @@
 namespace cpprun {
 namespace detail {
 
-void save_module_state_dict(torch::nn::Module& module, const std::string& path, const StateDictSaveOptions& options);
-StateDictLoadReport load_module_state_dict(torch::nn::Module& module, const std::string& path,
-                                           const StateDictOptions& options);
-AsyncSave save_module_state_dict_async(torch::nn::Module& module, const std::string& path,
-                                       const StateDictSaveOptions& options);
 // Waits for this process's last save_async; raises its error if nobody has seen it yet.
 void finish_previous_save();
 
@@ -62,6 +57,26 @@ torch::nn::Module& as_module(const torch::nn::ModuleHolder<M>& holder) {
   return *holder.ptr();
 }
 
+// What a checkpoint saves and loads: a wrapper (whose core describes its state to the
+// checkpoint code) or a plain module. One of the two is set.
+struct StateSource {
+  DataParallelCore* wrapper = nullptr;
+  torch::nn::Module* module = nullptr;
+};
+template <typename Model>
+StateSource state_source(Model& model) {
+  if constexpr (DataParallelWrapper<Model>) {
+    return {&DataParallelAccess::core(*model), nullptr};
+  } else {
+    return {nullptr, &as_module(model)};
+  }
+}
+
+// checkpoint/checkpoint.cpp: the same code for every wrapper and for a module.
+void save_model_state(StateSource source, const std::string& path, const StateDictSaveOptions& options);
+StateDictLoadReport load_model_state(StateSource source, const std::string& path, const StateDictOptions& options);
+AsyncSave save_model_state_async(StateSource source, const std::string& path, const StateDictSaveOptions& options);
+
 }  // namespace detail
 
 // Writes the model's state dict to PATH. A DataParallel wrapper: collective, every rank calls it;
@@ -73,11 +88,7 @@ template <typename Model>
 void save_state_dict(Model&& model, const std::string& path,
                      const StateDictSaveOptions& options = StateDictSaveOptions()) {
   detail::finish_previous_save();
-  if constexpr (detail::DataParallelWrapper<std::remove_reference_t<Model>>) {
-    detail::DataParallelAccess::core(*model).save_state_dict(path, options);
-  } else {
-    detail::save_module_state_dict(detail::as_module(model), path, options);
-  }
+  detail::save_model_state(detail::state_source(model), path, options);
 }
 
 // save_state_dict, with the writing on a background thread: returns once the state is copied to
@@ -93,11 +104,7 @@ template <typename Model>
 [[nodiscard]] AsyncSave save_async(Model&& model, const std::string& path,
                                    const StateDictSaveOptions& options = StateDictSaveOptions()) {
   detail::finish_previous_save();
-  if constexpr (detail::DataParallelWrapper<std::remove_reference_t<Model>>) {
-    return detail::DataParallelAccess::core(*model).save_state_dict_async(path, options);
-  } else {
-    return detail::save_module_state_dict_async(detail::as_module(model), path, options);
-  }
+  return detail::save_model_state_async(detail::state_source(model), path, options);
 }
 
 // Copies PATH's tensors into the model's parameters and buffers in place, by name; a file whose
@@ -109,11 +116,7 @@ template <typename Model>
 template <typename Model>
 StateDictLoadReport load_state_dict(Model&& model, const std::string& path,
                                     const StateDictOptions& options = StateDictOptions()) {
-  if constexpr (detail::DataParallelWrapper<std::remove_reference_t<Model>>) {
-    return detail::DataParallelAccess::core(*model).load_state_dict(path, options);
-  } else {
-    return detail::load_module_state_dict(detail::as_module(model), path, options);
-  }
+  return detail::load_model_state(detail::state_source(model), path, options);
 }
 
 }  // namespace cpprun

@@ -10,15 +10,15 @@
 #include <utility>
 #include <vector>
 
-#include "cpprun/async_save.h"
 #include "cpprun/process_group.h"
-#include "cpprun/state_dict_options.h"
 
 namespace torch::optim {
 class Optimizer;
 }  // namespace torch::optim
 
 namespace cpprun::detail {
+
+struct StateView;  // checkpoint/state_view.h
 
 class DataParallelCore {
  public:
@@ -42,18 +42,10 @@ class DataParallelCore {
   virtual void load_full_state(const std::string& path) = 0;
   virtual void save_sharded(const std::string& dir, torch::optim::Optimizer* optimizer) = 0;
   virtual void load_sharded(const std::string& dir, torch::optim::Optimizer* optimizer) = 0;
-  // State dicts by name (cpprun/state_dict.h). Collective.
-  virtual void save_state_dict(const std::string& path, const StateDictSaveOptions& options) = 0;
-  virtual StateDictLoadReport load_state_dict(const std::string& path, const StateDictOptions& options) = 0;
-  // save_state_dict's collective part now, the writing on a background thread (core/async_save.h).
-  virtual AsyncSave save_state_dict_async(const std::string& path, const StateDictSaveOptions& options) = 0;
-  // An optimizer's state by parameter name (cpprun/optimizer_state_dict.h). Collective.
-  virtual void save_optimizer_state_dict(torch::optim::Optimizer& optimizer, const std::string& path,
-                                         const StateDictSaveOptions& options) = 0;
-  virtual void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const std::string& path) = 0;
-  // Both as one asynchronous save (core/async_optimizer_save.h). Collective.
-  virtual AsyncSave save_state_dicts_async(torch::optim::Optimizer& optimizer, const std::string& model_path,
-                                           const std::string& optimizer_path, const StateDictSaveOptions& options) = 0;
+  // State dicts and optimizer state by name (cpprun/state_dict.h, cpprun/optimizer_state_dict.h):
+  // this rank's state as entries with placements (checkpoint/state_view.h), which the checkpoint
+  // code gathers, writes, reads and scatters the same way for every wrapper. Not collective.
+  virtual void describe_state(StateView& view) = 0;
 };
 
 // The tensors in a forward's result: a tensor, a vector of them, or a tuple/pair of them.

@@ -49,14 +49,7 @@ class FsdpCore final : public DataParallelCore {
   // name (fsdp/checkpoint.h). Collective.
   void save_full_state(const std::string& path) override;
   void load_full_state(const std::string& path) override;
-  void save_state_dict(const std::string& path, const StateDictSaveOptions& options) override;
-  AsyncSave save_state_dict_async(const std::string& path, const StateDictSaveOptions& options) override;
-  StateDictLoadReport load_state_dict(const std::string& path, const StateDictOptions& options) override;
-  void save_optimizer_state_dict(torch::optim::Optimizer& optimizer, const std::string& path,
-                                 const StateDictSaveOptions& options) override;
-  void load_optimizer_state_dict(torch::optim::Optimizer& optimizer, const std::string& path) override;
-  AsyncSave save_state_dicts_async(torch::optim::Optimizer& optimizer, const std::string& model_path,
-                                   const std::string& optimizer_path, const StateDictSaveOptions& options) override;
+  void describe_state(StateView& view) override;
   void save_sharded(const std::string& dir, torch::optim::Optimizer* optimizer) override;
   void load_sharded(const std::string& dir, torch::optim::Optimizer* optimizer) override;
 

@@ -1,0 +1,68 @@
+// See checkpoint_team.h.
+#include "checkpoint/checkpoint_team.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include "core/failure_agreement.h"
+#include "cpprun/collectives.h"
+#include "cpprun/object_collectives.h"
+
+namespace cpprun::detail {
+
+// Note [Teams over a {dp, tp} mesh]
+// In a {dp, tp} mesh rank (d, t) belongs to the data-parallel group {(*, t)} and the
+// tensor-parallel group {(d, *)}. A step over the data-parallel groups (each from its own rank 0,
+// (0, t)) and then over the tensor-parallel groups (each from its rank 0, (d, 0)) brings (0, 0)'s
+// value to every rank: after the first step (d, 0) holds (0, 0)'s. The same two steps of a max
+// reach every rank's flag. The writers, (*, 0), are one whole data-parallel group, so a directory's
+// shares are split among them exactly as without tensor parallelism.
+
+CheckpointTeam::CheckpointTeam(std::optional<ProcessGroup> replicas, std::vector<ProcessGroup> tensor_parallel)
+    : replicas_(std::move(replicas)), tensor_parallel_(std::move(tensor_parallel)) {
+  for (const auto& group : tensor_parallel_) writes_ = writes_ && group.rank() == 0;
+}
+
+int CheckpointTeam::writer_rank() const { return replicas_ ? replicas_->rank() : 0; }
+int CheckpointTeam::writers() const { return replicas_ ? replicas_->size() : 1; }
+
+void CheckpointTeam::agree(std::exception_ptr local, const std::string& what) const {
+  if (alone()) {
+    if (local) std::rethrow_exception(local);
+    return;
+  }
+  if (tensor_parallel_.empty()) {
+    agree_on_failure(*replicas_, local, what);  // names the failed ranks
+    return;
+  }
+  at::Tensor failed = at::tensor({local ? 1 : 0}, at::kInt);
+  if (replicas_) all_reduce(*replicas_, failed, ReduceOp::kMax);
+  for (const auto& group : tensor_parallel_) all_reduce(group, failed, ReduceOp::kMax);
+  if (local) std::rethrow_exception(local);
+  TORCH_CHECK(failed.item<int>() == 0, "cpprun: ", what, " failed on another rank (its own error says why); rank ",
+              cpprun::rank(), " of the job stops too.");
+}
+
+void CheckpointTeam::share_root_failure(std::exception_ptr root_failure) const {
+  if (alone()) {
+    if (root_failure) std::rethrow_exception(root_failure);
+    return;
+  }
+  std::string bytes = is_root() && root_failure ? describe_failure(root_failure) : std::string();
+  broadcast_bytes(bytes);
+  if (is_root() && root_failure) std::rethrow_exception(root_failure);
+  if (!bytes.empty()) throw_described_failure(bytes);
+}
+
+void CheckpointTeam::broadcast_bytes(std::string& bytes) const {
+  if (replicas_) cpprun::broadcast_bytes(*replicas_, bytes, 0);
+  for (const auto& group : tensor_parallel_) cpprun::broadcast_bytes(group, bytes, 0);
+}
+
+void CheckpointTeam::broadcast_tensors(const std::vector<at::Tensor>& tensors) const {
+  if (tensors.empty()) return;
+  if (replicas_) broadcast_coalesced(*replicas_, tensors, 0);
+  for (const auto& group : tensor_parallel_) broadcast_coalesced(group, tensors, 0);
+}
+
+}  // namespace cpprun::detail

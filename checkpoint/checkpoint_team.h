@@ -1,0 +1,57 @@
+// The ranks that save or load one checkpoint together, and who among them does what. A model's
+// state is replicated over a data-parallel group (DDP's group, FSDP's whole group: after the
+// gathers every rank holds the same whole tensors) and may also be split over tensor-parallel
+// groups; no single group reaches every rank of a {dp, tp} layout, so the team keeps both kinds
+// and composes them: the writers are the ranks first in every tensor-parallel group (one whole
+// data-parallel group of them), and agreement or a broadcast runs over the data-parallel group,
+// then over each tensor-parallel group. See Note [Teams over a {dp, tp} mesh] in the .cpp.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <exception>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cpprun/process_group.h"
+
+namespace cpprun::detail {
+
+class CheckpointTeam {
+ public:
+  // This process alone: it writes and reads everything; no collective.
+  CheckpointTeam() = default;
+  // `replicas`: the data-parallel group (none: a plain module, replicated nowhere else);
+  // `tensor_parallel`: the distinct tensor-parallel groups this rank belongs to (empty without
+  // tensor parallelism), in the same order on every rank.
+  explicit CheckpointTeam(std::optional<ProcessGroup> replicas, std::vector<ProcessGroup> tensor_parallel = {});
+
+  bool alone() const { return !replicas_ && tensor_parallel_.empty(); }
+  // Whether this rank writes files: it is first in every tensor-parallel group.
+  bool writes() const { return writes_; }
+  // Among the writers: this rank's index and their number (a directory's shares).
+  int writer_rank() const;
+  int writers() const;
+  // The one rank that writes a single file or an index and reads what is then broadcast.
+  bool is_root() const { return writes_ && writer_rank() == 0; }
+  const ProcessGroup* replicas() const { return replicas_ ? &*replicas_ : nullptr; }
+  const std::vector<ProcessGroup>& tensor_parallel() const { return tensor_parallel_; }
+
+  // Collective (a barrier too): every rank learns whether any failed. Rethrows this rank's own
+  // error; the others throw one naming `what`.
+  void agree(std::exception_ptr local, const std::string& what) const;
+  // The root's error (null: none; ignored elsewhere) thrown on every rank, of its kind, as
+  // share_root_failure does for one group.
+  void share_root_failure(std::exception_ptr root_failure) const;
+  // The root's bytes / tensors on every rank.
+  void broadcast_bytes(std::string& bytes) const;
+  void broadcast_tensors(const std::vector<at::Tensor>& tensors) const;
+
+ private:
+  std::optional<ProcessGroup> replicas_;
+  std::vector<ProcessGroup> tensor_parallel_;
+  bool writes_ = true;
+};
+
+}  // namespace cpprun::detail

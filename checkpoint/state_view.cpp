@@ -1,0 +1,107 @@
+// See state_view.h.
+#include "checkpoint/state_view.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/grad_mode.h>
+#include <torch/nn/module.h>
+
+#include <map>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "core/state_dict.h"
+#include "core/tensor_parallel_state.h"
+#include "cpprun/collectives.h"
+
+namespace cpprun::detail {
+
+StateView module_state_view(torch::nn::Module& module, const std::map<std::string, TensorParallelSplit>& splits,
+                            CheckpointTeam team) {
+  StateView view;
+  view.team = std::move(team);
+  std::unordered_set<const c10::TensorImpl*> parameters;
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+    if (item.value().defined()) parameters.insert(item.value().unsafeGetTensorImpl());
+  }
+  std::unordered_map<const c10::TensorImpl*, std::size_t> entry_of;
+  for (const auto& [name, tensor] : module_state(module)) {
+    const auto [at, first] = entry_of.emplace(tensor.unsafeGetTensorImpl(), view.entries.size());
+    view.names.emplace_back(name, at->second);
+    if (!first) continue;  // a tied tensor's other name
+    StateEntry entry;
+    entry.name = name;
+    entry.local = tensor;
+    entry.module_tensor = tensor;
+    entry.parameter = parameters.count(tensor.unsafeGetTensorImpl()) > 0;
+    entry.device = tensor.device();
+    entry.whole_sizes = tensor.sizes().vec();
+    const auto split = splits.find(name);
+    if (split != splits.end()) {
+      const int64_t dim = split->second.dim < 0 ? split->second.dim + tensor.dim() : split->second.dim;
+      TORCH_CHECK(dim >= 0 && dim < tensor.dim(), "cpprun: the tensor-parallel split of \"", name, "\" says dim ",
+                  split->second.dim, ", which its shard of shape ", tensor.sizes(), " does not have.");
+      entry.whole_sizes[static_cast<std::size_t>(dim)] *= split->second.group.size();
+      entry.placement.tensor_parallel = split->second;
+    }
+    view.entries.push_back(std::move(entry));
+  }
+  return view;
+}
+
+at::Tensor gather_whole(const StateEntry& entry, const at::Tensor& local) {
+  at::NoGradGuard no_grad;
+  at::Tensor t = local.detach();
+  if (const auto& rows = entry.placement.rows) {
+    // Rank q's rows are [q*C, q*C + C) (fewer, or none, at the end): padded to C rows each, one
+    // all-gather puts them end to end, and the first `rows` rows are the tensor.
+    const int64_t chunk_numel = rows->rows_per_rank * rows->row_numel;
+    const at::Tensor on_device = t.to(entry.device);
+    at::Tensor chunk = at::zeros({chunk_numel}, on_device.options());
+    if (rows->local_rows > 0) chunk.narrow(0, 0, rows->local_rows * rows->row_numel).copy_(on_device.reshape({-1}));
+    at::Tensor all = at::empty({chunk_numel * rows->group.size()}, on_device.options());
+    all_gather_into(rows->group, all, chunk);
+    t = all.narrow(0, 0, rows->rows * rows->row_numel).view(rows->sizes);
+  }
+  if (const auto& split = entry.placement.tensor_parallel) t = gather_tensor_parallel_split(t.to(entry.device), *split);
+  return t;
+}
+
+at::Tensor local_part(const StateEntry& entry, const at::Tensor& whole) {
+  at::Tensor t = whole;
+  if (const auto& split = entry.placement.tensor_parallel) t = tensor_parallel_shard(t, *split);
+  if (const auto& rows = entry.placement.rows) {
+    t = t.reshape({rows->rows, rows->row_numel}).narrow(0, rows->first_row, rows->local_rows).reshape(rows->local_sizes);
+  }
+  return t;
+}
+
+NamedTensors whole_state(const StateView& view) {
+  std::vector<at::Tensor> whole;
+  whole.reserve(view.entries.size());
+  // In the entries' order on every rank: each gather meets its peers'.
+  for (const auto& entry : view.entries) {
+    whole.push_back(entry.placement.replicated() ? entry.local : gather_whole(entry, entry.local));
+  }
+  NamedTensors out;
+  out.reserve(view.names.size());
+  for (const auto& [name, index] : view.names) out.emplace_back(name, whole[index]);
+  return out;
+}
+
+void scatter_whole_state(const StateView& view, const NamedTensors& whole) {
+  {
+    at::NoGradGuard no_grad;
+    std::map<std::string, const at::Tensor*> by_name;
+    for (const auto& [name, tensor] : whole) by_name.emplace(name, &tensor);
+    for (const auto& entry : view.entries) {
+      const auto found = by_name.find(entry.name);
+      TORCH_INTERNAL_ASSERT(found != by_name.end(), "no whole tensor for state entry ", entry.name);
+      if (found->second->unsafeGetTensorImpl() == entry.local.unsafeGetTensorImpl()) continue;  // loaded in place
+      entry.local.detach().copy_(local_part(entry, *found->second));
+    }
+  }
+  if (view.after_load) view.after_load();
+}
+
+}  // namespace cpprun::detail
