@@ -475,7 +475,7 @@ void shard_from(torch::nn::Module& sharded, torch::nn::Module& whole) {
 Gpt unsplit(torch::nn::Module& sharded, int64_t vocab, const Options& o, const torch::Device& device) {
   const auto full = cpprun::tensor_parallel_full_state_dict(sharded);
   Gpt whole(vocab, o);
-  whole->to(device);
+  whole->to(device, o.dtype == "float64" ? torch::kDouble : torch::kFloat);  // as the shards (--dtype)
   torch::NoGradGuard no_grad;
   for (const auto& item : whole->named_parameters()) item.value().copy_(full[item.key()]);
   return whole;
