@@ -12,6 +12,10 @@
 //   from GPT-2:      ./build/examples/train_gpt --init-from DIR --export OUT
 //                    (DIR: what transformers' GPT2LMHeadModel.save_pretrained wrote; OUT loads in Python
 //                    with GPT2LMHeadModel.from_pretrained(OUT))
+//   stop and resume: ./build/launcher/cpprun --nproc_per_node=2 ./build/examples/train_gpt --steps 300 --stop-after 100 --save ck
+//                    ./build/launcher/cpprun --nproc_per_node=4 ./build/examples/train_gpt --steps 300 --resume ck --mode fsdp --stage 3 --batch 8
+//                    (steps 101 to 300, under any --mode, --stage, --tp and number of ranks; with the same
+//                    windows a step, 2 x 16 = 4 x 8, the held-out loss of one uninterrupted run of 300 steps)
 //   against PyTorch: scripts/bench_gpt.sh (bench/gpt_twin.py: the same model, data and optimizer in
 //                    Python; --mode none, --warmup and --losses-out are there for it)
 //   options:         ./build/examples/train_gpt --help
@@ -33,6 +37,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <optional>
 #include <set>
@@ -54,6 +59,16 @@ constexpr const char* kUsage = R"(usage: train_gpt [options]
                      attention heads and MLP units among themselves; DDP/FSDP runs across the world/N groups,
                      which each take their own --batch windows (default 1). N must divide the ranks and --heads
   --steps N          optimizer steps (default 300)
+  --save DIR         after the last step, write a checkpoint to DIR: the model (model-*.safetensors and
+                     model.safetensors.index.json, Hugging Face's sharded layout), the optimizer (optimizer-*),
+                     and, written last, trainer.json: the step and where the data order stood (grad_scaler.pt
+                     too with --amp fp16). Every rank writes its share of the tensors; rank 0 writes trainer.json
+  --stop-after K     stop after step K of the --steps (1 to --steps), as if the run were to go on (it has no
+                     learning-rate schedule to shorten); with --save, a checkpoint --resume continues
+  --resume DIR       continue from DIR's checkpoint (--save's) with the step after it, under any --mode, --stage,
+                     --tp and number of ranks; the same --text, --block, model sizes and --dtype. The same global
+                     batch (--batch x the data-parallel ranks) continues the saved run exactly: the same held-out
+                     loss as one uninterrupted run. --lr is the checkpoint's (its optimizer state holds it)
   --batch B          windows per rank and step; with --tp, per group of N ranks (default 16)
   --lr X             AdamW's learning rate (default 3e-3)
   --block T          characters per window (default 64)
@@ -97,6 +112,8 @@ constexpr const char* kUsage = R"(usage: train_gpt [options]
 struct Options {
   std::string text = "/usr/share/common-licenses/GPL-3", mode = "ddp";
   std::string init_from, export_dir, logits_for, logits_out;
+  std::string save_dir, resume_dir;
+  int stop_after = 0;  // 0: run all --steps
   examples::Gelu gelu = examples::Gelu::kExact;
   double layer_norm_eps = 1e-5;
   int64_t positions = 0, vocab = 0;  // 0: --block, and the text's characters (or --init-from's config)
@@ -140,6 +157,9 @@ Options parse(int argc, char** argv) {
     else if (flags.is("--gelu")) gelu = flags.value();
     else if (flags.is("--init-from")) o.init_from = flags.value();
     else if (flags.is("--export")) o.export_dir = flags.value();
+    else if (flags.is("--save")) o.save_dir = flags.value();
+    else if (flags.is("--resume")) o.resume_dir = flags.value();
+    else if (flags.is("--stop-after")) o.stop_after = flags.number(1);
     else if (flags.is("--logits-for")) o.logits_for = flags.value();
     else if (flags.is("--logits-out")) o.logits_out = flags.value();
     else flags.unknown();
@@ -149,6 +169,11 @@ Options parse(int argc, char** argv) {
   if (gelu == "tanh") o.gelu = examples::Gelu::kTanh;
   if (o.logits_for.empty() != o.logits_out.empty()) {
     throw std::invalid_argument("--logits-for and --logits-out go together (the token ids, and the file for their logits)");
+  }
+  if (!o.resume_dir.empty() && !o.init_from.empty()) {
+    throw std::invalid_argument("--resume " + o.resume_dir + " and --init-from " + o.init_from +
+                                " both give the model to start from: --resume continues a run (model, optimizer, "
+                                "data position), --init-from starts one from a GPT-2; give one");
   }
   o.positions = o.block;
   if (!o.init_from.empty()) {
@@ -189,6 +214,15 @@ Options parse(int argc, char** argv) {
   if (o.warmup >= o.steps && o.steps > 0) {
     throw std::invalid_argument("--warmup " + std::to_string(o.warmup) + " leaves none of the " +
                                 std::to_string(o.steps) + " --steps to time; use a --warmup below --steps");
+  }
+  if (o.stop_after > o.steps) {
+    throw std::invalid_argument("--stop-after " + std::to_string(o.stop_after) + " is beyond --steps " +
+                                std::to_string(o.steps) + ": it names the step of the --steps to stop after, 1 to " +
+                                std::to_string(o.steps));
+  }
+  if (o.stop_after && o.save_dir.empty()) {
+    throw std::invalid_argument("--stop-after " + std::to_string(o.stop_after) +
+                                " without --save would stop and keep nothing: add --save DIR");
   }
   if (o.amp != "fp32" && o.amp != "bf16" && o.amp != "fp16") {
     throw std::invalid_argument("--amp must be fp32, bf16 or fp16, got " + o.amp);
@@ -475,10 +509,75 @@ void shard_from(torch::nn::Module& sharded, torch::nn::Module& whole) {
 Gpt unsplit(torch::nn::Module& sharded, int64_t vocab, const Options& o, const torch::Device& device) {
   const auto full = cpprun::tensor_parallel_full_state_dict(sharded);
   Gpt whole(vocab, o);
-  whole->to(device);
+  whole->to(device, o.dtype == "float64" ? torch::kDouble : torch::kFloat);  // as the shards (--dtype)
   torch::NoGradGuard no_grad;
   for (const auto& item : whole->named_parameters()) item.value().copy_(full[item.key()]);
   return whole;
+}
+
+// Where a run stood when --save wrote its checkpoint: DIR/trainer.json, beside the model's and the
+// optimizer's files and written after them, so that a directory holding it holds a whole save.
+// train_gpt has no dropout: the only random draws of its training are the sampler's, a permutation
+// of the windows drawn from seed + epoch (the seed is DistributedSampler's default, 0), so the epoch
+// and how many of its windows were taken say where the data goes on. They are counted over all
+// data-parallel ranks, which take the permutation in turn (rank r of n its r-th, (r+n)-th, ...
+// window, as PyTorch's DistributedSampler): at any number of ranks the next windows are its next.
+struct TrainerState {
+  int64_t step = 0, steps = 0;            // the last step done, of the run's --steps
+  int64_t epoch = 0, epoch_windows = 0;   // the sampler's epoch, and its windows taken (all ranks)
+  int64_t windows = 0, global_batch = 0;  // the training windows (--text, --block); windows per step
+  std::string dtype, amp, layout, save_id;  // layout: "--mode fsdp --stage 3 --tp 2, 4 ranks", for the record
+};
+
+std::string trainer_json(const TrainerState& t) {
+  auto quoted = [](const std::string& text) {
+    std::string json;
+    cpprun::detail::append_json_string(json, text);
+    return json;
+  };
+  return "{\"step\": " + std::to_string(t.step) + ", \"steps\": " + std::to_string(t.steps) +
+         ", \"epoch\": " + std::to_string(t.epoch) + ", \"epoch_windows\": " + std::to_string(t.epoch_windows) +
+         ", \"windows\": " + std::to_string(t.windows) + ", \"global_batch\": " + std::to_string(t.global_batch) +
+         ", \"dtype\": " + quoted(t.dtype) + ", \"amp\": " + quoted(t.amp) + ", \"layout\": " + quoted(t.layout) +
+         ", \"save_id\": " + quoted(t.save_id) + "}\n";
+}
+
+TrainerState read_trainer_json(const std::string& text, const std::string& file) {
+  using cpprun::detail::Json;
+  Json json;
+  try {
+    json = cpprun::detail::parse_json(text, 4);
+  } catch (const cpprun::detail::JsonSyntaxError& e) {
+    throw std::invalid_argument("--resume: " + file + " is not JSON: " + e.what());
+  }
+  auto get = [&](const std::string& key, Json::Kind kind) -> const std::string& {
+    for (const auto& [name, value] : json.members) {
+      if (name == key && value.kind == kind) return value.text;
+    }
+    throw std::invalid_argument("--resume: " + file + " has no " + (kind == Json::Kind::kString ? "string" : "integer") +
+                                " \"" + key + "\": not a trainer.json train_gpt --save wrote");
+  };
+  auto integer = [&](const std::string& key) { return examples::number<int64_t>(file + " \"" + key + "\"", get(key, Json::Kind::kNumber), 0); };
+  TrainerState t;
+  t.step = integer("step"), t.steps = integer("steps"), t.epoch = integer("epoch");
+  t.epoch_windows = integer("epoch_windows"), t.windows = integer("windows"), t.global_batch = integer("global_batch");
+  t.dtype = get("dtype", Json::Kind::kString), t.amp = get("amp", Json::Kind::kString);
+  t.layout = get("layout", Json::Kind::kString), t.save_id = get("save_id", Json::Kind::kString);
+  return t;
+}
+
+// PATH's bytes as rank 0 reads them, on every rank (collective, as the checkpoint loads: rank 0
+// reads), so that every rank decides alike; nothing where rank 0 has no such file.
+std::optional<std::string> read_on_rank0(const cpprun::ProcessGroup& group, const std::string& path) {
+  std::string bytes;
+  int found = 0;
+  if (group.rank() == 0) {
+    if (std::ifstream in{path, std::ios::binary}) found = 1, bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  cpprun::broadcast_object(group, found);
+  cpprun::broadcast_object(group, bytes);
+  if (!found) return std::nullopt;
+  return bytes;
 }
 
 // "3,1,4" as token ids, each below the vocabulary's size; at most the model's positions.
@@ -623,6 +722,66 @@ int run(int argc, char** argv) {
   }
   cpprun::GradScaler scaler(group, cpprun::GradScalerOptions().enabled(opt.amp == "fp16"));
   int skipped = 0;
+  const int64_t global_batch = static_cast<int64_t>(opt.batch) * dp_group.size();  // windows per step
+
+  // --resume: where the saved run stood (trainer.json), then its model and optimizer state, each
+  // rank taking its part under this run's layout (collective: rank 0 reads the files).
+  TrainerState resumed;  // step 0: a new run
+  if (!opt.resume_dir.empty()) {
+    const std::string dir = opt.resume_dir + "/", what = "--resume " + opt.resume_dir + ": ";
+    const auto json = read_on_rank0(group, dir + "trainer.json");
+    if (!json) {
+      throw std::invalid_argument(what + "no trainer.json there, so no whole checkpoint of train_gpt --save (which "
+                                  "writes it last, after the model's and optimizer's files: a save cut short has none)");
+    }
+    resumed = read_trainer_json(*json, dir + "trainer.json");
+    const std::string saved = " (saved by " + resumed.layout + ")";
+    if (resumed.dtype != opt.dtype) {
+      throw std::invalid_argument(what + "the checkpoint is in --dtype " + resumed.dtype + saved + ", this run in " +
+                                  opt.dtype + ": resume with --dtype " + resumed.dtype);
+    }
+    if (resumed.windows != windows) {
+      throw std::invalid_argument(what + "the checkpoint was trained on " + std::to_string(resumed.windows) +
+                                  " windows" + saved + ", this run's --text " + opt.text + " and --block " +
+                                  std::to_string(opt.block) + " give " + std::to_string(windows) +
+                                  ": resume with the saved run's --text and --block");
+    }
+    if (resumed.step >= opt.steps) {
+      throw std::invalid_argument(what + "the checkpoint is at step " + std::to_string(resumed.step) + ", so --steps " +
+                                  std::to_string(opt.steps) + " leaves nothing to train: give more --steps than " +
+                                  std::to_string(resumed.step) + " (the saved run's were " + std::to_string(resumed.steps) + ")");
+    }
+    if (opt.stop_after && opt.stop_after <= resumed.step) {
+      throw std::invalid_argument(what + "--stop-after " + std::to_string(opt.stop_after) +
+                                  " is not after the checkpoint's step " + std::to_string(resumed.step) +
+                                  ": give a --stop-after from " + std::to_string(resumed.step + 1) + " to --steps");
+    }
+    if (resumed.epoch_windows % dp_group.size() != 0) {
+      throw std::invalid_argument(what + "the checkpoint stopped " + std::to_string(resumed.epoch_windows) +
+                                  " windows into its epoch, which " + std::to_string(dp_group.size()) +
+                                  " data-parallel ranks cannot share out evenly: resume on a number of data-parallel "
+                                  "ranks that divides it");
+    }
+    if (wrapped) {
+      cpprun::load_state_dict(model, dir);
+      cpprun::load_optimizer_state_dict(model, optimizer, dir);
+    } else {
+      cpprun::load_state_dict(gpt, dir);
+      cpprun::load_optimizer_state_dict(gpt, optimizer, dir);
+    }
+    if (opt.amp == "fp16" && resumed.amp == "fp16") {  // the loss scale and its count of clean steps
+      const auto bytes = read_on_rank0(group, dir + "grad_scaler.pt");
+      if (!bytes) throw std::invalid_argument(what + "the checkpoint is of an --amp fp16 run but has no grad_scaler.pt");
+      torch::serialize::InputArchive archive;
+      cpprun::load_archive(archive, *bytes);
+      scaler.load(archive);
+    }
+  }
+  const int start = static_cast<int>(resumed.step), last_step = opt.stop_after ? opt.stop_after : opt.steps;
+  if (opt.warmup > 0 && opt.warmup >= last_step - start) {
+    throw std::invalid_argument("--warmup " + std::to_string(opt.warmup) + " leaves none of the " +
+                                std::to_string(last_step - start) + " steps this run trains to time; use a smaller --warmup");
+  }
   // Each data-parallel rank its own windows; the ranks of a tensor-parallel group the same ones.
   cpprun::DistributedSampler sampler(static_cast<size_t>(windows), cpprun::DistributedSamplerOptions()
                                                                        .num_replicas(dp_group.size())
@@ -637,6 +796,19 @@ int run(int argc, char** argv) {
   };
   if (rank == 0) {
     if (!opt.init_from.empty()) std::printf("GPT-2 from %s\n", opt.init_from.c_str());
+    if (!opt.resume_dir.empty()) {
+      std::printf("resumed from %s at step %lld (saved by %s), the data at epoch %lld with %lld of its windows "
+                  "taken; training steps %lld to %d of %d\n", opt.resume_dir.c_str(), static_cast<long long>(resumed.step),
+                  resumed.layout.c_str(), static_cast<long long>(resumed.epoch),
+                  static_cast<long long>(resumed.epoch_windows), static_cast<long long>(resumed.step + 1),
+                  last_step, opt.steps);
+      if (resumed.global_batch != global_batch) {
+        std::printf("note: %lld windows a step here (--batch %d x %d data-parallel ranks), %lld in the saved run: the "
+                    "data goes on where it stood, but the training is not the saved run's\n",
+                    static_cast<long long>(global_batch), opt.batch, dp_group.size(),
+                    static_cast<long long>(resumed.global_batch));
+      }
+    }
     std::printf("%s: %zu characters, vocabulary %lld, %lld parameters%s, %d ranks x %d windows of %lld\n",
                 opt.text.c_str(), text.size(), static_cast<long long>(model_vocab), static_cast<long long>(params),
                 opt.deferred_init == "on" ? " (deferred initialisation)" : "", group.size(), opt.batch,
@@ -648,16 +820,24 @@ int run(int argc, char** argv) {
     }
   }
 
+  // The data order where it stood: the saved epoch, less the windows taken of it (none, new).
+  sampler.set_epoch(static_cast<uint64_t>(resumed.epoch));
   sampler.reset();
+  if (resumed.epoch_windows > 0) sampler.next(static_cast<size_t>(resumed.epoch_windows / dp_group.size()));
+  int64_t epoch_windows = resumed.epoch_windows;  // this epoch's, over all data-parallel ranks
   double first_loss = 0, loss_sum = 0;
+  int logged = 0;                // steps in loss_sum
   std::vector<double> losses;  // every step's, for --losses-out
   auto started = std::chrono::steady_clock::now();
   cpprun::StepTimer step_timer;  // each rank's compute and waiting per step: who holds the others up
-  for (int step = 1; step <= opt.steps; ++step) {
+  for (int step = start + 1; step <= last_step; ++step) {
     // The loss's item() below waits for the device each step, so the clock reads finished work.
-    if (step == opt.warmup + 1) started = std::chrono::steady_clock::now();
+    if (step == start + opt.warmup + 1) started = std::chrono::steady_clock::now();
     auto starts = sampler.next(opt.batch);
-    if (!starts || starts->size() < static_cast<size_t>(opt.batch)) sampler.reset(), starts = sampler.next(opt.batch);
+    if (!starts || starts->size() < static_cast<size_t>(opt.batch)) {  // the epoch's tail: the next epoch
+      sampler.reset(), starts = sampler.next(opt.batch), epoch_windows = 0;
+    }
+    epoch_windows += global_batch;
     auto [x, y] = batch_from(*starts);
     optimizer.zero_grad();
     at::autocast::set_autocast_enabled(device_type, opt.amp != "fp32");
@@ -670,18 +850,50 @@ int run(int argc, char** argv) {
     scaler.update();
     auto global = loss.detach().clone();
     cpprun::all_reduce(group, global, cpprun::ReduceOp::kAvg);
-    if (step == 1) first_loss = global.item<double>();
+    if (step == start + 1) first_loss = global.item<double>();
     losses.push_back(global.item<double>());
-    loss_sum += global.item<double>();
+    loss_sum += global.item<double>(), ++logged;
     if (rank == 0 && step % opt.log_every == 0) {
-      std::printf("step %4d/%d  loss %.4f\n", step, opt.steps, loss_sum / opt.log_every);
+      std::printf("step %4d/%d  loss %.4f\n", step, opt.steps, loss_sum / logged);
       std::fflush(stdout);
-      loss_sum = 0;
+      loss_sum = 0, logged = 0;
     }
     step_timer.step_done();
     if (opt.straggler_every > 0 && step % opt.straggler_every == 0) {
       const auto report = step_timer.report(group);  // a collective: every rank
       if (rank == 0) std::printf("%s\n", cpprun::format_step_report(report).c_str()), std::fflush(stdout);
+    }
+  }
+
+  // --save: the model and the optimizer (collective: each rank writes its share of the tensors),
+  // one save id for both (rank 0's), then where the run stands, last and by rank 0: a directory
+  // with trainer.json holds a whole save (the one of an earlier save there goes first).
+  if (!opt.save_dir.empty()) {
+    const std::string dir = opt.save_dir + "/";
+    if (rank == 0) std::filesystem::remove(dir + "trainer.json");
+    const auto options = cpprun::StateDictSaveOptions().step(last_step).save_id(cpprun::new_save_id());
+    if (wrapped) {
+      cpprun::save_state_dict(model, dir, options);
+      cpprun::save_optimizer_state_dict(model, optimizer, dir, options);
+    } else {
+      cpprun::save_state_dict(gpt, dir, options);
+      cpprun::save_optimizer_state_dict(gpt, optimizer, dir, options);
+    }
+    if (rank == 0) {
+      if (opt.amp == "fp16") {
+        torch::serialize::OutputArchive archive;
+        scaler.save(archive);
+        cpprun::write_file_atomically(dir + "grad_scaler.pt", cpprun::archive_bytes(archive));
+      }
+      std::string layout = "--mode " + opt.mode;
+      if (opt.mode == "fsdp") layout += " --stage " + std::to_string(opt.stage);
+      if (opt.tp > 1) layout += " --tp " + std::to_string(opt.tp);
+      layout += ", " + std::to_string(group.size()) + (group.size() == 1 ? " rank" : " ranks");
+      const TrainerState now{last_step, opt.steps, static_cast<int64_t>(sampler.epoch()), epoch_windows,
+                             windows, global_batch, opt.dtype, opt.amp, layout, *options.save_id()};
+      cpprun::write_file_atomically(dir + "trainer.json", trainer_json(now));
+      std::printf("saved step %d of %d to %s (model, optimizer, trainer.json): continue with --resume %s\n", last_step,
+                  opt.steps, opt.save_dir.c_str(), opt.save_dir.c_str());
     }
   }
 
@@ -691,7 +903,7 @@ int run(int argc, char** argv) {
   // (host memory; on a GPU see the CUDA allocator).
   auto peak = torch::tensor({bench::peak_rss() / 1048576.0}, torch::kDouble);
   cpprun::all_reduce(group, peak, cpprun::ReduceOp::kMax);
-  const double tokens = static_cast<double>(opt.steps - opt.warmup) * opt.batch * opt.block * dp_group.size();
+  const double tokens = static_cast<double>(last_step - start - opt.warmup) * opt.batch * opt.block * dp_group.size();
   // On a GPU, the CUDA allocator's peak (what torch.cuda.max_memory_allocated reports), the largest rank's.
   double gpu_peak_mb = -1;
 #ifdef CPPRUN_WITH_CUDA
@@ -722,7 +934,7 @@ int run(int argc, char** argv) {
   if (!opt.export_dir.empty()) {
     if (rank == 0) std::filesystem::create_directories(opt.export_dir);
     const auto path = opt.export_dir + "/model.safetensors";
-    const auto save_options = cpprun::StateDictSaveOptions().step(opt.steps);
+    const auto save_options = cpprun::StateDictSaveOptions().step(last_step);
     if (!wrapped) cpprun::save_state_dict(gpt, path, save_options);
     else if (!tp_group) cpprun::save_state_dict(model, path, save_options);
     else if (rank == 0) cpprun::save_state_dict(whole, path, save_options);  // gathered already: one rank writes
@@ -758,11 +970,15 @@ int run(int argc, char** argv) {
     }
     cpprun::write_file_atomically(opt.logits_out, lines);
   }
-  std::printf("first loss %.4f, held-out loss %.4f\n", first_loss, val.item<double>());
+  // float64 to 12 digits, for comparing runs that should agree (a resumed one with one uninterrupted).
+  std::printf(float64 ? "first loss %.12f, held-out loss %.12f\n" : "first loss %.4f, held-out loss %.4f\n", first_loss,
+              val.item<double>());
   std::printf("%.0f tokens/s over %d ranks; peak memory per rank %.0f MB (the largest rank's resident memory)\n",
               tokens / seconds, group.size(), peak.item<double>());
   if (gpu_peak_mb >= 0) std::printf("peak GPU memory per rank %.0f MB (the CUDA allocator's, the largest rank's)\n", gpu_peak_mb);
-  if (opt.amp == "fp16") std::printf("fp16: %d of %d steps skipped for overflow, loss scale now %g\n", skipped, opt.steps, scaler.get_scale());
+  if (opt.amp == "fp16") {
+    std::printf("fp16: %d of %d steps skipped for overflow, loss scale now %g\n", skipped, last_step - start, scaler.get_scale());
+  }
   auto context = encoded.narrow(0, split, opt.block).unsqueeze(0);
   auto generator = at::make_generator<at::CPUGeneratorImpl>(1);
   std::string sample;

@@ -1,0 +1,178 @@
+#!/usr/bin/env bash
+# train_gpt --stop-after K --save DIR, then --resume DIR, against one uninterrupted run of the same
+# --steps, in float64:
+#   same      DDP on 2 ranks saves at step 4 of 8, DDP on 2 ranks resumes; again with a text so
+#             short that the save falls in the data's second epoch (step 8 of 12)
+#   layouts   DDP on 2 ranks saves; ZeRO-3 (--mode fsdp --stage 3) on 2 ranks resumes, and ZeRO-1
+#             on 4 ranks (--batch 2: the same 8 windows a step)
+#   fewer     ZeRO-2 on 2 ranks saves (--batch 4 each); DDP on 1 rank and --mode none resume
+#             (--batch 8: the same 8 windows a step, which 1 rank now takes alone)
+#   tp        ZeRO-3 x --tp 2 on 4 ranks saves; DDP on 2 ranks (whole blocks) and ZeRO-1 x --tp 2 on
+#             4 resume; and DDP's save of 2 ranks resumes under --tp 2 on 2 (one replica, --batch 8).
+#             Waits for a tensor-parallel model's directory save and optimizer state (not registered
+#             with ctest until then: today the save is refused, naming it)
+#   faults    what cannot resume is refused by name before any step (exit 1)
+# Each resumed run must print the uninterrupted run's held-out loss and train its steps 5-8 with
+# its losses (--losses-out, %.17g).
+# Usage: train_gpt_resume.sh CASE CPPRUN TRAIN_GPT
+#
+# The held-out loss is printed to 12 decimals in float64, each step's loss to 17 digits. Under the
+# save's own layout the resumed run computes what the uninterrupted one does, so it must print the
+# same digits (tolerance 0). Under another layout or rank count only the summation order may
+# differ: tolerance 1e-10 (measured: DDP's save under ZeRO-3 on 2 ranks, equal in every digit; on
+# 1 rank or 4 instead of 2, step losses 4.4e-16 apart, one mean of 8 windows or four of 2 against
+# two of 4, and the held-out loss equal in its 12 decimals). Resumed without the data position
+# (the sampler back at its start) the held-out loss moves by 8.3e-3, without the epoch (the save's
+# position in epoch 0's order) by 8.2e-3, without the optimizer state by 2.2e-2, without the model
+# by 0.14.
+set -u
+case_name=$1 cpprun=$2 gpt=$3
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*"; echo "--- output:"; cat "$tmp/out" 2>/dev/null; exit 1; }
+small=(--dtype float64 --layers 2 --embed 32 --heads 4 --block 16 --steps 8 --log-every 1 --sample 0
+       --straggler-every 0)
+
+# run NAME NPROC ARGS...: train_gpt ARGS on NPROC ranks (1: without the launcher), 240 s at most; its
+# output in $tmp/NAME.out, its per-step losses in $tmp/NAME.loss, its held-out loss in $tmp/NAME.val.
+run() {
+  local name=$1 nproc=$2
+  shift 2
+  local launch=()
+  [ "$nproc" -gt 1 ] && launch=("$cpprun" --standalone --nproc_per_node="$nproc")
+  timeout 240 "${launch[@]}" "$gpt" "${small[@]}" "$@" --losses-out "$tmp/$name.loss" >"$tmp/out" 2>&1 ||
+    fail "exit code $? from: ${launch[*]} train_gpt $*"
+  cp "$tmp/out" "$tmp/$name.out"
+  sed -nE 's/.*held-out loss ([0-9.]+)$/\1/p' "$tmp/out" >"$tmp/$name.val"
+  [ -s "$tmp/$name.val" ] || fail "train_gpt $* printed no held-out loss"
+  echo "$name: held-out loss $(cat "$tmp/$name.val"), step losses $(tr '\n' ' ' <"$tmp/$name.loss")"
+}
+# same A B WHAT: the numbers of files A and B (one a line) agree within $tolerance.
+tolerance=1e-10
+same() {
+  paste -d' ' "$1" "$2" | awk -v tol="$tolerance" '
+    NF != 2 { bad = 1; exit } { d = $1 - $2; if (d < 0) d = -d; if (d > max) max = d; n++ }
+    END { printf "max difference %.3g over %d numbers\n", max, n; exit bad || n == 0 || max > tol }' ||
+    fail "$3: $1 and $2 differ by more than $tolerance"
+}
+# resumed REFERENCE NAME [K N]: NAME (resumed at step K, default 4, of N, default 8) ends as
+# REFERENCE (uninterrupted) did.
+resumed() {
+  local k=${3:-4} n=${4:-8}
+  grep -q "resumed from $tmp/ck at step $k " "$tmp/$2.out" || fail "$2 did not say it resumed at step $k"
+  tail -n $((n - k)) "$tmp/$1.loss" >"$tmp/$1.tail"
+  echo -n "$2 vs $1, held-out loss: " && same "$tmp/$1.val" "$tmp/$2.val" "held-out loss of $2"
+  echo -n "$2 vs $1, losses of steps $((k + 1))-$n: " && same "$tmp/$1.tail" "$tmp/$2.loss" "step losses of $2"
+}
+# saved NAME [K N]: NAME stopped after step K (default 4) of N (default 8) and left a whole
+# checkpoint in $tmp/ck.
+saved() {
+  local k=${2:-4} n=${3:-8}
+  grep -qF "saved step $k of $n to $tmp/ck" "$tmp/$1.out" || fail "$1 did not say it saved step $k"
+  ! grep -q "^step +$((k + 1))/" "$tmp/$1.out" || fail "$1 went on after --stop-after $k"
+  for f in trainer.json model.safetensors.index.json optimizer.safetensors.index.json; do
+    [ -f "$tmp/ck/$f" ] || fail "$1 left no $f in its checkpoint"
+  done
+  grep -q "\"step\": $k, \"steps\": $n" "$tmp/ck/trainer.json" || fail "trainer.json: $(cat "$tmp/ck/trainer.json")"
+}
+
+case $case_name in
+same)
+  tolerance=0
+  run whole 2 --batch 4
+  run first 2 --batch 4 --stop-after 4 --save "$tmp/ck"
+  saved first
+  run second 2 --batch 4 --resume "$tmp/ck"
+  resumed whole second
+  # Across an epoch: 240 characters give 199 windows, 100 a rank (one repeated), 6 steps of 16 an
+  # epoch; saved at step 8, in epoch 1 with 2 x 2 x 16 of its windows taken.
+  head -c 240 /usr/share/common-licenses/GPL-3 >"$tmp/short.txt"
+  short=(--text "$tmp/short.txt" --batch 16 --steps 12)
+  rm -rf "$tmp/ck"
+  run short_whole 2 "${short[@]}"
+  run short_first 2 "${short[@]}" --stop-after 8 --save "$tmp/ck"
+  saved short_first 8 12
+  grep -q '"epoch": 1, "epoch_windows": 64' "$tmp/ck/trainer.json" || fail "not in epoch 1: $(cat "$tmp/ck/trainer.json")"
+  run short_second 2 "${short[@]}" --resume "$tmp/ck"
+  resumed short_whole short_second 8 12
+  echo "PASS: DDP resumed on 2 ranks ends as the uninterrupted run, within an epoch and in the next"
+  ;;
+layouts)
+  run whole 2 --batch 4
+  run first 2 --batch 4 --stop-after 4 --save "$tmp/ck"
+  saved first
+  run zero3 2 --batch 4 --mode fsdp --stage 3 --resume "$tmp/ck"
+  grep -q "(saved by --mode ddp, 2 ranks)" "$tmp/zero3.out" || fail "the resumed run did not say what saved it"
+  resumed whole zero3
+  run zero1_4 4 --batch 2 --mode fsdp --stage 1 --resume "$tmp/ck"
+  resumed whole zero1_4
+  echo "PASS: DDP's checkpoint of 2 ranks resumed under ZeRO-3 on 2 and ZeRO-1 on 4 ends as the uninterrupted DDP run"
+  ;;
+fewer)
+  run whole 2 --batch 4 --mode fsdp --stage 2
+  run first 2 --batch 4 --mode fsdp --stage 2 --stop-after 4 --save "$tmp/ck"
+  saved first
+  run ddp1 1 --batch 8 --mode ddp --resume "$tmp/ck"
+  resumed whole ddp1
+  run none1 1 --batch 8 --mode none --resume "$tmp/ck"
+  resumed whole none1
+  echo "PASS: ZeRO-2's checkpoint of 2 ranks resumed on 1 (DDP, and no wrapper) ends as the uninterrupted run"
+  ;;
+tp)
+  run whole 4 --batch 4 --tp 2 --mode fsdp --stage 3
+  run first 4 --batch 4 --tp 2 --mode fsdp --stage 3 --stop-after 4 --save "$tmp/ck"
+  saved first
+  run ddp2 2 --batch 4 --mode ddp --resume "$tmp/ck"
+  resumed whole ddp2
+  run tp_zero1 4 --batch 4 --tp 2 --mode fsdp --stage 1 --resume "$tmp/ck"
+  resumed whole tp_zero1
+  rm -rf "$tmp/ck"
+  run ddp_whole 2 --batch 4
+  run ddp_first 2 --batch 4 --stop-after 4 --save "$tmp/ck"
+  saved ddp_first
+  run tp_one 2 --batch 8 --tp 2 --mode ddp --resume "$tmp/ck"
+  resumed ddp_whole tp_one
+  echo "PASS: ZeRO-3 x --tp 2's checkpoint resumes under DDP and ZeRO-1 x --tp 2, DDP's under --tp 2"
+  ;;
+faults)
+  # expect PATTERN NPROC ARGS...: exit code 1 naming PATTERN, before any step.
+  expect() {
+    local pattern=$1 nproc=$2
+    shift 2
+    local launch=()
+    [ "$nproc" -gt 1 ] && launch=("$cpprun" --standalone --nproc_per_node="$nproc")
+    timeout 240 "${launch[@]}" "$gpt" "${small[@]}" "$@" >"$tmp/out" 2>&1
+    local rc=$?
+    [ $rc -eq 1 ] || fail "exit code $rc (expected 1) from: train_gpt $*"
+    grep -qF -- "$pattern" "$tmp/out" || fail "no '$pattern' in the output of: train_gpt $*"
+    ! grep -q "^step\|first loss" "$tmp/out" || fail "train_gpt $* trained"
+    echo "ok: train_gpt $* on $nproc rank(s) -> 1, '$pattern'"
+  }
+  expect "--stop-after 9 is beyond --steps 8" 1 --stop-after 9 --save "$tmp/x"
+  expect "--stop-after 4 without --save would stop and keep nothing" 1 --stop-after 4
+  expect "--stop-after must be at least 1, got 0" 1 --stop-after 0 --save "$tmp/x"
+  expect "--resume $tmp/none: no trainer.json there" 2 --resume "$tmp/none"
+  run first 2 --batch 4 --stop-after 4 --save "$tmp/ck"
+  saved first
+  expect "the checkpoint is at step 4, so --steps 4 leaves nothing to train" 2 --resume "$tmp/ck" --steps 4
+  expect "--stop-after 3 is not after the checkpoint's step 4" 2 --resume "$tmp/ck" --stop-after 3 --save "$tmp/x"
+  expect "the checkpoint is in --dtype float64 (saved by --mode ddp, 2 ranks), this run in float32" 2 \
+    --resume "$tmp/ck" --dtype float32
+  expect "the checkpoint was trained on" 2 --resume "$tmp/ck" --block 8
+  expect "--resume $tmp/ck and --init-from" 1 --resume "$tmp/ck" --init-from "$tmp/ck"
+  # 2 ranks took 4 x 4 windows a step for 4 steps: 32, which 3 ranks cannot share out.
+  expect "the checkpoint stopped 32 windows into its epoch, which 3 data-parallel ranks cannot share out evenly" 3 \
+    --resume "$tmp/ck"
+  # Another model: the strict load names what differs.
+  expect "transformer.h.0.attn.c_attn.weight" 2 --resume "$tmp/ck" --embed 64
+  # The model's files without trainer.json (a save cut short), and trainer.json without the model's files.
+  cp -r "$tmp/ck" "$tmp/cut" && rm "$tmp/cut/trainer.json"
+  expect "--resume $tmp/cut: no trainer.json there" 2 --resume "$tmp/cut"
+  cp -r "$tmp/ck" "$tmp/lost" && rm "$tmp/lost"/model*
+  expect "$tmp/lost/ holds neither model.safetensors.index.json nor model.safetensors" 2 --resume "$tmp/lost"
+  cp -r "$tmp/ck" "$tmp/no_optimizer" && rm "$tmp/no_optimizer"/optimizer*
+  expect "$tmp/no_optimizer/ holds no optimizer.safetensors.index.json" 2 --resume "$tmp/no_optimizer"
+  echo "PASS: train_gpt refuses what cannot resume, naming it"
+  ;;
+*) echo "FAIL: unknown case $case_name"; exit 1 ;;
+esac
