@@ -99,25 +99,29 @@ def split_entries(entries, model_path, optimizer_path):
     """entries -> (model {name: tensor}, optimizer {flat key: value}, nested param_groups or None,
     the rest {path: value})."""
     model, optimizer, extra = {}, {}, {}
-    groups = None
+    groups = {}  # not flattened: DCP saved each group's options apart, by the group's index
     for path, value in entries.items():
         if path[:len(optimizer_path)] == optimizer_path and len(path) > len(optimizer_path):
             rest = path[len(optimizer_path):]
-            if rest == ("param_groups",):  # get_optimizer_state_dict without flattening
-                groups = value
+            if rest[0] == "state" and len(rest) > 1 and str(rest[1]).isdigit():
+                raise ConvertError(f"{'.'.join(map(str, path))}: the optimizer's state is keyed by parameter "
+                                   "index (optimizer.state_dict()), not by name: save it with "
+                                   "torch.distributed.checkpoint.state_dict.get_optimizer_state_dict(model, optim)")
+            if rest[0] == "param_groups" and len(rest) == 3 and isinstance(rest[1], int):  # not flattened
+                groups.setdefault(rest[1], {})[rest[2]] = value
             elif rest[0] == "state" and len(rest) == 3:  # ... its "state": {fqn: {"exp_avg": ...}}
                 optimizer[f"state.{rest[1]}.{rest[2]}"] = value
             elif len(rest) == 1 and rest[0].startswith(("state.", "param_groups.")):  # flattened
                 optimizer[rest[0]] = value
             else:
-                raise ConvertError(f"{'.'.join(path)}: an optimizer entry of neither form "
+                raise ConvertError(f"{'.'.join(map(str, path))}: an optimizer entry of neither form "
                                    "get_optimizer_state_dict writes (nested optimizer state, as "
                                    "Shampoo's, is not cpprun's)")
         elif path[:len(model_path)] == model_path and len(path) == len(model_path) + 1 and torch.is_tensor(value):
             model[path[-1]] = value
         else:
             extra[path] = value
-    return model, optimizer, groups, extra
+    return model, optimizer, [groups[i] for i in sorted(groups)] if groups else None, extra
 
 
 def plain(value):
@@ -254,10 +258,12 @@ def to_cpprun(args):
               f"-> {args.out_dir}/optimizer-00001-of-00001.safetensors")
     else:
         print(f"optimizer: none under {'.'.join(optimizer_path)} (a model-only checkpoint)")
-    if extra:
-        # Kept for to-dcp --extra, with the param groups' options cpprun does not keep
-        # (initial_lr, foreach, ...): cpprun's next save writes its own options only.
+    if extra or groups:
+        # Kept for to-dcp --extra, with the param groups' options as DCP held them: cpprun's next
+        # save writes its own options only, not initial_lr, foreach, ...
         torch.save({"entries": nest(extra), "param_groups": groups}, os.path.join(args.out_dir, EXTRA_FILE))
+        if groups:
+            print(f"the param groups' options, all of them, kept in {EXTRA_FILE} too")
         for path, value in extra.items():
             shown = tuple(value.shape) if torch.is_tensor(value) else repr(value)[:60]
             print(f"not model or optimizer, kept in {EXTRA_FILE}: {'.'.join(path)} = {shown}")

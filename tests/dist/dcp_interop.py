@@ -11,6 +11,10 @@ per-rank dataloader entry beside them).
                                DIR/cpp_final.safetensors (cpprun's own 3 steps): 1e-10
   dcp_interop.py same A B      two cpprun directories hold the same tensors, bit for bit, and
                                the same param groups (one process)
+  dcp_interop.py forms DIR     one process, no process group: the same AdamW state dcp.save'd as
+                               {"model", "optimizer"} flattened (DIR/form_flat_dcp), not flattened
+                               (DIR/form_nested_dcp, get_state_dict's default) and as optimizer.state_dict()
+                               (DIR/form_by_index_dcp, keyed by index)
 """
 import json
 import os
@@ -147,6 +151,20 @@ def same(a, b):
     return 0
 
 
+def forms(d):
+    torch.manual_seed(3)
+    model = Net()
+    optim = torch.optim.AdamW(model.parameters(), lr=0.02)
+    torch.nn.functional.mse_loss(model(torch.randn(5, 8)), torch.randn(5, 4)).backward()
+    optim.step()
+    model_sd = get_model_state_dict(model)
+    dcp.save({"model": model_sd, "optimizer": get_optimizer_state_dict(model, optim, options=FLAT)},
+             checkpoint_id=f"{d}/form_flat_dcp")
+    dcp.save({"model": model_sd, "optimizer": get_optimizer_state_dict(model, optim)}, checkpoint_id=f"{d}/form_nested_dcp")
+    dcp.save({"model": model_sd, "optimizer": optim.state_dict()}, checkpoint_id=f"{d}/form_by_index_dcp")
+    return 0
+
+
 def main(mode, d, other=None):
     if mode == "init":
         torch.manual_seed(0)
@@ -158,6 +176,8 @@ def main(mode, d, other=None):
         return 0
     if mode == "same":
         return same(d, other)
+    if mode == "forms":
+        return forms(d)
     torch.set_default_dtype(torch.float64)
     dist.init_process_group("gloo")
     try:
