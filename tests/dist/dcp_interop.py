@@ -1,7 +1,7 @@
 """The PyTorch side of dcp_interop.sh: FSDP2 (fully_shard) on 2 ranks, CPU and Gloo, float64,
-AdamW, saving and loading with torch.distributed.checkpoint as torchtitan does (the model's names
-at the top level, "optimizer" the flattened optimizer state dict, train_state, lr_scheduler and a
-per-rank dataloader entry beside them).
+AdamW under a LambdaLR, saving and loading with torch.distributed.checkpoint as torchtitan does
+(the model's names at the top level, "optimizer" the flattened optimizer state dict,
+train_state, lr_scheduler and a per-rank dataloader entry beside them).
 
   dcp_interop.py init DIR      DIR/batches.safetensors, DIR/init.safetensors (one process)
   dcp_interop.py train DIR     (2 ranks) from init, 3 steps, dcp.save to DIR/dcp, 3 more steps,
@@ -55,13 +55,14 @@ def sharded(seed):
     return model
 
 
-def step(model, optim, batches, s):
+def step(model, optim, scheduler, batches, s):
     rows = 12 // dist.get_world_size()
     first = dist.get_rank() * rows
     optim.zero_grad()
     x, y = batches[f"x{s}"][first:first + rows], batches[f"y{s}"][first:first + rows]
     torch.nn.functional.mse_loss(model(x), y).backward()
     optim.step()
+    scheduler.step()
 
 
 def full_parameters(model):
@@ -69,13 +70,19 @@ def full_parameters(model):
     return {k: v.contiguous() for k, v in full.items()}
 
 
-def states(model_sd, model, optim, step_count):
+def constant(optim):
+    """torchtitan's scheduler, a LambdaLR, here at a constant factor 1: the lr stays the group's
+    initial_lr (which LambdaLR adds to each group, and each step sets the lr from)."""
+    return torch.optim.lr_scheduler.LambdaLR(optim, lambda _: 1.0)
+
+
+def states(model_sd, model, optim, scheduler, step_count):
     """What torchtitan's CheckpointManager gives dcp.save: the model's names at the top level."""
     return {
         **model_sd,
         "optimizer": get_optimizer_state_dict(model, optim, options=FLAT),
         "train_state": {"step": step_count, "ntokens_seen": 12 * step_count},
-        "lr_scheduler": {"last_epoch": step_count},
+        "lr_scheduler": {"last_epoch": scheduler.last_epoch},
         "dataloader": {f"dp_rank_{dist.get_rank()}": pickle.dumps({"sample_index": 12 * step_count})},
     }
 
@@ -84,11 +91,12 @@ def train(d, batches):
     model = sharded(1)
     set_model_state_dict(model, load_file(f"{d}/init.safetensors"), options=StateDictOptions(full_state_dict=True))
     optim = torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.05)
+    scheduler = constant(optim)
     for s in range(BEFORE):
-        step(model, optim, batches, s)
-    dcp.save(states(get_model_state_dict(model), model, optim, BEFORE), checkpoint_id=f"{d}/dcp")
+        step(model, optim, scheduler, batches, s)
+    dcp.save(states(get_model_state_dict(model), model, optim, scheduler, BEFORE), checkpoint_id=f"{d}/dcp")
     for s in range(BEFORE, BEFORE + AFTER):
-        step(model, optim, batches, s)
+        step(model, optim, scheduler, batches, s)
     final = full_parameters(model)
     if dist.get_rank() == 0:
         save_file(final, f"{d}/py_final.safetensors")
@@ -98,16 +106,22 @@ def train(d, batches):
 def resume(d, batches):
     model = sharded(7)
     optim = torch.optim.AdamW(model.parameters(), lr=0.5)  # the checkpoint's lr (0.01) must win
+    scheduler = constant(optim)  # its initial_lr 0.5: the checkpoint's (0.01, through --extra) must win
     # docs/checkpoints.md's snippet, with torchtitan's other entries in the template too.
     model_sd = get_model_state_dict(model)
-    state = states(model_sd, model, optim, 0)
+    state = states(model_sd, model, optim, scheduler, 0)
     dcp.load(state, checkpoint_id=f"{d}/to_dcp")
     set_model_state_dict(model, {k: state[k] for k in model_sd})
     set_optimizer_state_dict(model, optim, state["optimizer"], options=FLAT)
     faults = []
     group = optim.param_groups[0]
-    if (group["lr"], group["weight_decay"]) != (0.01, 0.05):
-        faults.append(f"the loaded options are lr {group['lr']}, weight_decay {group['weight_decay']}, not 0.01, 0.05")
+    if (group["lr"], group["weight_decay"], group["initial_lr"]) != (0.01, 0.05, 0.01):
+        faults.append(f"the loaded options are lr {group['lr']}, weight_decay {group['weight_decay']}, "
+                      f"initial_lr {group['initial_lr']}, not 0.01, 0.05, 0.01")
+    # Made before the load, so that the template holds initial_lr (as torchtitan's does), the
+    # scheduler's base_lrs are the lr it was made with: take the checkpoint's, and its epoch.
+    scheduler.base_lrs = [g["initial_lr"] for g in optim.param_groups]
+    scheduler.last_epoch = state["lr_scheduler"]["last_epoch"]
     # dcp_extra.pt's entries (train_state, lr_scheduler, each rank's dataloader) came back.
     expected_loader = pickle.dumps({"sample_index": 12 * BEFORE})
     if (state["train_state"]["step"], state["lr_scheduler"]["last_epoch"]) != (BEFORE, BEFORE) or \
@@ -115,7 +129,7 @@ def resume(d, batches):
         faults.append(f"train_state {state['train_state']}, lr_scheduler {state['lr_scheduler']}, "
                       f"dataloader {state['dataloader']}: not those PyTorch saved at step {BEFORE}")
     for s in range(BEFORE, BEFORE + AFTER):
-        step(model, optim, batches, s)
+        step(model, optim, scheduler, batches, s)
     ours = full_parameters(model)
     if dist.get_rank() == 0:
         theirs = load_file(f"{d}/cpp_final.safetensors")
