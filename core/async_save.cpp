@@ -11,14 +11,17 @@
 #include <filesystem>
 #include <functional>
 #include <iostream>
+#include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <thread>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
+#include "core/save_ids.h"
 #include "core/sharded_state_dict.h"
 #include "core/state_dict.h"
 #include "core/tensor_parallel_splits.h"
@@ -42,9 +45,11 @@
 //     every rank's error;
 //   - every rank's thread polls async_save/<id>/result and ends with it.
 // So done() is true on a rank once the whole save is on disk, and wait() returns, or throws, alike
-// on every rank, with no collective; a handle's destructor may wait too. <id> is the save id,
-// broadcast when the save starts (on the calling thread, with the other collectives), so two
-// saves never share keys. The waits are bounded by the group's timeout: a rank that died does not
+// on every rank, with no collective; a handle's destructor may wait too. <id> is a token of
+// this save, broadcast with its save id when the save starts (on the calling thread, with the
+// other collectives), so two saves never share keys (two saves may share a save id: a model's
+// and then its optimizer's, core/save_ids.h). When the save failed, every rank removes what it
+// wrote before it ends (Note [A failed save removes what it wrote], core/sharded_state_dict.cpp). The waits are bounded by the group's timeout: a rank that died does not
 // hold the others' threads for ever. The keys stay in the store (a few bytes per save).
 // PyTorch's DCP async_save runs the save's collectives on its background thread, and its recipe
 // (the async checkpointing tutorial) makes a second process group for them, so that they do not
@@ -150,6 +155,37 @@ void write_part(const PartToWrite& part, const StateDictSaveOptions& options) {
   }
 }
 
+// Writes PARTS (this rank's share of each directory; on RANK 0, or alone, the files too),
+// adding each path it wrote to WRITTEN.
+void write_parts(const std::vector<PartToWrite>& parts, int rank, const StateDictSaveOptions& options,
+                 std::vector<std::string>& written) {
+  for (const auto& part : parts) {
+    if (!part.directory && rank != 0) continue;
+    write_part(part, options);
+    if (!part.directory) {
+      written.push_back(part.path);
+    } else if (!part.shard.file.empty()) {
+      written.push_back((fs::path(part.path) / part.shard.file).string());
+    }
+  }
+}
+
+// Undoes a save that failed (See Note [A failed save removes what it wrote] in
+// core/sharded_state_dict.cpp): removes the files this rank WROTE in it (a failed write left the
+// file of its name as it was), and on rank 0 forgets the save in its directories' memory
+// (core/save_ids.h).
+void undo_save(const std::vector<PartToWrite>& parts, const std::vector<std::string>& written, int rank,
+               const std::string& save_id) noexcept {
+  for (const auto& path : written) {
+    std::error_code ignored;
+    fs::remove(path, ignored);
+  }
+  if (rank != 0) return;
+  for (const auto& part : parts) {
+    if (part.directory) forget_failed_save(part.path, save_id, {std::string(part.stem)});
+  }
+}
+
 std::string paths_of(const std::vector<PartToWrite>& parts) {
   std::string out;
   for (const auto& part : parts) out += (out.empty() ? "" : " and ") + part.path;
@@ -161,7 +197,8 @@ struct CollectiveSave {
   explicit CollectiveSave(ProcessGroup on) : group(std::move(on)) {}
 
   ProcessGroup group;
-  std::string key;  // async_save/<id>
+  std::string key;  // async_save/<token>
+  std::string save_id;
   StateDictSaveOptions options;
   std::vector<PartToWrite> parts;
 
@@ -180,10 +217,9 @@ struct CollectiveSave {
     const bool directory = std::any_of(parts.begin(), parts.end(), [](const auto& p) { return p.directory; });
     const std::string where = paths_of(parts);
     std::exception_ptr local;
+    std::vector<std::string> written;
     try {
-      for (const auto& part : parts) {
-        if (part.directory || rank == 0) write_part(part, options);
-      }
+      write_parts(parts, rank, options, written);
     } catch (...) {
       local = std::current_exception();
     }
@@ -192,12 +228,12 @@ struct CollectiveSave {
     if (directory) store_set(group, key + "/written/" + std::to_string(rank), local ? "failed: " + message_of(local) : "ok");
     if (rank == 0) {
       for (int r = 1; directory && r < group.size(); ++r) {
-        const auto written = await("written/" + std::to_string(r), deadline);
-        if (!written) {
+        const auto reported = await("written/" + std::to_string(r), deadline);
+        if (!reported) {
           faults.push_back("rank " + std::to_string(r) + ": its part was not written within the group's timeout (" +
                            std::to_string(group.timeout().count()) + " ms)");
-        } else if (*written != "ok") {
-          faults.push_back("rank " + std::to_string(r) + ": " + written->substr(written->find(' ') + 1));
+        } else if (*reported != "ok") {
+          faults.push_back("rank " + std::to_string(r) + ": " + reported->substr(reported->find(' ') + 1));
         }
       }
       // The indexes last, once every file of every part is in place.
@@ -205,6 +241,7 @@ struct CollectiveSave {
         if (!part.directory || !faults.empty()) continue;
         try {
           write_state_dict_index(part.shapes, part.path, group.size(), part.stamp, part.stem);
+          written.push_back((fs::path(part.path) / index_file_name(part.stem)).string());
         } catch (...) {
           local = std::current_exception();
           faults.push_back("rank 0, writing the index in " + part.path + ": " + message_of(local));
@@ -218,6 +255,7 @@ struct CollectiveSave {
       store_set(group, key + "/result", result);
     }
     const auto result = await("result", deadline);
+    if (local || !result || *result != "ok") undo_save(parts, written, rank, save_id);
     if (local) std::rethrow_exception(local);  // this rank's own error, as it was thrown
     TORCH_CHECK(result, "cpprun: rank ", rank, " waited the group's timeout (", group.timeout().count(),
                 " ms) for rank 0 to finish the asynchronous save to ", where, "; is rank 0 still running?");
@@ -246,6 +284,23 @@ NamedTensors snapshot_state(const NamedTensors& state) {
   return out;
 }
 
+namespace {
+// The save id of PARTS, on the rank that draws it: as a synchronous save's into their directory
+// (core/save_ids.h) when the parts' directories are one, so that an asynchronous model save and a
+// later optimizer save there join; else the given id or a new one, remembered in each directory.
+std::string claim_parts_save_id(const std::vector<AsyncSavePart>& parts, const StateDictSaveOptions& options) {
+  std::map<std::string, std::set<std::string>> stems_in;  // directory -> the stems written there
+  for (const auto& part : parts) {
+    if (is_sharded_state_dict_path(part.path)) stems_in[fs::path(part.path).lexically_normal().string()].insert(std::string(part.stem));
+  }
+  if (stems_in.size() == 1) return claim_save_id(stems_in.begin()->first, options, stems_in.begin()->second);
+  StateDictSaveOptions drawn = options;
+  if (!drawn.save_id()) drawn.save_id(new_save_id());
+  for (const auto& [dir, stems] : stems_in) claim_save_id(dir, drawn, stems);
+  return *drawn.save_id();
+}
+}  // namespace
+
 AsyncSave start_async_save(std::vector<AsyncSavePart> parts, const ProcessGroup* group,
                            const StateDictSaveOptions& options) {
   TORCH_INTERNAL_ASSERT(!parts.empty(), "an asynchronous save of nothing");
@@ -256,8 +311,17 @@ AsyncSave start_async_save(std::vector<AsyncSavePart> parts, const ProcessGroup*
       check_state_dict_path(part.path);
     }
   }
-  std::string save_id = options.save_id().value_or(new_save_id());
-  if (group) broadcast_bytes(*group, save_id, 0);  // rank 0's id: in every file, and the store keys
+  // Rank 0's id, in every file; and a token of this save for the store's keys (two saves may
+  // share an id: a model's and then its optimizer's).
+  std::string save_id, token;
+  if (!group || group->rank() == 0) {
+    save_id = claim_parts_save_id(parts, options);
+    token = new_save_id();
+  }
+  if (group) {
+    broadcast_bytes(*group, save_id, 0);
+    broadcast_bytes(*group, token, 0);
+  }
   // One save, one id: with a model and its optimizer, every file records it (load checks them).
   StateDictSaveOptions file_options = options;
   if (parts.size() > 1) file_options.save_id(save_id);
@@ -281,15 +345,24 @@ AsyncSave start_async_save(std::vector<AsyncSavePart> parts, const ProcessGroup*
   }
   auto state = std::make_shared<State>(paths_of(to_write));
   if (!group) {
-    launch(*state, [parts = std::move(to_write), file_options] {
-      for (const auto& part : parts) write_part(part, file_options);
-      for (const auto& part : parts) {
-        if (part.directory) write_state_dict_index(part.shapes, part.path, 1, part.stamp, part.stem);
+    launch(*state, [parts = std::move(to_write), file_options, save_id] {
+      std::vector<std::string> written;
+      try {
+        write_parts(parts, 0, file_options, written);
+        for (const auto& part : parts) {
+          if (!part.directory) continue;
+          write_state_dict_index(part.shapes, part.path, 1, part.stamp, part.stem);
+          written.push_back((fs::path(part.path) / index_file_name(part.stem)).string());
+        }
+      } catch (...) {
+        undo_save(parts, written, 0, save_id);
+        throw;
       }
     });
   } else {
     auto job = std::make_shared<CollectiveSave>(*group);
-    job->key = "async_save/" + save_id;
+    job->key = "async_save/" + token;
+    job->save_id = save_id;
     job->options = file_options;
     job->parts = std::move(to_write);
     launch(*state, [job] { job->run(); });
