@@ -11,14 +11,17 @@
 #include <filesystem>
 #include <functional>
 #include <iostream>
+#include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <thread>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
+#include "core/save_ids.h"
 #include "core/sharded_state_dict.h"
 #include "core/state_dict.h"
 #include "cpprun/detail/group_store.h"
@@ -41,9 +44,11 @@
 //     every rank's error;
 //   - every rank's thread polls async_save/<id>/result and ends with it.
 // So done() is true on a rank once the whole save is on disk, and wait() returns, or throws, alike
-// on every rank, with no collective; a handle's destructor may wait too. <id> is the save id,
-// broadcast when the save starts (on the calling thread, with the other collectives), so two
-// saves never share keys. The waits are bounded by the group's timeout: a rank that died does not
+// on every rank, with no collective; a handle's destructor may wait too. <id> is a token of
+// this save, broadcast with its save id when the save starts (on the calling thread, with the
+// other collectives), so two saves never share keys (two saves may share a save id: a model's
+// and then its optimizer's, core/save_ids.h). When the save failed, every rank removes what it
+// wrote before it ends (Note [A failed save removes what it wrote], core/sharded_state_dict.cpp). The waits are bounded by the group's timeout: a rank that died does not
 // hold the others' threads for ever. The keys stay in the store (a few bytes per save).
 // PyTorch's DCP async_save runs the save's collectives on its background thread, and its recipe
 // (the async checkpointing tutorial) makes a second process group for them, so that they do not
@@ -149,6 +154,37 @@ void write_part(const PartToWrite& part, const StateDictSaveOptions& options) {
   }
 }
 
+// Writes PARTS (this rank's share of each directory; on RANK 0, or alone, the files too),
+// adding each path it wrote to WRITTEN.
+void write_parts(const std::vector<PartToWrite>& parts, int rank, const StateDictSaveOptions& options,
+                 std::vector<std::string>& written) {
+  for (const auto& part : parts) {
+    if (!part.directory && rank != 0) continue;
+    write_part(part, options);
+    if (!part.directory) {
+      written.push_back(part.path);
+    } else if (!part.shard.file.empty()) {
+      written.push_back((fs::path(part.path) / part.shard.file).string());
+    }
+  }
+}
+
+// Undoes a save that failed (See Note [A failed save removes what it wrote] in
+// core/sharded_state_dict.cpp): removes the files this rank WROTE in it (a failed write left the
+// file of its name as it was), and on rank 0 forgets the save in its directories' memory
+// (core/save_ids.h).
+void undo_save(const std::vector<PartToWrite>& parts, const std::vector<std::string>& written, int rank,
+               const std::string& save_id) noexcept {
+  for (const auto& path : written) {
+    std::error_code ignored;
+    fs::remove(path, ignored);
+  }
+  if (rank != 0) return;
+  for (const auto& part : parts) {
+    if (part.directory) forget_failed_save(part.path, save_id, {std::string(part.stem)});
+  }
+}
+
 std::string paths_of(const std::vector<PartToWrite>& parts) {
   std::string out;
   for (const auto& part : parts) out += (out.empty() ? "" : " and ") + part.path;
@@ -160,7 +196,8 @@ struct CollectiveSave {
   explicit CollectiveSave(CheckpointTeam on) : team(std::move(on)) {}
 
   CheckpointTeam team;
-  std::string key;  // async_save/<id>
+  std::string key;  // async_save/<token>
+  std::string save_id;
   StateDictSaveOptions options;
   std::vector<PartToWrite> parts;
 
@@ -175,14 +212,13 @@ struct CollectiveSave {
   }
 
   // A writer: writes its parts and learns the save's result from the writers' root, which
-  // collects every writer's and writes the indexes.
-  std::optional<std::string> write(std::exception_ptr& local, Clock::time_point deadline) const {
+  // collects every writer's and writes the indexes. WRITTEN: the paths this rank wrote.
+  std::optional<std::string> write(std::exception_ptr& local, std::vector<std::string>& written,
+                                   Clock::time_point deadline) const {
     const int rank = team.writer_rank();
     const bool directory = std::any_of(parts.begin(), parts.end(), [](const auto& p) { return p.directory; });
     try {
-      for (const auto& part : parts) {
-        if (part.directory || rank == 0) write_part(part, options);
-      }
+      write_parts(parts, rank, options, written);
     } catch (...) {
       local = std::current_exception();
     }
@@ -194,12 +230,12 @@ struct CollectiveSave {
     }
     if (rank != 0) return await(*writers, "result", deadline);
     for (int r = 1; directory && r < team.writers(); ++r) {
-      const auto written = await(*writers, "written/" + std::to_string(r), deadline);
-      if (!written) {
+      const auto reported = await(*writers, "written/" + std::to_string(r), deadline);
+      if (!reported) {
         faults.push_back("rank " + std::to_string(r) + ": its part was not written within the group's timeout (" +
                          std::to_string(writers->timeout().count()) + " ms)");
-      } else if (*written != "ok") {
-        faults.push_back("rank " + std::to_string(r) + ": " + written->substr(written->find(' ') + 1));
+      } else if (*reported != "ok") {
+        faults.push_back("rank " + std::to_string(r) + ": " + reported->substr(reported->find(' ') + 1));
       }
     }
     // The indexes last, once every file of every part is in place.
@@ -207,6 +243,7 @@ struct CollectiveSave {
       if (!part.directory || !faults.empty()) continue;
       try {
         write_state_dict_index(part.shapes, part.path, team.writers(), part.stamp, part.stem);
+        written.push_back((fs::path(part.path) / index_file_name(part.stem)).string());
       } catch (...) {
         local = std::current_exception();
         faults.push_back("rank 0, writing the index in " + part.path + ": " + message_of(local));
@@ -226,9 +263,10 @@ struct CollectiveSave {
     const auto deadline = Clock::now() + any.timeout();
     const std::string where = paths_of(parts);
     std::exception_ptr local;
+    std::vector<std::string> written;
     std::optional<std::string> result;
     if (team.writes()) {
-      result = write(local, deadline);
+      result = write(local, written, deadline);
     } else {
       // Not a writer (not first in its tensor-parallel group): the result comes from the rank first
       // there, which relays it below. See Note [Teams over a {dp, tp} mesh].
@@ -242,6 +280,7 @@ struct CollectiveSave {
     for (const auto& group : team.tensor_parallel()) {
       if (group.rank() == 0) store_set(group, key + "/result", result.value_or("failed:\n  a rank timed out"));
     }
+    if (local || !result || *result != "ok") undo_save(parts, written, team.is_root() ? 0 : 1, save_id);
     if (local) std::rethrow_exception(local);  // this rank's own error, as it was thrown
     TORCH_CHECK(result, "cpprun: rank ", cpprun::rank(), " waited the group's timeout (", any.timeout().count(),
                 " ms) for rank 0 to finish the asynchronous save to ", where, "; is rank 0 still running?");
@@ -270,6 +309,23 @@ NamedTensors snapshot_state(const NamedTensors& state) {
   return out;
 }
 
+namespace {
+// The save id of PARTS, on the rank that draws it: as a synchronous save's into their directory
+// (core/save_ids.h) when the parts' directories are one, so that an asynchronous model save and a
+// later optimizer save there join; else the given id or a new one, remembered in each directory.
+std::string claim_parts_save_id(const std::vector<AsyncSavePart>& parts, const StateDictSaveOptions& options) {
+  std::map<std::string, std::set<std::string>> stems_in;  // directory -> the stems written there
+  for (const auto& part : parts) {
+    if (is_sharded_state_dict_path(part.path)) stems_in[fs::path(part.path).lexically_normal().string()].insert(std::string(part.stem));
+  }
+  if (stems_in.size() == 1) return claim_save_id(stems_in.begin()->first, options, stems_in.begin()->second);
+  StateDictSaveOptions drawn = options;
+  if (!drawn.save_id()) drawn.save_id(new_save_id());
+  for (const auto& [dir, stems] : stems_in) claim_save_id(dir, drawn, stems);
+  return *drawn.save_id();
+}
+}  // namespace
+
 AsyncSave start_async_save(std::vector<AsyncSavePart> parts, const CheckpointTeam& team,
                            const StateDictSaveOptions& options) {
   TORCH_INTERNAL_ASSERT(!parts.empty(), "an asynchronous save of nothing");
@@ -280,8 +336,15 @@ AsyncSave start_async_save(std::vector<AsyncSavePart> parts, const CheckpointTea
       check_state_dict_path(part.path);
     }
   }
-  std::string save_id = options.save_id().value_or(new_save_id());
-  team.broadcast_bytes(save_id);  // the root's id: in every file, and the store keys
+  // Rank 0's id, in every file; and a token of this save for the store's keys (two saves may
+  // share an id: a model's and then its optimizer's).
+  std::string save_id, token;
+  if (team.is_root()) {
+    save_id = claim_parts_save_id(parts, options);
+    token = new_save_id();
+  }
+  team.broadcast_bytes(save_id);
+  team.broadcast_bytes(token);
   // One save, one id: with a model and its optimizer, every file records it (load checks them).
   StateDictSaveOptions file_options = options;
   if (parts.size() > 1) file_options.save_id(save_id);
@@ -307,15 +370,24 @@ AsyncSave start_async_save(std::vector<AsyncSavePart> parts, const CheckpointTea
   }
   auto state = std::make_shared<State>(paths_of(to_write));
   if (team.alone()) {
-    launch(*state, [parts = std::move(to_write), file_options] {
-      for (const auto& part : parts) write_part(part, file_options);
-      for (const auto& part : parts) {
-        if (part.directory) write_state_dict_index(part.shapes, part.path, 1, part.stamp, part.stem);
+    launch(*state, [parts = std::move(to_write), file_options, save_id] {
+      std::vector<std::string> written;
+      try {
+        write_parts(parts, 0, file_options, written);
+        for (const auto& part : parts) {
+          if (!part.directory) continue;
+          write_state_dict_index(part.shapes, part.path, 1, part.stamp, part.stem);
+          written.push_back((fs::path(part.path) / index_file_name(part.stem)).string());
+        }
+      } catch (...) {
+        undo_save(parts, written, 0, save_id);
+        throw;
       }
     });
   } else {
     auto job = std::make_shared<CollectiveSave>(team);
-    job->key = "async_save/" + save_id;
+    job->key = "async_save/" + token;
+    job->save_id = save_id;
     job->options = file_options;
     job->parts = std::move(to_write);
     launch(*state, [job] { job->run(); });

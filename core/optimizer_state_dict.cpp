@@ -190,8 +190,8 @@ ReadOptimizerFile read_optimizer_files(const std::string& path) {
       throw CorruptCheckpointError(
           "cpprun: load_optimizer_state_dict: " + read.index_path + " is from another save (save id \"" +
           optimizer_id->second + "\") than the model beside it (" + model_index.string() + ", save id \"" +
-          model_id->second + "\"), and nothing was loaded. Save the model and the optimizer with one "
-          "StateDictSaveOptions().save_id(cpprun::new_save_id()), or load the checkpoint they were saved with.");
+          model_id->second + "\"), and nothing was loaded. Save them together (save_state_dict(model, optimizer, "
+          "\"" + dir.string() + "/\", options)), or load the checkpoint they were saved with.");
     }
   }
   out.metadata = std::move(read.metadata);
@@ -479,3 +479,13 @@ void load_optimizer_state_dict(const OptimizerParams& params, torch::optim::Opti
 
 }  // namespace cpprun::detail
 
+namespace cpprun::detail {
+void check_checkpoint_directory(const std::string& path, const char* call) {
+  std::error_code ignored;
+  const bool directory = !path.empty() && (path.back() == '/' || fs::is_directory(path, ignored));
+  TORCH_CHECK(directory, "cpprun: ", call, "(model, optimizer, \"", path, "\"): the model and its optimizer in one call "
+              "take a directory (a path ending in '/', or an existing directory), where their files go side by side. "
+              "For files, call ", call, "(model, \"model.safetensors\") and ", call == std::string("save_state_dict")
+              ? "save" : "load", "_optimizer_state_dict(model, optimizer, \"optimizer.safetensors\").");
+}
+}  // namespace cpprun::detail

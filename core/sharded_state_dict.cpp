@@ -13,6 +13,7 @@
 #include <system_error>
 
 #include "core/failure_agreement.h"
+#include "core/save_ids.h"
 #include "core/state_dict.h"
 #include "cpprun/atomic_file.h"
 #include "cpprun/checkpoint_file.h"
@@ -56,6 +57,20 @@ std::string join_lines(const std::vector<std::string>& lines) {
 }
 
 }  // namespace
+
+// Note [A failed save removes what it wrote]
+// A save that fails (a full disk, on any rank) must not leave its files behind, keeping the disk
+// full and a directory that looks like a checkpoint: once the ranks agree that the save failed,
+// each rank removes the file it wrote in this save (it knows its name: no listing, so never a
+// file of an earlier save, nor a model's file when its optimizer's save fails), and no index is
+// written, so an earlier index is left as it was. The directory itself stays (another save may
+// share it). A file this save replaced is gone either way; the index of the earlier save then
+// names a missing file or one of another save, which a load refuses by name.
+void remove_written_file(const std::string& dir, const std::string& file) noexcept {
+  if (file.empty()) return;
+  std::error_code ignored;
+  fs::remove(fs::path(dir) / file, ignored);
+}
 
 bool is_sharded_state_dict_path(const std::string& path) {
   if (path.empty()) return false;
@@ -121,10 +136,14 @@ void write_state_dict_index(const NamedTensors& state, const std::string& dir, i
   std::set<std::string> written;
   for (const auto& [name, file] : index.weight_map) written.insert(file);
   const std::string single = single_file_name(stem);
-  for (const auto& entry : fs::directory_iterator(dir)) {
-    const std::string name = entry.path().filename().string();
+  // The index is written: the save is done, and a file that cannot be removed stays (it is
+  // not named by the index) rather than failing the save.
+  std::error_code ignored;
+  for (fs::directory_iterator entry(dir, ignored), end; !ignored && entry != end; entry.increment(ignored)) {
+    const std::string name = entry->path().filename().string();
     if ((is_shard_file_name(name, stem) && !written.count(name)) || name == single) {
-      fs::remove(entry.path());
+      std::error_code not_removed;
+      fs::remove(entry->path(), not_removed);
     }
   }
 }
@@ -133,14 +152,30 @@ void save_sharded_tensors(const NamedTensors& state, const CheckpointTeam& team,
                           const StateDictSaveOptions& options, std::string_view stem,
                           const std::map<std::string, std::string>& metadata) {
   check_sharded_save_path(dir);
-  ShardedSaveStamp stamp{options.save_id().value_or(new_save_id()), options.step(), metadata};
+  const std::set<std::string> stems{std::string(stem)};
+  const bool decides = team.is_root();  // See Note [One save id for a model and its optimizer]
+  ShardedSaveStamp stamp{decides ? claim_save_id(dir, options, stems) : std::string(), options.step(), metadata};
+  team.broadcast_bytes(stamp.save_id);  // the root's id in every file
+  const StateDictShard shard =
+      team.writes() ? state_dict_shard(state, team.writer_rank(), team.writers(), stem) : StateDictShard();
+  bool wrote = false;  // this rank's file: a failed write left the file of that name as it was
+  // See Note [A failed save removes what it wrote].
+  const auto undo = [&] {
+    if (wrote) remove_written_file(dir, shard.file);
+    if (decides) forget_failed_save(dir, stamp.save_id, stems);
+  };
   if (team.alone()) {
-    fs::create_directories(dir);
-    write_state_dict_shard(state, dir, 0, 1, stamp, stem);
-    write_state_dict_index(state, dir, 1, stamp, stem);
+    try {
+      fs::create_directories(dir);
+      write_state_dict_shard(shard, dir, stamp);
+      wrote = true;
+      write_state_dict_index(state, dir, 1, stamp, stem);
+    } catch (...) {
+      undo();
+      throw;
+    }
     return;
   }
-  team.broadcast_bytes(stamp.save_id);  // the root's id in every file
   const std::string what = "saving the state dict to " + dir;
   std::exception_ptr failure;
   if (team.is_root()) {
@@ -151,15 +186,24 @@ void save_sharded_tensors(const NamedTensors& state, const CheckpointTeam& team,
     }
   }
   team.agree(failure, what);
+  const auto agree_or_undo = [&] {
+    try {
+      team.agree(failure, what);
+    } catch (...) {
+      undo();
+      throw;
+    }
+  };
   if (team.writes()) {
     try {
-      write_state_dict_shard(state, dir, team.writer_rank(), team.writers(), stamp, stem);
+      write_state_dict_shard(shard, dir, stamp);
+      wrote = true;
     } catch (...) {
       failure = std::current_exception();
     }
   }
   // Every file is in place before the index names them.
-  team.agree(failure, what);
+  agree_or_undo();
   if (team.is_root()) {
     try {
       write_state_dict_index(state, dir, team.writers(), stamp, stem);
@@ -167,7 +211,7 @@ void save_sharded_tensors(const NamedTensors& state, const CheckpointTeam& team,
       failure = std::current_exception();
     }
   }
-  team.agree(failure, what);
+  agree_or_undo();
 }
 
 ShardedDirectory read_sharded_directory(const std::string& dir_text, std::string_view stem) {

@@ -54,9 +54,14 @@ void check_sharded_save_path(const std::string& dir);
 void write_state_dict_index(const NamedTensors& state, const std::string& dir, int world,
                             const ShardedSaveStamp& stamp, std::string_view stem = kModelStem);
 
+// Removes DIR/FILE, which this rank wrote in a save that failed (FILE empty: none); never throws.
+// See Note [A failed save removes what it wrote] in the .cpp.
+void remove_written_file(const std::string& dir, const std::string& file) noexcept;
+
 // Writes `state` (the same on every rank) to DIR as STEM's files: collective over `team` (alone:
 // this process), each writer its share, the root the index last, with the root's save id
-// (options.save_id(), else drawn); a failure on any rank is raised on every rank.
+// (core/save_ids.h: options.save_id(), else joining this directory's last save or drawn); a
+// failure on any rank is raised on every rank, after each rank removed the file it wrote.
 void save_sharded_tensors(const NamedTensors& state, const CheckpointTeam& team, const std::string& dir,
                           const StateDictSaveOptions& options, std::string_view stem,
                           const std::map<std::string, std::string>& metadata = {});

@@ -272,7 +272,7 @@ std::string svg_plot(const std::vector<double>& losses, int64_t steps_per_epoch)
 // Checkpoints are OUT/checkpoint_epoch<E>/ (written after epoch E: model.safetensors,
 // optimizer.safetensors, trainer.json), or OUT/checkpoint_epoch<E>.pt from earlier versions;
 // listed newest first. A directory is written as checkpoint_epoch<E>.tmp/ and renamed when whole,
-// so a half-written one is never listed.
+// so a half-written one is never listed; one that fails (a full disk) is removed.
 fs::path checkpoint_dir(const std::string& out, int epoch) {
   return fs::path(out) / ("checkpoint_epoch" + std::to_string(epoch));
 }
@@ -310,13 +310,25 @@ struct PendingCheckpoint {
   fs::path partial, dir;
 };
 
+// Removes a checkpoint that could not be written (a full disk), so that it does not keep the
+// disk full; the error that stopped it is the caller's to raise.
+void remove_partial(const fs::path& partial) {
+  std::error_code ignored;
+  fs::remove_all(partial, ignored);
+}
+
 // Waits for the pending checkpoint, renames it into place, and prunes. A failed write raises its
-// error here (the .tmp directory is left, never renamed: --resume ignores it).
+// error here, once its .tmp directory is removed.
 void finish_checkpoint(std::optional<PendingCheckpoint>& pending, const Options& opt) {
   if (!pending) return;
   PendingCheckpoint done = std::move(*pending);
   pending.reset();
-  done.save.wait();
+  try {
+    done.save.wait();
+  } catch (...) {
+    remove_partial(done.partial);
+    throw;
+  }
   fs::remove_all(done.dir);  // a damaged one of the same epoch, from a run that resumed before it
   fs::rename(done.partial, done.dir);
   prune_checkpoints(opt);
@@ -462,12 +474,17 @@ int run(int argc, char** argv) {
         finish_checkpoint(pending, opt);
         const fs::path dir = checkpoint_dir(opt.out, epoch + 1), partial = dir.string() + ".tmp";
         fs::remove_all(partial);
-        fs::create_directories(partial);
-        cpprun::write_file_atomically((partial / "trainer.json").string(), trainer_json(epoch, losses));
-        pending = PendingCheckpoint{cpprun::save_async(net, optimizer, (partial / "model.safetensors").string(),
-                                                       (partial / "optimizer.safetensors").string(),
-                                                       cpprun::StateDictSaveOptions().step(epoch + 1)),
-                                    partial, dir};
+        try {
+          fs::create_directories(partial);
+          cpprun::write_file_atomically((partial / "trainer.json").string(), trainer_json(epoch, losses));
+          pending = PendingCheckpoint{cpprun::save_async(net, optimizer, (partial / "model.safetensors").string(),
+                                                         (partial / "optimizer.safetensors").string(),
+                                                         cpprun::StateDictSaveOptions().step(epoch + 1)),
+                                      partial, dir};
+        } catch (...) {
+          remove_partial(partial);
+          throw;
+        }
       }
       if (!pending) prune_checkpoints(opt);
     }

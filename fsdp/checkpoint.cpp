@@ -9,12 +9,16 @@
 #include <functional>
 #include <filesystem>
 #include <map>
+#include <optional>
+#include <set>
 #include <sstream>
 
-#include "cpprun/checkpoint_file.h"
-#include "cpprun/collectives.h"
 #include "core/failure_agreement.h"
 #include "core/optimizer_state.h"
+#include "core/sharded_state_dict.h"
+#include "cpprun/checkpoint_file.h"
+#include "cpprun/collectives.h"
+#include "cpprun/object_collectives.h"
 
 namespace cpprun::detail {
 namespace fs = std::filesystem;
@@ -31,9 +35,25 @@ int64_t read_int(torch::serialize::InputArchive& archive, const std::string& nam
   return t.item<int64_t>();
 }
 
+constexpr const char* kArchiveSaveIdKey = "save_id";  // in every file of a save, meta.pt too
+
+// The save id FILE records: "" when it has none (written before ids were).
+std::string save_id_of(torch::serialize::InputArchive& archive) {
+  c10::IValue id;
+  return archive.try_read(kArchiveSaveIdKey, id) ? id.toStringRef() : std::string();
+}
+
+// One line per file whose save id differs from meta.pt's, naming it; META_ID "" for none.
+std::string id_fault(const std::string& file, const std::string& id, const std::string& meta_id) {
+  const auto quoted = [](const std::string& value) { return value.empty() ? std::string("none") : "\"" + value + "\""; };
+  return file + ": save id " + quoted(id) + ", meta.pt's " + quoted(meta_id);
+}
+
 // This rank's rows of every parameter and their optimizer state, to PATH.
-void write_shards(const std::vector<ParamBucket>& buckets, torch::optim::Optimizer* optimizer, const std::string& path) {
+void write_shards(const std::vector<ParamBucket>& buckets, torch::optim::Optimizer* optimizer, const std::string& path,
+                  const std::string& save_id) {
   torch::serialize::OutputArchive archive;
+  archive.write(kArchiveSaveIdKey, c10::IValue(save_id));
   for (const ParamBucket& bucket : buckets) {
     for (const ShardedParam& s : bucket.params()) {
       archive.write(key(s.name, "shard"), s.shard.detach());
@@ -101,19 +121,39 @@ void check_meta(torch::serialize::InputArchive& meta, const std::vector<ParamBuc
 void save_sharded_checkpoint(const std::vector<ParamBucket>& buckets, const ShardGroups& groups,
                              torch::optim::Optimizer* optimizer, const std::string& dir) {
   const ProcessGroup& group = groups.whole;
+  // One id in every file of the save, meta.pt's too: a load refuses files of different saves.
+  std::string save_id = group.rank() == 0 ? new_save_id() : std::string();
+  broadcast_bytes(group, save_id, 0);
+  const std::string mine = rank_file(dir, groups.shard.rank());
+  bool wrote = false;  // a failed write left the file of that name as it was
+  const std::string what = "saving the sharded checkpoint in " + dir;
+  // See Note [A failed save removes what it wrote] (core/sharded_state_dict.cpp): each rank its
+  // own file, and meta.pt is not written.
+  const auto agree_or_undo = [&](std::exception_ptr failure) {
+    try {
+      agree_on_failure(group, failure, what);
+    } catch (...) {
+      if (wrote) remove_written_file(dir, fs::path(mine).filename().string());
+      throw;
+    }
+  };
   std::exception_ptr failure;
   try {
     fs::create_directories(dir);
-    if (groups.first_replica()) write_shards(buckets, optimizer, rank_file(dir, groups.shard.rank()));
+    if (groups.first_replica()) {
+      write_shards(buckets, optimizer, mine, save_id);
+      wrote = true;
+    }
   } catch (...) {
     failure = std::current_exception();
   }
   // Every rank's file is in place before meta.pt says the checkpoint is whole.
-  agree_on_failure(group, failure, "saving the sharded checkpoint in " + dir);
+  agree_or_undo(failure);
   if (group.rank() == 0) {
     try {
       torch::serialize::OutputArchive meta;
       meta.write("format", at::tensor(kFormat));
+      meta.write(kArchiveSaveIdKey, c10::IValue(save_id));
       meta.write("world_size", at::tensor(static_cast<int64_t>(groups.shard.size())));
       c10::List<std::string> names;
       c10::List<std::vector<int64_t>> shapes;
@@ -130,7 +170,7 @@ void save_sharded_checkpoint(const std::vector<ParamBucket>& buckets, const Shar
       failure = std::current_exception();
     }
   }
-  agree_on_failure(group, failure, "saving the sharded checkpoint in " + dir);
+  agree_or_undo(failure);
 }
 
 // Note [Resharding a checkpoint]
@@ -143,35 +183,36 @@ void load_sharded_checkpoint(const std::vector<ParamBucket>& buckets, const Shar
   const ProcessGroup& group = groups.whole;
   // Each rank reads the files it needs: one may find a damaged file that the others never open.
   std::exception_ptr failure;
+  torch::serialize::InputArchive meta;
+  int64_t saved_world = 0;
+  std::map<int64_t, torch::serialize::InputArchive> saved_ranks;  // opened on first need
+  auto archive_of = [&](int64_t q) -> torch::serialize::InputArchive& {
+    auto it = saved_ranks.find(q);
+    if (it == saved_ranks.end()) {
+      it = saved_ranks.emplace(q, torch::serialize::InputArchive()).first;
+      load_checkpoint(it->second, rank_file(dir, static_cast<int>(q)));
+    }
+    return it->second;
+  };
+  // Calls fn(q, first, count, saved_first): saved rank q holds rows [first, first + count) of this
+  // rank's, as its own rows [saved_first, saved_first + count).
+  using Overlap = std::function<void(int64_t, int64_t, int64_t, int64_t)>;
+  auto overlaps = [&](const ShardedParam& s, const Overlap& fn) {
+    const int64_t saved_rows = (s.rows + saved_world - 1) / saved_world;
+    const int64_t lo = s.first_row, hi = lo + s.local_rows;
+    if (saved_rows == 0) return;
+    for (int64_t q = lo / saved_rows; q < saved_world && q * saved_rows < hi; ++q) {
+      const int64_t from = std::max(lo, q * saved_rows), to = std::min(hi, (q + 1) * saved_rows);
+      if (from < to) fn(q, from - lo, to - from, from - q * saved_rows);
+    }
+  };
+  std::string id_faults;  // this rank's files whose save id differs from meta.pt's, a line each
   try {
     TORCH_CHECK(fs::exists(meta_file(dir)), "cpprun: ", dir, " holds no complete sharded checkpoint (no meta.pt: ",
                 "the save did not finish, or this is not a checkpoint directory).");
-    torch::serialize::InputArchive meta;
     load_checkpoint(meta, meta_file(dir));
     check_meta(meta, buckets, dir);
-    const int64_t saved_world = read_int(meta, "world_size");
-
-    std::map<int64_t, torch::serialize::InputArchive> saved_ranks;  // opened on first need
-    auto archive_of = [&](int64_t q) -> torch::serialize::InputArchive& {
-      auto it = saved_ranks.find(q);
-      if (it == saved_ranks.end()) {
-        it = saved_ranks.emplace(q, torch::serialize::InputArchive()).first;
-        load_checkpoint(it->second, rank_file(dir, static_cast<int>(q)));
-      }
-      return it->second;
-    };
-    // Calls fn(q, first, count, saved_first): saved rank q holds rows [first, first + count) of this
-    // rank's, as its own rows [saved_first, saved_first + count).
-    using Overlap = std::function<void(int64_t, int64_t, int64_t, int64_t)>;
-    auto overlaps = [&](const ShardedParam& s, const Overlap& fn) {
-      const int64_t saved_rows = (s.rows + saved_world - 1) / saved_world;
-      const int64_t lo = s.first_row, hi = lo + s.local_rows;
-      if (saved_rows == 0) return;
-      for (int64_t q = lo / saved_rows; q < saved_world && q * saved_rows < hi; ++q) {
-        const int64_t from = std::max(lo, q * saved_rows), to = std::min(hi, (q + 1) * saved_rows);
-        if (from < to) fn(q, from - lo, to - from, from - q * saved_rows);
-      }
-    };
+    saved_world = read_int(meta, "world_size");
     // Open (and check) every file this rank needs before changing a shard: a damaged file leaves
     // the model as it was.
     for (const ParamBucket& bucket : buckets) {
@@ -179,7 +220,42 @@ void load_sharded_checkpoint(const std::vector<ParamBucket>& buckets, const Shar
         overlaps(s, [&](int64_t q, int64_t, int64_t, int64_t) { archive_of(q); });
       }
     }
-
+    // One save: every file's id is meta.pt's (none in files written before ids were). Each rank
+    // checks the files it reads and every shard-size-th one besides, so that every file is
+    // checked, those holding no rows this rank needs too.
+    const std::string meta_id = save_id_of(meta);
+    for (int64_t q = groups.shard.rank(); q < saved_world; q += groups.shard.size()) {
+      if (saved_ranks.count(q)) continue;
+      torch::serialize::InputArchive other;
+      load_checkpoint(other, rank_file(dir, static_cast<int>(q)));
+      const std::string id = save_id_of(other);
+      if (id != meta_id) id_faults += id_fault("rank_" + std::to_string(q) + ".pt", id, meta_id) + "\n";
+    }
+    for (auto& [q, archive] : saved_ranks) {
+      const std::string id = save_id_of(archive);
+      if (id != meta_id) id_faults += id_fault("rank_" + std::to_string(q) + ".pt", id, meta_id) + "\n";
+    }
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  agree_on_failure(group, failure, "loading the sharded checkpoint in " + dir);
+  // Every rank raises the same error, naming every file of another save that any rank found.
+  std::set<std::string> mixed;
+  for (const std::string& lines : all_gather_bytes(group, id_faults)) {
+    for (std::size_t at = 0, end; at < lines.size(); at = end + 1) {
+      end = lines.find('\n', at);
+      mixed.insert(lines.substr(at, end - at));
+    }
+  }
+  if (!mixed.empty()) {
+    std::string list;
+    for (const auto& line : mixed) list += "\n  " + line;
+    throw CorruptCheckpointError("cpprun: the sharded checkpoint in " + dir + " mixes files of different saves (" +
+                                 std::to_string(mixed.size()) + " file(s) differ from meta.pt), and nothing was "
+                                 "loaded:" + list + "\nA save was interrupted, or files of different saves were put "
+                                 "together: save again, or load an earlier checkpoint.");
+  }
+  try {
     at::NoGradGuard no_grad;
     for (const ParamBucket& bucket : buckets) {
       for (const ShardedParam& s : bucket.params()) {

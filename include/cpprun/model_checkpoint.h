@@ -46,7 +46,11 @@ void load_full_state_dict(Wrapper& model, const std::string& path) {
 // 0 writes DIR/meta.pt (names, shapes, world size) last. Under HSDP only the first replica
 // writes, r being the rank in the shard group, and every replica loads. It loads at any world
 // size and with any unit plan: the saved rows are cut anew; a model whose names or shapes differ
-// is refused, listing every difference. DDP: an error (use the full state).
+// is refused, listing every difference. Every file, meta.pt too, records the save's id: a
+// directory mixing files of two saves (one rank's file from an older one) is refused on every
+// rank, naming each such file (cpprun::CorruptCheckpointError); files of earlier versions, none
+// with an id, still load. A save that fails on any rank removes the rank files it wrote and
+// writes no meta.pt. DDP: an error (use the full state).
 template <typename Wrapper>
   requires requires(Wrapper& w) { detail::DataParallelAccess::core(*w); }
 void save_sharded_checkpoint(Wrapper& model, torch::optim::Optimizer& optimizer, const std::string& dir) {

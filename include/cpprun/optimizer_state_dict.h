@@ -8,20 +8,26 @@
 // optimizer.state_dict()["param_groups"] with names for ids), and "cpprun_optimizer" ("AdamW").
 // SGD, Adam and AdamW; a plain module, DDP, FSDP (any stage, HSDP: the rows gathered).
 //
-//   auto options = cpprun::StateDictSaveOptions().step(step).save_id(cpprun::new_save_id());
+//   cpprun::save_state_dict(model, opt, "run/ckpt/", cpprun::StateDictSaveOptions().step(step));  // both
+//   cpprun::load_state_dict(model, opt, "run/ckpt/");                      // both; any world size, stage
+//   auto options = cpprun::StateDictSaveOptions().step(step);              // or one at a time:
 //   cpprun::save_state_dict(model, "run/ckpt/", options);                  // model-*.safetensors
 //   cpprun::save_optimizer_state_dict(model, opt, "run/ckpt/", options);   // optimizer-*.safetensors
-//   cpprun::load_optimizer_state_dict(model, opt, "run/ckpt/");            // any world size, stage
+//   cpprun::load_optimizer_state_dict(model, opt, "run/ckpt/");
 //   auto pending = cpprun::save_async(model, opt, "run/ckpt/", "run/ckpt/", options);  // both, in the background
 //
 // PATH: a .safetensors file, or a directory (a path ending in '/', or an existing one):
 // optimizer-0000R-of-0000N.safetensors files (each rank writes one, in parallel) and
 // optimizer.safetensors.index.json, in Hugging Face's sharded layout beside the model's files;
-// a save of one never touches the other's files. Every file of a save records its save id (rank
-// 0's: options.save_id(), else drawn) and options.step(); loading refuses a directory mixing
-// saves, or whose optimizer index differs in save id from the model's index beside it, naming the
-// file. Strict: another optimizer kind, parameters missing or unexpected, a state tensor of the
-// wrong shape, in one error (cpprun::StateDictMismatchError) listing every fault; nothing changed.
+// a save of one never touches the other's files. Every file of a save records its save id and
+// options.step(); loading refuses a directory mixing saves, or whose optimizer index differs in
+// save id from the model's index beside it, naming the file. The model and the optimizer saved
+// into one directory by two calls with the same options share one id, as one save: with no
+// options.save_id() given, a save joins this process's last save into that directory when it has
+// the same step (or neither has one) and did not write these files yet (the model saved again, or
+// at another step, is a new save). options.save_id() given: that id. Strict: another optimizer
+// kind, parameters missing or unexpected, a state tensor of the wrong shape, in one error
+// (cpprun::StateDictMismatchError) listing every fault; nothing changed.
 #pragma once
 
 #include <torch/optim/optimizer.h>
@@ -40,6 +46,8 @@ void load_optimizer_state(StateSource source, torch::optim::Optimizer& optimizer
 AsyncSave save_model_and_optimizer_async(StateSource source, torch::optim::Optimizer& optimizer,
                                          const std::string& model_path, const std::string& optimizer_path,
                                          const StateDictSaveOptions& options);
+// Refuses a PATH that is not a directory for `call`, the model's and optimizer's at once.
+void check_checkpoint_directory(const std::string& path, const char* call);
 }  // namespace detail
 
 // Writes `optimizer`'s state for `model`'s parameters to PATH. A DataParallel wrapper:
@@ -84,6 +92,33 @@ template <typename Model>
 template <typename Model>
 void load_optimizer_state_dict(Model&& model, torch::optim::Optimizer& optimizer, const std::string& path) {
   detail::load_optimizer_state(detail::state_source(model), optimizer, path);
+}
+
+// The model and its optimizer as one checkpoint in the directory DIR (a path ending in '/', or
+// an existing directory), as PyTorch DCP's save takes one state dict {"model": ..., "optimizer":
+// ...}: save_state_dict(model, DIR, options) then save_optimizer_state_dict(model, optimizer, DIR,
+// options), under one save id (options.save_id(), else a new one). Collective on a wrapper, as
+// those two. A file path is refused: save to files with the two calls.
+template <typename Model>
+void save_state_dict(Model&& model, torch::optim::Optimizer& optimizer, const std::string& dir,
+                     const StateDictSaveOptions& options = StateDictSaveOptions()) {
+  detail::check_checkpoint_directory(dir, "save_state_dict");
+  StateDictSaveOptions one = options;
+  if (!one.save_id()) one.save_id(new_save_id());  // rank 0's counts: it is broadcast
+  save_state_dict(model, dir, one);
+  save_optimizer_state_dict(model, optimizer, dir, one);
+}
+
+// The reverse: load_state_dict(model, DIR, options), then load_optimizer_state_dict(model,
+// optimizer, DIR), which refuses an optimizer of another save than the model's. Returns the
+// model's report (options.strict(false) relaxes the model's load only: the optimizer's is strict).
+template <typename Model>
+StateDictLoadReport load_state_dict(Model&& model, torch::optim::Optimizer& optimizer, const std::string& dir,
+                                    const StateDictOptions& options = StateDictOptions()) {
+  detail::check_checkpoint_directory(dir, "load_state_dict");
+  StateDictLoadReport report = load_state_dict(model, dir, options);
+  load_optimizer_state_dict(model, optimizer, dir);
+  return report;
 }
 
 }  // namespace cpprun

@@ -20,10 +20,12 @@
 //
 // Files are written atomically and carry a CRC-32 (.safetensors: in __metadata__; .pt: cpprun's
 // footer, which torch.load ignores); a damaged file is refused, naming it. Files without one
-// (written by Python) load unchecked. Every file of a sharded save carries one random save id
-// (and the step, when given); a directory whose files come from different saves, a file the
-// index names but the directory lacks, or a file lacking a tensor the index places in it is
-// refused, naming the file (cpprun::CorruptCheckpointError).
+// (written by Python) load unchecked. Every file of a sharded save carries one save id (and the
+// step, when given): a model and its optimizer saved into one directory with the same options
+// share it (cpprun/optimizer_state_dict.h); a directory whose files come from different saves, a
+// file the index names but the directory lacks, or a file lacking a tensor the index places in it
+// is refused, naming the file (cpprun::CorruptCheckpointError). A sharded save that fails on any
+// rank (a full disk) removes the files it wrote, on every rank, and writes no index.
 #pragma once
 
 #include <torch/nn/module.h>

@@ -46,10 +46,12 @@ class StateDictSaveOptions {
   }
   const std::optional<int64_t>& step() const { return step_; }
 
-  // The save id every file of the save records as "cpprun_save_id" (rank 0's, on a wrapper); not
-  // given: rank 0 draws a random one. Pass the same id to a model's save and its optimizer's
-  // (save_optimizer_state_dict) into one directory: a load refuses an optimizer whose id differs
-  // from the model's there. cpprun::new_save_id() draws one.
+  // The save id every file of the save records as "cpprun_save_id" (rank 0's, on a wrapper). Not
+  // given, a save into a directory takes the id of this process's last save there when it is the
+  // other half of it (the model's after the optimizer's, or the reverse, at the same step or with
+  // neither giving one), else rank 0 draws a random one: so a model and its optimizer saved into
+  // one directory with the same options load together, and a load refuses an optimizer whose id
+  // differs from the model's there. cpprun::new_save_id() draws one, to name a save yourself.
   StateDictSaveOptions& save_id(std::string id) {
     save_id_ = std::move(id);
     return *this;

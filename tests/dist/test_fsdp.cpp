@@ -667,6 +667,93 @@ TEST_CASE("fsdp: a damaged checkpoint is refused on every rank, naming the file,
   }
 }
 
+namespace {
+
+// PATH as an earlier cpprun wrote it: every entry but the save id (which it did not record).
+void strip_save_id(const std::string& path) {
+  torch::serialize::InputArchive in;
+  cpprun::load_checkpoint(in, path);
+  torch::serialize::OutputArchive out;
+  for (const std::string& key : in.keys()) {
+    if (key == "save_id") continue;
+    c10::IValue value;
+    in.read(key, value);
+    if (value.isTensor()) {
+      out.write(key, value.toTensor());
+    } else {
+      out.write(key, value);
+    }
+  }
+  cpprun::save_checkpoint(out, path);
+}
+
+}  // namespace
+
+// Issue 41: a sharded checkpoint with one rank's file from an older save loaded silently, with
+// wrong weights. Every file of a save records its id (meta.pt's too); a load refuses files that
+// differ from meta.pt, naming each, on every rank alike; files without any id (an earlier
+// cpprun's) still load, and a mix of files with and without one is refused.
+TEST_CASE("fsdp: a sharded checkpoint mixing two saves is refused on every rank, naming the file", "[fsdp]") {
+  const int rank = group().rank(), world = group().size();
+  const std::string base = "/tmp/cpprun_fsdp_mixed_" + std::to_string(::getppid());
+  torch::manual_seed(0);
+  auto net = std::make_shared<Mlp>(31);
+  auto model = cpprun::FullyShardedDataParallel(net, group(), per_linear(3));
+  auto opt = make_optimizer("adamw", model->parameters());
+  const std::string older = base + "_older", newer = base + "_newer", mixed = base + "_mixed",
+                    earlier = base + "_earlier", half = base + "_half";
+  cpprun::save_sharded_checkpoint(model, *opt, older);
+  std::vector<torch::Tensor> original;
+  for (const auto& p : model->parameters()) original.push_back(p.detach().clone());
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : model->parameters()) p.add_(1.0);
+  }
+  cpprun::save_sharded_checkpoint(model, *opt, newer);
+  const std::string victim = "rank_" + std::to_string(world - 1) + ".pt";
+  if (rank == 0) {
+    for (const auto& dir : {mixed, earlier, half}) std::filesystem::copy(newer, dir);
+    std::filesystem::copy_file(older + "/" + victim, mixed + "/" + victim,
+                               std::filesystem::copy_options::overwrite_existing);
+    for (const auto& entry : std::filesystem::directory_iterator(earlier)) strip_save_id(entry.path().string());
+    strip_save_id(half + "/meta.pt");
+  }
+  cpprun::barrier(group());
+  std::vector<torch::Tensor> before;
+  for (const auto& p : model->parameters()) before.push_back(p.detach().clone());
+  const auto refused = [&](const std::string& dir, const std::vector<std::string>& fragments) {
+    INFO(dir);
+    try {
+      cpprun::load_sharded_checkpoint(model, *opt, dir);
+      FAIL("the load was not refused");
+    } catch (const cpprun::CorruptCheckpointError& e) {
+      INFO(e.what());
+      CHECK_THAT(e.what(), Catch::Contains("the sharded checkpoint in " + dir + " mixes files of different saves"));
+      for (const auto& fragment : fragments) CHECK_THAT(e.what(), Catch::Contains(fragment));
+    }
+    const auto after = model->parameters();
+    for (std::size_t i = 0; i < before.size(); ++i) CHECK(after[i].equal(before[i]));
+  };
+  refused(mixed, {victim + ": save id \""});
+  // meta.pt without an id, the files with one: every file is named.
+  std::vector<std::string> every;
+  for (int r = 0; r < world; ++r) every.push_back("rank_" + std::to_string(r) + ".pt: save id \"");
+  refused(half, every);
+  // An earlier cpprun's files (no id in any) load, and a whole save loads: its own weights.
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : model->parameters()) p.zero_();
+  }
+  cpprun::load_sharded_checkpoint(model, *opt, earlier);
+  for (std::size_t i = 0; i < before.size(); ++i) CHECK(model->parameters()[i].equal(before[i]));
+  cpprun::load_sharded_checkpoint(model, *opt, older);
+  for (std::size_t i = 0; i < original.size(); ++i) CHECK(model->parameters()[i].equal(original[i]));
+  cpprun::barrier(group());
+  if (rank == 0) {
+    for (const auto& dir : {older, newer, mixed, earlier, half}) std::filesystem::remove_all(dir);
+  }
+}
+
 // Run by tests/dist/reshard_checkpoint.sh, not by default: CPPRUN_CKPT_PHASE=save trains steps
 // 0-2 and saves a sharded checkpoint in CPPRUN_CKPT_DIR; =load (on another world size) loads it
 // into a freshly initialized model and optimizer, trains steps 3-4, and compares with one process

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "core/state_dict.h"
+#include "support/safetensors_index.h"
 #include "cpprun/cpprun.h"
 #include "dist_test_support.h"
 
@@ -431,4 +432,160 @@ TEST_CASE("optimizer_state_dict: a tied parameter's state is saved under its fir
     CHECK(opt.state().empty());
   }
   fs::remove_all(dir);
+}
+
+namespace {
+
+// The "cpprun_save_id" a directory's index of STEM records.
+std::string index_save_id(const std::string& dir, const std::string& stem) {
+  const std::string path = dir + stem + ".safetensors.index.json";
+  std::ifstream in(path, std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return cpprun::detail::read_safetensors_index(bytes, path).metadata.at("cpprun_save_id");
+}
+
+}  // namespace
+
+// The trap of issue 41: the model's save and the optimizer's, two calls with the same options and
+// no save id, as anyone writes them, made a checkpoint whose optimizer load refused "from another
+// save". Now the second joins the first (core/save_ids.h); saves of other steps are still refused.
+TEST_CASE("optimizer_state_dict: a model and its optimizer saved by two calls with the same options load together",
+          "[optimizer_state_dict]") {
+  const std::string wrapper = GENERATE("ddp", "zero3");
+  INFO(wrapper);
+  const int rank = group().rank();
+  auto model = wrap(seeded(1), wrapper);
+  torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(0.01));
+  train_step(model, opt, 0);
+  const std::string base = scratch("together_" + wrapper), dir = base + "/";
+  const auto load_both = [&] {
+    auto other = wrap(seeded(5), wrapper);
+    torch::optim::AdamW other_opt(other->parameters(), torch::optim::AdamWOptions(0.5));
+    cpprun::load_state_dict(other, dir);
+    cpprun::load_optimizer_state_dict(other, other_opt, dir);
+    CHECK(other_opt.param_groups()[0].options().get_lr() == 0.01);
+    check_close(full_parameters(other), full_parameters(model));
+  };
+  // At a step, and with no options at all.
+  for (const auto& options : {cpprun::StateDictSaveOptions().step(1), cpprun::StateDictSaveOptions()}) {
+    cpprun::save_state_dict(model, dir, options);
+    cpprun::save_optimizer_state_dict(model, opt, dir, options);
+    load_both();
+  }
+  // The model in the background, the optimizer after it.
+  train_step(model, opt, 1);
+  cpprun::save_async(model, dir, cpprun::StateDictSaveOptions().step(2)).wait();
+  cpprun::save_optimizer_state_dict(model, opt, dir, cpprun::StateDictSaveOptions().step(2));
+  load_both();
+  if (rank == 0) CHECK(index_save_id(dir, "model") == index_save_id(dir, "optimizer"));
+  // The optimizer at another step than the model: two saves, still refused.
+  train_step(model, opt, 2);
+  cpprun::save_optimizer_state_dict(model, opt, dir, cpprun::StateDictSaveOptions().step(3));
+  refused(model, opt, dir, {"optimizer.safetensors.index.json is from another save", "model.safetensors.index.json"});
+  // The model at the optimizer's step is that save's other half; saved again, a new save.
+  cpprun::save_state_dict(model, dir, cpprun::StateDictSaveOptions().step(3));
+  load_both();
+  cpprun::save_state_dict(model, dir, cpprun::StateDictSaveOptions().step(3));
+  refused(model, opt, dir, {"is from another save"});
+  // One call for both, and its reverse.
+  cpprun::save_state_dict(model, opt, dir, cpprun::StateDictSaveOptions().step(3));
+  load_both();
+  auto other = wrap(seeded(5), wrapper);
+  torch::optim::AdamW other_opt(other->parameters(), torch::optim::AdamWOptions(0.5));
+  const auto report = cpprun::load_state_dict(other, other_opt, dir);
+  CHECK(report.missing_keys.empty());
+  CHECK(other_opt.param_groups()[0].options().get_lr() == 0.01);
+  check_close(full_parameters(other), full_parameters(model));
+  CHECK_THROWS_WITH(cpprun::save_state_dict(model, opt, base + ".safetensors"),
+                    Catch::Contains("take a directory") && Catch::Contains("save_optimizer_state_dict(model, optimizer"));
+  cpprun::barrier(group());
+  if (rank == 0) fs::remove_all(base);
+  cpprun::barrier(group());
+}
+
+// Run by full_disk_save.sh (root: a private mount namespace whose CPPRUN_FULL_DISK is a tmpfs
+// filled up): the last rank's file of each save is written onto that full disk (its temporary
+// name a link there), so that rank fails with ENOSPC while the others write theirs. Every rank
+// raises, the files this save wrote are gone from every rank, no index is written, and the
+// earlier save in the directory (the model's, when the optimizer's fails) is as it was.
+TEST_CASE("optimizer_state_dict: a save that fails on a full disk removes what it wrote", "[.full_disk]") {
+  const char* full = std::getenv("CPPRUN_FULL_DISK");
+  REQUIRE(full);
+  const std::string wrapper = GENERATE("ddp", "zero3");
+  INFO(wrapper);
+  const int rank = group().rank(), world = group().size(), last = world - 1;
+  auto model = wrap(seeded(1), wrapper);
+  torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(0.01));
+  train_step(model, opt, 0);
+  const std::string base = scratch("full_disk_" + wrapper);
+  const auto files_in = [](const std::string& dir) {
+    std::map<std::string, std::string> out;  // name -> bytes
+    for (const auto& entry : fs::directory_iterator(dir)) {
+      std::ifstream in(entry.path(), std::ios::binary);
+      out[entry.path().filename().string()] =
+          std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    }
+    return out;
+  };
+  // The last rank's temporary file of NAME in DIR lands on the full disk.
+  const auto onto_full_disk = [&](const std::string& dir, const std::string& name) {
+    if (rank == 0) {
+      fs::create_directories(dir);
+      fs::create_symlink(std::string(full) + "/" + wrapper + "_" + name, dir + "/" + name + ".tmp");
+    }
+    cpprun::barrier(group());
+  };
+  const auto fails = [&](const std::function<void()>& save) {
+    try {
+      save();
+      FAIL("the save did not fail");
+    } catch (const std::exception& e) {
+      INFO(e.what());
+      if (rank == last) CHECK_THAT(e.what(), Catch::Contains("No space left on device"));
+      else CHECK_THAT(e.what(), Catch::Contains("failed on"));
+    }
+    cpprun::barrier(group());
+  };
+  const std::string n = std::to_string(world);
+  const std::string shard = "-0000" + n + "-of-0000" + n + ".safetensors";
+
+  // The optimizer's save into a directory holding the model's: the model's files stay as they were.
+  const std::string dir = base + "/";
+  const auto options = cpprun::StateDictSaveOptions().step(1);
+  cpprun::save_state_dict(model, dir, options);
+  const auto model_files = rank == 0 ? files_in(dir) : std::map<std::string, std::string>();
+  onto_full_disk(base, "optimizer" + shard);
+  fails([&] { cpprun::save_optimizer_state_dict(model, opt, dir, options); });
+  if (rank == 0) CHECK(files_in(dir) == model_files);
+  cpprun::load_state_dict(model, dir);
+  // Once there is room, the save goes through and joins the model's save.
+  cpprun::save_optimizer_state_dict(model, opt, dir, options);
+  cpprun::load_optimizer_state_dict(model, opt, dir);
+
+  // A model's directory, the model and optimizer in the background: nothing of them stays.
+  for (const bool background : {false, true}) {
+    const std::string fresh = base + (background ? "_async" : "_model");
+    onto_full_disk(fresh, "model" + shard);
+    if (background) {
+      fails([&] { cpprun::save_async(model, opt, fresh + "/", fresh + "/", options).wait(); });
+    } else {
+      fails([&] { cpprun::save_state_dict(model, fresh + "/", options); });
+    }
+    if (rank == 0) {
+      INFO(fresh);
+      CHECK(files_in(fresh).empty());
+    }
+  }
+  // FSDP's earlier sharded format: no rank_<r>.pt and no meta.pt.
+  if (wrapper == "zero3") {
+    const std::string old = base + "_old";
+    onto_full_disk(old, "rank_" + std::to_string(last) + ".pt");
+    fails([&] { cpprun::save_sharded_checkpoint(model, opt, old); });
+    if (rank == 0) CHECK(files_in(old).empty());
+  }
+  cpprun::barrier(group());
+  if (rank == 0) {
+    for (const auto& suffix : {"", "_async", "_model", "_old"}) fs::remove_all(base + suffix);
+  }
+  cpprun::barrier(group());
 }

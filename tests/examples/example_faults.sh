@@ -3,7 +3,7 @@
 # code 1 (cpprun::record), never an abort (134) or a silent success; a damaged checkpoint is
 # refused and the one before it used.
 # usage: example_faults.sh CASE CPPRUN TRAIN_MNIST TRAIN_MLP TRAIN_GPT
-#   CASE: options | mnist_files | checkpoints | under_cpprun
+#   CASE: options | mnist_files | checkpoints | full_disk | under_cpprun
 set -u
 case_name=$1 cpprun=$2 mnist=$3 mlp=$4 gpt=$5
 tmp=$(mktemp -d)
@@ -113,6 +113,27 @@ checkpoints)
   expect 0 "resuming after epoch 2 from $old/checkpoint_epoch2.pt" "$mnist" $args --epochs 3 --out "$old" --resume
   grep -qF "note: $old/checkpoint_epoch2.pt is in the old format" "$tmp/out" || fail "no notice of the old format"
   [ -f "$old/checkpoint_epoch3/model.safetensors" ] || fail "the resumed run did not save in the new format"
+  ;;
+full_disk)
+  # A checkpoint that cannot be written (a full disk: a small tmpfs in a private mount namespace,
+  # root only, else 77) stops the run with the system's reason, and its partial
+  # checkpoint_epochE.tmp/ is removed rather than left to keep the disk full. The tmpfs holds
+  # trainer.json and the model's file but not the optimizer's.
+  if [ "$(id -u)" != 0 ] || ! unshare -m true 2>/dev/null; then
+    echo "SKIP: needs root and unshare -m (a private mount namespace for a small tmpfs)"
+    exit 77
+  fi
+  mkdir "$tmp/disk"
+  # shellcheck disable=SC2016
+  expect 1 "No space left on device" unshare -m sh -c '
+    mount -t tmpfs -o size=256k tmpfs "$1" || exit 99
+    disk=$1
+    shift
+    "$@"
+    rc=$?
+    echo "left on the disk: [$(cd "$disk/run" && ls -A | tr "\n" " ")]"
+    exit $rc' sh "$tmp/disk" "$mnist" --train-size 256 --batch 64 --epochs 1 --out "$tmp/disk/run"
+  grep -q "left on the disk: \[\]" "$tmp/out" || fail "the partial checkpoint was left: $(grep 'left on the disk' "$tmp/out")"
   ;;
 under_cpprun)
   # The root cause's error file, in cpprun's failure summary: the C++ type and the message.
