@@ -10,11 +10,11 @@
 #include <utility>
 
 #include "checkpoint/state_view.h"
-#include "core/async_optimizer_save.h"
-#include "core/async_save.h"
-#include "core/optimizer_state_dict.h"
-#include "core/sharded_state_dict.h"
-#include "core/state_dict.h"
+#include "checkpoint/async_optimizer_save.h"
+#include "checkpoint/async_save.h"
+#include "checkpoint/optimizer_state_dict.h"
+#include "checkpoint/sharded_state_dict.h"
+#include "checkpoint/state_dict.h"
 #include "core/tensor_parallel_splits.h"
 #include "cpprun/detail/data_parallel_core.h"
 #include "cpprun/optimizer_state_dict.h"

@@ -10,7 +10,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "core/state_dict.h"
+#include "checkpoint/state_dict.h"
 #include "core/tensor_parallel_state.h"
 #include "cpprun/collectives.h"
 

@@ -11,7 +11,7 @@
 
 #include "core/clip_grad_norm.h"
 #include "checkpoint/state_view.h"
-#include "core/full_state.h"
+#include "checkpoint/full_state.h"
 #include "core/tensor_parallel_splits.h"
 #include "cpprun/collectives.h"
 #include "ddp/reducer.h"

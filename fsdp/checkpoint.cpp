@@ -14,8 +14,8 @@
 #include <sstream>
 
 #include "core/failure_agreement.h"
-#include "core/optimizer_state.h"
-#include "core/sharded_state_dict.h"
+#include "checkpoint/optimizer_state.h"
+#include "checkpoint/sharded_state_dict.h"
 #include "cpprun/checkpoint_file.h"
 #include "cpprun/collectives.h"
 #include "cpprun/object_collectives.h"
@@ -127,7 +127,7 @@ void save_sharded_checkpoint(const std::vector<ParamBucket>& buckets, const Shar
   const std::string mine = rank_file(dir, groups.shard.rank());
   bool wrote = false;  // a failed write left the file of that name as it was
   const std::string what = "saving the sharded checkpoint in " + dir;
-  // See Note [A failed save removes what it wrote] (core/sharded_state_dict.cpp): each rank its
+  // See Note [A failed save removes what it wrote] (checkpoint/sharded_state_dict.cpp): each rank its
   // own file, and meta.pt is not written.
   const auto agree_or_undo = [&](std::exception_ptr failure) {
     try {

@@ -1,4 +1,4 @@
-// FSDP's sharded checkpoints (the full state is core/full_state.h's): each rank writes its own
+// FSDP's sharded checkpoints (the full state is checkpoint/full_state.h's): each rank writes its own
 // rows of every parameter (and their optimizer state) under the parameter's name, in parallel;
 // loading cuts the saved rows at the current world size's boundaries, so a checkpoint made on N
 // ranks loads on M, whatever the units were. Files are written atomically with a checksum

@@ -16,7 +16,7 @@
 #include "core/clip_grad_norm.h"
 #include "cpprun/collectives.h"
 #include "checkpoint/state_view.h"
-#include "core/full_state.h"
+#include "checkpoint/full_state.h"
 #include "core/tensor_parallel_splits.h"
 #include "fsdp/checkpoint.h"
 #include "fsdp/deferred_units.h"

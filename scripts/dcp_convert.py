@@ -40,7 +40,7 @@ from safetensors.torch import save as save_safetensors
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-# cpprun's metadata keys (support/safetensors.h, support/safetensors_index.h, core/optimizer_state_dict.h).
+# cpprun's metadata keys (support/safetensors.h, support/safetensors_index.h, checkpoint/optimizer_state_dict.h).
 CRC_KEY = "cpprun_crc32"
 SAVE_ID_KEY = "cpprun_save_id"
 STEP_KEY = "cpprun_step"

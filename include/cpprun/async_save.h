@@ -43,7 +43,7 @@ class AsyncSave {
   const std::string& path() const;
 
  private:
-  struct State;  // core/async_save.h
+  struct State;  // checkpoint/async_save.h
   friend struct detail::AsyncSaveAccess;
   explicit AsyncSave(std::shared_ptr<State> state) : state_(std::move(state)) {}
   void drop() noexcept;

@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "core/state_dict.h"
+#include "checkpoint/state_dict.h"
 #include "support/safetensors_index.h"
 #include "cpprun/cpprun.h"
 #include "dist_test_support.h"
@@ -448,7 +448,7 @@ std::string index_save_id(const std::string& dir, const std::string& stem) {
 
 // The trap of issue 41: the model's save and the optimizer's, two calls with the same options and
 // no save id, as anyone writes them, made a checkpoint whose optimizer load refused "from another
-// save". Now the second joins the first (core/save_ids.h); saves of other steps are still refused.
+// save". Now the second joins the first (checkpoint/save_ids.h); saves of other steps are still refused.
 TEST_CASE("optimizer_state_dict: a model and its optimizer saved by two calls with the same options load together",
           "[optimizer_state_dict]") {
   const std::string wrapper = GENERATE("ddp", "zero3");

@@ -18,8 +18,8 @@
 #include <set>
 #include <string>
 
-#include "core/sharded_state_dict.h"
-#include "core/state_dict.h"
+#include "checkpoint/sharded_state_dict.h"
+#include "checkpoint/state_dict.h"
 #include "cpprun/cpprun.h"
 #include "dist_test_support.h"
 #include "support/safetensors.h"

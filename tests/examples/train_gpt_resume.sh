@@ -8,9 +8,7 @@
 #   fewer     ZeRO-2 on 2 ranks saves (--batch 4 each); DDP on 1 rank and --mode none resume
 #             (--batch 8: the same 8 windows a step, which 1 rank now takes alone)
 #   tp        ZeRO-3 x --tp 2 on 4 ranks saves; DDP on 2 ranks (whole blocks) and ZeRO-1 x --tp 2 on
-#             4 resume; and DDP's save of 2 ranks resumes under --tp 2 on 2 (one replica, --batch 8).
-#             Waits for a tensor-parallel model's directory save and optimizer state (not registered
-#             with ctest until then: today the save is refused, naming it)
+#             4 resume; and DDP's save of 2 ranks resumes under --tp 2 on 2 (one replica, --batch 8)
 #   faults    what cannot resume is refused by name before any step (exit 1)
 # Each resumed run must print the uninterrupted run's held-out loss and train its steps 5-8 with
 # its losses (--losses-out, %.17g).

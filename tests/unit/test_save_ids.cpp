@@ -1,4 +1,4 @@
-// Which save id a save into a directory records (core/save_ids.h): the decision as a pure
+// Which save id a save into a directory records (checkpoint/save_ids.h): the decision as a pure
 // function, then this process's memory by canonical directory, and a plain module's model and
 // optimizer saved by two calls with the same options, which load together.
 #include "catch.h"
@@ -9,7 +9,7 @@
 #include <set>
 #include <string>
 
-#include "core/save_ids.h"
+#include "checkpoint/save_ids.h"
 #include "cpprun/optimizer_state_dict.h"
 #include "cpprun/state_dict.h"
 #include "scratch_files.h"

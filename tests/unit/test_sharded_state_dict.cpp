@@ -1,4 +1,4 @@
-// State dicts in Hugging Face's sharded layout (core/sharded_state_dict.h): the partition and the
+// State dicts in Hugging Face's sharded layout (checkpoint/sharded_state_dict.h): the partition and the
 // index as pure decisions, a module's round trip through a directory, a 4-rank save played in one
 // process, and every way a directory can fail to hold together, each named, the model unchanged.
 #include "catch.h"
@@ -10,8 +10,8 @@
 #include <numeric>
 #include <string>
 
-#include "core/sharded_state_dict.h"
-#include "core/state_dict.h"
+#include "checkpoint/sharded_state_dict.h"
+#include "checkpoint/state_dict.h"
 #include "cpprun/checkpoint_file.h"
 #include "cpprun/state_dict.h"
 #include "scratch_files.h"

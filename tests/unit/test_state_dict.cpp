@@ -9,7 +9,7 @@
 
 #include "cpprun/checkpoint_file.h"
 #include "cpprun/state_dict.h"
-#include "core/state_dict.h"
+#include "checkpoint/state_dict.h"
 #include "scratch_files.h"
 #include "support/safetensors.h"
 

@@ -1,5 +1,5 @@
 // Short requests to a group's c10d store, for notices between ranks that must not be collectives
-// (see Note [Asynchronous save across ranks] in core/async_save.cpp). Safe from any thread: c10d's
+// (see Note [Asynchronous save across ranks] in checkpoint/async_save.cpp). Safe from any thread: c10d's
 // store clients serialise their requests, and neither call waits for a key to appear, so a
 // background thread never holds the store's connection while training uses it. Users do not need
 // this header's names.

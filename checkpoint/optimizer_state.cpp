@@ -1,5 +1,5 @@
 // See optimizer_state.h. LibTorch keys optimizer state by the parameter's TensorImpl pointer.
-#include "core/optimizer_state.h"
+#include "checkpoint/optimizer_state.h"
 
 #include <c10/util/Exception.h>
 #include <torch/optim/adam.h>

@@ -1,5 +1,5 @@
 // See full_state.h.
-#include "core/full_state.h"
+#include "checkpoint/full_state.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>

@@ -1,6 +1,6 @@
 // A model and its optimizer saved asynchronously as one save (cpprun::save_async(model, optimizer,
 // ...), cpprun/optimizer_state_dict.h): both states copied on the calling thread, both written by
-// one background thread (core/async_save.h), every file with one save id.
+// one background thread (checkpoint/async_save.h), every file with one save id.
 #pragma once
 
 #include <torch/nn/module.h>
@@ -8,7 +8,7 @@
 
 #include <string>
 
-#include "core/optimizer_state_dict.h"
+#include "checkpoint/optimizer_state_dict.h"
 #include "cpprun/async_save.h"
 #include "checkpoint/checkpoint_team.h"
 #include "cpprun/state_dict_options.h"

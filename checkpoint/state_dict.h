@@ -1,6 +1,6 @@
 // State dicts by name (cpprun/state_dict.h): a module's parameters and buffers under PyTorch's
 // state_dict() names, as .safetensors or .pt (torch.save's dict) by the file's extension, or a
-// directory in Hugging Face's sharded layout (core/sharded_state_dict.h); the comparison that
+// directory in Hugging Face's sharded layout (checkpoint/sharded_state_dict.h); the comparison that
 // strict loading decides on; and the collective save and load of whole tensors over a team.
 #pragma once
 

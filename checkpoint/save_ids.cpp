@@ -1,12 +1,12 @@
 // See save_ids.h.
-#include "core/save_ids.h"
+#include "checkpoint/save_ids.h"
 
 #include <filesystem>
 #include <map>
 #include <mutex>
 #include <system_error>
 
-#include "core/sharded_state_dict.h"
+#include "checkpoint/sharded_state_dict.h"
 
 // Note [One save id for a model and its optimizer]
 // Every file of a sharded save records a save id, and a load refuses a directory whose model and

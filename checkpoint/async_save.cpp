@@ -1,5 +1,5 @@
 // See async_save.h.
-#include "core/async_save.h"
+#include "checkpoint/async_save.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -21,9 +21,9 @@
 #include <utility>
 #include <vector>
 
-#include "core/save_ids.h"
-#include "core/sharded_state_dict.h"
-#include "core/state_dict.h"
+#include "checkpoint/save_ids.h"
+#include "checkpoint/sharded_state_dict.h"
+#include "checkpoint/state_dict.h"
 #include "cpprun/detail/group_store.h"
 #include "cpprun/object_collectives.h"
 #include "cpprun/state_dict.h"
@@ -47,8 +47,8 @@
 // on every rank, with no collective; a handle's destructor may wait too. <id> is a token of
 // this save, broadcast with its save id when the save starts (on the calling thread, with the
 // other collectives), so two saves never share keys (two saves may share a save id: a model's
-// and then its optimizer's, core/save_ids.h). When the save failed, every rank removes what it
-// wrote before it ends (Note [A failed save removes what it wrote], core/sharded_state_dict.cpp). The waits are bounded by the group's timeout: a rank that died does not
+// and then its optimizer's, checkpoint/save_ids.h). When the save failed, every rank removes what it
+// wrote before it ends (Note [A failed save removes what it wrote], checkpoint/sharded_state_dict.cpp). The waits are bounded by the group's timeout: a rank that died does not
 // hold the others' threads for ever. The keys stay in the store (a few bytes per save).
 // PyTorch's DCP async_save runs the save's collectives on its background thread, and its recipe
 // (the async checkpointing tutorial) makes a second process group for them, so that they do not
@@ -170,9 +170,9 @@ void write_parts(const std::vector<PartToWrite>& parts, int rank, const StateDic
 }
 
 // Undoes a save that failed (See Note [A failed save removes what it wrote] in
-// core/sharded_state_dict.cpp): removes the files this rank WROTE in it (a failed write left the
+// checkpoint/sharded_state_dict.cpp): removes the files this rank WROTE in it (a failed write left the
 // file of its name as it was), and on rank 0 forgets the save in its directories' memory
-// (core/save_ids.h).
+// (checkpoint/save_ids.h).
 void undo_save(const std::vector<PartToWrite>& parts, const std::vector<std::string>& written, int rank,
                const std::string& save_id) noexcept {
   for (const auto& path : written) {
@@ -311,7 +311,7 @@ NamedTensors snapshot_state(const NamedTensors& state) {
 
 namespace {
 // The save id of PARTS, on the rank that draws it: as a synchronous save's into their directory
-// (core/save_ids.h) when the parts' directories are one, so that an asynchronous model save and a
+// (checkpoint/save_ids.h) when the parts' directories are one, so that an asynchronous model save and a
 // later optimizer save there join; else the given id or a new one, remembered in each directory.
 std::string claim_parts_save_id(const std::vector<AsyncSavePart>& parts, const StateDictSaveOptions& options) {
   std::map<std::string, std::set<std::string>> stems_in;  // directory -> the stems written there

@@ -1,5 +1,5 @@
 // See state_dict.h.
-#include "core/state_dict.h"
+#include "checkpoint/state_dict.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -20,7 +20,7 @@
 #include "cpprun/collectives.h"
 #include "cpprun/object_collectives.h"
 #include "cpprun/state_dict.h"
-#include "core/sharded_state_dict.h"
+#include "checkpoint/sharded_state_dict.h"
 #include "support/safetensors_index.h"
 #include "support/safetensors.h"
 

@@ -6,7 +6,7 @@
 // (optimizer-0000R-of-0000N.safetensors + optimizer.safetensors.index.json). The param groups'
 // options (lr, betas, ...), which safetensors cannot hold as tensors, are JSON in the files'
 // __metadata__ ("cpprun_param_groups": [{"params": [fqn, ...], "lr": ...}]), with the optimizer's
-// kind ("cpprun_optimizer": "AdamW"). Knows SGD, Adam and AdamW (core/optimizer_state.h).
+// kind ("cpprun_optimizer": "AdamW"). Knows SGD, Adam and AdamW (checkpoint/optimizer_state.h).
 #pragma once
 
 #include <torch/nn/module.h>

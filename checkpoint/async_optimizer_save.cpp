@@ -1,12 +1,12 @@
 // See async_optimizer_save.h.
-#include "core/async_optimizer_save.h"
+#include "checkpoint/async_optimizer_save.h"
 
 #include <utility>
 #include <vector>
 
-#include "core/async_save.h"
-#include "core/sharded_state_dict.h"
-#include "core/state_dict.h"
+#include "checkpoint/async_save.h"
+#include "checkpoint/sharded_state_dict.h"
+#include "checkpoint/state_dict.h"
 #include "core/tensor_parallel_splits.h"
 #include "cpprun/optimizer_state_dict.h"
 

@@ -41,7 +41,7 @@ std::string new_save_id();  // 32 random hex digits
 // or which would mix with this save.
 void write_state_dict_shard(const NamedTensors& state, const std::string& dir, int rank, int world,
                             const ShardedSaveStamp& stamp, std::string_view stem = kModelStem);
-// The same in two steps, for a save that copies only its own share (core/async_save.h): rank
+// The same in two steps, for a save that copies only its own share (checkpoint/async_save.h): rank
 // `rank`'s tensors and file name (empty when it owns none), then that file written to DIR.
 struct StateDictShard {
   NamedTensors tensors;
@@ -60,7 +60,7 @@ void remove_written_file(const std::string& dir, const std::string& file) noexce
 
 // Writes `state` (the same on every rank) to DIR as STEM's files: collective over `team` (alone:
 // this process), each writer its share, the root the index last, with the root's save id
-// (core/save_ids.h: options.save_id(), else joining this directory's last save or drawn); a
+// (checkpoint/save_ids.h: options.save_id(), else joining this directory's last save or drawn); a
 // failure on any rank is raised on every rank, after each rank removed the file it wrote.
 void save_sharded_tensors(const NamedTensors& state, const CheckpointTeam& team, const std::string& dir,
                           const StateDictSaveOptions& options, std::string_view stem,

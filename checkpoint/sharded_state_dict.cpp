@@ -1,5 +1,5 @@
 // See sharded_state_dict.h.
-#include "core/sharded_state_dict.h"
+#include "checkpoint/sharded_state_dict.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -13,8 +13,8 @@
 #include <system_error>
 
 #include "core/failure_agreement.h"
-#include "core/save_ids.h"
-#include "core/state_dict.h"
+#include "checkpoint/save_ids.h"
+#include "checkpoint/state_dict.h"
 #include "cpprun/atomic_file.h"
 #include "cpprun/checkpoint_file.h"
 #include "cpprun/object_collectives.h"

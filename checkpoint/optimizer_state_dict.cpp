@@ -1,5 +1,5 @@
 // See optimizer_state_dict.h.
-#include "core/optimizer_state_dict.h"
+#include "checkpoint/optimizer_state_dict.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -17,9 +17,9 @@
 #include <unordered_map>
 
 #include "core/failure_agreement.h"
-#include "core/optimizer_state.h"
-#include "core/sharded_state_dict.h"
-#include "core/state_dict.h"
+#include "checkpoint/optimizer_state.h"
+#include "checkpoint/sharded_state_dict.h"
+#include "checkpoint/state_dict.h"
 #include "cpprun/optimizer_state_dict.h"
 #include "cpprun/atomic_file.h"
 #include "cpprun/checkpoint_file.h"
