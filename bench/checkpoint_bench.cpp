@@ -14,7 +14,8 @@
 // Each phase runs between barriers, so its time is the slowest rank's. The first load is checked:
 // every parameter and AdamW state tensor, changed after the save, is bit for bit the saved one
 // after the load ("roundtrip=ok"; else "roundtrip=FAIL" and exit 1). Prints one RESULT line
-// (rank 0's); bytes are the files in DIR after a save, GB = 1e9 bytes.
+// (rank 0's); bytes are the files in DIR after a save, GB = 1e9 bytes; save_cpu_s and load_cpu_s
+// are rank 0's process CPU time (every thread) over the save and the load.
 //
 //   cpprun --nproc_per_node=2 build/bench/checkpoint_bench --mode ddp --dir /tmp/ckpt_bench/
 //          [--hidden 2048] [--layers 12] [--repeats 3] [--batch 16] [--drop-caches]

@@ -10,7 +10,7 @@
 #          every rank, and the training steps run meanwhile.
 # One RESULT line (rank 0's) with bench/checkpoint_bench.cpp's field names; medians of --repeats.
 #   cpprun --nproc_per_node=2 bench/checkpoint_bench.py --mode ddp --dir /tmp/ckpt_bench_py/
-import argparse, os, shutil, time
+import argparse, os, resource, shutil, time
 import torch, torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
@@ -86,23 +86,31 @@ def drop_page_cache():
     except OSError:
         return False
 
+def cpu_s():  # this process's user + system time so far, every thread
+    u = resource.getrusage(resource.RUSAGE_SELF)
+    return u.ru_utime + u.ru_stime
+
 def median(v):
     v = sorted(v)
     return v[(len(v) - 1) // 2] if v else 0.0
 
 step()  # AdamW's state exists from here
 step()  # warm-up
-saves, loads, nbytes, cold = [], [], 0, a.drop_caches
+saves, loads, save_cpu, load_cpu, nbytes, cold = [], [], [], [], 0, a.drop_caches
 for _ in range(a.repeats):
     empty_dir()
+    cpu = cpu_s()
     saves.append(timed(lambda: dcp.save(state(), checkpoint_id=a.dir)))
+    save_cpu.append(cpu_s() - cpu)
     if rank0:
         nbytes = sum(os.path.getsize(os.path.join(a.dir, f)) for f in os.listdir(a.dir))
     if a.drop_caches:
         if rank0:
             cold = drop_page_cache() and cold
         dist.barrier()
+    cpu = cpu_s()
     loads.append(timed(load))
+    load_cpu.append(cpu_s() - cpu)
 
 plain = [step() for _ in range(3)]
 blocks, dones, during, spanned = [], [], [], []
@@ -127,10 +135,11 @@ for _ in range(a.repeats):
 if rank0:
     gb = nbytes / 1e9
     print(f"RESULT mode={a.mode} world={dist.get_world_size()} params={params} bytes={nbytes} "
-          f"cache={'cold' if cold else 'warm'} save_s={median(saves):.4f} save_gbps={gb / median(saves):.3f} "
-          f"load_s={median(loads):.4f} load_gbps={gb / median(loads):.3f} step_s={median(plain):.4f} "
-          f"async_block_s={median(blocks):.4f} async_done_s={median(dones):.4f} "
-          f"during_step_s={median(during):.4f} steps_during={median(spanned):.0f}", flush=True)
+          f"cache={'cold' if cold else 'warm'} save_s={median(saves):.4f} save_cpu_s={median(save_cpu):.4f} "
+          f"save_gbps={gb / median(saves):.3f} load_s={median(loads):.4f} load_cpu_s={median(load_cpu):.4f} "
+          f"load_gbps={gb / median(loads):.3f} step_s={median(plain):.4f} async_block_s={median(blocks):.4f} "
+          f"async_done_s={median(dones):.4f} during_step_s={median(during):.4f} steps_during={median(spanned):.0f}",
+          flush=True)
 dist.barrier()
 if rank0:
     shutil.rmtree(a.dir, ignore_errors=True)

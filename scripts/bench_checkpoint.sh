@@ -9,7 +9,8 @@
 # seconds, GB = 1e9) and as a share of dd's; the background save (save_async / dcp.async_save):
 # how long the call blocks training against the synchronous save, how long until it is done, and
 # a training step during the write against one without. Each row is a median of REPEATS; each
-# run's load average (uptime) is printed beside it. Finally cpprun against PyTorch, as ratios.
+# run's load average (uptime) is printed beside it. Then cpprun against PyTorch, as ratios, and
+# each run's RESULT line (the model's and the optimizer's parts, rank 0's CPU seconds).
 #   usage: scripts/bench_checkpoint.sh [REPEATS] [DIR]   (REPEATS default 3, DIR default /tmp)
 # Environment: BENCH_CHECKPOINT_RANKS (default "2 4"), BENCH_CHECKPOINT_MODES ("ddp zero3"),
 # BENCH_CHECKPOINT_MODEL ("2048 12": hidden, layers), BENCH_CHECKPOINT_PY_RANKS (the rank counts
@@ -51,7 +52,7 @@ else
   dd_read=$(dd if="$ddfile" of=/dev/null bs=1M iflag=direct 2>&1 | dd_gbps) read_how="iflag=direct (the page cache is not dropped)"
 fi
 rm -f "$ddfile"
-[ -n "$dd_write" ] && [ -n "$dd_read" ] || { echo "bench: dd printed no rate" >&2; exit 1; }
+if [ -z "$dd_write" ] || [ -z "$dd_read" ]; then echo "bench: dd printed no rate" >&2; exit 1; fi
 echo "disk (dd, $dd_mb MiB): write $dd_write GB/s (conv=fdatasync), read $dd_read GB/s ($read_how)"
 if [ "$drop" = yes ]; then
   echo "loads read a cold page cache (rank 0 drops it before each load); saves fsync every file"
@@ -64,7 +65,8 @@ result() {
   local label=$1 err line rc=0
   shift
   err=$(mktemp)
-  line=$(tests/run_isolated.sh "$launcher" --standalone "$@" 2>"$err" | grep -m1 'RESULT ') || rc=$?
+  line=$(tests/run_isolated.sh "$launcher" --standalone "$@" 2>"$err" | grep -m1 'RESULT ' | sed 's/^.*RESULT /RESULT /') ||
+    rc=$?
   if [ -z "$line" ]; then
     echo "bench: $label printed no RESULT line; the end of its stderr:" >&2
     grep -v -e 'Failed to initialize NumPy' -e '_conversion_method_template' "$err" | tail -n 8 | sed 's/^/bench:   | /' >&2
@@ -72,6 +74,8 @@ result() {
     return 1
   fi
   rm -f "$err"
+  # A rank that dies in its teardown, after the RESULT line, leaves the figures good (see bench_common.sh).
+  [ "$rc" = 0 ] || echo "bench: warning: $label exited with status $rc after its RESULT line" >&2
   echo "$line"
 }
 field() { sed -n "s/.* $2=\([^ ]*\).*/\1/p" <<<"$1"; }
@@ -79,6 +83,7 @@ field() { sed -n "s/.* $2=\([^ ]*\).*/\1/p" <<<"$1"; }
 printf '\n%-5s %-5s %-7s %6s %5s %7s %7s %7s %7s %7s %7s %8s %7s %8s %7s %7s %7s %5s %5s\n' ranks mode side GB cache \
   "save s" "GB/s" "/dd wr" "load s" "GB/s" "/dd rd" "async s" "/sync" "done s" "step s" "during" "/step" steps load
 declare -A cpp_line py_line
+raw=()
 row() {  # RANKS MODE SIDE LINE LOAD
   local l=$4
   awk -v n="$1" -v m="$2" -v side="$3" -v load="$5" -v ddw="$dd_write" -v ddr="$dd_read" \
@@ -97,13 +102,13 @@ for n in $ranks; do
     before=$(load)
     line=$(result "cpprun $mode on $n ranks" --nproc_per_node="$n" "$prog" "${args[@]}" --dir "$dir/cpprun_ckpt_bench_$$/")
     grep -q ' roundtrip=ok' <<<"$line" || { echo "bench: cpprun $mode on $n ranks: the load did not give back the saved state: $line" >&2; exit 1; }
-    cpp_line[$n.$mode]=$line
+    cpp_line[$n.$mode]=$line raw+=("cpprun: $line")
     row "$n" "$mode" cpprun "$line" "$before-$(load)"
     if [[ " $py_ranks " == *" $n "* ]]; then
       before=$(load)
       line=$(result "PyTorch $mode on $n ranks" --nproc_per_node="$n" "$python" bench/checkpoint_bench.py "${args[@]}" \
                --dir "$dir/cpprun_ckpt_bench_py_$$/")
-      py_line[$n.$mode]=$line
+      py_line[$n.$mode]=$line raw+=("PyTorch: $line")
       row "$n" "$mode" PyTorch "$line" "$before-$(load)"
     fi
   done
@@ -127,3 +132,5 @@ if [ ${#py_line[@]} -gt 0 ]; then
         BEGIN { printf "%-5s %-5s %7.2f %7.2f %10.2f %10.2f\n", n, m, ratio(ps, cs), ratio(pl, cl), ratio(pb, cb), ratio(pd, cd) }'
   done | sort
 fi
+printf '\nEach run, rank 0'"'"'s RESULT line (seconds; save_cpu_s, load_cpu_s: rank 0'"'"'s process CPU time, every thread):\n'
+printf '%s\n' "${raw[@]}"
