@@ -44,16 +44,25 @@ echo "model: Linear($hidden, $hidden) + ReLU x $layers, AdamW (model + exp_avg +
 ddfile="$dir/cpprun_dd_$$"
 trap 'rm -f "$ddfile"' EXIT
 dd_gbps() { sed -n 's/^\([0-9]*\) bytes.* copied, \([0-9.e+-]*\) s,.*/\1 \2/p' | awk '{ printf "%.3f", $1 / $2 / 1e9 }'; }
-dd_write=$(dd if=/dev/zero of="$ddfile" bs=1M count="$dd_mb" conv=fdatasync 2>&1 | dd_gbps)
-if [ "$drop" = yes ]; then
-  drop_caches
-  dd_read=$(dd if="$ddfile" of=/dev/null bs=1M 2>&1 | dd_gbps) read_how="after dropping the page cache"
-else
-  dd_read=$(dd if="$ddfile" of=/dev/null bs=1M iflag=direct 2>&1 | dd_gbps) read_how="iflag=direct (the page cache is not dropped)"
-fi
+# Three times each: this VM's disk moves by several times from one minute to the next.
+dd_writes=() dd_reads=()
+for _ in 1 2 3; do
+  dd_writes+=("$(dd if=/dev/zero of="$ddfile" bs=1M count="$dd_mb" conv=fdatasync 2>&1 | dd_gbps)")
+  if [ "$drop" = yes ]; then
+    drop_caches
+    dd_reads+=("$(dd if="$ddfile" of=/dev/null bs=1M 2>&1 | dd_gbps)") read_how="after dropping the page cache"
+  else
+    dd_reads+=("$(dd if="$ddfile" of=/dev/null bs=1M iflag=direct 2>&1 | dd_gbps)")
+    read_how="iflag=direct (the page cache is not dropped)"
+  fi
+  rm -f "$ddfile"
+done
+median() { tr ' ' '\n' | grep . | sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
+dd_write=$(median <<<"${dd_writes[*]}") dd_read=$(median <<<"${dd_reads[*]}")
 rm -f "$ddfile"
 if [ -z "$dd_write" ] || [ -z "$dd_read" ]; then echo "bench: dd printed no rate" >&2; exit 1; fi
-echo "disk (dd, $dd_mb MiB): write $dd_write GB/s (conv=fdatasync), read $dd_read GB/s ($read_how)"
+echo "disk (dd, $dd_mb MiB, median of 3): write $dd_write GB/s (conv=fdatasync; runs: ${dd_writes[*]})," \
+     "read $dd_read GB/s ($read_how; runs: ${dd_reads[*]})"
 if [ "$drop" = yes ]; then
   echo "loads read a cold page cache (rank 0 drops it before each load); saves fsync every file"
 else

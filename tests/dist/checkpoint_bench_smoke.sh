@@ -21,7 +21,7 @@ cat "$dir/out"
 [ $rc -eq 0 ] || fail "scripts/bench_checkpoint.sh exited $rc (above)"
 
 number='^[0-9]+(\.[0-9]+)?$'
-grep -Eq '^disk \(dd, 8 MiB\): write [0-9.]+ GB/s .*, read [0-9.]+ GB/s' "$dir/out" || fail "no dd line with both rates"
+grep -Eq '^disk \(dd, 8 MiB, median of 3\): write [0-9.]+ GB/s .*, read [0-9.]+ GB/s' "$dir/out" || fail "no dd line with both rates"
 rows=$(grep -E '^2 +(ddp|zero3) +(cpprun|PyTorch) ' "$dir/out")
 [ "$(wc -l <<<"$rows")" = 4 ] || fail "expected 4 rows (ddp, zero3 x cpprun, PyTorch), got: $rows"
 while read -r -a f; do
