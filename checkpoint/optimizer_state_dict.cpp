@@ -178,7 +178,7 @@ ReadOptimizerFile read_optimizer_files(const std::string& path) {
                                                                                      : fs::path(path);
   TORCH_CHECK(fs::exists(dir / index_file_name(kOptimizerStem)), "cpprun: load_optimizer_state_dict: ", dir.string(),
               " holds no ", index_file_name(kOptimizerStem), ": was the optimizer saved there "
-              "(save_optimizer_state_dict(model, optimizer, \"", dir.string(), "/\"))?");
+              "(save_optimizer_state_dict(model, optimizer, \"", (dir / "").string(), "\"))?");
   ShardedDirectory read = read_sharded_directory(dir.string(), kOptimizerStem);
   // One save with the model beside it: its index's id, when both have one.
   const fs::path model_index = dir / index_file_name(kModelStem);
