@@ -13,11 +13,7 @@
 namespace cpprun::detail {
 
 void check_async_save_paths(const std::string& model_path, const std::string& optimizer_path) {
-  if (is_sharded_state_dict_path(model_path)) {
-    check_sharded_save_path(model_path);
-  } else {
-    check_state_dict_path(model_path);
-  }
+  check_state_dict_path(model_path);
   check_optimizer_path(optimizer_path, "save_async");
   TORCH_CHECK(model_path != optimizer_path || is_sharded_state_dict_path(model_path), "cpprun: save_async(model, "
               "optimizer, \"", model_path, "\", \"", optimizer_path, "\"): the model's and the optimizer's files would "

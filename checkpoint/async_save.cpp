@@ -171,15 +171,15 @@ void write_parts(const std::vector<PartToWrite>& parts, int rank, const StateDic
 
 // Undoes a save that failed (See Note [A failed save removes what it wrote] in
 // checkpoint/sharded_state_dict.cpp): removes the files this rank WROTE in it (a failed write left the
-// file of its name as it was), and on rank 0 forgets the save in its directories' memory
-// (checkpoint/save_ids.h).
-void undo_save(const std::vector<PartToWrite>& parts, const std::vector<std::string>& written, int rank,
+// file of its name as it was), and on the rank that drew the save id (`drew_id`) forgets the
+// save in its directories' memory (checkpoint/save_ids.h).
+void undo_save(const std::vector<PartToWrite>& parts, const std::vector<std::string>& written, bool drew_id,
                const std::string& save_id) noexcept {
   for (const auto& path : written) {
     std::error_code ignored;
     fs::remove(path, ignored);
   }
-  if (rank != 0) return;
+  if (!drew_id) return;
   for (const auto& part : parts) {
     if (part.directory) forget_failed_save(part.path, save_id, {std::string(part.stem)});
   }
@@ -280,7 +280,7 @@ struct CollectiveSave {
     for (const auto& group : team.tensor_parallel()) {
       if (group.rank() == 0) store_set(group, key + "/result", result.value_or("failed:\n  a rank timed out"));
     }
-    if (local || !result || *result != "ok") undo_save(parts, written, team.is_root() ? 0 : 1, save_id);
+    if (local || !result || *result != "ok") undo_save(parts, written, team.is_root(), save_id);
     if (local) std::rethrow_exception(local);  // this rank's own error, as it was thrown
     TORCH_CHECK(result, "cpprun: rank ", cpprun::rank(), " waited the group's timeout (", any.timeout().count(),
                 " ms) for rank 0 to finish the asynchronous save to ", where, "; is rank 0 still running?");
@@ -329,13 +329,7 @@ std::string claim_parts_save_id(const std::vector<AsyncSavePart>& parts, const S
 AsyncSave start_async_save(std::vector<AsyncSavePart> parts, const CheckpointTeam& team,
                            const StateDictSaveOptions& options) {
   TORCH_INTERNAL_ASSERT(!parts.empty(), "an asynchronous save of nothing");
-  for (const auto& part : parts) {
-    if (is_sharded_state_dict_path(part.path)) {
-      check_sharded_save_path(part.path);
-    } else {
-      check_state_dict_path(part.path);
-    }
-  }
+  for (const auto& part : parts) check_state_dict_path(part.path);
   // Rank 0's id, in every file; and a token of this save for the store's keys (two saves may
   // share an id: a model's and then its optimizer's).
   std::string save_id, token;
@@ -380,7 +374,7 @@ AsyncSave start_async_save(std::vector<AsyncSavePart> parts, const CheckpointTea
           written.push_back((fs::path(part.path) / index_file_name(part.stem)).string());
         }
       } catch (...) {
-        undo_save(parts, written, 0, save_id);
+        undo_save(parts, written, /*drew_id=*/true, save_id);
         throw;
       }
     });

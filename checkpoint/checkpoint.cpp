@@ -23,15 +23,6 @@
 namespace cpprun::detail {
 namespace {
 
-// A module's team: alone, or its tensor-parallel groups when it holds splits (every rank of
-// them calls the save).
-CheckpointTeam module_team(const std::map<std::string, TensorParallelSplit>& splits) {
-  if (splits.empty()) return CheckpointTeam();
-  std::vector<const ProcessGroup*> groups;
-  for (const auto& [name, split] : splits) groups.push_back(&split.group);
-  return CheckpointTeam(std::nullopt, distinct_groups(groups));
-}
-
 StateView view_of(StateSource source) {
   if (source.wrapper) {
     StateView view;
@@ -39,8 +30,8 @@ StateView view_of(StateSource source) {
     return view;
   }
   TORCH_INTERNAL_ASSERT(source.module, "a checkpoint of nothing");
-  const auto splits = tensor_parallel_splits(*source.module);
-  return module_state_view(*source.module, splits, module_team(splits));
+  // Alone, or with tensor-parallel splits the ranks of their groups (every one calls the save).
+  return module_state_view(*source.module, tensor_parallel_splits(*source.module));
 }
 
 // The model's parameters as its optimizer steps them (the entries' local tensors), with each
@@ -81,7 +72,6 @@ OptimizerParams optimizer_params(const StateView& view) {
 
 void save_model_state(StateSource source, const std::string& path, const StateDictSaveOptions& options) {
   check_state_dict_path(path);  // before any collective: every rank refuses alike
-  if (is_sharded_state_dict_path(path)) check_sharded_save_path(path);
   const StateView view = view_of(source);
   at::NoGradGuard no_grad;
   save_state_dict(whole_state(view), view.team, path, options);

@@ -269,7 +269,11 @@ void write_state_dict_file(const NamedTensors& state, const std::string& path, c
 }
 
 void check_state_dict_path(const std::string& path) {
-  if (!is_sharded_state_dict_path(path)) (void)format_of(path);
+  if (is_sharded_state_dict_path(path)) {
+    check_sharded_save_path(path);
+  } else {
+    (void)format_of(path);
+  }
 }
 
 NamedTensors read_state_dict_file(const std::string& path) {

@@ -49,7 +49,8 @@ StateDictLoadReport load_named_tensors(const NamedTensors& mine, const NamedTens
 // `metadata` goes into a .safetensors header beside the step and save id (an optimizer's kind).
 void write_state_dict_file(const NamedTensors& state, const std::string& path, const StateDictSaveOptions& options,
                            std::map<std::string, std::string> metadata = {});
-// Throws the error a save to PATH would for a name whose format cannot be told, before any work.
+// Throws the error a save to PATH would for a name whose format cannot be told (or, for a
+// directory, a path naming its index file), before any work.
 void check_state_dict_path(const std::string& path);
 // Reads PATH (a file, or a directory in the sharded layout) into `into`'s tensors in place.
 StateDictLoadReport load_state_dict_file(const NamedTensors& into, const std::string& path,

@@ -11,15 +11,16 @@
 #include <unordered_set>
 
 #include "checkpoint/state_dict.h"
+#include "core/tensor_parallel_splits.h"
 #include "core/tensor_parallel_state.h"
 #include "cpprun/collectives.h"
 
 namespace cpprun::detail {
 
 StateView module_state_view(torch::nn::Module& module, const std::map<std::string, TensorParallelSplit>& splits,
-                            CheckpointTeam team) {
+                            std::optional<ProcessGroup> replicas) {
   StateView view;
-  view.team = std::move(team);
+  view.team = CheckpointTeam(std::move(replicas), tensor_parallel_groups(splits));
   std::unordered_set<const c10::TensorImpl*> parameters;
   for (const auto& item : module.named_parameters(/*recurse=*/true)) {
     if (item.value().defined()) parameters.insert(item.value().unsafeGetTensorImpl());

@@ -77,10 +77,11 @@ struct StateView {
   std::function<void()> after_load;
 };
 
-// The view of a plain module: every parameter and buffer replicated, except those `splits` names
-// (cpprun::tensor_parallel_splits), which are tensor-parallel splits; `team` as the caller's.
+// The view of a module: every parameter and buffer replicated over `replicas` (none: this process
+// alone), except those `splits` names (cpprun::tensor_parallel_splits), which are tensor-parallel
+// splits; the team is `replicas` and the splits' groups.
 StateView module_state_view(torch::nn::Module& module, const std::map<std::string, TensorParallelSplit>& splits,
-                            CheckpointTeam team = CheckpointTeam());
+                            std::optional<ProcessGroup> replicas = std::nullopt);
 
 // The whole tensor of which `local` (the entry's local tensor, or an optimizer state tensor of its
 // shape) is this rank's part, on every rank of the entry's groups. Collective over them.

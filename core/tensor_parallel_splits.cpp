@@ -90,5 +90,11 @@ void refuse_tensor_parallel_checkpoint(const std::map<std::string, TensorParalle
               " (docs/tensor_parallel.md, Checkpoints).");
 }
 
+std::vector<ProcessGroup> tensor_parallel_groups(const std::map<std::string, TensorParallelSplit>& splits) {
+  std::vector<const ProcessGroup*> groups;
+  for (const auto& [name, split] : splits) groups.push_back(&split.group);
+  return distinct_groups(groups);
+}
+
 }  // namespace detail
 }  // namespace cpprun

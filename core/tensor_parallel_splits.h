@@ -31,5 +31,7 @@ void refuse_tensor_parallel_checkpoint(const std::map<std::string, TensorParalle
 // is groups[i]'s position among them.
 std::vector<ProcessGroup> distinct_groups(const std::vector<const ProcessGroup*>& groups,
                                           std::vector<int64_t>* index_of = nullptr);
+// The distinct tensor-parallel groups of `splits` (distinct_groups of their groups).
+std::vector<ProcessGroup> tensor_parallel_groups(const std::map<std::string, TensorParallelSplit>& splits);
 
 }  // namespace cpprun::detail

@@ -212,10 +212,7 @@ void DdpCore::load_full_state(const std::string& path) {
 }
 void DdpCore::describe_state(StateView& view) {
   // Every rank holds the whole module (its tensor-parallel shards aside): replicated over the group.
-  std::vector<const ProcessGroup*> tensor_parallel;
-  for (const auto& [name, split] : impl_->tp_splits) tensor_parallel.push_back(&split.group);
-  view = module_state_view(impl_->module, impl_->tp_splits,
-                           CheckpointTeam(impl_->group, distinct_groups(tensor_parallel)));
+  view = module_state_view(impl_->module, impl_->tp_splits, impl_->group);
 }
 void DdpCore::save_sharded(const std::string& dir, torch::optim::Optimizer*) {
   TORCH_CHECK(false, "cpprun::DistributedDataParallel: save_sharded_checkpoint(model, optimizer, \"", dir, "\") needs "

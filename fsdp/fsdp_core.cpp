@@ -273,9 +273,7 @@ void FsdpCore::load_full_state(const std::string& path) {
 // parameters). Buffers and frozen parameters are the module's own, replicated.
 void FsdpCore::describe_state(StateView& view) {
   Impl& s = *impl_;
-  std::vector<const ProcessGroup*> tensor_parallel;
-  for (const auto& [name, split] : s.tp_splits) tensor_parallel.push_back(&split.group);
-  view = module_state_view(s.module, s.tp_splits, CheckpointTeam(s.groups.whole, distinct_groups(tensor_parallel)));
+  view = module_state_view(s.module, s.tp_splits, s.groups.whole);
   std::unordered_map<const c10::TensorImpl*, StateEntry*> entry_of;
   for (auto& entry : view.entries) entry_of[entry.module_tensor.unsafeGetTensorImpl()] = &entry;
   for (const ParamBucket& bucket : s.buckets) {
