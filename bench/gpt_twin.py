@@ -2,9 +2,10 @@
 # that the two stacks train the same network on the same batches with the same optimizer and their
 # losses can be compared step by step:
 #   model      GPT-2's layout under GPT2LMHeadModel's names (Conv1D weights [in, out], applied as
-#              linear(x, W.t(), b)); attention by matmul, a causal mask and softmax (train_gpt's, not
-#              scaled_dot_product_attention); GELU exact or tanh; LayerNorm eps from config.json; the
-#              head tied to the token embedding; no dropout (train_gpt has none)
+#              linear(x, W.t(), b)); causal attention through scaled_dot_product_attention, or with
+#              --attention math by matmul, a causal mask and softmax (train_gpt --attention's two);
+#              GELU exact or tanh; LayerNorm eps from config.json; the head tied to the token
+#              embedding; no dropout (train_gpt has none)
 #   init       --write-init DIR writes GPT-2's initialisation (normal 0.02, residual projections
 #              0.02/sqrt(2 * layers), zero biases, LayerNorms 1 and 0) as DIR/model.safetensors and
 #              DIR/config.json; both sides then start from it (train_gpt --init-from DIR, this
@@ -13,11 +14,13 @@
 #              torch's DistributedSampler (seed 0; a new epoch when a pass runs short), which is
 #              what cpprun::DistributedSampler reproduces index for index
 #   optimizer  AdamW (betas 0.9/0.999, eps 1e-8), weight decay 0.1 on 2-D tensors and 0 on the
-#              rest, constant --lr, no clipping: train_gpt's. --optimizer libtorch (default) steps
-#              it as LibTorch's torch::optim::AdamW does, operation for operation; torch: PyTorch's
-#              torch.optim.AdamW, whose arithmetic differs in rounding (lerp for the first moment),
-#              a difference that training amplifies: fp32 losses 1.7e-5 apart by step 21 and 2.5%
-#              by step 177 on the tiny model (scripts/bench_gpt.sh --steps 200)
+#              rest, constant --lr, no clipping: train_gpt's. --optimizer fused (default):
+#              torch.optim.AdamW(fused=True), the kernel cpprun::FusedAdamW (train_gpt's default)
+#              runs; libtorch steps it as LibTorch's torch::optim::AdamW does, operation for
+#              operation (train_gpt --optimizer libtorch); torch: PyTorch's torch.optim.AdamW
+#              (foreach), whose arithmetic differs in rounding from both (lerp for the first
+#              moment), a difference that training amplifies: fp32 losses 1.7e-5 apart by step 21
+#              and 2.5% by step 177 on the tiny model (scripts/bench_gpt.sh --steps 200)
 #   modes      none (no wrapper), ddp (torch DDP), fsdp2 (fully_shard on every block, then the root;
 #              reshard after forward: ZeRO-3); --amp bf16: the forward under torch.autocast
 #   dtype      --dtype float64: the parameters (cast from the float32 file), activations, loss and
@@ -57,8 +60,11 @@ p.add_argument("--dtype", default="float32", choices=["float32", "float64"],
                help="the parameters' and activations' type (float64: with --amp fp32 only)")
 p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="cuda: GPU LOCAL_RANK")
 p.add_argument("--losses-out", metavar="FILE")
-p.add_argument("--optimizer", default="libtorch", choices=["libtorch", "torch"],
-               help="AdamW's arithmetic: LibTorch's (train_gpt's, step for step) or torch.optim.AdamW's")
+p.add_argument("--optimizer", default="fused", choices=["fused", "libtorch", "torch"],
+               help="AdamW: torch.optim.AdamW(fused=True) (train_gpt's default), LibTorch's arithmetic step for "
+                    "step (train_gpt --optimizer libtorch), or torch.optim.AdamW's default (foreach)")
+p.add_argument("--attention", default="sdpa", choices=["sdpa", "math"],
+               help="scaled_dot_product_attention, or matmul + mask + softmax (train_gpt --attention)")
 a = p.parse_args()
 
 
@@ -147,6 +153,7 @@ class Attention(torch.nn.Module):
     def __init__(self, c):
         super().__init__()
         self.heads = c["n_head"]
+        self.fused = a.attention == "sdpa"
         self.c_attn = Conv1D(c["n_embd"], 3 * c["n_embd"])
         self.c_proj = Conv1D(c["n_embd"], c["n_embd"])
 
@@ -155,6 +162,9 @@ class Attention(torch.nn.Module):
         qkv = self.c_attn(x)
         D = qkv.size(2) // (3 * self.heads)
         q, k, v = qkv.view(B, T, 3, self.heads, D).permute(2, 0, 3, 1, 4)
+        if self.fused:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return self.c_proj(y.transpose(1, 2).reshape(B, T, self.heads * D))
         scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(D)
         future = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
         att = torch.softmax(scores.masked_fill(future, -math.inf), -1)
@@ -307,7 +317,7 @@ groups = [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_d
 if a.optimizer == "libtorch":
     optimizer = LibTorchAdamW(groups, lr=a.lr, betas=(0.9, 0.999), eps=1e-8)
 else:
-    optimizer = torch.optim.AdamW(groups, lr=a.lr, betas=(0.9, 0.999), eps=1e-8)
+    optimizer = torch.optim.AdamW(groups, lr=a.lr, betas=(0.9, 0.999), eps=1e-8, fused=a.optimizer == "fused")
 
 # Windows: train_gpt's split and sampler (cpprun::DistributedSampler is torch's, index for index).
 ids = ids.to(device)

@@ -24,6 +24,7 @@
 // are Hugging Face's "Conv1D", weight [in, out]), so its state dict is a GPT-2 checkpoint as it is.
 #include <ATen/autocast_mode.h>
 #ifdef CPPRUN_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #endif
 #include <cpprun/cpprun.h>
@@ -71,6 +72,16 @@ constexpr const char* kUsage = R"(usage: train_gpt [options]
                      loss as one uninterrupted run. --lr is the checkpoint's (its optimizer state holds it)
   --batch B          windows per rank and step; with --tp, per group of N ranks (default 16)
   --lr X             AdamW's learning rate (default 3e-3)
+  --optimizer fused|libtorch
+                     AdamW's step: cpprun::FusedAdamW (ATen's fused kernel, PyTorch's AdamW(fused=True): one
+                     launch per parameter group) or LibTorch's torch::optim::AdamW (about ten per parameter); the
+                     same state and files either way (default fused)
+  --attention sdpa|math
+                     causal attention through at::scaled_dot_product_attention (flash / memory-efficient /
+                     cuDNN kernels on CUDA, the fused one on the CPU), or written out: matmul, a causal mask,
+                     softmax, matmul, with the T x T scores in memory (default sdpa)
+  --peak-tflops X    the device's peak for --amp's type, for the MFU each log line prints (default: 989 on an
+                     H100 or H200 with --amp bf16, else MFU is not printed)
   --block T          characters per window (default 64)
   --layers L         transformer blocks (default 2)
   --embed C          embedding width, a multiple of --heads (default 64)
@@ -121,7 +132,9 @@ struct Options {
   std::string losses_out;
   int64_t block = 64, layers = 2, embed = 64, heads = 4;
   double lr = 3e-3;
+  double peak_tflops = 0;  // 0: known devices' own, else no MFU
   bool help = false, checkpoint_activations = false;
+  std::string optimizer = "fused", attention = "sdpa";
   std::string amp = "fp32", deferred_init = "auto", dtype = "float32";
 };
 
@@ -144,6 +157,9 @@ Options parse(int argc, char** argv) {
     else if (flags.is("--losses-out")) o.losses_out = flags.value();
     else if (flags.is("--batch")) o.batch = flags.number(1);
     else if (flags.is("--lr")) o.lr = flags.number(1e-12);
+    else if (flags.is("--optimizer")) o.optimizer = flags.value();
+    else if (flags.is("--attention")) o.attention = flags.value();
+    else if (flags.is("--peak-tflops")) o.peak_tflops = flags.number(1e-9);
     else if (flags.is("--block")) o.block = flags.number<int64_t>(1);
     else if (flags.is("--layers")) o.layers = flags.number<int64_t>(1);
     else if (flags.is("--embed")) o.embed = flags.number<int64_t>(1);
@@ -167,6 +183,12 @@ Options parse(int argc, char** argv) {
   if (o.help) return o;
   if (!gelu.empty() && gelu != "exact" && gelu != "tanh") throw std::invalid_argument("--gelu must be exact or tanh, got " + gelu);
   if (gelu == "tanh") o.gelu = examples::Gelu::kTanh;
+  if (o.optimizer != "fused" && o.optimizer != "libtorch") {
+    throw std::invalid_argument("--optimizer must be fused or libtorch, got " + o.optimizer);
+  }
+  if (o.attention != "sdpa" && o.attention != "math") {
+    throw std::invalid_argument("--attention must be sdpa or math, got " + o.attention);
+  }
   if (o.logits_for.empty() != o.logits_out.empty()) {
     throw std::invalid_argument("--logits-for and --logits-out go together (the token ids, and the file for their logits)");
   }
@@ -338,9 +360,10 @@ Conv1D make_conv1d(int64_t in, int64_t out, Split split, const std::optional<cpp
 // their queries, keys and values, and c_proj's rows for their outputs sum into the whole result.
 struct AttentionImpl : torch::nn::Module {
   int64_t heads;  // on this rank
+  bool fused;     // --attention sdpa
   Conv1D c_attn{nullptr}, c_proj{nullptr};
-  AttentionImpl(int64_t embed, int64_t heads, const std::optional<cpprun::ProcessGroup>& tp)
-      : heads(tp ? heads / tp->size() : heads) {
+  AttentionImpl(int64_t embed, int64_t heads, bool fused, const std::optional<cpprun::ProcessGroup>& tp)
+      : heads(tp ? heads / tp->size() : heads), fused(fused) {
     c_attn = register_module("c_attn", make_conv1d(embed, 3 * embed, Split::kColumns, tp, /*parts=*/3));  // q, k, v
     c_proj = register_module("c_proj", make_conv1d(embed, embed, Split::kRows, tp));
   }
@@ -350,6 +373,10 @@ struct AttentionImpl : torch::nn::Module {
     const int64_t D = qkv.size(2) / (3 * heads);
     auto parts = qkv.view({B, T, 3, heads, D}).permute({2, 0, 3, 1, 4});  // [3, B, heads, T, D]
     auto q = parts[0], k = parts[1], v = parts[2];
+    if (fused) {  // the same arithmetic, scale 1/sqrt(D) included, without the T x T scores in memory
+      auto y = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true);
+      return c_proj(y.transpose(1, 2).reshape({B, T, heads * D}));
+    }
     auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(D));
     auto future = torch::ones({T, T}, x.options().dtype(torch::kBool)).triu(1);
     auto att = torch::softmax(scores.masked_fill(future, -INFINITY), -1);
@@ -381,7 +408,7 @@ struct BlockImpl : torch::nn::Module {
   Mlp mlp{nullptr};
   BlockImpl(const Options& o, const std::optional<cpprun::ProcessGroup>& tp) {
     ln_1 = register_module("ln_1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.embed}).eps(o.layer_norm_eps)));
-    attn = register_module("attn", Attention(o.embed, o.heads, tp));
+    attn = register_module("attn", Attention(o.embed, o.heads, o.attention == "sdpa", tp));
     ln_2 = register_module("ln_2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.embed}).eps(o.layer_norm_eps)));
     mlp = register_module("mlp", Mlp(o.embed, o.gelu, tp));
   }
@@ -599,6 +626,21 @@ std::vector<int64_t> parse_token_ids(const std::string& list, int64_t vocab, int
   return ids;
 }
 
+// The device's dense peak in TFLOPS for --amp's type: --peak-tflops, else 989 for bf16 and fp16 on
+// an H100 or H200 (SXM), else 0 (unknown: no MFU printed).
+double peak_tflops(const Options& o, const torch::Device& device) {
+  if (o.peak_tflops > 0) return o.peak_tflops;
+#ifdef CPPRUN_WITH_CUDA
+  if (device.is_cuda() && o.amp != "fp32") {
+    const std::string name = at::cuda::getDeviceProperties(device.index())->name;
+    if (name.find("H100") != std::string::npos || name.find("H200") != std::string::npos) return 989;
+  }
+#else
+  (void)device;
+#endif
+  return 0;
+}
+
 int run(int argc, char** argv) {
   const Options opt = parse(argc, argv);
   if (opt.help) return examples::print_usage(kUsage);
@@ -713,7 +755,11 @@ int run(int argc, char** argv) {
                                  torch::optim::AdamWOptions(opt.lr).weight_decay(0.1)));
   groups.emplace_back(no_decay, std::make_unique<torch::optim::AdamWOptions>(
                                     torch::optim::AdamWOptions(opt.lr).weight_decay(0)));
-  torch::optim::AdamW optimizer(groups, torch::optim::AdamWOptions(opt.lr));
+  // Either is a torch::optim::AdamW: the same state, files and GradScaler path.
+  std::unique_ptr<torch::optim::AdamW> optimizer_owned;
+  if (opt.optimizer == "fused") optimizer_owned = std::make_unique<cpprun::FusedAdamW>(groups, torch::optim::AdamWOptions(opt.lr));
+  else optimizer_owned = std::make_unique<torch::optim::AdamW>(groups, torch::optim::AdamWOptions(opt.lr));
+  torch::optim::AdamW& optimizer = *optimizer_owned;
   // Mixed precision by autocast (matmuls in bf16 or fp16, parameters and optimizer in fp32); fp16's
   // narrow range needs the loss scaled, and an overflow on any rank skips the step on all.
   const auto device_type = device.type();
@@ -827,6 +873,15 @@ int run(int argc, char** argv) {
   int64_t epoch_windows = resumed.epoch_windows;  // this epoch's, over all data-parallel ranks
   double first_loss = 0, loss_sum = 0;
   int logged = 0;                // steps in loss_sum
+  // MFU: model FLOPs per token, forward and backward, over the devices' peak. 6 N for the
+  // parameters' matmuls (N: every parameter once, the tied head once; the embeddings' lookups
+  // are counted as if they were matmuls, as nanoGPT and PaLM do) plus 12 L C T for attention's
+  // two T-long products (scores and weighted values, forward and backward, causal masking not
+  // subtracted): PaLM's appendix B, nanoGPT's estimate_mfu.
+  const double flops_per_token = 6.0 * static_cast<double>(params) +
+                                 12.0 * static_cast<double>(opt.layers * opt.embed * opt.block);
+  const double peak_flops = 1e12 * peak_tflops(opt, device) * group.size();  // 0: unknown
+  auto logged_since = std::chrono::steady_clock::now();
   std::vector<double> losses;  // every step's, for --losses-out
   auto started = std::chrono::steady_clock::now();
   cpprun::StepTimer step_timer;  // each rank's compute and waiting per step: who holds the others up
@@ -850,13 +905,21 @@ int run(int argc, char** argv) {
     scaler.update();
     auto global = loss.detach().clone();
     cpprun::all_reduce(group, global, cpprun::ReduceOp::kAvg);
-    if (step == start + 1) first_loss = global.item<double>();
-    losses.push_back(global.item<double>());
-    loss_sum += global.item<double>(), ++logged;
-    if (rank == 0 && step % opt.log_every == 0) {
-      std::printf("step %4d/%d  loss %.4f\n", step, opt.steps, loss_sum / logged);
-      std::fflush(stdout);
-      loss_sum = 0, logged = 0;
+    const double step_loss = global.item<double>();  // waits for the step's work
+    if (step == start + 1) first_loss = step_loss;
+    losses.push_back(step_loss);
+    loss_sum += step_loss, ++logged;
+    if (step % opt.log_every == 0) {
+      const auto now = std::chrono::steady_clock::now();
+      const double tokens_per_s = static_cast<double>(logged * global_batch * opt.block) /
+                                  std::chrono::duration<double>(now - logged_since).count();
+      if (rank == 0) {
+        std::printf("step %4d/%d  loss %.4f  %.0f tokens/s", step, opt.steps, loss_sum / logged, tokens_per_s);
+        if (peak_flops > 0) std::printf("  MFU %.1f%%", 100 * flops_per_token * tokens_per_s / peak_flops);
+        std::printf("\n");
+        std::fflush(stdout);
+      }
+      loss_sum = 0, logged = 0, logged_since = now;
     }
     step_timer.step_done();
     if (opt.straggler_every > 0 && step % opt.straggler_every == 0) {

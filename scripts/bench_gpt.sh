@@ -7,8 +7,9 @@
 # train on README.md and docs/*.md (every checkout has them) as characters, batches drawn by the
 # same DistributedSampler. The plain rows run on one rank only (more would train separate models).
 #
-# Prints one row per run: tokens/s over all the ranks (timed after --warmup steps), MFU (6 * N *
-# tokens/s over --peak-tflops; N: every parameter, the tied head once), peak memory (GPU: the CUDA
+# Prints one row per run: tokens/s over all the ranks (timed after --warmup steps), MFU ((6 N +
+# 12 L C T) * tokens/s over --peak-tflops; N: every parameter, the tied head once; 12 L C T:
+# attention's two T-long products, as train_gpt's log line and nanoGPT count), peak memory (GPU: the CUDA
 # allocator's max allocated; CPU: the process's peak resident memory, which for Python includes
 # its interpreter and imports), the loss at each logged step, then the ratios cpprun/PyTorch and
 # each wrapper against no wrapper (the issue's goal: DDP and ZeRO-3 within 3% of it at one rank).
@@ -34,14 +35,18 @@
 #
 #   usage: scripts/bench_gpt.sh [--gpt2] [--steps N] [--warmup N] [--batch B] [--amp fp32|bf16]
 #            [--dtype float32|float64] [--nproc N] [--repeats R] [--log-every K] [--peak-tflops X]
-#            [--rtol X] [--text FILE] [--rows LIST]
+#            [--rtol X] [--text FILE] [--rows LIST] [--optimizer fused|libtorch] [--attention sdpa|math]
 #   defaults: a tiny GPT (2 layers, 64 wide, 4 heads, block 64, batch 8, the text's characters as
 #   the vocabulary), 20 steps after 2 warm-up steps, fp32, 1 rank, 1 repeat, a log every 5 steps.
 #   --dtype float64: both sides' parameters, activations and optimizer in float64 (--amp fp32 only;
 #   slower, for checking the logic rather than timing it).
-#   --gpt2: GPT-2 124M's shape (12 layers, 768 wide, 12 heads, block 1024, vocab 50257: the text's
-#   characters are ids below 50257, the other rows of the embedding are trained as GPT-2's unused
-#   tokens are), batch 8, 30 steps after 5 warm-up steps, bf16.
+#   --gpt2: GPT-2 124M's shape (12 layers, 768 wide, 12 heads, block 1024, vocab 50304: GPT-2's
+#   50257 padded to a multiple of 128, as nanoGPT and llm.c do, so the head's GEMM tiles evenly; the
+#   text's characters are ids below it, the other rows of the embedding are trained as GPT-2's
+#   unused tokens are), batch 16, 30 steps after 5 warm-up steps, bf16.
+#   --optimizer, --attention: both sides' (train_gpt's flags; the twin's fused is PyTorch's
+#   AdamW(fused=True), the same kernel): default fused and sdpa; libtorch and math measure what
+#   each brings.
 #   --rows: some of cpprun-none,cpprun-ddp,cpprun-zero3,pytorch-none,pytorch-fsdp2 (comma-separated;
 #   default all), beside pytorch-ddp, which always runs: the losses' reference.
 # Environment as scripts/bench_common.sh: BENCH_DEVICE=cuda (each rank on GPU LOCAL_RANK, NCCL),
@@ -52,7 +57,7 @@ set -euo pipefail
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
 all_rows=("cpprun none" "pytorch none" "cpprun ddp" "pytorch ddp" "cpprun zero3" "pytorch fsdp2")
 rows=("${all_rows[@]}")
-gpt2=0 steps="" warmup="" batch="" amp="" dtype=float32 nproc=1 repeats=1 log_every="" peak_tflops="" rtol="" text=""
+gpt2=0 steps="" warmup="" batch="" amp="" dtype=float32 optimizer=fused attention=sdpa nproc=1 repeats=1 log_every="" peak_tflops="" rtol="" text=""
 number() {  # FLAG VALUE: --peak-tflops and --rtol take any positive number, the others whole ones
   local pattern='^[0-9]+$'
   [ "$1" = --peak-tflops ] || [ "$1" = --rtol ] && pattern='^[0-9]+([.][0-9]+)?([eE][-+]?[0-9]+)?$'
@@ -71,6 +76,10 @@ while [ $# -gt 0 ]; do
       shift ;;
     --amp) [ "${2:-}" = fp32 ] || [ "${2:-}" = bf16 ] || { echo "bench_gpt: --amp must be fp32 or bf16, got '${2:-}'" >&2; exit 2; }
       amp=$2; shift ;;
+    --optimizer) [ "${2:-}" = fused ] || [ "${2:-}" = libtorch ] || { echo "bench_gpt: --optimizer must be fused or libtorch, got '${2:-}'" >&2; exit 2; }
+      optimizer=$2; shift ;;
+    --attention) [ "${2:-}" = sdpa ] || [ "${2:-}" = math ] || { echo "bench_gpt: --attention must be sdpa or math, got '${2:-}'" >&2; exit 2; }
+      attention=$2; shift ;;
     --dtype) [ "${2:-}" = float32 ] || [ "${2:-}" = float64 ] || { echo "bench_gpt: --dtype must be float32 or float64, got '${2:-}'" >&2; exit 2; }
       dtype=$2; shift ;;
     --text) [ -r "${2:-}" ] || { echo "bench_gpt: --text: cannot read '${2:-}'" >&2; exit 2; }
@@ -89,8 +98,8 @@ while [ $# -gt 0 ]; do
   shift
 done
 if [ "$gpt2" = 1 ]; then
-  shape=(--layers 12 --embed 768 --heads 12) block=1024 vocab=50257
-  : "${steps:=30}" "${warmup:=5}" "${batch:=8}" "${amp:=bf16}" "${log_every:=5}"
+  shape=(--layers 12 --embed 768 --heads 12) block=1024 vocab=50304
+  : "${steps:=30}" "${warmup:=5}" "${batch:=16}" "${amp:=bf16}" "${log_every:=5}"
 else
   shape=(--layers 2 --embed 64 --heads 4) block=64 vocab=0
   : "${steps:=20}" "${warmup:=2}" "${batch:=8}" "${amp:=fp32}" "${log_every:=5}"
@@ -117,7 +126,7 @@ if [ -z "$peak_tflops" ] && [ "$device" = cuda ] && [ "$amp" = bf16 ]; then
 fi
 echo "bench_gpt: $([ $gpt2 = 1 ] && echo "GPT-2 124M shape" || echo "tiny GPT") (${shape[*]} --block $block," \
      "vocab $([ "$vocab" = 0 ] && echo "the text's" || echo "$vocab")), batch $batch x $nproc ranks, $steps steps" \
-     "($warmup untimed), $amp, $dtype, $device${gpu:+ ($gpu)}${OMP_NUM_THREADS:+, OMP_NUM_THREADS=$OMP_NUM_THREADS}; peak ${peak_tflops:-n/a} TFLOPS; losses within rtol $rtol"
+     "($warmup untimed), $amp, $dtype, AdamW $optimizer, attention $attention, $device${gpu:+ ($gpu)}${OMP_NUM_THREADS:+, OMP_NUM_THREADS=$OMP_NUM_THREADS}; peak ${peak_tflops:-n/a} TFLOPS; losses within rtol $rtol"
 
 "$python" bench/gpt_twin.py --write-init "$tmp/init" --text "$text" "${shape[@]}" --block "$block" --vocab "$vocab" \
   --gelu tanh >"$tmp/init.log" 2>&1 || { cat "$tmp/init.log" >&2; echo "bench_gpt: the twin's --write-init failed" >&2; exit 1; }
@@ -128,7 +137,7 @@ run_one() {
   local row=$1 impl=${1%% *} mode=${1#* } ranks=$nproc prog out rc=0 tok mem params
   [ "$mode" = none ] && ranks=1
   local common=(--init-from "$tmp/init" --text "$text" --block "$block" --batch "$batch" --steps "$steps"
-                --warmup "$warmup" --amp "$amp" --dtype "$dtype" --losses-out "$tmp/$impl.$mode.loss")
+                --warmup "$warmup" --amp "$amp" --dtype "$dtype" --optimizer "$optimizer" --attention "$attention" --losses-out "$tmp/$impl.$mode.loss")
   if [ "$impl" = cpprun ]; then
     case $mode in none) prog=(--mode none) ;; ddp) prog=(--mode ddp) ;; zero3) prog=(--mode fsdp --stage 3) ;; esac
     prog=("$build/examples/train_gpt" "${prog[@]}" "${common[@]}" --log-every "$steps" --sample 0 --straggler-every 0)
@@ -177,11 +186,12 @@ for ((s = log_every; s <= steps; s += log_every)); do printf ' %10s' "loss@$s"; 
 [ $((steps % log_every)) = 0 ] || printf ' %10s' "loss@$steps"
 echo
 declare -A tok_of
+attention_flops=$((12 * ${shape[1]} * ${shape[3]} * block))  # 12 L C T a token
 for row in "${rows[@]}"; do
   tok_of[$row]=$(median <<<"${tok_runs[$row]}")
   ranks=$nproc; [ "${row#* }" = none ] && ranks=1
-  mfu=$(awk -v n="${params_of[$row]}" -v t="${tok_of[$row]}" -v p="$peak_tflops" \
-        'BEGIN { if (p == "") print "n/a"; else printf "%.1f%%", 100 * 6 * n * t / (p * 1e12) }')
+  mfu=$(awk -v n="${params_of[$row]}" -v t="${tok_of[$row]}" -v p="$peak_tflops" -v a="$attention_flops" -v r="$ranks" \
+        'BEGIN { if (p == "") print "n/a"; else printf "%.1f%%", 100 * (6 * n + a) * t / (p * 1e12 * r) }')
   printf '%-14s %5s %12.0f %8s %12.0f' "$row" "$ranks" "${tok_of[$row]}" "$mfu" "${mem_of[$row]}"
   awk -v k="$log_every" -v n="$steps" '{ if (NR % k == 0 || NR == n) printf " %10.6f", $1 } END { print "" }' \
     "$tmp/${row/ /.}.first.loss"

@@ -32,8 +32,10 @@
 #   gpt2   train_gpt at GPT-2 124M's shape (12 layers, 768 wide, 12 heads, block 1024; the
 #          vocabulary is the text's characters), bf16, one rank: DDP against ZeRO-3.
 #   compare scripts/bench_gpt.sh --gpt2: train_gpt (no wrapper, DDP, ZeRO-3) against its PyTorch
-#          twin bench/gpt_twin.py (no wrapper, DDP, FSDP2) at GPT-2 124M's shape (vocab 50257),
-#          bf16, one rank: tokens/s, MFU, peak GPU memory, the losses (which must agree).
+#          twin bench/gpt_twin.py (no wrapper, DDP, FSDP2) at GPT-2 124M's shape (vocab 50304),
+#          bf16, one rank, SDPA and fused AdamW on both sides: tokens/s, MFU, peak GPU memory, the
+#          losses (which must agree); then train_gpt without SDPA and/or the fused AdamW, and
+#          scripts/bench_adamw.sh (the optimizers' step times alone).
 #   asan   the three test cases that ended in SIGSEGV on LibTorch 2.11 (docs/gpu.md), built with
 #          AddressSanitizer in build-asan/ and run alone, the GPU hidden as in `test`; the first
 #          ASan report, if any, goes to the summary and gpu_run.md.
@@ -264,12 +266,16 @@ stage_gpt2() {
   done
 }
 
-# train_gpt against its PyTorch twin at GPT-2 124M's shape (scripts/bench_gpt.sh). The twin steps
-# with PyTorch's own AdamW here (--optimizer torch: what a PyTorch user runs, so the speed is a fair
-# one); its rounding differs from LibTorch's, which bf16's tolerance (2e-2) covers over 30 steps.
+# train_gpt against its PyTorch twin at GPT-2 124M's shape (scripts/bench_gpt.sh): both sides with
+# their defaults, SDPA attention and the fused AdamW (PyTorch's AdamW(fused=True): what a PyTorch
+# user who wants speed runs). Then what each of the two brings, cpprun alone with no wrapper
+# (train_gpt --attention math / --optimizer libtorch: the written-out attention and LibTorch's
+# AdamW), and the optimizers' step times alone (scripts/bench_adamw.sh: LibTorch's, FusedAdamW,
+# PyTorch's fused, foreach and for-loop, GPT-2 124M's tensors). COMPARE_BATCH: bench_gpt's --batch.
 stage_compare() {
+  local result run_flags
   if run "$out/compare.txt" env BENCH_NO_SETUP=1 BENCH_PYTHON="$python" CPPRUN_BUILD_DIR="$build" BENCH_DEVICE=cuda \
-       BENCH_GPT_TWIN_ARGS="--optimizer torch" timeout 480 bash scripts/bench_gpt.sh --gpt2; then
+       timeout 300 bash scripts/bench_gpt.sh --gpt2 ${COMPARE_BATCH:+--batch "$COMPARE_BATCH"}; then
     result=ok
   else
     result=FAILED
@@ -277,6 +283,24 @@ stage_compare() {
   figure "bench_gpt.sh --gpt2 (cuda, bf16, one rank): $result"
   if [ -f "$out/compare.txt" ]; then
     tee -a "$out/summary.txt" <"$out/compare.txt" | { md '' '```'; cat >>"$report"; md '```'; }
+  fi
+  gpt_text
+  for run_flags in "--attention sdpa --optimizer fused" "--attention math --optimizer fused" \
+                   "--attention sdpa --optimizer libtorch" "--attention math --optimizer libtorch"; do
+    # shellcheck disable=SC2086  # $run_flags is a list of flags
+    if run "$out/ablate.log" timeout 120 "$build/launcher/cpprun" --standalone --nproc_per_node=1 \
+         "$build/examples/train_gpt" --text "$out/gpt_text.md" --layers 12 --embed 768 --heads 12 --block 1024 \
+         --batch 16 --steps 25 --warmup 5 --log-every 5 --sample 0 --straggler-every 0 --amp bf16 --mode none $run_flags; then
+      figure "$run_flags: $(from "$out/ablate.log" -E 'step +25/|tokens/s over' | tr '\n' ' ')"
+    else
+      figure "$run_flags FAILED: $(from "$out/ablate.log" | tail -4 | tr '\n' ' ')"
+    fi
+  done
+  if run "$out/adamw.txt" env BENCH_NO_SETUP=1 BENCH_PYTHON="$python" CPPRUN_BUILD_DIR="$build" \
+       timeout 120 bash scripts/bench_adamw.sh --device cuda --steps 20; then
+    figure "bench_adamw.sh --device cuda (GPT-2 124M's tensors): $(from "$out/adamw.txt" -E 'ms/step' | tr '\n' ';')"
+  else
+    figure "bench_adamw.sh FAILED: $(from "$out/adamw.txt" | tail -4 | tr '\n' ' ')"
   fi
 }
 

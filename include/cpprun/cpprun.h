@@ -14,6 +14,7 @@
 #include "cpprun/flight_recorder.h"
 #include "cpprun/fsdp.h"
 #include "cpprun/fsdp_stats.h"
+#include "cpprun/fused_adamw.h"
 #include "cpprun/grad_scaler.h"
 #include "cpprun/model_checkpoint.h"
 #include "cpprun/no_sync.h"
