@@ -46,7 +46,9 @@ p.add_argument("--text", default="/usr/share/common-licenses/GPL-3")
 p.add_argument("--mode", default="none", choices=["none", "ddp", "fsdp2"])
 p.add_argument("--steps", type=int, default=20)
 p.add_argument("--warmup", type=int, default=0, help="steps left out of tokens/s")
-p.add_argument("--batch", type=int, default=16, help="windows per rank and step")
+p.add_argument("--batch", type=int, default=16, help="windows per rank and forward pass")
+p.add_argument("--grad-accum", type=int, default=1,
+               help="forward and backward passes per step, the gradients reduced after the last (train_gpt's)")
 p.add_argument("--block", type=int, default=64)
 p.add_argument("--lr", type=float, default=3e-3)
 p.add_argument("--layers", type=int, default=2)
@@ -328,15 +330,25 @@ epoch, order, position = 0, list(sampler), 0
 offsets = torch.arange(a.block, device=device)
 
 
+rank_batch = a.batch * a.grad_accum  # windows per rank and step
+
+
 def next_starts():
     global epoch, order, position
-    if len(order) - position < a.batch:  # train_gpt drops a short batch and starts a new pass
+    if len(order) - position < rank_batch:  # train_gpt drops a short batch and starts a new pass
         epoch += 1
         sampler.set_epoch(epoch)
         order, position = list(sampler), 0
-    starts = order[position:position + a.batch]
-    position += a.batch
+    starts = order[position:position + rank_batch]
+    position += rank_batch
     return torch.tensor(starts, device=device)
+
+
+def gradient_sync(on):  # train_gpt's no_sync for all but the last pass of a step
+    if a.mode == "ddp":
+        model.require_backward_grad_sync = on
+    elif a.mode == "fsdp2":
+        model.set_requires_gradient_sync(on)
 
 
 amp = torch.autocast(device.type, dtype=torch.bfloat16, enabled=a.amp == "bf16")
@@ -346,12 +358,19 @@ for step in range(1, a.steps + 1):
     if step == a.warmup + 1:
         started = time.perf_counter()
     index = next_starts()[:, None] + offsets
-    x, y = ids[index], ids[index + 1]
+    step_x, step_y = ids[index], ids[index + 1]
     optimizer.zero_grad()
-    with amp:
-        logits = model(x)
-    loss = F.cross_entropy(logits.view(-1, logits.size(-1)).to(dtype), y.view(-1))
-    loss.backward()
+    loss = 0
+    for micro in range(a.grad_accum):
+        x, y = step_x[micro * a.batch:(micro + 1) * a.batch], step_y[micro * a.batch:(micro + 1) * a.batch]
+        gradient_sync(micro + 1 == a.grad_accum)
+        with amp:
+            logits = model(x)
+        micro_loss = F.cross_entropy(logits.view(-1, logits.size(-1)).to(dtype), y.view(-1))
+        if a.grad_accum > 1:
+            micro_loss = micro_loss / a.grad_accum
+        micro_loss.backward()
+        loss = micro_loss.detach() + loss if micro else micro_loss.detach()
     optimizer.step()
     mean = loss.detach().clone()
     if distributed:
@@ -360,7 +379,7 @@ for step in range(1, a.steps + 1):
     losses.append(mean.item())
 seconds = time.perf_counter() - started
 
-tokens = (a.steps - a.warmup) * a.batch * a.block * world
+tokens = (a.steps - a.warmup) * rank_batch * a.block * world
 peak_rss = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024], dtype=torch.float64)
 peak_gpu = torch.tensor([torch.cuda.max_memory_allocated(device) / 2**20 if a.device == "cuda" else -1.0],
                         dtype=torch.float64)

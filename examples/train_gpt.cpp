@@ -25,7 +25,10 @@
 #include <ATen/autocast_mode.h>
 #ifdef CPPRUN_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #endif
 #include <cpprun/cpprun.h>
 #include <torch/torch.h>
@@ -70,7 +73,12 @@ constexpr const char* kUsage = R"(usage: train_gpt [options]
                      --tp and number of ranks; the same --text, --block, model sizes and --dtype. The same global
                      batch (--batch x the data-parallel ranks) continues the saved run exactly: the same held-out
                      loss as one uninterrupted run. --lr is the checkpoint's (its optimizer state holds it)
-  --batch B          windows per rank and step; with --tp, per group of N ranks (default 16)
+  --batch B          windows per rank and forward pass; with --tp, per group of N ranks (default 16)
+  --grad-accum K     forward and backward passes per optimizer step (gradient accumulation), each of --batch
+                     windows; the gradients are reduced once, after the last (DDP and FSDP no_sync before).
+                     A step takes --batch x K windows per rank, the order --batch x K alone would take, and
+                     steps as it would up to rounding (GPT-2's 0.5M-token step on one GPU: --batch 16
+                     --block 1024 --grad-accum 32) (default 1)
   --lr X             AdamW's learning rate (default 3e-3)
   --optimizer fused|libtorch
                      AdamW's step: cpprun::FusedAdamW (ATen's fused kernel, PyTorch's AdamW(fused=True): one
@@ -80,6 +88,10 @@ constexpr const char* kUsage = R"(usage: train_gpt [options]
                      causal attention through at::scaled_dot_product_attention (flash / memory-efficient /
                      cuDNN kernels on CUDA, the fused one on the CPU), or written out: matmul, a causal mask,
                      softmax, matmul, with the T x T scores in memory (default sdpa)
+  --cuda-graph       capture the training step (forward, backward, AdamW) in a CUDA graph after 3 eager steps and
+                     replay it: one launch a step instead of LibTorch's one per operation. The same arithmetic;
+                     with --mode none on a GPU, --optimizer fused, --amp fp32 or bf16, without --tp and
+                     --checkpoint-activations
   --peak-tflops X    the device's peak for --amp's type, for the MFU each log line prints (default: 989 on an
                      H100 or H200 with --amp bf16, else MFU is not printed)
   --block T          characters per window (default 64)
@@ -128,12 +140,13 @@ struct Options {
   examples::Gelu gelu = examples::Gelu::kExact;
   double layer_norm_eps = 1e-5;
   int64_t positions = 0, vocab = 0;  // 0: --block, and the text's characters (or --init-from's config)
+  int grad_accum = 1;  // micro-batches per step
   int steps = 300, batch = 16, sample = 200, stage = 2, straggler_every = 50, tp = 1, log_every = 50, warmup = 0;
   std::string losses_out;
   int64_t block = 64, layers = 2, embed = 64, heads = 4;
   double lr = 3e-3;
   double peak_tflops = 0;  // 0: known devices' own, else no MFU
-  bool help = false, checkpoint_activations = false;
+  bool help = false, checkpoint_activations = false, cuda_graph = false;
   std::string optimizer = "fused", attention = "sdpa";
   std::string amp = "fp32", deferred_init = "auto", dtype = "float32";
 };
@@ -156,6 +169,7 @@ Options parse(int argc, char** argv) {
     else if (flags.is("--warmup")) o.warmup = flags.number(0);
     else if (flags.is("--losses-out")) o.losses_out = flags.value();
     else if (flags.is("--batch")) o.batch = flags.number(1);
+    else if (flags.is("--grad-accum")) o.grad_accum = flags.number(1);
     else if (flags.is("--lr")) o.lr = flags.number(1e-12);
     else if (flags.is("--optimizer")) o.optimizer = flags.value();
     else if (flags.is("--attention")) o.attention = flags.value();
@@ -167,6 +181,7 @@ Options parse(int argc, char** argv) {
     else if (flags.is("--sample")) o.sample = flags.number(0);
     else if (flags.is("--straggler-every")) o.straggler_every = flags.number(0);
     else if (flags.is("--checkpoint-activations")) o.checkpoint_activations = true;
+    else if (flags.is("--cuda-graph")) o.cuda_graph = true;
     else if (flags.is("--amp")) o.amp = flags.value();
     else if (flags.is("--dtype")) o.dtype = flags.value();
     else if (flags.is("--deferred-init")) o.deferred_init = flags.value();
@@ -188,6 +203,21 @@ Options parse(int argc, char** argv) {
   }
   if (o.attention != "sdpa" && o.attention != "math") {
     throw std::invalid_argument("--attention must be sdpa or math, got " + o.attention);
+  }
+  if (o.cuda_graph) {
+    // What a captured step cannot hold: a wrapper's hooks decide on the host each step, fp16's
+    // scaler reads the overflow flag on the host, LibTorch's AdamW computes its bias correction
+    // on the host from a count the replays would not advance.
+    std::string conflict;
+    if (o.mode != "none") conflict = "--mode " + o.mode + " (it needs --mode none)";
+    else if (o.tp > 1) conflict = "--tp";
+    else if (o.optimizer != "fused") conflict = "--optimizer " + o.optimizer + " (it needs --optimizer fused)";
+    else if (o.amp == "fp16") conflict = "--amp fp16 (its GradScaler decides on the host)";
+    else if (o.checkpoint_activations) conflict = "--checkpoint-activations";
+    if (!conflict.empty()) throw std::invalid_argument("--cuda-graph does not go with " + conflict);
+#ifndef CPPRUN_WITH_CUDA
+    throw std::invalid_argument("--cuda-graph: this train_gpt was built without CUDA");
+#endif
   }
   if (o.logits_for.empty() != o.logits_out.empty()) {
     throw std::invalid_argument("--logits-for and --logits-out go together (the token ids, and the file for their logits)");
@@ -760,6 +790,9 @@ int run(int argc, char** argv) {
   if (opt.optimizer == "fused") optimizer_owned = std::make_unique<cpprun::FusedAdamW>(groups, torch::optim::AdamWOptions(opt.lr));
   else optimizer_owned = std::make_unique<torch::optim::AdamW>(groups, torch::optim::AdamWOptions(opt.lr));
   torch::optim::AdamW& optimizer = *optimizer_owned;
+  if (opt.cuda_graph && !device.is_cuda()) {
+    throw std::invalid_argument("--cuda-graph needs a GPU; this run trains on " + device.str());
+  }
   // Mixed precision by autocast (matmuls in bf16 or fp16, parameters and optimizer in fp32); fp16's
   // narrow range needs the loss scaled, and an overflow on any rank skips the step on all.
   const auto device_type = device.type();
@@ -768,7 +801,8 @@ int run(int argc, char** argv) {
   }
   cpprun::GradScaler scaler(group, cpprun::GradScalerOptions().enabled(opt.amp == "fp16"));
   int skipped = 0;
-  const int64_t global_batch = static_cast<int64_t>(opt.batch) * dp_group.size();  // windows per step
+  const int64_t rank_batch = static_cast<int64_t>(opt.batch) * opt.grad_accum;  // windows per rank and step
+  const int64_t global_batch = rank_batch * dp_group.size();                      // windows per step
 
   // --resume: where the saved run stood (trainer.json), then its model and optimizer state, each
   // rank taking its part under this run's layout (collective: rank 0 reads the files).
@@ -849,20 +883,21 @@ int run(int argc, char** argv) {
                   static_cast<long long>(resumed.epoch_windows), static_cast<long long>(resumed.step + 1),
                   last_step, opt.steps);
       if (resumed.global_batch != global_batch) {
-        std::printf("note: %lld windows a step here (--batch %d x %d data-parallel ranks), %lld in the saved run: the "
-                    "data goes on where it stood, but the training is not the saved run's\n",
-                    static_cast<long long>(global_batch), opt.batch, dp_group.size(),
+        std::printf("note: %lld windows a step here (--batch %d x --grad-accum %d x %d data-parallel ranks), %lld in the "
+                    "saved run: the data goes on where it stood, but the training is not the saved run's\n",
+                    static_cast<long long>(global_batch), opt.batch, opt.grad_accum, dp_group.size(),
                     static_cast<long long>(resumed.global_batch));
       }
     }
-    std::printf("%s: %zu characters, vocabulary %lld, %lld parameters%s, %d ranks x %d windows of %lld\n",
+    std::printf("%s: %zu characters, vocabulary %lld, %lld parameters%s, %d ranks x %d windows of %lld%s\n",
                 opt.text.c_str(), text.size(), static_cast<long long>(model_vocab), static_cast<long long>(params),
                 opt.deferred_init == "on" ? " (deferred initialisation)" : "", group.size(), opt.batch,
-                static_cast<long long>(opt.block));
+                static_cast<long long>(opt.block),
+                opt.grad_accum > 1 ? (", " + std::to_string(opt.grad_accum) + " passes a step").c_str() : "");
     if (tp_group) {
       std::printf("tensor parallel: %d x %d ranks (data x tensor), every block's %lld heads and %lld MLP units split "
-                  "%d ways; %d x %d windows per step\n", dp_group.size(), opt.tp, static_cast<long long>(opt.heads),
-                  static_cast<long long>(4 * opt.embed), opt.tp, dp_group.size(), opt.batch);
+                  "%d ways; %d x %lld windows per step\n", dp_group.size(), opt.tp, static_cast<long long>(opt.heads),
+                  static_cast<long long>(4 * opt.embed), opt.tp, dp_group.size(), static_cast<long long>(rank_batch));
     }
   }
 
@@ -885,24 +920,89 @@ int run(int argc, char** argv) {
   std::vector<double> losses;  // every step's, for --losses-out
   auto started = std::chrono::steady_clock::now();
   cpprun::StepTimer step_timer;  // each rank's compute and waiting per step: who holds the others up
+  // One step's forward and backward passes. --grad-accum: K micro-batches of --batch windows, each
+  // loss a K-th of the step's mean, their gradients summed locally; a wrapper reduces them in the
+  // last backward only. Returns the step's loss.
+  auto passes = [&](const torch::Tensor& step_x, const torch::Tensor& step_y) {
+    torch::Tensor loss;
+    for (int micro = 0; micro < opt.grad_accum; ++micro) {
+      auto x = step_x.narrow(0, int64_t{micro} * opt.batch, opt.batch);
+      auto y = step_y.narrow(0, int64_t{micro} * opt.batch, opt.batch);
+      std::optional<cpprun::NoSyncGuard> local_only;
+      if (wrapped && micro + 1 < opt.grad_accum) local_only.emplace(model->no_sync());
+      at::autocast::set_autocast_enabled(device_type, opt.amp != "fp32");
+      auto logits = forward(x);
+      at::autocast::set_autocast_enabled(device_type, false);
+      at::autocast::clear_cache();  // as leaving torch.autocast does: no cast outlives the forward
+      auto micro_loss = torch::nn::functional::cross_entropy(
+          logits.view({-1, logits.size(-1)}).to(float64 ? torch::kDouble : torch::kFloat), y.view({-1}));
+      if (opt.grad_accum > 1) micro_loss = micro_loss / opt.grad_accum;
+      scaler.scale(micro_loss).backward();
+      loss = micro == 0 ? micro_loss.detach() : loss + micro_loss.detach();
+    }
+    return loss;
+  };
+#ifdef CPPRUN_WITH_CUDA
+  // --cuda-graph: three eager steps on a side stream (capture wants the allocator, cuBLAS and the
+  // optimizer's state warmed up there), then the fourth captured on copies of its batch that
+  // every later step overwrites before it replays the graph. Zeroing the gradients in place
+  // (not setting them to none) keeps them at the addresses the graph writes.
+  std::unique_ptr<at::cuda::CUDAGraph> graph;
+  torch::Tensor graph_x, graph_y, graph_loss;
+  int eager_graph_steps = 0;
+  int64_t replays = 0;  // after the capture's own run
+  auto captured_step = [&](const torch::Tensor& step_x, const torch::Tensor& step_y) -> torch::Tensor {
+    auto whole_step = [&](const torch::Tensor& x, const torch::Tensor& y) {
+      optimizer.zero_grad(/*set_to_none=*/false);
+      auto loss = passes(x, y);
+      optimizer.step();
+      return loss;
+    };
+    if (graph) {
+      graph_x.copy_(step_x), graph_y.copy_(step_y);
+      graph->replay();
+      ++replays;
+      return graph_loss;
+    }
+    torch::cuda::synchronize(device.index());  // the batch and the parameters, before the side stream reads them
+    c10::cuda::CUDAStreamGuard on_side(c10::cuda::getStreamFromPool(false, device.index()));
+    torch::Tensor loss;
+    if (++eager_graph_steps <= 3) {
+      loss = whole_step(step_x, step_y);
+    } else {
+      graph_x = step_x.clone(), graph_y = step_y.clone();
+      torch::cuda::synchronize(device.index());
+      graph = std::make_unique<at::cuda::CUDAGraph>();
+      graph->capture_begin();
+      graph_loss = whole_step(graph_x, graph_y);
+      graph->capture_end();
+      graph->replay();  // the captured step itself: capturing ran nothing
+      loss = graph_loss;
+    }
+    torch::cuda::synchronize(device.index());  // before the default stream reads the loss
+    return loss;
+  };
+#endif
   for (int step = start + 1; step <= last_step; ++step) {
     // The loss's item() below waits for the device each step, so the clock reads finished work.
     if (step == start + opt.warmup + 1) started = std::chrono::steady_clock::now();
-    auto starts = sampler.next(opt.batch);
-    if (!starts || starts->size() < static_cast<size_t>(opt.batch)) {  // the epoch's tail: the next epoch
-      sampler.reset(), starts = sampler.next(opt.batch), epoch_windows = 0;
+    auto starts = sampler.next(static_cast<size_t>(rank_batch));
+    if (!starts || starts->size() < static_cast<size_t>(rank_batch)) {  // the epoch's tail: the next epoch
+      sampler.reset(), starts = sampler.next(static_cast<size_t>(rank_batch)), epoch_windows = 0;
     }
     epoch_windows += global_batch;
-    auto [x, y] = batch_from(*starts);
-    optimizer.zero_grad();
-    at::autocast::set_autocast_enabled(device_type, opt.amp != "fp32");
-    auto logits = forward(x);
-    at::autocast::set_autocast_enabled(device_type, false);
-    auto loss = torch::nn::functional::cross_entropy(logits.view({-1, logits.size(-1)}).to(float64 ? torch::kDouble : torch::kFloat),
-                                                     y.view({-1}));
-    scaler.scale(loss).backward();
-    if (!scaler.step(optimizer)) ++skipped;
-    scaler.update();
+    auto [step_x, step_y] = batch_from(*starts);
+    torch::Tensor loss;
+    if (opt.cuda_graph) {
+#ifdef CPPRUN_WITH_CUDA
+      loss = captured_step(step_x, step_y);
+#endif
+    } else {
+      optimizer.zero_grad();
+      loss = passes(step_x, step_y);
+      if (!scaler.step(optimizer)) ++skipped;
+      scaler.update();
+    }
     auto global = loss.detach().clone();
     cpprun::all_reduce(group, global, cpprun::ReduceOp::kAvg);
     const double step_loss = global.item<double>();  // waits for the step's work
@@ -927,6 +1027,11 @@ int run(int argc, char** argv) {
       if (rank == 0) std::printf("%s\n", cpprun::format_step_report(report).c_str()), std::fflush(stdout);
     }
   }
+
+#ifdef CPPRUN_WITH_CUDA
+  // The replays advanced the device's step counts; the state files hold the host's.
+  if (graph) static_cast<cpprun::FusedAdamW&>(optimizer).count_replayed_steps(replays);
+#endif
 
   // --save: the model and the optimizer (collective: each rank writes its share of the tensors),
   // one save id for both (rank 0's), then where the run stands, last and by rank 0: a directory
@@ -966,7 +1071,7 @@ int run(int argc, char** argv) {
   // (host memory; on a GPU see the CUDA allocator).
   auto peak = torch::tensor({bench::peak_rss() / 1048576.0}, torch::kDouble);
   cpprun::all_reduce(group, peak, cpprun::ReduceOp::kMax);
-  const double tokens = static_cast<double>(last_step - start - opt.warmup) * opt.batch * opt.block * dp_group.size();
+  const double tokens = static_cast<double>(last_step - start - opt.warmup) * static_cast<double>(global_batch * opt.block);
   // On a GPU, the CUDA allocator's peak (what torch.cuda.max_memory_allocated reports), the largest rank's.
   double gpu_peak_mb = -1;
 #ifdef CPPRUN_WITH_CUDA

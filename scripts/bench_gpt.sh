@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPT against PyTorch: cpprun's examples/train_gpt and bench/gpt_twin.py (the same model op for op,
 # the same initial weights, batches and AdamW) side by side, each started by cpprun:
-#   cpprun   --mode none (no wrapper), DDP, ZeRO-3 (--mode fsdp --stage 3, one unit per block)
+#   cpprun   --mode none (no wrapper), DDP, ZeRO-3 (--mode fsdp --stage 3, one unit per block);
+#            on a GPU also "graph": --mode none --cuda-graph (the step captured in a CUDA graph)
 #   PyTorch  none (no wrapper), torch DDP, FSDP2 (fully_shard per block, then the root)
 # Both start from one GPT-2 checkpoint the twin writes (--write-init; train_gpt --init-from) and
 # train on README.md and docs/*.md (every checkout has them) as characters, batches drawn by the
@@ -36,6 +37,7 @@
 #   usage: scripts/bench_gpt.sh [--gpt2] [--steps N] [--warmup N] [--batch B] [--amp fp32|bf16]
 #            [--dtype float32|float64] [--nproc N] [--repeats R] [--log-every K] [--peak-tflops X]
 #            [--rtol X] [--text FILE] [--rows LIST] [--optimizer fused|libtorch] [--attention sdpa|math]
+#            [--grad-accum K]
 #   defaults: a tiny GPT (2 layers, 64 wide, 4 heads, block 64, batch 8, the text's characters as
 #   the vocabulary), 20 steps after 2 warm-up steps, fp32, 1 rank, 1 repeat, a log every 5 steps.
 #   --dtype float64: both sides' parameters, activations and optimizer in float64 (--amp fp32 only;
@@ -44,20 +46,23 @@
 #   50257 padded to a multiple of 128, as nanoGPT and llm.c do, so the head's GEMM tiles evenly; the
 #   text's characters are ids below it, the other rows of the embedding are trained as GPT-2's
 #   unused tokens are), batch 16, 30 steps after 5 warm-up steps, bf16.
+#   --grad-accum K: K forward and backward passes of --batch windows a step, both sides (train_gpt's flag).
 #   --optimizer, --attention: both sides' (train_gpt's flags; the twin's fused is PyTorch's
 #   AdamW(fused=True), the same kernel): default fused and sdpa; libtorch and math measure what
 #   each brings.
-#   --rows: some of cpprun-none,cpprun-ddp,cpprun-zero3,pytorch-none,pytorch-fsdp2 (comma-separated;
-#   default all), beside pytorch-ddp, which always runs: the losses' reference.
+#   --rows: some of cpprun-none,cpprun-graph,cpprun-ddp,cpprun-zero3,pytorch-none,pytorch-fsdp2
+#   (comma-separated; default all, cpprun-graph on a GPU only), beside pytorch-ddp, which always
+#   runs: the losses' reference.
 # Environment as scripts/bench_common.sh: BENCH_DEVICE=cuda (each rank on GPU LOCAL_RANK, NCCL),
 # BENCH_PYTHON, BENCH_NO_SETUP=1, CPPRUN_BUILD_DIR; BENCH_GPT_TWIN_ARGS: more flags for the twin
 # (the test uses it to see the check fail). --peak-tflops defaults to 989 (H100/H200
 # SXM, bf16 dense) on an H100 or H200 with bf16; otherwise MFU prints n/a unless it is given.
 set -euo pipefail
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
-all_rows=("cpprun none" "pytorch none" "cpprun ddp" "pytorch ddp" "cpprun zero3" "pytorch fsdp2")
-rows=("${all_rows[@]}")
-gpt2=0 steps="" warmup="" batch="" amp="" dtype=float32 optimizer=fused attention=sdpa nproc=1 repeats=1 log_every="" peak_tflops="" rtol="" text=""
+all_rows=("cpprun none" "pytorch none" "cpprun graph" "cpprun ddp" "pytorch ddp" "cpprun zero3" "pytorch fsdp2")
+rows=()
+for row in "${all_rows[@]}"; do [ "$row" = "cpprun graph" ] && [ "${BENCH_DEVICE:-cpu}" != cuda ] || rows+=("$row"); done
+gpt2=0 steps="" warmup="" batch="" amp="" dtype=float32 optimizer=fused attention=sdpa grad_accum=1 nproc=1 repeats=1 log_every="" peak_tflops="" rtol="" text=""
 number() {  # FLAG VALUE: --peak-tflops and --rtol take any positive number, the others whole ones
   local pattern='^[0-9]+$'
   [ "$1" = --peak-tflops ] || [ "$1" = --rtol ] && pattern='^[0-9]+([.][0-9]+)?([eE][-+]?[0-9]+)?$'
@@ -66,12 +71,12 @@ number() {  # FLAG VALUE: --peak-tflops and --rtol take any positive number, the
 while [ $# -gt 0 ]; do
   case $1 in
     --gpt2) gpt2=1 ;;
-    --steps|--warmup|--batch|--nproc|--repeats|--log-every|--peak-tflops|--rtol)
+    --steps|--warmup|--batch|--nproc|--repeats|--log-every|--peak-tflops|--rtol|--grad-accum)
       [ $# -ge 2 ] || { echo "bench_gpt: $1 needs a value" >&2; exit 2; }
       number "$1" "$2"
       case $1 in
         --steps) steps=$2 ;; --warmup) warmup=$2 ;; --batch) batch=$2 ;; --nproc) nproc=$2 ;;
-        --repeats) repeats=$2 ;; --log-every) log_every=$2 ;; --peak-tflops) peak_tflops=$2 ;; --rtol) rtol=$2 ;;
+        --grad-accum) grad_accum=$2 ;; --repeats) repeats=$2 ;; --log-every) log_every=$2 ;; --peak-tflops) peak_tflops=$2 ;; --rtol) rtol=$2 ;;
       esac
       shift ;;
     --amp) [ "${2:-}" = fp32 ] || [ "${2:-}" = bf16 ] || { echo "bench_gpt: --amp must be fp32 or bf16, got '${2:-}'" >&2; exit 2; }
@@ -89,7 +94,7 @@ while [ $# -gt 0 ]; do
       for row in "${all_rows[@]}"; do [[ $wanted == *",${row/ /-},"* ]] && rows+=("$row"); done
       for name in ${2//,/ }; do
         [[ " ${all_rows[*]/ /-} " == *" $name "* ]] ||
-          { echo "bench_gpt: --rows: unknown row '$name' (cpprun-none, cpprun-ddp, cpprun-zero3, pytorch-none, pytorch-ddp, pytorch-fsdp2)" >&2; exit 2; }
+          { echo "bench_gpt: --rows: unknown row '$name' (cpprun-none, cpprun-graph, cpprun-ddp, cpprun-zero3, pytorch-none, pytorch-ddp, pytorch-fsdp2)" >&2; exit 2; }
       done
       shift ;;
     -h|--help) usage; exit 0 ;;
@@ -105,8 +110,8 @@ else
   : "${steps:=20}" "${warmup:=2}" "${batch:=8}" "${amp:=fp32}" "${log_every:=5}"
 fi
 [ "$warmup" -lt "$steps" ] || { echo "bench_gpt: --warmup $warmup leaves none of the $steps steps to time" >&2; exit 2; }
-if [ "$repeats" -lt 1 ] || [ "$nproc" -lt 1 ] || [ "$log_every" -lt 1 ]; then
-  echo "bench_gpt: --repeats, --nproc and --log-every must be 1 or more" >&2; exit 2
+if [ "$repeats" -lt 1 ] || [ "$nproc" -lt 1 ] || [ "$log_every" -lt 1 ] || [ "$grad_accum" -lt 1 ]; then
+  echo "bench_gpt: --repeats, --nproc, --log-every and --grad-accum must be 1 or more" >&2; exit 2
 fi
 if [ "$dtype" = float64 ] && [ "$amp" != fp32 ]; then
   echo "bench_gpt: --dtype float64 goes with --amp fp32 only, got --amp $amp" >&2; exit 2
@@ -125,7 +130,7 @@ if [ -z "$peak_tflops" ] && [ "$device" = cuda ] && [ "$amp" = bf16 ]; then
   case $gpu in *H100*|*H200*) peak_tflops=989 ;; esac
 fi
 echo "bench_gpt: $([ $gpt2 = 1 ] && echo "GPT-2 124M shape" || echo "tiny GPT") (${shape[*]} --block $block," \
-     "vocab $([ "$vocab" = 0 ] && echo "the text's" || echo "$vocab")), batch $batch x $nproc ranks, $steps steps" \
+     "vocab $([ "$vocab" = 0 ] && echo "the text's" || echo "$vocab")), batch $batch x $grad_accum passes x $nproc ranks, $steps steps" \
      "($warmup untimed), $amp, $dtype, AdamW $optimizer, attention $attention, $device${gpu:+ ($gpu)}${OMP_NUM_THREADS:+, OMP_NUM_THREADS=$OMP_NUM_THREADS}; peak ${peak_tflops:-n/a} TFLOPS; losses within rtol $rtol"
 
 "$python" bench/gpt_twin.py --write-init "$tmp/init" --text "$text" "${shape[@]}" --block "$block" --vocab "$vocab" \
@@ -135,11 +140,12 @@ echo "bench_gpt: $([ $gpt2 = 1 ] && echo "GPT-2 124M shape" || echo "tiny GPT") 
 # its losses in $tmp/ROW.loss; prints "tokens/s peak_mb params". A failure stops the script.
 run_one() {
   local row=$1 impl=${1%% *} mode=${1#* } ranks=$nproc prog out rc=0 tok mem params
-  [ "$mode" = none ] && ranks=1
+  [ "$mode" = none ] || [ "$mode" = graph ] && ranks=1
   local common=(--init-from "$tmp/init" --text "$text" --block "$block" --batch "$batch" --steps "$steps"
-                --warmup "$warmup" --amp "$amp" --dtype "$dtype" --optimizer "$optimizer" --attention "$attention" --losses-out "$tmp/$impl.$mode.loss")
+                --warmup "$warmup" --amp "$amp" --dtype "$dtype" --optimizer "$optimizer" --attention "$attention"
+                --grad-accum "$grad_accum" --losses-out "$tmp/$impl.$mode.loss")
   if [ "$impl" = cpprun ]; then
-    case $mode in none) prog=(--mode none) ;; ddp) prog=(--mode ddp) ;; zero3) prog=(--mode fsdp --stage 3) ;; esac
+    case $mode in none) prog=(--mode none) ;; graph) prog=(--mode none --cuda-graph) ;; ddp) prog=(--mode ddp) ;; zero3) prog=(--mode fsdp --stage 3) ;; esac
     prog=("$build/examples/train_gpt" "${prog[@]}" "${common[@]}" --log-every "$steps" --sample 0 --straggler-every 0)
   else
     # BENCH_GPT_TWIN_ARGS: extra flags for the twin (tests/examples/gpt_twin.sh sets another --lr
@@ -189,7 +195,7 @@ declare -A tok_of
 attention_flops=$((12 * ${shape[1]} * ${shape[3]} * block))  # 12 L C T a token
 for row in "${rows[@]}"; do
   tok_of[$row]=$(median <<<"${tok_runs[$row]}")
-  ranks=$nproc; [ "${row#* }" = none ] && ranks=1
+  ranks=$nproc; { [ "${row#* }" = none ] || [ "${row#* }" = graph ]; } && ranks=1
   mfu=$(awk -v n="${params_of[$row]}" -v t="${tok_of[$row]}" -v p="$peak_tflops" -v a="$attention_flops" -v r="$ranks" \
         'BEGIN { if (p == "") print "n/a"; else printf "%.1f%%", 100 * (6 * n + a) * t / (p * 1e12 * r) }')
   printf '%-14s %5s %12.0f %8s %12.0f' "$row" "$ranks" "${tok_of[$row]}" "$mfu" "${mem_of[$row]}"
@@ -201,10 +207,12 @@ echo "(N = ${params_of[pytorch ddp]} parameters; tokens/s: the median of $repeat
 # ratio LABEL A B: "LABEL A/B" when both rows ran.
 ratio() { [ -n "${tok_of[$2]:-}" ] && [ -n "${tok_of[$3]:-}" ] && awk -v l="$1" -v a="${tok_of[$2]}" -v b="${tok_of[$3]}" 'BEGIN { printf "  %s %.3f", l, a / b }'; true; }
 echo
-echo "cpprun / PyTorch tokens/s:$(ratio none "cpprun none" "pytorch none")$(ratio DDP "cpprun ddp" "pytorch ddp")$(ratio ZeRO-3/FSDP2 "cpprun zero3" "pytorch fsdp2")"
+echo "cpprun / PyTorch tokens/s:$(ratio none "cpprun none" "pytorch none")$(ratio "graph/none" "cpprun graph" "pytorch none")$(ratio DDP "cpprun ddp" "pytorch ddp")$(ratio ZeRO-3/FSDP2 "cpprun zero3" "pytorch fsdp2")"
 against=$(ratio "cpprun DDP" "cpprun ddp" "cpprun none")$(ratio "cpprun ZeRO-3" "cpprun zero3" "cpprun none")
 against+=$(ratio "PyTorch DDP" "pytorch ddp" "pytorch none")$(ratio "PyTorch FSDP2" "pytorch fsdp2" "pytorch none")
 [ -z "$against" ] || [ "$nproc" != 1 ] || echo "against no wrapper (tokens/s, 1 rank; goal >= 0.97):$against"
+graph=$(ratio "cpprun graph/none" "cpprun graph" "cpprun none")
+[ -z "$graph" ] || echo "the step in a CUDA graph against eager (tokens/s, 1 rank):$graph"
 
 # The losses: every row against PyTorch's DDP, step by step (the plain rows only at one rank,
 # where they see the same batches).
@@ -212,7 +220,7 @@ reference=$tmp/pytorch.ddp.first.loss
 status=0
 for row in "${rows[@]}"; do
   [ "$row" = "pytorch ddp" ] && continue
-  [ "${row#* }" = none ] && [ "$nproc" != 1 ] && continue
+  { [ "${row#* }" = none ] || [ "${row#* }" = graph ]; } && [ "$nproc" != 1 ] && continue
   verdict=$(paste "$tmp/${row/ /.}.first.loss" "$reference" | awk -v tol="$rtol" -v row="$row" '
     BEGIN { at = 1 }
     NF != 2 { short = 1; next }

@@ -33,6 +33,7 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
     at::AutoGradMode enable_grad(true);
     loss = closure();
   }
+  last_stepped_.clear();
   for (auto& group : param_groups_) {
     const auto& options = static_cast<const torch::optim::AdamWOptions&>(group.options());
     const auto [beta1, beta2] = options.betas();
@@ -74,6 +75,7 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
         device_step.count = at::full({}, static_cast<double>(state.step()), p.options().dtype(at::kFloat));
       }
       device_step.value = state.step();
+      last_stepped_.push_back(key);
 
       bucket.params.push_back(p);
       bucket.grads.push_back(grad);
@@ -90,6 +92,18 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
     }
   }
   return loss;
+}
+
+void FusedAdamW::count_replayed_steps(int64_t times) {
+  TORCH_CHECK(times >= 0, "cpprun::FusedAdamW::count_replayed_steps: times must be 0 or more, got ", times);
+  for (void* key : last_stepped_) {
+    auto found = state_.find(key);
+    TORCH_CHECK(found != state_.end(), "cpprun::FusedAdamW::count_replayed_steps: a parameter the captured step "
+                "stepped has no state any more (was the state reset or loaded since the capture?)");
+    auto& state = static_cast<torch::optim::AdamWParamState&>(*found->second);
+    state.step(state.step() + times);
+    device_steps_[key].value += times;
+  }
 }
 
 }  // namespace cpprun

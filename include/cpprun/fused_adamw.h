@@ -18,6 +18,7 @@
 #include <torch/optim/adamw.h>
 
 #include <unordered_map>
+#include <vector>
 
 namespace cpprun {
 
@@ -26,6 +27,13 @@ class FusedAdamW : public torch::optim::AdamW {
   using torch::optim::AdamW::AdamW;
 
   torch::Tensor step(LossClosure closure = nullptr) override;
+
+  // For a step captured in a CUDA graph (at::cuda::CUDAGraph) and replayed `times` more times:
+  // the replays advanced the device's step counts, and this advances the counts of record
+  // (AdamWParamState::step, which state files hold) of the parameters the captured step stepped.
+  // The kernel reads lr, betas, eps and weight decay as the capture saw them: a replay does not
+  // see later changes to the options.
+  void count_replayed_steps(int64_t times);
 
  private:
   // The kernel reads each parameter's step count from a float32 tensor on the parameter's device
@@ -37,6 +45,7 @@ class FusedAdamW : public torch::optim::AdamW {
     int64_t value = -1;  // what `count` holds
   };
   std::unordered_map<void*, DeviceStep> device_steps_;  // keyed as AdamW's state_: the TensorImpl
+  std::vector<void*> last_stepped_;  // the parameters the last step() stepped
 };
 
 }  // namespace cpprun

@@ -161,3 +161,21 @@ TEST_CASE("fused_adamw: float32 and bfloat16 parameters step in one call each; a
   table.mutable_grad() = torch::eye(4).index({torch::indexing::Slice(0, 4), torch::indexing::Slice(0, 3)}).to_sparse();
   CHECK_THROWS_WITH(sparse.step(), Catch::Contains("sparse gradient") && Catch::Contains("torch::optim::AdamW"));
 }
+
+TEST_CASE("fused_adamw: count_replayed_steps advances the counts of the parameters the last step stepped",
+          "[fused_adamw]") {
+  auto params = make_params();
+  cpprun::FusedAdamW optimizer(make_groups(params, false));
+  set_grads(params, 1);  // p[3] has no gradient: not stepped
+  optimizer.step();
+  optimizer.count_replayed_steps(5);
+  auto step_of = [&](size_t i) {
+    return static_cast<torch::optim::AdamWParamState&>(*optimizer.state().at(params[i].unsafeGetTensorImpl())).step();
+  };
+  CHECK(step_of(0) == 6);
+  CHECK(step_of(2) == 6);
+  CHECK(optimizer.state().count(params[3].unsafeGetTensorImpl()) == 0);
+  CHECK_THROWS_WITH(optimizer.count_replayed_steps(-1), Catch::Contains("0 or more"));
+  optimizer.state().clear();
+  CHECK_THROWS_WITH(optimizer.count_replayed_steps(1), Catch::Contains("no state any more"));
+}

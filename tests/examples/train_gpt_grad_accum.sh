@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# train_gpt --grad-accum K against one pass of the same windows, in float64: --batch 4 --grad-accum 2
+# takes the 8 windows --batch 8 takes, in the same order, and must train to the same per-step
+# losses and held-out loss within 1e-10 (only the summation order differs: two means of 4 windows
+# halved and added, against one mean of 8; measured 1.8e-15). Under DDP and ZeRO-2/3 on 2 ranks
+# the first pass runs under no_sync: the wrapper's deferred reduction must still sum both passes'
+# gradients. And the options --cuda-graph cannot go with are refused by name (it needs a GPU to run;
+# gpu_check's compare stage runs it).
+# Usage: train_gpt_grad_accum.sh CPPRUN TRAIN_GPT
+set -u
+cpprun=$1 gpt=$2
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*"; echo "--- output:"; cat "$tmp/out" 2>/dev/null; exit 1; }
+small=(--dtype float64 --layers 2 --embed 32 --heads 4 --block 16 --steps 6 --log-every 1 --sample 0
+       --straggler-every 0)
+
+# run NAME NPROC ARGS...: as train_gpt_resume.sh's run (NPROC 1: without the launcher).
+run() {
+  local name=$1 nproc=$2
+  shift 2
+  local launch=()
+  [ "$nproc" -gt 1 ] && launch=("$cpprun" --standalone --nproc_per_node="$nproc")
+  timeout 240 "${launch[@]}" "$gpt" "${small[@]}" "$@" --losses-out "$tmp/$name.loss" >"$tmp/out" 2>&1 ||
+    fail "exit code $? from: ${launch[*]} train_gpt $*"
+  sed -nE 's/.*held-out loss ([0-9.]+)$/\1/p' "$tmp/out" >"$tmp/$name.val"
+  [ -s "$tmp/$name.val" ] || fail "train_gpt $* printed no held-out loss"
+  cat "$tmp/$name.val" >>"$tmp/$name.loss"  # compared with the step losses
+  echo "$name: step losses and held-out loss $(tr '\n' ' ' <"$tmp/$name.loss")"
+}
+same() {  # A B: the numbers of two runs agree within 1e-10
+  echo -n "$2 vs $1: "
+  paste -d' ' "$tmp/$1.loss" "$tmp/$2.loss" | awk '
+    NF != 2 { bad = 1; exit } { d = $1 - $2; if (d < 0) d = -d; if (d > max) max = d; n++ }
+    END { printf "max difference %.3g over %d numbers\n", max, n; exit bad || n != 7 || max > 1e-10 }' ||
+    fail "$2 and $1 differ by more than 1e-10"
+}
+
+run none.whole 1 --mode none --batch 8
+run none.accum 1 --mode none --batch 4 --grad-accum 2
+same none.whole none.accum
+grep -q "1 ranks x 4 windows of 16, 2 passes a step" "$tmp/out" || fail "the run did not say it takes 2 passes a step"
+run none.accum4 1 --mode none --batch 2 --grad-accum 4
+same none.whole none.accum4
+for mode in "ddp" "fsdp --stage 2" "fsdp --stage 3"; do
+  name=${mode// /}; name=${name//--stage/}
+  # shellcheck disable=SC2086  # $mode is a list of flags
+  run "$name.whole" 2 --mode $mode --batch 4
+  # shellcheck disable=SC2086
+  run "$name.accum" 2 --mode $mode --batch 2 --grad-accum 2
+  same "$name.whole" "$name.accum"
+done
+same none.whole ddp.whole  # and 2 ranks of 4 windows train as 1 of 8
+
+refused() {  # WHAT ARGS...: train_gpt refuses ARGS with exit 1, naming WHAT
+  local what=$1
+  shift
+  timeout 60 "$gpt" "${small[@]}" "$@" >"$tmp/out" 2>&1
+  local rc=$?
+  [ $rc -eq 1 ] || fail "train_gpt $* exited $rc, not 1"
+  grep -qF -- "$what" "$tmp/out" || fail "train_gpt $* did not name '$what'"
+  echo "refused: train_gpt $* ($(grep -m1 -F -- "$what" "$tmp/out" | sed 's/^.*error: //'))"
+}
+refused "--cuda-graph does not go with --mode ddp" --cuda-graph --mode ddp
+refused "--cuda-graph does not go with --optimizer libtorch" --cuda-graph --mode none --optimizer libtorch
+refused "--cuda-graph does not go with --amp fp16" --cuda-graph --mode none --amp fp16
+refused "--cuda-graph needs a GPU" --cuda-graph --mode none
+refused "--grad-accum must be at least 1" --grad-accum 0
+refused "--optimizer must be fused or libtorch" --optimizer sgd
+refused "--attention must be sdpa or math" --attention flash
+echo "PASS: --grad-accum trains as one pass of the same windows; --cuda-graph's conflicts refused"
