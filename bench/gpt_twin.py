@@ -65,6 +65,7 @@ p.add_argument("--losses-out", metavar="FILE")
 p.add_argument("--optimizer", default="fused", choices=["fused", "libtorch", "torch"],
                help="AdamW: torch.optim.AdamW(fused=True) (train_gpt's default), LibTorch's arithmetic step for "
                     "step (train_gpt --optimizer libtorch), or torch.optim.AdamW's default (foreach)")
+p.add_argument("--trace", metavar="FILE", help="profile the 3 steps after --warmup into FILE (Chrome trace; rank 0)")
 p.add_argument("--attention", default="sdpa", choices=["sdpa", "math"],
                help="scaled_dot_product_attention, or matmul + mask + softmax (train_gpt --attention)")
 a = p.parse_args()
@@ -354,9 +355,18 @@ def gradient_sync(on):  # train_gpt's no_sync for all but the last pass of a ste
 amp = torch.autocast(device.type, dtype=torch.bfloat16, enabled=a.amp == "bf16")
 losses = []
 started = time.perf_counter()
+tracing = a.trace and rank == 0
+trace_first, trace_last = a.warmup + 1, min(a.steps, a.warmup + 3)
+profile = None
 for step in range(1, a.steps + 1):
     if step == a.warmup + 1:
         started = time.perf_counter()
+    if tracing and step == trace_first:  # as train_gpt --trace: CPU and, on a GPU, CUDA activities
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if device.type == "cuda":
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        profile = torch.profiler.profile(activities=activities)
+        profile.__enter__()
     index = next_starts()[:, None] + offsets
     step_x, step_y = ids[index], ids[index + 1]
     optimizer.zero_grad()
@@ -377,6 +387,10 @@ for step in range(1, a.steps + 1):
         dist.all_reduce(mean)  # SUM: Gloo has no AVG
         mean /= world
     losses.append(mean.item())
+    if profile is not None and step == trace_last:
+        profile.__exit__(None, None, None)
+        profile.export_chrome_trace(a.trace)
+        profile = None
 seconds = time.perf_counter() - started
 
 tokens = (a.steps - a.warmup) * rank_batch * a.block * world

@@ -411,9 +411,11 @@ Work all_gather_chunks_in_place_async(const ProcessGroup& group, ChunkedTensor o
       auto work = impl.group_for(mine)._allgather_base(whole, mine);
       return make_work(std::move(work), [whole, mine, output = std::move(output), rank = group.rank()] {
         at::Tensor rows = whole.view({static_cast<int64_t>(output.chunks.size()), output.chunk_numel});
+        PieceCopies copies;  // every rank's pieces out in one launch
         for (std::size_t q = 0; q < output.chunks.size(); ++q) {
-          if (static_cast<int>(q) != rank) unpack_chunk(rows[q], output.chunks[q]);
+          if (static_cast<int>(q) != rank) unpack_chunk(rows[q], output.chunks[q], copies);
         }
+        copies.run();
       });
     }
     return submit_ring(group, call, sequence, [output = std::move(output), wire](const Ring& ring) {
@@ -437,7 +439,9 @@ Work reduce_scatter_chunks_async(const ProcessGroup& group, at::Tensor output, C
     if (impl.is_nccl(output)) {
       at::Tensor whole = at::empty({group.size() * output.numel()}, output.options());
       at::Tensor rows = whole.view({group.size(), output.numel()});
-      for (int q = 0; q < group.size(); ++q) pack_chunk(input.chunks[q], rows[q]);
+      PieceCopies copies;  // every rank's chunk in one launch
+      for (int q = 0; q < group.size(); ++q) pack_chunk(input.chunks[q], rows[q], copies);
+      copies.run();
       c10d::ReduceScatterOptions opts;
       opts.reduceOp = to_c10d(op);
       auto work = impl.group_for(output)._reduce_scatter_base(output, whole, opts);

@@ -7,6 +7,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <map>
 #include <string>
 
 #include "comm/collective_fingerprint.h"
@@ -263,27 +264,59 @@ ChunkedTensor rows_of(const at::Tensor& flat, int size) {
 
 }  // namespace
 
-void pack_chunk(const std::vector<ChunkPiece>& pieces, const at::Tensor& into) {
+void PieceCopies::copy(at::Tensor destination, at::Tensor source) {
+  if (destination.data_ptr() == source.data_ptr()) return;  // already in place
+  destinations_.push_back(std::move(destination));
+  sources_.push_back(std::move(source));
+}
+
+void PieceCopies::zero(at::Tensor destination) { zeros_.push_back(std::move(destination)); }
+
+void PieceCopies::run() {
+  at::NoGradGuard no_grad;
+  // _foreach_copy_ takes lists whose tensors share their dtypes (a cast is one pair of dtypes).
+  std::map<std::pair<at::ScalarType, at::ScalarType>, std::pair<std::vector<at::Tensor>, std::vector<at::Tensor>>> by_dtypes;
+  for (std::size_t i = 0; i < destinations_.size(); ++i) {
+    auto& lists = by_dtypes[{destinations_[i].scalar_type(), sources_[i].scalar_type()}];
+    lists.first.push_back(destinations_[i]);
+    lists.second.push_back(sources_[i]);
+  }
+  for (auto& [dtypes, lists] : by_dtypes) at::_foreach_copy_(lists.first, lists.second);
+  if (!zeros_.empty()) at::_foreach_zero_(zeros_);
+  destinations_.clear(), sources_.clear(), zeros_.clear();
+}
+
+void pack_chunk(const std::vector<ChunkPiece>& pieces, const at::Tensor& into, PieceCopies& copies) {
   std::vector<const ChunkPiece*> sorted;
   for (const ChunkPiece& piece : pieces) sorted.push_back(&piece);
   std::sort(sorted.begin(), sorted.end(), [](const ChunkPiece* a, const ChunkPiece* b) { return a->offset < b->offset; });
   int64_t filled = 0;  // zero only the gaps: most chunks have none
   for (const ChunkPiece* piece : sorted) {
-    if (piece->offset > filled) into.narrow(0, filled, piece->offset - filled).zero_();
+    if (piece->offset > filled) copies.zero(into.narrow(0, filled, piece->offset - filled));
     const int64_t numel = piece->values.numel();
-    at::Tensor place = into.narrow(0, piece->offset, numel);
-    if (place.data_ptr() != piece->values.data_ptr()) place.copy_(piece->values.view({-1}));
+    copies.copy(into.narrow(0, piece->offset, numel), piece->values.view({-1}));
     filled = piece->offset + numel;
   }
-  if (filled < into.numel()) into.narrow(0, filled, into.numel() - filled).zero_();
+  if (filled < into.numel()) copies.zero(into.narrow(0, filled, into.numel() - filled));
+}
+
+void unpack_chunk(const at::Tensor& from, const std::vector<ChunkPiece>& pieces, PieceCopies& copies) {
+  for (const ChunkPiece& piece : pieces) {
+    // view(): a piece must be contiguous, so that what is written lands in the caller's tensor.
+    copies.copy(piece.values.view({-1}), from.narrow(0, piece.offset, piece.values.numel()));
+  }
+}
+
+void pack_chunk(const std::vector<ChunkPiece>& pieces, const at::Tensor& into) {
+  PieceCopies copies;
+  pack_chunk(pieces, into, copies);
+  copies.run();
 }
 
 void unpack_chunk(const at::Tensor& from, const std::vector<ChunkPiece>& pieces) {
-  for (const ChunkPiece& piece : pieces) {
-    at::Tensor source = from.narrow(0, piece.offset, piece.values.numel());
-    // view(): a piece must be contiguous, so that what is written lands in the caller's tensor.
-    if (source.data_ptr() != piece.values.data_ptr()) piece.values.view({-1}).copy_(source);
-  }
+  PieceCopies copies;
+  unpack_chunk(from, pieces, copies);
+  copies.run();
 }
 
 // Note [Ring reduce-scatter schedule]
@@ -379,7 +412,9 @@ struct Unpack {
 };
 
 void run_unpacks(std::vector<Unpack>& unpacks) {
-  for (const Unpack& u : unpacks) unpack_chunk(u.from, u.pieces);
+  PieceCopies copies;
+  for (const Unpack& u : unpacks) unpack_chunk(u.from, u.pieces, copies);
+  copies.run();
   unpacks.clear();
 }
 

@@ -86,7 +86,25 @@ void run_ring_reduce_scatter(const Ring& ring, at::Tensor output, const ChunkedT
 void run_ring_all_gather(const Ring& ring, const ChunkedTensor& output, at::Tensor input);
 void run_ring_all_gather_in_place(const Ring& ring, const ChunkedTensor& output, const at::TensorOptions& wire);
 
-// The whole tensor's elements from pieces (padding zero), and back.
+// Copies between pieces and a flat buffer, gathered and then issued together by run(): one
+// at::_foreach_copy_ (and one _foreach_zero_ for padding) per pair of dtypes, which on CUDA is
+// one multi-tensor kernel for the lot where a loop launches a copy per piece (as FSDP2's copy-in
+// and split-with-sizes copy-out; a unit over NCCL has a piece per parameter and rank). On the CPU
+// ATen runs the same copies one by one.
+class PieceCopies {
+ public:
+  void copy(at::Tensor destination, at::Tensor source);
+  void zero(at::Tensor destination);
+  void run();  // issues what was gathered, and forgets it
+
+ private:
+  std::vector<at::Tensor> destinations_, sources_, zeros_;
+};
+
+// The whole tensor's elements from pieces (padding zero), and back; into `copies` to be run
+// with others, or at once.
+void pack_chunk(const std::vector<ChunkPiece>& pieces, const at::Tensor& into, PieceCopies& copies);
+void unpack_chunk(const at::Tensor& from, const std::vector<ChunkPiece>& pieces, PieceCopies& copies);
 void pack_chunk(const std::vector<ChunkPiece>& pieces, const at::Tensor& into);
 void unpack_chunk(const at::Tensor& from, const std::vector<ChunkPiece>& pieces);
 

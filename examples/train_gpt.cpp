@@ -31,6 +31,7 @@
 #include <c10/cuda/CUDAStream.h>
 #endif
 #include <cpprun/cpprun.h>
+#include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -92,6 +93,9 @@ constexpr const char* kUsage = R"(usage: train_gpt [options]
                      replay it: one launch a step instead of LibTorch's one per operation. The same arithmetic;
                      with --mode none on a GPU, --optimizer fused, --amp fp32 or bf16, without --tp and
                      --checkpoint-activations
+  --trace FILE       profile the 3 steps after --warmup (PyTorch's profiler, Kineto: host operators and, on a
+                     GPU, kernels) and write them to FILE as a Chrome trace (Perfetto and chrome://tracing open it;
+                     scripts/trace_gpt.sh compares one with PyTorch's, kernel by kernel). Rank 0 only
   --peak-tflops X    the device's peak for --amp's type, for the MFU each log line prints (default: 989 on an
                      H100 or H200 with --amp bf16, else MFU is not printed)
   --block T          characters per window (default 64)
@@ -148,6 +152,7 @@ struct Options {
   double peak_tflops = 0;  // 0: known devices' own, else no MFU
   bool help = false, checkpoint_activations = false, cuda_graph = false;
   std::string optimizer = "fused", attention = "sdpa";
+  std::string trace;  // --trace FILE
   std::string amp = "fp32", deferred_init = "auto", dtype = "float32";
 };
 
@@ -182,6 +187,7 @@ Options parse(int argc, char** argv) {
     else if (flags.is("--straggler-every")) o.straggler_every = flags.number(0);
     else if (flags.is("--checkpoint-activations")) o.checkpoint_activations = true;
     else if (flags.is("--cuda-graph")) o.cuda_graph = true;
+    else if (flags.is("--trace")) o.trace = flags.value();
     else if (flags.is("--amp")) o.amp = flags.value();
     else if (flags.is("--dtype")) o.dtype = flags.value();
     else if (flags.is("--deferred-init")) o.deferred_init = flags.value();
@@ -355,17 +361,21 @@ struct Conv1DImpl : torch::nn::Module, cpprun::TensorParallelModule {
                                                         split == Split::kColumns ? out / n : out}));
     bias = register_parameter("bias", torch::empty({split == Split::kColumns ? out / n : out}));
   }
-  // linear() of the transposed view: y = x W + b. Not addmm(bias, x, weight): autocast caches its
-  // cast of a leaf weight, so a checkpointed block's recomputation got a cast made before it,
+  // at::linear() of the transposed view: y = x W + b. Not addmm(bias, x, weight): autocast caches
+  // its cast of a leaf weight, so a checkpointed block's recomputation got a cast made before it,
   // which cpprun::checkpoint refuses (the gradient could not flow); a view's cast is not cached.
+  // at::linear, not torch::nn::functional::linear (nor torch::nn::Linear, which calls it): on an
+  // input of 3 dimensions LibTorch's C++ functional multiplies (matmul) and then adds the bias as
+  // a kernel of its own, forward and backward, where at::linear (Python's F.linear) makes one
+  // addmm of the flattened input with the bias in the product: on an H200 at GPT-2's shape the
+  // separate adds cost cpprun about a tenth of its tokens/s against PyTorch (docs/speed.md).
   torch::Tensor forward(const torch::Tensor& x) {
-    namespace F = torch::nn::functional;
     switch (split) {
-      case Split::kColumns: return F::linear(cpprun::copy_to_tensor_parallel_region(x, *tp), weight.t(), bias);
-      case Split::kRows: return cpprun::reduce_from_tensor_parallel_region(F::linear(x, weight.t()), *tp) + bias;
+      case Split::kColumns: return at::linear(cpprun::copy_to_tensor_parallel_region(x, *tp), weight.t(), bias);
+      case Split::kRows: return cpprun::reduce_from_tensor_parallel_region(at::linear(x, weight.t()), *tp) + bias;
       case Split::kWhole: break;
     }
-    return F::linear(x, weight.t(), bias);
+    return at::linear(x, weight.t(), bias);
   }
   // What DDP/FSDP (clipping, the overlap check) and tensor_parallel_full_state_dict read.
   std::map<std::string, cpprun::TensorParallelSplit> tensor_parallel_splits() const override {
@@ -402,7 +412,12 @@ struct AttentionImpl : torch::nn::Module {
     auto qkv = c_attn(x);  // [B, T, 3 * heads * D]
     const int64_t D = qkv.size(2) / (3 * heads);
     auto parts = qkv.view({B, T, 3, heads, D}).permute({2, 0, 3, 1, 4});  // [3, B, heads, T, D]
-    auto q = parts[0], k = parts[1], v = parts[2];
+    // unbind, not parts[0], [1], [2]: each select's backward writes a zero tensor of all of qkv's
+    // size and autograd sums the three; unbind's is one stack (what Python's q, k, v = parts does).
+    const auto qkv_parts = parts.unbind(0);
+    const auto& q = qkv_parts[0];
+    const auto& k = qkv_parts[1];
+    const auto& v = qkv_parts[2];
     if (fused) {  // the same arithmetic, scale 1/sqrt(D) included, without the T x T scores in memory
       auto y = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true);
       return c_proj(y.transpose(1, 2).reshape({B, T, heads * D}));
@@ -983,9 +998,19 @@ int run(int argc, char** argv) {
     return loss;
   };
 #endif
+  // --trace: steps warmup+1 to warmup+3 under PyTorch's profiler (as torch.profiler.profile
+  // with CPU and CUDA activities), on rank 0.
+  namespace profiler = torch::autograd::profiler;
+  const bool tracing = !opt.trace.empty() && rank == 0;
+  const int trace_first = start + opt.warmup + 1, trace_last = std::min(last_step, trace_first + 2);
+  const profiler::ProfilerConfig trace_config(torch::profiler::impl::ProfilerState::KINETO);
+  std::set<torch::profiler::impl::ActivityType> trace_activities{torch::profiler::impl::ActivityType::CPU};
+  if (device.is_cuda()) trace_activities.insert(torch::profiler::impl::ActivityType::CUDA);
+  if (tracing) profiler::prepareProfiler(trace_config, trace_activities);
   for (int step = start + 1; step <= last_step; ++step) {
     // The loss's item() below waits for the device each step, so the clock reads finished work.
     if (step == start + opt.warmup + 1) started = std::chrono::steady_clock::now();
+    if (tracing && step == trace_first) profiler::enableProfiler(trace_config, trace_activities);
     auto starts = sampler.next(static_cast<size_t>(rank_batch));
     if (!starts || starts->size() < static_cast<size_t>(rank_batch)) {  // the epoch's tail: the next epoch
       sampler.reset(), starts = sampler.next(static_cast<size_t>(rank_batch)), epoch_windows = 0;
@@ -1022,6 +1047,11 @@ int run(int argc, char** argv) {
       loss_sum = 0, logged = 0, logged_since = now;
     }
     step_timer.step_done();
+    if (tracing && step == trace_last) {
+      profiler::disableProfiler()->save(opt.trace);
+      std::printf("traced steps %d-%d to %s\n", trace_first, trace_last, opt.trace.c_str());
+      std::fflush(stdout);
+    }
     if (opt.straggler_every > 0 && step % opt.straggler_every == 0) {
       const auto report = step_timer.report(group);  // a collective: every rank
       if (rank == 0) std::printf("%s\n", cpprun::format_step_report(report).c_str()), std::fflush(stdout);

@@ -34,7 +34,7 @@
 #                    reductions add their own.
 # A disagreement prints the step and both losses and exits 1.
 #
-#   usage: scripts/bench_gpt.sh [--gpt2] [--steps N] [--warmup N] [--batch B] [--amp fp32|bf16]
+#   usage: scripts/bench_gpt.sh [--gpt2|--mid] [--steps N] [--warmup N] [--batch B] [--amp fp32|bf16]
 #            [--dtype float32|float64] [--nproc N] [--repeats R] [--log-every K] [--peak-tflops X]
 #            [--rtol X] [--text FILE] [--rows LIST] [--optimizer fused|libtorch] [--attention sdpa|math]
 #            [--grad-accum K]
@@ -47,6 +47,8 @@
 #   text's characters are ids below it, the other rows of the embedding are trained as GPT-2's
 #   unused tokens are), batch 16, 30 steps after 5 warm-up steps, bf16.
 #   --grad-accum K: K forward and backward passes of --batch windows a step, both sides (train_gpt's flag).
+#   --mid: a mid-size GPT for the CPU (4 layers, 256 wide, 8 heads, block 256, the text's
+#   characters: 3.2M parameters), batch 8, 20 steps after 2 warm-up steps, fp32.
 #   --optimizer, --attention: both sides' (train_gpt's flags; the twin's fused is PyTorch's
 #   AdamW(fused=True), the same kernel): default fused and sdpa; libtorch and math measure what
 #   each brings.
@@ -71,6 +73,7 @@ number() {  # FLAG VALUE: --peak-tflops and --rtol take any positive number, the
 while [ $# -gt 0 ]; do
   case $1 in
     --gpt2) gpt2=1 ;;
+    --mid) gpt2=mid ;;
     --steps|--warmup|--batch|--nproc|--repeats|--log-every|--peak-tflops|--rtol|--grad-accum)
       [ $# -ge 2 ] || { echo "bench_gpt: $1 needs a value" >&2; exit 2; }
       number "$1" "$2"
@@ -105,6 +108,9 @@ done
 if [ "$gpt2" = 1 ]; then
   shape=(--layers 12 --embed 768 --heads 12) block=1024 vocab=50304
   : "${steps:=30}" "${warmup:=5}" "${batch:=16}" "${amp:=bf16}" "${log_every:=5}"
+elif [ "$gpt2" = mid ]; then
+  shape=(--layers 4 --embed 256 --heads 8) block=256 vocab=0
+  : "${steps:=20}" "${warmup:=2}" "${batch:=8}" "${amp:=fp32}" "${log_every:=5}"
 else
   shape=(--layers 2 --embed 64 --heads 4) block=64 vocab=0
   : "${steps:=20}" "${warmup:=2}" "${batch:=8}" "${amp:=fp32}" "${log_every:=5}"
@@ -129,7 +135,8 @@ if [ -z "$peak_tflops" ] && [ "$device" = cuda ] && [ "$amp" = bf16 ]; then
   gpu=$("$python" -c 'import torch; print(torch.cuda.get_device_name(0))' 2>/dev/null || true)
   case $gpu in *H100*|*H200*) peak_tflops=989 ;; esac
 fi
-echo "bench_gpt: $([ $gpt2 = 1 ] && echo "GPT-2 124M shape" || echo "tiny GPT") (${shape[*]} --block $block," \
+shape_name=$(case $gpt2 in 1) echo "GPT-2 124M shape" ;; mid) echo "mid-size GPT" ;; *) echo "tiny GPT" ;; esac)
+echo "bench_gpt: $shape_name (${shape[*]} --block $block," \
      "vocab $([ "$vocab" = 0 ] && echo "the text's" || echo "$vocab")), batch $batch x $grad_accum passes x $nproc ranks, $steps steps" \
      "($warmup untimed), $amp, $dtype, AdamW $optimizer, attention $attention, $device${gpu:+ ($gpu)}${OMP_NUM_THREADS:+, OMP_NUM_THREADS=$OMP_NUM_THREADS}; peak ${peak_tflops:-n/a} TFLOPS; losses within rtol $rtol"
 

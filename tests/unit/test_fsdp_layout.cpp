@@ -65,17 +65,25 @@ TEST_CASE("fsdp layout: each rank holds rows [r*C, r*C + local) of every paramet
 
 TEST_CASE("fsdp layout: all-gathered chunks copy out into the unsharded parameters", "[fsdp_layout]") {
   const auto full = make_params();
-  for (int world : {1, 2, 3, 4}) {
-    INFO("world " << world);
+  // The ring copies each rank's chunk out as it arrives; the NCCL path copies every rank's out in
+  // one batch (PieceCopies: one multi-tensor launch); a double wire (cast on the way) and a float one.
+  for (int world : {1, 2, 3, 4}) for (bool one_batch : {false, true}) for (auto wire : {at::kFloat, at::kDouble}) {
+    INFO("world " << world << " one batch " << one_batch << " wire " << wire);
     auto buckets = buckets_of_every_rank(world, /*separate=*/true);
     std::vector<at::Tensor> chunks;  // what an all-gather of every rank's shard_chunk receives
-    for (const auto& bucket : buckets) chunks.push_back(cpprun::detail::shard_chunk(bucket, at::kFloat));
+    for (const auto& bucket : buckets) chunks.push_back(cpprun::detail::shard_chunk(bucket, wire));
     const auto& bucket = buckets[world - 1];
     at::Tensor into = at::full({bucket.unsharded_numel()}, 42.0f);
-    // What the ring does with each rank's chunk as it arrives.
     const cpprun::detail::ChunkedTensor places = cpprun::detail::unsharded_chunks(bucket, into);
     REQUIRE(places.chunks.size() == static_cast<std::size_t>(world));
-    for (int q = 0; q < world; ++q) cpprun::detail::unpack_chunk(chunks[q], places.chunks[q]);
+    if (one_batch) {
+      cpprun::detail::PieceCopies copies;
+      for (int q = 0; q < world; ++q) cpprun::detail::unpack_chunk(chunks[q], places.chunks[q], copies);
+      CHECK(into.eq(42.0f).all().item<bool>());  // nothing copied before run()
+      copies.run();
+    } else {
+      for (int q = 0; q < world; ++q) cpprun::detail::unpack_chunk(chunks[q], places.chunks[q]);
+    }
     for (std::size_t i = 0; i < full.size(); ++i) CHECK(bucket.param_view(into, i).equal(full[i]));
     // Padding rows come out as zeros.
     at::Tensor expected_padding = at::zeros({bucket.unsharded_numel()});
@@ -85,8 +93,9 @@ TEST_CASE("fsdp layout: all-gathered chunks copy out into the unsharded paramete
 }
 
 TEST_CASE("fsdp layout: the gradients' chunks reduce-scatter into each rank's rows", "[fsdp_layout]") {
-  for (int world : {1, 2, 3, 4}) {
-    INFO("world " << world);
+  // Packed chunk by chunk (the ring), or every rank's chunk in one batch (the NCCL path).
+  for (int world : {1, 2, 3, 4}) for (bool one_batch : {false, true}) {
+    INFO("world " << world << " one batch " << one_batch);
     auto buckets = buckets_of_every_rank(world, /*separate=*/false);
     std::vector<at::Tensor> grads;
     for (const auto& p : make_params()) grads.push_back(at::randn_like(p));
@@ -95,9 +104,14 @@ TEST_CASE("fsdp layout: the gradients' chunks reduce-scatter into each rank's ro
     // What the ring reads for each rank's chunk: the real rows, padding as zeros.
     const cpprun::detail::ChunkedTensor pieces = cpprun::detail::gradient_chunks(any, grads);
     at::Tensor wire = at::full({any.unsharded_numel()}, 42.0f);
+    cpprun::detail::PieceCopies copies;
     for (int q = 0; q < world; ++q) {
-      cpprun::detail::pack_chunk(pieces.chunks[q], wire.narrow(0, q * any.chunk_numel(), any.chunk_numel()));
+      const at::Tensor row = wire.narrow(0, q * any.chunk_numel(), any.chunk_numel());
+      if (one_batch) cpprun::detail::pack_chunk(pieces.chunks[q], row, copies);
+      else cpprun::detail::pack_chunk(pieces.chunks[q], row);
     }
+    copies.run();
+    CHECK_FALSE(wire.eq(42.0f).any().item<bool>());  // every element written: values or padding zeros
     for (int rank = 0; rank < world; ++rank) {
       auto& bucket = buckets[rank];
       const at::Tensor chunk = wire.narrow(0, rank * bucket.chunk_numel(), bucket.chunk_numel()).clone();
