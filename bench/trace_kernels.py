@@ -49,8 +49,9 @@ for side, events in sides.items():
     stats[side] = summary(chosen)
 print(f"trace_kernels: {what}, times in ms over the traced steps")
 for side, (by_name, busy, span) in stats.items():
-    idle = f", idle {span - busy:.3f} ms of the span ({100 * (span - busy) / span:.1f}%)" if on_device and span else ""
-    print(f"  {side:8s} {sum(c for c, _ in by_name.values()):6d} events, {busy / 1e3:10.3f} ms busy, span {span / 1e3:10.3f} ms{idle.replace(' ms', '')}")
+    # (durations and timestamps are in microseconds)
+    idle = f", idle {(span - busy) / 1e3:.3f} ms ({100 * (span - busy) / span:.1f}% of the span)" if on_device and span else ""
+    print(f"  {side:8s} {sum(c for c, _ in by_name.values()):6d} events, {busy / 1e3:10.3f} ms busy, span {span / 1e3:10.3f} ms{idle}")
 c_names, p_names = stats["cpprun"][0], stats["pytorch"][0]
 names = set(c_names) | set(p_names)
 rows = sorted(names, key=lambda n: -abs(c_names.get(n, [0, 0.0])[1] - p_names.get(n, [0, 0.0])[1]))
