@@ -56,7 +56,12 @@ class ReplayState {
   }
 
   // Runs `body` with the generators and autocast as they were at construction, then puts back
-  // what they are now: the recomputation must not change what later code draws.
+  // what they are now: the recomputation must not change what later code draws. Under autocast
+  // the recomputation is a region of its own, as torch.utils.checkpoint's `with torch.autocast`:
+  // leaving it empties autocast's cache of casts of leaf tensors when no region encloses it.
+  // Kept, a cast made here would outlive the optimizer's step and be the next forward's: a stale
+  // copy of the weight, and one made before that forward's segment ran, which the graph walk
+  // below refuses.
   template <typename Body>
   auto replay(Body&& body) const {
     std::vector<at::Tensor> now;
@@ -66,12 +71,18 @@ class ReplayState {
       autocast_now.push_back({a.type, at::autocast::is_autocast_enabled(a.type), at::autocast::get_autocast_dtype(a.type)});
     }
     set(states_, autocast_);
+    const bool autocasting = std::any_of(autocast_.begin(), autocast_.end(), [](const Autocast& a) { return a.enabled; });
+    if (autocasting) at::autocast::increment_nesting();
     struct Restore {
       const ReplayState& self;
       const std::vector<at::Tensor>& states;
       const std::vector<Autocast>& autocast;
-      ~Restore() { self.set(states, autocast); }
-    } restore{*this, now, autocast_now};
+      bool autocasting;
+      ~Restore() {
+        if (autocasting && at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+        self.set(states, autocast);
+      }
+    } restore{*this, now, autocast_now, autocasting};
     return body();
   }
 

@@ -3,6 +3,7 @@
 #include "command_line/option_spelling.h"
 
 #include <algorithm>
+#include <cstddef>
 
 #include "command_line/launch_config.h"
 
@@ -56,6 +57,14 @@ std::vector<std::string> expand_option_prefixes(const std::vector<std::string>& 
     }
     if (option == nullptr && name[1] != '-' && exact(name.substr(0, 2), options)) continue;  // -r3: value attached
     if (option == nullptr) break;  // PROGRAM's flags never get here; CLI11 names the unknown option
+    if (option->takes_value && eq != std::string::npos && out[i].find('=') + 1 == out[i].size()) {
+      // --log_dir= is an empty value, as argparse reads it; CLI11 would take the next argument
+      // (PROGRAM itself) as the value. Given separately, "" is a value CLI11 keeps.
+      out[i].pop_back();
+      out.insert(out.begin() + static_cast<std::ptrdiff_t>(i) + 1, std::string());
+      ++i;
+      continue;
+    }
     if (option->takes_value && eq == std::string::npos) ++i;
   }
   return out;

@@ -63,6 +63,17 @@ TEST_CASE("option_spelling: an option's value, PROGRAM and what follows are left
   CHECK(expand({}).empty());
 }
 
+TEST_CASE("option_spelling: --name= is an empty value, not the next argument", "[option_spelling]") {
+  // argparse (torchrun) reads --tee= as the empty string; CLI11 would take PROGRAM as the value.
+  CHECK(expand({"--tee=", "./train", "--x"}) == Args{"--tee", "", "./train", "--x"});
+  CHECK(expand({"--nproc=", "./train"}) == Args{"--nproc_per_node", "", "./train"});
+  CHECK(expand({"--nnodes=", "--nproc", "2", "x"}) == Args{"--nnodes", "", "--nproc_per_node", "2", "x"});
+  // A value that ends in = is a value.
+  CHECK(expand({"--tee=a=", "x"}) == Args{"--tee=a=", "x"});
+  // A flag written with = is left to the parser, which refuses it.
+  CHECK(expand({"--no_python=", "x"}) == Args{"--no_python=", "x"});
+}
+
 TEST_CASE("option_spelling: an ambiguous prefix is an error that lists the candidates", "[option_spelling]") {
   CHECK_THAT(ambiguity({"--n", "2", "x"}),
              Contains("ambiguous option --n: it could be --nproc_per_node, --nnodes, --node_rank, --no_python"));

@@ -24,7 +24,9 @@ for expected in 'bash scripts/build.sh -DCMAKE_BUILD_TYPE=Release' \
                 'ASAN_OPTIONS=detect_leaks=0:protect_shadow_gap=0:alloc_dealloc_mismatch=0' \
                 'build-asan/tests/cpprun_dist_hsdp hsdp:' \
                 '--layers 12 --embed 768 --heads 12 --block 1024' \
-                'BENCH_GPT_TWIN_ARGS=--optimizer\\ torch timeout 480 bash scripts/bench_gpt.sh --gpt2'; do
+                'BENCH_DEVICE=cuda timeout 300 bash scripts/bench_gpt.sh --gpt2' \
+                '--amp bf16 --mode none --attention math --optimizer libtorch' \
+                'bash scripts/bench_adamw.sh --device cuda'; do
   grep -q -E -e "$expected" "$out/stdout" || fail "no command matches '$expected'"
 done
 grep -q '^# The latest gpu_check run' "$out/logs/gpu_run.md" || fail "gpu_run.md has no title"

@@ -2,6 +2,7 @@
 // dropout: the same mask), the function run once more in backward, parameters reached without
 // being inputs, and a clear error for a captured activation.
 #include "catch.h"
+#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
 #include <set>
@@ -119,6 +120,39 @@ TEST_CASE("checkpoint: a captured activation is refused with the fix", "[checkpo
   auto x = torch::randn({3}).requires_grad_();
   REQUIRE_THROWS_WITH(cpprun::checkpoint([hidden](const torch::Tensor& h) { return h * hidden; }, x),
                       Catch::Contains("pass that tensor to checkpoint() as an input"));
+}
+
+TEST_CASE("checkpoint: under autocast, steps after the first use the updated weights (no cast outlives a region)",
+          "[checkpoint]") {
+  // at::linear under CPU autocast casts the bias, a leaf, and autocast caches that cast until its
+  // region ends. The recomputation in backward is a region of its own: a cast it cached, kept,
+  // would be the next step's (the bias before the optimizer changed it), made before that step's
+  // segment ran.
+  torch::manual_seed(3);
+  auto weight = (torch::randn({4, 4}) * 0.3).requires_grad_();
+  auto bias = torch::randn({4}).requires_grad_();
+  auto plain_weight = weight.detach().clone().requires_grad_(), plain_bias = bias.detach().clone().requires_grad_();
+  const auto x = torch::randn({2, 3, 4});
+  torch::optim::SGD checkpointed_sgd({weight, bias}, 0.5), plain_sgd({plain_weight, plain_bias}, 0.5);
+  at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+  // Each model's steps in a row: nothing between one's backward and its next forward clears the cache.
+  for (bool checkpointed : {true, false}) {
+    for (int step = 0; step < 3; ++step) {
+      auto& w = checkpointed ? weight : plain_weight;
+      auto& b = checkpointed ? bias : plain_bias;
+      auto layer = [&](const torch::Tensor& h) { return at::linear(h, w, b); };
+      at::autocast::set_autocast_enabled(at::kCPU, true);
+      auto y = checkpointed ? cpprun::checkpoint(layer, x) : layer(x);
+      at::autocast::set_autocast_enabled(at::kCPU, false);
+      at::autocast::clear_cache();  // what leaving the forward's torch.autocast region does
+      auto& sgd = checkpointed ? checkpointed_sgd : plain_sgd;
+      sgd.zero_grad();
+      y.to(torch::kFloat).pow(2).sum().backward();
+      sgd.step();
+    }
+  }
+  CHECK(torch::allclose(weight, plain_weight, 1e-6, 1e-6));
+  CHECK(torch::allclose(bias, plain_bias, 1e-6, 1e-6));
 }
 
 TEST_CASE("checkpoint: outside grad mode the function just runs", "[checkpoint]") {
