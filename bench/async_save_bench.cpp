@@ -23,9 +23,11 @@
 #include <vector>
 
 #include "bench_mlp.h"
+#include "median.h"
 
 namespace {
 
+using bench::median;
 using Clock = std::chrono::steady_clock;
 
 double ms_since(Clock::time_point start) {
@@ -37,12 +39,6 @@ double thread_cpu_ms() {  // the calling thread's user + system time so far
   getrusage(RUSAGE_THREAD, &usage);
   auto ms = [](const timeval& t) { return t.tv_sec * 1e3 + t.tv_usec / 1e3; };
   return ms(usage.ru_utime) + ms(usage.ru_stime);
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[(v.size() - 1) / 2];
 }
 
 struct Args {

@@ -34,8 +34,11 @@
 #include <string>
 #include <vector>
 
+#include "median.h"
+
 namespace {
 
+using bench::median;
 using Clock = std::chrono::steady_clock;
 namespace fs = std::filesystem;
 
@@ -48,12 +51,6 @@ double process_cpu_s() {  // this process's user + system time so far, every thr
   getrusage(RUSAGE_SELF, &usage);
   auto s = [](const timeval& t) { return t.tv_sec + t.tv_usec / 1e6; };
   return s(usage.ru_utime) + s(usage.ru_stime);
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[(v.size() - 1) / 2];
 }
 
 struct Args {

@@ -9,48 +9,32 @@
 # Usage: train_gpt_grad_accum.sh CPPRUN TRAIN_GPT
 set -u
 cpprun=$1 gpt=$2
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fail() { echo "FAIL: $*"; echo "--- output:"; cat "$tmp/out" 2>/dev/null; exit 1; }
 small=(--dtype float64 --layers 2 --embed 32 --heads 4 --block 16 --steps 6 --log-every 1 --sample 0
        --straggler-every 0)
-
-# run NAME NPROC ARGS...: as train_gpt_resume.sh's run (NPROC 1: without the launcher).
-run() {
-  local name=$1 nproc=$2
-  shift 2
-  local launch=()
-  [ "$nproc" -gt 1 ] && launch=("$cpprun" --standalone --nproc_per_node="$nproc")
-  timeout 240 "${launch[@]}" "$gpt" "${small[@]}" "$@" --losses-out "$tmp/$name.loss" >"$tmp/out" 2>&1 ||
-    fail "exit code $? from: ${launch[*]} train_gpt $*"
-  sed -nE 's/.*held-out loss ([0-9.]+)$/\1/p' "$tmp/out" >"$tmp/$name.val"
-  [ -s "$tmp/$name.val" ] || fail "train_gpt $* printed no held-out loss"
-  cat "$tmp/$name.val" >>"$tmp/$name.loss"  # compared with the step losses
-  echo "$name: step losses and held-out loss $(tr '\n' ' ' <"$tmp/$name.loss")"
-}
-same() {  # A B: the numbers of two runs agree within 1e-10
-  echo -n "$2 vs $1: "
-  paste -d' ' "$tmp/$1.loss" "$tmp/$2.loss" | awk '
-    NF != 2 { bad = 1; exit } { d = $1 - $2; if (d < 0) d = -d; if (d > max) max = d; n++ }
-    END { printf "max difference %.3g over %d numbers\n", max, n; exit bad || n != 7 || max > 1e-10 }' ||
-    fail "$2 and $1 differ by more than 1e-10"
+# shellcheck source=train_gpt_runs.sh
+. "$(dirname "$0")/train_gpt_runs.sh"  # $tmp, fail, run, same (within $tolerance, 1e-10)
+# agree A B: runs A and B trained alike: all 6 step losses and the held-out loss within 1e-10.
+agree() {
+  [ "$(wc -l <"$tmp/$1.loss")" = 6 ] && [ "$(wc -l <"$tmp/$2.loss")" = 6 ] || fail "$1 or $2 did not log 6 step losses"
+  echo -n "$2 vs $1, step losses: " && same "$tmp/$1.loss" "$tmp/$2.loss" "step losses of $2"
+  echo -n "$2 vs $1, held-out loss: " && same "$tmp/$1.val" "$tmp/$2.val" "held-out loss of $2"
 }
 
 run none.whole 1 --mode none --batch 8
 run none.accum 1 --mode none --batch 4 --grad-accum 2
-same none.whole none.accum
+agree none.whole none.accum
 grep -q "1 ranks x 4 windows of 16, 2 passes a step" "$tmp/out" || fail "the run did not say it takes 2 passes a step"
 run none.accum4 1 --mode none --batch 2 --grad-accum 4
-same none.whole none.accum4
+agree none.whole none.accum4
 for mode in "ddp" "fsdp --stage 2" "fsdp --stage 3"; do
   name=${mode// /}; name=${name//--stage/}
   # shellcheck disable=SC2086  # $mode is a list of flags
   run "$name.whole" 2 --mode $mode --batch 4
   # shellcheck disable=SC2086
   run "$name.accum" 2 --mode $mode --batch 2 --grad-accum 2
-  same "$name.whole" "$name.accum"
+  agree "$name.whole" "$name.accum"
 done
-same none.whole ddp.whole  # and 2 ranks of 4 windows train as 1 of 8
+agree none.whole ddp.whole  # and 2 ranks of 4 windows train as 1 of 8
 
 refused() {  # WHAT ARGS...: train_gpt refuses ARGS with exit 1, naming WHAT
   local what=$1

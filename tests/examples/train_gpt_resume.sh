@@ -25,34 +25,11 @@
 # by 0.14.
 set -u
 case_name=$1 cpprun=$2 gpt=$3
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fail() { echo "FAIL: $*"; echo "--- output:"; cat "$tmp/out" 2>/dev/null; exit 1; }
 small=(--dtype float64 --layers 2 --embed 32 --heads 4 --block 16 --steps 8 --log-every 1 --sample 0
        --straggler-every 0)
+# shellcheck source=train_gpt_runs.sh
+. "$(dirname "$0")/train_gpt_runs.sh"  # $tmp, fail, run, same (within $tolerance, 1e-10)
 
-# run NAME NPROC ARGS...: train_gpt ARGS on NPROC ranks (1: without the launcher), 240 s at most; its
-# output in $tmp/NAME.out, its per-step losses in $tmp/NAME.loss, its held-out loss in $tmp/NAME.val.
-run() {
-  local name=$1 nproc=$2
-  shift 2
-  local launch=()
-  [ "$nproc" -gt 1 ] && launch=("$cpprun" --standalone --nproc_per_node="$nproc")
-  timeout 240 "${launch[@]}" "$gpt" "${small[@]}" "$@" --losses-out "$tmp/$name.loss" >"$tmp/out" 2>&1 ||
-    fail "exit code $? from: ${launch[*]} train_gpt $*"
-  cp "$tmp/out" "$tmp/$name.out"
-  sed -nE 's/.*held-out loss ([0-9.]+)$/\1/p' "$tmp/out" >"$tmp/$name.val"
-  [ -s "$tmp/$name.val" ] || fail "train_gpt $* printed no held-out loss"
-  echo "$name: held-out loss $(cat "$tmp/$name.val"), step losses $(tr '\n' ' ' <"$tmp/$name.loss")"
-}
-# same A B WHAT: the numbers of files A and B (one a line) agree within $tolerance.
-tolerance=1e-10
-same() {
-  paste -d' ' "$1" "$2" | awk -v tol="$tolerance" '
-    NF != 2 { bad = 1; exit } { d = $1 - $2; if (d < 0) d = -d; if (d > max) max = d; n++ }
-    END { printf "max difference %.3g over %d numbers\n", max, n; exit bad || n == 0 || max > tol }' ||
-    fail "$3: $1 and $2 differ by more than $tolerance"
-}
 # resumed REFERENCE NAME [K N]: NAME (resumed at step K, default 4, of N, default 8) ends as
 # REFERENCE (uninterrupted) did.
 resumed() {
