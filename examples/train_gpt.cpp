@@ -95,7 +95,7 @@ constexpr const char* kUsage = R"(usage: train_gpt [options]
                      --checkpoint-activations
   --trace FILE       profile the 3 steps after --warmup (PyTorch's profiler, Kineto: host operators and, on a
                      GPU, kernels) and write them to FILE as a Chrome trace (Perfetto and chrome://tracing open it;
-                     scripts/trace_gpt.sh compares one with PyTorch's, kernel by kernel). Rank 0 only
+                     scripts/bench_gpt.sh --trace compares one with PyTorch's, kernel by kernel). Rank 0 only
   --peak-tflops X    the device's peak for --amp's type, for the MFU each log line prints (default: 989 on an
                      H100 or H200 with --amp bf16, else MFU is not printed)
   --block T          characters per window (default 64)

@@ -37,7 +37,7 @@
 #   usage: scripts/bench_gpt.sh [--gpt2|--mid] [--steps N] [--warmup N] [--batch B] [--amp fp32|bf16]
 #            [--dtype float32|float64] [--nproc N] [--repeats R] [--log-every K] [--peak-tflops X]
 #            [--rtol X] [--text FILE] [--rows LIST] [--optimizer fused|libtorch] [--attention sdpa|math]
-#            [--grad-accum K]
+#            [--grad-accum K] [--trace DIR]
 #   defaults: a tiny GPT (2 layers, 64 wide, 4 heads, block 64, batch 8, the text's characters as
 #   the vocabulary), 20 steps after 2 warm-up steps, fp32, 1 rank, 1 repeat, a log every 5 steps.
 #   --dtype float64: both sides' parameters, activations and optimizer in float64 (--amp fp32 only;
@@ -46,6 +46,11 @@
 #   50257 padded to a multiple of 128, as nanoGPT and llm.c do, so the head's GEMM tiles evenly; the
 #   text's characters are ids below it, the other rows of the embedding are trained as GPT-2's
 #   unused tokens are), batch 16, 30 steps after 5 warm-up steps, bf16.
+#   --trace DIR: every row profiles the 3 steps after --warmup (train_gpt --trace, the twin's
+#   --trace: PyTorch's profiler, Kineto) into DIR/IMPL.MODE.json (those rows' tokens/s then include
+#   the profiler's cost); at the end bench/trace_kernels.py compares cpprun's and PyTorch's
+#   no-wrapper traces: device (or host) time, idle time, and the kernels whose time differs most.
+#   E.g. --gpt2 --rows cpprun-none,pytorch-none --steps 8 --warmup 3 --trace DIR.
 #   --grad-accum K: K forward and backward passes of --batch windows a step, both sides (train_gpt's flag).
 #   --mid: a mid-size GPT for the CPU (4 layers, 256 wide, 8 heads, block 256, the text's
 #   characters: 3.2M parameters), batch 8, 20 steps after 2 warm-up steps, fp32.
@@ -64,7 +69,7 @@ usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
 all_rows=("cpprun none" "pytorch none" "cpprun graph" "cpprun ddp" "pytorch ddp" "cpprun zero3" "pytorch fsdp2")
 rows=()
 for row in "${all_rows[@]}"; do [ "$row" = "cpprun graph" ] && [ "${BENCH_DEVICE:-cpu}" != cuda ] || rows+=("$row"); done
-gpt2=0 steps="" warmup="" batch="" amp="" dtype=float32 optimizer=fused attention=sdpa grad_accum=1 nproc=1 repeats=1 log_every="" peak_tflops="" rtol="" text=""
+gpt2=0 steps="" warmup="" batch="" amp="" dtype=float32 optimizer=fused attention=sdpa grad_accum=1 trace_dir="" nproc=1 repeats=1 log_every="" peak_tflops="" rtol="" text=""
 number() {  # FLAG VALUE: --peak-tflops and --rtol take any positive number, the others whole ones
   local pattern='^[0-9]+$'
   [ "$1" = --peak-tflops ] || [ "$1" = --rtol ] && pattern='^[0-9]+([.][0-9]+)?([eE][-+]?[0-9]+)?$'
@@ -90,6 +95,8 @@ while [ $# -gt 0 ]; do
       attention=$2; shift ;;
     --dtype) [ "${2:-}" = float32 ] || [ "${2:-}" = float64 ] || { echo "bench_gpt: --dtype must be float32 or float64, got '${2:-}'" >&2; exit 2; }
       dtype=$2; shift ;;
+    --trace) [ -n "${2:-}" ] || { echo "bench_gpt: --trace needs a directory" >&2; exit 2; }
+      mkdir -p "$2" && trace_dir=$(realpath "$2"); shift ;;
     --text) [ -r "${2:-}" ] || { echo "bench_gpt: --text: cannot read '${2:-}'" >&2; exit 2; }
       text=$(realpath "$2"); shift ;;
     --rows)
@@ -151,6 +158,7 @@ run_one() {
   local common=(--init-from "$tmp/init" --text "$text" --block "$block" --batch "$batch" --steps "$steps"
                 --warmup "$warmup" --amp "$amp" --dtype "$dtype" --optimizer "$optimizer" --attention "$attention"
                 --grad-accum "$grad_accum" --losses-out "$tmp/$impl.$mode.loss")
+  [ -z "$trace_dir" ] || common+=(--trace "$trace_dir/$impl.$mode.json")
   if [ "$impl" = cpprun ]; then
     case $mode in none) prog=(--mode none) ;; graph) prog=(--mode none --cuda-graph) ;; ddp) prog=(--mode ddp) ;; zero3) prog=(--mode fsdp --stage 3) ;; esac
     prog=("$build/examples/train_gpt" "${prog[@]}" "${common[@]}" --log-every "$steps" --sample 0 --straggler-every 0)
@@ -199,7 +207,7 @@ for ((s = log_every; s <= steps; s += log_every)); do printf ' %10s' "loss@$s"; 
 [ $((steps % log_every)) = 0 ] || printf ' %10s' "loss@$steps"
 echo
 declare -A tok_of
-attention_flops=$((12 * ${shape[1]} * ${shape[3]} * block))  # 12 L C T a token
+attention_flops=$((12 * shape[1] * shape[3] * block))  # 12 L C T a token
 for row in "${rows[@]}"; do
   tok_of[$row]=$(median <<<"${tok_runs[$row]}")
   ranks=$nproc; { [ "${row#* }" = none ] || [ "${row#* }" = graph ]; } && ranks=1
@@ -243,4 +251,8 @@ for row in "${rows[@]}"; do
   [[ $verdict == ok* ]] || status=1
 done
 [ "$status" = 0 ] || echo "bench_gpt: the losses disagree (above)" >&2
+if [ -n "$trace_dir" ] && [ -f "$trace_dir/cpprun.none.json" ] && [ -f "$trace_dir/pytorch.none.json" ]; then
+  echo
+  "$python" bench/trace_kernels.py "$trace_dir/cpprun.none.json" "$trace_dir/pytorch.none.json"
+fi
 exit "$status"
