@@ -53,16 +53,88 @@ std::string file_head(const std::string& path) {
   return std::string(buffer, static_cast<std::size_t>(in.gcount()));
 }
 
+// Where execvp would find PROGRAM (a name without '/') on PATH: the first runnable match, else the
+// first that exists but cannot run (execvp's EACCES, the shell's 126); both empty: not there (127).
+struct PathMatch {
+  std::string runnable;
+  std::string not_executable;
+};
+
+PathMatch find_on_path(const std::string& program, const std::string& path) {
+  PathMatch match;
+  std::string::size_type start = 0;
+  while (start <= path.size()) {
+    const auto colon = std::min(path.find(':', start), path.size());
+    const std::string dir = path.substr(start, colon - start);
+    const std::string candidate = (dir.empty() ? std::string(".") : dir) + "/" + program;
+    const Candidate found = check(candidate);
+    if (found == Candidate::kRunnable) {
+      match.runnable = candidate;
+      return match;
+    }
+    if (found == Candidate::kNotExecutable && match.not_executable.empty()) match.not_executable = candidate;
+    start = colon + 1;
+  }
+  return match;
+}
+
+// execvp's default when PATH is unset, as glibc's (and so env's).
+std::string path_or_default(const char* path_env) { return path_env != nullptr ? path_env : "/bin:/usr/bin"; }
+
+std::string shown(const std::string& text) {  // a '\r' made visible
+  std::string out;
+  for (const char c : text) out += c == '\r' ? std::string("\\r") : std::string(1, c);
+  return out;
+}
+
+// `#!/usr/bin/env NAME`: the kernel finds env, and each worker's env then fails to find NAME (exit
+// 127, "No such file or directory" in every worker's stderr). Looked up here as env's execvp will.
+void check_env_program(const std::string& program, const std::string& script, const std::string& head,
+                       const char* path_env) {
+  const std::optional<std::string> name = env_shebang_program(head);
+  if (!name) return;
+  const std::string line = "#!" + *shebang_interpreter(head) + " " + shown(*shebang_argument(head));
+  const std::string what = "cpprun: cannot run PROGRAM '" + program + "'" +
+                           (script == program ? "" : " (found at " + script + ")") + ": its #! line (" + line +
+                           ") has env run '" + shown(*name) + "', ";
+  if (name->find('/') != std::string::npos) {
+    const Candidate found = check(*name);
+    if (found == Candidate::kRunnable) return;
+    throw ProgramNotRunnable(what + (found == Candidate::kMissing ? "which does not exist; install it, or change "
+                                                                    "the #! line"
+                                                                  : "which is not an executable file"),
+                             found == Candidate::kMissing ? 127 : 126);
+  }
+  const std::string path = path_or_default(path_env);
+  const PathMatch match = find_on_path(*name, path);
+  if (!match.runnable.empty()) return;
+  if (!match.not_executable.empty()) {
+    throw ProgramNotRunnable(what + "but " + match.not_executable + " on PATH is not an executable file", 126);
+  }
+  std::string fix = "install it, activate the environment that has it, or change the #! line";
+  if (name->back() == '\r') {
+    fix = "the #! line ends in a carriage return (Windows line endings); convert the file, e.g. `sed -i 's/\\r$//' " +
+          script + "`";
+  } else if (name->find_first_of(" \t") != std::string::npos) {
+    // Linux passes the rest of a #! line to env as one argument: the name includes the blanks.
+    fix = "Linux passes everything after the interpreter as one argument, so env looks for a program named '" +
+          shown(*name) + "'; split it with env's -S: #!" + *shebang_interpreter(head) + " -S " + shown(*name);
+  }
+  throw ProgramNotRunnable(what + "which is not on PATH (PATH=" + path + "); " + fix, 127);
+}
+
 // A script whose #! interpreter is missing fails execve() with ENOENT, the error of a missing
 // PROGRAM: each worker would report "No such file or directory" about a file that is there. Said
 // once, with both names, before any worker starts.
-void check_interpreter(const std::string& program, const std::string& path) {
-  const std::optional<std::string> interpreter = shebang_interpreter(file_head(path));
+void check_interpreter(const std::string& program, const std::string& path, const char* path_env) {
+  const std::string head = file_head(path);
+  const std::optional<std::string> interpreter = shebang_interpreter(head);
   if (!interpreter) return;
   const Candidate found = check(*interpreter);
-  if (found == Candidate::kRunnable) return;
-  std::string shown;  // a '\r' made visible
-  for (const char c : *interpreter) shown += c == '\r' ? std::string("\\r") : std::string(1, c);
+  if (found == Candidate::kRunnable) {
+    check_env_program(program, path, head, path_env);
+    return;
+  }
   std::string why = found == Candidate::kMissing ? "does not exist" : "is not an executable file";
   if (interpreter->back() == '\r') {
     why += ": the #! line ends in a carriage return (Windows line endings); convert the file, e.g. "
@@ -71,8 +143,8 @@ void check_interpreter(const std::string& program, const std::string& path) {
     why += "; install it, or change the #! line (e.g. #!/usr/bin/env bash)";
   }
   throw ProgramNotRunnable("cpprun: cannot run PROGRAM '" + program + "'" +
-                               (path == program ? "" : " (found at " + path + ")") + ": its interpreter '" + shown +
-                               "' (from its #! line) " + why,
+                               (path == program ? "" : " (found at " + path + ")") + ": its interpreter '" +
+                               shown(*interpreter) + "' (from its #! line) " + why,
                            found == Candidate::kMissing ? 127 : 126);
 }
 
@@ -96,7 +168,7 @@ std::string resolve_program(const std::string& program, const char* path_env) {
   if (program.find('/') != std::string::npos) {
     const Candidate found = check(program);
     if (found == Candidate::kRunnable) {
-      check_interpreter(program, program);
+      check_interpreter(program, program, path_env);
       return program;
     }
     if (found == Candidate::kMissing) {
@@ -107,23 +179,14 @@ std::string resolve_program(const std::string& program, const char* path_env) {
                                  "': not an executable file (chmod +x it, or name its interpreter first, e.g. "
                                  "`cpprun python3 " + program + "`)", 126);
   }
-  const std::string path = path_env != nullptr ? path_env : "/bin:/usr/bin";
-  std::string not_executable;  // first match that exists but cannot run, for the error
-  std::string::size_type start = 0;
-  while (start <= path.size()) {
-    const auto colon = std::min(path.find(':', start), path.size());
-    const std::string dir = path.substr(start, colon - start);
-    const std::string candidate = (dir.empty() ? std::string(".") : dir) + "/" + program;
-    const Candidate found = check(candidate);
-    if (found == Candidate::kRunnable) {
-      check_interpreter(program, candidate);
-      return candidate;
-    }
-    if (found == Candidate::kNotExecutable && not_executable.empty()) not_executable = candidate;
-    start = colon + 1;
+  const std::string path = path_or_default(path_env);
+  const PathMatch match = find_on_path(program, path);
+  if (!match.runnable.empty()) {
+    check_interpreter(program, match.runnable, path_env);
+    return match.runnable;
   }
-  if (!not_executable.empty()) {
-    throw ProgramNotRunnable("cpprun: cannot run PROGRAM '" + program + "': found " + not_executable +
+  if (!match.not_executable.empty()) {
+    throw ProgramNotRunnable("cpprun: cannot run PROGRAM '" + program + "': found " + match.not_executable +
                                  " on PATH but it is not an executable file", 126);
   }
   throw ProgramNotRunnable("cpprun: cannot run PROGRAM '" + program + "': not found on PATH (PATH=" +
@@ -140,6 +203,36 @@ std::optional<std::string> shebang_interpreter(const std::string& head) {
   while (end < head.size() && !blank(head[end]) && head[end] != '\n' && head[end] != '\0') ++end;
   if (end == start) return std::nullopt;
   return head.substr(start, end - start);
+}
+
+std::optional<std::string> shebang_argument(const std::string& head) {
+  if (!shebang_interpreter(head)) return std::nullopt;
+  const auto blank = [](char c) { return c == ' ' || c == '\t'; };
+  std::size_t start = 2;
+  while (start < head.size() && blank(head[start])) ++start;
+  while (start < head.size() && !blank(head[start]) && head[start] != '\n' && head[start] != '\0') ++start;
+  while (start < head.size() && blank(head[start])) ++start;
+  std::size_t end = std::min(head.find('\n', start), head.size());
+  while (end > start && blank(head[end - 1])) --end;
+  if (end == start) return std::nullopt;
+  return head.substr(start, end - start);
+}
+
+std::optional<std::string> env_shebang_program(const std::string& head) {
+  const std::optional<std::string> interpreter = shebang_interpreter(head);
+  const std::optional<std::string> argument = shebang_argument(head);
+  if (!interpreter || !argument) return std::nullopt;
+  const std::string::size_type slash = interpreter->rfind('/');
+  if (interpreter->substr(slash == std::string::npos ? 0 : slash + 1) != "env") return std::nullopt;
+  std::string name = *argument;
+  if (name.rfind("-S", 0) == 0) {  // env -S splits its argument into words: the first is the program
+    const auto first = name.find_first_not_of(" \t", 2);
+    if (first == std::string::npos) return std::nullopt;
+    name = name.substr(first, name.find_first_of(" \t", first) - first);
+  }
+  // Other options (-i, -u NAME, ...) and assignments (NAME=VALUE): not read here; env runs as it will.
+  if (name.empty() || name[0] == '-' || name.find('=') != std::string::npos) return std::nullopt;
+  return name;
 }
 
 std::vector<PythonCandidate> python_candidates(const ProgramLookup& lookup) {

@@ -24,13 +24,23 @@ class ProgramNotRunnable : public std::runtime_error {
 // Finds `program` as execvp would: a name with a '/' is used as given; otherwise each PATH entry is
 // tried in order (an empty entry is the current directory; unset PATH means "/bin:/usr/bin", as
 // glibc's execvp). Returns the path to exec. Throws ProgramNotRunnable, also when the file found is
-// a script whose #! interpreter is missing or cannot run (execve's ENOENT / EACCES, named).
+// a script whose #! interpreter is missing or cannot run (execve's ENOENT / EACCES, named), or whose
+// `#!/usr/bin/env NAME` names a program not on PATH (env's own 127, named before any worker starts).
 std::string resolve_program(const std::string& program, const char* path_env);
 
 // The interpreter a script's first bytes name, as the kernel reads a #! line: after "#!" and any
 // blanks, up to the next blank or newline (a '\r' is part of the name, as for the kernel).
 // nullopt: not a #! script, or nothing named.
 std::optional<std::string> shebang_interpreter(const std::string& head);
+
+// What the kernel passes after the interpreter: the rest of the #! line as ONE argument, its leading
+// and trailing blanks dropped. nullopt: not a #! script, or nothing after the interpreter.
+std::optional<std::string> shebang_argument(const std::string& head);
+
+// The program a `#!/usr/bin/env ARGUMENT` line has env look up on PATH: ARGUMENT whole (blanks
+// included, as Linux passes it), or with `env -S` its first word. nullopt: not env, or env with
+// other options or NAME=VALUE assignments (not read; env runs as it will).
+std::optional<std::string> env_shebang_program(const std::string& head);
 
 // How PROGRAM is to be run: torchrun's --no_python, -m/--module and --run_path, or by its name.
 enum class ProgramMode {

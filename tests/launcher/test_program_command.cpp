@@ -177,6 +177,66 @@ TEST_CASE("program_command: a script whose #! interpreter is missing is named wi
   CHECK_THAT(message, Contains("'/no/such/interp'") && Contains("named by PYTHON_EXEC=" + shim));
 }
 
+TEST_CASE("program_command: what a #! line passes its interpreter, and what env runs", "[program_command]") {
+  CHECK(shebang_argument("#!/usr/bin/env python3\n") == "python3");
+  CHECK(shebang_argument("#! /usr/bin/env \t python3 -u  \t\nrest\n") == "python3 -u");  // one argument, trimmed
+  CHECK(shebang_argument("#!/usr/bin/env python3\r\n") == "python3\r");  // Windows line endings: kept, as the kernel
+  CHECK(shebang_argument("#!/usr/bin/env python3") == "python3");        // no newline in the bytes read
+  CHECK_FALSE(shebang_argument("#!/bin/sh\n").has_value());
+  CHECK_FALSE(shebang_argument("#!/bin/sh  \n").has_value());
+  CHECK_FALSE(shebang_argument("echo hi\n").has_value());
+
+  CHECK(env_shebang_program("#!/usr/bin/env python3\n") == "python3");
+  CHECK(env_shebang_program("#!/bin/env bash\n") == "bash");
+  CHECK(env_shebang_program("#!/usr/bin/env python3 -u\n") == "python3 -u");  // Linux: one name, blanks and all
+  CHECK(env_shebang_program("#!/usr/bin/env -S python3 -u\n") == "python3");
+  CHECK(env_shebang_program("#!/usr/bin/env -Spython3 -u\n") == "python3");
+  CHECK(env_shebang_program("#!/usr/bin/env /opt/py/bin/python\n") == "/opt/py/bin/python");
+  CHECK_FALSE(env_shebang_program("#!/usr/bin/env\n").has_value());            // env alone prints the environment
+  CHECK_FALSE(env_shebang_program("#!/usr/bin/env -i python3\n").has_value());  // other options: not read
+  CHECK_FALSE(env_shebang_program("#!/usr/bin/env -S\n").has_value());
+  CHECK_FALSE(env_shebang_program("#!/usr/bin/env -S A=1 python3\n").has_value());
+  CHECK_FALSE(env_shebang_program("#!/bin/sh -e\n").has_value());              // not env
+  CHECK_FALSE(env_shebang_program("#!/usr/bin/envy python3\n").has_value());
+}
+
+TEST_CASE("program_command: a #!/usr/bin/env NAME script whose NAME is not on PATH is named, 127",
+          "[program_command]") {
+  Scratch s;
+  const std::string path = s.bin() + ":/bin:/usr/bin";
+  std::string message;
+  s.write("/train.sh", "#!/usr/bin/env cpprun-no-such-interpreter\necho hi\n", 0755);
+  CHECK(failure_code(s.dir + "/train.sh", ProgramMode::kByName, {path.c_str()}, &message) == 127);
+  CHECK_THAT(message, Contains("cannot run PROGRAM '" + s.dir + "/train.sh': its #! line "
+                               "(#!/usr/bin/env cpprun-no-such-interpreter) has env run 'cpprun-no-such-interpreter', "
+                               "which is not on PATH (PATH=" + path + "); install it"));
+  // Found on PATH by its name: where it was found too; --no_python checks the same.
+  CHECK(failure_code("train.sh", ProgramMode::kNoPython, {s.dir.c_str()}, &message) == 127);
+  CHECK_THAT(message, Contains("'train.sh' (found at " + s.dir + "/train.sh): its #! line"));
+  // The name is looked up on the PATH the workers get, as env's execvp: there, it runs.
+  s.write("/py.sh", "#!/usr/bin/env python3\n", 0755);
+  CHECK(resolve_program(s.dir + "/py.sh", path.c_str()) == s.dir + "/py.sh");
+  CHECK(failure_code(s.dir + "/py.sh", ProgramMode::kByName, {"/nonexistent"}, &message) == 127);
+  CHECK_THAT(message, Contains("has env run 'python3', which is not on PATH (PATH=/nonexistent)"));
+  // There but not executable: env's 126.
+  s.write("/notes.sh", "#!/usr/bin/env notes.txt\n", 0755);
+  CHECK(failure_code(s.dir + "/notes.sh", ProgramMode::kByName, {s.dir.c_str()}, &message) == 126);
+  CHECK_THAT(message, Contains("but " + s.dir + "/notes.txt on PATH is not an executable file"));
+  // Options without -S are part of the name on Linux: said, with the -S that splits them.
+  s.write("/opts.sh", "#!/usr/bin/env python3 -u\n", 0755);
+  CHECK(failure_code(s.dir + "/opts.sh", ProgramMode::kByName, {path.c_str()}, &message) == 127);
+  CHECK_THAT(message, Contains("has env run 'python3 -u'") && Contains("#!/usr/bin/env -S python3 -u"));
+  s.write("/split.sh", "#!/usr/bin/env -S python3 -u\n", 0755);
+  CHECK(resolve_program(s.dir + "/split.sh", path.c_str()) == s.dir + "/split.sh");
+  // A carriage return after the name, and a path that is not there.
+  s.write("/dos.sh", "#!/usr/bin/env python3\r\n", 0755);
+  CHECK(failure_code(s.dir + "/dos.sh", ProgramMode::kByName, {path.c_str()}, &message) == 127);
+  CHECK_THAT(message, Contains("has env run 'python3\\r'") && Contains("Windows line endings"));
+  s.write("/abs.sh", "#!/usr/bin/env /no/such/python\n", 0755);
+  CHECK(failure_code(s.dir + "/abs.sh", ProgramMode::kByName, {path.c_str()}, &message) == 127);
+  CHECK_THAT(message, Contains("has env run '/no/such/python', which does not exist"));
+}
+
 TEST_CASE("program_command: the active environment's python before PATH's, PYTHON_EXEC before both",
           "[program_command]") {
   const auto programs = [](const ProgramLookup& lookup) {

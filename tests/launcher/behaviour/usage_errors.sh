@@ -1,4 +1,5 @@
-# (h) Command-line mistakes: exit 2 with the flag named; a missing PROGRAM (or its #! interpreter): 127
+# (h) Command-line mistakes: exit 2 with the flag named; a missing PROGRAM (or its #! interpreter, or
+# the NAME of its #!/usr/bin/env NAME): 127
 # with its name.
 . "$(dirname "$0")/common.sh"
 
@@ -51,6 +52,14 @@ cpprun "$WORK/dos.sh"
 expect_eq "$?" 127 "#! line with a carriage return's exit code"
 expect_in_file "$WORK/err" "its interpreter '/bin/sh\\r' (from its #! line) does not exist: the #! line ends in a carriage return" \
   "carriage return named"
+# #!/usr/bin/env NAME: env is there, NAME is not on PATH; named before any worker starts (each
+# worker's env would say "No such file or directory" and exit 127), 127 as env's.
+printf '#!/usr/bin/env cpprun-no-such-interpreter\ntouch started\n' >"$WORK/env.sh"
+chmod +x "$WORK/env.sh"
+(cd "$WORK" && cpprun --nproc_per_node=2 ./env.sh)
+expect_eq "$?" 127 "#!/usr/bin/env NAME not on PATH's exit code"
+expect_in_file "$WORK/err" "cpprun: cannot run PROGRAM './env.sh': its #! line (#!/usr/bin/env cpprun-no-such-interpreter) \
+has env run 'cpprun-no-such-interpreter', which is not on PATH" "env's missing program named"
 [ ! -e "$WORK/started" ] || fail "a script with a missing interpreter ran"
 
 cpprun --help
