@@ -53,7 +53,7 @@ const TensorGeometry& written(const DeferredOp& op) { return op.factory ? op.res
 
 }  // namespace
 
-DeferredReplay::DeferredReplay(const std::vector<std::vector<at::Tensor>>& groups)
+DeferredReplay::DeferredReplay(const std::vector<std::vector<at::Tensor>>& groups, bool every_group)
     : groups_(groups.size()), group_tensors_(groups) {
   for (std::size_t g = 0; g < groups.size(); ++g) {
     for (const auto& t : groups[g]) {
@@ -87,7 +87,7 @@ DeferredReplay::DeferredReplay(const std::vector<std::vector<at::Tensor>>& group
     }
   }
   dropped_ = take_dropped_draws(scopes, last_draw);
-  snapshots_ = !dropped_.empty() || needs_snapshots();
+  snapshots_ = !every_group || !dropped_.empty() || needs_snapshots();
   if (snapshots_) take_snapshots();
 }
 

@@ -26,7 +26,10 @@ class DeferredReplay {
  public:
   // `groups`: the tensors to materialise together, in the order materialize() will take them. Tensors
   // that are not deferred are left alone; one already in an earlier group (tied) is skipped.
-  explicit DeferredReplay(const std::vector<std::vector<at::Tensor>>& groups);
+  // every_group: false when only some groups will be materialised (a pipeline stage's part of a
+  // model): their draws then start from snapshots, and the generators still end where eager
+  // construction of the whole leaves them.
+  explicit DeferredReplay(const std::vector<std::vector<at::Tensor>>& groups, bool every_group = true);
   ~DeferredReplay();
   DeferredReplay(const DeferredReplay&) = delete;
   DeferredReplay& operator=(const DeferredReplay&) = delete;

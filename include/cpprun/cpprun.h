@@ -24,6 +24,7 @@
 #include "cpprun/record.h"
 #include "cpprun/sampler.h"
 #include "cpprun/optimizer_state_dict.h"
+#include "cpprun/pipeline.h"
 #include "cpprun/state_dict.h"
 #include "cpprun/state_dict_options.h"
 #include "cpprun/step_timing.h"

@@ -1,0 +1,138 @@
+// Pipeline parallelism: a model cut into stages by the names of its children, each rank of a
+// pipeline group holding its own stage(s), and schedules (GPipe, 1F1B, Interleaved 1F1B) that run
+// one training step's micro-batches through the stages: activations forward and gradients back as
+// point-to-point messages (Gloo on CPU, NCCL on CUDA), as torch.distributed.pipelining does.
+//
+//   torch::nn::Sequential net({{"embed", Embed(cfg)}, {"block0", Block(cfg)}, ..., {"head", Head(cfg)}});
+//   cpprun::PipelineStage stage(net, {{"embed", "block0", "block1"}, {"block2", "block3", "head"}}, group);
+//   cpprun::Schedule1F1B schedule(stage, /*microbatches=*/8, loss_fn);   // loss_fn(output, target)
+//   torch::optim::AdamW opt(stage.parameters(), 3e-4);
+//   for (...) {
+//     opt.zero_grad();
+//     at::Tensor loss = schedule.step(tokens, targets);  // mean micro-batch loss, on every rank
+//     stage.clip_grad_norm(1.0);                          // the whole model's norm
+//     opt.step();
+//   }
+//
+// Every rank passes the same split (and may pass the step's inputs and targets: the first stage
+// reads the inputs, the last the targets, the others neither). The gradients equal those of the
+// unsplit model on the whole batch with the mean of the micro-batch losses, i.e. of the batch's
+// loss when loss_fn is a mean (PyTorch's scale_grads=True). See docs/pipeline_parallel.md.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/modules/container/sequential.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cpprun/process_group.h"
+
+namespace cpprun {
+
+// The child names of each stage, stage 0 first.
+using PipelineSplit = std::vector<std::vector<std::string>>;
+
+// `model`'s children in `stages` runs of as equal length as can be (the first stages get one
+// more child when they do not divide), e.g. to start from; real models usually give the first and
+// last stages fewer blocks, as they also hold the embedding and the head.
+PipelineSplit split_evenly(const torch::nn::Sequential& model, int stages);
+
+class PipelineStage {
+ public:
+  // Stage `stage_index` of `model` cut by `split` (one list of child names per stage, in the
+  // model's order; every child in exactly one stage; a mistake is an error naming the child),
+  // for the pipeline over `group`: stage s runs on the group's rank s % group.size(), so with
+  // one stage per rank stage r is rank r, and with v stages per rank (interleaved schedules)
+  // rank r holds r, r + p, ..., r + (v-1) p. stage_index -1: group.rank() (one stage per rank).
+  // Parameters that are deferred (deferred_init.h) are materialised for this stage only, with
+  // the values the unsplit model would have: no rank materialises the whole model.
+  PipelineStage(const torch::nn::Sequential& model, const PipelineSplit& split, ProcessGroup group,
+                int stage_index = -1);
+
+  int index() const { return index_; }
+  int num_stages() const { return num_stages_; }
+  bool is_first() const { return index_ == 0; }
+  bool is_last() const { return index_ == num_stages_ - 1; }
+  const ProcessGroup& group() const { return group_; }
+  // This stage's children, in order, sharing the model's parameters.
+  torch::nn::Sequential module() const { return module_; }
+  std::vector<at::Tensor> parameters() const { return module_->parameters(); }
+  // Scales the gradients so that the norm of the whole model's (every stage's) is at most
+  // max_norm, as clip_grad_norm_ on the unsplit model; returns that norm before clipping, on
+  // every rank. Collective over the pipeline group: every rank calls it, with all its stages
+  // (pipeline_clip_grad_norm below) when it holds several.
+  double clip_grad_norm(double max_norm);
+
+ private:
+  torch::nn::Sequential module_;
+  ProcessGroup group_;
+  int index_;
+  int num_stages_;
+};
+
+// clip_grad_norm over all the stages this rank holds (interleaved schedules).
+double pipeline_clip_grad_norm(const std::vector<PipelineStage*>& stages, double max_norm);
+
+// What the last step() did on this rank: for measuring bubbles and activation memory.
+struct PipelineStepStats {
+  double seconds = 0;          // the whole step, loss broadcast included
+  double waiting_seconds = 0;  // blocked on receives from neighbour stages (and their taking sends)
+  int peak_held = 0;           // most (stage, micro-batch) forwards whose backward had not run yet
+  double bubble_fraction() const { return seconds > 0 ? waiting_seconds / seconds : 0.0; }
+};
+
+// One training step's forward and backward passes over micro-batches, the order set by the
+// schedule (ScheduleGPipe, Schedule1F1B, ScheduleInterleaved1F1B below).
+class PipelineSchedule {
+ public:
+  // The loss of one micro-batch: the last stage's output and that micro-batch's targets.
+  using LossFn = std::function<at::Tensor(const at::Tensor& output, const at::Tensor& target)>;
+
+  virtual ~PipelineSchedule();
+  PipelineSchedule(const PipelineSchedule&) = delete;
+  PipelineSchedule& operator=(const PipelineSchedule&) = delete;
+
+  // Splits `inputs` (read on the first stage's rank) and `targets` (on the last's) along dim 0
+  // into the micro-batches, runs every forward and backward pass, and returns the mean of the
+  // micro-batch losses as a 0-dimensional float64 CPU tensor on every rank of the pipeline.
+  // Gradients accumulate into the stages' parameters (zero them before, as usual). Every rank of
+  // the pipeline group calls it; the batch must divide into the micro-batches.
+  at::Tensor step(const at::Tensor& inputs = {}, const at::Tensor& targets = {});
+  // The last step's loss of each micro-batch, on every rank.
+  const std::vector<double>& microbatch_losses() const;
+  const PipelineStepStats& last_step_stats() const;
+  int microbatches() const;
+
+ protected:
+  enum class Order { kGPipe, k1F1B, kInterleaved1F1B };
+  PipelineSchedule(std::vector<PipelineStage*> stages, int microbatches, LossFn loss, Order order);
+
+ private:
+  struct Runtime;  // pipeline/schedule_runtime.cpp
+  std::unique_ptr<Runtime> runtime_;
+};
+
+// All forwards, then all backwards: every micro-batch's activations are held at once.
+class ScheduleGPipe : public PipelineSchedule {
+ public:
+  ScheduleGPipe(PipelineStage& stage, int microbatches, LossFn loss);
+};
+
+// One forward, one backward (PipeDream-Flush): the same bubble as GPipe, but rank r holds at
+// most p - r micro-batches' activations.
+class Schedule1F1B : public PipelineSchedule {
+ public:
+  Schedule1F1B(PipelineStage& stage, int microbatches, LossFn loss);
+};
+
+// Megatron-LM's interleaved 1F1B over v stages per rank (given in order: stage r, r + p, ...):
+// the bubble shrinks by v, at v times the messages. Micro-batches: a multiple of the ranks.
+class ScheduleInterleaved1F1B : public PipelineSchedule {
+ public:
+  ScheduleInterleaved1F1B(std::vector<PipelineStage*> stages, int microbatches, LossFn loss);
+};
+
+}  // namespace cpprun

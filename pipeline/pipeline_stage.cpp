@@ -1,0 +1,103 @@
+// PipelineStage: one stage of a model cut by child names (checked by stage_split.h), and the
+// gradient clipping that spans every stage.
+#include <c10/util/Exception.h>
+#include <torch/nn/module.h>
+
+#include <unordered_set>
+
+#include "core/clip_grad_norm.h"
+#include "core/deferred_replay.h"
+#include "cpprun/deferred_init.h"
+#include "cpprun/pipeline.h"
+#include "pipeline/stage_split.h"
+
+namespace cpprun {
+
+namespace {
+
+std::vector<std::string> child_names(const torch::nn::Sequential& model) {
+  std::vector<std::string> names;
+  for (const auto& child : model->named_children()) names.push_back(child.key());
+  return names;
+}
+
+bool any_deferred(const torch::nn::Module& module) {
+  for (const auto& p : module.parameters()) {
+    if (is_deferred(p)) return true;
+  }
+  for (const auto& b : module.buffers()) {
+    if (is_deferred(b)) return true;
+  }
+  return false;
+}
+
+// Gives the stage's deferred tensors their memory and the values eager construction of the whole
+// model gives them; the other stages' stay without memory. Their draws, earlier or later, are
+// replayed on scratch memory so that this stage's start where eager construction's did.
+void materialize_stage(const torch::nn::Module& model, const torch::nn::Module& stage) {
+  std::vector<at::Tensor> mine, others;
+  std::unordered_set<const c10::StorageImpl*> in_stage;
+  for (const auto& t : stage.parameters()) mine.push_back(t);
+  for (const auto& t : stage.buffers()) mine.push_back(t);
+  for (const auto& t : mine) {
+    if (t.has_storage()) in_stage.insert(t.storage().unsafeGetStorageImpl());
+  }
+  for (const auto& list : {model.parameters(), model.buffers()}) {
+    for (const auto& t : list) {
+      if (is_deferred(t) && !in_stage.count(t.storage().unsafeGetStorageImpl())) others.push_back(t);
+    }
+  }
+  detail::DeferredReplay replay({mine, others}, /*every_group=*/false);
+  replay.materialize(0);
+}
+
+}  // namespace
+
+PipelineSplit split_evenly(const torch::nn::Sequential& model, int stages) {
+  const auto names = child_names(model);
+  PipelineSplit split;
+  for (const auto& range : detail::even_ranges(static_cast<int>(names.size()), stages)) {
+    split.emplace_back(names.begin() + range.first, names.begin() + range.first + range.count);
+  }
+  return split;
+}
+
+PipelineStage::PipelineStage(const torch::nn::Sequential& model, const PipelineSplit& split, ProcessGroup group,
+                             int stage_index)
+    : group_(std::move(group)), num_stages_(static_cast<int>(split.size())) {
+  TORCH_CHECK(group_.is_member(), "PipelineStage: this rank is not a member of the pipeline group.");
+  const auto names = child_names(model);
+  TORCH_CHECK(static_cast<int>(names.size()) == static_cast<int>(model->size()),
+              "PipelineStage: the model's children and its modules differ in number; build it as a plain "
+              "torch::nn::Sequential.");
+  const auto ranges = detail::check_split(names, split, group_.size());
+  index_ = stage_index < 0 ? group_.rank() : stage_index;
+  TORCH_CHECK(index_ < num_stages_, "PipelineStage: stage ", index_, " does not exist; the split has ", num_stages_,
+              " stages (0 to ", num_stages_ - 1, ").");
+  TORCH_CHECK(stage_index >= 0 || num_stages_ == group_.size(), "PipelineStage: the split has ", num_stages_,
+              " stages for ", group_.size(), " pipeline ranks; with several stages per rank, build each with its "
+              "stage_index (rank r holds r, r + ", group_.size(), ", ...).");
+  TORCH_CHECK(index_ % group_.size() == group_.rank(), "PipelineStage: stage ", index_, " runs on pipeline rank ",
+              index_ % group_.size(), " (stage s on rank s % ", group_.size(), "), not on this rank ", group_.rank(),
+              ".");
+  const auto& range = ranges[index_];
+  auto begin = model->begin() + range.first;
+  for (int i = 0; i < range.count; ++i) module_->push_back(names[range.first + i], *(begin + i));
+  if (any_deferred(*module_)) materialize_stage(*model, *module_);
+}
+
+double PipelineStage::clip_grad_norm(double max_norm) { return pipeline_clip_grad_norm({this}, max_norm); }
+
+double pipeline_clip_grad_norm(const std::vector<PipelineStage*>& stages, double max_norm) {
+  TORCH_CHECK(!stages.empty(), "pipeline_clip_grad_norm: no stages given.");
+  std::vector<detail::GradientToClip> grads;
+  for (const auto* stage : stages) {
+    TORCH_CHECK(stage->group().rank() == stages[0]->group().rank(),
+                "pipeline_clip_grad_norm: the stages come from different pipeline groups.");
+    for (const auto& p : stage->parameters()) grads.push_back({p.grad(), std::nullopt});
+  }
+  // Each rank's stages hold a disjoint part of the model: the squares add up over the group.
+  return detail::clip_grad_norm(grads, max_norm, &stages[0]->group(), "cpprun::PipelineStage");
+}
+
+}  // namespace cpprun

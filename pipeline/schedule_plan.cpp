@@ -1,0 +1,180 @@
+// See schedule_plan.h.
+#include "pipeline/schedule_plan.h"
+
+#include <algorithm>
+#include <map>
+#include <sstream>
+#include <tuple>
+
+namespace cpprun::detail {
+
+const char* to_string(ScheduleKind kind) {
+  switch (kind) {
+    case ScheduleKind::kGPipe: return "GPipe";
+    case ScheduleKind::k1F1B: return "1F1B";
+    case ScheduleKind::kInterleaved1F1B: return "Interleaved1F1B";
+  }
+  return "?";
+}
+
+std::string to_string(const PipelinePass& pass) {
+  return (pass.kind == PassKind::kForward ? "F" : "B") + std::to_string(pass.microbatch) + "@s" +
+         std::to_string(pass.stage);
+}
+
+std::optional<std::string> refuse_shape(ScheduleKind kind, const PipelineShape& shape) {
+  std::ostringstream why;
+  if (shape.ranks < 1 || shape.stages_per_rank < 1) {
+    why << "a pipeline needs at least one rank and one stage per rank (got " << shape.ranks << " ranks, "
+        << shape.stages_per_rank << " stages per rank).";
+    return why.str();
+  }
+  if (shape.microbatches < 1) {
+    why << to_string(kind) << " needs at least one micro-batch per step (got " << shape.microbatches << ").";
+    return why.str();
+  }
+  if (kind != ScheduleKind::kInterleaved1F1B && shape.stages_per_rank != 1) {
+    why << to_string(kind) << " runs one stage per rank, but this rank holds " << shape.stages_per_rank
+        << " stages; use Interleaved1F1B for several stages per rank, or split the model into as many stages as "
+           "there are pipeline ranks ("
+        << shape.ranks << ").";
+    return why.str();
+  }
+  if (kind == ScheduleKind::kInterleaved1F1B && shape.microbatches % shape.ranks != 0) {
+    // Its rounds take p micro-batches through each of a rank's stages in turn: a partial round
+    // would leave a stage waiting for a micro-batch that never comes.
+    why << "Interleaved1F1B runs micro-batches in rounds of one per pipeline rank: " << shape.microbatches
+        << " micro-batches is not a multiple of the " << shape.ranks << " pipeline ranks; use "
+        << (shape.microbatches / shape.ranks + 1) * shape.ranks << " (or any multiple of " << shape.ranks
+        << "), or Schedule1F1B.";
+    return why.str();
+  }
+  return std::nullopt;
+}
+
+namespace {
+
+std::vector<PipelinePass> one_f_one_b(int stage, int warmup, int microbatches) {
+  std::vector<PipelinePass> passes;
+  for (int mb = 0; mb < warmup; ++mb) passes.push_back({PassKind::kForward, stage, mb});
+  for (int i = 0; i < microbatches - warmup; ++i) {
+    passes.push_back({PassKind::kForward, stage, warmup + i});
+    passes.push_back({PassKind::kBackward, stage, i});
+  }
+  for (int mb = microbatches - warmup; mb < microbatches; ++mb) passes.push_back({PassKind::kBackward, stage, mb});
+  return passes;
+}
+
+// Megatron-LM's interleaved order: the k-th forward (or backward) of a rank.
+PipelinePass interleaved_pass(PassKind kind, const PipelineShape& shape, int rank, int k) {
+  const int p = shape.ranks, v = shape.stages_per_rank;
+  const int round_position = k % (p * v);
+  int chunk = round_position / p;
+  if (kind == PassKind::kBackward) chunk = v - 1 - chunk;
+  const int microbatch = (k / (p * v)) * p + k % p;
+  return {kind, chunk * p + rank, microbatch};
+}
+
+}  // namespace
+
+std::vector<PipelinePass> plan_rank(ScheduleKind kind, const PipelineShape& shape, int rank) {
+  const int p = shape.ranks, m = shape.microbatches;
+  switch (kind) {
+    case ScheduleKind::kGPipe: return one_f_one_b(rank, m, m);
+    case ScheduleKind::k1F1B: return one_f_one_b(rank, std::min(p - rank - 1, m), m);
+    case ScheduleKind::kInterleaved1F1B: {
+      const int total = m * shape.stages_per_rank;
+      // With as many micro-batches as ranks there is no steady state: every forward first.
+      const int warmup =
+          m == p ? total : std::min(total, (p - rank - 1) * 2 + (shape.stages_per_rank - 1) * p);
+      std::vector<PipelinePass> passes;
+      for (int k = 0; k < warmup; ++k) passes.push_back(interleaved_pass(PassKind::kForward, shape, rank, k));
+      for (int i = 0; i < total - warmup; ++i) {
+        passes.push_back(interleaved_pass(PassKind::kForward, shape, rank, warmup + i));
+        passes.push_back(interleaved_pass(PassKind::kBackward, shape, rank, i));
+      }
+      for (int k = total - warmup; k < total; ++k) passes.push_back(interleaved_pass(PassKind::kBackward, shape, rank, k));
+      return passes;
+    }
+  }
+  return {};
+}
+
+Simulation simulate(const PipelineShape& shape, const std::vector<std::vector<PipelinePass>>& plans,
+                    double forward_cost, double backward_cost) {
+  Simulation result;
+  const int p = shape.ranks, last = shape.stages() - 1;
+  result.busy_per_rank = shape.microbatches * shape.stages_per_rank * (forward_cost + backward_cost);
+  result.peak_in_flight.assign(p, 0);
+  if (static_cast<int>(plans.size()) != p) {
+    result.deadlock = "expected one plan per rank";
+    return result;
+  }
+  // When each stage's output (forward) or input gradient (backward) of a micro-batch is ready.
+  std::map<std::tuple<PassKind, int, int>, double> done_at;
+  std::vector<size_t> next(p, 0);
+  std::vector<double> clock(p, 0.0);
+  std::vector<int> in_flight(p, 0);
+  for (bool progressed = true; progressed;) {
+    progressed = false;
+    for (int r = 0; r < p; ++r) {
+      while (next[r] < plans[r].size()) {
+        const PipelinePass& pass = plans[r][next[r]];
+        if (shape.rank_of(pass.stage) != r) {
+          result.deadlock = "rank " + std::to_string(r) + "'s plan runs " + to_string(pass) + " of another rank";
+          return result;
+        }
+        // A backward needs this stage's own forward of the micro-batch, even where it waits for a
+        // gradient: a plan that runs them the other way round is wrong.
+        if (pass.kind == PassKind::kBackward && !done_at.count({PassKind::kForward, pass.stage, pass.microbatch})) {
+          result.deadlock = "rank " + std::to_string(r) + " runs " + to_string(pass) + " before its forward";
+          return result;
+        }
+        std::tuple<PassKind, int, int> needs;
+        if (pass.kind == PassKind::kForward) {
+          if (pass.stage == 0) needs = {PassKind::kForward, -1, pass.microbatch};
+          else needs = {PassKind::kForward, pass.stage - 1, pass.microbatch};
+        } else {
+          if (pass.stage == last) needs = {PassKind::kForward, pass.stage, pass.microbatch};
+          else needs = {PassKind::kBackward, pass.stage + 1, pass.microbatch};
+        }
+        double ready = 0;
+        if (std::get<1>(needs) >= 0) {
+          auto it = done_at.find(needs);
+          if (it == done_at.end()) break;  // a receive that waits
+          ready = it->second;
+        }
+        const auto key = std::make_tuple(pass.kind, pass.stage, pass.microbatch);
+        if (done_at.count(key)) {
+          result.deadlock = "rank " + std::to_string(r) + " runs " + to_string(pass) + " twice";
+          return result;
+        }
+        const double start = std::max(clock[r], ready);
+        clock[r] = start + (pass.kind == PassKind::kForward ? forward_cost : backward_cost);
+        done_at[key] = clock[r];
+        in_flight[r] += pass.kind == PassKind::kForward ? 1 : -1;
+        result.peak_in_flight[r] = std::max(result.peak_in_flight[r], in_flight[r]);
+        ++next[r];
+        progressed = true;
+      }
+    }
+  }
+  std::ostringstream waiting;
+  for (int r = 0; r < p; ++r) {
+    if (next[r] < plans[r].size()) waiting << (waiting.tellp() > 0 ? "; " : "") << "rank " << r << " waits in " << to_string(plans[r][next[r]]);
+  }
+  if (waiting.tellp() > 0) {
+    result.deadlock = waiting.str();
+    return result;
+  }
+  for (int r = 0; r < p; ++r) {
+    if (in_flight[r] != 0 || plans[r].size() != static_cast<size_t>(2 * shape.microbatches * shape.stages_per_rank)) {
+      result.deadlock = "rank " + std::to_string(r) + "'s plan does not run each of its passes once";
+      return result;
+    }
+    result.makespan = std::max(result.makespan, clock[r]);
+  }
+  return result;
+}
+
+}  // namespace cpprun::detail

@@ -1,0 +1,342 @@
+// PipelineSchedule: carries out a schedule's plan (schedule_plan.h) for this rank's stages. Each
+// pass receives what it needs (the previous stage's activation, the next stage's gradient), runs
+// its stage and sends what the neighbour needs; sends never block, and the receive of the next
+// pass is posted before the current pass computes, so messages travel while the stage works.
+// Neighbour stages on the same rank (interleaved, one rank) hand tensors over in memory.
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <torch/autograd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <optional>
+#include <tuple>
+#include <utility>
+
+#include "cpprun/collectives.h"
+#include "cpprun/pipeline.h"
+#include "cpprun/point_to_point.h"
+#include "pipeline/schedule_plan.h"
+#include "pipeline/stage_messages.h"
+
+namespace cpprun {
+
+namespace {
+
+using detail::PassKind;
+using detail::PipelinePass;
+using detail::StageMessage;
+
+std::string message_of(const std::exception& e) {
+  if (const auto* c10 = dynamic_cast<const c10::Error*>(&e)) return c10->what_without_backtrace();
+  return e.what();
+}
+
+const ProcessGroup& group_of(const std::vector<PipelineStage*>& stages) {
+  TORCH_CHECK(!stages.empty() && stages[0] != nullptr, "PipelineSchedule: no stages given.");
+  return stages[0]->group();
+}
+
+bool carries_gradient(const at::Tensor& activation) { return at::isFloatingType(activation.scalar_type()) ||
+                                                             at::isComplexType(activation.scalar_type()); }
+
+}  // namespace
+
+struct PipelineSchedule::Runtime {
+  // A receive posted ahead of the pass that needs it.
+  struct Pending {
+    at::Tensor into;
+    Work work;
+  };
+  // What a (stage, micro-batch) keeps from its forward until its backward.
+  struct Held {
+    at::Tensor input;   // requires grad when the previous stage waits for its gradient
+    at::Tensor output;  // the stage's output (the last stage: undefined)
+    at::Tensor loss;    // the last stage: this micro-batch's loss, for backward
+  };
+  using Key = std::pair<int, int>;  // (stage, micro-batch)
+
+  explicit Runtime(ProcessGroup pipeline_group) : group(std::move(pipeline_group)) {}
+
+  std::map<int, PipelineStage*> stages;  // this rank's, by index
+  ProcessGroup group;
+  detail::ScheduleKind kind;
+  detail::PipelineShape shape;
+  std::vector<PipelinePass> plan;
+  LossFn loss_fn;
+  std::vector<double> losses;
+  PipelineStepStats stats;
+  std::optional<at::Device> device;  // where received tensors go: the stages' parameters'
+
+  // One step's state.
+  std::vector<at::Tensor> input_chunks, target_chunks;
+  std::map<Key, Held> held;
+  std::map<Key, at::Tensor> handed_activation, handed_gradient;  // from a stage on this rank
+  std::map<int, Pending> shape_recv;                              // per stage with a remote predecessor
+  std::map<int, at::Tensor> sent_shape;                           // per stage with a remote successor
+  std::map<std::tuple<StageMessage, int, int>, Pending> recvs;
+  struct Sent {
+    at::Tensor tensor;  // alive until taken
+    Work work;
+    int from_stage, to_stage;
+  };
+  std::vector<Sent> sends;
+
+  int last_stage() const { return shape.stages() - 1; }
+  int rank_of(int stage) const { return shape.rank_of(stage); }
+  bool remote(int stage) const { return rank_of(stage) != group.rank(); }
+  int tag(StageMessage message, int stage, int microbatch) const {
+    return detail::stage_message_tag(message, stage, microbatch, shape.microbatches, shape.stages());
+  }
+  std::string where(int stage) const {
+    return "pipeline stage " + std::to_string(stage) + " (rank " + std::to_string(group.rank()) + ")";
+  }
+
+  void wait(Work& work, int stage, const std::string& what) {
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      work.wait();
+    } catch (const std::exception& e) {
+      TORCH_CHECK(false, where(stage), " waiting for ", what, ": ", message_of(e));
+    }
+    stats.waiting_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+
+  at::Device receive_device() const {
+    return device.value_or(at::Device(at::kCPU));
+  }
+
+  // Posts the receive `pass` needs, when it needs one from another rank and its size is known.
+  // blocking: wait for the step's shape message if that is what is missing.
+  void post_receive(const PipelinePass& pass, bool blocking) {
+    if (pass.kind == PassKind::kForward) {
+      if (pass.stage == 0 || !remote(pass.stage - 1)) return;
+      const auto key = std::make_tuple(StageMessage::kActivation, pass.stage, pass.microbatch);
+      if (recvs.count(key)) return;
+      auto& shape_message = shape_recv.at(pass.stage);
+      if (!blocking && !shape_message.work.is_completed()) return;
+      wait(shape_message.work, pass.stage,
+           "the shape of stage " + std::to_string(pass.stage - 1) + "'s output (from rank " +
+               std::to_string(rank_of(pass.stage - 1)) + ", which has not sent it; is it running the same schedule?)");
+      at::Tensor into = detail::empty_from_shape(shape_message.into, receive_device());
+      recvs[key] = {into, irecv(group, into, rank_of(pass.stage - 1),
+                                tag(StageMessage::kActivation, pass.stage - 1, pass.microbatch))};
+    } else {
+      if (pass.stage == last_stage() || !remote(pass.stage + 1)) return;
+      const auto key = std::make_tuple(StageMessage::kGradient, pass.stage, pass.microbatch);
+      if (recvs.count(key)) return;
+      auto found = held.find({pass.stage, pass.microbatch});
+      if (found == held.end() || !carries_gradient(found->second.output)) return;
+      at::Tensor into = at::empty_like(found->second.output, at::MemoryFormat::Contiguous);
+      recvs[key] = {into, irecv(group, into, rank_of(pass.stage + 1),
+                                tag(StageMessage::kGradient, pass.stage, pass.microbatch))};
+    }
+  }
+
+  at::Tensor take_receive(StageMessage message, const PipelinePass& pass, int from_stage) {
+    auto it = recvs.find(std::make_tuple(message, pass.stage, pass.microbatch));
+    TORCH_INTERNAL_ASSERT(it != recvs.end(), "pipeline: no receive posted for ", detail::to_string(pass));
+    Pending pending = std::move(it->second);
+    recvs.erase(it);
+    wait(pending.work, pass.stage,
+         std::string(message == StageMessage::kActivation ? "the activation" : "the gradient") + " of micro-batch " +
+             std::to_string(pass.microbatch) + " from stage " + std::to_string(from_stage) + " (rank " +
+             std::to_string(rank_of(from_stage)) + ")");
+    return pending.into;
+  }
+
+  void send(at::Tensor tensor, int to_stage, StageMessage message, int tag_stage, int microbatch) {
+    tensor = tensor.contiguous();
+    const int from_stage = message == StageMessage::kGradient ? tag_stage + 1 : tag_stage;
+    sends.push_back({tensor, isend(group, tensor, rank_of(to_stage), tag(message, tag_stage, microbatch)), from_stage,
+                     to_stage});
+  }
+
+  void forward(const PipelinePass& pass) {
+    PipelineStage& stage = *stages.at(pass.stage);
+    Held state;
+    if (pass.stage == 0) {
+      state.input = input_chunks.at(pass.microbatch);
+    } else {
+      at::Tensor received = remote(pass.stage - 1)
+                                ? take_receive(StageMessage::kActivation, pass, pass.stage - 1)
+                                : handed_activation.at({pass.stage, pass.microbatch});
+      handed_activation.erase({pass.stage, pass.microbatch});
+      state.input = carries_gradient(received) ? received.detach().requires_grad_(true) : received;
+    }
+    at::Tensor output = stage.module()->forward(state.input);
+    if (pass.stage == last_stage()) {
+      state.loss = loss_fn(output, target_chunks.at(pass.microbatch));
+      TORCH_CHECK(state.loss.defined() && state.loss.numel() == 1, where(pass.stage),
+                  ": the loss function must return one value per micro-batch (e.g. the mean loss), got ",
+                  state.loss.defined() ? state.loss.sizes() : at::IntArrayRef{}, ".");
+      losses[pass.microbatch] = state.loss.detach().to(at::kDouble).item<double>();
+    } else if (remote(pass.stage + 1)) {
+      auto& sent = sent_shape[pass.stage];
+      at::Tensor encoded = detail::encode_shape(output);
+      if (!sent.defined()) {
+        sent = encoded;
+        send(encoded, pass.stage + 1, StageMessage::kShape, pass.stage, 0);
+      } else {
+        TORCH_CHECK(at::equal(sent, encoded), where(pass.stage), ": the output of micro-batch ", pass.microbatch,
+                    " is ", detail::describe_shape(encoded), " but this step's first was ",
+                    detail::describe_shape(sent), "; a stage's outputs must keep one shape and dtype within a step.");
+      }
+      send(output.detach(), pass.stage + 1, StageMessage::kActivation, pass.stage, pass.microbatch);
+      state.output = output;
+    } else {
+      handed_activation[{pass.stage + 1, pass.microbatch}] = output.detach();
+      state.output = output;
+    }
+    held[{pass.stage, pass.microbatch}] = std::move(state);
+    stats.peak_held = std::max(stats.peak_held, static_cast<int>(held.size()));
+  }
+
+  void backward(const PipelinePass& pass) {
+    auto it = held.find({pass.stage, pass.microbatch});
+    TORCH_INTERNAL_ASSERT(it != held.end(), "pipeline: ", detail::to_string(pass), " before its forward");
+    Held state = std::move(it->second);
+    held.erase(it);
+    if (pass.stage == last_stage()) {
+      // The mean over micro-batches: the gradients of the whole batch's mean loss.
+      (state.loss / shape.microbatches).backward();
+    } else if (carries_gradient(state.output)) {
+      at::Tensor gradient = remote(pass.stage + 1) ? take_receive(StageMessage::kGradient, pass, pass.stage + 1)
+                                                   : handed_gradient.at({pass.stage, pass.microbatch});
+      handed_gradient.erase({pass.stage, pass.microbatch});
+      if (state.output.requires_grad()) torch::autograd::backward({state.output}, {gradient});
+    }
+    if (pass.stage == 0 || !carries_gradient(state.input)) return;
+    at::Tensor input_grad = state.input.grad();
+    if (!input_grad.defined()) input_grad = at::zeros_like(state.input);  // the output did not depend on it
+    if (remote(pass.stage - 1)) {
+      send(input_grad, pass.stage - 1, StageMessage::kGradient, pass.stage - 1, pass.microbatch);
+    } else {
+      handed_gradient[{pass.stage - 1, pass.microbatch}] = input_grad;
+    }
+  }
+
+  // Every rank learns the batch sizes the first and last stages were given and checks them alike,
+  // so that a bad batch is one error on every rank rather than one rank's error and the others'
+  // wait for messages that never come. Rows: -1 for no tensor given (or a 0-dim one).
+  void check_batch(const at::Tensor& inputs, const at::Tensor& targets) {
+    constexpr int64_t kNotHere = -2;
+    auto rows = [](const at::Tensor& t) -> int64_t { return t.defined() && t.dim() > 0 ? t.size(0) : -1; };
+    at::Tensor given = at::full({2}, kNotHere, at::kLong);
+    if (stages.count(0)) given[0] = rows(inputs);
+    if (stages.count(last_stage())) given[1] = rows(targets);
+    all_reduce(group, given, ReduceOp::kMax);
+    const int m = shape.microbatches;
+    const int64_t input_rows = given[0].item<int64_t>(), target_rows = given[1].item<int64_t>();
+    for (const auto& [rows_given, what, stage] : {std::make_tuple(input_rows, "inputs", 0),
+                                                  std::make_tuple(target_rows, "targets", last_stage())}) {
+      const std::string at_stage = "pipeline stage " + std::to_string(stage) + " (rank " +
+                                   std::to_string(rank_of(stage)) + ")";
+      TORCH_CHECK(rows_given >= 0, at_stage, " was given no ", what, " (or a 0-dimensional tensor) in step(): pass the "
+                  "step's ", what, " on that rank (", stage == 0 ? "the first stage reads the inputs" :
+                  "the last stage reads the targets", "); found on rank ", group.rank(), ".");
+      TORCH_CHECK(rows_given > 0 && rows_given % m == 0, at_stage, ": the ", what, "' batch of ", rows_given, " rows does not split into ",
+                  m, " micro-batches of equal size; use a batch divisible by ", m,
+                  " or a number of micro-batches that divides the batch (found on rank ", group.rank(), ").");
+    }
+  }
+
+  at::Tensor step(const at::Tensor& inputs, const at::Tensor& targets) {
+    const c10::AutoGradMode grad_enabled(true);
+    const auto started = std::chrono::steady_clock::now();
+    stats = PipelineStepStats();
+    // A step that threw leaves its passes behind; the next one starts clean (its neighbours,
+    // which saw the same error, too).
+    held.clear();
+    recvs.clear();
+    handed_activation.clear();
+    handed_gradient.clear();
+    sends.clear();
+    shape_recv.clear();
+    sent_shape.clear();
+    check_batch(inputs, targets);
+    if (stages.count(0)) input_chunks = inputs.chunk(shape.microbatches, 0);
+    if (stages.count(last_stage())) target_chunks = targets.chunk(shape.microbatches, 0);
+    losses.assign(shape.microbatches, 0.0);
+    for (const auto& [index, stage] : stages) {
+      if (index > 0 && remote(index - 1)) {
+        at::Tensor into = detail::shape_buffer();
+        shape_recv[index] = {into, irecv(group, into, rank_of(index - 1), tag(StageMessage::kShape, index - 1, 0))};
+      }
+    }
+    for (size_t i = 0; i < plan.size(); ++i) {
+      post_receive(plan[i], /*blocking=*/true);
+      if (i + 1 < plan.size()) post_receive(plan[i + 1], /*blocking=*/false);
+      if (plan[i].kind == PassKind::kForward) forward(plan[i]);
+      else backward(plan[i]);
+    }
+    for (auto& sent : sends) {
+      wait(sent.work, sent.from_stage,
+           "stage " + std::to_string(sent.to_stage) + " (rank " + std::to_string(rank_of(sent.to_stage)) +
+               ") to take a message");
+    }
+    TORCH_INTERNAL_ASSERT(held.empty() && recvs.empty() && handed_activation.empty() && handed_gradient.empty(),
+                          "pipeline: a step ended with passes left over");
+    sends.clear();
+    shape_recv.clear();
+    sent_shape.clear();
+    input_chunks.clear();
+    target_chunks.clear();
+    // The last stage's losses reach every rank, for logging and early stopping alike.
+    at::Tensor all = at::tensor(losses, at::kDouble);
+    broadcast(group, all, rank_of(last_stage()));
+    losses.assign(all.data_ptr<double>(), all.data_ptr<double>() + all.numel());
+    stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    return all.mean();
+  }
+};
+
+PipelineSchedule::PipelineSchedule(std::vector<PipelineStage*> stages, int microbatches, LossFn loss, Order order)
+    : runtime_(std::make_unique<Runtime>(group_of(stages))) {
+  auto& rt = *runtime_;
+  rt.kind = order == Order::kGPipe  ? detail::ScheduleKind::kGPipe
+            : order == Order::k1F1B ? detail::ScheduleKind::k1F1B
+                                    : detail::ScheduleKind::kInterleaved1F1B;
+  TORCH_CHECK(loss != nullptr, detail::to_string(rt.kind), ": a loss function is needed; the last stage's output and "
+                               "targets go into it.");
+  const int p = rt.group.size();
+  for (auto* stage : stages) {
+    TORCH_CHECK(stage != nullptr && stage->num_stages() == stages[0]->num_stages(), detail::to_string(rt.kind),
+                ": the stages come from different splits.");
+    TORCH_CHECK(rt.stages.emplace(stage->index(), stage).second, detail::to_string(rt.kind), ": stage ",
+                stage->index(), " given twice.");
+    if (!rt.device) {
+      for (const auto& p : stage->parameters()) {
+        rt.device = p.device();
+        break;
+      }
+    }
+  }
+  const int num_stages = stages[0]->num_stages();
+  rt.shape = {p, num_stages / p, microbatches};
+  if (auto refused = detail::refuse_shape(rt.kind, rt.shape)) TORCH_CHECK(false, *refused);
+  TORCH_CHECK(static_cast<int>(stages.size()) == rt.shape.stages_per_rank, detail::to_string(rt.kind), ": this rank ",
+              rt.group.rank(), " holds ", rt.shape.stages_per_rank, " of the ", num_stages,
+              " stages (", num_stages, " stages over ", p, " ranks), but ", stages.size(), " were given.");
+  rt.plan = detail::plan_rank(rt.kind, rt.shape, rt.group.rank());
+  rt.loss_fn = std::move(loss);
+}
+
+PipelineSchedule::~PipelineSchedule() = default;
+
+at::Tensor PipelineSchedule::step(const at::Tensor& inputs, const at::Tensor& targets) {
+  return runtime_->step(inputs, targets);
+}
+const std::vector<double>& PipelineSchedule::microbatch_losses() const { return runtime_->losses; }
+const PipelineStepStats& PipelineSchedule::last_step_stats() const { return runtime_->stats; }
+int PipelineSchedule::microbatches() const { return runtime_->shape.microbatches; }
+
+ScheduleGPipe::ScheduleGPipe(PipelineStage& stage, int microbatches, LossFn loss)
+    : PipelineSchedule({&stage}, microbatches, std::move(loss), Order::kGPipe) {}
+Schedule1F1B::Schedule1F1B(PipelineStage& stage, int microbatches, LossFn loss)
+    : PipelineSchedule({&stage}, microbatches, std::move(loss), Order::k1F1B) {}
+ScheduleInterleaved1F1B::ScheduleInterleaved1F1B(std::vector<PipelineStage*> stages, int microbatches, LossFn loss)
+    : PipelineSchedule(std::move(stages), microbatches, std::move(loss), Order::kInterleaved1F1B) {}
+
+}  // namespace cpprun

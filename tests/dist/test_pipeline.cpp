@@ -1,0 +1,232 @@
+// Pipeline parallelism under `cpprun --nproc_per_node=K`, K = 1..4, the K ranks one pipeline:
+// GPipe, 1F1B and Interleaved 1F1B (2 stages per rank) train a 14-child MLP split evenly (unevenly
+// where 14 does not divide) for several AdamW steps with gradient clipping over the whole model,
+// and must match one process training the unsplit model on the whole batch: the loss every rank
+// gets from step(), the clipped norm, and every parameter by name. Micro-batch counts include fewer
+// than the stages (the anchors' hang). A model built with deferred_init materialises only each
+// rank's stage, with the unsplit model's values. A careless user's mistakes end in one error on
+// every rank, and the schedule still runs the next step. All float64: the split and the reference
+// differ only by summation order.
+#include "catch.h"
+#include <torch/torch.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "cpprun/cpprun.h"
+#include "ddp_test_models.h"
+#include "dist_test_support.h"
+
+using dist_test::group;
+using ddp_test::relative_difference;
+
+namespace {
+
+// Measured worst over every check at 1 to 4 ranks: printed per rank at the end of each case. A
+// wrong gradient or a stage run twice moves a parameter by about the learning rate per step.
+constexpr double kTolerance = 1e-10;
+constexpr int kSteps = 4;
+constexpr int kBatch = 24;
+constexpr double kMaxNorm = 0.3;
+
+// Parameters made in float64 directly, so that deferred_init records no conversion.
+struct DoubleByDefault {
+  caffe2::TypeMeta before = c10::get_default_dtype();
+  DoubleByDefault() { c10::set_default_dtype(caffe2::TypeMeta::Make<double>()); }
+  ~DoubleByDefault() { c10::set_default_dtype(before); }
+};
+
+torch::nn::Sequential make_model() {
+  torch::manual_seed(11);
+  torch::nn::Sequential net;
+  net->push_back("in", torch::nn::Linear(6, 16));
+  for (int i = 0; i < 6; ++i) {
+    net->push_back("act" + std::to_string(i), torch::nn::Tanh());
+    net->push_back("h" + std::to_string(i), torch::nn::Linear(16, 16));
+  }
+  net->push_back("out", torch::nn::Linear(16, 3));
+  return net;
+}
+
+at::Tensor mse(const at::Tensor& output, const at::Tensor& target) { return torch::mse_loss(output, target); }
+
+struct Batch {
+  at::Tensor inputs, targets;
+};
+Batch batch_of(int step) {
+  torch::manual_seed(100 + step);
+  return {torch::randn({kBatch, 6}, torch::kDouble), torch::randn({kBatch, 3}, torch::kDouble)};
+}
+
+struct Reference {
+  std::vector<double> losses, norms;
+  torch::nn::Sequential model;
+};
+Reference train_reference() {
+  DoubleByDefault doubles;
+  Reference ref{{}, {}, make_model()};
+  torch::optim::AdamW opt(ref.model->parameters(), torch::optim::AdamWOptions(1e-2));
+  for (int s = 0; s < kSteps; ++s) {
+    auto [x, y] = batch_of(s);
+    opt.zero_grad();
+    auto loss = mse(ref.model->forward(x), y);
+    loss.backward();
+    ref.norms.push_back(torch::nn::utils::clip_grad_norm_(ref.model->parameters(), kMaxNorm));
+    ref.losses.push_back(loss.item<double>());
+    opt.step();
+  }
+  return ref;
+}
+
+const Reference& reference() {
+  static const Reference ref = train_reference();
+  return ref;
+}
+
+enum class Kind { kGPipe, k1F1B, kInterleaved };
+
+std::unique_ptr<cpprun::PipelineSchedule> make_schedule(Kind kind, std::vector<cpprun::PipelineStage>& stages,
+                                                        int microbatches) {
+  if (kind == Kind::kGPipe) return std::make_unique<cpprun::ScheduleGPipe>(stages[0], microbatches, mse);
+  if (kind == Kind::k1F1B) return std::make_unique<cpprun::Schedule1F1B>(stages[0], microbatches, mse);
+  std::vector<cpprun::PipelineStage*> mine;
+  for (auto& stage : stages) mine.push_back(&stage);
+  return std::make_unique<cpprun::ScheduleInterleaved1F1B>(mine, microbatches, mse);
+}
+
+// Trains kSteps under the pipeline; returns the largest relative difference from the reference.
+double train_and_compare(Kind kind, int microbatches, bool deferred = false) {
+  const auto& pg = group();
+  const int p = pg.size(), v = kind == Kind::kInterleaved ? 2 : 1;
+  DoubleByDefault doubles;
+  torch::nn::Sequential model = deferred ? cpprun::deferred_init(make_model) : make_model();
+  const auto split = cpprun::split_evenly(model, p * v);
+  std::vector<cpprun::PipelineStage> stages;
+  std::vector<at::Tensor> params;
+  for (int k = 0; k < v; ++k) {
+    stages.emplace_back(model, split, pg, pg.rank() + k * p);
+    for (const auto& t : stages.back().parameters()) params.push_back(t);
+  }
+  if (deferred) {
+    // Only this rank's stages got memory.
+    int materialised = 0, left = 0;
+    for (const auto& t : model->parameters()) (cpprun::is_deferred(t) ? left : materialised) += 1;
+    CHECK(materialised == static_cast<int>(params.size()));
+    if (p > 1) CHECK(left > 0);
+  }
+  auto schedule = make_schedule(kind, stages, microbatches);
+  torch::optim::AdamW opt(params, torch::optim::AdamWOptions(1e-2));
+  double worst = 0;
+  const auto& ref = reference();
+  for (int s = 0; s < kSteps; ++s) {
+    auto [x, y] = batch_of(s);
+    opt.zero_grad();
+    const double loss = schedule->step(x, y).item<double>();
+    std::vector<cpprun::PipelineStage*> mine;
+    for (auto& stage : stages) mine.push_back(&stage);
+    const double norm = cpprun::pipeline_clip_grad_norm(mine, kMaxNorm);
+    opt.step();
+    worst = std::max({worst, std::abs(loss - ref.losses[s]) / ref.losses[s], std::abs(norm - ref.norms[s]) / ref.norms[s]});
+    REQUIRE(static_cast<int>(schedule->microbatch_losses().size()) == microbatches);
+    // The activations held at once: GPipe all, 1F1B p - r, interleaved its warm-up plus one.
+    const int r = pg.rank(), m = microbatches;
+    const int warmup = m == p ? m * v : std::min(m * v, (p - r - 1) * 2 + (v - 1) * p);
+    const int expected_held = kind == Kind::kGPipe ? m : kind == Kind::k1F1B ? std::min(p - r, m)
+                                                                               : std::min(warmup + 1, m * v);
+    const auto& stats = schedule->last_step_stats();
+    CHECK(stats.peak_held == expected_held);
+    CHECK((stats.seconds > 0 && stats.waiting_seconds >= 0 && stats.waiting_seconds <= stats.seconds));
+  }
+  auto ref_params = ref.model->named_parameters();
+  int compared = 0;
+  for (const auto& stage : stages) {
+    for (const auto& item : stage.module()->named_parameters()) {
+      worst = std::max(worst, relative_difference(item.value(), ref_params[item.key()]));
+      ++compared;
+    }
+  }
+  CHECK(compared == static_cast<int>(params.size()));
+  INFO("rank " << pg.rank() << " worst relative difference " << worst);
+  CHECK(worst < kTolerance);
+  return worst;
+}
+
+std::string error_of(const std::function<void()>& run) {
+  try {
+    run();
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("pipeline: the reference clips, so the parity checks clipping", "[pipeline]") {
+  const auto& ref = reference();
+  CHECK(*std::max_element(ref.norms.begin(), ref.norms.end()) > kMaxNorm);
+}
+
+TEST_CASE("pipeline: GPipe matches one process, with fewer micro-batches than stages too", "[pipeline]") {
+  double worst = 0;
+  for (int m : {1, 2, 4, 8}) worst = std::max(worst, train_and_compare(Kind::kGPipe, m));
+  std::printf("pipeline GPipe rank %d: worst relative difference %.2e\n", group().rank(), worst);
+}
+
+TEST_CASE("pipeline: 1F1B matches one process, with fewer micro-batches than stages too", "[pipeline]") {
+  double worst = 0;
+  for (int m : {1, 3, 4, 8}) worst = std::max(worst, train_and_compare(Kind::k1F1B, m));
+  std::printf("pipeline 1F1B rank %d: worst relative difference %.2e\n", group().rank(), worst);
+}
+
+TEST_CASE("pipeline: Interleaved 1F1B with 2 stages per rank matches one process", "[pipeline]") {
+  const int p = group().size();
+  double worst = 0;
+  for (int m : {p, 2 * p}) worst = std::max(worst, train_and_compare(Kind::kInterleaved, m));
+  std::printf("pipeline Interleaved1F1B rank %d: worst relative difference %.2e\n", group().rank(), worst);
+}
+
+TEST_CASE("pipeline: a deferred model materialises only this rank's stage, with the unsplit values", "[pipeline]") {
+  train_and_compare(Kind::k1F1B, 4, /*deferred=*/true);
+  // The random generator ends where eager construction of the whole model leaves it.
+  DoubleByDefault doubles;
+  make_model();
+  const at::Tensor after_eager = torch::rand({8});
+  auto deferred = cpprun::deferred_init(make_model);
+  cpprun::PipelineStage stage(deferred, cpprun::split_evenly(deferred, group().size()), group());
+  CHECK(torch::equal(torch::rand({8}), after_eager));
+}
+
+TEST_CASE("pipeline: a careless user's mistakes are one error on every rank", "[pipeline]") {
+  const auto& pg = group();
+  const int p = pg.size();
+  DoubleByDefault doubles;
+  auto model = make_model();
+  const auto split = cpprun::split_evenly(model, p);
+  std::vector<cpprun::PipelineStage> stages{cpprun::PipelineStage(model, split, pg)};
+  cpprun::Schedule1F1B schedule(stages[0], 4, mse);
+  auto [x, y] = batch_of(0);
+  // A batch that does not split into the micro-batches, on every rank alike.
+  CHECK_THAT(error_of([&] { schedule.step(x.narrow(0, 0, 10), y.narrow(0, 0, 10)); }),
+             Catch::Contains("batch of 10 rows does not split into 4 micro-batches"));
+  // The first stage's rank forgot the inputs: every rank says so, naming the stage and rank.
+  CHECK_THAT(error_of([&] { schedule.step(pg.rank() == 0 ? at::Tensor() : x, y); }),
+             Catch::Contains("pipeline stage 0 (rank 0) was given no inputs"));
+  // The schedule still runs a correct step afterwards: the reference's first loss.
+  const double loss = schedule.step(x, y).item<double>();
+  CHECK(std::abs(loss - reference().losses[0]) / reference().losses[0] < kTolerance);
+  // Splits that do not fit the pipeline.
+  CHECK_THAT(error_of([&] { cpprun::PipelineStage(model, cpprun::split_evenly(model, p + 1), pg); }),
+             p == 1 ? Catch::Contains("stage_index") : Catch::Contains("ranks do not divide"));
+  if (p > 1) {
+    CHECK_THAT(error_of([&] { cpprun::PipelineStage(model, split, pg, (pg.rank() + 1) % p); }),
+               Catch::Contains("not on this rank"));
+    auto two_per_rank = cpprun::split_evenly(model, 2 * p);
+    cpprun::PipelineStage a(model, two_per_rank, pg, pg.rank()), b(model, two_per_rank, pg, pg.rank() + p);
+    CHECK_THAT(error_of([&] { cpprun::ScheduleInterleaved1F1B({&a, &b}, p + 1, mse); }),
+               Catch::Contains("is not a multiple of the " + std::to_string(p) + " pipeline ranks"));
+    CHECK_THAT(error_of([&] { cpprun::Schedule1F1B(a, 4, mse); }), Catch::Contains("1F1B runs one stage per rank"));
+  }
+  CHECK_THAT(error_of([&] { cpprun::Schedule1F1B(stages[0], 0, mse); }), Catch::Contains("at least one micro-batch"));
+}

@@ -1,0 +1,175 @@
+// Pipeline schedules and splits as pure decisions (pipeline/schedule_plan.h, stage_split.h): every
+// schedule's plans, run against each other by the simulator, finish without a deadlock for every
+// shape up to 6 ranks, 3 stages per rank and 12 micro-batches; 1F1B holds at most p - r
+// micro-batches on rank r where GPipe holds them all; the bubbles and interleaved's memory match
+// their formulas; a plan
+// broken on purpose is caught; and every mistake in a split is refused by name.
+#include "catch.h"
+
+#include <c10/util/Exception.h>
+
+#include <string>
+#include <vector>
+
+#include "pipeline/schedule_plan.h"
+#include "pipeline/stage_split.h"
+
+namespace {
+
+using cpprun::detail::PassKind;
+using cpprun::detail::PipelinePass;
+using cpprun::detail::PipelineShape;
+using cpprun::detail::ScheduleKind;
+
+std::vector<std::vector<PipelinePass>> plans_of(ScheduleKind kind, const PipelineShape& shape) {
+  std::vector<std::vector<PipelinePass>> plans;
+  for (int r = 0; r < shape.ranks; ++r) plans.push_back(cpprun::detail::plan_rank(kind, shape, r));
+  return plans;
+}
+
+std::string error_of(const std::vector<std::string>& children, const std::vector<std::vector<std::string>>& split,
+                     int ranks) {
+  try {
+    cpprun::detail::check_split(children, split, ranks);
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("pipeline plan: every schedule runs every pass once, without a deadlock", "[pipeline]") {
+  int shapes = 0;
+  for (int p = 1; p <= 6; ++p) {
+    for (int m = 1; m <= 12; ++m) {
+      for (auto kind : {ScheduleKind::kGPipe, ScheduleKind::k1F1B}) {
+        const PipelineShape shape{p, 1, m};
+        REQUIRE_FALSE(cpprun::detail::refuse_shape(kind, shape));
+        const auto run = cpprun::detail::simulate(shape, plans_of(kind, shape));
+        INFO(cpprun::detail::to_string(kind) << " p=" << p << " m=" << m << ": " << run.deadlock.value_or(""));
+        CHECK_FALSE(run.deadlock);
+        ++shapes;
+      }
+      for (int v = 1; v <= 3; ++v) {
+        const PipelineShape shape{p, v, m};
+        if (cpprun::detail::refuse_shape(ScheduleKind::kInterleaved1F1B, shape)) {
+          CHECK(m % p != 0);  // the one shape it refuses
+          continue;
+        }
+        const auto run = cpprun::detail::simulate(shape, plans_of(ScheduleKind::kInterleaved1F1B, shape));
+        INFO("interleaved p=" << p << " v=" << v << " m=" << m << ": " << run.deadlock.value_or(""));
+        CHECK_FALSE(run.deadlock);
+        ++shapes;
+      }
+    }
+  }
+  CHECK(shapes > 200);
+}
+
+TEST_CASE("pipeline plan: 1F1B holds at most p - r micro-batches on rank r, GPipe all m", "[pipeline]") {
+  for (int p = 1; p <= 6; ++p) {
+    for (int m = 1; m <= 12; ++m) {
+      const PipelineShape shape{p, 1, m};
+      const auto gpipe = cpprun::detail::simulate(shape, plans_of(ScheduleKind::kGPipe, shape));
+      const auto one_f_one_b = cpprun::detail::simulate(shape, plans_of(ScheduleKind::k1F1B, shape));
+      for (int r = 0; r < p; ++r) {
+        INFO("p=" << p << " m=" << m << " rank " << r);
+        CHECK(gpipe.peak_in_flight[r] == m);
+        CHECK(one_f_one_b.peak_in_flight[r] == std::min(p - r, m));
+      }
+    }
+  }
+}
+
+TEST_CASE("pipeline plan: bubbles are (p-1)/(m+p-1), and (p-1)/(v m + p-1) interleaved", "[pipeline]") {
+  // Shapes with m a multiple of p: the interleaved schedule's own.
+  // Backward costs twice a forward, as in a transformer; messages are free here.
+  for (int p = 1; p <= 6; ++p) {
+    for (int m = p; m <= 4 * p; m += p) {
+      for (auto kind : {ScheduleKind::kGPipe, ScheduleKind::k1F1B}) {
+        const PipelineShape shape{p, 1, m};
+        const auto run = cpprun::detail::simulate(shape, plans_of(kind, shape));
+        INFO(cpprun::detail::to_string(kind) << " p=" << p << " m=" << m);
+        CHECK(run.makespan == Approx(3.0 * (m + p - 1)));
+        CHECK(run.bubble_fraction() == Approx(double(p - 1) / (m + p - 1)));
+      }
+      for (int v = 2; v <= 3; ++v) {
+        const PipelineShape shape{p, v, m};
+        const auto run = cpprun::detail::simulate(shape, plans_of(ScheduleKind::kInterleaved1F1B, shape));
+        INFO("interleaved p=" << p << " v=" << v << " m=" << m << " bubble " << run.bubble_fraction());
+        CHECK(run.bubble_fraction() == Approx(double(p - 1) / (v * m + p - 1)));
+        // Its memory: the warm-up's forwards plus one, in stage-sized (1/v) activations.
+        for (int r = 0; r < p; ++r) {
+          const int warmup = m == p ? m * v : std::min(m * v, (p - r - 1) * 2 + (v - 1) * p);
+          CHECK(run.peak_in_flight[r] == std::min(warmup + 1, m * v));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("pipeline plan: the simulator catches a plan that waits for itself", "[pipeline]") {
+  const PipelineShape shape{2, 1, 2};
+  auto plans = plans_of(ScheduleKind::k1F1B, shape);
+  // Rank 0 waits for micro-batch 0's gradient before sending micro-batch 1's activation, which
+  // rank 1 (running GPipe's order) needs before it sends that gradient.
+  plans[0] = {{PassKind::kForward, 0, 0}, {PassKind::kBackward, 0, 0}, {PassKind::kForward, 0, 1},
+              {PassKind::kBackward, 0, 1}};
+  plans[1] = cpprun::detail::plan_rank(ScheduleKind::kGPipe, shape, 1);
+  const auto run = cpprun::detail::simulate(shape, plans);
+  REQUIRE(run.deadlock);
+  CHECK_THAT(*run.deadlock, Catch::Contains("rank 0 waits in B0@s0") && Catch::Contains("rank 1 waits in F1@s1"));
+  plans = plans_of(ScheduleKind::k1F1B, shape);
+  plans[1] = {{PassKind::kBackward, 1, 0}, {PassKind::kForward, 1, 0}, {PassKind::kForward, 1, 1},
+              {PassKind::kBackward, 1, 1}};
+  const auto backward_first = cpprun::detail::simulate(shape, plans);
+  REQUIRE(backward_first.deadlock);
+  CHECK_THAT(*backward_first.deadlock, Catch::Contains("runs B0@s1 before its forward"));
+  plans = plans_of(ScheduleKind::k1F1B, shape);
+  plans[0] = {{PassKind::kForward, 0, 0}, {PassKind::kForward, 0, 1}, {PassKind::kBackward, 0, 0}};
+  const auto short_plan = cpprun::detail::simulate(shape, plans);
+  REQUIRE(short_plan.deadlock);
+  CHECK_THAT(*short_plan.deadlock, Catch::Contains("does not run each of its passes once"));
+}
+
+TEST_CASE("pipeline plan: shapes a schedule cannot run are refused with the fix", "[pipeline]") {
+  auto interleaved = cpprun::detail::refuse_shape(ScheduleKind::kInterleaved1F1B, {4, 2, 6});
+  REQUIRE(interleaved);
+  CHECK_THAT(*interleaved, Catch::Contains("6 micro-batches is not a multiple of the 4 pipeline ranks") &&
+                               Catch::Contains("use 8"));
+  auto gpipe = cpprun::detail::refuse_shape(ScheduleKind::kGPipe, {2, 2, 4});
+  REQUIRE(gpipe);
+  CHECK_THAT(*gpipe, Catch::Contains("Interleaved1F1B"));
+  CHECK(cpprun::detail::refuse_shape(ScheduleKind::k1F1B, {2, 1, 0}));
+}
+
+TEST_CASE("pipeline split: each mistake is named", "[pipeline]") {
+  const std::vector<std::string> children{"embed", "block0", "block1", "block2", "head"};
+  const auto ranges = cpprun::detail::check_split(children, {{"embed", "block0"}, {"block1", "block2", "head"}}, 2);
+  REQUIRE(ranges.size() == 2);
+  CHECK((ranges[1].first == 2 && ranges[1].count == 3));
+  CHECK_THAT(error_of(children, {{"embed", "block0"}, {"block1", "block2"}}, 2),
+             Catch::Contains("\"head\" is in no stage"));
+  CHECK_THAT(error_of(children, {{"embed", "block0", "block1"}, {"block1", "block2", "head"}}, 2),
+             Catch::Contains("\"block1\" is in stage 0 and in stage 1"));
+  CHECK_THAT(error_of(children, {{"embed", "block0", "block0"}, {"block1", "block2", "head"}}, 2),
+             Catch::Contains("\"block0\" is in stage 0 twice"));
+  CHECK_THAT(error_of(children, {{"embed", "blok0"}, {"block1", "block2", "head"}}, 2),
+             Catch::Contains("names \"blok0\", which is not a child") && Catch::Contains("\"block0\""));
+  CHECK_THAT(error_of(children, {{"embed", "block1"}, {"block0", "block2", "head"}}, 2),
+             Catch::Contains("lists \"block1\" where the model's order has \"block0\""));
+  CHECK_THAT(error_of(children, {{"embed", "block0"}, {"block1"}, {"block2", "head"}}, 2),
+             Catch::Contains("3 stages, which the pipeline group's 2 ranks do not divide"));
+  CHECK_THAT(error_of(children, {{"embed", "block0", "block1", "block2", "head"}, {}}, 2),
+             Catch::Contains("stage 1 of the split has no children"));
+  CHECK_THAT(error_of(children, {}, 2), Catch::Contains("no stages"));
+}
+
+TEST_CASE("pipeline split: even ranges give the first stages the extra children", "[pipeline]") {
+  const auto ranges = cpprun::detail::even_ranges(7, 3);
+  REQUIRE(ranges.size() == 3);
+  CHECK((ranges[0].count == 3 && ranges[1].count == 2 && ranges[2].count == 2));
+  CHECK((ranges[1].first == 3 && ranges[2].first == 5));
+  CHECK_THROWS_WITH(cpprun::detail::even_ranges(2, 3), Catch::Contains("cannot cut 2 children into 3 stages"));
+}
