@@ -28,7 +28,7 @@ double clip_grad_norm(const std::vector<GradientToClip>& grads, double max_norm,
   size_t split_index = 0;
   for (const auto& g : grads) {
     const int64_t slot = g.split_over ? 1 + group_of_split[split_index++] : 0;
-    if (g.grad.defined()) squares[slot] += g.grad.to(at::kDouble).pow(2).sum().cpu();
+    if (g.grad.defined() && g.counted) squares[slot] += g.grad.to(at::kDouble).pow(2).sum().cpu();
   }
   if (sum_over) all_reduce(*sum_over, squares);
   double total = squares[0].item<double>();

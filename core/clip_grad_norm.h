@@ -17,6 +17,9 @@ struct GradientToClip {
   // The tensor-parallel group the parameter is split across (its ranks' grads are the pieces of
   // one); none when it is whole, and equal, on every rank of any such group.
   std::optional<ProcessGroup> split_over;
+  // false: another rank's copy of this gradient is counted (a pipeline's tied weight): scaled
+  // with the others, not counted in the norm.
+  bool counted = true;
 };
 
 // Scales the grads by max_norm / (norm + 1e-6) when that is below 1; returns the norm before

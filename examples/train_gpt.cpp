@@ -6,6 +6,8 @@
 //   sharded:         ./build/launcher/cpprun --nproc_per_node=2 ./build/examples/train_gpt --mode fsdp --stage 2
 //   tensor parallel: ./build/launcher/cpprun --nproc_per_node=4 ./build/examples/train_gpt --tp 2 --mode fsdp --stage 3
 //                    (each pair of ranks splits every block's heads and MLP units; FSDP across the pairs)
+//   pipeline:        ./build/launcher/cpprun --nproc_per_node=2 ./build/examples/train_gpt --pp 2 --microbatches 4
+//                    (the blocks split between the two ranks, 1F1B over 4 micro-batches a step)
 //   larger:          ... --mode fsdp --stage 3 --checkpoint-activations --amp fp16
 //                    (at stage 3 the model is built with deferred initialisation: FSDP materialises it
 //                    block by block, so no rank ever holds all of it)
@@ -63,6 +65,13 @@ constexpr const char* kUsage = R"(usage: train_gpt [options]
   --tp N             tensor parallelism (Megatron's): each group of N consecutive ranks splits every block's
                      attention heads and MLP units among themselves; DDP/FSDP runs across the world/N groups,
                      which each take their own --batch windows (default 1). N must divide the ranks and --heads
+  --pp N             pipeline parallelism: the model cut into N stages by its children (embeddings, blocks h0..,
+                     ln_f, the tied head), one a rank (2 with interleaved-1f1b), on exactly N ranks; each step's
+                     --batch windows go through them in --microbatches micro-batches; the same losses as one rank.
+                     Not yet with --tp, --mode fsdp, --grad-accum, --save/--resume, --init-from/--export (default 1)
+  --pp-schedule gpipe|1f1b|interleaved-1f1b
+                     the order of the micro-batches' passes (docs/pipeline_parallel.md) (default 1f1b)
+  --microbatches M   micro-batches per step with --pp; --batch must divide by M (default 2 x N)
   --steps N          optimizer steps (default 300)
   --save DIR         after the last step, write a checkpoint to DIR: the model (model-*.safetensors and
                      model.safetensors.index.json, Hugging Face's sharded layout), the optimizer (optimizer-*),
@@ -145,6 +154,8 @@ struct Options {
   double layer_norm_eps = 1e-5;
   int64_t positions = 0, vocab = 0;  // 0: --block, and the text's characters (or --init-from's config)
   int grad_accum = 1;  // micro-batches per step
+  int pp = 1, microbatches = 0;  // --pp: pipeline stages (one per rank); micro-batches per step (0: 2 x pp)
+  std::string pp_schedule = "1f1b";
   int steps = 300, batch = 16, sample = 200, stage = 2, straggler_every = 50, tp = 1, log_every = 50, warmup = 0;
   std::string losses_out;
   int64_t block = 64, layers = 2, embed = 64, heads = 4;
@@ -169,6 +180,9 @@ Options parse(int argc, char** argv) {
     else if (flags.is("--mode")) o.mode = flags.value();
     else if (flags.is("--stage")) o.stage = flags.number(1);
     else if (flags.is("--tp")) o.tp = flags.number(1);
+    else if (flags.is("--pp")) o.pp = flags.number(1);
+    else if (flags.is("--pp-schedule")) o.pp_schedule = flags.value(), given.insert("--pp-schedule");
+    else if (flags.is("--microbatches")) o.microbatches = flags.number(1);
     else if (flags.is("--log-every")) o.log_every = flags.number(1);
     else if (flags.is("--steps")) o.steps = flags.number(0);
     else if (flags.is("--warmup")) o.warmup = flags.number(0);
@@ -321,6 +335,31 @@ Options parse(int argc, char** argv) {
                                 "choose a --tp that divides the number of heads");
   }
   // (4 * embed divides too: embed is a multiple of heads.)
+  if (o.pp_schedule != "gpipe" && o.pp_schedule != "1f1b" && o.pp_schedule != "interleaved-1f1b") {
+    throw std::invalid_argument("--pp-schedule must be gpipe, 1f1b or interleaved-1f1b, got " + o.pp_schedule);
+  }
+  if (o.pp == 1 && (o.microbatches || given.count("--pp-schedule"))) {
+    throw std::invalid_argument(std::string(o.microbatches ? "--microbatches" : "--pp-schedule") +
+                                " goes with --pp N (pipeline parallelism); without it, --grad-accum K splits a step");
+  }
+  if (o.pp > 1) {
+    // What pipeline stages do not do yet (issue 42 goes on): each named, none ignored.
+    std::string conflict;
+    if (o.tp > 1) conflict = "--tp";
+    else if (o.mode == "fsdp") conflict = "--mode fsdp";
+    else if (o.grad_accum > 1) conflict = "--grad-accum (--microbatches splits a step under --pp)";
+    else if (o.cuda_graph) conflict = "--cuda-graph";
+    else if (o.amp == "fp16") conflict = "--amp fp16 (its loss scale is not agreed across stages yet)";
+    else if (!o.save_dir.empty() || !o.resume_dir.empty()) conflict = "--save / --resume";
+    else if (!o.init_from.empty() || !o.export_dir.empty()) conflict = "--init-from / --export";
+    else if (!o.logits_for.empty()) conflict = "--logits-for";
+    if (!conflict.empty()) throw std::invalid_argument("--pp does not go with " + conflict + " yet");
+    if (o.microbatches == 0) o.microbatches = 2 * o.pp;
+    if (o.batch % o.microbatches != 0) {
+      throw std::invalid_argument("--batch " + std::to_string(o.batch) + " does not split into --microbatches " +
+                                  std::to_string(o.microbatches) + " of equal size; choose a --batch divisible by it");
+    }
+  }
   return o;
 }
 
@@ -519,6 +558,70 @@ struct GptImpl : torch::nn::Module {
 };
 TORCH_MODULE(Gpt);
 
+// --pp: the Gpt as a torch::nn::Sequential of its own modules (the same tensors), which
+// cpprun::PipelineStage cuts by child names: "embed" (token and position embeddings), "h0" ...,
+// "ln_f", "head" (tied to the token embedding: the first and last stages each hold it, and the
+// pipeline sums its two gradients).
+struct EmbeddingsImpl : torch::nn::Module {
+  torch::nn::Embedding wte{nullptr}, wpe{nullptr};
+  explicit EmbeddingsImpl(const Transformer& t) {
+    wte = register_module("wte", t->wte);
+    wpe = register_module("wpe", t->wpe);
+  }
+  torch::Tensor forward(const torch::Tensor& idx) { return wte(idx) + wpe(torch::arange(idx.size(1), idx.options())); }
+};
+TORCH_MODULE(Embeddings);
+
+struct StageBlockImpl : torch::nn::Module {
+  Block block{nullptr};
+  bool checkpointed;
+  StageBlockImpl(const Block& b, bool checkpoint_activations) : checkpointed(checkpoint_activations) {
+    block = register_module("block", b);
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    return checkpointed ? cpprun::checkpoint([b = block.ptr()](const torch::Tensor& h) { return b->forward(h); }, x)
+                        : block(x);
+  }
+};
+TORCH_MODULE(StageBlock);
+
+torch::nn::Sequential as_sequence(const Gpt& gpt, bool checkpoint_activations) {
+  torch::nn::Sequential pipe;
+  pipe->push_back("embed", Embeddings(gpt->transformer));
+  for (size_t i = 0; i < gpt->transformer->blocks.size(); ++i) {
+    pipe->push_back("h" + std::to_string(i), StageBlock(gpt->transformer->blocks[i], checkpoint_activations));
+  }
+  pipe->push_back("ln_f", gpt->transformer->ln_f);
+  pipe->push_back("head", gpt->lm_head);
+  return pipe;
+}
+
+// After --pp training each rank holds its stages' trained tensors: every rank gets all of them
+// (each broadcast from its stage's rank; a tied one from the first stage's), so the whole Gpt
+// evaluates and samples as without --pp. Collective.
+void gather_stages(torch::nn::Sequential pipe, const std::vector<cpprun::PipelineStage*>& mine,
+                   const cpprun::ProcessGroup& group) {
+  for (const auto& p : pipe->parameters()) {
+    if (cpprun::is_deferred(p)) {  // a deferred model's other stages get memory now (their values come next)
+      cpprun::materialize(*pipe);
+      break;
+    }
+  }
+  std::map<std::string, int> stage_of;
+  const int stages = mine.front()->num_stages();
+  const auto split = cpprun::split_evenly(pipe, stages);  // as the stages were cut, on every rank
+  for (int s = 0; s < stages; ++s) {
+    for (const auto& name : split[s]) stage_of[name] = s;
+  }
+  torch::NoGradGuard no_grad;
+  std::set<const c10::TensorImpl*> done;
+  for (const auto& child : pipe->named_children()) {
+    for (const auto& p : child.value()->parameters()) {
+      if (done.insert(p.unsafeGetTensorImpl()).second) cpprun::broadcast(group, p, stage_of.at(child.key()) % group.size());
+    }
+  }
+}
+
 // The GPT-2 checkpoint in DIR (one model.safetensors, or sharded with its index) into the model, by
 // name: collective; rank 0 reads, every rank keeps its part. Hugging Face's files leave out the tied
 // lm_head.weight, and older ones carry the attention mask as a buffer (attn.bias, attn.masked_bias):
@@ -707,7 +810,13 @@ int run(int argc, char** argv) {
     tp_group = mesh->group("tp");
   }
   const cpprun::ProcessGroup& dp_group = mesh ? mesh->group("dp") : group;
-  if (opt.mode == "none" && group.size() > 1) {
+  if (opt.pp > 1 && group.size() != opt.pp) {
+    throw std::invalid_argument("--pp " + std::to_string(opt.pp) + " runs one pipeline stage per rank, on " +
+                                std::to_string(opt.pp) + " ranks; this job has " + std::to_string(group.size()) +
+                                " (data parallelism across pipelines is not there yet): run --nproc_per_node=" +
+                                std::to_string(opt.pp));
+  }
+  if (opt.mode == "none" && group.size() > 1 && opt.pp == 1) {
     throw std::invalid_argument("--mode none trains the model without any wrapper, so its " + std::to_string(group.size()) +
                                 " ranks would each train a model of their own: run it on one rank (--nproc_per_node=1), "
                                 "or use --mode ddp or fsdp");
@@ -752,7 +861,7 @@ int run(int argc, char** argv) {
   // wrapper materialises them, under ZeRO-3 one block at a time, keeping only this rank's shard.
   Gpt gpt = opt.deferred_init == "on" ? cpprun::deferred_init(build) : build();
   if (!device.is_cpu()) gpt->to(device);  // on a deferred module, recorded for materialisation
-  if (opt.deferred_init == "on" && opt.mode == "ddp") cpprun::materialize(gpt);
+  if (opt.deferred_init == "on" && opt.mode == "ddp" && opt.pp == 1) cpprun::materialize(gpt);
   int64_t params = 0;  // of the whole model
   for (const auto& p : cpprun::unique_parameters(*gpt)) params += p.numel();
   // --tp: every rank built the same whole model (and loads --init-from into it); each keeps its
@@ -779,21 +888,58 @@ int run(int argc, char** argv) {
   auto per_block_fsdp = cpprun::FsdpOptions().stage(opt.stage).wrap_policy(per_block);
   // --mode none: no wrapper (model stays empty); the loop calls gpt itself.
   cpprun::DataParallel<GptImpl> model = nullptr;
-  if (opt.mode == "ddp") model = cpprun::DistributedDataParallel(gpt, dp_group);
-  else if (opt.mode == "fsdp") model = cpprun::FullyShardedDataParallel(gpt, dp_group, per_block_fsdp);
+  if (opt.pp == 1 && opt.mode == "ddp") model = cpprun::DistributedDataParallel(gpt, dp_group);
+  else if (opt.pp == 1 && opt.mode == "fsdp") model = cpprun::FullyShardedDataParallel(gpt, dp_group, per_block_fsdp);
   const bool wrapped = !model.is_empty();
   if (!opt.init_from.empty() && !tp_group && !float64) {
     if (wrapped) load_gpt2(model, opt.init_from, opt, model_vocab);
     else load_gpt2(gpt, opt.init_from, opt, model_vocab);
   }
   auto forward = [&](const torch::Tensor& x) { return wrapped ? model->forward(x) : gpt->forward(x); };
+  // --pp: the model as a sequence of children (the same modules and tensors), cut into one stage
+  // per rank; each rank trains its stage only (a deferred model materialises only it).
+  torch::nn::Sequential pipe = nullptr;
+  std::vector<cpprun::PipelineStage> stages;  // this rank's (2 with interleaved-1f1b), before the schedule using them
+  std::unique_ptr<cpprun::PipelineSchedule> schedule;
+  std::vector<cpprun::PipelineStage*> my_stages;
+  if (opt.pp > 1) {
+    pipe = as_sequence(gpt, opt.checkpoint_activations);
+    const int stages_per_rank = opt.pp_schedule == "interleaved-1f1b" ? 2 : 1;
+    const auto split = cpprun::split_evenly(pipe, opt.pp * stages_per_rank);
+    auto loss_of = [float64](const torch::Tensor& logits, const torch::Tensor& targets) {
+      return torch::nn::functional::cross_entropy(logits.view({-1, logits.size(-1)}).to(float64 ? torch::kDouble : torch::kFloat),
+                                                  targets.reshape({-1}));
+    };
+    for (int k = 0; k < stages_per_rank; ++k) stages.emplace_back(pipe, split, group, rank + k * opt.pp);
+    for (auto& s : stages) my_stages.push_back(&s);
+    if (opt.pp_schedule == "gpipe") schedule = std::make_unique<cpprun::ScheduleGPipe>(stages[0], opt.microbatches, loss_of);
+    else if (opt.pp_schedule == "1f1b") schedule = std::make_unique<cpprun::Schedule1F1B>(stages[0], opt.microbatches, loss_of);
+    else schedule = std::make_unique<cpprun::ScheduleInterleaved1F1B>(my_stages, opt.microbatches, loss_of);
+    if (rank == 0) {
+      std::printf("pipeline parallel: %zu stages over %d ranks (%s), %s, %d micro-batches of %d windows:",
+                  split.size(), opt.pp, stages_per_rank > 1 ? "2 a rank" : "1 a rank", opt.pp_schedule.c_str(),
+                  opt.microbatches, opt.batch / opt.microbatches);
+      for (size_t s = 0; s < split.size(); ++s) {
+        std::printf(" [%s..%s]", split[s].front().c_str(), split[s].back().c_str());
+      }
+      std::printf("\n");
+    }
+  }
   // AdamW as nanoGPT builds it: weight decay on 2-D weights (matmuls, embeddings) only, not on
   // biases and norms. By name and shape, the same under DDP and FSDP (whose parameters are this
   // rank's rows of each, under the model's own names); each tensor once (the tied embedding has
   // two names).
   std::vector<torch::Tensor> decay, no_decay;
-  for (const auto& item : cpprun::unique_named_parameters(wrapped ? static_cast<torch::nn::Module&>(*model) : *gpt)) {
-    (item.value().dim() >= 2 ? decay : no_decay).push_back(item.value());
+  std::set<const c10::TensorImpl*> seen;  // --pp: a rank's two stages (interleaved) give each tensor once
+  for (const auto& s : my_stages) {
+    for (const auto& item : cpprun::unique_named_parameters(*s->module())) {
+      if (seen.insert(item.value().unsafeGetTensorImpl()).second) (item.value().dim() >= 2 ? decay : no_decay).push_back(item.value());
+    }
+  }
+  if (opt.pp == 1) {
+    for (const auto& item : cpprun::unique_named_parameters(wrapped ? static_cast<torch::nn::Module&>(*model) : *gpt)) {
+      (item.value().dim() >= 2 ? decay : no_decay).push_back(item.value());
+    }
   }
   std::vector<torch::optim::OptimizerParamGroup> groups;
   groups.emplace_back(decay, std::make_unique<torch::optim::AdamWOptions>(
@@ -817,7 +963,9 @@ int run(int argc, char** argv) {
   cpprun::GradScaler scaler(group, cpprun::GradScalerOptions().enabled(opt.amp == "fp16"));
   int skipped = 0;
   const int64_t rank_batch = static_cast<int64_t>(opt.batch) * opt.grad_accum;  // windows per rank and step
-  const int64_t global_batch = rank_batch * dp_group.size();                      // windows per step
+  // --pp: every rank of the pipeline takes the same windows (its stage reads what it needs).
+  const int dp_size = opt.pp > 1 ? 1 : dp_group.size(), dp_rank = opt.pp > 1 ? 0 : dp_group.rank();
+  const int64_t global_batch = rank_batch * dp_size;                              // windows per step
 
   // --resume: where the saved run stood (trainer.json), then its model and optimizer state, each
   // rank taking its part under this run's layout (collective: rank 0 reads the files).
@@ -879,8 +1027,8 @@ int run(int argc, char** argv) {
   }
   // Each data-parallel rank its own windows; the ranks of a tensor-parallel group the same ones.
   cpprun::DistributedSampler sampler(static_cast<size_t>(windows), cpprun::DistributedSamplerOptions()
-                                                                       .num_replicas(dp_group.size())
-                                                                       .rank(dp_group.rank()));
+                                                                       .num_replicas(dp_size)
+                                                                       .rank(dp_rank));
   auto batch_from = [&](const std::vector<size_t>& starts) {  // inputs and next-character targets
     std::vector<torch::Tensor> x, y;
     for (size_t s : starts) {
@@ -919,7 +1067,7 @@ int run(int argc, char** argv) {
   // The data order where it stood: the saved epoch, less the windows taken of it (none, new).
   sampler.set_epoch(static_cast<uint64_t>(resumed.epoch));
   sampler.reset();
-  if (resumed.epoch_windows > 0) sampler.next(static_cast<size_t>(resumed.epoch_windows / dp_group.size()));
+  if (resumed.epoch_windows > 0) sampler.next(static_cast<size_t>(resumed.epoch_windows / dp_size));
   int64_t epoch_windows = resumed.epoch_windows;  // this epoch's, over all data-parallel ranks
   double first_loss = 0, loss_sum = 0;
   int logged = 0;                // steps in loss_sum
@@ -1022,6 +1170,13 @@ int run(int argc, char** argv) {
 #ifdef CPPRUN_WITH_CUDA
       loss = captured_step(step_x, step_y);
 #endif
+    } else if (schedule) {  // --pp: every stage's forward and backward passes, the loss on every rank
+      optimizer.zero_grad();
+      at::autocast::set_autocast_enabled(device_type, opt.amp != "fp32");
+      loss = schedule->step(step_x, step_y);
+      at::autocast::set_autocast_enabled(device_type, false);
+      at::autocast::clear_cache();
+      optimizer.step();
     } else {
       optimizer.zero_grad();
       loss = passes(step_x, step_y);
@@ -1122,6 +1277,7 @@ int run(int argc, char** argv) {
   // Under --tp no rank holds the whole model: gather it (collective) into an unsplit Gpt on every
   // rank, which then exports, evaluates and samples as the trained module does without --tp.
   Gpt whole = gpt;
+  if (schedule) gather_stages(pipe, my_stages, group);  // --pp: every stage's trained tensors on every rank
   if (tp_group) {
     model->gather_full_parameters();  // FSDP: this rank's shards made current (--tp: always wrapped)
     whole = unsplit(*gpt, model_vocab, opt, device);

@@ -3,13 +3,16 @@
 #include <c10/util/Exception.h>
 #include <torch/nn/module.h>
 
+#include <algorithm>
 #include <unordered_set>
 
 #include "core/clip_grad_norm.h"
 #include "core/deferred_replay.h"
 #include "cpprun/deferred_init.h"
+#include "cpprun/unique_parameters.h"
 #include "cpprun/pipeline.h"
 #include "pipeline/stage_split.h"
+#include "pipeline/tied_parameters.h"
 
 namespace cpprun {
 
@@ -80,21 +83,49 @@ PipelineStage::PipelineStage(const torch::nn::Sequential& model, const PipelineS
   TORCH_CHECK(index_ % group_.size() == group_.rank(), "PipelineStage: stage ", index_, " runs on pipeline rank ",
               index_ % group_.size(), " (stage s on rank s % ", group_.size(), "), not on this rank ", group_.rank(),
               ".");
+  // Every stage's parameters, as its module will name them, to find the ones stages share.
+  std::vector<std::vector<detail::StageParameter>> stage_params;
+  for (const auto& stage_range : ranges) {
+    std::vector<detail::StageParameter> params;
+    std::unordered_set<const void*> seen;  // as parameters(): each tensor once, under its first name
+    for (int i = stage_range.first; i < stage_range.first + stage_range.count; ++i) {
+      for (const auto& p : model->ptr(i)->named_parameters()) {
+        if (seen.insert(p.value().unsafeGetTensorImpl()).second) {
+          params.push_back({p.value().unsafeGetTensorImpl(), names[i] + "." + p.key()});
+        }
+      }
+    }
+    stage_params.push_back(std::move(params));
+  }
+  ties_ = std::make_shared<const detail::StageTies>(detail::find_ties(stage_params));
   const auto& range = ranges[index_];
   auto begin = model->begin() + range.first;
   for (int i = 0; i < range.count; ++i) module_->push_back(names[range.first + i], *(begin + i));
   if (any_deferred(*module_)) materialize_stage(*model, *module_);
 }
 
+std::vector<at::Tensor> PipelineStage::parameters() const { return unique_parameters(*module_); }
+
 double PipelineStage::clip_grad_norm(double max_norm) { return pipeline_clip_grad_norm({this}, max_norm); }
 
 double pipeline_clip_grad_norm(const std::vector<PipelineStage*>& stages, double max_norm) {
   TORCH_CHECK(!stages.empty(), "pipeline_clip_grad_norm: no stages given.");
+  std::vector<int> mine;
+  for (const auto* stage : stages) mine.push_back(stage->index());
   std::vector<detail::GradientToClip> grads;
+  std::unordered_set<const c10::TensorImpl*> seen;  // a tensor two of this rank's stages share: once
   for (const auto* stage : stages) {
     TORCH_CHECK(stage->group().rank() == stages[0]->group().rank(),
                 "pipeline_clip_grad_norm: the stages come from different pipeline groups.");
-    for (const auto& p : stage->parameters()) grads.push_back({p.grad(), std::nullopt});
+    const auto params = stage->parameters();
+    const auto& tie_of = stage->ties_->tie_of.at(stage->index());
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (!seen.insert(params[i].unsafeGetTensorImpl()).second) continue;
+      // A tied weight is counted by the rank of the first stage holding it.
+      const bool counted = tie_of[i] < 0 || std::count(mine.begin(), mine.end(),
+                                                       stage->ties_->ties[tie_of[i]].stages.front()) > 0;
+      grads.push_back({params[i].grad(), std::nullopt, counted});
+    }
   }
   // Each rank's stages hold a disjoint part of the model: the squares add up over the group.
   return detail::clip_grad_norm(grads, max_norm, &stages[0]->group(), "cpprun::PipelineStage");

@@ -19,6 +19,7 @@
 #include "cpprun/point_to_point.h"
 #include "pipeline/schedule_plan.h"
 #include "pipeline/stage_messages.h"
+#include "pipeline/tied_parameters.h"
 
 namespace cpprun {
 
@@ -64,9 +65,17 @@ struct PipelineSchedule::Runtime {
   detail::ScheduleKind kind;
   detail::PipelineShape shape;
   std::vector<PipelinePass> plan;
+  std::vector<PipelinePass> eval_plan;  // forwards only: by micro-batch, then stage
+  bool training = true;                 // this step's: false in eval()
   LossFn loss_fn;
   std::vector<double> losses;
   PipelineStepStats stats;
+  // A tied parameter this rank holds, and the ranks holding it (see tied_parameters.h).
+  struct TieSum {
+    at::Tensor parameter;
+    ProcessGroup holders;
+  };
+  std::vector<TieSum> tie_sums;
   std::optional<at::Device> device;  // where received tensors go: the stages' parameters'
 
   // One step's state.
@@ -103,9 +112,8 @@ struct PipelineSchedule::Runtime {
     stats.waiting_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
 
-  at::Device receive_device() const {
-    return device.value_or(at::Device(at::kCPU));
-  }
+  // A rank whose stages have no parameters receives where its process computes.
+  at::Device receive_device() const { return device.value_or(local_device()); }
 
   // Posts the receive `pass` needs, when it needs one from another rank and its size is known.
   // blocking: wait for the step's shape message if that is what is missing.
@@ -163,7 +171,7 @@ struct PipelineSchedule::Runtime {
                                 ? take_receive(StageMessage::kActivation, pass, pass.stage - 1)
                                 : handed_activation.at({pass.stage, pass.microbatch});
       handed_activation.erase({pass.stage, pass.microbatch});
-      state.input = carries_gradient(received) ? received.detach().requires_grad_(true) : received;
+      state.input = training && carries_gradient(received) ? received.detach().requires_grad_(true) : received;
     }
     at::Tensor output = stage.module()->forward(state.input);
     if (pass.stage == last_stage()) {
@@ -189,6 +197,7 @@ struct PipelineSchedule::Runtime {
       handed_activation[{pass.stage + 1, pass.microbatch}] = output.detach();
       state.output = output;
     }
+    if (!training) return;  // no backward to keep anything for
     held[{pass.stage, pass.microbatch}] = std::move(state);
     stats.peak_held = std::max(stats.peak_held, static_cast<int>(held.size()));
   }
@@ -242,8 +251,9 @@ struct PipelineSchedule::Runtime {
     }
   }
 
-  at::Tensor step(const at::Tensor& inputs, const at::Tensor& targets) {
-    const c10::AutoGradMode grad_enabled(true);
+  at::Tensor step(const at::Tensor& inputs, const at::Tensor& targets, bool train) {
+    training = train;
+    const c10::AutoGradMode grad_enabled(train);
     const auto started = std::chrono::steady_clock::now();
     stats = PipelineStepStats();
     // A step that threw leaves its passes behind; the next one starts clean (its neighbours,
@@ -265,11 +275,12 @@ struct PipelineSchedule::Runtime {
         shape_recv[index] = {into, irecv(group, into, rank_of(index - 1), tag(StageMessage::kShape, index - 1, 0))};
       }
     }
-    for (size_t i = 0; i < plan.size(); ++i) {
-      post_receive(plan[i], /*blocking=*/true);
-      if (i + 1 < plan.size()) post_receive(plan[i + 1], /*blocking=*/false);
-      if (plan[i].kind == PassKind::kForward) forward(plan[i]);
-      else backward(plan[i]);
+    const auto& passes = train ? plan : eval_plan;
+    for (size_t i = 0; i < passes.size(); ++i) {
+      post_receive(passes[i], /*blocking=*/true);
+      if (i + 1 < passes.size()) post_receive(passes[i + 1], /*blocking=*/false);
+      if (passes[i].kind == PassKind::kForward) forward(passes[i]);
+      else backward(passes[i]);
     }
     for (auto& sent : sends) {
       wait(sent.work, sent.from_stage,
@@ -278,6 +289,12 @@ struct PipelineSchedule::Runtime {
     }
     TORCH_INTERNAL_ASSERT(held.empty() && recvs.empty() && handed_activation.empty() && handed_gradient.empty(),
                           "pipeline: a step ended with passes left over");
+    // Each copy of a tied weight got its own stage's gradient: their sum is the unsplit model's.
+    for (auto& tie : tie_sums) {
+      if (!train) break;
+      if (!tie.parameter.grad().defined()) tie.parameter.mutable_grad() = at::zeros_like(tie.parameter);
+      all_reduce(tie.holders, tie.parameter.mutable_grad());
+    }
     sends.clear();
     shape_recv.clear();
     sent_shape.clear();
@@ -316,17 +333,47 @@ PipelineSchedule::PipelineSchedule(std::vector<PipelineStage*> stages, int micro
   const int num_stages = stages[0]->num_stages();
   rt.shape = {p, num_stages / p, microbatches};
   if (auto refused = detail::refuse_shape(rt.kind, rt.shape)) TORCH_CHECK(false, *refused);
+  // Ties across ranks: one group per set of ranks holding one. Every rank finds the same ties in
+  // the same order, so the groups are made alike (new_group is collective over the pipeline).
+  const detail::StageTies& ties = *stages[0]->ties_;
+  std::map<std::vector<int>, ProcessGroup> holders_of;
+  for (size_t t = 0; t < ties.ties.size(); ++t) {
+    std::vector<int> ranks;
+    for (int s : ties.ties[t].stages) ranks.push_back(rt.shape.rank_of(s));
+    std::sort(ranks.begin(), ranks.end());
+    ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
+    if (ranks.size() < 2) continue;  // one rank's stages share the tensor itself
+    auto found = holders_of.find(ranks);
+    if (found == holders_of.end()) found = holders_of.emplace(ranks, new_group(rt.group, ranks)).first;
+    if (!found->second.is_member()) continue;
+    for (auto* stage : stages) {
+      const auto params = stage->parameters();
+      const auto& tie_of = ties.tie_of.at(stage->index());
+      auto at = std::find(tie_of.begin(), tie_of.end(), static_cast<int>(t));
+      if (at == tie_of.end()) continue;
+      rt.tie_sums.push_back({params.at(at - tie_of.begin()), found->second});
+      break;
+    }
+  }
   TORCH_CHECK(static_cast<int>(stages.size()) == rt.shape.stages_per_rank, detail::to_string(rt.kind), ": this rank ",
               rt.group.rank(), " holds ", rt.shape.stages_per_rank, " of the ", num_stages,
               " stages (", num_stages, " stages over ", p, " ranks), but ", stages.size(), " were given.");
   rt.plan = detail::plan_rank(rt.kind, rt.shape, rt.group.rank());
+  // Forward passes wait only for lower stages of the same micro-batch or earlier ones: in this
+  // order no two ranks wait for each other.
+  for (int mb = 0; mb < microbatches; ++mb) {
+    for (const auto& [index, stage] : rt.stages) rt.eval_plan.push_back({PassKind::kForward, index, mb});
+  }
   rt.loss_fn = std::move(loss);
 }
 
 PipelineSchedule::~PipelineSchedule() = default;
 
 at::Tensor PipelineSchedule::step(const at::Tensor& inputs, const at::Tensor& targets) {
-  return runtime_->step(inputs, targets);
+  return runtime_->step(inputs, targets, /*train=*/true);
+}
+at::Tensor PipelineSchedule::eval(const at::Tensor& inputs, const at::Tensor& targets) {
+  return runtime_->step(inputs, targets, /*train=*/false);
 }
 const std::vector<double>& PipelineSchedule::microbatch_losses() const { return runtime_->losses; }
 const PipelineStepStats& PipelineSchedule::last_step_stats() const { return runtime_->stats; }

@@ -32,6 +32,10 @@
 
 namespace cpprun {
 
+namespace detail {
+struct StageTies;  // pipeline/tied_parameters.h
+}  // namespace detail
+
 // The child names of each stage, stage 0 first.
 using PipelineSplit = std::vector<std::vector<std::string>>;
 
@@ -39,6 +43,12 @@ using PipelineSplit = std::vector<std::vector<std::string>>;
 // more child when they do not divide), e.g. to start from; real models usually give the first and
 // last stages fewer blocks, as they also hold the embedding and the head.
 PipelineSplit split_evenly(const torch::nn::Sequential& model, int stages);
+
+class PipelineStage;
+// clip_grad_norm over all the stages this rank holds (interleaved schedules): see
+// PipelineStage::clip_grad_norm.
+double pipeline_clip_grad_norm(const std::vector<PipelineStage*>& stages, double max_norm);
+class PipelineSchedule;
 
 class PipelineStage {
  public:
@@ -49,6 +59,9 @@ class PipelineStage {
   // rank r holds r, r + p, ..., r + (v-1) p. stage_index -1: group.rank() (one stage per rank).
   // Parameters that are deferred (deferred_init.h) are materialised for this stage only, with
   // the values the unsplit model would have: no rank materialises the whole model.
+  // A parameter that several stages' children share (a head tied to the token embedding) is
+  // tied: the ranks holding it sum its gradients at the end of each step(), so their copies
+  // take the unsplit model's step, and clip_grad_norm counts it once.
   PipelineStage(const torch::nn::Sequential& model, const PipelineSplit& split, ProcessGroup group,
                 int stage_index = -1);
 
@@ -59,7 +72,9 @@ class PipelineStage {
   const ProcessGroup& group() const { return group_; }
   // This stage's children, in order, sharing the model's parameters.
   torch::nn::Sequential module() const { return module_; }
-  std::vector<at::Tensor> parameters() const { return module_->parameters(); }
+  // Each tensor once (a weight two of its children share, too), for the optimizer. A rank with
+  // several stages that share one gives it to the optimizer once as well.
+  std::vector<at::Tensor> parameters() const;
   // Scales the gradients so that the norm of the whole model's (every stage's) is at most
   // max_norm, as clip_grad_norm_ on the unsplit model; returns that norm before clipping, on
   // every rank. Collective over the pipeline group: every rank calls it, with all its stages
@@ -67,14 +82,15 @@ class PipelineStage {
   double clip_grad_norm(double max_norm);
 
  private:
+  friend class PipelineSchedule;
+  friend double pipeline_clip_grad_norm(const std::vector<PipelineStage*>& stages, double max_norm);
+
   torch::nn::Sequential module_;
+  std::shared_ptr<const detail::StageTies> ties_;  // of the whole split, the same on every rank
   ProcessGroup group_;
   int index_;
   int num_stages_;
 };
-
-// clip_grad_norm over all the stages this rank holds (interleaved schedules).
-double pipeline_clip_grad_norm(const std::vector<PipelineStage*>& stages, double max_norm);
 
 // What the last step() did on this rank: for measuring bubbles and activation memory.
 struct PipelineStepStats {
@@ -101,7 +117,10 @@ class PipelineSchedule {
   // Gradients accumulate into the stages' parameters (zero them before, as usual). Every rank of
   // the pipeline group calls it; the batch must divide into the micro-batches.
   at::Tensor step(const at::Tensor& inputs = {}, const at::Tensor& targets = {});
-  // The last step's loss of each micro-batch, on every rank.
+  // Forward passes only, without gradients (evaluation): the micro-batches go through the stages
+  // in order and the mean micro-batch loss comes back on every rank, as from step().
+  at::Tensor eval(const at::Tensor& inputs = {}, const at::Tensor& targets = {});
+  // The last step's (or eval's) loss of each micro-batch, on every rank.
   const std::vector<double>& microbatch_losses() const;
   const PipelineStepStats& last_step_stats() const;
   int microbatches() const;

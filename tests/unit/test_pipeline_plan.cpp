@@ -13,6 +13,7 @@
 
 #include "pipeline/schedule_plan.h"
 #include "pipeline/stage_split.h"
+#include "pipeline/tied_parameters.h"
 
 namespace {
 
@@ -172,4 +173,22 @@ TEST_CASE("pipeline split: even ranges give the first stages the extra children"
   CHECK((ranges[0].count == 3 && ranges[1].count == 2 && ranges[2].count == 2));
   CHECK((ranges[1].first == 3 && ranges[2].first == 5));
   CHECK_THROWS_WITH(cpprun::detail::even_ranges(2, 3), Catch::Contains("cannot cut 2 children into 3 stages"));
+}
+
+TEST_CASE("pipeline ties: a tensor two stages hold is one tie, found alike from any order of names", "[pipeline]") {
+  int embedding = 0, block = 0, head_bias = 0, shared_norm = 0;  // identities
+  using cpprun::detail::StageParameter;
+  const auto found = cpprun::detail::find_ties({{{&embedding, "embed.weight"}, {&shared_norm, "norm0.weight"}},
+                                                {{&block, "h0.weight"}, {&shared_norm, "norm1.weight"}},
+                                                {{&head_bias, "head.bias"}, {&embedding, "head.weight"}}});
+  REQUIRE(found.ties.size() == 2);
+  CHECK(found.ties[0].stages == std::vector<int>{0, 2});
+  CHECK(found.ties[0].description == "stage 0's embed.weight, stage 2's head.weight");
+  CHECK(found.ties[1].stages == std::vector<int>{0, 1});
+  CHECK(found.tie_of[0] == std::vector<int>{0, 1});
+  CHECK(found.tie_of[1] == std::vector<int>{-1, 1});
+  CHECK(found.tie_of[2] == std::vector<int>{-1, 0});
+  // Within one stage a shared tensor is no tie: autograd sums it there.
+  const auto within = cpprun::detail::find_ties({{{&embedding, "a"}, {&embedding, "b"}}, {{&block, "c"}}});
+  CHECK(within.ties.empty());
 }
