@@ -235,7 +235,15 @@ struct PipelineSchedule::Runtime {
     at::Tensor given = at::full({2}, kNotHere, at::kLong);
     if (stages.count(0)) given[0] = rows(inputs);
     if (stages.count(last_stage())) given[1] = rows(targets);
-    all_reduce(group, given, ReduceOp::kMax);
+    try {
+      all_reduce(group, given, ReduceOp::kMax);
+    } catch (const std::exception& e) {
+      TORCH_CHECK(false, "pipeline rank ", group.rank(), " (stage", stages.size() > 1 ? "s " : " ",
+                  stages.begin()->first, stages.size() > 1 ? ", ..." : "",
+                  ") waiting at the start of step() for every pipeline rank to begin the step, which they did not "
+                  "(a rank that runs fewer steps than the others, or another schedule, leaves them waiting here): ",
+                  message_of(e));
+    }
     const int m = shape.microbatches;
     const int64_t input_rows = given[0].item<int64_t>(), target_rows = given[1].item<int64_t>();
     for (const auto& [rows_given, what, stage] : {std::make_tuple(input_rows, "inputs", 0),

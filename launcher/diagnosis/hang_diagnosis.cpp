@@ -51,6 +51,21 @@ std::string where_text(const Position& p, bool at_frontier) {
   return "";
 }
 
+// Point-to-point messages (a pipeline's activations and gradients) are numbered per group apart
+// from the collectives, and differ from rank to rank by design: they are read on their own.
+bool is_message(const CollectiveRecord& c) { return c.op == "send" || c.op == "recv"; }
+
+// "recv #5 (float32[2, 8]) from rank 0": the record's root is the peer, a rank of the group.
+std::string describe_message(const CollectiveRecord& c, const std::vector<int>& members) {
+  std::string text = c.op + " #" + std::to_string(c.seq) + " (" + c.dtype + c.shapes + ")";
+  std::string peer = "any rank";
+  if (c.root) {
+    const int r = *c.root;
+    peer = "rank " + std::to_string(!members.empty() && r >= 0 && r < static_cast<int>(members.size()) ? members[r] : r);
+  }
+  return text + (c.op == "send" ? " to " : " from ") + peer;
+}
+
 // Fixes "is" / "wait" to agree with the number of ranks named.
 std::string verb_for(const std::vector<int>& ranks, std::string text) {
   if (ranks.size() == 1 && text.rfind("wait ", 0) == 0) return "waits " + text.substr(5);
@@ -82,7 +97,8 @@ Diagnosis diagnose(const std::vector<RankEvidence>& ranks, const std::string& wh
   // group name -> its members (as the dumps say) and each dumped member's records in it
   struct GroupView {
     std::vector<int> members;
-    std::map<int, std::vector<const CollectiveRecord*>> records;  // rank -> oldest first
+    std::map<int, std::vector<const CollectiveRecord*>> records;   // rank -> oldest first
+    std::map<int, std::vector<const CollectiveRecord*>> messages;  // the same for send and recv
     std::map<int, int64_t> dumped_at;
   };
   std::map<std::string, GroupView> groups;
@@ -100,7 +116,7 @@ Diagnosis diagnose(const std::vector<RankEvidence>& ranks, const std::string& wh
     for (const CollectiveRecord& c : r.dump->entries) {
       GroupView& g = groups[c.group];
       if (g.members.empty()) g.members = c.group_ranks;
-      g.records[r.rank].push_back(&c);
+      (is_message(c) ? g.messages : g.records)[r.rank].push_back(&c);
       g.dumped_at[r.rank] = r.dump->dumped_unix_ms;
     }
   }
@@ -163,7 +179,9 @@ Diagnosis diagnose(const std::vector<RankEvidence>& ranks, const std::string& wh
     }
     std::vector<int> silent;  // members with a dump but nothing in this group
     for (int m : members) {
-      if (g.records.count(m) == 0 && std::find(dumped.begin(), dumped.end(), m) != dumped.end()) silent.push_back(m);
+      if (!g.records.empty() && g.records.count(m) == 0 && std::find(dumped.begin(), dumped.end(), m) != dumped.end()) {
+        silent.push_back(m);
+      }
     }
     if (!silent.empty()) pending = true;
     if (pending || !group_lines.empty()) {
@@ -175,6 +193,34 @@ Diagnosis diagnose(const std::vector<RankEvidence>& ranks, const std::string& wh
       for (std::size_t i = 0; i < parts.size(); ++i) line += (i ? "; " : "") + parts[i];
       d.lines.push_back(line);
       for (const std::string& l : group_lines) d.lines.push_back("group " + name + ": " + l);
+    }
+    // Messages: each rank's last one, said when one of them has not completed (a rank waiting for a
+    // peer's send or receive, e.g. a pipeline stage for its neighbour).
+    std::vector<std::string> message_parts;
+    bool message_pending = false;
+    for (const auto& [rank, list] : g.messages) {
+      const CollectiveRecord* last = list.back();
+      for (const CollectiveRecord* c : list) {
+        if (c->seq >= last->seq) last = c;
+      }
+      const std::string what = describe_message(*last, g.members);
+      const int64_t since = g.dumped_at[rank] - last->start_unix_ms;
+      switch (last->state) {
+        case CollectiveRecord::State::kStarted:
+          message_pending = true;
+          message_parts.push_back(who({rank}) + " waits in " + what + " since " + seconds(since));
+          break;
+        case CollectiveRecord::State::kFailed:
+          message_pending = true;
+          message_parts.push_back(who({rank}) + " failed in " + what);
+          break;
+        case CollectiveRecord::State::kCompleted: message_parts.push_back(who({rank}) + " last finished " + what); break;
+      }
+    }
+    if (message_pending) {
+      std::string line = "group " + name + " point-to-point: ";
+      for (std::size_t i = 0; i < message_parts.size(); ++i) line += (i ? "; " : "") + message_parts[i];
+      d.lines.push_back(line);
     }
     std::string ranks_json;
     for (const auto& [rank, p] : at) {

@@ -157,3 +157,29 @@ TEST_CASE("hang_diagnosis: one node's part names its own ranks as the world's me
   CHECK_THAT(text, Contains("group world (ranks 2-3): rank 2 is in all_reduce #5"));
   CHECK_THAT(text, Contains("rank 3 waits in all_gather #6"));
 }
+
+TEST_CASE("hang_diagnosis: point-to-point messages are read apart from the collectives", "[hang_diagnosis]") {
+  // A pipeline: both ranks finished all_reduce #3; rank 0 sent its activation (#4), rank 1 waits
+  // for the gradient rank 0 never receives... as the messages' own numbers say, not the collectives'.
+  const long long now = 80000;
+  auto message = [](int seq, const std::string& op, const std::string& state, long long start, int peer) {
+    std::string e = entry(seq, op, state, start, "\"dtype\":\"float32\",\"shapes\":[[2, 8]],\"reduce_op\":null");
+    const std::string null_root = "\"root\":null";
+    return e.replace(e.find(null_root), null_root.size(), "\"root\":" + std::to_string(peer));
+  };
+  std::vector<RankEvidence> ranks = {
+      evidence(0, dump_json(0, 2, now, {entry(3, "all_reduce", "completed", now - 9000),
+                                        message(4, "send", "completed", now - 8000, 1)})),
+      evidence(1, dump_json(1, 2, now, {entry(3, "all_reduce", "completed", now - 9000),
+                                        message(4, "recv", "completed", now - 8000, 0),
+                                        message(5, "recv", "started", now - 7500, 0)})),
+  };
+  const std::string text = joined(diagnose(ranks, "timeout"));
+  CHECK_THAT(text, !Contains("disagree"));
+  CHECK_THAT(text, Contains("group world point-to-point: rank 0 last finished send #4 (float32[2, 8]) to rank 1; "
+                            "rank 1 waits in recv #5 (float32[2, 8]) from rank 0 since 7.5 s"));
+  // Messages all done say nothing; the collectives' reading stands alone.
+  ranks[1] = evidence(1, dump_json(1, 2, now, {entry(3, "all_reduce", "completed", now - 9000),
+                                               message(4, "recv", "completed", now - 8000, 0)}));
+  CHECK_THAT(joined(diagnose(ranks, "timeout")), !Contains("point-to-point"));
+}
