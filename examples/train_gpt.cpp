@@ -66,9 +66,11 @@ constexpr const char* kUsage = R"(usage: train_gpt [options]
                      attention heads and MLP units among themselves; DDP/FSDP runs across the world/N groups,
                      which each take their own --batch windows (default 1). N must divide the ranks and --heads
   --pp N             pipeline parallelism: the model cut into N stages by its children (embeddings, blocks h0..,
-                     ln_f, the tied head), one a rank (2 with interleaved-1f1b), on exactly N ranks; each step's
-                     --batch windows go through them in --microbatches micro-batches; the same losses as one rank.
-                     Not yet with --tp, --mode fsdp, --grad-accum, --save/--resume, --init-from/--export (default 1)
+                     ln_f, the tied head), one a rank (2 with interleaved-1f1b); each step's --batch windows go
+                     through them in --microbatches micro-batches; the same losses as one rank. A multiple of N
+                     ranks runs that many pipelines, data-parallel with --mode ddp (each its own --batch windows,
+                     gradients averaged across). Not yet with --tp, --mode fsdp, --grad-accum, --save/--resume,
+                     --init-from/--export (default 1)
   --pp-schedule gpipe|1f1b|interleaved-1f1b
                      the order of the micro-batches' passes (docs/pipeline_parallel.md) (default 1f1b)
   --microbatches M   micro-batches per step with --pp; --batch must divide by M (default 2 x N)
@@ -809,13 +811,22 @@ int run(int argc, char** argv) {
     mesh.emplace(group, std::vector<int>{group.size() / opt.tp, opt.tp}, std::vector<std::string>{"dp", "tp"});
     tp_group = mesh->group("tp");
   }
-  const cpprun::ProcessGroup& dp_group = mesh ? mesh->group("dp") : group;
-  if (opt.pp > 1 && group.size() != opt.pp) {
-    throw std::invalid_argument("--pp " + std::to_string(opt.pp) + " runs one pipeline stage per rank, on " +
-                                std::to_string(opt.pp) + " ranks; this job has " + std::to_string(group.size()) +
-                                " (data parallelism across pipelines is not there yet): run --nproc_per_node=" +
+  if (opt.pp > 1 && (group.size() % opt.pp != 0 || (opt.mode == "none" && group.size() != opt.pp))) {
+    throw std::invalid_argument("--pp " + std::to_string(opt.pp) + " runs pipelines of " + std::to_string(opt.pp) +
+                                " ranks (one stage a rank), data-parallel across them with --mode ddp; this job has " +
+                                std::to_string(group.size()) + " ranks" +
+                                (opt.mode == "none" ? " and --mode none (one pipeline)" : "") + ": run a multiple of " +
+                                std::to_string(opt.pp) + " ranks (--mode ddp), or --nproc_per_node=" +
                                 std::to_string(opt.pp));
   }
+  // --pp: the ranks as a {dp, pp} grid, rank = d * pp + s: each row of pp consecutive ranks is one
+  // pipeline (mesh.group("pp")), each column the same stage of every pipeline, whose gradients
+  // are averaged after each step (mesh.group("dp")), as DDP's.
+  if (opt.pp > 1) {
+    mesh.emplace(group, std::vector<int>{group.size() / opt.pp, opt.pp}, std::vector<std::string>{"dp", "pp"});
+  }
+  const cpprun::ProcessGroup& dp_group = mesh ? mesh->group("dp") : group;
+  const cpprun::ProcessGroup& pp_group = opt.pp > 1 ? mesh->group("pp") : group;
   if (opt.mode == "none" && group.size() > 1 && opt.pp == 1) {
     throw std::invalid_argument("--mode none trains the model without any wrapper, so its " + std::to_string(group.size()) +
                                 " ranks would each train a model of their own: run it on one rank (--nproc_per_node=1), "
@@ -910,15 +921,18 @@ int run(int argc, char** argv) {
       return torch::nn::functional::cross_entropy(logits.view({-1, logits.size(-1)}).to(float64 ? torch::kDouble : torch::kFloat),
                                                   targets.reshape({-1}));
     };
-    for (int k = 0; k < stages_per_rank; ++k) stages.emplace_back(pipe, split, group, rank + k * opt.pp);
+    for (int k = 0; k < stages_per_rank; ++k) stages.emplace_back(pipe, split, pp_group, pp_group.rank() + k * opt.pp);
     for (auto& s : stages) my_stages.push_back(&s);
     if (opt.pp_schedule == "gpipe") schedule = std::make_unique<cpprun::ScheduleGPipe>(stages[0], opt.microbatches, loss_of);
     else if (opt.pp_schedule == "1f1b") schedule = std::make_unique<cpprun::Schedule1F1B>(stages[0], opt.microbatches, loss_of);
     else schedule = std::make_unique<cpprun::ScheduleInterleaved1F1B>(my_stages, opt.microbatches, loss_of);
+    if (dp_group.size() > 1) schedule->set_data_parallel_group(dp_group);
     if (rank == 0) {
-      std::printf("pipeline parallel: %zu stages over %d ranks (%s), %s, %d micro-batches of %d windows:",
+      std::printf("pipeline parallel: %zu stages over %d ranks (%s), %s, %d micro-batches of %d windows",
                   split.size(), opt.pp, stages_per_rank > 1 ? "2 a rank" : "1 a rank", opt.pp_schedule.c_str(),
                   opt.microbatches, opt.batch / opt.microbatches);
+      if (dp_group.size() > 1) std::printf(", %d pipelines (data parallel)", dp_group.size());
+      std::printf(":");
       for (size_t s = 0; s < split.size(); ++s) {
         std::printf(" [%s..%s]", split[s].front().c_str(), split[s].back().c_str());
       }
@@ -964,7 +978,7 @@ int run(int argc, char** argv) {
   int skipped = 0;
   const int64_t rank_batch = static_cast<int64_t>(opt.batch) * opt.grad_accum;  // windows per rank and step
   // --pp: every rank of the pipeline takes the same windows (its stage reads what it needs).
-  const int dp_size = opt.pp > 1 ? 1 : dp_group.size(), dp_rank = opt.pp > 1 ? 0 : dp_group.rank();
+  const int dp_size = dp_group.size(), dp_rank = dp_group.rank();
   const int64_t global_batch = rank_batch * dp_size;                              // windows per step
 
   // --resume: where the saved run stood (trainer.json), then its model and optimizer state, each
@@ -1277,7 +1291,7 @@ int run(int argc, char** argv) {
   // Under --tp no rank holds the whole model: gather it (collective) into an unsplit Gpt on every
   // rank, which then exports, evaluates and samples as the trained module does without --tp.
   Gpt whole = gpt;
-  if (schedule) gather_stages(pipe, my_stages, group);  // --pp: every stage's trained tensors on every rank
+  if (schedule) gather_stages(pipe, my_stages, pp_group);  // --pp: every stage's trained tensors on every rank
   if (tp_group) {
     model->gather_full_parameters();  // FSDP: this rank's shards made current (--tp: always wrapped)
     whole = unsplit(*gpt, model_vocab, opt, device);

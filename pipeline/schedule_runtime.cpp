@@ -11,6 +11,7 @@
 #include <chrono>
 #include <map>
 #include <optional>
+#include <set>
 #include <tuple>
 #include <utility>
 
@@ -76,6 +77,7 @@ struct PipelineSchedule::Runtime {
     ProcessGroup holders;
   };
   std::vector<TieSum> tie_sums;
+  std::optional<ProcessGroup> data_parallel;  // set_data_parallel_group's
   std::optional<at::Device> device;  // where received tensors go: the stages' parameters'
 
   // One step's state.
@@ -226,6 +228,34 @@ struct PipelineSchedule::Runtime {
     }
   }
 
+  // DDP's reduction without its overlap: each dtype's and device's gradients packed into one
+  // buffer, averaged over the pipelines, unpacked. Every parameter takes part (zeros where this
+  // step left none), so the ranks' buffers agree.
+  void average_gradients(const ProcessGroup& over) {
+    std::vector<at::Tensor> grads;
+    std::set<const c10::TensorImpl*> seen;
+    for (const auto& [index, stage] : stages) {
+      for (auto& p : stage->parameters()) {
+        if (!seen.insert(p.unsafeGetTensorImpl()).second) continue;
+        if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
+        grads.push_back(p.mutable_grad());
+      }
+    }
+    std::map<std::pair<at::ScalarType, std::string>, std::vector<at::Tensor>> by_kind;
+    for (const auto& g : grads) by_kind[{g.scalar_type(), g.device().str()}].push_back(g);
+    for (auto& [kind, list] : by_kind) {
+      std::vector<at::Tensor> flat;
+      for (const auto& g : list) flat.push_back(g.reshape({-1}));
+      at::Tensor buffer = at::cat(flat);
+      all_reduce(over, buffer, ReduceOp::kAvg);
+      int64_t offset = 0;
+      for (auto& g : list) {
+        g.copy_(buffer.narrow(0, offset, g.numel()).view_as(g));
+        offset += g.numel();
+      }
+    }
+  }
+
   // Every rank learns the batch sizes the first and last stages were given and checks them alike,
   // so that a bad batch is one error on every rank rather than one rank's error and the others'
   // wait for messages that never come. Rows: -1 for no tensor given (or a 0-dim one).
@@ -303,6 +333,7 @@ struct PipelineSchedule::Runtime {
       if (!tie.parameter.grad().defined()) tie.parameter.mutable_grad() = at::zeros_like(tie.parameter);
       all_reduce(tie.holders, tie.parameter.mutable_grad());
     }
+    if (train && data_parallel && data_parallel->size() > 1) average_gradients(*data_parallel);
     sends.clear();
     shape_recv.clear();
     sent_shape.clear();
@@ -312,8 +343,10 @@ struct PipelineSchedule::Runtime {
     at::Tensor all = at::tensor(losses, at::kDouble);
     broadcast(group, all, rank_of(last_stage()));
     losses.assign(all.data_ptr<double>(), all.data_ptr<double>() + all.numel());
+    at::Tensor mean = all.mean();
+    if (data_parallel && data_parallel->size() > 1) all_reduce(*data_parallel, mean, ReduceOp::kAvg);
     stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-    return all.mean();
+    return mean;
   }
 };
 
@@ -379,6 +412,10 @@ PipelineSchedule::~PipelineSchedule() = default;
 
 at::Tensor PipelineSchedule::step(const at::Tensor& inputs, const at::Tensor& targets) {
   return runtime_->step(inputs, targets, /*train=*/true);
+}
+void PipelineSchedule::set_data_parallel_group(const ProcessGroup& group) {
+  TORCH_CHECK(group.is_member(), "PipelineSchedule::set_data_parallel_group: this rank is not in the group.");
+  runtime_->data_parallel = group;
 }
 at::Tensor PipelineSchedule::eval(const at::Tensor& inputs, const at::Tensor& targets) {
   return runtime_->step(inputs, targets, /*train=*/false);

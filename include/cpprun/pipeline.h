@@ -120,6 +120,12 @@ class PipelineSchedule {
   // Forward passes only, without gradients (evaluation): the micro-batches go through the stages
   // in order and the mean micro-batch loss comes back on every rank, as from step().
   at::Tensor eval(const at::Tensor& inputs = {}, const at::Tensor& targets = {});
+  // Data parallelism across pipelines (a {dp, pp} mesh): from now on every step() ends by
+  // averaging the gradients of this rank's stages over `group` (the ranks that hold the same stages
+  // in the other pipelines, each pipeline on its own batch), as DDP does, and returns the loss
+  // averaged over the pipelines too: the mean over every pipeline's micro-batches (eval() alike).
+  // Every rank calls it, with its own such group.
+  void set_data_parallel_group(const ProcessGroup& group);
   // The last step's (or eval's) loss of each micro-batch, on every rank.
   const std::vector<double>& microbatch_losses() const;
   const PipelineStepStats& last_step_stats() const;

@@ -11,6 +11,7 @@
 #include <torch/torch.h>
 
 #include <functional>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -139,8 +140,11 @@ std::unique_ptr<cpprun::PipelineSchedule> make_schedule(Kind kind, std::vector<c
 }
 
 // Trains kSteps under the pipeline; returns the largest relative difference from the reference.
-double train_and_compare(Kind kind, int microbatches, bool deferred = false, const Task& task = kMlp) {
-  const auto& pg = group();
+// dp > 1: a {dp, pp} mesh, each pipeline on its share of the batch, gradients averaged across.
+double train_and_compare(Kind kind, int microbatches, bool deferred = false, const Task& task = kMlp, int dp = 1) {
+  std::optional<cpprun::DeviceMesh> mesh;
+  if (dp > 1) mesh.emplace(group(), std::vector<int>{dp, group().size() / dp}, std::vector<std::string>{"dp", "pp"});
+  const auto& pg = mesh ? mesh->group("pp") : group();
   const int p = pg.size(), v = kind == Kind::kInterleaved ? 2 : 1;
   DoubleByDefault doubles;
   torch::nn::Sequential model = deferred ? cpprun::deferred_init(task.make) : task.make();
@@ -162,13 +166,16 @@ double train_and_compare(Kind kind, int microbatches, bool deferred = false, con
     if (p > 1) CHECK(left > 0);
   }
   auto schedule = make_schedule(kind, stages, microbatches, task);
+  if (mesh) schedule->set_data_parallel_group(mesh->group("dp"));
+  // This pipeline's rows of each batch (all of them without data parallelism).
+  auto share = [&](const at::Tensor& t) { return mesh ? dist_test::slice(t, mesh->coordinate("dp"), dp) : t; };
   torch::optim::AdamW opt(params, torch::optim::AdamWOptions(1e-2));
   double worst = 0;
   const auto& ref = reference(task);
   for (int s = 0; s < kSteps; ++s) {
     auto [x, y] = task.batch(s);
     opt.zero_grad();
-    const double loss = schedule->step(x, y).item<double>();
+    const double loss = schedule->step(share(x), share(y)).item<double>();
     std::vector<cpprun::PipelineStage*> mine;
     for (auto& stage : stages) mine.push_back(&stage);
     const double norm = cpprun::pipeline_clip_grad_norm(mine, kMaxNorm);
@@ -187,7 +194,7 @@ double train_and_compare(Kind kind, int microbatches, bool deferred = false, con
   // Evaluation: forwards only, the trained reference's loss on a held-out batch, on every rank.
   {
     auto [x, y] = task.batch(99);
-    const double held_out = schedule->eval(x, y).item<double>();
+    const double held_out = schedule->eval(share(x), share(y)).item<double>();
     torch::NoGradGuard no_grad;
     torch::nn::Sequential trained = ref.model;  // a handle: forward is not const
     const double expected = task.loss(trained->forward(x), y).item<double>();
@@ -265,6 +272,15 @@ TEST_CASE("pipeline: a head tied to the embedding across stages trains as the un
   worst = std::max(worst, train_and_compare(Kind::kInterleaved, group().size(), /*deferred=*/false, kTiedLm));
   worst = std::max(worst, train_and_compare(Kind::k1F1B, 4, /*deferred=*/true, kTiedLm));
   std::printf("pipeline tied rank %d: worst relative difference %.2e\n", group().rank(), worst);
+}
+
+TEST_CASE("pipeline: {dp 2, pp} averages the stages' gradients across pipelines as one process", "[pipeline]") {
+  if (group().size() % 2 != 0) return;  // np1, np3: no such mesh (np2: dp 2 x pp 1, np4: dp 2 x pp 2)
+  double worst = 0;
+  worst = std::max(worst, train_and_compare(Kind::k1F1B, 3, false, kMlp, /*dp=*/2));
+  worst = std::max(worst, train_and_compare(Kind::kGPipe, 2, false, kTiedLm, /*dp=*/2));
+  worst = std::max(worst, train_and_compare(Kind::kInterleaved, group().size() / 2, false, kTiedLm, /*dp=*/2));
+  std::printf("pipeline dp 2 rank %d: worst relative difference %.2e\n", group().rank(), worst);
 }
 
 TEST_CASE("pipeline: a careless user's mistakes are one error on every rank", "[pipeline]") {

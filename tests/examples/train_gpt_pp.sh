@@ -3,7 +3,8 @@
 # schedule (1F1B, GPipe, Interleaved 1F1B with 2 stages a rank), 2 and 3 stages, activation
 # checkpointing inside the stages, must train to the same 6 step losses and held-out loss within
 # 1e-10 (only the summation order differs: the micro-batches' means averaged against one mean; the
-# head tied to the embedding lives on the first and last stages, its gradients summed between them).
+# head tied to the embedding lives on the first and last stages, its gradients summed between them);
+# two pipelines data-parallel (4 ranks, {dp 2, pp 2}) against one rank on both pipelines' windows.
 # And what --pp does not do yet, or cannot, is refused by name.
 # Usage: train_gpt_pp.sh CPPRUN TRAIN_GPT
 set -u
@@ -33,6 +34,13 @@ run whole.ckpt 1 --mode none --checkpoint-activations
 run pp2.ckpt 2 --pp 2 --checkpoint-activations
 agree whole.ckpt pp2.ckpt
 agree whole whole.ckpt
+# Two pipelines of 2 stages, each on its 8 of the 16 windows a step, gradients averaged between
+# them: as one rank on all 16.
+run whole16 1 --mode none --batch 16
+run dp2.pp2 4 --pp 2 --mode ddp --microbatches 4
+grep -q "1f1b, 4 micro-batches of 2 windows, 2 pipelines (data parallel)" "$tmp/out" ||
+  fail "the {dp 2, pp 2} run did not say it has 2 pipelines"
+agree whole16 dp2.pp2
 
 refused() {  # NPROC WHAT ARGS...: train_gpt refuses ARGS with exit 1, naming WHAT
   local nproc=$1 what=$2
@@ -51,6 +59,7 @@ refused 1 "--pp does not go with --mode fsdp yet" --pp 2 --mode fsdp
 refused 1 "--microbatches goes with --pp N" --microbatches 4
 refused 1 "--batch 8 does not split into --microbatches 3" --pp 2 --microbatches 3
 refused 1 "--pp-schedule must be gpipe, 1f1b or interleaved-1f1b" --pp 2 --pp-schedule zb
-refused 1 "--pp 2 runs one pipeline stage per rank, on 2 ranks; this job has 1" --pp 2
+refused 1 "--pp 2 runs pipelines of 2 ranks (one stage a rank), data-parallel across them with --mode ddp; this job has 1 ranks" --pp 2
+refused 4 "this job has 4 ranks and --mode none (one pipeline)" --pp 2 --mode none
 refused 2 "Interleaved1F1B runs micro-batches in rounds of one per pipeline rank" --pp 2 --pp-schedule interleaved-1f1b --microbatches 1 --batch 8
 echo "PASS: --pp trains as one rank under every schedule; what it cannot do is refused"
