@@ -6,8 +6,9 @@
 # over the ranks, plus the formula's bubble); each rank's bubble (cpprun's waiting_seconds / seconds,
 # and both sides' off-CPU fraction) beside (p-1)/(m+p-1) and the issue's (p-1)/m; the activation
 # memory of stage 0's rank (peak resident memory over its size once built; each configuration is a
-# process of its own) and what the micro-batches it held imply; rows/s against the model without
-# a pipeline on one process.
+# process of its own, in a second pass where each large allocation is a mapping of its own) beside
+# the tensors its held micro-batches save; rows/s against the model without a pipeline on one
+# process.
 #   usage: scripts/bench_pipeline.sh [--nproc P] [pipeline_bench's flags: --layers L --dim D --batch B
 #                                     --steps N --warmup N --stages-per-rank V]
 #   default: 2 ranks, 8 blocks of d = 128, batch 2048 rows, 3 warm-up and 10 timed steps; micro-batch
@@ -29,11 +30,12 @@ microbatches=${BENCH_PIPELINE_MICROBATCHES:-2 4 8}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-# run IMPL SCHEDULE M THREADS KEY: one process group (one process for schedule none) of IMPL (cpp,
-# py); its RESULT lines go to $tmp/IMPL.KEY; a run without them prints its ERROR line (or the end
-# of its stderr), which is kept in $tmp/IMPL.KEY.error, and the benchmark carries on.
+# run IMPL SCHEDULE M THREADS KEY [FLAG...]: one process group (one process for schedule none) of
+# IMPL (cpp, py); its RESULT lines go to $tmp/IMPL.KEY; a run without them prints its ERROR line
+# (or the end of its stderr), kept in $tmp/IMPL.KEY.error, and the benchmark carries on.
 run() {
   local impl=$1 schedule=$2 m=$3 threads=$4 out=$tmp/$1.$5 cmd rc=0 why
+  shift 5
   if [ "$schedule" = none ]; then
     if [ "$impl" = cpp ]; then cmd=("$build/bench/pipeline_bench"); else cmd=("$python" bench/pipeline_bench.py); fi
   elif [ "$impl" = cpp ]; then
@@ -41,7 +43,7 @@ run() {
   else
     cmd=(tests/run_isolated.sh "$python" -m torch.distributed.run --standalone --nproc_per_node="$p" bench/pipeline_bench.py)
   fi
-  OMP_NUM_THREADS=$threads timeout 600 "${cmd[@]}" --schedule "$schedule" --microbatches "$m" "${flags[@]}" \
+  OMP_NUM_THREADS=$threads timeout 600 "${cmd[@]}" --schedule "$schedule" --microbatches "$m" "${flags[@]}" "$@" \
     >"$tmp/stdout" 2>"$tmp/stderr" || rc=$?
   grep -o 'RESULT .*' "$tmp/stdout" >"$out" || true
   [ -s "$out" ] && return 0
@@ -81,18 +83,32 @@ for m in $microbatches; do
     run py "$schedule" "$m" 1 "$schedule.$m"
   done
 done
+# Memory, a pass of its own: with every allocation above 128 KiB a mapping of its own, freed
+# memory leaves the resident size at once, so the peak resident size follows the live tensors
+# (glibc otherwise raises that threshold as tensors are freed and keeps freed heap memory
+# resident, which adds up to 12 MB to an interleaved peak). It slows the steps (page faults), so
+# the times above are measured without it. Two steps: the peak comes in the first.
+for m in $microbatches; do
+  for schedule in $schedules; do
+    [ "$schedule" = interleaved ] && [ $((m % p)) != 0 ] && continue
+    for impl in cpp py; do
+      MALLOC_MMAP_THRESHOLD_=131072 run "$impl" "$schedule" "$m" 1 "mem.$schedule.$m" --steps 1 --warmup 1
+    done
+  done
+done
 one=$(step_ms cpp one)
 rows=$(get cpp one 0 batch)
-act_one=$(get cpp one 0 act_mb)
+layers=$(get cpp one 0 layers)
+dim=$(get cpp one 0 dim)
 v=$(get cpp "interleaved.${microbatches##* }" 0 v); [ "$v" != - ] || v=2
 
 echo
-echo "$p ranks x 1 thread on $(nproc) cores (load average before the runs: $load); $(get cpp one 0 layers) blocks of" \
-     "d = $(get cpp one 0 dim), batch $rows rows, float32, MSE; medians of the timed steps."
+echo "$p ranks x 1 thread on $(nproc) cores (load average before the runs: $load); $layers blocks of" \
+     "d = $dim, batch $rows rows, float32, MSE; medians of the timed steps."
 [ "$p" -ge "$(nproc)" ] && echo "The ranks fill every core: a rank's waiting also includes time the OS gives its core to another" \
      "rank or process, and Gloo's copies take CPU from compute."
 echo "No pipeline, one process, the whole batch: cpprun $one ms/step (1 thread), $(step_ms cpp one_p) ms ($p threads);" \
-     "PyTorch $(step_ms py one) ms (1 thread), $(step_ms py one_p) ms ($p threads); activations $act_one MB (cpprun)."
+     "PyTorch $(step_ms py one) ms (1 thread), $(step_ms py one_p) ms ($p threads)."
 echo "Floor: the 1-thread step split over $p ranks plus the formula's bubble, $one / $p x (v m + p - 1) / (v m) ms."
 echo
 printf '%-12s %3s | %10s %10s %8s | %8s %8s | %8s %8s %8s\n' schedule m "cpprun ms" "PyTorch ms" "cpp/Py" "floor ms" "cpp/floor" \
@@ -128,24 +144,25 @@ for m in $microbatches; do
 done
 
 echo
-echo "Activation memory on stage 0's rank (rank 0): peak resident memory above its size once built, MB; held = the most"
-echo "micro-batches (interleaved: stage passes, 1/v the size) whose backward was pending; implied = the one-process"
-echo "activations ($act_one MB) / (p v) x held / m."
-printf '%-12s %3s | %4s %8s | %10s %10s\n' schedule m held implied "cpprun MB" "PyTorch MB"
+echo "Activation memory on stage 0's rank (rank 0), MB: its peak resident memory above its size once built (a pass of"
+echo "its own, every allocation above 128 KiB its own mapping); held = the most micro-batches (interleaved: stage passes, 1/v"
+echo "the size) whose backward was pending; saved = held x the tensors autograd keeps for one: rows/m x (blocks a stage"
+echo "x (10 d + 2) + d) floats. The rest is the stage's gradients and the backward's working memory."
+printf '%-12s %3s | %4s %8s | %10s %10s\n' schedule m held saved "cpprun MB" "PyTorch MB"
 for m in $microbatches; do
   for schedule in $schedules; do
-    [ -s "$tmp/cpp.$schedule.$m" ] || [ -s "$tmp/py.$schedule.$m" ] || continue
-    held=$(get cpp "$schedule.$m" 0 peak_held)
+    [ -s "$tmp/cpp.mem.$schedule.$m" ] || [ -s "$tmp/py.mem.$schedule.$m" ] || continue
+    held=$(get cpp "mem.$schedule.$m" 0 peak_held)
     vv=1; [ "$schedule" = interleaved ] && vv=$v
-    implied=$(awk -v a="$act_one" -v p="$p" -v v="$vv" -v h="$held" -v m="$m" \
-      'BEGIN { if (a == "-" || h == "-") print "-"; else printf "%.1f", a / (p * v) * h / m }')
-    printf '%-12s %3s | %4s %8s | %10s %10s\n' "$schedule" "$m" "$held" "$implied" "$(get cpp "$schedule.$m" 0 act_mb)" \
-      "$(get py "$schedule.$m" 0 act_mb)"
+    saved=$(awk -v h="$held" -v b="$rows" -v m="$m" -v l="$layers" -v d="$dim" -v p="$p" -v v="$vv" \
+      'BEGIN { if (h == "-") print "-"; else printf "%.1f", h * b / m * (l / (p * v) * (10 * d + 2) + d) * 4 / 1048576 }')
+    printf '%-12s %3s | %4s %8s | %10s %10s\n' "$schedule" "$m" "$held" "$saved" "$(get cpp "mem.$schedule.$m" 0 act_mb)" \
+      "$(get py "mem.$schedule.$m" 0 act_mb)"
   done
 done
 for m in $microbatches; do
-  g=$(get cpp "gpipe.$m" 0 act_mb) o=$(get cpp "1f1b.$m" 0 act_mb)
-  gp=$(get py "gpipe.$m" 0 act_mb) op=$(get py "1f1b.$m" 0 act_mb)
+  g=$(get cpp "mem.gpipe.$m" 0 act_mb) o=$(get cpp "mem.1f1b.$m" 0 act_mb)
+  gp=$(get py "mem.gpipe.$m" 0 act_mb) op=$(get py "mem.1f1b.$m" 0 act_mb)
   [ "$g" != - ] && [ "$o" != - ] || continue
   echo "1F1B / GPipe at m=$m: cpprun $(ratio "$o" "$g"), PyTorch $(ratio "$op" "$gp"); held min(p, m) / m =" \
        "$(awk -v p="$p" -v m="$m" 'BEGIN { printf "%.2f", (p < m ? p : m) / m }')"
