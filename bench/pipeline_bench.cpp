@@ -16,17 +16,18 @@
 //
 // Prints one RESULT line per rank: the median over --steps of the step's wall time, of
 // waiting_seconds / seconds from last_step_stats() (the bubble as this rank saw it), and of the
-// off-CPU fraction 1 - (process CPU time / wall time) (every thread; the same figure the PyTorch
-// side can give), beside the formulas (p-1)/(m+p-1) (interleaved (p-1)/(v m+p-1)) and the issue's
+// fractions of the step the main thread (it runs every kernel: one thread a rank) slept
+// ("blocked": the figure the PyTorch side gives too) and waited for a core that another process
+// held ("runq"; /proc/self/schedstat), beside the formulas (p-1)/(m+p-1) (interleaved (p-1)/(v m+p-1)) and the issue's
 // (p-1)/m ((p-1)/(v m)); peak_held; rows per second; act_mb: how far the peak resident memory
 // (VmHWM, ru_maxrss) rose above the resident size once the model, stage and batch were built and a few rows had
 // gone through (the kernels' and the BLAS's one-time buffers are no activations).
 #include <cpprun/cpprun.h>
 #include <torch/torch.h>
 
-#include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -88,10 +89,18 @@ double resident_bytes() {  // this process's resident memory now
   return static_cast<double>(resident) * static_cast<double>(sysconf(_SC_PAGESIZE));
 }
 
-double cpu_seconds() {  // this process's CPU time so far, every thread
-  timespec t{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
-  return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
+// The main thread's time on a core and time ready but waiting for one, so far, in seconds
+// (/proc/self/schedstat: the thread-group leader's). The rest of a step it slept: blocked.
+struct SchedTimes {
+  double on_cpu = 0, runnable = 0;
+};
+SchedTimes sched_times() {
+  unsigned long long on_cpu = 0, runnable = 0;
+  if (FILE* f = std::fopen("/proc/self/schedstat", "r")) {
+    if (std::fscanf(f, "%llu %llu", &on_cpu, &runnable) != 2) on_cpu = runnable = 0;
+    std::fclose(f);
+  }
+  return {static_cast<double>(on_cpu) * 1e-9, static_cast<double>(runnable) * 1e-9};
 }
 
 [[noreturn]] void usage_error(const std::string& what) {
@@ -179,12 +188,12 @@ int main(int argc, char** argv) {
   }
   const double rss_built = resident_bytes();
 
-  std::vector<double> wall, waiting, off_cpu;
+  std::vector<double> wall, waiting, blocked, runq;
   int peak_held = 0;
   for (int step = 0; step < a.warmup + a.steps; ++step) {
     for (auto& t : params) t.mutable_grad().reset();
     if (pipelined) cpprun::barrier(*group);  // every rank starts the step together
-    const double cpu0 = cpu_seconds();
+    const SchedTimes before = sched_times();
     const auto t0 = std::chrono::steady_clock::now();
     if (pipelined) {
       schedule->step(x, y);
@@ -192,10 +201,12 @@ int main(int argc, char** argv) {
       mse(model->forward(x), y).backward();
     }
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    const double cpu = cpu_seconds() - cpu0;
+    const SchedTimes after = sched_times();
     if (step < a.warmup) continue;
     wall.push_back(seconds);
-    off_cpu.push_back(std::max(0.0, 1.0 - cpu / seconds));
+    const double on_cpu = after.on_cpu - before.on_cpu, runnable = after.runnable - before.runnable;
+    blocked.push_back(std::max(0.0, 1.0 - (on_cpu + runnable) / seconds));
+    runq.push_back(std::min(1.0, runnable / seconds));
     if (pipelined) {
       const auto& stats = schedule->last_step_stats();
       waiting.push_back(stats.bubble_fraction());
@@ -210,10 +221,10 @@ int main(int argc, char** argv) {
   if (pipelined) std::snprintf(bubble, sizeof bubble, "%.4f", bench::median(waiting));
   std::printf(
       "RESULT impl=cpprun schedule=%s p=%d v=%d m=%d rank=%d stages=%s layers=%d dim=%lld batch=%lld threads=%d "
-      "ms_per_step=%.3f bubble=%s off_cpu=%.4f formula=%.4f issue_formula=%.4f peak_held=%d rows_per_s=%.1f "
+      "ms_per_step=%.3f bubble=%s blocked=%.4f runq=%.4f formula=%.4f issue_formula=%.4f peak_held=%d rows_per_s=%.1f "
       "act_mb=%.1f\n",
       a.schedule.c_str(), p, v, pipelined ? a.microbatches : 1, rank, stage_list.c_str(), a.layers, static_cast<long long>(a.dim),
-      static_cast<long long>(a.batch), at::get_num_threads(), ms, bubble, bench::median(off_cpu), formula,
+      static_cast<long long>(a.batch), at::get_num_threads(), ms, bubble, bench::median(blocked), bench::median(runq), formula,
       issue_formula, peak_held, static_cast<double>(a.batch) / (ms / 1e3), act_mb);
   std::fflush(stdout);
   if (pipelined) cpprun::barrier(*group);  // no rank tears down while another still prints

@@ -5,8 +5,8 @@
 #   python -m torch.distributed.run --standalone --nproc_per_node=2 bench/pipeline_bench.py --schedule 1f1b --microbatches 4
 #   python bench/pipeline_bench.py --schedule none   (the whole model in one process, no pipeline)
 #
-# PyTorch's schedules give no waiting time, so bubble is "-": off_cpu (1 - process CPU time / wall
-# time, every thread) is the figure both sides give. peak_held is "-" too. A schedule that fails
+# PyTorch's schedules give no waiting time, so bubble is "-": blocked (the part of the step the main
+# thread slept) is the figure both sides give, runq the part it waited for a core. peak_held is "-" too. A schedule that fails
 # prints one ERROR line (the exception's type and first line) and exits 1; torchrun then stops the
 # other ranks and the script carries on with the next configuration.
 import argparse, collections, os, resource, sys, time
@@ -65,6 +65,12 @@ def peak_resident_bytes():  # ru_maxrss: KiB on Linux (VmHWM, as bench/peak_rss.
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def sched_times():  # the main thread's seconds on a core and ready but waiting for one (/proc/self/schedstat)
+    with open("/proc/self/schedstat") as f:
+        on_cpu, runnable = f.read().split()[:2]
+    return int(on_cpu) * 1e-9, int(runnable) * 1e-9
+
+
 def median(values):  # the lower middle for an even count, as bench/median.h
     values = sorted(values)
     return values[(len(values) - 1) // 2]
@@ -120,13 +126,14 @@ if pipelined:
     dist.barrier()
 rss_built = resident_bytes()
 
-wall, off_cpu = [], []
+wall, blocked, runq = [], [], []
 for step in range(a.warmup + a.steps):
     for t in params:
         t.grad = None
     if pipelined:
         dist.barrier()  # every rank starts the step together
-    cpu0, t0 = time.process_time(), time.perf_counter()
+    cpu0, runnable0 = sched_times()
+    t0 = time.perf_counter()
     try:
         if pipelined:
             schedule.step(*((x,) if first else ()), target=y if last else None, return_outputs=False)
@@ -135,17 +142,19 @@ for step in range(a.warmup + a.steps):
     except Exception as e:  # noqa: BLE001
         fail(e)
     seconds = time.perf_counter() - t0
-    cpu = time.process_time() - cpu0
+    cpu1, runnable1 = sched_times()
     if step >= a.warmup:
         wall.append(seconds)
-        off_cpu.append(max(0.0, 1 - cpu / seconds))
+        blocked.append(max(0.0, 1 - (cpu1 - cpu0 + runnable1 - runnable0) / seconds))
+        runq.append(min(1.0, (runnable1 - runnable0) / seconds))
 act_mb = (peak_resident_bytes() - rss_built) / (1 << 20)
 m = a.microbatches
 formula, issue_formula = (world - 1) / (v * m + world - 1), (world - 1) / (v * m)
 ms = median(wall) * 1e3
 line = (f"RESULT impl=pytorch schedule={a.schedule} p={world} v={v} m={m if pipelined else 1} rank={rank} "
       f"stages={','.join(map(str, indices)) if pipelined else 'all'} layers={a.layers} dim={a.dim} batch={a.batch} "
-      f"threads={torch.get_num_threads()} ms_per_step={ms:.3f} bubble=- off_cpu={median(off_cpu):.4f} "
+      f"threads={torch.get_num_threads()} ms_per_step={ms:.3f} bubble=- blocked={median(blocked):.4f} "
+      f"runq={median(runq):.4f} "
       f"formula={formula:.4f} issue_formula={issue_formula:.4f} peak_held=- rows_per_s={a.batch / (ms / 1e3):.1f} "
       f"act_mb={act_mb:.1f}\n")
 os.write(1, line.encode())  # one write: the ranks share torchrun's stdout

@@ -4,7 +4,8 @@
 # model, batch and flags, in one run. For GPipe, 1F1B and Interleaved 1F1B at each micro-batch count
 # it prints: the step time of both and their ratio, against the floor (the one-process step split
 # over the ranks, plus the formula's bubble); each rank's bubble (cpprun's waiting_seconds / seconds,
-# and both sides' off-CPU fraction) beside (p-1)/(m+p-1) and the issue's (p-1)/m; the activation
+# and on both sides the part of the step the main thread slept, and the part another process held
+# its core) beside (p-1)/(m+p-1) and the issue's (p-1)/m; the activation
 # memory of stage 0's rank (peak resident memory over its size once built; each configuration is a
 # process of its own, in a second pass where each large allocation is a mapping of its own) beside
 # the tensors its held micro-batches save; rows/s against the model without a pipeline on one
@@ -96,6 +97,7 @@ for m in $microbatches; do
     done
   done
 done
+load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 one=$(step_ms cpp one)
 rows=$(get cpp one 0 batch)
 layers=$(get cpp one 0 layers)
@@ -103,7 +105,7 @@ dim=$(get cpp one 0 dim)
 v=$(get cpp "interleaved.${microbatches##* }" 0 v); [ "$v" != - ] || v=2
 
 echo
-echo "$p ranks x 1 thread on $(nproc) cores (load average before the runs: $load); $layers blocks of" \
+echo "$p ranks x 1 thread on $(nproc) cores (load average before the runs: $load, after: $load_after); $layers blocks of" \
      "d = $dim, batch $rows rows, float32, MSE; medians of the timed steps."
 [ "$p" -ge "$(nproc)" ] && echo "The ranks fill every core: a rank's waiting also includes time the OS gives its core to another" \
      "rank or process, and Gloo's copies take CPU from compute."
@@ -129,16 +131,19 @@ for m in $microbatches; do
 done
 
 echo
-echo "Bubble, each rank: waiting = cpprun's waiting_seconds / seconds; off-CPU = 1 - process CPU / wall (both sides)."
-printf '%-12s %3s %4s | %8s %11s %11s | %13s %8s\n' schedule m rank waiting "off-CPU cpp" "off-CPU Py" "(p-1)/(vm+p-1)" "(p-1)/vm"
+echo "Bubble, each rank, fractions of the step: waiting = cpprun's waiting_seconds / seconds; blocked = the main thread"
+echo "(every kernel's: 1 thread a rank) slept; runq = it was ready but another process had the core (/proc/self/schedstat)."
+printf '%-12s %3s %4s | %8s | %7s %7s | %7s %7s | %14s %8s\n' schedule m rank waiting "blk cpp" "blk Py" "runq cpp" "runq Py" \
+  "(p-1)/(vm+p-1)" "(p-1)/vm"
 for m in $microbatches; do
   for schedule in $schedules; do
     [ -s "$tmp/cpp.$schedule.$m" ] || [ -s "$tmp/py.$schedule.$m" ] || continue
     for ((r = 0; r < p; ++r)); do
       f=$(get cpp "$schedule.$m" "$r" formula); [ "$f" != - ] || f=$(get py "$schedule.$m" "$r" formula)
       i=$(get cpp "$schedule.$m" "$r" issue_formula); [ "$i" != - ] || i=$(get py "$schedule.$m" "$r" issue_formula)
-      printf '%-12s %3s %4s | %8s %11s %11s | %13s %8s\n' "$schedule" "$m" "$r" "$(get cpp "$schedule.$m" "$r" bubble)" \
-        "$(get cpp "$schedule.$m" "$r" off_cpu)" "$(get py "$schedule.$m" "$r" off_cpu)" "$f" "$i"
+      printf '%-12s %3s %4s | %8s | %7s %7s | %7s %7s | %14s %8s\n' "$schedule" "$m" "$r" "$(get cpp "$schedule.$m" "$r" bubble)" \
+        "$(get cpp "$schedule.$m" "$r" blocked)" "$(get py "$schedule.$m" "$r" blocked)" \
+        "$(get cpp "$schedule.$m" "$r" runq)" "$(get py "$schedule.$m" "$r" runq)" "$f" "$i"
     done
   done
 done

@@ -2,9 +2,9 @@
 # scripts/bench_pipeline.sh at a tiny size (8 blocks of d = 32, batch 64, 1 warm-up and 1 timed
 # step, m = 4, 2 ranks; cpprun and PyTorch's torch.distributed.pipelining): it exits 0 and prints
 # what it promises — a row of step times per schedule with both sides' figures, each rank's bubble
-# row with cpprun's waiting fraction and both off-CPU fractions between 0 and 1, and stage 0's
-# activation memory with the micro-batches it held, which must be the schedules' own (GPipe m,
-# 1F1B min(p, m), Interleaved 1F1B's warm-up plus one). No timing is asserted.
+# row with cpprun's waiting fraction and both sides' blocked and run-queue fractions between 0 and
+# 1, and stage 0's activation memory with the micro-batches it held, which must be the schedules'
+# own (GPipe m, 1F1B min(p, m), Interleaved 1F1B's warm-up plus one). No timing is asserted.
 # Usage: pipeline_bench_smoke.sh BUILD_DIR PYTHON. Skips (77) without a python with torch.
 set -u
 build=$1 python=${2:-}
@@ -31,8 +31,8 @@ for schedule in gpipe 1f1b interleaved; do
   done
   for r in 0 1; do
     read -r -a b <<<"$(awk -v s="$schedule" -v r="$r" '$1 == s && $2 == 4 && $3 == r && $4 == "|"' "$dir/out")"
-    [ ${#b[@]} = 10 ] || fail "$schedule rank $r: no bubble row of 10 fields: ${b[*]}"
-    for i in 4 5 6 8 9; do fraction "${b[$i]}" || fail "$schedule rank $r: bubble field $((i + 1)) '${b[$i]}' is no fraction: ${b[*]}"; done
+    [ ${#b[@]} = 14 ] || fail "$schedule rank $r: no bubble row of 14 fields: ${b[*]}"
+    for i in 4 6 7 9 10 12 13; do fraction "${b[$i]}" || fail "$schedule rank $r: bubble field $((i + 1)) '${b[$i]}' is no fraction: ${b[*]}"; done
   done
   read -r -a mem <<<"$(awk -v s="$schedule" '$1 == s && $2 == 4 && $3 == "|" && NF == 8' "$dir/out")"
   [ ${#mem[@]} = 8 ] || fail "$schedule: no memory row of 8 fields: ${mem[*]}"
