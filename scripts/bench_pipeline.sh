@@ -14,7 +14,7 @@
 #                                     --steps N --warmup N --stages-per-rank V]
 #   default: 2 ranks, 8 blocks of d = 128, batch 2048 rows, 3 warm-up and 10 timed steps; micro-batch
 #   counts 2 4 8 (BENCH_PIPELINE_MICROBATCHES), schedules gpipe 1f1b interleaved
-#   (BENCH_PIPELINE_SCHEDULES). About 3 minutes on 2 cores. See docs/pipeline_parallel.md#measured.
+#   (BENCH_PIPELINE_SCHEDULES). About 5 minutes on 2 cores. See docs/pipeline_parallel.md#measured.
 # Environment as scripts/bench_common.sh (BENCH_PYTHON, BENCH_NO_SETUP=1, CPPRUN_BUILD_DIR). Each
 # rank runs 1 thread (OMP_NUM_THREADS=1); the one-process model runs with 1 thread and with P.
 set -euo pipefail
