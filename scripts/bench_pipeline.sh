@@ -51,7 +51,9 @@ run() {
   rm -f "$out"
   why=$(grep -o 'ERROR .*' "$tmp/stdout" | head -n 1)
   [ -n "$why" ] || why="exit status $rc, no RESULT line; its stderr ends: $(grep -v -e NumPy -e _conversion_method "$tmp/stderr" | tail -n 3 | tr '\n' ' ')"
-  echo "bench_pipeline: $impl $schedule m=$m: $why" | tee "$out.error" >&2
+  local pass=""
+  [[ $5 == mem.* ]] && pass=" (memory pass)"
+  echo "bench_pipeline: $impl $schedule m=$m$pass: $why" | tee "$out.error" >&2
 }
 # get IMPL KEY RANK FIELD: that rank's value ("-" when the run gave none).
 get() {
@@ -66,7 +68,8 @@ step_ms() {
   [ -s "$f" ] || { echo -; return; }
   grep -o 'ms_per_step=[0-9.]*' "$f" | cut -d= -f2 | sort -g | tail -n 1
 }
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "-" || b == "-" || b == 0) print "-"; else printf "%.2f", a / b }'; }
+# ratio A B: A / B, or "-" unless both are numbers and B is not 0.
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a !~ /^[0-9.]+$/ || b !~ /^[0-9.]+$/ || b == 0) print "-"; else printf "%.2f\n", a / b }'; }
 
 flags=("$@")
 load=$(cut -d' ' -f1-3 /proc/loadavg)
