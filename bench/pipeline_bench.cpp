@@ -18,10 +18,11 @@
 // waiting_seconds / seconds from last_step_stats() (the bubble as this rank saw it), and of the
 // fractions of the step the main thread (it runs every kernel: one thread a rank) slept
 // ("blocked": the figure the PyTorch side gives too) and waited for a core that another process
-// held ("runq"; /proc/self/schedstat), beside the formulas (p-1)/(m+p-1) (interleaved (p-1)/(v m+p-1)) and the issue's
-// (p-1)/m ((p-1)/(v m)); peak_held; rows per second; act_mb: how far the peak resident memory
-// (VmHWM, ru_maxrss) rose above the resident size once the model, stage and batch were built and a few rows had
-// gone through (the kernels' and the BLAS's one-time buffers are no activations).
+// held ("runq"; /proc/self/schedstat), beside the formulas (p-1)/(m+p-1) (interleaved
+// (p-1)/(v m+p-1)) and the issue's (p-1)/m ((p-1)/(v m)); peak_held; rows per second; act_mb: how
+// far the peak resident memory (VmHWM, ru_maxrss) rose above the resident size once the model,
+// stage and batch were built and a few rows had gone through (the kernels' and the BLAS's one-time
+// buffers are no activations).
 #include <cpprun/cpprun.h>
 #include <torch/torch.h>
 
@@ -223,9 +224,10 @@ int main(int argc, char** argv) {
       "RESULT impl=cpprun schedule=%s p=%d v=%d m=%d rank=%d stages=%s layers=%d dim=%lld batch=%lld threads=%d "
       "ms_per_step=%.3f bubble=%s blocked=%.4f runq=%.4f formula=%.4f issue_formula=%.4f peak_held=%d rows_per_s=%.1f "
       "act_mb=%.1f\n",
-      a.schedule.c_str(), p, v, pipelined ? a.microbatches : 1, rank, stage_list.c_str(), a.layers, static_cast<long long>(a.dim),
-      static_cast<long long>(a.batch), at::get_num_threads(), ms, bubble, bench::median(blocked), bench::median(runq), formula,
-      issue_formula, peak_held, static_cast<double>(a.batch) / (ms / 1e3), act_mb);
+      a.schedule.c_str(), p, v, pipelined ? a.microbatches : 1, rank, stage_list.c_str(), a.layers,
+      static_cast<long long>(a.dim), static_cast<long long>(a.batch), at::get_num_threads(), ms, bubble,
+      bench::median(blocked), bench::median(runq), formula, issue_formula, peak_held,
+      static_cast<double>(a.batch) / (ms / 1e3), act_mb);
   std::fflush(stdout);
   if (pipelined) cpprun::barrier(*group);  // no rank tears down while another still prints
   return 0;
