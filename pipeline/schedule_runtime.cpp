@@ -163,6 +163,19 @@ struct PipelineSchedule::Runtime {
                      to_stage});
   }
 
+  // A sent tensor is kept until its receiver has taken it; those taken go now rather than at the
+  // step's end, so that 1F1B's activation memory is not held up by the messages it sent.
+  void release_taken_sends() {
+    for (auto it = sends.begin(); it != sends.end();) {
+      if (!it->work.is_completed()) {
+        ++it;
+        continue;
+      }
+      wait(it->work, it->from_stage, "stage " + std::to_string(it->to_stage) + " to take a message");  // its error, if any
+      it = sends.erase(it);
+    }
+  }
+
   void forward(const PipelinePass& pass) {
     PipelineStage& stage = *stages.at(pass.stage);
     Held state;
@@ -319,6 +332,7 @@ struct PipelineSchedule::Runtime {
       if (i + 1 < passes.size()) post_receive(passes[i + 1], /*blocking=*/false);
       if (passes[i].kind == PassKind::kForward) forward(passes[i]);
       else backward(passes[i]);
+      release_taken_sends();
     }
     for (auto& sent : sends) {
       wait(sent.work, sent.from_stage,
@@ -341,7 +355,10 @@ struct PipelineSchedule::Runtime {
     target_chunks.clear();
     // The last stage's losses reach every rank, for logging and early stopping alike.
     at::Tensor all = at::tensor(losses, at::kDouble);
+    // Timed as waiting: the last stage, done first, idles here until the others finish.
+    const auto broadcast_started = std::chrono::steady_clock::now();
     broadcast(group, all, rank_of(last_stage()));
+    stats.waiting_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - broadcast_started).count();
     losses.assign(all.data_ptr<double>(), all.data_ptr<double>() + all.numel());
     at::Tensor mean = all.mean();
     if (data_parallel && data_parallel->size() > 1) all_reduce(*data_parallel, mean, ReduceOp::kAvg);

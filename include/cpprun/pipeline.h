@@ -95,7 +95,7 @@ class PipelineStage {
 // What the last step() did on this rank: for measuring bubbles and activation memory.
 struct PipelineStepStats {
   double seconds = 0;          // the whole step, loss broadcast included
-  double waiting_seconds = 0;  // blocked on receives from neighbour stages (and their taking sends)
+  double waiting_seconds = 0;  // blocked on neighbour stages' messages, and in the closing loss broadcast
   int peak_held = 0;           // most (stage, micro-batch) forwards whose backward had not run yet
   double bubble_fraction() const { return seconds > 0 ? waiting_seconds / seconds : 0.0; }
 };
