@@ -601,8 +601,7 @@ torch::nn::Sequential as_sequence(const Gpt& gpt, bool checkpoint_activations) {
 // After --pp training each rank holds its stages' trained tensors: every rank gets all of them
 // (each broadcast from its stage's rank; a tied one from the first stage's), so the whole Gpt
 // evaluates and samples as without --pp. Collective.
-void gather_stages(torch::nn::Sequential pipe, const std::vector<cpprun::PipelineStage*>& mine,
-                   const cpprun::ProcessGroup& group) {
+void gather_stages(torch::nn::Sequential pipe, const cpprun::PipelineSplit& split, const cpprun::ProcessGroup& group) {
   for (const auto& p : pipe->parameters()) {
     if (cpprun::is_deferred(p)) {  // a deferred model's other stages get memory now (their values come next)
       cpprun::materialize(*pipe);
@@ -610,10 +609,8 @@ void gather_stages(torch::nn::Sequential pipe, const std::vector<cpprun::Pipelin
     }
   }
   std::map<std::string, int> stage_of;
-  const int stages = mine.front()->num_stages();
-  const auto split = cpprun::split_evenly(pipe, stages);  // as the stages were cut, on every rank
-  for (int s = 0; s < stages; ++s) {
-    for (const auto& name : split[s]) stage_of[name] = s;
+  for (size_t s = 0; s < split.size(); ++s) {
+    for (const auto& name : split[s]) stage_of[name] = static_cast<int>(s);
   }
   torch::NoGradGuard no_grad;
   std::set<const c10::TensorImpl*> done;
@@ -913,15 +910,16 @@ int run(int argc, char** argv) {
   std::vector<cpprun::PipelineStage> stages;  // this rank's (2 with interleaved-1f1b), before the schedule using them
   std::unique_ptr<cpprun::PipelineSchedule> schedule;
   std::vector<cpprun::PipelineStage*> my_stages;
+  cpprun::PipelineSplit stage_split;  // the child names of each stage
   if (opt.pp > 1) {
     pipe = as_sequence(gpt, opt.checkpoint_activations);
     const int stages_per_rank = opt.pp_schedule == "interleaved-1f1b" ? 2 : 1;
-    const auto split = cpprun::split_evenly(pipe, opt.pp * stages_per_rank);
+    stage_split = cpprun::split_evenly(pipe, opt.pp * stages_per_rank);
     auto loss_of = [float64](const torch::Tensor& logits, const torch::Tensor& targets) {
       return torch::nn::functional::cross_entropy(logits.view({-1, logits.size(-1)}).to(float64 ? torch::kDouble : torch::kFloat),
                                                   targets.reshape({-1}));
     };
-    for (int k = 0; k < stages_per_rank; ++k) stages.emplace_back(pipe, split, pp_group, pp_group.rank() + k * opt.pp);
+    for (int k = 0; k < stages_per_rank; ++k) stages.emplace_back(pipe, stage_split, pp_group, pp_group.rank() + k * opt.pp);
     for (auto& s : stages) my_stages.push_back(&s);
     if (opt.pp_schedule == "gpipe") schedule = std::make_unique<cpprun::ScheduleGPipe>(stages[0], opt.microbatches, loss_of);
     else if (opt.pp_schedule == "1f1b") schedule = std::make_unique<cpprun::Schedule1F1B>(stages[0], opt.microbatches, loss_of);
@@ -929,12 +927,12 @@ int run(int argc, char** argv) {
     if (dp_group.size() > 1) schedule->set_data_parallel_group(dp_group);
     if (rank == 0) {
       std::printf("pipeline parallel: %zu stages over %d ranks (%s), %s, %d micro-batches of %d windows",
-                  split.size(), opt.pp, stages_per_rank > 1 ? "2 a rank" : "1 a rank", opt.pp_schedule.c_str(),
+                  stage_split.size(), opt.pp, stages_per_rank > 1 ? "2 a rank" : "1 a rank", opt.pp_schedule.c_str(),
                   opt.microbatches, opt.batch / opt.microbatches);
       if (dp_group.size() > 1) std::printf(", %d pipelines (data parallel)", dp_group.size());
       std::printf(":");
-      for (size_t s = 0; s < split.size(); ++s) {
-        std::printf(" [%s..%s]", split[s].front().c_str(), split[s].back().c_str());
+      for (size_t s = 0; s < stage_split.size(); ++s) {
+        std::printf(" [%s..%s]", stage_split[s].front().c_str(), stage_split[s].back().c_str());
       }
       std::printf("\n");
     }
@@ -1291,7 +1289,7 @@ int run(int argc, char** argv) {
   // Under --tp no rank holds the whole model: gather it (collective) into an unsplit Gpt on every
   // rank, which then exports, evaluates and samples as the trained module does without --tp.
   Gpt whole = gpt;
-  if (schedule) gather_stages(pipe, my_stages, pp_group);  // --pp: every stage's trained tensors on every rank
+  if (schedule) gather_stages(pipe, stage_split, pp_group);  // --pp: every stage's trained tensors on every rank
   if (tp_group) {
     model->gather_full_parameters();  // FSDP: this rank's shards made current (--tp: always wrapped)
     whole = unsplit(*gpt, model_vocab, opt, device);

@@ -342,12 +342,13 @@ struct PipelineSchedule::Runtime {
     TORCH_INTERNAL_ASSERT(held.empty() && recvs.empty() && handed_activation.empty() && handed_gradient.empty(),
                           "pipeline: a step ended with passes left over");
     // Each copy of a tied weight got its own stage's gradient: their sum is the unsplit model's.
-    for (auto& tie : tie_sums) {
-      if (!train) break;
-      if (!tie.parameter.grad().defined()) tie.parameter.mutable_grad() = at::zeros_like(tie.parameter);
-      all_reduce(tie.holders, tie.parameter.mutable_grad());
+    if (train) {
+      for (auto& tie : tie_sums) {
+        if (!tie.parameter.grad().defined()) tie.parameter.mutable_grad() = at::zeros_like(tie.parameter);
+        all_reduce(tie.holders, tie.parameter.mutable_grad());
+      }
+      if (data_parallel && data_parallel->size() > 1) average_gradients(*data_parallel);
     }
-    if (train && data_parallel && data_parallel->size() > 1) average_gradients(*data_parallel);
     sends.clear();
     shape_recv.clear();
     sent_shape.clear();

@@ -12,7 +12,7 @@ cpprun=$1 gpt=$2
 small=(--dtype float64 --layers 2 --embed 32 --heads 4 --block 16 --steps 6 --log-every 1 --sample 0
        --straggler-every 0 --batch 8)
 # shellcheck source=train_gpt_runs.sh
-. "$(dirname "$0")/train_gpt_runs.sh"  # $tmp, fail, run, same (within $tolerance, 1e-10)
+. "$(dirname "$0")/train_gpt_runs.sh"  # $tmp, fail, run, same (within $tolerance, 1e-10), refused
 agree() {
   [ "$(wc -l <"$tmp/$1.loss")" = 6 ] && [ "$(wc -l <"$tmp/$2.loss")" = 6 ] || fail "$1 or $2 did not log 6 step losses"
   echo -n "$2 vs $1, step losses: " && same "$tmp/$1.loss" "$tmp/$2.loss" "step losses of $2"
@@ -42,17 +42,6 @@ grep -q "1f1b, 4 micro-batches of 2 windows, 2 pipelines (data parallel)" "$tmp/
   fail "the {dp 2, pp 2} run did not say it has 2 pipelines"
 agree whole16 dp2.pp2
 
-refused() {  # NPROC WHAT ARGS...: train_gpt refuses ARGS with exit 1, naming WHAT
-  local nproc=$1 what=$2
-  shift 2
-  local launch=()
-  [ "$nproc" -gt 1 ] && launch=("$cpprun" --standalone --nproc_per_node="$nproc")
-  timeout 60 "${launch[@]}" "$gpt" "${small[@]}" "$@" >"$tmp/out" 2>&1
-  local rc=$?
-  [ $rc -eq 1 ] || fail "train_gpt $* exited $rc, not 1"
-  grep -qF -- "$what" "$tmp/out" || fail "train_gpt $* did not name '$what'"
-  echo "refused: train_gpt $* ($(grep -m1 -F -- "$what" "$tmp/out" | sed 's/^.*error: //'))"
-}
 refused 1 "--pp does not go with --tp yet" --pp 2 --tp 2
 refused 1 "--pp does not go with --grad-accum" --pp 2 --grad-accum 2
 refused 1 "--pp does not go with --mode fsdp yet" --pp 2 --mode fsdp

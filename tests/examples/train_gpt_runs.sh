@@ -7,6 +7,8 @@
 #                         $tmp/NAME.loss, its held-out loss in $tmp/NAME.val
 #   same A B WHAT         the numbers of files A and B (one a line) agree within $tolerance
 #                         (default 1e-10), and there are some
+#   refused NPROC WHAT ARGS  train_gpt ARGS on NPROC ranks (1: without the launcher) exits 1 within
+#                         60 s, naming WHAT
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 tolerance=${tolerance:-1e-10}
@@ -28,4 +30,15 @@ same() {
     NF != 2 { bad = 1; exit } { d = $1 - $2; if (d < 0) d = -d; if (d > max) max = d; n++ }
     END { printf "max difference %.3g over %d numbers\n", max, n; exit bad || n == 0 || max > tol }' ||
     fail "$3: $1 and $2 differ by more than $tolerance"
+}
+refused() {
+  local nproc=$1 what=$2
+  shift 2
+  local launch=()
+  [ "$nproc" -gt 1 ] && launch=("$cpprun" --standalone --nproc_per_node="$nproc")
+  timeout 60 "${launch[@]}" "$gpt" "${small[@]}" "$@" >"$tmp/out" 2>&1
+  local rc=$?
+  [ $rc -eq 1 ] || fail "train_gpt $* exited $rc, not 1"
+  grep -qF -- "$what" "$tmp/out" || fail "train_gpt $* did not name '$what'"
+  echo "refused: train_gpt $* ($(grep -m1 -F -- "$what" "$tmp/out" | sed 's/^.*error: //'))"
 }
