@@ -18,6 +18,7 @@
 
 #include "cpprun/cpprun.h"
 #include "ddp_test_models.h"
+#include "parity_checks.h"
 #include "dist_test_support.h"
 
 using dist_test::group;
@@ -27,18 +28,13 @@ namespace {
 
 // Measured worst over every check at 1 to 4 ranks: printed per rank at the end of each case. A
 // wrong gradient or a stage run twice moves a parameter by about the learning rate per step.
-constexpr double kTolerance = 1e-10;
+constexpr double kTolerance = ddp_test::kParityTolerance;  // 1e-10
 constexpr int kSteps = 4;
 constexpr int kBatch = 24;
 constexpr double kMaxNorm = 0.3;
 
-// Parameters made in float64 directly, so that deferred_init records no conversion.
-struct DoubleByDefault {
-  caffe2::TypeMeta before = c10::get_default_dtype();
-  DoubleByDefault() { c10::set_default_dtype(caffe2::TypeMeta::Make<double>()); }
-  ~DoubleByDefault() { c10::set_default_dtype(before); }
-};
-
+// Parameters are made in float64 directly (under ddp_test::Float64Parity), so that deferred_init
+// records no conversion.
 torch::nn::Sequential make_model() {
   torch::manual_seed(11);
   torch::nn::Sequential net;
@@ -107,7 +103,7 @@ struct Reference {
   torch::nn::Sequential model;
 };
 Reference train_reference(const Task& task) {
-  DoubleByDefault doubles;
+  ddp_test::Float64Parity doubles;
   Reference ref{{}, {}, task.make()};
   const auto params = cpprun::unique_parameters(*ref.model);
   torch::optim::AdamW opt(params, torch::optim::AdamWOptions(1e-2));
@@ -146,7 +142,7 @@ double train_and_compare(Kind kind, int microbatches, bool deferred = false, con
   if (dp > 1) mesh.emplace(group(), std::vector<int>{dp, group().size() / dp}, std::vector<std::string>{"dp", "pp"});
   const auto& pg = mesh ? mesh->group("pp") : group();
   const int p = pg.size(), v = kind == Kind::kInterleaved ? 2 : 1;
-  DoubleByDefault doubles;
+  ddp_test::Float64Parity doubles;
   torch::nn::Sequential model = deferred ? cpprun::deferred_init(task.make) : task.make();
   const auto split = cpprun::split_evenly(model, p * v);
   std::vector<cpprun::PipelineStage> stages;
@@ -255,7 +251,7 @@ TEST_CASE("pipeline: Interleaved 1F1B with 2 stages per rank matches one process
 TEST_CASE("pipeline: a deferred model materialises only this rank's stage, with the unsplit values", "[pipeline]") {
   train_and_compare(Kind::k1F1B, 4, /*deferred=*/true);
   // The random generator ends where eager construction of the whole model leaves it.
-  DoubleByDefault doubles;
+  ddp_test::Float64Parity doubles;
   make_model();
   const at::Tensor after_eager = torch::rand({8});
   auto deferred = cpprun::deferred_init(make_model);
@@ -286,7 +282,7 @@ TEST_CASE("pipeline: {dp 2, pp} averages the stages' gradients across pipelines 
 TEST_CASE("pipeline: a careless user's mistakes are one error on every rank", "[pipeline]") {
   const auto& pg = group();
   const int p = pg.size();
-  DoubleByDefault doubles;
+  ddp_test::Float64Parity doubles;
   auto model = make_model();
   const auto split = cpprun::split_evenly(model, p);
   std::vector<cpprun::PipelineStage> stages{cpprun::PipelineStage(model, split, pg)};
