@@ -3,8 +3,11 @@
 #include "cpprun/collectives.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
 
+#include <optional>
 #include <sstream>
 
 #include "comm/chunked_collectives.h"
@@ -149,7 +152,17 @@ Work submit_ring(const ProcessGroup& group, const CollectiveCall& call, uint64_t
   ring.timeout = impl.timeout;
   ring.bytes_sent = &impl.p2p_bytes_sent;
   ring.call = detail::fingerprint(call, sequence);
-  Work work = make_work(impl.executor.submit([ring, run]() { run(ring); }));
+  for (const at::Tensor& t : call.tensors) {  // Note [CUDA tensors over Gloo's send/recv] (comm/ring.cpp)
+    if (t.defined() && t.is_cuda()) {
+      ring.stream = c10::impl::VirtualGuardImpl(t.device().type()).getStream(t.device());
+      break;
+    }
+  }
+  Work work = make_work(impl.executor.submit([ring, run]() {
+    std::optional<c10::StreamGuard> on_callers_stream;
+    if (ring.stream) on_callers_stream.emplace(*ring.stream);
+    run(ring);
+  }));
   work.keep_alive(group);
   return work;
 }

@@ -1,7 +1,6 @@
 // Ring reduce-scatter and all-gather over c10d send/recv. See ring.h.
 #include "comm/ring.h"
 
-#include <torch/cuda.h>
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -183,8 +182,12 @@ std::vector<at::Tensor> message_tensors(const std::vector<MessagePlace>& places,
 // memory from the host, so a CUDA tensor's device pointer fails there (writev: Bad address, and
 // the process aborts). Ranks sharing one GPU over Gloo (NCCL refuses two ranks on one device) get
 // their messages staged through host memory: a send goes from a host copy, a receive lands in a
-// host buffer that wait_recv copies to the device. The device is synchronised first, so the copy
-// reads what every stream of the caller wrote.
+// host buffer that wait_recv copies to the device. Every kernel of the ring, those copies
+// included, runs on the stream the caller issued the collective from (Ring::stream, made current
+// by the executor thread): a copy to the host waits for that stream only, so it reads what the
+// caller wrote before the call, and the caller's work after wait() follows the ring's last copy.
+// (It was a device-wide synchronisation before every step: it also waited for other streams'
+// unrelated work, and it did not order the ring's last copies before the caller's stream.)
 struct StepWork {
   std::vector<c10::intrusive_ptr<C10dWork>> recvs, sends;
   std::vector<at::Tensor> recv_staging, recv_targets;  // per receive: a host buffer and its device tensor, or none
@@ -197,12 +200,6 @@ StepWork post_step(const Ring& ring, int step, const std::vector<at::Tensor>& se
   const int next = (ring.rank + 1) % ring.size;
   const int prev = (ring.rank + ring.size - 1) % ring.size;
   StepWork work;
-  for (const auto& t : sending) {
-    if (t.is_cuda()) {
-      torch::cuda::synchronize(t.device().index());
-      break;
-    }
-  }
   for (std::size_t k = 0; k < receiving.size(); ++k) {
     at::Tensor target = receiving[k];
     at::Tensor landing = target.is_cuda() ? at::empty(target.sizes(), target.options().device(at::kCPU)) : target;

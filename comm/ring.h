@@ -8,10 +8,12 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Stream.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -31,6 +33,11 @@ struct Ring {
   // This rank's call (comm/collective_fingerprint.h): checked against the previous rank's
   // before its first data is used. See Note [Ring neighbour check].
   at::Tensor call;
+  // The stream the caller issued from, for CUDA tensors: the ring's copies and sums run on it (the
+  // executor thread makes it current), so they follow what the caller wrote before the call and
+  // precede what the caller issues after waiting, with no device-wide synchronisation.
+  // See Note [CUDA tensors over Gloo's send/recv] in comm/ring.cpp.
+  std::optional<c10::Stream> stream;
 };
 
 // One piece of a chunk: `values` (contiguous) holds the chunk's elements [offset, offset + numel).
