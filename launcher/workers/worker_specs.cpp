@@ -3,7 +3,7 @@
 
 #include <sstream>
 
-#include "rendezvous/job_secret.h"
+#include "common/job_secret.h"
 #include "workers/flight_requests.h"
 #include "workers/nccl_trace_env.h"
 
@@ -127,14 +127,12 @@ std::vector<WorkerSpec> make_worker_specs(const WorkerSettings& settings, const 
   return specs;
 }
 
-std::string shell_quote(const std::string& word) {
-  const bool plain = !word.empty() && word.find_first_not_of(
-                                          "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-                                          "0123456789_-+=./:,@%") == std::string::npos;
-  if (plain) return word;
-  std::string quoted = "'";
-  for (char c : word) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return quoted + "'";
+WorkerSettings worker_settings(const LaunchConfig& c) {
+  return {{c.nproc_per_node, c.role, c.master_addr, c.master_port, c.max_restarts, c.run_id, c.virtual_local_rank,
+           c.signals_to_handle},
+          c.output,
+          c.log_line_prefix_template,
+          c.hostname};
 }
 
 std::string format_dry_run(const std::vector<WorkerSpec>& specs, const EnvMap& parent_env) {
