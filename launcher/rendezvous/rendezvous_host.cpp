@@ -1,5 +1,7 @@
 // The rendezvous's host, static (node 0) or c10d: gathers each round's nodes, numbers them, relays
 // every node's news, and decides restarts, membership changes and the job's end (Note [Elastic rounds]).
+// Admission (admission.h) and the MIN:MAX window (round_window.h) are decided by pure rules on a
+// RoundState (round_state.h); this class carries their decisions out: it sends, prints, ends rounds.
 #include <signal.h>
 
 #include <algorithm>
@@ -12,8 +14,11 @@
 #include <vector>
 
 #include "command_line/host_facts.h"
+#include "rendezvous/admission.h"
 #include "rendezvous/node_link.h"
 #include "rendezvous/node_rendezvous.h"
+#include "rendezvous/round_state.h"
+#include "rendezvous/round_window.h"
 #include "workers/restart_backoff.h"
 
 namespace cpprun::launcher {
@@ -239,26 +244,23 @@ class RendezvousHost final : public NodeRendezvous {
     count_changed();
     const auto deadline = since + settings_.join_timeout;
     for (;;) {
-      if (count() >= settings_.max_nodes || (last_call_ && Clock::now() >= *last_call_) ||
-          (count() >= settings_.min_nodes && Clock::now() >= deadline)) {
-        return start_round();
-      }
-      if (Clock::now() >= deadline) {
+      const GatherStep step = gather_step(settings_, count(), last_call_, deadline, Clock::now());
+      if (step.kind == GatherStep::Kind::kStart) return start_round();
+      if (step.kind == GatherStep::Kind::kTimedOut) {
         const std::string message = join_timeout_message();
         broadcast_all(NodeMessage::make_exit({1, false, message}));
         throw RendezvousError(message, 1);
       }
-      if (poll_once(relay, ms_until(last_call_ ? std::min(*last_call_, deadline) : deadline))) return std::nullopt;
+      if (poll_once(relay, ms_until(step.until))) return std::nullopt;
     }
   }
 
   // After a node joined or left while gathering: torchrun's last call opens when the MIN-th node
   // arrives and closes if the nodes drop below MIN again.
   void count_changed() {
-    if (count() < settings_.min_nodes) {
-      last_call_.reset();
-    } else if (!last_call_ && count() < settings_.max_nodes) {
-      last_call_ = Clock::now() + settings_.last_call_timeout;
+    const bool was_open = last_call_.has_value();
+    last_call_ = last_call_after(settings_, count(), last_call_, Clock::now());
+    if (last_call_ && !was_open) {
       std::cerr << "cpprun: " << count() << " node" << (count() == 1 ? "" : "s") << " (" << settings_.nnodes_flag()
                 << ") at " << settings_.endpoint() << "; starting round " << round_ << " in "
                 << seconds_text(settings_.last_call_timeout) << " unless more join (--rdzv_conf last_call_timeout)\n";
@@ -429,60 +431,28 @@ class RendezvousHost final : public NodeRendezvous {
     return pending_signal_ != 0;
   }
 
-  // Why an agent that introduced itself with `message` cannot join this job; "" when it can.
-  std::string refusal(const NodeMessage& message) const {
-    if (message.kind != MessageKind::kHello) return "it did not introduce itself";
-    const NodeHello& h = message.hello;
-    if (h.protocol != kNodeProtocolVersion) {
-      return "it speaks agent protocol " + std::to_string(h.protocol) + ", the host speaks " +
-             std::to_string(kNodeProtocolVersion) + "; run the same cpprun version on every node";
-    }
-    const bool fixed = settings_.fixed_ranks();
-    const std::string where = fixed ? "node 0" : "the job at " + settings_.endpoint();
-    const std::string backend = backend_name(settings_.backend);
-    if (h.backend != backend) {
-      return "it has --rdzv_backend=" + h.backend + " but " + where + " has --rdzv_backend=" + backend +
-             "; every node needs the same --rdzv_backend";
-    }
-    const std::string who = fixed ? "--node_rank=" + std::to_string(h.node_rank) : "it";
-    if (h.run_id != settings_.run_id) {
-      return who + " has --rdzv_id=" + h.run_id + " but " + where + " has --rdzv_id=" + settings_.run_id +
-             "; every node of a job needs the same --rdzv_id (or another " +
-             (fixed ? "--master_port" : "--rdzv_endpoint") + " for another job)";
-    }
-    RendezvousSettings theirs = settings_;
-    theirs.min_nodes = h.min_nodes;
-    theirs.max_nodes = h.max_nodes;
-    if (h.min_nodes != settings_.min_nodes || h.max_nodes != settings_.max_nodes) {
-      return who + " has " + theirs.nnodes_flag() + " but " + where + " has " + settings_.nnodes_flag() +
-             "; every node needs the same --nnodes";
-    }
-    if (h.max_restarts != settings_.max_restarts) {
-      return who + " has --max_restarts=" + std::to_string(h.max_restarts) + " but " + where +
-             " has --max_restarts=" + std::to_string(settings_.max_restarts) +
-             "; nodes restart together, so they need the same value";
-    }
-    if (!fixed) return "";
-    const int nnodes = settings_.max_nodes;
-    if (h.node_rank < 1 || h.node_rank >= nnodes) {
-      return who + (h.node_rank == 0 ? " is node 0's own rank" : " is not below --nnodes=" + std::to_string(nnodes)) +
-             "; give each node its own --node_rank from 1 to " + std::to_string(nnodes - 1);
-    }
-    if (const Node* taken = slot(h.node_rank)) {
-      return who + " has already joined from " + taken->link.peer() + "; give each node its own --node_rank";
-    }
-    if (phase_ == Phase::kRunning) return "the job's " + std::to_string(nnodes) + " nodes are all running already";
-    return "";
+  // The round as the rules see it (round_state.h).
+  RoundState round_state() const {
+    RoundState state;
+    state.phase = phase_ == Phase::kRunning ? RoundPhase::kRunning : RoundPhase::kGathering;
+    state.round = round_;
+    for (const Node& n : nodes_) state.members.push_back({n.hello.node_rank, n.link.peer()});
+    state.queued = static_cast<int>(queued_.size());
+    state.ending = end_.has_value();
+    state.anyone_done = anyone_done();
+    return state;
   }
 
+  // Carries out decide_admission(): see admission.h.
   void admit(NodeLink link, const NodeMessage& message) {
-    if (const std::string why = refusal(message); !why.empty()) {
-      std::cerr << "cpprun: warning: refused the agent at " << link.peer() << ": " << why << "\n";
-      link.send(NodeMessage::make_exit({2, false, "cpprun: " + title() + " refused this agent: " + why}));
+    const Admission admission = decide_admission(settings_, round_state(), message);
+    if (admission.kind == Admission::Kind::kRefuse) {
+      std::cerr << "cpprun: warning: refused the agent at " << link.peer() << ": " << admission.reason << "\n";
+      link.send(NodeMessage::make_exit({2, false, "cpprun: " + title() + " refused this agent: " + admission.reason}));
       return;
     }
     Node node{std::move(link), message.hello, NodeState::kJoined, -1};
-    if (phase_ == Phase::kGathering && count() < settings_.max_nodes) {
+    if (admission.kind == Admission::Kind::kJoin) {
       // static: nodes_ stays ordered by --node_rank, which makes the group ranks the node ranks.
       const auto at = std::find_if(nodes_.begin(), nodes_.end(),
                                    [&](const Node& n) { return n.hello.node_rank > node.hello.node_rank; });
@@ -491,24 +461,18 @@ class RendezvousHost final : public NodeRendezvous {
       count_changed();
       return;
     }
-    // A round runs (or is full): the node waits for the next. Torchrun's agents restart for it when
-    // the job has room and is not finishing; so do we. See Note [Elastic rounds].
-    const bool room = count() + static_cast<int>(queued_.size()) < settings_.max_nodes;
-    const bool taken_in = phase_ == Phase::kRunning && room && (end_ || !anyone_done());
-    node.link.send(NodeMessage::make_queued(round_, count(), taken_in));
+    node.link.send(NodeMessage::make_queued(round_, count(), admission.taken_in));
     const std::string who = "the agent at " + node.link.peer();
     queued_.push_back(std::move(node));
-    if (taken_in && !end_) {
+    if (admission.ends_round) {
       std::cerr << "cpprun: " << who << " joined the running job; ending round " << round_ << " to take it in\n";
       end_round(RoundEnd::kNodeJoined,
                 {1, true,
                  "a new node (" + who + ") joined the job at " + settings_.endpoint() +
                      "; restarting every node's workers to take it in (a membership change: not counted against "
                      "--max_restarts)"});
-    } else if (!taken_in) {
-      std::cerr << "cpprun: " << who << " joined; it waits for a next round ("
-                << (room ? "the job is finishing" : "the job runs at its maximum of " + settings_.nnodes_flag())
-                << ")\n";
+    } else if (!admission.taken_in) {
+      std::cerr << "cpprun: " << who << " joined; it waits for a next round (" << admission.reason << ")\n";
     }
   }
 
