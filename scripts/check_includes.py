@@ -98,7 +98,8 @@ def main():
                 if target != layer:
                     folder_edges[(layer, target)] = folder_edges.get((layer, target), 0) + 1
                 if rank[target] > rank[layer]:
-                    problems.append(f"{path}:{number}: #include \"{name}\": {layer}/ includes {target}/, a layer above it")
+                    problems.append(f"{path}:{number}: #include \"{name}\": {layer}/ includes {target}/, "
+                                    "a layer above it")
             elif os.path.exists(os.path.join(root, name)) or os.path.exists(os.path.join(root, "include", name)):
                 if name not in LAUNCHER_MAY_INCLUDE:
                     problems.append(f"{path}:{number}: #include \"{name}\": the launcher includes only "

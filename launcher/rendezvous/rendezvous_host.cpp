@@ -1,7 +1,9 @@
 // The rendezvous's host, static (node 0) or c10d: gathers each round's nodes, numbers them, relays
 // every node's news, and decides restarts, membership changes and the job's end (Note [Elastic rounds]).
-// Admission (admission.h) and the MIN:MAX window (round_window.h) are decided by pure rules on a
-// RoundState (round_state.h); this class carries their decisions out: it sends, prints, ends rounds.
+// Admission (admission.h), the MIN:MAX window (round_window.h), and what follows a round or a loss
+// (round_outcome.h) are decided by pure rules on a RoundState (round_state.h); this class carries
+// their decisions out: it sends, prints, paces restarts, ends rounds. The evidence for a diagnosis
+// across nodes is still collected here.
 #include <signal.h>
 
 #include <algorithm>
@@ -17,6 +19,7 @@
 #include "rendezvous/admission.h"
 #include "rendezvous/node_link.h"
 #include "rendezvous/node_rendezvous.h"
+#include "rendezvous/round_outcome.h"
 #include "rendezvous/round_state.h"
 #include "rendezvous/round_window.h"
 #include "workers/restart_backoff.h"
@@ -26,22 +29,6 @@ namespace {
 
 // Past --shutdown_timeout, how long a node may take to report its workers stopped before it is lost.
 constexpr std::chrono::seconds kStopSlack{30};
-
-// Why the running round ended. The first reason is what the nodes are told; a stronger one that
-// comes later decides what happens next (a worker failing because a node died is the node's loss,
-// not a failure to count against --max_restarts).
-enum class RoundEnd {
-  kNone,
-  kWorkerFailed,  // a restart, counted against --max_restarts
-  kNodeJoined,    // a membership change: a node came while the job had room
-  kNodeLost,      // a membership change: a node left while its workers ran
-  kFatal,         // an agent got a job-ending signal: the job ends
-};
-
-int strength(RoundEnd end) {
-  constexpr int kStrength[] = {0, 1, 1, 2, 3};  // in RoundEnd's order: a failure and a join tie
-  return kStrength[static_cast<int>(end)];
-}
 
 class RendezvousHost final : public NodeRendezvous {
  public:
@@ -125,10 +112,10 @@ class RendezvousHost final : public NodeRendezvous {
   // Note [Diagnosis on request across nodes]: the running round's other nodes are asked; a new
   // request replaces an open one, whose late answers are then set aside by number.
   int ask_nodes_for_evidence() override {
-    if (phase_ != Phase::kRunning || end_ || nodes_.empty()) return 0;
+    if (phase_ != RoundPhase::kRunning || end_ || nodes_.empty()) return 0;
     request_ = OpenRequest{++last_request_, {}};
     for (Node& n : nodes_) {
-      if (n.state == NodeState::kRunning) n.link.send(NodeMessage::make_ask(round_, request_->number));
+      if (n.state == MemberProgress::kRunning) n.link.send(NodeMessage::make_ask(round_, request_->number));
     }
     return request_->number;
   }
@@ -155,48 +142,47 @@ class RendezvousHost final : public NodeRendezvous {
     if (poll_once(relay, 0)) return interrupted();
     std::optional<Clock::time_point> stop_deadline;
     for (;;) {
-      if (!end_) {
-        if (self_done_ && all_nodes(NodeState::kDone)) {
+      switch (after_attempt(settings_, round_state())) {
+        case AfterAttempt::kWait:
+          break;
+        case AfterAttempt::kFinish:
           broadcast_all(NodeMessage::make_exit({0, false, ""}));
           return {JobDecision::Kind::kFinish, {}, {}};
-        }
-      } else if (why_ == RoundEnd::kFatal ||
-                 (why_ == RoundEnd::kWorkerFailed && restart_count_ >= settings_.max_restarts)) {
-        keep_late_evidence(relay);
-        return end_job(decisive_);
-      } else if (all_nodes(NodeState::kStopped)) {
-        keep_late_evidence(relay);
-        // Only restarts after a worker failure back off; the links are polled until it is due.
-        if (why_ != RoundEnd::kWorkerFailed) return next_round(relay);
-        stop_deadline = pacer_.restart_at(restart_count_ + 1, settings_.max_restarts);
-        if (Clock::now() >= *stop_deadline) return next_round(relay);
-      } else if (!stop_deadline) {
-        stop_deadline = Clock::now() + settings_.shutdown_timeout + kStopSlack;
-      } else if (Clock::now() >= *stop_deadline) {
-        for (std::size_t i = nodes_.size(); i-- > 0;) {
-          if (nodes_[i].state != NodeState::kStopped) {
-            lose(i, "did not report its workers stopped within --shutdown_timeout + " +
-                        std::to_string(kStopSlack.count()) + " s");
+        case AfterAttempt::kEndJob:
+          keep_late_evidence(relay);
+          return end_job(decisive_);
+        case AfterAttempt::kChange:
+          keep_late_evidence(relay);
+          return start_next_round(relay);
+        case AfterAttempt::kRestart:
+          keep_late_evidence(relay);
+          // The backoff before every node's restart; the links are polled until it is due.
+          stop_deadline = pacer_.restart_at(restart_count_ + 1, settings_.max_restarts);
+          if (Clock::now() >= *stop_deadline) return start_next_round(relay);
+          break;
+        case AfterAttempt::kAwaitStopped:
+          if (!stop_deadline) {
+            stop_deadline = Clock::now() + settings_.shutdown_timeout + kStopSlack;
+          } else if (Clock::now() >= *stop_deadline) {
+            for (std::size_t i = nodes_.size(); i-- > 0;) {
+              if (nodes_[i].state != MemberProgress::kStopped) {
+                lose(i, "did not report its workers stopped within --shutdown_timeout + " +
+                            std::to_string(kStopSlack.count()) + " s");
+              }
+            }
+            continue;
           }
-        }
-        continue;
+          break;
       }
       if (poll_once(relay, stop_deadline ? ms_until(*stop_deadline) : -1)) return interrupted();
     }
   }
 
  private:
-  enum class NodeState {
-    kJoined,   // in the round being gathered
-    kRunning,  // its workers run this round
-    kDone,     // its workers all succeeded this round
-    kStopped,  // its workers of this round are stopped
-  };
-
   struct Node {
     NodeLink link;
     NodeHello hello;
-    NodeState state = NodeState::kJoined;
+    MemberProgress state = MemberProgress::kJoined;
     int group_rank = -1;  // in the running round; -1 before it got one
   };
 
@@ -209,11 +195,9 @@ class RendezvousHost final : public NodeRendezvous {
   // A node whose workers had all succeeded has nothing to send.
   void mark_done(std::map<int, NodeEvidence>& heard) const {
     for (const Node& n : nodes_) {
-      if (n.state == NodeState::kDone && n.group_rank >= 0) heard[n.group_rank].done = true;
+      if (n.state == MemberProgress::kDone && n.group_rank >= 0) heard[n.group_rank].done = true;
     }
   }
-
-  enum class Phase { kGathering, kRunning };
 
   int count() const { return 1 + static_cast<int>(nodes_.size()); }  // this node too
 
@@ -231,9 +215,9 @@ class RendezvousHost final : public NodeRendezvous {
   // Gathers a round: the nodes still here, then the queued ones in arrival order, then any that
   // arrive, until MAX are here or MIN and the last call passed. nullopt: a job-ending signal came.
   std::optional<RankLayout> gather(SignalRelay& relay, Clock::time_point since) {
-    phase_ = Phase::kGathering;
+    phase_ = RoundPhase::kGathering;
     for (Node& n : nodes_) {
-      n.state = NodeState::kJoined;
+      n.state = MemberProgress::kJoined;
       n.group_rank = -1;  // numbered again when the round starts
     }
     while (!queued_.empty() && count() < settings_.max_nodes) {
@@ -296,7 +280,7 @@ class RendezvousHost final : public NodeRendezvous {
   }
 
   RankLayout start_round() {
-    phase_ = Phase::kRunning;
+    phase_ = RoundPhase::kRunning;
     pacer_.attempt_started();
     end_.reset();
     why_ = RoundEnd::kNone;
@@ -330,7 +314,7 @@ class RendezvousHost final : public NodeRendezvous {
     for (std::size_t i = 0; i < nodes_.size(); ++i) {
       Node& n = nodes_[i];
       n.group_rank = static_cast<int>(i) + 1;  // static: nodes_ is ordered by --node_rank
-      n.state = NodeState::kRunning;
+      n.state = MemberProgress::kRunning;
       const RankLayout layout = layout_of(n.group_rank);
       n.link.send(NodeMessage::make_start(round_, restart_count_, layout));
       round_nodes_.push_back({n.group_rank, layout.base_rank, n.hello.shape.local_world_size});
@@ -353,16 +337,10 @@ class RendezvousHost final : public NodeRendezvous {
   }
 
   // Every remaining node has stopped its workers: gather the next round, or end the job.
-  JobDecision next_round(SignalRelay& relay) {
-    const int available = count() + static_cast<int>(queued_.size());
-    if (available < settings_.min_nodes) {
-      return end_job({1, false,
-                      decisive_.reason + "; only " + std::to_string(available) + " node" + (available == 1 ? "" : "s") +
-                          " remain" + (available == 1 ? "s" : "") + ", fewer than the " +
-                          std::to_string(settings_.min_nodes) + " that " + settings_.nnodes_flag() +
-                          " needs, so the job cannot go on"});
-    }
-    if (why_ == RoundEnd::kWorkerFailed) ++restart_count_;
+  JobDecision start_next_round(SignalRelay& relay) {
+    const NextRound next = next_round(settings_, round_state(), decisive_.reason);
+    if (!next.goes_on) return end_job({1, false, next.reason});
+    if (next.counts_restart) ++restart_count_;
     ++round_;
     std::optional<RankLayout> layout = gather(relay, Clock::now());
     if (!layout) return interrupted();
@@ -378,15 +356,6 @@ class RendezvousHost final : public NodeRendezvous {
     return {JobDecision::Kind::kExit, {}, end};
   }
 
-  bool all_nodes(NodeState state) const {
-    return std::all_of(nodes_.begin(), nodes_.end(), [&](const Node& n) { return n.state == state; });
-  }
-
-  bool anyone_done() const {
-    return self_done_ ||
-           std::any_of(nodes_.begin(), nodes_.end(), [](const Node& n) { return n.state == NodeState::kDone; });
-  }
-
   void broadcast_all(const NodeMessage& message) {
     for (Node& n : nodes_) n.link.send(message);
     for (Node& n : queued_) n.link.send(message);
@@ -394,7 +363,7 @@ class RendezvousHost final : public NodeRendezvous {
 
   // The first end is told to every node; the strongest decides. See RoundEnd.
   void end_round(RoundEnd why, const JobEnd& end) {
-    if (strength(why) > strength(why_)) {
+    if (outranks(why, why_)) {
       why_ = why;
       decisive_ = end;
     }
@@ -407,7 +376,8 @@ class RendezvousHost final : public NodeRendezvous {
     Node node = std::move(nodes_[i]);
     nodes_.erase(nodes_.begin() + static_cast<long>(i));
     const std::string who = describe(node);
-    if (phase_ == Phase::kGathering) {
+    const Loss loss = decide_loss(round_state(), node.state);
+    if (loss == Loss::kBeforeRound) {
       std::cerr << "cpprun: warning: " << who << " left before round " << round_ << " started"
                 << (settings_.fixed_ranks() ? "; waiting for a node " + std::to_string(node.hello.node_rank) + " again"
                                             : "")
@@ -417,8 +387,7 @@ class RendezvousHost final : public NodeRendezvous {
     }
     if (node.group_rank >= 0) heard_[node.group_rank].gone = why;  // Note [One diagnosis for several nodes]
     if (node.group_rank >= 0 && request_) request_->heard[node.group_rank].gone = why;
-    // A node whose workers all succeeded has done its part; the others need not start over for it.
-    if (node.state == NodeState::kDone) {
+    if (loss == Loss::kLetGo) {
       std::cerr << "cpprun: warning: " << who << " " << why << " after its workers succeeded\n";
       return;
     }
@@ -434,12 +403,14 @@ class RendezvousHost final : public NodeRendezvous {
   // The round as the rules see it (round_state.h).
   RoundState round_state() const {
     RoundState state;
-    state.phase = phase_ == Phase::kRunning ? RoundPhase::kRunning : RoundPhase::kGathering;
+    state.phase = phase_;
     state.round = round_;
-    for (const Node& n : nodes_) state.members.push_back({n.hello.node_rank, n.link.peer()});
+    state.restart_count = restart_count_;
+    for (const Node& n : nodes_) state.members.push_back({n.hello.node_rank, n.link.peer(), n.state});
     state.queued = static_cast<int>(queued_.size());
     state.ending = end_.has_value();
-    state.anyone_done = anyone_done();
+    state.why = why_;
+    state.self_done = self_done_;
     return state;
   }
 
@@ -451,7 +422,7 @@ class RendezvousHost final : public NodeRendezvous {
       link.send(NodeMessage::make_exit({2, false, "cpprun: " + title() + " refused this agent: " + admission.reason}));
       return;
     }
-    Node node{std::move(link), message.hello, NodeState::kJoined, -1};
+    Node node{std::move(link), message.hello, MemberProgress::kJoined, -1};
     if (admission.kind == Admission::Kind::kJoin) {
       // static: nodes_ stays ordered by --node_rank, which makes the group ranks the node ranks.
       const auto at = std::find_if(nodes_.begin(), nodes_.end(),
@@ -493,9 +464,9 @@ class RendezvousHost final : public NodeRendezvous {
   // Members send nothing but these once joined; news of an earlier round is stale, and anything else
   // (an `ask`: only the host asks) is ignored.
   void handle(Node& node, const NodeMessage& message) {
-    if (message.round != round_ || phase_ != Phase::kRunning) return;
-    if (message.kind == MessageKind::kDone) node.state = NodeState::kDone;
-    if (message.kind == MessageKind::kStopped) node.state = NodeState::kStopped;
+    if (message.round != round_ || phase_ != RoundPhase::kRunning) return;
+    if (message.kind == MessageKind::kDone) node.state = MemberProgress::kDone;
+    if (message.kind == MessageKind::kStopped) node.state = MemberProgress::kStopped;
     if (message.kind == MessageKind::kEvidence) {
       switch (evidence_for(message.round, message.request, round_, request_ ? request_->number : 0)) {
         case EvidenceFor::kFailure:
@@ -545,7 +516,7 @@ class RendezvousHost final : public NodeRendezvous {
   std::vector<Node> nodes_;          // this round's other nodes: in join order (c10d), by --node_rank (static)
   std::vector<Node> queued_;         // arrived while a round ran, in arrival order
   std::set<int> ever_joined_;        // static: node ranks that joined, for the join time-out's message
-  Phase phase_ = Phase::kGathering;
+  RoundPhase phase_ = RoundPhase::kGathering;
   std::optional<Clock::time_point> last_call_;
   RoundEnd why_ = RoundEnd::kNone;
   JobEnd decisive_;  // the end that decides: see RoundEnd

@@ -53,7 +53,9 @@ Admission decide(const RendezvousSettings& settings, const RoundState& state, co
 RoundState running(int members) {
   RoundState state;
   state.phase = RoundPhase::kRunning;
-  for (int i = 1; i <= members; ++i) state.members.push_back({-1, "10.0.0." + std::to_string(i + 1) + ":4000"});
+  for (int i = 1; i <= members; ++i) {
+    state.members.push_back({-1, "10.0.0." + std::to_string(i + 1) + ":4000", MemberProgress::kRunning});
+  }
   return state;
 }
 
@@ -200,7 +202,7 @@ TEST_CASE("admission: c10d, a late joiner while the round is already ending is t
   const RendezvousSettings c = c10d_job(1, 3);
   RoundState state = running(1);
   state.ending = true;
-  state.anyone_done = true;  // a failed round restarts anyway, even with a node done
+  state.self_done = true;  // a failed round restarts anyway, even with a node done
   const Admission a = decide(c, state, hello_like(c, -1));
   CHECK(a.kind == Admission::Kind::kQueue);
   CHECK(a.taken_in);
@@ -210,7 +212,7 @@ TEST_CASE("admission: c10d, a late joiner while the round is already ending is t
 TEST_CASE("admission: c10d, a late joiner waits when the job is finishing", "[admission]") {
   const RendezvousSettings c = c10d_job(1, 3);
   RoundState state = running(1);
-  state.anyone_done = true;  // a node's workers all succeeded: the job is ending well, not restarted
+  state.members[0].progress = MemberProgress::kDone;  // its workers all succeeded: the job is finishing
   const Admission a = decide(c, state, hello_like(c, -1));
   CHECK(a.kind == Admission::Kind::kQueue);
   CHECK_FALSE(a.taken_in);
