@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "cpprun/atomic_file.h"
+#include "cpprun/launcher_contract.h"
 
 namespace cpprun {
 namespace detail {
@@ -34,8 +35,9 @@ namespace detail {
 namespace {
 
 constexpr const char* kEntriesVar = "CPPRUN_FLIGHT_RECORDER_ENTRIES";
-constexpr const char* kDirVar = "CPPRUN_FLIGHT_RECORDER_DIR";
-constexpr const char* kRequestFdVar = "CPPRUN_FLIGHT_RECORDER_REQUEST_FD";
+// The launcher sets these: cpprun/launcher_contract.h.
+constexpr const char* kDirVar = contract::kFlightRecorderDirVariable;
+constexpr const char* kRequestFdVar = contract::kFlightRecorderRequestFdVariable;
 constexpr std::size_t kDefaultEntries = 2000;
 constexpr std::size_t kMaxEntries = 1'000'000;
 
@@ -110,7 +112,7 @@ bool dump_to_dir(DumpReason reason, std::chrono::milliseconds patience) {
   const std::optional<std::string> dir = dump_dir();
   if (!dir) return false;
   if (const pid_t owner = settings().recording_pid.load(); owner != 0 && owner != getpid()) return false;
-  const std::string path = *dir + "/rank_" + std::to_string(dump_rank()) + ".json";
+  const std::string path = *dir + "/" + contract::flight_dump_file_name(dump_rank());
   try {
     std::filesystem::create_directories(*dir);  // the first dump makes it: see announce_listening()
     write_dump(path, reason, patience);
@@ -143,7 +145,7 @@ void announce_listening(int rank) {
   if (!dir) return;
   std::error_code error;
   std::filesystem::create_directories(*dir, error);
-  const std::string path = *dir + "/rank_" + std::to_string(rank) + ".listening";
+  const std::string path = *dir + "/" + contract::flight_listening_file_name(rank);
   const int fd = error ? -1 : open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0) {
     std::cerr << "cpprun: rank " << rank << ": cannot announce the flight recorder at " << path << ": "

@@ -80,7 +80,7 @@ const char* to_string(DumpReason reason) {
 
 std::string flight_recorder_json(const DumpHeader& header, const std::vector<FlightRecorderEntry>& entries) {
   std::ostringstream out;
-  out << "{\"format\":\"cpprun-flight-recorder\",\"version\":" << kFlightRecorderFormatVersion
+  out << "{\"format\":\"" << contract::kFlightDumpFormat << "\",\"version\":" << kFlightRecorderFormatVersion
       << ",\"rank\":" << header.rank << ",\"world_size\":" << header.world_size << ",\"pid\":" << header.pid
       << ",\"dumped_unix_ms\":" << header.dumped_unix_ms << ",\"reason\":";
   write_string(out, to_string(header.reason));

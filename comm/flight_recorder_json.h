@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "cpprun/flight_recorder.h"
+#include "cpprun/launcher_contract.h"
 
 namespace cpprun::detail {
 
@@ -22,7 +23,7 @@ struct DumpHeader {
   DumpReason reason = DumpReason::kRequest;
 };
 
-constexpr int kFlightRecorderFormatVersion = 1;
+constexpr int kFlightRecorderFormatVersion = contract::kFlightDumpFormatVersion;  // what the launcher reads
 
 // {"format":"cpprun-flight-recorder","version":1,"rank":..,...,"entries":[...]}: `entries`
 // oldest first, one per line.

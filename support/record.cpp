@@ -18,6 +18,7 @@
 
 #include "comm/flight_recorder.h"
 #include "cpprun/atomic_file.h"
+#include "cpprun/launcher_contract.h"
 
 namespace cpprun {
 namespace {
@@ -120,16 +121,19 @@ int report_exception(std::exception_ptr error) noexcept {
                  report.message.c_str());
     std::fflush(stderr);
     detail::dump_after_failure(detail::DumpReason::kFailure);  // unless a failed collective dumped first
-    const char* file = std::getenv("TORCHELASTIC_ERROR_FILE");
+    const char* file = std::getenv(contract::kErrorFileVariable);
     if (!file || !*file) return kRecordedErrorExitCode;
+    // The keys the launcher reads: cpprun/launcher_contract.h.
+    const auto key = [](const char* name) { return "\"" + std::string(name) + "\": "; };
     const std::string json =
         "{\n"
-        "  \"message\": {\n"
-        "    \"message\": " + json_string(report.type + ": " + report.message) + ",\n"
-        "    \"extraInfo\": {\n"
-        "      \"timestamp\": \"" + std::to_string(static_cast<long long>(std::time(nullptr))) + "\",\n"
+        "  " + key(contract::kErrorFileMessageKey) + "{\n"
+        "    " + key(contract::kErrorFileMessageKey) + json_string(report.type + ": " + report.message) + ",\n"
+        "    " + key(contract::kErrorFileExtraInfoKey) + "{\n"
+        "      " + key(contract::kErrorFileTimestampKey) + "\"" +
+        std::to_string(static_cast<long long>(std::time(nullptr))) + "\",\n"
         "      \"rank\": " + json_string(rank ? rank : "0") + ",\n"
-        "      \"py_callstack\": " + json_string(report.callstack) + "\n"
+        "      " + key(contract::kErrorFileCallstackKey) + json_string(report.callstack) + "\n"
         "    }\n"
         "  }\n"
         "}\n";

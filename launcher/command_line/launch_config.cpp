@@ -16,7 +16,7 @@
 
 #include "command_line/option_spelling.h"
 #include "command_line/scheduler_env.h"
-#include "rendezvous/job_secret.h"
+#include "common/job_secret.h"
 
 namespace cpprun::launcher {
 namespace {
@@ -574,13 +574,6 @@ RendezvousSettings rendezvous_settings(const LaunchConfig& c) {
   s.job_secret = c.job_secret;
   s.local_addr = c.local_addr;
   return s;
-}
-WorkerSettings worker_settings(const LaunchConfig& c) {
-  return {{c.nproc_per_node, c.role, c.master_addr, c.master_port, c.max_restarts, c.run_id, c.virtual_local_rank,
-           c.signals_to_handle},
-          c.output,
-          c.log_line_prefix_template,
-          c.hostname};
 }
 
 ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, const HostFacts& host,

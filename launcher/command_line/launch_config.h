@@ -11,16 +11,16 @@
 #include "command_line/host_facts.h"
 #include "command_line/output_spec.h"
 #include "command_line/program_command.h"
+#include "command_line/rendezvous_settings.h"
+#include "command_line/restart_backoff_settings.h"
+#include "common/errors.h"  // UsageError, kUsageExitCode: thrown and returned for a bad command line
 #include "cpprun/env_lookup.h"
-#include "rendezvous/rendezvous_settings.h"
-#include "workers/restart_backoff.h"
-#include "workers/worker_specs.h"
 
 namespace cpprun::launcher {
 
 struct LaunchConfig {
   int nproc_per_node = 1;
-  RendezvousBackend rdzv_backend = RendezvousBackend::kStatic;  // see rendezvous/rendezvous_settings.h
+  RendezvousBackend rdzv_backend = RendezvousBackend::kStatic;  // see command_line/rendezvous_settings.h
   int nnodes = 1;     // static: the number of nodes; c10d: max_nodes
   int min_nodes = 1;  // --nnodes=MIN:MAX; static: both are nnodes
   int max_nodes = 1;
@@ -77,15 +77,6 @@ struct ParsedCommandLine {
   std::vector<std::string> notes;
 };
 
-// A mistake on the command line; the message names the flag, its value and the fix.
-class UsageError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
-
-// argparse's (and so torchrun's) code for a bad command line.
-inline constexpr int kUsageExitCode = 2;
-
 // A bound on --nnodes and on the schedulers' node counts.
 inline constexpr int kMaxNodes = 1 << 16;
 
@@ -100,9 +91,8 @@ bool is_multi_node(const LaunchConfig& config);
 // --master_addr:--master_port, as endpoint_text(host, port) writes it.
 std::string endpoint_text(const LaunchConfig& config);
 
-// What each component takes of the command line.
+// What the rendezvous takes of the command line (the workers' part: worker_settings(), worker_specs.h).
 RendezvousSettings rendezvous_settings(const LaunchConfig& config);
-WorkerSettings worker_settings(const LaunchConfig& config);
 
 // How errors quote an option or a scheduler variable: "--master_port=http", "--master_addr=''".
 std::string with_value(const std::string& name, const std::string& value);

@@ -3,6 +3,8 @@
 
 #include <cctype>
 
+#include "command_line/launch_config.h"  // with_value, int_in_range, kMaxNodes
+
 namespace cpprun::launcher {
 namespace {
 

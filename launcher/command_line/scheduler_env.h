@@ -8,7 +8,7 @@
 
 #include <cpprun/env_lookup.h>  // EnvLookup, process_env(): the library's, LibTorch-free
 
-#include "command_line/launch_config.h"  // UsageError
+#include "common/errors.h"  // UsageError
 
 namespace cpprun::launcher {
 

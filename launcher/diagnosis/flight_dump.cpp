@@ -4,6 +4,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "cpprun/launcher_contract.h"
 #include "support/json.h"
 
 namespace cpprun::launcher {
@@ -11,8 +12,8 @@ namespace {
 
 using detail::Json;
 
-constexpr const char* kFormat = "cpprun-flight-recorder";
-constexpr int kVersion = 1;
+constexpr const char* kFormat = contract::kFlightDumpFormat;
+constexpr int kVersion = contract::kFlightDumpFormatVersion;
 // 2,000 entries of a few hundred bytes each are well under this; a larger file is not ours.
 constexpr std::streamoff kMaxDumpBytes = 64LL << 20;
 // A dump nests four deep (document, entries, entry, shapes); anything deeper is not ours.

@@ -4,10 +4,9 @@
 #include <algorithm>
 #include <filesystem>
 
+#include "common/formatting.h"
 #include "diagnosis/hang_diagnosis.h"
 #include "support/json.h"
-#include "workers/nccl_trace_env.h"
-#include "workers/worker_specs.h"
 
 namespace cpprun::launcher {
 namespace {

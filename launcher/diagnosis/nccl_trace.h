@@ -12,6 +12,13 @@
 
 namespace cpprun::launcher {
 
+// The dump prefix's two names: this LibTorch reads TORCH_FR_ first, older ones TORCH_NCCL_ only.
+// workers/nccl_trace_env.h sets them for each worker.
+inline constexpr const char* kNcclTraceFileVariables[] = {"TORCH_FR_DUMP_TEMP_FILE",
+                                                          "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"};
+// What follows `dir` in the prefix: the files are DIR/rank_0, DIR/rank_1, ... (torchfrtrace DIR -p rank_).
+inline constexpr const char* kNcclTraceFilePrefix = "rank_";
+
 // At most this many files are named; the rest are counted.
 inline constexpr std::size_t kNcclTraceListLimit = 16;
 // At most this many directory entries are looked at.

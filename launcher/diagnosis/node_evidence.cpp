@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <set>
 
-#include "workers/restart_backoff.h"
+#include "common/formatting.h"
 
 namespace cpprun::launcher {
 namespace {

@@ -3,7 +3,7 @@
 #include <iostream>
 #include <memory>
 
-#include "rendezvous/job_secret.h"
+#include "common/job_secret.h"
 #include "rendezvous/node_rendezvous.h"
 #include "workers/error_file.h"
 #include "workers/flight_requests.h"

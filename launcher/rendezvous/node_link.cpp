@@ -17,8 +17,8 @@
 #include <memory>
 #include <system_error>
 
-#include "rendezvous/job_secret.h"
-#include "rendezvous/rendezvous_settings.h"
+#include "command_line/rendezvous_settings.h"
+#include "common/job_secret.h"
 
 namespace cpprun::launcher {
 namespace {
@@ -552,11 +552,6 @@ bool is_loopback_host(const std::string& host) {
     if (!is_loopback_address(a->ai_addr)) return false;
   }
   return addresses != nullptr;
-}
-
-std::string endpoint_text(const std::string& host, int port) {
-  const bool ipv6 = host.find(':') != std::string::npos;
-  return (ipv6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
 }
 
 }  // namespace cpprun::launcher

@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "diagnosis/hang_diagnosis.h"
-#include "rendezvous/rank_layout.h"
+#include "workers/rank_layout.h"
 
 namespace cpprun::launcher {
 

@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "command_line/launch_config.h"
+#include "common/formatting.h"
 
 namespace cpprun::launcher {
 namespace {
@@ -174,17 +175,6 @@ std::unique_ptr<NodeRendezvous> claim_c10d(const RendezvousSettings& settings, S
 }
 
 }  // namespace
-
-const char* backend_name(RendezvousBackend backend) {
-  return backend == RendezvousBackend::kC10d ? "c10d" : "static";
-}
-
-std::string RendezvousSettings::endpoint() const { return endpoint_text(host, port); }
-
-std::string RendezvousSettings::nnodes_flag() const {
-  if (fixed_ranks()) return "--nnodes=" + std::to_string(max_nodes);
-  return "--nnodes=" + std::to_string(min_nodes) + ":" + std::to_string(max_nodes);
-}
 
 int NodeRendezvous::poll_links(SignalRelay& relay, int timeout_ms) {
   std::vector<pollfd> polled{{relay.wake_fd(), POLLIN, 0}};

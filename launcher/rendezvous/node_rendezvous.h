@@ -68,12 +68,12 @@
 #include <vector>
 
 #include "command_line/program_command.h"
+#include "command_line/rendezvous_settings.h"
 #include "diagnosis/node_evidence.h"
 #include "rendezvous/node_link.h"
 #include "rendezvous/node_messages.h"
-#include "rendezvous/rank_layout.h"
-#include "rendezvous/rendezvous_settings.h"
 #include "workers/attempt.h"
+#include "workers/rank_layout.h"
 #include "workers/run_directory.h"
 #include "workers/signal_relay.h"
 #include "workers/worker_specs.h"

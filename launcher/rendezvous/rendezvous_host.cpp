@@ -1,5 +1,9 @@
 // The rendezvous's host, static (node 0) or c10d: gathers each round's nodes, numbers them, relays
 // every node's news, and decides restarts, membership changes and the job's end (Note [Elastic rounds]).
+// Admission (admission.h), the MIN:MAX window (round_window.h), and what follows a round or a loss
+// (round_outcome.h) are decided by pure rules on a RoundState (round_state.h); this class carries
+// their decisions out: it sends, prints, paces restarts, ends rounds. The evidence for a diagnosis
+// across nodes is still collected here.
 #include <signal.h>
 
 #include <algorithm>
@@ -12,8 +16,12 @@
 #include <vector>
 
 #include "command_line/host_facts.h"
+#include "rendezvous/admission.h"
 #include "rendezvous/node_link.h"
 #include "rendezvous/node_rendezvous.h"
+#include "rendezvous/round_outcome.h"
+#include "rendezvous/round_state.h"
+#include "rendezvous/round_window.h"
 #include "workers/restart_backoff.h"
 
 namespace cpprun::launcher {
@@ -21,22 +29,6 @@ namespace {
 
 // Past --shutdown_timeout, how long a node may take to report its workers stopped before it is lost.
 constexpr std::chrono::seconds kStopSlack{30};
-
-// Why the running round ended. The first reason is what the nodes are told; a stronger one that
-// comes later decides what happens next (a worker failing because a node died is the node's loss,
-// not a failure to count against --max_restarts).
-enum class RoundEnd {
-  kNone,
-  kWorkerFailed,  // a restart, counted against --max_restarts
-  kNodeJoined,    // a membership change: a node came while the job had room
-  kNodeLost,      // a membership change: a node left while its workers ran
-  kFatal,         // an agent got a job-ending signal: the job ends
-};
-
-int strength(RoundEnd end) {
-  constexpr int kStrength[] = {0, 1, 1, 2, 3};  // in RoundEnd's order: a failure and a join tie
-  return kStrength[static_cast<int>(end)];
-}
 
 class RendezvousHost final : public NodeRendezvous {
  public:
@@ -120,10 +112,10 @@ class RendezvousHost final : public NodeRendezvous {
   // Note [Diagnosis on request across nodes]: the running round's other nodes are asked; a new
   // request replaces an open one, whose late answers are then set aside by number.
   int ask_nodes_for_evidence() override {
-    if (phase_ != Phase::kRunning || end_ || nodes_.empty()) return 0;
+    if (phase_ != RoundPhase::kRunning || end_ || nodes_.empty()) return 0;
     request_ = OpenRequest{++last_request_, {}};
     for (Node& n : nodes_) {
-      if (n.state == NodeState::kRunning) n.link.send(NodeMessage::make_ask(round_, request_->number));
+      if (n.state == MemberProgress::kRunning) n.link.send(NodeMessage::make_ask(round_, request_->number));
     }
     return request_->number;
   }
@@ -150,48 +142,47 @@ class RendezvousHost final : public NodeRendezvous {
     if (poll_once(relay, 0)) return interrupted();
     std::optional<Clock::time_point> stop_deadline;
     for (;;) {
-      if (!end_) {
-        if (self_done_ && all_nodes(NodeState::kDone)) {
+      switch (after_attempt(settings_, round_state())) {
+        case AfterAttempt::kWait:
+          break;
+        case AfterAttempt::kFinish:
           broadcast_all(NodeMessage::make_exit({0, false, ""}));
           return {JobDecision::Kind::kFinish, {}, {}};
-        }
-      } else if (why_ == RoundEnd::kFatal ||
-                 (why_ == RoundEnd::kWorkerFailed && restart_count_ >= settings_.max_restarts)) {
-        keep_late_evidence(relay);
-        return end_job(decisive_);
-      } else if (all_nodes(NodeState::kStopped)) {
-        keep_late_evidence(relay);
-        // Only restarts after a worker failure back off; the links are polled until it is due.
-        if (why_ != RoundEnd::kWorkerFailed) return next_round(relay);
-        stop_deadline = pacer_.restart_at(restart_count_ + 1, settings_.max_restarts);
-        if (Clock::now() >= *stop_deadline) return next_round(relay);
-      } else if (!stop_deadline) {
-        stop_deadline = Clock::now() + settings_.shutdown_timeout + kStopSlack;
-      } else if (Clock::now() >= *stop_deadline) {
-        for (std::size_t i = nodes_.size(); i-- > 0;) {
-          if (nodes_[i].state != NodeState::kStopped) {
-            lose(i, "did not report its workers stopped within --shutdown_timeout + " +
-                        std::to_string(kStopSlack.count()) + " s");
+        case AfterAttempt::kEndJob:
+          keep_late_evidence(relay);
+          return end_job(decisive_);
+        case AfterAttempt::kChange:
+          keep_late_evidence(relay);
+          return start_next_round(relay);
+        case AfterAttempt::kRestart:
+          keep_late_evidence(relay);
+          // The backoff before every node's restart; the links are polled until it is due.
+          stop_deadline = pacer_.restart_at(restart_count_ + 1, settings_.max_restarts);
+          if (Clock::now() >= *stop_deadline) return start_next_round(relay);
+          break;
+        case AfterAttempt::kAwaitStopped:
+          if (!stop_deadline) {
+            stop_deadline = Clock::now() + settings_.shutdown_timeout + kStopSlack;
+          } else if (Clock::now() >= *stop_deadline) {
+            for (std::size_t i = nodes_.size(); i-- > 0;) {
+              if (nodes_[i].state != MemberProgress::kStopped) {
+                lose(i, "did not report its workers stopped within --shutdown_timeout + " +
+                            std::to_string(kStopSlack.count()) + " s");
+              }
+            }
+            continue;
           }
-        }
-        continue;
+          break;
       }
       if (poll_once(relay, stop_deadline ? ms_until(*stop_deadline) : -1)) return interrupted();
     }
   }
 
  private:
-  enum class NodeState {
-    kJoined,   // in the round being gathered
-    kRunning,  // its workers run this round
-    kDone,     // its workers all succeeded this round
-    kStopped,  // its workers of this round are stopped
-  };
-
   struct Node {
     NodeLink link;
     NodeHello hello;
-    NodeState state = NodeState::kJoined;
+    MemberProgress state = MemberProgress::kJoined;
     int group_rank = -1;  // in the running round; -1 before it got one
   };
 
@@ -204,11 +195,9 @@ class RendezvousHost final : public NodeRendezvous {
   // A node whose workers had all succeeded has nothing to send.
   void mark_done(std::map<int, NodeEvidence>& heard) const {
     for (const Node& n : nodes_) {
-      if (n.state == NodeState::kDone && n.group_rank >= 0) heard[n.group_rank].done = true;
+      if (n.state == MemberProgress::kDone && n.group_rank >= 0) heard[n.group_rank].done = true;
     }
   }
-
-  enum class Phase { kGathering, kRunning };
 
   int count() const { return 1 + static_cast<int>(nodes_.size()); }  // this node too
 
@@ -226,9 +215,9 @@ class RendezvousHost final : public NodeRendezvous {
   // Gathers a round: the nodes still here, then the queued ones in arrival order, then any that
   // arrive, until MAX are here or MIN and the last call passed. nullopt: a job-ending signal came.
   std::optional<RankLayout> gather(SignalRelay& relay, Clock::time_point since) {
-    phase_ = Phase::kGathering;
+    phase_ = RoundPhase::kGathering;
     for (Node& n : nodes_) {
-      n.state = NodeState::kJoined;
+      n.state = MemberProgress::kJoined;
       n.group_rank = -1;  // numbered again when the round starts
     }
     while (!queued_.empty() && count() < settings_.max_nodes) {
@@ -239,26 +228,23 @@ class RendezvousHost final : public NodeRendezvous {
     count_changed();
     const auto deadline = since + settings_.join_timeout;
     for (;;) {
-      if (count() >= settings_.max_nodes || (last_call_ && Clock::now() >= *last_call_) ||
-          (count() >= settings_.min_nodes && Clock::now() >= deadline)) {
-        return start_round();
-      }
-      if (Clock::now() >= deadline) {
+      const GatherStep step = gather_step(settings_, count(), last_call_, deadline, Clock::now());
+      if (step.kind == GatherStep::Kind::kStart) return start_round();
+      if (step.kind == GatherStep::Kind::kTimedOut) {
         const std::string message = join_timeout_message();
         broadcast_all(NodeMessage::make_exit({1, false, message}));
         throw RendezvousError(message, 1);
       }
-      if (poll_once(relay, ms_until(last_call_ ? std::min(*last_call_, deadline) : deadline))) return std::nullopt;
+      if (poll_once(relay, ms_until(step.until))) return std::nullopt;
     }
   }
 
   // After a node joined or left while gathering: torchrun's last call opens when the MIN-th node
   // arrives and closes if the nodes drop below MIN again.
   void count_changed() {
-    if (count() < settings_.min_nodes) {
-      last_call_.reset();
-    } else if (!last_call_ && count() < settings_.max_nodes) {
-      last_call_ = Clock::now() + settings_.last_call_timeout;
+    const bool was_open = last_call_.has_value();
+    last_call_ = last_call_after(settings_, count(), last_call_, Clock::now());
+    if (last_call_ && !was_open) {
       std::cerr << "cpprun: " << count() << " node" << (count() == 1 ? "" : "s") << " (" << settings_.nnodes_flag()
                 << ") at " << settings_.endpoint() << "; starting round " << round_ << " in "
                 << seconds_text(settings_.last_call_timeout) << " unless more join (--rdzv_conf last_call_timeout)\n";
@@ -294,7 +280,7 @@ class RendezvousHost final : public NodeRendezvous {
   }
 
   RankLayout start_round() {
-    phase_ = Phase::kRunning;
+    phase_ = RoundPhase::kRunning;
     pacer_.attempt_started();
     end_.reset();
     why_ = RoundEnd::kNone;
@@ -328,7 +314,7 @@ class RendezvousHost final : public NodeRendezvous {
     for (std::size_t i = 0; i < nodes_.size(); ++i) {
       Node& n = nodes_[i];
       n.group_rank = static_cast<int>(i) + 1;  // static: nodes_ is ordered by --node_rank
-      n.state = NodeState::kRunning;
+      n.state = MemberProgress::kRunning;
       const RankLayout layout = layout_of(n.group_rank);
       n.link.send(NodeMessage::make_start(round_, restart_count_, layout));
       round_nodes_.push_back({n.group_rank, layout.base_rank, n.hello.shape.local_world_size});
@@ -351,16 +337,10 @@ class RendezvousHost final : public NodeRendezvous {
   }
 
   // Every remaining node has stopped its workers: gather the next round, or end the job.
-  JobDecision next_round(SignalRelay& relay) {
-    const int available = count() + static_cast<int>(queued_.size());
-    if (available < settings_.min_nodes) {
-      return end_job({1, false,
-                      decisive_.reason + "; only " + std::to_string(available) + " node" + (available == 1 ? "" : "s") +
-                          " remain" + (available == 1 ? "s" : "") + ", fewer than the " +
-                          std::to_string(settings_.min_nodes) + " that " + settings_.nnodes_flag() +
-                          " needs, so the job cannot go on"});
-    }
-    if (why_ == RoundEnd::kWorkerFailed) ++restart_count_;
+  JobDecision start_next_round(SignalRelay& relay) {
+    const NextRound next = next_round(settings_, round_state(), decisive_.reason);
+    if (!next.goes_on) return end_job({1, false, next.reason});
+    if (next.counts_restart) ++restart_count_;
     ++round_;
     std::optional<RankLayout> layout = gather(relay, Clock::now());
     if (!layout) return interrupted();
@@ -376,15 +356,6 @@ class RendezvousHost final : public NodeRendezvous {
     return {JobDecision::Kind::kExit, {}, end};
   }
 
-  bool all_nodes(NodeState state) const {
-    return std::all_of(nodes_.begin(), nodes_.end(), [&](const Node& n) { return n.state == state; });
-  }
-
-  bool anyone_done() const {
-    return self_done_ ||
-           std::any_of(nodes_.begin(), nodes_.end(), [](const Node& n) { return n.state == NodeState::kDone; });
-  }
-
   void broadcast_all(const NodeMessage& message) {
     for (Node& n : nodes_) n.link.send(message);
     for (Node& n : queued_) n.link.send(message);
@@ -392,7 +363,7 @@ class RendezvousHost final : public NodeRendezvous {
 
   // The first end is told to every node; the strongest decides. See RoundEnd.
   void end_round(RoundEnd why, const JobEnd& end) {
-    if (strength(why) > strength(why_)) {
+    if (outranks(why, why_)) {
       why_ = why;
       decisive_ = end;
     }
@@ -405,7 +376,8 @@ class RendezvousHost final : public NodeRendezvous {
     Node node = std::move(nodes_[i]);
     nodes_.erase(nodes_.begin() + static_cast<long>(i));
     const std::string who = describe(node);
-    if (phase_ == Phase::kGathering) {
+    const Loss loss = decide_loss(round_state(), node.state);
+    if (loss == Loss::kBeforeRound) {
       std::cerr << "cpprun: warning: " << who << " left before round " << round_ << " started"
                 << (settings_.fixed_ranks() ? "; waiting for a node " + std::to_string(node.hello.node_rank) + " again"
                                             : "")
@@ -415,8 +387,7 @@ class RendezvousHost final : public NodeRendezvous {
     }
     if (node.group_rank >= 0) heard_[node.group_rank].gone = why;  // Note [One diagnosis for several nodes]
     if (node.group_rank >= 0 && request_) request_->heard[node.group_rank].gone = why;
-    // A node whose workers all succeeded has done its part; the others need not start over for it.
-    if (node.state == NodeState::kDone) {
+    if (loss == Loss::kLetGo) {
       std::cerr << "cpprun: warning: " << who << " " << why << " after its workers succeeded\n";
       return;
     }
@@ -429,60 +400,30 @@ class RendezvousHost final : public NodeRendezvous {
     return pending_signal_ != 0;
   }
 
-  // Why an agent that introduced itself with `message` cannot join this job; "" when it can.
-  std::string refusal(const NodeMessage& message) const {
-    if (message.kind != MessageKind::kHello) return "it did not introduce itself";
-    const NodeHello& h = message.hello;
-    if (h.protocol != kNodeProtocolVersion) {
-      return "it speaks agent protocol " + std::to_string(h.protocol) + ", the host speaks " +
-             std::to_string(kNodeProtocolVersion) + "; run the same cpprun version on every node";
-    }
-    const bool fixed = settings_.fixed_ranks();
-    const std::string where = fixed ? "node 0" : "the job at " + settings_.endpoint();
-    const std::string backend = backend_name(settings_.backend);
-    if (h.backend != backend) {
-      return "it has --rdzv_backend=" + h.backend + " but " + where + " has --rdzv_backend=" + backend +
-             "; every node needs the same --rdzv_backend";
-    }
-    const std::string who = fixed ? "--node_rank=" + std::to_string(h.node_rank) : "it";
-    if (h.run_id != settings_.run_id) {
-      return who + " has --rdzv_id=" + h.run_id + " but " + where + " has --rdzv_id=" + settings_.run_id +
-             "; every node of a job needs the same --rdzv_id (or another " +
-             (fixed ? "--master_port" : "--rdzv_endpoint") + " for another job)";
-    }
-    RendezvousSettings theirs = settings_;
-    theirs.min_nodes = h.min_nodes;
-    theirs.max_nodes = h.max_nodes;
-    if (h.min_nodes != settings_.min_nodes || h.max_nodes != settings_.max_nodes) {
-      return who + " has " + theirs.nnodes_flag() + " but " + where + " has " + settings_.nnodes_flag() +
-             "; every node needs the same --nnodes";
-    }
-    if (h.max_restarts != settings_.max_restarts) {
-      return who + " has --max_restarts=" + std::to_string(h.max_restarts) + " but " + where +
-             " has --max_restarts=" + std::to_string(settings_.max_restarts) +
-             "; nodes restart together, so they need the same value";
-    }
-    if (!fixed) return "";
-    const int nnodes = settings_.max_nodes;
-    if (h.node_rank < 1 || h.node_rank >= nnodes) {
-      return who + (h.node_rank == 0 ? " is node 0's own rank" : " is not below --nnodes=" + std::to_string(nnodes)) +
-             "; give each node its own --node_rank from 1 to " + std::to_string(nnodes - 1);
-    }
-    if (const Node* taken = slot(h.node_rank)) {
-      return who + " has already joined from " + taken->link.peer() + "; give each node its own --node_rank";
-    }
-    if (phase_ == Phase::kRunning) return "the job's " + std::to_string(nnodes) + " nodes are all running already";
-    return "";
+  // The round as the rules see it (round_state.h).
+  RoundState round_state() const {
+    RoundState state;
+    state.phase = phase_;
+    state.round = round_;
+    state.restart_count = restart_count_;
+    for (const Node& n : nodes_) state.members.push_back({n.hello.node_rank, n.link.peer(), n.state});
+    state.queued = static_cast<int>(queued_.size());
+    state.ending = end_.has_value();
+    state.why = why_;
+    state.self_done = self_done_;
+    return state;
   }
 
+  // Carries out decide_admission(): see admission.h.
   void admit(NodeLink link, const NodeMessage& message) {
-    if (const std::string why = refusal(message); !why.empty()) {
-      std::cerr << "cpprun: warning: refused the agent at " << link.peer() << ": " << why << "\n";
-      link.send(NodeMessage::make_exit({2, false, "cpprun: " + title() + " refused this agent: " + why}));
+    const Admission admission = decide_admission(settings_, round_state(), message);
+    if (admission.kind == Admission::Kind::kRefuse) {
+      std::cerr << "cpprun: warning: refused the agent at " << link.peer() << ": " << admission.reason << "\n";
+      link.send(NodeMessage::make_exit({2, false, "cpprun: " + title() + " refused this agent: " + admission.reason}));
       return;
     }
-    Node node{std::move(link), message.hello, NodeState::kJoined, -1};
-    if (phase_ == Phase::kGathering && count() < settings_.max_nodes) {
+    Node node{std::move(link), message.hello, MemberProgress::kJoined, -1};
+    if (admission.kind == Admission::Kind::kJoin) {
       // static: nodes_ stays ordered by --node_rank, which makes the group ranks the node ranks.
       const auto at = std::find_if(nodes_.begin(), nodes_.end(),
                                    [&](const Node& n) { return n.hello.node_rank > node.hello.node_rank; });
@@ -491,24 +432,18 @@ class RendezvousHost final : public NodeRendezvous {
       count_changed();
       return;
     }
-    // A round runs (or is full): the node waits for the next. Torchrun's agents restart for it when
-    // the job has room and is not finishing; so do we. See Note [Elastic rounds].
-    const bool room = count() + static_cast<int>(queued_.size()) < settings_.max_nodes;
-    const bool taken_in = phase_ == Phase::kRunning && room && (end_ || !anyone_done());
-    node.link.send(NodeMessage::make_queued(round_, count(), taken_in));
+    node.link.send(NodeMessage::make_queued(round_, count(), admission.taken_in));
     const std::string who = "the agent at " + node.link.peer();
     queued_.push_back(std::move(node));
-    if (taken_in && !end_) {
+    if (admission.ends_round) {
       std::cerr << "cpprun: " << who << " joined the running job; ending round " << round_ << " to take it in\n";
       end_round(RoundEnd::kNodeJoined,
                 {1, true,
                  "a new node (" + who + ") joined the job at " + settings_.endpoint() +
                      "; restarting every node's workers to take it in (a membership change: not counted against "
                      "--max_restarts)"});
-    } else if (!taken_in) {
-      std::cerr << "cpprun: " << who << " joined; it waits for a next round ("
-                << (room ? "the job is finishing" : "the job runs at its maximum of " + settings_.nnodes_flag())
-                << ")\n";
+    } else if (!admission.taken_in) {
+      std::cerr << "cpprun: " << who << " joined; it waits for a next round (" << admission.reason << ")\n";
     }
   }
 
@@ -529,9 +464,9 @@ class RendezvousHost final : public NodeRendezvous {
   // Members send nothing but these once joined; news of an earlier round is stale, and anything else
   // (an `ask`: only the host asks) is ignored.
   void handle(Node& node, const NodeMessage& message) {
-    if (message.round != round_ || phase_ != Phase::kRunning) return;
-    if (message.kind == MessageKind::kDone) node.state = NodeState::kDone;
-    if (message.kind == MessageKind::kStopped) node.state = NodeState::kStopped;
+    if (message.round != round_ || phase_ != RoundPhase::kRunning) return;
+    if (message.kind == MessageKind::kDone) node.state = MemberProgress::kDone;
+    if (message.kind == MessageKind::kStopped) node.state = MemberProgress::kStopped;
     if (message.kind == MessageKind::kEvidence) {
       switch (evidence_for(message.round, message.request, round_, request_ ? request_->number : 0)) {
         case EvidenceFor::kFailure:
@@ -581,7 +516,7 @@ class RendezvousHost final : public NodeRendezvous {
   std::vector<Node> nodes_;          // this round's other nodes: in join order (c10d), by --node_rank (static)
   std::vector<Node> queued_;         // arrived while a round ran, in arrival order
   std::set<int> ever_joined_;        // static: node ranks that joined, for the join time-out's message
-  Phase phase_ = Phase::kGathering;
+  RoundPhase phase_ = RoundPhase::kGathering;
   std::optional<Clock::time_point> last_call_;
   RoundEnd why_ = RoundEnd::kNone;
   JobEnd decisive_;  // the end that decides: see RoundEnd

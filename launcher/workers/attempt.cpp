@@ -17,6 +17,7 @@
 #include <stdexcept>
 #include <utility>
 
+#include "common/formatting.h"
 #include "workers/flight_requests.h"
 #include "workers/job_process_tree.h"
 #include "workers/restart_backoff.h"

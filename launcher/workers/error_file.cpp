@@ -10,6 +10,7 @@
 #include <optional>
 #include <sstream>
 
+#include "cpprun/launcher_contract.h"
 #include "workers/attempt.h"
 
 namespace cpprun::launcher {
@@ -117,15 +118,15 @@ std::string with_error_code(const std::string& json, int error_code) {
   if (error_code == 0) return json;
   const Scanner scan(json);
   const std::size_t root = scan.space(0);
-  const std::optional<Scanner::Member> message = scan.find(root, "message");
+  const std::optional<Scanner::Member> message = scan.find(root, contract::kErrorFileMessageKey);
   if (!message || message->value_start == Scanner::npos || json[message->value_start] != '{') return json;
-  const std::optional<Scanner::Member> code = scan.find(message->value_start, "errorCode");
+  const std::optional<Scanner::Member> code = scan.find(message->value_start, contract::kErrorFileCodeKey);
   if (!code) return json;
   const std::string value = std::to_string(error_code);
   if (code->value_start != Scanner::npos) {
     return json.substr(0, code->value_start) + value + json.substr(code->value_end);
   }
-  return json.substr(0, code->close) + (code->empty ? "" : ", ") + "\"errorCode\": " + value + json.substr(code->close);
+  return json.substr(0, code->close) + (code->empty ? "" : ", ") + "\"" + contract::kErrorFileCodeKey + "\": " + value + json.substr(code->close);
 }
 
 std::string copy_root_error_file(const std::string& worker_error_file, const std::string& launcher_error_file,
@@ -146,7 +147,7 @@ std::string copy_root_error_file(const std::string& worker_error_file, const std
 }
 
 void hand_over_error_file(const AttemptEnd& attempt) {
-  const char* mine = std::getenv("TORCHELASTIC_ERROR_FILE");
+  const char* mine = std::getenv(contract::kErrorFileVariable);
   const std::string warning =
       copy_root_error_file(attempt.root_error_file, mine != nullptr ? mine : "", attempt.root_error_code);
   if (!warning.empty()) std::cerr << warning << "\n";

@@ -14,6 +14,7 @@
 #include <iostream>
 #include <system_error>
 
+#include "cpprun/launcher_contract.h"
 #include "diagnosis/nccl_trace.h"
 #include "workers/signal_relay.h"
 
@@ -38,10 +39,12 @@ std::string decimal_seconds(std::chrono::milliseconds ms) {
 
 }  // namespace
 
-std::string flight_dump_file(const std::string& dir, int rank) { return dir + "/rank_" + std::to_string(rank) + ".json"; }
+std::string flight_dump_file(const std::string& dir, int rank) {
+  return dir + "/" + contract::flight_dump_file_name(rank);
+}
 
 std::string flight_listening_file(const std::string& dir, int rank) {
-  return dir + "/rank_" + std::to_string(rank) + ".listening";
+  return dir + "/" + contract::flight_listening_file_name(rank);
 }
 
 FlightRequestChannel::FlightRequestChannel() {

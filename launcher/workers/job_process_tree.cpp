@@ -20,7 +20,7 @@
 #include <sstream>
 #include <system_error>
 
-#include "rendezvous/job_secret.h"
+#include "common/job_secret.h"
 #include "workers/signal_relay.h"
 #include "workers/worker_process.h"
 

@@ -9,13 +9,9 @@
 #include <map>
 #include <string>
 
-namespace cpprun::launcher {
+#include "diagnosis/nccl_trace.h"  // kNcclTraceFileVariables, kNcclTraceFilePrefix
 
-// The dump prefix's two names: this LibTorch reads TORCH_FR_ first, older ones TORCH_NCCL_ only.
-inline constexpr const char* kNcclTraceFileVariables[] = {"TORCH_FR_DUMP_TEMP_FILE",
-                                                          "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"};
-// What follows `dir` in the prefix: the files are DIR/rank_0, DIR/rank_1, ... (torchfrtrace DIR -p rank_).
-inline constexpr const char* kNcclTraceFilePrefix = "rank_";
+namespace cpprun::launcher {
 
 // The variables to add to a worker's environment: both prefix names set to DIR/rank_; nothing when the
 // user's environment (`parent`) sets either name (the user chose where dumps go: all are left alone).

@@ -3,13 +3,9 @@
 
 #include <iostream>
 
-namespace cpprun::launcher {
+#include "common/formatting.h"
 
-std::string decimal_seconds(std::chrono::milliseconds ms) {
-  std::string fraction = std::to_string(ms.count() % 1000 + 1000).substr(1);  // "050" for 1.05 s
-  fraction.erase(fraction.find_last_not_of('0') + 1);
-  return std::to_string(ms.count() / 1000) + (fraction.empty() ? "" : "." + fraction);
-}
+namespace cpprun::launcher {
 
 RestartPacer::Clock::time_point RestartPacer::restart_at(int restart, int max_restarts) {
   if (restart_at_) return *restart_at_;

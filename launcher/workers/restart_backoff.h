@@ -8,18 +8,9 @@
 #include <optional>
 #include <string>
 
+#include "command_line/restart_backoff_settings.h"
+
 namespace cpprun::launcher {
-
-// "2", "0.25": a duration as the duration options take it; the launcher's messages add " s".
-std::string decimal_seconds(std::chrono::milliseconds ms);
-
-// --restart_backoff=INITIAL[:MAX].
-struct RestartBackoffSettings {
-  // Before the first restart of a run of failures. 0: every restart at once (torchrun's behaviour).
-  std::chrono::milliseconds initial{1000};
-  // The cap. An attempt that ran at least this long was healthy: the next delay is `initial` again.
-  std::chrono::milliseconds max{30000};
-};
 
 // The delays alone, without a clock. Pure.
 class RestartBackoff {

@@ -3,7 +3,8 @@
 
 #include <sstream>
 
-#include "rendezvous/job_secret.h"
+#include "common/job_secret.h"
+#include "cpprun/launcher_contract.h"
 #include "workers/flight_requests.h"
 #include "workers/nccl_trace_env.h"
 
@@ -56,7 +57,7 @@ EnvMap make_worker_env(const WorkerEnvSettings& settings, const RankLayout& layo
   env["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(settings.max_restarts);
   env["TORCHELASTIC_RUN_ID"] = settings.run_id;
   // Per worker and per attempt, so the launcher knows whose it is; torchrun overrides the user's too.
-  env["TORCHELASTIC_ERROR_FILE"] = error_file;
+  env[contract::kErrorFileVariable] = error_file;
   // Worker rank 0 hosts the TCPStore at MASTER_ADDR:MASTER_PORT: no agent runs one (Note [Workers' store]).
   // torchrun's agent shares its own store there and says True: docs/torchrun_options.md.
   env["TORCHELASTIC_USE_AGENT_STORE"] = "False";
@@ -101,7 +102,7 @@ std::vector<WorkerSpec> make_worker_specs(const WorkerSettings& settings, const 
   for (int local_rank = 0; local_rank < settings.env.local_world_size; ++local_rank) {
     const int rank = ranks.base_rank + local_rank;
     const std::string error_file = files.error_file(restart_count, local_rank);
-    const auto chosen = parent_env.find("CPPRUN_FLIGHT_RECORDER_DIR");
+    const auto chosen = parent_env.find(contract::kFlightRecorderDirVariable);
     const std::string dumps = chosen != parent_env.end() && !chosen->second.empty()
                                   ? chosen->second
                                   : files.flight_recorder_dir(restart_count);
@@ -109,8 +110,8 @@ std::vector<WorkerSpec> make_worker_specs(const WorkerSettings& settings, const 
     // cpprun's library records each rank's collectives and dumps them here when asked on the fd
     // (workers/flight_requests.h): the launcher's diagnosis of a failure or a hang reads them. A
     // directory the user chose (in cpprun's environment) is kept, shared by the attempts.
-    env["CPPRUN_FLIGHT_RECORDER_DIR"] = dumps;
-    env["CPPRUN_FLIGHT_RECORDER_REQUEST_FD"] = std::to_string(kFlightRequestFd);
+    env[contract::kFlightRecorderDirVariable] = dumps;
+    env[contract::kFlightRecorderRequestFdVariable] = std::to_string(kFlightRequestFd);
     // PyTorch's own NCCL flight recorder dumps next to ours, per attempt, unless the user chose where.
     const std::string nccl_dir = files.nccl_trace_dir(restart_count);
     const auto nccl = nccl_trace_variables(parent_env, nccl_dir);
@@ -127,14 +128,12 @@ std::vector<WorkerSpec> make_worker_specs(const WorkerSettings& settings, const 
   return specs;
 }
 
-std::string shell_quote(const std::string& word) {
-  const bool plain = !word.empty() && word.find_first_not_of(
-                                          "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-                                          "0123456789_-+=./:,@%") == std::string::npos;
-  if (plain) return word;
-  std::string quoted = "'";
-  for (char c : word) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return quoted + "'";
+WorkerSettings worker_settings(const LaunchConfig& c) {
+  return {{c.nproc_per_node, c.role, c.master_addr, c.master_port, c.max_restarts, c.run_id, c.virtual_local_rank,
+           c.signals_to_handle},
+          c.output,
+          c.log_line_prefix_template,
+          c.hostname};
 }
 
 std::string format_dry_run(const std::vector<WorkerSpec>& specs, const EnvMap& parent_env) {

@@ -7,9 +7,11 @@
 #include <string>
 #include <vector>
 
+#include "command_line/launch_config.h"
 #include "command_line/program_command.h"
-#include "rendezvous/rank_layout.h"
+#include "common/formatting.h"  // shell_quote, which the tests of format_dry_run use
 #include "workers/attempt.h"
+#include "workers/rank_layout.h"
 #include "workers/run_directory.h"
 
 namespace cpprun::launcher {
@@ -38,6 +40,9 @@ struct WorkerSettings {
   std::string hostname;                  // its ${hostname}
 };
 
+// What the workers take of the command line.
+WorkerSettings worker_settings(const LaunchConfig& config);
+
 // This process's environment (`environ`), first definition winning like getenv().
 EnvMap current_environment();
 
@@ -57,9 +62,6 @@ std::vector<std::string> to_env_strings(const EnvMap& env);
 std::vector<WorkerSpec> make_worker_specs(const WorkerSettings& settings, const RankLayout& ranks,
                                           const ProgramCommand& program, int restart_count, const RunLayout& files,
                                           const EnvMap& parent_env);
-
-// `word` quoted for a POSIX shell when it needs it, so the printed commands can be pasted.
-std::string shell_quote(const std::string& word);
 
 // Each worker's command line, where its output goes, and the variables cpprun sets or changes.
 std::string format_dry_run(const std::vector<WorkerSpec>& specs, const EnvMap& parent_env);

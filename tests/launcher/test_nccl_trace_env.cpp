@@ -4,8 +4,8 @@
 
 #include <string>
 
-#include "rendezvous/rank_layout.h"
 #include "workers/nccl_trace_env.h"
+#include "workers/rank_layout.h"
 #include "workers/worker_specs.h"
 
 using namespace cpprun::launcher;

@@ -17,7 +17,7 @@
 #include <system_error>
 #include <thread>
 
-#include "rendezvous/job_secret.h"
+#include "common/job_secret.h"
 #include "rendezvous/node_link.h"
 
 using namespace cpprun::launcher;

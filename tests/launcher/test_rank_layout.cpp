@@ -1,7 +1,7 @@
 // Unit tests of torchrun's rank arithmetic across nodes.
 #include "catch.h"
 
-#include "rendezvous/rank_layout.h"
+#include "workers/rank_layout.h"
 
 using namespace cpprun::launcher;
 

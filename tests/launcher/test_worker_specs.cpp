@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "command_line/launch_config.h"
-#include "rendezvous/rank_layout.h"
+#include "workers/rank_layout.h"
 #include "workers/worker_specs.h"
 
 using namespace cpprun::launcher;

@@ -1,11 +1,12 @@
-// What the rendezvous between the nodes needs of the command line (launch_config.h fills it in).
+// What the rendezvous between the nodes needs of the command line (launch_config.h fills it in). In
+// command_line/ because the parser builds it; workers/rank_layout.h and rendezvous/ read it.
 #pragma once
 
 #include <chrono>
 #include <optional>
 #include <string>
 
-#include "workers/restart_backoff.h"
+#include "command_line/restart_backoff_settings.h"
 
 namespace cpprun::launcher {
 

@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "rendezvous/rendezvous_settings.h"
+#include "command_line/rendezvous_settings.h"
 
 namespace cpprun::launcher {
 

@@ -12,12 +12,15 @@
 // differs. Every later line carries a sequence number and the tag HMAC(K, direction seq line), with
 // K = HMAC(secret, "session" Nh Nm), so a message cannot be forged, altered, replayed, reordered or
 // reflected back to its sender. HMAC-SHA-256 from OpenSSL's libcrypto; tags cut to 128 bits, as TLS.
+//
+// In common/ because three layers use it: the command line reads the secret, the workers are kept
+// from it (and their job token is a nonce), and the rendezvous's links prove it.
 #pragma once
 
 #include <cstdint>
 #include <string>
 
-#include "command_line/scheduler_env.h"
+#include "cpprun/env_lookup.h"
 
 namespace cpprun::launcher {
 

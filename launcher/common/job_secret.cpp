@@ -1,6 +1,6 @@
 // Reading and checking the job secret, and HMAC-SHA-256 through OpenSSL's libcrypto for the proofs
 // made with it; see Note [Agent authentication] in job_secret.h.
-#include "rendezvous/job_secret.h"
+#include "common/job_secret.h"
 
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
@@ -15,7 +15,7 @@
 #include <stdexcept>
 #include <system_error>
 
-#include "command_line/launch_config.h"
+#include "common/errors.h"
 
 namespace cpprun::launcher {
 namespace {

@@ -1,5 +1,5 @@
 // torchrun's rank assignment (SimpleElasticAgent._assign_worker_ranks).
-#include "rendezvous/rank_layout.h"
+#include "workers/rank_layout.h"
 
 #include <stdexcept>
 

@@ -1,0 +1,40 @@
+// What the launcher (cpprun) and the library agree on, written once: the variables the launcher
+// gives the workers, and the files the library writes there for the launcher to read. LibTorch-free,
+// like env_lookup.h beside it, because the launcher links no LibTorch and includes only these two
+// headers of the library's. A change to a file's layout here changes its version.
+#pragma once
+
+#include <string>
+
+namespace cpprun::contract {
+
+// ---- The flight recorder: comm/flight_recorder.h writes the dumps, the launcher's
+// diagnosis/flight_dump.h reads them, and workers/flight_requests.h asks for them.
+
+// The directory the launcher gives each worker for its dumps (per attempt, unless the user set it).
+inline constexpr const char* kFlightRecorderDirVariable = "CPPRUN_FLIGHT_RECORDER_DIR";
+// The worker's end of the launcher's socket pair: a byte on it asks for a dump.
+inline constexpr const char* kFlightRecorderRequestFdVariable = "CPPRUN_FLIGHT_RECORDER_REQUEST_FD";
+// A dump's "format" and "version": {"format":"cpprun-flight-recorder","version":1,"rank":..}.
+inline constexpr const char* kFlightDumpFormat = "cpprun-flight-recorder";
+inline constexpr int kFlightDumpFormatVersion = 1;
+
+// Rank R's dump in that directory: rank_R.json (written through rank_R.json.tmp).
+inline std::string flight_dump_file_name(int rank) { return "rank_" + std::to_string(rank) + ".json"; }
+// Left beside the dumps by a rank that answers requests, so the launcher waits only for those.
+inline std::string flight_listening_file_name(int rank) { return "rank_" + std::to_string(rank) + ".listening"; }
+
+// ---- The error file: torch's @record format, which support/record.cpp (cpprun::record) writes and
+// the launcher's failure summary and workers/error_file.h read:
+//   {"message": {"message": "TYPE: WHAT", "extraInfo": {"py_callstack": ..., "timestamp": "SECONDS"}}}
+
+// Where the worker writes it (the launcher gives each worker its own, per attempt).
+inline constexpr const char* kErrorFileVariable = "TORCHELASTIC_ERROR_FILE";
+inline constexpr const char* kErrorFileMessageKey = "message";      // the outer object, and its text
+inline constexpr const char* kErrorFileExtraInfoKey = "extraInfo";
+inline constexpr const char* kErrorFileCallstackKey = "py_callstack";
+inline constexpr const char* kErrorFileTimestampKey = "timestamp";
+// Set by the launcher in the copy it hands on (torch's ErrorHandler.dump_error_file does the same).
+inline constexpr const char* kErrorFileCodeKey = "errorCode";
+
+}  // namespace cpprun::contract
