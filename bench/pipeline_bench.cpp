@@ -44,7 +44,7 @@ namespace {
 constexpr int64_t kInputs = 64, kOutputs = 16;
 
 struct Args {
-  std::string schedule = "1f1b";  // gpipe | 1f1b | interleaved | none
+  std::string schedule = "1f1b";  // gpipe | 1f1b | interleaved | zb | none
   int microbatches = 4, layers = 8, stages_per_rank = 2, steps = 10, warmup = 3;
   int64_t dim = 128, batch = 2048;
 };
@@ -106,7 +106,7 @@ SchedTimes sched_times() {
 
 [[noreturn]] void usage_error(const std::string& what) {
   std::fprintf(stderr,
-               "pipeline_bench: %s (--schedule gpipe|1f1b|interleaved|none --microbatches M --layers L --dim D "
+               "pipeline_bench: %s (--schedule gpipe|1f1b|interleaved|zb|none --microbatches M --layers L --dim D "
                "--batch B --steps N --warmup N --stages-per-rank V)\n",
                what.c_str());
   std::exit(2);
@@ -128,8 +128,9 @@ Args parse(int argc, char** argv) {
     else if (flag == "--stages-per-rank") a.stages_per_rank = std::stoi(value);
     else usage_error("unknown option '" + flag + "'");
   }
-  if (a.schedule != "gpipe" && a.schedule != "1f1b" && a.schedule != "interleaved" && a.schedule != "none") {
-    usage_error("--schedule " + a.schedule + " is none of gpipe, 1f1b, interleaved, none");
+  if (a.schedule != "gpipe" && a.schedule != "1f1b" && a.schedule != "interleaved" && a.schedule != "zb" &&
+      a.schedule != "none") {
+    usage_error("--schedule " + a.schedule + " is none of gpipe, 1f1b, interleaved, zb, none");
   }
   if (a.steps < 1 || a.warmup < 0 || a.microbatches < 1 || a.layers < 1 || a.stages_per_rank < 1) {
     usage_error("--steps, --microbatches, --layers and --stages-per-rank must be 1 or more, --warmup 0 or more");
@@ -174,6 +175,7 @@ int main(int argc, char** argv) {
     for (auto& s : stages) mine.push_back(&s);
     if (a.schedule == "gpipe") schedule = std::make_unique<cpprun::ScheduleGPipe>(stages[0], a.microbatches, mse);
     else if (a.schedule == "1f1b") schedule = std::make_unique<cpprun::Schedule1F1B>(stages[0], a.microbatches, mse);
+    else if (a.schedule == "zb") schedule = std::make_unique<cpprun::ScheduleZeroBubble>(stages[0], a.microbatches, mse);
     else schedule = std::make_unique<cpprun::ScheduleInterleaved1F1B>(mine, a.microbatches, mse);
   }
   // A few rows through each of this rank's modules first: the kernels' and the BLAS's one-time
@@ -216,7 +218,9 @@ int main(int argc, char** argv) {
   }
   const double act_mb = (static_cast<double>(bench::peak_rss()) - rss_built) / (1 << 20);
   const double m = a.microbatches;
-  const double formula = (p - 1) / (v * m + p - 1), issue_formula = (p - 1) / (v * m);
+  // Zero bubble's: ZB-H1's ideal with F = I = W (a third of 1F1B's idle slots).
+  const double formula = a.schedule == "zb" ? (p - 1) / (3 * m + p - 1) : (p - 1) / (v * m + p - 1),
+               issue_formula = a.schedule == "zb" ? (p - 1) / (3 * m) : (p - 1) / (v * m);
   const double ms = bench::median(wall) * 1e3;
   char bubble[32] = "-";
   if (pipelined) std::snprintf(bubble, sizeof bubble, "%.4f", bench::median(waiting));

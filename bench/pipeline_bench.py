@@ -15,12 +15,13 @@ import torch, torch.distributed as dist
 # Imported before the resident-size baseline, not lazily by the first step: Python code loading
 # that the C++ side has no counterpart of would otherwise count as activation memory.
 import torch._dynamo  # noqa: F401
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B,
+                                         ScheduleInterleavedZeroBubble)
 
 INPUTS, OUTPUTS = 64, 16
 
 p = argparse.ArgumentParser()
-p.add_argument("--schedule", default="1f1b", choices=["gpipe", "1f1b", "interleaved", "none"])
+p.add_argument("--schedule", default="1f1b", choices=["gpipe", "1f1b", "interleaved", "zb", "none"])
 p.add_argument("--microbatches", type=int, default=4)
 p.add_argument("--layers", type=int, default=8)
 p.add_argument("--dim", type=int, default=128)
@@ -111,6 +112,8 @@ try:
             schedule = ScheduleGPipe(stages[0], a.microbatches, loss_fn=mse)
         elif a.schedule == "1f1b":
             schedule = Schedule1F1B(stages[0], a.microbatches, loss_fn=mse)
+        elif a.schedule == "zb":  # PyTorch's zero bubble (ZB1P), here with one stage per rank
+            schedule = ScheduleInterleavedZeroBubble(stages, a.microbatches, loss_fn=mse)
         else:
             schedule = ScheduleInterleaved1F1B(stages, a.microbatches, loss_fn=mse)
         first, last = 0 in indices, world * v - 1 in indices
@@ -150,6 +153,8 @@ for step in range(a.warmup + a.steps):
 act_mb = (peak_resident_bytes() - rss_built) / (1 << 20)
 m = a.microbatches
 formula, issue_formula = (world - 1) / (v * m + world - 1), (world - 1) / (v * m)
+if a.schedule == "zb":  # ZB-H1's ideal with F = I = W, as the C++ side
+    formula, issue_formula = (world - 1) / (3 * m + world - 1), (world - 1) / (3 * m)
 ms = median(wall) * 1e3
 line = (f"RESULT impl=pytorch schedule={a.schedule} p={world} v={v} m={m if pipelined else 1} rank={rank} "
       f"stages={','.join(map(str, indices)) if pipelined else 'all'} layers={a.layers} dim={a.dim} batch={a.batch} "

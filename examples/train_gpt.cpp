@@ -71,7 +71,7 @@ constexpr const char* kUsage = R"(usage: train_gpt [options]
                      ranks runs that many pipelines, data-parallel with --mode ddp (each its own --batch windows,
                      gradients averaged across). Not yet with --tp, --mode fsdp, --grad-accum, --save/--resume,
                      --init-from/--export (default 1)
-  --pp-schedule gpipe|1f1b|interleaved-1f1b
+  --pp-schedule gpipe|1f1b|interleaved-1f1b|zero-bubble
                      the order of the micro-batches' passes (docs/pipeline_parallel.md) (default 1f1b)
   --microbatches M   micro-batches per step with --pp; --batch must divide by M (default 2 x N)
   --steps N          optimizer steps (default 300)
@@ -337,8 +337,9 @@ Options parse(int argc, char** argv) {
                                 "choose a --tp that divides the number of heads");
   }
   // (4 * embed divides too: embed is a multiple of heads.)
-  if (o.pp_schedule != "gpipe" && o.pp_schedule != "1f1b" && o.pp_schedule != "interleaved-1f1b") {
-    throw std::invalid_argument("--pp-schedule must be gpipe, 1f1b or interleaved-1f1b, got " + o.pp_schedule);
+  if (o.pp_schedule != "gpipe" && o.pp_schedule != "1f1b" && o.pp_schedule != "interleaved-1f1b" &&
+      o.pp_schedule != "zero-bubble") {
+    throw std::invalid_argument("--pp-schedule must be gpipe, 1f1b, interleaved-1f1b or zero-bubble, got " + o.pp_schedule);
   }
   if (o.pp == 1 && (o.microbatches || given.count("--pp-schedule"))) {
     throw std::invalid_argument(std::string(o.microbatches ? "--microbatches" : "--pp-schedule") +
@@ -351,7 +352,6 @@ Options parse(int argc, char** argv) {
     else if (o.mode == "fsdp") conflict = "--mode fsdp";
     else if (o.grad_accum > 1) conflict = "--grad-accum (--microbatches splits a step under --pp)";
     else if (o.cuda_graph) conflict = "--cuda-graph";
-    else if (o.amp == "fp16") conflict = "--amp fp16 (its loss scale is not agreed across stages yet)";
     else if (!o.save_dir.empty() || !o.resume_dir.empty()) conflict = "--save / --resume";
     else if (!o.init_from.empty() || !o.export_dir.empty()) conflict = "--init-from / --export";
     else if (!o.logits_for.empty()) conflict = "--logits-for";
@@ -923,6 +923,7 @@ int run(int argc, char** argv) {
     for (auto& s : stages) my_stages.push_back(&s);
     if (opt.pp_schedule == "gpipe") schedule = std::make_unique<cpprun::ScheduleGPipe>(stages[0], opt.microbatches, loss_of);
     else if (opt.pp_schedule == "1f1b") schedule = std::make_unique<cpprun::Schedule1F1B>(stages[0], opt.microbatches, loss_of);
+    else if (opt.pp_schedule == "zero-bubble") schedule = std::make_unique<cpprun::ScheduleZeroBubble>(stages[0], opt.microbatches, loss_of);
     else schedule = std::make_unique<cpprun::ScheduleInterleaved1F1B>(my_stages, opt.microbatches, loss_of);
     if (dp_group.size() > 1) schedule->set_data_parallel_group(dp_group);
     if (rank == 0) {
@@ -973,6 +974,9 @@ int run(int argc, char** argv) {
     at::autocast::set_autocast_dtype(device_type, opt.amp == "bf16" ? at::kBFloat16 : at::kHalf);
   }
   cpprun::GradScaler scaler(group, cpprun::GradScalerOptions().enabled(opt.amp == "fp16"));
+  // --pp: each micro-batch's loss scaled on the last stage; the overflow check is over every rank,
+  // so all stages (and pipelines) skip a step together.
+  if (schedule && opt.amp == "fp16") schedule->set_grad_scaler(scaler);
   int skipped = 0;
   const int64_t rank_batch = static_cast<int64_t>(opt.batch) * opt.grad_accum;  // windows per rank and step
   // --pp: every rank of the pipeline takes the same windows (its stage reads what it needs).
@@ -1188,7 +1192,8 @@ int run(int argc, char** argv) {
       loss = schedule->step(step_x, step_y);
       at::autocast::set_autocast_enabled(device_type, false);
       at::autocast::clear_cache();
-      optimizer.step();
+      if (!scaler.step(optimizer)) ++skipped;
+      scaler.update();
     } else {
       optimizer.zero_grad();
       loss = passes(step_x, step_y);

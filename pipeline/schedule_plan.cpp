@@ -2,6 +2,7 @@
 #include "pipeline/schedule_plan.h"
 
 #include <algorithm>
+#include <deque>
 #include <map>
 #include <sstream>
 #include <tuple>
@@ -13,13 +14,17 @@ const char* to_string(ScheduleKind kind) {
     case ScheduleKind::kGPipe: return "GPipe";
     case ScheduleKind::k1F1B: return "1F1B";
     case ScheduleKind::kInterleaved1F1B: return "Interleaved1F1B";
+    case ScheduleKind::kZeroBubble: return "ZeroBubble";
   }
   return "?";
 }
 
 std::string to_string(const PipelinePass& pass) {
-  return (pass.kind == PassKind::kForward ? "F" : "B") + std::to_string(pass.microbatch) + "@s" +
-         std::to_string(pass.stage);
+  const char* letter = pass.kind == PassKind::kForward         ? "F"
+                       : pass.kind == PassKind::kBackward      ? "B"
+                       : pass.kind == PassKind::kBackwardInput ? "I"
+                                                               : "W";
+  return letter + std::to_string(pass.microbatch) + "@s" + std::to_string(pass.stage);
 }
 
 std::optional<std::string> refuse_shape(ScheduleKind kind, const PipelineShape& shape) {
@@ -77,6 +82,12 @@ PipelinePass interleaved_pass(PassKind kind, const PipelineShape& shape, int ran
 
 }  // namespace
 
+bool weight_pass_first(bool next_is_forward, bool next_ready, int held, int hold_limit) {
+  return !next_ready || (next_is_forward && held >= hold_limit);
+}
+
+int weight_hold_limit(const PipelineShape& shape) { return std::min(shape.ranks, shape.microbatches); }
+
 std::vector<PipelinePass> plan_rank(ScheduleKind kind, const PipelineShape& shape, int rank) {
   const int p = shape.ranks, m = shape.microbatches;
   switch (kind) {
@@ -96,12 +107,19 @@ std::vector<PipelinePass> plan_rank(ScheduleKind kind, const PipelineShape& shap
       for (int k = total - warmup; k < total; ++k) passes.push_back(interleaved_pass(PassKind::kBackward, shape, rank, k));
       return passes;
     }
+    case ScheduleKind::kZeroBubble: {
+      auto passes = one_f_one_b(rank, std::min(p - rank - 1, m), m);
+      for (auto& pass : passes) {
+        if (pass.kind == PassKind::kBackward) pass.kind = PassKind::kBackwardInput;
+      }
+      return passes;
+    }
   }
   return {};
 }
 
 Simulation simulate(const PipelineShape& shape, const std::vector<std::vector<PipelinePass>>& plans,
-                    double forward_cost, double backward_cost) {
+                    double forward_cost, double backward_cost, double weight_share, bool weight_passes_run_as_needed) {
   Simulation result;
   const int p = shape.ranks, last = shape.stages() - 1;
   result.busy_per_rank = shape.microbatches * shape.stages_per_rank * (forward_cost + backward_cost);
@@ -110,49 +128,96 @@ Simulation simulate(const PipelineShape& shape, const std::vector<std::vector<Pi
     result.deadlock = "expected one plan per rank";
     return result;
   }
-  // When each stage's output (forward) or input gradient (backward) of a micro-batch is ready.
+  auto cost_of = [&](PassKind kind) {
+    switch (kind) {
+      case PassKind::kForward: return forward_cost;
+      case PassKind::kBackward: return backward_cost;
+      case PassKind::kBackwardInput: return backward_cost * (1 - weight_share);
+      case PassKind::kBackwardWeight: return backward_cost * weight_share;
+    }
+    return 0.0;
+  };
+  // When each pass of a (stage, micro-batch) is done; a stage's input gradient is ready when its
+  // kBackward or kBackwardInput is (keyed as kBackward).
+  auto done_key = [](PassKind kind, int stage, int microbatch) {
+    return std::make_tuple(kind == PassKind::kBackwardInput ? PassKind::kBackward : kind, stage, microbatch);
+  };
   std::map<std::tuple<PassKind, int, int>, double> done_at;
+  std::map<std::tuple<PassKind, int, int>, int> runs;  // each (kind, stage, micro-batch): once
   std::vector<size_t> next(p, 0);
   std::vector<double> clock(p, 0.0);
   std::vector<int> in_flight(p, 0);
+  std::vector<std::deque<PipelinePass>> weights_waiting(p);  // weight_passes_run_as_needed: oldest first
+  const int hold_limit = weight_hold_limit(shape);
+  auto run_weight_pass = [&](int r) {
+    PipelinePass weight = weights_waiting[r].front();
+    weights_waiting[r].pop_front();
+    weight.kind = PassKind::kBackwardWeight;
+    ++runs[std::make_tuple(weight.kind, weight.stage, weight.microbatch)];
+    clock[r] += cost_of(weight.kind);
+    --in_flight[r];
+  };
   for (bool progressed = true; progressed;) {
     progressed = false;
     for (int r = 0; r < p; ++r) {
-      while (next[r] < plans[r].size()) {
+      while (next[r] < plans[r].size() || !weights_waiting[r].empty()) {
+        if (next[r] == plans[r].size()) {  // the plan done: the weight passes left
+          run_weight_pass(r);
+          progressed = true;
+          continue;
+        }
         const PipelinePass& pass = plans[r][next[r]];
         if (shape.rank_of(pass.stage) != r) {
           result.deadlock = "rank " + std::to_string(r) + "'s plan runs " + to_string(pass) + " of another rank";
           return result;
         }
+        if (pass.microbatch < 0 || pass.microbatch >= shape.microbatches) {
+          result.deadlock = "rank " + std::to_string(r) + "'s plan runs " + to_string(pass) + ", of a micro-batch that does not exist";
+          return result;
+        }
+        const bool backward = pass.kind != PassKind::kForward;
         // A backward needs this stage's own forward of the micro-batch, even where it waits for a
-        // gradient: a plan that runs them the other way round is wrong.
-        if (pass.kind == PassKind::kBackward && !done_at.count({PassKind::kForward, pass.stage, pass.microbatch})) {
+        // gradient, and a weight pass its input pass: a plan that runs them the other way round is wrong.
+        if (backward && !done_at.count({PassKind::kForward, pass.stage, pass.microbatch})) {
           result.deadlock = "rank " + std::to_string(r) + " runs " + to_string(pass) + " before its forward";
           return result;
         }
-        std::tuple<PassKind, int, int> needs;
+        if (pass.kind == PassKind::kBackwardWeight &&
+            !runs.count({PassKind::kBackwardInput, pass.stage, pass.microbatch})) {
+          result.deadlock = "rank " + std::to_string(r) + " runs " + to_string(pass) + " before its input pass";
+          return result;
+        }
+        std::optional<std::tuple<PassKind, int, int>> needs;
         if (pass.kind == PassKind::kForward) {
-          if (pass.stage == 0) needs = {PassKind::kForward, -1, pass.microbatch};
-          else needs = {PassKind::kForward, pass.stage - 1, pass.microbatch};
-        } else {
-          if (pass.stage == last) needs = {PassKind::kForward, pass.stage, pass.microbatch};
-          else needs = {PassKind::kBackward, pass.stage + 1, pass.microbatch};
+          if (pass.stage > 0) needs = std::make_tuple(PassKind::kForward, pass.stage - 1, pass.microbatch);
+        } else if (pass.kind != PassKind::kBackwardWeight) {
+          if (pass.stage == last) needs = std::make_tuple(PassKind::kForward, pass.stage, pass.microbatch);
+          else needs = std::make_tuple(PassKind::kBackward, pass.stage + 1, pass.microbatch);
         }
         double ready = 0;
-        if (std::get<1>(needs) >= 0) {
-          auto it = done_at.find(needs);
+        if (needs) {
+          auto it = done_at.find(*needs);
           if (it == done_at.end()) break;  // a receive that waits
           ready = it->second;
         }
-        const auto key = std::make_tuple(pass.kind, pass.stage, pass.microbatch);
-        if (done_at.count(key)) {
+        if (!weights_waiting[r].empty() &&
+            weight_pass_first(pass.kind == PassKind::kForward, ready <= clock[r], in_flight[r], hold_limit)) {
+          run_weight_pass(r);
+          progressed = true;
+          continue;
+        }
+        if (runs[std::make_tuple(pass.kind, pass.stage, pass.microbatch)]++ > 0 ||
+            (pass.kind != PassKind::kForward && pass.kind != PassKind::kBackwardWeight &&
+             done_at.count(done_key(pass.kind, pass.stage, pass.microbatch)))) {
           result.deadlock = "rank " + std::to_string(r) + " runs " + to_string(pass) + " twice";
           return result;
         }
         const double start = std::max(clock[r], ready);
-        clock[r] = start + (pass.kind == PassKind::kForward ? forward_cost : backward_cost);
-        done_at[key] = clock[r];
-        in_flight[r] += pass.kind == PassKind::kForward ? 1 : -1;
+        clock[r] = start + cost_of(pass.kind);
+        done_at[done_key(pass.kind, pass.stage, pass.microbatch)] = clock[r];
+        if (pass.kind == PassKind::kForward) ++in_flight[r];
+        if (pass.kind == PassKind::kBackward || pass.kind == PassKind::kBackwardWeight) --in_flight[r];
+        if (pass.kind == PassKind::kBackwardInput && weight_passes_run_as_needed) weights_waiting[r].push_back(pass);
         result.peak_in_flight[r] = std::max(result.peak_in_flight[r], in_flight[r]);
         ++next[r];
         progressed = true;
@@ -167,8 +232,25 @@ Simulation simulate(const PipelineShape& shape, const std::vector<std::vector<Pi
     result.deadlock = waiting.str();
     return result;
   }
+  // Each stage's micro-batch: one forward, and one backward, whole or as both of its parts.
   for (int r = 0; r < p; ++r) {
-    if (in_flight[r] != 0 || plans[r].size() != static_cast<size_t>(2 * shape.microbatches * shape.stages_per_rank)) {
+    for (int v = 0; v < shape.stages_per_rank; ++v) {
+      const int stage = v * p + r;
+      for (int mb = 0; mb < shape.microbatches; ++mb) {
+        auto count = [&](PassKind kind) {
+          auto it = runs.find({kind, stage, mb});
+          return it == runs.end() ? 0 : it->second;
+        };
+        const int whole = count(PassKind::kBackward), input = count(PassKind::kBackwardInput),
+                  weight = count(PassKind::kBackwardWeight);
+        if (count(PassKind::kForward) != 1 || whole + input != 1 || input != weight) {
+          result.deadlock = "rank " + std::to_string(r) + "'s plan does not run each of its passes once (stage " +
+                            std::to_string(stage) + ", micro-batch " + std::to_string(mb) + ")";
+          return result;
+        }
+      }
+    }
+    if (in_flight[r] != 0) {
       result.deadlock = "rank " + std::to_string(r) + "'s plan does not run each of its passes once";
       return result;
     }

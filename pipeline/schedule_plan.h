@@ -1,5 +1,6 @@
 // Pipeline schedules as plans: for each rank of the pipeline, the ordered list of forward and
-// backward passes (stage, micro-batch) it runs in one training step. Pure decisions, no tensors
+// backward passes (stage, micro-batch) it runs in one training step (zero-bubble schedules split
+// a backward in two: the input's gradient, then later the weights'). Pure decisions, no tensors
 // and no messages, so that every schedule is checked without processes (simulate() runs all ranks'
 // plans against each other); schedule_runtime.cpp carries a plan out.
 //
@@ -13,10 +14,14 @@
 
 namespace cpprun::detail {
 
-enum class ScheduleKind { kGPipe, k1F1B, kInterleaved1F1B };
+enum class ScheduleKind { kGPipe, k1F1B, kInterleaved1F1B, kZeroBubble };
 const char* to_string(ScheduleKind kind);
 
-enum class PassKind { kForward, kBackward };
+// kBackward: the whole backward (input and weight gradients). Zero-bubble schedules run it as
+// kBackwardInput (the input's gradient, which the previous stage waits for) and, later,
+// kBackwardWeight (the weights' gradients, which nobody waits for: they fill what would idle).
+// PyTorch's letters: F, B, I, W.
+enum class PassKind { kForward, kBackward, kBackwardInput, kBackwardWeight };
 
 struct PipelinePass {
   PassKind kind;
@@ -26,7 +31,7 @@ struct PipelinePass {
     return kind == other.kind && stage == other.stage && microbatch == other.microbatch;
   }
 };
-std::string to_string(const PipelinePass& pass);  // "F3@s1" / "B3@s1"
+std::string to_string(const PipelinePass& pass);  // "F3@s1" / "B3@s1" / "I3@s1" / "W3@s1"
 
 struct PipelineShape {
   int ranks = 1;
@@ -46,12 +51,27 @@ std::optional<std::string> refuse_shape(ScheduleKind kind, const PipelineShape& 
 //  - Interleaved 1F1B (Megatron-LM's): forwards walk the rank's stages in rounds of p
 //    micro-batches, backwards the same rounds with the stages reversed; warm-up
 //    (p - r - 1) * 2 + (v - 1) * p forwards.
+//  - Zero bubble (after ZB-H1, Qi et al., "Zero Bubble Pipeline Parallelism", 2024): 1F1B's
+//    order with each backward's input pass (kBackwardInput) in its place; its weight passes are
+//    not in the plan: the rank runs them where it would otherwise wait (weight_pass_first).
 std::vector<PipelinePass> plan_rank(ScheduleKind kind, const PipelineShape& shape, int rank);
+
+// Zero bubble's weight passes, run as the rank goes rather than planned, so that they fill the
+// waits whatever the passes really cost: before its next pass a rank runs its oldest waiting
+// weight pass (if it has one) when that pass would wait for a message (!next_ready), or is a
+// forward that would make it hold more than `hold_limit` micro-batches (a micro-batch is held from
+// its forward until its weight pass); and after its last pass, all that are left. hold_limit:
+// min(p, m), what 1F1B's first rank holds.
+bool weight_pass_first(bool next_is_forward, bool next_ready, int held, int hold_limit);
+int weight_hold_limit(const PipelineShape& shape);
 
 // Runs every rank's plan against the others as the runtime does (a send never blocks, a receive
 // waits for its message; a pass whose neighbour stage is on the same rank hands over in memory)
-// and counts time in slots: a forward takes `forward_cost`, a backward `backward_cost`, messages
-// are free. Returns the deadlock (which ranks wait for what) or the step's length.
+// and counts time in slots: a forward takes `forward_cost`, a backward `backward_cost` (split: its
+// input part `backward_cost * (1 - weight_share)`, its weight part the rest), messages are free.
+// Returns the deadlock (which ranks wait for what) or the step's length. A micro-batch is held
+// from its forward until its backward (split: until its weight part). weight_passes_run_as_needed:
+// the plans' input passes have no weight passes in the plan; they run by weight_pass_first.
 struct Simulation {
   std::optional<std::string> deadlock;
   double makespan = 0;          // slots until the last rank finishes
@@ -60,6 +80,7 @@ struct Simulation {
   double bubble_fraction() const { return makespan > 0 ? 1.0 - busy_per_rank / makespan : 0.0; }
 };
 Simulation simulate(const PipelineShape& shape, const std::vector<std::vector<PipelinePass>>& plans,
-                    double forward_cost = 1.0, double backward_cost = 2.0);
+                    double forward_cost = 1.0, double backward_cost = 2.0, double weight_share = 0.5,
+                    bool weight_passes_run_as_needed = false);
 
 }  // namespace cpprun::detail

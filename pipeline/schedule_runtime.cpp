@@ -9,16 +9,20 @@
 
 #include <algorithm>
 #include <chrono>
+#include <deque>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <tuple>
 #include <utility>
 
 #include "cpprun/collectives.h"
+#include "cpprun/grad_scaler.h"
 #include "cpprun/pipeline.h"
 #include "cpprun/point_to_point.h"
 #include "pipeline/schedule_plan.h"
+#include "pipeline/split_backward.h"
 #include "pipeline/stage_messages.h"
 #include "pipeline/tied_parameters.h"
 
@@ -51,11 +55,13 @@ struct PipelineSchedule::Runtime {
     at::Tensor into;
     Work work;
   };
-  // What a (stage, micro-batch) keeps from its forward until its backward.
+  // What a (stage, micro-batch) keeps from its forward until its backward (split: until its
+  // weight pass).
   struct Held {
     at::Tensor input;   // requires grad when the previous stage waits for its gradient
     at::Tensor output;  // the stage's output (the last stage: undefined)
     at::Tensor loss;    // the last stage: this micro-batch's loss, for backward
+    std::shared_ptr<detail::SplitBackward> weights_left;  // after its input pass: the weight pass
   };
   using Key = std::pair<int, int>;  // (stage, micro-batch)
 
@@ -78,6 +84,7 @@ struct PipelineSchedule::Runtime {
   };
   std::vector<TieSum> tie_sums;
   std::optional<ProcessGroup> data_parallel;  // set_data_parallel_group's
+  GradScaler* scaler = nullptr;               // set_grad_scaler's
   std::optional<at::Device> device;  // where received tensors go: the stages' parameters'
 
   // One step's state.
@@ -133,6 +140,7 @@ struct PipelineSchedule::Runtime {
       recvs[key] = {into, irecv(group, into, rank_of(pass.stage - 1),
                                 tag(StageMessage::kActivation, pass.stage - 1, pass.microbatch))};
     } else {
+      if (pass.kind == PassKind::kBackwardWeight) return;  // it needs nothing from other stages
       if (pass.stage == last_stage() || !remote(pass.stage + 1)) return;
       const auto key = std::make_tuple(StageMessage::kGradient, pass.stage, pass.microbatch);
       if (recvs.count(key)) return;
@@ -217,28 +225,74 @@ struct PipelineSchedule::Runtime {
     stats.peak_held = std::max(stats.peak_held, static_cast<int>(held.size()));
   }
 
+  // A whole backward (kBackward), or its input pass (kBackwardInput: the weights' gradients
+  // wait in the held state for backward_weight).
   void backward(const PipelinePass& pass) {
     auto it = held.find({pass.stage, pass.microbatch});
     TORCH_INTERNAL_ASSERT(it != held.end(), "pipeline: ", detail::to_string(pass), " before its forward");
-    Held state = std::move(it->second);
-    held.erase(it);
+    const bool split = pass.kind == PassKind::kBackwardInput;
+    Held state = split ? it->second : std::move(it->second);
+    if (!split) held.erase(it);
+    // What the backward starts from: the last stage's loss, as the mean over micro-batches (the
+    // gradients of the whole batch's mean loss), else the output with the next stage's gradient.
+    std::vector<at::Tensor> roots, root_grads;
     if (pass.stage == last_stage()) {
-      // The mean over micro-batches: the gradients of the whole batch's mean loss.
-      (state.loss / shape.microbatches).backward();
+      at::Tensor mean_part = state.loss / shape.microbatches;
+      roots.push_back(scaler != nullptr ? scaler->scale(mean_part) : mean_part);
     } else if (carries_gradient(state.output)) {
       at::Tensor gradient = remote(pass.stage + 1) ? take_receive(StageMessage::kGradient, pass, pass.stage + 1)
                                                    : handed_gradient.at({pass.stage, pass.microbatch});
       handed_gradient.erase({pass.stage, pass.microbatch});
-      if (state.output.requires_grad()) torch::autograd::backward({state.output}, {gradient});
+      if (state.output.requires_grad()) {
+        roots.push_back(state.output);
+        root_grads.push_back(gradient);
+      }
     }
-    if (pass.stage == 0 || !carries_gradient(state.input)) return;
-    at::Tensor input_grad = state.input.grad();
+    const bool sends_gradient = pass.stage > 0 && carries_gradient(state.input);
+    at::Tensor input_grad;
+    if (split) {
+      auto parts = std::make_shared<detail::SplitBackward>(roots, root_grads, sends_gradient ? state.input : at::Tensor(),
+                                                           stages.at(pass.stage)->parameters());
+      input_grad = parts->input_grad();
+      it->second.weights_left = std::move(parts);
+    } else {
+      if (!roots.empty()) torch::autograd::backward(roots, root_grads);
+      if (sends_gradient) input_grad = state.input.grad();
+    }
+    if (!sends_gradient) return;
     if (!input_grad.defined()) input_grad = at::zeros_like(state.input);  // the output did not depend on it
     if (remote(pass.stage - 1)) {
       send(input_grad, pass.stage - 1, StageMessage::kGradient, pass.stage - 1, pass.microbatch);
     } else {
       handed_gradient[{pass.stage - 1, pass.microbatch}] = input_grad;
     }
+  }
+
+  // Whether what `pass` receives from another stage is here (or it needs nothing): if not,
+  // zero bubble runs a weight pass rather than wait.
+  bool message_arrived(const PipelinePass& pass) const {
+    std::tuple<StageMessage, int, int> key;
+    if (pass.kind == PassKind::kForward) {
+      if (pass.stage == 0 || !remote(pass.stage - 1)) return true;
+      key = std::make_tuple(StageMessage::kActivation, pass.stage, pass.microbatch);
+    } else {
+      if (pass.stage == last_stage() || !remote(pass.stage + 1)) return true;
+      auto found = held.find({pass.stage, pass.microbatch});
+      if (found == held.end() || !carries_gradient(found->second.output)) return true;
+      key = std::make_tuple(StageMessage::kGradient, pass.stage, pass.microbatch);
+    }
+    auto it = recvs.find(key);
+    return it != recvs.end() && it->second.work.is_completed();
+  }
+
+  // The weight pass of a micro-batch whose input pass ran; then its activations go.
+  void backward_weight(const PipelinePass& pass) {
+    auto it = held.find({pass.stage, pass.microbatch});
+    TORCH_INTERNAL_ASSERT(it != held.end() && it->second.weights_left, "pipeline: ", detail::to_string(pass),
+                          " before its input pass");
+    const auto parts = std::move(it->second.weights_left);
+    held.erase(it);
+    parts->backward_weights();
   }
 
   // DDP's reduction without its overlap: each dtype's and device's gradients packed into one
@@ -317,6 +371,9 @@ struct PipelineSchedule::Runtime {
     shape_recv.clear();
     sent_shape.clear();
     check_batch(inputs, targets);
+    // A rank without the last stage scales no loss, but its gradients are scaled all the same and
+    // its scaler.step() unscales them: the scaler learns its scale's device here.
+    if (scaler != nullptr && train) scaler->scale(at::zeros({}, at::TensorOptions().device(receive_device())));
     if (stages.count(0)) input_chunks = inputs.chunk(shape.microbatches, 0);
     if (stages.count(last_stage())) target_chunks = targets.chunk(shape.microbatches, 0);
     losses.assign(shape.microbatches, 0.0);
@@ -327,13 +384,35 @@ struct PipelineSchedule::Runtime {
       }
     }
     const auto& passes = train ? plan : eval_plan;
+    // Zero bubble's weight passes are not in its plan: each runs where the rank would otherwise
+    // wait for a message, or hold too many micro-batches, and those left after the last pass.
+    std::deque<PipelinePass> weights_waiting;
+    const int hold_limit = detail::weight_hold_limit(shape);
+    auto run_weight_pass = [&] {
+      PipelinePass weight = weights_waiting.front();
+      weights_waiting.pop_front();
+      weight.kind = PassKind::kBackwardWeight;
+      backward_weight(weight);
+      release_taken_sends();
+    };
     for (size_t i = 0; i < passes.size(); ++i) {
       post_receive(passes[i], /*blocking=*/true);
       if (i + 1 < passes.size()) post_receive(passes[i + 1], /*blocking=*/false);
-      if (passes[i].kind == PassKind::kForward) forward(passes[i]);
-      else backward(passes[i]);
+      while (!weights_waiting.empty() &&
+             detail::weight_pass_first(passes[i].kind == PassKind::kForward, message_arrived(passes[i]),
+                                       static_cast<int>(held.size()), hold_limit)) {
+        run_weight_pass();
+      }
+      switch (passes[i].kind) {
+        case PassKind::kForward: forward(passes[i]); break;
+        case PassKind::kBackward:
+        case PassKind::kBackwardInput: backward(passes[i]); break;
+        case PassKind::kBackwardWeight: backward_weight(passes[i]); break;
+      }
+      if (passes[i].kind == PassKind::kBackwardInput) weights_waiting.push_back(passes[i]);
       release_taken_sends();
     }
+    while (!weights_waiting.empty()) run_weight_pass();
     for (auto& sent : sends) {
       wait(sent.work, sent.from_stage,
            "stage " + std::to_string(sent.to_stage) + " (rank " + std::to_string(rank_of(sent.to_stage)) +
@@ -371,9 +450,12 @@ struct PipelineSchedule::Runtime {
 PipelineSchedule::PipelineSchedule(std::vector<PipelineStage*> stages, int microbatches, LossFn loss, Order order)
     : runtime_(std::make_unique<Runtime>(group_of(stages))) {
   auto& rt = *runtime_;
-  rt.kind = order == Order::kGPipe  ? detail::ScheduleKind::kGPipe
-            : order == Order::k1F1B ? detail::ScheduleKind::k1F1B
-                                    : detail::ScheduleKind::kInterleaved1F1B;
+  switch (order) {
+    case Order::kGPipe: rt.kind = detail::ScheduleKind::kGPipe; break;
+    case Order::k1F1B: rt.kind = detail::ScheduleKind::k1F1B; break;
+    case Order::kInterleaved1F1B: rt.kind = detail::ScheduleKind::kInterleaved1F1B; break;
+    case Order::kZeroBubble: rt.kind = detail::ScheduleKind::kZeroBubble; break;
+  }
   TORCH_CHECK(loss != nullptr, detail::to_string(rt.kind), ": a loss function is needed; the last stage's output and "
                                "targets go into it.");
   const int p = rt.group.size();
@@ -435,6 +517,7 @@ void PipelineSchedule::set_data_parallel_group(const ProcessGroup& group) {
   TORCH_CHECK(group.is_member(), "PipelineSchedule::set_data_parallel_group: this rank is not in the group.");
   runtime_->data_parallel = group;
 }
+void PipelineSchedule::set_grad_scaler(GradScaler& scaler) { runtime_->scaler = &scaler; }
 at::Tensor PipelineSchedule::eval(const at::Tensor& inputs, const at::Tensor& targets) {
   return runtime_->step(inputs, targets, /*train=*/false);
 }
@@ -446,6 +529,8 @@ ScheduleGPipe::ScheduleGPipe(PipelineStage& stage, int microbatches, LossFn loss
     : PipelineSchedule({&stage}, microbatches, std::move(loss), Order::kGPipe) {}
 Schedule1F1B::Schedule1F1B(PipelineStage& stage, int microbatches, LossFn loss)
     : PipelineSchedule({&stage}, microbatches, std::move(loss), Order::k1F1B) {}
+ScheduleZeroBubble::ScheduleZeroBubble(PipelineStage& stage, int microbatches, LossFn loss)
+    : PipelineSchedule({&stage}, microbatches, std::move(loss), Order::kZeroBubble) {}
 ScheduleInterleaved1F1B::ScheduleInterleaved1F1B(std::vector<PipelineStage*> stages, int microbatches, LossFn loss)
     : PipelineSchedule(std::move(stages), microbatches, std::move(loss), Order::kInterleaved1F1B) {}
 

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Pipeline parallelism measured: cpprun's schedules (bench/pipeline_bench.cpp under cpprun) beside
 # PyTorch's torch.distributed.pipelining (bench/pipeline_bench.py under torchrun, Gloo) on the same
-# model, batch and flags, in one run. For GPipe, 1F1B and Interleaved 1F1B at each micro-batch count
+# model, batch and flags, in one run. For GPipe, 1F1B, Interleaved 1F1B and zero bubble (zb: cpprun's
+# ScheduleZeroBubble, PyTorch's ScheduleInterleavedZeroBubble with one stage a rank) at each micro-batch count
 # it prints: the step time of both and their ratio, against the floor (the one-process step split
 # over the ranks, plus the formula's bubble); each rank's bubble (cpprun's waiting_seconds / seconds,
 # and on both sides the part of the step the main thread slept, and the part another process held
-# its core) beside (p-1)/(m+p-1) and the issue's (p-1)/m; the activation
+# its core) beside (p-1)/(m+p-1) and the issue's (p-1)/m (zero bubble: (p-1)/(3m+p-1), ZB-H1's ideal); the activation
 # memory of stage 0's rank (peak resident memory over its size once built; each configuration is a
 # process of its own, in a second pass where each large allocation is a mapping of its own) beside
 # the tensors its held micro-batches save; rows/s against the model without a pipeline on one
@@ -13,8 +14,8 @@
 #   usage: scripts/bench_pipeline.sh [--nproc P] [pipeline_bench's flags: --layers L --dim D --batch B
 #                                     --steps N --warmup N --stages-per-rank V]
 #   default: 2 ranks, 8 blocks of d = 128, batch 2048 rows, 3 warm-up and 10 timed steps; micro-batch
-#   counts 2 4 8 (BENCH_PIPELINE_MICROBATCHES), schedules gpipe 1f1b interleaved
-#   (BENCH_PIPELINE_SCHEDULES). About 5 minutes on 2 cores. See docs/pipeline_parallel.md#measured.
+#   counts 2 4 8 (BENCH_PIPELINE_MICROBATCHES), schedules gpipe 1f1b interleaved zb
+#   (BENCH_PIPELINE_SCHEDULES). About 7 minutes on 2 cores. See docs/pipeline_parallel.md#measured.
 # Environment as scripts/bench_common.sh (BENCH_PYTHON, BENCH_NO_SETUP=1, CPPRUN_BUILD_DIR). Each
 # rank runs 1 thread (OMP_NUM_THREADS=1); the one-process model runs with 1 thread and with P.
 set -euo pipefail
@@ -26,7 +27,7 @@ fi
 source "$(dirname "$0")/bench_common.sh"  # cd to the repository; $build, $python
 [ -x "$build/bench/pipeline_bench" ] || { echo "bench_pipeline: $build/bench/pipeline_bench is not built (ninja -C $build pipeline_bench cpprun)" >&2; exit 1; }
 p=${BENCH_NPROC:-2}
-schedules=${BENCH_PIPELINE_SCHEDULES:-gpipe 1f1b interleaved}
+schedules=${BENCH_PIPELINE_SCHEDULES:-gpipe 1f1b interleaved zb}
 microbatches=${BENCH_PIPELINE_MICROBATCHES:-2 4 8}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT

@@ -1,5 +1,6 @@
 // Pipeline parallelism: a model cut into stages by the names of its children, each rank of a
-// pipeline group holding its own stage(s), and schedules (GPipe, 1F1B, Interleaved 1F1B) that run
+// pipeline group holding its own stage(s), and schedules (GPipe, 1F1B, Interleaved 1F1B, zero
+// bubble) that run
 // one training step's micro-batches through the stages: activations forward and gradients back as
 // point-to-point messages (Gloo on CPU, NCCL on CUDA), as torch.distributed.pipelining does.
 //
@@ -35,6 +36,7 @@ namespace cpprun {
 namespace detail {
 struct StageTies;  // pipeline/tied_parameters.h
 }  // namespace detail
+class GradScaler;  // cpprun/grad_scaler.h
 
 // The child names of each stage, stage 0 first.
 using PipelineSplit = std::vector<std::vector<std::string>>;
@@ -96,12 +98,12 @@ class PipelineStage {
 struct PipelineStepStats {
   double seconds = 0;          // the whole step, loss broadcast included
   double waiting_seconds = 0;  // blocked on neighbour stages' messages, and in the closing loss broadcast
-  int peak_held = 0;           // most (stage, micro-batch) forwards whose backward had not run yet
+  int peak_held = 0;           // most (stage, micro-batch) forwards whose backward (split: weight pass) had not run yet
   double bubble_fraction() const { return seconds > 0 ? waiting_seconds / seconds : 0.0; }
 };
 
 // One training step's forward and backward passes over micro-batches, the order set by the
-// schedule (ScheduleGPipe, Schedule1F1B, ScheduleInterleaved1F1B below).
+// schedule (ScheduleGPipe, Schedule1F1B, ScheduleInterleaved1F1B, ScheduleZeroBubble below).
 class PipelineSchedule {
  public:
   // The loss of one micro-batch: the last stage's output and that micro-batch's targets.
@@ -126,13 +128,20 @@ class PipelineSchedule {
   // averaged over the pipelines too: the mean over every pipeline's micro-batches (eval() alike).
   // Every rank calls it, with its own such group.
   void set_data_parallel_group(const ProcessGroup& group);
+  // fp16 loss scaling: from now on each micro-batch's loss is multiplied by scaler.scale() before
+  // its backward (on the last stage), while step() and microbatch_losses() stay unscaled. Build
+  // the scaler over a group holding every stage (the pipeline group, or the whole {dp, pp} world):
+  // each rank holds only its stage's gradients, and scaler.step(optimizer) after step() then skips
+  // on every stage when any stage overflowed. Every rank calls it; the scaler must outlive the
+  // schedule (or the next call).
+  void set_grad_scaler(GradScaler& scaler);
   // The last step's (or eval's) loss of each micro-batch, on every rank.
   const std::vector<double>& microbatch_losses() const;
   const PipelineStepStats& last_step_stats() const;
   int microbatches() const;
 
  protected:
-  enum class Order { kGPipe, k1F1B, kInterleaved1F1B };
+  enum class Order { kGPipe, k1F1B, kInterleaved1F1B, kZeroBubble };
   PipelineSchedule(std::vector<PipelineStage*> stages, int microbatches, LossFn loss, Order order);
 
  private:
@@ -151,6 +160,18 @@ class ScheduleGPipe : public PipelineSchedule {
 class Schedule1F1B : public PipelineSchedule {
  public:
   Schedule1F1B(PipelineStage& stage, int microbatches, LossFn loss);
+};
+
+// Zero bubble (after ZB-H1, Qi et al. 2024): each backward split into the input's gradient,
+// sent back at once in 1F1B's order, and the weights' gradients, run where the rank would
+// otherwise wait for a message (or before a forward past min(p, m) micro-batches held, 1F1B's
+// first rank's peak), whatever the passes really cost. With a forward, an input pass and a weight
+// pass costing alike, p - 1 idle slots a step (m >= p) against 1F1B's 3(p - 1). One stage per
+// rank, as PyTorch's ScheduleInterleavedZeroBubble with one stage each. The first stage (no input
+// gradient to send) runs its whole backward at once; see docs/pipeline_parallel.md.
+class ScheduleZeroBubble : public PipelineSchedule {
+ public:
+  ScheduleZeroBubble(PipelineStage& stage, int microbatches, LossFn loss);
 };
 
 // Megatron-LM's interleaved 1F1B over v stages per rank (given in order: stage r, r + p, ...):

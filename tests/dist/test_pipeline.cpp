@@ -1,9 +1,9 @@
 // Pipeline parallelism under `cpprun --nproc_per_node=K`, K = 1..4, the K ranks one pipeline:
-// GPipe, 1F1B and Interleaved 1F1B (2 stages per rank) train a 14-child MLP split evenly (unevenly
+// GPipe, 1F1B, zero bubble and Interleaved 1F1B (2 stages per rank) train a 14-child MLP split evenly (unevenly
 // where 14 does not divide) for several AdamW steps with gradient clipping over the whole model,
 // and must match one process training the unsplit model on the whole batch: the loss every rank
 // gets from step(), the clipped norm, and every parameter by name. Micro-batch counts include fewer
-// than the stages (the anchors' hang). A model built with deferred_init materialises only each
+// than the stages (the anchors' hang). Hidden layers under activation checkpointing train alike. A model built with deferred_init materialises only each
 // rank's stage, with the unsplit model's values. A careless user's mistakes end in one error on
 // every rank, and the schedule still runs the next step. All float64: the split and the reference
 // differ only by summation order.
@@ -48,6 +48,26 @@ torch::nn::Sequential make_model() {
 }
 
 at::Tensor mse(const at::Tensor& output, const at::Tensor& target) { return torch::mse_loss(output, target); }
+
+// A hidden layer under activation checkpointing: recomputed in backward, inside its stage.
+struct CheckpointedLayerImpl : torch::nn::Module {
+  torch::nn::Linear linear{nullptr};
+  explicit CheckpointedLayerImpl(int64_t width) : linear(register_module("linear", torch::nn::Linear(width, width))) {}
+  at::Tensor forward(const at::Tensor& x) {
+    auto layer = linear.ptr();
+    return cpprun::checkpoint([layer](const at::Tensor& h) { return torch::tanh(layer->forward(h)); }, x);
+  }
+};
+TORCH_MODULE(CheckpointedLayer);
+
+torch::nn::Sequential make_checkpointed_model() {
+  torch::manual_seed(12);
+  torch::nn::Sequential net;
+  net->push_back("in", torch::nn::Linear(6, 16));
+  for (int i = 0; i < 6; ++i) net->push_back("h" + std::to_string(i), CheckpointedLayer(16));
+  net->push_back("out", torch::nn::Linear(16, 3));
+  return net;
+}
 
 // A language model whose head is its token embedding (as GPT-2's): split, the embedding lives on
 // the first stage and the head on the last, two ranks' copies of one weight.
@@ -97,6 +117,7 @@ struct Task {
 };
 const Task kMlp{make_model, batch_of, mse};
 const Task kTiedLm{make_tied_lm, token_batch_of, token_loss};
+const Task kCheckpointed{make_checkpointed_model, batch_of, mse};
 
 struct Reference {
   std::vector<double> losses, norms;
@@ -120,16 +141,18 @@ Reference train_reference(const Task& task) {
 }
 
 const Reference& reference(const Task& task = kMlp) {
-  static const Reference mlp = train_reference(kMlp), tied = train_reference(kTiedLm);
-  return &task == &kMlp ? mlp : tied;
+  static const Reference mlp = train_reference(kMlp), tied = train_reference(kTiedLm),
+                         checkpointed = train_reference(kCheckpointed);
+  return &task == &kMlp ? mlp : &task == &kTiedLm ? tied : checkpointed;
 }
 
-enum class Kind { kGPipe, k1F1B, kInterleaved };
+enum class Kind { kGPipe, k1F1B, kInterleaved, kZeroBubble };
 
 std::unique_ptr<cpprun::PipelineSchedule> make_schedule(Kind kind, std::vector<cpprun::PipelineStage>& stages,
                                                         int microbatches, const Task& task) {
   if (kind == Kind::kGPipe) return std::make_unique<cpprun::ScheduleGPipe>(stages[0], microbatches, task.loss);
   if (kind == Kind::k1F1B) return std::make_unique<cpprun::Schedule1F1B>(stages[0], microbatches, task.loss);
+  if (kind == Kind::kZeroBubble) return std::make_unique<cpprun::ScheduleZeroBubble>(stages[0], microbatches, task.loss);
   std::vector<cpprun::PipelineStage*> mine;
   for (auto& stage : stages) mine.push_back(&stage);
   return std::make_unique<cpprun::ScheduleInterleaved1F1B>(mine, microbatches, task.loss);
@@ -178,13 +201,20 @@ double train_and_compare(Kind kind, int microbatches, bool deferred = false, con
     opt.step();
     worst = std::max({worst, std::abs(loss - ref.losses[s]) / ref.losses[s], std::abs(norm - ref.norms[s]) / ref.norms[s]});
     REQUIRE(static_cast<int>(schedule->microbatch_losses().size()) == microbatches);
-    // The activations held at once: GPipe all, 1F1B p - r, interleaved its warm-up plus one.
+    // The activations held at once: GPipe all, 1F1B p - r, interleaved its warm-up plus one;
+    // zero bubble (each held until its weight pass, which runs when the rank would wait) from
+    // 1F1B's p - r up to 1F1B's first rank's p.
     const int r = pg.rank(), m = microbatches;
     const int warmup = m == p ? m * v : std::min(m * v, (p - r - 1) * 2 + (v - 1) * p);
-    const int expected_held = kind == Kind::kGPipe ? m : kind == Kind::k1F1B ? std::min(p - r, m)
-                                                                               : std::min(warmup + 1, m * v);
+    const int expected_held = kind == Kind::kGPipe ? m : kind == Kind::kInterleaved ? std::min(warmup + 1, m * v)
+                                                                                       : std::min(p - r, m);
     const auto& stats = schedule->last_step_stats();
-    CHECK(stats.peak_held == expected_held);
+    if (kind == Kind::kZeroBubble) {
+      CHECK(stats.peak_held >= expected_held);
+      CHECK(stats.peak_held <= std::min(p, m));
+    } else {
+      CHECK(stats.peak_held == expected_held);
+    }
     CHECK((stats.seconds > 0 && stats.waiting_seconds >= 0 && stats.waiting_seconds <= stats.seconds));
   }
   // Evaluation: forwards only, the trained reference's loss on a held-out batch, on every rank.
@@ -241,6 +271,23 @@ TEST_CASE("pipeline: 1F1B matches one process, with fewer micro-batches than sta
   std::printf("pipeline 1F1B rank %d: worst relative difference %.2e\n", group().rank(), worst);
 }
 
+TEST_CASE("pipeline: zero bubble (backward split into input and weight passes) matches one process", "[pipeline]") {
+  double worst = 0;
+  for (int m : {1, 3, 4, 8}) worst = std::max(worst, train_and_compare(Kind::kZeroBubble, m));
+  worst = std::max(worst, train_and_compare(Kind::kZeroBubble, 4, /*deferred=*/false, kTiedLm));
+  worst = std::max(worst, train_and_compare(Kind::kZeroBubble, 4, /*deferred=*/true));
+  std::printf("pipeline ZeroBubble rank %d: worst relative difference %.2e\n", group().rank(), worst);
+}
+
+TEST_CASE("pipeline: activation checkpointing inside the stages matches one process", "[pipeline]") {
+  double worst = 0;
+  for (Kind kind : {Kind::kGPipe, Kind::k1F1B, Kind::kZeroBubble}) {
+    worst = std::max(worst, train_and_compare(kind, 4, /*deferred=*/false, kCheckpointed));
+  }
+  worst = std::max(worst, train_and_compare(Kind::kInterleaved, group().size(), /*deferred=*/false, kCheckpointed));
+  std::printf("pipeline checkpointed rank %d: worst relative difference %.2e\n", group().rank(), worst);
+}
+
 TEST_CASE("pipeline: Interleaved 1F1B with 2 stages per rank matches one process", "[pipeline]") {
   const int p = group().size();
   double worst = 0;
@@ -275,8 +322,52 @@ TEST_CASE("pipeline: {dp 2, pp} averages the stages' gradients across pipelines 
   double worst = 0;
   worst = std::max(worst, train_and_compare(Kind::k1F1B, 3, false, kMlp, /*dp=*/2));
   worst = std::max(worst, train_and_compare(Kind::kGPipe, 2, false, kTiedLm, /*dp=*/2));
+  worst = std::max(worst, train_and_compare(Kind::kZeroBubble, 4, false, kMlp, /*dp=*/2));
   worst = std::max(worst, train_and_compare(Kind::kInterleaved, group().size() / 2, false, kTiedLm, /*dp=*/2));
   std::printf("pipeline dp 2 rank %d: worst relative difference %.2e\n", group().rank(), worst);
+}
+
+TEST_CASE("pipeline: a GradScaler over the pipeline skips the step on every stage when one overflows", "[pipeline]") {
+  // Each rank holds only its stage's gradients: an overflow shows on one rank alone, and the
+  // scaler's agreement over the pipeline group makes every stage skip that step (or none).
+  const auto& pg = group();
+  ddp_test::Float64Parity doubles;
+  auto model = make_model();
+  cpprun::PipelineStage stage(model, cpprun::split_evenly(model, pg.size()), pg);
+  cpprun::Schedule1F1B schedule(stage, 4, mse);
+  torch::optim::SGD opt(stage.parameters(), 0.1);
+  cpprun::GradScaler scaler(pg, cpprun::GradScalerOptions().init_scale(1024));
+  schedule.set_grad_scaler(scaler);
+  auto [x, y] = batch_of(0);
+  // The gradients without scaling, to see the scaled ones unscaled exactly (float64, a power of 2).
+  cpprun::Schedule1F1B plain(stage, 4, mse);
+  opt.zero_grad();
+  plain.step(x, y);
+  std::vector<at::Tensor> unscaled;
+  for (const auto& p : stage.parameters()) unscaled.push_back(p.grad().clone());
+  const int overflowing = pg.size() - 1;  // the last stage's rank
+  for (bool overflow : {false, true}) {
+    INFO("overflow on rank " << overflowing << ": " << overflow);
+    opt.zero_grad();
+    const double loss = schedule.step(x, y).item<double>();
+    CHECK(loss == Approx(reference().losses[0]).epsilon(1e-12));  // the first step's loss, unscaled
+    for (size_t k = 0; k < unscaled.size(); ++k) CHECK(torch::equal(stage.parameters()[k].grad(), 1024 * unscaled[k]));
+    if (overflow && pg.rank() == overflowing) stage.parameters()[0].mutable_grad()[0].fill_(INFINITY);
+    std::vector<at::Tensor> before;
+    for (const auto& p : stage.parameters()) before.push_back(p.detach().clone());
+    const bool stepped = scaler.step(opt);
+    scaler.update();
+    CHECK(stepped == !overflow);
+    for (size_t k = 0; k < before.size(); ++k) CHECK(torch::equal(before[k], stage.parameters()[k]) == overflow);
+    if (!overflow) {  // stepped on the unscaled gradients
+      for (size_t k = 0; k < unscaled.size(); ++k) CHECK(torch::equal(stage.parameters()[k].grad(), unscaled[k]));
+    }
+    if (!overflow) {  // undo the step, so that the second pass starts from the same weights
+      torch::NoGradGuard no_grad;
+      for (size_t k = 0; k < before.size(); ++k) stage.parameters()[k].copy_(before[k]);
+    }
+  }
+  CHECK(scaler.get_scale() == 512);  // backed off once, on every rank
 }
 
 TEST_CASE("pipeline: a careless user's mistakes are one error on every rank", "[pipeline]") {

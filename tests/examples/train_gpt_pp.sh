@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # train_gpt --pp N against one rank training the whole model on the same windows, in float64: each
-# schedule (1F1B, GPipe, Interleaved 1F1B with 2 stages a rank), 2 and 3 stages, activation
+# schedule (1F1B, GPipe, Interleaved 1F1B with 2 stages a rank, zero bubble), 2 and 3 stages, activation
 # checkpointing inside the stages, must train to the same 6 step losses and held-out loss within
 # 1e-10 (only the summation order differs: the micro-batches' means averaged against one mean; the
 # head tied to the embedding lives on the first and last stages, its gradients summed between them);
 # two pipelines data-parallel (4 ranks, {dp 2, pp 2}) against one rank on both pipelines' windows.
+# --amp fp16 (float32) against one rank with --amp fp16 within 1e-3.
 # And what --pp does not do yet, or cannot, is refused by name.
 # Usage: train_gpt_pp.sh CPPRUN TRAIN_GPT
 set -u
@@ -30,10 +31,24 @@ run pp2.interleaved 2 --pp 2 --pp-schedule interleaved-1f1b --microbatches 2
 agree whole pp2.interleaved
 run pp3.1f1b 3 --pp 3 --microbatches 8
 agree whole pp3.1f1b
+run pp3.zb 3 --pp 3 --pp-schedule zero-bubble --microbatches 4
+agree whole pp3.zb
 run whole.ckpt 1 --mode none --checkpoint-activations
 run pp2.ckpt 2 --pp 2 --checkpoint-activations
 agree whole.ckpt pp2.ckpt
+run pp2.zb.ckpt 2 --pp 2 --pp-schedule zero-bubble --checkpoint-activations
+agree whole.ckpt pp2.zb.ckpt
 agree whole whole.ckpt
+# --amp fp16 (float32 parameters: fp16 autocast casts float32 only): each micro-batch's loss scaled
+# by the GradScaler, its overflow check agreed over every rank; as one rank with --amp fp16 within
+# float32's rounding of the two summation orders (1e-3: measured 1.5e-5; with the loss left
+# unscaled on purpose they differed by 3e-3 to 1e-2). The scaling itself is checked exactly, in
+# float64, by dist.pipeline's GradScaler case.
+run whole.fp16 1 --mode none --amp fp16 --dtype float32
+run pp2.fp16 2 --pp 2 --amp fp16 --pp-schedule zero-bubble --dtype float32
+tolerance=1e-3 agree whole.fp16 pp2.fp16
+grep -q "fp16: 0 of 6 steps skipped for overflow, loss scale now 65536" "$tmp/out" ||
+  fail "the --pp --amp fp16 run did not report its loss scale"
 # Two pipelines of 2 stages, each on its 8 of the 16 windows a step, gradients averaged between
 # them: as one rank on all 16.
 run whole16 1 --mode none --batch 16
@@ -47,7 +62,7 @@ refused 1 "--pp does not go with --grad-accum" --pp 2 --grad-accum 2
 refused 1 "--pp does not go with --mode fsdp yet" --pp 2 --mode fsdp
 refused 1 "--microbatches goes with --pp N" --microbatches 4
 refused 1 "--batch 8 does not split into --microbatches 3" --pp 2 --microbatches 3
-refused 1 "--pp-schedule must be gpipe, 1f1b or interleaved-1f1b" --pp 2 --pp-schedule zb
+refused 1 "--pp-schedule must be gpipe, 1f1b, interleaved-1f1b or zero-bubble" --pp 2 --pp-schedule zb
 refused 1 "--pp 2 runs pipelines of 2 ranks (one stage a rank), data-parallel across them with --mode ddp; this job has 1 ranks" --pp 2
 refused 4 "this job has 4 ranks and --mode none (one pipeline)" --pp 2 --mode none
 refused 2 "Interleaved1F1B runs micro-batches in rounds of one per pipeline rank" --pp 2 --pp-schedule interleaved-1f1b --microbatches 1 --batch 8

@@ -2,12 +2,14 @@
 // schedule's plans, run against each other by the simulator, finish without a deadlock for every
 // shape up to 6 ranks, 3 stages per rank and 12 micro-batches; 1F1B holds at most p - r
 // micro-batches on rank r where GPipe holds them all; the bubbles and interleaved's memory match
-// their formulas; a plan
+// their formulas; zero bubble reaches ZB-H1's bubble, holds no more than 1F1B's first rank and
+// idles less than 1F1B whatever its weight passes cost; a plan
 // broken on purpose is caught; and every mistake in a split is refused by name.
 #include "catch.h"
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -44,10 +46,11 @@ TEST_CASE("pipeline plan: every schedule runs every pass once, without a deadloc
   int shapes = 0;
   for (int p = 1; p <= 6; ++p) {
     for (int m = 1; m <= 12; ++m) {
-      for (auto kind : {ScheduleKind::kGPipe, ScheduleKind::k1F1B}) {
+      for (auto kind : {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kZeroBubble}) {
         const PipelineShape shape{p, 1, m};
         REQUIRE_FALSE(cpprun::detail::refuse_shape(kind, shape));
-        const auto run = cpprun::detail::simulate(shape, plans_of(kind, shape));
+        const auto run = cpprun::detail::simulate(shape, plans_of(kind, shape), 1.0, 2.0, 0.5,
+                                                  /*weight_passes_run_as_needed=*/kind == ScheduleKind::kZeroBubble);
         INFO(cpprun::detail::to_string(kind) << " p=" << p << " m=" << m << ": " << run.deadlock.value_or(""));
         CHECK_FALSE(run.deadlock);
         ++shapes;
@@ -110,6 +113,43 @@ TEST_CASE("pipeline plan: bubbles are (p-1)/(m+p-1), and (p-1)/(v m + p-1) inter
   }
 }
 
+TEST_CASE("pipeline plan: zero bubble reaches ZB-H1's ideal, holds at most min(p, m), and idles less than 1F1B",
+          "[pipeline]") {
+  for (int p = 1; p <= 8; ++p) {
+    for (int m = 1; m <= 16; ++m) {
+      const PipelineShape shape{p, 1, m};
+      INFO("p=" << p << " m=" << m);
+      const auto plans = plans_of(ScheduleKind::kZeroBubble, shape);
+      // Weight passes are the runtime's (weight_pass_first), so the plan has input passes only.
+      for (const auto& plan : plans) {
+        int next_input = 0;
+        for (const auto& pass : plan) {
+          CHECK((pass.kind == PassKind::kForward || pass.kind == PassKind::kBackwardInput));
+          if (pass.kind == PassKind::kBackwardInput) CHECK(pass.microbatch == next_input++);
+        }
+      }
+      // A forward, an input pass and a weight pass of one slot each (a whole backward two).
+      const auto zb = cpprun::detail::simulate(shape, plans, 1.0, 2.0, 0.5, /*weight_passes_run_as_needed=*/true);
+      REQUIRE_FALSE(zb.deadlock);
+      if (m >= p) CHECK(zb.makespan == 3.0 * m + p - 1);  // ZB-H1's: p - 1 idle slots, against 1F1B's 3(p - 1)
+      for (int r = 0; r < p; ++r) {
+        INFO("rank " << r);
+        CHECK(zb.peak_in_flight[r] <= std::min(p, m));      // 1F1B's first rank's
+        CHECK(zb.peak_in_flight[r] >= std::min(p - r, m));  // 1F1B's own: its weight passes only wait
+      }
+      // Whatever the weight pass's share of the backward (attention's backward is all input
+      // gradient), fewer idle slots than 1F1B.
+      for (double weight_share : {0.5, 0.4, 0.3, 0.2}) {
+        INFO("weight share " << weight_share);
+        const auto split = cpprun::detail::simulate(shape, plans, 1.0, 2.0, weight_share, true);
+        const auto whole = cpprun::detail::simulate(shape, plans_of(ScheduleKind::k1F1B, shape), 1.0, 2.0, weight_share);
+        REQUIRE_FALSE(split.deadlock);
+        if (p > 1) CHECK(split.makespan < whole.makespan);
+      }
+    }
+  }
+}
+
 TEST_CASE("pipeline plan: the simulator catches a plan that waits for itself", "[pipeline]") {
   const PipelineShape shape{2, 1, 2};
   auto plans = plans_of(ScheduleKind::k1F1B, shape);
@@ -132,6 +172,16 @@ TEST_CASE("pipeline plan: the simulator catches a plan that waits for itself", "
   const auto short_plan = cpprun::detail::simulate(shape, plans);
   REQUIRE(short_plan.deadlock);
   CHECK_THAT(*short_plan.deadlock, Catch::Contains("does not run each of its passes once"));
+  plans = plans_of(ScheduleKind::kZeroBubble, shape);  // input passes, and W0 planned before its own
+  plans[0].insert(plans[0].begin() + 1, PipelinePass{PassKind::kBackwardWeight, 0, 0});
+  const auto weight_first = cpprun::detail::simulate(shape, plans);
+  REQUIRE(weight_first.deadlock);
+  CHECK_THAT(*weight_first.deadlock, Catch::Contains("runs W0@s0 before its input pass"));
+  plans = plans_of(ScheduleKind::kZeroBubble, shape);
+  plans[1].push_back({PassKind::kBackward, 1, 0});  // a whole backward beside the split one
+  const auto twice = cpprun::detail::simulate(shape, plans);
+  REQUIRE(twice.deadlock);
+  CHECK_THAT(*twice.deadlock, Catch::Contains("runs B0@s1 twice"));
 }
 
 TEST_CASE("pipeline plan: shapes a schedule cannot run are refused with the fix", "[pipeline]") {
