@@ -113,7 +113,8 @@ while [ $# -gt 0 ]; do
   shift
 done
 if [ "$gpt2" = 1 ]; then
-  shape=(--layers 12 --embed 768 --heads 12) block=1024 vocab=50304
+  source "$(dirname "${BASH_SOURCE[0]}")/gpt2_shape.sh"
+  shape=("${gpt2_layers[@]}") block=$gpt2_block vocab=50304
   : "${steps:=30}" "${warmup:=5}" "${batch:=16}" "${amp:=bf16}" "${log_every:=5}"
 elif [ "$gpt2" = mid ]; then
   shape=(--layers 4 --embed 256 --heads 8) block=256 vocab=0

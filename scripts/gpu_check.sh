@@ -43,6 +43,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 deps=.gpu_deps
+source scripts/gpt2_shape.sh  # gpt2_layers, gpt2_block: GPT-2 124M's shape, as bench_gpt.sh --gpt2's
 
 if [ "${1:-}" = "--pack" ]; then
   # Gloo apart: on the include path only when that LibTorch has no Gloo headers of its own.
@@ -257,7 +258,7 @@ stage_gpt2() {
   for run_flags in "--mode ddp" "--mode fsdp --stage 3"; do
     # shellcheck disable=SC2086  # $run_flags is a list of flags
     if run "$out/gpt2.log" timeout 300 "$build/launcher/cpprun" --standalone --nproc_per_node=1 \
-         "$build/examples/train_gpt" --text "$out/gpt_text.md" --layers 12 --embed 768 --heads 12 --block 1024 \
+         "$build/examples/train_gpt" --text "$out/gpt_text.md" "${gpt2_layers[@]}" --block "$gpt2_block" \
          --batch 8 --steps 12 --sample 0 --straggler-every 0 --amp bf16 $run_flags; then
       figure "$(from "$out/gpt2.log" -E 'parameters|tokens/s|held-out|peak' | tr '\n' ' ')"
     else
@@ -289,7 +290,7 @@ stage_compare() {
                    "--attention sdpa --optimizer libtorch" "--attention math --optimizer libtorch"; do
     # shellcheck disable=SC2086  # $run_flags is a list of flags
     if run "$out/ablate.log" timeout 120 "$build/launcher/cpprun" --standalone --nproc_per_node=1 \
-         "$build/examples/train_gpt" --text "$out/gpt_text.md" --layers 12 --embed 768 --heads 12 --block 1024 \
+         "$build/examples/train_gpt" --text "$out/gpt_text.md" "${gpt2_layers[@]}" --block "$gpt2_block" \
          --batch 16 --steps 25 --warmup 5 --log-every 5 --sample 0 --straggler-every 0 --amp bf16 --mode none $run_flags; then
       figure "$run_flags: $(from "$out/ablate.log" -E 'step +25/|tokens/s over' | tr '\n' ' ')"
     else
