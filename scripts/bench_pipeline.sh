@@ -115,7 +115,8 @@ echo "$p ranks x 1 thread on $(nproc) cores (load average before the runs: $load
      "rank or process, and Gloo's copies take CPU from compute."
 echo "No pipeline, one process, the whole batch: cpprun $one ms/step (1 thread), $(step_ms cpp one_p) ms ($p threads);" \
      "PyTorch $(step_ms py one) ms (1 thread), $(step_ms py one_p) ms ($p threads)."
-echo "Floor: the 1-thread step split over $p ranks plus the formula's bubble, $one / $p x (v m + p - 1) / (v m) ms."
+echo "Floor: the 1-thread step split over $p ranks plus the formula's bubble, $one / $p x (v m + p - 1) / (v m) ms" \
+     "(zb: v = 3, its p - 1 idle slots of 3m)."
 echo
 printf '%-12s %3s | %10s %10s %8s | %8s %8s | %8s %8s %8s\n' schedule m "cpprun ms" "PyTorch ms" "cpp/Py" "floor ms" "cpp/floor" \
   "rows/s" "/no-PP 1t" "/no-PP ${p}t"
@@ -126,7 +127,8 @@ for m in $microbatches; do
     py=$(step_ms py "$schedule.$m")
     [ -s "$tmp/py.$schedule.$m.error" ] && py=error
     [ -s "$tmp/py.$schedule.$m" ] || [ -s "$tmp/py.$schedule.$m.error" ] || py=-
-    vv=1; [ "$schedule" = interleaved ] && vv=$v
+    # Zero bubble idles p - 1 of 3m slots (F, I, W alike): its floor is the formula with v = 3.
+    vv=1; [ "$schedule" = interleaved ] && vv=$v; [ "$schedule" = zb ] && vv=3
     floor=$(awk -v t="$one" -v p="$p" -v v="$vv" -v m="$m" 'BEGIN { printf "%.1f", t / p * (v * m + p - 1) / (v * m) }')
     rps=$(awk -v b="$rows" -v c="$c" 'BEGIN { if (c == "-") print "-"; else printf "%.0f", b / c * 1e3 }')
     printf '%-12s %3s | %10s %10s %8s | %8s %8s | %8s %8s %8s\n' "$schedule" "$m" "$c" "$py" "$(ratio "$c" "$py")" \
