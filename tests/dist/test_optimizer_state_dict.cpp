@@ -106,6 +106,20 @@ std::string scratch(const std::string& what) {
 
 constexpr int kBefore = 3, kAfter = 3;
 
+// What the fault, save-together and full-disk cases start from: seeded(1) wrapped by `wrapper`
+// after one AdamW step (so the optimizer holds state to save), and a scratch path for `what`.
+struct SteppedOnce {
+  cpprun::DataParallel<Net> model;
+  torch::optim::AdamW opt;
+  std::string base;
+  SteppedOnce(const std::string& wrapper, const std::string& what)
+      : model(wrap(seeded(1), wrapper)),
+        opt(model->parameters(), torch::optim::AdamWOptions(0.01)),
+        base(scratch(what + "_" + wrapper)) {
+    train_step(model, opt, 0);
+  }
+};
+
 // Trains kBefore steps, saves model and optimizer to `path` (a directory ending in '/', or a
 // stem to which .safetensors is added), trains kAfter more; a fresh model and optimizer (another
 // seed, another lr) load the save and train the same kAfter steps: same losses and parameters.
@@ -223,10 +237,8 @@ TEST_CASE("optimizer_state_dict: faults are named errors on every rank, and chan
   const std::string wrapper = GENERATE("ddp", "zero3");
   INFO(wrapper);
   const int rank = group().rank();
-  auto model = wrap(seeded(1), wrapper);
-  torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(0.01));
-  train_step(model, opt, 0);
-  const std::string base = scratch("faults_" + wrapper);
+  SteppedOnce start(wrapper, "faults");
+  auto& [model, opt, base] = start;
   const std::string dir = base + "/";
   const auto options = cpprun::StateDictSaveOptions().step(1).save_id("aaaa");
   cpprun::save_state_dict(model, dir, options);
@@ -454,10 +466,9 @@ TEST_CASE("optimizer_state_dict: a model and its optimizer saved by two calls wi
   const std::string wrapper = GENERATE("ddp", "zero3");
   INFO(wrapper);
   const int rank = group().rank();
-  auto model = wrap(seeded(1), wrapper);
-  torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(0.01));
-  train_step(model, opt, 0);
-  const std::string base = scratch("together_" + wrapper), dir = base + "/";
+  SteppedOnce start(wrapper, "together");
+  auto& [model, opt, base] = start;
+  const std::string dir = base + "/";
   const auto load_both = [&] {
     auto other = wrap(seeded(5), wrapper);
     torch::optim::AdamW other_opt(other->parameters(), torch::optim::AdamWOptions(0.5));
@@ -514,10 +525,8 @@ TEST_CASE("optimizer_state_dict: a save that fails on a full disk removes what i
   const std::string wrapper = GENERATE("ddp", "zero3");
   INFO(wrapper);
   const int rank = group().rank(), world = group().size(), last = world - 1;
-  auto model = wrap(seeded(1), wrapper);
-  torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(0.01));
-  train_step(model, opt, 0);
-  const std::string base = scratch("full_disk_" + wrapper);
+  SteppedOnce start(wrapper, "full_disk");
+  auto& [model, opt, base] = start;
   const auto files_in = [](const std::string& dir) {
     std::map<std::string, std::string> out;  // name -> bytes
     for (const auto& entry : fs::directory_iterator(dir)) {

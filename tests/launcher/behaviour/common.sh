@@ -139,6 +139,18 @@ latest_mark() {  # what file...
   done
 }
 
+# ended_between WHAT ENDED_MS MIN_MS MAX_MS FILE...: a job that should end at a timeout, neither
+# before it nor long after: ELAPSED is ENDED_MS less the latest mark in FILE..., and it must be at
+# least MIN_MS and below MAX_MS. WHAT names the mark in the failures ("rank 1 began waiting").
+ended_between() {
+  local what=$1 ended=$2 min=$3 max=$4
+  shift 4
+  latest_mark "$what" "$@"
+  ELAPSED=$((ended - MARK))
+  [ "$ELAPSED" -ge "$min" ] || fail "ended $ELAPSED ms after $what, before the $min ms it should wait"
+  [ "$ELAPSED" -lt "$max" ] || fail "took $ELAPSED ms after $what, at most $max ms expected"
+}
+
 # ---- multi-node: several cpprun agents on this host, one per node ----
 
 # Multi-node tests need a network namespace of their own (tests/run_isolated.sh makes one as root):
