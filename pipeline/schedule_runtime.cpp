@@ -64,6 +64,7 @@ struct PipelineSchedule::Runtime {
     std::shared_ptr<detail::SplitBackward> weights_left;  // after its input pass: the weight pass
   };
   using Key = std::pair<int, int>;  // (stage, micro-batch)
+  using MessageKey = std::tuple<StageMessage, int, int>;  // (message, receiving stage, micro-batch)
 
   explicit Runtime(ProcessGroup pipeline_group) : group(std::move(pipeline_group)) {}
 
@@ -93,7 +94,7 @@ struct PipelineSchedule::Runtime {
   std::map<Key, at::Tensor> handed_activation, handed_gradient;  // from a stage on this rank
   std::map<int, Pending> shape_recv;                              // per stage with a remote predecessor
   std::map<int, at::Tensor> sent_shape;                           // per stage with a remote successor
-  std::map<std::tuple<StageMessage, int, int>, Pending> recvs;
+  std::map<MessageKey, Pending> recvs;
   struct Sent {
     at::Tensor tensor;  // alive until taken
     Work work;
@@ -124,31 +125,44 @@ struct PipelineSchedule::Runtime {
   // A rank whose stages have no parameters receives where its process computes.
   at::Device receive_device() const { return device.value_or(local_device()); }
 
+  // The message `pass` receives from a stage on another rank; none when it needs none (the first
+  // stage's forward, the last stage's backward, a neighbour on this rank, an output that carries no
+  // gradient, a weight pass).
+  std::optional<MessageKey> remote_message(const PipelinePass& pass) const {
+    switch (pass.kind) {
+      case PassKind::kForward:
+        if (pass.stage == 0 || !remote(pass.stage - 1)) return std::nullopt;
+        return std::make_tuple(StageMessage::kActivation, pass.stage, pass.microbatch);
+      case PassKind::kBackward:
+      case PassKind::kBackwardInput: {
+        if (pass.stage == last_stage() || !remote(pass.stage + 1)) return std::nullopt;
+        auto found = held.find({pass.stage, pass.microbatch});
+        if (found == held.end() || !carries_gradient(found->second.output)) return std::nullopt;
+        return std::make_tuple(StageMessage::kGradient, pass.stage, pass.microbatch);
+      }
+      case PassKind::kBackwardWeight: return std::nullopt;
+    }
+    return std::nullopt;
+  }
+
   // Posts the receive `pass` needs, when it needs one from another rank and its size is known.
   // blocking: wait for the step's shape message if that is what is missing.
   void post_receive(const PipelinePass& pass, bool blocking) {
+    const auto key = remote_message(pass);
+    if (!key || recvs.count(*key)) return;
     if (pass.kind == PassKind::kForward) {
-      if (pass.stage == 0 || !remote(pass.stage - 1)) return;
-      const auto key = std::make_tuple(StageMessage::kActivation, pass.stage, pass.microbatch);
-      if (recvs.count(key)) return;
       auto& shape_message = shape_recv.at(pass.stage);
       if (!blocking && !shape_message.work.is_completed()) return;
       wait(shape_message.work, pass.stage,
            "the shape of stage " + std::to_string(pass.stage - 1) + "'s output (from rank " +
                std::to_string(rank_of(pass.stage - 1)) + ", which has not sent it; is it running the same schedule?)");
       at::Tensor into = detail::empty_from_shape(shape_message.into, receive_device());
-      recvs[key] = {into, irecv(group, into, rank_of(pass.stage - 1),
-                                tag(StageMessage::kActivation, pass.stage - 1, pass.microbatch))};
+      recvs[*key] = {into, irecv(group, into, rank_of(pass.stage - 1),
+                                 tag(StageMessage::kActivation, pass.stage - 1, pass.microbatch))};
     } else {
-      if (pass.kind == PassKind::kBackwardWeight) return;  // it needs nothing from other stages
-      if (pass.stage == last_stage() || !remote(pass.stage + 1)) return;
-      const auto key = std::make_tuple(StageMessage::kGradient, pass.stage, pass.microbatch);
-      if (recvs.count(key)) return;
-      auto found = held.find({pass.stage, pass.microbatch});
-      if (found == held.end() || !carries_gradient(found->second.output)) return;
-      at::Tensor into = at::empty_like(found->second.output, at::MemoryFormat::Contiguous);
-      recvs[key] = {into, irecv(group, into, rank_of(pass.stage + 1),
-                                tag(StageMessage::kGradient, pass.stage, pass.microbatch))};
+      at::Tensor into = at::empty_like(held.at({pass.stage, pass.microbatch}).output, at::MemoryFormat::Contiguous);
+      recvs[*key] = {into, irecv(group, into, rank_of(pass.stage + 1),
+                                 tag(StageMessage::kGradient, pass.stage, pass.microbatch))};
     }
   }
 
@@ -271,17 +285,9 @@ struct PipelineSchedule::Runtime {
   // Whether what `pass` receives from another stage is here (or it needs nothing): if not,
   // zero bubble runs a weight pass rather than wait.
   bool message_arrived(const PipelinePass& pass) const {
-    std::tuple<StageMessage, int, int> key;
-    if (pass.kind == PassKind::kForward) {
-      if (pass.stage == 0 || !remote(pass.stage - 1)) return true;
-      key = std::make_tuple(StageMessage::kActivation, pass.stage, pass.microbatch);
-    } else {
-      if (pass.stage == last_stage() || !remote(pass.stage + 1)) return true;
-      auto found = held.find({pass.stage, pass.microbatch});
-      if (found == held.end() || !carries_gradient(found->second.output)) return true;
-      key = std::make_tuple(StageMessage::kGradient, pass.stage, pass.microbatch);
-    }
-    auto it = recvs.find(key);
+    const auto key = remote_message(pass);
+    if (!key) return true;
+    auto it = recvs.find(*key);
     return it != recvs.end() && it->second.work.is_completed();
   }
 
