@@ -1,4 +1,5 @@
-# Sourced by the train_gpt tests that compare runs (train_gpt_resume.sh, train_gpt_grad_accum.sh).
+# Sourced by the train_gpt tests that compare runs (train_gpt_resume.sh, train_gpt_grad_accum.sh,
+# train_gpt_pp.sh).
 # Before sourcing, the caller sets cpprun, gpt (the two programs) and small (the flags every run
 # takes); this gives it $tmp (removed at exit) and:
 #   fail MESSAGE          prints FAIL: MESSAGE and the last run's output, exits 1
@@ -8,7 +9,7 @@
 #   same A B WHAT         the numbers of files A and B (one a line) agree within $tolerance
 #                         (default 1e-10), and there are some
 #   refused NPROC WHAT ARGS  train_gpt ARGS on NPROC ranks (1: without the launcher) exits 1 within
-#                         60 s, naming WHAT
+#                         $refused_within s (default 60), naming WHAT, before any step
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 tolerance=${tolerance:-1e-10}
@@ -36,9 +37,10 @@ refused() {
   shift 2
   local launch=()
   [ "$nproc" -gt 1 ] && launch=("$cpprun" --standalone --nproc_per_node="$nproc")
-  timeout 60 "${launch[@]}" "$gpt" "${small[@]}" "$@" >"$tmp/out" 2>&1
+  timeout "${refused_within:-60}" "${launch[@]}" "$gpt" "${small[@]}" "$@" >"$tmp/out" 2>&1
   local rc=$?
   [ $rc -eq 1 ] || fail "train_gpt $* exited $rc, not 1"
   grep -qF -- "$what" "$tmp/out" || fail "train_gpt $* did not name '$what'"
+  ! grep -q "^step\|first loss" "$tmp/out" || fail "train_gpt $* trained"
   echo "refused: train_gpt $* ($(grep -m1 -F -- "$what" "$tmp/out" | sed 's/^.*error: //'))"
 }
