@@ -4,6 +4,7 @@
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
 
+#include <algorithm>
 #include <functional>
 #include <numeric>
 #include <sstream>
@@ -19,12 +20,28 @@ std::string joined(const std::vector<std::string>& names) {
 
 std::string joined(const std::vector<int>& shape) { return "{" + c10::Join(", ", shape) + "}"; }
 
+// Row-major index of `coordinates` over the dimensions `dims` (in that order) of `shape`.
+int linear_index(const std::vector<int>& shape, const std::vector<int>& coordinates, const std::vector<int>& dims) {
+  int index = 0;
+  for (int d : dims) index = index * shape[d] + coordinates[d];
+  return index;
+}
+
+// The dimensions of an n-d mesh other than those in `dims`, in order.
+std::vector<int> other_dims(int n, const std::vector<int>& dims) {
+  std::vector<int> others;
+  for (int d = 0; d < n; ++d) {
+    if (std::find(dims.begin(), dims.end(), d) == dims.end()) others.push_back(d);
+  }
+  return others;
+}
+
 }  // namespace
 
 DeviceMesh::DeviceMesh(const ProcessGroup& group, std::vector<int> shape, std::vector<std::string> names)
     : whole_(group), shape_(std::move(shape)), names_(std::move(names)) {
-  TORCH_CHECK(shape_.size() == 1 || shape_.size() == 2, "cpprun::DeviceMesh: shape ", joined(shape_),
-              " has ", shape_.size(), " dimensions; 1 or 2 are supported.");
+  TORCH_CHECK(!shape_.empty(), "cpprun::DeviceMesh: the shape is empty; give one extent per dimension, e.g. {",
+              group.size(), "}.");
   for (int extent : shape_) {
     TORCH_CHECK(extent > 0, "cpprun::DeviceMesh: shape ", joined(shape_), " has a dimension of ", extent,
                 "; every dimension needs at least one rank.");
@@ -38,19 +55,60 @@ DeviceMesh::DeviceMesh(const ProcessGroup& group, std::vector<int> shape, std::v
   }
   TORCH_CHECK(names_.size() == shape_.size(), "cpprun::DeviceMesh: ", names_.size(), " names (",
               joined(names_), ") for ", shape_.size(), " dimensions.");
-  TORCH_CHECK(names_.size() == 1 || names_[0] != names_[1], "cpprun::DeviceMesh: both dimensions are called \"",
-              names_[0], "\"; names must be distinct.");
-  if (shape_.size() == 1) {
-    coordinates_ = {group.rank()};
+  for (std::size_t d = 0; d < names_.size(); ++d) {
+    for (std::size_t e = d + 1; e < names_.size(); ++e) {
+      TORCH_CHECK(names_[d] != names_[e], "cpprun::DeviceMesh: dimensions ", d, " and ", e, " are both called \"",
+                  names_[d], "\"; names must be distinct.");
+    }
+  }
+  const int n = ndim();
+  coordinates_.assign(n, 0);
+  for (int d = n - 1, rest = group.rank(); d >= 0; --d) {
+    coordinates_[d] = rest % shape_[d];
+    rest /= shape_[d];
+  }
+  if (n == 1) {
     groups_ = {group};
     return;
   }
-  const int columns = shape_[1];
-  coordinates_ = {group.rank() / columns, group.rank() % columns};
-  // Along dim 0 the ranks of one column (same coordinate 1); along dim 1 those of one row.
-  // Both splits are made on every rank, in this order: creation is collective.
-  groups_.push_back(split_group(group, /*colour=*/coordinates_[1], /*key=*/coordinates_[0]));
-  groups_.push_back(split_group(group, /*colour=*/coordinates_[0], /*key=*/coordinates_[1]));
+  // Along dimension d, the ranks that agree on every other coordinate: one split per dimension,
+  // coloured by those other coordinates. Made on every rank, in this order: creation is collective.
+  for (int d = 0; d < n; ++d) {
+    groups_.push_back(split_group(group, /*colour=*/linear_index(shape_, coordinates_, other_dims(n, {d})),
+                                  /*key=*/coordinates_[d]));
+  }
+}
+
+DeviceMesh::DeviceMesh(ProcessGroup whole, std::vector<int> shape, std::vector<std::string> names,
+                       std::vector<int> coordinates, std::vector<ProcessGroup> groups)
+    : whole_(std::move(whole)),
+      shape_(std::move(shape)),
+      names_(std::move(names)),
+      coordinates_(std::move(coordinates)),
+      groups_(std::move(groups)) {}
+
+DeviceMesh DeviceMesh::submesh(const std::vector<std::string>& names) const {
+  TORCH_CHECK(!names.empty(), "cpprun::DeviceMesh::submesh: no dimension named; give some of ", joined(names_), ".");
+  std::vector<int> dims;
+  for (const auto& name : names) {
+    const int d = dim_of(name);
+    TORCH_CHECK(std::find(dims.begin(), dims.end(), d) == dims.end(), "cpprun::DeviceMesh::submesh: \"", name,
+                "\" is named twice.");
+    dims.push_back(d);
+  }
+  std::vector<int> shape, coordinates;
+  std::vector<ProcessGroup> groups;
+  for (int d : dims) {
+    shape.push_back(shape_[d]);
+    coordinates.push_back(coordinates_[d]);
+    groups.push_back(groups_[d]);
+  }
+  // The ranks that agree on every dimension left out, ordered row-major over those kept (one
+  // dimension: its group already is that).
+  ProcessGroup whole = dims.size() == 1 ? groups_[dims[0]]
+                                        : split_group(whole_, linear_index(shape_, coordinates_, other_dims(ndim(), dims)),
+                                                      linear_index(shape_, coordinates_, dims));
+  return DeviceMesh(std::move(whole), std::move(shape), names, std::move(coordinates), std::move(groups));
 }
 
 int DeviceMesh::dim_of(const std::string& name) const {

@@ -12,7 +12,7 @@
 namespace cpprun::detail {
 
 double clip_grad_norm(const std::vector<GradientToClip>& grads, double max_norm, const ProcessGroup* sum_over,
-                      const char* who) {
+                      const char* who, const ProcessGroup* then_over) {
   TORCH_CHECK(max_norm > 0, who, "::clip_grad_norm: max_norm must be positive, got ", max_norm, ".");
   at::NoGradGuard no_grad;
   // Slot 0: whole gradients; slot 1 + i: those split over the i-th distinct tensor-parallel
@@ -31,6 +31,7 @@ double clip_grad_norm(const std::vector<GradientToClip>& grads, double max_norm,
     if (g.grad.defined() && g.counted) squares[slot] += g.grad.to(at::kDouble).pow(2).sum().cpu();
   }
   if (sum_over) all_reduce(*sum_over, squares);
+  if (then_over) all_reduce(*then_over, squares);
   double total = squares[0].item<double>();
   for (size_t i = 0; i < tp_groups.size(); ++i) {
     auto part = squares.narrow(0, static_cast<int64_t>(i) + 1, 1).clone();

@@ -25,9 +25,11 @@ struct GradientToClip {
 // Scales the grads by max_norm / (norm + 1e-6) when that is below 1; returns the norm before
 // clipping, the same on every rank. `sum_over`: the group whose ranks' grads together make up
 // every gradient once (FSDP's shards), whose squares are then summed across ranks; null when this
-// rank's grads are all of them. The squares of split gradients are then also summed over their
-// tensor-parallel group. `who` names the caller in errors.
+// rank's grads are all of them. `then_over`: a second such group, summed after the first (a
+// pipeline's FSDP stages: the stages over the pipeline group, then the shards over their own).
+// The squares of split gradients are then also summed over their tensor-parallel group. `who`
+// names the caller in errors.
 double clip_grad_norm(const std::vector<GradientToClip>& grads, double max_norm, const ProcessGroup* sum_over,
-                      const char* who);
+                      const char* who, const ProcessGroup* then_over = nullptr);
 
 }  // namespace cpprun::detail

@@ -81,6 +81,7 @@ struct DdpCore::Impl {
   std::vector<at::Tensor> buffers;
   std::unique_ptr<Reducer> reducer;
   bool require_sync = true;
+  bool manual_finalization = false;  // a pipeline stage: finalize_backward() reduces, once a step
   bool joining = false;  // inside join(): each forward first tells the others this rank is active
   // Parameters split by tensor parallelism, by name (cpprun/tensor_parallel_split.h).
   std::map<std::string, TensorParallelSplit> tp_splits;
@@ -143,7 +144,7 @@ DdpCore::~DdpCore() = default;
 void DdpCore::before_forward() {
   Impl& s = *impl_;
   s.reducer->check_previous_backward();
-  const bool will_sync = s.require_sync && torch::autograd::GradMode::is_enabled();
+  const bool will_sync = s.require_sync && !s.manual_finalization && torch::autograd::GradMode::is_enabled();
   int buffer_source = 0;
   if (s.joining) {
     buffer_source = s.exchange_join_state(will_sync ? JoinState::kActiveSync : JoinState::kActiveNoSync).first;
@@ -153,7 +154,7 @@ void DdpCore::before_forward() {
 }
 
 void DdpCore::after_forward(const std::vector<at::Tensor>& outputs) {
-  if (impl_->require_sync && torch::autograd::GradMode::is_enabled()) {
+  if (impl_->require_sync && !impl_->manual_finalization && torch::autograd::GradMode::is_enabled()) {
     impl_->reducer->prepare_for_backward(outputs);
   }
 }
@@ -186,6 +187,15 @@ void DdpCore::join(const std::function<void()>& train_loop) {
 }
 
 void DdpCore::set_require_sync(bool sync) { impl_->require_sync = sync; }
+void DdpCore::set_manual_finalization(bool on) {
+  TORCH_CHECK(!impl_->joining, "cpprun::DistributedDataParallel: a pipeline stage cannot run inside join().");
+  impl_->manual_finalization = on;
+}
+void DdpCore::finalize_backward() {
+  TORCH_CHECK(impl_->manual_finalization, "cpprun::DistributedDataParallel::finalize_backward: manual finalization "
+              "is off; backward reduces the gradients itself.");
+  impl_->reducer->reduce_accumulated();
+}
 bool DdpCore::require_sync() const { return impl_->require_sync; }
 double DdpCore::clip_grad_norm(double max_norm) {
   // Each tensor once: LibTorch lists a tied weight under each of its names, and counting its

@@ -254,6 +254,10 @@ void Reducer::finish_backward() {
     }
     launch_ready_buckets();
   }
+  complete_reduction();
+}
+
+void Reducer::complete_reduction() {
   for (auto& bucket : buckets_) bucket.work.wait();
   std::vector<bool> globally_used(params_.size(), true);
   if (static_unused_) {
@@ -300,6 +304,19 @@ void Reducer::write_back_gradients(const std::vector<bool>& globally_used) {
       grad = view.clone();  // unused here but used elsewhere: the average still applies
     }
   }
+}
+
+void Reducer::reduce_accumulated() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  state_ = BackwardState::kExpecting;
+  ready_.assign(params_.size(), false);
+  used_here_.assign(params_.size(), false);
+  next_bucket_ = 0;
+  for (auto& bucket : buckets_) bucket.pending = bucket.params.size(), bucket.work = Work();
+  // Every gradient is in: a parameter without one took no part on this rank.
+  for (std::size_t i = 0; i < params_.size(); ++i) mark_ready(i, /*used=*/params_[i].grad().defined());
+  launch_ready_buckets();
+  complete_reduction();
 }
 
 void Reducer::reduce_as_joined_rank() {

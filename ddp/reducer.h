@@ -44,6 +44,9 @@ class Reducer {
   void prepare_for_backward(const std::vector<at::Tensor>& outputs);
   // On a rank whose inputs ran out (join): take part in one backward's reductions with zeros.
   void reduce_as_joined_rank();
+  // A pipeline stage's step (manual finalization): the gradients its micro-batches' backwards
+  // accumulated, reduced as one synchronized backward's would be. Collective.
+  void reduce_accumulated();
 
   void set_comm_hook(std::shared_ptr<CommHook> hook);
   std::size_t bucket_count() const { return buckets_.size(); }
@@ -69,6 +72,7 @@ class Reducer {
   Work reduce(Bucket& bucket, std::size_t index);
   void launch_ready_buckets();
   void finish_backward();  // queued on the autograd engine: runs when backward ends
+  void complete_reduction();  // every bucket launched: wait, write back, go idle (mutex_ held)
   std::vector<bool> reduce_used_flags();
   void write_back_gradients(const std::vector<bool>& globally_used);
   std::string unready_parameter_list() const;

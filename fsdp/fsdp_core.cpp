@@ -72,6 +72,7 @@ struct FsdpCore::Impl {
   std::unique_ptr<GradientSync> sync;
   std::size_t unit_count = 0;
   bool require_sync = true;
+  bool manual_finalization = false;  // a pipeline stage: finalize_backward() reduces, once a step
   bool shards_loaded = false;  // a checkpoint wrote the shards: gather before the next forward
   // Parameters split by tensor parallelism, by name (cpprun/tensor_parallel_split.h): FSDP
   // shards this rank's TP shard; clipping sums their squares over the TP group too.
@@ -159,7 +160,7 @@ void FsdpCore::before_forward() {
   Impl& s = *impl_;
   if (s.residency) s.residency->begin_forward();
   s.gather_if_stepped();
-  if (torch::autograd::GradMode::is_enabled()) s.sync->prepare(s.require_sync);
+  if (torch::autograd::GradMode::is_enabled()) s.sync->prepare(s.require_sync && !s.manual_finalization);
 }
 
 void FsdpCore::after_forward(const std::vector<at::Tensor>& /*outputs*/) {
@@ -307,6 +308,13 @@ void FsdpCore::load_sharded(const std::string& dir, torch::optim::Optimizer* opt
 }
 
 void FsdpCore::set_require_sync(bool sync) { impl_->require_sync = sync; }
+void FsdpCore::set_manual_finalization(bool on) { impl_->manual_finalization = on; }
+void FsdpCore::finalize_backward() {
+  TORCH_CHECK(impl_->manual_finalization, "cpprun::FullyShardedDataParallel::finalize_backward: manual finalization "
+              "is off; backward reduces the gradients itself.");
+  impl_->sync->finalize();
+}
+const ProcessGroup* FsdpCore::shard_group() const { return &impl_->groups.shard; }
 bool FsdpCore::require_sync() const { return impl_->require_sync; }
 const ProcessGroup& FsdpCore::group() const { return impl_->group; }
 const FsdpOptions& FsdpCore::options() const { return impl_->options; }

@@ -171,6 +171,19 @@ void GradientSync::finish_backward() {
   if (backward_end) backward_end();
 }
 
+void GradientSync::finalize() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    TORCH_CHECK(mode_ != Mode::kSync, "cpprun::FullyShardedDataParallel::finalize_backward: a forward prepared a "
+                "synchronized backward; turn manual finalization on before the step's first forward.");
+    for (auto& state : states_) state.completed = false, state.work = Work();
+    next_launch_ = 0;
+    in_flight_.clear();
+    mode_ = Mode::kSync;  // finish_backward() collects every gradient (stage 1: in full_grad already)
+  }
+  finish_backward();
+}
+
 bool GradientSync::take_shards_stepped() {
   std::lock_guard<std::mutex> lock(mutex_);
   return std::exchange(shards_stepped_, false);

@@ -45,6 +45,9 @@ class GradientSync {
 
   // Before a forward whose backward will (sync) or will not (no_sync) reduce gradients.
   void prepare(bool sync);
+  // Manual finalization (a pipeline stage): reduces every gradient accumulated since the last
+  // reduction, as the end of a synchronized backward would. Collective.
+  void finalize();
   // Called once a synchronized backward has been reduced: the shards' new values must be
   // all-gathered before the next forward.
   bool take_shards_stepped();

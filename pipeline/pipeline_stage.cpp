@@ -104,7 +104,27 @@ PipelineStage::PipelineStage(const torch::nn::Sequential& model, const PipelineS
   if (any_deferred(*module_)) materialize_stage(*model, *module_);
 }
 
-std::vector<at::Tensor> PipelineStage::parameters() const { return unique_parameters(*module_); }
+std::vector<at::Tensor> PipelineStage::parameters() const {
+  // FSDP registers this rank's shards on the wrapper, in module()'s order (DDP: module() itself).
+  if (!data_parallel_.is_empty()) return unique_parameters(*data_parallel_);
+  return unique_parameters(*module_);
+}
+
+void PipelineStage::set_data_parallel(DataParallel<torch::nn::SequentialImpl> wrapper) {
+  const std::string where = "PipelineStage::set_data_parallel (stage " + std::to_string(index_) + ")";
+  TORCH_CHECK(!wrapper.is_empty(), where, ": no wrapper given.");
+  TORCH_CHECK(wrapper->module().get() == module_.get(), where, ": the wrapper wraps another module; wrap this "
+              "stage's own, e.g. cpprun::DistributedDataParallel(stage.module(), mesh.group(\"dp\")).");
+  TORCH_CHECK(data_parallel_.is_empty(), where, ": the stage is already wrapped (by set_data_parallel or the "
+              "schedule's set_data_parallel_group); wrap it once.");
+  // The schedule reduces once a step, after the stage's last backward.
+  detail::DataParallelAccess::core(*wrapper).set_manual_finalization(true);
+  data_parallel_ = std::move(wrapper);
+}
+
+at::Tensor PipelineStage::run_forward(const at::Tensor& input) {
+  return data_parallel_.is_empty() ? module_->forward(input) : data_parallel_->forward(input);
+}
 
 double PipelineStage::clip_grad_norm(double max_norm) { return pipeline_clip_grad_norm({this}, max_norm); }
 
@@ -114,9 +134,19 @@ double pipeline_clip_grad_norm(const std::vector<PipelineStage*>& stages, double
   for (const auto* stage : stages) mine.push_back(stage->index());
   std::vector<detail::GradientToClip> grads;
   std::unordered_set<const c10::TensorImpl*> seen;  // a tensor two of this rank's stages share: once
+  // FSDP stages: each rank holds a shard of its stages' gradients, summed over the shard group too.
+  const ProcessGroup* shard_group = nullptr;
   for (const auto* stage : stages) {
     TORCH_CHECK(stage->group().rank() == stages[0]->group().rank(),
                 "pipeline_clip_grad_norm: the stages come from different pipeline groups.");
+    const ProcessGroup* sharded_over =
+        stage->data_parallel_.is_empty() ? nullptr
+                                         : detail::DataParallelAccess::core(*stage->data_parallel_.ptr()).shard_group();
+    TORCH_CHECK(stage == stages[0] || (sharded_over == nullptr) == (shard_group == nullptr),
+                "pipeline_clip_grad_norm: stage ", stage->index(), " is ", sharded_over ? "" : "not ",
+                "sharded but stage ", stages[0]->index(), " is", shard_group ? "" : " not",
+                "; wrap a rank's stages alike.");
+    if (stage == stages[0]) shard_group = sharded_over;
     const auto params = stage->parameters();
     const auto& tie_of = stage->ties_->tie_of.at(stage->index());
     for (size_t i = 0; i < params.size(); ++i) {
@@ -128,7 +158,7 @@ double pipeline_clip_grad_norm(const std::vector<PipelineStage*>& stages, double
     }
   }
   // Each rank's stages hold a disjoint part of the model: the squares add up over the group.
-  return detail::clip_grad_norm(grads, max_norm, &stages[0]->group(), "cpprun::PipelineStage");
+  return detail::clip_grad_norm(grads, max_norm, &stages[0]->group(), "cpprun::PipelineStage", shard_group);
 }
 
 }  // namespace cpprun

@@ -13,14 +13,15 @@
 #include <map>
 #include <memory>
 #include <optional>
-#include <set>
 #include <tuple>
 #include <utility>
 
 #include "cpprun/collectives.h"
+#include "cpprun/ddp.h"
 #include "cpprun/grad_scaler.h"
 #include "cpprun/pipeline.h"
 #include "cpprun/point_to_point.h"
+#include "cpprun/unique_parameters.h"
 #include "pipeline/schedule_plan.h"
 #include "pipeline/split_backward.h"
 #include "pipeline/stage_messages.h"
@@ -78,13 +79,15 @@ struct PipelineSchedule::Runtime {
   LossFn loss_fn;
   std::vector<double> losses;
   PipelineStepStats stats;
-  // A tied parameter this rank holds, and the ranks holding it (see tied_parameters.h).
+  // A tied parameter this rank holds, and the ranks holding it (see tied_parameters.h): found at
+  // each step, in stage->parameters(), which are the shards once the stage is in FSDP.
   struct TieSum {
-    at::Tensor parameter;
+    PipelineStage* stage;
+    size_t index;  // in stage->parameters()
     ProcessGroup holders;
   };
   std::vector<TieSum> tie_sums;
-  std::optional<ProcessGroup> data_parallel;  // set_data_parallel_group's
+  std::optional<ProcessGroup> data_parallel;  // set_data_parallel_group's (its stages wrapped in DDP)
   GradScaler* scaler = nullptr;               // set_grad_scaler's
   std::optional<at::Device> device;  // where received tensors go: the stages' parameters'
 
@@ -210,7 +213,7 @@ struct PipelineSchedule::Runtime {
       handed_activation.erase({pass.stage, pass.microbatch});
       state.input = training && carries_gradient(received) ? received.detach().requires_grad_(true) : received;
     }
-    at::Tensor output = stage.module()->forward(state.input);
+    at::Tensor output = stage.run_forward(state.input);
     if (pass.stage == last_stage()) {
       state.loss = loss_fn(output, target_chunks.at(pass.microbatch));
       TORCH_CHECK(state.loss.defined() && state.loss.numel() == 1, where(pass.stage),
@@ -266,7 +269,7 @@ struct PipelineSchedule::Runtime {
     at::Tensor input_grad;
     if (split) {
       auto parts = std::make_shared<detail::SplitBackward>(roots, root_grads, sends_gradient ? state.input : at::Tensor(),
-                                                           stages.at(pass.stage)->parameters());
+                                                           unique_parameters(*stages.at(pass.stage)->module()));
       input_grad = parts->input_grad();
       it->second.weights_left = std::move(parts);
     } else {
@@ -301,31 +304,29 @@ struct PipelineSchedule::Runtime {
     parts->backward_weights();
   }
 
-  // DDP's reduction without its overlap: each dtype's and device's gradients packed into one
-  // buffer, averaged over the pipelines, unpacked. Every parameter takes part (zeros where this
-  // step left none), so the ranks' buffers agree.
-  void average_gradients(const ProcessGroup& over) {
-    std::vector<at::Tensor> grads;
-    std::set<const c10::TensorImpl*> seen;
+  // The group the loss is averaged over: the pipelines' (set_data_parallel_group's, or that of the
+  // stages' data-parallel wrappers, which must agree); none without data parallelism.
+  std::optional<ProcessGroup> loss_group() const {
+    if (data_parallel) return data_parallel;
+    std::optional<ProcessGroup> found;
     for (const auto& [index, stage] : stages) {
-      for (auto& p : stage->parameters()) {
-        if (!seen.insert(p.unsafeGetTensorImpl()).second) continue;
-        if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
-        grads.push_back(p.mutable_grad());
-      }
+      if (stage->data_parallel().is_empty()) continue;
+      const ProcessGroup& over = stage->data_parallel()->process_group();
+      TORCH_CHECK(!found || found->size() == over.size(), where(index), ": its data-parallel wrapper spans ",
+                  over.size(), " ranks but stage ", stages.begin()->first, "'s spans ", found ? found->size() : 0,
+                  "; a rank's stages are replicated across the same pipelines.");
+      if (!found) found = over;
     }
-    std::map<std::pair<at::ScalarType, std::string>, std::vector<at::Tensor>> by_kind;
-    for (const auto& g : grads) by_kind[{g.scalar_type(), g.device().str()}].push_back(g);
-    for (auto& [kind, list] : by_kind) {
-      std::vector<at::Tensor> flat;
-      for (const auto& g : list) flat.push_back(g.reshape({-1}));
-      at::Tensor buffer = at::cat(flat);
-      all_reduce(over, buffer, ReduceOp::kAvg);
-      int64_t offset = 0;
-      for (auto& g : list) {
-        g.copy_(buffer.narrow(0, offset, g.numel()).view_as(g));
-        offset += g.numel();
-      }
+    return found;
+  }
+
+  // Each wrapped stage's gradients, accumulated over the step's micro-batches, reduced across the
+  // pipelines: once, after the stage's last backward. Later stages first, the same order on every
+  // rank of a data-parallel group (they hold the same stages).
+  void finalize_data_parallel() {
+    for (auto it = stages.rbegin(); it != stages.rend(); ++it) {
+      auto& wrapper = it->second->data_parallel();
+      if (!wrapper.is_empty()) detail::DataParallelAccess::core(*wrapper.ptr()).finalize_backward();
     }
   }
 
@@ -428,11 +429,12 @@ struct PipelineSchedule::Runtime {
                           "pipeline: a step ended with passes left over");
     // Each copy of a tied weight got its own stage's gradient: their sum is the unsplit model's.
     if (train) {
+      finalize_data_parallel();
       for (auto& tie : tie_sums) {
-        if (!tie.parameter.grad().defined()) tie.parameter.mutable_grad() = at::zeros_like(tie.parameter);
-        all_reduce(tie.holders, tie.parameter.mutable_grad());
+        at::Tensor parameter = tie.stage->parameters().at(tie.index);
+        if (!parameter.grad().defined()) parameter.mutable_grad() = at::zeros_like(parameter);
+        all_reduce(tie.holders, parameter.mutable_grad());
       }
-      if (data_parallel && data_parallel->size() > 1) average_gradients(*data_parallel);
     }
     sends.clear();
     shape_recv.clear();
@@ -447,7 +449,7 @@ struct PipelineSchedule::Runtime {
     stats.waiting_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - broadcast_started).count();
     losses.assign(all.data_ptr<double>(), all.data_ptr<double>() + all.numel());
     at::Tensor mean = all.mean();
-    if (data_parallel && data_parallel->size() > 1) all_reduce(*data_parallel, mean, ReduceOp::kAvg);
+    if (auto pipelines = loss_group(); pipelines && pipelines->size() > 1) all_reduce(*pipelines, mean, ReduceOp::kAvg);
     stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     return mean;
   }
@@ -471,7 +473,7 @@ PipelineSchedule::PipelineSchedule(std::vector<PipelineStage*> stages, int micro
     TORCH_CHECK(rt.stages.emplace(stage->index(), stage).second, detail::to_string(rt.kind), ": stage ",
                 stage->index(), " given twice.");
     if (!rt.device) {
-      for (const auto& p : stage->parameters()) {
+      for (const auto& p : stage->module()->parameters()) {  // not an offloaded FSDP shard's
         rt.device = p.device();
         break;
       }
@@ -494,11 +496,10 @@ PipelineSchedule::PipelineSchedule(std::vector<PipelineStage*> stages, int micro
     if (found == holders_of.end()) found = holders_of.emplace(ranks, new_group(rt.group, ranks)).first;
     if (!found->second.is_member()) continue;
     for (auto* stage : stages) {
-      const auto params = stage->parameters();
       const auto& tie_of = ties.tie_of.at(stage->index());
       auto at = std::find(tie_of.begin(), tie_of.end(), static_cast<int>(t));
       if (at == tie_of.end()) continue;
-      rt.tie_sums.push_back({params.at(at - tie_of.begin()), found->second});
+      rt.tie_sums.push_back({stage, static_cast<size_t>(at - tie_of.begin()), found->second});
       break;
     }
   }
@@ -521,6 +522,15 @@ at::Tensor PipelineSchedule::step(const at::Tensor& inputs, const at::Tensor& ta
 }
 void PipelineSchedule::set_data_parallel_group(const ProcessGroup& group) {
   TORCH_CHECK(group.is_member(), "PipelineSchedule::set_data_parallel_group: this rank is not in the group.");
+  TORCH_CHECK(!runtime_->data_parallel, "PipelineSchedule::set_data_parallel_group: already set; call it once.");
+  // One mechanism for data parallelism in stages: each stage in DDP (in stage order, the same on
+  // every rank of the group). A stage with nothing to train has nothing to reduce; its loss is
+  // still averaged over `group`.
+  for (auto& [index, stage] : runtime_->stages) {
+    const auto params = stage->parameters();
+    const bool trains = std::any_of(params.begin(), params.end(), [](const at::Tensor& p) { return p.requires_grad(); });
+    if (trains && stage->data_parallel().is_empty()) stage->set_data_parallel(DistributedDataParallel(stage->module(), group));
+  }
   runtime_->data_parallel = group;
 }
 void PipelineSchedule::set_grad_scaler(GradScaler& scaler) { runtime_->scaler = &scaler; }

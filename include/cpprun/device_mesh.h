@@ -1,11 +1,14 @@
-// A DeviceMesh: the ranks of a group laid out as a 1- or 2-dimensional array with named
-// dimensions, and for each dimension the subgroup of ranks that differ only along it (as
+// A DeviceMesh: the ranks of a group laid out as an N-dimensional array with named dimensions,
+// and for each dimension the subgroup of ranks that differ only along it (as
 // torch.distributed.device_mesh). For hybrid sharding, a {nodes, gpus_per_node} mesh shards
-// within a node (group("local")) and replicates across nodes (group("node")).
+// within a node (group("local")) and replicates across nodes (group("node")); 3-D parallelism
+// lays pipelines, data parallelism and tensor parallelism out as {pp, dp, tp}.
 //
 //   auto mesh = cpprun::init_device_mesh();           // {NNODES, LOCAL_WORLD_SIZE}: "node", "local"
 //   auto mesh2 = cpprun::DeviceMesh(group, {2, 4}, {"replicate", "shard"});
 //   cpprun::all_reduce(mesh2.group("replicate"), t);  // the 2 ranks holding the same shard
+//   cpprun::DeviceMesh mesh3(group, {2, 2, 2}, {"pp", "dp", "tp"});
+//   cpprun::DeviceMesh dp_tp = mesh3.submesh({"dp", "tp"});  // PyTorch's mesh3["dp", "tp"]
 #pragma once
 
 #include <string>
@@ -18,8 +21,9 @@ namespace cpprun {
 class DeviceMesh {
  public:
   // Ranks of `group` row-major over `shape` (the product must be group.size()): in a {R, S}
-  // mesh rank = r * S + s. `names` (default "dim0", "dim1") must be distinct. Collective over
-  // `group`: every rank constructs the same mesh (it creates one subgroup per dimension).
+  // mesh rank = r * S + s, in a {P, D, T} mesh rank = (p * D + d) * T + t. `names` (default
+  // "dim0", "dim1", ...) must be distinct. Collective over `group`: every rank constructs the
+  // same mesh (it creates one subgroup per dimension, in dimension order).
   DeviceMesh(const ProcessGroup& group, std::vector<int> shape, std::vector<std::string> names = {});
 
   int ndim() const { return static_cast<int>(shape_.size()); }
@@ -38,8 +42,16 @@ class DeviceMesh {
   const ProcessGroup& whole() const { return whole_; }
   // The dimension called `name`; throws listing the names when there is none.
   int dim_of(const std::string& name) const;
+  // The mesh of the dimensions `names` (in that order) through this rank, the others held at
+  // this rank's coordinates: PyTorch's mesh["dp", "tp"]. Its per-dimension groups are this
+  // mesh's; its whole() is a new group of the ranks it holds. Collective over whole(): every rank
+  // asks for the same names, in the same order as its other submesh() calls.
+  DeviceMesh submesh(const std::vector<std::string>& names) const;
 
  private:
+  DeviceMesh(ProcessGroup whole, std::vector<int> shape, std::vector<std::string> names, std::vector<int> coordinates,
+             std::vector<ProcessGroup> groups);
+
   ProcessGroup whole_;
   std::vector<int> shape_;
   std::vector<std::string> names_;

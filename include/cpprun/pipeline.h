@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "cpprun/data_parallel.h"
 #include "cpprun/process_group.h"
 
 namespace cpprun {
@@ -75,19 +76,35 @@ class PipelineStage {
   // This stage's children, in order, sharing the model's parameters.
   torch::nn::Sequential module() const { return module_; }
   // Each tensor once (a weight two of its children share, too), for the optimizer. A rank with
-  // several stages that share one gives it to the optimizer once as well.
+  // several stages that share one gives it to the optimizer once as well. In FSDP
+  // (set_data_parallel), this rank's shards: build the optimizer after wrapping.
   std::vector<at::Tensor> parameters() const;
   // Scales the gradients so that the norm of the whole model's (every stage's) is at most
   // max_norm, as clip_grad_norm_ on the unsplit model; returns that norm before clipping, on
   // every rank. Collective over the pipeline group: every rank calls it, with all its stages
   // (pipeline_clip_grad_norm below) when it holds several.
   double clip_grad_norm(double max_norm);
+  // Data parallelism inside the stage (a {pp, dp} or {pp, dp, tp} mesh): `wrapper` wraps
+  // module() over the ranks that hold this stage in the other pipelines, e.g.
+  //   stage.set_data_parallel(cpprun::DistributedDataParallel(stage.module(), mesh.group("dp")));
+  //   stage.set_data_parallel(cpprun::FullyShardedDataParallel(stage.module(), mesh.group("dp"), opts));
+  // From then on the schedule runs the stage's forwards through it, lets each micro-batch's
+  // backward accumulate locally (unsharded, as under no_sync), and reduces the stage's gradients
+  // once per step after its last backward (as PyTorch's pipelining with FSDP2's manual
+  // finalization); step() returns the loss averaged over the pipelines. Wrap every stage of every
+  // rank alike (all DDP, or all FSDP: clipping sums over the shard group on every rank).
+  void set_data_parallel(DataParallel<torch::nn::SequentialImpl> wrapper);
+  // The wrapper set_data_parallel() gave, or null.
+  const DataParallel<torch::nn::SequentialImpl>& data_parallel() const { return data_parallel_; }
+  // module()'s forward, through the data-parallel wrapper when there is one: what the schedule runs.
+  at::Tensor run_forward(const at::Tensor& input);
 
  private:
   friend class PipelineSchedule;
   friend double pipeline_clip_grad_norm(const std::vector<PipelineStage*>& stages, double max_norm);
 
   torch::nn::Sequential module_;
+  DataParallel<torch::nn::SequentialImpl> data_parallel_{nullptr};
   std::shared_ptr<const detail::StageTies> ties_;  // of the whole split, the same on every rank
   ProcessGroup group_;
   int index_;
@@ -122,11 +139,12 @@ class PipelineSchedule {
   // Forward passes only, without gradients (evaluation): the micro-batches go through the stages
   // in order and the mean micro-batch loss comes back on every rank, as from step().
   at::Tensor eval(const at::Tensor& inputs = {}, const at::Tensor& targets = {});
-  // Data parallelism across pipelines (a {dp, pp} mesh): from now on every step() ends by
-  // averaging the gradients of this rank's stages over `group` (the ranks that hold the same stages
-  // in the other pipelines, each pipeline on its own batch), as DDP does, and returns the loss
-  // averaged over the pipelines too: the mean over every pipeline's micro-batches (eval() alike).
-  // Every rank calls it, with its own such group.
+  // Data parallelism across pipelines (a {pp, dp} mesh): wraps each of this rank's stages that
+  // has trainable parameters in DistributedDataParallel over `group` (the ranks that hold the same
+  // stages in the other pipelines, each pipeline on its own batch; see
+  // PipelineStage::set_data_parallel), so every step() ends with the stages' gradients averaged
+  // across pipelines, and returns the loss averaged over the pipelines too: the mean over every
+  // pipeline's micro-batches (eval() alike). Every rank calls it, with its own such group.
   void set_data_parallel_group(const ProcessGroup& group);
   // fp16 loss scaling: from now on each micro-batch's loss is multiplied by scaler.scale() before
   // its backward (on the last stage), while step() and microbatch_losses() stay unscaled. Build

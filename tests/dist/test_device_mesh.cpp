@@ -1,10 +1,15 @@
 // DeviceMesh under `cpprun --nproc_per_node=K`, K = 1..4: each dimension's group holds the
-// ranks that differ only along it, names and shapes are checked, and the default mesh follows
+// ranks that differ only along it (2-d and every 3-d shape of the world), a submesh holds the
+// ranks that agree on the dimensions left out, names and shapes are checked, and the default mesh follows
 // the launcher's WORLD_SIZE / LOCAL_WORLD_SIZE, with or without a group given.
 #include "catch.h"
 #include <ATen/ATen.h>
 
+#include <algorithm>
+#include <functional>
 #include <numeric>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "cpprun/cpprun.h"
@@ -36,7 +41,86 @@ TEST_CASE("device mesh: a 2-d mesh's groups are its rows and columns", "[mesh]")
 
   CHECK_THROWS_WITH(mesh.group("tp"), Catch::Contains("\"replicate\", \"shard\""));
   CHECK_THROWS_WITH(cpprun::DeviceMesh(group(), {world + 1}), Catch::Contains("holds " + std::to_string(world + 1)));
-  CHECK_THROWS_WITH(cpprun::DeviceMesh(group(), {1, 1, world}), Catch::Contains("1 or 2 are supported"));
+  CHECK_THROWS_WITH(cpprun::DeviceMesh(group(), {1, world, 1}, {"pp", "dp", "pp"}),
+                    Catch::Contains("dimensions 0 and 2 are both called \"pp\""));
+}
+
+namespace {
+
+// Sum and sum of squares of the global ranks in `over`: which ranks a group holds, as numbers.
+std::pair<int64_t, int64_t> rank_sums(const cpprun::ProcessGroup& over) {
+  const int64_t rank = group().rank();
+  at::Tensor sums = at::tensor({rank, rank * rank}, at::kLong);
+  cpprun::all_reduce(over, sums);
+  return {sums[0].item<int64_t>(), sums[1].item<int64_t>()};
+}
+
+// The same sums over the ranks whose coordinates equal `coordinates` except in the dimensions `free`.
+std::pair<int64_t, int64_t> expected_sums(const std::vector<int>& shape, const std::vector<int>& coordinates,
+                                          const std::vector<int>& free) {
+  const int world = std::accumulate(shape.begin(), shape.end(), 1, std::multiplies<int>());
+  int64_t sum = 0, squares = 0;
+  for (int r = 0; r < world; ++r) {
+    bool member = true;
+    for (int d = static_cast<int>(shape.size()) - 1, rest = r; d >= 0; --d) {
+      const bool is_free = std::find(free.begin(), free.end(), d) != free.end();
+      if (!is_free && rest % shape[d] != coordinates[d]) member = false;
+      rest /= shape[d];
+    }
+    if (member) sum += r, squares += int64_t{r} * r;
+  }
+  return {sum, squares};
+}
+
+// Every 3-d shape of the world with its extents in {pp, dp, tp} order.
+std::vector<std::vector<int>> shapes_of(int world) {
+  std::vector<std::vector<int>> shapes;
+  for (int pp = 1; pp <= world; ++pp) {
+    for (int dp = 1; pp * dp <= world; ++dp) {
+      if (world % (pp * dp) == 0) shapes.push_back({pp, dp, world / (pp * dp)});
+    }
+  }
+  return shapes;
+}
+
+}  // namespace
+
+TEST_CASE("device mesh: a 3-d {pp, dp, tp} mesh's groups and submeshes hold the right ranks", "[mesh]") {
+  const int rank = group().rank();
+  for (const auto& shape : shapes_of(group().size())) {
+    INFO("shape {" << shape[0] << ", " << shape[1] << ", " << shape[2] << "}");
+    cpprun::DeviceMesh mesh(group(), shape, {"pp", "dp", "tp"});
+    CHECK(mesh.ndim() == 3);
+    // Row-major: rank = (pp * D + dp) * T + tp.
+    const std::vector<int> coordinates{rank / (shape[1] * shape[2]), (rank / shape[2]) % shape[1], rank % shape[2]};
+    for (int d = 0; d < 3; ++d) {
+      CHECK(mesh.coordinate(d) == coordinates[d]);
+      CHECK(mesh.group(d).size() == shape[d]);
+      CHECK(mesh.group(d).rank() == coordinates[d]);
+      CHECK(rank_sums(mesh.group(d)) == expected_sums(shape, coordinates, {d}));
+    }
+    // PyTorch's mesh["dp", "tp"]: the ranks of this rank's pipeline stage, row-major over dp, tp.
+    cpprun::DeviceMesh dp_tp = mesh.submesh({"dp", "tp"});
+    CHECK(dp_tp.ndim() == 2);
+    CHECK(dp_tp.names() == std::vector<std::string>{"dp", "tp"});
+    CHECK(dp_tp.shape() == std::vector<int>{shape[1], shape[2]});
+    CHECK(dp_tp.whole().size() == shape[1] * shape[2]);
+    CHECK(dp_tp.whole().rank() == coordinates[1] * shape[2] + coordinates[2]);
+    CHECK(rank_sums(dp_tp.whole()) == expected_sums(shape, coordinates, {1, 2}));
+    CHECK(dp_tp.coordinate("tp") == coordinates[2]);
+    CHECK(rank_sums(dp_tp.group("dp")) == expected_sums(shape, coordinates, {1}));
+    // The order asked for is the submesh's: {tp, pp} ranks tp-major.
+    cpprun::DeviceMesh tp_pp = mesh.submesh({"tp", "pp"});
+    CHECK(tp_pp.whole().rank() == coordinates[2] * shape[0] + coordinates[0]);
+    CHECK(rank_sums(tp_pp.whole()) == expected_sums(shape, coordinates, {0, 2}));
+    // One dimension: its own group.
+    CHECK(mesh.submesh({"pp"}).whole().rank() == coordinates[0]);
+    CHECK(rank_sums(mesh.submesh({"pp"}).whole()) == expected_sums(shape, coordinates, {0}));
+  }
+  cpprun::DeviceMesh mesh(group(), {1, group().size(), 1}, {"pp", "dp", "tp"});
+  CHECK_THROWS_WITH(mesh.submesh({"dp", "dp"}), Catch::Contains("\"dp\" is named twice"));
+  CHECK_THROWS_WITH(mesh.submesh({"cp"}), Catch::Contains("\"pp\", \"dp\", \"tp\""));
+  CHECK_THROWS_WITH(mesh.submesh({}), Catch::Contains("no dimension named"));
 }
 
 TEST_CASE("device mesh: the default mesh is nodes x local processes from the launcher", "[mesh]") {

@@ -1,12 +1,16 @@
 // Pipeline parallelism under `cpprun --nproc_per_node=K`, K = 1..4, the K ranks one pipeline:
-// GPipe, 1F1B, zero bubble and Interleaved 1F1B (2 stages per rank) train a 14-child MLP split evenly (unevenly
-// where 14 does not divide) for several AdamW steps with gradient clipping over the whole model,
-// and must match one process training the unsplit model on the whole batch: the loss every rank
-// gets from step(), the clipped norm, and every parameter by name. Micro-batch counts include fewer
-// than the stages (the anchors' hang). Hidden layers under activation checkpointing train alike. A model built with deferred_init materialises only each
-// rank's stage, with the unsplit model's values. A careless user's mistakes end in one error on
-// every rank, and the schedule still runs the next step. All float64: the split and the reference
-// differ only by summation order.
+// GPipe, 1F1B, zero bubble and Interleaved 1F1B (2 stages per rank) train a 14-child MLP split
+// evenly (unevenly where 14 does not divide) for several AdamW steps with gradient clipping over
+// the whole model, and must match one process training the unsplit model on the whole batch: the
+// loss every rank gets from step(), the clipped norm, and every parameter by name. Micro-batch
+// counts include fewer than the stages (the anchors' hang). Hidden layers under activation
+// checkpointing train alike. A model built with deferred_init materialises only each rank's stage,
+// with the unsplit model's values. At np2 and np4 two pipelines train on halves of the batch:
+// through set_data_parallel_group, or with each stage wrapped by hand in DistributedDataParallel
+// or FullyShardedDataParallel (ZeRO-1/2/3) on a {pp, dp, tp} mesh, its gradients reduced once a
+// step. A careless user's mistakes end in one
+// error on every rank, and the schedule still runs the next step. All float64: the split and the
+// reference differ only by summation order.
 #include "catch.h"
 #include <torch/torch.h>
 
@@ -148,6 +152,27 @@ const Reference& reference(const Task& task = kMlp) {
 
 enum class Kind { kGPipe, k1F1B, kInterleaved, kZeroBubble };
 
+// How the pipelines of a dp > 1 case are made data parallel: the schedule's
+// set_data_parallel_group on a {dp, pp} mesh, or each stage wrapped by hand on a 3-d
+// {pp, dp, tp 1} mesh, in DistributedDataParallel (with find_unused_parameters, too) or in
+// FullyShardedDataParallel at ZeRO stage 1, 2 or 3.
+enum class Wrap { kGroup, kDdp, kDdpFindUnused, kZero1, kZero2, kZero3 };
+int zero_stage(Wrap wrap) { return wrap == Wrap::kZero1 ? 1 : wrap == Wrap::kZero2 ? 2 : wrap == Wrap::kZero3 ? 3 : 0; }
+
+// DDP's own reduction (all-reduce, then divide), counting the buckets it is given.
+class CountingHook : public cpprun::CommHook {
+ public:
+  cpprun::Work run(const cpprun::ProcessGroup& over, cpprun::GradBucket& bucket) override {
+    ++calls;
+    return inner_->run(over, bucket);
+  }
+  std::string name() const override { return "counting " + inner_->name(); }
+  int calls = 0;
+
+ private:
+  std::shared_ptr<cpprun::CommHook> inner_ = cpprun::allreduce_hook();
+};
+
 std::unique_ptr<cpprun::PipelineSchedule> make_schedule(Kind kind, std::vector<cpprun::PipelineStage>& stages,
                                                         int microbatches, const Task& task) {
   if (kind == Kind::kGPipe) return std::make_unique<cpprun::ScheduleGPipe>(stages[0], microbatches, task.loss);
@@ -160,20 +185,43 @@ std::unique_ptr<cpprun::PipelineSchedule> make_schedule(Kind kind, std::vector<c
 
 // Trains kSteps under the pipeline; returns the largest relative difference from the reference.
 // dp > 1: a {dp, pp} mesh, each pipeline on its share of the batch, gradients averaged across.
-double train_and_compare(Kind kind, int microbatches, bool deferred = false, const Task& task = kMlp, int dp = 1) {
+double train_and_compare(Kind kind, int microbatches, bool deferred = false, const Task& task = kMlp, int dp = 1,
+                         Wrap wrap = Wrap::kGroup) {
   std::optional<cpprun::DeviceMesh> mesh;
-  if (dp > 1) mesh.emplace(group(), std::vector<int>{dp, group().size() / dp}, std::vector<std::string>{"dp", "pp"});
+  if (dp > 1 && wrap == Wrap::kGroup) {
+    mesh.emplace(group(), std::vector<int>{dp, group().size() / dp}, std::vector<std::string>{"dp", "pp"});
+  } else if (dp > 1) {
+    mesh.emplace(group(), std::vector<int>{group().size() / dp, dp, 1}, std::vector<std::string>{"pp", "dp", "tp"});
+  }
   const auto& pg = mesh ? mesh->group("pp") : group();
   const int p = pg.size(), v = kind == Kind::kInterleaved ? 2 : 1;
   ddp_test::Float64Parity doubles;
   torch::nn::Sequential model = deferred ? cpprun::deferred_init(task.make) : task.make();
   const auto split = cpprun::split_evenly(model, p * v);
   std::vector<cpprun::PipelineStage> stages;
+  for (int k = 0; k < v; ++k) stages.emplace_back(model, split, pg, pg.rank() + k * p);
+  std::vector<std::shared_ptr<CountingHook>> hooks;  // one per stage in DDP
+  if (mesh && wrap != Wrap::kGroup) {
+    for (auto& stage : stages) {
+      if (zero_stage(wrap) > 0) {
+        stage.set_data_parallel(cpprun::FullyShardedDataParallel(stage.module(), mesh->group("dp"),
+                                                                 cpprun::FsdpOptions().stage(zero_stage(wrap))));
+        continue;
+      }
+      cpprun::DistributedDataParallel<torch::nn::SequentialImpl> ddp(
+          stage.module(), mesh->group("dp"),
+          cpprun::DdpOptions().find_unused_parameters(wrap == Wrap::kDdpFindUnused));
+      hooks.push_back(std::make_shared<CountingHook>());
+      ddp->register_comm_hook(hooks.back());
+      stage.set_data_parallel(ddp);
+      CHECK_THROWS_WITH(stage.set_data_parallel(ddp), Catch::Contains("already wrapped"));
+    }
+  }
+  // What the optimizer steps (FSDP: this rank's shards).
   std::vector<at::Tensor> params;
   std::set<const c10::TensorImpl*> seen;  // a weight two of this rank's stages share: once
-  for (int k = 0; k < v; ++k) {
-    stages.emplace_back(model, split, pg, pg.rank() + k * p);
-    for (const auto& t : stages.back().parameters()) {
+  for (auto& stage : stages) {
+    for (const auto& t : stage.parameters()) {
       if (seen.insert(t.unsafeGetTensorImpl()).second) params.push_back(t);
     }
   }
@@ -185,7 +233,7 @@ double train_and_compare(Kind kind, int microbatches, bool deferred = false, con
     if (p > 1) CHECK(left > 0);
   }
   auto schedule = make_schedule(kind, stages, microbatches, task);
-  if (mesh) schedule->set_data_parallel_group(mesh->group("dp"));
+  if (mesh && wrap == Wrap::kGroup) schedule->set_data_parallel_group(mesh->group("dp"));
   // This pipeline's rows of each batch (all of them without data parallelism).
   auto share = [&](const at::Tensor& t) { return mesh ? dist_test::slice(t, mesh->coordinate("dp"), dp) : t; };
   torch::optim::AdamW opt(params, torch::optim::AdamWOptions(1e-2));
@@ -200,6 +248,8 @@ double train_and_compare(Kind kind, int microbatches, bool deferred = false, con
     const double norm = cpprun::pipeline_clip_grad_norm(mine, kMaxNorm);
     opt.step();
     worst = std::max({worst, std::abs(loss - ref.losses[s]) / ref.losses[s], std::abs(norm - ref.norms[s]) / ref.norms[s]});
+    // One reduction of the stage's (one-bucket) gradients a step, not one per micro-batch.
+    for (const auto& hook : hooks) CHECK(hook->calls == s + 1);
     REQUIRE(static_cast<int>(schedule->microbatch_losses().size()) == microbatches);
     // The activations held at once: GPipe all, 1F1B p - r, interleaved its warm-up plus one;
     // zero bubble (each held until its weight pass, which runs when the rank would wait) from
@@ -225,6 +275,10 @@ double train_and_compare(Kind kind, int microbatches, bool deferred = false, con
     torch::nn::Sequential trained = ref.model;  // a handle: forward is not const
     const double expected = task.loss(trained->forward(x), y).item<double>();
     worst = std::max(worst, std::abs(held_out - expected) / expected);
+  }
+  // FSDP: the full parameters from the shards the optimizer stepped (collective over dp).
+  for (auto& stage : stages) {
+    if (!stage.data_parallel().is_empty()) stage.data_parallel().ptr()->gather_full_parameters();
   }
   auto ref_params = ref.model->named_parameters();
   int compared = 0;
@@ -325,6 +379,43 @@ TEST_CASE("pipeline: {dp 2, pp} averages the stages' gradients across pipelines 
   worst = std::max(worst, train_and_compare(Kind::kZeroBubble, 4, false, kMlp, /*dp=*/2));
   worst = std::max(worst, train_and_compare(Kind::kInterleaved, group().size() / 2, false, kTiedLm, /*dp=*/2));
   std::printf("pipeline dp 2 rank %d: worst relative difference %.2e\n", group().rank(), worst);
+}
+
+TEST_CASE("pipeline: stages wrapped in DistributedDataParallel on a {pp, dp, tp} mesh reduce once a step and match "
+          "one process", "[pipeline]") {
+  if (group().size() % 2 != 0) return;  // np1, np3: no such mesh (np2: pp 1 x dp 2, np4: pp 2 x dp 2)
+  double worst = 0;
+  worst = std::max(worst, train_and_compare(Kind::k1F1B, 3, false, kMlp, /*dp=*/2, Wrap::kDdp));
+  worst = std::max(worst, train_and_compare(Kind::kGPipe, 2, false, kTiedLm, /*dp=*/2, Wrap::kDdp));
+  worst = std::max(worst, train_and_compare(Kind::kZeroBubble, 4, false, kTiedLm, /*dp=*/2, Wrap::kDdpFindUnused));
+  worst = std::max(worst, train_and_compare(Kind::kInterleaved, group().size() / 2, false, kMlp, /*dp=*/2, Wrap::kDdp));
+  std::printf("pipeline ddp stages rank %d: worst relative difference %.2e\n", group().rank(), worst);
+}
+
+TEST_CASE("pipeline: stages in FullyShardedDataParallel (ZeRO-1, 2, 3) on a {pp, dp, tp} mesh match one process",
+          "[pipeline]") {
+  if (group().size() % 2 != 0) return;  // np1, np3: no such mesh (np2: pp 1 x dp 2, np4: pp 2 x dp 2)
+  double worst = 0;
+  worst = std::max(worst, train_and_compare(Kind::k1F1B, 3, false, kMlp, /*dp=*/2, Wrap::kZero1));
+  worst = std::max(worst, train_and_compare(Kind::kGPipe, 2, false, kTiedLm, /*dp=*/2, Wrap::kZero2));
+  worst = std::max(worst, train_and_compare(Kind::k1F1B, 4, false, kTiedLm, /*dp=*/2, Wrap::kZero3));
+  worst = std::max(worst, train_and_compare(Kind::kZeroBubble, 4, false, kMlp, /*dp=*/2, Wrap::kZero3));
+  worst = std::max(worst, train_and_compare(Kind::kZeroBubble, 2, false, kCheckpointed, /*dp=*/2, Wrap::kZero2));
+  worst = std::max(worst, train_and_compare(Kind::kInterleaved, group().size() / 2, false, kMlp, /*dp=*/2, Wrap::kZero3));
+  std::printf("pipeline fsdp stages rank %d: worst relative difference %.2e\n", group().rank(), worst);
+}
+
+TEST_CASE("pipeline: a stage's data-parallel wrapper must be its own, and set once", "[pipeline]") {
+  ddp_test::Float64Parity doubles;
+  torch::nn::Sequential model = make_model();
+  const auto split = cpprun::split_evenly(model, group().size());
+  cpprun::PipelineStage stage(model, split, group());
+  // Each rank alone: the ranks' stages differ, and no wrapper here is meant to communicate.
+  const cpprun::ProcessGroup alone = cpprun::split_group(group(), group().rank());
+  torch::nn::Sequential other = make_model();
+  CHECK_THROWS_WITH(stage.set_data_parallel(cpprun::DistributedDataParallel(other, alone)),
+                    Catch::Contains("wraps another module"));
+  CHECK(stage.data_parallel().is_empty());
 }
 
 TEST_CASE("pipeline: a GradScaler over the pipeline skips the step on every stage when one overflows", "[pipeline]") {

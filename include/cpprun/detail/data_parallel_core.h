@@ -33,6 +33,16 @@ class DataParallelCore {
   // Whether the next backward reduces gradients across ranks (what no_sync() switches off).
   virtual void set_require_sync(bool sync) = 0;
   virtual bool require_sync() const = 0;
+  // Pipelines (cpprun/pipeline.h): with manual finalization on, the backwards of a step's
+  // micro-batches accumulate local gradients (as under no_sync) and finalize_backward() then
+  // reduces what accumulated, once per step, after the stage's last backward (FSDP2's
+  // set_manual_backward_finalization / finalize_backward). A wrapper that cannot says so, naming
+  // what to use instead, from set_manual_finalization(true). Collective: finalize_backward.
+  virtual void set_manual_finalization(bool on) = 0;
+  virtual void finalize_backward() = 0;
+  // The group whose ranks' gradients together hold each gradient once (FSDP's shard group), for a
+  // norm over more than this wrapper (a pipeline's stages); null when each rank holds them all.
+  virtual const ProcessGroup* shard_group() const { return nullptr; }
   virtual double clip_grad_norm(double max_norm) = 0;
   virtual void gather_full_parameters() {}
   virtual const ProcessGroup& group() const = 0;

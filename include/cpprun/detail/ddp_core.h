@@ -31,6 +31,10 @@ class DdpCore final : public DataParallelCore {
 
   void set_require_sync(bool sync) override;
   bool require_sync() const override;
+  // Manual finalization: forwards prepare no reduction and buckets are never rebuilt (they stay in
+  // reverse registration order); finalize_backward() reduces every accumulated gradient at once.
+  void set_manual_finalization(bool on) override;
+  void finalize_backward() override;
   // The gradients are the same on every rank after backward: no communication.
   double clip_grad_norm(double max_norm) override;
   const ProcessGroup& group() const override;

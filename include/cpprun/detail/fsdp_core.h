@@ -38,6 +38,11 @@ class FsdpCore final : public DataParallelCore {
   void register_shards(torch::nn::Module& wrapper) const;
   void set_require_sync(bool sync) override;
   bool require_sync() const override;
+  // A pipeline stage: forwards run as under no_sync, and finalize_backward() reduces (and, at
+  // stage 3, releases) once a step.
+  void set_manual_finalization(bool on) override;
+  void finalize_backward() override;
+  const ProcessGroup* shard_group() const override;
   double clip_grad_norm(double max_norm) override;
   const ProcessGroup& group() const override;
 
