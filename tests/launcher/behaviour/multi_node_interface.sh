@@ -29,8 +29,9 @@ remove_namespaces() {
     ip netns delete "$ns" 2>/dev/null
     rm -rf "/etc/netns/$ns"
   done
-  ip link delete "cpi$$a" 2>/dev/null  # only if one never made it into a namespace
+  ip link delete "cpi$$a" 2>/dev/null  # only if it never made it into a namespace
   ip link delete "cpj$$a" 2>/dev/null
+  rmdir /etc/netns 2>/dev/null  # if this test made it and no other uses it
 }
 trap 'remove_namespaces; cleanup' EXIT
 
@@ -47,7 +48,7 @@ setup() {
   local ns
   for ns in "$ns0" "$ns1"; do
     ip netns add "$ns" && ip -n "$ns" link set lo up && mkdir -p "/etc/netns/$ns" &&
-      printf '127.0.0.1 localhost %s\n::1 localhost\n' "$(hostname)" >"/etc/netns/$ns/hosts" || return 1
+      printf '127.0.0.1 localhost %s\n::1 localhost\n' "$(uname -n)" >"/etc/netns/$ns/hosts" || return 1
   done
   pair cpveth 10.213.0 "cpi$$" && pair cpalt 10.214.0 "cpj$$" &&
     ip -n "$ns0" addr add fd00:213::1/64 dev cpveth nodad && ip -n "$ns1" addr add fd00:213::2/64 dev cpveth nodad
@@ -56,8 +57,8 @@ if ! setup 2>"$WORK/setup.err"; then
   echo "SKIP: could not create the namespaces and veth pairs: $(cat "$WORK/setup.err")"
   exit 77
 fi
-ip netns exec "$ns1" getent hosts "$(hostname)" | grep -q '^127\.0\.0\.1 ' ||
-  fail "the host name does not resolve to 127.0.0.1 in the namespace: $(ip netns exec "$ns1" getent hosts "$(hostname)")"
+ip netns exec "$ns1" getent hosts "$(uname -n)" | grep -q '^127\.0\.0\.1 ' ||
+  fail "in the namespace the host name resolves to: $(ip netns exec "$ns1" getent hosts "$(uname -n)")"
 
 # Each rank writes the variables it got, then all-reduces its rank + 1 over Gloo across the nodes.
 cat >"$WORK/all_reduce.py" <<'EOF'
@@ -113,8 +114,11 @@ unset GLOO_SOCKET_IFNAME NCCL_SOCKET_IFNAME
 run_job 10.213.0.1
 expect_worker_env 0 cpveth =cpveth
 expect_worker_env 1 cpveth =cpveth
-expect_said_once 0 "cpprun: node 0: workers' Gloo and NCCL use interface cpveth (10.213.0.1, the address the other nodes' agents reached this one at); set GLOO_SOCKET_IFNAME (and NCCL_SOCKET_IFNAME) to choose another"
-expect_said_once 1 "cpprun: node 1: workers' Gloo and NCCL use interface cpveth (10.213.0.2, the address this node reaches the rendezvous host from); set GLOO_SOCKET_IFNAME (and NCCL_SOCKET_IFNAME) to choose another"
+override="; set GLOO_SOCKET_IFNAME (and NCCL_SOCKET_IFNAME) to choose another"
+expect_said_once 0 "cpprun: node 0: workers' Gloo and NCCL use interface cpveth (10.213.0.1, the address the other \
+nodes' agents reached this one at)$override"
+expect_said_once 1 "cpprun: node 1: workers' Gloo and NCCL use interface cpveth (10.213.0.2, the address this node \
+reaches the rendezvous host from)$override"
 
 # (b) The agents meet over IPv6: the same interface, named by its IPv6 address.
 run_job fd00:213::1
@@ -128,6 +132,7 @@ run_job 10.213.0.1 GLOO_SOCKET_IFNAME=cpalt NCCL_SOCKET_IFNAME=cpalt
 expect_worker_env 0 cpalt cpalt
 expect_worker_env 1 cpalt cpalt
 for node in 0 1; do
-  grep -q "interface" "$WORK/node$node.err" && fail "node $node spoke of interfaces: $(grep interface "$WORK/node$node.err")"
+  grep -q "interface" "$WORK/node$node.err" &&
+    fail "node $node spoke of interfaces: $(grep interface "$WORK/node$node.err")"
 done
 echo PASS
