@@ -5,6 +5,7 @@
 
 #include "common/job_secret.h"
 #include "rendezvous/node_rendezvous.h"
+#include "rendezvous/socket_interface.h"
 #include "workers/error_file.h"
 #include "workers/flight_requests.h"
 
@@ -21,12 +22,23 @@ int run_multi_node(const RendezvousSettings& settings, const WorkerSettings& wor
     std::cerr << "cpprun: received " << signal_name(signal) << " while waiting for the other nodes; exiting\n";
     return 128 + signal;
   }
+  std::string interface_said;  // said once, and again only if a new round changes it
   for (;;) {
     const int restart_count = rendezvous->restart_count();
     const std::string this_node = "node " + std::to_string(layout->group_rank);
     run_dir.prepare_attempt(restart_count, workers.env.local_world_size);
+    const InterfaceChoice interface =
+        choose_socket_interface(rendezvous->link_addresses(), interface_addresses(), parent_env);
+    if (const std::string said = describe_interface_choice(
+            interface, layout->group_rank, layout->group_rank == 0 ? LinkSide::kHost : LinkSide::kMember);
+        !said.empty() && said != interface_said) {
+      std::cerr << said << "\n";
+      interface_said = said;
+    }
+    EnvMap round_env = parent_env;
+    for (const auto& [name, value] : interface.variables) round_env[name] = value;
     const std::vector<WorkerSpec> specs =
-        make_worker_specs(workers, *layout, program, restart_count, run_dir.layout(), parent_env);
+        make_worker_specs(workers, *layout, program, restart_count, run_dir.layout(), round_env);
     // Told before this node's workers are stopped, so every node stops at once.
     const auto tell_others = [&](const AttemptEnd& attempt) {
       switch (attempt.end) {

@@ -63,16 +63,20 @@ int port_of(const sockaddr* address) {
                                               : reinterpret_cast<const sockaddr_in*>(address)->sin_port);
 }
 
-std::string address_text(const sockaddr* address) {
-  char host[INET6_ADDRSTRLEN] = "?";
+// Numeric, without the port: "10.0.0.2", "fd00::2"; a dual-stack socket's IPv4 one as IPv4. "" if neither.
+std::string host_text(const sockaddr* address) {
+  char host[INET6_ADDRSTRLEN] = "";
   if (const unsigned char* v4 = ipv4_bytes(address)) {
     inet_ntop(AF_INET, v4, host, sizeof(host));
   } else if (address->sa_family == AF_INET6) {
     inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(address)->sin6_addr, host, sizeof(host));
-  } else {
-    return "?";
   }
-  return endpoint_text(host, port_of(address));
+  return host;
+}
+
+std::string address_text(const sockaddr* address) {
+  const std::string host = host_text(address);
+  return host.empty() ? "?" : endpoint_text(host, port_of(address));
 }
 
 bool is_loopback_address(const sockaddr* address) {
@@ -136,6 +140,13 @@ NodeLink::NodeLink(int fd, std::string peer, LinkSide side, std::string secret)
     host_nonce_ = random_nonce();
     write_line(std::string(kChallengeWord) + " 1 " + host_nonce_);
   }
+}
+
+std::string NodeLink::local_address() const {
+  sockaddr_storage local{};
+  socklen_t size = sizeof(local);
+  if (fd_.get() < 0 || getsockname(fd_.get(), reinterpret_cast<sockaddr*>(&local), &size) != 0) return "";
+  return host_text(reinterpret_cast<const sockaddr*>(&local));
 }
 
 bool NodeLink::handshake_overdue(Clock::time_point now) const {

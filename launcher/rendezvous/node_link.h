@@ -48,6 +48,9 @@ class NodeLink {
 
   int fd() const { return fd_.get(); }
   const std::string& peer() const { return peer_; }
+  // This machine's end of the link, numeric ("10.0.0.2"; a dual-stack socket's IPv4 one as IPv4),
+  // or "" once closed: the address this node reaches the other from (socket_interface.h).
+  std::string local_address() const;
   bool authenticated() const { return state_ == State::kOpen; }
   // Not proven within kHandshakeTimeout of being opened: a stranger, or a peer that stopped halfway.
   bool handshake_overdue(Clock::time_point now) const;

@@ -129,6 +129,10 @@ class NodeRendezvous : public PeerEvents {
 
   // The round being run: every restart and (c10d) every membership change starts one.
   int round() const { return round_; }
+  // This machine's end of each link to another node's agent in the round (NodeLink::local_address()):
+  // a member's one to the host, the host's to each member. Where this node reaches the rendezvous
+  // host from, or is reached at (socket_interface.h).
+  virtual std::vector<std::string> link_addresses() const = 0;
   // TORCHELASTIC_RESTART_COUNT: the restarts after worker failures so far.
   int restart_count() const { return restart_count_; }
   bool attempt_ended() const override { return end_.has_value(); }

@@ -49,6 +49,12 @@ class RendezvousHost final : public NodeRendezvous {
     return layout;
   }
 
+  std::vector<std::string> link_addresses() const override {
+    std::vector<std::string> addresses;
+    for (const Node& n : nodes_) addresses.push_back(n.link.local_address());
+    return addresses;
+  }
+
   std::vector<int> fds() const override {
     std::vector<int> fds;
     for (const Node& n : nodes_) fds.push_back(n.link.fd());

@@ -84,6 +84,8 @@ class RendezvousMember final : public NodeRendezvous {
     }
   }
 
+  std::vector<std::string> link_addresses() const override { return {link_.local_address()}; }
+
   std::vector<int> fds() const override { return link_.fd() >= 0 ? std::vector<int>{link_.fd()} : std::vector<int>{}; }
 
   void on_readable(int) override {

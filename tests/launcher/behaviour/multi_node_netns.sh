@@ -1,6 +1,7 @@
 # Multi-node (3): two nodes in two network namespaces of this test's own, joined by a veth pair
 # (10.213.0.1 and 10.213.0.2); node 1 reaches node 0 only over the veth, at --master_addr=10.213.0.1.
-# Runs the library's collectives test across them. Needs root and `ip netns`; skipped otherwise.
+# Runs the library's collectives test across them, with no interface variables. Needs root and
+# `ip netns`; skipped otherwise.
 . "$(dirname "$0")/common.sh"
 collectives=${2:?usage: $0 PATH/TO/cpprun PATH/TO/cpprun_dist_collectives}
 
@@ -40,8 +41,10 @@ if ! setup 2>"$WORK/setup.err"; then
   exit 77
 fi
 
-# Gloo binds the interface named here in each namespace (both ends are called cpveth).
-export GLOO_SOCKET_IFNAME=cpveth
+# No GLOO_SOCKET_IFNAME: cpprun names cpveth to each node's workers (the library's Gloo would bind
+# the address the host name resolves to, 127.0.0.1 on many hosts, and node 1's rank could not
+# connect); multi_node_interface.sh tests the choice itself.
+unset GLOO_SOCKET_IFNAME NCCL_SOCKET_IFNAME
 args=(--nnodes=2 --master_addr=10.213.0.1 --master_port=29530 --rdzv_conf join_timeout=30)
 CPPRUN_TEST_TAG=$WORK ip netns exec "$ns1" "$CPPRUN" "${args[@]}" --node_rank=1 --nproc_per_node=1 "$collectives" \
   >"$WORK/node1.out" 2>"$WORK/node1.err" &
@@ -57,5 +60,7 @@ expect_in_file "$WORK/node0.err" "all 2 nodes joined at 10.213.0.1:29530; 3 work
 expect_in_file "$WORK/node0.out" "[rank0]: All tests passed" "rank 0's result"
 expect_in_file "$WORK/node0.out" "[rank1]: All tests passed" "rank 1's result"
 expect_in_file "$WORK/node1.out" "[rank2]: All tests passed" "rank 2's result"
+expect_in_file "$WORK/node1.err" "cpprun: node 1: workers' Gloo and NCCL use interface cpveth (10.213.0.2," \
+  "node 1's interface line"
 expect_no_leftovers
 echo PASS
