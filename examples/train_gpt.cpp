@@ -68,9 +68,9 @@ constexpr const char* kUsage = R"(usage: train_gpt [options]
   --pp N             pipeline parallelism: the model cut into N stages by its children (embeddings, blocks h0..,
                      ln_f, the tied head), one a rank (2 with interleaved-1f1b); each step's --batch windows go
                      through them in --microbatches micro-batches; the same losses as one rank. A multiple of N
-                     ranks runs that many pipelines, data-parallel with --mode ddp (each its own --batch windows,
-                     gradients averaged across). Not yet with --tp, --mode fsdp, --grad-accum, --save/--resume,
-                     --init-from/--export (default 1)
+                     ranks runs that many pipelines, data-parallel with --mode ddp or fsdp (each its own --batch
+                     windows, each stage in DDP or FSDP --stage K across them). Not yet with --tp, --grad-accum,
+                     --save/--resume, --init-from/--export (default 1)
   --pp-schedule gpipe|1f1b|interleaved-1f1b|zero-bubble
                      the order of the micro-batches' passes (docs/pipeline_parallel.md) (default 1f1b)
   --microbatches M   micro-batches per step with --pp; --batch must divide by M (default 2 x N)
@@ -349,7 +349,6 @@ Options parse(int argc, char** argv) {
     // What pipeline stages do not do yet (issue 42 goes on): each named, none ignored.
     std::string conflict;
     if (o.tp > 1) conflict = "--tp";
-    else if (o.mode == "fsdp") conflict = "--mode fsdp";
     else if (o.grad_accum > 1) conflict = "--grad-accum (--microbatches splits a step under --pp)";
     else if (o.cuda_graph) conflict = "--cuda-graph";
     else if (!o.save_dir.empty() || !o.resume_dir.empty()) conflict = "--save / --resume";
@@ -810,15 +809,15 @@ int run(int argc, char** argv) {
   }
   if (opt.pp > 1 && (group.size() % opt.pp != 0 || (opt.mode == "none" && group.size() != opt.pp))) {
     throw std::invalid_argument("--pp " + std::to_string(opt.pp) + " runs pipelines of " + std::to_string(opt.pp) +
-                                " ranks (one stage a rank), data-parallel across them with --mode ddp; this job has " +
+                                " ranks (one stage a rank), data-parallel across them with --mode ddp or fsdp; this job has " +
                                 std::to_string(group.size()) + " ranks" +
                                 (opt.mode == "none" ? " and --mode none (one pipeline)" : "") + ": run a multiple of " +
-                                std::to_string(opt.pp) + " ranks (--mode ddp), or --nproc_per_node=" +
+                                std::to_string(opt.pp) + " ranks (--mode ddp or fsdp), or --nproc_per_node=" +
                                 std::to_string(opt.pp));
   }
   // --pp: the ranks as a {dp, pp} grid, rank = d * pp + s: each row of pp consecutive ranks is one
-  // pipeline (mesh.group("pp")), each column the same stage of every pipeline, whose gradients
-  // are averaged after each step (mesh.group("dp")), as DDP's.
+  // pipeline (mesh.group("pp")), each column the same stage of every pipeline, in DDP or FSDP over
+  // it (mesh.group("dp")), its gradients reduced once a step.
   if (opt.pp > 1) {
     mesh.emplace(group, std::vector<int>{group.size() / opt.pp, opt.pp}, std::vector<std::string>{"dp", "pp"});
   }
@@ -921,16 +920,25 @@ int run(int argc, char** argv) {
     };
     for (int k = 0; k < stages_per_rank; ++k) stages.emplace_back(pipe, stage_split, pp_group, pp_group.rank() + k * opt.pp);
     for (auto& s : stages) my_stages.push_back(&s);
+    // --mode fsdp: each stage sharded over its copies in the other pipelines, one unit per block
+    // (ZeRO-3 still gathers each unit per micro-batch); the optimizer below takes the shards.
+    if (opt.mode == "fsdp") {
+      for (auto& s : stages) s.set_data_parallel(cpprun::FullyShardedDataParallel(s.module(), dp_group, per_block_fsdp));
+    }
     if (opt.pp_schedule == "gpipe") schedule = std::make_unique<cpprun::ScheduleGPipe>(stages[0], opt.microbatches, loss_of);
     else if (opt.pp_schedule == "1f1b") schedule = std::make_unique<cpprun::Schedule1F1B>(stages[0], opt.microbatches, loss_of);
     else if (opt.pp_schedule == "zero-bubble") schedule = std::make_unique<cpprun::ScheduleZeroBubble>(stages[0], opt.microbatches, loss_of);
     else schedule = std::make_unique<cpprun::ScheduleInterleaved1F1B>(my_stages, opt.microbatches, loss_of);
-    if (dp_group.size() > 1) schedule->set_data_parallel_group(dp_group);
+    if (opt.mode == "ddp" && dp_group.size() > 1) schedule->set_data_parallel_group(dp_group);
     if (rank == 0) {
       std::printf("pipeline parallel: %zu stages over %d ranks (%s), %s, %d micro-batches of %d windows",
                   stage_split.size(), opt.pp, stages_per_rank > 1 ? "2 a rank" : "1 a rank", opt.pp_schedule.c_str(),
                   opt.microbatches, opt.batch / opt.microbatches);
-      if (dp_group.size() > 1) std::printf(", %d pipelines (data parallel)", dp_group.size());
+      if (opt.mode == "fsdp") {
+        std::printf(", %d pipelines (FSDP ZeRO-%d over them)", dp_group.size(), opt.stage);
+      } else if (dp_group.size() > 1) {
+        std::printf(", %d pipelines (data parallel)", dp_group.size());
+      }
       std::printf(":");
       for (size_t s = 0; s < stage_split.size(); ++s) {
         std::printf(" [%s..%s]", stage_split[s].front().c_str(), stage_split[s].back().c_str());
@@ -945,7 +953,10 @@ int run(int argc, char** argv) {
   std::vector<torch::Tensor> decay, no_decay;
   std::set<const c10::TensorImpl*> seen;  // --pp: a rank's two stages (interleaved) give each tensor once
   for (const auto& s : my_stages) {
-    for (const auto& item : cpprun::unique_named_parameters(*s->module())) {
+    // FSDP: this rank's shards (rows of each tensor, so a 2-D weight stays 2-D).
+    const torch::nn::Module& trained = s->data_parallel().is_empty() ? static_cast<const torch::nn::Module&>(*s->module())
+                                                                      : *s->data_parallel();
+    for (const auto& item : cpprun::unique_named_parameters(trained)) {
       if (seen.insert(item.value().unsafeGetTensorImpl()).second) (item.value().dim() >= 2 ? decay : no_decay).push_back(item.value());
     }
   }
@@ -1294,7 +1305,14 @@ int run(int argc, char** argv) {
   // Under --tp no rank holds the whole model: gather it (collective) into an unsplit Gpt on every
   // rank, which then exports, evaluates and samples as the trained module does without --tp.
   Gpt whole = gpt;
-  if (schedule) gather_stages(pipe, stage_split, pp_group);  // --pp: every stage's trained tensors on every rank
+  if (schedule) {
+    // --pp --mode fsdp: each stage's full parameters from its shards (collective over dp), then
+    // every stage's trained tensors on every rank.
+    for (auto* s : my_stages) {
+      if (!s->data_parallel().is_empty()) s->data_parallel().ptr()->gather_full_parameters();
+    }
+    gather_stages(pipe, stage_split, pp_group);
+  }
   if (tp_group) {
     model->gather_full_parameters();  // FSDP: this rank's shards made current (--tp: always wrapped)
     whole = unsplit(*gpt, model_vocab, opt, device);

@@ -4,7 +4,8 @@
 # checkpointing inside the stages, must train to the same 6 step losses and held-out loss within
 # 1e-10 (only the summation order differs: the micro-batches' means averaged against one mean; the
 # head tied to the embedding lives on the first and last stages, its gradients summed between them);
-# two pipelines data-parallel (4 ranks, {dp 2, pp 2}) against one rank on both pipelines' windows.
+# two pipelines data-parallel (4 ranks, {dp 2, pp 2}: DDP, FSDP ZeRO-3 and ZeRO-2) against one rank
+# on both pipelines' windows.
 # --amp fp16 (float32) against one rank with --amp fp16 within 1e-3.
 # And what --pp does not do yet, or cannot, is refused by name.
 # Usage: train_gpt_pp.sh CPPRUN TRAIN_GPT
@@ -56,14 +57,22 @@ run dp2.pp2 4 --pp 2 --mode ddp --microbatches 4
 grep -q "1f1b, 4 micro-batches of 2 windows, 2 pipelines (data parallel)" "$tmp/out" ||
   fail "the {dp 2, pp 2} run did not say it has 2 pipelines"
 agree whole16 dp2.pp2
+# The same two pipelines with each stage in FSDP over its copy in the other pipeline: ZeRO-3 under
+# 1F1B, ZeRO-2 under zero bubble (the shards reduced once a step, the tied head's summed between the
+# first and last stages), as one rank on all 16 windows.
+run dp2.pp2.zero3 4 --pp 2 --mode fsdp --stage 3 --microbatches 4
+grep -q "1f1b, 4 micro-batches of 2 windows, 2 pipelines (FSDP ZeRO-3 over them)" "$tmp/out" ||
+  fail "the {dp 2, pp 2} FSDP run did not say its stages are sharded"
+agree whole16 dp2.pp2.zero3
+run dp2.pp2.zero2.zb 4 --pp 2 --mode fsdp --stage 2 --pp-schedule zero-bubble --microbatches 4
+agree whole16 dp2.pp2.zero2.zb
 
 refused 1 "--pp does not go with --tp yet" --pp 2 --tp 2
 refused 1 "--pp does not go with --grad-accum" --pp 2 --grad-accum 2
-refused 1 "--pp does not go with --mode fsdp yet" --pp 2 --mode fsdp
 refused 1 "--microbatches goes with --pp N" --microbatches 4
 refused 1 "--batch 8 does not split into --microbatches 3" --pp 2 --microbatches 3
 refused 1 "--pp-schedule must be gpipe, 1f1b, interleaved-1f1b or zero-bubble" --pp 2 --pp-schedule zb
-refused 1 "--pp 2 runs pipelines of 2 ranks (one stage a rank), data-parallel across them with --mode ddp; this job has 1 ranks" --pp 2
+refused 1 "--pp 2 runs pipelines of 2 ranks (one stage a rank), data-parallel across them with --mode ddp or fsdp; this job has 1 ranks" --pp 2
 refused 4 "this job has 4 ranks and --mode none (one pipeline)" --pp 2 --mode none
 refused 2 "Interleaved1F1B runs micro-batches in rounds of one per pipeline rank" --pp 2 --pp-schedule interleaved-1f1b --microbatches 1 --batch 8
 echo "PASS: --pp trains as one rank under every schedule; what it cannot do is refused"
