@@ -30,15 +30,19 @@ double clip_grad_norm(const std::vector<GradientToClip>& grads, double max_norm,
     const int64_t slot = g.split_over ? 1 + group_of_split[split_index++] : 0;
     if (g.grad.defined() && g.counted) squares[slot] += g.grad.to(at::kDouble).pow(2).sum().cpu();
   }
-  if (sum_over) all_reduce(*sum_over, squares);
-  if (then_over) all_reduce(*then_over, squares);
-  double total = squares[0].item<double>();
+  // The pieces of each split gradient first, over its TP group; then this rank's total over the
+  // groups that share the gradients out. In that order a rank whose gradients are all whole (a
+  // pipeline stage without TP-split layers, beside stages with them) joins the same sums as the
+  // others: one number each.
   for (size_t i = 0; i < tp_groups.size(); ++i) {
     auto part = squares.narrow(0, static_cast<int64_t>(i) + 1, 1).clone();
-    all_reduce(tp_groups[i], part);  // the pieces of each split gradient, over its TP group
-    total += part.item<double>();
+    all_reduce(tp_groups[i], part);
+    squares.narrow(0, static_cast<int64_t>(i) + 1, 1).copy_(part);
   }
-  total = std::sqrt(total);
+  at::Tensor total_squares = squares.sum().reshape({1});
+  if (sum_over) all_reduce(*sum_over, total_squares);
+  if (then_over) all_reduce(*then_over, total_squares);
+  const double total = std::sqrt(total_squares.item<double>());
   const double scale = max_norm / (total + 1e-6);
   if (scale < 1) {
     for (const auto& g : grads) {

@@ -8,6 +8,8 @@
 //                    (each pair of ranks splits every block's heads and MLP units; FSDP across the pairs)
 //   pipeline:        ./build/launcher/cpprun --nproc_per_node=2 ./build/examples/train_gpt --pp 2 --microbatches 4
 //                    (the blocks split between the two ranks, 1F1B over 4 micro-batches a step)
+//   3-D:             ./build/launcher/cpprun --nproc_per_node=8 ./build/examples/train_gpt --pp 2 --tp 2 --mode fsdp --stage 3
+//                    (two pipelines of two stages, each stage's blocks over two TP ranks, ZeRO-3 across)
 //   larger:          ... --mode fsdp --stage 3 --checkpoint-activations --amp fp16
 //                    (at stage 3 the model is built with deferred initialisation: FSDP materialises it
 //                    block by block, so no rank ever holds all of it)
@@ -69,8 +71,8 @@ constexpr const char* kUsage = R"(usage: train_gpt [options]
                      ln_f, the tied head), one a rank (2 with interleaved-1f1b); each step's --batch windows go
                      through them in --microbatches micro-batches; the same losses as one rank. A multiple of N
                      ranks runs that many pipelines, data-parallel with --mode ddp or fsdp (each its own --batch
-                     windows, each stage in DDP or FSDP --stage K across them). Not yet with --tp, --grad-accum,
-                     --save/--resume, --init-from/--export (default 1)
+                     windows, each stage in DDP or FSDP --stage K across them); with --tp, each stage over
+                     --tp ranks. Not yet with --grad-accum, --save/--resume, --init-from/--export (default 1)
   --pp-schedule gpipe|1f1b|interleaved-1f1b|zero-bubble
                      the order of the micro-batches' passes (docs/pipeline_parallel.md) (default 1f1b)
   --microbatches M   micro-batches per step with --pp; --batch must divide by M (default 2 x N)
@@ -348,8 +350,7 @@ Options parse(int argc, char** argv) {
   if (o.pp > 1) {
     // What pipeline stages do not do yet (issue 42 goes on): each named, none ignored.
     std::string conflict;
-    if (o.tp > 1) conflict = "--tp";
-    else if (o.grad_accum > 1) conflict = "--grad-accum (--microbatches splits a step under --pp)";
+    if (o.grad_accum > 1) conflict = "--grad-accum (--microbatches splits a step under --pp)";
     else if (o.cuda_graph) conflict = "--cuda-graph";
     else if (!o.save_dir.empty() || !o.resume_dir.empty()) conflict = "--save / --resume";
     else if (!o.init_from.empty() || !o.export_dir.empty()) conflict = "--init-from / --export";
@@ -798,29 +799,34 @@ int run(int argc, char** argv) {
                                 std::to_string(opt.tp) + " ranks (--nproc_per_node) or choose a --tp that divides " +
                                 std::to_string(group.size()));
   }
-  // The ranks as a {dp, tp} grid, rank = d * tp + t: each row of tp consecutive ranks (mesh.group("tp"))
-  // splits the model among themselves; each column (mesh.group("dp")) holds one shard, replicated or
-  // sharded by DDP/FSDP. Without --tp, every rank is data-parallel.
   std::optional<cpprun::DeviceMesh> mesh;
   std::optional<cpprun::ProcessGroup> tp_group;
-  if (opt.tp > 1) {
-    mesh.emplace(group, std::vector<int>{group.size() / opt.tp, opt.tp}, std::vector<std::string>{"dp", "tp"});
-    tp_group = mesh->group("tp");
-  }
-  if (opt.pp > 1 && (group.size() % opt.pp != 0 || (opt.mode == "none" && group.size() != opt.pp))) {
-    throw std::invalid_argument("--pp " + std::to_string(opt.pp) + " runs pipelines of " + std::to_string(opt.pp) +
-                                " ranks (one stage a rank), data-parallel across them with --mode ddp or fsdp; this job has " +
+  const int pipeline_ranks = opt.pp * opt.tp;  // --pp stages, each over --tp ranks
+  if (opt.pp > 1 && (group.size() % pipeline_ranks != 0 || (opt.mode == "none" && group.size() != opt.pp))) {
+    const std::string per_stage = opt.tp > 1 ? " x --tp " + std::to_string(opt.tp) : "";
+    throw std::invalid_argument("--pp " + std::to_string(opt.pp) + per_stage + " runs pipelines of " +
+                                std::to_string(pipeline_ranks) + " ranks (one stage a rank" +
+                                (opt.tp > 1 ? " and tensor-parallel rank" : "") +
+                                "), data-parallel across them with --mode ddp or fsdp; this job has " +
                                 std::to_string(group.size()) + " ranks" +
                                 (opt.mode == "none" ? " and --mode none (one pipeline)" : "") + ": run a multiple of " +
-                                std::to_string(opt.pp) + " ranks (--mode ddp or fsdp), or --nproc_per_node=" +
-                                std::to_string(opt.pp));
+                                std::to_string(pipeline_ranks) + " ranks (--mode ddp or fsdp), or --nproc_per_node=" +
+                                std::to_string(pipeline_ranks));
   }
-  // --pp: the ranks as a {dp, pp} grid, rank = d * pp + s: each row of pp consecutive ranks is one
-  // pipeline (mesh.group("pp")), each column the same stage of every pipeline, in DDP or FSDP over
-  // it (mesh.group("dp")), its gradients reduced once a step.
-  if (opt.pp > 1) {
-    mesh.emplace(group, std::vector<int>{group.size() / opt.pp, opt.pp}, std::vector<std::string>{"dp", "pp"});
+  // The ranks as a {dp, pp, tp} grid (the dimensions used), tp innermost: rank = (d * pp + s) * tp + t.
+  // Each run of --tp consecutive ranks splits the model's (under --pp: one stage's) layers among
+  // themselves (mesh.group("tp")); the ranks with the same d and t, one per stage, are one
+  // pipeline (mesh.group("pp")); those differing only in d hold the same part of the model,
+  // replicated or sharded by DDP/FSDP over it (mesh.group("dp")), under --pp reduced once a step.
+  // Without --tp or --pp, every rank is data-parallel.
+  {
+    std::vector<int> shape{group.size() / pipeline_ranks};
+    std::vector<std::string> names{"dp"};
+    if (opt.pp > 1) shape.push_back(opt.pp), names.push_back("pp");
+    if (opt.tp > 1) shape.push_back(opt.tp), names.push_back("tp");
+    if (shape.size() > 1) mesh.emplace(group, shape, names);
   }
+  if (opt.tp > 1) tp_group = mesh->group("tp");
   const cpprun::ProcessGroup& dp_group = mesh ? mesh->group("dp") : group;
   const cpprun::ProcessGroup& pp_group = opt.pp > 1 ? mesh->group("pp") : group;
   if (opt.mode == "none" && group.size() > 1 && opt.pp == 1) {
@@ -1314,7 +1320,7 @@ int run(int argc, char** argv) {
     gather_stages(pipe, stage_split, pp_group);
   }
   if (tp_group) {
-    model->gather_full_parameters();  // FSDP: this rank's shards made current (--tp: always wrapped)
+    if (wrapped) model->gather_full_parameters();  // FSDP: this rank's shards made current (--pp: above)
     whole = unsplit(*gpt, model_vocab, opt, device);
   }
 

@@ -11,6 +11,7 @@
 #include "cpprun/deferred_init.h"
 #include "cpprun/unique_parameters.h"
 #include "cpprun/pipeline.h"
+#include "cpprun/tensor_parallel_split.h"
 #include "pipeline/stage_split.h"
 #include "pipeline/tied_parameters.h"
 
@@ -148,16 +149,25 @@ double pipeline_clip_grad_norm(const std::vector<PipelineStage*>& stages, double
                 "; wrap a rank's stages alike.");
     if (stage == stages[0]) shard_group = sharded_over;
     const auto params = stage->parameters();
+    // Names in the same order (FSDP registers its shards in module()'s): tensor-parallel layers'
+    // split weights are parts of one gradient over their TP group.
+    const auto names = unique_named_parameters(*stage->module_).keys();
+    const auto splits = tensor_parallel_splits(*stage->module());
+    TORCH_INTERNAL_ASSERT(names.size() == params.size(), "pipeline stage ", stage->index(), ": ", params.size(),
+                          " parameters for ", names.size(), " names");
     const auto& tie_of = stage->ties_->tie_of.at(stage->index());
     for (size_t i = 0; i < params.size(); ++i) {
       if (!seen.insert(params[i].unsafeGetTensorImpl()).second) continue;
       // A tied weight is counted by the rank of the first stage holding it.
       const bool counted = tie_of[i] < 0 || std::count(mine.begin(), mine.end(),
                                                        stage->ties_->ties[tie_of[i]].stages.front()) > 0;
-      grads.push_back({params[i].grad(), std::nullopt, counted});
+      std::optional<ProcessGroup> split_over;
+      if (auto split = splits.find(names[i]); split != splits.end()) split_over = split->second.group;
+      grads.push_back({params[i].grad(), split_over, counted});
     }
   }
-  // Each rank's stages hold a disjoint part of the model: the squares add up over the group.
+  // Each rank's stages hold a disjoint part of the model: the squares add up over the group (after
+  // the TP parts' own sums: see clip_grad_norm.h).
   return detail::clip_grad_norm(grads, max_norm, &stages[0]->group(), "cpprun::PipelineStage", shard_group);
 }
 

@@ -21,6 +21,7 @@
 #include "cpprun/grad_scaler.h"
 #include "cpprun/pipeline.h"
 #include "cpprun/point_to_point.h"
+#include "cpprun/tensor_parallel_split.h"
 #include "cpprun/unique_parameters.h"
 #include "pipeline/schedule_plan.h"
 #include "pipeline/split_backward.h"
@@ -395,6 +396,17 @@ struct PipelineSchedule::Runtime {
     // wait for a message, or hold too many micro-batches, and those left after the last pass.
     std::deque<PipelinePass> weights_waiting;
     const int hold_limit = detail::weight_hold_limit(shape);
+    // Where a weight pass falls depends on when messages arrive, which differs between the ranks
+    // holding copies or tensor-parallel parts of a stage. Under FSDP a weight pass can gather a
+    // released unit (a LayerNorm's backward takes its weight), and under sequence parallelism a
+    // column-parallel weight's gradient all-gathers its input: collectives those ranks must issue in
+    // the same order. There the weight passes wait only for the hold limit and the step's end, the
+    // same on every rank of the stage.
+    const bool timed_weight_passes = std::none_of(stages.begin(), stages.end(), [](const auto& entry) {
+      const auto& wrapper = entry.second->data_parallel();
+      return (!wrapper.is_empty() && detail::DataParallelAccess::core(*wrapper.ptr()).shard_group() != nullptr) ||
+             !tensor_parallel_splits(*entry.second->module()).empty();
+    });
     auto run_weight_pass = [&] {
       PipelinePass weight = weights_waiting.front();
       weights_waiting.pop_front();
@@ -406,7 +418,8 @@ struct PipelineSchedule::Runtime {
       post_receive(passes[i], /*blocking=*/true);
       if (i + 1 < passes.size()) post_receive(passes[i + 1], /*blocking=*/false);
       while (!weights_waiting.empty() &&
-             detail::weight_pass_first(passes[i].kind == PassKind::kForward, message_arrived(passes[i]),
+             detail::weight_pass_first(passes[i].kind == PassKind::kForward,
+                                       !timed_weight_passes || message_arrived(passes[i]),
                                        static_cast<int>(held.size()), hold_limit)) {
         run_weight_pass();
       }

@@ -8,7 +8,8 @@
 // with the unsplit model's values. At np2 and np4 two pipelines train on halves of the batch:
 // through set_data_parallel_group, or with each stage wrapped by hand in DistributedDataParallel
 // or FullyShardedDataParallel (ZeRO-1/2/3) on a {pp, dp, tp} mesh, its gradients reduced once a
-// step. A careless user's mistakes end in one
+// step; and with the hidden layers tensor-parallel in pairs over 2 ranks ({pp, tp 2}), clipped over
+// both. A careless user's mistakes end in one
 // error on every rank, and the schedule still runs the next step. All float64: the split and the
 // reference differ only by summation order.
 #include "catch.h"
@@ -155,8 +156,9 @@ enum class Kind { kGPipe, k1F1B, kInterleaved, kZeroBubble };
 // How the pipelines of a dp > 1 case are made data parallel: the schedule's
 // set_data_parallel_group on a {dp, pp} mesh, or each stage wrapped by hand on a 3-d
 // {pp, dp, tp 1} mesh, in DistributedDataParallel (with find_unused_parameters, too) or in
-// FullyShardedDataParallel at ZeRO stage 1, 2 or 3.
-enum class Wrap { kGroup, kDdp, kDdpFindUnused, kZero1, kZero2, kZero3 };
+// FullyShardedDataParallel at ZeRO stage 1, 2 or 3. kTp: no data parallelism, but each stage's
+// hidden layers tensor-parallel over 2 ranks ({pp, dp 1, tp 2}; dp must be 1).
+enum class Wrap { kGroup, kDdp, kDdpFindUnused, kZero1, kZero2, kZero3, kTp };
 int zero_stage(Wrap wrap) { return wrap == Wrap::kZero1 ? 1 : wrap == Wrap::kZero2 ? 2 : wrap == Wrap::kZero3 ? 3 : 0; }
 
 // DDP's own reduction (all-reduce, then divide), counting the buckets it is given.
@@ -188,15 +190,26 @@ std::unique_ptr<cpprun::PipelineSchedule> make_schedule(Kind kind, std::vector<c
 double train_and_compare(Kind kind, int microbatches, bool deferred = false, const Task& task = kMlp, int dp = 1,
                          Wrap wrap = Wrap::kGroup) {
   std::optional<cpprun::DeviceMesh> mesh;
+  const int tp = wrap == Wrap::kTp ? 2 : 1;
   if (dp > 1 && wrap == Wrap::kGroup) {
     mesh.emplace(group(), std::vector<int>{dp, group().size() / dp}, std::vector<std::string>{"dp", "pp"});
-  } else if (dp > 1) {
-    mesh.emplace(group(), std::vector<int>{group().size() / dp, dp, 1}, std::vector<std::string>{"pp", "dp", "tp"});
+  } else if (dp > 1 || tp > 1) {
+    mesh.emplace(group(), std::vector<int>{group().size() / (dp * tp), dp, tp}, std::vector<std::string>{"pp", "dp", "tp"});
   }
   const auto& pg = mesh ? mesh->group("pp") : group();
   const int p = pg.size(), v = kind == Kind::kInterleaved ? 2 : 1;
   ddp_test::Float64Parity doubles;
   torch::nn::Sequential model = deferred ? cpprun::deferred_init(task.make) : task.make();
+  if (tp > 1) {
+    // Megatron's pairs, h0 column-parallel and h1 row-parallel, ...: a stage boundary between the
+    // two of a pair sends each TP rank's part of the activation to its peer in the next stage.
+    cpprun::ParallelizePlan plan;
+    for (int i = 0; i < 6; i += 2) {
+      plan.push_back({"h" + std::to_string(i), cpprun::ColwiseParallel()});
+      plan.push_back({"h" + std::to_string(i + 1), cpprun::RowwiseParallel()});
+    }
+    cpprun::parallelize_module(model.ptr(), *mesh, "tp", plan);
+  }
   const auto split = cpprun::split_evenly(model, p * v);
   std::vector<cpprun::PipelineStage> stages;
   for (int k = 0; k < v; ++k) stages.emplace_back(model, split, pg, pg.rank() + k * p);
@@ -235,7 +248,7 @@ double train_and_compare(Kind kind, int microbatches, bool deferred = false, con
   auto schedule = make_schedule(kind, stages, microbatches, task);
   if (mesh && wrap == Wrap::kGroup) schedule->set_data_parallel_group(mesh->group("dp"));
   // This pipeline's rows of each batch (all of them without data parallelism).
-  auto share = [&](const at::Tensor& t) { return mesh ? dist_test::slice(t, mesh->coordinate("dp"), dp) : t; };
+  auto share = [&](const at::Tensor& t) { return dp > 1 ? dist_test::slice(t, mesh->coordinate("dp"), dp) : t; };
   torch::optim::AdamW opt(params, torch::optim::AdamWOptions(1e-2));
   double worst = 0;
   const auto& ref = reference(task);
@@ -284,8 +297,16 @@ double train_and_compare(Kind kind, int microbatches, bool deferred = false, con
   int compared = 0;
   std::set<const c10::TensorImpl*> compared_tensors;
   for (const auto& stage : stages) {
+    const auto splits = cpprun::tensor_parallel_splits(*stage.module());
     for (const auto& item : stage.module()->named_parameters()) {
-      worst = std::max(worst, relative_difference(item.value(), ref_params[item.key()]));
+      at::Tensor expected = ref_params[item.key()];
+      if (auto split = splits.find(item.key()); split != splits.end()) {  // this TP rank's chunk (no fused parts here)
+        const auto& [over, dim, parts] = split->second;
+        REQUIRE(parts == 1);
+        const int64_t chunk = expected.size(dim) / over.size();
+        expected = expected.narrow(dim, over.rank() * chunk, chunk);
+      }
+      worst = std::max(worst, relative_difference(item.value(), expected));
       compared_tensors.insert(item.value().unsafeGetTensorImpl());
       ++compared;
     }
@@ -403,6 +424,17 @@ TEST_CASE("pipeline: stages in FullyShardedDataParallel (ZeRO-1, 2, 3) on a {pp,
   worst = std::max(worst, train_and_compare(Kind::kZeroBubble, 2, false, kCheckpointed, /*dp=*/2, Wrap::kZero2));
   worst = std::max(worst, train_and_compare(Kind::kInterleaved, group().size() / 2, false, kMlp, /*dp=*/2, Wrap::kZero3));
   std::printf("pipeline fsdp stages rank %d: worst relative difference %.2e\n", group().rank(), worst);
+}
+
+TEST_CASE("pipeline: tensor-parallel layers inside the stages ({pp, tp 2}) match one process, clipped over both",
+          "[pipeline]") {
+  if (group().size() % 2 != 0) return;  // np1, np3: no such mesh (np2: pp 1 x tp 2, np4: pp 2 x tp 2)
+  double worst = 0;
+  worst = std::max(worst, train_and_compare(Kind::k1F1B, 3, false, kMlp, /*dp=*/1, Wrap::kTp));
+  worst = std::max(worst, train_and_compare(Kind::kGPipe, 2, false, kMlp, /*dp=*/1, Wrap::kTp));
+  worst = std::max(worst, train_and_compare(Kind::kZeroBubble, 4, false, kMlp, /*dp=*/1, Wrap::kTp));
+  worst = std::max(worst, train_and_compare(Kind::kInterleaved, group().size() / 2, false, kMlp, /*dp=*/1, Wrap::kTp));
+  std::printf("pipeline tp stages rank %d: worst relative difference %.2e\n", group().rank(), worst);
 }
 
 TEST_CASE("pipeline: a stage's data-parallel wrapper must be its own, and set once", "[pipeline]") {

@@ -5,7 +5,8 @@
 # 1e-10 (only the summation order differs: the micro-batches' means averaged against one mean; the
 # head tied to the embedding lives on the first and last stages, its gradients summed between them);
 # two pipelines data-parallel (4 ranks, {dp 2, pp 2}: DDP, FSDP ZeRO-3 and ZeRO-2) against one rank
-# on both pipelines' windows.
+# on both pipelines' windows; one pipeline whose stages are tensor-parallel ({pp 2, tp 2}); and all
+# three at 8 ranks ({dp 2, pp 2, tp 2}, ZeRO-3).
 # --amp fp16 (float32) against one rank with --amp fp16 within 1e-3.
 # And what --pp does not do yet, or cannot, is refused by name.
 # Usage: train_gpt_pp.sh CPPRUN TRAIN_GPT
@@ -66,8 +67,22 @@ grep -q "1f1b, 4 micro-batches of 2 windows, 2 pipelines (FSDP ZeRO-3 over them)
 agree whole16 dp2.pp2.zero3
 run dp2.pp2.zero2.zb 4 --pp 2 --mode fsdp --stage 2 --pp-schedule zero-bubble --microbatches 4
 agree whole16 dp2.pp2.zero2.zb
+run dp2.pp2.zero3.zb 4 --pp 2 --mode fsdp --stage 3 --pp-schedule zero-bubble --microbatches 4
+agree whole16 dp2.pp2.zero3.zb
+# Each stage's blocks split over 2 tensor-parallel ranks ({pp 2, tp 2}, one pipeline): 1F1B and
+# zero bubble, as one rank on the same 8 windows.
+run pp2.tp2 4 --pp 2 --tp 2 --microbatches 4
+grep -q "tensor parallel: 1 x 2 ranks" "$tmp/out" || fail "the --pp 2 --tp 2 run did not say its blocks are split"
+agree whole pp2.tp2
+run pp2.tp2.zb 4 --pp 2 --tp 2 --pp-schedule zero-bubble --microbatches 4
+agree whole pp2.tp2.zb
+# All three: 8 ranks, {dp 2, pp 2, tp 2}, each stage's tensor-parallel shards in ZeRO-3 over the
+# two pipelines, as one rank on all 16 windows.
+run dp2.pp2.tp2.zero3 8 --pp 2 --tp 2 --mode fsdp --stage 3 --microbatches 4
+grep -q "2 pipelines (FSDP ZeRO-3 over them)" "$tmp/out" || fail "the 3-d run did not say its stages are sharded"
+agree whole16 dp2.pp2.tp2.zero3
 
-refused 1 "--pp does not go with --tp yet" --pp 2 --tp 2
+refused 2 "--pp 2 x --tp 2 runs pipelines of 4 ranks (one stage a rank and tensor-parallel rank)" --pp 2 --tp 2
 refused 1 "--pp does not go with --grad-accum" --pp 2 --grad-accum 2
 refused 1 "--microbatches goes with --pp N" --microbatches 4
 refused 1 "--batch 8 does not split into --microbatches 3" --pp 2 --microbatches 3
