@@ -157,8 +157,10 @@ enum class Kind { kGPipe, k1F1B, kInterleaved, kZeroBubble };
 // set_data_parallel_group on a {dp, pp} mesh, or each stage wrapped by hand on a 3-d
 // {pp, dp, tp 1} mesh, in DistributedDataParallel (with find_unused_parameters, too) or in
 // FullyShardedDataParallel at ZeRO stage 1, 2 or 3. kTp: no data parallelism, but each stage's
-// hidden layers tensor-parallel over 2 ranks ({pp, dp 1, tp 2}; dp must be 1).
-enum class Wrap { kGroup, kDdp, kDdpFindUnused, kZero1, kZero2, kZero3, kTp };
+// hidden layers tensor-parallel over 2 ranks ({pp, dp 1, tp 2}; dp must be 1). kTpWholeFirst: the
+// same with 2 stages, the first holding only the (whole) input layer, so its ranks have no split
+// gradient to sum while the second stage's do.
+enum class Wrap { kGroup, kDdp, kDdpFindUnused, kZero1, kZero2, kZero3, kTp, kTpWholeFirst };
 int zero_stage(Wrap wrap) { return wrap == Wrap::kZero1 ? 1 : wrap == Wrap::kZero2 ? 2 : wrap == Wrap::kZero3 ? 3 : 0; }
 
 // DDP's own reduction (all-reduce, then divide), counting the buckets it is given.
@@ -190,7 +192,7 @@ std::unique_ptr<cpprun::PipelineSchedule> make_schedule(Kind kind, std::vector<c
 double train_and_compare(Kind kind, int microbatches, bool deferred = false, const Task& task = kMlp, int dp = 1,
                          Wrap wrap = Wrap::kGroup) {
   std::optional<cpprun::DeviceMesh> mesh;
-  const int tp = wrap == Wrap::kTp ? 2 : 1;
+  const int tp = wrap == Wrap::kTp || wrap == Wrap::kTpWholeFirst ? 2 : 1;
   if (dp > 1 && wrap == Wrap::kGroup) {
     mesh.emplace(group(), std::vector<int>{dp, group().size() / dp}, std::vector<std::string>{"dp", "pp"});
   } else if (dp > 1 || tp > 1) {
@@ -210,7 +212,14 @@ double train_and_compare(Kind kind, int microbatches, bool deferred = false, con
     }
     cpprun::parallelize_module(model.ptr(), *mesh, "tp", plan);
   }
-  const auto split = cpprun::split_evenly(model, p * v);
+  auto split = cpprun::split_evenly(model, p * v);
+  if (wrap == Wrap::kTpWholeFirst) {
+    REQUIRE((p == 2 && v == 1));
+    split = {{"in", "act0"}, {}};
+    for (const auto& child : model->named_children()) {
+      if (child.key() != "in" && child.key() != "act0") split[1].push_back(child.key());
+    }
+  }
   std::vector<cpprun::PipelineStage> stages;
   for (int k = 0; k < v; ++k) stages.emplace_back(model, split, pg, pg.rank() + k * p);
   std::vector<std::shared_ptr<CountingHook>> hooks;  // one per stage in DDP
@@ -434,6 +443,7 @@ TEST_CASE("pipeline: tensor-parallel layers inside the stages ({pp, tp 2}) match
   worst = std::max(worst, train_and_compare(Kind::kGPipe, 2, false, kMlp, /*dp=*/1, Wrap::kTp));
   worst = std::max(worst, train_and_compare(Kind::kZeroBubble, 4, false, kMlp, /*dp=*/1, Wrap::kTp));
   worst = std::max(worst, train_and_compare(Kind::kInterleaved, group().size() / 2, false, kMlp, /*dp=*/1, Wrap::kTp));
+  if (group().size() == 4) worst = std::max(worst, train_and_compare(Kind::k1F1B, 4, false, kMlp, 1, Wrap::kTpWholeFirst));
   std::printf("pipeline tp stages rank %d: worst relative difference %.2e\n", group().rank(), worst);
 }
 
