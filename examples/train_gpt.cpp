@@ -47,6 +47,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <map>
 #include <optional>
 #include <set>
@@ -926,10 +927,13 @@ int run(int argc, char** argv) {
     };
     for (int k = 0; k < stages_per_rank; ++k) stages.emplace_back(pipe, stage_split, pp_group, pp_group.rank() + k * opt.pp);
     for (auto& s : stages) my_stages.push_back(&s);
-    // --mode fsdp: each stage sharded over its copies in the other pipelines, one unit per block
-    // (ZeRO-3 still gathers each unit per micro-batch); the optimizer below takes the shards.
+    // --mode fsdp: each stage sharded over its copies in the other pipelines, one unit per block;
+    // the optimizer below takes the shards. ZeRO-3 keeps each unit gathered from its first use in
+    // a step to the step's reduction, as torchtitan does under PP (no per-micro-batch gathers).
     if (opt.mode == "fsdp") {
-      for (auto& s : stages) s.set_data_parallel(cpprun::FullyShardedDataParallel(s.module(), dp_group, per_block_fsdp));
+      auto stage_fsdp = per_block_fsdp;
+      if (opt.stage == 3) stage_fsdp.reshard_after_forward(false).gathered_unit_limit(std::numeric_limits<int>::max());
+      for (auto& s : stages) s.set_data_parallel(cpprun::FullyShardedDataParallel(s.module(), dp_group, stage_fsdp));
     }
     if (opt.pp_schedule == "gpipe") schedule = std::make_unique<cpprun::ScheduleGPipe>(stages[0], opt.microbatches, loss_of);
     else if (opt.pp_schedule == "1f1b") schedule = std::make_unique<cpprun::Schedule1F1B>(stages[0], opt.microbatches, loss_of);
@@ -941,7 +945,8 @@ int run(int argc, char** argv) {
                   stage_split.size(), opt.pp, stages_per_rank > 1 ? "2 a rank" : "1 a rank", opt.pp_schedule.c_str(),
                   opt.microbatches, opt.batch / opt.microbatches);
       if (opt.mode == "fsdp") {
-        std::printf(", %d pipelines (FSDP ZeRO-%d over them)", dp_group.size(), opt.stage);
+        std::printf(", %d pipelines (FSDP ZeRO-%d over them%s)", dp_group.size(), opt.stage,
+                    opt.stage == 3 ? ", units gathered once a step" : "");
       } else if (dp_group.size() > 1) {
         std::printf(", %d pipelines (data parallel)", dp_group.size());
       }

@@ -73,6 +73,7 @@ struct FsdpCore::Impl {
   std::size_t unit_count = 0;
   bool require_sync = true;
   bool manual_finalization = false;  // a pipeline stage: finalize_backward() reduces, once a step
+  bool step_open = false;            // a pipeline step's first forward ran; finalize_backward closes it
   bool shards_loaded = false;  // a checkpoint wrote the shards: gather before the next forward
   // Parameters split by tensor parallelism, by name (cpprun/tensor_parallel_split.h): FSDP
   // shards this rank's TP shard; clipping sums their squares over the TP group too.
@@ -158,7 +159,14 @@ FsdpCore::~FsdpCore() = default;
 
 void FsdpCore::before_forward() {
   Impl& s = *impl_;
-  if (s.residency) s.residency->begin_forward();
+  const bool grad = torch::autograd::GradMode::is_enabled();
+  if (s.residency) {
+    // Within a pipeline step the shards are not stepped between micro-batches: what forward kept
+    // gathered (reshard_after_forward(false)) is current, and stays until finalize_backward.
+    if (s.manual_finalization && s.step_open && grad) s.residency->continue_forward();
+    else s.residency->begin_forward();
+  }
+  if (s.manual_finalization && grad) s.step_open = true;
   s.gather_if_stepped();
   if (torch::autograd::GradMode::is_enabled()) s.sync->prepare(s.require_sync && !s.manual_finalization);
 }
@@ -312,7 +320,8 @@ void FsdpCore::set_manual_finalization(bool on) { impl_->manual_finalization = o
 void FsdpCore::finalize_backward() {
   TORCH_CHECK(impl_->manual_finalization, "cpprun::FullyShardedDataParallel::finalize_backward: manual finalization "
               "is off; backward reduces the gradients itself.");
-  impl_->sync->finalize();
+  impl_->sync->finalize();  // ZeRO-3: its end releases every unit
+  impl_->step_open = false;
 }
 const ProcessGroup* FsdpCore::shard_group() const { return &impl_->groups.shard; }
 bool FsdpCore::require_sync() const { return impl_->require_sync; }

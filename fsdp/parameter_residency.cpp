@@ -179,6 +179,17 @@ void ParameterResidency::begin_forward() {
   phase_ = Phase::kForward;
 }
 
+void ParameterResidency::continue_forward() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto& state : states_) {
+    state.used_this_phase = false;
+    state.done = false;
+    state.buckets_done = 0;
+  }
+  this_order_.clear();
+  phase_ = Phase::kForward;
+}
+
 void ParameterResidency::end_forward(bool backward_follows) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (phase_ == Phase::kForward) order_ = this_order_;

@@ -56,6 +56,9 @@ class ParameterResidency final : public UseListener {
 
   // A forward starts: everything is released (the shards may have been stepped since).
   void begin_forward();
+  // A later micro-batch's forward in a pipeline step (no optimizer step since the first): units
+  // still gathered stay (kept by reshard_after_forward(false)), as torchtitan keeps them under PP.
+  void continue_forward();
   // It returned; `backward_follows` when autograd recorded it.
   void end_forward(bool backward_follows);
   // Backward has produced all of this bucket's gradients: its unit goes once all its buckets have.

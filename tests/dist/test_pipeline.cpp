@@ -16,6 +16,7 @@
 #include <torch/torch.h>
 
 #include <functional>
+#include <map>
 #include <optional>
 #include <set>
 #include <string>
@@ -160,8 +161,31 @@ enum class Kind { kGPipe, k1F1B, kInterleaved, kZeroBubble };
 // hidden layers tensor-parallel over 2 ranks ({pp, dp 1, tp 2}; dp must be 1). kTpWholeFirst: the
 // same with 2 stages, the first holding only the (whole) input layer, so its ranks have no split
 // gradient to sum while the second stage's do.
-enum class Wrap { kGroup, kDdp, kDdpFindUnused, kZero1, kZero2, kZero3, kTp, kTpWholeFirst };
-int zero_stage(Wrap wrap) { return wrap == Wrap::kZero1 ? 1 : wrap == Wrap::kZero2 ? 2 : wrap == Wrap::kZero3 ? 3 : 0; }
+// kZero3Kept: ZeRO-3 with reshard_after_forward(false), its units gathered once a step.
+enum class Wrap { kGroup, kDdp, kDdpFindUnused, kZero1, kZero2, kZero3, kZero3Kept, kTp, kTpWholeFirst };
+int zero_stage(Wrap wrap) {
+  switch (wrap) {
+    case Wrap::kZero1: return 1;
+    case Wrap::kZero2: return 2;
+    case Wrap::kZero3:
+    case Wrap::kZero3Kept: return 3;
+    default: return 0;
+  }
+}
+
+// The all-gathers this process issued since the flight recorder's entries `since` (FSDP's
+// parameter gathers: nothing else in these cases gathers), and the entries now.
+int gathers_since(std::vector<cpprun::FlightRecorderEntry>& since) {
+  auto now = cpprun::flight_recorder_entries();
+  std::map<std::string, uint64_t> seen;  // per group, the last collective number already counted
+  for (const auto& e : since) seen[e.group] = std::max(seen[e.group], e.seq);
+  int count = 0;
+  for (const auto& e : now) {
+    if (e.op.find("gather") != std::string::npos && e.seq > seen[e.group]) ++count;
+  }
+  since = std::move(now);
+  return count;
+}
 
 // DDP's own reduction (all-reduce, then divide), counting the buckets it is given.
 class CountingHook : public cpprun::CommHook {
@@ -223,11 +247,19 @@ double train_and_compare(Kind kind, int microbatches, bool deferred = false, con
   std::vector<cpprun::PipelineStage> stages;
   for (int k = 0; k < v; ++k) stages.emplace_back(model, split, pg, pg.rank() + k * p);
   std::vector<std::shared_ptr<CountingHook>> hooks;  // one per stage in DDP
-  if (mesh && wrap != Wrap::kGroup) {
+  size_t fsdp_buckets = 0;                            // of this rank's stages in FSDP: one gather each
+  if (mesh && wrap != Wrap::kGroup && tp == 1) {
     for (auto& stage : stages) {
       if (zero_stage(wrap) > 0) {
-        stage.set_data_parallel(cpprun::FullyShardedDataParallel(stage.module(), mesh->group("dp"),
-                                                                 cpprun::FsdpOptions().stage(zero_stage(wrap))));
+        // One unit per layer (units resharded after forward are gathered again in backward); with
+        // reshard_after_forward(false) every unit of the stage may stay gathered.
+        auto options = cpprun::FsdpOptions().stage(zero_stage(wrap)).wrap_policy([](const torch::nn::Module& m) {
+          return dynamic_cast<const torch::nn::LinearImpl*>(&m) != nullptr;
+        });
+        if (wrap == Wrap::kZero3Kept) options.reshard_after_forward(false).gathered_unit_limit(64);
+        cpprun::FullyShardedDataParallel<torch::nn::SequentialImpl> fsdp(stage.module(), mesh->group("dp"), options);
+        fsdp_buckets += fsdp->bucket_count();
+        stage.set_data_parallel(fsdp);
         continue;
       }
       cpprun::DistributedDataParallel<torch::nn::SequentialImpl> ddp(
@@ -261,10 +293,17 @@ double train_and_compare(Kind kind, int microbatches, bool deferred = false, con
   torch::optim::AdamW opt(params, torch::optim::AdamWOptions(1e-2));
   double worst = 0;
   const auto& ref = reference(task);
+  auto recorded = cpprun::flight_recorder_entries();
   for (int s = 0; s < kSteps; ++s) {
     auto [x, y] = task.batch(s);
     opt.zero_grad();
+    gathers_since(recorded);
     const double loss = schedule->step(share(x), share(y)).item<double>();
+    // ZeRO-3 kept gathered: each unit gathered once a step (its first forward), not per micro-batch;
+    // resharded after forward, again for later micro-batches.
+    const int gathers = gathers_since(recorded);
+    if (wrap == Wrap::kZero3Kept) CHECK(gathers == static_cast<int>(fsdp_buckets));
+    if (wrap == Wrap::kZero3 && microbatches > 1) CHECK(gathers > static_cast<int>(fsdp_buckets));
     std::vector<cpprun::PipelineStage*> mine;
     for (auto& stage : stages) mine.push_back(&stage);
     const double norm = cpprun::pipeline_clip_grad_norm(mine, kMaxNorm);
@@ -432,6 +471,9 @@ TEST_CASE("pipeline: stages in FullyShardedDataParallel (ZeRO-1, 2, 3) on a {pp,
   worst = std::max(worst, train_and_compare(Kind::kZeroBubble, 4, false, kMlp, /*dp=*/2, Wrap::kZero3));
   worst = std::max(worst, train_and_compare(Kind::kZeroBubble, 2, false, kCheckpointed, /*dp=*/2, Wrap::kZero2));
   worst = std::max(worst, train_and_compare(Kind::kInterleaved, group().size() / 2, false, kMlp, /*dp=*/2, Wrap::kZero3));
+  worst = std::max(worst, train_and_compare(Kind::k1F1B, 4, false, kTiedLm, /*dp=*/2, Wrap::kZero3Kept));
+  worst = std::max(worst, train_and_compare(Kind::kZeroBubble, 4, false, kMlp, /*dp=*/2, Wrap::kZero3Kept));
+  worst = std::max(worst, train_and_compare(Kind::kInterleaved, group().size() / 2, false, kMlp, /*dp=*/2, Wrap::kZero3Kept));
   std::printf("pipeline fsdp stages rank %d: worst relative difference %.2e\n", group().rank(), worst);
 }
 

@@ -62,7 +62,7 @@ agree whole16 dp2.pp2
 # 1F1B, ZeRO-2 under zero bubble (the shards reduced once a step, the tied head's summed between the
 # first and last stages), as one rank on all 16 windows.
 run dp2.pp2.zero3 4 --pp 2 --mode fsdp --stage 3 --microbatches 4
-grep -q "1f1b, 4 micro-batches of 2 windows, 2 pipelines (FSDP ZeRO-3 over them)" "$tmp/out" ||
+grep -q "1f1b, 4 micro-batches of 2 windows, 2 pipelines (FSDP ZeRO-3 over them, units gathered once a step)" "$tmp/out" ||
   fail "the {dp 2, pp 2} FSDP run did not say its stages are sharded"
 agree whole16 dp2.pp2.zero3
 run dp2.pp2.zero2.zb 4 --pp 2 --mode fsdp --stage 2 --pp-schedule zero-bubble --microbatches 4
@@ -79,7 +79,7 @@ agree whole pp2.tp2.zb
 # All three: 8 ranks, {dp 2, pp 2, tp 2}, each stage's tensor-parallel shards in ZeRO-3 over the
 # two pipelines, as one rank on all 16 windows.
 run dp2.pp2.tp2.zero3 8 --pp 2 --tp 2 --mode fsdp --stage 3 --microbatches 4
-grep -q "2 pipelines (FSDP ZeRO-3 over them)" "$tmp/out" || fail "the 3-d run did not say its stages are sharded"
+grep -q "2 pipelines (FSDP ZeRO-3 over them, units gathered once a step)" "$tmp/out" || fail "the 3-d run did not say its stages are sharded"
 agree whole16 dp2.pp2.tp2.zero3
 
 refused 2 "--pp 2 x --tp 2 runs pipelines of 4 ranks (one stage a rank and tensor-parallel rank)" --pp 2 --tp 2
