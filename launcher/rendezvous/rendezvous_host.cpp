@@ -1,9 +1,9 @@
 // The rendezvous's host, static (node 0) or c10d: gathers each round's nodes, numbers them, relays
 // every node's news, and decides restarts, membership changes and the job's end (Note [Elastic rounds]).
-// Admission (admission.h), the MIN:MAX window (round_window.h), and what follows a round or a loss
-// (round_outcome.h) are decided by pure rules on a RoundState (round_state.h); this class carries
-// their decisions out: it sends, prints, paces restarts, ends rounds. The evidence for a diagnosis
-// across nodes is still collected here.
+// Admission (admission.h), the MIN:MAX window (round_window.h), what each node is told when a round
+// starts (round_plan.h), and what follows a round or a loss (round_outcome.h) are decided by pure
+// rules on a RoundState (round_state.h); this class carries their decisions out: it sends, prints,
+// paces restarts, ends rounds. The evidence for a diagnosis across nodes is still collected here.
 #include <signal.h>
 
 #include <algorithm>
@@ -20,6 +20,7 @@
 #include "rendezvous/node_link.h"
 #include "rendezvous/node_rendezvous.h"
 #include "rendezvous/round_outcome.h"
+#include "rendezvous/round_plan.h"
 #include "rendezvous/round_state.h"
 #include "rendezvous/round_window.h"
 #include "workers/restart_backoff.h"
@@ -302,44 +303,21 @@ class RendezvousHost final : public NodeRendezvous {
       throw RendezvousError(std::string("cpprun: cannot find a free port for the workers' MASTER_PORT: ") + e.what(),
                             1);
     }
-    std::vector<NodeShape> shapes{settings_.shape};
-    for (const Node& n : nodes_) shapes.push_back(n.hello.shape);
-    const auto layout_of = [&](int group_rank) {
-      RankLayout layout = multi_node_layout(shapes, group_rank);
-      layout.master_port = master_port;
-      // c10d: worker rank 0 is on this host; torchrun's rank-0 node advertises its --local_addr.
-      if (!settings_.fixed_ranks()) layout.master_addr = settings_.local_addr;
-      return layout;
-    };
+    // The round was gathered: every member gets its group rank, in the host's order (round_plan.h).
+    const RoundPlan plan = plan_round(settings_, round_state(), master_port);
     heard_.clear();
     request_.reset();  // a request of the previous round gets no more answers
     too_much_evidence_.clear();
     late_checked_ = false;
-    round_nodes_ = {{0, 0, shapes[0].local_world_size}};
-    std::string ranks = "node 0: " + rank_range(0, shapes[0].local_world_size);
+    round_nodes_ = plan.slices;
     for (std::size_t i = 0; i < nodes_.size(); ++i) {
-      Node& n = nodes_[i];
-      n.group_rank = static_cast<int>(i) + 1;  // static: nodes_ is ordered by --node_rank
-      n.state = MemberProgress::kRunning;
-      const RankLayout layout = layout_of(n.group_rank);
-      n.link.send(NodeMessage::make_start(round_, restart_count_, layout));
-      round_nodes_.push_back({n.group_rank, layout.base_rank, n.hello.shape.local_world_size});
-      ranks += ", node " + std::to_string(n.group_rank) +
-               (settings_.fixed_ranks() ? "" : " (" + n.link.peer() + ")") + ": " +
-               rank_range(layout.base_rank, n.hello.shape.local_world_size);
+      nodes_[i].group_rank = plan.starts[i].layout.group_rank;
+      nodes_[i].state = MemberProgress::kRunning;
+      nodes_[i].link.send(plan.starts[i]);
     }
-    for (Node& n : queued_) n.link.send(NodeMessage::make_queued(round_, count(), false));
-    const RankLayout own = layout_of(0);
-    if (settings_.fixed_ranks() && round_ == 0) {
-      std::cerr << "cpprun: all " << count() << " nodes joined at " << settings_.endpoint() << "; " << own.world_size
-                << " workers (" << ranks << ")\n";
-    } else if (!settings_.fixed_ranks()) {
-      std::cerr << "cpprun: rendezvous round " << round_ << " complete at " << settings_.endpoint() << ": " << count()
-                << (count() == 1 ? " node" : " nodes") << " of " << settings_.nnodes_flag() << ", " << own.world_size
-                << (own.world_size == 1 ? " worker (" : " workers (") << ranks << "), MASTER_PORT=" << master_port
-                << "\n";
-    }
-    return own;
+    for (Node& n : queued_) n.link.send(plan.queued);
+    for (const std::string& line : plan.lines) std::cerr << line << "\n";
+    return plan.own;
   }
 
   // Every remaining node has stopped its workers: gather the next round, or end the job.
@@ -412,7 +390,7 @@ class RendezvousHost final : public NodeRendezvous {
     state.phase = phase_;
     state.round = round_;
     state.restart_count = restart_count_;
-    for (const Node& n : nodes_) state.members.push_back({n.hello.node_rank, n.link.peer(), n.state});
+    for (const Node& n : nodes_) state.members.push_back({n.hello.node_rank, n.link.peer(), n.state, n.hello.shape});
     state.queued = static_cast<int>(queued_.size());
     state.ending = end_.has_value();
     state.why = why_;
@@ -430,7 +408,7 @@ class RendezvousHost final : public NodeRendezvous {
     }
     Node node{std::move(link), message.hello, MemberProgress::kJoined, -1};
     if (admission.kind == Admission::Kind::kJoin) {
-      // static: nodes_ stays ordered by --node_rank, which makes the group ranks the node ranks.
+      // static: nodes_ stays ordered by --node_rank, the order they are told their ranks in.
       const auto at = std::find_if(nodes_.begin(), nodes_.end(),
                                    [&](const Node& n) { return n.hello.node_rank > node.hello.node_rank; });
       if (settings_.fixed_ranks()) ever_joined_.insert(node.hello.node_rank);
