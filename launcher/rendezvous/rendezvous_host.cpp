@@ -3,13 +3,13 @@
 // Admission (admission.h), the MIN:MAX window (round_window.h), what each node is told when a round
 // starts (round_plan.h), and what follows a round or a loss (round_outcome.h) are decided by pure
 // rules on a RoundState (round_state.h); this class carries their decisions out: it sends, prints,
-// paces restarts, ends rounds. The evidence for a diagnosis across nodes is still collected here.
+// paces restarts, ends rounds. It forwards the evidence for a diagnosis across nodes to an
+// EvidenceCollector (evidence_collector.h) and waits on its links for it.
 #include <signal.h>
 
 #include <algorithm>
 #include <chrono>
 #include <iostream>
-#include <map>
 #include <set>
 #include <system_error>
 #include <utility>
@@ -17,6 +17,7 @@
 
 #include "command_line/host_facts.h"
 #include "rendezvous/admission.h"
+#include "rendezvous/evidence_collector.h"
 #include "rendezvous/node_link.h"
 #include "rendezvous/node_rendezvous.h"
 #include "rendezvous/round_outcome.h"
@@ -82,7 +83,7 @@ class RendezvousHost final : public NodeRendezvous {
 
   void report_done() override {
     self_done_ = true;
-    heard_[0].done = true;  // Note [One diagnosis for several nodes]
+    evidence_.own_done();  // Note [One diagnosis for several nodes]
   }
   void report_failed(const JobEnd& end) override { end_round(RoundEnd::kWorkerFailed, end); }
   void report_interrupted(const JobEnd& end) override {
@@ -91,19 +92,14 @@ class RendezvousHost final : public NodeRendezvous {
   }
 
   bool share_evidence(const std::vector<RankEvidence>& evidence) override {
-    heard_[0].ranks = evidence;
+    evidence_.own_evidence(evidence);
     return true;
   }
 
   std::optional<MergedEvidence> collect_evidence(SignalRelay& relay, std::chrono::milliseconds wait) override {
     const auto started = Clock::now();
     const auto deadline = started + wait;
-    const auto others_awaited = [&] {
-      mark_done(heard_);
-      std::vector<int> awaited = awaited_nodes(round_nodes_, heard_);
-      return std::any_of(awaited.begin(), awaited.end(), [](int node) { return node != 0; });
-    };
-    while (others_awaited() && Clock::now() < deadline) {
+    while (evidence_.failure_awaited(done_nodes()) && Clock::now() < deadline) {
       if (const int signal = poll_links(relay, ms_until(deadline)); signal != 0) {
         raise(signal);  // for decide(): the job ends
         break;
@@ -111,7 +107,7 @@ class RendezvousHost final : public NodeRendezvous {
     }
     const auto waited = std::min<std::chrono::milliseconds>(
         wait, std::chrono::ceil<std::chrono::milliseconds>(Clock::now() - started));
-    return merge_node_evidence(round_nodes_, heard_, waited);
+    return evidence_.merge_failure(waited);
   }
 
   std::optional<LateEvidence> take_late_evidence() override { return std::exchange(late_evidence_, std::nullopt); }
@@ -120,28 +116,18 @@ class RendezvousHost final : public NodeRendezvous {
   // request replaces an open one, whose late answers are then set aside by number.
   int ask_nodes_for_evidence() override {
     if (phase_ != RoundPhase::kRunning || end_ || nodes_.empty()) return 0;
-    request_ = OpenRequest{++last_request_, {}};
+    const int request = evidence_.open_request();
     for (Node& n : nodes_) {
-      if (n.state == MemberProgress::kRunning) n.link.send(NodeMessage::make_ask(round_, request_->number));
+      if (n.state == MemberProgress::kRunning) n.link.send(NodeMessage::make_ask(round_, request));
     }
-    return request_->number;
+    return request;
   }
 
-  bool evidence_owed(int request) override {
-    if (!request_ || request_->number != request) return false;
-    mark_done(request_->heard);
-    const std::vector<int> awaited = awaited_nodes(round_nodes_, request_->heard);
-    return std::any_of(awaited.begin(), awaited.end(), [](int node) { return node != 0; });
-  }
+  bool evidence_owed(int request) override { return evidence_.request_awaited(request, done_nodes()); }
 
   MergedEvidence close_evidence_request(int request, std::vector<RankEvidence> own,
                                         std::chrono::milliseconds waited) override {
-    std::map<int, NodeEvidence> heard;
-    if (request_ && request_->number == request) heard = std::move(request_->heard);
-    request_.reset();  // from now on, its answers are stale
-    mark_done(heard);
-    heard[0].ranks = std::move(own);
-    return merge_node_evidence(round_nodes_, heard, waited);
+    return evidence_.close_request(request, std::move(own), done_nodes(), waited);
   }
 
   JobDecision decide(SignalRelay& relay) override {
@@ -193,17 +179,13 @@ class RendezvousHost final : public NodeRendezvous {
     int group_rank = -1;  // in the running round; -1 before it got one
   };
 
-  // A `cpprun --diagnose` on this agent whose answers are awaited: Note [Diagnosis on request across nodes].
-  struct OpenRequest {
-    int number = 0;
-    std::map<int, NodeEvidence> heard;  // by group rank, as heard_
-  };
-
-  // A node whose workers had all succeeded has nothing to send.
-  void mark_done(std::map<int, NodeEvidence>& heard) const {
+  // The members whose workers had all succeeded this round, by group rank: they have no evidence to send.
+  std::vector<int> done_nodes() const {
+    std::vector<int> done;
     for (const Node& n : nodes_) {
-      if (n.state == MemberProgress::kDone && n.group_rank >= 0) heard[n.group_rank].done = true;
+      if (n.state == MemberProgress::kDone && n.group_rank >= 0) done.push_back(n.group_rank);
     }
+    return done;
   }
 
   int count() const { return 1 + static_cast<int>(nodes_.size()); }  // this node too
@@ -305,11 +287,8 @@ class RendezvousHost final : public NodeRendezvous {
     }
     // The round was gathered: every member gets its group rank, in the host's order (round_plan.h).
     const RoundPlan plan = plan_round(settings_, round_state(), master_port);
-    heard_.clear();
-    request_.reset();  // a request of the previous round gets no more answers
-    too_much_evidence_.clear();
+    evidence_.start_round(round_, plan.slices);
     late_checked_ = false;
-    round_nodes_ = plan.slices;
     for (std::size_t i = 0; i < nodes_.size(); ++i) {
       nodes_[i].group_rank = plan.starts[i].layout.group_rank;
       nodes_[i].state = MemberProgress::kRunning;
@@ -369,8 +348,7 @@ class RendezvousHost final : public NodeRendezvous {
       count_changed();
       return;
     }
-    if (node.group_rank >= 0) heard_[node.group_rank].gone = why;  // Note [One diagnosis for several nodes]
-    if (node.group_rank >= 0 && request_) request_->heard[node.group_rank].gone = why;
+    if (node.group_rank >= 0) evidence_.node_gone(node.group_rank, why);  // Note [One diagnosis for several nodes]
     if (loss == Loss::kLetGo) {
       std::cerr << "cpprun: warning: " << who << " " << why << " after its workers succeeded\n";
       return;
@@ -452,16 +430,7 @@ class RendezvousHost final : public NodeRendezvous {
     if (message.kind == MessageKind::kDone) node.state = MemberProgress::kDone;
     if (message.kind == MessageKind::kStopped) node.state = MemberProgress::kStopped;
     if (message.kind == MessageKind::kEvidence) {
-      switch (evidence_for(message.round, message.request, round_, request_ ? request_->number : 0)) {
-        case EvidenceFor::kFailure:
-          keep_evidence(node, message.evidence, 0, heard_);
-          break;
-        case EvidenceFor::kOpenRequest:
-          keep_evidence(node, message.evidence, request_->number, request_->heard);
-          break;
-        case EvidenceFor::kStale:  // a late answer to a request already answered
-          break;
-      }
+      evidence_.receive({node.group_rank, node.hello.shape.local_world_size, describe(node)}, message);
     }
     if (message.kind == MessageKind::kFailed) {
       end_round(message.end.restartable ? RoundEnd::kWorkerFailed : RoundEnd::kFatal, message.end);
@@ -478,21 +447,6 @@ class RendezvousHost final : public NodeRendezvous {
     late_evidence_ = LateEvidence{std::move(*merged), end_->reason};
   }
 
-  // A node's evidence of this round: no more messages than it has ranks are kept, so that a peer
-  // cannot fill this agent's memory (Note [Bounding a peer's evidence]); merge_node_evidence()
-  // sets aside what is not the node's.
-  // `request`: 0 for the round's failure, else the request it answers (one warning per node and request).
-  void keep_evidence(const Node& node, const RankEvidence& evidence, int request,
-                     std::map<int, NodeEvidence>& into) {
-    NodeEvidence& heard = into[node.group_rank];
-    if (heard.ranks.size() < static_cast<std::size_t>(node.hello.shape.local_world_size)) {
-      heard.ranks.push_back(evidence);
-    } else if (too_much_evidence_.insert({request, node.group_rank}).second) {
-      std::cerr << "cpprun: warning: " << describe(node) << " sent more evidence than it has ranks ("
-                << node.hello.shape.local_world_size << "): the rest is set aside\n";
-    }
-  }
-
   const RendezvousSettings settings_;
   const Clock::time_point started_;
   LinkListener listener_;
@@ -507,11 +461,7 @@ class RendezvousHost final : public NodeRendezvous {
   bool self_done_ = false;
   int pending_signal_ = 0;
   RestartPacer pacer_{settings_.restart_backoff};  // the backoff before every node's restart
-  std::vector<NodeSlice> round_nodes_;  // this round's nodes and their ranks, node 0 first
-  std::map<int, NodeEvidence> heard_;   // by group rank: Note [One diagnosis for several nodes]
-  std::set<std::pair<int, int>> too_much_evidence_;  // (request, node) warned about this round
-  std::optional<OpenRequest> request_;  // the cpprun --diagnose being answered, if any
-  int last_request_ = 0;                // requests are numbered from 1 for the whole job
+  EvidenceCollector evidence_;          // the round's, for a diagnosis across nodes
   bool late_checked_ = false;           // keep_late_evidence() ran this round
   std::optional<LateEvidence> late_evidence_;
 };
