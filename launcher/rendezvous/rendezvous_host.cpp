@@ -1,15 +1,15 @@
 // The rendezvous's host, static (node 0) or c10d: gathers each round's nodes, numbers them, relays
 // every node's news, and decides restarts, membership changes and the job's end (Note [Elastic rounds]).
-// Admission (admission.h), the MIN:MAX window (round_window.h), and what follows a round or a loss
-// (round_outcome.h) are decided by pure rules on a RoundState (round_state.h); this class carries
-// their decisions out: it sends, prints, paces restarts, ends rounds. The evidence for a diagnosis
-// across nodes is still collected here.
+// Admission (admission.h), the MIN:MAX window (round_window.h), what each node is told when a round
+// starts (round_plan.h), and what follows a round or a loss (round_outcome.h) are decided by pure
+// rules on a RoundState (round_state.h); this class carries their decisions out: it sends, prints,
+// paces restarts, ends rounds. It forwards the evidence for a diagnosis across nodes to an
+// EvidenceCollector (evidence_collector.h) and waits on its links for it.
 #include <signal.h>
 
 #include <algorithm>
 #include <chrono>
 #include <iostream>
-#include <map>
 #include <set>
 #include <system_error>
 #include <utility>
@@ -17,9 +17,11 @@
 
 #include "command_line/host_facts.h"
 #include "rendezvous/admission.h"
+#include "rendezvous/evidence_collector.h"
 #include "rendezvous/node_link.h"
 #include "rendezvous/node_rendezvous.h"
 #include "rendezvous/round_outcome.h"
+#include "rendezvous/round_plan.h"
 #include "rendezvous/round_state.h"
 #include "rendezvous/round_window.h"
 #include "workers/restart_backoff.h"
@@ -81,7 +83,7 @@ class RendezvousHost final : public NodeRendezvous {
 
   void report_done() override {
     self_done_ = true;
-    heard_[0].done = true;  // Note [One diagnosis for several nodes]
+    evidence_.own_done();  // Note [One diagnosis for several nodes]
   }
   void report_failed(const JobEnd& end) override { end_round(RoundEnd::kWorkerFailed, end); }
   void report_interrupted(const JobEnd& end) override {
@@ -90,19 +92,14 @@ class RendezvousHost final : public NodeRendezvous {
   }
 
   bool share_evidence(const std::vector<RankEvidence>& evidence) override {
-    heard_[0].ranks = evidence;
+    evidence_.own_evidence(evidence);
     return true;
   }
 
   std::optional<MergedEvidence> collect_evidence(SignalRelay& relay, std::chrono::milliseconds wait) override {
     const auto started = Clock::now();
     const auto deadline = started + wait;
-    const auto others_awaited = [&] {
-      mark_done(heard_);
-      std::vector<int> awaited = awaited_nodes(round_nodes_, heard_);
-      return std::any_of(awaited.begin(), awaited.end(), [](int node) { return node != 0; });
-    };
-    while (others_awaited() && Clock::now() < deadline) {
+    while (evidence_.failure_awaited(done_nodes()) && Clock::now() < deadline) {
       if (const int signal = poll_links(relay, ms_until(deadline)); signal != 0) {
         raise(signal);  // for decide(): the job ends
         break;
@@ -110,7 +107,7 @@ class RendezvousHost final : public NodeRendezvous {
     }
     const auto waited = std::min<std::chrono::milliseconds>(
         wait, std::chrono::ceil<std::chrono::milliseconds>(Clock::now() - started));
-    return merge_node_evidence(round_nodes_, heard_, waited);
+    return evidence_.merge_failure(waited);
   }
 
   std::optional<LateEvidence> take_late_evidence() override { return std::exchange(late_evidence_, std::nullopt); }
@@ -119,28 +116,18 @@ class RendezvousHost final : public NodeRendezvous {
   // request replaces an open one, whose late answers are then set aside by number.
   int ask_nodes_for_evidence() override {
     if (phase_ != RoundPhase::kRunning || end_ || nodes_.empty()) return 0;
-    request_ = OpenRequest{++last_request_, {}};
+    const int request = evidence_.open_request();
     for (Node& n : nodes_) {
-      if (n.state == MemberProgress::kRunning) n.link.send(NodeMessage::make_ask(round_, request_->number));
+      if (n.state == MemberProgress::kRunning) n.link.send(NodeMessage::make_ask(round_, request));
     }
-    return request_->number;
+    return request;
   }
 
-  bool evidence_owed(int request) override {
-    if (!request_ || request_->number != request) return false;
-    mark_done(request_->heard);
-    const std::vector<int> awaited = awaited_nodes(round_nodes_, request_->heard);
-    return std::any_of(awaited.begin(), awaited.end(), [](int node) { return node != 0; });
-  }
+  bool evidence_owed(int request) override { return evidence_.request_awaited(request, done_nodes()); }
 
   MergedEvidence close_evidence_request(int request, std::vector<RankEvidence> own,
                                         std::chrono::milliseconds waited) override {
-    std::map<int, NodeEvidence> heard;
-    if (request_ && request_->number == request) heard = std::move(request_->heard);
-    request_.reset();  // from now on, its answers are stale
-    mark_done(heard);
-    heard[0].ranks = std::move(own);
-    return merge_node_evidence(round_nodes_, heard, waited);
+    return evidence_.close_request(request, std::move(own), done_nodes(), waited);
   }
 
   JobDecision decide(SignalRelay& relay) override {
@@ -192,17 +179,13 @@ class RendezvousHost final : public NodeRendezvous {
     int group_rank = -1;  // in the running round; -1 before it got one
   };
 
-  // A `cpprun --diagnose` on this agent whose answers are awaited: Note [Diagnosis on request across nodes].
-  struct OpenRequest {
-    int number = 0;
-    std::map<int, NodeEvidence> heard;  // by group rank, as heard_
-  };
-
-  // A node whose workers had all succeeded has nothing to send.
-  void mark_done(std::map<int, NodeEvidence>& heard) const {
+  // The members whose workers had all succeeded this round, by group rank: they have no evidence to send.
+  std::vector<int> done_nodes() const {
+    std::vector<int> done;
     for (const Node& n : nodes_) {
-      if (n.state == MemberProgress::kDone && n.group_rank >= 0) heard[n.group_rank].done = true;
+      if (n.state == MemberProgress::kDone && n.group_rank >= 0) done.push_back(n.group_rank);
     }
+    return done;
   }
 
   int count() const { return 1 + static_cast<int>(nodes_.size()); }  // this node too
@@ -302,44 +285,18 @@ class RendezvousHost final : public NodeRendezvous {
       throw RendezvousError(std::string("cpprun: cannot find a free port for the workers' MASTER_PORT: ") + e.what(),
                             1);
     }
-    std::vector<NodeShape> shapes{settings_.shape};
-    for (const Node& n : nodes_) shapes.push_back(n.hello.shape);
-    const auto layout_of = [&](int group_rank) {
-      RankLayout layout = multi_node_layout(shapes, group_rank);
-      layout.master_port = master_port;
-      // c10d: worker rank 0 is on this host; torchrun's rank-0 node advertises its --local_addr.
-      if (!settings_.fixed_ranks()) layout.master_addr = settings_.local_addr;
-      return layout;
-    };
-    heard_.clear();
-    request_.reset();  // a request of the previous round gets no more answers
-    too_much_evidence_.clear();
+    // The round was gathered: every member gets its group rank, in the host's order (round_plan.h).
+    const RoundPlan plan = plan_round(settings_, round_state(), master_port);
+    evidence_.start_round(round_, plan.slices);
     late_checked_ = false;
-    round_nodes_ = {{0, 0, shapes[0].local_world_size}};
-    std::string ranks = "node 0: " + rank_range(0, shapes[0].local_world_size);
     for (std::size_t i = 0; i < nodes_.size(); ++i) {
-      Node& n = nodes_[i];
-      n.group_rank = static_cast<int>(i) + 1;  // static: nodes_ is ordered by --node_rank
-      n.state = MemberProgress::kRunning;
-      const RankLayout layout = layout_of(n.group_rank);
-      n.link.send(NodeMessage::make_start(round_, restart_count_, layout));
-      round_nodes_.push_back({n.group_rank, layout.base_rank, n.hello.shape.local_world_size});
-      ranks += ", node " + std::to_string(n.group_rank) +
-               (settings_.fixed_ranks() ? "" : " (" + n.link.peer() + ")") + ": " +
-               rank_range(layout.base_rank, n.hello.shape.local_world_size);
+      nodes_[i].group_rank = plan.starts[i].layout.group_rank;
+      nodes_[i].state = MemberProgress::kRunning;
+      nodes_[i].link.send(plan.starts[i]);
     }
-    for (Node& n : queued_) n.link.send(NodeMessage::make_queued(round_, count(), false));
-    const RankLayout own = layout_of(0);
-    if (settings_.fixed_ranks() && round_ == 0) {
-      std::cerr << "cpprun: all " << count() << " nodes joined at " << settings_.endpoint() << "; " << own.world_size
-                << " workers (" << ranks << ")\n";
-    } else if (!settings_.fixed_ranks()) {
-      std::cerr << "cpprun: rendezvous round " << round_ << " complete at " << settings_.endpoint() << ": " << count()
-                << (count() == 1 ? " node" : " nodes") << " of " << settings_.nnodes_flag() << ", " << own.world_size
-                << (own.world_size == 1 ? " worker (" : " workers (") << ranks << "), MASTER_PORT=" << master_port
-                << "\n";
-    }
-    return own;
+    for (Node& n : queued_) n.link.send(plan.queued);
+    for (const std::string& line : plan.lines) std::cerr << line << "\n";
+    return plan.own;
   }
 
   // Every remaining node has stopped its workers: gather the next round, or end the job.
@@ -391,8 +348,7 @@ class RendezvousHost final : public NodeRendezvous {
       count_changed();
       return;
     }
-    if (node.group_rank >= 0) heard_[node.group_rank].gone = why;  // Note [One diagnosis for several nodes]
-    if (node.group_rank >= 0 && request_) request_->heard[node.group_rank].gone = why;
+    if (node.group_rank >= 0) evidence_.node_gone(node.group_rank, why);  // Note [One diagnosis for several nodes]
     if (loss == Loss::kLetGo) {
       std::cerr << "cpprun: warning: " << who << " " << why << " after its workers succeeded\n";
       return;
@@ -412,7 +368,7 @@ class RendezvousHost final : public NodeRendezvous {
     state.phase = phase_;
     state.round = round_;
     state.restart_count = restart_count_;
-    for (const Node& n : nodes_) state.members.push_back({n.hello.node_rank, n.link.peer(), n.state});
+    for (const Node& n : nodes_) state.members.push_back({n.hello.node_rank, n.link.peer(), n.state, n.hello.shape});
     state.queued = static_cast<int>(queued_.size());
     state.ending = end_.has_value();
     state.why = why_;
@@ -430,7 +386,7 @@ class RendezvousHost final : public NodeRendezvous {
     }
     Node node{std::move(link), message.hello, MemberProgress::kJoined, -1};
     if (admission.kind == Admission::Kind::kJoin) {
-      // static: nodes_ stays ordered by --node_rank, which makes the group ranks the node ranks.
+      // static: nodes_ stays ordered by --node_rank, the order they are told their ranks in.
       const auto at = std::find_if(nodes_.begin(), nodes_.end(),
                                    [&](const Node& n) { return n.hello.node_rank > node.hello.node_rank; });
       if (settings_.fixed_ranks()) ever_joined_.insert(node.hello.node_rank);
@@ -474,16 +430,7 @@ class RendezvousHost final : public NodeRendezvous {
     if (message.kind == MessageKind::kDone) node.state = MemberProgress::kDone;
     if (message.kind == MessageKind::kStopped) node.state = MemberProgress::kStopped;
     if (message.kind == MessageKind::kEvidence) {
-      switch (evidence_for(message.round, message.request, round_, request_ ? request_->number : 0)) {
-        case EvidenceFor::kFailure:
-          keep_evidence(node, message.evidence, 0, heard_);
-          break;
-        case EvidenceFor::kOpenRequest:
-          keep_evidence(node, message.evidence, request_->number, request_->heard);
-          break;
-        case EvidenceFor::kStale:  // a late answer to a request already answered
-          break;
-      }
+      evidence_.receive({node.group_rank, node.hello.shape.local_world_size, describe(node)}, message);
     }
     if (message.kind == MessageKind::kFailed) {
       end_round(message.end.restartable ? RoundEnd::kWorkerFailed : RoundEnd::kFatal, message.end);
@@ -500,21 +447,6 @@ class RendezvousHost final : public NodeRendezvous {
     late_evidence_ = LateEvidence{std::move(*merged), end_->reason};
   }
 
-  // A node's evidence of this round: no more messages than it has ranks are kept, so that a peer
-  // cannot fill this agent's memory (Note [Bounding a peer's evidence]); merge_node_evidence()
-  // sets aside what is not the node's.
-  // `request`: 0 for the round's failure, else the request it answers (one warning per node and request).
-  void keep_evidence(const Node& node, const RankEvidence& evidence, int request,
-                     std::map<int, NodeEvidence>& into) {
-    NodeEvidence& heard = into[node.group_rank];
-    if (heard.ranks.size() < static_cast<std::size_t>(node.hello.shape.local_world_size)) {
-      heard.ranks.push_back(evidence);
-    } else if (too_much_evidence_.insert({request, node.group_rank}).second) {
-      std::cerr << "cpprun: warning: " << describe(node) << " sent more evidence than it has ranks ("
-                << node.hello.shape.local_world_size << "): the rest is set aside\n";
-    }
-  }
-
   const RendezvousSettings settings_;
   const Clock::time_point started_;
   LinkListener listener_;
@@ -529,11 +461,7 @@ class RendezvousHost final : public NodeRendezvous {
   bool self_done_ = false;
   int pending_signal_ = 0;
   RestartPacer pacer_{settings_.restart_backoff};  // the backoff before every node's restart
-  std::vector<NodeSlice> round_nodes_;  // this round's nodes and their ranks, node 0 first
-  std::map<int, NodeEvidence> heard_;   // by group rank: Note [One diagnosis for several nodes]
-  std::set<std::pair<int, int>> too_much_evidence_;  // (request, node) warned about this round
-  std::optional<OpenRequest> request_;  // the cpprun --diagnose being answered, if any
-  int last_request_ = 0;                // requests are numbered from 1 for the whole job
+  EvidenceCollector evidence_;          // the round's, for a diagnosis across nodes
   bool late_checked_ = false;           // keep_late_evidence() ran this round
   std::optional<LateEvidence> late_evidence_;
 };

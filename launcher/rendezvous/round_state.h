@@ -1,5 +1,5 @@
 // The rendezvous host's round, as plain data: what its rules (admission.h, round_window.h,
-// round_outcome.h) decide from. Apart from the host (rendezvous_host.cpp), which holds the links and
+// round_plan.h, round_outcome.h) decide from. Apart from the host (rendezvous_host.cpp), which holds the links and
 // does the sending and printing, so that every rule is unit-tested without a socket, as
 // torchelastic's dynamic rendezvous separates its state from its handlers. For now the host builds
 // it from its members each time a rule is asked.
@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <string>
 #include <vector>
+
+#include "command_line/rendezvous_settings.h"
 
 namespace cpprun::launcher {
 
@@ -47,6 +49,7 @@ struct RoundMember {
   int node_rank = -1;  // static: its --node_rank; c10d: -1 (numbered when the round starts)
   std::string peer;    // its address, as errors name it: "10.0.0.2:41234"
   MemberProgress progress = MemberProgress::kJoined;
+  NodeShape shape{};  // its --nproc_per_node and --role, from its hello
 };
 
 struct RoundState {
