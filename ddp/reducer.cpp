@@ -150,14 +150,18 @@ void Reducer::rebuild_buckets_if_due() {
 // Collectives are matched by the order in which ranks issue them, but gradients may become
 // ready in different orders on different ranks. So bucket k is reduced only after buckets
 // 0..k-1 were launched (launch_ready_buckets), and the used-parameter flags after all buckets.
-void Reducer::prepare_for_backward(const std::vector<at::Tensor>& outputs) {
-  std::lock_guard<std::mutex> lock(mutex_);
+void Reducer::expect_gradients() {
   state_ = BackwardState::kExpecting;
   ready_.assign(params_.size(), false);
   used_here_.assign(params_.size(), false);
   next_bucket_ = 0;
   finish_queued_ = false;
   for (auto& bucket : buckets_) bucket.pending = bucket.params.size(), bucket.work = Work();
+}
+
+void Reducer::prepare_for_backward(const std::vector<at::Tensor>& outputs) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  expect_gradients();
 
   if (static_unused_) {  // static_graph: the first backward told which parameters are unused
     for (std::size_t i = 0; i < params_.size(); ++i) {
@@ -308,11 +312,7 @@ void Reducer::write_back_gradients(const std::vector<bool>& globally_used) {
 
 void Reducer::reduce_accumulated() {
   std::lock_guard<std::mutex> lock(mutex_);
-  state_ = BackwardState::kExpecting;
-  ready_.assign(params_.size(), false);
-  used_here_.assign(params_.size(), false);
-  next_bucket_ = 0;
-  for (auto& bucket : buckets_) bucket.pending = bucket.params.size(), bucket.work = Work();
+  expect_gradients();
   // Every gradient is in: a parameter without one took no part on this rank.
   for (std::size_t i = 0; i < params_.size(); ++i) mark_ready(i, /*used=*/params_[i].grad().defined());
   launch_ready_buckets();

@@ -71,6 +71,7 @@ class Reducer {
   void mark_ready(std::size_t param, bool used);
   Work reduce(Bucket& bucket, std::size_t index);
   void launch_ready_buckets();
+  void expect_gradients();  // a new iteration's reduction: no gradient in yet (mutex_ held)
   void finish_backward();  // queued on the autograd engine: runs when backward ends
   void complete_reduction();  // every bucket launched: wait, write back, go idle (mutex_ held)
   std::vector<bool> reduce_used_flags();

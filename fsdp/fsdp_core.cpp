@@ -168,7 +168,7 @@ void FsdpCore::before_forward() {
   }
   if (s.manual_finalization && grad) s.step_open = true;
   s.gather_if_stepped();
-  if (torch::autograd::GradMode::is_enabled()) s.sync->prepare(s.require_sync && !s.manual_finalization);
+  if (grad) s.sync->prepare(s.require_sync && !s.manual_finalization);
 }
 
 void FsdpCore::after_forward(const std::vector<at::Tensor>& /*outputs*/) {

@@ -49,12 +49,15 @@ void GradientSync::prepare(bool sync) {
     // Stages 2 and 3 collect gradients as they come; under no_sync, .grad accumulates as usual.
     if (!options_.shard_gradients) bind_full_grad(b);
     states_[b].pending = buckets_[b].params().size();
-    states_[b].completed = false;
-    states_[b].work = Work();
   }
   note_gradient_bytes();
   mode_ = sync ? Mode::kSync : Mode::kNoSync;
   finish_queued_ = false;
+  clear_reductions();
+}
+
+void GradientSync::clear_reductions() {
+  for (auto& state : states_) state.completed = false, state.work = Work();
   next_launch_ = 0;
   in_flight_.clear();
 }
@@ -176,9 +179,7 @@ void GradientSync::finalize() {
     std::lock_guard<std::mutex> lock(mutex_);
     TORCH_CHECK(mode_ != Mode::kSync, "cpprun::FullyShardedDataParallel::finalize_backward: a forward prepared a "
                 "synchronized backward; turn manual finalization on before the step's first forward.");
-    for (auto& state : states_) state.completed = false, state.work = Work();
-    next_launch_ = 0;
-    in_flight_.clear();
+    clear_reductions();
     mode_ = Mode::kSync;  // finish_backward() collects every gradient (stage 1: in full_grad already)
   }
   finish_backward();

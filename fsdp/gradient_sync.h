@@ -74,6 +74,7 @@ class GradientSync {
   void launch_ready_buckets();
   void complete(std::size_t bucket);
   void finish_backward();
+  void clear_reductions();  // no bucket launched or completed yet (mutex_ held)
   void bind_full_grad(std::size_t bucket);
   void note_gradient_bytes();
 

@@ -169,18 +169,16 @@ std::size_t ParameterResidency::gathered_count() const {
 
 void ParameterResidency::begin_forward() {
   std::lock_guard<std::mutex> lock(mutex_);
-  for (std::size_t u = 0; u < states_.size(); ++u) {
-    release(u);
-    states_[u].used_this_phase = false;
-    states_[u].done = false;
-    states_[u].buckets_done = 0;
-  }
-  this_order_.clear();
-  phase_ = Phase::kForward;
+  for (std::size_t u = 0; u < states_.size(); ++u) release(u);
+  start_forward_phase();
 }
 
 void ParameterResidency::continue_forward() {
   std::lock_guard<std::mutex> lock(mutex_);
+  start_forward_phase();
+}
+
+void ParameterResidency::start_forward_phase() {
   for (auto& state : states_) {
     state.used_this_phase = false;
     state.done = false;

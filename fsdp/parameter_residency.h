@@ -75,6 +75,7 @@ class ParameterResidency final : public UseListener {
   void prefetch_stats(int64_t& started, int64_t& used) const;  // gathers started ahead of use
 
  private:
+  void start_forward_phase();  // a forward's per-unit state, fresh (mutex_ held)
   enum class Phase { kIdle, kForward, kBackward };
   struct UnitState {
     std::vector<std::size_t> buckets;
