@@ -13,6 +13,7 @@
 #include "cpprun/pipeline.h"
 #include "cpprun/tensor_parallel_split.h"
 #include "pipeline/stage_split.h"
+#include "pipeline/stage_wrapper.h"
 #include "pipeline/tied_parameters.h"
 
 namespace cpprun {
@@ -140,9 +141,7 @@ double pipeline_clip_grad_norm(const std::vector<PipelineStage*>& stages, double
   for (const auto* stage : stages) {
     TORCH_CHECK(stage->group().rank() == stages[0]->group().rank(),
                 "pipeline_clip_grad_norm: the stages come from different pipeline groups.");
-    const ProcessGroup* sharded_over =
-        stage->data_parallel_.is_empty() ? nullptr
-                                         : detail::DataParallelAccess::core(*stage->data_parallel_.ptr()).shard_group();
+    const ProcessGroup* sharded_over = detail::stage_shard_group(*stage);
     TORCH_CHECK(stage == stages[0] || (sharded_over == nullptr) == (shard_group == nullptr),
                 "pipeline_clip_grad_norm: stage ", stage->index(), " is ", sharded_over ? "" : "not ",
                 "sharded but stage ", stages[0]->index(), " is", shard_group ? "" : " not",

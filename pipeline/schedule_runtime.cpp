@@ -25,6 +25,7 @@
 #include "cpprun/unique_parameters.h"
 #include "pipeline/schedule_plan.h"
 #include "pipeline/split_backward.h"
+#include "pipeline/stage_wrapper.h"
 #include "pipeline/stage_messages.h"
 #include "pipeline/tied_parameters.h"
 
@@ -326,8 +327,7 @@ struct PipelineSchedule::Runtime {
   // rank of a data-parallel group (they hold the same stages).
   void finalize_data_parallel() {
     for (auto it = stages.rbegin(); it != stages.rend(); ++it) {
-      auto& wrapper = it->second->data_parallel();
-      if (!wrapper.is_empty()) detail::DataParallelAccess::core(*wrapper.ptr()).finalize_backward();
+      if (auto* core = detail::data_parallel_core(*it->second)) core->finalize_backward();
     }
   }
 
@@ -403,8 +403,7 @@ struct PipelineSchedule::Runtime {
     // the same order. There the weight passes wait only for the hold limit and the step's end, the
     // same on every rank of the stage.
     const bool timed_weight_passes = std::none_of(stages.begin(), stages.end(), [](const auto& entry) {
-      const auto& wrapper = entry.second->data_parallel();
-      return (!wrapper.is_empty() && detail::DataParallelAccess::core(*wrapper.ptr()).shard_group() != nullptr) ||
+      return detail::stage_shard_group(*entry.second) != nullptr ||
              !tensor_parallel_splits(*entry.second->module()).empty();
     });
     auto run_weight_pass = [&] {
