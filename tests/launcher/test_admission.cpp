@@ -6,33 +6,13 @@
 #include <string>
 
 #include "rendezvous/admission.h"
+#include "rendezvous_jobs.h"
 
 using namespace cpprun::launcher;
+using launcher_test::c10d_job;
+using launcher_test::static_job;
 
 namespace {
-
-RendezvousSettings static_job(int nnodes) {
-  RendezvousSettings s;
-  s.backend = RendezvousBackend::kStatic;
-  s.min_nodes = s.max_nodes = nnodes;
-  s.node_rank = 0;
-  s.host = "10.0.0.1";
-  s.port = 29500;
-  s.run_id = "none";
-  return s;
-}
-
-RendezvousSettings c10d_job(int min_nodes, int max_nodes) {
-  RendezvousSettings s;
-  s.backend = RendezvousBackend::kC10d;
-  s.min_nodes = min_nodes;
-  s.max_nodes = max_nodes;
-  s.node_rank = -1;
-  s.host = "10.0.0.1";
-  s.port = 29400;
-  s.run_id = "job7";
-  return s;
-}
 
 // The hello of an agent started with the same options as the host's `settings`.
 NodeHello hello_like(const RendezvousSettings& settings, int node_rank) {

@@ -10,34 +10,13 @@
 #include <vector>
 
 #include "rendezvous/round_plan.h"
+#include "rendezvous_jobs.h"
 
 using namespace cpprun::launcher;
+using launcher_test::c10d_job;
+using launcher_test::static_job;
 
 namespace {
-
-RendezvousSettings static_job(int nnodes, int nproc) {
-  RendezvousSettings s;
-  s.backend = RendezvousBackend::kStatic;
-  s.min_nodes = s.max_nodes = nnodes;
-  s.node_rank = 0;
-  s.host = "10.0.0.1";
-  s.port = 29500;
-  s.shape.local_world_size = nproc;
-  return s;
-}
-
-RendezvousSettings c10d_job(int min_nodes, int max_nodes, int nproc) {
-  RendezvousSettings s;
-  s.backend = RendezvousBackend::kC10d;
-  s.min_nodes = min_nodes;
-  s.max_nodes = max_nodes;
-  s.node_rank = -1;
-  s.host = "10.0.0.1";
-  s.port = 29400;
-  s.local_addr = "10.0.0.1";
-  s.shape.local_world_size = nproc;
-  return s;
-}
 
 RoundMember member(int node_rank, const std::string& peer, int nproc, const std::string& role = "default") {
   return {node_rank, peer, MemberProgress::kJoined, {nproc, role}};

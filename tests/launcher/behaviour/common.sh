@@ -204,6 +204,19 @@ find_torch_python_or_skip() {
   exit 77
 }
 
+# Ends the test as skipped (77), saying why, unless it can make network namespaces of its own:
+# root and iproute2's `ip netns`.
+netns_or_skip() {
+  if [ "$(id -u)" != 0 ]; then
+    echo "SKIP: creating network namespaces needs root"
+    exit 77
+  fi
+  if ! command -v ip >/dev/null 2>&1 || ! ip netns list >/dev/null 2>&1; then
+    echo "SKIP: 'ip netns' is not available (install iproute2)"
+    exit 77
+  fi
+}
+
 # ---- events that order a test's steps, in place of sleeps ----
 
 # Waits up to $3 seconds for the process whose pid is written in file $1 to run the program

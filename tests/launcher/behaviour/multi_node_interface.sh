@@ -10,14 +10,7 @@
 #     nothing of interfaces, and the job succeeds. Needs root, `ip netns` and a python with torch.
 . "$(dirname "$0")/common.sh"
 
-if [ "$(id -u)" != 0 ]; then
-  echo "SKIP: creating network namespaces needs root"
-  exit 77
-fi
-if ! command -v ip >/dev/null 2>&1 || ! ip netns list >/dev/null 2>&1; then
-  echo "SKIP: 'ip netns' is not available (install iproute2)"
-  exit 77
-fi
+netns_or_skip
 find_torch_python_or_skip
 
 ns0=cpprun-iface-$$-0

@@ -5,14 +5,7 @@
 . "$(dirname "$0")/common.sh"
 collectives=${2:?usage: $0 PATH/TO/cpprun PATH/TO/cpprun_dist_collectives}
 
-if [ "$(id -u)" != 0 ]; then
-  echo "SKIP: creating network namespaces needs root"
-  exit 77
-fi
-if ! command -v ip >/dev/null 2>&1 || ! ip netns list >/dev/null 2>&1; then
-  echo "SKIP: 'ip netns' is not available (install iproute2)"
-  exit 77
-fi
+netns_or_skip
 
 ns0=cpprun-test-$$-0
 ns1=cpprun-test-$$-1
