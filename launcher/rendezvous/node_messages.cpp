@@ -1,12 +1,14 @@
 // Encoding of the agents' messages: words escaped with %XX so that any run id, role or reason
-// fits in one word.
+// fits in one word; a tunnel's bytes in base64 (RFC 4648, padded), read strictly.
 #include "rendezvous/node_messages.h"
 
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cstdio>
+#include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <iterator>
 #include <sstream>
 #include <type_traits>
@@ -15,15 +17,57 @@ namespace cpprun::launcher {
 namespace {
 
 // Indexed by MessageKind.
-constexpr const char* kKindWords[] = {"hello",  "gathering", "queued", "start",    "done", "failed",
-                                      "stopped", "end",      "exit",   "evidence", "ask"};
-static_assert(std::size(kKindWords) == static_cast<std::size_t>(MessageKind::kAsk) + 1);
+constexpr const char* kKindWords[] = {"hello", "gathering", "queued", "start", "done", "failed", "stopped", "end",
+                                      "exit",  "evidence",  "ask",    "open",  "data", "credit", "close"};
+static_assert(std::size(kKindWords) == static_cast<std::size_t>(MessageKind::kClose) + 1);
 
 // Indexed by CollectiveRecord::State.
 constexpr const char* kStateWords[] = {"started", "completed", "failed"};
 
 // The longest text about a rank (its fate, why it has no dump) that an evidence message carries.
 constexpr std::size_t kMaxEvidenceText = 1024;
+
+constexpr char kBase64Digits[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+std::string base64_encode(const std::string& bytes) {
+  std::string out;
+  out.reserve((bytes.size() + 2) / 3 * 4);
+  for (std::size_t i = 0; i < bytes.size(); i += 3) {
+    const std::size_t n = std::min<std::size_t>(3, bytes.size() - i);
+    uint32_t group = 0;
+    for (std::size_t k = 0; k < 3; ++k) group = (group << 8) | (k < n ? static_cast<unsigned char>(bytes[i + k]) : 0);
+    for (std::size_t k = 0; k < 4; ++k) out += k <= n ? kBase64Digits[(group >> (18 - 6 * k)) & 0x3f] : '=';
+  }
+  return out;
+}
+
+// Strict: padded to a multiple of 4, '=' only at the end, and no bits set beyond the last byte, so
+// that every byte string has exactly one spelling.
+std::optional<std::string> base64_decode(const std::string& text) {
+  if (text.size() % 4 != 0) return std::nullopt;
+  const std::size_t padding = text.size() - std::min(text.find_last_not_of('=') + 1, text.size());
+  const std::size_t first_pad = text.find('=');
+  if (padding > 2 || (first_pad != std::string::npos && first_pad != text.size() - padding)) return std::nullopt;
+  std::string out;
+  out.reserve(text.size() / 4 * 3);
+  for (std::size_t i = 0; i < text.size(); i += 4) {
+    uint32_t group = 0;
+    const std::size_t digits = i + 4 == text.size() ? 4 - padding : 4;
+    for (std::size_t k = 0; k < 4; ++k) {
+      uint32_t value = 0;
+      if (k < digits) {
+        const char* at = std::strchr(kBase64Digits, text[i + k]);
+        if (text[i + k] == '\0' || at == nullptr) return std::nullopt;
+        value = static_cast<uint32_t>(at - kBase64Digits);
+      }
+      group = (group << 6) | value;
+    }
+    const std::size_t n = digits - 1;  // 4 digits are 3 bytes, 3 are 2, 2 are 1
+    if ((group & ((1u << (8 * (3 - n))) - 1)) != 0) return std::nullopt;  // bits beyond the last byte
+    for (std::size_t k = 0; k < n; ++k) out += static_cast<char>((group >> (16 - 8 * k)) & 0xff);
+  }
+  return out;
+}
 
 // "" is "%", so that every word is non-empty.
 std::string escape(const std::string& text) {
@@ -141,14 +185,31 @@ class WordReader {
     if (it == std::end(kStateWords)) return fail();
     value = static_cast<CollectiveRecord::State>(it - std::begin(kStateWords));
   }
+  // A tunnel's bytes: base64 of 1 to kMaxTunnelChunkBytes bytes (a word is never empty, nor its bytes).
+  void bytes(std::string& value) {
+    if (!ok_ || next_ == words_.size()) return fail();
+    std::optional<std::string> decoded = base64_decode(words_[next_++]);
+    if (!decoded) return fail("that is not base64");
+    if (decoded->size() > kMaxTunnelChunkBytes) {
+      return fail("of " + std::to_string(decoded->size()) + " bytes, more than the " +
+                  std::to_string(kMaxTunnelChunkBytes) + " one message may carry");
+    }
+    value = std::move(*decoded);
+  }
   // False when the hello is of another protocol: a newer agent's may carry more words.
   bool same_protocol(int protocol) const { return !ok_ || protocol == kNodeProtocolVersion; }
+  // What was wrong, when a word said more than "not our protocol"; else empty.
+  const std::string& why() const { return why_; }
 
  private:
-  void fail() { ok_ = false; }
+  void fail(std::string why = {}) {
+    if (ok_) why_ = std::move(why);
+    ok_ = false;
+  }
   std::vector<std::string> words_;
   std::size_t next_ = 0;
   bool ok_ = true;
+  std::string why_;
 };
 
 // Writes a message's words, escaped, each after a space.
@@ -171,6 +232,7 @@ class WordWriter {
   }
   void count(std::size_t value, std::size_t /*max*/) { out_ << ' ' << value; }
   void state(CollectiveRecord::State value) { out_ << ' ' << kStateWords[static_cast<int>(value)]; }
+  void bytes(const std::string& value) { out_ << ' ' << base64_encode(value); }
   bool ok() const { return true; }
   bool same_protocol(int /*protocol*/) const { return true; }
   std::string str() const { return out_.str(); }
@@ -273,6 +335,21 @@ void visit_words(Message& m, Words& w) {
       w.number(m.round);
       w.number(m.request);
       return;
+    case MessageKind::kOpen:
+      w.number(m.round);
+      w.number(m.channel);
+      return;
+    case MessageKind::kData:
+      w.number(m.channel);
+      w.bytes(m.bytes);
+      return;
+    case MessageKind::kCredit:
+      w.number(m.channel);
+      w.number(m.credit);
+      return;
+    case MessageKind::kClose:
+      w.number(m.channel);
+      return;
   }
 }
 
@@ -326,31 +403,76 @@ NodeMessage NodeMessage::make_evidence(int round, RankEvidence evidence, int req
   return m;
 }
 
+NodeMessage NodeMessage::make_open(int round, int channel) {
+  NodeMessage m{MessageKind::kOpen, round};
+  m.channel = channel;
+  return m;
+}
+
+NodeMessage NodeMessage::make_data(int channel, std::string bytes) {
+  NodeMessage m{MessageKind::kData};
+  m.channel = channel;
+  m.bytes = std::move(bytes);
+  return m;
+}
+
+NodeMessage NodeMessage::make_credit(int channel, int credit) {
+  NodeMessage m{MessageKind::kCredit};
+  m.channel = channel;
+  m.credit = credit;
+  return m;
+}
+
+NodeMessage NodeMessage::make_close(int channel) {
+  NodeMessage m{MessageKind::kClose};
+  m.channel = channel;
+  return m;
+}
+
 std::string encode_message(const NodeMessage& m) {
   WordWriter out;
   visit_words(m, out);
-  return kKindWords[static_cast<int>(m.kind)] + out.str();
+  return message_word(m.kind) + out.str();
 }
 
-std::optional<NodeMessage> decode_message(const std::string& line) {
-  if (line.size() > kMaxEvidenceBytes) return std::nullopt;  // the longest message: Note [Bounding a peer's evidence]
+std::optional<NodeMessage> decode_message(const std::string& line, std::string* why) {
+  const auto refuse = [why](std::string reason) -> std::optional<NodeMessage> {
+    if (why) *why = reason.empty() ? "sent a line that is not a cpprun agent message" : std::move(reason);
+    return std::nullopt;
+  };
+  if (line.size() > kMaxEvidenceBytes) {  // the longest message: Note [Bounding a peer's evidence]
+    return refuse("sent a line of " + std::to_string(line.size()) + " bytes, longer than any cpprun agent message");
+  }
   WordReader in(line);
   std::string word;
   in.text(word);
   const auto kind = std::find(std::begin(kKindWords), std::end(kKindWords), word);
-  if (kind == std::end(kKindWords)) return std::nullopt;
+  if (kind == std::end(kKindWords)) return refuse({});
   NodeMessage m;
   m.kind = static_cast<MessageKind>(kind - std::begin(kKindWords));
   visit_words(m, in);
   if (m.kind == MessageKind::kHello && !in.same_protocol(m.hello.protocol)) return m;  // refused by version
-  if (!in.ok() || !in.at_end()) return std::nullopt;
-  if (m.kind == MessageKind::kEvidence && (m.evidence.rank < 0 || m.request < 0)) return std::nullopt;
-  if (m.kind == MessageKind::kAsk && m.request < 1) return std::nullopt;  // requests count from 1
+  if (m.kind == MessageKind::kData && !in.why().empty()) {
+    return refuse("sent data for channel " + std::to_string(m.channel) + " " + in.why());
+  }
+  if (!in.ok() || !in.at_end()) return refuse({});
+  if (m.kind == MessageKind::kEvidence && (m.evidence.rank < 0 || m.request < 0)) return refuse({});
+  if (m.kind == MessageKind::kAsk && m.request < 1) return refuse({});  // requests count from 1
+  if (is_tunnel_kind(m.kind) && m.channel < 1) {
+    return refuse("sent `" + word + "` for channel " + std::to_string(m.channel) + "; channels are numbered from 1");
+  }
+  if (m.kind == MessageKind::kOpen && m.round < 0) return refuse({});
+  if (m.kind == MessageKind::kCredit && m.credit < 1) {
+    return refuse("sent `credit` of " + std::to_string(m.credit) + " bytes for channel " + std::to_string(m.channel) +
+                  "; credit is at least 1 byte");
+  }
   // A failure's exit code is 1 to 255 whatever the peer claims: no message can make a failed job
   // look like a success (0), or pass the shell a code it would wrap.
   if (m.end.exit_code < (m.kind == MessageKind::kExit ? 0 : 1) || m.end.exit_code > 255) m.end.exit_code = 1;
   return m;
 }
+
+const char* message_word(MessageKind kind) { return kKindWords[static_cast<int>(kind)]; }
 
 std::vector<std::string> split_words(const std::string& line) {
   std::vector<std::string> words;

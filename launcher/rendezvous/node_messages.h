@@ -16,7 +16,12 @@
 //   member -> host   evidence  one of my ranks' flight-recorder dump and fate, one message per rank: round N
 //                              failed somewhere (request 0, Note [One diagnosis for several nodes]), or my
 //                              answer to `ask` R (Note [Diagnosis on request across nodes])
+//   member -> host   open      a worker of round N connected to the store: channel CH carries it (store_tunnel.h)
+//   both             data      bytes of channel CH (base64 on the wire), within the channel's credit
+//   both             credit    N bytes of channel CH were written to this side's socket: send N more
+//   both             close     channel CH's socket on this side closed
 // A restart is a new `start` with the next round number; see Note [Elastic rounds].
+// Nothing sends open, data, credit or close yet: Note [Store tunnel not wired yet] in store_tunnel.h.
 #pragma once
 
 #include <cstddef>
@@ -30,7 +35,7 @@
 namespace cpprun::launcher {
 
 // Bumped when a message changes; agents of different versions refuse each other at `hello`.
-inline constexpr int kNodeProtocolVersion = 7;  // 7: kAsk, kEvidence's request (6: kEvidence)
+inline constexpr int kNodeProtocolVersion = 8;  // 8: the store tunnel's kinds (7: kAsk, kEvidence's request)
 
 // Note [Bounding a peer's evidence]
 // An evidence message carries one rank's flight-recorder entries. The library keeps 2,000 by default
@@ -44,7 +49,16 @@ inline constexpr std::size_t kMaxEvidenceEntries = 2000;
 inline constexpr std::size_t kEvidenceEntryBytes = 256;
 inline constexpr std::size_t kMaxEvidenceBytes = kMaxEvidenceEntries * kEvidenceEntryBytes + 8 * 1024;
 
-enum class MessageKind { kHello, kGathering, kQueued, kStart, kDone, kFailed, kStopped, kEnd, kExit, kEvidence, kAsk };
+// The most bytes one `data` message carries: its base64 is 64 KiB, so a tunnel's line stays well under
+// the longest line a link takes (kMaxEvidenceBytes), and one message never holds up the link for long.
+inline constexpr std::size_t kMaxTunnelChunkBytes = 48 * 1024;
+
+enum class MessageKind {
+  kHello, kGathering, kQueued, kStart, kDone, kFailed, kStopped, kEnd, kExit, kEvidence, kAsk,
+  kOpen, kData, kCredit, kClose,  // the store tunnel's (store_tunnel.h)
+};
+// open, data, credit, close: what TunnelState takes from the link.
+inline bool is_tunnel_kind(MessageKind kind) { return kind >= MessageKind::kOpen; }
 
 struct NodeHello {
   int protocol = kNodeProtocolVersion;
@@ -76,6 +90,9 @@ struct NodeMessage {
   RankLayout layout{};         // kStart: group rank and size, ranks, master_port (worker rank 0's store)
   RankEvidence evidence{};     // kEvidence: one rank's dump (if any) and fate
   int request = 0;             // kAsk: the request's number (from 1); kEvidence: the one it answers, 0 for a failure
+  int channel = 0;             // kOpen, kData, kCredit, kClose: the tunnel's channel (from 1)
+  std::string bytes{};         // kData: the channel's bytes, 1 to kMaxTunnelChunkBytes of them (raw; base64 on the wire)
+  int credit = 0;              // kCredit: how many more bytes the peer may send on the channel (from 1)
 
   static NodeMessage make_hello(const NodeHello& hello);
   static NodeMessage make_gathering(int round, int nodes, std::vector<int> missing);
@@ -90,12 +107,20 @@ struct NodeMessage {
   // `request`: 0 when the round failed, else the number of the `ask` it answers.
   static NodeMessage make_evidence(int round, RankEvidence evidence, int request = 0);
   static NodeMessage make_ask(int round, int request);
+  static NodeMessage make_open(int round, int channel);
+  static NodeMessage make_data(int channel, std::string bytes);
+  static NodeMessage make_credit(int channel, int credit);
+  static NodeMessage make_close(int channel);
 };
 
 // One line, without the newline.
 std::string encode_message(const NodeMessage& message);
-// nullopt for a line that is not a message of this protocol.
-std::optional<NodeMessage> decode_message(const std::string& line);
+// nullopt for a line that is not a message of this protocol; then `why`, if given, says what is
+// wrong with it ("sent data of 49153 bytes on channel 3, more than ..."), or that it is not one.
+std::optional<NodeMessage> decode_message(const std::string& line, std::string* why = nullptr);
+
+// The word a message of `kind` starts with on the wire: "hello", "data".
+const char* message_word(MessageKind kind);
 
 std::vector<std::string> split_words(const std::string& line);
 
