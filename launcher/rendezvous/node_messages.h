@@ -91,7 +91,7 @@ struct NodeMessage {
   RankEvidence evidence{};     // kEvidence: one rank's dump (if any) and fate
   int request = 0;             // kAsk: the request's number (from 1); kEvidence: the one it answers, 0 for a failure
   int channel = 0;             // kOpen, kData, kCredit, kClose: the tunnel's channel (from 1)
-  std::string bytes{};         // kData: the channel's bytes, 1 to kMaxTunnelChunkBytes of them (raw; base64 on the wire)
+  std::string bytes{};         // kData: 1 to kMaxTunnelChunkBytes of the channel's bytes (base64 on the wire)
   int credit = 0;              // kCredit: how many more bytes the peer may send on the channel (from 1)
 
   static NodeMessage make_hello(const NodeHello& hello);

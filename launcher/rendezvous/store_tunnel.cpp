@@ -35,7 +35,7 @@ std::optional<ChannelState> TunnelState::channel_state(int channel) const {
 
 std::vector<TunnelAction> TunnelState::on_round_started(int round) {
   Actions out;
-  if (link_closed_) return out;
+  if (link_closed_ || round_ == round) return out;
   close_all(/*tell_peer=*/true, out);  // an earlier round's, if any is left
   round_ = round;
   return out;

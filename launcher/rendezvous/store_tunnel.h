@@ -91,7 +91,8 @@ class TunnelState {
 
   // Member: its listener accepted a worker's connection.
   std::vector<TunnelAction> on_accepted();
-  // Host: the store connection of `channel` is up, or could not be made.
+  // Host: the store connection of `channel` is up, or could not be made (after any retries of the
+  // executor's: refused, the worker's connection is closed).
   std::vector<TunnelAction> on_store_connected(int channel);
   std::vector<TunnelAction> on_store_refused(int channel);
 

@@ -314,7 +314,8 @@ TEST_CASE("node_messages: a 48 KiB chunk fits in a data message, one byte more i
   CHECK(why == "sent data for channel 12 of 49153 bytes, more than the 49152 one message may carry");
 }
 
-TEST_CASE("node_messages: hostile tunnel messages are refused with what is wrong, never a crash", "[node_messages]") {
+TEST_CASE("node_messages: hostile tunnel messages are refused with what is wrong, never a crash",
+          "[node_messages]") {
   const std::vector<std::pair<std::string, std::string>> refused = {
       {"data 1 TWF", "sent data for channel 1 that is not base64"},   // not a multiple of 4
       {"data 1 TW=u", "sent data for channel 1 that is not base64"},  // '=' inside

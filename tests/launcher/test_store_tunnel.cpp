@@ -4,6 +4,7 @@
 // every rule whose breach closes the link.
 #include "catch.h"
 
+#include <algorithm>
 #include <map>
 #include <set>
 #include <string>
