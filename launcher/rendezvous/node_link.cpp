@@ -18,6 +18,7 @@
 #include <system_error>
 
 #include "command_line/rendezvous_settings.h"
+#include "common/formatting.h"
 #include "common/job_secret.h"
 
 namespace cpprun::launcher {
@@ -138,7 +139,7 @@ NodeLink::NodeLink(int fd, std::string peer, LinkSide side, std::string secret)
       state_(side == LinkSide::kHost ? State::kAwaitProof : State::kAwaitChallenge), opened_(Clock::now()) {
   if (side_ == LinkSide::kHost) {
     host_nonce_ = random_nonce();
-    write_line(std::string(kChallengeWord) + " 1 " + host_nonce_);
+    queue_line(std::string(kChallengeWord) + " 1 " + host_nonce_);
   }
 }
 
@@ -153,34 +154,63 @@ bool NodeLink::handshake_overdue(Clock::time_point now) const {
   return state_ != State::kOpen && now - opened_ > kHandshakeTimeout;
 }
 
-bool NodeLink::write_line(const std::string& text) {
-  if (fd_.get() < 0) return false;
-  const std::string line = text + "\n";
-  std::size_t sent = 0;
-  while (sent < line.size()) {
-    const ssize_t n = ::send(fd_.get(), line.data() + sent, line.size() - sent, MSG_NOSIGNAL);
+// Note [The link's outbound queue]
+bool NodeLink::queue_line(const std::string& text) {
+  if (fd_.get() < 0 || !stalled_.empty()) return false;
+  if (head_ == queue_.size()) progressed_ = Clock::now();  // the drain timeout counts from the first byte waiting
+  queue_ += text;
+  queue_ += '\n';
+  if (queued_bytes() > bounds_.hard_bytes) {
+    stall("stopped reading its link: more than " + std::to_string(bounds_.hard_bytes >> 20) +
+          " MiB of messages waited for it (the link's bound)");
+    return false;
+  }
+  return flush();
+}
+
+bool NodeLink::flush() {
+  if (fd_.get() < 0 || !stalled_.empty()) return false;
+  while (head_ < queue_.size()) {
+    const ssize_t n = ::send(fd_.get(), queue_.data() + head_, queue_.size() - head_, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n > 0) {
-      sent += static_cast<std::size_t>(n);
+      head_ += static_cast<std::size_t>(n);
+      progressed_ = Clock::now();
     } else if (n < 0 && errno == EINTR) {
       continue;
     } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      // Messages are a few dozen bytes, evidence up to kMaxEvidenceBytes (which the peer reads while it
-      // stops its workers); a socket buffer full for 5 s means the peer stopped reading.
-      pollfd out{fd_.get(), POLLOUT, 0};
-      if (poll(&out, 1, 5000) <= 0) {
-        // Part of a line may be out: nothing may follow it, so the link ends (receive() reports it).
-        if (sent > 0) ::shutdown(fd_.get(), SHUT_RDWR);
-        return false;
-      }
+      break;
     } else {
+      // EPIPE, ECONNRESET...: nothing more can go out; poll() reports the end, and receive() reads it.
+      queue_.clear();
+      head_ = 0;
       return false;
     }
+  }
+  if (head_ == queue_.size()) {
+    queue_.clear();
+    head_ = 0;
+  } else if (head_ >= queue_.size() / 2) {
+    queue_.erase(0, head_);  // the written half goes; what is left moves at most once per its size written
+    head_ = 0;
+  }
+  if (wants_write() && Clock::now() - progressed_ >= bounds_.drain_timeout) {
+    stall("stopped reading its link: nothing sent to it could be written for " +
+          decimal_seconds(bounds_.drain_timeout) + " s (the link's bound)");
+    return false;
   }
   return true;
 }
 
+void NodeLink::stall(std::string why) {
+  stalled_ = std::move(why);
+  queue_.clear();
+  head_ = 0;
+  // The descriptor stays open until receive(): poll() now reports it readable, so the loop reads the end.
+  ::shutdown(fd_.get(), SHUT_RDWR);
+}
+
 bool NodeLink::send(const NodeMessage& message) {
-  if (fd_.get() < 0) return false;
+  if (fd_.get() < 0 || !stalled_.empty()) return false;
   if (state_ != State::kOpen) {
     outbox_.push_back(message);  // the member's hello, written once the host is proven
     return true;
@@ -188,7 +218,20 @@ bool NodeLink::send(const NodeMessage& message) {
   const std::string line = encode_message(message);
   const auto direction = side_ == LinkSide::kHost ? LinkDirection::kHostToMember : LinkDirection::kMemberToHost;
   const std::uint64_t sequence = sent_++;
-  return write_line(std::to_string(sequence) + " " + message_tag(session_key_, direction, sequence, line) + " " + line);
+  return queue_line(std::to_string(sequence) + " " + message_tag(session_key_, direction, sequence, line) + " " + line);
+}
+
+void flush_links(const std::vector<NodeLink*>& links, std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  for (;;) {
+    std::vector<pollfd> waiting;
+    for (NodeLink* link : links) {
+      if (link->wants_write() && link->flush() && link->wants_write()) waiting.push_back({link->fd(), POLLOUT, 0});
+    }
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (waiting.empty() || left <= 0) return;
+    if (poll(waiting.data(), waiting.size(), static_cast<int>(left)) < 0 && errno != EINTR) return;
+  }
 }
 
 void NodeLink::open_session() {
@@ -207,7 +250,7 @@ bool NodeLink::answer_challenge(const std::string& line, Received& got) {
   host_nonce_ = words[2];
   member_nonce_ = random_nonce();
   state_ = State::kAwaitVerdict;
-  return write_line(std::string(kProofWord) + " " + member_nonce_ + " " +
+  return queue_line(std::string(kProofWord) + " " + member_nonce_ + " " +
                     member_proof(secret_, host_nonce_, member_nonce_));
 }
 
@@ -217,14 +260,14 @@ bool NodeLink::check_proof(const std::string& line, Received& got) {
   const bool proven = words.size() == 3 && words[0] == kProofWord && is_nonce(words[1]) &&
                       same_proof(words[2], member_proof(secret_, host_nonce_, words[1]));
   if (!proven) {
-    write_line(kRefusedWord);
+    queue_line(kRefusedWord);  // written at once, or not at all: receive() closes the link next
     got.refused = words.size() == 3 && words[0] == kProofWord
                       ? "it did not prove that it holds this job's secret: it was given another one"
                       : "it did not prove that it holds this job's secret: an older cpprun, or not a cpprun agent";
     return false;
   }
   member_nonce_ = words[1];
-  if (!write_line(std::string(kAcceptedWord) + " " + host_proof(secret_, host_nonce_, member_nonce_))) return false;
+  if (!queue_line(std::string(kAcceptedWord) + " " + host_proof(secret_, host_nonce_, member_nonce_))) return false;
   open_session();
   return true;
 }
@@ -288,8 +331,14 @@ bool NodeLink::process_line(const std::string& line, Received& got) {
 }
 
 NodeLink::Received NodeLink::receive() {
-  if (fd_.get() < 0) return {{}, true, "", ""};
   Received got;
+  got.closed = fd_.get() < 0 || !stalled_.empty();
+  got.stalled = stalled_;
+  if (got.closed) {
+    state_ = State::kClosed;
+    fd_.reset();
+    return got;
+  }
   char chunk[4096];
   ssize_t n = 1;
   const std::size_t max_line = state_ == State::kOpen ? kMaxSessionLine : kMaxLine;
@@ -392,9 +441,8 @@ std::string peer_source(const std::string& peer) {
 
 void NodeLink::drop_busy() {
   if (fd_.get() < 0) return;
-  const std::string line = std::string(kBusyWord) + "\n";
   // Best effort and never blocking: a stranger that does not read gets nothing more.
-  [[maybe_unused]] const ssize_t n = ::send(fd_.get(), line.data(), line.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  queue_line(kBusyWord);
   state_ = State::kClosed;
   fd_.reset();
 }
@@ -481,15 +529,16 @@ std::optional<std::pair<NodeLink, NodeMessage>> PendingLinks::take_introduced() 
   return first;
 }
 
-std::vector<int> PendingLinks::fds() const {
-  std::vector<int> fds;
-  for (const NodeLink& link : links_) fds.push_back(link.fd());
+std::vector<pollfd> PendingLinks::poll_fds() const {
+  std::vector<pollfd> fds;
+  for (const NodeLink& link : links_) fds.push_back(link.poll_entry());
   return fds;
 }
 
 std::optional<std::pair<NodeLink, NodeMessage>> PendingLinks::read(int fd) {
   const auto it = std::find_if(links_.begin(), links_.end(), [fd](const NodeLink& link) { return link.fd() == fd; });
   if (it == links_.end()) return std::nullopt;
+  it->flush();  // the challenge, in the unlikely case that it did not fit at once
   NodeLink::Received got = it->receive();
   if (!got.messages.empty()) {
     std::pair<NodeLink, NodeMessage> introduced{std::move(*it), std::move(got.messages.front())};

@@ -4,6 +4,8 @@
 // sockets, and TCP keep-alive notices a host that went away (about 30 s).
 #pragma once
 
+#include <poll.h>
+
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -38,6 +40,31 @@ class OwnedFd {
   int fd_ = -1;
 };
 
+// Note [The link's outbound queue]
+// send() never blocks: it appends the framed line (its sequence number and tag fixed then, so lines
+// go out in the order sent) to the link's queue and writes what the socket takes at once; the rest
+// is written by flush() when poll() says the socket takes more (the agent's loops poll a link for
+// writing while wants_write(): PeerEvents::poll_fds). Control messages always queue: they are few and
+// small. Bulk data (a later byte stream over the link) is produced only while has_room_for_bulk().
+// A peer that stops reading is bounded twice: a queue past kLinkQueueHardBytes, or one of which not a
+// byte could be written for kLinkDrainTimeout, ends the link with a reason naming the bound (receive()
+// reports it as `stalled`). TCP_USER_TIMEOUT ends a link whose peer is gone; this ends one whose peer
+// is there but does not read.
+// What must be out before a link is closed or the agent exits (`exit`, `stopped`, `failed`, a
+// refusal) is waited for by flush_links(), for at most kFinalFlushTimeout: the rendezvous's two sides
+// do so when they are destroyed, which is when the agent exits, and the host when it refuses an agent.
+inline constexpr std::size_t kLinkQueueSoftBytes = std::size_t{1} << 20;   // has_room_for_bulk() below it
+inline constexpr std::size_t kLinkQueueHardBytes = std::size_t{64} << 20;  // past it the link ends
+inline constexpr std::chrono::seconds kLinkDrainTimeout{30};
+inline constexpr std::chrono::seconds kFinalFlushTimeout{5};
+
+// The bounds of Note [The link's outbound queue]; tests make them small.
+struct LinkQueueBounds {
+  std::size_t soft_bytes = kLinkQueueSoftBytes;
+  std::size_t hard_bytes = kLinkQueueHardBytes;
+  std::chrono::milliseconds drain_timeout = kLinkDrainTimeout;
+};
+
 // One agent-to-agent connection. It proves the job secret first (Note [Agent authentication] in
 // job_secret.h) and only then hands out messages; send() before that is queued until it is proven.
 class NodeLink {
@@ -55,16 +82,32 @@ class NodeLink {
   // Not proven within kHandshakeTimeout of being opened: a stranger, or a peer that stopped halfway.
   bool handshake_overdue(Clock::time_point now) const;
 
-  // False when the connection is gone; the next receive() then reports it.
+  // Queues the message and writes what the socket takes, never blocking (Note [The link's outbound
+  // queue]). False when the connection is gone or this send passed a bound; the next receive() then
+  // reports it.
   bool send(const NodeMessage& message);
+  // Writes more of the queue, without blocking: call when poll() says fd() is writable, and after a
+  // poll() that timed out while wants_write(), so that a queue that stopped draining is noticed.
+  // False when the link is gone or has just ended on a bound (receive() then says which).
+  bool flush();
+  bool wants_write() const { return fd_.get() >= 0 && head_ < queue_.size(); }
+  std::size_t queued_bytes() const { return queue_.size() - head_; }
+  // Below the soft bound: a producer of bulk data may send more.
+  bool has_room_for_bulk() const { return queued_bytes() < bounds_.soft_bytes; }
+  // What to poll() this link for: reading, and writing while wants_write().
+  pollfd poll_entry() const {
+    return {fd(), static_cast<short>(POLLIN | (wants_write() ? POLLOUT : 0)), 0};
+  }
+  void set_queue_bounds(const LinkQueueBounds& bounds) { bounds_ = bounds; }
   // The host's side, not yet proven: tells the peer that the host is busy (cpprun-auth-busy), closes.
   void drop_busy();
 
   struct Received {
     std::vector<NodeMessage> messages;  // complete, authenticated messages, in order
-    bool closed = false;                // the peer closed the link, it broke, or one of the two below
+    bool closed = false;                // the peer closed the link, it broke, or one of the three below
     std::string violation;              // what the peer sent that is not our protocol
     std::string refused;                // why the secret was not proven
+    std::string stalled;                // the peer stopped reading: which bound of the queue ended the link
     bool busy = false;                  // member side: the host dropped this link unproven, too busy
   };
   Received receive();  // without blocking: call when poll() says fd() is readable
@@ -73,7 +116,10 @@ class NodeLink {
 
  private:
   enum class State { kAwaitChallenge, kAwaitProof, kAwaitVerdict, kOpen, kClosed };
-  bool write_line(const std::string& line);
+  // Queues `line` and its newline, then flush(): false as for send().
+  bool queue_line(const std::string& line);
+  // Ends the link because its peer stopped reading: receive() reports `why`.
+  void stall(std::string why);
   bool process_line(const std::string& line, Received& got);  // false: the link is to be closed
   bool answer_challenge(const std::string& line, Received& got);
   bool check_proof(const std::string& line, Received& got);
@@ -94,7 +140,16 @@ class NodeLink {
   std::uint64_t received_ = 0;       // lines received since the session opened
   std::vector<NodeMessage> outbox_;  // sent before the session opened
   std::string buffer_;               // an incomplete line
+  std::string queue_;                // lines to write; those before head_ are written
+  std::size_t head_ = 0;
+  Clock::time_point progressed_;     // when the queue last got bytes out, or got its first ones
+  LinkQueueBounds bounds_;
+  std::string stalled_;              // why stall() ended the link, for receive()
 };
+
+// Waits until every link's queue is written, or `timeout` passed (Note [The link's outbound queue]):
+// before the links are closed, or the agent exits.
+void flush_links(const std::vector<NodeLink*>& links, std::chrono::milliseconds timeout);
 
 enum class ListenStatus {
   kListening,  // this process now listens there
@@ -153,9 +208,10 @@ class PendingLinks {
   // Accepts the connections waiting at `listener` (a bounded number per call, so that the links
   // already pending are read between), after dropping the overdue ones.
   void accept_from(LinkListener& listener);
-  std::vector<int> fds() const;
-  // Reads the link on `fd`, if one of these; once it has proven the secret and sent its first message,
-  // hands both over. A link that closed or was refused (warned about, by address only) is dropped.
+  std::vector<pollfd> poll_fds() const;  // each link's NodeLink::poll_entry()
+  // Writes (flush()) and reads the link on `fd`, if one of these; once it has proven the secret and
+  // sent its first message, hands both over. A link that closed or was refused (warned about, by
+  // address only) is dropped.
   std::optional<std::pair<NodeLink, NodeMessage>> read(int fd);
   // A link found introduced while accept_from() verified it before an eviction; call after accept_from().
   std::optional<std::pair<NodeLink, NodeMessage>> take_introduced();

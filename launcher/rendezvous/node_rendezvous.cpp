@@ -178,17 +178,15 @@ std::unique_ptr<NodeRendezvous> claim_c10d(const RendezvousSettings& settings, S
 
 int NodeRendezvous::poll_links(SignalRelay& relay, int timeout_ms) {
   std::vector<pollfd> polled{{relay.wake_fd(), POLLIN, 0}};
-  for (int fd : fds()) polled.push_back({fd, POLLIN, 0});
-  if (poll(polled.data(), polled.size(), timeout_ms) < 0) {
+  for (const pollfd& fd : poll_fds()) polled.push_back(fd);
+  if (poll(polled.data(), polled.size(), poll_timeout(polled, timeout_ms)) < 0) {
     if (errno == EINTR) return 0;
     throw std::runtime_error(std::string("cpprun: poll() failed: ") + std::strerror(errno));
   }
   if (polled[0].revents != 0) {
     if (const int signal = take_ending_signal(relay); signal != 0) return signal;
   }
-  for (std::size_t i = 1; i < polled.size(); ++i) {
-    if (polled[i].revents != 0) on_readable(polled[i].fd);
-  }
+  dispatch(polled, 1);
   return 0;
 }
 

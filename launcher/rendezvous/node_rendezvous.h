@@ -165,7 +165,7 @@ class NodeRendezvous : public PeerEvents {
   virtual std::optional<LateEvidence> take_late_evidence() { return std::nullopt; }
 
  protected:
-  // Waits up to timeout_ms for news on fds(), read through on_readable(); returns 0, or the
+  // Waits up to timeout_ms for news on poll_fds(), read (and queues written) through on_ready(); returns 0, or the
   // job-ending signal that came first (the links unread).
   int poll_links(SignalRelay& relay, int timeout_ms);
 

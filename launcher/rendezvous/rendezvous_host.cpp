@@ -5,6 +5,7 @@
 // rules on a RoundState (round_state.h); this class carries their decisions out: it sends, prints,
 // paces restarts, ends rounds. It forwards the evidence for a diagnosis across nodes to an
 // EvidenceCollector (evidence_collector.h) and waits on its links for it.
+#include <poll.h>
 #include <signal.h>
 
 #include <algorithm>
@@ -57,27 +58,42 @@ class RendezvousHost final : public NodeRendezvous {
     return addresses;
   }
 
-  std::vector<int> fds() const override {
-    std::vector<int> fds;
-    for (const Node& n : nodes_) fds.push_back(n.link.fd());
-    for (const Node& n : queued_) fds.push_back(n.link.fd());
-    for (int fd : pending_.fds()) fds.push_back(fd);
-    fds.push_back(listener_.fd());
+  // The last messages (`exit` above all) reach the members before this agent exits: Note [The link's
+  // outbound queue].
+  ~RendezvousHost() override {
+    std::vector<NodeLink*> links;
+    for (Node& n : nodes_) links.push_back(&n.link);
+    for (Node& n : queued_) links.push_back(&n.link);
+    flush_links(links, kFinalFlushTimeout);
+  }
+
+  std::vector<pollfd> poll_fds() const override {
+    std::vector<pollfd> fds;
+    for (const Node& n : nodes_) fds.push_back(n.link.poll_entry());
+    for (const Node& n : queued_) fds.push_back(n.link.poll_entry());
+    for (const pollfd& fd : pending_.poll_fds()) fds.push_back(fd);
+    fds.push_back({listener_.fd(), POLLIN, 0});
     return fds;
   }
 
-  void on_readable(int fd) override {
+  void on_ready(int fd, short revents) override {
     if (fd == listener_.fd()) {
       pending_.accept_from(listener_);
       while (auto introduced = pending_.take_introduced()) admit(std::move(introduced->first), introduced->second);
       return;
     }
     if (auto introduced = pending_.read(fd)) return admit(std::move(introduced->first), introduced->second);
+    // A link that flush() finds gone, or ended on a bound, is read at once: receive() reports its end.
+    const bool read = (revents & ~POLLOUT) != 0;
     for (std::size_t i = 0; i < nodes_.size(); ++i) {
-      if (nodes_[i].link.fd() == fd) return read_node(i);
+      if (nodes_[i].link.fd() != fd) continue;
+      if (!nodes_[i].link.flush() || read) read_node(i);
+      return;
     }
     for (std::size_t i = 0; i < queued_.size(); ++i) {
-      if (queued_[i].link.fd() == fd) return read_queued(i);
+      if (queued_[i].link.fd() != fd) continue;
+      if (!queued_[i].link.flush() || read) read_queued(i);
+      return;
     }
   }
 
@@ -382,6 +398,7 @@ class RendezvousHost final : public NodeRendezvous {
     if (admission.kind == Admission::Kind::kRefuse) {
       std::cerr << "cpprun: warning: refused the agent at " << link.peer() << ": " << admission.reason << "\n";
       link.send(NodeMessage::make_exit({2, false, "cpprun: " + title() + " refused this agent: " + admission.reason}));
+      flush_links({&link}, kFinalFlushTimeout);  // then the link closes
       return;
     }
     Node node{std::move(link), message.hello, MemberProgress::kJoined, -1};
@@ -412,7 +429,8 @@ class RendezvousHost final : public NodeRendezvous {
   void read_node(std::size_t i) {
     NodeLink::Received got = nodes_[i].link.receive();
     for (const NodeMessage& message : got.messages) handle(nodes_[i], message);
-    if (got.closed) lose(i, got.violation.empty() ? kAgentGone : got.violation);  // a violation closes it too
+    // A violation or a stalled queue closes it too.
+    if (got.closed) lose(i, !got.violation.empty() ? got.violation : !got.stalled.empty() ? got.stalled : kAgentGone);
   }
 
   void read_queued(std::size_t i) {

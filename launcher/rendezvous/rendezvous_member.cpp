@@ -1,5 +1,7 @@
 // A member's side of the rendezvous, static or c10d: connected to the host's agent (see
 // node_rendezvous.cpp), reports this node's news and follows the host's decisions.
+#include <poll.h>
+
 #include <algorithm>
 #include <chrono>
 #include <iostream>
@@ -86,9 +88,17 @@ class RendezvousMember final : public NodeRendezvous {
 
   std::vector<std::string> link_addresses() const override { return {link_.local_address()}; }
 
-  std::vector<int> fds() const override { return link_.fd() >= 0 ? std::vector<int>{link_.fd()} : std::vector<int>{}; }
+  // The last message (`failed`, `stopped`) reaches the host before this agent exits: Note [The link's
+  // outbound queue].
+  ~RendezvousMember() override { flush_links({&link_}, kFinalFlushTimeout); }
 
-  void on_readable(int) override {
+  std::vector<pollfd> poll_fds() const override {
+    return link_.fd() >= 0 ? std::vector<pollfd>{link_.poll_entry()} : std::vector<pollfd>{};
+  }
+
+  // A link that flush() finds gone, or ended on a bound, is read at once: receive() reports its end.
+  void on_ready(int, short revents) override {
+    if (link_.flush() && (revents & ~POLLOUT) == 0) return;
     const bool was_open = link_.authenticated();
     NodeLink::Received got = link_.receive();
     for (const NodeMessage& message : got.messages) handle(message);
@@ -103,7 +113,10 @@ class RendezvousMember final : public NodeRendezvous {
       return;
     }
     if (got.closed && !decision_) {
-      std::string why = !got.refused.empty() ? got.refused : !got.violation.empty() ? got.violation : kAgentGone;
+      std::string why = !got.refused.empty()     ? got.refused
+                        : !got.violation.empty() ? got.violation
+                        : !got.stalled.empty()   ? got.stalled
+                                                 : kAgentGone;
       // See Note [Elastic rounds]: the rendezvous lives in the host's agent.
       why += "; the job cannot go on without the agent that hosts its " + std::string(backend_name(settings_.backend)) +
              " rendezvous";

@@ -345,9 +345,11 @@ class WorkerGroup {
       }
     }
     const std::size_t first_peer = fds.size();
-    for (int fd : peers != nullptr ? peers->fds() : std::vector<int>{}) fds.push_back({fd, POLLIN, 0});
+    if (peers != nullptr) {
+      for (const pollfd& fd : peers->poll_fds()) fds.push_back(fd);
+    }
     // EINTR just means a handler ran; the caller looks at the relay either way.
-    if (poll(fds.data(), fds.size(), timeout_ms) < 0) {
+    if (poll(fds.data(), fds.size(), PeerEvents::poll_timeout(fds, timeout_ms)) < 0) {
       if (errno == EINTR) return;
       throw std::runtime_error(std::string("cpprun: poll() failed: ") + std::strerror(errno));
     }
@@ -355,9 +357,7 @@ class WorkerGroup {
     for (std::size_t i = 1; i < first_peer; ++i) {
       if (fds[i].revents != 0) streams[i]->pump();
     }
-    for (std::size_t i = first_peer; i < fds.size(); ++i) {
-      if (fds[i].revents != 0) peers->on_readable(fds[i].fd);
-    }
+    if (peers != nullptr) peers->dispatch(fds, first_peer);
   }
 
   void signal_groups(int sig) {
@@ -385,6 +385,18 @@ class WorkerGroup {
 };
 
 }  // namespace
+
+int PeerEvents::poll_timeout(const std::vector<pollfd>& fds, int timeout_ms) {
+  const bool writing = std::any_of(fds.begin(), fds.end(), [](const pollfd& fd) { return (fd.events & POLLOUT) != 0; });
+  if (!writing) return timeout_ms;
+  return timeout_ms < 0 ? kWriteCheckMs : std::min(timeout_ms, kWriteCheckMs);
+}
+
+void PeerEvents::dispatch(const std::vector<pollfd>& fds, std::size_t first) {
+  for (std::size_t i = first; i < fds.size(); ++i) {
+    if (fds[i].revents != 0 || (fds[i].events & POLLOUT) != 0) on_ready(fds[i].fd, fds[i].revents);
+  }
+}
 
 WorkerExit WorkerExit::from_wait_status(int status) {
   if (WIFSIGNALED(status)) return signaled(WTERMSIG(status));

@@ -2,6 +2,7 @@
 // print the failure summary; stop what they left behind. What comes next (a restart) is the caller's.
 #pragma once
 
+#include <poll.h>
 #include <sys/types.h>
 
 #include <chrono>
@@ -78,8 +79,18 @@ enum class GroupEnd {
 class PeerEvents {
  public:
   virtual ~PeerEvents() = default;
-  virtual std::vector<int> fds() const = 0;  // to poll for reading; never a closed one
-  virtual void on_readable(int fd) = 0;      // `fd`, one of fds(), is readable (or at its end)
+  // What to poll: each link for reading, and for writing while its queue holds bytes (Note [The
+  // link's outbound queue] in node_link.h); never a closed one.
+  virtual std::vector<pollfd> poll_fds() const = 0;
+  // `fd`, one of poll_fds(), after a poll(): ready (`revents` as poll() set them), or polled for
+  // writing and not ready (0), so that a queue that stopped draining is noticed.
+  virtual void on_ready(int fd, short revents) = 0;
+  // While a link's queue waits, a poll() over poll_fds() wakes at least this often.
+  static constexpr int kWriteCheckMs = 1000;
+  // `timeout_ms` (-1: none) for a poll() over `fds`, no longer than kWriteCheckMs while one is polled for writing.
+  static int poll_timeout(const std::vector<pollfd>& fds, int timeout_ms);
+  // After that poll(): on_ready() for each of fds[first..] that is ready, or polled for writing.
+  void dispatch(const std::vector<pollfd>& fds, std::size_t first);
   // Another node ended the attempt: its worker failed, its agent was signalled, or it is gone.
   virtual bool attempt_ended() const = 0;
 

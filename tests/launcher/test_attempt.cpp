@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <csignal>
+#include <utility>
+#include <vector>
 
 #include "workers/attempt.h"
 
@@ -113,4 +115,27 @@ TEST_CASE("attempt: no tail or error file section when there is none", "[attempt
   const std::string text = format_attempt_summary(workers, summary(0, 0, std::chrono::seconds(5)));
   CHECK(text.find("stderr") == std::string::npos);
   CHECK(text.find("error file") == std::string::npos);
+}
+
+TEST_CASE("attempt: a peer's link with bytes waiting is handed back after every poll, at least once a second",
+          "[attempt]") {
+  // What wait_for_signal and the rendezvous's poll_links do with the peers' poll_fds().
+  struct Recorder : PeerEvents {
+    std::vector<std::pair<int, short>> ready;
+    std::vector<pollfd> poll_fds() const override { return {}; }
+    void on_ready(int fd, short revents) override { ready.emplace_back(fd, revents); }
+    bool attempt_ended() const override { return false; }
+  } peers;
+  const std::vector<pollfd> reading{{3, POLLIN, 0}, {5, POLLIN, 0}};
+  CHECK(PeerEvents::poll_timeout(reading, -1) == -1);
+  CHECK(PeerEvents::poll_timeout(reading, 5000) == 5000);
+  // fds[0] is the caller's own (the signal relay); from 1 on, the peers': 5 idle, 6 with bytes
+  // queued and not writable, 7 readable.
+  const std::vector<pollfd> writing{{3, POLLIN, POLLIN}, {5, POLLIN, 0}, {6, POLLIN | POLLOUT, 0}, {7, POLLIN, POLLIN}};
+  CHECK(PeerEvents::poll_timeout(writing, -1) == PeerEvents::kWriteCheckMs);
+  CHECK(PeerEvents::poll_timeout(writing, 60000) == PeerEvents::kWriteCheckMs);
+  CHECK(PeerEvents::poll_timeout(writing, 10) == 10);
+  peers.dispatch(writing, 1);
+  const std::vector<std::pair<int, short>> expected{{6, 0}, {7, POLLIN}};
+  CHECK(peers.ready == expected);
 }

@@ -1,7 +1,8 @@
 // Unit tests of the agents' links over the loopback: messages arrive whole and in order, a closed
 // peer is noticed, a connection nobody accepts fails fast, and nothing is believed from a peer that
 // has not proven the job secret (Note [Agent authentication]): wrong secrets, forged, altered and
-// replayed lines are refused.
+// replayed lines are refused. A peer that stops reading never blocks the sender, and is bounded
+// (Note [The link's outbound queue]).
 #include "catch.h"
 
 #include <arpa/inet.h>
@@ -11,7 +12,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <system_error>
@@ -389,8 +392,8 @@ TEST_CASE("node_link: a flood from one source does not evict an agent from anoth
   std::optional<std::pair<NodeLink, NodeMessage>> introduced = pending.take_introduced();
   for (int i = 0; i < 100 && !introduced; ++i) {
     read_once(*member.link, 50);  // the verdict; the queued hello goes out
-    for (int fd : pending.fds()) {
-      if (!introduced) introduced = pending.read(fd);
+    for (const pollfd& fd : pending.poll_fds()) {
+      if (!introduced) introduced = pending.read(fd.fd);
     }
   }
   REQUIRE(introduced);
@@ -557,4 +560,133 @@ TEST_CASE("node_link: a rank's evidence crosses a proven link; a longer line clo
   CHECK(got.closed);
   CHECK_THAT(got.violation, Catch::Matchers::StartsWith("sent a line longer than"));
   flood.join();
+}
+
+namespace {
+
+// A host and a member that have proven the secret to each other.
+struct ProvenPair : LinkPair {
+  ProvenPair() : LinkPair(kSecret, kSecret) {
+    REQUIRE(member->send(NodeMessage::make_hello(NodeHello{})));
+    REQUIRE(receive_all(*host, 1, &*member).messages.size() == 1);
+    REQUIRE(member->authenticated());
+  }
+};
+
+// Lines of about 4 KB each: `count` of them are several megabytes, more than the loopback's socket
+// buffers take, so that the rest waits in the sender's queue while nobody reads.
+NodeMessage bulky(int round) { return NodeMessage::make_failed(round, {1, true, std::string(4000, 'x')}); }
+constexpr int kBulkyLines = 4000;  // about 16 MB
+
+// Sends kBulkyLines bulky lines to a member that does not read; false if one send() failed.
+bool send_bulky(NodeLink& link) {
+  bool sent = true;
+  for (int round = 0; round < kBulkyLines && sent; ++round) sent = link.send(bulky(round));
+  return sent;
+}
+
+// The host agent's loop for `link` while its peer does not read: poll() for its poll_entry(), then
+// flush(), and receive() once it is gone; for at most `limit`.
+NodeLink::Received serve_until_closed(NodeLink& link, std::chrono::seconds limit) {
+  NodeLink::Received got;
+  const auto give_up = std::chrono::steady_clock::now() + limit;
+  while (!got.closed && std::chrono::steady_clock::now() < give_up) {
+    pollfd fd = link.poll_entry();
+    poll(&fd, 1, 50);
+    if (!link.flush() || (fd.revents & ~POLLOUT) != 0) got = link.receive();
+  }
+  return got;
+}
+
+}  // namespace
+
+TEST_CASE("node_link: send() never blocks on a peer that stops reading; the soft bound reports full",
+          "[node_link]") {
+  ProvenPair pair;
+  const auto started = std::chrono::steady_clock::now();
+  CHECK(send_bulky(*pair.host));
+  // Generous: a send() that waited for the peer would take the old 5 s at its first full buffer.
+  CHECK(std::chrono::steady_clock::now() - started < std::chrono::seconds(3));
+  CHECK(pair.host->wants_write());
+  CHECK(pair.host->queued_bytes() > kLinkQueueSoftBytes);
+  CHECK_FALSE(pair.host->has_room_for_bulk());
+  CHECK(pair.host->poll_entry().events == (POLLIN | POLLOUT));
+}
+
+TEST_CASE("node_link: a reader that resumes receives every queued line, in order, with valid tags", "[node_link]") {
+  ProvenPair pair;
+  REQUIRE(send_bulky(*pair.host));
+  REQUIRE(pair.host->wants_write());
+  // The member reads again; the host writes on POLLOUT, as its loop does.
+  NodeLink::Received got;
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (got.messages.size() < static_cast<std::size_t>(kBulkyLines) && !got.closed &&
+         std::chrono::steady_clock::now() < give_up) {
+    pollfd fds[2] = {pair.host->poll_entry(), {pair.member->fd(), POLLIN, 0}};
+    poll(fds, 2, 50);
+    if ((fds[0].revents & POLLOUT) != 0) pair.host->flush();
+    if ((fds[1].revents & (POLLIN | POLLHUP)) != 0) add(got, pair.member->receive());
+  }
+  CHECK(got.violation.empty());  // every sequence number and tag checked out
+  CHECK_FALSE(got.closed);
+  REQUIRE(got.messages.size() == static_cast<std::size_t>(kBulkyLines));
+  bool in_order = true;
+  for (int round = 0; round < kBulkyLines; ++round) in_order = in_order && got.messages[round].round == round;
+  CHECK(in_order);
+  CHECK_FALSE(pair.host->wants_write());
+  CHECK(pair.host->has_room_for_bulk());
+  CHECK(pair.host->poll_entry().events == POLLIN);
+}
+
+TEST_CASE("node_link: a queue that does not drain within its deadline ends the link, saying why", "[node_link]") {
+  ProvenPair pair;
+  pair.host->set_queue_bounds({kLinkQueueSoftBytes, kLinkQueueHardBytes, std::chrono::milliseconds(300)});
+  REQUIRE(send_bulky(*pair.host));
+  const NodeLink::Received got = serve_until_closed(*pair.host, std::chrono::seconds(20));
+  CHECK(got.closed);
+  CHECK_THAT(got.stalled, Catch::Matchers::Contains("stopped reading its link") &&
+                              Catch::Matchers::Contains("could be written for 0.3 s"));
+  CHECK(got.violation.empty());
+  CHECK(pair.host->fd() < 0);
+  CHECK_FALSE(pair.host->send(NodeMessage::make_done(0)));
+  // The member reads what came before the end, in order, then the end itself.
+  const NodeLink::Received member_got = pump_until(*pair.member, [] { return false; });
+  CHECK(member_got.violation.empty());
+  CHECK(member_got.closed);
+}
+
+TEST_CASE("node_link: a queue past its hard bound ends the link, naming the bound", "[node_link]") {
+  ProvenPair pair;
+  pair.host->set_queue_bounds({kLinkQueueSoftBytes, std::size_t{2} << 20, kLinkDrainTimeout});
+  CHECK_FALSE(send_bulky(*pair.host));  // 16 MB: more than the socket buffers and the bound take
+  const NodeLink::Received got = serve_until_closed(*pair.host, std::chrono::seconds(5));
+  CHECK(got.closed);
+  CHECK_THAT(got.stalled, Catch::Matchers::Contains("more than 2 MiB of messages waited for it"));
+  CHECK(pair.host->fd() < 0);
+}
+
+TEST_CASE("node_link: flush_links() waits for a slow reader's last lines before the link closes", "[node_link]") {
+  ProvenPair pair;
+  REQUIRE(send_bulky(*pair.host));
+  REQUIRE(pair.host->send(NodeMessage::make_exit({0, false, "the last word"})));
+  // The member reads again a little later, as an agent busy with its workers would.
+  std::atomic<bool> flushed{false};
+  NodeLink::Received got;
+  std::thread reader([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (!got.closed && std::chrono::steady_clock::now() < give_up &&
+           got.messages.size() < static_cast<std::size_t>(kBulkyLines) + 1) {
+      pollfd fd{pair.member->fd(), POLLIN, 0};
+      if (poll(&fd, 1, 50) > 0) add(got, pair.member->receive());
+    }
+  });
+  flush_links({&*pair.host}, std::chrono::seconds(30));
+  flushed = !pair.host->wants_write();
+  pair.host.reset();  // the agent exits
+  reader.join();
+  CHECK(flushed);
+  REQUIRE(got.messages.size() == static_cast<std::size_t>(kBulkyLines) + 1);
+  CHECK(got.messages.back().kind == MessageKind::kExit);
+  CHECK(got.messages.back().end.reason == "the last word");
 }
