@@ -306,9 +306,10 @@ bool NodeLink::read_message(const std::string& line, Received& got) {
     return false;
   }
   ++received_;
-  std::optional<NodeMessage> message = decode_message(body);
+  std::string why;
+  std::optional<NodeMessage> message = decode_message(body, &why);
   if (!message) {
-    got.violation = "sent a line that is not a cpprun agent message: '" + printable(body.substr(0, 200)) + "'";
+    got.violation = why + ": '" + printable(body.substr(0, 200)) + "'";
     return false;
   }
   got.messages.push_back(std::move(*message));

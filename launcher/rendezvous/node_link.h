@@ -99,6 +99,12 @@ class NodeLink {
     return {fd(), static_cast<short>(POLLIN | (wants_write() ? POLLOUT : 0)), 0};
   }
   void set_queue_bounds(const LinkQueueBounds& bounds) { bounds_ = bounds; }
+  // Closes the link at once, dropping what its queue holds: the peer broke the protocol.
+  void close() {
+    fd_.reset();
+    queue_.clear();
+    head_ = 0;
+  }
   // The host's side, not yet proven: tells the peer that the host is busy (cpprun-auth-busy), closes.
   void drop_busy();
 

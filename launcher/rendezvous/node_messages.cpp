@@ -312,6 +312,7 @@ void visit_words(Message& m, Words& w) {
         w.number(*field);
       }
       w.text(m.layout.master_addr);
+      w.flag(m.layout.store_tunnelled);
       return;
     case MessageKind::kDone:
     case MessageKind::kStopped:

@@ -6,7 +6,8 @@
 //   host -> member   gathering round N has this many nodes so far, and (static) the node ranks
 //                              still missing (after every arrival or departure)
 //   host -> member   queued    c10d: round N runs without you; you are in the next one
-//   host -> member   start     round N begins: your ranks (and, c10d, the workers' MASTER_PORT)
+//   host -> member   start     round N begins: your ranks, the workers' MASTER_PORT, and whether their
+//                              store is reached through the link (store_tunnel_io.h)
 //   member -> host   done      my workers of round N all succeeded
 //   member -> host   failed    round N failed here (a worker, or a signal to this agent)
 //   host -> member   end       round N is over (failed somewhere): stop your workers
@@ -21,7 +22,6 @@
 //   both             credit    N bytes of channel CH were written to this side's socket: send N more
 //   both             close     channel CH's socket on this side closed
 // A restart is a new `start` with the next round number; see Note [Elastic rounds].
-// Nothing sends open, data, credit or close yet: Note [Store tunnel not wired yet] in store_tunnel.h.
 #pragma once
 
 #include <cstddef>
@@ -87,7 +87,7 @@ struct NodeMessage {
   int nodes = 0;               // kGathering: nodes in the round so far; kQueued: nodes running it
   bool restarting = false;     // kQueued: the running round is being ended to take this node in
   int restart_count = 0;       // kStart: TORCHELASTIC_RESTART_COUNT
-  RankLayout layout{};         // kStart: group rank and size, ranks, master_port (worker rank 0's store)
+  RankLayout layout{};         // kStart: group rank and size, ranks, master_port (worker rank 0's store), tunnelled
   RankEvidence evidence{};     // kEvidence: one rank's dump (if any) and fate
   int request = 0;             // kAsk: the request's number (from 1); kEvidence: the one it answers, 0 for a failure
   int channel = 0;             // kOpen, kData, kCredit, kClose: the tunnel's channel (from 1)

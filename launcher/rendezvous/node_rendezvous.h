@@ -14,8 +14,9 @@
 // Note [Workers' store]
 // So no agent hosts a store for the workers: worker rank 0 hosts it (TORCHELASTIC_USE_AGENT_STORE=
 // False, which cpprun::init_process_group() and torch's env:// both honour) on a free port of the
-// host agent's machine, which every worker gets as MASTER_PORT; --master_port is the agents'. A new
-// port each round: a restarted worker never reaches the previous attempt's store.
+// host agent's machine; --master_port is the agents'. A new port each round: a restarted worker never
+// reaches the previous attempt's store. With a job secret the other nodes' workers reach it only
+// through their agent and the link: Note [Store tunnel wired] in store_tunnel_io.h.
 //
 // Note [Elastic rounds]
 // The host gathers each round anew: round 0 completes when MAX nodes joined, or MIN joined and

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <chrono>
 #include <iostream>
+#include <memory>
 #include <set>
 #include <system_error>
 #include <utility>
@@ -25,6 +26,7 @@
 #include "rendezvous/round_plan.h"
 #include "rendezvous/round_state.h"
 #include "rendezvous/round_window.h"
+#include "rendezvous/store_tunnel_io.h"
 #include "workers/restart_backoff.h"
 
 namespace cpprun::launcher {
@@ -71,6 +73,7 @@ class RendezvousHost final : public NodeRendezvous {
     std::vector<pollfd> fds;
     for (const Node& n : nodes_) fds.push_back(n.link.poll_entry());
     for (const Node& n : queued_) fds.push_back(n.link.poll_entry());
+    for (const Node& n : nodes_) n.tunnel->add_poll_fds(n.link, fds);  // a queued node has no workers
     for (const pollfd& fd : pending_.poll_fds()) fds.push_back(fd);
     fds.push_back({listener_.fd(), POLLIN, 0});
     return fds;
@@ -80,6 +83,13 @@ class RendezvousHost final : public NodeRendezvous {
     if (fd == listener_.fd()) {
       pending_.accept_from(listener_);
       while (auto introduced = pending_.take_introduced()) admit(std::move(introduced->first), introduced->second);
+      return;
+    }
+    for (std::size_t i = 0; i < nodes_.size(); ++i) {
+      if (!nodes_[i].tunnel->owns(fd)) continue;
+      if (const std::string why = nodes_[i].tunnel->on_ready(fd, revents, nodes_[i].link); !why.empty()) {
+        lose(i, why);
+      }
       return;
     }
     if (auto introduced = pending_.read(fd)) return admit(std::move(introduced->first), introduced->second);
@@ -193,7 +203,11 @@ class RendezvousHost final : public NodeRendezvous {
     NodeHello hello;
     MemberProgress state = MemberProgress::kJoined;
     int group_rank = -1;  // in the running round; -1 before it got one
+    // The workers' store's channels on this link (Note [Store tunnel wired]); movable with the Node.
+    std::unique_ptr<StoreTunnel> tunnel = std::make_unique<StoreTunnel>(LinkSide::kHost);
   };
+
+  bool tunnelled() const { return !settings_.job_secret.empty(); }
 
   // The members whose workers had all succeeded this round, by group rank: they have no evidence to send.
   std::vector<int> done_nodes() const {
@@ -294,20 +308,22 @@ class RendezvousHost final : public NodeRendezvous {
     // Worker rank 0 hosts the workers' store on a free port of this host, as torchrun's c10d backend
     // picks it: --master_port is where the agents meet (static), so it is taken. A new port each round,
     // so a restarted worker never reaches the previous attempt's store. See Note [Workers' store].
-    int master_port = 0;
+    // With a job secret the store is reached at the loopback alone: Note [Store tunnel wired].
+    LoopbackEndpoint store;
     try {
-      master_port = pick_free_port();
+      store = tunnelled() ? free_loopback_port(loopback_family_for(settings_.host)) : LoopbackEndpoint{"", pick_free_port()};
     } catch (const std::system_error& e) {
       throw RendezvousError(std::string("cpprun: cannot find a free port for the workers' MASTER_PORT: ") + e.what(),
                             1);
     }
     // The round was gathered: every member gets its group rank, in the host's order (round_plan.h).
-    const RoundPlan plan = plan_round(settings_, round_state(), master_port);
+    const RoundPlan plan = plan_round(settings_, round_state(), store.port, store.address);
     evidence_.start_round(round_, plan.slices);
     late_checked_ = false;
     for (std::size_t i = 0; i < nodes_.size(); ++i) {
       nodes_[i].group_rank = plan.starts[i].layout.group_rank;
       nodes_[i].state = MemberProgress::kRunning;
+      if (tunnelled()) nodes_[i].tunnel->serve_round(round_, store, nodes_[i].link);
       nodes_[i].link.send(plan.starts[i]);
     }
     for (Node& n : queued_) n.link.send(plan.queued);
@@ -320,6 +336,8 @@ class RendezvousHost final : public NodeRendezvous {
     const NextRound next = next_round(settings_, round_state(), decisive_.reason);
     if (!next.goes_on) return end_job({1, false, next.reason});
     if (next.counts_restart) ++restart_count_;
+    // Every node's workers are stopped: the round's channels go before any new worker starts.
+    for (Node& n : nodes_) n.tunnel->end_round(round_, n.link);
     ++round_;
     std::optional<RankLayout> layout = gather(relay, Clock::now());
     if (!layout) return interrupted();
@@ -428,7 +446,17 @@ class RendezvousHost final : public NodeRendezvous {
 
   void read_node(std::size_t i) {
     NodeLink::Received got = nodes_[i].link.receive();
-    for (const NodeMessage& message : got.messages) handle(nodes_[i], message);
+    for (const NodeMessage& message : got.messages) {
+      if (!is_tunnel_kind(message.kind)) {
+        handle(nodes_[i], message);
+        continue;
+      }
+      if (const std::string why = nodes_[i].tunnel->on_peer(message, nodes_[i].link); !why.empty()) {
+        nodes_[i].link.close();
+        return lose(i, why);
+      }
+    }
+    if (got.closed) nodes_[i].tunnel->on_link_lost();
     // A violation or a stalled queue closes it too.
     if (got.closed) lose(i, !got.violation.empty() ? got.violation : !got.stalled.empty() ? got.stalled : kAgentGone);
   }

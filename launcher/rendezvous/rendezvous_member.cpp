@@ -5,11 +5,13 @@
 #include <algorithm>
 #include <chrono>
 #include <iostream>
+#include <system_error>
 #include <utility>
 #include <vector>
 
 #include "rendezvous/node_link.h"
 #include "rendezvous/node_rendezvous.h"
+#include "rendezvous/store_tunnel_io.h"
 
 namespace cpprun::launcher {
 namespace {
@@ -93,15 +95,30 @@ class RendezvousMember final : public NodeRendezvous {
   ~RendezvousMember() override { flush_links({&link_}, kFinalFlushTimeout); }
 
   std::vector<pollfd> poll_fds() const override {
-    return link_.fd() >= 0 ? std::vector<pollfd>{link_.poll_entry()} : std::vector<pollfd>{};
+    if (link_.fd() < 0) return {};
+    std::vector<pollfd> fds{link_.poll_entry()};
+    tunnel_.add_poll_fds(link_, fds);
+    return fds;
   }
 
   // A link that flush() finds gone, or ended on a bound, is read at once: receive() reports its end.
-  void on_ready(int, short revents) override {
+  void on_ready(int fd, short revents) override {
+    if (tunnel_.owns(fd)) {
+      tunnel_violation(tunnel_.on_ready(fd, revents, link_));
+      return;
+    }
+    if (fd != link_.fd()) return;  // a channel's socket closed during this dispatch
     if (link_.flush() && (revents & ~POLLOUT) == 0) return;
     const bool was_open = link_.authenticated();
     NodeLink::Received got = link_.receive();
-    for (const NodeMessage& message : got.messages) handle(message);
+    for (const NodeMessage& message : got.messages) {
+      if (!is_tunnel_kind(message.kind)) {
+        handle(message);
+      } else if (tunnel_violation(tunnel_.on_peer(message, link_))) {
+        return;
+      }
+    }
+    if (got.closed) tunnel_.on_link_lost();
     // Dropped before the handshake completed, by a host too busy to keep it, or closed unanswered:
     // join() tries again (Note [Pending links under a flood]). A refusal of the secret is final.
     if (got.closed && !was_open && !link_.authenticated() && got.messages.empty() && got.refused.empty() &&
@@ -193,8 +210,20 @@ class RendezvousMember final : public NodeRendezvous {
     return RendezvousError(end.reason, end.exit_code);
   }
 
+  // The host broke the tunnel's rules: the link is closed and the job cannot go on. False for "".
+  bool tunnel_violation(const std::string& why) {
+    if (why.empty()) return false;
+    link_.close();
+    tunnel_.on_link_lost();
+    const JobEnd lost{1, false, host_title_ + " " + why + "; the job cannot go on without it"};
+    if (!end_) end_ = lost;
+    decision_ = JobDecision{JobDecision::Kind::kExit, {}, lost};
+    return true;
+  }
+
   RankLayout take_start() {
     RankLayout layout = start_->layout;
+    if (layout.store_tunnelled) listen_for_workers(start_->round, layout);
     round_ = start_->round;
     restart_count_ = start_->restart_count;
     start_.reset();
@@ -206,6 +235,29 @@ class RendezvousMember final : public NodeRendezvous {
     asked_ = 0;
     group_rank_ = layout.group_rank;
     return layout;
+  }
+
+  // Before this round's workers start: this node's listener for them, and their MASTER_ADDR and
+  // MASTER_PORT (Note [Store tunnel wired]). The host's port first, so that MASTER_PORT is the same on
+  // every node, unless the host agent is on this machine, where that port is worker rank 0's.
+  void listen_for_workers(int round, RankLayout& layout) {
+    const std::string local = link_.local_address();
+    const bool host_here = !local.empty() && local == peer_source(link_.peer());
+    const int host_port = layout.master_port;
+    try {
+      const LoopbackEndpoint at = tunnel_.listen_for_round(round, loopback_family_for(settings_.host), host_here ? 0 : host_port, link_);
+      layout.master_addr = at.address;
+      layout.master_port = at.port;
+    } catch (const std::system_error& e) {
+      throw RendezvousError(std::string("cpprun: cannot listen on this node's loopback for its workers' store "
+                                        "connections (round ") +
+                                std::to_string(round) + "): " + e.what(),
+                            1);
+    }
+    if (layout.master_port != host_port && !host_here) {
+      std::cerr << "cpprun: MASTER_PORT=" << host_port << " is taken on this node; its workers reach the store "
+                << "through this agent at " << layout.master_addr << ":" << layout.master_port << "\n";
+    }
   }
 
   void send_stopped() {
@@ -258,6 +310,7 @@ class RendezvousMember final : public NodeRendezvous {
   const RendezvousSettings settings_;
   const Clock::time_point started_;
   NodeLink link_;
+  StoreTunnel tunnel_{LinkSide::kMember};  // the workers' store's channels: Note [Store tunnel wired]
   const Reconnect reconnect_;
   const std::string host_title_;  // "the agent of node 0 (10.0.0.1:41234)": for messages
   int group_rank_ = -1;

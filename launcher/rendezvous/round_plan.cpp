@@ -25,7 +25,8 @@ std::vector<int> members_by_group_rank(const RendezvousSettings& settings, const
 
 }  // namespace
 
-RoundPlan plan_round(const RendezvousSettings& settings, const RoundState& state, int master_port) {
+RoundPlan plan_round(const RendezvousSettings& settings, const RoundState& state, int master_port,
+                     const std::string& store_loopback) {
   const std::vector<int> at = members_by_group_rank(settings, state);
   const int count = state.count();
   std::vector<NodeShape> shapes;
@@ -39,6 +40,10 @@ RoundPlan plan_round(const RendezvousSettings& settings, const RoundState& state
     layout.master_port = master_port;
     // c10d: worker rank 0 is on this host; torchrun's rank-0 node advertises its --local_addr.
     if (!settings.fixed_ranks()) layout.master_addr = settings.local_addr;
+    if (!store_loopback.empty()) {  // each member sets its own listener's address and port
+      layout.store_tunnelled = true;
+      layout.master_addr = rank == 0 ? store_loopback : "";
+    }
     const int workers = shapes[rank].local_world_size;
     plan.slices.push_back({rank, layout.base_rank, workers});
     ranks += (rank == 0 ? "node " : ", node ") + std::to_string(rank) +

@@ -30,6 +30,11 @@ struct RoundPlan {
 // node's ranks follow those of the nodes before it (multi_node_layout), c10d's MASTER_ADDR is the
 // host's --local_addr, and the console hears of static's first round (each agent announces a
 // restart itself) and of every c10d round.
-RoundPlan plan_round(const RendezvousSettings& settings, const RoundState& state, int master_port);
+// `store_loopback` ("127.0.0.1", "::1"): the workers' store is tunnelled (Note [Store tunnel wired]
+// in store_tunnel_io.h): the host's workers' MASTER_ADDR is that loopback, and every member is told
+// to listen for its own workers on its loopback. "" (--no_job_secret): every node's workers reach
+// the store directly at the host's address, as the store listens on every interface.
+RoundPlan plan_round(const RendezvousSettings& settings, const RoundState& state, int master_port,
+                     const std::string& store_loopback = "");
 
 }  // namespace cpprun::launcher

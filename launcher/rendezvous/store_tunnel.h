@@ -6,10 +6,7 @@
 // store's protocol. TunnelState only decides; an executor does the sockets and the link, and feeds
 // back what happened, so every rule is unit-tested without a socket (as admission.h, round_plan.h).
 //
-// Note [Store tunnel not wired yet]
-// Nothing uses this yet: no agent sends open, data, credit or close, and the workers still reach
-// worker rank 0's store directly (Note [Workers' store] in node_rendezvous.h). The executor (the
-// member's listener, the host's connects, the link's outbound queue) comes in later increments.
+// Its executor, and how the agents use it: Note [Store tunnel wired] in store_tunnel_io.h.
 //
 // Note [Store tunnel flow control]
 // Each channel has a window of kChannelWindowBytes in each direction: a sender never has more than

@@ -21,6 +21,9 @@ struct RankLayout {
   // MASTER_ADDR when the rendezvous chose it (c10d: the hosting agent's --local_addr, as torchrun's
   // rank-0 node advertises its own); "" means --master_addr, or the --rdzv_endpoint host.
   std::string master_addr;
+  // The workers' store is reached through the agents' link (Note [Store tunnel wired] in
+  // store_tunnel_io.h): a member listens for its workers on its loopback and tells them so.
+  bool store_tunnelled = false;
 };
 
 // A job of one node: ranks 0..nproc_per_node-1, worker rank 0 hosts the store.

@@ -75,6 +75,9 @@ TEST_CASE("node_messages: the other kinds", "[node_messages]") {
   CHECK(start.layout.master_addr.empty());  // none chosen: the workers use the endpoint's host
   layout.master_addr = "10.0.0.7";          // the host's --local_addr
   CHECK(round_trip(NodeMessage::make_start(4, 1, layout)).layout.master_addr == "10.0.0.7");
+  CHECK_FALSE(start.layout.store_tunnelled);  // --no_job_secret: the store is reached directly
+  layout.store_tunnelled = true;             // a job secret: through the link (store_tunnel_io.h)
+  CHECK(round_trip(NodeMessage::make_start(4, 1, layout)).layout.store_tunnelled);
 
   CHECK(round_trip(NodeMessage::make_done(2)).round == 2);
   CHECK(round_trip(NodeMessage::make_stopped(5)).round == 5);

@@ -169,3 +169,26 @@ TEST_CASE("round_plan: the queued nodes hear that the round runs without them, a
   CHECK(plan.queued.nodes == 2);          // the nodes running it, the host too
   CHECK_FALSE(plan.queued.restarting);    // nothing ends for them
 }
+
+TEST_CASE("round_plan: with a job secret the store is tunnelled: the host's workers use its loopback, members "
+          "their own", "[round_plan]") {
+  for (const RendezvousSettings& s : {static_job(3, 2), c10d_job(1, 3, 2)}) {
+    const bool fixed = s.fixed_ranks();
+    const RoundPlan plan = plan_round(
+        s, gathered(0, 0, {member(fixed ? 1 : -1, "10.0.0.2:4000", 2), member(fixed ? 2 : -1, "10.0.0.3:4000", 2)}),
+        41000, "127.0.0.1");
+    CHECK(plan.own.store_tunnelled);
+    CHECK(plan.own.master_addr == "127.0.0.1");  // worker rank 0 binds the loopback alone
+    CHECK(plan.own.master_port == 41000);
+    for (const NodeMessage& start : plan.starts) {
+      CHECK(start.layout.store_tunnelled);
+      CHECK(start.layout.master_addr.empty());       // each member's listener sets it, not the host's address
+      CHECK(start.layout.master_port == 41000);      // the port a member tries first for its listener
+    }
+  }
+  // "" (--no_job_secret): the store reached directly, as before.
+  const RoundPlan direct = plan_round(c10d_job(1, 3, 2), gathered(0, 0, {member(-1, "10.0.0.2:4000", 2)}), 41000);
+  CHECK_FALSE(direct.own.store_tunnelled);
+  CHECK_FALSE(direct.starts[0].layout.store_tunnelled);
+  CHECK(direct.starts[0].layout.master_addr == "10.0.0.1");
+}

@@ -47,12 +47,17 @@ expect_in_file "$WORK/nodeB.err" "joined the c10d rendezvous at 127.0.0.1:29600 
   "b's join line"
 port=$(sed -n 's/.*MASTER_PORT=\([0-9]*\)$/\1/p' "$WORK/nodeA.err")
 [ -n "$port" ] && [ "$port" != 29600 ] || fail "the workers' MASTER_PORT ('$port') should be a free port the host picked"
+# Node b's workers reach the store through their agent's loopback port (on one host, not the host's).
+tunnel_port=$(sed -n 's/^MASTER_PORT=//p' "$WORK/env.2")
+[ -n "$tunnel_port" ] && [ "$tunnel_port" != "$port" ] || fail "node b's MASTER_PORT ('$tunnel_port') is not its agent's own"
 # rank: LOCAL_RANK LOCAL_WORLD_SIZE GROUP_RANK
 expected=("0 2 0" "1 2 0" "0 1 1")
 for rank in 0 1 2; do
   set -- ${expected[$rank]}
+  rank_port=$port
+  [ "$rank" = 2 ] && rank_port=$tunnel_port
   for var in "RANK=$rank" "LOCAL_RANK=$1" WORLD_SIZE=3 "LOCAL_WORLD_SIZE=$2" "GROUP_RANK=$3" GROUP_WORLD_SIZE=2 \
-             "ROLE_RANK=$rank" ROLE_WORLD_SIZE=3 ROLE_NAME=default MASTER_ADDR=127.0.0.1 "MASTER_PORT=$port" \
+             "ROLE_RANK=$rank" ROLE_WORLD_SIZE=3 ROLE_NAME=default MASTER_ADDR=127.0.0.1 "MASTER_PORT=$rank_port" \
              TORCHELASTIC_USE_AGENT_STORE=False TORCHELASTIC_RESTART_COUNT=0 TORCHELASTIC_MAX_RESTARTS=2 \
              TORCHELASTIC_RUN_ID=job7; do
     grep -qxF "$var" "$WORK/env.$rank" || fail "rank $rank: $var missing; got: $(grep -E '^(RANK|LOCAL_|GROUP_|ROLE_|WORLD_SIZE|MASTER_|TORCHELASTIC_)' "$WORK/env.$rank" | tr '\n' ' ')"
@@ -98,12 +103,13 @@ wait_node "$NODE_PID" 20
 expect_eq "$NODE_STATUS" 0 "a lone node of --nnodes=1:2"
 grep -qxF GROUP_WORLD_SIZE=1 "$WORK/env.0" || fail "a lone node: GROUP_WORLD_SIZE=1 missing"
 
-# (4) --local_addr, as torchrun's: the hosting agent's is every worker's MASTER_ADDR; a member's is not.
+# (4) --local_addr, as torchrun's: with --no_job_secret (the store reached directly, not through the
+# agents) the hosting agent's is every worker's MASTER_ADDR; a member's is not.
 rm -f "$WORK"/env.*
-elastic nodeA 29603 1 --nnodes=2 --local_addr=127.0.0.3 /bin/sh -c "$worker"
+CPPRUN_JOB_SECRET= elastic nodeA 29603 1 --nnodes=2 --local_addr=127.0.0.3 --no_job_secret /bin/sh -c "$worker"
 a=$NODE_PID
 wait_for_text 10 "$WORK/nodeA.err" "this agent hosts the c10d rendezvous"
-elastic nodeB 29603 1 --nnodes=2 --local-addr=127.0.0.4 /bin/sh -c "$worker"
+CPPRUN_JOB_SECRET= elastic nodeB 29603 1 --nnodes=2 --local-addr=127.0.0.4 --no_job_secret /bin/sh -c "$worker"
 b=$NODE_PID
 wait_node "$a" 20
 expect_eq "$NODE_STATUS" 0 "--local_addr: node a's exit code"
@@ -112,5 +118,7 @@ expect_eq "$NODE_STATUS" 0 "--local_addr: node b's exit code"
 for rank in 0 1; do
   grep -qxF MASTER_ADDR=127.0.0.3 "$WORK/env.$rank" || fail "--local_addr: rank $rank's MASTER_ADDR is not the host's"
 done
+[ "$(sed -n 's/^MASTER_PORT=//p' "$WORK/env.0")" = "$(sed -n 's/^MASTER_PORT=//p' "$WORK/env.1")" ] ||
+  fail "--no_job_secret: the nodes' MASTER_PORT differ; the store should be reached directly at the host's"
 expect_no_leftovers
 echo PASS

@@ -86,14 +86,21 @@ expect_eq "$NODE_STATUS" 0 "c10d host's exit code"
 wait_node "$c1" 30
 expect_eq "$NODE_STATUS" 0 "c10d member's exit code"
 
-# ---- --no_job_secret: runs, and says what that exposes ----
-CPPRUN_JOB_SECRET= start_node open0 --nnodes=2 --node_rank=0 --master_port=29573 --no_job_secret /bin/true
+# ---- --no_job_secret: runs, says what that exposes, and the workers reach the store directly ----
+open_worker='echo "$MASTER_ADDR:$MASTER_PORT" >"$WORK/open.$RANK"'
+CPPRUN_JOB_SECRET= start_node open0 --nnodes=2 --node_rank=0 --master_port=29573 --no_job_secret /bin/sh -c "$open_worker"
 open0=$NODE_PID
-CPPRUN_JOB_SECRET= start_node open1 --nnodes=2 --node_rank=1 --master_port=29573 --no_job_secret /bin/true
+CPPRUN_JOB_SECRET= start_node open1 --nnodes=2 --node_rank=1 --master_port=29573 --no_job_secret /bin/sh -c "$open_worker"
 wait_node "$open0" 30
 expect_eq "$NODE_STATUS" 0 "node 0 without a secret"
 wait_node "$NODE_PID" 30
 expect_eq "$NODE_STATUS" 0 "node 1 without a secret"
 expect_in_file "$WORK/open0.err" "warning: --no_job_secret: the agents do not authenticate each other" "the warning"
+expect_in_file "$WORK/open0.err" "the workers' c10d store (worker rank 0's, at MASTER_ADDR:MASTER_PORT) is reachable directly" \
+  "the warning's store part"
+# Not tunnelled: both nodes' workers are given rank 0's own address and port (through an agent, a
+# node on the host's machine would get a port of its agent's).
+[ "$(cat "$WORK/open.0")" = "$(cat "$WORK/open.1")" ] ||
+  fail "--no_job_secret: the workers' store endpoints differ: $(cat "$WORK/open.0") and $(cat "$WORK/open.1")"
 expect_no_leftovers
 echo PASS

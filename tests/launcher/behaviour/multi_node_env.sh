@@ -1,7 +1,9 @@
 # Multi-node (1): two cpprun agents on the loopback as nodes 0 and 1, running 2 and 1 workers. Every
 # worker gets torchrun's numbering across the nodes (a node's ranks contiguous, in node-rank order,
 # whichever node starts first), worker rank 0 hosts the workers' store on one port node 0 picked (not
-# --master_port, where the agents meet), and a node whose workers are done waits for the other (exit barrier).
+# --master_port, where the agents meet), node 1's workers reach it through their agent's own loopback
+# port (the store tunnel: on one host node 0's port is rank 0's), and a node whose workers are done
+# waits for the other (exit barrier).
 . "$(dirname "$0")/common.sh"
 require_private_netns
 
@@ -28,10 +30,15 @@ expect_eq "$NODE_STATUS" 0 "node 1's exit code"
 expected=("0 2 0" "1 2 0" "0 1 1")
 master_port=$(sed -n 's/^MASTER_PORT=//p' "$WORK/env.0")
 [ -n "$master_port" ] && [ "$master_port" != 29510 ] || fail "the workers' MASTER_PORT is '$master_port', not a port of their own"
+tunnel_port=$(sed -n 's/^MASTER_PORT=//p' "$WORK/env.2")
+[ -n "$tunnel_port" ] && [ "$tunnel_port" != 29510 ] && [ "$tunnel_port" != "$master_port" ] ||
+  fail "node 1's MASTER_PORT is '$tunnel_port', not its agent's own port (node 0's is $master_port)"
 for rank in 0 1 2; do
   set -- ${expected[$rank]}
+  port=$master_port
+  [ "$rank" = 2 ] && port=$tunnel_port
   for var in "RANK=$rank" "LOCAL_RANK=$1" WORLD_SIZE=3 "LOCAL_WORLD_SIZE=$2" "GROUP_RANK=$3" GROUP_WORLD_SIZE=2 \
-             "ROLE_RANK=$rank" ROLE_WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 "MASTER_PORT=$master_port" \
+             "ROLE_RANK=$rank" ROLE_WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 "MASTER_PORT=$port" \
              TORCHELASTIC_USE_AGENT_STORE=False TORCHELASTIC_RESTART_COUNT=0 TORCHELASTIC_RUN_ID=job7; do
     grep -qxF "$var" "$WORK/env.$rank" || fail "rank $rank: $var missing; got: $(grep -E '^(RANK|LOCAL_|GROUP_|WORLD_SIZE)' "$WORK/env.$rank" | tr '\n' ' ')"
   done

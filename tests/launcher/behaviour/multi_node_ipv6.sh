@@ -1,7 +1,8 @@
 # A static multi-node job on IPv6 loopback: --master_addr=::1 (or torchrun's bracketed form) starts,
 # node 0's agent listens at [::1]:--master_port alone (not 127.0.0.1, not every interface), and the
-# workers, told MASTER_ADDR=::1, reach worker rank 0's store there (torch's TCPStore, when a Python
-# with torch is at hand). Also --rdzv_endpoint=[::1]:PORT.
+# workers, told MASTER_ADDR=::1, reach worker rank 0's store there, node 1's through their agent's
+# listener on [::1] (the store tunnel; torch's TCPStore, when a Python with torch is at hand). Also
+# --rdzv_endpoint=[::1]:PORT.
 . "$(dirname "$0")/common.sh"
 require_private_netns
 ip -6 addr show dev lo 2>/dev/null | grep -q 'inet6 ::1' || { echo "SKIP: no IPv6 loopback (::1)"; exit 77; }
@@ -27,17 +28,18 @@ expect_eq "$NODE_STATUS" 0 "node 0's exit code"
 wait_node "$node1" 20
 expect_eq "$NODE_STATUS" 0 "node 1's exit code"
 expect_in_file "$WORK/node0.err" "all 2 nodes joined at [::1]:29520" "node 0's rendezvous line"
-# Worker rank 0 hosts the workers' store on a port node 0 picked, the same on both nodes (--master_port
-# is the agents'), and nobody expects an agent's store.
+# Worker rank 0 hosts the workers' store on a port node 0 picked (--master_port is the agents'), node
+# 1's workers reach it through their agent's own port on [::1] (on one host node 0's is rank 0's),
+# and nobody expects an agent's store.
 master_port=$(sed -n 's/^MASTER_PORT=//p' "$WORK/env.0")
 [ -n "$master_port" ] && [ "$master_port" != 29520 ] || fail "rank 0's MASTER_PORT is '$master_port', not a port of its own"
+tunnel_port=$(sed -n 's/^MASTER_PORT=//p' "$WORK/env.1")
+[ -n "$tunnel_port" ] && [ "$tunnel_port" != "$master_port" ] || fail "rank 1's MASTER_PORT is '$tunnel_port', not its agent's"
 for rank in 0 1; do
-  for var in "RANK=$rank" WORLD_SIZE=2 "MASTER_PORT=$master_port" TORCHELASTIC_USE_AGENT_STORE=False; do
+  for var in "RANK=$rank" WORLD_SIZE=2 MASTER_ADDR=::1 TORCHELASTIC_USE_AGENT_STORE=False; do
     grep -qxF "$var" "$WORK/env.$rank" || fail "rank $rank: $var missing"
   done
 done
-grep -qxF MASTER_ADDR=::1 "$WORK/env.0" || fail "node 0's MASTER_ADDR is not ::1"
-grep -qxF MASTER_ADDR=0:0:0:0:0:0:0:1 "$WORK/env.1" || fail "node 1's MASTER_ADDR is not its --master_addr unbracketed"
 
 # --rdzv_endpoint=[::1]:PORT, and torch's own store client in the workers over IPv6.
 python=

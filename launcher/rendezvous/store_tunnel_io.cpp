@@ -1,0 +1,363 @@
+// The store tunnel's sockets: see store_tunnel_io.h.
+#include "rendezvous/store_tunnel_io.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <sys/timerfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <deque>
+#include <system_error>
+#include <utility>
+
+namespace cpprun::launcher {
+namespace {
+
+using Kind = TunnelAction::Kind;
+
+constexpr std::chrono::milliseconds kFirstRetry{50};
+constexpr std::chrono::milliseconds kLastRetry{1000};
+
+struct Address {
+  sockaddr_storage storage{};
+  socklen_t size = 0;
+};
+
+Address loopback_address(const std::string& address, int port) {
+  Address a;
+  if (address.find(':') == std::string::npos) {
+    auto* in = reinterpret_cast<sockaddr_in*>(&a.storage);
+    in->sin_family = AF_INET;
+    in->sin_port = htons(static_cast<std::uint16_t>(port));
+    inet_pton(AF_INET, address.c_str(), &in->sin_addr);
+    a.size = sizeof(sockaddr_in);
+  } else {
+    auto* in6 = reinterpret_cast<sockaddr_in6*>(&a.storage);
+    in6->sin6_family = AF_INET6;
+    in6->sin6_port = htons(static_cast<std::uint16_t>(port));
+    inet_pton(AF_INET6, address.c_str(), &in6->sin6_addr);
+    a.size = sizeof(sockaddr_in6);
+  }
+  return a;
+}
+
+// A socket bound to address:port (0: the kernel picks), listening when `listen_too`; throws
+// std::system_error with bind()'s errno.
+OwnedFd bind_loopback(const std::string& address, int port, bool listen_too) {
+  const Address a = loopback_address(address, port);
+  OwnedFd fd(socket(a.storage.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  if (fd.get() < 0) throw std::system_error(errno, std::generic_category(), "socket()");
+  const int one = 1;
+  setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (bind(fd.get(), reinterpret_cast<const sockaddr*>(&a.storage), a.size) != 0 ||
+      (listen_too && listen(fd.get(), SOMAXCONN) != 0)) {
+    throw std::system_error(errno, std::generic_category(),
+                            "binding " + address + ":" + std::to_string(port) + " for the workers' store");
+  }
+  return fd;
+}
+
+int bound_port(int fd) {
+  sockaddr_storage bound{};
+  socklen_t size = sizeof(bound);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &size);
+  return ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
+                                           : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+}
+
+// 127.0.0.1 (::1 first for a job that meets over IPv6), else the other where this host lacks the
+// first (bind fails with EADDRNOTAVAIL).
+template <typename Bind>
+auto on_loopback(LoopbackFamily family, Bind bind_at) {
+  const std::string first = family == LoopbackFamily::kIpv6 ? "::1" : "127.0.0.1";
+  try {
+    return bind_at(first);
+  } catch (const std::system_error& e) {
+    if (e.code().value() != EADDRNOTAVAIL && e.code().value() != EAFNOSUPPORT) throw;
+  }
+  return bind_at(std::string(family == LoopbackFamily::kIpv6 ? "127.0.0.1" : "::1"));
+}
+
+}  // namespace
+
+LoopbackFamily loopback_family_for(const std::string& meeting_host) {
+  return meeting_host.find(':') != std::string::npos ? LoopbackFamily::kIpv6 : LoopbackFamily::kIpv4;
+}
+
+LoopbackEndpoint free_loopback_port(LoopbackFamily family) {
+  return on_loopback(family, [](const std::string& address) {
+    const OwnedFd fd = bind_loopback(address, 0, /*listen_too=*/false);
+    return LoopbackEndpoint{address, bound_port(fd.get())};
+  });
+}
+
+LoopbackEndpoint StoreTunnel::listen_for_round(int round, LoopbackFamily family, int preferred_port, NodeLink& link) {
+  listener_.reset();
+  carry_out(state_.on_round_started(round), link);  // closes the channels of the round before
+  LoopbackEndpoint where = on_loopback(family, [&](const std::string& address) {
+    if (preferred_port > 0) {
+      try {
+        OwnedFd fd = bind_loopback(address, preferred_port, /*listen_too=*/true);
+        listener_ = std::move(fd);
+        return LoopbackEndpoint{address, preferred_port};
+      } catch (const std::system_error& e) {
+        if (e.code().value() != EADDRINUSE) throw;
+      }
+    }
+    listener_ = bind_loopback(address, 0, /*listen_too=*/true);
+    return LoopbackEndpoint{address, bound_port(listener_.get())};
+  });
+  accepting_ = state_.accepting();
+  return where;
+}
+
+void StoreTunnel::serve_round(int round, const LoopbackEndpoint& store, NodeLink& link) {
+  store_ = store;
+  carry_out(state_.on_round_started(round), link);
+}
+
+void StoreTunnel::end_round(int round, NodeLink& link) {
+  carry_out(state_.on_round_ended(round), link);
+  listener_.reset();
+}
+
+std::string StoreTunnel::on_peer(const NodeMessage& message, NodeLink& link) {
+  return carry_out(state_.on_peer(message), link);
+}
+
+void StoreTunnel::on_link_lost() {
+  state_.on_link_lost();  // closes every channel: so do we, with nobody to tell
+  sockets_.clear();
+  listener_.reset();
+  timer_.reset();
+}
+
+void StoreTunnel::add_poll_fds(const NodeLink& link, std::vector<pollfd>& fds) const {
+  if (listener_.get() >= 0 && accepting_) fds.push_back({listener_.get(), POLLIN, 0});
+  if (timer_.get() >= 0) fds.push_back({timer_.get(), POLLIN, 0});
+  const bool room = link.has_room_for_bulk();
+  for (const auto& [channel, s] : sockets_) {
+    if (s.fd.get() < 0) continue;  // host: waiting to connect again
+    const short events = static_cast<short>((s.reading && room ? POLLIN : 0) |
+                                            (s.connecting || !s.out.empty() ? POLLOUT : 0));
+    if (events != 0) fds.push_back({s.fd.get(), events, 0});
+  }
+}
+
+bool StoreTunnel::owns(int fd) const {
+  if (fd < 0) return false;
+  if (fd == listener_.get() || fd == timer_.get()) return true;
+  return std::any_of(sockets_.begin(), sockets_.end(), [fd](const auto& s) { return s.second.fd.get() == fd; });
+}
+
+std::string StoreTunnel::on_ready(int fd, short revents, NodeLink& link) {
+  if (revents == 0) return "";
+  std::string violation;
+  if (fd == listener_.get()) {
+    accept_workers(link, violation);
+    return violation;
+  }
+  std::vector<TunnelAction> next;
+  if (fd == timer_.get()) {
+    std::uint64_t expirations = 0;
+    [[maybe_unused]] const ssize_t n = read(timer_.get(), &expirations, sizeof(expirations));
+    retry_due(next);
+    return carry_out(std::move(next), link);
+  }
+  const auto it = std::find_if(sockets_.begin(), sockets_.end(), [fd](const auto& s) { return s.second.fd.get() == fd; });
+  if (it == sockets_.end()) return "";
+  const int channel = it->first;
+  Socket& s = it->second;
+  if (s.connecting) {
+    int error = 0;
+    socklen_t size = sizeof(error);
+    if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &size) != 0) error = errno;
+    if (error == 0 && (revents & POLLOUT) == 0 && (revents & (POLLERR | POLLHUP)) != 0) error = ECONNREFUSED;
+    connect_finished(channel, error, next);
+    return carry_out(std::move(next), link);
+  }
+  if ((revents & POLLOUT) != 0 && !s.out.empty()) write_socket(channel, next);
+  const auto again = sockets_.find(channel);
+  if (again != sockets_.end() && again->second.fd.get() == fd && again->second.reading &&
+      (revents & (POLLIN | POLLHUP | POLLERR)) != 0) {
+    read_socket(channel, next);
+  }
+  return carry_out(std::move(next), link);
+}
+
+void StoreTunnel::accept_workers(NodeLink& link, std::string& violation) {
+  // A bounded number per call, so that the link and the channels are served between.
+  for (int i = 0; i < 16 && listener_.get() >= 0 && accepting_; ++i) {
+    const int fd = accept4(listener_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) return;  // EAGAIN: none waits; anything else: the worker sees its connect fail
+    const int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    accepted_ = OwnedFd(fd);
+    const std::string why = carry_out(state_.on_accepted(), link);
+    accepted_.reset();  // refused, if not adopted
+    if (!why.empty() && violation.empty()) violation = why;
+  }
+}
+
+std::string StoreTunnel::carry_out(std::vector<TunnelAction> actions, NodeLink& link) {
+  std::string violation;
+  std::deque<TunnelAction> todo(std::make_move_iterator(actions.begin()), std::make_move_iterator(actions.end()));
+  while (!todo.empty()) {
+    TunnelAction a = std::move(todo.front());
+    todo.pop_front();
+    std::vector<TunnelAction> next;
+    switch (a.kind) {
+      case Kind::kSendPeer:
+        link.send(a.message);  // a link that is gone says so at its next receive()
+        break;
+      case Kind::kAdoptLocal: {
+        Socket& s = sockets_[a.channel];
+        s.fd = std::move(accepted_);
+        s.reading = true;
+        break;
+      }
+      case Kind::kRefuseLocal:
+        accepted_.reset();
+        break;
+      case Kind::kConnectStore:
+        sockets_.erase(a.channel);
+        sockets_.try_emplace(a.channel);
+        connect_store(a.channel, next);
+        break;
+      case Kind::kWriteLocal: {
+        const auto it = sockets_.find(a.channel);
+        if (it == sockets_.end()) break;
+        it->second.out += a.bytes;
+        write_socket(a.channel, next);
+        break;
+      }
+      case Kind::kCloseLocal:
+        sockets_.erase(a.channel);
+        break;
+      case Kind::kPauseReading:
+      case Kind::kResumeReading:
+        if (const auto it = sockets_.find(a.channel); it != sockets_.end()) {
+          it->second.reading = a.kind == Kind::kResumeReading;
+        }
+        break;
+      case Kind::kStopAccepting:
+        accepting_ = false;
+        break;
+      case Kind::kResumeAccepting:
+        accepting_ = true;
+        break;
+      case Kind::kViolation:
+        if (violation.empty()) violation = a.why;
+        break;
+    }
+    for (TunnelAction& n : next) todo.push_back(std::move(n));
+  }
+  arm_timer();
+  return violation;
+}
+
+void StoreTunnel::connect_store(int channel, std::vector<TunnelAction>& next) {
+  Socket& s = sockets_[channel];
+  s.retry_at.reset();
+  const Address a = loopback_address(store_.address, store_.port);
+  s.fd = OwnedFd(socket(a.storage.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  if (s.fd.get() < 0) return connect_finished(channel, errno, next);
+  const int one = 1;
+  setsockopt(s.fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  if (connect(s.fd.get(), reinterpret_cast<const sockaddr*>(&a.storage), a.size) == 0) {
+    return connect_finished(channel, 0, next);
+  }
+  if (errno == EINPROGRESS) {
+    s.connecting = true;
+    return;
+  }
+  connect_finished(channel, errno, next);
+}
+
+void StoreTunnel::connect_finished(int channel, int error, std::vector<TunnelAction>& next) {
+  Socket& s = sockets_[channel];
+  s.connecting = false;
+  if (error == 0) {
+    s.reading = true;
+    for (TunnelAction& a : state_.on_store_connected(channel)) next.push_back(std::move(a));
+    return;
+  }
+  // Worker rank 0 may bind its store after this node's peers' workers connect: never reset the
+  // worker's connection for that; try again (Note [Store tunnel wired]).
+  s.fd.reset();
+  const auto pause = std::min<std::chrono::milliseconds>(kLastRetry, kFirstRetry * (1 << std::min(s.refusals, 5)));
+  ++s.refusals;
+  s.retry_at = Clock::now() + pause;
+}
+
+void StoreTunnel::retry_due(std::vector<TunnelAction>& next) {
+  const auto now = Clock::now();
+  std::vector<int> due;
+  for (const auto& [channel, s] : sockets_) {
+    if (s.retry_at && *s.retry_at <= now) due.push_back(channel);
+  }
+  for (int channel : due) connect_store(channel, next);
+}
+
+void StoreTunnel::arm_timer() {
+  std::optional<Clock::time_point> first;
+  for (const auto& [channel, s] : sockets_) {
+    if (s.retry_at && (!first || *s.retry_at < *first)) first = s.retry_at;
+  }
+  if (!first) {
+    timer_.reset();
+    return;
+  }
+  if (timer_.get() < 0) timer_ = OwnedFd(timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC));
+  if (timer_.get() < 0) return;  // out of descriptors: the next poll of the link tries again
+  const auto left = std::max<Clock::duration>(*first - Clock::now(), std::chrono::milliseconds(1));
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(left).count();
+  itimerspec when{};
+  when.it_value.tv_sec = static_cast<time_t>(ns / 1000000000);
+  when.it_value.tv_nsec = static_cast<long>(ns % 1000000000);
+  timerfd_settime(timer_.get(), 0, &when, nullptr);
+}
+
+void StoreTunnel::read_socket(int channel, std::vector<TunnelAction>& next) {
+  Socket& s = sockets_[channel];
+  static thread_local char buffer[kMaxTunnelChunkBytes];
+  const ssize_t n = recv(s.fd.get(), buffer, sizeof(buffer), 0);
+  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
+  std::vector<TunnelAction> got;
+  if (n <= 0) {
+    s.reading = false;
+    got = state_.on_local_eof(channel);
+  } else {
+    got = state_.on_local_bytes(channel, std::string(buffer, static_cast<std::size_t>(n)));
+  }
+  for (TunnelAction& a : got) next.push_back(std::move(a));
+}
+
+void StoreTunnel::write_socket(int channel, std::vector<TunnelAction>& next) {
+  Socket& s = sockets_[channel];
+  if (s.fd.get() < 0 || s.connecting) return;
+  std::size_t written = 0;
+  while (written < s.out.size()) {
+    const ssize_t n = send(s.fd.get(), s.out.data() + written, s.out.size() - written, MSG_NOSIGNAL);
+    if (n > 0) {
+      written += static_cast<std::size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+    // The other end is gone: what it was sent goes nowhere.
+    s.out.clear();
+    s.reading = false;
+    for (TunnelAction& a : state_.on_local_eof(channel)) next.push_back(std::move(a));
+    return;
+  }
+  if (written == 0) return;
+  s.out.erase(0, written);
+  for (TunnelAction& a : state_.on_local_written(channel, written)) next.push_back(std::move(a));
+}
+
+}  // namespace cpprun::launcher
