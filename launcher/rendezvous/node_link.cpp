@@ -215,7 +215,11 @@ bool NodeLink::send(const NodeMessage& message) {
     outbox_.push_back(message);  // the member's hello, written once the host is proven
     return true;
   }
-  const std::string line = encode_message(message);
+  return send_line(encode_message(message));
+}
+
+bool NodeLink::send_line(const std::string& line) {
+  if (fd_.get() < 0 || !stalled_.empty() || state_ != State::kOpen) return false;
   const auto direction = side_ == LinkSide::kHost ? LinkDirection::kHostToMember : LinkDirection::kMemberToHost;
   const std::uint64_t sequence = sent_++;
   return queue_line(std::to_string(sequence) + " " + message_tag(session_key_, direction, sequence, line) + " " + line);

@@ -86,6 +86,9 @@ class NodeLink {
   // queue]). False when the connection is gone or this send passed a bound; the next receive() then
   // reports it.
   bool send(const NodeMessage& message);
+  // send() after encode_message: frames one message's line (its sequence number and tag) and queues it.
+  // Public for the test tool cpprun_link_probe, which sends lines no agent would (`data` not in base64).
+  bool send_line(const std::string& body);
   // Writes more of the queue, without blocking: call when poll() says fd() is writable, and after a
   // poll() that timed out while wants_write(), so that a queue that stopped draining is noticed.
   // False when the link is gone or has just ended on a bound (receive() then says which).
