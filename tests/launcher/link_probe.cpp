@@ -34,7 +34,9 @@ constexpr std::chrono::seconds kWaitForClose{10};
 using Sequence = std::function<void(NodeLink&, int round)>;
 
 void open(NodeLink& link, int round, int channel) { link.send(NodeMessage::make_open(round, channel)); }
-void data(NodeLink& link, int channel, std::size_t n) { link.send(NodeMessage::make_data(channel, std::string(n, 'x'))); }
+void data(NodeLink& link, int channel, std::size_t n) {
+  link.send(NodeMessage::make_data(channel, std::string(n, 'x')));
+}
 
 const std::map<std::string, std::pair<std::string, Sequence>>& sequences() {
   static const std::map<std::string, std::pair<std::string, Sequence>> all = {
@@ -146,7 +148,8 @@ int main(int argc, char** argv) {
     }
   }
   const long rss_before = status_kib(host_pid, "VmRSS");
-  std::cout << "probe: joined as node 1; round " << round << " started; host VmRSS " << rss_before << " KiB" << std::endl;
+  std::cout << "probe: joined as node 1; round " << round << " started; host VmRSS " << rss_before << " KiB"
+            << std::endl;
 
   const auto& [what, send] = sequences().at(name);
   send(link, round);

@@ -32,7 +32,8 @@ run_case() {
   grep -q "node 1" "$WORK/node0.err" || fail "$sequence: node 0 does not name node 1"
   growth=$(sed -n 's/.*growth \(-\{0,1\}[0-9]*\) KiB.*/\1/p' "$WORK/probe_$sequence.out")
   [ -n "$growth" ] || fail "$sequence: no memory reading from the probe"
-  [ "$growth" -lt "$max_growth_kib" ] || fail "$sequence: node 0's memory peak grew by $growth KiB (bound $max_growth_kib)"
+  [ "$growth" -lt "$max_growth_kib" ] ||
+    fail "$sequence: node 0's memory peak grew by $growth KiB (bound $max_growth_kib)"
   expect_no_leftovers
   echo "ok: $sequence: $(grep -F "$text" "$WORK/node0.err" | head -1)"
 }
