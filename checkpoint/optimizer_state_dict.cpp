@@ -34,6 +34,10 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr const char* kFileOfKey = "cpprun_file_of";  // only in the bytes rank 0 broadcasts
+// Also only there: the parameters (names and aliases) the other owners of a pipeline hold.
+constexpr const char* kHeldElsewhereKey = "cpprun_held_elsewhere";
+// Every state a known optimizer keeps, for reading only an owner's files of a directory.
+constexpr const char* kStateNames[] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer", "step"};
 constexpr int kMaxGroupsDepth = 4;                   // [{"params": [...], "betas": [...]}]
 
 // PyTorch's class name of the optimizer; an error for one we cannot save.
@@ -85,6 +89,21 @@ std::string options_json(const torch::optim::OptimizerOptions& options) {
            member("weight_decay", number(o->weight_decay())) + member("nesterov", boolean(o->nesterov()));
   }
   return out;
+}
+
+// The groups as the files' __metadata__ holds them: [{"params": [name, ...], "lr": ...}, ...].
+std::string param_groups_json(const std::vector<std::vector<std::string>>& params,
+                              const std::vector<std::string>& options) {
+  std::string groups = "[";
+  for (std::size_t g = 0; g < params.size(); ++g) {
+    std::string list;
+    for (const auto& name : params[g]) {
+      if (!list.empty()) list += ", ";
+      append_json_string(list, name);
+    }
+    groups += (g ? ", " : "") + std::string("{\"params\": [") + list + "]" + options[g] + "}";
+  }
+  return groups + "]";
 }
 
 double json_number(const Json& value, const std::string& what) {
@@ -165,7 +184,7 @@ struct ReadOptimizerFile {
   std::map<std::string, std::string> file_of;  // a directory's tensor -> its file
 };
 
-ReadOptimizerFile read_optimizer_files(const std::string& path) {
+ReadOptimizerFile read_optimizer_files(const std::string& path, const std::set<std::string>* wanted = nullptr) {
   ReadOptimizerFile out;
   if (!is_sharded_state_dict_path(path)) {
     const std::string bytes = read_state_dict_bytes(path);
@@ -179,7 +198,7 @@ ReadOptimizerFile read_optimizer_files(const std::string& path) {
   TORCH_CHECK(fs::exists(dir / index_file_name(kOptimizerStem)), "cpprun: load_optimizer_state_dict: ", dir.string(),
               " holds no ", index_file_name(kOptimizerStem), ": was the optimizer saved there "
               "(save_optimizer_state_dict(model, optimizer, \"", (dir / "").string(), "\"))?");
-  ShardedDirectory read = read_sharded_directory(dir.string(), kOptimizerStem);
+  ShardedDirectory read = read_sharded_directory(dir.string(), kOptimizerStem, wanted);
   // One save with the model beside it: its index's id, when both have one.
   const fs::path model_index = dir / index_file_name(kModelStem);
   const auto optimizer_id = read.index.metadata.find(std::string(kSaveIdKey));
@@ -204,6 +223,39 @@ ReadOptimizerFile read_optimizer_files(const std::string& path) {
 
 void check_optimizer_path(const std::string& path, const char* call) { check_path(path, call); }
 
+OptimizerParams optimizer_params(const StateView& view) {
+  OptimizerParams out;
+  std::vector<std::size_t> entry_of;  // parameter i -> its entry
+  std::map<std::size_t, std::size_t> param_of_entry;
+  bool placed = false;
+  for (std::size_t e = 0; e < view.entries.size(); ++e) {
+    const StateEntry& entry = view.entries[e];
+    if (!entry.parameter) continue;
+    param_of_entry[e] = out.names.size();
+    entry_of.push_back(e);
+    out.names.push_back(entry.name);
+    out.stepped.push_back(entry.local);
+    out.full_sizes.push_back(entry.whole_sizes);
+    placed = placed || !entry.placement.replicated();
+    if (entry.placement.rows && !out.shard_group) out.shard_group = entry.placement.rows->group;
+  }
+  for (const auto& [name, e] : view.names) {
+    const auto param = param_of_entry.find(e);
+    if (param != param_of_entry.end() && name != view.entries[e].name) out.aliases[name] = param->second;
+  }
+  if (placed) {
+    const StateView* v = &view;  // outlives the params: both live in the caller's frame
+    out.gather = [v, entry_of](std::size_t i, const at::Tensor& local) {
+      return gather_whole(v->entries[entry_of[i]], local);
+    };
+    out.local_part = [v, entry_of](std::size_t i, const at::Tensor& whole) {
+      return local_part(v->entries[entry_of[i]], whole);
+    };
+  }
+  return out;
+}
+
+
 OptimizerStateToSave optimizer_state_to_save(const OptimizerParams& params, torch::optim::Optimizer& optimizer) {
   const std::string kind = kind_of(optimizer);
   const auto names = group_names(params, optimizer, "save_optimizer_state_dict");
@@ -223,6 +275,7 @@ OptimizerStateToSave optimizer_state_to_save(const OptimizerParams& params, torc
   std::vector<int64_t> has(2 * n, 0);  // [has state] * n, then [step] * n
   for (std::size_t i = 0; i < n; ++i) {
     if (!options_of[i]) continue;  // not in the optimizer
+    if (params.saved_by_another.count(params.names[i])) continue;  // its state is saved by the owner of its alias
     local[i] = read_optimizer_state(optimizer, params.stepped[i]);
     if (local[i]) {
       has[i] = 1;
@@ -252,18 +305,60 @@ OptimizerStateToSave optimizer_state_to_save(const OptimizerParams& params, torc
       state.emplace_back(prefix + "step", at::scalar_tensor(static_cast<double>(has[n + i]), at::kFloat));
     }
   }
-  std::string groups = "[";
+  OptimizerStateToSave out{std::move(state), {{kOptimizerKindKey, kind}}, {}, {}};
   for (std::size_t g = 0; g < names.size(); ++g) {
-    std::string list;
+    out.group_params.emplace_back();
     for (const auto& name : names[g]) {
-      if (!list.empty()) list += ", ";
-      append_json_string(list, name);
+      if (!params.saved_by_another.count(name)) out.group_params.back().push_back(name);
     }
-    groups += (g ? ", " : "") + std::string("{\"params\": [") + list + "]" +
-              options_json(optimizer.param_groups()[g].options()) + "}";
+    out.group_options.push_back(options_json(optimizer.param_groups()[g].options()));
   }
-  groups += "]";
-  return {std::move(state), {{kOptimizerKindKey, kind}, {kParamGroupsKey, groups}}};
+  out.metadata[kParamGroupsKey] = param_groups_json(out.group_params, out.group_options);
+  return out;
+}
+
+void merge_owned_param_groups(OptimizerStateToSave& saved, const ProcessGroup& owners) {
+  // Each owner's groups: OPTIONS \x01 NAME \0 NAME \0 ... per group, the groups ended by \x02.
+  std::string mine;
+  for (std::size_t g = 0; g < saved.group_params.size(); ++g) {
+    mine += saved.group_options[g] + '\x01';
+    for (const auto& name : saved.group_params[g]) mine += name + '\0';
+    mine += '\x02';
+  }
+  std::vector<std::vector<std::string>> params;
+  std::vector<std::string> options;
+  std::vector<int> options_from;  // the owner whose options group g took first
+  std::string disagreement;
+  const auto parts = all_gather_bytes(owners, mine);
+  for (int owner = 0; owner < static_cast<int>(parts.size()); ++owner) {
+    const std::string& part = parts[static_cast<std::size_t>(owner)];
+    std::size_t at = 0;
+    for (std::size_t g = 0; at < part.size(); ++g) {
+      const std::size_t options_end = part.find('\x01', at), group_end = part.find('\x02', at);
+      const std::string group_options = part.substr(at, options_end - at);
+      if (g == params.size()) {
+        params.emplace_back();
+        options.push_back(group_options);
+        options_from.push_back(owner);
+      } else if (options[g] != group_options && disagreement.empty()) {
+        disagreement = "param group " + std::to_string(g) + " has options {" + options[g].substr(2) +
+                       "} on pipeline rank " + std::to_string(options_from[g]) + " but {" + group_options.substr(2) +
+                       "} on pipeline rank " + std::to_string(owner);
+      }
+      for (std::size_t name = options_end + 1; name < group_end;) {
+        const std::size_t end = part.find('\0', name);
+        params[g].push_back(part.substr(name, end - name));
+        name = end + 1;
+      }
+      at = group_end + 1;
+    }
+  }
+  TORCH_CHECK(disagreement.empty(), "cpprun: save_optimizer_state_dict: the pipeline stages' optimizers differ: ",
+              disagreement, ". One checkpoint holds the unsplit model's optimizer, one set of options per group: "
+              "build every stage's optimizer with the same groups and options.");
+  saved.group_params = std::move(params);
+  saved.group_options = std::move(options);
+  saved.metadata[kParamGroupsKey] = param_groups_json(saved.group_params, saved.group_options);
 }
 
 void save_optimizer_state_dict(const OptimizerParams& params, torch::optim::Optimizer& optimizer,
@@ -286,26 +381,63 @@ void save_optimizer_state_dict(const OptimizerParams& params, torch::optim::Opti
   team.agree(failure, "saving the optimizer state to " + path);
 }
 
-void load_optimizer_state_dict(const OptimizerParams& params, torch::optim::Optimizer& optimizer,
-                               const CheckpointTeam& team, const std::string& path) {
-  check_path(path, "load_optimizer_state_dict");
-  const std::string kind = kind_of(optimizer);
-  const auto names = group_names(params, optimizer, "load_optimizer_state_dict");
+namespace {
 
-  // Rank 0 reads and checks the files; every rank gets the same bytes and decides alike. A
-  // failure to read travels as its message, so every rank raises the same error.
+// An optimizer's file as every rank of the team has it: what the root read, of one save.
+struct OptimizerFile {
+  std::string path;
+  NamedTensors tensors;
+  std::map<std::string, std::string> metadata;
+  std::map<std::string, std::string> file_of;  // a directory's tensor -> its file, for messages
+  std::set<std::string> held_elsewhere;         // parameters the other owners load
+};
+
+// The root reads and checks the files; every rank gets the same bytes. A failure to read travels
+// as its message, so every rank raises the same error.
+// With `owners`, each owner's root reads only the files holding its parameters' state, and the
+// roots share their parameters' names, and any failure, before their teams see the bytes (a
+// condition on team.is_root() is the same across an owners group: Note [Teams and owners] in
+// owned_state.cpp).
+OptimizerFile read_for_team(const OptimizerParams& params, const CheckpointTeam& team, const std::string& path,
+                            const ProcessGroup* owners) {
   std::string bytes;
   std::exception_ptr failure;
   if (team.is_root()) {
+    std::set<std::string> held(params.names.begin(), params.names.end());
+    for (const auto& [alias, index] : params.aliases) held.insert(alias);
+    std::set<std::string> wanted;
+    for (const auto& name : held) {
+      for (const char* what : kStateNames) wanted.insert("state." + name + "." + what);
+    }
+    ReadOptimizerFile read;
     try {
-      ReadOptimizerFile read = read_optimizer_files(path);
-      std::string file_of;
-      for (const auto& [name, file] : read.file_of) file_of += name + '\t' + file + '\n';
-      read.metadata[kFileOfKey] = file_of;
-      bytes = "T" + encode_safetensors(read.tensors, read.metadata);
+      read = read_optimizer_files(path, owners ? &wanted : nullptr);
     } catch (...) {
       failure = std::current_exception();
       bytes = describe_failure(failure);  // never starts with 'T'
+    }
+    std::string elsewhere;
+    if (owners) {
+      std::string mine = failure ? "F" + bytes : "N";
+      for (const auto& name : held) mine += name + '\n';
+      const auto parts = all_gather_bytes(*owners, mine);
+      for (int owner = 0; owner < static_cast<int>(parts.size()); ++owner) {
+        const std::string& part = parts[static_cast<std::size_t>(owner)];
+        if (part[0] == 'F' && bytes.empty()) bytes = part.substr(1);  // the first failure, on every root
+        if (owner != owners->rank() && part[0] == 'N') elsewhere += part.substr(1);
+      }
+    }
+    if (bytes.empty()) {
+      try {
+        std::string file_of;
+        for (const auto& [name, file] : read.file_of) file_of += name + '\t' + file + '\n';
+        read.metadata[kFileOfKey] = file_of;
+        read.metadata[kHeldElsewhereKey] = elsewhere;
+        bytes = "T" + encode_safetensors(read.tensors, read.metadata);
+      } catch (...) {
+        failure = std::current_exception();
+        bytes = describe_failure(failure);
+      }
     }
   }
   team.broadcast_bytes(bytes);
@@ -313,27 +445,46 @@ void load_optimizer_state_dict(const OptimizerParams& params, torch::optim::Opti
   if (bytes[0] != 'T') throw_described_failure(bytes);
   bytes.erase(0, 1);
   const SafetensorsFile parsed = read_safetensors(bytes, path);
-  NamedTensors tensors = decode_safetensors(parsed, path);
-  std::map<std::string, std::string> file_of;
-  {
-    const std::string& text = parsed.metadata.at(kFileOfKey);
-    std::size_t at = 0;
-    while (at < text.size()) {
-      const std::size_t tab = text.find('\t', at), end = text.find('\n', at);
-      file_of[text.substr(at, tab - at)] = text.substr(tab + 1, end - tab - 1);
-      at = end + 1;
-    }
+  OptimizerFile out{path, decode_safetensors(parsed, path), parsed.metadata, {}, {}};
+  const std::string text = out.metadata[kFileOfKey];
+  out.metadata.erase(kFileOfKey);
+  const std::string elsewhere = out.metadata[kHeldElsewhereKey];
+  out.metadata.erase(kHeldElsewhereKey);
+  for (std::size_t at = 0, end; at < elsewhere.size(); at = end + 1) {
+    end = elsewhere.find('\n', at);
+    out.held_elsewhere.insert(elsewhere.substr(at, end - at));
   }
-  const auto in_file = [&](const std::string& name) {
-    const auto found = file_of.find(name);
-    return found == file_of.end() ? std::string() : " (in " + found->second + ")";
-  };
+  std::size_t at = 0;
+  while (at < text.size()) {
+    const std::size_t tab = text.find('\t', at), end = text.find('\n', at);
+    out.file_of[text.substr(at, tab - at)] = text.substr(tab + 1, end - tab - 1);
+    at = end + 1;
+  }
+  return out;
+}
 
-  // Every difference, then one error.
+// What a load applies once the file is found to fit: the file's param groups, each of our
+// parameters' group there, and each parameter's state tensors by name ("exp_avg", "step").
+struct OptimizerLoad {
+  Json groups;
+  std::map<std::string, std::size_t> group_of;
+  std::map<std::string, std::map<std::string, at::Tensor>> state_of;
+};
+
+// Every way `file` does not fit `optimizer` over `params` (empty: it fits), and in `load` what
+// to apply when it does.
+std::vector<std::string> optimizer_file_faults(const OptimizerParams& params, torch::optim::Optimizer& optimizer,
+                                               const std::string& kind,
+                                               const std::vector<std::vector<std::string>>& names,
+                                               const OptimizerFile& file, OptimizerLoad& load) {
+  const auto in_file = [&](const std::string& name) {
+    const auto found = file.file_of.find(name);
+    return found == file.file_of.end() ? std::string() : " (in " + found->second + ")";
+  };
   std::vector<std::string> faults;
   const auto meta = [&](const char* key) {
-    const auto found = parsed.metadata.find(key);
-    return found == parsed.metadata.end() ? std::string() : found->second;
+    const auto found = file.metadata.find(key);
+    return found == file.metadata.end() ? std::string() : found->second;
   };
   const std::string file_kind = meta(kOptimizerKindKey);
   if (file_kind.empty()) {
@@ -342,7 +493,7 @@ void load_optimizer_state_dict(const OptimizerParams& params, torch::optim::Opti
   } else if (file_kind != kind) {
     faults.push_back("the file holds " + file_kind + "'s state; this optimizer is " + kind);
   }
-  Json groups;
+  Json& groups = load.groups;
   const std::string groups_text = meta(kParamGroupsKey);
   try {
     groups = parse_json(groups_text.empty() ? "[]" : groups_text, kMaxGroupsDepth);
@@ -356,7 +507,7 @@ void load_optimizer_state_dict(const OptimizerParams& params, torch::optim::Opti
     const auto alias = params.aliases.find(name);
     return alias == params.aliases.end() ? name : params.names[alias->second];
   };
-  std::map<std::string, std::size_t> group_of;  // the file's names -> their group
+  std::map<std::string, std::size_t>& group_of = load.group_of;  // the file's names -> their group
   if (groups.kind != Json::Kind::kArray) {
     if (faults.empty()) faults.push_back(std::string("its \"") + kParamGroupsKey + "\" is not a JSON array");
   } else {
@@ -367,6 +518,7 @@ void load_optimizer_state_dict(const OptimizerParams& params, torch::optim::Opti
         if (key != "params") continue;
         for (const auto& item : value.items) {
           const std::string name = canonical(item.text);
+          if (!ours.count(name) && file.held_elsewhere.count(item.text)) continue;  // another owner's
           if (!theirs.insert(name).second) {
             faults.push_back("the param groups name \"" + name + "\" twice" +
                              (name == item.text ? std::string() : ", once as \"" + item.text + "\" (a tied parameter: "
@@ -403,12 +555,13 @@ void load_optimizer_state_dict(const OptimizerParams& params, torch::optim::Opti
     }
   }
   // The state tensors: "state.<name>.<what>", of the parameter's whole shape (step: 0-d).
-  std::map<std::string, std::map<std::string, at::Tensor>> state_of;
-  for (auto& [key, tensor] : tensors) {
+  auto& state_of = load.state_of;
+  for (const auto& [key, tensor] : file.tensors) {
     const std::size_t dot = key.rfind('.');
     const std::string name = canonical(key.rfind("state.", 0) == 0 && dot > 6 ? key.substr(6, dot - 6) : std::string());
     const std::string what = dot == std::string::npos ? std::string() : key.substr(dot + 1);
     const auto found = index_of.find(name);
+    if (found == index_of.end() && file.held_elsewhere.count(name)) continue;  // another owner's
     if (found == index_of.end()) {
       faults.push_back("\"" + key + "\"" + in_file(key) + " names no parameter of the model");
       continue;
@@ -442,24 +595,27 @@ void load_optimizer_state_dict(const OptimizerParams& params, torch::optim::Opti
       }
     }
   }
-  if (!faults.empty()) {
-    throw StateDictMismatchError("cpprun: load_optimizer_state_dict refused " + path + " (" +
-                                 std::to_string(faults.size()) + " fault(s)), and nothing was loaded:\n  " +
-                                 join(faults, "\n  ") + "\nWas it saved from another model or optimizer?");
-  }
+  return faults;
+}
 
-  // Apply: the groups' options, then each parameter's state (this rank's part of it).
+// The groups' options, then each parameter's state (this rank's part of it); a parameter the
+// file has no state for has none after.
+void apply_optimizer_load(const OptimizerParams& params, torch::optim::Optimizer& optimizer,
+                          const std::vector<std::vector<std::string>>& names, const OptimizerLoad& load,
+                          const std::string& path) {
   for (std::size_t g = 0; g < names.size(); ++g) {
     if (names[g].empty()) continue;
-    apply_options(optimizer.param_groups()[g].options(), groups.items[group_of[names[g].front()]], path);
+    apply_options(optimizer.param_groups()[g].options(), load.groups.items[load.group_of.at(names[g].front())], path);
   }
+  std::map<std::string, std::size_t> index_of;
+  for (std::size_t i = 0; i < params.names.size(); ++i) index_of[params.names[i]] = i;
   at::NoGradGuard no_grad;
-  for (std::size_t g = 0; g < names.size(); ++g) {
-    for (const auto& name : names[g]) {
-      const std::size_t i = index_of[name];
+  for (const auto& group : names) {
+    for (const auto& name : group) {
+      const std::size_t i = index_of.at(name);
       const at::Tensor& param = params.stepped[i];
-      const auto found = state_of.find(name);
-      if (found == state_of.end()) {
+      const auto found = load.state_of.find(name);
+      if (found == load.state_of.end()) {
         clear_optimizer_state(optimizer, param);
         continue;
       }
@@ -475,6 +631,37 @@ void load_optimizer_state_dict(const OptimizerParams& params, torch::optim::Opti
       write_optimizer_state(optimizer, param, state);
     }
   }
+}
+
+}  // namespace
+
+void load_optimizer_state_dict(const OptimizerParams& params, torch::optim::Optimizer& optimizer,
+                               const CheckpointTeam& team, const std::string& path, const ProcessGroup* owners) {
+  check_path(path, "load_optimizer_state_dict");
+  const std::string kind = kind_of(optimizer);
+  const auto names = group_names(params, optimizer, "load_optimizer_state_dict");
+  const OptimizerFile file = read_for_team(params, team, path, owners);
+  // Every difference, then one error; every rank decides alike on the same bytes (with owners: on
+  // every owner's faults, each rank having its own team's).
+  OptimizerLoad load;
+  std::vector<std::string> faults = optimizer_file_faults(params, optimizer, kind, names, file, load);
+  if (owners) {
+    const auto parts = all_gather_bytes(*owners, join(faults, std::string(1, '\0')));
+    faults.clear();
+    for (int owner = 0; owner < static_cast<int>(parts.size()); ++owner) {
+      const std::string& part = parts[static_cast<std::size_t>(owner)];
+      for (std::size_t at = 0, end; at < part.size(); at = end + 1) {
+        end = std::min(part.find('\0', at), part.size());
+        faults.push_back("pipeline rank " + std::to_string(owner) + ": " + part.substr(at, end - at));
+      }
+    }
+  }
+  if (!faults.empty()) {
+    throw StateDictMismatchError("cpprun: load_optimizer_state_dict refused " + path + " (" +
+                                 std::to_string(faults.size()) + " fault(s)), and nothing was loaded:\n  " +
+                                 join(faults, "\n  ") + "\nWas it saved from another model or optimizer?");
+  }
+  apply_optimizer_load(params, optimizer, names, load, path);
 }
 
 }  // namespace cpprun::detail

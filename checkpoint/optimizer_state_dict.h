@@ -16,10 +16,12 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "checkpoint/checkpoint_team.h"
+#include "checkpoint/state_view.h"
 #include "cpprun/state_dict_options.h"
 #include "support/torch_save_file.h"
 
@@ -46,7 +48,16 @@ struct OptimizerParams {
   // FSDP's shard group, when a rank may hold no rows of a parameter (and so no state for it)
   // where the others do: the ranks agree which parameters have state before gathering.
   std::optional<ProcessGroup> shard_group;
+  // Parameters whose state another owner saves under its own name, which `aliases` maps here (a
+  // pipeline's last stage's copy of a head tied to the first stage's embedding): left out of
+  // this owner's save, and loaded from that name.
+  std::set<std::string> saved_by_another;
 };
+
+// The parameters of a view (checkpoint/state_view.h) as its optimizer steps them: each entry's
+// local tensor, its state gathered and cut by the entry's placement. Refers to `view`, which must
+// outlive the result.
+OptimizerParams optimizer_params(const StateView& view);
 
 // What a save of `optimizer`'s state writes: the tensors "state.<name>.<what>", whole (FSDP
 // gathers each over params.shard_group: collective), and the files' __metadata__ (kind, groups).
@@ -54,8 +65,17 @@ struct OptimizerParams {
 struct OptimizerStateToSave {
   NamedTensors state;
   std::map<std::string, std::string> metadata;
+  // What the metadata's groups say: each group's parameter names and its options as JSON
+  // members (", \"lr\": 0.001, ..."), for merging the groups of several owners.
+  std::vector<std::vector<std::string>> group_params;
+  std::vector<std::string> group_options;
 };
 OptimizerStateToSave optimizer_state_to_save(const OptimizerParams& params, torch::optim::Optimizer& optimizer);
+// The groups of every owner of `owners` (pipeline stages, each with its own optimizer) as one
+// list, as the unsplit model's optimizer would have them: group g holds every owner's group g's
+// parameters, with their options, which must agree (else an error naming the group, on every
+// rank). Collective over `owners`; sets `saved`'s groups and metadata.
+void merge_owned_param_groups(OptimizerStateToSave& saved, const ProcessGroup& owners);
 // Refuses a PATH an optimizer's state cannot be saved to (not .safetensors, not a directory).
 void check_optimizer_path(const std::string& path, const char* call);
 
@@ -70,7 +90,11 @@ void save_optimizer_state_dict(const OptimizerParams& params, torch::optim::Opti
 // tensor of the wrong shape, a directory whose optimizer files differ in save id from each other
 // or from the model's index there: one error listing every fault, naming the file, and nothing
 // is changed. The team's root reads, every rank gets the same bytes, and every rank throws alike.
+// `owners` (pipeline stages): the checkpoint holds every owner's parameters, and this one loads
+// its own; a parameter no owner holds is unexpected, and the load is refused on every rank when it
+// does not fit any owner (checkpoint/owned_state.h).
 void load_optimizer_state_dict(const OptimizerParams& params, torch::optim::Optimizer& optimizer,
-                               const CheckpointTeam& team, const std::string& path);
+                               const CheckpointTeam& team, const std::string& path,
+                               const ProcessGroup* owners = nullptr);
 
 }  // namespace cpprun::detail

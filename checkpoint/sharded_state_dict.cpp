@@ -102,6 +102,15 @@ StateDictShard state_dict_shard(const NamedTensors& state, int rank, int world, 
   return shard;
 }
 
+int shard_file_count(const NamedTensors& state, int world) { return plan_for(state, world).parts; }
+
+StateDictShard state_dict_shard(const NamedTensors& state, int rank, int world, std::string_view stem,
+                                int files_before, int files_in_all) {
+  StateDictShard shard = state_dict_shard(state, rank, world, stem);
+  if (!shard.file.empty()) shard.file = shard_file_name(files_before + rank + 1, files_in_all, stem);
+  return shard;
+}
+
 void write_state_dict_shard(const StateDictShard& shard, const std::string& dir, const ShardedSaveStamp& stamp) {
   if (shard.file.empty()) return;
   write_file_atomically((fs::path(dir) / shard.file).string(), encode_safetensors(shard.tensors, stamp_metadata(stamp)));
@@ -121,14 +130,21 @@ void check_sharded_save_path(const std::string& dir) {
 void write_state_dict_index(const NamedTensors& state, const std::string& dir, int world,
                             const ShardedSaveStamp& stamp, std::string_view stem) {
   const Plan plan = plan_for(state, world);
-  SafetensorsIndex index;
-  index.metadata = stamp_metadata(stamp);
+  std::map<std::string, std::string> weight_map;
   std::uint64_t total = 0;
   for (std::size_t i = 0; i < state.size(); ++i) {
-    index.weight_map[state[i].first] = shard_file_name(plan.part[i] + 1, plan.parts, stem);
+    weight_map[state[i].first] = shard_file_name(plan.part[i] + 1, plan.parts, stem);
     total += state[i].second.nbytes();
   }
-  index.metadata["total_size"] = std::to_string(total);
+  write_state_dict_index(std::move(weight_map), total, dir, stamp, stem);
+}
+
+void write_state_dict_index(std::map<std::string, std::string> weight_map, std::uint64_t total_bytes,
+                            const std::string& dir, const ShardedSaveStamp& stamp, std::string_view stem) {
+  SafetensorsIndex index;
+  index.metadata = stamp_metadata(stamp);
+  index.weight_map = std::move(weight_map);
+  index.metadata["total_size"] = std::to_string(total_bytes);
   write_file_atomically((fs::path(dir) / index_file_name(stem)).string(), write_safetensors_index(index));
   // What an earlier save left: other shard files, and a model.safetensors that transformers'
   // from_pretrained would load in preference to the index (as save_pretrained cleans up); only
@@ -214,7 +230,8 @@ void save_sharded_tensors(const NamedTensors& state, const CheckpointTeam& team,
   agree_or_undo();
 }
 
-ShardedDirectory read_sharded_directory(const std::string& dir_text, std::string_view stem) {
+ShardedDirectory read_sharded_directory(const std::string& dir_text, std::string_view stem,
+                                        const std::set<std::string>* wanted) {
   const fs::path dir(dir_text);
   const fs::path index_path = dir / index_file_name(stem);
   ShardedDirectory out;
@@ -239,6 +256,9 @@ ShardedDirectory read_sharded_directory(const std::string& dir_text, std::string
   // Read (and check each file's CRC), one file's bytes at a time.
   std::vector<ShardFileContents> contents;
   for (const auto& [file, names] : promised) {
+    if (wanted && std::none_of(names.begin(), names.end(), [&](const std::string& n) { return wanted->count(n) > 0; })) {
+      continue;  // another rank's part; its reader checks it
+    }
     const std::string file_path = (dir / file).string();
     const std::string bytes = read_state_dict_bytes(file_path);
     const SafetensorsFile parsed = read_safetensors(bytes, file_path);
@@ -263,8 +283,8 @@ ShardedDirectory read_sharded_directory(const std::string& dir_text, std::string
   return out;
 }
 
-StateDictLoadReport load_sharded_state_dict(const NamedTensors& into, const std::string& path,
-                                            const StateDictOptions& options) {
+std::string sharded_load_directory(const std::string& path, std::string& single) {
+  single.clear();
   const bool names_index = names_index_file(path);
   const fs::path dir = names_index ? fs::path(path).parent_path() : fs::path(path);
   const fs::path index_path = dir / kIndexName;
@@ -277,11 +297,22 @@ StateDictLoadReport load_sharded_state_dict(const NamedTensors& into, const std:
                 kSafetensorsIndexName, " and ", kSafetensorsSingleName, ", which may be two different saves "
                 "(transformers would load ", kSafetensorsSingleName, "). Remove the one you do not mean, or name "
                 "the file to load.");
-    if (has_single) return load_state_dict_file(into, single_path.string(), options);
+    if (has_single) {
+      single = single_path.string();
+      return dir.string();
+    }
     TORCH_CHECK(has_index, "cpprun: load_state_dict: ", dir.string(), " holds neither ", kSafetensorsIndexName,
                 " nor ", kSafetensorsSingleName, " (Hugging Face's names for a model's weights): is it the "
                 "checkpoint directory?");
   }
+  return dir.string();
+}
+
+StateDictLoadReport load_sharded_state_dict(const NamedTensors& into, const std::string& path,
+                                            const StateDictOptions& options) {
+  std::string single;
+  const fs::path dir = sharded_load_directory(path, single);
+  if (!single.empty()) return load_state_dict_file(into, single, options);
   ShardedDirectory read = read_sharded_directory(dir.string(), kModelStem);
   return load_named_tensors(into, read.tensors, dir.string(), options, read.file_of);
 }

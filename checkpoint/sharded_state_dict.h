@@ -7,8 +7,10 @@
 
 #include <torch/nn/module.h>
 
+#include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 
@@ -49,10 +51,21 @@ struct StateDictShard {
 };
 StateDictShard state_dict_shard(const NamedTensors& state, int rank, int world, std::string_view stem = kModelStem);
 void write_state_dict_shard(const StateDictShard& shard, const std::string& dir, const ShardedSaveStamp& stamp);
+// The files a save of `state` by `world` writers makes: min(world, tensors), none for no tensor.
+int shard_file_count(const NamedTensors& state, int world);
+// state_dict_shard for one owner of a save that several owners make, each of its own tensors
+// (checkpoint/owned_state.h: pipeline stages): the owner's files are numbered after the
+// `files_before` of the owners before it, among `files_in_all`.
+StateDictShard state_dict_shard(const NamedTensors& state, int rank, int world, std::string_view stem,
+                                int files_before, int files_in_all);
 // Refuses a path naming the index file itself, which a save cannot take.
 void check_sharded_save_path(const std::string& dir);
 void write_state_dict_index(const NamedTensors& state, const std::string& dir, int world,
                             const ShardedSaveStamp& stamp, std::string_view stem = kModelStem);
+// The index of a save whose files `weight_map` names (tensor -> file), `total_bytes` in all,
+// written once every file is in place, and the cleaning of what an earlier save left, as above.
+void write_state_dict_index(std::map<std::string, std::string> weight_map, std::uint64_t total_bytes,
+                            const std::string& dir, const ShardedSaveStamp& stamp, std::string_view stem);
 
 // Removes DIR/FILE, which this rank wrote in a save that failed (FILE empty: none); never throws.
 // See Note [A failed save removes what it wrote] in the .cpp.
@@ -75,7 +88,14 @@ struct ShardedDirectory {
   std::map<std::string, std::string> file_of;  // tensor name -> its file
   std::map<std::string, std::string> metadata;  // the first file's __metadata__
 };
-ShardedDirectory read_sharded_directory(const std::string& dir, std::string_view stem);
+// `wanted` (null: all): read only the files that hold one of these names (the index's every file
+// must still exist), for a rank that loads a part of the model (a pipeline stage).
+ShardedDirectory read_sharded_directory(const std::string& dir, std::string_view stem,
+                                        const std::set<std::string>* wanted = nullptr);
+// The directory a load of PATH (DIR, or the index it names) reads; `single` becomes
+// DIR/model.safetensors when DIR holds that file alone (load it as a file). Refuses a DIR holding
+// both that file and the index, or neither, as load_state_dict does.
+std::string sharded_load_directory(const std::string& path, std::string& single);
 
 // Reads DIR (or the index PATH names; a DIR holding only model.safetensors loads that file) into
 // `into` (module_state(module) for a module) in place, strict as load_state_dict. This process alone.

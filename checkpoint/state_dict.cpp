@@ -75,6 +75,8 @@ std::string join(const std::vector<std::string>& items, const std::string& separ
   return out;
 }
 
+}  // namespace
+
 // `file_of`: a directory's tensors -> their files, added to each unexpected or mismatched name.
 std::string mismatch_message(const StateDictLoadReport& report, const std::string& path,
                              const std::map<std::string, std::string>& file_of) {
@@ -106,7 +108,7 @@ std::string mismatch_message(const StateDictLoadReport& report, const std::strin
   return message + "\nIs it another model's file? To load only what fits, pass StateDictOptions().strict(false).";
 }
 
-// The report as bytes for broadcast_bytes: lists split by '\x01', items by '\0'.
+// Lists split by '\x01', items by '\0'.
 std::string encode_report(const StateDictLoadReport& report) {
   const std::string nul(1, '\0');
   return join(report.missing_keys, nul) + '\x01' + join(report.unexpected_keys, nul) + '\x01' +
@@ -131,8 +133,6 @@ StateDictLoadReport decode_report(const std::string& bytes) {
   TORCH_INTERNAL_ASSERT(lists.size() == 3, "a state dict load report arrived garbled");
   return {lists[0], lists[1], lists[2]};
 }
-
-}  // namespace
 
 NamedTensors module_state(torch::nn::Module& module) {
   NamedTensors out;

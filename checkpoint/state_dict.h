@@ -45,6 +45,13 @@ StateDictLoadReport load_named_tensors(const NamedTensors& mine, const NamedTens
                                        const StateDictOptions& options,
                                        const std::map<std::string, std::string>& file_of = {});
 
+// The message of the StateDictMismatchError a strict load of PATH throws for `report`.
+std::string mismatch_message(const StateDictLoadReport& report, const std::string& path,
+                             const std::map<std::string, std::string>& file_of = {});
+// A report as bytes (for broadcast_bytes), and back.
+std::string encode_report(const StateDictLoadReport& report);
+StateDictLoadReport decode_report(const std::string& bytes);
+
 // Writes `state` to the file PATH atomically, in the format its extension names (not a directory);
 // `metadata` goes into a .safetensors header beside the step and save id (an optimizer's kind).
 void write_state_dict_file(const NamedTensors& state, const std::string& path, const StateDictSaveOptions& options,

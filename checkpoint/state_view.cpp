@@ -14,6 +14,8 @@
 #include "core/tensor_parallel_splits.h"
 #include "core/tensor_parallel_state.h"
 #include "cpprun/collectives.h"
+#include "cpprun/detail/data_parallel_core.h"
+#include "cpprun/state_dict.h"
 
 namespace cpprun::detail {
 
@@ -48,6 +50,17 @@ StateView module_state_view(torch::nn::Module& module, const std::map<std::strin
     view.entries.push_back(std::move(entry));
   }
   return view;
+}
+
+StateView state_view(const StateSource& source) {
+  if (source.wrapper) {
+    StateView view;
+    source.wrapper->describe_state(view);
+    return view;
+  }
+  TORCH_INTERNAL_ASSERT(source.module, "a checkpoint of nothing");
+  // Alone, or with tensor-parallel splits the ranks of their groups (every one calls the save).
+  return module_state_view(*source.module, tensor_parallel_splits(*source.module));
 }
 
 at::Tensor gather_whole(const StateEntry& entry, const at::Tensor& local) {

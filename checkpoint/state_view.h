@@ -77,6 +77,11 @@ struct StateView {
   std::function<void()> after_load;
 };
 
+struct StateSource;  // cpprun/state_dict.h: a wrapper or a module
+// The view of what a checkpoint saves: a wrapper's (its describe_state), or a module's with its
+// tensor-parallel splits (cpprun::tensor_parallel_splits; every rank of their groups saves).
+StateView state_view(const StateSource& source);
+
 // The view of a module: every parameter and buffer replicated over `replicas` (none: this process
 // alone), except those `splits` names (cpprun::tensor_parallel_splits), which are tensor-parallel
 // splits; the team is `replicas` and the splits' groups.

@@ -24,6 +24,7 @@ StageTies find_ties(const std::vector<std::vector<StageParameter>>& params) {
     TiedParameter tie;
     for (const auto& [stage, name] : list) {
       tie.stages.push_back(stage);
+      tie.names.push_back(name);
       tie.description += (tie.description.empty() ? "" : ", ") + ("stage " + std::to_string(stage) + "'s " + name);
     }
     tie_index[identity] = static_cast<int>(result.ties.size());

@@ -11,7 +11,8 @@
 namespace cpprun::detail {
 
 struct TiedParameter {
-  std::vector<int> stages;  // ascending; the first counts it in the norm
+  std::vector<int> stages;          // ascending; the first counts it in the norm
+  std::vector<std::string> names;   // its name in each of those stages' modules
   std::string description;  // "stage 0's embed.weight, stage 3's head.weight"
 };
 

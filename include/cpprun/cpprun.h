@@ -25,6 +25,7 @@
 #include "cpprun/sampler.h"
 #include "cpprun/optimizer_state_dict.h"
 #include "cpprun/pipeline.h"
+#include "cpprun/pipeline_state_dict.h"
 #include "cpprun/state_dict.h"
 #include "cpprun/state_dict_options.h"
 #include "cpprun/step_timing.h"

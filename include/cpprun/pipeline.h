@@ -35,7 +35,8 @@
 namespace cpprun {
 
 namespace detail {
-struct StageTies;  // pipeline/tied_parameters.h
+struct StageTies;    // pipeline/tied_parameters.h
+struct StageAccess;  // pipeline/stage_access.h: what the library's pipeline code reads of a stage
 }  // namespace detail
 class GradScaler;  // cpprun/grad_scaler.h
 
@@ -101,6 +102,7 @@ class PipelineStage {
 
  private:
   friend class PipelineSchedule;
+  friend struct detail::StageAccess;
   friend double pipeline_clip_grad_norm(const std::vector<PipelineStage*>& stages, double max_norm);
 
   torch::nn::Sequential module_;

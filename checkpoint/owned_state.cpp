@@ -1,0 +1,348 @@
+// See owned_state.h.
+#include "checkpoint/owned_state.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <numeric>
+#include <set>
+#include <sstream>
+#include <unordered_set>
+
+#include "checkpoint/save_ids.h"
+#include "checkpoint/sharded_state_dict.h"
+#include "checkpoint/state_dict.h"
+#include "core/failure_agreement.h"
+#include "cpprun/collectives.h"
+#include "cpprun/object_collectives.h"
+#include "cpprun/point_to_point.h"
+#include "support/safetensors_index.h"
+
+namespace cpprun::detail {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr int kTensorTag = 0;  // the save runs between steps: no stage message is in flight
+
+// Note [Teams and owners]
+// Rank (d, p, t) of a {dp, pp, tp} layout is in the owners group {(d, *, t)} and in its team
+// (the data-parallel group {(*, p, t)} and the tensor-parallel group {(d, p, *)}). A step over the
+// owners, then the team's two (Note [Teams over a {dp, tp} mesh]), reaches every rank; the team
+// roots (0, *, 0) form one owners group, where whole tensors move between owners, and in every
+// other owners group no rank is a root: a condition on team.is_root() is the same across an
+// owners group, so collectives under it meet.
+
+// Whether any rank of the job failed; rethrows this rank's own error, else one naming `what`.
+void agree_everywhere(const CheckpointTeam& team, const ProcessGroup& owners, std::exception_ptr local,
+                      const std::string& what) {
+  at::Tensor failed = at::tensor({local ? 1 : 0}, at::kInt);
+  all_reduce(owners, failed, ReduceOp::kMax);
+  if (const ProcessGroup* replicas = team.replicas()) all_reduce(*replicas, failed, ReduceOp::kMax);
+  for (const auto& group : team.tensor_parallel()) all_reduce(group, failed, ReduceOp::kMax);
+  if (local) std::rethrow_exception(local);
+  TORCH_CHECK(failed.item<int>() == 0, "cpprun: ", what, " failed on another rank (its own error says why); rank ",
+              cpprun::rank(), " of the job stops too.");
+}
+
+// Refuses, on every rank, owners groups whose ranks are roots of their teams on some and not on
+// others: the teams were built on groups laid out differently from stage to stage.
+void check_roots_line_up(const CheckpointTeam& team, const ProcessGroup& owners, const std::string& what) {
+  at::Tensor roots = at::tensor({team.is_root() ? 1 : 0}, at::kInt);
+  all_reduce(owners, roots, ReduceOp::kSum);
+  const int count = roots.item<int>();
+  std::exception_ptr mismatch;
+  try {
+    TORCH_CHECK(count == 0 || count == owners.size(), "cpprun: ", what, ": in one pipeline group ", count, " of ",
+                owners.size(), " ranks are the first of their stage's data- and tensor-parallel groups, the others "
+                "not; build every stage's groups from one DeviceMesh (e.g. {pp, dp, tp}), so that a pipeline "
+                "group's ranks sit at the same data- and tensor-parallel coordinates.");
+  } catch (...) {
+    mismatch = std::current_exception();
+  }
+  agree_everywhere(team, owners, mismatch, what);
+}
+
+// The tensors' names, dtypes, shapes and device types, for a receiver to allocate them:
+// NAME \0 "dtype cuda ndim d0 d1 ..." \0 per tensor.
+std::string describe_layout(const NamedTensors& tensors) {
+  std::string out;
+  for (const auto& [name, tensor] : tensors) {
+    std::ostringstream line;
+    line << static_cast<int>(tensor.scalar_type()) << ' ' << (tensor.is_cuda() ? 1 : 0) << ' ' << tensor.dim();
+    for (const int64_t size : tensor.sizes()) line << ' ' << size;
+    out += name + '\0' + line.str() + '\0';
+  }
+  return out;
+}
+
+NamedTensors allocate_layout(const std::string& layout, const NamedTensors& mine) {
+  c10::Device cuda(c10::kCUDA);  // a CUDA tensor arrives on this rank's CUDA device, if it has one in use
+  for (const auto& [name, tensor] : mine) {
+    if (tensor.is_cuda()) cuda = tensor.device();
+  }
+  NamedTensors out;
+  std::size_t at = 0;
+  while (at < layout.size()) {
+    const std::size_t name_end = layout.find('\0', at), line_end = layout.find('\0', name_end + 1);
+    TORCH_INTERNAL_ASSERT(name_end != std::string::npos && line_end != std::string::npos, "a garbled tensor layout");
+    std::istringstream line(layout.substr(name_end + 1, line_end - name_end - 1));
+    int dtype = 0, is_cuda = 0, dims = 0;
+    line >> dtype >> is_cuda >> dims;
+    std::vector<int64_t> sizes(static_cast<std::size_t>(dims));
+    for (auto& size : sizes) line >> size;
+    const auto options = at::TensorOptions().dtype(static_cast<at::ScalarType>(dtype));
+    out.emplace_back(layout.substr(at, name_end - at), at::empty(sizes, is_cuda ? options.device(cuda) : options));
+    at = line_end + 1;
+  }
+  return out;
+}
+
+// Refuses a name that two owners hold (owner 0's root, building the whole list).
+void append_owned(NamedTensors& all, std::map<std::string, int>& owner_of, const NamedTensors& theirs, int owner) {
+  for (const auto& item : theirs) {
+    const auto [at, fresh] = owner_of.emplace(item.first, owner);
+    TORCH_CHECK(fresh, "cpprun: a checkpoint of pipeline stages: \"", item.first, "\" is held by the ranks of pipeline ",
+                "ranks ", at->second, " and ", owner, "; a name must belong to one stage.");
+    all.push_back(item);
+  }
+}
+
+void save_file(const NamedTensors& mine, const CheckpointTeam& team, const ProcessGroup& owners,
+               const std::string& path, const StateDictSaveOptions& options,
+               const std::map<std::string, std::string>& metadata, const std::string& what) {
+  std::exception_ptr failure;
+  if (team.is_root()) {  // every rank of this owners group, or none (Note [Teams and owners])
+    const auto layouts = all_gather_bytes(owners, describe_layout(mine));
+    if (owners.rank() == 0) {
+      NamedTensors all;
+      std::map<std::string, int> owner_of;
+      try {
+        append_owned(all, owner_of, mine, 0);
+      } catch (...) {
+        failure = std::current_exception();
+      }
+      for (int owner = 1; owner < owners.size(); ++owner) {
+        NamedTensors theirs = allocate_layout(layouts[static_cast<std::size_t>(owner)], mine);
+        for (auto& [name, tensor] : theirs) recv(owners, tensor, owner, kTensorTag);  // in the sender's order
+        if (failure) continue;
+        try {
+          append_owned(all, owner_of, theirs, owner);
+        } catch (...) {
+          failure = std::current_exception();
+        }
+      }
+      if (!failure) {
+        try {
+          write_state_dict_file(all, path, options, metadata);
+        } catch (...) {
+          failure = std::current_exception();
+        }
+      }
+    } else {
+      for (const auto& [name, tensor] : mine) send(owners, tensor.contiguous(), 0, kTensorTag);
+    }
+  }
+  // Also the barrier: the file exists when save returns, on every rank.
+  agree_everywhere(team, owners, failure, what);
+}
+
+// Each tensor's file, for the index: what each of the owner's writers writes.
+std::string weight_map_part(const NamedTensors& mine, const CheckpointTeam& team, std::string_view stem,
+                            int files_before, int files_in_all) {
+  std::string out;
+  std::uint64_t bytes = 0;
+  for (int writer = 0; writer < team.writers(); ++writer) {
+    const StateDictShard shard = state_dict_shard(mine, writer, team.writers(), stem, files_before, files_in_all);
+    for (const auto& [name, tensor] : shard.tensors) {
+      out += name + '\0' + shard.file + '\0';
+      bytes += tensor.nbytes();
+    }
+  }
+  return std::to_string(bytes) + '\0' + out;
+}
+
+void save_directory(const NamedTensors& mine, const CheckpointTeam& team, const ProcessGroup& owners,
+                    const std::string& dir, const StateDictSaveOptions& options, std::string_view stem,
+                    const std::map<std::string, std::string>& metadata, const std::string& what) {
+  const std::set<std::string> stems{std::string(stem)};
+  // One save id for every file, drawn by owner 0's root (Note [One save id for a model and its
+  // optimizer]), then passed over the owners and each team.
+  const bool decides = team.is_root() && owners.rank() == 0;
+  ShardedSaveStamp stamp{decides ? claim_save_id(dir, options, stems) : std::string(), options.step(), metadata};
+  broadcast_bytes(owners, stamp.save_id, 0);
+  team.broadcast_bytes(stamp.save_id);
+  // The files are numbered owner after owner, each owner's among its writers.
+  const auto files_of = all_gather_object(owners, shard_file_count(mine, team.writers()));
+  const int files_before = std::accumulate(files_of.begin(), files_of.begin() + owners.rank(), 0);
+  const int files_in_all = std::accumulate(files_of.begin(), files_of.end(), 0);
+  const StateDictShard shard = team.writes() ? state_dict_shard(mine, team.writer_rank(), team.writers(), stem,
+                                                                files_before, files_in_all)
+                                             : StateDictShard();
+  bool wrote = false;
+  // See Note [A failed save removes what it wrote].
+  const auto undo = [&] {
+    if (wrote) remove_written_file(dir, shard.file);
+    if (decides) forget_failed_save(dir, stamp.save_id, stems);
+  };
+  std::exception_ptr failure;
+  const auto agree_or_undo = [&] {
+    try {
+      agree_everywhere(team, owners, failure, what);
+    } catch (...) {
+      undo();
+      throw;
+    }
+  };
+  if (decides) {
+    try {
+      fs::create_directories(dir);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+  agree_or_undo();
+  if (team.writes()) {
+    try {
+      write_state_dict_shard(shard, dir, stamp);
+      wrote = true;
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+  agree_or_undo();  // every file is in place before the index names them
+  if (team.is_root()) {
+    const auto parts = all_gather_bytes(owners, weight_map_part(mine, team, stem, files_before, files_in_all));
+    if (decides) {
+      try {
+        std::map<std::string, std::string> weight_map;
+        std::map<std::string, int> owner_of;
+        std::uint64_t total = 0;
+        for (int owner = 0; owner < owners.size(); ++owner) {
+          const std::string& part = parts[static_cast<std::size_t>(owner)];
+          std::size_t at = part.find('\0');
+          total += std::stoull(part.substr(0, at));
+          for (++at; at < part.size();) {
+            const std::size_t name_end = part.find('\0', at), file_end = part.find('\0', name_end + 1);
+            const std::string name = part.substr(at, name_end - at);
+            const auto [seen, fresh] = owner_of.emplace(name, owner);
+            TORCH_CHECK(fresh, "cpprun: a checkpoint of pipeline stages: \"", name, "\" is held by pipeline ranks ",
+                        seen->second, " and ", owner, "; a name must belong to one stage.");
+            weight_map[name] = part.substr(name_end + 1, file_end - name_end - 1);
+            at = file_end + 1;
+          }
+        }
+        write_state_dict_index(std::move(weight_map), total, dir, stamp, stem);
+      } catch (...) {
+        failure = std::current_exception();
+      }
+    }
+  }
+  agree_or_undo();
+}
+
+// What one owner's root found: its names, and what of them the checkpoint lacks or holds in
+// another shape or dtype. Bytes: encode_report's three lists (missing, names, mismatched).
+std::string encode_owner_part(const std::set<std::string>& names, const StateDictLoadReport& report) {
+  return encode_report({report.missing_keys, {names.begin(), names.end()}, report.mismatched});
+}
+
+}  // namespace
+
+void save_owned_state(const NamedTensors& mine, const CheckpointTeam& team, const ProcessGroup& owners,
+                      const std::string& path, const StateDictSaveOptions& options, std::string_view stem,
+                      const std::map<std::string, std::string>& metadata) {
+  check_state_dict_path(path);  // before any collective: every rank refuses alike
+  const std::string what =
+      std::string(stem == kOptimizerStem ? "saving the optimizer state to " : "saving the state dict to ") + path;
+  check_roots_line_up(team, owners, what);
+  if (is_sharded_state_dict_path(path)) {
+    save_directory(mine, team, owners, path, options, stem, metadata, what);
+  } else {
+    save_file(mine, team, owners, path, options, metadata, what);
+  }
+}
+
+StateDictLoadReport load_owned_state(const NamedTensors& into, const CheckpointTeam& team, const ProcessGroup& owners,
+                                     const std::string& path, const StateDictOptions& options) {
+  check_roots_line_up(team, owners, "loading the state dict from " + path);
+  const std::string& prefix = options.file_key_prefix();  // the file's names as the module's
+  std::exception_ptr failure;
+  std::string verdict;  // "F" + the first owner's failure, or "R" + the report of the whole load
+  NamedTensors found;   // the checkpoint's tensors of this owner's names
+  if (team.is_root()) {
+    std::set<std::string> names;
+    for (const auto& [name, tensor] : into) names.insert(name);
+    std::vector<std::string> in_checkpoint;  // every name the checkpoint holds, as the module's
+    StateDictLoadReport mine;
+    try {
+      NamedTensors read;
+      std::string single;  // a directory holding model.safetensors alone: that file
+      const bool directory = is_sharded_state_dict_path(path);
+      const std::string dir = directory ? sharded_load_directory(path, single) : std::string();
+      if (directory && single.empty()) {
+        // Only the files that hold this owner's names.
+        std::set<std::string> wanted;
+        for (const auto& name : names) {
+          if (name.compare(0, prefix.size(), prefix) == 0) wanted.insert(name.substr(prefix.size()));
+        }
+        ShardedDirectory files = read_sharded_directory(dir, kModelStem, &wanted);
+        for (const auto& [name, file] : files.index.weight_map) in_checkpoint.push_back(prefix + name);
+        read = std::move(files.tensors);
+      } else {
+        read = read_state_dict_file(single.empty() ? path : single);
+        for (const auto& [name, tensor] : read) in_checkpoint.push_back(prefix + name);
+      }
+      for (auto& [name, tensor] : read) {
+        if (names.count(prefix + name)) found.emplace_back(prefix + name, std::move(tensor));
+      }
+      mine = compare_state(into, found);  // its unexpected list is empty: found holds only our names
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    const auto parts = all_gather_bytes(owners, failure ? "F" + describe_failure(failure)
+                                                        : "R" + encode_owner_part(names, mine));
+    StateDictLoadReport whole;
+    std::set<std::string> held;  // by any owner
+    for (const auto& part : parts) {
+      if (part[0] == 'F') {
+        verdict = part;
+        break;
+      }
+      StateDictLoadReport theirs = decode_report(part.substr(1));
+      whole.missing_keys.insert(whole.missing_keys.end(), theirs.missing_keys.begin(), theirs.missing_keys.end());
+      whole.mismatched.insert(whole.mismatched.end(), theirs.mismatched.begin(), theirs.mismatched.end());
+      held.insert(theirs.unexpected_keys.begin(), theirs.unexpected_keys.end());  // their names
+    }
+    if (verdict.empty()) {
+      for (const auto& name : in_checkpoint) {
+        if (!held.count(name)) whole.unexpected_keys.push_back(name);
+      }
+      for (auto* list : {&whole.missing_keys, &whole.unexpected_keys, &whole.mismatched}) {
+        std::sort(list->begin(), list->end());
+      }
+      verdict = "R" + encode_report(whole);
+    }
+  }
+  team.broadcast_bytes(verdict);
+  if (verdict[0] == 'F') {
+    if (failure) std::rethrow_exception(failure);
+    throw_described_failure(verdict.substr(1));
+  }
+  const StateDictLoadReport report = decode_report(verdict.substr(1));
+  const bool differs = !report.missing_keys.empty() || !report.unexpected_keys.empty() || !report.mismatched.empty();
+  if (options.strict() && differs) throw StateDictMismatchError(mismatch_message(report, path));
+  if (team.is_root()) load_named_tensors(into, found, path, StateDictOptions().strict(false));  // what fits
+  std::vector<at::Tensor> tensors;  // each once: a tied tensor is listed under each of its names
+  std::unordered_set<const c10::TensorImpl*> listed;
+  for (const auto& [name, tensor] : into) {
+    if (listed.insert(tensor.unsafeGetTensorImpl()).second) tensors.push_back(tensor);
+  }
+  team.broadcast_tensors(tensors);
+  return report;
+}
+
+}  // namespace cpprun::detail

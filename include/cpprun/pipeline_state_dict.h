@@ -1,0 +1,96 @@
+// State dicts of a model cut into pipeline stages (cpprun/pipeline.h): one checkpoint of the
+// whole model, written and read by the ranks of every stage together, as torchtitan saves a
+// pipelined model through torch.distributed.checkpoint. The names are the unsplit model's
+// ("h3.weight": a stage's module keeps its children's names), so the checkpoint is the one
+// save_state_dict(model, PATH) writes of the unsplit model: it loads into that model, into
+// PyTorch (torch.load, safetensors, transformers' sharded directories), or into stages cut
+// another way, under another data- or tensor-parallel layout.
+//
+//   cpprun::save_state_dict(stage, "run/ckpt/", cpprun::StateDictSaveOptions().step(step));
+//   cpprun::load_state_dict(stage, "run/ckpt/");      // any split, any {pp, dp, tp}
+//   cpprun::save_state_dict({&stage0, &stage1}, "model.safetensors");  // interleaved: every stage of the rank
+//
+// Collective over the whole job: every rank calls it with every stage it holds. Each stage's
+// tensors are gathered over its data-parallel wrapper (set_data_parallel: DDP, FSDP at any ZeRO
+// stage) and its tensor-parallel splits, as for a model, then:
+//   .safetensors, .pt   each stage's tensors go to pipeline rank 0, which writes the file;
+//   DIR/                Hugging Face's sharded layout: each stage's ranks write its tensors' files
+//                       in parallel, numbered stage after stage; pipeline rank 0 writes the index.
+// Loading, each stage reads what it holds (from a directory, only the files that hold its
+// tensors). Strict as load_state_dict: a name the checkpoint lacks on any stage, one no stage
+// holds, or a shape that differs refuses the load on every rank, nothing changed; every rank
+// returns the same report. Files carry the save id and step, and a failed save removes what it
+// wrote, as cpprun/state_dict.h says.
+//
+// The optimizer's state (each rank's optimizer over its stages' parameters) is saved the same way,
+// in cpprun/optimizer_state_dict.h's format: "state.<name>.<what>" tensors of the whole
+// parameters, and the param groups as the unsplit model's optimizer has them (group g holds every
+// stage's group g, whose options must agree), so it loads into the unsplit model's optimizer or
+// into stages cut another way. A weight tied across stages has its state once, under the first
+// stage's name (its copies are equal after each step's tie sum), as the unsplit optimizer holds it.
+//
+//   cpprun::save_state_dict(stage, opt, "run/ckpt/", cpprun::StateDictSaveOptions().step(step));
+//   cpprun::load_state_dict(stage, opt, "run/ckpt/");   // model and optimizer, one save
+//
+// Not yet for stages: background saves.
+#pragma once
+
+#include <torch/optim/optimizer.h>
+
+#include <string>
+#include <vector>
+
+#include "cpprun/pipeline.h"
+#include "cpprun/state_dict_options.h"
+
+namespace cpprun {
+
+// By value: a vector lvalue picks this rather than the template of cpprun/state_dict.h.
+void save_state_dict(std::vector<PipelineStage*> stages, const std::string& path,
+                     const StateDictSaveOptions& options = StateDictSaveOptions());
+inline void save_state_dict(PipelineStage& stage, const std::string& path,
+                            const StateDictSaveOptions& options = StateDictSaveOptions()) {
+  save_state_dict(std::vector<PipelineStage*>{&stage}, path, options);
+}
+
+StateDictLoadReport load_state_dict(std::vector<PipelineStage*> stages, const std::string& path,
+                                    const StateDictOptions& options = StateDictOptions());
+inline StateDictLoadReport load_state_dict(PipelineStage& stage, const std::string& path,
+                                           const StateDictOptions& options = StateDictOptions()) {
+  return load_state_dict(std::vector<PipelineStage*>{&stage}, path, options);
+}
+
+// The optimizer's state for the stages' parameters: .safetensors or a directory (optimizer-*
+// files beside a model's).
+void save_optimizer_state_dict(std::vector<PipelineStage*> stages, torch::optim::Optimizer& optimizer,
+                               const std::string& path, const StateDictSaveOptions& options = StateDictSaveOptions());
+inline void save_optimizer_state_dict(PipelineStage& stage, torch::optim::Optimizer& optimizer,
+                                      const std::string& path,
+                                      const StateDictSaveOptions& options = StateDictSaveOptions()) {
+  save_optimizer_state_dict(std::vector<PipelineStage*>{&stage}, optimizer, path, options);
+}
+void load_optimizer_state_dict(std::vector<PipelineStage*> stages, torch::optim::Optimizer& optimizer,
+                               const std::string& path);
+inline void load_optimizer_state_dict(PipelineStage& stage, torch::optim::Optimizer& optimizer,
+                                      const std::string& path) {
+  load_optimizer_state_dict(std::vector<PipelineStage*>{&stage}, optimizer, path);
+}
+
+// The model and its optimizer as one checkpoint in the directory DIR, under one save id, as
+// cpprun/optimizer_state_dict.h's save_state_dict(model, optimizer, DIR) does; and the reverse,
+// returning the model's report.
+void save_state_dict(std::vector<PipelineStage*> stages, torch::optim::Optimizer& optimizer, const std::string& dir,
+                     const StateDictSaveOptions& options = StateDictSaveOptions());
+inline void save_state_dict(PipelineStage& stage, torch::optim::Optimizer& optimizer, const std::string& dir,
+                            const StateDictSaveOptions& options = StateDictSaveOptions()) {
+  save_state_dict(std::vector<PipelineStage*>{&stage}, optimizer, dir, options);
+}
+StateDictLoadReport load_state_dict(std::vector<PipelineStage*> stages, torch::optim::Optimizer& optimizer,
+                                    const std::string& dir, const StateDictOptions& options = StateDictOptions());
+inline StateDictLoadReport load_state_dict(PipelineStage& stage, torch::optim::Optimizer& optimizer,
+                                           const std::string& dir,
+                                           const StateDictOptions& options = StateDictOptions()) {
+  return load_state_dict(std::vector<PipelineStage*>{&stage}, optimizer, dir, options);
+}
+
+}  // namespace cpprun

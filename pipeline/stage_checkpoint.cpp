@@ -1,0 +1,178 @@
+// cpprun/pipeline_state_dict.h: this rank's stages describe their state as one view (each its
+// wrapper's, or its module's with tensor-parallel splits), and the stages save and load as the
+// owners of their names (checkpoint/owned_state.h) over the pipeline group. A weight tied across
+// ranks' stages (a head tied to the embedding) is in the model's checkpoint under each name, as
+// the unsplit model's state_dict() lists it, and its optimizer state once, under the first
+// stage's name, as the unsplit model's optimizer has it.
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include <algorithm>
+#include <memory>
+#include <map>
+#include <set>
+#include <unordered_map>
+
+#include "checkpoint/optimizer_state_dict.h"
+#include "checkpoint/owned_state.h"
+#include "checkpoint/state_dict.h"
+#include "checkpoint/state_view.h"
+#include "cpprun/optimizer_state_dict.h"
+#include "cpprun/pipeline_state_dict.h"
+#include "cpprun/state_dict.h"
+#include "cpprun/unique_parameters.h"
+#include "pipeline/stage_access.h"
+#include "pipeline/stage_wrapper.h"
+
+namespace cpprun {
+namespace {
+
+void check_stages(const std::vector<PipelineStage*>& stages, const char* call) {
+  TORCH_CHECK(!stages.empty(), "cpprun::", call, ": no pipeline stage given; pass every stage this rank holds.");
+  std::set<int> indices;
+  for (const PipelineStage* stage : stages) {
+    TORCH_CHECK(stage != nullptr, "cpprun::", call, ": a null stage.");
+    TORCH_CHECK(stage->group().rank() == stages[0]->group().rank() &&
+                    stage->group().size() == stages[0]->group().size(),
+                "cpprun::", call, ": the stages come from different pipeline groups.");
+    TORCH_CHECK(indices.insert(stage->index()).second, "cpprun::", call, ": stage ", stage->index(),
+                " is given twice.");
+  }
+  const PipelineStage& first = *stages[0];
+  TORCH_CHECK(static_cast<int>(stages.size()) * first.group().size() == first.num_stages(), "cpprun::", call,
+              ": this rank holds ", first.num_stages() / first.group().size(), " of the split's ", first.num_stages(),
+              " stages, but ", stages.size(), " were given; pass every stage this rank holds, so that the "
+              "checkpoint is the whole model's.");
+}
+
+// One view of this rank's stages: their entries in order, a tensor two of them share (a tie
+// within the rank) once, under each name.
+detail::StateView stages_view(const std::vector<PipelineStage*>& stages, const char* call) {
+  check_stages(stages, call);
+  auto views = std::make_shared<std::vector<detail::StateView>>();
+  for (const PipelineStage* stage : stages) {
+    detail::StateSource source;
+    source.wrapper = detail::data_parallel_core(*stage);
+    if (!source.wrapper) source.module = stage->module().ptr().get();
+    views->push_back(detail::state_view(source));
+    const auto& team = views->back().team;
+    TORCH_CHECK(team.writes() == views->front().team.writes() && team.writer_rank() == views->front().team.writer_rank() &&
+                    team.writers() == views->front().team.writers(),
+                "cpprun::", call, ": stages ", stages[0]->index(), " and ", stage->index(),
+                " of this rank are wrapped over different groups; wrap a rank's stages alike.");
+  }
+  detail::StateView merged;
+  merged.team = views->front().team;
+  std::unordered_map<const c10::TensorImpl*, std::size_t> entry_of;
+  // Parameters first, then buffers, as a view lists them.
+  for (const bool parameters : {true, false}) {
+    for (const auto& view : *views) {
+      for (const auto& entry : view.entries) {
+        if (entry.parameter != parameters) continue;
+        if (entry_of.emplace(entry.local.unsafeGetTensorImpl(), merged.entries.size()).second) {
+          merged.entries.push_back(entry);
+        }
+      }
+    }
+  }
+  for (const auto& view : *views) {
+    for (const auto& [name, index] : view.names) {
+      merged.names.emplace_back(name, entry_of.at(view.entries[index].local.unsafeGetTensorImpl()));
+    }
+  }
+  merged.after_load = [views] {
+    for (const auto& view : *views) {
+      if (view.after_load) view.after_load();
+    }
+  };
+  return merged;
+}
+
+}  // namespace
+
+namespace {
+
+// The optimizer's view of this rank's stages. A weight tied to a stage on another rank (GPT's
+// head, tied to the first stage's embedding) is saved by the rank of the tie's first stage, under
+// that stage's name, and loaded here from that name: as the unsplit model's optimizer holds it
+// once, its copies being equal after every step's tie sum.
+detail::OptimizerParams stages_optimizer_params(const std::vector<PipelineStage*>& stages,
+                                                const detail::StateView& view) {
+  detail::OptimizerParams params = detail::optimizer_params(view);
+  std::set<int> mine;
+  for (const PipelineStage* stage : stages) mine.insert(stage->index());
+  std::map<std::string, std::size_t> index_of;
+  for (std::size_t i = 0; i < params.names.size(); ++i) index_of[params.names[i]] = i;
+  for (const auto& tie : detail::StageAccess::ties(*stages[0]).ties) {
+    if (mine.count(tie.stages.front())) continue;  // this rank saves it
+    for (std::size_t k = 1; k < tie.stages.size(); ++k) {
+      const auto found = index_of.find(tie.names[k]);
+      if (!mine.count(tie.stages[k]) || found == index_of.end()) continue;
+      params.saved_by_another.insert(tie.names[k]);
+      params.aliases[tie.names.front()] = found->second;
+    }
+  }
+  return params;
+}
+
+}  // namespace
+
+void save_state_dict(std::vector<PipelineStage*> stages, const std::string& path, const StateDictSaveOptions& options) {
+  detail::finish_previous_save();
+  detail::check_state_dict_path(path);  // before any collective: every rank refuses alike
+  const detail::StateView view = stages_view(stages, "save_state_dict");
+  at::NoGradGuard no_grad;
+  detail::save_owned_state(detail::whole_state(view), view.team, stages[0]->group(), path, options);
+}
+
+StateDictLoadReport load_state_dict(std::vector<PipelineStage*> stages, const std::string& path,
+                                    const StateDictOptions& options) {
+  const detail::StateView view = stages_view(stages, "load_state_dict");
+  at::NoGradGuard no_grad;
+  // The current whole state: what the checkpoint's tensors replace in place (a replicated tensor
+  // is the module's own), then cut back to each rank's part.
+  const detail::NamedTensors whole = detail::whole_state(view);
+  StateDictLoadReport report = detail::load_owned_state(whole, view.team, stages[0]->group(), path, options);
+  detail::scatter_whole_state(view, whole);
+  return report;
+}
+
+void save_optimizer_state_dict(std::vector<PipelineStage*> stages, torch::optim::Optimizer& optimizer,
+                               const std::string& path, const StateDictSaveOptions& options) {
+  detail::finish_previous_save();
+  detail::check_optimizer_path(path, "save_optimizer_state_dict");
+  const detail::StateView view = stages_view(stages, "save_optimizer_state_dict");
+  at::NoGradGuard no_grad;
+  detail::OptimizerStateToSave saved =
+      detail::optimizer_state_to_save(stages_optimizer_params(stages, view), optimizer);
+  detail::merge_owned_param_groups(saved, stages[0]->group());
+  detail::save_owned_state(saved.state, view.team, stages[0]->group(), path, options, detail::kOptimizerStem,
+                           saved.metadata);
+}
+
+void load_optimizer_state_dict(std::vector<PipelineStage*> stages, torch::optim::Optimizer& optimizer,
+                               const std::string& path) {
+  const detail::StateView view = stages_view(stages, "load_optimizer_state_dict");
+  at::NoGradGuard no_grad;
+  detail::load_optimizer_state_dict(stages_optimizer_params(stages, view), optimizer, view.team, path,
+                                    &stages[0]->group());
+}
+
+void save_state_dict(std::vector<PipelineStage*> stages, torch::optim::Optimizer& optimizer, const std::string& dir,
+                     const StateDictSaveOptions& options) {
+  detail::check_checkpoint_directory(dir, "save_state_dict");
+  StateDictSaveOptions one = options;
+  if (!one.save_id()) one.save_id(new_save_id());  // pipeline rank 0's root's counts: it is broadcast
+  save_state_dict(stages, dir, one);
+  save_optimizer_state_dict(std::move(stages), optimizer, dir, one);
+}
+
+StateDictLoadReport load_state_dict(std::vector<PipelineStage*> stages, torch::optim::Optimizer& optimizer,
+                                    const std::string& dir, const StateDictOptions& options) {
+  detail::check_checkpoint_directory(dir, "load_state_dict");
+  StateDictLoadReport report = load_state_dict(stages, dir, options);
+  load_optimizer_state_dict(std::move(stages), optimizer, dir);
+  return report;
+}
+
+}  // namespace cpprun

@@ -1,0 +1,511 @@
+// Checkpoints of pipeline stages (cpprun/pipeline_state_dict.h) under `cpprun --nproc_per_node=K`,
+// K = 1..4: the stages of a model save together the unsplit model's checkpoint (a .safetensors
+// file, a .pt file, a sharded directory) and load it back cut another way, under another
+// {pp, dp, tp} layout. With the optimizer: a run stopped after two steps, its model and AdamW
+// state saved by the stages, resumes cut another way (in FSDP too) or unsplit in one process, and
+// an unsplit run's checkpoint resumes in stages, each to the parameters of the uninterrupted
+// unsplit run (float64, 1e-10: the layouts differ by summation order only), with a head tied
+// across the first and last stages too. The model's values are its seeded ones plus a distinct offset per tensor,
+// set before any split or wrapper, so that every save and load is checked exactly (copies only)
+// against the same offsets applied to an unsplit model: a tensor from the wrong stage, rank or
+// row, or not loaded, differs by at least 1e-3.
+#include "catch.h"
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cpprun/cpprun.h"
+#include "cpprun/pipeline_state_dict.h"
+#include "dist_test_support.h"
+#include "parity_checks.h"
+
+using dist_test::group;
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// 14 children, as the schedule tests' MLP; float64 (under ddp_test::Float64Parity).
+torch::nn::Sequential make_mlp(int width = 16) {
+  torch::manual_seed(21);
+  torch::nn::Sequential net;
+  net->push_back("in", torch::nn::Linear(6, width));
+  for (int i = 0; i < 6; ++i) {
+    net->push_back("act" + std::to_string(i), torch::nn::Tanh());
+    net->push_back("h" + std::to_string(i), torch::nn::Linear(width, width));
+  }
+  net->push_back("out", torch::nn::Linear(width, 3));
+  return net;
+}
+
+// The head is the token embedding, as GPT-2's: on the first and the last stage.
+struct TiedHeadImpl : torch::nn::Module {
+  at::Tensor weight;
+  explicit TiedHeadImpl(const at::Tensor& embedding) { weight = register_parameter("weight", embedding); }
+  at::Tensor forward(const at::Tensor& x) { return at::linear(x, weight); }
+};
+TORCH_MODULE(TiedHead);
+
+torch::nn::Sequential make_tied_lm() {
+  torch::manual_seed(22);
+  torch::nn::Sequential net;
+  torch::nn::Embedding embed(20, 8);
+  net->push_back("embed", embed);
+  for (int i = 0; i < 4; ++i) net->push_back("h" + std::to_string(i), torch::nn::Linear(8, 8));
+  net->push_back("head", TiedHead(embed->weight));
+  return net;
+}
+
+// Tensor k of the model (parameters' order) gets (k + 1) * 1e-3 added: the same on every rank.
+void offset(torch::nn::Sequential& model) {
+  torch::NoGradGuard no_grad;
+  int k = 0;
+  for (auto& p : cpprun::unique_parameters(*model)) p.add_(++k * 1e-3);
+}
+
+std::map<std::string, at::Tensor> named(const torch::nn::Module& module) {
+  std::map<std::string, at::Tensor> out;
+  for (const auto& item : module.named_parameters()) out[item.key()] = item.value().detach().clone();
+  return out;
+}
+
+struct JobDirectory {
+  JobDirectory() : path(fs::temp_directory_path() / ("cpprun_pp_ckpt_" + std::string(std::getenv("MASTER_PORT")))) {
+    if (group().rank() == 0) fs::create_directories(path);
+    cpprun::barrier(group());
+  }
+  ~JobDirectory() {
+    cpprun::barrier(group());
+    std::error_code ignored;
+    if (group().rank() == 0) fs::remove_all(path, ignored);
+  }
+  std::string operator/(const std::string& name) const { return (path / name).string(); }
+  fs::path path;
+};
+
+// A pipeline over the job: `pp` stages a pipeline (v per rank), with dp copies of each in FSDP
+// (ZeRO `zero`) or its hidden layers tensor-parallel over tp ranks; dp = tp = 1: the job is one
+// pipeline.
+struct Layout {
+  int dp = 1, tp = 1, zero = 0, v = 1;
+  bool reversed_split = false;  // the later stages get the extra children
+};
+
+struct Pipeline {
+  torch::nn::Sequential model;
+  std::optional<cpprun::DeviceMesh> mesh;
+  std::vector<cpprun::PipelineStage> stages;
+  std::vector<cpprun::PipelineStage*> mine() {
+    std::vector<cpprun::PipelineStage*> out;
+    for (auto& s : stages) out.push_back(&s);
+    return out;
+  }
+  const cpprun::ProcessGroup& pipeline_group() const { return mesh ? mesh->group("pp") : group(); }
+};
+
+Pipeline build(torch::nn::Sequential model, const Layout& layout) {
+  Pipeline out{std::move(model), std::nullopt, {}};
+  const int pp = group().size() / (layout.dp * layout.tp);
+  if (layout.dp > 1 || layout.tp > 1) {
+    out.mesh.emplace(group(), std::vector<int>{pp, layout.dp, layout.tp}, std::vector<std::string>{"pp", "dp", "tp"});
+  }
+  if (layout.tp > 1) {
+    cpprun::ParallelizePlan plan;
+    for (int i = 0; i < 6; i += 2) {
+      plan.push_back({"h" + std::to_string(i), cpprun::ColwiseParallel()});
+      plan.push_back({"h" + std::to_string(i + 1), cpprun::RowwiseParallel()});
+    }
+    cpprun::parallelize_module(out.model.ptr(), *out.mesh, "tp", plan);
+  }
+  const auto& pg = out.pipeline_group();
+  auto split = cpprun::split_evenly(out.model, pg.size() * layout.v);
+  if (layout.reversed_split) {
+    // The stage sizes in reverse (the first stages get fewer children), the children in order.
+    std::reverse(split.begin(), split.end());
+    std::vector<std::string> children;
+    for (const auto& child : out.model->named_children()) children.push_back(child.key());
+    std::size_t at = 0;
+    for (auto& stage : split) {
+      const std::size_t count = stage.size();
+      stage.assign(children.begin() + static_cast<long>(at), children.begin() + static_cast<long>(at + count));
+      at += count;
+    }
+  }
+  for (int k = 0; k < layout.v; ++k) out.stages.emplace_back(out.model, split, pg, pg.rank() + k * pg.size());
+  if (layout.zero > 0) {
+    for (auto& stage : out.stages) {
+      auto options = cpprun::FsdpOptions().stage(layout.zero).wrap_policy(
+          [](const torch::nn::Module& m) { return dynamic_cast<const torch::nn::LinearImpl*>(&m) != nullptr; });
+      stage.set_data_parallel(
+          cpprun::FullyShardedDataParallel<torch::nn::SequentialImpl>(stage.module(), out.mesh->group("dp"), options));
+    }
+  }
+  return out;
+}
+
+// Every parameter of the rank's stages against `expected` (the unsplit model's), exactly (or
+// within `tolerance`, relative to the tensor's largest magnitude): this rank's chunk of a
+// tensor-parallel one; FSDP's full parameters gathered first.
+void check_stages(Pipeline& pipeline, const std::map<std::string, at::Tensor>& expected, double tolerance = 0) {
+  for (auto& stage : pipeline.stages) {
+    if (!stage.data_parallel().is_empty()) stage.data_parallel().ptr()->gather_full_parameters();
+  }
+  int compared = 0;
+  for (auto& stage : pipeline.stages) {
+    const auto splits = cpprun::tensor_parallel_splits(*stage.module());
+    for (const auto& item : stage.module()->named_parameters()) {
+      at::Tensor want = expected.at(item.key());
+      if (auto split = splits.find(item.key()); split != splits.end()) {
+        const auto& [over, dim, parts] = split->second;
+        const int64_t chunk = want.size(dim) / over.size();
+        want = want.narrow(dim, over.rank() * chunk, chunk);
+      }
+      INFO("stage " << stage.index() << " " << item.key());
+      if (tolerance == 0) {
+        CHECK(at::equal(item.value(), want));
+      } else {
+        CHECK((item.value() - want).abs().max().item<double>() <= tolerance * want.abs().max().item<double>());
+      }
+      ++compared;
+    }
+  }
+  CHECK(compared > 0);
+}
+
+// The checkpoint at PATH loaded into an unsplit model alone, against `expected`.
+void check_unsplit(torch::nn::Sequential (*make)(int), const std::string& path,
+                   const std::map<std::string, at::Tensor>& expected) {
+  torch::nn::Sequential plain = make(16);
+  cpprun::load_state_dict(plain, path);  // strict: every name, shape and dtype
+  for (const auto& [name, tensor] : named(*plain)) {
+    INFO(name);
+    CHECK(at::equal(tensor, expected.at(name)));
+  }
+}
+
+torch::nn::Sequential mlp(int width) { return make_mlp(width); }
+torch::nn::Sequential offset_mlp(int width = 16) {
+  auto model = make_mlp(width);
+  offset(model);
+  return model;
+}
+
+}  // namespace
+
+TEST_CASE("pipeline checkpoint: the stages save the unsplit model's file, which loads at another split",
+          "[pipeline_checkpoint]") {
+  ddp_test::Float64Parity doubles;
+  JobDirectory dir;
+  const auto expected = named(*offset_mlp());
+  for (const std::string file : {"model.safetensors", "model.pt", "sharded/"}) {
+    INFO(file);
+    {
+      Pipeline saved = build(offset_mlp(), {});
+      cpprun::save_state_dict(saved.mine(), dir / file, cpprun::StateDictSaveOptions().step(3));
+    }
+    check_unsplit(mlp, dir / file, expected);
+    Pipeline loaded = build(make_mlp(), {.reversed_split = true});
+    const auto report = cpprun::load_state_dict(loaded.mine(), dir / file);
+    CHECK(report.missing_keys.empty());
+    CHECK(report.unexpected_keys.empty());
+    check_stages(loaded, expected);
+    cpprun::barrier(group());  // read everywhere before the next save replaces it
+  }
+  // The sharded directory holds one file per stage (its tensors only), and the index names all.
+  if (group().rank() == 0) {
+    int shards = 0;
+    for (const auto& entry : fs::directory_iterator(dir.path / "sharded")) {
+      shards += entry.path().filename().string().rfind("model-", 0) == 0;
+    }
+    CHECK(shards == std::min(group().size(), 14));
+  }
+}
+
+TEST_CASE("pipeline checkpoint: an unsplit model's checkpoint loads into stages, interleaved too",
+          "[pipeline_checkpoint]") {
+  ddp_test::Float64Parity doubles;
+  JobDirectory dir;
+  const auto expected = named(*offset_mlp());
+  if (group().rank() == 0) {
+    auto whole = offset_mlp();
+    cpprun::save_state_dict(whole, dir / "whole/");
+  }
+  cpprun::barrier(group());
+  Pipeline loaded = build(make_mlp(), {.v = 2});
+  cpprun::load_state_dict(loaded.mine(), dir / "whole/");
+  check_stages(loaded, expected);
+  // Interleaved: every stage of the rank, or the checkpoint would lack the others.
+  const std::string error = [&] {
+    try {
+      cpprun::save_state_dict(loaded.stages[0], dir / "one.safetensors");
+    } catch (const c10::Error& e) {
+      return std::string(e.what_without_backtrace());
+    }
+    return std::string();
+  }();
+  CHECK_THAT(error, Catch::Contains("pass every stage this rank holds"));
+}
+
+TEST_CASE("pipeline checkpoint: a GPT-like head tied across the first and last stages saves under both names",
+          "[pipeline_checkpoint]") {
+  ddp_test::Float64Parity doubles;
+  JobDirectory dir;
+  auto reference = make_tied_lm();
+  offset(reference);
+  const auto expected = named(*reference);
+  auto model = make_tied_lm();
+  offset(model);
+  Pipeline saved = build(model, {});
+  cpprun::save_state_dict(saved.mine(), dir / "tied.safetensors");
+  auto plain = make_tied_lm();
+  cpprun::load_state_dict(plain, dir / "tied.safetensors");
+  CHECK(at::equal(plain->named_parameters()["embed.weight"], expected.at("embed.weight")));
+  Pipeline loaded = build(make_tied_lm(), {});
+  cpprun::load_state_dict(loaded.mine(), dir / "tied.safetensors");
+  check_stages(loaded, expected);
+}
+
+TEST_CASE("pipeline checkpoint: {pp, dp} FSDP and {pp, tp} stages save and load across layouts",
+          "[pipeline_checkpoint]") {
+  if (group().size() % 2 != 0) return;  // np1, np3: no even layout (the cases above ran)
+  ddp_test::Float64Parity doubles;
+  JobDirectory dir;
+  const auto expected = named(*offset_mlp());
+  for (const int zero : {1, 3}) {
+    for (const std::string file : {"fsdp.safetensors", "fsdp/"}) {
+      INFO("ZeRO-" << zero << " " << file);
+      {
+        Pipeline saved = build(offset_mlp(), {.dp = 2, .zero = zero});
+        cpprun::save_state_dict(saved.mine(), dir / file);
+      }
+      check_unsplit(mlp, dir / file, expected);
+      Pipeline plain = build(make_mlp(), {});  // every rank a stage
+      cpprun::load_state_dict(plain.mine(), dir / file);
+      check_stages(plain, expected);
+      Pipeline sharded = build(make_mlp(), {.dp = 2, .zero = 3, .reversed_split = true});
+      cpprun::load_state_dict(sharded.mine(), dir / file);
+      check_stages(sharded, expected);
+      cpprun::barrier(group());
+    }
+  }
+  {
+    Pipeline saved = build(offset_mlp(), {.tp = 2});
+    cpprun::save_state_dict(saved.mine(), dir / "tp/");
+  }
+  check_unsplit(mlp, dir / "tp/", expected);
+  Pipeline split = build(make_mlp(), {.tp = 2, .reversed_split = true});
+  cpprun::load_state_dict(split.mine(), dir / "tp/");
+  check_stages(split, expected);
+}
+
+TEST_CASE("pipeline checkpoint: another model's checkpoint is refused on every rank, nothing loaded",
+          "[pipeline_checkpoint]") {
+  ddp_test::Float64Parity doubles;
+  JobDirectory dir;
+  if (group().rank() == 0) {
+    auto wider = make_mlp(17);  // every hidden shape differs
+    cpprun::save_state_dict(wider, dir / "wider.safetensors");
+    auto extra = offset_mlp();
+    extra->push_back("extra", torch::nn::Linear(3, 3));
+    cpprun::save_state_dict(extra, dir / "extra/");
+  }
+  cpprun::barrier(group());
+  Pipeline pipeline = build(make_mlp(), {});
+  const auto before = named(*make_mlp());
+  std::string error;
+  try {
+    cpprun::load_state_dict(pipeline.mine(), dir / "wider.safetensors");
+  } catch (const cpprun::StateDictMismatchError& e) {
+    error = e.what();
+  }
+  CHECK_THAT(error, Catch::Contains("shape or dtype differs") && Catch::Contains("h5.weight: file float64 [17, 17]"));
+  check_stages(pipeline, before);
+  // strict(false): what fits is loaded, the rest reported alike on every rank.
+  const auto report = cpprun::load_state_dict(pipeline.mine(), dir / "extra/", cpprun::StateDictOptions().strict(false));
+  CHECK(report.unexpected_keys == std::vector<std::string>{"extra.bias", "extra.weight"});
+  CHECK(report.missing_keys.empty());
+  check_stages(pipeline, named(*offset_mlp()));
+}
+
+namespace {
+
+constexpr int kRows = 24, kStepsBefore = 2, kSteps = 4;
+constexpr int64_t kVocab = 20, kTokens = 5;
+
+struct Task {
+  torch::nn::Sequential (*make)();
+  std::pair<at::Tensor, at::Tensor> (*batch)(int step);
+  at::Tensor (*loss)(const at::Tensor&, const at::Tensor&);
+};
+torch::nn::Sequential default_mlp() { return make_mlp(); }
+std::pair<at::Tensor, at::Tensor> regression_batch(int step) {
+  torch::manual_seed(300 + step);
+  return {torch::randn({kRows, 6}, torch::kDouble), torch::randn({kRows, 3}, torch::kDouble)};
+}
+std::pair<at::Tensor, at::Tensor> token_batch(int step) {
+  torch::manual_seed(400 + step);
+  return {torch::randint(kVocab, {kRows, kTokens}), torch::randint(kVocab, {kRows, kTokens})};
+}
+at::Tensor mse(const at::Tensor& output, const at::Tensor& target) { return torch::mse_loss(output, target); }
+at::Tensor token_loss(const at::Tensor& logits, const at::Tensor& targets) {
+  return torch::cross_entropy_loss(logits.flatten(0, 1), targets.flatten());
+}
+const Task kMlp{default_mlp, regression_batch, mse};
+const Task kTiedLm{make_tied_lm, token_batch, token_loss};
+
+// AdamW with two groups, as GPT training has them: matrices decayed, vectors not.
+std::unique_ptr<torch::optim::AdamW> adamw(const std::vector<at::Tensor>& params) {
+  std::vector<at::Tensor> decayed, plain;
+  for (const auto& p : params) (p.dim() >= 2 ? decayed : plain).push_back(p);
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(decayed, std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(1e-2).weight_decay(0.1)));
+  groups.emplace_back(plain, std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(1e-2).weight_decay(0)));
+  return std::make_unique<torch::optim::AdamW>(std::move(groups), torch::optim::AdamWOptions(1e-2));
+}
+
+// One process trains the unsplit model on the whole batch, steps [first, last).
+void train_unsplit(const Task& task, torch::nn::Sequential& model, torch::optim::AdamW& opt, int first, int last) {
+  for (int s = first; s < last; ++s) {
+    auto [x, y] = task.batch(s);
+    opt.zero_grad();
+    task.loss(model->forward(x), y).backward();
+    opt.step();
+  }
+}
+
+const std::map<std::string, at::Tensor>& reference(const Task& task) {
+  static std::map<const Task*, std::map<std::string, at::Tensor>> done;
+  auto& out = done[&task];
+  if (out.empty()) {
+    auto model = task.make();
+    auto opt = adamw(cpprun::unique_parameters(*model));
+    train_unsplit(task, model, *opt, 0, kSteps);
+    out = named(*model);
+  }
+  return out;
+}
+
+// The stages' optimizer over this rank's parameters (FSDP: its shards).
+std::unique_ptr<torch::optim::AdamW> stages_adamw(Pipeline& pipeline) {
+  std::vector<at::Tensor> params;
+  for (auto& stage : pipeline.stages) {
+    for (const auto& p : stage.parameters()) params.push_back(p);
+  }
+  return adamw(params);
+}
+
+// The pipeline trains steps [first, last) under 1F1B, each pipeline on its share of the batch.
+void train_pipeline(const Task& task, Pipeline& pipeline, const Layout& layout, torch::optim::AdamW& opt, int first,
+                    int last) {
+  cpprun::Schedule1F1B schedule(pipeline.stages[0], /*microbatches=*/2, task.loss);
+  const int d = pipeline.mesh ? pipeline.mesh->coordinate("dp") : 0;
+  for (int s = first; s < last; ++s) {
+    auto [x, y] = task.batch(s);
+    opt.zero_grad();
+    schedule.step(dist_test::slice(x, d, layout.dp), dist_test::slice(y, d, layout.dp));
+    opt.step();
+  }
+}
+
+}  // namespace
+
+TEST_CASE("pipeline checkpoint: a run stopped by its stages resumes cut another way, or unsplit, as uninterrupted",
+          "[pipeline_checkpoint]") {
+  ddp_test::Float64Parity doubles;
+  constexpr double kTolerance = 1e-10;
+  for (const Task* task : {&kMlp, &kTiedLm}) {
+    INFO((task == &kMlp ? "MLP" : "tied LM"));
+    JobDirectory dir;
+    const auto options = cpprun::StateDictSaveOptions().step(kStepsBefore);
+    {
+      Pipeline first = build(task->make(), {});
+      auto opt = stages_adamw(first);
+      train_pipeline(*task, first, {}, *opt, 0, kStepsBefore);
+      cpprun::save_state_dict(first.mine(), *opt, dir / "ck/", options);
+    }
+    // Unsplit, in one process on each rank.
+    {
+      auto model = task->make();
+      auto opt = adamw(cpprun::unique_parameters(*model));
+      cpprun::load_state_dict(model, *opt, dir / "ck/");
+      train_unsplit(*task, model, *opt, kStepsBefore, kSteps);
+      for (const auto& [name, tensor] : named(*model)) {
+        INFO(name);
+        const at::Tensor& want = reference(*task).at(name);
+        CHECK((tensor - want).abs().max().item<double>() <= kTolerance * want.abs().max().item<double>());
+      }
+    }
+    // Cut another way; with FSDP ZeRO-3 stages over 2 pipelines where the ranks are even.
+    {
+      Layout layout{.reversed_split = true};
+      if (group().size() % 2 == 0 && task == &kMlp) layout = {.dp = 2, .zero = 3, .reversed_split = true};
+      Pipeline second = build(task->make(), layout);
+      auto opt = stages_adamw(second);
+      cpprun::load_state_dict(second.mine(), *opt, dir / "ck/");
+      train_pipeline(*task, second, layout, *opt, kStepsBefore, kSteps);
+      check_stages(second, reference(*task), kTolerance);
+    }
+    cpprun::barrier(group());
+    // The reverse: the unsplit run's checkpoint (one process writes it) resumes in stages.
+    if (group().rank() == 0) {
+      auto model = task->make();
+      auto opt = adamw(cpprun::unique_parameters(*model));
+      train_unsplit(*task, model, *opt, 0, kStepsBefore);
+      cpprun::save_state_dict(model, *opt, dir / "unsplit/", options);
+    }
+    cpprun::barrier(group());
+    Pipeline third = build(task->make(), {});
+    auto opt = stages_adamw(third);
+    cpprun::load_state_dict(third.mine(), *opt, dir / "unsplit/");
+    train_pipeline(*task, third, {}, *opt, kStepsBefore, kSteps);
+    check_stages(third, reference(*task), kTolerance);
+  }
+}
+
+TEST_CASE("pipeline checkpoint: stages whose optimizers' groups differ, or another model's optimizer, are refused",
+          "[pipeline_checkpoint]") {
+  ddp_test::Float64Parity doubles;
+  JobDirectory dir;
+  Pipeline pipeline = build(make_mlp(), {});
+  std::vector<at::Tensor> params;
+  for (auto& stage : pipeline.stages) {
+    for (const auto& p : stage.parameters()) params.push_back(p);
+  }
+  // Another learning rate on the last stage: not one optimizer's state.
+  const bool last = pipeline.stages[0].is_last();
+  torch::optim::AdamW odd(params, torch::optim::AdamWOptions(last && group().size() > 1 ? 2e-2 : 1e-2));
+  std::string error;
+  try {
+    cpprun::save_optimizer_state_dict(pipeline.mine(), odd, dir / "odd/");
+  } catch (const c10::Error& e) {
+    error = e.what_without_backtrace();
+  }
+  if (group().size() > 1) {
+    CHECK_THAT(error, Catch::Contains("the pipeline stages' optimizers differ: param group 0"));
+  } else {
+    CHECK(error.empty());
+  }
+  // The tied LM's optimizer state does not fit the MLP's stages: refused on every rank.
+  if (group().rank() == 0) {
+    auto lm = make_tied_lm();
+    auto opt = adamw(cpprun::unique_parameters(*lm));
+    train_unsplit(kTiedLm, lm, *opt, 0, 1);
+    cpprun::save_state_dict(lm, *opt, dir / "lm/");
+  }
+  cpprun::barrier(group());
+  auto opt = adamw(params);
+  std::string refused;
+  try {
+    cpprun::load_optimizer_state_dict(pipeline.mine(), *opt, dir / "lm/");
+  } catch (const cpprun::StateDictMismatchError& e) {
+    refused = e.what();
+  }
+  CHECK_THAT(refused, Catch::Contains("parameters missing from the file") &&
+                          Catch::Contains("parameters in the file but not in the model"));
+}
