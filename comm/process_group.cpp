@@ -17,6 +17,7 @@
 #include "comm/group_impl.h"
 #include "comm/rank_join.h"
 #include "comm/store_address.h"
+#include "cpprun/launcher_contract.h"
 #include "cpprun/store_port.h"
 
 namespace cpprun {
@@ -80,13 +81,17 @@ c10::intrusive_ptr<c10d::Store> connect_store(const DistEnv& env, Millis timeout
 }
 
 // Gloo must listen on an interface the other ranks reach: GLOO_SOCKET_IFNAME when given, the
-// loopback when the job is on this host, else the address the host name resolves to.
+// loopback when the job is on this host, else the address the host name resolves to. Under
+// cpprun's store tunnel MASTER_ADDR is the loopback on every node, which then says nothing of
+// where the other ranks are (their agents set GLOO_SOCKET_IFNAME when they can tell).
 std::shared_ptr<::gloo::transport::Device> gloo_device(const DistEnv& env) {
   if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname) {
     return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
   }
   const std::string& addr = env.master_addr;
-  const bool local = addr == "localhost" || addr.rfind("127.", 0) == 0 || addr == "::1";
+  const char* tunnelled = std::getenv(contract::kStoreTunnelVariable);
+  const bool local = (tunnelled == nullptr || std::string(tunnelled) != "1") &&
+                     (addr == "localhost" || addr.rfind("127.", 0) == 0 || addr == "::1");
   if (local || env.world_size == env.local_world_size) {
     return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
   }

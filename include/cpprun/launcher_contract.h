@@ -37,4 +37,10 @@ inline constexpr const char* kErrorFileTimestampKey = "timestamp";
 // Set by the launcher in the copy it hands on (torch's ErrorHandler.dump_error_file does the same).
 inline constexpr const char* kErrorFileCodeKey = "errorCode";
 
+// ---- The workers' store in a multi-node job: reached through the agents' link (the launcher's
+// rendezvous/store_tunnel_io.h), MASTER_ADDR is then the loopback on every node. Set to "1" then,
+// so that the library does not take a loopback MASTER_ADDR to mean that every rank is on this host
+// (comm/process_group.cpp's gloo_device).
+inline constexpr const char* kStoreTunnelVariable = "CPPRUN_STORE_TUNNELLED";
+
 }  // namespace cpprun::contract

@@ -8,6 +8,7 @@
 
 #include "command_line/launch_config.h"
 #include "workers/rank_layout.h"
+#include "cpprun/launcher_contract.h"
 #include "workers/worker_specs.h"
 
 using namespace cpprun::launcher;
@@ -111,6 +112,14 @@ TEST_CASE("worker_specs: c10d workers get the endpoint's host and the rendezvous
   // The hosting agent's --local_addr, sent with the round's start, is the workers' MASTER_ADDR.
   layout.master_addr = "10.0.0.7";
   CHECK(make_worker_env(c, layout, 0, 0, "/run/e.json", {}).at("MASTER_ADDR") == "10.0.0.7");
+  // Not tunnelled (--no_job_secret): the library may read a loopback MASTER_ADDR as "one host".
+  CHECK(env.count(cpprun::contract::kStoreTunnelVariable) == 0);
+  // Tunnelled: the loopback MASTER_ADDR is this node's end of the tunnel, and the library is told.
+  layout.store_tunnelled = true;
+  layout.master_addr = "127.0.0.1";
+  const EnvMap tunnelled = make_worker_env(c, layout, 0, 0, "/run/e.json", {});
+  CHECK(tunnelled.at("MASTER_ADDR") == "127.0.0.1");
+  CHECK(tunnelled.at(cpprun::contract::kStoreTunnelVariable) == "1");
 }
 
 TEST_CASE("worker_specs: the environment inherits the launcher's, launcher variables winning", "[worker_specs]") {
