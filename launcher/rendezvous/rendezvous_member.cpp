@@ -61,6 +61,7 @@ class RendezvousMember final : public NodeRendezvous {
                                 1);
         }
         link_ = std::move(*again);
+        tunnel_.on_new_link();  // the old link's loss left its tunnel closed for good
         heard_ = false;
         link_.send(NodeMessage::make_hello(hello));
         connected = Clock::now();

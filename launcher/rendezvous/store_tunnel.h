@@ -135,7 +135,7 @@ class TunnelState {
   void close_all(bool tell_peer, Actions& out);
   Actions violation(std::string why);
 
-  const LinkSide side_;
+  LinkSide side_;  // not const: a member's StoreTunnel starts over with a fresh state on a new link
   std::map<int, Channel> channels_;  // the open ones, by id
   int last_channel_ = 0;             // the highest id opened on this link: ids above it were never opened
   std::optional<int> round_;         // the round whose channels may be opened

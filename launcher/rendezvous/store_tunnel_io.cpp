@@ -136,6 +136,12 @@ void StoreTunnel::on_link_lost() {
   timer_.reset();
 }
 
+void StoreTunnel::on_new_link() {
+  on_link_lost();
+  state_ = TunnelState(side_);
+  accepting_ = true;
+}
+
 void StoreTunnel::add_poll_fds(const NodeLink& link, std::vector<pollfd>& fds) const {
   if (listener_.get() >= 0 && accepting_) fds.push_back({listener_.get(), POLLIN, 0});
   if (timer_.get() >= 0) fds.push_back({timer_.get(), POLLIN, 0});

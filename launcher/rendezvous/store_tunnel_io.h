@@ -69,6 +69,10 @@ class StoreTunnel {
   std::string on_peer(const NodeMessage& message, NodeLink& link);
   // The link is gone: every channel and the listener are closed.
   void on_link_lost();
+  // Member: join() replaced a link the host dropped before its handshake with a new one (Note
+  // [Pending links under a flood]). The tunnel starts over on it, as the host's does for each new
+  // node's link: the old link's loss closed nothing that the new one needs.
+  void on_new_link();
 
   // What to poll: the listener, the retry timer, and each channel's socket, for reading only while
   // `link` has room for bulk data.

@@ -237,3 +237,34 @@ TEST_CASE("store_tunnel_io: a new round closes the last one's channels and liste
   close(late);
   close(store_fd);
 }
+
+// Review s13 item 1: a member whose first link the host dropped before the handshake (busy under a
+// flood) tells its tunnel the link is lost, then join() reconnects. The tunnel must work on the new
+// link: otherwise every worker connection of every round is closed at once and the job fails.
+TEST_CASE("store_tunnel_io: a member's tunnel starts over on the link that replaced one lost before its handshake",
+          "[store_tunnel_io]") {
+  Agents agents;
+  agents.member_tunnel.on_link_lost();  // the first link, closed unproven
+  agents.member_tunnel.on_new_link();   // join() reconnected: agents.member stands for the new link
+  const LoopbackEndpoint store = free_loopback_port(LoopbackFamily::kIpv4);
+  const int store_fd = listen_at(store);
+  agents.host_tunnel.serve_round(1, store, *agents.host);
+  const LoopbackEndpoint at = agents.member_tunnel.listen_for_round(1, LoopbackFamily::kIpv4, 0, *agents.member);
+  const int worker = connect_to(at);
+  REQUIRE(worker >= 0);
+  REQUIRE(send(worker, "ping", 4, 0) == 4);
+  int served = -1;
+  agents.pump_until([&] { return (served = accept4(store_fd, nullptr, nullptr, SOCK_CLOEXEC)) >= 0; });
+  REQUIRE(served >= 0);
+  std::string request;
+  agents.pump_until([&] {
+    if (auto got = read_now(served)) request += *got;
+    return request.size() >= 4;
+  });
+  CHECK(request == "ping");
+  CHECK(read_now(worker) == std::string());  // still open
+  CHECK(agents.violations.empty());
+  close(worker);
+  close(served);
+  close(store_fd);
+}
