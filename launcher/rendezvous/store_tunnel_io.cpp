@@ -4,13 +4,16 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/timerfd.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <deque>
+#include <iostream>
 #include <system_error>
 #include <utility>
 
@@ -21,6 +24,10 @@ using Kind = TunnelAction::Kind;
 
 constexpr std::chrono::milliseconds kFirstRetry{50};
 constexpr std::chrono::milliseconds kLastRetry{1000};
+// How long a member's listener rests after accept4 ran out of descriptors.
+constexpr std::chrono::milliseconds kAcceptPause{100};
+
+bool out_of_descriptors(int error) { return error == EMFILE || error == ENFILE; }
 
 struct Address {
   sockaddr_storage storage{};
@@ -112,11 +119,14 @@ LoopbackEndpoint StoreTunnel::listen_for_round(int round, LoopbackFamily family,
     return LoopbackEndpoint{address, bound_port(listener_.get())};
   });
   accepting_ = state_.accepting();
+  accept_again_at_.reset();
+  ensure_timer();
   return where;
 }
 
 void StoreTunnel::serve_round(int round, const LoopbackEndpoint& store, NodeLink& link) {
   store_ = store;
+  ensure_timer();
   carry_out(state_.on_round_started(round), link);
 }
 
@@ -140,10 +150,11 @@ void StoreTunnel::on_new_link() {
   on_link_lost();
   state_ = TunnelState(side_);
   accepting_ = true;
+  accept_again_at_.reset();
 }
 
 void StoreTunnel::add_poll_fds(const NodeLink& link, std::vector<pollfd>& fds) const {
-  if (listener_.get() >= 0 && accepting_) fds.push_back({listener_.get(), POLLIN, 0});
+  if (listener_.get() >= 0 && accepting_ && !accept_again_at_) fds.push_back({listener_.get(), POLLIN, 0});
   if (timer_.get() >= 0) fds.push_back({timer_.get(), POLLIN, 0});
   const bool room = link.has_room_for_bulk();
   for (const auto& [channel, s] : sockets_) {
@@ -171,6 +182,7 @@ std::string StoreTunnel::on_ready(int fd, short revents, NodeLink& link) {
   if (fd == timer_.get()) {
     std::uint64_t expirations = 0;
     [[maybe_unused]] const ssize_t n = read(timer_.get(), &expirations, sizeof(expirations));
+    if (accept_again_at_ && *accept_again_at_ <= Clock::now()) accept_again_at_.reset();
     retry_due(next);
     return carry_out(std::move(next), link);
   }
@@ -199,6 +211,12 @@ void StoreTunnel::accept_workers(NodeLink& link, std::string& violation) {
   // A bounded number per call, so that the link and the channels are served between.
   for (int i = 0; i < 16 && listener_.get() >= 0 && accepting_; ++i) {
     const int fd = accept4(listener_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0 && out_of_descriptors(errno) && timer_.get() >= 0) {  // Note [Store tunnel out of descriptors]
+      tell_out_of_descriptors("accepting a worker's connection to the store", errno);
+      accept_again_at_ = Clock::now() + kAcceptPause;
+      arm_timer();
+      return;
+    }
     if (fd < 0) return;  // EAGAIN: none waits; anything else: the worker sees its connect fail
     const int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
@@ -271,7 +289,15 @@ void StoreTunnel::connect_store(int channel, std::vector<TunnelAction>& next) {
   s.retry_at.reset();
   const Address a = loopback_address(store_.address, store_.port);
   s.fd = OwnedFd(socket(a.storage.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
-  if (s.fd.get() < 0) return connect_finished(channel, errno, next);
+  if (s.fd.get() < 0) {
+    const int error = errno;
+    if (out_of_descriptors(error)) {  // Note [Store tunnel out of descriptors]
+      tell_out_of_descriptors("connecting a channel to the workers' store at " + store_.address + ":" +
+                                  std::to_string(store_.port),
+                              error);
+    }
+    return connect_finished(channel, error, next);
+  }
   const int one = 1;
   setsockopt(s.fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   if (connect(s.fd.get(), reinterpret_cast<const sockaddr*>(&a.storage), a.size) == 0) {
@@ -309,23 +335,35 @@ void StoreTunnel::retry_due(std::vector<TunnelAction>& next) {
   for (int channel : due) connect_store(channel, next);
 }
 
+void StoreTunnel::ensure_timer() {
+  if (timer_.get() < 0) timer_ = OwnedFd(timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC));
+}
+
 void StoreTunnel::arm_timer() {
-  std::optional<Clock::time_point> first;
+  std::optional<Clock::time_point> first = accept_again_at_;
   for (const auto& [channel, s] : sockets_) {
     if (s.retry_at && (!first || *s.retry_at < *first)) first = s.retry_at;
   }
-  if (!first) {
-    timer_.reset();
-    return;
+  if (!first && timer_.get() < 0) return;
+  ensure_timer();
+  if (timer_.get() < 0) return;  // out of descriptors since before the round: nothing wakes the retries
+  itimerspec when{};             // all zero: disarmed
+  if (first) {
+    const auto left = std::max<Clock::duration>(*first - Clock::now(), std::chrono::milliseconds(1));
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(left).count();
+    when.it_value.tv_sec = static_cast<time_t>(ns / 1000000000);
+    when.it_value.tv_nsec = static_cast<long>(ns % 1000000000);
   }
-  if (timer_.get() < 0) timer_ = OwnedFd(timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC));
-  if (timer_.get() < 0) return;  // out of descriptors: the next poll of the link tries again
-  const auto left = std::max<Clock::duration>(*first - Clock::now(), std::chrono::milliseconds(1));
-  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(left).count();
-  itimerspec when{};
-  when.it_value.tv_sec = static_cast<time_t>(ns / 1000000000);
-  when.it_value.tv_nsec = static_cast<long>(ns % 1000000000);
   timerfd_settime(timer_.get(), 0, &when, nullptr);
+}
+
+void StoreTunnel::tell_out_of_descriptors(const std::string& what, int error) {
+  if (std::exchange(told_out_of_descriptors_, true)) return;
+  rlimit limit{};
+  getrlimit(RLIMIT_NOFILE, &limit);
+  std::cerr << "cpprun: " << what << " failed: " << std::strerror(error) << " (this agent may have "
+            << limit.rlim_cur << " files open: ulimit -n); trying again as descriptors free up. Raise the "
+            << "limit on this node (ulimit -n, or LimitNOFILE= for a service) for a job this large.\n";
 }
 
 void StoreTunnel::read_socket(int channel, std::vector<TunnelAction>& next) {

@@ -20,6 +20,14 @@
 // and channels are closed before the next round's workers start; the link's loss closes every
 // channel. Tunnel data is read from a socket only while the link has room for bulk data (Note [The
 // link's outbound queue] in node_link.h): otherwise the bytes wait in the socket's buffers.
+//
+// Note [Store tunnel out of descriptors]
+// An agent out of descriptors (EMFILE, ENFILE: ulimit -n) cannot accept a worker's connection or
+// open one to the store. It says so once, naming the limit, and tries again later rather than at
+// once: a member's listener stays readable while accept4 fails, so it is left out of the poll for
+// kAcceptPause (the connections wait in the backlog), and the host retries the connect as for a
+// store not up yet. Both wake on the tunnel's timerfd, made when the round starts, before the
+// descriptors ran out.
 #pragma once
 
 #include <poll.h>
@@ -102,15 +110,21 @@ class StoreTunnel {
   void write_socket(int channel, std::vector<TunnelAction>& next);
   void accept_workers(NodeLink& link, std::string& violation);
   void retry_due(std::vector<TunnelAction>& next);
+  // The timer exists from the round's start (Note [Store tunnel out of descriptors]).
+  void ensure_timer();
   void arm_timer();
+  // Says once on this tunnel that `what` failed with `error`, this agent's descriptors spent.
+  void tell_out_of_descriptors(const std::string& what, int error);
 
   TunnelState state_;
   const LinkSide side_;
   std::map<int, Socket> sockets_;  // by channel
   OwnedFd listener_;               // member: this round's
   bool accepting_ = true;
+  std::optional<Clock::time_point> accept_again_at_;  // member: out of descriptors, the listener rests till then
+  bool told_out_of_descriptors_ = false;
   OwnedFd accepted_;               // member: the connection on_accepted() is deciding about
-  OwnedFd timer_;                  // host: a timerfd for the connects' retries
+  OwnedFd timer_;                  // a timerfd: the host's connect retries, the member's accept pause
   LoopbackEndpoint store_;         // host: worker rank 0's store
 };
 

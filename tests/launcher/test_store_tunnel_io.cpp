@@ -6,15 +6,19 @@
 #include "catch.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
 #include <functional>
+#include <iostream>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -70,6 +74,7 @@ struct Agents {
   StoreTunnel host_tunnel{LinkSide::kHost};
   StoreTunnel member_tunnel{LinkSide::kMember};
   std::vector<std::string> violations;
+  int polls_ready = 0;  // pump_once()'s polls that found a descriptor ready
 
   Agents() {
     ConnectResult connected = connect_link("127.0.0.1", listener.port(), std::chrono::seconds(5), -1, kSecret);
@@ -93,6 +98,7 @@ struct Agents {
     host_tunnel.add_poll_fds(*host, fds);
     member_tunnel.add_poll_fds(*member, fds);
     if (poll(fds.data(), fds.size(), timeout_ms) <= 0) return;
+    ++polls_ready;
     for (const pollfd& p : fds) {
       if (p.revents == 0) continue;
       for (auto [link, tunnel] : {std::pair{&*host, &host_tunnel}, std::pair{&*member, &member_tunnel}}) {
@@ -120,6 +126,35 @@ struct Agents {
   void pump_for(std::chrono::milliseconds how_long) {
     const auto until = Clock::now() + how_long;
     while (Clock::now() < until) pump_once(10);
+  }
+};
+
+// While alive, this process can open no more descriptors (EMFILE), and what it prints on std::cerr
+// is kept in `printed`.
+struct OutOfDescriptors {
+  rlimit saved{};
+  std::vector<int> held;  // fill()'s
+  std::ostringstream printed;
+  std::streambuf* cerr_was = std::cerr.rdbuf(printed.rdbuf());
+
+  OutOfDescriptors() {
+    getrlimit(RLIMIT_NOFILE, &saved);
+    const int lowest_free = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    REQUIRE(lowest_free >= 0);
+    close(lowest_free);
+    rlimit none = saved;
+    none.rlim_cur = static_cast<rlim_t>(lowest_free);
+    REQUIRE(setrlimit(RLIMIT_NOFILE, &none) == 0);
+    REQUIRE(open("/dev/null", O_RDONLY | O_CLOEXEC) < 0);
+  }
+  // Takes the numbers below the limit that were closed since (else the code under test takes them).
+  void fill() {
+    for (int fd; (fd = open("/dev/null", O_RDONLY | O_CLOEXEC)) >= 0;) held.push_back(fd);
+  }
+  ~OutOfDescriptors() {
+    for (int fd : held) close(fd);
+    setrlimit(RLIMIT_NOFILE, &saved);
+    std::cerr.rdbuf(cerr_was);
   }
 };
 
@@ -263,6 +298,64 @@ TEST_CASE("store_tunnel_io: a member's tunnel starts over on the link that repla
   });
   CHECK(request == "ping");
   CHECK(read_now(worker) == std::string());  // still open
+  CHECK(agents.violations.empty());
+  close(worker);
+  close(served);
+  close(store_fd);
+}
+
+// Review s13 item 3: an agent out of descriptors says so once and tries again later, and its poll
+// does not spin on a listener that accept4 cannot take from.
+TEST_CASE("store_tunnel_io: out of descriptors, the member rests its listener and the host retries, saying why once",
+          "[store_tunnel_io]") {
+  Agents agents;
+  const LoopbackEndpoint store = free_loopback_port(LoopbackFamily::kIpv4);
+  agents.host_tunnel.serve_round(1, store, *agents.host);
+  const LoopbackEndpoint at = agents.member_tunnel.listen_for_round(1, LoopbackFamily::kIpv4, 0, *agents.member);
+  const int worker = connect_to(at);  // in the listener's backlog until the member accepts it
+  REQUIRE(worker >= 0);
+  REQUIRE(send(worker, "ping", 4, 0) == 4);
+  std::string member_said;
+  {
+    OutOfDescriptors spent;
+    agents.pump_for(std::chrono::milliseconds(500));
+    member_said = spent.printed.str();
+    // A listener polled while accept4 fails makes every poll return at once: thousands in 0.5 s.
+    CHECK(agents.polls_ready < 30);
+  }
+  CHECK(member_said.find("accepting a worker's connection to the store failed: Too many open files") !=
+        std::string::npos);
+  CHECK(member_said.find("cpprun:") == member_said.rfind("cpprun:"));  // once
+
+  // Descriptors free again: the member accepts; the host's connects are refused (no store yet).
+  agents.pump_until([&] { return agents.host_tunnel.open_sockets() == 1; });
+  REQUIRE(agents.host_tunnel.open_sockets() == 1);
+  std::string host_said;
+  {
+    OutOfDescriptors spent;  // the host's retries cannot make a socket
+    const auto until = Clock::now() + std::chrono::milliseconds(600);
+    while (Clock::now() < until) {
+      agents.pump_once(10);
+      spent.fill();  // a connect under way when the limit fell, refused since
+    }
+    host_said = spent.printed.str();
+  }
+  CHECK(host_said.find("connecting a channel to the workers' store at 127.0.0.1:" + std::to_string(store.port) +
+                       " failed: Too many open files") != std::string::npos);
+  CHECK(host_said.find("cpprun:") == host_said.rfind("cpprun:"));
+  CHECK(read_now(worker) == std::string());  // never reset for that
+
+  // The store comes up: the next retry reaches it, and the worker's bytes with it.
+  const int store_fd = listen_at(store);
+  int served = -1;
+  agents.pump_until([&] { return (served = accept4(store_fd, nullptr, nullptr, SOCK_CLOEXEC)) >= 0; });
+  REQUIRE(served >= 0);
+  std::string request;
+  agents.pump_until([&] {
+    if (auto got = read_now(served)) request += *got;
+    return request.size() >= 4;
+  });
+  CHECK(request == "ping");
   CHECK(agents.violations.empty());
   close(worker);
   close(served);
