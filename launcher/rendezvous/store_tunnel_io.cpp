@@ -95,6 +95,29 @@ LoopbackFamily loopback_family_for(const std::string& meeting_host) {
   return meeting_host.find(':') != std::string::npos ? LoopbackFamily::kIpv6 : LoopbackFamily::kIpv4;
 }
 
+bool connected_to_itself(int fd) {
+  sockaddr_storage local{};
+  sockaddr_storage peer{};
+  socklen_t local_size = sizeof(local);
+  socklen_t peer_size = sizeof(peer);
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_size) != 0 ||
+      getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_size) != 0) {
+    return false;
+  }
+  if (local.ss_family != peer.ss_family) return false;
+  if (local.ss_family == AF_INET) {
+    const auto& l = reinterpret_cast<const sockaddr_in&>(local);
+    const auto& p = reinterpret_cast<const sockaddr_in&>(peer);
+    return l.sin_port == p.sin_port && l.sin_addr.s_addr == p.sin_addr.s_addr;
+  }
+  if (local.ss_family == AF_INET6) {
+    const auto& l = reinterpret_cast<const sockaddr_in6&>(local);
+    const auto& p = reinterpret_cast<const sockaddr_in6&>(peer);
+    return l.sin6_port == p.sin6_port && std::memcmp(&l.sin6_addr, &p.sin6_addr, sizeof(in6_addr)) == 0;
+  }
+  return false;
+}
+
 LoopbackEndpoint free_loopback_port(LoopbackFamily family) {
   return on_loopback(family, [](const std::string& address) {
     const OwnedFd fd = bind_loopback(address, 0, /*listen_too=*/false);
@@ -313,6 +336,8 @@ void StoreTunnel::connect_store(int channel, std::vector<TunnelAction>& next) {
 void StoreTunnel::connect_finished(int channel, int error, std::vector<TunnelAction>& next) {
   Socket& s = sockets_[channel];
   s.connecting = false;
+  // Met itself at the store's free port: closed, and tried again, so that rank 0 can bind the port.
+  if (error == 0 && connected_to_itself(s.fd.get())) error = ECONNREFUSED;
   if (error == 0) {
     s.reading = true;
     for (TunnelAction& a : state_.on_store_connected(channel)) next.push_back(std::move(a));

@@ -57,6 +57,11 @@ LoopbackFamily loopback_family_for(const std::string& meeting_host);
 // when neither can be bound.
 LoopbackEndpoint free_loopback_port(LoopbackFamily family);
 
+// Whether connected socket `fd`'s own address is its peer's: a connect to a free port of this
+// machine that the kernel gave that same port as its source meets itself (TCP simultaneous open).
+// The host's retried connects to the store's port, free until rank 0 binds it, can do that.
+bool connected_to_itself(int fd);
+
 class StoreTunnel {
  public:
   explicit StoreTunnel(LinkSide side) : state_(side), side_(side) {}

@@ -361,3 +361,28 @@ TEST_CASE("store_tunnel_io: out of descriptors, the member rests its listener an
   close(served);
   close(store_fd);
 }
+
+// Review s13 item 6: the host's connect to the store's port while it is free can meet itself (the
+// kernel picks that port as the source): such a connection is no store, and is closed and retried.
+TEST_CASE("store_tunnel_io: a connection that met itself is told from one that reached a listener",
+          "[store_tunnel_io]") {
+  const LoopbackEndpoint free_port = free_loopback_port(LoopbackFamily::kIpv4);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<std::uint16_t>(free_port.port));
+  inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+  const int itself = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(bind(itself, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  REQUIRE(connect(itself, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);  // simultaneous open
+  CHECK(connected_to_itself(itself));
+  close(itself);
+
+  const LoopbackEndpoint store = free_loopback_port(LoopbackFamily::kIpv4);
+  const int store_fd = listen_at(store);
+  const int client = connect_to(store);
+  REQUIRE(client >= 0);
+  CHECK_FALSE(connected_to_itself(client));
+  CHECK_FALSE(connected_to_itself(store_fd));  // not connected at all
+  close(client);
+  close(store_fd);
+}
