@@ -25,8 +25,10 @@ run_case() {
   cat "$WORK/probe_$sequence.out"
   expect_in_file "$WORK/probe_$sequence.out" "round 0 started" "$sequence: the probe's round"
   expect_eq "$probe_status" 0 "$sequence: the probe's exit code (the host closed the link)"
-  wait_node "$node0" 10
-  [ $((SECONDS - started)) -le 5 ] || fail "$sequence: node 0 took $((SECONDS - started)) s to end the job"
+  # Within 10 s of the probe's end (it takes well under one; the bound is for a loaded 2-core CI
+  # machine, $SECONDS counting whole seconds): wait_node's own limit is past it, so the check says how long.
+  wait_node "$node0" 20
+  [ $((SECONDS - started)) -le 10 ] || fail "$sequence: node 0 took $((SECONDS - started)) s to end the job"
   [ "$NODE_STATUS" != 0 ] || fail "$sequence: node 0 exited 0 after node 1's violation"
   expect_in_file "$WORK/node0.err" "$text" "$sequence: node 0 names the violation"
   grep -q "node 1" "$WORK/node0.err" || fail "$sequence: node 0 does not name node 1"
