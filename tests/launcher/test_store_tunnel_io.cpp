@@ -2,7 +2,7 @@
 // a member and a host tunnel on the two ends of one authenticated link, a test "worker" connecting to
 // the member's listener and a test "store" the host connects to. A worker's bytes reach the store and
 // the answer comes back; a store that is not listening yet is retried, never resetting the worker;
-// a new round, or the link's loss, closes the channels.
+// a new round, or the link's loss, closes the channels (on both ends).
 #include "catch.h"
 
 #include <arpa/inet.h>
@@ -64,6 +64,27 @@ std::optional<std::string> read_now(int fd) {
   if (n > 0) return std::string(chunk, static_cast<std::size_t>(n));
   if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return std::string();
   return std::nullopt;
+}
+
+// Whether nothing listens at `at` any more. Held bound (SO_REUSEADDR: Linux refuses it while a socket
+// listens there) and not listening, the port refuses connections for sure, and no other test can take
+// it in the meantime, as it could a port merely closed.
+bool nothing_listens_at(const LoopbackEndpoint& at) {
+  const int held = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const int one = 1;
+  setsockopt(held, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<std::uint16_t>(at.port));
+  inet_pton(AF_INET, at.address.c_str(), &addr.sin_addr);
+  bool free = bind(held, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  if (free) {
+    const int probe = connect_to(at);
+    free = probe < 0;
+    if (probe >= 0) close(probe);
+  }
+  close(held);
+  return free;
 }
 
 // The two agents' ends of one link over the loopback, proven, each with its tunnel.
@@ -250,26 +271,36 @@ TEST_CASE("store_tunnel_io: a new round closes the last one's channels and liste
   });
   CHECK_FALSE(worker_end.has_value());
   CHECK_FALSE(store_end.has_value());
-  if (second.port != first.port) CHECK(connect_to(first) < 0);
+  if (second.port != first.port) CHECK(nothing_listens_at(first));
   close(worker);
   close(served);
 
-  // A round-2 worker, then the link is lost: its connection is closed at once.
+  // A round-2 worker, then the member closes the link (as it does on the host's violation): the
+  // worker's connection is closed at once, and on the host, seeing the link end, the store's.
   const int late = connect_to(second);
   REQUIRE(late >= 0);
-  agents.pump_until([&] { return agents.member_tunnel.open_sockets() == 1; });
+  int late_served = -1;
+  agents.pump_until([&] { return (late_served = accept4(store_fd, nullptr, nullptr, SOCK_CLOEXEC)) >= 0; });
+  REQUIRE(late_served >= 0);
   REQUIRE(agents.member_tunnel.open_sockets() == 1);
+  REQUIRE(agents.host_tunnel.open_sockets() == 1);
+  agents.member->close();
   agents.member_tunnel.on_link_lost();
   CHECK(agents.member_tunnel.open_sockets() == 0);
   std::optional<std::string> late_end = std::string();
-  for (int i = 0; i < 100 && late_end; ++i) {
-    late_end = read_now(late);
-    if (late_end) usleep(10000);
-  }
+  std::optional<std::string> late_store_end = std::string();
+  agents.pump_until([&] {
+    if (late_end) late_end = read_now(late);
+    if (late_store_end) late_store_end = read_now(late_served);
+    return !late_end && !late_store_end;
+  });
   CHECK_FALSE(late_end.has_value());
-  CHECK(connect_to(second) < 0);
+  CHECK_FALSE(late_store_end.has_value());
+  CHECK(agents.host_tunnel.open_sockets() == 0);
+  CHECK(nothing_listens_at(second));
   CHECK(agents.violations.empty());
   close(late);
+  close(late_served);
   close(store_fd);
 }
 
