@@ -61,8 +61,13 @@ EnvMap make_worker_env(const WorkerEnvSettings& settings, const RankLayout& layo
   // Worker rank 0 hosts the TCPStore at MASTER_ADDR:MASTER_PORT: no agent runs one (Note [Workers' store]).
   // torchrun's agent shares its own store there and says True: docs/torchrun_options.md.
   env["TORCHELASTIC_USE_AGENT_STORE"] = "False";
-  // A tunnelled store's MASTER_ADDR is this node's loopback, whatever node rank 0 is on.
-  if (layout.store_tunnelled) env[contract::kStoreTunnelVariable] = "1";
+  // A tunnelled store's MASTER_ADDR is this node's loopback, whatever node rank 0 is on. The variable is
+  // the launcher's: one inherited (a cpprun run by a tunnelled worker) must not mislead an untunnelled job.
+  if (layout.store_tunnelled) {
+    env[contract::kStoreTunnelVariable] = "1";
+  } else {
+    env.erase(contract::kStoreTunnelVariable);
+  }
   // Async error handling turns a hung collective into a failed worker we can restart. The user's setting
   // wins under either name; we set only TORCH_'s, as torchrun 2.x does (LibTorch warns about the old one).
   if (parent.count("TORCH_NCCL_ASYNC_ERROR_HANDLING") == 0 && parent.count("NCCL_ASYNC_ERROR_HANDLING") == 0) {

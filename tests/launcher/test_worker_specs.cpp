@@ -120,6 +120,12 @@ TEST_CASE("worker_specs: c10d workers get the endpoint's host and the rendezvous
   const EnvMap tunnelled = make_worker_env(c, layout, 0, 0, "/run/e.json", {});
   CHECK(tunnelled.at("MASTER_ADDR") == "127.0.0.1");
   CHECK(tunnelled.at(cpprun::contract::kStoreTunnelVariable) == "1");
+  // A cpprun started by a tunnelled worker inherits the variable; its own untunnelled job's workers
+  // must not see it.
+  layout.store_tunnelled = false;
+  const EnvMap inherited{{cpprun::contract::kStoreTunnelVariable, "1"}};
+  CHECK(make_worker_env(c, layout, 0, 0, "/run/e.json", inherited).count(cpprun::contract::kStoreTunnelVariable) == 0);
+  CHECK(env_of(config_with(1), 0, 0, "/run/e.json", inherited).count(cpprun::contract::kStoreTunnelVariable) == 0);
 }
 
 TEST_CASE("worker_specs: the environment inherits the launcher's, launcher variables winning", "[worker_specs]") {
