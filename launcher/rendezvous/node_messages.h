@@ -57,8 +57,30 @@ enum class MessageKind {
   kHello, kGathering, kQueued, kStart, kDone, kFailed, kStopped, kEnd, kExit, kEvidence, kAsk,
   kOpen, kData, kCredit, kClose,  // the store tunnel's (store_tunnel.h)
 };
-// open, data, credit, close: what TunnelState takes from the link.
-inline bool is_tunnel_kind(MessageKind kind) { return kind >= MessageKind::kOpen; }
+// open, data, credit, close: what TunnelState takes from the link. Every kind is listed, so that a
+// kind added later is a compile warning (-Wswitch) here until it is put on one side.
+inline bool is_tunnel_kind(MessageKind kind) {
+  switch (kind) {
+    case MessageKind::kOpen:
+    case MessageKind::kData:
+    case MessageKind::kCredit:
+    case MessageKind::kClose:
+      return true;
+    case MessageKind::kHello:
+    case MessageKind::kGathering:
+    case MessageKind::kQueued:
+    case MessageKind::kStart:
+    case MessageKind::kDone:
+    case MessageKind::kFailed:
+    case MessageKind::kStopped:
+    case MessageKind::kEnd:
+    case MessageKind::kExit:
+    case MessageKind::kEvidence:
+    case MessageKind::kAsk:
+      return false;
+  }
+  return false;
+}
 
 struct NodeHello {
   int protocol = kNodeProtocolVersion;

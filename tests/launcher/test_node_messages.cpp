@@ -290,6 +290,15 @@ TEST_CASE("node_messages: the store tunnel's open, data, credit and close", "[no
   const NodeMessage close = round_trip(NodeMessage::make_close(7));
   CHECK(encode_message(close) == "close 7");
   CHECK(close.channel == 7);
+  // These four go to the tunnel; every other kind to the rendezvous.
+  for (const MessageKind kind : {MessageKind::kOpen, MessageKind::kData, MessageKind::kCredit, MessageKind::kClose}) {
+    CHECK(is_tunnel_kind(kind));
+  }
+  for (const MessageKind kind : {MessageKind::kHello, MessageKind::kGathering, MessageKind::kQueued,
+                                 MessageKind::kStart, MessageKind::kDone, MessageKind::kFailed, MessageKind::kStopped,
+                                 MessageKind::kEnd, MessageKind::kExit, MessageKind::kEvidence, MessageKind::kAsk}) {
+    CHECK_FALSE(is_tunnel_kind(kind));
+  }
 
   // Any bytes, as base64 (RFC 4648's spelling, so other tools read it too); each length's padding.
   CHECK(encode_message(NodeMessage::make_data(2, "Man")) == "data 2 TWFu");
