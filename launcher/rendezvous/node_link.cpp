@@ -398,7 +398,9 @@ LinkListener::LinkListener(const std::optional<std::string>& loopback_address, i
     }
     fd = listen_socket(reinterpret_cast<sockaddr*>(&v6), sizeof(v6), false, fixed_port);
     // A host without IPv6 (EAFNOSUPPORT), not a taken port, falls back to IPv4.
-    if (fd < 0 && errno != EADDRINUSE) fd = listen_socket(reinterpret_cast<sockaddr*>(&v4), sizeof(v4), false, fixed_port);
+    if (fd < 0 && errno != EADDRINUSE) {
+      fd = listen_socket(reinterpret_cast<sockaddr*>(&v4), sizeof(v4), false, fixed_port);
+    }
   }
   if (fd < 0) throw std::system_error(errno, std::generic_category(), "cpprun: listening for the other nodes' agents");
   fd_ = OwnedFd(fd);

@@ -311,7 +311,8 @@ class RendezvousHost final : public NodeRendezvous {
     // With a job secret the store is reached at the loopback alone: Note [Store tunnel wired].
     LoopbackEndpoint store;
     try {
-      store = tunnelled() ? free_loopback_port(loopback_family_for(settings_.host)) : LoopbackEndpoint{"", pick_free_port()};
+      store = tunnelled() ? free_loopback_port(loopback_family_for(settings_.host))
+                          : LoopbackEndpoint{"", pick_free_port()};
     } catch (const std::system_error& e) {
       throw RendezvousError(std::string("cpprun: cannot find a free port for the workers' MASTER_PORT: ") + e.what(),
                             1);

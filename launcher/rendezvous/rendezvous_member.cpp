@@ -246,7 +246,8 @@ class RendezvousMember final : public NodeRendezvous {
     const bool host_here = !local.empty() && local == peer_source(link_.peer());
     const int host_port = layout.master_port;
     try {
-      const LoopbackEndpoint at = tunnel_.listen_for_round(round, loopback_family_for(settings_.host), host_here ? 0 : host_port, link_);
+      const LoopbackEndpoint at =
+          tunnel_.listen_for_round(round, loopback_family_for(settings_.host), host_here ? 0 : host_port, link_);
       layout.master_addr = at.address;
       layout.master_port = at.port;
     } catch (const std::system_error& e) {

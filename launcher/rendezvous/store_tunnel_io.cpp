@@ -209,7 +209,8 @@ std::string StoreTunnel::on_ready(int fd, short revents, NodeLink& link) {
     retry_due(next);
     return carry_out(std::move(next), link);
   }
-  const auto it = std::find_if(sockets_.begin(), sockets_.end(), [fd](const auto& s) { return s.second.fd.get() == fd; });
+  const auto it =
+      std::find_if(sockets_.begin(), sockets_.end(), [fd](const auto& s) { return s.second.fd.get() == fd; });
   if (it == sockets_.end()) return "";
   const int channel = it->first;
   Socket& s = it->second;

@@ -9,17 +9,18 @@
 // Note [Store tunnel wired]
 // With a job secret, every node's workers reach the workers' c10d store (worker rank 0's, still:
 // Note [Workers' store] in node_rendezvous.h) only at their own node's loopback: MASTER_ADDR is
-// 127.0.0.1 everywhere (::1 for a job meeting at an IPv6 address, or on a host without IPv4 loopback). The host node's workers reach rank 0's
-// store there directly (cpprun's rank 0 binds the loopback alone when MASTER_ADDR is a loopback
-// address); another node's reach their agent's listener, which tries the host's MASTER_PORT first
-// (unless the host agent is on this machine, where that port is rank 0's), and their bytes travel
-// on the authenticated link (`open`/`data`/`credit`/`close`). The host agent connects each channel
-// to the store without ever resetting the worker's connection while the store is not up yet: rank 0
-// may bind it after the other nodes' workers started, so it retries (50 ms doubling to 1 s) while
-// the state machine holds the worker's first bytes within the channel's credit. A round's listener
-// and channels are closed before the next round's workers start; the link's loss closes every
-// channel. Tunnel data is read from a socket only while the link has room for bulk data (Note [The
-// link's outbound queue] in node_link.h): otherwise the bytes wait in the socket's buffers.
+// 127.0.0.1 everywhere (::1 for a job meeting at an IPv6 address, or on a host without IPv4
+// loopback). The host node's workers reach rank 0's store there directly (cpprun's rank 0 binds the
+// loopback alone when MASTER_ADDR is a loopback address); another node's reach their agent's
+// listener, which tries the host's MASTER_PORT first (unless the host agent is on this machine,
+// where that port is rank 0's), and their bytes travel on the authenticated link
+// (`open`/`data`/`credit`/`close`). The host agent connects each channel to the store without ever
+// resetting the worker's connection while the store is not up yet: rank 0 may bind it after the
+// other nodes' workers started, so it retries (50 ms doubling to 1 s) while the state machine holds
+// the worker's first bytes within the channel's credit. A round's listener and channels are closed
+// before the next round's workers start; the link's loss closes every channel. Tunnel data is read
+// from a socket only while the link has room for bulk data (Note [The link's outbound queue] in
+// node_link.h): otherwise the bytes wait in the socket's buffers.
 //
 // Note [Store tunnel out of descriptors]
 // An agent out of descriptors (EMFILE, ENFILE: ulimit -n) cannot accept a worker's connection or

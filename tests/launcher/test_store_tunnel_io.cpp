@@ -194,7 +194,8 @@ TEST_CASE("store_tunnel_io: a worker's bytes reach a store that comes up late, a
   agents.host_tunnel.serve_round(1, store, *agents.host);
   // The store's port is taken here (the host's machine): the member listens where the kernel picks.
   const int taken = listen_at(store);
-  const LoopbackEndpoint at = agents.member_tunnel.listen_for_round(1, LoopbackFamily::kIpv4, store.port, *agents.member);
+  const LoopbackEndpoint at =
+      agents.member_tunnel.listen_for_round(1, LoopbackFamily::kIpv4, store.port, *agents.member);
   close(taken);
   CHECK(at.address == "127.0.0.1");
   CHECK(at.port != store.port);
