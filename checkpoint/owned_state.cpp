@@ -105,8 +105,8 @@ NamedTensors allocate_layout(const std::string& layout, const NamedTensors& mine
 void append_owned(NamedTensors& all, std::map<std::string, int>& owner_of, const NamedTensors& theirs, int owner) {
   for (const auto& item : theirs) {
     const auto [at, fresh] = owner_of.emplace(item.first, owner);
-    TORCH_CHECK(fresh, "cpprun: a checkpoint of pipeline stages: \"", item.first, "\" is held by the ranks of pipeline ",
-                "ranks ", at->second, " and ", owner, "; a name must belong to one stage.");
+    TORCH_CHECK(fresh, "cpprun: a checkpoint of pipeline stages: \"", item.first, "\" is held by pipeline ranks ",
+                at->second, " and ", owner, "; a name must belong to one stage.");
     all.push_back(item);
   }
 }

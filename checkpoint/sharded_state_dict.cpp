@@ -256,7 +256,8 @@ ShardedDirectory read_sharded_directory(const std::string& dir_text, std::string
   // Read (and check each file's CRC), one file's bytes at a time.
   std::vector<ShardFileContents> contents;
   for (const auto& [file, names] : promised) {
-    if (wanted && std::none_of(names.begin(), names.end(), [&](const std::string& n) { return wanted->count(n) > 0; })) {
+    const auto is_wanted = [&](const std::string& name) { return wanted->count(name) > 0; };
+    if (wanted && std::none_of(names.begin(), names.end(), is_wanted)) {
       continue;  // another rank's part; its reader checks it
     }
     const std::string file_path = (dir / file).string();

@@ -7,9 +7,8 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
-#include <algorithm>
-#include <memory>
 #include <map>
+#include <memory>
 #include <set>
 #include <unordered_map>
 
@@ -20,7 +19,6 @@
 #include "cpprun/optimizer_state_dict.h"
 #include "cpprun/pipeline_state_dict.h"
 #include "cpprun/state_dict.h"
-#include "cpprun/unique_parameters.h"
 #include "pipeline/stage_access.h"
 #include "pipeline/stage_wrapper.h"
 
@@ -56,8 +54,9 @@ detail::StateView stages_view(const std::vector<PipelineStage*>& stages, const c
     if (!source.wrapper) source.module = stage->module().ptr().get();
     views->push_back(detail::state_view(source));
     const auto& team = views->back().team;
-    TORCH_CHECK(team.writes() == views->front().team.writes() && team.writer_rank() == views->front().team.writer_rank() &&
-                    team.writers() == views->front().team.writers(),
+    const auto& first_team = views->front().team;
+    TORCH_CHECK(team.writes() == first_team.writes() && team.writer_rank() == first_team.writer_rank() &&
+                    team.writers() == first_team.writers(),
                 "cpprun::", call, ": stages ", stages[0]->index(), " and ", stage->index(),
                 " of this rank are wrapped over different groups; wrap a rank's stages alike.");
   }

@@ -327,7 +327,8 @@ TEST_CASE("pipeline checkpoint: another model's checkpoint is refused on every r
   CHECK_THAT(error, Catch::Contains("shape or dtype differs") && Catch::Contains("h5.weight: file float64 [17, 17]"));
   check_stages(pipeline, before);
   // strict(false): what fits is loaded, the rest reported alike on every rank.
-  const auto report = cpprun::load_state_dict(pipeline.mine(), dir / "extra/", cpprun::StateDictOptions().strict(false));
+  const auto report =
+      cpprun::load_state_dict(pipeline.mine(), dir / "extra/", cpprun::StateDictOptions().strict(false));
   CHECK(report.unexpected_keys == std::vector<std::string>{"extra.bias", "extra.weight"});
   CHECK(report.missing_keys.empty());
   check_stages(pipeline, named(*offset_mlp()));
@@ -364,8 +365,9 @@ std::unique_ptr<torch::optim::AdamW> adamw(const std::vector<at::Tensor>& params
   std::vector<at::Tensor> decayed, plain;
   for (const auto& p : params) (p.dim() >= 2 ? decayed : plain).push_back(p);
   std::vector<torch::optim::OptimizerParamGroup> groups;
-  groups.emplace_back(decayed, std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(1e-2).weight_decay(0.1)));
-  groups.emplace_back(plain, std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(1e-2).weight_decay(0)));
+  using torch::optim::AdamWOptions;
+  groups.emplace_back(decayed, std::make_unique<AdamWOptions>(AdamWOptions(1e-2).weight_decay(0.1)));
+  groups.emplace_back(plain, std::make_unique<AdamWOptions>(AdamWOptions(1e-2).weight_decay(0)));
   return std::make_unique<torch::optim::AdamW>(std::move(groups), torch::optim::AdamWOptions(1e-2));
 }
 
