@@ -101,12 +101,17 @@ NamedTensors allocate_layout(const std::string& layout, const NamedTensors& mine
   return out;
 }
 
-// Refuses a name that two owners hold (owner 0's root, building the whole list).
+// Records that `owner` holds `name`, refusing a name that two owners hold (owner 0's root,
+// building the whole list of a file or an index).
+void claim_name(std::map<std::string, int>& owner_of, const std::string& name, int owner) {
+  const auto [at, fresh] = owner_of.emplace(name, owner);
+  TORCH_CHECK(fresh, "cpprun: a checkpoint of pipeline stages: \"", name, "\" is held by pipeline ranks ",
+              at->second, " and ", owner, "; a name must belong to one stage.");
+}
+
 void append_owned(NamedTensors& all, std::map<std::string, int>& owner_of, const NamedTensors& theirs, int owner) {
   for (const auto& item : theirs) {
-    const auto [at, fresh] = owner_of.emplace(item.first, owner);
-    TORCH_CHECK(fresh, "cpprun: a checkpoint of pipeline stages: \"", item.first, "\" is held by pipeline ranks ",
-                at->second, " and ", owner, "; a name must belong to one stage.");
+    claim_name(owner_of, item.first, owner);
     all.push_back(item);
   }
 }
@@ -228,9 +233,7 @@ void save_directory(const NamedTensors& mine, const CheckpointTeam& team, const 
           for (++at; at < part.size();) {
             const std::size_t name_end = part.find('\0', at), file_end = part.find('\0', name_end + 1);
             const std::string name = part.substr(at, name_end - at);
-            const auto [seen, fresh] = owner_of.emplace(name, owner);
-            TORCH_CHECK(fresh, "cpprun: a checkpoint of pipeline stages: \"", name, "\" is held by pipeline ranks ",
-                        seen->second, " and ", owner, "; a name must belong to one stage.");
+            claim_name(owner_of, name, owner);
             weight_map[name] = part.substr(name_end + 1, file_end - name_end - 1);
             at = file_end + 1;
           }
