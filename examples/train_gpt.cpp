@@ -18,7 +18,7 @@
 //                    with GPT2LMHeadModel.from_pretrained(OUT))
 //   stop and resume: ./build/launcher/cpprun --nproc_per_node=2 ./build/examples/train_gpt --steps 300 --stop-after 100 --save ck
 //                    ./build/launcher/cpprun --nproc_per_node=4 ./build/examples/train_gpt --steps 300 --resume ck --mode fsdp --stage 3 --batch 8
-//                    (steps 101 to 300, under any --mode, --stage, --tp and number of ranks; with the same
+//                    (steps 101 to 300, under any --mode, --stage, --tp, --pp and number of ranks; with the same
 //                    windows a step, 2 x 16 = 4 x 8, the held-out loss of one uninterrupted run of 300 steps)
 //   against PyTorch: scripts/bench_gpt.sh (bench/gpt_twin.py: the same model, data and optimizer in
 //                    Python; --mode none, --warmup and --losses-out are there for it)
@@ -73,7 +73,8 @@ constexpr const char* kUsage = R"(usage: train_gpt [options]
                      through them in --microbatches micro-batches; the same losses as one rank. A multiple of N
                      ranks runs that many pipelines, data-parallel with --mode ddp or fsdp (each its own --batch
                      windows, each stage in DDP or FSDP --stage K across them); with --tp, each stage over
-                     --tp ranks. Not yet with --grad-accum, --save/--resume, --init-from/--export (default 1)
+                     --tp ranks. --save writes (and --resume reads) the unsplit model's checkpoint, under
+                     GPT-2's names. Not yet with --grad-accum, --init-from/--export (default 1)
   --pp-schedule gpipe|1f1b|interleaved-1f1b|zero-bubble
                      the order of the micro-batches' passes (docs/pipeline_parallel.md) (default 1f1b)
   --microbatches M   micro-batches per step with --pp; --batch must divide by M (default 2 x N)
@@ -85,7 +86,7 @@ constexpr const char* kUsage = R"(usage: train_gpt [options]
   --stop-after K     stop after step K of the --steps (1 to --steps), as if the run were to go on (it has no
                      learning-rate schedule to shorten); with --save, a checkpoint --resume continues
   --resume DIR       continue from DIR's checkpoint (--save's) with the step after it, under any --mode, --stage,
-                     --tp and number of ranks; the same --text, --block, model sizes and --dtype. The same global
+                     --tp, --pp and number of ranks; the same --text, --block, model sizes and --dtype. The same global
                      batch (--batch x the data-parallel ranks) continues the saved run exactly: the same held-out
                      loss as one uninterrupted run. --lr is the checkpoint's (its optimizer state holds it)
   --batch B          windows per rank and forward pass; with --tp, per group of N ranks (default 16)
@@ -353,7 +354,6 @@ Options parse(int argc, char** argv) {
     std::string conflict;
     if (o.grad_accum > 1) conflict = "--grad-accum (--microbatches splits a step under --pp)";
     else if (o.cuda_graph) conflict = "--cuda-graph";
-    else if (!o.save_dir.empty() || !o.resume_dir.empty()) conflict = "--save / --resume";
     else if (!o.init_from.empty() || !o.export_dir.empty()) conflict = "--init-from / --export";
     else if (!o.logits_for.empty()) conflict = "--logits-for";
     if (!conflict.empty()) throw std::invalid_argument("--pp does not go with " + conflict + " yet");
@@ -597,6 +597,18 @@ torch::nn::Sequential as_sequence(const Gpt& gpt, bool checkpoint_activations) {
   pipe->push_back("ln_f", gpt->transformer->ln_f);
   pipe->push_back("head", gpt->lm_head);
   return pipe;
+}
+
+// The names GPT-2's checkpoint gives the sequence's tensors ("h3.block.attn.c_attn.weight" is
+// "transformer.h.3.attn.c_attn.weight"), so that the stages' --save is the unsplit Gpt's and
+// loads under any layout, with or without --pp.
+std::vector<std::pair<std::string, std::string>> gpt_names(int layers) {
+  std::vector<std::pair<std::string, std::string>> prefixes{
+      {"embed", "transformer"}, {"ln_f", "transformer.ln_f"}, {"head", "lm_head"}};
+  for (int i = 0; i < layers; ++i) {
+    prefixes.emplace_back("h" + std::to_string(i) + ".block", "transformer.h." + std::to_string(i));
+  }
+  return prefixes;
 }
 
 // After --pp training each rank holds its stages' trained tensors: every rank gets all of them
@@ -926,7 +938,7 @@ int run(int argc, char** argv) {
                                                   targets.reshape({-1}));
     };
     for (int k = 0; k < stages_per_rank; ++k) stages.emplace_back(pipe, stage_split, pp_group, pp_group.rank() + k * opt.pp);
-    for (auto& s : stages) my_stages.push_back(&s);
+    for (auto& s : stages) my_stages.push_back(&s), s.set_state_dict_prefixes(gpt_names(opt.layers));
     // --mode fsdp: each stage sharded over its copies in the other pipelines, one unit per block;
     // the optimizer below takes the shards. ZeRO-3 keeps each unit gathered from its first use in
     // a step to the step's reduction, as torchtitan does under PP (no per-micro-batch gathers).
@@ -935,10 +947,7 @@ int run(int argc, char** argv) {
       if (opt.stage == 3) stage_fsdp.reshard_after_forward(false).gathered_unit_limit(std::numeric_limits<int>::max());
       for (auto& s : stages) s.set_data_parallel(cpprun::FullyShardedDataParallel(s.module(), dp_group, stage_fsdp));
     }
-    if (opt.pp_schedule == "gpipe") schedule = std::make_unique<cpprun::ScheduleGPipe>(stages[0], opt.microbatches, loss_of);
-    else if (opt.pp_schedule == "1f1b") schedule = std::make_unique<cpprun::Schedule1F1B>(stages[0], opt.microbatches, loss_of);
-    else if (opt.pp_schedule == "zero-bubble") schedule = std::make_unique<cpprun::ScheduleZeroBubble>(stages[0], opt.microbatches, loss_of);
-    else schedule = std::make_unique<cpprun::ScheduleInterleaved1F1B>(my_stages, opt.microbatches, loss_of);
+    schedule = cpprun::make_schedule(opt.pp_schedule, my_stages, opt.microbatches, loss_of);
     if (opt.mode == "ddp" && dp_group.size() > 1) schedule->set_data_parallel_group(dp_group);
     if (rank == 0) {
       std::printf("pipeline parallel: %zu stages over %d ranks (%s), %s, %d micro-batches of %d windows",
@@ -1043,7 +1052,10 @@ int run(int argc, char** argv) {
                                   " data-parallel ranks cannot share out evenly: resume on a number of data-parallel "
                                   "ranks that divides it");
     }
-    if (wrapped) {
+    if (schedule) {  // --pp: each stage its own tensors (the stages hold every one between them)
+      cpprun::load_state_dict(my_stages, dir);
+      cpprun::load_optimizer_state_dict(my_stages, optimizer, dir);
+    } else if (wrapped) {
       cpprun::load_state_dict(model, dir);
       cpprun::load_optimizer_state_dict(model, optimizer, dir);
     } else {
@@ -1264,7 +1276,10 @@ int run(int argc, char** argv) {
     const std::string dir = opt.save_dir + "/";
     if (rank == 0) std::filesystem::remove(dir + "trainer.json");
     const auto options = cpprun::StateDictSaveOptions().step(last_step).save_id(cpprun::new_save_id());
-    if (wrapped) {
+    if (schedule) {
+      cpprun::save_state_dict(my_stages, dir, options);
+      cpprun::save_optimizer_state_dict(my_stages, optimizer, dir, options);
+    } else if (wrapped) {
       cpprun::save_state_dict(model, dir, options);
       cpprun::save_optimizer_state_dict(model, optimizer, dir, options);
     } else {
@@ -1280,6 +1295,7 @@ int run(int argc, char** argv) {
       std::string layout = "--mode " + opt.mode;
       if (opt.mode == "fsdp") layout += " --stage " + std::to_string(opt.stage);
       if (opt.tp > 1) layout += " --tp " + std::to_string(opt.tp);
+      if (opt.pp > 1) layout += " --pp " + std::to_string(opt.pp) + " (" + opt.pp_schedule + ")";
       layout += ", " + std::to_string(group.size()) + (group.size() == 1 ? " rank" : " ranks");
       const TrainerState now{last_step, opt.steps, static_cast<int64_t>(sampler.epoch()), epoch_windows,
                              windows, global_batch, opt.dtype, opt.amp, layout, *options.save_id()};

@@ -12,6 +12,7 @@
 #include "cpprun/unique_parameters.h"
 #include "cpprun/pipeline.h"
 #include "cpprun/tensor_parallel_split.h"
+#include "pipeline/stage_names.h"
 #include "pipeline/stage_split.h"
 #include "pipeline/stage_wrapper.h"
 #include "pipeline/tied_parameters.h"
@@ -122,6 +123,10 @@ void PipelineStage::set_data_parallel(DataParallel<torch::nn::SequentialImpl> wr
   // The schedule reduces once a step, after the stage's last backward.
   detail::DataParallelAccess::core(*wrapper).set_manual_finalization(true);
   data_parallel_ = std::move(wrapper);
+}
+
+void PipelineStage::set_state_dict_prefixes(std::vector<std::pair<std::string, std::string>> prefixes) {
+  state_dict_prefixes_ = detail::checked_prefixes(std::move(prefixes));
 }
 
 at::Tensor PipelineStage::run_forward(const at::Tensor& input) {

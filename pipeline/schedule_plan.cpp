@@ -2,6 +2,7 @@
 #include "pipeline/schedule_plan.h"
 
 #include <algorithm>
+#include <cctype>
 #include <deque>
 #include <map>
 #include <sstream>
@@ -17,6 +18,23 @@ const char* to_string(ScheduleKind kind) {
     case ScheduleKind::kZeroBubble: return "ZeroBubble";
   }
   return "?";
+}
+
+std::optional<ScheduleKind> schedule_kind_named(const std::string& name) {
+  const auto folded = [](const std::string& text) {
+    std::string out;
+    for (const char c : text) {
+      if (c != '-' && c != '_') out += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    }
+    return out;
+  };
+  std::string wanted = folded(name);
+  if (wanted.rfind("schedule", 0) == 0) wanted.erase(0, 8);
+  for (const ScheduleKind kind :
+       {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kInterleaved1F1B, ScheduleKind::kZeroBubble}) {
+    if (folded(to_string(kind)) == wanted) return kind;
+  }
+  return std::nullopt;
 }
 
 std::string to_string(const PipelinePass& pass) {

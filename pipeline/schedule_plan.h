@@ -16,6 +16,9 @@ namespace cpprun::detail {
 
 enum class ScheduleKind { kGPipe, k1F1B, kInterleaved1F1B, kZeroBubble };
 const char* to_string(ScheduleKind kind);
+// The kind `name` names: to_string's ("Interleaved1F1B") or a flag's ("interleaved-1f1b"), case,
+// '-' and '_' aside, "Schedule" before it allowed (PyTorch's class names); else none.
+std::optional<ScheduleKind> schedule_kind_named(const std::string& name);
 
 // kBackward: the whole backward (input and weight gradients). Zero-bubble schedules run it as
 // kBackwardInput (the input's gradient, which the previous stage waits for) and, later,

@@ -562,4 +562,28 @@ ScheduleZeroBubble::ScheduleZeroBubble(PipelineStage& stage, int microbatches, L
 ScheduleInterleaved1F1B::ScheduleInterleaved1F1B(std::vector<PipelineStage*> stages, int microbatches, LossFn loss)
     : PipelineSchedule(std::move(stages), microbatches, std::move(loss), Order::kInterleaved1F1B) {}
 
+std::unique_ptr<PipelineSchedule> make_schedule(const std::string& name, std::vector<PipelineStage*> stages,
+                                                int microbatches, PipelineSchedule::LossFn loss) {
+  const auto kind = detail::schedule_kind_named(name);
+  TORCH_CHECK(kind, "cpprun::make_schedule: no schedule is named \"", name,
+              "\"; the schedules are gpipe, 1f1b, interleaved-1f1b and zero-bubble (PyTorch's GPipe, 1F1B, "
+              "Interleaved1F1B; ScheduleZeroBubble is after ZB-H1).");
+  TORCH_CHECK(!stages.empty() && stages[0] != nullptr, "cpprun::make_schedule(\"", name, "\"): no stage given.");
+  if (*kind == detail::ScheduleKind::kInterleaved1F1B) {
+    return std::make_unique<ScheduleInterleaved1F1B>(std::move(stages), microbatches, std::move(loss));
+  }
+  TORCH_CHECK(stages.size() == 1, "cpprun::make_schedule(\"", name, "\"): ", detail::to_string(*kind),
+              " runs one stage per rank, but ", stages.size(), " were given; use interleaved-1f1b for several "
+              "stages per rank.");
+  PipelineStage& stage = *stages[0];
+  switch (*kind) {
+    case detail::ScheduleKind::kGPipe: return std::make_unique<ScheduleGPipe>(stage, microbatches, std::move(loss));
+    case detail::ScheduleKind::k1F1B: return std::make_unique<Schedule1F1B>(stage, microbatches, std::move(loss));
+    case detail::ScheduleKind::kZeroBubble:
+      return std::make_unique<ScheduleZeroBubble>(stage, microbatches, std::move(loss));
+    case detail::ScheduleKind::kInterleaved1F1B: break;  // above
+  }
+  TORCH_INTERNAL_ASSERT(false, "make_schedule: unhandled schedule kind");
+}
+
 }  // namespace cpprun

@@ -7,6 +7,7 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
+#include <exception>
 #include <map>
 #include <memory>
 #include <set>
@@ -16,10 +17,12 @@
 #include "checkpoint/owned_state.h"
 #include "checkpoint/state_dict.h"
 #include "checkpoint/state_view.h"
+#include "core/failure_agreement.h"
 #include "cpprun/optimizer_state_dict.h"
 #include "cpprun/pipeline_state_dict.h"
 #include "cpprun/state_dict.h"
 #include "pipeline/stage_access.h"
+#include "pipeline/stage_names.h"
 #include "pipeline/stage_wrapper.h"
 
 namespace cpprun {
@@ -37,6 +40,11 @@ void check_stages(const std::vector<PipelineStage*>& stages, const char* call) {
                 " is given twice.");
   }
   const PipelineStage& first = *stages[0];
+  for (const PipelineStage* stage : stages) {
+    TORCH_CHECK(stage->state_dict_prefixes() == first.state_dict_prefixes(), "cpprun::", call, ": stages ",
+                first.index(), " and ", stage->index(), " of this rank were given different "
+                "set_state_dict_prefixes; give every stage the same list.");
+  }
   TORCH_CHECK(static_cast<int>(stages.size()) * first.group().size() == first.num_stages(), "cpprun::", call,
               ": this rank holds ", first.num_stages() / first.group().size(), " of the split's ", first.num_stages(),
               " stages, but ", stages.size(), " were given; pass every stage this rank holds, so that the "
@@ -45,8 +53,7 @@ void check_stages(const std::vector<PipelineStage*>& stages, const char* call) {
 
 // One view of this rank's stages: their entries in order, a tensor two of them share (a tie
 // within the rank) once, under each name.
-detail::StateView stages_view(const std::vector<PipelineStage*>& stages, const char* call) {
-  check_stages(stages, call);
+detail::StateView merged_view(const std::vector<PipelineStage*>& stages, const char* call) {
   auto views = std::make_shared<std::vector<detail::StateView>>();
   for (const PipelineStage* stage : stages) {
     detail::StateSource source;
@@ -60,6 +67,9 @@ detail::StateView stages_view(const std::vector<PipelineStage*>& stages, const c
                 "cpprun::", call, ": stages ", stages[0]->index(), " and ", stage->index(),
                 " of this rank are wrapped over different groups; wrap a rank's stages alike.");
   }
+  // The checkpoint's names: the Sequential's, or under the stages' prefixes the model's whose
+  // modules it holds (set_state_dict_prefixes).
+  const detail::NamePrefixes& prefixes = stages[0]->state_dict_prefixes();
   detail::StateView merged;
   merged.team = views->front().team;
   std::unordered_map<const c10::TensorImpl*, std::size_t> entry_of;
@@ -70,13 +80,24 @@ detail::StateView stages_view(const std::vector<PipelineStage*>& stages, const c
         if (entry.parameter != parameters) continue;
         if (entry_of.emplace(entry.local.unsafeGetTensorImpl(), merged.entries.size()).second) {
           merged.entries.push_back(entry);
+          merged.entries.back().name = detail::renamed(prefixes, entry.name);
         }
       }
     }
   }
-  for (const auto& view : *views) {
-    for (const auto& [name, index] : view.names) {
-      merged.names.emplace_back(name, entry_of.at(view.entries[index].local.unsafeGetTensorImpl()));
+  std::map<std::string, std::pair<std::size_t, std::string>> named;  // checkpoint name -> (entry, module name)
+  for (std::size_t v = 0; v < views->size(); ++v) {
+    for (const auto& [name, index] : (*views)[v].names) {
+      const std::size_t entry = entry_of.at((*views)[v].entries[index].local.unsafeGetTensorImpl());
+      const std::string saved_as = detail::renamed(prefixes, name);
+      const auto [before, fresh] = named.try_emplace(saved_as, entry, name);
+      if (!fresh) {
+        TORCH_CHECK(before->second.first == entry, "cpprun::", call, ": \"", before->second.second, "\" and \"",
+                    name, "\" (stage ", stages[v]->index(), ") would both be saved as \"", saved_as,
+                    "\" under set_state_dict_prefixes; give them prefixes that keep their names apart.");
+        continue;  // one tensor under one name twice (two stages' names for it, renamed alike): once
+      }
+      merged.names.emplace_back(saved_as, entry);
     }
   }
   merged.after_load = [views] {
@@ -85,6 +106,21 @@ detail::StateView stages_view(const std::vector<PipelineStage*>& stages, const c
     }
   };
   return merged;
+}
+
+detail::StateView stages_view(const std::vector<PipelineStage*>& stages, const char* call) {
+  check_stages(stages, call);
+  // A mistake in names that only some ranks' stages make (two tensors under one name) is refused
+  // on every rank, rather than leaving the others waiting in the save's first collective.
+  std::exception_ptr fault;
+  detail::StateView view;
+  try {
+    view = merged_view(stages, call);
+  } catch (...) {
+    fault = std::current_exception();
+  }
+  detail::agree_on_failure(stages[0]->group(), fault, std::string("cpprun::") + call);
+  return view;
 }
 
 }  // namespace
@@ -102,13 +138,16 @@ detail::OptimizerParams stages_optimizer_params(const std::vector<PipelineStage*
   for (const PipelineStage* stage : stages) mine.insert(stage->index());
   std::map<std::string, std::size_t> index_of;
   for (std::size_t i = 0; i < params.names.size(); ++i) index_of[params.names[i]] = i;
+  // The ties' names are the Sequential's; every rank's stages have the same prefixes.
+  const detail::NamePrefixes& prefixes = stages[0]->state_dict_prefixes();
   for (const auto& tie : detail::StageAccess::ties(*stages[0]).ties) {
     if (mine.count(tie.stages.front())) continue;  // this rank saves it
     for (std::size_t k = 1; k < tie.stages.size(); ++k) {
-      const auto found = index_of.find(tie.names[k]);
+      const std::string name = detail::renamed(prefixes, tie.names[k]);
+      const auto found = index_of.find(name);
       if (!mine.count(tie.stages[k]) || found == index_of.end()) continue;
-      params.saved_by_another.insert(tie.names[k]);
-      params.aliases[tie.names.front()] = found->second;
+      params.saved_by_another.insert(name);
+      params.aliases[detail::renamed(prefixes, tie.names.front())] = found->second;
     }
   }
   return params;

@@ -27,6 +27,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cpprun/data_parallel.h"
@@ -99,6 +100,18 @@ class PipelineStage {
   const DataParallel<torch::nn::SequentialImpl>& data_parallel() const { return data_parallel_; }
   // module()'s forward, through the data-parallel wrapper when there is one: what the schedule runs.
   at::Tensor run_forward(const at::Tensor& input);
+  // Checkpoint names (cpprun/pipeline_state_dict.h). By default the stages save and load under the
+  // Sequential's names ("h3.attn.weight"). A Sequential assembled from another model's modules
+  // saves under that model's state_dict() names instead, so that the checkpoint is that model's
+  // (it loads into it, into PyTorch's twin, into transformers): each (from, to) replaces a name's
+  // leading module path `from` by `to` (empty: the rest alone), the longest `from` winning, e.g.
+  //   stage.set_state_dict_prefixes({{"embed", "transformer"}, {"h3.block", "transformer.h.3"},
+  //                                  {"ln_f", "transformer.ln_f"}, {"head", "lm_head"}});
+  // turns "h3.block.attn.c_attn.weight" into "transformer.h.3.attn.c_attn.weight". Every rank
+  // gives every stage the same list (a weight tied across stages is found by the other stage's
+  // name); a path given twice, or two tensors given one name, is an error naming them.
+  void set_state_dict_prefixes(std::vector<std::pair<std::string, std::string>> prefixes);
+  const std::vector<std::pair<std::string, std::string>>& state_dict_prefixes() const { return state_dict_prefixes_; }
 
  private:
   friend class PipelineSchedule;
@@ -111,6 +124,7 @@ class PipelineStage {
   ProcessGroup group_;
   int index_;
   int num_stages_;
+  std::vector<std::pair<std::string, std::string>> state_dict_prefixes_;  // see set_state_dict_prefixes
 };
 
 // What the last step() did on this rank: for measuring bubbles and activation memory.
@@ -200,5 +214,13 @@ class ScheduleInterleaved1F1B : public PipelineSchedule {
  public:
   ScheduleInterleaved1F1B(std::vector<PipelineStage*> stages, int microbatches, LossFn loss);
 };
+
+// A schedule by its name, as PyTorch's get_schedule_class(name) finds one (for a command-line
+// flag): "gpipe", "1f1b", "interleaved-1f1b" or "zero-bubble", case, '-' and '_' aside, with or
+// without "Schedule" before it (PyTorch's class names "GPipe", "1F1B", "Interleaved1F1B" name the
+// same ones). `stages`: this rank's, one for all but the interleaved schedule. Another name is an
+// error listing these.
+std::unique_ptr<PipelineSchedule> make_schedule(const std::string& name, std::vector<PipelineStage*> stages,
+                                                int microbatches, PipelineSchedule::LossFn loss);
 
 }  // namespace cpprun

@@ -4,7 +4,9 @@
 // ("h3.weight": a stage's module keeps its children's names), so the checkpoint is the one
 // save_state_dict(model, PATH) writes of the unsplit model: it loads into that model, into
 // PyTorch (torch.load, safetensors, transformers' sharded directories), or into stages cut
-// another way, under another data- or tensor-parallel layout.
+// another way, under another data- or tensor-parallel layout. A Sequential assembled from another
+// model's modules (a GPT's blocks as children "h0", "h1", ...) saves under that model's names with
+// PipelineStage::set_state_dict_prefixes, so that the checkpoint is that model's.
 //
 //   cpprun::save_state_dict(stage, "run/ckpt/", cpprun::StateDictSaveOptions().step(step));
 //   cpprun::load_state_dict(stage, "run/ckpt/");      // any split, any {pp, dp, tp}

@@ -203,12 +203,11 @@ class CountingHook : public cpprun::CommHook {
 
 std::unique_ptr<cpprun::PipelineSchedule> make_schedule(Kind kind, std::vector<cpprun::PipelineStage>& stages,
                                                         int microbatches, const Task& task) {
-  if (kind == Kind::kGPipe) return std::make_unique<cpprun::ScheduleGPipe>(stages[0], microbatches, task.loss);
-  if (kind == Kind::k1F1B) return std::make_unique<cpprun::Schedule1F1B>(stages[0], microbatches, task.loss);
-  if (kind == Kind::kZeroBubble) return std::make_unique<cpprun::ScheduleZeroBubble>(stages[0], microbatches, task.loss);
+  // By name, as train_gpt's --pp-schedule does: Kind's order.
+  static const char* const kNames[] = {"gpipe", "1f1b", "interleaved-1f1b", "zero-bubble"};
   std::vector<cpprun::PipelineStage*> mine;
   for (auto& stage : stages) mine.push_back(&stage);
-  return std::make_unique<cpprun::ScheduleInterleaved1F1B>(mine, microbatches, task.loss);
+  return cpprun::make_schedule(kNames[static_cast<int>(kind)], mine, microbatches, task.loss);
 }
 
 // Trains kSteps under the pipeline; returns the largest relative difference from the reference.
@@ -574,6 +573,11 @@ TEST_CASE("pipeline: a careless user's mistakes are one error on every rank", "[
     CHECK_THAT(error_of([&] { cpprun::ScheduleInterleaved1F1B({&a, &b}, p + 1, mse); }),
                Catch::Contains("is not a multiple of the " + std::to_string(p) + " pipeline ranks"));
     CHECK_THAT(error_of([&] { cpprun::Schedule1F1B(a, 4, mse); }), Catch::Contains("1F1B runs one stage per rank"));
+    CHECK_THAT(error_of([&] { cpprun::make_schedule("1f1b", {&a, &b}, 4, mse); }),
+               Catch::Contains("1F1B runs one stage per rank, but 2 were given"));
   }
+  // A schedule by a name that names none: the error lists those that exist.
+  CHECK_THAT(error_of([&] { cpprun::make_schedule("zb", {&stages[0]}, 4, mse); }),
+             Catch::Contains("no schedule is named \"zb\"") && Catch::Contains("interleaved-1f1b"));
   CHECK_THAT(error_of([&] { cpprun::Schedule1F1B(stages[0], 0, mse); }), Catch::Contains("at least one micro-batch"));
 }

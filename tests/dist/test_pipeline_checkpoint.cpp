@@ -511,3 +511,131 @@ TEST_CASE("pipeline checkpoint: stages whose optimizers' groups differ, or anoth
   CHECK_THAT(refused, Catch::Contains("parameters missing from the file") &&
                           Catch::Contains("parameters in the file but not in the model"));
 }
+
+namespace {
+
+// A model named as GPT-2 is (transformer.wte, transformer.h.<i>, lm_head tied to the token
+// embedding), and the Sequential a pipeline cuts, assembled from its modules as train_gpt does:
+// "embed", "h<i>" holding the block as "block", "head". The stages save and load under the
+// model's names through set_state_dict_prefixes.
+struct TrunkImpl : torch::nn::Module {
+  torch::nn::Embedding wte{register_module("wte", torch::nn::Embedding(kVocab, 8))};
+  torch::nn::ModuleList h{register_module("h", torch::nn::ModuleList())};
+  TrunkImpl() {
+    for (int i = 0; i < 4; ++i) h->push_back(torch::nn::Linear(8, 8));
+  }
+};
+TORCH_MODULE(Trunk);
+
+struct NestedLmImpl : torch::nn::Module {
+  NestedLmImpl() {
+    torch::manual_seed(23);
+    transformer = register_module("transformer", Trunk());
+    lm_head = register_module("lm_head", TiedHead(transformer->wte->weight));
+  }
+  Trunk transformer{nullptr};
+  TiedHead lm_head{nullptr};
+};
+TORCH_MODULE(NestedLm);
+
+struct BlockSlotImpl : torch::nn::Module {
+  explicit BlockSlotImpl(const torch::nn::Linear& b) : block(register_module("block", b)) {}
+  at::Tensor forward(const at::Tensor& x) { return block(x); }
+  torch::nn::Linear block;
+};
+TORCH_MODULE(BlockSlot);
+
+torch::nn::Sequential as_pipe(const NestedLm& lm) {
+  torch::nn::Sequential pipe;
+  pipe->push_back("embed", lm->transformer->wte);
+  for (std::size_t i = 0; i < lm->transformer->h->size(); ++i) {
+    pipe->push_back("h" + std::to_string(i),
+                    BlockSlot(torch::nn::Linear(lm->transformer->h->ptr<torch::nn::LinearImpl>(i))));
+  }
+  pipe->push_back("head", lm->lm_head);
+  return pipe;
+}
+
+std::vector<std::pair<std::string, std::string>> nested_prefixes() {
+  std::vector<std::pair<std::string, std::string>> prefixes{{"embed", "transformer.wte"}, {"head", "lm_head"}};
+  for (int i = 0; i < 4; ++i) {
+    prefixes.emplace_back("h" + std::to_string(i) + ".block", "transformer.h." + std::to_string(i));
+  }
+  return prefixes;
+}
+
+torch::nn::Sequential make_nested_pipe() { return as_pipe(NestedLm()); }
+const Task kNestedLm{make_nested_pipe, token_batch, token_loss};
+
+Pipeline build_nested(const Layout& layout) {
+  Pipeline out = build(make_nested_pipe(), layout);
+  for (auto& stage : out.stages) stage.set_state_dict_prefixes(nested_prefixes());
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("pipeline checkpoint: stages assembled from a model's modules save and resume under its names",
+          "[pipeline_checkpoint]") {
+  ddp_test::Float64Parity doubles;
+  constexpr double kTolerance = 1e-10;
+  JobDirectory dir;
+  const auto options = cpprun::StateDictSaveOptions().step(kStepsBefore);
+  {
+    Pipeline first = build_nested({});
+    auto opt = stages_adamw(first);
+    train_pipeline(kNestedLm, first, {}, *opt, 0, kStepsBefore);
+    cpprun::save_state_dict(first.mine(), *opt, dir / "ck/", options);
+  }
+  // The model itself loads it, strictly: every name is its own (one process on each rank).
+  {
+    NestedLm lm;
+    auto opt = adamw(cpprun::unique_parameters(*lm));
+    const auto report = cpprun::load_state_dict(lm, *opt, dir / "ck/");
+    CHECK(report.missing_keys.empty());
+    auto pipe = as_pipe(lm);
+    train_unsplit(kNestedLm, pipe, *opt, kStepsBefore, kSteps);
+    for (const auto& [name, tensor] : named(*pipe)) {
+      INFO(name);
+      const at::Tensor& want = reference(kNestedLm).at(name);
+      CHECK((tensor - want).abs().max().item<double>() <= kTolerance * want.abs().max().item<double>());
+    }
+  }
+  cpprun::barrier(group());
+  // The reverse: the model's own checkpoint (one process writes it) resumes in stages cut another way.
+  if (group().rank() == 0) {
+    NestedLm lm;
+    auto opt = adamw(cpprun::unique_parameters(*lm));
+    auto pipe = as_pipe(lm);
+    train_unsplit(kNestedLm, pipe, *opt, 0, kStepsBefore);
+    cpprun::save_state_dict(lm, *opt, dir / "unsplit/", options);
+  }
+  cpprun::barrier(group());
+  {
+    Pipeline second = build_nested({.reversed_split = true});
+    auto opt = stages_adamw(second);
+    cpprun::load_state_dict(second.mine(), *opt, dir / "unsplit/");
+    train_pipeline(kNestedLm, second, {}, *opt, kStepsBefore, kSteps);
+    check_stages(second, reference(kNestedLm), kTolerance);
+  }
+  // Without the prefixes the stages' names are the Sequential's, which the model's file lacks.
+  {
+    Pipeline unnamed = build(make_nested_pipe(), {});
+    CHECK_THROWS_AS(cpprun::load_state_dict(unnamed.mine(), dir / "unsplit/"), cpprun::StateDictMismatchError);
+  }
+  // Two tensors given one name: refused on every rank (by the rank holding both, or by the
+  // file's writer), nothing written.
+  Pipeline clash = build(make_nested_pipe(), {});
+  for (auto& stage : clash.stages) stage.set_state_dict_prefixes({{"h0.block", "x"}, {"h1.block", "x"}});
+  std::string error;
+  try {
+    cpprun::save_state_dict(clash.mine(), dir / "clash.safetensors");
+  } catch (const c10::Error& e) {
+    error = e.what_without_backtrace();
+  }
+  CHECK(!error.empty());
+  if (group().rank() == 0) {
+    CHECK_THAT(error, Catch::Contains("\"x.weight\""));
+    CHECK(!fs::exists(dir / "clash.safetensors"));
+  }
+}

@@ -9,6 +9,9 @@
 #             (--batch 8: the same 8 windows a step, which 1 rank now takes alone)
 #   tp        ZeRO-3 x --tp 2 on 4 ranks saves; DDP on 2 ranks (whole blocks) and ZeRO-1 x --tp 2 on
 #             4 resume; and DDP's save of 2 ranks resumes under --tp 2 on 2 (one replica, --batch 8)
+#   pp        --pp 2 on 2 ranks (one pipeline, --batch 8) saves; DDP on 2 ranks and --pp 2 in two
+#             ZeRO-3 pipelines on 4 (--batch 4 each) resume; and DDP's save resumes in interleaved
+#             stages (--pp 2 --pp-schedule interleaved-1f1b: 4 stages, cut unlike the saver's 2)
 #   faults    what cannot resume is refused by name before any step (exit 1)
 # Each resumed run must print the uninterrupted run's held-out loss and train its steps 5-8 with
 # its losses (--losses-out, %.17g).
@@ -108,6 +111,25 @@ tp)
   run tp_one 2 --batch 8 --tp 2 --mode ddp --resume "$tmp/ck"
   resumed ddp_whole tp_one
   echo "PASS: ZeRO-3 x --tp 2's checkpoint resumes under DDP and ZeRO-1 x --tp 2, DDP's under --tp 2"
+  ;;
+pp)
+  run whole 2 --batch 4
+  run first 2 --batch 8 --pp 2 --stop-after 4 --save "$tmp/ck"
+  saved first
+  grep -q '"transformer.h.1.attn.c_attn.weight"' "$tmp/ck/model.safetensors.index.json" ||
+    fail "the stages' checkpoint is not under GPT-2's names: $(head -c 600 "$tmp/ck/model.safetensors.index.json")"
+  run ddp2 2 --batch 4 --resume "$tmp/ck"
+  grep -q "(saved by --mode ddp --pp 2 (1f1b), 2 ranks)" "$tmp/ddp2.out" ||
+    fail "the resumed run did not say what saved it"
+  resumed whole ddp2
+  run pp_zero3 4 --batch 4 --pp 2 --mode fsdp --stage 3 --resume "$tmp/ck"
+  resumed whole pp_zero3
+  rm -rf "$tmp/ck"
+  run ddp_first 2 --batch 4 --stop-after 4 --save "$tmp/ck"
+  saved ddp_first
+  run interleaved 2 --batch 8 --pp 2 --pp-schedule interleaved-1f1b --resume "$tmp/ck"
+  resumed whole interleaved
+  echo "PASS: --pp's checkpoint resumes under DDP and in ZeRO-3 pipelines, DDP's in interleaved stages"
   ;;
 faults)
   # expect PATTERN NPROC ARGS...: exit code 1 naming PATTERN, before any step (train_gpt_runs.sh's

@@ -4,7 +4,8 @@
 // micro-batches on rank r where GPipe holds them all; the bubbles and interleaved's memory match
 // their formulas; zero bubble reaches ZB-H1's bubble, holds no more than 1F1B's first rank and
 // idles less than 1F1B whatever its weight passes cost; a plan
-// broken on purpose is caught; and every mistake in a split is refused by name.
+// broken on purpose is caught; every mistake in a split is refused by name; and a stage's
+// checkpoint names follow its prefixes, the longest first, whole components only.
 #include "catch.h"
 
 #include <c10/util/Exception.h>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "pipeline/schedule_plan.h"
+#include "pipeline/stage_names.h"
 #include "pipeline/stage_split.h"
 #include "pipeline/tied_parameters.h"
 
@@ -215,6 +217,53 @@ TEST_CASE("pipeline split: each mistake is named", "[pipeline]") {
   CHECK_THAT(error_of(children, {{"embed", "block0", "block1", "block2", "head"}, {}}, 2),
              Catch::Contains("stage 1 of the split has no children"));
   CHECK_THAT(error_of(children, {}, 2), Catch::Contains("no stages"));
+}
+
+TEST_CASE("pipeline schedules: found by name as PyTorch's get_schedule_class finds them", "[pipeline]") {
+  using cpprun::detail::ScheduleKind;
+  using cpprun::detail::schedule_kind_named;
+  CHECK(schedule_kind_named("gpipe") == ScheduleKind::kGPipe);
+  CHECK(schedule_kind_named("GPipe") == ScheduleKind::kGPipe);
+  CHECK(schedule_kind_named("ScheduleGPipe") == ScheduleKind::kGPipe);
+  CHECK(schedule_kind_named("1f1b") == ScheduleKind::k1F1B);
+  CHECK(schedule_kind_named("interleaved-1f1b") == ScheduleKind::kInterleaved1F1B);
+  CHECK(schedule_kind_named("Interleaved1F1B") == ScheduleKind::kInterleaved1F1B);
+  CHECK(schedule_kind_named("zero-bubble") == ScheduleKind::kZeroBubble);
+  CHECK(schedule_kind_named("zero_bubble") == ScheduleKind::kZeroBubble);
+  for (const char* name : {"", "schedule", "1f1", "interleaved", "zb", "LoopedBFS", "gpipe2"}) {
+    INFO(name);
+    CHECK(!schedule_kind_named(name));
+  }
+}
+
+TEST_CASE("pipeline names: a stage's checkpoint names under its prefixes, the longest path first", "[pipeline]") {
+  using cpprun::detail::renamed;
+  const auto prefixes = cpprun::detail::checked_prefixes(
+      {{"h3", "blocks.three"}, {"h3.block", "transformer.h.3"}, {"embed", "transformer"}, {"head", "lm_head"},
+       {"ln_f", ""}});
+  CHECK(renamed(prefixes, "h3.block.attn.c_attn.weight") == "transformer.h.3.attn.c_attn.weight");
+  CHECK(renamed(prefixes, "h3.norm.weight") == "blocks.three.norm.weight");  // the shorter path, where only it matches
+  CHECK(renamed(prefixes, "embed.wte.weight") == "transformer.wte.weight");
+  CHECK(renamed(prefixes, "head.weight") == "lm_head.weight");
+  CHECK(renamed(prefixes, "ln_f.bias") == "bias");                           // an empty new prefix: the rest alone
+  CHECK(renamed(prefixes, "h30.block.weight") == "h30.block.weight");        // whole components only
+  CHECK(renamed(prefixes, "h3") == "h3");                                    // a module path, not a tensor name
+  CHECK(renamed(prefixes, "out.weight") == "out.weight");                    // no prefix: the Sequential's name
+  CHECK(renamed({}, "h3.block.weight") == "h3.block.weight");
+  const auto error_of = [](cpprun::detail::NamePrefixes given) {
+    try {
+      cpprun::detail::checked_prefixes(std::move(given));
+    } catch (const c10::Error& e) {
+      return std::string(e.what_without_backtrace());
+    }
+    return std::string();
+  };
+  CHECK_THAT(error_of({{"h3", "a"}, {"h3", "b"}}), Catch::Contains("\"h3\" is given twice"));
+  CHECK_THAT(error_of({{"", "a"}}), Catch::Contains("is not a module path of the stage"));
+  CHECK_THAT(error_of({{"h3.", "a"}}), Catch::Contains("\"h3.\" (to \"a\") is not a module path"));
+  CHECK_THAT(error_of({{"h3..block", "a"}}), Catch::Contains("is not a module path"));
+  CHECK_THAT(error_of({{"h3", "transformer..h"}}), Catch::Contains("the new prefix must be a module path"));
+  CHECK(error_of({{"h3", "transformer.h.3"}, {"h4", ""}}).empty());
 }
 
 TEST_CASE("pipeline split: even ranges give the first stages the extra children", "[pipeline]") {
