@@ -3,9 +3,10 @@
 # the other's own code (tests/examples/gpt2_interop.py builds a small random GPT2LMHeadModel from
 # a config: nothing is downloaded):
 #   init    train_gpt --init-from a save_pretrained directory (one file, sharded, and a GPT2Model's
-#           whose names lack "transformer.", as the Hub's gpt2) gives transformers' logits within 1e-5
-#   export  trained a few steps on 2 ranks (FSDP from that GPT-2; --tp 2 from it too; DDP from
-#           scratch with the exact GELU), --export's directory loads with
+#           whose names lack "transformer.", as the Hub's gpt2; and the file into --pp 2 stages) gives
+#           transformers' logits within 1e-5
+#   export  trained a few steps on 2 ranks (FSDP from that GPT-2; --tp 2 and --pp 2 from it too; DDP
+#           from scratch with the exact GELU), --export's directory loads with
 #           GPT2LMHeadModel.from_pretrained, which gives train_gpt's logits within 1e-5
 #   faults  a config option train_gpt lacks, another model type, a missing tensor, a conflicting
 #           flag: exit code 1 and a message naming it, nothing trained
@@ -42,7 +43,12 @@ init)
     grep -qF "GPT-2 from $tmp/$layout" "$tmp/out" || fail "train_gpt does not say it started from $tmp/$layout"
     compare "$tmp/$layout" "$tmp/$layout.txt"
   done
-  echo "PASS: transformers' GPT-2 in train_gpt, one file, sharded, and a GPT2Model's"
+  # Cut into two pipeline stages, each rank holding its part (and the last the head's copy of the
+  # token embedding, which the file holds once), gathered back for the logits.
+  run "$cpprun" --standalone --nproc_per_node=2 "$gpt" --pp 2 --init-from "$tmp/single" --steps 0 --sample 0 \
+      --logits-for "$ids" --logits-out "$tmp/pp.txt"
+  compare "$tmp/single" "$tmp/pp.txt"
+  echo "PASS: transformers' GPT-2 in train_gpt, one file, sharded, a GPT2Model's, and in --pp 2 stages"
   ;;
 export)
   py make "$tmp/hf"
@@ -59,12 +65,17 @@ export)
   run "$cpprun" --standalone --nproc_per_node=2 "$gpt" --tp 2 --init-from "$tmp/hf" --steps 5 \
       --batch 4 --block 32 --sample 0 --export "$tmp/tp" --logits-for "$ids" --logits-out "$tmp/tp.txt"
   compare "$tmp/tp" "$tmp/tp.txt"
+  # Pipeline parallel (--pp 2): each rank's stage starts from its part of the GPT-2 and the stages
+  # export it under GPT-2's names.
+  run "$cpprun" --standalone --nproc_per_node=2 "$gpt" --pp 2 --init-from "$tmp/hf" --steps 5 \
+      --batch 4 --block 32 --sample 0 --export "$tmp/pp" --logits-for "$ids" --logits-out "$tmp/pp.txt"
+  compare "$tmp/pp" "$tmp/pp.txt"
   # From scratch under DDP, with PyTorch's exact GELU (config.json says "gelu").
   run "$cpprun" --standalone --nproc_per_node=2 "$gpt" --mode ddp --layers 2 --embed 32 --heads 2 --block 16 \
       --steps 5 --batch 4 --sample 0 --export "$tmp/ddp" --logits-for 1,2,3,4,5,6 --logits-out "$tmp/ddp.txt"
   grep -qF '"activation_function": "gelu"' "$tmp/ddp/config.json" || fail "the DDP export's config.json does not say gelu"
   ids=1,2,3,4,5,6 compare "$tmp/ddp" "$tmp/ddp.txt"
-  echo "PASS: train_gpt's exports load in transformers, FSDP, --tp 2 and DDP"
+  echo "PASS: train_gpt's exports load in transformers, FSDP, --tp 2, --pp 2 and DDP"
   ;;
 faults)
   py faults "$tmp"
@@ -87,6 +98,7 @@ faults)
   expect "--layers 3 conflicts with --init-from $tmp/good/config.json's \"n_layer\": 2" --init-from "$tmp/good" --layers 3
   expect "--block 64 exceeds --init-from $tmp/good/config.json's \"n_positions\": 32" --init-from "$tmp/good" --block 64
   expect "--logits-for: token id 128 is outside the vocabulary" --init-from "$tmp/good" --logits-for 1,128 --logits-out "$tmp/x"
+  expect "--deferred-init on does not go with --pp and --init-from" --init-from "$tmp/good" --pp 2 --deferred-init on
   echo "PASS: train_gpt refuses what it cannot load, naming it"
   ;;
 *) echo "FAIL: unknown case $case_name"; exit 1 ;;
