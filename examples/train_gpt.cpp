@@ -947,7 +947,10 @@ int run(int argc, char** argv) {
                                                   targets.reshape({-1}));
     };
     for (int k = 0; k < stages_per_rank; ++k) stages.emplace_back(pipe, stage_split, pp_group, pp_group.rank() + k * opt.pp);
-    for (auto& s : stages) my_stages.push_back(&s), s.set_state_dict_prefixes(gpt_names(opt.layers));
+    for (auto& s : stages) {
+      my_stages.push_back(&s);
+      s.set_state_dict_prefixes(gpt_names(opt.layers));  // checkpoints under GPT-2's names
+    }
     // --mode fsdp: each stage sharded over its copies in the other pipelines, one unit per block;
     // the optimizer below takes the shards. ZeRO-3 keeps each unit gathered from its first use in
     // a step to the step's reduction, as torchtitan does under PP (no per-micro-batch gathers).
