@@ -259,11 +259,10 @@ std::shared_ptr<const RecordedGroup> recorded_subgroup(const RecordedGroup& pare
   return group;
 }
 
-uint64_t record_issued(const std::shared_ptr<const RecordedGroup>& group, uint64_t seq, const char* op,
-                       c10::ArrayRef<at::Tensor> tensors, std::optional<ReduceOp> reduce,
-                       std::optional<int> root) {
-  FlightRecorderRing& ring = flight_recorder();
-  if (!ring.enabled()) return 0;
+namespace {
+// A call as issued now, with its group, number, op and tensors (at most two, the output first).
+RecordedCall call_of(const std::shared_ptr<const RecordedGroup>& group, uint64_t seq, const char* op,
+                     c10::ArrayRef<at::Tensor> tensors) {
   RecordedCall call;
   call.group = group;
   call.seq = seq;
@@ -274,9 +273,30 @@ uint64_t record_issued(const std::shared_ptr<const RecordedGroup>& group, uint64
     const auto sizes = t.sizes();
     call.shapes[call.tensor_count++].assign(sizes.begin(), sizes.end());
   }
+  call.start_unix_ms = now_unix_ms();
+  return call;
+}
+}  // namespace
+
+uint64_t record_issued(const std::shared_ptr<const RecordedGroup>& group, uint64_t seq, const char* op,
+                       c10::ArrayRef<at::Tensor> tensors, std::optional<ReduceOp> reduce,
+                       std::optional<int> root) {
+  FlightRecorderRing& ring = flight_recorder();
+  if (!ring.enabled()) return 0;
+  RecordedCall call = call_of(group, seq, op, tensors);
   call.reduce = reduce;
   call.root = root;
-  call.start_unix_ms = now_unix_ms();
+  return ring.start(std::move(call));
+}
+
+uint64_t record_message(const std::shared_ptr<const RecordedGroup>& group, uint64_t seq, const char* op,
+                        const at::Tensor& tensor, std::optional<int> peer, int tag, std::string label) {
+  FlightRecorderRing& ring = flight_recorder();
+  if (!ring.enabled()) return 0;
+  RecordedCall call = call_of(group, seq, op, {tensor});
+  call.root = peer;
+  call.tag = tag;
+  if (!label.empty()) call.label = std::move(label);
   return ring.start(std::move(call));
 }
 

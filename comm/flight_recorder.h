@@ -44,6 +44,10 @@ std::shared_ptr<const RecordedGroup> recorded_subgroup(const RecordedGroup& pare
 uint64_t record_issued(const std::shared_ptr<const RecordedGroup>& group, uint64_t seq, const char* op,
                        c10::ArrayRef<at::Tensor> tensors, std::optional<ReduceOp> reduce,
                        std::optional<int> root);
+// The same for a send or receive: `peer` (none: any source), its tag, and what it carries when the
+// caller said (empty: nothing said).
+uint64_t record_message(const std::shared_ptr<const RecordedGroup>& group, uint64_t seq, const char* op,
+                        const at::Tensor& tensor, std::optional<int> peer, int tag, std::string label);
 void record_completed(uint64_t id);
 // Marks the collective failed and dumps (reason "timeout" when it failed after the group's
 // `timeout` or says it timed out, else "failure"; see dump_after_failure). Call before the error

@@ -22,6 +22,8 @@ FlightRecorderEntry to_entry(const RecordedCall& call, CollectiveState state, in
   }
   if (call.reduce) entry.reduce_op = std::string(to_string(*call.reduce));
   entry.root = call.root;
+  entry.tag = call.tag;
+  entry.label = call.label;
   entry.state = state;
   entry.start_unix_ms = call.start_unix_ms;
   if (state != CollectiveState::kStarted) entry.end_unix_ms = end_unix_ms;

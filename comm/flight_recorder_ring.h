@@ -37,6 +37,8 @@ struct RecordedCall {
   std::array<c10::SmallVector<int64_t, 6>, kMaxTensors> shapes;
   std::optional<ReduceOp> reduce;
   std::optional<int> root;
+  std::optional<int> tag;            // send/recv
+  std::optional<std::string> label;  // send/recv, when the sender or receiver said what it carries
   int64_t start_unix_ms = 0;
 };
 

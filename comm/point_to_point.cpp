@@ -7,6 +7,7 @@
 #include <future>
 
 #include "comm/collective_support.h"
+#include "comm/labelled_messages.h"
 #include "comm/work_state.h"
 
 namespace cpprun {
@@ -78,10 +79,13 @@ at::Tensor wire(const detail::GroupImpl& impl, const at::Tensor& t) {
 
 }  // namespace
 
-Work isend(const ProcessGroup& group, at::Tensor tensor, int dst, int tag) {
+namespace detail {
+
+Work isend_labelled(const ProcessGroup& group, at::Tensor tensor, int dst, int tag, std::string label) {
   check_p2p("isend", group, tensor, dst, "dst", tag);
   auto& impl = detail::impl_of(group);
-  const uint64_t record = detail::record_issued(impl.recorded, ++impl.p2p_issued, "send", {tensor}, std::nullopt, dst);
+  const uint64_t record =
+      detail::record_message(impl.recorded, ++impl.p2p_issued, "send", tensor, dst, tag, std::move(label));
   at::Tensor header = header_of(tensor, tag);
   at::Tensor ack = at::empty_like(header);
   std::vector<at::Tensor> header_list{header}, data_list{wire(impl, tensor)}, ack_list{ack};
@@ -103,15 +107,12 @@ Work isend(const ProcessGroup& group, at::Tensor tensor, int dst, int tag) {
   return work;
 }
 
-void send(const ProcessGroup& group, const at::Tensor& tensor, int dst, int tag) {
-  isend(group, tensor, dst, tag).wait();
-}
-
-Work irecv(const ProcessGroup& group, at::Tensor tensor, int src, int tag, int* source) {
+Work irecv_labelled(const ProcessGroup& group, at::Tensor tensor, int src, int tag, std::string label, int* source) {
   check_p2p("irecv", group, tensor, src, "src", tag);
   auto& impl = detail::impl_of(group);
-  const uint64_t record = detail::record_issued(impl.recorded, ++impl.p2p_issued, "recv", {tensor}, std::nullopt,
-                                                src == kAnySource ? std::nullopt : std::optional<int>(src));
+  const uint64_t record =
+      detail::record_message(impl.recorded, ++impl.p2p_issued, "recv", tensor,
+                             src == kAnySource ? std::nullopt : std::optional<int>(src), tag, std::move(label));
   at::Tensor mine = header_of(tensor, tag);
   at::Tensor theirs = at::empty_like(mine);
   std::vector<at::Tensor> header_list{theirs};
@@ -170,6 +171,20 @@ Work irecv(const ProcessGroup& group, at::Tensor tensor, int src, int tag, int* 
   work.keep_alive(group);
   detail::attach_record(work, record, impl.timeout);
   return work;
+}
+
+}  // namespace detail
+
+Work isend(const ProcessGroup& group, at::Tensor tensor, int dst, int tag) {
+  return detail::isend_labelled(group, std::move(tensor), dst, tag, {});
+}
+
+void send(const ProcessGroup& group, const at::Tensor& tensor, int dst, int tag) {
+  isend(group, tensor, dst, tag).wait();
+}
+
+Work irecv(const ProcessGroup& group, at::Tensor tensor, int src, int tag, int* source) {
+  return detail::irecv_labelled(group, std::move(tensor), src, tag, {}, source);
 }
 
 int recv(const ProcessGroup& group, at::Tensor tensor, int src, int tag) {

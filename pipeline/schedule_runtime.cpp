@@ -23,6 +23,7 @@
 #include "cpprun/point_to_point.h"
 #include "cpprun/tensor_parallel_split.h"
 #include "cpprun/unique_parameters.h"
+#include "comm/labelled_messages.h"
 #include "pipeline/schedule_plan.h"
 #include "pipeline/split_backward.h"
 #include "pipeline/stage_wrapper.h"
@@ -162,12 +163,10 @@ struct PipelineSchedule::Runtime {
            "the shape of stage " + std::to_string(pass.stage - 1) + "'s output (from rank " +
                std::to_string(rank_of(pass.stage - 1)) + ", which has not sent it; is it running the same schedule?)");
       at::Tensor into = detail::empty_from_shape(shape_message.into, receive_device());
-      recvs[*key] = {into, irecv(group, into, rank_of(pass.stage - 1),
-                                 tag(StageMessage::kActivation, pass.stage - 1, pass.microbatch))};
+      recvs[*key] = {into, receive(into, StageMessage::kActivation, pass.stage, pass.stage - 1, pass.microbatch)};
     } else {
       at::Tensor into = at::empty_like(held.at({pass.stage, pass.microbatch}).output, at::MemoryFormat::Contiguous);
-      recvs[*key] = {into, irecv(group, into, rank_of(pass.stage + 1),
-                                 tag(StageMessage::kGradient, pass.stage, pass.microbatch))};
+      recvs[*key] = {into, receive(into, StageMessage::kGradient, pass.stage, pass.stage + 1, pass.microbatch)};
     }
   }
 
@@ -186,8 +185,16 @@ struct PipelineSchedule::Runtime {
   void send(at::Tensor tensor, int to_stage, StageMessage message, int tag_stage, int microbatch) {
     tensor = tensor.contiguous();
     const int from_stage = message == StageMessage::kGradient ? tag_stage + 1 : tag_stage;
-    sends.push_back({tensor, isend(group, tensor, rank_of(to_stage), tag(message, tag_stage, microbatch)), from_stage,
-                     to_stage});
+    Work work = detail::isend_labelled(group, tensor, rank_of(to_stage), tag(message, tag_stage, microbatch),
+                                       detail::stage_message_label(message, true, from_stage, to_stage, microbatch));
+    sends.push_back({tensor, std::move(work), from_stage, to_stage});
+  }
+
+  // Posts the receive of `message` for `stage` from `from_stage` (on another rank).
+  Work receive(const at::Tensor& into, StageMessage message, int stage, int from_stage, int microbatch) {
+    const int tag_stage = message == StageMessage::kGradient ? stage : from_stage;
+    return detail::irecv_labelled(group, into, rank_of(from_stage), tag(message, tag_stage, microbatch),
+                                  detail::stage_message_label(message, false, stage, from_stage, microbatch));
   }
 
   // A sent tensor is kept until its receiver has taken it; those taken go now rather than at the
@@ -388,7 +395,7 @@ struct PipelineSchedule::Runtime {
     for (const auto& [index, stage] : stages) {
       if (index > 0 && remote(index - 1)) {
         at::Tensor into = detail::shape_buffer();
-        shape_recv[index] = {into, irecv(group, into, rank_of(index - 1), tag(StageMessage::kShape, index - 1, 0))};
+        shape_recv[index] = {into, receive(into, StageMessage::kShape, index, index - 1, 0)};
       }
     }
     const auto& passes = train ? plan : eval_plan;

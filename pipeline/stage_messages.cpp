@@ -23,6 +23,17 @@ int stage_message_tag(StageMessage kind, int stage, int microbatch, int microbat
   return static_cast<int>(kTagBase + stage * per_stage + slot * 3 + static_cast<int>(kind));
 }
 
+std::string stage_message_label(StageMessage kind, bool sending, int stage, int peer_stage, int microbatch) {
+  std::string what;
+  switch (kind) {
+    case StageMessage::kShape: what = "the shape of this step's activations"; break;
+    case StageMessage::kActivation: what = "the activation of micro-batch " + std::to_string(microbatch); break;
+    case StageMessage::kGradient: what = "the gradient of micro-batch " + std::to_string(microbatch); break;
+  }
+  return "pipeline stage " + std::to_string(stage) + ": " + what + (sending ? " to stage " : " from stage ") +
+         std::to_string(peer_stage);
+}
+
 at::Tensor shape_buffer() { return at::zeros({kMaxDims + 2}, at::kLong); }
 
 at::Tensor encode_shape(const at::Tensor& activation) {

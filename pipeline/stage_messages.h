@@ -17,6 +17,11 @@ enum class StageMessage { kShape, kActivation, kGradient };
 // many stages times micro-batches for them.
 int stage_message_tag(StageMessage kind, int stage, int microbatch, int microbatches, int stages);
 
+// What a message carries, for the flight recorder and so the launcher's diagnosis of a hang:
+// "pipeline stage 1: the activation of micro-batch 3 from stage 0" (received by stage 1), "pipeline
+// stage 1: the gradient of micro-batch 3 to stage 0" (sent by stage 1).
+std::string stage_message_label(StageMessage kind, bool sending, int stage, int peer_stage, int microbatch);
+
 // The dtype and sizes of `activation` as a small int64 CPU tensor, and back: an empty tensor of
 // that shape on `device`. Activations have at most 16 dimensions.
 at::Tensor encode_shape(const at::Tensor& activation);

@@ -24,6 +24,10 @@ struct FlightRecorderEntry {
   std::vector<std::vector<int64_t>> shapes;   // this rank's tensors (the output first where two)
   std::optional<std::string> reduce_op;       // "sum", "avg", "max", "min"
   std::optional<int> root;                    // broadcast, reduce, gather, scatter; send/recv: the peer
+  std::optional<int> tag;                     // send/recv: the message's tag
+  std::optional<std::string> label;           // send/recv: what the message carries, where the library
+                                              // knows ("pipeline stage 1: the activation of micro-batch
+                                              // 3 from stage 0")
   CollectiveState state = CollectiveState::kStarted;
   int64_t start_unix_ms = 0;
   std::optional<int64_t> end_unix_ms;         // when it completed or failed

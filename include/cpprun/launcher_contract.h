@@ -16,6 +16,9 @@ inline constexpr const char* kFlightRecorderDirVariable = "CPPRUN_FLIGHT_RECORDE
 // The worker's end of the launcher's socket pair: a byte on it asks for a dump.
 inline constexpr const char* kFlightRecorderRequestFdVariable = "CPPRUN_FLIGHT_RECORDER_REQUEST_FD";
 // A dump's "format" and "version": {"format":"cpprun-flight-recorder","version":1,"rank":..}.
+// A key added later is optional to its readers (an entry's "tag" and "label", which dumps of
+// before 2026-12 lack) and a reader ignores keys it does not know, so adding one keeps the version;
+// a change that an older reader would misread changes it.
 inline constexpr const char* kFlightDumpFormat = "cpprun-flight-recorder";
 inline constexpr int kFlightDumpFormatVersion = 1;
 

@@ -136,6 +136,14 @@ FlightDump parse_flight_dump(const std::string& json) {
     if (const Json* root = find(e, "root"); root != nullptr && !is_null(*root)) {
       record.root = static_cast<int>(integer_of(*root, where + "'s \"root\""));
     }
+    // "tag" and "label": send/recv entries of dumps since 2026-12 (optional, as the contract says).
+    if (const Json* tag = find(e, "tag"); tag != nullptr && !is_null(*tag)) {
+      record.tag = static_cast<int>(integer_of(*tag, where + "'s \"tag\""));
+    }
+    if (const Json* label = find(e, "label"); label != nullptr && !is_null(*label)) {
+      if (label->kind != Json::Kind::kString) bad(where + "'s \"label\" is not a string");
+      record.label = label->text.substr(0, kMaxLabelBytes);
+    }
     record.state = state_of(text(e, "state", where), where);
     record.start_unix_ms = integer(e, "start_unix_ms", where);
     if (const Json* end = find(e, "end_unix_ms"); end != nullptr && !is_null(*end)) {

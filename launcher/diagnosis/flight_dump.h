@@ -19,7 +19,10 @@ struct CollectiveRecord {
   std::string dtype;             // "float32", ...
   std::string shapes;            // "[4096]", "[4096], [2, 3]": as the messages print them
   std::string reduce_op;         // "sum", ...; "" when the op has none
-  std::optional<int> root;
+  std::optional<int> root;       // send/recv: the peer (none: any source)
+  std::optional<int> tag;        // send/recv
+  std::string label;             // send/recv: what it carries, when the library said ("pipeline stage 1: ..."); cut
+                                 // to kMaxLabelBytes
   State state = State::kStarted;
   int64_t start_unix_ms = 0;
   std::optional<int64_t> end_unix_ms;
@@ -27,6 +30,9 @@ struct CollectiveRecord {
   // "all_reduce #1042 (float32[4096], sum)".
   std::string describe() const;
 };
+
+// The longest label read from a dump: the library's are a line; a longer one is cut, not refused.
+inline constexpr std::size_t kMaxLabelBytes = 200;
 
 struct FlightDump {
   int rank = -1;

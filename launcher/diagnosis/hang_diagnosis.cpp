@@ -55,7 +55,8 @@ std::string where_text(const Position& p, bool at_frontier) {
 // from the collectives, and differ from rank to rank by design: they are read on their own.
 bool is_message(const CollectiveRecord& c) { return c.op == "send" || c.op == "recv"; }
 
-// "recv #5 (float32[2, 8]) from rank 0": the record's root is the peer, a rank of the group.
+// "recv #5 (float32[2, 8]) from rank 0": the record's root is the peer, a rank of the group. With
+// the label the library gave it, said after the time: see message_label().
 std::string describe_message(const CollectiveRecord& c, const std::vector<int>& members) {
   std::string text = c.op + " #" + std::to_string(c.seq) + " (" + c.dtype + c.shapes + ")";
   std::string peer = "any rank";
@@ -65,6 +66,9 @@ std::string describe_message(const CollectiveRecord& c, const std::vector<int>& 
   }
   return text + (c.op == "send" ? " to " : " from ") + peer;
 }
+
+// " (pipeline stage 1: the activation of micro-batch 3 from stage 0)", or "" without a label.
+std::string message_label(const CollectiveRecord& c) { return c.label.empty() ? "" : " (" + c.label + ")"; }
 
 // Fixes "is" / "wait" to agree with the number of ranks named.
 std::string verb_for(const std::vector<int>& ranks, std::string text) {
@@ -208,13 +212,15 @@ Diagnosis diagnose(const std::vector<RankEvidence>& ranks, const std::string& wh
       switch (last->state) {
         case CollectiveRecord::State::kStarted:
           message_pending = true;
-          message_parts.push_back(who({rank}) + " waits in " + what + " since " + seconds(since));
+          message_parts.push_back(who({rank}) + " waits in " + what + " since " + seconds(since) + message_label(*last));
           break;
         case CollectiveRecord::State::kFailed:
           message_pending = true;
-          message_parts.push_back(who({rank}) + " failed in " + what);
+          message_parts.push_back(who({rank}) + " failed in " + what + message_label(*last));
           break;
-        case CollectiveRecord::State::kCompleted: message_parts.push_back(who({rank}) + " last finished " + what); break;
+        case CollectiveRecord::State::kCompleted:
+          message_parts.push_back(who({rank}) + " last finished " + what + message_label(*last));
+          break;
       }
     }
     if (message_pending) {

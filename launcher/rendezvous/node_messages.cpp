@@ -272,6 +272,8 @@ void evidence_words(Evidence& e, Words& w) {
     w.text(c.shapes);
     w.text(c.reduce_op);
     w.optional_number(c.root);
+    w.optional_number(c.tag);
+    w.text(c.label);
     w.state(c.state);
     w.number64(c.start_unix_ms);
     w.optional_number64(c.end_unix_ms);

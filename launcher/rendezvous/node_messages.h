@@ -35,7 +35,8 @@
 namespace cpprun::launcher {
 
 // Bumped when a message changes; agents of different versions refuse each other at `hello`.
-inline constexpr int kNodeProtocolVersion = 8;  // 8: the store tunnel's kinds (7: kAsk, kEvidence's request)
+// 9: an evidence entry's tag and label; 8: the store tunnel's kinds; 7: kAsk, kEvidence's request.
+inline constexpr int kNodeProtocolVersion = 9;
 
 // Note [Bounding a peer's evidence]
 // An evidence message carries one rank's flight-recorder entries. The library keeps 2,000 by default

@@ -183,3 +183,34 @@ TEST_CASE("hang_diagnosis: point-to-point messages are read apart from the colle
                                                message(4, "recv", "completed", now - 8000, 0)}));
   CHECK_THAT(joined(diagnose(ranks, "timeout")), !Contains("point-to-point"));
 }
+
+TEST_CASE("hang_diagnosis: a message's label names the pipeline stage that waits, and for what",
+          "[hang_diagnosis]") {
+  const long long now = 80000;
+  // entry()'s message with its peer, tag and label where entry() writes a null root.
+  auto message = [](int seq, long long start, const std::string& more) {
+    std::string e = entry(seq, "recv", "started", start, "\"dtype\":\"float32\",\"shapes\":[[2, 8]],\"reduce_op\":null");
+    const std::string null_root = "\"root\":null";
+    return e.replace(e.find(null_root), null_root.size(), "\"root\":0" + more);
+  };
+  const std::string labelled =
+      message(4, now - 7500, ",\"tag\":67108869,\"label\":\"pipeline stage 1: the activation of micro-batch 1 from stage 0\"");
+  std::vector<RankEvidence> ranks = {
+      evidence(0, dump_json(0, 2, now, {entry(3, "all_reduce", "completed", now - 9000)})),
+      evidence(1, dump_json(1, 2, now, {entry(3, "all_reduce", "completed", now - 9000), labelled})),
+  };
+  CHECK_THAT(joined(diagnose(ranks, "timeout")),
+             Contains("rank 1 waits in recv #4 (float32[2, 8]) from rank 0 since 7.5 s (pipeline stage 1: the "
+                      "activation of micro-batch 1 from stage 0)"));
+  const FlightDump dump = parse_flight_dump(dump_json(1, 2, now, {labelled}));
+  REQUIRE(dump.entries.size() == 1);
+  CHECK(dump.entries[0].tag == 67108869);
+  CHECK(dump.entries[0].root == 0);
+  // A label longer than a line is cut, not refused; one that is not a string is refused.
+  const std::string long_label = message(4, now, ",\"label\":\"" + std::string(5000, 'x') + "\"");
+  CHECK(parse_flight_dump(dump_json(1, 2, now, {long_label})).entries[0].label.size() == kMaxLabelBytes);
+  CHECK_THROWS_WITH(parse_flight_dump(dump_json(1, 2, now, {message(4, now, ",\"label\":7")})),
+                    Contains("\"label\" is not a string"));
+  // A dump of before labels (no "tag", no "label") is read as before.
+  CHECK(parse_flight_dump(dump_json(1, 2, now, {message(4, now, "")})).entries[0].label.empty());
+}

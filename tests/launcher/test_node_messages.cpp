@@ -151,6 +151,12 @@ TEST_CASE("node_messages: evidence carries a rank's fate and its whole dump", "[
   e.dump->entries[1].reduce_op = "";
   e.dump->entries.back().state = CollectiveRecord::State::kFailed;
   e.dump->entries.push_back(record(9, CollectiveRecord::State::kStarted));
+  CollectiveRecord& message = e.dump->entries.back();  // a pipeline's receive: its peer, tag and label
+  message.op = "recv";
+  message.reduce_op = "";
+  message.root = 1;
+  message.tag = 67108866;
+  message.label = "pipeline stage 1: the activation of micro-batch 0 from stage 0";
   const NodeMessage back = round_trip(NodeMessage::make_evidence(3, e));
   CHECK(back.round == 3);
   CHECK(back.request == 0);  // a failure's
@@ -174,7 +180,12 @@ TEST_CASE("node_messages: evidence carries a rank's fate and its whole dump", "[
     CHECK(d.entries[i].end_unix_ms == e.dump->entries[i].end_unix_ms);
   }
   CHECK(d.entries[1].root == 2);
+  CHECK_FALSE(d.entries[1].tag);
+  CHECK(d.entries[1].label.empty());
   CHECK_FALSE(d.entries[3].end_unix_ms);
+  CHECK(d.entries[3].root == 1);
+  CHECK(d.entries[3].tag == 67108866);
+  CHECK(d.entries[3].label == "pipeline stage 1: the activation of micro-batch 0 from stage 0");
 
   RankEvidence none;
   none.rank = 5;
@@ -217,9 +228,9 @@ TEST_CASE("node_messages: hostile evidence is refused, never a crash", "[node_me
   const std::string good = encode_message(NodeMessage::make_evidence(1, dumped_rank(2, 1)));
   REQUIRE(decode_message(good));
   // evidence ROUND REQUEST RANK FATE REASON HAS_DUMP [RANK WORLD PID DUMPED REASON COUNT [GROUP RANKS SEQ OP DTYPE
-  // SHAPES REDUCE ROOT STATE START END]...]
+  // SHAPES REDUCE ROOT TAG LABEL STATE START END]...]
   const std::string head = "evidence 1 0 2 exited%20with%20code%203 % 1 2 4 4242 1764180009000 failure";
-  const std::string entry = " world - 1 all_reduce float32 [4096] sum - completed 100 105";
+  const std::string entry = " world - 1 all_reduce float32 [4096] sum - - % completed 100 105";
   CHECK(decode_message(head + " 1" + entry));
   for (const std::string& line : {
            std::string("evidence"), std::string("evidence 1"), std::string("evidence 1 0 2 x % 0 extra"),
@@ -233,11 +244,11 @@ TEST_CASE("node_messages: hostile evidence is refused, never a crash", "[node_me
            head + " -1",                                             // a negative count
            head + " 2001" + entry,                                   // more entries than the cap
            head + " 99999999999" + entry,                            // a count out of range
-           head + " 1 world - 1 all_reduce float32 [4096] sum - exploded 100 105",   // an unknown state
-           head + " 1 world 1,x 1 all_reduce float32 [4096] sum - completed 100 105",  // a bad rank list
-           head + " 1 world - 1.5 all_reduce float32 [4096] sum - completed 100 105",  // a bad seq
-           head + " 1 world - 1 all_reduce float32 [4096] sum - completed 100 99999999999999999999",  // overflow
-           head + " 1 world - 1 all_reduce float32 [4096] sum %zz completed 100 105",  // bad escaping
+           head + " 1 world - 1 all_reduce float32 [4096] sum - - % exploded 100 105",   // an unknown state
+           head + " 1 world 1,x 1 all_reduce float32 [4096] sum - - % completed 100 105",  // a bad rank list
+           head + " 1 world - 1.5 all_reduce float32 [4096] sum - - % completed 100 105",  // a bad seq
+           head + " 1 world - 1 all_reduce float32 [4096] sum - - % completed 100 99999999999999999999",  // overflow
+           head + " 1 world - 1 all_reduce float32 [4096] sum - - %zz completed 100 105",  // bad escaping
        }) {
     INFO(line.substr(0, 200));
     CHECK_FALSE(decode_message(line));
@@ -360,9 +371,10 @@ TEST_CASE("node_messages: hostile tunnel messages are refused with what is wrong
   CHECK(decode_message("data 1 AA=="));  // one zero byte
 }
 
-TEST_CASE("node_messages: protocol 8 has the tunnel's kinds; an agent of 7 says so at hello", "[node_messages]") {
-  CHECK(kNodeProtocolVersion == 8);
-  const std::optional<NodeMessage> old = decode_message("hello 7 static 1 2 2 1 0 job %");
+TEST_CASE("node_messages: protocol 9 has evidence's tags and labels; an agent of 8 says so at hello",
+          "[node_messages]") {
+  CHECK(kNodeProtocolVersion == 9);
+  const std::optional<NodeMessage> old = decode_message("hello 8 static 1 2 2 1 0 job %");
   REQUIRE(old);
-  CHECK(old->hello.protocol == 7);  // admission refuses it, naming both versions (test_admission.cpp)
+  CHECK(old->hello.protocol == 8);  // admission refuses it, naming both versions (test_admission.cpp)
 }

@@ -94,6 +94,8 @@ TEST_CASE("flight recorder: an entry carries the call as recorded", "[flight_rec
   call.shapes[1] = {4, 3, 1, 1, 1, 1, 1, 5};  // more dims than stay inline
   call.reduce = ReduceOp::kMax;
   call.root = 1;
+  call.tag = 9;
+  call.label = "what it carries";
   call.start_unix_ms = 42;
   ring.start(std::move(call));
   const FlightRecorderEntry e = ring.entries().at(0);
@@ -105,6 +107,8 @@ TEST_CASE("flight recorder: an entry carries the call as recorded", "[flight_rec
   CHECK(e.shapes == std::vector<std::vector<int64_t>>{{2, 3}, {4, 3, 1, 1, 1, 1, 1, 5}});
   CHECK(e.reduce_op == std::optional<std::string>("max"));
   CHECK(e.root == std::optional<int>(1));
+  CHECK(e.tag == std::optional<int>(9));
+  CHECK(e.label == std::optional<std::string>("what it carries"));
   CHECK(e.start_unix_ms == 42);
 }
 
@@ -163,18 +167,21 @@ TEST_CASE("flight recorder: the JSON format", "[flight_recorder]") {
   waiting.group = "0/\"odd\"\\name\n";  // escaped as JSON requires
   waiting.group_ranks = {1};
   waiting.seq = 3;
-  waiting.op = "barrier";
+  waiting.op = "recv";
   waiting.root = 0;
+  waiting.tag = 5;
+  waiting.label = "pipeline stage 1: the activation of micro-batch 0 from stage 0";
   waiting.start_unix_ms = 1700000000010;
 
   CHECK(cpprun::detail::flight_recorder_json(header, {done, waiting}) ==
         "{\"format\":\"cpprun-flight-recorder\",\"version\":1,\"rank\":1,\"world_size\":2,\"pid\":4242,"
         "\"dumped_unix_ms\":1700000000123,\"reason\":\"timeout\",\"entries\":[\n"
         "{\"group\":\"0\",\"group_ranks\":[0,1],\"seq\":2,\"op\":\"all_reduce\",\"dtype\":\"float32\","
-        "\"shapes\":[[4096]],\"reduce_op\":\"sum\",\"root\":null,\"state\":\"completed\","
+        "\"shapes\":[[4096]],\"reduce_op\":\"sum\",\"root\":null,\"tag\":null,\"label\":null,\"state\":\"completed\","
         "\"start_unix_ms\":1700000000000,\"end_unix_ms\":1700000000005},\n"
-        "{\"group\":\"0/\\\"odd\\\"\\\\name\\n\",\"group_ranks\":[1],\"seq\":3,\"op\":\"barrier\",\"dtype\":null,"
-        "\"shapes\":[],\"reduce_op\":null,\"root\":0,\"state\":\"started\","
+        "{\"group\":\"0/\\\"odd\\\"\\\\name\\n\",\"group_ranks\":[1],\"seq\":3,\"op\":\"recv\",\"dtype\":null,"
+        "\"shapes\":[],\"reduce_op\":null,\"root\":0,\"tag\":5,"
+        "\"label\":\"pipeline stage 1: the activation of micro-batch 0 from stage 0\",\"state\":\"started\","
         "\"start_unix_ms\":1700000000010,\"end_unix_ms\":null}\n"
         "]}\n");
   header.reason = DumpReason::kRequest;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "pipeline/schedule_plan.h"
+#include "pipeline/stage_messages.h"
 #include "pipeline/stage_names.h"
 #include "pipeline/stage_split.h"
 #include "pipeline/tied_parameters.h"
@@ -290,4 +291,31 @@ TEST_CASE("pipeline ties: a tensor two stages hold is one tie, found alike from 
   // Within one stage a shared tensor is no tie: autograd sums it there.
   const auto within = cpprun::detail::find_ties({{{&embedding, "a"}, {&embedding, "b"}}, {{&block, "c"}}});
   CHECK(within.ties.empty());
+}
+
+TEST_CASE("pipeline messages: each has its own tag, and a label saying which stage sends what to whom", "[pipeline]") {
+  using cpprun::detail::StageMessage;
+  using cpprun::detail::stage_message_label;
+  using cpprun::detail::stage_message_tag;
+  const int stages = 4, microbatches = 6;
+  std::vector<int> tags;
+  for (StageMessage kind : {StageMessage::kShape, StageMessage::kActivation, StageMessage::kGradient}) {
+    for (int stage = 0; stage < stages; ++stage) {
+      for (int mb = 0; mb < (kind == StageMessage::kShape ? 1 : microbatches); ++mb) {
+        tags.push_back(stage_message_tag(kind, stage, mb, microbatches, stages));
+      }
+    }
+  }
+  std::sort(tags.begin(), tags.end());
+  CHECK(std::adjacent_find(tags.begin(), tags.end()) == tags.end());
+  CHECK(tags.front() >= (1 << 26));
+  CHECK(tags.back() < (1 << 27));
+  CHECK(stage_message_label(StageMessage::kActivation, false, 2, 1, 3) ==
+        "pipeline stage 2: the activation of micro-batch 3 from stage 1");
+  CHECK(stage_message_label(StageMessage::kGradient, true, 2, 1, 0) ==
+        "pipeline stage 2: the gradient of micro-batch 0 to stage 1");
+  CHECK(stage_message_label(StageMessage::kShape, true, 0, 1, 0) ==
+        "pipeline stage 0: the shape of this step's activations to stage 1");
+  CHECK_THROWS_WITH(stage_message_tag(StageMessage::kActivation, 0, 0, 1 << 20, 64),
+                    Catch::Matchers::Contains("use fewer micro-batches"));
 }

@@ -1,0 +1,22 @@
+// Point-to-point messages that say what they carry: the flight recorder keeps the label beside
+// the send or receive, so that a dump, and the launcher's diagnosis of a hang, names it ("recv #5
+// (float32[2, 8]) from rank 0: pipeline stage 1: the activation of micro-batch 3 from stage 0")
+// where a tag alone means nothing to a reader. cpprun/point_to_point.h's calls are these with no
+// label. Internal: the pipeline's schedules use them.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <string>
+
+#include "cpprun/collectives.h"
+#include "cpprun/point_to_point.h"
+#include "cpprun/process_group.h"
+
+namespace cpprun::detail {
+
+Work isend_labelled(const ProcessGroup& group, at::Tensor tensor, int dst, int tag, std::string label);
+Work irecv_labelled(const ProcessGroup& group, at::Tensor tensor, int src, int tag, std::string label,
+                    int* source = nullptr);
+
+}  // namespace cpprun::detail
