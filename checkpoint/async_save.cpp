@@ -43,13 +43,20 @@
 //     directory: a model's and its optimizer's), then sets async_save/<id>/result to "ok", or to
 //     every rank's error;
 //   - every rank's thread polls async_save/<id>/result and ends with it.
+// With owners (pipeline stages, each its team saving its own tensors: checkpoint/owned_state.h)
+// there is one tier more, over the owners group of the teams' roots: each team's root, its team
+// heard, sets async_save/<id>/owner/<owner> there ("ok" or its team's errors; a file, which owner
+// 0's root writes alone, needs none), owner 0's root collects them, writes the file or the indexes,
+// and sets the result there; each team's root passes it to its team as above. The tensors moved
+// between owners (a file's, to owner 0's root) and the index's names moved on the calling thread.
 // So done() is true on a rank once the whole save is on disk, and wait() returns, or throws, alike
 // on every rank, with no collective; a handle's destructor may wait too. <id> is a token of
 // this save, broadcast with its save id when the save starts (on the calling thread, with the
 // other collectives), so two saves never share keys (two saves may share a save id: a model's
-// and then its optimizer's, checkpoint/save_ids.h). When the save failed, every rank removes what it
-// wrote before it ends (Note [A failed save removes what it wrote], checkpoint/sharded_state_dict.cpp). The waits are bounded by the group's timeout: a rank that died does not
-// hold the others' threads for ever. The keys stay in the store (a few bytes per save).
+// and then its optimizer's, checkpoint/save_ids.h). When the save failed, every rank removes what
+// it wrote before it ends (Note [A failed save removes what it wrote],
+// checkpoint/sharded_state_dict.cpp). The waits are bounded by the group's timeout: a rank that
+// died does not hold the others' threads for ever. The keys stay in the store (a few bytes per save).
 // PyTorch's DCP async_save runs the save's collectives on its background thread, and its recipe
 // (the async checkpointing tutorial) makes a second process group for them, so that they do not
 // share the training group. Here that group would cost every rank more Gloo connections, and
@@ -122,30 +129,8 @@ void launch(State& state, std::function<void()> work) {
   });
 }
 
-// Shapes and dtypes only (meta tensors): what rank 0 needs for the index.
-NamedTensors shapes_of(const NamedTensors& state) {
-  NamedTensors out;
-  out.reserve(state.size());
-  for (const auto& [name, tensor] : state) {
-    out.emplace_back(name, at::empty(tensor.sizes(), at::TensorOptions().dtype(tensor.scalar_type()).device(at::kMeta)));
-  }
-  return out;
-}
-
-// A part as one rank holds it for the background thread: its copy of what it writes.
-struct PartToWrite {
-  std::string path;
-  bool directory = false;
-  ShardedSaveStamp stamp;   // a directory: the save id, step and the part's metadata
-  NamedTensors file_state;  // a file: the writer's copy of everything
-  StateDictShard shard;     // a directory: this rank's share
-  NamedTensors shapes;      // a directory, the index writer: every tensor's shape
-  std::string_view stem;
-  std::map<std::string, std::string> metadata;
-};
-
 // Writes PART's file, or this rank's share of its directory.
-void write_part(const PartToWrite& part, const StateDictSaveOptions& options) {
+void write_part(const PreparedPart& part, const StateDictSaveOptions& options) {
   if (part.directory) {
     fs::create_directories(part.path);
     write_state_dict_shard(part.shard, part.path, part.stamp);
@@ -154,12 +139,12 @@ void write_part(const PartToWrite& part, const StateDictSaveOptions& options) {
   }
 }
 
-// Writes PARTS (this rank's share of each directory; on RANK 0, or alone, the files too),
+// Writes this rank's files of PARTS (its share of each directory; a file where it writes it),
 // adding each path it wrote to WRITTEN.
-void write_parts(const std::vector<PartToWrite>& parts, int rank, const StateDictSaveOptions& options,
+void write_parts(const std::vector<PreparedPart>& parts, const StateDictSaveOptions& options,
                  std::vector<std::string>& written) {
   for (const auto& part : parts) {
-    if (!part.directory && rank != 0) continue;
+    if (!part.directory && !part.writes_file) continue;
     write_part(part, options);
     if (!part.directory) {
       written.push_back(part.path);
@@ -169,11 +154,20 @@ void write_parts(const std::vector<PartToWrite>& parts, int rank, const StateDic
   }
 }
 
+// Writes the index of each directory of PARTS whose index this rank writes, once every file is in place.
+void write_indexes(const std::vector<PreparedPart>& parts, std::vector<std::string>& written) {
+  for (const auto& part : parts) {
+    if (!part.directory || !part.writes_index) continue;
+    write_state_dict_index(part.index.weight_map, part.index.total_bytes, part.path, part.stamp, part.stem);
+    written.push_back((fs::path(part.path) / index_file_name(part.stem)).string());
+  }
+}
+
 // Undoes a save that failed (See Note [A failed save removes what it wrote] in
 // checkpoint/sharded_state_dict.cpp): removes the files this rank WROTE in it (a failed write left the
 // file of its name as it was), and on the rank that drew the save id (`drew_id`) forgets the
 // save in its directories' memory (checkpoint/save_ids.h).
-void undo_save(const std::vector<PartToWrite>& parts, const std::vector<std::string>& written, bool drew_id,
+void undo_save(const std::vector<PreparedPart>& parts, const std::vector<std::string>& written, bool drew_id,
                const std::string& save_id) noexcept {
   for (const auto& path : written) {
     std::error_code ignored;
@@ -185,21 +179,27 @@ void undo_save(const std::vector<PartToWrite>& parts, const std::vector<std::str
   }
 }
 
-std::string paths_of(const std::vector<PartToWrite>& parts) {
+std::string paths_of(const std::vector<PreparedPart>& parts) {
   std::string out;
   for (const auto& part : parts) out += (out.empty() ? "" : " and ") + part.path;
   return out;
 }
 
+std::string verdict_of(const std::vector<std::string>& faults) {
+  if (faults.empty()) return "ok";
+  std::string result = "failed:";
+  for (const auto& fault : faults) result += "\n  " + fault;
+  return result;
+}
+
 // What one rank's background thread does in a collective save. See Note [Asynchronous save across ranks].
 struct CollectiveSave {
-  explicit CollectiveSave(CheckpointTeam on) : team(std::move(on)) {}
+  explicit CollectiveSave(AsyncSaveRanks r) : ranks(std::move(r)) {}
 
-  CheckpointTeam team;
+  AsyncSaveRanks ranks;
   std::string key;  // async_save/<token>
-  std::string save_id;
   StateDictSaveOptions options;
-  std::vector<PartToWrite> parts;
+  std::vector<PreparedPart> parts;
 
   // KEY's value in GROUP's store once some rank sets it; nothing when the timeout passes first.
   std::optional<std::string> await(const ProcessGroup& group, const std::string& name,
@@ -211,55 +211,77 @@ struct CollectiveSave {
     }
   }
 
+  // Adds to FAULTS what each of `count` ranks (from 1) set at NAME/<r> in GROUP's store: "ok", or
+  // "failed: <why>", or nothing within the timeout.
+  void collect(const ProcessGroup& group, const std::string& name, int count, const std::string& who,
+               Clock::time_point deadline, std::vector<std::string>& faults) const {
+    for (int r = 1; r < count; ++r) {
+      const auto reported = await(group, name + "/" + std::to_string(r), deadline);
+      if (!reported) {
+        faults.push_back(who + " " + std::to_string(r) + ": its part was not written within the group's timeout (" +
+                         std::to_string(group.timeout().count()) + " ms)");
+      } else if (*reported != "ok") {
+        faults.push_back(reported->substr(reported->find(' ') + 1));
+      }
+    }
+  }
+
   // A writer: writes its parts and learns the save's result from the writers' root, which
-  // collects every writer's and writes the indexes. WRITTEN: the paths this rank wrote.
+  // collects every writer's and writes the indexes (with owners: the owners' root collects every
+  // writers' root's, and writes a file or the indexes). WRITTEN: the paths this rank wrote.
   std::optional<std::string> write(std::exception_ptr& local, std::vector<std::string>& written,
                                    Clock::time_point deadline) const {
+    const CheckpointTeam& team = ranks.team;
     const int rank = team.writer_rank();
     const bool directory = std::any_of(parts.begin(), parts.end(), [](const auto& p) { return p.directory; });
+    // A fault names the rank of the job, so that an owners' save says which stage's rank failed.
+    const std::string me = "rank " + std::to_string(cpprun::rank());
     try {
-      write_parts(parts, rank, options, written);
+      write_parts(parts, options, written);
     } catch (...) {
       local = std::current_exception();
     }
     std::vector<std::string> faults;
-    if (local) faults.push_back("rank " + std::to_string(rank) + ": " + message_of(local));
+    if (local) faults.push_back(me + ": " + message_of(local));
     const ProcessGroup* writers = team.replicas();
     if (directory && writers) {
-      store_set(*writers, key + "/written/" + std::to_string(rank), local ? "failed: " + message_of(local) : "ok");
+      store_set(*writers, key + "/written/" + std::to_string(rank),
+                local ? "failed: " + faults.front() : std::string("ok"));
     }
     if (rank != 0) return await(*writers, "result", deadline);
-    for (int r = 1; directory && r < team.writers(); ++r) {
-      const auto reported = await(*writers, "written/" + std::to_string(r), deadline);
-      if (!reported) {
-        faults.push_back("rank " + std::to_string(r) + ": its part was not written within the group's timeout (" +
-                         std::to_string(writers->timeout().count()) + " ms)");
-      } else if (*reported != "ok") {
-        faults.push_back("rank " + std::to_string(r) + ": " + reported->substr(reported->find(' ') + 1));
+    if (directory && writers) collect(*writers, "written", team.writers(), "writer", deadline, faults);
+    std::string result;
+    const ProcessGroup* owners = ranks.owners ? &*ranks.owners : nullptr;
+    if (owners && owners->rank() != 0) {
+      // This team's part is done: the owners' root hears of it, and says how the whole save ended.
+      std::string report = "ok";
+      for (std::size_t i = 0; i < faults.size(); ++i) report = (i ? report + "\n  " : "failed: ") + faults[i];
+      if (directory) store_set(*owners, key + "/owner/" + std::to_string(owners->rank()), report);
+      const auto whole = await(*owners, "result", deadline);
+      result = whole.value_or("failed:\n  " + me + " waited the group's timeout for pipeline rank 0 to finish the save");
+    } else {
+      if (directory && owners) collect(*owners, "owner", owners->size(), "pipeline rank", deadline, faults);
+      // The indexes last, once every file of every part is in place.
+      if (faults.empty()) {
+        try {
+          write_indexes(parts, written);
+        } catch (...) {
+          local = std::current_exception();
+          faults.push_back(me + ", writing the index: " + message_of(local));
+        }
       }
-    }
-    // The indexes last, once every file of every part is in place.
-    for (const auto& part : parts) {
-      if (!part.directory || !faults.empty()) continue;
-      try {
-        write_state_dict_index(part.shapes, part.path, team.writers(), part.stamp, part.stem);
-        written.push_back((fs::path(part.path) / index_file_name(part.stem)).string());
-      } catch (...) {
-        local = std::current_exception();
-        faults.push_back("rank 0, writing the index in " + part.path + ": " + message_of(local));
-      }
-    }
-    std::string result = "ok";
-    if (!faults.empty()) {
-      result = "failed:";
-      for (const auto& fault : faults) result += "\n  " + fault;
+      result = verdict_of(faults);
+      if (owners) store_set(*owners, key + "/result", result);
     }
     if (writers) store_set(*writers, key + "/result", result);
     return result;
   }
 
   void run() {
-    const ProcessGroup& any = team.replicas() ? *team.replicas() : team.tensor_parallel().front();
+    const CheckpointTeam& team = ranks.team;
+    const ProcessGroup& any = team.replicas()  ? *team.replicas()
+                              : ranks.owners ? *ranks.owners
+                                             : team.tensor_parallel().front();
     const auto deadline = Clock::now() + any.timeout();
     const std::string where = paths_of(parts);
     std::exception_ptr local;
@@ -280,7 +302,7 @@ struct CollectiveSave {
     for (const auto& group : team.tensor_parallel()) {
       if (group.rank() == 0) store_set(group, key + "/result", result.value_or("failed:\n  a rank timed out"));
     }
-    if (local || !result || *result != "ok") undo_save(parts, written, team.is_root(), save_id);
+    if (local || !result || *result != "ok") undo_save(parts, written, ranks.drew_id, ranks.save_id);
     if (local) std::rethrow_exception(local);  // this rank's own error, as it was thrown
     TORCH_CHECK(result, "cpprun: rank ", cpprun::rank(), " waited the group's timeout (", any.timeout().count(),
                 " ms) for rank 0 to finish the asynchronous save to ", where, "; is rank 0 still running?");
@@ -309,10 +331,15 @@ NamedTensors snapshot_state(const NamedTensors& state) {
   return out;
 }
 
-namespace {
-// The save id of PARTS, on the rank that draws it: as a synchronous save's into their directory
-// (checkpoint/save_ids.h) when the parts' directories are one, so that an asynchronous model save and a
-// later optimizer save there join; else the given id or a new one, remembered in each directory.
+PreparedPart prepared_part(const AsyncSavePart& part, const std::string& save_id, std::optional<int64_t> step) {
+  PreparedPart out;
+  out.path = part.path;
+  out.directory = is_sharded_state_dict_path(part.path);
+  out.stem = part.stem;
+  out.stamp = {save_id, step, part.metadata};
+  return out;
+}
+
 std::string claim_parts_save_id(const std::vector<AsyncSavePart>& parts, const StateDictSaveOptions& options) {
   std::map<std::string, std::set<std::string>> stems_in;  // directory -> the stems written there
   for (const auto& part : parts) {
@@ -324,7 +351,6 @@ std::string claim_parts_save_id(const std::vector<AsyncSavePart>& parts, const S
   for (const auto& [dir, stems] : stems_in) claim_save_id(dir, drawn, stems);
   return *drawn.save_id();
 }
-}  // namespace
 
 AsyncSave start_async_save(std::vector<AsyncSavePart> parts, const CheckpointTeam& team,
                            const StateDictSaveOptions& options) {
@@ -332,58 +358,57 @@ AsyncSave start_async_save(std::vector<AsyncSavePart> parts, const CheckpointTea
   for (const auto& part : parts) check_state_dict_path(part.path);
   // Rank 0's id, in every file; and a token of this save for the store's keys (two saves may
   // share an id: a model's and then its optimizer's).
-  std::string save_id, token;
+  AsyncSaveRanks ranks{team, std::nullopt, std::string(), std::string(), team.is_root()};
   if (team.is_root()) {
-    save_id = claim_parts_save_id(parts, options);
-    token = new_save_id();
+    ranks.save_id = claim_parts_save_id(parts, options);
+    ranks.token = new_save_id();
   }
-  team.broadcast_bytes(save_id);
-  team.broadcast_bytes(token);
+  team.broadcast_bytes(ranks.save_id);
+  team.broadcast_bytes(ranks.token);
   // One save, one id: with a model and its optimizer, every file records it (load checks them).
   StateDictSaveOptions file_options = options;
-  if (parts.size() > 1) file_options.save_id(save_id);
+  if (parts.size() > 1) file_options.save_id(ranks.save_id);
   // Each writer copies only what it writes; the other ranks nothing.
   const bool writes = team.writes();
   const int rank = team.writer_rank(), world = team.writers();
-  std::vector<PartToWrite> to_write;
+  std::vector<PreparedPart> to_write;
   for (auto& part : parts) {
-    PartToWrite out;
-    out.path = part.path;
-    out.directory = is_sharded_state_dict_path(part.path);
-    out.stem = part.stem;
-    out.stamp = {save_id, options.step(), part.metadata};
+    PreparedPart out = prepared_part(part, ranks.save_id, options.step());
     if (out.directory && writes) {
       out.shard = state_dict_shard(part.state, rank, world, part.stem);
       out.shard.tensors = snapshot_state(out.shard.tensors);
-      if (rank == 0) out.shapes = shapes_of(part.state);
+      out.writes_index = rank == 0;
+      if (out.writes_index) out.index = index_plan(part.state, world, part.stem);
     } else if (!out.directory && writes && rank == 0) {
+      out.writes_file = true;
       out.file_state = snapshot_state(part.state);
       out.metadata = std::move(part.metadata);
     }
     to_write.push_back(std::move(out));
   }
-  auto state = std::make_shared<State>(paths_of(to_write));
-  if (team.alone()) {
-    launch(*state, [parts = std::move(to_write), file_options, save_id] {
+  return launch_async_save(std::move(to_write), std::move(ranks), file_options);
+}
+
+AsyncSave launch_async_save(std::vector<PreparedPart> parts, AsyncSaveRanks ranks,
+                            const StateDictSaveOptions& file_options) {
+  if (ranks.owners && ranks.owners->size() == 1) ranks.owners.reset();  // one owner: a team's save
+  auto state = std::make_shared<State>(paths_of(parts));
+  if (ranks.team.alone() && !ranks.owners) {
+    launch(*state, [parts = std::move(parts), file_options, save_id = ranks.save_id] {
       std::vector<std::string> written;
       try {
-        write_parts(parts, 0, file_options, written);
-        for (const auto& part : parts) {
-          if (!part.directory) continue;
-          write_state_dict_index(part.shapes, part.path, 1, part.stamp, part.stem);
-          written.push_back((fs::path(part.path) / index_file_name(part.stem)).string());
-        }
+        write_parts(parts, file_options, written);
+        write_indexes(parts, written);
       } catch (...) {
         undo_save(parts, written, /*drew_id=*/true, save_id);
         throw;
       }
     });
   } else {
-    auto job = std::make_shared<CollectiveSave>(team);
-    job->key = "async_save/" + token;
-    job->save_id = save_id;
+    auto job = std::make_shared<CollectiveSave>(std::move(ranks));
+    job->key = "async_save/" + job->ranks.token;
     job->options = file_options;
-    job->parts = std::move(to_write);
+    job->parts = std::move(parts);
     launch(*state, [job] { job->run(); });
   }
   {

@@ -5,13 +5,17 @@
 
 #include <torch/nn/module.h>
 
+#include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
-#include "cpprun/async_save.h"
 #include "checkpoint/checkpoint_team.h"
+#include "checkpoint/sharded_state_dict.h"
+#include "cpprun/async_save.h"
+#include "cpprun/process_group.h"
 #include "cpprun/state_dict_options.h"
 #include "support/safetensors_index.h"
 #include "support/torch_save_file.h"
@@ -21,7 +25,7 @@ namespace cpprun::detail {
 // One set of files of a save: a model's state dict (STEM "model") or an optimizer's state
 // ("optimizer", with its kind and param groups in `metadata`), to a file or a directory.
 struct AsyncSavePart {
-  NamedTensors state;  // whole tensors, the same on every rank; copied before start_async_save returns
+  NamedTensors state;  // whole tensors, the same on every rank of the team; copied before the save returns
   std::string path;
   std::string_view stem = kModelStem;
   std::map<std::string, std::string> metadata;
@@ -43,5 +47,46 @@ AsyncSave start_async_save(const NamedTensors& state, const CheckpointTeam& team
 // CPU copies of `state` that training cannot change: pinned host memory for a tensor on a GPU;
 // a tensor listed under two names (tied weights) copied once, so files encode it as the original.
 NamedTensors snapshot_state(const NamedTensors& state);
+
+// ---- The background half, for a save whose collectives its caller ran (start_async_save above,
+// and the save of several owners, checkpoint/owned_state.h).
+
+// One part as this rank writes it, every tensor already copied.
+struct PreparedPart {
+  std::string path;
+  bool directory = false;
+  std::string_view stem = kModelStem;
+  ShardedSaveStamp stamp;                        // a directory: the save id, step and the part's metadata
+  bool writes_file = false;                      // a file: this rank writes it
+  NamedTensors file_state;                       //   ... all of it
+  std::map<std::string, std::string> metadata;   //   ... with this in its header
+  StateDictShard shard;                          // a directory: this rank's share (no file: none)
+  bool writes_index = false;                     // a directory: this rank writes the index, last
+  IndexPlan index;
+};
+
+// PART's path, kind, stem and stamp (`save_id`, `step`, its metadata); nothing to write yet.
+PreparedPart prepared_part(const AsyncSavePart& part, const std::string& save_id, std::optional<int64_t> step);
+
+// Who takes part, and how they tell each other (Note [Asynchronous save across ranks]).
+struct AsyncSaveRanks {
+  CheckpointTeam team;
+  // Teams that each save their own tensors (pipeline stages): the group of the teams' roots, whose
+  // rank 0 writes a file or the index. None: one team saves everything.
+  std::optional<ProcessGroup> owners;
+  std::string token;     // this save's keys in the groups' stores; the same on every rank
+  std::string save_id;
+  bool drew_id = false;  // this rank claimed the save id in its directories' memory (checkpoint/save_ids.h)
+};
+
+// Writes `parts` on a background thread, as Note [Asynchronous save across ranks] says, and
+// registers the save as this process's latest. `file_options`: a file's save id and step.
+AsyncSave launch_async_save(std::vector<PreparedPart> parts, AsyncSaveRanks ranks,
+                            const StateDictSaveOptions& file_options);
+
+// The save id of `parts`, on the rank that draws it: as a synchronous save's into their directory
+// (checkpoint/save_ids.h) when the parts' directories are one, so that an asynchronous model save
+// and a later optimizer save there join; else the given id or a new one, remembered in each directory.
+std::string claim_parts_save_id(const std::vector<AsyncSavePart>& parts, const StateDictSaveOptions& options);
 
 }  // namespace cpprun::detail

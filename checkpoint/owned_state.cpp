@@ -12,6 +12,7 @@
 #include <sstream>
 #include <unordered_set>
 
+#include "checkpoint/async_save.h"
 #include "checkpoint/save_ids.h"
 #include "checkpoint/sharded_state_dict.h"
 #include "checkpoint/state_dict.h"
@@ -116,39 +117,47 @@ void append_owned(NamedTensors& all, std::map<std::string, int>& owner_of, const
   }
 }
 
+// Owner 0's root: every owner's tensors, received from each owner's root (in its order), each name
+// claimed once; `failure` set on a name two owners hold. Elsewhere: nothing. Collective over the
+// roots' owners group (Note [Teams and owners]).
+NamedTensors gather_to_owner_zero(const NamedTensors& mine, const CheckpointTeam& team, const ProcessGroup& owners,
+                                  std::exception_ptr& failure) {
+  NamedTensors all;
+  if (!team.is_root()) return all;  // every rank of this owners group, or none
+  const auto layouts = all_gather_bytes(owners, describe_layout(mine));
+  if (owners.rank() != 0) {
+    for (const auto& [name, tensor] : mine) send(owners, tensor.contiguous(), 0, kTensorTag);
+    return all;
+  }
+  std::map<std::string, int> owner_of;
+  try {
+    append_owned(all, owner_of, mine, 0);
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  for (int owner = 1; owner < owners.size(); ++owner) {
+    NamedTensors theirs = allocate_layout(layouts[static_cast<std::size_t>(owner)], mine);
+    for (auto& [name, tensor] : theirs) recv(owners, tensor, owner, kTensorTag);  // in the sender's order
+    if (failure) continue;
+    try {
+      append_owned(all, owner_of, theirs, owner);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+  return all;
+}
+
 void save_file(const NamedTensors& mine, const CheckpointTeam& team, const ProcessGroup& owners,
                const std::string& path, const StateDictSaveOptions& options,
                const std::map<std::string, std::string>& metadata, const std::string& what) {
   std::exception_ptr failure;
-  if (team.is_root()) {  // every rank of this owners group, or none (Note [Teams and owners])
-    const auto layouts = all_gather_bytes(owners, describe_layout(mine));
-    if (owners.rank() == 0) {
-      NamedTensors all;
-      std::map<std::string, int> owner_of;
-      try {
-        append_owned(all, owner_of, mine, 0);
-      } catch (...) {
-        failure = std::current_exception();
-      }
-      for (int owner = 1; owner < owners.size(); ++owner) {
-        NamedTensors theirs = allocate_layout(layouts[static_cast<std::size_t>(owner)], mine);
-        for (auto& [name, tensor] : theirs) recv(owners, tensor, owner, kTensorTag);  // in the sender's order
-        if (failure) continue;
-        try {
-          append_owned(all, owner_of, theirs, owner);
-        } catch (...) {
-          failure = std::current_exception();
-        }
-      }
-      if (!failure) {
-        try {
-          write_state_dict_file(all, path, options, metadata);
-        } catch (...) {
-          failure = std::current_exception();
-        }
-      }
-    } else {
-      for (const auto& [name, tensor] : mine) send(owners, tensor.contiguous(), 0, kTensorTag);
+  const NamedTensors all = gather_to_owner_zero(mine, team, owners, failure);
+  if (team.is_root() && owners.rank() == 0 && !failure) {
+    try {
+      write_state_dict_file(all, path, options, metadata);
+    } catch (...) {
+      failure = std::current_exception();
     }
   }
   // Also the barrier: the file exists when save returns, on every rank.
@@ -170,6 +179,46 @@ std::string weight_map_part(const NamedTensors& mine, const CheckpointTeam& team
   return std::to_string(bytes) + '\0' + out;
 }
 
+// Where this owner's files fall among all owners' (numbered owner after owner, each owner's among
+// its writers). Collective over the owners group.
+struct OwnedFiles {
+  int before = 0;  // the owners' before this one
+  int all = 0;
+};
+OwnedFiles number_owned_files(const NamedTensors& mine, const CheckpointTeam& team, const ProcessGroup& owners) {
+  const auto files_of = all_gather_object(owners, shard_file_count(mine, team.writers()));
+  return {std::accumulate(files_of.begin(), files_of.begin() + owners.rank(), 0),
+          std::accumulate(files_of.begin(), files_of.end(), 0)};
+}
+
+// The index of every owner's files, on owner 0's root (`failure` set on a name two owners hold);
+// empty elsewhere. Collective over the roots' owners group.
+IndexPlan gather_owned_index(const NamedTensors& mine, const CheckpointTeam& team, const ProcessGroup& owners,
+                             std::string_view stem, const OwnedFiles& files, std::exception_ptr& failure) {
+  IndexPlan index;
+  if (!team.is_root()) return index;
+  const auto parts = all_gather_bytes(owners, weight_map_part(mine, team, stem, files.before, files.all));
+  if (owners.rank() != 0) return index;
+  try {
+    std::map<std::string, int> owner_of;
+    for (int owner = 0; owner < owners.size(); ++owner) {
+      const std::string& part = parts[static_cast<std::size_t>(owner)];
+      std::size_t at = part.find('\0');
+      index.total_bytes += std::stoull(part.substr(0, at));
+      for (++at; at < part.size();) {
+        const std::size_t name_end = part.find('\0', at), file_end = part.find('\0', name_end + 1);
+        const std::string name = part.substr(at, name_end - at);
+        claim_name(owner_of, name, owner);
+        index.weight_map[name] = part.substr(name_end + 1, file_end - name_end - 1);
+        at = file_end + 1;
+      }
+    }
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  return index;
+}
+
 void save_directory(const NamedTensors& mine, const CheckpointTeam& team, const ProcessGroup& owners,
                     const std::string& dir, const StateDictSaveOptions& options, std::string_view stem,
                     const std::map<std::string, std::string>& metadata, const std::string& what) {
@@ -180,13 +229,10 @@ void save_directory(const NamedTensors& mine, const CheckpointTeam& team, const 
   ShardedSaveStamp stamp{decides ? claim_save_id(dir, options, stems) : std::string(), options.step(), metadata};
   broadcast_bytes(owners, stamp.save_id, 0);
   team.broadcast_bytes(stamp.save_id);
-  // The files are numbered owner after owner, each owner's among its writers.
-  const auto files_of = all_gather_object(owners, shard_file_count(mine, team.writers()));
-  const int files_before = std::accumulate(files_of.begin(), files_of.begin() + owners.rank(), 0);
-  const int files_in_all = std::accumulate(files_of.begin(), files_of.end(), 0);
-  const StateDictShard shard = team.writes() ? state_dict_shard(mine, team.writer_rank(), team.writers(), stem,
-                                                                files_before, files_in_all)
-                                             : StateDictShard();
+  const OwnedFiles files = number_owned_files(mine, team, owners);
+  const StateDictShard shard =
+      team.writes() ? state_dict_shard(mine, team.writer_rank(), team.writers(), stem, files.before, files.all)
+                    : StateDictShard();
   bool wrote = false;
   // See Note [A failed save removes what it wrote].
   const auto undo = [&] {
@@ -219,29 +265,12 @@ void save_directory(const NamedTensors& mine, const CheckpointTeam& team, const 
     }
   }
   agree_or_undo();  // every file is in place before the index names them
-  if (team.is_root()) {
-    const auto parts = all_gather_bytes(owners, weight_map_part(mine, team, stem, files_before, files_in_all));
-    if (decides) {
-      try {
-        std::map<std::string, std::string> weight_map;
-        std::map<std::string, int> owner_of;
-        std::uint64_t total = 0;
-        for (int owner = 0; owner < owners.size(); ++owner) {
-          const std::string& part = parts[static_cast<std::size_t>(owner)];
-          std::size_t at = part.find('\0');
-          total += std::stoull(part.substr(0, at));
-          for (++at; at < part.size();) {
-            const std::size_t name_end = part.find('\0', at), file_end = part.find('\0', name_end + 1);
-            const std::string name = part.substr(at, name_end - at);
-            claim_name(owner_of, name, owner);
-            weight_map[name] = part.substr(name_end + 1, file_end - name_end - 1);
-            at = file_end + 1;
-          }
-        }
-        write_state_dict_index(std::move(weight_map), total, dir, stamp, stem);
-      } catch (...) {
-        failure = std::current_exception();
-      }
+  IndexPlan index = gather_owned_index(mine, team, owners, stem, files, failure);
+  if (decides && !failure) {
+    try {
+      write_state_dict_index(std::move(index.weight_map), index.total_bytes, dir, stamp, stem);
+    } catch (...) {
+      failure = std::current_exception();
     }
   }
   agree_or_undo();
@@ -267,6 +296,64 @@ void save_owned_state(const NamedTensors& mine, const CheckpointTeam& team, cons
   } else {
     save_file(mine, team, owners, path, options, metadata, what);
   }
+}
+
+AsyncSave save_owned_state_async(std::vector<AsyncSavePart> parts, const CheckpointTeam& team,
+                                 const ProcessGroup& owners, const StateDictSaveOptions& options) {
+  TORCH_INTERNAL_ASSERT(!parts.empty(), "an asynchronous save of nothing");
+  for (const auto& part : parts) check_state_dict_path(part.path);  // before any collective
+  const std::string what = "the asynchronous save to " + parts.front().path;
+  check_roots_line_up(team, owners, what);
+  // One save id and one token for every file, drawn by owner 0's root, then passed over the
+  // owners and each team (as save_directory's; a non-root owners group passes an empty one, which
+  // its team's broadcast then replaces).
+  const bool decides = team.is_root() && owners.rank() == 0;
+  AsyncSaveRanks ranks{team, owners, std::string(), std::string(), decides};
+  if (decides) {
+    ranks.save_id = claim_parts_save_id(parts, options);
+    ranks.token = new_save_id();
+  }
+  for (std::string* bytes : {&ranks.save_id, &ranks.token}) {
+    broadcast_bytes(owners, *bytes, 0);
+    team.broadcast_bytes(*bytes);
+  }
+  StateDictSaveOptions file_options = options;
+  if (parts.size() > 1) file_options.save_id(ranks.save_id);
+  // What moves between owners moves here, on the calling thread: a file's tensors to owner 0's
+  // root, a directory's names for its index. Each writer copies what it writes.
+  std::exception_ptr failure;
+  std::vector<PreparedPart> prepared;
+  for (auto& part : parts) {
+    PreparedPart out = prepared_part(part, ranks.save_id, options.step());
+    if (out.directory) {
+      const OwnedFiles files = number_owned_files(part.state, team, owners);
+      if (team.writes()) {
+        out.shard = state_dict_shard(part.state, team.writer_rank(), team.writers(), part.stem, files.before, files.all);
+        out.shard.tensors = snapshot_state(out.shard.tensors);
+      }
+      out.index = gather_owned_index(part.state, team, owners, part.stem, files, failure);
+      out.writes_index = decides;
+    } else {
+      NamedTensors all = gather_to_owner_zero(part.state, team, owners, failure);
+      if (decides) {
+        out.writes_file = true;
+        out.file_state = snapshot_state(all);
+        out.metadata = std::move(part.metadata);
+      }
+    }
+    prepared.push_back(std::move(out));
+  }
+  try {
+    agree_everywhere(team, owners, failure, what);  // a name two stages hold: refused on every rank
+  } catch (...) {
+    if (decides) {
+      for (const auto& part : prepared) {
+        if (part.directory) forget_failed_save(part.path, ranks.save_id, {std::string(part.stem)});
+      }
+    }
+    throw;
+  }
+  return launch_async_save(std::move(prepared), std::move(ranks), file_options);
 }
 
 StateDictLoadReport load_owned_state(const NamedTensors& into, const CheckpointTeam& team, const ProcessGroup& owners,

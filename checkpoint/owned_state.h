@@ -22,7 +22,9 @@
 #include <map>
 #include <string>
 #include <string_view>
+#include <vector>
 
+#include "checkpoint/async_save.h"
 #include "checkpoint/checkpoint_team.h"
 #include "cpprun/process_group.h"
 #include "cpprun/state_dict_options.h"
@@ -36,6 +38,13 @@ namespace cpprun::detail {
 void save_owned_state(const NamedTensors& mine, const CheckpointTeam& team, const ProcessGroup& owners,
                       const std::string& path, const StateDictSaveOptions& options,
                       std::string_view stem = kModelStem, const std::map<std::string, std::string>& metadata = {});
+
+// save_owned_state in the background, as cpprun::save_async: `parts` (a model's and, beside it, its
+// optimizer's) hold this owner's tensors. What moves between ranks moves before it returns; the
+// files are written on a background thread (Note [Asynchronous save across ranks] in
+// checkpoint/async_save.cpp). A name two owners hold is refused on every rank before anything is written.
+AsyncSave save_owned_state_async(std::vector<AsyncSavePart> parts, const CheckpointTeam& team,
+                                 const ProcessGroup& owners, const StateDictSaveOptions& options);
 
 // `into`: this owner's whole tensors, read into in place (by the team's root, then broadcast over
 // the team). Every rank returns the same report, or throws the same error.

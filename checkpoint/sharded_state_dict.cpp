@@ -127,16 +127,20 @@ void check_sharded_save_path(const std::string& dir) {
               fs::path(dir).parent_path().string(), "/\"); the index is written there.");
 }
 
+IndexPlan index_plan(const NamedTensors& state, int world, std::string_view stem) {
+  const Plan plan = plan_for(state, world);
+  IndexPlan out;
+  for (std::size_t i = 0; i < state.size(); ++i) {
+    out.weight_map[state[i].first] = shard_file_name(plan.part[i] + 1, plan.parts, stem);
+    out.total_bytes += state[i].second.nbytes();
+  }
+  return out;
+}
+
 void write_state_dict_index(const NamedTensors& state, const std::string& dir, int world,
                             const ShardedSaveStamp& stamp, std::string_view stem) {
-  const Plan plan = plan_for(state, world);
-  std::map<std::string, std::string> weight_map;
-  std::uint64_t total = 0;
-  for (std::size_t i = 0; i < state.size(); ++i) {
-    weight_map[state[i].first] = shard_file_name(plan.part[i] + 1, plan.parts, stem);
-    total += state[i].second.nbytes();
-  }
-  write_state_dict_index(std::move(weight_map), total, dir, stamp, stem);
+  IndexPlan plan = index_plan(state, world, stem);
+  write_state_dict_index(std::move(plan.weight_map), plan.total_bytes, dir, stamp, stem);
 }
 
 void write_state_dict_index(std::map<std::string, std::string> weight_map, std::uint64_t total_bytes,

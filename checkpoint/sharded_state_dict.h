@@ -62,6 +62,13 @@ StateDictShard state_dict_shard(const NamedTensors& state, int rank, int world, 
 void check_sharded_save_path(const std::string& dir);
 void write_state_dict_index(const NamedTensors& state, const std::string& dir, int world,
                             const ShardedSaveStamp& stamp, std::string_view stem = kModelStem);
+// What that index names: each tensor's file, and the bytes of all; for a save that writes the
+// index later (checkpoint/async_save.h), from shapes alone.
+struct IndexPlan {
+  std::map<std::string, std::string> weight_map;  // tensor -> file
+  std::uint64_t total_bytes = 0;
+};
+IndexPlan index_plan(const NamedTensors& state, int world, std::string_view stem = kModelStem);
 // The index of a save whose files `weight_map` names (tensor -> file), `total_bytes` in all,
 // written once every file is in place, and the cleaning of what an earlier save left, as above.
 void write_state_dict_index(std::map<std::string, std::string> weight_map, std::uint64_t total_bytes,

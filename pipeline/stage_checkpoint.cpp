@@ -3,7 +3,8 @@
 // owners of their names (checkpoint/owned_state.h) over the pipeline group. A weight tied across
 // ranks' stages (a head tied to the embedding) is in the model's checkpoint under each name, as
 // the unsplit model's state_dict() lists it, and its optimizer state once, under the first
-// stage's name, as the unsplit model's optimizer has it.
+// stage's name, as the unsplit model's optimizer has it. save_async does the same on a background
+// thread (checkpoint/owned_state.h's save_owned_state_async).
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
@@ -13,6 +14,8 @@
 #include <set>
 #include <unordered_map>
 
+#include "checkpoint/async_optimizer_save.h"
+#include "checkpoint/async_save.h"
 #include "checkpoint/optimizer_state_dict.h"
 #include "checkpoint/owned_state.h"
 #include "checkpoint/state_dict.h"
@@ -194,6 +197,37 @@ void load_optimizer_state_dict(std::vector<PipelineStage*> stages, torch::optim:
   at::NoGradGuard no_grad;
   detail::load_optimizer_state_dict(stages_optimizer_params(stages, view), optimizer, view.team, path,
                                     &stages[0]->group());
+}
+
+AsyncSave save_async(std::vector<PipelineStage*> stages, const std::string& path, const StateDictSaveOptions& options) {
+  detail::finish_previous_save();
+  detail::check_state_dict_path(path);  // before any collective: every rank refuses alike
+  const detail::StateView view = stages_view(stages, "save_async");
+  at::NoGradGuard no_grad;
+  std::vector<detail::AsyncSavePart> parts(1);
+  parts[0].state = detail::whole_state(view);
+  parts[0].path = path;
+  return detail::save_owned_state_async(std::move(parts), view.team, stages[0]->group(), options);
+}
+
+AsyncSave save_async(std::vector<PipelineStage*> stages, torch::optim::Optimizer& optimizer,
+                     const std::string& model_path, const std::string& optimizer_path,
+                     const StateDictSaveOptions& options) {
+  detail::finish_previous_save();
+  detail::check_async_save_paths(model_path, optimizer_path);
+  const detail::StateView view = stages_view(stages, "save_async");
+  at::NoGradGuard no_grad;
+  detail::OptimizerStateToSave saved =
+      detail::optimizer_state_to_save(stages_optimizer_params(stages, view), optimizer);
+  detail::merge_owned_param_groups(saved, stages[0]->group());
+  std::vector<detail::AsyncSavePart> parts(2);
+  parts[0].state = detail::whole_state(view);
+  parts[0].path = model_path;
+  parts[1].state = std::move(saved.state);
+  parts[1].path = optimizer_path;
+  parts[1].stem = detail::kOptimizerStem;
+  parts[1].metadata = std::move(saved.metadata);
+  return detail::save_owned_state_async(std::move(parts), view.team, stages[0]->group(), options);
 }
 
 void save_state_dict(std::vector<PipelineStage*> stages, torch::optim::Optimizer& optimizer, const std::string& dir,

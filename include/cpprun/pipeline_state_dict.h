@@ -34,7 +34,14 @@
 //   cpprun::save_state_dict(stage, opt, "run/ckpt/", cpprun::StateDictSaveOptions().step(step));
 //   cpprun::load_state_dict(stage, opt, "run/ckpt/");   // model and optimizer, one save
 //
-// Not yet for stages: background saves.
+// In the background, as cpprun::save_async (cpprun/async_save.h): what moves between ranks (each
+// stage's gathers, a file's tensors to pipeline rank 0, the index's names) moves before the call
+// returns; then each rank writes its files on a background thread, and the handle's wait() returns
+// (or throws) alike on every rank once the whole checkpoint is on disk, its index last.
+//
+//   auto pending = cpprun::save_async(stage, opt, "run/ckpt/", "run/ckpt/", cpprun::StateDictSaveOptions().step(step));
+//   ... train on ...
+//   pending.wait();
 #pragma once
 
 #include <torch/optim/optimizer.h>
@@ -42,6 +49,7 @@
 #include <string>
 #include <vector>
 
+#include "cpprun/async_save.h"
 #include "cpprun/pipeline.h"
 #include "cpprun/state_dict_options.h"
 
@@ -93,6 +101,25 @@ inline StateDictLoadReport load_state_dict(PipelineStage& stage, torch::optim::O
                                            const std::string& dir,
                                            const StateDictOptions& options = StateDictOptions()) {
   return load_state_dict(std::vector<PipelineStage*>{&stage}, optimizer, dir, options);
+}
+
+// save_state_dict(stages, PATH) on a background thread (and with an optimizer, model and optimizer
+// as one save under one id: MODEL_PATH and OPTIMIZER_PATH one directory, or two files), as
+// cpprun/state_dict.h's and cpprun/optimizer_state_dict.h's save_async. Waits for this process's
+// previous save first.
+[[nodiscard]] AsyncSave save_async(std::vector<PipelineStage*> stages, const std::string& path,
+                                   const StateDictSaveOptions& options = StateDictSaveOptions());
+[[nodiscard]] inline AsyncSave save_async(PipelineStage& stage, const std::string& path,
+                                          const StateDictSaveOptions& options = StateDictSaveOptions()) {
+  return save_async(std::vector<PipelineStage*>{&stage}, path, options);
+}
+[[nodiscard]] AsyncSave save_async(std::vector<PipelineStage*> stages, torch::optim::Optimizer& optimizer,
+                                   const std::string& model_path, const std::string& optimizer_path,
+                                   const StateDictSaveOptions& options = StateDictSaveOptions());
+[[nodiscard]] inline AsyncSave save_async(PipelineStage& stage, torch::optim::Optimizer& optimizer,
+                                          const std::string& model_path, const std::string& optimizer_path,
+                                          const StateDictSaveOptions& options = StateDictSaveOptions()) {
+  return save_async(std::vector<PipelineStage*>{&stage}, optimizer, model_path, optimizer_path, options);
 }
 
 }  // namespace cpprun

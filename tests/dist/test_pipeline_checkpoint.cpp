@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <optional>
 #include <string>
@@ -429,7 +430,14 @@ TEST_CASE("pipeline checkpoint: a run stopped by its stages resumes cut another 
       Pipeline first = build(task->make(), {});
       auto opt = stages_adamw(first);
       train_pipeline(*task, first, {}, *opt, 0, kStepsBefore);
-      cpprun::save_state_dict(first.mine(), *opt, dir / "ck/", options);
+      if (task == &kTiedLm) {
+        // In the background, while the stages train on: the checkpoint holds the state at the call.
+        cpprun::AsyncSave pending = cpprun::save_async(first.mine(), *opt, dir / "ck/", dir / "ck/", options);
+        train_pipeline(*task, first, {}, *opt, kStepsBefore, kStepsBefore + 1);
+        pending.wait();
+      } else {
+        cpprun::save_state_dict(first.mine(), *opt, dir / "ck/", options);
+      }
     }
     // Unsplit, in one process on each rank.
     {
@@ -638,4 +646,83 @@ TEST_CASE("pipeline checkpoint: stages assembled from a model's modules save and
     CHECK_THAT(error, Catch::Contains("\"x.weight\""));
     CHECK(!fs::exists(dir / "clash.safetensors"));
   }
+  // The same in the background: refused on every rank before anything is written.
+  error.clear();
+  try {
+    cpprun::AsyncSave pending = cpprun::save_async(clash.mine(), dir / "clash_async/");
+    pending.wait();
+  } catch (const c10::Error& e) {
+    error = e.what_without_backtrace();
+  }
+  CHECK(!error.empty());
+  cpprun::barrier(group());
+  if (group().rank() == 0) CHECK(!fs::exists(dir / "clash_async/model.safetensors.index.json"));
+}
+
+TEST_CASE("pipeline checkpoint: save_async writes the stages' checkpoint in the background, as it was at the call",
+          "[pipeline_checkpoint]") {
+  ddp_test::Float64Parity doubles;
+  JobDirectory dir;
+  const auto expected = named(*offset_mlp());
+  std::vector<std::pair<std::string, Layout>> cases = {
+      {"async.safetensors", {}}, {"async.pt", {}}, {"async/", {}}, {"async_v2/", {.v = 2}}};
+  if (group().size() % 2 == 0) {
+    cases.push_back({"async_fsdp.safetensors", {.dp = 2, .zero = 3}});
+    cases.push_back({"async_fsdp/", {.dp = 2, .zero = 3}});
+    cases.push_back({"async_tp/", {.tp = 2}});
+  }
+  for (const auto& [file, layout] : cases) {
+    INFO(file << " dp " << layout.dp << " tp " << layout.tp << " v " << layout.v);
+    {
+      Pipeline saved = build(offset_mlp(), layout);
+      cpprun::AsyncSave pending = cpprun::save_async(saved.mine(), dir / file, cpprun::StateDictSaveOptions().step(5));
+      // Training goes on: every parameter changes before the files are (likely) written.
+      torch::NoGradGuard no_grad;
+      for (auto& stage : saved.stages) {
+        for (auto& p : stage.parameters()) p.add_(1.0);
+      }
+      pending.wait();
+      CHECK(pending.done());
+    }
+    check_unsplit(mlp, dir / file, expected);
+    Pipeline loaded = build(make_mlp(), {.reversed_split = true});
+    cpprun::load_state_dict(loaded.mine(), dir / file);
+    check_stages(loaded, expected);
+    cpprun::barrier(group());  // read everywhere before the next save
+  }
+  // Model and optimizer as two files, one save id: both load together unsplit.
+  {
+    Pipeline saved = build(offset_mlp(), {});
+    auto opt = stages_adamw(saved);
+    train_pipeline(kMlp, saved, {}, *opt, 0, 1);
+    const auto trained = [&] {
+      std::map<std::string, at::Tensor> out;
+      for (auto& stage : saved.stages) {
+        for (const auto& item : stage.module()->named_parameters()) out[item.key()] = item.value().detach().clone();
+      }
+      return out;
+    }();
+    cpprun::AsyncSave pending = cpprun::save_async(saved.mine(), *opt, dir / "m.safetensors", dir / "o.safetensors");
+    pending.wait();
+    cpprun::barrier(group());
+    auto plain = make_mlp();
+    auto plain_opt = adamw(cpprun::unique_parameters(*plain));
+    cpprun::load_state_dict(plain, dir / "m.safetensors");
+    cpprun::load_optimizer_state_dict(plain, *plain_opt, dir / "o.safetensors");
+    for (const auto& [name, tensor] : trained) {
+      INFO(name);
+      CHECK(at::equal(plain->named_parameters()[name], tensor));
+    }
+    CHECK(plain_opt->state().size() == cpprun::unique_parameters(*plain).size());
+  }
+  // A save that fails (a file where a directory should be) fails on every rank, at wait(), and
+  // leaves no index; the error is raised once, so the next save runs.
+  if (group().rank() == 0) std::ofstream(dir / "blocker") << "not a directory";
+  cpprun::barrier(group());
+  Pipeline saved = build(offset_mlp(), {});
+  cpprun::AsyncSave failed = cpprun::save_async(saved.mine(), dir / "blocker/sub/");
+  CHECK_THROWS_WITH(failed.wait(), Catch::Contains("blocker"));
+  CHECK_FALSE(fs::exists(dir / "blocker/sub/model.safetensors.index.json"));
+  cpprun::save_state_dict(saved.mine(), dir / "after/");
+  check_unsplit(mlp, dir / "after/", expected);
 }
