@@ -162,13 +162,17 @@ enum class Kind { kGPipe, k1F1B, kInterleaved, kZeroBubble };
 // same with 2 stages, the first holding only the (whole) input layer, so its ranks have no split
 // gradient to sum while the second stage's do.
 // kZero3Kept: ZeRO-3 with reshard_after_forward(false), its units gathered once a step.
-enum class Wrap { kGroup, kDdp, kDdpFindUnused, kZero1, kZero2, kZero3, kZero3Kept, kTp, kTpWholeFirst };
+// kHsdp2, kHsdp3: HSDP (ZeRO-2, ZeRO-3) on a {pp, rep 2, shard dp/2} mesh, each stage sharded over
+// "shard" and replicated over "rep" (FullyShardedDataParallel over the submesh {rep, shard}).
+enum class Wrap { kGroup, kDdp, kDdpFindUnused, kZero1, kZero2, kZero3, kZero3Kept, kTp, kTpWholeFirst, kHsdp2, kHsdp3 };
 int zero_stage(Wrap wrap) {
   switch (wrap) {
     case Wrap::kZero1: return 1;
-    case Wrap::kZero2: return 2;
+    case Wrap::kZero2:
+    case Wrap::kHsdp2: return 2;
     case Wrap::kZero3:
-    case Wrap::kZero3Kept: return 3;
+    case Wrap::kZero3Kept:
+    case Wrap::kHsdp3: return 3;
     default: return 0;
   }
 }
@@ -216,7 +220,11 @@ double train_and_compare(Kind kind, int microbatches, bool deferred = false, con
                          Wrap wrap = Wrap::kGroup) {
   std::optional<cpprun::DeviceMesh> mesh;
   const int tp = wrap == Wrap::kTp || wrap == Wrap::kTpWholeFirst ? 2 : 1;
-  if (dp > 1 && wrap == Wrap::kGroup) {
+  const bool hsdp = wrap == Wrap::kHsdp2 || wrap == Wrap::kHsdp3;
+  if (hsdp) {
+    REQUIRE(dp % 2 == 0);
+    mesh.emplace(group(), std::vector<int>{group().size() / dp, 2, dp / 2}, std::vector<std::string>{"pp", "rep", "shard"});
+  } else if (dp > 1 && wrap == Wrap::kGroup) {
     mesh.emplace(group(), std::vector<int>{dp, group().size() / dp}, std::vector<std::string>{"dp", "pp"});
   } else if (dp > 1 || tp > 1) {
     mesh.emplace(group(), std::vector<int>{group().size() / (dp * tp), dp, tp}, std::vector<std::string>{"pp", "dp", "tp"});
@@ -256,7 +264,10 @@ double train_and_compare(Kind kind, int microbatches, bool deferred = false, con
           return dynamic_cast<const torch::nn::LinearImpl*>(&m) != nullptr;
         });
         if (wrap == Wrap::kZero3Kept) options.reshard_after_forward(false).gathered_unit_limit(64);
-        cpprun::FullyShardedDataParallel<torch::nn::SequentialImpl> fsdp(stage.module(), mesh->group("dp"), options);
+        cpprun::FullyShardedDataParallel<torch::nn::SequentialImpl> fsdp =
+            hsdp ? cpprun::FullyShardedDataParallel<torch::nn::SequentialImpl>(stage.module(),
+                                                                             mesh->submesh({"rep", "shard"}), options)
+                 : cpprun::FullyShardedDataParallel<torch::nn::SequentialImpl>(stage.module(), mesh->group("dp"), options);
         fsdp_buckets += fsdp->bucket_count();
         stage.set_data_parallel(fsdp);
         continue;
@@ -288,7 +299,9 @@ double train_and_compare(Kind kind, int microbatches, bool deferred = false, con
   auto schedule = make_schedule(kind, stages, microbatches, task);
   if (mesh && wrap == Wrap::kGroup) schedule->set_data_parallel_group(mesh->group("dp"));
   // This pipeline's rows of each batch (all of them without data parallelism).
-  auto share = [&](const at::Tensor& t) { return dp > 1 ? dist_test::slice(t, mesh->coordinate("dp"), dp) : t; };
+  const int dp_index = !mesh || dp == 1 ? 0 : hsdp ? mesh->coordinate("rep") * (dp / 2) + mesh->coordinate("shard")
+                                                   : mesh->coordinate("dp");
+  auto share = [&](const at::Tensor& t) { return dp > 1 ? dist_test::slice(t, dp_index, dp) : t; };
   torch::optim::AdamW opt(params, torch::optim::AdamWOptions(1e-2));
   double worst = 0;
   const auto& ref = reference(task);
@@ -474,6 +487,18 @@ TEST_CASE("pipeline: stages in FullyShardedDataParallel (ZeRO-1, 2, 3) on a {pp,
   worst = std::max(worst, train_and_compare(Kind::kZeroBubble, 4, false, kMlp, /*dp=*/2, Wrap::kZero3Kept));
   worst = std::max(worst, train_and_compare(Kind::kInterleaved, group().size() / 2, false, kMlp, /*dp=*/2, Wrap::kZero3Kept));
   std::printf("pipeline fsdp stages rank %d: worst relative difference %.2e\n", group().rank(), worst);
+}
+
+TEST_CASE("pipeline: stages in HSDP ({pp, rep 2, shard}) match one process", "[pipeline][pipeline_hsdp]") {
+  // np4: one stage over {rep 2, shard 2}; np8 (dist.pipeline.hsdp.np8): two stages, each over its
+  // own {rep 2, shard 2}, the tied head's gradients summed between stages sharded alike.
+  if (group().size() != 4 && group().size() != 8) return;
+  double worst = 0;
+  // Each pipeline trains on 6 of the batch's 24 rows.
+  worst = std::max(worst, train_and_compare(Kind::k1F1B, 3, false, kTiedLm, /*dp=*/4, Wrap::kHsdp3));
+  worst = std::max(worst, train_and_compare(Kind::kZeroBubble, 2, false, kMlp, /*dp=*/4, Wrap::kHsdp2));
+  worst = std::max(worst, train_and_compare(Kind::kGPipe, 6, false, kMlp, /*dp=*/4, Wrap::kHsdp3));
+  std::printf("pipeline hsdp stages rank %d: worst relative difference %.2e\n", group().rank(), worst);
 }
 
 TEST_CASE("pipeline: tensor-parallel layers inside the stages ({pp, tp 2}) match one process, clipped over both",
