@@ -5,14 +5,18 @@
 // the unsplit model's state_dict() lists it, and its optimizer state once, under the first
 // stage's name, as the unsplit model's optimizer has it. save_async does the same on a background
 // thread (checkpoint/owned_state.h's save_owned_state_async).
+#include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
+#include <algorithm>
 #include <exception>
 #include <map>
 #include <memory>
 #include <set>
+#include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "checkpoint/async_optimizer_save.h"
 #include "checkpoint/async_save.h"
@@ -23,6 +27,7 @@
 #include "core/failure_agreement.h"
 #include "cpprun/optimizer_state_dict.h"
 #include "cpprun/pipeline_state_dict.h"
+#include "cpprun/point_to_point.h"
 #include "cpprun/state_dict.h"
 #include "pipeline/stage_access.h"
 #include "pipeline/stage_names.h"
@@ -166,6 +171,49 @@ void save_state_dict(std::vector<PipelineStage*> stages, const std::string& path
   detail::save_owned_state(detail::whole_state(view), view.team, stages[0]->group(), path, options);
 }
 
+namespace {
+
+// Note [A tie the checkpoint holds under one name]
+// The unsplit model's tied weight is one tensor under two names; a checkpoint may hold it under one
+// (Hugging Face's GPT-2 files hold transformer.wte.weight, not lm_head.weight). Loading that into
+// the unsplit model (strict(false)) fills both names, the tensor being one, though the report says
+// the other is missing. Stages on different ranks hold copies of a tie, so the copy whose name the
+// checkpoint lacks is filled from the first stage whose copy it held, rank to rank in each pipeline
+// group (every rank has the loaded whole tensors by then), and the report stays the unsplit model's.
+constexpr int kTieCopyTag = 1;
+
+void fill_ties_held_once(const std::vector<PipelineStage*>& stages, const detail::NamedTensors& whole,
+                         const StateDictLoadReport& report) {
+  if (report.missing_keys.empty()) return;
+  const std::set<std::string> missing(report.missing_keys.begin(), report.missing_keys.end());
+  const detail::NamePrefixes& prefixes = stages[0]->state_dict_prefixes();
+  const ProcessGroup& pipeline = stages[0]->group();
+  std::map<std::string, at::Tensor> mine;
+  for (const auto& [name, tensor] : whole) mine.emplace(name, tensor);
+  const auto rank_of = [&](int stage) { return stage % pipeline.size(); };
+  for (const auto& tie : detail::StageAccess::ties(*stages[0]).ties) {
+    std::vector<std::string> names;
+    for (const auto& name : tie.names) names.push_back(detail::renamed(prefixes, name));
+    const auto held = std::find_if(names.begin(), names.end(), [&](const auto& n) { return !missing.count(n); });
+    if (held == names.end()) continue;  // the checkpoint holds none of its names
+    const std::size_t source = static_cast<std::size_t>(held - names.begin());
+    const int from = rank_of(tie.stages[source]);
+    for (std::size_t k = 0; k < names.size(); ++k) {
+      const int to = rank_of(tie.stages[k]);
+      if (!missing.count(names[k]) || to == from) continue;  // held, or the same tensor on one rank
+      if (pipeline.rank() == from) send(pipeline, mine.at(names[source]).contiguous(), to, kTieCopyTag);
+      if (pipeline.rank() == to) {
+        at::Tensor& copy = mine.at(names[k]);
+        at::Tensor received = at::empty_like(copy, at::MemoryFormat::Contiguous);
+        recv(pipeline, received, from, kTieCopyTag);
+        copy.copy_(received);
+      }
+    }
+  }
+}
+
+}  // namespace
+
 StateDictLoadReport load_state_dict(std::vector<PipelineStage*> stages, const std::string& path,
                                     const StateDictOptions& options) {
   const detail::StateView view = stages_view(stages, "load_state_dict");
@@ -174,6 +222,7 @@ StateDictLoadReport load_state_dict(std::vector<PipelineStage*> stages, const st
   // is the module's own), then cut back to each rank's part.
   const detail::NamedTensors whole = detail::whole_state(view);
   StateDictLoadReport report = detail::load_owned_state(whole, view.team, stages[0]->group(), path, options);
+  fill_ties_held_once(stages, whole, report);  // See Note [A tie the checkpoint holds under one name]
   detail::scatter_whole_state(view, whole);
   return report;
 }
