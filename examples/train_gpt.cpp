@@ -74,8 +74,8 @@ constexpr const char* kUsage = R"(usage: train_gpt [options]
                      ranks runs that many pipelines, data-parallel with --mode ddp or fsdp (each its own --batch
                      windows, each stage in DDP or FSDP --stage K across them); with --tp, each stage over
                      --tp ranks. --save writes (and --resume reads) the unsplit model's checkpoint, under
-                     GPT-2's names, as --export does; --init-from loads every rank's whole model before the
-                     cut. Not yet with --grad-accum (default 1)
+                     GPT-2's names, as --export does; --init-from loads into the stages (each its part; the
+                     head's copy from the token embedding). Not yet with --grad-accum (default 1)
   --pp-schedule gpipe|1f1b|interleaved-1f1b|zero-bubble
                      the order of the micro-batches' passes (docs/pipeline_parallel.md) (default 1f1b)
   --microbatches M   micro-batches per step with --pp; --batch must divide by M (default 2 x N)
@@ -145,7 +145,7 @@ constexpr const char* kUsage = R"(usage: train_gpt [options]
   --deferred-init on|off
                      build the model without memory (cpprun::deferred_init) and materialise it block by
                      block while sharding it (FSDP), or at once (DDP); the same values either way
-                     (default on with --mode fsdp --stage 3 in float32, unless --pp with --init-from; else off)
+                     (default on with --mode fsdp --stage 3 in float32; else off)
   --straggler-every K
                      every K steps, rank 0 prints each rank's time per step in compute and in waiting for
                      collectives, and names the slowest rank (default 50; 0: never)
@@ -325,16 +325,8 @@ Options parse(int argc, char** argv) {
                                 ": each rank's tensor-parallel shards are cut from a whole model built first; "
                                 "drop --deferred-init (with --tp it is off)");
   }
-  const bool whole_before_stages = o.pp > 1 && !o.init_from.empty();  // see load_gpt2's call in run()
-  if (whole_before_stages && o.deferred_init == "on") {
-    throw std::invalid_argument("--deferred-init on does not go with --pp and --init-from: the GPT-2 is loaded into "
-                                "each rank's whole model before it is cut into stages; drop --deferred-init (with "
-                                "--pp --init-from it is off)");
-  }
   if (o.deferred_init == "auto") {
-    o.deferred_init = o.mode == "fsdp" && o.stage == 3 && o.tp == 1 && o.dtype == "float32" && !whole_before_stages
-                          ? "on"
-                          : "off";
+    o.deferred_init = o.mode == "fsdp" && o.stage == 3 && o.tp == 1 && o.dtype == "float32" ? "on" : "off";
   }
   if (o.stage > 3) throw std::invalid_argument("--stage must be 1, 2 or 3, got " + std::to_string(o.stage));
   if (o.embed % o.heads != 0) {
@@ -924,9 +916,7 @@ int run(int argc, char** argv) {
   if (opt.pp == 1 && opt.mode == "ddp") model = cpprun::DistributedDataParallel(gpt, dp_group);
   else if (opt.pp == 1 && opt.mode == "fsdp") model = cpprun::FullyShardedDataParallel(gpt, dp_group, per_block_fsdp);
   const bool wrapped = !model.is_empty();
-  if (!opt.init_from.empty() && !tp_group && !float64) {
-    // --pp: into every rank's whole Gpt (never deferred then), before the cut: each stage then
-    // holds its part, and the head its copy of the token embedding, which GPT-2's files omit.
+  if (!opt.init_from.empty() && !tp_group && !float64 && opt.pp == 1) {
     if (wrapped) load_gpt2(model, opt.init_from, opt, model_vocab);
     else load_gpt2(gpt, opt.init_from, opt, model_vocab);
   }
@@ -959,6 +949,9 @@ int run(int argc, char** argv) {
       if (opt.stage == 3) stage_fsdp.reshard_after_forward(false).gathered_unit_limit(std::numeric_limits<int>::max());
       for (auto& s : stages) s.set_data_parallel(cpprun::FullyShardedDataParallel(s.module(), dp_group, stage_fsdp));
     }
+    // --init-from: into the stages, each its part (a deferred model's only this rank's); the head's
+    // copy of the token embedding, which GPT-2's files omit, comes from the first stage's.
+    if (!opt.init_from.empty() && !tp_group && !float64) load_gpt2(my_stages, opt.init_from, opt, model_vocab);
     schedule = cpprun::make_schedule(opt.pp_schedule, my_stages, opt.microbatches, loss_of);
     if (opt.mode == "ddp" && dp_group.size() > 1) schedule->set_data_parallel_group(dp_group);
     if (rank == 0) {
