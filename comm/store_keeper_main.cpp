@@ -22,7 +22,8 @@
 
 namespace {
 
-constexpr const char* kUsage = "usage: cpprun-store-keeper --listen-fd=FD --host=ADDRESS --port=PORT (started by cpprun)";
+constexpr const char* kUsage =
+    "usage: cpprun-store-keeper --listen-fd=FD --host=ADDRESS --port=PORT (started by cpprun)";
 
 // The value of `--name=VALUE` in `arg`, if it is that option.
 bool option(const std::string& arg, const std::string& name, std::string& value) {

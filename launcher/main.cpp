@@ -56,7 +56,8 @@ KeeperChoice find_store_keeper(const LaunchConfig& config, const ProgramCommand&
   const KeeperLookup lookup{length > 0 ? std::string(self, static_cast<std::size_t>(length)) : "",
                             std::getenv(kStoreKeeperVariable), program.python_source.empty() ? "" : program.path,
                             config.program};
-  return choose_store_keeper(lookup, [](const std::string& path) { return access(path.c_str(), X_OK) == 0 ? 0 : errno; });
+  return choose_store_keeper(lookup,
+                             [](const std::string& path) { return access(path.c_str(), X_OK) == 0 ? 0 : errno; });
 }
 
 // A single-node job's store: this host's loopback alone, at --master_port (when the kernel picked none).
@@ -90,10 +91,10 @@ int run(const LaunchConfig& config) {
     RankLayout layout = assumed_layout(rendezvous);
     const StoreSocketPlan store = single_node_store(config);
     if (!rendezvous.multi_node()) layout.master_addr = store.addresses.front();
+    const std::string port = store.port != 0 ? std::to_string(store.port) : "a port the kernel picks";
     std::cout << "cpprun: the workers' c10d store: " << keeper.path << " (" << keeper.source << ") would serve it"
               << (rendezvous.multi_node() ? " on the node hosting the rendezvous"
-                                          : " at " + store.addresses.front() + ":" +
-                                                (store.port != 0 ? std::to_string(store.port) : "a port the kernel picks"))
+                                          : " at " + store.addresses.front() + ":" + port)
               << " (TORCHELASTIC_USE_AGENT_STORE=True)\n";
     std::cout << format_dry_run(make_worker_specs(workers, layout, program, 0,
                                                   RunLayout::planned(config.output.log_dir, config.run_id,

@@ -35,7 +35,9 @@ int listen_at(const std::string& address, int port) {
     auto* in = reinterpret_cast<sockaddr_in*>(&storage);
     in->sin_family = AF_INET;
     in->sin_port = htons(static_cast<std::uint16_t>(port));
-    if (inet_pton(AF_INET, address.c_str(), &in->sin_addr) != 1) throw std::system_error(EINVAL, std::generic_category());
+    if (inet_pton(AF_INET, address.c_str(), &in->sin_addr) != 1) {
+      throw std::system_error(EINVAL, std::generic_category());
+    }
     size = sizeof(sockaddr_in);
   } else {
     auto* in6 = reinterpret_cast<sockaddr_in6*>(&storage);

@@ -18,11 +18,11 @@ class SignalRelay;
 
 class StoreKeeper {
  public:
-  // Binds the store's socket as `plan` says and starts settings.choice on it. The keeper is not waited for: the socket listens from now on, and workers that
-  // connect before the keeper serves wait in its backlog. Throws StoreKeeperError (exit code 1) when
-  // the socket cannot be bound (the port taken: `port_flag` names where the port came from, "" when
-  // the kernel picked it) or the keeper cannot be started.
-  // `node` names this node in its description ("node 0"; "" alone).
+  // Binds the store's socket as `plan` says and starts settings.choice on it. The keeper is not
+  // waited for: the socket listens from now on, and workers that connect before the keeper serves
+  // wait in its backlog. Throws StoreKeeperError (exit code 1) when the socket cannot be bound (the
+  // port taken: `port_flag` names where the port came from, "" when the kernel picked it) or the
+  // keeper cannot be started. `node` names this node in its description ("node 0"; "" alone).
   StoreKeeper(const KeeperSettings& settings, const StoreSocketPlan& plan, const std::string& port_flag,
               const SignalRelay& relay, const std::string& node = "");
   // Stops the keeper if it still runs (SIGKILL) and reaps it.

@@ -25,7 +25,8 @@ std::string directory_of(const std::string& path) {
 
 // What a keeper that cannot run means, with the shell's exit codes.
 [[noreturn]] void unusable(const std::string& what, const std::string& path, int error, const std::string& fix) {
-  const std::string problem = error == ENOENT ? "does not exist" : "cannot be executed (" + std::string(std::strerror(error)) + ")";
+  const std::string problem =
+      error == ENOENT ? "does not exist" : "cannot be executed (" + std::string(std::strerror(error)) + ")";
   throw StoreKeeperError("cpprun: " + what + " " + path + " " + problem +
                              ". cpprun's agent hosts the workers' c10d store, as torchrun's does "
                              "(TORCHELASTIC_USE_AGENT_STORE=True), in a store keeper process: " + fix,
@@ -38,7 +39,8 @@ std::string with_port(const std::string& address, int port) {
 
 }  // namespace
 
-KeeperChoice choose_store_keeper(const KeeperLookup& lookup, const std::function<int(const std::string&)>& access_error) {
+KeeperChoice choose_store_keeper(const KeeperLookup& lookup,
+                                 const std::function<int(const std::string&)>& access_error) {
   const std::string variable = lookup.variable != nullptr ? lookup.variable : "";
   const std::string other_ways = std::string("set ") + kStoreKeeperVariable + "=PATH to a " + kStoreKeeperName +
                                  " elsewhere, or " + kStoreKeeperVariable +
@@ -46,8 +48,8 @@ KeeperChoice choose_store_keeper(const KeeperLookup& lookup, const std::function
   if (variable.empty()) {
     if (lookup.launcher_path.empty()) {
       throw StoreKeeperError(std::string("cpprun: cannot find ") + kStoreKeeperName +
-                                 ", the workers' store keeper: where this cpprun is (/proc/self/exe) could not be read; " +
-                                 other_ways,
+                                 ", the workers' store keeper: where this cpprun is (/proc/self/exe) could not be "
+                                 "read; " + other_ways,
                              127);
     }
     const std::string path = directory_of(lookup.launcher_path) + "/" + kStoreKeeperName;
@@ -114,9 +116,9 @@ WorkerCommand keeper_command(const KeeperChoice& choice, int listen_fd, const st
 
 std::string describe_keeper(const KeeperChoice& choice, int pid, const std::string& bound, int port,
                             const std::string& node) {
-  return "the workers' store keeper" + (node.empty() ? "" : " on " + node) + " (pid " + std::to_string(pid) + ": " + choice.path +
-         (choice.kind == KeeperKind::kPython ? " (" + choice.source + ")" : "") + ", serving " +
-         with_port(bound, port) + ")";
+  const std::string python = choice.kind == KeeperKind::kPython ? " (" + choice.source + ")" : "";
+  return "the workers' store keeper" + (node.empty() ? "" : " on " + node) + " (pid " + std::to_string(pid) + ": " +
+         choice.path + python + ", serving " + with_port(bound, port) + ")";
 }
 
 std::string keeper_ended_reason(const std::string& who, const std::string& how) {

@@ -84,7 +84,8 @@ struct KeeperLookup {
 // The keeper to start, by Note [Store keeper]'s rules. `access_error(path)` is access(path, X_OK)'s
 // errno, 0 if it may be executed. Throws StoreKeeperError: 127 (not there), 126 (not executable),
 // 2 (a CPPRUN_STORE_KEEPER that means nothing), each saying what to do.
-KeeperChoice choose_store_keeper(const KeeperLookup& lookup, const std::function<int(const std::string&)>& access_error);
+KeeperChoice choose_store_keeper(const KeeperLookup& lookup,
+                                 const std::function<int(const std::string&)>& access_error);
 
 // Who may reach the store.
 enum class StoreReach {
