@@ -2,7 +2,7 @@
 # launcher/workers/store_keeper_plan.h): the store listens at 127.0.0.1:MASTER_PORT alone from before
 # the workers start, held by cpprun-store-keeper, and the workers are told the agent hosts it; a
 # --master_port that is taken is named at start; the keeper killed mid-job ends the job naming it,
-# nothing left running; a keeper that is missing, or a CPPRUN_STORE_KEEPER that means nothing, is
+# nothing left running (and on node 0 of a two-node job, every node's); a keeper that is missing, or a CPPRUN_STORE_KEEPER that means nothing, is
 # one error saying what to do. Then torch.distributed (env://) ranks: every rank a client, rank 0
 # listening at no store port, the collectives passing, under cpprun-store-keeper and under the job's
 # own interpreter (CPPRUN_STORE_KEEPER=python). In a private network namespace (tests/run_isolated.sh).
@@ -77,6 +77,28 @@ expect_in_file "$WORK/err" "cpprun: exiting with code 1: the workers' store keep
 expect_in_file "$WORK/err" "killed by SIGKILL (Killed) while the workers ran: their c10d store is gone with it" \
   "how the keeper ended"
 grep -q "left behind: $keeper " "$WORK/err" && fail "the keeper was taken for a leftover of the workers"
+expect_no_leftovers
+
+# The same on node 0 of a two-node job: every node ends, naming node 0's keeper.
+rm -f "$WORK"/pid.*
+for node in 0 1; do
+  start_node "node$node" --nnodes=2 --node_rank="$node" --master_port=29559 --rdzv_conf join_timeout=30 \
+    /bin/sh -c 'echo $$ >"$WORK/pid.$RANK"; exec sleep 60'
+  eval "node$node=\$NODE_PID"
+done
+wait_for_files 30 "$WORK/pid.0" "$WORK/pid.1"
+keeper=$(pgrep -P "$node0" -x cpprun-store-ke)
+[ -n "$keeper" ] || fail "no cpprun-store-keeper among node 0's cpprun's children"
+[ -z "$(pgrep -P "$node1" -x cpprun-store-ke)" ] || fail "node 1 runs a store keeper too"
+kill -KILL "$keeper"
+for node in 0 1; do
+  wait_node "$(eval echo "\$node$node")" 30
+  expect_eq "$NODE_STATUS" 1 "node $node's exit code after node 0's keeper was killed"
+  expect_in_file "$WORK/node$node.err" "exiting with code 1: the workers' store keeper on node 0 (pid $keeper: " \
+    "node $node's reason"
+done
+expect_in_file "$WORK/node1.err" "cpprun: stopping this node's workers: the workers' store keeper on node 0 (pid $keeper" \
+  "node 1 told at once"
 expect_no_leftovers
 
 # 4. A keeper that is not beside cpprun: one error with the fix; CPPRUN_STORE_KEEPER points at one.
