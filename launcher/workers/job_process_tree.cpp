@@ -225,6 +225,11 @@ bool keep_helper_status(pid_t pid, int status) {
   return true;
 }
 
+std::optional<int> reaped_helper_status(pid_t pid) {
+  const auto it = helpers().find(pid);
+  return it == helpers().end() ? std::nullopt : it->second;
+}
+
 std::optional<int> forget_job_helper(pid_t pid) {
   const auto it = helpers().find(pid);
   if (it == helpers().end()) return std::nullopt;

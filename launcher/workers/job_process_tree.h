@@ -52,6 +52,8 @@ int stop_leftovers(SignalRelay& relay, std::chrono::milliseconds grace);
 void add_job_helper(pid_t pid);
 // For a waitpid(-1) caller: whether `pid` is a helper; if so its `status` is kept for forget_job_helper().
 bool keep_helper_status(pid_t pid, int status);
+// Helper `pid`'s wait status if another reaper kept it (then `pid` may name another process now).
+std::optional<int> reaped_helper_status(pid_t pid);
 // Forgets helper `pid`; returns its wait status if another reaper kept it.
 std::optional<int> forget_job_helper(pid_t pid);
 

@@ -178,7 +178,8 @@ std::optional<std::string> StoreKeeper::check_ended() {
 
 void StoreKeeper::stop() {
   if (pid_ > 0) {
-    kill(pid_, SIGKILL);
+    // Not once another reaper took it: its pid may be another process's by now.
+    if (!reaped_helper_status(pid_)) kill(pid_, SIGKILL);
     reap(pid_, true);
     pid_ = -1;
   }

@@ -215,6 +215,16 @@ TEST_CASE("store_keeper: the socket listens from the start, the keeper's end is 
     CHECK(keep_helper_status(pid, status));
     CHECK(store.check_ended() == "killed by SIGTERM (Terminated)");
   }
+  SECTION("stopped after another waitpid(-1) reaped it: not signalled again, its status forgotten") {
+    const pid_t pid = store.pid();
+    kill(pid, SIGKILL);
+    int status = 0;
+    REQUIRE(waitpid(pid, &status, 0) == pid);
+    CHECK(keep_helper_status(pid, status));
+    CHECK(reaped_helper_status(pid) == status);
+    store.stop();
+    CHECK_FALSE(reaped_helper_status(pid).has_value());
+  }
   SECTION("stopped: killed and reaped, nothing left") {
     const pid_t pid = store.pid();
     store.stop();
