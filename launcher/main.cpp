@@ -2,7 +2,9 @@
 // workers, wait, stop them) until one succeeds, a signal ends the job, or the restarts run out;
 // with --nnodes > 1 or --rdzv_backend=c10d, in step with the other nodes' agents (node_rendezvous.h).
 #include <fcntl.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <exception>
@@ -25,6 +27,7 @@
 #include "workers/restart_backoff.h"
 #include "workers/run_directory.h"
 #include "workers/signal_relay.h"
+#include "workers/store_keeper.h"
 #include "workers/worker_process.h"
 #include "workers/worker_specs.h"
 
@@ -45,6 +48,24 @@ int report(const std::exception& error, int exit_code) {
   return exit_code;
 }
 
+// The keeper of the workers' store (Note [Store keeper] in store_keeper_plan.h): chosen before anything
+// starts, so that a missing one is one clear error.
+KeeperChoice find_store_keeper(const LaunchConfig& config, const ProgramCommand& program) {
+  char self[4096];
+  const ssize_t length = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  const KeeperLookup lookup{length > 0 ? std::string(self, static_cast<std::size_t>(length)) : "",
+                            std::getenv(kStoreKeeperVariable), program.python_source.empty() ? "" : program.path,
+                            config.program};
+  return choose_store_keeper(lookup,
+                             [](const std::string& path) { return access(path.c_str(), X_OK) == 0 ? 0 : errno; });
+}
+
+// A single-node job's store: this host's loopback alone, at --master_port (when the kernel picked none).
+StoreSocketPlan single_node_store(const LaunchConfig& config) {
+  return plan_store_socket(StoreReach::kLoopback, config.master_addr.find(':') != std::string::npos,
+                           config.picked_port ? 0 : config.master_port);
+}
+
 int run(const LaunchConfig& config) {
   const ProgramCommand program =
       resolve_program_command(config.program, config.program_args, config.program_mode,
@@ -52,6 +73,7 @@ int run(const LaunchConfig& config) {
                                std::getenv("CONDA_PREFIX")});
   const RendezvousSettings rendezvous = rendezvous_settings(config);
   const WorkerSettings workers = worker_settings(config);
+  const KeeperChoice keeper = find_store_keeper(config, program);
   if (config.dry_run) {
     const EnvMap parent_env = current_environment();
     if (rendezvous.multi_node()) {
@@ -66,7 +88,15 @@ int run(const LaunchConfig& config) {
       std::cout << "cpprun: Python runs " << config.program << ": " << program.path << " (" << program.python_source
                 << "; set PYTHON_EXEC to choose another)\n";
     }
-    std::cout << format_dry_run(make_worker_specs(workers, assumed_layout(rendezvous), program, 0,
+    RankLayout layout = assumed_layout(rendezvous);
+    const StoreSocketPlan store = single_node_store(config);
+    if (!rendezvous.multi_node()) layout.master_addr = store.addresses.front();
+    const std::string port = store.port != 0 ? std::to_string(store.port) : "a port the kernel picks";
+    std::cout << "cpprun: the workers' c10d store: " << keeper.path << " (" << keeper.source << ") would serve it"
+              << (rendezvous.multi_node() ? " on the node hosting the rendezvous"
+                                          : " at " + store.addresses.front() + ":" + port)
+              << " (TORCHELASTIC_USE_AGENT_STORE=True)\n";
+    std::cout << format_dry_run(make_worker_specs(workers, layout, program, 0,
                                                   RunLayout::planned(config.output.log_dir, config.run_id,
                                                                      config.output.writes_files()),
                                                   parent_env),
@@ -103,19 +133,32 @@ int run(const LaunchConfig& config) {
     std::cerr << "cpprun: --redirects/--tee without --log_dir: the workers' files go to " << run_dir.layout().dir
               << " (kept, as torchrun's)\n";
   }
-  if (rendezvous.multi_node()) return run_multi_node(rendezvous, workers, program, parent_env, relay, run_dir);
+  const KeeperSettings keeper_settings{keeper, to_env_strings(make_keeper_env(parent_env))};
+  if (rendezvous.multi_node()) {
+    return run_multi_node(rendezvous, workers, program, parent_env, keeper_settings, relay, run_dir);
+  }
 
-  const RankLayout ranks = single_node_layout(config.nproc_per_node);
   RestartPacer pacer(config.restart_backoff);
   for (int restart = 0;; ++restart) {
     run_dir.prepare_attempt(restart, config.nproc_per_node);
+    // A new store each attempt, on this host's loopback alone (Note [Store keeper]).
+    StoreKeeper store(keeper_settings, single_node_store(config), config.picked_port ? "" : "--master_port", relay);
+    RankLayout ranks = single_node_layout(config.nproc_per_node);
+    ranks.master_addr = store.address();
+    ranks.master_port = store.port();
     const std::vector<WorkerSpec> specs =
         make_worker_specs(workers, ranks, program, restart, run_dir.layout(), parent_env);
     pacer.attempt_started();
-    const AttemptEnd attempt = run_attempt(relay, specs, config.shutdown_timeout, nullptr, nullptr,
+    StoreKeeperWatch watch(store);  // the keeper's end ends the attempt
+    const AttemptEnd attempt = run_attempt(relay, specs, config.shutdown_timeout, &watch, nullptr,
                                            run_dir.layout().diagnosis_file(restart));
+    store.stop();  // the workers are gone: their store with them, before any restart's wait
     if (attempt.end == GroupEnd::kSucceeded) return 0;
     if (attempt.end == GroupEnd::kInterrupted) return attempt.exit_code;
+    if (attempt.end == GroupEnd::kPeerEnded) {
+      std::cerr << "cpprun: exiting with code 1: " << watch.end_reason() << "\n";
+      return 1;
+    }
 
     if (restart >= config.max_restarts) {
       if (attempt.end == GroupEnd::kWorkerFailed) hand_over_error_file(attempt);
@@ -162,6 +205,8 @@ int main(int argc, char** argv) {
   } catch (const ProgramNotRunnable& e) {
     return report(e, e.exit_code());
   } catch (const SpawnError& e) {
+    return report(e, e.exit_code());
+  } catch (const StoreKeeperError& e) {
     return report(e, e.exit_code());
   } catch (const RendezvousError& e) {  // the other nodes were told, or see this agent's link close
     return report(e, e.exit_code());

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # What the store tunnel costs a multi-node job's start: N cpprun agents on loopback (static
 # rendezvous, --nnodes=N --node_rank=I --nproc_per_node=1 --master_addr=127.0.0.1), each with one
-# Python rank that imports torch, creates the c10d TCPStore as torch's env:// does (rank 0 hosts
-# it and waits for every rank's connection), builds Gloo's process group on it, runs one
-# barrier and exits (scripts/bench_start_worker.py). Each job runs once with a job secret (ranks
-# 1..N-1 reach rank 0's store through their agent, the link and node 0's agent: docs/launcher.md,
-# "Several nodes") and once with --no_job_secret (they connect to it directly), N = 4 and 8,
+# Python rank that imports torch, connects to the c10d TCPStore as torch's env:// does (node 0's
+# agent hosts it, its store keeper: TORCHELASTIC_USE_AGENT_STORE=True), builds Gloo's process group
+# on it, runs one barrier and exits (scripts/bench_start_worker.py). Each job runs once with a job
+# secret (ranks 1..N-1 reach node 0's store through their agent, the link and node 0's agent:
+# docs/launcher.md, "Several nodes") and once with --no_job_secret (they connect to it directly), N = 4 and 8,
 # tunnel and direct alternating, after one warm-up job. Prints, as medians of REPEATS jobs:
 #   job wall      from starting the N agents to the last one's exit
 #   ready         each rank's own time.perf_counter() from "import torch done" to "barrier done",
@@ -14,12 +14,14 @@
 #   after import  from the last rank's "import done" to the last rank's "barrier done": what is
 #                 left of the start once every rank is ready, split into store (to the last TCPStore
 #                 connection), group (init_process_group: Gloo's addresses through the store, its
-#                 mesh directly) and barrier; with the longest a rank took to connect once rank 0's
+#                 mesh directly) and barrier; with the longest a rank took to connect once the
 #                 store could be there (connect lag max) and how many ranks tried before it was
-#                 (early ranks: they wait out a connect retry, c10d's own or node 0's agent's)
+#                 (early ranks: they wait out a connect retry, c10d's own or node 0's agent's).
+#                 The store keeper's store is there before any rank starts; were rank 0 to host it
+#                 (a cpprun before the keeper), it would be there once rank 0 had imported torch
 # and tunnel/direct for each. Runs in a private network namespace whose only interface is the
-# loopback when it can (tests/run_isolated.sh), since a Python rank 0 binds its store on every
-# interface; every agent runs under `timeout -k 5 120`, and on exit or interruption any still
+# loopback when it can (tests/run_isolated.sh), since the store listens on every interface with
+# --no_job_secret; every agent runs under `timeout -k 5 120`, and on exit or interruption any still
 # running are stopped.
 #   usage: scripts/bench_multi_node_start.sh [REPEATS]   (default 3)
 # Environment: BENCH_PYTHON (default $CPPRUN_TORCH_PYTHON, else .venv/bin/python),
@@ -123,7 +125,7 @@ job() {
       for (i = 2; i <= k; i++) for (j = i; j > 1 && v[j - 1] > v[j]; j--) { x = v[j]; v[j] = v[j - 1]; v[j - 1] = x }
       return (k % 2) ? v[(k + 1) / 2] : (v[k / 2] + v[k / 2 + 1]) / 2
     }
-    { rank[NR] = $1; for (c = 2; c <= 7; c++) t[NR, c] = $c + 0; if ($1 == 0) bound = $3 + 0 }
+    { rank[NR] = $1; for (c = 2; c <= 7; c++) t[NR, c] = $c + 0; if ($1 == 0) bound = ($8 == 1) ? 0 : $3 + 0 }
     END {
       for (r = 1; r <= NR; r++) {
         ready[r] = t[r, 7]; imports[r] = t[r, 3] - t[r, 2]
@@ -176,7 +178,7 @@ done
 echo "ready: each rank's time from \"import torch done\" to \"barrier done\" (median, max over the ranks);" \
      "after import: from the last rank's \"import done\" to the last \"barrier done\"; import: each rank's" \
      "import torch (median over the ranks). Split: store, to the last TCPStore connection (connect lag max: the" \
-     "longest a rank took to connect after rank 0 had imported torch and bound its store, or after its own import" \
-     "if later); group: init_process_group; barrier: dist.barrier; early ranks: how many ranks' first connection" \
-     "came before rank 0's store was bound (they wait out a connect retry: c10d's own, directly; node 0's agent's," \
-     "through the tunnel)"
+     "longest a rank took to connect after its own import, or after rank 0 had imported torch and bound the store" \
+     "if rank 0 hosts it); group: init_process_group; barrier: dist.barrier; early ranks: how many ranks' first" \
+     "connection came before a rank 0's store was bound (they wait out a connect retry: c10d's own, directly;" \
+     "node 0's agent's, through the tunnel; none with the agent's store keeper)"

@@ -1,8 +1,8 @@
 # One rank of scripts/bench_single_node_start.sh: a torch.distributed env:// start as a training
 # script makes it (init_process_group("gloo") from the launcher's environment, one barrier).
-# Under torchrun the agent hosts the c10d store (TORCHELASTIC_USE_AGENT_STORE); under cpprun rank 0
-# does, as env:// does without an agent store, and a rank that connects before rank 0 has bound
-# it waits out c10d's connect retry. Writes "RANK imported barrier_done" (time.time(), seconds,
+# Under torchrun the agent hosts the c10d store (TORCHELASTIC_USE_AGENT_STORE=True); so does cpprun's,
+# through its store keeper (before it, rank 0 hosted it, and a rank that connected before rank 0 had
+# bound it waited out c10d's connect retry). Writes "RANK imported barrier_done" (time.time(), seconds,
 # comparable across one host's processes) to $BENCH_START_OUT/rank.RANK.
 import time
 import os

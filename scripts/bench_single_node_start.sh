@@ -3,11 +3,12 @@
 # --nproc_per_node=N` under cpprun and under torchrun, each rank running init_process_group("gloo")
 # (env://) and one barrier (scripts/bench_single_node_start.py). Prints, per job, the time from the
 # last rank's `import torch` to the last rank's barrier, and the medians and their ratio. Under
-# torchrun the agent hosts the workers' c10d store before they start; under cpprun rank 0 hosts it
-# (as env:// does without an agent store), so a rank whose import ends first tries to connect
-# before rank 0 has bound it and waits out c10d's own connect retry (about 500 ms). The agent
-# hosting the store (issue 43's store keeper) would remove that wait. Runs in a private network
-# namespace (tests/run_isolated.sh) where it can: a Python rank 0 binds its store on every interface.
+# both launchers the agent hosts the workers' c10d store before they start (cpprun's through its
+# store keeper); a cpprun before the keeper had rank 0 host it (as env:// does without an agent
+# store), so a rank whose import ended first connected before rank 0 had bound it and waited out
+# c10d's own connect retry (about 500 ms): run this script of an older build's tree to see it. Runs
+# in a private network namespace (tests/run_isolated.sh) where it can: torchrun's store, and a
+# Python rank 0's, listen on every interface.
 #   usage: scripts/bench_single_node_start.sh [REPEATS]   (default 8 jobs per launcher)
 # Environment: BENCH_PYTHON (default $CPPRUN_TORCH_PYTHON, else .venv/bin/python; its torchrun is
 # the one beside it), BENCH_START_RANKS (default 4); CPPRUN_BUILD_DIR as for scripts/build.sh.

@@ -1,7 +1,8 @@
 # One rank of scripts/bench_store_tunnel.sh: times c10d TCPStore `set` and `get` of 64-byte values on
 # this rank's own keys, and `add` (a write that waits for the store's answer: c10d's `set` does not,
 # so it times the client's send alone), as the workers' store is reached under cpprun
-# (MASTER_ADDR:MASTER_PORT; rank 0 hosts it, as torch's env:// does without an agent store). Writes
+# (MASTER_ADDR:MASTER_PORT: the agent's store keeper hosts it, TORCHELASTIC_USE_AGENT_STORE=True; without
+# that variable rank 0 hosts it, as torch's env:// does without an agent store). Writes
 # one line, "RANK set_p50 set_p99 get_p50 get_p99 add_p50 add_p99" in microseconds, to
 # $BENCH_STORE_OUT/rank.RANK.
 import datetime
@@ -15,7 +16,8 @@ OPS = int(os.environ.get("BENCH_STORE_OPS", "2000"))
 
 rank = int(os.environ["RANK"])
 world = int(os.environ["WORLD_SIZE"])
-store = TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size=world, is_master=rank == 0,
+hosts = rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
+store = TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size=world, is_master=hosts,
                  timeout=datetime.timedelta(seconds=60), wait_for_workers=True)
 value = b"x" * 64
 

@@ -3,11 +3,12 @@
 # (--nnodes=2 --nproc_per_node=1, static rendezvous), each rank timing 2,000 TCPStore `set`s and
 # `get`s of 64 bytes and `add`s on its own keys after 200 of each as warm-up
 # (scripts/bench_store_ops.py; c10d's `set` does not wait for an answer, `get` and `add` do).
-# Run once with a job secret (node 1's rank reaches worker rank 0's store through its agent, the
-# link and node 0's agent: docs/launcher.md, "Several nodes") and once with --no_job_secret (it
-# connects to the store directly); node 0's rank is direct both times. Prints p50/p99 µs per op of
-# each rank in each mode, and node 1's tunnel/direct ratio. The ranks are Python (torch's TCPStore):
-# a Python rank 0 binds every interface, which changes nothing on one machine.
+# Run once with a job secret (node 1's rank reaches node 0's store, its store keeper's, through its
+# agent, the link and node 0's agent: docs/launcher.md, "Several nodes") and once with
+# --no_job_secret (it connects to the store directly); node 0's rank is direct both times. Prints
+# p50/p99 µs per op of each rank in each mode, and node 1's tunnel/direct ratio. The ranks are
+# Python (torch's TCPStore clients of the keeper's store; a cpprun before the keeper had rank 0
+# host it).
 #   usage: scripts/bench_store_tunnel.sh [REPEATS]   (default 3; the medians of the repeats)
 # Environment: BENCH_PYTHON (default $CPPRUN_TORCH_PYTHON, else .venv/bin/python), BENCH_STORE_OPS
 # (default 2000); CPPRUN_BUILD_DIR as for scripts/build.sh (it never builds).

@@ -16,8 +16,8 @@ stage_done() {  # "demo: set-up took 81 s (81 s so far)"
 echo "demo: [1/3] set-up (Debian packages, PyTorch's LibTorch)"
 bash scripts/setup.sh
 stage_done "set-up"
-echo "demo: [2/3] build (the launcher and train_mnist only: about 5 minutes from scratch on 2 idle cores)"
-CPPRUN_BUILD_TARGETS="cpprun train_mnist" bash scripts/build.sh
+echo "demo: [2/3] build (the launcher, its store keeper and train_mnist only: about 5 minutes from scratch on 2 idle cores)"
+CPPRUN_BUILD_TARGETS="cpprun cpprun-store-keeper train_mnist" bash scripts/build.sh
 stage_done "build"
 echo "demo: [3/3] $build/launcher/cpprun --standalone --nproc_per_node=2 $build/examples/train_mnist --out mnist_run $*"
 status=0

@@ -95,7 +95,7 @@ std::string resolve_job_secret(const JobSecretOptions& options, const EnvLookup&
 std::string no_secret_warning(const std::string& endpoint) {
   return "cpprun: warning: --no_job_secret: the agents do not authenticate each other; anyone who can reach " +
          endpoint + " can join the job in a node's place, stop it, or choose its exit "
-         "code; and the workers' c10d store (worker rank 0's, at MASTER_ADDR:MASTER_PORT) is reachable directly "
+         "code; and the workers' c10d store (node 0's, at MASTER_ADDR:MASTER_PORT) is reachable directly "
          "from the network, not through the agents. Set CPPRUN_JOB_SECRET on every node to prevent that.";
 }
 

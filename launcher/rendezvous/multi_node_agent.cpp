@@ -12,10 +12,11 @@
 namespace cpprun::launcher {
 
 int run_multi_node(const RendezvousSettings& settings, const WorkerSettings& workers, const ProgramCommand& program,
-                   const EnvMap& parent_env, SignalRelay& relay, const RunDirectory& run_dir) {
+                   const EnvMap& parent_env, const KeeperSettings& keeper, SignalRelay& relay,
+                   const RunDirectory& run_dir) {
   if (settings.job_secret.empty()) std::cerr << no_secret_warning(settings.endpoint()) << "\n";  // --no_job_secret
   int signal = 0;
-  const std::unique_ptr<NodeRendezvous> rendezvous = open_rendezvous(settings, relay, signal);
+  const std::unique_ptr<NodeRendezvous> rendezvous = open_rendezvous(settings, keeper, relay, signal);
   std::optional<RankLayout> layout;
   if (rendezvous) layout = rendezvous->join(relay, signal);
   if (!layout) {

@@ -110,7 +110,7 @@ struct NodeMessage {
   int nodes = 0;               // kGathering: nodes in the round so far; kQueued: nodes running it
   bool restarting = false;     // kQueued: the running round is being ended to take this node in
   int restart_count = 0;       // kStart: TORCHELASTIC_RESTART_COUNT
-  RankLayout layout{};         // kStart: group rank and size, ranks, master_port (worker rank 0's store), tunnelled
+  RankLayout layout{};         // kStart: group rank and size, ranks, master_port (the store keeper's), tunnelled
   RankEvidence evidence{};     // kEvidence: one rank's dump (if any) and fate
   int request = 0;             // kAsk: the request's number (from 1); kEvidence: the one it answers, 0 for a failure
   int channel = 0;             // kOpen, kData, kCredit, kClose: the tunnel's channel (from 1)

@@ -37,7 +37,7 @@ std::string advice(const RendezvousSettings& settings) {
     return ". It must name the machine hosting the rendezvous, resolvable on every node" + fix;
   }
   if (settings.multi_node()) return ". It must be node 0's host name or IP address, resolvable on every node" + fix;
-  return ". It must be an address of this machine, where worker rank 0 hosts the store (127.0.0.1 by default)" + fix;
+  return ". It must be an address of this machine, the job's only host (127.0.0.1 by default)" + fix;
 }
 
 // The job-ending signal among the pending ones, or 0; no worker runs now, so the others are dropped.
@@ -110,10 +110,11 @@ std::unique_ptr<NodeRendezvous> join_static(const RendezvousSettings& settings, 
 }
 
 // static, node 0: listens for the other agents at --master_port, where torchrun's node 0 hosts its store.
-std::unique_ptr<NodeRendezvous> host_static(const RendezvousSettings& settings, Clock::time_point started) {
+std::unique_ptr<NodeRendezvous> host_static(const RendezvousSettings& settings, const KeeperSettings& keeper,
+                                            Clock::time_point started) {
   try {
     return make_rendezvous_host(
-        settings, LinkListener(loopback_listen_address(settings.host), settings.port, settings.job_secret), started);
+        settings, keeper, LinkListener(loopback_listen_address(settings.host), settings.port, settings.job_secret), started);
   } catch (const std::system_error& e) {
     if (e.code().value() == EADDRINUSE) {
       throw RendezvousError("cpprun: node 0 cannot host the rendezvous: --master_port=" +
@@ -129,8 +130,8 @@ std::unique_ptr<NodeRendezvous> host_static(const RendezvousSettings& settings, 
 }
 
 // The first agent that can listen at the endpoint hosts (unless --rdzv_conf is_host); the others connect.
-std::unique_ptr<NodeRendezvous> claim_c10d(const RendezvousSettings& settings, SignalRelay& relay, int& signal,
-                                           Clock::time_point started) {
+std::unique_ptr<NodeRendezvous> claim_c10d(const RendezvousSettings& settings, const KeeperSettings& keeper,
+                                           SignalRelay& relay, int& signal, Clock::time_point started) {
   std::string listen_note;  // why this agent does not host
   std::string last_error;
   int refusals = 0;
@@ -138,7 +139,7 @@ std::unique_ptr<NodeRendezvous> claim_c10d(const RendezvousSettings& settings, S
     if (settings.is_host.value_or(true)) {
       EndpointListener listen = LinkListener::at_endpoint(settings.host, settings.port, settings.job_secret);
       if (listen.status == ListenStatus::kListening) {
-        return make_rendezvous_host(settings, std::move(*listen.listener), started);
+        return make_rendezvous_host(settings, keeper, std::move(*listen.listener), started);
       }
       if (listen.status == ListenStatus::kFailed) {
         throw RendezvousError("cpprun: cannot host the c10d rendezvous at " + settings.endpoint() + ": " +
@@ -259,11 +260,12 @@ void check_meeting_host_resolves(const RendezvousSettings& settings,
   }
 }
 
-std::unique_ptr<NodeRendezvous> open_rendezvous(const RendezvousSettings& settings, SignalRelay& relay, int& signal) {
+std::unique_ptr<NodeRendezvous> open_rendezvous(const RendezvousSettings& settings, const KeeperSettings& keeper,
+                                                SignalRelay& relay, int& signal) {
   const auto started = Clock::now();
-  if (!settings.fixed_ranks()) return claim_c10d(settings, relay, signal, started);
+  if (!settings.fixed_ranks()) return claim_c10d(settings, keeper, relay, signal, started);
   if (settings.node_rank != 0) return join_static(settings, relay, signal, started);
-  return host_static(settings, started);
+  return host_static(settings, keeper, started);
 }
 
 }  // namespace cpprun::launcher

@@ -12,11 +12,16 @@
 // static agent starts in milliseconds, as a single-node one does.
 //
 // Note [Workers' store]
-// So no agent hosts a store for the workers: worker rank 0 hosts it (TORCHELASTIC_USE_AGENT_STORE=
-// False, which cpprun::init_process_group() and torch's env:// both honour) on a free port of the
-// host agent's machine; --master_port is the agents'. A new port each round: a restarted worker never
-// reaches the previous attempt's store. With a job secret the other nodes' workers reach it only
-// through their agent and the link: Note [Store tunnel wired] in store_tunnel_io.h.
+// The workers' c10d store is a separate one, hosted by the agent that hosts the rendezvous, as
+// torchrun's agent hosts it (TORCHELASTIC_USE_AGENT_STORE=True, which cpprun::init_process_group()
+// and torch's env:// both honour: every rank connects as a client): at the start of each round it
+// binds a new socket on a port the kernel picks (--master_port is the agents') and hands it to that
+// round's store keeper, a process serving LibTorch's own TCPStore on it (Note [Store keeper] in
+// store_keeper_plan.h), which it stops once the round is over on every node. A new store each round:
+// a restarted worker never sees the previous round's keys. With a job secret the socket is on the
+// host's loopback alone, and the other nodes' workers reach it only through their agent and the link
+// (Note [Store tunnel wired] in store_tunnel_io.h); with --no_job_secret on every interface. A keeper
+// that ends while the round's workers run ends the job (RoundEnd::kFatal), naming it.
 //
 // Note [Elastic rounds]
 // The host gathers each round anew: round 0 completes when MAX nodes joined, or MIN joined and
@@ -77,6 +82,7 @@
 #include "workers/rank_layout.h"
 #include "workers/run_directory.h"
 #include "workers/signal_relay.h"
+#include "workers/store_keeper_plan.h"
 #include "workers/worker_specs.h"
 
 namespace cpprun::launcher {
@@ -177,16 +183,19 @@ class NodeRendezvous : public PeerEvents {
 
 // The agent of one node (multi_node_agent.cpp): joins the rendezvous, then runs rounds of this
 // node's workers until every node succeeded, the job failed, or its restarts ran out. Returns
-// cpprun's exit code. Throws RendezvousError when the nodes cannot meet.
+// cpprun's exit code. Throws RendezvousError when the nodes cannot meet. `keeper`: the workers' store
+// keeper, should this agent host the rendezvous (Note [Workers' store]).
 int run_multi_node(const RendezvousSettings& settings, const WorkerSettings& workers, const ProgramCommand& program,
-                   const EnvMap& parent_env, SignalRelay& relay, const RunDirectory& run_dir);
+                   const EnvMap& parent_env, const KeeperSettings& keeper, SignalRelay& relay,
+                   const RunDirectory& run_dir);
 
 // Finds this agent's side and connects it; nullptr when a job-ending signal (in `signal`) came first.
-std::unique_ptr<NodeRendezvous> open_rendezvous(const RendezvousSettings& settings, SignalRelay& relay, int& signal);
+std::unique_ptr<NodeRendezvous> open_rendezvous(const RendezvousSettings& settings, const KeeperSettings& keeper,
+                                                SignalRelay& relay, int& signal);
 
 // The two sides; join_timeout counts from `started`, when the agent began to look for the rendezvous.
-std::unique_ptr<NodeRendezvous> make_rendezvous_host(const RendezvousSettings& settings, LinkListener listener,
-                                                     Clock::time_point started);
+std::unique_ptr<NodeRendezvous> make_rendezvous_host(const RendezvousSettings& settings, const KeeperSettings& keeper,
+                                                     LinkListener listener, Clock::time_point started);
 // `reconnect` opens a new link to the host, or nullopt if it could not by the deadline (or a signal
 // came): a member whose link the host drops before the handshake completes (a flood at its port:
 // Note [Pending links under a flood]) tries again with it until its join timeout.

@@ -4,7 +4,8 @@
 // starts (round_plan.h), and what follows a round or a loss (round_outcome.h) are decided by pure
 // rules on a RoundState (round_state.h); this class carries their decisions out: it sends, prints,
 // paces restarts, ends rounds. It forwards the evidence for a diagnosis across nodes to an
-// EvidenceCollector (evidence_collector.h) and waits on its links for it.
+// EvidenceCollector (evidence_collector.h) and waits on its links for it. It starts and stops each
+// round's store keeper (Note [Workers' store] in node_rendezvous.h).
 #include <poll.h>
 #include <signal.h>
 
@@ -17,7 +18,6 @@
 #include <utility>
 #include <vector>
 
-#include "command_line/host_facts.h"
 #include "rendezvous/admission.h"
 #include "rendezvous/evidence_collector.h"
 #include "rendezvous/node_link.h"
@@ -28,6 +28,7 @@
 #include "rendezvous/round_window.h"
 #include "rendezvous/store_tunnel_io.h"
 #include "workers/restart_backoff.h"
+#include "workers/store_keeper.h"
 
 namespace cpprun::launcher {
 namespace {
@@ -37,8 +38,9 @@ constexpr std::chrono::seconds kStopSlack{30};
 
 class RendezvousHost final : public NodeRendezvous {
  public:
-  RendezvousHost(const RendezvousSettings& settings, LinkListener listener, Clock::time_point started)
-      : settings_(settings), started_(started), listener_(std::move(listener)) {}
+  RendezvousHost(const RendezvousSettings& settings, const KeeperSettings& keeper, LinkListener listener,
+                 Clock::time_point started)
+      : settings_(settings), keeper_settings_(keeper), started_(started), listener_(std::move(listener)) {}
 
   std::optional<RankLayout> join(SignalRelay& relay, int& signal) override {
     if (!settings_.fixed_ranks()) {
@@ -76,10 +78,12 @@ class RendezvousHost final : public NodeRendezvous {
     for (const Node& n : nodes_) n.tunnel->add_poll_fds(n.link, fds);  // a queued node has no workers
     for (const pollfd& fd : pending_.poll_fds()) fds.push_back(fd);
     fds.push_back({listener_.fd(), POLLIN, 0});
+    if (keeper_ && keeper_->poll_entry().fd >= 0) fds.push_back(keeper_->poll_entry());
     return fds;
   }
 
   void on_ready(int fd, short revents) override {
+    if (keeper_ && keeper_->owns(fd)) return keeper_ended();
     if (fd == listener_.fd()) {
       pending_.accept_from(listener_);
       while (auto introduced = pending_.take_introduced()) admit(std::move(introduced->first), introduced->second);
@@ -165,6 +169,7 @@ class RendezvousHost final : public NodeRendezvous {
         case AfterAttempt::kWait:
           break;
         case AfterAttempt::kFinish:
+          keeper_.reset();  // every node's workers are done: nothing needs the store
           broadcast_all(NodeMessage::make_exit({0, false, ""}));
           return {JobDecision::Kind::kFinish, {}, {}};
         case AfterAttempt::kEndJob:
@@ -248,7 +253,7 @@ class RendezvousHost final : public NodeRendezvous {
     const auto deadline = since + settings_.join_timeout;
     for (;;) {
       const GatherStep step = gather_step(settings_, count(), last_call_, deadline, Clock::now());
-      if (step.kind == GatherStep::Kind::kStart) return start_round();
+      if (step.kind == GatherStep::Kind::kStart) return start_round(relay);
       if (step.kind == GatherStep::Kind::kTimedOut) {
         const std::string message = join_timeout_message();
         broadcast_all(NodeMessage::make_exit({1, false, message}));
@@ -298,25 +303,26 @@ class RendezvousHost final : public NodeRendezvous {
     return launcher::join_timeout_message(settings_, never, left, count(), "");
   }
 
-  RankLayout start_round() {
+  RankLayout start_round(const SignalRelay& relay) {
     phase_ = RoundPhase::kRunning;
     pacer_.attempt_started();
     end_.reset();
     why_ = RoundEnd::kNone;
     self_done_ = false;
     last_call_.reset();
-    // Worker rank 0 hosts the workers' store on a free port of this host, as torchrun's c10d backend
-    // picks it: --master_port is where the agents meet (static), so it is taken. A new port each round,
-    // so a restarted worker never reaches the previous attempt's store. See Note [Workers' store].
-    // With a job secret the store is reached at the loopback alone: Note [Store tunnel wired].
-    LoopbackEndpoint store;
+    // The round's store keeper, on a new socket at a port the kernel picks (--master_port is where the
+    // agents meet): Note [Workers' store]. With a job secret on the loopback alone (Note [Store tunnel
+    // wired]); without one the other nodes' workers connect to it at this host's address.
+    const StoreSocketPlan socket = plan_store_socket(tunnelled() ? StoreReach::kLoopback : StoreReach::kEveryInterface,
+                                                     loopback_family_for(settings_.host) == LoopbackFamily::kIpv6, 0);
     try {
-      store = tunnelled() ? free_loopback_port(loopback_family_for(settings_.host))
-                          : LoopbackEndpoint{"", pick_free_port()};
-    } catch (const std::system_error& e) {
-      throw RendezvousError(std::string("cpprun: cannot find a free port for the workers' MASTER_PORT: ") + e.what(),
-                            1);
+      keeper_ = std::make_unique<StoreKeeper>(keeper_settings_, socket, "", relay, "node 0");
+    } catch (const StoreKeeperError& e) {
+      // The members are told why, or they would see only this agent's link close.
+      broadcast_all(NodeMessage::make_exit({e.exit_code(), false, e.what()}));
+      throw RendezvousError(e.what(), e.exit_code());
     }
+    const LoopbackEndpoint store{tunnelled() ? keeper_->address() : "", keeper_->port()};
     // The round was gathered: every member gets its group rank, in the host's order (round_plan.h).
     const RoundPlan plan = plan_round(settings_, round_state(), store.port, store.address);
     evidence_.start_round(round_, plan.slices);
@@ -337,8 +343,10 @@ class RendezvousHost final : public NodeRendezvous {
     const NextRound next = next_round(settings_, round_state(), decisive_.reason);
     if (!next.goes_on) return end_job({1, false, next.reason});
     if (next.counts_restart) ++restart_count_;
-    // Every node's workers are stopped: the round's channels go before any new worker starts.
+    // Every node's workers are stopped: the round's channels go before any new worker starts, and the
+    // round's store with its keeper.
     for (Node& n : nodes_) n.tunnel->end_round(round_, n.link);
+    keeper_.reset();
     ++round_;
     std::optional<RankLayout> layout = gather(relay, Clock::now());
     if (!layout) return interrupted();
@@ -350,6 +358,7 @@ class RendezvousHost final : public NodeRendezvous {
   }
 
   JobDecision end_job(const JobEnd& end) {
+    keeper_.reset();
     broadcast_all(NodeMessage::make_exit(end));
     return {JobDecision::Kind::kExit, {}, end};
   }
@@ -389,6 +398,16 @@ class RendezvousHost final : public NodeRendezvous {
       return;
     }
     end_round(RoundEnd::kNodeLost, {1, false, who + " " + why});
+  }
+
+  // The round's keeper ended (its watch said so): while workers of the round may still use the store,
+  // the job ends, naming it (Note [Workers' store]).
+  void keeper_ended() {
+    const std::optional<std::string> how = keeper_->check_ended();
+    if (!how || phase_ != RoundPhase::kRunning) return;
+    const RoundState state = round_state();
+    if (state.self_done && state.all_members(MemberProgress::kDone)) return;  // the job is finishing
+    end_round(RoundEnd::kFatal, {1, false, keeper_ended_reason(keeper_->description(), *how)});
   }
 
   // Returns true when a job-ending signal arrived (in pending_signal_).
@@ -495,6 +514,8 @@ class RendezvousHost final : public NodeRendezvous {
   }
 
   const RendezvousSettings settings_;
+  const KeeperSettings keeper_settings_;
+  std::unique_ptr<StoreKeeper> keeper_;  // the running round's (Note [Workers' store])
   const Clock::time_point started_;
   LinkListener listener_;
   PendingLinks pending_;             // connected, not introduced yet
@@ -515,9 +536,9 @@ class RendezvousHost final : public NodeRendezvous {
 
 }  // namespace
 
-std::unique_ptr<NodeRendezvous> make_rendezvous_host(const RendezvousSettings& settings, LinkListener listener,
-                                                     Clock::time_point started) {
-  return std::make_unique<RendezvousHost>(settings, std::move(listener), started);
+std::unique_ptr<NodeRendezvous> make_rendezvous_host(const RendezvousSettings& settings, const KeeperSettings& keeper,
+                                                     LinkListener listener, Clock::time_point started) {
+  return std::make_unique<RendezvousHost>(settings, keeper, std::move(listener), started);
 }
 
 }  // namespace cpprun::launcher

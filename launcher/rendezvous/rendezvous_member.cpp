@@ -240,7 +240,7 @@ class RendezvousMember final : public NodeRendezvous {
 
   // Before this round's workers start: this node's listener for them, and their MASTER_ADDR and
   // MASTER_PORT (Note [Store tunnel wired]). The host's port first, so that MASTER_PORT is the same on
-  // every node, unless the host agent is on this machine, where that port is worker rank 0's.
+  // every node, unless the host agent is on this machine, where that port is the store keeper's.
   void listen_for_workers(int round, RankLayout& layout) {
     const std::string local = link_.local_address();
     const bool host_here = !local.empty() && local == peer_source(link_.peer());

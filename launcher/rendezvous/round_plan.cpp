@@ -38,7 +38,7 @@ RoundPlan plan_round(const RendezvousSettings& settings, const RoundState& state
   for (int rank = 0; rank < count; ++rank) {
     RankLayout layout = multi_node_layout(shapes, rank);
     layout.master_port = master_port;
-    // c10d: worker rank 0 is on this host; torchrun's rank-0 node advertises its --local_addr.
+    // c10d: the store is on this host; torchrun's rank-0 node advertises its --local_addr.
     if (!settings.fixed_ranks()) layout.master_addr = settings.local_addr;
     if (!store_loopback.empty()) {  // each member sets its own listener's address and port
       layout.store_tunnelled = true;

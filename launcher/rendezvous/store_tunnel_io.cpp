@@ -52,16 +52,16 @@ Address loopback_address(const std::string& address, int port) {
   return a;
 }
 
-// A socket bound to address:port (0: the kernel picks), listening when `listen_too`; throws
+// A socket bound to address:port (0: the kernel picks), listening; throws
 // std::system_error with bind()'s errno.
-OwnedFd bind_loopback(const std::string& address, int port, bool listen_too) {
+OwnedFd bind_loopback(const std::string& address, int port) {
   const Address a = loopback_address(address, port);
   OwnedFd fd(socket(a.storage.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
   if (fd.get() < 0) throw std::system_error(errno, std::generic_category(), "socket()");
   const int one = 1;
   setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
   if (bind(fd.get(), reinterpret_cast<const sockaddr*>(&a.storage), a.size) != 0 ||
-      (listen_too && listen(fd.get(), SOMAXCONN) != 0)) {
+      listen(fd.get(), SOMAXCONN) != 0) {
     throw std::system_error(errno, std::generic_category(),
                             "binding " + address + ":" + std::to_string(port) + " for the workers' store");
   }
@@ -120,7 +120,7 @@ bool connected_to_itself(int fd) {
 
 LoopbackEndpoint free_loopback_port(LoopbackFamily family) {
   return on_loopback(family, [](const std::string& address) {
-    const OwnedFd fd = bind_loopback(address, 0, /*listen_too=*/false);
+    const OwnedFd fd = bind_loopback(address, 0);
     return LoopbackEndpoint{address, bound_port(fd.get())};
   });
 }
@@ -131,14 +131,14 @@ LoopbackEndpoint StoreTunnel::listen_for_round(int round, LoopbackFamily family,
   LoopbackEndpoint where = on_loopback(family, [&](const std::string& address) {
     if (preferred_port > 0) {
       try {
-        OwnedFd fd = bind_loopback(address, preferred_port, /*listen_too=*/true);
+        OwnedFd fd = bind_loopback(address, preferred_port);
         listener_ = std::move(fd);
         return LoopbackEndpoint{address, preferred_port};
       } catch (const std::system_error& e) {
         if (e.code().value() != EADDRINUSE) throw;
       }
     }
-    listener_ = bind_loopback(address, 0, /*listen_too=*/true);
+    listener_ = bind_loopback(address, 0);
     return LoopbackEndpoint{address, bound_port(listener_.get())};
   });
   accepting_ = state_.accepting();
@@ -337,15 +337,15 @@ void StoreTunnel::connect_store(int channel, std::vector<TunnelAction>& next) {
 void StoreTunnel::connect_finished(int channel, int error, std::vector<TunnelAction>& next) {
   Socket& s = sockets_[channel];
   s.connecting = false;
-  // Met itself at the store's free port: closed, and tried again, so that rank 0 can bind the port.
+  // Met itself at the store's free port: closed, and tried again, so that it never holds the port.
   if (error == 0 && connected_to_itself(s.fd.get())) error = ECONNREFUSED;
   if (error == 0) {
     s.reading = true;
     for (TunnelAction& a : state_.on_store_connected(channel)) next.push_back(std::move(a));
     return;
   }
-  // Worker rank 0 may bind its store after this node's peers' workers connect: never reset the
-  // worker's connection for that; try again (Note [Store tunnel wired]).
+  // A refused connect (the keeper gone, descriptors short) never resets the worker's connection: try
+  // again (Note [Store tunnel wired]).
   s.fd.reset();
   const auto pause = std::min<std::chrono::milliseconds>(kLastRetry, kFirstRetry * (1 << std::min(s.refusals, 5)));
   ++s.refusals;

@@ -1,23 +1,23 @@
 // The store tunnel's executor for one agent link: the sockets TunnelState (store_tunnel.h) decides
 // about. On a member, a loopback listener per round that the node's workers reach as MASTER_ADDR:
 // MASTER_PORT, and the connections it accepts; on the host, one connection per channel to worker
-// rank 0's store on the host's loopback. It carries out TunnelState's actions, feeds it what the
+// store keeper's socket on the host's loopback. It carries out TunnelState's actions, feeds it what the
 // sockets did, and offers its descriptors to the agent's poll() (PeerEvents::poll_fds), so that the
 // loops that read the link -- while workers run, and outside an attempt (the exit barrier too) --
 // move the store's bytes as well.
 //
 // Note [Store tunnel wired]
-// With a job secret, every node's workers reach the workers' c10d store (worker rank 0's, still:
-// Note [Workers' store] in node_rendezvous.h) only at their own node's loopback: MASTER_ADDR is
-// 127.0.0.1 everywhere (::1 for a job meeting at an IPv6 address, or on a host without IPv4
-// loopback). The host node's workers reach rank 0's store there directly (cpprun's rank 0 binds the
-// loopback alone when MASTER_ADDR is a loopback address); another node's reach their agent's
-// listener, which tries the host's MASTER_PORT first (unless the host agent is on this machine,
-// where that port is rank 0's), and their bytes travel on the authenticated link
-// (`open`/`data`/`credit`/`close`). The host agent connects each channel to the store without ever
-// resetting the worker's connection while the store is not up yet: rank 0 may bind it after the
-// other nodes' workers started, so it retries (50 ms doubling to 1 s) while the state machine holds
-// the worker's first bytes within the channel's credit. A round's listener and channels are closed
+// With a job secret, every node's workers reach the workers' c10d store (the host agent's store
+// keeper's: Note [Workers' store] in node_rendezvous.h) only at their own node's loopback:
+// MASTER_ADDR is 127.0.0.1 everywhere (::1 for a job meeting at an IPv6 address, or on a host
+// without IPv4 loopback). The host node's workers reach the keeper there directly (the host agent
+// bound its socket on the loopback alone); another node's reach their agent's listener, which tries
+// the host's MASTER_PORT first (unless the host agent is on this machine, where that port is the
+// keeper's), and their bytes travel on the authenticated link (`open`/`data`/`credit`/`close`). The
+// host agent connects each channel to the store's socket, which listens from the round's start; it
+// still never resets the worker's connection should a connect be refused (the keeper ended, a
+// descriptor shortage): it retries (50 ms doubling to 1 s) while the state machine holds the
+// worker's first bytes within the channel's credit. A round's listener and channels are closed
 // before the next round's workers start; the link's loss closes every channel. Tunnel data is read
 // from a socket only while the link has room for bulk data (Note [The link's outbound queue] in
 // node_link.h): otherwise the bytes wait in the socket's buffers.
@@ -54,14 +54,15 @@ struct LoopbackEndpoint {
 enum class LoopbackFamily { kIpv4, kIpv6 };
 LoopbackFamily loopback_family_for(const std::string& meeting_host);
 
-// A port free now on this machine's loopback of `family` (else the other's). Throws std::system_error
-// when neither can be bound.
-LoopbackEndpoint free_loopback_port(LoopbackFamily family);
-
 // Whether connected socket `fd`'s own address is its peer's: a connect to a free port of this
 // machine that the kernel gave that same port as its source meets itself (TCP simultaneous open).
-// The host's retried connects to the store's port, free until rank 0 binds it, can do that.
+// The host's retried connects to a store port that is free (its keeper gone) can do that.
 bool connected_to_itself(int fd);
+
+// A port free now on this machine's loopback of `family` (else the other's), bound and closed again
+// (for tests: the store's own socket is bound and held by its keeper, workers/store_keeper.h).
+// Throws std::system_error when neither can be bound.
+LoopbackEndpoint free_loopback_port(LoopbackFamily family);
 
 class StoreTunnel {
  public:
@@ -73,7 +74,7 @@ class StoreTunnel {
   // channels, and listens on the loopback of `family` at `preferred_port` (0: none), else where the
   // kernel picks. Returns where: the workers' MASTER_ADDR and MASTER_PORT. Throws std::system_error.
   LoopbackEndpoint listen_for_round(int round, LoopbackFamily family, int preferred_port, NodeLink& link);
-  // Host: round `round`'s channels connect to `store` (worker rank 0's); earlier ones are closed.
+  // Host: round `round`'s channels connect to `store` (the round's keeper's); earlier ones are closed.
   void serve_round(int round, const LoopbackEndpoint& store, NodeLink& link);
   // Round `round` is over: its channels (and a member's listener) are closed.
   void end_round(int round, NodeLink& link);
@@ -131,7 +132,7 @@ class StoreTunnel {
   bool told_out_of_descriptors_ = false;
   OwnedFd accepted_;               // member: the connection on_accepted() is deciding about
   OwnedFd timer_;                  // a timerfd: the host's connect retries, the member's accept pause
-  LoopbackEndpoint store_;         // host: worker rank 0's store
+  LoopbackEndpoint store_;         // host: the round's store keeper's socket
 };
 
 }  // namespace cpprun::launcher

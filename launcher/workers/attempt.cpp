@@ -316,6 +316,7 @@ class WorkerGroup {
     // ends; a worker that exited since the loop above may turn up here too.
     int status = 0;
     for (pid_t got; (got = wait_for_exit(-1, &status, WNOHANG)) > 0;) {
+      if (keep_helper_status(got, status)) continue;  // Note [The job's helpers]
       for (std::size_t i = 0; i < workers_.size(); ++i) {
         if (workers_[i].pid == got && workers_[i].state == WorkerState::kRunning) on_exit(i, status, exit_state);
       }
@@ -455,7 +456,7 @@ AttemptEnd run_attempt(SignalRelay& relay, const std::vector<WorkerSpec>& specs,
     why = result.root_worker + " " + result.root_how;
   } else if (end == GroupEnd::kPeerEnded) {
     evidence = group.gather_dumps(kDumpWait);
-    why = "another node ended the attempt";
+    why = peers->end_reason();
   } else {
     why = "cpprun received " + signal_name(result.signal);  // said only if PyTorch's NCCL dumps are there
   }

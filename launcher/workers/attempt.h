@@ -72,7 +72,7 @@ enum class GroupEnd {
   kSucceeded,     // every worker exited 0
   kWorkerFailed,  // a worker exited non-zero or died by a signal
   kInterrupted,   // cpprun received a job-ending signal (see ends_job) and forwarded it
-  kPeerEnded,     // another node ended the attempt (multi-node jobs; see PeerEvents)
+  kPeerEnded,     // another node, or the store keeper's end, ended the attempt (see PeerEvents)
 };
 
 // Events from the other nodes' agents that can end an attempt, polled with the workers' pipes.
@@ -91,8 +91,11 @@ class PeerEvents {
   static int poll_timeout(const std::vector<pollfd>& fds, int timeout_ms);
   // After that poll(): on_ready() for each of fds[first..] that is ready, or polled for writing.
   void dispatch(const std::vector<pollfd>& fds, std::size_t first);
-  // Another node ended the attempt: its worker failed, its agent was signalled, or it is gone.
+  // Another node ended the attempt: its worker failed, its agent was signalled, or it is gone; or
+  // this node's store keeper ended (store_keeper.h).
   virtual bool attempt_ended() const = 0;
+  // Why, once attempt_ended(): what the diagnosis says ended the attempt.
+  virtual std::string end_reason() const { return "another node ended the attempt"; }
 
   // `cpprun --diagnose` while the workers run (Note [Diagnosis on request across nodes] in
   // node_rendezvous.h). The defaults are a node alone: nobody else to ask, nothing asked of it.

@@ -16,6 +16,8 @@
 #include <cstring>
 #include <ctime>
 #include <iostream>
+#include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <system_error>
@@ -137,19 +139,36 @@ int start_guardian(const std::string& token_entry) {
   return fds[1];
 }
 
-// Reaps every child that has exited; all are leftovers here (no worker runs).
-void reap_exited() {
-  while (wait_for_exit(-1, nullptr, WNOHANG) > 0) {
-  }
+// Note [The job's helpers]: by pid, each with its wait status once a reaper other than its owner took it.
+std::map<pid_t, std::optional<int>>& helpers() {
+  static std::map<pid_t, std::optional<int>> known;
+  return known;
 }
 
-// SIGKILL cannot be caught, so each wait is short. Bounded, in case something forks faster than we kill.
-void kill_children(std::vector<pid_t> left) {
+// Reaps every child that has exited; all are leftovers here (no worker runs), or helpers.
+void reap_exited() {
+  int status = 0;
+  for (pid_t got; (got = wait_for_exit(-1, &status, WNOHANG)) > 0;) keep_helper_status(got, status);
+}
+
+// cpprun's live children that are not helpers: what the workers left.
+std::vector<pid_t> leftover_children() {
+  std::vector<pid_t> left = live_children(getpid());
+  left.erase(std::remove_if(left.begin(), left.end(), [](pid_t pid) { return helpers().count(pid) != 0; }),
+             left.end());
+  return left;
+}
+
+// SIGKILL cannot be caught, so each wait is short. Bounded, in case something forks faster than we
+// kill. `and_helpers`: the job's end, when nothing may stay.
+void kill_children(std::vector<pid_t> left, bool and_helpers) {
   for (int round = 0; round < 100 && !left.empty(); ++round) {
     for (pid_t pid : left) kill(pid, SIGKILL);
-    for (pid_t pid : left) wait_for_exit(pid);
+    for (pid_t pid : left) {
+      if (int status = 0; wait_for_exit(pid, &status) == pid) keep_helper_status(pid, status);
+    }
     reap_exited();
-    left = live_children(getpid());
+    left = and_helpers ? live_children(getpid()) : leftover_children();
   }
 }
 
@@ -187,7 +206,7 @@ JobProcessTree::JobProcessTree() {
 JobProcessTree::~JobProcessTree() {
   // Normally nothing is left: each attempt stopped its leftovers. After an exception, no waiting.
   reap_exited();
-  kill_children(live_children(getpid()));
+  kill_children(live_children(getpid()), true);
   const char dismissed = 'q';
   if (send(guardian_line_, &dismissed, 1, MSG_NOSIGNAL) == 1) {
     // The guardian's end closes when it exits: wait for that, so that it never outlives cpprun.
@@ -197,9 +216,31 @@ JobProcessTree::~JobProcessTree() {
   close(guardian_line_);
 }
 
+void add_job_helper(pid_t pid) { helpers()[pid].reset(); }
+
+bool keep_helper_status(pid_t pid, int status) {
+  const auto it = helpers().find(pid);
+  if (it == helpers().end()) return false;
+  it->second = status;
+  return true;
+}
+
+std::optional<int> reaped_helper_status(pid_t pid) {
+  const auto it = helpers().find(pid);
+  return it == helpers().end() ? std::nullopt : it->second;
+}
+
+std::optional<int> forget_job_helper(pid_t pid) {
+  const auto it = helpers().find(pid);
+  if (it == helpers().end()) return std::nullopt;
+  const std::optional<int> status = it->second;
+  helpers().erase(it);
+  return status;
+}
+
 int stop_leftovers(SignalRelay& relay, std::chrono::milliseconds grace) {
   reap_exited();
-  std::vector<pid_t> left = live_children(getpid());
+  std::vector<pid_t> left = leftover_children();
   if (left.empty()) return 0;
   std::cerr << "cpprun: stopping " << left.size() << (left.size() == 1 ? " process" : " processes")
             << " the workers left behind: " << describe_processes(left)
@@ -217,10 +258,10 @@ int stop_leftovers(SignalRelay& relay, std::chrono::milliseconds grace) {
       if (ends_job(sig) && ending == 0) ending = sig;
     }
     reap_exited();
-    left = live_children(getpid());
+    left = leftover_children();
     if (left.empty()) return ending;
   }
-  kill_children(left);
+  kill_children(left, false);
   return ending;
 }
 

@@ -16,6 +16,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,9 +38,24 @@ class JobProcessTree {
   int guardian_line_ = -1;  // cpprun's end of the socket the guardian waits on
 };
 
-// Once an attempt's workers are all reaped: SIGTERMs every child cpprun still has (named on stderr),
-// waits up to `grace`, then SIGKILLs. Returns a job-ending signal that cut the grace short, or 0.
+// Once an attempt's workers are all reaped: SIGTERMs every child cpprun still has (named on stderr)
+// but its helpers, waits up to `grace`, then SIGKILLs. Returns a job-ending signal that cut the grace
+// short, or 0.
 int stop_leftovers(SignalRelay& relay, std::chrono::milliseconds grace);
+
+// Note [The job's helpers]
+// Children cpprun starts for the job besides its workers -- the workers' store keeper (store_keeper.h),
+// which outlives an attempt's workers until its round is over -- are neither workers nor leftovers:
+// stop_leftovers() leaves them running (~JobProcessTree kills whatever is left at the end), and a
+// reaper that takes any child (waitpid(-1): an attempt's, for adopted orphans, or stop_leftovers')
+// keeps a helper's wait status here for its owner, who would otherwise never learn how it ended.
+void add_job_helper(pid_t pid);
+// For a waitpid(-1) caller: whether `pid` is a helper; if so its `status` is kept for forget_job_helper().
+bool keep_helper_status(pid_t pid, int status);
+// Helper `pid`'s wait status if another reaper kept it (then `pid` may name another process now).
+std::optional<int> reaped_helper_status(pid_t pid);
+// Forgets helper `pid`; returns its wait status if another reaper kept it.
+std::optional<int> forget_job_helper(pid_t pid);
 
 // The whole of a /proc file, or "" if it cannot be opened or read (the process is gone, or not ours).
 std::string read_proc_file(const std::string& path);

@@ -15,18 +15,19 @@ struct RankLayout {
   int world_size = 1;        // WORLD_SIZE: workers on all nodes
   int role_base_rank = 0;    // ROLE_RANK of local rank 0
   int role_world_size = 1;   // ROLE_WORLD_SIZE: workers of this node's --role on all nodes
-  // MASTER_PORT when the rendezvous picked it (multi-node: a free port on group rank 0's host, where
-  // worker rank 0 starts the store: Note [Workers' store]); 0 means --master_port.
+  // MASTER_PORT when the agents chose it (the store keeper's port: the host agent's, multi-node, Note
+  // [Workers' store]; a single-node job's when the kernel picked it); 0 means --master_port.
   int master_port = 0;
-  // MASTER_ADDR when the rendezvous chose it (c10d: the hosting agent's --local_addr, as torchrun's
-  // rank-0 node advertises its own); "" means --master_addr, or the --rdzv_endpoint host.
+  // MASTER_ADDR when the agents chose it (c10d: the hosting agent's --local_addr, as torchrun's
+  // rank-0 node advertises its own; the loopback where the store keeper listens there alone); ""
+  // means --master_addr, or the --rdzv_endpoint host.
   std::string master_addr;
   // The workers' store is reached through the agents' link (Note [Store tunnel wired] in
   // store_tunnel_io.h): a member listens for its workers on its loopback and tells them so.
   bool store_tunnelled = false;
 };
 
-// A job of one node: ranks 0..nproc_per_node-1, worker rank 0 hosts the store.
+// A job of one node: ranks 0..nproc_per_node-1.
 RankLayout single_node_layout(int nproc_per_node);
 
 // Node `node_rank`'s layout when node i runs nodes[i].local_world_size workers, as torchrun's

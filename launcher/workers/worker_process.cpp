@@ -36,7 +36,7 @@ std::vector<char*> as_c_strings(const std::vector<std::string>& strings) {
   _exit(127);
 }
 
-// Makes `fd` the child's `target` (1 or 2) without close-on-exec. main() keeps 0-2 open, so the
+// Makes `fd` the child's `target` (0, 1 or 2) without close-on-exec. main() keeps 0-2 open, so the
 // pipe ends are never 1 or 2 themselves and the first dup2() cannot clobber the second's source.
 bool install_stdio(int fd, int target) {
   return fd < 0 || retry_on_eintr([&] { return dup2(fd, target); }) == target;
@@ -45,8 +45,9 @@ bool install_stdio(int fd, int target) {
 [[noreturn]] void run_child(const SignalRelay& relay, pid_t launcher_pid, int report_fd, ChildStdio stdio,
                             const char* path, char* const* argv, char* const* envp) {
   relay.restore_in_child();
-  if (!install_stdio(stdio.out, STDOUT_FILENO) || !install_stdio(stdio.err, STDERR_FILENO)) {
-    fail_in_child(report_fd, "dup2() of stdout/stderr");
+  if (!install_stdio(stdio.in, STDIN_FILENO) || !install_stdio(stdio.out, STDOUT_FILENO) ||
+      !install_stdio(stdio.err, STDERR_FILENO)) {
+    fail_in_child(report_fd, "dup2() of stdin/stdout/stderr");
   }
   if (stdio.extra >= 0) {
     // The report pipe must survive until exec: move it off the target first.
@@ -59,7 +60,7 @@ bool install_stdio(int fd, int target) {
                                ? fcntl(stdio.extra, F_SETFD, 0) == 0
                                : retry_on_eintr([&] { return dup2(stdio.extra, stdio.extra_target); }) ==
                                      stdio.extra_target;
-    if (!installed) fail_in_child(report_fd, "dup2() of the flight-recorder channel");
+    if (!installed) fail_in_child(report_fd, "dup2() of the inherited descriptor");
   }
   if (setsid() < 0) fail_in_child(report_fd, "setsid()");  // See Note [Worker sessions]
   if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) fail_in_child(report_fd, "prctl(PR_SET_PDEATHSIG)");

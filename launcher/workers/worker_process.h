@@ -19,13 +19,15 @@ struct WorkerCommand {
   std::vector<std::string> env;   // NAME=value
 };
 
-// The worker's fd 1 and 2, dup2()ed in the child; -1 inherits the launcher's. `extra`, if not -1,
-// becomes the child's fd `extra_target` (> 2), inherited across exec (the flight-recorder channel).
+// The child's fd 1 and 2 (and 0, `in`), dup2()ed in the child; -1 inherits the launcher's. `extra`, if
+// not -1, becomes the child's fd `extra_target` (> 2), inherited across exec (a worker's flight-recorder
+// channel, the store keeper's listening socket).
 struct ChildStdio {
   int out = -1;
   int err = -1;
   int extra = -1;
   int extra_target = -1;
+  int in = -1;
 };
 
 class SpawnError : public std::runtime_error {

@@ -58,9 +58,11 @@ EnvMap make_worker_env(const WorkerEnvSettings& settings, const RankLayout& layo
   env["TORCHELASTIC_RUN_ID"] = settings.run_id;
   // Per worker and per attempt, so the launcher knows whose it is; torchrun overrides the user's too.
   env[contract::kErrorFileVariable] = error_file;
-  // Worker rank 0 hosts the TCPStore at MASTER_ADDR:MASTER_PORT: no agent runs one (Note [Workers' store]).
-  // torchrun's agent shares its own store there and says True: docs/torchrun_options.md.
-  env["TORCHELASTIC_USE_AGENT_STORE"] = "False";
+  // The agent hosting the job's store serves it at MASTER_ADDR:MASTER_PORT through its store keeper, as
+  // torchrun's agent hosts its own there: every rank connects as a client, each attempt's keys under
+  // /worker/attempt_<TORCHELASTIC_RESTART_COUNT> (Note [Store keeper] in store_keeper_plan.h). Set for
+  // every worker whatever cpprun's own environment says, as torchrun does.
+  env["TORCHELASTIC_USE_AGENT_STORE"] = "True";
   // A tunnelled store's MASTER_ADDR is this node's loopback, whatever node rank 0 is on. The variable is
   // the launcher's: one inherited (a cpprun run by a tunnelled worker) must not mislead an untunnelled job.
   if (layout.store_tunnelled) {
@@ -92,6 +94,12 @@ EnvMap make_worker_env(const WorkerEnvSettings& settings, const RankLayout& layo
     env["CUDA_VISIBLE_DEVICES"] = gpu;
     if (use_hip) env["HIP_VISIBLE_DEVICES"] = gpu;
   }
+  return env;
+}
+
+EnvMap make_keeper_env(const EnvMap& parent) {
+  EnvMap env = parent;
+  env.erase(kJobSecretVariable);  // as for the workers; CPPRUN_JOB_TOKEN stays, for the guardian's sweep
   return env;
 }
 

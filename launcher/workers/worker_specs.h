@@ -55,6 +55,9 @@ bool defaults_omp_threads(int local_world_size, const EnvMap& parent);
 EnvMap make_worker_env(const WorkerEnvSettings& settings, const RankLayout& layout, int local_rank, int restart_count,
                        const std::string& error_file, const EnvMap& parent);
 
+// The store keeper's environment (store_keeper.h): cpprun's own, less the job secret.
+EnvMap make_keeper_env(const EnvMap& parent);
+
 // "NAME=value" strings for execve.
 std::vector<std::string> to_env_strings(const EnvMap& env);
 

@@ -1,7 +1,7 @@
 # Mismatched collectives fail on every rank with one message naming the collective's number and
 # each rank's call, under TORCH_DISTRIBUTED_DEBUG=DETAIL and, for what the default mode checks,
 # without it; ranks that disagree on WORLD_SIZE, or share a RANK, fail at join naming it; and a
-# single-node job's store listens on the loopback only.
+# single-node job's store (the agent's store keeper's) listens on the loopback only.
 # usage: consistency.sh CPPRUN PROBE CASE   (CASE: detail | default | unchecked | join_disagreement |
 #        store_loopback)
 . "$(dirname "$0")/../launcher/behaviour/common.sh"

@@ -41,7 +41,7 @@ TEST_CASE("node_rendezvous: a meeting host that does not exist fails at once, na
              Contains("cannot resolve --master_addr=nosuch.invalid: Name or service not known") &&
                  Contains("node 0's host name"));
   CHECK_THAT(usage_error(config_for("nosuch.invalid", RendezvousBackend::kStatic, 1), unknown),
-             Contains("cannot resolve --master_addr=nosuch.invalid") && Contains("worker rank 0 hosts the store"));
+             Contains("cannot resolve --master_addr=nosuch.invalid") && Contains("the job's only host"));
   RendezvousSettings c10d = config_for("nosuch.invalid", RendezvousBackend::kC10d);
   c10d.port = 29400;
   CHECK_THAT(usage_error(c10d, unknown), Contains("cannot resolve the host of --rdzv_endpoint=nosuch.invalid:29400"));

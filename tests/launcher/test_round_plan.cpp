@@ -51,7 +51,7 @@ TEST_CASE("round_plan: static numbers the nodes by --node_rank, each node's rank
     CHECK(start.kind == MessageKind::kStart);
     CHECK(start.round == 0);
     CHECK(start.restart_count == 0);
-    CHECK(start.layout.master_port == 41000);  // worker rank 0's store, on the host
+    CHECK(start.layout.master_port == 41000);  // the store keeper's, on the host
     CHECK(start.layout.master_addr.empty());   // static: --master_addr
   }
   CHECK(plan.own.master_port == 41000);
@@ -80,7 +80,7 @@ TEST_CASE("round_plan: uneven --nproc_per_node and roles: ranks, role ranks, and
   CHECK(one.role_world_size == 3);
   CHECK(two.role_base_rank == 0);
   CHECK(two.role_world_size == 3);
-  // c10d: worker rank 0 is on the host, which advertises its --local_addr.
+  // c10d: the store is on the host, which advertises its --local_addr.
   CHECK(one.master_addr == "10.0.0.1");
   CHECK(plan.own.master_addr == "10.0.0.1");
   // The diagnosis's view of the round: each node's first rank and its number of ranks, node 0 first.
@@ -178,7 +178,7 @@ TEST_CASE("round_plan: with a job secret the store is tunnelled: the host's work
         s, gathered(0, 0, {member(fixed ? 1 : -1, "10.0.0.2:4000", 2), member(fixed ? 2 : -1, "10.0.0.3:4000", 2)}),
         41000, "127.0.0.1");
     CHECK(plan.own.store_tunnelled);
-    CHECK(plan.own.master_addr == "127.0.0.1");  // worker rank 0 binds the loopback alone
+    CHECK(plan.own.master_addr == "127.0.0.1");  // the store keeper's loopback
     CHECK(plan.own.master_port == 41000);
     for (const NodeMessage& start : plan.starts) {
       CHECK(start.layout.store_tunnelled);

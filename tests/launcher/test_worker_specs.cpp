@@ -64,7 +64,7 @@ TEST_CASE("worker_specs: the environment sets every torchrun variable", "[worker
       {"TORCHELASTIC_RESTART_COUNT", "1"},
       {"TORCHELASTIC_MAX_RESTARTS", "4"},
       {"TORCHELASTIC_RUN_ID", "job9"},
-      {"TORCHELASTIC_USE_AGENT_STORE", "False"},
+      {"TORCHELASTIC_USE_AGENT_STORE", "True"},
       {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"},
       {"OMP_NUM_THREADS", "8"},
       {"TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT,SIGHUP,SIGQUIT"},  // torchrun's launcher exports it
@@ -91,8 +91,8 @@ TEST_CASE("worker_specs: multi-node ranks come from the rendezvous's layout", "[
   CHECK(env.at("ROLE_WORLD_SIZE") == "7");
   CHECK(env.at("GROUP_RANK") == "1");
   CHECK(env.at("GROUP_WORLD_SIZE") == "3");
-  // No agent hosts a store: worker rank 0 hosts it, on the port node 0 picked (Note [Workers' store]).
-  CHECK(env.at("TORCHELASTIC_USE_AGENT_STORE") == "False");
+  // Node 0's agent hosts the store (its keeper), on the port it bound (Note [Workers' store]).
+  CHECK(env.at("TORCHELASTIC_USE_AGENT_STORE") == "True");
 }
 
 TEST_CASE("worker_specs: c10d workers get the endpoint's host and the rendezvous's MASTER_PORT", "[worker_specs]") {
@@ -107,8 +107,8 @@ TEST_CASE("worker_specs: c10d workers get the endpoint's host and the rendezvous
   CHECK(env.at("MASTER_ADDR") == "node0");
   CHECK(env.at("MASTER_PORT") == "41234");
   CHECK(env.at("TORCHELASTIC_RUN_ID") == "job42");
-  // worker rank 0 hosts the workers' store (torchrun says True: docs/torchrun_options.md).
-  CHECK(env.at("TORCHELASTIC_USE_AGENT_STORE") == "False");
+  // The hosting agent's store keeper serves the workers' store, as torchrun's agent does.
+  CHECK(env.at("TORCHELASTIC_USE_AGENT_STORE") == "True");
   // The hosting agent's --local_addr, sent with the round's start, is the workers' MASTER_ADDR.
   layout.master_addr = "10.0.0.7";
   CHECK(make_worker_env(c, layout, 0, 0, "/run/e.json", {}).at("MASTER_ADDR") == "10.0.0.7");
@@ -139,6 +139,20 @@ TEST_CASE("worker_specs: workers do not inherit the job secret", "[worker_specs]
       env_of(config_with(1), 0, 0, "/run/e.json", {{"CPPRUN_JOB_SECRET", "s3cret-s3cret-s3cret"}, {"HOME", "/h"}});
   CHECK(env.count("CPPRUN_JOB_SECRET") == 0);
   CHECK(env.at("HOME") == "/h");
+}
+
+TEST_CASE("worker_specs: TORCHELASTIC_USE_AGENT_STORE is the launcher's, as torchrun's", "[worker_specs]") {
+  // The agent hosts the store whatever cpprun's environment says (Note [Store keeper]).
+  const EnvMap env = env_of(config_with(1), 0, 0, "/run/e.json", {{"TORCHELASTIC_USE_AGENT_STORE", "False"}});
+  CHECK(env.at("TORCHELASTIC_USE_AGENT_STORE") == "True");
+}
+
+TEST_CASE("worker_specs: the store keeper gets cpprun's environment but the job secret", "[worker_specs]") {
+  const EnvMap env = make_keeper_env(
+      {{"CPPRUN_JOB_SECRET", "s3cret-s3cret-s3cret"}, {"CPPRUN_JOB_TOKEN", "t0ken"}, {"PATH", "/x"}});
+  CHECK(env.count("CPPRUN_JOB_SECRET") == 0);
+  CHECK(env.at("CPPRUN_JOB_TOKEN") == "t0ken");  // the guardian finds it by the token
+  CHECK(env.at("PATH") == "/x");
 }
 
 TEST_CASE("worker_specs: the user's NCCL error-handling values win", "[worker_specs]") {

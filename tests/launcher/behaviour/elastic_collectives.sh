@@ -1,8 +1,8 @@
 # c10d rendezvous with real workers: the library's collectives test (tests/dist/test_collectives.cpp)
 # across two agents (2 and 1 workers), each rank initialising its process group from torchrun's
-# c10d environment (worker rank 0 hosts the store at the MASTER_PORT the rendezvous picked,
-# TORCHELASTIC_USE_AGENT_STORE=False). Then a third agent joins: round 1 runs the test again with
-# WORLD_SIZE=4 on a fresh MASTER_PORT. Then, when python3 has torch, torch.distributed workers.
+# c10d environment (the hosting agent's store keeper serves the store at the MASTER_PORT it bound,
+# TORCHELASTIC_USE_AGENT_STORE=True). Then a third agent joins: round 1 runs the test again with
+# WORLD_SIZE=4 on a fresh store (a new keeper, a new MASTER_PORT). Then, when python3 has torch, torch.distributed workers.
 . "$(dirname "$0")/common.sh"
 require_private_netns
 collectives=${2:?usage: $0 PATH/TO/cpprun PATH/TO/cpprun_dist_collectives}
@@ -43,7 +43,7 @@ expect_no_leftovers
 find_torch_python_or_skip
 cat >"$WORK/worker.py" <<'PY'
 import datetime, os, torch, torch.distributed as dist
-# env://: RANK, WORLD_SIZE, MASTER_*; TORCHELASTIC_USE_AGENT_STORE=False makes rank 0 host the store.
+# env://: RANK, WORLD_SIZE, MASTER_*; TORCHELASTIC_USE_AGENT_STORE=True: every rank a client of the agent's store.
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
 t = torch.tensor([float(dist.get_rank() + 1)])
 dist.all_reduce(t)
@@ -61,7 +61,7 @@ wait_node "$a" 60
 expect_eq "$NODE_STATUS" 0 "node a's exit code (torch.distributed workers)"
 wait_node "$b" 60
 expect_eq "$NODE_STATUS" 0 "node b's exit code (torch.distributed workers)"
-for rank in 0 1; do expect_in_file "$WORK/nodeA.out" "[rank$rank]: world 3 sum 6 agent store False" "python rank $rank"; done
-expect_in_file "$WORK/nodeB.out" "[rank2]: world 3 sum 6 agent store False" "python rank 2"
+for rank in 0 1; do expect_in_file "$WORK/nodeA.out" "[rank$rank]: world 3 sum 6 agent store True" "python rank $rank"; done
+expect_in_file "$WORK/nodeB.out" "[rank2]: world 3 sum 6 agent store True" "python rank 2"
 expect_no_leftovers
 echo PASS

@@ -96,7 +96,7 @@ expect_eq "$NODE_STATUS" 0 "node 0 without a secret"
 wait_node "$NODE_PID" 30
 expect_eq "$NODE_STATUS" 0 "node 1 without a secret"
 expect_in_file "$WORK/open0.err" "warning: --no_job_secret: the agents do not authenticate each other" "the warning"
-expect_in_file "$WORK/open0.err" "the workers' c10d store (worker rank 0's, at MASTER_ADDR:MASTER_PORT) is reachable directly" \
+expect_in_file "$WORK/open0.err" "the workers' c10d store (node 0's, at MASTER_ADDR:MASTER_PORT) is reachable directly" \
   "the warning's store part"
 # Not tunnelled: both nodes' workers are given rank 0's own address and port (through an agent, a
 # node on the host's machine would get a port of its agent's).

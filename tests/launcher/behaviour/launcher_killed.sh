@@ -1,4 +1,5 @@
-# (f) When cpprun is SIGKILLed its workers die too (PR_SET_PDEATHSIG), within seconds.
+# (f) When cpprun is SIGKILLed its workers die too (PR_SET_PDEATHSIG), within seconds, and so does
+# the workers' store keeper (Note [Store keeper] in launcher/workers/store_keeper_plan.h).
 . "$(dirname "$0")/common.sh"
 
 CPPRUN_TEST_TAG=$WORK "$CPPRUN" --nproc_per_node=3 /bin/sh -c \
@@ -6,14 +7,16 @@ CPPRUN_TEST_TAG=$WORK "$CPPRUN" --nproc_per_node=3 /bin/sh -c \
 launcher=$!
 wait_for_files 20 "$WORK/pid.0" "$WORK/pid.1" "$WORK/pid.2"
 for rank in 0 1 2; do wait_for_exec "$WORK/pid.$rank" sleep 10; done  # past `echo`
+keeper=$(pgrep -P "$launcher" -x cpprun-store-ke)
+[ -n "$keeper" ] || fail "no cpprun-store-keeper among cpprun's children"
 kill -KILL "$launcher"
 wait "$launcher"
 expect_eq "$?" 137 "launcher's status"
 deadline=$((SECONDS + 5))
-for rank in 0 1 2; do
-  pid=$(cat "$WORK/pid.$rank")
+for rank in 0 1 2 keeper; do
+  if [ "$rank" = keeper ]; then pid=$keeper; else pid=$(cat "$WORK/pid.$rank"); fi
   while alive "$pid"; do
-    [ "$SECONDS" -lt "$deadline" ] || fail "rank $rank (pid $pid) outlived the launcher"
+    [ "$SECONDS" -lt "$deadline" ] || fail "$( [ "$rank" = keeper ] && echo "the store keeper" || echo "rank $rank") (pid $pid) outlived the launcher"
     sleep 0.05
   done
 done

@@ -1,7 +1,7 @@
 # Multi-node (2): the library's multi-rank collectives test (tests/dist/test_collectives.cpp) on two
 # cpprun agents as nodes with 2 and 1 workers: each rank inits its process group from the
-# environment through the c10d store worker rank 0 hosts (TORCHELASTIC_USE_AGENT_STORE=False, on the
-# MASTER_PORT node 0 picked), and Gloo's all-reduce and friends cross both agents. Then, when python3
+# environment through the c10d store node 0's agent hosts (its store keeper, on the MASTER_PORT node 0
+# bound; TORCHELASTIC_USE_AGENT_STORE=True), and Gloo's all-reduce and friends cross both agents. Then, when python3
 # has torch, the same with torch.distributed workers, whose env:// reads the same variables.
 . "$(dirname "$0")/common.sh"
 require_private_netns
@@ -23,7 +23,7 @@ expect_no_leftovers
 find_torch_python_or_skip
 cat >"$WORK/worker.py" <<'PY'
 import datetime, torch, torch.distributed as dist
-# env://: RANK, WORLD_SIZE, MASTER_*; TORCHELASTIC_USE_AGENT_STORE=False makes rank 0 host the store.
+# env://: RANK, WORLD_SIZE, MASTER_*; TORCHELASTIC_USE_AGENT_STORE=True: every rank a client of the agent's store.
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
 t = torch.tensor([float(dist.get_rank() + 1)])
 dist.all_reduce(t)

@@ -39,7 +39,7 @@ for rank in 0 1 2; do
   [ "$rank" = 2 ] && port=$tunnel_port
   for var in "RANK=$rank" "LOCAL_RANK=$1" WORLD_SIZE=3 "LOCAL_WORLD_SIZE=$2" "GROUP_RANK=$3" GROUP_WORLD_SIZE=2 \
              "ROLE_RANK=$rank" ROLE_WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 "MASTER_PORT=$port" \
-             TORCHELASTIC_USE_AGENT_STORE=False TORCHELASTIC_RESTART_COUNT=0 TORCHELASTIC_RUN_ID=job7; do
+             TORCHELASTIC_USE_AGENT_STORE=True TORCHELASTIC_RESTART_COUNT=0 TORCHELASTIC_RUN_ID=job7; do
     grep -qxF "$var" "$WORK/env.$rank" || fail "rank $rank: $var missing; got: $(grep -E '^(RANK|LOCAL_|GROUP_|WORLD_SIZE)' "$WORK/env.$rank" | tr '\n' ' ')"
   done
 done

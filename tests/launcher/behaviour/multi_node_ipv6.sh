@@ -1,8 +1,8 @@
 # A static multi-node job on IPv6 loopback: --master_addr=::1 (or torchrun's bracketed form) starts,
-# node 0's agent listens at [::1]:--master_port alone (not 127.0.0.1, not every interface), and the
-# workers, told MASTER_ADDR=::1, reach worker rank 0's store there, node 1's through their agent's
-# listener on [::1] (the store tunnel; torch's TCPStore, when a Python with torch is at hand). Also
-# --rdzv_endpoint=[::1]:PORT.
+# node 0's agent listens at [::1]:--master_port alone (not 127.0.0.1, not every interface), its
+# store keeper at [::1] too, and the workers, told MASTER_ADDR=::1, reach that store there, node 1's
+# through their agent's listener on [::1] (the store tunnel; torch's TCPStore client, when a Python
+# with torch is at hand). Also --rdzv_endpoint=[::1]:PORT.
 . "$(dirname "$0")/common.sh"
 require_private_netns
 ip -6 addr show dev lo 2>/dev/null | grep -q 'inet6 ::1' || { echo "SKIP: no IPv6 loopback (::1)"; exit 77; }
@@ -28,15 +28,17 @@ expect_eq "$NODE_STATUS" 0 "node 0's exit code"
 wait_node "$node1" 20
 expect_eq "$NODE_STATUS" 0 "node 1's exit code"
 expect_in_file "$WORK/node0.err" "all 2 nodes joined at [::1]:29520" "node 0's rendezvous line"
-# Worker rank 0 hosts the workers' store on a port node 0 picked (--master_port is the agents'), node
-# 1's workers reach it through their agent's own port on [::1] (on one host node 0's is rank 0's),
-# and nobody expects an agent's store.
+# Node 0's store keeper serves the workers' store on a port node 0's agent bound at [::1] before the
+# workers started (--master_port is the agents'), node 1's workers reach it through their agent's own
+# port on [::1] (on one host node 0's is the keeper's), and every worker is told the agent hosts it.
 master_port=$(sed -n 's/^MASTER_PORT=//p' "$WORK/env.0")
 [ -n "$master_port" ] && [ "$master_port" != 29520 ] || fail "rank 0's MASTER_PORT is '$master_port', not a port of its own"
+printf '%s\n' "$local_addresses" | grep -qxF "[::1]:$master_port" ||
+  fail "nothing listened at the store's [::1]:$master_port when rank 0 started: $(cat "$WORK/listening")"
 tunnel_port=$(sed -n 's/^MASTER_PORT=//p' "$WORK/env.1")
 [ -n "$tunnel_port" ] && [ "$tunnel_port" != "$master_port" ] || fail "rank 1's MASTER_PORT is '$tunnel_port', not its agent's"
 for rank in 0 1; do
-  for var in "RANK=$rank" WORLD_SIZE=2 MASTER_ADDR=::1 TORCHELASTIC_USE_AGENT_STORE=False; do
+  for var in "RANK=$rank" WORLD_SIZE=2 MASTER_ADDR=::1 TORCHELASTIC_USE_AGENT_STORE=True; do
     grep -qxF "$var" "$WORK/env.$rank" || fail "rank $rank: $var missing"
   done
 done
@@ -52,7 +54,7 @@ if [ -n "$python" ]; then
 import datetime, os
 from torch.distributed import TCPStore
 rank = int(os.environ["RANK"])
-# As torch's env:// does: rank 0 hosts unless an agent says it does.
+# As torch's env:// does: rank 0 hosts unless the agent says it does (cpprun's does).
 hosts = rank == 0 and os.environ["TORCHELASTIC_USE_AGENT_STORE"] != "True"
 store = TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=hosts,
                  timeout=datetime.timedelta(seconds=30))
@@ -73,8 +75,8 @@ expect_eq "$NODE_STATUS" 0 "node 0's exit code (--rdzv_endpoint)"
 wait_node "$node1" 60
 expect_eq "$NODE_STATUS" 0 "node 1's exit code (--rdzv_endpoint)"
 if [ -n "$python" ]; then
-  expect_in_file "$WORK/node0.out" "[rank0]: peer says 1" "rank 0 read rank 1's key from rank 0's store at [::1]"
-  expect_in_file "$WORK/node1.out" "[rank1]: peer says 0" "rank 1 read rank 0's key from rank 0's store at [::1]"
+  expect_in_file "$WORK/node0.out" "[rank0]: peer says 1" "rank 0 read rank 1's key from node 0's store at [::1]"
+  expect_in_file "$WORK/node1.out" "[rank1]: peer says 0" "rank 1 read rank 0's key from node 0's store at [::1]"
 fi
 expect_no_leftovers
 # A partial skip is a skip (77), counted as one, never a pass with a part missing.

@@ -1,11 +1,13 @@
 # The workers' store sealed behind the agents' link (Note [Store tunnel wired] in store_tunnel_io.h):
 # two nodes in network namespaces of this test's own joined by a veth pair (10.213.0.1, 10.213.0.2),
 # and a stranger in a third (10.214.0.2) that reaches node 0's address over a second veth. While the
-# job runs, worker rank 0's store (the library's, MASTER_ADDR=127.0.0.1) listens on node 0's loopback
-# alone, a connection from the stranger to node 0's address at that port is refused (while the
-# agents' port at that address answers it: the path is there), and node 1's workers reach the store
-# through their agent: the library's collectives test passes across the nodes. Needs root and
-# `ip netns`; skipped otherwise.
+# job runs, the workers' store (node 0's store keeper's, MASTER_ADDR=127.0.0.1) listens on node 0's
+# loopback alone, a connection from the stranger to node 0's address at that port is refused (while
+# the agents' port at that address answers it: the path is there), and node 1's workers reach the
+# store through their agent: the library's collectives test passes across the nodes. Then the same
+# with torch.distributed (env://) workers, whose rank 0 used to bind its own store on every
+# interface: every rank is now a client of the keeper's store, and Gloo's all-reduce passes. Needs
+# root and `ip netns`; skipped otherwise (the Python part without a python that has torch).
 . "$(dirname "$0")/common.sh"
 collectives=${2:?usage: $0 PATH/TO/cpprun PATH/TO/cpprun_dist_collectives}
 
@@ -58,8 +60,41 @@ except OSError as e:
 PY
 }
 
-# Node 1's worker waits for $WORK/release before it starts the collectives test, so worker rank 0
-# sits in init_process_group, its store listening, while the test looks at it.
+# The store's listener on node 0 while the job of ranks $1 (node 0) and $2 (node 1), whose
+# environments are in $WORK/env.RANK, waits: at 127.0.0.1:MASTER_PORT alone, the store keeper's, out
+# of the stranger's reach and of node 1's but through its agent. Sets $port.
+expect_sealed() {  # rank_on_node0 rank_on_node1 what
+  local rank store_at
+  wait_for_files 60 "$WORK/env.$1" "$WORK/env.$2"
+  port=$(sed -n 's/^MASTER_PORT=//p' "$WORK/env.$1")
+  [ -n "$port" ] || fail "$3: rank $1 has no MASTER_PORT"
+  for rank in "$1" "$2"; do
+    grep -qxF MASTER_ADDR=127.0.0.1 "$WORK/env.$rank" ||
+      fail "$3: rank $rank's MASTER_ADDR is not the loopback: $(grep '^MASTER_ADDR=' "$WORK/env.$rank")"
+    grep -qxF TORCHELASTIC_USE_AGENT_STORE=True "$WORK/env.$rank" || fail "$3: rank $rank is not told the agent hosts the store"
+  done
+  # The keeper's socket listens from the round's start, before any worker: at 127.0.0.1:$port alone.
+  ip netns exec "$ns0" ss -ltnpH >"$WORK/listening"
+  store_at=$(awk '{print $4}' "$WORK/listening" | grep ":$port\$")
+  [ "$store_at" = "127.0.0.1:$port" ] ||
+    fail "$3: node 0's store listens at '$store_at', not 127.0.0.1:$port alone: $(cat "$WORK/listening")"
+  grep ":$port " "$WORK/listening" | grep -qF '(("cpprun-store-ke",' ||
+    fail "$3: the store's listener is not the store keeper's: $(grep ":$port " "$WORK/listening")"
+  # The stranger reaches node 0's address (the agents' port answers), but not the store there.
+  connects "$ns2" 10.213.0.1 29540 >"$WORK/stranger.agent" ||
+    fail "$3: the stranger cannot reach node 0 at all (the test's network is wrong): $(cat "$WORK/stranger.agent")"
+  if connects "$ns2" 10.213.0.1 "$port" >"$WORK/stranger.store"; then
+    fail "$3: a stranger connected to node 0's address at the workers' store port $port"
+  fi
+  grep -q "refused" "$WORK/stranger.store" ||
+    fail "$3: the stranger's connect to the store port was not refused: $(cat "$WORK/stranger.store")"
+  if connects "$ns1" 10.213.0.1 "$port" >"$WORK/node1.store"; then
+    fail "$3: node 1 connected to node 0's address at the workers' store port $port: not through its agent"
+  fi
+}
+
+# Node 1's worker waits for $WORK/release before it starts the collectives test, so node 0's workers
+# sit in init_process_group, the store listening, while the test looks at it.
 worker='env >"$WORK/env.$RANK"
   [ "$GROUP_RANK" = 0 ] || while [ ! -e "$WORK/release" ]; do sleep 0.05; done
   exec "$0"'
@@ -71,35 +106,7 @@ node1=$!
 CPPRUN_TEST_TAG=$WORK ip netns exec "$ns0" "$CPPRUN" "${args[@]}" --node_rank=0 --nproc_per_node=2 \
   /bin/sh -c "$worker" "$collectives" >"$WORK/node0.out" 2>"$WORK/node0.err" &
 node0=$!
-wait_for_files 30 "$WORK/env.0" "$WORK/env.2"
-port=$(sed -n 's/^MASTER_PORT=//p' "$WORK/env.0")
-[ -n "$port" ] || fail "rank 0 has no MASTER_PORT"
-for rank in 0 2; do
-  grep -qxF MASTER_ADDR=127.0.0.1 "$WORK/env.$rank" ||
-    fail "rank $rank's MASTER_ADDR is not the loopback: $(grep '^MASTER_ADDR=' "$WORK/env.$rank")"
-done
-
-# Worker rank 0's store comes up at 127.0.0.1:$port, and nowhere else on node 0.
-deadline=$((SECONDS + 30))
-until ip netns exec "$ns0" ss -ltnH | awk '{print $4}' | grep -q ":$port\$"; do
-  [ "$SECONDS" -lt "$deadline" ] || fail "worker rank 0's store never listened at port $port on node 0"
-  sleep 0.05
-done
-ip netns exec "$ns0" ss -ltnH >"$WORK/listening"
-store_at=$(awk '{print $4}' "$WORK/listening" | grep ":$port\$")
-[ "$store_at" = "127.0.0.1:$port" ] || fail "node 0's store listens at '$store_at', not 127.0.0.1:$port alone: $(cat "$WORK/listening")"
-
-# The stranger reaches node 0's address (the agents' port answers), but not the store there.
-connects "$ns2" 10.213.0.1 29540 >"$WORK/stranger.agent" ||
-  fail "the stranger cannot reach node 0 at all (the test's network is wrong): $(cat "$WORK/stranger.agent")"
-if connects "$ns2" 10.213.0.1 "$port" >"$WORK/stranger.store"; then
-  fail "a stranger connected to node 0's address at the workers' store port $port"
-fi
-grep -q "refused" "$WORK/stranger.store" || fail "the stranger's connect to the store port was not refused: $(cat "$WORK/stranger.store")"
-if connects "$ns1" 10.213.0.1 "$port" >"$WORK/node1.store"; then
-  fail "node 1 connected to node 0's address at the workers' store port $port: not through its agent"
-fi
-
+expect_sealed 0 2 "the library's ranks"
 touch "$WORK/release"
 wait_node "$node0" 80
 expect_eq "$NODE_STATUS" 0 "node 0's exit code"
@@ -108,5 +115,39 @@ expect_eq "$NODE_STATUS" 0 "node 1's exit code"
 expect_in_file "$WORK/node0.out" "[rank0]: All tests passed" "rank 0's result"
 expect_in_file "$WORK/node0.out" "[rank1]: All tests passed" "rank 1's result"
 expect_in_file "$WORK/node1.out" "[rank2]: All tests passed" "rank 2's result"
+expect_no_leftovers
+
+# torch.distributed's env://: before the store keeper its rank 0 bound the store on every interface.
+find_torch_python_or_skip
+rm -f "$WORK"/env.* "$WORK/release"
+export TORCHINDUCTOR_CACHE_DIR=$WORK/inductor-cache
+cat >"$WORK/sealed.py" <<'PY'
+import datetime, os, sys, time, torch, torch.distributed as dist
+if os.environ["GROUP_RANK"] != "0":  # node 1 waits, node 0's ranks wait in init_process_group for it
+    while not os.path.exists(os.path.join(os.environ["WORK"], "release")):
+        time.sleep(0.05)
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+t = torch.tensor([float(dist.get_rank() + 1)])
+dist.all_reduce(t)
+print(f"world {dist.get_world_size()} sum {t.item():g}", flush=True)
+dist.destroy_process_group()
+sys.stdout.flush()
+os._exit(0)  # PyTorch 2.15's Gloo threads may abort at finalization (see python_scripts.sh)
+PY
+worker='env >"$WORK/env.$RANK"; exec "$0" "$1"'
+CPPRUN_TEST_TAG=$WORK ip netns exec "$ns1" "$CPPRUN" "${args[@]}" --node_rank=1 --nproc_per_node=1 \
+  /bin/sh -c "$worker" "$python" "$WORK/sealed.py" >"$WORK/node1.out" 2>"$WORK/node1.err" &
+node1=$!
+CPPRUN_TEST_TAG=$WORK ip netns exec "$ns0" "$CPPRUN" "${args[@]}" --node_rank=0 --nproc_per_node=2 \
+  /bin/sh -c "$worker" "$python" "$WORK/sealed.py" >"$WORK/node0.out" 2>"$WORK/node0.err" &
+node0=$!
+expect_sealed 0 2 "torch.distributed's ranks"
+touch "$WORK/release"
+wait_node "$node0" 120
+expect_eq "$NODE_STATUS" 0 "node 0's exit code (Python)"
+wait_node "$node1" 120
+expect_eq "$NODE_STATUS" 0 "node 1's exit code (Python)"
+for rank in 0 1; do expect_in_file "$WORK/node0.out" "[rank$rank]: world 3 sum 6" "Python rank $rank's all-reduce"; done
+expect_in_file "$WORK/node1.out" "[rank2]: world 3 sum 6" "Python rank 2's all-reduce"
 expect_no_leftovers
 echo PASS

@@ -1,0 +1,74 @@
+// The store keeper of one round: the workers' store socket bound by this agent, and the keeper
+// process that serves LibTorch's TCPStore on it (Note [Store keeper] in store_keeper_plan.h).
+#pragma once
+
+#include <poll.h>
+#include <sys/types.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "workers/attempt.h"
+#include "workers/store_keeper_plan.h"
+
+namespace cpprun::launcher {
+
+class SignalRelay;
+
+class StoreKeeper {
+ public:
+  // Binds the store's socket as `plan` says and starts settings.choice on it. The keeper is not
+  // waited for: the socket listens from now on, and workers that connect before the keeper serves
+  // wait in its backlog. Throws StoreKeeperError (exit code 1) when the socket cannot be bound (the
+  // port taken: `port_flag` names where the port came from, "" when the kernel picked it) or the
+  // keeper cannot be started. `node` names this node in its description ("node 0"; "" alone).
+  StoreKeeper(const KeeperSettings& settings, const StoreSocketPlan& plan, const std::string& port_flag,
+              const SignalRelay& relay, const std::string& node = "");
+  // Stops the keeper if it still runs (SIGKILL) and reaps it.
+  ~StoreKeeper();
+  StoreKeeper(const StoreKeeper&) = delete;
+  StoreKeeper& operator=(const StoreKeeper&) = delete;
+
+  // Where the socket is bound ("127.0.0.1", "::1"; "0.0.0.0" or "::" for StoreReach::kEveryInterface).
+  const std::string& address() const { return address_; }
+  int port() const { return port_; }
+  pid_t pid() const { return pid_; }
+  // "the workers' store keeper (pid 4242: ..., serving 127.0.0.1:29500)"
+  const std::string& description() const { return description_; }
+
+  // For poll(): cpprun's end of the keeper's standard input, readable (EOF) once the keeper has
+  // ended. -1 once it has been seen to end.
+  pollfd poll_entry() const { return {watch_fd_, POLLIN, 0}; }
+  bool owns(int fd) const { return fd >= 0 && fd == watch_fd_; }
+  // After poll_entry() was ready: nullopt while the keeper runs; else how it ended, reaped ("exited
+  // with code 1", "killed by SIGKILL (Killed)"), once.
+  std::optional<std::string> check_ended();
+
+  // SIGKILL and reap, unless it has ended; a second call does nothing.
+  void stop();
+
+ private:
+  std::string address_;
+  int port_ = 0;
+  pid_t pid_ = -1;
+  int watch_fd_ = -1;  // closed once the keeper is seen to end, or stopped
+  std::string description_;
+};
+
+// A single-node attempt's view of its keeper: the keeper's end ends the attempt (GroupEnd::kPeerEnded)
+// with end_reason(). See run_attempt's `peers`.
+class StoreKeeperWatch final : public PeerEvents {
+ public:
+  explicit StoreKeeperWatch(StoreKeeper& keeper) : keeper_(keeper) {}
+  std::vector<pollfd> poll_fds() const override;
+  void on_ready(int fd, short revents) override;
+  bool attempt_ended() const override { return !ended_.empty(); }
+  std::string end_reason() const override { return ended_; }
+
+ private:
+  StoreKeeper& keeper_;
+  std::string ended_;  // keeper_ended_reason(), once the keeper ended
+};
+
+}  // namespace cpprun::launcher
