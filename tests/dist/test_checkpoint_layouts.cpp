@@ -408,4 +408,36 @@ TEST_CASE("checkpoint layouts: the earlier whole-model archive is the unsplit mo
     }
     cpprun::barrier(group());  // every rank has read the files before the next layout writes them
   }
+
+  // Another model's archive (one block of the two, other values): refused on every rank, the root
+  // listing what the file lacks, and nothing loaded, not even the block that fits.
+  const std::string other = dir / "other.pt";
+  if (group().rank() == 0) {
+    auto one_block = std::make_shared<torch::nn::Module>();
+    torch::nn::ModuleList h;
+    h->push_back(torch::nn::Sequential(torch::nn::LayerNorm(torch::nn::LayerNormOptions({kHidden})),
+                                       torch::nn::Linear(kHidden, 4 * kHidden), torch::nn::GELU(),
+                                       torch::nn::Linear(4 * kHidden, kHidden)));
+    one_block->register_module("h", h);
+    one_block->to(torch::kDouble);
+    torch::save(one_block, other);
+  }
+  cpprun::barrier(group());
+  Trainer refused({tp, "ddp"});  // its replicated tensors are the module's own, which a load writes in place
+  refused.train(0, 1);           // every tensor differs from the file's and from its initial value
+  const auto before = whole_parameters(refused, dir / "before.safetensors");
+  std::string message = "(nothing thrown)";
+  try {
+    refused.on_model([&](auto& m) { cpprun::load_full_state_dict(m, other); });
+  } catch (const std::exception& e) {
+    message = e.what();
+  }
+  if (group().rank() == 0) {
+    CHECK_THAT(message, Catch::Contains(other + " does not fit this model (1 difference(s)): missing the submodule "
+                                        "\"h.1\". Nothing was loaded."));
+  } else {
+    CHECK_THAT(message, Catch::Contains("loading the full state dict from " + other + " failed on"));
+  }
+  const auto after = whole_parameters(refused, dir / "after.safetensors");
+  for (const auto& [name, tensor] : before) CHECK(after.at(name).equal(tensor));
 }
