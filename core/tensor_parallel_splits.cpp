@@ -74,22 +74,6 @@ void refuse_tensor_parallel_overlap(const std::map<std::string, TensorParallelSp
   }
 }
 
-void refuse_tensor_parallel_checkpoint(const std::map<std::string, TensorParallelSplit>& splits, const char* who,
-                                       const char* what, const std::string& path) {
-  if (splits.empty()) return;
-  const auto& [name, split] = *splits.begin();
-  const bool saves = std::string(what).rfind("save", 0) == 0;
-  TORCH_CHECK(false, who, ": ", what, "(\"", path, "\") is not supported with tensor parallelism: \"", name,
-              "\" (and ", splits.size() - 1, " more) is split across ", split.group.size(), " tensor-parallel "
-              "ranks. ", saves ? "cpprun::save_state_dict(model, \"ck/\") (or a .safetensors or .pt file) writes the "
-                                 "whole tensors under their unsplit names, which any split of the model loads, and "
-                                 "save_optimizer_state_dict(model, optimizer, \"ck/\") the optimizer's state"
-                               : "cpprun::load_state_dict(model, PATH) loads a directory or a .safetensors or .pt "
-                                 "file of whole tensors, each rank cutting its shard, and load_optimizer_state_dict "
-                                 "the optimizer's state",
-              " (docs/tensor_parallel.md, Checkpoints).");
-}
-
 std::vector<ProcessGroup> tensor_parallel_groups(const std::map<std::string, TensorParallelSplit>& splits) {
   std::vector<const ProcessGroup*> groups;
   for (const auto& [name, split] : splits) groups.push_back(&split.group);

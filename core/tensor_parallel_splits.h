@@ -1,6 +1,6 @@
 // What DDP and FSDP need from tensor parallelism (cpprun/tensor_parallel_split.h): a check that
-// their data-parallel group leaves each tensor-parallel group's shards apart, and that their
-// checkpoint files are not written from (or read into) shards.
+// their data-parallel group leaves each tensor-parallel group's shards apart, and the distinct
+// tensor-parallel groups of a model's splits.
 #pragma once
 
 #include <map>
@@ -18,12 +18,6 @@ namespace cpprun::detail {
 // the wrapper in the error.
 void refuse_tensor_parallel_overlap(const std::map<std::string, TensorParallelSplit>& splits,
                                     const ProcessGroup& data_parallel, const char* who);
-
-// Refuses a save or load of an earlier checkpoint format (`what`: "save_full_state_dict"), which
-// has no tensor-parallel form, for a model holding tensor-parallel shards; the error names
-// save_state_dict / load_state_dict, which have one (checkpoint/state_view.h).
-void refuse_tensor_parallel_checkpoint(const std::map<std::string, TensorParallelSplit>& splits, const char* who,
-                                       const char* what, const std::string& path);
 
 // The distinct groups among `groups` (several parameters share one tensor-parallel group, each
 // holding its own ProcessGroup handle): told apart by their ranks, in the order of their ranks,

@@ -11,15 +11,12 @@
 
 #include "core/clip_grad_norm.h"
 #include "checkpoint/state_view.h"
-#include "checkpoint/full_state.h"
 #include "core/tensor_parallel_splits.h"
 #include "cpprun/collectives.h"
 #include "ddp/reducer.h"
 
 namespace cpprun::detail {
 namespace {
-
-constexpr const char* kWho = "cpprun::DistributedDataParallel";  // in errors
 
 // What each rank says about itself at each step of a join (see DdpCore::join).
 enum class JoinState : int64_t { kJoined = 0, kActiveNoSync = 1, kActiveSync = 2 };
@@ -212,26 +209,9 @@ double DdpCore::clip_grad_norm(double max_norm) {
   }
   return detail::clip_grad_norm(grads, max_norm, /*sum_over=*/nullptr, "cpprun::DistributedDataParallel");
 }
-void DdpCore::save_full_state(const std::string& path) {
-  refuse_tensor_parallel_checkpoint(impl_->tp_splits, kWho, "save_full_state_dict", path);
-  detail::save_full_state(impl_->module, impl_->group, path);
-}
-void DdpCore::load_full_state(const std::string& path) {
-  refuse_tensor_parallel_checkpoint(impl_->tp_splits, kWho, "load_full_state_dict", path);
-  detail::load_full_state(impl_->module, impl_->group, path);
-}
 void DdpCore::describe_state(StateView& view) {
   // Every rank holds the whole module (its tensor-parallel shards aside): replicated over the group.
   view = module_state_view(impl_->module, impl_->tp_splits, impl_->group);
-}
-void DdpCore::save_sharded(const std::string& dir, torch::optim::Optimizer*) {
-  TORCH_CHECK(false, "cpprun::DistributedDataParallel: save_sharded_checkpoint(model, optimizer, \"", dir, "\") needs "
-              "FullyShardedDataParallel (each of its ranks holds a shard); every DDP rank holds the whole model: use "
-              "save_full_state_dict(model, path).");
-}
-void DdpCore::load_sharded(const std::string& dir, torch::optim::Optimizer*) {
-  TORCH_CHECK(false, "cpprun::DistributedDataParallel: load_sharded_checkpoint(model, optimizer, \"", dir, "\") needs "
-              "FullyShardedDataParallel; under DDP use load_full_state_dict(model, path).");
 }
 void DdpCore::register_comm_hook(std::shared_ptr<CommHook> hook) { impl_->reducer->set_comm_hook(std::move(hook)); }
 const ProcessGroup& DdpCore::group() const { return impl_->group; }

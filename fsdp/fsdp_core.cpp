@@ -1,8 +1,9 @@
 // FullyShardedDataParallel's non-template part: wires its pieces together. Units are planned
 // (unit_plan.h) and their parameters sharded (param_bucket.h); the full parameters are kept
 // current (stages 1 and 2: all-gathered after each optimizer step; stage 3: ParameterResidency's
-// gather on use); gradients are reduced by GradientSync; checkpoints are checkpoint.h's. What
-// differs between the ZeRO stages is decided once, in StageBehaviour.
+// gather on use); gradients are reduced by GradientSync; checkpoints see the shards through
+// describe_state (checkpoint/state_view.h). What differs between the ZeRO stages is decided once,
+// in StageBehaviour.
 #include "cpprun/detail/fsdp_core.h"
 
 #include <ATen/ATen.h>
@@ -16,9 +17,7 @@
 #include "core/clip_grad_norm.h"
 #include "cpprun/collectives.h"
 #include "checkpoint/state_view.h"
-#include "checkpoint/full_state.h"
 #include "core/tensor_parallel_splits.h"
-#include "fsdp/checkpoint.h"
 #include "fsdp/deferred_units.h"
 #include "fsdp/fsdp_collectives.h"
 #include "fsdp/param_bucket.h"
@@ -31,21 +30,13 @@ namespace cpprun::detail {
 
 namespace {
 
-constexpr const char* kWho = "cpprun::FullyShardedDataParallel";  // in errors
-
-// Stage 3: releases every gathered unit when a checkpoint is done with them, however it ends.
-class ReleaseAfter {
- public:
-  explicit ReleaseAfter(ParameterResidency* residency) : residency_(residency) {}
-  ~ReleaseAfter() {
-    if (residency_) residency_->release_all();
-  }
-  ReleaseAfter(const ReleaseAfter&) = delete;
-  ReleaseAfter& operator=(const ReleaseAfter&) = delete;
-
- private:
-  ParameterResidency* residency_;
-};
+// Rank 0's parameters and buffers of `module` on every rank of `group`.
+void broadcast_module_state(torch::nn::Module& module, const ProcessGroup& group) {
+  std::vector<at::Tensor> state;
+  for (const auto& p : module.parameters()) state.push_back(p);
+  for (const auto& b : module.buffers()) state.push_back(b);
+  broadcast_coalesced(group, state, 0);
+}
 
 // Everything the ZeRO stage decides, in one place.
 struct StageBehaviour {
@@ -255,28 +246,6 @@ FsdpPrefetchStats FsdpCore::prefetch_stats() const {
   return stats;
 }
 
-void FsdpCore::save_full_state(const std::string& path) {
-  refuse_tensor_parallel_checkpoint(impl_->tp_splits, kWho, "save_full_state_dict", path);
-  // The gathered module holds the compute copies: the archive would keep bf16 values and lose the
-  // fp32 masters' low bits at every save and resume. save_state_dict writes the masters.
-  TORCH_CHECK(!impl_->options.param_dtype().has_value(), "cpprun::FullyShardedDataParallel: save_full_state_dict(model, \"",
-              path, "\") under mixed precision (param_dtype ", *impl_->options.param_dtype(), ") would write the "
-              "compute copies and lose the fp32 masters' low bits. Use cpprun::save_state_dict(model, \"model.pt\") "
-              "(or .safetensors, or a directory): it saves the fp32 masters, and torch.load reads it.");
-  gather_full_parameters();  // collective: every rank takes part
-  ReleaseAfter release(impl_->residency.get());
-  detail::save_full_state(impl_->module, impl_->groups.whole, path);
-}
-
-void FsdpCore::load_full_state(const std::string& path) {
-  refuse_tensor_parallel_checkpoint(impl_->tp_splits, kWho, "load_full_state_dict", path);
-  gather_full_parameters();
-  ReleaseAfter release(impl_->residency.get());
-  detail::load_full_state(impl_->module, impl_->groups.whole, path);
-  // Where a shard is not a view of the full parameters (stage 3, mixed precision), copy it over.
-  for (auto& bucket : impl_->buckets) bucket.shards_from_unsharded();
-}
-
 // Each parameter's entry is its shard, the tensor the optimizer steps: under mixed precision the
 // fp32 master, not the compute copy (as PyTorch's FSDP2, whose state_dict() holds the sharded fp32
 // parameters). Buffers and frozen parameters are the module's own, replicated.
@@ -302,17 +271,6 @@ void FsdpCore::describe_state(StateView& view) {
     s.shards_loaded = true;
     s.gather_if_stepped();
   };
-}
-
-void FsdpCore::save_sharded(const std::string& dir, torch::optim::Optimizer* optimizer) {
-  refuse_tensor_parallel_checkpoint(impl_->tp_splits, kWho, "save_sharded_checkpoint", dir);
-  save_sharded_checkpoint(impl_->buckets, impl_->groups, optimizer, dir);
-}
-
-void FsdpCore::load_sharded(const std::string& dir, torch::optim::Optimizer* optimizer) {
-  refuse_tensor_parallel_checkpoint(impl_->tp_splits, kWho, "load_sharded_checkpoint", dir);
-  load_sharded_checkpoint(impl_->buckets, impl_->groups, optimizer, dir);
-  impl_->shards_loaded = true;
 }
 
 void FsdpCore::set_require_sync(bool sync) { impl_->require_sync = sync; }

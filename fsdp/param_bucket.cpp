@@ -100,12 +100,6 @@ std::size_t ParamBucket::unsharded_bytes() const {
 
 bool ParamBucket::unsharded_allocated() const { return unsharded_.storage().nbytes() != 0; }
 
-void ParamBucket::shards_from_unsharded() {
-  if (!separate_) return;
-  at::NoGradGuard no_grad;
-  for (std::size_t i = 0; i < params_.size(); ++i) params_[i].shard.copy_(shard_view(unsharded_, i));
-}
-
 std::vector<ParamBucket> shard_units(const std::vector<UnitPlan>& units, const ShardOptions& options) {
   std::vector<ParamBucket> buckets;
   for (std::size_t u = 0; u < units.size(); ++u) {

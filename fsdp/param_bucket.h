@@ -77,8 +77,6 @@ class ParamBucket {
   void allocate_unsharded(c10::DataPtr reuse = c10::DataPtr());
   bool unsharded_allocated() const;
   std::size_t unsharded_bytes() const;  // when allocated
-  // Copies unsharded()'s values (e.g. just loaded) into separate shards.
-  void shards_from_unsharded();
 
  private:
   std::size_t unit_;

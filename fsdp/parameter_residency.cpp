@@ -234,11 +234,6 @@ void ParameterResidency::gather_all() {
   }
 }
 
-void ParameterResidency::release_all() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  for (std::size_t u = 0; u < states_.size(); ++u) release(u);
-}
-
 int64_t ParameterResidency::gathered_bytes() const {
   int64_t bytes = 0;
   for (const auto& bucket : buckets_) bytes += static_cast<int64_t>(bucket.unsharded().storage().nbytes());

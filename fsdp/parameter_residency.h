@@ -65,9 +65,8 @@ class ParameterResidency final : public UseListener {
   void backward_done(std::size_t bucket);
   // Backward is over: release everything.
   void end_backward();
-  // Everything gathered (checkpoints, gather_full_parameters()); they stay until the next forward.
+  // Everything gathered (gather_full_parameters()); they stay until the next forward.
   void gather_all();
-  void release_all();
 
   int64_t gathered_bytes() const;
   int64_t peak_gathered_bytes() const;  // gathered plus kept, at most

@@ -8,6 +8,10 @@
 // parallelism, and in one process on each rank. Under mixed precision (param_dtype float32 over
 // float64 masters) the masters are what is saved: a save of the compute copies would lose their
 // low bits, and the resumed run would leave the tolerance at once.
+// The earlier formats go through the same view: save_sharded_checkpoint's rank_<q>.pt files saved
+// at {dp, tp} ZeRO-3, DDP and under mixed precision resume elsewhere the same way, and
+// save_full_state_dict's TorchScript archive is, at every layout, torch::save of the unsplit
+// model (the masters under mixed precision), while torch::save's own archives load into each.
 #include "catch.h"
 #include <torch/torch.h>
 
@@ -184,8 +188,9 @@ void check_same(const std::map<std::string, at::Tensor>& resumed, const std::map
 }
 
 // How a checkpoint is written: a sharded directory (both saves into one, same options, no id
-// given by hand), the same in the background, or two single files.
-enum class SaveKind { kDirectory, kAsync, kFiles };
+// given by hand), the same in the background, two single files, or the earlier format of
+// save_sharded_checkpoint (rank_<q>.pt and meta.pt).
+enum class SaveKind { kDirectory, kAsync, kFiles, kEarlierSharded };
 
 void save(Trainer& trainer, SaveKind kind, const JobDirectory& dir) {
   const auto options = cpprun::StateDictSaveOptions().step(kStepsBefore).save_id(cpprun::new_save_id());
@@ -204,6 +209,9 @@ void save(Trainer& trainer, SaveKind kind, const JobDirectory& dir) {
         cpprun::save_state_dict(m, dir / "model.safetensors", options);
         cpprun::save_optimizer_state_dict(m, *trainer.optimizer, dir / "optimizer.safetensors", options);
         break;
+      case SaveKind::kEarlierSharded:
+        cpprun::save_sharded_checkpoint(m, *trainer.optimizer, dir / "earlier");
+        break;
     }
   });
 }
@@ -214,6 +222,10 @@ void load(Trainer& trainer, SaveKind kind, const JobDirectory& dir) {
                                                               : dir / "model.safetensors";
   const std::string optimizer_path = kind == SaveKind::kFiles ? dir / "optimizer.safetensors" : model_path;
   trainer.on_model([&](auto& m) {
+    if (kind == SaveKind::kEarlierSharded) {
+      cpprun::load_sharded_checkpoint(m, *trainer.optimizer, dir / "earlier");
+      return;
+    }
     cpprun::load_state_dict(m, model_path);
     cpprun::load_optimizer_state_dict(m, *trainer.optimizer, optimizer_path);
   });
@@ -264,4 +276,168 @@ TEST_CASE("checkpoint layouts: under mixed precision the masters are saved, and 
   resumed_async.train(kStepsBefore, kStepsBefore + kStepsAfter);
   check_same(whole_parameters(resumed_async, dir / "resumed.safetensors"), reference,
              "resumed at ZeRO-2 from the background save, mixed precision");
+}
+
+// The earlier formats through the same view. save_sharded_checkpoint's files hold rows of the whole
+// tensors (FSDP's own shards as they are; a tensor-parallel split gathered first; DDP all rows in
+// one file), so a save at any {dp, tp} layout and wrapper resumes at any other, the AdamW moments
+// with it.
+TEST_CASE("checkpoint layouts: the earlier sharded format saved at {dp, tp} ZeRO-3 and DDP resumes under every "
+          "other layout", "[layouts]") {
+  JobDirectory dir;
+  const int tp = default_tp();
+  for (const Layout& from : {Layout{tp, "zero3"}, Layout{tp, "ddp"}, Layout{tp, "zero2", true}}) {
+    Trainer saved(from);
+    saved.train(0, kStepsBefore);
+    save(saved, SaveKind::kEarlierSharded, dir);
+    saved.train(kStepsBefore, kStepsBefore + kStepsAfter);
+    const auto reference = whole_parameters(saved, dir / "reference.safetensors");
+    // Under mixed precision (float32 compute over float64 masters) the files hold the masters:
+    // resumed with mixed precision, the run goes on exactly (a save of the compute copies would not).
+    const std::vector<Layout> resumes =
+        from.mixed_precision ? std::vector<Layout>{{tp, "zero3", true}}
+                             : std::vector<Layout>{{tp, "zero1"}, {tp, "ddp"}, {1, "zero3"}, {1, "ddp"}, {1, "none"}};
+    for (const Layout& to : resumes) {
+      Trainer resumed(to);
+      load(resumed, SaveKind::kEarlierSharded, dir);
+      resumed.train(kStepsBefore, kStepsBefore + kStepsAfter);
+      check_same(whole_parameters(resumed, dir / "resumed.safetensors"), reference,
+                 "the earlier sharded format saved under " + from.str() + ", resumed under " + to.str());
+    }
+    cpprun::barrier(group());  // every rank has read the files before the next save replaces them
+  }
+}
+
+namespace {
+
+// Every tensor of a torch::save archive (parameters and buffers, by dotted name, submodules
+// followed recursively), as torch::load would read them, for comparing two archives.
+void archive_tensors(torch::serialize::InputArchive& archive, const std::string& prefix,
+                     std::map<std::string, at::Tensor>& out) {
+  for (const std::string& key : archive.keys()) {
+    at::Tensor tensor;
+    torch::serialize::InputArchive child;
+    if (archive.try_read(key, tensor)) {
+      out[prefix + key] = tensor;
+    } else if (archive.try_read(key, child)) {
+      archive_tensors(child, prefix + key + ".", out);
+    }
+  }
+}
+std::map<std::string, at::Tensor> archive_tensors(const std::string& path) {
+  torch::serialize::InputArchive archive;
+  archive.load_from(path);
+  std::map<std::string, at::Tensor> out;
+  archive_tensors(archive, "", out);
+  return out;
+}
+
+}  // namespace
+
+// save_full_state_dict's TorchScript archive at every layout is what torch::save of the unsplit
+// model writes, tensor for tensor (the masters under mixed precision); and an archive as the
+// earlier code wrote it (torch::save of a plain module, with and without cpprun's checksum footer)
+// loads into every layout exactly.
+TEST_CASE("checkpoint layouts: the earlier whole-model archive is the unsplit model's torch::save at every layout, "
+          "and loads into each", "[layouts]") {
+  JobDirectory dir;
+  const int tp = default_tp();
+  // The earlier files: a plain stack trained alike on every rank, as the earlier code saved it.
+  Trainer plain({1, "none"});
+  plain.train(0, 2);
+  std::map<std::string, at::Tensor> expected;
+  for (const auto& item : plain.net->named_parameters()) expected[item.key()] = item.value().detach().clone();
+  if (group().rank() == 0) {
+    torch::save(plain.net, dir / "torch_save.pt");
+    torch::serialize::OutputArchive archive;
+    plain.net->save(archive);
+    cpprun::save_checkpoint(archive, dir / "checked.pt");
+  }
+  cpprun::barrier(group());
+  const std::vector<Layout> layouts{{tp, "zero3"}, {tp, "zero1"}, {tp, "ddp"},       {1, "zero2"},
+                                    {1, "ddp"},    {1, "none"},   {tp, "zero2", true}};
+  for (const Layout& layout : layouts) {
+    INFO(layout.str());
+    for (const std::string file : {"torch_save.pt", "checked.pt"}) {
+      Trainer loaded(layout);
+      loaded.on_model([&](auto& m) { cpprun::load_full_state_dict(m, dir / file); });
+      const auto whole = whole_parameters(loaded, dir / "loaded.safetensors");
+      REQUIRE(whole.size() == expected.size());
+      for (const auto& [name, tensor] : expected) {
+        INFO(file << " into " << layout.str() << ": " << name);
+        CHECK(whole.at(name).equal(tensor));
+      }
+    }
+    // Trained on, then saved: the archive is, tensor for tensor, torch::save of an unsplit stack
+    // holding the same values (float64: under mixed precision the masters, not float32 copies).
+    Trainer trained(layout);
+    trained.train(0, 2);
+    const std::string archive = dir / "archive.pt";
+    trained.on_model([&](auto& m) {
+      if (layout.how == "none") {
+        if (group().rank() == 0) cpprun::save_full_state_dict(m, archive);
+      } else {
+        cpprun::save_full_state_dict(m, archive);
+      }
+    });
+    const auto values = whole_parameters(trained, dir / "trained.safetensors");
+    if (group().rank() == 0) {
+      Stack unsplit;
+      {
+        torch::NoGradGuard no_grad;
+        for (const auto& item : unsplit->named_parameters()) item.value().copy_(values.at(item.key()));
+      }
+      torch::save(unsplit, dir / "unsplit.pt");
+    }
+    cpprun::barrier(group());
+    const auto ours = archive_tensors(archive), theirs = archive_tensors(dir / "unsplit.pt");
+    REQUIRE(ours.size() == theirs.size());
+    for (const auto& [name, tensor] : theirs) {
+      INFO(layout.str() << ": " << name);
+      REQUIRE(ours.count(name) == 1);
+      CHECK(ours.at(name).scalar_type() == tensor.scalar_type());
+      CHECK(ours.at(name).sizes() == tensor.sizes());
+      CHECK(ours.at(name).equal(tensor));
+    }
+    Stack reader;  // and a plain stack reads it with torch::load, in float64
+    torch::load(reader, archive);
+    for (const auto& item : reader->named_parameters()) {
+      INFO(layout.str() << ": " << item.key());
+      CHECK(item.value().scalar_type() == at::kDouble);
+      CHECK(item.value().equal(values.at(item.key())));
+    }
+    cpprun::barrier(group());  // every rank has read the files before the next layout writes them
+  }
+
+  // Another model's archive (one block of the two, other values): refused on every rank, the root
+  // listing what the file lacks, and nothing loaded, not even the block that fits.
+  const std::string other = dir / "other.pt";
+  if (group().rank() == 0) {
+    auto one_block = std::make_shared<torch::nn::Module>();
+    torch::nn::ModuleList h;
+    h->push_back(torch::nn::Sequential(torch::nn::LayerNorm(torch::nn::LayerNormOptions({kHidden})),
+                                       torch::nn::Linear(kHidden, 4 * kHidden), torch::nn::GELU(),
+                                       torch::nn::Linear(4 * kHidden, kHidden)));
+    one_block->register_module("h", h);
+    one_block->to(torch::kDouble);
+    torch::save(one_block, other);
+  }
+  cpprun::barrier(group());
+  Trainer refused({tp, "ddp"});  // its replicated tensors are the module's own, which a load writes in place
+  refused.train(0, 1);           // every tensor differs from the file's and from its initial value
+  const auto before = whole_parameters(refused, dir / "before.safetensors");
+  std::string message = "(nothing thrown)";
+  try {
+    refused.on_model([&](auto& m) { cpprun::load_full_state_dict(m, other); });
+  } catch (const std::exception& e) {
+    message = e.what();
+  }
+  if (group().rank() == 0) {
+    CHECK_THAT(message, Catch::Contains(other + " does not fit this model (1 difference(s)): missing the submodule "
+                                        "\"h.1\". Nothing was loaded."));
+  } else {
+    CHECK_THAT(message, Catch::Contains("loading the full state dict from " + other + " failed on"));
+  }
+  const auto after = whole_parameters(refused, dir / "after.safetensors");
+  for (const auto& [name, tensor] : before) CHECK(after.at(name).equal(tensor));
 }

@@ -5,16 +5,11 @@
 
 #include <ATen/core/Tensor.h>
 
-#include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
 
 #include "cpprun/process_group.h"
-
-namespace torch::optim {
-class Optimizer;
-}  // namespace torch::optim
 
 namespace cpprun::detail {
 
@@ -47,12 +42,7 @@ class DataParallelCore {
   virtual void gather_full_parameters() {}
   virtual const ProcessGroup& group() const = 0;
 
-  // Checkpoints (cpprun/model_checkpoint.h). Collective. `optimizer` may be null.
-  virtual void save_full_state(const std::string& path) = 0;
-  virtual void load_full_state(const std::string& path) = 0;
-  virtual void save_sharded(const std::string& dir, torch::optim::Optimizer* optimizer) = 0;
-  virtual void load_sharded(const std::string& dir, torch::optim::Optimizer* optimizer) = 0;
-  // State dicts and optimizer state by name (cpprun/state_dict.h, cpprun/optimizer_state_dict.h):
+  // Every checkpoint (cpprun/state_dict.h, cpprun/optimizer_state_dict.h, cpprun/model_checkpoint.h):
   // this rank's state as entries with placements (checkpoint/state_view.h), which the checkpoint
   // code gathers, writes, reads and scatters the same way for every wrapper. Not collective.
   virtual void describe_state(StateView& view) = 0;

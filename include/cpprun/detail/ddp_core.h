@@ -38,13 +38,8 @@ class DdpCore final : public DataParallelCore {
   // The gradients are the same on every rank after backward: no communication.
   double clip_grad_norm(double max_norm) override;
   const ProcessGroup& group() const override;
-  // Rank 0 writes / reads the wrapped module (every rank holds all of it); sharded checkpoints
-  // are FSDP's: an error naming the full-state functions.
-  void save_full_state(const std::string& path) override;
-  void load_full_state(const std::string& path) override;
+  // Every rank holds the whole module (its tensor-parallel shards aside): replicated over the group.
   void describe_state(StateView& view) override;
-  void save_sharded(const std::string& dir, torch::optim::Optimizer* optimizer) override;
-  void load_sharded(const std::string& dir, torch::optim::Optimizer* optimizer) override;
 
   void register_comm_hook(std::shared_ptr<CommHook> hook);
   void join(const std::function<void()>& train_loop);

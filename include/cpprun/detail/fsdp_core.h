@@ -50,13 +50,9 @@ class FsdpCore final : public DataParallelCore {
   FsdpPrefetchStats prefetch_stats() const;
   std::size_t unit_count() const;            // wrapped modules (the root included)
   std::size_t bucket_count() const;  // one per unit and dtype
-  // Full state: gathers, then rank 0 writes / reads the wrapped module; sharded: per parameter by
-  // name (fsdp/checkpoint.h). Collective.
-  void save_full_state(const std::string& path) override;
-  void load_full_state(const std::string& path) override;
+  // Each parameter as its shard's rows (the fp32 master under mixed precision); after a load the
+  // full parameters are remade from the shards.
   void describe_state(StateView& view) override;
-  void save_sharded(const std::string& dir, torch::optim::Optimizer* optimizer) override;
-  void load_sharded(const std::string& dir, torch::optim::Optimizer* optimizer) override;
 
   const FsdpOptions& options() const;
 
