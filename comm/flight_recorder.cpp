@@ -17,6 +17,7 @@
 
 #include "cpprun/atomic_file.h"
 #include "cpprun/launcher_contract.h"
+#include "support/error_report_hook.h"
 
 namespace cpprun {
 namespace detail {
@@ -322,6 +323,19 @@ void record_failed(uint64_t id, std::chrono::milliseconds timeout, std::exceptio
 }
 
 bool dump_after_failure(DumpReason reason) { return dump_after_failure(reason, std::chrono::seconds(60)); }
+
+namespace {
+// cpprun::record reports an error (support/, the bottom layer) through its hook: the dump first, unless a
+// failed collective dumped already. Installed when this file is linked, as any process group links it.
+// Never throws: an error reporting the error (out of memory) must not turn the worker's exit into an abort.
+void dump_on_error_report() noexcept {
+  try {
+    dump_after_failure(DumpReason::kFailure);
+  } catch (...) {
+  }
+}
+const bool error_report_hook_installed = (set_error_report_hook(&dump_on_error_report), true);
+}  // namespace
 
 }  // namespace detail
 

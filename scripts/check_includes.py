@@ -26,11 +26,7 @@ LAUNCHER_MAY_INCLUDE = {"cpprun/env_lookup.h", "cpprun/launcher_contract.h", "su
 ABOVE_SUPPORT = ["comm", "core", "ddp", "fsdp", "tp", "pipeline", "training", "checkpoint", "nn", "sampler"]
 # Upward includes known and not yet removed, each with why: printed on every run, never a failure.
 # Only an exact (file, include) pair is let through, so no new upward include hides behind one.
-KNOWN = {
-    ("support/record.cpp", "comm/flight_recorder.h"):
-        "cpprun::record's handler dumps the flight recorder (detail::dump_after_failure) before it "
-        "writes the error file; removing it needs a hook comm/ installs (issue 43)",
-}
+KNOWN = {}
 
 
 def sources(folder):

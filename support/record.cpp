@@ -8,6 +8,8 @@
 #include <c10/util/Exception.h>
 #include <cxxabi.h>
 
+#include <atomic>
+
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -16,9 +18,9 @@
 #include <string>
 #include <string_view>
 
-#include "comm/flight_recorder.h"
 #include "cpprun/atomic_file.h"
 #include "cpprun/launcher_contract.h"
+#include "support/error_report_hook.h"
 
 namespace cpprun {
 namespace {
@@ -112,6 +114,14 @@ Report describe(std::exception_ptr error) {
 
 }  // namespace
 
+namespace detail {
+namespace {
+constinit std::atomic<ErrorReportHook> error_report_hook{nullptr};
+}  // namespace
+
+void set_error_report_hook(ErrorReportHook hook) noexcept { error_report_hook.store(hook); }
+}  // namespace detail
+
 int report_exception(std::exception_ptr error) noexcept {
   try {
     const Report report = describe(error);
@@ -120,7 +130,7 @@ int report_exception(std::exception_ptr error) noexcept {
     std::fprintf(stderr, "error%s%s: %s: %s\n", rank ? " on rank " : "", rank ? rank : "", report.type.c_str(),
                  report.message.c_str());
     std::fflush(stderr);
-    detail::dump_after_failure(detail::DumpReason::kFailure);  // unless a failed collective dumped first
+    if (const auto hook = detail::error_report_hook.load()) hook();  // comm/: the flight recorder's dump
     const char* file = std::getenv(contract::kErrorFileVariable);
     if (!file || !*file) return kRecordedErrorExitCode;
     // The keys the launcher reads: cpprun/launcher_contract.h.
