@@ -16,6 +16,7 @@
 #include <optional>
 #include <set>
 #include <stdexcept>
+#include <string_view>
 #include <thread>
 #include <unordered_map>
 #include <utility>
@@ -55,8 +56,8 @@
 // other collectives), so two saves never share keys (two saves may share a save id: a model's
 // and then its optimizer's, checkpoint/save_ids.h). When the save failed, every rank removes what
 // it wrote before it ends (Note [A failed save removes what it wrote],
-// checkpoint/sharded_state_dict.cpp). The waits are bounded by the group's timeout: a rank that
-// died does not hold the others' threads for ever. The keys stay in the store (a few bytes per save).
+// checkpoint/sharded_state_dict.cpp). The waits are bounded (Note [The save's deadlines]): a rank
+// that died does not hold the others' threads for ever. The keys stay in the store (a few bytes per save).
 // PyTorch's DCP async_save runs the save's collectives on its background thread, and its recipe
 // (the async checkpointing tutorial) makes a second process group for them, so that they do not
 // share the training group. Here that group would cost every rank more Gloo connections, and
@@ -185,6 +186,15 @@ std::string paths_of(const std::vector<PreparedPart>& parts) {
   return out;
 }
 
+// Note [The save's deadlines]
+// Every rank's thread starts its clock when it starts. A root (of the writers, or of the owners)
+// collects the others' reports until `deadline` (the group's timeout) and writes an index only
+// before it; whoever waits for a result waits until `told_by`, two timeouts later, so that a
+// result given by the deadline (or soon after: the index is small) is heard. A rank that hears
+// nothing by then does not know whether the save completed: it keeps its files (the index may
+// name them) and says so, rather than deleting what a completed save needs.
+constexpr std::string_view kUnknown = "unknown:";
+
 std::string verdict_of(const std::vector<std::string>& faults) {
   if (faults.empty()) return "ok";
   std::string result = "failed:";
@@ -228,9 +238,10 @@ struct CollectiveSave {
 
   // A writer: writes its parts and learns the save's result from the writers' root, which
   // collects every writer's and writes the indexes (with owners: the owners' root collects every
-  // writers' root's, and writes a file or the indexes). WRITTEN: the paths this rank wrote.
+  // writers' root's, and writes a file or the indexes). WRITTEN: the paths this rank wrote. See
+  // Note [The save's deadlines] for `deadline` and `told_by`.
   std::optional<std::string> write(std::exception_ptr& local, std::vector<std::string>& written,
-                                   Clock::time_point deadline) const {
+                                   Clock::time_point deadline, Clock::time_point told_by) const {
     const CheckpointTeam& team = ranks.team;
     const int rank = team.writer_rank();
     const bool directory = std::any_of(parts.begin(), parts.end(), [](const auto& p) { return p.directory; });
@@ -248,7 +259,7 @@ struct CollectiveSave {
       store_set(*writers, key + "/written/" + std::to_string(rank),
                 local ? "failed: " + faults.front() : std::string("ok"));
     }
-    if (rank != 0) return await(*writers, "result", deadline);
+    if (rank != 0) return await(*writers, "result", told_by);
     if (directory && writers) collect(*writers, "written", team.writers(), "writer", deadline, faults);
     std::string result;
     const ProcessGroup* owners = ranks.owners ? &*ranks.owners : nullptr;
@@ -257,11 +268,15 @@ struct CollectiveSave {
       std::string report = "ok";
       for (std::size_t i = 0; i < faults.size(); ++i) report = (i ? report + "\n  " : "failed: ") + faults[i];
       if (directory) store_set(*owners, key + "/owner/" + std::to_string(owners->rank()), report);
-      const auto whole = await(*owners, "result", deadline);
-      result = whole.value_or("failed:\n  " + me + " waited the group's timeout for pipeline rank 0 to finish the save");
+      const auto whole = await(*owners, "result", told_by);
+      result = whole.value_or(std::string(kUnknown) + "\n  " + me + " heard nothing from pipeline rank 0");
     } else {
       if (directory && owners) collect(*owners, "owner", owners->size(), "pipeline rank", deadline, faults);
-      // The indexes last, once every file of every part is in place.
+      // The indexes last, once every file of every part is in place, and only before the deadline:
+      // the others wait for the result until told_by, and so hear of it.
+      if (faults.empty() && Clock::now() > deadline) {
+        faults.push_back(me + ": every part was in place only after the group's timeout; the index was not written");
+      }
       if (faults.empty()) {
         try {
           write_indexes(parts, written);
@@ -283,29 +298,34 @@ struct CollectiveSave {
                               : ranks.owners ? *ranks.owners
                                              : team.tensor_parallel().front();
     const auto deadline = Clock::now() + any.timeout();
+    const auto told_by = deadline + 2 * any.timeout();
     const std::string where = paths_of(parts);
     std::exception_ptr local;
     std::vector<std::string> written;
     std::optional<std::string> result;
     if (team.writes()) {
-      result = write(local, written, deadline);
+      result = write(local, written, deadline, told_by);
     } else {
       // Not a writer (not first in its tensor-parallel group): the result comes from the rank first
       // there, which relays it below. See Note [Teams over a {dp, tp} mesh].
       for (const auto& group : team.tensor_parallel()) {
         if (group.rank() != 0) {
-          result = await(group, "result", deadline);
+          result = await(group, "result", told_by);
           break;
         }
       }
     }
+    if (!result) result = std::string(kUnknown) + "\n  rank " + std::to_string(cpprun::rank()) + " heard nothing";
     for (const auto& group : team.tensor_parallel()) {
-      if (group.rank() == 0) store_set(group, key + "/result", result.value_or("failed:\n  a rank timed out"));
+      if (group.rank() == 0) store_set(group, key + "/result", *result);
     }
-    if (local || !result || *result != "ok") undo_save(parts, written, ranks.drew_id, ranks.save_id);
+    const bool unknown = result->rfind(kUnknown, 0) == 0;
+    if (local || (!unknown && *result != "ok")) undo_save(parts, written, ranks.drew_id, ranks.save_id);
     if (local) std::rethrow_exception(local);  // this rank's own error, as it was thrown
-    TORCH_CHECK(result, "cpprun: rank ", cpprun::rank(), " waited the group's timeout (", any.timeout().count(),
-                " ms) for rank 0 to finish the asynchronous save to ", where, "; is rank 0 still running?");
+    TORCH_CHECK(!unknown, "cpprun: rank ", cpprun::rank(), " did not learn within three times the group's timeout (",
+                any.timeout().count(), " ms) whether the asynchronous save to ", where, " completed: the rank that "
+                "writes its index (rank 0 of the save) did not say (is it still running?). The files this rank wrote "
+                "are left in place; load the checkpoint only if its index is there.", result->substr(kUnknown.size()));
     TORCH_CHECK(*result == "ok", "cpprun: the asynchronous save to ", where, " failed on another rank (this is rank ",
                 cpprun::rank(), "):", result->substr(std::string("failed:").size()));
   }
