@@ -154,7 +154,12 @@ void reap_exited() {
 // cpprun's live children that are not helpers: what the workers left.
 std::vector<pid_t> leftover_children() {
   std::vector<pid_t> left = live_children(getpid());
-  left.erase(std::remove_if(left.begin(), left.end(), [](pid_t pid) { return helpers().count(pid) != 0; }),
+  // A helper whose status another reaper kept has exited: a process of its pid is someone else.
+  left.erase(std::remove_if(left.begin(), left.end(),
+                            [](pid_t pid) {
+                              const auto it = helpers().find(pid);
+                              return it != helpers().end() && !it->second;
+                            }),
              left.end());
   return left;
 }

@@ -77,7 +77,10 @@ std::string with_port(const std::string& address, int port) {
 }
 
 // The keeper's wait status: reaped here, or kept by whichever reaper took it (Note [The job's helpers]).
+// Once another reaper took it, its pid is not waited on again: it may be another process's by now
+// (an orphan this subreaper adopted).
 int reap(pid_t pid, bool wait) {
+  if (reaped_helper_status(pid)) return forget_job_helper(pid).value_or(0);
   int status = 0;
   const pid_t got = wait_for_exit(pid, &status, wait ? 0 : WNOHANG);
   if (got == pid) {
@@ -166,7 +169,7 @@ std::optional<std::string> StoreKeeper::check_ended() {
   }
   std::string how;
   if (status < 0) {
-    kill(pid_, SIGKILL);
+    if (!reaped_helper_status(pid_)) kill(pid_, SIGKILL);  // see stop()
     status = reap(pid_, true);
     how = "closed its standard input (and was killed)";
   } else {
