@@ -1,6 +1,8 @@
 // See formatting.h.
 #include "common/formatting.h"
 
+#include <algorithm>
+
 namespace cpprun::launcher {
 
 std::string decimal_seconds(std::chrono::milliseconds ms) {
@@ -17,6 +19,11 @@ std::string shell_quote(const std::string& word) {
   std::string quoted = "'";
   for (char c : word) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
   return quoted + "'";
+}
+
+std::string printable(std::string text) {
+  std::replace_if(text.begin(), text.end(), [](unsigned char c) { return c < 0x20 || c == 0x7f; }, '?');
+  return text;
 }
 
 }  // namespace cpprun::launcher

@@ -14,4 +14,8 @@ std::string decimal_seconds(std::chrono::milliseconds ms);
 // `word` quoted for a POSIX shell when it needs it, so the printed commands can be pasted.
 std::string shell_quote(const std::string& word);
 
+// `text` with its control characters (newlines, escapes, DEL) as '?': what a worker or a peer wrote
+// that the launcher prints cannot forge lines or drive the terminal.
+std::string printable(std::string text);
+
 }  // namespace cpprun::launcher

@@ -4,6 +4,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "common/formatting.h"
 #include "cpprun/launcher_contract.h"
 #include "support/json.h"
 
@@ -142,7 +143,7 @@ FlightDump parse_flight_dump(const std::string& json) {
     }
     if (const Json* label = find(e, "label"); label != nullptr && !is_null(*label)) {
       if (label->kind != Json::Kind::kString) bad(where + "'s \"label\" is not a string");
-      record.label = label->text.substr(0, kMaxLabelBytes);
+      record.label = printable(label->text.substr(0, kMaxLabelBytes));  // printed: no control characters
     }
     record.state = state_of(text(e, "state", where), where);
     record.start_unix_ms = integer(e, "start_unix_ms", where);

@@ -22,7 +22,7 @@ struct CollectiveRecord {
   std::optional<int> root;       // send/recv: the peer (none: any source)
   std::optional<int> tag;        // send/recv
   std::string label;             // send/recv: what it carries, when the library said ("pipeline stage 1: ..."); cut
-                                 // to kMaxLabelBytes
+                                 // to kMaxLabelBytes, control characters as '?'
   State state = State::kStarted;
   int64_t start_unix_ms = 0;
   std::optional<int64_t> end_unix_ms;

@@ -274,6 +274,9 @@ void evidence_words(Evidence& e, Words& w) {
     w.optional_number(c.root);
     w.optional_number(c.tag);
     w.text(c.label);
+    if constexpr (kReading) {
+      if (c.label.size() > kMaxLabelBytes) c.label.resize(kMaxLabelBytes);  // as a dump's: one line's worth
+    }
     w.state(c.state);
     w.number64(c.start_unix_ms);
     w.optional_number64(c.end_unix_ms);
@@ -482,11 +485,6 @@ std::vector<std::string> split_words(const std::string& line) {
   std::istringstream in(line);
   for (std::string word; in >> word;) words.push_back(word);
   return words;
-}
-
-std::string printable(std::string text) {
-  std::replace_if(text.begin(), text.end(), [](unsigned char c) { return c < 0x20 || c == 0x7f; }, '?');
-  return text;
 }
 
 std::string join_ranks(const std::vector<int>& ranks, const char* separator) {

@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "common/formatting.h"  // printable(): a peer's words are printed
 #include "diagnosis/hang_diagnosis.h"
 #include "workers/rank_layout.h"
 
@@ -41,7 +42,8 @@ inline constexpr int kNodeProtocolVersion = 9;
 // Note [Bounding a peer's evidence]
 // An evidence message carries one rank's flight-recorder entries. The library keeps 2,000 by default
 // (CPPRUN_FLIGHT_RECORDER_ENTRIES, as PyTorch's TORCH_FR_BUFFER_SIZE) and at most 1,000,000; the wire
-// takes the newest kMaxEvidenceEntries, each a dozen words of typically 60-120 bytes, so that one
+// takes the newest kMaxEvidenceEntries, each a dozen words of typically 60-120 bytes (a send or receive
+// with its label up to about 300: labels are cut to kMaxLabelBytes on both sides), so that one
 // message is bounded by kMaxEvidenceEntries * kEvidenceEntryBytes plus the words about the rank. A
 // sender drops its oldest entries until its message fits; a receiver refuses a longer line (NodeLink)
 // or more entries (decode_message) as not our protocol. The diagnosis needs the newest entries only:
@@ -147,8 +149,6 @@ const char* message_word(MessageKind kind);
 
 std::vector<std::string> split_words(const std::string& line);
 
-// `text` with every control character (and DEL) replaced by '?': what a peer said, safe to print.
-std::string printable(std::string text);
 
 // "1, 3" (for messages to people); "1,3" with `separator` ",".
 std::string join_ranks(const std::vector<int>& ranks, const char* separator = ", ");

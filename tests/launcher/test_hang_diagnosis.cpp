@@ -211,6 +211,10 @@ TEST_CASE("hang_diagnosis: a message's label names the pipeline stage that waits
   CHECK(parse_flight_dump(dump_json(1, 2, now, {long_label})).entries[0].label.size() == kMaxLabelBytes);
   CHECK_THROWS_WITH(parse_flight_dump(dump_json(1, 2, now, {message(4, now, ",\"label\":7")})),
                     Contains("\"label\" is not a string"));
+  // A worker's control characters cannot forge the diagnosis's lines.
+  CHECK(parse_flight_dump(dump_json(1, 2, now, {message(4, now, ",\"label\":\"a\\nrank 0 is fine\"")}))
+            .entries[0]
+            .label == "a?rank 0 is fine");
   // A dump of before labels (no "tag", no "label") is read as before.
   CHECK(parse_flight_dump(dump_json(1, 2, now, {message(4, now, "")})).entries[0].label.empty());
 }

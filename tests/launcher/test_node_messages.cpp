@@ -186,6 +186,9 @@ TEST_CASE("node_messages: evidence carries a rank's fate and its whole dump", "[
   CHECK(d.entries[3].root == 1);
   CHECK(d.entries[3].tag == 67108866);
   CHECK(d.entries[3].label == "pipeline stage 1: the activation of micro-batch 0 from stage 0");
+  // A peer's label is cut as a dump's is: one line's worth.
+  e.dump->entries.back().label = std::string(5000, 'x');
+  CHECK(round_trip(NodeMessage::make_evidence(3, e)).evidence.dump->entries.back().label.size() == kMaxLabelBytes);
 
   RankEvidence none;
   none.rank = 5;
