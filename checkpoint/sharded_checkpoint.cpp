@@ -385,6 +385,9 @@ void load_sharded_checkpoint(const StateView& view, torch::optim::Optimizer* opt
     load_checkpoint(meta, meta_file(dir));
     check_meta(meta, saved, dir);
     saved_files = read_int(meta, "world_size");
+    TORCH_CHECK(saved_files >= 1, "cpprun: ", meta_file(dir), " says its save had world_size ", saved_files,
+                "; a sharded checkpoint has one rank file or more. The file is not one cpprun wrote: save the "
+                "checkpoint again.");
     // Open (and check) every file this rank needs before changing a tensor: a damaged file leaves
     // the model as it was.
     for (const StateEntry* entry : saved) overlaps(*entry, [&](int64_t q, int64_t, int64_t, int64_t) { archive_of(q); });
