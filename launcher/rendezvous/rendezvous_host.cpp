@@ -13,6 +13,7 @@
 #include <chrono>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <set>
 #include <system_error>
 #include <utility>
@@ -55,6 +56,11 @@ class RendezvousHost final : public NodeRendezvous {
     }
     return layout;
   }
+
+  int round() const override { return round_; }
+  int restart_count() const override { return restart_count_; }
+  bool attempt_ended() const override { return end_.has_value(); }
+  const JobEnd& peer_end() const override { return *end_; }
 
   std::vector<std::string> link_addresses() const override {
     std::vector<std::string> addresses;
@@ -523,6 +529,9 @@ class RendezvousHost final : public NodeRendezvous {
   std::vector<Node> queued_;         // arrived while a round ran, in arrival order
   std::set<int> ever_joined_;        // static: node ranks that joined, for the join time-out's message
   RoundPhase phase_ = RoundPhase::kGathering;
+  int round_ = 0;
+  int restart_count_ = 0;
+  std::optional<JobEnd> end_;  // why the attempt ended
   std::optional<Clock::time_point> last_call_;
   RoundEnd why_ = RoundEnd::kNone;
   JobEnd decisive_;  // the end that decides: see RoundEnd
