@@ -429,8 +429,8 @@ class RendezvousHost final : public NodeRendezvous {
     state.round = round_;
     state.restart_count = restart_count_;
     for (const Node& n : nodes_) state.members.push_back({n.hello.node_rank, n.link.peer(), n.state, n.hello.shape});
-    state.queued = static_cast<int>(queued_.size());
-    state.ending = end_.has_value();
+    for (const Node& n : queued_) state.queued.push_back({n.hello.node_rank, n.link.peer(), n.state, n.hello.shape});
+    state.end = end_;
     state.why = why_;
     state.self_done = self_done_;
     return state;
