@@ -25,6 +25,10 @@ class Step {
   void on(const RoundEvent& e) {
     switch (e.kind) {
       case RoundEvent::Kind::kJoin:
+        if (!fixed()) {
+          print("cpprun: this agent hosts the c10d rendezvous at " + settings_.endpoint() + " (--rdzv_id=" +
+                settings_.run_id + ", " + settings_.nnodes_flag() + ")");
+        }
         state_.backoff = RestartBackoff(settings_.restart_backoff);
         begin_gathering(e.since);
         return wake();
@@ -345,7 +349,8 @@ class Step {
 
   void follow_attempt() {
     for (;;) {
-      const AfterAttempt next = state_.held ? *std::exchange(state_.held, std::nullopt) : after_attempt(settings_, state_);
+      const AfterAttempt next =
+          state_.held ? *std::exchange(state_.held, std::nullopt) : after_attempt(settings_, state_);
       switch (next) {
         case AfterAttempt::kWait:
           return;
@@ -484,6 +489,15 @@ RoundActions decide_round(const RendezvousSettings& settings, RoundState& state,
   Step step(settings, state, now);
   step.on(event);
   return step.take();
+}
+
+std::optional<std::vector<int>> evidence_askees(const RoundState& state) {
+  if (state.phase != RoundPhase::kRunning || state.ending() || state.members.empty()) return std::nullopt;
+  std::vector<int> ids;
+  for (const RoundMember& m : state.members) {
+    if (m.progress == MemberProgress::kRunning) ids.push_back(m.id);  // a done node has nothing to add
+  }
+  return ids;
 }
 
 std::string describe_member(const RoundMember& member) {

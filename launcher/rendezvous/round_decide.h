@@ -118,6 +118,11 @@ struct RoundActions {
 RoundActions decide_round(const RendezvousSettings& settings, RoundState& state, const RoundEvent& event,
                           RoundTime now);
 
+// Note [Diagnosis on request across nodes]: the members (ids) a `cpprun --diagnose` request on the
+// host is sent to: those whose workers run. nullopt: no request is opened, as no round runs, the
+// running one has ended, or the host is alone.
+std::optional<std::vector<int>> evidence_askees(const RoundState& state);
+
 // How the console and the members name a node: "the agent of node 1 (10.0.0.2:41234)" once it has a
 // rank, else "the agent at 10.0.0.2:41234".
 std::string describe_member(const RoundMember& member);

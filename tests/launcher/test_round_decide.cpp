@@ -35,7 +35,8 @@ std::string word(const RoundAction& a) {
     case RoundAction::Kind::kRefuse: return "refuse: " + message(a.message);
     case RoundAction::Kind::kDrop: return "drop #" + std::to_string(a.id);
     case RoundAction::Kind::kSend: return "send #" + std::to_string(a.id) + " " + message(a.message);
-    case RoundAction::Kind::kBroadcast: return std::string(a.to_queued ? "tell all " : "tell members ") + message(a.message);
+    case RoundAction::Kind::kBroadcast:
+      return std::string(a.to_queued ? "tell all " : "tell members ") + message(a.message);
     case RoundAction::Kind::kPrint: return "print";
     case RoundAction::Kind::kNodeGone: return "gone: group rank " + std::to_string(a.group_rank);
     case RoundAction::Kind::kKeepEvidence: return "evidence #" + std::to_string(a.id);
@@ -184,7 +185,10 @@ TEST_CASE("round_decide: a c10d job below MIN waits, its last call starts round 
   Host host(s);
   const RoundTime t0 = host.now;
 
-  CHECK(words(host.join()) == Words{"tell members gathering 0"});  // 1 of MIN 2: no last call yet
+  const RoundActions joined = host.join();
+  CHECK(words(joined) == Words{"print", "tell members gathering 0"});  // 1 of MIN 2: no last call yet
+  CHECK(printed(joined) == std::vector<std::string>{"cpprun: this agent hosts the c10d rendezvous at 10.0.0.1:29400 "
+                                                    "(--rdzv_id=job7, --nnodes=2:3)"});
   CHECK(host.wake_at == t0 + s.join_timeout);
   host.now += seconds(10);
   const RoundActions second = host.hello(-1, "10.0.0.2:4000");
@@ -302,7 +306,8 @@ TEST_CASE("round_decide: a node that never reports its workers stopped is lost a
   CHECK(words(host.pass(std::chrono::duration_cast<milliseconds>(deadline - host.now) - milliseconds(1))).empty());
   // Node 2 is lost (and the loss outranks the failure: not counted), then the round changes at once.
   const RoundActions lost = host.pass(milliseconds(1));
-  CHECK(words(lost) == Words{"drop #2", "gone: group rank 2", "end store round 0", "print", "tell members gathering 1"});
+  CHECK(words(lost) ==
+        Words{"drop #2", "gone: group rank 2", "end store round 0", "print", "tell members gathering 1"});
   CHECK(host.wake_at == host.now + host.settings.last_call_timeout);  // 2 of MAX 3: the last call opened again
   CHECK(host.state.restart_count == 0);
   CHECK(host.state.members.size() == 1);
@@ -397,4 +402,24 @@ TEST_CASE("round_decide: a signal ends the job, before it started and after; a k
   const RoundActions late = host.step(RoundEvent::signalled(SIGINT));
   CHECK(first(late, RoundAction::Kind::kEndJob).end.reason ==
         "the agent hosting the rendezvous at 10.0.0.1:29400 received SIGINT");
+}
+
+TEST_CASE("round_decide: a diagnosis request goes to the members whose workers run, and only while the round runs",
+          "[round_decide]") {
+  Host host(c10d_job(1, 3));
+  host.join();
+  host.hello(-1, "10.0.0.2:4000");
+  host.hello(-1, "10.0.0.3:4000");
+  CHECK_FALSE(evidence_askees(host.state).has_value());  // gathering
+  host.wake();
+  host.store_opened(5000);
+  CHECK(evidence_askees(host.state) == std::vector<int>{1, 2});
+  host.said(1, NodeMessage::make_done(0));
+  CHECK(evidence_askees(host.state) == std::vector<int>{2});  // a done node has nothing to add
+  host.said(2, NodeMessage::make_failed(0, {1, true, "rank 2 exited with code 1"}));
+  CHECK_FALSE(evidence_askees(host.state).has_value());  // the round ended
+  Host alone(static_job(1));
+  CHECK(words(alone.join()).back() == "open store");  // every node is here at once
+  alone.store_opened(5000);
+  CHECK_FALSE(evidence_askees(alone.state).has_value());
 }
