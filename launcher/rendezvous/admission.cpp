@@ -70,11 +70,11 @@ Admission decide_admission(const RendezvousSettings& settings, const RoundState&
   }
   // A round runs (or is full): the node waits for the next. Torchrun's agents restart for it when
   // the job has room and is not finishing; so do we. See Note [Elastic rounds].
-  const bool room = state.count() + state.queued < settings.max_nodes;
-  const bool taken_in = state.phase == RoundPhase::kRunning && room && (state.ending || !state.anyone_done());
+  const bool room = state.count() + static_cast<int>(state.queued.size()) < settings.max_nodes;
+  const bool taken_in = state.phase == RoundPhase::kRunning && room && (state.ending() || !state.anyone_done());
   std::string waits;
   if (!taken_in) waits = room ? "the job is finishing" : "the job runs at its maximum of " + settings.nnodes_flag();
-  return {Admission::Kind::kQueue, waits, taken_in, taken_in && !state.ending};
+  return {Admission::Kind::kQueue, waits, taken_in, taken_in && !state.ending()};
 }
 
 }  // namespace cpprun::launcher

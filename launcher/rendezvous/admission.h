@@ -1,7 +1,7 @@
 // Whether an agent that introduced itself joins the job, and how: torchrun's rules and cpprun's
-// checks of the nodes' settings, as a pure decision on the host's round (round_state.h). The host
-// carries it out (rendezvous_host.cpp: it sends, prints and ends rounds); this file only decides,
-// so each rule is unit-tested without a socket.
+// checks of the nodes' settings, as a pure decision on the host's round (round_state.h). The host's
+// step (round_decide.h) asks it and says what to send and print; this file only decides, so each
+// rule is unit-tested without a socket.
 #pragma once
 
 #include <string>

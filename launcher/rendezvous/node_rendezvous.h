@@ -135,16 +135,15 @@ class NodeRendezvous : public PeerEvents {
   virtual std::optional<RankLayout> join(SignalRelay& relay, int& signal) = 0;
 
   // The round being run: every restart and (c10d) every membership change starts one.
-  int round() const { return round_; }
+  virtual int round() const = 0;
   // This machine's end of each link to another node's agent in the round (NodeLink::local_address()):
   // a member's one to the host, the host's to each member. Where this node reaches the rendezvous
   // host from, or is reached at (socket_interface.h).
   virtual std::vector<std::string> link_addresses() const = 0;
   // TORCHELASTIC_RESTART_COUNT: the restarts after worker failures so far.
-  int restart_count() const { return restart_count_; }
-  bool attempt_ended() const override { return end_.has_value(); }
+  virtual int restart_count() const = 0;
   // Why another node ended the attempt; valid once attempt_ended().
-  const JobEnd& peer_end() const { return *end_; }
+  virtual const JobEnd& peer_end() const = 0;
 
   // This node's attempt is over; each tells the other nodes at once, before workers are stopped.
   virtual void report_done() = 0;                          // every local worker succeeded
@@ -175,10 +174,6 @@ class NodeRendezvous : public PeerEvents {
   // Waits up to timeout_ms for news on poll_fds(), read (and queues written) through on_ready(); returns 0, or the
   // job-ending signal that came first (the links unread).
   int poll_links(SignalRelay& relay, int timeout_ms);
-
-  int round_ = 0;
-  int restart_count_ = 0;
-  std::optional<JobEnd> end_;  // why the attempt ended
 };
 
 // The agent of one node (multi_node_agent.cpp): joins the rendezvous, then runs rounds of this

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <iostream>
+#include <optional>
 #include <system_error>
 #include <utility>
 #include <vector>
@@ -29,6 +30,11 @@ class RendezvousMember final : public NodeRendezvous {
         host_title_(settings.fixed_ranks() ? describe_agent(0, link_.peer())
                                            : "the agent hosting the c10d rendezvous at " + settings.endpoint() + " (" +
                                                  link_.peer() + ")") {}
+
+  int round() const override { return round_; }
+  int restart_count() const override { return restart_count_; }
+  bool attempt_ended() const override { return end_.has_value(); }
+  const JobEnd& peer_end() const override { return *end_; }
 
   std::optional<RankLayout> join(SignalRelay& relay, int& signal) override {
     const auto deadline = started_ + settings_.join_timeout;
@@ -315,6 +321,9 @@ class RendezvousMember final : public NodeRendezvous {
   StoreTunnel tunnel_{LinkSide::kMember};  // the workers' store's channels: Note [Store tunnel wired]
   const Reconnect reconnect_;
   const std::string host_title_;  // "the agent of node 0 (10.0.0.1:41234)": for messages
+  int round_ = 0;
+  int restart_count_ = 0;
+  std::optional<JobEnd> end_;  // why the attempt ended
   int group_rank_ = -1;
   std::vector<int> missing_;          // static: the node ranks not joined, as node 0 last reported
   bool heard_ = false;                // the host has said something

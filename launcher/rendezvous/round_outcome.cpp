@@ -4,7 +4,7 @@
 namespace cpprun::launcher {
 
 AfterAttempt after_attempt(const RendezvousSettings& settings, const RoundState& state) {
-  if (!state.ending) {
+  if (!state.ending()) {
     return state.self_done && state.all_members(MemberProgress::kDone) ? AfterAttempt::kFinish : AfterAttempt::kWait;
   }
   if (state.why == RoundEnd::kFatal ||
@@ -17,7 +17,7 @@ AfterAttempt after_attempt(const RendezvousSettings& settings, const RoundState&
 }
 
 NextRound next_round(const RendezvousSettings& settings, const RoundState& state, const std::string& ended) {
-  const int available = state.count() + state.queued;
+  const int available = state.count() + static_cast<int>(state.queued.size());
   if (available < settings.min_nodes) {
     const std::string nodes = std::to_string(available) + (available == 1 ? " node remains" : " nodes remain");
     return {false, false,

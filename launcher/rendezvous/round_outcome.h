@@ -1,8 +1,8 @@
 // What follows when a round ends or a node is lost: finish, end the job, restart (counted against
 // --max_restarts) or gather again after a membership change (Note [Elastic rounds]), as pure
-// decisions on the host's round (round_state.h). The host carries them out (rendezvous_host.cpp:
-// it waits on its links, paces restarts, sends and prints), so each rule is unit-tested without a
-// socket. The clock (the restart backoff, --shutdown_timeout for stopping) stays with the host.
+// decisions on the host's round (round_state.h), so each rule is unit-tested without a socket. The
+// clock (the restart backoff, --shutdown_timeout for stopping) is the host's step's (round_decide.h),
+// as it is told the time; the host (rendezvous_host.cpp) waits on its links and carries the step out.
 #pragma once
 
 #include <string>

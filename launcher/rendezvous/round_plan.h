@@ -1,8 +1,8 @@
 // What the host does to start the round it gathered: what each node is told, what the diagnosis
 // keeps of the round's ranks, and what the console says, as a pure function of the round
 // (round_state.h), so that the numbering and torchrun's rank arithmetic are unit-tested without a
-// socket. The host (rendezvous_host.cpp) picks the workers' MASTER_PORT (a free port, which is I/O),
-// then sends and prints what this gives.
+// socket. The host (rendezvous_host.cpp) opens the round's store keeper on a port the kernel picks
+// (I/O); its step (round_decide.h) then has it send and print what this gives.
 #pragma once
 
 #include <string>

@@ -1,6 +1,7 @@
 // When the host starts a round it gathers: torchrun's MIN:MAX window (Note [Elastic rounds]) as pure
 // functions of the count and the clock, so the window is unit-tested without sockets or sleeping.
-// The host (rendezvous_host.cpp) polls its links until the time these give, and prints.
+// The host's step (round_decide.h) asks them and prints; the host polls its links until the time
+// they give.
 #pragma once
 
 #include <chrono>

@@ -16,6 +16,7 @@ namespace cpprun::launcher {
 class RestartBackoff {
  public:
   explicit RestartBackoff(RestartBackoffSettings settings) : settings_(settings), next_(first()) {}
+  RestartBackoff() : RestartBackoff(RestartBackoffSettings{}) {}  // the defaults, until a job's are known
 
   // An attempt that ran for `ran` failed: the delay before the next attempt starts.
   std::chrono::milliseconds after_failure(std::chrono::milliseconds ran) {
@@ -31,6 +32,12 @@ class RestartBackoff {
   RestartBackoffSettings settings_;
   std::chrono::milliseconds next_;  // the delay after the next quick failure
 };
+
+// What cpprun says before it waits `delay` (above 0) for restart `restart` (from 1) of
+// `max_restarts`: "cpprun: restarting in 2 s (restart 1 of --max_restarts=3; ...)", without a newline.
+// Pure: the rendezvous host's step (rendezvous/round_decide.h) prints it as RestartPacer does.
+std::string restart_wait_line(const RestartBackoffSettings& settings, std::chrono::milliseconds delay, int restart,
+                              int max_restarts);
 
 // The backoff on the clock. The agent hosting a multi-node rendezvous paces every node this way.
 class RestartPacer {

@@ -181,7 +181,7 @@ TEST_CASE("admission: c10d, a late joiner while the round is already ending is t
           "[admission]") {
   const RendezvousSettings c = c10d_job(1, 3);
   RoundState state = running(1);
-  state.ending = true;
+  state.end = JobEnd{};
   state.self_done = true;  // a failed round restarts anyway, even with a node done
   const Admission a = decide(c, state, hello_like(c, -1));
   CHECK(a.kind == Admission::Kind::kQueue);
@@ -210,7 +210,7 @@ TEST_CASE("admission: c10d, the round full: MAX counts the nodes already waiting
   }
   SECTION("running below MAX, with a node already queued for the free place") {
     RoundState state = running(1);
-    state.queued = 1;
+    state.queued.resize(1);
     const Admission a = decide(c, state, hello_like(c, -1));
     CHECK(a.kind == Admission::Kind::kQueue);
     CHECK_FALSE(a.taken_in);

@@ -58,3 +58,9 @@ TEST_CASE("restart_backoff: a cap of a day does not overflow", "[restart_backoff
   CHECK(d.front() == 1);
   CHECK(d.back() == 86400000);
 }
+
+TEST_CASE("restart_backoff: the line before a wait names the restart, the flag and the rule", "[restart_backoff]") {
+  CHECK(restart_wait_line({milliseconds(500), milliseconds(20000)}, milliseconds(1000), 2, 3) ==
+        "cpprun: restarting in 1 s (restart 2 of --max_restarts=3; --restart_backoff=0.5:20 doubles the wait after "
+        "each attempt that fails within 20 s, up to 20 s)");
+}

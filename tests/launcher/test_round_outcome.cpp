@@ -29,7 +29,7 @@ RoundState round_of(std::initializer_list<MemberProgress> progress) {
 }
 
 RoundState ended(RoundState state, RoundEnd why) {
-  state.ending = true;
+  state.end = JobEnd{};
   state.why = why;
   return state;
 }
@@ -93,7 +93,7 @@ TEST_CASE("round_outcome: below MIN nodes the job cannot go on; queued nodes cou
   CHECK_FALSE(next.goes_on);
   CHECK(next.reason == "the agent of node 2 is gone; only 2 nodes remain, fewer than the 3 that --nnodes=3:4 needs, "
                        "so the job cannot go on");
-  state.queued = 1;  // a newcomer waiting for the next round makes up the number
+  state.queued.resize(1);  // a newcomer waiting for the next round makes up the number
   CHECK(next_round(s, state, "").goes_on);
   RoundState alone = ended(round_of({}), RoundEnd::kNodeLost);
   CHECK(next_round(s, alone, "x").reason == "x; only 1 node remains, fewer than the 3 that --nnodes=3:4 needs, so the "

@@ -162,7 +162,7 @@ TEST_CASE("round_plan: between rounds the round, the restart count and MASTER_PO
 
 TEST_CASE("round_plan: the queued nodes hear that the round runs without them, and its size", "[round_plan]") {
   RoundState state = gathered(2, 0, {member(-1, "10.0.0.2:4000", 1)});
-  state.queued = 3;  // arrived at MAX: they wait for a next round
+  state.queued.resize(3);  // arrived at MAX: they wait for a next round
   const RoundPlan plan = plan_round(c10d_job(1, 2, 1), state, 41000);
   CHECK(plan.queued.kind == MessageKind::kQueued);
   CHECK(plan.queued.round == 2);
