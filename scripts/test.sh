@@ -9,7 +9,7 @@ build_dir=${CPPRUN_BUILD_DIR:-build}
 echo "test: [1/5] set-up (Debian packages, PyTorch's LibTorch)"
 bash scripts/setup.sh
 echo "test: [2/5] build"
-CPPRUN_BUILD_TARGETS= bash scripts/build.sh   # everything, whatever the environment says
+CPPRUN_BUILD_TARGETS='' bash scripts/build.sh   # everything, whatever the environment says
 echo "test: set-up + build took $(( $(date +%s) - start )) s"
 count=$(ctest --test-dir "$build_dir" -N "$@" | sed -n 's/^Total Tests: //p')
 echo "test: [3/5] ctest: $count tests, $(nproc) at a time (all of them: about 10 minutes on 2 cores;" \
