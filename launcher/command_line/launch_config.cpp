@@ -85,7 +85,7 @@ int parse_nproc_per_node(const std::string& text, const HostFacts& host) {
                      ": no NVIDIA GPU is visible (no /dev/nvidiaN, or CUDA_VISIBLE_DEVICES hides them "
                      "all); pass a number of workers, or 'cpu' for one per CPU core");
   }
-  if (const std::optional<int> value = int_in_range(text, 1, 1 << 16)) return *value;
+  if (const std::optional<int> value = int_in_range(text, 1, kMaxNprocPerNode)) return *value;
   throw UsageError(with_value(flag, text) +
                    ": expected the number of workers on this node, a whole number >= 1, or one of "
                    "auto, cpu, gpu (e.g. --nproc_per_node=4)");

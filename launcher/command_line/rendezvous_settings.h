@@ -14,6 +14,11 @@ namespace cpprun::launcher {
 // c10d: torchrun's dynamic rendezvous of MIN to MAX nodes at --rdzv_endpoint (node_rendezvous.h).
 enum class RendezvousBackend { kStatic, kC10d };
 
+// The most workers one node may run (--nproc_per_node's range is 1 to this). The rendezvous host
+// refuses an agent that says it runs more or fewer: the number sizes every node's rank layout and
+// bounds what a node's diagnosis evidence may hold.
+inline constexpr int kMaxNprocPerNode = 1 << 16;
+
 // What each node tells the rendezvous about itself.
 struct NodeShape {
   int local_world_size = 1;  // its --nproc_per_node

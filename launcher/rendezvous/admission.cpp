@@ -37,6 +37,13 @@ std::string refusal(const RendezvousSettings& settings, const RoundState& state,
            " has --max_restarts=" + std::to_string(settings.max_restarts) +
            "; nodes restart together, so they need the same value";
   }
+  // Our agents say 1..kMaxNprocPerNode, --nproc_per_node's range; a number outside it would size the
+  // rank layouts and the evidence the host keeps for the node.
+  if (h.shape.local_world_size < 1 || h.shape.local_world_size > kMaxNprocPerNode) {
+    return who + " says it runs " + std::to_string(h.shape.local_world_size) +
+           " workers, outside --nproc_per_node's 1 to " + std::to_string(kMaxNprocPerNode) +
+           "; run the same cpprun version on every node";
+  }
   if (!fixed) return "";
   const int nnodes = settings.max_nodes;
   if (h.node_rank < 1 || h.node_rank >= nnodes) {
@@ -69,7 +76,15 @@ Admission decide_admission(const RendezvousSettings& settings, const RoundState&
     return {Admission::Kind::kJoin, "", false, false};
   }
   // A round runs (or is full): the node waits for the next. Torchrun's agents restart for it when
-  // the job has room and is not finishing; so do we. See Note [Elastic rounds].
+  // the job has room and is not finishing; so do we. See Note [Elastic rounds]. No more than MAX
+  // wait: no round can take more, and each waiting node holds a link (and its descriptors) here.
+  if (static_cast<int>(state.queued.size()) >= settings.max_nodes) {
+    return {Admission::Kind::kRefuse,
+            std::to_string(state.queued.size()) + " nodes already wait for a place in the job (" +
+                settings.nnodes_flag() + " takes no more than " + std::to_string(settings.max_nodes) +
+                " at once); start this one when a node has left",
+            false, false};
+  }
   const bool room = state.count() + static_cast<int>(state.queued.size()) < settings.max_nodes;
   const bool taken_in = state.phase == RoundPhase::kRunning && room && (state.ending() || !state.anyone_done());
   std::string waits;

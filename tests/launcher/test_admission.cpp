@@ -217,3 +217,35 @@ TEST_CASE("admission: c10d, the round full: MAX counts the nodes already waiting
     CHECK(a.reason == "the job runs at its maximum of --nnodes=1:3");
   }
 }
+
+TEST_CASE("admission: a worker count outside --nproc_per_node's range is refused, naming it", "[admission]") {
+  // Only a hostile or broken peer says this: it would size the rank layouts and the evidence kept.
+  const RendezvousSettings s = static_job(2);
+  const RendezvousSettings c = c10d_job(1, 3);
+  for (const int workers : {0, -1, kMaxNprocPerNode + 1, 1 << 30}) {
+    NodeHello h = hello_like(s, 1);
+    h.shape.local_world_size = workers;
+    const Admission a = decide(s, RoundState{}, h);
+    CHECK(a.kind == Admission::Kind::kRefuse);
+    CHECK(a.reason == "--node_rank=1 says it runs " + std::to_string(workers) +
+                          " workers, outside --nproc_per_node's 1 to 65536; run the same cpprun version on every node");
+    NodeHello hc = hello_like(c, -1);
+    hc.shape.local_world_size = workers;
+    CHECK(decide(c, RoundState{}, hc).kind == Admission::Kind::kRefuse);
+  }
+  NodeHello most = hello_like(s, 1);
+  most.shape.local_world_size = kMaxNprocPerNode;
+  CHECK(decide(s, RoundState{}, most).kind == Admission::Kind::kJoin);
+}
+
+TEST_CASE("admission: c10d, no more than MAX nodes wait for a place", "[admission]") {
+  const RendezvousSettings c = c10d_job(1, 3);
+  RoundState state = running(2);
+  state.queued.resize(2);
+  CHECK(decide(c, state, hello_like(c, -1)).kind == Admission::Kind::kQueue);  // the third may wait
+  state.queued.resize(3);
+  const Admission a = decide(c, state, hello_like(c, -1));
+  CHECK(a.kind == Admission::Kind::kRefuse);
+  CHECK(a.reason == "3 nodes already wait for a place in the job (--nnodes=1:3 takes no more than 3 at once); "
+                    "start this one when a node has left");
+}

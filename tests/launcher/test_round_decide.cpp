@@ -137,8 +137,8 @@ TEST_CASE("round_decide: a static job of 3 nodes: node 2 fails, all restart afte
   CHECK(words(host.wake()) == Words{"open store"});  // every node is here
 
   RoundActions started = host.store_opened(5000);
-  CHECK(words(started) == Words{"serve #2 round 0", "send #2 start 0", "serve #1 round 0", "send #1 start 0", "print",
-                                "run round 0"});
+  REQUIRE(words(started) == Words{"serve #2 round 0", "send #2 start 0", "serve #1 round 0", "send #1 start 0",
+                                  "print", "run round 0"});
   CHECK(printed(started) ==
         std::vector<std::string>{"cpprun: all 3 nodes joined at 10.0.0.1:29500; 3 workers (node 0: rank 0, node 1: "
                                  "rank 1, node 2: rank 2)"});
@@ -329,6 +329,7 @@ TEST_CASE("round_decide: quick failures double the restart backoff; a long attem
     host.own(RoundEvent::Kind::kOwnAttemptOver);
     host.said(1, NodeMessage::make_stopped(host.state.round));
     host.wake();
+    REQUIRE(host.wake_at);  // the backoff's due time
     const milliseconds wait = std::chrono::duration_cast<milliseconds>(*host.wake_at - host.now);
     const Words next{"end store round " + std::to_string(host.state.round),
                      "tell members gathering " + std::to_string(host.state.round + 1), "open store"};
@@ -419,7 +420,9 @@ TEST_CASE("round_decide: a diagnosis request goes to the members whose workers r
   host.said(2, NodeMessage::make_failed(0, {1, true, "rank 2 exited with code 1"}));
   CHECK_FALSE(evidence_askees(host.state).has_value());  // the round ended
   Host alone(static_job(1));
-  CHECK(words(alone.join()).back() == "open store");  // every node is here at once
+  const Words joined = words(alone.join());
+  REQUIRE_FALSE(joined.empty());
+  CHECK(joined.back() == "open store");  // every node is here at once
   alone.store_opened(5000);
   CHECK_FALSE(evidence_askees(alone.state).has_value());
 }
