@@ -20,6 +20,7 @@
 #include "command_line/rendezvous_settings.h"
 #include "common/formatting.h"
 #include "common/job_secret.h"
+#include "common/socket_address.h"
 
 namespace cpprun::launcher {
 namespace {
@@ -404,10 +405,7 @@ LinkListener::LinkListener(const std::optional<std::string>& loopback_address, i
   }
   if (fd < 0) throw std::system_error(errno, std::generic_category(), "cpprun: listening for the other nodes' agents");
   fd_ = OwnedFd(fd);
-  sockaddr_storage bound{};
-  socklen_t size = sizeof(bound);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &size);
-  port_ = port_of(reinterpret_cast<sockaddr*>(&bound));
+  port_ = bound_port(fd);
 }
 
 EndpointListener LinkListener::at_endpoint(const std::string& host, int port, const std::string& secret) {

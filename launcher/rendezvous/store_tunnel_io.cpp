@@ -15,7 +15,10 @@
 #include <deque>
 #include <iostream>
 #include <system_error>
+#include <optional>
 #include <utility>
+
+#include "common/socket_address.h"
 
 namespace cpprun::launcher {
 namespace {
@@ -29,33 +32,17 @@ constexpr std::chrono::milliseconds kAcceptPause{100};
 
 bool out_of_descriptors(int error) { return error == EMFILE || error == ENFILE; }
 
-struct Address {
-  sockaddr_storage storage{};
-  socklen_t size = 0;
-};
-
-Address loopback_address(const std::string& address, int port) {
-  Address a;
-  if (address.find(':') == std::string::npos) {
-    auto* in = reinterpret_cast<sockaddr_in*>(&a.storage);
-    in->sin_family = AF_INET;
-    in->sin_port = htons(static_cast<std::uint16_t>(port));
-    inet_pton(AF_INET, address.c_str(), &in->sin_addr);
-    a.size = sizeof(sockaddr_in);
-  } else {
-    auto* in6 = reinterpret_cast<sockaddr_in6*>(&a.storage);
-    in6->sin6_family = AF_INET6;
-    in6->sin6_port = htons(static_cast<std::uint16_t>(port));
-    inet_pton(AF_INET6, address.c_str(), &in6->sin6_addr);
-    a.size = sizeof(sockaddr_in6);
-  }
-  return a;
+// One of our loopback literals ("127.0.0.1", "::1") and a port.
+SocketAddress loopback_address(const std::string& address, int port) {
+  std::optional<SocketAddress> a = socket_address(address, port);
+  if (!a) throw std::system_error(EINVAL, std::generic_category(), "'" + address + "' is no numeric address");
+  return *a;
 }
 
 // A socket bound to address:port (0: the kernel picks), listening; throws
 // std::system_error with bind()'s errno.
 OwnedFd bind_loopback(const std::string& address, int port) {
-  const Address a = loopback_address(address, port);
+  const SocketAddress a = loopback_address(address, port);
   OwnedFd fd(socket(a.storage.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
   if (fd.get() < 0) throw std::system_error(errno, std::generic_category(), "socket()");
   const int one = 1;
@@ -66,14 +53,6 @@ OwnedFd bind_loopback(const std::string& address, int port) {
                             "binding " + address + ":" + std::to_string(port) + " for the workers' store");
   }
   return fd;
-}
-
-int bound_port(int fd) {
-  sockaddr_storage bound{};
-  socklen_t size = sizeof(bound);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &size);
-  return ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
-                                           : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
 }
 
 // 127.0.0.1 (::1 first for a job that meets over IPv6), else the other where this host lacks the
@@ -311,7 +290,7 @@ std::string StoreTunnel::carry_out(std::vector<TunnelAction> actions, NodeLink& 
 void StoreTunnel::connect_store(int channel, std::vector<TunnelAction>& next) {
   Socket& s = sockets_[channel];
   s.retry_at.reset();
-  const Address a = loopback_address(store_.address, store_.port);
+  const SocketAddress a = loopback_address(store_.address, store_.port);
   s.fd = OwnedFd(socket(a.storage.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
   if (s.fd.get() < 0) {
     const int error = errno;

@@ -12,8 +12,10 @@
 #include <csignal>
 #include <cstring>
 #include <ctime>
+#include <optional>
 #include <system_error>
 
+#include "common/socket_address.h"
 #include "workers/job_process_tree.h"
 
 namespace cpprun::launcher {
@@ -29,25 +31,10 @@ constexpr int kExitWaitMs = 2000;
 // a port left in TIME_WAIT by the round before is taken again, while one another process listens on
 // is refused. "::" takes IPv4 too.
 int listen_at(const std::string& address, int port) {
-  sockaddr_storage storage{};
-  socklen_t size = 0;
-  if (address.find(':') == std::string::npos) {
-    auto* in = reinterpret_cast<sockaddr_in*>(&storage);
-    in->sin_family = AF_INET;
-    in->sin_port = htons(static_cast<std::uint16_t>(port));
-    if (inet_pton(AF_INET, address.c_str(), &in->sin_addr) != 1) {
-      throw std::system_error(EINVAL, std::generic_category());
-    }
-    size = sizeof(sockaddr_in);
-  } else {
-    auto* in6 = reinterpret_cast<sockaddr_in6*>(&storage);
-    in6->sin6_family = AF_INET6;
-    in6->sin6_port = htons(static_cast<std::uint16_t>(port));
-    if (inet_pton(AF_INET6, address.c_str(), &in6->sin6_addr) != 1) {
-      throw std::system_error(EINVAL, std::generic_category());
-    }
-    size = sizeof(sockaddr_in6);
-  }
+  const std::optional<SocketAddress> a = socket_address(address, port);
+  if (!a) throw std::system_error(EINVAL, std::generic_category());
+  const sockaddr_storage& storage = a->storage;
+  const socklen_t size = a->size;
   const int fd = socket(storage.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) throw std::system_error(errno, std::generic_category(), "socket()");
   const int one = 1;
@@ -62,14 +49,6 @@ int listen_at(const std::string& address, int port) {
     throw std::system_error(error, std::generic_category());
   }
   return fd;
-}
-
-int bound_port(int fd) {
-  sockaddr_storage bound{};
-  socklen_t size = sizeof(bound);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &size);
-  return ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
-                                           : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
 }
 
 std::string with_port(const std::string& address, int port) {
