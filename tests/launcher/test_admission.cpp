@@ -10,21 +10,10 @@
 
 using namespace cpprun::launcher;
 using launcher_test::c10d_job;
+using launcher_test::hello_like;
 using launcher_test::static_job;
 
 namespace {
-
-// The hello of an agent started with the same options as the host's `settings`.
-NodeHello hello_like(const RendezvousSettings& settings, int node_rank) {
-  NodeHello h;
-  h.backend = backend_name(settings.backend);
-  h.node_rank = node_rank;
-  h.min_nodes = settings.min_nodes;
-  h.max_nodes = settings.max_nodes;
-  h.max_restarts = settings.max_restarts;
-  h.run_id = settings.run_id;
-  return h;
-}
 
 Admission decide(const RendezvousSettings& settings, const RoundState& state, const NodeHello& hello) {
   return decide_admission(settings, state, NodeMessage::make_hello(hello));

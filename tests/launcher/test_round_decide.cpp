@@ -97,14 +97,7 @@ struct Host {
   }
   // A member agent started with the host's own options; `node_rank` -1 for c10d.
   RoundActions hello(int node_rank, const std::string& peer) {
-    NodeHello h;
-    h.backend = backend_name(settings.backend);
-    h.node_rank = node_rank;
-    h.min_nodes = settings.min_nodes;
-    h.max_nodes = settings.max_nodes;
-    h.max_restarts = settings.max_restarts;
-    h.run_id = settings.run_id;
-    const NodeMessage m = NodeMessage::make_hello(h);
+    const NodeMessage m = NodeMessage::make_hello(launcher_test::hello_like(settings, node_rank));
     return step(RoundEvent::hello(peer, m));
   }
   RoundActions said(int id, const NodeMessage& m) { return step(RoundEvent::said(id, m)); }
