@@ -117,6 +117,11 @@ uint64_t sequence_of(const at::Tensor& fingerprint) {
   return static_cast<uint64_t>(values(fingerprint)[kSequenceSlot]);
 }
 
+std::optional<int64_t> root_of(const at::Tensor& fingerprint) {
+  const int64_t root = values(fingerprint)[kRootSlot];
+  return root < 0 ? std::nullopt : std::optional<int64_t>(root);
+}
+
 int64_t numel_of(const at::Tensor& fingerprint, int64_t index) {
   TORCH_INTERNAL_ASSERT(index >= 0 && index < kMaxTensors);
   return values(fingerprint)[tensor_slot(index, 1)];
@@ -151,7 +156,10 @@ std::string describe(const at::Tensor& fingerprint) {
     }
     out << "]";
   }
-  if (v[kRootSlot] >= 0) out << ", root " << v[kRootSlot];
+  if (v[kRootSlot] >= 0) {
+    const bool message = static_cast<CollectiveKind>(v[kKindSlot]) == CollectiveKind::kSendRecv;
+    out << (message ? ", batched message #" : ", root ") << v[kRootSlot];
+  }
   if (v[kReduceSlot] >= 0) out << ", " << reduce_name(v[kReduceSlot]);
   out << ")";
   return out.str();

@@ -33,7 +33,8 @@ const char* to_string(CollectiveKind kind);
 struct CollectiveCall {
   CollectiveKind kind = CollectiveKind::kBarrier;
   std::vector<at::Tensor> tensors;   // at most two
-  std::optional<int> root;           // broadcast
+  std::optional<int> root;           // broadcast; a batched send/recv's place in its order
+                                     // (Note [Batched messages] in comm/batch_point_to_point.cpp)
   std::optional<ReduceOp> reduce;    // all_reduce, reduce_scatter, reduce
   // The tensors' shapes may differ between ranks (uneven all-to-all): only their dtype and
   // device are compared.
@@ -61,6 +62,7 @@ std::optional<std::string> mismatch(const at::Tensor& mine, const std::vector<at
 // "broadcast(float32[4], root 0)": a fingerprint as a call, for messages.
 std::string describe(const at::Tensor& fingerprint);
 uint64_t sequence_of(const at::Tensor& fingerprint);
+std::optional<int64_t> root_of(const at::Tensor& fingerprint);
 // The element count of the fingerprint's tensor `index`, and its dtype.
 int64_t numel_of(const at::Tensor& fingerprint, int64_t index);
 at::ScalarType dtype_of(const at::Tensor& fingerprint);

@@ -60,6 +60,13 @@ struct ProcessGroup::Impl {
   // the last one's "posted" signal per tag. See Note [Point-to-point messages].
   std::mutex p2p_mutex;
   std::map<int, std::shared_future<void>> p2p_data_posted;
+  // Under p2p_mutex: how many messages this rank has sent to / received from each rank (of this
+  // group) in batches; each batched message's header carries its place in that order.
+  // See Note [Batched messages] (comm/batch_point_to_point.cpp).
+  std::map<int, int64_t> batched_sent, batched_received;
+  // Held while point-to-point data is posted on NCCL, and across a batch's NCCL group (with
+  // issue_mutex), so that no other message enters the group.
+  std::mutex nccl_p2p_mutex;
   // Declared last so it is destroyed first: queued ring steps still use the groups above.
   detail::SerialExecutor executor;
 

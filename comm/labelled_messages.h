@@ -8,6 +8,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <string>
+#include <vector>
 
 #include "cpprun/collectives.h"
 #include "cpprun/point_to_point.h"
@@ -18,5 +19,8 @@ namespace cpprun::detail {
 Work isend_labelled(const ProcessGroup& group, at::Tensor tensor, int dst, int tag, std::string label);
 Work irecv_labelled(const ProcessGroup& group, at::Tensor tensor, int src, int tag, std::string label,
                     int* source = nullptr);
+// batch_isend_irecv with one label per op (none: empty), in the ops' order.
+std::vector<Work> batch_isend_irecv_labelled(const ProcessGroup& group, std::vector<P2POp> ops,
+                                             std::vector<std::string> labels);
 
 }  // namespace cpprun::detail

@@ -8,14 +8,11 @@
 
 #include "comm/collective_support.h"
 #include "comm/labelled_messages.h"
+#include "comm/message_protocol.h"
 #include "comm/work_state.h"
 
 namespace cpprun {
-namespace {
-
-using detail::C10dWork;
-using detail::CollectiveCall;
-using detail::CollectiveKind;
+namespace detail {
 
 // Note [Point-to-point messages]
 // Gloo does not compare sizes: a receive posted for more bytes than its message completes half
@@ -29,29 +26,31 @@ using detail::CollectiveKind;
 // posted at the call; data receives of one tag are posted in call order too (each waits for the
 // previous one's), or two receives of one tag from one sender could swap their messages.
 // Tags live above the rings' (comm/ring.cpp), which stay below 2^30.
-enum class Part { kHeader = 0, kData = 1, kAck = 2 };
-int wire_tag(int tag, Part part) { return (1 << 30) | (tag << 2) | static_cast<int>(part); }
+int wire_tag(int tag, MessagePart part) { return (1 << 30) | (tag << 2) | static_cast<int>(part); }
 
-void check_p2p(const char* op, const ProcessGroup& group, const at::Tensor& tensor, int peer,
-               const char* peer_name, int tag) {
-  detail::check_tensor(op, "tensor", tensor);
-  detail::check_member(op, group);
+void check_message(const char* op, const ProcessGroup& group, const at::Tensor& tensor, int peer,
+                   const char* peer_name, int tag) {
+  check_tensor(op, "tensor", tensor);
+  check_member(op, group);
   TORCH_CHECK(tag >= 0 && tag <= kMaxTag, "cpprun::", op, ": tag ", tag, " is outside 0..", kMaxTag, ".");
   if (peer == kAnySource) {
     TORCH_CHECK(group.size() > 1, "cpprun::", op, ": a group of one has no other rank to receive from.");
     return;
   }
-  detail::check_rank(op, peer_name, peer, group);
+  check_rank(op, peer_name, peer, group);
   TORCH_CHECK(peer != group.rank(), "cpprun::", op, ": rank ", group.rank(), " cannot message itself (",
               peer_name, " ", peer, "); copy the tensor instead.");
 }
 
-at::Tensor header_of(const at::Tensor& tensor, int tag) {
-  return detail::fingerprint(CollectiveCall{CollectiveKind::kSendRecv, {tensor}, std::nullopt, std::nullopt}, tag);
+at::Tensor header_of(const at::Tensor& tensor, int tag, int64_t position) {
+  // The fingerprint's root holds the batch position (comm/collective_fingerprint.h).
+  std::optional<int> root;
+  if (position != kNotBatched) root = static_cast<int>(position % (int64_t{1} << 31));
+  return fingerprint(CollectiveCall{CollectiveKind::kSendRecv, {tensor}, root, std::nullopt}, tag);
 }
 
-void wait_for(const c10::intrusive_ptr<C10dWork>& work, const detail::GroupImpl& impl, const char* what,
-              int peer, int tag) {
+void wait_for(const c10::intrusive_ptr<C10dWork>& work, const GroupImpl& impl, const char* what, int peer,
+              int tag) {
   try {
     work->wait(impl.timeout);
   } catch (const std::exception& e) {
@@ -62,36 +61,43 @@ void wait_for(const c10::intrusive_ptr<C10dWork>& work, const detail::GroupImpl&
 }
 
 void check_match(const at::Tensor& sent, const at::Tensor& expected, int sender, int receiver, int me) {
-  if (auto message = detail::mismatch(sent, {sent, expected}, {sender, receiver}, detail::Agreement::kSameNumel)) {
+  if (auto message = mismatch(sent, {sent, expected}, {sender, receiver}, Agreement::kSameNumel)) {
     // The fingerprints' sequence number is the tag: say so.
-    const std::string collective = "collective #" + std::to_string(detail::sequence_of(sent));
+    const std::string collective = "collective #" + std::to_string(sequence_of(sent));
     if (auto at = message->find(collective); at != std::string::npos) {
-      message->replace(at, collective.size(), "message with tag " + std::to_string(detail::sequence_of(sent)));
+      message->replace(at, collective.size(), "message with tag " + std::to_string(sequence_of(sent)));
     }
-    TORCH_CHECK(false, *message, " (found on rank ", me, ": rank ", sender, " sent a message that rank ",
+    std::string order;
+    if (root_of(sent) != root_of(expected)) {
+      order = " Between two ranks, batched messages pair in the order each rank lists them, whatever "
+              "their tags (as NCCL pairs them), and only with batched ones: list them in one order on "
+              "both ranks, and batch both ends of a message or neither.";
+    }
+    TORCH_CHECK(false, *message, order, " (found on rank ", me, ": rank ", sender, " sent a message that rank ",
                 receiver, "'s receive does not fit; sender and receiver need one dtype and element count.)");
   }
 }
 
-at::Tensor wire(const detail::GroupImpl& impl, const at::Tensor& t) {
-  return impl.is_nccl(t) ? t : detail::as_movable_bits(t);
+at::Tensor wire(const GroupImpl& impl, const at::Tensor& t) {
+  return impl.is_nccl(t) ? t : as_movable_bits(t);
 }
 
-}  // namespace
-
-namespace detail {
-
-Work isend_labelled(const ProcessGroup& group, at::Tensor tensor, int dst, int tag, std::string label) {
-  check_p2p("isend", group, tensor, dst, "dst", tag);
-  auto& impl = detail::impl_of(group);
-  const uint64_t record =
-      detail::record_message(impl.recorded, ++impl.p2p_issued, "send", tensor, dst, tag, std::move(label));
-  at::Tensor header = header_of(tensor, tag);
+Work post_send(const ProcessGroup& group, at::Tensor tensor, int dst, int tag, std::string label, int64_t position) {
+  check_message("isend", group, tensor, dst, "dst", tag);
+  auto& impl = impl_of(group);
+  const uint64_t record = record_message(impl.recorded, ++impl.p2p_issued, "send", tensor, dst, tag, std::move(label));
+  at::Tensor header = header_of(tensor, tag, position);
   at::Tensor ack = at::empty_like(header);
   std::vector<at::Tensor> header_list{header}, data_list{wire(impl, tensor)}, ack_list{ack};
-  auto header_send = impl.gloo->send(header_list, dst, wire_tag(tag, Part::kHeader));
-  auto data_send = impl.group_for(tensor).send(data_list, dst, wire_tag(tag, Part::kData));
-  auto ack_recv = impl.gloo->recv(ack_list, dst, wire_tag(tag, Part::kAck));
+  auto header_send = impl.gloo->send(header_list, dst, wire_tag(tag, MessagePart::kHeader));
+  c10::intrusive_ptr<C10dWork> data_send;
+  {
+    // See Note [Batched messages]: no single message's data enters a batch's NCCL group.
+    std::unique_lock<std::mutex> lock(impl.nccl_p2p_mutex, std::defer_lock);
+    if (impl.is_nccl(tensor)) lock.lock();
+    data_send = impl.group_for(tensor).send(data_list, dst, wire_tag(tag, MessagePart::kData));
+  }
+  auto ack_recv = impl.gloo->recv(ack_list, dst, wire_tag(tag, MessagePart::kAck));
   const int me = group.rank();
   const ProcessGroup keep = group;
   auto done = std::async(std::launch::async, [=, &impl]() {
@@ -103,21 +109,22 @@ Work isend_labelled(const ProcessGroup& group, at::Tensor tensor, int dst, int t
   });
   Work work = make_work(done.share());
   work.keep_alive(group);
-  detail::attach_record(work, record, impl.timeout);
+  attach_record(work, record, impl.timeout);
   return work;
 }
 
-Work irecv_labelled(const ProcessGroup& group, at::Tensor tensor, int src, int tag, std::string label, int* source) {
-  check_p2p("irecv", group, tensor, src, "src", tag);
-  auto& impl = detail::impl_of(group);
-  const uint64_t record =
-      detail::record_message(impl.recorded, ++impl.p2p_issued, "recv", tensor,
-                             src == kAnySource ? std::nullopt : std::optional<int>(src), tag, std::move(label));
-  at::Tensor mine = header_of(tensor, tag);
+Work post_recv(const ProcessGroup& group, at::Tensor tensor, int src, int tag, std::string label, int64_t position,
+               int* source) {
+  check_message("irecv", group, tensor, src, "src", tag);
+  auto& impl = impl_of(group);
+  const uint64_t record = record_message(impl.recorded, ++impl.p2p_issued, "recv", tensor,
+                                         src == kAnySource ? std::nullopt : std::optional<int>(src), tag,
+                                         std::move(label));
+  at::Tensor mine = header_of(tensor, tag, position);
   at::Tensor theirs = at::empty_like(mine);
   std::vector<at::Tensor> header_list{theirs};
-  auto header_recv = src == kAnySource ? impl.gloo->recvAnysource(header_list, wire_tag(tag, Part::kHeader))
-                                       : impl.gloo->recv(header_list, src, wire_tag(tag, Part::kHeader));
+  auto header_recv = src == kAnySource ? impl.gloo->recvAnysource(header_list, wire_tag(tag, MessagePart::kHeader))
+                                       : impl.gloo->recv(header_list, src, wire_tag(tag, MessagePart::kHeader));
   std::shared_future<void> previous;
   auto posted = std::make_shared<std::promise<void>>();
   {
@@ -143,34 +150,43 @@ Work irecv_labelled(const ProcessGroup& group, at::Tensor tensor, int src, int t
     wait_for(header_recv, impl, "a message's header", src, tag);
     const int sender = src == kAnySource ? header_recv->sourceRank() : src;
     if (previous.valid()) previous.wait();
-    const bool fits = !detail::mismatch(theirs, {theirs, mine}, {sender, me}, detail::Agreement::kSameNumel);
+    const bool fits = !mismatch(theirs, {theirs, mine}, {sender, me}, Agreement::kSameNumel);
     // A message that does not fit is drained into scratch on the backend it travels by (a CUDA
     // message into a CPU receive cannot be: the sender then fails at its timeout).
-    const bool sent_from_cpu = detail::describe(theirs).find("cuda") == std::string::npos;
+    const bool sent_from_cpu = describe(theirs).find("cuda") == std::string::npos;
     const bool drain = !fits && (sent_from_cpu || tensor.is_cuda());
     at::Tensor into = tensor;
     if (drain) {
-      into = at::empty({detail::numel_of(theirs, 0)}, tensor.options()
-                                                          .dtype(detail::dtype_of(theirs))
-                                                          .device(sent_from_cpu ? at::Device(at::kCPU) : tensor.device()));
+      into = at::empty({numel_of(theirs, 0)}, tensor.options().dtype(dtype_of(theirs)).device(
+                                                  sent_from_cpu ? at::Device(at::kCPU) : tensor.device()));
     }
     c10::intrusive_ptr<C10dWork> data_recv;
     if (fits || drain) {
       std::vector<at::Tensor> data_list{wire(impl, into)};
-      data_recv = impl.group_for(into).recv(data_list, sender, wire_tag(tag, Part::kData));
+      std::unique_lock<std::mutex> lock(impl.nccl_p2p_mutex, std::defer_lock);
+      if (impl.is_nccl(into)) lock.lock();  // See Note [Batched messages]
+      data_recv = impl.group_for(into).recv(data_list, sender, wire_tag(tag, MessagePart::kData));
     }
     signal.send();
     if (data_recv) wait_for(data_recv, impl, "a message's data", sender, tag);
     std::vector<at::Tensor> ack_list{mine};
-    auto ack_send = impl.gloo->send(ack_list, sender, wire_tag(tag, Part::kAck));
+    auto ack_send = impl.gloo->send(ack_list, sender, wire_tag(tag, MessagePart::kAck));
     wait_for(ack_send, impl, "the sender to take the acknowledgement", sender, tag);
     if (source) *source = sender;
     check_match(theirs, mine, sender, me, me);
   });
   Work work = make_work(done.share());
   work.keep_alive(group);
-  detail::attach_record(work, record, impl.timeout);
+  attach_record(work, record, impl.timeout);
   return work;
+}
+
+Work isend_labelled(const ProcessGroup& group, at::Tensor tensor, int dst, int tag, std::string label) {
+  return post_send(group, std::move(tensor), dst, tag, std::move(label), kNotBatched);
+}
+
+Work irecv_labelled(const ProcessGroup& group, at::Tensor tensor, int src, int tag, std::string label, int* source) {
+  return post_recv(group, std::move(tensor), src, tag, std::move(label), kNotBatched, source);
 }
 
 }  // namespace detail

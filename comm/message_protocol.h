@@ -1,0 +1,50 @@
+// The parts of a point-to-point message (header, data, acknowledgement) that single messages
+// (comm/point_to_point.cpp) and batches (comm/batch_point_to_point.cpp) share. Internal to comm/.
+// See Note [Point-to-point messages] and Note [Batched messages].
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+
+#include "comm/c10d_types.h"
+#include "comm/group_impl.h"
+#include "cpprun/collectives.h"
+#include "cpprun/process_group.h"
+
+namespace cpprun::detail {
+
+enum class MessagePart { kHeader = 0, kData = 1, kAck = 2 };
+// The Gloo (or NCCL) tag of one part of a message with the user's `tag`.
+int wire_tag(int tag, MessagePart part);
+
+// A message's place among the batched messages between its two ranks in its direction; single
+// messages have none. See Note [Batched messages].
+constexpr int64_t kNotBatched = -1;
+
+// The checks every send and receive makes before anything is posted; `peer_name` ("dst", "src")
+// names the peer in messages.
+void check_message(const char* op, const ProcessGroup& group, const at::Tensor& tensor, int peer,
+                   const char* peer_name, int tag);
+
+// What both ends compare: dtype, element count, tag and the batch position.
+at::Tensor header_of(const at::Tensor& tensor, int tag, int64_t position);
+
+// Waits for one part; a failure or timeout says which part, the peer and the tag.
+void wait_for(const c10::intrusive_ptr<C10dWork>& work, const GroupImpl& impl, const char* what, int peer,
+              int tag);
+
+// Throws the message both ends give when the sender's header and the receiver's do not match.
+void check_match(const at::Tensor& sent, const at::Tensor& expected, int sender, int receiver, int me);
+
+// The tensor a backend carries: NCCL takes CUDA tensors as they are, Gloo as bits it knows.
+at::Tensor wire(const GroupImpl& impl, const at::Tensor& t);
+
+// A single send or receive (position kNotBatched), or a batched one on Gloo, whose data goes as a
+// single message's does. `label` goes to the flight recorder.
+Work post_send(const ProcessGroup& group, at::Tensor tensor, int dst, int tag, std::string label, int64_t position);
+Work post_recv(const ProcessGroup& group, at::Tensor tensor, int src, int tag, std::string label, int64_t position,
+               int* source);
+
+}  // namespace cpprun::detail
