@@ -112,8 +112,15 @@ std::vector<Work> post_nccl_batch(const ProcessGroup& group, const std::vector<P
     uint64_t record = 0;
     at::Tensor mine, theirs;                       // this end's header, the other end's
     c10::intrusive_ptr<C10dWork> header, ack;      // a send's ack receive; a receive sends its later
+    detail::Turn ack_turn;                         // a receive's, among its tag's
   };
   std::vector<Posted> posted(ops.size());
+  {
+    std::lock_guard<std::mutex> lock(impl.p2p_mutex);
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      if (ops[i].op == P2POp::Op::kIrecv) posted[i].ack_turn = detail::take_turn(impl.p2p_ack_sent, ops[i].tag);
+    }
+  }
   for (std::size_t i = 0; i < ops.size(); ++i) {
     const P2POp& op = ops[i];
     const bool send = op.op == P2POp::Op::kIsend;
@@ -174,11 +181,14 @@ std::vector<Work> post_nccl_batch(const ProcessGroup& group, const std::vector<P
     } else {
       done = std::async(std::launch::async, [&impl, keep = group, p, me, peer, tag, data_done]() {
         (void)keep;
+        detail::TurnGuard ack_sent(p.ack_turn);
         detail::wait_for(p.header, impl, "a message's header", peer, tag);
         // Acknowledged before the data has come: the sender learns of a mismatch without
         // waiting for NCCL.
         std::vector<at::Tensor> ack{p.mine};
+        ack_sent.wait_for_previous();
         auto ack_send = impl.gloo->send(ack, peer, wire_tag(tag, MessagePart::kAck));
+        ack_sent.done();
         detail::wait_for(ack_send, impl, "the sender to take the acknowledgement", peer, tag);
         detail::check_match(p.theirs, p.mine, peer, me, me);
         data_done.get();

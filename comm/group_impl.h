@@ -56,10 +56,11 @@ struct ProcessGroup::Impl {
   // Bytes this rank sent point-to-point in our own algorithms: lets tests check that the ring
   // moves what a native collective would.
   std::atomic<uint64_t> p2p_bytes_sent{0};
-  // Point-to-point receives of one tag post their data receives in the order they were called:
-  // the last one's "posted" signal per tag. See Note [Point-to-point messages].
+  // Point-to-point receives of one tag post their data receives, and send their
+  // acknowledgements, in the order they were called: the last one's signal per tag for each.
+  // See Note [Point-to-point messages].
   std::mutex p2p_mutex;
-  std::map<int, std::shared_future<void>> p2p_data_posted;
+  std::map<int, std::shared_future<void>> p2p_data_posted, p2p_ack_sent;
   // Under p2p_mutex: how many messages this rank has sent to / received from each rank (of this
   // group) in batches; each batched message's header carries its place in that order.
   // See Note [Batched messages] (comm/batch_point_to_point.cpp).

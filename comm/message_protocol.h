@@ -6,6 +6,9 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <future>
+#include <map>
+#include <memory>
 #include <string>
 
 #include "comm/c10d_types.h"
@@ -22,6 +25,34 @@ int wire_tag(int tag, MessagePart part);
 // A message's place among the batched messages between its two ranks in its direction; single
 // messages have none. See Note [Batched messages].
 constexpr int64_t kNotBatched = -1;
+
+// A receive's place among the receives of its tag for one of their steps (posting the data,
+// sending the acknowledgement). Taken under GroupImpl::p2p_mutex, at the call.
+struct Turn {
+  std::shared_future<void> previous;          // the receive before: its step done
+  std::shared_ptr<std::promise<void>> done;   // this one's
+};
+Turn take_turn(std::map<int, std::shared_future<void>>& chain, int tag);
+
+// In the receive's thread: waits for the receive before to have taken its step, and signals this
+// one's when told or when it goes, so that a failed receive never holds up the next.
+class TurnGuard {
+ public:
+  explicit TurnGuard(Turn turn) : turn_(std::move(turn)) {}
+  TurnGuard(const TurnGuard&) = delete;
+  TurnGuard& operator=(const TurnGuard&) = delete;
+  ~TurnGuard() { done(); }
+  void wait_for_previous() const {
+    if (turn_.previous.valid()) turn_.previous.wait();
+  }
+  void done() {
+    if (turn_.done) turn_.done->set_value();
+    turn_.done.reset();
+  }
+
+ private:
+  Turn turn_;
+};
 
 // The checks every send and receive makes before anything is posted; `peer_name` ("dst", "src")
 // names the peer in messages.

@@ -24,7 +24,9 @@ namespace detail {
 // compare the two fingerprints and throw the same message on a mismatch. A send completes when
 // the receiver has the data. Gloo pairs messages by (peer, tag) in posting order, so headers are
 // posted at the call; data receives of one tag are posted in call order too (each waits for the
-// previous one's), or two receives of one tag from one sender could swap their messages.
+// previous one's), or two receives of one tag from one sender could swap their messages; and so
+// are their acknowledgements, sent from the receives' threads, or a sender could compare its
+// header with another message's acknowledgement.
 // Tags live above the rings' (comm/ring.cpp), which stay below 2^30.
 int wire_tag(int tag, MessagePart part) { return (1 << 30) | (tag << 2) | static_cast<int>(part); }
 
@@ -40,6 +42,15 @@ void check_message(const char* op, const ProcessGroup& group, const at::Tensor& 
   check_rank(op, peer_name, peer, group);
   TORCH_CHECK(peer != group.rank(), "cpprun::", op, ": rank ", group.rank(), " cannot message itself (",
               peer_name, " ", peer, "); copy the tensor instead.");
+}
+
+Turn take_turn(std::map<int, std::shared_future<void>>& chain, int tag) {
+  Turn turn;
+  turn.done = std::make_shared<std::promise<void>>();
+  auto& last = chain[tag];
+  turn.previous = last;
+  last = turn.done->get_future().share();
+  return turn;
 }
 
 at::Tensor header_of(const at::Tensor& tensor, int tag, int64_t position) {
@@ -125,31 +136,20 @@ Work post_recv(const ProcessGroup& group, at::Tensor tensor, int src, int tag, s
   std::vector<at::Tensor> header_list{theirs};
   auto header_recv = src == kAnySource ? impl.gloo->recvAnysource(header_list, wire_tag(tag, MessagePart::kHeader))
                                        : impl.gloo->recv(header_list, src, wire_tag(tag, MessagePart::kHeader));
-  std::shared_future<void> previous;
-  auto posted = std::make_shared<std::promise<void>>();
+  Turn data_turn, ack_turn;
   {
     std::lock_guard<std::mutex> lock(impl.p2p_mutex);
-    auto& last = impl.p2p_data_posted[tag];
-    previous = last;
-    last = posted->get_future().share();
+    data_turn = take_turn(impl.p2p_data_posted, tag);
+    ack_turn = take_turn(impl.p2p_ack_sent, tag);
   }
   const int me = group.rank();
   const ProcessGroup keep = group;
   auto done = std::async(std::launch::async, [=, &impl]() {
     (void)keep;
-    // Signals the next receive of this tag whatever happens here, or it would wait for ever.
-    struct Signal {
-      std::shared_ptr<std::promise<void>> promise;
-      bool sent = false;
-      void send() {
-        if (!sent) promise->set_value();
-        sent = true;
-      }
-      ~Signal() { send(); }
-    } signal{posted};
+    TurnGuard data_posted(data_turn), ack_sent(ack_turn);
     wait_for(header_recv, impl, "a message's header", src, tag);
     const int sender = src == kAnySource ? header_recv->sourceRank() : src;
-    if (previous.valid()) previous.wait();
+    data_posted.wait_for_previous();
     const bool fits = !mismatch(theirs, {theirs, mine}, {sender, me}, Agreement::kSameNumel);
     // A message that does not fit is drained into scratch on the backend it travels by (a CUDA
     // message into a CPU receive cannot be: the sender then fails at its timeout).
@@ -167,10 +167,12 @@ Work post_recv(const ProcessGroup& group, at::Tensor tensor, int src, int tag, s
       if (impl.is_nccl(into)) lock.lock();  // See Note [Batched messages]
       data_recv = impl.group_for(into).recv(data_list, sender, wire_tag(tag, MessagePart::kData));
     }
-    signal.send();
+    data_posted.done();
     if (data_recv) wait_for(data_recv, impl, "a message's data", sender, tag);
     std::vector<at::Tensor> ack_list{mine};
+    ack_sent.wait_for_previous();
     auto ack_send = impl.gloo->send(ack_list, sender, wire_tag(tag, MessagePart::kAck));
+    ack_sent.done();
     wait_for(ack_send, impl, "the sender to take the acknowledgement", sender, tag);
     if (source) *source = sender;
     check_match(theirs, mine, sender, me, me);
