@@ -394,19 +394,19 @@ TEST_CASE("pipeline: the reference clips, so the parity checks clipping", "[pipe
   CHECK(*std::max_element(ref.norms.begin(), ref.norms.end()) > kMaxNorm);
 }
 
-TEST_CASE("pipeline: GPipe matches one process, with fewer micro-batches than stages too", "[pipeline]") {
+TEST_CASE("pipeline: GPipe matches one process, with fewer micro-batches than stages too", "[pipeline][pipeline_schedules]") {
   double worst = 0;
   for (int m : {1, 2, 4, 8}) worst = std::max(worst, train_and_compare(Kind::kGPipe, m));
   std::printf("pipeline GPipe rank %d: worst relative difference %.2e\n", group().rank(), worst);
 }
 
-TEST_CASE("pipeline: 1F1B matches one process, with fewer micro-batches than stages too", "[pipeline]") {
+TEST_CASE("pipeline: 1F1B matches one process, with fewer micro-batches than stages too", "[pipeline][pipeline_schedules]") {
   double worst = 0;
   for (int m : {1, 3, 4, 8}) worst = std::max(worst, train_and_compare(Kind::k1F1B, m));
   std::printf("pipeline 1F1B rank %d: worst relative difference %.2e\n", group().rank(), worst);
 }
 
-TEST_CASE("pipeline: zero bubble (backward split into input and weight passes) matches one process", "[pipeline]") {
+TEST_CASE("pipeline: zero bubble (backward split into input and weight passes) matches one process", "[pipeline][pipeline_schedules]") {
   double worst = 0;
   for (int m : {1, 3, 4, 8}) worst = std::max(worst, train_and_compare(Kind::kZeroBubble, m));
   worst = std::max(worst, train_and_compare(Kind::kZeroBubble, 4, /*deferred=*/false, kTiedLm));
@@ -423,7 +423,7 @@ TEST_CASE("pipeline: activation checkpointing inside the stages matches one proc
   std::printf("pipeline checkpointed rank %d: worst relative difference %.2e\n", group().rank(), worst);
 }
 
-TEST_CASE("pipeline: Interleaved 1F1B with 2 stages per rank matches one process", "[pipeline]") {
+TEST_CASE("pipeline: Interleaved 1F1B with 2 stages per rank matches one process", "[pipeline][pipeline_schedules]") {
   const int p = group().size();
   double worst = 0;
   for (int m : {p, 2 * p}) worst = std::max(worst, train_and_compare(Kind::kInterleaved, m));
