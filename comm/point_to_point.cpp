@@ -5,6 +5,7 @@
 #include <c10/util/Exception.h>
 
 #include <future>
+#include <string>
 
 #include "comm/collective_support.h"
 #include "comm/labelled_messages.h"
@@ -36,6 +37,8 @@ void check_message(const char* op, const ProcessGroup& group, const at::Tensor& 
   check_member(op, group);
   TORCH_CHECK(tag >= 0 && tag <= kMaxTag, "cpprun::", op, ": tag ", tag, " is outside 0..", kMaxTag, ".");
   if (peer == kAnySource) {
+    TORCH_CHECK(std::string(peer_name) != "dst", "cpprun::", op, ": dst is kAnySource (", kAnySource,
+                "), which only a receive may name; send to a rank of the group, 0..", group.size() - 1, ".");
     TORCH_CHECK(group.size() > 1, "cpprun::", op, ": a group of one has no other rank to receive from.");
     return;
   }

@@ -187,8 +187,11 @@ TEST_CASE("point to point: a ring of messages, tags, every dtype", "[p2p]") {
   const int world = group().size(), rank = group().rank();
   if (world == 1) {
     CHECK_THROWS_WITH(cpprun::send(group(), at::ones({1}), 0), Catch::Contains("cannot message itself"));
-    return;
   }
+  // Sending to "any" rank has no meaning; before it was refused, it reached Gloo as rank -1.
+  CHECK_THROWS_WITH(cpprun::isend(group(), at::ones({1}), cpprun::kAnySource),
+                    Catch::Contains("cpprun::isend: dst is kAnySource") && Catch::Contains("send to a rank of the group"));
+  if (world == 1) return;
   const int next = (rank + 1) % world, prev = (rank + world - 1) % world;
   for (auto type : kMovedTypes) {
     at::Tensor received = at::empty({1001}, type);
