@@ -188,6 +188,11 @@ void DdpCore::set_manual_finalization(bool on) {
   TORCH_CHECK(!impl_->joining, "cpprun::DistributedDataParallel: a pipeline stage cannot run inside join().");
   impl_->manual_finalization = on;
 }
+void DdpCore::begin_last_backward() {
+  TORCH_CHECK(impl_->manual_finalization, "cpprun::DistributedDataParallel::begin_last_backward: manual ",
+              "finalization is off; backward reduces the gradients itself.");
+  if (torch::autograd::GradMode::is_enabled()) impl_->reducer->prepare_for_last_backward();
+}
 void DdpCore::finalize_backward() {
   TORCH_CHECK(impl_->manual_finalization, "cpprun::DistributedDataParallel::finalize_backward: manual finalization "
               "is off; backward reduces the gradients itself.");

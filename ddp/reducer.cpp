@@ -156,6 +156,7 @@ void Reducer::expect_gradients() {
   used_here_.assign(params_.size(), false);
   next_bucket_ = 0;
   finish_queued_ = false;
+  manual_end_ = false;
   for (auto& bucket : buckets_) bucket.pending = bucket.params.size(), bucket.work = Work();
 }
 
@@ -190,10 +191,26 @@ void Reducer::prepare_for_backward(const std::vector<at::Tensor>& outputs) {
   launch_ready_buckets();
 }
 
+// Note [A pipeline stage's last backward]
+// A pipeline stage's micro-batches accumulate their gradients locally, and one reduction a step
+// follows (manual finalization). Armed before the stage's last backward of the step, the hooks
+// reduce each bucket as soon as its gradients (by then the sums over the step's micro-batches)
+// are ready, as a synchronized backward's do, and the pipeline's remaining passes and messages
+// overlap the buckets' reductions (PyTorch's pipelining likewise prepares DDP's reducer before
+// the last micro-batch's backward). Unused parameters are not looked for then: a parameter the
+// last micro-batch did not reach may hold an earlier one's gradient, so reduce_accumulated()
+// marks the rest by whether they hold one. No engine callback ends it: the stage's last
+// backward may be one of several autograd calls, and the schedule knows when the step is over.
+void Reducer::prepare_for_last_backward() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  expect_gradients();
+  manual_end_ = true;
+}
+
 void Reducer::on_gradient_ready(std::size_t param) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (state_ != BackwardState::kExpecting) return;  // no_sync, eval, or a backward we did not prepare
-  if (!finish_queued_) {
+  if (!finish_queued_ && !manual_end_) {
     finish_queued_ = true;
     torch::autograd::Engine::get_default_engine().queue_callback([this] { finish_backward(); });
   }
@@ -312,9 +329,12 @@ void Reducer::write_back_gradients(const std::vector<bool>& globally_used) {
 
 void Reducer::reduce_accumulated() {
   std::lock_guard<std::mutex> lock(mutex_);
-  expect_gradients();
+  // Armed by prepare_for_last_backward: its hooks reduced what became ready; else nothing is.
+  if (!(state_ == BackwardState::kExpecting && manual_end_)) expect_gradients();
   // Every gradient is in: a parameter without one took no part on this rank.
-  for (std::size_t i = 0; i < params_.size(); ++i) mark_ready(i, /*used=*/params_[i].grad().defined());
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    if (!ready_[i]) mark_ready(i, /*used=*/params_[i].grad().defined());
+  }
   launch_ready_buckets();
   complete_reduction();
 }

@@ -44,8 +44,13 @@ class Reducer {
   void prepare_for_backward(const std::vector<at::Tensor>& outputs);
   // On a rank whose inputs ran out (join): take part in one backward's reductions with zeros.
   void reduce_as_joined_rank();
+  // A pipeline stage's step (manual finalization): before the stage's last backward of the step,
+  // so that its buckets are reduced as their gradients (the micro-batches' sums) become ready in
+  // it, while the pipeline goes on. Nothing ends the reduction but reduce_accumulated().
+  void prepare_for_last_backward();
   // A pipeline stage's step (manual finalization): the gradients its micro-batches' backwards
-  // accumulated, reduced as one synchronized backward's would be. Collective.
+  // accumulated, reduced as one synchronized backward's would be: those the last backward did not
+  // reduce (all, without prepare_for_last_backward), then waits for every bucket. Collective.
   void reduce_accumulated();
 
   void set_comm_hook(std::shared_ptr<CommHook> hook);
@@ -98,6 +103,7 @@ class Reducer {
   std::vector<bool> used_here_;
   std::size_t next_bucket_ = 0;
   bool finish_queued_ = false;
+  bool manual_end_ = false;  // prepare_for_last_backward's: reduce_accumulated ends it, not the engine
 
   // Across iterations.
   int64_t synced_backwards_ = 0;

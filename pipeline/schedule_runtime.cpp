@@ -31,6 +31,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -403,6 +404,36 @@ struct PipelineSchedule::Runtime {
     return found;
   }
 
+  // For each of this rank's stages whose backwards are whole (not split into input and weight
+  // passes), the place in `passes` of its last backward: before it, the stage's data-parallel
+  // wrapper may start reducing (Note [A pipeline stage's last backward], ddp/reducer.cpp). A
+  // split stage's weight gradients come from several autograd calls, and a weight two of this
+  // rank's stages share (a tie, interleaved) gets its gradient in both stages' backwards: those
+  // stages reduce at the step's end.
+  std::map<size_t, PipelineStage*> last_backwards(const std::vector<PipelinePass>& passes) const {
+    std::map<int, size_t> last;
+    std::set<int> whole_only;
+    for (const auto& [index, stage] : stages) whole_only.insert(index);
+    for (size_t i = 0; i < passes.size(); ++i) {
+      if (passes[i].kind == PassKind::kBackward) last[passes[i].stage] = i;
+      if (passes[i].kind == PassKind::kBackwardInput) whole_only.erase(passes[i].stage);
+    }
+    std::map<const c10::TensorImpl*, int> holders;  // of each weight, among this rank's stages
+    for (const auto& [index, stage] : stages) {
+      for (const auto& weight : unique_parameters(*stage->module())) ++holders[weight.unsafeGetTensorImpl()];
+    }
+    for (const auto& [index, stage] : stages) {
+      for (const auto& weight : unique_parameters(*stage->module())) {
+        if (holders[weight.unsafeGetTensorImpl()] > 1) whole_only.erase(index);
+      }
+    }
+    std::map<size_t, PipelineStage*> found;
+    for (const auto& [stage, index] : last) {
+      if (whole_only.count(stage)) found[index] = stages.at(stage);
+    }
+    return found;
+  }
+
   // Each wrapped stage's gradients, accumulated over the step's micro-batches, reduced across the
   // pipelines: once, after the stage's last backward. Later stages first, the same order on every
   // rank of a data-parallel group (they hold the same stages).
@@ -496,6 +527,7 @@ struct PipelineSchedule::Runtime {
       release_taken_sends();
     };
     const bool fused = fuse_receives(receive_device());
+    const auto reduce_from = train ? last_backwards(passes) : std::map<size_t, PipelineStage*>();
     for (size_t i = 0; i < passes.size(); ++i) {
       // Posted ahead, unless its shape had not come then.
       post_receive(passes[i], /*blocking=*/true);
@@ -513,7 +545,12 @@ struct PipelineSchedule::Runtime {
       switch (passes[i].kind) {
         case PassKind::kForward: forward(passes[i]); break;
         case PassKind::kBackward:
-        case PassKind::kBackwardInput: backward(passes[i]); break;
+        case PassKind::kBackwardInput:
+          if (auto last = reduce_from.find(i); last != reduce_from.end()) {
+            if (auto* core = detail::data_parallel_core(*last->second)) core->begin_last_backward();
+          }
+          backward(passes[i]);
+          break;
         case PassKind::kBackwardWeight: backward_weight(passes[i]); break;
       }
       if (passes[i].kind == PassKind::kBackwardInput) weights_waiting.push_back(passes[i]);

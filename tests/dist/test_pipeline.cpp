@@ -15,11 +15,14 @@
 #include "catch.h"
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cpprun/cpprun.h"
@@ -191,15 +194,27 @@ int gathers_since(std::vector<cpprun::FlightRecorderEntry>& since) {
   return count;
 }
 
-// DDP's own reduction (all-reduce, then divide), counting the buckets it is given.
+// The last send this process issued, as its group and number (only pipeline groups send here).
+std::pair<std::string, uint64_t> last_send() {
+  std::pair<std::string, uint64_t> last;
+  for (const auto& e : cpprun::flight_recorder_entries()) {  // oldest first
+    if (e.op == "send") last = {e.group, e.seq};
+  }
+  return last;
+}
+
+// DDP's own reduction (all-reduce, then divide), counting the buckets it is given and noting the
+// last send issued before each.
 class CountingHook : public cpprun::CommHook {
  public:
   cpprun::Work run(const cpprun::ProcessGroup& over, cpprun::GradBucket& bucket) override {
     ++calls;
+    send_before_last_run = last_send();
     return inner_->run(over, bucket);
   }
   std::string name() const override { return "counting " + inner_->name(); }
   int calls = 0;
+  std::pair<std::string, uint64_t> send_before_last_run;
 
  private:
   std::shared_ptr<cpprun::CommHook> inner_ = cpprun::allreduce_hook();
@@ -323,6 +338,12 @@ double train_and_compare(Kind kind, int microbatches, bool deferred = false, con
     worst = std::max({worst, std::abs(loss - ref.losses[s]) / ref.losses[s], std::abs(norm - ref.norms[s]) / ref.norms[s]});
     // One reduction of the stage's (one-bucket) gradients a step, not one per micro-batch.
     for (const auto& hook : hooks) CHECK(hook->calls == s + 1);
+    // ... started in the stage's last backward, before the gradient it sends back: the reduction
+    // overlaps the rest of the step (Note [A pipeline stage's last backward]). Zero bubble's split
+    // backwards reduce at the step's end.
+    if (p > 1 && v == 1 && pg.rank() > 0 && kind != Kind::kZeroBubble) {
+      for (const auto& hook : hooks) CHECK(hook->send_before_last_run != last_send());
+    }
     REQUIRE(static_cast<int>(schedule->microbatch_losses().size()) == microbatches);
     // The activations held at once: GPipe all, 1F1B p - r, interleaved its warm-up plus one;
     // zero bubble (each held until its weight pass, which runs when the rank would wait) from

@@ -34,6 +34,10 @@ class DataParallelCore {
   // set_manual_backward_finalization / finalize_backward). A wrapper that cannot says so, naming
   // what to use instead, from set_manual_finalization(true). Collective: finalize_backward.
   virtual void set_manual_finalization(bool on) = 0;
+  // Under manual finalization, before the stage's last backward of the step: the wrapper may
+  // start reducing in that backward what is ready (DDP's buckets), so that the reduction overlaps
+  // the pipeline's remaining passes; finalize_backward() still ends it. The default starts nothing.
+  virtual void begin_last_backward() {}
   virtual void finalize_backward() = 0;
   // The group whose ranks' gradients together hold each gradient once (FSDP's shard group), for a
   // norm over more than this wrapper (a pipeline's stages); null when each rank holds them all.

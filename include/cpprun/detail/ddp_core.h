@@ -32,8 +32,11 @@ class DdpCore final : public DataParallelCore {
   void set_require_sync(bool sync) override;
   bool require_sync() const override;
   // Manual finalization: forwards prepare no reduction and buckets are never rebuilt (they stay in
-  // reverse registration order); finalize_backward() reduces every accumulated gradient at once.
+  // reverse registration order); begin_last_backward() lets the step's last backward reduce each
+  // bucket once it is ready, and finalize_backward() reduces the rest and waits (all of them at
+  // once without begin_last_backward). See Note [A pipeline stage's last backward] (ddp/reducer.cpp).
   void set_manual_finalization(bool on) override;
+  void begin_last_backward() override;
   void finalize_backward() override;
   // The gradients are the same on every rank after backward: no communication.
   double clip_grad_norm(double max_norm) override;
