@@ -249,7 +249,10 @@ wait_reaped() {  # pid_file seconds
 # 127.0.0.1:$1: listens there itself, takes the first connection and resets it without a word,
 # and stops listening (no TIME_WAIT is left to block the host's port). The agent then tries again
 # until the host comes (Note [Pending links under a flood]), and says so once on its stderr.
-# So "this node came first" is an event the test saw, not a sleep's guess.
+# So "this node came first" is an event the test saw, not a sleep's guess. The reset waits for the
+# agent's first bytes (its hello), or 1 s: one that came at once could reach the agent before its
+# connect() had reported success, and a connect that fails is retried without a word (CI saw it
+# once in 2026-12-02's run).
 wait_for_connect_attempt() {  # port seconds
   python3 - "$1" "$2" <<'PY' || fail "nothing tried to connect to 127.0.0.1:$1 within $2 s"
 import socket, struct, sys
@@ -259,6 +262,11 @@ server.bind(("127.0.0.1", int(sys.argv[1])))
 server.listen(1)
 server.settimeout(float(sys.argv[2]))
 peer, _ = server.accept()
+peer.settimeout(1.0)
+try:
+    peer.recv(1)  # the agent's hello: its connect() has succeeded
+except OSError:
+    pass
 peer.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close with RST
 peer.close()
 server.close()
