@@ -12,7 +12,7 @@ echo "test: [2/5] build"
 CPPRUN_BUILD_TARGETS='' bash scripts/build.sh   # everything, whatever the environment says
 echo "test: set-up + build took $(( $(date +%s) - start )) s"
 count=$(ctest --test-dir "$build_dir" -N "$@" | sed -n 's/^Total Tests: //p')
-echo "test: [3/5] ctest: $count tests, $(nproc) at a time (all of them: about 15 minutes on 2 cores;" \
+echo "test: [3/5] ctest: $count tests, $(nproc) at a time (all of them: about 17 minutes on 2 cores;" \
      "-L quick: about 3); each line is one test done"
 junit=$(cd "$build_dir" && pwd)/ctest-junit.xml
 rm -f "$junit"
@@ -23,7 +23,7 @@ echo "test: [4/5] verdict on skips (only tests labelled gpu may skip)"
 python3 scripts/ctest_verdict.py "$build_dir" "$junit" || status=1
 # Not a ctest: it would hold both cores for about 5 minutes. See Note [Catch2's CHECK against c10's].
 if [ $# -eq 0 ]; then
-  echo "test: [5/5] every test source compiles without the precompiled header (about 7 minutes)"
+  echo "test: [5/5] every test source compiles without the precompiled header (about 8 minutes)"
   bash scripts/check_no_pch.sh "$build_dir" || status=1
 else
   echo "test: [5/5] skipped with ctest arguments: bash scripts/check_no_pch.sh compiles the tests without the PCH"
