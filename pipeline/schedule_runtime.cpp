@@ -16,10 +16,10 @@
 // stay single messages: a receive that waits for one posts its own batch.
 // On the CPU (Gloo) nothing holds a stream, and a receive posted before the pass computes lets
 // the message travel meanwhile: there the next pass's receive goes ahead in a batch of its own
-// (1F1B at 2 ranks, 8 micro-batches: 130-153 ms a step against 157-165 ms fused, three runs each). Each direction's
-// order is the same either way, so the CPU's tests check the pairing the GPUs' fused batches get;
-// CPPRUN_PIPELINE_FUSED_RECEIVES=1 runs the fused order on the CPU too (its test), =0 posts ahead
-// on GPUs.
+// (1F1B at 2 ranks, 8 micro-batches: 130-153 ms a step against 157-165 ms fused, three runs
+// each). Each direction's order is the same either way, so the CPU's tests check the pairing the
+// GPUs' fused batches get; CPPRUN_PIPELINE_FUSED_RECEIVES=1 runs the fused order on the CPU too
+// (its test), =0 posts ahead on GPUs.
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <torch/autograd.h>
@@ -35,6 +35,7 @@
 #include <string>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "cpprun/collectives.h"
 #include "cpprun/ddp.h"
@@ -202,10 +203,10 @@ struct PipelineSchedule::Runtime {
            "the shape of stage " + std::to_string(pass.stage - 1) + "'s output (from rank " +
                std::to_string(rank_of(pass.stage - 1)) + ", which has not sent it; is it running the same schedule?)");
       at::Tensor into = detail::empty_from_shape(shape_message.into, receive_device());
-      queue_receive(*key, into, pass.stage - 1, pass.microbatch);
+      queue_receive(*key, into, pass.stage - 1);
     } else {
       at::Tensor into = at::empty_like(held.at({pass.stage, pass.microbatch}).output, at::MemoryFormat::Contiguous);
-      queue_receive(*key, into, pass.stage + 1, pass.microbatch);
+      queue_receive(*key, into, pass.stage + 1);
     }
   }
 
@@ -244,8 +245,8 @@ struct PipelineSchedule::Runtime {
 
   // Queues the receive `key` names (an activation or gradient for key's stage from `from_stage`,
   // on another rank) into the pass's batch.
-  void queue_receive(const MessageKey& key, const at::Tensor& into, int from_stage, int microbatch) {
-    const auto [message, stage, mb] = key;
+  void queue_receive(const MessageKey& key, const at::Tensor& into, int from_stage) {
+    const auto [message, stage, microbatch] = key;
     const int tag_stage = message == StageMessage::kGradient ? stage : from_stage;
     batch.push_back({P2POp{P2POp::Op::kIrecv, into, rank_of(from_stage), tag(message, tag_stage, microbatch)},
                      detail::stage_message_label(message, false, stage, from_stage, microbatch), key, 0, 0});
@@ -418,12 +419,14 @@ struct PipelineSchedule::Runtime {
       if (passes[i].kind == PassKind::kBackward) last[passes[i].stage] = i;
       if (passes[i].kind == PassKind::kBackwardInput) whole_only.erase(passes[i].stage);
     }
-    std::map<const c10::TensorImpl*, int> holders;  // of each weight, among this rank's stages
+    std::map<int, std::vector<at::Tensor>> weights;  // of each of this rank's stages
+    std::map<const c10::TensorImpl*, int> holders;    // of each weight, among those stages
     for (const auto& [index, stage] : stages) {
-      for (const auto& weight : unique_parameters(*stage->module())) ++holders[weight.unsafeGetTensorImpl()];
+      weights[index] = unique_parameters(*stage->module());
+      for (const auto& weight : weights[index]) ++holders[weight.unsafeGetTensorImpl()];
     }
-    for (const auto& [index, stage] : stages) {
-      for (const auto& weight : unique_parameters(*stage->module())) {
+    for (const auto& [index, stage_weights] : weights) {
+      for (const auto& weight : stage_weights) {
         if (holders[weight.unsafeGetTensorImpl()] > 1) whole_only.erase(index);
       }
     }
