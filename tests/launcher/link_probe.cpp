@@ -7,6 +7,9 @@
 //
 //   CPPRUN_JOB_SECRET=... cpprun_link_probe SEQUENCE HOST PORT RUN_ID HOST_PID
 //
+// With CPPRUN_PROBE_SEND_AFTER=FILE it sends the sequence only once FILE exists (the round started
+// first): a test's stand-in store keeper creates it once it is in the state the sequence needs.
+//
 // Exit: 0 the host closed the link within kWaitForClose; 1 it kept it open (or the host's memory
 // could not be read); 2 bad arguments or no round started.
 #include <poll.h>
@@ -145,6 +148,19 @@ int main(int argc, char** argv) {
     if (got.closed) {
       std::cerr << "probe: the host closed the link before a round started: " << got.refused << got.violation << "\n";
       return 2;
+    }
+  }
+  if (const char* after = std::getenv("CPPRUN_PROBE_SEND_AFTER"); after != nullptr && *after != '\0') {
+    for (const auto deadline = Clock::now() + kJoinTimeout; !std::ifstream(after).good();) {
+      if (Clock::now() >= deadline) {
+        std::cerr << "probe: " << after << " (CPPRUN_PROBE_SEND_AFTER) did not appear within " << kJoinTimeout.count()
+                  << " s\n";
+        return 2;
+      }
+      if (pump(link, 10).closed) {
+        std::cerr << "probe: the host closed the link while the probe waited for " << after << "\n";
+        return 2;
+      }
     }
   }
   const long rss_before = status_kib(host_pid, "VmRSS");

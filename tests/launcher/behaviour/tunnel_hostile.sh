@@ -8,17 +8,34 @@ require_private_netns
 PROBE=${2:?usage: $0 PATH/TO/cpprun PATH/TO/cpprun_link_probe}
 max_growth_kib=$((40 * 1024))
 
-# run_case SEQUENCE PORT TEXT: TEXT is what node 0 must say about the violation.
+# A store keeper (CPPRUN_STORE_KEEPER) that closes the store's listening socket, says so by creating
+# $keeper_closed, and then lives as long as cpprun holds its standard input. The probe sends only
+# once that file exists (CPPRUN_PROBE_SEND_AFTER), so every store connection the host makes for a
+# channel is refused and retried: the channel stays connecting, and nothing the probe sends is
+# written to the store, nor credited back. With the real keeper the host writes the bytes as they
+# come once the connection is up, and credits them (Note [Store tunnel flow control]); whether that
+# happened before the probe's last byte depended on timing, and so did over_credit's verdict.
+closed_keeper=$WORK/closed_store_keeper.sh
+keeper_closed=$WORK/store_keeper_closed
+printf '#!/bin/sh\nexec 3<&-\n: >"%s"\nexec cat >/dev/null\n' "$keeper_closed" >"$closed_keeper"
+chmod +x "$closed_keeper"
+
+# run_case SEQUENCE PORT TEXT [KEEPER]: TEXT is what node 0 must say about the violation; KEEPER,
+# the store keeper node 0 runs (default: cpprun's own).
 run_case() {
-  local sequence=$1 port=$2 text=$3 node0 started growth
-  # Node 0's worker never listens at MASTER_PORT (the host's store connects retry meanwhile), and
-  # takes half a second to stop, so that node 0 is still there when the probe reads its memory.
+  local sequence=$1 port=$2 text=$3 keeper=${4:-} node0 started growth
+  # Node 0's worker never uses the store, and takes half a second to stop, so that node 0 is still
+  # there when the probe reads its memory.
+  rm -f "$keeper_closed"
+  if [ -n "$keeper" ]; then export CPPRUN_STORE_KEEPER=$keeper; else unset CPPRUN_STORE_KEEPER; fi
   start_node node0 --nnodes=2 --node_rank=0 --master_addr=127.0.0.1 --master_port="$port" \
     --rdzv_id=tunnel-hostile --max_restarts=0 \
     /bin/sh -c 'trap "sleep 0.5; exit 143" TERM; while :; do sleep 0.1; done'
+  unset CPPRUN_STORE_KEEPER
   node0=$NODE_PID
   wait_for_listener "$node0" "$port" 10
-  CPPRUN_TEST_TAG=$WORK timeout 40 "$PROBE" "$sequence" 127.0.0.1 "$port" tunnel-hostile "$node0" \
+  CPPRUN_TEST_TAG=$WORK CPPRUN_PROBE_SEND_AFTER=${keeper:+$keeper_closed} \
+    timeout 40 "$PROBE" "$sequence" 127.0.0.1 "$port" tunnel-hostile "$node0" \
     >"$WORK/probe_$sequence.out" 2>&1
   local probe_status=$?
   started=$SECONDS
@@ -40,7 +57,8 @@ run_case() {
   echo "ok: $sequence: $(grep -F "$text" "$WORK/node0.err" | head -1)"
 }
 
-run_case over_credit 29640 "sent 1 bytes for channel 1 beyond its credit: 0 of its 131072-byte window were left"
+run_case over_credit 29640 "sent 1 bytes for channel 1 beyond its credit: 0 of its 131072-byte window were left" \
+  "$closed_keeper"
 run_case data_unopened 29641 "sent \`data\` for channel 7, which was never opened"
 run_case credit_unopened 29642 "sent \`credit\` for channel 7, which was never opened"
 run_case close_unopened 29643 "sent \`close\` for channel 7, which was never opened"
