@@ -26,9 +26,12 @@
 #   dtype      --dtype float64: the parameters (cast from the float32 file), activations, loss and
 #              optimizer in float64, as train_gpt --dtype float64, so that a comparison of the two
 #              does not depend on how a CPU rounds float32
-# Timing as train_gpt: the clock starts after --warmup steps; each step all-reduces its loss and
-# reads it (item(), which waits for the device). Prints one RESULT line; --losses-out FILE gets
-# every step's loss (%.17g), the format of train_gpt --losses-out.
+# Timing as train_gpt: the clock starts after --warmup steps; each step all-reduces its loss, which
+# stays on the device until the warm-up's end, the traced steps' end or the last step reads the
+# steps' losses since the last reading in one copy (train_gpt's Note [Reading the loss]; bench_gpt
+# runs train_gpt with --log-every STEPS, so it reads at the same steps). The step's windows reach
+# the device from pinned memory without a wait (non_blocking), as nanoGPT's. Prints one RESULT
+# line; --losses-out FILE gets every step's loss (%.17g), the format of train_gpt --losses-out.
 # Run under cpprun (or torchrun) for ddp/fsdp2; none also runs as a plain process.
 import argparse, ctypes, json, math, os, resource, struct, sys, time
 
@@ -342,7 +345,10 @@ def next_starts():
         order, position = list(sampler), 0
     starts = order[position:position + rank_batch]
     position += rank_batch
-    return torch.tensor(starts, device=device)
+    if device.type != "cuda":
+        return torch.tensor(starts)
+    # From pageable memory the copy would first wait for the device: pinned, it is queued.
+    return torch.tensor(starts).pin_memory().to(device, non_blocking=True)
 
 
 def gradient_sync(on):  # train_gpt's no_sync for all but the last pass of a step
@@ -354,12 +360,22 @@ def gradient_sync(on):  # train_gpt's no_sync for all but the last pass of a ste
 
 amp = torch.autocast(device.type, dtype=torch.bfloat16, enabled=a.amp == "bf16")
 losses = []
+unread_losses = []  # steps since the last reading, on the device
+
+
+def read_losses():  # waits for those steps' work
+    if unread_losses:
+        losses.extend(torch.stack(unread_losses).double().cpu().tolist())
+        unread_losses.clear()
+
+
 started = time.perf_counter()
 tracing = a.trace and rank == 0
 trace_first, trace_last = a.warmup + 1, min(a.steps, a.warmup + 3)
 profile = None
 for step in range(1, a.steps + 1):
     if step == a.warmup + 1:
+        read_losses()  # the clock starts once the device has finished the warm-up
         started = time.perf_counter()
     if tracing and step == trace_first:  # as train_gpt --trace: CPU and, on a GPU, CUDA activities
         activities = [torch.profiler.ProfilerActivity.CPU]
@@ -386,8 +402,11 @@ for step in range(1, a.steps + 1):
     if distributed:
         dist.all_reduce(mean)  # SUM: Gloo has no AVG
         mean /= world
-    losses.append(mean.item())
+    unread_losses.append(mean)
+    if step == a.steps:
+        read_losses()
     if profile is not None and step == trace_last:
+        read_losses()  # the traced steps' work finished, so that the trace holds all of it
         profile.__exit__(None, None, None)
         profile.export_chrome_trace(a.trace)
         profile = None

@@ -1136,6 +1136,22 @@ int run(int argc, char** argv) {
   const double peak_flops = 1e12 * peak_tflops(opt, device) * group.size();  // 0: unknown
   auto logged_since = std::chrono::steady_clock::now();
   std::vector<double> losses;  // every step's, for --losses-out
+  // Note [Reading the loss]: each step's loss stays on the device until a log line, the warm-up's
+  // end or the last step reads the ones since the last reading, in one copy. Reading it every step
+  // (item()) would wait for the device each step, and the device would then idle while the host
+  // prepared and launched the next step's first kernels: what nanoGPT avoids the same way. On the
+  // CPU, where every operation has finished when it returns, it changes nothing.
+  std::vector<torch::Tensor> unread_losses;  // steps since the last reading, on the device
+  auto read_losses = [&] {  // waits for those steps' work
+    if (unread_losses.empty()) return;
+    const auto values = torch::stack(unread_losses).to(torch::kDouble).cpu().contiguous();
+    unread_losses.clear();
+    for (const double step_loss : c10::ArrayRef<double>(values.data_ptr<double>(), values.numel())) {
+      if (losses.empty()) first_loss = step_loss;
+      losses.push_back(step_loss);
+      loss_sum += step_loss, ++logged;
+    }
+  };
   auto started = std::chrono::steady_clock::now();
   cpprun::StepTimer step_timer;  // each rank's compute and waiting per step: who holds the others up
   // One step's forward and backward passes. --grad-accum: K micro-batches of --batch windows, each
@@ -1211,8 +1227,8 @@ int run(int argc, char** argv) {
   if (device.is_cuda()) trace_activities.insert(torch::profiler::impl::ActivityType::CUDA);
   if (tracing) profiler::prepareProfiler(trace_config, trace_activities);
   for (int step = start + 1; step <= last_step; ++step) {
-    // The loss's item() below waits for the device each step, so the clock reads finished work.
-    if (step == start + opt.warmup + 1) started = std::chrono::steady_clock::now();
+    // The warm-up's losses read first, so that the clock starts once the device has finished them.
+    if (step == start + opt.warmup + 1) read_losses(), started = std::chrono::steady_clock::now();
     if (tracing && step == trace_first) profiler::enableProfiler(trace_config, trace_activities);
     auto starts = sampler.next(static_cast<size_t>(rank_batch));
     if (!starts || starts->size() < static_cast<size_t>(rank_batch)) {  // the epoch's tail: the next epoch
@@ -1241,10 +1257,8 @@ int run(int argc, char** argv) {
     }
     auto global = loss.detach().clone();
     cpprun::all_reduce(group, global, cpprun::ReduceOp::kAvg);
-    const double step_loss = global.item<double>();  // waits for the step's work
-    if (step == start + 1) first_loss = step_loss;
-    losses.push_back(step_loss);
-    loss_sum += step_loss, ++logged;
+    unread_losses.push_back(global);
+    if (step % opt.log_every == 0 || step == last_step) read_losses();  // Note [Reading the loss]
     if (step % opt.log_every == 0) {
       const auto now = std::chrono::steady_clock::now();
       const double tokens_per_s = static_cast<double>(logged * global_batch * opt.block) /
@@ -1259,6 +1273,7 @@ int run(int argc, char** argv) {
     }
     step_timer.step_done();
     if (tracing && step == trace_last) {
+      read_losses();  // the traced steps' work finished, so that the trace holds all of it
       profiler::disableProfiler()->save(opt.trace);
       std::printf("traced steps %d-%d to %s\n", trace_first, trace_last, opt.trace.c_str());
       std::fflush(stdout);
