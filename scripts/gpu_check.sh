@@ -6,7 +6,8 @@
 #       copies the header-only dependencies that machine lacks (CLI11, Catch2 v2, and Gloo's
 #       headers in case its LibTorch ships none) into .gpu_deps/ (ignored by git);
 #   there:                  bash scripts/gpu_check.sh [stage...]      (run with carry: [".gpu_deps"])
-#       stages, in this order, default all: build test bench smoke gpt shared ncclfr gpt2 compare asan.
+#       stages, in this order, default all: build test bench smoke gpt shared ncclfr gpt2 compare goals
+#       asan.
 #       Logs go to $OUT (or /tmp/gpu_check); $OUT/gpu_run.md is the run written up in Markdown
 #       (device, driver, PyTorch, each stage's figures under the command that produced them),
 #       ready to commit as docs/gpu_run.md, which docs/gpu.md links as the latest run;
@@ -36,6 +37,9 @@
 #          bf16, one rank, SDPA and fused AdamW on both sides: tokens/s, MFU, peak GPU memory, the
 #          losses (which must agree); then train_gpt without SDPA and/or the fused AdamW, and
 #          scripts/bench_adamw.sh (the optimizers' step times alone).
+#   goals  issue 40's goals: bench_gpt.sh --gpt2 at batch 16 and 32, cpprun eager and in a CUDA
+#          graph against PyTorch eager, DDP and ZeRO-3 against no wrapper; then the no-wrapper
+#          rows and ZeRO-3 traced (idle time; the kernels ZeRO-3 adds at one rank).
 #   asan   the three test cases that ended in SIGSEGV on LibTorch 2.11 (docs/gpu.md), built with
 #          AddressSanitizer in build-asan/ and run alone, the GPU hidden as in `test`; the first
 #          ASan report, if any, goes to the summary and gpu_run.md.
@@ -59,7 +63,7 @@ fi
 
 dry_run=0
 if [ "${1:-}" = "--dry-run" ]; then dry_run=1; shift; fi
-all_stages=(build test bench smoke gpt shared ncclfr gpt2 compare asan)
+all_stages=(build test bench smoke gpt shared ncclfr gpt2 compare goals asan)
 stages=("$@")
 [ ${#stages[@]} -gt 0 ] || stages=("${all_stages[@]}")
 for s in "${stages[@]}"; do
@@ -302,6 +306,44 @@ stage_compare() {
     figure "bench_adamw.sh --device cuda (GPT-2 124M's tensors): $(from "$out/adamw.txt" -E 'ms/step' | tr '\n' ';')"
   else
     figure "bench_adamw.sh FAILED: $(from "$out/adamw.txt" | tail -4 | tr '\n' ' ')"
+  fi
+}
+
+# Issue 40's goals at GPT-2 124M's shape, bf16, one rank (scripts/bench_gpt.sh --gpt2): tokens/s
+# and MFU of cpprun without a wrapper, eager and in a CUDA graph, against PyTorch eager, and DDP
+# and ZeRO-3 against no wrapper, at batch 16 (medians of GOALS_REPEATS runs, default 2) and 32;
+# then the no-wrapper rows and ZeRO-3 traced (8 steps, 3 of them under the profiler): cpprun's
+# idle time against PyTorch's, and the kernels ZeRO-3 adds at one rank.
+stage_goals() {
+  local batch result rows
+  local bench=(env BENCH_NO_SETUP=1 BENCH_PYTHON="$python" CPPRUN_BUILD_DIR="$build" BENCH_DEVICE=cuda)
+  for batch in 16 32; do
+    rows=cpprun-none,cpprun-graph,pytorch-none,cpprun-ddp,cpprun-zero3,pytorch-fsdp2
+    if run "$out/goals_b$batch.txt" "${bench[@]}" timeout 240 bash scripts/bench_gpt.sh --gpt2 --batch "$batch" \
+         --rows "$rows" --repeats "$([ "$batch" = 16 ] && echo "${GOALS_REPEATS:-2}" || echo 1)"; then
+      result=ok
+    else
+      result=FAILED
+    fi
+    figure "bench_gpt.sh --gpt2 --batch $batch (cuda, bf16, one rank): $result"
+    if [ -f "$out/goals_b$batch.txt" ]; then
+      tee -a "$out/summary.txt" <"$out/goals_b$batch.txt" | { md '' '```'; cat >>"$report"; md '```'; }
+    fi
+  done
+  if run "$out/goals_trace.txt" "${bench[@]}" timeout 150 bash scripts/bench_gpt.sh --gpt2 \
+       --rows cpprun-none,pytorch-none,cpprun-zero3 --steps 8 --warmup 3 --trace "$out/traces"; then
+    result=ok
+  else
+    result=FAILED
+  fi
+  figure "the no-wrapper rows and ZeRO-3 traced: $result"
+  from "$out/goals_trace.txt" -A 12 '^trace_kernels' | tee -a "$out/summary.txt" | { md '' '```'; cat >>"$report"; md '```'; }
+  if run "$out/goals_trace_zero3.txt" "$python" bench/trace_kernels.py "$out/traces/cpprun.none.json" \
+       "$out/traces/cpprun.zero3.json"; then
+    figure "cpprun's no wrapper (left) against its ZeRO-3 (right), one rank:"
+    from "$out/goals_trace_zero3.txt" | head -n 20 | tee -a "$out/summary.txt" | { md '' '```'; cat >>"$report"; md '```'; }
+  else
+    figure "trace_kernels FAILED: $(from "$out/goals_trace_zero3.txt" | tail -3 | tr '\n' ' ')"
   fi
 }
 

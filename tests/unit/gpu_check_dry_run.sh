@@ -12,7 +12,7 @@ fail() { echo "FAIL: $*"; echo "--- output:"; cat "$out/stdout"; exit 1; }
 
 OUT=$out/logs BENCH_PYTHON=/nonexistent/python3 bash "$repo/scripts/gpu_check.sh" --dry-run >"$out/stdout" 2>&1 \
   || fail "gpu_check.sh --dry-run exited $?"
-for stage in build test bench smoke gpt shared ncclfr gpt2 compare asan; do
+for stage in build test bench smoke gpt shared ncclfr gpt2 compare goals asan; do
   grep -q "^gpu_check: \[$stage\] would run: " "$out/stdout" || fail "stage $stage showed no command"
   grep -q "^### $stage\$" "$out/logs/gpu_run.md" || fail "gpu_run.md has no section for stage $stage"
 done
@@ -26,7 +26,9 @@ for expected in 'bash scripts/build.sh -DCMAKE_BUILD_TYPE=Release' \
                 '--layers 12 --embed 768 --heads 12 --block 1024' \
                 'BENCH_DEVICE=cuda timeout 300 bash scripts/bench_gpt.sh --gpt2' \
                 '--amp bf16 --mode none --attention math --optimizer libtorch' \
-                'bash scripts/bench_adamw.sh --device cuda'; do
+                'bash scripts/bench_adamw.sh --device cuda' \
+                'bench_gpt.sh --gpt2 --batch 32 --rows cpprun-none\\,cpprun-graph' \
+                'bench/trace_kernels.py [^ ]*/traces/cpprun.none.json [^ ]*/traces/cpprun.zero3.json'; do
   grep -q -E -e "$expected" "$out/stdout" || fail "no command matches '$expected'"
 done
 grep -q '^# The latest gpu_check run' "$out/logs/gpu_run.md" || fail "gpu_run.md has no title"
@@ -35,4 +37,4 @@ grep -q '^## .*(dry run: nothing ran)' "$out/logs/gpu_run.md" || fail "gpu_run.m
 [ ! -e "$out/logs/build.log" ] || fail "the dry run wrote build.log: something ran"
 if bash "$repo/scripts/gpu_check.sh" --dry-run nosuch >"$out/bad" 2>&1; then fail "an unknown stage was accepted"; fi
 grep -q "no stage 'nosuch'; the stages are: build" "$out/bad" || fail "unknown stage: $(cat "$out/bad")"
-echo "PASS: gpu_check.sh --dry-run walks $(grep -c 'would run: ' "$out/stdout") commands in 10 stages"
+echo "PASS: gpu_check.sh --dry-run walks $(grep -c 'would run: ' "$out/stdout") commands in 11 stages"
