@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -211,6 +212,18 @@ class RendezvousHost final : public NodeRendezvous {
     return signal_ != 0 ? RoundEvent::signalled(signal_) : RoundEvent::wake();
   }
 
+  // Only a step on kJoin or kWake opens a store or collects evidence late (a round starts, or the
+  // attempt is followed up, in round_decide's wake()), and those are stepped inside wait(), which
+  // has the relay; an event stepped from on_ready or report_*() carries no relay. Should a change
+  // to the rules break that, this names it instead of dereferencing null.
+  static SignalRelay& needs_relay(SignalRelay* relay, const char* action) {
+    if (relay == nullptr) {
+      throw std::logic_error(std::string("rendezvous host: ") + action +
+                             " decided outside join() or decide(), where no signal relay is at hand");
+    }
+    return *relay;
+  }
+
   // Carries the actions out in order; returns the one that ends the wait, if any. `relay`: for the
   // store keeper and the late evidence, which only a wait's steps (join(), decide()) ask for.
   std::optional<RoundAction> carry_out(const RoundActions& actions, SignalRelay* relay = nullptr, Heard heard = {}) {
@@ -248,7 +261,7 @@ class RendezvousHost final : public NodeRendezvous {
           break;
         }
         case RoundAction::Kind::kOpenStore:
-          return carry_out(step(open_store(*relay)), relay);
+          return carry_out(step(open_store(needs_relay(relay, "kOpenStore"))), relay);
         case RoundAction::Kind::kServeStore: {
           NodeIO& node = io(a.id);
           node.tunnel->serve_round(a.round, {a.store_address, a.store_port}, node.link);
@@ -268,7 +281,7 @@ class RendezvousHost final : public NodeRendezvous {
           break;
         case RoundAction::Kind::kCollectLate: {
           // The members send theirs as soon as the round ends; nodes that are done or gone are not waited for.
-          std::optional<MergedEvidence> merged = collect_evidence(*relay, kEvidenceWait);
+          std::optional<MergedEvidence> merged = collect_evidence(needs_relay(relay, "kCollectLate"), kEvidenceWait);
           late_evidence_ = LateEvidence{std::move(*merged), state_.end->reason};
           break;
         }

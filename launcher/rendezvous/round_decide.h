@@ -104,7 +104,9 @@ struct RoundAction {
   std::vector<NodeSlice> slices;
   JobEnd end;
 
-  bool ends_wait() const { return kind >= Kind::kRunRound; }
+  bool ends_wait() const {
+    return kind == Kind::kRunRound || kind == Kind::kFinish || kind == Kind::kEndJob || kind == Kind::kFail;
+  }
 };
 
 struct RoundActions {

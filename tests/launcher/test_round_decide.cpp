@@ -84,9 +84,22 @@ const RoundAction& first(const RoundActions& actions, RoundAction::Kind kind) {
 struct Host {
   explicit Host(RendezvousSettings s) : settings(std::move(s)) {}
 
+  // Every step of every scenario also checks what RendezvousHost relies on: only a step on kJoin or
+  // kWake opens a store or collects evidence late (it alone has the signal relay then), and only
+  // kJoin, kWake, kSignal, kStoreOpened and kStoreFailed end a wait (round_decide.h).
   RoundActions step(const RoundEvent& event) {
     RoundActions actions = decide_round(settings, state, event, now);
     wake_at = actions.wake_at;
+    const bool joins_or_wakes = event.kind == RoundEvent::Kind::kJoin || event.kind == RoundEvent::Kind::kWake;
+    const bool may_end_wait = joins_or_wakes || event.kind == RoundEvent::Kind::kSignal ||
+                              event.kind == RoundEvent::Kind::kStoreOpened ||
+                              event.kind == RoundEvent::Kind::kStoreFailed;
+    for (const RoundAction& a : actions.actions) {
+      if (!joins_or_wakes && (a.kind == RoundAction::Kind::kOpenStore || a.kind == RoundAction::Kind::kCollectLate)) {
+        FAIL("'" + word(a) + "' decided on an event other than kJoin or kWake");
+      }
+      if (!may_end_wait && a.ends_wait()) FAIL("'" + word(a) + "' ends a wait on an event that cannot end one");
+    }
     return actions;
   }
   RoundActions join() { return step(RoundEvent::join(now)); }
@@ -113,6 +126,18 @@ struct Host {
 const std::string kGone = kAgentGone;
 
 }  // namespace
+
+TEST_CASE("round_decide: exactly kRunRound, kFinish, kEndJob and kFail end a wait", "[round_decide]") {
+  using K = RoundAction::Kind;
+  for (const K kind : {K::kAdmit, K::kRefuse, K::kDrop, K::kSend, K::kBroadcast, K::kPrint, K::kNodeGone,
+                       K::kKeepEvidence, K::kOpenStore, K::kServeStore, K::kEndStoreRound, K::kStopStore,
+                       K::kCollectLate, K::kRunRound, K::kFinish, K::kEndJob, K::kFail}) {
+    RoundAction a;
+    a.kind = kind;
+    const bool ends = kind == K::kRunRound || kind == K::kFinish || kind == K::kEndJob || kind == K::kFail;
+    CHECK(a.ends_wait() == ends);
+  }
+}
 
 TEST_CASE("round_decide: a static job of 3 nodes: node 2 fails, all restart after the backoff, then a node is lost",
           "[round_decide]") {
