@@ -92,6 +92,8 @@ class Reducer {
   // PyTorch's reducer does). A registered hook gets the unscaled gradients, as comm_hooks.h says.
   std::shared_ptr<CommHook> hook_;
   at::Tensor average_scale_;  // 1/world_size, as a wrapped scalar: keeps the gradient's dtype
+  // Note [Nothing to reduce alone]: one rank and the built-in reduction leave every .grad as it is.
+  bool leaves_gradients() const { return hook_ == nullptr && group_.size() == 1; }
 
   std::vector<Bucket> buckets_;
   std::vector<std::pair<std::size_t, std::size_t>> location_;  // param -> (bucket, slot)
