@@ -233,12 +233,13 @@ void Reducer::on_gradient_ready(std::size_t param) {
 // .grad is autograd's own tensor, the memory it was meant to save never being spent. A comm hook
 // still runs (it may compress, or count), on the buckets, as at any size.
 void Reducer::mark_ready(std::size_t param, bool used) {
-  if (leaves_gradients()) {
-    ready_[param] = true;
-    used_here_[param] = used;
-    --buckets_[location_[param].first].pending;
-    return;
-  }
+  if (!leaves_gradients()) copy_into_bucket(param, used);  // Note [Nothing to reduce alone]
+  ready_[param] = true;
+  used_here_[param] = used;
+  --buckets_[location_[param].first].pending;
+}
+
+void Reducer::copy_into_bucket(std::size_t param, bool used) {
   // The bucket holds values, never part of a graph: under backward(create_graph=true) gradients
   // require grad, and out= ops such as mul_out would refuse them.
   at::NoGradGuard no_grad;
@@ -256,9 +257,6 @@ void Reducer::mark_ready(std::size_t param, bool used) {
   } else {
     view.copy_(grad);
   }
-  ready_[param] = true;
-  used_here_[param] = used;
-  --buckets_[location_[param].first].pending;
 }
 
 void Reducer::launch_ready_buckets() {
