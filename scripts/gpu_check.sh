@@ -110,6 +110,23 @@ from() {
   if [ $# -gt 0 ]; then grep "$@" "$file" || true; else cat "$file"; fi
 }
 
+# fenced: its standard input into the summary, and into gpu_run.md as a code block.
+fenced() { tee -a "$out/summary.txt" | { md '' '```'; cat >>"$report"; md '```'; }; }
+
+# bench_gpt_on_gpu LOG SECONDS WHAT ARG...: scripts/bench_gpt.sh --gpt2 ARG... on the GPU within
+# SECONDS, its output in LOG, its verdict a figure named WHAT.
+bench_gpt_on_gpu() {
+  local log=$1 limit=$2 what=$3 result
+  shift 3
+  if run "$log" env BENCH_NO_SETUP=1 BENCH_PYTHON="$python" CPPRUN_BUILD_DIR="$build" BENCH_DEVICE=cuda \
+       timeout "$limit" bash scripts/bench_gpt.sh --gpt2 "$@"; then
+    result=ok
+  else
+    result=FAILED
+  fi
+  figure "$what: $result"
+}
+
 # torch_query EXPR [WHAT]: what PyTorch says of itself; without PyTorch (a dry run), <WHAT> instead.
 torch_query() {
   "$python" -c "import torch, os; print($1)" 2>/dev/null || echo "<${2:-$1}: no torch in $python>"
@@ -278,17 +295,10 @@ stage_gpt2() {
 # AdamW), and the optimizers' step times alone (scripts/bench_adamw.sh: LibTorch's, FusedAdamW,
 # PyTorch's fused, foreach and for-loop, GPT-2 124M's tensors). COMPARE_BATCH: bench_gpt's --batch.
 stage_compare() {
-  local result run_flags
-  if run "$out/compare.txt" env BENCH_NO_SETUP=1 BENCH_PYTHON="$python" CPPRUN_BUILD_DIR="$build" BENCH_DEVICE=cuda \
-       timeout 300 bash scripts/bench_gpt.sh --gpt2 ${COMPARE_BATCH:+--batch "$COMPARE_BATCH"}; then
-    result=ok
-  else
-    result=FAILED
-  fi
-  figure "bench_gpt.sh --gpt2 (cuda, bf16, one rank): $result"
-  if [ -f "$out/compare.txt" ]; then
-    tee -a "$out/summary.txt" <"$out/compare.txt" | { md '' '```'; cat >>"$report"; md '```'; }
-  fi
+  local run_flags
+  bench_gpt_on_gpu "$out/compare.txt" 300 "bench_gpt.sh --gpt2 (cuda, bf16, one rank)" \
+    ${COMPARE_BATCH:+--batch "$COMPARE_BATCH"}
+  [ ! -f "$out/compare.txt" ] || fenced <"$out/compare.txt"
   gpt_text
   for run_flags in "--attention sdpa --optimizer fused" "--attention math --optimizer fused" \
                    "--attention sdpa --optimizer libtorch" "--attention math --optimizer libtorch"; do
@@ -315,33 +325,20 @@ stage_compare() {
 # then the no-wrapper rows and ZeRO-3 traced (8 steps, 3 of them under the profiler): cpprun's
 # idle time against PyTorch's, and the kernels ZeRO-3 adds at one rank.
 stage_goals() {
-  local batch result rows
-  local bench=(env BENCH_NO_SETUP=1 BENCH_PYTHON="$python" CPPRUN_BUILD_DIR="$build" BENCH_DEVICE=cuda)
+  local batch
   for batch in 16 32; do
-    rows=cpprun-none,cpprun-graph,pytorch-none,cpprun-ddp,cpprun-zero3,pytorch-fsdp2
-    if run "$out/goals_b$batch.txt" "${bench[@]}" timeout 240 bash scripts/bench_gpt.sh --gpt2 --batch "$batch" \
-         --rows "$rows" --repeats "$([ "$batch" = 16 ] && echo "${GOALS_REPEATS:-2}" || echo 1)"; then
-      result=ok
-    else
-      result=FAILED
-    fi
-    figure "bench_gpt.sh --gpt2 --batch $batch (cuda, bf16, one rank): $result"
-    if [ -f "$out/goals_b$batch.txt" ]; then
-      tee -a "$out/summary.txt" <"$out/goals_b$batch.txt" | { md '' '```'; cat >>"$report"; md '```'; }
-    fi
+    bench_gpt_on_gpu "$out/goals_b$batch.txt" 240 "bench_gpt.sh --gpt2 --batch $batch (cuda, bf16, one rank)" \
+      --batch "$batch" --rows cpprun-none,cpprun-graph,pytorch-none,cpprun-ddp,cpprun-zero3,pytorch-fsdp2 \
+      --repeats "$([ "$batch" = 16 ] && echo "${GOALS_REPEATS:-2}" || echo 1)"
+    [ ! -f "$out/goals_b$batch.txt" ] || fenced <"$out/goals_b$batch.txt"
   done
-  if run "$out/goals_trace.txt" "${bench[@]}" timeout 150 bash scripts/bench_gpt.sh --gpt2 \
-       --rows cpprun-none,pytorch-none,cpprun-zero3 --steps 8 --warmup 3 --trace "$out/traces"; then
-    result=ok
-  else
-    result=FAILED
-  fi
-  figure "the no-wrapper rows and ZeRO-3 traced: $result"
-  from "$out/goals_trace.txt" -A 12 '^trace_kernels' | tee -a "$out/summary.txt" | { md '' '```'; cat >>"$report"; md '```'; }
+  bench_gpt_on_gpu "$out/goals_trace.txt" 150 "the no-wrapper rows and ZeRO-3 traced" \
+    --rows cpprun-none,pytorch-none,cpprun-zero3 --steps 8 --warmup 3 --trace "$out/traces"
+  from "$out/goals_trace.txt" -A 12 '^trace_kernels' | fenced
   if run "$out/goals_trace_zero3.txt" "$python" bench/trace_kernels.py "$out/traces/cpprun.none.json" \
        "$out/traces/cpprun.zero3.json"; then
     figure "cpprun's no wrapper (left) against its ZeRO-3 (right), one rank:"
-    from "$out/goals_trace_zero3.txt" | head -n 20 | tee -a "$out/summary.txt" | { md '' '```'; cat >>"$report"; md '```'; }
+    from "$out/goals_trace_zero3.txt" | head -n 20 | fenced
   else
     figure "trace_kernels FAILED: $(from "$out/goals_trace_zero3.txt" | tail -3 | tr '\n' ' ')"
   fi
@@ -393,7 +390,7 @@ stage_asan() {
   if [ -n "$reports" ]; then
     first=$(echo "$reports" | head -1)
     figure "ASan reported in $(echo "$reports" | wc -l) process(es); the first ($first):"
-    head -60 "$first" | tee -a "$out/summary.txt" | { md '' '```'; cat >>"$report"; md '```'; }
+    head -60 "$first" | fenced
   else
     figure "no ASan report"
   fi
