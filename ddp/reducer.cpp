@@ -53,6 +53,19 @@ void Reducer::set_comm_hook(std::shared_ptr<CommHook> hook) {
   TORCH_CHECK(synced_backwards_ == 0, "cpprun::DistributedDataParallel::register_comm_hook: register "
               "the hook before the first backward pass (it must be the same on every rank from the start).");
   hook_ = std::move(hook);
+  allocate_buffers();  // alone, none were made before a hook needed them
+}
+
+// Note [Nothing to reduce alone]: a bucket that never holds a gradient takes no memory (at GPT-2
+// 124M's size, 475 MiB of a GPU's memory beside the gradients themselves).
+void Reducer::allocate_buffers() {
+  if (leaves_gradients()) return;
+  for (auto& bucket : buckets_) {
+    if (bucket.buffer.defined()) continue;
+    int64_t numel = 0;
+    for (std::size_t i : bucket.params) numel += params_[i].numel();
+    bucket.buffer = at::zeros({numel}, params_[bucket.params.front()].options().requires_grad(false));
+  }
 }
 
 void Reducer::build_buckets(const std::vector<std::size_t>& order) {
@@ -74,9 +87,9 @@ void Reducer::build_buckets(const std::vector<std::size_t>& order) {
       bucket.offsets.push_back(numel);
       numel += params_[i].numel();
     }
-    bucket.buffer = at::zeros({numel}, params_[indices.front()].options().requires_grad(false));
     buckets_.push_back(std::move(bucket));
   }
+  allocate_buffers();
 }
 
 // A parameter's place in its bucket, contiguous; not a view, since gradient_as_bucket_view makes
@@ -90,6 +103,12 @@ std::vector<std::vector<std::size_t>> Reducer::bucket_parameters() const {
   std::vector<std::vector<std::size_t>> out;
   for (const auto& bucket : buckets_) out.push_back(bucket.params);
   return out;
+}
+
+int64_t Reducer::bucket_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& bucket : buckets_) bytes += bucket.buffer.defined() ? static_cast<int64_t>(bucket.buffer.nbytes()) : 0;
+  return bytes;
 }
 
 bool Reducer::detects_unused() const {
@@ -229,8 +248,9 @@ void Reducer::on_gradient_ready(std::size_t param) {
 // parameter (on a GPU, about 300 kernel launches a step at GPT-2 124M's 148 tensors). So the
 // gradients stay where autograd put them, and the buckets are left alone; the bookkeeping (which
 // parameters got a gradient, the unfinished-backward error, no_sync, static_graph) is the same.
-// PyTorch's DDP copies at one rank too. gradient_as_bucket_view then has no buckets to view:
-// .grad is autograd's own tensor, the memory it was meant to save never being spent. A comm hook
+// PyTorch's DDP copies at one rank too. The buckets' buffers are not even allocated (the
+// memory of every gradient again), and gradient_as_bucket_view has no buckets to view: .grad is
+// autograd's own tensor, the memory it was meant to save never being spent. A comm hook
 // still runs (it may compress, or count), on the buckets, as at any size.
 void Reducer::mark_ready(std::size_t param, bool used) {
   if (!leaves_gradients()) copy_into_bucket(param, used);  // Note [Nothing to reduce alone]
@@ -267,6 +287,7 @@ void Reducer::launch_ready_buckets() {
 }
 
 Work Reducer::reduce(Bucket& bucket, std::size_t index) {
+  if (leaves_gradients()) return Work();  // Note [Nothing to reduce alone]: no buffer to reduce
   if (!hook_) return all_reduce_async(group_, bucket.buffer, ReduceOp::kSum);  // scaled on the way in
   GradBucket view;
   view.index = static_cast<int>(index);
@@ -358,6 +379,7 @@ void Reducer::reduce_as_joined_rank() {
   std::lock_guard<std::mutex> lock(mutex_);
   used_here_.assign(params_.size(), false);
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
+    if (leaves_gradients()) break;  // no other rank to shadow, and no buffers
     buckets_[b].buffer.zero_();
     reduce(buckets_[b], b).wait();
   }

@@ -57,6 +57,8 @@ class Reducer {
   std::size_t bucket_count() const { return buckets_.size(); }
   // Each bucket's parameter indices, buckets in reduction order (for tests and diagnostics).
   std::vector<std::vector<std::size_t>> bucket_parameters() const;
+  // The buckets' buffers' bytes: none alone without a hook (Note [Nothing to reduce alone]).
+  int64_t bucket_bytes() const;
 
  private:
   struct Bucket {
@@ -96,6 +98,7 @@ class Reducer {
   at::Tensor average_scale_;  // 1/world_size, as a wrapped scalar: keeps the gradient's dtype
   // Note [Nothing to reduce alone]: one rank and the built-in reduction leave every .grad as it is.
   bool leaves_gradients() const { return hook_ == nullptr && group_.size() == 1; }
+  void allocate_buffers();  // the buckets' that have none, unless leaves_gradients()
 
   std::vector<Bucket> buckets_;
   std::vector<std::pair<std::size_t, std::size_t>> location_;  // param -> (bucket, slot)

@@ -127,4 +127,19 @@ void set_shard_grads_from_unsharded(ParamBucket& bucket, const at::Tensor& unsha
   }
 }
 
+void set_shard_grads_alone(ParamBucket& bucket, const std::vector<at::Tensor>& grads,
+                           std::optional<at::ScalarType> reduce_dtype) {
+  TORCH_INTERNAL_ASSERT(bucket.world() == 1 && grads.size() == bucket.params().size());
+  at::NoGradGuard no_grad;
+  for (std::size_t i = 0; i < grads.size(); ++i) {
+    const ShardedParam& s = bucket.params()[i];
+    at::Tensor grad = grads[i].defined() ? grads[i].contiguous() : at::zeros_like(s.shard);
+    // Shaped as the shard (a 0-d parameter's is [1]) and never a view: zero_grad() detach_()es
+    // every .grad, which views refuse (core/tensor_alias.h).
+    if (grad.is_view() || grad.sizes() != at::IntArrayRef(s.shard_sizes())) grad = alias_into(grad, 0, s.shard_sizes());
+    if (reduce_dtype && grad.scalar_type() != *reduce_dtype) grad = grad.to(*reduce_dtype);
+    assign_grad(s.shard, grad);
+  }
+}
+
 }  // namespace cpprun::detail

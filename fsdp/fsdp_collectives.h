@@ -58,5 +58,10 @@ Work reduce_scatter_gradients(const ProcessGroup& group, const ParamBucket& buck
 void set_shard_grads_from_chunk(ParamBucket& bucket, const at::Tensor& chunk);
 // The same from a gradient laid out like unsharded() (stage 1's all-reduced one).
 void set_shard_grads_from_unsharded(ParamBucket& bucket, const at::Tensor& unsharded_grad);
+// A group of one rank: every shard is its whole parameter, and its .grad the parameter's own
+// gradient `grads[i]` (zeros where it got none), rounded to `reduce_dtype` when given, as a
+// reduction in it would, then to the shard's dtype: no copy where the types match.
+void set_shard_grads_alone(ParamBucket& bucket, const std::vector<at::Tensor>& grads,
+                           std::optional<at::ScalarType> reduce_dtype);
 
 }  // namespace cpprun::detail

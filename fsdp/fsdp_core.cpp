@@ -44,10 +44,21 @@ struct StageBehaviour {
   bool shard_parameters;  // full parameters exist only while used (3): gathered on use
 };
 
-StageBehaviour behaviour_of(int stage) {
+// Note [Nothing to shard alone]
+// In a shard group of one rank, this rank's shard of every parameter is the whole parameter. At
+// stage 3, releasing the full parameters after each use and gathering them again would free
+// nothing (the shard holds as much) and cost a copy of every parameter in forward and another in
+// backward, plus the shard itself beside the gathered copy. So there the parameters stay whole
+// and the shards are views of them, as at stages 1 and 2: nothing is gathered, nothing released.
+// Mixed precision (the compute copy is another dtype: releasing it frees memory) and CPU offload
+// (the shard lives on the host) keep the gather on use. The gradients' side is GradientSync's
+// (Note [Nothing to reduce-scatter alone] in gradient_sync.cpp).
+StageBehaviour behaviour_of(const FsdpOptions& options, int shard_world) {
+  const int stage = options.stage();
   TORCH_CHECK(stage >= 1 && stage <= 3, "cpprun::FullyShardedDataParallel: stage must be 1, 2 or 3 (the ZeRO "
               "stages), got ", stage, ".");
-  return StageBehaviour{stage >= 2, stage == 3};
+  const bool alone = shard_world == 1 && !options.param_dtype() && !options.cpu_offload();
+  return StageBehaviour{stage >= 2, stage == 3 && !alone};
 }
 
 }  // namespace
@@ -56,8 +67,8 @@ struct FsdpCore::Impl {
   torch::nn::Module& module;
   ProcessGroup group;
   FsdpOptions options;
-  StageBehaviour stage;
   ShardGroups groups;  // HSDP: shard within groups.shard, replicate across groups.replicate
+  StageBehaviour stage;
   std::vector<ParamBucket> buckets;  // never resized after construction: the others refer to them
   std::unique_ptr<ParameterResidency> residency;  // stage 3; before `sync`, whose hooks call it
   std::unique_ptr<GradientSync> sync;
@@ -74,8 +85,8 @@ struct FsdpCore::Impl {
       : module(m),
         group(std::move(g)),
         options(std::move(o)),
-        stage(behaviour_of(options.stage())),
         groups(make_shard_groups(group, mesh, options.shard_dim())),
+        stage(behaviour_of(options, groups.shard.size())),
         tp_splits(tensor_parallel_splits(m)) {}
 
   // After an optimizer step each rank has updated only its shard: gather the full parameters.
@@ -84,7 +95,11 @@ struct FsdpCore::Impl {
     const bool stepped = sync->take_shards_stepped();
     const bool loaded = std::exchange(shards_loaded, false);
     if (!stepped && !loaded) return;
-    for (auto& bucket : buckets) all_gather_shards(groups.shard, bucket, bucket.unsharded()).wait();
+    for (auto& bucket : buckets) {
+      // Alone, a shard that is a view of the full parameter is it: nothing to copy.
+      if (groups.shard.size() == 1 && !bucket.shards_are_separate()) continue;
+      all_gather_shards(groups.shard, bucket, bucket.unsharded()).wait();
+    }
   }
 };
 
@@ -93,7 +108,7 @@ FsdpCore::FsdpCore(torch::nn::Module& module, ProcessGroup group, std::optional<
     : impl_(std::make_unique<Impl>(module, std::move(group), mesh, std::move(options))) {
   Impl& s = *impl_;
   const int stage = s.options.stage();
-  TORCH_CHECK(!s.options.cpu_offload() || s.stage.shard_parameters, "cpprun::FullyShardedDataParallel: cpu_offload needs stage 3 "
+  TORCH_CHECK(!s.options.cpu_offload() || stage == 3, "cpprun::FullyShardedDataParallel: cpu_offload needs stage 3 "
               "(it offloads the parameter shards), got stage ", stage, ".");
   TORCH_CHECK(s.options.gathered_unit_limit() >= 1, "cpprun::FullyShardedDataParallel: gathered_unit_limit must be "
               "at least 1, got ", s.options.gathered_unit_limit(), ".");

@@ -14,6 +14,7 @@ GradientSync::GradientSync(std::vector<ParamBucket>& buckets, const ShardGroups&
       group_(groups.shard),
       replicate_(groups.replicate),
       options_(options),
+      alone_(options.shard_gradients && groups.shard.size() == 1 && !groups.replicate),
       bucket_done_(std::move(bucket_done)),
       states_(buckets.size()) {
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
@@ -100,6 +101,8 @@ void GradientSync::launch_ready_buckets() {
       const bool convert = options_.reduce_dtype && *options_.reduce_dtype != state.full_grad.scalar_type();
       state.wire = convert ? state.full_grad.to(*options_.reduce_dtype) : state.full_grad;
       state.work = all_reduce_async(group_, state.wire, ReduceOp::kAvg);
+    } else if (alone_) {
+      // Note [Nothing to reduce-scatter alone]: complete() hands each gradient to its shard.
     } else {
       if (!state.chunk.defined()) {
         const auto dtype = options_.reduce_dtype.value_or(bucket.unsharded().scalar_type());
@@ -120,6 +123,15 @@ void GradientSync::launch_ready_buckets() {
   }
 }
 
+// Note [Nothing to reduce-scatter alone]
+// Stages 2 and 3 in a shard group of one rank, without replicas: the average over the group is
+// each gradient itself, and this rank's chunk is all of it. Reduce-scattering would copy every
+// gradient into a chunk of the unit's size (the gradients' memory twice, for a moment) and make
+// the shards' gradients views of it. Instead each shard's gradient is the one autograd made (cast
+// to the reduce dtype, as the wire would have carried it, then to the shard's), the same values.
+// DDP does the same at one rank (ddp/reducer.cpp); the parameters' side is fsdp_core.cpp's Note
+// [Nothing to shard alone].
+
 // Waits for bucket b's reduction and hands its result to the shards' gradients.
 void GradientSync::complete(std::size_t b) {
   BucketState& state = states_[b];
@@ -128,6 +140,11 @@ void GradientSync::complete(std::size_t b) {
   state.work.wait();
   ParamBucket& bucket = buckets_[b];
   state.reduced = true;
+  if (alone_) {
+    set_shard_grads_alone(bucket, state.grads, options_.reduce_dtype);
+    for (auto& grad : state.grads) grad = at::Tensor();
+    return;
+  }
   if (!options_.shard_gradients) {
     if (replicate_) {
       // Note [HSDP gradient reduction]
@@ -192,10 +209,14 @@ bool GradientSync::take_shards_stepped() {
 
 int64_t GradientSync::gradient_bytes() const {
   int64_t bytes = 0;
-  for (const auto& state : states_) {
+  for (std::size_t b = 0; b < states_.size(); ++b) {
+    const BucketState& state = states_[b];
     if (state.full_grad.defined()) bytes += state.full_grad.nbytes();
     for (const auto& grad : state.grads) bytes += grad.defined() ? grad.nbytes() : 0;
     if (state.chunk.defined()) bytes += state.chunk.nbytes();
+    if (!alone_) continue;
+    // No chunk: the shards' gradients are their own tensors (Note [Nothing to reduce-scatter alone]).
+    for (const auto& s : buckets_[b].params()) bytes += s.shard.grad().defined() ? s.shard.grad().nbytes() : 0;
   }
   return bytes;
 }

@@ -7,6 +7,8 @@
 // are the shards' gradients, and dropped, so a full gradient exists only while its bucket's
 // backward runs and its reduction is in flight (at most `max_in_flight` reductions at once).
 // Either way a bucket is reduced as soon as all its gradients are in, while backward goes on.
+// Alone in the shard group (stages 2 and 3, no replicas) there is nothing to reduce: each shard's
+// gradient is the parameter's own, as autograd made it.
 // Scheduling only: the wire work is fsdp_collectives.h's.
 #pragma once
 
@@ -82,6 +84,7 @@ class GradientSync {
   ProcessGroup group_;                     // the shard group
   std::optional<ProcessGroup> replicate_;  // HSDP
   GradientSyncOptions options_;
+  bool alone_;  // stages 2 and 3 in a shard group of one, no replicas: Note [Nothing to reduce-scatter alone]
   std::function<void(std::size_t)> bucket_done_;
   std::function<void()> backward_end_;
   std::vector<BucketState> states_;

@@ -185,6 +185,27 @@ TEST_CASE("ddp: buckets are rebuilt in rank 0's gradient-ready order after the f
   CHECK(reducer.bucket_parameters() == rebuilt);  // rebuilt once: later backwards do not re-bucket
 }
 
+// White box: Note [Nothing to reduce alone] in ddp/reducer.cpp. Alone without a comm hook the
+// buckets are never used, and take no memory; a hook runs on them, and gets them.
+TEST_CASE("ddp: alone without a comm hook the buckets take no memory; with one they do", "[ddp]") {
+  const int world = group().size();
+  auto net = std::make_shared<Mlp>();
+  std::vector<std::string> names;
+  std::vector<torch::Tensor> params;
+  int64_t param_bytes = 0;
+  for (const auto& item : net->named_parameters()) {
+    names.push_back(item.key()), params.push_back(item.value());
+    param_bytes += static_cast<int64_t>(item.value().nbytes());
+  }
+  const auto small_buckets = cpprun::DdpOptions().bucket_cap_mb(1e-3).first_bucket_cap_mb(1e-3);
+  cpprun::detail::Reducer plain(names, params, group(), small_buckets);
+  REQUIRE(plain.bucket_count() > 1);
+  CHECK(plain.bucket_bytes() == (world == 1 ? 0 : param_bytes));
+  cpprun::detail::Reducer hooked(names, params, group(), small_buckets);
+  hooked.set_comm_hook(cpprun::allreduce_hook());
+  CHECK(hooked.bucket_bytes() == param_bytes);
+}
+
 TEST_CASE("ddp: gradient_as_bucket_view gives the same training", "[ddp]") {
   check_parity<Mlp>("mlp", "sgd", cpprun::DdpOptions().gradient_as_bucket_view(true).bucket_cap_mb(0.002));
   check_parity<SmallCnn>("cnn", "adam", cpprun::DdpOptions().gradient_as_bucket_view(true));

@@ -199,7 +199,10 @@ TEST_CASE("fsdp: ZeRO-3 prefetches the next unit in forward and in backward, and
     }
     INFO("prefetch " << prefetch << ": started per step " << started[0] << ", " << started[1] << ", " << started[2]
                      << "; used " << used[0] << ", " << used[1] << ", " << used[2]);
-    if (prefetch) {
+    if (world == 1) {
+      // Alone, nothing is gathered at all (Note [Nothing to shard alone]; the "alone" test below).
+      CHECK(started == std::vector<int64_t>{0, 0, 0});
+    } else if (prefetch) {
       CHECK(started == std::vector<int64_t>{2, 5, 5});
       CHECK(used == std::vector<int64_t>{1, 4, 4});  // none evicted before its use
     } else {
@@ -215,11 +218,15 @@ TEST_CASE("fsdp: ZeRO-3 holds at most gathered_unit_limit units, and none after 
   auto tower = std::make_shared<Tower>();
   const int64_t root = 4 * (padded_numel(*tower->in, world) + padded_numel(*tower->out, world));
   const int64_t largest = std::max(root, block);
+  // Alone, the parameters stay whole throughout: there is nothing to release (Note [Nothing to
+  // shard alone]).
+  const int64_t whole = root + 3 * block;
+  const bool alone = world == 1;
   for (int limit : {1, 2, 3}) {
     torch::manual_seed(0);
     auto model = cpprun::FullyShardedDataParallel(
         std::make_shared<Tower>(), group(), cpprun::FsdpOptions().stage(3).wrap_policy(is_block).gathered_unit_limit(limit));
-    CHECK(model->memory().parameters == 0);  // wrapping released them
+    CHECK(model->memory().parameters == (alone ? whole : 0));  // wrapping released them
     torch::optim::SGD opt(model->parameters(), 0.1);
     for (int step = 0; step < 2; ++step) {
       auto x = inputs_for("mlp", kGlobalBatch, step);
@@ -228,9 +235,9 @@ TEST_CASE("fsdp: ZeRO-3 holds at most gathered_unit_limit units, and none after 
                                                        slice(targets_for(kGlobalBatch, step), rank, world));
       INFO("limit " << limit);
       // Only the root unit and the last block forward used (b1) stay for backward.
-      CHECK(model->memory().parameters == (limit == 1 ? root : root + block));
+      CHECK(model->memory().parameters == (alone ? whole : limit == 1 ? root : root + block));
       loss.backward();
-      CHECK(model->memory().parameters == 0);
+      CHECK(model->memory().parameters == (alone ? whole : 0));
       // Released parameter memory is kept for reuse in forward only, within the limit (gathered
       // plus kept units); backward gives it back for the gradients, keeping at most one unit's
       // for its first gather.
@@ -239,10 +246,70 @@ TEST_CASE("fsdp: ZeRO-3 holds at most gathered_unit_limit units, and none after 
     }
     // Each operator uses one unit, so the limit holds exactly, kept memory included: the
     // all-gathers write straight into the parameters, with no buffer of a unit's size beside.
-    const int64_t most = std::max(root, root + (limit - 1) * block);
+    const int64_t most = alone ? whole : std::max(root, root + (limit - 1) * block);
     CHECK(model->memory().peak_parameters >= most);
-    CHECK(model->memory().peak_parameters <= limit * largest);
+    CHECK(model->memory().peak_parameters <= (alone ? whole : limit * largest));
   }
+}
+
+// Note [Nothing to shard alone] (fsdp_core.cpp) and [Nothing to reduce-scatter alone] (gradient_sync.cpp):
+// in a shard group of one rank every shard is its whole parameter. Each rank here wraps its own
+// model in a group of itself, so the case runs alone at every world size of the job.
+TEST_CASE("fsdp: alone in its shard group, every stage trains as the bare module; nothing gathered, nothing copied",
+          "[fsdp]") {
+  Float64Parity float64;
+  const int rank = group().rank();
+  const cpprun::ProcessGroup self = cpprun::split_group(group(), rank);
+  REQUIRE(self.size() == 1);
+  for (int stage : {1, 2, 3}) {
+    INFO("stage " << stage);
+    torch::manual_seed(7 + rank);
+    auto net = std::make_shared<Mlp>(31);
+    auto ref = std::make_shared<Mlp>(31);
+    copy_state(*ref, *net);
+    auto model = cpprun::FullyShardedDataParallel(net, self, per_linear(stage));
+    const int64_t bytes = 8 * padded_numel(*ref, 1);  // float64; alone, nothing is padded
+    CHECK(model->memory().parameters == bytes);       // whole at every stage, ZeRO-3's too
+    CHECK(model->memory().shards == 0);               // the shards are views of them
+    auto opt = make_optimizer("adamw", model->parameters());
+    auto ref_opt = make_optimizer("adamw", ref->parameters());
+    for (int step = 0; step < 4; ++step) {
+      auto x = inputs_for("mlp", kGlobalBatch, step);
+      auto y = targets_for(kGlobalBatch, step);
+      opt->zero_grad();
+      torch::nn::functional::cross_entropy(model->forward(x), y).backward();
+      CHECK(model->memory().parameters == bytes);
+      opt->step();
+      ref_opt->zero_grad();
+      torch::nn::functional::cross_entropy(ref->forward(x), y).backward();
+      ref_opt->step();
+    }
+    // The very operations the bare module runs, on the same values: equal, not close.
+    check_same_parameters(*net, *ref, 0.0);
+    const auto m = model->memory();
+    CHECK(m.peak_parameters == bytes);
+    // Autograd's gradients, and nothing beside them (a reduce-scatter's chunk would double it).
+    CHECK(m.peak_gradients == bytes);
+    CHECK(model->prefetch_stats().started == 0);
+  }
+  // Mixed precision keeps ZeRO-3's gather alone: the bf16 compute copy is released between
+  // steps (the fp32 masters are the shards), and the gradients reach them cast.
+  torch::manual_seed(7 + rank);
+  auto net = std::make_shared<Mlp>(31);
+  auto model = cpprun::FullyShardedDataParallel(net, self, per_linear(3).param_dtype(at::kBFloat16));
+  auto opt = make_optimizer("adamw", model->parameters());
+  opt->zero_grad();
+  torch::nn::functional::cross_entropy(model->forward(inputs_for("mlp", kGlobalBatch, 0)).to(at::kDouble),
+                                       targets_for(kGlobalBatch, 0))
+      .backward();
+  CHECK(model->memory().parameters == 0);
+  for (const auto& shard : model->parameters()) {
+    CHECK(shard.scalar_type() == at::kDouble);
+    REQUIRE(shard.grad().defined());
+    CHECK(shard.grad().scalar_type() == at::kDouble);
+    CHECK(shard.grad().sizes() == shard.sizes());
+  }
+  opt->step();
 }
 
 TEST_CASE("fsdp: named_parameters() are this rank's rows of each parameter, under the module's names", "[fsdp]") {
@@ -474,7 +541,8 @@ TEST_CASE("fsdp: per-rank bytes follow the ZeRO formulas (fp32 AdamW)", "[fsdp]"
     // In backward (stages 2 and 3): autograd's gradients of the unit's parameters (Psi, not
     // padded) beside the padded chunk they are reduced into. (At 3 ranks padded is 4% over Psi:
     // the 10% check this replaced took either.)
-    CHECK(peak_grads == (stage == 1 ? 4 * padded : 4 * psi + 4 * padded / world));
+    // Alone, no chunk: autograd's gradients become the shards' (Note [Nothing to reduce-scatter alone]).
+    CHECK(peak_grads == (stage == 1 ? 4 * padded : world == 1 ? 4 * psi : 4 * psi + 4 * padded / world));
     if (rank == 0) {
       std::printf("memory, world %d, stage %d, Psi %lld: parameters %lld B, gradients %lld B, optimizer %lld B; "
                   "total %lld B = %.2f Psi (formula %.2f Psi)\n",
