@@ -11,12 +11,26 @@
 namespace cpprun::detail {
 namespace {
 
-void assign_grad(const at::Tensor& shard, const at::Tensor& value) {
+// Note [Shard gradients accumulate]
+// A shard with a .grad (the optimizer did not set it to none since the last reduction) gets the
+// reduced gradient added in, as autograd's AccumulateGrad adds into any .grad and FSDP2's
+// foreach_reduce into its sharded one: two synchronized backwards before one step sum their
+// gradients. One without takes the value itself: a view of where the reduction left it where
+// dtype and device match the shard's, else a copy (mixed precision's masters, CPU offload).
+// GradientSync keeps a kept .grad out of the memory the next reduction writes.
+// A .grad that already is `value` (stage 1 reducing twice with no backward between: the
+// average of equal values) keeps it.
+void accumulate_grad(const at::Tensor& shard, const at::Tensor& value) {
   at::Tensor& grad = shard.mutable_grad();
-  if (value.scalar_type() == shard.scalar_type() && value.device() == shard.device()) {
+  if (grad.defined()) {
+    if (grad.data_ptr() == value.data_ptr()) return;
+    at::Tensor v = value;
+    if (v.device() != grad.device() || at::result_type(grad, v) != grad.scalar_type()) {
+      v = v.to(grad.device(), grad.scalar_type());
+    }
+    grad.add_(v);  // a lower-precision value is promoted as it is added
+  } else if (value.scalar_type() == shard.scalar_type() && value.device() == shard.device()) {
     grad = value;
-  } else if (grad.defined() && grad.sizes() == shard.sizes() && !grad.is_same(value)) {
-    grad.copy_(value);  // the copy kept from the last step
   } else {
     grad = value.to(shard.device(), shard.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
   }
@@ -115,30 +129,31 @@ Work reduce_scatter_gradients(const ProcessGroup& group, const ParamBucket& buck
   return reduce_scatter_chunks_async(group, chunk, std::move(pieces), ReduceOp::kAvg);
 }
 
-void set_shard_grads_from_chunk(ParamBucket& bucket, const at::Tensor& chunk) {
+void accumulate_shard_grads_from_chunk(ParamBucket& bucket, const at::Tensor& chunk) {
   at::NoGradGuard no_grad;
-  for (const ShardedParam& s : bucket.params()) assign_grad(s.shard, alias_into(chunk, s.wire_offset, s.shard_sizes()));
+  for (const ShardedParam& s : bucket.params()) accumulate_grad(s.shard, alias_into(chunk, s.wire_offset, s.shard_sizes()));
 }
 
-void set_shard_grads_from_unsharded(ParamBucket& bucket, const at::Tensor& unsharded_grad) {
+void accumulate_shard_grads_from_unsharded(ParamBucket& bucket, const at::Tensor& unsharded_grad) {
   at::NoGradGuard no_grad;
   for (std::size_t i = 0; i < bucket.params().size(); ++i) {
-    assign_grad(bucket.params()[i].shard, bucket.shard_view(unsharded_grad, i));
+    accumulate_grad(bucket.params()[i].shard, bucket.shard_view(unsharded_grad, i));
   }
 }
 
-void set_shard_grads_alone(ParamBucket& bucket, const std::vector<at::Tensor>& grads,
+void accumulate_shard_grads_alone(ParamBucket& bucket, const std::vector<at::Tensor>& grads,
                            std::optional<at::ScalarType> reduce_dtype) {
   TORCH_INTERNAL_ASSERT(bucket.world() == 1 && grads.size() == bucket.params().size());
   at::NoGradGuard no_grad;
   for (std::size_t i = 0; i < grads.size(); ++i) {
     const ShardedParam& s = bucket.params()[i];
+    if (!grads[i].defined() && s.shard.grad().defined()) continue;  // adding zeros
     at::Tensor grad = grads[i].defined() ? grads[i].contiguous() : at::zeros_like(s.shard);
     // Shaped as the shard (a 0-d parameter's is [1]) and never a view: zero_grad() detach_()es
     // every .grad, which views refuse (core/tensor_alias.h).
     if (grad.is_view() || grad.sizes() != at::IntArrayRef(s.shard_sizes())) grad = alias_into(grad, 0, s.shard_sizes());
     if (reduce_dtype && grad.scalar_type() != *reduce_dtype) grad = grad.to(*reduce_dtype);
-    assign_grad(s.shard, grad);
+    accumulate_grad(s.shard, grad);
   }
 }
 

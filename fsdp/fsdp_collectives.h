@@ -53,15 +53,17 @@ Work all_gather_shards(const ProcessGroup& group, const ParamBucket& bucket, con
 Work reduce_scatter_gradients(const ProcessGroup& group, const ParamBucket& bucket, const at::Tensor& chunk,
                               const std::vector<at::Tensor>& grads);
 
-// Every shard's .grad from this rank's chunk of reduced gradients: a view of it where dtype and
-// device match the shard's, else a copy (mixed precision's master shards, CPU offload).
-void set_shard_grads_from_chunk(ParamBucket& bucket, const at::Tensor& chunk);
+// Every shard's .grad from this rank's chunk of reduced gradients, added into a .grad the shard
+// has (Note [Shard gradients accumulate]); else a view of the chunk where dtype and device match
+// the shard's, or a copy (mixed precision's master shards, CPU offload).
+void accumulate_shard_grads_from_chunk(ParamBucket& bucket, const at::Tensor& chunk);
 // The same from a gradient laid out like unsharded() (stage 1's all-reduced one).
-void set_shard_grads_from_unsharded(ParamBucket& bucket, const at::Tensor& unsharded_grad);
+void accumulate_shard_grads_from_unsharded(ParamBucket& bucket, const at::Tensor& unsharded_grad);
 // A group of one rank: every shard is its whole parameter, and its .grad the parameter's own
 // gradient `grads[i]` (zeros where it got none), rounded to `reduce_dtype` when given, as a
-// reduction in it would, then to the shard's dtype: no copy where the types match.
-void set_shard_grads_alone(ParamBucket& bucket, const std::vector<at::Tensor>& grads,
+// reduction in it would, then to the shard's dtype: no copy where the types match. Added into a
+// .grad the shard has, as above.
+void accumulate_shard_grads_alone(ParamBucket& bucket, const std::vector<at::Tensor>& grads,
                            std::optional<at::ScalarType> reduce_dtype);
 
 }  // namespace cpprun::detail

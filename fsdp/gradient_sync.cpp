@@ -5,9 +5,29 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/engine.h>
 
+#include <algorithm>
+
 #include "fsdp/fsdp_collectives.h"
 
 namespace cpprun::detail {
+namespace {
+
+bool shard_grads_defined(const ParamBucket& bucket) {
+  for (const ShardedParam& s : bucket.params()) {
+    if (s.shard.grad().defined()) return true;
+  }
+  return false;
+}
+
+bool shard_grads_alias(const ParamBucket& bucket, const at::Tensor& memory) {
+  for (const ShardedParam& s : bucket.params()) {
+    if (s.shard.grad().defined() && s.shard.grad().is_alias_of(memory)) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
 GradientSync::GradientSync(std::vector<ParamBucket>& buckets, const ShardGroups& groups, GradientSyncOptions options,
                            std::function<void(std::size_t)> bucket_done)
     : buckets_(buckets),
@@ -34,7 +54,13 @@ void GradientSync::bind_full_grad(std::size_t b) {
   if (!state.full_grad.defined()) {
     state.full_grad = at::zeros_like(bucket.unsharded());
   } else if (state.reduced) {
-    state.full_grad.zero_();  // the optimizer zeroed only its shard of it
+    // A shard .grad the optimizer kept (not set to none) is a view of these rows: it becomes a
+    // copy of its own, to which the next reduction adds (Note [Shard gradients accumulate]).
+    for (const ShardedParam& s : bucket.params()) {
+      at::Tensor& grad = s.shard.mutable_grad();
+      if (grad.defined() && grad.is_alias_of(state.full_grad)) grad = grad.clone();
+    }
+    state.full_grad.zero_();  // the rest of the last backward's sum: it starts afresh
   }
   state.reduced = false;
   at::NoGradGuard no_grad;
@@ -104,7 +130,9 @@ void GradientSync::launch_ready_buckets() {
     } else if (alone_) {
       // Note [Nothing to reduce-scatter alone]: complete() hands each gradient to its shard.
     } else {
-      if (!state.chunk.defined()) {
+      // A fresh chunk where a shard .grad the optimizer kept is a view of the last one: the
+      // reduction adds to it (Note [Shard gradients accumulate]), and must not overwrite it.
+      if (!state.chunk.defined() || shard_grads_alias(bucket, state.chunk)) {
         const auto dtype = options_.reduce_dtype.value_or(bucket.unsharded().scalar_type());
         state.chunk = at::empty({bucket.chunk_numel()}, bucket.unsharded().options().dtype(dtype));
       }
@@ -141,7 +169,7 @@ void GradientSync::complete(std::size_t b) {
   ParamBucket& bucket = buckets_[b];
   state.reduced = true;
   if (alone_) {
-    set_shard_grads_alone(bucket, state.grads, options_.reduce_dtype);
+    accumulate_shard_grads_alone(bucket, state.grads, options_.reduce_dtype);
     for (auto& grad : state.grads) grad = at::Tensor();
     return;
   }
@@ -155,15 +183,19 @@ void GradientSync::complete(std::size_t b) {
       // group's average only: nothing reads it (the optimizer steps the shard).
       at::Tensor mine = rank_chunk(bucket, state.wire);
       all_reduce(*replicate_, mine, ReduceOp::kAvg);
-      set_shard_grads_from_chunk(bucket, mine);
+      accumulate_shard_grads_from_chunk(bucket, mine);
     } else {
-      set_shard_grads_from_unsharded(bucket, state.wire);
+      accumulate_shard_grads_from_unsharded(bucket, state.wire);
     }
     if (!state.wire.is_same(state.full_grad)) state.wire = at::Tensor();
     return;
   }
   if (replicate_) all_reduce(*replicate_, state.chunk, ReduceOp::kAvg);  // See Note [HSDP gradient reduction]
-  set_shard_grads_from_chunk(bucket, state.chunk);
+  const bool kept = shard_grads_defined(bucket);
+  accumulate_shard_grads_from_chunk(bucket, state.chunk);
+  // Added into kept gradients, the chunk is needed no more: keeping it would hold a second one
+  // beside the chunk they are views of (Note [Shard gradients accumulate]).
+  if (kept && !shard_grads_alias(bucket, state.chunk)) state.chunk = at::Tensor();
   // Stages 2 and 3 keep only the shards' gradients: the full ones go until the next backward.
   for (auto& grad : state.grads) grad = at::Tensor();
 }
@@ -208,24 +240,38 @@ bool GradientSync::take_shards_stepped() {
 }
 
 int64_t GradientSync::gradient_bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return held_gradient_bytes();
+}
+
+// Each storage once: the shards' gradients are views of the full gradient (stage 1) or of the
+// chunk (stages 2 and 3), or their own tensors (alone; mixed precision's and offload's copies;
+// gradients kept between steps, Note [Shard gradients accumulate]).
+int64_t GradientSync::held_gradient_bytes() const {
+  std::vector<const c10::StorageImpl*> counted;
   int64_t bytes = 0;
+  auto count = [&](const at::Tensor& t) {
+    if (!t.defined() || !t.has_storage()) return;
+    const c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+    if (std::find(counted.begin(), counted.end(), storage) != counted.end()) return;
+    counted.push_back(storage);
+    bytes += static_cast<int64_t>(t.storage().nbytes());
+  };
   for (std::size_t b = 0; b < states_.size(); ++b) {
     const BucketState& state = states_[b];
-    if (state.full_grad.defined()) bytes += state.full_grad.nbytes();
-    for (const auto& grad : state.grads) bytes += grad.defined() ? grad.nbytes() : 0;
-    if (state.chunk.defined()) bytes += state.chunk.nbytes();
-    if (!alone_) continue;
-    // No chunk: the shards' gradients are their own tensors (Note [Nothing to reduce-scatter alone]).
-    for (const auto& s : buckets_[b].params()) bytes += s.shard.grad().defined() ? s.shard.grad().nbytes() : 0;
+    count(state.full_grad);
+    count(state.chunk);
+    for (const auto& grad : state.grads) count(grad);
+    for (const auto& s : buckets_[b].params()) count(s.shard.grad());
   }
   return bytes;
 }
 
-void GradientSync::note_gradient_bytes() { peak_bytes_ = std::max(peak_bytes_, gradient_bytes()); }
+void GradientSync::note_gradient_bytes() { peak_bytes_ = std::max(peak_bytes_, held_gradient_bytes()); }
 
 int64_t GradientSync::peak_gradient_bytes() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return std::max(peak_bytes_, gradient_bytes());
+  return std::max(peak_bytes_, held_gradient_bytes());
 }
 
 }  // namespace cpprun::detail

@@ -6,6 +6,8 @@
 // reduce-scattered straight from where autograd left them into this rank's chunk, whose views
 // are the shards' gradients, and dropped, so a full gradient exists only while its bucket's
 // backward runs and its reduction is in flight (at most `max_in_flight` reductions at once).
+// A shard .grad the optimizer kept since the last reduction (not set to none) gets the new one
+// added, as FSDP2's does (Note [Shard gradients accumulate] in fsdp_collectives.cpp).
 // Either way a bucket is reduced as soon as all its gradients are in, while backward goes on.
 // Alone in the shard group (stages 2 and 3, no replicas) there is nothing to reduce: each shard's
 // gradient is the parameter's own, as autograd made it.
@@ -79,6 +81,7 @@ class GradientSync {
   void clear_reductions();  // no bucket launched or completed yet (mutex_ held)
   void bind_full_grad(std::size_t bucket);
   void note_gradient_bytes();
+  int64_t held_gradient_bytes() const;  // gradient_bytes(), mutex_ held
 
   std::vector<ParamBucket>& buckets_;
   ProcessGroup group_;                     // the shard group

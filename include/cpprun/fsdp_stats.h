@@ -13,11 +13,13 @@ struct FsdpMemory {
   // and 2; at stage 3 the units gathered right now (0 between steps), except alone in the shard
   // group without mixed precision or offload, where there is nothing to shard: the whole model.
   int64_t parameters = 0;
-  // The shards the optimizer updates, where they are not part of `parameters` (stage 3, mixed
-  // precision's float32 master copy, CPU offload).
+  // The shards the optimizer updates, where they are not part of `parameters` (stage 3 but alone,
+  // mixed precision's float32 master copy, CPU offload).
   int64_t shards = 0;
   // Gradients held between a backward and the next one: full ones at stage 1, this rank's shard
-  // at stages 2 and 3 (plus a unit's full gradients while their reduction is in flight).
+  // at stages 2 and 3 (plus a unit's full gradients while their reduction is in flight), and the
+  // shards' own where they are copies (mixed precision, offload) or kept from the last step
+  // without zero_grad (a copy of this rank's rows at stage 1, the last chunk at stages 2 and 3).
   int64_t gradients = 0;
   // The most `parameters` (plus, at stage 3, the released parameter memory kept for reuse) has
   // been since construction. All-gathers write straight into the parameters; besides them,
@@ -31,7 +33,8 @@ struct FsdpMemory {
 };
 
 // Stage 3, since construction: all-gathers started ahead of use (prefetch), and how many of the
-// units so gathered were then used before being released. Always zero at stages 1 and 2.
+// units so gathered were then used before being released. Always zero at stages 1 and 2, and alone in
+// the shard group (nothing is gathered).
 struct FsdpPrefetchStats {
   int64_t started = 0;
   int64_t used = 0;

@@ -468,6 +468,61 @@ TEST_CASE("fsdp: no_sync accumulates locally; the next backward reduces the sum"
   }
 }
 
+// Every backward synchronized and the optimizer stepping after three: the shards' gradients add
+// up between steps, as any .grad does and as FSDP2's sharded ones do (its foreach_reduce adds
+// into an existing sharded .grad). zero_grad(false) zeroes them in place rather than dropping
+// them; mixed precision accumulates into the masters' gradients (a copy, not a view).
+TEST_CASE("fsdp: synchronized backwards without zero_grad between them accumulate, as FSDP2's", "[fsdp]") {
+  Float64Parity float64;
+  const int rank = group().rank(), world = group().size();
+  struct Case {
+    int stage;
+    bool set_to_none;
+    bool mixed;  // computes in float32 from float64 masters
+  };
+  for (const Case c : {Case{1, true, false}, Case{2, true, false}, Case{3, true, false}, Case{1, false, false},
+                       Case{2, false, false}, Case{3, false, false}, Case{3, true, true}, Case{2, false, true}}) {
+    INFO("stage " << c.stage << " zero_grad(set_to_none=" << c.set_to_none << ") mixed " << c.mixed);
+    torch::manual_seed(0);
+    auto net = std::make_shared<Mlp>(31);
+    auto ref = std::make_shared<Mlp>(31);
+    copy_state(*ref, *net);
+    cpprun::FsdpOptions options = per_linear(c.stage);
+    if (c.mixed) options.param_dtype(at::kFloat);
+    auto model = cpprun::FullyShardedDataParallel(net, group(), options);
+    torch::optim::SGD opt(model->parameters(), 0.1), ref_opt(ref->parameters(), 0.1);
+    for (int step = 0; step < 2; ++step) {
+      opt.zero_grad(c.set_to_none);
+      ref_opt.zero_grad(c.set_to_none);
+      for (int micro = 0; micro < 3; ++micro) {
+        auto x = inputs_for("mlp", kGlobalBatch, 10 * step + micro);
+        auto y = targets_for(kGlobalBatch, 10 * step + micro);
+        torch::nn::functional::cross_entropy(model->forward(slice(x, rank, world)).to(at::kDouble),
+                                             slice(y, rank, world))
+            .backward();
+        reference_backward([&](torch::Tensor in) { return ref->forward(in); }, x, y, world);
+      }
+      opt.step();
+      ref_opt.step();
+    }
+    if (!c.mixed) {
+      // What keeping them costs: stage 1, a copy of this rank's rows beside the full gradient;
+      // stages 2 and 3, the chunk they are views of, and no second one for the next reduction.
+      int64_t mine = 0;
+      for (const auto& p : ref->parameters()) mine += rows_of(p, rank, world).numel();
+      const int64_t padded = padded_numel(*ref, world);
+      CHECK(model->memory().gradients == (c.stage == 1 ? 8 * padded + 8 * mine : 8 * padded / world));
+    }
+    model->gather_full_parameters();
+    if (c.mixed) {
+      net->to(at::kDouble);
+      check_same_parameters(*net, *ref, 1e-5);  // float32 rounding
+    } else {
+      check_same_parameters(*net, *ref, kParityTolerance);
+    }
+  }
+}
+
 // Through cpprun::DataParallel, as a loop written for either would call it; stage 0 is DDP.
 TEST_CASE("fsdp: clip_grad_norm clips by the norm over all ranks' shards (DDP: over its gradients)", "[fsdp]") {
   const int rank = group().rank(), world = group().size();

@@ -115,7 +115,7 @@ TEST_CASE("fsdp layout: the gradients' chunks reduce-scatter into each rank's ro
     for (int rank = 0; rank < world; ++rank) {
       auto& bucket = buckets[rank];
       const at::Tensor chunk = wire.narrow(0, rank * bucket.chunk_numel(), bucket.chunk_numel()).clone();
-      cpprun::detail::set_shard_grads_from_chunk(bucket, chunk);
+      cpprun::detail::accumulate_shard_grads_from_chunk(bucket, chunk);
       for (std::size_t i = 0; i < grads.size(); ++i) {
         const auto& s = bucket.params()[i];
         const int64_t first = std::min(rank * s.rows_per_rank, s.rows);
