@@ -6,6 +6,7 @@
 #include <torch/csrc/autograd/engine.h>
 
 #include <algorithm>
+#include <unordered_set>
 
 #include "fsdp/fsdp_collectives.h"
 
@@ -110,7 +111,6 @@ void GradientSync::collect(std::size_t b, std::size_t i) {
   at::Tensor& grad = buckets_[b].params()[i].param.mutable_grad();
   if (!grad.defined()) return;
   states_[b].grads[i] = std::exchange(grad, at::Tensor());
-  note_gradient_bytes();
 }
 
 // Note [FSDP reduction order]
@@ -165,6 +165,10 @@ void GradientSync::complete(std::size_t b) {
   BucketState& state = states_[b];
   if (state.completed) return;
   state.completed = true;
+  // Gradient memory only grows between completions (gradients collected, chunks made), and each
+  // completion frees some: its start is where a peak is, measured once a bucket rather than once
+  // a parameter.
+  note_gradient_bytes();
   state.work.wait();
   ParamBucket& bucket = buckets_[b];
   state.reduced = true;
@@ -248,14 +252,11 @@ int64_t GradientSync::gradient_bytes() const {
 // chunk (stages 2 and 3), or their own tensors (alone; mixed precision's and offload's copies;
 // gradients kept between steps, Note [Shard gradients accumulate]).
 int64_t GradientSync::held_gradient_bytes() const {
-  std::vector<const c10::StorageImpl*> counted;
+  std::unordered_set<const c10::StorageImpl*> counted;
   int64_t bytes = 0;
   auto count = [&](const at::Tensor& t) {
     if (!t.defined() || !t.has_storage()) return;
-    const c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
-    if (std::find(counted.begin(), counted.end(), storage) != counted.end()) return;
-    counted.push_back(storage);
-    bytes += static_cast<int64_t>(t.storage().nbytes());
+    if (counted.insert(t.storage().unsafeGetStorageImpl()).second) bytes += static_cast<int64_t>(t.storage().nbytes());
   };
   for (std::size_t b = 0; b < states_.size(); ++b) {
     const BucketState& state = states_[b];
