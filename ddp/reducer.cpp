@@ -61,10 +61,9 @@ void Reducer::set_comm_hook(std::shared_ptr<CommHook> hook) {
 void Reducer::allocate_buffers() {
   if (leaves_gradients()) return;
   for (auto& bucket : buckets_) {
-    if (bucket.buffer.defined()) continue;
-    int64_t numel = 0;
-    for (std::size_t i : bucket.params) numel += params_[i].numel();
-    bucket.buffer = at::zeros({numel}, params_[bucket.params.front()].options().requires_grad(false));
+    if (!bucket.buffer.defined()) {
+      bucket.buffer = at::zeros({bucket.numel}, params_[bucket.params.front()].options().requires_grad(false));
+    }
   }
 }
 
@@ -80,12 +79,11 @@ void Reducer::build_buckets(const std::vector<std::size_t>& order) {
   location_.assign(params_.size(), {0, 0});
   for (const auto& indices : assignment) {
     Bucket bucket;
-    int64_t numel = 0;
     for (std::size_t i : indices) {
       location_[i] = {buckets_.size(), bucket.params.size()};
       bucket.params.push_back(i);
-      bucket.offsets.push_back(numel);
-      numel += params_[i].numel();
+      bucket.offsets.push_back(bucket.numel);
+      bucket.numel += params_[i].numel();
     }
     buckets_.push_back(std::move(bucket));
   }
@@ -378,8 +376,8 @@ void Reducer::reduce_accumulated() {
 void Reducer::reduce_as_joined_rank() {
   std::lock_guard<std::mutex> lock(mutex_);
   used_here_.assign(params_.size(), false);
-  for (std::size_t b = 0; b < buckets_.size(); ++b) {
-    if (leaves_gradients()) break;  // no other rank to shadow, and no buffers
+  // Alone there is no other rank to shadow, and no buffer (Note [Nothing to reduce alone]).
+  for (std::size_t b = 0; b < buckets_.size() && !leaves_gradients(); ++b) {
     buckets_[b].buffer.zero_();
     reduce(buckets_[b], b).wait();
   }

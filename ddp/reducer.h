@@ -64,7 +64,8 @@ class Reducer {
   struct Bucket {
     std::vector<std::size_t> params;  // parameter indices, in buffer order
     std::vector<int64_t> offsets;     // each one's first element in `buffer`
-    at::Tensor buffer;
+    int64_t numel = 0;                // their elements, end to end
+    at::Tensor buffer;                // numel elements; none while leaves_gradients()
     std::size_t pending = 0;          // gradients still to come in this backward
     Work work;
   };
