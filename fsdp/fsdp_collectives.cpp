@@ -115,7 +115,8 @@ void copy_shards_into(const ParamBucket& bucket, const at::Tensor& into) {
 }
 
 Work all_gather_shards(const ProcessGroup& group, const ParamBucket& bucket, const at::Tensor& into) {
-  copy_shards_into(bucket, into);
+  copy_shards_into(bucket, into);  // alone, all there is (nothing, where the shards are views of it)
+  if (group.size() == 1) return Work();
   ChunkedTensor places = unsharded_chunks(bucket, into);
   places.message_starts = wire_message_starts(bucket, static_cast<int64_t>(into.element_size()));
   return all_gather_chunks_in_place_async(group, std::move(places), into.options());
@@ -149,10 +150,10 @@ void accumulate_shard_grads_alone(ParamBucket& bucket, const std::vector<at::Ten
     const ShardedParam& s = bucket.params()[i];
     if (!grads[i].defined() && s.shard.grad().defined()) continue;  // adding zeros
     at::Tensor grad = grads[i].defined() ? grads[i].contiguous() : at::zeros_like(s.shard);
+    if (reduce_dtype && grad.scalar_type() != *reduce_dtype) grad = grad.to(*reduce_dtype);
     // Shaped as the shard (a 0-d parameter's is [1]) and never a view: zero_grad() detach_()es
     // every .grad, which views refuse (core/tensor_alias.h).
     if (grad.is_view() || grad.sizes() != at::IntArrayRef(s.shard_sizes())) grad = alias_into(grad, 0, s.shard_sizes());
-    if (reduce_dtype && grad.scalar_type() != *reduce_dtype) grad = grad.to(*reduce_dtype);
     accumulate_grad(s.shard, grad);
   }
 }

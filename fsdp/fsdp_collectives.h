@@ -44,6 +44,7 @@ ChunkedTensor gradient_chunks(const ParamBucket& bucket, const std::vector<at::T
 void copy_shards_into(const ParamBucket& bucket, const at::Tensor& into);
 // All-gathers the bucket's shards into `into` (laid out like unsharded(), in its dtype): this
 // rank's copied into its rows, every other rank's received straight into each parameter's rows.
+// In a group of one, only the copy (none where the shards are views of `into`).
 Work all_gather_shards(const ProcessGroup& group, const ParamBucket& bucket, const at::Tensor& into);
 // Averages the parameters' full gradients over the group into this rank's `chunk` (in chunk's
 // dtype), read straight from `grads` (as gradient_chunks()). The gradients are the ring's

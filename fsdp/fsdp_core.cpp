@@ -96,7 +96,8 @@ struct FsdpCore::Impl {
     const bool loaded = std::exchange(shards_loaded, false);
     if (!stepped && !loaded) return;
     for (auto& bucket : buckets) {
-      // Alone, a shard that is a view of the full parameter is it: nothing to copy.
+      // Alone, a shard that is a view of the full parameter is it: nothing to copy, nor even the
+      // views per parameter copy_shards_into() would make to find that out.
       if (groups.shard.size() == 1 && !bucket.shards_are_separate()) continue;
       all_gather_shards(groups.shard, bucket, bucket.unsharded()).wait();
     }
