@@ -284,8 +284,10 @@ TEST_CASE("fsdp: alone in its shard group, every stage trains as the bare module
       torch::nn::functional::cross_entropy(ref->forward(x), y).backward();
       ref_opt->step();
     }
-    // The very operations the bare module runs, on the same values: equal, not close.
-    check_same_parameters(*net, *ref, 0.0);
+    // The very operations the bare module runs, on the same values. Equal here, but BLAS may sum
+    // differently for differently aligned memory (the bucket's views against the bare module's own
+    // tensors) on another CPU, so the float64 parity bound (Note [Parity in float64]).
+    check_same_parameters(*net, *ref, kParityTolerance);
     const auto m = model->memory();
     CHECK(m.peak_parameters == bytes);
     // Autograd's gradients, and nothing beside them (a reduce-scatter's chunk would double it).
@@ -516,7 +518,9 @@ TEST_CASE("fsdp: synchronized backwards without zero_grad between them accumulat
     model->gather_full_parameters();
     if (c.mixed) {
       net->to(at::kDouble);
-      check_same_parameters(*net, *ref, 1e-5);  // float32 rounding
+      // float32 rounding: at most 6.4e-8 measured (1-4 ranks, 2026-12-02); 1e-5 leaves room for
+      // another CPU's kernels.
+      check_same_parameters(*net, *ref, 1e-5);
     } else {
       check_same_parameters(*net, *ref, kParityTolerance);
     }
