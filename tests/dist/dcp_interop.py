@@ -196,7 +196,13 @@ def main(mode, d, other=None):
     dist.init_process_group("gloo")
     try:
         batches = load_file(f"{d}/batches.safetensors")
-        return train(d, batches) if mode == "train" else resume(d, batches)
+        status = train(d, batches) if mode == "train" else resume(d, batches)
+        # Every rank done with its collectives before any tears Gloo down: on 12-02 a rank that
+        # reached destroy_process_group() first left the other aborting in Gloo's teardown
+        # ("terminate called without an active exception") after both had checked their steps.
+        # Not on an error's way out, where the other rank may be in another collective.
+        dist.barrier()
+        return status
     finally:
         dist.destroy_process_group()
 
