@@ -20,6 +20,7 @@
 namespace {
 
 constexpr int kBefore = 3, kAfter = 3;
+constexpr int kMicroBatches = 2;  // dcp_interop.py's MICRO_BATCHES
 constexpr double kTolerance = 1e-10;
 
 // dcp_interop.py's Net.
@@ -49,14 +50,17 @@ std::map<std::string, torch::Tensor> read_batches(const std::string& path) {
   return out;
 }
 
-// Step s on this rank's rows of the global batch (FSDP averages the gradients over the ranks).
+// Step s on this rank's rows of the global batch (FSDP averages the gradients over the ranks), as
+// dcp_interop.py's step: kMicroBatches backwards, each reducing its gradients (no no_sync), whose
+// shard gradients add up as FSDP2's do.
 void step(cpprun::DataParallel<Net>& model, torch::optim::Optimizer& opt, std::map<std::string, torch::Tensor>& batches,
           int s, const cpprun::ProcessGroup& group) {
   const auto n = std::to_string(s);
   const int64_t rows = 12 / group.size(), first = group.rank() * rows;
   opt.zero_grad();
   auto x = batches.at("x" + n).narrow(0, first, rows), y = batches.at("y" + n).narrow(0, first, rows);
-  torch::mse_loss(model->forward(x), y).backward();
+  const auto xs = x.chunk(kMicroBatches), ys = y.chunk(kMicroBatches);
+  for (size_t m = 0; m < xs.size(); ++m) (torch::mse_loss(model->forward(xs[m]), ys[m]) / kMicroBatches).backward();
   opt.step();
 }
 

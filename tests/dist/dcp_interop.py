@@ -32,6 +32,7 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
 from torch.distributed.fsdp import fully_shard
 
 BEFORE, AFTER = 3, 3
+MICRO_BATCHES = 2  # backwards per step, each reducing its gradients
 TOLERANCE = 1e-10
 FLAT = StateDictOptions(flatten_optimizer_state_dict=True)  # torchtitan's optimizer form
 
@@ -56,11 +57,15 @@ def sharded(seed):
 
 
 def step(model, optim, scheduler, batches, s):
+    """Step s on this rank's rows, as MICRO_BATCHES backwards that each reduce-scatter (no
+    set_requires_gradient_sync(False)): FSDP2 adds each one's sharded gradient to the last, and so
+    must cpprun's FSDP (a shard gradient replaced instead would differ here by far more than 1e-10)."""
     rows = 12 // dist.get_world_size()
     first = dist.get_rank() * rows
     optim.zero_grad()
     x, y = batches[f"x{s}"][first:first + rows], batches[f"y{s}"][first:first + rows]
-    torch.nn.functional.mse_loss(model(x), y).backward()
+    for xm, ym in zip(x.chunk(MICRO_BATCHES), y.chunk(MICRO_BATCHES)):
+        (torch.nn.functional.mse_loss(model(xm), ym) / MICRO_BATCHES).backward()
     optim.step()
     scheduler.step()
 

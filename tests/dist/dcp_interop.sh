@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A PyTorch user's checkpoint reaches cpprun and back through scripts/dcp_convert.py: FSDP2 on 2
 # ranks trains an MLP with AdamW (float64) and saves with torch.distributed.checkpoint in
-# torchtitan's layout; to-cpprun converts it; cpprun's FSDP on 2 ranks loads the model and
+# torchtitan's layout (each step two micro-batches, each backward reducing its gradients, which
+# add up on both sides); to-cpprun converts it; cpprun's FSDP on 2 ranks loads the model and
 # optimizer and trains 3 steps to PyTorch's own next 3 steps' parameters (1e-10). The reverse:
 # cpprun saves, to-dcp converts (with to-cpprun's dcp_extra.pt: train_state, lr_scheduler, each
 # rank's dataloader entry), FSDP2 dcp.load's it and trains to cpprun's parameters (1e-10). Also:
