@@ -111,4 +111,5 @@ peak_rss = peak_resident_mb() - rss_before_model
 if dist.get_rank() == 0:
     print(f"RESULT impl=pytorch mode={a.mode} device={a.device} params={params} world={dist.get_world_size()} "
           f"ms_per_step={ms:.2f} cpu_ms_per_step={cpu:.2f} samples_per_s={1000 * a.batch * dist.get_world_size() / ms:.1f} peak_rss_mb={peak_rss:.1f}", flush=True)
+dist.barrier()  # no rank tears Gloo down while rank 0 still prints (tests/dist/dcp_interop.py's flake)
 dist.destroy_process_group()

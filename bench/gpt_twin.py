@@ -428,4 +428,5 @@ if rank == 0:
           f"tokens_per_s={tokens / seconds:.1f} peak_rss_mb={peak_rss.item():.1f} peak_gpu_mb={peak_gpu.item():.1f} "
           f"first_loss={losses[0]:.6f} last_loss={losses[-1]:.6f}", flush=True)
 if distributed:
+    dist.barrier()  # no rank tears Gloo down while rank 0 still writes (tests/dist/dcp_interop.py's flake)
     dist.destroy_process_group()
