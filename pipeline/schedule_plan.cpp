@@ -20,19 +20,37 @@ const char* to_string(ScheduleKind kind) {
   return "?";
 }
 
+namespace {
+
+// A schedule's name as compared: lower case, without '-', '_' and a leading "schedule".
+std::string folded_schedule_name(const std::string& text) {
+  std::string out;
+  for (const char c : text) {
+    if (c != '-' && c != '_') out += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  }
+  if (out.rfind("schedule", 0) == 0 && out != "schedule") out.erase(0, 8);
+  return out;
+}
+
+}  // namespace
+
 std::optional<ScheduleKind> schedule_kind_named(const std::string& name) {
-  const auto folded = [](const std::string& text) {
-    std::string out;
-    for (const char c : text) {
-      if (c != '-' && c != '_') out += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    }
-    return out;
-  };
-  std::string wanted = folded(name);
-  if (wanted.rfind("schedule", 0) == 0) wanted.erase(0, 8);
+  const std::string wanted = folded_schedule_name(name);
   for (const ScheduleKind kind :
        {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kInterleaved1F1B, ScheduleKind::kZeroBubble}) {
-    if (folded(to_string(kind)) == wanted) return kind;
+    if (folded_schedule_name(to_string(kind)) == wanted) return kind;
+  }
+  // PyTorch's ScheduleInterleavedZeroBubble with one stage per rank is ZB-H1, cpprun's zero bubble;
+  // with several, make_schedule refuses as for any one-stage schedule.
+  if (wanted == "interleavedzerobubble") return ScheduleKind::kZeroBubble;
+  return std::nullopt;
+}
+
+std::optional<std::string> pytorch_schedule_not_here(const std::string& name) {
+  const std::string wanted = folded_schedule_name(name);
+  for (const char* known : {"ScheduleLoopedBFS", "ScheduleZBVZeroBubble", "ScheduleDualPipeV", "PipelineScheduleSingle",
+                            "PipelineScheduleMulti"}) {
+    if (folded_schedule_name(known) == wanted) return std::string(known);
   }
   return std::nullopt;
 }

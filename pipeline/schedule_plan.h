@@ -17,8 +17,13 @@ namespace cpprun::detail {
 enum class ScheduleKind { kGPipe, k1F1B, kInterleaved1F1B, kZeroBubble };
 const char* to_string(ScheduleKind kind);
 // The kind `name` names: to_string's ("Interleaved1F1B") or a flag's ("interleaved-1f1b"), case,
-// '-' and '_' aside, "Schedule" before it allowed (PyTorch's class names); else none.
+// '-' and '_' aside, "Schedule" before it allowed (PyTorch's class names); else none. PyTorch's
+// "InterleavedZeroBubble" names kZeroBubble, whose one stage per rank is what cpprun runs of it.
 std::optional<ScheduleKind> schedule_kind_named(const std::string& name);
+// For a name PyTorch's get_schedule_class knows and cpprun has no schedule for (LoopedBFS,
+// ZBVZeroBubble, DualPipeV, the abstract PipelineScheduleSingle / Multi): PyTorch's class name,
+// so that the refusal says it is a real schedule not built here rather than a misspelling.
+std::optional<std::string> pytorch_schedule_not_here(const std::string& name);
 
 // kBackward: the whole backward (input and weight gradients). Zero-bubble schedules run it as
 // kBackwardInput (the input's gradient, which the previous stage waits for) and, later,

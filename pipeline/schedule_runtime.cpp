@@ -695,9 +695,18 @@ ScheduleInterleaved1F1B::ScheduleInterleaved1F1B(std::vector<PipelineStage*> sta
 std::unique_ptr<PipelineSchedule> make_schedule(const std::string& name, std::vector<PipelineStage*> stages,
                                                 int microbatches, PipelineSchedule::LossFn loss) {
   const auto kind = detail::schedule_kind_named(name);
-  TORCH_CHECK(kind, "cpprun::make_schedule: no schedule is named \"", name,
-              "\"; the schedules are gpipe, 1f1b, interleaved-1f1b and zero-bubble (PyTorch's GPipe, 1F1B, "
-              "Interleaved1F1B; ScheduleZeroBubble is after ZB-H1).");
+  if (!kind) {
+    if (const auto pytorch = detail::pytorch_schedule_not_here(name)) {
+      TORCH_CHECK(false, "cpprun::make_schedule(\"", name, "\"): PyTorch's ", *pytorch,
+                  " is not implemented in cpprun; the schedules are gpipe, 1f1b, interleaved-1f1b (several stages "
+                  "per rank) and zero-bubble (PyTorch's GPipe, 1F1B, Interleaved1F1B, and InterleavedZeroBubble "
+                  "with one stage per rank).");
+    }
+    TORCH_CHECK(false, "cpprun::make_schedule: no schedule is named \"", name,
+                "\"; the schedules are gpipe, 1f1b, interleaved-1f1b and zero-bubble (PyTorch's GPipe, 1F1B, "
+                "Interleaved1F1B; ScheduleZeroBubble is after ZB-H1, PyTorch's InterleavedZeroBubble with one "
+                "stage per rank).");
+  }
   TORCH_CHECK(!stages.empty() && stages[0] != nullptr, "cpprun::make_schedule(\"", name, "\"): no stage given.");
   if (*kind == detail::ScheduleKind::kInterleaved1F1B) {
     return std::make_unique<ScheduleInterleaved1F1B>(std::move(stages), microbatches, std::move(loss));

@@ -625,5 +625,11 @@ TEST_CASE("pipeline: a careless user's mistakes are one error on every rank", "[
   // A schedule by a name that names none: the error lists those that exist.
   CHECK_THAT(error_of([&] { cpprun::make_schedule("zb", {&stages[0]}, 4, mse); }),
              Catch::Contains("no schedule is named \"zb\"") && Catch::Contains("interleaved-1f1b"));
+  // One of PyTorch's that cpprun lacks is named as such; PyTorch's zero bubble builds cpprun's.
+  CHECK_THAT(error_of([&] { cpprun::make_schedule("LoopedBFS", {&stages[0]}, 4, mse); }),
+             Catch::Contains("PyTorch's ScheduleLoopedBFS is not implemented in cpprun") &&
+                 Catch::Contains("interleaved-1f1b"));
+  CHECK(dynamic_cast<cpprun::ScheduleZeroBubble*>(
+            cpprun::make_schedule("InterleavedZeroBubble", {&stages[0]}, 4, mse).get()) != nullptr);
   CHECK_THAT(error_of([&] { cpprun::Schedule1F1B(stages[0], 0, mse); }), Catch::Contains("at least one micro-batch"));
 }

@@ -231,9 +231,23 @@ TEST_CASE("pipeline schedules: found by name as PyTorch's get_schedule_class fin
   CHECK(schedule_kind_named("Interleaved1F1B") == ScheduleKind::kInterleaved1F1B);
   CHECK(schedule_kind_named("zero-bubble") == ScheduleKind::kZeroBubble);
   CHECK(schedule_kind_named("zero_bubble") == ScheduleKind::kZeroBubble);
-  for (const char* name : {"", "schedule", "1f1", "interleaved", "zb", "LoopedBFS", "gpipe2"}) {
+  // PyTorch's zero bubble: a torchtitan config's "InterleavedZeroBubble" (one stage a rank: ZB-H1).
+  CHECK(schedule_kind_named("InterleavedZeroBubble") == ScheduleKind::kZeroBubble);
+  CHECK(schedule_kind_named("ScheduleInterleavedZeroBubble") == ScheduleKind::kZeroBubble);
+  for (const char* name : {"", "schedule", "1f1", "interleaved", "zb", "LoopedBFS", "gpipe2", "ZBVZeroBubble"}) {
     INFO(name);
     CHECK(!schedule_kind_named(name));
+  }
+  // PyTorch's schedules that cpprun lacks are told apart from misspellings, by PyTorch's class name.
+  using cpprun::detail::pytorch_schedule_not_here;
+  CHECK(pytorch_schedule_not_here("LoopedBFS") == "ScheduleLoopedBFS");
+  CHECK(pytorch_schedule_not_here("ScheduleLoopedBFS") == "ScheduleLoopedBFS");
+  CHECK(pytorch_schedule_not_here("zbv-zero-bubble") == "ScheduleZBVZeroBubble");
+  CHECK(pytorch_schedule_not_here("DualPipeV") == "ScheduleDualPipeV");
+  CHECK(pytorch_schedule_not_here("PipelineScheduleMulti") == "PipelineScheduleMulti");
+  for (const char* name : {"", "schedule", "1f1b", "zb", "InterleavedZeroBubble", "loopedbf"}) {
+    INFO(name);
+    CHECK(!pytorch_schedule_not_here(name));
   }
 }
 
