@@ -69,14 +69,14 @@ constexpr const char* kUsage = R"(usage: train_gpt [options]
                      attention heads and MLP units among themselves; DDP/FSDP runs across the world/N groups,
                      which each take their own --batch windows (default 1). N must divide the ranks and --heads
   --pp N             pipeline parallelism: the model cut into N stages by its children (embeddings, blocks h0..,
-                     ln_f, the tied head), one a rank (2 with interleaved-1f1b); each step's --batch windows go
+                     ln_f, the tied head), one a rank (2 with interleaved-1f1b or looped-bfs); each step's --batch windows go
                      through them in --microbatches micro-batches; the same losses as one rank. A multiple of N
                      ranks runs that many pipelines, data-parallel with --mode ddp or fsdp (each its own --batch
                      windows, each stage in DDP or FSDP --stage K across them); with --tp, each stage over
                      --tp ranks. --save writes (and --resume reads) the unsplit model's checkpoint, under
                      GPT-2's names, as --export does; --init-from loads into the stages (each its part; the
                      head's copy from the token embedding). Not yet with --grad-accum (default 1)
-  --pp-schedule gpipe|1f1b|interleaved-1f1b|zero-bubble
+  --pp-schedule gpipe|1f1b|interleaved-1f1b|looped-bfs|zero-bubble
                      the order of the micro-batches' passes (docs/pipeline_parallel.md) (default 1f1b)
   --microbatches M   micro-batches per step with --pp; --batch must divide by M (default 2 x N)
   --steps N          optimizer steps (default 300)
@@ -343,8 +343,9 @@ Options parse(int argc, char** argv) {
   }
   // (4 * embed divides too: embed is a multiple of heads.)
   if (o.pp_schedule != "gpipe" && o.pp_schedule != "1f1b" && o.pp_schedule != "interleaved-1f1b" &&
-      o.pp_schedule != "zero-bubble") {
-    throw std::invalid_argument("--pp-schedule must be gpipe, 1f1b, interleaved-1f1b or zero-bubble, got " + o.pp_schedule);
+      o.pp_schedule != "looped-bfs" && o.pp_schedule != "zero-bubble") {
+    throw std::invalid_argument("--pp-schedule must be gpipe, 1f1b, interleaved-1f1b, looped-bfs or zero-bubble, got " +
+                                o.pp_schedule);
   }
   if (o.pp == 1 && (o.microbatches || given.count("--pp-schedule"))) {
     throw std::invalid_argument(std::string(o.microbatches ? "--microbatches" : "--pp-schedule") +
@@ -924,13 +925,13 @@ int run(int argc, char** argv) {
   // --pp: the model as a sequence of children (the same modules and tensors), cut into one stage
   // per rank; each rank trains its stage only (a deferred model materialises only it).
   torch::nn::Sequential pipe = nullptr;
-  std::vector<cpprun::PipelineStage> stages;  // this rank's (2 with interleaved-1f1b), before the schedule using them
+  std::vector<cpprun::PipelineStage> stages;  // this rank's (2 with interleaved-1f1b, looped-bfs), before the schedule using them
   std::unique_ptr<cpprun::PipelineSchedule> schedule;
   std::vector<cpprun::PipelineStage*> my_stages;
   cpprun::PipelineSplit stage_split;  // the child names of each stage
   if (opt.pp > 1) {
     pipe = as_sequence(gpt, opt.checkpoint_activations);
-    const int stages_per_rank = opt.pp_schedule == "interleaved-1f1b" ? 2 : 1;
+    const int stages_per_rank = opt.pp_schedule == "interleaved-1f1b" || opt.pp_schedule == "looped-bfs" ? 2 : 1;
     stage_split = cpprun::split_evenly(pipe, opt.pp * stages_per_rank);
     auto loss_of = [float64](const torch::Tensor& logits, const torch::Tensor& targets) {
       return torch::nn::functional::cross_entropy(logits.view({-1, logits.size(-1)}).to(float64 ? torch::kDouble : torch::kFloat),

@@ -16,6 +16,7 @@ const char* to_string(ScheduleKind kind) {
     case ScheduleKind::k1F1B: return "1F1B";
     case ScheduleKind::kInterleaved1F1B: return "Interleaved1F1B";
     case ScheduleKind::kZeroBubble: return "ZeroBubble";
+    case ScheduleKind::kLoopedBFS: return "LoopedBFS";
   }
   return "?";
 }
@@ -36,8 +37,8 @@ std::string folded_schedule_name(const std::string& text) {
 
 std::optional<ScheduleKind> schedule_kind_named(const std::string& name) {
   const std::string wanted = folded_schedule_name(name);
-  for (const ScheduleKind kind :
-       {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kInterleaved1F1B, ScheduleKind::kZeroBubble}) {
+  for (const ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kInterleaved1F1B,
+                                  ScheduleKind::kZeroBubble, ScheduleKind::kLoopedBFS}) {
     if (folded_schedule_name(to_string(kind)) == wanted) return kind;
   }
   // PyTorch's ScheduleInterleavedZeroBubble with one stage per rank is ZB-H1, cpprun's zero bubble;
@@ -48,8 +49,8 @@ std::optional<ScheduleKind> schedule_kind_named(const std::string& name) {
 
 std::optional<std::string> pytorch_schedule_not_here(const std::string& name) {
   const std::string wanted = folded_schedule_name(name);
-  for (const char* known : {"ScheduleLoopedBFS", "ScheduleZBVZeroBubble", "ScheduleDualPipeV", "PipelineScheduleSingle",
-                            "PipelineScheduleMulti"}) {
+  for (const char* known :
+       {"ScheduleZBVZeroBubble", "ScheduleDualPipeV", "PipelineScheduleSingle", "PipelineScheduleMulti"}) {
     if (folded_schedule_name(known) == wanted) return std::string(known);
   }
   return std::nullopt;
@@ -74,10 +75,11 @@ std::optional<std::string> refuse_shape(ScheduleKind kind, const PipelineShape& 
     why << to_string(kind) << " needs at least one micro-batch per step (got " << shape.microbatches << ").";
     return why.str();
   }
-  if (kind != ScheduleKind::kInterleaved1F1B && shape.stages_per_rank != 1) {
+  const bool several_stages = kind == ScheduleKind::kInterleaved1F1B || kind == ScheduleKind::kLoopedBFS;
+  if (!several_stages && shape.stages_per_rank != 1) {
     why << to_string(kind) << " runs one stage per rank, but this rank holds " << shape.stages_per_rank
-        << " stages; use Interleaved1F1B for several stages per rank, or split the model into as many stages as "
-           "there are pipeline ranks ("
+        << " stages; use Interleaved1F1B (or LoopedBFS) for several stages per rank, or split the model into as many "
+           "stages as there are pipeline ranks ("
         << shape.ranks << ").";
     return why.str();
   }
@@ -147,6 +149,19 @@ std::vector<PipelinePass> plan_rank(ScheduleKind kind, const PipelineShape& shap
       auto passes = one_f_one_b(rank, std::min(p - rank - 1, m), m);
       for (auto& pass : passes) {
         if (pass.kind == PassKind::kBackward) pass.kind = PassKind::kBackwardInput;
+      }
+      return passes;
+    }
+    case ScheduleKind::kLoopedBFS: {
+      const int v = shape.stages_per_rank;
+      std::vector<PipelinePass> passes;
+      for (int chunk = 0; chunk < v; ++chunk) {
+        for (int mb = 0; mb < m; ++mb) passes.push_back({PassKind::kForward, chunk * p + rank, mb});
+      }
+      // As PyTorch's: the micro-batches reversed too, so that the last stage starts with the
+      // micro-batch whose forward it ran last and each stage below receives in that order.
+      for (int chunk = v - 1; chunk >= 0; --chunk) {
+        for (int mb = m - 1; mb >= 0; --mb) passes.push_back({PassKind::kBackward, chunk * p + rank, mb});
       }
       return passes;
     }

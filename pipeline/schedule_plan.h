@@ -14,14 +14,14 @@
 
 namespace cpprun::detail {
 
-enum class ScheduleKind { kGPipe, k1F1B, kInterleaved1F1B, kZeroBubble };
+enum class ScheduleKind { kGPipe, k1F1B, kInterleaved1F1B, kZeroBubble, kLoopedBFS };
 const char* to_string(ScheduleKind kind);
 // The kind `name` names: to_string's ("Interleaved1F1B") or a flag's ("interleaved-1f1b"), case,
 // '-' and '_' aside, "Schedule" before it allowed (PyTorch's class names); else none. PyTorch's
 // "InterleavedZeroBubble" names kZeroBubble, whose one stage per rank is what cpprun runs of it.
 std::optional<ScheduleKind> schedule_kind_named(const std::string& name);
-// For a name PyTorch's get_schedule_class knows and cpprun has no schedule for (LoopedBFS,
-// ZBVZeroBubble, DualPipeV, the abstract PipelineScheduleSingle / Multi): PyTorch's class name,
+// For a name PyTorch's get_schedule_class knows and cpprun has no schedule for (ZBVZeroBubble,
+// DualPipeV, the abstract PipelineScheduleSingle / Multi): PyTorch's class name,
 // so that the refusal says it is a real schedule not built here rather than a misspelling.
 std::optional<std::string> pytorch_schedule_not_here(const std::string& name);
 
@@ -43,7 +43,7 @@ std::string to_string(const PipelinePass& pass);  // "F3@s1" / "B3@s1" / "I3@s1"
 
 struct PipelineShape {
   int ranks = 1;
-  int stages_per_rank = 1;  // > 1: virtual stages (interleaved schedules only)
+  int stages_per_rank = 1;  // > 1: virtual stages (Interleaved 1F1B and LoopedBFS only)
   int microbatches = 1;
   int stages() const { return ranks * stages_per_rank; }
   int rank_of(int stage) const { return stage % ranks; }
@@ -62,6 +62,10 @@ std::optional<std::string> refuse_shape(ScheduleKind kind, const PipelineShape& 
 //  - Zero bubble (after ZB-H1, Qi et al., "Zero Bubble Pipeline Parallelism", 2024): 1F1B's
 //    order with each backward's input pass (kBackwardInput) in its place; its weight passes are
 //    not in the plan: the rank runs them where it would otherwise wait (weight_pass_first).
+//  - LoopedBFS (PyTorch's ScheduleLoopedBFS): GPipe looped over the rank's stages, breadth
+//    first: every micro-batch's forward through its first stage, then its next; then the
+//    backwards, the stages reversed and the micro-batches too (the last forward's first). All
+//    m * v micro-batch activations are held at once; with m >= p, interleaved's bubble.
 std::vector<PipelinePass> plan_rank(ScheduleKind kind, const PipelineShape& shape, int rank);
 
 // Zero bubble's weight passes, run as the rank goes rather than planned, so that they fill the

@@ -605,6 +605,7 @@ PipelineSchedule::PipelineSchedule(std::vector<PipelineStage*> stages, int micro
     case Order::k1F1B: rt.kind = detail::ScheduleKind::k1F1B; break;
     case Order::kInterleaved1F1B: rt.kind = detail::ScheduleKind::kInterleaved1F1B; break;
     case Order::kZeroBubble: rt.kind = detail::ScheduleKind::kZeroBubble; break;
+    case Order::kLoopedBFS: rt.kind = detail::ScheduleKind::kLoopedBFS; break;
   }
   TORCH_CHECK(loss != nullptr, detail::to_string(rt.kind), ": a loss function is needed; the last stage's output and "
                                "targets go into it.");
@@ -691,6 +692,8 @@ ScheduleZeroBubble::ScheduleZeroBubble(PipelineStage& stage, int microbatches, L
     : PipelineSchedule({&stage}, microbatches, std::move(loss), Order::kZeroBubble) {}
 ScheduleInterleaved1F1B::ScheduleInterleaved1F1B(std::vector<PipelineStage*> stages, int microbatches, LossFn loss)
     : PipelineSchedule(std::move(stages), microbatches, std::move(loss), Order::kInterleaved1F1B) {}
+ScheduleLoopedBFS::ScheduleLoopedBFS(std::vector<PipelineStage*> stages, int microbatches, LossFn loss)
+    : PipelineSchedule(std::move(stages), microbatches, std::move(loss), Order::kLoopedBFS) {}
 
 std::unique_ptr<PipelineSchedule> make_schedule(const std::string& name, std::vector<PipelineStage*> stages,
                                                 int microbatches, PipelineSchedule::LossFn loss) {
@@ -698,29 +701,33 @@ std::unique_ptr<PipelineSchedule> make_schedule(const std::string& name, std::ve
   if (!kind) {
     if (const auto pytorch = detail::pytorch_schedule_not_here(name)) {
       TORCH_CHECK(false, "cpprun::make_schedule(\"", name, "\"): PyTorch's ", *pytorch,
-                  " is not implemented in cpprun; the schedules are gpipe, 1f1b, interleaved-1f1b (several stages "
-                  "per rank) and zero-bubble (PyTorch's GPipe, 1F1B, Interleaved1F1B, and InterleavedZeroBubble "
-                  "with one stage per rank).");
+                  " is not implemented in cpprun; the schedules are gpipe, 1f1b, interleaved-1f1b and looped-bfs "
+                  "(several stages per rank) and zero-bubble (PyTorch's GPipe, 1F1B, Interleaved1F1B, LoopedBFS, "
+                  "and InterleavedZeroBubble with one stage per rank).");
     }
     TORCH_CHECK(false, "cpprun::make_schedule: no schedule is named \"", name,
-                "\"; the schedules are gpipe, 1f1b, interleaved-1f1b and zero-bubble (PyTorch's GPipe, 1F1B, "
-                "Interleaved1F1B; ScheduleZeroBubble is after ZB-H1, PyTorch's InterleavedZeroBubble with one "
-                "stage per rank).");
+                "\"; the schedules are gpipe, 1f1b, interleaved-1f1b, looped-bfs and zero-bubble (PyTorch's GPipe, "
+                "1F1B, Interleaved1F1B, LoopedBFS; ScheduleZeroBubble is after ZB-H1, PyTorch's "
+                "InterleavedZeroBubble with one stage per rank).");
   }
   TORCH_CHECK(!stages.empty() && stages[0] != nullptr, "cpprun::make_schedule(\"", name, "\"): no stage given.");
   if (*kind == detail::ScheduleKind::kInterleaved1F1B) {
     return std::make_unique<ScheduleInterleaved1F1B>(std::move(stages), microbatches, std::move(loss));
   }
+  if (*kind == detail::ScheduleKind::kLoopedBFS) {
+    return std::make_unique<ScheduleLoopedBFS>(std::move(stages), microbatches, std::move(loss));
+  }
   TORCH_CHECK(stages.size() == 1, "cpprun::make_schedule(\"", name, "\"): ", detail::to_string(*kind),
-              " runs one stage per rank, but ", stages.size(), " were given; use interleaved-1f1b for several "
-              "stages per rank.");
+              " runs one stage per rank, but ", stages.size(), " were given; use interleaved-1f1b (or looped-bfs) "
+              "for several stages per rank.");
   PipelineStage& stage = *stages[0];
   switch (*kind) {
     case detail::ScheduleKind::kGPipe: return std::make_unique<ScheduleGPipe>(stage, microbatches, std::move(loss));
     case detail::ScheduleKind::k1F1B: return std::make_unique<Schedule1F1B>(stage, microbatches, std::move(loss));
     case detail::ScheduleKind::kZeroBubble:
       return std::make_unique<ScheduleZeroBubble>(stage, microbatches, std::move(loss));
-    case detail::ScheduleKind::kInterleaved1F1B: break;  // above
+    case detail::ScheduleKind::kInterleaved1F1B:
+    case detail::ScheduleKind::kLoopedBFS: break;  // above
   }
   TORCH_INTERNAL_ASSERT(false, "make_schedule: unhandled schedule kind");
 }

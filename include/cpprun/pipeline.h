@@ -175,7 +175,7 @@ class PipelineSchedule {
   int microbatches() const;
 
  protected:
-  enum class Order { kGPipe, k1F1B, kInterleaved1F1B, kZeroBubble };
+  enum class Order { kGPipe, k1F1B, kInterleaved1F1B, kZeroBubble, kLoopedBFS };
   PipelineSchedule(std::vector<PipelineStage*> stages, int microbatches, LossFn loss, Order order);
 
  private:
@@ -213,6 +213,15 @@ class ScheduleZeroBubble : public PipelineSchedule {
 class ScheduleInterleaved1F1B : public PipelineSchedule {
  public:
   ScheduleInterleaved1F1B(std::vector<PipelineStage*> stages, int microbatches, LossFn loss);
+};
+
+// PyTorch's ScheduleLoopedBFS over v stages per rank (given in order: stage r, r + p, ...): GPipe
+// looped breadth first, every micro-batch through the rank's first stage, then its next; the
+// backwards in reverse. Interleaved's bubble (m >= p) for all m * v micro-batches' activations
+// held at once; any number of micro-batches.
+class ScheduleLoopedBFS : public PipelineSchedule {
+ public:
+  ScheduleLoopedBFS(std::vector<PipelineStage*> stages, int microbatches, LossFn loss);
 };
 
 // A schedule by its name, as PyTorch's get_schedule_class(name) finds one (for a command-line

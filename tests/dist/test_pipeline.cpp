@@ -1,5 +1,5 @@
 // Pipeline parallelism under `cpprun --nproc_per_node=K`, K = 1..4, the K ranks one pipeline:
-// GPipe, 1F1B, zero bubble and Interleaved 1F1B (2 stages per rank) train a 14-child MLP split
+// GPipe, 1F1B, zero bubble, Interleaved 1F1B and LoopedBFS (2 stages per rank) train a 14-child MLP split
 // evenly (unevenly where 14 does not divide) for several AdamW steps with gradient clipping over
 // the whole model, and must match one process training the unsplit model on the whole batch: the
 // loss every rank gets from step(), the clipped norm, and every parameter by name. Micro-batch
@@ -155,7 +155,7 @@ const Reference& reference(const Task& task = kMlp) {
   return &task == &kMlp ? mlp : &task == &kTiedLm ? tied : checkpointed;
 }
 
-enum class Kind { kGPipe, k1F1B, kInterleaved, kZeroBubble };
+enum class Kind { kGPipe, k1F1B, kInterleaved, kZeroBubble, kLoopedBFS };
 
 // How the pipelines of a dp > 1 case are made data parallel: the schedule's
 // set_data_parallel_group on a {dp, pp} mesh, or each stage wrapped by hand on a 3-d
@@ -223,7 +223,7 @@ class CountingHook : public cpprun::CommHook {
 std::unique_ptr<cpprun::PipelineSchedule> make_schedule(Kind kind, std::vector<cpprun::PipelineStage>& stages,
                                                         int microbatches, const Task& task) {
   // By name, as train_gpt's --pp-schedule does: Kind's order.
-  static const char* const kNames[] = {"gpipe", "1f1b", "interleaved-1f1b", "zero-bubble"};
+  static const char* const kNames[] = {"gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "looped-bfs"};
   std::vector<cpprun::PipelineStage*> mine;
   for (auto& stage : stages) mine.push_back(&stage);
   return cpprun::make_schedule(kNames[static_cast<int>(kind)], mine, microbatches, task.loss);
@@ -245,7 +245,7 @@ double train_and_compare(Kind kind, int microbatches, bool deferred = false, con
     mesh.emplace(group(), std::vector<int>{group().size() / (dp * tp), dp, tp}, std::vector<std::string>{"pp", "dp", "tp"});
   }
   const auto& pg = mesh ? mesh->group("pp") : group();
-  const int p = pg.size(), v = kind == Kind::kInterleaved ? 2 : 1;
+  const int p = pg.size(), v = kind == Kind::kInterleaved || kind == Kind::kLoopedBFS ? 2 : 1;
   ddp_test::Float64Parity doubles;
   torch::nn::Sequential model = deferred ? cpprun::deferred_init(task.make) : task.make();
   if (tp > 1) {
@@ -345,13 +345,16 @@ double train_and_compare(Kind kind, int microbatches, bool deferred = false, con
       for (const auto& hook : hooks) CHECK(hook->send_before_last_run != last_send());
     }
     REQUIRE(static_cast<int>(schedule->microbatch_losses().size()) == microbatches);
-    // The activations held at once: GPipe all, 1F1B p - r, interleaved its warm-up plus one;
+    // The activations held at once: GPipe all (LoopedBFS all of each of its stages), 1F1B p - r,
+    // interleaved its warm-up plus one;
     // zero bubble (each held until its weight pass, which runs when the rank would wait) from
     // 1F1B's p - r up to 1F1B's first rank's p.
     const int r = pg.rank(), m = microbatches;
     const int warmup = m == p ? m * v : std::min(m * v, (p - r - 1) * 2 + (v - 1) * p);
-    const int expected_held = kind == Kind::kGPipe ? m : kind == Kind::kInterleaved ? std::min(warmup + 1, m * v)
-                                                                                       : std::min(p - r, m);
+    const int expected_held = kind == Kind::kGPipe         ? m
+                              : kind == Kind::kLoopedBFS   ? m * v
+                              : kind == Kind::kInterleaved ? std::min(warmup + 1, m * v)
+                                                           : std::min(p - r, m);
     const auto& stats = schedule->last_step_stats();
     if (kind == Kind::kZeroBubble) {
       CHECK(stats.peak_held >= expected_held);
@@ -449,6 +452,20 @@ TEST_CASE("pipeline: Interleaved 1F1B with 2 stages per rank matches one process
   double worst = 0;
   for (int m : {p, 2 * p}) worst = std::max(worst, train_and_compare(Kind::kInterleaved, m));
   std::printf("pipeline Interleaved1F1B rank %d: worst relative difference %.2e\n", group().rank(), worst);
+}
+
+TEST_CASE("pipeline: LoopedBFS with 2 stages per rank matches one process", "[pipeline][pipeline_schedules]") {
+  const int p = group().size();
+  double worst = 0;
+  // Any number of micro-batches (fewer than the ranks too), the tied model, checkpointed layers,
+  // and two pipelines of ZeRO-3 stages.
+  for (int m : {1, 3, 2 * p}) worst = std::max(worst, train_and_compare(Kind::kLoopedBFS, m));
+  worst = std::max(worst, train_and_compare(Kind::kLoopedBFS, 2, /*deferred=*/false, kTiedLm));
+  worst = std::max(worst, train_and_compare(Kind::kLoopedBFS, 2, /*deferred=*/false, kCheckpointed));
+  if (p % 2 == 0) {
+    worst = std::max(worst, train_and_compare(Kind::kLoopedBFS, 3, false, kMlp, /*dp=*/2, Wrap::kZero3));
+  }
+  std::printf("pipeline LoopedBFS rank %d: worst relative difference %.2e\n", group().rank(), worst);
 }
 
 TEST_CASE("pipeline: a deferred model materialises only this rank's stage, with the unsplit values", "[pipeline]") {
@@ -626,8 +643,8 @@ TEST_CASE("pipeline: a careless user's mistakes are one error on every rank", "[
   CHECK_THAT(error_of([&] { cpprun::make_schedule("zb", {&stages[0]}, 4, mse); }),
              Catch::Contains("no schedule is named \"zb\"") && Catch::Contains("interleaved-1f1b"));
   // One of PyTorch's that cpprun lacks is named as such; PyTorch's zero bubble builds cpprun's.
-  CHECK_THAT(error_of([&] { cpprun::make_schedule("LoopedBFS", {&stages[0]}, 4, mse); }),
-             Catch::Contains("PyTorch's ScheduleLoopedBFS is not implemented in cpprun") &&
+  CHECK_THAT(error_of([&] { cpprun::make_schedule("ZBVZeroBubble", {&stages[0]}, 4, mse); }),
+             Catch::Contains("PyTorch's ScheduleZBVZeroBubble is not implemented in cpprun") &&
                  Catch::Contains("interleaved-1f1b"));
   CHECK(dynamic_cast<cpprun::ScheduleZeroBubble*>(
             cpprun::make_schedule("InterleavedZeroBubble", {&stages[0]}, 4, mse).get()) != nullptr);

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # train_gpt --pp N against one rank training the whole model on the same windows, in float64: each
-# schedule (1F1B, GPipe, Interleaved 1F1B with 2 stages a rank, zero bubble), 2 and 3 stages, activation
+# schedule (1F1B, GPipe, Interleaved 1F1B and LoopedBFS with 2 stages a rank, zero bubble), 2 and 3 stages, activation
 # checkpointing inside the stages, must train to the same 6 step losses and held-out loss within
 # 1e-10 (only the summation order differs: the micro-batches' means averaged against one mean; the
 # head tied to the embedding lives on the first and last stages, its gradients summed between them);
@@ -31,6 +31,8 @@ run pp2.gpipe 2 --pp 2 --pp-schedule gpipe --microbatches 2
 agree whole pp2.gpipe
 run pp2.interleaved 2 --pp 2 --pp-schedule interleaved-1f1b --microbatches 2
 agree whole pp2.interleaved
+run pp2.looped 2 --pp 2 --pp-schedule looped-bfs --microbatches 1  # fewer micro-batches than ranks
+agree whole pp2.looped
 run pp3.1f1b 3 --pp 3 --microbatches 8
 agree whole pp3.1f1b
 run pp3.zb 3 --pp 3 --pp-schedule zero-bubble --microbatches 4
@@ -86,7 +88,7 @@ refused 2 "--pp 2 x --tp 2 runs pipelines of 4 ranks (one stage a rank and tenso
 refused 1 "--pp does not go with --grad-accum" --pp 2 --grad-accum 2
 refused 1 "--microbatches goes with --pp N" --microbatches 4
 refused 1 "--batch 8 does not split into --microbatches 3" --pp 2 --microbatches 3
-refused 1 "--pp-schedule must be gpipe, 1f1b, interleaved-1f1b or zero-bubble" --pp 2 --pp-schedule zb
+refused 1 "--pp-schedule must be gpipe, 1f1b, interleaved-1f1b, looped-bfs or zero-bubble" --pp 2 --pp-schedule zb
 refused 1 "--pp 2 runs pipelines of 2 ranks (one stage a rank), data-parallel across them with --mode ddp or fsdp; this job has 1 ranks" --pp 2
 refused 4 "this job has 4 ranks and --mode none (one pipeline)" --pp 2 --mode none
 refused 2 "Interleaved1F1B runs micro-batches in rounds of one per pipeline rank" --pp 2 --pp-schedule interleaved-1f1b --microbatches 1 --batch 8

@@ -69,6 +69,15 @@ TEST_CASE("pipeline plan: every schedule runs every pass once, without a deadloc
         CHECK_FALSE(run.deadlock);
         ++shapes;
       }
+      for (int v = 1; v <= 3; ++v) {  // LoopedBFS takes any m
+        const PipelineShape shape{p, v, m};
+        REQUIRE_FALSE(cpprun::detail::refuse_shape(ScheduleKind::kLoopedBFS, shape));
+        const auto run = cpprun::detail::simulate(shape, plans_of(ScheduleKind::kLoopedBFS, shape));
+        INFO("LoopedBFS p=" << p << " v=" << v << " m=" << m << ": " << run.deadlock.value_or(""));
+        CHECK_FALSE(run.deadlock);
+        for (int r = 0; r < p; ++r) CHECK(run.peak_in_flight[r] == m * v);  // every stage's every micro-batch
+        ++shapes;
+      }
     }
   }
   CHECK(shapes > 200);
@@ -111,6 +120,10 @@ TEST_CASE("pipeline plan: bubbles are (p-1)/(m+p-1), and (p-1)/(v m + p-1) inter
           const int warmup = m == p ? m * v : std::min(m * v, (p - r - 1) * 2 + (v - 1) * p);
           CHECK(run.peak_in_flight[r] == std::min(warmup + 1, m * v));
         }
+        // LoopedBFS: the same bubble (its loops meet without a gap when m >= p), for all m * v held.
+        const auto looped = cpprun::detail::simulate(shape, plans_of(ScheduleKind::kLoopedBFS, shape));
+        INFO("LoopedBFS bubble " << looped.bubble_fraction());
+        CHECK(looped.bubble_fraction() == Approx(double(p - 1) / (v * m + p - 1)));
       }
     }
   }
@@ -234,18 +247,20 @@ TEST_CASE("pipeline schedules: found by name as PyTorch's get_schedule_class fin
   // PyTorch's zero bubble: a torchtitan config's "InterleavedZeroBubble" (one stage a rank: ZB-H1).
   CHECK(schedule_kind_named("InterleavedZeroBubble") == ScheduleKind::kZeroBubble);
   CHECK(schedule_kind_named("ScheduleInterleavedZeroBubble") == ScheduleKind::kZeroBubble);
-  for (const char* name : {"", "schedule", "1f1", "interleaved", "zb", "LoopedBFS", "gpipe2", "ZBVZeroBubble"}) {
+  CHECK(schedule_kind_named("LoopedBFS") == ScheduleKind::kLoopedBFS);
+  CHECK(schedule_kind_named("ScheduleLoopedBFS") == ScheduleKind::kLoopedBFS);
+  CHECK(schedule_kind_named("looped-bfs") == ScheduleKind::kLoopedBFS);
+  for (const char* name : {"", "schedule", "1f1", "interleaved", "zb", "looped", "gpipe2", "ZBVZeroBubble"}) {
     INFO(name);
     CHECK(!schedule_kind_named(name));
   }
   // PyTorch's schedules that cpprun lacks are told apart from misspellings, by PyTorch's class name.
   using cpprun::detail::pytorch_schedule_not_here;
-  CHECK(pytorch_schedule_not_here("LoopedBFS") == "ScheduleLoopedBFS");
-  CHECK(pytorch_schedule_not_here("ScheduleLoopedBFS") == "ScheduleLoopedBFS");
   CHECK(pytorch_schedule_not_here("zbv-zero-bubble") == "ScheduleZBVZeroBubble");
+  CHECK(pytorch_schedule_not_here("ScheduleZBVZeroBubble") == "ScheduleZBVZeroBubble");
   CHECK(pytorch_schedule_not_here("DualPipeV") == "ScheduleDualPipeV");
   CHECK(pytorch_schedule_not_here("PipelineScheduleMulti") == "PipelineScheduleMulti");
-  for (const char* name : {"", "schedule", "1f1b", "zb", "InterleavedZeroBubble", "loopedbf"}) {
+  for (const char* name : {"", "schedule", "1f1b", "zb", "InterleavedZeroBubble", "LoopedBFS", "zbv"}) {
     INFO(name);
     CHECK(!pytorch_schedule_not_here(name));
   }
