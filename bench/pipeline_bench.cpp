@@ -10,15 +10,15 @@
 // The model: Linear(64, d) "in", blocks "block0".. (x + Linear(4d, d)(GELU(Linear(d, 4d)(LayerNorm(x))))),
 // Linear(d, 16) "head"; float32, MSE against fixed random targets. Every stage gets layers/stages
 // blocks, "in" going with the first and "head" with the last (split_evenly counts children, and
-// these two are a fraction of a block each). --schedule interleaved runs --stages-per-rank stages
-// on each rank (default 2). One process per schedule and micro-batch count, so that its peak
+// these two are a fraction of a block each). --schedule interleaved and looped (LoopedBFS) run
+// --stages-per-rank stages on each rank (default 2). One process per schedule and micro-batch count, so that its peak
 // resident memory is that configuration's.
 //
 // Prints one RESULT line per rank: the median over --steps of the step's wall time, of
 // waiting_seconds / seconds from last_step_stats() (the bubble as this rank saw it), and of the
 // fractions of the step the main thread (it runs every kernel: one thread a rank) slept
 // ("blocked": the figure the PyTorch side gives too) and waited for a core that another process
-// held ("runq"; /proc/self/schedstat), beside the formulas (p-1)/(m+p-1) (interleaved
+// held ("runq"; /proc/self/schedstat), beside the formulas (p-1)/(m+p-1) (interleaved and looped
 // (p-1)/(v m+p-1)) and the (p-1)/m ((p-1)/(v m)); peak_held; rows per second; act_mb: how
 // far the peak resident memory (VmHWM, ru_maxrss) rose above the resident size once the model,
 // stage and batch were built and a few rows had gone through (the kernels' and the BLAS's one-time
@@ -44,7 +44,7 @@ namespace {
 constexpr int64_t kInputs = 64, kOutputs = 16;
 
 struct Args {
-  std::string schedule = "1f1b";  // gpipe | 1f1b | interleaved | zb | none
+  std::string schedule = "1f1b";  // gpipe | 1f1b | interleaved | looped | zb | none
   int microbatches = 4, layers = 8, stages_per_rank = 2, steps = 10, warmup = 3;
   int64_t dim = 128, batch = 2048;
 };
@@ -106,7 +106,7 @@ SchedTimes sched_times() {
 
 [[noreturn]] void usage_error(const std::string& what) {
   std::fprintf(stderr,
-               "pipeline_bench: %s (--schedule gpipe|1f1b|interleaved|zb|none --microbatches M --layers L --dim D "
+               "pipeline_bench: %s (--schedule gpipe|1f1b|interleaved|looped|zb|none --microbatches M --layers L --dim D "
                "--batch B --steps N --warmup N --stages-per-rank V)\n",
                what.c_str());
   std::exit(2);
@@ -128,9 +128,9 @@ Args parse(int argc, char** argv) {
     else if (flag == "--stages-per-rank") a.stages_per_rank = std::stoi(value);
     else usage_error("unknown option '" + flag + "'");
   }
-  if (a.schedule != "gpipe" && a.schedule != "1f1b" && a.schedule != "interleaved" && a.schedule != "zb" &&
-      a.schedule != "none") {
-    usage_error("--schedule " + a.schedule + " is none of gpipe, 1f1b, interleaved, zb, none");
+  if (a.schedule != "gpipe" && a.schedule != "1f1b" && a.schedule != "interleaved" && a.schedule != "looped" &&
+      a.schedule != "zb" && a.schedule != "none") {
+    usage_error("--schedule " + a.schedule + " is none of gpipe, 1f1b, interleaved, looped, zb, none");
   }
   if (a.steps < 1 || a.warmup < 0 || a.microbatches < 1 || a.layers < 1 || a.stages_per_rank < 1) {
     usage_error("--steps, --microbatches, --layers and --stages-per-rank must be 1 or more, --warmup 0 or more");
@@ -148,7 +148,7 @@ int main(int argc, char** argv) {
   std::unique_ptr<cpprun::ProcessGroup> group;
   if (pipelined) group = std::make_unique<cpprun::ProcessGroup>(cpprun::init_process_group());
   const int p = pipelined ? group->size() : 1, rank = pipelined ? group->rank() : 0;
-  const int v = a.schedule == "interleaved" ? a.stages_per_rank : 1;
+  const int v = a.schedule == "interleaved" || a.schedule == "looped" ? a.stages_per_rank : 1;
   if (a.layers % (p * v) != 0) {
     usage_error("--layers " + std::to_string(a.layers) + " does not divide into " + std::to_string(p * v) +
                 " stages of equal blocks (" + std::to_string(p) + " ranks x " + std::to_string(v) + " per rank)");
@@ -176,6 +176,7 @@ int main(int argc, char** argv) {
     if (a.schedule == "gpipe") schedule = std::make_unique<cpprun::ScheduleGPipe>(stages[0], a.microbatches, mse);
     else if (a.schedule == "1f1b") schedule = std::make_unique<cpprun::Schedule1F1B>(stages[0], a.microbatches, mse);
     else if (a.schedule == "zb") schedule = std::make_unique<cpprun::ScheduleZeroBubble>(stages[0], a.microbatches, mse);
+    else if (a.schedule == "looped") schedule = std::make_unique<cpprun::ScheduleLoopedBFS>(mine, a.microbatches, mse);
     else schedule = std::make_unique<cpprun::ScheduleInterleaved1F1B>(mine, a.microbatches, mse);
   }
   // A few rows through each of this rank's modules first: the kernels' and the BLAS's one-time

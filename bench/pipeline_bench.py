@@ -16,12 +16,12 @@ import torch, torch.distributed as dist
 # that the C++ side has no counterpart of would otherwise count as activation memory.
 import torch._dynamo  # noqa: F401
 from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B,
-                                         ScheduleInterleavedZeroBubble)
+                                         ScheduleInterleavedZeroBubble, ScheduleLoopedBFS)
 
 INPUTS, OUTPUTS = 64, 16
 
 p = argparse.ArgumentParser()
-p.add_argument("--schedule", default="1f1b", choices=["gpipe", "1f1b", "interleaved", "zb", "none"])
+p.add_argument("--schedule", default="1f1b", choices=["gpipe", "1f1b", "interleaved", "looped", "zb", "none"])
 p.add_argument("--microbatches", type=int, default=4)
 p.add_argument("--layers", type=int, default=8)
 p.add_argument("--dim", type=int, default=128)
@@ -85,7 +85,7 @@ pipelined = a.schedule != "none"
 if pipelined:
     dist.init_process_group("gloo")
 world, rank = (dist.get_world_size(), dist.get_rank()) if pipelined else (1, 0)
-v = a.stages_per_rank if a.schedule == "interleaved" else 1
+v = a.stages_per_rank if a.schedule in ("interleaved", "looped") else 1
 if a.layers % (world * v):
     sys.exit(f"pipeline_bench.py: --layers {a.layers} does not divide into {world * v} stages of equal blocks "
              f"({world} ranks x {v} per rank)")
@@ -114,6 +114,8 @@ try:
             schedule = Schedule1F1B(stages[0], a.microbatches, loss_fn=mse)
         elif a.schedule == "zb":  # PyTorch's zero bubble (ZB1P), here with one stage per rank
             schedule = ScheduleInterleavedZeroBubble(stages, a.microbatches, loss_fn=mse)
+        elif a.schedule == "looped":
+            schedule = ScheduleLoopedBFS(stages, a.microbatches, loss_fn=mse)
         else:
             schedule = ScheduleInterleaved1F1B(stages, a.microbatches, loss_fn=mse)
         first, last = 0 in indices, world * v - 1 in indices

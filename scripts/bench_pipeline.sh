@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Pipeline parallelism measured: cpprun's schedules (bench/pipeline_bench.cpp under cpprun) beside
 # PyTorch's torch.distributed.pipelining (bench/pipeline_bench.py under torchrun, Gloo) on the same
-# model, batch and flags, in one run. For GPipe, 1F1B, Interleaved 1F1B and zero bubble (zb: cpprun's
+# model, batch and flags, in one run. For GPipe, 1F1B, Interleaved 1F1B, LoopedBFS (looped) and zero bubble (zb: cpprun's
 # ScheduleZeroBubble, PyTorch's ScheduleInterleavedZeroBubble with one stage a rank) at each micro-batch count
 # it prints: the step time of both and their ratio, against the floor (the one-process step split
 # over the ranks, plus the formula's bubble); each rank's bubble (cpprun's waiting_seconds / seconds,
@@ -14,7 +14,7 @@
 #   usage: scripts/bench_pipeline.sh [--nproc P] [pipeline_bench's flags: --layers L --dim D --batch B
 #                                     --steps N --warmup N --stages-per-rank V]
 #   default: 2 ranks, 8 blocks of d = 128, batch 2048 rows, 3 warm-up and 10 timed steps; micro-batch
-#   counts 2 4 8 (BENCH_PIPELINE_MICROBATCHES), schedules gpipe 1f1b interleaved zb
+#   counts 2 4 8 (BENCH_PIPELINE_MICROBATCHES), schedules gpipe 1f1b interleaved looped zb
 #   (BENCH_PIPELINE_SCHEDULES). About 7 minutes on 2 cores. See docs/pipeline_parallel.md#measured.
 # Environment as scripts/bench_common.sh (BENCH_PYTHON, BENCH_NO_SETUP=1, CPPRUN_BUILD_DIR). Each
 # rank runs 1 thread (OMP_NUM_THREADS=1); the one-process model runs with 1 thread and with P.
@@ -27,7 +27,7 @@ fi
 source "$(dirname "$0")/bench_common.sh"  # cd to the repository; $build, $python
 [ -x "$build/bench/pipeline_bench" ] || { echo "bench_pipeline: $build/bench/pipeline_bench is not built (ninja -C $build pipeline_bench cpprun)" >&2; exit 1; }
 p=${BENCH_NPROC:-2}
-schedules=${BENCH_PIPELINE_SCHEDULES:-gpipe 1f1b interleaved zb}
+schedules=${BENCH_PIPELINE_SCHEDULES:-gpipe 1f1b interleaved looped zb}
 microbatches=${BENCH_PIPELINE_MICROBATCHES:-2 4 8}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -128,7 +128,7 @@ for m in $microbatches; do
     [ -s "$tmp/py.$schedule.$m.error" ] && py=error
     [ -s "$tmp/py.$schedule.$m" ] || [ -s "$tmp/py.$schedule.$m.error" ] || py=-
     # Zero bubble idles p - 1 of 3m slots (F, I, W alike): its floor is the formula with v = 3.
-    vv=1; [ "$schedule" = interleaved ] && vv=$v; [ "$schedule" = zb ] && vv=3
+    vv=1; [ "$schedule" = interleaved ] || [ "$schedule" = looped ] && vv=$v; [ "$schedule" = zb ] && vv=3
     floor=$(awk -v t="$one" -v p="$p" -v v="$vv" -v m="$m" 'BEGIN { printf "%.1f", t / p * (v * m + p - 1) / (v * m) }')
     rps=$(awk -v b="$rows" -v c="$c" 'BEGIN { if (c == "-") print "-"; else printf "%.0f", b / c * 1e3 }')
     printf '%-12s %3s | %10s %10s %8s | %8s %8s | %8s %8s %8s\n' "$schedule" "$m" "$c" "$py" "$(ratio "$c" "$py")" \
@@ -156,7 +156,7 @@ done
 
 echo
 echo "Activation memory on stage 0's rank (rank 0), MB: its peak resident memory above its size once built (a pass of"
-echo "its own, every allocation above 128 KiB its own mapping); held = the most micro-batches (interleaved: stage passes, 1/v"
+echo "its own, every allocation above 128 KiB its own mapping); held = the most micro-batches (interleaved, looped: stage passes, 1/v"
 echo "the size) whose backward was pending; saved = held x the tensors autograd keeps for one: rows/m x (blocks a stage"
 echo "x (10 d + 2) + d) floats. The rest is the stage's gradients and the backward's working memory."
 printf '%-12s %3s | %4s %8s | %10s %10s\n' schedule m held saved "cpprun MB" "PyTorch MB"
@@ -164,7 +164,7 @@ for m in $microbatches; do
   for schedule in $schedules; do
     [ -s "$tmp/cpp.mem.$schedule.$m" ] || [ -s "$tmp/py.mem.$schedule.$m" ] || continue
     held=$(get cpp "mem.$schedule.$m" 0 peak_held)
-    vv=1; [ "$schedule" = interleaved ] && vv=$v
+    vv=1; [ "$schedule" = interleaved ] || [ "$schedule" = looped ] && vv=$v
     saved=$(awk -v h="$held" -v b="$rows" -v m="$m" -v l="$layers" -v d="$dim" -v p="$p" -v v="$vv" \
       'BEGIN { if (h == "-") print "-"; else printf "%.1f", h * b / m * (l / (p * v) * (10 * d + 2) + d) * 4 / 1048576 }')
     printf '%-12s %3s | %4s %8s | %10s %10s\n' "$schedule" "$m" "$held" "$saved" "$(get cpp "mem.$schedule.$m" 0 act_mb)" \

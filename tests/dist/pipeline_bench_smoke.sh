@@ -4,7 +4,7 @@
 # what it promises — a row of step times per schedule with both sides' figures, each rank's bubble
 # row with cpprun's waiting fraction and both sides' blocked and run-queue fractions between 0 and
 # 1, and stage 0's activation memory with the micro-batches it held, which must be the schedules'
-# own (GPipe m, 1F1B min(p, m), Interleaved 1F1B's warm-up plus one, zero bubble min(p, m) on
+# own (GPipe m, 1F1B min(p, m), Interleaved 1F1B's warm-up plus one, LoopedBFS v m, zero bubble min(p, m) on
 # its first rank). No timing is asserted.
 # Usage: pipeline_bench_smoke.sh BUILD_DIR PYTHON. Skips (77) without a python with torch.
 set -u
@@ -23,7 +23,7 @@ grep -q 'Runs that gave no figures' "$dir/out" && fail "a run gave no figures (a
 
 number='^[0-9]+(\.[0-9]+)?$'
 fraction() { awk -v x="$1" 'BEGIN { exit !(x ~ /^[0-9.]+$/ && x >= 0 && x <= 1) }'; }
-for schedule in gpipe 1f1b interleaved zb; do
+for schedule in gpipe 1f1b interleaved looped zb; do
   # The step-time row has 13 fields, the memory row 8.
   read -r -a f <<<"$(awk -v s="$schedule" '$1 == s && $2 == 4 && $3 == "|" && NF == 13' "$dir/out")"
   [ ${#f[@]} = 13 ] || fail "$schedule: no step-time row of 13 fields: ${f[*]}"
@@ -37,7 +37,7 @@ for schedule in gpipe 1f1b interleaved zb; do
   done
   read -r -a mem <<<"$(awk -v s="$schedule" '$1 == s && $2 == 4 && $3 == "|" && NF == 8' "$dir/out")"
   [ ${#mem[@]} = 8 ] || fail "$schedule: no memory row of 8 fields: ${mem[*]}"
-  want=$(case $schedule in gpipe) echo 4 ;; 1f1b | zb) echo 2 ;; interleaved) echo 5 ;; esac)
+  want=$(case $schedule in gpipe) echo 4 ;; 1f1b | zb) echo 2 ;; interleaved) echo 5 ;; looped) echo 8 ;; esac)
   [ "${mem[3]}" = "$want" ] || fail "$schedule: stage 0 held ${mem[3]} micro-batches at once, the schedule's is $want: ${mem[*]}"
   for i in 4 6 7; do [[ ${mem[$i]} =~ $number ]] || fail "$schedule: memory field $((i + 1)) '${mem[$i]}' is not a number: ${mem[*]}"; done
 done
