@@ -184,8 +184,14 @@ bool dump_after_failure(DumpReason reason, std::chrono::milliseconds patience) {
 // when it left ("finished all_reduce #41 ... (then exited with code 0)"), the commonest cause of a
 // hang being a rank that stopped calling collectives. A failure's dump is kept instead
 // (Note [First failure dump]). A few milliseconds at exit.
+// Once it is written (or a failure's is kept), the dump mutex stays held until the process ends:
+// a request that arrives during exit (the launcher asks every live rank once another has failed)
+// would otherwise start writing rank_R.json.tmp on the listener thread just as exit ends every
+// thread, and leave the .tmp behind; it waits instead, and the file on disk is this dump.
 void dump_at_exit() {
   if (!settings().failure_dumped.exchange(true)) dump_to_dir(DumpReason::kExit, std::chrono::seconds(2));
+  // Never unlocked (the mutex is never destroyed: Note [Flight recorder]).
+  (void)settings().dump_mutex.try_lock_for(std::chrono::seconds(2));
 }
 
 std::terminate_handler previous_terminate = nullptr;

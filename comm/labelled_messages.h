@@ -22,5 +22,11 @@ Work irecv_labelled(const ProcessGroup& group, at::Tensor tensor, int src, int t
 // batch_isend_irecv with one label per op (none: empty), in the ops' order.
 std::vector<Work> batch_isend_irecv_labelled(const ProcessGroup& group, std::vector<P2POp> ops,
                                              std::vector<std::string> labels);
+// The same for messages whose dtype and size both ends already agree on (the pipeline's within a
+// step, after its checked shape message): on Gloo each op is posted as it is, without the header,
+// acknowledgement and thread of a checked message; on NCCL, as batch_isend_irecv_labelled. A
+// mismatch is the caller's bug and is not caught. See Note [Messages of agreed size].
+std::vector<Work> batch_isend_irecv_agreed(const ProcessGroup& group, std::vector<P2POp> ops,
+                                           std::vector<std::string> labels);
 
 }  // namespace cpprun::detail

@@ -18,7 +18,10 @@
 
 namespace cpprun::detail {
 
-enum class MessagePart { kHeader = 0, kData = 1, kAck = 2 };
+// kAgreed: a message posted without header or acknowledgement, whose size both ends already agree
+// on (Note [Messages of agreed size]); a tag space of its own, so it never pairs with a checked
+// message's data.
+enum class MessagePart { kHeader = 0, kData = 1, kAck = 2, kAgreed = 3 };
 // The Gloo (or NCCL) tag of one part of a message with the user's `tag`.
 int wire_tag(int tag, MessagePart part);
 

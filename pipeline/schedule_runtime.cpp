@@ -262,7 +262,9 @@ struct PipelineSchedule::Runtime {
       ops.push_back(queued.op);
       labels.push_back(std::move(queued.label));
     }
-    std::vector<Work> works = detail::batch_isend_irecv_labelled(group, std::move(ops), std::move(labels));
+    // Activations and gradients, whose dtype and size this step's shape message agreed (the
+    // sender checks each against it): posted as they are on Gloo (Note [Messages of agreed size]).
+    std::vector<Work> works = detail::batch_isend_irecv_agreed(group, std::move(ops), std::move(labels));
     for (size_t i = 0; i < batch.size(); ++i) {
       if (batch[i].receive) {
         recvs.at(*batch[i].receive).work = std::move(works[i]);

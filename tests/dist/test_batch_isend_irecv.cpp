@@ -89,6 +89,47 @@ TEST_CASE("batch_isend_irecv: each op is in the flight recorder, with its label"
   CHECK(received.state == cpprun::CollectiveState::kCompleted);
 }
 
+TEST_CASE("batch_isend_irecv_agreed: messages of agreed size arrive by order and tag, recorded, apart from checked ones",
+          "[p2p][batch]") {
+  const int world = group().size(), rank = group().rank();
+  if (world == 1) return;
+  const int next = (rank + 1) % world, prev = (rank + world - 1) % world;
+  for (int round = 0; round < 2; ++round) {
+    // Two of one tag (told apart by order), one of another, a bf16 one (Gloo carries its bits),
+    // and a checked message of the same tag in flight at once: each arrives where it was meant to.
+    std::vector<at::Tensor> got = {at::zeros({5}, at::kDouble), at::zeros({5}, at::kDouble),
+                                   at::zeros({1 << 16}, at::kDouble), at::zeros({7}, at::kBFloat16)};
+    at::Tensor checked = at::zeros({3}, at::kDouble);
+    auto checked_recv = cpprun::irecv(group(), checked, prev, 21);
+    auto agreed = cpprun::detail::batch_isend_irecv_agreed(
+        group(),
+        {{kIrecv, got[0], prev, 21}, {kIsend, message(rank, next, round, 5), next, 21},
+         {kIsend, message(rank, next, round + 10, 5), next, 21}, {kIrecv, got[1], prev, 21},
+         {kIsend, message(rank, next, round, 1 << 16), next, 22}, {kIrecv, got[2], prev, 22},
+         {kIsend, message(rank, next, round, 7).to(at::kBFloat16), next, 23}, {kIrecv, got[3], prev, 23}},
+        {"first", "first", "second", "second", "large", "large", "bf16", "bf16"});
+    auto checked_send = cpprun::isend(group(), message(rank, next, round + 20, 3), next, 21);
+    wait_all(agreed);
+    checked_recv.wait();
+    checked_send.wait();
+    INFO("round " << round);
+    CHECK(got[0].equal(message(prev, rank, round, 5)));
+    CHECK(got[1].equal(message(prev, rank, round + 10, 5)));
+    CHECK(got[2].equal(message(prev, rank, round, 1 << 16)));
+    CHECK(got[3].equal(message(prev, rank, round, 7).to(at::kBFloat16)));
+    CHECK(checked.equal(message(prev, rank, round + 20, 3)));
+  }
+  // Each op is in the flight recorder, labelled and completed (the checked pair after them).
+  const auto entries = cpprun::flight_recorder_entries();
+  REQUIRE(entries.size() >= 10);
+  const auto& large_recv = entries[entries.size() - 4];
+  CHECK(large_recv.op == "recv");
+  CHECK(large_recv.root == std::optional<int>(prev));
+  CHECK(large_recv.tag == std::optional<int>(22));
+  CHECK(large_recv.label == std::optional<std::string>("large"));
+  CHECK(large_recv.state == cpprun::CollectiveState::kCompleted);
+}
+
 TEST_CASE("batch_isend_irecv: several messages between one pair arrive matched by order and tag", "[p2p][batch]") {
   const int world = group().size(), rank = group().rank();
   if (world == 1) return;
