@@ -205,12 +205,11 @@ std::vector<Work> post_nccl_batch(const ProcessGroup& group, const std::vector<P
 }  // namespace
 
 namespace detail {
+namespace {
 
-std::vector<Work> batch_isend_irecv_labelled(const ProcessGroup& group, std::vector<P2POp> ops,
-                                             std::vector<std::string> labels) {
-  check_batch(group, ops);
-  TORCH_INTERNAL_ASSERT(labels.empty() || labels.size() == ops.size(), "batch_isend_irecv_labelled: ",
-                        labels.size(), " labels for ", ops.size(), " ops");
+// batch_isend_irecv_labelled once the batch is checked: header, data and acknowledgement per op.
+std::vector<Work> post_checked_batch(const ProcessGroup& group, std::vector<P2POp> ops,
+                                     std::vector<std::string> labels) {
   auto& impl = impl_of(group);
   const std::vector<int64_t> positions = take_positions(impl, ops);
   if (impl.is_nccl(ops[0].tensor)) return post_nccl_batch(group, ops, std::move(labels), positions);
@@ -224,6 +223,21 @@ std::vector<Work> batch_isend_irecv_labelled(const ProcessGroup& group, std::vec
                                     nullptr));
   }
   return works;
+}
+
+void check_labelled_batch(const ProcessGroup& group, const std::vector<P2POp>& ops,
+                          const std::vector<std::string>& labels) {
+  check_batch(group, ops);
+  TORCH_INTERNAL_ASSERT(labels.empty() || labels.size() == ops.size(), "batch_isend_irecv: ", labels.size(),
+                        " labels for ", ops.size(), " ops");
+}
+
+}  // namespace
+
+std::vector<Work> batch_isend_irecv_labelled(const ProcessGroup& group, std::vector<P2POp> ops,
+                                             std::vector<std::string> labels) {
+  check_labelled_batch(group, ops, labels);
+  return post_checked_batch(group, std::move(ops), std::move(labels));
 }
 
 // Note [Messages of agreed size]
@@ -243,11 +257,9 @@ std::vector<Work> batch_isend_irecv_labelled(const ProcessGroup& group, std::vec
 // batch: their data already travel in one NCCL group, and only the headers go by Gloo.
 std::vector<Work> batch_isend_irecv_agreed(const ProcessGroup& group, std::vector<P2POp> ops,
                                            std::vector<std::string> labels) {
-  check_batch(group, ops);
-  TORCH_INTERNAL_ASSERT(labels.empty() || labels.size() == ops.size(), "batch_isend_irecv_agreed: ",
-                        labels.size(), " labels for ", ops.size(), " ops");
+  check_labelled_batch(group, ops, labels);
   auto& impl = impl_of(group);
-  if (impl.is_nccl(ops[0].tensor)) return batch_isend_irecv_labelled(group, std::move(ops), std::move(labels));
+  if (impl.is_nccl(ops[0].tensor)) return post_checked_batch(group, std::move(ops), std::move(labels));
   std::vector<Work> works;
   for (std::size_t i = 0; i < ops.size(); ++i) {
     const P2POp& op = ops[i];

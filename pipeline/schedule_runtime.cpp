@@ -701,16 +701,14 @@ std::unique_ptr<PipelineSchedule> make_schedule(const std::string& name, std::ve
                                                 int microbatches, PipelineSchedule::LossFn loss) {
   const auto kind = detail::schedule_kind_named(name);
   if (!kind) {
-    if (const auto pytorch = detail::pytorch_schedule_not_here(name)) {
-      TORCH_CHECK(false, "cpprun::make_schedule(\"", name, "\"): PyTorch's ", *pytorch,
-                  " is not implemented in cpprun; the schedules are gpipe, 1f1b, interleaved-1f1b and looped-bfs "
-                  "(several stages per rank) and zero-bubble (PyTorch's GPipe, 1F1B, Interleaved1F1B, LoopedBFS, "
-                  "and InterleavedZeroBubble with one stage per rank).");
-    }
-    TORCH_CHECK(false, "cpprun::make_schedule: no schedule is named \"", name,
-                "\"; the schedules are gpipe, 1f1b, interleaved-1f1b, looped-bfs and zero-bubble (PyTorch's GPipe, "
-                "1F1B, Interleaved1F1B, LoopedBFS; ScheduleZeroBubble is after ZB-H1, PyTorch's "
-                "InterleavedZeroBubble with one stage per rank).");
+    constexpr const char* kSchedules =
+        "the schedules are gpipe, 1f1b, interleaved-1f1b, looped-bfs and zero-bubble (PyTorch's GPipe, 1F1B, "
+        "Interleaved1F1B, LoopedBFS; ScheduleZeroBubble is after ZB-H1, PyTorch's InterleavedZeroBubble with one "
+        "stage per rank).";
+    const auto pytorch = detail::pytorch_schedule_not_here(name);
+    TORCH_CHECK(!pytorch, "cpprun::make_schedule(\"", name, "\"): PyTorch's ", pytorch.value_or(""),
+                " is not implemented in cpprun; ", kSchedules);
+    TORCH_CHECK(false, "cpprun::make_schedule: no schedule is named \"", name, "\"; ", kSchedules);
   }
   TORCH_CHECK(!stages.empty() && stages[0] != nullptr, "cpprun::make_schedule(\"", name, "\"): no stage given.");
   if (*kind == detail::ScheduleKind::kInterleaved1F1B) {

@@ -225,10 +225,11 @@ class ScheduleLoopedBFS : public PipelineSchedule {
 };
 
 // A schedule by its name, as PyTorch's get_schedule_class(name) finds one (for a command-line
-// flag): "gpipe", "1f1b", "interleaved-1f1b" or "zero-bubble", case, '-' and '_' aside, with or
-// without "Schedule" before it (PyTorch's class names "GPipe", "1F1B", "Interleaved1F1B" name the
-// same ones). `stages`: this rank's, one for all but the interleaved schedule. Another name is an
-// error listing these.
+// flag): "gpipe", "1f1b", "interleaved-1f1b", "looped-bfs" or "zero-bubble", case, '-' and '_'
+// aside, with or without "Schedule" before it (PyTorch's class names "GPipe", "1F1B",
+// "Interleaved1F1B", "LoopedBFS" name the same ones, and "InterleavedZeroBubble" the zero bubble).
+// `stages`: this rank's, one for all but interleaved-1f1b and looped-bfs. Another name is an error
+// listing these (naming PyTorch's class where it is one of PyTorch's that cpprun lacks).
 std::unique_ptr<PipelineSchedule> make_schedule(const std::string& name, std::vector<PipelineStage*> stages,
                                                 int microbatches, PipelineSchedule::LossFn loss);
 
