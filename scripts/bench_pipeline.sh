@@ -16,6 +16,9 @@
 #   default: 2 ranks, 8 blocks of d = 128, batch 2048 rows, 3 warm-up and 10 timed steps; micro-batch
 #   counts 2 4 8 (BENCH_PIPELINE_MICROBATCHES), schedules gpipe 1f1b interleaved looped zb
 #   (BENCH_PIPELINE_SCHEDULES). About 7 minutes on 2 cores. See docs/pipeline_parallel.md#measured.
+#   BENCH_PIPELINE_ONE_PASS=1: each configuration runs once, in the memory pass's setting, and its
+#   step times come from that run (slowed by page faults): half the processes, for a smoke test
+#   that checks the figures are printed (tests/dist/pipeline_bench_smoke.sh), not their size.
 # Environment as scripts/bench_common.sh (BENCH_PYTHON, BENCH_NO_SETUP=1, CPPRUN_BUILD_DIR). Each
 # rank runs 1 thread (OMP_NUM_THREADS=1); the one-process model runs with 1 thread and with P.
 set -euo pipefail
@@ -29,6 +32,7 @@ source "$(dirname "$0")/bench_common.sh"  # cd to the repository; $build, $pytho
 p=${BENCH_NPROC:-2}
 schedules=${BENCH_PIPELINE_SCHEDULES:-gpipe 1f1b interleaved looped zb}
 microbatches=${BENCH_PIPELINE_MICROBATCHES:-2 4 8}
+one_pass=${BENCH_PIPELINE_ONE_PASS:-0}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
@@ -84,8 +88,14 @@ for m in $microbatches; do
       echo "bench_pipeline: interleaved m=$m skipped: Interleaved 1F1B needs m a multiple of the $p ranks" >&2
       continue
     fi
-    run cpp "$schedule" "$m" 1 "$schedule.$m"
-    run py "$schedule" "$m" 1 "$schedule.$m"
+    for impl in cpp py; do
+      if [ "$one_pass" = 1 ]; then
+        MALLOC_MMAP_THRESHOLD_=131072 run "$impl" "$schedule" "$m" 1 "$schedule.$m"
+        [ ! -s "$tmp/$impl.$schedule.$m" ] || cp "$tmp/$impl.$schedule.$m" "$tmp/$impl.mem.$schedule.$m"
+      else
+        run "$impl" "$schedule" "$m" 1 "$schedule.$m"
+      fi
+    done
   done
 done
 # Memory, a pass of its own: with every allocation above 128 KiB a mapping of its own, freed
@@ -94,6 +104,7 @@ done
 # resident, which adds up to 12 MB to an interleaved peak). It slows the steps (page faults), so
 # the times above are measured without it. Two steps: the peak comes in the first.
 for m in $microbatches; do
+  [ "$one_pass" = 1 ] && break
   for schedule in $schedules; do
     [ "$schedule" = interleaved ] && [ $((m % p)) != 0 ] && continue
     for impl in cpp py; do
@@ -115,6 +126,8 @@ echo "$p ranks x 1 thread on $(nproc) cores (load average before the runs: $load
      "rank or process, and Gloo's copies take CPU from compute."
 echo "No pipeline, one process, the whole batch: cpprun $one ms/step (1 thread), $(step_ms cpp one_p) ms ($p threads);" \
      "PyTorch $(step_ms py one) ms (1 thread), $(step_ms py one_p) ms ($p threads)."
+[ "$one_pass" = 0 ] || echo "One pass (BENCH_PIPELINE_ONE_PASS=1): the step times below come from the memory pass's runs," \
+  "every allocation above 128 KiB a mapping of its own, so page faults slow them."
 echo "Floor: the 1-thread step split over $p ranks plus the formula's bubble, $one / $p x (v m + p - 1) / (v m) ms" \
      "(zb: v = 3, its p - 1 idle slots of 3m)."
 echo

@@ -5,7 +5,9 @@
 # row with cpprun's waiting fraction and both sides' blocked and run-queue fractions between 0 and
 # 1, and stage 0's activation memory with the micro-batches it held, which must be the schedules'
 # own (GPipe m, 1F1B min(p, m), Interleaved 1F1B's warm-up plus one, LoopedBFS v m, zero bubble min(p, m) on
-# its first rank). No timing is asserted.
+# its first rank). No timing is asserted. One pass (BENCH_PIPELINE_ONE_PASS=1): each configuration
+# runs once, for both tables, which halves the processes (each torchrun run starts three Pythons
+# that import torch; two passes took 246 s of the 240 allowed in a CI run beside other tests).
 # Usage: pipeline_bench_smoke.sh BUILD_DIR PYTHON. Skips (77) without a python with torch.
 set -u
 build=$1 python=${2:-}
@@ -14,7 +16,7 @@ here=$(dirname "$0")
 . "$here/../interop_setup.sh"
 interop_setup "$python" torch
 
-BENCH_PIPELINE_MICROBATCHES=4 BENCH_NO_SETUP=1 BENCH_PYTHON="$python" CPPRUN_BUILD_DIR="$build" timeout 240 \
+BENCH_PIPELINE_ONE_PASS=1 BENCH_PIPELINE_MICROBATCHES=4 BENCH_NO_SETUP=1 BENCH_PYTHON="$python" CPPRUN_BUILD_DIR="$build" timeout 240 \
   bash "$here/../../scripts/bench_pipeline.sh" --layers 8 --dim 32 --batch 64 --steps 1 --warmup 1 >"$dir/out" 2>&1
 rc=$?
 cat "$dir/out"
