@@ -722,7 +722,15 @@ ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, cons
   result.notes = ignored_option_notes(raw);
   take_program(app.remaining(), known, config);
   config.program_mode = program_mode(raw);
-  config.job_secret = resolve_job_secret({is_multi_node(config), raw.job_secret_file, config.no_job_secret}, env);
+  JobSecretOptions secret;
+  secret.multi_node = is_multi_node(config);
+  secret.secret_file = raw.job_secret_file;
+  secret.no_job_secret = config.no_job_secret;
+  secret.max_nodes = config.max_nodes;
+  secret.endpoint_host = config.master_addr;
+  secret.port = config.master_port;
+  secret.rdzv_id = config.run_id;
+  config.job_secret = resolve_job_secret(secret, env);
   return result;
 }
 

@@ -16,6 +16,7 @@
 #include <system_error>
 
 #include "common/errors.h"
+#include "common/host_secret.h"
 
 namespace cpprun::launcher {
 namespace {
@@ -65,25 +66,44 @@ std::string hmac_hex(const std::string& key, const std::string& label, const std
 
 }  // namespace
 
+JobSecretSource job_secret_source(const JobSecretOptions& options, bool environment_has_secret) {
+  if (options.no_job_secret || !options.multi_node) return JobSecretSource::kNone;
+  if (!options.secret_file.empty()) return JobSecretSource::kFile;
+  if (environment_has_secret) return JobSecretSource::kEnvironment;
+  if (options.max_nodes <= 1) return JobSecretSource::kOwnRandom;
+  if (is_loopback_endpoint_host(options.endpoint_host)) return JobSecretSource::kHostShared;
+  return JobSecretSource::kMissing;
+}
+
 std::string resolve_job_secret(const JobSecretOptions& options, const EnvLookup& env) {
   if (options.no_job_secret && !options.secret_file.empty()) {
     throw UsageError("--no_job_secret and --job_secret_file contradict each other; give one");
   }
-  if (options.no_job_secret || !options.multi_node) return {};  // single node: no agent listens
+  const std::optional<std::string> from_env = env(kJobSecretVariable);
   std::string secret;
   std::string source;
-  if (!options.secret_file.empty()) {
-    secret = read_secret_file(options.secret_file);
-    source = "--job_secret_file=" + options.secret_file;
-  } else if (const std::optional<std::string> from_env = env(kJobSecretVariable); from_env && !from_env->empty()) {
-    secret = *from_env;
-    source = kJobSecretVariable;
-  } else {
-    throw UsageError(
-        "a multi-node job needs a job secret, so that only its own agents can join it or steer it: " +
-        std::string(kHowToMakeOne) +
-        ". To run without one, pass --no_job_secret (then anyone who can reach the rendezvous port can take a "
-        "node's place, stop the job or choose its exit code)");
+  switch (job_secret_source(options, from_env && !from_env->empty())) {
+    case JobSecretSource::kNone:
+      return {};
+    case JobSecretSource::kOwnRandom:
+      return random_nonce() + random_nonce();
+    case JobSecretSource::kHostShared:
+      return shared_host_secret(host_secret_folder(env), options.port, options.rdzv_id);
+    case JobSecretSource::kFile:
+      secret = read_secret_file(options.secret_file);
+      source = "--job_secret_file=" + options.secret_file;
+      break;
+    case JobSecretSource::kEnvironment:
+      secret = *from_env;
+      source = kJobSecretVariable;
+      break;
+    case JobSecretSource::kMissing:
+      throw UsageError(
+          "a multi-node job needs a job secret, so that only its own agents can join it or steer it (its endpoint " +
+          options.endpoint_host + " is not this host's loopback, where this user's agents would share one by "
+          "themselves): " + std::string(kHowToMakeOne) +
+          ". To run without one, pass --no_job_secret (then anyone who can reach the rendezvous port can take a "
+          "node's place, stop the job or choose its exit code)");
   }
   if (secret.size() < kMinJobSecretBytes) {
     throw UsageError(source + " holds a secret of " + std::to_string(secret.size()) +

@@ -31,10 +31,29 @@ struct JobSecretOptions {
   bool multi_node = false;
   std::string secret_file;     // --job_secret_file: wins over the environment variable
   bool no_job_secret = false;  // --no_job_secret: the user accepts unauthenticated agents
+  // Where no secret is given (host_secret.h): a job of one agent makes its own, and one whose
+  // endpoint host is the loopback shares this user's for the port and id on this host.
+  int max_nodes = 1;
+  std::string endpoint_host;
+  int port = 0;
+  std::string rdzv_id;
 };
 
-// "" for a single-node job (no agent listens) or with --no_job_secret; else --job_secret_file's, or
-// CPPRUN_JOB_SECRET through `env`. Throws UsageError when a multi-node job has none, or one too short.
+enum class JobSecretSource {
+  kNone,         // one node (no agent listens) or --no_job_secret
+  kFile,         // --job_secret_file
+  kEnvironment,  // CPPRUN_JOB_SECRET
+  kOwnRandom,    // one agent at most: a random secret no other agent needs
+  kHostShared,   // every agent on this host: this user's shared secret (host_secret.h)
+  kMissing,      // several agents that may be on other hosts, and no secret: refused
+};
+
+// Where the secret comes from: a decision apart from reading it, for the unit tests.
+JobSecretSource job_secret_source(const JobSecretOptions& options, bool environment_has_secret);
+
+// The secret from job_secret_source()'s choice: "" for kNone; the file's, the environment's, a
+// random one or this user's shared one on this host. Throws UsageError when a multi-node job that
+// may span hosts has none, or one too short, or a shared one cannot be kept privately.
 std::string resolve_job_secret(const JobSecretOptions& options, const EnvLookup& env);
 
 // What --no_job_secret exposes, printed when a multi-node agent starts without a secret.

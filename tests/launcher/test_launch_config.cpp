@@ -384,12 +384,16 @@ TEST_CASE("launch_config: a multi-node job needs a job secret, from the environm
   };
   CHECK(parse({"--nnodes=2", "--node_rank=1", "x"}).job_secret == kSecret);
   CHECK(parse_with({"x"}, std::nullopt).job_secret.empty());  // one node: no agent listens
-  CHECK_THAT(error_with({"--nnodes=2", "x"}, std::nullopt),
+  // Refused where the agents may be on other hosts; on the loopback, or with one agent, see test_host_secret.cpp.
+  CHECK_THAT(error_with({"--nnodes=2", "--master_addr=10.0.0.1", "x"}, std::nullopt),
              Contains("needs a job secret") && Contains("CPPRUN_JOB_SECRET") && Contains("--no_job_secret"));
-  CHECK_THAT(error_with({"--rdzv_backend=c10d", "--nnodes=1:2", "x"}, std::nullopt), Contains("needs a job secret"));
+  CHECK_THAT(error_with({"--rdzv_backend=c10d", "--nnodes=1:2", "--rdzv_endpoint=node01:29400", "x"}, std::nullopt),
+             Contains("needs a job secret"));
+  CHECK(parse_with({"--rdzv_backend=c10d", "--nnodes=1", "--rdzv_endpoint=node01:29400", "x"}, std::nullopt)
+            .job_secret.size() == 64);  // one agent: its own
   CHECK_THAT(error_with({"--nnodes=2", "x"}, std::string("short")),
              Contains("CPPRUN_JOB_SECRET holds a secret of 5 characters; it needs at least 16"));
-  const LaunchConfig open = parse_with({"--nnodes=2", "--no_job_secret", "x"}, std::nullopt);
+  const LaunchConfig open = parse_with({"--nnodes=2", "--master_addr=10.0.0.1", "--no_job_secret", "x"}, std::nullopt);
   CHECK(open.no_job_secret);
   CHECK(open.job_secret.empty());
 

@@ -1,16 +1,46 @@
 # Strangers at the agents' ports (issue 16): without the job secret nobody can take a node's place,
 # end the job, or learn its settings; a node with another secret is refused and told why; silent
 # connections cannot fill the host; a job whose nodes are all on this host listens on the loopback
-# only. A multi-node job without a secret does not start unless told to (--no_job_secret).
+# only. A multi-node job that may span hosts does not start without a secret unless told to
+# (--no_job_secret); one whose endpoint is the loopback shares this user's (Note [A job on one host]
+# in launcher/common/host_secret.cpp), and an agent that cannot read it is refused.
 . "$(dirname "$0")/common.sh"
 require_private_netns
 stranger() { python3 "$(dirname "$0")/stranger.py" "$@"; }
 
-# ---- a multi-node job needs a secret ----
-CPPRUN_JOB_SECRET= cpprun --nnodes=2 --node_rank=0 --master_port=29570 /bin/true
+# ---- a multi-node job that may span hosts needs a secret (refused before anything listens) ----
+CPPRUN_JOB_SECRET= cpprun --nnodes=2 --node_rank=0 --master_addr=10.0.0.1 --master_port=29570 /bin/true
 expect_eq $? 2 "exit code without a secret"
 expect_in_file "$WORK/err" "a multi-node job needs a job secret" "the refusal"
 expect_in_file "$WORK/err" "--no_job_secret" "the way out"
+
+# ---- on the loopback without a secret: this user's agents share one, kept where only they read ----
+# As PyTorch's launcher tests run torchrun (test_launch_elastic_multiple_agents). An agent given
+# another folder stands for another user's, who cannot read this one's: refused as a stranger.
+endpoint=127.0.0.1:29574
+mkdir -p "$WORK/xdg" "$WORK/xdg-other"
+CPPRUN_JOB_SECRET= XDG_RUNTIME_DIR=$WORK/xdg start_node h0 --nnodes=2 --rdzv_backend=c10d --rdzv_endpoint=$endpoint \
+  --rdzv_id=on-one-host --rdzv_conf join_timeout=40 /bin/sh -c 'echo "worker $RANK done"'
+h0=$NODE_PID
+wait_for_listener "$h0" 29574 10
+CPPRUN_JOB_SECRET= XDG_RUNTIME_DIR=$WORK/xdg-other start_node hx --nnodes=2 --rdzv_backend=c10d \
+  --rdzv_endpoint=$endpoint --rdzv_id=on-one-host /bin/true
+wait_node "$NODE_PID" 20
+expect_eq "$NODE_STATUS" 1 "the agent that cannot read this user's secret"
+expect_in_file "$WORK/hx.err" "different secrets" "its reason"
+CPPRUN_JOB_SECRET= XDG_RUNTIME_DIR=$WORK/xdg start_node h1 --nnodes=2 --rdzv_backend=c10d --rdzv_endpoint=$endpoint \
+  --rdzv_id=on-one-host /bin/sh -c 'echo "worker $RANK done"'
+h1=$NODE_PID
+wait_node "$h0" 30
+expect_eq "$NODE_STATUS" 0 "the first agent on one host"
+wait_node "$h1" 30
+expect_eq "$NODE_STATUS" 0 "the second agent on one host"
+expect_in_file "$WORK/h0.out" "worker 0 done" "rank 0 on one host"
+expect_in_file "$WORK/h1.out" "worker 1 done" "rank 1 on one host"
+[ "$(stat -c %a "$WORK/xdg/cpprun")" = 700 ] || fail "the secrets' folder has mode $(stat -c %a "$WORK/xdg/cpprun"), not 700"
+secrets=("$WORK"/xdg/cpprun/*)
+[ ${#secrets[@]} = 1 ] || fail "expected one secret file, found: ${secrets[*]}"
+[ "$(stat -c %a "${secrets[0]}")" = 600 ] || fail "the secret file has mode $(stat -c %a "${secrets[0]}"), not 600"
 
 # ---- static: node 0 waits for node 1; strangers come first ----
 port=29571
