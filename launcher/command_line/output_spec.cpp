@@ -139,7 +139,7 @@ std::string render_prefix_template(const std::string& text, const PrefixFields& 
   return out;
 }
 
-WorkerOutputSpec plan_worker_output(const OutputOptions& options, int local_rank, int rank,
+WorkerOutputSpec plan_worker_output(const OutputOptions& options, const std::string& role, int local_rank, int rank,
                                     const std::string& worker_dir) {
   const StdStreams redirect = at_or(options.redirects, local_rank, StdStreams::kNone);
   const StdStreams tee = at_or(options.tee, local_rank, StdStreams::kNone);
@@ -147,10 +147,10 @@ WorkerOutputSpec plan_worker_output(const OutputOptions& options, int local_rank
   // As in torchrun, --tee implies the file and wins over --redirects for the console.
   const auto target = [&](StdStreams stream, const char* file_name) {
     const bool to_file = includes(redirect, stream) || includes(tee, stream);
-    return StreamTarget{shown && (!includes(redirect, stream) || includes(tee, stream)),
+    return StreamTarget{shown && (!includes(redirect, stream) || includes(tee, stream)), includes(tee, stream),
                         to_file ? worker_dir + "/" + file_name : std::string(), "", {}};
   };
-  WorkerOutputSpec spec{"[rank" + std::to_string(rank) + "]: ", {}, {}};
+  WorkerOutputSpec spec{"[rank" + std::to_string(rank) + "]: ", "[" + role + std::to_string(local_rank) + "]:", {}, {}};
   spec.out = target(StdStreams::kOut, "stdout.log");
   spec.err = target(StdStreams::kErr, "stderr.log");
   // torchrun filters what its TailLog copies to the console: the tee'd streams of the shown ranks.

@@ -37,6 +37,7 @@ struct OutputOptions {
 // One stream of one worker.
 struct StreamTarget {
   bool console = true;  // prefixed, line by line
+  bool tee = false;     // --tee names it: on the console with WorkerOutputSpec::tee_prefix
   std::string file;     // verbatim; empty: none
   // A tee'd stream's lines holding one of `filters` are appended, prefixed, to `filtered_file`
   // (DIR/attempt_N/filtered_stdout.log), which the workers of the attempt share.
@@ -45,7 +46,11 @@ struct StreamTarget {
 };
 
 struct WorkerOutputSpec {
-  std::string prefix;  // "[rank3]: ", before every console line
+  std::string prefix;      // "[rank3]: ", before every console line of a stream not tee'd
+  // Before a tee'd stream's console lines: torchrun's TailLog's "[default3]:" (role, local rank),
+  // so that what reads torchrun's --tee output reads cpprun's. Either is
+  // --log_line_prefix_template's when one is given.
+  std::string tee_prefix;
   StreamTarget out;
   StreamTarget err;
 };
@@ -63,7 +68,7 @@ struct PrefixFields {
 std::string render_prefix_template(const std::string& text, const PrefixFields& fields);
 
 // `worker_dir` is DIR/attempt_N/LOCAL_RANK; its stdout.log and stderr.log are the files.
-WorkerOutputSpec plan_worker_output(const OutputOptions& options, int local_rank, int rank,
+WorkerOutputSpec plan_worker_output(const OutputOptions& options, const std::string& role, int local_rank, int rank,
                                     const std::string& worker_dir);
 
 }  // namespace cpprun::launcher

@@ -99,8 +99,8 @@ class OutputStream {
 
 struct WorkerOutput {
   explicit WorkerOutput(const WorkerOutputSpec& spec)
-      : out(OutputStream::Kind::kStdout, spec.out, spec.prefix),
-        err(OutputStream::Kind::kStderr, spec.err, spec.prefix) {}
+      : out(OutputStream::Kind::kStdout, spec.out, spec.out.tee ? spec.tee_prefix : spec.prefix),
+        err(OutputStream::Kind::kStderr, spec.err, spec.err.tee ? spec.tee_prefix : spec.prefix) {}
   void drain() {
     out.drain();
     err.drain();

@@ -132,10 +132,11 @@ std::vector<WorkerSpec> make_worker_specs(const WorkerSettings& settings, const 
     const auto nccl = nccl_trace_variables(parent_env, nccl_dir);
     for (const auto& [name, value] : nccl) env[name] = value;
     WorkerOutputSpec output =
-        plan_worker_output(settings.output, local_rank, rank, files.worker_dir(restart_count, local_rank));
+        plan_worker_output(settings.output, settings.env.role, local_rank, rank, files.worker_dir(restart_count, local_rank));
     if (!settings.log_line_prefix_template.empty()) {
       output.prefix = render_prefix_template(settings.log_line_prefix_template,
                                              {settings.env.role, rank, local_rank, settings.hostname});
+      output.tee_prefix = output.prefix;
     }
     specs.push_back({local_rank, rank, {program.path, program.argv, to_env_strings(env)}, output, error_file, dumps,
                      nccl.empty() ? "" : nccl_dir});
@@ -159,8 +160,9 @@ std::string format_dry_run(const std::vector<WorkerSpec>& specs, const EnvMap& p
     out << "rank " << spec.rank << " (local_rank " << spec.local_rank << "):\n  command:";
     for (const std::string& arg : spec.command.argv) out << " " << shell_quote(arg);
     out << "\n  program: " << spec.command.path << "\n";
-    out << "  stdout: " << describe_target(spec.output.out, spec.output.prefix) << "\n";
-    out << "  stderr: " << describe_target(spec.output.err, spec.output.prefix) << "\n";
+    const auto prefix_of = [&](const StreamTarget& t) { return t.tee ? spec.output.tee_prefix : spec.output.prefix; };
+    out << "  stdout: " << describe_target(spec.output.out, prefix_of(spec.output.out)) << "\n";
+    out << "  stderr: " << describe_target(spec.output.err, prefix_of(spec.output.err)) << "\n";
     out << "  environment set by cpprun:\n";
     // Only what differs from cpprun's own environment, which the worker inherits as well.
     for (const std::string& entry : spec.command.env) {

@@ -20,6 +20,11 @@ std::string spec_error(const std::string& text, int nproc) {
   return usage_error_text([&] { parse_std_spec("--redirects", text, nproc); });
 }
 
+// The role torchrun calls "default" (--role's default).
+WorkerOutputSpec plan_worker_output_default(const OutputOptions& o, int local_rank, int rank, const std::string& dir) {
+  return plan_worker_output(o, "default", local_rank, rank, dir);
+}
+
 OutputOptions options(std::vector<S> redirects, std::vector<S> tee, std::vector<bool> shown = {}) {
   OutputOptions o;
   o.redirects = std::move(redirects);
@@ -65,7 +70,7 @@ TEST_CASE("output_spec: --local_ranks_filter lists the ranks shown", "[output_sp
 
 TEST_CASE("output_spec: defaults send both streams to the console, prefixed with the global rank",
           "[output_spec]") {
-  const WorkerOutputSpec spec = plan_worker_output(OutputOptions{}, 1, 5, "logs/attempt_0/1");
+  const WorkerOutputSpec spec = plan_worker_output_default(OutputOptions{}, 1, 5, "logs/attempt_0/1");
   CHECK(spec.prefix == "[rank5]: ");
   CHECK(spec.out.console);
   CHECK(spec.err.console);
@@ -77,24 +82,32 @@ TEST_CASE("output_spec: defaults send both streams to the console, prefixed with
 TEST_CASE("output_spec: --redirects moves streams to files, --tee copies them", "[output_spec]") {
   const std::string dir = "logs/attempt_2/0";
   SECTION("redirect stdout") {
-    const WorkerOutputSpec spec = plan_worker_output(options({S::kOut}, {S::kNone}), 0, 0, dir);
+    const WorkerOutputSpec spec = plan_worker_output_default(options({S::kOut}, {S::kNone}), 0, 0, dir);
     CHECK_FALSE(spec.out.console);
     CHECK(spec.out.file == dir + "/stdout.log");
     CHECK(spec.err.console);
     CHECK(spec.err.file.empty());
   }
   SECTION("tee both") {
-    const WorkerOutputSpec spec = plan_worker_output(options({S::kNone}, {S::kAll}), 0, 0, dir);
+    const WorkerOutputSpec spec = plan_worker_output_default(options({S::kNone}, {S::kAll}), 0, 0, dir);
     CHECK(spec.out.console);
     CHECK(spec.out.file == dir + "/stdout.log");
     CHECK(spec.err.console);
     CHECK(spec.err.file == dir + "/stderr.log");
   }
   SECTION("tee wins over redirects for the console, as in torchrun") {
-    const WorkerOutputSpec spec = plan_worker_output(options({S::kAll}, {S::kErr}), 0, 0, dir);
+    const WorkerOutputSpec spec = plan_worker_output_default(options({S::kAll}, {S::kErr}), 0, 0, dir);
     CHECK_FALSE(spec.out.console);
     CHECK(spec.err.console);
     CHECK(spec.err.file == dir + "/stderr.log");
+  }
+  SECTION("a tee'd stream's console lines carry torchrun's prefix, [ROLE LOCAL_RANK]:") {
+    const WorkerOutputSpec spec =
+        plan_worker_output(options({S::kNone, S::kNone}, {S::kNone, S::kOut}), "trainer", 1, 7, dir);
+    CHECK(spec.out.tee);
+    CHECK_FALSE(spec.err.tee);
+    CHECK(spec.tee_prefix == "[trainer1]:");  // torchrun's TailLog: no space, the local rank
+    CHECK(spec.prefix == "[rank7]: ");        // the stream not tee'd keeps cpprun's
   }
   CHECK(options({S::kNone, S::kErr}, {S::kNone, S::kNone}).writes_files());
   CHECK(options({S::kNone}, {S::kOut}).writes_files());
@@ -104,12 +117,12 @@ TEST_CASE("output_spec: --redirects moves streams to files, --tee copies them", 
 TEST_CASE("output_spec: --local_ranks_filter keeps other ranks off the console, not out of files",
           "[output_spec]") {
   const OutputOptions o = options({S::kNone, S::kNone}, {S::kAll, S::kAll}, {true, false});
-  const WorkerOutputSpec hidden = plan_worker_output(o, 1, 1, "d");
+  const WorkerOutputSpec hidden = plan_worker_output_default(o, 1, 1, "d");
   CHECK_FALSE(hidden.out.console);
   CHECK_FALSE(hidden.err.console);
   CHECK(hidden.out.file == "d/stdout.log");
   CHECK(hidden.err.file == "d/stderr.log");
-  CHECK(plan_worker_output(o, 0, 0, "d").out.console);
+  CHECK(plan_worker_output_default(o, 0, 0, "d").out.console);
 }
 
 TEST_CASE("output_spec: --log_line_prefix_template substitutes as Python's Template.safe_substitute",
@@ -134,10 +147,10 @@ TEST_CASE("output_spec: --duplicate_*_filters apply to the shown ranks' tee'd st
   options.shown = {true, false, true};
   options.duplicate_stdout_filters = {"loss"};
   options.duplicate_stderr_filters = {"warn"};
-  const WorkerOutputSpec r0 = plan_worker_output(options, 0, 0, "d/attempt_1/0");
+  const WorkerOutputSpec r0 = plan_worker_output_default(options, 0, 0, "d/attempt_1/0");
   CHECK(r0.out.filtered_file == "d/attempt_1/filtered_stdout.log");
   CHECK(r0.out.filters == std::vector<std::string>{"loss"});
   CHECK(r0.err.filtered_file.empty());  // stderr not tee'd
-  CHECK(plan_worker_output(options, 1, 1, "d/attempt_1/1").out.filtered_file.empty());  // hidden rank
-  CHECK(plan_worker_output(options, 2, 2, "d/attempt_1/2").out.filtered_file.empty());  // not tee'd
+  CHECK(plan_worker_output_default(options, 1, 1, "d/attempt_1/1").out.filtered_file.empty());  // hidden rank
+  CHECK(plan_worker_output_default(options, 2, 2, "d/attempt_1/2").out.filtered_file.empty());  // not tee'd
 }

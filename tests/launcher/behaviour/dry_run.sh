@@ -10,7 +10,7 @@ expect_eq "$?" 0 "exit code"
 expect_eq "$(grep -c '^rank [01] (local_rank [01]):$' "$WORK/out")" 2 "one block per rank"
 expect_in_file "$WORK/out" "  command: /bin/sh -c 'touch \"\$WORK/started\"' 'arg with spaces'" "quoted command"
 # torchrun's layout: LOG_DIR/RUN_ID_XXXXXXXX/attempt_N/LOCAL_RANK; the random part is not drawn yet.
-plan="  stdout: console, lines prefixed '[rank1]: '; $WORK/logs/none_XXXXXXXX/attempt_0/1/stdout.log"
+plan="  stdout: console, lines prefixed '[default1]:'; $WORK/logs/none_XXXXXXXX/attempt_0/1/stdout.log"
 expect_in_file "$WORK/out" "$plan" "stdout plan"
 for var in RANK=1 LOCAL_RANK=1 WORLD_SIZE=2 MASTER_PORT=29511 \
            "TORCHELASTIC_ERROR_FILE=$WORK/logs/none_XXXXXXXX/attempt_0/1/error.json"; do

@@ -5,8 +5,9 @@
 cpprun --nproc_per_node=3 --local_ranks_filter=0,2 --tee 3 --log_dir "$WORK/logs" /bin/sh -c '
   echo "out $RANK"; echo "err $RANK" >&2'
 expect_eq "$?" 0 "exit code"
-expect_eq "$(grep '^\[rank' "$WORK/out" | sort | tr '\n' '|')" "[rank0]: out 0|[rank2]: out 2|" "stdout shown"
-expect_eq "$(grep '^\[rank' "$WORK/err" | sort | tr '\n' '|')" "[rank0]: err 0|[rank2]: err 2|" "stderr shown"
+# (Tee'd: torchrun's prefix, [ROLE LOCAL_RANK]:.)
+expect_eq "$(grep '^\[default' "$WORK/out" | sort | tr '\n' '|')" "[default0]:out 0|[default2]:out 2|" "stdout shown"
+expect_eq "$(grep '^\[default' "$WORK/err" | sort | tr '\n' '|')" "[default0]:err 0|[default2]:err 2|" "stderr shown"
 run=$(run_dir_in "$WORK/logs") || exit 1
 expect_eq "$(cat "$run/attempt_0/1/stdout.log")" "out 1" "hidden rank's stdout.log"
 expect_eq "$(cat "$run/attempt_0/1/stderr.log")" "err 1" "hidden rank's stderr.log"

@@ -29,9 +29,10 @@ run_id=$(cat "$WORK/id")
 printf '%s\n' "$run_id" | grep -qE '^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$' ||
   fail "TORCHELASTIC_RUN_ID=$run_id is not a uuid4"
 run=$(run_dir_in "$logs" "$run_id") || exit 1
-expect_in_file "$WORK/out" "[rank1]: out 1" "teed stdout on the console"
+# A tee'd stream's console lines carry torchrun's TailLog prefix, [ROLE LOCAL_RANK]:, as torchrun's.
+expect_in_file "$WORK/out" "[default1]:out 1" "teed stdout on the console"
 expect_in_file "$run/attempt_0/1/stdout.log" "out 1" "teed stdout in the file"
-grep -q '^\[rank' "$WORK/err" && fail "--redirects 2 let stderr reach the console"
+grep -q 'err [01]' "$WORK/err" && fail "--redirects 2 let stderr reach the console"
 expect_in_file "$run/attempt_0/0/stderr.log" "err 0" "redirected stderr in the file"
 
 # Per-rank map: only local rank 0's stdout is redirected; no files for the rest.
@@ -66,7 +67,7 @@ grep -q 'to the temp dir' "$WORK/out" && fail "--redirects 3 output reached the 
 rm -rf "$temp_logs"
 cpprun --tee=0:2 /bin/sh -c 'echo "teed" >&2'
 expect_eq "$?" 0 "--tee without --log_dir"
-expect_in_file "$WORK/err" "[rank0]: teed" "teed stderr on the console"
+expect_in_file "$WORK/err" "[default0]:teed" "teed stderr on the console"
 rm -rf "$TMPDIR"/torchelastic_*
 
 # --duplicate_stdout_filters: tee'd lines holding a needle also go, prefixed, to attempt_N/filtered_stdout.log.
@@ -76,7 +77,7 @@ cpprun --nproc_per_node=2 --tee=1 --duplicate-stdout-filters='loss,,x,step' --lo
 expect_eq "$?" 0 "filters exit code"
 run=$(run_dir_in "$logs") || exit 1
 expect_eq "$(sort "$run/attempt_0/filtered_stdout.log" | tr '\n' '|')" \
-  "[rank0]: loss,x 0|[rank0]: step 0|[rank1]: loss,x 1|[rank1]: step 1|" "filtered_stdout.log"
+  "[default0]:loss,x 0|[default0]:step 0|[default1]:loss,x 1|[default1]:step 1|" "filtered_stdout.log"
 [ ! -e "$run/attempt_0/filtered_stderr.log" ] || fail "a filtered_stderr.log without --duplicate_stderr_filters"
 
 # A --log_dir that cannot be created.
