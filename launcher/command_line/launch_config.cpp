@@ -85,6 +85,11 @@ int parse_nproc_per_node(const std::string& text, const HostFacts& host) {
                      ": no NVIDIA GPU is visible (no /dev/nvidiaN, or CUDA_VISIBLE_DEVICES hides them "
                      "all); pass a number of workers, or 'cpu' for one per CPU core");
   }
+  if (text == "xpu") {
+    throw UsageError(with_value(flag, text) +
+                     ": cpprun counts NVIDIA GPUs only (its LibTorch is a CUDA or CPU build), not Intel XPUs; "
+                     "pass the number of workers (e.g. --nproc_per_node=4), or 'gpu' or 'cpu'");
+  }
   if (const std::optional<int> value = int_in_range(text, 1, kMaxNprocPerNode)) return *value;
   throw UsageError(with_value(flag, text) +
                    ": expected the number of workers on this node, a whole number >= 1, or one of "

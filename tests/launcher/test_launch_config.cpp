@@ -124,6 +124,8 @@ TEST_CASE("launch_config: nproc_per_node accepts cpu, gpu and auto", "[launch_co
   CHECK(parse({"--nproc_per_node=auto", "x"}, fake_host(6, 0)).nproc_per_node == 6);
   REQUIRE_THROWS_WITH(parse_launch_config({"--nproc_per_node=gpu", "x"}, fake_host(6, 0)),
                       Contains("--nproc_per_node=gpu") && Contains("no NVIDIA GPU"));
+  CHECK_THAT(usage_error({"--nproc_per_node=xpu", "x"}),
+             Contains("--nproc_per_node=xpu") && Contains("not Intel XPUs") && Contains("number of workers"));
 }
 
 TEST_CASE("launch_config: static nnodes is a fixed number of nodes; ranges need c10d", "[launch_config]") {
