@@ -16,6 +16,7 @@
 
 #include "command_line/option_spelling.h"
 #include "command_line/scheduler_env.h"
+#include "common/host_secret.h"
 #include "common/job_secret.h"
 
 namespace cpprun::launcher {
@@ -577,6 +578,7 @@ RendezvousSettings rendezvous_settings(const LaunchConfig& c) {
   s.run_id = c.run_id;
   s.shape = {c.nproc_per_node, c.role};
   s.job_secret = c.job_secret;
+  s.job_secret_note = c.job_secret_note;
   s.local_addr = c.local_addr;
   return s;
 }
@@ -735,6 +737,16 @@ ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, cons
   secret.endpoint_host = config.master_addr;
   secret.port = config.master_port;
   secret.rdzv_id = config.run_id;
+  const std::optional<std::string> given = env(kJobSecretVariable);
+  if (job_secret_source(secret, given && !given->empty()) == JobSecretSource::kHostShared) {
+    if (config.dry_run) {  // it starts nothing, so it writes no secret either
+      config.job_secret = random_nonce() + random_nonce();
+      return result;
+    }
+    config.job_secret_note = "cpprun: no CPPRUN_JOB_SECRET: this job's agents on this host share this user's secret in " +
+                             host_secret_path(host_secret_folder(env), secret.port, secret.rdzv_id) +
+                             ", which only this user can read";
+  }
   config.job_secret = resolve_job_secret(secret, env);
   return result;
 }

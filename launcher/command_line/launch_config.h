@@ -51,6 +51,8 @@ struct LaunchConfig {
   // Multi-node: what the agents prove to each other (job_secret.h); "" with --no_job_secret.
   std::string job_secret;
   bool no_job_secret = false;
+  // Where a secret the user did not give is kept, said once when the agent starts ("" otherwise).
+  std::string job_secret_note;
 
   OutputOptions output;  // --redirects, --tee, --local_ranks_filter, --log_dir
   // --log_line_prefix_template (or $TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE): "" keeps "[rankN]: ".

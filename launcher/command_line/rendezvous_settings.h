@@ -42,6 +42,7 @@ struct RendezvousSettings {
   std::string run_id = "none";
   NodeShape shape;         // --nproc_per_node and --role
   std::string job_secret;  // "" with --no_job_secret
+  std::string job_secret_note;  // where this user's shared secret is kept, when the user gave none
   // c10d: --local_addr, the workers' MASTER_ADDR when this agent hosts ("": the endpoint's host).
   std::string local_addr;
 

@@ -49,7 +49,9 @@ std::string why_not_private(const struct stat& st, bool want_folder) {
 }
 
 void make_private_folder(const std::string& folder) {
-  if (::mkdir(folder.c_str(), 0700) != 0 && errno != EEXIST) {
+  if (::mkdir(folder.c_str(), 0700) == 0) {
+    ::chmod(folder.c_str(), 0700);  // a umask such as 0177 would leave the owner unable to enter it
+  } else if (errno != EEXIST) {
     throw UsageError("cannot make " + folder + ", where the agents of a job on one host keep its secret (" +
                      errno_text() + ")" + kWayOut);
   }
@@ -82,11 +84,16 @@ void write_once(const std::string& folder, const std::string& path) {
   const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd < 0) throw UsageError("cannot write " + temp + " (" + errno_text() + ")" + kWayOut);
   const std::string secret = random_nonce() + random_nonce();
-  const bool written = ::write(fd, secret.data(), secret.size()) == static_cast<ssize_t>(secret.size());
+  errno = 0;
+  // fchmod: whatever the umask, the owner reads it; fsync: a crash never leaves an empty file linked.
+  const bool written = ::fchmod(fd, 0600) == 0 &&
+                       ::write(fd, secret.data(), secret.size()) == static_cast<ssize_t>(secret.size()) &&
+                       ::fsync(fd) == 0;
+  const std::string write_error = errno != 0 ? errno_text() : "a short write";
   ::close(fd);
   // link() fails with EEXIST when an agent of the same job linked its own first: then that one holds.
   const bool linked = written && (::link(temp.c_str(), path.c_str()) == 0 || errno == EEXIST);
-  const std::string error = errno_text();
+  const std::string error = written ? errno_text() : write_error;
   ::unlink(temp.c_str());
   if (!linked) throw UsageError("cannot write " + path + " (" + error + ")" + kWayOut);
 }
@@ -102,7 +109,10 @@ std::string read_secret(const std::string& path) {
   if (why.empty() && n != static_cast<ssize_t>(kSecretHexDigits)) {
     why = "it holds " + std::to_string(n) + " bytes, not the " + std::to_string(kSecretHexDigits) + " hex digits cpprun writes";
   }
-  if (!why.empty()) throw UsageError(path + " cannot hold this job's secret: " + why + kWayOut);
+  if (!why.empty()) {
+    throw UsageError(path + " cannot hold this job's secret: " + why + "; remove it, and the next agent writes a new one" +
+                     kWayOut);
+  }
   secret.resize(kSecretHexDigits);
   return secret;
 }
@@ -119,14 +129,22 @@ bool is_loopback_endpoint_host(const std::string& host) {
 
 std::string host_secret_folder(const EnvLookup& env) {
   const std::optional<std::string> runtime = env("XDG_RUNTIME_DIR");
-  if (runtime && !runtime->empty() && runtime->front() == '/') return *runtime + "/cpprun";
+  struct stat st {};
+  if (runtime && !runtime->empty() && runtime->front() == '/' && ::lstat(runtime->c_str(), &st) == 0 &&
+      why_not_private(st, true).empty()) {
+    return *runtime + "/cpprun";
+  }
   return "/tmp/cpprun-" + std::to_string(::geteuid());
+}
+
+std::string host_secret_path(const std::string& folder, int port, const std::string& rdzv_id) {
+  return folder + "/" + file_name(port, rdzv_id);
 }
 
 std::string shared_host_secret(const std::string& folder, int port, const std::string& rdzv_id) {
   make_private_folder(folder);
-  const std::string path = folder + "/" + file_name(port, rdzv_id);
-  if (::access(path.c_str(), F_OK) != 0) write_once(folder, path);
+  const std::string path = host_secret_path(folder, port, rdzv_id);
+  if (::faccessat(AT_FDCWD, path.c_str(), F_OK, AT_EACCESS) != 0) write_once(folder, path);
   return read_secret(path);
 }
 

@@ -16,9 +16,13 @@ namespace cpprun::launcher {
 // taken as one, and that job then needs CPPRUN_JOB_SECRET as any multi-node job does.)
 bool is_loopback_endpoint_host(const std::string& host);
 
-// The folder of this user's job secrets: $XDG_RUNTIME_DIR/cpprun when that variable names an
-// absolute path, else /tmp/cpprun-UID (UID the effective user id).
+// The folder of this user's job secrets: $XDG_RUNTIME_DIR/cpprun when that variable names a folder
+// this user owns with mode 0700 (what the XDG spec promises; a stale or shared value is passed
+// over), else /tmp/cpprun-UID (UID the effective user id).
 std::string host_secret_folder(const EnvLookup& env);
+
+// Where shared_host_secret() keeps the secret of the job at `port` with `rdzv_id`.
+std::string host_secret_path(const std::string& folder, int port, const std::string& rdzv_id);
 
 // The secret of the job at loopback port `port` with rendezvous id `rdzv_id`, shared by this user's
 // agents on this host: read from FOLDER/job-<hash of port and id>, which the first agent writes (32

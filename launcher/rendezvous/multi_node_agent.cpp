@@ -15,6 +15,7 @@ int run_multi_node(const RendezvousSettings& settings, const WorkerSettings& wor
                    const EnvMap& parent_env, const KeeperSettings& keeper, SignalRelay& relay,
                    const RunDirectory& run_dir) {
   if (settings.job_secret.empty()) std::cerr << no_secret_warning(settings.endpoint()) << "\n";  // --no_job_secret
+  if (!settings.job_secret_note.empty()) std::cerr << settings.job_secret_note << "\n";
   int signal = 0;
   const std::unique_ptr<NodeRendezvous> rendezvous = open_rendezvous(settings, keeper, relay, signal);
   std::optional<RankLayout> layout;

@@ -282,7 +282,9 @@ bool NodeLink::check_verdict(const std::string& line, Received& got) {
   const std::vector<std::string> words = split_words(line);
   if (words.size() == 1 && words[0] == kRefusedWord) {
     got.refused = "refused this agent's proof of the job secret: the nodes were given different secrets "
-                  "(CPPRUN_JOB_SECRET or --job_secret_file); give every node the same one";
+                  "(CPPRUN_JOB_SECRET or --job_secret_file; given neither, agents on one host share one only "
+                  "when started by the same user with the same XDG_RUNTIME_DIR, and a --nnodes=1 job's is its "
+                  "agent's own); give every node the same one";
     return false;
   }
   if (words.size() != 2 || words[0] != kAcceptedWord ||

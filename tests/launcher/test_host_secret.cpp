@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <optional>
 #include <string>
@@ -67,17 +68,30 @@ TEST_CASE("host_secret: which jobs make or share a secret when none is given", "
   CHECK_FALSE(is_loopback_endpoint_host("localhost.example.com"));
   CHECK_FALSE(is_loopback_endpoint_host(""));
 
-  CHECK(host_secret_folder([](const std::string&) { return std::optional<std::string>("/run/user/7"); }) ==
-        "/run/user/7/cpprun");
-  CHECK(host_secret_folder([](const std::string&) { return std::optional<std::string>("relative"); }) ==
-        "/tmp/cpprun-" + std::to_string(::geteuid()));
+  // $XDG_RUNTIME_DIR only when it is this user's private folder (a stale value from another
+  // machine, or a shared one, is passed over): else /tmp/cpprun-UID.
+  const std::string fallback = "/tmp/cpprun-" + std::to_string(::geteuid());
+  const auto runtime = [](std::string value) {
+    return [value](const std::string&) { return std::optional<std::string>(value); };
+  };
+  const launcher_test::ScratchDir scratch;
+  const std::string own = scratch.path + "/run";
+  REQUIRE(::mkdir(own.c_str(), 0700) == 0);
+  REQUIRE(::chmod(own.c_str(), 0700) == 0);
+  CHECK(host_secret_folder(runtime(own)) == own + "/cpprun");
+  REQUIRE(::chmod(own.c_str(), 0755) == 0);
+  CHECK(host_secret_folder(runtime(own)) == fallback);
+  CHECK(host_secret_folder(runtime(scratch.path + "/missing")) == fallback);
+  CHECK(host_secret_folder(runtime("relative")) == fallback);
 }
 
 TEST_CASE("host_secret: the agents of a job on this host share one secret only this user can read",
           "[host_secret]") {
   const launcher_test::ScratchDir scratch;
   const std::string folder = scratch.path + "/secrets";
+  const mode_t umask_before = ::umask(0177);  // the owner's own bits masked: still 0700 and 0600
   const std::string first = shared_host_secret(folder, 29400, "job-a");
+  ::umask(umask_before);
   CHECK(first.size() == 64);
   CHECK(first.find_first_not_of("0123456789abcdef") == std::string::npos);
   CHECK(mode_of(folder) == 0700);
@@ -128,5 +142,14 @@ TEST_CASE("host_secret: a folder or file another user could reach is refused", "
     REQUIRE(::chmod(entry.path().c_str(), 0644) == 0);
   }
   CHECK_THAT(usage_error_of([&] { shared_host_secret(folder, 5, "y"); }),
-             Contains("cannot hold this job's secret") && Contains("may use it"));
+             Contains("cannot hold this job's secret") && Contains("may use it") && Contains("remove it"));
+  // A file cut short (written by hand) is not believed either.
+  const std::string path = host_secret_path(folder, 6, "z");
+  {
+    std::ofstream out(path);
+    out << "short";
+  }
+  REQUIRE(::chmod(path.c_str(), 0600) == 0);
+  CHECK_THAT(usage_error_of([&] { shared_host_secret(folder, 6, "z"); }),
+             Contains("holds 5 bytes") && Contains("remove it"));
 }

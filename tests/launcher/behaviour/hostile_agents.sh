@@ -19,6 +19,7 @@ expect_in_file "$WORK/err" "--no_job_secret" "the way out"
 # another folder stands for another user's, who cannot read this one's: refused as a stranger.
 endpoint=127.0.0.1:29574
 mkdir -p "$WORK/xdg" "$WORK/xdg-other"
+chmod 700 "$WORK/xdg" "$WORK/xdg-other"  # else not taken as this user's runtime folders
 CPPRUN_JOB_SECRET= XDG_RUNTIME_DIR=$WORK/xdg start_node h0 --nnodes=2 --rdzv_backend=c10d --rdzv_endpoint=$endpoint \
   --rdzv_id=on-one-host --rdzv_conf join_timeout=40 /bin/sh -c 'echo "worker $RANK done"'
 h0=$NODE_PID
@@ -41,6 +42,16 @@ expect_in_file "$WORK/h1.out" "worker 1 done" "rank 1 on one host"
 secrets=("$WORK"/xdg/cpprun/*)
 [ ${#secrets[@]} = 1 ] || fail "expected one secret file, found: ${secrets[*]}"
 [ "$(stat -c %a "${secrets[0]}")" = 600 ] || fail "the secret file has mode $(stat -c %a "${secrets[0]}"), not 600"
+expect_in_file "$WORK/h0.err" "share this user's secret in ${secrets[0]}" "where the shared secret is kept"
+# A dry run of such a job writes no secret.
+rm -rf "$WORK/xdg/cpprun"
+CPPRUN_JOB_SECRET= XDG_RUNTIME_DIR=$WORK/xdg cpprun --dry_run --nnodes=2 --rdzv_backend=c10d --rdzv_endpoint=$endpoint /bin/true
+expect_eq $? 0 "dry run without a secret"
+[ ! -e "$WORK/xdg/cpprun" ] || fail "a dry run wrote a secret: $(ls -la "$WORK/xdg/cpprun")"
+# One c10d agent (--nnodes=1), no secret given, its endpoint on no loopback name: its own secret.
+CPPRUN_JOB_SECRET= cpprun --rdzv_backend=c10d --nnodes=1 --rdzv_endpoint=127.0.0.1:29575 /bin/sh -c 'echo "alone $RANK"'
+expect_eq $? 0 "one c10d agent without a secret"
+expect_in_file "$WORK/out" "alone 0" "its worker ran"
 
 # ---- static: node 0 waits for node 1; strangers come first ----
 port=29571
