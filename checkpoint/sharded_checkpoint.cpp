@@ -35,7 +35,7 @@ std::string key(const std::string& name, const std::string& what) { return name 
 constexpr int64_t kFormat = 2;  // 2: rows per parameter by name; 1 (no "format" key): flat shards per unit
 constexpr const char* kArchiveSaveIdKey = "save_id";  // in every file of a save, meta.pt too
 // The optimizer's state tensors a file may hold (checkpoint/optimizer_state.h's names).
-constexpr const char* kStateNames[] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer"};
+constexpr const char* kShardedStateNames[] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer"};
 
 int64_t read_int(torch::serialize::InputArchive& archive, const std::string& name) {
   at::Tensor t;
@@ -62,7 +62,7 @@ std::string shape_text(c10::IntArrayRef sizes) {
 }
 
 // A tensor's rows are its dim 0; a 0-d tensor is one row (as FSDP shards it).
-int64_t rows_of(const std::vector<int64_t>& sizes) { return sizes.empty() ? 1 : sizes[0]; }
+int64_t leading_rows(const std::vector<int64_t>& sizes) { return sizes.empty() ? 1 : sizes[0]; }
 at::Tensor as_rows(const at::Tensor& t) { return t.dim() == 0 ? t.reshape({1}) : t; }
 
 // The tensors the format holds: the trained parameters (FSDP shards every one), not buffers nor
@@ -171,7 +171,7 @@ std::vector<FileRows> rows_to_write(const std::vector<const StateEntry*>& saved,
   // Which split parameters have state, its step and its tensors: a rank holding no rows of one
   // may hold none where the others do, so the team agrees (max) and every rank joins the same
   // gathers (zeros where it holds nothing).
-  constexpr std::size_t kNames = std::size(kStateNames);
+  constexpr std::size_t kNames = std::size(kShardedStateNames);
   std::vector<int64_t> agreed(n * (2 + kNames), 0);
   const bool any_split = std::any_of(saved.begin(), saved.end(),
                                      [](const StateEntry* e) { return e->placement.tensor_parallel.has_value(); });
@@ -181,7 +181,7 @@ std::vector<FileRows> rows_to_write(const std::vector<const StateEntry*>& saved,
       int64_t* flags = &agreed[i * (2 + kNames)];
       flags[0] = 1;
       flags[1] = local[i]->step;
-      for (std::size_t k = 0; k < kNames; ++k) flags[2 + k] = local[i]->tensors.count(kStateNames[k]) ? 1 : 0;
+      for (std::size_t k = 0; k < kNames; ++k) flags[2 + k] = local[i]->tensors.count(kShardedStateNames[k]) ? 1 : 0;
     }
     at::Tensor t = at::tensor(agreed, at::kLong).to(saved.front()->device);
     max_over_team(team, t);
@@ -195,7 +195,7 @@ std::vector<FileRows> rows_to_write(const std::vector<const StateEntry*>& saved,
       out[i] = {entry.local.detach(), local[i]};
       continue;
     }
-    const int64_t rows = rows_of(entry.whole_sizes);
+    const int64_t rows = leading_rows(entry.whole_sizes);
     const RowRange range = rows_in_file(rows, files.count, files.mine);
     // Compact: a narrowed view would carry the rest of the tensor into the file.
     const auto cut = [&](const at::Tensor& whole) {
@@ -217,9 +217,10 @@ std::vector<FileRows> rows_to_write(const std::vector<const StateEntry*>& saved,
     for (std::size_t k = 0; k < kNames; ++k) {
       if (flags[2 + k] == 0) continue;
       at::Tensor mine;
-      if (local[i] && local[i]->tensors.count(kStateNames[k])) mine = local[i]->tensors.at(kStateNames[k]).detach();
+      if (local[i] && local[i]->tensors.count(kShardedStateNames[k]))
+        mine = local[i]->tensors.at(kShardedStateNames[k]).detach();
       if (!mine.defined()) mine = at::zeros_like(entry.local);
-      out[i].state->tensors[kStateNames[k]] = cut(gather_whole(entry, mine));
+      out[i].state->tensors[kShardedStateNames[k]] = cut(gather_whole(entry, mine));
     }
   }
   return out;
@@ -367,7 +368,7 @@ void load_sharded_checkpoint(const StateView& view, torch::optim::Optimizer* opt
   // rank wants (counted from the first it wants), as its own rows [in_file, in_file + count).
   using Overlap = std::function<void(int64_t, int64_t, int64_t, int64_t)>;
   auto overlaps = [&](const StateEntry& entry, const Overlap& fn) {
-    const int64_t rows = rows_of(entry.whole_sizes);
+    const int64_t rows = leading_rows(entry.whole_sizes);
     const int64_t per_file = (rows + saved_files - 1) / saved_files;
     const bool own_rows = local_is_file_rows(entry);
     const int64_t lo = own_rows ? entry.placement.rows->first_row : 0;

@@ -69,7 +69,7 @@ std::string describe(const at::Tensor& t) {
   return out.str();
 }
 
-std::string join(const std::vector<std::string>& items, const std::string& separator) {
+std::string join_keys(const std::vector<std::string>& items, const std::string& separator) {
   std::string out;
   for (std::size_t i = 0; i < items.size(); ++i) out += (i ? separator : "") + items[i];
   return out;
@@ -94,16 +94,16 @@ std::string mismatch_message(const StateDictLoadReport& report, const std::strin
                         ": its tensors do not match the module's, and nothing was loaded.";
   if (!report.missing_keys.empty()) {
     message += std::string("\n  missing from the ") + (directory ? "index and its files" : "file") + " (" +
-               std::to_string(report.missing_keys.size()) + "): " + join(report.missing_keys, ", ");
+               std::to_string(report.missing_keys.size()) + "): " + join_keys(report.missing_keys, ", ");
   }
   if (!report.unexpected_keys.empty()) {
     message += std::string("\n  in the ") + (directory ? "files" : "file") + " but not in the module (" +
                std::to_string(report.unexpected_keys.size()) +
-               "): " + join(located(report.unexpected_keys, false), ", ");
+               "): " + join_keys(located(report.unexpected_keys, false), ", ");
   }
   if (!report.mismatched.empty()) {
     message += "\n  shape or dtype differs (" + std::to_string(report.mismatched.size()) + "):\n    " +
-               join(located(report.mismatched, true), "\n    ");
+               join_keys(located(report.mismatched, true), "\n    ");
   }
   return message + "\nIs it another model's file? To load only what fits, pass StateDictOptions().strict(false).";
 }
@@ -111,8 +111,8 @@ std::string mismatch_message(const StateDictLoadReport& report, const std::strin
 // Lists split by '\x01', items by '\0'.
 std::string encode_report(const StateDictLoadReport& report) {
   const std::string nul(1, '\0');
-  return join(report.missing_keys, nul) + '\x01' + join(report.unexpected_keys, nul) + '\x01' +
-         join(report.mismatched, nul);
+  return join_keys(report.missing_keys, nul) + '\x01' + join_keys(report.unexpected_keys, nul) + '\x01' +
+         join_keys(report.mismatched, nul);
 }
 StateDictLoadReport decode_report(const std::string& bytes) {
   std::vector<std::vector<std::string>> lists(1);

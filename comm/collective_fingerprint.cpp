@@ -35,7 +35,7 @@ int64_t fold_tail(at::IntArrayRef sizes) {
   return static_cast<int64_t>(hash >> 1);
 }
 
-std::string dtype_name(int64_t dtype) {
+std::string fingerprint_dtype_name(int64_t dtype) {
   if (dtype < 0 || dtype >= static_cast<int64_t>(c10::ScalarType::NumOptions)) return "?";
   return std::string(c10::getDtypeNames(static_cast<c10::ScalarType>(dtype)).first);
 }
@@ -143,7 +143,7 @@ std::string describe(const at::Tensor& fingerprint) {
   for (int64_t t = 0; t < v[kTensorCountSlot]; ++t) {
     out << (t ? ", " : "");
     if (v[kDeviceSlot] >= 0 && device != c10::DeviceType::CPU) out << c10::DeviceTypeName(device, true) << " ";
-    out << dtype_name(v[kDtypeSlot]) << "[";
+    out << fingerprint_dtype_name(v[kDtypeSlot]) << "[";
     const int64_t ndim = v[tensor_slot(t, 0)];
     if (ndim < 0) out << "*";
     for (int64_t d = 0; d < std::min(ndim, kMaxDims); ++d) {

@@ -18,7 +18,7 @@ namespace {
 // Relaxed: a sum read now and then, ordering nothing.
 std::atomic<int64_t> waited_ns{0};
 
-using Millis = std::chrono::duration<double, std::milli>;
+using FractionalMillis = std::chrono::duration<double, std::milli>;
 
 double median(std::vector<double> values) {
   if (values.empty()) return 0;
@@ -65,8 +65,8 @@ void StepTimer::step_done() {
 
 StepReport StepTimer::report(const ProcessGroup& group) {
   const int64_t steps = steps_since_report();
-  const double wall_ms = steps ? Millis(last_step_ - window_start_).count() : 0;
-  const double waiting_ms = steps ? Millis(waiting_at_last_step_ - waiting_at_start_).count() : 0;
+  const double wall_ms = steps ? FractionalMillis(last_step_ - window_start_).count() : 0;
+  const double waiting_ms = steps ? FractionalMillis(waiting_at_last_step_ - waiting_at_start_).count() : 0;
   at::Tensor mine = at::tensor({static_cast<double>(steps), wall_ms, waiting_ms}, at::kDouble);
   at::Tensor all = at::empty({3 * static_cast<int64_t>(group.size())}, at::kDouble);
   all_gather_into(group, all, mine);

@@ -3,7 +3,7 @@
 // current (stages 1 and 2: all-gathered after each optimizer step; stage 3: ParameterResidency's
 // gather on use); gradients are reduced by GradientSync; checkpoints see the shards through
 // describe_state (checkpoint/state_view.h). What differs between the ZeRO stages is decided once,
-// in StageBehaviour.
+// in FsdpStageBehaviour.
 #include "cpprun/detail/fsdp_core.h"
 
 #include <ATen/ATen.h>
@@ -28,6 +28,13 @@
 
 namespace cpprun::detail {
 
+// Everything the ZeRO stage decides, in one place. Outside the anonymous namespace because
+// FsdpCore::Impl (declared in the header) holds one.
+struct FsdpStageBehaviour {
+  bool shard_gradients;   // reduce-scatter into shard gradients (2, 3), not all-reduce (1)
+  bool shard_parameters;  // full parameters exist only while used (3): gathered on use
+};
+
 namespace {
 
 // Rank 0's parameters and buffers of `module` on every rank of `group`.
@@ -38,12 +45,6 @@ void broadcast_module_state(torch::nn::Module& module, const ProcessGroup& group
   broadcast_coalesced(group, state, 0);
 }
 
-// Everything the ZeRO stage decides, in one place.
-struct StageBehaviour {
-  bool shard_gradients;   // reduce-scatter into shard gradients (2, 3), not all-reduce (1)
-  bool shard_parameters;  // full parameters exist only while used (3): gathered on use
-};
-
 // Note [Nothing to shard alone]
 // In a shard group of one rank, this rank's shard of every parameter is the whole parameter. At
 // stage 3, releasing the full parameters after each use and gathering them again would free
@@ -53,12 +54,12 @@ struct StageBehaviour {
 // Mixed precision (the compute copy is another dtype: releasing it frees memory) and CPU offload
 // (the shard lives on the host) keep the gather on use. The gradients' side is GradientSync's
 // (Note [Nothing to reduce-scatter alone] in gradient_sync.cpp).
-StageBehaviour behaviour_of(const FsdpOptions& options, int shard_world) {
+FsdpStageBehaviour behaviour_of(const FsdpOptions& options, int shard_world) {
   const int stage = options.stage();
   TORCH_CHECK(stage >= 1 && stage <= 3, "cpprun::FullyShardedDataParallel: stage must be 1, 2 or 3 (the ZeRO "
               "stages), got ", stage, ".");
   const bool alone = shard_world == 1 && !options.param_dtype() && !options.cpu_offload();
-  return StageBehaviour{stage >= 2, stage == 3 && !alone};
+  return FsdpStageBehaviour{stage >= 2, stage == 3 && !alone};
 }
 
 }  // namespace
@@ -68,7 +69,7 @@ struct FsdpCore::Impl {
   ProcessGroup group;
   FsdpOptions options;
   ShardGroups groups;  // HSDP: shard within groups.shard, replicate across groups.replicate
-  StageBehaviour stage;
+  FsdpStageBehaviour stage;
   std::vector<ParamBucket> buckets;  // never resized after construction: the others refer to them
   std::unique_ptr<ParameterResidency> residency;  // stage 3; before `sync`, whose hooks call it
   std::unique_ptr<GradientSync> sync;

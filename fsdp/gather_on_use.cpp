@@ -24,7 +24,7 @@ std::mutex& registry_mutex() {
   static std::mutex mutex;
   return mutex;
 }
-std::unordered_map<const c10::StorageImpl*, Watch>& registry() {
+std::unordered_map<const c10::StorageImpl*, Watch>& watch_registry() {
   static std::unordered_map<const c10::StorageImpl*, Watch> watches;
   return watches;
 }
@@ -32,8 +32,8 @@ std::unordered_map<const c10::StorageImpl*, Watch>& registry() {
 void collect(const at::Tensor& tensor, std::vector<Watch>& uses) {
   if (!tensor.defined() || !tensor.key_set().has(kWatchKey) || !tensor.has_storage()) return;
   std::lock_guard<std::mutex> lock(registry_mutex());
-  auto it = registry().find(tensor.storage().unsafeGetStorageImpl());
-  if (it == registry().end()) return;
+  auto it = watch_registry().find(tensor.storage().unsafeGetStorageImpl());
+  if (it == watch_registry().end()) return;
   const Watch& w = it->second;
   const bool seen = std::any_of(uses.begin(), uses.end(),
                                 [&](const Watch& u) { return u.listener == w.listener && u.unit == w.unit; });
@@ -78,7 +78,7 @@ void watch_uses(const at::Tensor& storage_of, const std::vector<at::Tensor>& ten
   set_extension_handler(&report_uses_then_run);
   {
     std::lock_guard<std::mutex> lock(registry_mutex());
-    registry()[storage_of.storage().unsafeGetStorageImpl()] = Watch{&listener, unit};
+    watch_registry()[storage_of.storage().unsafeGetStorageImpl()] = Watch{&listener, unit};
   }
   for (const auto& t : tensors) set_extension_key(t, true);
 }
@@ -86,7 +86,7 @@ void watch_uses(const at::Tensor& storage_of, const std::vector<at::Tensor>& ten
 void unwatch_uses(const at::Tensor& storage_of, const std::vector<at::Tensor>& tensors) {
   for (const auto& t : tensors) set_extension_key(t, false);
   std::lock_guard<std::mutex> lock(registry_mutex());
-  registry().erase(storage_of.storage().unsafeGetStorageImpl());
+  watch_registry().erase(storage_of.storage().unsafeGetStorageImpl());
 }
 
 }  // namespace cpprun::detail

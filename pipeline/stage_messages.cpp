@@ -9,7 +9,7 @@
 namespace cpprun::detail {
 
 namespace {
-constexpr int kMaxDims = 16;
+constexpr int kMaxMessageDims = 16;
 constexpr int64_t kTagBase = int64_t{1} << 26;
 }  // namespace
 
@@ -34,11 +34,11 @@ std::string stage_message_label(StageMessage kind, bool sending, int stage, int 
          std::to_string(peer_stage);
 }
 
-at::Tensor shape_buffer() { return at::zeros({kMaxDims + 2}, at::kLong); }
+at::Tensor shape_buffer() { return at::zeros({kMaxMessageDims + 2}, at::kLong); }
 
 at::Tensor encode_shape(const at::Tensor& activation) {
-  TORCH_CHECK(activation.dim() <= kMaxDims, "pipeline: a stage's output has ", activation.dim(),
-              " dimensions; at most ", kMaxDims, " travel between stages.");
+  TORCH_CHECK(activation.dim() <= kMaxMessageDims, "pipeline: a stage's output has ", activation.dim(),
+              " dimensions; at most ", kMaxMessageDims, " travel between stages.");
   at::Tensor encoded = shape_buffer();
   auto* out = encoded.data_ptr<int64_t>();
   out[0] = static_cast<int64_t>(activation.scalar_type());
@@ -49,7 +49,7 @@ at::Tensor encode_shape(const at::Tensor& activation) {
 
 at::Tensor empty_from_shape(const at::Tensor& encoded, const at::Device& device) {
   const auto* in = encoded.data_ptr<int64_t>();
-  TORCH_CHECK(in[1] >= 0 && in[1] <= kMaxDims && in[0] >= 0 &&
+  TORCH_CHECK(in[1] >= 0 && in[1] <= kMaxMessageDims && in[0] >= 0 &&
                   in[0] < static_cast<int64_t>(at::ScalarType::NumOptions),
               "pipeline: a shape message that does not decode (", encoded, ")");
   std::vector<int64_t> sizes(in + 2, in + 2 + in[1]);

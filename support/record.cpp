@@ -92,7 +92,7 @@ struct Report {
   std::string type, message, callstack;
 };
 
-Report describe(std::exception_ptr error) {
+Report report_of(std::exception_ptr error) {
   Report r;
   try {
     std::rethrow_exception(error);
@@ -124,7 +124,7 @@ void set_error_report_hook(ErrorReportHook hook) noexcept { error_report_hook.st
 
 int report_exception(std::exception_ptr error) noexcept {
   try {
-    const Report report = describe(error);
+    const Report report = report_of(error);
     const char* rank = std::getenv("RANK");
     // The message on stderr first: it must not depend on the error file being writable.
     std::fprintf(stderr, "error%s%s: %s: %s\n", rank ? " on rank " : "", rank ? rank : "", report.type.c_str(),

@@ -12,7 +12,7 @@ namespace {
 
 constexpr int kMaxIndexDepth = 4;  // {"weight_map": {"name": "file"}} nests 2 deep
 
-[[noreturn]] void bad(const std::string& path, const std::string& why) {
+[[noreturn]] void bad_index(const std::string& path, const std::string& why) {
   throw CorruptCheckpointError("cpprun: the safetensors index " + path + " is invalid: " + why +
                                ". Save the model again, or use another checkpoint.");
 }
@@ -116,34 +116,35 @@ SafetensorsIndex read_safetensors_index(std::string_view text, const std::string
   try {
     root = parse_json(text, kMaxIndexDepth);
   } catch (const JsonSyntaxError& e) {
-    bad(path, std::string("its JSON is ") + e.what());
+    bad_index(path, std::string("its JSON is ") + e.what());
   }
-  if (root.kind != Json::Kind::kObject) bad(path, "it is not a JSON object");
+  if (root.kind != Json::Kind::kObject) bad_index(path, "it is not a JSON object");
   SafetensorsIndex index;
   bool has_map = false;
   for (const auto& [key, value] : root.members) {
     if (key == "metadata") {
-      if (value.kind != Json::Kind::kObject) bad(path, "its \"metadata\" is not a JSON object");
+      if (value.kind != Json::Kind::kObject) bad_index(path, "its \"metadata\" is not a JSON object");
       for (const auto& [mkey, mvalue] : value.members) {
         if (mvalue.kind == Json::Kind::kString || mvalue.kind == Json::Kind::kNumber) {
           index.metadata[mkey] = mvalue.text;
         }
       }
     } else if (key == "weight_map") {
-      if (value.kind != Json::Kind::kObject) bad(path, "its \"weight_map\" is not a JSON object");
+      if (value.kind != Json::Kind::kObject) bad_index(path, "its \"weight_map\" is not a JSON object");
       has_map = true;
       for (const auto& [name, file] : value.members) {
-        if (file.kind != Json::Kind::kString) bad(path, "its weight_map entry \"" + name + "\" is not a file name");
+        if (file.kind != Json::Kind::kString)
+          bad_index(path, "its weight_map entry \"" + name + "\" is not a file name");
         // A file beside the index: never a path that could lead elsewhere.
         if (file.text.empty() || file.text.find('/') != std::string::npos || file.text == "." || file.text == "..") {
-          bad(path, "its weight_map puts \"" + name + "\" in \"" + file.text +
+          bad_index(path, "its weight_map puts \"" + name + "\" in \"" + file.text +
                         "\", which is not the name of a file in the index's directory");
         }
         index.weight_map[name] = file.text;
       }
     }
   }
-  if (!has_map) bad(path, "it has no \"weight_map\"");
+  if (!has_map) bad_index(path, "it has no \"weight_map\"");
   return index;
 }
 

@@ -26,7 +26,7 @@ constexpr std::pair<at::ScalarType, const char*> kStorageClasses[] = {
     {at::kShort, "ShortStorage"}, {at::kChar, "CharStorage"}, {at::kByte, "ByteStorage"},
     {at::kBool, "BoolStorage"}};
 
-[[noreturn]] void bad(const std::string& path, const std::string& why) {
+[[noreturn]] void bad_pt_file(const std::string& path, const std::string& why) {
   throw CorruptCheckpointError("cpprun: " + path + " is not a torch.save file of a dict of tensors: " + why + ".");
 }
 
@@ -170,7 +170,7 @@ class PickleReader {
   }
 
  private:
-  [[noreturn]] void fail(const std::string& why) { bad(path_, "data.pkl: " + why); }
+  [[noreturn]] void fail(const std::string& why) { bad_pt_file(path_, "data.pkl: " + why); }
   static std::string hex(char c) {
     const char* digits = "0123456789abcdef";
     return {digits[(c >> 4) & 0xF], digits[c & 0xF]};
@@ -397,29 +397,30 @@ NamedTensors decode_torch_save(std::string_view bytes, const std::string& path) 
     zip = std::make_unique<caffe2::serialize::PyTorchStreamReader>(
         std::make_shared<caffe2::serialize::MemoryReadAdapter>(bytes.data(), static_cast<off_t>(bytes.size())));
   } catch (const c10::Error& e) {
-    bad(path, std::string("it is not a zip archive (") + e.what_without_backtrace() + ")");
+    bad_pt_file(path, std::string("it is not a zip archive (") + e.what_without_backtrace() + ")");
   }
   try {
     if (zip->hasRecord("byteorder")) {
       auto [order, size] = zip->getRecord("byteorder");
       if (std::string_view(static_cast<const char*>(order.get()), size) != "little") {
-        bad(path, "its data is big-endian, which cpprun does not read; re-save it on a little-endian machine");
+        bad_pt_file(path, "its data is big-endian, which cpprun does not read; re-save it on a little-endian machine");
       }
     }
-    if (!zip->hasRecord("data.pkl")) bad(path, "it has no data.pkl (a TorchScript archive? Load it with torch::load)");
+    if (!zip->hasRecord("data.pkl"))
+      bad_pt_file(path, "it has no data.pkl (a TorchScript archive? Load it with torch::load)");
     auto [pickle_data, pickle_size] = zip->getRecord("data.pkl");
     const std::string_view pickle(static_cast<const char*>(pickle_data.get()), pickle_size);
     const ValuePtr root = PickleReader(pickle, *zip, path).run();
-    if (root->kind != Value::Kind::kDict) bad(path, "data.pkl holds something other than a dict");
+    if (root->kind != Value::Kind::kDict) bad_pt_file(path, "data.pkl holds something other than a dict");
     NamedTensors out;
     for (const auto& [key, value] : root->entries) {
-      if (key->kind != Value::Kind::kString) bad(path, "a key of its dict is not a string");
-      if (value->kind != Value::Kind::kTensor) bad(path, "the value of \"" + key->text + "\" is not a tensor");
+      if (key->kind != Value::Kind::kString) bad_pt_file(path, "a key of its dict is not a string");
+      if (value->kind != Value::Kind::kTensor) bad_pt_file(path, "the value of \"" + key->text + "\" is not a tensor");
       out.emplace_back(key->text, value->tensor);
     }
     return out;
   } catch (const c10::Error& e) {
-    bad(path, std::string("its zip cannot be read (") + e.what_without_backtrace() + ")");
+    bad_pt_file(path, std::string("its zip cannot be read (") + e.what_without_backtrace() + ")");
   }
 }
 

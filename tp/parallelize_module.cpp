@@ -34,7 +34,7 @@ struct Located {
   std::shared_ptr<torch::nn::Module> child;
 };
 
-std::string child_names(const torch::nn::Module& module) {
+std::string listed_children(const torch::nn::Module& module) {
   std::ostringstream out;
   const char* sep = "";
   for (const auto& item : module.named_children()) {
@@ -55,7 +55,7 @@ Located locate(const std::shared_ptr<torch::nn::Module>& root, const std::string
     auto* next = children.find(part);
     TORCH_CHECK(next != nullptr, "cpprun::parallelize_module: the plan names \"", dotted, "\", but ",
                 path.empty() ? std::string("the module") : "\"" + path + "\"", " has no submodule \"", part,
-                "\" (its submodules: ", child_names(*found.child), ").");
+                "\" (its submodules: ", listed_children(*found.child), ").");
     found = {found.child, part, *next};
     path += (path.empty() ? "" : ".") + part;
   }

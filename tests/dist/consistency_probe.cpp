@@ -16,6 +16,7 @@
 // writes SYNC_DIR/joining.PID before it joins the group, and every rank SYNC_DIR/fault.RANK just
 // before its mismatched call.
 #include <ATen/ATen.h>
+#include <torch/torch.h>  // what cpprun_torch_program precompiles; the probe itself needs only ATen
 #include <c10/util/Exception.h>
 
 #include <chrono>
