@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""Checks that the library's sources are safe to compile as a unity build: no two of them give the
-same name internal linkage (an anonymous namespace's or a namespace-scope `static`'s), and none has
-a `using namespace` at namespace scope.
+"""Checks that the sources of the targets compiled as unity builds are safe to be: no two sources of
+one target give the same name internal linkage (an anonymous namespace's or a namespace-scope
+`static`'s), none has a `using namespace` at namespace scope, and none leaves a macro defined.
 
-The library (`cpprun_dist`) is compiled a few sources to a TU (CMake's UNITY_BUILD, see
-Note [Unity build] in CMakeLists.txt). Two sources with the same internal name would then share one
+The library (`cpprun_dist`) and the launcher's core (`cpprun_launcher_core`) are compiled a few
+sources to a TU (CMake's UNITY_BUILD, see Note [Unity build] in CMakeLists.txt). Two sources with the same internal name would then share one
 TU: most such pairs fail to compile (a redefinition), but two overloads of different parameter types
 compile, and a call in the second file may silently pick the first file's. So each internal name
 must belong to one source. This parses only what it needs (comments, strings and preprocessor lines
@@ -18,12 +18,27 @@ from collections import defaultdict
 root = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), ".."))
 
 
-def library_sources():
-    text = open(os.path.join(root, "CMakeLists.txt")).read()
-    block = re.search(r"add_library\(cpprun_dist\b(.*?)\)", text, re.S)
+# (the CMakeLists.txt that declares it, the target): each compiled as a unity build.
+UNITY_TARGETS = [("CMakeLists.txt", "cpprun_dist"), ("launcher/CMakeLists.txt", "cpprun_launcher_core"),
+                 ("tests/CMakeLists.txt", "cpprun_unit_tests"), ("tests/CMakeLists.txt", "cpprun_dist_comm"),
+                 ("tests/CMakeLists.txt", "cpprun_dist_collectives")]
+
+
+def target_sources(cmake_file, target):
+    """The target's .cpp files, relative to the repository root."""
+    text = open(os.path.join(root, cmake_file)).read()
+    text = re.sub(r"#[^\n]*", "", text)
+    block = re.search(r"(?:add_library|add_executable|cpprun_test_binary)\(" + target + r"\b(.*?)\)", text, re.S)
     if not block:
-        sys.exit("check_unity: no add_library(cpprun_dist ...) in CMakeLists.txt")
-    return [s for s in block.group(1).split() if s.endswith(".cpp")]
+        sys.exit(f"check_unity: {cmake_file} declares no target {target}")
+    folder = os.path.dirname(cmake_file)
+    sources = []
+    for item in block.group(1).split():
+        if not item.endswith(".cpp"):
+            continue
+        item = item.replace("${PROJECT_SOURCE_DIR}/", "/")
+        sources.append(item[1:] if item.startswith("/") else os.path.join(folder, item))
+    return sources
 
 
 def blank_out(src):
@@ -101,9 +116,19 @@ def declared_name(statement):
 
 def internal_names(path):
     """(enclosing named namespaces, name, line, how) for each internal-linkage declaration, and
-    (line, text) for each namespace-scope `using namespace`."""
-    text = blank_out(open(path).read())
+    (line, text) for each namespace-scope `using namespace` or macro left defined at the end."""
+    raw = open(path).read()
+    text = blank_out(raw)
     names, usings = [], []
+    defined = {}
+    for number, line in enumerate(raw.splitlines(), 1):
+        m = re.match(r"\s*#\s*(define|undef)\s+(" + IDENT + ")", line)
+        if m and m.group(1) == "define":
+            defined[m.group(2)] = number
+        elif m:
+            defined.pop(m.group(2), None)
+    for macro, number in defined.items():
+        usings.append((number, f"#define {macro}"))
     stack = []  # one entry per open brace: ('ns', name) | ('anon', None) | ('body', None)
     statement, start = "", 0
     i, n = 0, len(text)
@@ -141,7 +166,9 @@ def internal_names(path):
             i += 1
             continue
         if c == ";":
-            if re.match(r"\s*using\s+namespace\b", statement):
+            # std's literal namespaces bring only suffixes (5s, "x"sv), which no call can mistake.
+            if re.match(r"\s*using\s+namespace\b", statement) and \
+               not re.fullmatch(r"\s*using\s+namespace\s+std::(\w+_)?literals(::\w+)?\s*", statement):
                 usings.append((text.count("\n", 0, start) + 1, " ".join(statement.split())))
             record(names, stack, statement, start, text, named_path())
             statement = ""
@@ -159,6 +186,8 @@ def internal_names(path):
 def record(names, stack, statement, start, text, named):
     if not statement.strip() or statement.strip().startswith(("using namespace", "friend", "static_assert")):
         return
+    if re.match(r"\s*[A-Z_][A-Z0-9_]*\s*\(", statement):  # a macro's use, e.g. TORCH_MODULE(Block)
+        return
     anonymous = bool(stack) and stack[-1][0] == "anon"
     static = re.match(r"\s*static\b", statement) is not None
     if not (anonymous or static):
@@ -174,32 +203,43 @@ def record(names, stack, statement, start, text, named):
 
 
 def main():
-    sources = library_sources()
+    problems, counted_sources, counted_names = [], 0, 0
+    for cmake_file, target in UNITY_TARGETS:
+        sources = target_sources(cmake_file, target)
+        counted_sources += len(sources)
+        counted_names += check_target(target, sources, problems)
+    print(f"check_unity: {counted_sources} sources of {len(UNITY_TARGETS)} unity targets, {counted_names} internal names")
+    for p in problems:
+        print("check_unity: " + p)
+    if problems:
+        print(f"check_unity: FAIL: {len(problems)} problem(s) above")
+        return 1
+    print("check_unity: every internal name belongs to one source of its target; no namespace-scope 'using namespace', no macro left defined")
+    return 0
+
+
+def check_target(target, sources, problems):
     seen = defaultdict(list)  # (namespace, name) -> [(file, line, how)]
-    problems = []
     for rel in sources:
         names, usings = internal_names(os.path.join(root, rel))
         for namespace, name, line, how in names:
             seen[(namespace, name)].append((rel, line, how))
         for line, what in usings:
-            problems.append(f"{rel}:{line}: '{what}' at namespace scope would reach the sources after it in "
-                            "its unity TU: qualify the names, or put it inside a function")
+            if what.startswith("#define"):
+                problems.append(f"{rel}:{line}: '{what}' is still defined at the end of the file, so it would reach "
+                                "the sources after it in its unity TU: #undef it there")
+            else:
+                problems.append(f"{rel}:{line}: '{what}' at namespace scope would reach the sources after it in "
+                                "its unity TU: qualify the names, or put it inside a function")
     for (namespace, name), where in sorted(seen.items()):
         files = sorted({f for f, _, _ in where})
         same_alias = len({how for _, _, how in where}) == 1 and where[0][2].startswith("alias of ")
         if len(files) > 1 and not same_alias:
             places = ", ".join(f"{f}:{line} ({how})" for f, line, how in where)
             problems.append(f"'{namespace + '::' if namespace else ''}{name}' has internal linkage in {len(files)} "
-                            f"library sources ({places}): in one unity TU a call may reach the other's; "
+                            f"sources of {target} ({places}): in one unity TU a call may reach the other's; "
                             "rename one, or move a shared helper to a header")
-    print(f"check_unity: {len(sources)} library sources, {len(seen)} internal names")
-    for p in problems:
-        print("check_unity: " + p)
-    if problems:
-        print(f"check_unity: FAIL: {len(problems)} problem(s) above")
-        return 1
-    print("check_unity: every internal name belongs to one source; no namespace-scope 'using namespace'")
-    return 0
+    return len(seen)
 
 
 if __name__ == "__main__":

@@ -199,4 +199,10 @@ void append_json_string(std::string& out, std::string_view text) {
   out.push_back('"');
 }
 
+std::string json_string(std::string_view text) {
+  std::string out;
+  append_json_string(out, text);
+  return out;
+}
+
 }  // namespace cpprun::detail

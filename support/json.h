@@ -31,4 +31,7 @@ Json parse_json(std::string_view text, int max_depth);
 // `text` as a JSON string literal, quotes included, appended to `out`.
 void append_json_string(std::string& out, std::string_view text);
 
+// `text` as a JSON string literal, quotes included.
+std::string json_string(std::string_view text);
+
 }  // namespace cpprun::detail

@@ -17,16 +17,12 @@
 namespace cpprun::launcher {
 namespace {
 
+using detail::json_string;
+
 std::string seconds(int64_t ms) {
   char text[32];
   std::snprintf(text, sizeof(text), "%.1f s", static_cast<double>(std::max<int64_t>(ms, 0)) / 1000.0);
   return text;
-}
-
-std::string json_string(const std::string& s) {
-  std::string out;
-  detail::append_json_string(out, s);
-  return out;
 }
 
 std::string who(const std::vector<int>& ranks) {

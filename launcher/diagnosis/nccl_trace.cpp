@@ -11,6 +11,8 @@
 namespace cpprun::launcher {
 namespace {
 
+using detail::json_string;
+
 // N of "rank_N" (up to 9 digits); -1 for any other name.
 int rank_of(const std::string& name) {
   const std::string prefix = kNcclTraceFilePrefix;
@@ -18,12 +20,6 @@ int rank_of(const std::string& name) {
   const std::string digits = name.substr(prefix.size());
   if (digits.empty() || digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos) return -1;
   return std::stoi(digits);
-}
-
-std::string json_string(const std::string& s) {
-  std::string out;
-  detail::append_json_string(out, s);
-  return out;
 }
 
 std::string size_text(std::uintmax_t bytes) {

@@ -15,6 +15,7 @@
 #include <optional>
 #include <system_error>
 
+#include "command_line/rendezvous_settings.h"  // endpoint_text
 #include "common/socket_address.h"
 #include "workers/job_process_tree.h"
 
@@ -51,10 +52,6 @@ int listen_at(const std::string& address, int port) {
   return fd;
 }
 
-std::string with_port(const std::string& address, int port) {
-  return (address.find(':') != std::string::npos ? "[" + address + "]" : address) + ":" + std::to_string(port);
-}
-
 // The keeper's wait status: reaped here, or kept by whichever reaper took it (Note [The job's helpers]).
 // Once another reaper took it, its pid is not waited on again: it may be another process's by now
 // (an orphan this subreaper adopted).
@@ -84,7 +81,7 @@ StoreKeeper::StoreKeeper(const KeeperSettings& settings, const StoreSocketPlan& 
       const int error = e.code().value();
       const bool try_next = (error == EADDRNOTAVAIL || error == EAFNOSUPPORT) && i + 1 < plan.addresses.size();
       if (try_next) continue;
-      const std::string where = with_port(plan.addresses[i], plan.port);
+      const std::string where = endpoint_text(plan.addresses[i], plan.port);
       if (error == EADDRINUSE && !port_flag.empty()) {
         throw StoreKeeperError("cpprun: cannot listen for the workers' store at " + where + " (" + port_flag + "=" +
                                    std::to_string(plan.port) + "): " + std::strerror(error) +

@@ -4,6 +4,8 @@
 #include <cerrno>
 #include <cstring>
 
+#include "command_line/rendezvous_settings.h"  // endpoint_text
+
 namespace cpprun::launcher {
 namespace {
 
@@ -31,10 +33,6 @@ std::string directory_of(const std::string& path) {
                              ". cpprun's agent hosts the workers' c10d store, as torchrun's does "
                              "(TORCHELASTIC_USE_AGENT_STORE=True), in a store keeper process: " + fix,
                          error == ENOENT ? 127 : 126);
-}
-
-std::string with_port(const std::string& address, int port) {
-  return (address.find(':') != std::string::npos ? "[" + address + "]" : address) + ":" + std::to_string(port);
 }
 
 }  // namespace
@@ -118,7 +116,7 @@ std::string describe_keeper(const KeeperChoice& choice, int pid, const std::stri
                             const std::string& node) {
   const std::string python = choice.kind == KeeperKind::kPython ? " (" + choice.source + ")" : "";
   return "the workers' store keeper" + (node.empty() ? "" : " on " + node) + " (pid " + std::to_string(pid) + ": " +
-         choice.path + python + ", serving " + with_port(bound, port) + ")";
+         choice.path + python + ", serving " + endpoint_text(bound, port) + ")";
 }
 
 std::string keeper_ended_reason(const std::string& who, const std::string& how) {

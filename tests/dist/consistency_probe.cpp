@@ -15,8 +15,8 @@
 // loaded machine is no part of what they bound), each the Unix time in milliseconds: every process
 // writes SYNC_DIR/joining.PID before it joins the group, and every rank SYNC_DIR/fault.RANK just
 // before its mismatched call.
-#include <ATen/ATen.h>
 #include <torch/torch.h>  // what cpprun_torch_program precompiles; the probe itself needs only ATen
+#include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
 #include <chrono>

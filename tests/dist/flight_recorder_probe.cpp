@@ -10,8 +10,8 @@
 //              checks that its request fd is closed for its children.
 //   terminate  rank 0 throws from main (std::terminate); rank 1 exits 0 once rank 0's dump is there.
 // Dumps go where CPPRUN_FLIGHT_RECORDER_DIR says (the script sets it).
-#include <ATen/ATen.h>
 #include <torch/torch.h>  // what cpprun_torch_program precompiles; the probe itself needs only ATen
+#include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
 #include <chrono>

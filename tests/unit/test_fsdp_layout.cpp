@@ -13,7 +13,7 @@
 namespace {
 
 // Shapes no world size of 2-4 divides, a 0-d parameter, and one with fewer rows than ranks.
-std::vector<at::Tensor> make_params() {
+std::vector<at::Tensor> make_layout_params() {
   at::manual_seed(7);
   return {at::randn({11, 5}), at::randn({7}), at::randn({}), at::randn({2, 3, 2}), at::randn({13, 1})};
 }
@@ -21,7 +21,7 @@ std::vector<at::Tensor> make_params() {
 std::vector<cpprun::detail::ParamBucket> buckets_of_every_rank(int world, bool separate) {
   std::vector<cpprun::detail::ParamBucket> buckets;
   for (int rank = 0; rank < world; ++rank) {
-    auto params = make_params();
+    auto params = make_layout_params();
     std::vector<std::string> names;
     for (std::size_t i = 0; i < params.size(); ++i) names.push_back("p" + std::to_string(i));
     buckets.emplace_back(0, names, params, rank, world, std::nullopt, separate, false, /*keep_unsharded=*/true);
@@ -33,7 +33,7 @@ std::vector<cpprun::detail::ParamBucket> buckets_of_every_rank(int world, bool s
 
 TEST_CASE("fsdp layout: each rank holds rows [r*C, r*C + local) of every parameter, C = ceil(rows / world)",
           "[fsdp_layout]") {
-  const auto full = make_params();
+  const auto full = make_layout_params();
   for (int world : {1, 2, 3, 4}) {
     for (bool separate : {false, true}) {
       INFO("world " << world << " separate shards " << separate);
@@ -64,7 +64,7 @@ TEST_CASE("fsdp layout: each rank holds rows [r*C, r*C + local) of every paramet
 }
 
 TEST_CASE("fsdp layout: all-gathered chunks copy out into the unsharded parameters", "[fsdp_layout]") {
-  const auto full = make_params();
+  const auto full = make_layout_params();
   // The ring copies each rank's chunk out as it arrives; the NCCL path copies every rank's out in
   // one batch (PieceCopies: one multi-tensor launch); a double wire (cast on the way) and a float one.
   for (int world : {1, 2, 3, 4}) for (bool one_batch : {false, true}) for (auto wire : {at::kFloat, at::kDouble}) {
@@ -98,7 +98,7 @@ TEST_CASE("fsdp layout: the gradients' chunks reduce-scatter into each rank's ro
     INFO("world " << world << " one batch " << one_batch);
     auto buckets = buckets_of_every_rank(world, /*separate=*/false);
     std::vector<at::Tensor> grads;
-    for (const auto& p : make_params()) grads.push_back(at::randn_like(p));
+    for (const auto& p : make_layout_params()) grads.push_back(at::randn_like(p));
     // Each rank's wire: the same gradients here, so a reduce-scatter's average is one rank's chunk.
     const auto& any = buckets[0];
     // What the ring reads for each rank's chunk: the real rows, padding as zeros.

@@ -23,10 +23,10 @@ struct DoubleByDefault {
 
 // A GPT block's shape of graph: layer norms, a fused q/k/v projection split in three, causal
 // attention, residuals, a GELU MLP; weights used once each.
-struct Block : torch::nn::Module {
+struct SplitBlock : torch::nn::Module {
   torch::nn::LayerNorm ln1{nullptr}, ln2{nullptr};
   torch::nn::Linear qkv{nullptr}, proj{nullptr}, fc{nullptr}, out{nullptr};
-  Block() {
+  SplitBlock() {
     ln1 = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({8})));
     ln2 = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({8})));
     qkv = register_module("qkv", torch::nn::Linear(8, 24));
@@ -91,7 +91,7 @@ void check_split_matches_whole(const std::function<at::Tensor(const at::Tensor&)
 TEST_CASE("split backward: a GPT block's input pass then weight pass give one backward's gradients", "[pipeline]") {
   DoubleByDefault doubles;
   torch::manual_seed(1);
-  auto block = std::make_shared<Block>();
+  auto block = std::make_shared<SplitBlock>();
   const auto x = torch::randn({2, 5, 8});
   check_split_matches_whole([&](const at::Tensor& in) { return block->forward(in); }, block->parameters(), x, true);
   // Gradients already there are added to, as backward adds (a second micro-batch).
