@@ -63,7 +63,7 @@ std::string dtype_name(at::ScalarType type) {
   }
 }
 
-std::string describe(const at::Tensor& t) {
+std::string tensor_description(const at::Tensor& t) {
   std::ostringstream out;
   out << dtype_name(t.scalar_type()) << " " << t.sizes();
   return out.str();
@@ -156,7 +156,8 @@ StateDictLoadReport compare_state(const NamedTensors& module, const NamedTensors
     if (found == in_file.end()) {
       report.missing_keys.push_back(name);
     } else if (found->second->sizes() != tensor.sizes() || found->second->scalar_type() != tensor.scalar_type()) {
-      report.mismatched.push_back(name + ": file " + describe(*found->second) + ", module " + describe(tensor));
+      report.mismatched.push_back(name + ": file " + tensor_description(*found->second) + ", module " +
+                                  tensor_description(tensor));
     }
   }
   for (const auto& [name, tensor] : file) {

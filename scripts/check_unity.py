@@ -114,9 +114,10 @@ def declared_name(statement):
     return m.group(1) if m else None
 
 
-def internal_names(path):
+def internal_names(path, everything=False):
     """(enclosing named namespaces, name, line, how) for each internal-linkage declaration, and
-    (line, text) for each namespace-scope `using namespace` or macro left defined at the end."""
+    (line, text) for each namespace-scope `using namespace` or macro left defined at the end.
+    everything: every namespace-scope declaration, not only the internal ones (for headers)."""
     raw = open(path).read()
     text = blank_out(raw)
     names, usings = [], []
@@ -145,9 +146,9 @@ def internal_names(path):
             if c == "{":
                 stack.append(("body", None))
             elif c == "}":
-                stack.pop()
-                if at_namespace_scope() and "(" in statement and "=" not in statement:
-                    statement = ""  # the end of a function's body ends its declaration
+                _, initializer = stack.pop()
+                if at_namespace_scope() and not initializer:
+                    statement = ""  # a function's or a class's body ends its declaration
             i += 1
             continue
         if c == "{":
@@ -156,8 +157,13 @@ def internal_names(path):
                 stack.append(("ns", m.group(1)) if m.group(1) else ("anon", None))
                 statement = ""
             else:
-                record(names, stack, statement, start, text, named_path())
-                stack.append(("body", None))
+                record(names, stack, statement, start, text, named_path(), everything)
+                # `x = {...}` or `= [] {...}` goes on to its ';'; a function's body (its default
+                # arguments' '=' are inside parentheses) or a class's ends the declaration.
+                outside_parentheses = statement
+                while re.search(r"\([^()]*\)", outside_parentheses):
+                    outside_parentheses = re.sub(r"\([^()]*\)", "", outside_parentheses)
+                stack.append(("body", "=" in outside_parentheses))
             i += 1
             continue
         if c == "}":
@@ -170,7 +176,7 @@ def internal_names(path):
             if re.match(r"\s*using\s+namespace\b", statement) and \
                not re.fullmatch(r"\s*using\s+namespace\s+std::(\w+_)?literals(::\w+)?\s*", statement):
                 usings.append((text.count("\n", 0, start) + 1, " ".join(statement.split())))
-            record(names, stack, statement, start, text, named_path())
+            record(names, stack, statement, start, text, named_path(), everything)
             statement = ""
             i += 1
             continue
@@ -183,14 +189,14 @@ def internal_names(path):
     return list(dict.fromkeys(names)), usings
 
 
-def record(names, stack, statement, start, text, named):
+def record(names, stack, statement, start, text, named, everything=False):
     if not statement.strip() or statement.strip().startswith(("using namespace", "friend", "static_assert")):
         return
     if re.match(r"\s*[A-Z_][A-Z0-9_]*\s*\(", statement):  # a macro's use, e.g. TORCH_MODULE(Block)
         return
     anonymous = bool(stack) and stack[-1][0] == "anon"
     static = re.match(r"\s*static\b", statement) is not None
-    if not (anonymous or static):
+    if not (anonymous or static or everything):
         return
     # An alias (`using T = ...;`, `namespace fs = ...;`) may repeat in several sources when it names
     # the same thing each time: in one TU that is a legal redeclaration, nothing a call can mistake.
@@ -198,12 +204,32 @@ def record(names, stack, statement, start, text, named):
     name = alias.group(1) if alias else declared_name(statement)
     if name:
         how = ("alias of " + " ".join(alias.group(2).split())) if alias else \
-              ("anonymous namespace" if anonymous else "static")
+              ("anonymous namespace" if anonymous else "static" if static else "declared")
         names.append((named, name, text.count("\n", 0, start) + 1, how))
+
+
+# Where the project's own headers live: an internal name must not repeat a name one of them declares.
+HEADER_FOLDERS = ["include", "comm", "core", "ddp", "fsdp", "tp", "pipeline", "training", "checkpoint", "nn",
+                  "sampler", "support", "launcher", "tests"]
+
+
+def header_declarations():
+    """(namespace, name) -> [(header, line, how)] for every namespace-scope declaration of a header."""
+    declared = defaultdict(list)
+    for folder in HEADER_FOLDERS:
+        for base, _, files in os.walk(os.path.join(root, folder)):
+            for name in files:
+                if name.endswith(".h"):
+                    path = os.path.join(base, name)
+                    for namespace, declared_as, line, how in internal_names(path, everything=True)[0]:
+                        declared[(namespace, declared_as)].append((os.path.relpath(path, root), line, how))
+    return declared
 
 
 def main():
     problems, counted_sources, counted_names = [], 0, 0
+    global HEADERS
+    HEADERS = header_declarations()
     for cmake_file, target in UNITY_TARGETS:
         sources = target_sources(cmake_file, target)
         counted_sources += len(sources)
@@ -232,6 +258,16 @@ def check_target(target, sources, problems):
                 problems.append(f"{rel}:{line}: '{what}' at namespace scope would reach the sources after it in "
                                 "its unity TU: qualify the names, or put it inside a function")
     for (namespace, name), where in sorted(seen.items()):
+        f, l, _ = where[0]
+        own = re.findall(r'^\s*#\s*include\s*"([^"]+)"', open(os.path.join(root, f)).read(), re.M)
+        for header, line, how in HEADERS.get((namespace, name), []):
+            if how == where[0][2] and how.startswith("alias of "):
+                continue
+            if len(files) == 1 and any(header.endswith(i) for i in own):
+                continue  # the source includes it: the two meet there without a unity build too
+            problems.append(f"'{namespace + '::' if namespace else ''}{name}' has internal linkage in {f}:{l} and is "
+                            f"declared by {header}:{line}: in a unity TU where a neighbour includes that header, a "
+                            "call may reach either; rename the internal one, or use the header's")
         files = sorted({f for f, _, _ in where})
         same_alias = len({how for _, _, how in where}) == 1 and where[0][2].startswith("alias of ")
         if len(files) > 1 and not same_alias:

@@ -31,7 +31,7 @@ int64_t unix_ms_now() {
       .count();
 }
 
-std::string decimal_seconds(std::chrono::milliseconds ms) {
+std::string rounded_seconds(std::chrono::milliseconds ms) {
   char text[32];
   std::snprintf(text, sizeof(text), "%.1f s", static_cast<double>(ms.count()) / 1000.0);
   return text;
@@ -114,7 +114,7 @@ std::vector<RankEvidence> gather_flight_dumps(const std::string& dir, const std:
         e.no_dump_reason = "it records no collectives (not linked with cpprun's library, or before "
                            "init_process_group)";
       } else if (asked[i]) {
-        e.no_dump_reason = "asked for a dump, none came within " + decimal_seconds(timeout);
+        e.no_dump_reason = "asked for a dump, none came within " + rounded_seconds(timeout);
       } else if (error.rfind("no dump at", 0) == 0) {
         e.no_dump_reason = "it ended without writing one";
       } else {

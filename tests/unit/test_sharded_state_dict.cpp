@@ -29,13 +29,13 @@ torch::nn::Sequential net(int64_t hidden = 8) {
                                torch::nn::Linear(hidden, 3));
 }
 
-void scramble(torch::nn::Module& m, double value) {
+void scramble_all(torch::nn::Module& m, double value) {
   torch::NoGradGuard no_grad;
   for (auto& t : m.parameters()) t.fill_(value);
   for (auto& b : m.buffers()) b.fill_(static_cast<int64_t>(value));
 }
 
-void require_equal_state(torch::nn::Module& a, torch::nn::Module& b) {
+void require_same_state(torch::nn::Module& a, torch::nn::Module& b) {
   const auto sa = cpprun::detail::module_state(a);
   const auto sb = cpprun::detail::module_state(b);
   REQUIRE(sa.size() == sb.size());
@@ -46,7 +46,7 @@ void require_equal_state(torch::nn::Module& a, torch::nn::Module& b) {
   }
 }
 
-std::string error_of(const std::function<void()>& f) {
+std::string sharded_error_of(const std::function<void()>& f) {
   try {
     f();
   } catch (const std::exception& e) {
@@ -55,7 +55,9 @@ std::string error_of(const std::function<void()>& f) {
   return "(no error)";
 }
 
-void write_bytes(const fs::path& path, const std::string& bytes) { std::ofstream(path, std::ios::binary) << bytes; }
+void write_file_bytes(const fs::path& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary) << bytes;
+}
 
 // What 4 ranks of one save write, played here: each rank's file, then the index.
 void save_as_ranks(torch::nn::Module& module, const fs::path& dir, int world, const std::string& save_id) {
@@ -113,7 +115,7 @@ TEST_CASE("hf_sharded: file names and the index are transformers'", "[state_dict
   CHECK(back.metadata == index.metadata);
   CHECK(back.weight_map == index.weight_map);
   const auto error = [](const std::string& json) {
-    return error_of([&] { cpprun::detail::read_safetensors_index(json, "i.json"); });
+    return sharded_error_of([&] { cpprun::detail::read_safetensors_index(json, "i.json"); });
   };
   CHECK_THAT(error(R"({"metadata": {}})"), Catch::Matchers::Contains("no \"weight_map\""));
   CHECK_THAT(error(R"({"weight_map": {"a": "../../etc/passwd"}})"),
@@ -139,25 +141,25 @@ TEST_CASE("hf_sharded: a module round-trips through a directory, its index, or a
   for (const std::string& path : {out, (dir.path / "hf").string(), out + "model.safetensors.index.json"}) {
     INFO(path);
     auto target = net();
-    scramble(*target, 3);
+    scramble_all(*target, 3);
     cpprun::load_state_dict(target, path);
-    require_equal_state(*target, *source);
+    require_same_state(*target, *source);
   }
   // A directory holding one model.safetensors (save_pretrained of a small model) loads too.
   fs::create_directories(dir.path / "single");
   cpprun::save_state_dict(source, (dir.path / "single/model.safetensors").string());
   auto target = net();
-  scramble(*target, 3);
+  scramble_all(*target, 3);
   cpprun::load_state_dict(target, (dir.path / "single").string());
-  require_equal_state(*target, *source);
+  require_same_state(*target, *source);
   // Both in one directory: which one is meant? Refused.
   fs::copy_file(dir.path / "single/model.safetensors", dir.path / "hf/model.safetensors");
-  CHECK_THAT(error_of([&] { cpprun::load_state_dict(target, out); }),
+  CHECK_THAT(sharded_error_of([&] { cpprun::load_state_dict(target, out); }),
              Catch::Matchers::Contains("holds both model.safetensors.index.json and model.safetensors"));
   // A new save into it removes what transformers would load in its place.
   cpprun::save_state_dict(source, out);
   CHECK_FALSE(fs::exists(dir.path / "hf/model.safetensors"));
-  CHECK_THAT(error_of([&] { cpprun::load_state_dict(target, (dir.path / "nothing_here").string() + "/"); }),
+  CHECK_THAT(sharded_error_of([&] { cpprun::load_state_dict(target, (dir.path / "nothing_here").string() + "/"); }),
              Catch::Matchers::Contains("is not a directory"));
 }
 
@@ -168,9 +170,9 @@ TEST_CASE("hf_sharded: a 4-rank save loads whole; a later 2-rank save into it le
   save_as_ranks(*source, dir.path, 4, "first");
   for (int r = 1; r <= 4; ++r) CHECK(fs::exists(dir.path / cpprun::detail::shard_file_name(r, 4)));
   auto target = net();
-  scramble(*target, 3);
+  scramble_all(*target, 3);
   cpprun::load_state_dict(target, dir.path.string());
-  require_equal_state(*target, *source);
+  require_same_state(*target, *source);
   // The index's total_size is the tensors' bytes.
   const auto index = cpprun::detail::read_safetensors_index(
       scratch::contents(dir.path / "model.safetensors.index.json"), "i");
@@ -182,9 +184,9 @@ TEST_CASE("hf_sharded: a 4-rank save loads whole; a later 2-rank save into it le
   save_as_ranks(*source, dir.path, 2, "second");
   CHECK_FALSE(fs::exists(dir.path / cpprun::detail::shard_file_name(3, 4)));
   CHECK(fs::exists(dir.path / cpprun::detail::shard_file_name(2, 2)));
-  scramble(*target, 3);
+  scramble_all(*target, 3);
   cpprun::load_state_dict(target, dir.path.string());
-  require_equal_state(*target, *source);
+  require_same_state(*target, *source);
 }
 
 TEST_CASE("hf_sharded: a directory that does not hold together is refused, naming the file; nothing loads",
@@ -192,14 +194,14 @@ TEST_CASE("hf_sharded: a directory that does not hold together is refused, namin
   scratch::ScratchDir scratch_dir("hf_sharded_faults");
   auto source = net();
   auto target = net();
-  scramble(*target, 3);
+  scramble_all(*target, 3);
   auto before = net();
-  scramble(*before, 3);
+  scramble_all(*before, 3);
   const auto refused = [&](const fs::path& dir, const std::vector<std::string>& expected) {
-    const std::string message = error_of([&] { cpprun::load_state_dict(target, dir.string()); });
+    const std::string message = sharded_error_of([&] { cpprun::load_state_dict(target, dir.string()); });
     for (const auto& text : expected) CHECK_THAT(message, Catch::Matchers::Contains(text));
     CHECK_THROWS_AS(cpprun::load_state_dict(target, dir.string()), cpprun::CorruptCheckpointError);
-    require_equal_state(*target, *before);
+    require_same_state(*target, *before);
   };
   const auto fresh = [&](const std::string& name) {
     const fs::path dir = scratch_dir.path / name;
@@ -219,7 +221,7 @@ TEST_CASE("hf_sharded: a directory that does not hold together is refused, namin
   {
     auto index = cpprun::detail::read_safetensors_index(scratch::contents(mixed / "model.safetensors.index.json"), "i");
     index.metadata.erase("cpprun_save_id");
-    write_bytes(mixed / "model.safetensors.index.json", cpprun::detail::write_safetensors_index(index));
+    write_file_bytes(mixed / "model.safetensors.index.json", cpprun::detail::write_safetensors_index(index));
   }
   refused(mixed, {file2 + " is from another save (save id \"bbbb\", the other files' \"aaaa\")"});
 
@@ -235,12 +237,12 @@ TEST_CASE("hf_sharded: a directory that does not hold together is refused, namin
     const std::string moved = "0.weight";  // file 1 holds it; the index now says file 2
     REQUIRE(index.weight_map.at(moved) == cpprun::detail::shard_file_name(1, 4));
     index.weight_map[moved] = file2;
-    write_bytes(lacks / "model.safetensors.index.json", cpprun::detail::write_safetensors_index(index));
+    write_file_bytes(lacks / "model.safetensors.index.json", cpprun::detail::write_safetensors_index(index));
     // (File 1 held only "0.weight": the index names it no more, so it is not read.)
     refused(lacks, {file2 + " lacks \"" + moved + "\", which the index places there", "1 fault(s)"});
     // A tensor the index places elsewhere than the file that holds it.
     index.weight_map["0.bias"] = cpprun::detail::shard_file_name(1, 4);
-    write_bytes(lacks / "model.safetensors.index.json", cpprun::detail::write_safetensors_index(index));
+    write_file_bytes(lacks / "model.safetensors.index.json", cpprun::detail::write_safetensors_index(index));
     refused(lacks, {file2 + " holds \"0.bias\", which the index places in " + cpprun::detail::shard_file_name(1, 4),
                     cpprun::detail::shard_file_name(1, 4) + " lacks \"0.bias\""});
   }
@@ -249,13 +251,13 @@ TEST_CASE("hf_sharded: a directory that does not hold together is refused, namin
   const fs::path truncated = fresh("truncated");
   {
     const std::string bytes = scratch::contents(truncated / file2);
-    write_bytes(truncated / file2, bytes.substr(0, 40));
+    write_file_bytes(truncated / file2, bytes.substr(0, 40));
     refused(truncated, {(truncated / file2).string(), "follow (cut short?)"});
   }
 
   // A damaged index.
   const fs::path bad_index = fresh("bad_index");
-  write_bytes(bad_index / "model.safetensors.index.json", "{\"weight_map\": {\"x\": ");
+  write_file_bytes(bad_index / "model.safetensors.index.json", "{\"weight_map\": {\"x\": ");
   refused(bad_index, {(bad_index / "model.safetensors.index.json").string(), "malformed"});
 }
 
@@ -265,7 +267,7 @@ TEST_CASE("hf_sharded: a strict load of another model's directory lists every di
   auto other = net(6);
   save_as_ranks(*other, dir.path, 4, "x");
   auto target = net();
-  const std::string message = error_of([&] { cpprun::load_state_dict(target, dir.path.string()); });
+  const std::string message = sharded_error_of([&] { cpprun::load_state_dict(target, dir.path.string()); });
   CHECK_THAT(message, Catch::Matchers::Contains("load_state_dict refused " + dir.path.string()));
   CHECK_THAT(message, Catch::Matchers::Contains("0.weight: file float32 [6, 4], module float32 [8, 4] (in "
                                                 "model-00001-of-00004.safetensors)"));
