@@ -105,6 +105,12 @@ constexpr const char* kUsage = R"(usage: train_gpt [options]
                      causal attention through at::scaled_dot_product_attention (flash / memory-efficient /
                      cuDNN kernels on CUDA, the fused one on the CPU), or written out: matmul, a causal mask,
                      softmax, matmul, with the T x T scores in memory (default sdpa)
+  --loss auto|fused|aten
+                     the training loss: cpprun::fused_cross_entropy (on CUDA two kernels that read the logits
+                     once each way and write the gradient in their dtype) or F::cross_entropy(logits.float()),
+                     which passes over them about ten times in float32 (GPT-2's vocabulary: about 30 GB a
+                     step at batch 16 x 1024). auto: fused on CUDA, aten on the CPU, where fused runs ATen's
+                     own operations and gains nothing (default auto)
   --cuda-graph       capture the training step (forward, backward, AdamW) in a CUDA graph after 3 eager steps and
                      replay it: one launch a step instead of LibTorch's one per operation. The same arithmetic;
                      with --mode none on a GPU, --optimizer fused, --amp fp32 or bf16, without --tp and
@@ -169,7 +175,7 @@ struct Options {
   double lr = 3e-3;
   double peak_tflops = 0;  // 0: known devices' own, else no MFU
   bool help = false, checkpoint_activations = false, cuda_graph = false;
-  std::string optimizer = "fused", attention = "sdpa";
+  std::string optimizer = "fused", attention = "sdpa", loss = "auto";
   std::string trace;  // --trace FILE
   std::string amp = "fp32", deferred_init = "auto", dtype = "float32";
 };
@@ -199,6 +205,7 @@ Options parse(int argc, char** argv) {
     else if (flags.is("--lr")) o.lr = flags.number(1e-12);
     else if (flags.is("--optimizer")) o.optimizer = flags.value();
     else if (flags.is("--attention")) o.attention = flags.value();
+    else if (flags.is("--loss")) o.loss = flags.value();
     else if (flags.is("--peak-tflops")) o.peak_tflops = flags.number(1e-9);
     else if (flags.is("--block")) o.block = flags.number<int64_t>(1);
     else if (flags.is("--layers")) o.layers = flags.number<int64_t>(1);
@@ -230,6 +237,9 @@ Options parse(int argc, char** argv) {
   }
   if (o.attention != "sdpa" && o.attention != "math") {
     throw std::invalid_argument("--attention must be sdpa or math, got " + o.attention);
+  }
+  if (o.loss != "auto" && o.loss != "fused" && o.loss != "aten") {
+    throw std::invalid_argument("--loss must be auto, fused or aten, got " + o.loss);
   }
   if (o.cuda_graph) {
     // What a captured step cannot hold: a wrapper's hooks decide on the host each step, fp16's
@@ -786,6 +796,15 @@ std::vector<int64_t> parse_token_ids(const std::string& list, int64_t vocab, int
   return ids;
 }
 
+// The training loss of logits [B, T, V] against targets [B, T] (--loss): the fused kernels' loss
+// (float32, or float64 for float64 logits) or F::cross_entropy on the logits cast to float32 (or
+// float64), as bench/gpt_twin.py computes it. Both compute the same function in the same precision.
+torch::Tensor training_loss(const torch::Tensor& logits, const torch::Tensor& targets, bool fused, bool float64) {
+  const auto rows = logits.reshape({-1, logits.size(-1)});
+  if (fused) return cpprun::fused_cross_entropy(rows, targets.reshape({-1}));
+  return torch::nn::functional::cross_entropy(rows.to(float64 ? torch::kDouble : torch::kFloat), targets.reshape({-1}));
+}
+
 // The device's dense peak in TFLOPS for --amp's type: --peak-tflops, else 989 for bf16 and fp16 on
 // an H100 or H200 (SXM), else 0 (unknown: no MFU printed).
 double peak_tflops(const Options& o, const torch::Device& device) {
@@ -902,6 +921,7 @@ int run(int argc, char** argv) {
   // --dtype float64: the whole model cast before a wrapper sees it, so --init-from's float32 tensors
   // are loaded first (into a float64 model they would be refused as another dtype).
   const bool float64 = opt.dtype == "float64";
+  const bool fused_loss = opt.loss == "fused" || (opt.loss == "auto" && device.is_cuda());
   if (float64) {
     if (!opt.init_from.empty() && !tp_group) load_gpt2(gpt, opt.init_from, opt, model_vocab);
     gpt->to(torch::kDouble);
@@ -933,9 +953,8 @@ int run(int argc, char** argv) {
     pipe = as_sequence(gpt, opt.checkpoint_activations);
     const int stages_per_rank = opt.pp_schedule == "interleaved-1f1b" || opt.pp_schedule == "looped-bfs" ? 2 : 1;
     stage_split = cpprun::split_evenly(pipe, opt.pp * stages_per_rank);
-    auto loss_of = [float64](const torch::Tensor& logits, const torch::Tensor& targets) {
-      return torch::nn::functional::cross_entropy(logits.view({-1, logits.size(-1)}).to(float64 ? torch::kDouble : torch::kFloat),
-                                                  targets.reshape({-1}));
+    auto loss_of = [float64, fused_loss](const torch::Tensor& logits, const torch::Tensor& targets) {
+      return training_loss(logits, targets, fused_loss, float64);
     };
     for (int k = 0; k < stages_per_rank; ++k) stages.emplace_back(pipe, stage_split, pp_group, pp_group.rank() + k * opt.pp);
     for (auto& s : stages) {
@@ -1169,8 +1188,7 @@ int run(int argc, char** argv) {
       auto logits = forward(x);
       at::autocast::set_autocast_enabled(device_type, false);
       at::autocast::clear_cache();  // as leaving torch.autocast does: no cast outlives the forward
-      auto micro_loss = torch::nn::functional::cross_entropy(
-          logits.view({-1, logits.size(-1)}).to(float64 ? torch::kDouble : torch::kFloat), y.view({-1}));
+      auto micro_loss = training_loss(logits, y, fused_loss, float64);
       if (opt.grad_accum > 1) micro_loss = micro_loss / opt.grad_accum;
       scaler.scale(micro_loss).backward();
       loss = micro == 0 ? micro_loss.detach() : loss + micro_loss.detach();

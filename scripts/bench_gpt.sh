@@ -2,7 +2,9 @@
 # GPT against PyTorch: cpprun's examples/train_gpt and bench/gpt_twin.py (the same model op for op,
 # the same initial weights, batches and AdamW) side by side, each started by cpprun:
 #   cpprun   --mode none (no wrapper), DDP, ZeRO-3 (--mode fsdp --stage 3, one unit per block);
-#            on a GPU also "graph": --mode none --cuda-graph (the step captured in a CUDA graph)
+#            on a GPU also "graph": --mode none --cuda-graph (the step captured in a CUDA graph), and
+#            "atenloss": --mode none --loss aten (F::cross_entropy on the logits cast to float32,
+#            where the other rows' train_gpt uses its default, cpprun::fused_cross_entropy on CUDA)
 #   PyTorch  none (no wrapper), torch DDP, FSDP2 (fully_shard per block, then the root)
 # Both start from one GPT-2 checkpoint the twin writes (--write-init; train_gpt --init-from) and
 # train on README.md and docs/*.md (every checkout has them) as characters, batches drawn by the
@@ -57,8 +59,9 @@
 #   --optimizer, --attention: both sides' (train_gpt's flags; the twin's fused is PyTorch's
 #   AdamW(fused=True), the same kernel): default fused and sdpa; libtorch and math measure what
 #   each brings.
-#   --rows: some of cpprun-none,cpprun-graph,cpprun-ddp,cpprun-zero3,pytorch-none,pytorch-fsdp2
-#   (comma-separated; default all, cpprun-graph on a GPU only), beside pytorch-ddp, which always
+#   --rows: some of cpprun-none,cpprun-graph,cpprun-atenloss,cpprun-ddp,cpprun-zero3,pytorch-none,
+#   pytorch-fsdp2 (comma-separated; default all, cpprun-graph and cpprun-atenloss on a GPU only:
+#   on the CPU train_gpt's default loss is already ATen's), beside pytorch-ddp, which always
 #   runs: the losses' reference.
 # Environment as scripts/bench_common.sh: BENCH_DEVICE=cuda (each rank on GPU LOCAL_RANK, NCCL),
 # BENCH_PYTHON, BENCH_NO_SETUP=1, CPPRUN_BUILD_DIR; BENCH_GPT_TWIN_ARGS: more flags for the twin
@@ -66,9 +69,15 @@
 # SXM, bf16 dense) on an H100 or H200 with bf16; otherwise MFU prints n/a unless it is given.
 set -euo pipefail
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
-all_rows=("cpprun none" "pytorch none" "cpprun graph" "cpprun ddp" "pytorch ddp" "cpprun zero3" "pytorch fsdp2")
+all_rows=("cpprun none" "pytorch none" "cpprun graph" "cpprun atenloss" "cpprun ddp" "pytorch ddp" "cpprun zero3"
+          "pytorch fsdp2")
 rows=()
-for row in "${all_rows[@]}"; do [ "$row" = "cpprun graph" ] && [ "${BENCH_DEVICE:-cpu}" != cuda ] || rows+=("$row"); done
+for row in "${all_rows[@]}"; do
+  { [ "$row" = "cpprun graph" ] || [ "$row" = "cpprun atenloss" ]; } && [ "${BENCH_DEVICE:-cpu}" != cuda ] || rows+=("$row")
+done
+# one_rank MODE: whether the row runs on one rank whatever --nproc says (a wrapper-less model: more
+# ranks would train separate models).
+one_rank() { [ "$1" = none ] || [ "$1" = graph ] || [ "$1" = atenloss ]; }
 gpt2=0 steps="" warmup="" batch="" amp="" dtype=float32 optimizer=fused attention=sdpa grad_accum=1 trace_dir="" nproc=1 repeats=1 log_every="" peak_tflops="" rtol="" text=""
 number() {  # FLAG VALUE: --peak-tflops and --rtol take any positive number, the others whole ones
   local pattern='^[0-9]+$'
@@ -104,7 +113,7 @@ while [ $# -gt 0 ]; do
       for row in "${all_rows[@]}"; do [[ $wanted == *",${row/ /-},"* ]] && rows+=("$row"); done
       for name in ${2//,/ }; do
         [[ " ${all_rows[*]/ /-} " == *" $name "* ]] ||
-          { echo "bench_gpt: --rows: unknown row '$name' (cpprun-none, cpprun-graph, cpprun-ddp, cpprun-zero3, pytorch-none, pytorch-ddp, pytorch-fsdp2)" >&2; exit 2; }
+          { echo "bench_gpt: --rows: unknown row '$name' (cpprun-none, cpprun-graph, cpprun-atenloss, cpprun-ddp, cpprun-zero3, pytorch-none, pytorch-ddp, pytorch-fsdp2)" >&2; exit 2; }
       done
       shift ;;
     -h|--help) usage; exit 0 ;;
@@ -155,13 +164,16 @@ echo "bench_gpt: $shape_name (${shape[*]} --block $block," \
 # its losses in $tmp/ROW.loss; prints "tokens/s peak_mb params". A failure stops the script.
 run_one() {
   local row=$1 impl=${1%% *} mode=${1#* } ranks=$nproc prog out rc=0 tok mem params
-  [ "$mode" = none ] || [ "$mode" = graph ] && ranks=1
+  ! one_rank "$mode" || ranks=1
   local common=(--init-from "$tmp/init" --text "$text" --block "$block" --batch "$batch" --steps "$steps"
                 --warmup "$warmup" --amp "$amp" --dtype "$dtype" --optimizer "$optimizer" --attention "$attention"
                 --grad-accum "$grad_accum" --losses-out "$tmp/$impl.$mode.loss")
   [ -z "$trace_dir" ] || common+=(--trace "$trace_dir/$impl.$mode.json")
   if [ "$impl" = cpprun ]; then
-    case $mode in none) prog=(--mode none) ;; graph) prog=(--mode none --cuda-graph) ;; ddp) prog=(--mode ddp) ;; zero3) prog=(--mode fsdp --stage 3) ;; esac
+    case $mode in
+      none) prog=(--mode none) ;; graph) prog=(--mode none --cuda-graph) ;; atenloss) prog=(--mode none --loss aten) ;;
+      ddp) prog=(--mode ddp) ;; zero3) prog=(--mode fsdp --stage 3) ;;
+    esac
     prog=("$build/examples/train_gpt" "${prog[@]}" "${common[@]}" --log-every "$steps" --sample 0 --straggler-every 0)
   else
     # BENCH_GPT_TWIN_ARGS: extra flags for the twin (tests/examples/gpt_twin.sh sets another --lr
@@ -203,7 +215,7 @@ for ((r = 1; r <= repeats; ++r)); do
 done
 
 mem_label=$([ "$device" = cuda ] && echo "peak GPU MB" || echo "peak RSS MB")
-printf '\n%-14s %5s %12s %8s %12s' row ranks "tokens/s" MFU "$mem_label"
+printf '\n%-16s %5s %12s %8s %12s' row ranks "tokens/s" MFU "$mem_label"
 for ((s = log_every; s <= steps; s += log_every)); do printf ' %10s' "loss@$s"; done
 [ $((steps % log_every)) = 0 ] || printf ' %10s' "loss@$steps"
 echo
@@ -211,10 +223,10 @@ declare -A tok_of
 attention_flops=$((12 * shape[1] * shape[3] * block))  # 12 L C T a token
 for row in "${rows[@]}"; do
   tok_of[$row]=$(median <<<"${tok_runs[$row]}")
-  ranks=$nproc; { [ "${row#* }" = none ] || [ "${row#* }" = graph ]; } && ranks=1
+  ranks=$nproc; ! one_rank "${row#* }" || ranks=1
   mfu=$(awk -v n="${params_of[$row]}" -v t="${tok_of[$row]}" -v p="$peak_tflops" -v a="$attention_flops" -v r="$ranks" \
         'BEGIN { if (p == "") print "n/a"; else printf "%.1f%%", 100 * (6 * n + a) * t / (p * 1e12 * r) }')
-  printf '%-14s %5s %12.0f %8s %12.0f' "$row" "$ranks" "${tok_of[$row]}" "$mfu" "${mem_of[$row]}"
+  printf '%-16s %5s %12.0f %8s %12.0f' "$row" "$ranks" "${tok_of[$row]}" "$mfu" "${mem_of[$row]}"
   awk -v k="$log_every" -v n="$steps" '{ if (NR % k == 0 || NR == n) printf " %10.6f", $1 } END { print "" }' \
     "$tmp/${row/ /.}.first.loss"
 done
@@ -229,6 +241,8 @@ against+=$(ratio "PyTorch DDP" "pytorch ddp" "pytorch none")$(ratio "PyTorch FSD
 [ -z "$against" ] || [ "$nproc" != 1 ] || echo "against no wrapper (tokens/s, 1 rank; goal >= 0.97):$against"
 graph=$(ratio "cpprun graph/none" "cpprun graph" "cpprun none")
 [ -z "$graph" ] || echo "the step in a CUDA graph against eager (tokens/s, 1 rank):$graph"
+fused=$(ratio "cpprun none/atenloss" "cpprun none" "cpprun atenloss")
+[ -z "$fused" ] || echo "the fused loss against F::cross_entropy(logits.float()) (tokens/s, 1 rank):$fused"
 
 # The losses: every row against PyTorch's DDP, step by step (the plain rows only at one rank,
 # where they see the same batches).
@@ -236,7 +250,7 @@ reference=$tmp/pytorch.ddp.first.loss
 status=0
 for row in "${rows[@]}"; do
   [ "$row" = "pytorch ddp" ] && continue
-  { [ "${row#* }" = none ] || [ "${row#* }" = graph ]; } && [ "$nproc" != 1 ] && continue
+  one_rank "${row#* }" && [ "$nproc" != 1 ] && continue
   verdict=$(paste "$tmp/${row/ /.}.first.loss" "$reference" | awk -v tol="$rtol" -v row="$row" '
     BEGIN { at = 1 }
     NF != 2 { short = 1; next }

@@ -101,6 +101,22 @@ def blank_out(src):
 IDENT = r"[A-Za-z_]\w*"
 
 
+def without_raw_strings(src):
+    """The source with the text of each raw string literal (R"x(...)x") blanked, newlines kept: a
+    kernel's source held in one is not this file's preprocessor."""
+    out, i = [], 0
+    for m in re.finditer(r'(?<![\w])R"([^(\s]*)\(', src):
+        if m.start() < i:
+            continue
+        end = src.find(")" + m.group(1) + '"', m.end())
+        end = len(src) if end < 0 else end
+        out.append(src[i:m.end()])
+        out.append(re.sub(r"[^\n]", " ", src[m.end():end]))
+        i = end
+    out.append(src[i:])
+    return "".join(out)
+
+
 def declared_name(statement):
     """The name a namespace-scope declaration introduces, or None."""
     s = re.sub(r"template\s*<[^;{]*?>\s*", "", statement.strip())
@@ -122,7 +138,7 @@ def internal_names(path, everything=False):
     text = blank_out(raw)
     names, usings = [], []
     defined = {}
-    for number, line in enumerate(raw.splitlines(), 1):
+    for number, line in enumerate(without_raw_strings(raw).splitlines(), 1):
         m = re.match(r"\s*#\s*(define|undef)\s+(" + IDENT + ")", line)
         if m and m.group(1) == "define":
             defined[m.group(2)] = number

@@ -21,8 +21,9 @@
 #   test   the whole ctest suite on that LibTorch, CPU and Gloo (the GPU hidden from it);
 #   bench  scripts/bench_ddp.sh and bench_fsdp.sh on the CPU with 16 cores, so the ranks' Gloo
 #          threads have cores to spare, against that machine's PyTorch;
-#   smoke  DDP and FSDP training steps on the GPU with one rank, then ctest's gpu label (which
-#          holds the multi-rank parity tests on the shared GPU, gpu.shared_parity.*);
+#   smoke  DDP and FSDP training steps on the GPU with one rank, fused_cross_entropy's CUDA
+#          kernels against F::cross_entropy (and timed at GPT-2's loss), then ctest's gpu label
+#          (which holds the multi-rank parity tests on the shared GPU, gpu.shared_parity.*);
 #   gpt    examples/train_gpt on the GPU: DDP and ZeRO-1/2/3, bf16 and fp16 (GradScaler),
 #          activation checkpointing. One GPU holds one NCCL rank (NCCL refuses two ranks on one
 #          device), so these run NCCL's code paths with a world of 1; no bytes cross a link.
@@ -38,8 +39,9 @@
 #          losses (which must agree); then train_gpt without SDPA and/or the fused AdamW, and
 #          scripts/bench_adamw.sh (the optimizers' step times alone).
 #   goals  issue 40's goals: bench_gpt.sh --gpt2 at batch 16 and 32, cpprun eager and in a CUDA
-#          graph against PyTorch eager, DDP and ZeRO-3 against no wrapper; then the no-wrapper
-#          rows and ZeRO-3 traced (idle time; the kernels ZeRO-3 adds at one rank).
+#          graph against PyTorch eager, DDP and ZeRO-3 against no wrapper, the fused loss against
+#          ATen's (batch 16); then the no-wrapper rows and ZeRO-3 traced (idle time; the kernels
+#          ZeRO-3 adds at one rank).
 #   asan   the three test cases that ended in SIGSEGV on LibTorch 2.11 (docs/gpu.md), built with
 #          AddressSanitizer in build-asan/ and run alone, the GPU hidden as in `test`; the first
 #          ASan report, if any, goes to the summary and gpu_run.md.
@@ -210,6 +212,13 @@ stage_smoke() {
       figure "$mode on cuda FAILED: $(from "$out/smoke_$mode.log" | tail -3 | tr '\n' ' ')"
     fi
   done
+  # cpprun::fused_cross_entropy's CUDA kernels against F::cross_entropy, then timed at GPT-2's loss
+  # (also in ctest's gpu label below; run here too for its timing line).
+  if run "$out/fused_ce.log" timeout 120 "$build/tests/fused_cross_entropy_check" --device cuda; then
+    figure "$(from "$out/fused_ce.log" -E '^timing|: ok' | tr '\n' ' ')"
+  else
+    figure "fused_cross_entropy_check on cuda FAILED: $(from "$out/fused_ce.log" -E 'FAIL|error|what' | head -6 | tr '\n' ' ')"
+  fi
   if run "$out/ctest_gpu.log" ctest --test-dir "$build" -L gpu --output-on-failure; then result=ok; else result=FAILED; fi
   figure "ctest -L gpu $result: $(from "$out/ctest_gpu.log" -E 'tests passed|Skipped|Failed' | tr '\n' ' ')"
 }
@@ -321,15 +330,17 @@ stage_compare() {
 
 # Issue 40's goals at GPT-2 124M's shape, bf16, one rank (scripts/bench_gpt.sh --gpt2): tokens/s
 # and MFU of cpprun without a wrapper, eager and in a CUDA graph, against PyTorch eager, and DDP
-# and ZeRO-3 against no wrapper, at batch 16 (medians of GOALS_REPEATS runs, default 2) and 32;
+# and ZeRO-3 against no wrapper, at batch 16 (medians of GOALS_REPEATS runs, default 2; with the
+# fused loss's row against ATen's, cpprun-atenloss) and at batch 32 (the no-wrapper rows);
 # then the no-wrapper rows and ZeRO-3 traced (8 steps, 3 of them under the profiler): cpprun's
 # idle time against PyTorch's, and the kernels ZeRO-3 adds at one rank.
 stage_goals() {
-  local batch
+  local batch rows
   for batch in 16 32; do
-    bench_gpt_on_gpu "$out/goals_b$batch.txt" 240 "bench_gpt.sh --gpt2 --batch $batch (cuda, bf16, one rank)" \
-      --batch "$batch" --rows cpprun-none,cpprun-graph,pytorch-none,cpprun-ddp,cpprun-zero3,pytorch-fsdp2 \
-      --repeats "$([ "$batch" = 16 ] && echo "${GOALS_REPEATS:-2}" || echo 1)"
+    rows=cpprun-none,cpprun-graph,pytorch-none
+    [ "$batch" != 16 ] || rows+=,cpprun-atenloss,cpprun-ddp,cpprun-zero3,pytorch-fsdp2
+    bench_gpt_on_gpu "$out/goals_b$batch.txt" 270 "bench_gpt.sh --gpt2 --batch $batch (cuda, bf16, one rank)" \
+      --batch "$batch" --rows "$rows" --repeats "$([ "$batch" = 16 ] && echo "${GOALS_REPEATS:-2}" || echo 1)"
     [ ! -f "$out/goals_b$batch.txt" ] || fenced <"$out/goals_b$batch.txt"
   done
   bench_gpt_on_gpu "$out/goals_trace.txt" 150 "the no-wrapper rows and ZeRO-3 traced" \

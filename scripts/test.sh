@@ -12,7 +12,7 @@ echo "test: [2/5] build"
 CPPRUN_BUILD_TARGETS='' bash scripts/build.sh   # everything, whatever the environment says
 echo "test: set-up + build took $(( $(date +%s) - start )) s"
 count=$(ctest --test-dir "$build_dir" -N "$@" | sed -n 's/^Total Tests: //p')
-echo "test: [3/5] ctest: $count tests, $(nproc) at a time (all of them: about 17 minutes on 2 cores;" \
+echo "test: [3/5] ctest: $count tests, $(nproc) at a time (all of them: about 22 minutes on 2 cores;" \
      "-L quick: about 3); each line is one test done"
 junit=$(cd "$build_dir" && pwd)/ctest-junit.xml
 rm -f "$junit"

@@ -15,6 +15,7 @@
 #include "cpprun/fsdp.h"
 #include "cpprun/fsdp_stats.h"
 #include "cpprun/fused_adamw.h"
+#include "cpprun/fused_cross_entropy.h"
 #include "cpprun/grad_scaler.h"
 #include "cpprun/model_checkpoint.h"
 #include "cpprun/no_sync.h"

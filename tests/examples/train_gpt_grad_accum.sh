@@ -4,8 +4,9 @@
 # losses and held-out loss within 1e-10 (only the summation order differs: two means of 4 windows
 # halved and added, against one mean of 8; measured 1.8e-15). Under DDP and ZeRO-2/3 on 2 ranks
 # the first pass runs under no_sync: the wrapper's deferred reduction must still sum both passes'
-# gradients. And the options --cuda-graph cannot go with are refused by name (it needs a GPU to run;
-# gpu_check's compare stage runs it).
+# gradients. --loss fused (cpprun::fused_cross_entropy) trains as --loss aten (F::cross_entropy),
+# alone and under ZeRO-3 with 2 passes a step. And the options --cuda-graph cannot go with are
+# refused by name (it needs a GPU to run; gpu_check's compare stage runs it).
 # Usage: train_gpt_grad_accum.sh CPPRUN TRAIN_GPT
 set -u
 cpprun=$1 gpt=$2
@@ -35,6 +36,11 @@ for mode in "ddp" "fsdp --stage 2" "fsdp --stage 3"; do
   agree "$name.whole" "$name.accum"
 done
 agree none.whole ddp.whole  # and 2 ranks of 4 windows train as 1 of 8
+# The fused loss's scaling of the gradient (1 / rows, the passes' 1/2) as ATen's.
+run none.fused 1 --mode none --batch 8 --loss fused
+agree none.whole none.fused
+run fsdp3.accum.fused 2 --mode fsdp --stage 3 --batch 2 --grad-accum 2 --loss fused
+agree fsdp3.whole fsdp3.accum.fused
 
 refused 1 "--cuda-graph does not go with --mode ddp" --cuda-graph --mode ddp
 refused 1 "--cuda-graph does not go with --optimizer libtorch" --cuda-graph --mode none --optimizer libtorch
@@ -43,4 +49,5 @@ refused 1 "--cuda-graph needs a GPU" --cuda-graph --mode none
 refused 1 "--grad-accum must be at least 1" --grad-accum 0
 refused 1 "--optimizer must be fused or libtorch" --optimizer sgd
 refused 1 "--attention must be sdpa or math" --attention flash
+refused 1 "--loss must be auto, fused or aten" --loss softmax
 echo "PASS: --grad-accum trains as one pass of the same windows; --cuda-graph's conflicts refused"
