@@ -11,45 +11,33 @@
 #include <string>
 #include <vector>
 
+#include "error_text.h"
 #include "cpprun/fused_cross_entropy.h"
 #include "support/runtime_kernels.h"
 #include "training/cross_entropy_rows.h"
 
 namespace F = torch::nn::functional;
 
-namespace {
-
-std::string refusal_of(const std::function<void()>& call) {
-  try {
-    call();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
-}  // namespace
-
 TEST_CASE("fused_cross_entropy refuses what it does not compute, naming the fix", "[fused_cross_entropy]") {
   auto logits = torch::randn({4, 6});
   auto target = torch::tensor({0, 1, 2, 5}, torch::kLong);
-  CHECK_THAT(refusal_of([&] { cpprun::fused_cross_entropy(logits.view({2, 2, 6}), target); }),
+  CHECK_THAT(error_text_of([&] { cpprun::fused_cross_entropy(logits.view({2, 2, 6}), target); }),
              Catch::Contains("logits must be [N, C]") && Catch::Contains("view({-1, C})"));
-  CHECK_THAT(refusal_of([&] { cpprun::fused_cross_entropy(logits, target.to(torch::kInt)); }),
+  CHECK_THAT(error_text_of([&] { cpprun::fused_cross_entropy(logits, target.to(torch::kInt)); }),
              Catch::Contains("int64 (kLong), got Int") && Catch::Contains(".to(torch::kLong)"));
-  CHECK_THAT(refusal_of([&] { cpprun::fused_cross_entropy(logits, torch::rand({4, 6})); }),
+  CHECK_THAT(error_text_of([&] { cpprun::fused_cross_entropy(logits, torch::rand({4, 6})); }),
              Catch::Contains("target must be [N] with N = 4"));
-  CHECK_THAT(refusal_of([&] { cpprun::fused_cross_entropy(logits, target.to(torch::kFloat)); }),
+  CHECK_THAT(error_text_of([&] { cpprun::fused_cross_entropy(logits, target.to(torch::kFloat)); }),
              Catch::Contains("class probabilities"));
-  CHECK_THAT(refusal_of([&] { cpprun::fused_cross_entropy(logits, target.narrow(0, 0, 3)); }),
+  CHECK_THAT(error_text_of([&] { cpprun::fused_cross_entropy(logits, target.narrow(0, 0, 3)); }),
              Catch::Contains("target must be [N] with N = 4"));
-  CHECK_THAT(refusal_of([&] { cpprun::fused_cross_entropy(logits, target, F::CrossEntropyFuncOptions().weight(torch::ones(6))); }),
+  CHECK_THAT(error_text_of([&] { cpprun::fused_cross_entropy(logits, target, F::CrossEntropyFuncOptions().weight(torch::ones(6))); }),
              Catch::Contains("class weights are not supported"));
-  CHECK_THAT(refusal_of([&] { cpprun::fused_cross_entropy(logits, target, F::CrossEntropyFuncOptions().label_smoothing(0.1)); }),
+  CHECK_THAT(error_text_of([&] { cpprun::fused_cross_entropy(logits, target, F::CrossEntropyFuncOptions().label_smoothing(0.1)); }),
              Catch::Contains("label smoothing (0.1) is not supported"));
-  CHECK_THAT(refusal_of([&] { cpprun::fused_cross_entropy(torch::randn({4, 0}), target); }),
+  CHECK_THAT(error_text_of([&] { cpprun::fused_cross_entropy(torch::randn({4, 0}), target); }),
              Catch::Contains("no classes"));
-  CHECK_THAT(refusal_of([&] { cpprun::fused_cross_entropy(logits.to(torch::kLong), target); }),
+  CHECK_THAT(error_text_of([&] { cpprun::fused_cross_entropy(logits.to(torch::kLong), target); }),
              Catch::Contains("must be floating point"));
 }
 
@@ -81,9 +69,9 @@ TEST_CASE("NVRTC compiles for the device's own architecture when it knows it, el
   auto between = cpprun::detail::nvrtc_target(87, known);  // not listed, inside the range
   CHECK(between.arch_option == "--gpu-architecture=compute_86");
   CHECK_FALSE(between.binary);
-  CHECK_THAT(refusal_of([&] { cpprun::detail::nvrtc_target(61, known); }),
+  CHECK_THAT(error_text_of([&] { cpprun::detail::nvrtc_target(61, known); }),
              Catch::Contains("6.1 is older than any this NVRTC compiles for (7.5 to 12.0)"));
-  CHECK_THAT(refusal_of([&] { cpprun::detail::nvrtc_target(90, {}); }), Catch::Contains("lists no GPU architecture"));
+  CHECK_THAT(error_text_of([&] { cpprun::detail::nvrtc_target(90, {}); }), Catch::Contains("lists no GPU architecture"));
 }
 
 #ifdef CPPRUN_WITH_CUDA
@@ -104,7 +92,7 @@ TEST_CASE("the CUDA kernels' source compiles with NVRTC for every dtype", "[fuse
   }
   // A source that does not compile is refused with NVRTC's log.
   const auto target = cpprun::detail::nvrtc_target(90, archs);
-  CHECK_THAT(refusal_of([&] {
+  CHECK_THAT(error_text_of([&] {
                cpprun::detail::nvrtc_compile(cpprun::detail::cross_entropy_kernel_source(), "cpprun_cross_entropy.cu",
                                              target, {"--std=c++17", "-DCE_DTYPE=7"});
              }),

@@ -10,6 +10,7 @@
 #include <numeric>
 #include <string>
 
+#include "error_text.h"
 #include "checkpoint/sharded_state_dict.h"
 #include "checkpoint/state_dict.h"
 #include "cpprun/checkpoint_file.h"
@@ -44,15 +45,6 @@ void require_same_state(torch::nn::Module& a, torch::nn::Module& b) {
     CHECK(sa[i].first == sb[i].first);
     CHECK(torch::equal(sa[i].second, sb[i].second));
   }
-}
-
-std::string sharded_error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 void write_file_bytes(const fs::path& path, const std::string& bytes) {
@@ -115,7 +107,7 @@ TEST_CASE("hf_sharded: file names and the index are transformers'", "[state_dict
   CHECK(back.metadata == index.metadata);
   CHECK(back.weight_map == index.weight_map);
   const auto error = [](const std::string& json) {
-    return sharded_error_of([&] { cpprun::detail::read_safetensors_index(json, "i.json"); });
+    return error_text_of([&] { cpprun::detail::read_safetensors_index(json, "i.json"); });
   };
   CHECK_THAT(error(R"({"metadata": {}})"), Catch::Matchers::Contains("no \"weight_map\""));
   CHECK_THAT(error(R"({"weight_map": {"a": "../../etc/passwd"}})"),
@@ -154,12 +146,12 @@ TEST_CASE("hf_sharded: a module round-trips through a directory, its index, or a
   require_same_state(*target, *source);
   // Both in one directory: which one is meant? Refused.
   fs::copy_file(dir.path / "single/model.safetensors", dir.path / "hf/model.safetensors");
-  CHECK_THAT(sharded_error_of([&] { cpprun::load_state_dict(target, out); }),
+  CHECK_THAT(error_text_of([&] { cpprun::load_state_dict(target, out); }),
              Catch::Matchers::Contains("holds both model.safetensors.index.json and model.safetensors"));
   // A new save into it removes what transformers would load in its place.
   cpprun::save_state_dict(source, out);
   CHECK_FALSE(fs::exists(dir.path / "hf/model.safetensors"));
-  CHECK_THAT(sharded_error_of([&] { cpprun::load_state_dict(target, (dir.path / "nothing_here").string() + "/"); }),
+  CHECK_THAT(error_text_of([&] { cpprun::load_state_dict(target, (dir.path / "nothing_here").string() + "/"); }),
              Catch::Matchers::Contains("is not a directory"));
 }
 
@@ -198,7 +190,7 @@ TEST_CASE("hf_sharded: a directory that does not hold together is refused, namin
   auto before = net();
   scramble_all(*before, 3);
   const auto refused = [&](const fs::path& dir, const std::vector<std::string>& expected) {
-    const std::string message = sharded_error_of([&] { cpprun::load_state_dict(target, dir.string()); });
+    const std::string message = error_text_of([&] { cpprun::load_state_dict(target, dir.string()); });
     for (const auto& text : expected) CHECK_THAT(message, Catch::Matchers::Contains(text));
     CHECK_THROWS_AS(cpprun::load_state_dict(target, dir.string()), cpprun::CorruptCheckpointError);
     require_same_state(*target, *before);
@@ -267,7 +259,7 @@ TEST_CASE("hf_sharded: a strict load of another model's directory lists every di
   auto other = net(6);
   save_as_ranks(*other, dir.path, 4, "x");
   auto target = net();
-  const std::string message = sharded_error_of([&] { cpprun::load_state_dict(target, dir.path.string()); });
+  const std::string message = error_text_of([&] { cpprun::load_state_dict(target, dir.path.string()); });
   CHECK_THAT(message, Catch::Matchers::Contains("load_state_dict refused " + dir.path.string()));
   CHECK_THAT(message, Catch::Matchers::Contains("0.weight: file float32 [6, 4], module float32 [8, 4] (in "
                                                 "model-00001-of-00004.safetensors)"));

@@ -7,6 +7,7 @@
 #include <functional>
 #include <string>
 
+#include "error_text.h"
 #include "cpprun/checkpoint_file.h"
 #include "cpprun/state_dict.h"
 #include "checkpoint/state_dict.h"
@@ -59,15 +60,6 @@ void require_equal_state(torch::nn::Module& a, torch::nn::Module& b) {
   auto bb = b.named_buffers();
   REQUIRE(ba.size() == bb.size());
   for (const auto& item : ba) CHECK(torch::equal(item.value(), bb[item.key()]));
-}
-
-std::string load_error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 void write_bytes(const std::filesystem::path& path, const std::string& bytes) {
@@ -125,7 +117,7 @@ TEST_CASE("state_dict: a strict load lists every difference in one error, names 
     auto before = small_net();
     torch::NoGradGuard no_grad;
     for (std::size_t i = 0; i < net->parameters().size(); ++i) before->parameters()[i].copy_(net->parameters()[i]);
-    const std::string shapes = load_error_of([&] { cpprun::load_state_dict(net, path); });
+    const std::string shapes = error_text_of([&] { cpprun::load_state_dict(net, path); });
     CHECK_THAT(shapes, Catch::Matchers::Contains("load_state_dict refused " + path));
     CHECK_THAT(shapes, Catch::Matchers::Contains("0.weight: file float32 [5, 4], module float32 [3, 4]"));
     CHECK_THAT(shapes, Catch::Matchers::Contains("1.running_var: file float32 [5], module float32 [3]"));
@@ -135,10 +127,10 @@ TEST_CASE("state_dict: a strict load lists every difference in one error, names 
 
     // Other names: a model with an extra layer misses names the file lacks, and vice versa.
     auto longer = torch::nn::Sequential(torch::nn::Linear(4, 3), torch::nn::BatchNorm1d(3), torch::nn::Linear(3, 2));
-    const std::string names = load_error_of([&] { cpprun::load_state_dict(longer, path); });
+    const std::string names = error_text_of([&] { cpprun::load_state_dict(longer, path); });
     CHECK_THAT(names, Catch::Matchers::Contains("missing from the file (2): 2.bias, 2.weight"));
     auto shorter = torch::nn::Sequential(torch::nn::Linear(4, 5));
-    const std::string extra = load_error_of([&] { cpprun::load_state_dict(shorter, path); });
+    const std::string extra = error_text_of([&] { cpprun::load_state_dict(shorter, path); });
     CHECK_THAT(extra, Catch::Matchers::Contains(
                           "in the file but not in the module (5): 1.bias, 1.num_batches_tracked, 1.running_mean"));
   }
@@ -176,7 +168,7 @@ TEST_CASE("state_dict: damaged files are refused, naming the file and the fault,
   const auto refused = [&](const std::string& file_name, const std::string& contents, const std::string& why) {
     const std::string path = (dir.path / file_name).string();
     write_bytes(path, contents);
-    const std::string message = load_error_of([&] { cpprun::load_state_dict(net, path); });
+    const std::string message = error_text_of([&] { cpprun::load_state_dict(net, path); });
     CHECK_THAT(message, Catch::Matchers::Contains(path));
     CHECK_THAT(message, Catch::Matchers::Contains(why));
     CHECK_THROWS_AS(cpprun::load_state_dict(net, path), cpprun::CorruptCheckpointError);
@@ -207,7 +199,7 @@ TEST_CASE("state_dict: damaged files are refused, naming the file and the fault,
   pt_bytes[pt_bytes.size() / 2] ^= 0x01;
   refused("flipped.pt", pt_bytes, "is damaged: the CRC-32");
   refused("not_zip.pt", "hello", "is not a torch.save file");
-  CHECK_THAT(load_error_of([&] { cpprun::save_state_dict(net, (dir.path / "x.bin").string()); }),
+  CHECK_THAT(error_text_of([&] { cpprun::save_state_dict(net, (dir.path / "x.bin").string()); }),
              Catch::Matchers::Contains("end it in .safetensors"));
 }
 
@@ -219,7 +211,7 @@ TEST_CASE("safetensors: the reader refuses headers the format does not allow", "
     return out + header + data;
   };
   const auto error = [](const std::string& bytes) {
-    return load_error_of([&] { cpprun::detail::read_safetensors(bytes, "h.safetensors"); });
+    return error_text_of([&] { cpprun::detail::read_safetensors(bytes, "h.safetensors"); });
   };
   const auto ok = cpprun::detail::read_safetensors(
       file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
