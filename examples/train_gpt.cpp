@@ -109,8 +109,9 @@ constexpr const char* kUsage = R"(usage: train_gpt [options]
                      the training loss: cpprun::fused_cross_entropy (on CUDA two kernels that read the logits
                      once each way and write the gradient in their dtype) or F::cross_entropy(logits.float()),
                      which passes over them about ten times in float32 (GPT-2's vocabulary: about 30 GB a
-                     step at batch 16 x 1024). auto: fused on CUDA, aten on the CPU, where fused runs ATen's
-                     own operations and gains nothing (default auto)
+                     step at batch 16 x 1024). auto: fused on CUDA (aten, saying why, where its kernels
+                     cannot compile or load there), aten on the CPU, where fused runs ATen's own operations
+                     and gains nothing (default auto)
   --cuda-graph       capture the training step (forward, backward, AdamW) in a CUDA graph after 3 eager steps and
                      replay it: one launch a step instead of LibTorch's one per operation. The same arithmetic;
                      with --mode none on a GPU, --optimizer fused, --amp fp32 or bf16, without --tp and
@@ -805,6 +806,26 @@ torch::Tensor training_loss(const torch::Tensor& logits, const torch::Tensor& ta
   return torch::nn::functional::cross_entropy(rows.to(float64 ? torch::kDouble : torch::kFloat), targets.reshape({-1}));
 }
 
+// --loss: whether the training loss is cpprun::fused_cross_entropy. auto takes it on CUDA where it
+// runs (its kernels compiled now, for the dtype the logits will have), and otherwise says why and
+// trains with F::cross_entropy; --loss fused where it cannot run is refused before the first step.
+bool choose_fused_loss(const Options& o, const torch::Device& device) {
+  if (o.loss == "aten" || (o.loss == "auto" && !device.is_cuda())) return false;
+  const auto logits_dtype = o.dtype == "float64" ? torch::kDouble
+                            : o.amp == "bf16"    ? torch::kBFloat16
+                            : o.amp == "fp16"    ? torch::kHalf
+                                                 : torch::kFloat;
+  std::string why_not;
+  if (cpprun::fused_cross_entropy_available(device, logits_dtype, &why_not)) return true;
+  if (o.loss == "fused") {
+    throw std::invalid_argument("--loss fused cannot run on " + device.str() + ": " + why_not +
+                                "\n(--loss aten trains with F::cross_entropy instead)");
+  }
+  std::fprintf(stderr, "note: --loss auto: the fused loss cannot run on %s, so this trains with F::cross_entropy "
+               "(--loss aten): %s\n", device.str().c_str(), why_not.c_str());
+  return false;
+}
+
 // The device's dense peak in TFLOPS for --amp's type: --peak-tflops, else 989 for bf16 and fp16 on
 // an H100 or H200 (SXM), else 0 (unknown: no MFU printed).
 double peak_tflops(const Options& o, const torch::Device& device) {
@@ -921,7 +942,7 @@ int run(int argc, char** argv) {
   // --dtype float64: the whole model cast before a wrapper sees it, so --init-from's float32 tensors
   // are loaded first (into a float64 model they would be refused as another dtype).
   const bool float64 = opt.dtype == "float64";
-  const bool fused_loss = opt.loss == "fused" || (opt.loss == "auto" && device.is_cuda());
+  const bool fused_loss = choose_fused_loss(opt, device);
   if (float64) {
     if (!opt.init_from.empty() && !tp_group) load_gpt2(gpt, opt.init_from, opt, model_vocab);
     gpt->to(torch::kDouble);

@@ -215,7 +215,7 @@ stage_smoke() {
   # cpprun::fused_cross_entropy's CUDA kernels against F::cross_entropy, then timed at GPT-2's loss
   # (also in ctest's gpu label below; run here too for its timing line).
   if run "$out/fused_ce.log" timeout 120 "$build/tests/fused_cross_entropy_check" --device cuda; then
-    figure "$(from "$out/fused_ce.log" -E '^timing|: ok' | tr '\n' ' ')"
+    figure "$(from "$out/fused_ce.log" -E '^timing|^measured|: ok' | tr '\n' ' ')"
   else
     figure "fused_cross_entropy_check on cuda FAILED: $(from "$out/fused_ce.log" -E 'FAIL|error|what' | head -6 | tr '\n' ' ')"
   fi

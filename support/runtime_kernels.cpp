@@ -63,7 +63,9 @@ std::vector<std::string> loaded_libraries() {
   std::vector<std::string> paths;
   dl_iterate_phdr(
       [](dl_phdr_info* info, std::size_t, void* data) {
-        if (info->dlpi_name && *info->dlpi_name) static_cast<std::vector<std::string>*>(data)->push_back(info->dlpi_name);
+        if (info->dlpi_name && *info->dlpi_name) {
+          static_cast<std::vector<std::string>*>(data)->push_back(info->dlpi_name);
+        }
         return 0;
       },
       &paths);
@@ -72,33 +74,33 @@ std::vector<std::string> loaded_libraries() {
 
 std::string file_name(const std::string& path) { return std::filesystem::path(path).filename().string(); }
 
-// NVRTC: already in the process when LibTorch's CUDA library needs it (2.15's does); else beside
-// that library in the pip wheel's layout (site-packages/nvidia/*/lib, torch/lib/../../nvidia), else
-// wherever the loader finds its usual names.
-void* open_nvrtc(std::string& tried) {
-  std::string torch_cuda_dir;
-  for (const auto& path : loaded_libraries()) {
-    const auto name = file_name(path);
-    if (name.starts_with("libnvrtc.so")) {
-      if (void* library = dlopen(path.c_str(), RTLD_NOW | RTLD_NOLOAD)) return library;
-    }
-    if (name.starts_with("libtorch_cuda.so")) torch_cuda_dir = std::filesystem::path(path).parent_path().string();
-  }
-  tried = "no libnvrtc.so* loaded in this process";
-  std::vector<std::string> candidates;
+// Adds the paths of the files in `folder` (none when it does not exist).
+void list_folder(const std::filesystem::path& folder, std::vector<std::string>& paths) {
   std::error_code error;
-  if (!torch_cuda_dir.empty()) {
-    const auto nvidia = std::filesystem::path(torch_cuda_dir) / ".." / ".." / "nvidia";
-    for (const auto& package : std::filesystem::directory_iterator(nvidia, error)) {
-      for (const auto& file : std::filesystem::directory_iterator(package.path() / "lib", error)) {
-        const auto name = file.path().filename().string();
-        if (name.starts_with("libnvrtc.so")) candidates.push_back(file.path().string());
-      }
-    }
-    // By file name, newest first: libnvrtc.so.13 before libnvrtc.so.12, whichever folder holds it.
-    std::sort(candidates.begin(), candidates.end(),
-              [](const std::string& a, const std::string& b) { return file_name(a) > file_name(b); });
+  for (const auto& file : std::filesystem::directory_iterator(folder, error)) paths.push_back(file.path().string());
+}
+
+// NVRTC: already in the process when LibTorch's CUDA library needs it (2.15's does); else beside
+// that library (LibTorch's zip: lib/libnvrtc-HASH.so.N) or in the pip wheel's layout
+// (site-packages/nvidia/*/lib, torch/lib/../../nvidia); else wherever the loader finds its usual names.
+void* open_nvrtc(std::string& tried) {
+  const std::vector<std::string> loaded = loaded_libraries();
+  for (const auto& path : nvrtc_libraries_newest_first(loaded)) {
+    if (void* library = dlopen(path.c_str(), RTLD_NOW | RTLD_NOLOAD)) return library;
   }
+  tried = "none loaded in this process";
+  std::vector<std::string> files;
+  for (const auto& path : loaded) {
+    if (!file_name(path).starts_with("libtorch_cuda.so")) continue;
+    const auto torch_lib = std::filesystem::path(path).parent_path();
+    list_folder(torch_lib, files);
+    std::error_code error;
+    for (const auto& package : std::filesystem::directory_iterator(torch_lib / ".." / ".." / "nvidia", error)) {
+      list_folder(package.path() / "lib", files);
+    }
+    break;
+  }
+  std::vector<std::string> candidates = nvrtc_libraries_newest_first(files);
   for (const char* name : {"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"}) candidates.emplace_back(name);
   for (const auto& candidate : candidates) {
     if (void* library = dlopen(candidate.c_str(), RTLD_NOW | RTLD_LOCAL)) return library;
@@ -152,19 +154,61 @@ const Driver& driver() {
 }
 
 void check_nvrtc(int result, const char* what) {
-  if (result != 0) throw std::runtime_error(std::string("cpprun: NVRTC's ") + what + " failed: " + nvrtc().error_string(result));
+  if (result != 0) {
+    throw std::runtime_error(std::string("cpprun: NVRTC's ") + what + " failed: " + nvrtc().error_string(result));
+  }
 }
 
 void check_driver(int result, const std::string& what) {
   if (result == 0) return;
   const char* text = nullptr;
   driver().error_string(result, &text);
-  throw std::runtime_error("cpprun: the CUDA driver's " + what + " failed: " + (text ? text : "error " + std::to_string(result)));
+  throw std::runtime_error("cpprun: the CUDA driver's " + what +
+                           " failed: " + (text ? text : "error " + std::to_string(result)));
 }
 
 std::string arch_text(int arch) { return std::to_string(arch / 10) + "." + std::to_string(arch % 10); }
 
+// The major version after ".so." in a library's file name (libnvrtc.so.13.0.48 -> 13), else -1.
+int so_major_version(const std::string& name) {
+  const auto at = name.find(".so.");
+  if (at == std::string::npos) return -1;
+  int version = -1;
+  for (std::size_t i = at + 4; i < name.size() && name[i] >= '0' && name[i] <= '9'; ++i) {
+    version = std::max(version, 0) * 10 + (name[i] - '0');
+  }
+  return version;
+}
+
 }  // namespace
+
+bool is_nvrtc_library(const std::string& library_file) {
+  const std::string_view name(library_file);
+  if (!name.starts_with("libnvrtc")) return false;
+  const std::string_view rest = name.substr(8);
+  if (rest == ".so" || rest.starts_with(".so.")) return true;
+  if (!rest.starts_with("-") || rest.starts_with("-builtins")) return false;
+  // libnvrtc-HASH.so.N: a hash of letters and digits, then the library suffix.
+  const auto suffix = rest.find(".so");
+  if (suffix == std::string_view::npos || suffix == 1) return false;
+  const std::string_view hash = rest.substr(1, suffix - 1);
+  const bool alphanumeric = std::all_of(hash.begin(), hash.end(), [](char c) {
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
+  });
+  const std::string_view after = rest.substr(suffix);
+  return alphanumeric && (after == ".so" || after.starts_with(".so."));
+}
+
+std::vector<std::string> nvrtc_libraries_newest_first(const std::vector<std::string>& paths) {
+  std::vector<std::string> found;
+  for (const auto& path : paths) {
+    if (is_nvrtc_library(file_name(path))) found.push_back(path);
+  }
+  std::stable_sort(found.begin(), found.end(), [](const std::string& a, const std::string& b) {
+    return so_major_version(file_name(a)) > so_major_version(file_name(b));
+  });
+  return found;
+}
 
 NvrtcTarget nvrtc_target(int device_arch, const std::vector<int>& supported_archs) {
   if (supported_archs.empty()) throw std::runtime_error("cpprun: NVRTC lists no GPU architecture it compiles for");
@@ -217,8 +261,17 @@ std::string nvrtc_compile(const std::string& source, const std::string& program_
     std::string log(log_size, '\0');
     if (log_size > 0) api.log(program, log.data());
     while (!log.empty() && (log.back() == '\0' || log.back() == '\n')) log.pop_back();
+    // LibTorch's zip ships NVRTC's builtins renamed (lib/libnvrtc-builtins-HASH.so.X.Y), under a
+    // name NVRTC does not look for (pytorch/pytorch#99781).
+    const std::string builtins_hint =
+        log.find("libnvrtc-builtins") == std::string::npos
+            ? ""
+            : "\nNVRTC loads its builtins library by the name above; where it is there under another name "
+              "(LibTorch's zip: lib/libnvrtc-builtins-HASH.so.X.Y), a link by that name beside it fixes this "
+              "(ln -s libnvrtc-builtins-HASH.so.X.Y libnvrtc-builtins.so.X.Y), as does a CUDA toolkit's lib64 "
+              "on LD_LIBRARY_PATH";
     throw std::runtime_error("cpprun: NVRTC could not compile " + program_name + " (" + target.arch_option +
-                             "): " + api.error_string(compiled) + "\n" + log);
+                             "): " + api.error_string(compiled) + "\n" + log + builtins_hint);
   }
   std::size_t size = 0;
   check_nvrtc(target.binary ? api.cubin_size(program, &size) : api.ptx_size(program, &size), "binary size");
@@ -233,7 +286,8 @@ CudaModule::CudaModule(const std::string& binary) {
 
 void* CudaModule::kernel(const char* name) const {
   void* function = nullptr;
-  check_driver(driver().module_get_function(&function, module_, name), std::string("cuModuleGetFunction(") + name + ")");
+  check_driver(driver().module_get_function(&function, module_, name),
+               std::string("cuModuleGetFunction(") + name + ")");
   return function;
 }
 

@@ -27,8 +27,17 @@ struct NvrtcTarget {
 // Throws when the device is older than every architecture NVRTC supports, naming both.
 NvrtcTarget nvrtc_target(int device_arch, const std::vector<int>& supported_archs);
 
-// NVRTC's supported architectures; throws, naming where it looked, when NVRTC is not in the process.
+// NVRTC's supported architectures; throws, naming where it looked, when NVRTC is not found.
 std::vector<int> nvrtc_supported_archs();
+
+// Whether a library's file name is NVRTC itself: libnvrtc.so[.N[...]] as CUDA and the pip wheels
+// name it, or libnvrtc-HASH.so.N as LibTorch's zip renames it. Not its builtins
+// (libnvrtc-builtins*.so*, which NVRTC loads by itself), libnvrtc.alt.so* or a static archive.
+bool is_nvrtc_library(const std::string& library_file);
+
+// The NVRTC libraries among `paths` (is_nvrtc_library of their file names), newest first by the
+// major version after ".so." (13 before 12; a name without one last), otherwise in their order.
+std::vector<std::string> nvrtc_libraries_newest_first(const std::vector<std::string>& paths);
 
 // The binary (cubin or PTX, as `target` says) of `source`, compiled with `options` (beside the
 // architecture). Throws with NVRTC's log when the source does not compile.

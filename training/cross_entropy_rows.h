@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace cpprun::detail {
 
@@ -29,9 +30,15 @@ CrossEntropyRows cross_entropy_rows_cuda(const at::Tensor& logits, const at::Ten
 at::Tensor cross_entropy_grad_cuda(const at::Tensor& logits, const at::Tensor& target, int64_t ignore_index,
                                    const at::Tensor& row_lse, const at::Tensor& row_scale);
 
-// Both kernels' source, compiled with -DCE_DTYPE=0 (float32), 1 (float64), 2 (bfloat16) or 3
-// (float16); the names of its kernels.
+// Compiles and loads both kernels for `device` (a CUDA one) and logits of `dtype`, as their first
+// use would: throws what stands in the way (no NVRTC, no driver, an architecture NVRTC lacks, a
+// dtype without a kernel). Kept for the process's life, so the first step pays nothing more.
+void cross_entropy_kernels_load(const at::Device& device, at::ScalarType dtype);
+
+// Both kernels' source, compiled with cross_entropy_compile_options(dtype) (-DCE_DTYPE=0 float32,
+// 1 float64, 2 bfloat16, 3 float16; refuses another dtype); the names of its kernels.
 const std::string& cross_entropy_kernel_source();
+std::vector<std::string> cross_entropy_compile_options(at::ScalarType dtype);
 inline constexpr const char* kCrossEntropyForwardKernel = "cpprun_cross_entropy_rows";
 inline constexpr const char* kCrossEntropyBackwardKernel = "cpprun_cross_entropy_grad";
 

@@ -9,6 +9,8 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
 
+#include <exception>
+#include <string>
 #include <variant>
 
 #include "training/cross_entropy_rows.h"
@@ -49,7 +51,8 @@ at::Tensor cross_entropy_grad_cpu(const at::Tensor& logits, const at::Tensor& ta
                                   const at::Tensor& row_lse, const at::Tensor& row_scale) {
   const at::Tensor ignored = target == ignore_index;
   const at::Tensor scale = row_scale.masked_fill(ignored, 0).unsqueeze(1);
-  at::Tensor grad = (logits.to(detail::cross_entropy_accumulate_dtype(logits)) - row_lse.unsqueeze(1)).exp_().mul_(scale);
+  at::Tensor grad =
+      (logits.to(detail::cross_entropy_accumulate_dtype(logits)) - row_lse.unsqueeze(1)).exp_().mul_(scale);
   grad.scatter_add_(1, target.masked_fill(ignored, 0).unsqueeze(1), scale.neg());
   return grad.to(logits.scalar_type());
 }
@@ -57,8 +60,9 @@ at::Tensor cross_entropy_grad_cpu(const at::Tensor& logits, const at::Tensor& ta
 struct FusedCrossEntropy : torch::autograd::Function<FusedCrossEntropy> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits, const at::Tensor& target,
                             int64_t ignore_index, int64_t reduction) {
-    const detail::CrossEntropyRows rows = logits.is_cuda() ? detail::cross_entropy_rows_cuda(logits, target, ignore_index)
-                                                           : cross_entropy_rows_cpu(logits, target, ignore_index);
+    const detail::CrossEntropyRows rows = logits.is_cuda()
+                                              ? detail::cross_entropy_rows_cuda(logits, target, ignore_index)
+                                              : cross_entropy_rows_cpu(logits, target, ignore_index);
     // The rows that count, on the device: no wait for it on the host.
     const at::Tensor counted = (target != ignore_index).sum().to(rows.loss.scalar_type());
     ctx->save_for_backward({logits, target, rows.lse, counted});
@@ -89,8 +93,9 @@ struct FusedCrossEntropy : torch::autograd::Function<FusedCrossEntropy> {
       case Reduction::sum: row_scale = upstream.expand({rows}).contiguous(); break;
       case Reduction::mean: row_scale = (upstream / counted).expand({rows}).contiguous(); break;
     }
-    at::Tensor grad = logits.is_cuda() ? detail::cross_entropy_grad_cuda(logits, target, ignore_index, row_lse, row_scale)
-                                       : cross_entropy_grad_cpu(logits, target, ignore_index, row_lse, row_scale);
+    at::Tensor grad = logits.is_cuda()
+                          ? detail::cross_entropy_grad_cuda(logits, target, ignore_index, row_lse, row_scale)
+                          : cross_entropy_grad_cpu(logits, target, ignore_index, row_lse, row_scale);
     return {grad, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
@@ -127,6 +132,25 @@ torch::Tensor fused_cross_entropy(const torch::Tensor& logits, const torch::Tens
   const at::Tensor rows_contiguous = logits.stride(1) == 1 ? logits : logits.contiguous();
   return FusedCrossEntropy::apply(rows_contiguous, target.contiguous(), options.ignore_index(),
                                   static_cast<int64_t>(reduction_of(options.reduction())));
+}
+
+bool fused_cross_entropy_available(const torch::Device& device, torch::ScalarType dtype, std::string* why_not) {
+  std::string reason;
+  if (!at::isFloatingType(dtype)) {
+    reason = "logits of dtype " + std::string(c10::toString(dtype)) + " are not floating point";
+  } else if (device.is_cuda()) {
+    try {
+      detail::cross_entropy_kernels_load(device, dtype);
+    } catch (const c10::Error& error) {
+      reason = error.what_without_backtrace();
+    } catch (const std::exception& error) {
+      reason = error.what();
+    }
+  } else if (!device.is_cpu()) {
+    reason = "logits on " + device.str() + ": only the CPU and CUDA are supported";
+  }
+  if (why_not) *why_not = reason;
+  return reason.empty();
 }
 
 }  // namespace cpprun

@@ -30,9 +30,19 @@
 #include <torch/nn/options/loss.h>
 #include <torch/types.h>
 
+#include <string>
+
 namespace cpprun {
 
 torch::Tensor fused_cross_entropy(const torch::Tensor& logits, const torch::Tensor& target,
                                   const torch::nn::functional::CrossEntropyFuncOptions& options = {});
+
+// Whether fused_cross_entropy runs on `device` for logits of `dtype` in this process; if not and
+// `why_not` is given, what stands in the way (on CUDA: NVRTC or the driver not found, the GPU's
+// architecture unknown to NVRTC, a dtype without a kernel), for a program choosing its loss at the
+// start instead of failing at its first step. On CUDA this compiles and loads the kernels for
+// that device and dtype (well under a second), which the first call then finds ready.
+bool fused_cross_entropy_available(const torch::Device& device, torch::ScalarType dtype,
+                                   std::string* why_not = nullptr);
 
 }  // namespace cpprun

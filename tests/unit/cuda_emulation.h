@@ -97,8 +97,12 @@ void launch(void (*kernel)(Params...), unsigned grid, unsigned block, Args... ar
 }  // namespace cuda_emulation
 
 inline void __syncthreads() { cuda_emulation::block_barrier->arrive_and_wait(); }
-inline float __shfl_xor_sync(unsigned mask, float v, int offset) { return cuda_emulation::shuffle_xor(mask, v, offset); }
-inline double __shfl_xor_sync(unsigned mask, double v, int offset) { return cuda_emulation::shuffle_xor(mask, v, offset); }
+inline float __shfl_xor_sync(unsigned mask, float v, int offset) {
+  return cuda_emulation::shuffle_xor(mask, v, offset);
+}
+inline double __shfl_xor_sync(unsigned mask, double v, int offset) {
+  return cuda_emulation::shuffle_xor(mask, v, offset);
+}
 inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
 inline float __uint_as_float(unsigned i) { float f; std::memcpy(&f, &i, 4); return f; }
 inline unsigned __float_as_uint(float f) { unsigned i; std::memcpy(&i, &f, 4); return i; }

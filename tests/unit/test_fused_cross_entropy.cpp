@@ -31,9 +31,13 @@ TEST_CASE("fused_cross_entropy refuses what it does not compute, naming the fix"
              Catch::Contains("class probabilities"));
   CHECK_THAT(error_text_of([&] { cpprun::fused_cross_entropy(logits, target.narrow(0, 0, 3)); }),
              Catch::Contains("target must be [N] with N = 4"));
-  CHECK_THAT(error_text_of([&] { cpprun::fused_cross_entropy(logits, target, F::CrossEntropyFuncOptions().weight(torch::ones(6))); }),
+  CHECK_THAT(error_text_of([&] {
+               cpprun::fused_cross_entropy(logits, target, F::CrossEntropyFuncOptions().weight(torch::ones(6)));
+             }),
              Catch::Contains("class weights are not supported"));
-  CHECK_THAT(error_text_of([&] { cpprun::fused_cross_entropy(logits, target, F::CrossEntropyFuncOptions().label_smoothing(0.1)); }),
+  CHECK_THAT(error_text_of([&] {
+               cpprun::fused_cross_entropy(logits, target, F::CrossEntropyFuncOptions().label_smoothing(0.1));
+             }),
              Catch::Contains("label smoothing (0.1) is not supported"));
   CHECK_THAT(error_text_of([&] { cpprun::fused_cross_entropy(torch::randn({4, 0}), target); }),
              Catch::Contains("no classes"));
@@ -71,7 +75,55 @@ TEST_CASE("NVRTC compiles for the device's own architecture when it knows it, el
   CHECK_FALSE(between.binary);
   CHECK_THAT(error_text_of([&] { cpprun::detail::nvrtc_target(61, known); }),
              Catch::Contains("6.1 is older than any this NVRTC compiles for (7.5 to 12.0)"));
-  CHECK_THAT(error_text_of([&] { cpprun::detail::nvrtc_target(90, {}); }), Catch::Contains("lists no GPU architecture"));
+  CHECK_THAT(error_text_of([&] { cpprun::detail::nvrtc_target(90, {}); }),
+             Catch::Contains("lists no GPU architecture"));
+}
+
+TEST_CASE("NVRTC is found under the names CUDA, the pip wheels and LibTorch's zip give it", "[fused_cross_entropy]") {
+  using cpprun::detail::is_nvrtc_library;
+  for (const char* name : {"libnvrtc.so", "libnvrtc.so.13", "libnvrtc.so.12.8.93", "libnvrtc-672ee683.so.11.2",
+                           "libnvrtc-d833c4f3.so.12"}) {
+    INFO(name);
+    CHECK(is_nvrtc_library(name));
+  }
+  for (const char* name :
+       {"libnvrtc-builtins.so.13.0", "libnvrtc-builtins-2dc4bf68.so.11.8", "libnvrtc.alt.so.12", "libnvrtc_static.a",
+        "libnvrtc-builtins_static.a", "libnvrtc.a", "libnvrtc-.so.12", "libnvrtc-ab.cd.so.12", "libnvrtc-672ee683.sox",
+        "libnvrtc", "libcudart.so.13", "nvrtc.so"}) {
+    INFO(name);
+    CHECK_FALSE(is_nvrtc_library(name));
+  }
+  // Newest first whatever the folder; the builtins and other libraries dropped; a name without a
+  // version last; equal versions keep their order.
+  const std::vector<std::string> found = cpprun::detail::nvrtc_libraries_newest_first(
+      {"/w/torch/lib/libtorch_cuda.so", "/w/nvidia/cuda_nvrtc/lib/libnvrtc.so.12", "/usr/lib/libnvrtc.so",
+       "/w/nvidia/cu13/lib/libnvrtc-builtins.so.13.0", "/w/nvidia/cu13/lib/libnvrtc.so.13",
+       "/z/libtorch/lib/libnvrtc-d833c4f3.so.12"});
+  CHECK(found == std::vector<std::string>{"/w/nvidia/cu13/lib/libnvrtc.so.13",
+                                          "/w/nvidia/cuda_nvrtc/lib/libnvrtc.so.12",
+                                          "/z/libtorch/lib/libnvrtc-d833c4f3.so.12", "/usr/lib/libnvrtc.so"});
+}
+
+TEST_CASE("fused_cross_entropy_available says what stands in the way", "[fused_cross_entropy]") {
+  std::string why_not = "(unset)";
+  CHECK(cpprun::fused_cross_entropy_available(torch::kCPU, torch::kBFloat16, &why_not));
+  CHECK(why_not.empty());
+  CHECK(cpprun::fused_cross_entropy_available(torch::kCPU, torch::kDouble));
+  CHECK_FALSE(cpprun::fused_cross_entropy_available(torch::kCPU, torch::kLong, &why_not));
+  CHECK(why_not == "logits of dtype Long are not floating point");
+  CHECK_FALSE(cpprun::fused_cross_entropy_available(torch::Device("meta"), torch::kFloat, &why_not));
+  CHECK_THAT(why_not, Catch::Contains("logits on meta: only the CPU and CUDA are supported"));
+#ifdef CPPRUN_WITH_CUDA
+  // Refused before the device is touched, so the same with or without a GPU.
+  CHECK_FALSE(cpprun::fused_cross_entropy_available(torch::Device("cuda:0"), torch::kFloat8_e4m3fn, &why_not));
+  CHECK_THAT(why_not, Catch::Contains("no CUDA kernel for logits of dtype Float8_e4m3fn"));
+  // With a GPU the kernels compile and load; without one the reason is the runtime's.
+  const bool gpu = torch::cuda::is_available();
+  const bool available = cpprun::fused_cross_entropy_available(torch::Device("cuda:0"), torch::kBFloat16, &why_not);
+  INFO("why not: " << why_not);
+  CHECK(available == gpu);
+  CHECK(why_not.empty() == gpu);
+#endif
 }
 
 #ifdef CPPRUN_WITH_CUDA
@@ -81,11 +133,11 @@ TEST_CASE("the CUDA kernels' source compiles with NVRTC for every dtype", "[fuse
   REQUIRE_FALSE(archs.empty());
   for (int arch : {80, 90}) {
     const auto target = cpprun::detail::nvrtc_target(arch, archs);
-    for (int dtype = 0; dtype < 4; ++dtype) {
+    for (auto dtype : {torch::kFloat, torch::kDouble, torch::kBFloat16, torch::kHalf}) {
       INFO("arch " << arch << " dtype " << dtype << " " << target.arch_option);
       const std::string binary =
-          cpprun::detail::nvrtc_compile(cpprun::detail::cross_entropy_kernel_source(), "cpprun_cross_entropy.cu", target,
-                                        {"--std=c++17", "-DCE_DTYPE=" + std::to_string(dtype)});
+          cpprun::detail::nvrtc_compile(cpprun::detail::cross_entropy_kernel_source(), "cpprun_cross_entropy.cu",
+                                        target, cpprun::detail::cross_entropy_compile_options(dtype));
       CHECK(binary.find(cpprun::detail::kCrossEntropyForwardKernel) != std::string::npos);
       CHECK(binary.find(cpprun::detail::kCrossEntropyBackwardKernel) != std::string::npos);
     }
