@@ -74,18 +74,24 @@ std::vector<std::string> loaded_libraries() {
 
 std::string file_name(const std::string& path) { return std::filesystem::path(path).filename().string(); }
 
-// Adds the paths of the files in `folder` (none when it does not exist).
+// Adds the paths of the files in `folder`; none when it cannot be read (a folder that is not
+// there is the common case), never an exception.
 void list_folder(const std::filesystem::path& folder, std::vector<std::string>& paths) {
   std::error_code error;
-  for (const auto& file : std::filesystem::directory_iterator(folder, error)) paths.push_back(file.path().string());
+  for (std::filesystem::directory_iterator it(folder, error), end; !error && it != end; it.increment(error)) {
+    paths.push_back(it->path().string());
+  }
 }
 
 // NVRTC: already in the process when LibTorch's CUDA library needs it (2.15's does); else beside
 // that library (LibTorch's zip: lib/libnvrtc-HASH.so.N) or in the pip wheel's layout
-// (site-packages/nvidia/*/lib, torch/lib/../../nvidia); else wherever the loader finds its usual names.
+// (site-packages/nvidia/*/lib, torch/lib/../../nvidia); else wherever the loader finds its usual
+// names. The CUDA runtime's major version first: an NVRTC newer than the runtime LibTorch was
+// built with may emit what the machine's driver cannot load.
 void* open_nvrtc(std::string& tried) {
   const std::vector<std::string> loaded = loaded_libraries();
-  for (const auto& path : nvrtc_libraries_newest_first(loaded)) {
+  const int cuda_major = cuda_runtime_major(loaded);
+  for (const auto& path : nvrtc_libraries_in_order(loaded, cuda_major)) {
     if (void* library = dlopen(path.c_str(), RTLD_NOW | RTLD_NOLOAD)) return library;
   }
   tried = "none loaded in this process";
@@ -94,13 +100,13 @@ void* open_nvrtc(std::string& tried) {
     if (!file_name(path).starts_with("libtorch_cuda.so")) continue;
     const auto torch_lib = std::filesystem::path(path).parent_path();
     list_folder(torch_lib, files);
-    std::error_code error;
-    for (const auto& package : std::filesystem::directory_iterator(torch_lib / ".." / ".." / "nvidia", error)) {
-      list_folder(package.path() / "lib", files);
-    }
+    std::vector<std::string> packages;
+    list_folder(torch_lib / ".." / ".." / "nvidia", packages);
+    for (const auto& package : packages) list_folder(std::filesystem::path(package) / "lib", files);
     break;
   }
-  std::vector<std::string> candidates = nvrtc_libraries_newest_first(files);
+  std::vector<std::string> candidates = nvrtc_libraries_in_order(files, cuda_major);
+  if (cuda_major > 0) candidates.push_back("libnvrtc.so." + std::to_string(cuda_major));
   for (const char* name : {"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"}) candidates.emplace_back(name);
   for (const auto& candidate : candidates) {
     if (void* library = dlopen(candidate.c_str(), RTLD_NOW | RTLD_LOCAL)) return library;
@@ -174,8 +180,8 @@ int so_major_version(const std::string& name) {
   const auto at = name.find(".so.");
   if (at == std::string::npos) return -1;
   int version = -1;
-  for (std::size_t i = at + 4; i < name.size() && name[i] >= '0' && name[i] <= '9'; ++i) {
-    version = std::max(version, 0) * 10 + (name[i] - '0');
+  for (std::size_t i = at + 4; i < name.size() && i < at + 10 && name[i] >= '0' && name[i] <= '9'; ++i) {
+    version = std::max(version, 0) * 10 + (name[i] - '0');  // six digits at most: no overflow
   }
   return version;
 }
@@ -199,14 +205,27 @@ bool is_nvrtc_library(const std::string& library_file) {
   return alphanumeric && (after == ".so" || after.starts_with(".so."));
 }
 
-std::vector<std::string> nvrtc_libraries_newest_first(const std::vector<std::string>& paths) {
+int cuda_runtime_major(const std::vector<std::string>& paths) {
+  for (const auto& path : paths) {
+    const std::string name = file_name(path);
+    const bool hashed = name.starts_with("libcudart-") && name.find(".so.") != std::string::npos;  // the zip's
+    if (name.starts_with("libcudart.so.") || hashed) return so_major_version(name);
+  }
+  return -1;
+}
+
+std::vector<std::string> nvrtc_libraries_in_order(const std::vector<std::string>& paths, int cuda_major) {
   std::vector<std::string> found;
   for (const auto& path : paths) {
     if (is_nvrtc_library(file_name(path))) found.push_back(path);
   }
-  std::stable_sort(found.begin(), found.end(), [](const std::string& a, const std::string& b) {
-    return so_major_version(file_name(a)) > so_major_version(file_name(b));
-  });
+  // (the runtime's major first, then the newest); std::pair compares the first, then the second.
+  auto rank = [cuda_major](const std::string& path) {
+    const int major = so_major_version(file_name(path));
+    return std::pair<bool, int>(cuda_major < 0 || major != cuda_major, -major);
+  };
+  std::stable_sort(found.begin(), found.end(),
+                   [&rank](const std::string& a, const std::string& b) { return rank(a) < rank(b); });
   return found;
 }
 

@@ -35,9 +35,15 @@ std::vector<int> nvrtc_supported_archs();
 // (libnvrtc-builtins*.so*, which NVRTC loads by itself), libnvrtc.alt.so* or a static archive.
 bool is_nvrtc_library(const std::string& library_file);
 
-// The NVRTC libraries among `paths` (is_nvrtc_library of their file names), newest first by the
-// major version after ".so." (13 before 12; a name without one last), otherwise in their order.
-std::vector<std::string> nvrtc_libraries_newest_first(const std::vector<std::string>& paths);
+// The NVRTC libraries among `paths` (is_nvrtc_library of their file names) in the order to try
+// them: those of the CUDA runtime's major version `cuda_major` first (-1: not known), then the
+// newest major version after ".so." first (13 before 12; a name without one last); otherwise in
+// their order.
+std::vector<std::string> nvrtc_libraries_in_order(const std::vector<std::string>& paths, int cuda_major);
+
+// The major version of the CUDA runtime among the libraries `paths` (libcudart.so.13 or LibTorch's
+// zip's libcudart-HASH.so.12), -1 when none is there.
+int cuda_runtime_major(const std::vector<std::string>& paths);
 
 // The binary (cubin or PTX, as `target` says) of `source`, compiled with `options` (beside the
 // architecture). Throws with NVRTC's log when the source does not compile.

@@ -64,10 +64,10 @@ void make_context_current() {
 const CrossEntropyKernels& kernels_for(int device, at::ScalarType dtype) {
   static std::mutex mutex;
   static std::map<std::pair<int, at::ScalarType>, std::pair<std::unique_ptr<CudaModule>, CrossEntropyKernels>> loaded;
-  const std::vector<std::string> options = cross_entropy_compile_options(dtype);  // refuses a dtype first
   std::lock_guard<std::mutex> lock(mutex);
   auto found = loaded.find({device, dtype});
   if (found != loaded.end()) return found->second.second;
+  const std::vector<std::string> options = cross_entropy_compile_options(dtype);  // refuses a dtype first
   const auto* properties = at::cuda::getDeviceProperties(device);
   const NvrtcTarget target = nvrtc_target(properties->major * 10 + properties->minor, nvrtc_supported_archs());
   const std::string binary = nvrtc_compile(cross_entropy_kernel_source(), "cpprun_cross_entropy.cu", target, options);

@@ -93,15 +93,28 @@ TEST_CASE("NVRTC is found under the names CUDA, the pip wheels and LibTorch's zi
     INFO(name);
     CHECK_FALSE(is_nvrtc_library(name));
   }
-  // Newest first whatever the folder; the builtins and other libraries dropped; a name without a
-  // version last; equal versions keep their order.
-  const std::vector<std::string> found = cpprun::detail::nvrtc_libraries_newest_first(
-      {"/w/torch/lib/libtorch_cuda.so", "/w/nvidia/cuda_nvrtc/lib/libnvrtc.so.12", "/usr/lib/libnvrtc.so",
-       "/w/nvidia/cu13/lib/libnvrtc-builtins.so.13.0", "/w/nvidia/cu13/lib/libnvrtc.so.13",
-       "/z/libtorch/lib/libnvrtc-d833c4f3.so.12"});
-  CHECK(found == std::vector<std::string>{"/w/nvidia/cu13/lib/libnvrtc.so.13",
-                                          "/w/nvidia/cuda_nvrtc/lib/libnvrtc.so.12",
-                                          "/z/libtorch/lib/libnvrtc-d833c4f3.so.12", "/usr/lib/libnvrtc.so"});
+  // The CUDA runtime's major version first, then the newest, whatever the folder; the builtins and
+  // other libraries dropped; a name without a version last; equal ranks keep their order.
+  const std::vector<std::string> paths{"/w/torch/lib/libtorch_cuda.so",
+                                       "/w/nvidia/cuda_nvrtc/lib/libnvrtc.so.12",
+                                       "/usr/lib/libnvrtc.so",
+                                       "/w/nvidia/cu13/lib/libnvrtc-builtins.so.13.0",
+                                       "/w/nvidia/cu13/lib/libnvrtc.so.13",
+                                       "/z/libtorch/lib/libnvrtc-d833c4f3.so.12"};
+  using cpprun::detail::nvrtc_libraries_in_order;
+  CHECK(nvrtc_libraries_in_order(paths, -1) ==
+        std::vector<std::string>{"/w/nvidia/cu13/lib/libnvrtc.so.13", "/w/nvidia/cuda_nvrtc/lib/libnvrtc.so.12",
+                                 "/z/libtorch/lib/libnvrtc-d833c4f3.so.12", "/usr/lib/libnvrtc.so"});
+  CHECK(nvrtc_libraries_in_order(paths, 12) ==
+        std::vector<std::string>{"/w/nvidia/cuda_nvrtc/lib/libnvrtc.so.12", "/z/libtorch/lib/libnvrtc-d833c4f3.so.12",
+                                 "/w/nvidia/cu13/lib/libnvrtc.so.13", "/usr/lib/libnvrtc.so"});
+  CHECK(nvrtc_libraries_in_order(paths, 11).front() == "/w/nvidia/cu13/lib/libnvrtc.so.13");  // none of 11: newest
+  // The runtime's version, from the pip wheel's and the zip's names.
+  using cpprun::detail::cuda_runtime_major;
+  CHECK(cuda_runtime_major({"/w/torch/lib/libtorch_cuda.so", "/w/nvidia/cu13/lib/libcudart.so.13"}) == 13);
+  CHECK(cuda_runtime_major({"/z/libtorch/lib/libcudart-9335f6a2.so.12"}) == 12);
+  CHECK(cuda_runtime_major({"/usr/lib/libcudart_static.a", "/w/lib/libcudart.so"}) == -1);
+  CHECK(cuda_runtime_major({}) == -1);
 }
 
 TEST_CASE("fused_cross_entropy_available says what stands in the way", "[fused_cross_entropy]") {
@@ -117,12 +130,17 @@ TEST_CASE("fused_cross_entropy_available says what stands in the way", "[fused_c
   // Refused before the device is touched, so the same with or without a GPU.
   CHECK_FALSE(cpprun::fused_cross_entropy_available(torch::Device("cuda:0"), torch::kFloat8_e4m3fn, &why_not));
   CHECK_THAT(why_not, Catch::Contains("no CUDA kernel for logits of dtype Float8_e4m3fn"));
-  // With a GPU the kernels compile and load; without one the reason is the runtime's.
-  const bool gpu = torch::cuda::is_available();
+  // Without a GPU the reason is the runtime's. With one the kernels compile and load where NVRTC
+  // is found, which depends on how LibTorch was installed: the gpu label's
+  // gpu.fused_cross_entropy requires it; here it is only reported.
   const bool available = cpprun::fused_cross_entropy_available(torch::Device("cuda:0"), torch::kBFloat16, &why_not);
-  INFO("why not: " << why_not);
-  CHECK(available == gpu);
-  CHECK(why_not.empty() == gpu);
+  if (!torch::cuda::is_available()) {
+    INFO("why not: " << why_not);
+    CHECK_FALSE(available);
+    CHECK_FALSE(why_not.empty());
+  } else if (!available) {
+    WARN("fused_cross_entropy cannot run on this GPU: " << why_not);
+  }
 #endif
 }
 
