@@ -10,14 +10,14 @@
 
 namespace cpprun::detail {
 
-// Per row i of logits [N, C], in float32 (float64 for float64 logits): lse[i] = log(sum_j
-// exp(logits[i, j])), and loss[i] = lse[i] - logits[i, target[i]], 0 where target[i] ==
-// ignore_index, NaN where the target is outside [0, C).
 // float64 for float64 logits, else float32: what the rows' sums and the gradient are computed in.
 inline at::ScalarType cross_entropy_accumulate_dtype(const at::Tensor& logits) {
   return logits.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
 }
 
+// Per row i of logits [N, C], in cross_entropy_accumulate_dtype: lse[i] = log(sum_j
+// exp(logits[i, j])), and loss[i] = lse[i] - logits[i, target[i]], 0 where target[i] ==
+// ignore_index, NaN where the target is outside [0, C).
 struct CrossEntropyRows {
   at::Tensor loss, lse;
 };

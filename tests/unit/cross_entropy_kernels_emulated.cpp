@@ -45,9 +45,21 @@ long failures = 0, checks = 0;
 // used: the loss and lse's, the gradient's. The bounds are set by reasoning; these measure them.
 double most_used[3][2] = {};
 
-void count_use(int dtype, int which, double difference, double bound) {
-  if (std::isfinite(difference) && bound > 0)
-    most_used[dtype][which] = std::max(most_used[dtype][which], difference / bound);
+// Both NaN, or the same infinity, or both finite (the caller then compares them).
+bool alike(double a, double b) {
+  if (std::isnan(a) || std::isnan(b)) return std::isnan(a) && std::isnan(b);
+  if (std::isinf(a) || std::isinf(b)) return a == b;
+  return true;
+}
+
+// Whether `got` is `want`: both NaN, the same infinity, or finite and within `bound`; counts the
+// share of the bound a finite difference used (`which`: 0 the loss and lse, 1 the gradient).
+bool within(int dtype, int which, double got, double want, double bound) {
+  if (!alike(got, want)) return false;
+  if (!std::isfinite(want)) return true;
+  const double difference = std::fabs(got - want);
+  if (bound > 0) most_used[dtype][which] = std::max(most_used[dtype][which], difference / bound);
+  return difference <= bound;
 }
 
 // bfloat16 by its definition: float32's top 16 bits, rounded to nearest even.
@@ -111,13 +123,6 @@ void mismatch(const std::string& where, const char* what, long row, long column,
     std::printf("MISMATCH %s: %s row %ld column %ld: got %.17g, want %.17g\n", where.c_str(), what, row, column, got,
                 want);
   }
-}
-
-// Both NaN, or the same infinity, or both finite (the caller then compares them).
-bool alike(double a, double b) {
-  if (std::isnan(a) || std::isnan(b)) return std::isnan(a) && std::isnan(b);
-  if (std::isinf(a) || std::isinf(b)) return a == b;
-  return true;
 }
 
 double reference_lse(const std::vector<double>& row) {
@@ -197,14 +202,10 @@ void run_case(const Case& c, std::mt19937_64& rng) {
     const double want_loss = ignored ? 0.0 : outside ? kNaN : want_lse - values[r][t];
     const double size = std::max({1.0, std::fabs(want_lse), std::fabs(want_loss)});
     checks += 2;
-    if (std::isfinite(want_lse)) count_use(Dtype, 0, std::fabs(lse.data[r] - want_lse), loss_tolerance * size);
-    if (std::isfinite(want_loss)) count_use(Dtype, 0, std::fabs(loss.data[r] - want_loss), loss_tolerance * size);
-    if (!alike(lse.data[r], want_lse) ||
-        (std::isfinite(want_lse) && std::fabs(lse.data[r] - want_lse) > loss_tolerance * size)) {
+    if (!within(Dtype, 0, lse.data[r], want_lse, loss_tolerance * size)) {
       mismatch(where, "lse", r, -1, lse.data[r], want_lse);
     }
-    if (!alike(loss.data[r], want_loss) ||
-        (std::isfinite(want_loss) && std::fabs(loss.data[r] - want_loss) > loss_tolerance * size)) {
+    if (!within(Dtype, 0, loss.data[r], want_loss, loss_tolerance * size)) {
       mismatch(where, "loss", r, -1, loss.data[r], want_loss);
     }
     const double s = ignored ? 0.0 : outside ? kNaN : static_cast<double>(scale.data[r]);
@@ -215,21 +216,13 @@ void run_case(const Case& c, std::mt19937_64& rng) {
       bool ok;
       if (Dtype == 2) {  // within one bfloat16 unit in the last place of the reference rounded to it
         const double rounded = from_bf16(to_bf16(static_cast<float>(want)));
-        if (!std::isfinite(rounded) || !std::isfinite(got)) {
-          ok = alike(got, rounded);
-        } else {
-          int exponent;
-          std::frexp(std::max(std::fabs(got), std::fabs(rounded)), &exponent);
-          const double unit = std::ldexp(1.0, std::max(exponent - 1, -126) - 7);
-          count_use(Dtype, 1, std::fabs(got - rounded), unit);
-          ok = std::fabs(got - rounded) <= unit;
-        }
+        int exponent = 0;  // the unit counts only where both are finite
+        std::frexp(std::max(std::fabs(got), std::fabs(rounded)), &exponent);
+        ok = within(Dtype, 1, got, rounded, std::ldexp(1.0, std::max(exponent - 1, -126) - 7));
       } else {
         const double relative = Dtype == 0 ? 1e-5 : 1e-12;
         const double absolute = (Dtype == 0 ? 1e-6 : 1e-15) * (std::isfinite(s) ? std::fabs(s) : 0.0);
-        if (std::isfinite(want)) count_use(Dtype, 1, std::fabs(got - want), relative * std::fabs(want) + absolute);
-        ok = alike(got, want) &&
-             (!std::isfinite(want) || std::fabs(got - want) <= relative * std::fabs(want) + absolute);
+        ok = within(Dtype, 1, got, want, relative * std::fabs(want) + absolute);
       }
       if (!ok) mismatch(where, "gradient", r, j, got, want);
     }
@@ -269,7 +262,7 @@ int main() {
   const long cases = run_all<0>() + run_all<1>() + run_all<2>();
   std::printf("cross_entropy_kernels_emulated: %ld cases, %ld values checked, %ld mismatches\n", cases, checks,
               failures);
-  const char* names[3] = {"float32", "float64", "bfloat16"};
+  const char* names[3] = {Kind<0>::name, Kind<1>::name, Kind<2>::name};
   for (int dtype = 0; dtype < 3; ++dtype) {
     std::printf("  %s: the most of its bound a difference used: loss and lse %.3g, gradient %.3g\n", names[dtype],
                 most_used[dtype][0], most_used[dtype][1]);
