@@ -2,10 +2,16 @@
 (nothing downloaded), its logits compared with the ones train_gpt wrote, and directories that
 train_gpt must refuse.
 
-  gpt2_interop.py make DIR [--shard|--base]  a random GPT2LMHeadModel, save_pretrained(DIR) (sharded: several files +
-                                         index; base: its GPT2Model alone, names without "transformer.", as the Hub's gpt2)
-  gpt2_interop.py compare DIR IDS FILE   from_pretrained(DIR)'s logits for IDS equal FILE's within 1e-5
+  gpt2_interop.py make LAYOUT=DIR...     the same random GPT2LMHeadModel, save_pretrained(DIR) in each LAYOUT:
+                                         single (one file), sharded (several files + index), base (its GPT2Model
+                                         alone, names without "transformer.", as the Hub's gpt2)
+  gpt2_interop.py compare CHECK...       each CHECK is four words, same|differs DIR IDS FILE: from_pretrained(DIR)'s
+                                         logits for IDS equal FILE's within 1e-5 (same) or do not (differs); every
+                                         check runs and each failure is named, exit 1 if any failed
   gpt2_interop.py faults DIR             DIR/<case> for each fault: a config option train_gpt lacks, a missing tensor
+
+One process does all of a command's work: importing transformers costs seconds, and the test
+would otherwise pay it once per directory.
 """
 import json
 import os
@@ -46,20 +52,38 @@ def make(out, shard, base=False):
     print(f"saved a random GPT-2 to {out}: {files}")
 
 
-def compare(model_dir, ids, path):
+def logits_match(model_dir, ids, path):
+    """Whether FILE's logits equal from_pretrained(DIR)'s for IDS within TOLERANCE; None (after
+    saying why) where they cannot be compared at all."""
     model = GPT2LMHeadModel.from_pretrained(model_dir).eval()
     tokens = torch.tensor([[int(i) for i in ids.split(",")]])
     with torch.no_grad():
         expected = model(tokens).logits[0].double().numpy()
     got = np.loadtxt(path, ndmin=2)
     if got.shape != expected.shape:
-        print(f"FAIL: {path} holds logits of shape {got.shape}, transformers gives {expected.shape}")
-        sys.exit(1)
+        print(f"{path} holds logits of shape {got.shape}, transformers gives {expected.shape} for {model_dir}")
+        return None
     diff = float(np.abs(got - expected).max())
-    print(f"max |train_gpt - transformers| over {expected.size} logits: {diff:.3g} (scale {np.abs(expected).max():.3g})")
-    if not diff <= TOLERANCE:
-        print(f"FAIL: logits differ by {diff} > {TOLERANCE}")
-        sys.exit(1)
+    print(f"{path} against {model_dir}: max |train_gpt - transformers| over {expected.size} logits: {diff:.3g} "
+          f"(scale {np.abs(expected).max():.3g}, tolerance {TOLERANCE})")
+    return diff <= TOLERANCE
+
+
+def compare(words):
+    if not words or len(words) % 4:
+        sys.exit(f"compare takes checks of four words (same|differs DIR IDS FILE), got {words}")
+    failures = []
+    for i in range(0, len(words), 4):
+        expect, model_dir, ids, path = words[i:i + 4]
+        if expect not in ("same", "differs"):
+            sys.exit(f"compare: a check starts with same or differs, not {expect!r}")
+        match = logits_match(model_dir, ids, path)
+        if match is None or match != (expect == "same"):
+            failures.append(f"{path}: train_gpt's logits should {'equal' if expect == 'same' else 'differ from'} "
+                            f"transformers' for {model_dir}")
+    for failure in failures:
+        print(f"FAIL: {failure}")
+    sys.exit(1 if failures else 0)
 
 
 def faults(out):
@@ -89,9 +113,13 @@ def faults(out):
 if __name__ == "__main__":
     command = sys.argv[1]
     if command == "make":
-        make(sys.argv[2], shard="--shard" in sys.argv[3:], base="--base" in sys.argv[3:])
+        for spec in sys.argv[2:]:
+            layout, _, out = spec.partition("=")
+            if layout not in ("single", "sharded", "base") or not out:
+                sys.exit(f"make takes LAYOUT=DIR with LAYOUT single, sharded or base, not {spec!r}")
+            make(out, shard=layout == "sharded", base=layout == "base")
     elif command == "compare":
-        compare(sys.argv[2], sys.argv[3], sys.argv[4])
+        compare(sys.argv[2:])
     elif command == "faults":
         faults(sys.argv[2])
     else:

@@ -19,7 +19,13 @@ here=$(dirname "$0")
 interop_setup "$python" torch safetensors transformers
 tmp=$dir
 fail() { echo "FAIL: $*"; echo "--- output:"; cat "$tmp/out" 2>/dev/null; exit 1; }
-py() { timeout 240 "$python" "$here/gpt2_interop.py" "$@" 2>&1 | grep -v "Writing model shards" || true; }
+# py ARGS...: gpt2_interop.py ARGS (240 s at most), its output shown; fails unless it exits 0.
+py() {
+  local rc=0
+  timeout 240 "$python" "$here/gpt2_interop.py" "$@" >"$tmp/py_out" 2>&1 || rc=$?
+  [ $rc -eq 0 ] || { cat "$tmp/py_out"; fail "exit code $rc from: gpt2_interop.py $*"; }
+  grep -v "Writing model shards" "$tmp/py_out"
+}
 ids=5,17,3,99,42,0,127,64,8,33,12,70  # token ids (vocab 128)
 
 # run PROGRAM ARGS...: runs it (output in $tmp/out, 240 s at most), fails unless it exits 0.
@@ -27,21 +33,24 @@ run() {
   timeout 240 "$@" >"$tmp/out" 2>&1 || fail "exit code $? from: $*"
   cat "$tmp/out"
 }
-# compare DIR LOGITS: transformers' from_pretrained(DIR) gives LOGITS' values within 1e-5.
+# compare CHECK...: each CHECK four words, same|differs DIR IDS LOGITS: transformers'
+# from_pretrained(DIR) gives LOGITS' values for IDS within 1e-5 (same), or does not (differs). One
+# Python process for all of them (importing transformers costs seconds); each failure is named.
 compare() {
-  out=$(timeout 240 "$python" "$here/gpt2_interop.py" compare "$1" "$ids" "$2" 2>&1)
+  out=$(timeout 240 "$python" "$here/gpt2_interop.py" compare "$@" 2>&1)
   rc=$?
   echo "$out"
-  [ $rc -eq 0 ] || fail "transformers' logits for $1 differ from train_gpt's ($2)"
+  [ $rc -eq 0 ] || fail "transformers' logits and train_gpt's disagree (the FAIL lines above)"
 }
 
 case $case_name in
 init)
+  py make single="$tmp/single" sharded="$tmp/sharded" base="$tmp/base"
+  checks=()
   for layout in single sharded base; do
-    py make "$tmp/$layout" $([ $layout = sharded ] && echo --shard) $([ $layout = base ] && echo --base)
     run "$gpt" --init-from "$tmp/$layout" --steps 0 --sample 0 --logits-for "$ids" --logits-out "$tmp/$layout.txt"
     grep -qF "GPT-2 from $tmp/$layout" "$tmp/out" || fail "train_gpt does not say it started from $tmp/$layout"
-    compare "$tmp/$layout" "$tmp/$layout.txt"
+    checks+=(same "$tmp/$layout" "$ids" "$tmp/$layout.txt")
   done
   # Cut into two pipeline stages, each rank loading its part into its stage (and the last the head's
   # copy of the token embedding, which the file holds once, from the first stage), gathered back for
@@ -52,35 +61,34 @@ init)
     # shellcheck disable=SC2086  # $more: the flags, split
     run "$cpprun" --standalone --nproc_per_node=2 "$gpt" --pp 2 --init-from "$tmp/$layout" $more --steps 0 --sample 0 \
         --logits-for "$ids" --logits-out "$tmp/pp_$layout.txt"
-    compare "$tmp/$layout" "$tmp/pp_$layout.txt"
+    checks+=(same "$tmp/$layout" "$ids" "$tmp/pp_$layout.txt")
   done
+  compare "${checks[@]}"
   echo "PASS: transformers' GPT-2 in train_gpt, one file, sharded, a GPT2Model's, and in --pp 2 stages (each)"
   ;;
 export)
-  py make "$tmp/hf"
+  py make single="$tmp/hf"
   run "$cpprun" --standalone --nproc_per_node=2 "$gpt" --mode fsdp --stage 2 --init-from "$tmp/hf" --steps 5 \
       --batch 4 --block 32 --sample 0 --export "$tmp/fsdp" --logits-for "$ids" --logits-out "$tmp/fsdp.txt"
   grep -qE "exported to $tmp/fsdp" "$tmp/out" || fail "train_gpt did not say it exported"
-  compare "$tmp/fsdp" "$tmp/fsdp.txt"
-  # Trained it has changed: the export is not the start again.
-  if "$python" "$here/gpt2_interop.py" compare "$tmp/hf" "$ids" "$tmp/fsdp.txt" >/dev/null 2>&1; then
-    fail "the exported logits equal the initial model's: did training change nothing?"
-  fi
+  # Trained it has changed: the export is not the start again (differs).
+  checks=(same "$tmp/fsdp" "$ids" "$tmp/fsdp.txt" differs "$tmp/hf" "$ids" "$tmp/fsdp.txt")
   # Tensor parallel (--tp 2): the GPT-2 is cut into each rank's heads and MLP units, and gathered
   # back whole for the export.
   run "$cpprun" --standalone --nproc_per_node=2 "$gpt" --tp 2 --init-from "$tmp/hf" --steps 5 \
       --batch 4 --block 32 --sample 0 --export "$tmp/tp" --logits-for "$ids" --logits-out "$tmp/tp.txt"
-  compare "$tmp/tp" "$tmp/tp.txt"
+  checks+=(same "$tmp/tp" "$ids" "$tmp/tp.txt")
   # Pipeline parallel (--pp 2): each rank's stage starts from its part of the GPT-2 and the stages
   # export it under GPT-2's names.
   run "$cpprun" --standalone --nproc_per_node=2 "$gpt" --pp 2 --init-from "$tmp/hf" --steps 5 \
       --batch 4 --block 32 --sample 0 --export "$tmp/pp" --logits-for "$ids" --logits-out "$tmp/pp.txt"
-  compare "$tmp/pp" "$tmp/pp.txt"
+  checks+=(same "$tmp/pp" "$ids" "$tmp/pp.txt")
   # From scratch under DDP, with PyTorch's exact GELU (config.json says "gelu").
   run "$cpprun" --standalone --nproc_per_node=2 "$gpt" --mode ddp --layers 2 --embed 32 --heads 2 --block 16 \
       --steps 5 --batch 4 --sample 0 --export "$tmp/ddp" --logits-for 1,2,3,4,5,6 --logits-out "$tmp/ddp.txt"
   grep -qF '"activation_function": "gelu"' "$tmp/ddp/config.json" || fail "the DDP export's config.json does not say gelu"
-  ids=1,2,3,4,5,6 compare "$tmp/ddp" "$tmp/ddp.txt"
+  checks+=(same "$tmp/ddp" "1,2,3,4,5,6" "$tmp/ddp.txt")
+  compare "${checks[@]}"
   echo "PASS: train_gpt's exports load in transformers, FSDP, --tp 2, --pp 2 and DDP"
   ;;
 faults)
