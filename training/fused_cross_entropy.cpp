@@ -63,16 +63,15 @@ struct FusedCrossEntropy : torch::autograd::Function<FusedCrossEntropy> {
     const detail::CrossEntropyRows rows = logits.is_cuda()
                                               ? detail::cross_entropy_rows_cuda(logits, target, ignore_index)
                                               : cross_entropy_rows_cpu(logits, target, ignore_index);
+    ctx->saved_data["ignore_index"] = ignore_index;
+    ctx->saved_data["reduction"] = reduction;
+    if (static_cast<Reduction>(reduction) != Reduction::mean) {
+      ctx->save_for_backward({logits, target, rows.lse, at::Tensor()});  // no count: only mean divides by it
+      return static_cast<Reduction>(reduction) == Reduction::none ? rows.loss : rows.loss.sum();
+    }
     // The rows that count, on the device: no wait for it on the host.
     const at::Tensor counted = (target != ignore_index).sum().to(rows.loss.scalar_type());
     ctx->save_for_backward({logits, target, rows.lse, counted});
-    ctx->saved_data["ignore_index"] = ignore_index;
-    ctx->saved_data["reduction"] = reduction;
-    switch (static_cast<Reduction>(reduction)) {
-      case Reduction::none: return rows.loss;
-      case Reduction::sum: return rows.loss.sum();
-      case Reduction::mean: break;
-    }
     return rows.loss.sum() / counted;  // NaN when every row is ignored, as PyTorch's mean
   }
 
