@@ -77,7 +77,8 @@ void LineTail::push(std::string_view line) {
 }
 
 OutputStream::OutputStream(Kind kind, const StreamTarget& target, const std::string& prefix)
-    : kind_(kind), file_path_(target.file), filters_(target.filters), console_(target.console), prefix_(prefix),
+    : kind_(kind), file_path_(target.file), filters_(target.filters), console_(target.console), tee_(target.tee),
+      prefix_(prefix),
       tail_(kind == Kind::kStderr ? 20 : 0) {
   if (!file_path_.empty()) {
     file_fd_ = open(file_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
@@ -152,10 +153,16 @@ void OutputStream::route(std::string_view data) {
 void OutputStream::add_line(std::string_view line) {
   tail_.push(line);  // a no-op for stdout
   if (!console_) return;
-  batch_.append(prefix_).append(line).append("\n");
+  // torch.distributed's excepthook writes "[rankN]: " before every line of a worker's traceback,
+  // the very prefix cpprun adds by default: a line that already starts with this worker's prefix
+  // is printed once prefixed, not twice. A tee'd stream keeps torchrun's prefix on every line, as
+  // torchrun writes it.
+  const bool prefixed = !tee_ && !prefix_.empty() && line.substr(0, prefix_.size()) == prefix_;
+  const std::string_view prefix = prefixed ? std::string_view() : std::string_view(prefix_);
+  batch_.append(prefix).append(line).append("\n");
   const auto holds = [&](const std::string& needle) { return line.find(needle) != std::string_view::npos; };
   if (filtered_fd_ >= 0 && std::any_of(filters_.begin(), filters_.end(), holds)) {
-    filtered_batch_.append(prefix_).append(line).append("\n");
+    filtered_batch_.append(prefix).append(line).append("\n");
   }
 }
 

@@ -91,6 +91,7 @@ class OutputStream {
   std::vector<std::string> filters_;
   std::string filtered_batch_;
   bool console_;
+  bool tee_;  // torchrun's prefix ([default0]:) on every line, as torchrun writes it
   std::string prefix_;
   LineSplitter splitter_;
   LineTail tail_;

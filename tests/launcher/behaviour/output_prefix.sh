@@ -1,5 +1,5 @@
 # Each worker's lines reach the console whole, prefixed [rankN]:, stdout on stdout and stderr on
-# stderr, even when 4 workers write thousands of long lines at once.
+# stderr, even when 4 workers write thousands of long lines at once; once, where the worker wrote it.
 . "$(dirname "$0")/common.sh"
 
 # awk writes to a pipe in 4 KiB blocks, which cut lines anywhere: the launcher must put them together.
@@ -19,6 +19,18 @@ for rank in 0 1 2 3; do
   grep "^\[rank$rank\]" "$WORK/out" | awk -v r="$rank" '{ if ($3 != sprintf("l%05d", NR - 1)) { print "rank " r " line " NR ": " $3; exit 1 } }' \
     || fail "rank $rank's stdout lines out of order"
 done
+
+# torch.distributed's excepthook already writes "[rankN]: " before each traceback line: such a line
+# is prefixed once, not twice; another rank's prefix, or one not at the start, is not this worker's.
+# Tee'd, every line gets torchrun's prefix, as torchrun writes it.
+cpprun --nproc_per_node=2 /bin/sh -c 'printf "[rank%s]: Traceback\n[rank0]: of rank 0\nsee [rank%s]: \n" "$RANK" "$RANK" >&2'
+expect_eq "$?" 0 "already prefixed exit code"
+expect_eq "$(grep -cxF '[rank1]: Traceback' "$WORK/err")" 1 "rank 1's own prefix printed once"
+expect_eq "$(grep -cxF '[rank0]: Traceback' "$WORK/err")" 1 "rank 0's own prefix printed once"
+expect_in_file "$WORK/err" "[rank1]: [rank0]: of rank 0" "another rank's prefix kept"
+expect_in_file "$WORK/err" "[rank0]: see [rank0]: " "a prefix inside the line kept"
+cpprun --tee=2 --log_dir "$WORK/logs" /bin/sh -c 'echo "[rank0]: Traceback" >&2'
+expect_in_file "$WORK/err" "[default0]:[rank0]: Traceback" "--tee's prefix on every line"
 
 # torchrun's --log_line_prefix_template (and its variable) replace the [rankN]: prefix.
 cpprun --nproc_per_node=2 --role=trainer --log-line-prefix-template='${role_name}/${rank}/${local_rank}@${hostname}| ' \
