@@ -362,9 +362,12 @@ void validate(const RawOptions& raw, const HostFacts& host, LaunchConfig& config
   if (!raw.shutdown_timeout.empty()) {
     config.shutdown_timeout = parse_seconds("--shutdown_timeout", raw.shutdown_timeout);
   }
-  if (!read_double(raw.monitor_interval, config.monitor_interval)) {
+  // torchrun's agent asserts monitor_interval > 0 (WorkerSpec.__post_init__): refused as it
+  // refuses it, though cpprun reacts to a worker's exit at once and never reads the value.
+  if (!read_double(raw.monitor_interval, config.monitor_interval) || config.monitor_interval <= 0) {
     throw UsageError(with_value("--monitor_interval", raw.monitor_interval) +
-                     ": expected a number of seconds (accepted for torchrun compatibility, unused)");
+                     ": expected a number of seconds above 0, as torchrun (accepted for torchrun compatibility, "
+                     "unused; e.g. --monitor_interval=0.1)");
   }
 }
 

@@ -268,6 +268,8 @@ TEST_CASE("launch_config: bad values name the flag and the value", "[launch_conf
       {{"--shutdown_timeout=-1", "x"}, "--shutdown_timeout=-1"},
       {{"--shutdown_timeout=5s", "x"}, "--shutdown_timeout=5s"},
       {{"--monitor_interval=often", "x"}, "--monitor_interval=often"},
+      {{"--monitor_interval=0", "x"}, "--monitor_interval=0"},  // torchrun asserts > 0
+      {{"--monitor_interval=-1", "x"}, "--monitor_interval=-1"},
   };
   for (const auto& [args, expected] : cases) {
     INFO(args.front());
