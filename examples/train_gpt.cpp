@@ -55,6 +55,8 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>  // getpid
+
 #include "../bench/peak_rss.h"  // the memory benchmarks' measure (VmHWM)
 #include "flag_value.h"
 #include "gpt2_hf.h"
@@ -841,9 +843,62 @@ double peak_tflops(const Options& o, const torch::Device& device) {
   return 0;
 }
 
+// Note [Outputs checked before the first step]
+// What train_gpt writes after training (--save, --export, --losses-out, --logits-out, --trace) is
+// tried before it trains: a run that would train for hours and then fail to keep anything fails at
+// the start instead, naming the flag. --save and --export's directories are made now, as the end
+// would make them; a file is written beside each output (where write_file_atomically writes its
+// FILE.tmp) and removed. Trying, not access(): root passes access() on a directory nothing can
+// be created in (/proc), and a read-only file system shows only when written.
+void try_creating_a_file_in(const std::filesystem::path& dir, const std::string& flag_and_value) {
+  const std::filesystem::path probe = dir / (".train_gpt_write_check." + std::to_string(::getpid()));
+  std::FILE* file = std::fopen(probe.c_str(), "wx");
+  if (file == nullptr) {
+    throw std::invalid_argument(flag_and_value + ": cannot create a file in " + dir.string() + " (" +
+                                std::strerror(errno) + "), so nothing could be written there after training; " +
+                                "name a directory this process may write");
+  }
+  std::fclose(file);
+  std::filesystem::remove(probe);
+}
+
+void check_output_directory(const char* flag, const std::string& dir) {
+  if (dir.empty()) return;
+  const std::string named = std::string(flag) + " " + dir;
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  if (error || !std::filesystem::is_directory(dir)) {
+    throw std::invalid_argument(named + ": cannot make that directory (" +
+                                (error ? error.message() : std::string("a file of that name is there")) +
+                                "); name a directory this process may create or write");
+  }
+  try_creating_a_file_in(dir, named);
+}
+
+void check_output_file(const char* flag, const std::string& path) {
+  if (path.empty()) return;
+  const std::string named = std::string(flag) + " " + path;
+  if (std::filesystem::is_directory(path)) throw std::invalid_argument(named + ": that is a directory; name a file");
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  const std::filesystem::path dir = parent.empty() ? std::filesystem::path(".") : parent;
+  if (!std::filesystem::is_directory(dir)) {
+    throw std::invalid_argument(named + ": its directory " + dir.string() + " does not exist; create it first");
+  }
+  try_creating_a_file_in(dir, named);
+}
+
+void check_outputs(const Options& opt) {
+  check_output_directory("--save", opt.save_dir);
+  check_output_directory("--export", opt.export_dir);
+  check_output_file("--losses-out", opt.losses_out);
+  check_output_file("--logits-out", opt.logits_out);
+  check_output_file("--trace", opt.trace);
+}
+
 int run(int argc, char** argv) {
   const Options opt = parse(argc, argv);
   if (opt.help) return examples::print_usage(kUsage);
+  check_outputs(opt);  // Note [Outputs checked before the first step]
   auto group = cpprun::init_process_group();
   const int rank = group.rank();
   if (group.size() % opt.tp != 0) {
@@ -1314,8 +1369,17 @@ int run(int argc, char** argv) {
     step_timer.step_done();
     if (tracing && step == trace_last) {
       read_losses();  // the traced steps' work finished, so that the trace holds all of it
+      // Kineto reports a failed write on its own log and returns as if it had written: an older
+      // file at that path goes first, so that "traced" is said only of this run's trace.
+      std::error_code ignored;
+      std::filesystem::remove(opt.trace, ignored);
       profiler::disableProfiler()->save(opt.trace);
-      std::printf("traced steps %d-%d to %s\n", trace_first, trace_last, opt.trace.c_str());
+      if (std::filesystem::exists(opt.trace)) {
+        std::printf("traced steps %d-%d to %s\n", trace_first, trace_last, opt.trace.c_str());
+      } else {
+        std::printf("warning: --trace %s was not written (the profiler's message above says why); training goes on\n",
+                    opt.trace.c_str());
+      }
       std::fflush(stdout);
     }
     if (opt.straggler_every > 0 && step % opt.straggler_every == 0) {

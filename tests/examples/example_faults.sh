@@ -53,6 +53,17 @@ options)
   expect 1 "cannot read --text $tmp/none.txt: No such file or directory" "$gpt" --text "$tmp/none.txt"
   expect 1 "--straggler-every must be at least 0, got -5" "$gpt" --straggler-every -5
   expect 1 "--straggler-every needs a number, got 'often'" "$gpt" --straggler-every often
+  # What train_gpt writes after training is tried before the first step (nothing trained, then lost).
+  touch "$tmp/a_file"
+  expect 1 "--save $tmp/a_file/ckpt: cannot make that directory (Not a directory)" "$gpt" --steps 2 --save "$tmp/a_file/ckpt"
+  expect 1 "--export $tmp/a_file: cannot make that directory" "$gpt" --steps 2 --export "$tmp/a_file"
+  expect 1 "--export /proc: cannot create a file in /proc" "$gpt" --steps 2 --export /proc
+  expect 1 "--losses-out $tmp/none/losses.txt: its directory $tmp/none does not exist" \
+    "$gpt" --steps 2 --losses-out "$tmp/none/losses.txt"
+  expect 1 "--logits-out /proc/logits.txt: cannot create a file in /proc" \
+    "$gpt" --steps 2 --logits-for 1,2 --logits-out /proc/logits.txt
+  expect 1 "--trace $tmp: that is a directory; name a file" "$gpt" --steps 2 --trace "$tmp"
+  ! grep -q "^step" "$tmp/out" || fail "train_gpt trained before refusing --trace $tmp"
   ;;
 mnist_files)
   mnist_dir "$tmp/good"
