@@ -373,7 +373,13 @@ int run(int argc, char** argv) {
   if (opt.train_size > 0 && opt.train_size < train.labels.size(0)) {
     train = {train.images.narrow(0, 0, opt.train_size), train.labels.narrow(0, 0, opt.train_size)};
   }
-  fs::create_directories(opt.out);
+  std::error_code out_error;
+  fs::create_directories(opt.out, out_error);
+  if (out_error || !fs::is_directory(opt.out)) {
+    throw std::invalid_argument("--out " + opt.out + ": cannot make that directory (" +
+                                (out_error ? out_error.message() : std::string("a file of that name is there")) +
+                                "); it holds the checkpoints, loss.csv and loss.svg: name one this process may write");
+  }
 
   torch::manual_seed(0);
   Net net;

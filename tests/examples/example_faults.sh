@@ -64,6 +64,7 @@ options)
     "$gpt" --steps 2 --logits-for 1,2 --logits-out /proc/logits.txt
   expect 1 "--trace $tmp: that is a directory; name a file" "$gpt" --steps 2 --trace "$tmp"
   ! grep -q "^step" "$tmp/out" || fail "train_gpt trained before refusing --trace $tmp"
+  expect 1 "--out $tmp/a_file: cannot make that directory (Not a directory)" "$mnist" --epochs 1 --out "$tmp/a_file"
   ;;
 mnist_files)
   mnist_dir "$tmp/good"
