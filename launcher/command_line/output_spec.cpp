@@ -150,7 +150,8 @@ WorkerOutputSpec plan_worker_output(const OutputOptions& options, const std::str
     return StreamTarget{shown && (!includes(redirect, stream) || includes(tee, stream)), includes(tee, stream),
                         to_file ? worker_dir + "/" + file_name : std::string(), "", {}};
   };
-  WorkerOutputSpec spec{"[rank" + std::to_string(rank) + "]: ", "[" + role + std::to_string(local_rank) + "]:", {}, {}};
+  const std::string rank_prefix = "[rank" + std::to_string(rank) + "]: ";
+  WorkerOutputSpec spec{rank_prefix, "[" + role + std::to_string(local_rank) + "]:", rank_prefix, {}, {}};
   spec.out = target(StdStreams::kOut, "stdout.log");
   spec.err = target(StdStreams::kErr, "stderr.log");
   // torchrun filters what its TailLog copies to the console: the tee'd streams of the shown ranks.

@@ -51,6 +51,11 @@ struct WorkerOutputSpec {
   // so that what reads torchrun's --tee output reads cpprun's. Either is
   // --log_line_prefix_template's when one is given.
   std::string tee_prefix;
+  // A line the worker starts with this gets no `prefix`: torch.distributed's excepthook writes
+  // "[rankN]: " before each line of a traceback, which is `prefix` itself (cpprun's default). Empty
+  // under --log_line_prefix_template, whose prefix a worker's line may start with by chance; never
+  // applied to a tee'd stream, which carries torchrun's prefix on every line as torchrun does.
+  std::string worker_own_prefix;
   StreamTarget out;
   StreamTarget err;
 };

@@ -57,16 +57,25 @@ void LineSplitter::feed(std::string_view data, const LineSink& sink) {
     const std::size_t newline = text.find('\n', start);
     const std::size_t end = newline == std::string_view::npos ? text.size() : newline;
     // Full pieces of an over-long line go out at once, complete or not.
-    for (; end - start > max_line_; start += max_line_) sink(text.substr(start, max_line_));
+    for (; end - start > max_line_; start += max_line_) hand_out(text.substr(start, max_line_), false, sink);
     if (newline == std::string_view::npos) break;
-    sink(text.substr(start, newline - start));
+    hand_out(text.substr(start, newline - start), true, sink);
     start = newline + 1;
   }
   pending_.erase(0, start);
 }
 
 void LineSplitter::finish(const LineSink& sink) {
-  if (!pending_.empty()) sink(std::exchange(pending_, {}));
+  if (!pending_.empty()) {
+    const std::string last = std::exchange(pending_, {});
+    hand_out(last, true, sink);
+  }
+}
+
+void LineSplitter::hand_out(std::string_view piece, bool ends_line, const LineSink& sink) {
+  piece_starts_line_ = next_starts_line_;
+  next_starts_line_ = ends_line;
+  sink(piece);
 }
 
 void LineTail::push(std::string_view line) {
@@ -76,9 +85,10 @@ void LineTail::push(std::string_view line) {
   lines_.push_back(line.size() <= max_line_bytes_ ? kept : kept + " [...]");
 }
 
-OutputStream::OutputStream(Kind kind, const StreamTarget& target, const std::string& prefix)
-    : kind_(kind), file_path_(target.file), filters_(target.filters), console_(target.console), tee_(target.tee),
-      prefix_(prefix),
+OutputStream::OutputStream(Kind kind, const StreamTarget& target, const std::string& prefix,
+                           const std::string& own_prefix)
+    : kind_(kind), file_path_(target.file), filters_(target.filters), console_(target.console), prefix_(prefix),
+      own_prefix_(own_prefix),
       tail_(kind == Kind::kStderr ? 20 : 0) {
   if (!file_path_.empty()) {
     file_fd_ = open(file_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
@@ -154,10 +164,10 @@ void OutputStream::add_line(std::string_view line) {
   tail_.push(line);  // a no-op for stdout
   if (!console_) return;
   // torch.distributed's excepthook writes "[rankN]: " before every line of a worker's traceback,
-  // the very prefix cpprun adds by default: a line that already starts with this worker's prefix
-  // is printed once prefixed, not twice. A tee'd stream keeps torchrun's prefix on every line, as
-  // torchrun writes it.
-  const bool prefixed = !tee_ && !prefix_.empty() && line.substr(0, prefix_.size()) == prefix_;
+  // the very prefix cpprun adds by default (WorkerOutputSpec::worker_own_prefix): a line, not a
+  // later piece of an over-long one, that already starts with it is printed once prefixed.
+  const bool prefixed = !own_prefix_.empty() && splitter_.piece_starts_line() &&
+                        line.substr(0, own_prefix_.size()) == own_prefix_;
   const std::string_view prefix = prefixed ? std::string_view() : std::string_view(prefix_);
   batch_.append(prefix).append(line).append("\n");
   const auto holds = [&](const std::string& needle) { return line.find(needle) != std::string_view::npos; };

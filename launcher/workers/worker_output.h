@@ -29,10 +29,17 @@ class LineSplitter {
   void finish(const LineSink& sink);
 
   bool has_partial_line() const { return !pending_.empty(); }
+  // While `sink` runs: whether the piece it was handed starts a line (false for the second and
+  // later pieces of an over-long line).
+  bool piece_starts_line() const { return piece_starts_line_; }
 
  private:
+  void hand_out(std::string_view piece, bool ends_line, const LineSink& sink);
+
   std::size_t max_line_;
   std::string pending_;  // the current line's start; shorter than max_line_ + 1 between calls
+  bool piece_starts_line_ = true;
+  bool next_starts_line_ = true;  // the last piece handed out ended its line
 };
 
 // The last `max_lines` lines, each cut to `max_line_bytes`: the failure summary's stderr tail.
@@ -59,7 +66,8 @@ class OutputStream {
   enum class Kind { kStdout, kStderr };
 
   // Creates the pipe and opens (truncating) the target's file. Throws std::system_error.
-  OutputStream(Kind kind, const StreamTarget& target, const std::string& prefix);
+  // `own_prefix`: a line the worker itself starts with it gets no `prefix` (see add_line).
+  OutputStream(Kind kind, const StreamTarget& target, const std::string& prefix, const std::string& own_prefix = "");
   ~OutputStream();
   OutputStream(const OutputStream&) = delete;
   OutputStream& operator=(const OutputStream&) = delete;
@@ -91,8 +99,8 @@ class OutputStream {
   std::vector<std::string> filters_;
   std::string filtered_batch_;
   bool console_;
-  bool tee_;  // torchrun's prefix ([default0]:) on every line, as torchrun writes it
   std::string prefix_;
+  std::string own_prefix_;
   LineSplitter splitter_;
   LineTail tail_;
   std::string batch_;  // prefixed lines waiting for one write to the console
@@ -100,8 +108,10 @@ class OutputStream {
 
 struct WorkerOutput {
   explicit WorkerOutput(const WorkerOutputSpec& spec)
-      : out(OutputStream::Kind::kStdout, spec.out, spec.out.tee ? spec.tee_prefix : spec.prefix),
-        err(OutputStream::Kind::kStderr, spec.err, spec.err.tee ? spec.tee_prefix : spec.prefix) {}
+      : out(OutputStream::Kind::kStdout, spec.out, spec.out.tee ? spec.tee_prefix : spec.prefix,
+            spec.out.tee ? "" : spec.worker_own_prefix),
+        err(OutputStream::Kind::kStderr, spec.err, spec.err.tee ? spec.tee_prefix : spec.prefix,
+            spec.err.tee ? "" : spec.worker_own_prefix) {}
   void drain() {
     out.drain();
     err.drain();

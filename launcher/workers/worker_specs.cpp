@@ -137,6 +137,7 @@ std::vector<WorkerSpec> make_worker_specs(const WorkerSettings& settings, const 
       output.prefix = render_prefix_template(settings.log_line_prefix_template,
                                              {settings.env.role, rank, local_rank, settings.hostname});
       output.tee_prefix = output.prefix;
+      output.worker_own_prefix.clear();  // a line may start with the user's prefix by chance
     }
     specs.push_back({local_rank, rank, {program.path, program.argv, to_env_strings(env)}, output, error_file, dumps,
                      nccl.empty() ? "" : nccl_dir});

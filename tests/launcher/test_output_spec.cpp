@@ -72,6 +72,7 @@ TEST_CASE("output_spec: defaults send both streams to the console, prefixed with
           "[output_spec]") {
   const WorkerOutputSpec spec = plan_worker_output_default(OutputOptions{}, 1, 5, "logs/attempt_0/1");
   CHECK(spec.prefix == "[rank5]: ");
+  CHECK(spec.worker_own_prefix == "[rank5]: ");  // torch.distributed's excepthook writes it
   CHECK(spec.out.console);
   CHECK(spec.err.console);
   CHECK(spec.out.file.empty());

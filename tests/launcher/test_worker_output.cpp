@@ -54,6 +54,19 @@ TEST_CASE("worker_output: an over-long line comes out in pieces of the maximum s
   CHECK(got.lines == std::vector<std::string>{"abcd", "efgh", "ijk", "wxyz", "1234", "5"});
 }
 
+TEST_CASE("worker_output: each piece says whether it starts a line", "[worker_output]") {
+  LineSplitter splitter(4);
+  std::vector<std::string> got;
+  const LineSplitter::LineSink sink = [&](std::string_view piece) {
+    got.push_back((splitter.piece_starts_line() ? "^" : "+") + std::string(piece));
+  };
+  splitter.feed("abcdefghij", sink);       // two pieces of one line
+  splitter.feed("k\nwxyz\n1234", sink);    // its end; a whole line; a piece of the next
+  splitter.feed("5\n67", sink);
+  splitter.finish(sink);                   // the unfinished last line starts a line
+  CHECK(got == std::vector<std::string>{"^abcd", "+efgh", "+ijk", "^wxyz", "^1234", "+5", "^67"});
+}
+
 TEST_CASE("worker_output: the default maximum is 64 KiB", "[worker_output]") {
   LineSplitter splitter;
   Collected got;

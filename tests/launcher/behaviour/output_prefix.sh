@@ -32,6 +32,10 @@ expect_in_file "$WORK/err" "[rank0]: see [rank0]: " "a prefix inside the line ke
 cpprun --tee=2 --log_dir "$WORK/logs" /bin/sh -c 'echo "[rank0]: Traceback" >&2'
 expect_in_file "$WORK/err" "[default0]:[rank0]: Traceback" "--tee's prefix on every line"
 
+# Under a template the prefix is the user's: a line starting with the same text gets it all the same.
+cpprun --log-line-prefix-template='[rank${rank}]: ' /bin/sh -c 'echo "[rank0]: mine"'
+expect_in_file "$WORK/out" "[rank0]: [rank0]: mine" "a template's prefix on every line"
+
 # torchrun's --log_line_prefix_template (and its variable) replace the [rankN]: prefix.
 cpprun --nproc_per_node=2 --role=trainer --log-line-prefix-template='${role_name}/${rank}/${local_rank}@${hostname}| ' \
   /bin/sh -c 'echo "hi $RANK"'
