@@ -43,6 +43,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -55,7 +56,7 @@
 #include <string>
 #include <vector>
 
-#include <unistd.h>  // getpid
+#include <unistd.h>  // close
 
 #include "../bench/peak_rss.h"  // the memory benchmarks' measure (VmHWM)
 #include "flag_value.h"
@@ -845,21 +846,23 @@ double peak_tflops(const Options& o, const torch::Device& device) {
 
 // Note [Outputs checked before the first step]
 // What train_gpt writes after training (--save, --export, --losses-out, --logits-out, --trace) is
-// tried before it trains: a run that would train for hours and then fail to keep anything fails at
-// the start instead, naming the flag. --save and --export's directories are made now, as the end
-// would make them; a file is written beside each output (where write_file_atomically writes its
-// FILE.tmp) and removed. Trying, not access(): root passes access() on a directory nothing can
-// be created in (/proc), and a read-only file system shows only when written.
+// tried before it trains, by each rank that will write it: a run that would train for hours and
+// then fail to keep anything fails at the start instead, naming the flag. --save and --export's
+// directories are made now, as the end would make them; a file is created beside each output
+// (where write_file_atomically writes its FILE.tmp) and removed. Tried, not access(): root passes
+// access() on a directory nothing can be created in (/proc), and a read-only file system shows
+// only when written. mkstemp names the file: ranks on other hosts may share the directory and a pid.
 void try_creating_a_file_in(const std::filesystem::path& dir, const std::string& flag_and_value) {
-  const std::filesystem::path probe = dir / (".train_gpt_write_check." + std::to_string(::getpid()));
-  std::FILE* file = std::fopen(probe.c_str(), "wx");
-  if (file == nullptr) {
+  std::string probe = (dir / ".train_gpt_write_check.XXXXXX").string();
+  const int fd = ::mkstemp(probe.data());
+  if (fd < 0) {
     throw std::invalid_argument(flag_and_value + ": cannot create a file in " + dir.string() + " (" +
                                 std::strerror(errno) + "), so nothing could be written there after training; " +
                                 "name a directory this process may write");
   }
-  std::fclose(file);
-  std::filesystem::remove(probe);
+  ::close(fd);
+  std::error_code ignored;
+  std::filesystem::remove(probe, ignored);
 }
 
 void check_output_directory(const char* flag, const std::string& dir) {
@@ -867,7 +870,7 @@ void check_output_directory(const char* flag, const std::string& dir) {
   const std::string named = std::string(flag) + " " + dir;
   std::error_code error;
   std::filesystem::create_directories(dir, error);
-  if (error || !std::filesystem::is_directory(dir)) {
+  if (error || !std::filesystem::is_directory(dir, error)) {
     throw std::invalid_argument(named + ": cannot make that directory (" +
                                 (error ? error.message() : std::string("a file of that name is there")) +
                                 "); name a directory this process may create or write");
@@ -878,18 +881,25 @@ void check_output_directory(const char* flag, const std::string& dir) {
 void check_output_file(const char* flag, const std::string& path) {
   if (path.empty()) return;
   const std::string named = std::string(flag) + " " + path;
-  if (std::filesystem::is_directory(path)) throw std::invalid_argument(named + ": that is a directory; name a file");
+  std::error_code error;
+  if (std::filesystem::is_directory(path, error)) throw std::invalid_argument(named + ": that is a directory; name a file");
   const std::filesystem::path parent = std::filesystem::path(path).parent_path();
   const std::filesystem::path dir = parent.empty() ? std::filesystem::path(".") : parent;
-  if (!std::filesystem::is_directory(dir)) {
-    throw std::invalid_argument(named + ": its directory " + dir.string() + " does not exist; create it first");
+  if (!std::filesystem::is_directory(dir, error)) {
+    throw std::invalid_argument(named + ": its directory " + dir.string() +
+                                (error && error != std::errc::no_such_file_or_directory
+                                     ? " cannot be read (" + error.message() + ")"
+                                     : std::string(" does not exist; create it first")));
   }
   try_creating_a_file_in(dir, named);
 }
 
-void check_outputs(const Options& opt) {
+// Each rank checks what it writes: every rank its share of --save; rank 0 the rest, and under
+// --pp every rank --export too (the stages write their parts).
+void check_outputs(const Options& opt, int rank) {
   check_output_directory("--save", opt.save_dir);
-  check_output_directory("--export", opt.export_dir);
+  if (rank == 0 || opt.pp > 1) check_output_directory("--export", opt.export_dir);
+  if (rank != 0) return;
   check_output_file("--losses-out", opt.losses_out);
   check_output_file("--logits-out", opt.logits_out);
   check_output_file("--trace", opt.trace);
@@ -898,9 +908,9 @@ void check_outputs(const Options& opt) {
 int run(int argc, char** argv) {
   const Options opt = parse(argc, argv);
   if (opt.help) return examples::print_usage(kUsage);
-  check_outputs(opt);  // Note [Outputs checked before the first step]
   auto group = cpprun::init_process_group();
   const int rank = group.rank();
+  check_outputs(opt, rank);  // Note [Outputs checked before the first step]
   if (group.size() % opt.tp != 0) {
     throw std::invalid_argument("--tp " + std::to_string(opt.tp) + " does not divide the " +
                                 std::to_string(group.size()) + " ranks: they form groups of --tp consecutive ranks; run a multiple of " +

@@ -55,15 +55,18 @@ options)
   expect 1 "--straggler-every needs a number, got 'often'" "$gpt" --straggler-every often
   # What train_gpt writes after training is tried before the first step (nothing trained, then lost).
   touch "$tmp/a_file"
-  expect 1 "--save $tmp/a_file/ckpt: cannot make that directory (Not a directory)" "$gpt" --steps 2 --save "$tmp/a_file/ckpt"
-  expect 1 "--export $tmp/a_file: cannot make that directory" "$gpt" --steps 2 --export "$tmp/a_file"
-  expect 1 "--export /proc: cannot create a file in /proc" "$gpt" --steps 2 --export /proc
-  expect 1 "--losses-out $tmp/none/losses.txt: its directory $tmp/none does not exist" \
-    "$gpt" --steps 2 --losses-out "$tmp/none/losses.txt"
-  expect 1 "--logits-out /proc/logits.txt: cannot create a file in /proc" \
-    "$gpt" --steps 2 --logits-for 1,2 --logits-out /proc/logits.txt
-  expect 1 "--trace $tmp: that is a directory; name a file" "$gpt" --steps 2 --trace "$tmp"
-  ! grep -q "^step" "$tmp/out" || fail "train_gpt trained before refusing --trace $tmp"
+  refused() {  # refused PATTERN ARGS...: train_gpt --steps 2 ARGS exits 1 naming PATTERN, untrained
+    refusal=$1
+    shift
+    expect 1 "$refusal" "$gpt" --steps 2 --log-every 1 "$@"
+    ! grep -q "^step" "$tmp/out" || fail "train_gpt trained before refusing: $*"
+  }
+  refused "--save $tmp/a_file/ckpt: cannot make that directory (Not a directory)" --save "$tmp/a_file/ckpt"
+  refused "--export $tmp/a_file: cannot make that directory" --export "$tmp/a_file"
+  refused "--export /proc: cannot create a file in /proc" --export /proc
+  refused "--losses-out $tmp/none/losses.txt: its directory $tmp/none does not exist" --losses-out "$tmp/none/losses.txt"
+  refused "--logits-out /proc/logits.txt: cannot create a file in /proc" --logits-for 1,2 --logits-out /proc/logits.txt
+  refused "--trace $tmp: that is a directory; name a file" --trace "$tmp"
   expect 1 "--out $tmp/a_file: cannot make that directory (Not a directory)" "$mnist" --epochs 1 --out "$tmp/a_file"
   ;;
 mnist_files)
