@@ -1,7 +1,7 @@
 // See cpprun/record.h. The error file has the layout torch.distributed.elastic's ErrorHandler
 // writes (torchrun's agent and cpprun read "message" and extraInfo's "timestamp"):
 //   {"message": {"message": "TYPE: WHAT", "extraInfo": {"py_callstack": ..., "timestamp": "SECONDS"}}}
-// plus "rank" in extraInfo. C++ has no call stack once an exception has unwound to main; for a
+// plus "rank" and "cpprun_failed_at_ms" (launcher_contract.h) in extraInfo. C++ has no call stack once an exception has unwound to main; for a
 // c10::Error, "py_callstack" holds its full what(), which includes the stack where it was thrown.
 #include "cpprun/record.h"
 
@@ -9,6 +9,7 @@
 #include <cxxabi.h>
 
 #include <atomic>
+#include <chrono>
 
 #include <cstdint>
 #include <cstdio>
@@ -124,6 +125,8 @@ void set_error_report_hook(ErrorReportHook hook) noexcept { error_report_hook.st
 
 int report_exception(std::exception_ptr error) noexcept {
   try {
+    const auto failed_at_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                                  std::chrono::system_clock::now().time_since_epoch()).count();
     const Report report = report_of(error);
     const char* rank = std::getenv("RANK");
     // The message on stderr first: it must not depend on the error file being writable.
@@ -142,6 +145,7 @@ int report_exception(std::exception_ptr error) noexcept {
         "    " + key(contract::kErrorFileExtraInfoKey) + "{\n"
         "      " + key(contract::kErrorFileTimestampKey) + "\"" +
         std::to_string(static_cast<long long>(std::time(nullptr))) + "\",\n"
+        "      " + key(contract::kErrorFileFailedAtMsKey) + "\"" + std::to_string(static_cast<long long>(failed_at_ms)) + "\",\n"
         "      \"rank\": " + json_string(rank ? rank : "0") + ",\n"
         "      " + key(contract::kErrorFileCallstackKey) + json_string(report.callstack) + "\n"
         "    }\n"

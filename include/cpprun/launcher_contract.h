@@ -37,6 +37,11 @@ inline constexpr const char* kErrorFileMessageKey = "message";      // the outer
 inline constexpr const char* kErrorFileExtraInfoKey = "extraInfo";
 inline constexpr const char* kErrorFileCallstackKey = "py_callstack";
 inline constexpr const char* kErrorFileTimestampKey = "timestamp";
+// cpprun's own, beside torch's whole seconds (which torch's readers keep reading): the Unix time in
+// milliseconds when the error was reported, before anything slow (the flight recorder's dump, the
+// process's exit). Of several ranks that fail together the launcher names the one that reported
+// first as the root cause, not the one whose process happened to end first.
+inline constexpr const char* kErrorFileFailedAtMsKey = "cpprun_failed_at_ms";
 // Set by the launcher in the copy it hands on (torch's ErrorHandler.dump_error_file does the same).
 inline constexpr const char* kErrorFileCodeKey = "errorCode";
 

@@ -18,6 +18,7 @@
 #include <utility>
 
 #include "common/formatting.h"
+#include "workers/error_file.h"
 #include "workers/flight_requests.h"
 #include "workers/job_process_tree.h"
 #include "workers/restart_backoff.h"
@@ -29,6 +30,8 @@ namespace {
 
 // The root cause's error file, shown in full up to this size.
 constexpr std::size_t kErrorFileLimit = 16 * 1024;
+// Read whole to find when a worker reported its failure (the key follows the message).
+constexpr std::size_t kErrorFileScanLimit = 1024 * 1024;
 // How long the workers that record collectives get to dump them when the attempt fails: writing
 // takes milliseconds; a rank stuck so badly that it cannot is named as such.
 constexpr std::chrono::milliseconds kDumpWait{2000};
@@ -438,14 +441,15 @@ AttemptEnd run_attempt(SignalRelay& relay, const std::vector<WorkerSpec>& specs,
     if (const int sig = stop_leftovers(relay, shutdown_timeout); sig != 0) raise(sig);
     return {};
   }
-  const std::optional<std::size_t> root = group.root_cause();
+  std::optional<std::size_t> root = group.root_cause();
   AttemptEnd result{end, 0, group.ending_signal(), "", "", "", 0};
-  if (root) {
-    const WorkerRecord& worker = group.workers().at(*root);
+  const auto blame = [&](std::size_t index) {
+    const WorkerRecord& worker = group.workers().at(index);
     result = {end, worker.exit->launcher_exit_code(), result.signal, describe_worker(worker), worker.exit->describe(),
-              specs.at(*root).error_file,
+              specs.at(index).error_file,
               worker.exit->kind == WorkerExit::Kind::kSignaled ? -worker.exit->value : worker.exit->value};
-  }
+  };
+  if (root) blame(*root);
   if (end == GroupEnd::kInterrupted) result.exit_code = 128 + result.signal;
   if (before_stop) before_stop(result);
   // A failure here or on another node: where every rank of this node was, before they are stopped.
@@ -463,6 +467,23 @@ AttemptEnd run_attempt(SignalRelay& relay, const std::vector<WorkerSpec>& specs,
   if (route != nullptr && route->share && end != GroupEnd::kInterrupted) route->share(evidence);
 
   group.stop(end == GroupEnd::kInterrupted ? StopStart::kAlreadySignalled : StopStart::kSendSigterm, shutdown_timeout);
+  // Every worker has ended: the one that reported its failure first may not be the first that
+  // exited (Note [The root cause by report time]). Other nodes heard of the first already.
+  if (root && end == GroupEnd::kWorkerFailed) {
+    std::vector<std::optional<long long>> failed_at_ms(group.workers().size());
+    for (std::size_t i = 0; i < failed_at_ms.size(); ++i) {
+      const WorkerRecord& worker = group.workers()[i];
+      // One that cpprun's signal ended is not named: cpprun would exit 143 for a worker whose own
+      // code it never saw.
+      if (!worker.exit || worker.exit->succeeded() || worker.exit->kind != WorkerExit::Kind::kExited) continue;
+      if (const auto text = read_file_head(specs.at(i).error_file, kErrorFileScanLimit)) failed_at_ms[i] = recorded_failure_ms(*text);
+    }
+    if (const std::size_t first = root_cause_by_report_time(*root, failed_at_ms); first != *root) {
+      root = first;
+      blame(first);
+      why = result.root_worker + " " + result.root_how;
+    }
+  }
   const AttemptSummary summary{root, group.ending_signal(), shutdown_timeout,
                                root ? group.stderr_tail(*root) : std::vector<std::string>{},
                                root ? read_file_head(specs.at(*root).error_file, kErrorFileLimit) : std::nullopt};

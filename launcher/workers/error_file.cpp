@@ -129,6 +129,31 @@ std::string with_error_code(const std::string& json, int error_code) {
   return json.substr(0, code->close) + (code->empty ? "" : ", ") + "\"" + contract::kErrorFileCodeKey + "\": " + value + json.substr(code->close);
 }
 
+std::optional<long long> recorded_failure_ms(const std::string& json) {
+  const Scanner scan(json);
+  const std::optional<Scanner::Member> message = scan.find(scan.space(0), contract::kErrorFileMessageKey);
+  if (!message || message->value_start == Scanner::npos || json[message->value_start] != '{') return std::nullopt;
+  const std::optional<Scanner::Member> extra = scan.find(message->value_start, contract::kErrorFileExtraInfoKey);
+  if (!extra || extra->value_start == Scanner::npos || json[extra->value_start] != '{') return std::nullopt;
+  const std::optional<Scanner::Member> at = scan.find(extra->value_start, contract::kErrorFileFailedAtMsKey);
+  if (!at || at->value_start == Scanner::npos) return std::nullopt;
+  std::string digits;  // written as a string, as torch writes its timestamp
+  if (scan.string(at->value_start, &digits) != at->value_end || digits.empty() || digits.size() > 18 ||
+      digits.find_first_not_of("0123456789") != std::string::npos) {
+    return std::nullopt;
+  }
+  return std::stoll(digits);
+}
+
+std::size_t root_cause_by_report_time(std::size_t first_exited, const std::vector<std::optional<long long>>& failed_at_ms) {
+  if (first_exited >= failed_at_ms.size() || !failed_at_ms[first_exited]) return first_exited;
+  std::size_t root = first_exited;
+  for (std::size_t i = 0; i < failed_at_ms.size(); ++i) {
+    if (failed_at_ms[i] && *failed_at_ms[i] < *failed_at_ms[root]) root = i;
+  }
+  return root;
+}
+
 std::string copy_root_error_file(const std::string& worker_error_file, const std::string& launcher_error_file,
                                  int error_code) {
   if (worker_error_file.empty() || launcher_error_file.empty()) return "";

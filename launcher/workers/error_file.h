@@ -3,7 +3,10 @@
 // it), with "errorCode" set to the worker's exit code, as torch's ErrorHandler.dump_error_file does.
 #pragma once
 
+#include <cstddef>
+#include <optional>
 #include <string>
+#include <vector>
 
 namespace cpprun::launcher {
 
@@ -16,6 +19,19 @@ std::string with_error_code(const std::string& json, int error_code);
 // path is empty or the worker wrote no file. Returns a warning to print if the copy failed, else "".
 std::string copy_root_error_file(const std::string& worker_error_file, const std::string& launcher_error_file,
                                  int error_code);
+
+// The "cpprun_failed_at_ms" that cpprun::record writes in message.extraInfo (Unix milliseconds);
+// nullopt where `json` lacks it (torch's @record, another writer) or is not that layout. Pure.
+std::optional<long long> recorded_failure_ms(const std::string& json);
+
+// Note [The root cause by report time]
+// Of the workers that failed, the root cause is `first_exited` unless it and another recorded when
+// they failed (`failed_at_ms`, indexed like the workers; nullopt for a worker that did not fail or
+// recorded nothing) and another recorded an earlier time: then the one that recorded first. A rank
+// that fails alone ends the others' collectives as its process ends, and it ends last more often
+// than not (cpprun::record dumps its flight recorder before it exits): by exit order the victim
+// would be named. Ties keep `first_exited`. Pure.
+std::size_t root_cause_by_report_time(std::size_t first_exited, const std::vector<std::optional<long long>>& failed_at_ms);
 
 struct AttemptEnd;
 

@@ -5,8 +5,10 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "workers/error_file.h"
 
@@ -57,4 +59,35 @@ TEST_CASE("error_file: the worker's file is copied into the launcher's, only whe
   CHECK_THAT(copy_root_error_file(worker, dir + "/missing/x.json", 1),
              Catch::Matchers::Contains("TORCHELASTIC_ERROR_FILE=" + dir + "/missing/x.json"));
   std::system(("rm -rf '" + dir + "'").c_str());
+}
+
+TEST_CASE("error_file: the time cpprun::record says the worker failed at", "[error_file]") {
+  const std::string cpprun_record =
+      R"({"message": {"message": "std::invalid_argument: bad {flag}", "extraInfo": {"timestamp": "1796315292", )"
+      R"("cpprun_failed_at_ms": "1796315292123", "rank": "0", "py_callstack": "x"}}})";
+  CHECK(recorded_failure_ms(cpprun_record) == 1796315292123LL);
+  // torch's @record has whole seconds only: no time to order by.
+  CHECK_FALSE(recorded_failure_ms(R"({"message": {"message": "E", "extraInfo": {"timestamp": "1700000000"}}})"));
+  for (const char* bad : {"", "not json", R"({"message": "a string"})", R"({"message": {"extraInfo": []}})",
+                          R"({"message": {"extraInfo": {"cpprun_failed_at_ms": 12}}})",
+                          R"({"message": {"extraInfo": {"cpprun_failed_at_ms": "-12"}}})",
+                          R"({"message": {"extraInfo": {"cpprun_failed_at_ms": "99999999999999999999"}}})",
+                          R"({"message": {"extraInfo": {"cpprun_failed_at_ms": "12"}})"}) {  // cut short
+    INFO(bad);
+    CHECK_FALSE(recorded_failure_ms(bad));
+  }
+}
+
+TEST_CASE("error_file: the root cause is the worker that reported first, when both reported",
+          "[error_file]") {
+  using Times = std::vector<std::optional<long long>>;
+  // Rank 1 exited first, but rank 0 reported 40 ms earlier: its error ended rank 1's collective.
+  CHECK(root_cause_by_report_time(1, Times{1000, 1040}) == 0);
+  CHECK(root_cause_by_report_time(0, Times{1000, 1040}) == 0);
+  CHECK(root_cause_by_report_time(2, Times{1003, std::nullopt, 1005, 1001}) == 3);
+  CHECK(root_cause_by_report_time(1, Times{1000, 1000}) == 1);  // a tie keeps the first to exit
+  // The first to exit recorded nothing (killed by a signal, torch's @record): it stays the root
+  // cause, whatever the others reported after its end.
+  CHECK(root_cause_by_report_time(1, Times{1000, std::nullopt}) == 1);
+  CHECK(root_cause_by_report_time(0, Times{}) == 0);
 }

@@ -94,6 +94,10 @@ TEST_CASE("record: an exception becomes torch's error file, a line on stderr and
   const long long stamp = std::stoll(field(json, "timestamp"));
   CHECK(stamp >= before);
   CHECK(stamp <= std::time(nullptr));
+  // cpprun's own, for the launcher's root cause (launcher_contract.h): milliseconds, the same second.
+  const long long failed_at_ms = std::stoll(field(json, "cpprun_failed_at_ms"));
+  CHECK(failed_at_ms / 1000 >= before);
+  CHECK(failed_at_ms / 1000 <= stamp);
   CHECK_FALSE(fs::exists(error_file.string() + ".tmp"));
 
   // If python3 is here, the file must be JSON that its json module reads as torch's agent does.

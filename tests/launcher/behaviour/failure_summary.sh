@@ -72,5 +72,30 @@ wait_for_files 20 "$WORK/ready"
 kill -TERM "$launcher"
 wait "$launcher"
 expect_eq "$?" 143 "exit code after SIGTERM"
+# The root cause by report time: rank 0 reports first (cpprun::record's cpprun_failed_at_ms) but
+# exits after rank 1, whose report came later (a peer that went away); rank 0 is named, with its
+# own exit code. With torch's whole-second timestamp alone the first to exit stays the root cause.
+report_first() {  # report_first STAMP_KEY: rank 0 reports, then rank 1, which exits first
+  cpprun --nproc_per_node=2 /bin/sh -c '
+    report() { printf "{\"message\": {\"message\": \"E%s\", \"extraInfo\": {\"timestamp\": \"%s\", \"%s\": \"%s\"}}}\n" \
+                 "$RANK" "$(date +%s)" "$1" "$(date +%s%3N)" >"$TORCHELASTIC_ERROR_FILE"; }
+    if [ "$RANK" = 0 ]; then
+      trap "" TERM  # still dumping when cpprun asks it to stop: it ends on its own
+      report "$0"; touch "$WORK/reported.0"; sleep 0.5; exit 5
+    fi
+    while [ ! -e "$WORK/reported.0" ]; do sleep 0.01; done
+    sleep 0.05; report "$0"; exit 6' "$1"
+}
+report_first cpprun_failed_at_ms
+expect_eq "$?" 5 "exit code of the rank that reported first"
+expect_in_file "$WORK/err" "cpprun: rank 0 (local_rank 0, pid" "root cause line"
+grep -q "rank 0 (local_rank 0, pid [0-9]*) failed first (root cause): exited with code 5" "$WORK/err" ||
+  fail "rank 0, which reported first, is not the root cause: $(grep 'failed first' "$WORK/err")"
+expect_in_file "$WORK/err" "also failed: exited with code 6" "rank 1's fate"
+rm -f "$WORK/reported.0"
+report_first not_cpprun_failed_at_ms
+expect_eq "$?" 6 "exit code without cpprun's report times"
+grep -q "rank 1 (local_rank 1, pid [0-9]*) failed first (root cause): exited with code 6" "$WORK/err" ||
+  fail "without report times the first to exit is not the root cause: $(grep 'failed first' "$WORK/err")"
 expect_no_leftovers
 echo PASS
