@@ -14,7 +14,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <ctime>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -125,6 +124,7 @@ void set_error_report_hook(ErrorReportHook hook) noexcept { error_report_hook.st
 
 int report_exception(std::exception_ptr error) noexcept {
   try {
+    // One reading for torch's whole seconds and cpprun's milliseconds, so that they agree.
     const auto failed_at_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                                   std::chrono::system_clock::now().time_since_epoch()).count();
     const Report report = report_of(error);
@@ -144,7 +144,7 @@ int report_exception(std::exception_ptr error) noexcept {
         "    " + key(contract::kErrorFileMessageKey) + json_string(report.type + ": " + report.message) + ",\n"
         "    " + key(contract::kErrorFileExtraInfoKey) + "{\n"
         "      " + key(contract::kErrorFileTimestampKey) + "\"" +
-        std::to_string(static_cast<long long>(std::time(nullptr))) + "\",\n"
+        std::to_string(static_cast<long long>(failed_at_ms / 1000)) + "\",\n"
         "      " + key(contract::kErrorFileFailedAtMsKey) + "\"" + std::to_string(static_cast<long long>(failed_at_ms)) + "\",\n"
         "      \"rank\": " + json_string(rank ? rank : "0") + ",\n"
         "      " + key(contract::kErrorFileCallstackKey) + json_string(report.callstack) + "\n"

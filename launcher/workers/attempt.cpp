@@ -468,8 +468,9 @@ AttemptEnd run_attempt(SignalRelay& relay, const std::vector<WorkerSpec>& specs,
 
   group.stop(end == GroupEnd::kInterrupted ? StopStart::kAlreadySignalled : StopStart::kSendSigterm, shutdown_timeout);
   // Every worker has ended: the one that reported its failure first may not be the first that
-  // exited (Note [The root cause by report time]). Other nodes heard of the first already.
-  if (root && end == GroupEnd::kWorkerFailed) {
+  // exited (Note [The root cause by report time]). Not in a multi-node job (`before_stop`): the
+  // other nodes were told of the first already, and the job's exit code and summary are theirs too.
+  if (root && end == GroupEnd::kWorkerFailed && !before_stop) {
     std::vector<std::optional<long long>> failed_at_ms(group.workers().size());
     for (std::size_t i = 0; i < failed_at_ms.size(); ++i) {
       const WorkerRecord& worker = group.workers()[i];

@@ -40,9 +40,13 @@ class Scanner {
     return npos;
   }
 
-  std::size_t value(std::size_t i) const {
+  // A worker writes the file: nesting deeper than any error file's is refused (npos), not
+  // followed down the launcher's stack.
+  static constexpr int kMaxDepth = 64;
+
+  std::size_t value(std::size_t i, int depth = 0) const {
     i = space(i);
-    if (i >= text_.size()) return npos;
+    if (i >= text_.size() || depth > kMaxDepth) return npos;
     if (text_[i] == '"') return string(i);
     if (text_[i] == '{' || text_[i] == '[') {
       const char close = text_[i] == '{' ? '}' : ']';
@@ -54,7 +58,7 @@ class Scanner {
           if (i == npos || (i = space(i)) >= text_.size() || text_[i] != ':') return npos;
           ++i;
         }
-        if ((i = value(i)) == npos || (i = space(i)) >= text_.size()) return npos;
+        if ((i = value(i, depth + 1)) == npos || (i = space(i)) >= text_.size()) return npos;
         if (text_[i] == close) return i + 1;
         if (text_[i] != ',') return npos;
         ++i;

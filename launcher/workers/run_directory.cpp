@@ -165,11 +165,23 @@ void RunDirectory::prepare_attempt(int attempt, int nproc_per_node) const {
 }
 
 std::optional<std::string> read_file_head(const std::string& path, std::size_t limit) {
-  std::ifstream file(path, std::ios::binary);
-  if (!file) return std::nullopt;
+  // The workers write these files: a FIFO or a device there must not block or flood the launcher.
+  const int fd = open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return std::nullopt;
+  struct stat info {};
+  if (fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
+    close(fd);
+    return std::nullopt;
+  }
   std::string text(limit + 1, '\0');
-  file.read(text.data(), static_cast<std::streamsize>(text.size()));
-  const auto got = static_cast<std::size_t>(file.gcount());
+  std::size_t got = 0;
+  while (got < text.size()) {
+    const ssize_t n = read(fd, text.data() + got, text.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    got += static_cast<std::size_t>(n);
+  }
+  close(fd);
   text.resize(std::min(got, limit));
   if (got > limit) text += "\n[... cut at " + std::to_string(limit) + " bytes]";
   return text;

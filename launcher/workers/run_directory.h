@@ -60,7 +60,8 @@ class RunDirectory {
   std::string made_log_dir_;
 };
 
-// Up to `limit` bytes of the file; nullopt if it does not exist. A longer file gets a marker.
+// Up to `limit` bytes of the file; nullopt if it does not exist or is not a regular file (a
+// worker wrote it: a FIFO there must not block the launcher). A longer file gets a marker.
 std::optional<std::string> read_file_head(const std::string& path, std::size_t limit);
 
 }  // namespace cpprun::launcher

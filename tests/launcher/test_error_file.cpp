@@ -76,6 +76,9 @@ TEST_CASE("error_file: the time cpprun::record says the worker failed at", "[err
     INFO(bad);
     CHECK_FALSE(recorded_failure_ms(bad));
   }
+  // A worker wrote it: nesting a million deep is refused, not followed down the launcher's stack.
+  CHECK_FALSE(recorded_failure_ms("{\"message\": " + std::string(1000000, '[')));
+  CHECK_FALSE(with_error_code("{\"message\": {\"x\": " + std::string(1000000, '{'), 3).empty());
 }
 
 TEST_CASE("error_file: the root cause is the worker that reported first, when both reported",

@@ -160,4 +160,10 @@ TEST_CASE("run_directory: error files are read up to a limit", "[run_directory]"
   std::ofstream(file) << "0123456789abc";
   CHECK(read_file_head(file, 100).value() == "0123456789abc");
   CHECK_THAT(read_file_head(file, 10).value(), StartsWith("0123456789\n") && Contains("cut at 10 bytes"));
+  // A worker may leave a FIFO (or a link to one) there: not read, and the launcher does not block.
+  const std::string fifo = scratch.path + "/fifo.json";
+  REQUIRE(mkfifo(fifo.c_str(), 0600) == 0);
+  CHECK_FALSE(read_file_head(fifo, 10).has_value());
+  REQUIRE(symlink(fifo.c_str(), (scratch.path + "/link.json").c_str()) == 0);
+  CHECK_FALSE(read_file_head(scratch.path + "/link.json", 10).has_value());
 }

@@ -75,16 +75,20 @@ expect_eq "$?" 143 "exit code after SIGTERM"
 # The root cause by report time: rank 0 reports first (cpprun::record's cpprun_failed_at_ms) but
 # exits after rank 1, whose report came later (a peer that went away); rank 0 is named, with its
 # own exit code. With torch's whole-second timestamp alone the first to exit stays the root cause.
-report_first() {  # report_first STAMP_KEY: rank 0 reports, then rank 1, which exits first
+report_first() {  # report_first STAMP_KEY: rank 0 reports, then rank 1, which is reaped first
   cpprun --nproc_per_node=2 /bin/sh -c '
     report() { printf "{\"message\": {\"message\": \"E%s\", \"extraInfo\": {\"timestamp\": \"%s\", \"%s\": \"%s\"}}}\n" \
                  "$RANK" "$(date +%s)" "$1" "$(date +%s%3N)" >"$TORCHELASTIC_ERROR_FILE"; }
     if [ "$RANK" = 0 ]; then
       trap "" TERM  # still dumping when cpprun asks it to stop: it ends on its own
-      report "$0"; touch "$WORK/reported.0"; sleep 0.5; exit 5
+      report "$0"; touch "$WORK/reported.0"
+      # Exits only once cpprun has reaped rank 1 (a zombie still answers kill -0).
+      while [ ! -s "$WORK/reported.1" ]; do sleep 0.01; done
+      while kill -0 "$(cat "$WORK/reported.1")" 2>/dev/null; do sleep 0.01; done
+      exit 5
     fi
     while [ ! -e "$WORK/reported.0" ]; do sleep 0.01; done
-    sleep 0.05; report "$0"; exit 6' "$1"
+    sleep 0.01; report "$0"; echo $$ >"$WORK/reported.1.tmp"; mv "$WORK/reported.1.tmp" "$WORK/reported.1"; exit 6' "$1"
 }
 report_first cpprun_failed_at_ms
 expect_eq "$?" 5 "exit code of the rank that reported first"
@@ -92,7 +96,7 @@ expect_in_file "$WORK/err" "cpprun: rank 0 (local_rank 0, pid" "root cause line"
 grep -q "rank 0 (local_rank 0, pid [0-9]*) failed first (root cause): exited with code 5" "$WORK/err" ||
   fail "rank 0, which reported first, is not the root cause: $(grep 'failed first' "$WORK/err")"
 expect_in_file "$WORK/err" "also failed: exited with code 6" "rank 1's fate"
-rm -f "$WORK/reported.0"
+rm -f "$WORK/reported.0" "$WORK/reported.1"
 report_first not_cpprun_failed_at_ms
 expect_eq "$?" 6 "exit code without cpprun's report times"
 grep -q "rank 1 (local_rank 1, pid [0-9]*) failed first (root cause): exited with code 6" "$WORK/err" ||
