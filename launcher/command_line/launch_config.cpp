@@ -135,8 +135,8 @@ RendezvousBackend parse_rdzv_backend(const std::string& backend) {
 }
 
 // HOST, HOST:PORT or [IPv6]:PORT: sets master_addr, and master_port when PORT is given. `example`: a
-// port for the error to suggest.
-void read_rdzv_endpoint(const std::string& text, int example, LaunchConfig& config) {
+// port for the error to suggest; `lowest_port` 0 where port 0 means "pick one" (c10d, one node).
+void read_rdzv_endpoint(const std::string& text, int example, LaunchConfig& config, int lowest_port = 1) {
   const std::string flag = "--rdzv_endpoint";
   std::string port;
   if (!text.empty() && text.front() == '[') {
@@ -157,7 +157,9 @@ void read_rdzv_endpoint(const std::string& text, int example, LaunchConfig& conf
   if (config.master_addr.empty()) {
     throw UsageError(with_value(flag, text) + ": expected HOST:PORT of node 0, e.g. --rdzv_endpoint=10.0.0.1:29500");
   }
-  if (!port.empty()) config.master_port = parse_int_in_range(flag + " port", port, 1, 65535, "a TCP port", example);
+  if (!port.empty()) {
+    config.master_port = parse_int_in_range(flag + " port", port, lowest_port, 65535, "a TCP port", example);
+  }
 }
 
 // Decimal numbers ("5", "0.5"); "5s", "nan" and "" are not.
@@ -310,7 +312,26 @@ void validate_rendezvous(const RawOptions& raw, const HostFacts& host, LaunchCon
     }
     config.master_addr = "localhost";  // torchrun's endpoint when none is given
     config.master_port = 29400;
-    if (!raw.rdzv_endpoint.empty()) read_rdzv_endpoint(raw.rdzv_endpoint, 29400, config);
+    if (!raw.rdzv_endpoint.empty()) read_rdzv_endpoint(raw.rdzv_endpoint, 29400, config, 0);
+    if (config.master_port == 0) {
+      // torchrun's "--rdzv-endpoint=localhost:0 --nnodes=1: let torchrun pick a free random port"
+      // (its --standalone is this): one node, nobody else to meet, so cpprun's single-node launch
+      // on a port the kernel picks, at that host, under this --rdzv_id.
+      if (nodes.max > 1) {
+        throw UsageError(with_value("--rdzv_endpoint", raw.rdzv_endpoint) + ": port 0 lets one node pick a free "
+                         "port, which the other nodes of --nnodes=" + raw.nnodes + " could not know; give node 0's "
+                         "port on every node (e.g. --rdzv_endpoint=" + config.master_addr + ":29400)");
+      }
+      config.rdzv_backend = RendezvousBackend::kStatic;
+      config.node_rank = 0;
+      config.picked_port = true;
+      try {
+        config.master_port = host.pick_free_port();
+      } catch (const std::system_error& e) {
+        throw UsageError(with_value("--rdzv_endpoint", raw.rdzv_endpoint) + ": could not find a free port: " +
+                         e.what() + "; give a port instead");
+      }
+    }
     return;
   }
   if (nodes.min != nodes.max) {

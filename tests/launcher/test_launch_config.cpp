@@ -204,6 +204,20 @@ TEST_CASE("launch_config: c10d rendezvous takes MIN:MAX, the endpoint and its se
   CHECK(c.master_port == 29400);
   CHECK(parse({"--rdzv_backend=c10d", "--nnodes=3", "x"}).min_nodes == 3);
 
+  // torchrun's documented "--rdzv-endpoint=localhost:0 --nnodes=1: pick a free random port": one
+  // node on a port the kernel picks, under the given --rdzv_id; with more nodes, refused.
+  c = parse({"--rdzv_backend=c10d", "--rdzv_endpoint=localhost:0", "--nnodes=1", "--rdzv_id=job3", "x"});
+  CHECK(c.rdzv_backend == RendezvousBackend::kStatic);
+  CHECK_FALSE(is_multi_node(c));
+  CHECK(c.picked_port);
+  CHECK(c.master_addr == "localhost");
+  CHECK(c.master_port == 45678);  // fake_host's free port
+  CHECK(c.run_id == "job3");
+  CHECK(parse({"--rdzv_backend=c10d", "--rdzv_endpoint=localhost:0", "x"}).picked_port);  // --nnodes defaults to 1
+  CHECK_THAT(usage_error({"--rdzv_backend=c10d", "--rdzv_endpoint=localhost:0", "--nnodes=1:2", "x"}),
+             Contains("port 0 lets one node pick a free port") && Contains("--nnodes=1:2"));
+  CHECK_THAT(usage_error({"--rdzv_endpoint=localhost:0", "x"}), Contains("--rdzv_endpoint port=0"));  // static: refused
+
   // --node_rank means nothing to c10d (nodes are numbered as they join): ignored, like torchrun.
   CHECK(parse({"--rdzv_backend=c10d", "--nnodes=1:2", "--node_rank=5", "x"}).node_rank == 0);
   CHECK_THAT(usage_error({"--rdzv_backend=c10d", "--node_rank=x", "x"}), Contains("--node_rank=x"));

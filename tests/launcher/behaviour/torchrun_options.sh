@@ -147,6 +147,15 @@ done
 expect_eq "$(cat "$WORK/cpprun.filtered")" "$(cat "$WORK/torchrun.filtered")" "filtered_stdout.log, cpprun vs torchrun"
 expect_eq "$(cat "$WORK/cpprun.filtered")" "default:0| apple,pie 1
 default:0| an orange" "filtered_stdout.log"
+# torchrun's documented one-node c10d on a free port (--rdzv-endpoint=localhost:0): both launch, and
+# each worker gets the port that was picked, not 0.
+for launcher in cpprun torchrun; do
+  $launcher --rdzv-backend=c10d --rdzv-endpoint=localhost:0 --nnodes=1 --nproc-per-node=2 --no-python \
+    /bin/sh -c 'echo "port=$MASTER_PORT"' || fail "$launcher: --rdzv-endpoint=localhost:0 failed: $(tail -3 "$WORK/err")"
+  ports=$(grep -o 'port=[0-9]*' "$WORK/out" | sort -u)
+  [ "$(printf '%s\n' "$ports" | wc -l)" = 1 ] && [ "$ports" != port=0 ] ||
+    fail "$launcher: --rdzv-endpoint=localhost:0 gave the workers MASTER_PORT $ports"
+done
 rm -rf "$WORK/torchrun-tmp" "$WORK/cpprun-tmp"
 expect_no_leftovers
 echo PASS
