@@ -319,8 +319,9 @@ void validate_rendezvous(const RawOptions& raw, const HostFacts& host, LaunchCon
       // on a port the kernel picks, at that host, under this --rdzv_id.
       if (nodes.max > 1) {
         throw UsageError(with_value("--rdzv_endpoint", raw.rdzv_endpoint) + ": port 0 lets one node pick a free "
-                         "port, which the other nodes of --nnodes=" + raw.nnodes + " could not know; give node 0's "
-                         "port on every node (e.g. --rdzv_endpoint=" + config.master_addr + ":29400)");
+                         "port, which the other nodes of --nnodes=" + raw.nnodes + " could not know; give the "
+                         "rendezvous port, the same on every node (e.g. --rdzv_endpoint=" +
+                         endpoint_text(config.master_addr, 29400) + ")");
       }
       config.rdzv_backend = RendezvousBackend::kStatic;
       config.node_rank = 0;

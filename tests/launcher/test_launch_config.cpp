@@ -216,6 +216,8 @@ TEST_CASE("launch_config: c10d rendezvous takes MIN:MAX, the endpoint and its se
   CHECK(parse({"--rdzv_backend=c10d", "--rdzv_endpoint=localhost:0", "x"}).picked_port);  // --nnodes defaults to 1
   CHECK_THAT(usage_error({"--rdzv_backend=c10d", "--rdzv_endpoint=localhost:0", "--nnodes=1:2", "x"}),
              Contains("port 0 lets one node pick a free port") && Contains("--nnodes=1:2"));
+  CHECK_THAT(usage_error({"--rdzv_backend=c10d", "--rdzv_endpoint=[::1]:0", "--nnodes=2", "x"}),
+             Contains("e.g. --rdzv_endpoint=[::1]:29400"));
   CHECK_THAT(usage_error({"--rdzv_endpoint=localhost:0", "x"}), Contains("--rdzv_endpoint port=0"));  // static: refused
 
   // --node_rank means nothing to c10d (nodes are numbered as they join): ignored, like torchrun.

@@ -152,8 +152,9 @@ default:0| an orange" "filtered_stdout.log"
 for launcher in cpprun torchrun; do
   $launcher --rdzv-backend=c10d --rdzv-endpoint=localhost:0 --nnodes=1 --nproc-per-node=2 --no-python \
     /bin/sh -c 'echo "port=$MASTER_PORT"' || fail "$launcher: --rdzv-endpoint=localhost:0 failed: $(tail -3 "$WORK/err")"
+  expect_eq "$(grep -c 'port=[0-9]' "$WORK/out")" 2 "$launcher: workers that printed their MASTER_PORT"
   ports=$(grep -o 'port=[0-9]*' "$WORK/out" | sort -u)
-  [ "$(printf '%s\n' "$ports" | wc -l)" = 1 ] && [ "$ports" != port=0 ] ||
+  [ "$(printf '%s\n' "$ports" | wc -l)" = 1 ] && [ -n "$ports" ] && [ "$ports" != port=0 ] ||
     fail "$launcher: --rdzv-endpoint=localhost:0 gave the workers MASTER_PORT $ports"
 done
 rm -rf "$WORK/torchrun-tmp" "$WORK/cpprun-tmp"
