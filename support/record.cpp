@@ -1,8 +1,9 @@
 // See cpprun/record.h. The error file has the layout torch.distributed.elastic's ErrorHandler
 // writes (torchrun's agent and cpprun read "message" and extraInfo's "timestamp"):
 //   {"message": {"message": "TYPE: WHAT", "extraInfo": {"py_callstack": ..., "timestamp": "SECONDS"}}}
-// plus "rank" and "cpprun_failed_at_ms" (launcher_contract.h) in extraInfo. C++ has no call stack once an exception has unwound to main; for a
-// c10::Error, "py_callstack" holds its full what(), which includes the stack where it was thrown.
+// plus "rank" and "cpprun_failed_at_ms" (launcher_contract.h) in extraInfo. C++ has no call stack
+// once an exception has unwound to main; for a c10::Error, "py_callstack" holds its full what(),
+// which includes the stack where it was thrown.
 #include "cpprun/record.h"
 
 #include <c10/util/Exception.h>

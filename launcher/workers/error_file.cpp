@@ -110,6 +110,13 @@ class Scanner {
     }
   }
 
+  // In the object at text[i]: where the value of `key` starts when that value is an object too.
+  std::optional<std::size_t> object(std::size_t i, const std::string& key) const {
+    const std::optional<Member> member = find(i, key);
+    if (!member || member->value_start == npos || text_[member->value_start] != '{') return std::nullopt;
+    return member->value_start;
+  }
+
   static constexpr std::size_t npos = std::string::npos;
 
  private:
@@ -121,10 +128,9 @@ class Scanner {
 std::string with_error_code(const std::string& json, int error_code) {
   if (error_code == 0) return json;
   const Scanner scan(json);
-  const std::size_t root = scan.space(0);
-  const std::optional<Scanner::Member> message = scan.find(root, contract::kErrorFileMessageKey);
-  if (!message || message->value_start == Scanner::npos || json[message->value_start] != '{') return json;
-  const std::optional<Scanner::Member> code = scan.find(message->value_start, contract::kErrorFileCodeKey);
+  const std::optional<std::size_t> message = scan.object(scan.space(0), contract::kErrorFileMessageKey);
+  if (!message) return json;
+  const std::optional<Scanner::Member> code = scan.find(*message, contract::kErrorFileCodeKey);
   if (!code) return json;
   const std::string value = std::to_string(error_code);
   if (code->value_start != Scanner::npos) {
@@ -135,11 +141,10 @@ std::string with_error_code(const std::string& json, int error_code) {
 
 std::optional<long long> recorded_failure_ms(const std::string& json) {
   const Scanner scan(json);
-  const std::optional<Scanner::Member> message = scan.find(scan.space(0), contract::kErrorFileMessageKey);
-  if (!message || message->value_start == Scanner::npos || json[message->value_start] != '{') return std::nullopt;
-  const std::optional<Scanner::Member> extra = scan.find(message->value_start, contract::kErrorFileExtraInfoKey);
-  if (!extra || extra->value_start == Scanner::npos || json[extra->value_start] != '{') return std::nullopt;
-  const std::optional<Scanner::Member> at = scan.find(extra->value_start, contract::kErrorFileFailedAtMsKey);
+  const std::optional<std::size_t> message = scan.object(scan.space(0), contract::kErrorFileMessageKey);
+  const std::optional<std::size_t> extra = message ? scan.object(*message, contract::kErrorFileExtraInfoKey) : std::nullopt;
+  if (!extra) return std::nullopt;
+  const std::optional<Scanner::Member> at = scan.find(*extra, contract::kErrorFileFailedAtMsKey);
   if (!at || at->value_start == Scanner::npos) return std::nullopt;
   std::string digits;  // written as a string, as torch writes its timestamp
   if (scan.string(at->value_start, &digits) != at->value_end || digits.empty() || digits.size() > 18 ||
