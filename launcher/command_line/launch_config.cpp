@@ -157,6 +157,7 @@ void read_rdzv_endpoint(const std::string& text, int example, LaunchConfig& conf
   if (config.master_addr.empty()) {
     throw UsageError(with_value(flag, text) + ": expected HOST:PORT of node 0, e.g. --rdzv_endpoint=10.0.0.1:29500");
   }
+  config.master_addr_flag = "the host of " + with_value(flag, text);
   if (!port.empty()) {
     config.master_port = parse_int_in_range(flag + " port", port, lowest_port, 65535, "a TCP port", example);
   }
@@ -312,6 +313,7 @@ void validate_rendezvous(const RawOptions& raw, const HostFacts& host, LaunchCon
     }
     config.master_addr = "localhost";  // torchrun's endpoint when none is given
     config.master_port = 29400;
+    config.master_addr_flag = "the host of the default --rdzv_endpoint=localhost:29400";
     if (!raw.rdzv_endpoint.empty()) read_rdzv_endpoint(raw.rdzv_endpoint, 29400, config, 0);
     if (config.master_port == 0) {
       // torchrun's "--rdzv-endpoint=localhost:0 --nnodes=1: let torchrun pick a free random port"
@@ -322,6 +324,12 @@ void validate_rendezvous(const RawOptions& raw, const HostFacts& host, LaunchCon
                          "port, which the other nodes of --nnodes=" + raw.nnodes + " could not know; give the "
                          "rendezvous port, the same on every node (e.g. --rdzv_endpoint=" +
                          endpoint_text(config.master_addr, 29400) + ")");
+      }
+      if (config.is_host == false) {  // torchrun connects to port 0 and fails with a traceback
+        throw UsageError(with_value("--rdzv_endpoint", raw.rdzv_endpoint) + " with --rdzv_conf is_host=0: port 0 "
+                         "means this agent picks a port and hosts the rendezvous itself, and is_host=0 says "
+                         "another agent hosts it; drop is_host=0, or give that agent's port (e.g. "
+                         "--rdzv_endpoint=" + endpoint_text(config.master_addr, 29400) + ")");
       }
       config.rdzv_backend = RendezvousBackend::kStatic;
       config.node_rank = 0;
@@ -360,10 +368,12 @@ void validate_rendezvous(const RawOptions& raw, const HostFacts& host, LaunchCon
     }
     if (config.standalone) {
       config.master_addr = "127.0.0.1";
+      config.master_addr_flag = "--standalone's 127.0.0.1";
       return;
     }
   }
   config.master_addr = raw.master_addr;
+  config.master_addr_flag = with_value("--master_addr", raw.master_addr);
   // torchrun's help writes an IPv6 --master_addr in brackets ([0:0:0:0:0:0:0:1]); MASTER_ADDR has none.
   if (config.master_addr.size() > 2 && config.master_addr.front() == '[' && config.master_addr.back() == ']') {
     config.master_addr = config.master_addr.substr(1, config.master_addr.size() - 2);
@@ -593,6 +603,7 @@ RendezvousSettings rendezvous_settings(const LaunchConfig& c) {
   s.max_nodes = c.max_nodes;
   s.node_rank = c.rdzv_backend == RendezvousBackend::kStatic ? c.node_rank : -1;
   s.host = c.master_addr;
+  s.host_flag = c.master_addr_flag;
   s.port = c.master_port;
   s.join_timeout = c.join_timeout;
   s.last_call_timeout = c.last_call_timeout;

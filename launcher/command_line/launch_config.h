@@ -29,6 +29,9 @@ struct LaunchConfig {
   // where one agent hosts the rendezvous; workers get the MASTER_PORT the rendezvous picks.
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
+  // How errors name master_addr: "--master_addr=HOST", or "the host of --rdzv_endpoint=HOST:PORT" where
+  // the endpoint gave it (static's endpoint, c10d, c10d's port 0 on one node); "" before validation.
+  std::string master_addr_flag;
   // --rdzv_conf; last_call_timeout and is_host are c10d's (is_host unset: the first agent that listens hosts).
   std::chrono::milliseconds join_timeout{600 * 1000};
   std::chrono::milliseconds last_call_timeout{30 * 1000};

@@ -33,6 +33,8 @@ struct RendezvousSettings {
   // static: node 0's store (--master_addr, --master_port); c10d: --rdzv_endpoint.
   std::string host = "127.0.0.1";
   int port = 0;
+  // How errors name `host`: "--master_addr=HOST", "the host of --rdzv_endpoint=HOST:PORT" ("": the former).
+  std::string host_flag;
   std::chrono::milliseconds join_timeout{600 * 1000};
   std::chrono::milliseconds last_call_timeout{30 * 1000};  // c10d; static never waits for more
   std::optional<bool> is_host;                             // c10d: --rdzv_conf is_host

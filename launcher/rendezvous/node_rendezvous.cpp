@@ -27,6 +27,7 @@ constexpr std::chrono::seconds kTemporaryFailureWindow{5};
 constexpr std::chrono::milliseconds kRetryPause{500};
 
 std::string flag_text(const RendezvousSettings& settings) {
+  if (!settings.host_flag.empty()) return settings.host_flag;
   if (!settings.fixed_ranks()) return "the host of --rdzv_endpoint=" + settings.endpoint();
   return "--master_addr=" + settings.host;
 }

@@ -219,6 +219,17 @@ TEST_CASE("launch_config: c10d rendezvous takes MIN:MAX, the endpoint and its se
   CHECK_THAT(usage_error({"--rdzv_backend=c10d", "--rdzv_endpoint=[::1]:0", "--nnodes=2", "x"}),
              Contains("e.g. --rdzv_endpoint=[::1]:29400"));
   CHECK_THAT(usage_error({"--rdzv_endpoint=localhost:0", "x"}), Contains("--rdzv_endpoint port=0"));  // static: refused
+  // is_host=0 says another agent hosts; with port 0 nobody could reach it (torchrun: a traceback).
+  CHECK_THAT(usage_error({"--rdzv_backend=c10d", "--rdzv_endpoint=localhost:0", "--rdzv_conf=is_host=0", "x"}),
+             Contains("is_host=0") && Contains("drop is_host=0"));
+  CHECK(parse({"--rdzv_backend=c10d", "--rdzv_endpoint=localhost:0", "--rdzv_conf=is_host=1", "x"}).picked_port);
+  // Errors about the meeting host name the flag that gave it (an unresolvable host, node_rendezvous.cpp).
+  CHECK(rendezvous_settings(c).host_flag == "the host of --rdzv_endpoint=localhost:0");
+  CHECK(parse({"--master_addr=node7", "--master_port=1234", "x"}).master_addr_flag == "--master_addr=node7");
+  CHECK(parse({"--master_addr=node7", "--rdzv_endpoint=node8:1234", "x"}).master_addr_flag ==
+        "the host of --rdzv_endpoint=node8:1234");
+  CHECK(parse({"--rdzv_backend=c10d", "x"}).master_addr_flag ==
+        "the host of the default --rdzv_endpoint=localhost:29400");
 
   // --node_rank means nothing to c10d (nodes are numbered as they join): ignored, like torchrun.
   CHECK(parse({"--rdzv_backend=c10d", "--nnodes=1:2", "--node_rank=5", "x"}).node_rank == 0);

@@ -20,6 +20,12 @@ expect_unresolved() {  # what flag_text command...
 expect_unresolved "one node" "--master_addr=nosuch.invalid" "$CPPRUN" --master_addr=nosuch.invalid /bin/echo ran
 expect_unresolved "node 1" "--master_addr=nosuch.invalid" "$CPPRUN" --nnodes=2 --node_rank=1 --master_addr=nosuch.invalid \
   --rdzv_conf join_timeout=600 /bin/echo ran
+# The flag that named the host, not one the user never gave: c10d's port 0 on one node (a static
+# launch at that host), and static's --rdzv_endpoint.
+expect_unresolved "one node, c10d port 0" "the host of --rdzv_endpoint=nosuch.invalid:0" "$CPPRUN" \
+  --rdzv_backend=c10d --rdzv_endpoint=nosuch.invalid:0 /bin/echo ran
+expect_unresolved "one node, static endpoint" "the host of --rdzv_endpoint=nosuch.invalid:29511" "$CPPRUN" \
+  --rdzv_endpoint=nosuch.invalid:29511 /bin/echo ran
 expect_unresolved "MASTER_ADDR from mpirun" "--master_addr=nosuch.invalid" \
   env OMPI_COMM_WORLD_SIZE=2 OMPI_COMM_WORLD_RANK=1 OMPI_COMM_WORLD_LOCAL_SIZE=1 MASTER_ADDR=nosuch.invalid \
   "$CPPRUN" /bin/echo ran
