@@ -12,6 +12,7 @@
 #include <optional>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <set>
 #include <unordered_map>
@@ -106,9 +107,16 @@ std::string param_groups_json(const std::vector<std::vector<std::string>>& param
   return groups + "]";
 }
 
-double json_number(const Json& value, const std::string& what) {
-  TORCH_CHECK(value.kind == Json::Kind::kNumber, "cpprun: ", what, " is not a number");
-  return std::stod(value.text);
+// A number from MIN to below MAX (or to MAX, `max_included`), the range torch.optim's
+// constructors accept for the option (a file cannot set what the constructor refuses).
+double json_number(const Json& value, const std::string& what, double min = 0,
+                   double max = std::numeric_limits<double>::infinity(), bool max_included = true) {
+  const std::optional<double> number = json_double(value);
+  TORCH_CHECK(number, what, " is ", value.kind == Json::Kind::kNumber ? value.text : "not a number",
+              ", not a finite number");
+  TORCH_CHECK(*number >= min && (max_included ? *number <= max : *number < max), what, " is ", value.text,
+              ", outside what torch.optim accepts (from ", min, max_included ? " to " : " to below ", max, ")");
+  return *number;
 }
 bool json_bool(const Json& value, const std::string& what) {
   TORCH_CHECK(value.kind == Json::Kind::kOther && (value.text == "true" || value.text == "false"), "cpprun: ", what,
@@ -119,12 +127,12 @@ bool json_bool(const Json& value, const std::string& what) {
 // Sets a group's options from the file's JSON object (names PyTorch's; others ignored).
 void apply_options(torch::optim::OptimizerOptions& options, const Json& group, const std::string& where) {
   for (const auto& [key, value] : group.members) {
-    const std::string what = where + ": param group option \"" + key + "\"";
+    const std::string what = where + ", option \"" + key + "\"";
     if (key == "lr") options.set_lr(json_number(value, what));
     const auto adam_like = [&](auto& o) {
       if (key == "betas") {
         TORCH_CHECK(value.kind == Json::Kind::kArray && value.items.size() == 2, "cpprun: ", what, " is not [b1, b2]");
-        o.betas({json_number(value.items[0], what), json_number(value.items[1], what)});
+        o.betas({json_number(value.items[0], what, 0, 1, false), json_number(value.items[1], what, 0, 1, false)});
       }
       if (key == "eps") o.eps(json_number(value, what));
       if (key == "weight_decay") o.weight_decay(json_number(value, what));
@@ -576,6 +584,36 @@ std::vector<std::string> optimizer_file_faults(const OptimizerParams& params, to
     if (!state_of[name].emplace(what, tensor).second) {
       faults.push_back("\"" + key + "\"" + in_file(key) + ": the tied parameter \"" + name + "\"'s " + what +
                        " is in the file under two names");
+    }
+  }
+  // Each state tensor a value the optimizer can step from: a step a finite count, the rest
+  // floating point (the optimizer casts them to the parameter's dtype, which would turn an integer
+  // tensor's values into moments nobody saved).
+  for (const auto& [name, states] : state_of) {
+    for (const auto& [what, tensor] : states) {
+      const std::string key = "\"state." + name + "." + what + "\"" + in_file("state." + name + "." + what);
+      if (what == "step") {
+        const double step = tensor.to(at::kDouble).item<double>();
+        if (!std::isfinite(step) || step < 0 || step > 9.0e15) {
+          faults.push_back(key + " is " + c10::str(step) + ", not a count of steps taken");
+        }
+      } else if (!at::isFloatingType(tensor.scalar_type())) {
+        faults.push_back(key + " is " + std::string(c10::toString(tensor.scalar_type())) +
+                         ", not a floating-point optimizer state");
+      }
+    }
+  }
+  // The groups' options, tried on copies: a value torch.optim's constructor would refuse is a fault
+  // here, before anything is applied.
+  if (groups.kind == Json::Kind::kArray && faults.empty()) {
+    for (std::size_t g = 0; g < names.size(); ++g) {
+      if (names[g].empty() || !group_of.count(names[g].front())) continue;
+      const auto trial = optimizer.param_groups()[g].options().clone();
+      try {
+        apply_options(*trial, groups.items[group_of.at(names[g].front())], "param group " + std::to_string(g));
+      } catch (const c10::Error& e) {
+        faults.push_back(e.what_without_backtrace());
+      }
     }
   }
   // A parameter with state has all of it (by its group's options in this optimizer).

@@ -8,7 +8,6 @@
 #include <cctype>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <map>
 #include <sstream>
 #include <system_error>
@@ -21,6 +20,7 @@
 #include "cpprun/object_collectives.h"
 #include "cpprun/state_dict.h"
 #include "checkpoint/sharded_state_dict.h"
+#include "support/file_read.h"
 #include "support/safetensors_index.h"
 #include "support/safetensors.h"
 
@@ -170,14 +170,7 @@ StateDictLoadReport compare_state(const NamedTensors& module, const NamedTensors
   return report;
 }
 
-std::string read_state_dict_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::system_error(errno, std::generic_category(), "cpprun: cannot read state dict " + path);
-  std::ostringstream contents;
-  contents << in.rdbuf();
-  if (in.bad()) throw std::system_error(errno, std::generic_category(), "cpprun: cannot read state dict " + path);
-  return std::move(contents).str();
-}
+std::string read_state_dict_bytes(const std::string& path) { return read_regular_file(path, "state dict"); }
 
 std::string encode_safetensors(const NamedTensors& tensors, std::map<std::string, std::string> metadata) {
   std::vector<at::Tensor> cpu;  // keeps the bytes alive while written
@@ -214,7 +207,13 @@ NamedTensors decode_safetensors(const SafetensorsFile& file, const std::string& 
       throw CorruptCheckpointError("cpprun: safetensors file " + path + ": tensor \"" + entry.name +
                                    "\" has dtype " + entry.dtype + ", which LibTorch has no type for.");
     }
-    at::Tensor tensor = at::empty(entry.shape, at::TensorOptions().dtype(*type));
+    at::Tensor tensor;
+    try {
+      tensor = at::empty(entry.shape, at::TensorOptions().dtype(*type));
+    } catch (const c10::Error& e) {
+      throw CorruptCheckpointError("cpprun: safetensors file " + path + ": tensor \"" + entry.name + "\" of shape " +
+                                   c10::str(c10::IntArrayRef(entry.shape)) + " cannot be made: " + e.what_without_backtrace());
+    }
     if (!entry.data.empty()) std::memcpy(tensor.data_ptr(), entry.data.data(), entry.data.size());
     out.emplace_back(entry.name, std::move(tensor));
   }
@@ -225,6 +224,33 @@ NamedTensors decode_state_dict(std::string_view bytes, const std::string& path) 
   if (format_of(path) == StateDictFormat::kTorchSave) return decode_torch_save(bytes, path);
   return decode_safetensors(read_safetensors(bytes, path), path);
 }
+
+namespace {
+
+// A tensor the module holds under two names (tied weights: GPT-2's wte.weight and lm_head.weight)
+// takes one value; when the file holds both names with different bytes, whichever came last would
+// silently win, so the file is refused (PyTorch's load_state_dict lets the last one win).
+void refuse_disagreeing_ties(const NamedTensors& mine, const std::map<std::string, const at::Tensor*>& by_name,
+                             const std::string& where) {
+  std::map<const c10::TensorImpl*, std::pair<std::string, const at::Tensor*>> first_of;
+  for (const auto& [name, tensor] : mine) {
+    const auto found = by_name.find(name);
+    if (found == by_name.end() || found->second->sizes() != tensor.sizes() ||
+        found->second->scalar_type() != tensor.scalar_type()) {
+      continue;
+    }
+    const auto [seen, is_first] = first_of.try_emplace(tensor.unsafeGetTensorImpl(), name, found->second);
+    if (is_first) continue;
+    const at::Tensor a = seen->second.second->contiguous(), b = found->second->contiguous();
+    if (std::memcmp(a.data_ptr(), b.data_ptr(), a.nbytes()) == 0) continue;
+    throw StateDictMismatchError("cpprun: " + where + " holds \"" + seen->second.first + "\" and \"" + name +
+                                 "\" with different values, but the module ties them (one tensor under both names), "
+                                 "so it cannot load both; nothing was loaded. Was one of them edited, or is the file "
+                                 "from a model that does not tie them?");
+  }
+}
+
+}  // namespace
 
 StateDictLoadReport load_named_tensors(const NamedTensors& mine, const NamedTensors& file_as_saved,
                                        const std::string& where, const StateDictOptions& options,
@@ -244,6 +270,7 @@ StateDictLoadReport load_named_tensors(const NamedTensors& mine, const NamedTens
   if (options.strict() && differs) throw StateDictMismatchError(mismatch_message(report, where, file_of));
   std::map<std::string, const at::Tensor*> by_name;
   for (const auto& [name, tensor] : file) by_name[name] = &tensor;
+  refuse_disagreeing_ties(mine, by_name, where);
   at::NoGradGuard no_grad;
   for (const auto& [name, tensor] : mine) {
     const auto found = by_name.find(name);

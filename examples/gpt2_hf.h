@@ -5,12 +5,15 @@
 #pragma once
 
 #include <cstdio>
-#include <fstream>
+#include <filesystem>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <system_error>
 
-#include "../support/json.h"  // cpprun's strict JSON reader (the one its safetensors headers use)
+#include "../support/file_read.h"  // a file read whole, refusing FIFOs and devices
+#include "../support/json.h"       // cpprun's strict JSON reader (the one its safetensors headers use)
 
 namespace examples {
 
@@ -46,6 +49,7 @@ inline int64_t positive_integer(const Json& config, const std::string& file, con
   if (value->kind != Json::Kind::kNumber || value->text.find_first_of(".eE-") != std::string::npos) {
     refuse(file, "sets \"" + key + "\" to " + value->text + ", not a positive integer");
   }
+  if (value->text.size() > 12) refuse(file, "sets \"" + key + "\" to " + value->text + ", far beyond any GPT-2");
   const int64_t n = std::stoll(value->text);
   if (n < 1) refuse(file, "sets \"" + key + "\" to " + value->text + ", not a positive integer");
   return n;
@@ -65,22 +69,45 @@ inline void require_flag(const Json& config, const std::string& file, const std:
   }
 }
 
+// The model config.json describes is made before its weights are read: its parameters, at one
+// byte each at the least (float8), must fit in the directory's .safetensors files, so that a
+// config.json that does not belong to them cannot make train_gpt allocate without bound.
+inline void check_weights_hold(const Gpt2Config& c, const std::string& dir, const std::string& file) {
+  const double embed = static_cast<double>(c.embed);
+  const double parameters = (static_cast<double>(c.vocab) + static_cast<double>(c.positions)) * embed +
+                            static_cast<double>(c.layers) * (12 * embed * embed + 13 * embed) + 2 * embed;
+  double bytes = 0;
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, error)) {
+    if (entry.path().extension() == ".safetensors" && entry.is_regular_file(error)) {
+      bytes += static_cast<double>(entry.file_size(error));
+    }
+  }
+  if (bytes < parameters) {
+    char count[64];
+    std::snprintf(count, sizeof count, "%.4g parameters, %.4g bytes at the least", parameters, parameters);
+    refuse(file, "describes a GPT-2 of " + std::string(count) + ", but the .safetensors files in " + dir + " hold " +
+                     std::to_string(static_cast<int64_t>(bytes)) +
+                     " bytes: config.json and the weights beside it are not one model's");
+  }
+}
+
 }  // namespace gpt2_detail
 
 // DIR/config.json as train_gpt's model, or an error naming the key train_gpt cannot represent.
 inline Gpt2Config read_gpt2_config(const std::string& dir) {
   using namespace gpt2_detail;
   const std::string file = dir + "/config.json";
-  std::ifstream in(file);
-  if (!in) {
-    throw std::invalid_argument("--init-from " + dir + ": cannot read " + file +
-                                " (a directory GPT2LMHeadModel.save_pretrained wrote holds config.json)");
+  std::string text;
+  try {
+    text = cpprun::detail::read_regular_file(file, "--init-from's");
+  } catch (const std::system_error& e) {
+    throw std::invalid_argument("--init-from " + dir + ": cannot read " + file + " (" + e.code().message() +
+                                "; a directory GPT2LMHeadModel.save_pretrained wrote holds config.json)");
   }
-  std::stringstream text;
-  text << in.rdbuf();
   Json config;
   try {
-    config = cpprun::detail::parse_json(text.str(), 64);
+    config = cpprun::detail::parse_json(text, 64);
   } catch (const cpprun::detail::JsonSyntaxError& e) {
     refuse(file, std::string("is not JSON: ") + e.what());
   }
@@ -115,13 +142,17 @@ inline Gpt2Config read_gpt2_config(const std::string& dir) {
                      "\"gelu_fast\": tanh-approximated GELU, and \"gelu\": exact GELU)");
   }
   if (const Json* eps = member(config, "layer_norm_epsilon"); !is_null(eps)) {
-    if (eps->kind != Json::Kind::kNumber) refuse(file, "sets \"layer_norm_epsilon\" to " + eps->text + ", not a number");
-    c.layer_norm_eps = std::stod(eps->text);
+    const std::optional<double> value = cpprun::detail::json_double(*eps);
+    if (!value || *value < 0) {
+      refuse(file, "sets \"layer_norm_epsilon\" to " + eps->text + ", not a finite number from 0 up");
+    }
+    c.layer_norm_eps = *value;
   }
   require_flag(config, file, "scale_attn_weights", true, true, "attention scores unscaled");
   require_flag(config, file, "scale_attn_by_inverse_layer_idx", false, false, "attention scaled by 1/(layer+1)");
   require_flag(config, file, "add_cross_attention", false, false, "cross-attention to an encoder");
   require_flag(config, file, "tie_word_embeddings", true, true, "an output layer apart from the token embedding");
+  check_weights_hold(c, dir, file);
   return c;
 }
 

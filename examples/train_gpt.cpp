@@ -54,6 +54,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include <unistd.h>  // close
@@ -61,6 +62,8 @@
 #include "../bench/peak_rss.h"  // the memory benchmarks' measure (VmHWM)
 #include "flag_value.h"
 #include "gpt2_hf.h"
+#include "../support/file_read.h"  // a file read whole, refusing FIFOs and devices
+#include "../support/safetensors_index.h"  // the model's save id, against trainer.json's
 
 constexpr const char* kUsage = R"(usage: train_gpt [options]
   --text FILE        the text to learn (default /usr/share/common-licenses/GPL-3, on every Debian machine)
@@ -769,14 +772,24 @@ TrainerState read_trainer_json(const std::string& text, const std::string& file)
 
 // PATH's bytes as rank 0 reads them, on every rank (collective, as the checkpoint loads: rank 0
 // reads), so that every rank decides alike; nothing where rank 0 has no such file.
+// A file that is there but cannot be read (a FIFO, a directory, no permission) is an error on
+// every rank, rather than rank 0's alone while the others wait for its bytes.
 std::optional<std::string> read_on_rank0(const cpprun::ProcessGroup& group, const std::string& path) {
   std::string bytes;
-  int found = 0;
+  int found = 0;  // 1: read; 2: there but unreadable, `bytes` says why
   if (group.rank() == 0) {
-    if (std::ifstream in{path, std::ios::binary}) found = 1, bytes.assign(std::istreambuf_iterator<char>(in), {});
+    try {
+      bytes = cpprun::detail::read_regular_file(path, "checkpoint file");
+      found = 1;
+    } catch (const std::system_error& e) {
+      if (e.code() != std::errc::no_such_file_or_directory) found = 2, bytes = e.what();
+    } catch (const std::runtime_error& e) {
+      found = 2, bytes = e.what();
+    }
   }
   cpprun::broadcast_object(group, found);
   cpprun::broadcast_object(group, bytes);
+  if (found == 2) throw std::runtime_error(bytes);
   if (!found) return std::nullopt;
   return bytes;
 }
@@ -1156,6 +1169,24 @@ int run(int argc, char** argv) {
       throw std::invalid_argument(what + "--stop-after " + std::to_string(opt.stop_after) +
                                   " is not after the checkpoint's step " + std::to_string(resumed.step) +
                                   ": give a --stop-after from " + std::to_string(resumed.step + 1) + " to --steps");
+    }
+    if (resumed.step > resumed.steps || resumed.epoch_windows > resumed.windows) {
+      throw std::invalid_argument(what + dir + "trainer.json is at step " + std::to_string(resumed.step) + " of " +
+                                  std::to_string(resumed.steps) + ", " + std::to_string(resumed.epoch_windows) +
+                                  " windows into an epoch of " + std::to_string(resumed.windows) +
+                                  ": not what train_gpt --save writes (edited, or damaged)");
+    }
+    // trainer.json, the model's and the optimizer's files are one save (the library checks the
+    // last two against each other): a trainer.json copied from another save would resume the
+    // weights at another step.
+    if (const auto index = read_on_rank0(group, dir + "model.safetensors.index.json")) {
+      const auto model = cpprun::detail::read_safetensors_index(*index, dir + "model.safetensors.index.json");
+      const auto id = model.metadata.find(std::string(cpprun::detail::kSaveIdKey));
+      if (id != model.metadata.end() && id->second != resumed.save_id) {
+        throw std::invalid_argument(what + dir + "trainer.json is from another save (save id \"" + resumed.save_id +
+                                    "\") than the model beside it (\"" + id->second + "\"): resume from one "
+                                    "directory train_gpt --save wrote, as it wrote it");
+      }
     }
     if (resumed.epoch_windows % dp_group.size() != 0) {
       throw std::invalid_argument(what + "the checkpoint stopped " + std::to_string(resumed.epoch_windows) +

@@ -346,13 +346,19 @@ std::string trainer_json(int epoch, const std::vector<double>& losses) {
   return out + "]}\n";
 }
 void read_trainer_json(const fs::path& file, int& epoch, std::vector<double>& losses) {
+  if (!fs::is_regular_file(file)) {  // a FIFO there would block the read forever
+    throw std::runtime_error("checkpoint " + file.string() + " is damaged: trainer.json is not a regular file");
+  }
   std::ifstream in(file);
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   const auto epoch_at = text.find("\"epoch\":"), losses_at = text.find("\"losses\": [");
   if (!in || epoch_at == std::string::npos || losses_at == std::string::npos || text.find(']') == std::string::npos) {
     throw std::runtime_error("checkpoint " + file.string() + " is damaged: not {\"epoch\": E, \"losses\": [...]}");
   }
-  epoch = std::stoi(text.substr(epoch_at + 8));
+  const std::size_t digits_at = text.find_first_not_of(' ', epoch_at + 8);
+  const std::size_t digits_end = text.find_first_not_of("0123456789", digits_at);
+  epoch = examples::number<int>("checkpoint " + file.string() + "'s \"epoch\"",
+                                text.substr(digits_at, digits_end == std::string::npos ? digits_end : digits_end - digits_at), 0);
   losses.clear();
   const char* at = text.c_str() + losses_at + 11;
   while (*at != ']') {

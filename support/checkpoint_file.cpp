@@ -19,12 +19,11 @@
 
 #include <cerrno>
 #include <cstdio>
-#include <fstream>
-#include <sstream>
 #include <system_error>
 
 #include "cpprun/atomic_file.h"
 #include "support/crc32.h"
+#include "support/file_read.h"
 
 namespace cpprun {
 namespace {
@@ -55,15 +54,6 @@ std::string hex(std::uint32_t value) {
 
 bool has_footer(std::string_view bytes) {
   return bytes.size() >= kFooterSize && bytes.substr(bytes.size() - kFooterSize, kMagic.size()) == kMagic;
-}
-
-std::string read_whole_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::system_error(errno, std::generic_category(), "cpprun: cannot read checkpoint " + path);
-  std::ostringstream contents;
-  contents << in.rdbuf();
-  if (in.bad()) throw std::system_error(errno, std::generic_category(), "cpprun: cannot read checkpoint " + path);
-  return std::move(contents).str();
 }
 
 // Checks a file's bytes against its footer and drops the footer.
@@ -101,13 +91,13 @@ void write_checkpoint_file(const std::string& path, std::string_view payload) {
 }
 
 std::string read_checkpoint_file(const std::string& path) {
-  std::string bytes = read_whole_file(path);
+  std::string bytes = detail::read_regular_file(path, "checkpoint");
   verify_and_strip(path, bytes);
   return bytes;
 }
 
 std::string read_checkpoint_file(const std::string& path, UncheckedFiles unchecked) {
-  std::string bytes = read_whole_file(path);
+  std::string bytes = detail::read_regular_file(path, "checkpoint");
   if (unchecked == UncheckedFiles::kRefuse || has_footer(bytes)) verify_and_strip(path, bytes);
   return bytes;
 }
@@ -123,7 +113,7 @@ void save_checkpoint(torch::serialize::OutputArchive& archive, const std::string
 }
 
 void load_checkpoint(torch::serialize::InputArchive& archive, const std::string& path, UncheckedFiles unchecked) {
-  std::string payload = read_whole_file(path);
+  std::string payload = detail::read_regular_file(path, "checkpoint");
   if (unchecked == UncheckedFiles::kRefuse || has_footer(payload)) verify_and_strip(path, payload);
   try {
     archive.load_from(payload.data(), payload.size());

@@ -1,11 +1,40 @@
 // See json.h. The parser the safetensors reader started with, shared with the index reader.
 #include "support/json.h"
 
+#include <cerrno>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <set>
 
 namespace cpprun::detail {
 namespace {
+
+// RFC 8259's number: -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?
+bool is_json_number(std::string_view text) {
+  std::size_t i = 0;
+  const auto digits = [&] {
+    const std::size_t from = i;
+    while (i < text.size() && text[i] >= '0' && text[i] <= '9') ++i;
+    return i - from;
+  };
+  if (i < text.size() && text[i] == '-') ++i;
+  if (i < text.size() && text[i] == '0') {
+    ++i;
+  } else if (digits() == 0) {
+    return false;
+  }
+  if (i < text.size() && text[i] == '.') {
+    ++i;
+    if (digits() == 0) return false;
+  }
+  if (i < text.size() && (text[i] == 'e' || text[i] == 'E')) {
+    ++i;
+    if (i < text.size() && (text[i] == '+' || text[i] == '-')) ++i;
+    if (digits() == 0) return false;
+  }
+  return i == text.size();
+}
 
 class JsonParser {
  public:
@@ -93,6 +122,7 @@ class JsonParser {
         ++pos_;
       }
       value.text = std::string(text_.substr(start, pos_ - start));
+      if (!is_json_number(value.text)) fail("\"" + value.text + "\" is not a JSON number");
       return value;
     }
     for (std::string_view word : {"true", "false", "null"}) {
@@ -202,6 +232,16 @@ void append_json_string(std::string& out, std::string_view text) {
 std::string json_string(std::string_view text) {
   std::string out;
   append_json_string(out, text);
+  return out;
+}
+
+std::optional<double> json_double(const Json& value) {
+  if (value.kind != Json::Kind::kNumber) return std::nullopt;
+  errno = 0;
+  char* end = nullptr;
+  const double out = std::strtod(value.text.c_str(), &end);
+  // ERANGE also for a tiny number rounded to 0 or a denormal (1e-400): refused alike, as not what was written.
+  if (errno == ERANGE || end != value.text.c_str() + value.text.size() || !std::isfinite(out)) return std::nullopt;
   return out;
 }
 

@@ -3,6 +3,7 @@
 // depth, strict about syntax (a repeated key is an error: the formats do not allow one). No LibTorch.
 #pragma once
 
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -27,6 +28,10 @@ class JsonSyntaxError : public std::runtime_error {
 
 // One JSON value filling `text` (surrounding white space allowed), nested at most `max_depth`.
 Json parse_json(std::string_view text, int max_depth);
+
+// A number's value, or nothing when `value` is not a number or its value is not a finite double
+// (1e999, 1e-400), so that the caller names the field.
+std::optional<double> json_double(const Json& value);
 
 // `text` as a JSON string literal, quotes included, appended to `out`.
 void append_json_string(std::string& out, std::string_view text);

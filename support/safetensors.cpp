@@ -57,12 +57,17 @@ SafetensorsTensor parse_entry(const std::string& name, const Json& entry, std::u
   const std::size_t item_size = safetensors_dtype_size(tensor.dtype);
   if (item_size == 0) bad(path, where + " has the unknown dtype \"" + tensor.dtype + "\"");
   if (shape->kind != Json::Kind::kArray) bad(path, where + "'s shape is not an array");
-  // The element count, bounded by the data section so that it cannot overflow.
+  // The element count, bounded by the data section. The product of the dimensions other than 0
+  // must fit int64 too (LibTorch multiplies every one of them to size a tensor, 0 or not).
   std::uint64_t numel = 1;
+  std::int64_t nonzero_product = 1;
   for (const Json& dim : shape->items) {
     const int64_t size = as_count(dim, path, where + "'s shape entry");
     tensor.shape.push_back(size);
-    numel = (size == 0 || numel == 0) ? 0 : numel * static_cast<std::uint64_t>(size);
+    if (size != 0 && __builtin_mul_overflow(nonzero_product, size, &nonzero_product)) {
+      bad(path, where + "'s shape has more elements than a 64-bit count holds");
+    }
+    numel = (size == 0 || numel == 0) ? 0 : static_cast<std::uint64_t>(nonzero_product);
     if (numel > data_size) bad(path, where + "'s shape holds more elements than the file has bytes");
   }
   if (offsets->kind != Json::Kind::kArray || offsets->items.size() != 2) {

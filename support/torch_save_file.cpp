@@ -6,6 +6,7 @@
 #include <caffe2/serialize/in_memory_adapter.h>
 #include <caffe2/serialize/inline_container.h>
 
+#include <algorithm>
 #include <bit>
 #include <cstring>
 #include <map>
@@ -98,7 +99,14 @@ struct Value {
   std::vector<ValuePtr> items;
   std::vector<std::pair<ValuePtr, ValuePtr>> entries;
   at::Tensor tensor;  // a tensor; a storage as an empty-shaped tensor over it
+  int depth = 1;        // 1 + the deepest value inside it
+  bool placed = false;  // inside another value: it may not change any more (PickleReader::adopt)
 };
+
+// A dict of tensors nests values about five deep (the dict, _rebuild_tensor_v2's arguments, a
+// size tuple); far deeper is a crafted file, whose values freed one inside the other would
+// overflow the stack.
+constexpr int kMaxPickleDepth = 64;
 
 ValuePtr make(Value::Kind kind) {
   auto v = std::make_shared<Value>();
@@ -125,18 +133,21 @@ class PickleReader {
         case '\x86': tuple_of(2); break;
         case '\x87': tuple_of(3); break;
         case ']': push(make(Value::Kind::kList)); break;
-        case 'a': { auto item = pop(); expect(top(), Value::Kind::kList, "APPEND")->items.push_back(item); break; }
+        case 'a': { auto item = pop(); auto list = expect(top(), Value::Kind::kList, "APPEND");
+                    adopt(*list, *item); list->items.push_back(item); break; }
         case 'e': { auto items = collect(Value::Kind::kList);
-                    auto& list = expect(top(), Value::Kind::kList, "APPENDS")->items;
-                    list.insert(list.end(), items->items.begin(), items->items.end()); break; }
+                    auto list = expect(top(), Value::Kind::kList, "APPENDS");
+                    for (const auto& item : items->items) adopt(*list, *item);
+                    list->items.insert(list->items.end(), items->items.begin(), items->items.end()); break; }
         case '}': push(make(Value::Kind::kDict)); break;
-        case 's': { auto value = pop(); auto key = pop();
-                    expect(top(), Value::Kind::kDict, "SETITEM")->entries.emplace_back(key, value); break; }
+        case 's': { auto value = pop(); auto key = pop(); auto dict = expect(top(), Value::Kind::kDict, "SETITEM");
+                    adopt(*dict, *key); adopt(*dict, *value); dict->entries.emplace_back(key, value); break; }
         case 'u': { auto items = collect(Value::Kind::kList);
                     if (items->items.size() % 2 != 0) fail("SETITEMS with an odd number of items");
-                    auto& dict = expect(top(), Value::Kind::kDict, "SETITEMS")->entries;
+                    auto dict = expect(top(), Value::Kind::kDict, "SETITEMS");
                     for (std::size_t i = 0; i < items->items.size(); i += 2) {
-                      dict.emplace_back(items->items[i], items->items[i + 1]);
+                      adopt(*dict, *items->items[i]); adopt(*dict, *items->items[i + 1]);
+                      dict->entries.emplace_back(items->items[i], items->items[i + 1]);
                     }
                     break; }
         case 'X': string_of(le(4)); break;           // BINUNICODE
@@ -210,6 +221,18 @@ class PickleReader {
     if (v->kind != kind) fail(std::string(what) + " on a value of the wrong kind");
     return v;
   }
+  // Puts `child` inside `parent`. What is inside another value may not change afterwards (torch.save,
+  // like any pickler, finishes a value before placing it), so depths stay true and no value can
+  // come to hold itself: a nesting deeper than kMaxPickleDepth is refused as it is built.
+  void adopt(Value& parent, Value& child) {
+    if (parent.placed) fail("it changes a value after placing it inside another");
+    if (&parent == &child) fail("a value holds itself");
+    if (child.depth >= kMaxPickleDepth) {
+      fail("its values nest more than " + std::to_string(kMaxPickleDepth) + " deep (a dict of tensors needs about 5)");
+    }
+    child.placed = true;
+    parent.depth = std::max(parent.depth, child.depth + 1);
+  }
   ValuePtr memo(uint64_t key) {
     const auto found = memo_.find(key);
     if (found == memo_.end()) fail("it refers to memo entry " + std::to_string(key) + ", never stored");
@@ -220,6 +243,7 @@ class PickleReader {
     if (marks_.empty()) fail("a MARK is missing");
     auto v = make(kind);
     v->items.assign(stack_.begin() + static_cast<std::ptrdiff_t>(marks_.back()), stack_.end());
+    for (const auto& item : v->items) adopt(*v, *item);
     stack_.resize(marks_.back());
     marks_.pop_back();
     return v;
@@ -228,6 +252,7 @@ class PickleReader {
     auto v = make(Value::Kind::kTuple);
     v->items.resize(count);
     for (int i = count - 1; i >= 0; --i) v->items[i] = pop();
+    for (const auto& item : v->items) adopt(*v, *item);
     push(v);
   }
   void string_of(uint64_t size) {

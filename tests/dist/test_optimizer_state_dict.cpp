@@ -9,6 +9,8 @@
 #include <torch/torch.h>
 #include <unistd.h>  // getppid
 
+#include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -18,6 +20,7 @@
 #include <vector>
 
 #include "checkpoint/state_dict.h"
+#include "support/safetensors.h"
 #include "support/safetensors_index.h"
 #include "cpprun/cpprun.h"
 #include "dist_test_support.h"
@@ -196,6 +199,79 @@ TEST_CASE("optimizer_state_dict: a plain module in one process", "[optimizer_sta
   CHECK(torch::equal(state.exp_avg(), original.exp_avg()));
   CHECK(torch::equal(state.exp_avg_sq(), original.exp_avg_sq()));
   fs::remove_all(path);
+}
+
+TEST_CASE("optimizer_state_dict: values the optimizer could not step from are refused, nothing loaded",
+          "[optimizer_state_dict]") {
+  if (group().rank() != 0) return;
+  auto net = seeded(1);
+  torch::optim::AdamW opt(net->parameters(), torch::optim::AdamWOptions(0.01));
+  auto [x, y] = batch(0);
+  torch::mse_loss(net->forward(x), y).backward();
+  opt.step();
+  const std::string dir = scratch("bad_values");
+  fs::create_directories(dir);
+  const std::string good = dir + "/good.safetensors";
+  cpprun::save_optimizer_state_dict(net, opt, good);
+  const std::string bytes = cpprun::detail::read_state_dict_bytes(good);
+  const auto parsed = cpprun::detail::read_safetensors(bytes, good);
+  // The good file, edited: its param groups' text, or one state tensor; the CRC made anew, so that
+  // only the value is wrong.
+  const auto edited = [&](const std::string& name, const std::string& from, const std::string& to,
+                          const std::function<void(cpprun::detail::NamedTensors&)>& change_tensors) {
+    auto tensors = cpprun::detail::decode_safetensors(parsed, good);
+    if (change_tensors) change_tensors(tensors);
+    auto metadata = parsed.metadata;
+    metadata.erase(std::string(cpprun::detail::kSafetensorsCrcKey));
+    std::string& groups = metadata.at("cpprun_param_groups");
+    if (!from.empty()) {
+      const auto at = groups.find(from);
+      REQUIRE(at != std::string::npos);
+      groups.replace(at, from.size(), to);
+    }
+    const std::string path = dir + "/" + name + ".safetensors";
+    cpprun::write_file_atomically(path, cpprun::detail::encode_safetensors(tensors, metadata));
+    return path;
+  };
+  const auto refused_with = [&](const std::string& path, const std::string& why) {
+    INFO(path);
+    auto fresh = seeded(1);
+    torch::optim::AdamW fresh_opt(fresh->parameters(), torch::optim::AdamWOptions(0.5));
+    CHECK_THROWS_WITH(cpprun::load_optimizer_state_dict(fresh, fresh_opt, path),
+                      Catch::Matchers::Contains(path) && Catch::Matchers::Contains(why) &&
+                          Catch::Matchers::Contains("nothing was loaded"));
+    CHECK(fresh_opt.state().empty());
+    CHECK(fresh_opt.param_groups()[0].options().get_lr() == 0.5);
+  };
+  char written[40];
+  std::snprintf(written, sizeof written, "\"lr\": %.17g", 0.01);
+  // std::stod threw a bare std::out_of_range ("stod") for 1e999, and read "1.2.3" as 1.2.
+  refused_with(edited("lr_huge", written, "\"lr\": 1e999", nullptr), "option \"lr\" is 1e999, not a finite number");
+  refused_with(edited("lr_dots", written, "\"lr\": 1.2.3", nullptr), "\"1.2.3\" is not a JSON number");
+  refused_with(edited("lr_negative", written, "\"lr\": -1000", nullptr), "option \"lr\" is -1000, outside");
+  refused_with(edited("betas", "\"betas\": [", "\"betas\": [5, 0.5], \"x\": [", nullptr),
+               "option \"betas\" is 5, outside");
+  // A state tensor's dtype an integer: its values were cast into moments nobody saved.
+  refused_with(edited("int_moments", "", "",
+                      [](cpprun::detail::NamedTensors& t) {
+                        for (auto& [name, tensor] : t) {
+                          if (name == "state.fc1.weight.exp_avg") tensor = tensor.to(torch::kInt);
+                        }
+                      }),
+               "\"state.fc1.weight.exp_avg\" is Int, not a floating-point optimizer state");
+  refused_with(edited("nan_step", "", "",
+                      [](cpprun::detail::NamedTensors& t) {
+                        for (auto& [name, tensor] : t) {
+                          if (name == "state.fc1.weight.step") tensor = torch::full_like(tensor, NAN);
+                        }
+                      }),
+               "\"state.fc1.weight.step\" is nan, not a count of steps taken");
+  // The untouched file still loads.
+  auto fresh = seeded(1);
+  torch::optim::AdamW fresh_opt(fresh->parameters(), torch::optim::AdamWOptions(0.5));
+  cpprun::load_optimizer_state_dict(fresh, fresh_opt, good);
+  CHECK(fresh_opt.param_groups()[0].options().get_lr() == 0.01);
+  fs::remove_all(dir);
 }
 
 namespace {

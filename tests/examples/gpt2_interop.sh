@@ -112,6 +112,24 @@ faults)
   expect "--layers 3 conflicts with --init-from $tmp/good/config.json's \"n_layer\": 2" --init-from "$tmp/good" --layers 3
   expect "--block 64 exceeds --init-from $tmp/good/config.json's \"n_positions\": 32" --init-from "$tmp/good" --block 64
   expect "--logits-for: token id 128 is outside the vocabulary" --init-from "$tmp/good" --logits-for 1,128 --logits-out "$tmp/x"
+  # A config.json that is not the weights' cannot size the model without bound (1e6 layers made
+  # train_gpt allocate 5.7 GB before std::bad_alloc), nor hide a bare std::stoll/std::stod.
+  edited_config() {  # edited_config NAME SED: $tmp/good with config.json edited
+    rm -rf "${tmp:?}/$1"
+    cp -r "$tmp/good" "$tmp/$1"
+    sed -i "$2" "$tmp/$1/config.json"
+    ! cmp -s "$tmp/good/config.json" "$tmp/$1/config.json" || fail "$1: the edit '$2' changed nothing"
+  }
+  edited_config layers_1e6 's/"n_layer": 2/"n_layer": 1000000/'
+  expect "config.json and the weights beside it are not one model's" --init-from "$tmp/layers_1e6"
+  edited_config layers_20_digits 's/"n_layer": 2/"n_layer": 99999999999999999999/'
+  expect 'sets "n_layer" to 99999999999999999999, far beyond any GPT-2' --init-from "$tmp/layers_20_digits"
+  edited_config eps_1e999 's/"layer_norm_epsilon": [0-9.e-]*/"layer_norm_epsilon": 1e999/'
+  expect 'sets "layer_norm_epsilon" to 1e999, not a finite number from 0 up' --init-from "$tmp/eps_1e999"
+  # Not a regular file: a FIFO blocked the read forever.
+  rm -rf "$tmp/fifo_config" && cp -r "$tmp/good" "$tmp/fifo_config" && rm "$tmp/fifo_config/config.json"
+  mkfifo "$tmp/fifo_config/config.json"
+  expect "config.json: it is a FIFO (named pipe), not a regular file" --init-from "$tmp/fifo_config"
   echo "PASS: train_gpt refuses what it cannot load, naming it"
   ;;
 *) echo "FAIL: unknown case $case_name"; exit 1 ;;

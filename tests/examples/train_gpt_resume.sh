@@ -163,6 +163,18 @@ faults)
   expect "$tmp/lost/ holds neither model.safetensors.index.json nor model.safetensors" 2 --resume "$tmp/lost"
   cp -r "$tmp/ck" "$tmp/no_optimizer" && rm "$tmp/no_optimizer"/optimizer*
   expect "$tmp/no_optimizer/ holds no optimizer.safetensors.index.json" 2 --resume "$tmp/no_optimizer"
+  # Not regular files, on every rank at once (a FIFO blocked rank 0's read forever while the other
+  # waited for its bytes; a link to /dev/zero grew without bound).
+  cp -r "$tmp/ck" "$tmp/fifo_trainer" && rm "$tmp/fifo_trainer/trainer.json" && mkfifo "$tmp/fifo_trainer/trainer.json"
+  expect "trainer.json: it is a FIFO (named pipe), not a regular file" 2 --resume "$tmp/fifo_trainer"
+  cp -r "$tmp/ck" "$tmp/zero_shard"
+  shard=$(ls "$tmp/zero_shard"/model-*.safetensors | head -1)
+  rm "$shard" && ln -s /dev/zero "$shard"
+  expect "$(basename "$shard"): it is a character device, not a regular file" 2 --resume "$tmp/zero_shard"
+  # trainer.json from another save beside this save's model: the weights would resume at its step.
+  run other_first 2 --batch 4 --stop-after 2 --save "$tmp/ck_other"
+  cp -r "$tmp/ck" "$tmp/other_trainer" && cp "$tmp/ck_other/trainer.json" "$tmp/other_trainer/trainer.json"
+  expect "trainer.json is from another save" 2 --resume "$tmp/other_trainer"
   echo "PASS: train_gpt refuses what cannot resume, naming it"
   ;;
 *) echo "FAIL: unknown case $case_name"; exit 1 ;;

@@ -2,6 +2,9 @@
 // loading's one error, strict(false)'s report, and the safetensors reader's refusals.
 #include "catch.h"
 #include <torch/torch.h>
+#include <caffe2/serialize/in_memory_adapter.h>
+#include <caffe2/serialize/inline_container.h>
+#include <sys/stat.h>
 
 #include <fstream>
 #include <functional>
@@ -241,4 +244,123 @@ TEST_CASE("safetensors: the reader refuses headers the format does not allow", "
   CHECK_THAT(error(file("{\"a\":" + std::string(20, '[') + std::string(20, ']') + "}", "")),
              Catch::Matchers::Contains("nested too deeply"));
   CHECK_THAT(error(file(R"({"__metadata__":{"k":1}})", "")), Catch::Matchers::Contains("is not a string"));
+}
+
+TEST_CASE("safetensors: a shape whose element count overflows 64 bits is refused by name", "[state_dict]") {
+  const auto file = [](std::string header, const std::string& data) {
+    std::string out;
+    for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((header.size() >> (8 * i)) & 0xFF));
+    return out + header + data;
+  };
+  const auto error = [](const std::string& bytes) {
+    return error_text_of([&] { cpprun::detail::read_safetensors(bytes, "h.safetensors"); });
+  };
+  // 32 x 2^59 = 2^64: wrapped to 0 elements, it passed as an empty tensor beside 32 or more data
+  // bytes, and LibTorch then threw without naming the file. A 0 before the overflowing dimensions
+  // does not make them fit either (LibTorch multiplies them all).
+  CHECK_THAT(error(file(R"({"a":{"dtype":"F32","shape":[32,576460752303423488],"data_offsets":[0,0]},)"
+                        R"("b":{"dtype":"U8","shape":[64],"data_offsets":[0,64]}})", std::string(64, 'x'))),
+             Catch::Matchers::Contains("tensor \"a\"'s shape has more elements than a 64-bit count holds") &&
+                 Catch::Matchers::Contains("h.safetensors"));
+  CHECK_THAT(error(file(R"({"a":{"dtype":"F32","shape":[0,1099511627776,1099511627776],)"
+                        R"("data_offsets":[0,0]}})", "")),
+             Catch::Matchers::Contains("more elements than a 64-bit count holds"));
+  CHECK(cpprun::detail::read_safetensors(file(R"({"a":{"dtype":"F32","shape":[0,768],"data_offsets":[0,0]}})", ""),
+                                         "h.safetensors").tensors.size() == 1);
+}
+
+TEST_CASE("state_dict: what is not a regular file is refused by name, not read without end", "[state_dict]") {
+  scratch::ScratchDir dir("state_dict_not_regular");
+  auto net = small_net();
+  // A FIFO with no writer blocked the read forever; /dev/zero grew memory without bound; a
+  // directory read as 0 bytes. Each now fails at once, naming the path and what it is.
+  const std::string fifo = (dir.path / "fifo.safetensors").string();
+  REQUIRE(mkfifo(fifo.c_str(), 0600) == 0);
+  CHECK_THAT(error_text_of([&] { cpprun::load_state_dict(net, fifo); }),
+             Catch::Matchers::Contains(fifo) && Catch::Matchers::Contains("a FIFO (named pipe), not a regular file"));
+  const std::string zero = (dir.path / "zero.safetensors").string();
+  std::filesystem::create_symlink("/dev/zero", zero);
+  CHECK_THAT(error_text_of([&] { cpprun::load_state_dict(net, zero); }),
+             Catch::Matchers::Contains("a character device, not a regular file"));
+  const std::string sharded = (dir.path / "sharded").string() + "/";
+  cpprun::save_state_dict(net, sharded);
+  const std::string shard = sharded + "model-00001-of-00001.safetensors";
+  std::filesystem::remove(shard);
+  std::filesystem::create_directory(shard);
+  CHECK_THAT(error_text_of([&] { cpprun::load_state_dict(net, sharded); }),
+             Catch::Matchers::Contains(shard + ": it is a directory, not a regular file"));
+  // A link to a regular file is followed (Hugging Face's cache links its blobs).
+  const std::string real = (dir.path / "real.safetensors").string(), link = (dir.path / "link.safetensors").string();
+  cpprun::save_state_dict(net, real);
+  std::filesystem::create_symlink(real, link);
+  cpprun::load_state_dict(net, link);
+}
+
+TEST_CASE("state_dict: tied names the file gives different values are refused, the module unchanged",
+          "[state_dict]") {
+  scratch::ScratchDir dir("state_dict_tied_differ");
+  // A file saved from an untied twin: "embed" and "head" differ. Loading both into the tied module
+  // would keep whichever came last.
+  struct Untied : torch::nn::Module {
+    torch::Tensor embed = register_parameter("embed", torch::randn({3, 2}));
+    torch::Tensor head = register_parameter("head", torch::randn({3, 2}));
+  };
+  const std::string path = (dir.path / "untied.safetensors").string();
+  cpprun::save_state_dict(std::make_shared<Untied>(), path);
+  auto tied = std::make_shared<Tied>();
+  const torch::Tensor before = tied->shared.clone();
+  const std::string message = error_text_of([&] { cpprun::load_state_dict(tied, path); });
+  CHECK_THAT(message, Catch::Matchers::Contains(path) && Catch::Matchers::Contains("\"embed\" and \"head\"") &&
+                          Catch::Matchers::Contains("ties them"));
+  CHECK(torch::equal(tied->shared, before));
+  // Equal copies (what a tied module saves) load, as before.
+  const std::string same = (dir.path / "tied.safetensors").string();
+  cpprun::save_state_dict(std::make_shared<Tied>(), same);
+  cpprun::load_state_dict(tied, same);
+}
+
+// `good`'s records with data.pkl replaced by `pickle`, as a .pt without cpprun's footer.
+std::string with_pickle(const std::string& good, const std::string& pickle) {
+  const std::string payload = cpprun::read_checkpoint_file(good);
+  caffe2::serialize::PyTorchStreamReader reader(
+      std::make_shared<caffe2::serialize::MemoryReadAdapter>(payload.data(), static_cast<off_t>(payload.size())));
+  std::string out;
+  caffe2::serialize::PyTorchStreamWriter writer([&out](const void* data, std::size_t size) {
+    out.append(static_cast<const char*>(data), size);
+    return size;
+  });
+  for (const std::string& record : reader.getAllRecords()) {
+    if (record == "data.pkl") {
+      writer.writeRecord(record, pickle.data(), pickle.size());
+    } else {
+      auto [data, size] = reader.getRecord(record);
+      writer.writeRecord(record, data.get(), size);
+    }
+  }
+  writer.writeEndOfFile();
+  return out;
+}
+
+TEST_CASE("torch.save reader: values nested far deeper than a state dict are refused, not a stack overflow",
+          "[state_dict]") {
+  scratch::ScratchDir dir("state_dict_deep_pickle");
+  const std::string good = (dir.path / "good.pt").string();
+  cpprun::save_state_dict(small_net(), good);
+  const auto refused = [&](const std::string& name, const std::string& pickle, const std::string& why) {
+    const std::string path = (dir.path / name).string();
+    write_bytes(path, with_pickle(good, pickle));
+    CHECK_THAT(error_text_of([&] { cpprun::detail::read_state_dict_file(path); }),
+               Catch::Matchers::Contains(path) && Catch::Matchers::Contains(why));
+  };
+  // A million nested one-tuples (a 1 MB data.pkl): freed one inside the other, they overflowed the
+  // stack (SIGSEGV).
+  refused("deep.pt", std::string("\x80\x02)", 3) + std::string(1000000, '\x85') + ".", "nest more than 64 deep");
+  // ']' an empty list, 'q' memo 0, 'h' memo 0 again, 'a' append it to itself: a value holding itself.
+  refused("cycle.pt", std::string("\x80\x02]q\x00h\x00" "a.", 9), "a value holds itself");
+  // A list changed after it was placed in another: ']' an outer list, ']' an inner one, 'q' memo 0,
+  // 'a' the inner into the outer, 'h' memo 0 again, 'K' 1, 'a' appended to the inner.
+  refused("changed.pt", std::string("\x80\x02]]q\x00" "ah\x00K\x01" "a.", 13), "changes a value after placing it");
+  // The real file still reads.
+  CHECK(cpprun::detail::read_state_dict_file(good).size() == small_net()->named_parameters().size() +
+                                                               small_net()->named_buffers().size());
 }

@@ -1,0 +1,68 @@
+// See file_read.h.
+#include "support/file_read.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <stdexcept>
+#include <system_error>
+
+namespace cpprun::detail {
+namespace {
+
+const char* file_kind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a plain file";
+}
+
+class Descriptor {
+ public:
+  explicit Descriptor(int fd) : fd_(fd) {}
+  Descriptor(const Descriptor&) = delete;
+  Descriptor& operator=(const Descriptor&) = delete;
+  ~Descriptor() { ::close(fd_); }
+  int get() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+}  // namespace
+
+std::string read_regular_file(const std::string& path, const std::string& what) {
+  const std::string cannot = "cpprun: cannot read " + what + " " + path;
+  // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer, forever.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) throw std::system_error(errno, std::generic_category(), cannot);
+  const Descriptor file(fd);
+  struct stat facts {};
+  if (::fstat(file.get(), &facts) != 0) throw std::system_error(errno, std::generic_category(), cannot);
+  if (!S_ISREG(facts.st_mode)) {
+    throw std::runtime_error(cannot + ": it is " + file_kind(facts.st_mode) +
+                             ", not a regular file; give the path of the file itself");
+  }
+  // Straight into the string up to the size fstat gave, then on in pieces until the end: the size
+  // is only a hint (a file may grow while read; /proc's files say 0).
+  std::string bytes(static_cast<std::size_t>(facts.st_size), '\0');
+  std::size_t have = 0;
+  for (;;) {
+    if (have == bytes.size()) bytes.resize(have + (1 << 16));
+    const ssize_t got = ::read(file.get(), bytes.data() + have, bytes.size() - have);
+    if (got == 0) break;
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      throw std::system_error(errno, std::generic_category(), cannot);
+    }
+    have += static_cast<std::size_t>(got);
+  }
+  bytes.resize(have);
+  return bytes;
+}
+
+}  // namespace cpprun::detail

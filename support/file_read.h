@@ -1,0 +1,14 @@
+// Reading a file a user named as a whole, safely: the bytes of a regular file (a symbolic link to
+// one is followed, as Hugging Face's cache links its blobs), never blocking on a FIFO nor reading a
+// device without end (/dev/zero), nor taking a directory for an empty file. No LibTorch.
+#pragma once
+
+#include <string>
+
+namespace cpprun::detail {
+
+// PATH's bytes. Throws std::system_error when it cannot be opened or read, std::runtime_error when
+// it is not a regular file; both messages read "cpprun: cannot read WHAT PATH: ...".
+std::string read_regular_file(const std::string& path, const std::string& what);
+
+}  // namespace cpprun::detail
