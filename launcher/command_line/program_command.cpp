@@ -158,8 +158,41 @@ void require_file(const std::string& program, const char* what) {
 }
 
 // torchrun's --run_path: runpy.run_path as __main__, with sys.argv as the script would see it.
-const char* const kRunPathCode =
-    "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')";
+// Then, as torchrun (whose --run_path worker, a multiprocessing child, returns its result and waits
+// for the agent's event that every local worker has returned), a worker whose script ended well
+// waits for the node's others before its interpreter exits: a script that never calls
+// destroy_process_group() would otherwise tear down Gloo while a peer still runs, and abort
+// ("terminate called without an active exception"). The barrier is a file of one byte a finished
+// worker (kRunPathFinishedVariable); the first to see all LOCAL_WORLD_SIZE bytes removes it, and a
+// missing file means the barrier is passed. A failed script does not wait: cpprun stops the others.
+std::string run_path_code() {
+  return std::string(
+    "import os, runpy, sys, time\n"
+    "sys.argv = sys.argv[1:]\n"
+    "def _cpprun_local_exit_barrier():\n"
+    "    path = os.environ.get('") + kRunPathFinishedVariable + "')\n"
+    "    count = int(os.environ.get('LOCAL_WORLD_SIZE', '1'))\n"
+    "    if not path or count <= 1:\n"
+    "        return\n"
+    "    with open(path, 'ab', buffering=0) as f:\n"
+    "        f.write(b'.')\n"
+    "    while True:\n"
+    "        try:\n"
+    "            if os.path.getsize(path) >= count:\n"
+    "                os.unlink(path)\n"
+    "                return\n"
+    "        except OSError:\n"
+    "            return\n"
+    "        time.sleep(0.005)\n"
+    "try:\n"
+    "    runpy.run_path(sys.argv[0], run_name='__main__')\n"
+    "except SystemExit as e:\n"
+    "    if e.code not in (None, 0):\n"
+    "        raise\n"
+    "    _cpprun_local_exit_barrier()\n"
+    "    raise\n"
+    "_cpprun_local_exit_barrier()\n";
+}
 
 }  // namespace
 
@@ -272,7 +305,8 @@ ProgramCommand resolve_program_command(const std::string& program, const std::ve
     // -u: unbuffered, as torchrun runs its workers, so lines reach the console as they are printed.
     command.argv = {command.path, "-u"};
     if (mode == ProgramMode::kModule) command.argv.push_back("-m");
-    if (mode == ProgramMode::kRunPath) command.argv.insert(command.argv.end(), {"-c", kRunPathCode});
+    if (mode == ProgramMode::kRunPath) command.argv.insert(command.argv.end(), {"-c", run_path_code()});
+    command.local_exit_barrier = mode == ProgramMode::kRunPath;
     command.argv.push_back(program);
   }
   command.argv.insert(command.argv.end(), args.begin(), args.end());

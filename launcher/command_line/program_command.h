@@ -54,7 +54,13 @@ struct ProgramCommand {
   std::string path;               // what to exec, resolved
   std::vector<std::string> argv;  // argv[0] included; the user's arguments last, untouched
   std::string python_source;      // when Python runs it: where the interpreter came from (and any passed over)
+  // --run_path: a worker whose script ended well waits for the node's other workers before exiting,
+  // at the file kRunPathFinishedVariable names (as torchrun's --run_path workers wait for its agent).
+  bool local_exit_barrier = false;
 };
+
+// The file a --run_path worker's exit barrier counts in (one byte a finished worker).
+inline constexpr const char* kRunPathFinishedVariable = "CPPRUN_RUN_PATH_FINISHED";
 
 struct ProgramLookup {
   const char* path_env = nullptr;      // $PATH (nullptr: unset)

@@ -65,6 +65,10 @@ std::string RunLayout::error_file(int attempt, int local_rank) const {
   return dir + "/attempt_" + std::to_string(attempt) + "." + std::to_string(local_rank) + ".error.json";
 }
 
+std::string RunLayout::run_path_finished_file(int attempt) const {
+  return dir + "/attempt_" + std::to_string(attempt) + (per_worker_dirs ? "/" : ".") + "run_path_finished";
+}
+
 std::string RunLayout::flight_recorder_dir(int attempt) const {
   return dir + "/attempt_" + std::to_string(attempt) + (per_worker_dirs ? "/" : ".") + "flight_recorder";
 }
@@ -153,6 +157,11 @@ void RunDirectory::prepare_attempt(int attempt, int nproc_per_node) const {
     if (unlink(error_file.c_str()) != 0 && errno != ENOENT) {
       throw std::system_error(errno, std::generic_category(), "cpprun: cannot remove the stale " + error_file);
     }
+  }
+  // A barrier a killed attempt left half counted (c10d's rounds reuse attempt_N).
+  const std::string finished = layout_.run_path_finished_file(attempt);
+  if (unlink(finished.c_str()) != 0 && errno != ENOENT) {
+    throw std::system_error(errno, std::generic_category(), "cpprun: cannot remove the stale " + finished);
   }
   // Made by the first worker that records collectives, so that a job of programs that do not (a
   // torch.distributed one) leaves exactly torchrun's --log_dir tree.

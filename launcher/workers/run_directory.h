@@ -28,6 +28,10 @@ struct RunLayout {
   // Where PyTorch's NCCL flight recorder dumps (workers/nccl_trace_env.h): DIR/attempt_N/nccl_flight_recorder,
   // or DIR/attempt_N.nccl_flight_recorder in the flat temp dir.
   std::string nccl_trace_dir(int attempt) const;
+  // Where --run_path workers count themselves finished (command_line/program_command.h):
+  // DIR/attempt_N/run_path_finished, or DIR/attempt_N.run_path_finished in the flat temp dir. The
+  // last worker removes it.
+  std::string run_path_finished_file(int attempt) const;
   // Where the launcher writes its diagnosis of the attempt (DIR/attempt_N/diagnosis.json); "" in the
   // flat temp dir, which is removed: the console has it.
   std::string diagnosis_file(int attempt) const;

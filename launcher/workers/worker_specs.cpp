@@ -127,6 +127,7 @@ std::vector<WorkerSpec> make_worker_specs(const WorkerSettings& settings, const 
     // directory the user chose (in cpprun's environment) is kept, shared by the attempts.
     env[contract::kFlightRecorderDirVariable] = dumps;
     env[contract::kFlightRecorderRequestFdVariable] = std::to_string(kFlightRequestFd);
+    if (program.local_exit_barrier) env[kRunPathFinishedVariable] = files.run_path_finished_file(restart_count);
     // PyTorch's own NCCL flight recorder dumps next to ours, per attempt, unless the user chose where.
     const std::string nccl_dir = files.nccl_trace_dir(restart_count);
     const auto nccl = nccl_trace_variables(parent_env, nccl_dir);

@@ -78,6 +78,11 @@ TEST_CASE("program_command: -m runs a module, --run_path a file through runpy", 
   CHECK(r.argv[2] == "-c");
   CHECK_THAT(r.argv[3], Contains("runpy.run_path(sys.argv[0], run_name='__main__')"));
   CHECK(Args(r.argv.begin() + 4, r.argv.end()) == Args{s.dir + "/notes.txt", "x"});
+  // --run_path alone waits for the node's other workers at exit, as torchrun's (at the file the
+  // launcher names; launcher.python_scripts runs it).
+  CHECK(r.local_exit_barrier);
+  CHECK_THAT(r.argv[3], Contains("os.environ.get('CPPRUN_RUN_PATH_FINISHED')"));
+  CHECK_FALSE(m.local_exit_barrier);
 }
 
 TEST_CASE("program_command: PYTHON_EXEC, then python3, then python", "[program_command]") {

@@ -101,6 +101,36 @@ expect_eq "$?" 0 "dry run's exit code"
 expect_in_file "$WORK/out" "cpprun: Python runs train.py: $python (PYTHON_EXEC; set PYTHON_EXEC to choose another)" "dry run's interpreter"
 expect_in_file "$WORK/out" "command: $python -u train.py --lr 1" "dry run's command"
 
+# --run_path: as torchrun's, a worker whose script ended waits for the node's others before its
+# interpreter exits. A Gloo script without destroy_process_group() (PyTorch's own
+# test_script_init_method.py) otherwise aborted in 2 runs of 3 ("terminate called without an active
+# exception", exit 134) as a peer tore down. Rank 1 ends 0.5 s after the others; rank 0's atexit
+# (after the barrier) must come after it. A failing rank does not wait: the job ends with its code.
+cat >"$WORK/no_destroy.py" <<'PY'
+import atexit, os, sys, time, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.ones(1)
+dist.all_reduce(t)
+rank = dist.get_rank()
+if rank == 0:
+    atexit.register(lambda: print(f"rank 0 exits at {time.time():.6f}", flush=True))
+if rank == 1:
+    time.sleep(0.5)
+    if len(sys.argv) > 1:
+        raise SystemExit(3)
+    print(f"rank 1 ends at {time.time():.6f}", flush=True)
+PY
+for run in 1 2 3; do
+  PYTHON_EXEC=$python cpprun --nproc_per_node=4 --run_path "$WORK/no_destroy.py"
+  expect_eq "$?" 0 "--run_path without destroy_process_group, run $run: exit code"
+done
+ended=$(sed -n 's/.*rank 1 ends at //p' "$WORK/out") exited=$(sed -n 's/.*rank 0 exits at //p' "$WORK/out")
+[ -n "$ended" ] && [ -n "$exited" ] || fail "--run_path: rank 0's exit or rank 1's end was not printed"
+awk -v a="$exited" -v b="$ended" 'BEGIN { exit !(a >= b) }' ||
+  fail "--run_path: rank 0 exited at $exited, before rank 1 ended at $ended (no exit barrier)"
+PYTHON_EXEC=$python timeout 60 "$CPPRUN" --nproc_per_node=4 --run_path "$WORK/no_destroy.py" fail >"$WORK/out" 2>"$WORK/err"
+expect_eq "$?" 3 "--run_path with rank 1 exiting 3: exit code"
+
 # An interpreter without torch: the worker's traceback is in the failure summary.
 for candidate in python3 /usr/bin/python3; do
   if command -v "$candidate" >/dev/null && ! "$candidate" -c 'import torch' 2>/dev/null; then
