@@ -409,6 +409,37 @@ void load_sharded_checkpoint(const StateView& view, torch::optim::Optimizer* opt
       const std::string id = save_id_of(archive);
       if (id != meta_id) id_faults += id_fault(q, id, meta_id) + "\n";
     }
+    // Every piece this rank copies from has the rows it is taken for and the tensor's other
+    // dimensions (meta.pt vouches only for the whole shapes): checked before any copy,
+    // so that a file that does not fit leaves the model and optimizer as they were.
+    for (const StateEntry* entry : saved) {
+      overlaps(*entry, [&](int64_t q, int64_t, int64_t count, int64_t in_file) {
+        auto& archive = archive_of(q);
+        const auto check = [&](const std::string& name, const at::Tensor& piece) {
+          const at::Tensor piece_rows = as_rows(piece);
+          const std::vector<int64_t> whole = entry->whole_sizes;
+          const bool fits = piece_rows.dim() == std::max<int64_t>(1, static_cast<int64_t>(whole.size())) &&
+                            piece_rows.size(0) >= in_file + count &&
+                            std::equal(whole.begin() + (whole.empty() ? 0 : 1), whole.end(),
+                                       piece_rows.sizes().begin() + 1);
+          TORCH_CHECK(fits, "cpprun: ", rank_file(dir, q), " holds \"", name, "\" of shape ", shape_text(piece.sizes()),
+                      ", which cannot give rows ", in_file, " to ", in_file + count, " of the ",
+                      shape_text(entry->whole_sizes), " meta.pt describes: the file is not one cpprun wrote with "
+                      "meta.pt; save the checkpoint again.");
+        };
+        at::Tensor piece;
+        archive.read(key(entry->name, "shard"), piece);
+        check(key(entry->name, "shard"), piece);
+        c10::IValue names;
+        if (!optimizer || !archive.try_read(key(entry->name, "opt.names"), names)) return;
+        for (const auto& name : names.toList()) {
+          const std::string state_key = key(entry->name, "opt." + c10::IValue(name).toStringRef());
+          at::Tensor saved_piece;
+          archive.read(state_key, saved_piece);
+          check(state_key, saved_piece);
+        }
+      });
+    }
   } catch (...) {
     failure = std::current_exception();
   }

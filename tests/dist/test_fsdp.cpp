@@ -787,6 +787,44 @@ TEST_CASE("fsdp: a damaged checkpoint is refused on every rank, naming the file,
   }
   const auto after = model->parameters();
   for (std::size_t i = 0; i < before.size(); ++i) CHECK(after[i].equal(before[i]));
+
+  // A rank file whose checksum holds but whose piece has fewer rows than meta.pt's shape gives it
+  // (a file cpprun did not write so): refused before any copy, naming the file and the tensor. The
+  // copies ran first and failed midway, in a bare narrow() error, the tensors before it loaded.
+  cpprun::save_sharded_checkpoint(model, *opt, dir);
+  if (rank == 0) {
+    torch::serialize::InputArchive in;
+    cpprun::load_checkpoint(in, victim_file);
+    torch::serialize::OutputArchive out;
+    std::string cut;
+    for (const std::string& key : in.keys()) {
+      c10::IValue value;
+      in.read(key, value);
+      if (value.isTensor() && cut.empty() && key.find("#shard") != std::string::npos && value.toTensor().dim() >= 1 &&
+          value.toTensor().size(0) > 0) {
+        cut = key;
+        out.write(key, value.toTensor().narrow(0, 0, value.toTensor().size(0) - 1).clone());
+      } else if (value.isTensor()) {
+        out.write(key, value.toTensor());
+      } else {
+        out.write(key, value);
+      }
+    }
+    REQUIRE_FALSE(cut.empty());
+    cpprun::save_checkpoint(out, victim_file);
+  }
+  cpprun::barrier(group());
+  before.clear();
+  for (const auto& p : model->parameters()) before.push_back(p.detach().clone());
+  message = error_of([&] { cpprun::load_sharded_checkpoint(model, *opt, dir); });
+  if (rank == victim) {
+    CHECK_THAT(message, Catch::Matchers::Contains(victim_file + " holds \"") &&
+                            Catch::Matchers::Contains("which cannot give rows"));
+  } else {
+    CHECK_THAT(message, Catch::Matchers::Contains("failed on rank " + std::to_string(victim)));
+  }
+  const auto unchanged = model->parameters();
+  for (std::size_t i = 0; i < before.size(); ++i) CHECK(unchanged[i].equal(before[i]));
   cpprun::barrier(group());
   if (rank == 0) {
     std::remove(path.c_str());
