@@ -142,10 +142,16 @@ void apply_options(torch::optim::OptimizerOptions& options, const Json& group, c
     if (auto* o = dynamic_cast<torch::optim::AdamOptions*>(&options)) adam_like(*o);
     if (auto* o = dynamic_cast<torch::optim::SGDOptions*>(&options)) {
       if (key == "momentum") o->momentum(json_number(value, what));
-      if (key == "dampening") o->dampening(json_number(value, what));
+      if (key == "dampening") o->dampening(json_number(value, what, -std::numeric_limits<double>::infinity()));
       if (key == "weight_decay") o->weight_decay(json_number(value, what));
       if (key == "nesterov") o->nesterov(json_bool(value, what));
     }
+  }
+  // The one rule across options torch.optim.SGD's constructor (and LibTorch's) enforces.
+  if (auto* o = dynamic_cast<torch::optim::SGDOptions*>(&options)) {
+    TORCH_CHECK(!o->nesterov() || (o->momentum() > 0 && o->dampening() == 0), where,
+                ": nesterov momentum with momentum ", o->momentum(), " and dampening ", o->dampening(),
+                ", which torch.optim.SGD refuses (it needs a momentum above 0 and zero dampening)");
   }
 }
 

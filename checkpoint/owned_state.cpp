@@ -390,6 +390,7 @@ StateDictLoadReport load_owned_state(const NamedTensors& into, const CheckpointT
         if (names.count(prefix + name)) found.emplace_back(prefix + name, std::move(tensor));
       }
       mine = compare_state(into, found);  // its unexpected list is empty: found holds only our names
+      refuse_disagreeing_ties(into, found, path);  // here, so every owner learns of it
     } catch (...) {
       failure = std::current_exception();
     }

@@ -225,13 +225,12 @@ NamedTensors decode_state_dict(std::string_view bytes, const std::string& path) 
   return decode_safetensors(read_safetensors(bytes, path), path);
 }
 
-namespace {
-
 // A tensor the module holds under two names (tied weights: GPT-2's wte.weight and lm_head.weight)
 // takes one value; when the file holds both names with different bytes, whichever came last would
 // silently win, so the file is refused (PyTorch's load_state_dict lets the last one win).
-void refuse_disagreeing_ties(const NamedTensors& mine, const std::map<std::string, const at::Tensor*>& by_name,
-                             const std::string& where) {
+void refuse_disagreeing_ties(const NamedTensors& mine, const NamedTensors& file, const std::string& where) {
+  std::map<std::string, const at::Tensor*> by_name;
+  for (const auto& [name, tensor] : file) by_name[name] = &tensor;
   std::map<const c10::TensorImpl*, std::pair<std::string, const at::Tensor*>> first_of;
   for (const auto& [name, tensor] : mine) {
     const auto found = by_name.find(name);
@@ -250,7 +249,6 @@ void refuse_disagreeing_ties(const NamedTensors& mine, const std::map<std::strin
   }
 }
 
-}  // namespace
 
 StateDictLoadReport load_named_tensors(const NamedTensors& mine, const NamedTensors& file_as_saved,
                                        const std::string& where, const StateDictOptions& options,
@@ -270,7 +268,7 @@ StateDictLoadReport load_named_tensors(const NamedTensors& mine, const NamedTens
   if (options.strict() && differs) throw StateDictMismatchError(mismatch_message(report, where, file_of));
   std::map<std::string, const at::Tensor*> by_name;
   for (const auto& [name, tensor] : file) by_name[name] = &tensor;
-  refuse_disagreeing_ties(mine, by_name, where);
+  refuse_disagreeing_ties(mine, file, where);
   at::NoGradGuard no_grad;
   for (const auto& [name, tensor] : mine) {
     const auto found = by_name.find(name);

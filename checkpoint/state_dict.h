@@ -22,6 +22,10 @@ NamedTensors module_state(torch::nn::Module& module);
 
 // What differs between the module's tensors and the file's (names, shapes, dtypes).
 StateDictLoadReport compare_state(const NamedTensors& module, const NamedTensors& file);
+// Throws StateDictMismatchError when the file holds two names the module ties to one tensor with
+// different bytes (either would silently win); `where` names the file. load_named_tensors calls it;
+// a reader that agrees on failures before loading calls it first, inside that agreement.
+void refuse_disagreeing_ties(const NamedTensors& module, const NamedTensors& file, const std::string& where);
 
 // The file's bytes for `tensors`, in the format PATH's extension names (.safetensors, .pt, .pth).
 std::string encode_state_dict(const NamedTensors& tensors, const std::string& path);

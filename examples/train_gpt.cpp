@@ -783,8 +783,10 @@ std::optional<std::string> read_on_rank0(const cpprun::ProcessGroup& group, cons
       found = 1;
     } catch (const std::system_error& e) {
       if (e.code() != std::errc::no_such_file_or_directory) found = 2, bytes = e.what();
-    } catch (const std::runtime_error& e) {
+    } catch (const std::runtime_error& e) {  // not a regular file (the message names it)
       found = 2, bytes = e.what();
+    } catch (const std::exception& e) {  // too large to hold (std::bad_alloc)
+      found = 2, bytes = "cannot read " + path + ": " + e.what();
     }
   }
   cpprun::broadcast_object(group, found);

@@ -47,21 +47,26 @@ std::string read_regular_file(const std::string& path, const std::string& what) 
     throw std::runtime_error(cannot + ": it is " + file_kind(facts.st_mode) +
                              ", not a regular file; give the path of the file itself");
   }
-  // Straight into the string up to the size fstat gave, then on in pieces until the end: the size
-  // is only a hint (a file may grow while read; /proc's files say 0).
+  // Straight into the string up to the size fstat gave, then on until the end through a small
+  // buffer: the size is only a hint (a file may grow while read; /proc's files say 0), and growing
+  // the string to probe for the end would copy a large file once more.
   std::string bytes(static_cast<std::size_t>(facts.st_size), '\0');
   std::size_t have = 0;
-  for (;;) {
-    if (have == bytes.size()) bytes.resize(have + (1 << 16));
-    const ssize_t got = ::read(file.get(), bytes.data() + have, bytes.size() - have);
-    if (got == 0) break;
-    if (got < 0) {
-      if (errno == EINTR) continue;
-      throw std::system_error(errno, std::generic_category(), cannot);
+  const auto read_some = [&](char* into, std::size_t room) {
+    for (;;) {
+      const ssize_t got = ::read(file.get(), into, room);
+      if (got >= 0) return static_cast<std::size_t>(got);
+      if (errno != EINTR) throw std::system_error(errno, std::generic_category(), cannot);
     }
-    have += static_cast<std::size_t>(got);
+  };
+  while (have < bytes.size()) {
+    const std::size_t got = read_some(bytes.data() + have, bytes.size() - have);
+    if (got == 0) break;
+    have += got;
   }
   bytes.resize(have);
+  char more[1 << 12];
+  for (std::size_t got; (got = read_some(more, sizeof more)) > 0;) bytes.append(more, got);
   return bytes;
 }
 

@@ -240,8 +240,11 @@ std::optional<double> json_double(const Json& value) {
   errno = 0;
   char* end = nullptr;
   const double out = std::strtod(value.text.c_str(), &end);
-  // ERANGE also for a tiny number rounded to 0 or a denormal (1e-400): refused alike, as not what was written.
-  if (errno == ERANGE || end != value.text.c_str() + value.text.size() || !std::isfinite(out)) return std::nullopt;
+  // Beyond double's range (1e999), or so small that it reads as 0 (1e-400): not what was written.
+  // A subnormal (1e-310, as Python's json writes it) is a double, kept.
+  if (end != value.text.c_str() + value.text.size() || !std::isfinite(out) || (errno == ERANGE && out == 0)) {
+    return std::nullopt;
+  }
   return out;
 }
 

@@ -165,6 +165,7 @@ void require_file(const std::string& program, const char* what) {
 // ("terminate called without an active exception"). The barrier is a file of one byte a finished
 // worker (kRunPathFinishedVariable); the first to see all LOCAL_WORLD_SIZE bytes removes it, and a
 // missing file means the barrier is passed. A failed script does not wait: cpprun stops the others.
+// A barrier that cannot be written (a full disk) is skipped rather than failing a script that ended well.
 std::string run_path_code() {
   return std::string(
     "import os, runpy, sys, time\n"
@@ -174,8 +175,11 @@ std::string run_path_code() {
     "    count = int(os.environ.get('LOCAL_WORLD_SIZE', '1'))\n"
     "    if not path or count <= 1:\n"
     "        return\n"
-    "    with open(path, 'ab', buffering=0) as f:\n"
-    "        f.write(b'.')\n"
+    "    try:\n"
+    "        with open(path, 'ab', buffering=0) as f:\n"
+    "            f.write(b'.')\n"
+    "    except OSError:\n"
+    "        return\n"
     "    while True:\n"
     "        try:\n"
     "            if os.path.getsize(path) >= count:\n"

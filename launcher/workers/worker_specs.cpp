@@ -1,6 +1,7 @@
 // Each worker's command, environment (torchrun's LocalElasticAgent._start_workers) and output plan.
 #include "workers/worker_specs.h"
 
+#include <filesystem>
 #include <sstream>
 
 #include "common/job_secret.h"
@@ -127,7 +128,10 @@ std::vector<WorkerSpec> make_worker_specs(const WorkerSettings& settings, const 
     // directory the user chose (in cpprun's environment) is kept, shared by the attempts.
     env[contract::kFlightRecorderDirVariable] = dumps;
     env[contract::kFlightRecorderRequestFdVariable] = std::to_string(kFlightRequestFd);
-    if (program.local_exit_barrier) env[kRunPathFinishedVariable] = files.run_path_finished_file(restart_count);
+    // Absolute: the script may change directory before it reaches the barrier (a relative --log_dir).
+    if (program.local_exit_barrier) {
+      env[kRunPathFinishedVariable] = std::filesystem::absolute(files.run_path_finished_file(restart_count)).string();
+    }
     // PyTorch's own NCCL flight recorder dumps next to ours, per attempt, unless the user chose where.
     const std::string nccl_dir = files.nccl_trace_dir(restart_count);
     const auto nccl = nccl_trace_variables(parent_env, nccl_dir);

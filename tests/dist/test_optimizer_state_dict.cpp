@@ -266,6 +266,13 @@ TEST_CASE("optimizer_state_dict: values the optimizer could not step from are re
                         }
                       }),
                "\"state.fc1.weight.step\" is nan, not a count of steps taken");
+  // A subnormal (Python's json writes 1e-310 so) is a double, loaded as written.
+  {
+    auto net2 = seeded(1);
+    torch::optim::AdamW opt2(net2->parameters(), torch::optim::AdamWOptions(0.5));
+    cpprun::load_optimizer_state_dict(net2, opt2, edited("lr_subnormal", written, "\"lr\": 1e-310", nullptr));
+    CHECK(opt2.param_groups()[0].options().get_lr() == 1e-310);
+  }
   // The untouched file still loads.
   auto fresh = seeded(1);
   torch::optim::AdamW fresh_opt(fresh->parameters(), torch::optim::AdamWOptions(0.5));

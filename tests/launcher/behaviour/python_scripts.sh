@@ -130,6 +130,24 @@ awk -v a="$exited" -v b="$ended" 'BEGIN { exit !(a >= b) }' ||
   fail "--run_path: rank 0 exited at $exited, before rank 1 ended at $ended (no exit barrier)"
 PYTHON_EXEC=$python timeout 60 "$CPPRUN" --nproc_per_node=4 --run_path "$WORK/no_destroy.py" fail >"$WORK/out" 2>"$WORK/err"
 expect_eq "$?" 3 "--run_path with rank 1 exiting 3: exit code"
+# A failed script does not wait for the others: rank 0 fails at once while rank 1 sleeps 60 s, so
+# a failed rank at the barrier would hold the job past the 30 s limit (124).
+cat >"$WORK/fail_fast.py" <<'PY'
+import os, sys, time
+if os.environ["LOCAL_RANK"] == "1":
+    time.sleep(60)
+sys.exit(5)
+PY
+PYTHON_EXEC=$python timeout 30 "$CPPRUN" --nproc_per_node=2 --run_path "$WORK/fail_fast.py" >"$WORK/out" 2>"$WORK/err"
+expect_eq "$?" 5 "--run_path with rank 0 failing while rank 1 sleeps: exit code (124: the failed rank waited)"
+# The barrier's file is absolute: a script that changes directory, under a relative --log_dir, ends well.
+cat >"$WORK/chdir.py" <<'PY'
+import os
+os.chdir("/")
+PY
+(cd "$WORK" && PYTHON_EXEC=$python CPPRUN_TEST_TAG=$WORK timeout 60 "$CPPRUN" --nproc_per_node=2 --log_dir rel_logs \
+  --run_path chdir.py >"$WORK/out" 2>"$WORK/err")
+expect_eq "$?" 0 "--run_path with os.chdir under a relative --log_dir: exit code"
 
 # An interpreter without torch: the worker's traceback is in the failure summary.
 for candidate in python3 /usr/bin/python3; do
