@@ -202,14 +202,20 @@ def main(mode, d, other=None):
     try:
         batches = load_file(f"{d}/batches.safetensors")
         status = train(d, batches) if mode == "train" else resume(d, batches)
-        # Every rank done with its collectives before any tears Gloo down: on 12-02 a rank that
-        # reached destroy_process_group() first left the other aborting in Gloo's teardown
-        # ("terminate called without an active exception") after both had checked their steps.
-        # Not on an error's way out, where the other rank may be in another collective.
+        # Every rank done with its collectives, then no teardown at all: Gloo's teardown aborts
+        # ("terminate called without an active exception", SIGABRT) in a rank whose peer tore its
+        # side down first, after both had checked their steps. A barrier before
+        # destroy_process_group() (12-02) made it rarer, not gone: CI of 12-04 met it in PyTorch's
+        # train. PyTorch's own launcher tests meet the same (torchrun's --run_path workers wait for
+        # each other before exiting for it). Not on an error's way out, where the other rank may
+        # be in another collective.
         dist.barrier()
-        return status
-    finally:
+    except BaseException:
         dist.destroy_process_group()
+        raise
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 if __name__ == "__main__":
