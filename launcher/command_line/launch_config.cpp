@@ -411,17 +411,23 @@ void check_choice(const std::string& flag, const std::string& value, const std::
   throw UsageError(with_value(flag, value) + ": expected one of " + list + " (as torchrun's)");
 }
 
-// torchrun's --signals_to_handle: names of signals, comma-separated ("SIGTERM,SIGUSR1").
-void check_signal_names(const std::string& text) {
+// torchrun's --signals_to_handle: names of signals, comma-separated ("SIGTERM,SIGUSR1"). A name
+// that is not one is a note, not an error: torchrun warns ("Failed to register signal handler")
+// and runs the job, and cpprun forwards its signals whatever the list says.
+std::vector<std::string> unknown_signal_notes(const std::string& text) {
   static const std::vector<std::string> kKnown = {"SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2",
                                                   "SIGABRT", "SIGALRM", "SIGPIPE", "SIGXCPU", "SIGXFSZ"};
+  std::vector<std::string> notes;
   std::istringstream items(text);
   for (std::string item; std::getline(items, item, ',');) {
     item = unquoted(item);
     if (std::find(kKnown.begin(), kKnown.end(), item) != kKnown.end()) continue;
-    throw UsageError(with_value("--signals_to_handle", text) + ": '" + item +
-                     "' is not a signal name cpprun knows; write names like SIGTERM,SIGINT,SIGUSR1");
+    notes.push_back("cpprun: " + with_value("--signals_to_handle", text) + ": '" + item +
+                    "' is not a signal name (write names like SIGTERM,SIGUSR1); ignored, as torchrun ignores it "
+                    "with a warning. cpprun forwards SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 to "
+                    "the workers whatever the list");
   }
+  return notes;
 }
 
 // --virtual_local_rank gives local rank i the i-th GPU of the parent's CUDA_VISIBLE_DEVICES (or
@@ -752,7 +758,6 @@ ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, cons
   if (!raw.numa_binding.empty()) {
     check_choice("--numa_binding", raw.numa_binding, {"node", "socket", "exclusive", "core-complex"});
   }
-  check_signal_names(raw.signals_to_handle);
   check_logs_specs(app, raw.logs_specs);
   config.signals_to_handle = raw.signals_to_handle;
   config.local_addr = raw.local_addr;
@@ -763,6 +768,7 @@ ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, cons
   config.hostname = host.hostname;
   check_virtual_local_rank(config, env);
   result.notes = ignored_option_notes(raw);
+  for (std::string& line : unknown_signal_notes(raw.signals_to_handle)) result.notes.push_back(std::move(line));
   take_program(app.remaining(), known, config);
   config.program_mode = program_mode(raw);
   JobSecretOptions secret;
