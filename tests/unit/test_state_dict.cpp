@@ -69,6 +69,17 @@ void write_bytes(const std::filesystem::path& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary) << bytes;
 }
 
+// A hand-made safetensors file: the header's length, the header JSON, then `data`.
+std::string file(const std::string& header, const std::string& data) {
+  std::string out;
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((header.size() >> (8 * i)) & 0xFF));
+  return out + header + data;
+}
+// What the reader says of `bytes`, read as h.safetensors.
+std::string error(const std::string& bytes) {
+  return error_text_of([&] { cpprun::detail::read_safetensors(bytes, "h.safetensors"); });
+}
+
 }  // namespace
 
 TEST_CASE("state_dict: a module round-trips through .safetensors, .pt and .pth", "[state_dict]") {
@@ -207,15 +218,6 @@ TEST_CASE("state_dict: damaged files are refused, naming the file and the fault,
 }
 
 TEST_CASE("safetensors: the reader refuses headers the format does not allow", "[state_dict]") {
-  // A hand-made file: header JSON, then `data`.
-  const auto file = [](std::string header, const std::string& data) {
-    std::string out;
-    for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((header.size() >> (8 * i)) & 0xFF));
-    return out + header + data;
-  };
-  const auto error = [](const std::string& bytes) {
-    return error_text_of([&] { cpprun::detail::read_safetensors(bytes, "h.safetensors"); });
-  };
   const auto ok = cpprun::detail::read_safetensors(
       file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
            R"("b\u00e9":{"dtype":"U8","shape":[],"data_offsets":[8,9]}})",
@@ -247,14 +249,6 @@ TEST_CASE("safetensors: the reader refuses headers the format does not allow", "
 }
 
 TEST_CASE("safetensors: a shape whose element count overflows 64 bits is refused by name", "[state_dict]") {
-  const auto file = [](std::string header, const std::string& data) {
-    std::string out;
-    for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((header.size() >> (8 * i)) & 0xFF));
-    return out + header + data;
-  };
-  const auto error = [](const std::string& bytes) {
-    return error_text_of([&] { cpprun::detail::read_safetensors(bytes, "h.safetensors"); });
-  };
   // 32 x 2^59 = 2^64: wrapped to 0 elements, it passed as an empty tensor beside 32 or more data
   // bytes, and LibTorch then threw without naming the file. A 0 before the overflowing dimensions
   // does not make them fit either (LibTorch multiplies them all).
