@@ -42,13 +42,15 @@ expect_no_leftovers
 
 find_torch_python_or_skip
 cat >"$WORK/worker.py" <<'PY'
-import datetime, os, torch, torch.distributed as dist
+import datetime, os, sys, torch, torch.distributed as dist
 # env://: RANK, WORLD_SIZE, MASTER_*; TORCHELASTIC_USE_AGENT_STORE=True: every rank a client of the agent's store.
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
 t = torch.tensor([float(dist.get_rank() + 1)])
 dist.all_reduce(t)
 print(f"world {dist.get_world_size()} sum {t.item():g} agent store {os.environ['TORCHELASTIC_USE_AGENT_STORE']}", flush=True)
 dist.destroy_process_group()
+sys.stdout.flush()
+os._exit(0)  # PyTorch 2.15's Gloo threads may abort at finalization (see python_scripts.sh)
 PY
 export GLOO_SOCKET_IFNAME=lo
 c10d="--rdzv_backend=c10d --rdzv_endpoint=127.0.0.1:29631 --rdzv_id=py --nnodes=1:2"

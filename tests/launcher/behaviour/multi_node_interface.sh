@@ -55,7 +55,7 @@ ip netns exec "$ns1" getent hosts "$(uname -n)" | grep -q '^127\.0\.0\.1 ' ||
 
 # Each rank writes the variables it got, then all-reduces its rank + 1 over Gloo across the nodes.
 cat >"$WORK/all_reduce.py" <<'EOF'
-import datetime, os
+import datetime, os, sys
 import torch
 import torch.distributed as dist
 
@@ -68,6 +68,8 @@ total = torch.tensor([float(rank + 1)])
 dist.all_reduce(total)
 print(f"all_reduce: {total.item():g}", flush=True)
 dist.destroy_process_group()
+sys.stdout.flush()
+os._exit(0)  # PyTorch 2.15's Gloo threads may abort at finalization (see python_scripts.sh)
 EOF
 
 # One job: both nodes, one worker each; $1: --master_addr; then `env NAME=VALUE...` for the agents.
