@@ -118,16 +118,34 @@ double json_number(const Json& value, const std::string& what, double min = 0,
               ", outside what torch.optim accepts (from ", min, max_included ? " to " : " to below ", max, ")");
   return *number;
 }
+bool json_null(const Json& value) { return value.kind == Json::Kind::kOther && value.text == "null"; }
 bool json_bool(const Json& value, const std::string& what) {
   TORCH_CHECK(value.kind == Json::Kind::kOther && (value.text == "true" || value.text == "false"), "cpprun: ", what,
               " is not true or false");
   return value.text == "true";
 }
 
-// Sets a group's options from the file's JSON object (names PyTorch's; others ignored).
+// Sets a group's options from the file's JSON object (names PyTorch's). Options that do not change
+// the update (foreach, fused, capturable, differentiable, initial_lr, ...) are ignored; two that
+// change it and that LibTorch's optimizers lack are refused: maximize, and Adam's
+// decoupled_weight_decay (AdamW's update under Adam's name).
 void apply_options(torch::optim::OptimizerOptions& options, const Json& group, const std::string& where) {
+  const bool adam = dynamic_cast<torch::optim::AdamOptions*>(&options) != nullptr;
+  const bool adamw = dynamic_cast<torch::optim::AdamWOptions*>(&options) != nullptr;
   for (const auto& [key, value] : group.members) {
     const std::string what = where + ", option \"" + key + "\"";
+    if (key == "maximize") {
+      TORCH_CHECK(json_null(value) || !json_bool(value, what), "cpprun: ", what,
+                  " is true: the file's optimizer maximised its objective, which LibTorch's SGD, Adam and AdamW "
+                  "cannot (they minimise); resuming would step the other way. Train on the negated objective "
+                  "with maximize off instead.");
+    }
+    if (key == "decoupled_weight_decay" && (adam || adamw) && !json_null(value)) {
+      const bool decoupled = json_bool(value, what);
+      TORCH_CHECK(decoupled == adamw, "cpprun: ", what, " is ", boolean(decoupled), ": the file's update is ",
+                  decoupled ? "AdamW's" : "Adam's", ", this optimizer is ", adamw ? "AdamW" : "Adam",
+                  ". Build a torch::optim::", decoupled ? "AdamW" : "Adam", " to load it.");
+    }
     if (key == "lr") options.set_lr(json_number(value, what));
     const auto adam_like = [&](auto& o) {
       if (key == "betas") {
@@ -610,21 +628,24 @@ std::vector<std::string> optimizer_file_faults(const OptimizerParams& params, to
     }
   }
   // The groups' options, tried on copies: a value torch.optim's constructor would refuse is a fault
-  // here, before anything is applied.
+  // here, before anything is applied. The copies then say which state each group keeps: the file's
+  // options win, as in torch.optim's load_state_dict (a file saved with amsgrad has max_exp_avg_sq).
+  std::vector<std::unique_ptr<torch::optim::OptimizerOptions>> loaded(names.size());
   if (groups.kind == Json::Kind::kArray && faults.empty()) {
     for (std::size_t g = 0; g < names.size(); ++g) {
       if (names[g].empty() || !group_of.count(names[g].front())) continue;
-      const auto trial = optimizer.param_groups()[g].options().clone();
+      auto trial = optimizer.param_groups()[g].options().clone();
       try {
         apply_options(*trial, groups.items[group_of.at(names[g].front())], "param group " + std::to_string(g));
+        loaded[g] = std::move(trial);
       } catch (const c10::Error& e) {
         faults.push_back(e.what_without_backtrace());
       }
     }
   }
-  // A parameter with state has all of it (by its group's options in this optimizer).
+  // A parameter with state has all of it (by its group's options as loaded).
   for (std::size_t g = 0; g < names.size() && faults.empty(); ++g) {
-    auto expected = state_names(optimizer.param_groups()[g].options());
+    auto expected = state_names(loaded[g] ? *loaded[g] : optimizer.param_groups()[g].options());
     if (has_step(kind)) expected.push_back("step");
     for (const auto& name : names[g]) {
       const auto found = state_of.find(name);

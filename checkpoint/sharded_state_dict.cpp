@@ -306,9 +306,21 @@ std::string sharded_load_directory(const std::string& path, std::string& single)
       single = single_path.string();
       return dir.string();
     }
+    // transformers' names before safetensors (save_pretrained(safe_serialization=False)), which its
+    // from_pretrained still reads when a directory has no safetensors: one torch.save file, read
+    // here, or shards of them, not.
+    if (!has_index && fs::exists(dir / "pytorch_model.bin")) {
+      single = (dir / "pytorch_model.bin").string();
+      return dir.string();
+    }
+    TORCH_CHECK(has_index || !fs::exists(dir / "pytorch_model.bin.index.json"), "cpprun: load_state_dict: ",
+                dir.string(), " holds pytorch_model.bin.index.json, transformers' sharded torch.save files, which "
+                "cpprun does not read (it reads ", kSafetensorsIndexName, ", ", kSafetensorsSingleName,
+                " and pytorch_model.bin). Convert them once in Python: AutoModel.from_pretrained(DIR)."
+                "save_pretrained(OUT) writes safetensors.");
     TORCH_CHECK(has_index, "cpprun: load_state_dict: ", dir.string(), " holds neither ", kSafetensorsIndexName,
-                " nor ", kSafetensorsSingleName, " (Hugging Face's names for a model's weights): is it the "
-                "checkpoint directory?");
+                " nor ", kSafetensorsSingleName, " nor pytorch_model.bin (Hugging Face's names for a model's "
+                "weights): is it the checkpoint directory?");
   }
   return dir.string();
 }

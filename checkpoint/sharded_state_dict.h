@@ -100,7 +100,8 @@ struct ShardedDirectory {
 ShardedDirectory read_sharded_directory(const std::string& dir, std::string_view stem,
                                         const std::set<std::string>* wanted = nullptr);
 // The directory a load of PATH (DIR, or the index it names) reads; `single` becomes
-// DIR/model.safetensors when DIR holds that file alone (load it as a file). Refuses a DIR holding
+// DIR/model.safetensors when DIR holds that file alone, or DIR/pytorch_model.bin when it holds no
+// safetensors (load it as a file). Refuses a DIR holding
 // both that file and the index, or neither, as load_state_dict does.
 std::string sharded_load_directory(const std::string& path, std::string& single);
 

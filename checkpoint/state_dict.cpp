@@ -33,10 +33,11 @@ StateDictFormat format_of(const std::string& path) {
   std::string ext = path.substr(std::min(path.size(), path.find_last_of('.')));
   std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return std::tolower(c); });
   if (ext == ".safetensors") return StateDictFormat::kSafetensors;
-  if (ext == ".pt" || ext == ".pth") return StateDictFormat::kTorchSave;
+  // .bin: transformers' pytorch_model.bin, a torch.save file.
+  if (ext == ".pt" || ext == ".pth" || ext == ".bin") return StateDictFormat::kTorchSave;
   TORCH_CHECK(false, "cpprun: cannot tell a state dict's format from the name \"", path,
-              "\": end it in .safetensors (Hugging Face's format) or .pt / .pth (torch.save's), or in '/' for a "
-              "directory in Hugging Face's sharded layout.");
+              "\": end it in .safetensors (Hugging Face's format) or .pt / .pth / .bin (torch.save's), or in '/' "
+              "for a directory in Hugging Face's sharded layout.");
 }
 
 // safetensors' dtype names for ours.
@@ -44,7 +45,8 @@ constexpr std::pair<at::ScalarType, const char*> kSafetensorsDtypes[] = {
     {at::kFloat, "F32"},  {at::kDouble, "F64"}, {at::kHalf, "F16"},  {at::kBFloat16, "BF16"},
     {at::kLong, "I64"},   {at::kInt, "I32"},    {at::kShort, "I16"}, {at::kChar, "I8"},
     {at::kByte, "U8"},    {at::kBool, "BOOL"},  {at::kFloat8_e4m3fn, "F8_E4M3"}, {at::kFloat8_e5m2, "F8_E5M2"},
-    {at::kUInt16, "U16"}, {at::kUInt32, "U32"}, {at::kUInt64, "U64"}};
+    {at::kUInt16, "U16"}, {at::kUInt32, "U32"}, {at::kUInt64, "U64"}, {at::kFloat8_e4m3fnuz, "F8_E4M3FNUZ"},
+    {at::kFloat8_e5m2fnuz, "F8_E5M2FNUZ"}, {at::kFloat8_e8m0fnu, "F8_E8M0"}, {at::kComplexFloat, "C64"}};
 
 // PyTorch's spelling of a dtype (torch.float32), for messages.
 std::string dtype_name(at::ScalarType type) {

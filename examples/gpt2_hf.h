@@ -24,6 +24,7 @@ struct Gpt2Config {
   int64_t layers = 0, heads = 0, embed = 0, positions = 0, vocab = 0;
   Gelu gelu = Gelu::kTanh;
   double layer_norm_eps = 1e-5;
+  std::string dtype = "float32";  // config.json's "dtype" (transformers 5) or "torch_dtype": the weights'
 };
 
 namespace gpt2_detail {
@@ -70,8 +71,9 @@ inline void require_flag(const Json& config, const std::string& file, const std:
 }
 
 // The model config.json describes is made before its weights are read: its parameters, at one
-// byte each at the least (float8), must fit in the directory's .safetensors files, so that a
-// config.json that does not belong to them cannot make train_gpt allocate without bound.
+// byte each at the least (float8), must fit in the directory's weight files (.safetensors, or
+// transformers' older pytorch_model.bin), so that a config.json that does not belong to them
+// cannot make train_gpt allocate without bound.
 inline void check_weights_hold(const Gpt2Config& c, const std::string& dir, const std::string& file) {
   const double embed = static_cast<double>(c.embed);
   const double parameters = (static_cast<double>(c.vocab) + static_cast<double>(c.positions)) * embed +
@@ -79,14 +81,15 @@ inline void check_weights_hold(const Gpt2Config& c, const std::string& dir, cons
   double bytes = 0;
   std::error_code error;
   for (const auto& entry : std::filesystem::directory_iterator(dir, error)) {
-    if (entry.path().extension() == ".safetensors" && entry.is_regular_file(error)) {
+    const auto extension = entry.path().extension();
+    if ((extension == ".safetensors" || extension == ".bin") && entry.is_regular_file(error)) {
       bytes += static_cast<double>(entry.file_size(error));
     }
   }
   if (bytes < parameters) {
     char count[64];
     std::snprintf(count, sizeof count, "%.4g parameters, %.4g bytes at the least", parameters, parameters);
-    refuse(file, "describes a GPT-2 of " + std::string(count) + ", but the .safetensors files in " + dir + " hold " +
+    refuse(file, "describes a GPT-2 of " + std::string(count) + ", but the weight files in " + dir + " (.safetensors, .bin) hold " +
                      std::to_string(static_cast<int64_t>(bytes)) +
                      " bytes: config.json and the weights beside it are not one model's");
   }
@@ -147,6 +150,12 @@ inline Gpt2Config read_gpt2_config(const std::string& dir) {
       refuse(file, "sets \"layer_norm_epsilon\" to " + eps->text + ", not a finite number from 0 up");
     }
     c.layer_norm_eps = *value;
+  }
+  for (const char* key : {"dtype", "torch_dtype"}) {
+    if (const Json* dtype = member(config, key); !is_null(dtype)) {
+      if (dtype->kind != Json::Kind::kString) refuse(file, "sets \"" + std::string(key) + "\" to " + dtype->text + ", not a name");
+      c.dtype = dtype->text;
+    }
   }
   require_flag(config, file, "scale_attn_weights", true, true, "attention scores unscaled");
   require_flag(config, file, "scale_attn_by_inverse_layer_idx", false, false, "attention scaled by 1/(layer+1)");

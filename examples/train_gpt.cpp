@@ -138,10 +138,11 @@ constexpr const char* kUsage = R"(usage: train_gpt [options]
   --losses-out FILE  write every step's loss (averaged over the ranks) to FILE, one a line (%.17g)
   --warmup N         leave the first N steps out of tokens/s (CUDA start-up, first allocations) (default 0)
   --init-from DIR    start from a GPT-2 in Hugging Face's layout (GPT2LMHeadModel.save_pretrained: config.json
-                     and model.safetensors, or sharded with model.safetensors.index.json). The sizes (--layers,
-                     --embed, --heads, the vocabulary, the positions) come from its config.json; a conflicting
-                     flag is refused, as is a config option train_gpt does not implement. The text is still
-                     encoded one character per token (ids in the sorted characters' order), so the model's
+                     and model.safetensors, or sharded with model.safetensors.index.json, or an older
+                     pytorch_model.bin; float32 weights). The sizes (--layers, --embed, --heads, the
+                     vocabulary, the positions) come from its config.json; a conflicting flag is refused, as
+                     is a config option train_gpt does not implement. The text is still encoded one character
+                     per token (ids in the sorted characters' order), so the model's
                      vocab_size must cover its characters; --block is at most n_positions (default: 64 or less)
   --export DIR       after training, write DIR/model.safetensors and DIR/config.json, which
                      transformers.GPT2LMHeadModel.from_pretrained(DIR) loads (under DDP/FSDP: rank 0 writes)
@@ -282,6 +283,14 @@ Options parse(int argc, char** argv) {
                                     "; the model's sizes come from the file: drop " + flag);
       }
     };
+    if (config.dtype != "float32") {
+      // transformers would load them cast; cpprun's load_state_dict refuses another dtype (more often
+      // another model than a wish to convert), so say so once instead of once a tensor.
+      throw std::invalid_argument("--init-from " + o.init_from + ": config.json says the weights are " + config.dtype +
+                                  "; train_gpt loads float32 weights (and computes in bf16 or fp16 with --amp). "
+                                  "Convert them once in Python: GPT2LMHeadModel.from_pretrained(DIR, dtype=torch."
+                                  "float32).save_pretrained(OUT) (torch_dtype= before transformers 5)");
+    }
     agree("--layers", o.layers, "n_layer", config.layers);
     agree("--embed", o.embed, "n_embd", config.embed);
     agree("--heads", o.heads, "n_head", config.heads);
@@ -681,7 +690,7 @@ void load_gpt2(Model& model, const std::string& dir, const Options& o, int64_t v
   throw std::invalid_argument("--init-from " + dir + ": its tensors are not those of the GPT2LMHeadModel its config.json "
                               "describes (n_layer " + std::to_string(o.layers) + ", n_head " + std::to_string(o.heads) +
                               ", n_embd " + std::to_string(o.embed) + ", n_positions " + std::to_string(o.positions) +
-                              ", vocab_size " + std::to_string(vocab) + ", float32):" + problems +
+                              ", vocab_size " + std::to_string(vocab) + "; train_gpt's weights float32):" + problems +
                               "\nNothing was trained.");
 }
 

@@ -55,7 +55,13 @@ SafetensorsTensor parse_entry(const std::string& name, const Json& entry, std::u
   if (dtype->kind != Json::Kind::kString) bad(path, where + "'s dtype is not a string");
   tensor.dtype = dtype->text;
   const std::size_t item_size = safetensors_dtype_size(tensor.dtype);
-  if (item_size == 0) bad(path, where + " has the unknown dtype \"" + tensor.dtype + "\"");
+  if (item_size == 0 && (tensor.dtype == "F4" || tensor.dtype == "F6_E2M3" || tensor.dtype == "F6_E3M2")) {
+    // A valid file, not a damaged one: say what cpprun lacks, not that the file is wrong.
+    throw CorruptCheckpointError("cpprun: safetensors file " + path + ": " + where + " has dtype " + tensor.dtype +
+                                 ", whose elements are smaller than a byte; cpprun reads whole-byte dtypes only. "
+                                 "Convert it (in PyTorch, .to(torch.bfloat16)) and save it again.");
+  }
+  if (item_size == 0) bad(path, where + " has the dtype \"" + tensor.dtype + "\", which is not one safetensors defines");
   if (shape->kind != Json::Kind::kArray) bad(path, where + "'s shape is not an array");
   // The element count, bounded by the data section. The product of the dimensions other than 0
   // must fit int64 too (LibTorch multiplies every one of them to size a tensor, 0 or not).
@@ -93,7 +99,8 @@ SafetensorsTensor parse_entry(const std::string& name, const Json& entry, std::u
 std::size_t safetensors_dtype_size(std::string_view dtype) {
   static const std::map<std::string_view, std::size_t> sizes = {
       {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E5M2", 1}, {"F8_E4M3", 1}, {"I16", 2}, {"U16", 2}, {"F16", 2},
-      {"BF16", 2}, {"I32", 4}, {"U32", 4}, {"F32", 4},     {"I64", 8},     {"U64", 8}, {"F64", 8}};
+      {"BF16", 2}, {"I32", 4}, {"U32", 4}, {"F32", 4},     {"I64", 8},     {"U64", 8}, {"F64", 8},
+      {"F8_E4M3FNUZ", 1}, {"F8_E5M2FNUZ", 1}, {"F8_E8M0", 1}, {"C64", 8}};
   const auto found = sizes.find(dtype);
   return found == sizes.end() ? 0 : found->second;
 }

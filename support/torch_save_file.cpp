@@ -20,12 +20,35 @@ namespace {
 
 static_assert(std::endian::native == std::endian::little, "torch.save files hold little-endian data");
 
-// torch.save names a storage's dtype by its legacy class (torch.FloatStorage, ...).
+// torch.save names a storage's dtype by its legacy class (torch.FloatStorage, ...) where the dtype
+// has one, and rebuilds the tensor with _rebuild_tensor_v2.
 constexpr std::pair<at::ScalarType, const char*> kStorageClasses[] = {
     {at::kFloat, "FloatStorage"}, {at::kDouble, "DoubleStorage"}, {at::kHalf, "HalfStorage"},
     {at::kBFloat16, "BFloat16Storage"}, {at::kLong, "LongStorage"}, {at::kInt, "IntStorage"},
     {at::kShort, "ShortStorage"}, {at::kChar, "CharStorage"}, {at::kByte, "ByteStorage"},
-    {at::kBool, "BoolStorage"}};
+    {at::kBool, "BoolStorage"}, {at::kComplexFloat, "ComplexFloatStorage"},
+    {at::kComplexDouble, "ComplexDoubleStorage"}};
+
+// A dtype as a pickle names it (the global torch.<name>). The dtypes without a legacy class
+// (uint16 on, PyTorch 2.1 on) torch.save writes as a torch.storage.UntypedStorage of bytes, the
+// dtype the last argument of _rebuild_tensor_v3.
+constexpr std::pair<at::ScalarType, const char*> kPickleDtypeNames[] = {
+    {at::kFloat, "float32"}, {at::kDouble, "float64"}, {at::kHalf, "float16"}, {at::kBFloat16, "bfloat16"},
+    {at::kLong, "int64"}, {at::kInt, "int32"}, {at::kShort, "int16"}, {at::kChar, "int8"}, {at::kByte, "uint8"},
+    {at::kBool, "bool"}, {at::kComplexFloat, "complex64"}, {at::kComplexDouble, "complex128"},
+    {at::kUInt16, "uint16"}, {at::kUInt32, "uint32"}, {at::kUInt64, "uint64"},
+    {at::kFloat8_e4m3fn, "float8_e4m3fn"}, {at::kFloat8_e5m2, "float8_e5m2"},
+    {at::kFloat8_e4m3fnuz, "float8_e4m3fnuz"}, {at::kFloat8_e5m2fnuz, "float8_e5m2fnuz"},
+    {at::kFloat8_e8m0fnu, "float8_e8m0fnu"}};
+
+constexpr const char* kUntypedStorage = "torch.storage.UntypedStorage";
+
+const char* pickle_dtype_name(at::ScalarType type) {
+  for (const auto& [t, name] : kPickleDtypeNames) {
+    if (t == type) return name;
+  }
+  return nullptr;
+}
 
 [[noreturn]] void bad_pt_file(const std::string& path, const std::string& why) {
   throw CorruptCheckpointError("cpprun: " + path + " is not a torch.save file of a dict of tensors: " + why + ".");
@@ -78,13 +101,11 @@ class PickleWriter {
   }
 };
 
-const char* storage_class(at::ScalarType type, const std::string& name) {
+const char* storage_class(at::ScalarType type) {
   for (const auto& [t, cls] : kStorageClasses) {
     if (t == type) return cls;
   }
-  TORCH_CHECK(false, "cpprun: cannot write tensor \"", name, "\" of dtype ", type,
-              " to a .pt state dict (torch.save's storage classes cover float, double, half, bfloat16, "
-              "int64/32/16/8, uint8 and bool); save it as .safetensors or convert it first.");
+  return nullptr;
 }
 
 // ---- reading: a stack machine for the opcodes torch.save emits ----
@@ -274,12 +295,14 @@ class PickleReader {
   }
   void global(const std::string& name) {
     static const char* const allowed[] = {"collections.OrderedDict", "torch._utils._rebuild_tensor_v2",
-                                          "torch._utils._rebuild_parameter"};
+                                          "torch._utils._rebuild_tensor_v3", "torch._utils._rebuild_parameter",
+                                          kUntypedStorage};
     bool ok = false;
     for (const char* a : allowed) ok = ok || name == a;
     for (const auto& [type, cls] : kStorageClasses) ok = ok || name == std::string("torch.") + cls;
-    if (!ok) fail("it names the global " + name + ", which a dict of tensors does not need (refused, as torch.load's "
-                  "weights_only=True refuses it)");
+    for (const auto& [type, dtype] : kPickleDtypeNames) ok = ok || name == std::string("torch.") + dtype;
+    if (!ok) fail("it names the global " + name + ", which a dict of dense tensors does not need (cpprun's reader "
+                  "takes dicts of tensors, their storages and dtypes, and calls nothing else)");
     auto v = make(Value::Kind::kGlobal);
     v->text = name;
     push(v);
@@ -301,19 +324,27 @@ class PickleReader {
     if (callable->text == "collections.OrderedDict") {
       if (!a.empty()) fail("OrderedDict called with arguments");
       push(make(Value::Kind::kDict));
-    } else if (callable->text == "torch._utils._rebuild_tensor_v2") {
-      // (storage, storage_offset, size, stride, requires_grad, backward_hooks[, metadata])
-      if (a.size() < 4 || a[0]->kind != Value::Kind::kStorage) fail("_rebuild_tensor_v2 with other arguments");
+    } else if (callable->text == "torch._utils._rebuild_tensor_v2" ||
+               callable->text == "torch._utils._rebuild_tensor_v3") {
+      // v2: (storage, storage_offset, size, stride, requires_grad, backward_hooks[, metadata]), the
+      // dtype the storage's; v3: (..., backward_hooks, dtype[, metadata]), the storage untyped bytes.
+      const bool v3 = callable->text.back() == '3';
+      const std::size_t metadata_at = v3 ? 7 : 6;
+      if (a.size() < (v3 ? 7u : 4u) || a.size() > metadata_at + 1 || a[0]->kind != Value::Kind::kStorage) {
+        fail(callable->text + " with other arguments");
+      }
       const auto sizes = as_ints(a[2], "a tensor's size");
       const auto strides = as_ints(a[3], "a tensor's stride");
       const int64_t offset = as_int(a[1], "a tensor's storage offset");
       if (sizes.size() != strides.size()) fail("a tensor's size and stride differ in length");
+      const at::ScalarType dtype = v3 ? dtype_of(a[6]) : a[0]->tensor.scalar_type();
       auto v = make(Value::Kind::kTensor);
       try {
-        v->tensor = at::empty({0}, a[0]->tensor.options()).set_(a[0]->tensor.storage(), offset, sizes, strides);
+        v->tensor = at::empty({0}, at::TensorOptions().dtype(dtype)).set_(a[0]->tensor.storage(), offset, sizes, strides);
       } catch (const c10::Error& e) {
         fail(std::string("a tensor does not fit its storage: ") + e.what_without_backtrace());
       }
+      if (a.size() > metadata_at) v->tensor = with_metadata(v->tensor, a[metadata_at]);
       push(v);
     } else if (callable->text == "torch._utils._rebuild_parameter") {
       if (a.empty() || a[0]->kind != Value::Kind::kTensor) fail("_rebuild_parameter with other arguments");
@@ -321,6 +352,37 @@ class PickleReader {
     } else {
       fail(callable->text + " called");
     }
+  }
+  at::ScalarType dtype_of(const ValuePtr& v) {
+    if (v->kind == Value::Kind::kGlobal) {
+      for (const auto& [type, name] : kPickleDtypeNames) {
+        if (v->text == std::string("torch.") + name) return type;
+      }
+    }
+    fail("_rebuild_tensor_v3's dtype is not one cpprun reads");
+  }
+  // torch.save records a view's lazy negation or conjugation (a.conj().imag, ...) as metadata
+  // {'neg': True} / {'conj': True} over the stored, not yet negated, values: applied here, so the
+  // tensor holds what PyTorch's torch.load gives.
+  at::Tensor with_metadata(at::Tensor tensor, const ValuePtr& metadata) {
+    if (metadata->kind == Value::Kind::kNone) return tensor;
+    if (metadata->kind != Value::Kind::kDict) fail("a tensor's metadata is not a dict");
+    for (const auto& [key, value] : metadata->entries) {
+      const bool set = value->kind == Value::Kind::kBool && value->integer != 0;
+      if (key->kind != Value::Kind::kString || value->kind != Value::Kind::kBool) {
+        fail("a tensor's metadata holds other than names and true / false");
+      }
+      if (key->text == "neg") {
+        if (set) tensor = at::neg(tensor);
+      } else if (key->text == "conj") {
+        if (set && !tensor.is_complex()) fail("a tensor of dtype " + std::string(c10::toString(tensor.scalar_type())) +
+                                              " is marked conjugated");
+        if (set) tensor = at::conj_physical(tensor);
+      } else {
+        fail("a tensor's metadata \"" + key->text + "\" is not one cpprun knows (it applies 'neg' and 'conj')");
+      }
+    }
+    return tensor;
   }
   // An OrderedDict's state (a state dict's _metadata: version numbers) means nothing here.
   void build() {
@@ -334,8 +396,8 @@ class PickleReader {
         a[1]->kind != Value::Kind::kGlobal || a[2]->kind != Value::Kind::kString) {
       fail("a persistent id other than ('storage', type, key, location, numel)");
     }
-    at::ScalarType type = at::kFloat;
-    bool found = false;
+    at::ScalarType type = at::kByte;  // an UntypedStorage: its numel counts bytes
+    bool found = a[1]->text == kUntypedStorage;
     for (const auto& [t, cls] : kStorageClasses) {
       if (a[1]->text == std::string("torch.") + cls) type = t, found = true;
     }
@@ -388,15 +450,22 @@ std::string encode_torch_save(const NamedTensors& tensors) {
       zip.writeRecord("data/" + entry.first, entry.second.data_ptr(), entry.second.nbytes());
     }
     const at::Tensor& cpu = entry.second;
+    // As torch.save: a legacy storage class and _rebuild_tensor_v2 where the dtype has one, else
+    // an UntypedStorage of bytes and _rebuild_tensor_v3 naming the dtype.
+    const char* typed = storage_class(cpu.scalar_type());
+    const char* untyped = typed ? nullptr : pickle_dtype_name(cpu.scalar_type());
+    TORCH_CHECK(typed || untyped, "cpprun: cannot write tensor \"", name, "\" of dtype ", cpu.scalar_type(),
+                " to a .pt state dict: torch.save has no storage for it. Save it as .safetensors, or convert it first.");
     pickle.string(name);
-    pickle.global("torch._utils", "_rebuild_tensor_v2");
+    pickle.global("torch._utils", typed ? "_rebuild_tensor_v2" : "_rebuild_tensor_v3");
     pickle.op('(');
     pickle.op('(');  // the persistent id of its storage
     pickle.string("storage");
-    pickle.global("torch", storage_class(cpu.scalar_type(), name));
+    if (typed) pickle.global("torch", typed);
+    else pickle.global("torch.storage", "UntypedStorage");
     pickle.string(entry.first);
     pickle.string("cpu");
-    pickle.integer(cpu.numel());
+    pickle.integer(typed ? cpu.numel() : static_cast<int64_t>(cpu.nbytes()));
     pickle.op('t');
     pickle.op('Q');
     pickle.integer(0);  // storage offset
@@ -404,6 +473,7 @@ std::string encode_torch_save(const NamedTensors& tensors) {
     pickle.int_tuple(cpu.strides());
     pickle.op('\x89');  // requires_grad=False, as state_dict() detaches
     pickle.empty_ordered_dict();  // backward hooks
+    if (untyped) pickle.global("torch", untyped);
     pickle.op('t');
     pickle.op('R');
   }
@@ -417,6 +487,13 @@ std::string encode_torch_save(const NamedTensors& tensors) {
 }
 
 NamedTensors decode_torch_save(std::string_view bytes, const std::string& path) {
+  // torch.save's format before PyTorch 1.6 (and with _use_new_zipfile_serialization=False): a
+  // pickle of its magic number, not a zip.
+  static constexpr std::string_view kLegacyMagic("\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19", 14);
+  if (bytes.substr(0, kLegacyMagic.size()) == kLegacyMagic) {
+    bad_pt_file(path, "it is in torch.save's legacy format (PyTorch before 1.6, or _use_new_zipfile_serialization="
+                      "False), which cpprun does not read; load it in PyTorch and torch.save it again with the defaults");
+  }
   std::unique_ptr<caffe2::serialize::PyTorchStreamReader> zip;
   try {
     zip = std::make_unique<caffe2::serialize::PyTorchStreamReader>(

@@ -266,6 +266,23 @@ TEST_CASE("optimizer_state_dict: values the optimizer could not step from are re
                         }
                       }),
                "\"state.fc1.weight.step\" is nan, not a count of steps taken");
+  // Options LibTorch's optimizers lack that change the update: loading would step another way.
+  const std::string lr_text = written;
+  refused_with(edited("maximize", lr_text, lr_text + ", \"maximize\": true", nullptr), "option \"maximize\" is true");
+  refused_with(edited("not_decoupled", lr_text, lr_text + ", \"decoupled_weight_decay\": false", nullptr),
+               "the file's update is Adam's, this optimizer is AdamW. Build a torch::optim::Adam");
+  // Those that do not change it (torch.optim.AdamW's state_dict() writes them all) are taken.
+  {
+    auto net2 = seeded(1);
+    torch::optim::AdamW opt2(net2->parameters(), torch::optim::AdamWOptions(0.5));
+    cpprun::load_optimizer_state_dict(
+        net2, opt2,
+        edited("torch_keys", lr_text,
+               lr_text + ", \"maximize\": false, \"foreach\": null, \"fused\": null, \"capturable\": false, "
+                         "\"differentiable\": false, \"decoupled_weight_decay\": true",
+               nullptr));
+    CHECK(opt2.param_groups()[0].options().get_lr() == 0.01);
+  }
   // A subnormal (Python's json writes 1e-310 so) is a double, loaded as written.
   {
     auto net2 = seeded(1);
@@ -278,6 +295,34 @@ TEST_CASE("optimizer_state_dict: values the optimizer could not step from are re
   torch::optim::AdamW fresh_opt(fresh->parameters(), torch::optim::AdamWOptions(0.5));
   cpprun::load_optimizer_state_dict(fresh, fresh_opt, good);
   CHECK(fresh_opt.param_groups()[0].options().get_lr() == 0.01);
+  fs::remove_all(dir);
+}
+
+// torch.optim's load_state_dict takes the file's options, amsgrad among them: a file saved with
+// amsgrad loads into an AdamW built without it, which then keeps max_exp_avg_sq (the check of what
+// state each parameter holds once refused it as "not AdamW's state").
+TEST_CASE("optimizer_state_dict: the file's amsgrad wins, with its max_exp_avg_sq", "[optimizer_state_dict]") {
+  if (group().rank() != 0) return;
+  auto net = seeded(1);
+  torch::optim::AdamW opt(net->parameters(), torch::optim::AdamWOptions(0.01).amsgrad(true));
+  auto [x, y] = batch(0);
+  torch::mse_loss(net->forward(x), y).backward();
+  opt.step();
+  const std::string dir = scratch("amsgrad");
+  fs::create_directories(dir);
+  const std::string path = dir + "/amsgrad.safetensors";
+  cpprun::save_optimizer_state_dict(net, opt, path);
+  auto fresh = seeded(1);
+  torch::optim::AdamW fresh_opt(fresh->parameters(), torch::optim::AdamWOptions(0.5));
+  cpprun::load_optimizer_state_dict(fresh, fresh_opt, path);
+  const auto& options = static_cast<const torch::optim::AdamWOptions&>(fresh_opt.param_groups()[0].options());
+  CHECK(options.amsgrad());
+  const auto& p = opt.param_groups()[0].params()[0];
+  const auto& q = fresh_opt.param_groups()[0].params()[0];
+  const auto& saved = static_cast<torch::optim::AdamWParamState&>(*opt.state().at(p.unsafeGetTensorImpl()));
+  const auto& loaded = static_cast<torch::optim::AdamWParamState&>(*fresh_opt.state().at(q.unsafeGetTensorImpl()));
+  REQUIRE(loaded.max_exp_avg_sq().defined());
+  CHECK(torch::equal(loaded.max_exp_avg_sq(), saved.max_exp_avg_sq()));
   fs::remove_all(dir);
 }
 

@@ -15,6 +15,7 @@ would otherwise pay it once per directory.
 """
 import json
 import os
+import shutil
 import sys
 
 import numpy as np
@@ -108,6 +109,14 @@ def faults(out):
     variant("relu", lambda c: c.update(activation_function="relu"))
     variant("not_gpt2", lambda c: c.update(model_type="llama"))
     variant("missing_tensor", drop="transformer.h.1.mlp.c_fc.weight")
+    # A float16 model, as GPT2LMHeadModel(...).half().save_pretrained writes it (config.json's dtype).
+    half = os.path.join(out, "fp16")
+    GPT2LMHeadModel.from_pretrained(good).half().save_pretrained(half)
+    # transformers' older layout (safe_serialization=False): pytorch_model.bin, a torch.save file.
+    bin_dir = os.path.join(out, "bin")
+    os.makedirs(bin_dir)
+    shutil.copy(os.path.join(good, "config.json"), bin_dir)
+    torch.save(load_file(os.path.join(good, "model.safetensors")), os.path.join(bin_dir, "pytorch_model.bin"))
 
 
 if __name__ == "__main__":

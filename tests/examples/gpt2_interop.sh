@@ -130,6 +130,16 @@ faults)
   rm -rf "$tmp/fifo_config" && cp -r "$tmp/good" "$tmp/fifo_config" && rm "$tmp/fifo_config/config.json"
   mkfifo "$tmp/fifo_config/config.json"
   expect "config.json: it is a FIFO (named pipe), not a regular file" --init-from "$tmp/fifo_config"
+  # A float16 model: one line saying what to do (was: a line a tensor, "file float16, module float32").
+  expect 'config.json says the weights are float16; train_gpt loads float32 weights' --init-from "$tmp/fp16"
+  # transformers' older pytorch_model.bin is read as from_pretrained reads it: the same logits as
+  # the same weights in model.safetensors.
+  for layout in good bin; do
+    timeout 240 "$gpt" --init-from "$tmp/$layout" --steps 0 --sample 0 --logits-for 1,2,3 \
+      --logits-out "$tmp/$layout.logits" >"$tmp/out" 2>&1 || fail "train_gpt --init-from $tmp/$layout: $(cat "$tmp/out")"
+  done
+  cmp -s "$tmp/good.logits" "$tmp/bin.logits" || fail "pytorch_model.bin gave other logits than model.safetensors"
+  echo "ok: train_gpt --init-from a directory of pytorch_model.bin -> the model.safetensors copy's logits"
   echo "PASS: train_gpt refuses what it cannot load, naming it"
   ;;
 *) echo "FAIL: unknown case $case_name"; exit 1 ;;

@@ -6,14 +6,19 @@
 //   state_dict_interop write_sharded DIR  under cpprun: FSDP stage 3 saves DIR/ (a file per rank)
 //   state_dict_interop read PATH          loads PATH strictly; exit 0 when every value is the reference's
 //   state_dict_interop refuse PATH        loads PATH; prints the error (exit 0) or "loaded" (exit 1)
+//   state_dict_interop write_dtypes DIR   DIR/cpp_dtypes.pt (every dtype torch.save writes beyond the
+//                                         classic ten) and DIR/cpp_dtypes.safetensors (those safetensors names)
+//   state_dict_interop dump PATH          each tensor PATH holds: "name dtype shape crc32-of-its-bytes"
 #include <torch/torch.h>
 
 #include <iostream>
 #include <string>
 
+#include "checkpoint/state_dict.h"  // read_state_dict_file: a file's tensors, no module
 #include "cpprun/fsdp.h"
 #include "cpprun/process_group.h"
 #include "cpprun/state_dict.h"
+#include "support/crc32.h"
 
 namespace {
 
@@ -53,15 +58,55 @@ std::map<std::string, torch::Tensor> reference(Net& net) {
   return values;
 }
 
+// The dtypes without a legacy torch.save storage class (written with _rebuild_tensor_v3), and the
+// complex ones; by name as state_dict_interop.py's DTYPES. The last two have no safetensors name.
+const std::pair<const char*, torch::ScalarType> kNewerDtypes[] = {
+    {"uint16", torch::kUInt16}, {"uint32", torch::kUInt32}, {"uint64", torch::kUInt64},
+    {"float8_e4m3fn", torch::kFloat8_e4m3fn}, {"float8_e5m2", torch::kFloat8_e5m2},
+    {"float8_e4m3fnuz", torch::kFloat8_e4m3fnuz}, {"float8_e5m2fnuz", torch::kFloat8_e5m2fnuz},
+    {"complex64", torch::kComplexFloat}, {"float8_e8m0fnu", torch::kFloat8_e8m0fnu},
+    {"complex128", torch::kComplexDouble}};
+constexpr std::size_t kSafetensorsNamed = 8;
+
+// Bytes 0, 1, 2, ... (mod 251) as a [2, 3] tensor of `type`: every bit pattern compared as bytes,
+// NaN patterns of the float8 types included. state_dict_interop.py's pattern().
+torch::Tensor pattern(torch::ScalarType type) {
+  const int64_t bytes = 6 * static_cast<int64_t>(c10::elementSize(type));
+  return torch::arange(bytes, torch::kLong).remainder(251).to(torch::kByte).view(type).reshape({2, 3});
+}
+
+int dump(const std::string& path) {
+  for (const auto& [name, tensor] : cpprun::detail::read_state_dict_file(path)) {
+    const torch::Tensor bytes = tensor.contiguous();
+    std::string shape;
+    for (const int64_t size : bytes.sizes()) shape += (shape.empty() ? "" : "x") + std::to_string(size);
+    const auto crc = cpprun::detail::crc32(
+        std::string_view(static_cast<const char*>(bytes.data_ptr()), bytes.nbytes()));
+    std::cout << name << " " << c10::toString(bytes.scalar_type()) << " " << shape << " " << crc << "\n";
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc != 3) {
-    std::cerr << "usage: state_dict_interop write DIR | write_sharded DIR | read PATH | refuse PATH\n";
+    std::cerr << "usage: state_dict_interop write DIR | write_sharded DIR | read PATH | refuse PATH | "
+                 "write_dtypes DIR | dump PATH\n";
     return 2;
   }
   const std::string mode = argv[1];
   const std::string target = argv[2];
+  if (mode == "dump") return dump(target);
+  if (mode == "write_dtypes") {
+    cpprun::detail::NamedTensors all;
+    for (const auto& [name, type] : kNewerDtypes) all.emplace_back(name, pattern(type));
+    const cpprun::detail::NamedTensors named(all.begin(), all.begin() + kSafetensorsNamed);
+    cpprun::detail::write_state_dict_file(all, target + "/cpp_dtypes.pt", {}, {});
+    cpprun::detail::write_state_dict_file(named, target + "/cpp_dtypes.safetensors", {}, {});
+    std::cout << "wrote " << target << "/cpp_dtypes.pt and cpp_dtypes.safetensors\n";
+    return 0;
+  }
   auto net_ptr = std::make_shared<Net>();
   Net& net = *net_ptr;
   const auto values = reference(net);

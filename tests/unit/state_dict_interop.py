@@ -9,9 +9,17 @@
                                     load_sharded_checkpoint too when transformers is installed
   state_dict_interop.py write_sharded DIR     DIR/py_sharded/ in Hugging Face's layout (3 files + index), and
                                     DIR/py_sharded_lacking/: its index places a tensor in a file without it
+  state_dict_interop.py write_dtypes DIR      DIR/py_dtypes.pt and .safetensors (the newer dtypes; in the .pt a
+                                    lazily negated and a conjugated view too), each with FILE.expected: the
+                                    lines state_dict_interop's dump must print; DIR/py_legacy.pt (torch.save's
+                                    pre-1.6 format); DIR/bin/pytorch_model.bin (transformers' older name) and
+                                    DIR/bin_sharded/pytorch_model.bin.index.json
+  state_dict_interop.py check_dtypes DIR      DIR/cpp_dtypes.pt and .safetensors hold the pattern, bit for bit
 """
 import json
+import shutil
 import sys
+import zlib
 from pathlib import Path
 
 import safetensors
@@ -89,6 +97,72 @@ def write(directory):
     safetensors.torch.save_file({k: v.clone() for k, v in model.state_dict().items()}, directory / "py.safetensors")
     torch.save(Net(hidden=6).state_dict(), directory / "py_other.pt")
     print("wrote py.pt, py.safetensors, py_other.pt")
+
+
+# The dtypes torch.save writes with _rebuild_tensor_v3 (no legacy storage class), and the complex
+# ones; the first 8 also have safetensors names. As state_dict_interop.cpp's kNewerDtypes.
+DTYPES = {"uint16": torch.uint16, "uint32": torch.uint32, "uint64": torch.uint64,
+          "float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2,
+          "float8_e4m3fnuz": torch.float8_e4m3fnuz, "float8_e5m2fnuz": torch.float8_e5m2fnuz,
+          "complex64": torch.complex64, "float8_e8m0fnu": torch.float8_e8m0fnu, "complex128": torch.complex128}
+SAFETENSORS_NAMED = list(DTYPES)[:8]
+C10_NAMES = {torch.uint16: "UInt16", torch.uint32: "UInt32", torch.uint64: "UInt64",
+             torch.float8_e4m3fn: "Float8_e4m3fn", torch.float8_e5m2: "Float8_e5m2",
+             torch.float8_e4m3fnuz: "Float8_e4m3fnuz", torch.float8_e5m2fnuz: "Float8_e5m2fnuz",
+             torch.float8_e8m0fnu: "Float8_e8m0fnu", torch.complex64: "ComplexFloat",
+             torch.complex128: "ComplexDouble", torch.float32: "Float"}
+
+
+def pattern(dtype):
+    """Bytes 0, 1, 2, ... (mod 251) as a [2, 3] tensor of dtype, as the C++ side makes it."""
+    size = torch.empty((), dtype=dtype).element_size()
+    return torch.arange(6 * size).remainder(251).to(torch.uint8).view(dtype).reshape(2, 3)
+
+
+def raw(t):
+    """A tensor's values as bytes (a lazy negation or conjugation applied), NaN patterns compared too."""
+    return t.resolve_conj().resolve_neg().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+def write_dtypes(directory):
+    tensors = {name: pattern(dtype) for name, dtype in DTYPES.items()}
+    def z():
+        return torch.complex(torch.arange(6.0), torch.arange(6.0) + 10).reshape(2, 3)
+    # Saved as metadata {'neg': True} / {'conj': True} over the stored values (two storages: torch.save
+    # refuses one storage viewed as two dtypes).
+    with_views = {**tensors, "neg": z().conj().imag, "conj": z().conj()}
+    assert with_views["neg"].is_neg() and with_views["conj"].is_conj()
+    torch.save(with_views, directory / "py_dtypes.pt")
+    safetensors.torch.save_file({k: tensors[k] for k in SAFETENSORS_NAMED}, directory / "py_dtypes.safetensors")
+    for file, held in (("py_dtypes.pt", with_views), ("py_dtypes.safetensors", SAFETENSORS_NAMED)):
+        lines = []
+        for name in held:
+            t = with_views[name]
+            shape = "x".join(str(d) for d in t.shape)
+            lines.append(f"{name} {C10_NAMES[t.dtype]} {shape} {zlib.crc32(raw(t))}\n")
+        (directory / (file + ".expected")).write_text("".join(lines))
+    model = Net()
+    torch.save(model.state_dict(), directory / "py_legacy.pt", _use_new_zipfile_serialization=False)
+    (directory / "bin").mkdir()
+    shutil.copy(directory / "py.pt", directory / "bin" / "pytorch_model.bin")
+    (directory / "bin_sharded").mkdir()
+    (directory / "bin_sharded" / "pytorch_model.bin.index.json").write_text(
+        json.dumps({"metadata": {"total_size": 0}, "weight_map": {}}))
+    print("wrote py_dtypes.pt, py_dtypes.safetensors, py_legacy.pt, bin/, bin_sharded/")
+
+
+def check_dtypes(directory):
+    loaded = torch.load(directory / "cpp_dtypes.pt")  # weights_only=True
+    assert list(loaded) == list(DTYPES), f"cpp_dtypes.pt holds {list(loaded)}"
+    for file, tensors in (("cpp_dtypes.pt", loaded),
+                          ("cpp_dtypes.safetensors", safetensors.torch.load_file(directory / "cpp_dtypes.safetensors"))):
+        names = list(DTYPES) if file.endswith(".pt") else SAFETENSORS_NAMED
+        assert sorted(tensors) == sorted(names), f"{file} holds {sorted(tensors)}"
+        for name in names:
+            t = tensors[name]
+            assert t.dtype == DTYPES[name] and t.shape == (2, 3), f"{file}: {name} is {t.dtype} {tuple(t.shape)}"
+            assert raw(t) == raw(pattern(DTYPES[name])), f"{file}: {name}'s bytes differ"
+    print(f"PASS: torch.load and safetensors read cpprun's {len(DTYPES)} newer dtypes bit for bit")
 
 
 def shard_name(part, parts):
@@ -176,4 +250,5 @@ if __name__ == "__main__":
     if command == "check_sharded":
         check_sharded(Path(sys.argv[2]), int(sys.argv[3]))
     else:
-        {"check": check, "write": write, "write_sharded": write_sharded}[command](Path(sys.argv[2]))
+        {"check": check, "write": write, "write_sharded": write_sharded, "write_dtypes": write_dtypes,
+         "check_dtypes": check_dtypes}[command](Path(sys.argv[2]))
