@@ -11,9 +11,14 @@ namespace cpprun::launcher {
 namespace {
 
 // A whole number in [0, limit), digits only; -1 if the text is not one.
+// A number as torchrun's int() reads it: blanks around it and a leading '+' allowed ("0, 1").
 int read_index(const std::string& text, long limit) {
-  if (text.find_first_not_of("0123456789") != std::string::npos) return -1;
-  return int_in_range(text, 0, limit - 1).value_or(-1);
+  const auto first = text.find_first_not_of(" \t\n\r\f\v");
+  if (first == std::string::npos) return -1;
+  std::string digits = text.substr(first, text.find_last_not_of(" \t\n\r\f\v") + 1 - first);
+  if (digits[0] == '+') digits.erase(0, 1);
+  if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos) return -1;
+  return int_in_range(digits, 0, limit - 1).value_or(-1);
 }
 
 std::vector<std::string> split(const std::string& text, char separator) {

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <fstream>
 #include <utility>
 
@@ -148,13 +149,41 @@ void check_interpreter(const std::string& program, const std::string& path, cons
                            found == Candidate::kMissing ? 127 : 126);
 }
 
-void require_file(const std::string& program, const char* what) {
+bool ends_with(const std::string& text, const char* tail) {
+  const std::size_t n = std::strlen(tail);
+  return text.size() >= n && text.compare(text.size() - n, n, tail) == 0;
+}
+
+bool is_directory(const std::string& path) {
   struct stat st {};
-  if (stat(program.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
-    throw ProgramNotRunnable("cpprun: cannot run " + std::string(what) + " '" + program +
-                                 "': no such file (relative to the current directory, as python would look)",
-                             127);
+  return stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+// What `python PROGRAM` runs, as torchrun runs every program: a script (.py, .pyw), a zipapp
+// (.pyz, .pyzw), bytecode (.pyc), or a directory holding __main__.py. Anything else cpprun execs
+// itself (Note in program_command.h).
+bool runs_in_python(const std::string& program) {
+  for (const char* tail : {".py", ".pyw", ".pyz", ".pyzw", ".pyc"}) {
+    if (ends_with(program, tail)) return true;
   }
+  return is_directory(program);
+}
+
+// The file or directory python will run exists and is one it can run, or a named error.
+void require_python_program(const std::string& program, const char* what) {
+  const std::string named = "cpprun: cannot run " + std::string(what) + " '" + program + "'";
+  struct stat st {};
+  if (stat(program.c_str(), &st) != 0) {
+    throw ProgramNotRunnable(named + ": no such file (relative to the current directory, as python would look)", 127);
+  }
+  if (S_ISDIR(st.st_mode)) {
+    for (const char* main : {"/__main__.py", "/__main__.pyc"}) {
+      if (access((program + main).c_str(), R_OK) == 0) return;
+    }
+    throw ProgramNotRunnable(named + ": a directory without __main__.py, which python cannot run (name the script "
+                                     "inside it, or add __main__.py)", 126);
+  }
+  if (!S_ISREG(st.st_mode)) throw ProgramNotRunnable(named + ": not a regular file", 126);
 }
 
 // torchrun's --run_path: runpy.run_path as __main__, with sys.argv as the script would see it.
@@ -170,6 +199,9 @@ std::string run_path_code() {
   return std::string(
     "import os, runpy, sys, time\n"
     "sys.argv = sys.argv[1:]\n"
+    // python -c puts the current directory first on sys.path; torchrun's runpy.run_path does not.
+    "if sys.path and sys.path[0] == '':\n"
+    "    del sys.path[0]\n"
     "def _cpprun_local_exit_barrier():\n"
     "    path = os.environ.get('") + kRunPathFinishedVariable + "')\n"
     "    count = int(os.environ.get('LOCAL_WORLD_SIZE', '1'))\n"
@@ -297,14 +329,13 @@ std::string python_choice_line(const std::string& program, ProgramMode mode, con
 
 ProgramCommand resolve_program_command(const std::string& program, const std::vector<std::string>& args,
                                        ProgramMode mode, const ProgramLookup& lookup) {
-  const bool python_file = program.size() >= 3 && program.compare(program.size() - 3, 3, ".py") == 0;
   ProgramCommand command;
-  if (mode == ProgramMode::kNoPython || (mode == ProgramMode::kByName && !python_file)) {
+  if (mode == ProgramMode::kNoPython || (mode == ProgramMode::kByName && !runs_in_python(program))) {
     command = {resolve_program(program, lookup.path_env), {program}, ""};
   } else {
     if (program.empty()) throw ProgramNotRunnable("cpprun: PROGRAM is an empty string", 127);
-    if (mode == ProgramMode::kByName) require_file(program, "the Python script");
-    if (mode == ProgramMode::kRunPath) require_file(program, "--run_path");
+    if (mode == ProgramMode::kByName) require_python_program(program, "the Python script");
+    if (mode == ProgramMode::kRunPath) require_python_program(program, "--run_path");
     command = find_python(program, lookup);
     // -u: unbuffered, as torchrun runs its workers, so lines reach the console as they are printed.
     command.argv = {command.path, "-u"};

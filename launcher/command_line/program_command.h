@@ -44,10 +44,11 @@ std::optional<std::string> env_shebang_program(const std::string& head);
 
 // How PROGRAM is to be run: torchrun's --no_python, -m/--module and --run_path, or by its name.
 enum class ProgramMode {
-  kByName,    // PROGRAM.py: a Python script; anything else: an executable, as execvp finds it
+  kByName,    // what python runs (PROGRAM.py/.pyw/.pyz/.pyzw/.pyc, a directory with __main__.py): through
+              // python, as torchrun; anything else: an executable, as execvp finds it
   kNoPython,  // --no_python: PROGRAM is always executed directly
   kModule,    // -m: PROGRAM names a Python module (python -m)
-  kRunPath,   // --run_path: PROGRAM is a file of Python code, run with runpy.run_path
+  kRunPath,   // --run_path: PROGRAM is a file (or zipapp, or directory) of Python code, run with runpy.run_path
 };
 
 struct ProgramCommand {

@@ -20,6 +20,17 @@ namespace {
 
 constexpr int kHandledSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGTSTP, SIGCONT, SIGCHLD};
 
+// Note [Signals ignored at startup]
+// torchrun installs its handlers whatever it inherited, so a job a script started with `&` (which
+// a non-interactive shell starts with SIGINT and SIGQUIT ignored) stops at the script's `kill
+// -INT`, and its workers start with these signals at their defaults: cpprun does the same for
+// SIGINT, SIGTERM and SIGQUIT. SIGHUP ignored at startup stays ignored, by cpprun and its workers:
+// that is `nohup cpprun ...`, asking the job to outlive the terminal (torchrun's handler ends a
+// nohup'd job at the hangup). SIGUSR1/2 ignored stay ignored, as torchrun (which does not handle
+// them by default) leaves them.
+bool respects_startup_ignore(int sig) { return sig == SIGHUP || sig == SIGUSR1 || sig == SIGUSR2 || sig == SIGTSTP; }
+bool default_in_workers(int sig) { return sig == SIGINT || sig == SIGTERM || sig == SIGQUIT; }
+
 // Handler state must be global: a signal handler gets no context pointer.
 static_assert(std::atomic<bool>::is_always_lock_free, "handler flags must be async-signal-safe");
 std::atomic<bool> g_pending[NSIG];
@@ -98,7 +109,7 @@ SignalRelay::SignalRelay() {
   sigprocmask(SIG_SETMASK, nullptr, &g_startup_mask);
   for (int sig : kHandledSignals) {
     sigaction(sig, nullptr, &g_startup_action[sig]);
-    if (sig != SIGCHLD && g_startup_action[sig].sa_handler == SIG_IGN) continue;  // Note [Signals ignored at startup]
+    if (respects_startup_ignore(sig) && g_startup_action[sig].sa_handler == SIG_IGN) continue;  // Note [Signals ignored at startup]
     struct sigaction action {};
     action.sa_handler = on_signal;
     sigemptyset(&action.sa_mask);
@@ -156,8 +167,17 @@ std::vector<int> SignalRelay::take_pending() {
 }
 
 void SignalRelay::restore_in_child() const noexcept {
-  for (int sig : kHandledSignals) sigaction(sig, &g_startup_action[sig], nullptr);
+  struct sigaction at_default {};
+  at_default.sa_handler = SIG_DFL;
+  sigemptyset(&at_default.sa_mask);
+  for (int sig : kHandledSignals) {
+    sigaction(sig, default_in_workers(sig) ? &at_default : &g_startup_action[sig], nullptr);
+  }
   sigaction(diagnose_signal(), &g_startup_action[diagnose_signal()], nullptr);
+  // As Python's subprocess (torchrun's workers) does: a program expects a write to a closed pipe
+  // to end it, and a file-size limit to stop it, whatever its launcher's parent ignored.
+  sigaction(SIGPIPE, &at_default, nullptr);
+  sigaction(SIGXFSZ, &at_default, nullptr);
   sigprocmask(SIG_SETMASK, &g_startup_mask, nullptr);
 }
 

@@ -17,9 +17,10 @@ bool ends_job(int sig);
 
 // One per process: owns the handlers of the signals forwarded to the workers' process groups (as
 // torchrun's: SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2), SIGTSTP, SIGCONT and SIGCHLD.
-// Note [Signals ignored at startup]: a forwarded signal that was SIG_IGN when cpprun started (nohup
-// sets SIGHUP so, a non-interactive shell's `&` SIGINT and SIGQUIT) stays ignored, so that `nohup
-// cpprun ...` survives a hangup as asked. SIGCHLD is always caught: the kernel must not auto-reap.
+// Note [Signals ignored at startup] (signal_relay.cpp): SIGINT, SIGTERM and SIGQUIT are handled
+// whatever cpprun inherited (a non-interactive shell's `&` ignores SIGINT and SIGQUIT), as
+// torchrun's; SIGHUP ignored at startup (nohup) stays ignored, by cpprun and its workers.
+// SIGCHLD is always caught: the kernel must not auto-reap.
 class SignalRelay {
  public:
   SignalRelay();
@@ -44,7 +45,8 @@ class SignalRelay {
   void set_job_control(std::function<void(int sig)> signal_workers) { signal_workers_ = std::move(signal_workers); }
 
   // In a forked child, before exec: puts back the dispositions and signal mask cpprun started with,
-  // so workers see signals as if cpprun were not there. Async-signal-safe.
+  // so workers see signals as if cpprun were not there, except SIGINT, SIGTERM, SIGQUIT, SIGPIPE
+  // and SIGXFSZ, at their defaults as under torchrun. Async-signal-safe.
   void restore_in_child() const noexcept;
 
  private:

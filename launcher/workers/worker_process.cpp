@@ -3,9 +3,14 @@
 
 #include <fcntl.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#if __has_include(<linux/close_range.h>)
+#include <linux/close_range.h>
+#endif
 
 #include <cerrno>
 #include <csignal>
@@ -42,6 +47,23 @@ bool install_stdio(int fd, int target) {
   return fd < 0 || retry_on_eintr([&] { return dup2(fd, target); }) == target;
 }
 
+// Note [Descriptors a worker inherits]
+// A worker gets stdin, stdout, stderr and the flight recorder's request descriptor, nothing else
+// of the launcher's, as torchrun's (Python's subprocess closes the rest): a descriptor cpprun's
+// caller left open (a pipe it waits on for EOF, a lock file) must not live on in the workers and
+// their children. Every other descriptor is made close-on-exec, one call on Linux 5.11 on, one
+// fcntl() a descriptor up to the limit before. Async-signal-safe.
+void close_on_exec_from(int first) noexcept {
+#ifdef CLOSE_RANGE_CLOEXEC
+  if (syscall(SYS_close_range, static_cast<unsigned>(first), ~0U, CLOSE_RANGE_CLOEXEC) == 0) return;
+#endif
+  struct rlimit limit {};
+  rlim_t last = 65536;
+  if (getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY) last = limit.rlim_cur;
+  if (last > (rlim_t{1} << 20)) last = rlim_t{1} << 20;
+  for (rlim_t fd = static_cast<rlim_t>(first); fd < last; ++fd) fcntl(static_cast<int>(fd), F_SETFD, FD_CLOEXEC);
+}
+
 [[noreturn]] void run_child(const SignalRelay& relay, pid_t launcher_pid, int report_fd, ChildStdio stdio,
                             const char* path, char* const* argv, char* const* envp) {
   relay.restore_in_child();
@@ -61,6 +83,10 @@ bool install_stdio(int fd, int target) {
                                : retry_on_eintr([&] { return dup2(stdio.extra, stdio.extra_target); }) ==
                                      stdio.extra_target;
     if (!installed) fail_in_child(report_fd, "dup2() of the inherited descriptor");
+  }
+  close_on_exec_from(STDERR_FILENO + 1);  // Note [Descriptors a worker inherits]
+  if (stdio.extra >= 0 && fcntl(stdio.extra_target, F_SETFD, 0) != 0) {
+    fail_in_child(report_fd, "fcntl() of the inherited descriptor");
   }
   if (setsid() < 0) fail_in_child(report_fd, "setsid()");  // See Note [Worker sessions]
   if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) fail_in_child(report_fd, "prctl(PR_SET_PDEATHSIG)");

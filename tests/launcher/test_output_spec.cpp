@@ -66,6 +66,11 @@ TEST_CASE("output_spec: --local_ranks_filter lists the ranks shown", "[output_sp
                       Contains("--local_ranks_filter=3") && Contains("0 to 1"));
   REQUIRE_THROWS_WITH(parse_local_ranks_filter("0,,1", 2), Contains("--local_ranks_filter=0,,1"));
   REQUIRE_THROWS_AS(parse_local_ranks_filter("a", 2), UsageError);
+  // As torchrun's int(): blanks around a number and a leading '+' (it refused "0, 1").
+  CHECK(parse_local_ranks_filter("0, 1", 3) == std::vector<bool>{true, true, false});
+  CHECK(parse_local_ranks_filter(" +2 ", 3) == std::vector<bool>{false, false, true});
+  REQUIRE_THROWS_AS(parse_local_ranks_filter("+", 2), UsageError);
+  REQUIRE_THROWS_AS(parse_local_ranks_filter("1 1", 2), UsageError);
 }
 
 TEST_CASE("output_spec: defaults send both streams to the console, prefixed with the global rank",

@@ -85,6 +85,37 @@ TEST_CASE("program_command: -m runs a module, --run_path a file through runpy", 
   CHECK_FALSE(m.local_exit_barrier);
 }
 
+// torchrun runs every program with python: cpprun does for what python runs as a program (scripts,
+// zipapps, bytecode, a directory with __main__.py) and execs the rest; a directory without
+// __main__.py, or named *.py, is named as such (it was "not found on PATH" or "no such file").
+TEST_CASE("program_command: zipapps, bytecode and directories with __main__.py run in python", "[program_command]") {
+  Scratch s;
+  const std::string path = s.bin();
+  s.write("/app.pyz", "PK", 0644);
+  s.write("/compiled.pyc", "", 0644);
+  mkdir((s.dir + "/app").c_str(), 0755);
+  s.write("/app/__main__.py", "print('hi')\n", 0644);
+  mkdir((s.dir + "/dir.py").c_str(), 0755);
+  s.write("/dir.py/__main__.py", "print('hi')\n", 0644);
+  mkdir((s.dir + "/empty").c_str(), 0755);
+  for (const std::string program : {s.dir + "/app.pyz", s.dir + "/compiled.pyc", s.dir + "/app", s.dir + "/app/",
+                                    s.dir + "/dir.py"}) {
+    INFO(program);
+    const ProgramCommand c = resolve_program_command(program, {"x"}, ProgramMode::kByName, {path.c_str()});
+    CHECK(c.argv == Args{s.bin() + "/python3", "-u", program, "x"});
+    const ProgramCommand r = resolve_program_command(program, {}, ProgramMode::kRunPath, {path.c_str()});
+    CHECK(r.argv.back() == program);
+  }
+  std::string message;
+  CHECK(failure_code(s.dir + "/empty", ProgramMode::kByName, {path.c_str()}, &message) == 126);
+  CHECK_THAT(message, Contains("a directory without __main__.py"));
+  CHECK(failure_code(s.dir + "/empty", ProgramMode::kRunPath, {path.c_str()}, &message) == 126);
+  CHECK_THAT(message, Contains("cannot run --run_path '" + s.dir + "/empty': a directory without __main__.py"));
+  // Not what python runs: exec'd as before.
+  CHECK(resolve_program_command(s.dir + "/bin/python", {}, ProgramMode::kByName, {path.c_str()}).argv ==
+        Args{s.dir + "/bin/python"});
+}
+
 TEST_CASE("program_command: PYTHON_EXEC, then python3, then python", "[program_command]") {
   Scratch s;
   const std::string path = s.bin();
