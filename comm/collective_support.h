@@ -18,7 +18,9 @@ namespace cpprun::detail {
 
 void check_tensor(const char* op, const char* name, const at::Tensor& t);
 void check_same_kind(const char* op, const at::Tensor& output, const at::Tensor& input);
-void check_average(const char* op, const at::Tensor& t, ReduceOp reduce);
+// A reduction's dtype and op: kAvg of a floating or complex tensor; kMax / kMin of an ordered one
+// (not complex, as PyTorch refuses); any dtype Note [Reductions Gloo cannot do] can carry.
+void check_reduction(const char* op, const at::Tensor& t, ReduceOp reduce);
 // `rank` (a root, a peer) is a rank of `group`; `what` names it in the message ("root", "dst").
 void check_rank(const char* op, const char* what, int rank, const ProcessGroup& group);
 
@@ -28,8 +30,23 @@ void check_member(const char* op, const ProcessGroup& group);
 // check_member, then whether the group is a world of one (no communication needed).
 bool alone(const char* op, const ProcessGroup& group);
 
-// The element types Gloo (LibTorch 2.15) reduces; it refuses e.g. int16.
-bool gloo_reduces(at::ScalarType type);
+// Note [Reductions Gloo cannot do]
+// Gloo (LibTorch 2.15) reduces int8, uint8, int32, int64 and the floats; PyTorch refuses the rest
+// ("Invalid scalar type"). cpprun carries them as a type Gloo reduces, exactly: int16 and bool as
+// int32 (a bool's sum / max is any true, its min all true), uint16 and uint32 as int64 (cast back
+// keeping the low bits, as a sum in the type itself wraps), uint64 as its bits in an int64 (a sum
+// wraps alike; max / min with the top bit flipped, so that signed order is unsigned order),
+// complex as its real view (sum, avg), the other floats (float8) as float32. They once all went
+// through float32, which rounded uint32 and uint64 beyond 2^24 and dropped complex imaginary parts
+// with exit 0.
+struct ReductionWire {
+  at::Tensor wire;            // what Gloo reduces
+  bool aliases = false;       // a view of the tensor itself: reduced in place
+  bool top_bit_flipped = false;
+};
+ReductionWire gloo_reduction_wire(const at::Tensor& t, ReduceOp reduce);
+// The reduced wire's values into `t` (nothing to do when the wire aliases it and nothing was flipped).
+void write_back(const at::Tensor& t, const ReductionWire& wire);
 // Operations that only move bits can carry any type as a same-width type Gloo knows.
 at::Tensor as_movable_bits(const at::Tensor& t);
 c10d::ReduceOp to_c10d(ReduceOp op);

@@ -3,16 +3,20 @@
 #include "cpprun/collectives.h"
 
 #include <ATen/ATen.h>
+#include <ATen/MemoryOverlap.h>
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
 
+#include <limits>
 #include <optional>
 #include <sstream>
+#include <string_view>
 
 #include "comm/chunked_collectives.h"
 #include "comm/collective_wait.h"
 #include "comm/collective_support.h"
+#include "comm/peer_loss.h"
 #include "comm/ring.h"
 #include "comm/work_state.h"
 
@@ -25,9 +29,13 @@ void check_tensor(const char* op, const char* name, const at::Tensor& t) {
   TORCH_CHECK(t.defined(), "cpprun::", op, ": ", name, " is an undefined tensor.");
   TORCH_CHECK(t.layout() == at::kStrided, "cpprun::", op, ": ", name,
               " must be a dense tensor, got layout ", t.layout(), ".");
-  TORCH_CHECK(t.is_contiguous(), "cpprun::", op, ": ", name, " (shape ", t.sizes(),
-              ") is not contiguous; the result is written in place, so pass a contiguous tensor "
-              "(e.g. t = t.contiguous() before the call and use t afterwards).");
+  // Collectives move a tensor's memory as one block; an input could be copied, but a result is
+  // written in place, so every tensor is asked to be contiguous alike.
+  const bool result = std::string_view(name) != "input";
+  TORCH_CHECK(t.is_contiguous(), "cpprun::", op, ": ", name, " (shape ", t.sizes(), ") is not contiguous; ",
+              result ? "the result is written in place, so pass a contiguous tensor (e.g. t = t.contiguous() "
+                       "before the call and use t afterwards)."
+                     : "collectives send a tensor's memory as one block: pass input.contiguous().");
 }
 
 void check_same_kind(const char* op, const at::Tensor& output, const at::Tensor& input) {
@@ -38,10 +46,15 @@ void check_same_kind(const char* op, const at::Tensor& output, const at::Tensor&
               output.device(), " but input is on ", input.device(), ".");
 }
 
-void check_average(const char* op, const at::Tensor& t, ReduceOp reduce) {
-  TORCH_CHECK(reduce != ReduceOp::kAvg || at::isFloatingType(t.scalar_type()), "cpprun::", op,
-              ": ReduceOp::kAvg needs a floating-point tensor, got ", t.scalar_type(),
+void check_reduction(const char* op, const at::Tensor& t, ReduceOp reduce) {
+  const ScalarType type = t.scalar_type();
+  TORCH_CHECK(reduce != ReduceOp::kAvg || at::isFloatingType(type) || at::isComplexType(type), "cpprun::", op,
+              ": ReduceOp::kAvg needs a floating-point or complex tensor, got ", type,
               ". Use kSum and divide as your integer semantics require.");
+  TORCH_CHECK(!at::isComplexType(type) || reduce == ReduceOp::kSum || reduce == ReduceOp::kAvg, "cpprun::", op,
+              ": ReduceOp::", reduce == ReduceOp::kMax ? "kMax" : "kMin", " of a ", type,
+              " tensor: complex numbers have no order (PyTorch refuses it too). Reduce their magnitudes "
+              "(at::abs) or their real and imaginary parts (at::view_as_real) instead.");
 }
 
 void check_rank(const char* op, const char* what, int rank, const ProcessGroup& group) {
@@ -76,6 +89,36 @@ bool gloo_reduces(ScalarType type) {
     case ScalarType::Int:
     case ScalarType::Long: return true;
     default: return false;
+  }
+}
+
+ReductionWire gloo_reduction_wire(const at::Tensor& t, ReduceOp reduce) {
+  const ScalarType type = t.scalar_type();
+  if (gloo_reduces(type)) return {t, true, false};
+  switch (type) {
+    case ScalarType::Short:
+    case ScalarType::Bool: return {t.to(ScalarType::Int), false, false};
+    case ScalarType::UInt16:
+    case ScalarType::UInt32: return {t.to(ScalarType::Long), false, false};
+    case ScalarType::UInt64: {
+      const at::Tensor bits = t.view(ScalarType::Long);
+      if (reduce == ReduceOp::kSum) return {bits, true, false};
+      return {bits.bitwise_xor(std::numeric_limits<int64_t>::min()), false, true};
+    }
+    case ScalarType::ComplexFloat:
+    case ScalarType::ComplexDouble: return {at::view_as_real(t), true, false};
+    default: break;
+  }
+  TORCH_CHECK(at::isFloatingType(type), "cpprun: a reduction of a ", type, " tensor: Gloo cannot carry it "
+              "(cpprun carries every integer, bool, floating and complex type); convert it first.");
+  return {t.to(ScalarType::Float), false, false};
+}
+
+void write_back(const at::Tensor& t, const ReductionWire& wire) {
+  if (wire.top_bit_flipped) {
+    t.view(ScalarType::Long).copy_(wire.wire.bitwise_xor(std::numeric_limits<int64_t>::min()));
+  } else if (!wire.aliases) {
+    t.copy_(wire.wire);
   }
 }
 
@@ -127,12 +170,11 @@ namespace {
 using at::ScalarType;
 using detail::alone;
 using detail::as_movable_bits;
-using detail::check_average;
+using detail::check_reduction;
 using detail::check_same_kind;
 using detail::check_tensor;
 using detail::CollectiveCall;
 using detail::CollectiveKind;
-using detail::gloo_reduces;
 using detail::issue_collective;
 using detail::to_c10d;
 
@@ -183,6 +225,17 @@ void Work::wait() {
     try {
       if (state_->c10d_work) state_->c10d_work->wait();
       if (state_->task.valid()) state_->task.get();
+    } catch (const c10::Error&) {
+      detail::record_failed(state_->recorder_id, state_->timeout, std::current_exception());
+      throw;
+    } catch (const std::exception& e) {
+      // Gloo's own exceptions (a barrier's "Timed out waiting 3000ms for recv operation") reach
+      // here bare: named as a collective's failure, with what Gloo's words mean.
+      detail::record_failed(state_->recorder_id, state_->timeout, std::current_exception());
+      const std::string said = detail::c10d_text(e);
+      const std::string meaning = detail::c10d_meaning(said);
+      TORCH_CHECK(false, "cpprun: a collective failed in Gloo", meaning.empty() ? "" : ": " + meaning,
+                  ".\nc10d said: ", said);
     } catch (...) {
       detail::record_failed(state_->recorder_id, state_->timeout, std::current_exception());
       throw;
@@ -219,22 +272,22 @@ bool Work::is_completed() const {
 
 Work all_reduce_async(const ProcessGroup& group, at::Tensor tensor, ReduceOp op) {
   check_tensor("all_reduce", "tensor", tensor);
-  check_average("all_reduce", tensor, op);
+  check_reduction("all_reduce", tensor, op);
   if (alone("all_reduce", group)) return Work();
   auto& impl = detail::impl_of(group);
-  // A type Gloo refuses (int16, bool): reduce a float32 copy and copy the result back.
-  const bool convert = !impl.is_nccl(tensor) && !gloo_reduces(tensor.scalar_type());
-  at::Tensor wire = convert ? tensor.to(ScalarType::Float) : tensor;
+  // A type Gloo refuses travels as one it reduces: Note [Reductions Gloo cannot do].
+  const detail::ReductionWire wire =
+      impl.is_nccl(tensor) ? detail::ReductionWire{tensor, true, false} : detail::gloo_reduction_wire(tensor, op);
   CollectiveCall call{CollectiveKind::kAllReduce, {tensor}, std::nullopt, op};
   return issue_collective(group, call, [&](uint64_t) {
-    std::vector<at::Tensor> tensors{wire};
+    std::vector<at::Tensor> tensors{wire.wire};
     c10d::AllreduceOptions opts;
     opts.reduceOp = to_c10d(op);
     auto work = impl.group_for(tensor).allreduce(tensors, opts);
     const int size = group.size();
-    return make_work(std::move(work), [tensor, wire, op, size, convert]() mutable {
-      if (op == ReduceOp::kAvg) wire.div_(size);
-      if (convert) tensor.copy_(wire);
+    return make_work(std::move(work), [tensor, wire, op, size]() mutable {
+      if (op == ReduceOp::kAvg) wire.wire.div_(size);
+      detail::write_back(tensor, wire);
     });
   });
 }
@@ -320,6 +373,16 @@ Work all_gather_into_async(const ProcessGroup& group, at::Tensor output, at::Ten
   TORCH_CHECK(output.numel() == n * input.numel(), "cpprun::all_gather_into: output has ",
               output.numel(), " elements but needs world_size (", n, ") x input (",
               input.numel(), ") = ", n * input.numel(), ".");
+  // In place is the input as this rank's own chunk of the output; anywhere else in the output,
+  // the ring would write other ranks' chunks over it before sending it on (wrong 3 runs of 4).
+  if (input.numel() > 0 && at::get_overlap_status(output, input) != at::MemOverlapStatus::No) {
+    const int64_t own_offset = static_cast<int64_t>(group.rank()) * input.numel();
+    const bool own_chunk = static_cast<const char*>(input.data_ptr()) ==
+                           static_cast<const char*>(output.data_ptr()) + own_offset * output.element_size();
+    TORCH_CHECK(own_chunk, "cpprun::all_gather_into: input shares memory with output other than as this rank's "
+                "own chunk (elements ", own_offset, " to ", own_offset + input.numel() - 1, " of output): the "
+                "gather would overwrite it before sending it. Pass that chunk, or a separate input.");
+  }
   auto& impl = detail::impl_of(group);
   if (group.size() == 1) {
     output.view_as(input).copy_(input);
@@ -353,7 +416,7 @@ Work reduce_scatter_async(const ProcessGroup& group, at::Tensor output, at::Tens
   check_tensor("reduce_scatter", "input", input);
   check_tensor("reduce_scatter", "output", output);
   check_same_kind("reduce_scatter", output, input);
-  check_average("reduce_scatter", input, op);
+  check_reduction("reduce_scatter", input, op);
   detail::check_member("reduce_scatter", group);
   const int n = group.size();
   TORCH_CHECK(input.numel() == n * output.numel(), "cpprun::reduce_scatter: input has ",
@@ -365,6 +428,11 @@ Work reduce_scatter_async(const ProcessGroup& group, at::Tensor output, at::Tens
     output.view_as(input).copy_(input);
     return Work();
   }
+  const ScalarType type = input.scalar_type();
+  TORCH_CHECK(impl.is_nccl(input) || (type != ScalarType::UInt16 && type != ScalarType::UInt32 &&
+                                      type != ScalarType::UInt64),
+              "cpprun::reduce_scatter of a ", type, " tensor on the CPU: LibTorch has no CPU arithmetic for "
+              "unsigned types wider than 8 bits (PyTorch's Gloo refuses them too); reduce an int64 copy.");
   CollectiveCall call{CollectiveKind::kReduceScatter, {output, input}, std::nullopt, op};
   return issue_collective(group, call, [&](uint64_t sequence) {
     if (impl.is_nccl(input)) {
@@ -439,7 +507,7 @@ Work all_gather_chunks_in_place_async(const ProcessGroup& group, ChunkedTensor o
 
 Work reduce_scatter_chunks_async(const ProcessGroup& group, at::Tensor output, ChunkedTensor input, ReduceOp op) {
   check_tensor("reduce_scatter", "output", output);
-  check_average("reduce_scatter", output, op);
+  check_reduction("reduce_scatter", output, op);
   check_member("reduce_scatter", group);
   check_chunks("reduce_scatter", group, input, output.numel());
   if (group.size() == 1) {

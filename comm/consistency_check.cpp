@@ -34,18 +34,23 @@ void check_across_ranks(GroupImpl& group, const CollectiveCall& call, uint64_t s
     CollectiveWaitScope waiting;  // a slow rank is waited for here, before the collective itself
     group.gloo->allgather(outputs, inputs)->wait(group.timeout);
   } catch (const std::exception& e) {
-    if (peer_connection_lost(e.what())) {
+    const std::string said = c10d_text(e);
+    if (closed_by_earlier_timeout(said)) {
+      TORCH_CHECK(false, "cpprun: collective #", sequence, " ", describe(mine), " on rank ", group.env.rank, ": ",
+                  c10d_meaning(said), ".\nc10d said: ", said);
+    }
+    if (peer_connection_lost(said)) {
       TORCH_CHECK(false, "cpprun: collective #", sequence, " ", describe(mine), " on rank ", group.env.rank,
                   ": a rank's process ended before reaching it (its connection closed). It exited or "
                   "failed: its own output and cpprun's diagnosis say which. A rank that returns while "
                   "the others still call collectives made fewer collectives than they did.\nc10d said: ",
-                  e.what());
+                  said);
     }
     TORCH_CHECK(false, "cpprun: collective #", sequence, " ", describe(mine), " on rank ",
                 group.env.rank, ": not every rank reached it within ", group.timeout.count(),
                 " ms (the check before each collective waits for all ranks). A rank may have "
                 "stopped, failed, or be waiting in a different number of collectives; its own "
-                "output says which.\nc10d said: ", e.what());
+                "output says which.\nc10d said: ", said);
   }
   std::vector<int> ranks(world);
   std::iota(ranks.begin(), ranks.end(), 0);

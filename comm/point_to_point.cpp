@@ -10,6 +10,7 @@
 #include "comm/collective_support.h"
 #include "comm/labelled_messages.h"
 #include "comm/message_protocol.h"
+#include "comm/peer_loss.h"
 #include "comm/work_state.h"
 
 namespace cpprun {
@@ -68,9 +69,15 @@ void wait_for(const c10::intrusive_ptr<C10dWork>& work, const GroupImpl& impl, c
   try {
     work->wait(impl.timeout);
   } catch (const std::exception& e) {
+    const std::string said = c10d_text(e);
+    if (peer_connection_lost(said) || closed_by_earlier_timeout(said)) {
+      TORCH_CHECK(false, "cpprun: rank ", impl.env.rank, " waiting for ", what, " (peer ", peer, ", tag ", tag,
+                  "): ", c10d_meaning(said), ". A rank that returns while its peer still sends or receives "
+                  "made fewer messages than the peer expects.\nc10d said: ", said);
+    }
     TORCH_CHECK(false, "cpprun: rank ", impl.env.rank, " waited ", impl.timeout.count(), " ms for ", what,
                 " (peer ", peer, ", tag ", tag, ") without success. Does the peer make the matching ",
-                "send/recv with this tag? It may also have stopped or failed.\nc10d said: ", e.what());
+                "send/recv with this tag? It may also have stopped or failed.\nc10d said: ", said);
   }
 }
 

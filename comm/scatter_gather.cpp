@@ -2,6 +2,7 @@
 // NCCL have the first four natively; sizes that must pair up across ranks are exchanged (or
 // fingerprinted) first, because neither backend reports a mismatch cleanly.
 #include <ATen/ATen.h>
+#include <ATen/MemoryOverlap.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -110,6 +111,12 @@ Work all_to_all_async(const ProcessGroup& group, at::Tensor output, at::Tensor i
   check_tensor("all_to_all", "output", output);
   check_same_kind("all_to_all", output, input);
   check_member("all_to_all", group);
+  // Rows arrive while others are still to be sent: in place, a row could be overwritten before it
+  // left (PyTorch's Gloo races the same way, wrong in 1 run of 5).
+  TORCH_CHECK(output.numel() == 0 || input.numel() == 0 ||
+                  at::get_overlap_status(output, input) == at::MemOverlapStatus::No,
+              "cpprun::all_to_all: output and input share memory; it cannot run in place. Pass a separate "
+              "output (e.g. at::empty_like(input)).");
   const int n = group.size();
   const auto out_splits = splits_or_equal("output", std::move(output_splits), output, n);
   const auto in_splits = splits_or_equal("input", std::move(input_splits), input, n);
@@ -209,31 +216,30 @@ void scatter(const ProcessGroup& group, at::Tensor output, std::vector<at::Tenso
 
 Work reduce_async(const ProcessGroup& group, at::Tensor tensor, int root, ReduceOp op) {
   check_tensor("reduce", "tensor", tensor);
-  detail::check_average("reduce", tensor, op);
+  detail::check_reduction("reduce", tensor, op);
   check_member("reduce", group);
   check_rank("reduce", "root", root, group);
   if (alone("reduce", group)) return Work();
   auto& impl = detail::impl_of(group);
-  // As all_reduce: a type Gloo refuses travels as float32. Gloo also reduces into the other
-  // ranks' buffers: they send a copy, so that only the root's tensor changes.
+  // As all_reduce: a type Gloo refuses travels as one it reduces (Note [Reductions Gloo cannot
+  // do]). Gloo also reduces into the other ranks' buffers: they send a copy, so that only the
+  // root's tensor changes.
   const bool gloo = !impl.is_nccl(tensor);
-  const bool convert = gloo && !detail::gloo_reduces(tensor.scalar_type());
-  at::Tensor on_wire = convert                             ? tensor.to(at::kFloat)
-                       : gloo && group.rank() != root      ? tensor.clone()
-                                                           : tensor;
+  detail::ReductionWire wire = gloo ? detail::gloo_reduction_wire(tensor, op) : detail::ReductionWire{tensor, true, false};
+  if (gloo && group.rank() != root && wire.aliases) wire = {wire.wire.clone(), false, wire.top_bit_flipped};
   CollectiveCall call{CollectiveKind::kReduce, {tensor}, root, op};
   return issue_collective(group, call, [&](uint64_t) {
-    std::vector<at::Tensor> tensors{on_wire};
+    std::vector<at::Tensor> tensors{wire.wire};
     c10d::ReduceOptions opts;
     opts.reduceOp = detail::to_c10d(op);
     opts.rootRank = root;
     auto work = impl.group_for(tensor).reduce(tensors, opts);
     const bool is_root = group.rank() == root;
     const int size = group.size();
-    return make_work(std::move(work), [tensor, on_wire, op, size, convert, is_root]() mutable {
+    return make_work(std::move(work), [tensor, wire, op, size, is_root]() mutable {
       if (!is_root) return;
-      if (op == ReduceOp::kAvg) on_wire.div_(size);
-      if (convert) tensor.copy_(on_wire);
+      if (op == ReduceOp::kAvg) wire.wire.div_(size);
+      detail::write_back(tensor, wire);
     });
   });
 }

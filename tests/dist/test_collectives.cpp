@@ -4,6 +4,8 @@
 #include "catch.h"
 #include <ATen/ATen.h>
 
+#include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "comm/group_impl.h"  // p2p_bytes_sent
@@ -99,6 +101,67 @@ TEST_CASE("collectives: all_reduce of integer tensors sums exactly", "[collectiv
   const int64_t expected = world * (int64_t{1} << 40) + world * (world - 1) / 2;
   CHECK(t.equal(at::full({3}, expected, at::kLong)));
   CHECK_THROWS_WITH(cpprun::all_reduce(group(), t, ReduceOp::kAvg), Catch::Contains("floating-point"));
+}
+
+// Note [Reductions Gloo cannot do]: unsigned and complex tensors went through float32, which
+// rounded 2^24 + 1 and dropped imaginary parts, with exit 0 (PyTorch's Gloo refuses them).
+TEST_CASE("collectives: unsigned, int16, bool and complex reductions are exact", "[collectives]") {
+  const int world = group().size(), rank = group().rank();
+  for (const auto type : {at::kUInt32, at::kUInt16}) {
+    const int64_t base = type == at::kUInt32 ? (int64_t{1} << 24) + 1 : 30001;
+    at::Tensor t = at::full({3}, base + rank, at::kLong).to(type);
+    cpprun::all_reduce(group(), t);
+    // The sum in the type itself, wrapping as it does.
+    const int64_t sum = world * base + world * (world - 1) / 2;
+    const int64_t wrapped = type == at::kUInt32 ? sum % (int64_t{1} << 32) : sum % 65536;
+    INFO(type);
+    CHECK(t.to(at::kLong).equal(at::full({3}, wrapped, at::kLong)));
+    at::Tensor m = at::full({3}, base + rank, at::kLong).to(type);
+    cpprun::all_reduce(group(), m, ReduceOp::kMax);
+    CHECK(m.to(at::kLong).equal(at::full({3}, base + world - 1, at::kLong)));
+  }
+  // uint64: the sum wraps at 2^64; max and min in unsigned order, above 2^63 too.
+  const uint64_t big = (uint64_t{1} << 63) + 5;
+  at::Tensor u = at::empty({2}, at::kUInt64);
+  const uint64_t mine[2] = {big + static_cast<uint64_t>(rank), static_cast<uint64_t>(rank)};
+  std::memcpy(u.data_ptr(), mine, sizeof mine);
+  at::Tensor u_max = u.clone(), u_min = u.clone();
+  cpprun::all_reduce(group(), u);
+  cpprun::all_reduce(group(), u_max, ReduceOp::kMax);
+  cpprun::all_reduce(group(), u_min, ReduceOp::kMin);
+  const auto values = [](const at::Tensor& t) {
+    return std::vector<uint64_t>(static_cast<const uint64_t*>(t.data_ptr()), static_cast<const uint64_t*>(t.data_ptr()) + 2);
+  };
+  const uint64_t n = static_cast<uint64_t>(world), ranks_sum = n * (n - 1) / 2;
+  CHECK(values(u) == std::vector<uint64_t>{n * big + ranks_sum, ranks_sum});  // unsigned arithmetic wraps
+  CHECK(values(u_max) == std::vector<uint64_t>{big + n - 1, n - 1});
+  CHECK(values(u_min) == std::vector<uint64_t>{big, 0});
+  // int16 and bool: exact in their own type (int16 wraps; bool's sum and max are any, min all).
+  at::Tensor s16 = at::full({2}, 30000 + rank, at::kShort);
+  cpprun::all_reduce(group(), s16);
+  CHECK(s16.equal(at::full({2}, world * 30000 + world * (world - 1) / 2, at::kLong).to(at::kShort)));
+  at::Tensor any = at::full({2}, rank == 0, at::kBool), all = any.clone();
+  cpprun::all_reduce(group(), any);
+  cpprun::all_reduce(group(), all, ReduceOp::kMin);
+  CHECK(any.all().item<bool>());
+  CHECK(all.any().item<bool>() == (world == 1));
+  // Complex: sum and average, imaginary parts kept; no order, so max / min are refused.
+  for (const auto type : {at::kComplexFloat, at::kComplexDouble}) {
+    at::Tensor z = at::complex(at::full({2}, 1.0 + rank), at::full({2}, 10.0 * (rank + 1))).to(type);
+    at::Tensor avg = z.clone();
+    cpprun::all_reduce(group(), z);
+    cpprun::all_reduce(group(), avg, ReduceOp::kAvg);
+    const double real = world + world * (world - 1) / 2.0, imag = 10.0 * world * (world + 1) / 2.0;
+    INFO(type);
+    CHECK(at::allclose(at::view_as_real(z), at::view_as_real(at::complex(at::full({2}, real), at::full({2}, imag)).to(type))));
+    CHECK(at::allclose(at::view_as_real(avg),
+                       at::view_as_real(at::complex(at::full({2}, real / world), at::full({2}, imag / world)).to(type))));
+    CHECK_THROWS_WITH(cpprun::all_reduce(group(), z, ReduceOp::kMax), Catch::Contains("complex numbers have no order"));
+  }
+  if (world > 1) {
+    at::Tensor in = at::zeros({world}, at::kLong).to(at::kUInt32), out = at::zeros({1}, at::kLong).to(at::kUInt32);
+    CHECK_THROWS_WITH(cpprun::reduce_scatter(group(), out, in), Catch::Contains("reduce an int64 copy"));
+  }
 }
 
 TEST_CASE("collectives: broadcast from every root, every type", "[collectives]") {

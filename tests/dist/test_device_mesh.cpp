@@ -153,3 +153,23 @@ TEST_CASE("device mesh: init_device_mesh() with no group lays out the default gr
   CHECK(local_sum.item<int64_t>() == world * (world + 1) / 2);
   CHECK(node_sum.item<int64_t>() == rank + 1);
 }
+
+// A mesh laid out differently on different ranks gave each rank groups of other ranks than its
+// peers believed (rank 0 {1, 2} beside rank 1 {2, 1}: exit 0, the collectives pairing the wrong
+// ranks, or hanging). Every rank now refuses it, naming both layouts.
+TEST_CASE("device mesh: ranks that build different meshes are refused, on every rank", "[mesh]") {
+  const int world = group().size(), rank = group().rank();
+  if (world < 2) return;
+  const std::vector<int> mine = rank == 0 ? std::vector<int>{1, world} : std::vector<int>{world, 1};
+  CHECK_THROWS_WITH(cpprun::DeviceMesh(group(), mine, {"dp", "tp"}),
+                    Catch::Matchers::Contains("Every rank must build the same mesh") &&
+                        Catch::Matchers::Contains("shape {1, " + std::to_string(world) + "}") &&
+                        Catch::Matchers::Contains("shape {" + std::to_string(world) + ", 1}"));
+  const std::vector<std::string> names = rank == 0 ? std::vector<std::string>{"dp", "tp"}
+                                                   : std::vector<std::string>{"tp", "dp"};
+  CHECK_THROWS_WITH(cpprun::DeviceMesh(group(), {1, world}, names),
+                    Catch::Matchers::Contains("names \"dp\", \"tp\"") && Catch::Matchers::Contains("names \"tp\", \"dp\""));
+  // The same layout everywhere still builds.
+  cpprun::DeviceMesh same(group(), {1, world}, {"dp", "tp"});
+  CHECK(same.size("tp") == world);
+}
