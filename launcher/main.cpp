@@ -43,8 +43,11 @@ void ensure_standard_fds() {
   }
 }
 
+// The launcher's own failure: on stderr, and in its TORCHELASTIC_ERROR_FILE as torchrun's @record
+// puts it (Note [The launcher's own failure in its error file]).
 int report(const std::exception& error, int exit_code) {
   std::cerr << error.what() << "\n";
+  record_launcher_error(error.what());
   return exit_code;
 }
 
@@ -215,6 +218,7 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {
     // Workers were already stopped while unwinding (~WorkerGroup).
     std::cerr << "cpprun: internal error: " << e.what() << "\n";
+    record_launcher_error(std::string("cpprun: internal error: ") + e.what());
     return 1;
   }
 }

@@ -5,7 +5,9 @@
 #include <cstdlib>
 #include <iostream>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <fstream>
 #include <optional>
 #include <sstream>
@@ -178,6 +180,49 @@ std::string copy_root_error_file(const std::string& worker_error_file, const std
            ": " + std::strerror(errno);
   }
   return "";
+}
+
+namespace {
+
+// `text` as a JSON string: quotes, backslashes and control characters escaped; other bytes as they are.
+std::string json_string(const std::string& text) {
+  std::string out = "\"";
+  for (const char c : text) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (byte < 0x20) {
+      char escaped[8];
+      std::snprintf(escaped, sizeof escaped, "\\u%04x", byte);
+      out += escaped;
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+}  // namespace
+
+std::string launcher_error_json(const std::string& text, long long unix_seconds) {
+  return std::string("{\"") + contract::kErrorFileMessageKey + "\": {\"" + contract::kErrorFileMessageKey + "\": " +
+         json_string(text) + ", \"" + contract::kErrorFileExtraInfoKey + "\": {\"" + contract::kErrorFileCallstackKey +
+         "\": \"\", \"" + contract::kErrorFileTimestampKey + "\": \"" + std::to_string(unix_seconds) + "\"}}}\n";
+}
+
+void record_launcher_error(const std::string& text) {
+  const char* path = std::getenv(contract::kErrorFileVariable);
+  if (path == nullptr || *path == '\0') return;
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << launcher_error_json(text, static_cast<long long>(std::time(nullptr)));
+  out.close();
+  if (!out) {
+    std::cerr << "cpprun: could not write its error to TORCHELASTIC_ERROR_FILE=" << path << ": " << std::strerror(errno)
+              << "\n";
+  }
 }
 
 void hand_over_error_file(const AttemptEnd& attempt) {

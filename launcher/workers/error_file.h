@@ -33,6 +33,17 @@ std::optional<long long> recorded_failure_ms(const std::string& json);
 // would be named. Ties keep `first_exited`. Pure.
 std::size_t root_cause_by_report_time(std::size_t first_exited, const std::vector<std::optional<long long>>& failed_at_ms);
 
+// Note [The launcher's own failure in its error file]
+// torchrun's main runs under torch's @record: when the launcher itself fails (a program that cannot
+// run, a rendezvous or store failure), its error lands in its TORCHELASTIC_ERROR_FILE, where a
+// scheduler (TorchX) reads why the job ended. cpprun writes the same layout, torch's
+// ErrorHandler.record_exception's: {"message": {"message": TEXT, "extraInfo": {"py_callstack":
+// "", "timestamp": "UNIX_SECONDS"}}} (no Python call stack to give). Pure.
+std::string launcher_error_json(const std::string& text, long long unix_seconds);
+// Writes launcher_error_json(text, now) to $TORCHELASTIC_ERROR_FILE when it is set; a warning on
+// stderr when it cannot be written.
+void record_launcher_error(const std::string& text);
+
 struct AttemptEnd;
 
 // After the last attempt failed: copy_root_error_file() of its root cause into $TORCHELASTIC_ERROR_FILE,

@@ -26,6 +26,13 @@ expect_in_file "$WORK/err" "cpprun-no-such-program" "missing program named"
 
 cpprun "$WORK/nope"
 expect_eq "$?" 127 "missing program path"
+# As torchrun's @record main: the launcher's own failure in its TORCHELASTIC_ERROR_FILE, for a
+# scheduler to read (none was written before).
+TORCHELASTIC_ERROR_FILE="$WORK/launcher_error.json" cpprun "$WORK/nope"
+expect_eq "$?" 127 "missing program path, with an error file"
+expect_in_file "$WORK/launcher_error.json" "{\"message\": {\"message\": \"cpprun: cannot run PROGRAM '$WORK/nope'" \
+  "the launcher's error file"
+expect_in_file "$WORK/launcher_error.json" '"py_callstack": "", "timestamp": "' "the launcher's error file's extraInfo"
 
 touch "$WORK/not-executable"
 cpprun "$WORK/not-executable"
