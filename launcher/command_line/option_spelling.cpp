@@ -65,6 +65,11 @@ std::vector<std::string> expand_option_prefixes(const std::vector<std::string>& 
       ++i;
       continue;
     }
+    if (option->takes_value && name.size() == 2 && name[1] != '-' && eq == 2) {
+      // -r=3: argparse splits a short option at '=' too (-r 3); CLI11 would read the value "=3".
+      out[i] = name + out[i].substr(eq + 1);
+      continue;
+    }
     if (option->takes_value && eq == std::string::npos) ++i;
   }
   return out;

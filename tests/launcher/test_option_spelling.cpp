@@ -72,6 +72,10 @@ TEST_CASE("option_spelling: --name= is an empty value, not the next argument", "
   CHECK(expand({"--tee=a=", "x"}) == Args{"--tee=a=", "x"});
   // A flag written with = is left to the parser, which refuses it.
   CHECK(expand({"--no_python=", "x"}) == Args{"--no_python=", "x"});
+  // A short option with '=': argparse's value is what follows it (CLI11 would read "=3").
+  CHECK(expand({"-t=3", "--nproc", "2", "x"}) == Args{"-t3", "--nproc_per_node", "2", "x"});
+  CHECK(expand({"-t==3", "x"}) == Args{"-t=3", "x"});
+  CHECK(expand({"-t=", "x"}) == Args{"-t", "", "x"});
 }
 
 TEST_CASE("option_spelling: an ambiguous prefix is an error that lists the candidates", "[option_spelling]") {
