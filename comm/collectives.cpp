@@ -105,6 +105,7 @@ ReductionWire gloo_reduction_wire(const at::Tensor& t, ReduceOp reduce) {
       if (reduce == ReduceOp::kSum) return {bits, true, false};
       return {bits.bitwise_xor(std::numeric_limits<int64_t>::min()), false, true};
     }
+    case ScalarType::ComplexHalf:
     case ScalarType::ComplexFloat:
     case ScalarType::ComplexDouble: return {at::view_as_real(t), true, false};
     default: break;

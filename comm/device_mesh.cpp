@@ -69,20 +69,20 @@ DeviceMesh::DeviceMesh(const ProcessGroup& group, std::vector<int> shape, std::v
     coordinates_[d] = rest % shape_[d];
     rest /= shape_[d];
   }
-  if (n == 1) {
-    groups_ = {group};
-    return;
-  }
-  // Every rank must lay out the same mesh: a rank building {1, 2} beside one building {2, 1}, or
-  // naming the dimensions in another order, gets groups of other ranks than its peers believe,
-  // and a collective on them hangs or pairs the wrong ranks with exit 0. Creation is collective
-  // anyway (the splits below); one exchange of the layout first names the difference.
+  // Every rank must lay out the same mesh: a rank building {1, 2} beside one building {2, 1} (or
+  // {2}), or naming the dimensions in another order, gets groups of other ranks than its peers
+  // believe, and a collective on them hangs or pairs the wrong ranks with exit 0. Creation is
+  // collective anyway (the splits below); one exchange of the layout first names the difference.
   const std::string layout = "shape " + joined(shape_) + ", names " + joined(names_);
   const std::vector<std::string> layouts = all_gather_bytes(group, layout);
   for (std::size_t r = 0; r < layouts.size(); ++r) {
     TORCH_CHECK(layouts[r] == layout, "cpprun::DeviceMesh: rank ", group.rank(), " builds the mesh of ", layout,
                 ", rank ", r, " that of ", layouts[r], ". Every rank must build the same mesh (the same shape "
                 "and names, in the same order).");
+  }
+  if (n == 1) {
+    groups_ = {group};
+    return;
   }
   // Along dimension d, the ranks that agree on every other coordinate: one split per dimension,
   // coloured by those other coordinates. Made on every rank, in this order: creation is collective.

@@ -72,8 +72,10 @@ void wait_for(const c10::intrusive_ptr<C10dWork>& work, const GroupImpl& impl, c
     const std::string said = c10d_text(e);
     if (peer_connection_lost(said) || closed_by_earlier_timeout(said)) {
       TORCH_CHECK(false, "cpprun: rank ", impl.env.rank, " waiting for ", what, " (peer ", peer, ", tag ", tag,
-                  "): ", c10d_meaning(said), ". A rank that returns while its peer still sends or receives "
-                  "made fewer messages than the peer expects.\nc10d said: ", said);
+                  "): ", c10d_meaning(said), ".",
+                  closed_by_earlier_timeout(said) ? "" : " A rank that returns while its peer still sends or "
+                                                         "receives made fewer messages than the peer expects.",
+                  "\nc10d said: ", said);
     }
     TORCH_CHECK(false, "cpprun: rank ", impl.env.rank, " waited ", impl.timeout.count(), " ms for ", what,
                 " (peer ", peer, ", tag ", tag, ") without success. Does the peer make the matching ",

@@ -78,14 +78,17 @@ inline void check_weights_hold(const Gpt2Config& c, const std::string& dir, cons
   const double embed = static_cast<double>(c.embed);
   const double parameters = (static_cast<double>(c.vocab) + static_cast<double>(c.positions)) * embed +
                             static_cast<double>(c.layers) * (12 * embed * embed + 13 * embed) + 2 * embed;
-  double bytes = 0;
+  // The files load_state_dict reads there: the .safetensors, else pytorch_model.bin (not a
+  // training_args.bin beside it).
+  double safetensors = 0, bin = 0;
   std::error_code error;
   for (const auto& entry : std::filesystem::directory_iterator(dir, error)) {
-    const auto extension = entry.path().extension();
-    if ((extension == ".safetensors" || extension == ".bin") && entry.is_regular_file(error)) {
-      bytes += static_cast<double>(entry.file_size(error));
-    }
+    const auto name = entry.path().filename().string();
+    if (!entry.is_regular_file(error)) continue;
+    if (entry.path().extension() == ".safetensors") safetensors += static_cast<double>(entry.file_size(error));
+    if (name == "pytorch_model.bin") bin += static_cast<double>(entry.file_size(error));
   }
+  const double bytes = safetensors > 0 ? safetensors : bin;
   if (bytes < parameters) {
     char count[64];
     std::snprintf(count, sizeof count, "%.4g parameters, %.4g bytes at the least", parameters, parameters);

@@ -446,7 +446,9 @@ std::string encode_torch_save(const NamedTensors& tensors) {
     auto& entry = written[tensor.unsafeGetTensorImpl()];
     if (entry.first.empty()) {
       entry.first = std::to_string(written.size() - 1);
-      entry.second = tensor.detach().to(at::kCPU).contiguous();
+      // A lazily conjugated or negated view (z.conj()) holds its values un-applied: applied here,
+      // since the file carries no such flag (torch.load would read the stored values as they are).
+      entry.second = tensor.detach().to(at::kCPU).resolve_conj().resolve_neg().contiguous();
       zip.writeRecord("data/" + entry.first, entry.second.data_ptr(), entry.second.nbytes());
     }
     const at::Tensor& cpu = entry.second;

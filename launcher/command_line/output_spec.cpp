@@ -10,15 +10,21 @@
 namespace cpprun::launcher {
 namespace {
 
-// A whole number in [0, limit), digits only; -1 if the text is not one.
-// A number as torchrun's int() reads it: blanks around it and a leading '+' allowed ("0, 1").
+// A whole number in [0, limit), digits only (torchrun's --redirects/--tee pattern); -1 if the text
+// is not one.
 int read_index(const std::string& text, long limit) {
+  if (text.find_first_not_of("0123456789") != std::string::npos) return -1;
+  return int_in_range(text, 0, limit - 1).value_or(-1);
+}
+
+// The same as torchrun's --local_ranks_filter reads it, with int(): blanks around the number and
+// a leading '+' allowed ("0, 1").
+int read_int_index(const std::string& text, long limit) {
   const auto first = text.find_first_not_of(" \t\n\r\f\v");
   if (first == std::string::npos) return -1;
   std::string digits = text.substr(first, text.find_last_not_of(" \t\n\r\f\v") + 1 - first);
   if (digits[0] == '+') digits.erase(0, 1);
-  if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos) return -1;
-  return int_in_range(digits, 0, limit - 1).value_or(-1);
+  return digits.empty() ? -1 : read_index(digits, limit);
 }
 
 std::vector<std::string> split(const std::string& text, char separator) {
@@ -71,7 +77,7 @@ std::vector<bool> parse_local_ranks_filter(const std::string& text, int nproc_pe
   if (text.empty()) return std::vector<bool>(nproc_per_node, true);
   std::vector<bool> shown(nproc_per_node, false);
   for (const std::string& item : split(text, ',')) {
-    const int rank = read_index(item, nproc_per_node);
+    const int rank = read_int_index(item, nproc_per_node);
     if (rank < 0) {
       throw UsageError("--local_ranks_filter=" + text + ": '" + item +
                        "' is not a local rank; expected a comma-separated list of local ranks from 0 "

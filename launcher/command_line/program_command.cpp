@@ -159,14 +159,22 @@ bool is_directory(const std::string& path) {
   return stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
+bool holds_python_main(const std::string& dir) {
+  for (const char* main : {"/__main__.py", "/__main__.pyc"}) {
+    if (access((dir + main).c_str(), R_OK) == 0) return true;
+  }
+  return false;
+}
+
 // What `python PROGRAM` runs, as torchrun runs every program: a script (.py, .pyw), a zipapp
 // (.pyz, .pyzw), bytecode (.pyc), or a directory holding __main__.py. Anything else cpprun execs
-// itself (Note in program_command.h).
+// itself (Note in program_command.h); a bare name is looked up on PATH even where a directory of
+// that name is here (`cpprun python3 ...` beside a python3/ folder).
 bool runs_in_python(const std::string& program) {
   for (const char* tail : {".py", ".pyw", ".pyz", ".pyzw", ".pyc"}) {
     if (ends_with(program, tail)) return true;
   }
-  return is_directory(program);
+  return program.find('/') != std::string::npos && is_directory(program) && holds_python_main(program);
 }
 
 // The file or directory python will run exists and is one it can run, or a named error.
@@ -177,9 +185,7 @@ void require_python_program(const std::string& program, const char* what) {
     throw ProgramNotRunnable(named + ": no such file (relative to the current directory, as python would look)", 127);
   }
   if (S_ISDIR(st.st_mode)) {
-    for (const char* main : {"/__main__.py", "/__main__.pyc"}) {
-      if (access((program + main).c_str(), R_OK) == 0) return;
-    }
+    if (holds_python_main(program)) return;
     throw ProgramNotRunnable(named + ": a directory without __main__.py, which python cannot run (name the script "
                                      "inside it, or add __main__.py)", 126);
   }
@@ -243,6 +249,10 @@ std::string resolve_program(const std::string& program, const char* path_env) {
     if (found == Candidate::kMissing) {
       throw ProgramNotRunnable("cpprun: cannot run PROGRAM '" + program +
                                    "': no such file (check the path, relative to the current directory)", 127);
+    }
+    if (is_directory(program)) {
+      throw ProgramNotRunnable("cpprun: cannot run PROGRAM '" + program + "': a directory (python runs one that "
+                                   "holds __main__.py; this one does not)", 126);
     }
     throw ProgramNotRunnable("cpprun: cannot run PROGRAM '" + program +
                                  "': not an executable file (chmod +x it, or name its interpreter first, e.g. "

@@ -4,6 +4,7 @@
 #include "catch.h"
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -120,22 +121,26 @@ TEST_CASE("collectives: unsigned, int16, bool and complex reductions are exact",
     cpprun::all_reduce(group(), m, ReduceOp::kMax);
     CHECK(m.to(at::kLong).equal(at::full({3}, base + world - 1, at::kLong)));
   }
-  // uint64: the sum wraps at 2^64; max and min in unsigned order, above 2^63 too.
+  // uint64: the sum wraps at 2^64; max and min in unsigned order: odd ranks hold values above
+  // 2^63 (negative as int64), even ranks small ones, so signed order would pick the wrong ones.
   const uint64_t big = (uint64_t{1} << 63) + 5;
-  at::Tensor u = at::empty({2}, at::kUInt64);
-  const uint64_t mine[2] = {big + static_cast<uint64_t>(rank), static_cast<uint64_t>(rank)};
-  std::memcpy(u.data_ptr(), mine, sizeof mine);
-  at::Tensor u_max = u.clone(), u_min = u.clone();
+  const auto value_of = [&](int r) { return r % 2 == 1 ? big + static_cast<uint64_t>(r) : static_cast<uint64_t>(r); };
+  at::Tensor u = at::empty({1}, at::kUInt64);
+  const uint64_t mine = value_of(rank);
+  std::memcpy(u.data_ptr(), &mine, sizeof mine);
+  at::Tensor u_max = u.clone(), u_min = u.clone(), u_reduced = u.clone();
   cpprun::all_reduce(group(), u);
   cpprun::all_reduce(group(), u_max, ReduceOp::kMax);
   cpprun::all_reduce(group(), u_min, ReduceOp::kMin);
-  const auto values = [](const at::Tensor& t) {
-    return std::vector<uint64_t>(static_cast<const uint64_t*>(t.data_ptr()), static_cast<const uint64_t*>(t.data_ptr()) + 2);
-  };
-  const uint64_t n = static_cast<uint64_t>(world), ranks_sum = n * (n - 1) / 2;
-  CHECK(values(u) == std::vector<uint64_t>{n * big + ranks_sum, ranks_sum});  // unsigned arithmetic wraps
-  CHECK(values(u_max) == std::vector<uint64_t>{big + n - 1, n - 1});
-  CHECK(values(u_min) == std::vector<uint64_t>{big, 0});
+  cpprun::reduce(group(), u_reduced, /*root=*/world - 1, ReduceOp::kMax);
+  const auto value = [](const at::Tensor& t) { return *static_cast<const uint64_t*>(t.data_ptr()); };
+  uint64_t sum = 0, largest = 0;
+  for (int r = 0; r < world; ++r) sum += value_of(r), largest = std::max(largest, value_of(r));  // wraps as uint64
+  CHECK(value(u) == sum);
+  CHECK(value(u_max) == largest);
+  CHECK(value(u_min) == 0);
+  // reduce: the root gets the maximum; the other ranks' tensors are left as they were.
+  CHECK(value(u_reduced) == (rank == world - 1 ? largest : mine));
   // int16 and bool: exact in their own type (int16 wraps; bool's sum and max are any, min all).
   at::Tensor s16 = at::full({2}, 30000 + rank, at::kShort);
   cpprun::all_reduce(group(), s16);
@@ -157,7 +162,16 @@ TEST_CASE("collectives: unsigned, int16, bool and complex reductions are exact",
     CHECK(at::allclose(at::view_as_real(avg),
                        at::view_as_real(at::complex(at::full({2}, real / world), at::full({2}, imag / world)).to(type))));
     CHECK_THROWS_WITH(cpprun::all_reduce(group(), z, ReduceOp::kMax), Catch::Contains("complex numbers have no order"));
+    // reduce to rank 0: the root's sum; the others' tensors untouched (their wire is a view).
+    at::Tensor mine_z = at::complex(at::full({2}, 1.0 + rank), at::full({2}, 10.0 * (rank + 1))).to(type);
+    at::Tensor reduced = mine_z.clone();
+    cpprun::reduce(group(), reduced, /*root=*/0);
+    CHECK(at::allclose(at::view_as_real(reduced), at::view_as_real(rank == 0 ? z : mine_z)));
   }
+  at::Tensor half = at::complex(at::full({2}, 1.0), at::full({2}, 2.0)).to(at::kComplexHalf);
+  cpprun::all_reduce(group(), half);
+  CHECK(at::view_as_real(half).to(at::kFloat).equal(
+      at::view_as_real(at::complex(at::full({2}, 1.0 * world), at::full({2}, 2.0 * world))).to(at::kFloat)));
   if (world > 1) {
     at::Tensor in = at::zeros({world}, at::kLong).to(at::kUInt32), out = at::zeros({1}, at::kLong).to(at::kUInt32);
     CHECK_THROWS_WITH(cpprun::reduce_scatter(group(), out, in), Catch::Contains("reduce an int64 copy"));
@@ -260,6 +274,24 @@ TEST_CASE("collectives: async operations overlap and complete in any wait order"
     CHECK(equal_as_double(scattered[i],
                           (expected_reduction(world * n, ReduceOp::kSum, world) * (i + 1)).narrow(0, rank * n, n)));
   }
+}
+
+// An input inside the output is this rank's own chunk (in place) or refused: elsewhere the ring
+// overwrote it before sending it (wrong 3 runs of 4). all_to_all never runs in place.
+TEST_CASE("collectives: inputs that overlap the output are its own chunk or refused", "[collectives]") {
+  const int world = group().size(), rank = group().rank();
+  at::Tensor out = at::zeros({world * 2}, at::kLong);
+  out.narrow(0, 2 * rank, 2).fill_(rank + 1);
+  cpprun::all_gather_into(group(), out, out.narrow(0, 2 * rank, 2));  // in place
+  CHECK(out.equal(at::arange(1, world + 1, at::kLong).repeat_interleave(2)));
+  if (world > 1) {
+    const int other = (rank + 1) % world;
+    CHECK_THROWS_WITH(cpprun::all_gather_into(group(), out, out.narrow(0, 2 * other, 2)),
+                      Catch::Contains("other than as this rank's own chunk"));
+  }
+  at::Tensor rows = at::zeros({world, 2}, at::kLong);
+  CHECK_THROWS_WITH(cpprun::all_to_all(group(), rows, rows), Catch::Contains("cannot run in place"));
+  cpprun::barrier(group());
 }
 
 TEST_CASE("collectives: multidimensional and non-contiguous tensors", "[collectives]") {

@@ -71,6 +71,9 @@ TEST_CASE("output_spec: --local_ranks_filter lists the ranks shown", "[output_sp
   CHECK(parse_local_ranks_filter(" +2 ", 3) == std::vector<bool>{false, false, true});
   REQUIRE_THROWS_AS(parse_local_ranks_filter("+", 2), UsageError);
   REQUIRE_THROWS_AS(parse_local_ranks_filter("1 1", 2), UsageError);
+  // --redirects keeps torchrun's digits-only pattern.
+  REQUIRE_THROWS_AS(parse_std_spec("--redirects", "0: 1", 2), UsageError);
+  REQUIRE_THROWS_AS(parse_std_spec("--redirects", "+1", 2), UsageError);
 }
 
 TEST_CASE("output_spec: defaults send both streams to the console, prefixed with the global rank",

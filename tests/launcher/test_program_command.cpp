@@ -108,12 +108,22 @@ TEST_CASE("program_command: zipapps, bytecode and directories with __main__.py r
   }
   std::string message;
   CHECK(failure_code(s.dir + "/empty", ProgramMode::kByName, {path.c_str()}, &message) == 126);
-  CHECK_THAT(message, Contains("a directory without __main__.py"));
+  CHECK_THAT(message, Contains("cannot run PROGRAM '" + s.dir + "/empty': a directory"));
   CHECK(failure_code(s.dir + "/empty", ProgramMode::kRunPath, {path.c_str()}, &message) == 126);
   CHECK_THAT(message, Contains("cannot run --run_path '" + s.dir + "/empty': a directory without __main__.py"));
   // Not what python runs: exec'd as before.
   CHECK(resolve_program_command(s.dir + "/bin/python", {}, ProgramMode::kByName, {path.c_str()}).argv ==
         Args{s.dir + "/bin/python"});
+  // A bare name is looked up on PATH, even beside a directory of that name (a repository's
+  // python/ or sh/ folder): `cpprun sh -c ...` runs /bin/sh.
+  char here[4096];
+  REQUIRE(getcwd(here, sizeof here) != nullptr);
+  REQUIRE(chdir(s.dir.c_str()) == 0);
+  mkdir("sh", 0755);
+  s.write("/sh/__main__.py", "", 0644);
+  const ProgramCommand sh = resolve_program_command("sh", {"-c", "true"}, ProgramMode::kByName, {"/bin:/usr/bin"});
+  REQUIRE(chdir(here) == 0);
+  CHECK(sh.path == "/bin/sh");
 }
 
 TEST_CASE("program_command: PYTHON_EXEC, then python3, then python", "[program_command]") {

@@ -59,14 +59,14 @@ std::map<std::string, torch::Tensor> reference(Net& net) {
 }
 
 // The dtypes without a legacy torch.save storage class (written with _rebuild_tensor_v3), and the
-// complex ones; by name as state_dict_interop.py's DTYPES. The last two have no safetensors name.
+// complex ones; by name as state_dict_interop.py's DTYPES. The last has no safetensors name.
 const std::pair<const char*, torch::ScalarType> kNewerDtypes[] = {
     {"uint16", torch::kUInt16}, {"uint32", torch::kUInt32}, {"uint64", torch::kUInt64},
     {"float8_e4m3fn", torch::kFloat8_e4m3fn}, {"float8_e5m2", torch::kFloat8_e5m2},
     {"float8_e4m3fnuz", torch::kFloat8_e4m3fnuz}, {"float8_e5m2fnuz", torch::kFloat8_e5m2fnuz},
     {"complex64", torch::kComplexFloat}, {"float8_e8m0fnu", torch::kFloat8_e8m0fnu},
     {"complex128", torch::kComplexDouble}};
-constexpr std::size_t kSafetensorsNamed = 8;
+constexpr std::size_t kSafetensorsNamed = 9;
 
 // Bytes 0, 1, 2, ... (mod 251) as a [2, 3] tensor of `type`: every bit pattern compared as bytes,
 // NaN patterns of the float8 types included. state_dict_interop.py's pattern().
@@ -102,6 +102,8 @@ int main(int argc, char** argv) {
     cpprun::detail::NamedTensors all;
     for (const auto& [name, type] : kNewerDtypes) all.emplace_back(name, pattern(type));
     const cpprun::detail::NamedTensors named(all.begin(), all.begin() + kSafetensorsNamed);
+    // A lazily conjugated view: written with its conjugation applied (the file has no flag for it).
+    all.emplace_back("conj_view", pattern(torch::kComplexFloat).conj());
     cpprun::detail::write_state_dict_file(all, target + "/cpp_dtypes.pt", {}, {});
     cpprun::detail::write_state_dict_file(named, target + "/cpp_dtypes.safetensors", {}, {});
     std::cout << "wrote " << target << "/cpp_dtypes.pt and cpp_dtypes.safetensors\n";

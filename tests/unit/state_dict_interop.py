@@ -100,12 +100,12 @@ def write(directory):
 
 
 # The dtypes torch.save writes with _rebuild_tensor_v3 (no legacy storage class), and the complex
-# ones; the first 8 also have safetensors names. As state_dict_interop.cpp's kNewerDtypes.
+# ones; all but complex128 also have safetensors names. As state_dict_interop.cpp's kNewerDtypes.
 DTYPES = {"uint16": torch.uint16, "uint32": torch.uint32, "uint64": torch.uint64,
           "float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2,
           "float8_e4m3fnuz": torch.float8_e4m3fnuz, "float8_e5m2fnuz": torch.float8_e5m2fnuz,
           "complex64": torch.complex64, "float8_e8m0fnu": torch.float8_e8m0fnu, "complex128": torch.complex128}
-SAFETENSORS_NAMED = list(DTYPES)[:8]
+SAFETENSORS_NAMED = list(DTYPES)[:9]
 C10_NAMES = {torch.uint16: "UInt16", torch.uint32: "UInt32", torch.uint64: "UInt64",
              torch.float8_e4m3fn: "Float8_e4m3fn", torch.float8_e5m2: "Float8_e5m2",
              torch.float8_e4m3fnuz: "Float8_e4m3fnuz", torch.float8_e5m2fnuz: "Float8_e5m2fnuz",
@@ -153,7 +153,9 @@ def write_dtypes(directory):
 
 def check_dtypes(directory):
     loaded = torch.load(directory / "cpp_dtypes.pt")  # weights_only=True
-    assert list(loaded) == list(DTYPES), f"cpp_dtypes.pt holds {list(loaded)}"
+    assert list(loaded) == list(DTYPES) + ["conj_view"], f"cpp_dtypes.pt holds {list(loaded)}"
+    conj_view = loaded.pop("conj_view")
+    assert raw(conj_view) == raw(pattern(torch.complex64).conj()), "cpp_dtypes.pt: conj_view is not conjugated"
     for file, tensors in (("cpp_dtypes.pt", loaded),
                           ("cpp_dtypes.safetensors", safetensors.torch.load_file(directory / "cpp_dtypes.safetensors"))):
         names = list(DTYPES) if file.endswith(".pt") else SAFETENSORS_NAMED
