@@ -80,22 +80,27 @@ struct DdpCore::Impl {
   bool require_sync = true;
   bool manual_finalization = false;  // a pipeline stage: finalize_backward() reduces, once a step
   bool joining = false;  // inside join(): each forward first tells the others this rank is active
+  // PyTorch's require_forward_param_sync: whether the next forward broadcasts the buffers. True at
+  // first, then whether the last forward was one whose backward reduces (grad mode on, outside
+  // no_sync). So evaluation under NoGradGuard syncs once, at its first forward, and ranks may then
+  // run different numbers of eval batches (each forward's broadcast once made that hang).
+  bool sync_buffers_next = true;
   // Parameters split by tensor parallelism, by name (cpprun/tensor_parallel_split.h).
   std::map<std::string, TensorParallelSplit> tp_splits;
 
   Impl(torch::nn::Module& m, ProcessGroup g, DdpOptions o)
       : module(m), group(std::move(g)), options(o), tp_splits(tensor_parallel_splits(m)) {}
 
-  // Join's handshake: every rank's JoinState, gathered. Returns the lowest active rank (the
-  // source of buffers this step), -1 when every rank has joined, and whether any active rank
-  // will reduce gradients.
+  // Join's handshake: every rank's JoinState, gathered. Returns the highest active rank (the
+  // source of buffers this step, as PyTorch's _find_common_rank picks it), -1 when every rank has
+  // joined, and whether any active rank will reduce gradients.
   std::pair<int, bool> exchange_join_state(JoinState mine) {
     auto state = at::tensor({static_cast<int64_t>(mine)}, at::kLong);
     auto states = at::empty({group.size()}, at::kLong);
     all_gather_into(group, states, state);
     int source = -1;
     bool any_sync = false;
-    for (int r = group.size() - 1; r >= 0; --r) {
+    for (int r = 0; r < group.size(); ++r) {
       const auto s = static_cast<JoinState>(states[r].item<int64_t>());
       if (s != JoinState::kJoined) source = r;
       any_sync = any_sync || s == JoinState::kActiveSync;
@@ -130,7 +135,9 @@ DdpCore::DdpCore(torch::nn::Module& module, ProcessGroup group, DdpOptions optio
   if (options.init_sync() && impl_->group.size() > 1) {
     verify_same_parameters(impl_->group, names, params);
     std::vector<at::Tensor> state = params;
-    state.insert(state.end(), impl_->buffers.begin(), impl_->buffers.end());
+    // broadcast_buffers(false) keeps each rank's buffers from the start too, as PyTorch's
+    // broadcast_buffers=False leaves them out of its construction sync.
+    if (options.broadcast_buffers()) state.insert(state.end(), impl_->buffers.begin(), impl_->buffers.end());
     broadcast_coalesced(impl_->group, state, 0);
   }
   impl_->reducer = std::make_unique<Reducer>(std::move(names), std::move(params), impl_->group, options);
@@ -147,7 +154,8 @@ void DdpCore::before_forward() {
     buffer_source = s.exchange_join_state(will_sync ? JoinState::kActiveSync : JoinState::kActiveNoSync).first;
   }
   if (will_sync) s.reducer->rebuild_buckets_if_due();
-  if (s.group.size() > 1) s.broadcast_buffers(buffer_source);
+  if (s.group.size() > 1 && s.sync_buffers_next) s.broadcast_buffers(buffer_source);
+  s.sync_buffers_next = s.require_sync && torch::autograd::GradMode::is_enabled();
 }
 
 void DdpCore::after_forward(const std::vector<at::Tensor>& outputs) {
@@ -159,8 +167,8 @@ void DdpCore::after_forward(const std::vector<at::Tensor>& outputs) {
 // Note [Join for uneven inputs]
 // Inside join(), each forward starts with an all-gather of every rank's JoinState. A rank whose
 // loop has ended keeps answering that all-gather with kJoined and mirrors, step by step, the
-// collectives an active rank makes: the bucket rebuild, the buffer broadcast (from the lowest
-// active rank) and, when an active rank reduces gradients, one reduction per bucket with zeros
+// collectives an active rank makes: the bucket rebuild, the buffer broadcast (from the highest
+// active rank, when due) and, when an active rank reduces gradients, one reduction per bucket with zeros
 // plus the used-parameter flags. When the all-gather says every rank has joined, all return.
 // Averages still divide by the full world size, as PyTorch's default.
 void DdpCore::join(const std::function<void()>& train_loop) {
@@ -173,7 +181,8 @@ void DdpCore::join(const std::function<void()>& train_loop) {
       const auto [source, any_sync] = s.exchange_join_state(JoinState::kJoined);
       if (source < 0) break;
       if (any_sync) s.reducer->rebuild_buckets_if_due();
-      s.broadcast_buffers(source);
+      if (s.sync_buffers_next) s.broadcast_buffers(source);
+      s.sync_buffers_next = any_sync;  // as the active ranks' own forwards set theirs
       if (any_sync) s.reducer->reduce_as_joined_rank();
     }
   } catch (...) {

@@ -7,9 +7,23 @@ namespace cpprun {
 
 struct DdpOptions {
   // Gradients are reduced in buckets of about this size; the first (last gradients of the model,
-  // first to be ready) is smaller so communication starts early.
-  TORCH_ARG(double, bucket_cap_mb) = 25;
-  TORCH_ARG(double, first_bucket_cap_mb) = 1;
+  // first to be ready) is smaller so communication starts early: 1 MiB with the default
+  // bucket_cap_mb, bucket_cap_mb itself once that is given (as PyTorch 2.15 sizes its first
+  // bucket), first_bucket_cap_mb when that is given.
+  DdpOptions& bucket_cap_mb(double megabytes) {
+    bucket_cap_mb_ = megabytes;
+    bucket_cap_given_ = true;
+    return *this;
+  }
+  double bucket_cap_mb() const { return bucket_cap_mb_; }
+  DdpOptions& first_bucket_cap_mb(double megabytes) {
+    first_bucket_cap_mb_ = megabytes;
+    first_bucket_cap_given_ = true;
+    return *this;
+  }
+  double first_bucket_cap_mb() const {
+    return first_bucket_cap_given_ ? first_bucket_cap_mb_ : bucket_cap_given_ ? bucket_cap_mb_ : 1;
+  }
   // Copy rank 0's buffers (e.g. BatchNorm running stats) to every rank before each forward.
   TORCH_ARG(bool, broadcast_buffers) = true;
   // Allow parameters that get no gradient in some iterations (on some or all ranks).
@@ -20,6 +34,12 @@ struct DdpOptions {
   TORCH_ARG(bool, static_graph) = false;
   // Check that all ranks have the same parameters and broadcast rank 0's at construction.
   TORCH_ARG(bool, init_sync) = true;
+
+ private:
+  double bucket_cap_mb_ = 25;
+  double first_bucket_cap_mb_ = 1;
+  bool bucket_cap_given_ = false;
+  bool first_bucket_cap_given_ = false;
 };
 
 }  // namespace cpprun

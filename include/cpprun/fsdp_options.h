@@ -15,8 +15,10 @@
 namespace cpprun {
 
 struct FsdpOptions {
-  // ZeRO stage: 1 shards optimizer state, 2 also gradients, 3 also parameters.
-  TORCH_ARG(int, stage) = 2;
+  // ZeRO stage: 1 shards optimizer state, 2 also gradients, 3 also parameters. 3 by default, as
+  // PyTorch's FullyShardedDataParallel (FULL_SHARD) and fully_shard shard parameters by default
+  // (it was 2 until 2026-12-04: a ported fully_shard(m) kept every full parameter on every rank).
+  TORCH_ARG(int, stage) = 3;
   // Units (wrapped modules whose parameters are gathered and released together, with one
   // all-gather and one reduce-scatter per dtype): every submodule holding at least this many
   // parameters not already in a smaller unit becomes one; 0: the whole model is one unit.
@@ -35,6 +37,9 @@ struct FsdpOptions {
   // module's own parameters, and the unit forward used last always stay for backward), and once
   // backward has produced the unit's gradients.
   TORCH_ARG(bool, reshard_after_forward) = true;
+  // PyTorch's fully_shard(reshard_after_forward=8) reshards to a smaller world of 8 ranks; cpprun
+  // has no such form, and an int would silently convert to true: not callable with one.
+  FsdpOptions& reshard_after_forward(int) = delete;
   // Gathers the next unit (in the order the last forward used them; reversed in backward) while
   // the current one computes.
   TORCH_ARG(bool, prefetch) = true;

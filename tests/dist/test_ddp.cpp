@@ -107,6 +107,15 @@ TEST_CASE("ddp: CNN with BatchNorm, SGD-momentum and Adam", "[ddp]") {
   check_parity<SmallCnn>("cnn", "adam", cpprun::DdpOptions());
 }
 
+// PyTorch 2.15: a bucket_cap_mb given makes the first bucket that size too; 1 MiB only with the default.
+TEST_CASE("ddp: the first bucket's size as PyTorch gives it", "[ddp]") {
+  CHECK(cpprun::DdpOptions().first_bucket_cap_mb() == 1);
+  CHECK(cpprun::DdpOptions().bucket_cap_mb() == 25);
+  CHECK(cpprun::DdpOptions().bucket_cap_mb(4).first_bucket_cap_mb() == 4);
+  CHECK(cpprun::DdpOptions().bucket_cap_mb(4).first_bucket_cap_mb(2).first_bucket_cap_mb() == 2);
+  CHECK(cpprun::DdpOptions().first_bucket_cap_mb(2).bucket_cap_mb(4).first_bucket_cap_mb() == 2);
+}
+
 TEST_CASE("ddp: many small buckets, rebuilt after the first backward", "[ddp]") {
   check_parity<Mlp>("mlp", "sgd", cpprun::DdpOptions().bucket_cap_mb(0.002).first_bucket_cap_mb(0.001));
   check_parity<SmallCnn>("cnn", "adam", cpprun::DdpOptions().bucket_cap_mb(0.001).first_bucket_cap_mb(0.001));
@@ -285,6 +294,54 @@ TEST_CASE("ddp: parameters of several dtypes", "[ddp]") {
 // alone (at one rank there is nothing to tell apart). Broadcasting rank 0's would fail it.
 TEST_CASE("ddp: broadcast_buffers(false) keeps each rank's own BatchNorm statistics", "[ddp]") {
   check_parity<SmallCnn>("cnn", "sgd", cpprun::DdpOptions().broadcast_buffers(false));
+}
+
+// As PyTorch's require_forward_param_sync: buffers are broadcast at a forward that follows a
+// reducing forward (and at the first), not at every forward. Each rank runs its own number of
+// evaluation forwards under NoGradGuard (rank r: 1 + r); a broadcast at each made the extra ones
+// wait for peers that never came. Under broadcast_buffers(false) construction leaves each rank's
+// buffers too.
+TEST_CASE("ddp: buffers sync when PyTorch syncs them: not at every evaluation forward", "[ddp]") {
+  Float64Parity float64;
+  const int rank = group().rank(), world = group().size();
+  torch::manual_seed(0);
+  auto net = std::make_shared<SmallCnn>();
+  auto ddp = cpprun::DistributedDataParallel(net, group());
+  torch::optim::SGD opt(ddp->parameters(), 0.05);
+  const auto train_step = [&](int seed) {
+    opt.zero_grad();
+    torch::nn::functional::cross_entropy(ddp->forward(inputs_for("cnn", 4, seed)), targets_for(4, seed)).backward();
+    opt.step();
+  };
+  train_step(rank);  // each rank's own statistics now
+  ddp->eval();
+  {
+    torch::NoGradGuard no_grad;
+    for (int batch = 0; batch < 1 + rank; ++batch) ddp->forward(inputs_for("cnn", 4, 50 + batch));
+  }
+  ddp->train();
+  // The first evaluation forward took rank 0's statistics; the training forward after the
+  // evaluation (whose forwards did not reduce) does not broadcast, so rank 0's remain everywhere.
+  train_step(10 + rank);
+  {
+    torch::NoGradGuard no_grad;
+    auto mean = net->bn1->running_mean.sum().reshape({1});
+    auto all = torch::empty({world}, torch::kDouble);
+    cpprun::all_gather_into(group(), all, mean);
+    INFO("running means " << all);
+    if (world > 1) CHECK_FALSE(all.eq(all[0]).all().item<bool>());  // each rank's own step since
+  }
+  train_step(20 + rank);  // follows a reducing forward: broadcasts rank 0's, then each updates its own
+  cpprun::barrier(group());
+
+  // broadcast_buffers(false): nothing of the buffers at construction either.
+  auto own = std::make_shared<SmallCnn>();
+  {
+    torch::NoGradGuard no_grad;
+    own->bn1->running_mean.fill_(rank);
+  }
+  auto kept = cpprun::DistributedDataParallel(own, group(), cpprun::DdpOptions().broadcast_buffers(false));
+  CHECK(own->bn1->running_mean.eq(rank).all().item<bool>());
 }
 
 // Without init_sync nothing is broadcast at construction: equal starting weights are the
