@@ -7,8 +7,9 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <fnmatch.h>
+
 #include <map>
-#include <set>
 #include <sstream>
 
 #include "cpprun/collectives.h"
@@ -139,6 +140,38 @@ void replace_child(const Located& at, const std::shared_ptr<torch::nn::Module>& 
   }
 }
 
+// Note [Wildcards in a plan]
+// As PyTorch's parallelize_module, a plan key's dot-separated parts may be fnmatch patterns
+// ("layers.*.mlp.fc1", "h.[02].attn"), each matched against the names of the children one level
+// down: an entry stands for every submodule it matches. PyTorch warns and skips a key that
+// matches nothing; cpprun refuses it, as it refuses a plain name that does not exist (a typo
+// would otherwise leave a layer whole without a word). Expanded before anything is located.
+bool has_wildcard(const std::string& text) { return text.find_first_of("*?[") != std::string::npos; }
+
+std::vector<std::string> expand_key(const std::shared_ptr<torch::nn::Module>& root, const std::string& dotted) {
+  if (!has_wildcard(dotted)) return {dotted};
+  std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> frontier{{"", root}};
+  std::istringstream parts(dotted);
+  for (std::string part; std::getline(parts, part, '.');) {
+    std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> next;
+    for (const auto& [path, module] : frontier) {
+      for (const auto& child : module->named_children()) {
+        const bool matches = has_wildcard(part) ? fnmatch(part.c_str(), child.key().c_str(), 0) == 0 : child.key() == part;
+        if (matches) next.emplace_back(path + (path.empty() ? "" : ".") + child.key(), child.value());
+      }
+    }
+    TORCH_CHECK(!next.empty(), "cpprun::parallelize_module: the plan's \"", dotted, "\" matches no submodule: ",
+                "nothing matches \"", part, "\" under ", frontier.size() == 1 && frontier[0].first.empty()
+                    ? std::string("the module") : "\"" + frontier[0].first + "\"" +
+                                                      (frontier.size() > 1 ? " (and its siblings)" : ""),
+                " (its submodules: ", listed_children(*frontier[0].second), ").");
+    frontier = std::move(next);
+  }
+  std::vector<std::string> names;
+  for (const auto& [path, module] : frontier) names.push_back(path);
+  return names;
+}
+
 // A planned module's parameter that some other module also holds (a tied weight: one tensor
 // under two names) would be split in the one and whole in the other, and the tie would break
 // without a word. Refused, naming both; a head tied to a vocabulary-parallel embedding is
@@ -163,13 +196,21 @@ void refuse_broken_ties(torch::nn::Module& module, const ParallelizePlan& plan, 
 }  // namespace
 
 std::shared_ptr<torch::nn::Module> parallelize_module(std::shared_ptr<torch::nn::Module> module,
-                                                      const ProcessGroup& tp_group, const ParallelizePlan& plan) {
+                                                      const ProcessGroup& tp_group, const ParallelizePlan& given_plan) {
   TORCH_CHECK(module != nullptr, "cpprun::parallelize_module: the module is null.");
   TORCH_CHECK(tp_group.is_member(), "cpprun::parallelize_module: this rank is not a member of the tensor-parallel "
               "group; call it on the group's ranks only.");
-  std::set<std::string> seen;
-  for (const auto& [name, style] : plan) {
-    TORCH_CHECK(seen.insert(name).second, "cpprun::parallelize_module: the plan names \"", name, "\" twice.");
+  // Note [Wildcards in a plan]: every entry as the submodules it names, each planned once.
+  ParallelizePlan plan;
+  std::map<std::string, std::string> entry_of;  // a submodule -> the plan key that named it
+  for (const auto& [key, style] : given_plan) {
+    for (const std::string& name : expand_key(module, key)) {
+      const auto [at, first] = entry_of.emplace(name, key);
+      TORCH_CHECK(first, "cpprun::parallelize_module: the plan names \"", name, "\" twice",
+                  at->second == key && key == name ? std::string(".")
+                                                   : " (as \"" + at->second + "\" and as \"" + key + "\").");
+      plan.emplace_back(name, style);
+    }
   }
   // Every entry is found and built before anything is replaced: a plan with a typo or a split
   // that does not divide leaves the module whole (and fails alike on every rank).

@@ -36,7 +36,8 @@
 namespace cpprun {
 
 // Submodule name (dotted, as named_modules() gives it: "block.mlp.fc1"; "0" for a Sequential's
-// first entry) -> how to split it.
+// first entry) -> how to split it. Each dotted part may be an fnmatch pattern, as in PyTorch
+// ("layers.*.mlp.fc1": every block's fc1); one that matches nothing is refused.
 using ParallelizePlan = std::vector<std::pair<std::string, ParallelStyle>>;
 
 // Note [Replacing submodules]: each planned submodule (a torch::nn::Linear or Embedding) is

@@ -433,6 +433,47 @@ TEST_CASE("tensor parallel: dropout on a shard is its slice of the whole tensor'
                             reference.chunk(world, 1)[rank]) <= kTolerance);
 }
 
+// Note [Wildcards in a plan]: "*.0" plans every block's first Linear, as PyTorch's fnmatch keys;
+// the result is the explicit plan's, parameter for parameter.
+TEST_CASE("tensor parallel: plan keys with wildcards name every submodule they match", "[tp]") {
+  const auto blocks = [] {
+    torch::manual_seed(7);
+    auto block = [] { return torch::nn::Sequential(torch::nn::Linear(4, 12), torch::nn::ReLU(), torch::nn::Linear(12, 4)); };
+    return torch::nn::ModuleList(block(), block(), block());
+  };
+  const auto run = [](const torch::nn::ModuleList& net, torch::Tensor x) {
+    for (const auto& block : *net) x = block->as<torch::nn::Sequential>()->forward(x);
+    return x;
+  };
+  auto explicit_net = blocks(), wildcard_net = blocks();
+  cpprun::ParallelizePlan explicit_plan;
+  for (const char* b : {"0", "1", "2"}) {
+    explicit_plan.push_back({std::string(b) + ".0", cpprun::ColwiseParallel()});
+    explicit_plan.push_back({std::string(b) + ".2", cpprun::RowwiseParallel()});
+  }
+  cpprun::parallelize_module(explicit_net.ptr(), group(), explicit_plan);
+  cpprun::parallelize_module(wildcard_net.ptr(), group(), {{"*.0", cpprun::ColwiseParallel()}, {"[0-2].2", cpprun::RowwiseParallel()}});
+  const auto splits = cpprun::tensor_parallel_splits(*wildcard_net);
+  CHECK(splits.size() == cpprun::tensor_parallel_splits(*explicit_net).size());
+  CHECK(splits.count("1.0.weight") == 1);
+  auto mine = explicit_net->named_parameters();
+  for (const auto& item : wildcard_net->named_parameters()) {
+    INFO(item.key());
+    CHECK(item.value().equal(mine[item.key()]));
+  }
+  torch::manual_seed(3);  // the same input on every rank, as a replicated input is
+  const auto x = torch::randn({2, 4});
+  CHECK(torch::allclose(run(wildcard_net, x), run(explicit_net, x)));
+  // Matching nothing, or one submodule twice, is refused; the module is left whole.
+  auto fresh = blocks();
+  CHECK_THROWS_WITH(cpprun::parallelize_module(fresh.ptr(), group(), {{"*.9", cpprun::ColwiseParallel()}}),
+                    Catch::Contains("the plan's \"*.9\" matches no submodule: nothing matches \"9\""));
+  CHECK_THROWS_WITH(cpprun::parallelize_module(fresh.ptr(), group(),
+                                               {{"*.0", cpprun::ColwiseParallel()}, {"1.0", cpprun::ColwiseParallel()}}),
+                    Catch::Contains("names \"1.0\" twice (as \"*.0\" and as \"1.0\")"));
+  CHECK(fresh[0]->as<torch::nn::Sequential>()->ptr(0)->as<torch::nn::Linear>() != nullptr);
+}
+
 TEST_CASE("tensor parallel: bad plans are refused, naming the submodule", "[tp]") {
   const int world = group().size();
   auto mlp = make_mlp();
