@@ -44,7 +44,9 @@ double clip_grad_norm(const std::vector<GradientToClip>& grads, double max_norm,
   if (then_over) all_reduce(*then_over, total_squares);
   const double total = std::sqrt(total_squares.item<double>());
   const double scale = max_norm / (total + 1e-6);
-  if (scale < 1) {
+  // As torch.nn.utils.clip_grad_norm_ (error_if_nonfinite=False): a NaN total multiplies every
+  // gradient by NaN, an infinite one by 0, so that the step that follows is as PyTorch's.
+  if (!(scale >= 1)) {
     for (const auto& g : grads) {
       if (g.grad.defined()) g.grad.mul_(scale);
     }

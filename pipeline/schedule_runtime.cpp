@@ -124,6 +124,7 @@ struct PipelineSchedule::Runtime {
   std::vector<TieSum> tie_sums;
   std::optional<ProcessGroup> data_parallel;  // set_data_parallel_group's (its stages wrapped in DDP)
   GradScaler* scaler = nullptr;               // set_grad_scaler's
+  bool scale_grads = true;                    // set_scale_grads's: backward from loss / microbatches
   std::optional<at::Device> device;  // where received tensors go: the stages' parameters'
 
   // One step's state.
@@ -341,7 +342,7 @@ struct PipelineSchedule::Runtime {
     // gradients of the whole batch's mean loss), else the output with the next stage's gradient.
     std::vector<at::Tensor> roots, root_grads;
     if (pass.stage == last_stage()) {
-      at::Tensor mean_part = state.loss / shape.microbatches;
+      at::Tensor mean_part = scale_grads ? state.loss / shape.microbatches : state.loss;
       roots.push_back(scaler != nullptr ? scaler->scale(mean_part) : mean_part);
     } else if (carries_gradient(state.output)) {
       at::Tensor gradient = remote(pass.stage + 1) ? take_receive(StageMessage::kGradient, pass, pass.stage + 1)
@@ -679,6 +680,7 @@ void PipelineSchedule::set_data_parallel_group(const ProcessGroup& group) {
   runtime_->data_parallel = group;
 }
 void PipelineSchedule::set_grad_scaler(GradScaler& scaler) { runtime_->scaler = &scaler; }
+void PipelineSchedule::set_scale_grads(bool scale) { runtime_->scale_grads = scale; }
 at::Tensor PipelineSchedule::eval(const at::Tensor& inputs, const at::Tensor& targets) {
   return runtime_->step(inputs, targets, /*train=*/false);
 }

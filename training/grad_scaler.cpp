@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 #include <torch/serialize/tensor.h>
 
+#include <cmath>
 #include <map>
 #include <utility>
 #include <vector>
@@ -132,9 +133,14 @@ double GradScaler::get_scale() const {
 
 int64_t GradScaler::growth_tracker() const { return growth_tracker_.defined() ? growth_tracker_.item<int64_t>() : 0; }
 
+// What PyTorch's GradScaler.state_dict() holds: the scale, the growth count, and the factors and
+// interval, which its load_state_dict() restores too (a resumed run keeps the schedule it had).
 void GradScaler::save(torch::serialize::OutputArchive& archive) const {
   archive.write("grad_scaler/scale", at::full({}, get_scale(), at::kFloat));
   archive.write("grad_scaler/growth_tracker", at::full({}, growth_tracker(), at::kInt));
+  archive.write("grad_scaler/growth_factor", at::full({}, options_.growth_factor(), at::kDouble));
+  archive.write("grad_scaler/backoff_factor", at::full({}, options_.backoff_factor(), at::kDouble));
+  archive.write("grad_scaler/growth_interval", at::full({}, options_.growth_interval(), at::kLong));
 }
 
 void GradScaler::load(torch::serialize::InputArchive& archive) {
@@ -144,9 +150,28 @@ void GradScaler::load(torch::serialize::InputArchive& archive) {
   TORCH_CHECK(scale.numel() == 1 && scale.item<double>() > 0 && tracker.numel() == 1,
               "cpprun::GradScaler: the archive's grad_scaler/scale must be one positive number and growth_tracker one "
               "integer; got ", scale.numel(), " and ", tracker.numel(), " elements");
+  // The schedule, from archives that hold it (older ones do not: the options stay).
+  GradScalerOptions loaded = options_;
+  at::Tensor value;
+  const auto one = [&](const char* key) {
+    value = at::Tensor();  // read() into a defined tensor would set_() it in place, dtype and all
+    const bool found = archive.try_read(key, value);
+    TORCH_CHECK(!found || value.numel() == 1, "cpprun::GradScaler: the archive's ", key, " must be one number; got ",
+                value.numel(), " elements");
+    return found;
+  };
+  if (one("grad_scaler/growth_factor")) loaded.growth_factor(value.item<double>());
+  if (one("grad_scaler/backoff_factor")) loaded.backoff_factor(value.item<double>());
+  if (one("grad_scaler/growth_interval")) loaded.growth_interval(value.item<int64_t>());
+  TORCH_CHECK(std::isfinite(loaded.growth_factor()) && loaded.growth_factor() > 1 && loaded.backoff_factor() > 0 &&
+                  loaded.backoff_factor() < 1 && loaded.growth_interval() > 0,
+              "cpprun::GradScaler: the archive's schedule is not one GradScaler runs: growth_factor ",
+              loaded.growth_factor(), " (> 1), backoff_factor ", loaded.backoff_factor(), " (0 to 1), growth_interval ",
+              loaded.growth_interval(), " (> 0)");
   const auto device = scale_.defined() ? scale_.device() : at::Device(at::kCPU);
   scale_ = scale.to(device, at::kFloat).reshape({});
   growth_tracker_ = tracker.to(device, at::kInt).reshape({});
+  options_ = loaded;
   per_optimizer_.clear();
 }
 

@@ -64,7 +64,9 @@ class GradScaler {
   int64_t growth_tracker() const;
   bool is_enabled() const { return options_.enabled(); }
 
-  // scale and growth count, under "grad_scaler/..." keys.
+  // The scale, the growth count, growth_factor, backoff_factor and growth_interval, under
+  // "grad_scaler/..." keys: what PyTorch's state_dict() holds; load() restores them all (an
+  // archive from before 2026-12-04, without the last three, keeps this scaler's).
   void save(torch::serialize::OutputArchive& archive) const;
   void load(torch::serialize::InputArchive& archive);
 

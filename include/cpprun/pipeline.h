@@ -169,6 +169,11 @@ class PipelineSchedule {
   // on every stage when any stage overflowed. Every rank calls it; the scaler must outlive the
   // schedule (or the next call).
   void set_grad_scaler(GradScaler& scaler);
+  // PyTorch's scale_grads (its schedules' constructor argument): true, the default, gives the
+  // gradients of the mean micro-batch loss (each backward starts from loss / microbatches); false,
+  // those of their sum (each from the loss itself), for a loss_fn that already divides. step()
+  // returns the mean micro-batch loss either way.
+  void set_scale_grads(bool scale);
   // The last step's (or eval's) loss of each micro-batch, on every rank.
   const std::vector<double>& microbatch_losses() const;
   const PipelineStepStats& last_step_stats() const;

@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 #include <unistd.h>  // getppid
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -555,6 +556,33 @@ TEST_CASE("fsdp: clip_grad_norm clips by the norm over all ranks' shards (DDP: o
   model->gather_full_parameters();
   check_same_parameters(*net, *ref, kParityTolerance);
   CHECK_THROWS_WITH(model->clip_grad_norm(0), Catch::Contains("max_norm must be positive"));
+}
+
+// As torch.nn::utils::clip_grad_norm_: a NaN total norm multiplies every gradient by NaN (the
+// gradients were left as they were, so only the NaN one's parameter was poisoned by the step).
+TEST_CASE("fsdp: clip_grad_norm with a NaN gradient does as PyTorch's", "[fsdp]") {
+  const int rank = group().rank(), world = group().size();
+  torch::manual_seed(0);
+  auto net = std::make_shared<Mlp>(31);
+  cpprun::DataParallel<Mlp> model = cpprun::DistributedDataParallel(net, group());
+  auto ref = std::make_shared<Mlp>(31);
+  copy_state(*ref, *net);
+  auto x = inputs_for("mlp", kGlobalBatch, 0);
+  auto y = targets_for(kGlobalBatch, 0);
+  torch::nn::functional::cross_entropy(model->forward(slice(x, rank, world)), slice(y, rank, world)).backward();
+  torch::nn::functional::cross_entropy(ref->forward(x), y).backward();
+  {
+    torch::NoGradGuard no_grad;
+    net->named_parameters()[0].value().mutable_grad().view({-1})[0] = NAN;
+    ref->named_parameters()[0].value().mutable_grad().view({-1})[0] = NAN;
+  }
+  CHECK(std::isnan(model->clip_grad_norm(0.5)));
+  CHECK(std::isnan(torch::nn::utils::clip_grad_norm_(ref->parameters(), 0.5)));
+  for (const auto& item : net->named_parameters()) {
+    INFO(item.key());
+    CHECK(item.value().grad().isnan().all().item<bool>());
+    CHECK(ref->named_parameters()[item.key()].grad().isnan().all().item<bool>());
+  }
 }
 
 TEST_CASE("fsdp: per-rank bytes follow the ZeRO formulas (fp32 AdamW)", "[fsdp]") {

@@ -607,6 +607,25 @@ TEST_CASE("pipeline: a GradScaler over the pipeline skips the step on every stag
   CHECK(scaler.get_scale() == 512);  // backed off once, on every rank
 }
 
+// PyTorch's scale_grads=False: the gradients of the micro-batch losses' sum, m times the mean's
+// (exact in float64: m a power of 2); step() still returns the mean.
+TEST_CASE("pipeline: set_scale_grads(false) gives the sum's gradients, as PyTorch's scale_grads=False", "[pipeline]") {
+  const auto& pg = group();
+  ddp_test::Float64Parity doubles;
+  auto model = make_model();
+  cpprun::PipelineStage stage(model, cpprun::split_evenly(model, pg.size()), pg);
+  cpprun::Schedule1F1B mean(stage, 4, mse), sum(stage, 4, mse);
+  sum.set_scale_grads(false);
+  auto [x, y] = batch_of(0);
+  for (const auto& p : stage.parameters()) p.mutable_grad() = at::Tensor();
+  const double mean_loss = mean.step(x, y).item<double>();
+  std::vector<at::Tensor> of_mean;
+  for (const auto& p : stage.parameters()) of_mean.push_back(p.grad().clone());
+  for (const auto& p : stage.parameters()) p.mutable_grad() = at::Tensor();
+  CHECK(sum.step(x, y).item<double>() == mean_loss);
+  for (size_t k = 0; k < of_mean.size(); ++k) CHECK(torch::equal(stage.parameters()[k].grad(), 4 * of_mean[k]));
+}
+
 TEST_CASE("pipeline: a careless user's mistakes are one error on every rank", "[pipeline]") {
   const auto& pg = group();
   const int p = pg.size();

@@ -122,3 +122,25 @@ TEST_CASE("grad_scaler: save and load keep the scale and the growth count", "[gr
   CHECK(restored.get_scale() == 16);
   CHECK(restored.growth_tracker() == 1);
 }
+
+// PyTorch's load_state_dict restores growth_factor, backoff_factor and growth_interval too: a
+// scaler built with other ones runs the saved schedule after load (it kept its own before).
+TEST_CASE("grad_scaler: load restores the saved growth schedule, as PyTorch's", "[grad_scaler]") {
+  auto w = torch::ones({1}).requires_grad_();
+  torch::optim::SGD opt({w}, 0.1);
+  cpprun::GradScaler scaler(
+      cpprun::GradScalerOptions().init_scale(32).growth_factor(4).backoff_factor(0.25).growth_interval(2));
+  torch::serialize::OutputArchive out;
+  scaler.save(out);
+  std::stringstream buffer;
+  out.save_to(buffer);
+  torch::serialize::InputArchive in;
+  in.load_from(buffer);
+  cpprun::GradScaler restored;  // PyTorch's defaults: 2.0, 0.5, 2000
+  restored.load(in);
+  train_step(restored, opt, w, true);  // an overflow: 32 * 0.25
+  CHECK(restored.get_scale() == 8);
+  train_step(restored, opt, w, false);
+  train_step(restored, opt, w, false);  // two clean steps: 8 * 4
+  CHECK(restored.get_scale() == 32);
+}
