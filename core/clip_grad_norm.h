@@ -22,7 +22,8 @@ struct GradientToClip {
   bool counted = true;
 };
 
-// Scales the grads by max_norm / (norm + 1e-6) when that is below 1; returns the norm before
+// Scales the grads by max_norm / (norm + 1e-6) when that is below 1 or NaN (a NaN or infinite norm,
+// as torch.nn.utils.clip_grad_norm_ does); returns the norm before
 // clipping, the same on every rank. `sum_over`: the group whose ranks' grads together make up
 // every gradient once (FSDP's shards), whose squares are then summed across ranks; null when this
 // rank's grads are all of them. `then_over`: a second such group, summed after the first (a

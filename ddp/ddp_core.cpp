@@ -105,8 +105,10 @@ struct DdpCore::Impl {
       if (s != JoinState::kJoined) source = r;
       any_sync = any_sync || s == JoinState::kActiveSync;
     }
+    if (source >= 0) last_active = source;
     return {source, any_sync};
   }
+  int last_active = -1;  // the highest rank active at the last handshake any rank was active in
 
   void broadcast_buffers(int source) {
     if (options.broadcast_buffers() && !buffers.empty()) broadcast_coalesced(group, buffers, source);
@@ -169,12 +171,16 @@ void DdpCore::after_forward(const std::vector<at::Tensor>& outputs) {
 // loop has ended keeps answering that all-gather with kJoined and mirrors, step by step, the
 // collectives an active rank makes: the bucket rebuild, the buffer broadcast (from the highest
 // active rank, when due) and, when an active rank reduces gradients, one reduction per bucket with zeros
-// plus the used-parameter flags. When the all-gather says every rank has joined, all return.
+// plus the used-parameter flags. When the all-gather says every rank has joined, every rank takes
+// the parameters (and buffers) of the last rank to join, as PyTorch's join post-hook, and all return.
 // Averages still divide by the full world size, as PyTorch's default.
 void DdpCore::join(const std::function<void()>& train_loop) {
   Impl& s = *impl_;
   TORCH_CHECK(!s.joining, "cpprun::DistributedDataParallel::join: already inside join().");
+  TORCH_CHECK(!s.manual_finalization, "cpprun::DistributedDataParallel::join: a pipeline stage's DDP (manual "
+              "finalization) cannot run inside join(); give every pipeline the same number of steps.");
   s.joining = true;
+  s.last_active = -1;
   try {
     train_loop();
     for (;;) {
@@ -184,6 +190,13 @@ void DdpCore::join(const std::function<void()>& train_loop) {
       if (s.sync_buffers_next) s.broadcast_buffers(source);
       s.sync_buffers_next = any_sync;  // as the active ranks' own forwards set theirs
       if (any_sync) s.reducer->reduce_as_joined_rank();
+    }
+    // As PyTorch's join post-hook (_sync_final_model): the ranks that ran out early skipped the
+    // last steps, so every rank takes the parameters (and buffers) of the last rank to join.
+    if (s.group.size() > 1 && s.last_active >= 0) {
+      std::vector<at::Tensor> state = s.module.parameters(/*recurse=*/true);
+      if (s.options.broadcast_buffers()) state.insert(state.end(), s.buffers.begin(), s.buffers.end());
+      broadcast_coalesced(s.group, state, s.last_active);
     }
   } catch (...) {
     s.joining = false;

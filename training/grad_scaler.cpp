@@ -141,9 +141,19 @@ void GradScaler::save(torch::serialize::OutputArchive& archive) const {
   archive.write("grad_scaler/growth_factor", at::full({}, options_.growth_factor(), at::kDouble));
   archive.write("grad_scaler/backoff_factor", at::full({}, options_.backoff_factor(), at::kDouble));
   archive.write("grad_scaler/growth_interval", at::full({}, options_.growth_interval(), at::kLong));
+  archive.write("grad_scaler/enabled", at::full({}, options_.enabled(), at::kBool));
 }
 
+// As PyTorch's load_state_dict: a disabled scaler loads nothing; an enabled one refuses the state
+// of a disabled one (its scale 1 is no loss scale).
 void GradScaler::load(torch::serialize::InputArchive& archive) {
+  if (!options_.enabled()) return;
+  at::Tensor enabled;
+  if (archive.try_read("grad_scaler/enabled", enabled)) {
+    TORCH_CHECK(enabled.numel() == 1 && enabled.to(at::kBool).item<bool>(), "cpprun::GradScaler: the archive was "
+                "saved from a disabled GradScaler (its scale 1 is no loss scale); load it into a disabled one, or "
+                "start this one's scale afresh");
+  }
   at::Tensor scale, tracker;
   archive.read("grad_scaler/scale", scale);
   archive.read("grad_scaler/growth_tracker", tracker);

@@ -24,7 +24,9 @@ struct DdpOptions {
   double first_bucket_cap_mb() const {
     return first_bucket_cap_given_ ? first_bucket_cap_mb_ : bucket_cap_given_ ? bucket_cap_mb_ : 1;
   }
-  // Copy rank 0's buffers (e.g. BatchNorm running stats) to every rank before each forward.
+  // Copy rank 0's buffers (e.g. BatchNorm running stats) to every rank at construction and at a
+  // forward that follows one whose backward reduced (PyTorch's require_forward_param_sync); false:
+  // each rank keeps its own, from construction on.
   TORCH_ARG(bool, broadcast_buffers) = true;
   // Allow parameters that get no gradient in some iterations (on some or all ranks).
   TORCH_ARG(bool, find_unused_parameters) = false;

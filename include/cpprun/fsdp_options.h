@@ -37,6 +37,7 @@ struct FsdpOptions {
   // module's own parameters, and the unit forward used last always stay for backward), and once
   // backward has produced the unit's gradients.
   TORCH_ARG(bool, reshard_after_forward) = true;
+ public:  // (TORCH_ARG leaves the section private)
   // PyTorch's fully_shard(reshard_after_forward=8) reshards to a smaller world of 8 ranks; cpprun
   // has no such form, and an int would silently convert to true: not callable with one.
   FsdpOptions& reshard_after_forward(int) = delete;

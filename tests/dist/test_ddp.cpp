@@ -318,6 +318,12 @@ TEST_CASE("ddp: buffers sync when PyTorch syncs them: not at every evaluation fo
   {
     torch::NoGradGuard no_grad;
     for (int batch = 0; batch < 1 + rank; ++batch) ddp->forward(inputs_for("cnn", 4, 50 + batch));
+    // The first evaluation forward broadcast rank 0's statistics (eval does not change them).
+    auto mean = net->bn1->running_mean.sum().reshape({1}).to(torch::kDouble);
+    auto all = torch::empty({world}, torch::kDouble);
+    cpprun::all_gather_into(group(), all, mean);
+    INFO("running means after evaluation " << all);
+    CHECK(all.eq(all[0]).all().item<bool>());
   }
   ddp->train();
   // The first evaluation forward took rank 0's statistics; the training forward after the
@@ -521,6 +527,8 @@ TEST_CASE("ddp: uneven inputs under join: ranks that run out shadow the others",
     }
     ref_opt.step();
   }
-  if (rank == world - 1) check_same_parameters(*net, *ref, kParityTolerance);  // the last rank ran every step
+  // The last rank ran every step; at join's end every rank takes its parameters (PyTorch's
+  // _sync_final_model), so all match the reference.
+  check_same_parameters(*net, *ref, kParityTolerance);
   cpprun::barrier(group());
 }

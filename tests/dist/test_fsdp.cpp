@@ -558,31 +558,45 @@ TEST_CASE("fsdp: clip_grad_norm clips by the norm over all ranks' shards (DDP: o
   CHECK_THROWS_WITH(model->clip_grad_norm(0), Catch::Contains("max_norm must be positive"));
 }
 
-// As torch.nn::utils::clip_grad_norm_: a NaN total norm multiplies every gradient by NaN (the
-// gradients were left as they were, so only the NaN one's parameter was poisoned by the step).
-TEST_CASE("fsdp: clip_grad_norm with a NaN gradient does as PyTorch's", "[fsdp]") {
+// As torch.nn::utils::clip_grad_norm_: a NaN total norm multiplies every gradient by NaN, an
+// infinite one by 0 (the gradients were left as they were, so only the bad one's parameter was
+// changed by the step). DDP, and FSDP whose shards' squares are summed across ranks.
+TEST_CASE("fsdp: clip_grad_norm with a NaN or infinite gradient does as PyTorch's", "[fsdp]") {
   const int rank = group().rank(), world = group().size();
+  const int stage = GENERATE(0, 2, 3);
+  const double bad = GENERATE(NAN, INFINITY);
+  INFO("stage " << stage << " bad value " << bad);
   torch::manual_seed(0);
   auto net = std::make_shared<Mlp>(31);
-  cpprun::DataParallel<Mlp> model = cpprun::DistributedDataParallel(net, group());
+  cpprun::DataParallel<Mlp> model = nullptr;
+  if (stage == 0) model = cpprun::DistributedDataParallel(net, group());
+  else model = cpprun::FullyShardedDataParallel(net, group(), per_linear(stage));
   auto ref = std::make_shared<Mlp>(31);
-  copy_state(*ref, *net);
   auto x = inputs_for("mlp", kGlobalBatch, 0);
   auto y = targets_for(kGlobalBatch, 0);
   torch::nn::functional::cross_entropy(model->forward(slice(x, rank, world)), slice(y, rank, world)).backward();
   torch::nn::functional::cross_entropy(ref->forward(x), y).backward();
   {
     torch::NoGradGuard no_grad;
-    net->named_parameters()[0].value().mutable_grad().view({-1})[0] = NAN;
-    ref->named_parameters()[0].value().mutable_grad().view({-1})[0] = NAN;
+    // DDP: every rank holds the whole gradient; FSDP: rank 0's shard of the first parameter that has one.
+    for (const auto& p : model->parameters()) {
+      if (!p.grad().defined() || p.grad().numel() == 0) continue;
+      if (stage == 0 || rank == 0) p.mutable_grad().view({-1})[0] = bad;
+      break;
+    }
+    ref->parameters()[0].mutable_grad().view({-1})[0] = bad;
   }
-  CHECK(std::isnan(model->clip_grad_norm(0.5)));
-  CHECK(std::isnan(torch::nn::utils::clip_grad_norm_(ref->parameters(), 0.5)));
-  for (const auto& item : net->named_parameters()) {
-    INFO(item.key());
-    CHECK(item.value().grad().isnan().all().item<bool>());
-    CHECK(ref->named_parameters()[item.key()].grad().isnan().all().item<bool>());
-  }
+  const double norm = model->clip_grad_norm(0.5);
+  const double ref_norm = torch::nn::utils::clip_grad_norm_(ref->parameters(), 0.5);
+  CHECK((std::isnan(bad) ? std::isnan(norm) && std::isnan(ref_norm) : std::isinf(norm) && std::isinf(ref_norm)));
+  // NaN: every gradient NaN; infinite: the bad element NaN (inf * 0), every other element 0.
+  const auto expect_like_pytorch = [&](const at::Tensor& grad) {
+    if (!grad.defined()) return true;  // an empty shard's
+    if (std::isnan(bad)) return grad.isnan().all().item<bool>();
+    return (grad.isnan() | grad.eq(0)).all().item<bool>();
+  };
+  for (const auto& p : model->parameters()) CHECK(expect_like_pytorch(p.grad()));
+  for (const auto& p : ref->parameters()) CHECK(expect_like_pytorch(p.grad()));
 }
 
 TEST_CASE("fsdp: per-rank bytes follow the ZeRO formulas (fp32 AdamW)", "[fsdp]") {

@@ -143,4 +143,20 @@ TEST_CASE("grad_scaler: load restores the saved growth schedule, as PyTorch's", 
   train_step(restored, opt, w, false);
   train_step(restored, opt, w, false);  // two clean steps: 8 * 4
   CHECK(restored.get_scale() == 32);
+  // As PyTorch's: a disabled scaler loads nothing; an enabled one refuses a disabled one's state.
+  cpprun::GradScaler disabled(cpprun::GradScalerOptions().enabled(false));
+  std::stringstream again;
+  out.save_to(again);
+  torch::serialize::InputArchive saved;
+  saved.load_from(again);
+  disabled.load(saved);
+  CHECK(disabled.get_scale() == 1.0);
+  torch::serialize::OutputArchive from_disabled;
+  disabled.save(from_disabled);
+  std::stringstream disabled_bytes;
+  from_disabled.save_to(disabled_bytes);
+  torch::serialize::InputArchive disabled_in;
+  disabled_in.load_from(disabled_bytes);
+  CHECK_THROWS_WITH(restored.load(disabled_in), Catch::Contains("saved from a disabled GradScaler"));
+  CHECK(restored.get_scale() == 32);
 }
