@@ -309,8 +309,9 @@ std::string sharded_load_directory(const std::string& path, std::string& single)
     // transformers' names before safetensors (save_pretrained(safe_serialization=False)), which its
     // from_pretrained still reads when a directory has no safetensors: one torch.save file, read
     // here, or shards of them, not.
-    if (!has_index && fs::exists(dir / "pytorch_model.bin")) {
-      single = (dir / "pytorch_model.bin").string();
+    const fs::path torch_save_path = dir / "pytorch_model.bin";
+    if (!has_index && fs::exists(torch_save_path)) {
+      single = torch_save_path.string();
       return dir.string();
     }
     TORCH_CHECK(has_index || !fs::exists(dir / "pytorch_model.bin.index.json"), "cpprun: load_state_dict: ",

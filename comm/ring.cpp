@@ -67,17 +67,18 @@ void finish_neighbour_check(const Ring& ring, const NeighbourCheck& check) {
     check.recv->wait(ring.timeout);
     check.send->wait(ring.timeout);
   } catch (const std::exception& e) {
-    if (peer_connection_lost(e.what())) {
+    const std::string said = c10d_text(e);
+    if (peer_connection_lost(said)) {
       TORCH_CHECK(false, "cpprun: collective #", sequence_of(ring.call), " ", describe(ring.call), " on rank ",
                   ring.rank, ": a rank's process ended before reaching it (rank ", prev, ", the previous rank in "
                   "the ring, or another: its connection closed). Its own output and cpprun's diagnosis say "
-                  "which.\nc10d said: ", e.what());
+                  "which.\nc10d said: ", said);
     }
     TORCH_CHECK(false, "cpprun: collective #", sequence_of(ring.call), " ", describe(ring.call),
                 " on rank ", ring.rank, ": rank ", prev, " (the previous rank in the ring) sent "
                 "nothing for it within ", ring.timeout.count(), " ms. It may have stopped, or be "
                 "in a different collective: TORCH_DISTRIBUTED_DEBUG=DETAIL names every rank's "
-                "call.\nc10d said: ", e.what());
+                "call.\nc10d said: ", said);
   }
   if (auto message = mismatch(ring.call, {ring.call, check.theirs}, {ring.rank, prev}, Agreement::kSameNumel)) {
     TORCH_CHECK(false, *message, " (found on rank ", ring.rank, " by comparing its call with rank ",
@@ -228,13 +229,14 @@ void wait_message(const Ring& ring, const c10::intrusive_ptr<C10dWork>& work, in
     const std::string op = ring.call.defined()
                                ? "collective #" + std::to_string(sequence_of(ring.call)) + " " + describe(ring.call)
                                : std::string("a ring collective");
-    if (peer_connection_lost(e.what())) {
+    const std::string said = c10d_text(e);
+    if (peer_connection_lost(said)) {
       TORCH_CHECK(false, "cpprun: ", op, " on rank ",
                   ring.rank, ": a rank's process ended during it (the connection ", direction, " rank ", peer,
-                  " closed). Its own output and cpprun's diagnosis say which.\nc10d said: ", e.what());
+                  " closed). Its own output and cpprun's diagnosis say which.\nc10d said: ", said);
     }
     TORCH_CHECK(false, "cpprun: ", op, " on rank ", ring.rank, ": a message ", direction, " rank ", peer, " did not complete within ",
-                ring.timeout.count(), " ms. A rank may have stopped.\nc10d said: ", e.what());
+                ring.timeout.count(), " ms. A rank may have stopped.\nc10d said: ", said);
   }
 }
 

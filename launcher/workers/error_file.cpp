@@ -5,7 +5,6 @@
 #include <cstdlib>
 #include <iostream>
 #include <cerrno>
-#include <cstdio>
 #include <cstring>
 #include <ctime>
 #include <fstream>
@@ -13,6 +12,7 @@
 #include <sstream>
 
 #include "cpprun/launcher_contract.h"
+#include "support/json.h"  // json_string
 #include "workers/attempt.h"
 
 namespace cpprun::launcher {
@@ -165,6 +165,20 @@ std::size_t root_cause_by_report_time(std::size_t first_exited, const std::vecto
   return root;
 }
 
+namespace {
+
+// Replaces the launcher's error file with `json`: "" when written, else the warning to print,
+// naming `what` was being written.
+std::string write_launcher_error_file(const std::string& path, const std::string& json, const std::string& what) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << json;
+  out.close();
+  if (!out) return "cpprun: could not write " + what + " to TORCHELASTIC_ERROR_FILE=" + path + ": " + std::strerror(errno);
+  return "";
+}
+
+}  // namespace
+
 std::string copy_root_error_file(const std::string& worker_error_file, const std::string& launcher_error_file,
                                  int error_code) {
   if (worker_error_file.empty() || launcher_error_file.empty()) return "";
@@ -172,57 +186,22 @@ std::string copy_root_error_file(const std::string& worker_error_file, const std
   if (!in) return "";  // the worker wrote none (torch's @record writes one for an uncaught exception)
   std::ostringstream text;
   text << in.rdbuf();
-  std::ofstream out(launcher_error_file, std::ios::binary | std::ios::trunc);
-  out << with_error_code(text.str(), error_code);
-  out.close();
-  if (!out) {
-    return "cpprun: could not write the root cause's error file to TORCHELASTIC_ERROR_FILE=" + launcher_error_file +
-           ": " + std::strerror(errno);
-  }
-  return "";
+  return write_launcher_error_file(launcher_error_file, with_error_code(text.str(), error_code),
+                                   "the root cause's error file");
 }
-
-namespace {
-
-// `text` as a JSON string: quotes, backslashes and control characters escaped; other bytes as they are.
-std::string json_string(const std::string& text) {
-  std::string out = "\"";
-  for (const char c : text) {
-    const auto byte = static_cast<unsigned char>(c);
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (c == '\n') {
-      out += "\\n";
-    } else if (byte < 0x20) {
-      char escaped[8];
-      std::snprintf(escaped, sizeof escaped, "\\u%04x", byte);
-      out += escaped;
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
-}
-
-}  // namespace
 
 std::string launcher_error_json(const std::string& text, long long unix_seconds) {
   return std::string("{\"") + contract::kErrorFileMessageKey + "\": {\"" + contract::kErrorFileMessageKey + "\": " +
-         json_string(text) + ", \"" + contract::kErrorFileExtraInfoKey + "\": {\"" + contract::kErrorFileCallstackKey +
+         detail::json_string(text) + ", \"" + contract::kErrorFileExtraInfoKey + "\": {\"" + contract::kErrorFileCallstackKey +
          "\": \"\", \"" + contract::kErrorFileTimestampKey + "\": \"" + std::to_string(unix_seconds) + "\"}}}\n";
 }
 
 void record_launcher_error(const std::string& text) {
   const char* path = std::getenv(contract::kErrorFileVariable);
   if (path == nullptr || *path == '\0') return;
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << launcher_error_json(text, static_cast<long long>(std::time(nullptr)));
-  out.close();
-  if (!out) {
-    std::cerr << "cpprun: could not write its error to TORCHELASTIC_ERROR_FILE=" << path << ": " << std::strerror(errno)
-              << "\n";
-  }
+  const std::string warning =
+      write_launcher_error_file(path, launcher_error_json(text, static_cast<long long>(std::time(nullptr))), "its error");
+  if (!warning.empty()) std::cerr << warning << "\n";
 }
 
 void hand_over_error_file(const AttemptEnd& attempt) {

@@ -35,6 +35,12 @@ constexpr int64_t kGlobalBatch = 24;
 // that do not divide by 2, 3 or 4 ranks.
 cpprun::FsdpOptions per_linear(int stage) { return cpprun::FsdpOptions().stage(stage).wrap_policy(is_linear); }
 
+// Stage 0: DDP; else FSDP at that stage, a unit per Linear: one loop for both, through DataParallel.
+cpprun::DataParallel<Mlp> ddp_or_fsdp(const std::shared_ptr<Mlp>& net, int stage) {
+  if (stage == 0) return cpprun::DistributedDataParallel(net, group());
+  return cpprun::FullyShardedDataParallel(net, group(), per_linear(stage));
+}
+
 // For ZeRO-3's scheduling: a root unit with parameters of its own (used first and last in
 // forward), three block units, and one block used twice per forward. Hidden 13: root 143 + 56
 // elements and blocks of 182, none divisible by 3 or 4.
@@ -536,9 +542,7 @@ TEST_CASE("fsdp: clip_grad_norm clips by the norm over all ranks' shards (DDP: o
   Float64Parity float64;
   torch::manual_seed(0);
   auto net = std::make_shared<Mlp>(31);
-  cpprun::DataParallel<Mlp> model = nullptr;
-  if (stage == 0) model = cpprun::DistributedDataParallel(net, group());
-  else model = cpprun::FullyShardedDataParallel(net, group(), per_linear(stage));
+  cpprun::DataParallel<Mlp> model = ddp_or_fsdp(net, stage);
   auto ref = std::make_shared<Mlp>(31);
   copy_state(*ref, *net);
   torch::optim::SGD opt(model->parameters(), 0.1), ref_opt(ref->parameters(), 0.1);
@@ -568,9 +572,7 @@ TEST_CASE("fsdp: clip_grad_norm with a NaN or infinite gradient does as PyTorch'
   INFO("stage " << stage << " bad value " << bad);
   torch::manual_seed(0);
   auto net = std::make_shared<Mlp>(31);
-  cpprun::DataParallel<Mlp> model = nullptr;
-  if (stage == 0) model = cpprun::DistributedDataParallel(net, group());
-  else model = cpprun::FullyShardedDataParallel(net, group(), per_linear(stage));
+  cpprun::DataParallel<Mlp> model = ddp_or_fsdp(net, stage);
   auto ref = std::make_shared<Mlp>(31);
   auto x = inputs_for("mlp", kGlobalBatch, 0);
   auto y = targets_for(kGlobalBatch, 0);

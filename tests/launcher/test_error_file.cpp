@@ -99,7 +99,7 @@ TEST_CASE("error_file: the root cause is the worker that reported first, when bo
 // escaped as JSON (a program name may hold quotes, a message newlines).
 TEST_CASE("error_file: the launcher's own failure in torch's layout", "[error_file]") {
   CHECK(launcher_error_json("cpprun: cannot run PROGRAM 'a\"b': no such file\n\t", 1764806400) ==
-        "{\"message\": {\"message\": \"cpprun: cannot run PROGRAM 'a\\\"b': no such file\\n\\u0009\", "
+        "{\"message\": {\"message\": \"cpprun: cannot run PROGRAM 'a\\\"b': no such file\\u000a\\u0009\", "
         "\"extraInfo\": {\"py_callstack\": \"\", \"timestamp\": \"1764806400\"}}}\n");
   CHECK(launcher_error_json("back\\slash", 0).find("\"back\\\\slash\"") != std::string::npos);
 }

@@ -19,6 +19,17 @@ bool train_step(cpprun::GradScaler& scaler, torch::optim::SGD& opt, torch::Tenso
   return stepped;
 }
 
+// `from` saved to an archive's bytes and loaded into `into`, as a checkpoint carries a scaler.
+void save_and_load(const cpprun::GradScaler& from, cpprun::GradScaler& into) {
+  torch::serialize::OutputArchive out;
+  from.save(out);
+  std::stringstream buffer;
+  out.save_to(buffer);
+  torch::serialize::InputArchive in;
+  in.load_from(buffer);
+  into.load(in);
+}
+
 }  // namespace
 
 TEST_CASE("grad_scaler: grows after growth_interval clean steps, backs off and skips on overflow", "[grad_scaler]") {
@@ -111,14 +122,8 @@ TEST_CASE("grad_scaler: save and load keep the scale and the growth count", "[gr
   train_step(scaler, opt, w, false);
   train_step(scaler, opt, w, true);
   train_step(scaler, opt, w, false);
-  torch::serialize::OutputArchive out;
-  scaler.save(out);
-  std::stringstream buffer;
-  out.save_to(buffer);
-  torch::serialize::InputArchive in;
-  in.load_from(buffer);
   cpprun::GradScaler restored(cpprun::GradScalerOptions().growth_interval(5));
-  restored.load(in);
+  save_and_load(scaler, restored);
   CHECK(restored.get_scale() == 16);
   CHECK(restored.growth_tracker() == 1);
 }
@@ -130,14 +135,8 @@ TEST_CASE("grad_scaler: load restores the saved growth schedule, as PyTorch's", 
   torch::optim::SGD opt({w}, 0.1);
   cpprun::GradScaler scaler(
       cpprun::GradScalerOptions().init_scale(32).growth_factor(4).backoff_factor(0.25).growth_interval(2));
-  torch::serialize::OutputArchive out;
-  scaler.save(out);
-  std::stringstream buffer;
-  out.save_to(buffer);
-  torch::serialize::InputArchive in;
-  in.load_from(buffer);
   cpprun::GradScaler restored;  // PyTorch's defaults: 2.0, 0.5, 2000
-  restored.load(in);
+  save_and_load(scaler, restored);
   train_step(restored, opt, w, true);  // an overflow: 32 * 0.25
   CHECK(restored.get_scale() == 8);
   train_step(restored, opt, w, false);
@@ -145,18 +144,8 @@ TEST_CASE("grad_scaler: load restores the saved growth schedule, as PyTorch's", 
   CHECK(restored.get_scale() == 32);
   // As PyTorch's: a disabled scaler loads nothing; an enabled one refuses a disabled one's state.
   cpprun::GradScaler disabled(cpprun::GradScalerOptions().enabled(false));
-  std::stringstream again;
-  out.save_to(again);
-  torch::serialize::InputArchive saved;
-  saved.load_from(again);
-  disabled.load(saved);
+  save_and_load(scaler, disabled);
   CHECK(disabled.get_scale() == 1.0);
-  torch::serialize::OutputArchive from_disabled;
-  disabled.save(from_disabled);
-  std::stringstream disabled_bytes;
-  from_disabled.save_to(disabled_bytes);
-  torch::serialize::InputArchive disabled_in;
-  disabled_in.load_from(disabled_bytes);
-  CHECK_THROWS_WITH(restored.load(disabled_in), Catch::Contains("saved from a disabled GradScaler"));
+  CHECK_THROWS_WITH(save_and_load(disabled, restored), Catch::Contains("saved from a disabled GradScaler"));
   CHECK(restored.get_scale() == 32);
 }
