@@ -45,6 +45,52 @@ AsyncSave save_model_state_async(StateSource source, const std::string& path, co
   return start_async_save(whole_state(view), view.team, path, options);  // copied before it returns
 }
 
+torch::OrderedDict<std::string, at::Tensor> get_model_state(StateSource source, const StateDictOptions& options) {
+  TORCH_CHECK(options.file_key_prefix().empty(),
+              "cpprun: get_model_state_dict gives the model's own names; file_key_prefix applies to loads "
+              "(set_model_state_dict, load_state_dict): leave it empty here.");
+  const StateView view = state_view(source);
+  at::NoGradGuard no_grad;
+  const NamedTensors whole = whole_state(view);  // collective: every rank gathers
+  torch::OrderedDict<std::string, at::Tensor> out;
+  if (options.cpu_offload() && !view.team.is_root()) return out;
+  out.reserve(whole.size());
+  for (const auto& [name, tensor] : whole) {
+    out.insert(name, options.cpu_offload() ? tensor.detach().to(at::kCPU) : tensor.detach());
+  }
+  return out;
+}
+
+StateDictLoadReport set_model_state(StateSource source, const torch::OrderedDict<std::string, at::Tensor>& state,
+                                    const StateDictOptions& options) {
+  NamedTensors given;
+  given.reserve(state.size());
+  for (const auto& item : state) given.emplace_back(item.key(), item.value());
+  const std::string where = "the state dict given to set_model_state_dict";
+  const StateView view = state_view(source);
+  at::NoGradGuard no_grad;
+  // What the dict's tensors replace, and what strict(false) leaves where it has nothing; a tensor
+  // the model holds whole is the model's own, loaded in place.
+  const NamedTensors whole = whole_state(view);
+  StateDictLoadReport report;
+  if (options.broadcast_from_rank0()) {
+    report = load_on_root_and_broadcast(whole, view.team, [&] { return load_named_tensors(whole, given, where, options); });
+  } else {
+    // Every rank its own dict: all check before any copies, so that one rank's mismatch leaves
+    // every rank's model as it was.
+    std::exception_ptr failure;
+    try {
+      report = check_named_tensors(whole, given, where, options);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    view.team.agree(failure, "set_model_state_dict");
+    copy_named_tensors(whole, given, options);
+  }
+  scatter_whole_state(view, whole);
+  return report;
+}
+
 void save_optimizer_state(StateSource source, torch::optim::Optimizer& optimizer, const std::string& path,
                           const StateDictSaveOptions& options) {
   check_optimizer_path(path, "save_optimizer_state_dict");

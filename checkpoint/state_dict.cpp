@@ -252,25 +252,40 @@ void refuse_disagreeing_ties(const NamedTensors& mine, const NamedTensors& file,
 }
 
 
-StateDictLoadReport load_named_tensors(const NamedTensors& mine, const NamedTensors& file_as_saved,
-                                       const std::string& where, const StateDictOptions& options,
-                                       const std::map<std::string, std::string>& file_of_as_saved) {
-  // The file's names as the module's (StateDictOptions::file_key_prefix).
-  const std::string& prefix = options.file_key_prefix();
+namespace {
+
+// The file's names as the module's (StateDictOptions::file_key_prefix).
+NamedTensors with_key_prefix(const NamedTensors& file, const std::string& prefix) {
   NamedTensors prefixed;
+  prefixed.reserve(file.size());
+  for (const auto& [name, tensor] : file) prefixed.emplace_back(prefix + name, tensor);
+  return prefixed;
+}
+
+}  // namespace
+
+StateDictLoadReport check_named_tensors(const NamedTensors& mine, const NamedTensors& file_as_saved,
+                                        const std::string& where, const StateDictOptions& options,
+                                        const std::map<std::string, std::string>& file_of_as_saved) {
+  const std::string& prefix = options.file_key_prefix();
   std::map<std::string, std::string> prefixed_file_of;
   if (!prefix.empty()) {
-    for (const auto& [name, tensor] : file_as_saved) prefixed.emplace_back(prefix + name, tensor);
     for (const auto& [name, in_file] : file_of_as_saved) prefixed_file_of.emplace(prefix + name, in_file);
   }
-  const NamedTensors& file = prefix.empty() ? file_as_saved : prefixed;
+  const NamedTensors file = prefix.empty() ? file_as_saved : with_key_prefix(file_as_saved, prefix);
   const auto& file_of = prefix.empty() ? file_of_as_saved : prefixed_file_of;
   StateDictLoadReport report = compare_state(mine, file);
   const bool differs = !report.missing_keys.empty() || !report.unexpected_keys.empty() || !report.mismatched.empty();
   if (options.strict() && differs) throw StateDictMismatchError(mismatch_message(report, where, file_of));
+  refuse_disagreeing_ties(mine, file, where);
+  return report;
+}
+
+void copy_named_tensors(const NamedTensors& mine, const NamedTensors& file_as_saved, const StateDictOptions& options) {
+  const std::string& prefix = options.file_key_prefix();
+  const NamedTensors file = prefix.empty() ? file_as_saved : with_key_prefix(file_as_saved, prefix);
   std::map<std::string, const at::Tensor*> by_name;
   for (const auto& [name, tensor] : file) by_name[name] = &tensor;
-  refuse_disagreeing_ties(mine, file, where);
   at::NoGradGuard no_grad;
   for (const auto& [name, tensor] : mine) {
     const auto found = by_name.find(name);
@@ -279,6 +294,13 @@ StateDictLoadReport load_named_tensors(const NamedTensors& mine, const NamedTens
       tensor.copy_(*found->second);  // in place: FSDP's memory stays where it is
     }
   }
+}
+
+StateDictLoadReport load_named_tensors(const NamedTensors& mine, const NamedTensors& file, const std::string& where,
+                                       const StateDictOptions& options,
+                                       const std::map<std::string, std::string>& file_of) {
+  StateDictLoadReport report = check_named_tensors(mine, file, where, options, file_of);
+  copy_named_tensors(mine, file, options);
   return report;
 }
 
@@ -338,12 +360,17 @@ void save_state_dict(const NamedTensors& state, const CheckpointTeam& team, cons
 
 StateDictLoadReport load_state_dict(const NamedTensors& into, const CheckpointTeam& team, const std::string& path,
                                     const StateDictOptions& options) {
-  if (team.alone()) return load_state_dict_file(into, path, options);
+  return load_on_root_and_broadcast(into, team, [&] { return load_state_dict_file(into, path, options); });
+}
+
+StateDictLoadReport load_on_root_and_broadcast(const NamedTensors& into, const CheckpointTeam& team,
+                                               const std::function<StateDictLoadReport()>& load_on_root) {
+  if (team.alone()) return load_on_root();
   std::exception_ptr failure;
   StateDictLoadReport report;
   if (team.is_root()) {
     try {
-      report = load_state_dict_file(into, path, options);
+      report = load_on_root();
     } catch (...) {
       failure = std::current_exception();
     }

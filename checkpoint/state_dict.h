@@ -6,6 +6,7 @@
 
 #include <torch/nn/module.h>
 
+#include <functional>
 #include <map>
 #include <string>
 
@@ -40,6 +41,14 @@ std::string read_state_dict_bytes(const std::string& path);
 // The tensors of the file PATH (.safetensors, or .pt: ours checked by its footer, torch.save's as
 // it is), CPU; an error naming it when it cannot be read or parsed.
 NamedTensors read_state_dict_file(const std::string& path);
+
+// The two halves of load_named_tensors, for a load whose ranks must agree between them (each
+// rank checks its own source, then all copy or none): the check throws StateDictMismatchError
+// (strict) or for disagreeing ties and changes nothing; the copy writes what fits.
+StateDictLoadReport check_named_tensors(const NamedTensors& mine, const NamedTensors& file, const std::string& where,
+                                        const StateDictOptions& options,
+                                        const std::map<std::string, std::string>& file_of = {});
+void copy_named_tensors(const NamedTensors& mine, const NamedTensors& file, const StateDictOptions& options);
 
 // Loads `file` into `mine` (a module's state, or FSDP's gathered fp32 masters) in place, by
 // name: what strict loading decides and does. `where` names the source in the error; `file_of`
@@ -77,5 +86,8 @@ void save_state_dict(const NamedTensors& state, const CheckpointTeam& team, cons
 // are broadcast; every rank returns the root's report or throws its error.
 StateDictLoadReport load_state_dict(const NamedTensors& into, const CheckpointTeam& team, const std::string& path,
                                     const StateDictOptions& options);
+// The same with the root's load given: it fills `into` in place or throws; the others wait.
+StateDictLoadReport load_on_root_and_broadcast(const NamedTensors& into, const CheckpointTeam& team,
+                                               const std::function<StateDictLoadReport()>& load_on_root);
 
 }  // namespace cpprun::detail

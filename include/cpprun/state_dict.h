@@ -30,6 +30,7 @@
 
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
+#include <torch/ordered_dict.h>
 
 #include <memory>
 #include <string>
@@ -78,6 +79,9 @@ StateSource state_source(Model& model) {
 void save_model_state(StateSource source, const std::string& path, const StateDictSaveOptions& options);
 StateDictLoadReport load_model_state(StateSource source, const std::string& path, const StateDictOptions& options);
 AsyncSave save_model_state_async(StateSource source, const std::string& path, const StateDictSaveOptions& options);
+torch::OrderedDict<std::string, at::Tensor> get_model_state(StateSource source, const StateDictOptions& options);
+StateDictLoadReport set_model_state(StateSource source, const torch::OrderedDict<std::string, at::Tensor>& state,
+                                    const StateDictOptions& options);
 
 }  // namespace detail
 
@@ -119,6 +123,38 @@ template <typename Model>
 StateDictLoadReport load_state_dict(Model&& model, const std::string& path,
                                     const StateDictOptions& options = StateDictOptions()) {
   return detail::load_model_state(detail::state_source(model), path, options);
+}
+
+// The model's state dict in memory, whole: PyTorch's get_model_state_dict(model,
+// options=StateDictOptions(full_state_dict=True)). The names and order of Python's
+// model.state_dict() (a tied tensor under each name), each tensor whole and detached: FSDP's rows
+// and tensor-parallel splits gathered, mixed precision's fp32 masters rather than the compute
+// copies. A tensor the model holds whole (DDP, buffers, a plain module) is the model's own, as
+// state_dict() gives it; a gathered one is new memory, a whole copy on every rank unless
+// options.cpu_offload(true) (rank 0 alone gets the tensors, on the CPU). A wrapper: collective,
+// every rank calls it. PyTorch's default, full_state_dict=False, gives DTensor shards, which
+// LibTorch lacks: a sharded checkpoint is save_state_dict to a directory.
+//
+//   auto state = cpprun::get_model_state_dict(model, cpprun::StateDictOptions().cpu_offload(true));
+//   if (cpprun::rank() == 0) cpprun::set_model_state_dict(eval_net, state);  // a plain module: this process
+template <typename Model>
+torch::OrderedDict<std::string, at::Tensor> get_model_state_dict(Model&& model,
+                                                                 const StateDictOptions& options = StateDictOptions()) {
+  return detail::get_model_state(detail::state_source(model), options);
+}
+
+// Copies `state`'s whole tensors into the model in place, each rank keeping its part: PyTorch's
+// set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True)). Checked
+// as load_state_dict checks a file (strict by default: the names, shapes and dtypes must be the
+// model's, else StateDictMismatchError lists every difference and nothing changes; strict(false)
+// loads what fits and reports the rest; file_key_prefix as there). The tensors may be on any
+// device. A wrapper: collective; every rank passes the whole dict and the ranks agree before any
+// copies (one rank's mismatch stops all, unchanged), or with options.broadcast_from_rank0(true)
+// rank 0's dict alone is read and broadcast.
+template <typename Model>
+StateDictLoadReport set_model_state_dict(Model&& model, const torch::OrderedDict<std::string, at::Tensor>& state,
+                                         const StateDictOptions& options = StateDictOptions()) {
+  return detail::set_model_state(detail::state_source(model), state, options);
 }
 
 }  // namespace cpprun

@@ -1,4 +1,5 @@
-// Options and the result of cpprun::load_state_dict (cpprun/state_dict.h).
+// Options and the result of cpprun::load_state_dict and of the in-memory get_model_state_dict /
+// set_model_state_dict (cpprun/state_dict.h).
 #pragma once
 
 #include <cstdint>
@@ -31,9 +32,32 @@ class StateDictOptions {
   }
   const std::string& file_key_prefix() const { return file_key_prefix_; }
 
+  // get_model_state_dict (cpprun/state_dict.h), as PyTorch's StateDictOptions(cpu_offload=True)
+  // with full_state_dict: the tensors are copied to the CPU, and only the first rank (the rank
+  // that writes files: rank 0 of a wrapper's group) gets them; the others get an empty dict. So
+  // one process, not every one, holds a second copy of the model. Off, the default: every rank
+  // gets every tensor on the model's device.
+  StateDictOptions& cpu_offload(bool on) {
+    cpu_offload_ = on;
+    return *this;
+  }
+  bool cpu_offload() const { return cpu_offload_; }
+
+  // set_model_state_dict (cpprun/state_dict.h), as PyTorch's StateDictOptions(
+  // broadcast_from_rank0=True): only the first rank's dict is read (the others may pass an empty
+  // one), its values are broadcast. Off, the default: every rank passes the whole dict and loads
+  // its own part of it. Loads from files always read on the first rank and broadcast.
+  StateDictOptions& broadcast_from_rank0(bool on) {
+    broadcast_from_rank0_ = on;
+    return *this;
+  }
+  bool broadcast_from_rank0() const { return broadcast_from_rank0_; }
+
  private:
   bool strict_ = true;
   std::string file_key_prefix_;
+  bool cpu_offload_ = false;
+  bool broadcast_from_rank0_ = false;
 };
 
 class StateDictSaveOptions {

@@ -594,3 +594,128 @@ TEST_CASE("state_dict: a Hugging Face sharded directory saved on 4 ranks loads a
   cpprun::barrier(group());
   if (rank == 0) std::remove(again.c_str());
 }
+
+namespace {
+
+using StateDict = torch::OrderedDict<std::string, torch::Tensor>;
+
+// What forward computes on a fixed input: how a test sees which values a wrapper holds.
+torch::Tensor output_of(auto& model) {
+  torch::manual_seed(3);
+  const auto x = torch::randn({6, 8});
+  torch::NoGradGuard no_grad;
+  return model->forward(x);
+}
+
+// Whether `model` holds `state`'s values: its whole state is theirs, exactly (under mixed
+// precision the fp32 masters), and it computes what the plain module holding them computes (the
+// compute copies were remade; in bf16, to bf16's precision).
+template <typename Wrapper>
+bool holds(Wrapper& model, const StateDict& state, const std::shared_ptr<Net>& plain, bool bf16) {
+  bool same = true;
+  for (const auto& item : cpprun::get_model_state_dict(model)) same = same && item.value().equal(state[item.key()]);
+  const auto out = output_of(model), plain_out = output_of(plain);
+  return same && (bf16 ? torch::allclose(out.to(torch::kFloat), plain_out, 2e-2, 2e-2) : torch::allclose(out, plain_out));
+}
+
+// What set_model_state_dict throws on this rank: its type and message.
+template <typename Wrapper>
+std::pair<std::string, std::string> set_error(Wrapper& model, const StateDict& state,
+                                              const cpprun::StateDictOptions& options = {}) {
+  try {
+    cpprun::set_model_state_dict(model, state, options);
+  } catch (const cpprun::StateDictMismatchError& e) {
+    return {"mismatch", e.what()};
+  } catch (const std::exception& e) {
+    return {"other", e.what()};
+  }
+  return {"none", ""};
+}
+
+// get_model_state_dict / set_model_state_dict: the whole state in memory. `model` holds
+// seeded(1)'s values; `bf16`: it computes in bf16 (its state is the fp32 masters).
+template <typename Wrapper>
+void check_in_memory(Wrapper& model, const std::string& kind, bool bf16) {
+  INFO(kind << " on rank " << group().rank());
+  const int rank = group().rank();
+  auto plain = seeded(1);
+  const StateDict expected = cpprun::get_model_state_dict(plain);  // a plain module: this process alone
+  REQUIRE(expected.size() == 5);                                   // 4 parameters and the buffer
+
+  // Every rank gets every whole tensor, by the plain module's names in its order, detached.
+  const StateDict state = cpprun::get_model_state_dict(model);
+  REQUIRE(state.keys() == expected.keys());
+  for (const auto& item : expected) {
+    INFO(item.key());
+    CHECK(state[item.key()].equal(item.value()));  // the fp32 values, exactly
+    CHECK_FALSE(state[item.key()].requires_grad());
+  }
+  // cpu_offload: rank 0 alone holds them.
+  const StateDict offloaded = cpprun::get_model_state_dict(model, cpprun::StateDictOptions().cpu_offload(true));
+  CHECK(offloaded.size() == (rank == 0 ? expected.size() : 0));
+  for (const auto& item : offloaded) CHECK(item.value().equal(expected[item.key()]));
+  CHECK_THROWS_WITH(cpprun::get_model_state_dict(model, cpprun::StateDictOptions().file_key_prefix("model.")),
+                    Catch::Contains("file_key_prefix applies to loads"));
+
+  // set: every rank its whole dict; the wrapper then computes what the plain module does.
+  const StateDict two = cpprun::get_model_state_dict(seeded(2));
+  CHECK(cpprun::set_model_state_dict(model, two).missing_keys.empty());
+  CHECK(holds(model, two, seeded(2), bf16));
+
+  // broadcast_from_rank0: only rank 0's dict is read; on the GPU's device or the CPU alike.
+  const StateDict five = cpprun::get_model_state_dict(seeded(5));
+  cpprun::set_model_state_dict(model, rank == 0 ? five : StateDict(),
+                               cpprun::StateDictOptions().broadcast_from_rank0(true));
+  CHECK(holds(model, five, seeded(5), bf16));
+
+  // Other shapes: refused on every rank, listing the difference (the others: rank 0's list);
+  // nothing changed.
+  const StateDict nine = cpprun::get_model_state_dict(seeded(4, 9));
+  for (const bool broadcast : {false, true}) {
+    const auto [type, message] = set_error(model, nine, cpprun::StateDictOptions().broadcast_from_rank0(broadcast));
+    CHECK(type == "mismatch");
+    CHECK_THAT(message, Catch::Contains("fc1.weight: file float32 [9, 8], module float32 [13, 8]"));
+    CHECK_THAT(message, Catch::Contains("set_model_state_dict"));
+  }
+  // One rank's dict alone does not fit: every rank refuses before any copies, so no rank's
+  // replica takes new values while another keeps its old ones.
+  if (group().size() > 1) {
+    const bool last = rank == group().size() - 1;
+    const auto [type, message] = set_error(model, last ? nine : two);
+    CHECK(type == (last ? "mismatch" : "other"));
+    CHECK_THAT(message, Catch::Contains(last ? "fc1.weight: file float32 [9, 8]" : "set_model_state_dict failed"));
+  }
+  CHECK(holds(model, five, seeded(5), bf16));
+
+  // strict(false): what fits is loaded, the rest reported.
+  StateDict partial;
+  partial.insert("fc2.weight", two["fc2.weight"]);
+  partial.insert("fc9.weight", two["fc2.weight"]);
+  const auto report = cpprun::set_model_state_dict(model, partial, cpprun::StateDictOptions().strict(false));
+  CHECK(report.missing_keys.size() == 4);
+  CHECK(report.unexpected_keys == std::vector<std::string>{"fc9.weight"});
+  const StateDict after = cpprun::get_model_state_dict(model);
+  CHECK(after["fc2.weight"].equal(two["fc2.weight"]));
+  CHECK(after["fc1.weight"].equal(five["fc1.weight"]));
+}
+
+}  // namespace
+
+TEST_CASE("state_dict: get_model_state_dict and set_model_state_dict hold the whole state in memory",
+          "[state_dict]") {
+  const int stage = GENERATE(0, 1, 3, 4);  // 0: DDP; 4: ZeRO-3 under mixed precision
+  if (stage == 0) {
+    auto model = cpprun::DistributedDataParallel(seeded(1), group());
+    check_in_memory(model, "ddp", false);
+    return;
+  }
+  auto options = cpprun::FsdpOptions().stage(stage == 4 ? 3 : stage).wrap_policy(is_linear);
+  if (stage == 4) options.param_dtype(torch::kBFloat16);
+  auto model = cpprun::FullyShardedDataParallel(seeded(1), group(), options);
+  check_in_memory(model, "fsdp" + std::to_string(stage), stage == 4);
+  if (group().size() == 4) {
+    const cpprun::DeviceMesh mesh(group(), std::vector<int>{2, 2}, std::vector<std::string>{"replicate", "shard"});
+    auto hsdp = cpprun::FullyShardedDataParallel(seeded(1), mesh, options);
+    check_in_memory(hsdp, "hsdp" + std::to_string(stage), stage == 4);
+  }
+}

@@ -10,8 +10,8 @@
 // heads, dropout on the attention probabilities, the head tied to the vocabulary-parallel
 // embedding), with and without sequence parallelism and activation checkpointing. Also: the loss
 // scaler agrees over both dimensions, a data-parallel group spanning a tensor-parallel one is
-// refused, and save_state_dict writes whole tensors (a file or a sharded directory) that load into
-// an unsplit stack and into other splits.
+// refused, and save_state_dict writes whole tensors (a file or a sharded directory; in memory,
+// get_model_state_dict) that load into an unsplit stack and into other splits.
 #include "catch.h"
 #include <torch/torch.h>
 
@@ -432,6 +432,21 @@ TEST_CASE("tensor x data parallel: save_state_dict writes whole tensors, which l
   cpprun::save_state_dict(model, path);
   model->gather_full_parameters();
   const auto trained = cpprun::tensor_parallel_full_state_dict(*model->module());
+  {
+    // In memory too: get_model_state_dict gathers the same whole tensors on every rank, and
+    // set_model_state_dict gives a fresh split stack under DDP its shards of them.
+    const auto in_memory = cpprun::get_model_state_dict(model);
+    Stack fresh(kBlocks);
+    cpprun::parallelize_module(fresh.ptr(), mesh(), "tp", megatron_plan(true));
+    auto fresh_ddp = wrap("ddp", fresh);
+    cpprun::set_model_state_dict(fresh_ddp, in_memory);
+    const auto set_whole = cpprun::tensor_parallel_full_state_dict(*fresh);
+    for (const auto& item : trained) {
+      INFO(item.key());
+      CHECK(in_memory[item.key()].equal(item.value()));
+      CHECK(set_whole[item.key()].equal(item.value()));
+    }
+  }
 
   // The file holds the whole tensors under the unsplit names: an unsplit stack loads it strictly.
   Stack unsplit(kBlocks);
