@@ -256,4 +256,32 @@ at::Tensor checkpoint(const std::function<at::Tensor(const at::Tensor&)>& functi
   return outputs.at(0);
 }
 
+at::Tensor checkpoint_sequential(const std::vector<std::function<at::Tensor(const at::Tensor&)>>& functions,
+                                 int64_t segments, const at::Tensor& input) {
+  const auto count = static_cast<int64_t>(functions.size());
+  TORCH_CHECK(segments >= 1 && segments <= count, "cpprun::checkpoint_sequential: segments must be from 1 to the ",
+              "number of functions (", count, "), not ", segments, ".");
+  for (const auto& function : functions) TORCH_CHECK(function, "cpprun::checkpoint_sequential: a function is empty");
+  // torch.utils.checkpoint.checkpoint_sequential's split: segments - 1 chunks of count / segments
+  // functions, each checkpointed, then the rest run as usual, keeping its activations: backward
+  // begins with it, so recomputing it would only repeat what forward just did.
+  const int64_t size = count / segments;
+  at::Tensor x = input;
+  int64_t next = 0;
+  for (int64_t segment = 0; segment + 1 < segments; ++segment, next += size) {
+    // By value: the chunk runs again in backward, after the caller's vector may be gone.
+    std::vector<std::function<at::Tensor(const at::Tensor&)>> chunk(functions.begin() + next,
+                                                                    functions.begin() + next + size);
+    x = checkpoint(
+        [chunk = std::move(chunk)](const at::Tensor& h) {
+          at::Tensor y = h;
+          for (const auto& function : chunk) y = function(y);
+          return y;
+        },
+        x);
+  }
+  for (; next < count; ++next) x = functions[next](x);
+  return x;
+}
+
 }  // namespace cpprun

@@ -26,6 +26,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <cstdint>
 #include <functional>
 #include <vector>
 
@@ -38,5 +39,24 @@ std::vector<at::Tensor> checkpoint(const std::function<std::vector<at::Tensor>(c
 
 // The common one-tensor case: x = cpprun::checkpoint([&](const at::Tensor& h) { return block->forward(h); }, x);
 at::Tensor checkpoint(const std::function<at::Tensor(const at::Tensor&)>& function, const at::Tensor& input);
+
+// torch.utils.checkpoint.checkpoint_sequential: runs the functions one after another on `input`,
+// in `segments` parts: the first segments - 1 parts (count / segments functions each) each
+// checkpointed, the last part (the rest) run as usual. 1 <= segments <= count, else an error.
+at::Tensor checkpoint_sequential(const std::vector<std::function<at::Tensor(const at::Tensor&)>>& functions,
+                                 int64_t segments, const at::Tensor& input);
+
+// The same over a torch::nn::Sequential (or a shared_ptr to its impl), each module taking and
+// returning one tensor: x = cpprun::checkpoint_sequential(body, 4, x);
+template <typename Sequential>
+  requires requires(const Sequential& sequential) { sequential->size(); sequential->begin()->ptr(); }
+at::Tensor checkpoint_sequential(const Sequential& sequential, int64_t segments, const at::Tensor& input) {
+  std::vector<std::function<at::Tensor(const at::Tensor&)>> functions;
+  for (auto module = sequential->begin(); module != sequential->end(); ++module) {
+    // The module itself, shared, not the container's slot: the call outlives this frame.
+    functions.emplace_back([any = *module](const at::Tensor& x) mutable { return any.template forward<at::Tensor>(x); });
+  }
+  return checkpoint_sequential(functions, segments, input);
+}
 
 }  // namespace cpprun
