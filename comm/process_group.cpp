@@ -196,6 +196,16 @@ bool ProcessGroup::is_member() const { return impl_->member; }
 ProcessGroup init_process_group(const ProcessGroupOptions& options) {
   TORCH_CHECK(options.timeout.count() > 0, "cpprun: ProcessGroupOptions::timeout must be "
               "positive, got ", options.timeout.count(), " ms.");
+  {
+    // As torch.distributed ("trying to initialize the default process group twice!"): a second
+    // call would join the job again as another world group, which the default group's users
+    // (the wrappers, the sampler, default_group()) would not see.
+    std::lock_guard<std::mutex> lock(default_mutex);
+    TORCH_CHECK(!default_pg, "cpprun: init_process_group() was called while the default group exists (PyTorch "
+                "refuses this too: \"trying to initialize the default process group twice\"). Use "
+                "cpprun::default_group() for it, cpprun::new_group(ranks) for another group of the job, or "
+                "call cpprun::destroy_process_group() first.");
+  }
   auto impl = std::make_shared<detail::GroupImpl>();
   impl->env = options.env ? *options.env : read_dist_env();
   impl->timeout = options.timeout;
@@ -227,10 +237,9 @@ ProcessGroup init_process_group(const ProcessGroupOptions& options) {
   }
   ProcessGroup group = detail::GroupAccess::make(std::move(impl));
   std::lock_guard<std::mutex> lock(default_mutex);
-  if (!default_pg) {
-    default_pg = group;
-    default_pg_has_gpus = joined.every_rank_has_gpu;
-  }
+  TORCH_CHECK(!default_pg, "cpprun: init_process_group() ran on two threads at once; call it once.");
+  default_pg = group;
+  default_pg_has_gpus = joined.every_rank_has_gpu;
   return group;
 }
 

@@ -57,7 +57,8 @@ class ProcessGroup {
 
 // Joins the job described by options.env (or the environment) and makes the group the default
 // one. Collective: every rank must call it. Throws c10::Error with a clear message on bad
-// environment values, a taken MASTER_PORT, or ranks that do not arrive within the timeout.
+// environment values, a taken MASTER_PORT, or ranks that do not arrive within the timeout; and,
+// as PyTorch, when the default group exists already (destroy_process_group() first).
 ProcessGroup init_process_group(const ProcessGroupOptions& options = {});
 
 bool is_initialized();

@@ -129,8 +129,13 @@ TEST_CASE("process group: a world of one needs no launcher", "[process_group]") 
   cpprun::all_reduce(group, t, cpprun::ReduceOp::kAvg);
   CHECK(t.equal(at::arange(5, at::kFloat)));
   CHECK(cpprun::is_initialized());
+  // A second call while it exists is refused, as PyTorch's, before joining anything.
+  CHECK_THROWS_WITH(cpprun::init_process_group(options), Catch::Contains("destroy_process_group() first"));
   cpprun::destroy_process_group();
   CHECK_FALSE(cpprun::is_initialized());
+  auto again = cpprun::init_process_group(options);  // after destroy_process_group, a new one
+  CHECK(cpprun::default_group().size() == 1);
+  cpprun::destroy_process_group();
 }
 
 TEST_CASE("process group: a non-positive timeout is refused", "[process_group]") {
