@@ -42,6 +42,9 @@ struct DistributedSampler::State {
   std::optional<size_t> resume_position; // from load(): skip this many at the next reset
   std::vector<size_t> indices;
   size_t position = 0;
+  // indices() between set_epoch(e) and the pass that takes e: epoch e's, made once.
+  std::optional<uint64_t> chosen_indices_epoch;
+  std::vector<size_t> chosen_indices;
 
   int64_t num_replicas() const { return *options.num_replicas(); }
   void compute() { indices = distributed_indices(dataset_size, options, epoch); }
@@ -88,7 +91,17 @@ uint64_t DistributedSampler::epoch() const { return state_->chosen_epoch.value_o
 size_t DistributedSampler::size() const {
   return samples_per_replica(state_->dataset_size, state_->num_replicas(), state_->options.drop_last());
 }
-const std::vector<size_t>& DistributedSampler::indices() const { return state_->indices; }
+const std::vector<size_t>& DistributedSampler::indices() const {
+  State& s = *state_;
+  // After set_epoch(e), epoch() is e, and so are the indices, as PyTorch's iter(sampler) after
+  // set_epoch(e): the pass under way (a loader's) keeps its own order until its end.
+  if (!s.chosen_epoch || *s.chosen_epoch == s.epoch) return s.indices;
+  if (s.chosen_indices_epoch != s.chosen_epoch) {
+    s.chosen_indices = distributed_indices(s.dataset_size, s.options, *s.chosen_epoch);
+    s.chosen_indices_epoch = s.chosen_epoch;
+  }
+  return s.chosen_indices;
+}
 
 void DistributedSampler::reset(torch::optional<size_t> new_size) {
   State& s = *state_;

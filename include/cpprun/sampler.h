@@ -23,7 +23,9 @@
 namespace cpprun {
 
 struct DistributedSamplerOptions {
-  // Default: the default process group's size and rank, else WORLD_SIZE / RANK.
+  // Default: the default process group's size and rank, else WORLD_SIZE / RANK, else one replica
+  // of rank 0 (a process run without a launcher, as init_process_group() runs it; PyTorch's
+  // raises there without a process group).
   TORCH_ARG(std::optional<int64_t>, num_replicas) = std::nullopt;
   TORCH_ARG(std::optional<int64_t>, rank) = std::nullopt;
   TORCH_ARG(bool, shuffle) = true;
@@ -44,7 +46,8 @@ class DistributedSampler : public torch::data::samplers::Sampler<> {
   uint64_t epoch() const;
   // Indices this rank gets per epoch (the same on every rank).
   size_t size() const;
-  // This rank's indices for the current epoch, all of them.
+  // This rank's indices for epoch(), all of them: the pass under way, or after set_epoch(e) the
+  // pass that will take e. Valid until the next set_epoch, reset or load.
   const std::vector<size_t>& indices() const;
 
   // torch::data::samplers::Sampler

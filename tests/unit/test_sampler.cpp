@@ -92,6 +92,24 @@ TEST_CASE("sampler: each pass is a new epoch even without set_epoch", "[sampler]
   CHECK(sampler.epoch() == 1);
 }
 
+TEST_CASE("sampler: indices() follows set_epoch, as PyTorch's iter(sampler) does", "[sampler]") {
+  cpprun::DistributedSampler sampler(9, on(2, 0));
+  CHECK(sampler.indices() == cpprun::distributed_indices(9, on(2, 0), 0));
+  sampler.set_epoch(3);  // before any pass: epoch 3's, not the constructor's epoch 0
+  CHECK(sampler.epoch() == 3);
+  CHECK(sampler.indices() == cpprun::distributed_indices(9, on(2, 0), 3));
+  sampler.reset();
+  const auto head = *sampler.next(2);
+  sampler.set_epoch(5);  // mid-pass: the pass keeps its order; indices() is the next pass's
+  CHECK(sampler.indices() == cpprun::distributed_indices(9, on(2, 0), 5));
+  std::vector<size_t> rest = head;
+  while (auto batch = sampler.next(2)) rest.insert(rest.end(), batch->begin(), batch->end());
+  CHECK(rest == cpprun::distributed_indices(9, on(2, 0), 3));
+  sampler.reset();
+  CHECK(drain(sampler, 2) == cpprun::distributed_indices(9, on(2, 0), 5));
+  CHECK(sampler.indices() == cpprun::distributed_indices(9, on(2, 0), 5));
+}
+
 TEST_CASE("sampler: set_epoch on your copy reaches the data loader's", "[sampler]") {
   cpprun::DistributedSampler sampler(40, on(2, 0));
   auto loader = torch::data::make_data_loader(Indices(40), sampler, torch::data::DataLoaderOptions(6));
