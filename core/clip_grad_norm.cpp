@@ -4,54 +4,131 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
+#include <utility>
 
 #include "core/tensor_parallel_splits.h"
 #include "cpprun/collectives.h"
 
 namespace cpprun::detail {
+namespace {
 
-double clip_grad_norm(const std::vector<GradientToClip>& grads, double max_norm, const ProcessGroup* sum_over,
+// Note [Clipping as torch.nn.utils.clip_grad_norm_]: PyTorch groups the gradients by device and
+// dtype (first seen first), takes each one's norm in its own dtype with _foreach_norm, stacks the
+// norms in that order and takes their norm; then multiplies every gradient by
+// clamp(max_norm / (total + 1e-6), max=1), a tensor of the total's dtype. Where this rank holds
+// every gradient (DDP, a plain model) we do exactly that, so the clipped gradients are PyTorch's
+// to the bit; where the gradients are spread over ranks (FSDP's shards, tensor-parallel pieces,
+// pipeline stages), each rank's part's norm is that of its own gradients, and the parts are
+// combined as norm^p sums (maxima for p = inf) in float64, as DTensor combines partial norms.
+
+struct Group {
+  c10::Device device = c10::kCPU;
+  at::ScalarType dtype = at::kFloat;
+  std::vector<size_t> members;  // indices into the grads
+};
+
+std::vector<Group> by_device_and_dtype(const std::vector<GradientToClip>& grads, bool counted_only) {
+  std::vector<Group> groups;
+  for (size_t i = 0; i < grads.size(); ++i) {
+    const auto& g = grads[i];
+    if (!g.grad.defined() || (counted_only && !g.counted)) continue;
+    auto found = std::find_if(groups.begin(), groups.end(), [&](const Group& group) {
+      return group.device == g.grad.device() && group.dtype == g.grad.scalar_type();
+    });
+    if (found == groups.end()) found = groups.insert(groups.end(), Group{g.grad.device(), g.grad.scalar_type(), {}});
+    found->members.push_back(i);
+  }
+  return groups;
+}
+
+}  // namespace
+
+double clip_grad_norm(const std::vector<GradientToClip>& grads, const ClipOptions& options, const ProcessGroup* sum_over,
                       const char* who, const ProcessGroup* then_over) {
-  TORCH_CHECK(max_norm > 0, who, "::clip_grad_norm: max_norm must be positive, got ", max_norm, ".");
+  const double p = options.norm_type;
+  TORCH_CHECK(options.max_norm > 0, who, "::clip_grad_norm: max_norm must be positive, got ", options.max_norm,
+              " (PyTorch's would zero every gradient at 0, and turn them around below it).");
+  TORCH_CHECK(p > 0, who, "::clip_grad_norm: norm_type must be positive (2: the Euclidean norm; "
+              "std::numeric_limits<double>::infinity(): the largest magnitude), got ", p, ".");
+  const bool inf_norm = std::isinf(p);
   at::NoGradGuard no_grad;
-  // Slot 0: whole gradients; slot 1 + i: those split over the i-th distinct tensor-parallel
-  // group. Counted whether or not the grad is defined, so that every rank joins the same
-  // all-reduces (an FSDP shard of padding alone may have none).
+
+  // Slot 0: whole gradients; slot 1 + i: those split over the i-th distinct tensor-parallel group.
   std::vector<const ProcessGroup*> split_over;
+  std::vector<int64_t> slot_of(grads.size(), 0);
   for (const auto& g : grads) {
     if (g.split_over) split_over.push_back(&*g.split_over);
   }
-  std::vector<int64_t> group_of_split;  // per split gradient, in grads' order
+  std::vector<int64_t> group_of_split;
   const std::vector<ProcessGroup> tp_groups = distinct_groups(split_over, &group_of_split);
-  auto squares = at::zeros({static_cast<int64_t>(tp_groups.size()) + 1}, at::kDouble);
-  size_t split_index = 0;
-  for (const auto& g : grads) {
-    const int64_t slot = g.split_over ? 1 + group_of_split[split_index++] : 0;
-    if (g.grad.defined() && g.counted) squares[slot] += g.grad.to(at::kDouble).pow(2).sum().cpu();
+  for (size_t i = 0, split = 0; i < grads.size(); ++i) {
+    if (grads[i].split_over) slot_of[i] = 1 + group_of_split[split++];
   }
-  // The pieces of each split gradient first, over its TP group; then this rank's total over the
-  // groups that share the gradients out. In that order a rank whose gradients are all whole (a
-  // pipeline stage without TP-split layers, beside stages with them) joins the same sums as the
-  // others: one number each.
-  for (size_t i = 0; i < tp_groups.size(); ++i) {
-    auto part = squares.narrow(0, static_cast<int64_t>(i) + 1, 1).clone();
-    all_reduce(tp_groups[i], part);
-    squares.narrow(0, static_cast<int64_t>(i) + 1, 1).copy_(part);
-  }
-  at::Tensor total_squares = squares.sum().reshape({1});
-  if (sum_over) all_reduce(*sum_over, total_squares);
-  if (then_over) all_reduce(*then_over, total_squares);
-  const double total = std::sqrt(total_squares.item<double>());
-  const double scale = max_norm / (total + 1e-6);
-  // As torch.nn.utils.clip_grad_norm_ (error_if_nonfinite=False): a NaN total multiplies every
-  // gradient by NaN, an infinite one by 0, so that the step that follows is as PyTorch's.
-  if (!(scale >= 1)) {
-    for (const auto& g : grads) {
-      if (g.grad.defined()) g.grad.mul_(scale);
+
+  // Each counted gradient's norm, in its dtype, one _foreach_norm per device and dtype; listed per
+  // slot in the groups' order, as PyTorch stacks them.
+  const auto slots = static_cast<int64_t>(tp_groups.size()) + 1;
+  std::vector<std::vector<at::Tensor>> norms(slots);
+  std::optional<c10::Device> first_device;
+  for (const Group& group : by_device_and_dtype(grads, /*counted_only=*/true)) {
+    std::vector<at::Tensor> tensors;
+    for (size_t i : group.members) tensors.push_back(grads[i].grad);
+    const std::vector<at::Tensor> group_norms = at::_foreach_norm(tensors, p);
+    if (!first_device) first_device = group.device;
+    for (size_t k = 0; k < group.members.size(); ++k) {
+      norms[slot_of[group.members[k]]].push_back(group_norms[k].to(*first_device));
     }
   }
-  return total;
+  const auto slot_norm = [&](int64_t slot) { return at::linalg_vector_norm(at::stack(norms[slot]), p); };
+
+  at::Tensor total;  // 0-dim, of the norms' dtype: what the coefficient is computed in
+  const bool alone = tp_groups.empty() && !sum_over && !then_over;
+  if (alone) {
+    total = norms[0].empty() ? at::zeros({}, at::kFloat) : slot_norm(0);
+  } else {
+    // Every rank joins every reduction, whatever it holds (an FSDP shard of padding alone has no
+    // gradient): one number a slot. The pieces of each split gradient first, over its TP group;
+    // then this rank's sum over the groups that share the gradients out.
+    at::ScalarType dtype = at::kFloat;
+    bool any = false;
+    auto parts = at::zeros({slots}, at::kDouble);
+    for (int64_t slot = 0; slot < slots; ++slot) {
+      if (norms[slot].empty()) continue;
+      const at::Tensor norm = slot_norm(slot);
+      dtype = any ? at::promote_types(dtype, norm.scalar_type()) : norm.scalar_type();
+      any = true;
+      const double value = norm.item<double>();
+      parts[slot] = inf_norm ? value : std::pow(value, p);
+    }
+    const ReduceOp combine = inf_norm ? ReduceOp::kMax : ReduceOp::kSum;
+    for (size_t i = 0; i < tp_groups.size(); ++i) {
+      auto part = parts.narrow(0, static_cast<int64_t>(i) + 1, 1).clone();
+      all_reduce(tp_groups[i], part, combine);
+      parts.narrow(0, static_cast<int64_t>(i) + 1, 1).copy_(part);
+    }
+    at::Tensor combined = (inf_norm ? parts.max() : parts.sum()).reshape({1});
+    if (sum_over) all_reduce(*sum_over, combined, combine);
+    if (then_over) all_reduce(*then_over, combined, combine);
+    const double value = combined.item<double>();
+    total = at::scalar_tensor(inf_norm ? value : std::pow(value, 1.0 / p),
+                              at::TensorOptions().dtype(dtype).device(first_device.value_or(c10::kCPU)));
+  }
+  const double total_value = total.item<double>();
+  TORCH_CHECK(!options.error_if_nonfinite || std::isfinite(total_value), who, "::clip_grad_norm: the total norm of ",
+              "order ", p, " of the gradients is non-finite (", total_value, "), so they cannot be clipped; nothing ",
+              "was changed. To scale them by it anyway, as PyTorch's error_if_nonfinite=False, leave error_if_nonfinite off.");
+  // As PyTorch: every gradient times the clamped coefficient, 1 included (exact), and a NaN total
+  // multiplies every gradient by NaN, an infinite one by 0.
+  const at::Tensor coefficient = at::clamp_max(options.max_norm / (total + 1e-6), 1.0);
+  for (const Group& group : by_device_and_dtype(grads, /*counted_only=*/false)) {
+    std::vector<at::Tensor> tensors;
+    for (size_t i : group.members) tensors.push_back(grads[i].grad);
+    at::_foreach_mul_(tensors, coefficient.to(group.device));
+  }
+  return total_value;
 }
 
 }  // namespace cpprun::detail

@@ -22,15 +22,24 @@ struct GradientToClip {
   bool counted = true;
 };
 
-// Scales the grads by max_norm / (norm + 1e-6) when that is below 1 or NaN (a NaN or infinite norm,
-// as torch.nn.utils.clip_grad_norm_ does); returns the norm before
-// clipping, the same on every rank. `sum_over`: the group whose ranks' grads together make up
-// every gradient once (FSDP's shards), whose squares are then summed across ranks; null when this
-// rank's grads are all of them. `then_over`: a second such group, summed after the first (a
-// pipeline's FSDP stages: the stages over the pipeline group, then the shards over their own).
-// The squares of split gradients are then also summed over their tensor-parallel group. `who`
+// torch.nn.utils.clip_grad_norm_'s arguments (foreach: always, as its default on CUDA; on the
+// CPU the same per-tensor norms).
+struct ClipOptions {
+  double max_norm = 0;
+  double norm_type = 2.0;
+  bool error_if_nonfinite = false;
+};
+
+// Multiplies the grads by min(1, max_norm / (norm + 1e-6)) (a NaN or infinite norm as PyTorch:
+// every gradient times NaN, or 0), the norm of order norm_type of all of them together; returns
+// that norm before clipping, the same on every rank. See Note [Clipping as
+// torch.nn.utils.clip_grad_norm_]. `sum_over`: the group whose ranks' grads together make up
+// every gradient once (FSDP's shards), whose parts are then combined across ranks; null when
+// this rank's grads are all of them. `then_over`: a second such group, combined after the first
+// (a pipeline's FSDP stages: the stages over the pipeline group, then the shards over their
+// own). The parts of split gradients are first combined over their tensor-parallel group. `who`
 // names the caller in errors.
-double clip_grad_norm(const std::vector<GradientToClip>& grads, double max_norm, const ProcessGroup* sum_over,
+double clip_grad_norm(const std::vector<GradientToClip>& grads, const ClipOptions& options, const ProcessGroup* sum_over,
                       const char* who, const ProcessGroup* then_over = nullptr);
 
 }  // namespace cpprun::detail

@@ -221,7 +221,7 @@ void DdpCore::finalize_backward() {
   impl_->reducer->reduce_accumulated();
 }
 bool DdpCore::require_sync() const { return impl_->require_sync; }
-double DdpCore::clip_grad_norm(double max_norm) {
+double DdpCore::clip_grad_norm(double max_norm, double norm_type, bool error_if_nonfinite) {
   // Each tensor once: LibTorch lists a tied weight under each of its names, and counting its
   // gradient twice would inflate the norm and scale it twice (torch.nn.utils.clip_grad_norm_
   // on a Python module meets each parameter once).
@@ -234,7 +234,8 @@ double DdpCore::clip_grad_norm(double max_norm) {
                                               ? std::nullopt
                                               : std::optional<ProcessGroup>(split->second.group)});
   }
-  return detail::clip_grad_norm(grads, max_norm, /*sum_over=*/nullptr, "cpprun::DistributedDataParallel");
+  return detail::clip_grad_norm(grads, {max_norm, norm_type, error_if_nonfinite}, /*sum_over=*/nullptr,
+                               "cpprun::DistributedDataParallel");
 }
 void DdpCore::describe_state(StateView& view) {
   // Every rank holds the whole module (its tensor-parallel shards aside): replicated over the group.

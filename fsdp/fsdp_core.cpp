@@ -220,7 +220,7 @@ void FsdpCore::register_shards(torch::nn::Module& wrapper) const {
   }
 }
 
-double FsdpCore::clip_grad_norm(double max_norm) {
+double FsdpCore::clip_grad_norm(double max_norm, double norm_type, bool error_if_nonfinite) {
   std::vector<GradientToClip> grads;
   for (const auto& bucket : impl_->buckets) {
     for (const auto& s : bucket.params()) {
@@ -230,7 +230,8 @@ double FsdpCore::clip_grad_norm(double max_norm) {
     }
   }
   // The shard group's shards cover every gradient exactly once (HSDP: replicas hold equal ones).
-  return detail::clip_grad_norm(grads, max_norm, &impl_->groups.shard, "cpprun::FullyShardedDataParallel");
+  return detail::clip_grad_norm(grads, {max_norm, norm_type, error_if_nonfinite}, &impl_->groups.shard,
+                               "cpprun::FullyShardedDataParallel");
 }
 
 at::Tensor FsdpCore::cast_input(const at::Tensor& input) const {

@@ -133,9 +133,12 @@ at::Tensor PipelineStage::run_forward(const at::Tensor& input) {
   return data_parallel_.is_empty() ? module_->forward(input) : data_parallel_->forward(input);
 }
 
-double PipelineStage::clip_grad_norm(double max_norm) { return pipeline_clip_grad_norm({this}, max_norm); }
+double PipelineStage::clip_grad_norm(double max_norm, double norm_type, bool error_if_nonfinite) {
+  return pipeline_clip_grad_norm({this}, max_norm, norm_type, error_if_nonfinite);
+}
 
-double pipeline_clip_grad_norm(const std::vector<PipelineStage*>& stages, double max_norm) {
+double pipeline_clip_grad_norm(const std::vector<PipelineStage*>& stages, double max_norm, double norm_type,
+                               bool error_if_nonfinite) {
   TORCH_CHECK(!stages.empty(), "pipeline_clip_grad_norm: no stages given.");
   std::vector<int> mine;
   for (const auto* stage : stages) mine.push_back(stage->index());
@@ -172,7 +175,8 @@ double pipeline_clip_grad_norm(const std::vector<PipelineStage*>& stages, double
   }
   // Each rank's stages hold a disjoint part of the model: the squares add up over the group (after
   // the TP parts' own sums: see clip_grad_norm.h).
-  return detail::clip_grad_norm(grads, max_norm, &stages[0]->group(), "cpprun::PipelineStage", shard_group);
+  return detail::clip_grad_norm(grads, {max_norm, norm_type, error_if_nonfinite}, &stages[0]->group(),
+                                "cpprun::PipelineStage", shard_group);
 }
 
 }  // namespace cpprun

@@ -66,9 +66,14 @@ class DataParallelImpl : public torch::nn::Module {
   const ProcessGroup& process_group() const { return core_->group(); }
   // Scales the gradients so that the norm of all of them together (every rank's shard, under
   // FSDP) is at most max_norm; returns that norm before clipping, the same on every rank, as
-  // torch::nn::utils::clip_grad_norm_ on the unwrapped model would. Call it between backward and
-  // the optimizer step, on every rank (FSDP: collective).
-  double clip_grad_norm(double max_norm) { return core_->clip_grad_norm(max_norm); }
+  // Python's torch.nn.utils.clip_grad_norm_ on the unwrapped model would (DDP: the same
+  // gradients to the bit). norm_type: 2, 1, any p > 0, or infinity (the largest magnitude);
+  // error_if_nonfinite: throw, changing nothing, when the norm is NaN or infinite (off: every
+  // gradient is multiplied by NaN, or by 0, as PyTorch's). Call it between backward and the
+  // optimizer step, on every rank (FSDP: collective).
+  double clip_grad_norm(double max_norm, double norm_type = 2.0, bool error_if_nonfinite = false) {
+    return core_->clip_grad_norm(max_norm, norm_type, error_if_nonfinite);
+  }
   // After optimizer.step(): brings module()'s full parameters up to date now rather than at the
   // next forward (e.g. to evaluate or sample from module() directly). DDP: nothing to do. FSDP:
   // collective; under stage 3 every unit stays gathered until the next forward.

@@ -52,7 +52,8 @@ PipelineSplit split_evenly(const torch::nn::Sequential& model, int stages);
 class PipelineStage;
 // clip_grad_norm over all the stages this rank holds (interleaved schedules): see
 // PipelineStage::clip_grad_norm.
-double pipeline_clip_grad_norm(const std::vector<PipelineStage*>& stages, double max_norm);
+double pipeline_clip_grad_norm(const std::vector<PipelineStage*>& stages, double max_norm, double norm_type = 2.0,
+                               bool error_if_nonfinite = false);
 class PipelineSchedule;
 
 class PipelineStage {
@@ -84,8 +85,9 @@ class PipelineStage {
   // Scales the gradients so that the norm of the whole model's (every stage's) is at most
   // max_norm, as clip_grad_norm_ on the unsplit model; returns that norm before clipping, on
   // every rank. Collective over the pipeline group: every rank calls it, with all its stages
-  // (pipeline_clip_grad_norm below) when it holds several.
-  double clip_grad_norm(double max_norm);
+  // (pipeline_clip_grad_norm below) when it holds several. norm_type and error_if_nonfinite as
+  // DataParallel::clip_grad_norm's.
+  double clip_grad_norm(double max_norm, double norm_type = 2.0, bool error_if_nonfinite = false);
   // Data parallelism inside the stage (a {pp, dp} or {pp, dp, tp} mesh): `wrapper` wraps
   // module() over the ranks that hold this stage in the other pipelines, e.g.
   //   stage.set_data_parallel(cpprun::DistributedDataParallel(stage.module(), mesh.group("dp")));
@@ -116,7 +118,8 @@ class PipelineStage {
  private:
   friend class PipelineSchedule;
   friend struct detail::StageAccess;
-  friend double pipeline_clip_grad_norm(const std::vector<PipelineStage*>& stages, double max_norm);
+  friend double pipeline_clip_grad_norm(const std::vector<PipelineStage*>& stages, double max_norm, double norm_type,
+                                        bool error_if_nonfinite);
 
   torch::nn::Sequential module_;
   DataParallel<torch::nn::SequentialImpl> data_parallel_{nullptr};

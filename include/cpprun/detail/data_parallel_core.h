@@ -42,7 +42,7 @@ class DataParallelCore {
   // The group whose ranks' gradients together hold each gradient once (FSDP's shard group), for a
   // norm over more than this wrapper (a pipeline's stages); null when each rank holds them all.
   virtual const ProcessGroup* shard_group() const { return nullptr; }
-  virtual double clip_grad_norm(double max_norm) = 0;
+  virtual double clip_grad_norm(double max_norm, double norm_type, bool error_if_nonfinite) = 0;
   virtual void gather_full_parameters() {}
   virtual const ProcessGroup& group() const = 0;
 

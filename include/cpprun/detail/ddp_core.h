@@ -39,7 +39,7 @@ class DdpCore final : public DataParallelCore {
   void begin_last_backward() override;
   void finalize_backward() override;
   // The gradients are the same on every rank after backward: no communication.
-  double clip_grad_norm(double max_norm) override;
+  double clip_grad_norm(double max_norm, double norm_type, bool error_if_nonfinite) override;
   const ProcessGroup& group() const override;
   // Every rank holds the whole module (its tensor-parallel shards aside): replicated over the group.
   void describe_state(StateView& view) override;

@@ -43,7 +43,7 @@ class FsdpCore final : public DataParallelCore {
   void set_manual_finalization(bool on) override;
   void finalize_backward() override;
   const ProcessGroup* shard_group() const override;
-  double clip_grad_norm(double max_norm) override;
+  double clip_grad_norm(double max_norm, double norm_type, bool error_if_nonfinite) override;
   const ProcessGroup& group() const override;
 
   FsdpMemory memory() const;
