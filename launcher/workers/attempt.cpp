@@ -18,6 +18,7 @@
 #include <utility>
 
 #include "common/formatting.h"
+#include "workers/console_sink.h"
 #include "workers/error_file.h"
 #include "workers/flight_requests.h"
 #include "workers/job_process_tree.h"
@@ -340,10 +341,20 @@ class WorkerGroup {
   // whatever output arrives meanwhile.
   void wait_for_signal(int timeout_ms, PeerEvents* peers = nullptr) {
     std::vector<pollfd> fds{{relay_.wake_fd(), POLLIN, 0}};
-    std::vector<OutputStream*> streams{nullptr};  // parallel to fds; null for the relay and peers
+    // The consoles with lines waiting, and the workers' pipes unless their console is behind
+    // (Note [A console that does not read]: a worker then waits in its own write()).
+    std::vector<ConsoleSink*> consoles;
+    for (ConsoleSink* console : {&ConsoleSink::out(), &ConsoleSink::err()}) {
+      if (console->backlog() == 0) continue;
+      fds.push_back({console->fd(), POLLOUT, 0});
+      consoles.push_back(console);
+    }
+    const std::size_t first_stream = fds.size();
+    std::vector<OutputStream*> streams;  // parallel to fds from first_stream
     for (auto& output : outputs_) {
       for (OutputStream* stream : {&output->out, &output->err}) {
-        if (stream->read_fd() < 0) continue;
+        const ConsoleSink& console = stream == &output->out ? ConsoleSink::out() : ConsoleSink::err();
+        if (stream->read_fd() < 0 || !console.accepts_more()) continue;
         fds.push_back({stream->read_fd(), POLLIN, 0});
         streams.push_back(stream);
       }
@@ -357,9 +368,12 @@ class WorkerGroup {
       if (errno == EINTR) return;
       throw std::runtime_error(std::string("cpprun: poll() failed: ") + std::strerror(errno));
     }
+    for (std::size_t i = 0; i < consoles.size(); ++i) {
+      if (fds[1 + i].revents != 0) consoles[i]->write_ready();
+    }
     // POLLHUP without POLLIN is EOF, which pump() reads as such.
-    for (std::size_t i = 1; i < first_peer; ++i) {
-      if (fds[i].revents != 0) streams[i]->pump();
+    for (std::size_t i = first_stream; i < first_peer; ++i) {
+      if (fds[i].revents != 0) streams[i - first_stream]->pump();
     }
     if (peers != nullptr) peers->dispatch(fds, first_peer);
   }

@@ -14,6 +14,7 @@
 #include <system_error>
 #include <utility>
 
+#include "workers/console_sink.h"
 #include "workers/worker_process.h"
 
 namespace cpprun::launcher {
@@ -178,9 +179,8 @@ void OutputStream::add_line(std::string_view line) {
 
 void OutputStream::flush_console() {
   if (batch_.empty()) return;
-  // A console reader that went away (`cpprun ... | head`) ends cpprun by SIGPIPE, as it would have
-  // ended a worker writing to it directly; other errors are not worth stopping the job for.
-  write_all(kind_ == Kind::kStdout ? STDOUT_FILENO : STDERR_FILENO, batch_);
+  // Never blocks: Note [A console that does not read].
+  (kind_ == Kind::kStdout ? ConsoleSink::out() : ConsoleSink::err()).write(batch_);
   batch_.clear();
   if (!filtered_batch_.empty()) {
     write_all(filtered_fd_, filtered_batch_);

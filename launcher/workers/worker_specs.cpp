@@ -1,6 +1,8 @@
 // Each worker's command, environment (torchrun's LocalElasticAgent._start_workers) and output plan.
 #include "workers/worker_specs.h"
 
+#include <unistd.h>  // environ
+
 #include <filesystem>
 #include <sstream>
 
@@ -8,8 +10,6 @@
 #include "cpprun/launcher_contract.h"
 #include "workers/flight_requests.h"
 #include "workers/nccl_trace_env.h"
-
-extern char** environ;
 
 namespace cpprun::launcher {
 namespace {

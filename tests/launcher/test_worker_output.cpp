@@ -1,10 +1,14 @@
-// Unit tests of line splitting (whole lines, bounded pieces, the unfinished last line) and the
-// stderr tail.
+// Unit tests of line splitting (whole lines, bounded pieces, the unfinished last line), the
+// stderr tail, and the console sink that never blocks.
 #include "catch.h"
 
+#include <unistd.h>
+
+#include <chrono>
 #include <string>
 #include <vector>
 
+#include "workers/console_sink.h"
 #include "workers/worker_output.h"
 
 using namespace cpprun::launcher;
@@ -82,4 +86,43 @@ TEST_CASE("worker_output: the tail keeps the last lines, each cut short", "[work
   LineTail none(0);
   none.push("x");
   CHECK(none.lines().empty());
+}
+
+// Note [A console that does not read]: a pipe nobody reads takes what fits, the rest waits in
+// the sink without blocking the caller; once read, the sink writes the rest, in order.
+TEST_CASE("worker_output: a console that does not read never blocks the launcher", "[worker_output]") {
+  int fds[2];
+  REQUIRE(pipe(fds) == 0);
+  ConsoleSink sink(fds[1]);
+  std::string sent;
+  for (int i = 0; sent.size() < 3 * ConsoleSink::kBacklogLimit; ++i) {
+    const std::string line = "line " + std::to_string(i) + std::string(100, 'x') + "\n";
+    sink.write(line);  // returns at once although the pipe (64 KiB) filled long ago
+    sent += line;
+  }
+  CHECK(sink.backlog() > 2 * ConsoleSink::kBacklogLimit);
+  CHECK_FALSE(sink.accepts_more());
+  // A reader appears: what it reads, with the sink writing whenever the pipe has room, is every
+  // byte in order.
+  std::string received;
+  char buffer[65536];
+  while (received.size() < sent.size()) {
+    const ssize_t n = read(fds[0], buffer, sizeof(buffer));
+    REQUIRE(n > 0);
+    received.append(buffer, static_cast<std::size_t>(n));
+    sink.write_ready();
+  }
+  CHECK(received == sent);
+  CHECK(sink.backlog() == 0);
+  CHECK(sink.accepts_more());
+  // At exit, a reader that never comes costs `patience`, then the rest is dropped.
+  sink.write(std::string(200000, 'y'));
+  const auto start = std::chrono::steady_clock::now();
+  sink.flush_before_exit(std::chrono::milliseconds(300));
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  CHECK(waited >= 0.29);
+  CHECK(waited < 5);
+  CHECK(sink.backlog() == 0);
+  close(fds[0]);
+  close(fds[1]);
 }
