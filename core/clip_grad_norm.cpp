@@ -30,11 +30,13 @@ struct Group {
   std::vector<size_t> members;  // indices into the grads
 };
 
-std::vector<Group> by_device_and_dtype(const std::vector<GradientToClip>& grads, bool counted_only) {
+// `for_norm`: the gradients the norm counts, less empty ones (an FSDP shard of padding alone: no
+// magnitude to add, and an empty tensor has no infinity norm).
+std::vector<Group> by_device_and_dtype(const std::vector<GradientToClip>& grads, bool for_norm) {
   std::vector<Group> groups;
   for (size_t i = 0; i < grads.size(); ++i) {
     const auto& g = grads[i];
-    if (!g.grad.defined() || (counted_only && !g.counted)) continue;
+    if (!g.grad.defined() || (for_norm && (!g.counted || g.grad.numel() == 0))) continue;
     auto found = std::find_if(groups.begin(), groups.end(), [&](const Group& group) {
       return group.device == g.grad.device() && group.dtype == g.grad.scalar_type();
     });
@@ -73,7 +75,7 @@ double clip_grad_norm(const std::vector<GradientToClip>& grads, const ClipOption
   const auto slots = static_cast<int64_t>(tp_groups.size()) + 1;
   std::vector<std::vector<at::Tensor>> norms(slots);
   std::optional<c10::Device> first_device;
-  for (const Group& group : by_device_and_dtype(grads, /*counted_only=*/true)) {
+  for (const Group& group : by_device_and_dtype(grads, /*for_norm=*/true)) {
     std::vector<at::Tensor> tensors;
     for (size_t i : group.members) tensors.push_back(grads[i].grad);
     const std::vector<at::Tensor> group_norms = at::_foreach_norm(tensors, p);
@@ -84,23 +86,22 @@ double clip_grad_norm(const std::vector<GradientToClip>& grads, const ClipOption
   }
   const auto slot_norm = [&](int64_t slot) { return at::linalg_vector_norm(at::stack(norms[slot]), p); };
 
-  at::Tensor total;  // 0-dim, of the norms' dtype: what the coefficient is computed in
+  // The total (a tensor: what PyTorch computes the coefficient from) and its value.
+  at::Tensor total;
+  double total_value = 0;
   const bool alone = tp_groups.empty() && !sum_over && !then_over;
   if (alone) {
-    total = norms[0].empty() ? at::zeros({}, at::kFloat) : slot_norm(0);
+    total = norms[0].empty() ? at::zeros({}, at::kFloat) : slot_norm(0);  // of the norms' dtype
+    total_value = total.item<double>();
   } else {
     // Every rank joins every reduction, whatever it holds (an FSDP shard of padding alone has no
-    // gradient): one number a slot. The pieces of each split gradient first, over its TP group;
-    // then this rank's sum over the groups that share the gradients out.
-    at::ScalarType dtype = at::kFloat;
-    bool any = false;
+    // gradient, a pipeline stage may hold only a tied weight another rank counts): one number a
+    // slot. The pieces of each split gradient first, over its TP group; then this rank's sum over
+    // the groups that share the gradients out.
     auto parts = at::zeros({slots}, at::kDouble);
     for (int64_t slot = 0; slot < slots; ++slot) {
       if (norms[slot].empty()) continue;
-      const at::Tensor norm = slot_norm(slot);
-      dtype = any ? at::promote_types(dtype, norm.scalar_type()) : norm.scalar_type();
-      any = true;
-      const double value = norm.item<double>();
+      const double value = slot_norm(slot).item<double>();
       parts[slot] = inf_norm ? value : std::pow(value, p);
     }
     const ReduceOp combine = inf_norm ? ReduceOp::kMax : ReduceOp::kSum;
@@ -113,17 +114,26 @@ double clip_grad_norm(const std::vector<GradientToClip>& grads, const ClipOption
     if (sum_over) all_reduce(*sum_over, combined, combine);
     if (then_over) all_reduce(*then_over, combined, combine);
     const double value = combined.item<double>();
-    total = at::scalar_tensor(inf_norm ? value : std::pow(value, 1.0 / p),
-                              at::TensorOptions().dtype(dtype).device(first_device.value_or(c10::kCPU)));
+    total_value = inf_norm ? value : std::pow(value, 1.0 / p);
+    // The same on every rank, in float64; the coefficient in the dtype of this rank's gradients
+    // (which the ranks may not share: a rank of one stage need not know another's).
+    at::ScalarType dtype = at::kDouble;
+    bool any = false;
+    for (const auto& g : grads) {
+      if (!g.grad.defined()) continue;
+      dtype = any ? at::promote_types(dtype, g.grad.scalar_type()) : g.grad.scalar_type();
+      any = true;
+    }
+    total = at::scalar_tensor(total_value, at::TensorOptions().dtype(dtype).device(first_device.value_or(c10::kCPU)));
   }
-  const double total_value = total.item<double>();
   TORCH_CHECK(!options.error_if_nonfinite || std::isfinite(total_value), who, "::clip_grad_norm: the total norm of ",
               "order ", p, " of the gradients is non-finite (", total_value, "), so they cannot be clipped; nothing ",
               "was changed. To scale them by it anyway, as PyTorch's error_if_nonfinite=False, leave error_if_nonfinite off.");
   // As PyTorch: every gradient times the clamped coefficient, 1 included (exact), and a NaN total
-  // multiplies every gradient by NaN, an infinite one by 0.
-  const at::Tensor coefficient = at::clamp_max(options.max_norm / (total + 1e-6), 1.0);
-  for (const Group& group : by_device_and_dtype(grads, /*counted_only=*/false)) {
+  // multiplies every gradient by NaN, an infinite one by 0. Python's max_norm / tensor is the
+  // tensor's reciprocal times max_norm, which rounds otherwise than a division.
+  const at::Tensor coefficient = at::clamp_max((total + 1e-6).reciprocal() * options.max_norm, 1.0);
+  for (const Group& group : by_device_and_dtype(grads, /*for_norm=*/false)) {
     std::vector<at::Tensor> tensors;
     for (size_t i : group.members) tensors.push_back(grads[i].grad);
     at::_foreach_mul_(tensors, coefficient.to(group.device));

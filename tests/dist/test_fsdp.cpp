@@ -8,6 +8,7 @@
 #include <unistd.h>  // getppid
 
 #include <cmath>
+#include <limits>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -538,7 +539,8 @@ TEST_CASE("fsdp: synchronized backwards without zero_grad between them accumulat
 TEST_CASE("fsdp: clip_grad_norm clips by the norm over all ranks' shards (DDP: over its gradients)", "[fsdp]") {
   const int rank = group().rank(), world = group().size();
   const int stage = GENERATE(0, 2, 3);
-  INFO("stage " << stage);
+  const double norm_type = GENERATE(2.0, 1.0, 3.0, std::numeric_limits<double>::infinity());
+  INFO("stage " << stage << " norm_type " << norm_type);
   Float64Parity float64;
   torch::manual_seed(0);
   auto net = std::make_shared<Mlp>(31);
@@ -550,16 +552,18 @@ TEST_CASE("fsdp: clip_grad_norm clips by the norm over all ranks' shards (DDP: o
   auto y = targets_for(kGlobalBatch, 0);
   opt.zero_grad();
   torch::nn::functional::cross_entropy(model->forward(slice(x, rank, world)), slice(y, rank, world)).backward();
-  const double norm = model->clip_grad_norm(0.5);
+  const double max_norm = std::isinf(norm_type) ? 0.05 : 0.5;
+  const double norm = model->clip_grad_norm(max_norm, norm_type);
   reference_backward([&](torch::Tensor in) { return ref->forward(in); }, x, y, world);
-  const double ref_norm = torch::nn::utils::clip_grad_norm_(ref->parameters(), 0.5);
+  const double ref_norm = torch::nn::utils::clip_grad_norm_(ref->parameters(), max_norm, norm_type);
   CHECK(norm == Approx(ref_norm).epsilon(kParityTolerance));
-  CHECK(norm > 0.5);
+  CHECK(norm > max_norm);
   opt.step();
   ref_opt.step();
   model->gather_full_parameters();
   check_same_parameters(*net, *ref, kParityTolerance);
   CHECK_THROWS_WITH(model->clip_grad_norm(0), Catch::Contains("max_norm must be positive"));
+  CHECK_THROWS_WITH(model->clip_grad_norm(1, 0), Catch::Contains("norm_type must be positive"));
 }
 
 // As torch.nn::utils::clip_grad_norm_: a NaN total norm multiplies every gradient by NaN, an
@@ -587,6 +591,14 @@ TEST_CASE("fsdp: clip_grad_norm with a NaN or infinite gradient does as PyTorch'
       break;
     }
     ref->parameters()[0].mutable_grad().view({-1})[0] = bad;
+  }
+  // error_if_nonfinite: refused on every rank, every gradient as it was.
+  std::vector<at::Tensor> before;
+  for (const auto& p : model->parameters()) before.push_back(p.grad().defined() ? p.grad().clone() : at::Tensor());
+  CHECK_THROWS_WITH(model->clip_grad_norm(0.5, 2.0, /*error_if_nonfinite=*/true), Catch::Contains("non-finite"));
+  const auto after = model->parameters();
+  for (size_t i = 0; i < before.size(); ++i) {
+    if (before[i].defined()) CHECK(at::allclose(after[i].grad(), before[i], 0, 0, /*equal_nan=*/true));
   }
   const double norm = model->clip_grad_norm(0.5);
   const double ref_norm = torch::nn::utils::clip_grad_norm_(ref->parameters(), 0.5);

@@ -1,0 +1,80 @@
+// The C++ side of clip_parity.sh: DDP on 2 ranks clips a float32 MLP's gradients; rank 0 writes,
+// per case, the gradients before and after and the norm returned, for clip_parity.py to compare
+// with Python's torch.nn.utils.clip_grad_norm_ on the same gradients (to the bit).
+//   cpprun --nproc_per_node=2 clip_parity DIR
+#include <torch/torch.h>
+
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "checkpoint/state_dict.h"
+#include "cpprun/cpprun.h"
+
+namespace {
+
+struct Net : torch::nn::Module {
+  torch::nn::Linear fc1 = register_module("fc1", torch::nn::Linear(8, 32));
+  torch::nn::Linear fc2 = register_module("fc2", torch::nn::Linear(32, 16));
+  torch::nn::Linear fc3 = register_module("fc3", torch::nn::Linear(16, 4));
+  torch::Tensor forward(const torch::Tensor& x) { return fc3(torch::tanh(fc2(torch::tanh(fc1(x))))); }
+};
+
+struct Case {
+  double max_norm;
+  double norm_type;
+  double input_scale = 10;  // another scale, another norm: the coefficient's rounding varies with it
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: cpprun --nproc_per_node=2 clip_parity DIR\n");
+    return 2;
+  }
+  const std::string dir = argv[1];
+  auto group = cpprun::init_process_group();
+  const double inf = std::numeric_limits<double>::infinity();
+  // Clipping with each norm, and a max_norm no gradient reaches (multiplied by 1); then norms of
+  // many sizes: Python's max_norm / total is total.reciprocal() * max_norm, which rounds otherwise
+  // than a division for about a quarter of totals, so a division would fail here.
+  std::vector<Case> cases{{0.5, 2.0}, {0.5, 1.0}, {0.05, inf}, {0.5, 3.0}, {1e6, 2.0}};
+  for (int i = 0; i < 16; ++i) cases.push_back({0.3, 2.0, 5.0 + i});
+  int index = 0;
+  for (const Case& c : cases) {
+    torch::manual_seed(0);
+    auto net = std::make_shared<Net>();
+    auto model = cpprun::DistributedDataParallel(net, group);
+    torch::manual_seed(100 + group.rank());  // each rank its own batch
+    const auto x = torch::randn({16, 8}) * c.input_scale, y = torch::randn({16, 4});
+    torch::mse_loss(model->forward(x), y).backward();
+    cpprun::detail::NamedTensors state;
+    const auto params = net->named_parameters();
+    for (size_t i = 0; i < params.size(); ++i) {
+      char order[8];
+      std::snprintf(order, sizeof(order), "%03zu", i);  // the parameters' order, kept by sorted names
+      state.emplace_back(std::string("before.") + order + "." + params[i].key(), params[i].value().grad().clone());
+    }
+    const double norm = model->clip_grad_norm(c.max_norm, c.norm_type);
+    for (size_t i = 0; i < params.size(); ++i) {
+      char order[8];
+      std::snprintf(order, sizeof(order), "%03zu", i);
+      state.emplace_back(std::string("after.") + order + "." + params[i].key(), params[i].value().grad().clone());
+    }
+    state.emplace_back("norm", torch::tensor(norm, torch::kDouble));
+    state.emplace_back("max_norm", torch::tensor(c.max_norm, torch::kDouble));
+    state.emplace_back("norm_type", torch::tensor(c.norm_type, torch::kDouble));
+    if (group.rank() == 0) {
+      cpprun::detail::write_state_dict_file(state, dir + "/case" + std::to_string(index) + ".safetensors",
+                                            cpprun::StateDictSaveOptions(), {});
+      std::printf("case %d: max_norm %g, norm_type %g, inputs x%g: norm %.9g\n", index, c.max_norm, c.norm_type,
+                  c.input_scale, norm);
+    }
+    ++index;
+  }
+  cpprun::barrier(group);
+  return 0;
+}

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# cpprun's DDP clip_grad_norm against Python's torch.nn.utils.clip_grad_norm_ on the same float32
+# gradients: norm types 2, 1, inf and 3, clipping and not; the clipped gradients and the norm
+# equal to the bit. Usage: clip_parity.sh PROBE CPPRUN PYTHON. Skips (77) without a python that
+# has torch and safetensors.
+set -u
+probe=$1
+cpprun=$2
+python=${3:-}
+here=$(dirname "$0")
+# shellcheck source=../interop_setup.sh
+. "$here/../interop_setup.sh"
+interop_setup "$python" torch safetensors.torch
+"$cpprun" --standalone --nproc_per_node=2 "$probe" "$dir" || fail "cpprun's side failed"
+"$python" "$here/clip_parity.py" "$dir" || fail "cpprun's clipping differs from PyTorch's"
+echo "PASS"
