@@ -252,6 +252,7 @@ bool NodeLink::answer_challenge(const std::string& line, Received& got) {
     got.violation = "sent a line that is not a cpprun agent message: '" + printable(line.substr(0, 200)) + "'";
     return false;
   }
+  heard_host_ = true;
   host_nonce_ = words[2];
   member_nonce_ = random_nonce();
   state_ = State::kAwaitVerdict;
@@ -326,6 +327,7 @@ bool NodeLink::read_message(const std::string& line, Received& got) {
 bool NodeLink::process_line(const std::string& line, Received& got) {
   if (side_ == LinkSide::kMember && state_ != State::kOpen && line == kBusyWord) {
     got.busy = true;  // Note [Pending links under a flood]
+    heard_host_ = true;
     return false;
   }
   switch (state_) {

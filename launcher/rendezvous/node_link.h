@@ -79,6 +79,9 @@ class NodeLink {
   // or "" once closed: the address this node reaches the other from (socket_interface.h).
   std::string local_address() const;
   bool authenticated() const { return state_ == State::kOpen; }
+  // A member's side: the host sent its challenge (or said it was busy), so what listens there speaks
+  // cpprun's protocol, even if it closed the link before the handshake completed.
+  bool heard_host() const { return heard_host_; }
   // Not proven within kHandshakeTimeout of being opened: a stranger, or a peer that stopped halfway.
   bool handshake_overdue(Clock::time_point now) const;
 
@@ -154,6 +157,7 @@ class NodeLink {
   Clock::time_point progressed_;     // when the queue last got bytes out, or got its first ones
   LinkQueueBounds bounds_;
   std::string stalled_;              // why stall() ended the link, for receive()
+  bool heard_host_ = false;          // heard_host()
 };
 
 // Waits until every link's queue is written, or `timeout` passed (Note [The link's outbound queue]):
@@ -208,7 +212,8 @@ struct EndpointListener {
 // source evicts that source's oldest), then overall (kMaxPending: the fullest source loses its
 // oldest). Before a link is evicted, what it sent is read and verified: one that has proven the
 // secret stays (or, with its hello, is handed over). An evicted link is told "cpprun-auth-busy", and
-// its agent, if it is one, tries again until its join timeout (rendezvous_member.cpp).
+// its agent, if it is one, tries again until its join timeout, retry_pause() apart so as not to add
+// to the flood (rendezvous_member.cpp).
 class PendingLinks {
  public:
   static constexpr std::size_t kMaxPending = 64;

@@ -48,14 +48,6 @@ int take_ending_signal(SignalRelay& relay) {
   return ending == pending.end() ? 0 : *ending;
 }
 
-// While nothing answers where the host will be (it may start last), how long to wait before trying
-// again: 5 ms after the first refusal, doubling to 100 ms. Agents started together (a job's nodes
-// launched at once, the tests) find their host a few milliseconds after it listens, and an agent
-// waiting longer costs its host at most ten refused connections a second.
-std::chrono::milliseconds retry_pause(int refusals) {
-  return std::chrono::milliseconds(std::min(100, 5 << std::min(refusals, 5)));
-}
-
 // One try to connect to the settings' host:port, for at most 5 s, and a pause after a failure,
 // whose reason goes to `last_error` (`refusals` counts them: it sets the pause); a signal cuts both
 // short. False once `deadline` has passed.
@@ -214,6 +206,10 @@ std::string join_timeout_message(const RendezvousSettings& settings, const std::
   return message + source + ". Start cpprun on " + (never.size() + left.size() == 1 ? "that node" : "those nodes") +
          " with --node_rank set and the same --nnodes, --master_addr and --master_port, or raise "
          "--rdzv_conf join_timeout=SECONDS.";
+}
+
+std::chrono::milliseconds retry_pause(int tries) {
+  return std::chrono::milliseconds(std::min(100, 5 << std::clamp(tries, 0, 5)));
 }
 
 int ms_until(Clock::time_point when) {

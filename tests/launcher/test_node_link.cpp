@@ -418,6 +418,32 @@ TEST_CASE("node_link: a member dropped as busy is told so", "[node_link]") {
   CHECK(got.busy);
   CHECK(got.refused.empty());
   CHECK(got.violation.empty());
+  CHECK(member.link->heard_host());  // a cpprun agent, crowded: not a stranger's port
+}
+
+TEST_CASE("node_link: a member knows whether what closed its link ever spoke cpprun's protocol", "[node_link]") {
+  // A listener that is no agent's: accepts and closes without a word.
+  const int server = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in at{};
+  at.sin_family = AF_INET;
+  inet_pton(AF_INET, "127.0.0.1", &at.sin_addr);
+  REQUIRE(bind(server, reinterpret_cast<sockaddr*>(&at), sizeof(at)) == 0);
+  REQUIRE(listen(server, 4) == 0);
+  socklen_t size = sizeof(at);
+  REQUIRE(getsockname(server, reinterpret_cast<sockaddr*>(&at), &size) == 0);
+  ConnectResult member = connect_link("127.0.0.1", ntohs(at.sin_port), std::chrono::seconds(5), -1, kSecret);
+  REQUIRE(member.status == ConnectStatus::kConnected);
+  close(accept(server, nullptr, nullptr));
+  close(server);
+  const NodeLink::Received got = pump_until(*member.link, [] { return false; });
+  CHECK(got.closed);
+  CHECK_FALSE(got.busy);
+  CHECK_FALSE(member.link->heard_host());
+  // A host's challenge is heard as soon as it is read.
+  LinkPair pair(kSecret, kSecret);
+  CHECK_FALSE(pair.member->heard_host());
+  read_once(*pair.member, 2000);
+  CHECK(pair.member->heard_host());
 }
 
 TEST_CASE("node_link: a silent connection is overdue after the handshake timeout", "[node_link]") {

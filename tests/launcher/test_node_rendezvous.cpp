@@ -1,5 +1,5 @@
 // Unit tests of opening the rendezvous: the start-up check that --master_addr (or c10d's endpoint
-// host) resolves.
+// host) resolves; the pause between tries to reach the host.
 #include "catch.h"
 
 #include <string>
@@ -77,4 +77,16 @@ TEST_CASE("node_rendezvous: the real resolver: numeric addresses and localhost r
   const HostLookup lookup = look_up_host("nosuch.invalid");
   CHECK(lookup.result != HostLookup::Result::kResolved);
   CHECK_FALSE(lookup.error.empty());
+}
+
+TEST_CASE("node_rendezvous: tries to reach the host pause 5 ms, doubling to 100 ms", "[node_rendezvous]") {
+  // Both after a refused connect and after a link closed before the handshake (Note [Pending links
+  // under a flood]): never a tight loop, at most ten connections a second once waiting long.
+  using std::chrono::milliseconds;
+  CHECK(retry_pause(0) == milliseconds(5));
+  CHECK(retry_pause(1) == milliseconds(10));
+  CHECK(retry_pause(4) == milliseconds(80));
+  CHECK(retry_pause(5) == milliseconds(100));
+  CHECK(retry_pause(1000000) == milliseconds(100));
+  CHECK(retry_pause(-1) == milliseconds(5));
 }
