@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <string_view>
 #include <system_error>
 #include <thread>
 
@@ -210,6 +211,12 @@ std::string join_timeout_message(const RendezvousSettings& settings, const std::
 
 std::chrono::milliseconds retry_pause(int tries) {
   return std::chrono::milliseconds(std::min(100, 5 << std::clamp(tries, 0, 5)));
+}
+
+RendezvousError job_end_error(const JobEnd& end) {
+  constexpr std::string_view kPrefix = "cpprun: ";
+  const bool prefixed = end.reason.compare(0, kPrefix.size(), kPrefix) == 0;
+  return RendezvousError(prefixed ? end.reason : std::string(kPrefix) + end.reason, end.exit_code);
 }
 
 int ms_until(Clock::time_point when) {

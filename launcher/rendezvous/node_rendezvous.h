@@ -97,6 +97,11 @@ class RendezvousError : public std::runtime_error {
   int exit_code_;
 };
 
+// The error an agent exits with when the job ended as `end` said: its reason, with "cpprun: " before
+// it as every launcher error has, unless the reason has it already (the host's refusals and timeouts,
+// written for the console, do; a reason this agent found itself, such as why its link closed, does not).
+RendezvousError job_end_error(const JobEnd& end);
+
 // What getaddrinfo() said about a host name.
 struct HostLookup {
   enum class Result {

@@ -204,7 +204,8 @@ class RendezvousMember final : public NodeRendezvous {
            "longer.";
   }
 
-  // The host said `exit` before this node got into a round: refused, failed, or finished without it.
+  // The host said `exit` before this node got into a round: refused, failed, or finished without it;
+  // or the link ended before that (another secret, not an agent's words).
   RendezvousError verdict_before_start() const {
     const JobEnd& end = decision_->end;
     if (end.exit_code == 0) {
@@ -212,7 +213,7 @@ class RendezvousMember final : public NodeRendezvous {
                                  ") finished before this node got into a round; nothing ran here",
                              0);
     }
-    return RendezvousError(end.reason, end.exit_code);
+    return job_end_error(end);
   }
 
   // Every link to the host closed before the handshake until the join timeout (Note [Pending links

@@ -1,7 +1,8 @@
 # c10d rendezvous: agents that cannot join. A different --rdzv_id (or --nnodes) is refused with both
 # values; too few nodes by join_timeout fail on every agent, saying how many of MIN came; a member
 # waits for a host that starts last (--rdzv_conf is_host); at a port that is no agent's (it closes
-# every connection) a member does not reconnect in a tight loop, and says what it found.
+# every connection, or answers in HTTP) a member does not reconnect in a tight loop, and says what
+# it found, in lines that start with "cpprun: ".
 . "$(dirname "$0")/common.sh"
 require_private_netns
 
@@ -103,5 +104,18 @@ ls "$WORK"/started.* >/dev/null 2>&1 && fail "a worker started"
 accepted=$(sed -n 's/^accepted \([0-9]*\) connections$/\1/p' "$WORK/squat.out")
 [ -n "$accepted" ] && [ "$accepted" -ge 2 ] && [ "$accepted" -le 100 ] ||
   fail "the member connected '$accepted' times in 3 s: expected a few dozen, 5-100 ms apart ($(cat "$WORK/squat.out"))"
+expect_no_leftovers
+
+# (6) An endpoint that answers in HTTP: refused at its first line, said in a line of cpprun's own.
+squat http
+start_node nodeB $c10d --rdzv_id=job6 --nnodes=2 --rdzv_conf join_timeout=10 /bin/sh -c "$worker"
+wait_node "$NODE_PID" 20
+expect_eq "$NODE_STATUS" 1 "the member's exit code at an HTTP port"
+kill "$squatter"
+wait "$squatter"
+expect_in_file "$WORK/nodeB.err" "cpprun: the agent hosting the c10d rendezvous at 127.0.0.1:29620 (127.0.0.1:29620) sent a line that is not a cpprun agent message: 'HTTP/1.0 400 Bad Request?'" \
+  "the member's message at an HTTP port"
+expect_all_lines "$WORK/nodeB.err" '^cpprun: ' "the member's lines at an HTTP port"
+ls "$WORK"/started.* >/dev/null 2>&1 && fail "a worker started"
 expect_no_leftovers
 echo PASS

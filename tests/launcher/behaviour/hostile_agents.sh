@@ -90,12 +90,14 @@ expect_in_file "$WORK/node0.err" "refused a connection from 127.0.0.1:" "node 0'
 expect_in_file "$WORK/node0.err" "did not prove that it holds this job's secret" "node 0's reason"
 grep -q "pwned" "$WORK/node0.err" && fail "node 0 printed what the stranger said"
 
-# A node with another job's secret is refused, and says why.
+# A node with another job's secret is refused, and says why, as a line of cpprun's.
 CPPRUN_JOB_SECRET=another-jobs-secret-0123456789 start_node node1bad --nnodes=2 --node_rank=1 --master_port=$port \
   --rdzv_id=run-id-not-for-strangers --max_restarts=1 /bin/true
 wait_node "$NODE_PID" 20
 expect_eq "$NODE_STATUS" 1 "the node with another secret"
 expect_in_file "$WORK/node1bad.err" "different secrets" "its reason"
+grep -q "^cpprun: the agent of node 0 (127.0.0.1:$port) refused this agent's proof of the job secret" "$WORK/node1bad.err" ||
+  fail "the node with another secret: its error does not start with 'cpprun: ': $(cat "$WORK/node1bad.err")"
 
 # The real node 1 still gets its place: the job runs and succeeds.
 start_node node1 --nnodes=2 --node_rank=1 --master_port=$port --rdzv_id=run-id-not-for-strangers --max_restarts=1 \
