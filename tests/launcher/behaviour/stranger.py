@@ -9,6 +9,10 @@
                                       opens connections as fast as it can for SECONDS (from the local
                                       address SOURCE if given), each held silent for 1 s; prints
                                       "storming" at the start, "full" once it lets the first go
+    stranger.py partial HOST PORT SECONDS
+                                      reads the challenge, sends half a proof line and falls silent;
+                                      prints "closed after T s" when the agent closes the connection,
+                                      or "still open after SECONDS s"
     stranger.py squat HOST PORT close|http
                                       is no agent but listens at the port: every connection is closed
                                       at once without a word (close) or after an HTTP answer (http);
@@ -75,6 +79,22 @@ def storm(host, port, seconds, source):
     print(f"opened {opened} connections in {seconds:.0f} s", flush=True)
 
 
+def partial(host, port, seconds):
+    sock = socket.create_connection((host, port), timeout=5)
+    sock.recv(4096)  # the challenge
+    sock.sendall(b"cpprun-proof 01234")  # no newline: the line never ends
+    started = time.monotonic()
+    sock.settimeout(seconds)
+    try:
+        while sock.recv(4096):
+            pass
+        print(f"closed after {time.monotonic() - started:.1f} s", flush=True)
+    except socket.timeout:
+        print(f"still open after {seconds:.0f} s", flush=True)
+    except ConnectionResetError:
+        print(f"closed after {time.monotonic() - started:.1f} s", flush=True)
+
+
 def squat(host, port, mode):
     accepted = 0
 
@@ -101,6 +121,9 @@ def squat(host, port, mode):
 
 def main():
     mode, host, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    if mode == "partial":
+        partial(host, port, float(sys.argv[4]))
+        return
     if mode == "squat":
         squat(host, port, sys.argv[4])
         return
