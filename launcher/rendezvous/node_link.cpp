@@ -8,6 +8,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/timerfd.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -151,8 +152,14 @@ std::string NodeLink::local_address() const {
   return host_text(reinterpret_cast<const sockaddr*>(&local));
 }
 
+std::optional<Clock::time_point> NodeLink::handshake_due() const {
+  if (state_ == State::kOpen) return std::nullopt;
+  return opened_ + kHandshakeTimeout;
+}
+
 bool NodeLink::handshake_overdue(Clock::time_point now) const {
-  return state_ != State::kOpen && now - opened_ > kHandshakeTimeout;
+  const std::optional<Clock::time_point> due = handshake_due();
+  return due && now >= *due;
 }
 
 // Note [The link's outbound queue]
@@ -252,6 +259,7 @@ bool NodeLink::answer_challenge(const std::string& line, Received& got) {
     got.violation = "sent a line that is not a cpprun agent message: '" + printable(line.substr(0, 200)) + "'";
     return false;
   }
+  heard_host_ = true;
   host_nonce_ = words[2];
   member_nonce_ = random_nonce();
   state_ = State::kAwaitVerdict;
@@ -326,6 +334,7 @@ bool NodeLink::read_message(const std::string& line, Received& got) {
 bool NodeLink::process_line(const std::string& line, Received& got) {
   if (side_ == LinkSide::kMember && state_ != State::kOpen && line == kBusyWord) {
     got.busy = true;  // Note [Pending links under a flood]
+    heard_host_ = true;
     return false;
   }
   switch (state_) {
@@ -454,17 +463,50 @@ void NodeLink::drop_busy() {
   fd_.reset();
 }
 
+PendingLinks::PendingLinks() : timer_(timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC)) {}
+
 void PendingLinks::accept_from(LinkListener& listener) {
-  const auto now = Clock::now();
-  links_.erase(std::remove_if(links_.begin(), links_.end(),
-                              [now](const NodeLink& link) { return link.handshake_overdue(now); }),
-               links_.end());
+  drop_overdue(Clock::now());  // room first
   // Bounded per call: see Note [Pending links under a flood].
   for (int accepted = 0; accepted < 256; ++accepted) {
     std::optional<NodeLink> link = listener.accept();
     if (!link) break;
     add(std::move(*link));
   }
+  drop_overdue(Clock::now());  // drops none of those: arms the timer for them
+}
+
+HandshakeSweep handshake_sweep(const std::vector<std::optional<Clock::time_point>>& due, Clock::time_point now) {
+  HandshakeSweep sweep;
+  for (std::size_t i = 0; i < due.size(); ++i) {
+    if (!due[i]) continue;
+    if (*due[i] <= now) {
+      sweep.overdue.push_back(i);
+    } else if (!sweep.next_due || *due[i] < *sweep.next_due) {
+      sweep.next_due = due[i];
+    }
+  }
+  return sweep;
+}
+
+// Note [Pending links on the agent's clock]
+void PendingLinks::drop_overdue(Clock::time_point now) {
+  std::vector<std::optional<Clock::time_point>> due;
+  for (const NodeLink& link : links_) due.push_back(link.handshake_due());
+  const HandshakeSweep sweep = handshake_sweep(due, now);
+  for (auto i = sweep.overdue.rbegin(); i != sweep.overdue.rend(); ++i) {
+    links_.erase(links_.begin() + static_cast<std::ptrdiff_t>(*i));  // closed without a word, as a stranger's
+  }
+  if (timer_.get() < 0) return;
+  itimerspec when{};  // all zero: disarmed
+  if (sweep.next_due) {
+    // From the clock read now, not `now`: a wake a little late, never early (read() sweeps at once again).
+    const auto left = std::max<Clock::duration>(*sweep.next_due - Clock::now(), std::chrono::milliseconds(1));
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(left).count();
+    when.it_value.tv_sec = static_cast<time_t>(ns / 1000000000);
+    when.it_value.tv_nsec = static_cast<long>(ns % 1000000000);
+  }
+  timerfd_settime(timer_.get(), 0, &when, nullptr);
 }
 
 void PendingLinks::add(NodeLink link) {
@@ -539,10 +581,17 @@ std::optional<std::pair<NodeLink, NodeMessage>> PendingLinks::take_introduced() 
 std::vector<pollfd> PendingLinks::poll_fds() const {
   std::vector<pollfd> fds;
   for (const NodeLink& link : links_) fds.push_back(link.poll_entry());
+  if (!links_.empty() && timer_.get() >= 0) fds.push_back({timer_.get(), POLLIN, 0});
   return fds;
 }
 
 std::optional<std::pair<NodeLink, NodeMessage>> PendingLinks::read(int fd) {
+  if (fd >= 0 && fd == timer_.get()) {
+    std::uint64_t expirations = 0;
+    [[maybe_unused]] const ssize_t n = ::read(fd, &expirations, sizeof(expirations));
+    drop_overdue(Clock::now());
+    return std::nullopt;
+  }
   const auto it = std::find_if(links_.begin(), links_.end(), [fd](const NodeLink& link) { return link.fd() == fd; });
   if (it == links_.end()) return std::nullopt;
   it->flush();  // the challenge, in the unlikely case that it did not fit at once

@@ -79,6 +79,11 @@ class NodeLink {
   // or "" once closed: the address this node reaches the other from (socket_interface.h).
   std::string local_address() const;
   bool authenticated() const { return state_ == State::kOpen; }
+  // A member's side: the host sent its challenge (or said it was busy), so what listens there speaks
+  // cpprun's protocol, even if it closed the link before the handshake completed.
+  bool heard_host() const { return heard_host_; }
+  // When it must have proven the secret, kHandshakeTimeout after it was opened; nullopt once proven.
+  std::optional<Clock::time_point> handshake_due() const;
   // Not proven within kHandshakeTimeout of being opened: a stranger, or a peer that stopped halfway.
   bool handshake_overdue(Clock::time_point now) const;
 
@@ -154,6 +159,7 @@ class NodeLink {
   Clock::time_point progressed_;     // when the queue last got bytes out, or got its first ones
   LinkQueueBounds bounds_;
   std::string stalled_;              // why stall() ended the link, for receive()
+  bool heard_host_ = false;          // heard_host()
 };
 
 // Waits until every link's queue is written, or `timeout` passed (Note [The link's outbound queue]):
@@ -202,26 +208,44 @@ struct EndpointListener {
 // can open one, so they are bounded, each dropped if unproven after NodeLink::kHandshakeTimeout and
 // read at most one line's worth at a time.
 //
+// Note [Pending links on the agent's clock]
+// An unproven link is dropped once NodeLink::kHandshakeTimeout has passed, whether or not anyone else
+// connects: a stranger that sends half a line and falls silent must not keep its place (and its
+// descriptor) for as long as the job runs. So the set keeps a timerfd, armed for the earliest
+// deadline and polled with the links (poll_fds()) while any wait: every loop that polls the agent's
+// links (joining, deciding, the workers' event loop) wakes on it, and read() of it drops the overdue.
+// Which links are overdue and when to wake next is handshake_sweep's decision, pure; accept_from()
+// sweeps too. (No descriptor for the timer: the links are still dropped, but only when one connects.)
+//
 // Note [Pending links under a flood]
 // A stranger opening thousands of connections a second must not crowd out a node that holds the
 // secret. So the bound is per source address first (kMaxPendingPerSource: a new link from a full
 // source evicts that source's oldest), then overall (kMaxPending: the fullest source loses its
 // oldest). Before a link is evicted, what it sent is read and verified: one that has proven the
 // secret stays (or, with its hello, is handed over). An evicted link is told "cpprun-auth-busy", and
-// its agent, if it is one, tries again until its join timeout (rendezvous_member.cpp).
+// its agent, if it is one, tries again until its join timeout, retry_pause() apart so as not to add
+// to the flood (rendezvous_member.cpp).
 class PendingLinks {
  public:
   static constexpr std::size_t kMaxPending = 64;
   static constexpr std::size_t kMaxPendingPerSource = 8;
 
+  PendingLinks();  // makes the timer of Note [Pending links on the agent's clock]
+
   // Accepts the connections waiting at `listener` (a bounded number per call, so that the links
   // already pending are read between), after dropping the overdue ones.
   void accept_from(LinkListener& listener);
-  std::vector<pollfd> poll_fds() const;  // each link's NodeLink::poll_entry()
+  // Each link's NodeLink::poll_entry(), and while any waits, the timer's (Note [Pending links on the
+  // agent's clock]).
+  std::vector<pollfd> poll_fds() const;
   // Writes (flush()) and reads the link on `fd`, if one of these; once it has proven the secret and
   // sent its first message, hands both over. A link that closed or was refused (warned about, by
-  // address only) is dropped.
+  // address only) is dropped. The timer's `fd`: drops the links overdue now.
   std::optional<std::pair<NodeLink, NodeMessage>> read(int fd);
+  // Drops the links that were not proven by their handshake_due(), as of `now`, and arms the timer
+  // for the next deadline.
+  void drop_overdue(Clock::time_point now);
+  int timer_fd() const { return timer_.get(); }  // -1: none could be made
   // A link found introduced while accept_from() verified it before an eviction; call after accept_from().
   std::optional<std::pair<NodeLink, NodeMessage>> take_introduced();
   std::size_t size() const { return links_.size(); }
@@ -235,7 +259,17 @@ class PendingLinks {
 
   std::vector<NodeLink> links_;  // oldest first
   std::vector<std::pair<NodeLink, NodeMessage>> introduced_;
+  OwnedFd timer_;  // a timerfd: Note [Pending links on the agent's clock]
 };
+
+// The decision of Note [Pending links on the agent's clock]: given when each pending link must be
+// proven by (NodeLink::handshake_due(); nullopt for one proven already), which are overdue at `now`
+// (due at or before it), and when the earliest of the others falls due.
+struct HandshakeSweep {
+  std::vector<std::size_t> overdue;           // indices into `due`, ascending
+  std::optional<Clock::time_point> next_due;  // nullopt: nothing left to wake for
+};
+HandshakeSweep handshake_sweep(const std::vector<std::optional<Clock::time_point>>& due, Clock::time_point now);
 
 // "10.0.0.2" of a peer "10.0.0.2:41234" or "[::1]:41234": whom the per-source bound counts.
 std::string peer_source(const std::string& peer);

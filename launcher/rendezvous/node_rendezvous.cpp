@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <string_view>
 #include <system_error>
 #include <thread>
 
@@ -46,14 +47,6 @@ int take_ending_signal(SignalRelay& relay) {
   const std::vector<int> pending = relay.take_pending();
   const auto ending = std::find_if(pending.begin(), pending.end(), ends_job);
   return ending == pending.end() ? 0 : *ending;
-}
-
-// While nothing answers where the host will be (it may start last), how long to wait before trying
-// again: 5 ms after the first refusal, doubling to 100 ms. Agents started together (a job's nodes
-// launched at once, the tests) find their host a few milliseconds after it listens, and an agent
-// waiting longer costs its host at most ten refused connections a second.
-std::chrono::milliseconds retry_pause(int refusals) {
-  return std::chrono::milliseconds(std::min(100, 5 << std::min(refusals, 5)));
 }
 
 // One try to connect to the settings' host:port, for at most 5 s, and a pause after a failure,
@@ -214,6 +207,16 @@ std::string join_timeout_message(const RendezvousSettings& settings, const std::
   return message + source + ". Start cpprun on " + (never.size() + left.size() == 1 ? "that node" : "those nodes") +
          " with --node_rank set and the same --nnodes, --master_addr and --master_port, or raise "
          "--rdzv_conf join_timeout=SECONDS.";
+}
+
+std::chrono::milliseconds retry_pause(int tries) {
+  return std::chrono::milliseconds(std::min(100, 5 << std::clamp(tries, 0, 5)));
+}
+
+RendezvousError job_end_error(const JobEnd& end) {
+  constexpr std::string_view kPrefix = "cpprun: ";
+  const bool prefixed = end.reason.compare(0, kPrefix.size(), kPrefix) == 0;
+  return RendezvousError(prefixed ? end.reason : std::string(kPrefix) + end.reason, end.exit_code);
 }
 
 int ms_until(Clock::time_point when) {

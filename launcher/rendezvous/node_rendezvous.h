@@ -97,6 +97,11 @@ class RendezvousError : public std::runtime_error {
   int exit_code_;
 };
 
+// The error an agent exits with when the job ended as `end` said: its reason, with "cpprun: " before
+// it as every launcher error has, unless the reason has it already (the host's refusals and timeouts,
+// written for the console, do; a reason this agent found itself, such as why its link closed, does not).
+RendezvousError job_end_error(const JobEnd& end);
+
 // What getaddrinfo() said about a host name.
 struct HostLookup {
   enum class Result {
@@ -193,7 +198,8 @@ std::unique_ptr<NodeRendezvous> make_rendezvous_host(const RendezvousSettings& s
                                                      LinkListener listener, Clock::time_point started);
 // `reconnect` opens a new link to the host, or nullopt if it could not by the deadline (or a signal
 // came): a member whose link the host drops before the handshake completes (a flood at its port:
-// Note [Pending links under a flood]) tries again with it until its join timeout.
+// Note [Pending links under a flood]) tries again with it until its join timeout, pausing
+// retry_pause() between tries, as while nothing answers at all.
 using Reconnect = std::function<std::optional<NodeLink>(Clock::time_point deadline, std::string& error)>;
 std::unique_ptr<NodeRendezvous> make_rendezvous_member(const RendezvousSettings& settings, NodeLink link,
                                                        Clock::time_point started, Reconnect reconnect);
@@ -205,6 +211,13 @@ std::string join_timeout_message(const RendezvousSettings& settings, const std::
 
 // Milliseconds from now until `when`, for poll(): 0 once it has passed.
 int ms_until(Clock::time_point when);
+
+// How long an agent pauses before its next try to reach the rendezvous host after `tries` failed
+// ones (from 0): nothing answered, or the connection was closed before the handshake. 5 ms after the
+// first, doubling to 100 ms: agents started together (a job's nodes launched at once, the tests) find
+// their host a few milliseconds after it listens, and one waiting longer costs the host, or whatever
+// listens at its port, at most ten connections a second.
+std::chrono::milliseconds retry_pause(int tries);
 
 // Why an agent's link ended when it sent nothing wrong.
 inline constexpr const char* kAgentGone = "is gone: it was killed, or its host or network went down";

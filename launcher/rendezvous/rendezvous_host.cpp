@@ -292,7 +292,7 @@ class RendezvousHost final : public NodeRendezvous {
         case RoundAction::Kind::kEndJob:
           return a;
         case RoundAction::Kind::kFail:
-          throw RendezvousError(a.end.reason, a.end.exit_code);
+          throw job_end_error(a.end);
       }
     }
     return std::nullopt;

@@ -54,18 +54,15 @@ class RendezvousMember final : public NodeRendezvous {
         }
         std::optional<NodeLink> again;
         std::string error;
+        // Not at once: what closes every connection unanswered would be connected to as fast as the
+        // network allows for the whole join timeout, and a host busy with a flood would get more of it.
+        const int pause = static_cast<int>(retry_pause(retries_ - 1).count());
+        if ((signal = poll_links(relay, std::min(ms_until(deadline), pause))) != 0) return std::nullopt;
         while (!again && Clock::now() < deadline) {
           again = reconnect_(deadline, error);
           if (!again && (signal = poll_links(relay, std::min(ms_until(deadline), 200))) != 0) return std::nullopt;
         }
-        if (!again) {
-          throw RendezvousError("cpprun: " + host_title_ + " " + drop_reason_ + ", " + std::to_string(retries_) +
-                                    " time" + (retries_ == 1 ? "" : "s") + " within the join timeout (" +
-                                    seconds_text(settings_.join_timeout) + ")" + (error.empty() ? "" : "; " + error) +
-                                    ". Something may be flooding node 0's agent with connections: find it (ss -tn "
-                                    "on node 0 lists them), or raise --rdzv_conf join_timeout=SECONDS.",
-                                1);
-        }
+        if (!again) throw dropped_too_often(error);
         link_ = std::move(*again);
         tunnel_.on_new_link();  // the old link's loss left its tunnel closed for good
         heard_ = false;
@@ -125,6 +122,7 @@ class RendezvousMember final : public NodeRendezvous {
         return;
       }
     }
+    if (link_.heard_host()) host_spoke_ = true;
     if (got.closed) tunnel_.on_link_lost();
     // Dropped before the handshake completed, by a host too busy to keep it, or closed unanswered:
     // join() tries again (Note [Pending links under a flood]). A refusal of the secret is final.
@@ -206,7 +204,8 @@ class RendezvousMember final : public NodeRendezvous {
            "longer.";
   }
 
-  // The host said `exit` before this node got into a round: refused, failed, or finished without it.
+  // The host said `exit` before this node got into a round: refused, failed, or finished without it;
+  // or the link ended before that (another secret, not an agent's words).
   RendezvousError verdict_before_start() const {
     const JobEnd& end = decision_->end;
     if (end.exit_code == 0) {
@@ -214,7 +213,31 @@ class RendezvousMember final : public NodeRendezvous {
                                  ") finished before this node got into a round; nothing ran here",
                              0);
     }
-    return RendezvousError(end.reason, end.exit_code);
+    return job_end_error(end);
+  }
+
+  // Every link to the host closed before the handshake until the join timeout (Note [Pending links
+  // under a flood]). `error`: why the last connect failed, if it did. A host that ever sent its
+  // challenge, or said it was busy, is a cpprun agent, and something crowds it; what never said a
+  // word of cpprun's protocol is not one, or not this job's.
+  RendezvousError dropped_too_often(const std::string& error) const {
+    if (host_spoke_) {
+      return RendezvousError("cpprun: " + host_title_ + " " + drop_reason_ + ", " + std::to_string(retries_) +
+                                 " time" + (retries_ == 1 ? "" : "s") + " within the join timeout (" +
+                                 seconds_text(settings_.join_timeout) + ")" + (error.empty() ? "" : "; " + error) +
+                                 ". Something may be flooding node 0's agent with connections: find it (ss -tn "
+                                 "on node 0 lists them), or raise --rdzv_conf join_timeout=SECONDS.",
+                             1);
+    }
+    const std::string flags = settings_.fixed_ranks() ? "--master_addr, --master_port" : "--rdzv_endpoint";
+    const std::string last = error.empty() ? "" : "; the last try: " + error;
+    return RendezvousError("cpprun: what listens at " + settings_.endpoint() + " (" + flags +
+                               ") closed every one of this node's connections before the handshake, without a word "
+                               "of cpprun's protocol (" + std::to_string(retries_) + " within the join timeout of " +
+                               seconds_text(settings_.join_timeout) + last +
+                               "): it may not be a cpprun agent, or it is another job's port. Find what listens there "
+                               "(ss -ltnp on that host), or pick a free port for every node.",
+                           1);
   }
 
   // The host broke the tunnel's rules: the link is closed and the job cannot go on. False for "".
@@ -339,6 +362,7 @@ class RendezvousMember final : public NodeRendezvous {
   bool dropped_early_ = false;  // the link closed before the handshake: join() reconnects
   std::string drop_reason_;
   int retries_ = 0;
+  bool host_spoke_ = false;  // some link to the host heard its challenge or `busy` (NodeLink::heard_host())
 };
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/timerfd.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -418,6 +419,32 @@ TEST_CASE("node_link: a member dropped as busy is told so", "[node_link]") {
   CHECK(got.busy);
   CHECK(got.refused.empty());
   CHECK(got.violation.empty());
+  CHECK(member.link->heard_host());  // a cpprun agent, crowded: not a stranger's port
+}
+
+TEST_CASE("node_link: a member knows whether what closed its link ever spoke cpprun's protocol", "[node_link]") {
+  // A listener that is no agent's: accepts and closes without a word.
+  const int server = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in at{};
+  at.sin_family = AF_INET;
+  inet_pton(AF_INET, "127.0.0.1", &at.sin_addr);
+  REQUIRE(bind(server, reinterpret_cast<sockaddr*>(&at), sizeof(at)) == 0);
+  REQUIRE(listen(server, 4) == 0);
+  socklen_t size = sizeof(at);
+  REQUIRE(getsockname(server, reinterpret_cast<sockaddr*>(&at), &size) == 0);
+  ConnectResult member = connect_link("127.0.0.1", ntohs(at.sin_port), std::chrono::seconds(5), -1, kSecret);
+  REQUIRE(member.status == ConnectStatus::kConnected);
+  close(accept(server, nullptr, nullptr));
+  close(server);
+  const NodeLink::Received got = pump_until(*member.link, [] { return false; });
+  CHECK(got.closed);
+  CHECK_FALSE(got.busy);
+  CHECK_FALSE(member.link->heard_host());
+  // A host's challenge is heard as soon as it is read.
+  LinkPair pair(kSecret, kSecret);
+  CHECK_FALSE(pair.member->heard_host());
+  read_once(*pair.member, 2000);
+  CHECK(pair.member->heard_host());
 }
 
 TEST_CASE("node_link: a silent connection is overdue after the handshake timeout", "[node_link]") {
@@ -430,6 +457,66 @@ TEST_CASE("node_link: a silent connection is overdue after the handshake timeout
   REQUIRE(pair.member->send(NodeMessage::make_done(0)));
   REQUIRE(receive_all(*pair.host, 1, &*pair.member).messages.size() == 1);
   CHECK_FALSE(pair.host->handshake_overdue(later));
+  CHECK_FALSE(pair.host->handshake_due());
+}
+
+TEST_CASE("node_link: which pending links are overdue, and when the next falls due", "[node_link]") {
+  // Note [Pending links on the agent's clock]: the decision alone, on made-up deadlines.
+  using std::chrono::seconds;
+  const Clock::time_point t0{};
+  const std::vector<std::optional<Clock::time_point>> due{t0 + seconds(10), std::nullopt, t0 + seconds(5),
+                                                           t0 + seconds(12)};
+  HandshakeSweep sweep = handshake_sweep(due, t0);
+  CHECK(sweep.overdue.empty());
+  CHECK(sweep.next_due == t0 + seconds(5));
+  sweep = handshake_sweep(due, t0 + seconds(5));  // due at `now` is overdue
+  CHECK(sweep.overdue == std::vector<std::size_t>{2});
+  CHECK(sweep.next_due == t0 + seconds(10));
+  sweep = handshake_sweep(due, t0 + seconds(11));
+  CHECK(sweep.overdue == std::vector<std::size_t>{0, 2});
+  CHECK(sweep.next_due == t0 + seconds(12));
+  sweep = handshake_sweep(due, t0 + seconds(60));  // a proven link (nullopt) is never overdue
+  CHECK(sweep.overdue == std::vector<std::size_t>{0, 2, 3});
+  CHECK_FALSE(sweep.next_due);
+  CHECK(handshake_sweep({}, t0).overdue.empty());
+  CHECK_FALSE(handshake_sweep({std::nullopt}, t0).next_due);
+}
+
+TEST_CASE("node_link: a pending stranger that stops halfway is dropped on the set's own clock", "[node_link]") {
+  // It sends half a proof and falls silent; nobody else connects. The set's timer, polled with its
+  // links, is armed for the stranger's deadline, and a sweep at that time drops it.
+  LinkListener listener(std::string("127.0.0.1"), 0, kSecret);
+  PendingLinks pending;
+  REQUIRE(pending.timer_fd() >= 0);
+  CHECK(pending.poll_fds().empty());  // nothing waits: no timer polled
+  const int stranger = raw_connect("127.0.0.2", listener.port());
+  const std::string partial = "cpprun-proof 01234";
+  REQUIRE(send(stranger, partial.data(), partial.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(partial.size()));
+  const auto accepted = Clock::now();
+  accept_all(pending, listener, 1);
+  REQUIRE(pending.size() == 1);
+  CHECK_THAT(read_lines(stranger, 1), Catch::Matchers::StartsWith("cpprun-auth 1 "));  // the challenge
+  const std::vector<pollfd> fds = pending.poll_fds();
+  REQUIRE(fds.size() == 2);
+  CHECK(fds.back().fd == pending.timer_fd());
+  itimerspec armed{};
+  REQUIRE(timerfd_gettime(pending.timer_fd(), &armed) == 0);
+  const auto left = std::chrono::seconds(armed.it_value.tv_sec) + std::chrono::nanoseconds(armed.it_value.tv_nsec);
+  CHECK(left > std::chrono::seconds(8));  // a loaded machine may have been slow to get here
+  CHECK(left <= NodeLink::kHandshakeTimeout);
+  // The half line is read, and waits for its end; the stranger keeps its place until its deadline.
+  CHECK_FALSE(pending.read(fds.front().fd));
+  pending.drop_overdue(Clock::now());
+  CHECK(pending.size() == 1);
+  pending.drop_overdue(accepted + NodeLink::kHandshakeTimeout + std::chrono::seconds(1));
+  CHECK(pending.size() == 0);
+  CHECK(pending.poll_fds().empty());
+  // The stranger sees its connection closed, without another word.
+  pollfd closed{stranger, POLLIN, 0};
+  REQUIRE(poll(&closed, 1, 2000) == 1);
+  char byte = 0;
+  CHECK(recv(stranger, &byte, 1, 0) == 0);
+  close(stranger);
 }
 
 TEST_CASE("node_link: connecting where nobody listens fails at once", "[node_link]") {

@@ -1,5 +1,5 @@
 // Unit tests of opening the rendezvous: the start-up check that --master_addr (or c10d's endpoint
-// host) resolves.
+// host) resolves; the pause between tries to reach the host; the errors a job's end becomes.
 #include "catch.h"
 
 #include <string>
@@ -77,4 +77,29 @@ TEST_CASE("node_rendezvous: the real resolver: numeric addresses and localhost r
   const HostLookup lookup = look_up_host("nosuch.invalid");
   CHECK(lookup.result != HostLookup::Result::kResolved);
   CHECK_FALSE(lookup.error.empty());
+}
+
+TEST_CASE("node_rendezvous: tries to reach the host pause 5 ms, doubling to 100 ms", "[node_rendezvous]") {
+  // Both after a refused connect and after a link closed before the handshake (Note [Pending links
+  // under a flood]): never a tight loop, at most ten connections a second once waiting long.
+  using std::chrono::milliseconds;
+  CHECK(retry_pause(0) == milliseconds(5));
+  CHECK(retry_pause(1) == milliseconds(10));
+  CHECK(retry_pause(4) == milliseconds(80));
+  CHECK(retry_pause(5) == milliseconds(100));
+  CHECK(retry_pause(1000000) == milliseconds(100));
+  CHECK(retry_pause(-1) == milliseconds(5));
+}
+
+TEST_CASE("node_rendezvous: a job's end becomes an error that starts with cpprun:, once", "[node_rendezvous]") {
+  // A reason this agent found itself (its link to node 0 refused its proof) has no prefix...
+  const RendezvousError refused = job_end_error(
+      {1, false, "the agent of node 0 (10.0.0.1:29500) refused this agent's proof of the job secret"});
+  CHECK(std::string(refused.what()) ==
+        "cpprun: the agent of node 0 (10.0.0.1:29500) refused this agent's proof of the job secret");
+  CHECK(refused.exit_code() == 1);
+  // ...one the host wrote for the console has it already, and keeps one.
+  const RendezvousError told = job_end_error({2, false, "cpprun: the agent hosting the rendezvous refused this agent"});
+  CHECK(std::string(told.what()) == "cpprun: the agent hosting the rendezvous refused this agent");
+  CHECK(told.exit_code() == 2);
 }

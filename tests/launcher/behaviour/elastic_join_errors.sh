@@ -1,6 +1,8 @@
 # c10d rendezvous: agents that cannot join. A different --rdzv_id (or --nnodes) is refused with both
 # values; too few nodes by join_timeout fail on every agent, saying how many of MIN came; a member
-# waits for a host that starts last (--rdzv_conf is_host).
+# waits for a host that starts last (--rdzv_conf is_host); at a port that is no agent's (it closes
+# every connection, or answers in HTTP) a member does not reconnect in a tight loop, and says what
+# it found, in lines that start with "cpprun: ".
 . "$(dirname "$0")/common.sh"
 require_private_netns
 
@@ -73,5 +75,47 @@ wait_node "$NODE_PID" 10
 expect_eq "$NODE_STATUS" 1 "the lonely member's exit code"
 expect_in_file "$WORK/nodeB.err" "rendezvous timed out after 1 s (--rdzv_conf join_timeout): nothing answered at 127.0.0.1:29620 (--rdzv_endpoint)" \
   "the lonely member's message"
+expect_no_leftovers
+
+# (5) What listens at the endpoint is no agent: it closes every connection at once, without a word.
+# The member tries again until join_timeout, pausing between tries (5 ms, doubling to 100 ms: a few
+# dozen connections in 3 s, where a tight loop made tens of thousands), and then says that what is
+# there may not be a cpprun agent, not that something floods node 0's.
+squat() {  # mode: a stranger listening at the endpoint; its pid in $squatter, its output in $WORK/squat.out
+  : >"$WORK/squat.out"  # not only by the redirection below, which may run after wait_for_text has read
+  python3 "$(dirname "$0")/stranger.py" squat 127.0.0.1 29620 "$1" >"$WORK/squat.out" 2>&1 &
+  squatter=$!
+  trap 'kill "$squatter" 2>/dev/null; cleanup' EXIT
+  wait_for_text 10 "$WORK/squat.out" "listening"
+}
+rm -f "$WORK"/started.*
+squat close
+start_node nodeB $c10d --rdzv_id=job5 --nnodes=2 --rdzv_conf join_timeout=3 /bin/sh -c "$worker"
+wait_node "$NODE_PID" 20
+expect_eq "$NODE_STATUS" 1 "the member's exit code at a port that closes every connection"
+kill "$squatter"
+wait "$squatter"
+expect_in_file "$WORK/nodeB.err" "cpprun: what listens at 127.0.0.1:29620 (--rdzv_endpoint) closed every one of this node's connections before the handshake, without a word of cpprun's protocol" \
+  "the member's message at a port that closes every connection"
+expect_in_file "$WORK/nodeB.err" "it may not be a cpprun agent, or it is another job's port" "what the member makes of it"
+grep -q "flooding" "$WORK/nodeB.err" && fail "the member blamed a flood at node 0's agent: $(cat "$WORK/nodeB.err")"
+expect_all_lines "$WORK/nodeB.err" '^cpprun: ' "the member's lines at a port that closes every connection"
+ls "$WORK"/started.* >/dev/null 2>&1 && fail "a worker started"
+accepted=$(sed -n 's/^accepted \([0-9]*\) connections$/\1/p' "$WORK/squat.out")
+[ -n "$accepted" ] && [ "$accepted" -ge 2 ] && [ "$accepted" -le 100 ] ||
+  fail "the member connected '$accepted' times in 3 s: expected a few dozen, 5-100 ms apart ($(cat "$WORK/squat.out"))"
+expect_no_leftovers
+
+# (6) An endpoint that answers in HTTP: refused at its first line, said in a line of cpprun's own.
+squat http
+start_node nodeB $c10d --rdzv_id=job6 --nnodes=2 --rdzv_conf join_timeout=10 /bin/sh -c "$worker"
+wait_node "$NODE_PID" 20
+expect_eq "$NODE_STATUS" 1 "the member's exit code at an HTTP port"
+kill "$squatter"
+wait "$squatter"
+expect_in_file "$WORK/nodeB.err" "cpprun: the agent hosting the c10d rendezvous at 127.0.0.1:29620 (127.0.0.1:29620) sent a line that is not a cpprun agent message: 'HTTP/1.0 400 Bad Request?'" \
+  "the member's message at an HTTP port"
+expect_all_lines "$WORK/nodeB.err" '^cpprun: ' "the member's lines at an HTTP port"
+ls "$WORK"/started.* >/dev/null 2>&1 && fail "a worker started"
 expect_no_leftovers
 echo PASS

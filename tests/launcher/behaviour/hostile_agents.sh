@@ -90,12 +90,14 @@ expect_in_file "$WORK/node0.err" "refused a connection from 127.0.0.1:" "node 0'
 expect_in_file "$WORK/node0.err" "did not prove that it holds this job's secret" "node 0's reason"
 grep -q "pwned" "$WORK/node0.err" && fail "node 0 printed what the stranger said"
 
-# A node with another job's secret is refused, and says why.
+# A node with another job's secret is refused, and says why, as a line of cpprun's.
 CPPRUN_JOB_SECRET=another-jobs-secret-0123456789 start_node node1bad --nnodes=2 --node_rank=1 --master_port=$port \
   --rdzv_id=run-id-not-for-strangers --max_restarts=1 /bin/true
 wait_node "$NODE_PID" 20
 expect_eq "$NODE_STATUS" 1 "the node with another secret"
 expect_in_file "$WORK/node1bad.err" "different secrets" "its reason"
+grep -q "^cpprun: the agent of node 0 (127.0.0.1:$port) refused this agent's proof of the job secret" "$WORK/node1bad.err" ||
+  fail "the node with another secret: its error does not start with 'cpprun: ': $(cat "$WORK/node1bad.err")"
 
 # The real node 1 still gets its place: the job runs and succeeds.
 start_node node1 --nnodes=2 --node_rank=1 --master_port=$port --rdzv_id=run-id-not-for-strangers --max_restarts=1 \
@@ -116,6 +118,14 @@ start_node c0 --nnodes=2 --rdzv_backend=c10d --rdzv_endpoint=$endpoint --rdzv_id
   --rdzv_conf join_timeout=40 /bin/sh -c 'echo "worker $RANK done"'
 c0=$NODE_PID
 wait_for_listener "$c0" 29572 10
+# A stranger that sends half a proof and falls silent is dropped after 10 s, while nobody else
+# connects (Note [Pending links on the agent's clock]); it used to keep its place for as long as the
+# agent ran.
+stranger partial 127.0.0.1 29572 20 >"$WORK/stranger_partial.out"
+closed_after=$(sed -n 's/^closed after \([0-9]*\)\.[0-9] s$/\1/p' "$WORK/stranger_partial.out")
+[ -n "$closed_after" ] && [ "$closed_after" -ge 8 ] && [ "$closed_after" -lt 14 ] ||
+  fail "the silent half-proof's connection: $(cat "$WORK/stranger_partial.out") (expected closed after about 10 s)"
+alive "$c0" || fail "the c10d host is gone after the half-proof"
 stranger hello 127.0.0.1 29572 >"$WORK/stranger_c10d.out"
 expect_in_file "$WORK/stranger_c10d.out" "cpprun-auth-refused" "the c10d stranger's refusal"
 grep -q "run-id-not-for-strangers\|rdzv_id\|nnodes" "$WORK/stranger_c10d.out" && fail "the c10d refusal revealed the job's settings"

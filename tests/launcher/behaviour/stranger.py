@@ -9,6 +9,15 @@
                                       opens connections as fast as it can for SECONDS (from the local
                                       address SOURCE if given), each held silent for 1 s; prints
                                       "storming" at the start, "full" once it lets the first go
+    stranger.py partial HOST PORT SECONDS
+                                      reads the challenge, sends half a proof line and falls silent;
+                                      prints "closed after T s" when the agent closes the connection,
+                                      or "still open after SECONDS s"
+    stranger.py squat HOST PORT close|http
+                                      is no agent but listens at the port: every connection is closed
+                                      at once without a word (close) or after an HTTP answer (http);
+                                      prints "listening", and "accepted N connections" when ended by
+                                      SIGTERM
 
 Prints everything the agent sent back (until it closed the connection, or 5 s passed) on stdout,
 so the test can check that the agent revealed nothing but its challenge and its refusal.
@@ -16,6 +25,7 @@ so the test can check that the agent revealed nothing but its challenge and its 
 import collections
 import os
 import resource
+import signal
 import socket
 import sys
 import time
@@ -69,8 +79,54 @@ def storm(host, port, seconds, source):
     print(f"opened {opened} connections in {seconds:.0f} s", flush=True)
 
 
+def partial(host, port, seconds):
+    sock = socket.create_connection((host, port), timeout=5)
+    sock.recv(4096)  # the challenge
+    sock.sendall(b"cpprun-proof 01234")  # no newline: the line never ends
+    started = time.monotonic()
+    sock.settimeout(seconds)
+    try:
+        while sock.recv(4096):
+            pass
+        print(f"closed after {time.monotonic() - started:.1f} s", flush=True)
+    except socket.timeout:
+        print(f"still open after {seconds:.0f} s", flush=True)
+    except ConnectionResetError:
+        print(f"closed after {time.monotonic() - started:.1f} s", flush=True)
+
+
+def squat(host, port, mode):
+    accepted = 0
+
+    def report(*_):
+        print(f"accepted {accepted} connections", flush=True)
+        sys.exit(0)
+
+    signal.signal(signal.SIGTERM, report)
+    server = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind((host, port))
+    server.listen(128)
+    print("listening", flush=True)
+    while True:
+        peer, _ = server.accept()
+        accepted += 1
+        if mode == "http":
+            try:
+                peer.sendall(b"HTTP/1.0 400 Bad Request\r\n\r\n")
+            except OSError:
+                pass
+        peer.close()
+
+
 def main():
     mode, host, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    if mode == "partial":
+        partial(host, port, float(sys.argv[4]))
+        return
+    if mode == "squat":
+        squat(host, port, sys.argv[4])
+        return
     if mode == "storm":
         storm(host, port, float(sys.argv[4]), sys.argv[5] if len(sys.argv) > 5 else None)
         return
