@@ -7,10 +7,14 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <unordered_set>
 #include <utility>
 
 #include "core/tensor_parallel_splits.h"
+#include "cpprun/clip_grad_norm.h"
 #include "cpprun/collectives.h"
+#include "cpprun/tensor_parallel_split.h"
+#include "cpprun/unique_parameters.h"
 
 namespace cpprun::detail {
 namespace {
@@ -142,3 +146,28 @@ double clip_grad_norm(const std::vector<GradientToClip>& grads, const ClipOption
 }
 
 }  // namespace cpprun::detail
+
+namespace cpprun {
+
+double clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type,
+                       bool error_if_nonfinite) {
+  std::vector<detail::GradientToClip> grads;
+  std::unordered_set<const c10::TensorImpl*> seen;
+  for (const auto& p : parameters) {
+    if (seen.insert(p.unsafeGetTensorImpl()).second) grads.push_back({p.grad(), std::nullopt});
+  }
+  return detail::clip_grad_norm(grads, {max_norm, norm_type, error_if_nonfinite}, nullptr, "cpprun");
+}
+
+double clip_grad_norm_(torch::nn::Module& module, double max_norm, double norm_type, bool error_if_nonfinite) {
+  const auto splits = tensor_parallel_splits(module);
+  std::vector<detail::GradientToClip> grads;
+  for (const auto& item : unique_named_parameters(module)) {
+    const auto split = splits.find(item.key());
+    grads.push_back({item.value().grad(),
+                     split == splits.end() ? std::nullopt : std::optional<ProcessGroup>(split->second.group)});
+  }
+  return detail::clip_grad_norm(grads, {max_norm, norm_type, error_if_nonfinite}, nullptr, "cpprun");
+}
+
+}  // namespace cpprun

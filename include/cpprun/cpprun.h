@@ -4,6 +4,7 @@
 #include "cpprun/activation_checkpoint.h"
 #include "cpprun/atomic_file.h"
 #include "cpprun/checkpoint_file.h"
+#include "cpprun/clip_grad_norm.h"
 #include "cpprun/collectives.h"
 #include "cpprun/comm_hooks.h"
 #include "cpprun/data_parallel.h"

@@ -1,12 +1,14 @@
-// The C++ side of clip_parity.sh: DDP on 2 ranks clips a float32 MLP's gradients; rank 0 writes,
-// per case, the gradients before and after and the norm returned, for clip_parity.py to compare
-// with Python's torch.nn.utils.clip_grad_norm_ on the same gradients (to the bit).
+// The C++ side of clip_parity.sh: DDP on 2 ranks clips a float32 MLP's gradients, and so does
+// cpprun::clip_grad_norm_ on a plain module; rank 0 writes, per case, the gradients before and
+// after and the norm returned, for clip_parity.py to compare with Python's
+// torch.nn.utils.clip_grad_norm_ on the same gradients (to the bit).
 //   cpprun --nproc_per_node=2 clip_parity DIR
 #include <torch/torch.h>
 
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,13 +46,16 @@ int main(int argc, char** argv) {
   std::vector<Case> cases{{0.5, 2.0}, {0.5, 1.0}, {0.05, inf}, {0.5, 3.0}, {1e6, 2.0}};
   for (int i = 0; i < 16; ++i) cases.push_back({0.3, 2.0, 5.0 + i});
   int index = 0;
+  // Under DDP, and a plain module through cpprun::clip_grad_norm_ (rank 0's batch alone).
+  for (const bool wrapped : {true, false})
   for (const Case& c : cases) {
     torch::manual_seed(0);
     auto net = std::make_shared<Net>();
-    auto model = cpprun::DistributedDataParallel(net, group);
     torch::manual_seed(100 + group.rank());  // each rank its own batch
     const auto x = torch::randn({16, 8}) * c.input_scale, y = torch::randn({16, 4});
-    torch::mse_loss(model->forward(x), y).backward();
+    std::optional<cpprun::DistributedDataParallel<Net>> model;
+    if (wrapped) model.emplace(net, group);
+    torch::mse_loss(wrapped ? (*model)->forward(x) : net->forward(x), y).backward();
     cpprun::detail::NamedTensors state;
     const auto params = net->named_parameters();
     for (size_t i = 0; i < params.size(); ++i) {
@@ -58,7 +63,8 @@ int main(int argc, char** argv) {
       std::snprintf(order, sizeof(order), "%03zu", i);  // the parameters' order, kept by sorted names
       state.emplace_back(std::string("before.") + order + "." + params[i].key(), params[i].value().grad().clone());
     }
-    const double norm = model->clip_grad_norm(c.max_norm, c.norm_type);
+    const double norm = wrapped ? (*model)->clip_grad_norm(c.max_norm, c.norm_type)
+                                : cpprun::clip_grad_norm_(*net, c.max_norm, c.norm_type);
     for (size_t i = 0; i < params.size(); ++i) {
       char order[8];
       std::snprintf(order, sizeof(order), "%03zu", i);
@@ -70,8 +76,8 @@ int main(int argc, char** argv) {
     if (group.rank() == 0) {
       cpprun::detail::write_state_dict_file(state, dir + "/case" + std::to_string(index) + ".safetensors",
                                             cpprun::StateDictSaveOptions(), {});
-      std::printf("case %d: max_norm %g, norm_type %g, inputs x%g: norm %.9g\n", index, c.max_norm, c.norm_type,
-                  c.input_scale, norm);
+      std::printf("case %d (%s): max_norm %g, norm_type %g, inputs x%g: norm %.9g\n", index,
+                  wrapped ? "DDP" : "plain", c.max_norm, c.norm_type, c.input_scale, norm);
     }
     ++index;
   }

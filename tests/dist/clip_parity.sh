@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# cpprun's DDP clip_grad_norm against Python's torch.nn.utils.clip_grad_norm_ on the same float32
-# gradients: norm types 2, 1, inf and 3, clipping and not; the clipped gradients and the norm
-# equal to the bit. Usage: clip_parity.sh PROBE CPPRUN PYTHON. Skips (77) without a python that
-# has torch and safetensors.
+# cpprun's clipping against Python's torch.nn.utils.clip_grad_norm_ on the same float32 gradients
+# (DDP's clip_grad_norm, and cpprun::clip_grad_norm_ on a plain module): norm types 2, 1, inf and
+# 3, clipping and not; the clipped gradients and the norm equal to the bit.
+# Usage: clip_parity.sh PROBE CPPRUN PYTHON. Skips (77) without a python that has torch and safetensors.
 set -u
 probe=$1
 cpprun=$2

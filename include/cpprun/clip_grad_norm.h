@@ -1,0 +1,35 @@
+// Gradient clipping for a model without a DataParallel wrapper, as Python's
+// torch.nn.utils.clip_grad_norm_ computes it: each gradient's norm in its own dtype, the norm of
+// those norms, every gradient multiplied by clamp(max_norm / (norm + 1e-6), max=1) in that dtype,
+// so that the clipped gradients equal PyTorch's to the bit (LibTorch's own
+// torch::nn::utils::clip_grad_norm_ parts from Python's in the last bits). The wrappers'
+// model->clip_grad_norm (cpprun/data_parallel.h) and PipelineStage::clip_grad_norm do the same
+// over gradients spread across ranks.
+//
+//   loss.backward();
+//   const double norm = cpprun::clip_grad_norm_(*model, 1.0);   // or (model->parameters(), 1.0)
+//   optimizer.step();
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <vector>
+
+namespace torch::nn {
+class Module;
+}  // namespace torch::nn
+
+namespace cpprun {
+
+// Returns the norm before clipping. norm_type: 2, 1, any p > 0, or infinity (the largest
+// magnitude); error_if_nonfinite: throw, changing nothing, when the norm is NaN or infinite (off:
+// every gradient is multiplied by NaN, or by 0, as PyTorch's). max_norm must be positive. Each
+// tensor counts once, however often it is listed (LibTorch lists a tied weight under each name).
+double clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type = 2.0,
+                       bool error_if_nonfinite = false);
+// The module's parameters; a tensor-parallel split one (parallelize_module) is this rank's part
+// of one gradient, whose norm is combined over its group: then collective over those groups.
+double clip_grad_norm_(torch::nn::Module& module, double max_norm, double norm_type = 2.0,
+                       bool error_if_nonfinite = false);
+
+}  // namespace cpprun
