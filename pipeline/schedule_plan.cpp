@@ -83,13 +83,15 @@ std::optional<std::string> refuse_shape(ScheduleKind kind, const PipelineShape& 
         << shape.ranks << ").";
     return why.str();
   }
-  if (kind == ScheduleKind::kInterleaved1F1B && shape.microbatches % shape.ranks != 0) {
-    // Its rounds take p micro-batches through each of a rank's stages in turn: a partial round
-    // would leave a stage waiting for a micro-batch that never comes.
-    why << "Interleaved1F1B runs micro-batches in rounds of one per pipeline rank: " << shape.microbatches
-        << " micro-batches is not a multiple of the " << shape.ranks << " pipeline ranks; use "
-        << (shape.microbatches / shape.ranks + 1) * shape.ranks << " (or any multiple of " << shape.ranks
-        << "), or Schedule1F1B.";
+  if (kind == ScheduleKind::kInterleaved1F1B && shape.microbatches % interleaved_rounds(shape) != 0) {
+    // Its rounds take the same number of micro-batches through each of a rank's stages in turn: a
+    // partial round would leave a stage waiting for a micro-batch that never comes. PyTorch's
+    // ScheduleInterleaved1F1B asks the same (rounds = max(1, m / p)).
+    const int rounds = interleaved_rounds(shape);
+    why << "Interleaved1F1B runs micro-batches in " << rounds << " rounds of equal size (max(1, micro-batches / "
+        << "pipeline ranks), as PyTorch's): " << shape.microbatches << " micro-batches is not a multiple of "
+        << rounds << "; use " << (shape.microbatches / rounds) * rounds << " or " << (shape.microbatches / rounds + 1) * rounds
+        << ", or Schedule1F1B.";
     return why.str();
   }
   return std::nullopt;
@@ -108,13 +110,16 @@ std::vector<PipelinePass> one_f_one_b(int stage, int warmup, int microbatches) {
   return passes;
 }
 
-// Megatron-LM's interleaved order: the k-th forward (or backward) of a rank.
+// Megatron-LM's interleaved order, in rounds of r = m / rounds micro-batches (p when p divides
+// m; PyTorch's flexible rounds otherwise): the k-th forward (or backward) of a rank runs
+// micro-batch k % r of its round on the stage chunk (k / r) % v.
 PipelinePass interleaved_pass(PassKind kind, const PipelineShape& shape, int rank, int k) {
   const int p = shape.ranks, v = shape.stages_per_rank;
-  const int round_position = k % (p * v);
-  int chunk = round_position / p;
+  const int per_round = shape.microbatches / interleaved_rounds(shape);
+  const int round_position = k % (per_round * v);
+  int chunk = round_position / per_round;
   if (kind == PassKind::kBackward) chunk = v - 1 - chunk;
-  const int microbatch = (k / (p * v)) * p + k % p;
+  const int microbatch = (k / (per_round * v)) * per_round + k % per_round;
   return {kind, chunk * p + rank, microbatch};
 }
 
@@ -133,9 +138,10 @@ std::vector<PipelinePass> plan_rank(ScheduleKind kind, const PipelineShape& shap
     case ScheduleKind::k1F1B: return one_f_one_b(rank, std::min(p - rank - 1, m), m);
     case ScheduleKind::kInterleaved1F1B: {
       const int total = m * shape.stages_per_rank;
+      const int per_round = m / interleaved_rounds(shape);
       // With as many micro-batches as ranks there is no steady state: every forward first.
       const int warmup =
-          m == p ? total : std::min(total, (p - rank - 1) * 2 + (shape.stages_per_rank - 1) * p);
+          m == p ? total : std::min(total, (p - rank - 1) * 2 + (shape.stages_per_rank - 1) * per_round);
       std::vector<PipelinePass> passes;
       for (int k = 0; k < warmup; ++k) passes.push_back(interleaved_pass(PassKind::kForward, shape, rank, k));
       for (int i = 0; i < total - warmup; ++i) {

@@ -49,6 +49,13 @@ struct PipelineShape {
   int rank_of(int stage) const { return stage % ranks; }
 };
 
+// Interleaved 1F1B's rounds: max(1, m / p), as PyTorch's ScheduleInterleaved1F1B; each takes
+// m / rounds micro-batches through every stage of a rank (p of them when p divides m), so the
+// rounds must divide m.
+inline int interleaved_rounds(const PipelineShape& shape) {
+  return shape.microbatches / shape.ranks > 1 ? shape.microbatches / shape.ranks : 1;
+}
+
 // Why `kind` cannot run `shape` (a message naming the numbers and the fix), or nothing.
 std::optional<std::string> refuse_shape(ScheduleKind kind, const PipelineShape& shape);
 
@@ -56,9 +63,9 @@ std::optional<std::string> refuse_shape(ScheduleKind kind, const PipelineShape& 
 //  - GPipe: every forward, then every backward (all micro-batches' activations held at once).
 //  - 1F1B: rank r runs min(p - r - 1, m) forwards, then alternates one forward and one backward,
 //    then the remaining backwards: at most p - r micro-batches in flight.
-//  - Interleaved 1F1B (Megatron-LM's): forwards walk the rank's stages in rounds of p
-//    micro-batches, backwards the same rounds with the stages reversed; warm-up
-//    (p - r - 1) * 2 + (v - 1) * p forwards.
+//  - Interleaved 1F1B (Megatron-LM's): forwards walk the rank's stages in rounds of r = m /
+//    interleaved_rounds micro-batches (p when p divides m), backwards the same rounds with the
+//    stages reversed; warm-up (p - r - 1) * 2 + (v - 1) * r forwards (every one when m = p).
 //  - Zero bubble (after ZB-H1, Qi et al., "Zero Bubble Pipeline Parallelism", 2024): 1F1B's
 //    order with each backward's input pass (kBackwardInput) in its place; its weight passes are
 //    not in the plan: the rank runs them where it would otherwise wait (weight_pass_first).

@@ -350,7 +350,8 @@ double train_and_compare(Kind kind, int microbatches, bool deferred = false, con
     // zero bubble (each held until its weight pass, which runs when the rank would wait) from
     // 1F1B's p - r up to 1F1B's first rank's p.
     const int r = pg.rank(), m = microbatches;
-    const int warmup = m == p ? m * v : std::min(m * v, (p - r - 1) * 2 + (v - 1) * p);
+    const int per_round = m / std::max(1, m / p);  // interleaved's rounds, as PyTorch's
+    const int warmup = m == p ? m * v : std::min(m * v, (p - r - 1) * 2 + (v - 1) * per_round);
     const int expected_held = kind == Kind::kGPipe         ? m
                               : kind == Kind::kLoopedBFS   ? m * v
                               : kind == Kind::kInterleaved ? std::min(warmup + 1, m * v)
@@ -451,6 +452,12 @@ TEST_CASE("pipeline: Interleaved 1F1B with 2 stages per rank matches one process
   const int p = group().size();
   double worst = 0;
   for (int m : {p, 2 * p}) worst = std::max(worst, train_and_compare(Kind::kInterleaved, m));
+  // PyTorch's rounds where p does not divide m: one round of m (m < 2p), or rounds of m / rounds.
+  for (int m : {p + 1, 2 * p + 2}) {
+    if (m % p != 0 && kBatch % m == 0 && m % std::max(1, m / p) == 0) {
+      worst = std::max(worst, train_and_compare(Kind::kInterleaved, m));
+    }
+  }
   std::printf("pipeline Interleaved1F1B rank %d: worst relative difference %.2e\n", group().rank(), worst);
 }
 
@@ -652,8 +659,9 @@ TEST_CASE("pipeline: a careless user's mistakes are one error on every rank", "[
                Catch::Contains("not on this rank"));
     auto two_per_rank = cpprun::split_evenly(model, 2 * p);
     cpprun::PipelineStage a(model, two_per_rank, pg, pg.rank()), b(model, two_per_rank, pg, pg.rank() + p);
-    CHECK_THAT(error_of([&] { cpprun::ScheduleInterleaved1F1B({&a, &b}, p + 1, mse); }),
-               Catch::Contains("is not a multiple of the " + std::to_string(p) + " pipeline ranks"));
+    // 2p + 1 micro-batches: two rounds (PyTorch's max(1, m / p)) that do not divide them.
+    CHECK_THAT(error_of([&] { cpprun::ScheduleInterleaved1F1B({&a, &b}, 2 * p + 1, mse); }),
+               Catch::Contains(std::to_string(2 * p + 1) + " micro-batches is not a multiple of 2"));
     CHECK_THAT(error_of([&] { cpprun::Schedule1F1B(a, 4, mse); }), Catch::Contains("1F1B runs one stage per rank"));
     CHECK_THAT(error_of([&] { cpprun::make_schedule("1f1b", {&a, &b}, 4, mse); }),
                Catch::Contains("1F1B runs one stage per rank, but 2 were given"));

@@ -91,5 +91,5 @@ refused 1 "--batch 8 does not split into --microbatches 3" --pp 2 --microbatches
 refused 1 "--pp-schedule must be gpipe, 1f1b, interleaved-1f1b, looped-bfs or zero-bubble" --pp 2 --pp-schedule zb
 refused 1 "--pp 2 runs pipelines of 2 ranks (one stage a rank), data-parallel across them with --mode ddp or fsdp; this job has 1 ranks" --pp 2
 refused 4 "this job has 4 ranks and --mode none (one pipeline)" --pp 2 --mode none
-refused 2 "Interleaved1F1B runs micro-batches in rounds of one per pipeline rank" --pp 2 --pp-schedule interleaved-1f1b --microbatches 1 --batch 8
+refused 2 "5 micro-batches is not a multiple of 2" --pp 2 --pp-schedule interleaved-1f1b --microbatches 5 --batch 10
 echo "PASS: --pp trains as one rank under every schedule; what it cannot do is refused"
