@@ -346,7 +346,7 @@ class WorkerGroup {
     std::vector<ConsoleSink*> consoles;
     for (ConsoleSink* console : {&ConsoleSink::out(), &ConsoleSink::err()}) {
       if (console->backlog() == 0) continue;
-      fds.push_back({console->fd(), POLLOUT, 0});
+      fds.push_back({console->poll_fd(), POLLOUT, 0});
       consoles.push_back(console);
     }
     const std::size_t first_stream = fds.size();
@@ -354,7 +354,8 @@ class WorkerGroup {
     for (auto& output : outputs_) {
       for (OutputStream* stream : {&output->out, &output->err}) {
         const ConsoleSink& console = stream == &output->out ? ConsoleSink::out() : ConsoleSink::err();
-        if (stream->read_fd() < 0 || !console.accepts_more()) continue;
+        // Only a stream that feeds the console waits for it (--redirects, --local_ranks_filter).
+        if (stream->read_fd() < 0 || (stream->feeds_console() && !console.accepts_more())) continue;
         fds.push_back({stream->read_fd(), POLLIN, 0});
         streams.push_back(stream);
       }

@@ -20,6 +20,8 @@ namespace cpprun::launcher {
 // takes up to PIPE_BUF bytes then without blocking); past kBacklogLimit the launcher stops reading
 // the workers' pipes, so a worker that keeps printing waits in its own write(), as torchrun's
 // would, while the launcher goes on supervising. A regular file is written at once, as before.
+// The launcher's own messages (a failure's summary) are written to stderr directly: behind a
+// backlog they come before worker lines still waiting, and a stalled stderr holds them.
 class ConsoleSink {
  public:
   // Above this many bytes waiting, the workers' pipes are left unread until the console takes some.
@@ -33,22 +35,26 @@ class ConsoleSink {
   static ConsoleSink& out();
   static ConsoleSink& err();
 
-  int fd() const { return fd_; }
+  // What to poll() for POLLOUT while there is a backlog.
+  int poll_fd() const { return own_fd_ >= 0 ? own_fd_ : fd_; }
   // Appends `data` and writes what the console takes now, without waiting.
   void write(std::string_view data);
   // poll() said the console can take more: writes what it takes now.
   void write_ready();
   std::size_t backlog() const { return pending_.size() - written_; }
+  // The memory the sink holds: its backlog, plus written bytes not yet cut from the front.
+  std::size_t held_bytes() const { return pending_.size(); }
   bool accepts_more() const { return backlog() < kBacklogLimit; }
-  // Waits for the console to take the backlog, giving up (and saying how much was lost, on stderr
-  // unless this is stderr) once it takes nothing for `patience`.
-  void flush_before_exit(std::chrono::milliseconds patience);
+  // Waits for the console to take the backlog, giving up once it takes nothing for `patience`;
+  // returns the bytes dropped then (said on stderr at exit, for stdout).
+  std::size_t flush_before_exit(std::chrono::milliseconds patience);
 
  private:
-  // Writes while the console is ready; false when it would block.
+  // Writes while the console takes more; false when it would block (a backlog is left).
   bool write_while_ready();
 
   int fd_;
+  int own_fd_ = -1;            // fd_'s pipe or terminal, reopened non-blocking; -1: a file or a socket
   bool regular_file_ = false;  // written at once: a disk does not stall on a reader
   bool broken_ = false;        // an error other than "would block": the rest is dropped
   std::string pending_;

@@ -83,6 +83,7 @@ class OutputStream {
   void drain();
 
   const LineTail& tail() const { return tail_; }  // empty for stdout
+  bool feeds_console() const { return console_; }
 
  private:
   void route(std::string_view data);

@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <string>
 #include <vector>
@@ -115,13 +116,32 @@ TEST_CASE("worker_output: a console that does not read never blocks the launcher
   CHECK(received == sent);
   CHECK(sink.backlog() == 0);
   CHECK(sink.accepts_more());
-  // At exit, a reader that never comes costs `patience`, then the rest is dropped.
+  // A reader slower than the writer, but reading: the sink's memory stays near the backlog limit
+  // (it grew by every byte that ever passed through before).
+  std::size_t most_held = 0;
+  for (int round = 0; round < 4000; ++round) {
+    if (sink.accepts_more()) {  // as the launcher: the workers' pipes read only then
+      sink.write(std::string(4000, 'z'));
+      continue;
+    }
+    const ssize_t n = read(fds[0], buffer, 3000);
+    REQUIRE(n > 0);
+    sink.write_ready();
+    most_held = std::max(most_held, sink.held_bytes());
+  }
+  CHECK(most_held < 2 * ConsoleSink::kBacklogLimit + 65536);
+  while (read(fds[0], buffer, sizeof(buffer)) == static_cast<ssize_t>(sizeof(buffer)) || sink.backlog() > 0) {
+    sink.write_ready();
+  }
+  // At exit, a reader that never comes costs `patience`, then the rest is dropped and counted.
   sink.write(std::string(200000, 'y'));
   const auto start = std::chrono::steady_clock::now();
-  sink.flush_before_exit(std::chrono::milliseconds(300));
+  const std::size_t dropped = sink.flush_before_exit(std::chrono::milliseconds(300));
   const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   CHECK(waited >= 0.29);
   CHECK(waited < 5);
+  CHECK(dropped > 0);
+  CHECK(dropped < 200000);  // the pipe took what it holds
   CHECK(sink.backlog() == 0);
   close(fds[0]);
   close(fds[1]);
