@@ -112,6 +112,7 @@ void DistributedSampler::reset(torch::optional<size_t> new_size) {
     ++s.epoch;  // a new pass without set_epoch(): a new order all the same
   }
   s.chosen_epoch.reset();
+  s.chosen_indices_epoch.reset();  // made for the old size, perhaps
   s.started = true;
   s.compute();
   s.position = std::min(s.resume_position.value_or(0), s.indices.size());
@@ -151,6 +152,8 @@ void DistributedSampler::load(torch::serialize::InputArchive& archive) {
               "replicas or seed; its position means nothing here.");
   s.epoch = static_cast<uint64_t>(value("epoch"));
   s.chosen_epoch = s.epoch;
+  s.chosen_indices_epoch.reset();
+  s.compute();  // indices() is the loaded epoch's before the pass that resumes it
   s.resume_position = static_cast<size_t>(value("position"));
 }
 

@@ -140,6 +140,8 @@ TEST_CASE("sampler: save and load resume mid-epoch", "[sampler]") {
   std::istringstream source(bytes.str());
   in.load_from(source);
   restored.load(in);
+  CHECK(restored.epoch() == 4);
+  CHECK(restored.indices() == expected);  // the loaded epoch's, before the pass
   restored.reset();  // what the loader's begin() does
   auto rest = drain(restored, 4);
   head.insert(head.end(), rest.begin(), rest.end());
