@@ -2,6 +2,7 @@
 #include "core/clip_grad_norm.h"
 
 #include <ATen/ATen.h>
+#include <ATen/native/ForeachUtils.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -34,18 +35,28 @@ struct Group {
   std::vector<size_t> members;  // indices into the grads
 };
 
-// `for_norm`: the gradients the norm counts, less empty ones (an FSDP shard of padding alone: no
-// magnitude to add, and an empty tensor has no infinity norm).
-std::vector<Group> by_device_and_dtype(const std::vector<GradientToClip>& grads, bool for_norm) {
-  std::vector<Group> groups;
+// The defined gradients by device and dtype: for the norm (`for_norm`) the counted ones, in the
+// order PyTorch's clip_grad_norm_ visits its groups (the iteration order of ATen's
+// _group_tensors_by_first_tensors_device_and_dtype map, which its Python binding keeps: not the
+// order the groups first appear), so that the norms stack as PyTorch stacks them; `skip_empty`
+// leaves out empty gradients (spread over ranks: an FSDP shard of padding alone has no magnitude
+// to add, and an empty tensor has no infinity norm; PyTorch's, holding every gradient, refuses it).
+std::vector<Group> by_device_and_dtype(const std::vector<GradientToClip>& grads, bool for_norm, bool skip_empty) {
+  std::vector<size_t> members;
   for (size_t i = 0; i < grads.size(); ++i) {
     const auto& g = grads[i];
-    if (!g.grad.defined() || (for_norm && (!g.counted || g.grad.numel() == 0))) continue;
-    auto found = std::find_if(groups.begin(), groups.end(), [&](const Group& group) {
-      return group.device == g.grad.device() && group.dtype == g.grad.scalar_type();
-    });
-    if (found == groups.end()) found = groups.insert(groups.end(), Group{g.grad.device(), g.grad.scalar_type(), {}});
-    found->members.push_back(i);
+    if (!g.grad.defined() || (for_norm && !g.counted) || (skip_empty && g.grad.numel() == 0)) continue;
+    members.push_back(i);
+  }
+  std::vector<Group> groups;
+  if (members.empty()) return groups;
+  at::native::nested_optional_tensorvec_t nested(1);
+  for (size_t i : members) nested[0].emplace_back(grads[i].grad);
+  for (const auto& [key, tensors_and_indices] :
+       at::native::_group_tensors_by_first_tensors_device_and_dtype(nested, /*with_indices=*/true)) {
+    Group group{key.first, key.second, {}};
+    for (const auto index : tensors_and_indices.second) group.members.push_back(members[static_cast<size_t>(index)]);
+    groups.push_back(std::move(group));
   }
   return groups;
 }
@@ -76,14 +87,21 @@ double clip_grad_norm(const std::vector<GradientToClip>& grads, const ClipOption
 
   // Each counted gradient's norm, in its dtype, one _foreach_norm per device and dtype; listed per
   // slot in the groups' order, as PyTorch stacks them.
+  // The norms meet on the first gradient's device, as PyTorch's.
+  const bool alone = tp_groups.empty() && !sum_over && !then_over;
   const auto slots = static_cast<int64_t>(tp_groups.size()) + 1;
   std::vector<std::vector<at::Tensor>> norms(slots);
   std::optional<c10::Device> first_device;
-  for (const Group& group : by_device_and_dtype(grads, /*for_norm=*/true)) {
+  for (const auto& g : grads) {
+    if (g.grad.defined() && g.counted) {
+      first_device = g.grad.device();
+      break;
+    }
+  }
+  for (const Group& group : by_device_and_dtype(grads, /*for_norm=*/true, /*skip_empty=*/!alone)) {
     std::vector<at::Tensor> tensors;
     for (size_t i : group.members) tensors.push_back(grads[i].grad);
     const std::vector<at::Tensor> group_norms = at::_foreach_norm(tensors, p);
-    if (!first_device) first_device = group.device;
     for (size_t k = 0; k < group.members.size(); ++k) {
       norms[slot_of[group.members[k]]].push_back(group_norms[k].to(*first_device));
     }
@@ -93,7 +111,6 @@ double clip_grad_norm(const std::vector<GradientToClip>& grads, const ClipOption
   // The total (a tensor: what PyTorch computes the coefficient from) and its value.
   at::Tensor total;
   double total_value = 0;
-  const bool alone = tp_groups.empty() && !sum_over && !then_over;
   if (alone) {
     total = norms[0].empty() ? at::zeros({}, at::kFloat) : slot_norm(0);  // of the norms' dtype
     total_value = total.item<double>();
@@ -102,23 +119,27 @@ double clip_grad_norm(const std::vector<GradientToClip>& grads, const ClipOption
     // gradient, a pipeline stage may hold only a tied weight another rank counts): one number a
     // slot. The pieces of each split gradient first, over its TP group; then this rank's sum over
     // the groups that share the gradients out.
-    auto parts = at::zeros({slots}, at::kDouble);
+    // A slot is [its norm^p (its norm, for p = inf), whether it is NaN]: a maximum may drop a NaN
+    // (Gloo's std::max keeps whichever argument comes first), so NaN travels as a flag of its own.
+    auto parts = at::zeros({slots, 2}, at::kDouble);
     for (int64_t slot = 0; slot < slots; ++slot) {
       if (norms[slot].empty()) continue;
       const double value = slot_norm(slot).item<double>();
-      parts[slot] = inf_norm ? value : std::pow(value, p);
+      parts[slot][std::isnan(value) ? 1 : 0] = std::isnan(value) ? 1.0 : inf_norm ? value : std::pow(value, p);
     }
     const ReduceOp combine = inf_norm ? ReduceOp::kMax : ReduceOp::kSum;
     for (size_t i = 0; i < tp_groups.size(); ++i) {
-      auto part = parts.narrow(0, static_cast<int64_t>(i) + 1, 1).clone();
+      auto part = parts[static_cast<int64_t>(i) + 1].clone();
       all_reduce(tp_groups[i], part, combine);
-      parts.narrow(0, static_cast<int64_t>(i) + 1, 1).copy_(part);
+      parts[static_cast<int64_t>(i) + 1].copy_(part);
     }
-    at::Tensor combined = (inf_norm ? parts.max() : parts.sum()).reshape({1});
+    at::Tensor combined = (inf_norm ? std::get<0>(parts.max(0)) : parts.sum(0)).contiguous();
     if (sum_over) all_reduce(*sum_over, combined, combine);
     if (then_over) all_reduce(*then_over, combined, combine);
-    const double value = combined.item<double>();
-    total_value = inf_norm ? value : std::pow(value, 1.0 / p);
+    const double value = combined[0].item<double>();
+    total_value = combined[1].item<double>() > 0 ? std::numeric_limits<double>::quiet_NaN()
+                  : inf_norm                     ? value
+                                                 : std::pow(value, 1.0 / p);
     // The same on every rank, in float64; the coefficient in the dtype of this rank's gradients
     // (which the ranks may not share: a rank of one stage need not know another's).
     at::ScalarType dtype = at::kDouble;
@@ -137,7 +158,7 @@ double clip_grad_norm(const std::vector<GradientToClip>& grads, const ClipOption
   // multiplies every gradient by NaN, an infinite one by 0. Python's max_norm / tensor is the
   // tensor's reciprocal times max_norm, which rounds otherwise than a division.
   const at::Tensor coefficient = at::clamp_max((total + 1e-6).reciprocal() * options.max_norm, 1.0);
-  for (const Group& group : by_device_and_dtype(grads, /*for_norm=*/false)) {
+  for (const Group& group : by_device_and_dtype(grads, /*for_norm=*/false, /*skip_empty=*/false)) {
     std::vector<at::Tensor> tensors;
     for (size_t i : group.members) tensors.push_back(grads[i].grad);
     at::_foreach_mul_(tensors, coefficient.to(group.device));

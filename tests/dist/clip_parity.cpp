@@ -21,7 +21,17 @@ struct Net : torch::nn::Module {
   torch::nn::Linear fc1 = register_module("fc1", torch::nn::Linear(8, 32));
   torch::nn::Linear fc2 = register_module("fc2", torch::nn::Linear(32, 16));
   torch::nn::Linear fc3 = register_module("fc3", torch::nn::Linear(16, 4));
-  torch::Tensor forward(const torch::Tensor& x) { return fc3(torch::tanh(fc2(torch::tanh(fc1(x))))); }
+  // Mixed: fc2 in bfloat16, so the gradients come in two dtypes, which PyTorch groups and stacks
+  // in the order of its own map, not the order they first appear.
+  explicit Net(bool mixed = false) : mixed(mixed) {
+    if (mixed) fc2->to(torch::kBFloat16);
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    auto h = torch::tanh(fc1(x));
+    h = mixed ? fc2(h.to(torch::kBFloat16)).to(torch::kFloat) : fc2(h);
+    return fc3(torch::tanh(h));
+  }
+  bool mixed;
 };
 
 struct Case {
@@ -33,6 +43,10 @@ struct Case {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc == 2 && std::string(argv[1]) == "--torch-version") {  // the LibTorch compared with
+    std::printf("%d.%d.%d\n", TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR, TORCH_VERSION_PATCH);
+    return 0;
+  }
   if (argc != 2) {
     std::fprintf(stderr, "usage: cpprun --nproc_per_node=2 clip_parity DIR\n");
     return 2;
@@ -46,11 +60,14 @@ int main(int argc, char** argv) {
   std::vector<Case> cases{{0.5, 2.0}, {0.5, 1.0}, {0.05, inf}, {0.5, 3.0}, {1e6, 2.0}};
   for (int i = 0; i < 16; ++i) cases.push_back({0.3, 2.0, 5.0 + i});
   int index = 0;
-  // Under DDP, and a plain module through cpprun::clip_grad_norm_ (rank 0's batch alone).
-  for (const bool wrapped : {true, false})
+  // Under DDP, a plain module through cpprun::clip_grad_norm_ (rank 0's batch alone), and a
+  // plain module of two dtypes.
+  enum Mode { kDdp, kPlain, kMixed };
+  for (const Mode mode : {kDdp, kPlain, kMixed})
   for (const Case& c : cases) {
+    const bool wrapped = mode == kDdp;
     torch::manual_seed(0);
-    auto net = std::make_shared<Net>();
+    auto net = std::make_shared<Net>(mode == kMixed);
     torch::manual_seed(100 + group.rank());  // each rank its own batch
     const auto x = torch::randn({16, 8}) * c.input_scale, y = torch::randn({16, 4});
     std::optional<cpprun::DistributedDataParallel<Net>> model;
@@ -77,7 +94,8 @@ int main(int argc, char** argv) {
       cpprun::detail::write_state_dict_file(state, dir + "/case" + std::to_string(index) + ".safetensors",
                                             cpprun::StateDictSaveOptions(), {});
       std::printf("case %d (%s): max_norm %g, norm_type %g, inputs x%g: norm %.9g\n", index,
-                  wrapped ? "DDP" : "plain", c.max_norm, c.norm_type, c.input_scale, norm);
+                  mode == kDdp ? "DDP" : mode == kPlain ? "plain" : "plain, float32 and bfloat16", c.max_norm,
+                  c.norm_type, c.input_scale, norm);
     }
     ++index;
   }
