@@ -34,9 +34,10 @@ class StateDictOptions {
 
   // get_model_state_dict (cpprun/state_dict.h), as PyTorch's StateDictOptions(cpu_offload=True)
   // with full_state_dict: the tensors are copied to the CPU, and only the first rank (the rank
-  // that writes files: rank 0 of a wrapper's group) gets them; the others get an empty dict. So
-  // one process, not every one, holds a second copy of the model. Off, the default: every rank
-  // gets every tensor on the model's device.
+  // that writes files: rank 0 of a wrapper's group) gets them; the others get an empty dict. Each
+  // is gathered, copied and let go in turn, so a rank's device holds one gathered tensor at a
+  // time, and one process, not every one, holds a whole copy of the model. Off, the default: every
+  // rank gets every tensor on the model's device.
   StateDictOptions& cpu_offload(bool on) {
     cpu_offload_ = on;
     return *this;
