@@ -33,8 +33,16 @@ class CompressHook : public CommHook {
   std::string name_;
 };
 
+// PyTorch's noop_hook: the bucket as it is, nothing sent.
+class NoopHook : public CommHook {
+ public:
+  Work run(const ProcessGroup&, GradBucket&) override { return Work(); }
+  std::string name() const override { return "noop"; }
+};
+
 }  // namespace
 
+std::shared_ptr<CommHook> noop_hook() { return std::make_shared<NoopHook>(); }
 std::shared_ptr<CommHook> allreduce_hook() { return std::make_shared<AllReduceHook>(); }
 std::shared_ptr<CommHook> fp16_compress_hook() { return std::make_shared<CompressHook>(at::kHalf, "fp16_compress"); }
 std::shared_ptr<CommHook> bf16_compress_hook() { return std::make_shared<CompressHook>(at::kBFloat16, "bf16_compress"); }

@@ -6,7 +6,9 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <torch/arg.h>
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -20,6 +22,18 @@ struct GradBucket {
   bool is_last = false;                // the last bucket of this backward pass
   at::Tensor buffer;                   // the bucket's gradients, flattened, one dtype
   std::vector<at::Tensor> parameters;  // the parameters whose gradients it holds
+
+  // Each parameter's gradient: views of `buffer`, end to end in the parameters' order (PyTorch's
+  // GradBucket.gradients()); writing them writes the buffer.
+  std::vector<at::Tensor> gradients() const {
+    std::vector<at::Tensor> views;
+    int64_t offset = 0;
+    for (const auto& p : parameters) {
+      views.push_back(buffer.narrow(0, offset, p.numel()).view(p.sizes()));
+      offset += p.numel();
+    }
+    return views;
+  }
 };
 
 class CommHook {
@@ -34,5 +48,28 @@ std::shared_ptr<CommHook> allreduce_hook();
 // Send the bucket as float16 / bfloat16 (half the bytes of float32), then decompress.
 std::shared_ptr<CommHook> fp16_compress_hook();
 std::shared_ptr<CommHook> bf16_compress_hook();
+// Leaves every bucket as it is, communicating nothing (PyTorch's debugging noop_hook): the upper
+// bound of what a hook can save, for measuring; it does not train as DDP.
+std::shared_ptr<CommHook> noop_hook();
+
+// PowerSGD (Vogels et al., NeurIPS 2019), as PyTorch's PowerSGDState and powerSGD_hook, argument
+// for argument: each bucket's gradient matrices (a tensor viewed as [size(0), rest]) worth it
+// (min_compression_rate) are sent as low-rank factors P and Q of matrix_approximation_rank
+// columns, the rest all-reduced as they are; errors are fed back into the next step, Q is warm
+// started from the last step, and the first start_powerSGD_iter steps all-reduce plainly. The
+// random initial Q comes from the same numbers PyTorch draws (numpy's RandomState(random_seed)
+// for each bucket's seed, then torch.randn), so a run matches PyTorch's with the same buckets.
+// One hook object per model: it holds the state (errors, P and Q) across steps.
+struct PowerSGDOptions {
+  TORCH_ARG(int64_t, matrix_approximation_rank) = 1;
+  TORCH_ARG(int64_t, start_powerSGD_iter) = 1000;
+  TORCH_ARG(double, min_compression_rate) = 2;
+  TORCH_ARG(bool, use_error_feedback) = true;
+  TORCH_ARG(bool, warm_start) = true;
+  TORCH_ARG(double, orthogonalization_epsilon) = 0;
+  TORCH_ARG(uint32_t, random_seed) = 0;
+  TORCH_ARG(bool, batch_tensors_with_same_shape) = false;
+};
+std::shared_ptr<CommHook> powerSGD_hook(const PowerSGDOptions& options = PowerSGDOptions());
 
 }  // namespace cpprun

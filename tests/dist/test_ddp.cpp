@@ -532,3 +532,30 @@ TEST_CASE("ddp: uneven inputs under join: ranks that run out shadow the others",
   check_same_parameters(*net, *ref, kParityTolerance);
   cpprun::barrier(group());
 }
+
+// noop_hook: every rank keeps its own gradient (what PyTorch's debugging hook is for: the bound
+// on what communication costs); powerSGD_hook's arguments PyTorch refuses are refused by name.
+// PowerSGD's training against PyTorch's is dist.powersgd_parity.
+TEST_CASE("ddp: the noop hook leaves each rank's gradient; PowerSGD refuses what PyTorch refuses", "[ddp]") {
+  Float64Parity float64;
+  const int rank = group().rank(), world = group().size();
+  torch::manual_seed(0);
+  auto net = std::make_shared<Mlp>();
+  auto ddp = cpprun::DistributedDataParallel(net, group());
+  ddp->register_comm_hook(cpprun::noop_hook());
+  auto ref = std::make_shared<Mlp>();
+  copy_state(*ref, *net);
+  const auto x = inputs_for("mlp", kGlobalBatch, 0);
+  const auto y = targets_for(kGlobalBatch, 0);
+  torch::nn::functional::cross_entropy(ddp->forward(slice(x, rank, world)), slice(y, rank, world)).backward();
+  torch::nn::functional::cross_entropy(ref->forward(slice(x, rank, world)), slice(y, rank, world)).backward();
+  auto mine = ref->named_parameters();
+  for (const auto& item : net->named_parameters()) CHECK(item.value().grad().equal(mine[item.key()].grad()));
+
+  CHECK_THROWS_WITH(cpprun::powerSGD_hook(cpprun::PowerSGDOptions().start_powerSGD_iter(1)),
+                    Catch::Contains("start_powerSGD_iter must be above 1"));
+  CHECK_NOTHROW(cpprun::powerSGD_hook(cpprun::PowerSGDOptions().start_powerSGD_iter(1).use_error_feedback(false)
+                                          .warm_start(false)));
+  CHECK_THROWS_WITH(cpprun::powerSGD_hook(cpprun::PowerSGDOptions().matrix_approximation_rank(0)),
+                    Catch::Contains("matrix_approximation_rank must be at least 1"));
+}

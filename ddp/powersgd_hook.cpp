@@ -1,0 +1,220 @@
+// PyTorch's PowerSGD communication hook (torch/distributed/algorithms/ddp_comm_hooks/
+// powerSGD_hook.py) for cpprun's DDP: the same decisions, memory layout and random numbers, so
+// that a model trains to PyTorch's parameters. See cpprun/comm_hooks.h.
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <random>
+#include <utility>
+#include <vector>
+
+#include "cpprun/comm_hooks.h"
+
+namespace cpprun {
+namespace {
+
+// numpy's RandomState(seed).randint(1_000_000_000), one draw: MT19937 seeded as numpy's legacy
+// seeding seeds it (init_genrand, which std::mt19937 is), then masked rejection sampling of 30
+// bits, as numpy's legacy bounded integers draw.
+class NumpyRandint {
+ public:
+  explicit NumpyRandint(uint32_t seed) : engine_(seed) {}
+  int64_t next_below_one_billion() {
+    constexpr uint32_t kMax = 999'999'999, kMask = (1u << 30) - 1;
+    uint32_t value;
+    do {
+      value = static_cast<uint32_t>(engine_()) & kMask;
+    } while (value > kMax);
+    return value;
+  }
+
+ private:
+  std::mt19937 engine_;
+};
+
+// _orthogonalize: Gram-Schmidt for rank <= 2 or 16-bit floats, else QR, in place; `matrices` is
+// [batch, rows, rank].
+void orthogonalize(const at::Tensor& matrices, double epsilon) {
+  const int64_t columns = matrices.size(2);
+  const auto dtype = matrices.scalar_type();
+  if (columns > 2 && dtype != at::kHalf && dtype != at::kBFloat16) {
+    matrices.copy_(std::get<0>(at::linalg_qr(matrices)));
+    return;
+  }
+  for (int64_t i = 0; i < columns; ++i) {
+    at::Tensor column = matrices.narrow(2, i, 1);
+    const at::Tensor norm = at::linalg_vector_norm(column, 2, at::IntArrayRef{1}, /*keepdim=*/true);
+    if (epsilon == 0) {
+      column.div_(norm);
+    } else {
+      column.div_(norm + epsilon);
+    }
+    if (i + 1 < columns) {
+      at::Tensor rest = matrices.narrow(2, i + 1, columns - i - 1);
+      rest.sub_(at::sum(column * rest, at::IntArrayRef{1}, /*keepdim=*/true) * column);
+    }
+  }
+}
+
+class PowerSgdHook : public CommHook {
+ public:
+  explicit PowerSgdHook(const PowerSGDOptions& options) : options_(options), rng_(options.random_seed()) {
+    TORCH_CHECK(options.matrix_approximation_rank() >= 1, "cpprun::powerSGD_hook: matrix_approximation_rank must be "
+                "at least 1, got ", options.matrix_approximation_rank(), ".");
+    TORCH_CHECK(!(options.use_error_feedback() || options.warm_start()) || options.start_powerSGD_iter() > 1,
+                "cpprun::powerSGD_hook: start_powerSGD_iter must be above 1 when use_error_feedback or warm_start is on "
+                "(PowerSGD can only start after DDP's first two steps, as PyTorch's), got ",
+                options.start_powerSGD_iter(), ".");
+  }
+
+  Work run(const ProcessGroup& group, GradBucket& bucket) override {
+    const at::Tensor input = bucket.buffer;
+    const int world = group.size();
+    if (iter_ < options_.start_powerSGD_iter()) {
+      increase_iter(bucket);
+      input.div_(world);  // as PyTorch's _allreduce_fut: divided, then summed
+      return all_reduce_async(group, input, ReduceOp::kSum);
+    }
+    at::NoGradGuard no_grad;
+    compress_and_reduce(group, bucket);
+    increase_iter(bucket);
+    return Work();
+  }
+
+  std::string name() const override { return "powerSGD"; }
+
+ private:
+  void increase_iter(const GradBucket& bucket) {
+    if (bucket.is_last) ++iter_;
+  }
+
+  void compress_and_reduce(const ProcessGroup& group, GradBucket& bucket) {
+    const at::Tensor input = bucket.buffer;
+    const int index = bucket.index;
+    const int world = group.size();
+    at::Tensor input_copy;
+    if (options_.use_error_feedback()) {
+      auto error = errors_.find(index);
+      if (error != errors_.end()) {
+        input.add_(error->second);
+      } else {
+        errors_[index] = at::zeros_like(input);
+      }
+      input_copy = input.clone();
+    }
+
+    // Which gradients are worth compressing, as [rows, rest] matrices.
+    std::vector<at::Tensor> matrices, uncompressed;
+    int64_t p_size = 0, q_size = 0;
+    for (const at::Tensor& tensor : bucket.gradients()) {
+      const at::Tensor matrix = tensor.dim() == 0 ? tensor.view({1, 1}) : tensor.view({tensor.size(0), -1});
+      const int64_t n = matrix.size(0), m = matrix.size(1);
+      const int64_t rank = std::min({n, m, options_.matrix_approximation_rank()});
+      if (static_cast<double>((n + m) * rank) * options_.min_compression_rate() < static_cast<double>(n * m)) {
+        matrices.push_back(matrix);
+        p_size += n * rank;
+        q_size += m * rank;
+      } else {
+        uncompressed.push_back(tensor);
+      }
+    }
+    std::vector<at::Tensor> flat_uncompressed;
+    for (const auto& t : uncompressed) flat_uncompressed.push_back(t.reshape(-1));
+    const at::Tensor uncompressed_memory =
+        flat_uncompressed.empty() ? at::empty({0}, input.options()) : at::cat(flat_uncompressed);
+
+    const bool randomize = !options_.warm_start() || p_memory_.find(index) == p_memory_.end();
+    if (randomize) {
+      p_memory_[index] = at::empty({p_size}, input.options());
+      q_memory_[index] = at::empty({q_size}, input.options());
+    }
+    const at::Tensor p_memory = p_memory_[index], q_memory = q_memory_[index];
+
+    // Grouped by shape, in the order each shape first appears (a Python dict), batched or one by one.
+    std::vector<std::pair<std::vector<int64_t>, std::vector<at::Tensor>>> by_shape;
+    for (const auto& matrix : matrices) {
+      const std::vector<int64_t> shape = matrix.sizes().vec();
+      auto found = std::find_if(by_shape.begin(), by_shape.end(), [&](const auto& g) { return g.first == shape; });
+      if (found == by_shape.end()) found = by_shape.insert(by_shape.end(), {shape, {}});
+      found->second.push_back(matrix);
+    }
+    std::vector<at::Tensor> batches, ps, qs;
+    int64_t p_at = 0, q_at = 0;
+    for (const auto& [shape, group_matrices] : by_shape) {
+      std::vector<at::Tensor> items;
+      if (options_.batch_tensors_with_same_shape()) {
+        items.push_back(group_matrices.size() == 1 ? group_matrices[0].unsqueeze(0) : at::stack(group_matrices));
+      } else {
+        for (const auto& matrix : group_matrices) items.push_back(matrix.unsqueeze(0));
+      }
+      for (const auto& batch : items) {
+        const int64_t b = batch.size(0), n = batch.size(1), m = batch.size(2);
+        const int64_t rank = std::min({n, m, options_.matrix_approximation_rank()});
+        batches.push_back(batch);
+        ps.push_back(p_memory.narrow(0, p_at, b * n * rank).view({b, n, rank}));
+        qs.push_back(q_memory.narrow(0, q_at, b * m * rank).view({b, m, rank}));
+        p_at += b * n * rank;
+        q_at += b * m * rank;
+      }
+    }
+
+    if (!randomize) {
+      for (const auto& q : qs) orthogonalize(q, options_.orthogonalization_epsilon());
+    } else {
+      // torch.manual_seed(rng.randint(1e9)) inside fork_rng, then torch.randn on the CPU: a
+      // generator of its own seeded alike draws the same numbers and leaves the global one as it was.
+      auto generator = at::make_generator<at::CPUGeneratorImpl>(rng_.next_below_one_billion());
+      for (const auto& q : qs) {
+        q.copy_(at::randn(q.sizes(), generator, at::TensorOptions().dtype(input.scalar_type())));
+        orthogonalize(q, options_.orthogonalization_epsilon());
+      }
+    }
+    for (size_t i = 0; i < batches.size(); ++i) at::bmm_out(ps[i], batches[i], qs[i]);
+
+    // The uncompressed gradients, averaged; then P summed, orthogonalized; Q = M^T P, averaged.
+    all_reduce(group, uncompressed_memory, ReduceOp::kSum);
+    uncompressed_memory.div_(world);
+    int64_t at = 0;
+    for (const auto& tensor : uncompressed) {
+      tensor.copy_(uncompressed_memory.narrow(0, at, tensor.numel()).view_as(tensor));
+      at += tensor.numel();
+    }
+    all_reduce(group, p_memory, ReduceOp::kSum);
+    for (const auto& p : ps) orthogonalize(p, options_.orthogonalization_epsilon());
+    for (size_t i = 0; i < batches.size(); ++i) at::bmm_out(qs[i], batches[i].transpose(1, 2), ps[i]);
+    all_reduce(group, q_memory, ReduceOp::kSum);
+    q_memory.div_(world);
+    // M ~ P Q^T, written into the bucket through the matrices' views.
+    for (size_t i = 0; i < batches.size(); ++i) at::bmm_out(batches[i], ps[i], qs[i].transpose(1, 2));
+    if (options_.batch_tensors_with_same_shape()) {
+      size_t item = 0;
+      for (const auto& [shape, group_matrices] : by_shape) {
+        const at::Tensor& batch = batches[item++];
+        if (batch.size(0) == 1) continue;
+        for (size_t k = 0; k < group_matrices.size(); ++k) group_matrices[k].copy_(batch[k]);
+      }
+    }
+    if (options_.use_error_feedback()) errors_[index] = input_copy - input;
+    if (!options_.warm_start()) {
+      p_memory_.clear();
+      q_memory_.clear();
+    }
+  }
+
+  PowerSGDOptions options_;
+  NumpyRandint rng_;
+  int64_t iter_ = 0;
+  std::map<int, at::Tensor> errors_, p_memory_, q_memory_;
+};
+
+}  // namespace
+
+std::shared_ptr<CommHook> powerSGD_hook(const PowerSGDOptions& options) {
+  return std::make_shared<PowerSgdHook>(options);
+}
+
+}  // namespace cpprun
