@@ -21,9 +21,10 @@ namespace cpprun::detail {
 namespace {
 
 // Note [Clipping as torch.nn.utils.clip_grad_norm_]: PyTorch groups the gradients by device and
-// dtype (first seen first), takes each one's norm in its own dtype with _foreach_norm, stacks the
-// norms in that order and takes their norm; then multiplies every gradient by
-// clamp(max_norm / (total + 1e-6), max=1), a tensor of the total's dtype. Where this rank holds
+// dtype (in its grouping map's order), takes each one's norm in its own dtype with _foreach_norm,
+// stacks the norms in that order on the first gradient's device and takes their norm; then
+// multiplies every gradient by clamp(total.reciprocal() * max_norm, max=1) after adding 1e-6, a
+// tensor of the total's dtype. Where this rank holds
 // every gradient (DDP, a plain model) we do exactly that, so the clipped gradients are PyTorch's
 // to the bit; where the gradients are spread over ranks (FSDP's shards, tensor-parallel pieces,
 // pipeline stages), each rank's part's norm is that of its own gradients, and the parts are
