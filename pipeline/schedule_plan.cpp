@@ -88,10 +88,14 @@ std::optional<std::string> refuse_shape(ScheduleKind kind, const PipelineShape& 
     // partial round would leave a stage waiting for a micro-batch that never comes. PyTorch's
     // ScheduleInterleaved1F1B asks the same (rounds = max(1, m / p)).
     const int rounds = interleaved_rounds(shape);
+    // The nearest counts below and above that it runs (each has rounds of its own).
+    const auto runs = [&](int m) { return m >= 1 && m % interleaved_rounds({shape.ranks, shape.stages_per_rank, m}) == 0; };
+    int below = shape.microbatches - 1, above = shape.microbatches + 1;
+    while (!runs(below)) --below;
+    while (!runs(above)) ++above;
     why << "Interleaved1F1B runs micro-batches in " << rounds << " rounds of equal size (max(1, micro-batches / "
         << "pipeline ranks), as PyTorch's): " << shape.microbatches << " micro-batches is not a multiple of "
-        << rounds << "; use " << (shape.microbatches / rounds) * rounds << " or " << (shape.microbatches / rounds + 1) * rounds
-        << ", or Schedule1F1B.";
+        << rounds << "; use " << below << " or " << above << ", or Schedule1F1B.";
     return why.str();
   }
   return std::nullopt;

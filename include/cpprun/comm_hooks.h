@@ -58,8 +58,10 @@ std::shared_ptr<CommHook> noop_hook();
 // columns, the rest all-reduced as they are; errors are fed back into the next step, Q is warm
 // started from the last step, and the first start_powerSGD_iter steps all-reduce plainly. The
 // random initial Q comes from the same numbers PyTorch draws (numpy's RandomState(random_seed)
-// for each bucket's seed, then torch.randn), so a run matches PyTorch's with the same buckets.
-// One hook object per model: it holds the state (errors, P and Q) across steps.
+// for each bucket's seed, then torch.randn, from a generator of its own: PyTorch's reseeds the
+// global ones), so a run matches PyTorch's with the same buckets. One hook object per model: it
+// holds the state (errors, P and Q) across steps, not saved in checkpoints. It communicates on
+// the backward's thread, blocking it while its bucket's three all-reduces run.
 struct PowerSGDOptions {
   TORCH_ARG(int64_t, matrix_approximation_rank) = 1;
   TORCH_ARG(int64_t, start_powerSGD_iter) = 1000;

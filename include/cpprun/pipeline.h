@@ -217,7 +217,8 @@ class ScheduleZeroBubble : public PipelineSchedule {
 };
 
 // Megatron-LM's interleaved 1F1B over v stages per rank (given in order: stage r, r + p, ...):
-// the bubble shrinks by v, at v times the messages. Micro-batches: a multiple of the ranks.
+// the bubble shrinks by v, at v times the messages. Micro-batches: any count its max(1, m / ranks)
+// rounds divide, as PyTorch's (the bubble is smallest for a multiple of the ranks).
 class ScheduleInterleaved1F1B : public PipelineSchedule {
  public:
   ScheduleInterleaved1F1B(std::vector<PipelineStage*> stages, int microbatches, LossFn loss);

@@ -55,6 +55,10 @@ ConsoleSink::ConsoleSink(int fd) : fd_(fd) {
   }
 }
 
+ConsoleSink::~ConsoleSink() {
+  if (own_fd_ >= 0) ::close(own_fd_);
+}
+
 ConsoleSink& ConsoleSink::out() { return registered(STDOUT_FILENO); }
 ConsoleSink& ConsoleSink::err() { return registered(STDERR_FILENO); }
 

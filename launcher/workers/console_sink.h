@@ -28,6 +28,7 @@ class ConsoleSink {
   static constexpr std::size_t kBacklogLimit = 1 << 20;
 
   explicit ConsoleSink(int fd);
+  ~ConsoleSink();
   ConsoleSink(const ConsoleSink&) = delete;
   ConsoleSink& operator=(const ConsoleSink&) = delete;
 

@@ -534,9 +534,10 @@ TEST_CASE("ddp: uneven inputs under join: ranks that run out shadow the others",
 }
 
 // noop_hook: every rank keeps its own gradient (what PyTorch's debugging hook is for: the bound
-// on what communication costs); powerSGD_hook's arguments PyTorch refuses are refused by name.
+// on what communication costs); powerSGD_hook's arguments it cannot run are refused by name
+// (start_powerSGD_iter as PyTorch's; a rank below 1, which PyTorch takes and fails on later).
 // PowerSGD's training against PyTorch's is dist.powersgd_parity.
-TEST_CASE("ddp: the noop hook leaves each rank's gradient; PowerSGD refuses what PyTorch refuses", "[ddp]") {
+TEST_CASE("ddp: the noop hook leaves each rank's gradient; PowerSGD refuses arguments it cannot run", "[ddp]") {
   Float64Parity float64;
   const int rank = group().rank(), world = group().size();
   torch::manual_seed(0);

@@ -209,6 +209,10 @@ TEST_CASE("pipeline plan: shapes a schedule cannot run are refused with the fix"
   auto interleaved = cpprun::detail::refuse_shape(ScheduleKind::kInterleaved1F1B, {4, 2, 9});
   REQUIRE(interleaved);
   CHECK_THAT(*interleaved, Catch::Contains("9 micro-batches is not a multiple of 2") && Catch::Contains("use 8 or 10"));
+  // The counts it suggests run: 7 on 2 ranks (3 rounds) is refused, and so would be 9 (4 rounds).
+  auto seven = cpprun::detail::refuse_shape(ScheduleKind::kInterleaved1F1B, {2, 2, 7});
+  REQUIRE(seven);
+  CHECK_THAT(*seven, Catch::Contains("use 6 or 8"));
   auto gpipe = cpprun::detail::refuse_shape(ScheduleKind::kGPipe, {2, 2, 4});
   REQUIRE(gpipe);
   CHECK_THAT(*gpipe, Catch::Contains("Interleaved1F1B"));
