@@ -51,20 +51,17 @@ torch::OrderedDict<std::string, at::Tensor> get_model_state(StateSource source, 
               "(set_model_state_dict, load_state_dict): leave it empty here.");
   const StateView view = state_view(source);
   at::NoGradGuard no_grad;
-  // One entry at a time, in the entries' order on every rank (each gather meets its peers'):
-  // under cpu_offload a gathered tensor lives on the device only until it is copied to the CPU
+  // Under cpu_offload a gathered tensor lives on the device only until it is copied to the CPU
   // (the first rank) or dropped (the others), as PyTorch's _gather_state_dict does.
   const bool keep = !options.cpu_offload() || view.team.is_root();
-  std::vector<at::Tensor> whole(view.entries.size());
-  for (size_t i = 0; i < view.entries.size(); ++i) {
-    const StateEntry& entry = view.entries[i];
-    at::Tensor tensor = entry.placement.replicated() ? entry.local : gather_whole(entry, entry.local);
-    if (keep) whole[i] = options.cpu_offload() ? tensor.detach().to(at::kCPU) : tensor.detach();
-  }
+  const NamedTensors whole = whole_state(view, [&](const at::Tensor& tensor) {
+    if (!keep) return at::Tensor();
+    return options.cpu_offload() ? tensor.detach().to(at::kCPU) : tensor.detach();
+  });  // collective: every rank gathers
   torch::OrderedDict<std::string, at::Tensor> out;
   if (!keep) return out;
-  out.reserve(view.names.size());
-  for (const auto& [name, index] : view.names) out.insert(name, whole[index]);
+  out.reserve(whole.size());
+  for (const auto& [name, tensor] : whole) out.insert(name, tensor);
   return out;
 }
 

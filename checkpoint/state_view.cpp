@@ -90,12 +90,13 @@ at::Tensor local_part(const StateEntry& entry, const at::Tensor& whole) {
   return t;
 }
 
-NamedTensors whole_state(const StateView& view) {
+NamedTensors whole_state(const StateView& view, const std::function<at::Tensor(const at::Tensor&)>& take) {
   std::vector<at::Tensor> whole;
   whole.reserve(view.entries.size());
   // In the entries' order on every rank: each gather meets its peers'.
   for (const auto& entry : view.entries) {
-    whole.push_back(entry.placement.replicated() ? entry.local : gather_whole(entry, entry.local));
+    at::Tensor tensor = entry.placement.replicated() ? entry.local : gather_whole(entry, entry.local);
+    whole.push_back(take ? take(tensor) : std::move(tensor));
   }
   NamedTensors out;
   out.reserve(view.names.size());

@@ -95,8 +95,10 @@ at::Tensor gather_whole(const StateEntry& entry, const at::Tensor& local);
 at::Tensor local_part(const StateEntry& entry, const at::Tensor& whole);
 
 // The whole state by name, in the module's order (a tied tensor under each name, one tensor):
-// the same on every rank of the team. Collective: every entry is gathered.
-NamedTensors whole_state(const StateView& view);
+// the same on every rank of the team. Collective: every entry is gathered. `take`, when given,
+// is applied to each whole tensor as soon as it is gathered, before the next gather (e.g. a copy
+// to the CPU, or an undefined tensor to drop it), so at most one gathered tensor is held at once.
+NamedTensors whole_state(const StateView& view, const std::function<at::Tensor(const at::Tensor&)>& take = nullptr);
 // Copies this rank's part of each whole tensor in `whole` (as whole_state made it) into the
 // entries' local tensors, then runs view.after_load. Local, but after_load may be collective.
 void scatter_whole_state(const StateView& view, const NamedTensors& whole);

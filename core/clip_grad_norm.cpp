@@ -64,6 +64,17 @@ std::vector<Group> by_device_and_dtype(const std::vector<GradientToClip>& grads,
 
 }  // namespace
 
+std::vector<GradientToClip> module_gradients(const torch::nn::Module& module,
+                                             const std::map<std::string, TensorParallelSplit>& splits) {
+  std::vector<GradientToClip> grads;
+  for (const auto& item : unique_named_parameters(module)) {
+    const auto split = splits.find(item.key());
+    grads.push_back({item.value().grad(),
+                     split == splits.end() ? std::nullopt : std::optional<ProcessGroup>(split->second.group)});
+  }
+  return grads;
+}
+
 double clip_grad_norm(const std::vector<GradientToClip>& grads, const ClipOptions& options, const ProcessGroup* sum_over,
                       const char* who, const ProcessGroup* then_over) {
   const double p = options.norm_type;
@@ -182,14 +193,8 @@ double clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_nor
 }
 
 double clip_grad_norm_(torch::nn::Module& module, double max_norm, double norm_type, bool error_if_nonfinite) {
-  const auto splits = tensor_parallel_splits(module);
-  std::vector<detail::GradientToClip> grads;
-  for (const auto& item : unique_named_parameters(module)) {
-    const auto split = splits.find(item.key());
-    grads.push_back({item.value().grad(),
-                     split == splits.end() ? std::nullopt : std::optional<ProcessGroup>(split->second.group)});
-  }
-  return detail::clip_grad_norm(grads, {max_norm, norm_type, error_if_nonfinite}, nullptr, "cpprun");
+  return detail::clip_grad_norm(detail::module_gradients(module, tensor_parallel_splits(module)),
+                                {max_norm, norm_type, error_if_nonfinite}, nullptr, "cpprun");
 }
 
 }  // namespace cpprun

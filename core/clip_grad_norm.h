@@ -5,10 +5,17 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <map>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "cpprun/process_group.h"
+#include "cpprun/tensor_parallel_split.h"
+
+namespace torch::nn {
+class Module;
+}  // namespace torch::nn
 
 namespace cpprun::detail {
 
@@ -21,6 +28,12 @@ struct GradientToClip {
   // with the others, not counted in the norm.
   bool counted = true;
 };
+
+// The gradients of every parameter of a module that holds all of them (DDP's, a plain module's),
+// each tensor once (LibTorch lists a tied weight under each name; Python's parameters() once), in
+// the order of their first names; those `splits` names are parts of one over their group.
+std::vector<GradientToClip> module_gradients(const torch::nn::Module& module,
+                                             const std::map<std::string, TensorParallelSplit>& splits);
 
 // torch.nn.utils.clip_grad_norm_'s arguments (foreach: always, as its default on CUDA; on the
 // CPU the same per-tensor norms).

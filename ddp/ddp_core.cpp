@@ -222,20 +222,10 @@ void DdpCore::finalize_backward() {
 }
 bool DdpCore::require_sync() const { return impl_->require_sync; }
 double DdpCore::clip_grad_norm(double max_norm, double norm_type, bool error_if_nonfinite) {
-  // Each tensor once: LibTorch lists a tied weight under each of its names, and counting its
-  // gradient twice would inflate the norm and scale it twice (torch.nn.utils.clip_grad_norm_
-  // on a Python module meets each parameter once).
-  std::vector<GradientToClip> grads;
-  std::unordered_set<const c10::TensorImpl*> seen;
-  for (const auto& item : impl_->module.named_parameters(/*recurse=*/true)) {
-    if (!seen.insert(item.value().unsafeGetTensorImpl()).second) continue;
-    const auto split = impl_->tp_splits.find(item.key());
-    grads.push_back({item.value().grad(), split == impl_->tp_splits.end()
-                                              ? std::nullopt
-                                              : std::optional<ProcessGroup>(split->second.group)});
-  }
-  return detail::clip_grad_norm(grads, {max_norm, norm_type, error_if_nonfinite}, /*sum_over=*/nullptr,
-                               "cpprun::DistributedDataParallel");
+  // Each tensor once (a tied weight counted twice would inflate the norm and be scaled twice).
+  return detail::clip_grad_norm(module_gradients(impl_->module, impl_->tp_splits),
+                                {max_norm, norm_type, error_if_nonfinite}, /*sum_over=*/nullptr,
+                                "cpprun::DistributedDataParallel");
 }
 void DdpCore::describe_state(StateView& view) {
   // Every rank holds the whole module (its tensor-parallel shards aside): replicated over the group.

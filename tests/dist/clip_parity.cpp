@@ -75,18 +75,18 @@ int main(int argc, char** argv) {
     torch::mse_loss(wrapped ? (*model)->forward(x) : net->forward(x), y).backward();
     cpprun::detail::NamedTensors state;
     const auto params = net->named_parameters();
-    for (size_t i = 0; i < params.size(); ++i) {
-      char order[8];
-      std::snprintf(order, sizeof(order), "%03zu", i);  // the parameters' order, kept by sorted names
-      state.emplace_back(std::string("before.") + order + "." + params[i].key(), params[i].value().grad().clone());
-    }
+    // Each gradient as it is now, under "WHEN.NNN.name": the parameters' order, kept by sorted names.
+    const auto record = [&](const std::string& when) {
+      for (size_t i = 0; i < params.size(); ++i) {
+        char order[8];
+        std::snprintf(order, sizeof(order), "%03zu", i);
+        state.emplace_back(when + "." + order + "." + params[i].key(), params[i].value().grad().clone());
+      }
+    };
+    record("before");
     const double norm = wrapped ? (*model)->clip_grad_norm(c.max_norm, c.norm_type)
                                 : cpprun::clip_grad_norm_(*net, c.max_norm, c.norm_type);
-    for (size_t i = 0; i < params.size(); ++i) {
-      char order[8];
-      std::snprintf(order, sizeof(order), "%03zu", i);
-      state.emplace_back(std::string("after.") + order + "." + params[i].key(), params[i].value().grad().clone());
-    }
+    record("after");
     state.emplace_back("norm", torch::tensor(norm, torch::kDouble));
     state.emplace_back("max_norm", torch::tensor(c.max_norm, torch::kDouble));
     state.emplace_back("norm_type", torch::tensor(c.norm_type, torch::kDouble));

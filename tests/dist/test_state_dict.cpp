@@ -355,11 +355,10 @@ TEST_CASE("state_dict: HSDP (2 replicas x 2 shards) under mixed precision saves 
 
 namespace {
 
-// What load_state_dict(model, path) throws on this rank: its type's name and message.
-template <typename Wrapper>
-std::pair<std::string, std::string> load_error(Wrapper& model, const std::string& path) {
+// What `run` throws on this rank: its type's name and message.
+std::pair<std::string, std::string> error_of(const std::function<void()>& run) {
   try {
-    cpprun::load_state_dict(model, path);
+    run();
   } catch (const cpprun::StateDictMismatchError& e) {
     return {"mismatch", e.what()};
   } catch (const cpprun::CorruptCheckpointError& e) {
@@ -368,6 +367,12 @@ std::pair<std::string, std::string> load_error(Wrapper& model, const std::string
     return {"other", e.what()};
   }
   return {"none", ""};
+}
+
+// What load_state_dict(model, path) throws on this rank.
+template <typename Wrapper>
+std::pair<std::string, std::string> load_error(Wrapper& model, const std::string& path) {
+  return error_of([&] { cpprun::load_state_dict(model, path); });
 }
 
 template <typename Wrapper>
@@ -618,18 +623,11 @@ bool holds(Wrapper& model, const StateDict& state, const std::shared_ptr<Net>& p
   return same && (bf16 ? torch::allclose(out.to(torch::kFloat), plain_out, 2e-2, 2e-2) : torch::allclose(out, plain_out));
 }
 
-// What set_model_state_dict throws on this rank: its type and message.
+// What set_model_state_dict throws on this rank.
 template <typename Wrapper>
 std::pair<std::string, std::string> set_error(Wrapper& model, const StateDict& state,
                                               const cpprun::StateDictOptions& options = {}) {
-  try {
-    cpprun::set_model_state_dict(model, state, options);
-  } catch (const cpprun::StateDictMismatchError& e) {
-    return {"mismatch", e.what()};
-  } catch (const std::exception& e) {
-    return {"other", e.what()};
-  }
-  return {"none", ""};
+  return error_of([&] { cpprun::set_model_state_dict(model, state, options); });
 }
 
 // get_model_state_dict / set_model_state_dict: the whole state in memory. `model` holds
