@@ -1,0 +1,85 @@
+// The C++ side of pipeline_pytorch_parity.sh: cpprun's pipeline schedules train what
+// pipeline_pytorch_parity.py trains with PyTorch's torch.distributed.pipelining, the same
+// Sequential cut into the same stages, from DIR/init.safetensors on DIR/batches.safetensors; each
+// rank writes its stages' parameters (and the last stage's rank the losses) to
+// DIR/cpp_SCHEDULE_r{RANK}.safetensors.
+//   cpprun --nproc_per_node=2 pipeline_pytorch_parity DIR gpipe|1f1b|zero-bubble|interleaved-1f1b|looped-bfs
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "checkpoint/state_dict.h"
+#include "cpprun/cpprun.h"
+
+namespace {
+
+constexpr int kSteps = 3, kMicrobatches = 4;
+// pipeline_pytorch_parity.py's STAGES_PER_RANK, the same.
+const std::map<std::string, int> kStagesPerRank{
+    {"gpipe", 1}, {"1f1b", 1}, {"zero-bubble", 1}, {"interleaved-1f1b", 2}, {"looped-bfs", 2}};
+
+// pipeline_pytorch_parity.py's net(): children "0" to "7".
+torch::nn::Sequential net() {
+  torch::nn::Sequential model(torch::nn::Linear(8, 16), torch::nn::Tanh(), torch::nn::Linear(16, 16),
+                              torch::nn::Tanh(), torch::nn::Linear(16, 16), torch::nn::Tanh(),
+                              torch::nn::Linear(16, 16), torch::nn::Linear(16, 4));
+  model->to(torch::kDouble);
+  return model;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 3 || kStagesPerRank.count(argv[2]) == 0) {
+    std::fprintf(stderr, "usage: cpprun --nproc_per_node=2 pipeline_pytorch_parity DIR "
+                         "gpipe|1f1b|zero-bubble|interleaved-1f1b|looped-bfs\n");
+    return 2;
+  }
+  const std::string dir = argv[1], name = argv[2];
+  auto group = cpprun::init_process_group();
+  auto model = net();
+  cpprun::load_state_dict(model, dir + "/init.safetensors");
+  const int per_rank = kStagesPerRank.at(name), ranks = group.size();
+  const cpprun::PipelineSplit split = cpprun::split_evenly(model, ranks * per_rank);
+  std::vector<std::unique_ptr<cpprun::PipelineStage>> owned;
+  std::vector<cpprun::PipelineStage*> stages;
+  for (int k = 0; k < per_rank; ++k) {
+    owned.push_back(std::make_unique<cpprun::PipelineStage>(model, split, group, group.rank() + k * ranks));
+    stages.push_back(owned.back().get());
+  }
+  auto schedule = cpprun::make_schedule(name, stages, kMicrobatches,
+                                        [](const at::Tensor& output, const at::Tensor& target) {
+                                          return torch::mse_loss(output, target);
+                                        });
+  std::vector<at::Tensor> parameters;
+  for (auto* stage : stages) {
+    for (const auto& p : stage->parameters()) parameters.push_back(p);
+  }
+  torch::optim::SGD opt(parameters, torch::optim::SGDOptions(0.1).momentum(0.9));
+  std::map<std::string, torch::Tensor> batches;
+  for (auto& [key, tensor] : cpprun::detail::read_state_dict_file(dir + "/batches.safetensors")) batches[key] = tensor;
+  std::vector<double> losses;
+  for (int s = 0; s < kSteps; ++s) {
+    opt.zero_grad();
+    const std::string at = std::to_string(s);
+    losses.push_back(schedule->step(batches.at("x" + at), batches.at("y" + at)).item<double>());
+    opt.step();
+  }
+  cpprun::detail::NamedTensors mine;
+  bool last = false;
+  for (auto* stage : stages) {
+    last = last || stage->is_last();
+    for (const auto& child : split[stage->index()]) {
+      for (const auto& p : model->named_children()[child]->named_parameters()) mine.emplace_back(child + "." + p.key(), p.value());
+    }
+  }
+  if (last) mine.emplace_back("losses", torch::tensor(losses, torch::kDouble));
+  const std::string path = dir + "/cpp_" + name + "_r" + std::to_string(group.rank()) + ".safetensors";
+  cpprun::write_file_atomically(path, cpprun::detail::encode_state_dict(mine, path));
+  cpprun::barrier(group);
+  return 0;
+}
