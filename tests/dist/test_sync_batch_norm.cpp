@@ -1,6 +1,6 @@
 // SyncBatchNorm under `cpprun --nproc_per_node=K`, K = 1..4: DDP training of models whose
 // BatchNorm{1,2}d were converted equals one process training plain BatchNorm on the global
-// batch (parameters and running statistics), and conversion keeps the tensors.
+// batch (parameters and running statistics, float64), and conversion keeps the tensors.
 #include "catch.h"
 #include <torch/torch.h>
 
@@ -8,6 +8,7 @@
 #include "cpprun/sync_batch_norm.h"
 #include "dist_test_support.h"
 #include "ddp_test_models.h"
+#include "parity_checks.h"
 
 using dist_test::group;
 using dist_test::slice;
@@ -36,6 +37,7 @@ torch::Tensor inputs(const std::string& model, int64_t step) {
 
 void check_training_matches(const std::string& model) {
   const int rank = group().rank(), world = group().size();
+  ddp_test::Float64Parity float64;  // See Note [Parity in float64]
   torch::manual_seed(7);  // the same initial weights everywhere
   torch::nn::Sequential net = model == "cnn" ? make_cnn() : make_mlp();
   torch::nn::Sequential ref = model == "cnn" ? make_cnn() : make_mlp();
@@ -63,20 +65,20 @@ void check_training_matches(const std::string& model) {
   for (const auto& item : net->named_parameters()) {
     const double diff = ddp_test::relative_difference(item.value(), ref_params[item.key()]);
     INFO(model << " parameter " << item.key() << " relative difference " << diff);
-    CHECK(diff <= 1e-5);
+    CHECK(diff <= ddp_test::kParityTolerance);
   }
   auto ref_buffers = ref->named_buffers();
   for (const auto& item : net->named_buffers()) {
     const double diff = ddp_test::relative_difference(item.value(), ref_buffers[item.key()]);
     INFO(model << " buffer " << item.key() << " relative difference " << diff);
-    CHECK(diff <= 1e-5);
+    CHECK(diff <= ddp_test::kParityTolerance);
   }
   // Eval mode uses the running statistics, as BatchNorm does.
   net->eval();
   ref->eval();
   auto x = inputs(model, 99);
   torch::NoGradGuard no_grad;
-  CHECK(ddp_test::relative_difference(net->forward(x), ref->forward(x)) <= 1e-5);
+  CHECK(ddp_test::relative_difference(net->forward(x), ref->forward(x)) <= ddp_test::kParityTolerance);
 }
 
 }  // namespace
