@@ -3,7 +3,7 @@
 // Sequential cut into the same stages, from DIR/init.safetensors on DIR/batches.safetensors; each
 // rank writes its stages' parameters (and the last stage's rank the losses) to
 // DIR/cpp_SCHEDULE_r{RANK}.safetensors.
-//   cpprun --nproc_per_node=2 pipeline_pytorch_parity DIR gpipe|1f1b|zero-bubble|interleaved-1f1b|looped-bfs
+//   cpprun --nproc_per_node=2 pipeline_pytorch_parity DIR gpipe|1f1b|zero-bubble|interleaved-1f1b|interleaved-odd|looped-bfs
 #include <torch/torch.h>
 
 #include <cstdio>
@@ -17,10 +17,18 @@
 
 namespace {
 
-constexpr int kSteps = 3, kMicrobatches = 4;
-// pipeline_pytorch_parity.py's STAGES_PER_RANK, the same.
-const std::map<std::string, int> kStagesPerRank{
-    {"gpipe", 1}, {"1f1b", 1}, {"zero-bubble", 1}, {"interleaved-1f1b", 2}, {"looped-bfs", 2}};
+constexpr int kSteps = 3;
+struct Config {
+  std::string schedule;
+  int stages_per_rank, microbatches;
+};
+// pipeline_pytorch_parity.py's CONFIGS, the same.
+const std::map<std::string, Config> kConfigs{{"gpipe", {"gpipe", 1, 4}},
+                                             {"1f1b", {"1f1b", 1, 4}},
+                                             {"zero-bubble", {"zero-bubble", 1, 4}},
+                                             {"interleaved-1f1b", {"interleaved-1f1b", 2, 4}},
+                                             {"interleaved-odd", {"interleaved-1f1b", 2, 3}},
+                                             {"looped-bfs", {"looped-bfs", 2, 4}}};
 
 // pipeline_pytorch_parity.py's net(): children "0" to "7".
 torch::nn::Sequential net() {
@@ -34,16 +42,17 @@ torch::nn::Sequential net() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 3 || kStagesPerRank.count(argv[2]) == 0) {
+  if (argc != 3 || kConfigs.count(argv[2]) == 0) {
     std::fprintf(stderr, "usage: cpprun --nproc_per_node=2 pipeline_pytorch_parity DIR "
-                         "gpipe|1f1b|zero-bubble|interleaved-1f1b|looped-bfs\n");
+                         "gpipe|1f1b|zero-bubble|interleaved-1f1b|interleaved-odd|looped-bfs\n");
     return 2;
   }
   const std::string dir = argv[1], name = argv[2];
   auto group = cpprun::init_process_group();
   auto model = net();
   cpprun::load_state_dict(model, dir + "/init.safetensors");
-  const int per_rank = kStagesPerRank.at(name), ranks = group.size();
+  const Config& config = kConfigs.at(name);
+  const int per_rank = config.stages_per_rank, ranks = group.size();
   const cpprun::PipelineSplit split = cpprun::split_evenly(model, ranks * per_rank);
   std::vector<std::unique_ptr<cpprun::PipelineStage>> owned;
   std::vector<cpprun::PipelineStage*> stages;
@@ -51,7 +60,7 @@ int main(int argc, char** argv) {
     owned.push_back(std::make_unique<cpprun::PipelineStage>(model, split, group, group.rank() + k * ranks));
     stages.push_back(owned.back().get());
   }
-  auto schedule = cpprun::make_schedule(name, stages, kMicrobatches,
+  auto schedule = cpprun::make_schedule(config.schedule, stages, config.microbatches,
                                         [](const at::Tensor& output, const at::Tensor& target) {
                                           return torch::mse_loss(output, target);
                                         });

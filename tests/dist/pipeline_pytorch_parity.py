@@ -14,9 +14,12 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
-STEPS, BATCH, MICROBATCHES, RANKS = 3, 8, 4, 2
-# Each schedule's stages per rank (pipeline_pytorch_parity.cpp's, the same).
-STAGES_PER_RANK = {"gpipe": 1, "1f1b": 1, "zero-bubble": 1, "interleaved-1f1b": 2, "looped-bfs": 2}
+STEPS, BATCH, RANKS = 3, 12, 2
+# Each configuration's schedule, stages per rank and micro-batches (pipeline_pytorch_parity.cpp's,
+# the same); "interleaved-odd" takes PyTorch's flexible rounds (3 micro-batches on 2 ranks: one round).
+CONFIGS = {"gpipe": ("gpipe", 1, 4), "1f1b": ("1f1b", 1, 4), "zero-bubble": ("zero-bubble", 1, 4),
+           "interleaved-1f1b": ("interleaved-1f1b", 2, 4), "interleaved-odd": ("interleaved-1f1b", 2, 3),
+           "looped-bfs": ("looped-bfs", 2, 4)}
 
 
 def net():
@@ -59,7 +62,7 @@ def main():
             return ((py[k] - cpp[k]).abs().max() / py[k].abs().max()).item()
         worst = max(names, key=gap)
         moved = min(((py[k] - init[k]).abs().max() / init[k].abs().max()).item() for k in names)
-        print(f"{name}: cpprun's pipeline against PyTorch's after {STEPS} steps of {MICROBATCHES} micro-batches: "
+        print(f"{name}: cpprun's pipeline against PyTorch's after {STEPS} steps of {CONFIGS[name][2]} micro-batches: "
               f"losses within {gap('losses'):.3g}, parameters within {gap(worst):.3g} ({worst}), "
               f"each moved at least {moved:.3g}")
         sys.exit(0 if gap(worst) < 1e-10 and gap("losses") < 1e-10 and moved > 1e-3 else 1)
@@ -69,17 +72,17 @@ def main():
     rank, world = dist.get_rank(), dist.get_world_size()
     model = net()
     model.load_state_dict(load_file(f"{d}/init.safetensors"))
-    v = STAGES_PER_RANK[name]
+    kind, v, m = CONFIGS[name]
     cut = split(world * v)
     indices = [rank + k * world for k in range(v)]  # stage s on rank s % world, as cpprun's
     stages = [PipelineStage(torch.nn.Sequential(collections.OrderedDict((n, model.get_submodule(n)) for n in cut[i])),
                             i, world * v, torch.device("cpu")) for i in indices]
     mse = torch.nn.functional.mse_loss
-    schedule = {"gpipe": lambda: ScheduleGPipe(stages[0], MICROBATCHES, loss_fn=mse),
-                "1f1b": lambda: Schedule1F1B(stages[0], MICROBATCHES, loss_fn=mse),
-                "zero-bubble": lambda: ScheduleInterleavedZeroBubble(stages, MICROBATCHES, loss_fn=mse),
-                "interleaved-1f1b": lambda: ScheduleInterleaved1F1B(stages, MICROBATCHES, loss_fn=mse),
-                "looped-bfs": lambda: ScheduleLoopedBFS(stages, MICROBATCHES, loss_fn=mse)}[name]()
+    schedule = {"gpipe": lambda: ScheduleGPipe(stages[0], m, loss_fn=mse),
+                "1f1b": lambda: Schedule1F1B(stages[0], m, loss_fn=mse),
+                "zero-bubble": lambda: ScheduleInterleavedZeroBubble(stages, m, loss_fn=mse),
+                "interleaved-1f1b": lambda: ScheduleInterleaved1F1B(stages, m, loss_fn=mse),
+                "looped-bfs": lambda: ScheduleLoopedBFS(stages, m, loss_fn=mse)}[kind]()
     mine = [p for s in stages for p in s.submod.parameters()]
     opt = torch.optim.SGD(mine, lr=0.1, momentum=0.9, foreach=False)
     batches = load_file(f"{d}/batches.safetensors")

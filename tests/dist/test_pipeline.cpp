@@ -452,8 +452,9 @@ TEST_CASE("pipeline: Interleaved 1F1B with 2 stages per rank matches one process
   const int p = group().size();
   double worst = 0;
   for (int m : {p, 2 * p}) worst = std::max(worst, train_and_compare(Kind::kInterleaved, m));
-  // PyTorch's rounds where p does not divide m: one round of m (m < 2p), or rounds of m / rounds.
-  for (int m : {p + 1, 2 * p + 2}) {
+  // PyTorch's rounds where p does not divide m: one round of m (m < 2p), or rounds of m / rounds
+  // (p + 2 is the one the batch of 24 divides at 4 ranks: 6 micro-batches in one round).
+  for (int m : {p + 1, p + 2, 2 * p + 2}) {
     if (m % p != 0 && kBatch % m == 0 && m % std::max(1, m / p) == 0) {
       worst = std::max(worst, train_and_compare(Kind::kInterleaved, m));
     }
