@@ -107,6 +107,18 @@ std::string mismatch_message(const StateDictLoadReport& report, const std::strin
     message += "\n  shape or dtype differs (" + std::to_string(report.mismatched.size()) + "):\n    " +
                join_keys(located(report.mismatched, true), "\n    ");
   }
+  // LibTorch's Module::to(dtype) converts every buffer, where Python's .double() / .to(dtype) leave
+  // integer ones alone: BatchNorm's num_batches_tracked then no longer matches any file of the model.
+  const bool integer_buffer_converted =
+      std::any_of(report.mismatched.begin(), report.mismatched.end(), [](const std::string& item) {
+        return item.find("num_batches_tracked: file int64") != std::string::npos;
+      });
+  if (integer_buffer_converted) {
+    message += "\nnum_batches_tracked is int64 in the file: LibTorch's module->to(dtype) converted it with the "
+               "floating-point tensors (Python's .to(dtype) leaves integer buffers alone). Build the model in "
+               "that dtype instead (torch::set_default_dtype before constructing it), or convert only the "
+               "floating-point parameters and buffers.";
+  }
   return message + "\nIs it another model's file? To load only what fits, pass StateDictOptions().strict(false).";
 }
 

@@ -150,6 +150,21 @@ TEST_CASE("state_dict: a strict load lists every difference in one error, names 
   }
 }
 
+TEST_CASE("state_dict: a BatchNorm whose module->to(dtype) converted num_batches_tracked is told why", "[state_dict]") {
+  scratch::ScratchDir dir("state_dict_int_buffer");
+  const std::string path = (dir.path / "bn.safetensors").string();
+  cpprun::save_state_dict(small_net(), path);  // num_batches_tracked int64, as Python's .double() keeps it
+  auto converted = small_net();
+  converted->to(torch::kDouble);  // LibTorch converts the int64 buffer too
+  const std::string message = error_text_of([&] { cpprun::load_state_dict(converted, path); });
+  CHECK_THAT(message, Catch::Matchers::Contains("1.num_batches_tracked: file int64 [], module float64 []"));
+  CHECK_THAT(message, Catch::Matchers::Contains("LibTorch's module->to(dtype) converted it"));
+  // A file of another shape alone gets no such hint.
+  cpprun::save_state_dict(small_net(5), path);
+  CHECK_THAT(error_text_of([&] { cpprun::load_state_dict(small_net(), path); }),
+             !Catch::Matchers::Contains("module->to(dtype)"));
+}
+
 TEST_CASE("state_dict: strict(false) loads what fits and reports the rest", "[state_dict]") {
   scratch::ScratchDir dir("state_dict_lenient");
   const std::string path = (dir.path / "l.safetensors").string();
