@@ -109,6 +109,14 @@ void read_into(const torch::nn::Module& module, const NamedTensors& whole, const
            << " in the model";
       faults.push_back(text.str());
     }
+    // Floating point converts to floating point (a float64 archive into float32 parameters);
+    // anything else must match: copy_ would turn a bool into 1.0, or drop a complex's imaginary part.
+    const bool both_floating = in_file != found.end() && at::isFloatingType(in_file->second.scalar_type()) &&
+                               at::isFloatingType(tensor.scalar_type());
+    if (in_file != found.end() && !both_floating && in_file->second.scalar_type() != tensor.scalar_type()) {
+      faults.push_back("\"" + name + "\" is " + std::string(c10::toString(in_file->second.scalar_type())) +
+                       " in the file but " + c10::toString(tensor.scalar_type()) + " in the model");
+    }
   }
   if (!faults.empty()) {
     std::string list;
@@ -119,7 +127,8 @@ void read_into(const torch::nn::Module& module, const NamedTensors& whole, const
                                  "and torch::save(module) of the same module type write what loads here.");
   }
   at::NoGradGuard no_grad;
-  // A float64 archive into float32 parameters converts, as the earlier load did.
+  // A float64 archive into float32 parameters converts, as the earlier load did (only floating
+  // point to floating point: checked above).
   for (const auto& [name, tensor] : whole) tensor.copy_(found.at(name));
 }
 
@@ -155,8 +164,9 @@ void load_full_state(const StateView& view, const torch::nn::Module& module, con
       failure = std::current_exception();
     }
   }
-  // Only the root reads: the others must not wait for its broadcast if it could not.
-  view.team.agree(failure, "loading the full state dict from " + path);
+  // Only the root reads: the others must not wait for its broadcast if it could not, and they
+  // throw its error, of its kind, so that a rank catching it learns what was wrong.
+  view.team.share_root_failure(failure);
   std::vector<at::Tensor> tensors;  // each once: a tied tensor is listed under each of its names
   std::unordered_set<const c10::TensorImpl*> listed;
   for (const auto& [name, tensor] : whole) {

@@ -617,8 +617,16 @@ std::vector<std::string> optimizer_file_faults(const OptimizerParams& params, to
     for (const auto& [what, tensor] : states) {
       const std::string key = "\"state." + name + "." + what + "\"" + in_file("state." + name + "." + what);
       if (what == "step") {
+        // A real number (PyTorch saves float32, older files int64), a whole count: LibTorch's
+        // optimizers keep it as an int64, so 2.5 could only be rounded, and a complex or bool
+        // step is no count at all.
+        const auto type = tensor.scalar_type();
+        if (at::isComplexType(type) || type == at::kBool) {
+          faults.push_back(key + " is " + std::string(c10::toString(type)) + ", not a count of steps taken");
+          continue;
+        }
         const double step = tensor.to(at::kDouble).item<double>();
-        if (!std::isfinite(step) || step < 0 || step > 9.0e15) {
+        if (!std::isfinite(step) || step < 0 || step > 9.0e15 || step != std::floor(step)) {
           faults.push_back(key + " is " + c10::str(step) + ", not a count of steps taken");
         }
       } else if (!at::isFloatingType(tensor.scalar_type())) {

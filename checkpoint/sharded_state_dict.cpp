@@ -50,9 +50,13 @@ std::map<std::string, std::string> stamp_metadata(const ShardedSaveStamp& stamp)
   return metadata;
 }
 
+// The first lines, one a line, then how many more: a crafted index naming a million files must not
+// make an error message of hundreds of megabytes.
 std::string join_lines(const std::vector<std::string>& lines) {
+  constexpr std::size_t kShown = 50;
   std::string out;
-  for (const auto& line : lines) out += "\n  " + line;
+  for (std::size_t i = 0; i < lines.size() && i < kShown; ++i) out += "\n  " + lines[i];
+  if (lines.size() > kShown) out += "\n  ... and " + std::to_string(lines.size() - kShown) + " more";
   return out;
 }
 

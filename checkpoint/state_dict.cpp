@@ -77,6 +77,15 @@ std::string join_keys(const std::vector<std::string>& items, const std::string& 
   return out;
 }
 
+// join_keys for a message: the first 50, then how many more (a crafted file of a million names
+// must not make a message of hundreds of megabytes).
+std::string join_shown(const std::vector<std::string>& items, const std::string& separator) {
+  constexpr std::size_t kShown = 50;
+  if (items.size() <= kShown) return join_keys(items, separator);
+  return join_keys(std::vector<std::string>(items.begin(), items.begin() + kShown), separator) + separator +
+         "... and " + std::to_string(items.size() - kShown) + " more";
+}
+
 }  // namespace
 
 // `file_of`: a directory's tensors -> their files, added to each unexpected or mismatched name.
@@ -96,16 +105,16 @@ std::string mismatch_message(const StateDictLoadReport& report, const std::strin
                         ": its tensors do not match the module's, and nothing was loaded.";
   if (!report.missing_keys.empty()) {
     message += std::string("\n  missing from the ") + (directory ? "index and its files" : "file") + " (" +
-               std::to_string(report.missing_keys.size()) + "): " + join_keys(report.missing_keys, ", ");
+               std::to_string(report.missing_keys.size()) + "): " + join_shown(report.missing_keys, ", ");
   }
   if (!report.unexpected_keys.empty()) {
     message += std::string("\n  in the ") + (directory ? "files" : "file") + " but not in the module (" +
                std::to_string(report.unexpected_keys.size()) +
-               "): " + join_keys(located(report.unexpected_keys, false), ", ");
+               "): " + join_shown(located(report.unexpected_keys, false), ", ");
   }
   if (!report.mismatched.empty()) {
     message += "\n  shape or dtype differs (" + std::to_string(report.mismatched.size()) + "):\n    " +
-               join_keys(located(report.mismatched, true), "\n    ");
+               join_shown(located(report.mismatched, true), "\n    ");
   }
   // LibTorch's Module::to(dtype) converts every buffer, where Python's .double() / .to(dtype) leave
   // integer ones alone: BatchNorm's num_batches_tracked then no longer matches any file of the model.

@@ -16,7 +16,10 @@
 
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
+#include <caffe2/serialize/inline_container.h>
+#include <caffe2/serialize/in_memory_adapter.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <system_error>
@@ -78,6 +81,47 @@ void verify_and_strip(const std::string& path, std::string& bytes) {
   bytes.resize(actual_length);
 }
 
+// Note [An archive runs no code]
+// A torch archive is a TorchScript module: torch::jit::load compiles the Python-like code in its
+// code/ records and runs the __setstate__ it may define on the values it unpickles, so a crafted
+// file could spin forever or allocate gigabytes inside the load (and the CRC footer proves no
+// origin: anyone can compute it). What torch::save and cpprun's OutputArchives write declares
+// attributes only, no method, so an archive whose code defines one is refused before TorchScript
+// sees it. Its records are sized from the zip's directory before any is read.
+void refuse_archive_code(const std::string& payload, const std::string& path) {
+  constexpr std::size_t kMaxCodeBytes = std::size_t{16} << 20;
+  const auto refuse = [&](const std::string& why) {
+    throw std::runtime_error("cpprun: checkpoint " + path + " is refused: " + why +
+                             ". cpprun reads archives of tensors and values (torch::save of a module, cpprun's "
+                             "own), whose loading runs no code");
+  };
+  try {
+    caffe2::serialize::PyTorchStreamReader zip(
+        std::make_shared<caffe2::serialize::MemoryReadAdapter>(payload.data(), static_cast<off_t>(payload.size())));
+    for (const std::string& record : zip.getAllRecords()) {
+      if (record.rfind("code/", 0) != 0 || record.size() < 3 || record.compare(record.size() - 3, 3, ".py") != 0) {
+        continue;
+      }
+      if (zip.getRecordSize(record) > kMaxCodeBytes) refuse("its TorchScript code " + record + " is over 16 MiB");
+      auto [data, size] = zip.getRecord(record);
+      const std::string_view code(static_cast<const char*>(data.get()), size);
+      for (std::size_t at = 0; at < code.size();) {
+        const std::size_t end = std::min(code.find('\n', at), code.size());
+        const std::string_view line = code.substr(at, end - at);
+        const std::size_t first = line.find_first_not_of(" \t");
+        if (first != std::string_view::npos && line.substr(first, 4) == "def ") {
+          refuse("its TorchScript code " + record + " defines a method (" +
+                 std::string(line.substr(first, std::min<std::size_t>(line.size() - first, 60))) +
+                 "), which loading it would compile and may run");
+        }
+        at = end + 1;
+      }
+    }
+  } catch (const c10::Error& e) {
+    throw std::runtime_error("cpprun: checkpoint " + path + " is not a torch archive: " + e.what_without_backtrace());
+  }
+}
+
 }  // namespace
 
 void write_checkpoint_file(const std::string& path, std::string_view payload) {
@@ -115,6 +159,7 @@ void save_checkpoint(torch::serialize::OutputArchive& archive, const std::string
 void load_checkpoint(torch::serialize::InputArchive& archive, const std::string& path, UncheckedFiles unchecked) {
   std::string payload = detail::read_regular_file(path, "checkpoint");
   if (unchecked == UncheckedFiles::kRefuse || has_footer(payload)) verify_and_strip(path, payload);
+  refuse_archive_code(payload, path);
   try {
     archive.load_from(payload.data(), payload.size());
   } catch (const c10::Error& e) {

@@ -136,8 +136,11 @@ SafetensorsIndex read_safetensors_index(std::string_view text, const std::string
         if (file.kind != Json::Kind::kString)
           bad_index(path, "its weight_map entry \"" + name + "\" is not a file name");
         // A file beside the index: never a path that could lead elsewhere.
-        if (file.text.empty() || file.text.find('/') != std::string::npos || file.text == "." || file.text == "..") {
-          bad_index(path, "its weight_map puts \"" + name + "\" in \"" + file.text +
+        if (file.text.empty() || file.text.find('/') != std::string::npos || file.text.find('\0') != std::string::npos ||
+            file.text == "." || file.text == "..") {
+          std::string shown;  // a NUL would end the message where the name does
+          for (const char c : file.text) shown += c == '\0' ? std::string("\\u0000") : std::string(1, c);
+          bad_index(path, "its weight_map puts \"" + name + "\" in \"" + shown +
                         "\", which is not the name of a file in the index's directory");
         }
         index.weight_map[name] = file.text;

@@ -128,6 +128,13 @@ struct Value {
 // size tuple); far deeper is a crafted file, whose values freed one inside the other would
 // overflow the stack.
 constexpr int kMaxPickleDepth = 64;
+// Note [Bounded unpickling]: each value the pickle pushes costs this reader ~150 bytes, so a
+// pickle of 60 million one-byte opcodes (58 KB deflated) asked for gigabytes. torch.save writes
+// ~25 pushes a tensor; 4M pushes is 160,000 tensors' worth, more than any state dict holds, and at
+// most ~600 MB. data.pkl itself and each storage are sized from the zip's directory before they
+// are read (or inflated).
+constexpr std::size_t kMaxPicklePushes = std::size_t{1} << 22;
+constexpr std::size_t kMaxPickleBytes = std::size_t{1} << 30;
 
 ValuePtr make(Value::Kind kind) {
   auto v = std::make_shared<Value>();
@@ -227,7 +234,13 @@ class PickleReader {
     pos_ = end + 1;
     return out;
   }
-  void push(ValuePtr v) { stack_.push_back(std::move(v)); }
+  void push(ValuePtr v) {
+    if (++pushes_ > kMaxPicklePushes) {
+      fail("it pushes more than " + std::to_string(kMaxPicklePushes) +
+           " values (a dict of tensors takes ~25 a tensor); refusing it rather than growing without bound");
+    }
+    stack_.push_back(std::move(v));
+  }
   ValuePtr pop() {
     if (stack_.empty() || (!marks_.empty() && marks_.back() == stack_.size())) fail("its stack runs empty");
     auto v = stack_.back();
@@ -408,8 +421,18 @@ class PickleReader {
     if (!cached) {
       const std::string record = "data/" + key;
       if (!zip_.hasRecord(record)) fail("its storage " + key + " is missing from the zip");
+      // Sized from the zip's directory first: a deflated record is inflated only when it fits.
+      const std::size_t declared = zip_.getRecordSize(record);
+      const auto holds_numel = [&](std::size_t bytes) {
+        return numel >= 0 && bytes % at::elementSize(type) == 0 &&
+               bytes / at::elementSize(type) == static_cast<std::size_t>(numel);
+      };
+      if (!holds_numel(declared)) {
+        fail("storage " + key + " holds " + std::to_string(declared) + " bytes, not " + std::to_string(numel) +
+             " elements of " + c10::toString(type));
+      }
       auto [data, size] = zip_.getRecord(record);
-      if (numel < 0 || size != static_cast<std::size_t>(numel) * at::elementSize(type)) {
+      if (!holds_numel(size)) {
         fail("storage " + key + " holds " + std::to_string(size) + " bytes, not " + std::to_string(numel) +
              " elements of " + c10::toString(type));
       }
@@ -424,6 +447,7 @@ class PickleReader {
   caffe2::serialize::PyTorchStreamReader& zip_;
   const std::string& path_;
   std::size_t pos_ = 0;
+  std::size_t pushes_ = 0;
   std::vector<ValuePtr> stack_;
   std::vector<std::size_t> marks_;
   std::unordered_map<uint64_t, ValuePtr> memo_;
@@ -512,6 +536,10 @@ NamedTensors decode_torch_save(std::string_view bytes, const std::string& path) 
     }
     if (!zip->hasRecord("data.pkl"))
       bad_pt_file(path, "it has no data.pkl (a TorchScript archive? Load it with torch::load)");
+    if (zip->getRecordSize("data.pkl") > kMaxPickleBytes) {
+      bad_pt_file(path, "its data.pkl declares " + std::to_string(zip->getRecordSize("data.pkl")) +
+                            " bytes, more than a dict of tensors' pickle takes (see Note [Bounded unpickling])");
+    }
     auto [pickle_data, pickle_size] = zip->getRecord("data.pkl");
     const std::string_view pickle(static_cast<const char*>(pickle_data.get()), pickle_size);
     const ValuePtr root = PickleReader(pickle, *zip, path).run();
@@ -524,7 +552,10 @@ NamedTensors decode_torch_save(std::string_view bytes, const std::string& path) 
     }
     return out;
   } catch (const c10::Error& e) {
-    bad_pt_file(path, std::string("its zip cannot be read (") + e.what_without_backtrace() + ")");
+    bad_pt_file(path, std::string("it cannot be read as torch.save's dict of tensors (") + e.what_without_backtrace() +
+                          ")");
+  } catch (const std::bad_alloc&) {
+    bad_pt_file(path, "reading it needs more memory than this process can have");
   }
 }
 

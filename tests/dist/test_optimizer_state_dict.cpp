@@ -266,6 +266,21 @@ TEST_CASE("optimizer_state_dict: values the optimizer could not step from are re
                         }
                       }),
                "\"state.fc1.weight.step\" is nan, not a count of steps taken");
+  // A complex step passed the check (cast to its real part) and threw mid-apply, half-loaded; a
+  // fraction was rounded (LibTorch counts steps as int64); a bool is no count.
+  const auto step_as = [&](const char* name, const at::Tensor& value) {
+    return edited(name, "", "", [value](cpprun::detail::NamedTensors& t) {
+      for (auto& [key, tensor] : t) {
+        if (key == "state.fc1.weight.step") tensor = value;
+      }
+    });
+  };
+  refused_with(step_as("complex_step", at::scalar_tensor(c10::complex<float>(3, 4), at::kComplexFloat)),
+               "\"state.fc1.weight.step\" is ComplexFloat, not a count of steps taken");
+  refused_with(step_as("bool_step", at::scalar_tensor(true, at::kBool)),
+               "\"state.fc1.weight.step\" is Bool, not a count of steps taken");
+  refused_with(step_as("fraction_step", at::scalar_tensor(2.5, at::kFloat)),
+               "\"state.fc1.weight.step\" is 2.5, not a count of steps taken");
   // Options LibTorch's optimizers lack that change the update: loading would step another way.
   const std::string lr_text = written;
   refused_with(edited("maximize", lr_text, lr_text + ", \"maximize\": true", nullptr), "option \"maximize\" is true");

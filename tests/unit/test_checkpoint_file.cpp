@@ -4,6 +4,8 @@
 #include "catch.h"
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
+#include <caffe2/serialize/in_memory_adapter.h>
+#include <caffe2/serialize/inline_container.h>
 
 #include <signal.h>
 #include <sys/resource.h>
@@ -158,6 +160,50 @@ TEST_CASE("checkpoint_file: a torch archive round-trips, is still a torch archiv
   cpprun::load_checkpoint(unchecked, path, cpprun::UncheckedFiles::kAccept);
   unchecked.read("weights", loaded);
   CHECK(loaded.equal(weights));
+}
+
+TEST_CASE("checkpoint_file: an archive whose TorchScript code defines a method is refused before TorchScript runs it",
+          "[checkpoint_file]") {
+  ScratchDir dir("checkpoint_file_code");
+  torch::serialize::OutputArchive out;
+  out.write("weights", at::arange(4, at::kFloat));
+  std::string payload;
+  out.save_to([&payload](const void* data, std::size_t size) {
+    payload.append(static_cast<const char*>(data), size);
+    return size;
+  });
+  // The same archive with a __setstate__ in its module's code (a crafted one spun forever in it).
+  caffe2::serialize::PyTorchStreamReader reader(
+      std::make_shared<caffe2::serialize::MemoryReadAdapter>(payload.data(), static_cast<off_t>(payload.size())));
+  std::string crafted;
+  caffe2::serialize::PyTorchStreamWriter writer([&crafted](const void* data, std::size_t size) {
+    crafted.append(static_cast<const char*>(data), size);
+    return size;
+  });
+  bool had_code = false;
+  for (const std::string& record : reader.getAllRecords()) {
+    auto [data, size] = reader.getRecord(record);
+    std::string bytes(static_cast<const char*>(data.get()), size);
+    if (record == "code/__torch__.py") {
+      had_code = true;
+      CHECK(bytes.find("def ") == std::string::npos);  // what torch::save writes declares attributes only
+      bytes += "  def __setstate__(self: __torch__.Module, state: Tuple[Tensor, bool]) -> NoneType:\n"
+               "    while True:\n      pass\n    return None\n";
+    }
+    writer.writeRecord(record, bytes.data(), bytes.size());
+  }
+  writer.writeEndOfFile();
+  REQUIRE(had_code);
+  const std::string path = (dir.path / "code.pt").string();
+  cpprun::write_checkpoint_file(path, crafted);  // a valid footer proves nothing of its origin
+  torch::serialize::InputArchive in;
+  CHECK_THAT(message_of<std::runtime_error>([&] { cpprun::load_checkpoint(in, path); }),
+             Catch::Matchers::Contains(path) && Catch::Matchers::Contains("defines a method (def __setstate__") &&
+                 Catch::Matchers::Contains("runs no code"));
+  // The archive as torch::save wrote it still loads.
+  cpprun::write_checkpoint_file(path, payload);
+  torch::serialize::InputArchive good;
+  cpprun::load_checkpoint(good, path);
 }
 
 TEST_CASE("atomic_file: a failed write keeps the old file, removes the temporary one and says why",

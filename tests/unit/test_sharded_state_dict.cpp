@@ -113,6 +113,9 @@ TEST_CASE("hf_sharded: file names and the index are transformers'", "[state_dict
   CHECK_THAT(error(R"({"weight_map": {"a": "../../etc/passwd"}})"),
              Catch::Matchers::Contains("not the name of a file in the index's directory"));
   CHECK_THAT(error(R"({"weight_map": {"a": 3}})"), Catch::Matchers::Contains("is not a file name"));
+  // A NUL ends the name the file system sees: "model.safetensors\0junk" opened model.safetensors.
+  CHECK_THAT(error(R"({"weight_map": {"a": "model.safetensors\u0000junk"}})"),
+             Catch::Matchers::Contains("not the name of a file in the index's directory"));
   CHECK_THAT(error(R"({"weight_map": {"a": "f")"),
              Catch::Matchers::Contains("i.json is invalid: its JSON is malformed"));
 }
@@ -251,6 +254,17 @@ TEST_CASE("hf_sharded: a directory that does not hold together is refused, namin
   const fs::path bad_index = fresh("bad_index");
   write_file_bytes(bad_index / "model.safetensors.index.json", "{\"weight_map\": {\"x\": ");
   refused(bad_index, {(bad_index / "model.safetensors.index.json").string(), "malformed"});
+}
+
+TEST_CASE("hf_sharded: an index naming a thousand absent files is refused in a message of fifty", "[state_dict]") {
+  scratch::ScratchDir dir("hf_sharded_absent");
+  cpprun::detail::SafetensorsIndex index;
+  for (int i = 0; i < 1000; ++i) index.weight_map["t" + std::to_string(i)] = "f" + std::to_string(i) + ".safetensors";
+  write_file_bytes(dir.path / "model.safetensors.index.json", cpprun::detail::write_safetensors_index(index));
+  auto target = net();
+  const std::string message = error_text_of([&] { cpprun::load_state_dict(target, dir.path.string()); });
+  CHECK_THAT(message, Catch::Matchers::Contains("names 1000 file(s) that") && Catch::Matchers::Contains("... and 950 more"));
+  CHECK(message.size() < 8000);
 }
 
 TEST_CASE("hf_sharded: a strict load of another model's directory lists every difference with its file",

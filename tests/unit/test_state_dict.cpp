@@ -12,6 +12,7 @@
 
 #include "error_text.h"
 #include "cpprun/checkpoint_file.h"
+#include "cpprun/model_checkpoint.h"
 #include "cpprun/state_dict.h"
 #include "checkpoint/state_dict.h"
 #include "scratch_files.h"
@@ -163,6 +164,31 @@ TEST_CASE("state_dict: a BatchNorm whose module->to(dtype) converted num_batches
   cpprun::save_state_dict(small_net(5), path);
   CHECK_THAT(error_text_of([&] { cpprun::load_state_dict(small_net(), path); }),
              !Catch::Matchers::Contains("module->to(dtype)"));
+}
+
+TEST_CASE("load_full_state_dict: floating point converts, other dtypes are refused rather than cast", "[state_dict]") {
+  scratch::ScratchDir dir("full_state_dtypes");
+  const std::string path = (dir.path / "full.pt").string();
+  torch::nn::Linear linear(4, 3);
+  const auto archive_of = [&](const at::Tensor& weight) {
+    torch::serialize::OutputArchive archive;
+    archive.write("weight", weight);
+    archive.write("bias", at::arange(3, at::kDouble));
+    archive.save_to(path);  // as torch::save writes it: no footer
+  };
+  archive_of(at::ones({3, 4}, at::kDouble));  // float64 into float32: converts, as before
+  cpprun::load_full_state_dict(linear, path);
+  CHECK(linear->weight.equal(at::ones({3, 4})));
+  CHECK(linear->bias.equal(at::arange(3, at::kFloat)));
+  const at::Tensor before = linear->weight.detach().clone();
+  for (const auto type : {at::kBool, at::kLong, at::kComplexFloat}) {
+    archive_of(at::zeros({3, 4}, type));  // copy_ made a bool 1.0, and dropped a complex's imaginary part
+    CHECK_THAT(error_text_of([&] { cpprun::load_full_state_dict(linear, path); }),
+               Catch::Matchers::Contains("\"weight\" is " + std::string(c10::toString(type)) +
+                                         " in the file but Float in the model") &&
+                   Catch::Matchers::Contains("Nothing was loaded"));
+    CHECK(linear->weight.equal(before));
+  }
 }
 
 TEST_CASE("state_dict: strict(false) loads what fits and reports the rest", "[state_dict]") {
@@ -373,7 +399,39 @@ TEST_CASE("torch.save reader: values nested far deeper than a state dict are ref
   // A list changed after it was placed in another: ']' an outer list, ']' an inner one, 'q' memo 0,
   // 'a' the inner into the outer, 'h' memo 0 again, 'K' 1, 'a' appended to the inner.
   refused("changed.pt", std::string("\x80\x02]]q\x00" "ah\x00K\x01" "a.", 13), "changes a value after placing it");
+  // Five million one-byte pushes (None): ~150 bytes each in the reader, gigabytes from a few
+  // megabytes (58 KB deflated); refused at the cap of Note [Bounded unpickling].
+  refused("pushes.pt", std::string("\x80\x02", 2) + std::string(5000000, 'N') + ".", "pushes more than 4194304 values");
   // The real file still reads.
   CHECK(cpprun::detail::read_state_dict_file(good).size() == small_net()->named_parameters().size() +
                                                                small_net()->named_buffers().size());
+}
+
+TEST_CASE("torch.save reader: a storage record of another size is refused before it is read", "[state_dict]") {
+  scratch::ScratchDir dir("state_dict_storage_size");
+  const std::string good = (dir.path / "good.pt").string();
+  cpprun::save_state_dict(small_net(), good);
+  // Every storage record 1 MiB of zeros: what a 1 GiB zip bomb's directory declares, in miniature.
+  const std::string payload = cpprun::read_checkpoint_file(good);
+  caffe2::serialize::PyTorchStreamReader reader(
+      std::make_shared<caffe2::serialize::MemoryReadAdapter>(payload.data(), static_cast<off_t>(payload.size())));
+  std::string out;
+  caffe2::serialize::PyTorchStreamWriter writer([&out](const void* data, std::size_t size) {
+    out.append(static_cast<const char*>(data), size);
+    return size;
+  });
+  const std::string zeros(1 << 20, '\0');
+  for (const std::string& record : reader.getAllRecords()) {
+    if (record.rfind("data/", 0) == 0) {
+      writer.writeRecord(record, zeros.data(), zeros.size());
+    } else {
+      auto [data, size] = reader.getRecord(record);
+      writer.writeRecord(record, data.get(), size);
+    }
+  }
+  writer.writeEndOfFile();
+  const std::string path = (dir.path / "sizes.pt").string();
+  write_bytes(path, out);
+  CHECK_THAT(error_text_of([&] { cpprun::detail::read_state_dict_file(path); }),
+             Catch::Matchers::Contains(path) && Catch::Matchers::Contains("holds 1048576 bytes, not"));
 }
