@@ -109,6 +109,20 @@ void load_optimizer_state(StateSource source, torch::optim::Optimizer& optimizer
   load_optimizer_state_dict(optimizer_params(view), optimizer, view.team, path);
 }
 
+OptimizerStateDict get_optimizer_state(StateSource source, torch::optim::Optimizer& optimizer,
+                                       const StateDictOptions& options) {
+  const StateView view = state_view(source);
+  at::NoGradGuard no_grad;
+  return get_optimizer_state(optimizer_params(view), optimizer, view.team, options);
+}
+
+void set_optimizer_state(StateSource source, torch::optim::Optimizer& optimizer, const OptimizerStateDict& state,
+                         const StateDictOptions& options) {
+  const StateView view = state_view(source);
+  at::NoGradGuard no_grad;
+  set_optimizer_state(optimizer_params(view), optimizer, view.team, state, options);
+}
+
 AsyncSave save_model_and_optimizer_async(StateSource source, torch::optim::Optimizer& optimizer,
                                          const std::string& model_path, const std::string& optimizer_path,
                                          const StateDictSaveOptions& options) {

@@ -18,6 +18,7 @@
 #include <unordered_map>
 
 #include "core/failure_agreement.h"
+#include "checkpoint/optimizer_flat_state.h"
 #include "checkpoint/optimizer_state.h"
 #include "checkpoint/sharded_state_dict.h"
 #include "checkpoint/state_dict.h"
@@ -37,6 +38,8 @@ namespace {
 constexpr const char* kFileOfKey = "cpprun_file_of";  // only in the bytes rank 0 broadcasts
 // Also only there: the parameters (names and aliases) the other owners of a pipeline hold.
 constexpr const char* kHeldElsewhereKey = "cpprun_held_elsewhere";
+// set_optimizer_state_dict: what of the root's dict could not be made into a file, '\n'-separated.
+constexpr const char* kDictFaultsKey = "cpprun_dict_faults";
 // Every state a known optimizer keeps, for reading only an owner's files of a directory.
 constexpr const char* kStateNames[] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer", "step"};
 constexpr int kMaxGroupsDepth = 4;                   // [{"params": [...], "betas": [...]}]
@@ -67,11 +70,7 @@ std::vector<std::string> state_names(const torch::optim::OptimizerOptions& optio
 }
 bool has_step(const std::string& kind) { return kind != "SGD"; }
 
-std::string number(double value) {
-  char text[40];
-  std::snprintf(text, sizeof text, "%.17g", value);  // round-trips exactly
-  return text;
-}
+std::string number(double value) { return json_number_text(value); }
 const char* boolean(bool value) { return value ? "true" : "false"; }
 
 // A group's options under PyTorch's names, as JSON members.
@@ -83,11 +82,24 @@ std::string options_json(const torch::optim::OptimizerOptions& options) {
            member("eps", number(o.eps())) + member("weight_decay", number(o.weight_decay())) +
            member("amsgrad", boolean(o.amsgrad()));
   };
-  if (auto* o = dynamic_cast<const torch::optim::AdamWOptions*>(&options)) adam_like(*o);
-  if (auto* o = dynamic_cast<const torch::optim::AdamOptions*>(&options)) adam_like(*o);
+  // The options torch.optim's groups have and LibTorch's optimizers lack, at the values that give
+  // LibTorch's update, as Python's optimizer.state_dict() lists them: the groups are then PyTorch's
+  // key for key (get_optimizer_state_dict's "param_groups.<name>.<option>"), and say whether the
+  // update is Adam's or AdamW's (decoupled_weight_decay).
+  const std::string fixed = member("maximize", "false") + member("foreach", "null");
+  const std::string unfused = member("differentiable", "false") + member("fused", "null");
+  if (auto* o = dynamic_cast<const torch::optim::AdamWOptions*>(&options)) {
+    adam_like(*o);
+    out += fixed + member("capturable", "false") + unfused + member("decoupled_weight_decay", "true");
+  }
+  if (auto* o = dynamic_cast<const torch::optim::AdamOptions*>(&options)) {
+    adam_like(*o);
+    out += fixed + member("capturable", "false") + unfused + member("decoupled_weight_decay", "false");
+  }
   if (auto* o = dynamic_cast<const torch::optim::SGDOptions*>(&options)) {
     out += member("momentum", number(o->momentum())) + member("dampening", number(o->dampening())) +
-           member("weight_decay", number(o->weight_decay())) + member("nesterov", boolean(o->nesterov()));
+           member("weight_decay", number(o->weight_decay())) + member("nesterov", boolean(o->nesterov())) + fixed +
+           unfused;
   }
   return out;
 }
@@ -288,7 +300,8 @@ OptimizerParams optimizer_params(const StateView& view) {
 }
 
 
-OptimizerStateToSave optimizer_state_to_save(const OptimizerParams& params, torch::optim::Optimizer& optimizer) {
+OptimizerStateToSave optimizer_state_to_save(const OptimizerParams& params, torch::optim::Optimizer& optimizer,
+                                             const std::function<at::Tensor(const at::Tensor&)>& take) {
   const std::string kind = kind_of(optimizer);
   const auto names = group_names(params, optimizer, "save_optimizer_state_dict");
   // Each parameter's state names, by its group's options.
@@ -331,10 +344,12 @@ OptimizerStateToSave optimizer_state_to_save(const OptimizerParams& params, torc
         if (found != local[i]->tensors.end()) t = found->second;
       }
       if (!t.defined()) t = at::zeros_like(params.stepped[i]);
-      state.emplace_back(prefix + name, params.gather ? params.gather(i, t.detach()) : t.detach());
+      at::Tensor whole = params.gather ? params.gather(i, t.detach()) : t.detach();
+      state.emplace_back(prefix + name, take ? take(whole) : std::move(whole));
     }
     if (has_step(kind)) {
-      state.emplace_back(prefix + "step", at::scalar_tensor(static_cast<double>(has[n + i]), at::kFloat));
+      at::Tensor step = at::scalar_tensor(static_cast<double>(has[n + i]), at::kFloat);
+      state.emplace_back(prefix + "step", take ? take(step) : std::move(step));
     }
   }
   OptimizerStateToSave out{std::move(state), {{kOptimizerKindKey, kind}}, {}, {}};
@@ -422,16 +437,22 @@ struct OptimizerFile {
   std::map<std::string, std::string> metadata;
   std::map<std::string, std::string> file_of;  // a directory's tensor -> its file, for messages
   std::set<std::string> held_elsewhere;         // parameters the other owners load
+  std::string noun = "the file";                // what the faults call it ("the state dict")
 };
 
-// The root reads and checks the files; every rank gets the same bytes. A failure to read travels
-// as its message, so every rank raises the same error.
+// What rank 0 has to share: read from files, or (set_optimizer_state_dict) made from a dict.
+// `wanted`: with owners, the state names this owner holds (a reader may read only those).
+using ReadOnRoot = std::function<ReadOptimizerFile(const std::set<std::string>* wanted)>;
+
+// The root reads and checks the files (or makes its state from what `read_on_root` gives); every
+// rank gets the same bytes. A failure to read travels as its message, so every rank raises the
+// same error.
 // With `owners`, each owner's root reads only the files holding its parameters' state, and the
 // roots share their parameters' names, and any failure, before their teams see the bytes (a
 // condition on team.is_root() is the same across an owners group: Note [Teams and owners] in
 // owned_state.cpp).
 OptimizerFile read_for_team(const OptimizerParams& params, const CheckpointTeam& team, const std::string& path,
-                            const ProcessGroup* owners) {
+                            const ProcessGroup* owners, const ReadOnRoot& read_on_root) {
   std::string bytes;
   std::exception_ptr failure;
   if (team.is_root()) {
@@ -443,7 +464,7 @@ OptimizerFile read_for_team(const OptimizerParams& params, const CheckpointTeam&
     }
     ReadOptimizerFile read;
     try {
-      read = read_optimizer_files(path, owners ? &wanted : nullptr);
+      read = read_on_root(owners ? &wanted : nullptr);
     } catch (...) {
       failure = std::current_exception();
       bytes = describe_failure(failure);  // never starts with 'T'
@@ -520,10 +541,10 @@ std::vector<std::string> optimizer_file_faults(const OptimizerParams& params, to
   };
   const std::string file_kind = meta(kOptimizerKindKey);
   if (file_kind.empty()) {
-    faults.push_back("the file has no \"" + std::string(kOptimizerKindKey) + "\" in its metadata: it is not an "
+    faults.push_back(file.noun + " has no \"" + std::string(kOptimizerKindKey) + "\" in its metadata: it is not an "
                      "optimizer's state saved by save_optimizer_state_dict (a model's state dict?)");
   } else if (file_kind != kind) {
-    faults.push_back("the file holds " + file_kind + "'s state; this optimizer is " + kind);
+    faults.push_back(file.noun + " holds " + file_kind + "'s state; this optimizer is " + kind);
   }
   Json& groups = load.groups;
   const std::string groups_text = meta(kParamGroupsKey);
@@ -564,22 +585,22 @@ std::vector<std::string> optimizer_file_faults(const OptimizerParams& params, to
     for (const auto& name : ours) if (!theirs.count(name)) missing.push_back(name);
     for (const auto& name : theirs) if (!ours.count(name)) unexpected.push_back(name);
     if (!missing.empty()) {
-      faults.push_back("parameters missing from the file (" + std::to_string(missing.size()) + "): " + join(missing, ", "));
+      faults.push_back("parameters missing from " + file.noun + " (" + std::to_string(missing.size()) + "): " + join(missing, ", "));
     }
     if (!unexpected.empty()) {
-      faults.push_back("parameters in the file but not in the model (" + std::to_string(unexpected.size()) +
+      faults.push_back("parameters in " + file.noun + " but not in the model (" + std::to_string(unexpected.size()) +
                        "): " + join(unexpected, ", "));
     }
     if (missing.empty() && unexpected.empty()) {
       if (groups.items.size() != names.size()) {
-        faults.push_back("the file has " + std::to_string(groups.items.size()) + " param group(s), the optimizer " +
+        faults.push_back(file.noun + " has " + std::to_string(groups.items.size()) + " param group(s), the optimizer " +
                          std::to_string(names.size()));
       } else {
         for (std::size_t g = 0; g < names.size(); ++g) {
           for (const auto& name : names[g]) {
             if (group_of[name] != g) {
               faults.push_back("\"" + name + "\" is in param group " + std::to_string(group_of[name]) +
-                               " in the file, " + std::to_string(g) + " here");
+                               " in " + file.noun + ", " + std::to_string(g) + " here");
             }
           }
         }
@@ -607,7 +628,7 @@ std::vector<std::string> optimizer_file_faults(const OptimizerParams& params, to
     }
     if (!state_of[name].emplace(what, tensor).second) {
       faults.push_back("\"" + key + "\"" + in_file(key) + ": the tied parameter \"" + name + "\"'s " + what +
-                       " is in the file under two names");
+                       " is in " + file.noun + " under two names");
     }
   }
   // Each state tensor a value the optimizer can step from: a step a finite count, the rest
@@ -713,7 +734,9 @@ void load_optimizer_state_dict(const OptimizerParams& params, torch::optim::Opti
   check_path(path, "load_optimizer_state_dict");
   const std::string kind = kind_of(optimizer);
   const auto names = group_names(params, optimizer, "load_optimizer_state_dict");
-  const OptimizerFile file = read_for_team(params, team, path, owners);
+  const OptimizerFile file = read_for_team(params, team, path, owners, [&](const std::set<std::string>* wanted) {
+    return read_optimizer_files(path, wanted);
+  });
   // Every difference, then one error; every rank decides alike on the same bytes (with owners: on
   // every owner's faults, each rank having its own team's).
   OptimizerLoad load;
@@ -735,6 +758,78 @@ void load_optimizer_state_dict(const OptimizerParams& params, torch::optim::Opti
                                  join(faults, "\n  ") + "\nWas it saved from another model or optimizer?");
   }
   apply_optimizer_load(params, optimizer, names, load, path);
+}
+
+FlatOptimizerState get_optimizer_state(const OptimizerParams& params, torch::optim::Optimizer& optimizer,
+                                       const CheckpointTeam& team, const StateDictOptions& options) {
+  TORCH_CHECK(options.file_key_prefix().empty(),
+              "cpprun: get_optimizer_state_dict gives the model's own names; file_key_prefix applies to a model's "
+              "loads (set_model_state_dict, load_state_dict): leave it empty here.");
+  // Under cpu_offload a gathered tensor lives on the device only until it is copied to the CPU (the
+  // root) or dropped (the others), as PyTorch's _gather_state_dict with ranks_only=(0,) does.
+  const bool keep = !options.cpu_offload() || team.is_root();
+  OptimizerStateToSave saved = optimizer_state_to_save(params, optimizer, [&](const at::Tensor& tensor) {
+    if (!keep) return at::Tensor();
+    return options.cpu_offload() ? tensor.to(at::kCPU) : tensor;
+  });  // collective: every rank gathers
+  if (!keep) return {};
+  return flatten_optimizer_state(std::move(saved.state), saved.metadata.at(kParamGroupsKey));
+}
+
+void set_optimizer_state(const OptimizerParams& params, torch::optim::Optimizer& optimizer, const CheckpointTeam& team,
+                         const FlatOptimizerState& state, const StateDictOptions& options) {
+  TORCH_CHECK(options.file_key_prefix().empty(),
+              "cpprun: set_optimizer_state_dict takes the model's own names (as get_optimizer_state_dict gives "
+              "them); file_key_prefix applies to a model's loads: leave it empty here.");
+  const std::string kind = kind_of(optimizer);
+  const auto names = group_names(params, optimizer, "set_optimizer_state_dict");
+  std::map<std::string, std::string> canonical;
+  for (const auto& [alias, index] : params.aliases) canonical[alias] = params.names[index];
+  const std::string source = "the state dict given to set_optimizer_state_dict";
+  // The dict as the file a save would have written, with what could not be made into one.
+  const auto as_file = [&](const std::set<std::string>*) {
+    UnflattenedOptimizerState made = unflatten_optimizer_state(state, names, canonical, kind);
+    ReadOptimizerFile out;
+    out.tensors = std::move(made.tensors);
+    out.metadata = {{kOptimizerKindKey, made.kind}, {kParamGroupsKey, made.param_groups_json},
+                    {kDictFaultsKey, join(made.faults, "\n")}};
+    return out;
+  };
+  OptimizerFile file;
+  if (options.broadcast_from_rank0()) {
+    file = read_for_team(params, team, source, nullptr, as_file);  // the root's dict, on every rank
+  } else {
+    ReadOptimizerFile made = as_file(nullptr);
+    file = OptimizerFile{source, std::move(made.tensors), std::move(made.metadata), {}, {}};
+  }
+  file.noun = "the state dict";
+  std::vector<std::string> faults;
+  const std::string unmade = file.metadata[kDictFaultsKey];
+  file.metadata.erase(kDictFaultsKey);
+  for (std::size_t at = 0, end; at < unmade.size(); at = end + 1) {
+    end = std::min(unmade.find('\n', at), unmade.size());
+    faults.push_back(unmade.substr(at, end - at));
+  }
+  OptimizerLoad load;
+  std::exception_ptr failure;
+  try {
+    for (auto& fault : optimizer_file_faults(params, optimizer, kind, names, file, load)) faults.push_back(fault);
+    if (!faults.empty()) {
+      throw StateDictMismatchError("cpprun: set_optimizer_state_dict refused the state dict given (" +
+                                   std::to_string(faults.size()) + " fault(s)), and nothing was changed:\n  " +
+                                   join(faults, "\n  ") + "\nWas it got from another model or optimizer?");
+    }
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  if (options.broadcast_from_rank0()) {
+    if (failure) std::rethrow_exception(failure);  // every rank decided alike, on the root's bytes
+  } else {
+    // Every rank its own dict: all check before any applies, so that one rank's fault leaves every
+    // rank's optimizer as it was, as set_model_state_dict.
+    team.agree(failure, "set_optimizer_state_dict");
+  }
+  apply_optimizer_load(params, optimizer, names, load, source);
 }
 
 }  // namespace cpprun::detail

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "checkpoint/checkpoint_team.h"
+#include "checkpoint/optimizer_flat_state.h"
 #include "checkpoint/state_view.h"
 #include "cpprun/state_dict_options.h"
 #include "support/torch_save_file.h"
@@ -70,7 +71,11 @@ struct OptimizerStateToSave {
   std::vector<std::vector<std::string>> group_params;
   std::vector<std::string> group_options;
 };
-OptimizerStateToSave optimizer_state_to_save(const OptimizerParams& params, torch::optim::Optimizer& optimizer);
+// `take`, when given, is applied to each state tensor as soon as it is whole, before the next is
+// gathered (get_optimizer_state_dict's cpu_offload: a copy to the CPU, or an undefined tensor to
+// drop it), as whole_state's `take`.
+OptimizerStateToSave optimizer_state_to_save(const OptimizerParams& params, torch::optim::Optimizer& optimizer,
+                                             const std::function<at::Tensor(const at::Tensor&)>& take = nullptr);
 // The groups of every owner of `owners` (pipeline stages, each with its own optimizer) as one
 // list, as the unsplit model's optimizer would have them: group g holds every owner's group g's
 // parameters, with their options, which must agree (else an error naming the group, on every
@@ -96,5 +101,16 @@ void save_optimizer_state_dict(const OptimizerParams& params, torch::optim::Opti
 void load_optimizer_state_dict(const OptimizerParams& params, torch::optim::Optimizer& optimizer,
                                const CheckpointTeam& team, const std::string& path,
                                const ProcessGroup* owners = nullptr);
+
+// get_optimizer_state_dict (cpprun/optimizer_state_dict.h): what a save writes
+// (optimizer_state_to_save), in the flattened form; collective over the parameters' groups.
+// options.cpu_offload(): the team's root alone gets it, each tensor copied to the CPU as gathered.
+FlatOptimizerState get_optimizer_state(const OptimizerParams& params, torch::optim::Optimizer& optimizer,
+                                       const CheckpointTeam& team, const StateDictOptions& options);
+// set_optimizer_state_dict: `state` made into what a file holds, then checked and applied as a load
+// is (one error listing every fault, nothing changed). Every rank its own dict, the team agreeing
+// before any rank applies; or, with options.broadcast_from_rank0(), the root's dict sent to all.
+void set_optimizer_state(const OptimizerParams& params, torch::optim::Optimizer& optimizer, const CheckpointTeam& team,
+                         const FlatOptimizerState& state, const StateDictOptions& options);
 
 }  // namespace cpprun::detail

@@ -235,6 +235,12 @@ std::string json_string(std::string_view text) {
   return out;
 }
 
+std::string json_number_text(double value) {
+  char text[40];
+  std::snprintf(text, sizeof text, "%.17g", value);  // 17 significant digits: the same double back
+  return text;
+}
+
 std::optional<double> json_double(const Json& value) {
   if (value.kind != Json::Kind::kNumber) return std::nullopt;
   errno = 0;

@@ -39,4 +39,7 @@ void append_json_string(std::string& out, std::string_view text);
 // `text` as a JSON string literal, quotes included.
 std::string json_string(std::string_view text);
 
+// A finite `value` as a JSON number that reads back as the same double.
+std::string json_number_text(double value);
+
 }  // namespace cpprun::detail

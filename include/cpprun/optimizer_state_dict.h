@@ -7,6 +7,7 @@
 // __metadata__ "cpprun_param_groups" ([{"params": [name, ...], "lr": ...}], Python's
 // optimizer.state_dict()["param_groups"] with names for ids), and "cpprun_optimizer" ("AdamW").
 // SGD, Adam and AdamW; a plain module, DDP, FSDP (any stage, HSDP: the rows gathered).
+// In memory, the same flattened dict: get_optimizer_state_dict / set_optimizer_state_dict below.
 //
 //   cpprun::save_state_dict(model, opt, "run/ckpt/", cpprun::StateDictSaveOptions().step(step));  // both
 //   cpprun::load_state_dict(model, opt, "run/ckpt/");                      // both; any world size, stage
@@ -30,7 +31,9 @@
 // (cpprun::StateDictMismatchError) listing every fault; nothing changed.
 #pragma once
 
+#include <ATen/core/ivalue.h>
 #include <torch/optim/optimizer.h>
+#include <torch/ordered_dict.h>
 
 #include <string>
 #include <type_traits>
@@ -38,6 +41,25 @@
 #include "cpprun/state_dict.h"
 
 namespace cpprun {
+
+// An optimizer's state dict in memory, in the flattened form of PyTorch's
+// get_optimizer_state_dict(model, optim, options=StateDictOptions(full_state_dict=True,
+// flatten_optimizer_state_dict=True)), key for key:
+//   "state.<name>.<state>"          a tensor of the whole parameter's shape ("state.fc1.weight.exp_avg");
+//                                   "state.<name>.step" a 0-d float32, as torch.optim.Adam keeps it
+//   "param_groups.<name>.<option>"  its group's option, as Python's param_groups hold it: a double
+//                                   (lr, eps, weight_decay, momentum, dampening), a bool (amsgrad,
+//                                   nesterov, maximize, capturable, differentiable,
+//                                   decoupled_weight_decay), None (foreach, fused), a tuple of two
+//                                   doubles (betas)
+// Why an OrderedDict of IValue and not a struct of tensors and options: the flattened dict is a
+// flat Python dict of tensors and Python scalars, and IValue is LibTorch's own type for exactly
+// those values (a double stays a double, a bool a bool, None None, betas a tuple, as
+// torch::pickle_save hands them to Python), so the keys, their order and their values are
+// PyTorch's with nothing to translate, and a dict from Python (torch.load of its pickle) is set
+// as it is; a struct would fix the options to today's optimizers and still need PyTorch's keys.
+using OptimizerStateDict = torch::OrderedDict<std::string, c10::IValue>;
+
 namespace detail {
 // checkpoint/checkpoint.cpp: the same code for every wrapper and for a module.
 void save_optimizer_state(StateSource source, torch::optim::Optimizer& optimizer, const std::string& path,
@@ -48,6 +70,10 @@ AsyncSave save_model_and_optimizer_async(StateSource source, torch::optim::Optim
                                          const StateDictSaveOptions& options);
 // Refuses a PATH that is not a directory for `call`, the model's and optimizer's at once.
 void check_checkpoint_directory(const std::string& path, const char* call);
+OptimizerStateDict get_optimizer_state(StateSource source, torch::optim::Optimizer& optimizer,
+                                       const StateDictOptions& options);
+void set_optimizer_state(StateSource source, torch::optim::Optimizer& optimizer, const OptimizerStateDict& state,
+                         const StateDictOptions& options);
 }  // namespace detail
 
 // Writes `optimizer`'s state for `model`'s parameters to PATH. A DataParallel wrapper:
@@ -57,6 +83,47 @@ void save_optimizer_state_dict(Model&& model, torch::optim::Optimizer& optimizer
                                const StateDictSaveOptions& options = StateDictSaveOptions()) {
   detail::finish_previous_save();
   detail::save_optimizer_state(detail::state_source(model), optimizer, path, options);
+}
+
+// `optimizer`'s state for `model`'s parameters in memory (OptimizerStateDict above): PyTorch's
+// get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True,
+// flatten_optimizer_state_dict=True)). What save_optimizer_state_dict writes, by the same code (a
+// save is this, then a write): FSDP's rows and tensor-parallel splits gathered, a tied parameter
+// under its first name, a parameter never stepped without state. A tensor the optimizer holds
+// whole (DDP, a plain module) is the optimizer's own, as Python's optimizer.state_dict() gives it
+// (clone it to keep it past the next step); a gathered one is new memory, a whole copy on every
+// rank unless options.cpu_offload(true): then only the first rank (rank 0 of the wrapper's group)
+// gets the dict, its tensors on the CPU, each gathered, copied and let go in turn; the others get
+// an empty dict, as PyTorch's. A wrapper: collective, every rank calls it.
+//
+//   auto state = cpprun::get_optimizer_state_dict(model, optimizer);  // every rank: the whole state
+//   cpprun::set_optimizer_state_dict(fresh, fresh_optimizer, state);
+//
+// Unlike PyTorch, an optimizer that never stepped is not stepped here with zero gradients to make
+// its state (PyTorch's _init_optim_state): the dict has its param groups and no state.
+template <typename Model>
+OptimizerStateDict get_optimizer_state_dict(Model&& model, torch::optim::Optimizer& optimizer,
+                                            const StateDictOptions& options = StateDictOptions()) {
+  return detail::get_optimizer_state(detail::state_source(model), optimizer, options);
+}
+
+// Replaces `optimizer`'s state and its param groups' options with `state`'s (each rank its part:
+// FSDP its rows), by parameter name: PyTorch's set_optimizer_state_dict(model, optimizer, state,
+// options=StateDictOptions(full_state_dict=True, flatten_optimizer_state_dict=True)). Checked as
+// load_optimizer_state_dict checks a file, always strictly (options.strict() is for the model, as
+// PyTorch's flattened set has no partial load): a parameter missing or one the model lacks, a
+// state tensor of another shape, a state that is not floating point (a floating one is cast to
+// the parameter's dtype, as torch.optim's load_state_dict casts it), another optimizer's state or
+// options (SGD's into an Adam; decoupled_weight_decay saying Adam into an AdamW), an option
+// torch.optim would refuse, two parameters of one group with different options: one
+// StateDictMismatchError lists every fault, and nothing changes. The tensors may be on any device.
+// A wrapper: collective; every rank passes the whole dict and the ranks agree before any changes
+// (one rank's fault stops all, unchanged), or with options.broadcast_from_rank0(true) rank 0's dict
+// alone is read (the others may pass an empty one) and sent to every rank, which all throw alike.
+template <typename Model>
+void set_optimizer_state_dict(Model&& model, torch::optim::Optimizer& optimizer, const OptimizerStateDict& state,
+                              const StateDictOptions& options = StateDictOptions()) {
+  detail::set_optimizer_state(detail::state_source(model), optimizer, state, options);
 }
 
 // save_state_dict(model, MODEL_PATH) and save_optimizer_state_dict(model, optimizer,

@@ -2,7 +2,10 @@
 // training resumed from a saved model and optimizer matches training that never stopped (the
 // losses and the parameters, 1e-6), for SGD with momentum, Adam and AdamW, to a file and to a
 // directory beside the model's; faults (a truncated file, mixed saves, a missing parameter, another
-// shape, another optimizer) are named errors on every rank and change nothing. Run by
+// shape, another optimizer) are named errors on every rank and change nothing. In memory
+// (get_optimizer_state_dict / set_optimizer_state_dict): the dict is what a save writes, bit for
+// bit; set into a fresh ZeRO-3 model it trains on as the uninterrupted run (float64, exactly);
+// broadcast_from_rank0 and cpu_offload as PyTorch's; a misfit is refused on every rank. Run by
 // optimizer_resume.sh with CPPRUN_OPT_PHASE set, "[.opt_resume]" saves on one world size and
 // resumes on another.
 #include "catch.h"
@@ -20,6 +23,7 @@
 #include <vector>
 
 #include "checkpoint/state_dict.h"
+#include "support/json.h"
 #include "support/safetensors.h"
 #include "support/safetensors_index.h"
 #include "cpprun/cpprun.h"
@@ -283,19 +287,18 @@ TEST_CASE("optimizer_state_dict: values the optimizer could not step from are re
                "\"state.fc1.weight.step\" is 2.5, not a count of steps taken");
   // Options LibTorch's optimizers lack that change the update: loading would step another way.
   const std::string lr_text = written;
-  refused_with(edited("maximize", lr_text, lr_text + ", \"maximize\": true", nullptr), "option \"maximize\" is true");
-  refused_with(edited("not_decoupled", lr_text, lr_text + ", \"decoupled_weight_decay\": false", nullptr),
+  // (The file writes them as torch.optim.AdamW's state_dict() does, at LibTorch's values.)
+  refused_with(edited("maximize", "\"maximize\": false", "\"maximize\": true", nullptr), "option \"maximize\" is true");
+  refused_with(edited("not_decoupled", "\"decoupled_weight_decay\": true", "\"decoupled_weight_decay\": false", nullptr),
                "the file's update is Adam's, this optimizer is AdamW. Build a torch::optim::Adam");
-  // Those that do not change it (torch.optim.AdamW's state_dict() writes them all) are taken.
+  // Those that do not change it are taken, whatever their values.
   {
     auto net2 = seeded(1);
     torch::optim::AdamW opt2(net2->parameters(), torch::optim::AdamWOptions(0.5));
     cpprun::load_optimizer_state_dict(
         net2, opt2,
-        edited("torch_keys", lr_text,
-               lr_text + ", \"maximize\": false, \"foreach\": null, \"fused\": null, \"capturable\": false, "
-                         "\"differentiable\": false, \"decoupled_weight_decay\": true",
-               nullptr));
+        edited("torch_keys", "\"foreach\": null, \"capturable\": false, \"differentiable\": false, \"fused\": null",
+               "\"foreach\": true, \"capturable\": true, \"differentiable\": true, \"fused\": false", nullptr));
     CHECK(opt2.param_groups()[0].options().get_lr() == 0.01);
   }
   // A subnormal (Python's json writes 1e-310 so) is a double, loaded as written.
@@ -740,4 +743,322 @@ TEST_CASE("optimizer_state_dict: a save that fails on a full disk removes what i
     for (const auto& suffix : {"", "_async", "_model", "_old"}) fs::remove_all(base + suffix);
   }
   cpprun::barrier(group());
+}
+
+// ---- get_optimizer_state_dict / set_optimizer_state_dict: the state in memory ----
+namespace {
+
+using OptState = cpprun::OptimizerStateDict;
+
+// Two param groups, as a training script's decay / no-decay split: the weights (even indices of
+// parameters(): fc1.weight, fc2.weight), the biases at another lr and no weight decay.
+std::unique_ptr<torch::optim::Optimizer> make_grouped(const std::string& kind, const std::vector<torch::Tensor>& params) {
+  std::vector<torch::Tensor> weights, biases;
+  for (std::size_t i = 0; i < params.size(); ++i) (i % 2 ? biases : weights).push_back(params[i]);
+  if (kind == "sgd") {
+    return std::make_unique<torch::optim::SGD>(
+        std::vector<torch::optim::OptimizerParamGroup>{
+            {weights, std::make_unique<torch::optim::SGDOptions>(torch::optim::SGDOptions(0.01).momentum(0.9).weight_decay(0.05))},
+            {biases, std::make_unique<torch::optim::SGDOptions>(torch::optim::SGDOptions(0.02).momentum(0.8))}},
+        torch::optim::SGDOptions(0.01));
+  }
+  if (kind == "adam") {
+    return std::make_unique<torch::optim::Adam>(
+        std::vector<torch::optim::OptimizerParamGroup>{
+            {weights, std::make_unique<torch::optim::AdamOptions>(torch::optim::AdamOptions(0.01).amsgrad(true))},
+            {biases, std::make_unique<torch::optim::AdamOptions>(torch::optim::AdamOptions(0.02).betas({0.8, 0.9}))}},
+        torch::optim::AdamOptions(0.01));
+  }
+  return std::make_unique<torch::optim::AdamW>(
+      std::vector<torch::optim::OptimizerParamGroup>{
+          {weights, std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(0.01).weight_decay(0.05))},
+          {biases, std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(0.02).weight_decay(0))}},
+      torch::optim::AdamWOptions(0.01));
+}
+
+cpprun::DataParallel<Net> wrap_double(const std::string& kind) {
+  auto net = seeded(1);
+  net->to(torch::kDouble);
+  return wrap(net, kind);
+}
+
+// A JSON value of the file's param groups as the in-memory dict should hold it (written here, not
+// taken from the library, so that the two are compared, not one with itself).
+c10::IValue expected_value(const cpprun::detail::Json& json) {
+  using Kind = cpprun::detail::Json::Kind;
+  if (json.kind == Kind::kNumber) return std::stod(json.text);
+  if (json.kind == Kind::kArray) {
+    std::vector<c10::IValue> items;
+    for (const auto& item : json.items) items.push_back(expected_value(item));
+    return c10::ivalue::Tuple::create(std::move(items));
+  }
+  if (json.text == "null") return c10::IValue();
+  return json.text == "true";
+}
+
+// Equal kind and value: tensors of one dtype and shape, bit for bit; doubles exactly.
+bool same_value(const c10::IValue& a, const c10::IValue& b) {
+  if (a.isTensor() || b.isTensor()) {
+    return a.isTensor() && b.isTensor() && a.toTensor().scalar_type() == b.toTensor().scalar_type() &&
+           a.toTensor().sizes() == b.toTensor().sizes() && torch::equal(a.toTensor().cpu(), b.toTensor().cpu());
+  }
+  if (a.isTuple() || b.isTuple()) {
+    if (!a.isTuple() || !b.isTuple()) return false;
+    const auto& x = a.toTupleRef().elements();
+    const auto& y = b.toTupleRef().elements();
+    if (x.size() != y.size()) return false;
+    for (std::size_t i = 0; i < x.size(); ++i) if (!same_value(x[i], y[i])) return false;
+    return true;
+  }
+  if (a.isDouble() || b.isDouble()) return a.isDouble() && b.isDouble() && a.toDouble() == b.toDouble();
+  if (a.isBool() || b.isBool()) return a.isBool() && b.isBool() && a.toBool() == b.toBool();
+  return a.isNone() && b.isNone();
+}
+
+// The .safetensors file a save wrote, in the flattened form: its tensors, then its groups'
+// options under each parameter's name.
+OptState read_back(const std::string& path) {
+  const std::string bytes = cpprun::detail::read_state_dict_bytes(path);
+  const auto parsed = cpprun::detail::read_safetensors(bytes, path);
+  OptState out;
+  for (auto& [name, tensor] : cpprun::detail::decode_safetensors(parsed, path)) out.insert(name, tensor);
+  const auto groups = cpprun::detail::parse_json(parsed.metadata.at("cpprun_param_groups"), 4);
+  for (const auto& group : groups.items) {
+    for (const auto& [key, params] : group.members) {
+      if (key != "params") continue;
+      for (const auto& name : params.items) {
+        for (const auto& [option, value] : group.members) {
+          if (option != "params") out.insert("param_groups." + name.text + "." + option, expected_value(value));
+        }
+      }
+    }
+  }
+  return out;
+}
+
+void check_same_state(const OptState& got, const OptState& expected) {
+  CHECK(got.size() == expected.size());
+  for (const auto& item : expected) {
+    INFO(item.key());
+    const auto* found = got.find(item.key());
+    REQUIRE(found);
+    CHECK(same_value(*found, item.value()));
+  }
+}
+
+// One step of the float64 model on this rank's slice; the global mean loss.
+double train_step_double(cpprun::DataParallel<Net>& model, torch::optim::Optimizer& opt, int step) {
+  auto [x, y] = batch(step);
+  const int rank = group().rank(), world = group().size();
+  opt.zero_grad();
+  auto loss = torch::mse_loss(model->forward(dist_test::slice(x, rank, world).to(torch::kDouble)),
+                              dist_test::slice(y, rank, world).to(torch::kDouble));
+  loss.backward();
+  opt.step();
+  auto total = loss.detach().clone();
+  cpprun::all_reduce(group(), total);
+  return total.item<double>() / world;
+}
+
+std::pair<std::string, std::string> error_of(const std::function<void()>& run) {
+  try {
+    run();
+  } catch (const cpprun::StateDictMismatchError& e) {
+    return {"mismatch", e.what()};
+  } catch (const std::exception& e) {
+    return {"other", e.what()};
+  }
+  return {"none", ""};
+}
+
+}  // namespace
+
+TEST_CASE("optimizer_state_dict: get_optimizer_state_dict is what a save writes, bit for bit",
+          "[optimizer_state_dict]") {
+  const std::string wrapper = GENERATE("plain", "ddp", "zero1", "zero2", "zero3");
+  const std::string optimizer = GENERATE("sgd", "adam", "adamw");
+  INFO(wrapper << " " << optimizer);
+  const int rank = group().rank();
+  // A plain module's save is this process's own file; a wrapper's, rank 0's for all.
+  const std::string path = scratch("get_" + wrapper + "_" + optimizer) + "_" +
+                           std::to_string(wrapper == "plain" ? rank : 0) + ".safetensors";
+  OptState got, offloaded;
+  if (wrapper == "plain") {  // this process alone
+    auto net = seeded(1);
+    auto opt = make_grouped(optimizer, net->parameters());
+    for (int s = 0; s < 2; ++s) {
+      auto [x, y] = batch(s);
+      opt->zero_grad();
+      torch::mse_loss(net->forward(x), y).backward();
+      opt->step();
+    }
+    got = cpprun::get_optimizer_state_dict(net, *opt);
+    offloaded = cpprun::get_optimizer_state_dict(net, *opt, cpprun::StateDictOptions().cpu_offload(true));
+    cpprun::save_optimizer_state_dict(net, *opt, path);
+  } else {
+    auto model = wrap(seeded(1), wrapper);
+    auto opt = make_grouped(optimizer, model->parameters());
+    for (int s = 0; s < 2; ++s) train_step(model, *opt, s);
+    got = cpprun::get_optimizer_state_dict(model, *opt);
+    offloaded = cpprun::get_optimizer_state_dict(model, *opt, cpprun::StateDictOptions().cpu_offload(true));
+    cpprun::save_optimizer_state_dict(model, *opt, path);  // collective: written when it returns
+  }
+  // Every rank gets the whole state; the file holds the same keys and values.
+  const OptState written = read_back(path);
+  check_same_state(got, written);
+  // PyTorch's keys: each parameter's state, and each of its group's options, under its name.
+  const std::size_t states = optimizer == "sgd" ? 1 : optimizer == "adam" ? 3 : 3;  // + step
+  const std::size_t amsgrad_weights = optimizer == "adam" ? 2 : 0;                   // max_exp_avg_sq
+  const std::size_t options = optimizer == "sgd" ? 9 : 11;
+  CHECK(got.size() == 4 * states + amsgrad_weights + 4 * options);
+  CHECK(got["param_groups.fc1.bias.lr"].toDouble() == 0.02);
+  CHECK(got["param_groups.fc2.weight.lr"].toDouble() == 0.01);
+  CHECK(got["state.fc1.weight." + std::string(optimizer == "sgd" ? "momentum_buffer" : "exp_avg")].toTensor().sizes().vec() ==
+        std::vector<int64_t>{13, 8});
+  if (optimizer != "sgd") {
+    CHECK(got["state.fc2.bias.step"].toTensor().scalar_type() == torch::kFloat);
+    CHECK(got["state.fc2.bias.step"].toTensor().item<float>() == 2);
+    CHECK(got["param_groups.fc1.weight.betas"].toTupleRef().elements().size() == 2);
+    CHECK(got["param_groups.fc1.weight.decoupled_weight_decay"].toBool() == (optimizer == "adamw"));
+    CHECK(got["param_groups.fc1.weight.foreach"].isNone());
+  }
+  // cpu_offload: the first rank alone (a plain module: this process), on the CPU.
+  if (wrapper == "plain" || rank == 0) {
+    check_same_state(offloaded, written);
+    for (const auto& item : offloaded) {
+      if (item.value().isTensor()) CHECK(item.value().toTensor().device() == torch::Device(torch::kCPU));
+    }
+  } else {
+    CHECK(offloaded.is_empty());
+  }
+  cpprun::barrier(group());
+  if (wrapper == "plain" || rank == 0) std::filesystem::remove(path);
+}
+
+TEST_CASE("optimizer_state_dict: got on ZeRO-3, set into a fresh model, training goes on as if never stopped",
+          "[optimizer_state_dict]") {
+  const std::string optimizer = GENERATE("sgd", "adam", "adamw");
+  INFO(optimizer);
+  auto model = wrap_double("zero3");
+  auto opt = make_grouped(optimizer, model->parameters());
+  for (int s = 0; s < kBefore; ++s) train_step_double(model, *opt, s);
+  const auto model_state = cpprun::get_model_state_dict(model);
+  const OptState state = cpprun::get_optimizer_state_dict(model, *opt);
+  std::vector<double> losses;
+  for (int s = kBefore; s < kBefore + kAfter; ++s) losses.push_back(train_step_double(model, *opt, s));
+  const auto expected = full_parameters(model);
+
+  auto fresh_net = seeded(5);
+  fresh_net->to(torch::kDouble);
+  auto fresh = wrap(fresh_net, "zero3");
+  auto fresh_opt = make_grouped(optimizer, fresh->parameters());
+  fresh_opt->param_groups()[0].options().set_lr(0.5);  // the dict's lr must win
+  cpprun::set_model_state_dict(fresh, model_state);
+  cpprun::set_optimizer_state_dict(fresh, *fresh_opt, state);
+  CHECK(fresh_opt->param_groups()[0].options().get_lr() == 0.01);
+  for (int s = kBefore; s < kBefore + kAfter; ++s) CHECK(train_step_double(fresh, *fresh_opt, s) == losses[s - kBefore]);
+  const auto resumed = full_parameters(fresh);
+  for (const auto& [name, tensor] : expected) {
+    INFO(name);
+    CHECK(torch::equal(resumed.at(name), tensor));  // float64, the same layout: bit for bit
+  }
+}
+
+TEST_CASE("optimizer_state_dict: set_optimizer_state_dict with broadcast_from_rank0 reads rank 0's dict alone",
+          "[optimizer_state_dict]") {
+  const std::string wrapper = GENERATE("ddp", "zero3");
+  INFO(wrapper);
+  SteppedOnce source(wrapper, "broadcast");
+  const OptState state = cpprun::get_optimizer_state_dict(source.model, source.opt);
+  auto target = wrap(seeded(2), wrapper);
+  torch::optim::AdamW target_opt(target->parameters(), torch::optim::AdamWOptions(0.5));
+  cpprun::set_optimizer_state_dict(target, target_opt, group().rank() == 0 ? state : OptState(),
+                                   cpprun::StateDictOptions().broadcast_from_rank0(true));
+  check_same_state(cpprun::get_optimizer_state_dict(target, target_opt), state);
+  // Without it, every rank's own dict: an empty one on a rank is refused there, and so everywhere.
+  const auto [type, message] = error_of([&] {
+    cpprun::set_optimizer_state_dict(target, target_opt, group().rank() == 0 ? state : OptState());
+  });
+  if (group().size() > 1) CHECK(type == (group().rank() == 0 ? "other" : "mismatch"));
+}
+
+TEST_CASE("optimizer_state_dict: a state dict that does not fit is refused on every rank, nothing changed",
+          "[optimizer_state_dict]") {
+  const std::string wrapper = GENERATE("ddp", "zero3");
+  INFO(wrapper);
+  const int rank = group().rank();
+  SteppedOnce source(wrapper, "refused");
+  const OptState good = cpprun::get_optimizer_state_dict(source.model, source.opt);
+  // The target has stepped too, with another seed and lr: what it holds must survive every refusal.
+  auto target = wrap(seeded(3), wrapper);
+  torch::optim::AdamW target_opt(target->parameters(), torch::optim::AdamWOptions(0.5));
+  train_step(target, target_opt, 0);
+  OptState before;
+  for (const auto& item : cpprun::get_optimizer_state_dict(target, target_opt)) {
+    before.insert(item.key(), item.value().isTensor() ? c10::IValue(item.value().toTensor().clone()) : item.value());
+  }
+  // Missing, extra, shape, dtype and a group's disagreeing options: all listed in one error.
+  OptState bad;
+  for (const auto& item : good) {
+    if (item.key().find(".fc2.bias.") != std::string::npos) continue;  // missing
+    if (item.key() == "state.fc1.weight.exp_avg") {
+      bad.insert(item.key(), torch::zeros({3, 3}));  // shape
+    } else if (item.key() == "state.fc1.bias.exp_avg_sq") {
+      bad.insert(item.key(), item.value().toTensor().to(torch::kInt));  // dtype
+    } else if (item.key() == "param_groups.fc1.bias.lr") {
+      bad.insert(item.key(), 0.125);  // one group, two lrs
+    } else {
+      bad.insert(item.key(), item.value());
+    }
+  }
+  bad.insert("state.fc9.weight.exp_avg", torch::zeros({4, 4}));  // extra
+  bad.insert("param_groups.fc9.weight.lr", 0.01);
+  for (const bool broadcast : {false, true}) {
+    INFO("broadcast_from_rank0 " << broadcast);
+    const auto [type, message] = error_of([&] {
+      cpprun::set_optimizer_state_dict(target, target_opt, bad, cpprun::StateDictOptions().broadcast_from_rank0(broadcast));
+    });
+    CHECK(type == "mismatch");
+    for (const char* fragment :
+         {"set_optimizer_state_dict refused the state dict given", "nothing was changed",
+          "parameters missing from the state dict (1): fc2.bias",
+          "parameters in the state dict but not in the model (1): fc9.weight",
+          "\"state.fc1.weight.exp_avg\" has shape [3, 3], the model's parameter [13, 8]",
+          "\"state.fc1.bias.exp_avg_sq\" is Int, not a floating-point optimizer state",
+          "\"param_groups.fc1.bias.lr\" is 0.125, \"param_groups.fc1.weight.lr\" 0.01"}) {
+      CHECK_THAT(message, Catch::Contains(fragment));
+    }
+  }
+  // Another optimizer's: SGD's state and options, and Adam's (decoupled_weight_decay false).
+  {
+    auto other = wrap(seeded(1), wrapper);
+    torch::optim::SGD sgd(other->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+    train_step(other, sgd, 0);
+    const auto [type, message] = error_of([&] {
+      cpprun::set_optimizer_state_dict(target, target_opt, cpprun::get_optimizer_state_dict(other, sgd));
+    });
+    CHECK(type == "mismatch");
+    CHECK_THAT(message, Catch::Contains("the state dict holds SGD's state; this optimizer is AdamW"));
+    torch::optim::Adam adam(other->parameters(), torch::optim::AdamOptions(0.01));
+    train_step(other, adam, 1);
+    const auto [adam_type, adam_message] = error_of([&] {
+      cpprun::set_optimizer_state_dict(target, target_opt, cpprun::get_optimizer_state_dict(other, adam));
+    });
+    CHECK(adam_type == "mismatch");
+    CHECK_THAT(adam_message, Catch::Contains("the state dict holds Adam's state; this optimizer is AdamW"));
+  }
+  // One rank's dict alone does not fit: every rank refuses before any changes.
+  if (group().size() > 1) {
+    const bool last = rank == group().size() - 1;
+    const auto [type, message] = error_of([&] { cpprun::set_optimizer_state_dict(target, target_opt, last ? bad : good); });
+    CHECK(type == (last ? "mismatch" : "other"));
+    CHECK_THAT(message, Catch::Contains(last ? "fc2.bias" : "set_optimizer_state_dict failed"));
+  }
+  check_same_state(cpprun::get_optimizer_state_dict(target, target_opt), before);
+  CHECK(target_opt.param_groups()[0].options().get_lr() == 0.5);
+  // The good dict still sets.
+  cpprun::set_optimizer_state_dict(target, target_opt, good);
+  check_same_state(cpprun::get_optimizer_state_dict(target, target_opt), good);
+  CHECK_THROWS_WITH(cpprun::get_optimizer_state_dict(target, target_opt, cpprun::StateDictOptions().file_key_prefix("m.")),
+                    Catch::Contains("leave it empty here"));
 }

@@ -2,8 +2,11 @@
 // continues training in PyTorch, and PyTorch's continues in cpprun, to the same parameters.
 //
 //   optimizer_state_interop write DIR    trains 3 AdamW steps on DIR/batches.safetensors' batches 0-2,
-//                                        saves DIR/ckpt/ (model and optimizer, one save id), steps on
-//                                        batch 3 and writes the parameters then to DIR/cpp_next.safetensors
+//                                        saves DIR/ckpt/ (model and optimizer, one save id) and
+//                                        get_optimizer_state_dict's dict (torch::pickle_save, which
+//                                        torch.load reads as a dict of tensors and Python values) to
+//                                        DIR/inmem.pt, steps on batch 3 and writes the parameters then to
+//                                        DIR/cpp_next.safetensors
 //   optimizer_state_interop resume DIR   loads DIR/py/model.safetensors and DIR/py/optimizer.safetensors
 //                                        (PyTorch's), steps on batch 3, compares with DIR/py_next.safetensors
 //   optimizer_state_interop tied DIR     a model whose head.weight is emb.weight: one AdamW step, then
@@ -12,6 +15,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <string>
@@ -93,6 +97,10 @@ int main(int argc, char** argv) {
     const auto options = cpprun::StateDictSaveOptions().step(3).save_id(cpprun::new_save_id());
     cpprun::save_state_dict(net, dir + "/ckpt/", options);
     cpprun::save_optimizer_state_dict(net, opt, dir + "/ckpt/", options);
+    c10::impl::GenericDict dict(c10::StringType::get(), c10::AnyType::get());
+    for (const auto& item : cpprun::get_optimizer_state_dict(net, opt)) dict.insert(item.key(), item.value());
+    const std::vector<char> bytes = torch::pickle_save(dict);
+    std::ofstream(dir + "/inmem.pt", std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
     step(*net, opt, batches, 3);
     cpprun::save_state_dict(net, dir + "/cpp_next.safetensors");
     return 0;

@@ -7,6 +7,8 @@ the same form, is what cpprun resumes from.
   optimizer_state_interop.py init DIR     DIR/batches.safetensors, DIR/init.safetensors
   optimizer_state_interop.py load DIR     loads DIR/ckpt/, steps on batch 3, compares with DIR/cpp_next.safetensors
   optimizer_state_interop.py write DIR    trains 3 steps from init, writes DIR/py/, steps, DIR/py_next.safetensors
+  optimizer_state_interop.py inmem DIR    trains 3 steps from init; PyTorch's get_optimizer_state_dict against
+                                          cpprun's (DIR/inmem.pt): the same keys and values
   optimizer_state_interop.py tied DIR     DIR/tied/ (cpprun's save of a model whose head.weight is emb.weight):
                                           the state's names are PyTorch's own, and it steps to DIR/tied_next.safetensors
 """
@@ -96,6 +98,41 @@ def load_cpprun_optimizer(model, optim, path):
     set_optimizer_state_dict(model, optim, flat, options=FLAT)
 
 
+def same_value(ours, theirs):
+    """A value of get_optimizer_state_dict's flattened dict, cpprun's against PyTorch's: tensors of
+    one dtype and shape (1e-6: two implementations' float32 steps), bools as bools, numbers by value
+    (PyTorch keeps some as ints: weight_decay=0), None, tuples item by item."""
+    if isinstance(theirs, torch.Tensor):
+        return (isinstance(ours, torch.Tensor) and ours.dtype == theirs.dtype and ours.shape == theirs.shape
+                and (ours - theirs).abs().max().item() <= 1e-6)
+    if isinstance(theirs, bool) or isinstance(ours, bool):
+        return type(ours) is bool and type(theirs) is bool and ours == theirs
+    if isinstance(theirs, tuple):
+        return isinstance(ours, tuple) and len(ours) == len(theirs) and all(map(same_value, ours, theirs))
+    if theirs is None or ours is None:
+        return ours is None and theirs is None
+    return isinstance(ours, (int, float)) and float(ours) == float(theirs)
+
+
+def inmem(d, batches):
+    """cpprun's get_optimizer_state_dict against PyTorch's, after the same three AdamW steps."""
+    model = Net()
+    model.load_state_dict(load_file(f"{d}/init.safetensors"))
+    optim = torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.05)
+    for s in range(3):
+        step(model, optim, batches, s)
+    theirs = get_optimizer_state_dict(model, optim, options=FLAT)
+    ours = torch.load(f"{d}/inmem.pt", weights_only=False)
+    if set(ours) != set(theirs):
+        print(f"keys differ: cpprun only {sorted(set(ours) - set(theirs))}, PyTorch only {sorted(set(theirs) - set(ours))}")
+        return 1
+    differ = [k for k in theirs if not same_value(ours[k], theirs[k])]
+    for k in differ:
+        print(f"{k}: cpprun {ours[k]!r}, PyTorch {theirs[k]!r}")
+    print(f"get_optimizer_state_dict: {len(theirs)} keys, the same as PyTorch's; {len(differ)} value(s) differ")
+    return 1 if differ else 0
+
+
 def step(model, optim, batches, s):
     optim.zero_grad()
     torch.nn.functional.mse_loss(model(batches[f"x{s}"]), batches[f"y{s}"]).backward()
@@ -119,6 +156,8 @@ def main(mode, d):
     if mode == "tied":
         return tied(d)
     batches = load_file(f"{d}/batches.safetensors")
+    if mode == "inmem":
+        return inmem(d, batches)
     model = Net()
     if mode == "load":
         model.load_state_dict(load_file(f"{d}/ckpt/model-00001-of-00001.safetensors"))
