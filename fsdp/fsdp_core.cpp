@@ -91,9 +91,12 @@ struct FsdpCore::Impl {
         tp_splits(tensor_parallel_splits(m)) {}
 
   // After an optimizer step each rank has updated only its shard: gather the full parameters.
-  void gather_if_stepped() {
+  // A synchronized backward is taken to be followed by a step before the next forward, which
+  // alone ends that window: a gather_full_parameters() in it may come before the step, so the
+  // forward gathers again (Note [Stale gathered units] in parameter_residency.cpp).
+  void gather_if_stepped(bool ends_window) {
     if (residency) return;  // stage 3 gathers on use
-    const bool stepped = sync->take_shards_stepped();
+    const bool stepped = ends_window ? sync->take_shards_stepped() : sync->shards_stepped();
     const bool loaded = std::exchange(shards_loaded, false);
     if (!stepped && !loaded) return;
     for (auto& bucket : buckets) {
@@ -184,7 +187,7 @@ void FsdpCore::before_forward() {
     else s.residency->begin_forward();
   }
   if (s.manual_finalization && grad) s.step_open = true;
-  s.gather_if_stepped();
+  s.gather_if_stepped(/*ends_window=*/true);
   if (grad) s.sync->prepare(s.require_sync && !s.manual_finalization);
 }
 
@@ -194,7 +197,7 @@ void FsdpCore::after_forward(const std::vector<at::Tensor>& /*outputs*/) {
 
 void FsdpCore::gather_full_parameters() {
   if (impl_->residency) impl_->residency->gather_all();
-  impl_->gather_if_stepped();
+  impl_->gather_if_stepped(/*ends_window=*/false);
 }
 
 void FsdpCore::register_shards(torch::nn::Module& wrapper) const {
@@ -297,7 +300,7 @@ void FsdpCore::describe_state(StateView& view) {
   view.after_load = [&s] {
     if (s.residency) s.residency->shards_replaced();
     s.shards_loaded = true;
-    s.gather_if_stepped();
+    s.gather_if_stepped(/*ends_window=*/false);
   };
 }
 

@@ -299,6 +299,11 @@ void GradientSync::finalize() {
   finish_backward();
 }
 
+bool GradientSync::shards_stepped() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return shards_stepped_;
+}
+
 bool GradientSync::take_shards_stepped() {
   std::lock_guard<std::mutex> lock(mutex_);
   return std::exchange(shards_stepped_, false);

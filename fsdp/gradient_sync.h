@@ -65,6 +65,7 @@ class GradientSync {
   // Called once a synchronized backward has been reduced: the shards' new values must be
   // all-gathered before the next forward.
   bool take_shards_stepped();
+  bool shards_stepped() const;  // the same, leaving it set
   // Runs after each backward: `reduced` when it was synchronized and has been reduced, else at the
   // end of a local one (stage 3: release the parameters).
   void on_backward_end(std::function<void(bool reduced)> fn) { backward_end_ = std::move(fn); }

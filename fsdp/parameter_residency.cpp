@@ -163,11 +163,12 @@ void ParameterResidency::make_room(const std::vector<std::size_t>& keep) {
 // show their steps. Like stages 1 and 2, which all-gather after each synchronized backward
 // (take_shards_stepped), we take the optimizer to step between a synchronized backward's end and
 // the next forward (the step window): what was gathered before that window ends, during it
-// included (an unshard() may come before the step), is stale from the next forward on; so is
-// what was gathered before a load. A local backward (no_sync, set_requires_gradient_sync(false))
-// opens no window: what it kept stays current, which is what reshard_after_backward off is for;
-// so do evaluation forwards, for reshard_after_forward off. The versions still catch in-place
-// writes that count.
+// included (an unshard() may come before the step), is stale from the next forward on, and
+// from the next unshard() in the window; so is what was gathered before a load. (Stages 1 and 2
+// likewise: gather_full_parameters() in the window gathers and leaves the window open.) A local
+// backward (no_sync, set_requires_gradient_sync(false)) opens no window: what it kept stays
+// current, which is what reshard_after_backward off is for; so do evaluation forwards, for
+// reshard_after_forward off. The versions still catch in-place writes that count.
 bool ParameterResidency::stale(std::size_t u) const {
   return states_[u].epoch != epoch_ || shard_version(u) != states_[u].shard_version;
 }
@@ -274,6 +275,9 @@ void ParameterResidency::set_reshard_after_backward(bool on) {
 
 void ParameterResidency::gather_all() {
   std::lock_guard<std::mutex> lock(mutex_);
+  // In the step window an earlier gather_all() may predate the step: gather everything anew
+  // (Note [Stale gathered units]).
+  if (step_window_) ++epoch_;
   phase_ = Phase::kIdle;
   for (std::size_t u = 0; u < states_.size(); ++u) {
     if (states_[u].gathered && stale(u)) release(u);

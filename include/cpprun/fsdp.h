@@ -102,8 +102,8 @@ class FullyShardedDataParallelImpl : public DataParallelImpl<ModuleType> {
   // without gathering, as FSDP2's, unless they were gathered between a synchronized backward and
   // that forward, where the optimizer steps: then it gathers anew (LibTorch's optimizers step
   // through .data(), unseen; FSDP2 would use the stale ones). Stages 1 and 2 keep the full
-  // parameters always: it brings them up to date after an optimizer step, now rather than at
-  // the next forward. Collective; the same as gather_full_parameters().
+  // parameters always: it brings them up to date after an optimizer step (the next forward
+  // gathers them again, for the same reason). Collective; the same as gather_full_parameters().
   void unshard() { fsdp_core().unshard(); }
   // Stage 3: every gathered unit released now, and the memory kept for reuse freed
   // (memory().parameters and .kept are 0 after it). Stages 1 and 2, and stage 3 alone in its
