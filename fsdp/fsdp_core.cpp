@@ -91,9 +91,12 @@ struct FsdpCore::Impl {
         tp_splits(tensor_parallel_splits(m)) {}
 
   // After an optimizer step each rank has updated only its shard: gather the full parameters.
-  void gather_if_stepped() {
+  // A synchronized backward is taken to be followed by a step before the next forward, which
+  // alone ends that window: a gather_full_parameters() in it may come before the step, so the
+  // forward gathers again (Note [Stale gathered units] in parameter_residency.cpp).
+  void gather_if_stepped(bool ends_window) {
     if (residency) return;  // stage 3 gathers on use
-    const bool stepped = sync->take_shards_stepped();
+    const bool stepped = ends_window ? sync->take_shards_stepped() : sync->shards_stepped();
     const bool loaded = std::exchange(shards_loaded, false);
     if (!stepped && !loaded) return;
     for (auto& bucket : buckets) {
@@ -151,7 +154,12 @@ FsdpCore::FsdpCore(torch::nn::Module& module, ProcessGroup group, std::optional<
     residency.prefetch = s.options.prefetch();
     residency.limit = s.options.gathered_unit_limit();
     s.residency = std::make_unique<ParameterResidency>(s.buckets, units.size(), root_unit, s.groups.shard, residency);
-    bucket_done = [r = s.residency.get()](std::size_t b) { r->backward_done(b); };
+    // A pipeline stage's micro-batch backwards (local, under manual finalization) keep what they
+    // gathered for the next micro-batch, as PyTorch's schedules set_reshard_after_backward(false)
+    // for all but a stage's last backward; finalize_backward() then ends the step's backward.
+    bucket_done = [impl = &s](std::size_t b) {
+      if (!impl->manual_finalization) impl->residency->backward_done(b);
+    };
   }
   GradientSyncOptions reduction;
   reduction.shard_gradients = s.stage.shard_gradients;
@@ -160,7 +168,11 @@ FsdpCore::FsdpCore(torch::nn::Module& module, ProcessGroup group, std::optional<
   // one more would hold another unit's full gradients (see gradient_sync.h).
   reduction.max_in_flight = s.options.gathered_unit_limit() > 1 ? 1 : 0;
   s.sync = std::make_unique<GradientSync>(s.buckets, s.groups, reduction, std::move(bucket_done));
-  if (s.residency) s.sync->on_backward_end([r = s.residency.get()] { r->end_backward(); });
+  if (s.residency) {
+    s.sync->on_backward_end([impl = &s](bool reduced) {
+      if (reduced || !impl->manual_finalization) impl->residency->end_backward(reduced);
+    });
+  }
 }
 
 FsdpCore::~FsdpCore() = default;
@@ -175,7 +187,7 @@ void FsdpCore::before_forward() {
     else s.residency->begin_forward();
   }
   if (s.manual_finalization && grad) s.step_open = true;
-  s.gather_if_stepped();
+  s.gather_if_stepped(/*ends_window=*/true);
   if (grad) s.sync->prepare(s.require_sync && !s.manual_finalization);
 }
 
@@ -185,7 +197,7 @@ void FsdpCore::after_forward(const std::vector<at::Tensor>& /*outputs*/) {
 
 void FsdpCore::gather_full_parameters() {
   if (impl_->residency) impl_->residency->gather_all();
-  impl_->gather_if_stepped();
+  impl_->gather_if_stepped(/*ends_window=*/false);
 }
 
 void FsdpCore::register_shards(torch::nn::Module& wrapper) const {
@@ -284,14 +296,45 @@ void FsdpCore::describe_state(StateView& view) {
     }
   }
   // A load wrote the shards: the full parameters follow at once (ZeRO-1/2), or when next used
-  // (ZeRO-3 gathers again, as the shards' versions changed).
+  // (ZeRO-3 gathers again: Note [Stale gathered units] in parameter_residency.cpp).
   view.after_load = [&s] {
+    if (s.residency) s.residency->shards_replaced();
     s.shards_loaded = true;
-    s.gather_if_stepped();
+    s.gather_if_stepped(/*ends_window=*/false);
   };
 }
 
-void FsdpCore::set_require_sync(bool sync) { impl_->require_sync = sync; }
+// The one setting behind no_sync() and set_requires_gradient_sync(): what the next forward
+// prepares, and what a backward prepared but not started does (FSDP2 reads it in backward).
+void FsdpCore::set_require_sync(bool sync) {
+  impl_->require_sync = sync;
+  impl_->sync->set_sync(sync && !impl_->manual_finalization);
+}
+
+void FsdpCore::set_requires_all_reduce(bool all_reduce) { impl_->sync->set_all_reduce(all_reduce); }
+
+void FsdpCore::unshard() { gather_full_parameters(); }
+
+void FsdpCore::reshard() {
+  if (impl_->residency) impl_->residency->release_all();
+}
+
+// Stages 1 and 2 keep the full parameters by definition: "off" is what they do; "on" would need
+// stage 3, and is refused rather than ignored.
+void FsdpCore::set_reshard_after_forward(bool on) {
+  TORCH_CHECK(!on || impl_->options.stage() == 3, "cpprun::FullyShardedDataParallel::set_reshard_after_forward(true): "
+              "stage ", impl_->options.stage(), " keeps the full parameters between steps (that is what ZeRO stages 1 "
+              "and 2 are), so there is nothing to release after forward; use FsdpOptions().stage(3) to shard them.");
+  impl_->options.reshard_after_forward(on);
+  if (impl_->residency) impl_->residency->set_reshard_after_forward(on);
+}
+
+void FsdpCore::set_reshard_after_backward(bool on) {
+  TORCH_CHECK(!on || impl_->options.stage() == 3, "cpprun::FullyShardedDataParallel::set_reshard_after_backward(true): "
+              "stage ", impl_->options.stage(), " keeps the full parameters between steps (that is what ZeRO stages 1 "
+              "and 2 are), so there is nothing to release after backward; use FsdpOptions().stage(3) to shard them.");
+  if (impl_->residency) impl_->residency->set_reshard_after_backward(on);
+}
 void FsdpCore::set_manual_finalization(bool on) { impl_->manual_finalization = on; }
 void FsdpCore::finalize_backward() {
   TORCH_CHECK(impl_->manual_finalization, "cpprun::FullyShardedDataParallel::finalize_backward: manual finalization "

@@ -81,7 +81,19 @@ void GradientSync::prepare(bool sync) {
   note_gradient_bytes();
   mode_ = sync ? Mode::kSync : Mode::kNoSync;
   finish_queued_ = false;
+  prepared_ = true;
   clear_reductions();
+}
+
+// prepare() did the same for either mode: only what happens as the gradients arrive differs.
+void GradientSync::set_sync(bool sync) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (prepared_) mode_ = sync ? Mode::kSync : Mode::kNoSync;
+}
+
+void GradientSync::set_all_reduce(bool all_reduce) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  all_reduce_ = all_reduce;
 }
 
 void GradientSync::clear_reductions() {
@@ -95,7 +107,18 @@ void GradientSync::on_gradient_ready(std::size_t b, std::size_t i) {
   TORCH_CHECK(mode_ != Mode::kFinished, "cpprun::FullyShardedDataParallel: backward reached the parameters again after "
               "the gradients of the last forward were already reduced (a second backward through the same graph, "
               "e.g. with retain_graph). Run the wrapped module's forward before each backward.");
-  if (mode_ == Mode::kNoSync) return;
+  prepared_ = false;
+  if (mode_ == Mode::kNoSync) {
+    // A local backward: .grad accumulates as autograd leaves it; stage 3 still hears when each
+    // bucket is done and when backward ends, to release the parameters (reshard_after_backward).
+    if (!finish_queued_ && backward_end_) {
+      finish_queued_ = true;
+      torch::autograd::Engine::get_default_engine().queue_callback([this] { finish_local_backward(); });
+    }
+    // A second backward through one graph (retain_graph) finds the counts spent: nothing more.
+    if (states_[b].pending > 0 && --states_[b].pending == 0 && bucket_done_) bucket_done_(b);
+    return;
+  }
   if (!finish_queued_) {
     finish_queued_ = true;
     torch::autograd::Engine::get_default_engine().queue_callback([this] { finish_backward(); });
@@ -186,15 +209,18 @@ void GradientSync::complete(std::size_t b) {
       // Note [FSDP reduction order]). Stage 1's full gradient outside the shard keeps the shard
       // group's average only: nothing reads it (the optimizer steps the shard).
       at::Tensor mine = rank_chunk(bucket, state.wire);
-      all_reduce(*replicate_, mine, ReduceOp::kAvg);
-      accumulate_shard_grads_from_chunk(bucket, mine);
+      if (average_across_replicas(state, mine, /*owned=*/false)) accumulate_shard_grads_from_chunk(bucket, mine);
     } else {
       accumulate_shard_grads_from_unsharded(bucket, state.wire);
     }
     if (!state.wire.is_same(state.full_grad)) state.wire = at::Tensor();
     return;
   }
-  if (replicate_) all_reduce(*replicate_, state.chunk, ReduceOp::kAvg);  // See Note [HSDP gradient reduction]
+  // See Note [HSDP gradient reduction].
+  if (replicate_ && !average_across_replicas(state, state.chunk, /*owned=*/true)) {
+    for (auto& grad : state.grads) grad = at::Tensor();
+    return;
+  }
   const bool kept = shard_grads_defined(bucket);
   accumulate_shard_grads_from_chunk(bucket, state.chunk);
   // Added into kept gradients, the chunk is needed no more: keeping it would hold a second one
@@ -204,8 +230,32 @@ void GradientSync::complete(std::size_t b) {
   for (auto& grad : state.grads) grad = at::Tensor();
 }
 
+// Note [HSDP all-reduce skipped]
+// set_requires_all_reduce(false), as FSDP2's (_fsdp_collectives.py, foreach_reduce with
+// all_reduce_grads false): the shard group's reduction still runs each synchronized backward, but
+// its result, this rank's rows averaged over the shard group only, is summed into `set_aside`
+// rather than all-reduced across the replicas; the shards' gradients stay as they were. The next
+// backward that all-reduces adds it to its own rows first, so one all-reduce averages them all:
+// the replicas then hold what a synchronized backward for each would have given. Until then
+// `set_aside` differs between replicas (each saw other samples), and the optimizer must not step.
+bool GradientSync::average_across_replicas(BucketState& state, at::Tensor& mine, bool owned) {
+  if (!all_reduce_) {
+    if (state.set_aside.defined()) {
+      state.set_aside.add_(mine);
+    } else {
+      // Stages 2 and 3: the chunk itself (a fresh one is made next time); stage 1: a copy, as
+      // `mine` is a view of the full gradient the next backward writes.
+      state.set_aside = owned ? std::exchange(mine, at::Tensor()) : mine.clone();
+    }
+    return false;
+  }
+  if (state.set_aside.defined()) mine.add_(std::exchange(state.set_aside, at::Tensor()));
+  all_reduce(*replicate_, mine, ReduceOp::kAvg);
+  return true;
+}
+
 void GradientSync::finish_backward() {
-  std::function<void()> backward_end;
+  std::function<void(bool)> backward_end;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (mode_ != Mode::kSync) return;
@@ -224,7 +274,17 @@ void GradientSync::finish_backward() {
     shards_stepped_ = true;
     backward_end = backward_end_;
   }
-  if (backward_end) backward_end();
+  if (backward_end) backward_end(true);
+}
+
+void GradientSync::finish_local_backward() {
+  std::function<void(bool)> backward_end;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (mode_ != Mode::kNoSync) return;
+    backward_end = backward_end_;
+  }
+  if (backward_end) backward_end(false);
 }
 
 void GradientSync::finalize() {
@@ -233,9 +293,15 @@ void GradientSync::finalize() {
     TORCH_CHECK(mode_ != Mode::kSync, "cpprun::FullyShardedDataParallel::finalize_backward: a forward prepared a "
                 "synchronized backward; turn manual finalization on before the step's first forward.");
     clear_reductions();
+    prepared_ = false;
     mode_ = Mode::kSync;  // finish_backward() collects every gradient (stage 1: in full_grad already)
   }
   finish_backward();
+}
+
+bool GradientSync::shards_stepped() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return shards_stepped_;
 }
 
 bool GradientSync::take_shards_stepped() {
@@ -262,6 +328,7 @@ int64_t GradientSync::held_gradient_bytes() const {
     const BucketState& state = states_[b];
     count(state.full_grad);
     count(state.chunk);
+    count(state.set_aside);
     for (const auto& grad : state.grads) count(grad);
     for (const auto& s : buckets_[b].params()) count(s.shard.grad());
   }

@@ -11,6 +11,9 @@
 // Either way a bucket is reduced as soon as all its gradients are in, while backward goes on.
 // Alone in the shard group (stages 2 and 3, no replicas) there is nothing to reduce: each shard's
 // gradient is the parameter's own, as autograd made it.
+// HSDP with the replicas' all-reduce off (set_all_reduce(false)): each bucket's reduced chunk is
+// set aside, summed over such backwards, and added in before the next all-reduce (Note [HSDP
+// all-reduce skipped]).
 // Scheduling only: the wire work is fsdp_collectives.h's.
 #pragma once
 
@@ -39,8 +42,8 @@ struct GradientSyncOptions {
 class GradientSync {
  public:
   // bucket_done (stage 3): called once all of a bucket's gradients are in, so its parameters can
-  // go. HSDP (groups.replicate): after the reduction in groups.shard, each shard's gradient is
-  // averaged across the replicas.
+  // go, in synchronized and local backwards alike. HSDP (groups.replicate): after the reduction
+  // in groups.shard, each shard's gradient is averaged across the replicas.
   GradientSync(std::vector<ParamBucket>& buckets, const ShardGroups& groups, GradientSyncOptions options,
                std::function<void(std::size_t)> bucket_done = nullptr);
   ~GradientSync();
@@ -49,14 +52,23 @@ class GradientSync {
 
   // Before a forward whose backward will (sync) or will not (no_sync) reduce gradients.
   void prepare(bool sync);
+  // The prepared backward has not started yet: it will (sync) or will not reduce after all, as
+  // FSDP2 decides when backward reaches a unit. Once it has started, the next prepare() decides.
+  void set_sync(bool sync);
+  // HSDP: whether a synchronized backward all-reduces across the replicas; off, the reduced chunks
+  // wait for the next backward that does (Note [HSDP all-reduce skipped]). Read as each bucket
+  // completes. Nothing to skip without replicas.
+  void set_all_reduce(bool all_reduce);
   // Manual finalization (a pipeline stage): reduces every gradient accumulated since the last
   // reduction, as the end of a synchronized backward would. Collective.
   void finalize();
   // Called once a synchronized backward has been reduced: the shards' new values must be
   // all-gathered before the next forward.
   bool take_shards_stepped();
-  // Runs after each synchronized backward has been reduced (stage 3: release the parameters).
-  void on_backward_end(std::function<void()> fn) { backward_end_ = std::move(fn); }
+  bool shards_stepped() const;  // the same, leaving it set
+  // Runs after each backward: `reduced` when it was synchronized and has been reduced, else at the
+  // end of a local one (stage 3: release the parameters).
+  void on_backward_end(std::function<void(bool reduced)> fn) { backward_end_ = std::move(fn); }
   int64_t gradient_bytes() const;       // shard gradients, and full ones while held
   int64_t peak_gradient_bytes() const;  // the most gradient_bytes() has been
 
@@ -67,6 +79,7 @@ class GradientSync {
     at::Tensor wire;        // stage 1: what is all-reduced: full_grad, or a copy of it in the reduce dtype
     std::vector<at::Tensor> grads;  // stages 2 and 3: each parameter's full gradient, until reduced
     at::Tensor chunk;       // stages 2 and 3: this rank's reduced part
+    at::Tensor set_aside;   // HSDP, all-reduce off: this rank's reduced rows awaiting the all-reduce
     std::size_t pending = 0;
     bool reduced = false;   // full_grad holds the last synchronized backward's result
     bool completed = false;
@@ -78,6 +91,10 @@ class GradientSync {
   void launch_ready_buckets();
   void complete(std::size_t bucket);
   void finish_backward();
+  void finish_local_backward();
+  // HSDP: averages `mine` (this rank's reduced rows) across the replicas, adding what was set
+  // aside first; or, all-reduce off, sets it aside. Returns whether `mine` now holds the average.
+  bool average_across_replicas(BucketState& state, at::Tensor& mine, bool owned);
   void clear_reductions();  // no bucket launched or completed yet (mutex_ held)
   void bind_full_grad(std::size_t bucket);
   void note_gradient_bytes();
@@ -89,11 +106,13 @@ class GradientSync {
   GradientSyncOptions options_;
   bool alone_;  // stages 2 and 3 in a shard group of one, no replicas: Note [Nothing to reduce-scatter alone]
   std::function<void(std::size_t)> bucket_done_;
-  std::function<void()> backward_end_;
+  std::function<void(bool)> backward_end_;
   std::vector<BucketState> states_;
   mutable std::mutex mutex_;
   Mode mode_ = Mode::kNoSync;  // before the first forward, gradients simply accumulate
-  bool finish_queued_ = false;
+  bool finish_queued_ = false;   // a backward has started since prepare()
+  bool prepared_ = false;        // prepare() ran and its backward has not started
+  bool all_reduce_ = true;       // HSDP: see set_all_reduce
   bool shards_stepped_ = false;
   std::size_t next_launch_ = 0;   // reduced last to first: see launch_ready_buckets()
   std::deque<std::size_t> in_flight_;

@@ -45,7 +45,7 @@ void ParameterResidency::before_use(const std::vector<std::size_t>& needed) {
 
 void ParameterResidency::use(std::size_t u, const std::vector<std::size_t>& needed) {
   UnitState& state = states_[u];
-  if (state.gathered && shard_version(u) != state.shard_version) release(u);  // the optimizer stepped since
+  if (state.gathered && stale(u)) release(u);  // the optimizer stepped since
   if (!state.gathered) gather(u, needed);
   complete(u);
   if (std::exchange(state.prefetched, false)) ++prefetches_used_;
@@ -116,6 +116,7 @@ void ParameterResidency::keep_spare(std::size_t bytes, c10::DataPtr memory) {
 void ParameterResidency::start_gather(std::size_t u) {
   UnitState& state = states_[u];
   state.shard_version = shard_version(u);
+  state.epoch = epoch_;
   for (std::size_t b : state.buckets) {
     ParamBucket& bucket = buckets_[b];
     bucket.allocate_unsharded(take_spare(bucket.unsharded_bytes()));
@@ -155,6 +156,23 @@ void ParameterResidency::make_room(const std::vector<std::size_t>& keep) {
   }
 }
 
+// Note [Stale gathered units]
+// A unit kept gathered (unshard(), reshard_after_backward or reshard_after_forward off) is used by
+// a forward only if its shards cannot have changed since it was gathered. LibTorch's optimizers
+// step through .data(), which has a version counter of its own, so the shards' versions do not
+// show their steps. Like stages 1 and 2, which all-gather after each synchronized backward
+// (take_shards_stepped), we take the optimizer to step between a synchronized backward's end and
+// the next forward (the step window): what was gathered before that window ends, during it
+// included (an unshard() may come before the step), is stale from the next forward on, and
+// from the next unshard() in the window; so is what was gathered before a load. (Stages 1 and 2
+// likewise: gather_full_parameters() in the window gathers and leaves the window open.) A local
+// backward (no_sync, set_requires_gradient_sync(false)) opens no window: what it kept stays
+// current, which is what reshard_after_backward off is for; so do evaluation forwards, for
+// reshard_after_forward off. The versions still catch in-place writes that count.
+bool ParameterResidency::stale(std::size_t u) const {
+  return states_[u].epoch != epoch_ || shard_version(u) != states_[u].shard_version;
+}
+
 int64_t ParameterResidency::shard_version(std::size_t u) const {
   int64_t sum = 0;
   for (std::size_t b : states_[u].buckets) {
@@ -169,7 +187,10 @@ std::size_t ParameterResidency::gathered_count() const {
 
 void ParameterResidency::begin_forward() {
   std::lock_guard<std::mutex> lock(mutex_);
-  for (std::size_t u = 0; u < states_.size(); ++u) release(u);
+  if (std::exchange(step_window_, false)) ++epoch_;  // See Note [Stale gathered units]
+  for (std::size_t u = 0; u < states_.size(); ++u) {
+    if (states_[u].gathered && stale(u)) release(u);
+  }
   start_forward_phase();
 }
 
@@ -201,7 +222,9 @@ void ParameterResidency::end_forward(bool backward_follows) {
   }
   phase_ = backward_follows ? Phase::kBackward : Phase::kIdle;
   for (std::size_t u = 0; u < states_.size(); ++u) {
-    const bool keep = backward_follows && (u == root_unit_ || u == last || !options_.reshard_after_forward);
+    // reshard_after_forward off keeps them after a forward without backward too (FSDP2's use: a
+    // run of evaluation forwards gathers once).
+    const bool keep = !options_.reshard_after_forward || (backward_follows && (u == root_unit_ || u == last));
     if (!keep) release(u);
     states_[u].used_this_phase = false;
   }
@@ -214,20 +237,50 @@ void ParameterResidency::backward_done(std::size_t bucket) {
   UnitState& state = states_[buckets_[bucket].unit()];
   if (++state.buckets_done < state.buckets.size()) return;
   state.done = true;
-  release(buckets_[bucket].unit());
+  if (options_.reshard_after_backward) release(buckets_[bucket].unit());
 }
 
-void ParameterResidency::end_backward() {
+void ParameterResidency::end_backward(bool reduced) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (reduced) {  // See Note [Stale gathered units]
+    ++epoch_;
+    step_window_ = true;
+  }
+  if (options_.reshard_after_backward) {
+    for (std::size_t u = 0; u < states_.size(); ++u) release(u);
+  }
+  phase_ = Phase::kIdle;
+}
+
+void ParameterResidency::shards_replaced() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++epoch_;
+}
+
+void ParameterResidency::release_all() {
   std::lock_guard<std::mutex> lock(mutex_);
   for (std::size_t u = 0; u < states_.size(); ++u) release(u);
-  phase_ = Phase::kIdle;
+  spares_.clear();
+}
+
+void ParameterResidency::set_reshard_after_forward(bool on) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  options_.reshard_after_forward = on;
+}
+
+void ParameterResidency::set_reshard_after_backward(bool on) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  options_.reshard_after_backward = on;
 }
 
 void ParameterResidency::gather_all() {
   std::lock_guard<std::mutex> lock(mutex_);
+  // In the step window an earlier gather_all() may predate the step: gather everything anew
+  // (Note [Stale gathered units]).
+  if (step_window_) ++epoch_;
   phase_ = Phase::kIdle;
   for (std::size_t u = 0; u < states_.size(); ++u) {
-    if (states_[u].gathered && shard_version(u) != states_[u].shard_version) release(u);
+    if (states_[u].gathered && stale(u)) release(u);
     if (!states_[u].gathered) start_gather(u);
     note_peak();
     complete(u);  // one at a time

@@ -4,8 +4,10 @@
 // previous one, in backward) is gathered ahead while it computes, at most `limit` units are
 // gathered at once (the least recently used one is released first), all are released after
 // forward (except the root unit and the one forward used last, both needed first thing in
-// backward) and each as soon as backward has produced all its gradients. Scheduling only: the
-// wire work is fsdp_collectives.h's, the memory handling ParamBucket's.
+// backward; with reshard_after_forward off, none) and each as soon as backward has produced all
+// its gradients (with reshard_after_backward off, none). A unit stays gathered until released or
+// stale, and a forward uses what is gathered and current (Note [Stale gathered units]).
+// Scheduling only: the wire work is fsdp_collectives.h's, the memory handling ParamBucket's.
 //
 // A gather writes straight into the parameters' memory (fsdp_collectives.h): besides the units
 // gathered, only two chunks (1/W of a unit each) of staging exist while it runs.
@@ -38,6 +40,7 @@ namespace cpprun::detail {
 
 struct ResidencyOptions {
   bool reshard_after_forward = true;
+  bool reshard_after_backward = true;
   bool prefetch = true;
   int limit = 3;  // units gathered at once
 };
@@ -54,19 +57,29 @@ class ParameterResidency final : public UseListener {
 
   void before_use(const std::vector<std::size_t>& units) override;
 
-  // A forward starts: everything is released (the shards may have been stepped since).
+  // A forward starts: units whose shards may have changed since they were gathered are released;
+  // the others (kept by unshard(), reshard_after_backward or reshard_after_forward off) are used.
   void begin_forward();
   // A later micro-batch's forward in a pipeline step (no optimizer step since the first): units
   // still gathered stay (kept by reshard_after_forward(false)), as torchtitan keeps them under PP.
   void continue_forward();
   // It returned; `backward_follows` when autograd recorded it.
   void end_forward(bool backward_follows);
-  // Backward has produced all of this bucket's gradients: its unit goes once all its buckets have.
+  // Backward has produced all of this bucket's gradients: its unit goes once all its buckets
+  // have (unless reshard_after_backward is off).
   void backward_done(std::size_t bucket);
-  // Backward is over: release everything.
-  void end_backward();
-  // Everything gathered (gather_full_parameters()); they stay until the next forward.
+  // Backward is over: release everything (unless reshard_after_backward is off). `reduced`: it
+  // was synchronized, so the optimizer will step the shards: what is gathered is stale after it.
+  void end_backward(bool reduced);
+  // A load wrote the shards: what is gathered is stale.
+  void shards_replaced();
+  // Everything gathered (gather_full_parameters(), unshard()); they stay until a forward's end
+  // releases them (reshard_after_forward), a release_all() or a change of their shards.
   void gather_all();
+  // Everything released, and the memory kept for reuse freed too (reshard()).
+  void release_all();
+  void set_reshard_after_forward(bool on);
+  void set_reshard_after_backward(bool on);
 
   int64_t gathered_bytes() const;
   int64_t peak_gathered_bytes() const;  // gathered plus kept, at most
@@ -81,6 +94,7 @@ class ParameterResidency final : public UseListener {
     bool gathered = false;     // allocated, maybe with gathers still in flight
     std::vector<Work> in_flight;     // the all-gathers filling it
     int64_t shard_version = 0;  // the shards' versions summed when it was gathered
+    uint64_t epoch = 0;         // epoch_ when it was gathered
     uint64_t last_use = 0;
     bool used_this_phase = false;
     std::size_t buckets_done = 0;  // backward_done() since the last forward
@@ -96,6 +110,7 @@ class ParameterResidency final : public UseListener {
   void make_room(const std::vector<std::size_t>& keep);
   void prefetch_neighbour(std::size_t u, const std::vector<std::size_t>& keep);
   int64_t shard_version(std::size_t u) const;
+  bool stale(std::size_t u) const;  // gathered from shards that have changed since
   void note_peak();
   std::size_t gathered_count() const;
   int64_t spare_bytes() const;
@@ -109,6 +124,8 @@ class ParameterResidency final : public UseListener {
   std::vector<UnitState> states_;
   Phase phase_ = Phase::kIdle;
   uint64_t clock_ = 0;
+  uint64_t epoch_ = 0;         // bumped where gathered units become stale: Note [Stale gathered units]
+  bool step_window_ = false;   // a synchronized backward has ended, no forward has begun since
   std::vector<std::size_t> order_;       // units in the order the last complete forward first used them
   std::vector<std::size_t> this_order_;  // being recorded by the current forward
   struct Spare {

@@ -76,7 +76,9 @@ class DataParallelImpl : public torch::nn::Module {
   }
   // After optimizer.step(): brings module()'s full parameters up to date now rather than at the
   // next forward (e.g. to evaluate or sample from module() directly). DDP: nothing to do. FSDP:
-  // collective; under stage 3 every unit stays gathered until the next forward.
+  // collective; under stage 3 every unit stays gathered until a forward releases it (FSDP's
+  // unshard() does the same; see fsdp.h). Called before the step, the next forward still sees
+  // the stepped parameters (gathered again).
   void gather_full_parameters() { core_->gather_full_parameters(); }
 
   void train(bool on = true) override {

@@ -70,6 +70,65 @@ class FullyShardedDataParallelImpl : public DataParallelImpl<ModuleType> {
   std::size_t bucket_count() const { return fsdp_core().bucket_count(); }
   const FsdpOptions& options() const { return fsdp_core().options(); }
 
+  // FSDP2's FSDPModule controls, under its names and meanings (torch/distributed/fsdp/
+  // _fully_shard/_fully_shard.py), on every rank alike. Each applies to the whole wrapper, every
+  // unit in it: FSDP2's on the root with recurse=True (cpprun has one wrapper, so no `recurse`).
+  // What FSDP2 offers and these do not is listed in docs/fsdp.md.
+
+  // Whether backward reduces the gradients across ranks; it stays so until set again. false:
+  // each backward accumulates its gradients locally (in the full parameters' .grad, the shards'
+  // gradients untouched), and the first backward after set_requires_gradient_sync(true) reduces
+  // the sum, as FSDP2's. Read when backward starts, as FSDP2 reads it in backward: set between a
+  // forward and its backward, it applies to that backward. It also sets
+  // set_requires_all_reduce(requires_gradient_sync), as FSDP2's does.
+  // It is the setting no_sync() switches: a guard sets it false and, when it ends, puts back the
+  // value it found (a set_requires_gradient_sync() made while a guard lives lasts only until the
+  // guard ends; a guard made while it is false changes nothing).
+  void set_requires_gradient_sync(bool requires_gradient_sync) {
+    fsdp_core().set_require_sync(requires_gradient_sync);
+    fsdp_core().set_requires_all_reduce(requires_gradient_sync);
+  }
+  // HSDP: whether a synchronized backward also averages the gradients across the replicas.
+  // false: each backward still reduces within the shard group, but its result is set aside
+  // (summed over such backwards) rather than all-reduced, and the shards' gradients stay as they
+  // were; the next backward with it true adds the set-aside sum before its one all-reduce. As
+  // FSDP2's: gradient accumulation with reduce-scatters and a single all-reduce. Set it true
+  // before the backward that precedes clipping or an optimizer step. Without replicas (a 1-D
+  // mesh or group) there is no all-reduce: it has no effect, as FSDP2's.
+  void set_requires_all_reduce(bool requires_all_reduce) { fsdp_core().set_requires_all_reduce(requires_all_reduce); }
+  // Stage 3: every unit all-gathered now, from the current shards (in param_dtype under mixed
+  // precision), to use module() directly; they stay gathered, past gathered_unit_limit, until a
+  // forward's end releases them (reshard_after_forward) or reshard(). The next forward uses them
+  // without gathering, as FSDP2's, unless they were gathered between a synchronized backward and
+  // that forward, where the optimizer steps: then it gathers anew (LibTorch's optimizers step
+  // through .data(), unseen; FSDP2 would use the stale ones). Stages 1 and 2 keep the full
+  // parameters always: it brings them up to date after an optimizer step (the next forward
+  // gathers them again, for the same reason). Collective; the same as gather_full_parameters().
+  void unshard() { fsdp_core().unshard(); }
+  // Stage 3: every gathered unit released now, and the memory kept for reuse freed
+  // (memory().parameters and .kept are 0 after it). Stages 1 and 2, and stage 3 alone in its
+  // shard group without mixed precision or offload (Note [Nothing to shard alone]), hold the full
+  // parameters as their working state: nothing to release, nothing done. Not collective.
+  void reshard() { fsdp_core().reshard(); }
+  // Stage 3: whether forward releases the units it gathered (FsdpOptions::reshard_after_forward,
+  // changed from now on; options() shows it). false also keeps them after a forward without
+  // autograd, so that repeated evaluation forwards gather once, as FSDP2's. Stages 1 and 2 never
+  // release: false is accepted (it is what they do), true is an error.
+  void set_reshard_after_forward(bool reshard_after_forward) {
+    fsdp_core().set_reshard_after_forward(reshard_after_forward);
+  }
+  // Stage 3: whether backward releases each unit once its gradients are produced (true by
+  // default, in synchronized and local backwards alike, as FSDP2's). false keeps them gathered
+  // after backward (within gathered_unit_limit), so that the next forward of a gradient
+  // accumulation gathers nothing again: memory for communication. Unlike FSDP2, no reshard() is
+  // needed before the optimizer step: units gathered before a synchronized backward's next
+  // forward (or before a checkpoint load) are taken to be stepped, and gathered anew. A pipeline stage's micro-batch backwards keep their units regardless (as PyTorch's
+  // schedules set it false for them); the step's finalization then follows this setting.
+  // Stages 1 and 2 never release: false is accepted, true is an error.
+  void set_reshard_after_backward(bool reshard_after_backward) {
+    fsdp_core().set_reshard_after_backward(reshard_after_backward);
+  }
+
  private:
   detail::FsdpCore& fsdp_core() const { return static_cast<detail::FsdpCore&>(Base::core()); }
 };

@@ -34,8 +34,10 @@ struct FsdpOptions {
 
   // Stage 3. Each unit's parameters are all-gathered when first used and released again:
   // after forward unless reshard_after_forward is false (the root unit, holding the top-level
-  // module's own parameters, and the unit forward used last always stay for backward), and once
-  // backward has produced the unit's gradients.
+  // module's own parameters, and the unit forward used last always stay for backward; false
+  // keeps them after a forward without autograd too), and once backward has produced the unit's
+  // gradients (unless set_reshard_after_backward(false)). Changeable in training:
+  // model->set_reshard_after_forward() (fsdp.h).
   TORCH_ARG(bool, reshard_after_forward) = true;
  public:  // (TORCH_ARG leaves the section private)
   // PyTorch's fully_shard(reshard_after_forward=8) reshards to a smaller world of 8 ranks; cpprun

@@ -10,8 +10,10 @@ namespace cpprun {
 // Bytes this rank holds now in each kind of training state.
 struct FsdpMemory {
   // Full (unsharded) parameters the wrapped module computes with: the whole model at stages 1
-  // and 2; at stage 3 the units gathered right now (0 between steps), except alone in the shard
-  // group without mixed precision or offload, where there is nothing to shard: the whole model.
+  // and 2; at stage 3 the units gathered right now (0 between steps, unless unshard(),
+  // set_reshard_after_backward(false) or set_reshard_after_forward(false) keep some), except alone
+  // in the shard group without mixed precision or offload, where there is nothing to shard: the
+  // whole model.
   int64_t parameters = 0;
   // The shards the optimizer updates, where they are not part of `parameters` (stage 3 but alone,
   // mixed precision's float32 master copy, CPU offload).

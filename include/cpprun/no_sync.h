@@ -2,6 +2,8 @@
 // accumulate local gradients; the first backward after it reduces the sum.
 //   { auto guard = model->no_sync(); loss1.backward(); }   // local only
 //   loss2.backward();                                      // reduces loss1's + loss2's gradients
+// Under FullyShardedDataParallel the guard and set_requires_gradient_sync() are one setting: the
+// guard sets it false and, when it ends, puts back the value it found (fsdp.h).
 #pragma once
 
 #include <utility>

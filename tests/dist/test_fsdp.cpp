@@ -20,6 +20,7 @@
 #include "cpprun/cpprun.h"
 #include "dist_test_support.h"
 #include "ddp_test_models.h"
+#include "fsdp_test_models.h"
 #include "parity_checks.h"
 #include "parity_training.h"
 
@@ -42,31 +43,6 @@ cpprun::DataParallel<Mlp> ddp_or_fsdp(const std::shared_ptr<Mlp>& net, int stage
   return cpprun::FullyShardedDataParallel(net, group(), per_linear(stage));
 }
 
-// For ZeRO-3's scheduling: a root unit with parameters of its own (used first and last in
-// forward), three block units, and one block used twice per forward. Hidden 13: root 143 + 56
-// elements and blocks of 182, none divisible by 3 or 4.
-struct Block : torch::nn::Module {
-  torch::nn::Linear mix{nullptr};
-  explicit Block(int64_t hidden) { mix = register_module("mix", torch::nn::Linear(hidden, hidden)); }
-  torch::Tensor forward(torch::Tensor x) { return x + torch::tanh(mix(x)); }
-};
-struct Tower : torch::nn::Module {
-  torch::nn::Linear in{nullptr}, out{nullptr};
-  std::shared_ptr<Block> b0, b1, b2;
-  explicit Tower(int64_t hidden = 13) {
-    in = register_module("in", torch::nn::Linear(10, hidden));
-    b0 = register_module("b0", std::make_shared<Block>(hidden));
-    b1 = register_module("b1", std::make_shared<Block>(hidden));
-    b2 = register_module("b2", std::make_shared<Block>(hidden));
-    out = register_module("out", torch::nn::Linear(hidden, 4));
-  }
-  torch::Tensor forward(torch::Tensor x) {
-    x = torch::relu(in(x));
-    x = b1->forward(b2->forward(b1->forward(b0->forward(x))));
-    return out(x);
-  }
-};
-bool is_block(const torch::nn::Module& m) { return dynamic_cast<const Block*>(&m) != nullptr; }
 
 // options_for: the options for this net (manual wrapping names its submodules).
 template <typename Net = Mlp>
@@ -103,17 +79,6 @@ void check_parity(const std::function<cpprun::FsdpOptions(Net&)>& options_for, c
 template <typename Net = Mlp>
 void check_parity(const cpprun::FsdpOptions& options, const std::string& optimizer, int steps = 5) {
   check_parity<Net>([&](Net&) { return options; }, optimizer, steps);
-}
-
-// Elements of `module`'s parameters each padded to a multiple of `world` rows (dim 0), as FSDP
-// lays them out unsharded.
-int64_t padded_numel(torch::nn::Module& module, int world) {
-  int64_t n = 0;
-  for (const auto& p : cpprun::unique_parameters(module)) {
-    const int64_t rows = p.dim() == 0 ? 1 : p.size(0);
-    n += (rows + world - 1) / world * world * (p.numel() / std::max<int64_t>(rows, 1));
-  }
-  return n;
 }
 
 // This rank's rows of `full` (dim 0 cut in ceil(rows / world) rows per rank), as FSDP shards it.

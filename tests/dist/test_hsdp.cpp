@@ -107,6 +107,14 @@ void check_parity(const cpprun::DeviceMesh& mesh, const cpprun::FsdpOptions& opt
 
 cpprun::FsdpOptions hsdp(int stage) { return cpprun::FsdpOptions().stage(stage).wrap_policy(is_linear); }
 
+// Whether any of this rank's shards has a gradient (zero_grad() sets them to none).
+bool any_shard_grad(torch::nn::Module& model) {
+  for (const auto& p : model.parameters()) {
+    if (p.grad().defined()) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 TEST_CASE("hsdp: ZeRO-1, -2 and -3 over a replicate x shard mesh match one process, SGD-momentum and AdamW", "[hsdp]") {
@@ -200,4 +208,64 @@ TEST_CASE("hsdp: a 1-D mesh is plain FSDP; a shard_dim naming no dimension, or w
                     Catch::Matchers::Contains("rows"));
   const cpprun::DeviceMesh flat(group(), {group().size()}, {"shard"});
   check_parity(flat, hsdp(3), "adamw");
+}
+
+// FSDP2's set_requires_all_reduce(false) (foreach_reduce with all_reduce_grads false): the shard
+// group's reduction runs, its result waits, summed, beside the shards' gradients (which stay
+// unset) rather than crossing the replicas; the next all-reducing backward adds it in, so that
+// after the step every replica holds what one process on the whole batch computes.
+TEST_CASE("hsdp: set_requires_all_reduce(false) sets the shard group's reduction aside; the next all-reduce adds it in",
+          "[hsdp]") {
+  const int rank = group().rank(), world = group().size();
+  for (const auto& mesh : meshes()) {
+    for (int stage : {1, 2, 3}) {
+      INFO("mesh " << mesh.size(0) << "x" << mesh.size(1) << " stage " << stage);
+      Float64Parity float64;
+      torch::manual_seed(100 + rank);  // rank 0's initial weights must win
+      auto net = std::make_shared<Mlp>(31);
+      auto model = cpprun::FullyShardedDataParallel(net, mesh, hsdp(stage));
+      auto ref = std::make_shared<Mlp>(31);
+      copy_state(*ref, *net);
+      torch::optim::SGD opt(model->parameters(), 0.1), ref_opt(ref->parameters(), 0.1);
+      for (int step = 0; step < 2; ++step) {
+        opt.zero_grad();
+        ref_opt.zero_grad();
+        // Micro-batch 0 local, 1 and 2 reduced in the shard group only, 3 all-reduced too.
+        for (int micro = 0; micro < 4; ++micro) {
+          INFO("step " << step << " micro-batch " << micro);
+          if (micro == 0) model->set_requires_gradient_sync(false);
+          if (micro == 1) {
+            model->set_requires_gradient_sync(true);
+            model->set_requires_all_reduce(false);
+          }
+          if (micro == 3) model->set_requires_all_reduce(true);
+          auto x = inputs_for("mlp", kGlobalBatch, 10 * step + micro);
+          auto y = targets_for(kGlobalBatch, 10 * step + micro);
+          torch::nn::functional::cross_entropy(model->forward(slice(x, rank, world)), slice(y, rank, world)).backward();
+          // Every 2-D mesh has a replicate group, of one rank in a 1 x N mesh (as FSDP2's HSDP).
+          CHECK(any_shard_grad(*model) == (micro == 3));
+          reference_backward([&](torch::Tensor in) { return ref->forward(in); }, x, y, world);
+        }
+        opt.step();
+        ref_opt.step();
+      }
+      model->gather_full_parameters();
+      check_same_parameters(*net, *ref, kParityTolerance);
+      // set_requires_gradient_sync(true) turns the all-reduce back on too, as FSDP2's.
+      opt.zero_grad();
+      model->set_requires_all_reduce(false);
+      model->set_requires_gradient_sync(true);
+      torch::nn::functional::cross_entropy(model->forward(slice(inputs_for("mlp", kGlobalBatch, 50), rank, world)),
+                                           slice(targets_for(kGlobalBatch, 50), rank, world))
+          .backward();
+      CHECK(any_shard_grad(*model));
+    }
+  }
+  // Plain FSDP (a group, or a 1-D mesh) has no all-reduce to skip: reduced is reduced, as FSDP2's.
+  auto model = cpprun::FullyShardedDataParallel(std::make_shared<Mlp>(31), group(), hsdp(2));
+  model->set_requires_all_reduce(false);
+  torch::nn::functional::cross_entropy(model->forward(slice(inputs_for("mlp", kGlobalBatch, 0), rank, world)),
+                                       slice(targets_for(kGlobalBatch, 0), rank, world))
+      .backward();
+  CHECK(any_shard_grad(*model));
 }

@@ -36,8 +36,15 @@ class FsdpCore final : public DataParallelCore {
   // order, each tensor once (a tied one under its first name; frozen parameters as they are),
   // through plain submodules named by the path.
   void register_shards(torch::nn::Module& wrapper) const;
+  // Also what a forward prepared for a backward that has not started yet.
   void set_require_sync(bool sync) override;
   bool require_sync() const override;
+  // FSDP2's controls (cpprun/fsdp.h says what each means).
+  void set_requires_all_reduce(bool all_reduce);
+  void unshard();
+  void reshard();
+  void set_reshard_after_forward(bool on);
+  void set_reshard_after_backward(bool on);
   // A pipeline stage: forwards run as under no_sync, and finalize_backward() reduces (and, at
   // stage 3, releases) once a step.
   void set_manual_finalization(bool on) override;

@@ -1,0 +1,99 @@
+// The C++ side of fsdp_controls_pytorch.sh: two ranks train a float64 MLP under cpprun's
+// FullyShardedDataParallel (ZeRO-3, a unit per Linear) with FSDP2's controls, rank 0 writing the
+// initial weights, the data and each case's trained parameters for fsdp_controls_pytorch.py, which
+// trains the same with PyTorch's fully_shard and the same calls and compares.
+//   cpprun --nproc_per_node=2 fsdp_controls_pytorch DIR
+// Cases (3 micro-batches per step, 2 steps, SGD):
+//   accumulate: set_requires_gradient_sync and set_reshard_after_backward true for the last
+//     micro-batch only (torchtitan's and PyTorch's pipeline schedules' pattern), over 2 ranks;
+//   hsdp: a 2 x 1 (replicate x shard) mesh; micro-batch 0 local, 1 set_requires_all_reduce(false),
+//     2 all-reduced.
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "checkpoint/state_dict.h"
+#include "cpprun/cpprun.h"
+
+namespace {
+
+constexpr int kSteps = 2, kMicro = 3, kBatch = 8;  // kBatch: the global batch of a micro-batch
+
+struct Net : torch::nn::Module {
+  torch::nn::Linear fc1 = register_module("fc1", torch::nn::Linear(6, 9));
+  torch::nn::Linear fc2 = register_module("fc2", torch::nn::Linear(9, 4));
+  torch::Tensor forward(const torch::Tensor& x) { return fc2(torch::tanh(fc1(x))); }
+};
+
+bool is_linear(const torch::nn::Module& m) { return dynamic_cast<const torch::nn::LinearImpl*>(&m) != nullptr; }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc == 2 && std::string(argv[1]) == "--torch-version") {
+    std::printf("%d.%d.%d\n", TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR, TORCH_VERSION_PATCH);
+    return 0;
+  }
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: cpprun --nproc_per_node=2 fsdp_controls_pytorch DIR\n");
+    return 2;
+  }
+  const std::string dir = argv[1];
+  auto group = cpprun::init_process_group();
+  TORCH_CHECK(group.size() == 2, "fsdp_controls_pytorch runs on 2 ranks, got ", group.size());
+  const int rank = group.rank();
+  torch::set_default_dtype(caffe2::TypeMeta::Make<double>());
+  cpprun::detail::NamedTensors out;
+  torch::manual_seed(0);
+  Net init;
+  for (const auto& p : init.named_parameters()) out.emplace_back("init." + p.key(), p.value().detach().clone());
+  torch::manual_seed(1);
+  const auto x = torch::randn({kSteps * kMicro, kBatch, 6});
+  const auto y = torch::randint(0, 4, {kSteps * kMicro, kBatch}, torch::kLong);
+  out.emplace_back("x", x);
+  out.emplace_back("y", y);
+  const cpprun::DeviceMesh mesh(group, {2, 1}, {"replicate", "shard"});
+
+  for (const std::string kind : {"accumulate", "hsdp"}) {
+    auto net = std::make_shared<Net>();
+    {
+      torch::NoGradGuard no_grad;
+      for (const auto& p : net->named_parameters()) p.value().copy_(init.named_parameters()[p.key()]);
+    }
+    const auto options = cpprun::FsdpOptions().stage(3).wrap_policy(is_linear);
+    auto model = kind == "hsdp" ? cpprun::FullyShardedDataParallel(net, mesh, options)
+                                : cpprun::FullyShardedDataParallel(net, group, options);
+    torch::optim::SGD opt(model->parameters(), 0.1);
+    for (int step = 0; step < kSteps; ++step) {
+      opt.zero_grad();
+      for (int micro = 0; micro < kMicro; ++micro) {
+        const bool last = micro == kMicro - 1;
+        if (kind == "accumulate") {
+          model->set_requires_gradient_sync(last);
+          model->set_reshard_after_backward(last);
+        } else if (micro == 0) {
+          model->set_requires_gradient_sync(false);
+        } else if (micro == 1) {
+          model->set_requires_gradient_sync(true);
+          model->set_requires_all_reduce(false);
+        } else {
+          model->set_requires_all_reduce(true);
+        }
+        const int b = step * kMicro + micro;
+        const auto local_x = x[b].narrow(0, rank * kBatch / 2, kBatch / 2);
+        const auto local_y = y[b].narrow(0, rank * kBatch / 2, kBatch / 2);
+        torch::nn::functional::cross_entropy(model->forward(local_x), local_y).backward();
+      }
+      opt.step();
+    }
+    model->gather_full_parameters();
+    for (const auto& p : net->named_parameters()) out.emplace_back(kind + "." + p.key(), p.value().detach().clone());
+  }
+  if (rank == 0) {
+    cpprun::detail::write_state_dict_file(out, dir + "/cpprun.safetensors", cpprun::StateDictSaveOptions(), {});
+  }
+  cpprun::barrier(group);
+  return 0;
+}

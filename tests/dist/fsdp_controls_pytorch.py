@@ -1,0 +1,77 @@
+# The Python side of fsdp_controls_pytorch.sh, on 2 ranks under cpprun: trains the model of
+# fsdp_controls_pytorch.cpp with PyTorch's fully_shard (FSDP2, a unit per Linear) and the same
+# calls, from the initial weights and data cpprun wrote to DIR/cpprun.safetensors, and compares
+# the trained parameters with cpprun's (float64; relative 1e-12). Exit 1 on a difference.
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+from safetensors.torch import load_file
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+
+STEPS, MICRO, BATCH = 2, 3, 8
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(6, 9)
+        self.fc2 = torch.nn.Linear(9, 4)
+
+    def forward(self, x):
+        return self.fc2(torch.tanh(self.fc1(x)))
+
+
+def main():
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.set_default_dtype(torch.float64)
+    t = load_file(sys.argv[1] + "/cpprun.safetensors")
+    init = {k[len("init."):]: v for k, v in t.items() if k.startswith("init.")}
+    x, y = t["x"], t["y"]
+    failed = False
+    for kind in ("accumulate", "hsdp"):
+        model = Net()
+        model.load_state_dict(init)
+        if kind == "hsdp":
+            mesh = init_device_mesh("cpu", (2, 1), mesh_dim_names=("replicate", "shard"))
+        else:
+            mesh = init_device_mesh("cpu", (2,))
+        fully_shard(model.fc1, mesh=mesh)
+        fully_shard(model.fc2, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(STEPS):
+            opt.zero_grad()
+            for micro in range(MICRO):
+                last = micro == MICRO - 1
+                if kind == "accumulate":
+                    model.set_requires_gradient_sync(last)
+                    model.set_reshard_after_backward(last)
+                elif micro == 0:
+                    model.set_requires_gradient_sync(False)
+                elif micro == 1:
+                    model.set_requires_gradient_sync(True)
+                    model.set_requires_all_reduce(False)
+                else:
+                    model.set_requires_all_reduce(True)
+                b = step * MICRO + micro
+                local = slice(rank * BATCH // 2, (rank + 1) * BATCH // 2)
+                torch.nn.functional.cross_entropy(model(x[b][local]), y[b][local]).backward()
+            opt.step()
+        for name, p in model.named_parameters():
+            full = p.full_tensor().detach()
+            theirs = t[kind + "." + name]
+            rel = ((full - theirs).abs().max() / theirs.abs().max()).item()
+            ok = rel <= 1e-12
+            failed |= not ok
+            if rank == 0:
+                print(f"{kind} {name}: relative difference {rel:.3g} {'ok' if ok else 'DIFFERS'}", flush=True)
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    os._exit(1 if failed else 0)
+
+
+main()

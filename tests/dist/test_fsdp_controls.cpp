@@ -1,0 +1,278 @@
+// FullyShardedDataParallel's FSDP2 controls (set_requires_gradient_sync, unshard, reshard,
+// set_reshard_after_forward, set_reshard_after_backward) under `cpprun --nproc_per_node=K`, in
+// the cpprun_dist_fsdp binary. Parity against one process on the whole batch in float64 (Note
+// [Parity in float64] in parity_checks.h); what each control keeps gathered through memory() and
+// prefetch_stats(). HSDP's set_requires_all_reduce is in test_hsdp.cpp. CHECK, not REQUIRE,
+// keeps every rank's collectives in step.
+#include "catch.h"
+#include <torch/torch.h>
+
+#include <optional>
+#include <vector>
+
+#include "cpprun/cpprun.h"
+#include "ddp_test_models.h"
+#include "dist_test_support.h"
+#include "fsdp_test_models.h"
+#include "parity_checks.h"
+#include "parity_training.h"
+
+using namespace ddp_test;
+
+namespace {
+
+using dist_test::group;
+using dist_test::slice;
+
+constexpr int64_t kGlobalBatch = 24;
+
+// Whether any of this rank's shards has a gradient (zero_grad() sets them to none): a local
+// backward leaves them so, a synchronized one sets them.
+bool any_shard_grad(torch::nn::Module& model) {
+  for (const auto& p : model.parameters()) {
+    if (p.grad().defined()) return true;
+  }
+  return false;
+}
+
+torch::Tensor local_loss(const std::function<torch::Tensor(torch::Tensor)>& forward, int64_t batch) {
+  const int rank = group().rank(), world = group().size();
+  return torch::nn::functional::cross_entropy(forward(slice(inputs_for("mlp", kGlobalBatch, batch), rank, world)),
+                                              slice(targets_for(kGlobalBatch, batch), rank, world));
+}
+
+// How the first micro-batches of each step are kept local.
+enum class Local { kGuard, kSetterBeforeForward, kSetterBeforeBackward };
+
+// Two steps of three micro-batches each, the first two local, with SGD; checked against one
+// process on the whole batches. Returns the trained parameters.
+std::vector<torch::Tensor> train_accumulating(int stage, Local how) {
+  const int world = group().size();
+  torch::manual_seed(0);
+  auto net = std::make_shared<Mlp>(31);
+  auto model = cpprun::FullyShardedDataParallel(net, group(), cpprun::FsdpOptions().stage(stage).wrap_policy(is_linear));
+  auto ref = std::make_shared<Mlp>(31);
+  copy_state(*ref, *net);
+  torch::optim::SGD opt(model->parameters(), 0.1), ref_opt(ref->parameters(), 0.1);
+  for (int step = 0; step < 2; ++step) {
+    opt.zero_grad();
+    ref_opt.zero_grad();
+    for (int micro = 0; micro < 3; ++micro) {
+      const bool last = micro == 2;
+      const int64_t batch = 10 * step + micro;
+      std::optional<cpprun::NoSyncGuard> guard;
+      if (how == Local::kGuard && !last) guard.emplace(model->no_sync());
+      if (how == Local::kSetterBeforeForward) model->set_requires_gradient_sync(last);
+      auto loss = local_loss([&](torch::Tensor in) { return model->forward(in); }, batch);
+      // As PyTorch's pipeline schedules do: decided after forward, for this backward.
+      if (how == Local::kSetterBeforeBackward) model->set_requires_gradient_sync(last);
+      loss.backward();
+      INFO("micro-batch " << micro);
+      CHECK(any_shard_grad(*model) == last);
+      reference_backward([&](torch::Tensor in) { return ref->forward(in); }, inputs_for("mlp", kGlobalBatch, batch),
+                         targets_for(kGlobalBatch, batch), world);
+    }
+    opt.step();
+    ref_opt.step();
+  }
+  model->gather_full_parameters();
+  check_same_parameters(*net, *ref, kParityTolerance);
+  std::vector<torch::Tensor> trained;
+  for (const auto& p : net->parameters()) trained.push_back(p.detach().clone());
+  return trained;
+}
+
+}  // namespace
+
+TEST_CASE("fsdp: set_requires_gradient_sync(false) accumulates locally until set back, as no_sync does", "[fsdp]") {
+  Float64Parity float64;
+  for (int stage : {1, 2, 3}) {
+    INFO("stage " << stage);
+    const auto guarded = train_accumulating(stage, Local::kGuard);
+    for (Local how : {Local::kSetterBeforeForward, Local::kSetterBeforeBackward}) {
+      const auto set = train_accumulating(stage, how);
+      INFO("setter " << (how == Local::kSetterBeforeForward ? "before forward" : "between forward and backward"));
+      REQUIRE(set.size() == guarded.size());
+      // The same operations on the same values: the guard and the setter are one mechanism.
+      for (std::size_t i = 0; i < set.size(); ++i) CHECK(set[i].equal(guarded[i]));
+    }
+  }
+}
+
+TEST_CASE("fsdp: a no_sync guard puts back the setting it found, set_requires_gradient_sync's included", "[fsdp]") {
+  for (int stage : {1, 2, 3}) {
+    INFO("stage " << stage);
+    auto model = cpprun::FullyShardedDataParallel(std::make_shared<Mlp>(31), group(),
+                                                  cpprun::FsdpOptions().stage(stage).wrap_policy(is_linear));
+    torch::optim::SGD opt(model->parameters(), 0.1);
+    auto forward = [&](torch::Tensor in) { return model->forward(in); };
+    opt.zero_grad();
+    model->set_requires_gradient_sync(false);
+    {
+      auto guard = model->no_sync();
+      local_loss(forward, 0).backward();
+    }
+    CHECK_FALSE(any_shard_grad(*model));
+    local_loss(forward, 1).backward();  // the guard put back false: still local
+    CHECK_FALSE(any_shard_grad(*model));
+    {
+      auto guard = model->no_sync();
+      model->set_requires_gradient_sync(true);  // lasts until the guard ends
+    }
+    local_loss(forward, 2).backward();
+    CHECK_FALSE(any_shard_grad(*model));
+    model->set_requires_gradient_sync(true);
+    local_loss(forward, 3).backward();
+    CHECK(any_shard_grad(*model));
+  }
+}
+
+TEST_CASE("fsdp: unshard() gathers every unit now and reshard() releases them; stages 1 and 2 keep them", "[fsdp]") {
+  Float64Parity float64;
+  const int world = group().size();
+  const bool alone = world == 1;  // Note [Nothing to shard alone]: stage 3 keeps them whole too
+  for (int stage : {1, 2, 3}) {
+    INFO("stage " << stage);
+    const bool sharded = stage == 3 && !alone;
+    torch::manual_seed(0);
+    auto net = std::make_shared<Tower>();
+    auto ref = std::make_shared<Tower>();
+    copy_state(*ref, *net);
+    auto model = cpprun::FullyShardedDataParallel(net, group(), cpprun::FsdpOptions().stage(stage).wrap_policy(is_block));
+    const int64_t whole = 8 * padded_numel(*ref, world);
+    torch::optim::SGD opt(model->parameters(), 0.1), ref_opt(ref->parameters(), 0.1);
+    auto evaluate = [&] {  // returns the units it gathered ahead of use
+      torch::NoGradGuard no_grad;
+      const int64_t started = model->prefetch_stats().started;
+      model->forward(inputs_for("mlp", kGlobalBatch, 99));
+      return model->prefetch_stats().started - started;
+    };
+    for (int step = 0; step < 2; ++step) {
+      opt.zero_grad();
+      ref_opt.zero_grad();
+      local_loss([&](torch::Tensor in) { return model->forward(in); }, step).backward();
+      reference_backward([&](torch::Tensor in) { return ref->forward(in); }, inputs_for("mlp", kGlobalBatch, step),
+                         targets_for(kGlobalBatch, step), world);
+      if (step == 1) model->unshard();  // before the step: what it gathers goes stale
+      opt.step();
+      ref_opt.step();
+      CHECK(model->memory().parameters == (sharded && step == 0 ? 0 : whole));
+      model->unshard();
+      CHECK(model->memory().parameters == whole);
+      check_same_parameters(*net, *ref, kParityTolerance);  // the stepped values, now
+      // Gathered in the step window (Note [Stale gathered units]): the next forward gathers anew.
+      const int64_t gathered = evaluate();
+      CHECK((sharded ? gathered > 0 : gathered == 0));
+      CHECK(model->memory().parameters == (sharded ? 0 : whole));  // reshard_after_forward released them
+      // Gathered outside it: the next forward uses them, gathering nothing.
+      model->unshard();
+      CHECK(evaluate() == 0);
+      check_same_parameters(*net, *ref, kParityTolerance);
+      model->unshard();
+      model->reshard();
+      CHECK(model->memory().parameters == (sharded ? 0 : whole));
+      CHECK(model->memory().kept == 0);  // freed, not kept for reuse
+    }
+    model->unshard();
+    check_same_parameters(*net, *ref, kParityTolerance);
+  }
+}
+
+TEST_CASE("fsdp: set_reshard_after_forward decides what forward keeps, in training and evaluation", "[fsdp]") {
+  const int world = group().size();
+  const bool alone = world == 1;
+  auto tower = std::make_shared<Tower>();
+  auto model = cpprun::FullyShardedDataParallel(tower, group(),
+                                                cpprun::FsdpOptions().stage(3).wrap_policy(is_block).gathered_unit_limit(8));
+  const int64_t root = 4 * (padded_numel(*tower->in, world) + padded_numel(*tower->out, world));
+  const int64_t block = 4 * padded_numel(*tower->b0, world);
+  const int64_t whole = root + 3 * block;
+  auto forward = [&](torch::Tensor in) { return model->forward(in); };
+  auto evaluate = [&] {
+    torch::NoGradGuard no_grad;
+    const int64_t started = model->prefetch_stats().started;
+    model->forward(inputs_for("mlp", kGlobalBatch, 0));
+    return model->prefetch_stats().started - started;  // units gathered ahead of use
+  };
+
+  auto loss = local_loss(forward, 0);  // default: the root and the unit used last stay for backward
+  CHECK(model->memory().parameters == (alone ? whole : root + block));
+  loss.backward();
+
+  model->set_reshard_after_forward(false);
+  CHECK_FALSE(model->options().reshard_after_forward());
+  loss = local_loss(forward, 1);
+  CHECK(model->memory().parameters == whole);
+  loss.backward();
+  CHECK(model->memory().parameters == (alone ? whole : 0));  // backward still releases them
+  evaluate();
+  CHECK(model->memory().parameters == whole);  // kept after a forward without autograd too
+  CHECK(evaluate() == 0);                      // so the next one gathers nothing
+  CHECK(model->memory().parameters == whole);
+
+  model->set_reshard_after_forward(true);
+  CHECK(model->options().reshard_after_forward());
+  evaluate();
+  CHECK(model->memory().parameters == (alone ? whole : 0));
+  if (!alone) CHECK(evaluate() > 0);
+
+  // Stages 1 and 2 keep the full parameters: false is what they do, true a clear error.
+  auto stage2 = cpprun::FullyShardedDataParallel(std::make_shared<Mlp>(), group(), cpprun::FsdpOptions().stage(2));
+  CHECK_NOTHROW(stage2->set_reshard_after_forward(false));
+  CHECK_THROWS_WITH(stage2->set_reshard_after_forward(true),
+                    Catch::Contains("stage 2 keeps the full parameters") && Catch::Contains("stage(3)"));
+  CHECK_NOTHROW(stage2->set_reshard_after_backward(false));
+  CHECK_THROWS_WITH(stage2->set_reshard_after_backward(true),
+                    Catch::Contains("stage 2 keeps the full parameters") && Catch::Contains("stage(3)"));
+}
+
+// Gradient accumulation as torchtitan and PyTorch's pipeline schedules do it: local backwards
+// that keep the units gathered, so the next micro-batch's forward gathers nothing; the step's
+// last backward synchronized and releasing (or keeping: the optimizer's step makes them stale,
+// and the next forward gathers them anew, with no reshard() needed).
+TEST_CASE("fsdp: set_reshard_after_backward(false) keeps the units for the next micro-batch; parity holds", "[fsdp]") {
+  Float64Parity float64;
+  const int world = group().size();
+  const bool alone = world == 1;
+  for (bool last_keeps : {false, true}) {
+    INFO("the last backward keeps the units: " << last_keeps);
+    torch::manual_seed(0);
+    auto net = std::make_shared<Tower>();
+    auto ref = std::make_shared<Tower>();
+    copy_state(*ref, *net);
+    auto model = cpprun::FullyShardedDataParallel(net, group(),
+                                                  cpprun::FsdpOptions().stage(3).wrap_policy(is_block).gathered_unit_limit(8));
+    const int64_t whole = 8 * padded_numel(*ref, world);
+    torch::optim::SGD opt(model->parameters(), 0.1), ref_opt(ref->parameters(), 0.1);
+    for (int step = 0; step < 3; ++step) {
+      opt.zero_grad();
+      ref_opt.zero_grad();
+      for (int micro = 0; micro < 3; ++micro) {
+        const bool last = micro == 2;
+        const int64_t batch = 10 * step + micro;
+        INFO("step " << step << " micro-batch " << micro);
+        model->set_requires_gradient_sync(last);
+        model->set_reshard_after_backward(!last || last_keeps ? false : true);
+        const int64_t started = model->prefetch_stats().started;
+        auto loss = local_loss([&](torch::Tensor in) { return model->forward(in); }, batch);
+        if (micro > 0) CHECK(model->prefetch_stats().started == started);  // all still gathered
+        loss.backward();
+        CHECK(model->memory().parameters == (!last || last_keeps || alone ? whole : 0));
+        reference_backward([&](torch::Tensor in) { return ref->forward(in); }, inputs_for("mlp", kGlobalBatch, batch),
+                           targets_for(kGlobalBatch, batch), world);
+      }
+      opt.step();
+      ref_opt.step();
+    }
+    model->gather_full_parameters();
+    check_same_parameters(*net, *ref, kParityTolerance);
+  }
+  // By default a local backward releases the units too, as FSDP2's (reshard_after_backward true).
+  auto tower = std::make_shared<Tower>();
+  const int64_t whole = 8 * padded_numel(*tower, world);
+  auto model = cpprun::FullyShardedDataParallel(tower, group(),
+                                                cpprun::FsdpOptions().stage(3).wrap_policy(is_block).gathered_unit_limit(8));
+  model->set_requires_gradient_sync(false);
+  local_loss([&](torch::Tensor in) { return model->forward(in); }, 0).backward();
+  CHECK(model->memory().parameters == (alone ? whole : 0));
+}
