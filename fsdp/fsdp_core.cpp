@@ -119,6 +119,9 @@ FsdpCore::FsdpCore(torch::nn::Module& module, ProcessGroup group, std::optional<
               "at least 1, got ", s.options.gathered_unit_limit(), ".");
   TORCH_CHECK(s.options.auto_wrap_min_params() >= 0, "cpprun::FullyShardedDataParallel: auto_wrap_min_params must "
               "not be negative, got ", s.options.auto_wrap_min_params(), ".");
+  TORCH_CHECK(!s.options.output_dtype() || at::isFloatingType(*s.options.output_dtype()),
+              "cpprun::FullyShardedDataParallel: output_dtype must be a floating-point dtype (it casts the "
+              "floating-point outputs), got ", *s.options.output_dtype(), ".");
 
   refuse_tensor_parallel_overlap(s.tp_splits, s.groups.whole, "cpprun::FullyShardedDataParallel");
 
@@ -248,8 +251,15 @@ double FsdpCore::clip_grad_norm(double max_norm, double norm_type, bool error_if
 
 at::Tensor FsdpCore::cast_input(const at::Tensor& input) const {
   const auto& dtype = impl_->options.param_dtype();
+  if (!impl_->options.cast_forward_inputs()) return input;
   if (!dtype || !input.defined() || !input.is_floating_point() || input.scalar_type() == *dtype) return input;
   return input.to(*dtype);
+}
+
+at::Tensor FsdpCore::cast_output(const at::Tensor& output) const {
+  const auto& dtype = impl_->options.output_dtype();
+  if (!dtype || !output.defined() || !output.is_floating_point() || output.scalar_type() == *dtype) return output;
+  return output.to(*dtype);
 }
 
 FsdpMemory FsdpCore::memory() const {

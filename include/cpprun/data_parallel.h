@@ -52,7 +52,8 @@ class DataParallelImpl : public torch::nn::Module {
   template <typename... Args>
   decltype(auto) forward(Args&&... args) {
     core_->before_forward();
-    decltype(auto) output = module_->forward(cast_input(std::forward<Args>(args))...);
+    auto output = module_->forward(cast_input(std::forward<Args>(args))...);
+    detail::cast_outputs(output, *core_);  // FSDP's output_dtype
     std::vector<at::Tensor> tensors;
     detail::collect_tensors(output, tensors);
     core_->after_forward(tensors);

@@ -31,6 +31,15 @@ struct FsdpOptions {
   // reduce_dtype (default: param_dtype), and the optimizer steps fp32 master shards.
   TORCH_ARG(std::optional<at::ScalarType>, param_dtype) = std::nullopt;
   TORCH_ARG(std::optional<at::ScalarType>, reduce_dtype) = std::nullopt;
+  // FSDP2's MixedPrecisionPolicy.output_dtype: the wrapper's floating-point forward outputs cast
+  // to it (e.g. at::kFloat: bf16 logits handed to the loss in fp32, torchtitan's use). FSDP2 casts
+  // each fully_shard module's outputs; cpprun's units have no forward of their own to intercept,
+  // so the cast is of what model->forward returns (a tensor, or the tensors of a tuple, pair or
+  // vector of them).
+  TORCH_ARG(std::optional<at::ScalarType>, output_dtype) = std::nullopt;
+  // FSDP2's MixedPrecisionPolicy.cast_forward_inputs: false passes model->forward's floating-point
+  // tensor arguments as they come, rather than cast to param_dtype (a model that casts its own).
+  TORCH_ARG(bool, cast_forward_inputs) = true;
 
   // Stage 3. Each unit's parameters are all-gathered when first used and released again:
   // after forward unless reshard_after_forward is false (the root unit, holding the top-level

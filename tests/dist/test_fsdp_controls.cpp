@@ -276,3 +276,45 @@ TEST_CASE("fsdp: set_reshard_after_backward(false) keeps the units for the next 
   local_loss([&](torch::Tensor in) { return model->forward(in); }, 0).backward();
   CHECK(model->memory().parameters == (alone ? whole : 0));
 }
+
+namespace {
+
+// Records the dtype its forward was given; computes in its weight's dtype.
+struct DtypeProbeImpl : torch::nn::Module {
+  DtypeProbeImpl() { linear = register_module("linear", torch::nn::Linear(4, 3)); }
+  torch::Tensor forward(const torch::Tensor& x) {
+    seen = x.scalar_type();
+    return linear(x.to(linear->weight.scalar_type()));
+  }
+  torch::nn::Linear linear{nullptr};
+  at::ScalarType seen = at::kByte;
+};
+
+}  // namespace
+
+TEST_CASE("fsdp: MixedPrecisionPolicy's output_dtype and cast_forward_inputs, as FSDP2's", "[fsdp]") {
+  for (int stage : {1, 2, 3}) {
+    INFO("stage " << stage);
+    const auto run = [&](cpprun::FsdpOptions options) {
+      auto probe = std::make_shared<DtypeProbeImpl>();
+      auto model = cpprun::FullyShardedDataParallel(probe, group(), options.stage(stage).param_dtype(at::kBFloat16));
+      const torch::Tensor out = model->forward(torch::ones({2, 4}));
+      out.sum().backward();  // gradients flow through the cast
+      bool grads = true;
+      for (const auto& p : model->parameters()) grads = grads && p.grad().defined() && p.grad().dtype() == at::kFloat;
+      CHECK(grads);
+      return std::pair{probe->seen, out.scalar_type()};
+    };
+    // The default: inputs cast to param_dtype, outputs as the module computed them.
+    CHECK(run(cpprun::FsdpOptions()) == std::pair{at::kBFloat16, at::kBFloat16});
+    // output_dtype: bf16 logits handed on in fp32.
+    CHECK(run(cpprun::FsdpOptions().output_dtype(at::kFloat)) == std::pair{at::kBFloat16, at::kFloat});
+    // cast_forward_inputs(false): the module gets its inputs as they come.
+    CHECK(run(cpprun::FsdpOptions().cast_forward_inputs(false)) == std::pair{at::kFloat, at::kBFloat16});
+  }
+  const auto refused = [] {
+    return cpprun::FullyShardedDataParallel(std::make_shared<DtypeProbeImpl>(), group(),
+                                            cpprun::FsdpOptions().output_dtype(at::kLong));
+  };
+  CHECK_THROWS_WITH(refused(), Catch::Matchers::Contains("output_dtype must be a floating-point dtype"));
+}

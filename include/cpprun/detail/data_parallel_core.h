@@ -22,6 +22,8 @@ class DataParallelCore {
   virtual void before_forward() = 0;
   // A tensor argument as the wrapped module's forward gets it (FSDP's mixed precision casts it).
   virtual at::Tensor cast_input(const at::Tensor& input) const { return input; }
+  // A tensor the wrapped module's forward returned, as the caller gets it (FSDP's output_dtype).
+  virtual at::Tensor cast_output(const at::Tensor& output) const { return output; }
   // `outputs`: the tensors the forward returned (DDP finds unused parameters from them).
   virtual void after_forward(const std::vector<at::Tensor>& outputs) = 0;
 
@@ -69,5 +71,22 @@ void collect_tensors(const std::pair<A, B>& pair, std::vector<at::Tensor>& out) 
 // Anything else holds no tensor we can see: unused parameters are then found when backward ends.
 template <typename T>
 void collect_tensors(const T&, std::vector<at::Tensor>&) {}
+
+// The same walk, each tensor replaced by core.cast_output(tensor), in place.
+inline void cast_outputs(at::Tensor& t, const DataParallelCore& core) { t = core.cast_output(t); }
+inline void cast_outputs(std::vector<at::Tensor>& ts, const DataParallelCore& core) {
+  for (auto& t : ts) t = core.cast_output(t);
+}
+template <typename... T>
+void cast_outputs(std::tuple<T...>& tuple, const DataParallelCore& core) {
+  std::apply([&](auto&... item) { (cast_outputs(item, core), ...); }, tuple);
+}
+template <typename A, typename B>
+void cast_outputs(std::pair<A, B>& pair, const DataParallelCore& core) {
+  cast_outputs(pair.first, core);
+  cast_outputs(pair.second, core);
+}
+template <typename T>
+void cast_outputs(T&, const DataParallelCore&) {}
 
 }  // namespace cpprun::detail

@@ -30,6 +30,7 @@ class FsdpCore final : public DataParallelCore {
   void after_forward(const std::vector<at::Tensor>& outputs) override;
   // Mixed precision: a floating-point input cast to param_dtype; anything else as it is.
   at::Tensor cast_input(const at::Tensor& input) const override;
+  at::Tensor cast_output(const at::Tensor& output) const override;
   // Brings the full parameters up to date with the shards now (normally done by the next forward).
   void gather_full_parameters() override;
   // Registers this rank's shards on `wrapper` under the wrapped module's parameter names, in its
