@@ -77,7 +77,8 @@ int parse_int_in_range(const std::string& flag, const std::string& text, int min
 
 int parse_nproc_per_node(const std::string& text, const HostFacts& host) {
   const std::string flag = "--nproc_per_node";
-  // torchrun's meanings: auto = one per GPU if there are GPUs, else one per CPU core.
+  // torchrun's meanings: auto = one per GPU if there are GPUs, else one per CPU this process may run on
+  // (its affinity mask: taskset, a cgroup cpuset), as torch._utils.cpu_count().
   if (text == "cpu") return host.cpu_count;
   if (text == "auto") return host.gpu_count > 0 ? host.gpu_count : host.cpu_count;
   if (text == "gpu") {
@@ -664,7 +665,8 @@ ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, cons
     app.add_flag(spellings(names), value, help)->envname(env_name(names));
   };
   option("--nproc_per_node", raw.nproc_per_node, "N|auto|cpu|gpu",
-         "Workers on this node: N, cpu (one per CPU core), gpu (one per GPU) or auto (gpu if any, else cpu).");
+         "Workers on this node: N, cpu (one per CPU this process may run on), gpu (one per GPU) or auto (gpu if "
+         "any, else cpu).");
   option("--nnodes", raw.nnodes, "N|MIN:MAX",
          "Nodes, each running cpprun; c10d: MIN:MAX, from MAX or from MIN after last_call_timeout.");
   option("--node_rank", raw.node_rank, "INT", "Static rendezvous: this node's rank; node 0 hosts the rendezvous.");
