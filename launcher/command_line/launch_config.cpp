@@ -724,6 +724,9 @@ ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, cons
   option("--numa_binding", raw.numa_binding, "node|socket|exclusive|core-complex",
          "Accepted for torchrun compatibility; unused.");
   option("--print_completion", raw.print_completion, "bash|zsh", "Print a shell completion script and exit.");
+  // torchrun gives these three no env action (run.py): PET_LOGS_SPECS, PET_NUMA_BINDING and
+  // PET_PRINT_COMPLETION are not read, as torchrun does not read them.
+  for (const char* no_env : {"--logs_specs", "--numa_binding", "--print_completion"}) app.get_option(no_env)->envname("");
 
   const std::vector<OptionSpelling> known = option_spellings(app);
   const std::vector<std::string> expanded = expand_option_prefixes(args, known);

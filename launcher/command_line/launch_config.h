@@ -102,7 +102,9 @@ RendezvousSettings rendezvous_settings(const LaunchConfig& config);
 // How errors quote an option or a scheduler variable: "--master_port=http", "--master_addr=''".
 std::string with_value(const std::string& name, const std::string& value);
 
-// `text` if it is a whole number from min to max ("4", "-1"; not "4x", "4.0" or "").
+// `text` if it is a whole number from min to max as Python's int() reads it, which torchrun's
+// type=int options and its own int() calls use: "4", "-1", " 4 ", "+4", "1_000"; not "4x", "4.0",
+// "4 4", "_4" or "".
 std::optional<int> int_in_range(const std::string& text, long min, long max);
 
 }  // namespace cpprun::launcher

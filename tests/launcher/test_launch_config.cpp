@@ -507,6 +507,20 @@ TEST_CASE("launch_config: torchrun's options cpprun cannot honour are accepted, 
   CHECK(parse({"--duplicate_stderr_filters=E", "x"}).output.writes_files());
 }
 
+TEST_CASE("launch_config: PET_<NAME> only for the options torchrun reads it for", "[launch_config]") {
+  // run.py gives --logs_specs, --numa_binding and --print_completion no env action: their PET_
+  // variables are not read; the others' are. CLI11 reads them from the process's environment.
+  const std::vector<std::pair<const char*, const char*>> vars = {
+      {"PET_LOGS_SPECS", "bogus"}, {"PET_NUMA_BINDING", "bogus"}, {"PET_PRINT_COMPLETION", "bash"},
+      {"PET_NPROC_PER_NODE", "3"}};
+  for (const auto& [name, value] : vars) setenv(name, value, 1);
+  const ParsedCommandLine cli = parse_launch_config({"x"}, fake_host(), no_env);
+  for (const auto& [name, value] : vars) unsetenv(name);
+  REQUIRE(cli.outcome == CliOutcome::kLaunch);
+  CHECK(cli.config.nproc_per_node == 3);
+  CHECK(cli.notes.empty());
+}
+
 TEST_CASE("launch_config: --rdzv_conf as PyTorch's own tests quote it", "[launch_config]") {
   // One argv word with the quotes in it: test/distributed/launcher/run_test.py.
   const LaunchConfig c = parse({"--rdzv-backend=c10d", "--rdzv-endpoint=localhost:29400", "--nnodes=1:2",
