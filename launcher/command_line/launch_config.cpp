@@ -585,13 +585,29 @@ std::string with_value(const std::string& name, const std::string& value) {
   return name + "=" + (value.empty() ? "''" : value);
 }
 
-std::optional<int> int_in_range(const std::string& text, long min, long max) {
+std::optional<int> int_in_range(const std::string& raw, long min, long max) {
+  // Python's int(), which torchrun's type=int and its own int() calls use: ASCII whitespace around
+  // (str.isspace: also \x1c-\x1f), one sign, digits with single underscores between them ("1_000").
+  static const char kSpace[] = " \t\n\r\v\f\x1c\x1d\x1e\x1f";
+  const auto first = raw.find_first_not_of(kSpace);
+  if (first == std::string::npos) return std::nullopt;
+  const std::string text = raw.substr(first, raw.find_last_not_of(kSpace) - first + 1);
+  std::string digits;
+  std::size_t i = text[0] == '+' || text[0] == '-' ? 1 : 0;
+  if (i == 1) digits += text[0];
+  for (const std::size_t start = i; i < text.size(); ++i) {
+    const bool digit = std::isdigit(static_cast<unsigned char>(text[i])) != 0;
+    const bool joint = text[i] == '_' && i > start && i + 1 < text.size() &&
+                       std::isdigit(static_cast<unsigned char>(text[i - 1])) != 0 &&
+                       std::isdigit(static_cast<unsigned char>(text[i + 1])) != 0;
+    if (!digit && !joint) return std::nullopt;
+    if (digit) digits += text[i];
+  }
+  if (digits.empty() || digits == "+" || digits == "-") return std::nullopt;
   errno = 0;
   char* end = nullptr;
-  const long value = std::strtol(text.c_str(), &end, 10);
-  if (text.empty() || errno != 0 || end != text.c_str() + text.size() || value < min || value > max) {
-    return std::nullopt;
-  }
+  const long value = std::strtol(digits.c_str(), &end, 10);
+  if (errno != 0 || end != digits.c_str() + digits.size() || value < min || value > max) return std::nullopt;
   return static_cast<int>(value);
 }
 

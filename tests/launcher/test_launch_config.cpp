@@ -305,6 +305,22 @@ TEST_CASE("launch_config: bad values name the flag and the value", "[launch_conf
   CHECK_THAT(usage_error({"--master_port=65536", "x"}), Contains("1 to 65535"));
 }
 
+TEST_CASE("launch_config: whole numbers are read as Python's int() reads them, as torchrun's", "[launch_config]") {
+  // torchrun's type=int options and its int(nproc_per_node): whitespace around, a sign, underscores.
+  CHECK(parse({"--nproc_per_node=2 ", "x"}).nproc_per_node == 2);
+  CHECK(parse({"--nproc_per_node=\t3\n", "x"}).nproc_per_node == 3);
+  CHECK(parse({"--nproc_per_node=+4", "x"}).nproc_per_node == 4);
+  CHECK(parse({"--master_port=29692 ", "x"}).master_port == 29692);
+  CHECK(parse({"--master_port=29_500", "x"}).master_port == 29500);
+  CHECK(parse({"--max_restarts= 2 ", "x"}).max_restarts == 2);
+  CHECK(parse({"--nnodes=2 ", "--node_rank=1 ", "--master_port=1", "x"}).node_rank == 1);
+  CHECK(int_in_range("0_1", 0, 9) == 1);
+  for (const std::string bad : {"2 2", "_2", "2_", "2__0", "+", "-", " ", "2.0", "0x10", "+-2", "2_ 0"}) {
+    INFO("'" << bad << "'");
+    CHECK_FALSE(int_in_range(bad, -100, 100).has_value());
+  }
+}
+
 TEST_CASE("launch_config: unknown options and a missing PROGRAM are usage errors", "[launch_config]") {
   CHECK_THAT(usage_error({"--bogus", "./train"}), Contains("unknown option --bogus"));
   CHECK_THAT(usage_error({"--bogus=3", "./train"}), Contains("unknown option --bogus"));
