@@ -71,9 +71,11 @@ EnvMap make_worker_env(const WorkerEnvSettings& settings, const RankLayout& layo
   } else {
     env.erase(contract::kStoreTunnelVariable);
   }
-  // Async error handling turns a hung collective into a failed worker we can restart. The user's setting
-  // wins under either name; we set only TORCH_'s, as torchrun 2.x does (LibTorch warns about the old one).
-  if (parent.count("TORCH_NCCL_ASYNC_ERROR_HANDLING") == 0 && parent.count("NCCL_ASYNC_ERROR_HANDLING") == 0) {
+  // Async error handling turns a hung collective into a failed worker we can restart. As torchrun's
+  // local_elastic_agent.py: TORCH_NCCL_ASYNC_ERROR_HANDLING=1 unless the user set that name; the
+  // deprecated NCCL_ASYNC_ERROR_HANDLING is passed on untouched and, LibTorch reading the TORCH_ name
+  // first, does not turn it off (LibTorch warns about the old name).
+  if (parent.count("TORCH_NCCL_ASYNC_ERROR_HANDLING") == 0) {
     env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1";
   }
   if (defaults_omp_threads(settings.local_world_size, parent)) env["OMP_NUM_THREADS"] = "1";
