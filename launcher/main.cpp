@@ -201,7 +201,17 @@ int main(int argc, char** argv) {
       std::cout << cli.help_text;
       return 0;
     }
-    return run(cli.config);
+    const int exit_code = run(cli.config);
+    // Note [A signal in the launcher's error file]
+    // torchrun's agent turns SIGTERM, SIGINT, SIGHUP and SIGQUIT into a SignalException that its
+    // @record main writes to the launcher's TORCHELASTIC_ERROR_FILE ("SignalException: Process PID got
+    // signal: 15"), where a scheduler (TorchX) reads why the job ended: written here when the job
+    // ended because of the signal (exit 128 + it), after the workers were stopped, as torchrun does.
+    if (const int sig = job_ending_signal_received(); sig != 0 && exit_code == 128 + sig) {
+      record_launcher_error("SignalException: Process " + std::to_string(getpid()) + " got signal: " +
+                            std::to_string(sig));
+    }
+    return exit_code;
   } catch (const UsageError& e) {
     std::cerr << "cpprun: " << e.what() << "\n";
     return kUsageExitCode;

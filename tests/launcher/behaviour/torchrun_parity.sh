@@ -11,5 +11,39 @@ if command -v taskset >/dev/null && [ "$(nproc --all)" -gt 1 ]; then
   done
 fi
 
+# Waits up to 10 s for the files named.
+wait_for_files() {
+  local i f missing
+  for i in $(seq 200); do
+    missing=0
+    for f in "$@"; do [ -e "$f" ] || missing=1; done
+    [ $missing = 0 ] && return 0
+    sleep 0.05
+  done
+  fail "timed out waiting for $*"
+}
+
+# (4) The launcher stopped by a signal writes its TORCHELASTIC_ERROR_FILE as torchrun's @record main
+# records the agent's SignalException (launcher/api.py, elastic/multiprocessing/api.py), after the
+# workers were stopped: {"message": {"message": "SignalException: Process PID got signal: N", ...}}.
+for sig in TERM HUP; do
+  rm -f "$WORK"/ready.* "$WORK/launcher.json"
+  TORCHELASTIC_ERROR_FILE=$WORK/launcher.json CPPRUN_TEST_TAG=$WORK "$CPPRUN" --nproc_per_node=2 --master_port=29662 \
+    /bin/sh -c 'touch "$WORK/ready.$RANK"; exec sleep 30' >"$WORK/out" 2>"$WORK/err" &
+  launcher=$!
+  wait_for_files "$WORK/ready.0" "$WORK/ready.1"
+  kill -$sig $launcher
+  wait $launcher
+  code=$?
+  number=$(kill -l $sig)
+  expect_eq "$code" $((128 + number)) "exit code after SIG$sig"
+  expect_in_file "$WORK/launcher.json" "{\"message\": {\"message\": \"SignalException: Process $launcher got signal: $number\", \"extraInfo\": {\"py_callstack\": \"\", \"timestamp\": \"" "SIG$sig in the launcher's error file"
+done
+# A job that ends well writes nothing there.
+rm -f "$WORK/launcher.json"
+TORCHELASTIC_ERROR_FILE=$WORK/launcher.json cpprun --master_port=29662 /bin/true
+expect_eq "$?" 0 "a job that succeeds"
+[ ! -e "$WORK/launcher.json" ] || fail "a job that succeeded wrote the launcher's error file"
+
 expect_no_leftovers
 echo PASS
