@@ -45,5 +45,21 @@ TORCHELASTIC_ERROR_FILE=$WORK/launcher.json cpprun --master_port=29662 /bin/true
 expect_eq "$?" 0 "a job that succeeds"
 [ ! -e "$WORK/launcher.json" ] || fail "a job that succeeded wrote the launcher's error file"
 
+# (6) The guardian shares cpprun's command line, and `pgrep -nf` (the newest match) names it: a
+# SIGTERM sent to it reaches cpprun, which stops the job as torchrun (one process) would.
+rm -f "$WORK"/ready.*
+CPPRUN_TEST_TAG=$WORK "$CPPRUN" --nproc_per_node=2 --master_port=29663 \
+  /bin/sh -c 'touch "$WORK/ready.$RANK"; exec sleep 30' >"$WORK/out" 2>"$WORK/err" &
+launcher=$!
+wait_for_files "$WORK/ready.0" "$WORK/ready.1"
+newest=$(pgrep -nf "^$CPPRUN --nproc_per_node=2 --master_port=29663")
+[ -n "$newest" ] && [ "$newest" != "$launcher" ] || fail "pgrep -nf did not name the guardian (got '$newest', cpprun is $launcher)"
+started=$(date +%s)
+kill -TERM "$newest"
+wait $launcher
+expect_eq "$?" 143 "exit code after SIGTERM to the guardian"
+[ $(( $(date +%s) - started )) -lt 15 ] || fail "the job ran on after SIGTERM to the guardian"
+expect_in_file "$WORK/err" "received SIGTERM" "cpprun's account of the relayed SIGTERM"
+
 expect_no_leftovers
 echo PASS
