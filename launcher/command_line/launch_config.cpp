@@ -527,17 +527,15 @@ std::string apply_scheduler_defaults(const CLI::App& app, const EnvLookup& env, 
 
 // At most one of torchrun's three ways to say how PROGRAM runs (program_command.h).
 ProgramMode program_mode(const RawOptions& raw) {
+  // torchrun's config_from_args: --run_path comes first and wins over -m and --no_python, which it
+  // then does not look at (not even at their contradiction).
+  if (raw.run_path) return ProgramMode::kRunPath;
   if (raw.no_python && raw.module) {
     throw UsageError("--no_python and -m/--module contradict each other: -m runs a Python module, --no_python "
                      "runs PROGRAM without Python; give one");
   }
-  if (raw.run_path && (raw.module || raw.no_python)) {
-    throw UsageError(std::string("--run_path runs PROGRAM as a file of Python code; it cannot be combined with ") +
-                     (raw.module ? "-m/--module" : "--no_python"));
-  }
   if (raw.no_python) return ProgramMode::kNoPython;
   if (raw.module) return ProgramMode::kModule;
-  if (raw.run_path) return ProgramMode::kRunPath;
   return ProgramMode::kByName;
 }
 

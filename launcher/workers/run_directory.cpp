@@ -66,7 +66,7 @@ std::string RunLayout::error_file(int attempt, int local_rank) const {
 }
 
 std::string RunLayout::run_path_finished_file(int attempt) const {
-  return dir + "/attempt_" + std::to_string(attempt) + (per_worker_dirs ? "/" : ".") + "run_path_finished";
+  return (private_dir.empty() ? dir : private_dir) + "/attempt_" + std::to_string(attempt) + ".run_path_finished";
 }
 
 std::string RunLayout::flight_recorder_dir(int attempt) const {
@@ -82,9 +82,10 @@ std::string RunLayout::diagnosis_file(int attempt) const {
 }
 
 RunLayout RunLayout::planned(const std::string& log_dir, const std::string& run_id, bool writes_files) {
-  if (!log_dir.empty()) return {log_dir + "/" + run_id + "_XXXXXXXX", true};
-  if (writes_files) return {temp_root() + "/torchelastic_XXXXXX/" + run_id + "_XXXXXXXX", true};
-  return {temp_root() + "/cpprun-XXXXXX", false};
+  const std::string private_dir = temp_root() + "/cpprun-XXXXXX";
+  if (!log_dir.empty()) return {log_dir + "/" + run_id + "_XXXXXXXX", true, private_dir};
+  if (writes_files) return {temp_root() + "/torchelastic_XXXXXX/" + run_id + "_XXXXXXXX", true, private_dir};
+  return {private_dir, false, private_dir};
 }
 
 RunDirectory::RunDirectory(const std::string& log_dir, const std::string& run_id, bool writes_files)
@@ -103,6 +104,12 @@ RunDirectory::RunDirectory(const std::string& log_dir, const std::string& run_id
       make_directories(log_dir, "--log_dir=" + log_dir);
     }
     layout_.dir = make_unique_dir(base + "/" + run_id + "_", "--log_dir=" + base);
+    std::string own = layout_.private_dir;
+    if (mkdtemp(own.data()) == nullptr) {
+      throw std::system_error(errno, std::generic_category(),
+                              "cpprun: cannot create the run's temp dir " + layout_.private_dir + " (set TMPDIR)");
+    }
+    layout_.private_dir = own;
     return;
   }
   std::string dir = layout_.dir;
@@ -111,12 +118,16 @@ RunDirectory::RunDirectory(const std::string& log_dir, const std::string& run_id
                             "cpprun: cannot create the run's temp dir " + layout_.dir + " (set TMPDIR or --log_dir)");
   }
   layout_.dir = dir;  // See Note [Flat temp dir]
+  layout_.private_dir = dir;
 }
 
 RunDirectory::~RunDirectory() {
   // Best effort; a symlink a worker left is removed, not followed.
   std::error_code ignored;
-  if (layout_.per_worker_dirs) return;
+  if (layout_.per_worker_dirs) {
+    std::filesystem::remove_all(layout_.private_dir, ignored);
+    return;
+  }
   // PyTorch's NCCL dumps are the one thing here a person reads after the job: the diagnosis named them.
   namespace fs = std::filesystem;
   std::vector<fs::path> entries;  // all read before any is removed

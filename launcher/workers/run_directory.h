@@ -16,6 +16,9 @@ namespace cpprun::launcher {
 struct RunLayout {
   std::string dir;              // LOG_DIR/RUN_ID_XXXXXXXX, or the flat temp dir
   bool per_worker_dirs = true;  // torchrun's layout (--log_dir); false: flat (the temp dir)
+  // cpprun's own files, which torchrun's --log_dir tree does not have: the flat temp dir, or beside a
+  // log dir a ${TMPDIR:-/tmp}/cpprun-XXXXXX of its own, removed at the end either way.
+  std::string private_dir;
 
   // What RunDirectory lays out, creating nothing (--dry_run): the random parts stay X's.
   static RunLayout planned(const std::string& log_dir, const std::string& run_id, bool writes_files);
@@ -29,8 +32,7 @@ struct RunLayout {
   // or DIR/attempt_N.nccl_flight_recorder in the flat temp dir.
   std::string nccl_trace_dir(int attempt) const;
   // Where --run_path workers count themselves finished (command_line/program_command.h):
-  // DIR/attempt_N/run_path_finished, or DIR/attempt_N.run_path_finished in the flat temp dir. The
-  // last worker removes it.
+  // PRIVATE_DIR/attempt_N.run_path_finished, never in the --log_dir tree. The last worker removes it.
   std::string run_path_finished_file(int attempt) const;
   // Where the launcher writes its diagnosis of the attempt (DIR/attempt_N/diagnosis.json); "" in the
   // flat temp dir, which is removed: the console has it.
@@ -40,11 +42,12 @@ struct RunLayout {
 class RunDirectory {
  public:
   // Creates `log_dir` (mkdir -p) or, if empty and `writes_files`, a torchelastic_ temp dir; then the run's
-  // RUN_ID_XXXXXXXX in it. Else ${TMPDIR:-/tmp}/cpprun-XXXXXX. std::system_error names the path.
+  // RUN_ID_XXXXXXXX in it. Else ${TMPDIR:-/tmp}/cpprun-XXXXXX. The private dir too (RunLayout::private_dir).
+  // std::system_error names the path.
   RunDirectory(const std::string& log_dir, const std::string& run_id, bool writes_files);
   // Removes the flat temp dir and everything in it, but for PyTorch's NCCL flight-recorder dumps: a
   // nccl_flight_recorder dir that holds any stays, with the temp dir around it (the diagnosis named them).
-  // A log dir (given or made) stays.
+  // A log dir (given or made) stays; the private dir beside it does not.
   ~RunDirectory();
   RunDirectory(const RunDirectory&) = delete;
   RunDirectory& operator=(const RunDirectory&) = delete;

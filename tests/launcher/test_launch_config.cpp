@@ -403,8 +403,10 @@ TEST_CASE("launch_config: torchrun's --no_python, -m and --run_path choose how P
   CHECK(parse({"--run_path", "train.py"}).program_mode == ProgramMode::kRunPath);
   CHECK(parse({"--run-path", "train.py"}).program_mode == ProgramMode::kRunPath);
   CHECK_THAT(usage_error({"--no_python", "-m", "pkg"}), Contains("--no_python and -m/--module contradict"));
-  CHECK_THAT(usage_error({"--run_path", "-m", "pkg"}), Contains("cannot be combined with -m/--module"));
-  CHECK_THAT(usage_error({"--run_path", "--no_python", "x"}), Contains("cannot be combined with --no_python"));
+  // torchrun's config_from_args looks at --run_path first: it wins over -m and --no_python.
+  CHECK(parse({"--run_path", "-m", "pkg"}).program_mode == ProgramMode::kRunPath);
+  CHECK(parse({"--run_path", "--no_python", "x"}).program_mode == ProgramMode::kRunPath);
+  CHECK(parse({"--no_python", "-m", "--run_path", "x"}).program_mode == ProgramMode::kRunPath);
   // After PROGRAM, -m belongs to the program.
   CHECK(parse({"python3", "-m", "pkg"}).program_args == std::vector<std::string>{"-m", "pkg"});
 }

@@ -61,5 +61,38 @@ expect_eq "$?" 143 "exit code after SIGTERM to the guardian"
 [ $(( $(date +%s) - started )) -lt 15 ] || fail "the job ran on after SIGTERM to the guardian"
 expect_in_file "$WORK/err" "received SIGTERM" "cpprun's account of the relayed SIGTERM"
 
+# (2) --run_path as torchrun's, whose worker runs the script under torch's record()
+# (elastic/multiprocessing/api.py): an exception lands in the rank's error.json and, handed over, in
+# the launcher's TORCHELASTIC_ERROR_FILE with errorCode; none of cpprun's own files (the exit
+# barrier's) is left in the --log_dir tree. run.py looks at --run_path before -m and --no_python.
+if python=$(command -v python3); then
+  cat >"$WORK/rp.py" <<'PY'
+import os, sys, time
+rank = int(os.environ["RANK"])
+print("rank", rank, "ran", sys.argv[1:], flush=True)
+if sys.argv[1:] == ["exc"] and rank == 1:
+    time.sleep(0.5)  # rank 0 is in the exit barrier by now
+    raise ValueError("rp boom")
+PY
+  rm -f "$WORK/launcher.json"
+  PYTHON_EXEC=$python TORCHELASTIC_ERROR_FILE=$WORK/launcher.json cpprun --nproc_per_node=2 --master_port=29664 \
+    --log_dir "$WORK/rplogs" --run_path "$WORK/rp.py" exc
+  expect_eq "$?" 1 "--run_path with rank 1 raising: exit code"
+  run=$(run_dir_in "$WORK/rplogs")
+  expect_in_file "$run/attempt_0/1/error.json" '{"message": {"message": "ValueError: rp boom", "extraInfo": {"py_callstack": "Traceback' "rank 1's error.json"
+  expect_in_file "$WORK/launcher.json" '"message": "ValueError: rp boom"' "the launcher's error file"
+  expect_in_file "$WORK/launcher.json" '"errorCode": 1' "the launcher's error file's errorCode"
+  expect_in_file "$WORK/err" "ValueError: rp boom" "the failure summary"
+  left=$(find "$WORK/rplogs" -type f ! -name error.json)
+  [ -z "$left" ] || fail "cpprun's own files left in the --log_dir tree: $left"
+  for flags in "-m --run_path" "--no_python --run_path" "--run_path -m --no_python"; do
+    PYTHON_EXEC=$python cpprun --nproc_per_node=2 --master_port=29664 --log_dir "$WORK/rplogs2" $flags "$WORK/rp.py" ok
+    expect_eq "$?" 0 "$flags: exit code"
+    expect_in_file "$WORK/out" "[rank1]: rank 1 ran ['ok']" "$flags: the script ran"
+  done
+  left=$(find "$WORK/rplogs2" -type f)
+  [ -z "$left" ] || fail "cpprun's own files left in the --log_dir tree after a success: $left"
+fi
+
 expect_no_leftovers
 echo PASS
