@@ -143,7 +143,7 @@ int run(const LaunchConfig& config) {
 
   RestartPacer pacer(config.restart_backoff);
   for (int restart = 0;; ++restart) {
-    run_dir.prepare_attempt(restart, config.nproc_per_node);
+    run_dir.prepare_attempt(restart, config.nproc_per_node, config.output.filtered_logs());
     // A new store each attempt, on this host's loopback alone (Note [Store keeper]).
     StoreKeeper store(keeper_settings, single_node_store(config), config.picked_port ? "" : "--master_port", relay);
     RankLayout ranks = single_node_layout(config.nproc_per_node);

@@ -32,6 +32,9 @@ struct OutputOptions {
   std::vector<std::string> duplicate_stderr_filters;
 
   bool writes_files() const;
+  // The attempt's filtered_stdout.log / filtered_stderr.log that --duplicate_std{out,err}_filters ask
+  // for: torchrun opens (creates, empties) each whose filters are given, a --tee'd stream or not.
+  std::vector<std::string> filtered_logs() const;
 };
 
 // One stream of one worker.

@@ -151,7 +151,7 @@ RunDirectory::~RunDirectory() {
   fs::remove(layout_.dir, ignored);  // only if nothing was kept
 }
 
-void RunDirectory::prepare_attempt(int attempt, int nproc_per_node) const {
+void RunDirectory::prepare_attempt(int attempt, int nproc_per_node, const std::vector<std::string>& filtered_logs) const {
   // torchrun starts each attempt's filtered_std{out,err}.log afresh (c10d's rounds reuse attempt_N).
   if (layout_.per_worker_dirs) {
     for (const char* name : {"filtered_stdout.log", "filtered_stderr.log"}) {
@@ -167,6 +167,15 @@ void RunDirectory::prepare_attempt(int attempt, int nproc_per_node) const {
     const std::string error_file = layout_.error_file(attempt, local_rank);
     if (unlink(error_file.c_str()) != 0 && errno != ENOENT) {
       throw std::system_error(errno, std::generic_category(), "cpprun: cannot remove the stale " + error_file);
+    }
+  }
+  // torchrun's PContext opens each asked-for filtered log (mode "w") when the attempt starts.
+  if (layout_.per_worker_dirs) {
+    for (const std::string& name : filtered_logs) {
+      const std::string path = layout_.dir + "/attempt_" + std::to_string(attempt) + "/" + name;
+      const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+      if (fd < 0) throw std::system_error(errno, std::generic_category(), "cpprun: cannot create " + path);
+      close(fd);
     }
   }
   // A barrier a killed attempt left half counted (c10d's rounds reuse attempt_N).

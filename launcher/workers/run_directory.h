@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace cpprun::launcher {
 
@@ -59,8 +60,9 @@ class RunDirectory {
   // Under --log_dir: creates attempt_N/0 .. attempt_N/nproc-1. Removes the attempt's stale error files
   // and flight-recorder dumps, cpprun's and PyTorch's NCCL ones (an earlier run's, or c10d's earlier
   // round's: the same attempt number).
-  // Throws std::system_error.
-  void prepare_attempt(int attempt, int nproc_per_node) const;
+  // Creates the attempt's `filtered_logs` (OutputOptions::filtered_logs()) empty, as torchrun opens
+  // them whether a stream is --tee'd or not. Throws std::system_error.
+  void prepare_attempt(int attempt, int nproc_per_node, const std::vector<std::string>& filtered_logs = {}) const;
 
  private:
   RunLayout layout_;
