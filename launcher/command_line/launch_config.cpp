@@ -291,6 +291,14 @@ OutputOptions validate_output(const RawOptions& raw, int nproc_per_node) {
                        parse_duplicate_filters(raw.duplicate_stdout_filters),
                        parse_duplicate_filters(raw.duplicate_stderr_filters)};
   // Files without --log_dir go to a temp dir that stays, as torchrun's (run_directory.h).
+  if (output.log_dir == kNullLogDir) {
+    // torchrun's DefaultLogsSpecs.reify: each worker's output stays on the console and no file is
+    // written; the filters' files would be /dev/null/filtered_*.log (torchrun fails on them): none.
+    std::fill(output.redirects.begin(), output.redirects.end(), StdStreams::kNone);
+    std::fill(output.tee.begin(), output.tee.end(), StdStreams::kNone);
+    output.duplicate_stdout_filters.clear();
+    output.duplicate_stderr_filters.clear();
+  }
   return output;
 }
 

@@ -13,6 +13,8 @@
 #include <system_error>
 #include <vector>
 
+#include "command_line/output_spec.h"  // kNullLogDir
+
 namespace cpprun::launcher {
 namespace {
 
@@ -61,6 +63,7 @@ std::string RunLayout::worker_dir(int attempt, int local_rank) const {
 }
 
 std::string RunLayout::error_file(int attempt, int local_rank) const {
+  if (!error_files) return "";
   if (per_worker_dirs) return worker_dir(attempt, local_rank) + "/error.json";
   return dir + "/attempt_" + std::to_string(attempt) + "." + std::to_string(local_rank) + ".error.json";
 }
@@ -83,6 +86,7 @@ std::string RunLayout::diagnosis_file(int attempt) const {
 
 RunLayout RunLayout::planned(const std::string& log_dir, const std::string& run_id, bool writes_files) {
   const std::string private_dir = temp_root() + "/cpprun-XXXXXX";
+  if (log_dir == kNullLogDir) return {private_dir, false, private_dir, false};
   if (!log_dir.empty()) return {log_dir + "/" + run_id + "_XXXXXXXX", true, private_dir};
   if (writes_files) return {temp_root() + "/torchelastic_XXXXXX/" + run_id + "_XXXXXXXX", true, private_dir};
   return {private_dir, false, private_dir};
@@ -165,7 +169,7 @@ void RunDirectory::prepare_attempt(int attempt, int nproc_per_node, const std::v
     // The temp dir too: a c10d membership change runs the same attempt number again.
     if (layout_.per_worker_dirs) make_directories(layout_.worker_dir(attempt, local_rank), "--log_dir=" + layout_.dir);
     const std::string error_file = layout_.error_file(attempt, local_rank);
-    if (unlink(error_file.c_str()) != 0 && errno != ENOENT) {
+    if (!error_file.empty() && unlink(error_file.c_str()) != 0 && errno != ENOENT) {
       throw std::system_error(errno, std::generic_category(), "cpprun: cannot remove the stale " + error_file);
     }
   }

@@ -20,8 +20,12 @@ struct RunLayout {
   // cpprun's own files, which torchrun's --log_dir tree does not have: the flat temp dir, or beside a
   // log dir a ${TMPDIR:-/tmp}/cpprun-XXXXXX of its own, removed at the end either way.
   std::string private_dir;
+  // false under --log_dir=/dev/null: the workers get TORCHELASTIC_ERROR_FILE="", as torchrun's
+  // DefaultLogsSpecs sets it, and error_file() is "".
+  bool error_files = true;
 
-  // What RunDirectory lays out, creating nothing (--dry_run): the random parts stay X's.
+  // What RunDirectory lays out, creating nothing (--dry_run): the random parts stay X's. A `log_dir`
+  // of /dev/null (kNullLogDir) is the flat temp dir without error files.
   static RunLayout planned(const std::string& log_dir, const std::string& run_id, bool writes_files);
 
   std::string worker_dir(int attempt, int local_rank) const;  // DIR/attempt_N/LOCAL_RANK

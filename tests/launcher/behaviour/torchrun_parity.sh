@@ -94,5 +94,18 @@ PY
   [ -z "$left" ] || fail "cpprun's own files left in the --log_dir tree after a success: $left"
 fi
 
+# (5) --log_dir=/dev/null, torchrun's DefaultLogsSpecs' special value: the job runs, no file is
+# written, the workers' TORCHELASTIC_ERROR_FILE is empty, --redirects/--tee leave the output on the console.
+cpprun --nproc_per_node=2 --master_port=29665 --log_dir=/dev/null --redirects=3 \
+  /bin/sh -c 'echo "EF=[$TORCHELASTIC_ERROR_FILE] rank $RANK"; echo "err $RANK" >&2'
+expect_eq "$?" 0 "--log_dir=/dev/null: exit code"
+for rank in 0 1; do
+  expect_in_file "$WORK/out" "[rank$rank]: EF=[] rank $rank" "--log_dir=/dev/null: rank $rank's output and empty TORCHELASTIC_ERROR_FILE"
+  expect_in_file "$WORK/err" "[rank$rank]: err $rank" "--log_dir=/dev/null: rank $rank's stderr on the console"
+done
+[ -c /dev/null ] || fail "/dev/null is no longer a character device"
+cpprun --nproc_per_node=2 --master_port=29665 --log_dir=/dev/null /bin/sh -c 'exit $((RANK * 3))'
+expect_eq "$?" 3 "--log_dir=/dev/null: a failing worker's exit code"
+
 expect_no_leftovers
 echo PASS
