@@ -32,8 +32,10 @@ struct LaunchConfig {
   // How errors name master_addr: "--master_addr=HOST", or "the host of --rdzv_endpoint=HOST:PORT" where
   // the endpoint gave it (static's endpoint, c10d, c10d's port 0 on one node); "" before validation.
   std::string master_addr_flag;
-  // --rdzv_conf; last_call_timeout and is_host are c10d's (is_host unset: the first agent that listens hosts).
-  std::chrono::milliseconds join_timeout{600 * 1000};
+  // --rdzv_conf (Note [--rdzv_conf as torchrun's backends read it]): the join wait is static's `timeout`
+  // (900 s by default, as torchrun's LaunchConfig sets it) or c10d's join_timeout (600 s);
+  // last_call_timeout and is_host are c10d's (is_host unset: the first agent that listens hosts).
+  std::chrono::milliseconds join_timeout{900 * 1000};
   std::chrono::milliseconds last_call_timeout{30 * 1000};
   std::optional<bool> is_host;
   bool standalone = false;  // master_addr/master_port were replaced by 127.0.0.1 and a free port
