@@ -842,6 +842,22 @@ ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, cons
   }
   config.hostname = host.hostname;
   check_virtual_local_rank(config, env);
+  // Note [Opting out of the agent's store]
+  // TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 is read by torchrun's c10d handler alone
+  // (dynamic_rendezvous.py: use_agent_store, next_rendezvous): its workers get
+  // TORCHELASTIC_USE_AGENT_STORE=False and a free MASTER_PORT on node 0, where worker rank 0 hosts the
+  // store itself. torchrun's static backend ignores it. cpprun does the same for the jobs torchrun runs
+  // with c10d on one node (picked_port: no --master_port, --standalone, c10d's port 0); a multi-node
+  // c10d job keeps the agents' store (its workers reach it through the agents' link), said in a note.
+  if (env("TORCH_DISABLE_SHARE_RDZV_TCP_STORE").value_or("0") == "1") {
+    if (config.picked_port) {
+      config.agent_store = false;
+    } else if (config.rdzv_backend == RendezvousBackend::kC10d) {
+      conf_notes.push_back("cpprun: TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 is not implemented for a multi-node "
+                           "c10d job: its workers keep the agents' store (TORCHELASTIC_USE_AGENT_STORE=True), "
+                           "which they reach through cpprun's authenticated link");
+    }
+  }
   result.notes = ignored_option_notes(raw);
   for (std::string& line : conf_notes) result.notes.push_back(std::move(line));
   for (std::string& line : unknown_signal_notes(raw.signals_to_handle)) result.notes.push_back(std::move(line));

@@ -42,6 +42,10 @@ struct LaunchConfig {
   // One node, no --master_port (nor --rdzv_endpoint): as torchrun 2.x, a free port and a random run id,
   // so two default jobs on one host do not collide. Also true with --standalone.
   bool picked_port = false;
+  // TORCHELASTIC_USE_AGENT_STORE: the agent (its store keeper) hosts the workers' store. false only
+  // for a job torchrun runs with its c10d handler on one node (picked_port) when
+  // TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, PyTorch's opt-out (Note [Opting out of the agent's store]).
+  bool agent_store = true;
   int max_restarts = 0;
   RestartBackoffSettings restart_backoff;
   // SIGTERM (or the forwarded signal) -> SIGKILL grace: --shutdown_timeout, else

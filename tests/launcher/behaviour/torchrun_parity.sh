@@ -107,5 +107,29 @@ done
 cpprun --nproc_per_node=2 --master_port=29665 --log_dir=/dev/null /bin/sh -c 'exit $((RANK * 3))'
 expect_eq "$?" 3 "--log_dir=/dev/null: a failing worker's exit code"
 
+# (7) TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, PyTorch's opt-out of the agent's store, read by torchrun's
+# c10d handler (dynamic_rendezvous.py), which runs a one-node job without --master_port: the workers
+# get TORCHELASTIC_USE_AGENT_STORE=False and worker rank 0 hosts the store at MASTER_PORT. The static
+# backend (--master_port given) ignores it, as torchrun's.
+TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 cpprun --nproc_per_node=2 /bin/sh -c 'env > "$WORK/optout.$RANK"'
+expect_eq "$?" 0 "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: exit code"
+grep -qxF TORCHELASTIC_USE_AGENT_STORE=False "$WORK/optout.1" || fail "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: TORCHELASTIC_USE_AGENT_STORE"
+TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 cpprun --nproc_per_node=2 --master_port=29666 /bin/sh -c 'env > "$WORK/static.$RANK"'
+grep -qxF TORCHELASTIC_USE_AGENT_STORE=True "$WORK/static.1" || fail "static with --master_port: TORCHELASTIC_USE_AGENT_STORE"
+if [ -n "${CPPRUN_TORCH_PYTHON:-}" ]; then
+  cat >"$WORK/optout.py" <<'PY'
+import os, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.tensor([float(dist.get_rank() + 1)], dtype=torch.float64)
+dist.all_reduce(t)
+print("sum", t.item(), "agent store", os.environ["TORCHELASTIC_USE_AGENT_STORE"], flush=True)
+dist.destroy_process_group()
+os._exit(0)
+PY
+  TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 PYTHON_EXEC=$CPPRUN_TORCH_PYTHON cpprun --nproc_per_node=2 "$WORK/optout.py"
+  expect_eq "$?" 0 "torch.distributed with worker rank 0 hosting the store: exit code"
+  expect_in_file "$WORK/out" "[rank1]: sum 3.0 agent store False" "torch.distributed with rank 0 hosting the store"
+fi
+
 expect_no_leftovers
 echo PASS
