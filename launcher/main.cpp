@@ -76,7 +76,8 @@ int run(const LaunchConfig& config) {
                                std::getenv("CONDA_PREFIX")});
   const RendezvousSettings rendezvous = rendezvous_settings(config);
   const WorkerSettings workers = worker_settings(config);
-  const KeeperChoice keeper = find_store_keeper(config, program);
+  // None when worker rank 0 hosts the store (Note [Opting out of the agent's store] in launch_config.cpp).
+  const KeeperChoice keeper = config.agent_store ? find_store_keeper(config, program) : KeeperChoice{};
   if (config.dry_run) {
     const EnvMap parent_env = current_environment();
     if (rendezvous.multi_node()) {
@@ -95,10 +96,15 @@ int run(const LaunchConfig& config) {
     const StoreSocketPlan store = single_node_store(config);
     if (!rendezvous.multi_node()) layout.master_addr = store.addresses.front();
     const std::string port = store.port != 0 ? std::to_string(store.port) : "a port the kernel picks";
-    std::cout << "cpprun: the workers' c10d store: " << keeper.path << " (" << keeper.source << ") would serve it"
-              << (rendezvous.multi_node() ? " on the node hosting the rendezvous"
-                                          : " at " + store.addresses.front() + ":" + port)
-              << " (TORCHELASTIC_USE_AGENT_STORE=True)\n";
+    if (config.agent_store) {
+      std::cout << "cpprun: the workers' c10d store: " << keeper.path << " (" << keeper.source << ") would serve it"
+                << (rendezvous.multi_node() ? " on the node hosting the rendezvous"
+                                            : " at " + store.addresses.front() + ":" + port)
+                << " (TORCHELASTIC_USE_AGENT_STORE=True)\n";
+    } else {
+      std::cout << "cpprun: the workers' c10d store: worker rank 0 would host it at " << store.addresses.front()
+                << ":" << port << " (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: TORCHELASTIC_USE_AGENT_STORE=False)\n";
+    }
     std::cout << format_dry_run(make_worker_specs(workers, layout, program, 0,
                                                   RunLayout::planned(config.output.log_dir, config.run_id,
                                                                      config.output.writes_files()),
@@ -143,23 +149,31 @@ int run(const LaunchConfig& config) {
 
   RestartPacer pacer(config.restart_backoff);
   for (int restart = 0;; ++restart) {
-    run_dir.prepare_attempt(restart, config.nproc_per_node);
-    // A new store each attempt, on this host's loopback alone (Note [Store keeper]).
-    StoreKeeper store(keeper_settings, single_node_store(config), config.picked_port ? "" : "--master_port", relay);
+    run_dir.prepare_attempt(restart, config.nproc_per_node, config.output.filtered_logs());
+    // A new store each attempt, on this host's loopback alone (Note [Store keeper]); or, opted out of
+    // (config.agent_store), a free port there where worker rank 0 hosts it, as torchrun's c10d handler.
+    std::optional<StoreKeeper> store;
     RankLayout ranks = single_node_layout(config.nproc_per_node);
-    ranks.master_addr = store.address();
-    ranks.master_port = store.port();
+    if (config.agent_store) {
+      store.emplace(keeper_settings, single_node_store(config), config.picked_port ? "" : "--master_port", relay);
+      ranks.master_addr = store->address();
+      ranks.master_port = store->port();
+    } else {
+      ranks.master_addr = single_node_store(config).addresses.front();
+      ranks.master_port = pick_free_port();
+    }
     const std::vector<WorkerSpec> specs =
         make_worker_specs(workers, ranks, program, restart, run_dir.layout(), parent_env);
     pacer.attempt_started();
-    StoreKeeperWatch watch(store);  // the keeper's end ends the attempt
-    const AttemptEnd attempt = run_attempt(relay, specs, config.shutdown_timeout, &watch, nullptr,
+    std::optional<StoreKeeperWatch> watch;  // the keeper's end ends the attempt
+    if (store) watch.emplace(*store);
+    const AttemptEnd attempt = run_attempt(relay, specs, config.shutdown_timeout, watch ? &*watch : nullptr, nullptr,
                                            run_dir.layout().diagnosis_file(restart));
-    store.stop();  // the workers are gone: their store with them, before any restart's wait
+    if (store) store->stop();  // the workers are gone: their store with them, before any restart's wait
     if (attempt.end == GroupEnd::kSucceeded) return 0;
     if (attempt.end == GroupEnd::kInterrupted) return attempt.exit_code;
     if (attempt.end == GroupEnd::kPeerEnded) {
-      std::cerr << "cpprun: exiting with code 1: " << watch.end_reason() << "\n";
+      std::cerr << "cpprun: exiting with code 1: " << watch->end_reason() << "\n";
       return 1;
     }
 
@@ -201,7 +215,17 @@ int main(int argc, char** argv) {
       std::cout << cli.help_text;
       return 0;
     }
-    return run(cli.config);
+    const int exit_code = run(cli.config);
+    // Note [A signal in the launcher's error file]
+    // torchrun's agent turns SIGTERM, SIGINT, SIGHUP and SIGQUIT into a SignalException that its
+    // @record main writes to the launcher's TORCHELASTIC_ERROR_FILE ("SignalException: Process PID got
+    // signal: 15"), where a scheduler (TorchX) reads why the job ended: written here when the job
+    // ended because of the signal (exit 128 + it), after the workers were stopped, as torchrun does.
+    if (const int sig = job_ending_signal_received(); sig != 0 && exit_code == 128 + sig) {
+      record_launcher_error("SignalException: Process " + std::to_string(getpid()) + " got signal: " +
+                            std::to_string(sig));
+    }
+    return exit_code;
   } catch (const UsageError& e) {
     std::cerr << "cpprun: " << e.what() << "\n";
     return kUsageExitCode;

@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -29,6 +30,26 @@ int count_nvidia_device_nodes() {
              std::all_of(name.begin() + 6, name.end(), [](unsigned char c) { return std::isdigit(c); });
   }
   return count;
+}
+
+// torch._utils.cpu_count(), which torchrun's --nproc_per_node=cpu|auto counts: the CPUs this process
+// may run on (sched_getaffinity: taskset, a cgroup cpuset such as Slurm's --cpus-per-task or docker's
+// --cpuset-cpus), not the machine's. Online CPUs only if the mask cannot be read, as os.cpu_count().
+// The mask grows until the kernel's fits (EINVAL: more than 1024 CPUs), as Python's does.
+int count_usable_cpus() {
+  for (int cpus = 1024; cpus <= (1 << 20); cpus *= 2) {
+    cpu_set_t* mask = CPU_ALLOC(cpus);
+    if (mask == nullptr) break;
+    const std::size_t size = CPU_ALLOC_SIZE(cpus);
+    CPU_ZERO_S(size, mask);
+    const bool read = sched_getaffinity(0, size, mask) == 0;
+    const int err = errno;
+    const int count = read ? CPU_COUNT_S(size, mask) : 0;
+    CPU_FREE(mask);
+    if (read) return std::max(1, count);
+    if (err != EINVAL) break;
+  }
+  return static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
 }
 
 }  // namespace
@@ -80,8 +101,7 @@ std::string random_uuid4() {
 HostFacts probe_host() {
   char name[256] = {};
   if (gethostname(name, sizeof(name) - 1) != 0) name[0] = '\0';
-  return {static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN))),
-          count_visible_gpus(count_nvidia_device_nodes(), std::getenv("CUDA_VISIBLE_DEVICES")), pick_free_port,
+  return {count_usable_cpus(), count_visible_gpus(count_nvidia_device_nodes(), std::getenv("CUDA_VISIBLE_DEVICES")), pick_free_port,
           name, random_uuid4};
 }
 

@@ -8,7 +8,7 @@
 namespace cpprun::launcher {
 
 struct HostFacts {
-  int cpu_count = 1;
+  int cpu_count = 1;  // the CPUs this process may run on (its affinity mask), as torch._utils.cpu_count()
   int gpu_count = 0;
   // Called for --standalone and a one-node job without --master_port. Returns a TCP port that was
   // free on 127.0.0.1 a moment ago.
@@ -18,7 +18,7 @@ struct HostFacts {
   std::function<std::string()> random_run_id;
 };
 
-// Reads the real machine: online CPUs, visible NVIDIA GPUs, and the real free-port picker.
+// Reads the real machine: the CPUs this process may run on, visible NVIDIA GPUs, and the real free-port picker.
 HostFacts probe_host();
 
 // Binds 127.0.0.1:0, reads the port the kernel chose, closes the socket. Throws std::system_error.

@@ -77,7 +77,8 @@ int parse_int_in_range(const std::string& flag, const std::string& text, int min
 
 int parse_nproc_per_node(const std::string& text, const HostFacts& host) {
   const std::string flag = "--nproc_per_node";
-  // torchrun's meanings: auto = one per GPU if there are GPUs, else one per CPU core.
+  // torchrun's meanings: auto = one per GPU if there are GPUs, else one per CPU this process may run on
+  // (its affinity mask: taskset, a cgroup cpuset), as torch._utils.cpu_count().
   if (text == "cpu") return host.cpu_count;
   if (text == "auto") return host.gpu_count > 0 ? host.gpu_count : host.cpu_count;
   if (text == "gpu") {
@@ -228,15 +229,27 @@ std::string unquoted(std::string text) {
   return text;
 }
 
-// --rdzv_conf KEY=VALUE,...: the keys torchrun's backends read. The join timeout is `timeout` for
-// torchrun's static backend, `join_timeout` for its c10d one; both read both here. c10d's other
-// settings of an agent waiting on a store (close_timeout, read_timeout, heartbeat, keep_alive_*,
-// store_type) are accepted and unused: no agent waits on a store here. The static backend accepts c10d's
-// keys unused (torchrun runs a one-node job with c10d). An unknown key is an error (torchrun ignores it,
-// so a misspelt key silently keeps the default).
-void read_rdzv_conf(const std::string& raw_text, LaunchConfig& config) {
+// Note [--rdzv_conf as torchrun's backends read it]
+// --rdzv_conf KEY=VALUE,...: every key torchrun 2.15's backends read, with their meanings and defaults.
+// static (static_tcp_rendezvous.py): `timeout`, the join wait, 900 s by default (launcher/api.py's
+// LaunchConfig sets it when not given); `rank` is the launcher's own (--node_rank), accepted unused.
+// c10d (dynamic_rendezvous.py, c10d_rendezvous_backend.py): join_timeout (600), last_call_timeout
+// (30), is_host, and close_timeout, heartbeat_timeout, keep_alive_interval, keep_alive_max_attempt,
+// cas_backoff_max_seconds, read_timeout and store_type, checked as torchrun checks them and unused (no
+// agent here waits on a store; a node is lost when its link closes). c10d ignores `timeout`, and the
+// static backend c10d's keys (torchrun runs a one-node job with c10d): accepted, and a key the user
+// may have meant for the other backend is said to be ignored. An unknown key is an error (torchrun
+// ignores it, so a misspelt key silently keeps the default); `heartbeat`, the name of PyTorch's
+// docstring that its code never reads, is accepted with a note.
+void read_rdzv_conf(const std::string& raw_text, LaunchConfig& config, bool multi_node_static,
+                    std::vector<std::string>& notes) {
   const bool c10d = config.rdzv_backend == RendezvousBackend::kC10d;
+  config.join_timeout = std::chrono::seconds(c10d ? 600 : 900);
   const std::string text = unquoted(raw_text);
+  const auto refuse = [&](const std::string& why) { throw UsageError(with_value("--rdzv_conf", raw_text) + ": " + why); };
+  const auto note = [&](const std::string& why) { notes.push_back("cpprun: " + with_value("--rdzv_conf", raw_text) + ": " + why); };
+  bool join_timeout_given = false;
+  bool timeout_given = false;
   std::istringstream items(text);
   for (std::string item; std::getline(items, item, ',');) {
     item = unquoted(item);
@@ -244,41 +257,74 @@ void read_rdzv_conf(const std::string& raw_text, LaunchConfig& config) {
     const auto eq = item.find('=');
     const std::string key = unquoted(item.substr(0, eq));
     const std::string value = eq == std::string::npos ? std::string() : unquoted(item.substr(eq + 1));
-    const bool join = key == "join_timeout" || key == "timeout";
-    const bool c10d_used = key == "last_call_timeout" || key == "is_host";
-    const bool c10d_unused_seconds = key == "close_timeout" || key == "read_timeout" || key == "heartbeat" ||
-                                     key == "keep_alive_interval";
-    const bool c10d_unused_other = key == "keep_alive_max_attempt" || key == "store_type";
-    const bool c10d_key = c10d_used || c10d_unused_seconds || c10d_unused_other;
-    if (eq == std::string::npos || (!join && !c10d_key)) {
-      throw UsageError(with_value("--rdzv_conf", raw_text) + ": '" + item + "' is not a setting of " +
-                       backend_name(config.rdzv_backend) +
-                       " rendezvous; cpprun knows join_timeout=SECONDS (also spelled timeout)" +
-                       (c10d ? ", last_call_timeout=SECONDS, is_host=0|1; close_timeout, read_timeout, heartbeat, "
-                               "keep_alive_interval, keep_alive_max_attempt and store_type are accepted, unused"
-                             : "; c10d's last_call_timeout, is_host, close_timeout, read_timeout, heartbeat, "
-                               "keep_alive_interval, keep_alive_max_attempt and store_type are accepted, unused") +
-                       ", e.g. --rdzv_conf join_timeout=300");
+    static const std::vector<std::string> kC10dSeconds = {"join_timeout", "last_call_timeout", "close_timeout",
+                                                         "heartbeat_timeout", "read_timeout", "keep_alive_interval"};
+    const bool seconds_key = key == "timeout" || key == "heartbeat" ||
+                             std::find(kC10dSeconds.begin(), kC10dSeconds.end(), key) != kC10dSeconds.end();
+    const bool other_key = key == "is_host" || key == "store_type" || key == "keep_alive_max_attempt" ||
+                           key == "cas_backoff_max_seconds" || key == "rank";
+    if (eq == std::string::npos || (!seconds_key && !other_key)) {
+      refuse("'" + item + "' is not a setting of " + backend_name(config.rdzv_backend) +
+             " rendezvous; cpprun knows torchrun's: timeout=SECONDS (static's join wait, default 900), "
+             "join_timeout=SECONDS (c10d's, default 600), last_call_timeout=SECONDS, is_host=0|1; close_timeout, "
+             "heartbeat_timeout, read_timeout, keep_alive_interval, keep_alive_max_attempt, "
+             "cas_backoff_max_seconds and store_type are checked and unused, e.g. --rdzv_conf " +
+             std::string(c10d ? "join_timeout=300" : "timeout=300"));
     }
-    if (value.empty()) {
-      throw UsageError(with_value("--rdzv_conf", raw_text) + ": '" + key + "' has no value; write " + key +
-                       "=VALUE (torchrun: \"must have a value specified\")");
-    }
-    if (c10d_unused_other || (!c10d && c10d_key && !join)) continue;
+    if (value.empty()) refuse("'" + key + "' has no value; write " + key + "=VALUE (torchrun: \"must have a value specified\")");
     if (key == "is_host") {
       config.is_host = read_bool(value);
       if (!config.is_host) {
-        throw UsageError(with_value("--rdzv_conf", raw_text) + ": is_host=" + value +
-                         " is not a boolean; write is_host=1 (this agent hosts the rendezvous) or is_host=0");
+        refuse("is_host=" + value + " is not a boolean; write is_host=1 (this agent hosts the rendezvous) or is_host=0");
+      }
+      if (!c10d) config.is_host.reset();
+      continue;
+    }
+    if (key == "store_type") {
+      std::string lower;
+      for (char c : value) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      if (lower == "tcp") continue;
+      if (lower == "file" && c10d) {
+        refuse("store_type=file (torchrun's FileStore at the --rdzv_endpoint path) is not implemented: cpprun's "
+               "agents meet over TCP at --rdzv_endpoint=HOST:PORT; drop store_type or write store_type=tcp");
+      }
+      if (lower != "file") refuse("store_type=" + value + ": expected tcp or file, as torchrun");
+      continue;
+    }
+    if (key == "rank") continue;  // the launcher's (--node_rank), as torchrun overwrites it
+    if (key == "keep_alive_max_attempt") {
+      if (!int_in_range(value, std::numeric_limits<int>::min(), std::numeric_limits<int>::max())) {
+        refuse("keep_alive_max_attempt=" + value + ": expected a whole number, as torchrun");
+      }
+      continue;
+    }
+    if (key == "cas_backoff_max_seconds") {
+      double seconds = 0;
+      if (!read_double(value, seconds) || seconds < 0) {
+        refuse("cas_backoff_max_seconds=" + value + ": expected a finite number of seconds >= 0, as torchrun");
       }
       continue;
     }
     const std::chrono::milliseconds seconds = parse_seconds("--rdzv_conf " + key, value);
-    if (join && seconds.count() == 0) {
-      throw UsageError(with_value("--rdzv_conf", raw_text) + ": the join timeout must be above 0 seconds");
-    }
+    if (key == "read_timeout" && seconds.count() == 0) refuse("the read timeout must be above 0 seconds, as torchrun's");
+    const bool join = c10d ? key == "join_timeout" : key == "timeout";
+    if (join && seconds.count() == 0) refuse("the join timeout must be above 0 seconds");
     if (join) config.join_timeout = seconds;
-    if (key == "last_call_timeout") config.last_call_timeout = seconds;
+    if (c10d && key == "last_call_timeout") config.last_call_timeout = seconds;
+    join_timeout_given = join_timeout_given || key == "join_timeout";
+    timeout_given = timeout_given || key == "timeout";
+    if (key == "heartbeat") {
+      note("torchrun reads heartbeat_timeout, not heartbeat (the name in PyTorch's create_handler docstring): "
+           "ignored, as torchrun ignores it");
+    }
+  }
+  if (c10d && timeout_given && !join_timeout_given) {
+    note("timeout is the static rendezvous's join wait; c10d's is join_timeout (default 600 s), as torchrun's: "
+         "timeout is ignored, write join_timeout=SECONDS");
+  }
+  if (multi_node_static && join_timeout_given && !timeout_given) {
+    note("join_timeout is c10d's; the static rendezvous waits timeout=SECONDS (default 900 s), as torchrun's: "
+         "join_timeout is ignored, write timeout=SECONDS");
   }
 }
 
@@ -290,11 +336,20 @@ OutputOptions validate_output(const RawOptions& raw, int nproc_per_node) {
                        parse_duplicate_filters(raw.duplicate_stdout_filters),
                        parse_duplicate_filters(raw.duplicate_stderr_filters)};
   // Files without --log_dir go to a temp dir that stays, as torchrun's (run_directory.h).
+  if (output.log_dir == kNullLogDir) {
+    // torchrun's DefaultLogsSpecs.reify: each worker's output stays on the console and no file is
+    // written; the filters' files would be /dev/null/filtered_*.log (torchrun fails on them): none.
+    std::fill(output.redirects.begin(), output.redirects.end(), StdStreams::kNone);
+    std::fill(output.tee.begin(), output.tee.end(), StdStreams::kNone);
+    output.duplicate_stdout_filters.clear();
+    output.duplicate_stderr_filters.clear();
+  }
   return output;
 }
 
 // The node counts and where the nodes meet; c10d ignores the static options, as torchrun's does.
-void validate_rendezvous(const RawOptions& raw, const HostFacts& host, LaunchConfig& config) {
+void validate_rendezvous(const RawOptions& raw, const HostFacts& host, LaunchConfig& config,
+                         std::vector<std::string>& notes) {
   // torchrun's --standalone overrides the backend and endpoint; here it means one node on a private port.
   config.rdzv_backend = config.standalone ? RendezvousBackend::kStatic : parse_rdzv_backend(raw.rdzv_backend);
   const NodeRange nodes = parse_nnodes(raw.nnodes);
@@ -302,7 +357,7 @@ void validate_rendezvous(const RawOptions& raw, const HostFacts& host, LaunchCon
     throw UsageError("--standalone runs a single node on a private port; it cannot be combined with --nnodes=" +
                      raw.nnodes + ". Give node 0's address with --master_addr/--master_port on every node instead");
   }
-  read_rdzv_conf(raw.rdzv_conf, config);
+  read_rdzv_conf(raw.rdzv_conf, config, config.rdzv_backend == RendezvousBackend::kStatic && nodes.max > 1, notes);
   config.min_nodes = nodes.min;
   config.max_nodes = nodes.max;
   config.nnodes = nodes.max;
@@ -384,10 +439,10 @@ void validate_rendezvous(const RawOptions& raw, const HostFacts& host, LaunchCon
   if (!raw.rdzv_endpoint.empty()) read_rdzv_endpoint(raw.rdzv_endpoint, 29500, config);
 }
 
-void validate(const RawOptions& raw, const HostFacts& host, LaunchConfig& config) {
+void validate(const RawOptions& raw, const HostFacts& host, LaunchConfig& config, std::vector<std::string>& notes) {
   config.nproc_per_node = parse_nproc_per_node(raw.nproc_per_node, host);
   config.output = validate_output(raw, config.nproc_per_node);
-  validate_rendezvous(raw, host, config);
+  validate_rendezvous(raw, host, config, notes);
   config.max_restarts =
       parse_int_in_range("--max_restarts", raw.max_restarts, 0, 1000000, "how often to restart", 3);
   config.restart_backoff = parse_restart_backoff(raw.restart_backoff);
@@ -526,17 +581,15 @@ std::string apply_scheduler_defaults(const CLI::App& app, const EnvLookup& env, 
 
 // At most one of torchrun's three ways to say how PROGRAM runs (program_command.h).
 ProgramMode program_mode(const RawOptions& raw) {
+  // torchrun's config_from_args: --run_path comes first and wins over -m and --no_python, which it
+  // then does not look at (not even at their contradiction).
+  if (raw.run_path) return ProgramMode::kRunPath;
   if (raw.no_python && raw.module) {
     throw UsageError("--no_python and -m/--module contradict each other: -m runs a Python module, --no_python "
                      "runs PROGRAM without Python; give one");
   }
-  if (raw.run_path && (raw.module || raw.no_python)) {
-    throw UsageError(std::string("--run_path runs PROGRAM as a file of Python code; it cannot be combined with ") +
-                     (raw.module ? "-m/--module" : "--no_python"));
-  }
   if (raw.no_python) return ProgramMode::kNoPython;
   if (raw.module) return ProgramMode::kModule;
-  if (raw.run_path) return ProgramMode::kRunPath;
   return ProgramMode::kByName;
 }
 
@@ -584,13 +637,29 @@ std::string with_value(const std::string& name, const std::string& value) {
   return name + "=" + (value.empty() ? "''" : value);
 }
 
-std::optional<int> int_in_range(const std::string& text, long min, long max) {
+std::optional<int> int_in_range(const std::string& raw, long min, long max) {
+  // Python's int(), which torchrun's type=int and its own int() calls use: ASCII whitespace around
+  // (str.isspace: also \x1c-\x1f), one sign, digits with single underscores between them ("1_000").
+  static const char kSpace[] = " \t\n\r\v\f\x1c\x1d\x1e\x1f";
+  const auto first = raw.find_first_not_of(kSpace);
+  if (first == std::string::npos) return std::nullopt;
+  const std::string text = raw.substr(first, raw.find_last_not_of(kSpace) - first + 1);
+  std::string digits;
+  std::size_t i = text[0] == '+' || text[0] == '-' ? 1 : 0;
+  if (i == 1) digits += text[0];
+  for (const std::size_t start = i; i < text.size(); ++i) {
+    const bool digit = std::isdigit(static_cast<unsigned char>(text[i])) != 0;
+    const bool joint = text[i] == '_' && i > start && i + 1 < text.size() &&
+                       std::isdigit(static_cast<unsigned char>(text[i - 1])) != 0 &&
+                       std::isdigit(static_cast<unsigned char>(text[i + 1])) != 0;
+    if (!digit && !joint) return std::nullopt;
+    if (digit) digits += text[i];
+  }
+  if (digits.empty() || digits == "+" || digits == "-") return std::nullopt;
   errno = 0;
   char* end = nullptr;
-  const long value = std::strtol(text.c_str(), &end, 10);
-  if (text.empty() || errno != 0 || end != text.c_str() + text.size() || value < min || value > max) {
-    return std::nullopt;
-  }
+  const long value = std::strtol(digits.c_str(), &end, 10);
+  if (errno != 0 || end != digits.c_str() + digits.size() || value < min || value > max) return std::nullopt;
   return static_cast<int>(value);
 }
 
@@ -664,7 +733,8 @@ ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, cons
     app.add_flag(spellings(names), value, help)->envname(env_name(names));
   };
   option("--nproc_per_node", raw.nproc_per_node, "N|auto|cpu|gpu",
-         "Workers on this node: N, cpu (one per CPU core), gpu (one per GPU) or auto (gpu if any, else cpu).");
+         "Workers on this node: N, cpu (one per CPU this process may run on), gpu (one per GPU) or auto (gpu if "
+         "any, else cpu).");
   option("--nnodes", raw.nnodes, "N|MIN:MAX",
          "Nodes, each running cpprun; c10d: MIN:MAX, from MAX or from MIN after last_call_timeout.");
   option("--node_rank", raw.node_rank, "INT", "Static rendezvous: this node's rank; node 0 hosts the rendezvous.");
@@ -676,7 +746,8 @@ ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, cons
   option("--rdzv_endpoint", raw.rdzv_endpoint, "HOST[:PORT]",
          "static: node 0's --master_addr[:--master_port]. c10d: the rendezvous (default localhost:29400).");
   option("--rdzv_conf", raw.rdzv_conf, "KEY=VALUE,...",
-         "join_timeout=SECONDS (default 600); c10d: last_call_timeout=SECONDS (default 30), is_host=1|0.");
+         "static: timeout=SECONDS (join wait, default 900); c10d: join_timeout=SECONDS (default 600), "
+         "last_call_timeout=SECONDS (default 30), is_host=1|0.");
   flag("--standalone", config.standalone, "One node on a private port: 127.0.0.1 and a free MASTER_PORT.");
   option("--max_restarts", raw.max_restarts, "INT", "Restarts of the workers after a failure.");
   option("--restart_backoff", raw.restart_backoff, "INITIAL[:MAX]",
@@ -722,6 +793,9 @@ ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, cons
   option("--numa_binding", raw.numa_binding, "node|socket|exclusive|core-complex",
          "Accepted for torchrun compatibility; unused.");
   option("--print_completion", raw.print_completion, "bash|zsh", "Print a shell completion script and exit.");
+  // torchrun gives these three no env action (run.py): PET_LOGS_SPECS, PET_NUMA_BINDING and
+  // PET_PRINT_COMPLETION are not read, as torchrun does not read them.
+  for (const char* no_env : {"--logs_specs", "--numa_binding", "--print_completion"}) app.get_option(no_env)->envname("");
 
   const std::vector<OptionSpelling> known = option_spellings(app);
   const std::vector<std::string> expanded = expand_option_prefixes(args, known);
@@ -753,7 +827,8 @@ ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, cons
       raw.shutdown_timeout = *from_env;
     }
   }
-  validate(raw, host, config);
+  std::vector<std::string> conf_notes;
+  validate(raw, host, config, conf_notes);
   check_choice("--start_method", raw.start_method, {"spawn", "fork", "forkserver"});
   if (!raw.numa_binding.empty()) {
     check_choice("--numa_binding", raw.numa_binding, {"node", "socket", "exclusive", "core-complex"});
@@ -767,7 +842,24 @@ ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, cons
   }
   config.hostname = host.hostname;
   check_virtual_local_rank(config, env);
+  // Note [Opting out of the agent's store]
+  // TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 is read by torchrun's c10d handler alone
+  // (dynamic_rendezvous.py: use_agent_store, next_rendezvous): its workers get
+  // TORCHELASTIC_USE_AGENT_STORE=False and a free MASTER_PORT on node 0, where worker rank 0 hosts the
+  // store itself. torchrun's static backend ignores it. cpprun does the same for the jobs torchrun runs
+  // with c10d on one node (picked_port: no --master_port, --standalone, c10d's port 0); a multi-node
+  // c10d job keeps the agents' store (its workers reach it through the agents' link), said in a note.
+  if (env("TORCH_DISABLE_SHARE_RDZV_TCP_STORE").value_or("0") == "1") {
+    if (config.picked_port) {
+      config.agent_store = false;
+    } else if (config.rdzv_backend == RendezvousBackend::kC10d) {
+      conf_notes.push_back("cpprun: TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 is not implemented for a multi-node "
+                           "c10d job: its workers keep the agents' store (TORCHELASTIC_USE_AGENT_STORE=True), "
+                           "which they reach through cpprun's authenticated link");
+    }
+  }
   result.notes = ignored_option_notes(raw);
+  for (std::string& line : conf_notes) result.notes.push_back(std::move(line));
   for (std::string& line : unknown_signal_notes(raw.signals_to_handle)) result.notes.push_back(std::move(line));
   take_program(app.remaining(), known, config);
   config.program_mode = program_mode(raw);

@@ -32,14 +32,20 @@ struct LaunchConfig {
   // How errors name master_addr: "--master_addr=HOST", or "the host of --rdzv_endpoint=HOST:PORT" where
   // the endpoint gave it (static's endpoint, c10d, c10d's port 0 on one node); "" before validation.
   std::string master_addr_flag;
-  // --rdzv_conf; last_call_timeout and is_host are c10d's (is_host unset: the first agent that listens hosts).
-  std::chrono::milliseconds join_timeout{600 * 1000};
+  // --rdzv_conf (Note [--rdzv_conf as torchrun's backends read it]): the join wait is static's `timeout`
+  // (900 s by default, as torchrun's LaunchConfig sets it) or c10d's join_timeout (600 s);
+  // last_call_timeout and is_host are c10d's (is_host unset: the first agent that listens hosts).
+  std::chrono::milliseconds join_timeout{900 * 1000};
   std::chrono::milliseconds last_call_timeout{30 * 1000};
   std::optional<bool> is_host;
   bool standalone = false;  // master_addr/master_port were replaced by 127.0.0.1 and a free port
   // One node, no --master_port (nor --rdzv_endpoint): as torchrun 2.x, a free port and a random run id,
   // so two default jobs on one host do not collide. Also true with --standalone.
   bool picked_port = false;
+  // TORCHELASTIC_USE_AGENT_STORE: the agent (its store keeper) hosts the workers' store. false only
+  // for a job torchrun runs with its c10d handler on one node (picked_port) when
+  // TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, PyTorch's opt-out (Note [Opting out of the agent's store]).
+  bool agent_store = true;
   int max_restarts = 0;
   RestartBackoffSettings restart_backoff;
   // SIGTERM (or the forwarded signal) -> SIGKILL grace: --shutdown_timeout, else
@@ -102,7 +108,9 @@ RendezvousSettings rendezvous_settings(const LaunchConfig& config);
 // How errors quote an option or a scheduler variable: "--master_port=http", "--master_addr=''".
 std::string with_value(const std::string& name, const std::string& value);
 
-// `text` if it is a whole number from min to max ("4", "-1"; not "4x", "4.0" or "").
+// `text` if it is a whole number from min to max as Python's int() reads it, which torchrun's
+// type=int options and its own int() calls use: "4", "-1", " 4 ", "+4", "1_000"; not "4x", "4.0",
+// "4 4", "_4" or "".
 std::optional<int> int_in_range(const std::string& text, long min, long max);
 
 }  // namespace cpprun::launcher

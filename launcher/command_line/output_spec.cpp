@@ -110,6 +110,13 @@ bool OutputOptions::writes_files() const {
          !duplicate_stdout_filters.empty() || !duplicate_stderr_filters.empty();
 }
 
+std::vector<std::string> OutputOptions::filtered_logs() const {
+  std::vector<std::string> names;
+  if (!duplicate_stdout_filters.empty()) names.emplace_back("filtered_stdout.log");
+  if (!duplicate_stderr_filters.empty()) names.emplace_back("filtered_stderr.log");
+  return names;
+}
+
 std::string render_prefix_template(const std::string& text, const PrefixFields& fields) {
   const auto value = [&](const std::string& name) -> std::optional<std::string> {
     if (name == "role_name") return fields.role_name;

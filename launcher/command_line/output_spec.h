@@ -19,6 +19,11 @@ std::vector<bool> parse_local_ranks_filter(const std::string& text, int nproc_pe
 // torchrun's --duplicate_stdout_filters "apple,orange": the needles, ",," standing for a comma.
 std::vector<std::string> parse_duplicate_filters(const std::string& text);
 
+// torchrun's DefaultLogsSpecs gives --log_dir os.devnull a meaning of its own: no files at all (no run
+// dir, --redirects/--tee and their files dropped, the output on the console) and an empty
+// TORCHELASTIC_ERROR_FILE for the workers.
+inline constexpr const char* kNullLogDir = "/dev/null";
+
 // The output options of LaunchConfig, validated. Vectors are per local rank; empty ones (a
 // default-constructed config) mean "nothing redirected, every rank shown".
 struct OutputOptions {
@@ -32,6 +37,9 @@ struct OutputOptions {
   std::vector<std::string> duplicate_stderr_filters;
 
   bool writes_files() const;
+  // The attempt's filtered_stdout.log / filtered_stderr.log that --duplicate_std{out,err}_filters ask
+  // for: torchrun opens (creates, empties) each whose filters are given, a --tee'd stream or not.
+  std::vector<std::string> filtered_logs() const;
 };
 
 // One stream of one worker.

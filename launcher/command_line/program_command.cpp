@@ -201,9 +201,15 @@ void require_python_program(const std::string& program, const char* what) {
 // worker (kRunPathFinishedVariable); the first to see all LOCAL_WORLD_SIZE bytes removes it, and a
 // missing file means the barrier is passed. A failed script does not wait: cpprun stops the others.
 // A barrier that cannot be written (a full disk) is skipped rather than failing a script that ended well.
+// Note [--run_path under @record]
+// torchrun runs the script inside its worker through torch's record() (elastic/multiprocessing/api.py
+// wraps run_script_path): faulthandler on for every thread, and an exception written to
+// TORCHELASTIC_ERROR_FILE as ErrorHandler.record_exception writes it ({"message": {"message": "TYPE: TEXT",
+// "extraInfo": {"py_callstack": TRACEBACK, "timestamp": "SECONDS"}}}), which the launcher hands over
+// to its own error file; a SystemExit is not recorded. The same here, without importing torch.
 std::string run_path_code() {
   return std::string(
-    "import os, runpy, sys, time\n"
+    "import faulthandler, json, os, runpy, sys, time, traceback\n"
     "sys.argv = sys.argv[1:]\n"
     // python -c puts the current directory first on sys.path; torchrun's runpy.run_path does not.
     "if sys.path and sys.path[0] == '':\n"
@@ -226,12 +232,26 @@ std::string run_path_code() {
     "        except OSError:\n"
     "            return\n"
     "        time.sleep(0.005)\n"
+    "def _cpprun_record_exception(e):\n"
+    "    file = os.environ.get('TORCHELASTIC_ERROR_FILE')\n"
+    "    if file:\n"
+    "        data = {'message': {'message': f'{type(e).__name__}: {e}', 'extraInfo': {\n"
+    "            'py_callstack': traceback.format_exc(), 'timestamp': str(int(time.time()))}}}\n"
+    "        with open(file, 'w') as fp:\n"
+    "            json.dump(data, fp)\n"
+    "try:\n"
+    "    faulthandler.enable(all_threads=True)\n"
+    "except Exception:\n"
+    "    pass\n"
     "try:\n"
     "    runpy.run_path(sys.argv[0], run_name='__main__')\n"
     "except SystemExit as e:\n"
     "    if e.code not in (None, 0):\n"
     "        raise\n"
     "    _cpprun_local_exit_barrier()\n"
+    "    raise\n"
+    "except Exception as e:\n"
+    "    _cpprun_record_exception(e)\n"
     "    raise\n"
     "_cpprun_local_exit_barrier()\n";
 }

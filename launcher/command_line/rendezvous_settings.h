@@ -54,6 +54,8 @@ struct RendezvousSettings {
   bool multi_node() const { return !fixed_ranks() || max_nodes > 1; }
   std::string endpoint() const;     // "127.0.0.1:29400"
   std::string nnodes_flag() const;  // "--nnodes=2" (static), "--nnodes=1:3" (c10d)
+  // The --rdzv_conf key of join_timeout: "timeout" (static, as torchrun's) or "join_timeout" (c10d).
+  const char* join_timeout_key() const { return fixed_ranks() ? "timeout" : "join_timeout"; }
 };
 
 const char* backend_name(RendezvousBackend backend);  // "static", "c10d"

@@ -28,7 +28,7 @@ int run_multi_node(const RendezvousSettings& settings, const WorkerSettings& wor
   for (;;) {
     const int restart_count = rendezvous->restart_count();
     const std::string this_node = "node " + std::to_string(layout->group_rank);
-    run_dir.prepare_attempt(restart_count, workers.env.local_world_size);
+    run_dir.prepare_attempt(restart_count, workers.env.local_world_size, workers.output.filtered_logs());
     const InterfaceChoice interface =
         choose_socket_interface(rendezvous->link_addresses(), interface_addresses(), parent_env);
     if (const std::string said = describe_interface_choice(

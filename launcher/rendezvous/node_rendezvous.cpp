@@ -92,7 +92,7 @@ std::unique_ptr<NodeRendezvous> join_static(const RendezvousSettings& settings, 
     if (!try_connect(settings, relay, deadline, link, last_error, refusals)) {
       throw RendezvousError(
           "cpprun: rendezvous timed out after " + seconds_text(settings.join_timeout) +
-              " (--rdzv_conf join_timeout): node rank 0 never arrived: nothing answered at " + settings.endpoint() +
+              " (--rdzv_conf timeout): node rank 0 never arrived: nothing answered at " + settings.endpoint() +
               (last_error.empty() ? "" : " (" + last_error + ")") +
               ". Start cpprun with --node_rank=0 on the host of --master_addr, with the same --master_port, "
               "or check that this host can reach that address.",
@@ -189,7 +189,7 @@ std::string join_timeout_message(const RendezvousSettings& settings, const std::
                                  const std::vector<int>& left, int joined, const std::string& source) {
   const std::string at = settings.endpoint();
   std::string message = "cpprun: rendezvous timed out after " + seconds_text(settings.join_timeout) +
-                        " (--rdzv_conf join_timeout): ";
+                        " (--rdzv_conf " + settings.join_timeout_key() + "): ";
   if (!settings.fixed_ranks()) {
     return message + std::to_string(joined) + " of the at least " + std::to_string(settings.min_nodes) +
            " nodes that " + settings.nnodes_flag() + " needs joined at " + at + source +
@@ -206,7 +206,7 @@ std::string join_timeout_message(const RendezvousSettings& settings, const std::
   }
   return message + source + ". Start cpprun on " + (never.size() + left.size() == 1 ? "that node" : "those nodes") +
          " with --node_rank set and the same --nnodes, --master_addr and --master_port, or raise "
-         "--rdzv_conf join_timeout=SECONDS.";
+         "--rdzv_conf timeout=SECONDS.";
 }
 
 std::chrono::milliseconds retry_pause(int tries) {

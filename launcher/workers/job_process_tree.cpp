@@ -91,15 +91,33 @@ void sweep(const std::string& token_entry) {
   }
 }
 
+// The launcher the guardian relays signals to; 0 once it is gone (its pid may be someone else's).
+volatile sig_atomic_t g_launcher = 0;
+
+void relay_to_launcher(int sig) {
+  const int saved_errno = errno;
+  if (g_launcher > 0) kill(static_cast<pid_t>(g_launcher), sig);
+  errno = saved_errno;
+}
+
 // Blocks reading `line` from cpprun: a byte means "dismissed", EOF means cpprun died.
-[[noreturn]] void run_guardian(int line, const std::string& token_entry) {
-  // Its own session: Ctrl-C, Ctrl-Z, a hangup or a kill of cpprun's whole process group must not
-  // take the guardian away; only cpprun's end (or SIGKILL) ends it.
+// Note [The guardian relays the launcher's signals]
+// The guardian keeps cpprun's command line (it is a fork, not an exec), so `pgrep -nf "cpprun ..."`
+// (the newest match) names it, and `kill $(pgrep -nf ...)` reaches it instead of cpprun. torchrun is
+// one process with that command line, so such a kill stops its job: the signals cpprun handles
+// (those it forwards to the workers) are passed on to cpprun here, which acts on them as if sent to
+// it. Its own session still keeps Ctrl-C, Ctrl-Z, a hangup or a kill of cpprun's whole process group
+// from reaching it (cpprun gets those itself); only cpprun's end (or SIGKILL) ends it.
+[[noreturn]] void run_guardian(int line, const std::string& token_entry, pid_t launcher) {
   setsid();
   prctl(PR_SET_NAME, "cpprun-guardian");  // what ps shows
-  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGTSTP, SIGTTIN, SIGTTOU, SIGPIPE, SIGUSR1, SIGUSR2}) {
-    signal(sig, SIG_IGN);
-  }
+  g_launcher = launcher;
+  for (int sig : {SIGTSTP, SIGTTIN, SIGTTOU, SIGPIPE}) signal(sig, SIG_IGN);
+  struct sigaction relay {};
+  relay.sa_handler = relay_to_launcher;
+  sigemptyset(&relay.sa_mask);
+  relay.sa_flags = SA_RESTART;
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2}) sigaction(sig, &relay, nullptr);
   // Nobody reads what it could print; keep stderr for nothing but a crash's message.
   const int null = open("/dev/null", O_RDWR);
   if (null >= 0) {
@@ -108,7 +126,9 @@ void sweep(const std::string& token_entry) {
     if (null > STDERR_FILENO) close(null);
   }
   char byte = 0;
-  if (retry_on_eintr([&] { return read(line, &byte, 1); }) == 0) sweep(token_entry);
+  const ssize_t got = retry_on_eintr([&] { return read(line, &byte, 1); });
+  g_launcher = 0;  // cpprun is gone or going: nothing more to relay
+  if (got == 0) sweep(token_entry);
   _exit(0);
 }
 
@@ -122,6 +142,7 @@ int start_guardian(const std::string& token_entry) {
   }
   // Forked twice, the guardian is init's child (or an outer subreaper's), not cpprun's, so that
   // every child of cpprun is a worker or something the workers left.
+  const pid_t launcher = getpid();
   const pid_t middle = fork();
   if (middle < 0) {
     const int error = errno;
@@ -131,7 +152,7 @@ int start_guardian(const std::string& token_entry) {
   }
   if (middle == 0) {
     close(fds[1]);
-    if (fork() == 0) run_guardian(fds[0], token_entry);
+    if (fork() == 0) run_guardian(fds[0], token_entry, launcher);
     _exit(0);  // if that fork failed, cpprun runs unguarded: nothing else it does depends on it
   }
   close(fds[0]);

@@ -7,7 +7,8 @@
 //    stopped worker's group is SIGKILLed with it (Note [Orphans in a worker's process group]).
 // 3. If cpprun is SIGKILLed, its workers die by PR_SET_PDEATHSIG; a guardian in its own session sees
 //    cpprun's socket close and SIGKILLs every process whose environment holds this run's random
-//    CPPRUN_JOB_TOKEN, which workers inherit (as Jenkins finds a build's processes).
+//    CPPRUN_JOB_TOKEN, which workers inherit (as Jenkins finds a build's processes). The guardian passes
+//    the signals cpprun handles on to cpprun (Note [The guardian relays the launcher's signals]).
 // Not covered (only a cgroup holds these, and cpprun may not create one): after a SIGKILL of cpprun,
 // a process that dropped the token (env -i) or whose environment we may not read; always, one that
 // leaves through a subreaper of its own (a container runtime, systemd --user) or a service (systemd-run, at).

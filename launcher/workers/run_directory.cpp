@@ -13,6 +13,8 @@
 #include <system_error>
 #include <vector>
 
+#include "command_line/output_spec.h"  // kNullLogDir
+
 namespace cpprun::launcher {
 namespace {
 
@@ -61,12 +63,13 @@ std::string RunLayout::worker_dir(int attempt, int local_rank) const {
 }
 
 std::string RunLayout::error_file(int attempt, int local_rank) const {
+  if (!error_files) return "";
   if (per_worker_dirs) return worker_dir(attempt, local_rank) + "/error.json";
   return dir + "/attempt_" + std::to_string(attempt) + "." + std::to_string(local_rank) + ".error.json";
 }
 
 std::string RunLayout::run_path_finished_file(int attempt) const {
-  return dir + "/attempt_" + std::to_string(attempt) + (per_worker_dirs ? "/" : ".") + "run_path_finished";
+  return (private_dir.empty() ? dir : private_dir) + "/attempt_" + std::to_string(attempt) + ".run_path_finished";
 }
 
 std::string RunLayout::flight_recorder_dir(int attempt) const {
@@ -82,9 +85,11 @@ std::string RunLayout::diagnosis_file(int attempt) const {
 }
 
 RunLayout RunLayout::planned(const std::string& log_dir, const std::string& run_id, bool writes_files) {
-  if (!log_dir.empty()) return {log_dir + "/" + run_id + "_XXXXXXXX", true};
-  if (writes_files) return {temp_root() + "/torchelastic_XXXXXX/" + run_id + "_XXXXXXXX", true};
-  return {temp_root() + "/cpprun-XXXXXX", false};
+  const std::string private_dir = temp_root() + "/cpprun-XXXXXX";
+  if (log_dir == kNullLogDir) return {private_dir, false, private_dir, false};
+  if (!log_dir.empty()) return {log_dir + "/" + run_id + "_XXXXXXXX", true, private_dir};
+  if (writes_files) return {temp_root() + "/torchelastic_XXXXXX/" + run_id + "_XXXXXXXX", true, private_dir};
+  return {private_dir, false, private_dir};
 }
 
 RunDirectory::RunDirectory(const std::string& log_dir, const std::string& run_id, bool writes_files)
@@ -103,6 +108,12 @@ RunDirectory::RunDirectory(const std::string& log_dir, const std::string& run_id
       make_directories(log_dir, "--log_dir=" + log_dir);
     }
     layout_.dir = make_unique_dir(base + "/" + run_id + "_", "--log_dir=" + base);
+    std::string own = layout_.private_dir;
+    if (mkdtemp(own.data()) == nullptr) {
+      throw std::system_error(errno, std::generic_category(),
+                              "cpprun: cannot create the run's temp dir " + layout_.private_dir + " (set TMPDIR)");
+    }
+    layout_.private_dir = own;
     return;
   }
   std::string dir = layout_.dir;
@@ -111,12 +122,16 @@ RunDirectory::RunDirectory(const std::string& log_dir, const std::string& run_id
                             "cpprun: cannot create the run's temp dir " + layout_.dir + " (set TMPDIR or --log_dir)");
   }
   layout_.dir = dir;  // See Note [Flat temp dir]
+  layout_.private_dir = dir;
 }
 
 RunDirectory::~RunDirectory() {
   // Best effort; a symlink a worker left is removed, not followed.
   std::error_code ignored;
-  if (layout_.per_worker_dirs) return;
+  if (layout_.per_worker_dirs) {
+    std::filesystem::remove_all(layout_.private_dir, ignored);
+    return;
+  }
   // PyTorch's NCCL dumps are the one thing here a person reads after the job: the diagnosis named them.
   namespace fs = std::filesystem;
   std::vector<fs::path> entries;  // all read before any is removed
@@ -140,7 +155,7 @@ RunDirectory::~RunDirectory() {
   fs::remove(layout_.dir, ignored);  // only if nothing was kept
 }
 
-void RunDirectory::prepare_attempt(int attempt, int nproc_per_node) const {
+void RunDirectory::prepare_attempt(int attempt, int nproc_per_node, const std::vector<std::string>& filtered_logs) const {
   // torchrun starts each attempt's filtered_std{out,err}.log afresh (c10d's rounds reuse attempt_N).
   if (layout_.per_worker_dirs) {
     for (const char* name : {"filtered_stdout.log", "filtered_stderr.log"}) {
@@ -154,8 +169,17 @@ void RunDirectory::prepare_attempt(int attempt, int nproc_per_node) const {
     // The temp dir too: a c10d membership change runs the same attempt number again.
     if (layout_.per_worker_dirs) make_directories(layout_.worker_dir(attempt, local_rank), "--log_dir=" + layout_.dir);
     const std::string error_file = layout_.error_file(attempt, local_rank);
-    if (unlink(error_file.c_str()) != 0 && errno != ENOENT) {
+    if (!error_file.empty() && unlink(error_file.c_str()) != 0 && errno != ENOENT) {
       throw std::system_error(errno, std::generic_category(), "cpprun: cannot remove the stale " + error_file);
+    }
+  }
+  // torchrun's PContext opens each asked-for filtered log (mode "w") when the attempt starts.
+  if (layout_.per_worker_dirs) {
+    for (const std::string& name : filtered_logs) {
+      const std::string path = layout_.dir + "/attempt_" + std::to_string(attempt) + "/" + name;
+      const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+      if (fd < 0) throw std::system_error(errno, std::generic_category(), "cpprun: cannot create " + path);
+      close(fd);
     }
   }
   // A barrier a killed attempt left half counted (c10d's rounds reuse attempt_N).

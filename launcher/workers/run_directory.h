@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace cpprun::launcher {
 
@@ -16,8 +17,15 @@ namespace cpprun::launcher {
 struct RunLayout {
   std::string dir;              // LOG_DIR/RUN_ID_XXXXXXXX, or the flat temp dir
   bool per_worker_dirs = true;  // torchrun's layout (--log_dir); false: flat (the temp dir)
+  // cpprun's own files, which torchrun's --log_dir tree does not have: the flat temp dir, or beside a
+  // log dir a ${TMPDIR:-/tmp}/cpprun-XXXXXX of its own, removed at the end either way.
+  std::string private_dir;
+  // false under --log_dir=/dev/null: the workers get TORCHELASTIC_ERROR_FILE="", as torchrun's
+  // DefaultLogsSpecs sets it, and error_file() is "".
+  bool error_files = true;
 
-  // What RunDirectory lays out, creating nothing (--dry_run): the random parts stay X's.
+  // What RunDirectory lays out, creating nothing (--dry_run): the random parts stay X's. A `log_dir`
+  // of /dev/null (kNullLogDir) is the flat temp dir without error files.
   static RunLayout planned(const std::string& log_dir, const std::string& run_id, bool writes_files);
 
   std::string worker_dir(int attempt, int local_rank) const;  // DIR/attempt_N/LOCAL_RANK
@@ -29,8 +37,7 @@ struct RunLayout {
   // or DIR/attempt_N.nccl_flight_recorder in the flat temp dir.
   std::string nccl_trace_dir(int attempt) const;
   // Where --run_path workers count themselves finished (command_line/program_command.h):
-  // DIR/attempt_N/run_path_finished, or DIR/attempt_N.run_path_finished in the flat temp dir. The
-  // last worker removes it.
+  // PRIVATE_DIR/attempt_N.run_path_finished, never in the --log_dir tree. The last worker removes it.
   std::string run_path_finished_file(int attempt) const;
   // Where the launcher writes its diagnosis of the attempt (DIR/attempt_N/diagnosis.json); "" in the
   // flat temp dir, which is removed: the console has it.
@@ -40,11 +47,12 @@ struct RunLayout {
 class RunDirectory {
  public:
   // Creates `log_dir` (mkdir -p) or, if empty and `writes_files`, a torchelastic_ temp dir; then the run's
-  // RUN_ID_XXXXXXXX in it. Else ${TMPDIR:-/tmp}/cpprun-XXXXXX. std::system_error names the path.
+  // RUN_ID_XXXXXXXX in it. Else ${TMPDIR:-/tmp}/cpprun-XXXXXX. The private dir too (RunLayout::private_dir).
+  // std::system_error names the path.
   RunDirectory(const std::string& log_dir, const std::string& run_id, bool writes_files);
   // Removes the flat temp dir and everything in it, but for PyTorch's NCCL flight-recorder dumps: a
   // nccl_flight_recorder dir that holds any stays, with the temp dir around it (the diagnosis named them).
-  // A log dir (given or made) stays.
+  // A log dir (given or made) stays; the private dir beside it does not.
   ~RunDirectory();
   RunDirectory(const RunDirectory&) = delete;
   RunDirectory& operator=(const RunDirectory&) = delete;
@@ -56,8 +64,9 @@ class RunDirectory {
   // Under --log_dir: creates attempt_N/0 .. attempt_N/nproc-1. Removes the attempt's stale error files
   // and flight-recorder dumps, cpprun's and PyTorch's NCCL ones (an earlier run's, or c10d's earlier
   // round's: the same attempt number).
-  // Throws std::system_error.
-  void prepare_attempt(int attempt, int nproc_per_node) const;
+  // Creates the attempt's `filtered_logs` (OutputOptions::filtered_logs()) empty, as torchrun opens
+  // them whether a stream is --tee'd or not. Throws std::system_error.
+  void prepare_attempt(int attempt, int nproc_per_node, const std::vector<std::string>& filtered_logs = {}) const;
 
  private:
   RunLayout layout_;

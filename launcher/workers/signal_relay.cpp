@@ -44,9 +44,16 @@ sigset_t g_startup_mask;
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free, "diagnose slots must be async-signal-safe");
 std::atomic<std::uint64_t> g_diagnose_requests[kDiagnoseQueue];
 
+// The first job-ending signal this process received (0: none), for job_ending_signal_received().
+std::atomic<int> g_first_job_ending{0};
+
 void on_signal(int sig) {
   const int saved_errno = errno;
   g_pending[sig].store(true);
+  if (ends_job(sig)) {
+    int none = 0;
+    g_first_job_ending.compare_exchange_strong(none, sig);
+  }
   // A full pipe already guarantees a wake-up, so a failed write loses nothing.
   const char byte = 0;
   [[maybe_unused]] const ssize_t n = write(g_wake_write, &byte, 1);
@@ -189,5 +196,7 @@ int sleep_until(SignalRelay& relay, std::chrono::steady_clock::time_point deadli
   }
   return 0;
 }
+
+int job_ending_signal_received() { return g_first_job_ending.load(); }
 
 }  // namespace cpprun::launcher

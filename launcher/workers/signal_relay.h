@@ -71,6 +71,10 @@ struct DiagnoseRequest {
 inline constexpr int kDiagnoseQueue = 16;
 std::vector<DiagnoseRequest> take_diagnose_requests();
 
+// The first job-ending signal (SIGINT, SIGTERM, SIGHUP, SIGQUIT) a SignalRelay of this process
+// caught, or 0: main() records it in the launcher's error file as torchrun's SignalException.
+int job_ending_signal_received();
+
 // Sleeps until `deadline` while no worker runs. Returns the job-ending signal that cut the wait
 // short, or 0; other signals are dropped.
 int sleep_until(SignalRelay& relay, std::chrono::steady_clock::time_point deadline);

@@ -62,8 +62,9 @@ EnvMap make_worker_env(const WorkerEnvSettings& settings, const RankLayout& layo
   // The agent hosting the job's store serves it at MASTER_ADDR:MASTER_PORT through its store keeper, as
   // torchrun's agent hosts its own there: every rank connects as a client, each attempt's keys under
   // /worker/attempt_<TORCHELASTIC_RESTART_COUNT> (Note [Store keeper] in store_keeper_plan.h). Set for
-  // every worker whatever cpprun's own environment says, as torchrun does.
-  env["TORCHELASTIC_USE_AGENT_STORE"] = "True";
+  // every worker whatever cpprun's own environment says, as torchrun does; "False" where worker rank 0
+  // hosts it instead (Note [Opting out of the agent's store] in launch_config.cpp).
+  env["TORCHELASTIC_USE_AGENT_STORE"] = settings.use_agent_store ? "True" : "False";
   // A tunnelled store's MASTER_ADDR is this node's loopback, whatever node rank 0 is on. The variable is
   // the launcher's: one inherited (a cpprun run by a tunnelled worker) must not mislead an untunnelled job.
   if (layout.store_tunnelled) {
@@ -71,9 +72,11 @@ EnvMap make_worker_env(const WorkerEnvSettings& settings, const RankLayout& layo
   } else {
     env.erase(contract::kStoreTunnelVariable);
   }
-  // Async error handling turns a hung collective into a failed worker we can restart. The user's setting
-  // wins under either name; we set only TORCH_'s, as torchrun 2.x does (LibTorch warns about the old one).
-  if (parent.count("TORCH_NCCL_ASYNC_ERROR_HANDLING") == 0 && parent.count("NCCL_ASYNC_ERROR_HANDLING") == 0) {
+  // Async error handling turns a hung collective into a failed worker we can restart. As torchrun's
+  // local_elastic_agent.py: TORCH_NCCL_ASYNC_ERROR_HANDLING=1 unless the user set that name; the
+  // deprecated NCCL_ASYNC_ERROR_HANDLING is passed on untouched and, LibTorch reading the TORCH_ name
+  // first, does not turn it off (LibTorch warns about the old name).
+  if (parent.count("TORCH_NCCL_ASYNC_ERROR_HANDLING") == 0) {
     env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1";
   }
   if (defaults_omp_threads(settings.local_world_size, parent)) env["OMP_NUM_THREADS"] = "1";
@@ -152,7 +155,7 @@ std::vector<WorkerSpec> make_worker_specs(const WorkerSettings& settings, const 
 
 WorkerSettings worker_settings(const LaunchConfig& c) {
   return {{c.nproc_per_node, c.role, c.master_addr, c.master_port, c.max_restarts, c.run_id, c.virtual_local_rank,
-           c.signals_to_handle},
+           c.signals_to_handle, c.agent_store},
           c.output,
           c.log_line_prefix_template,
           c.hostname};

@@ -30,6 +30,7 @@ struct WorkerEnvSettings {
   // CUDA_VISIBLE_DEVICES by the parser.
   bool virtual_local_rank = false;
   std::string signals_to_handle = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";  // TORCHELASTIC_SIGNALS_TO_HANDLE
+  bool use_agent_store = true;  // TORCHELASTIC_USE_AGENT_STORE (LaunchConfig::agent_store)
 };
 
 // What the workers' specs take of the command line.

@@ -9,7 +9,7 @@ CPPRUN_JOB_SECRET=consumer-$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
 export CPPRUN_JOB_SECRET
 # A free port (in the test's own network namespace any port is; elsewhere ask the kernel).
 port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-common=(--nnodes=2 --nproc_per_node=1 --master_addr=127.0.0.1 --master_port="$port" --rdzv_conf=join_timeout=60)
+common=(--nnodes=2 --nproc_per_node=1 --master_addr=127.0.0.1 --master_port="$port" --rdzv_conf=timeout=60)
 timeout 120 "$cpprun" "${common[@]}" --node_rank=1 "$consumer" &
 node1=$!
 status=0

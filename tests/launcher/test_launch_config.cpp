@@ -72,7 +72,7 @@ TEST_CASE("launch_config: defaults match torchrun's single-node defaults", "[lau
   CHECK(c.role == "default");
   CHECK(c.program == "./train");
   CHECK(c.program_args.empty());
-  CHECK(c.join_timeout == std::chrono::seconds(600));
+  CHECK(c.join_timeout == std::chrono::seconds(900));  // static's `timeout`, as launcher/api.py sets it
 }
 
 TEST_CASE("launch_config: underscore and dash spellings are the same option", "[launch_config]") {
@@ -153,15 +153,20 @@ TEST_CASE("launch_config: static rendezvous options", "[launch_config]") {
   CHECK_THAT(usage_error({"--rdzv-backend=etcd", "x"}), Contains("etcd") && Contains("not implemented"));
   CHECK_THAT(usage_error({"--rdzv_backend=zk", "x"}), Contains("unknown rendezvous backend"));
 
-  LaunchConfig c = parse({"--rdzv_conf", "join_timeout=3", "x"});
+  // torchrun's static backend waits `timeout` (900 s unless given: launcher/api.py) and reads no
+  // join_timeout, which c10d reads; c10d's keys are accepted unused (torchrun runs one node with c10d).
+  LaunchConfig c = parse({"--rdzv_conf", "timeout=3", "x"});
   CHECK(c.join_timeout == std::chrono::seconds(3));
   CHECK(parse({"--rdzv_conf=timeout=1.5", "x"}).join_timeout == std::chrono::milliseconds(1500));
-  // c10d's keys are accepted and unused (torchrun runs one node with c10d); an unknown key is an error.
-  CHECK(parse({"--rdzv_conf=last_call_timeout=3,is_host=1", "x"}).join_timeout == std::chrono::seconds(600));
+  CHECK(parse({"--rdzv_conf", "join_timeout=3", "x"}).join_timeout == std::chrono::seconds(900));
+  CHECK(parse({"--rdzv_conf=last_call_timeout=3,is_host=1,rank=4", "x"}).join_timeout == std::chrono::seconds(900));
+  const ParsedCommandLine two = parse_launch_config({"--nnodes=2", "--rdzv_conf=join_timeout=60", "x"}, fake_host(), no_env);
+  REQUIRE(two.notes.size() == 1);
+  CHECK_THAT(two.notes[0], Contains("join_timeout is c10d's") && Contains("write timeout=SECONDS"));
   CHECK_THAT(usage_error({"--rdzv_conf=last_cal_timeout=3", "x"}),
-             Contains("last_cal_timeout=3") && Contains("join_timeout=SECONDS") && Contains("c10d"));
-  CHECK_THAT(usage_error({"--rdzv_conf=join_timeout=soon", "x"}), Contains("join_timeout=soon"));
-  CHECK_THAT(usage_error({"--rdzv_conf=join_timeout=0", "x"}), Contains("above 0"));
+             Contains("last_cal_timeout=3") && Contains("timeout=SECONDS") && Contains("join_timeout=SECONDS"));
+  CHECK_THAT(usage_error({"--rdzv_conf=timeout=soon", "x"}), Contains("timeout=soon"));
+  CHECK_THAT(usage_error({"--rdzv_conf=timeout=0", "x"}), Contains("above 0"));
 
   c = parse({"--rdzv_endpoint=10.0.0.7:1234", "--master_addr=10.9.9.9", "x"});
   CHECK(c.master_addr == "10.0.0.7");
@@ -249,6 +254,33 @@ TEST_CASE("launch_config: c10d rendezvous takes MIN:MAX, the endpoint and its se
   CHECK_THAT(usage_error({"--rdzv_backend=c10d", "--rdzv_conf=keep_alive=3", "x"}),
              Contains("'keep_alive=3' is not a setting of c10d rendezvous") && Contains("last_call_timeout"));
 
+  // Every key torchrun 2.15's c10d reads (dynamic_rendezvous.py, c10d_rendezvous_backend.py), checked
+  // as torchrun checks it; c10d ignores `timeout` (static's), which is said.
+  c = parse({"--rdzv_backend=c10d", "--rdzv_conf=heartbeat_timeout=30,cas_backoff_max_seconds=0.5,close_timeout=5,"
+             "keep_alive_interval=5,keep_alive_max_attempt=3,read_timeout=60,store_type=TCP,join_timeout=7", "x"});
+  CHECK(c.join_timeout == std::chrono::seconds(7));
+  CHECK(parse({"--rdzv_backend=c10d", "x"}).join_timeout == std::chrono::seconds(600));
+  const ParsedCommandLine c10d_timeout =
+      parse_launch_config({"--rdzv_backend=c10d", "--rdzv_conf=timeout=5", "x"}, fake_host(), no_env);
+  CHECK(c10d_timeout.config.join_timeout == std::chrono::seconds(600));
+  REQUIRE(c10d_timeout.notes.size() == 1);
+  CHECK_THAT(c10d_timeout.notes[0], Contains("c10d's is join_timeout") && Contains("timeout is ignored"));
+  CHECK(parse_launch_config({"--rdzv_backend=c10d", "--rdzv_conf=timeout=5,join_timeout=5", "x"}, fake_host(), no_env)
+            .notes.empty());
+  const ParsedCommandLine heartbeat =
+      parse_launch_config({"--rdzv_backend=c10d", "--rdzv_conf=heartbeat=5", "x"}, fake_host(), no_env);
+  REQUIRE(heartbeat.notes.size() == 1);
+  CHECK_THAT(heartbeat.notes[0], Contains("heartbeat_timeout, not heartbeat"));
+  CHECK_THAT(usage_error({"--rdzv_backend=c10d", "--rdzv_conf=cas_backoff_max_seconds=-1", "x"}),
+             Contains("cas_backoff_max_seconds=-1"));
+  CHECK_THAT(usage_error({"--rdzv_backend=c10d", "--rdzv_conf=cas_backoff_max_seconds=inf", "x"}),
+             Contains("cas_backoff_max_seconds=inf"));
+  CHECK_THAT(usage_error({"--rdzv_backend=c10d", "--rdzv_conf=keep_alive_max_attempt=x", "x"}),
+             Contains("keep_alive_max_attempt=x"));
+  CHECK_THAT(usage_error({"--rdzv_backend=c10d", "--rdzv_conf=read_timeout=0", "x"}), Contains("read timeout"));
+  CHECK_THAT(usage_error({"--rdzv_backend=c10d", "--rdzv_conf=store_type=redis", "x"}), Contains("tcp or file"));
+  CHECK_THAT(usage_error({"--rdzv_backend=c10d", "--rdzv_conf=store_type=file", "x"}), Contains("not implemented"));
+
   // --standalone keeps its meaning (one node, a private port), whatever backend was asked for.
   c = parse({"--standalone", "--rdzv_backend=c10d", "x"});
   CHECK(c.rdzv_backend == RendezvousBackend::kStatic);
@@ -303,6 +335,22 @@ TEST_CASE("launch_config: bad values name the flag and the value", "[launch_conf
     CHECK_THAT(usage_error(args), Contains(expected) && Contains("expected"));
   }
   CHECK_THAT(usage_error({"--master_port=65536", "x"}), Contains("1 to 65535"));
+}
+
+TEST_CASE("launch_config: whole numbers are read as Python's int() reads them, as torchrun's", "[launch_config]") {
+  // torchrun's type=int options and its int(nproc_per_node): whitespace around, a sign, underscores.
+  CHECK(parse({"--nproc_per_node=2 ", "x"}).nproc_per_node == 2);
+  CHECK(parse({"--nproc_per_node=\t3\n", "x"}).nproc_per_node == 3);
+  CHECK(parse({"--nproc_per_node=+4", "x"}).nproc_per_node == 4);
+  CHECK(parse({"--master_port=29692 ", "x"}).master_port == 29692);
+  CHECK(parse({"--master_port=29_500", "x"}).master_port == 29500);
+  CHECK(parse({"--max_restarts= 2 ", "x"}).max_restarts == 2);
+  CHECK(parse({"--nnodes=2 ", "--node_rank=1 ", "--master_port=1", "x"}).node_rank == 1);
+  CHECK(int_in_range("0_1", 0, 9) == 1);
+  for (const std::string bad : {"2 2", "_2", "2_", "2__0", "+", "-", " ", "2.0", "0x10", "+-2", "2_ 0"}) {
+    INFO("'" << bad << "'");
+    CHECK_FALSE(int_in_range(bad, -100, 100).has_value());
+  }
 }
 
 TEST_CASE("launch_config: unknown options and a missing PROGRAM are usage errors", "[launch_config]") {
@@ -387,8 +435,10 @@ TEST_CASE("launch_config: torchrun's --no_python, -m and --run_path choose how P
   CHECK(parse({"--run_path", "train.py"}).program_mode == ProgramMode::kRunPath);
   CHECK(parse({"--run-path", "train.py"}).program_mode == ProgramMode::kRunPath);
   CHECK_THAT(usage_error({"--no_python", "-m", "pkg"}), Contains("--no_python and -m/--module contradict"));
-  CHECK_THAT(usage_error({"--run_path", "-m", "pkg"}), Contains("cannot be combined with -m/--module"));
-  CHECK_THAT(usage_error({"--run_path", "--no_python", "x"}), Contains("cannot be combined with --no_python"));
+  // torchrun's config_from_args looks at --run_path first: it wins over -m and --no_python.
+  CHECK(parse({"--run_path", "-m", "pkg"}).program_mode == ProgramMode::kRunPath);
+  CHECK(parse({"--run_path", "--no_python", "x"}).program_mode == ProgramMode::kRunPath);
+  CHECK(parse({"--no_python", "-m", "--run_path", "x"}).program_mode == ProgramMode::kRunPath);
   // After PROGRAM, -m belongs to the program.
   CHECK(parse({"python3", "-m", "pkg"}).program_args == std::vector<std::string>{"-m", "pkg"});
 }
@@ -507,13 +557,27 @@ TEST_CASE("launch_config: torchrun's options cpprun cannot honour are accepted, 
   CHECK(parse({"--duplicate_stderr_filters=E", "x"}).output.writes_files());
 }
 
+TEST_CASE("launch_config: PET_<NAME> only for the options torchrun reads it for", "[launch_config]") {
+  // run.py gives --logs_specs, --numa_binding and --print_completion no env action: their PET_
+  // variables are not read; the others' are. CLI11 reads them from the process's environment.
+  const std::vector<std::pair<const char*, const char*>> vars = {
+      {"PET_LOGS_SPECS", "bogus"}, {"PET_NUMA_BINDING", "bogus"}, {"PET_PRINT_COMPLETION", "bash"},
+      {"PET_NPROC_PER_NODE", "3"}};
+  for (const auto& [name, value] : vars) setenv(name, value, 1);
+  const ParsedCommandLine cli = parse_launch_config({"x"}, fake_host(), no_env);
+  for (const auto& [name, value] : vars) unsetenv(name);
+  REQUIRE(cli.outcome == CliOutcome::kLaunch);
+  CHECK(cli.config.nproc_per_node == 3);
+  CHECK(cli.notes.empty());
+}
+
 TEST_CASE("launch_config: --rdzv_conf as PyTorch's own tests quote it", "[launch_config]") {
   // One argv word with the quotes in it: test/distributed/launcher/run_test.py.
   const LaunchConfig c = parse({"--rdzv-backend=c10d", "--rdzv-endpoint=localhost:29400", "--nnodes=1:2",
                                 "--rdzv-conf='join_timeout=5,last_call_timeout=1,timeout=5'", "x"});
   CHECK(c.join_timeout == std::chrono::seconds(5));
   CHECK(c.last_call_timeout == std::chrono::seconds(1));
-  CHECK(parse({"--rdzv_conf=\" join_timeout = 7 \"", "x"}).join_timeout == std::chrono::seconds(7));
+  CHECK(parse({"--rdzv_conf=\" timeout = 7 \"", "x"}).join_timeout == std::chrono::seconds(7));
   // c10d's settings of a store-based agent are accepted and unused.
   CHECK(parse({"--rdzv_backend=c10d", "--rdzv_conf=read_timeout=60,keep_alive_max_attempt=3,store_type=tcp", "x"})
             .join_timeout == std::chrono::seconds(600));

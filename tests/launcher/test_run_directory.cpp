@@ -167,3 +167,20 @@ TEST_CASE("run_directory: error files are read up to a limit", "[run_directory]"
   REQUIRE(symlink(fifo.c_str(), (scratch.path + "/link.json").c_str()) == 0);
   CHECK_FALSE(read_file_head(scratch.path + "/link.json", 10).has_value());
 }
+
+TEST_CASE("run_directory: --log_dir=/dev/null writes no files and gives the workers no error file, as torchrun",
+          "[run_directory]") {
+  // torchrun's DefaultLogsSpecs.reify: TORCHELASTIC_ERROR_FILE="" for every worker, no run dir.
+  const RunLayout planned = RunLayout::planned("/dev/null", "job7", true);
+  CHECK_FALSE(planned.per_worker_dirs);
+  CHECK(planned.error_file(0, 1).empty());
+  std::string made;
+  {
+    const RunDirectory dir("/dev/null", "job7", false);
+    made = dir.layout().dir;
+    CHECK(made.rfind("/dev/null", 0) != 0);
+    CHECK(dir.layout().error_file(0, 0).empty());
+    dir.prepare_attempt(0, 2);
+  }
+  CHECK_FALSE(exists(made));  // cpprun's own temp dir, removed
+}

@@ -155,15 +155,16 @@ TEST_CASE("worker_specs: the store keeper gets cpprun's environment but the job 
   CHECK(env.at("PATH") == "/x");
 }
 
-TEST_CASE("worker_specs: the user's NCCL error-handling values win", "[worker_specs]") {
+TEST_CASE("worker_specs: the user's TORCH_NCCL_ASYNC_ERROR_HANDLING wins; the old name alone does not stop cpprun's, as torchrun's", "[worker_specs]") {
   const EnvMap env = env_of(config_with(2), 0, 0, "/run/e.json",
                                      {{"TORCH_NCCL_ASYNC_ERROR_HANDLING", "3"}, {"NCCL_ASYNC_ERROR_HANDLING", "0"}});
   CHECK(env.at("TORCH_NCCL_ASYNC_ERROR_HANDLING") == "3");
   CHECK(env.at("NCCL_ASYNC_ERROR_HANDLING") == "0");
-  // The old name alone: LibTorch would read a TORCH_ value first, so none is added over it.
+  // The old name alone: torchrun's agent reads only the TORCH_ name, so it still sets it to 1
+  // (local_elastic_agent.py), which LibTorch reads first; the old one is passed on untouched.
   const EnvMap old_only = env_of(config_with(2), 0, 0, "/run/e.json", {{"NCCL_ASYNC_ERROR_HANDLING", "0"}});
   CHECK(old_only.at("NCCL_ASYNC_ERROR_HANDLING") == "0");
-  CHECK(old_only.count("TORCH_NCCL_ASYNC_ERROR_HANDLING") == 0);
+  CHECK(old_only.at("TORCH_NCCL_ASYNC_ERROR_HANDLING") == "1");
 }
 
 TEST_CASE("worker_specs: OMP_NUM_THREADS=1 only when unset and several workers share the node",

@@ -58,6 +58,8 @@ OMP_NUM_THREADS=7 NCCL_ASYNC_ERROR_HANDLING=0 cpprun --standalone --nproc-per-no
 expect_eq "$?" 0 "standalone exit code"
 grep -qxF OMP_NUM_THREADS=7 "$WORK/sa.1" || fail "user's OMP_NUM_THREADS not kept"
 grep -qxF NCCL_ASYNC_ERROR_HANDLING=0 "$WORK/sa.1" || fail "user's NCCL_ASYNC_ERROR_HANDLING not kept"
+# torchrun's agent reads only the TORCH_ name: the old one set to 0 leaves async error handling on.
+grep -qxF TORCH_NCCL_ASYNC_ERROR_HANDLING=1 "$WORK/sa.1" || fail "TORCH_NCCL_ASYNC_ERROR_HANDLING=1 not set over NCCL_ASYNC_ERROR_HANDLING=0"
 grep -qxF ROLE_NAME=trainer "$WORK/sa.1" || fail "--role not exported"
 grep -qxF MASTER_ADDR=127.0.0.1 "$WORK/sa.0" || fail "standalone MASTER_ADDR"
 port=$(sed -n 's/^MASTER_PORT=//p' "$WORK/sa.0")

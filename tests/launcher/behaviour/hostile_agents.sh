@@ -56,7 +56,7 @@ expect_in_file "$WORK/out" "alone 0" "its worker ran"
 # ---- static: node 0 waits for node 1; strangers come first ----
 port=29571
 start_node node0 --nnodes=2 --node_rank=0 --master_port=$port --rdzv_id=run-id-not-for-strangers \
-  --max_restarts=1 --rdzv_conf join_timeout=40 /bin/sh -c 'echo "worker $RANK done"'
+  --max_restarts=1 --rdzv_conf timeout=40 /bin/sh -c 'echo "worker $RANK done"'
 node0=$NODE_PID
 # Node 0's agent listens for the agents' links at --master_port, and nowhere else.
 link_port=$port

@@ -7,7 +7,7 @@ require_private_netns
 trials=${CPPRUN_FLOOD_TRIALS:-3}
 for trial in $(seq "$trials"); do
   port=$((29580 + trial))
-  start_node node0 --nnodes=2 --node_rank=0 --master_port=$port --rdzv_conf join_timeout=30 \
+  start_node node0 --nnodes=2 --node_rank=0 --master_port=$port --rdzv_conf timeout=30 \
     /bin/sh -c 'echo "worker $RANK done"'
   node0=$NODE_PID
   link_port=$port  # where node 0's agent takes the other agents' links
@@ -19,7 +19,7 @@ for trial in $(seq "$trials"); do
   # Node 1 comes once the storm is at full strength (it holds each connection 1 s and has let the
   # first go), an event rather than a sleep.
   wait_for_text 20 "$WORK/storm.out" "full: holding"
-  start_node node1 --nnodes=2 --node_rank=1 --master_port=$port --rdzv_conf join_timeout=30 \
+  start_node node1 --nnodes=2 --node_rank=1 --master_port=$port --rdzv_conf timeout=30 \
     /bin/sh -c 'echo "worker $RANK done"'
   node1=$NODE_PID
   wait_node "$node1" 40

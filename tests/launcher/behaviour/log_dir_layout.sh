@@ -79,6 +79,14 @@ run=$(run_dir_in "$logs") || exit 1
 expect_eq "$(sort "$run/attempt_0/filtered_stdout.log" | tr '\n' '|')" \
   "[default0]:loss,x 0|[default0]:step 0|[default1]:loss,x 1|[default1]:step 1|" "filtered_stdout.log"
 [ ! -e "$run/attempt_0/filtered_stderr.log" ] || fail "a filtered_stderr.log without --duplicate_stderr_filters"
+# torchrun opens the filtered log of every filter given (elastic/multiprocessing/api.py), stderr not
+# --tee'd included: an empty filtered_stderr.log.
+rm -rf "$logs"
+cpprun --nproc_per_node=2 --tee=1 --duplicate_stderr_filters=boom --log_dir "$logs" /bin/sh -c 'echo boom >&2'
+expect_eq "$?" 0 "stderr filters without stderr tee'd: exit code"
+run=$(run_dir_in "$logs") || exit 1
+[ -f "$run/attempt_0/filtered_stderr.log" ] && [ ! -s "$run/attempt_0/filtered_stderr.log" ] ||
+  fail "no empty filtered_stderr.log for --duplicate_stderr_filters without stderr tee'd"
 
 # A --log_dir that cannot be created.
 touch "$WORK/a-file"

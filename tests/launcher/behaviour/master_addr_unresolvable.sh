@@ -1,5 +1,5 @@
 # An --master_addr (or c10d endpoint) that does not resolve fails at once, naming the flag and the
-# host, instead of after the whole --rdzv_conf join_timeout (600 s here, far beyond this test's
+# host, instead of after the whole --rdzv_conf timeout (600 s here, far beyond this test's
 # own limit). Without DNS (a private network namespace) the resolver answers "try again", which
 # cpprun retries for 5 s before failing with the same message.
 . "$(dirname "$0")/common.sh"
@@ -19,7 +19,7 @@ expect_unresolved() {  # what flag_text command...
 
 expect_unresolved "one node" "--master_addr=nosuch.invalid" "$CPPRUN" --master_addr=nosuch.invalid /bin/echo ran
 expect_unresolved "node 1" "--master_addr=nosuch.invalid" "$CPPRUN" --nnodes=2 --node_rank=1 --master_addr=nosuch.invalid \
-  --rdzv_conf join_timeout=600 /bin/echo ran
+  --rdzv_conf timeout=600 /bin/echo ran
 # The flag that named the host, not one the user never gave: c10d's port 0 on one node (a static
 # launch at that host), and static's --rdzv_endpoint.
 expect_unresolved "one node, c10d port 0" "the host of --rdzv_endpoint=nosuch.invalid:0" "$CPPRUN" \
@@ -32,7 +32,7 @@ expect_unresolved "MASTER_ADDR from mpirun" "--master_addr=nosuch.invalid" \
 # Node 0 and a c10d host would listen if the check failed to stop them: only in a private namespace.
 if [ "$(ip -o link show 2>/dev/null | awk -F': ' '{print $2}')" = lo ]; then
   expect_unresolved "node 0" "--master_addr=nosuch.invalid" "$CPPRUN" --nnodes=2 --node_rank=0 --master_addr=nosuch.invalid \
-    --rdzv_conf join_timeout=600 /bin/echo ran
+    --rdzv_conf timeout=600 /bin/echo ran
   expect_unresolved "c10d" "the host of --rdzv_endpoint=nosuch.invalid:29400" "$CPPRUN" --rdzv_backend=c10d \
     --rdzv_endpoint=nosuch.invalid:29400 --rdzv_conf join_timeout=600 /bin/echo ran
 else

@@ -78,7 +78,7 @@ run_job() {
   shift
   rm -f "$WORK"/env.*
   local args=(--nnodes=2 --nproc_per_node=1 --master_addr="$master" --master_port=29540
-              --rdzv_conf join_timeout=60 "$python" "$WORK/all_reduce.py")
+              --rdzv_conf timeout=60 "$python" "$WORK/all_reduce.py")
   CPPRUN_TEST_TAG=$WORK ip netns exec "$ns1" env "$@" "$CPPRUN" --node_rank=1 "${args[@]}" \
     >"$WORK/node1.out" 2>"$WORK/node1.err" &
   local node1=$!

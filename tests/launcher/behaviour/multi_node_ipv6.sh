@@ -11,10 +11,10 @@ worker='env >"$WORK/env.$RANK"
   if [ "$RANK" = 0 ]; then ss -ltnH >"$WORK/listening.part" && mv "$WORK/listening.part" "$WORK/listening"; fi
   [ "$GROUP_RANK" = 1 ] || while [ ! -e "$WORK/release" ]; do sleep 0.05; done'
 start_node node0 --nnodes=2 --node_rank=0 --nproc_per_node=1 --master_addr=::1 --master_port=29520 \
-  --rdzv_conf=join_timeout=20 /bin/sh -c "$worker"
+  --rdzv_conf=timeout=20 /bin/sh -c "$worker"
 node0=$NODE_PID
 start_node node1 --nnodes=2 --node_rank=1 --nproc_per_node=1 --master_addr='[0:0:0:0:0:0:0:1]' --master_port=29520 \
-  --rdzv_conf=join_timeout=20 /bin/sh -c "$worker"
+  --rdzv_conf=timeout=20 /bin/sh -c "$worker"
 node1=$NODE_PID
 wait_for_files 30 "$WORK/env.0" "$WORK/env.1" "$WORK/listening"
 # Node 0's agent at [::1]:29520; nothing of the job on IPv4.
@@ -66,9 +66,9 @@ else
   echo "note: no Python with torch; the workers' TCPStore part is not run"
   worker='env >"$WORK/env.$RANK"'
 fi
-start_node node0 --nnodes=2 --node_rank=0 --rdzv_endpoint='[::1]:29521' --rdzv_conf=join_timeout=20 /bin/sh -c "$worker"
+start_node node0 --nnodes=2 --node_rank=0 --rdzv_endpoint='[::1]:29521' --rdzv_conf=timeout=20 /bin/sh -c "$worker"
 node0=$NODE_PID
-start_node node1 --nnodes=2 --node_rank=1 --rdzv_endpoint='[::1]:29521' --rdzv_conf=join_timeout=20 /bin/sh -c "$worker"
+start_node node1 --nnodes=2 --node_rank=1 --rdzv_endpoint='[::1]:29521' --rdzv_conf=timeout=20 /bin/sh -c "$worker"
 node1=$NODE_PID
 wait_node "$node0" 60
 expect_eq "$NODE_STATUS" 0 "node 0's exit code (--rdzv_endpoint)"

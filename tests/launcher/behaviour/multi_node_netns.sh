@@ -38,7 +38,7 @@ fi
 # the address the host name resolves to, 127.0.0.1 on many hosts, and node 1's rank could not
 # connect); multi_node_interface.sh tests the choice itself.
 unset GLOO_SOCKET_IFNAME NCCL_SOCKET_IFNAME
-args=(--nnodes=2 --master_addr=10.213.0.1 --master_port=29530 --rdzv_conf join_timeout=30)
+args=(--nnodes=2 --master_addr=10.213.0.1 --master_port=29530 --rdzv_conf timeout=30)
 CPPRUN_TEST_TAG=$WORK ip netns exec "$ns1" "$CPPRUN" "${args[@]}" --node_rank=1 --nproc_per_node=1 "$collectives" \
   >"$WORK/node1.out" 2>"$WORK/node1.err" &
 node1=$!

@@ -99,7 +99,7 @@ worker='env >"$WORK/env.$RANK"
   [ "$GROUP_RANK" = 0 ] || while [ ! -e "$WORK/release" ]; do sleep 0.05; done
   exec "$0"'
 unset GLOO_SOCKET_IFNAME NCCL_SOCKET_IFNAME
-args=(--nnodes=2 --master_addr=10.213.0.1 --master_port=29540 --rdzv_conf join_timeout=30)
+args=(--nnodes=2 --master_addr=10.213.0.1 --master_port=29540 --rdzv_conf timeout=30)
 CPPRUN_TEST_TAG=$WORK ip netns exec "$ns1" "$CPPRUN" "${args[@]}" --node_rank=1 --nproc_per_node=1 \
   /bin/sh -c "$worker" "$collectives" >"$WORK/node1.out" 2>"$WORK/node1.err" &
 node1=$!

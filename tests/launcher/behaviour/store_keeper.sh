@@ -82,7 +82,7 @@ expect_no_leftovers
 # The same on node 0 of a two-node job: every node ends, naming node 0's keeper.
 rm -f "$WORK"/pid.*
 for node in 0 1; do
-  start_node "node$node" --nnodes=2 --node_rank="$node" --master_port=29559 --rdzv_conf join_timeout=30 \
+  start_node "node$node" --nnodes=2 --node_rank="$node" --master_port=29559 --rdzv_conf timeout=30 \
     /bin/sh -c 'echo $$ >"$WORK/pid.$RANK"; exec sleep 60'
   eval "node$node=\$NODE_PID"
 done
