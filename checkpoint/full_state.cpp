@@ -109,11 +109,13 @@ void read_into(const torch::nn::Module& module, const NamedTensors& whole, const
            << " in the model";
       faults.push_back(text.str());
     }
-    // Floating point converts to floating point (a float64 archive into float32 parameters);
-    // anything else must match: copy_ would turn a bool into 1.0, or drop a complex's imaginary part.
-    const bool both_floating = in_file != found.end() && at::isFloatingType(in_file->second.scalar_type()) &&
-                               at::isFloatingType(tensor.scalar_type());
-    if (in_file != found.end() && !both_floating && in_file->second.scalar_type() != tensor.scalar_type()) {
+    // Real numbers convert, as Module::load's copy_ did (a float64 archive into float32
+    // parameters; num_batches_tracked saved as a double by a model that went through
+    // ->to(kDouble)); a bool or a complex number does not, either way: copy_ would turn true into
+    // 1.0, or drop an imaginary part.
+    const auto not_real = [](at::ScalarType t) { return t == at::kBool || at::isComplexType(t); };
+    if (in_file != found.end() && in_file->second.scalar_type() != tensor.scalar_type() &&
+        (not_real(in_file->second.scalar_type()) || not_real(tensor.scalar_type()))) {
       faults.push_back("\"" + name + "\" is " + std::string(c10::toString(in_file->second.scalar_type())) +
                        " in the file but " + c10::toString(tensor.scalar_type()) + " in the model");
     }
@@ -127,8 +129,8 @@ void read_into(const torch::nn::Module& module, const NamedTensors& whole, const
                                  "and torch::save(module) of the same module type write what loads here.");
   }
   at::NoGradGuard no_grad;
-  // A float64 archive into float32 parameters converts, as the earlier load did (only floating
-  // point to floating point: checked above).
+  // A float64 archive into float32 parameters converts, as the earlier load did (real numbers
+  // only: checked above).
   for (const auto& [name, tensor] : whole) tensor.copy_(found.at(name));
 }
 

@@ -130,7 +130,20 @@ std::string kind_of_options(const std::map<std::string, NamedOptions>& options_o
 
 FlatOptimizerState flatten_optimizer_state(NamedTensors state, const std::string& param_groups_json) {
   FlatOptimizerState out;
-  for (auto& [key, tensor] : state) out.insert(std::move(key), std::move(tensor));
+  // Each parameter's states in torch.optim's order, "step" first (Adam's _init_group makes it
+  // before the moments); a parameter's states are together in `state`.
+  const auto parameter_of = [](const std::string& key) { return key.substr(0, key.rfind('.')); };
+  for (std::size_t begin = 0, end; begin < state.size(); begin = end) {
+    const std::string parameter = parameter_of(state[begin].first);
+    for (end = begin; end < state.size() && parameter_of(state[end].first) == parameter;) ++end;
+    const std::string step = parameter + ".step";
+    for (std::size_t i = begin; i < end; ++i) {
+      if (state[i].first == step) out.insert(state[i].first, std::move(state[i].second));
+    }
+    for (std::size_t i = begin; i < end; ++i) {
+      if (state[i].first != step) out.insert(state[i].first, std::move(state[i].second));
+    }
+  }
   const Json groups = parse_json(param_groups_json, kFlatGroupsDepth);
   TORCH_CHECK(groups.kind == Json::Kind::kArray, "cpprun: an optimizer's param groups are not a JSON array");
   for (const auto& group : groups.items) {

@@ -796,23 +796,30 @@ void set_optimizer_state(const OptimizerParams& params, torch::optim::Optimizer&
     return out;
   };
   OptimizerFile file;
-  if (options.broadcast_from_rank0()) {
-    file = read_for_team(params, team, source, nullptr, as_file);  // the root's dict, on every rank
-  } else {
-    ReadOptimizerFile made = as_file(nullptr);
-    file = OptimizerFile{source, std::move(made.tensors), std::move(made.metadata), {}, {}};
-  }
-  file.noun = "the state dict";
   std::vector<std::string> faults;
-  const std::string unmade = file.metadata[kDictFaultsKey];
-  file.metadata.erase(kDictFaultsKey);
-  for (std::size_t at = 0, end; at < unmade.size(); at = end + 1) {
-    end = std::min(unmade.find('\n', at), unmade.size());
-    faults.push_back(unmade.substr(at, end - at));
-  }
   OptimizerLoad load;
   std::exception_ptr failure;
+  const auto take_unmade = [&] {
+    file.noun = "the state dict";
+    const std::string unmade = file.metadata[kDictFaultsKey];
+    file.metadata.erase(kDictFaultsKey);
+    for (std::size_t at = 0, end; at < unmade.size(); at = end + 1) {
+      end = std::min(unmade.find('\n', at), unmade.size());
+      faults.push_back(unmade.substr(at, end - at));
+    }
+  };
+  if (options.broadcast_from_rank0()) {
+    file = read_for_team(params, team, source, nullptr, as_file);  // the root's dict, on every rank
+    take_unmade();
+  }
   try {
+    // Each rank its own dict: made into a file inside the try, so that a value that cannot be
+    // read (an undefined tensor) reaches the agreement below rather than leave the others waiting.
+    if (!options.broadcast_from_rank0()) {
+      ReadOptimizerFile made = as_file(nullptr);
+      file = OptimizerFile{source, std::move(made.tensors), std::move(made.metadata), {}, {}};
+      take_unmade();
+    }
     for (auto& fault : optimizer_file_faults(params, optimizer, kind, names, file, load)) faults.push_back(fault);
     if (!faults.empty()) {
       throw StateDictMismatchError("cpprun: set_optimizer_state_dict refused the state dict given (" +

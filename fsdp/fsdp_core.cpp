@@ -187,10 +187,12 @@ void FsdpCore::before_forward() {
     // Within a pipeline step the shards are not stepped between micro-batches: what forward kept
     // gathered (reshard_after_forward(false)) is current, and stays until finalize_backward.
     if (s.manual_finalization && s.step_open && grad) s.residency->continue_forward();
-    else s.residency->begin_forward();
+    else s.residency->begin_forward(/*ends_window=*/grad);
   }
   if (s.manual_finalization && grad) s.step_open = true;
-  s.gather_if_stepped(/*ends_window=*/true);
+  // An evaluation forward (no autograd) may come between backward and the step: it gathers what
+  // may be stale and leaves the window to the next training forward.
+  s.gather_if_stepped(/*ends_window=*/grad);
   if (grad) s.sync->prepare(s.require_sync && !s.manual_finalization);
 }
 
@@ -322,6 +324,7 @@ void FsdpCore::set_require_sync(bool sync) {
 }
 
 void FsdpCore::set_requires_all_reduce(bool all_reduce) { impl_->sync->set_all_reduce(all_reduce); }
+bool FsdpCore::requires_all_reduce() const { return impl_->sync->all_reduce_enabled(); }
 
 void FsdpCore::unshard() { gather_full_parameters(); }
 

@@ -59,6 +59,7 @@ class GradientSync {
   // wait for the next backward that does (Note [HSDP all-reduce skipped]). Read as each bucket
   // completes. Nothing to skip without replicas.
   void set_all_reduce(bool all_reduce);
+  bool all_reduce_enabled() const { return all_reduce_; }
   // Manual finalization (a pipeline stage): reduces every gradient accumulated since the last
   // reduction, as the end of a synchronized backward would. Collective.
   void finalize();

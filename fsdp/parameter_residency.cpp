@@ -167,8 +167,11 @@ void ParameterResidency::make_room(const std::vector<std::size_t>& keep) {
 // from the next unshard() in the window; so is what was gathered before a load. (Stages 1 and 2
 // likewise: gather_full_parameters() in the window gathers and leaves the window open.) A local
 // backward (no_sync, set_requires_gradient_sync(false)) opens no window: what it kept stays
-// current, which is what reshard_after_backward off is for; so do evaluation forwards, for
-// reshard_after_forward off. The versions still catch in-place writes that count.
+// current, which is what reshard_after_backward off is for. Only a forward with autograd ends the
+// window: an evaluation forward in it (between backward and step, or after the step and before
+// the next training forward) gathers anew and leaves it open, as it cannot tell whether the step
+// came; outside the window, evaluation forwards keep what they gathered (reshard_after_forward
+// off). The versions still catch in-place writes that count.
 bool ParameterResidency::stale(std::size_t u) const {
   return states_[u].epoch != epoch_ || shard_version(u) != states_[u].shard_version;
 }
@@ -185,9 +188,10 @@ std::size_t ParameterResidency::gathered_count() const {
   return static_cast<std::size_t>(std::count_if(states_.begin(), states_.end(), [](const UnitState& s) { return s.gathered; }));
 }
 
-void ParameterResidency::begin_forward() {
+void ParameterResidency::begin_forward(bool ends_window) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (std::exchange(step_window_, false)) ++epoch_;  // See Note [Stale gathered units]
+  if (step_window_) ++epoch_;  // See Note [Stale gathered units]
+  if (ends_window) step_window_ = false;
   for (std::size_t u = 0; u < states_.size(); ++u) {
     if (states_[u].gathered && stale(u)) release(u);
   }

@@ -59,7 +59,10 @@ class ParameterResidency final : public UseListener {
 
   // A forward starts: units whose shards may have changed since they were gathered are released;
   // the others (kept by unshard(), reshard_after_backward or reshard_after_forward off) are used.
-  void begin_forward();
+  // `ends_window`: a forward with autograd, which ends the step window (Note [Stale gathered
+  // units]); one without (evaluation) gathers anew within the window and leaves it open, as it may
+  // come before the optimizer's step.
+  void begin_forward(bool ends_window);
   // A later micro-batch's forward in a pipeline step (no optimizer step since the first): units
   // still gathered stay (kept by reshard_after_forward(false)), as torchtitan keeps them under PP.
   void continue_forward();

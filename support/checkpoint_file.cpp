@@ -20,8 +20,10 @@
 #include <caffe2/serialize/in_memory_adapter.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
+#include <optional>
 #include <system_error>
 
 #include "cpprun/atomic_file.h"
@@ -81,13 +83,29 @@ void verify_and_strip(const std::string& path, std::string& bytes) {
   bytes.resize(actual_length);
 }
 
+// Where the word `def` first stands in `code` (TorchScript's lexer takes `def` followed by any
+// whitespace, a tab too), shortened to its line; nothing when it never does. Strings and comments
+// are not skipped: telling them apart is the lexer's work, and a quote left open in a comment
+// would hide the method after it. What torch::save writes has no such word (a parameter named
+// "def" would be refused: no module of any library has one).
+std::optional<std::string> first_def(std::string_view code) {
+  const auto word_char = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
+  for (std::size_t i = code.find("def"); i != std::string_view::npos; i = code.find("def", i + 1)) {
+    if ((i == 0 || !word_char(code[i - 1])) && (i + 3 == code.size() || !word_char(code[i + 3]))) {
+      const std::size_t end = std::min(code.find('\n', i), code.size());
+      return std::string(code.substr(i, std::min<std::size_t>(end - i, 60)));
+    }
+  }
+  return std::nullopt;
+}
+
 // Note [An archive runs no code]
 // A torch archive is a TorchScript module: torch::jit::load compiles the Python-like code in its
 // code/ records and runs the __setstate__ it may define on the values it unpickles, so a crafted
 // file could spin forever or allocate gigabytes inside the load (and the CRC footer proves no
 // origin: anyone can compute it). What torch::save and cpprun's OutputArchives write declares
-// attributes only, no method, so an archive whose code defines one is refused before TorchScript
-// sees it. Its records are sized from the zip's directory before any is read.
+// attributes only, no method, so an archive whose code holds the word `def` anywhere (followed
+// by a space, a tab or anything else the lexer takes) is refused before TorchScript sees it. Its records are sized from the zip's directory before any is read.
 void refuse_archive_code(const std::string& payload, const std::string& path) {
   constexpr std::size_t kMaxCodeBytes = std::size_t{16} << 20;
   const auto refuse = [&](const std::string& why) {
@@ -105,16 +123,9 @@ void refuse_archive_code(const std::string& payload, const std::string& path) {
       if (zip.getRecordSize(record) > kMaxCodeBytes) refuse("its TorchScript code " + record + " is over 16 MiB");
       auto [data, size] = zip.getRecord(record);
       const std::string_view code(static_cast<const char*>(data.get()), size);
-      for (std::size_t at = 0; at < code.size();) {
-        const std::size_t end = std::min(code.find('\n', at), code.size());
-        const std::string_view line = code.substr(at, end - at);
-        const std::size_t first = line.find_first_not_of(" \t");
-        if (first != std::string_view::npos && line.substr(first, 4) == "def ") {
-          refuse("its TorchScript code " + record + " defines a method (" +
-                 std::string(line.substr(first, std::min<std::size_t>(line.size() - first, 60))) +
-                 "), which loading it would compile and may run");
-        }
-        at = end + 1;
+      if (const auto method = first_def(code)) {
+        refuse("its TorchScript code " + record + " defines a method (" + *method +
+               "), which loading it would compile and may run");
       }
     }
   } catch (const c10::Error& e) {

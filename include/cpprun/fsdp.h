@@ -108,11 +108,13 @@ class FullyShardedDataParallelImpl : public DataParallelImpl<ModuleType> {
   // Stage 3: every gathered unit released now, and the memory kept for reuse freed
   // (memory().parameters and .kept are 0 after it). Stages 1 and 2, and stage 3 alone in its
   // shard group without mixed precision or offload (Note [Nothing to shard alone]), hold the full
-  // parameters as their working state: nothing to release, nothing done. Not collective.
+  // parameters as their working state: nothing to release, nothing done. It communicates nothing,
+  // but call it on every rank alike: what it releases, the next forward all-gathers.
   void reshard() { fsdp_core().reshard(); }
   // Stage 3: whether forward releases the units it gathered (FsdpOptions::reshard_after_forward,
   // changed from now on; options() shows it). false also keeps them after a forward without
-  // autograd, so that repeated evaluation forwards gather once, as FSDP2's. Stages 1 and 2 never
+  // autograd, so that repeated evaluation forwards gather once (when the units fit in
+  // gathered_unit_limit; past it the least recently used are released), as FSDP2's. Stages 1 and 2 never
   // release: false is accepted (it is what they do), true is an error.
   void set_reshard_after_forward(bool reshard_after_forward) {
     fsdp_core().set_reshard_after_forward(reshard_after_forward);

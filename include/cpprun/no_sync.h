@@ -18,10 +18,16 @@ class DataParallelImpl;
 // Made by model->no_sync() (DistributedDataParallel, FullyShardedDataParallel, DataParallel).
 class NoSyncGuard {
  public:
+  // Puts back both halves of what it found: set_requires_gradient_sync() inside the guard also
+  // sets FSDP's requires_all_reduce.
   ~NoSyncGuard() {
-    if (target_) target_->set_require_sync(was_);
+    if (target_) {
+      target_->set_require_sync(was_);
+      target_->set_requires_all_reduce(was_all_reduce_);
+    }
   }
-  NoSyncGuard(NoSyncGuard&& other) noexcept : target_(std::exchange(other.target_, nullptr)), was_(other.was_) {}
+  NoSyncGuard(NoSyncGuard&& other) noexcept
+      : target_(std::exchange(other.target_, nullptr)), was_(other.was_), was_all_reduce_(other.was_all_reduce_) {}
   NoSyncGuard(const NoSyncGuard&) = delete;
   NoSyncGuard& operator=(const NoSyncGuard&) = delete;
   NoSyncGuard& operator=(NoSyncGuard&&) = delete;
@@ -29,12 +35,14 @@ class NoSyncGuard {
  private:
   template <typename ModuleType>
   friend class DataParallelImpl;
-  explicit NoSyncGuard(detail::DataParallelCore& target) : target_(&target), was_(target.require_sync()) {
+  explicit NoSyncGuard(detail::DataParallelCore& target)
+      : target_(&target), was_(target.require_sync()), was_all_reduce_(target.requires_all_reduce()) {
     target_->set_require_sync(false);
   }
 
   detail::DataParallelCore* target_;
   bool was_;
+  bool was_all_reduce_;
 };
 
 }  // namespace cpprun

@@ -164,9 +164,12 @@ TEST_CASE("fsdp: unshard() gathers every unit now and reshard() releases them; s
       const int64_t gathered = evaluate();
       CHECK((sharded ? gathered > 0 : gathered == 0));
       CHECK(model->memory().parameters == (sharded ? 0 : whole));  // reshard_after_forward released them
-      // Gathered outside it: the next forward uses them, gathering nothing.
+      // Still in it (no forward with autograd since the backward; the step may yet come): an
+      // unshard() and the evaluation after it gather anew too. Outside it units are used as
+      // kept (set_reshard_after_forward's test).
       model->unshard();
-      CHECK(evaluate() == 0);
+      const int64_t again = evaluate();
+      CHECK((sharded ? again > 0 : again == 0));
       check_same_parameters(*net, *ref, kParityTolerance);
       model->unshard();
       model->reshard();
@@ -203,12 +206,28 @@ TEST_CASE("fsdp: set_reshard_after_forward decides what forward keeps, in traini
   CHECK_FALSE(model->options().reshard_after_forward());
   loss = local_loss(forward, 1);
   CHECK(model->memory().parameters == whole);
-  loss.backward();
+  {
+    auto local = model->no_sync();  // a local backward: no optimizer step can follow it
+    loss.backward();
+  }
   CHECK(model->memory().parameters == (alone ? whole : 0));  // backward still releases them
   evaluate();
   CHECK(model->memory().parameters == whole);  // kept after a forward without autograd too
   CHECK(evaluate() == 0);                      // so the next one gathers nothing
   CHECK(model->memory().parameters == whole);
+  // After a synchronized backward the optimizer may step before or between evaluations: each
+  // gathers anew until a forward with autograd ends that window (Note [Stale gathered units]).
+  local_loss(forward, 2).backward();
+  if (!alone) {
+    CHECK(evaluate() > 0);
+    CHECK(evaluate() > 0);
+  }
+  {
+    auto local = model->no_sync();
+    local_loss(forward, 3).backward();  // a training forward ends the window
+  }
+  evaluate();
+  CHECK(evaluate() == 0);
 
   model->set_reshard_after_forward(true);
   CHECK(model->options().reshard_after_forward());
@@ -224,6 +243,49 @@ TEST_CASE("fsdp: set_reshard_after_forward decides what forward keeps, in traini
   CHECK_NOTHROW(stage2->set_reshard_after_backward(false));
   CHECK_THROWS_WITH(stage2->set_reshard_after_backward(true),
                     Catch::Contains("stage 2 keeps the full parameters") && Catch::Contains("stage(3)"));
+}
+
+// An evaluation forward between backward and the optimizer's step (a validation loss, a
+// sample) must not count as the step's end: at stages 1 and 2 it consumed the "stepped" mark and
+// the next training forward computed with the old parameters; at stage 3 with
+// reshard_after_forward(false) it kept units gathered before the step.
+TEST_CASE("fsdp: an evaluation forward between backward and step leaves the next forward the stepped parameters",
+          "[fsdp]") {
+  Float64Parity float64;
+  const int world = group().size();
+  for (int stage : {1, 2, 3}) {
+    for (bool keep : {false, true}) {
+      if (keep && stage != 3) continue;
+      INFO("stage " << stage << (keep ? ", reshard_after_forward(false)" : ""));
+      torch::manual_seed(0);
+      auto net = std::make_shared<Mlp>(31);
+      auto model =
+          cpprun::FullyShardedDataParallel(net, group(), cpprun::FsdpOptions().stage(stage).wrap_policy(is_linear));
+      if (keep) model->set_reshard_after_forward(false);
+      auto ref = std::make_shared<Mlp>(31);
+      copy_state(*ref, *net);
+      torch::optim::SGD opt(model->parameters(), 0.1), ref_opt(ref->parameters(), 0.1);
+      for (int step = 0; step < 3; ++step) {
+        opt.zero_grad();
+        ref_opt.zero_grad();
+        local_loss([&](torch::Tensor in) { return model->forward(in); }, step).backward();
+        reference_backward([&](torch::Tensor in) { return ref->forward(in); }, inputs_for("mlp", kGlobalBatch, step),
+                           targets_for(kGlobalBatch, step), world);
+        {
+          torch::NoGradGuard no_grad;
+          model->forward(inputs_for("mlp", kGlobalBatch, 90));  // before the step
+        }
+        opt.step();
+        ref_opt.step();
+        {
+          torch::NoGradGuard no_grad;
+          model->forward(inputs_for("mlp", kGlobalBatch, 91));  // after it, before the next training forward
+        }
+      }
+      model->gather_full_parameters();
+      check_same_parameters(*net, *ref, kParityTolerance);
+    }
+  }
 }
 
 // Gradient accumulation as torchtitan and PyTorch's pipeline schedules do it: local backwards

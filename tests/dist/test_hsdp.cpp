@@ -259,6 +259,18 @@ TEST_CASE("hsdp: set_requires_all_reduce(false) sets the shard group's reduction
                                            slice(targets_for(kGlobalBatch, 50), rank, world))
           .backward();
       CHECK(any_shard_grad(*model));
+      // A no_sync guard puts back both halves of the setting it found: set_requires_gradient_sync(false)
+      // inside it turned the all-reduce off too, and the guard's end left it off (the next
+      // backward set its reduction aside, and the step went without it).
+      opt.zero_grad();
+      {
+        auto guard = model->no_sync();
+        model->set_requires_gradient_sync(false);
+      }
+      torch::nn::functional::cross_entropy(model->forward(slice(inputs_for("mlp", kGlobalBatch, 51), rank, world)),
+                                           slice(targets_for(kGlobalBatch, 51), rank, world))
+          .backward();
+      CHECK(any_shard_grad(*model));
     }
   }
   // Plain FSDP (a group, or a 1-D mesh) has no all-reduce to skip: reduced is reduced, as FSDP2's.

@@ -172,34 +172,45 @@ TEST_CASE("checkpoint_file: an archive whose TorchScript code defines a method i
     payload.append(static_cast<const char*>(data), size);
     return size;
   });
-  // The same archive with a __setstate__ in its module's code (a crafted one spun forever in it).
-  caffe2::serialize::PyTorchStreamReader reader(
-      std::make_shared<caffe2::serialize::MemoryReadAdapter>(payload.data(), static_cast<off_t>(payload.size())));
-  std::string crafted;
-  caffe2::serialize::PyTorchStreamWriter writer([&crafted](const void* data, std::size_t size) {
-    crafted.append(static_cast<const char*>(data), size);
-    return size;
-  });
-  bool had_code = false;
-  for (const std::string& record : reader.getAllRecords()) {
-    auto [data, size] = reader.getRecord(record);
-    std::string bytes(static_cast<const char*>(data.get()), size);
-    if (record == "code/__torch__.py") {
-      had_code = true;
-      CHECK(bytes.find("def ") == std::string::npos);  // what torch::save writes declares attributes only
-      bytes += "  def __setstate__(self: __torch__.Module, state: Tuple[Tensor, bool]) -> NoneType:\n"
-               "    while True:\n      pass\n    return None\n";
+  // The same archive with `method` added to its module's code.
+  const auto with_method = [&payload](const std::string& method) {
+    caffe2::serialize::PyTorchStreamReader reader(
+        std::make_shared<caffe2::serialize::MemoryReadAdapter>(payload.data(), static_cast<off_t>(payload.size())));
+    std::string crafted;
+    caffe2::serialize::PyTorchStreamWriter writer([&crafted](const void* data, std::size_t size) {
+      crafted.append(static_cast<const char*>(data), size);
+      return size;
+    });
+    bool had_code = false;
+    for (const std::string& record : reader.getAllRecords()) {
+      auto [data, size] = reader.getRecord(record);
+      std::string bytes(static_cast<const char*>(data.get()), size);
+      if (record == "code/__torch__.py") {
+        had_code = true;
+        CHECK(bytes.find("def") == std::string::npos);  // what torch::save writes declares attributes only
+        bytes += method;
+      }
+      writer.writeRecord(record, bytes.data(), bytes.size());
     }
-    writer.writeRecord(record, bytes.data(), bytes.size());
-  }
-  writer.writeEndOfFile();
-  REQUIRE(had_code);
+    writer.writeEndOfFile();
+    CHECK(had_code);
+    return crafted;
+  };
   const std::string path = (dir.path / "code.pt").string();
-  cpprun::write_checkpoint_file(path, crafted);  // a valid footer proves nothing of its origin
-  torch::serialize::InputArchive in;
-  CHECK_THAT(message_of<std::runtime_error>([&] { cpprun::load_checkpoint(in, path); }),
-             Catch::Matchers::Contains(path) && Catch::Matchers::Contains("defines a method (def __setstate__") &&
-                 Catch::Matchers::Contains("runs no code"));
+  // A __setstate__ (a crafted one spun forever in it); with a tab after `def`, which TorchScript's
+  // lexer takes as well (a method so written compiled and ran at load); behind a quote left open in
+  // a comment.
+  const std::string body = "(self: __torch__.Module, state: Tuple[Tensor, bool]) -> NoneType:\n"
+                           "    while True:\n      pass\n    return None\n";
+  for (const std::string& method : {"  def __setstate__" + body, "  def\t__setstate__" + body,
+                                    "  # it's\n  def __setstate__" + body}) {
+    INFO(method);
+    cpprun::write_checkpoint_file(path, with_method(method));  // a valid footer proves nothing of its origin
+    torch::serialize::InputArchive in;
+    CHECK_THAT(message_of<std::runtime_error>([&] { cpprun::load_checkpoint(in, path); }),
+               Catch::Matchers::Contains(path) && Catch::Matchers::Contains("defines a method (def") &&
+                   Catch::Matchers::Contains("__setstate__") && Catch::Matchers::Contains("runs no code"));
+  }
   // The archive as torch::save wrote it still loads.
   cpprun::write_checkpoint_file(path, payload);
   torch::serialize::InputArchive good;

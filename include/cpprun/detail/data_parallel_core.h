@@ -30,6 +30,9 @@ class DataParallelCore {
   // Whether the next backward reduces gradients across ranks (what no_sync() switches off).
   virtual void set_require_sync(bool sync) = 0;
   virtual bool require_sync() const = 0;
+  // HSDP's all-reduce across replicas (FSDP's set_requires_all_reduce); others have none.
+  virtual void set_requires_all_reduce(bool /*all_reduce*/) {}
+  virtual bool requires_all_reduce() const { return true; }
   // Pipelines (cpprun/pipeline.h): with manual finalization on, the backwards of a step's
   // micro-batches accumulate local gradients (as under no_sync) and finalize_backward() then
   // reduces what accumulated, once per step, after the stage's last backward (FSDP2's

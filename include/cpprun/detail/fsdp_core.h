@@ -41,7 +41,8 @@ class FsdpCore final : public DataParallelCore {
   void set_require_sync(bool sync) override;
   bool require_sync() const override;
   // FSDP2's controls (cpprun/fsdp.h says what each means).
-  void set_requires_all_reduce(bool all_reduce);
+  void set_requires_all_reduce(bool all_reduce) override;
+  bool requires_all_reduce() const override;
   void unshard();
   void reshard();
   void set_reshard_after_forward(bool on);
