@@ -137,7 +137,8 @@ int run(const LaunchConfig& config) {
               << " workers so they do not overload the CPU; set OMP_NUM_THREADS yourself to tune it\n";
   }
   SignalRelay relay;
-  const RunDirectory run_dir(config.output.log_dir, config.run_id, config.output.writes_files());
+  const RunDirectory run_dir(config.output.log_dir, config.run_id, config.output.writes_files(),
+                             /*private_files=*/config.program_mode == ProgramMode::kRunPath);
   if (!run_dir.made_log_dir().empty()) {
     std::cerr << "cpprun: --redirects/--tee without --log_dir: the workers' files go to " << run_dir.layout().dir
               << " (kept, as torchrun's)\n";

@@ -160,6 +160,12 @@ void read_rdzv_endpoint(const std::string& text, int example, LaunchConfig& conf
   }
   config.master_addr_flag = "the host of " + with_value(flag, text);
   if (!port.empty()) {
+    // torchrun's _try_parse_port takes ^[0-9]{1,5}$ alone: no sign, space or underscore here.
+    const bool digits = port.size() <= 5 && std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; });
+    if (!digits) {
+      throw UsageError(with_value(flag, text) + ": the port must be 1 to 5 digits, as torchrun's, e.g. " +
+                       std::to_string(example));
+    }
     config.master_port = parse_int_in_range(flag + " port", port, lowest_port, 65535, "a TCP port", example);
   }
 }
@@ -307,6 +313,11 @@ void read_rdzv_conf(const std::string& raw_text, LaunchConfig& config, bool mult
     }
     const std::chrono::milliseconds seconds = parse_seconds("--rdzv_conf " + key, value);
     if (key == "read_timeout" && seconds.count() == 0) refuse("the read timeout must be above 0 seconds, as torchrun's");
+    // torchrun's RendezvousTimeout refuses a join, last-call, close or heartbeat timeout <= 0.
+    if (c10d && (key == "last_call_timeout" || key == "close_timeout" || key == "heartbeat_timeout") &&
+        seconds.count() == 0) {
+      refuse("the " + key.substr(0, key.size() - 8) + " timeout must be above 0 seconds, as torchrun's (\"must be positive\")");
+    }
     const bool join = c10d ? key == "join_timeout" : key == "timeout";
     if (join && seconds.count() == 0) refuse("the join timeout must be above 0 seconds");
     if (join) config.join_timeout = seconds;
@@ -341,8 +352,13 @@ OutputOptions validate_output(const RawOptions& raw, int nproc_per_node) {
     // written; the filters' files would be /dev/null/filtered_*.log (torchrun fails on them): none.
     std::fill(output.redirects.begin(), output.redirects.end(), StdStreams::kNone);
     std::fill(output.tee.begin(), output.tee.end(), StdStreams::kNone);
-    output.duplicate_stdout_filters.clear();
-    output.duplicate_stderr_filters.clear();
+    // Its devnull branch applies no --local_ranks_filter: every rank's output reaches the console.
+    std::fill(output.shown.begin(), output.shown.end(), true);
+    if (!output.duplicate_stdout_filters.empty() || !output.duplicate_stderr_filters.empty()) {
+      throw UsageError("--duplicate_stdout_filters/--duplicate_stderr_filters write filtered_*.log files into the "
+                       "run's log dir, and --log_dir=/dev/null writes no files (torchrun fails opening "
+                       "/dev/null/filtered_stdout.log); give a --log_dir, or drop the filters");
+    }
   }
   return output;
 }
@@ -847,15 +863,17 @@ ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, cons
   // (dynamic_rendezvous.py: use_agent_store, next_rendezvous): its workers get
   // TORCHELASTIC_USE_AGENT_STORE=False and a free MASTER_PORT on node 0, where worker rank 0 hosts the
   // store itself. torchrun's static backend ignores it. cpprun does the same for the jobs torchrun runs
-  // with c10d on one node (picked_port: no --master_port, --standalone, c10d's port 0); a multi-node
-  // c10d job keeps the agents' store (its workers reach it through the agents' link), said in a note.
+  // with c10d on one node (picked_port: no --master_port, --standalone, c10d's port 0); a c10d job
+  // with an --rdzv_endpoint (of one node or more: cpprun's agents meet there) keeps the agents'
+  // store (its workers reach it through the agents' link), said in a note.
   if (env("TORCH_DISABLE_SHARE_RDZV_TCP_STORE").value_or("0") == "1") {
     if (config.picked_port) {
       config.agent_store = false;
     } else if (config.rdzv_backend == RendezvousBackend::kC10d) {
-      conf_notes.push_back("cpprun: TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 is not implemented for a multi-node "
-                           "c10d job: its workers keep the agents' store (TORCHELASTIC_USE_AGENT_STORE=True), "
-                           "which they reach through cpprun's authenticated link");
+      conf_notes.push_back("cpprun: TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 is not implemented for a c10d job with an "
+                           "--rdzv_endpoint (even of one node): cpprun's agents meet there, and its workers keep the "
+                           "agents' store (TORCHELASTIC_USE_AGENT_STORE=True), which they reach through cpprun's "
+                           "authenticated link");
     }
   }
   result.notes = ignored_option_notes(raw);

@@ -96,7 +96,11 @@ volatile sig_atomic_t g_launcher = 0;
 
 void relay_to_launcher(int sig) {
   const int saved_errno = errno;
-  if (g_launcher > 0) kill(static_cast<pid_t>(g_launcher), sig);
+  // Marked, so that cpprun passes on one copy of a signal that reached both of us (Note [One
+  // signal, two routes] in signal_relay.cpp). sigqueue is async-signal-safe.
+  sigval value{};
+  value.sival_int = kRelayedMarker;
+  if (g_launcher > 0) sigqueue(static_cast<pid_t>(g_launcher), sig, value);
   errno = saved_errno;
 }
 

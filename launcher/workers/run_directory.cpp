@@ -92,9 +92,23 @@ RunLayout RunLayout::planned(const std::string& log_dir, const std::string& run_
   return {private_dir, false, private_dir};
 }
 
-RunDirectory::RunDirectory(const std::string& log_dir, const std::string& run_id, bool writes_files)
+RunDirectory::RunDirectory(const std::string& log_dir, const std::string& run_id, bool writes_files,
+                           bool private_files)
     : layout_(RunLayout::planned(log_dir, run_id, writes_files)) {
   if (layout_.per_worker_dirs) {
+    // Only a job with files of cpprun's own (--run_path's barrier) needs a writable TMPDIR beside
+    // a log dir, as torchrun's --log_dir touches none; made first, so that a failure leaves no
+    // empty run dir in the log dir.
+    if (private_files) {
+      std::string own = layout_.private_dir;
+      if (mkdtemp(own.data()) == nullptr) {
+        throw std::system_error(errno, std::generic_category(),
+                                "cpprun: cannot create the run's temp dir " + layout_.private_dir + " (set TMPDIR)");
+      }
+      layout_.private_dir = own;
+    } else {
+      layout_.private_dir.clear();
+    }
     std::string base = log_dir;
     if (base.empty()) {
       base = temp_root() + "/torchelastic_XXXXXX";
@@ -108,12 +122,6 @@ RunDirectory::RunDirectory(const std::string& log_dir, const std::string& run_id
       make_directories(log_dir, "--log_dir=" + log_dir);
     }
     layout_.dir = make_unique_dir(base + "/" + run_id + "_", "--log_dir=" + base);
-    std::string own = layout_.private_dir;
-    if (mkdtemp(own.data()) == nullptr) {
-      throw std::system_error(errno, std::generic_category(),
-                              "cpprun: cannot create the run's temp dir " + layout_.private_dir + " (set TMPDIR)");
-    }
-    layout_.private_dir = own;
     return;
   }
   std::string dir = layout_.dir;
@@ -129,7 +137,7 @@ RunDirectory::~RunDirectory() {
   // Best effort; a symlink a worker left is removed, not followed.
   std::error_code ignored;
   if (layout_.per_worker_dirs) {
-    std::filesystem::remove_all(layout_.private_dir, ignored);
+    if (!layout_.private_dir.empty()) std::filesystem::remove_all(layout_.private_dir, ignored);
     return;
   }
   // PyTorch's NCCL dumps are the one thing here a person reads after the job: the diagnosis named them.

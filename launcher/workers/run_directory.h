@@ -18,7 +18,8 @@ struct RunLayout {
   std::string dir;              // LOG_DIR/RUN_ID_XXXXXXXX, or the flat temp dir
   bool per_worker_dirs = true;  // torchrun's layout (--log_dir); false: flat (the temp dir)
   // cpprun's own files, which torchrun's --log_dir tree does not have: the flat temp dir, or beside a
-  // log dir a ${TMPDIR:-/tmp}/cpprun-XXXXXX of its own, removed at the end either way.
+  // log dir a ${TMPDIR:-/tmp}/cpprun-XXXXXX of its own (made for --run_path only; "" otherwise),
+  // removed at the end either way.
   std::string private_dir;
   // false under --log_dir=/dev/null: the workers get TORCHELASTIC_ERROR_FILE="", as torchrun's
   // DefaultLogsSpecs sets it, and error_file() is "".
@@ -47,9 +48,10 @@ struct RunLayout {
 class RunDirectory {
  public:
   // Creates `log_dir` (mkdir -p) or, if empty and `writes_files`, a torchelastic_ temp dir; then the run's
-  // RUN_ID_XXXXXXXX in it. Else ${TMPDIR:-/tmp}/cpprun-XXXXXX. The private dir too (RunLayout::private_dir).
+  // RUN_ID_XXXXXXXX in it. Else ${TMPDIR:-/tmp}/cpprun-XXXXXX. Beside a log dir, the private dir
+  // (RunLayout::private_dir) only when `private_files` (--run_path's barrier); else it is "".
   // std::system_error names the path.
-  RunDirectory(const std::string& log_dir, const std::string& run_id, bool writes_files);
+  RunDirectory(const std::string& log_dir, const std::string& run_id, bool writes_files, bool private_files = false);
   // Removes the flat temp dir and everything in it, but for PyTorch's NCCL flight-recorder dumps: a
   // nccl_flight_recorder dir that holds any stays, with the temp dir around it (the diagnosis named them).
   // A log dir (given or made) stays; the private dir beside it does not.

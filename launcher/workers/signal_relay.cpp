@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <atomic>
 #include <cerrno>
 #include <csignal>
@@ -59,6 +60,47 @@ void on_signal(int sig) {
   [[maybe_unused]] const ssize_t n = write(g_wake_write, &byte, 1);
   errno = saved_errno;
 }
+
+// Note [One signal, two routes]
+// The guardian passes the signals it gets on to cpprun (Note [The guardian relays the launcher's
+// signals], job_process_tree.cpp). `pkill -f "cpprun ..."`, `pkill cpprun`, Slurm's scancel or
+// systemd's control-group kill signal both processes: cpprun then got the signal twice, and the
+// workers too (a second SIGINT cuts a Python worker's `finally` short), where torchrun's one
+// process gets it once. The guardian sends with sigqueue() and kRelayedMarker, so the handler
+// tells a relayed copy from a direct one; take_pending() passes on one of each pair: a signal
+// that arrives by the other route within kSameSignalWindow of the last one passed on is that
+// one's copy. Two signals by the same route (Ctrl-C twice) are both passed on, as before.
+std::atomic<bool> g_relayed_pending[NSIG];
+constexpr auto kSameSignalWindow = std::chrono::seconds(1);
+
+void on_forwarded_signal(int sig, siginfo_t* info, void*) {
+  const bool relayed = info != nullptr && info->si_code == SI_QUEUE && info->si_value.sival_int == kRelayedMarker;
+  if (!relayed) {
+    on_signal(sig);
+    return;
+  }
+  const int saved_errno = errno;
+  g_relayed_pending[sig].store(true);
+  if (ends_job(sig)) {
+    int none = 0;
+    g_first_job_ending.compare_exchange_strong(none, sig);
+  }
+  const char byte = 0;
+  [[maybe_unused]] const ssize_t n = write(g_wake_write, &byte, 1);
+  errno = saved_errno;
+}
+
+bool forwarded(int sig) {
+  return sig == SIGINT || sig == SIGTERM || sig == SIGHUP || sig == SIGQUIT || sig == SIGUSR1 || sig == SIGUSR2;
+}
+
+// take_pending()'s memory of the last signal of each number it passed on: when, and by which route.
+struct LastPassedOn {
+  std::chrono::steady_clock::time_point when{};
+  bool relayed = false;
+  bool valid = false;
+};
+LastPassedOn g_last_passed_on[NSIG];
 
 void on_diagnose_signal(int sig, siginfo_t* info, void*) {
   const bool queued = info != nullptr && info->si_code == SI_QUEUE && info->si_pid > 0 &&
@@ -118,10 +160,14 @@ SignalRelay::SignalRelay() {
     sigaction(sig, nullptr, &g_startup_action[sig]);
     if (respects_startup_ignore(sig) && g_startup_action[sig].sa_handler == SIG_IGN) continue;  // Note [Signals ignored at startup]
     struct sigaction action {};
-    action.sa_handler = on_signal;
+    if (forwarded(sig)) {
+      action.sa_sigaction = on_forwarded_signal;  // See Note [One signal, two routes]
+    } else {
+      action.sa_handler = on_signal;
+    }
     sigemptyset(&action.sa_mask);
     // SA_RESTART: only poll() should see EINTR. SA_NOCLDSTOP: a stopped worker is not an exit.
-    action.sa_flags = SA_RESTART | (sig == SIGCHLD ? SA_NOCLDSTOP : 0);
+    action.sa_flags = SA_RESTART | (sig == SIGCHLD ? SA_NOCLDSTOP : 0) | (forwarded(sig) ? SA_SIGINFO : 0);
     sigaction(sig, &action, nullptr);
   }
   const int diagnose = diagnose_signal();
@@ -160,8 +206,22 @@ std::vector<int> SignalRelay::take_pending() {
   while (read(g_wake_read, buffer, sizeof(buffer)) > 0) {
   }
   std::vector<int> pending;
+  const auto now = std::chrono::steady_clock::now();
   for (int sig = 1; sig < NSIG; ++sig) {
-    if (!g_pending[sig].exchange(false)) continue;
+    const bool direct = g_pending[sig].exchange(false);
+    const bool relayed = g_relayed_pending[sig].exchange(false);
+    if (!direct && !relayed) continue;
+    if (forwarded(sig)) {  // Note [One signal, two routes]
+      LastPassedOn& last = g_last_passed_on[sig];
+      const bool by_one_route = direct != relayed;
+      const bool other_route_lately = last.valid && last.relayed != relayed && now - last.when < kSameSignalWindow;
+      if (by_one_route && other_route_lately) {
+        last.valid = false;  // the copy of the one passed on; a third is a signal of its own
+        continue;
+      }
+      // By both routes at once: the pair is complete, no copy is still to come.
+      last = {now, relayed, by_one_route};
+    }
     if (sig == SIGTSTP) {
       stop_job(signal_workers_);
     } else if (sig == SIGCONT) {

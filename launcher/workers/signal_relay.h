@@ -11,6 +11,10 @@
 
 namespace cpprun::launcher {
 
+// The value the guardian sends its relayed signals with (sigqueue), so that a signal that reached
+// both cpprun and the guardian is passed on to the workers once: Note [One signal, two routes].
+inline constexpr int kRelayedMarker = 0x52454c59;  // "RELY"
+
 // Forwarded signals that also end the job: the group is stopped and cpprun exits 128+signal,
 // without restarting. SIGUSR1/SIGUSR2 are only passed on (e.g. "checkpoint now").
 bool ends_job(int sig);

@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint/state_dict.h"
 #include "cpprun/cpprun.h"
+#include "interop_files.h"
 
 namespace {
 
@@ -69,8 +69,7 @@ int main(int argc, char** argv) {
     for (const auto& p : stage->parameters()) parameters.push_back(p);
   }
   torch::optim::SGD opt(parameters, torch::optim::SGDOptions(0.1).momentum(0.9));
-  std::map<std::string, torch::Tensor> batches;
-  for (auto& [key, tensor] : cpprun::detail::read_state_dict_file(dir + "/batches.safetensors")) batches[key] = tensor;
+  const auto batches = interop::read_tensors(dir + "/batches.safetensors");
   std::vector<double> losses;
   for (int s = 0; s < kSteps; ++s) {
     opt.zero_grad();
@@ -88,7 +87,7 @@ int main(int argc, char** argv) {
   }
   if (last) mine.emplace_back("losses", torch::tensor(losses, torch::kDouble));
   const std::string path = dir + "/cpp_" + name + "_r" + std::to_string(group.rank()) + ".safetensors";
-  cpprun::write_file_atomically(path, cpprun::detail::encode_state_dict(mine, path));
+  interop::write_tensors(path, mine);
   cpprun::barrier(group);
   return 0;
 }

@@ -8,8 +8,8 @@
 #include <map>
 #include <string>
 
-#include "checkpoint/state_dict.h"
 #include "cpprun/cpprun.h"
+#include "interop_files.h"
 
 namespace {
 
@@ -47,8 +47,7 @@ int main(int argc, char** argv) {
   auto ddp = cpprun::DistributedDataParallel(model.ptr(), group);
   ddp->register_comm_hook(cpprun::powerSGD_hook(kConfigs.at(config)));
   torch::optim::SGD opt(ddp->parameters(), 0.1);
-  std::map<std::string, torch::Tensor> batches;
-  for (auto& [name, tensor] : cpprun::detail::read_state_dict_file(dir + "/batches.safetensors")) batches[name] = tensor;
+  const auto batches = interop::read_tensors(dir + "/batches.safetensors");
   const std::string r = std::to_string(group.rank());
   for (int s = 0; s < kSteps; ++s) {
     opt.zero_grad();

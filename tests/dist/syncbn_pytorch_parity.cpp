@@ -9,8 +9,8 @@
 #include <map>
 #include <string>
 
-#include "checkpoint/state_dict.h"
 #include "cpprun/cpprun.h"
+#include "interop_files.h"
 
 namespace {
 
@@ -50,10 +50,7 @@ int main(int argc, char** argv) {
   cpprun::convert_sync_batchnorm(model.ptr(), group);
   auto ddp = cpprun::DistributedDataParallel(model.ptr(), group);
   torch::optim::SGD opt(ddp->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
-  std::map<std::string, torch::Tensor> batches;
-  for (auto& [key, tensor] : cpprun::detail::read_state_dict_file(dir + "/batches_" + name + ".safetensors")) {
-    batches[key] = tensor;
-  }
+  const auto batches = interop::read_tensors(dir + "/batches_" + name + ".safetensors");
   const std::string r = std::to_string(group.rank());
   for (int s = 0; s < kSteps; ++s) {
     opt.zero_grad();
@@ -66,7 +63,7 @@ int main(int argc, char** argv) {
   cpprun::detail::NamedTensors out = cpprun::detail::module_state(*model);
   out.emplace_back("eval_output", model->forward(batches.at("eval")));
   const std::string path = dir + "/cpp_" + name + ".safetensors";
-  if (group.rank() == 0) cpprun::write_file_atomically(path, cpprun::detail::encode_state_dict(out, path));
+  if (group.rank() == 0) interop::write_tensors(path, out);
   cpprun::barrier(group);
   return 0;
 }

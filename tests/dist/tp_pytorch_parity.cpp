@@ -9,8 +9,8 @@
 #include <map>
 #include <string>
 
-#include "checkpoint/state_dict.h"
 #include "cpprun/cpprun.h"
+#include "interop_files.h"
 
 namespace {
 
@@ -57,8 +57,7 @@ int main(int argc, char** argv) {
   cpprun::load_state_dict(model, dir + "/init.safetensors");
   cpprun::parallelize_module(model.ptr(), group, plan(name));
   torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
-  std::map<std::string, torch::Tensor> batches;
-  for (auto& [key, tensor] : cpprun::detail::read_state_dict_file(dir + "/batches.safetensors")) batches[key] = tensor;
+  const auto batches = interop::read_tensors(dir + "/batches.safetensors");
   std::vector<double> losses;
   for (int s = 0; s < kSteps; ++s) {
     opt.zero_grad();
@@ -73,7 +72,7 @@ int main(int argc, char** argv) {
   for (const auto& item : cpprun::tensor_parallel_full_state_dict(*model)) full.emplace_back(item.key(), item.value());
   full.emplace_back("losses", torch::tensor(losses, torch::kDouble));
   const std::string path = dir + "/cpp_" + name + ".safetensors";
-  if (group.rank() == 0) cpprun::write_file_atomically(path, cpprun::detail::encode_state_dict(full, path));
+  if (group.rank() == 0) interop::write_tensors(path, full);
   cpprun::barrier(group);
   return 0;
 }

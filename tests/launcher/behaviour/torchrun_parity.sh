@@ -61,6 +61,25 @@ expect_eq "$?" 143 "exit code after SIGTERM to the guardian"
 [ $(( $(date +%s) - started )) -lt 15 ] || fail "the job ran on after SIGTERM to the guardian"
 expect_in_file "$WORK/err" "received SIGTERM" "cpprun's account of the relayed SIGTERM"
 
+# A signal that reaches both cpprun and the guardian (pkill -f, scancel, systemd's control-group kill)
+# reaches each worker once, as torchrun's one process passes it on once (Note [One signal, two
+# routes]): a second SIGINT would cut a Python worker's `finally` short.
+rm -f "$WORK"/ready.* "$WORK"/ints.*
+CPPRUN_TEST_TAG=$WORK "$CPPRUN" --nproc_per_node=2 --master_port=29665 \
+  /bin/sh -c 'trap "echo INT >>\"$WORK/ints.$RANK\"" INT; touch "$WORK/ready.$RANK"; sleep 3 & wait; sleep 3 & wait' \
+  >"$WORK/out" 2>"$WORK/err" &
+launcher=$!
+wait_for_files "$WORK/ready.0" "$WORK/ready.1"
+guardian=$(pgrep -nf "^$CPPRUN --nproc_per_node=2 --master_port=29665")
+[ -n "$guardian" ] && [ "$guardian" != "$launcher" ] || fail "no guardian found for the double-signal case"
+kill -INT "$launcher"
+sleep 0.1
+kill -INT "$guardian"
+wait $launcher
+for r in 0 1; do
+  expect_eq "$(wc -l <"$WORK/ints.$r" 2>/dev/null || echo 0)" 1 "SIGINTs rank $r got from one SIGINT sent to cpprun and to its guardian"
+done
+
 # (2) --run_path as torchrun's, whose worker runs the script under torch's record()
 # (elastic/multiprocessing/api.py): an exception lands in the rank's error.json and, handed over, in
 # the launcher's TORCHELASTIC_ERROR_FILE with errorCode; none of cpprun's own files (the exit
