@@ -247,7 +247,16 @@ TEST_CASE("launch_config: c10d rendezvous takes MIN:MAX, the endpoint and its se
   REQUIRE(c.is_host.has_value());
   CHECK(*c.is_host);
   CHECK_FALSE(*parse({"--rdzv_backend=c10d", "--rdzv_conf=is_host=false", "x"}).is_host);
-  CHECK(parse({"--rdzv_backend=c10d", "--rdzv_conf=last_call_timeout=0", "x"}).last_call_timeout.count() == 0);
+  // torchrun's RendezvousTimeout: the join, last-call, close and heartbeat timeouts must be positive.
+  for (const char* key : {"last_call_timeout", "close_timeout", "heartbeat_timeout"}) {
+    CHECK_THAT(usage_error({"--rdzv_backend=c10d", std::string("--rdzv_conf=") + key + "=0", "x"}),
+               Contains("must be above 0 seconds"));
+  }
+  // torchrun's _try_parse_port: 1 to 5 digits, nothing else.
+  for (const char* endpoint : {"h:29_711", "h:+29711", "h: 29711", "h:029711"}) {
+    CHECK_THAT(usage_error({"--rdzv_backend=c10d", std::string("--rdzv_endpoint=") + endpoint, "x"}),
+               Contains("1 to 5 digits"));
+  }
   CHECK_THAT(usage_error({"--rdzv_backend=c10d", "--rdzv_conf=is_host=maybe", "x"}), Contains("is_host=maybe"));
   CHECK_THAT(usage_error({"--rdzv_backend=c10d", "--rdzv_conf=last_call_timeout=-1", "x"}),
              Contains("last_call_timeout=-1"));
@@ -286,6 +295,14 @@ TEST_CASE("launch_config: c10d rendezvous takes MIN:MAX, the endpoint and its se
   CHECK(c.rdzv_backend == RendezvousBackend::kStatic);
   CHECK(c.master_port == 45678);
   CHECK_THAT(usage_error({"--standalone", "--rdzv_backend=c10d", "--nnodes=1:2", "x"}), Contains("--standalone"));
+}
+
+TEST_CASE("launch_config: --log_dir=/dev/null shows every rank and refuses filters that need files", "[launch_config]") {
+  // torchrun's DefaultLogsSpecs.reify: its devnull branch applies no --local_ranks_filter.
+  const LaunchConfig c = parse({"--log_dir=/dev/null", "--local_ranks_filter=0", "--nproc_per_node=2", "x"});
+  CHECK(c.output.shown == std::vector<bool>{true, true});
+  CHECK_THAT(usage_error({"--log_dir=/dev/null", "--duplicate_stdout_filters=loss", "x"}),
+             Contains("--log_dir=/dev/null writes no files"));
 }
 
 TEST_CASE("launch_config: long options may be shortened to an unambiguous prefix, like argparse",
