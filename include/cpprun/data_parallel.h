@@ -53,9 +53,11 @@ class DataParallelImpl : public torch::nn::Module {
   decltype(auto) forward(Args&&... args) {
     core_->before_forward();
     auto output = module_->forward(cast_input(std::forward<Args>(args))...);
-    detail::cast_outputs(output, *core_);  // FSDP's output_dtype
     std::vector<at::Tensor> tensors;
-    detail::collect_tensors(output, tensors);
+    detail::for_each_output(output, [&](at::Tensor& t) {
+      t = core_->cast_output(t);  // FSDP's output_dtype
+      tensors.push_back(t);
+    });
     core_->after_forward(tensors);
     return output;
   }

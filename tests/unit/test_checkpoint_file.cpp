@@ -4,8 +4,6 @@
 #include "catch.h"
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
-#include <caffe2/serialize/in_memory_adapter.h>
-#include <caffe2/serialize/inline_container.h>
 
 #include <signal.h>
 #include <sys/resource.h>
@@ -21,6 +19,7 @@
 #include "cpprun/checkpoint_file.h"
 #include "support/crc32.h"
 #include "scratch_files.h"
+#include "zip_records.h"
 
 namespace fs = std::filesystem;
 using scratch::contents;
@@ -174,25 +173,13 @@ TEST_CASE("checkpoint_file: an archive whose TorchScript code defines a method i
   });
   // The same archive with `method` added to its module's code.
   const auto with_method = [&payload](const std::string& method) {
-    caffe2::serialize::PyTorchStreamReader reader(
-        std::make_shared<caffe2::serialize::MemoryReadAdapter>(payload.data(), static_cast<off_t>(payload.size())));
-    std::string crafted;
-    caffe2::serialize::PyTorchStreamWriter writer([&crafted](const void* data, std::size_t size) {
-      crafted.append(static_cast<const char*>(data), size);
-      return size;
-    });
     bool had_code = false;
-    for (const std::string& record : reader.getAllRecords()) {
-      auto [data, size] = reader.getRecord(record);
-      std::string bytes(static_cast<const char*>(data.get()), size);
-      if (record == "code/__torch__.py") {
-        had_code = true;
-        CHECK(bytes.find("def") == std::string::npos);  // what torch::save writes declares attributes only
-        bytes += method;
-      }
-      writer.writeRecord(record, bytes.data(), bytes.size());
-    }
-    writer.writeEndOfFile();
+    std::string crafted = scratch::with_records_edited(payload, [&](const std::string& record, std::string& bytes) {
+      if (record != "code/__torch__.py") return;
+      had_code = true;
+      CHECK(bytes.find("def") == std::string::npos);  // what torch::save writes declares attributes only
+      bytes += method;
+    });
     CHECK(had_code);
     return crafted;
   };

@@ -2,8 +2,6 @@
 // loading's one error, strict(false)'s report, and the safetensors reader's refusals.
 #include "catch.h"
 #include <torch/torch.h>
-#include <caffe2/serialize/in_memory_adapter.h>
-#include <caffe2/serialize/inline_container.h>
 #include <sys/stat.h>
 
 #include <fstream>
@@ -16,6 +14,7 @@
 #include "cpprun/state_dict.h"
 #include "checkpoint/state_dict.h"
 #include "scratch_files.h"
+#include "zip_records.h"
 #include "support/safetensors.h"
 
 namespace {
@@ -363,24 +362,9 @@ TEST_CASE("state_dict: tied names the file gives different values are refused, t
 
 // `good`'s records with data.pkl replaced by `pickle`, as a .pt without cpprun's footer.
 std::string with_pickle(const std::string& good, const std::string& pickle) {
-  const std::string payload = cpprun::read_checkpoint_file(good);
-  caffe2::serialize::PyTorchStreamReader reader(
-      std::make_shared<caffe2::serialize::MemoryReadAdapter>(payload.data(), static_cast<off_t>(payload.size())));
-  std::string out;
-  caffe2::serialize::PyTorchStreamWriter writer([&out](const void* data, std::size_t size) {
-    out.append(static_cast<const char*>(data), size);
-    return size;
+  return scratch::with_records_edited(cpprun::read_checkpoint_file(good), [&](const std::string& record, std::string& bytes) {
+    if (record == "data.pkl") bytes = pickle;
   });
-  for (const std::string& record : reader.getAllRecords()) {
-    if (record == "data.pkl") {
-      writer.writeRecord(record, pickle.data(), pickle.size());
-    } else {
-      auto [data, size] = reader.getRecord(record);
-      writer.writeRecord(record, data.get(), size);
-    }
-  }
-  writer.writeEndOfFile();
-  return out;
 }
 
 TEST_CASE("torch.save reader: values nested far deeper than a state dict are refused, not a stack overflow",
@@ -415,24 +399,10 @@ TEST_CASE("torch.save reader: a storage record of another size is refused before
   const std::string good = (dir.path / "good.pt").string();
   cpprun::save_state_dict(small_net(), good);
   // Every storage record 1 MiB of zeros: what a 1 GiB zip bomb's directory declares, in miniature.
-  const std::string payload = cpprun::read_checkpoint_file(good);
-  caffe2::serialize::PyTorchStreamReader reader(
-      std::make_shared<caffe2::serialize::MemoryReadAdapter>(payload.data(), static_cast<off_t>(payload.size())));
-  std::string out;
-  caffe2::serialize::PyTorchStreamWriter writer([&out](const void* data, std::size_t size) {
-    out.append(static_cast<const char*>(data), size);
-    return size;
-  });
-  const std::string zeros(1 << 20, '\0');
-  for (const std::string& record : reader.getAllRecords()) {
-    if (record.rfind("data/", 0) == 0) {
-      writer.writeRecord(record, zeros.data(), zeros.size());
-    } else {
-      auto [data, size] = reader.getRecord(record);
-      writer.writeRecord(record, data.get(), size);
-    }
-  }
-  writer.writeEndOfFile();
+  const std::string out = scratch::with_records_edited(cpprun::read_checkpoint_file(good),
+                                                       [](const std::string& record, std::string& bytes) {
+                                                         if (record.rfind("data/", 0) == 0) bytes.assign(1 << 20, '\0');
+                                                       });
   const std::string path = (dir.path / "sizes.pt").string();
   write_bytes(path, out);
   CHECK_THAT(error_text_of([&] { cpprun::detail::read_state_dict_file(path); }),

@@ -57,39 +57,39 @@ class DataParallelCore {
   virtual void describe_state(StateView& view) = 0;
 };
 
-// The tensors in a forward's result: a tensor, a vector of them, or a tuple/pair of them.
-inline void collect_tensors(const at::Tensor& t, std::vector<at::Tensor>& out) { out.push_back(t); }
-inline void collect_tensors(const std::vector<at::Tensor>& ts, std::vector<at::Tensor>& out) {
-  out.insert(out.end(), ts.begin(), ts.end());
-}
-template <typename... T>
-void collect_tensors(const std::tuple<T...>& tuple, std::vector<at::Tensor>& out) {
-  std::apply([&](const auto&... item) { (collect_tensors(item, out), ...); }, tuple);
-}
-template <typename A, typename B>
-void collect_tensors(const std::pair<A, B>& pair, std::vector<at::Tensor>& out) {
-  collect_tensors(pair.first, out);
-  collect_tensors(pair.second, out);
-}
-// Anything else holds no tensor we can see: unused parameters are then found when backward ends.
-template <typename T>
-void collect_tensors(const T&, std::vector<at::Tensor>&) {}
+// Calls fn(tensor&) on each tensor in a forward's result: a tensor, a vector of them, or a tuple or
+// pair of such; anything else holds no tensor we can see (DDP then finds unused parameters when
+// backward ends). DataParallelImpl::forward casts them (FSDP's output_dtype), then collects them.
+// Declared first, so that a tuple of pairs (or of ints) finds every overload.
+template <typename Fn>
+void for_each_output(at::Tensor& t, Fn&& fn);
+template <typename Fn>
+void for_each_output(std::vector<at::Tensor>& ts, Fn&& fn);
+template <typename Fn, typename... T>
+void for_each_output(std::tuple<T...>& tuple, Fn&& fn);
+template <typename Fn, typename A, typename B>
+void for_each_output(std::pair<A, B>& pair, Fn&& fn);
+template <typename Fn, typename T>
+void for_each_output(T&, Fn&&);
 
-// The same walk, each tensor replaced by core.cast_output(tensor), in place.
-inline void cast_outputs(at::Tensor& t, const DataParallelCore& core) { t = core.cast_output(t); }
-inline void cast_outputs(std::vector<at::Tensor>& ts, const DataParallelCore& core) {
-  for (auto& t : ts) t = core.cast_output(t);
+template <typename Fn>
+void for_each_output(at::Tensor& t, Fn&& fn) {
+  fn(t);
 }
-template <typename... T>
-void cast_outputs(std::tuple<T...>& tuple, const DataParallelCore& core) {
-  std::apply([&](auto&... item) { (cast_outputs(item, core), ...); }, tuple);
+template <typename Fn>
+void for_each_output(std::vector<at::Tensor>& ts, Fn&& fn) {
+  for (auto& t : ts) fn(t);
 }
-template <typename A, typename B>
-void cast_outputs(std::pair<A, B>& pair, const DataParallelCore& core) {
-  cast_outputs(pair.first, core);
-  cast_outputs(pair.second, core);
+template <typename Fn, typename... T>
+void for_each_output(std::tuple<T...>& tuple, Fn&& fn) {
+  std::apply([&](auto&... item) { (for_each_output(item, fn), ...); }, tuple);
 }
-template <typename T>
-void cast_outputs(T&, const DataParallelCore&) {}
+template <typename Fn, typename A, typename B>
+void for_each_output(std::pair<A, B>& pair, Fn&& fn) {
+  for_each_output(pair.first, fn);
+  for_each_output(pair.second, fn);
+}
+template <typename Fn, typename T>
+void for_each_output(T&, Fn&&) {}
 
 }  // namespace cpprun::detail
