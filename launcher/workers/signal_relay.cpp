@@ -48,9 +48,11 @@ std::atomic<std::uint64_t> g_diagnose_requests[kDiagnoseQueue];
 // The first job-ending signal this process received (0: none), for job_ending_signal_received().
 std::atomic<int> g_first_job_ending{0};
 
-void on_signal(int sig) {
+// Marks `sig` pending in `pending` (a direct signal's flags, or a relayed one's), notes the first
+// job-ending one, and wakes the loop. Async-signal-safe.
+void note_signal(int sig, std::atomic<bool>* pending) {
   const int saved_errno = errno;
-  g_pending[sig].store(true);
+  pending[sig].store(true);
   if (ends_job(sig)) {
     int none = 0;
     g_first_job_ending.compare_exchange_strong(none, sig);
@@ -60,6 +62,8 @@ void on_signal(int sig) {
   [[maybe_unused]] const ssize_t n = write(g_wake_write, &byte, 1);
   errno = saved_errno;
 }
+
+void on_signal(int sig) { note_signal(sig, g_pending); }
 
 // Note [One signal, two routes]
 // The guardian passes the signals it gets on to cpprun (Note [The guardian relays the launcher's
@@ -75,19 +79,7 @@ constexpr auto kSameSignalWindow = std::chrono::seconds(1);
 
 void on_forwarded_signal(int sig, siginfo_t* info, void*) {
   const bool relayed = info != nullptr && info->si_code == SI_QUEUE && info->si_value.sival_int == kRelayedMarker;
-  if (!relayed) {
-    on_signal(sig);
-    return;
-  }
-  const int saved_errno = errno;
-  g_relayed_pending[sig].store(true);
-  if (ends_job(sig)) {
-    int none = 0;
-    g_first_job_ending.compare_exchange_strong(none, sig);
-  }
-  const char byte = 0;
-  [[maybe_unused]] const ssize_t n = write(g_wake_write, &byte, 1);
-  errno = saved_errno;
+  note_signal(sig, relayed ? g_relayed_pending : g_pending);
 }
 
 bool forwarded(int sig) {

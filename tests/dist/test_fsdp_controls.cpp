@@ -314,7 +314,7 @@ TEST_CASE("fsdp: set_reshard_after_backward(false) keeps the units for the next 
         const int64_t batch = 10 * step + micro;
         INFO("step " << step << " micro-batch " << micro);
         model->set_requires_gradient_sync(last);
-        model->set_reshard_after_backward(!last || last_keeps ? false : true);
+        model->set_reshard_after_backward(last && !last_keeps);
         const int64_t started = model->prefetch_stats().started;
         auto loss = local_loss([&](torch::Tensor in) { return model->forward(in); }, batch);
         if (micro > 0) CHECK(model->prefetch_stats().started == started);  // all still gathered
