@@ -35,9 +35,6 @@ namespace cpprun::detail {
 namespace fs = std::filesystem;
 namespace {
 
-constexpr const char* kFileOfKey = "cpprun_file_of";  // only in the bytes rank 0 broadcasts
-// Also only there: the parameters (names and aliases) the other owners of a pipeline hold.
-constexpr const char* kHeldElsewhereKey = "cpprun_held_elsewhere";
 // set_optimizer_state_dict: what of the root's dict could not be made into a file, '\n'-separated.
 constexpr const char* kDictFaultsKey = "cpprun_dict_faults";
 // Every state a known optimizer keeps, for reading only an owner's files of a directory.
@@ -444,16 +441,101 @@ struct OptimizerFile {
 // `wanted`: with owners, the state names this owner holds (a reader may read only those).
 using ReadOnRoot = std::function<ReadOptimizerFile(const std::set<std::string>* wanted)>;
 
+// The lines of `text`, each ended by '\n' (the last may lack it).
+std::set<std::string> lines_of(const std::string& text) {
+  std::set<std::string> lines;
+  for (std::size_t at = 0, end; at < text.size(); at = end + 1) {
+    end = std::min(text.find('\n', at), text.size());
+    lines.insert(text.substr(at, end - at));
+  }
+  return lines;
+}
+
+// What read_for_team's receivers need besides the tensors' bytes, as JSON: {"metadata": {key:
+// value}, "file_of": {name: file}, "held_elsewhere": [name], "tensors": [[name, dtype, [sizes]]]},
+// the dtype as c10::ScalarType's number (every rank runs the same build).
+std::string encode_layout(const OptimizerFile& file) {
+  std::string out = "{\"metadata\":{";
+  const char* sep = "";
+  for (const auto& [key, value] : file.metadata) {
+    out += sep;
+    append_json_string(out, key);
+    out += ':';
+    append_json_string(out, value);
+    sep = ",";
+  }
+  out += "},\"file_of\":{";
+  sep = "";
+  for (const auto& [name, value] : file.file_of) {
+    out += sep;
+    append_json_string(out, name);
+    out += ':';
+    append_json_string(out, value);
+    sep = ",";
+  }
+  out += "},\"held_elsewhere\":[";
+  sep = "";
+  for (const auto& name : file.held_elsewhere) {
+    out += sep;
+    append_json_string(out, name);
+    sep = ",";
+  }
+  out += "],\"tensors\":[";
+  sep = "";
+  for (const auto& [name, tensor] : file.tensors) {
+    out += sep;
+    out += '[';
+    append_json_string(out, name);
+    out += ',' + std::to_string(static_cast<int>(tensor.scalar_type())) + ",[";
+    for (int64_t d = 0; d < tensor.dim(); ++d) out += (d ? "," : "") + std::to_string(tensor.size(d));
+    out += "]]";
+    sep = ",";
+  }
+  out += "]}";
+  return out;
+}
+
+// The receiving side of encode_layout: `file` gets the metadata and names, and each tensor
+// allocated (on the CPU, as the root holds them) for the broadcast to fill.
+void decode_layout(const std::string& text, OptimizerFile& file) {
+  const Json root = parse_json(text, 4);
+  for (const auto& [part, value] : root.members) {
+    if (part == "metadata") {
+      for (const auto& [key, item] : value.members) file.metadata[key] = item.text;
+    } else if (part == "file_of") {
+      for (const auto& [key, item] : value.members) file.file_of[key] = item.text;
+    } else if (part == "held_elsewhere") {
+      for (const auto& item : value.items) file.held_elsewhere.insert(item.text);
+    } else if (part == "tensors") {
+      for (const auto& item : value.items) {
+        std::vector<int64_t> sizes;
+        for (const auto& size : item.items[2].items) sizes.push_back(std::stoll(size.text));
+        const auto dtype = static_cast<at::ScalarType>(std::stoi(item.items[1].text));
+        file.tensors.emplace_back(item.items[0].text, at::empty(sizes, at::TensorOptions().dtype(dtype)));
+      }
+    }
+  }
+}
+
 // The root reads and checks the files (or makes its state from what `read_on_root` gives); every
-// rank gets the same bytes. A failure to read travels as its message, so every rank raises the
-// same error.
+// rank gets the same tensors, names and metadata. A failure to read travels as its message, so
+// every rank raises the same error.
 // With `owners`, each owner's root reads only the files holding its parameters' state, and the
 // roots share their parameters' names, and any failure, before their teams see the bytes (a
 // condition on team.is_root() is the same across an owners group: Note [Teams and owners] in
 // owned_state.cpp).
+// Note [The load's broadcast]: the root keeps the tensors it decoded and sends its team their
+// names, dtypes, shapes and the metadata first, then the tensors themselves, each straight from
+// the root's memory into one the receiver allocated (broadcast_coalesced). Encoding them into one
+// safetensors buffer for the team, as this did, cost the root a copy and a CRC pass over the
+// whole state, and each receiver a CRC pass and a copy out of it: 400 MB of AdamW state took 4 s to
+// load at 2 ranks, half of it in that broadcast. The files' CRCs are checked as the root reads them;
+// TCP checks the bytes in transit.
 OptimizerFile read_for_team(const OptimizerParams& params, const CheckpointTeam& team, const std::string& path,
                             const ProcessGroup* owners, const ReadOnRoot& read_on_root) {
-  std::string bytes;
+  OptimizerFile out{path, {}, {}, {}, {}};
+  std::string verdict;  // empty: the root has the state; else its failure, or another owner's, described
+  std::string layout;   // the root's tensors' names, dtypes and shapes, and the metadata (JSON)
   std::exception_ptr failure;
   if (team.is_root()) {
     std::set<std::string> held(params.names.begin(), params.names.end());
@@ -467,52 +549,42 @@ OptimizerFile read_for_team(const OptimizerParams& params, const CheckpointTeam&
       read = read_on_root(owners ? &wanted : nullptr);
     } catch (...) {
       failure = std::current_exception();
-      bytes = describe_failure(failure);  // never starts with 'T'
+      verdict = describe_failure(failure);
     }
     std::string elsewhere;
     if (owners) {
-      std::string mine = failure ? "F" + bytes : "N";
+      std::string mine = failure ? "F" + verdict : "N";
       for (const auto& name : held) mine += name + '\n';
       const auto parts = all_gather_bytes(*owners, mine);
       for (int owner = 0; owner < static_cast<int>(parts.size()); ++owner) {
         const std::string& part = parts[static_cast<std::size_t>(owner)];
-        if (part[0] == 'F' && bytes.empty()) bytes = part.substr(1);  // the first failure, on every root
+        if (part[0] == 'F' && verdict.empty()) verdict = part.substr(1);  // the first failure, on every root
         if (owner != owners->rank() && part[0] == 'N') elsewhere += part.substr(1);
       }
     }
-    if (bytes.empty()) {
+    if (verdict.empty()) {
       try {
-        std::string file_of;
-        for (const auto& [name, file] : read.file_of) file_of += name + '\t' + file + '\n';
-        read.metadata[kFileOfKey] = file_of;
-        read.metadata[kHeldElsewhereKey] = elsewhere;
-        bytes = "T" + encode_safetensors(read.tensors, read.metadata);
+        for (auto& [name, tensor] : read.tensors) tensor = tensor.detach().to(at::kCPU).contiguous();
+        out.tensors = std::move(read.tensors);
+        out.metadata = std::move(read.metadata);
+        out.file_of = std::move(read.file_of);
+        out.held_elsewhere = lines_of(elsewhere);
+        if (!team.alone()) layout = encode_layout(out);
       } catch (...) {
         failure = std::current_exception();
-        bytes = describe_failure(failure);
+        verdict = describe_failure(failure);
       }
     }
   }
-  team.broadcast_bytes(bytes);
+  team.broadcast_bytes(verdict);
   if (failure) std::rethrow_exception(failure);
-  if (bytes[0] != 'T') throw_described_failure(bytes);
-  bytes.erase(0, 1);
-  const SafetensorsFile parsed = read_safetensors(bytes, path);
-  OptimizerFile out{path, decode_safetensors(parsed, path), parsed.metadata, {}, {}};
-  const std::string text = out.metadata[kFileOfKey];
-  out.metadata.erase(kFileOfKey);
-  const std::string elsewhere = out.metadata[kHeldElsewhereKey];
-  out.metadata.erase(kHeldElsewhereKey);
-  for (std::size_t at = 0, end; at < elsewhere.size(); at = end + 1) {
-    end = elsewhere.find('\n', at);
-    out.held_elsewhere.insert(elsewhere.substr(at, end - at));
-  }
-  std::size_t at = 0;
-  while (at < text.size()) {
-    const std::size_t tab = text.find('\t', at), end = text.find('\n', at);
-    out.file_of[text.substr(at, tab - at)] = text.substr(tab + 1, end - tab - 1);
-    at = end + 1;
-  }
+  if (!verdict.empty()) throw_described_failure(verdict);
+  if (team.alone()) return out;
+  team.broadcast_bytes(layout);
+  if (!team.is_root()) decode_layout(layout, out);
+  std::vector<at::Tensor> tensors;
+  for (const auto& [name, tensor] : out.tensors) tensors.push_back(tensor);
+  team.broadcast_tensors(tensors);
   return out;
 }
 
@@ -772,7 +844,7 @@ FlatOptimizerState get_optimizer_state(const OptimizerParams& params, torch::opt
     if (!keep) return at::Tensor();
     return options.cpu_offload() ? tensor.to(at::kCPU) : tensor;
   });  // collective: every rank gathers
-  if (!keep) return {};
+  if (!keep) return FlatOptimizerState();
   return flatten_optimizer_state(std::move(saved.state), saved.metadata.at(kParamGroupsKey));
 }
 
