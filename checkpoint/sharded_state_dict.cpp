@@ -282,6 +282,12 @@ ShardedDirectory read_sharded_directory(const std::string& dir_text, std::string
     }
     contents.push_back(std::move(seen));
   }
+  if (contents.empty()) {
+    // No file read: an index of no tensors (an optimizer saved before its first step holds no
+    // state) or none of them wanted here. The index carries the same stamp as every file.
+    out.metadata = index.metadata;
+    out.metadata.erase("total_size");
+  }
   const std::vector<std::string> faults = sharded_directory_faults(index, contents);
   if (!faults.empty()) {
     throw CorruptCheckpointError("cpprun: the sharded checkpoint in " + dir.string() + " does not hold together (" +

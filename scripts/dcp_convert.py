@@ -305,6 +305,8 @@ def read_cpprun_part(directory, stem):
         tensors.update(part)
         first = metadata if first is None else first
         ids.append(metadata.get(SAVE_ID_KEY))
+    if first is None:  # an index of no files (an optimizer saved before its first step): its stamp
+        first = {k: v for k, v in index.get("metadata", {}).items() if k != "total_size"}
     if os.path.isfile(index_path) and set(tensors) != set(index["weight_map"]):
         raise ConvertError(f"{index_path} and its files disagree on the tensors: a shard from another save?")
     return tensors, first, ids

@@ -127,23 +127,24 @@ struct SteppedOnce {
   }
 };
 
-// Trains kBefore steps, saves model and optimizer to `path` (a directory ending in '/', or a
+// Trains `before` steps, saves model and optimizer to `path` (a directory ending in '/', or a
 // stem to which .safetensors is added), trains kAfter more; a fresh model and optimizer (another
 // seed, another lr) load the save and train the same kAfter steps: same losses and parameters.
-void check_resume(const std::string& wrapper, const std::string& optimizer, const std::string& path) {
-  INFO(wrapper << " " << optimizer << " " << path);
+void check_resume(const std::string& wrapper, const std::string& optimizer, const std::string& path,
+                  int before = kBefore) {
+  INFO(wrapper << " " << optimizer << " " << path << " after " << before << " step(s)");
   const bool dir = path.back() == '/';
   const std::string model_path = dir ? path : path + "_model.safetensors";
   const std::string opt_path = dir ? path : path + "_optimizer.safetensors";
   auto model = wrap(seeded(1), wrapper);
   auto opt = make_optimizer(optimizer, model->parameters(), 0.01);
-  for (int s = 0; s < kBefore; ++s) train_step(model, *opt, s);
+  for (int s = 0; s < before; ++s) train_step(model, *opt, s);
   std::string id = cpprun::new_save_id();
-  const auto options = cpprun::StateDictSaveOptions().step(kBefore).save_id(id);
+  const auto options = cpprun::StateDictSaveOptions().step(before).save_id(id);
   cpprun::save_state_dict(model, model_path, options);
   cpprun::save_optimizer_state_dict(model, *opt, opt_path, options);
   std::vector<double> losses;
-  for (int s = kBefore; s < kBefore + kAfter; ++s) losses.push_back(train_step(model, *opt, s));
+  for (int s = before; s < before + kAfter; ++s) losses.push_back(train_step(model, *opt, s));
   const auto expected = full_parameters(model);
 
   auto resumed = wrap(seeded(5), wrapper);
@@ -151,8 +152,8 @@ void check_resume(const std::string& wrapper, const std::string& optimizer, cons
   cpprun::load_state_dict(resumed, model_path);
   cpprun::load_optimizer_state_dict(resumed, *opt2, opt_path);
   CHECK(opt2->param_groups()[0].options().get_lr() == 0.01);
-  for (int s = kBefore; s < kBefore + kAfter; ++s) {
-    CHECK(train_step(resumed, *opt2, s) == Approx(losses[s - kBefore]).margin(1e-6));
+  for (int s = before; s < before + kAfter; ++s) {
+    CHECK(train_step(resumed, *opt2, s) == Approx(losses[s - before]).margin(1e-6));
   }
   check_close(full_parameters(resumed), expected);
   cpprun::barrier(group());
@@ -170,6 +171,18 @@ TEST_CASE("optimizer_state_dict: resumed training matches uninterrupted training
   const std::string wrapper = GENERATE("ddp", "zero1", "zero2", "zero3");
   const std::string optimizer = GENERATE("sgd", "adam", "adamw");
   check_resume(wrapper, optimizer, scratch(wrapper + "_" + optimizer) + "/");
+}
+
+// A step-0 checkpoint (torchtitan's seed checkpoint): the optimizer holds no state yet, and the save
+// still records its kind and groups, which a load takes (PyTorch's get_optimizer_state_dict
+// initialises the state first; here a parameter without state loads as one without state, which
+// the first step initialises alike).
+TEST_CASE("optimizer_state_dict: saved before the first step, it loads and training goes on alike",
+          "[optimizer_state_dict]") {
+  const std::string wrapper = GENERATE("ddp", "zero3");
+  const std::string optimizer = GENERATE("sgd", "adamw");
+  check_resume(wrapper, optimizer, scratch("step0_" + wrapper + "_" + optimizer) + "/", 0);
+  check_resume(wrapper, optimizer, scratch("step0_" + wrapper + "_" + optimizer), 0);
 }
 
 TEST_CASE("optimizer_state_dict: one .safetensors file, DDP and ZeRO-3", "[optimizer_state_dict]") {
