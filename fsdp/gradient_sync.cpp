@@ -115,7 +115,7 @@ void GradientSync::on_gradient_ready(std::size_t b, std::size_t i) {
       finish_queued_ = true;
       torch::autograd::Engine::get_default_engine().queue_callback([this] { finish_local_backward(); });
     }
-    // A second backward through one graph (retain_graph) finds the counts spent: nothing more.
+    // A second backward through one graph (retain_graph) counts afresh: Note [Local backward again].
     if (states_[b].pending > 0 && --states_[b].pending == 0 && bucket_done_) bucket_done_(b);
     return;
   }
@@ -277,11 +277,21 @@ void GradientSync::finish_backward() {
   if (backward_end) backward_end(true);
 }
 
+// Note [Local backward again]
+// A local backward's graph may be run again (retain_graph): autograd's second pass uses the saved
+// weights, so stage 3 gathers their units again, and must release them as the first pass did
+// (FSDP2's post-backward hooks run again and reshard each group). So the end of a local backward
+// readies the next one as prepare() would: the counts per bucket start again (each unit released
+// once its gradients are in) and the next pass queues its own end (everything released). Before
+// 2026-12-05 a second pass queued no end and its units stayed gathered until the next forward.
+// A synchronized backward's graph cannot run again: its gradients were reduced (an error above).
 void GradientSync::finish_local_backward() {
   std::function<void(bool)> backward_end;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (mode_ != Mode::kNoSync) return;
+    finish_queued_ = false;
+    for (std::size_t b = 0; b < states_.size(); ++b) states_[b].pending = buckets_[b].params().size();
     backward_end = backward_end_;
   }
   if (backward_end) backward_end(false);

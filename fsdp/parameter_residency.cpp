@@ -238,6 +238,9 @@ void ParameterResidency::end_forward(bool backward_follows) {
 
 void ParameterResidency::backward_done(std::size_t bucket) {
   std::lock_guard<std::mutex> lock(mutex_);
+  // A second pass of a local backward (retain_graph) comes after end_backward(): it is backward
+  // again (released memory goes back to the allocator, see keep_spare).
+  phase_ = Phase::kBackward;
   UnitState& state = states_[buckets_[bucket].unit()];
   if (++state.buckets_done < state.buckets.size()) return;
   state.done = true;
@@ -250,6 +253,7 @@ void ParameterResidency::end_backward(bool reduced) {
     ++epoch_;
     step_window_ = true;
   }
+  phase_ = Phase::kBackward;  // a second pass's may have ended idle: released memory is not kept
   if (options_.reshard_after_backward) {
     for (std::size_t u = 0; u < states_.size(); ++u) release(u);
   }

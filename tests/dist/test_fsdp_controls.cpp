@@ -339,6 +339,46 @@ TEST_CASE("fsdp: set_reshard_after_backward(false) keeps the units for the next 
   CHECK(model->memory().parameters == (alone ? whole : 0));
 }
 
+// A local backward may run twice through one graph (retain_graph): autograd's second pass gathers
+// the units again for their saved weights, and must release them at its end as the first did, as
+// FSDP2 reshards after each backward. Before 2026-12-05 the second pass queued no end of backward
+// and its units stayed gathered (up to gathered_unit_limit) until the next forward.
+TEST_CASE("fsdp: a second local backward through one graph (retain_graph) releases the units again", "[fsdp]") {
+  Float64Parity float64;
+  const int world = group().size();
+  const bool alone = world == 1;
+  torch::manual_seed(0);
+  auto net = std::make_shared<Tower>();
+  auto ref = std::make_shared<Tower>();
+  copy_state(*ref, *net);
+  const int64_t whole = 8 * padded_numel(*ref, world);
+  auto model = cpprun::FullyShardedDataParallel(net, group(),
+                                                cpprun::FsdpOptions().stage(3).wrap_policy(is_block).gathered_unit_limit(8));
+  torch::optim::SGD opt(model->parameters(), 0.1), ref_opt(ref->parameters(), 0.1);
+  model->set_requires_gradient_sync(false);
+  auto loss = local_loss([&](torch::Tensor in) { return model->forward(in); }, 0);
+  loss.backward({}, /*retain_graph=*/true);
+  CHECK(model->memory().parameters == (alone ? whole : 0));
+  const int64_t kept = model->memory().kept;
+  loss.backward();
+  CHECK(model->memory().parameters == (alone ? whole : 0));
+  CHECK(model->memory().kept == kept);
+  // The two passes' gradients accumulated, and a synchronized backward reduces their sum.
+  for (int pass = 0; pass < 2; ++pass) {
+    reference_backward([&](torch::Tensor in) { return ref->forward(in); }, inputs_for("mlp", kGlobalBatch, 0),
+                       targets_for(kGlobalBatch, 0), world);
+  }
+  model->set_requires_gradient_sync(true);
+  local_loss([&](torch::Tensor in) { return model->forward(in); }, 1).backward();
+  CHECK(model->memory().parameters == (alone ? whole : 0));
+  reference_backward([&](torch::Tensor in) { return ref->forward(in); }, inputs_for("mlp", kGlobalBatch, 1),
+                     targets_for(kGlobalBatch, 1), world);
+  opt.step();
+  ref_opt.step();
+  model->gather_full_parameters();
+  check_same_parameters(*net, *ref, kParityTolerance);
+}
+
 namespace {
 
 // Records the dtype its forward was given; computes in its weight's dtype.
