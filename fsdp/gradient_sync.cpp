@@ -96,6 +96,21 @@ void GradientSync::set_all_reduce(bool all_reduce) {
   all_reduce_ = all_reduce;
 }
 
+void GradientSync::set_gradient_divide_factor(std::optional<double> factor) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  divide_factor_ = factor;
+}
+
+void GradientSync::set_force_sum_reduction(bool force_sum) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  force_sum_ = force_sum;
+}
+
+GradientDivision GradientSync::division_for(std::size_t b) const {
+  const auto reduce_dtype = options_.reduce_dtype.value_or(buckets_[b].unsharded().scalar_type());
+  return gradient_division(group_.size(), replicate_ ? replicate_->size() : 1, reduce_dtype, divide_factor_, force_sum_);
+}
+
 void GradientSync::clear_reductions() {
   for (auto& state : states_) state.completed = false, state.work = Work();
   next_launch_ = 0;
@@ -146,21 +161,27 @@ void GradientSync::launch_ready_buckets() {
     BucketState& state = states_[b];
     ParamBucket& bucket = buckets_[b];
     if (state.pending != 0) return;
+    // See Note [Gradient divide factor] in fsdp_collectives.cpp.
+    state.division = division_for(b);
     if (!options_.shard_gradients) {
       const bool convert = options_.reduce_dtype && *options_.reduce_dtype != state.full_grad.scalar_type();
       state.wire = convert ? state.full_grad.to(*options_.reduce_dtype) : state.full_grad;
-      state.work = all_reduce_async(group_, state.wire, ReduceOp::kAvg);
+      state.wire = scaled_before_reduction(state.division, state.wire, state.wire.scalar_type());
+      state.work = all_reduce_async(group_, state.wire, state.division.shard_op);
     } else if (alone_) {
       // Note [Nothing to reduce-scatter alone]: complete() hands each gradient to its shard.
     } else {
       // A fresh chunk where a shard .grad the optimizer kept is a view of the last one: the
       // reduction adds to it (Note [Shard gradients accumulate]), and must not overwrite it.
+      const auto dtype = options_.reduce_dtype.value_or(bucket.unsharded().scalar_type());
       if (!state.chunk.defined() || shard_grads_alias(bucket, state.chunk)) {
-        const auto dtype = options_.reduce_dtype.value_or(bucket.unsharded().scalar_type());
         state.chunk = at::empty({bucket.chunk_numel()}, bucket.unsharded().options().dtype(dtype));
       }
+      // A division before the reduction (FSDP2's, on its reduce-dtype input) holds each gradient in
+      // the reduce dtype; without one the ring converts as it goes.
+      for (auto& grad : state.grads) grad = scaled_before_reduction(state.division, grad, dtype);
       // Parameters that got no gradient count as zeros: gradient_chunks() leaves them out.
-      state.work = reduce_scatter_gradients(group_, bucket, state.chunk, state.grads);
+      state.work = reduce_scatter_gradients(group_, bucket, state.chunk, state.grads, state.division.shard_op);
     }
     ++next_launch_;
     if (options_.shard_gradients) {
@@ -196,7 +217,7 @@ void GradientSync::complete(std::size_t b) {
   ParamBucket& bucket = buckets_[b];
   state.reduced = true;
   if (alone_) {
-    accumulate_shard_grads_alone(bucket, state.grads, options_.reduce_dtype);
+    accumulate_shard_grads_alone(bucket, state.grads, options_.reduce_dtype, state.division);
     for (auto& grad : state.grads) grad = at::Tensor();
     return;
   }
@@ -209,8 +230,12 @@ void GradientSync::complete(std::size_t b) {
       // Note [FSDP reduction order]). Stage 1's full gradient outside the shard keeps the shard
       // group's average only: nothing reads it (the optimizer steps the shard).
       at::Tensor mine = rank_chunk(bucket, state.wire);
-      if (average_across_replicas(state, mine, /*owned=*/false)) accumulate_shard_grads_from_chunk(bucket, mine);
+      if (average_across_replicas(state, mine, /*owned=*/false)) {
+        scale_after_reduction(state.division, mine);
+        accumulate_shard_grads_from_chunk(bucket, mine);
+      }
     } else {
+      scale_after_reduction(state.division, state.wire);
       accumulate_shard_grads_from_unsharded(bucket, state.wire);
     }
     if (!state.wire.is_same(state.full_grad)) state.wire = at::Tensor();
@@ -221,6 +246,7 @@ void GradientSync::complete(std::size_t b) {
     for (auto& grad : state.grads) grad = at::Tensor();
     return;
   }
+  scale_after_reduction(state.division, state.chunk);
   const bool kept = shard_grads_defined(bucket);
   accumulate_shard_grads_from_chunk(bucket, state.chunk);
   // Added into kept gradients, the chunk is needed no more: keeping it would hold a second one
@@ -250,7 +276,7 @@ bool GradientSync::average_across_replicas(BucketState& state, at::Tensor& mine,
     return false;
   }
   if (state.set_aside.defined()) mine.add_(std::exchange(state.set_aside, at::Tensor()));
-  all_reduce(*replicate_, mine, ReduceOp::kAvg);
+  all_reduce(*replicate_, mine, state.division.replicate_op);
   return true;
 }
 

@@ -130,6 +130,19 @@ class FullyShardedDataParallelImpl : public DataParallelImpl<ModuleType> {
   void set_reshard_after_backward(bool reshard_after_backward) {
     fsdp_core().set_reshard_after_backward(reshard_after_backward);
   }
+  // FSDP2's set_gradient_divide_factor: each synchronized backward's reduction gives the sum of
+  // every rank's gradient divided by `factor` (HSDP: every rank of both dimensions) rather than
+  // their average (the default: factor = the data-parallel size). E.g. the world size times the
+  // micro-batches, or a loss summed over tokens divided by their global count. Persists; read as
+  // each unit's reduction starts. The division happens where FSDP2's does (before and after the
+  // collectives, by its rules for each reduce dtype: docs/fsdp.md), so the bits match its.
+  // A factor that is not positive and finite is an error.
+  void set_gradient_divide_factor(double factor) { fsdp_core().set_gradient_divide_factor(factor); }
+  // FSDP2's set_force_sum_reduction_for_comms (default false): the collectives only sum, with the
+  // division done apart (float32 and bfloat16 otherwise average in the collective, and a divide
+  // factor multiplies before it). The same values up to rounding; FSDP2 offers it for NCCL's
+  // zero-copy sums, here it gives its arithmetic, bit for bit.
+  void set_force_sum_reduction_for_comms(bool enable) { fsdp_core().set_force_sum_reduction_for_comms(enable); }
 
  private:
   detail::FsdpCore& fsdp_core() const { return static_cast<detail::FsdpCore&>(Base::core()); }

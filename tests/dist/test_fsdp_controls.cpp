@@ -1,5 +1,6 @@
 // FullyShardedDataParallel's FSDP2 controls (set_requires_gradient_sync, unshard, reshard,
-// set_reshard_after_forward, set_reshard_after_backward) under `cpprun --nproc_per_node=K`, in
+// set_reshard_after_forward, set_reshard_after_backward, set_gradient_divide_factor,
+// set_force_sum_reduction_for_comms) under `cpprun --nproc_per_node=K`, in
 // the cpprun_dist_fsdp binary. Parity against one process on the whole batch in float64 (Note
 // [Parity in float64] in parity_checks.h); what each control keeps gathered through memory() and
 // prefetch_stats(). HSDP's set_requires_all_reduce is in test_hsdp.cpp. CHECK, not REQUIRE,
@@ -7,7 +8,9 @@
 #include "catch.h"
 #include <torch/torch.h>
 
+#include <cmath>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "cpprun/cpprun.h"
@@ -419,4 +422,56 @@ TEST_CASE("fsdp: MixedPrecisionPolicy's output_dtype and cast_forward_inputs, as
                                             cpprun::FsdpOptions().output_dtype(at::kLong));
   };
   CHECK_THROWS_WITH(refused(), Catch::Matchers::Contains("output_dtype must be a floating-point dtype"));
+}
+
+// FSDP2's set_gradient_divide_factor(f): the synchronized gradient is the sum of the ranks' over f
+// (their average times world / f), at every stage, alone (np1), in float64 (FSDP2's two divisions:
+// by 2 before the reduction and 1.5 after it at f = 3) and float32 (its PREMUL_SUM, here a
+// multiplication by 1/3 before it), with set_force_sum_reduction_for_comms, and under HSDP (2 x 1:
+// a shard group of one, where PyTorch 2.15 divides twice; 2 x 2 at 4 ranks). Checked against one
+// process whose loss is scaled by world / f; the bits against PyTorch's in
+// dist.fsdp.controls_match_pytorch.
+TEST_CASE("fsdp: set_gradient_divide_factor divides the sum of the ranks' gradients, as FSDP2's", "[fsdp]") {
+  Float64Parity float64;  // puts back the default dtype, which the loop changes
+  const int world = group().size();
+  std::optional<cpprun::DeviceMesh> mesh;
+  if (world % 2 == 0) mesh.emplace(group(), std::vector<int>{2, world / 2}, std::vector<std::string>{"replicate", "shard"});
+  for (auto dtype : {at::kDouble, at::kFloat}) {
+    const double tolerance = dtype == at::kDouble ? kParityTolerance : 1e-5;
+    torch::set_default_dtype(caffe2::TypeMeta::fromScalarType(dtype));
+    for (int stage : {1, 2, 3}) {
+      for (bool force_sum : {false, true}) {
+        for (bool hsdp : {false, true}) {
+          if (hsdp && !mesh) continue;
+          INFO("dtype " << dtype << " stage " << stage << " force_sum " << force_sum << " hsdp " << hsdp);
+          torch::manual_seed(0);
+          auto net = std::make_shared<Mlp>(31);
+          auto ref = std::make_shared<Mlp>(31);
+          copy_state(*ref, *net);
+          const auto options = cpprun::FsdpOptions().stage(stage).wrap_policy(is_linear);
+          auto model = hsdp ? cpprun::FullyShardedDataParallel(net, *mesh, options)
+                            : cpprun::FullyShardedDataParallel(net, group(), options);
+          model->set_gradient_divide_factor(3.0);
+          model->set_force_sum_reduction_for_comms(force_sum);
+          torch::optim::SGD opt(model->parameters(), 0.1), ref_opt(ref->parameters(), 0.1);
+          for (int step = 0; step < 2; ++step) {
+            opt.zero_grad();
+            ref_opt.zero_grad();
+            local_loss([&](torch::Tensor in) { return model->forward(in).to(dtype); }, step).backward();
+            reference_backward([&](torch::Tensor in) { return ref->forward(in.to(dtype)); },
+                               inputs_for("mlp", kGlobalBatch, step), targets_for(kGlobalBatch, step), world,
+                               [&](torch::Tensor loss) { return loss * world / 3.0; });
+            opt.step();
+            ref_opt.step();
+          }
+          model->gather_full_parameters();
+          check_same_parameters(*net, *ref, tolerance);
+        }
+      }
+    }
+  }
+  auto model = cpprun::FullyShardedDataParallel(std::make_shared<Mlp>(31), group());
+  for (double bad : {0.0, -2.0, std::nan("")}) {
+    CHECK_THROWS_WITH(model->set_gradient_divide_factor(bad), Catch::Contains("must be a positive finite number"));
+  }
 }

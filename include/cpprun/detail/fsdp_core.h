@@ -47,6 +47,8 @@ class FsdpCore final : public DataParallelCore {
   void reshard();
   void set_reshard_after_forward(bool on);
   void set_reshard_after_backward(bool on);
+  void set_gradient_divide_factor(double factor);
+  void set_force_sum_reduction_for_comms(bool enable);
   // A pipeline stage: forwards run as under no_sync, and finalize_backward() reduces (and, at
   // stage 3, releases) once a step.
   void set_manual_finalization(bool on) override;
