@@ -172,6 +172,13 @@ void ParameterResidency::make_room(const std::vector<std::size_t>& keep) {
 // the next training forward) gathers anew and leaves it open, as it cannot tell whether the step
 // came; outside the window, evaluation forwards keep what they gathered (reshard_after_forward
 // off). The versions still catch in-place writes that count.
+// The cost: what such an evaluation keeps, the next training forward gathers again, one all-gather
+// more than FSDP2 (right to reuse them only if the evaluation came after the step; before it, it
+// computes with the old parameters). With reshard_after_forward on (the default) the evaluation
+// keeps nothing and costs FSDP2's gathers exactly. Telling the two orders apart would need a copy
+// of the shards from the evaluation's gather, compared bit for bit at the training forward and the
+// verdict agreed by an all-reduce: Ψ/N memory and a collective for one all-gather saved in one of
+// the two orders; not done (docs/fsdp.md, "What an evaluation forward costs after the step").
 bool ParameterResidency::stale(std::size_t u) const {
   return states_[u].epoch != epoch_ || shard_version(u) != states_[u].shard_version;
 }

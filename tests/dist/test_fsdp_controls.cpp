@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/group_impl.h"  // p2p_bytes_sent
 #include "cpprun/cpprun.h"
 #include "ddp_test_models.h"
 #include "dist_test_support.h"
@@ -287,6 +288,49 @@ TEST_CASE("fsdp: an evaluation forward between backward and step leaves the next
       }
       model->gather_full_parameters();
       check_same_parameters(*net, *ref, kParityTolerance);
+    }
+  }
+}
+
+// What an evaluation forward between the optimizer's step and the next training forward costs, in
+// bytes this rank sent on the ring (Note [Stale gathered units]): it all-gathers what it uses, and
+// the training forward after it gathers as much as one with no evaluation before it. At stage 3's
+// default that is FSDP2's cost too (its evaluation forward unshards and reshards; its training
+// forward unshards again). Where the evaluation keeps what it gathered (stages 1 and 2, stage 3
+// with reshard_after_forward(false)) FSDP2 would reuse it, right when the evaluation came after the
+// step and stale when before it; cpprun cannot tell the two apart and gathers anew (docs/fsdp.md).
+TEST_CASE("fsdp: an evaluation forward after the step costs one all-gather; the next training forward one more",
+          "[fsdp]") {
+  auto sent = [] { return cpprun::detail::impl_of(group()).p2p_bytes_sent.load(); };
+  for (int stage : {1, 2, 3}) {
+    for (bool keep : {false, true}) {
+      if (keep && stage != 3) continue;
+      INFO("stage " << stage << (keep ? ", reshard_after_forward(false)" : ""));
+      auto model = cpprun::FullyShardedDataParallel(std::make_shared<Mlp>(31), group(),
+                                                    cpprun::FsdpOptions().stage(stage).wrap_policy(is_linear));
+      if (keep) model->set_reshard_after_forward(false);
+      torch::optim::SGD opt(model->parameters(), 0.1);
+      auto forward = [&](torch::Tensor in) { return model->forward(in); };
+      local_loss(forward, 0).backward();
+      opt.step();
+      uint64_t before = sent();
+      auto loss = local_loss(forward, 1);
+      const uint64_t training = sent() - before;  // no evaluation before it
+      loss.backward();
+      opt.step();
+      before = sent();
+      {
+        torch::NoGradGuard no_grad;
+        model->forward(inputs_for("mlp", kGlobalBatch, 90));
+      }
+      const uint64_t evaluation = sent() - before;
+      before = sent();
+      loss = local_loss(forward, 2);
+      const uint64_t after_evaluation = sent() - before;
+      loss.backward();
+      CHECK(evaluation == training);
+      CHECK(after_evaluation == training);
+      if (group().size() > 1) CHECK(training > 0);  // alone nothing is gathered (Note [Nothing to shard alone])
     }
   }
 }
