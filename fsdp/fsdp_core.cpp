@@ -356,6 +356,9 @@ void FsdpCore::set_gradient_divide_factor(double factor) {
   impl_->sync->set_gradient_divide_factor(factor);
 }
 void FsdpCore::set_force_sum_reduction_for_comms(bool enable) { impl_->sync->set_force_sum_reduction(enable); }
+void FsdpCore::set_all_reduce_hook(std::function<void(const at::Tensor&)> hook) {
+  impl_->sync->set_all_reduce_hook(std::move(hook));
+}
 void FsdpCore::set_manual_finalization(bool on) { impl_->manual_finalization = on; }
 void FsdpCore::finalize_backward() {
   TORCH_CHECK(impl_->manual_finalization, "cpprun::FullyShardedDataParallel::finalize_backward: manual finalization "

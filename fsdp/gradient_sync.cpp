@@ -106,6 +106,11 @@ void GradientSync::set_force_sum_reduction(bool force_sum) {
   force_sum_ = force_sum;
 }
 
+void GradientSync::set_all_reduce_hook(std::function<void(const at::Tensor&)> hook) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  all_reduce_hook_ = std::move(hook);
+}
+
 GradientDivision GradientSync::division_for(std::size_t b) const {
   const auto reduce_dtype = options_.reduce_dtype.value_or(buckets_[b].unsharded().scalar_type());
   return gradient_division(group_.size(), replicate_ ? replicate_->size() : 1, reduce_dtype, divide_factor_, force_sum_);
@@ -163,12 +168,16 @@ void GradientSync::launch_ready_buckets() {
     if (state.pending != 0) return;
     // See Note [Gradient divide factor] in fsdp_collectives.cpp.
     state.division = division_for(b);
+    state.hook = all_reduce_hook_;
+    // A hook needs this rank's reduced rows as one tensor, which alone only a reduce-scatter in the
+    // group of one makes.
+    state.alone = alone_ && !state.hook;
     if (!options_.shard_gradients) {
       const bool convert = options_.reduce_dtype && *options_.reduce_dtype != state.full_grad.scalar_type();
       state.wire = convert ? state.full_grad.to(*options_.reduce_dtype) : state.full_grad;
       state.wire = scaled_before_reduction(state.division, state.wire, state.wire.scalar_type());
       state.work = all_reduce_async(group_, state.wire, state.division.shard_op);
-    } else if (alone_) {
+    } else if (state.alone) {
       // Note [Nothing to reduce-scatter alone]: complete() hands each gradient to its shard.
     } else {
       // A fresh chunk where a shard .grad the optimizer kept is a view of the last one: the
@@ -216,7 +225,7 @@ void GradientSync::complete(std::size_t b) {
   state.work.wait();
   ParamBucket& bucket = buckets_[b];
   state.reduced = true;
-  if (alone_) {
+  if (state.alone) {
     accumulate_shard_grads_alone(bucket, state.grads, options_.reduce_dtype, state.division);
     for (auto& grad : state.grads) grad = at::Tensor();
     return;
@@ -231,9 +240,15 @@ void GradientSync::complete(std::size_t b) {
       // group's average only: nothing reads it (the optimizer steps the shard).
       at::Tensor mine = rank_chunk(bucket, state.wire);
       if (average_across_replicas(state, mine, /*owned=*/false)) {
+        if (state.hook) state.hook(mine);
         scale_after_reduction(state.division, mine);
         accumulate_shard_grads_from_chunk(bucket, mine);
       }
+    } else if (state.hook) {
+      at::Tensor mine = rank_chunk(bucket, state.wire);  // the hook's: this rank's rows, as a chunk
+      state.hook(mine);
+      scale_after_reduction(state.division, mine);
+      accumulate_shard_grads_from_chunk(bucket, mine);
     } else {
       scale_after_reduction(state.division, state.wire);
       accumulate_shard_grads_from_unsharded(bucket, state.wire);
@@ -246,6 +261,7 @@ void GradientSync::complete(std::size_t b) {
     for (auto& grad : state.grads) grad = at::Tensor();
     return;
   }
+  if (state.hook) state.hook(state.chunk);
   scale_after_reduction(state.division, state.chunk);
   const bool kept = shard_grads_defined(bucket);
   accumulate_shard_grads_from_chunk(bucket, state.chunk);

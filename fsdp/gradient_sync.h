@@ -66,6 +66,11 @@ class GradientSync {
   // fsdp_collectives.h). Read as each bucket's reduction starts.
   void set_gradient_divide_factor(std::optional<double> factor);
   void set_force_sum_reduction(bool force_sum);
+  // FSDP2's set_all_reduce_hook: called with this rank's reduced rows of each bucket (in the
+  // reduce dtype, 1-D, in the wire layout) after the shard group's reduction and HSDP's
+  // all-reduce, before the division after them; it may change them in place. Runs with this
+  // object's lock held, in backward: it must not call into the wrapper. Null: none.
+  void set_all_reduce_hook(std::function<void(const at::Tensor&)> hook);
   // Manual finalization (a pipeline stage): reduces every gradient accumulated since the last
   // reduction, as the end of a synchronized backward would. Collective.
   void finalize();
@@ -91,6 +96,8 @@ class GradientSync {
     bool reduced = false;   // full_grad holds the last synchronized backward's result
     bool completed = false;
     GradientDivision division;  // the reduction in flight's
+    std::function<void(const at::Tensor&)> hook;  // the same
+    bool alone = false;         // Note [Nothing to reduce-scatter alone] applies to it
     Work work;
   };
 
@@ -123,6 +130,7 @@ class GradientSync {
   bool prepared_ = false;        // prepare() ran and its backward has not started
   bool all_reduce_ = true;       // HSDP: see set_all_reduce
   std::optional<double> divide_factor_;
+  std::function<void(const at::Tensor&)> all_reduce_hook_;
   bool force_sum_ = false;
   bool shards_stepped_ = false;
   std::size_t next_launch_ = 0;   // reduced last to first: see launch_ready_buckets()

@@ -21,6 +21,7 @@
 #include <torch/nn/pimpl.h>
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -143,6 +144,17 @@ class FullyShardedDataParallelImpl : public DataParallelImpl<ModuleType> {
   // factor multiplies before it). The same values up to rounding; FSDP2 offers it for NCCL's
   // zero-copy sums, here it gives its arithmetic, bit for bit.
   void set_force_sum_reduction_for_comms(bool enable) { fsdp_core().set_force_sum_reduction_for_comms(enable); }
+  // FSDP2's set_all_reduce_hook: `hook(reduce_output)` runs in each synchronized backward once per
+  // unit and dtype, with this rank's reduced gradient rows (1-D, in the reduce dtype, every
+  // parameter's rows end to end as the wire carries them, zero-padded): after the reduce-scatter
+  // (HSDP: after the replicas' all-reduce), before the division that follows them (see
+  // set_gradient_divide_factor), and it may change them in place, e.g. all-reduce them over a
+  // group of its own. Not called where HSDP's all-reduce is off (set_requires_all_reduce(false)),
+  // as FSDP2's. It runs inside backward: it must not call this wrapper. An empty function
+  // removes it. (FSDP2's `stream` argument has no CPU counterpart.)
+  void set_all_reduce_hook(std::function<void(const at::Tensor&)> hook) {
+    fsdp_core().set_all_reduce_hook(std::move(hook));
+  }
 
  private:
   detail::FsdpCore& fsdp_core() const { return static_cast<detail::FsdpCore&>(Base::core()); }

@@ -13,7 +13,9 @@
 //   divide_sum: the same with reduce_dtype float32 and set_force_sum_reduction_for_comms(true): a
 //     float32 sum of the gradients rounded to float32, divided by 3 after it (without force_sum,
 //     FSDP2 would multiply by 1/3 before it, a PREMUL_SUM, which Gloo lacks: other bits).
-// Each micro-batch synchronized in the last two.
+//   hook: set_gradient_divide_factor(3) and set_all_reduce_hook adding 0.01 to the reduced rows, in
+//     float64: FSDP2 calls it between the reduce-scatter and the division by 1.5 after it.
+// Each micro-batch synchronized in the last three.
 #include <torch/torch.h>
 
 #include <cstdio>
@@ -62,7 +64,7 @@ int main(int argc, char** argv) {
   out.emplace_back("y", y);
   const cpprun::DeviceMesh mesh(group, {2, 1}, {"replicate", "shard"});
 
-  for (const std::string kind : {"accumulate", "hsdp", "divide", "divide_sum"}) {
+  for (const std::string kind : {"accumulate", "hsdp", "divide", "divide_sum", "hook"}) {
     auto net = std::make_shared<Net>();
     {
       torch::NoGradGuard no_grad;
@@ -72,7 +74,8 @@ int main(int argc, char** argv) {
     if (kind == "divide_sum") options.reduce_dtype(at::kFloat);
     auto model = kind == "hsdp" ? cpprun::FullyShardedDataParallel(net, mesh, options)
                                 : cpprun::FullyShardedDataParallel(net, group, options);
-    if (kind == "divide" || kind == "divide_sum") model->set_gradient_divide_factor(3.0);
+    if (kind == "divide" || kind == "divide_sum" || kind == "hook") model->set_gradient_divide_factor(3.0);
+    if (kind == "hook") model->set_all_reduce_hook([](const torch::Tensor& rows) { rows.add_(0.01); });
     if (kind == "divide_sum") model->set_force_sum_reduction_for_comms(true);
     torch::optim::SGD opt(model->parameters(), 0.1);
     for (int step = 0; step < kSteps; ++step) {

@@ -34,7 +34,7 @@ def main():
     init = {k[len("init."):]: v for k, v in t.items() if k.startswith("init.")}
     x, y = t["x"], t["y"]
     failed = False
-    for kind in ("accumulate", "hsdp", "divide", "divide_sum"):
+    for kind in ("accumulate", "hsdp", "divide", "divide_sum", "hook"):
         model = Net()
         model.load_state_dict(init)
         if kind == "hsdp":
@@ -48,8 +48,10 @@ def main():
         # FSDP2's two setters act on the module's own parameter group only (no recurse): cpprun's
         # act on every unit, as calling them on each fully_shard module does.
         for module in (model.fc1, model.fc2, model):
-            if kind in ("divide", "divide_sum"):
+            if kind in ("divide", "divide_sum", "hook"):
                 module.set_gradient_divide_factor(3.0)
+            if kind == "hook":
+                module.set_all_reduce_hook(lambda rows: rows.add_(0.01))
             if kind == "divide_sum":
                 module.set_force_sum_reduction_for_comms(True)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -1,6 +1,6 @@
 // FullyShardedDataParallel's FSDP2 controls (set_requires_gradient_sync, unshard, reshard,
 // set_reshard_after_forward, set_reshard_after_backward, set_gradient_divide_factor,
-// set_force_sum_reduction_for_comms) under `cpprun --nproc_per_node=K`, in
+// set_force_sum_reduction_for_comms, set_all_reduce_hook) under `cpprun --nproc_per_node=K`, in
 // the cpprun_dist_fsdp binary. Parity against one process on the whole batch in float64 (Note
 // [Parity in float64] in parity_checks.h); what each control keeps gathered through memory() and
 // prefetch_stats(). HSDP's set_requires_all_reduce is in test_hsdp.cpp. CHECK, not REQUIRE,
@@ -517,5 +517,66 @@ TEST_CASE("fsdp: set_gradient_divide_factor divides the sum of the ranks' gradie
   auto model = cpprun::FullyShardedDataParallel(std::make_shared<Mlp>(31), group());
   for (double bad : {0.0, -2.0, std::nan("")}) {
     CHECK_THROWS_WITH(model->set_gradient_divide_factor(bad), Catch::Contains("must be a positive finite number"));
+  }
+}
+
+// FSDP2's set_all_reduce_hook: called once per unit (bucket) in each synchronized backward with
+// this rank's reduced rows, none in local backwards nor where HSDP's all-reduce is off; what it
+// does to them is what the shards' gradients get. Here it doubles them: one process with each
+// loss doubled must match, at stages 1-3, alone (np1: a reduce-scatter in the group of one makes
+// the rows), and under HSDP (2 x 1 and 2 x 2). Its place between the reduction and the division
+// after it is checked against PyTorch in dist.fsdp.controls_match_pytorch.
+TEST_CASE("fsdp: set_all_reduce_hook sees each unit's reduced rows once per synchronized backward", "[fsdp]") {
+  Float64Parity float64;
+  const int world = group().size();
+  std::optional<cpprun::DeviceMesh> mesh;
+  if (world % 2 == 0) mesh.emplace(group(), std::vector<int>{2, world / 2}, std::vector<std::string>{"replicate", "shard"});
+  for (int stage : {1, 2, 3}) {
+    for (bool hsdp : {false, true}) {
+      if (hsdp && !mesh) continue;
+      INFO("stage " << stage << " hsdp " << hsdp);
+      torch::manual_seed(0);
+      auto net = std::make_shared<Mlp>(31);
+      auto ref = std::make_shared<Mlp>(31);
+      copy_state(*ref, *net);
+      const auto options = cpprun::FsdpOptions().stage(stage).wrap_policy(is_linear);
+      auto model = hsdp ? cpprun::FullyShardedDataParallel(net, *mesh, options)
+                        : cpprun::FullyShardedDataParallel(net, group(), options);
+      int calls = 0;
+      model->set_all_reduce_hook([&calls](const torch::Tensor& rows) {
+        ++calls;
+        CHECK(rows.dim() == 1);
+        CHECK(rows.scalar_type() == at::kDouble);
+        rows.mul_(2);
+      });
+      const int units = static_cast<int>(model->bucket_count());
+      torch::optim::SGD opt(model->parameters(), 0.1), ref_opt(ref->parameters(), 0.1);
+      auto micro_batch = [&](int64_t batch) {
+        local_loss([&](torch::Tensor in) { return model->forward(in); }, batch).backward();
+        reference_backward([&](torch::Tensor in) { return ref->forward(in); }, inputs_for("mlp", kGlobalBatch, batch),
+                           targets_for(kGlobalBatch, batch), world, [](torch::Tensor loss) { return loss * 2; });
+      };
+      for (int step = 0; step < 2; ++step) {
+        opt.zero_grad();
+        ref_opt.zero_grad();
+        model->set_requires_gradient_sync(false);
+        micro_batch(10 * step);
+        CHECK(calls == 0);
+        model->set_requires_gradient_sync(true);
+        if (hsdp) {
+          model->set_requires_all_reduce(false);
+          micro_batch(10 * step + 1);
+          CHECK(calls == 0);
+          model->set_requires_all_reduce(true);
+        }
+        micro_batch(10 * step + 2);
+        CHECK(calls == units);
+        calls = 0;
+        opt.step();
+        ref_opt.step();
+      }
+      model->gather_full_parameters();
+      check_same_parameters(*net, *ref, kParityTolerance);
+    }
   }
 }
