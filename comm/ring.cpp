@@ -86,7 +86,14 @@ void finish_neighbour_check(const Ring& ring, const NeighbourCheck& check) {
   }
 }
 
-void accumulate(at::Tensor& acc, const at::Tensor& contribution, ReduceOp op) {
+// A contribution of another dtype than the wire's (FSDP's gradients reduced in its reduce_dtype)
+// is rounded to the wire's first, as every rank's input to a collective in that dtype is: added
+// unrounded, a wider one (float64 gradients reduced in float32) would be summed in its own dtype
+// and rounded once, other bits than FSDP2's, which casts its input before the collective.
+void accumulate(at::Tensor& acc, const at::Tensor& contribution_as_given, ReduceOp op) {
+  const at::Tensor contribution = contribution_as_given.scalar_type() == acc.scalar_type()
+                                      ? contribution_as_given
+                                      : contribution_as_given.to(acc.scalar_type());
   switch (op) {
     case ReduceOp::kSum:
     case ReduceOp::kAvg: acc.add_(contribution); break;

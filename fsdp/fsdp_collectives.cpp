@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "comm/chunked_collectives.h"
 #include "core/tensor_alias.h"
@@ -99,6 +100,68 @@ ChunkedTensor gradient_chunks(const ParamBucket& bucket, const std::vector<at::T
   return chunked;
 }
 
+// Note [Gradient divide factor]
+// FSDP2 (_fsdp_collectives.py, _get_gradient_divide_factors and foreach_reduce) averages in fp32
+// and bf16 with the collective's own AVG; with set_gradient_divide_factor(f) it reduce-scatters
+// with AVG where f is the shard group's size, else with NCCL's PREMUL_SUM(1/f) (each input times
+// 1/f, then summed), and all-reduces across HSDP's replicas with SUM: the sum of every rank's
+// gradient over f. In other dtypes (float16 and float64: "overflow risk"), or with
+// set_force_sum_reduction_for_comms(true), both collectives SUM, around two divisions that
+// multiply to f (default: the data-parallel size): in those dtypes by `pre`, a power of two near
+// sqrt(f) (float16's range: neither the sum nor the quotients overflow), before the reduction
+// and by f / pre after it; in fp32 and bf16 by f after it. Here the same steps in the same
+// dtypes give the same bits (ours AVG sums and divides, Gloo's does the same). Where the shard
+// group is one rank FSDP2 skips the reduce-scatter and divides its input by f itself, after its
+// `pre` division: in float16 and float64, and with force_sum, it so divides by f twice (2.15:
+// fully_shard on a 2 x 1 mesh, factor 3, float64 gives 2/9 of the sum); cpprun divides once.
+GradientDivision gradient_division(int shard_size, int replicate_size, at::ScalarType reduce_dtype,
+                                   std::optional<double> factor, bool force_sum) {
+  GradientDivision d;
+  const bool overflow_risk = reduce_dtype != at::kFloat && reduce_dtype != at::kBFloat16;
+  const int data_parallel = shard_size * replicate_size;
+  if (!overflow_risk && !force_sum) {
+    if (!factor) {
+      d.shard_op = d.replicate_op = data_parallel == 1 ? ReduceOp::kSum : ReduceOp::kAvg;
+      return d;
+    }
+    d.replicate_op = ReduceOp::kSum;
+    if (shard_size == 1) {
+      d.shard_op = ReduceOp::kSum;  // nothing to reduce: FSDP2 divides the input by the factor
+      if (*factor != 1) d.divide_before = *factor;
+    } else if (*factor == shard_size) {
+      d.shard_op = ReduceOp::kAvg;
+    } else {
+      d.shard_op = ReduceOp::kSum;
+      d.multiply_before = 1 / *factor;
+    }
+    return d;
+  }
+  const double f = factor.value_or(static_cast<double>(data_parallel));
+  d.shard_op = d.replicate_op = ReduceOp::kSum;
+  double pre = 1;
+  if (overflow_risk) {
+    while (std::fmod(f, pre) == 0 && f / pre > pre) pre *= 2;
+  }
+  const double post = f / pre;
+  if (pre != 1) d.divide_before = pre;
+  if (post != 1) d.divide_after = post;
+  return d;
+}
+
+at::Tensor scaled_before_reduction(const GradientDivision& division, at::Tensor grad, at::ScalarType reduce_dtype) {
+  if (!grad.defined() || (!division.divide_before && !division.multiply_before)) return grad;
+  at::NoGradGuard no_grad;
+  if (grad.scalar_type() != reduce_dtype) grad = grad.to(reduce_dtype);
+  if (division.divide_before) grad.div_(*division.divide_before);
+  if (division.multiply_before) grad.mul_(*division.multiply_before);
+  return grad;
+}
+
+void scale_after_reduction(const GradientDivision& division, const at::Tensor& reduced) {
+  at::NoGradGuard no_grad;
+  if (division.divide_after) reduced.div_(*division.divide_after);
+}
+
 void copy_shards_into(const ParamBucket& bucket, const at::Tensor& into) {
   at::NoGradGuard no_grad;
   for (std::size_t i = 0; i < bucket.params().size(); ++i) {
@@ -123,11 +186,11 @@ Work all_gather_shards(const ProcessGroup& group, const ParamBucket& bucket, con
 }
 
 Work reduce_scatter_gradients(const ProcessGroup& group, const ParamBucket& bucket, const at::Tensor& chunk,
-                              const std::vector<at::Tensor>& grads) {
+                              const std::vector<at::Tensor>& grads, ReduceOp op) {
   ChunkedTensor pieces = gradient_chunks(bucket, grads);
   pieces.pieces_are_scratch = true;  // partials wait in the gradients themselves (see the header)
   pieces.message_starts = wire_message_starts(bucket, static_cast<int64_t>(chunk.element_size()));
-  return reduce_scatter_chunks_async(group, chunk, std::move(pieces), ReduceOp::kAvg);
+  return reduce_scatter_chunks_async(group, chunk, std::move(pieces), op);
 }
 
 void accumulate_shard_grads_from_chunk(ParamBucket& bucket, const at::Tensor& chunk) {
@@ -143,7 +206,7 @@ void accumulate_shard_grads_from_unsharded(ParamBucket& bucket, const at::Tensor
 }
 
 void accumulate_shard_grads_alone(ParamBucket& bucket, const std::vector<at::Tensor>& grads,
-                           std::optional<at::ScalarType> reduce_dtype) {
+                           std::optional<at::ScalarType> reduce_dtype, const GradientDivision& division) {
   TORCH_INTERNAL_ASSERT(bucket.world() == 1 && grads.size() == bucket.params().size());
   at::NoGradGuard no_grad;
   for (std::size_t i = 0; i < grads.size(); ++i) {
@@ -151,6 +214,8 @@ void accumulate_shard_grads_alone(ParamBucket& bucket, const std::vector<at::Ten
     if (!grads[i].defined() && s.shard.grad().defined()) continue;  // adding zeros
     at::Tensor grad = grads[i].defined() ? grads[i].contiguous() : at::zeros_like(s.shard);
     if (reduce_dtype && grad.scalar_type() != *reduce_dtype) grad = grad.to(*reduce_dtype);
+    grad = scaled_before_reduction(division, grad, grad.scalar_type());
+    scale_after_reduction(division, grad);
     // Shaped as the shard (a 0-d parameter's is [1]) and never a view: zero_grad() detach_()es
     // every .grad, which views refuse (core/tensor_alias.h).
     if (grad.is_view() || grad.sizes() != at::IntArrayRef(s.shard_sizes())) grad = alias_into(grad, 0, s.shard_sizes());

@@ -46,13 +46,36 @@ void copy_shards_into(const ParamBucket& bucket, const at::Tensor& into);
 // rank's copied into its rows, every other rank's received straight into each parameter's rows.
 // In a group of one, only the copy (none where the shards are views of `into`).
 Work all_gather_shards(const ProcessGroup& group, const ParamBucket& bucket, const at::Tensor& into);
-// Averages the parameters' full gradients over the group into this rank's `chunk` (in chunk's
-// dtype), read straight from `grads` (as gradient_chunks()). The gradients are the ring's
+// How a reduction scales the gradients' sum: FSDP2's _get_gradient_divide_factors
+// (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py), step for step, so that the bits match
+// (Note [Gradient divide factor] in fsdp_collectives.cpp). Each rank's gradient (in the reduce
+// dtype) is divided by `divide_before` or multiplied by `multiply_before`, reduced over the shard
+// group with `shard_op`, HSDP's replicas all-reduce it with `replicate_op`, and the result is
+// divided by `divide_after`.
+struct GradientDivision {
+  std::optional<double> divide_before;
+  std::optional<double> multiply_before;  // NCCL's PREMUL_SUM(1 / factor), by hand
+  ReduceOp shard_op = ReduceOp::kAvg;
+  ReduceOp replicate_op = ReduceOp::kAvg;
+  std::optional<double> divide_after;
+};
+// `factor`: set_gradient_divide_factor's (none: the data-parallel size, shard_size x
+// replicate_size); `force_sum`: set_force_sum_reduction_for_comms's.
+GradientDivision gradient_division(int shard_size, int replicate_size, at::ScalarType reduce_dtype,
+                                   std::optional<double> factor, bool force_sum);
+// `grad` with divide_before / multiply_before applied, in `reduce_dtype` (cast first where it is
+// another; in place where not). Undefined stays undefined.
+at::Tensor scaled_before_reduction(const GradientDivision& division, at::Tensor grad, at::ScalarType reduce_dtype);
+// divide_after applied to `reduced`, in place.
+void scale_after_reduction(const GradientDivision& division, const at::Tensor& reduced);
+
+// Reduces the parameters' full gradients over the group with `op` into this rank's `chunk` (in
+// chunk's dtype), read straight from `grads` (as gradient_chunks()). The gradients are the ring's
 // scratch: other ranks' partial sums wait in them between steps, so their values afterwards are
 // not the gradients (GradientSync drops them once this is done). Nothing may touch them until
 // the returned work is done.
 Work reduce_scatter_gradients(const ProcessGroup& group, const ParamBucket& bucket, const at::Tensor& chunk,
-                              const std::vector<at::Tensor>& grads);
+                              const std::vector<at::Tensor>& grads, ReduceOp op);
 
 // Every shard's .grad from this rank's chunk of reduced gradients, added into a .grad the shard
 // has (Note [Shard gradients accumulate]); else a view of the chunk where dtype and device match
@@ -63,8 +86,8 @@ void accumulate_shard_grads_from_unsharded(ParamBucket& bucket, const at::Tensor
 // A group of one rank: every shard is its whole parameter, and its .grad the parameter's own
 // gradient `grads[i]` (zeros where it got none), rounded to `reduce_dtype` when given, as a
 // reduction in it would, then to the shard's dtype: no copy where the types match. Added into a
-// .grad the shard has, as above.
+// .grad the shard has, as above. `division` scales it as a reduction would (a divide factor).
 void accumulate_shard_grads_alone(ParamBucket& bucket, const std::vector<at::Tensor>& grads,
-                           std::optional<at::ScalarType> reduce_dtype);
+                           std::optional<at::ScalarType> reduce_dtype, const GradientDivision& division);
 
 }  // namespace cpprun::detail

@@ -10,6 +10,7 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
+#include <cmath>
 #include <functional>
 #include <unordered_map>
 #include <unordered_set>
@@ -347,6 +348,16 @@ void FsdpCore::set_reshard_after_backward(bool on) {
               "stage ", impl_->options.stage(), " keeps the full parameters between steps (that is what ZeRO stages 1 "
               "and 2 are), so there is nothing to release after backward; use FsdpOptions().stage(3) to shard them.");
   if (impl_->residency) impl_->residency->set_reshard_after_backward(on);
+}
+void FsdpCore::set_gradient_divide_factor(double factor) {
+  TORCH_CHECK(std::isfinite(factor) && factor > 0, "cpprun::FullyShardedDataParallel::set_gradient_divide_factor: the "
+              "factor divides the sum of the ranks' gradients, so it must be a positive finite number, got ", factor,
+              " (the default, an average, is the data-parallel size: ", impl_->groups.whole.size(), " here).");
+  impl_->sync->set_gradient_divide_factor(factor);
+}
+void FsdpCore::set_force_sum_reduction_for_comms(bool enable) { impl_->sync->set_force_sum_reduction(enable); }
+void FsdpCore::set_all_reduce_hook(std::function<void(const at::Tensor&)> hook) {
+  impl_->sync->set_all_reduce_hook(std::move(hook));
 }
 void FsdpCore::set_manual_finalization(bool on) { impl_->manual_finalization = on; }
 void FsdpCore::finalize_backward() {

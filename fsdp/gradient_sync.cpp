@@ -96,6 +96,26 @@ void GradientSync::set_all_reduce(bool all_reduce) {
   all_reduce_ = all_reduce;
 }
 
+void GradientSync::set_gradient_divide_factor(std::optional<double> factor) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  divide_factor_ = factor;
+}
+
+void GradientSync::set_force_sum_reduction(bool force_sum) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  force_sum_ = force_sum;
+}
+
+void GradientSync::set_all_reduce_hook(std::function<void(const at::Tensor&)> hook) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  all_reduce_hook_ = std::move(hook);
+}
+
+GradientDivision GradientSync::division_for(std::size_t b) const {
+  const auto reduce_dtype = options_.reduce_dtype.value_or(buckets_[b].unsharded().scalar_type());
+  return gradient_division(group_.size(), replicate_ ? replicate_->size() : 1, reduce_dtype, divide_factor_, force_sum_);
+}
+
 void GradientSync::clear_reductions() {
   for (auto& state : states_) state.completed = false, state.work = Work();
   next_launch_ = 0;
@@ -115,7 +135,7 @@ void GradientSync::on_gradient_ready(std::size_t b, std::size_t i) {
       finish_queued_ = true;
       torch::autograd::Engine::get_default_engine().queue_callback([this] { finish_local_backward(); });
     }
-    // A second backward through one graph (retain_graph) finds the counts spent: nothing more.
+    // A second backward through one graph (retain_graph) counts afresh: Note [Local backward again].
     if (states_[b].pending > 0 && --states_[b].pending == 0 && bucket_done_) bucket_done_(b);
     return;
   }
@@ -146,21 +166,31 @@ void GradientSync::launch_ready_buckets() {
     BucketState& state = states_[b];
     ParamBucket& bucket = buckets_[b];
     if (state.pending != 0) return;
+    // See Note [Gradient divide factor] in fsdp_collectives.cpp.
+    state.division = division_for(b);
+    state.hook = all_reduce_hook_;
+    // A hook needs this rank's reduced rows as one tensor, which alone only a reduce-scatter in the
+    // group of one makes.
+    state.alone = alone_ && !state.hook;
     if (!options_.shard_gradients) {
       const bool convert = options_.reduce_dtype && *options_.reduce_dtype != state.full_grad.scalar_type();
       state.wire = convert ? state.full_grad.to(*options_.reduce_dtype) : state.full_grad;
-      state.work = all_reduce_async(group_, state.wire, ReduceOp::kAvg);
-    } else if (alone_) {
+      state.wire = scaled_before_reduction(state.division, state.wire, state.wire.scalar_type());
+      state.work = all_reduce_async(group_, state.wire, state.division.shard_op);
+    } else if (state.alone) {
       // Note [Nothing to reduce-scatter alone]: complete() hands each gradient to its shard.
     } else {
       // A fresh chunk where a shard .grad the optimizer kept is a view of the last one: the
       // reduction adds to it (Note [Shard gradients accumulate]), and must not overwrite it.
+      const auto dtype = options_.reduce_dtype.value_or(bucket.unsharded().scalar_type());
       if (!state.chunk.defined() || shard_grads_alias(bucket, state.chunk)) {
-        const auto dtype = options_.reduce_dtype.value_or(bucket.unsharded().scalar_type());
         state.chunk = at::empty({bucket.chunk_numel()}, bucket.unsharded().options().dtype(dtype));
       }
+      // A division before the reduction (FSDP2's, on its reduce-dtype input) holds each gradient in
+      // the reduce dtype; without one the ring converts as it goes.
+      for (auto& grad : state.grads) grad = scaled_before_reduction(state.division, grad, dtype);
       // Parameters that got no gradient count as zeros: gradient_chunks() leaves them out.
-      state.work = reduce_scatter_gradients(group_, bucket, state.chunk, state.grads);
+      state.work = reduce_scatter_gradients(group_, bucket, state.chunk, state.grads, state.division.shard_op);
     }
     ++next_launch_;
     if (options_.shard_gradients) {
@@ -195,8 +225,8 @@ void GradientSync::complete(std::size_t b) {
   state.work.wait();
   ParamBucket& bucket = buckets_[b];
   state.reduced = true;
-  if (alone_) {
-    accumulate_shard_grads_alone(bucket, state.grads, options_.reduce_dtype);
+  if (state.alone) {
+    accumulate_shard_grads_alone(bucket, state.grads, options_.reduce_dtype, state.division);
     for (auto& grad : state.grads) grad = at::Tensor();
     return;
   }
@@ -209,8 +239,18 @@ void GradientSync::complete(std::size_t b) {
       // Note [FSDP reduction order]). Stage 1's full gradient outside the shard keeps the shard
       // group's average only: nothing reads it (the optimizer steps the shard).
       at::Tensor mine = rank_chunk(bucket, state.wire);
-      if (average_across_replicas(state, mine, /*owned=*/false)) accumulate_shard_grads_from_chunk(bucket, mine);
+      if (average_across_replicas(state, mine, /*owned=*/false)) {
+        if (state.hook) state.hook(mine);
+        scale_after_reduction(state.division, mine);
+        accumulate_shard_grads_from_chunk(bucket, mine);
+      }
+    } else if (state.hook) {
+      at::Tensor mine = rank_chunk(bucket, state.wire);  // the hook's: this rank's rows, as a chunk
+      state.hook(mine);
+      scale_after_reduction(state.division, mine);
+      accumulate_shard_grads_from_chunk(bucket, mine);
     } else {
+      scale_after_reduction(state.division, state.wire);
       accumulate_shard_grads_from_unsharded(bucket, state.wire);
     }
     if (!state.wire.is_same(state.full_grad)) state.wire = at::Tensor();
@@ -221,6 +261,8 @@ void GradientSync::complete(std::size_t b) {
     for (auto& grad : state.grads) grad = at::Tensor();
     return;
   }
+  if (state.hook) state.hook(state.chunk);
+  scale_after_reduction(state.division, state.chunk);
   const bool kept = shard_grads_defined(bucket);
   accumulate_shard_grads_from_chunk(bucket, state.chunk);
   // Added into kept gradients, the chunk is needed no more: keeping it would hold a second one
@@ -250,7 +292,7 @@ bool GradientSync::average_across_replicas(BucketState& state, at::Tensor& mine,
     return false;
   }
   if (state.set_aside.defined()) mine.add_(std::exchange(state.set_aside, at::Tensor()));
-  all_reduce(*replicate_, mine, ReduceOp::kAvg);
+  all_reduce(*replicate_, mine, state.division.replicate_op);
   return true;
 }
 
@@ -277,11 +319,21 @@ void GradientSync::finish_backward() {
   if (backward_end) backward_end(true);
 }
 
+// Note [Local backward again]
+// A local backward's graph may be run again (retain_graph): autograd's second pass uses the saved
+// weights, so stage 3 gathers their units again, and must release them as the first pass did
+// (FSDP2's post-backward hooks run again and reshard each group). So the end of a local backward
+// readies the next one as prepare() would: the counts per bucket start again (each unit released
+// once its gradients are in) and the next pass queues its own end (everything released). Before
+// 2026-12-05 a second pass queued no end and its units stayed gathered until the next forward.
+// A synchronized backward's graph cannot run again: its gradients were reduced (an error above).
 void GradientSync::finish_local_backward() {
   std::function<void(bool)> backward_end;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (mode_ != Mode::kNoSync) return;
+    finish_queued_ = false;
+    for (std::size_t b = 0; b < states_.size(); ++b) states_[b].pending = buckets_[b].params().size();
     backward_end = backward_end_;
   }
   if (backward_end) backward_end(false);

@@ -28,6 +28,7 @@
 
 #include "core/gradient_ready_hook.h"
 #include "cpprun/collectives.h"
+#include "fsdp/fsdp_collectives.h"
 #include "fsdp/param_bucket.h"
 #include "fsdp/shard_groups.h"
 
@@ -60,6 +61,16 @@ class GradientSync {
   // completes. Nothing to skip without replicas.
   void set_all_reduce(bool all_reduce);
   bool all_reduce_enabled() const { return all_reduce_; }
+  // FSDP2's set_gradient_divide_factor (none: the data-parallel size, an average) and
+  // set_force_sum_reduction_for_comms: how each reduction scales the sum (GradientDivision in
+  // fsdp_collectives.h). Read as each bucket's reduction starts.
+  void set_gradient_divide_factor(std::optional<double> factor);
+  void set_force_sum_reduction(bool force_sum);
+  // FSDP2's set_all_reduce_hook: called with this rank's reduced rows of each bucket (in the
+  // reduce dtype, 1-D, in the wire layout) after the shard group's reduction and HSDP's
+  // all-reduce, before the division after them; it may change them in place. Runs with this
+  // object's lock held, in backward: it must not call into the wrapper. Null: none.
+  void set_all_reduce_hook(std::function<void(const at::Tensor&)> hook);
   // Manual finalization (a pipeline stage): reduces every gradient accumulated since the last
   // reduction, as the end of a synchronized backward would. Collective.
   void finalize();
@@ -84,6 +95,9 @@ class GradientSync {
     std::size_t pending = 0;
     bool reduced = false;   // full_grad holds the last synchronized backward's result
     bool completed = false;
+    GradientDivision division;  // the reduction in flight's
+    std::function<void(const at::Tensor&)> hook;  // the same
+    bool alone = false;         // Note [Nothing to reduce-scatter alone] applies to it
     Work work;
   };
 
@@ -96,6 +110,7 @@ class GradientSync {
   // HSDP: averages `mine` (this rank's reduced rows) across the replicas, adding what was set
   // aside first; or, all-reduce off, sets it aside. Returns whether `mine` now holds the average.
   bool average_across_replicas(BucketState& state, at::Tensor& mine, bool owned);
+  GradientDivision division_for(std::size_t bucket) const;
   void clear_reductions();  // no bucket launched or completed yet (mutex_ held)
   void bind_full_grad(std::size_t bucket);
   void note_gradient_bytes();
@@ -114,6 +129,9 @@ class GradientSync {
   bool finish_queued_ = false;   // a backward has started since prepare()
   bool prepared_ = false;        // prepare() ran and its backward has not started
   bool all_reduce_ = true;       // HSDP: see set_all_reduce
+  std::optional<double> divide_factor_;
+  std::function<void(const at::Tensor&)> all_reduce_hook_;
+  bool force_sum_ = false;
   bool shards_stepped_ = false;
   std::size_t next_launch_ = 0;   // reduced last to first: see launch_ready_buckets()
   std::deque<std::size_t> in_flight_;

@@ -172,6 +172,13 @@ void ParameterResidency::make_room(const std::vector<std::size_t>& keep) {
 // the next training forward) gathers anew and leaves it open, as it cannot tell whether the step
 // came; outside the window, evaluation forwards keep what they gathered (reshard_after_forward
 // off). The versions still catch in-place writes that count.
+// The cost: what such an evaluation keeps, the next training forward gathers again, one all-gather
+// more than FSDP2 (right to reuse them only if the evaluation came after the step; before it, it
+// computes with the old parameters). With reshard_after_forward on (the default) the evaluation
+// keeps nothing and costs FSDP2's gathers exactly. Telling the two orders apart would need a copy
+// of the shards from the evaluation's gather, compared bit for bit at the training forward and the
+// verdict agreed by an all-reduce: Ψ/N memory and a collective for one all-gather saved in one of
+// the two orders; not done (docs/fsdp.md, "What an evaluation forward costs after the step").
 bool ParameterResidency::stale(std::size_t u) const {
   return states_[u].epoch != epoch_ || shard_version(u) != states_[u].shard_version;
 }
@@ -238,6 +245,9 @@ void ParameterResidency::end_forward(bool backward_follows) {
 
 void ParameterResidency::backward_done(std::size_t bucket) {
   std::lock_guard<std::mutex> lock(mutex_);
+  // A second pass of a local backward (retain_graph) comes after end_backward(): it is backward
+  // again (released memory goes back to the allocator, see keep_spare).
+  phase_ = Phase::kBackward;
   UnitState& state = states_[buckets_[bucket].unit()];
   if (++state.buckets_done < state.buckets.size()) return;
   state.done = true;
@@ -250,6 +260,7 @@ void ParameterResidency::end_backward(bool reduced) {
     ++epoch_;
     step_window_ = true;
   }
+  phase_ = Phase::kBackward;  // a second pass's may have ended idle: released memory is not kept
   if (options_.reshard_after_backward) {
     for (std::size_t u = 0; u < states_.size(); ++u) release(u);
   }

@@ -21,6 +21,7 @@
 #include <torch/nn/pimpl.h>
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -129,6 +130,30 @@ class FullyShardedDataParallelImpl : public DataParallelImpl<ModuleType> {
   // Stages 1 and 2 never release: false is accepted, true is an error.
   void set_reshard_after_backward(bool reshard_after_backward) {
     fsdp_core().set_reshard_after_backward(reshard_after_backward);
+  }
+  // FSDP2's set_gradient_divide_factor: each synchronized backward's reduction gives the sum of
+  // every rank's gradient divided by `factor` (HSDP: every rank of both dimensions) rather than
+  // their average (the default: factor = the data-parallel size). E.g. the world size times the
+  // micro-batches, or a loss summed over tokens divided by their global count. Persists; read as
+  // each unit's reduction starts. The division happens where FSDP2's does (before and after the
+  // collectives, by its rules for each reduce dtype: docs/fsdp.md), so the bits match its.
+  // A factor that is not positive and finite is an error.
+  void set_gradient_divide_factor(double factor) { fsdp_core().set_gradient_divide_factor(factor); }
+  // FSDP2's set_force_sum_reduction_for_comms (default false): the collectives only sum, with the
+  // division done apart (float32 and bfloat16 otherwise average in the collective, and a divide
+  // factor multiplies before it). The same values up to rounding; FSDP2 offers it for NCCL's
+  // zero-copy sums, here it gives its arithmetic, bit for bit.
+  void set_force_sum_reduction_for_comms(bool enable) { fsdp_core().set_force_sum_reduction_for_comms(enable); }
+  // FSDP2's set_all_reduce_hook: `hook(reduce_output)` runs in each synchronized backward once per
+  // unit and dtype, with this rank's reduced gradient rows (1-D, in the reduce dtype, every
+  // parameter's rows end to end as the wire carries them, zero-padded): after the reduce-scatter
+  // (HSDP: after the replicas' all-reduce), before the division that follows them (see
+  // set_gradient_divide_factor), and it may change them in place, e.g. all-reduce them over a
+  // group of its own. Not called where HSDP's all-reduce is off (set_requires_all_reduce(false)),
+  // as FSDP2's. It runs inside backward: it must not call this wrapper. An empty function
+  // removes it. (FSDP2's `stream` argument has no CPU counterpart.)
+  void set_all_reduce_hook(std::function<void(const at::Tensor&)> hook) {
+    fsdp_core().set_all_reduce_hook(std::move(hook));
   }
 
  private:

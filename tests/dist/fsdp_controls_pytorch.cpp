@@ -7,7 +7,15 @@
 //   accumulate: set_requires_gradient_sync and set_reshard_after_backward true for the last
 //     micro-batch only (torchtitan's and PyTorch's pipeline schedules' pattern), over 2 ranks;
 //   hsdp: a 2 x 1 (replicate x shard) mesh; micro-batch 0 local, 1 set_requires_all_reduce(false),
-//     2 all-reduced.
+//     2 all-reduced;
+//   divide: set_gradient_divide_factor(3) over 2 ranks (float64: FSDP2 divides by 2 before the
+//     reduce-scatter and by 1.5 after it);
+//   divide_sum: the same with reduce_dtype float32 and set_force_sum_reduction_for_comms(true): a
+//     float32 sum of the gradients rounded to float32, divided by 3 after it (without force_sum,
+//     FSDP2 would multiply by 1/3 before it, a PREMUL_SUM, which Gloo lacks: other bits).
+//   hook: set_gradient_divide_factor(3) and set_all_reduce_hook adding 0.01 to the reduced rows, in
+//     float64: FSDP2 calls it between the reduce-scatter and the division by 1.5 after it.
+// Each micro-batch synchronized in the last three.
 #include <torch/torch.h>
 
 #include <cstdio>
@@ -56,15 +64,19 @@ int main(int argc, char** argv) {
   out.emplace_back("y", y);
   const cpprun::DeviceMesh mesh(group, {2, 1}, {"replicate", "shard"});
 
-  for (const std::string kind : {"accumulate", "hsdp"}) {
+  for (const std::string kind : {"accumulate", "hsdp", "divide", "divide_sum", "hook"}) {
     auto net = std::make_shared<Net>();
     {
       torch::NoGradGuard no_grad;
       for (const auto& p : net->named_parameters()) p.value().copy_(init.named_parameters()[p.key()]);
     }
-    const auto options = cpprun::FsdpOptions().stage(3).wrap_policy(is_linear);
+    auto options = cpprun::FsdpOptions().stage(3).wrap_policy(is_linear);
+    if (kind == "divide_sum") options.reduce_dtype(at::kFloat);
     auto model = kind == "hsdp" ? cpprun::FullyShardedDataParallel(net, mesh, options)
                                 : cpprun::FullyShardedDataParallel(net, group, options);
+    if (kind == "divide" || kind == "divide_sum" || kind == "hook") model->set_gradient_divide_factor(3.0);
+    if (kind == "hook") model->set_all_reduce_hook([](const torch::Tensor& rows) { rows.add_(0.01); });
+    if (kind == "divide_sum") model->set_force_sum_reduction_for_comms(true);
     torch::optim::SGD opt(model->parameters(), 0.1);
     for (int step = 0; step < kSteps; ++step) {
       opt.zero_grad();
@@ -73,6 +85,8 @@ int main(int argc, char** argv) {
         if (kind == "accumulate") {
           model->set_requires_gradient_sync(last);
           model->set_reshard_after_backward(last);
+        } else if (kind != "hsdp") {
+          // every micro-batch synchronized
         } else if (micro == 0) {
           model->set_requires_gradient_sync(false);
         } else if (micro == 1) {

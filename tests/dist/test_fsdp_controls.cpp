@@ -1,5 +1,6 @@
 // FullyShardedDataParallel's FSDP2 controls (set_requires_gradient_sync, unshard, reshard,
-// set_reshard_after_forward, set_reshard_after_backward) under `cpprun --nproc_per_node=K`, in
+// set_reshard_after_forward, set_reshard_after_backward, set_gradient_divide_factor,
+// set_force_sum_reduction_for_comms, set_all_reduce_hook) under `cpprun --nproc_per_node=K`, in
 // the cpprun_dist_fsdp binary. Parity against one process on the whole batch in float64 (Note
 // [Parity in float64] in parity_checks.h); what each control keeps gathered through memory() and
 // prefetch_stats(). HSDP's set_requires_all_reduce is in test_hsdp.cpp. CHECK, not REQUIRE,
@@ -7,9 +8,12 @@
 #include "catch.h"
 #include <torch/torch.h>
 
+#include <cmath>
 #include <optional>
+#include <string>
 #include <vector>
 
+#include "comm/group_impl.h"  // p2p_bytes_sent
 #include "cpprun/cpprun.h"
 #include "ddp_test_models.h"
 #include "dist_test_support.h"
@@ -288,6 +292,49 @@ TEST_CASE("fsdp: an evaluation forward between backward and step leaves the next
   }
 }
 
+// What an evaluation forward between the optimizer's step and the next training forward costs, in
+// bytes this rank sent on the ring (Note [Stale gathered units]): it all-gathers what it uses, and
+// the training forward after it gathers as much as one with no evaluation before it. At stage 3's
+// default that is FSDP2's cost too (its evaluation forward unshards and reshards; its training
+// forward unshards again). Where the evaluation keeps what it gathered (stages 1 and 2, stage 3
+// with reshard_after_forward(false)) FSDP2 would reuse it, right when the evaluation came after the
+// step and stale when before it; cpprun cannot tell the two apart and gathers anew (docs/fsdp.md).
+TEST_CASE("fsdp: an evaluation forward after the step costs one all-gather; the next training forward one more",
+          "[fsdp]") {
+  auto sent = [] { return cpprun::detail::impl_of(group()).p2p_bytes_sent.load(); };
+  for (int stage : {1, 2, 3}) {
+    for (bool keep : {false, true}) {
+      if (keep && stage != 3) continue;
+      INFO("stage " << stage << (keep ? ", reshard_after_forward(false)" : ""));
+      auto model = cpprun::FullyShardedDataParallel(std::make_shared<Mlp>(31), group(),
+                                                    cpprun::FsdpOptions().stage(stage).wrap_policy(is_linear));
+      if (keep) model->set_reshard_after_forward(false);
+      torch::optim::SGD opt(model->parameters(), 0.1);
+      auto forward = [&](torch::Tensor in) { return model->forward(in); };
+      local_loss(forward, 0).backward();
+      opt.step();
+      uint64_t before = sent();
+      auto loss = local_loss(forward, 1);
+      const uint64_t training = sent() - before;  // no evaluation before it
+      loss.backward();
+      opt.step();
+      before = sent();
+      {
+        torch::NoGradGuard no_grad;
+        model->forward(inputs_for("mlp", kGlobalBatch, 90));
+      }
+      const uint64_t evaluation = sent() - before;
+      before = sent();
+      loss = local_loss(forward, 2);
+      const uint64_t after_evaluation = sent() - before;
+      loss.backward();
+      CHECK(evaluation == training);
+      CHECK(after_evaluation == training);
+      if (group().size() > 1) CHECK(training > 0);  // alone nothing is gathered (Note [Nothing to shard alone])
+    }
+  }
+}
+
 // Gradient accumulation as torchtitan and PyTorch's pipeline schedules do it: local backwards
 // that keep the units gathered, so the next micro-batch's forward gathers nothing; the step's
 // last backward synchronized and releasing (or keeping: the optimizer's step makes them stale,
@@ -339,6 +386,46 @@ TEST_CASE("fsdp: set_reshard_after_backward(false) keeps the units for the next 
   CHECK(model->memory().parameters == (alone ? whole : 0));
 }
 
+// A local backward may run twice through one graph (retain_graph): autograd's second pass gathers
+// the units again for their saved weights, and must release them at its end as the first did, as
+// FSDP2 reshards after each backward. Before 2026-12-05 the second pass queued no end of backward
+// and its units stayed gathered (up to gathered_unit_limit) until the next forward.
+TEST_CASE("fsdp: a second local backward through one graph (retain_graph) releases the units again", "[fsdp]") {
+  Float64Parity float64;
+  const int world = group().size();
+  const bool alone = world == 1;
+  torch::manual_seed(0);
+  auto net = std::make_shared<Tower>();
+  auto ref = std::make_shared<Tower>();
+  copy_state(*ref, *net);
+  const int64_t whole = 8 * padded_numel(*ref, world);
+  auto model = cpprun::FullyShardedDataParallel(net, group(),
+                                                cpprun::FsdpOptions().stage(3).wrap_policy(is_block).gathered_unit_limit(8));
+  torch::optim::SGD opt(model->parameters(), 0.1), ref_opt(ref->parameters(), 0.1);
+  model->set_requires_gradient_sync(false);
+  auto loss = local_loss([&](torch::Tensor in) { return model->forward(in); }, 0);
+  loss.backward({}, /*retain_graph=*/true);
+  CHECK(model->memory().parameters == (alone ? whole : 0));
+  const int64_t kept = model->memory().kept;
+  loss.backward();
+  CHECK(model->memory().parameters == (alone ? whole : 0));
+  CHECK(model->memory().kept == kept);
+  // The two passes' gradients accumulated, and a synchronized backward reduces their sum.
+  for (int pass = 0; pass < 2; ++pass) {
+    reference_backward([&](torch::Tensor in) { return ref->forward(in); }, inputs_for("mlp", kGlobalBatch, 0),
+                       targets_for(kGlobalBatch, 0), world);
+  }
+  model->set_requires_gradient_sync(true);
+  local_loss([&](torch::Tensor in) { return model->forward(in); }, 1).backward();
+  CHECK(model->memory().parameters == (alone ? whole : 0));
+  reference_backward([&](torch::Tensor in) { return ref->forward(in); }, inputs_for("mlp", kGlobalBatch, 1),
+                     targets_for(kGlobalBatch, 1), world);
+  opt.step();
+  ref_opt.step();
+  model->gather_full_parameters();
+  check_same_parameters(*net, *ref, kParityTolerance);
+}
+
 namespace {
 
 // Records the dtype its forward was given; computes in its weight's dtype.
@@ -379,4 +466,117 @@ TEST_CASE("fsdp: MixedPrecisionPolicy's output_dtype and cast_forward_inputs, as
                                             cpprun::FsdpOptions().output_dtype(at::kLong));
   };
   CHECK_THROWS_WITH(refused(), Catch::Matchers::Contains("output_dtype must be a floating-point dtype"));
+}
+
+// FSDP2's set_gradient_divide_factor(f): the synchronized gradient is the sum of the ranks' over f
+// (their average times world / f), at every stage, alone (np1), in float64 (FSDP2's two divisions:
+// by 2 before the reduction and 1.5 after it at f = 3) and float32 (its PREMUL_SUM, here a
+// multiplication by 1/3 before it), with set_force_sum_reduction_for_comms, and under HSDP (2 x 1:
+// a shard group of one, where PyTorch 2.15 divides twice; 2 x 2 at 4 ranks). Checked against one
+// process whose loss is scaled by world / f; the bits against PyTorch's in
+// dist.fsdp.controls_match_pytorch.
+TEST_CASE("fsdp: set_gradient_divide_factor divides the sum of the ranks' gradients, as FSDP2's", "[fsdp]") {
+  Float64Parity float64;  // puts back the default dtype, which the loop changes
+  const int world = group().size();
+  std::optional<cpprun::DeviceMesh> mesh;
+  if (world % 2 == 0) mesh.emplace(group(), std::vector<int>{2, world / 2}, std::vector<std::string>{"replicate", "shard"});
+  for (auto dtype : {at::kDouble, at::kFloat}) {
+    const double tolerance = dtype == at::kDouble ? kParityTolerance : 1e-5;
+    torch::set_default_dtype(caffe2::TypeMeta::fromScalarType(dtype));
+    for (int stage : {1, 2, 3}) {
+      for (bool force_sum : {false, true}) {
+        for (bool hsdp : {false, true}) {
+          if (hsdp && !mesh) continue;
+          INFO("dtype " << dtype << " stage " << stage << " force_sum " << force_sum << " hsdp " << hsdp);
+          torch::manual_seed(0);
+          auto net = std::make_shared<Mlp>(31);
+          auto ref = std::make_shared<Mlp>(31);
+          copy_state(*ref, *net);
+          const auto options = cpprun::FsdpOptions().stage(stage).wrap_policy(is_linear);
+          auto model = hsdp ? cpprun::FullyShardedDataParallel(net, *mesh, options)
+                            : cpprun::FullyShardedDataParallel(net, group(), options);
+          model->set_gradient_divide_factor(3.0);
+          model->set_force_sum_reduction_for_comms(force_sum);
+          torch::optim::SGD opt(model->parameters(), 0.1), ref_opt(ref->parameters(), 0.1);
+          for (int step = 0; step < 2; ++step) {
+            opt.zero_grad();
+            ref_opt.zero_grad();
+            local_loss([&](torch::Tensor in) { return model->forward(in).to(dtype); }, step).backward();
+            reference_backward([&](torch::Tensor in) { return ref->forward(in.to(dtype)); },
+                               inputs_for("mlp", kGlobalBatch, step), targets_for(kGlobalBatch, step), world,
+                               [&](torch::Tensor loss) { return loss * world / 3.0; });
+            opt.step();
+            ref_opt.step();
+          }
+          model->gather_full_parameters();
+          check_same_parameters(*net, *ref, tolerance);
+        }
+      }
+    }
+  }
+  auto model = cpprun::FullyShardedDataParallel(std::make_shared<Mlp>(31), group());
+  for (double bad : {0.0, -2.0, std::nan("")}) {
+    CHECK_THROWS_WITH(model->set_gradient_divide_factor(bad), Catch::Contains("must be a positive finite number"));
+  }
+}
+
+// FSDP2's set_all_reduce_hook: called once per unit (bucket) in each synchronized backward with
+// this rank's reduced rows, none in local backwards nor where HSDP's all-reduce is off; what it
+// does to them is what the shards' gradients get. Here it doubles them: one process with each
+// loss doubled must match, at stages 1-3, alone (np1: a reduce-scatter in the group of one makes
+// the rows), and under HSDP (2 x 1 and 2 x 2). Its place between the reduction and the division
+// after it is checked against PyTorch in dist.fsdp.controls_match_pytorch.
+TEST_CASE("fsdp: set_all_reduce_hook sees each unit's reduced rows once per synchronized backward", "[fsdp]") {
+  Float64Parity float64;
+  const int world = group().size();
+  std::optional<cpprun::DeviceMesh> mesh;
+  if (world % 2 == 0) mesh.emplace(group(), std::vector<int>{2, world / 2}, std::vector<std::string>{"replicate", "shard"});
+  for (int stage : {1, 2, 3}) {
+    for (bool hsdp : {false, true}) {
+      if (hsdp && !mesh) continue;
+      INFO("stage " << stage << " hsdp " << hsdp);
+      torch::manual_seed(0);
+      auto net = std::make_shared<Mlp>(31);
+      auto ref = std::make_shared<Mlp>(31);
+      copy_state(*ref, *net);
+      const auto options = cpprun::FsdpOptions().stage(stage).wrap_policy(is_linear);
+      auto model = hsdp ? cpprun::FullyShardedDataParallel(net, *mesh, options)
+                        : cpprun::FullyShardedDataParallel(net, group(), options);
+      int calls = 0;
+      model->set_all_reduce_hook([&calls](const torch::Tensor& rows) {
+        ++calls;
+        CHECK(rows.dim() == 1);
+        CHECK(rows.scalar_type() == at::kDouble);
+        rows.mul_(2);
+      });
+      const int units = static_cast<int>(model->bucket_count());
+      torch::optim::SGD opt(model->parameters(), 0.1), ref_opt(ref->parameters(), 0.1);
+      auto micro_batch = [&](int64_t batch) {
+        local_loss([&](torch::Tensor in) { return model->forward(in); }, batch).backward();
+        reference_backward([&](torch::Tensor in) { return ref->forward(in); }, inputs_for("mlp", kGlobalBatch, batch),
+                           targets_for(kGlobalBatch, batch), world, [](torch::Tensor loss) { return loss * 2; });
+      };
+      for (int step = 0; step < 2; ++step) {
+        opt.zero_grad();
+        ref_opt.zero_grad();
+        model->set_requires_gradient_sync(false);
+        micro_batch(10 * step);
+        CHECK(calls == 0);
+        model->set_requires_gradient_sync(true);
+        if (hsdp) {
+          model->set_requires_all_reduce(false);
+          micro_batch(10 * step + 1);
+          CHECK(calls == 0);
+          model->set_requires_all_reduce(true);
+        }
+        micro_batch(10 * step + 2);
+        CHECK(calls == units);
+        calls = 0;
+        opt.step();
+        ref_opt.step();
+      }
+      model->gather_full_parameters();
+      check_same_parameters(*net, *ref, kParityTolerance);
+    }
+  }
 }

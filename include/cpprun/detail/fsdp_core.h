@@ -5,6 +5,7 @@
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -47,6 +48,9 @@ class FsdpCore final : public DataParallelCore {
   void reshard();
   void set_reshard_after_forward(bool on);
   void set_reshard_after_backward(bool on);
+  void set_gradient_divide_factor(double factor);
+  void set_force_sum_reduction_for_comms(bool enable);
+  void set_all_reduce_hook(std::function<void(const at::Tensor&)> hook);
   // A pipeline stage: forwards run as under no_sync, and finalize_backward() reduces (and, at
   // stage 3, releases) once a step.
   void set_manual_finalization(bool on) override;
