@@ -63,9 +63,9 @@ class PowerSgdHook : public CommHook {
       return all_reduce_async(group, input, ReduceOp::kSum);
     }
     at::NoGradGuard no_grad;
-    compress_and_reduce(group, bucket);
+    Work work = compress_and_reduce(group, bucket);
     increase_iter(bucket);
-    return Work();
+    return work;
   }
 
   std::string name() const override { return "powerSGD"; }
@@ -78,10 +78,22 @@ class PowerSgdHook : public CommHook {
     if (bucket.is_last) ++state_.iter;
   }
 
-  void compress_and_reduce(const ProcessGroup& group, GradBucket& bucket) {
+  // Note [PowerSGD's chain of work]
+  // PyTorch's hook returns a chain of futures (the uncompressed all-reduce, then P's, then Q's),
+  // so autograd's thread goes on with the backward while its bucket communicates. Here the part
+  // that needs this step's gradients only (error feedback, P = M Q) runs on the backward's thread,
+  // which then issues the all-reduces of the uncompressed gradients and of P and returns; the
+  // rest (orthogonalize P, Q = M^T P, Q's all-reduce, M = P Q^T, the new error) is the work's
+  // then-step, run when DDP waits for this bucket at the end of the backward. Collectives are
+  // matched by the order ranks issue them: buckets are launched in index order on every rank
+  // (Note [Same reduction order on every rank]) and waited in index order, so every rank issues
+  // U0 P0 U1 P1 ... then Q0 Q1 ...; the same operations on the same values as when each was
+  // waited in turn, so the numbers are bit for bit those of the blocking hook. The step reads
+  // the bucket's buffer (M), which nothing writes between launch and wait, and the state, under
+  // the Reducer's lock as the other buckets' first halves are.
+  Work compress_and_reduce(const ProcessGroup& group, GradBucket& bucket) {
     const at::Tensor input = bucket.buffer;
     const int index = bucket.index;
-    const int world = group.size();
     at::Tensor input_copy;
     if (options().use_error_feedback()) {
       auto error = state_.error_dict.find(index);
@@ -165,34 +177,44 @@ class PowerSgdHook : public CommHook {
     }
     for (size_t i = 0; i < batches.size(); ++i) at::bmm_out(ps[i], batches[i], qs[i]);
 
-    // The uncompressed gradients, averaged; then P summed, orthogonalized; Q = M^T P, averaged.
-    all_reduce(group, uncompressed_memory, ReduceOp::kSum);
-    uncompressed_memory.div_(world);
-    int64_t at = 0;
-    for (const auto& tensor : uncompressed) {
-      tensor.copy_(uncompressed_memory.narrow(0, at, tensor.numel()).view_as(tensor));
-      at += tensor.numel();
-    }
-    all_reduce(group, p_memory, ReduceOp::kSum);
-    for (const auto& p : ps) orthogonalize(p, options().orthogonalization_epsilon());
-    for (size_t i = 0; i < batches.size(); ++i) at::bmm_out(qs[i], batches[i].transpose(1, 2), ps[i]);
-    all_reduce(group, q_memory, ReduceOp::kSum);
-    q_memory.div_(world);
-    // M ~ P Q^T, written into the bucket through the matrices' views.
-    for (size_t i = 0; i < batches.size(); ++i) at::bmm_out(batches[i], ps[i], qs[i].transpose(1, 2));
-    if (options().batch_tensors_with_same_shape()) {
-      size_t item = 0;
-      for (const auto& [shape, group_matrices] : by_shape) {
-        const at::Tensor& batch = batches[item++];
-        if (batch.size(0) == 1) continue;
-        for (size_t k = 0; k < group_matrices.size(); ++k) group_matrices[k].copy_(batch[k]);
+    // The uncompressed gradients and P summed while the backward goes on; the rest once DDP
+    // waits for this bucket. See Note [PowerSGD's chain of work].
+    Work uncompressed_sum = all_reduce_async(group, uncompressed_memory, ReduceOp::kSum);
+    Work p_sum = all_reduce_async(group, p_memory, ReduceOp::kSum);
+    return p_sum.then([this, group, index, input, input_copy, uncompressed, uncompressed_memory, batches, ps, qs,
+                       q_memory, by_shape, uncompressed_sum]() mutable {
+      at::NoGradGuard no_grad;
+      const int world = group.size();
+      uncompressed_sum.wait();
+      uncompressed_memory.div_(world);
+      int64_t at = 0;
+      for (const auto& tensor : uncompressed) {
+        tensor.copy_(uncompressed_memory.narrow(0, at, tensor.numel()).view_as(tensor));
+        at += tensor.numel();
       }
-    }
-    if (options().use_error_feedback()) state_.error_dict[index] = input_copy - input;
-    if (!options().warm_start()) {
-      state_.p_memory_dict.clear();
-      state_.q_memory_dict.clear();
-    }
+      // P orthogonalized; Q = M^T P, averaged.
+      for (const auto& p : ps) orthogonalize(p, options().orthogonalization_epsilon());
+      for (size_t i = 0; i < batches.size(); ++i) at::bmm_out(qs[i], batches[i].transpose(1, 2), ps[i]);
+      all_reduce(group, q_memory, ReduceOp::kSum);
+      q_memory.div_(world);
+      // M ~ P Q^T, written into the bucket through the matrices' views.
+      for (size_t i = 0; i < batches.size(); ++i) at::bmm_out(batches[i], ps[i], qs[i].transpose(1, 2));
+      if (options().batch_tensors_with_same_shape()) {
+        size_t item = 0;
+        for (const auto& [shape, group_matrices] : by_shape) {
+          const at::Tensor& batch = batches[item++];
+          if (batch.size(0) == 1) continue;
+          for (size_t k = 0; k < group_matrices.size(); ++k) group_matrices[k].copy_(batch[k]);
+        }
+      }
+      if (options().use_error_feedback()) state_.error_dict[index] = input_copy - input;
+      // PyTorch clears both dicts here; only this bucket's entries: the later buckets' P and Q,
+      // made already, are in use until their own step (the dicts are empty once all have run).
+      if (!options().warm_start()) {
+        state_.p_memory_dict.erase(index);
+        state_.q_memory_dict.erase(index);
+      }
+    });
   }
 
   detail::PowerSgdState state_;

@@ -61,8 +61,9 @@ std::shared_ptr<CommHook> noop_hook();
 // for each bucket's seed, then torch.randn, from a generator of its own: PyTorch's reseeds the
 // global ones), so a run matches PyTorch's with the same buckets. One hook object per model: it
 // holds the state (errors, P and Q, the step count, the random numbers) across steps;
-// save_powerSGD_state() keeps it for a resumed run. It communicates on the backward's thread,
-// blocking it while its bucket's three all-reduces run.
+// save_powerSGD_state() keeps it for a resumed run. As PyTorch's chain of futures, its bucket's
+// communication overlaps the rest of the backward: the uncompressed gradients' and P's
+// all-reduces are issued when the bucket is ready, Q's when DDP waits for the bucket.
 struct PowerSGDOptions {
   TORCH_ARG(int64_t, matrix_approximation_rank) = 1;
   TORCH_ARG(int64_t, start_powerSGD_iter) = 1000;

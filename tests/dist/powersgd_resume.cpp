@@ -27,7 +27,11 @@ const std::map<std::string, cpprun::PowerSGDOptions> kConfigs{
     {"warm", cpprun::PowerSGDOptions().matrix_approximation_rank(1).start_powerSGD_iter(3)},
     {"cold", cpprun::PowerSGDOptions().matrix_approximation_rank(3).start_powerSGD_iter(3).min_compression_rate(1)
                  .warm_start(false).random_seed(5)},
+    {"buckets", cpprun::PowerSGDOptions().matrix_approximation_rank(2).start_powerSGD_iter(3)},
 };
+// "buckets" spreads the model's 6,048 bytes of gradients over buckets of 600e-6 MiB (four; one
+// otherwise): a state of several buckets, and buckets whose all-reduces are in flight together.
+constexpr double kSmallBucketsMb = 600e-6;
 
 torch::nn::Sequential net() {
   torch::nn::Sequential model(torch::nn::Linear(8, 16), torch::nn::Tanh(), torch::nn::Linear(16, 16), torch::nn::Tanh(),
@@ -86,7 +90,7 @@ int main(int argc, char** argv) {
                         (argc < 4 || kConfigs.count(argv[3]));
   if (!modes_ok) {
     std::fprintf(stderr, "usage: powersgd_resume full DIR CONFIG | resume DIR CONFIG K [nostate] | refuse DIR | "
-                         "refuse_world DIR (CONFIG: warm or cold)\n");
+                         "refuse_world DIR (CONFIG: warm, cold or buckets)\n");
     return 2;
   }
   Run run{argv[2], cpprun::init_process_group(), {}};
@@ -102,7 +106,9 @@ int main(int argc, char** argv) {
                                              : dir + "/" + config + "_model_" + std::to_string(from) + ".safetensors");
     auto hook = cpprun::powerSGD_hook(kConfigs.at(config));
     if (mode == "resume" && argc == 5) cpprun::load_powerSGD_state(*hook, state_file(dir, config, from, rank));
-    auto ddp = cpprun::DistributedDataParallel(model.ptr(), run.group);
+    const auto buckets =
+        config == "buckets" ? cpprun::DdpOptions().bucket_cap_mb(kSmallBucketsMb) : cpprun::DdpOptions();
+    auto ddp = cpprun::DistributedDataParallel(model.ptr(), run.group, buckets);
     ddp->register_comm_hook(hook);
     run.train(ddp, from, kSteps, [&](int done) {
       if (mode != "full" || (done != 2 && done != 5)) return;
@@ -148,9 +154,9 @@ int main(int argc, char** argv) {
     ok &= refused("not a PowerSGD state", "no \"iter\"", [&] {
       cpprun::load_powerSGD_state(*cpprun::powerSGD_hook(warm), other_file);
     });
-    // 600 bytes a bucket: the 1,204 gradients (9,632 bytes) spread over many buckets, where the file had one.
+    // Many buckets, where the file had one.
     ok &= refused("another bucket layout", "was made for a bucket 0 of shapes",
-                  [&] { resume_one_step(warm, rank, cpprun::DdpOptions().bucket_cap_mb(600e-6)); });
+                  [&] { resume_one_step(warm, rank, cpprun::DdpOptions().bucket_cap_mb(kSmallBucketsMb)); });
     ok &= refused("the other rank's file", "was made on rank " + std::to_string(1 - rank) + " of 2; this is rank " +
                                                std::to_string(rank) + " of 2",
                   [&] { resume_one_step(warm, 1 - rank, {}); });

@@ -13,7 +13,10 @@ import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
 STEPS, RANKS, SAVED_AT = 8, 2, 5
-# What each configuration sets of PowerSGDState (powersgd_resume.cpp's kConfigs, the same).
+# What each configuration sets of PowerSGDState (powersgd_resume.cpp's kConfigs, the same); not
+# its "buckets": PyTorch 2.15's hook over several buckets on Gloo issues its chained all-reduces
+# from Gloo's threads in an order that differs between ranks (a collective mismatch: Gloo aborts
+# "Received data size doesn't match expected size", or it hangs).
 CONFIGS = {
     "warm": dict(matrix_approximation_rank=1, start_powerSGD_iter=3),
     "cold": dict(matrix_approximation_rank=3, start_powerSGD_iter=3, min_compression_rate=1, warm_start=False,
