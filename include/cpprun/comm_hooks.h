@@ -60,8 +60,10 @@ std::shared_ptr<CommHook> noop_hook();
 // random initial Q comes from the same numbers PyTorch draws (numpy's RandomState(random_seed)
 // for each bucket's seed, then torch.randn, from a generator of its own: PyTorch's reseeds the
 // global ones), so a run matches PyTorch's with the same buckets. One hook object per model: it
-// holds the state (errors, P and Q) across steps, not saved in checkpoints. It communicates on
-// the backward's thread, blocking it while its bucket's three all-reduces run.
+// holds the state (errors, P and Q, the step count, the random numbers) across steps;
+// save_powerSGD_state() keeps it for a resumed run. As PyTorch's chain of futures, its bucket's
+// communication overlaps the rest of the backward: the uncompressed gradients' and P's
+// all-reduces are issued when the bucket is ready, Q's when DDP waits for the bucket.
 struct PowerSGDOptions {
   TORCH_ARG(int64_t, matrix_approximation_rank) = 1;
   TORCH_ARG(int64_t, start_powerSGD_iter) = 1000;
@@ -73,5 +75,22 @@ struct PowerSGDOptions {
   TORCH_ARG(bool, batch_tensors_with_same_shape) = false;
 };
 std::shared_ptr<CommHook> powerSGD_hook(const PowerSGDOptions& options = PowerSGDOptions());
+
+// PowerSGD's state in a file, as PyTorch users torch.save a PowerSGDState (whose __getstate__
+// keeps all but the process group): a torch.save zip that torch.load reads, holding the
+// hyperparameters, "iter", "error_dict.<bucket>", "p_memory_dict.<bucket>",
+// "q_memory_dict.<bucket>" and numpy's RandomState state as "rng.key" and "rng.pos", under
+// PowerSGDState's names; plus "cpprun.*": the rank, world size and bucket layout it fits. The
+// errors are the rank's own: every rank saves its file and loads its own. Load into a new hook
+// made with the same PowerSGDOptions, before its first step; the resumed run then compresses from
+// the same step, with the same errors, P, Q and random numbers, as if never stopped. Refused: a
+// file of other options (listing each), and, at the first backward that meets them, another
+// rank's file, another world size, or buckets of other shapes. Either throws for another hook.
+//
+//   auto hook = cpprun::powerSGD_hook(options);
+//   cpprun::load_powerSGD_state(*hook, "ckpt/powerSGD_rank" + std::to_string(group.rank()) + ".pt");
+//   model->register_comm_hook(hook);
+void save_powerSGD_state(const CommHook& hook, const std::string& path);
+void load_powerSGD_state(CommHook& hook, const std::string& path);
 
 }  // namespace cpprun
