@@ -136,7 +136,7 @@ int run(const LaunchConfig& config) {
     std::cerr << "cpprun: setting OMP_NUM_THREADS=1 for each of the " << config.nproc_per_node
               << " workers so they do not overload the CPU; set OMP_NUM_THREADS yourself to tune it\n";
   }
-  SignalRelay relay;
+  SignalRelay relay(listed_user_signals(config.signals_to_handle));  // Note [SIGUSR1 and SIGUSR2]
   const RunDirectory run_dir(config.output.log_dir, config.run_id, config.output.writes_files(),
                              /*private_files=*/config.program_mode == ProgramMode::kRunPath);
   if (!run_dir.made_log_dir().empty()) {

@@ -496,7 +496,7 @@ std::vector<std::string> unknown_signal_notes(const std::string& text) {
     notes.push_back("cpprun: " + with_value("--signals_to_handle", text) + ": '" + item +
                     "' is not a signal name (write names like SIGTERM,SIGUSR1); ignored, as torchrun ignores it "
                     "with a warning. cpprun forwards SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 to "
-                    "the workers whatever the list");
+                    "the workers whatever the list (SIGUSR1 and SIGUSR2 end the job only if listed)");
   }
   return notes;
 }
@@ -793,8 +793,8 @@ ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, cons
   flag("--virtual_local_rank", config.virtual_local_rank,
        "LOCAL_RANK=0 for every worker; worker i sees only GPU i (CUDA_VISIBLE_DEVICES).");
   option("--signals_to_handle", raw.signals_to_handle, "SIG,...",
-         "Checked and exported as TORCHELASTIC_SIGNALS_TO_HANDLE; cpprun always forwards SIGINT, SIGTERM, SIGHUP, "
-         "SIGQUIT, SIGUSR1 and SIGUSR2.");
+         "Exported as TORCHELASTIC_SIGNALS_TO_HANDLE; SIGUSR1/SIGUSR2 listed end the job as SIGTERM does, "
+         "unlisted they are forwarded and the job runs on; SIGINT, SIGTERM, SIGHUP, SIGQUIT always end it.");
   option("--start_method", raw.start_method, "spawn|fork|forkserver",
          "Accepted for torchrun compatibility; cpprun always fork-execs PROGRAM.");
   option("--local_addr", raw.local_addr, "HOST",
