@@ -102,8 +102,13 @@ int run(const LaunchConfig& config) {
                                             : " at " + store.addresses.front() + ":" + port)
                 << " (TORCHELASTIC_USE_AGENT_STORE=True)\n";
     } else {
-      std::cout << "cpprun: the workers' c10d store: worker rank 0 would host it at " << store.addresses.front()
-                << ":" << port << " (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: TORCHELASTIC_USE_AGENT_STORE=False)\n";
+      // A c10d job of one node with an endpoint: MASTER_ADDR as round_plan.cpp gives it, a free port then.
+      const std::string where = rendezvous.multi_node()
+                                    ? (config.local_addr.empty() ? config.master_addr : config.local_addr) +
+                                          " (a port free on this node when the rendezvous completes)"
+                                    : store.addresses.front() + ":" + port;
+      std::cout << "cpprun: the workers' c10d store: worker rank 0 would host it at " << where
+                << " (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: TORCHELASTIC_USE_AGENT_STORE=False)\n";
     }
     std::cout << format_dry_run(make_worker_specs(workers, layout, program, 0,
                                                   RunLayout::planned(config.output.log_dir, config.run_id,
