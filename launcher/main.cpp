@@ -144,6 +144,12 @@ int run(const LaunchConfig& config) {
   SignalRelay relay(listed_user_signals(config.signals_to_handle));  // Note [SIGUSR1 and SIGUSR2]
   const RunDirectory run_dir(config.output.log_dir, config.run_id, config.output.writes_files(),
                              /*private_files=*/config.program_mode == ProgramMode::kRunPath);
+  if (!run_dir.removed_stale().empty()) {
+    std::cerr << "cpprun: removed " << run_dir.removed_stale().size() << " temp "
+              << (run_dir.removed_stale().size() == 1 ? "dir" : "dirs") << " of cpprun runs that were killed:";
+    for (const std::string& path : run_dir.removed_stale()) std::cerr << " " << path;
+    std::cerr << "\n";
+  }
   if (!run_dir.made_log_dir().empty()) {
     std::cerr << "cpprun: --redirects/--tee without --log_dir: the workers' files go to " << run_dir.layout().dir
               << " (kept, as torchrun's)\n";
