@@ -19,6 +19,7 @@
 #include "command_line/program_command.h"
 #include "rendezvous/node_rendezvous.h"
 #include "workers/attempt.h"
+#include "workers/console_sink.h"
 #include "workers/diagnose_request.h"
 #include "workers/error_file.h"
 #include "workers/file_timer.h"
@@ -211,6 +212,7 @@ int run(const LaunchConfig& config) {
 
 int main(int argc, char** argv) {
   ensure_standard_fds();
+  route_stderr_through_sink();  // Note [The launcher's own lines] in workers/console_sink.h
   // cpprun's own sub-command, apart from torchrun's options: `cpprun --diagnose PID`.
   if (argc >= 2 && std::string(argv[1]).rfind("--diagnose", 0) == 0) {
     const std::string first = argv[1];

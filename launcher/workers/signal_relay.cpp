@@ -1,6 +1,8 @@
 // Self-pipe signal relay: the handler only sets a flag and writes a byte.
 #include "workers/signal_relay.h"
 
+#include "workers/console_sink.h"
+
 #include <fcntl.h>
 #include <poll.h>
 #include <unistd.h>
@@ -230,10 +232,14 @@ int SignalRelay::wake_fd() const { return g_wake_read; }
 bool SignalRelay::wait_until(std::chrono::steady_clock::time_point deadline) const {
   const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
   if (left.count() <= 0) return false;
-  pollfd fd{g_wake_read, POLLIN, 0};
-  if (poll(&fd, 1, static_cast<int>(std::min<long long>(left.count(), 1 << 30))) < 0 && errno != EINTR) {
-    throw std::runtime_error(std::string("cpprun: poll() failed: ") + std::strerror(errno));
+  std::vector<pollfd> fds{{g_wake_read, POLLIN, 0}};
+  ConsoleWait consoles;  // the launcher's own lines behind a backlog: Note [The launcher's own lines]
+  consoles.add(fds);
+  if (poll(fds.data(), fds.size(), static_cast<int>(std::min<long long>(left.count(), 1 << 30))) < 0) {
+    if (errno != EINTR) throw std::runtime_error(std::string("cpprun: poll() failed: ") + std::strerror(errno));
+    return true;
   }
+  consoles.after(fds);
   return true;
 }
 
