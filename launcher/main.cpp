@@ -19,6 +19,7 @@
 #include "command_line/program_command.h"
 #include "rendezvous/node_rendezvous.h"
 #include "workers/attempt.h"
+#include "workers/console_sink.h"
 #include "workers/diagnose_request.h"
 #include "workers/error_file.h"
 #include "workers/file_timer.h"
@@ -102,8 +103,13 @@ int run(const LaunchConfig& config) {
                                             : " at " + store.addresses.front() + ":" + port)
                 << " (TORCHELASTIC_USE_AGENT_STORE=True)\n";
     } else {
-      std::cout << "cpprun: the workers' c10d store: worker rank 0 would host it at " << store.addresses.front()
-                << ":" << port << " (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: TORCHELASTIC_USE_AGENT_STORE=False)\n";
+      // A c10d job of one node with an endpoint: MASTER_ADDR as round_plan.cpp gives it, a free port then.
+      const std::string where = rendezvous.multi_node()
+                                    ? (config.local_addr.empty() ? config.master_addr : config.local_addr) +
+                                          " (a port free on this node when the rendezvous completes)"
+                                    : store.addresses.front() + ":" + port;
+      std::cout << "cpprun: the workers' c10d store: worker rank 0 would host it at " << where
+                << " (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: TORCHELASTIC_USE_AGENT_STORE=False)\n";
     }
     std::cout << format_dry_run(make_worker_specs(workers, layout, program, 0,
                                                   RunLayout::planned(config.output.log_dir, config.run_id,
@@ -136,9 +142,15 @@ int run(const LaunchConfig& config) {
     std::cerr << "cpprun: setting OMP_NUM_THREADS=1 for each of the " << config.nproc_per_node
               << " workers so they do not overload the CPU; set OMP_NUM_THREADS yourself to tune it\n";
   }
-  SignalRelay relay;
+  SignalRelay relay(listed_user_signals(config.signals_to_handle));  // Note [SIGUSR1 and SIGUSR2]
   const RunDirectory run_dir(config.output.log_dir, config.run_id, config.output.writes_files(),
                              /*private_files=*/config.program_mode == ProgramMode::kRunPath);
+  if (!run_dir.removed_stale().empty()) {
+    std::cerr << "cpprun: removed " << run_dir.removed_stale().size() << " temp "
+              << (run_dir.removed_stale().size() == 1 ? "dir" : "dirs") << " of cpprun runs that were killed:";
+    for (const std::string& path : run_dir.removed_stale()) std::cerr << " " << path;
+    std::cerr << "\n";
+  }
   if (!run_dir.made_log_dir().empty()) {
     std::cerr << "cpprun: --redirects/--tee without --log_dir: the workers' files go to " << run_dir.layout().dir
               << " (kept, as torchrun's)\n";
@@ -200,6 +212,7 @@ int run(const LaunchConfig& config) {
 
 int main(int argc, char** argv) {
   ensure_standard_fds();
+  route_stderr_through_sink();  // Note [The launcher's own lines] in workers/console_sink.h
   // cpprun's own sub-command, apart from torchrun's options: `cpprun --diagnose PID`.
   if (argc >= 2 && std::string(argv[1]).rfind("--diagnose", 0) == 0) {
     const std::string first = argv[1];

@@ -496,7 +496,7 @@ std::vector<std::string> unknown_signal_notes(const std::string& text) {
     notes.push_back("cpprun: " + with_value("--signals_to_handle", text) + ": '" + item +
                     "' is not a signal name (write names like SIGTERM,SIGUSR1); ignored, as torchrun ignores it "
                     "with a warning. cpprun forwards SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 to "
-                    "the workers whatever the list");
+                    "the workers whatever the list (SIGUSR1 and SIGUSR2 end the job only if listed)");
   }
   return notes;
 }
@@ -707,6 +707,7 @@ RendezvousSettings rendezvous_settings(const LaunchConfig& c) {
   s.job_secret = c.job_secret;
   s.job_secret_note = c.job_secret_note;
   s.local_addr = c.local_addr;
+  s.agent_store = c.agent_store;
   return s;
 }
 
@@ -793,8 +794,8 @@ ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, cons
   flag("--virtual_local_rank", config.virtual_local_rank,
        "LOCAL_RANK=0 for every worker; worker i sees only GPU i (CUDA_VISIBLE_DEVICES).");
   option("--signals_to_handle", raw.signals_to_handle, "SIG,...",
-         "Checked and exported as TORCHELASTIC_SIGNALS_TO_HANDLE; cpprun always forwards SIGINT, SIGTERM, SIGHUP, "
-         "SIGQUIT, SIGUSR1 and SIGUSR2.");
+         "Exported as TORCHELASTIC_SIGNALS_TO_HANDLE; SIGUSR1/SIGUSR2 listed end the job as SIGTERM does, "
+         "unlisted they are forwarded and the job runs on; SIGINT, SIGTERM, SIGHUP, SIGQUIT always end it.");
   option("--start_method", raw.start_method, "spawn|fork|forkserver",
          "Accepted for torchrun compatibility; cpprun always fork-execs PROGRAM.");
   option("--local_addr", raw.local_addr, "HOST",
@@ -861,19 +862,25 @@ ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, cons
   // Note [Opting out of the agent's store]
   // TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 is read by torchrun's c10d handler alone
   // (dynamic_rendezvous.py: use_agent_store, next_rendezvous): its workers get
-  // TORCHELASTIC_USE_AGENT_STORE=False and a free MASTER_PORT on node 0, where worker rank 0 hosts the
-  // store itself. torchrun's static backend ignores it. cpprun does the same for the jobs torchrun runs
-  // with c10d on one node (picked_port: no --master_port, --standalone, c10d's port 0); a c10d job
-  // with an --rdzv_endpoint (of one node or more: cpprun's agents meet there) keeps the agents'
-  // store (its workers reach it through the agents' link), said in a note.
+  // TORCHELASTIC_USE_AGENT_STORE=False, MASTER_ADDR the rank-0 node's address (its --local_addr, else
+  // its FQDN) and MASTER_PORT a free port there (RendezvousStoreInfo.build: get_free_port()), where
+  // worker rank 0 hosts the store itself. torchrun's static backend ignores it. cpprun does the same
+  // for the c10d jobs of one node: those torchrun runs with c10d without an endpoint (picked_port: no
+  // --master_port, --standalone, c10d's port 0), with the loopback as MASTER_ADDR, and those with an
+  // --rdzv_endpoint and --nnodes=1 or 1:1, whose agent hosts the rendezvous there and gives its
+  // workers its --local_addr, else the endpoint's host (an address of this machine: it listens
+  // there), as for --no_job_secret. A c10d job of several nodes keeps the agents' store, said in a
+  // note: the other nodes' workers would have to reach worker rank 0's store, which accepts anyone,
+  // directly, where cpprun's authenticated link carries them now.
   if (env("TORCH_DISABLE_SHARE_RDZV_TCP_STORE").value_or("0") == "1") {
-    if (config.picked_port) {
+    if (config.picked_port || (config.rdzv_backend == RendezvousBackend::kC10d && config.max_nodes == 1)) {
       config.agent_store = false;
     } else if (config.rdzv_backend == RendezvousBackend::kC10d) {
-      conf_notes.push_back("cpprun: TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 is not implemented for a c10d job with an "
-                           "--rdzv_endpoint (even of one node): cpprun's agents meet there, and its workers keep the "
-                           "agents' store (TORCHELASTIC_USE_AGENT_STORE=True), which they reach through cpprun's "
-                           "authenticated link");
+      conf_notes.push_back("cpprun: TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 is honoured for a c10d job of one node only "
+                           "(--nnodes=1 or 1:1); this one (--nnodes=" + std::to_string(config.min_nodes) + ":" +
+                           std::to_string(config.max_nodes) + ") keeps the agents' store "
+                           "(TORCHELASTIC_USE_AGENT_STORE=True), which the other nodes' workers reach through "
+                           "cpprun's authenticated link, not at worker rank 0's unauthenticated store");
     }
   }
   result.notes = ignored_option_notes(raw);

@@ -47,6 +47,10 @@ struct RendezvousSettings {
   std::string job_secret_note;  // where this user's shared secret is kept, when the user gave none
   // c10d: --local_addr, the workers' MASTER_ADDR when this agent hosts ("": the endpoint's host).
   std::string local_addr;
+  // false: worker rank 0 hosts the workers' store, at a free port, and the agents run no store keeper
+  // (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 on a c10d job of one node: Note [Opting out of the agent's
+  // store] in launch_config.cpp).
+  bool agent_store = true;
 
   // static: every node brings its rank, and the host is node 0.
   bool fixed_ranks() const { return backend == RendezvousBackend::kStatic; }

@@ -19,6 +19,7 @@
 
 #include "command_line/launch_config.h"
 #include "common/formatting.h"
+#include "workers/console_sink.h"
 
 namespace cpprun::launcher {
 namespace {
@@ -173,15 +174,18 @@ std::unique_ptr<NodeRendezvous> claim_c10d(const RendezvousSettings& settings, c
 
 int NodeRendezvous::poll_links(SignalRelay& relay, int timeout_ms) {
   std::vector<pollfd> polled{{relay.wake_fd(), POLLIN, 0}};
+  ConsoleWait consoles;  // Note [The launcher's own lines] in console_sink.h
+  const std::size_t first_link = 1 + consoles.add(polled);
   for (const pollfd& fd : poll_fds()) polled.push_back(fd);
   if (poll(polled.data(), polled.size(), poll_timeout(polled, timeout_ms)) < 0) {
     if (errno == EINTR) return 0;
     throw std::runtime_error(std::string("cpprun: poll() failed: ") + std::strerror(errno));
   }
+  consoles.after(polled);
   if (polled[0].revents != 0) {
     if (const int signal = take_ending_signal(relay); signal != 0) return signal;
   }
-  dispatch(polled, 1);
+  dispatch(polled, first_link);
   return 0;
 }
 

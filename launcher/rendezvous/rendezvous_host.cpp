@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "command_line/host_facts.h"
 #include "rendezvous/evidence_collector.h"
 #include "rendezvous/node_link.h"
 #include "rendezvous/node_rendezvous.h"
@@ -302,6 +303,9 @@ class RendezvousHost final : public NodeRendezvous {
   // agents meet): Note [Workers' store]. With a job secret on the loopback alone (Note [Store tunnel
   // wired]); without one the other nodes' workers connect to it at this host's address.
   RoundEvent open_store(SignalRelay& relay) {
+    // Opted out (Note [Opting out of the agent's store] in launch_config.cpp): no keeper; worker rank 0
+    // hosts the store at a port free here, as torchrun's RendezvousStoreInfo.build picks one.
+    if (!settings_.agent_store) return RoundEvent::store_opened("", pick_free_port());
     const StoreSocketPlan socket = plan_store_socket(tunnelled() ? StoreReach::kLoopback : StoreReach::kEveryInterface,
                                                      loopback_family_for(settings_.host) == LoopbackFamily::kIpv6, 0);
     try {

@@ -285,7 +285,8 @@ class Step {
     state_.last_call.reset();
     state_.stop_deadline.reset();
     state_.restart_at.reset();
-    const bool tunnelled = !settings_.job_secret.empty();
+    // Opted out of the agents' store (one node only): nothing to tunnel, worker rank 0 hosts it.
+    const bool tunnelled = !settings_.job_secret.empty() && settings_.agent_store;
     RoundPlan plan = plan_round(settings_, state_, store_port, tunnelled ? store_address : "");
     for (std::size_t i = 0; i < state_.members.size(); ++i) {
       RoundMember& m = state_.members[i];

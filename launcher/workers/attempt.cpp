@@ -343,12 +343,8 @@ class WorkerGroup {
     std::vector<pollfd> fds{{relay_.wake_fd(), POLLIN, 0}};
     // The consoles with lines waiting, and the workers' pipes unless their console is behind
     // (Note [A console that does not read]: a worker then waits in its own write()).
-    std::vector<ConsoleSink*> consoles;
-    for (ConsoleSink* console : {&ConsoleSink::out(), &ConsoleSink::err()}) {
-      if (console->backlog() == 0) continue;
-      fds.push_back({console->poll_fd(), POLLOUT, 0});
-      consoles.push_back(console);
-    }
+    ConsoleWait consoles;
+    consoles.add(fds);
     const std::size_t first_stream = fds.size();
     std::vector<OutputStream*> streams;  // parallel to fds from first_stream
     for (auto& output : outputs_) {
@@ -369,9 +365,7 @@ class WorkerGroup {
       if (errno == EINTR) return;
       throw std::runtime_error(std::string("cpprun: poll() failed: ") + std::strerror(errno));
     }
-    for (std::size_t i = 0; i < consoles.size(); ++i) {
-      if (fds[1 + i].revents != 0) consoles[i]->write_ready();
-    }
+    consoles.after(fds);
     // POLLHUP without POLLIN is EOF, which pump() reads as such.
     for (std::size_t i = first_stream; i < first_peer; ++i) {
       if (fds[i].revents != 0) streams[i - first_stream]->pump();

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "command_line/output_spec.h"  // kNullLogDir
+#include "workers/stale_run_dirs.h"
 
 namespace cpprun::launcher {
 namespace {
@@ -100,12 +101,14 @@ RunDirectory::RunDirectory(const std::string& log_dir, const std::string& run_id
     // a log dir, as torchrun's --log_dir touches none; made first, so that a failure leaves no
     // empty run dir in the log dir.
     if (private_files) {
+      removed_stale_ = remove_stale_run_dirs(temp_root());  // Note [Stale temp dirs]
       std::string own = layout_.private_dir;
       if (mkdtemp(own.data()) == nullptr) {
         throw std::system_error(errno, std::generic_category(),
                                 "cpprun: cannot create the run's temp dir " + layout_.private_dir + " (set TMPDIR)");
       }
       layout_.private_dir = own;
+      record_owner(own);
     } else {
       layout_.private_dir.clear();
     }
@@ -124,6 +127,7 @@ RunDirectory::RunDirectory(const std::string& log_dir, const std::string& run_id
     layout_.dir = make_unique_dir(base + "/" + run_id + "_", "--log_dir=" + base);
     return;
   }
+  removed_stale_ = remove_stale_run_dirs(temp_root());  // Note [Stale temp dirs]
   std::string dir = layout_.dir;
   if (mkdtemp(dir.data()) == nullptr) {
     throw std::system_error(errno, std::generic_category(),
@@ -131,6 +135,7 @@ RunDirectory::RunDirectory(const std::string& log_dir, const std::string& run_id
   }
   layout_.dir = dir;  // See Note [Flat temp dir]
   layout_.private_dir = dir;
+  record_owner(dir);
 }
 
 RunDirectory::~RunDirectory() {

@@ -3,6 +3,8 @@
 // stdout.log, stderr.log (--redirects/--tee) and error.json (TORCHELASTIC_ERROR_FILE). --redirects or
 // --tee without --log_dir: LOG_DIR is a fresh ${TMPDIR:-/tmp}/torchelastic_XXXXXX that stays, as torchrun's.
 // Otherwise only error files, as DIR/attempt_N.LOCAL_RANK.error.json in a temp dir cpprun removes.
+// A cpprun-XXXXXX temp dir holds a record of its owner, so that the next cpprun removes it if its
+// owner was SIGKILLed (stale_run_dirs.h).
 // Note [Flat temp dir]: a directory made and removed costs ~0.1 ms on ext4, a launch a few ms.
 #pragma once
 
@@ -62,6 +64,9 @@ class RunDirectory {
   const RunLayout& layout() const { return layout_; }
   // The torchelastic_XXXXXX dir made for --redirects/--tee without --log_dir; "" otherwise.
   const std::string& made_log_dir() const { return made_log_dir_; }
+  // The temp dirs of SIGKILLed cpprun runs removed before this one's was made (Note [Stale temp
+  // dirs] in stale_run_dirs.cpp): each cpprun-XXXXXX of the temp root records its owner.
+  const std::vector<std::string>& removed_stale() const { return removed_stale_; }
 
   // Under --log_dir: creates attempt_N/0 .. attempt_N/nproc-1. Removes the attempt's stale error files
   // and flight-recorder dumps, cpprun's and PyTorch's NCCL ones (an earlier run's, or c10d's earlier
@@ -73,6 +78,7 @@ class RunDirectory {
  private:
   RunLayout layout_;
   std::string made_log_dir_;
+  std::vector<std::string> removed_stale_;
 };
 
 // Up to `limit` bytes of the file; nullopt if it does not exist or is not a regular file (a

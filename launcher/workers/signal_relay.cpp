@@ -1,6 +1,8 @@
 // Self-pipe signal relay: the handler only sets a flag and writes a byte.
 #include "workers/signal_relay.h"
 
+#include "workers/console_sink.h"
+
 #include <fcntl.h>
 #include <poll.h>
 #include <unistd.h>
@@ -28,12 +30,31 @@ constexpr int kHandledSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SI
 // SIGINT, SIGTERM and SIGQUIT. SIGHUP ignored at startup stays ignored, by cpprun and its workers:
 // that is `nohup cpprun ...`, asking the job to outlive the terminal (torchrun's handler ends a
 // nohup'd job at the hangup). SIGUSR1/2 ignored stay ignored, as torchrun (which does not handle
-// them by default) leaves them.
-bool respects_startup_ignore(int sig) { return sig == SIGHUP || sig == SIGUSR1 || sig == SIGUSR2 || sig == SIGTSTP; }
-bool default_in_workers(int sig) { return sig == SIGINT || sig == SIGTERM || sig == SIGQUIT; }
+// them by default) leaves them; listed in --signals_to_handle they are torchrun's too, handled
+// whatever it inherited, and at their defaults in the workers (exec resets a caught signal).
+//
+// Note [SIGUSR1 and SIGUSR2]
+// torchrun's agent turns each signal --signals_to_handle lists into a SignalException
+// (multiprocessing/api.py: _terminate_process_handler), which its run() answers with
+// _shutdown(that signal): the signal to every worker, SIGKILL after the shutdown timeout; then the
+// exception ends the launcher (launcher/api.py; run.py's @record main writes it to the error file).
+// Listed, SIGUSR1 and SIGUSR2 do the same here, exactly as SIGTERM does (exit 128+signal,
+// "SignalException: Process PID got signal: 10" in TORCHELASTIC_ERROR_FILE). Not listed (the
+// default list is SIGTERM,SIGINT,SIGHUP,SIGQUIT), torchrun leaves them at their default action,
+// which kills the agent alone and leaves its workers running without a launcher: nothing a user
+// wants copied. cpprun passes them on and keeps the job running, so a worker may checkpoint on
+// Slurm's pre-emption warning (`--signal=USR1@90`) and carry on or exit as it chooses.
+bool listed_user_signal(int sig);
+bool respects_startup_ignore(int sig) {
+  return sig == SIGHUP || sig == SIGTSTP || ((sig == SIGUSR1 || sig == SIGUSR2) && !listed_user_signal(sig));
+}
+bool default_in_workers(int sig) { return sig == SIGINT || sig == SIGTERM || sig == SIGQUIT || listed_user_signal(sig); }
 
 // Handler state must be global: a signal handler gets no context pointer.
 static_assert(std::atomic<bool>::is_always_lock_free, "handler flags must be async-signal-safe");
+// SIGUSR1 and SIGUSR2 listed in --signals_to_handle (Note [SIGUSR1 and SIGUSR2]); read by handlers.
+std::atomic<bool> g_listed[NSIG];
+bool listed_user_signal(int sig) { return (sig == SIGUSR1 || sig == SIGUSR2) && g_listed[sig].load(); }
 std::atomic<bool> g_pending[NSIG];
 int g_wake_read = -1;
 int g_wake_write = -1;
@@ -136,11 +157,37 @@ std::vector<DiagnoseRequest> take_diagnose_requests() {
 }
 
 bool ends_job(int sig) {
-  return sig == SIGINT || sig == SIGTERM || sig == SIGHUP || sig == SIGQUIT;
+  return sig == SIGINT || sig == SIGTERM || sig == SIGHUP || sig == SIGQUIT || listed_user_signal(sig);
 }
 
-SignalRelay::SignalRelay() {
+std::vector<int> listed_user_signals(const std::string& signals_to_handle) {
+  const auto trimmed = [](const std::string& t) {
+    const auto first = t.find_first_not_of(" \t\n\r\f\v");
+    return first == std::string::npos ? std::string() : t.substr(first, t.find_last_not_of(" \t\n\r\f\v") - first + 1);
+  };
+  std::vector<int> listed;
+  std::size_t start = 0;
+  for (;;) {
+    const std::size_t comma = signals_to_handle.find(',', start);
+    std::string name = trimmed(signals_to_handle.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+    if (name.size() >= 2 && (name.front() == '\'' || name.front() == '"') && name.back() == name.front()) {
+      name = trimmed(name.substr(1, name.size() - 2));
+    }
+    const int sig = name == "SIGUSR1" ? SIGUSR1 : name == "SIGUSR2" ? SIGUSR2 : 0;
+    if (sig != 0 && std::find(listed.begin(), listed.end(), sig) == listed.end()) listed.push_back(sig);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  std::sort(listed.begin(), listed.end());
+  return listed;
+}
+
+SignalRelay::SignalRelay(const std::vector<int>& listed) {
   if (g_wake_read >= 0) throw std::logic_error("SignalRelay: only one instance per process");
+  for (int sig : listed) {
+    if (sig != SIGUSR1 && sig != SIGUSR2) throw std::logic_error("SignalRelay: only SIGUSR1 and SIGUSR2 are listed");
+    g_listed[sig].store(true);
+  }
   int fds[2];
   if (pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0) {
     throw std::system_error(errno, std::generic_category(), "cpprun: creating the signal pipe");
@@ -177,6 +224,7 @@ SignalRelay::~SignalRelay() {
   close(g_wake_read);
   close(g_wake_write);
   g_wake_read = g_wake_write = -1;
+  for (auto& listed : g_listed) listed.store(false);
 }
 
 int SignalRelay::wake_fd() const { return g_wake_read; }
@@ -184,10 +232,14 @@ int SignalRelay::wake_fd() const { return g_wake_read; }
 bool SignalRelay::wait_until(std::chrono::steady_clock::time_point deadline) const {
   const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
   if (left.count() <= 0) return false;
-  pollfd fd{g_wake_read, POLLIN, 0};
-  if (poll(&fd, 1, static_cast<int>(std::min<long long>(left.count(), 1 << 30))) < 0 && errno != EINTR) {
-    throw std::runtime_error(std::string("cpprun: poll() failed: ") + std::strerror(errno));
+  std::vector<pollfd> fds{{g_wake_read, POLLIN, 0}};
+  ConsoleWait consoles;  // the launcher's own lines behind a backlog: Note [The launcher's own lines]
+  consoles.add(fds);
+  if (poll(fds.data(), fds.size(), static_cast<int>(std::min<long long>(left.count(), 1 << 30))) < 0) {
+    if (errno != EINTR) throw std::runtime_error(std::string("cpprun: poll() failed: ") + std::strerror(errno));
+    return true;
   }
+  consoles.after(fds);
   return true;
 }
 

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <functional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -16,8 +17,14 @@ namespace cpprun::launcher {
 inline constexpr int kRelayedMarker = 0x52454c59;  // "RELY"
 
 // Forwarded signals that also end the job: the group is stopped and cpprun exits 128+signal,
-// without restarting. SIGUSR1/SIGUSR2 are only passed on (e.g. "checkpoint now").
+// without restarting. SIGUSR1/SIGUSR2 too when --signals_to_handle lists them (the SignalRelay's
+// `listed`); else they are only passed on (e.g. "checkpoint now"): Note [SIGUSR1 and SIGUSR2].
 bool ends_job(int sig);
+
+// SIGUSR1 and SIGUSR2 as far as --signals_to_handle lists them: comma-separated names, each trimmed
+// of whitespace (and one pair of quotes, as cpprun reads every option), matched exactly as
+// torchrun's getattr(signal, name). Other names are not for this (see launch_config.cpp). Pure.
+std::vector<int> listed_user_signals(const std::string& signals_to_handle);
 
 // One per process: owns the handlers of the signals forwarded to the workers' process groups (as
 // torchrun's: SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2), SIGTSTP, SIGCONT and SIGCHLD.
@@ -27,7 +34,9 @@ bool ends_job(int sig);
 // SIGCHLD is always caught: the kernel must not auto-reap.
 class SignalRelay {
  public:
-  SignalRelay();
+  // `listed`: SIGUSR1 and SIGUSR2 if --signals_to_handle names them (listed_user_signals()): they
+  // then end the job as SIGTERM does, handled even if ignored at startup, at their default in workers.
+  explicit SignalRelay(const std::vector<int>& listed = {});
   ~SignalRelay();  // restores the startup dispositions
   SignalRelay(const SignalRelay&) = delete;
   SignalRelay& operator=(const SignalRelay&) = delete;
@@ -75,8 +84,9 @@ struct DiagnoseRequest {
 inline constexpr int kDiagnoseQueue = 16;
 std::vector<DiagnoseRequest> take_diagnose_requests();
 
-// The first job-ending signal (SIGINT, SIGTERM, SIGHUP, SIGQUIT) a SignalRelay of this process
-// caught, or 0: main() records it in the launcher's error file as torchrun's SignalException.
+// The first job-ending signal (SIGINT, SIGTERM, SIGHUP, SIGQUIT; SIGUSR1 or SIGUSR2 if listed) a
+// SignalRelay of this process caught, or 0: main() records it in the launcher's error file as
+// torchrun's SignalException.
 int job_ending_signal_received();
 
 // Sleeps until `deadline` while no worker runs. Returns the job-ending signal that cut the wait

@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <iostream>
 #include <stdexcept>
 #include <system_error>
 #include <utility>
@@ -153,8 +154,9 @@ void OutputStream::drain() {
 
 void OutputStream::route(std::string_view data) {
   if (file_fd_ >= 0 && !write_all(file_fd_, data)) {
-    std::fprintf(stderr, "cpprun: warning: cannot write %s (%s); the rest of this stream is not saved\n",
-                 file_path_.c_str(), std::strerror(errno));
+    const int error = errno;  // before the message's own writes
+    std::cerr << "cpprun: warning: cannot write " << file_path_ << " (" << std::strerror(error)
+              << "); the rest of this stream is not saved\n";
     close_fd(file_fd_);  // warn once, keep the console going
   }
   splitter_.feed(data, [this](std::string_view line) { add_line(line); });

@@ -16,6 +16,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <iostream>
 
 namespace cpprun::launcher {
 namespace {
@@ -152,8 +153,9 @@ pid_t spawn_worker(const WorkerCommand& command, const ChildStdio& stdio, const 
 void signal_process_group(pid_t pgid, int sig) {
   // Not an exception: the caller is usually stopping workers and must go on to the next group.
   if (kill(-pgid, sig) != 0 && errno != ESRCH) {
-    std::fprintf(stderr, "cpprun: warning: could not send signal %d to process group %d: %s\n", sig,
-                 static_cast<int>(pgid), std::strerror(errno));
+    const int error = errno;  // before the message's own writes
+    std::cerr << "cpprun: warning: could not send signal " << sig << " to process group " << pgid << ": "
+              << std::strerror(error) << "\n";
   }
 }
 

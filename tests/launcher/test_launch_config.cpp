@@ -650,6 +650,30 @@ TEST_CASE("launch_config: TORCH_ELASTIC_SHUTDOWN_TIMEOUT and TORCHELASTIC_LOG_LI
              Contains("TORCH_ELASTIC_SHUTDOWN_TIMEOUT=soon"));
 }
 
+TEST_CASE("launch_config: TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 as torchrun's c10d handler reads it, one node",
+          "[launch_config]") {
+  const auto env = [](const std::string& name) -> std::optional<std::string> {
+    if (name == "TORCH_DISABLE_SHARE_RDZV_TCP_STORE") return std::string("1");
+    if (name == "CPPRUN_JOB_SECRET") return std::string(kSecret);
+    return std::nullopt;
+  };
+  const auto parsed = [&](const std::vector<std::string>& args) { return parse_launch_config(args, fake_host(), env); };
+  CHECK_FALSE(parsed({"x"}).config.agent_store);  // c10d's localhost:0, as torchrun runs it
+  CHECK_FALSE(parsed({"--standalone", "x"}).config.agent_store);
+  for (const char* nnodes : {"--nnodes=1", "--nnodes=1:1"}) {
+    const ParsedCommandLine one = parsed({"--rdzv_backend=c10d", nnodes, "--rdzv_endpoint=127.0.0.1:29400", "x"});
+    CHECK_FALSE(one.config.agent_store);
+    CHECK_FALSE(rendezvous_settings(one.config).agent_store);
+    CHECK(one.notes.empty());
+  }
+  CHECK(parsed({"--master_port=29500", "x"}).config.agent_store);  // static ignores it, as torchrun's
+  CHECK(parsed({"--nnodes=2", "--master_addr=10.0.0.1", "x"}).config.agent_store);
+  const ParsedCommandLine several = parsed({"--rdzv_backend=c10d", "--nnodes=1:2", "--rdzv_endpoint=node01:29400", "x"});
+  CHECK(several.config.agent_store);
+  REQUIRE(several.notes.size() == 1);
+  CHECK_THAT(several.notes[0], Contains("one node only") && Contains("--nnodes=1:2") && Contains("authenticated link"));
+}
+
 TEST_CASE("launch_config: --virtual_local_rank needs a visible GPU per worker", "[launch_config]") {
   CHECK(parse({"--virtual_local_rank", "--nproc_per_node=2", "x"}).virtual_local_rank);
   const auto one_gpu = [](const std::string& name) -> std::optional<std::string> {

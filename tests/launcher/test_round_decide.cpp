@@ -444,3 +444,22 @@ TEST_CASE("round_decide: a diagnosis request goes to the members whose workers r
   alone.store_opened(5000);
   CHECK_FALSE(evidence_askees(alone.state).has_value());
 }
+
+TEST_CASE("round_decide: a c10d job of one node opted out of the agents' store runs its round untunnelled",
+          "[round_decide]") {
+  // TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (Note [Opting out of the agent's store]): worker rank 0 hosts the
+  // store at the port open_store picked, MASTER_ADDR the host's --local_addr, as torchrun's rank-0 node.
+  for (const bool agent_store : {true, false}) {
+    RendezvousSettings settings = c10d_job(1, 1, 2);
+    settings.job_secret = std::string(64, 'a');
+    settings.agent_store = agent_store;
+    Host host(settings);
+    CHECK(words(host.join()).back() == "open store");
+    // The step decides, whatever address came with the event (the executor gives "" when opted out).
+    const RoundActions started = host.step(RoundEvent::store_opened("127.0.0.1", 43210));
+    const RankLayout& own = first(started, RoundAction::Kind::kRunRound).layout;
+    CHECK(own.master_port == 43210);
+    CHECK(own.store_tunnelled == agent_store);
+    CHECK(own.master_addr == (agent_store ? "127.0.0.1" : "10.0.0.1"));
+  }
+}

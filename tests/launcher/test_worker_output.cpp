@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "workers/console_sink.h"
@@ -145,4 +146,63 @@ TEST_CASE("worker_output: a console that does not read never blocks the launcher
   CHECK(sink.backlog() == 0);
   close(fds[0]);
   close(fds[1]);
+}
+
+// Note [The launcher's own lines]: behind a backlog they come after the workers' bytes written before
+// them; at exit, when the console took nothing for the patience, the workers' bytes still waiting are
+// dropped and the launcher's own lines get one more try, ahead of them, on a line of their own.
+TEST_CASE("worker_output: the launcher's own lines keep their place, and at exit go ahead of the dropped bytes",
+          "[worker_output]") {
+  const auto read_all = [](int fd) {
+    std::string received;
+    char buffer[65536];
+    for (ssize_t n; (n = read(fd, buffer, sizeof(buffer))) > 0;) received.append(buffer, static_cast<std::size_t>(n));
+    return received;
+  };
+  {
+    int fds[2];
+    REQUIRE(pipe(fds) == 0);
+    std::string received;
+    std::thread reader;
+    {
+      ConsoleSink sink(fds[1]);
+      const std::string workers(200000, 'a');
+      sink.write(workers);
+      sink.write_own("cpprun: rank 1 failed first\n");
+      sink.write("b\n");
+      reader = std::thread([&] { received = read_all(fds[0]); });
+      CHECK(sink.flush_before_exit(std::chrono::seconds(5)) == 0);
+    }  // the sink's own descriptor of the pipe closed
+    close(fds[1]);
+    reader.join();
+    CHECK(received == std::string(200000, 'a') + "cpprun: rank 1 failed first\nb\n");
+    close(fds[0]);
+  }
+  {
+    int fds[2];
+    REQUIRE(pipe(fds) == 0);
+    std::string received;
+    std::size_t dropped = 0;
+    std::thread reader;
+    {
+      ConsoleSink sink(fds[1]);
+      sink.write(std::string(300000, 'y'));  // no newline: a line cut by the drop
+      sink.write_own("cpprun: exiting with code 3\n");
+      sink.write(std::string(1000, 'z'));
+      // The reader comes after the first patience (1 s), well within the second.
+      reader = std::thread([&] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1300));
+        received = read_all(fds[0]);
+      });
+      dropped = sink.flush_before_exit(std::chrono::milliseconds(1000));
+    }
+    close(fds[1]);
+    reader.join();
+    const std::string own = "\ncpprun: exiting with code 3\n";
+    REQUIRE(received.size() > own.size());
+    CHECK(received.substr(received.size() - own.size()) == own);
+    CHECK(received.find('z') == std::string::npos);
+    CHECK(dropped == 300000 + 1000 - (received.size() - own.size()));
+    close(fds[0]);
+  }
 }

@@ -148,7 +148,37 @@ PY
   TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 PYTHON_EXEC=$CPPRUN_TORCH_PYTHON cpprun --nproc_per_node=2 "$WORK/optout.py"
   expect_eq "$?" 0 "torch.distributed with worker rank 0 hosting the store: exit code"
   expect_in_file "$WORK/out" "[rank1]: sum 3.0 agent store False" "torch.distributed with rank 0 hosting the store"
+  TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 PYTHON_EXEC=$CPPRUN_TORCH_PYTHON cpprun --nproc_per_node=2 --nnodes=1 \
+    --rdzv_backend=c10d --rdzv_endpoint=127.0.0.1:29667 "$WORK/optout.py"
+  expect_eq "$?" 0 "torch.distributed with rank 0 hosting the store, c10d at an endpoint: exit code"
+  expect_in_file "$WORK/out" "[rank1]: sum 3.0 agent store False" "torch.distributed with rank 0 hosting the store, c10d at an endpoint"
 fi
+# A c10d job at an --rdzv_endpoint of one node (--nnodes=1 or 1:1) too: torchrun's c10d handler gives its
+# workers the rank-0 node's --local_addr (else its FQDN; cpprun: the endpoint's host) and a port free
+# there (RendezvousStoreInfo.build), and runs no store of the agent's for them.
+for nnodes in 1 1:1; do
+  rm -f "$WORK"/c10d_optout.*
+  TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 cpprun --nproc_per_node=2 --nnodes=$nnodes --rdzv_backend=c10d \
+    --rdzv_endpoint=127.0.0.1:29667 /bin/sh -c 'env > "$WORK/c10d_optout.$RANK"'
+  expect_eq "$?" 0 "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, c10d at an endpoint, --nnodes=$nnodes: exit code"
+  for rank in 0 1; do
+    grep -qxF TORCHELASTIC_USE_AGENT_STORE=False "$WORK/c10d_optout.$rank" ||
+      fail "c10d at an endpoint, --nnodes=$nnodes: rank $rank's TORCHELASTIC_USE_AGENT_STORE"
+    grep -qxF MASTER_ADDR=127.0.0.1 "$WORK/c10d_optout.$rank" || fail "c10d at an endpoint, --nnodes=$nnodes: MASTER_ADDR"
+  done
+  port=$(sed -n 's/^MASTER_PORT=//p' "$WORK/c10d_optout.0")
+  [ -n "$port" ] && [ "$port" != 29667 ] || fail "c10d at an endpoint: MASTER_PORT '$port' is not a free port of its own"
+  grep -qxF "MASTER_PORT=$port" "$WORK/c10d_optout.1" || fail "c10d at an endpoint: the ranks' MASTER_PORT differ"
+  grep -q "store keeper\|not implemented" "$WORK/err" && fail "c10d at an endpoint, --nnodes=$nnodes: a keeper or a note"
+done
+TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 cpprun --nproc_per_node=2 --nnodes=1 --rdzv_backend=c10d \
+  --rdzv_endpoint=127.0.0.1:29667 --local_addr=localhost /bin/sh -c 'env > "$WORK/c10d_local.$RANK"'
+grep -qxF MASTER_ADDR=localhost "$WORK/c10d_local.1" || fail "c10d at an endpoint with --local_addr: MASTER_ADDR"
+# Several nodes keep the agents' store (their workers reach it through cpprun's authenticated link): a note says so.
+TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 cpprun --dry_run --nproc_per_node=2 --nnodes=1:2 --rdzv_backend=c10d \
+  --rdzv_endpoint=127.0.0.1:29667 /bin/true
+expect_in_file "$WORK/err" "honoured for a c10d job of one node only" "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 with --nnodes=1:2: the note"
+expect_in_file "$WORK/out" "TORCHELASTIC_USE_AGENT_STORE=True" "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 with --nnodes=1:2: the agents' store"
 
 expect_no_leftovers
 echo PASS
