@@ -530,7 +530,8 @@ void decode_layout(const std::string& text, OptimizerFile& file) {
 // safetensors buffer for the team, as this did, cost the root a copy and a CRC pass over the
 // whole state, and each receiver a CRC pass and a copy out of it: 400 MB of AdamW state took 4 s to
 // load at 2 ranks, half of it in that broadcast. The files' CRCs are checked as the root reads them;
-// TCP checks the bytes in transit.
+// between the job's own ranks the end-to-end CRC is left out on purpose (the transport's own checks
+// remain: TCP's checksum over loopback or the network, NVLink's or InfiniBand's CRCs under NCCL).
 OptimizerFile read_for_team(const OptimizerParams& params, const CheckpointTeam& team, const std::string& path,
                             const ProcessGroup* owners, const ReadOnRoot& read_on_root) {
   OptimizerFile out{path, {}, {}, {}, {}};
@@ -581,7 +582,17 @@ OptimizerFile read_for_team(const OptimizerParams& params, const CheckpointTeam&
   if (!verdict.empty()) throw_described_failure(verdict);
   if (team.alone()) return out;
   team.broadcast_bytes(layout);
-  if (!team.is_root()) decode_layout(layout, out);
+  // A receiver that cannot hold the state (out of memory) says so before the root sends it, so
+  // that no rank is left inside the broadcast.
+  std::exception_ptr unmade;
+  if (!team.is_root()) {
+    try {
+      decode_layout(layout, out);
+    } catch (...) {
+      unmade = std::current_exception();
+    }
+  }
+  team.agree(unmade, "making room for the optimizer state rank 0 read from " + path);
   std::vector<at::Tensor> tensors;
   for (const auto& [name, tensor] : out.tensors) tensors.push_back(tensor);
   team.broadcast_tensors(tensors);

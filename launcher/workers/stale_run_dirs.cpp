@@ -144,6 +144,13 @@ std::optional<RunDirOwner> this_process_owner() {
   const ssize_t length = readlink("/proc/self/ns/pid", ns, sizeof(ns) - 1);
   if (length > 0) owner.pid_namespace.assign(ns, static_cast<std::size_t>(length));
   owner.pid = getpid();
+  // /proc may be another pid namespace's (unshare -pf without --mount-proc): there /proc/PID is
+  // another process, whose start time would stand for ours. Then nothing is recorded or swept.
+  char self[32];
+  const ssize_t self_length = readlink("/proc/self", self, sizeof(self) - 1);
+  if (self_length <= 0 || std::string(self, static_cast<std::size_t>(self_length)) != std::to_string(owner.pid)) {
+    return std::nullopt;
+  }
   const std::optional<unsigned long long> start = proc_start_time(owner.pid);
   if (owner.boot_id.empty() || owner.pid_namespace.empty() || !start) return std::nullopt;
   owner.start_time = *start;
