@@ -578,6 +578,45 @@ TEST_CASE("fsdp: clip_grad_norm with a NaN or infinite gradient does as PyTorch'
   for (const auto& p : ref->parameters()) CHECK(expect_like_pytorch(p.grad()));
 }
 
+// The free function, as a loop ported from Python calls clip_grad_norm_ (FSDP2's gradients are
+// DTensors: torch.nn.utils.clip_grad_norm_(model.parameters()) returns the whole norm on every
+// rank). Given the wrapper it clips over the ranks as model->clip_grad_norm; given the shards
+// (model->parameters(), or a module holding the wrapper) it refuses: each rank's norm would be
+// its own rows' (an audit measured 0.374 and 0.452 at 2 ranks against the whole's 0.587).
+TEST_CASE("fsdp: cpprun::clip_grad_norm_ given the wrapper clips over every rank; given shards it refuses",
+          "[fsdp]") {
+  const int rank = group().rank(), world = group().size();
+  const int stage = GENERATE(0, 1, 2, 3);
+  INFO("stage " << stage);
+  Float64Parity float64;
+  torch::manual_seed(0);
+  auto net = std::make_shared<Mlp>(31);
+  cpprun::DataParallel<Mlp> model = ddp_or_fsdp(net, stage);
+  auto ref = std::make_shared<Mlp>(31);
+  copy_state(*ref, *net);
+  torch::optim::SGD opt(model->parameters(), 0.1), ref_opt(ref->parameters(), 0.1);
+  auto x = inputs_for("mlp", kGlobalBatch, 0) * 10;  // large gradients, so clipping acts
+  auto y = targets_for(kGlobalBatch, 0);
+  torch::nn::functional::cross_entropy(model->forward(slice(x, rank, world)), slice(y, rank, world)).backward();
+  reference_backward([&](torch::Tensor in) { return ref->forward(in); }, x, y, world);
+  if (stage > 0) {
+    CHECK_THROWS_WITH(cpprun::clip_grad_norm_(model->parameters(), 0.5),
+                      Catch::Contains("this rank's shard") && Catch::Contains("model->clip_grad_norm(max_norm"));
+    auto holder = std::make_shared<torch::nn::Module>();
+    holder->register_module("model", model.ptr());
+    CHECK_THROWS_WITH(cpprun::clip_grad_norm_(*holder, 0.5), Catch::Contains("model->clip_grad_norm(max_norm"));
+  }
+  // The refusals changed nothing: the norm below is the whole gradient's, clipped once.
+  const double norm = cpprun::clip_grad_norm_(*model, 0.5);
+  const double ref_norm = torch::nn::utils::clip_grad_norm_(ref->parameters(), 0.5);
+  CHECK(norm == Approx(ref_norm).epsilon(kParityTolerance));
+  CHECK(norm > 0.5);
+  opt.step();
+  ref_opt.step();
+  model->gather_full_parameters();
+  check_same_parameters(*net, *ref, kParityTolerance);
+}
+
 TEST_CASE("fsdp: per-rank bytes follow the ZeRO formulas (fp32 AdamW)", "[fsdp]") {
   const int rank = group().rank(), world = group().size();
   // Psi parameters in one unit, padded to a multiple of the world size.
