@@ -8,12 +8,16 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <mutex>
+#include <string>
+#include <unordered_map>
 #include <unordered_set>
 #include <utility>
 
 #include "core/tensor_parallel_splits.h"
 #include "cpprun/clip_grad_norm.h"
 #include "cpprun/collectives.h"
+#include "cpprun/detail/data_parallel_core.h"
 #include "cpprun/tensor_parallel_split.h"
 #include "cpprun/unique_parameters.h"
 
@@ -62,7 +66,71 @@ std::vector<Group> by_device_and_dtype(const std::vector<GradientToClip>& grads,
   return groups;
 }
 
+// Note [Clipping a wrapper's gradients]
+// The free clip_grad_norm_ sees only this rank's tensors. Given a wrapper (DDP, FSDP) as a module,
+// it clips as the wrapper's own model->clip_grad_norm does, over its ranks: the norm of every
+// gradient, the same on every rank (for DDP the same as its local one). FSDP's shards given any
+// other way (model->parameters(), a module holding the wrapper) hold each rank's rows only: their
+// norm would be this rank's part's, and the ranks would clip by different factors (0.374 and 0.452
+// where the whole is 0.587, in an audit at 2 ranks), so they are refused, naming the wrapper's
+// call. PyTorch needs neither: FSDP2's gradients are DTensors, whose norm torch.nn.utils.
+// clip_grad_norm_ combines across ranks itself (torch/nn/utils/clip_grad.py).
+std::mutex& clip_registry_mutex() {
+  static std::mutex mutex;
+  return mutex;
+}
+std::unordered_map<const torch::nn::Module*, DataParallelCore*>& data_parallel_wrappers() {
+  static std::unordered_map<const torch::nn::Module*, DataParallelCore*> wrappers;
+  return wrappers;
+}
+std::unordered_map<const c10::TensorImpl*, std::string>& partial_gradients() {
+  static std::unordered_map<const c10::TensorImpl*, std::string> names;
+  return names;
+}
+
+DataParallelCore* wrapper_core(const torch::nn::Module& module) {
+  std::lock_guard<std::mutex> lock(clip_registry_mutex());
+  auto it = data_parallel_wrappers().find(&module);
+  return it == data_parallel_wrappers().end() ? nullptr : it->second;
+}
+
+// See Note [Clipping a wrapper's gradients].
+void refuse_partial_gradients(const std::vector<at::Tensor>& params) {
+  std::lock_guard<std::mutex> lock(clip_registry_mutex());
+  if (partial_gradients().empty()) return;
+  for (const auto& p : params) {
+    auto it = partial_gradients().find(p.unsafeGetTensorImpl());
+    TORCH_CHECK(it == partial_gradients().end(), "cpprun::clip_grad_norm_: \"", it->second, "\" is this rank's "
+                "shard of a parameter of a FullyShardedDataParallel model: its gradient holds this rank's rows only, so "
+                "the norm here would be this rank's part's, and each rank would clip by another factor. Clip with the "
+                "wrapper, model->clip_grad_norm(max_norm, norm_type) (or cpprun::clip_grad_norm_(*model, max_norm)), "
+                "which combines the shards' norms over the ranks and returns the whole model's norm on every rank, as "
+                "PyTorch's clip_grad_norm_ does over FSDP2's gradients. LibTorch's torch::nn::utils::clip_grad_norm_ "
+                "has the same problem and no check.");
+  }
+}
+
 }  // namespace
+
+void register_data_parallel(const torch::nn::Module& wrapper, DataParallelCore& core) {
+  std::lock_guard<std::mutex> lock(clip_registry_mutex());
+  data_parallel_wrappers()[&wrapper] = &core;
+}
+
+void unregister_data_parallel(const torch::nn::Module& wrapper) {
+  std::lock_guard<std::mutex> lock(clip_registry_mutex());
+  data_parallel_wrappers().erase(&wrapper);
+}
+
+void register_partial_gradients(const std::vector<std::pair<std::string, at::Tensor>>& params) {
+  std::lock_guard<std::mutex> lock(clip_registry_mutex());
+  for (const auto& [name, tensor] : params) partial_gradients()[tensor.unsafeGetTensorImpl()] = name;
+}
+
+void unregister_partial_gradients(const std::vector<std::pair<std::string, at::Tensor>>& params) {
+  std::lock_guard<std::mutex> lock(clip_registry_mutex());
+  for (const auto& item : params) partial_gradients().erase(item.second.unsafeGetTensorImpl());
+}
 
 std::vector<GradientToClip> module_gradients(const torch::nn::Module& module,
                                              const std::map<std::string, TensorParallelSplit>& splits) {
@@ -184,6 +252,7 @@ namespace cpprun {
 
 double clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type,
                        bool error_if_nonfinite) {
+  detail::refuse_partial_gradients(parameters);
   std::vector<detail::GradientToClip> grads;
   std::unordered_set<const c10::TensorImpl*> seen;
   for (const auto& p : parameters) {
@@ -193,6 +262,11 @@ double clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_nor
 }
 
 double clip_grad_norm_(torch::nn::Module& module, double max_norm, double norm_type, bool error_if_nonfinite) {
+  // See Note [Clipping a wrapper's gradients].
+  if (detail::DataParallelCore* core = detail::wrapper_core(module)) {
+    return core->clip_grad_norm(max_norm, norm_type, error_if_nonfinite);
+  }
+  detail::refuse_partial_gradients(module.parameters());
   return detail::clip_grad_norm(detail::module_gradients(module, tensor_parallel_splits(module)),
                                 {max_norm, norm_type, error_if_nonfinite}, nullptr, "cpprun");
 }

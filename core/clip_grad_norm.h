@@ -8,6 +8,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cpprun/process_group.h"
@@ -54,5 +55,11 @@ struct ClipOptions {
 // names the caller in errors.
 double clip_grad_norm(const std::vector<GradientToClip>& grads, const ClipOptions& options, const ProcessGroup* sum_over,
                       const char* who, const ProcessGroup* then_over = nullptr);
+
+// Parameters whose gradients are each rank's part of one (FSDP's shards, by name), while their
+// owner lives: the free cpprun::clip_grad_norm_ refuses them, as its norm would be this rank's
+// part's alone (Note [Clipping a wrapper's gradients]).
+void register_partial_gradients(const std::vector<std::pair<std::string, at::Tensor>>& params);
+void unregister_partial_gradients(const std::vector<std::pair<std::string, at::Tensor>>& params);
 
 }  // namespace cpprun::detail

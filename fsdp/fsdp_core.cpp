@@ -82,6 +82,9 @@ struct FsdpCore::Impl {
   // Parameters split by tensor parallelism, by name (cpprun/tensor_parallel_split.h): FSDP
   // shards this rank's TP shard; clipping sums their squares over the TP group too.
   std::map<std::string, TensorParallelSplit> tp_splits;
+  // This rank's shards, by name: the free clip_grad_norm_ refuses them (Note [Clipping a wrapper's
+  // gradients] in core/clip_grad_norm.cpp).
+  std::vector<std::pair<std::string, at::Tensor>> shards;
 
   Impl(torch::nn::Module& m, ProcessGroup g, const std::optional<DeviceMesh>& mesh, FsdpOptions o)
       : module(m),
@@ -90,6 +93,7 @@ struct FsdpCore::Impl {
         groups(make_shard_groups(group, mesh, options.shard_dim())),
         stage(behaviour_of(options, groups.shard.size())),
         tp_splits(tensor_parallel_splits(m)) {}
+  ~Impl() { unregister_partial_gradients(shards); }
 
   // After an optimizer step each rank has updated only its shard: gather the full parameters.
   // A synchronized backward is taken to be followed by a step before the next forward, which
@@ -146,6 +150,10 @@ FsdpCore::FsdpCore(torch::nn::Module& module, ProcessGroup group, std::optional<
   sharding.shards_on_cpu = s.options.cpu_offload();
   if (deferred) sharding.before_unit = [&deferred](std::size_t u) { deferred->materialize_unit(u); };
   s.buckets = shard_units(units, sharding);
+  for (const auto& bucket : s.buckets) {
+    for (const auto& p : bucket.params()) s.shards.emplace_back(p.name, p.shard);
+  }
+  register_partial_gradients(s.shards);
   std::size_t root_unit = units.size();  // the top-level module's own parameters, if it has any
   for (std::size_t u = 0; u < units.size(); ++u) {
     if (units[u].name.empty()) root_unit = u;

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "core/extension_key.h"
+#include "fsdp/full_gradient_guard.h"
 
 namespace cpprun::detail {
 namespace {
@@ -43,6 +44,8 @@ void collect(const at::Tensor& tensor, std::vector<Watch>& uses) {
 }  // namespace
 
 void report_uses_then_run(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+  // A full parameter's gradient guard (Note [Full gradients after a synchronized backward]).
+  if (handle_full_gradient_use(op, stack)) return;
   std::vector<Watch> uses;
   for (const c10::IValue& arg : torch::jit::last(*stack, op.schema().arguments().size())) {
     if (arg.isTensor()) {

@@ -35,7 +35,8 @@ void watch_uses(const at::Tensor& storage_of, const std::vector<at::Tensor>& ten
 void unwatch_uses(const at::Tensor& storage_of, const std::vector<at::Tensor>& tensors);
 
 // The extension key's handler (core/extension_key.h) for an operator that is no deferred
-// initialisation's business: reports the watched units among its arguments, then runs it.
+// initialisation's business: reports the watched units among its arguments, then runs it (a
+// full parameter's gradient guard's operator is full_gradient_guard.h's).
 void report_uses_then_run(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack);
 
 }  // namespace cpprun::detail

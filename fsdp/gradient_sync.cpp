@@ -9,6 +9,7 @@
 #include <unordered_set>
 
 #include "fsdp/fsdp_collectives.h"
+#include "fsdp/full_gradient_guard.h"
 
 namespace cpprun::detail {
 namespace {
@@ -37,7 +38,8 @@ GradientSync::GradientSync(std::vector<ParamBucket>& buckets, const ShardGroups&
       options_(options),
       alone_(options.shard_gradients && groups.shard.size() == 1 && !groups.replicate),
       bucket_done_(std::move(bucket_done)),
-      states_(buckets.size()) {
+      states_(buckets.size()),
+      full_grad_guard_(std::make_unique<FullGradientGuard>(buckets, groups.whole.rank())) {
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
     states_[b].grads.resize(buckets_[b].params().size());
     for (std::size_t i = 0; i < buckets_[b].params().size(); ++i) {
@@ -73,6 +75,7 @@ void GradientSync::bind_full_grad(std::size_t b) {
 
 void GradientSync::prepare(bool sync) {
   std::lock_guard<std::mutex> lock(mutex_);
+  full_grad_guard_->disarm();
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
     // Stages 2 and 3 collect gradients as they come; under no_sync, .grad accumulates as usual.
     if (!options_.shard_gradients) bind_full_grad(b);
@@ -314,6 +317,7 @@ void GradientSync::finish_backward() {
     in_flight_.clear();
     mode_ = Mode::kFinished;
     shards_stepped_ = true;
+    full_grad_guard_->arm();
     backward_end = backward_end_;
   }
   if (backward_end) backward_end(true);

@@ -9,6 +9,8 @@
 // A shard .grad the optimizer kept since the last reduction (not set to none) gets the new one
 // added, as FSDP2's does (Note [Shard gradients accumulate] in fsdp_collectives.cpp).
 // Either way a bucket is reduced as soon as all its gradients are in, while backward goes on.
+// Until the next forward, each full parameter's .grad is then a guard that refuses an optimizer
+// built over them (full_gradient_guard.h).
 // Alone in the shard group (stages 2 and 3, no replicas) there is nothing to reduce: each shard's
 // gradient is the parameter's own, as autograd made it.
 // HSDP with the replicas' all-reduce off (set_all_reduce(false)): each bucket's reduced chunk is
@@ -33,6 +35,8 @@
 #include "fsdp/shard_groups.h"
 
 namespace cpprun::detail {
+
+class FullGradientGuard;  // full_gradient_guard.h
 
 struct GradientSyncOptions {
   bool shard_gradients = true;  // reduce-scatter (stages 2 and 3), else all-reduce (stage 1)
@@ -136,6 +140,9 @@ class GradientSync {
   std::size_t next_launch_ = 0;   // reduced last to first: see launch_ready_buckets()
   std::deque<std::size_t> in_flight_;
   int64_t peak_bytes_ = 0;
+  // The full parameters' .grad from a synchronized backward's end to the next forward (Note [Full
+  // gradients after a synchronized backward] in full_gradient_guard.cpp).
+  std::unique_ptr<FullGradientGuard> full_grad_guard_;
   GradientReadyHooks hooks_;      // last: removed before the state the hooks touch goes
 };
 

@@ -4,7 +4,9 @@
 // so that the clipped gradients equal PyTorch's to the bit (LibTorch's own
 // torch::nn::utils::clip_grad_norm_ parts from Python's in the last bits). The wrappers'
 // model->clip_grad_norm (cpprun/data_parallel.h) and PipelineStage::clip_grad_norm do the same
-// over gradients spread across ranks.
+// over gradients spread across ranks; given a wrapper (DDP, FSDP) as the module, this is its
+// model->clip_grad_norm. FSDP's shards (model->parameters()) are refused: their norm would be this
+// rank's rows' alone (LibTorch's function, which cannot check, takes it silently).
 //
 //   loss.backward();
 //   const double norm = cpprun::clip_grad_norm_(*model, 1.0);   // or (model->parameters(), 1.0)
@@ -28,7 +30,9 @@ namespace cpprun {
 double clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type = 2.0,
                        bool error_if_nonfinite = false);
 // The module's parameters; a tensor-parallel split one (parallelize_module) is this rank's part
-// of one gradient, whose norm is combined over its group: then collective over those groups.
+// of one gradient, whose norm is combined over its group: then collective over those groups. A
+// DataParallel wrapper: its own clip_grad_norm, over its ranks (collective, the same norm on every
+// rank, as PyTorch's over FSDP2's DTensor gradients).
 double clip_grad_norm_(torch::nn::Module& module, double max_norm, double norm_type = 2.0,
                        bool error_if_nonfinite = false);
 

@@ -84,6 +84,8 @@ class DataParallelImpl : public torch::nn::Module {
   // the stepped parameters (gathered again).
   void gather_full_parameters() { core_->gather_full_parameters(); }
 
+  ~DataParallelImpl() override { detail::unregister_data_parallel(*this); }
+
   void train(bool on = true) override {
     torch::nn::Module::train(on);
     module_->train(on);
@@ -94,7 +96,9 @@ class DataParallelImpl : public torch::nn::Module {
   friend class FullyShardedDataParallelImpl<ModuleType>;
   friend struct detail::DataParallelAccess;
   DataParallelImpl(std::shared_ptr<ModuleType> module, std::unique_ptr<detail::DataParallelCore> core)
-      : module_(std::move(module)), core_(std::move(core)) {}
+      : module_(std::move(module)), core_(std::move(core)) {
+    detail::register_data_parallel(*this, *core_);
+  }
   detail::DataParallelCore& core() const { return *core_; }
 
   // Tensors go through the core (mixed precision casts them); other arguments pass as they are.

@@ -578,6 +578,45 @@ TEST_CASE("fsdp: clip_grad_norm with a NaN or infinite gradient does as PyTorch'
   for (const auto& p : ref->parameters()) CHECK(expect_like_pytorch(p.grad()));
 }
 
+// The free function, as a loop ported from Python calls clip_grad_norm_ (FSDP2's gradients are
+// DTensors: torch.nn.utils.clip_grad_norm_(model.parameters()) returns the whole norm on every
+// rank). Given the wrapper it clips over the ranks as model->clip_grad_norm; given the shards
+// (model->parameters(), or a module holding the wrapper) it refuses: each rank's norm would be
+// its own rows' (an audit measured 0.374 and 0.452 at 2 ranks against the whole's 0.587).
+TEST_CASE("fsdp: cpprun::clip_grad_norm_ given the wrapper clips over every rank; given shards it refuses",
+          "[fsdp]") {
+  const int rank = group().rank(), world = group().size();
+  const int stage = GENERATE(0, 1, 2, 3);
+  INFO("stage " << stage);
+  Float64Parity float64;
+  torch::manual_seed(0);
+  auto net = std::make_shared<Mlp>(31);
+  cpprun::DataParallel<Mlp> model = ddp_or_fsdp(net, stage);
+  auto ref = std::make_shared<Mlp>(31);
+  copy_state(*ref, *net);
+  torch::optim::SGD opt(model->parameters(), 0.1), ref_opt(ref->parameters(), 0.1);
+  auto x = inputs_for("mlp", kGlobalBatch, 0) * 10;  // large gradients, so clipping acts
+  auto y = targets_for(kGlobalBatch, 0);
+  torch::nn::functional::cross_entropy(model->forward(slice(x, rank, world)), slice(y, rank, world)).backward();
+  reference_backward([&](torch::Tensor in) { return ref->forward(in); }, x, y, world);
+  if (stage > 0) {
+    CHECK_THROWS_WITH(cpprun::clip_grad_norm_(model->parameters(), 0.5),
+                      Catch::Contains("this rank's shard") && Catch::Contains("model->clip_grad_norm(max_norm"));
+    auto holder = std::make_shared<torch::nn::Module>();
+    holder->register_module("model", model.ptr());
+    CHECK_THROWS_WITH(cpprun::clip_grad_norm_(*holder, 0.5), Catch::Contains("model->clip_grad_norm(max_norm"));
+  }
+  // The refusals changed nothing: the norm below is the whole gradient's, clipped once.
+  const double norm = cpprun::clip_grad_norm_(*model, 0.5);
+  const double ref_norm = torch::nn::utils::clip_grad_norm_(ref->parameters(), 0.5);
+  CHECK(norm == Approx(ref_norm).epsilon(kParityTolerance));
+  CHECK(norm > 0.5);
+  opt.step();
+  ref_opt.step();
+  model->gather_full_parameters();
+  check_same_parameters(*net, *ref, kParityTolerance);
+}
+
 TEST_CASE("fsdp: per-rank bytes follow the ZeRO formulas (fp32 AdamW)", "[fsdp]") {
   const int rank = group().rank(), world = group().size();
   // Psi parameters in one unit, padded to a multiple of the world size.
@@ -701,6 +740,79 @@ TEST_CASE("fsdp: a second backward through one forward's graph is a clear error"
     INFO("stage " << stage);
     CHECK_THROWS_WITH(loss.backward(), Catch::Contains("Run the wrapped module's forward before each backward"));
   }
+}
+
+// The FSDP2 habit: fully_shard(net) works in place, so an optimizer over net.parameters() steps
+// the shards. cpprun's wrapped module keeps its full parameters, whose gradients after a
+// synchronized backward are in the shards (model->parameters()): such an optimizer, or one built
+// before wrapping (the same tensors), would find none and step nothing, every stage alike, without
+// an error (an audit: fc1.weight moved by 0 in 3 steps). Its step is refused, on every rank.
+TEST_CASE("fsdp: an optimizer over the wrapped module's own parameters is refused at its step", "[fsdp]") {
+  const int rank = group().rank(), world = group().size();
+  const int stage = GENERATE(1, 2, 3);
+  const std::string variant = GENERATE("after wrapping", "before wrapping", "SGD", "bf16", "offload", "no_sync");
+  if (variant == "offload" && stage != 3) return;
+  INFO("stage " << stage << ", " << variant);
+  torch::manual_seed(0);
+  auto net = std::make_shared<Mlp>(31);
+  cpprun::FsdpOptions options = per_linear(stage);
+  if (variant == "bf16") options.param_dtype(at::kBFloat16);
+  if (variant == "offload") options.cpu_offload(true);
+  std::unique_ptr<torch::optim::Optimizer> opt;
+  if (variant == "before wrapping") opt = std::make_unique<torch::optim::AdamW>(net->parameters(), 1e-2);
+  auto model = cpprun::FullyShardedDataParallel(net, group(), options);
+  if (variant == "SGD") opt = std::make_unique<torch::optim::SGD>(net->parameters(), 0.1);
+  if (!opt) opt = std::make_unique<torch::optim::AdamW>(net->parameters(), 1e-2);
+  const auto loss_at = [&](int step) {
+    return torch::nn::functional::cross_entropy(model->forward(slice(inputs_for("mlp", kGlobalBatch, step), rank, world)),
+                                                slice(targets_for(kGlobalBatch, step), rank, world));
+  };
+  opt->zero_grad();
+  if (variant == "no_sync") {
+    auto guard = model->no_sync();
+    loss_at(0).backward();
+  }
+  loss_at(1).backward();
+  CHECK_THROWS_WITH(opt->step(), Catch::Contains("\"fc1.weight\"") && Catch::Contains("model->parameters()") &&
+                                     Catch::Contains("rank " + std::to_string(rank)));
+  // LibTorch's own clipping over them is refused the same way.
+  CHECK_THROWS_WITH(torch::nn::utils::clip_grad_norm_(net->parameters(), 1.0),
+                    Catch::Contains("model->clip_grad_norm(max_norm)"));
+}
+
+// No false alarm: an optimizer over model->parameters() trains, while the wrapped module's full
+// parameters' gradients are dropped by the usual calls (zero_grad to none or to zeros), and
+// later forwards, gradient accumulation and a second synchronized step go on as before.
+TEST_CASE("fsdp: the usual calls on the wrapped module's own gradients raise nothing", "[fsdp]") {
+  const int rank = group().rank(), world = group().size();
+  const int stage = GENERATE(1, 2, 3);
+  INFO("stage " << stage);
+  torch::manual_seed(0);
+  auto net = std::make_shared<Mlp>(31);
+  auto model = cpprun::FullyShardedDataParallel(net, group(), per_linear(stage));
+  torch::optim::AdamW opt(model->parameters(), 1e-2);
+  const auto loss_at = [&](int step) {
+    return torch::nn::functional::cross_entropy(model->forward(slice(inputs_for("mlp", kGlobalBatch, step), rank, world)),
+                                                slice(targets_for(kGlobalBatch, step), rank, world));
+  };
+  double first = 0;
+  {
+    torch::NoGradGuard no_grad;
+    first = loss_at(0).item<double>();
+  }
+  for (int step = 0; step < 4; ++step) {
+    opt.zero_grad();
+    {
+      auto guard = model->no_sync();
+      loss_at(step).backward();
+    }
+    loss_at(step).backward();
+    CHECK_NOTHROW(net->zero_grad(/*set_to_none=*/step % 2 == 0));
+    CHECK_NOTHROW(model->clip_grad_norm(10.0));
+    CHECK_NOTHROW(opt.step());
+  }
+  torch::NoGradGuard no_grad;
+  CHECK(loss_at(0).item<double>() < first);
 }
 
 // Compared by updates, not weights: bf16 rounding of the weights (2^-8 of their size) is as large

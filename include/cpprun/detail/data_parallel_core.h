@@ -11,6 +11,10 @@
 
 #include "cpprun/process_group.h"
 
+namespace torch::nn {
+class Module;
+}  // namespace torch::nn
+
 namespace cpprun::detail {
 
 struct StateView;  // checkpoint/state_view.h
@@ -56,6 +60,11 @@ class DataParallelCore {
   // code gathers, writes, reads and scatters the same way for every wrapper. Not collective.
   virtual void describe_state(StateView& view) = 0;
 };
+
+// While a wrapper (DataParallelImpl) lives, the free cpprun::clip_grad_norm_ given it as a module
+// clips with its core's clip_grad_norm, over its ranks (core/clip_grad_norm.cpp keeps the list).
+void register_data_parallel(const torch::nn::Module& wrapper, DataParallelCore& core);
+void unregister_data_parallel(const torch::nn::Module& wrapper);
 
 // Calls fn(tensor&) on each tensor in a forward's result: a tensor, a vector of them, or a tuple or
 // pair of such; anything else holds no tensor we can see (DDP then finds unused parameters when
