@@ -157,14 +157,29 @@ StateDictLoadReport decode_report(const std::string& bytes) {
   return {lists[0], lists[1], lists[2]};
 }
 
+namespace {
+
+// Note [State dict order]: Python's Module.state_dict() goes module by module, depth first
+// (torch/nn/modules/module.py state_dict, _save_to_state_dict): each module's own parameters,
+// then its own buffers, then its children's in registration order. LibTorch's named_parameters()
+// and named_buffers() each walk the tree alike, so all parameters then all buffers put a
+// BatchNorm's running_mean after every later layer's weight, where PyTorch's files have it
+// beside its weight.
+void add_module_state(const torch::nn::Module& module, const std::string& prefix, NamedTensors& out) {
+  for (const auto& item : module.named_parameters(/*recurse=*/false)) {
+    if (item.value().defined()) out.emplace_back(prefix + item.key(), item.value());
+  }
+  for (const auto& item : module.named_buffers(/*recurse=*/false)) {
+    if (item.value().defined()) out.emplace_back(prefix + item.key(), item.value());
+  }
+  for (const auto& child : module.named_children()) add_module_state(*child.value(), prefix + child.key() + ".", out);
+}
+
+}  // namespace
+
 NamedTensors module_state(torch::nn::Module& module) {
   NamedTensors out;
-  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
-    if (item.value().defined()) out.emplace_back(item.key(), item.value());
-  }
-  for (const auto& item : module.named_buffers(/*recurse=*/true)) {
-    if (item.value().defined()) out.emplace_back(item.key(), item.value());
-  }
+  add_module_state(module, "", out);
   return out;
 }
 

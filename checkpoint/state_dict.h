@@ -17,8 +17,9 @@
 
 namespace cpprun::detail {
 
-// The module's parameters then buffers, recursively, by name ("0.weight", "1.running_mean"); a
-// tied tensor under each of its names, as Python's state_dict() lists it.
+// The module's parameters and buffers by name ("0.weight", "1.running_mean") in Python's
+// state_dict() order: each module's own parameters, its own buffers, then its children's (Note
+// [State dict order]); a tied tensor under each of its names, as Python's state_dict() lists it.
 NamedTensors module_state(torch::nn::Module& module);
 
 // What differs between the module's tensors and the file's (names, shapes, dtypes).

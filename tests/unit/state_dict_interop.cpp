@@ -2,7 +2,8 @@
 // state dict as .pt, .safetensors or a Hugging Face sharded directory, or loads a file or
 // directory (from Python) and checks it against the same reference values.
 //
-//   state_dict_interop write DIR          DIR/cpp.pt, DIR/cpp.safetensors
+//   state_dict_interop write DIR          DIR/cpp.pt, DIR/cpp.safetensors, DIR/cpp_order.txt (the names
+//                                         get_model_state_dict lists, one a line, in its order)
 //   state_dict_interop write_sharded DIR  under cpprun: FSDP stage 3 saves DIR/ (a file per rank)
 //   state_dict_interop read PATH          loads PATH strictly; exit 0 when every value is the reference's
 //   state_dict_interop refuse PATH        loads PATH; prints the error (exit 0) or "loaded" (exit 1)
@@ -11,6 +12,7 @@
 //   state_dict_interop dump PATH          each tensor PATH holds: "name dtype shape crc32-of-its-bytes"
 #include <torch/torch.h>
 
+#include <fstream>
 #include <iostream>
 #include <string>
 
@@ -130,7 +132,10 @@ int main(int argc, char** argv) {
   if (mode == "write") {
     cpprun::save_state_dict(net, target + "/cpp.pt");
     cpprun::save_state_dict(net, target + "/cpp.safetensors");
-    std::cout << "wrote " << target << "/cpp.pt and cpp.safetensors\n";
+    // get_model_state_dict's names, in its order: state_dict_interop.py compares it with Python's.
+    std::ofstream order(target + "/cpp_order.txt");
+    for (const auto& item : cpprun::get_model_state_dict(net)) order << item.key() << "\n";
+    std::cout << "wrote " << target << "/cpp.pt, cpp.safetensors and cpp_order.txt\n";
     return 0;
   }
   try {

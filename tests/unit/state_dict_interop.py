@@ -1,7 +1,8 @@
 """The Python side of state_dict_interop.sh, with PyTorch's and safetensors' own readers.
 
   state_dict_interop.py check DIR   DIR/cpp.pt and DIR/cpp.safetensors (cpprun's) load with defaults
-                                    (torch.load, safetensors.torch.load_file) into Net, equal to the reference
+                                    (torch.load, safetensors.torch.load_file) into Net, equal to the reference;
+                                    cpp.pt and DIR/cpp_order.txt (get_model_state_dict's) list state_dict()'s order
   state_dict_interop.py write DIR   DIR/py.pt (torch.save(model.state_dict())), DIR/py.safetensors
                                     (safetensors.torch.save_file), and DIR/py_other.pt: a Net of other shapes
   state_dict_interop.py check_sharded DIR N   DIR (cpprun's Hugging Face sharded save on N ranks) reads as one
@@ -74,6 +75,12 @@ def check(directory):
     loaded = torch.load(directory / "cpp.pt")  # PyTorch's default: weights_only=True
     assert isinstance(loaded, dict), f"torch.load gave a {type(loaded)}"
     same(loaded, expected, "cpp.pt")
+    # Python's state_dict() order: module by module, each one's parameters, then its buffers, then
+    # its children (the top-level buffers first, body.1's running stats before head.weight).
+    order = list(model.state_dict())
+    assert list(loaded) == order, f"cpp.pt lists {list(loaded)}, PyTorch's state_dict() {order}"
+    listed = (directory / "cpp_order.txt").read_text().split()
+    assert listed == order, f"get_model_state_dict lists {listed}, PyTorch's state_dict() {order}"
     # The tied pair is one storage, as torch.save writes it.
     assert loaded["embed.weight"].data_ptr() == loaded["head.weight"].data_ptr(), "cpp.pt: the tied pair is two copies"
     model.load_state_dict(loaded)  # strict
