@@ -299,6 +299,11 @@ std::string sharded_load_directory(const std::string& path, std::string& single)
   const fs::path index_path = dir / kIndexName;
   const fs::path single_path = dir / kSingleName;
   if (!names_index) {
+    std::error_code ignored;
+    if (!fs::exists(dir, ignored)) {
+      throw std::system_error(std::make_error_code(std::errc::no_such_file_or_directory),
+                              "cpprun: load_state_dict: " + path + " does not exist");
+    }
     TORCH_CHECK(fs::is_directory(dir), "cpprun: load_state_dict: ", path, " is not a directory (a path ending in '/' "
                 "names a directory in Hugging Face's sharded layout).");
     const bool has_index = fs::exists(index_path), has_single = fs::exists(single_path);

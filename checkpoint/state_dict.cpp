@@ -8,7 +8,9 @@
 #include <cctype>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <system_error>
 #include <unordered_set>
@@ -29,15 +31,57 @@ namespace {
 
 enum class StateDictFormat { kSafetensors, kTorchSave };
 
-StateDictFormat format_of(const std::string& path) {
+// The format PATH's extension names, if it names one.
+std::optional<StateDictFormat> format_named_by(const std::string& path) {
   std::string ext = path.substr(std::min(path.size(), path.find_last_of('.')));
   std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return std::tolower(c); });
   if (ext == ".safetensors") return StateDictFormat::kSafetensors;
   // .bin: transformers' pytorch_model.bin, a torch.save file.
   if (ext == ".pt" || ext == ".pth" || ext == ".bin") return StateDictFormat::kTorchSave;
-  TORCH_CHECK(false, "cpprun: cannot tell a state dict's format from the name \"", path,
-              "\": end it in .safetensors (Hugging Face's format) or .pt / .pth / .bin (torch.save's), or in '/' "
-              "for a directory in Hugging Face's sharded layout.");
+  return std::nullopt;
+}
+
+// The format a save writes: the extension's, as nothing else says which (a load reads any name).
+StateDictFormat format_of(const std::string& path) {
+  const auto format = format_named_by(path);
+  TORCH_CHECK(format, "cpprun: cannot tell which format to save \"", path, "\" in from its name: a name ending in "
+              ".safetensors writes Hugging Face's safetensors, one ending in .pt, .pth or .bin torch.save's dict of "
+              "tensors, one ending in '/' a directory in Hugging Face's sharded layout. (Loading takes any name: "
+              "it tells the format from the file's first bytes.)");
+  return *format;
+}
+
+// Note [A file's format from its first bytes]
+// torch.save and torch.load take any name (ImageNet's example saves checkpoint.pth.tar, Lightning
+// model.ckpt), so a load looks at the bytes: a zip archive ("PK\3\4") is torch.save's format, and
+// torch.save's pre-1.6 pickle starts with its magic number; safetensors starts with its header's
+// length (8 bytes, little-endian, at most the rest of the file) and the header's '{'. A file
+// that is neither (a damaged one) is read as its extension says, so its error is that format's;
+// with no known extension either, it is refused, saying what its bytes are not.
+std::optional<StateDictFormat> format_of_bytes(const FileHead& head) {
+  const std::string_view bytes = head.bytes;
+  if (bytes.substr(0, 4) == std::string_view("PK\x03\x04", 4)) return StateDictFormat::kTorchSave;
+  if (bytes.substr(0, 4) == std::string_view("\x80\x02\x8a\x0a", 4)) return StateDictFormat::kTorchSave;
+  if (bytes.size() >= 9 && bytes[8] == '{') {
+    std::uint64_t length = 0;
+    for (int i = 7; i >= 0; --i) length = length << 8 | static_cast<unsigned char>(bytes[static_cast<std::size_t>(i)]);
+    if (length <= head.size - 8) return StateDictFormat::kSafetensors;
+  }
+  return std::nullopt;
+}
+
+StateDictFormat format_to_read(const std::string& path) {
+  std::error_code ignored;
+  if (!std::filesystem::exists(path, ignored) && !std::filesystem::is_symlink(path, ignored)) {
+    throw std::system_error(std::make_error_code(std::errc::no_such_file_or_directory),
+                            "cpprun: load_state_dict: " + path + " does not exist");
+  }
+  const FileHead head = read_file_head(path, "state dict", 16);  // refuses a FIFO, a device, a directory
+  if (const auto format = format_of_bytes(head)) return *format;
+  if (const auto format = format_named_by(path)) return *format;
+  TORCH_CHECK(false, "cpprun: load_state_dict: ", path, " (", head.size, " bytes) is neither torch.save's format "
+              "(a zip archive) nor safetensors (an 8-byte header length, then '{'): which program wrote it? Save "
+              "the model's state dict with torch.save(model.state_dict(), path) or safetensors.torch.save_file.");
 }
 
 // safetensors' dtype names for ours.
@@ -363,11 +407,12 @@ void check_state_dict_path(const std::string& path) {
 }
 
 NamedTensors read_state_dict_file(const std::string& path) {
-  const StateDictFormat format = format_of(path);
+  const StateDictFormat format = format_to_read(path);  // See Note [A file's format from its first bytes]
   // A .pt that torch.save wrote has no footer and is read as it is; ours is checked.
-  const std::string bytes = format == StateDictFormat::kTorchSave ? read_checkpoint_file(path, UncheckedFiles::kAccept)
-                                                                   : read_state_dict_bytes(path);
-  return decode_state_dict(bytes, path);
+  if (format == StateDictFormat::kTorchSave) {
+    return decode_torch_save(read_checkpoint_file(path, UncheckedFiles::kAccept), path);
+  }
+  return decode_safetensors(read_safetensors(read_state_dict_bytes(path), path), path);
 }
 
 StateDictLoadReport load_state_dict_file(const NamedTensors& into, const std::string& path,

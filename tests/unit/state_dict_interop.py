@@ -4,7 +4,8 @@
                                     (torch.load, safetensors.torch.load_file) into Net, equal to the reference;
                                     cpp.pt and DIR/cpp_order.txt (get_model_state_dict's) list state_dict()'s order
   state_dict_interop.py write DIR   DIR/py.pt (torch.save(model.state_dict())), DIR/py.safetensors
-                                    (safetensors.torch.save_file), and DIR/py_other.pt: a Net of other shapes
+                                    (safetensors.torch.save_file), and DIR/py_other.pt: a Net of other shapes;
+                                    their copies checkpoint.pth.tar and model.ckpt
   state_dict_interop.py check_sharded DIR N   DIR (cpprun's Hugging Face sharded save on N ranks) reads as one
                                     model: safetensors.torch.load_file per file + the index; transformers'
                                     load_sharded_checkpoint too when transformers is installed
@@ -103,7 +104,13 @@ def write(directory):
     # save_file refuses tensors that share memory: the tied pair as two copies, as save_model would.
     safetensors.torch.save_file({k: v.clone() for k, v in model.state_dict().items()}, directory / "py.safetensors")
     torch.save(Net(hidden=6).state_dict(), directory / "py_other.pt")
-    print("wrote py.pt, py.safetensors, py_other.pt")
+    # What a PyTorch user's first checkpoints are, beside a plain state dict: torch.save takes any
+    # name (ImageNet's example: checkpoint.pth.tar; Lightning: .ckpt), DDP's state dict names every
+    # tensor "module.", a training loop saves a dict holding the state dict, or the whole model; and
+    # torch.distributed.checkpoint writes a directory.
+    shutil.copy(directory / "py.pt", directory / "checkpoint.pth.tar")
+    shutil.copy(directory / "py.safetensors", directory / "model.ckpt")
+    print("wrote py.pt, py.safetensors, py_other.pt, checkpoint.pth.tar, model.ckpt")
 
 
 # The dtypes torch.save writes with _rebuild_tensor_v3 (no legacy storage class), and the complex

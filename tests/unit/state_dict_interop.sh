@@ -14,7 +14,8 @@ interop_setup "$python" torch safetensors.torch
 "$tool" write "$dir" || fail "state_dict_interop write"
 "$python" "$here/state_dict_interop.py" check "$dir" || fail "Python could not read cpprun's files"
 "$python" "$here/state_dict_interop.py" write "$dir" || fail "Python could not write its files"
-for file in py.pt py.safetensors; do
+# Any name: the format is told from the bytes (checkpoint.pth.tar is torch.save's, model.ckpt safetensors).
+for file in py.pt py.safetensors checkpoint.pth.tar model.ckpt; do
   "$tool" read "$dir/$file" || fail "cpprun could not load $file"
 done
 out=$("$tool" refuse "$dir/py_other.pt") || fail "$out"

@@ -11,6 +11,7 @@
 #include "error_text.h"
 #include "cpprun/checkpoint_file.h"
 #include "cpprun/model_checkpoint.h"
+#include "cpprun/optimizer_state_dict.h"
 #include "cpprun/state_dict.h"
 #include "checkpoint/state_dict.h"
 #include "scratch_files.h"
@@ -257,7 +258,7 @@ TEST_CASE("state_dict: damaged files are refused, naming the file and the fault,
   refused("flipped.pt", pt_bytes, "is damaged: the CRC-32");
   refused("not_zip.pt", "hello", "is not a torch.save file");
   CHECK_THAT(error_text_of([&] { cpprun::save_state_dict(net, (dir.path / "x.npz").string()); }),
-             Catch::Matchers::Contains("end it in .safetensors"));
+             Catch::Matchers::Contains("a name ending in .safetensors writes Hugging Face's safetensors"));
 }
 
 TEST_CASE("safetensors: the reader refuses headers the format does not allow", "[state_dict]") {
@@ -407,4 +408,64 @@ TEST_CASE("torch.save reader: a storage record of another size is refused before
   write_bytes(path, out);
   CHECK_THAT(error_text_of([&] { cpprun::detail::read_state_dict_file(path); }),
              Catch::Matchers::Contains(path) && Catch::Matchers::Contains("holds 1048576 bytes, not"));
+}
+
+// See Note [A file's format from its first bytes]: model.ckpt and checkpoint.pth.tar (torch.save
+// takes any name) were refused by extension.
+TEST_CASE("state_dict: a load tells the format from the file's bytes; a save names which extension picks which",
+          "[state_dict]") {
+  scratch::ScratchDir dir("state_dict_sniff");
+  auto source = small_net();
+  scramble(*source);
+  const std::string pt = (dir.path / "a.pt").string(), st = (dir.path / "a.safetensors").string();
+  cpprun::save_state_dict(source, pt);
+  cpprun::save_state_dict(source, st);
+  const std::pair<std::string, std::string> renamed[] = {
+      {pt, "checkpoint.pth.tar"}, {st, "model.ckpt"}, {pt, "no_extension"}, {st, "swapped.pt"}, {pt, "swapped.safetensors"}};
+  for (const auto& [from, name] : renamed) {
+    const auto to = dir.path / name;
+    std::filesystem::copy_file(from, to);
+    auto net = small_net();
+    cpprun::load_state_dict(net, to.string());
+    require_equal_state(*net, *source);
+  }
+  auto net = small_net();
+  CHECK_THAT(error_text_of([&] { cpprun::save_state_dict(net, (dir.path / "model.ckpt").string()); }),
+             Catch::Matchers::Contains("a name ending in .safetensors writes Hugging Face's safetensors, one ending "
+                                       "in .pt, .pth or .bin torch.save's dict of tensors"));
+  const std::string garbage = (dir.path / "notes.txt").string();
+  write_bytes(garbage, "not a checkpoint at all");
+  CHECK_THAT(error_text_of([&] { cpprun::load_state_dict(net, garbage); }),
+             Catch::Matchers::Contains(garbage + " (23 bytes) is neither torch.save's format"));
+  // What does not exist says so, file or directory.
+  for (const std::string missing : {"missing.pt", "missing", "missing/"}) {
+    const std::string path = (dir.path / missing).string();
+    CHECK_THAT(error_text_of([&] { cpprun::load_state_dict(net, path); }),
+               Catch::Matchers::Contains(path + " does not exist"));
+  }
+}
+
+TEST_CASE("state_dict: the model and its optimizer save to a directory named with or without '/'", "[state_dict]") {
+  scratch::ScratchDir dir("state_dict_model_and_optimizer");
+  auto net = small_net();
+  torch::optim::Adam opt(net->parameters(), 0.1);
+  net->forward(torch::randn({5, 4})).sum().backward();
+  opt.step();
+  const std::string ck = (dir.path / "ck").string();  // as dcp.save(checkpoint_id="ck"): created
+  cpprun::save_state_dict(net, opt, ck);
+  CHECK(std::filesystem::is_directory(ck));
+  auto again = small_net();
+  torch::optim::Adam opt2(again->parameters(), 0.1);
+  cpprun::load_state_dict(again, opt2, ck);
+  require_equal_state(*again, *net);
+  CHECK(opt2.state().size() == opt.state().size());
+  const std::string missing = (dir.path / "nope").string();
+  CHECK_THAT(error_text_of([&] { cpprun::load_state_dict(again, opt2, missing); }),
+             Catch::Matchers::Contains(missing + " does not exist"));
+  const std::string file = (dir.path / "model.safetensors").string();
+  CHECK_THAT(error_text_of([&] { cpprun::save_state_dict(net, opt, file); }),
+             Catch::Matchers::Contains("reads as a file's name"));
+  cpprun::save_state_dict(net, (dir.path / "plain.pt").string());
+  CHECK_THAT(error_text_of([&] { cpprun::save_state_dict(net, opt, (dir.path / "plain.pt").string()); }),
+             Catch::Matchers::Contains("is a file, but the model and its optimizer in one call take a directory"));
 }
