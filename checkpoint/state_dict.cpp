@@ -70,11 +70,24 @@ std::optional<StateDictFormat> format_of_bytes(const FileHead& head) {
   return std::nullopt;
 }
 
+// A file of PyTorch's torch.distributed.checkpoint (dcp.save writes DIR/.metadata and
+// DIR/__R_0.distcp): not something load_state_dict reads, but scripts/dcp_convert.py converts it.
+bool is_dcp_checkpoint_file(const std::string& path) {
+  const std::string name = std::filesystem::path(path).filename().string();
+  return name == ".metadata" || (name.size() > 7 && name.compare(name.size() - 7, 7, ".distcp") == 0);
+}
+
 StateDictFormat format_to_read(const std::string& path) {
   std::error_code ignored;
   if (!std::filesystem::exists(path, ignored) && !std::filesystem::is_symlink(path, ignored)) {
     throw std::system_error(std::make_error_code(std::errc::no_such_file_or_directory),
                             "cpprun: load_state_dict: " + path + " does not exist");
+  }
+  if (is_dcp_checkpoint_file(path)) {
+    throw StateDictMismatchError("cpprun: load_state_dict: " + path + " is a file of a PyTorch "
+                                 "torch.distributed.checkpoint (DCP) directory, which cpprun does not read. Convert "
+                                 "the directory once: python scripts/dcp_convert.py to-cpprun " +
+                                 std::filesystem::path(path).parent_path().string() + " OUT_DIR, then load OUT_DIR/.");
   }
   const FileHead head = read_file_head(path, "state dict", 16);  // refuses a FIFO, a device, a directory
   if (const auto format = format_of_bytes(head)) return *format;

@@ -6,7 +6,8 @@
 //                                         get_model_state_dict lists, one a line, in its order)
 //   state_dict_interop write_sharded DIR  under cpprun: FSDP stage 3 saves DIR/ (a file per rank)
 //   state_dict_interop read PATH          loads PATH strictly; exit 0 when every value is the reference's
-//   state_dict_interop refuse PATH        loads PATH; prints the error (exit 0) or "loaded" (exit 1)
+//   state_dict_interop refuse PATH        loads PATH; prints the error (exit 0) or "loaded" (exit 1), after
+//                                         "refused (StateDictMismatchError): " or "refused (CorruptCheckpointError): "
 //   state_dict_interop write_dtypes DIR   DIR/cpp_dtypes.pt (every dtype torch.save writes beyond the
 //                                         classic ten) and DIR/cpp_dtypes.safetensors (those safetensors names)
 //   state_dict_interop dump PATH          each tensor PATH holds: "name dtype shape crc32-of-its-bytes"
@@ -17,6 +18,7 @@
 #include <string>
 
 #include "checkpoint/state_dict.h"  // read_state_dict_file: a file's tensors, no module
+#include "cpprun/checkpoint_file.h"
 #include "cpprun/fsdp.h"
 #include "cpprun/process_group.h"
 #include "cpprun/state_dict.h"
@@ -139,7 +141,15 @@ int main(int argc, char** argv) {
     return 0;
   }
   try {
-    cpprun::load_state_dict(net, target);
+    try {
+      cpprun::load_state_dict(net, target);
+    } catch (const cpprun::StateDictMismatchError& e) {
+      std::cout << (mode == "refuse" ? "refused (StateDictMismatchError): " : "FAIL: ") << e.what() << "\n";
+      return mode == "refuse" ? 0 : 1;
+    } catch (const cpprun::CorruptCheckpointError& e) {
+      std::cout << (mode == "refuse" ? "refused (CorruptCheckpointError): " : "FAIL: ") << e.what() << "\n";
+      return mode == "refuse" ? 0 : 1;
+    }
   } catch (const std::exception& e) {
     std::cout << (mode == "refuse" ? "refused: " : "FAIL: ") << e.what() << "\n";
     return mode == "refuse" ? 0 : 1;

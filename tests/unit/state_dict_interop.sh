@@ -20,9 +20,21 @@ for file in py.pt py.safetensors checkpoint.pth.tar model.ckpt; do
 done
 out=$("$tool" refuse "$dir/py_other.pt") || fail "$out"
 echo "$out"
-for expected in "refused $dir/py_other.pt" "body.0.weight: file float32 \[6, 4\], module float32 \[3, 4\]"; do
+for expected in "refused (StateDictMismatchError): cpprun: load_state_dict refused $dir/py_other.pt" \
+                "body.0.weight: file float32 \[6, 4\], module float32 \[3, 4\]"; do
   grep -q "$expected" <<<"$out" || fail "the refusal does not say \"$expected\""
 done
+refusal() {  # FILE EXPECTED...: cpprun refuses FILE, saying each EXPECTED (fixed strings)
+  local file=$1 out expected
+  shift
+  out=$("$tool" refuse "$dir/$file") || fail "$out"
+  for expected in "$@"; do
+    grep -qF -- "$expected" <<<"$out" || fail "the refusal of $file does not say \"$expected\": $out"
+  done
+}
+# dcp.save's directory: named, with the conversion's command line.
+refusal py_dcp "refused (StateDictMismatchError)" "torch.distributed.checkpoint (DCP) directory" \
+  "python scripts/dcp_convert.py to-cpprun $dir/py_dcp OUT_DIR"
 # The newer dtypes (uint16-64, float8, complex) and views saved with a negation or conjugation
 # pending, both ways; transformers' pytorch_model.bin; what cpprun does not read, named.
 "$python" "$here/state_dict_interop.py" write_dtypes "$dir" || fail "Python could not write its dtype files"

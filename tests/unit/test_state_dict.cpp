@@ -445,6 +445,23 @@ TEST_CASE("state_dict: a load tells the format from the file's bytes; a save nam
   }
 }
 
+TEST_CASE("state_dict: a PyTorch torch.distributed.checkpoint directory is named, with the conversion",
+          "[state_dict]") {
+  scratch::ScratchDir dir("state_dict_dcp");
+  const auto dcp = dir.path / "dcp";
+  std::filesystem::create_directory(dcp);
+  write_bytes(dcp / ".metadata", "x");
+  write_bytes(dcp / "__0_0.distcp", "x");
+  auto net = small_net();
+  for (const std::string path : {dcp.string(), dcp.string() + "/", (dcp / ".metadata").string()}) {
+    const std::string message = error_text_of([&] { cpprun::load_state_dict(net, path); });
+    CHECK_THAT(message, Catch::Matchers::Contains("torch.distributed.checkpoint (DCP)") &&
+                            Catch::Matchers::Contains("python scripts/dcp_convert.py to-cpprun " + dcp.string()) &&
+                            Catch::Matchers::Contains(" OUT_DIR"));
+    CHECK_THROWS_AS(cpprun::load_state_dict(net, path), cpprun::StateDictMismatchError);
+  }
+}
+
 TEST_CASE("state_dict: the model and its optimizer save to a directory named with or without '/'", "[state_dict]") {
   scratch::ScratchDir dir("state_dict_model_and_optimizer");
   auto net = small_net();
