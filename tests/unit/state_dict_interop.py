@@ -5,7 +5,8 @@
                                     cpp.pt and DIR/cpp_order.txt (get_model_state_dict's) list state_dict()'s order
   state_dict_interop.py write DIR   DIR/py.pt (torch.save(model.state_dict())), DIR/py.safetensors
                                     (safetensors.torch.save_file), and DIR/py_other.pt: a Net of other shapes;
-                                    their copies checkpoint.pth.tar and model.ckpt; py_dcp/ (dcp.save's directory)
+                                    their copies checkpoint.pth.tar and model.ckpt; py_checkpoint.pth.tar ({"model": ..., "epoch": 3, ...}),
+                                    py_whole.pt (torch.save(model)), py_dcp/ (dcp.save's directory)
   state_dict_interop.py check_sharded DIR N   DIR (cpprun's Hugging Face sharded save on N ranks) reads as one
                                     model: safetensors.torch.load_file per file + the index; transformers'
                                     load_sharded_checkpoint too when transformers is installed
@@ -111,13 +112,15 @@ def write(directory):
     # torch.distributed.checkpoint writes a directory.
     shutil.copy(directory / "py.pt", directory / "checkpoint.pth.tar")
     shutil.copy(directory / "py.safetensors", directory / "model.ckpt")
+    torch.save({"model": model.state_dict(), "epoch": 3, "best_acc1": 0.5}, directory / "py_checkpoint.pth.tar")
+    torch.save(model, directory / "py_whole.pt")
     import torch.distributed.checkpoint as dcp
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "torch.distributed is disabled ...": one process, as the docs run it
         dcp.save({"model": model.state_dict()}, checkpoint_id=str(directory / "py_dcp"))
     assert (directory / "py_dcp" / ".metadata").exists() and list((directory / "py_dcp").glob("*.distcp"))
     print("wrote py.pt, py.safetensors, py_other.pt, checkpoint.pth.tar, model.ckpt, "
-          "py_dcp/")
+          "py_checkpoint.pth.tar, py_whole.pt, py_dcp/")
 
 
 # The dtypes torch.save writes with _rebuild_tensor_v3 (no legacy storage class), and the complex

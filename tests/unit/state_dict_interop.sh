@@ -35,6 +35,11 @@ refusal() {  # FILE EXPECTED...: cpprun refuses FILE, saying each EXPECTED (fixe
 # dcp.save's directory: named, with the conversion's command line.
 refusal py_dcp "refused (StateDictMismatchError)" "torch.distributed.checkpoint (DCP) directory" \
   "python scripts/dcp_convert.py to-cpprun $dir/py_dcp OUT_DIR"
+# A checkpoint dict and a whole module: sound files of something else, not "corrupt".
+refusal py_checkpoint.pth.tar "refused (StateDictMismatchError)" "is a torch.save file, but not of a state dict" \
+  "\"epoch\" (an int)" "the state dict is under \"model\"" \
+  "torch.save(torch.load(\"$dir/py_checkpoint.pth.tar\")[\"model\"], \"model.pt\")"
+refusal py_whole.pt "refused (StateDictMismatchError)" "names the Python class or function __main__.Net"
 # The newer dtypes (uint16-64, float8, complex) and views saved with a negation or conjugation
 # pending, both ways; transformers' pytorch_model.bin; what cpprun does not read, named.
 "$python" "$here/state_dict_interop.py" write_dtypes "$dir" || fail "Python could not write its dtype files"

@@ -410,6 +410,50 @@ TEST_CASE("torch.save reader: a storage record of another size is refused before
              Catch::Matchers::Contains(path) && Catch::Matchers::Contains("holds 1048576 bytes, not"));
 }
 
+// See Note [Whole files that are not state dicts]: both were CorruptCheckpointError ("the value
+// of \"model\" is not a tensor", "names the global __main__.Net").
+TEST_CASE("torch.save reader: a checkpoint dict or a whole module is told apart from a damaged file",
+          "[state_dict]") {
+  scratch::ScratchDir dir("state_dict_not_a_state_dict");
+  const std::string good = (dir.path / "good.pt").string();
+  cpprun::save_state_dict(small_net(), good);
+  const std::string body = [&] {
+    std::string pickle;
+    scratch::with_records_edited(cpprun::read_checkpoint_file(good), [&](const std::string& record, std::string& bytes) {
+      if (record == "data.pkl") pickle = bytes;
+    });
+    REQUIRE(pickle.substr(0, 2) == std::string("\x80\x02", 2));
+    return pickle.substr(2, pickle.size() - 3);  // the state dict, without PROTO and STOP
+  }();
+  const auto text = [](const std::string& s) {  // BINUNICODE
+    std::string out = "X";
+    for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((s.size() >> (8 * i)) & 0xFF));
+    return out + s;
+  };
+  // {"model": <the state dict>, "epoch": 3}: torch.save({"model": model.state_dict(), "epoch": 3}).
+  const std::string checkpoint = (dir.path / "checkpoint.pth.tar").string();
+  write_bytes(checkpoint, with_pickle(good, std::string("\x80\x02}(", 4) + text("model") + body + text("epoch") +
+                                                std::string("K\x03u.", 4)));
+  auto net = small_net();
+  const std::string message = error_text_of([&] { cpprun::load_state_dict(net, checkpoint); });
+  CHECK_THAT(message, Catch::Matchers::Contains(checkpoint + " is a torch.save file, but not of a state dict") &&
+                          Catch::Matchers::Contains("\"model\" (a state dict of 7 tensors), \"epoch\" (an int)") &&
+                          Catch::Matchers::Contains("the state dict is under \"model\"") &&
+                          Catch::Matchers::Contains("torch.save(torch.load(\"" + checkpoint + "\")[\"model\"], \"model.pt\")"));
+  CHECK_THROWS_AS(cpprun::load_state_dict(net, checkpoint), cpprun::StateDictMismatchError);
+  // torch.save(model): protocol 2's NEWOBJ of the module's class.
+  const std::string whole = (dir.path / "whole.pt").string();
+  write_bytes(whole, with_pickle(good, std::string("\x80\x02" "c__main__\nNet\n", 16) + std::string("q\0)\x81q\x01.", 7)));
+  CHECK_THAT(error_text_of([&] { cpprun::load_state_dict(net, whole); }),
+             Catch::Matchers::Contains("names the Python class or function __main__.Net") &&
+                 Catch::Matchers::Contains("torch.save(model.state_dict(), \"model.pt\")"));
+  CHECK_THROWS_AS(cpprun::load_state_dict(net, whole), cpprun::StateDictMismatchError);
+  // A damaged one is still CorruptCheckpointError.
+  const std::string cut = (dir.path / "cut.pt").string();
+  write_bytes(cut, with_pickle(good, body.substr(0, body.size() / 2)));
+  CHECK_THROWS_AS(cpprun::load_state_dict(net, cut), cpprun::CorruptCheckpointError);
+}
+
 // See Note [A file's format from its first bytes]: model.ckpt and checkpoint.pth.tar (torch.save
 // takes any name) were refused by extension.
 TEST_CASE("state_dict: a load tells the format from the file's bytes; a save names which extension picks which",
