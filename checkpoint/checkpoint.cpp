@@ -51,9 +51,10 @@ AsyncSave save_model_state_async(StateSource source, const std::string& path, co
 }
 
 torch::OrderedDict<std::string, at::Tensor> get_model_state(StateSource source, const StateDictOptions& options) {
-  TORCH_CHECK(options.file_key_prefix().empty(),
+  TORCH_CHECK(options.file_key_prefix().empty() && options.consume_prefix_in_state_dict_if_present().empty(),
               "cpprun: get_model_state_dict gives the model's own names; file_key_prefix applies to loads "
-              "(set_model_state_dict, load_state_dict): leave it empty here.");
+              "(set_model_state_dict, load_state_dict), as does consume_prefix_in_state_dict_if_present: leave "
+              "both empty here.");
   const StateView view = state_view(source);
   at::NoGradGuard no_grad;
   // Under cpu_offload a gathered tensor lives on the device only until it is copied to the CPU

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <map>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <system_error>
 #include <unordered_set>
@@ -145,6 +146,45 @@ std::string join_shown(const std::vector<std::string>& items, const std::string&
 
 }  // namespace
 
+// Note [A prefix all names share]
+// torch.save(ddp_model.state_dict()) names every tensor "module.<name>" (DDP holds the model as
+// its child "module"), a torch.compile'd model "_orig_mod.<name>", a Lightning module's
+// "model.<name>": each name the module lacks is one of its own with a prefix before it. The reverse
+// is a submodule's file (a base model's) into a model holding it. Listing both sets of names and
+// suggesting strict(false), which would load nothing, does not help: the prefix is found instead
+// (the shortest whole-segment prefix that all names the one side lacks share, which taken away
+// leaves names the other side lacks) and the option that fixes it is the hint's first line.
+namespace {
+
+// Whether every name of `prefixed` is P + a name of `plain`, for P a whole-segment prefix that all
+// of `prefixed` share: the shortest such P, or empty.
+std::string prefix_over(const std::vector<std::string>& prefixed, const std::vector<std::string>& plain) {
+  if (prefixed.empty() || plain.empty()) return {};
+  std::string common = prefixed.front();
+  for (const auto& name : prefixed) {
+    std::size_t n = 0;
+    while (n < common.size() && n < name.size() && common[n] == name[n]) ++n;
+    common.resize(n);
+  }
+  const std::set<std::string> others(plain.begin(), plain.end());
+  for (std::size_t dot = common.find('.'); dot != std::string::npos; dot = common.find('.', dot + 1)) {
+    const std::string prefix = common.substr(0, dot + 1);
+    const bool all = std::all_of(prefixed.begin(), prefixed.end(),
+                                 [&](const std::string& name) { return others.count(name.substr(prefix.size())) > 0; });
+    if (all) return prefix;
+  }
+  return {};
+}
+
+}  // namespace
+
+PrefixFix prefix_fix(const StateDictLoadReport& report) {
+  if (auto prefix = prefix_over(report.unexpected_keys, report.missing_keys); !prefix.empty()) {
+    return {std::move(prefix), true};
+  }
+  return {prefix_over(report.missing_keys, report.unexpected_keys), false};
+}
+
 // `file_of`: a directory's tensors -> their files, added to each unexpected or mismatched name.
 std::string mismatch_message(const StateDictLoadReport& report, const std::string& path,
                              const std::map<std::string, std::string>& file_of) {
@@ -173,6 +213,20 @@ std::string mismatch_message(const StateDictLoadReport& report, const std::strin
     message += "\n  shape or dtype differs (" + std::to_string(report.mismatched.size()) + "):\n    " +
                join_shown(located(report.mismatched, true), "\n    ");
   }
+  // See Note [A prefix all names share]: the hint's first line.
+  const PrefixFix fix = prefix_fix(report);
+  if (!fix.prefix.empty() && fix.file_has_it) {
+    message += "\nEvery name the file holds and the module lacks is one of the module's with \"" + fix.prefix +
+               "\" before it (torch.save(" +
+               "ddp_model.state_dict()) writes DDP's \"module.\", a torch.compile'd model \"_orig_mod.\"): load it "
+               "with StateDictOptions().consume_prefix_in_state_dict_if_present(\"" + fix.prefix + "\"), as "
+               "PyTorch's torch.nn.modules.utils.consume_prefix_in_state_dict_if_present.";
+  } else if (!fix.prefix.empty()) {
+    message += "\nEvery name the module holds and the file lacks is one of the file's with \"" + fix.prefix +
+               "\" before it (a "
+               "submodule's file, as a base model's for a model with a head): load it with "
+               "StateDictOptions().file_key_prefix(\"" + fix.prefix + "\").";
+  }
   // LibTorch's Module::to(dtype) converts every buffer, where Python's .double() / .to(dtype) leave
   // integer ones alone: BatchNorm's num_batches_tracked then no longer matches any file of the model.
   const bool integer_buffer_converted =
@@ -185,6 +239,7 @@ std::string mismatch_message(const StateDictLoadReport& report, const std::strin
                "that dtype instead (torch::set_default_dtype before constructing it), or convert only the "
                "floating-point parameters and buffers.";
   }
+  if (!fix.prefix.empty()) return message;  // strict(false) would load nothing
   return message + "\nIs it another model's file? To load only what fits, pass StateDictOptions().strict(false).";
 }
 
@@ -345,14 +400,25 @@ void refuse_disagreeing_ties(const NamedTensors& mine, const NamedTensors& file,
 }
 
 
+bool renames_file_keys(const StateDictOptions& options) {
+  return !options.file_key_prefix().empty() || !options.consume_prefix_in_state_dict_if_present().empty();
+}
+
+std::string as_module_name(const std::string& file_name, const StateDictOptions& options) {
+  const std::string& consumed = options.consume_prefix_in_state_dict_if_present();
+  const bool has = !consumed.empty() && file_name.compare(0, consumed.size(), consumed) == 0;
+  return options.file_key_prefix() + (has ? file_name.substr(consumed.size()) : file_name);
+}
+
 namespace {
 
-// The file's names as the module's (StateDictOptions::file_key_prefix).
-NamedTensors with_key_prefix(const NamedTensors& file, const std::string& prefix) {
-  NamedTensors prefixed;
-  prefixed.reserve(file.size());
-  for (const auto& [name, tensor] : file) prefixed.emplace_back(prefix + name, tensor);
-  return prefixed;
+// The file's names as the module's (StateDictOptions::consume_prefix_in_state_dict_if_present,
+// then file_key_prefix).
+NamedTensors as_module_names(const NamedTensors& file, const StateDictOptions& options) {
+  NamedTensors renamed;
+  renamed.reserve(file.size());
+  for (const auto& [name, tensor] : file) renamed.emplace_back(as_module_name(name, options), tensor);
+  return renamed;
 }
 
 }  // namespace
@@ -360,13 +426,13 @@ NamedTensors with_key_prefix(const NamedTensors& file, const std::string& prefix
 StateDictLoadReport check_named_tensors(const NamedTensors& mine, const NamedTensors& file_as_saved,
                                         const std::string& where, const StateDictOptions& options,
                                         const std::map<std::string, std::string>& file_of_as_saved) {
-  const std::string& prefix = options.file_key_prefix();
-  std::map<std::string, std::string> prefixed_file_of;
-  if (!prefix.empty()) {
-    for (const auto& [name, in_file] : file_of_as_saved) prefixed_file_of.emplace(prefix + name, in_file);
+  const bool renamed = renames_file_keys(options);
+  std::map<std::string, std::string> renamed_file_of;
+  if (renamed) {
+    for (const auto& [name, in_file] : file_of_as_saved) renamed_file_of.emplace(as_module_name(name, options), in_file);
   }
-  const NamedTensors file = prefix.empty() ? file_as_saved : with_key_prefix(file_as_saved, prefix);
-  const auto& file_of = prefix.empty() ? file_of_as_saved : prefixed_file_of;
+  const NamedTensors file = renamed ? as_module_names(file_as_saved, options) : file_as_saved;
+  const auto& file_of = renamed ? renamed_file_of : file_of_as_saved;
   StateDictLoadReport report = compare_state(mine, file);
   const bool differs = !report.missing_keys.empty() || !report.unexpected_keys.empty() || !report.mismatched.empty();
   if (options.strict() && differs) throw StateDictMismatchError(mismatch_message(report, where, file_of));
@@ -375,8 +441,7 @@ StateDictLoadReport check_named_tensors(const NamedTensors& mine, const NamedTen
 }
 
 void copy_named_tensors(const NamedTensors& mine, const NamedTensors& file_as_saved, const StateDictOptions& options) {
-  const std::string& prefix = options.file_key_prefix();
-  const NamedTensors file = prefix.empty() ? file_as_saved : with_key_prefix(file_as_saved, prefix);
+  const NamedTensors file = renames_file_keys(options) ? as_module_names(file_as_saved, options) : file_as_saved;
   std::map<std::string, const at::Tensor*> by_name;
   for (const auto& [name, tensor] : file) by_name[name] = &tensor;
   at::NoGradGuard no_grad;

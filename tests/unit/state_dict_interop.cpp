@@ -6,6 +6,7 @@
 //                                         get_model_state_dict lists, one a line, in its order)
 //   state_dict_interop write_sharded DIR  under cpprun: FSDP stage 3 saves DIR/ (a file per rank)
 //   state_dict_interop read PATH          loads PATH strictly; exit 0 when every value is the reference's
+//   state_dict_interop read_ddp PATH      read, with consume_prefix_in_state_dict_if_present("module.")
 //   state_dict_interop refuse PATH        loads PATH; prints the error (exit 0) or "loaded" (exit 1), after
 //                                         "refused (StateDictMismatchError): " or "refused (CorruptCheckpointError): "
 //   state_dict_interop write_dtypes DIR   DIR/cpp_dtypes.pt (every dtype torch.save writes beyond the
@@ -95,7 +96,7 @@ int dump(const std::string& path) {
 
 int main(int argc, char** argv) {
   if (argc != 3) {
-    std::cerr << "usage: state_dict_interop write DIR | write_sharded DIR | read PATH | refuse PATH | "
+    std::cerr << "usage: state_dict_interop write DIR | write_sharded DIR | read PATH | read_ddp PATH | refuse PATH | "
                  "write_dtypes DIR | dump PATH\n";
     return 2;
   }
@@ -140,9 +141,11 @@ int main(int argc, char** argv) {
     std::cout << "wrote " << target << "/cpp.pt, cpp.safetensors and cpp_order.txt\n";
     return 0;
   }
+  const auto options = mode == "read_ddp" ? cpprun::StateDictOptions().consume_prefix_in_state_dict_if_present("module.")
+                                          : cpprun::StateDictOptions();
   try {
     try {
-      cpprun::load_state_dict(net, target);
+      cpprun::load_state_dict(net, target, options);
     } catch (const cpprun::StateDictMismatchError& e) {
       std::cout << (mode == "refuse" ? "refused (StateDictMismatchError): " : "FAIL: ") << e.what() << "\n";
       return mode == "refuse" ? 0 : 1;

@@ -5,7 +5,8 @@
                                     cpp.pt and DIR/cpp_order.txt (get_model_state_dict's) list state_dict()'s order
   state_dict_interop.py write DIR   DIR/py.pt (torch.save(model.state_dict())), DIR/py.safetensors
                                     (safetensors.torch.save_file), and DIR/py_other.pt: a Net of other shapes;
-                                    their copies checkpoint.pth.tar and model.ckpt; py_checkpoint.pth.tar ({"model": ..., "epoch": 3, ...}),
+                                    their copies checkpoint.pth.tar and model.ckpt; py_ddp.pt (a DDP state dict:
+                                    "module." names), py_checkpoint.pth.tar ({"model": ..., "epoch": 3, ...}),
                                     py_whole.pt (torch.save(model)), py_dcp/ (dcp.save's directory)
   state_dict_interop.py check_sharded DIR N   DIR (cpprun's Hugging Face sharded save on N ranks) reads as one
                                     model: safetensors.torch.load_file per file + the index; transformers'
@@ -112,6 +113,9 @@ def write(directory):
     # torch.distributed.checkpoint writes a directory.
     shutil.copy(directory / "py.pt", directory / "checkpoint.pth.tar")
     shutil.copy(directory / "py.safetensors", directory / "model.ckpt")
+    ddp = nn.Module()
+    ddp.module = model  # DDP holds the model as its child "module"
+    torch.save(ddp.state_dict(), directory / "py_ddp.pt")
     torch.save({"model": model.state_dict(), "epoch": 3, "best_acc1": 0.5}, directory / "py_checkpoint.pth.tar")
     torch.save(model, directory / "py_whole.pt")
     import torch.distributed.checkpoint as dcp
@@ -119,7 +123,7 @@ def write(directory):
         warnings.simplefilter("ignore")  # "torch.distributed is disabled ...": one process, as the docs run it
         dcp.save({"model": model.state_dict()}, checkpoint_id=str(directory / "py_dcp"))
     assert (directory / "py_dcp" / ".metadata").exists() and list((directory / "py_dcp").glob("*.distcp"))
-    print("wrote py.pt, py.safetensors, py_other.pt, checkpoint.pth.tar, model.ckpt, "
+    print("wrote py.pt, py.safetensors, py_other.pt, checkpoint.pth.tar, model.ckpt, py_ddp.pt, "
           "py_checkpoint.pth.tar, py_whole.pt, py_dcp/")
 
 

@@ -35,6 +35,11 @@ refusal() {  # FILE EXPECTED...: cpprun refuses FILE, saying each EXPECTED (fixe
 # dcp.save's directory: named, with the conversion's command line.
 refusal py_dcp "refused (StateDictMismatchError)" "torch.distributed.checkpoint (DCP) directory" \
   "python scripts/dcp_convert.py to-cpprun $dir/py_dcp OUT_DIR"
+# DDP's names: the hint names the option, which then loads the file.
+refusal py_ddp.pt "refused (StateDictMismatchError)" \
+  "Every name the file holds and the module lacks is one of the module's with \"module.\" before it" \
+  "StateDictOptions().consume_prefix_in_state_dict_if_present(\"module.\")"
+"$tool" read_ddp "$dir/py_ddp.pt" || fail "cpprun could not load py_ddp.pt with the option its refusal names"
 # A checkpoint dict and a whole module: sound files of something else, not "corrupt".
 refusal py_checkpoint.pth.tar "refused (StateDictMismatchError)" "is a torch.save file, but not of a state dict" \
   "\"epoch\" (an int)" "the state dict is under \"model\"" \

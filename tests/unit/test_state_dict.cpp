@@ -410,6 +410,75 @@ TEST_CASE("torch.save reader: a storage record of another size is refused before
              Catch::Matchers::Contains(path) && Catch::Matchers::Contains("holds 1048576 bytes, not"));
 }
 
+namespace {
+
+// small_net() under a child named `child`: its names are small_net()'s with "child." before them,
+// as torch.save(ddp_model.state_dict()) has DDP's "module.".
+struct Holder : torch::nn::Module {
+  torch::nn::Sequential inner;
+  explicit Holder(const std::string& child) : inner(register_module(child, small_net())) {}
+};
+
+void copy_state(torch::nn::Module& from, torch::nn::Module& to) {
+  torch::NoGradGuard no_grad;
+  for (std::size_t i = 0; i < from.parameters().size(); ++i) to.parameters()[i].copy_(from.parameters()[i]);
+  for (std::size_t i = 0; i < from.buffers().size(); ++i) to.buffers()[i].copy_(from.buffers()[i]);
+}
+
+}  // namespace
+
+// See Note [A prefix all names share]: listing 4 missing and 4 unexpected names and suggesting
+// strict(false) (which would load nothing) was all the error said.
+TEST_CASE("state_dict: a prefix every name of one side carries is named, with the option that fixes it",
+          "[state_dict]") {
+  scratch::ScratchDir dir("state_dict_prefix");
+  for (const std::string prefix : {"module", "_orig_mod", "model"}) {
+    auto saved = std::make_shared<Holder>(prefix);
+    scramble(*saved);
+    const std::string path = (dir.path / (prefix + ".pt")).string();
+    cpprun::save_state_dict(saved, path);
+    auto net = small_net();
+    const std::string message = error_text_of([&] { cpprun::load_state_dict(net, path); });
+    const std::string fix = "StateDictOptions().consume_prefix_in_state_dict_if_present(\"" + prefix + ".\")";
+    CHECK_THAT(message, Catch::Matchers::Contains("\nEvery name the file holds and the module lacks is one of the "
+                                                  "module's with \"" + prefix + ".\" before it") &&
+                            Catch::Matchers::Contains(fix) && !Catch::Matchers::Contains("strict(false)"));
+    CHECK_THROWS_AS(cpprun::load_state_dict(net, path), cpprun::StateDictMismatchError);
+    const auto options = cpprun::StateDictOptions().consume_prefix_in_state_dict_if_present(prefix + ".");
+    cpprun::load_state_dict(net, path, options);
+    auto expected = small_net();
+    copy_state(*saved->inner, *expected);
+    require_equal_state(*net, *expected);
+    // In memory too, as PyTorch's consume_prefix_in_state_dict_if_present before load_state_dict.
+    auto again = small_net();
+    cpprun::set_model_state_dict(again, cpprun::get_model_state_dict(saved), options);
+    require_equal_state(*again, *expected);
+  }
+  // DDP around a torch.compile'd model: "module._orig_mod.", the shortest prefix that fits.
+  auto both = std::make_shared<torch::nn::Module>();
+  both->register_module("module", std::make_shared<Holder>("_orig_mod"));
+  const std::string nested = (dir.path / "nested.safetensors").string();
+  cpprun::save_state_dict(both, nested);
+  auto net = small_net();
+  CHECK_THAT(error_text_of([&] { cpprun::load_state_dict(net, nested); }),
+             Catch::Matchers::Contains("consume_prefix_in_state_dict_if_present(\"module._orig_mod.\")"));
+  // The reverse: the module holds the file's model under a child: file_key_prefix.
+  const std::string plain = (dir.path / "plain.safetensors").string();
+  cpprun::save_state_dict(small_net(), plain);
+  auto holder = std::make_shared<Holder>("model");
+  CHECK_THAT(error_text_of([&] { cpprun::load_state_dict(holder, plain); }),
+             Catch::Matchers::Contains("\nEvery name the module holds and the file lacks is one of the file's "
+                                       "with \"model.\" before it") &&
+                 Catch::Matchers::Contains("StateDictOptions().file_key_prefix(\"model.\")"));
+  cpprun::load_state_dict(holder, plain, cpprun::StateDictOptions().file_key_prefix("model."));
+  // Names that merely differ get no prefix hint, and keep strict(false)'s.
+  const std::string other = (dir.path / "other.pt").string();
+  cpprun::save_state_dict(torch::nn::Sequential(torch::nn::Linear(4, 3)), other);
+  auto wider = torch::nn::Sequential(torch::nn::Linear(4, 3), torch::nn::Linear(3, 3));
+  CHECK_THAT(error_text_of([&] { cpprun::load_state_dict(wider, other); }),
+             !Catch::Matchers::Contains("Every name") && Catch::Matchers::Contains("strict(false)"));
+}
+
 // See Note [Whole files that are not state dicts]: both were CorruptCheckpointError ("the value
 // of \"model\" is not a tensor", "names the global __main__.Net").
 TEST_CASE("torch.save reader: a checkpoint dict or a whole module is told apart from a damaged file",
