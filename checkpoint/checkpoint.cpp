@@ -6,7 +6,12 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
+#include <algorithm>
+#include <cctype>
+#include <filesystem>
 #include <map>
+#include <string>
+#include <system_error>
 #include <utility>
 
 #include "checkpoint/state_view.h"
@@ -46,9 +51,10 @@ AsyncSave save_model_state_async(StateSource source, const std::string& path, co
 }
 
 torch::OrderedDict<std::string, at::Tensor> get_model_state(StateSource source, const StateDictOptions& options) {
-  TORCH_CHECK(options.file_key_prefix().empty(),
+  TORCH_CHECK(options.file_key_prefix().empty() && options.consume_prefix_in_state_dict_if_present().empty(),
               "cpprun: get_model_state_dict gives the model's own names; file_key_prefix applies to loads "
-              "(set_model_state_dict, load_state_dict): leave it empty here.");
+              "(set_model_state_dict, load_state_dict), as does consume_prefix_in_state_dict_if_present: leave "
+              "both empty here.");
   const StateView view = state_view(source);
   at::NoGradGuard no_grad;
   // Under cpu_offload a gathered tensor lives on the device only until it is copied to the CPU
@@ -121,6 +127,34 @@ void set_optimizer_state(StateSource source, torch::optim::Optimizer& optimizer,
   const StateView view = state_view(source);
   at::NoGradGuard no_grad;
   set_optimizer_state(optimizer_params(view), optimizer, view.team, state, options);
+}
+
+std::string checkpoint_directory(const std::string& path, const char* call) {
+  namespace fs = std::filesystem;
+  const bool saving = std::string(call) == "save_state_dict";
+  const std::string files = std::string("For files, call ") + call + "(model, \"model.safetensors\") and " +
+                            (saving ? "save" : "load") + "_optimizer_state_dict(model, optimizer, \"optimizer.safetensors\").";
+  TORCH_CHECK(!path.empty(), "cpprun: ", call, "(model, optimizer, \"\"): the directory's name is empty.");
+  std::error_code ignored;
+  const bool exists = fs::exists(path, ignored);
+  // A name that reads as a file: saving a directory under it would surprise more than refusing.
+  std::string ext = fs::path(path).extension().string();
+  std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return std::tolower(c); });
+  const bool file_name = ext == ".safetensors" || ext == ".pt" || ext == ".pth" || ext == ".bin";
+  if (!saving && !exists) {
+    throw std::system_error(std::make_error_code(std::errc::no_such_file_or_directory),
+                            "cpprun: load_state_dict(model, optimizer, \"" + path + "\"): " + path + " does not exist" +
+                                (file_name ? std::string(" (and this call takes a directory. ") + files + ")" : ""));
+  }
+  TORCH_CHECK(!exists || fs::is_directory(path, ignored), "cpprun: ", call, "(model, optimizer, \"", path, "\"): ", path,
+              " is a file, but the model and its optimizer in one call take a directory, where their files go side "
+              "by side. ", files);
+  if (path.back() == '/') return path;
+  TORCH_CHECK(exists || !file_name, "cpprun: ", call,
+              "(model, optimizer, \"", path, "\"): the model and its optimizer in one call take a directory, and ",
+              path, " reads as a file's name. ", files, " (A directory may have any other name, with or without "
+              "a trailing '/'.)");
+  return path + "/";
 }
 
 AsyncSave save_model_and_optimizer_async(StateSource source, torch::optim::Optimizer& optimizer,

@@ -359,7 +359,8 @@ AsyncSave save_owned_state_async(std::vector<AsyncSavePart> parts, const Checkpo
 StateDictLoadReport load_owned_state(const NamedTensors& into, const CheckpointTeam& team, const ProcessGroup& owners,
                                      const std::string& path, const StateDictOptions& options) {
   check_roots_line_up(team, owners, "loading the state dict from " + path);
-  const std::string& prefix = options.file_key_prefix();  // the file's names as the module's
+  const std::string& prefix = options.file_key_prefix();  // with the consumed one: the file's names as the module's
+  const std::string& consumed = options.consume_prefix_in_state_dict_if_present();
   std::exception_ptr failure;
   std::string verdict;  // "F" + the first owner's failure, or "R" + the report of the whole load
   NamedTensors found;   // the checkpoint's tensors of this owner's names
@@ -377,17 +378,21 @@ StateDictLoadReport load_owned_state(const NamedTensors& into, const CheckpointT
         // Only the files that hold this owner's names.
         std::set<std::string> wanted;
         for (const auto& name : names) {
-          if (name.compare(0, prefix.size(), prefix) == 0) wanted.insert(name.substr(prefix.size()));
+          if (name.compare(0, prefix.size(), prefix) != 0) continue;
+          const std::string rest = name.substr(prefix.size());
+          wanted.insert(rest);  // the consumed prefix is taken away where present: either name
+          if (!consumed.empty()) wanted.insert(consumed + rest);
         }
         ShardedDirectory files = read_sharded_directory(dir, kModelStem, &wanted);
-        for (const auto& [name, file] : files.index.weight_map) in_checkpoint.push_back(prefix + name);
+        for (const auto& [name, file] : files.index.weight_map) in_checkpoint.push_back(as_module_name(name, options));
         read = std::move(files.tensors);
       } else {
         read = read_state_dict_file(single.empty() ? path : single);
-        for (const auto& [name, tensor] : read) in_checkpoint.push_back(prefix + name);
+        for (const auto& [name, tensor] : read) in_checkpoint.push_back(as_module_name(name, options));
       }
       for (auto& [name, tensor] : read) {
-        if (names.count(prefix + name)) found.emplace_back(prefix + name, std::move(tensor));
+        const std::string as_module = as_module_name(name, options);
+        if (names.count(as_module)) found.emplace_back(as_module, std::move(tensor));
       }
       mine = compare_state(into, found);  // its unexpected list is empty: found holds only our names
       refuse_disagreeing_ties(into, found, path);  // here, so every owner learns of it

@@ -60,6 +60,24 @@ std::string join_lines(const std::vector<std::string>& lines) {
   return out;
 }
 
+// PyTorch's torch.distributed.checkpoint (dcp.save) writes DIR/.metadata and DIR/__R_0.distcp
+// (FileSystemWriter): a layout cpprun does not read, which scripts/dcp_convert.py converts.
+void refuse_dcp_directory(const fs::path& dir) {
+  std::error_code ignored;
+  if (!fs::exists(dir / ".metadata", ignored)) return;
+  bool has_distcp = false;
+  for (fs::directory_iterator it(dir, ignored), end; !ignored && it != end && !has_distcp; it.increment(ignored)) {
+    has_distcp = it->path().extension() == ".distcp";
+  }
+  if (!has_distcp) return;
+  throw StateDictMismatchError("cpprun: load_state_dict: " + dir.string() + " is a PyTorch "
+                               "torch.distributed.checkpoint (DCP) directory (.metadata and *.distcp files, as "
+                               "dcp.save writes), which cpprun does not read. Convert it once: python "
+                               "scripts/dcp_convert.py to-cpprun " + dir.string() + " OUT_DIR (the model, and the "
+                               "optimizer when there is one), then load_state_dict(model, \"OUT_DIR/\") and "
+                               "load_optimizer_state_dict(model, optimizer, \"OUT_DIR/\"); see docs/checkpoints.md.");
+}
+
 }  // namespace
 
 // Note [A failed save removes what it wrote]
@@ -305,6 +323,11 @@ std::string sharded_load_directory(const std::string& path, std::string& single)
   const fs::path index_path = dir / kIndexName;
   const fs::path single_path = dir / kSingleName;
   if (!names_index) {
+    std::error_code ignored;
+    if (!fs::exists(dir, ignored)) {
+      throw std::system_error(std::make_error_code(std::errc::no_such_file_or_directory),
+                              "cpprun: load_state_dict: " + path + " does not exist");
+    }
     TORCH_CHECK(fs::is_directory(dir), "cpprun: load_state_dict: ", path, " is not a directory (a path ending in '/' "
                 "names a directory in Hugging Face's sharded layout).");
     const bool has_index = fs::exists(index_path), has_single = fs::exists(single_path);
@@ -329,6 +352,7 @@ std::string sharded_load_directory(const std::string& path, std::string& single)
                 "cpprun does not read (it reads ", kSafetensorsIndexName, ", ", kSafetensorsSingleName,
                 " and pytorch_model.bin). Convert them once in Python: AutoModel.from_pretrained(DIR)."
                 "save_pretrained(OUT) writes safetensors.");
+    refuse_dcp_directory(dir);
     TORCH_CHECK(has_index, "cpprun: load_state_dict: ", dir.string(), " holds neither ", kSafetensorsIndexName,
                 " nor ", kSafetensorsSingleName, " nor pytorch_model.bin (Hugging Face's names for a model's "
                 "weights): is it the checkpoint directory?");

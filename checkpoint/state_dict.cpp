@@ -8,7 +8,10 @@
 #include <cctype>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <map>
+#include <optional>
+#include <set>
 #include <sstream>
 #include <system_error>
 #include <unordered_set>
@@ -29,15 +32,70 @@ namespace {
 
 enum class StateDictFormat { kSafetensors, kTorchSave };
 
-StateDictFormat format_of(const std::string& path) {
+// The format PATH's extension names, if it names one.
+std::optional<StateDictFormat> format_named_by(const std::string& path) {
   std::string ext = path.substr(std::min(path.size(), path.find_last_of('.')));
   std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return std::tolower(c); });
   if (ext == ".safetensors") return StateDictFormat::kSafetensors;
   // .bin: transformers' pytorch_model.bin, a torch.save file.
   if (ext == ".pt" || ext == ".pth" || ext == ".bin") return StateDictFormat::kTorchSave;
-  TORCH_CHECK(false, "cpprun: cannot tell a state dict's format from the name \"", path,
-              "\": end it in .safetensors (Hugging Face's format) or .pt / .pth / .bin (torch.save's), or in '/' "
-              "for a directory in Hugging Face's sharded layout.");
+  return std::nullopt;
+}
+
+// The format a save writes: the extension's, as nothing else says which (a load reads any name).
+StateDictFormat format_of(const std::string& path) {
+  const auto format = format_named_by(path);
+  TORCH_CHECK(format, "cpprun: cannot tell which format to save \"", path, "\" in from its name: a name ending in "
+              ".safetensors writes Hugging Face's safetensors, one ending in .pt, .pth or .bin torch.save's dict of "
+              "tensors, one ending in '/' a directory in Hugging Face's sharded layout. (Loading takes any name: "
+              "it tells the format from the file's first bytes.)");
+  return *format;
+}
+
+// Note [A file's format from its first bytes]
+// torch.save and torch.load take any name (ImageNet's example saves checkpoint.pth.tar, Lightning
+// model.ckpt), so a load looks at the bytes: a zip archive ("PK\3\4") is torch.save's format, and
+// torch.save's pre-1.6 pickle starts with its magic number; safetensors starts with its header's
+// length (8 bytes, little-endian, at most the rest of the file) and the header's '{'. A file
+// that is neither (a damaged one) is read as its extension says, so its error is that format's;
+// with no known extension either, it is refused, saying what its bytes are not.
+std::optional<StateDictFormat> format_of_bytes(const FileHead& head) {
+  const std::string_view bytes = head.bytes;
+  if (bytes.substr(0, 4) == std::string_view("PK\x03\x04", 4)) return StateDictFormat::kTorchSave;
+  if (bytes.substr(0, 4) == std::string_view("\x80\x02\x8a\x0a", 4)) return StateDictFormat::kTorchSave;
+  if (bytes.size() >= 9 && bytes[8] == '{') {
+    std::uint64_t length = 0;
+    for (int i = 7; i >= 0; --i) length = length << 8 | static_cast<unsigned char>(bytes[static_cast<std::size_t>(i)]);
+    if (length <= head.size - 8) return StateDictFormat::kSafetensors;
+  }
+  return std::nullopt;
+}
+
+// A file of PyTorch's torch.distributed.checkpoint (dcp.save writes DIR/.metadata and
+// DIR/__R_0.distcp): not something load_state_dict reads, but scripts/dcp_convert.py converts it.
+bool is_dcp_checkpoint_file(const std::string& path) {
+  const std::string name = std::filesystem::path(path).filename().string();
+  return name == ".metadata" || (name.size() > 7 && name.compare(name.size() - 7, 7, ".distcp") == 0);
+}
+
+StateDictFormat format_to_read(const std::string& path) {
+  std::error_code ignored;
+  if (!std::filesystem::exists(path, ignored) && !std::filesystem::is_symlink(path, ignored)) {
+    throw std::system_error(std::make_error_code(std::errc::no_such_file_or_directory),
+                            "cpprun: load_state_dict: " + path + " does not exist");
+  }
+  if (is_dcp_checkpoint_file(path)) {
+    throw StateDictMismatchError("cpprun: load_state_dict: " + path + " is a file of a PyTorch "
+                                 "torch.distributed.checkpoint (DCP) directory, which cpprun does not read. Convert "
+                                 "the directory once: python scripts/dcp_convert.py to-cpprun " +
+                                 std::filesystem::path(path).parent_path().string() + " OUT_DIR, then load OUT_DIR/.");
+  }
+  const FileHead head = read_file_head(path, "state dict", 16);  // refuses a FIFO, a device, a directory
+  if (const auto format = format_of_bytes(head)) return *format;
+  if (const auto format = format_named_by(path)) return *format;
+  TORCH_CHECK(false, "cpprun: load_state_dict: ", path, " (", head.size, " bytes) is neither torch.save's format "
+              "(a zip archive) nor safetensors (an 8-byte header length, then '{'): which program wrote it? Save "
+              "the model's state dict with torch.save(model.state_dict(), path) or safetensors.torch.save_file.");
 }
 
 // safetensors' dtype names for ours.
@@ -88,6 +146,45 @@ std::string join_shown(const std::vector<std::string>& items, const std::string&
 
 }  // namespace
 
+// Note [A prefix all names share]
+// torch.save(ddp_model.state_dict()) names every tensor "module.<name>" (DDP holds the model as
+// its child "module"), a torch.compile'd model "_orig_mod.<name>", a Lightning module's
+// "model.<name>": each name the module lacks is one of its own with a prefix before it. The reverse
+// is a submodule's file (a base model's) into a model holding it. Listing both sets of names and
+// suggesting strict(false), which would load nothing, does not help: the prefix is found instead
+// (the shortest whole-segment prefix that all names the one side lacks share, which taken away
+// leaves names the other side lacks) and the option that fixes it is the hint's first line.
+namespace {
+
+// Whether every name of `prefixed` is P + a name of `plain`, for P a whole-segment prefix that all
+// of `prefixed` share: the shortest such P, or empty.
+std::string prefix_over(const std::vector<std::string>& prefixed, const std::vector<std::string>& plain) {
+  if (prefixed.empty() || plain.empty()) return {};
+  std::string common = prefixed.front();
+  for (const auto& name : prefixed) {
+    std::size_t n = 0;
+    while (n < common.size() && n < name.size() && common[n] == name[n]) ++n;
+    common.resize(n);
+  }
+  const std::set<std::string> others(plain.begin(), plain.end());
+  for (std::size_t dot = common.find('.'); dot != std::string::npos; dot = common.find('.', dot + 1)) {
+    const std::string prefix = common.substr(0, dot + 1);
+    const bool all = std::all_of(prefixed.begin(), prefixed.end(),
+                                 [&](const std::string& name) { return others.count(name.substr(prefix.size())) > 0; });
+    if (all) return prefix;
+  }
+  return {};
+}
+
+}  // namespace
+
+PrefixFix prefix_fix(const StateDictLoadReport& report) {
+  if (auto prefix = prefix_over(report.unexpected_keys, report.missing_keys); !prefix.empty()) {
+    return {std::move(prefix), true};
+  }
+  return {prefix_over(report.missing_keys, report.unexpected_keys), false};
+}
+
 // `file_of`: a directory's tensors -> their files, added to each unexpected or mismatched name.
 std::string mismatch_message(const StateDictLoadReport& report, const std::string& path,
                              const std::map<std::string, std::string>& file_of) {
@@ -116,6 +213,20 @@ std::string mismatch_message(const StateDictLoadReport& report, const std::strin
     message += "\n  shape or dtype differs (" + std::to_string(report.mismatched.size()) + "):\n    " +
                join_shown(located(report.mismatched, true), "\n    ");
   }
+  // See Note [A prefix all names share]: the hint's first line.
+  const PrefixFix fix = prefix_fix(report);
+  if (!fix.prefix.empty() && fix.file_has_it) {
+    message += "\nEvery name the file holds and the module lacks is one of the module's with \"" + fix.prefix +
+               "\" before it (torch.save(" +
+               "ddp_model.state_dict()) writes DDP's \"module.\", a torch.compile'd model \"_orig_mod.\"): load it "
+               "with StateDictOptions().consume_prefix_in_state_dict_if_present(\"" + fix.prefix + "\"), as "
+               "PyTorch's torch.nn.modules.utils.consume_prefix_in_state_dict_if_present.";
+  } else if (!fix.prefix.empty()) {
+    message += "\nEvery name the module holds and the file lacks is one of the file's with \"" + fix.prefix +
+               "\" before it (a "
+               "submodule's file, as a base model's for a model with a head): load it with "
+               "StateDictOptions().file_key_prefix(\"" + fix.prefix + "\").";
+  }
   // LibTorch's Module::to(dtype) converts every buffer, where Python's .double() / .to(dtype) leave
   // integer ones alone: BatchNorm's num_batches_tracked then no longer matches any file of the model.
   const bool integer_buffer_converted =
@@ -128,6 +239,7 @@ std::string mismatch_message(const StateDictLoadReport& report, const std::strin
                "that dtype instead (torch::set_default_dtype before constructing it), or convert only the "
                "floating-point parameters and buffers.";
   }
+  if (!fix.prefix.empty()) return message;  // strict(false) would load nothing
   return message + "\nIs it another model's file? To load only what fits, pass StateDictOptions().strict(false).";
 }
 
@@ -157,14 +269,29 @@ StateDictLoadReport decode_report(const std::string& bytes) {
   return {lists[0], lists[1], lists[2]};
 }
 
+namespace {
+
+// Note [State dict order]: Python's Module.state_dict() goes module by module, depth first
+// (torch/nn/modules/module.py state_dict, _save_to_state_dict): each module's own parameters,
+// then its own buffers, then its children's in registration order. LibTorch's named_parameters()
+// and named_buffers() each walk the tree alike, so all parameters then all buffers put a
+// BatchNorm's running_mean after every later layer's weight, where PyTorch's files have it
+// beside its weight.
+void add_module_state(const torch::nn::Module& module, const std::string& prefix, NamedTensors& out) {
+  for (const auto& item : module.named_parameters(/*recurse=*/false)) {
+    if (item.value().defined()) out.emplace_back(prefix + item.key(), item.value());
+  }
+  for (const auto& item : module.named_buffers(/*recurse=*/false)) {
+    if (item.value().defined()) out.emplace_back(prefix + item.key(), item.value());
+  }
+  for (const auto& child : module.named_children()) add_module_state(*child.value(), prefix + child.key() + ".", out);
+}
+
+}  // namespace
+
 NamedTensors module_state(torch::nn::Module& module) {
   NamedTensors out;
-  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
-    if (item.value().defined()) out.emplace_back(item.key(), item.value());
-  }
-  for (const auto& item : module.named_buffers(/*recurse=*/true)) {
-    if (item.value().defined()) out.emplace_back(item.key(), item.value());
-  }
+  add_module_state(module, "", out);
   return out;
 }
 
@@ -273,14 +400,25 @@ void refuse_disagreeing_ties(const NamedTensors& mine, const NamedTensors& file,
 }
 
 
+bool renames_file_keys(const StateDictOptions& options) {
+  return !options.file_key_prefix().empty() || !options.consume_prefix_in_state_dict_if_present().empty();
+}
+
+std::string as_module_name(const std::string& file_name, const StateDictOptions& options) {
+  const std::string& consumed = options.consume_prefix_in_state_dict_if_present();
+  const bool has = !consumed.empty() && file_name.compare(0, consumed.size(), consumed) == 0;
+  return options.file_key_prefix() + (has ? file_name.substr(consumed.size()) : file_name);
+}
+
 namespace {
 
-// The file's names as the module's (StateDictOptions::file_key_prefix).
-NamedTensors with_key_prefix(const NamedTensors& file, const std::string& prefix) {
-  NamedTensors prefixed;
-  prefixed.reserve(file.size());
-  for (const auto& [name, tensor] : file) prefixed.emplace_back(prefix + name, tensor);
-  return prefixed;
+// The file's names as the module's (StateDictOptions::consume_prefix_in_state_dict_if_present,
+// then file_key_prefix).
+NamedTensors as_module_names(const NamedTensors& file, const StateDictOptions& options) {
+  NamedTensors renamed;
+  renamed.reserve(file.size());
+  for (const auto& [name, tensor] : file) renamed.emplace_back(as_module_name(name, options), tensor);
+  return renamed;
 }
 
 }  // namespace
@@ -288,13 +426,13 @@ NamedTensors with_key_prefix(const NamedTensors& file, const std::string& prefix
 StateDictLoadReport check_named_tensors(const NamedTensors& mine, const NamedTensors& file_as_saved,
                                         const std::string& where, const StateDictOptions& options,
                                         const std::map<std::string, std::string>& file_of_as_saved) {
-  const std::string& prefix = options.file_key_prefix();
-  std::map<std::string, std::string> prefixed_file_of;
-  if (!prefix.empty()) {
-    for (const auto& [name, in_file] : file_of_as_saved) prefixed_file_of.emplace(prefix + name, in_file);
+  const bool renamed = renames_file_keys(options);
+  std::map<std::string, std::string> renamed_file_of;
+  if (renamed) {
+    for (const auto& [name, in_file] : file_of_as_saved) renamed_file_of.emplace(as_module_name(name, options), in_file);
   }
-  const NamedTensors file = prefix.empty() ? file_as_saved : with_key_prefix(file_as_saved, prefix);
-  const auto& file_of = prefix.empty() ? file_of_as_saved : prefixed_file_of;
+  const NamedTensors file = renamed ? as_module_names(file_as_saved, options) : file_as_saved;
+  const auto& file_of = renamed ? renamed_file_of : file_of_as_saved;
   StateDictLoadReport report = compare_state(mine, file);
   const bool differs = !report.missing_keys.empty() || !report.unexpected_keys.empty() || !report.mismatched.empty();
   if (options.strict() && differs) throw StateDictMismatchError(mismatch_message(report, where, file_of));
@@ -303,8 +441,7 @@ StateDictLoadReport check_named_tensors(const NamedTensors& mine, const NamedTen
 }
 
 void copy_named_tensors(const NamedTensors& mine, const NamedTensors& file_as_saved, const StateDictOptions& options) {
-  const std::string& prefix = options.file_key_prefix();
-  const NamedTensors file = prefix.empty() ? file_as_saved : with_key_prefix(file_as_saved, prefix);
+  const NamedTensors file = renames_file_keys(options) ? as_module_names(file_as_saved, options) : file_as_saved;
   std::map<std::string, const at::Tensor*> by_name;
   for (const auto& [name, tensor] : file) by_name[name] = &tensor;
   at::NoGradGuard no_grad;
@@ -348,11 +485,12 @@ void check_state_dict_path(const std::string& path) {
 }
 
 NamedTensors read_state_dict_file(const std::string& path) {
-  const StateDictFormat format = format_of(path);
+  const StateDictFormat format = format_to_read(path);  // See Note [A file's format from its first bytes]
   // A .pt that torch.save wrote has no footer and is read as it is; ours is checked.
-  const std::string bytes = format == StateDictFormat::kTorchSave ? read_checkpoint_file(path, UncheckedFiles::kAccept)
-                                                                   : read_state_dict_bytes(path);
-  return decode_state_dict(bytes, path);
+  if (format == StateDictFormat::kTorchSave) {
+    return decode_torch_save(read_checkpoint_file(path, UncheckedFiles::kAccept), path);
+  }
+  return decode_safetensors(read_safetensors(read_state_dict_bytes(path), path), path);
 }
 
 StateDictLoadReport load_state_dict_file(const NamedTensors& into, const std::string& path,

@@ -17,8 +17,9 @@
 
 namespace cpprun::detail {
 
-// The module's parameters then buffers, recursively, by name ("0.weight", "1.running_mean"); a
-// tied tensor under each of its names, as Python's state_dict() lists it.
+// The module's parameters and buffers by name ("0.weight", "1.running_mean") in Python's
+// state_dict() order: each module's own parameters, its own buffers, then its children's (Note
+// [State dict order]); a tied tensor under each of its names, as Python's state_dict() lists it.
 NamedTensors module_state(torch::nn::Module& module);
 
 // What differs between the module's tensors and the file's (names, shapes, dtypes).
@@ -61,6 +62,17 @@ StateDictLoadReport load_named_tensors(const NamedTensors& mine, const NamedTens
 // The message of the StateDictMismatchError a strict load of PATH throws for `report`.
 std::string mismatch_message(const StateDictLoadReport& report, const std::string& path,
                              const std::map<std::string, std::string>& file_of = {});
+// The prefix that, put before or taken from the file's names, would make them the module's
+// (Note [A prefix all names share]); empty when there is none.
+struct PrefixFix {
+  std::string prefix;
+  bool file_has_it = false;  // true: consume_prefix_in_state_dict_if_present; false: file_key_prefix
+};
+PrefixFix prefix_fix(const StateDictLoadReport& report);
+// A file's name as the module's under `options` (consume_prefix_in_state_dict_if_present, then
+// file_key_prefix), and whether they rename at all.
+std::string as_module_name(const std::string& file_name, const StateDictOptions& options);
+bool renames_file_keys(const StateDictOptions& options);
 // A report as bytes (for broadcast_bytes), and back.
 std::string encode_report(const StateDictLoadReport& report);
 StateDictLoadReport decode_report(const std::string& bytes);

@@ -11,6 +11,7 @@
 #include "comm/consistency_check.h"
 #include "comm/flight_recorder.h"
 #include "comm/group_impl.h"
+#include "comm/group_membership.h"
 #include "comm/work_state.h"
 #include "cpprun/collectives.h"
 
@@ -24,9 +25,6 @@ void check_reduction(const char* op, const at::Tensor& t, ReduceOp reduce);
 // `rank` (a root, a peer) is a rank of `group`; `what` names it in the message ("root", "dst").
 void check_rank(const char* op, const char* what, int rank, const ProcessGroup& group);
 
-// Throws when this process is not a member of `group` (a subgroup created without it), naming
-// the group's ranks. Every public collective calls it first.
-void check_member(const char* op, const ProcessGroup& group);
 // check_member, then whether the group is a world of one (no communication needed).
 bool alone(const char* op, const ProcessGroup& group);
 

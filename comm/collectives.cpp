@@ -70,7 +70,9 @@ void check_member(const char* op, const ProcessGroup& group) {
   TORCH_CHECK(false, "cpprun::", op, ": this process (rank ", impl.parent_rank,
               " of the group it was created from) is not a member of this subgroup (ranks ",
               ranks.str(), "). new_group() and split_group() are called by every rank, but only "
-              "members may use the group: test group.is_member() before calling collectives on it.");
+              "members may use the group: test group.is_member() before calling collectives on it or "
+              "handing it to DDP, FSDP, a sampler or a layer (there, size() and rank() are -1, as "
+              "PyTorch's get_world_size and get_rank of a group the rank is not in).");
 }
 
 bool alone(const char* op, const ProcessGroup& group) {

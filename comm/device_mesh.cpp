@@ -9,6 +9,7 @@
 #include <numeric>
 #include <sstream>
 
+#include "comm/group_membership.h"
 #include "cpprun/object_collectives.h"
 
 namespace cpprun {
@@ -41,7 +42,7 @@ std::vector<int> other_dims(int n, const std::vector<int>& dims) {
 }  // namespace
 
 DeviceMesh::DeviceMesh(const ProcessGroup& group, std::vector<int> shape, std::vector<std::string> names)
-    : whole_(group), shape_(std::move(shape)), names_(std::move(names)) {
+    : whole_(detail::member_group("DeviceMesh", group)), shape_(std::move(shape)), names_(std::move(names)) {
   TORCH_CHECK(!shape_.empty(), "cpprun::DeviceMesh: the shape is empty; give one extent per dimension, e.g. {",
               group.size(), "}.");
   for (int extent : shape_) {
@@ -51,7 +52,6 @@ DeviceMesh::DeviceMesh(const ProcessGroup& group, std::vector<int> shape, std::v
   const int ranks = std::accumulate(shape_.begin(), shape_.end(), 1, std::multiplies<int>());
   TORCH_CHECK(ranks == group.size(), "cpprun::DeviceMesh: shape ", joined(shape_), " holds ", ranks,
               " ranks but the group has ", group.size(), ".");
-  TORCH_CHECK(group.is_member(), "cpprun::DeviceMesh: this process is not a member of the group.");
   if (names_.empty()) {
     for (std::size_t d = 0; d < shape_.size(); ++d) names_.push_back("dim" + std::to_string(d));
   }

@@ -20,7 +20,7 @@ namespace cpprun {
 
 struct ProcessGroup::Impl {
   // For a subgroup (comm/subgroups.cpp), env.rank and env.world_size are this process's rank in
-  // the subgroup and the subgroup's size; the rest is the job's environment.
+  // the subgroup and the subgroup's size (both -1 on a non-member); the rest is the job's environment.
   DistEnv env;
   // Whether this process belongs to the group: a subgroup exists on every rank that took part
   // in creating it, but only its members hold backends (see Note [Subgroup creation]).

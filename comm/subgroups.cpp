@@ -107,7 +107,9 @@ ProcessGroup make_subgroup(const ProcessGroup& parent, const std::vector<int>& m
   const auto me = std::find(members.begin(), members.end(), parent.rank());
   impl->member = me != members.end();
   impl->env.rank = impl->member ? static_cast<int>(me - members.begin()) : -1;
-  impl->env.world_size = static_cast<int>(members.size());
+  // A non-member's rank and size are -1, as PyTorch's get_rank and get_world_size of a group
+  // the rank is not in: a size of the members' count let a wrapper that missed the check run alone.
+  impl->env.world_size = impl->member ? static_cast<int>(members.size()) : -1;
   impl->store = c10::make_intrusive<c10d::PrefixStore>(name, up.store);
   impl->recorded = detail::recorded_subgroup(up.recorded ? *up.recorded : detail::RecordedGroup{}, name, members);
   if (impl->member) {

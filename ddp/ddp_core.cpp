@@ -9,6 +9,7 @@
 #include <sstream>
 #include <unordered_set>
 
+#include "comm/group_membership.h"
 #include "core/clip_grad_norm.h"
 #include "checkpoint/state_view.h"
 #include "core/tensor_parallel_splits.h"
@@ -116,7 +117,7 @@ struct DdpCore::Impl {
 };
 
 DdpCore::DdpCore(torch::nn::Module& module, ProcessGroup group, DdpOptions options)
-    : impl_(std::make_unique<Impl>(module, std::move(group), options)) {
+    : impl_(std::make_unique<Impl>(module, member_group("DistributedDataParallel", std::move(group)), options)) {
   TORCH_CHECK(options.bucket_cap_mb() > 0 && options.first_bucket_cap_mb() > 0,
               "cpprun::DistributedDataParallel: bucket_cap_mb and first_bucket_cap_mb must be positive, got ",
               options.bucket_cap_mb(), " and ", options.first_bucket_cap_mb(), ".");

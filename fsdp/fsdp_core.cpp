@@ -15,6 +15,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "comm/group_membership.h"
 #include "core/clip_grad_norm.h"
 #include "cpprun/collectives.h"
 #include "checkpoint/state_view.h"
@@ -115,7 +116,8 @@ struct FsdpCore::Impl {
 
 FsdpCore::FsdpCore(torch::nn::Module& module, ProcessGroup group, std::optional<DeviceMesh> mesh,
                    FsdpOptions options)
-    : impl_(std::make_unique<Impl>(module, std::move(group), mesh, std::move(options))) {
+    : impl_(std::make_unique<Impl>(module, member_group("FullyShardedDataParallel", std::move(group)), mesh,
+                                   std::move(options))) {
   Impl& s = *impl_;
   const int stage = s.options.stage();
   TORCH_CHECK(!s.options.cpu_offload() || stage == 3, "cpprun::FullyShardedDataParallel: cpu_offload needs stage 3 "

@@ -11,6 +11,7 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include "comm/group_membership.h"
 #include "cpprun/collectives.h"
 
 namespace cpprun {
@@ -70,7 +71,7 @@ SyncBatchNormImpl::SyncBatchNormImpl(const torch::nn::BatchNormOptions& options,
 
 SyncBatchNormImpl::SyncBatchNormImpl(const torch::nn::BatchNormOptions& options_, ProcessGroup group,
                                      Adopted adopted)
-    : options(options_), group_(std::move(group)), adopted_(std::move(adopted)) {
+    : options(options_), group_(detail::member_group("SyncBatchNorm", std::move(group))), adopted_(std::move(adopted)) {
   reset();
   adopted_ = Adopted{};  // a clone() registers fresh tensors and copies the values
 }

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <unordered_set>
 
+#include "comm/group_membership.h"
 #include "core/clip_grad_norm.h"
 #include "core/deferred_replay.h"
 #include "cpprun/deferred_init.h"
@@ -70,8 +71,7 @@ PipelineSplit split_evenly(const torch::nn::Sequential& model, int stages) {
 
 PipelineStage::PipelineStage(const torch::nn::Sequential& model, const PipelineSplit& split, ProcessGroup group,
                              int stage_index)
-    : group_(std::move(group)), num_stages_(static_cast<int>(split.size())) {
-  TORCH_CHECK(group_.is_member(), "PipelineStage: this rank is not a member of the pipeline group.");
+    : group_(detail::member_group("PipelineStage", std::move(group))), num_stages_(static_cast<int>(split.size())) {
   const auto names = child_names(model);
   TORCH_CHECK(static_cast<int>(names.size()) == static_cast<int>(model->size()),
               "PipelineStage: the model's children and its modules differ in number; build it as a plain "

@@ -44,6 +44,7 @@
 #include "cpprun/point_to_point.h"
 #include "cpprun/tensor_parallel_split.h"
 #include "cpprun/unique_parameters.h"
+#include "comm/group_membership.h"
 #include "comm/labelled_messages.h"
 #include "pipeline/schedule_plan.h"
 #include "pipeline/split_backward.h"
@@ -667,7 +668,7 @@ at::Tensor PipelineSchedule::step(const at::Tensor& inputs, const at::Tensor& ta
   return runtime_->step(inputs, targets, /*train=*/true);
 }
 void PipelineSchedule::set_data_parallel_group(const ProcessGroup& group) {
-  TORCH_CHECK(group.is_member(), "PipelineSchedule::set_data_parallel_group: this rank is not in the group.");
+  detail::check_member("PipelineSchedule::set_data_parallel_group", group);
   TORCH_CHECK(!runtime_->data_parallel, "PipelineSchedule::set_data_parallel_group: already set; call it once.");
   // One mechanism for data parallelism in stages: each stage in DDP (in stage order, the same on
   // every rank of the group). A stage with nothing to train has nothing to reduce; its loss is

@@ -281,18 +281,18 @@ AsyncSave save_async(std::vector<PipelineStage*> stages, torch::optim::Optimizer
 
 void save_state_dict(std::vector<PipelineStage*> stages, torch::optim::Optimizer& optimizer, const std::string& dir,
                      const StateDictSaveOptions& options) {
-  detail::check_checkpoint_directory(dir, "save_state_dict");
+  const std::string directory = detail::checkpoint_directory(dir, "save_state_dict");
   StateDictSaveOptions one = options;
   if (!one.save_id()) one.save_id(new_save_id());  // pipeline rank 0's root's counts: it is broadcast
-  save_state_dict(stages, dir, one);
-  save_optimizer_state_dict(std::move(stages), optimizer, dir, one);
+  save_state_dict(stages, directory, one);
+  save_optimizer_state_dict(std::move(stages), optimizer, directory, one);
 }
 
 StateDictLoadReport load_state_dict(std::vector<PipelineStage*> stages, torch::optim::Optimizer& optimizer,
                                     const std::string& dir, const StateDictOptions& options) {
-  detail::check_checkpoint_directory(dir, "load_state_dict");
-  StateDictLoadReport report = load_state_dict(stages, dir, options);
-  load_optimizer_state_dict(std::move(stages), optimizer, dir);
+  const std::string directory = detail::checkpoint_directory(dir, "load_state_dict");
+  StateDictLoadReport report = load_state_dict(stages, directory, options);
+  load_optimizer_state_dict(std::move(stages), optimizer, directory);
   return report;
 }
 

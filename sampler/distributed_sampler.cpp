@@ -10,6 +10,8 @@
 
 #include <algorithm>
 
+#include "comm/group_membership.h"
+
 namespace cpprun {
 
 namespace {
@@ -83,8 +85,10 @@ DistributedSampler::DistributedSampler(size_t dataset_size, DistributedSamplerOp
 }
 
 DistributedSampler::DistributedSampler(size_t dataset_size, const ProcessGroup& group, bool shuffle)
-    : DistributedSampler(dataset_size,
-                         DistributedSamplerOptions().num_replicas(group.size()).rank(group.rank()).shuffle(shuffle)) {}
+    : DistributedSampler(dataset_size, DistributedSamplerOptions()
+                                           .num_replicas(detail::member_group("DistributedSampler", group).size())
+                                           .rank(group.rank())
+                                           .shuffle(shuffle)) {}
 
 void DistributedSampler::set_epoch(uint64_t epoch) { state_->chosen_epoch = epoch; }
 uint64_t DistributedSampler::epoch() const { return state_->chosen_epoch.value_or(state_->epoch); }

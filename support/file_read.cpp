@@ -33,40 +33,71 @@ class Descriptor {
   int fd_;
 };
 
-}  // namespace
-
-std::string read_regular_file(const std::string& path, const std::string& what) {
-  const std::string cannot = "cpprun: cannot read " + what + " " + path;
+// PATH opened for reading; `cannot` starts the error.
+int open_for_reading(const std::string& path, const std::string& cannot) {
   // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer, forever.
   const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) throw std::system_error(errno, std::generic_category(), cannot);
-  const Descriptor file(fd);
-  struct stat facts {};
+  return fd;
+}
+
+// Throws unless `file` is a regular file; `facts` gets its stat.
+void check_regular(const Descriptor& file, const std::string& cannot, struct stat& facts) {
   if (::fstat(file.get(), &facts) != 0) throw std::system_error(errno, std::generic_category(), cannot);
   if (!S_ISREG(facts.st_mode)) {
     throw std::runtime_error(cannot + ": it is " + file_kind(facts.st_mode) +
                              ", not a regular file; give the path of the file itself");
   }
+}
+
+// Up to `room` bytes into `into`; 0 at the end.
+std::size_t read_some(const Descriptor& file, char* into, std::size_t room, const std::string& cannot) {
+  for (;;) {
+    const ssize_t got = ::read(file.get(), into, room);
+    if (got >= 0) return static_cast<std::size_t>(got);
+    if (errno != EINTR) throw std::system_error(errno, std::generic_category(), cannot);
+  }
+}
+
+}  // namespace
+
+FileHead read_file_head(const std::string& path, const std::string& what, std::size_t count) {
+  const std::string cannot = "cpprun: cannot read " + what + " " + path;
+  const Descriptor file(open_for_reading(path, cannot));
+  struct stat facts {};
+  check_regular(file, cannot, facts);
+  FileHead head;
+  head.size = static_cast<std::uint64_t>(facts.st_size);
+  head.bytes.resize(count);
+  std::size_t have = 0;
+  while (have < count) {
+    const std::size_t got = read_some(file, head.bytes.data() + have, count - have, cannot);
+    if (got == 0) break;
+    have += got;
+  }
+  head.bytes.resize(have);
+  return head;
+}
+
+std::string read_regular_file(const std::string& path, const std::string& what) {
+  const std::string cannot = "cpprun: cannot read " + what + " " + path;
+  const Descriptor file(open_for_reading(path, cannot));
+  struct stat facts {};
+  check_regular(file, cannot, facts);
   // Straight into the string up to the size fstat gave, then on until the end through a small
   // buffer: the size is only a hint (a file may grow while read; /proc's files say 0), and growing
   // the string to probe for the end would copy a large file once more.
   std::string bytes(static_cast<std::size_t>(facts.st_size), '\0');
   std::size_t have = 0;
-  const auto read_some = [&](char* into, std::size_t room) {
-    for (;;) {
-      const ssize_t got = ::read(file.get(), into, room);
-      if (got >= 0) return static_cast<std::size_t>(got);
-      if (errno != EINTR) throw std::system_error(errno, std::generic_category(), cannot);
-    }
-  };
+  const auto read_some_of_file = [&](char* into, std::size_t room) { return read_some(file, into, room, cannot); };
   while (have < bytes.size()) {
-    const std::size_t got = read_some(bytes.data() + have, bytes.size() - have);
+    const std::size_t got = read_some_of_file(bytes.data() + have, bytes.size() - have);
     if (got == 0) break;
     have += got;
   }
   bytes.resize(have);
   char more[1 << 12];
-  for (std::size_t got; (got = read_some(more, sizeof more)) > 0;) bytes.append(more, got);
+  for (std::size_t got; (got = read_some_of_file(more, sizeof more)) > 0;) bytes.append(more, got);
   return bytes;
 }
 

@@ -3,6 +3,8 @@
 // device without end (/dev/zero), nor taking a directory for an empty file. No LibTorch.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <string>
 
 namespace cpprun::detail {
@@ -10,5 +12,13 @@ namespace cpprun::detail {
 // PATH's bytes. Throws std::system_error when it cannot be opened or read, std::runtime_error when
 // it is not a regular file; both messages read "cpprun: cannot read WHAT PATH: ...".
 std::string read_regular_file(const std::string& path, const std::string& what);
+
+// PATH's first `count` bytes (all of it when shorter) and its size, opened and checked as
+// read_regular_file does, with its errors: what a reader looks at to tell a file's format.
+struct FileHead {
+  std::string bytes;
+  std::uint64_t size = 0;
+};
+FileHead read_file_head(const std::string& path, const std::string& what, std::size_t count);
 
 }  // namespace cpprun::detail

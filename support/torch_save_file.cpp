@@ -14,6 +14,7 @@
 #include <unordered_map>
 
 #include "cpprun/checkpoint_file.h"
+#include "cpprun/state_dict_options.h"
 
 namespace cpprun::detail {
 namespace {
@@ -52,6 +53,17 @@ const char* pickle_dtype_name(at::ScalarType type) {
 
 [[noreturn]] void bad_pt_file(const std::string& path, const std::string& why) {
   throw CorruptCheckpointError("cpprun: " + path + " is not a torch.save file of a dict of tensors: " + why + ".");
+}
+
+// Note [Whole files that are not state dicts]
+// torch.save takes any Python object: a training loop's {"model": model.state_dict(), "epoch": 3,
+// "optimizer": ...}, or the model itself (torch.save(model)). Such files are sound, so they are
+// not CorruptCheckpointError: they hold something else than load_state_dict reads, which the error
+// type says (StateDictMismatchError) and the message explains, with the Python line that makes a
+// state dict of them.
+[[noreturn]] void not_a_state_dict(const std::string& path, const std::string& what) {
+  throw StateDictMismatchError("cpprun: " + path + " is a torch.save file, but not of a state dict (a dict whose "
+                               "every value is a tensor, as torch.save(model.state_dict(), path) writes): " + what);
 }
 
 // ---- writing ----
@@ -314,8 +326,15 @@ class PickleReader {
     for (const char* a : allowed) ok = ok || name == a;
     for (const auto& [type, cls] : kStorageClasses) ok = ok || name == std::string("torch.") + cls;
     for (const auto& [type, dtype] : kPickleDtypeNames) ok = ok || name == std::string("torch.") + dtype;
-    if (!ok) fail("it names the global " + name + ", which a dict of dense tensors does not need (cpprun's reader "
-                  "takes dicts of tensors, their storages and dtypes, and calls nothing else)");
+    if (!ok) {  // See Note [Whole files that are not state dicts]
+      not_a_state_dict(path_, "its pickle names the Python class or function " + name + ", which a dict of tensors "
+                       "does not (cpprun's reader takes dicts of tensors, their storages and dtypes, and calls nothing "
+                       "else). torch.save(model) saves the whole module, its class included; a checkpoint dict may "
+                       "hold other Python objects. Save the state dict alone, in Python: torch.save(model."
+                       "state_dict(), \"model.pt\"); from this file: torch.save(torch.load(\"" + path_ +
+                       "\", weights_only=False).state_dict(), \"model.pt\") for a whole module, or [\"model\"] "
+                       "for the model's entry of a checkpoint dict.");
+    }
     auto v = make(Value::Kind::kGlobal);
     v->text = name;
     push(v);
@@ -454,6 +473,59 @@ class PickleReader {
   std::map<std::string, ValuePtr> storages_;
 };
 
+// What a value is, in Python's words, for messages.
+std::string kind_name(const Value& v) {
+  switch (v.kind) {
+    case Value::Kind::kNone: return "None";
+    case Value::Kind::kBool: return "a bool";
+    case Value::Kind::kInt: return "an int";
+    case Value::Kind::kFloat: return "a float";
+    case Value::Kind::kString: return "a str";
+    case Value::Kind::kTuple: return "a tuple";
+    case Value::Kind::kList: return "a list";
+    case Value::Kind::kDict: return "a dict";
+    case Value::Kind::kTensor: return "a tensor";
+    default: return "another object";
+  }
+}
+
+// Whether `v` is a non-empty dict of string keys and tensor values: a state dict.
+bool is_state_dict(const Value& v) {
+  if (v.kind != Value::Kind::kDict || v.entries.empty()) return false;
+  return std::all_of(v.entries.begin(), v.entries.end(), [](const auto& entry) {
+    return entry.first->kind == Value::Kind::kString && entry.second->kind == Value::Kind::kTensor;
+  });
+}
+
+// A checkpoint dict ({"model": state_dict, "epoch": 3, ...}) described: its keys and what each
+// holds, the keys holding a state dict, and how to load one of them.
+std::string describe_checkpoint_dict(const Value& root, const std::string& path) {
+  std::string listed;
+  std::vector<std::string> state_dicts;
+  std::size_t shown = 0;
+  for (const auto& [key, value] : root.entries) {
+    const std::string name = key->kind == Value::Kind::kString ? "\"" + key->text + "\"" : kind_name(*key);
+    const bool nested = is_state_dict(*value);
+    if (nested && key->kind == Value::Kind::kString) state_dicts.push_back(key->text);
+    if (shown++ < 20) {
+      listed += (listed.empty() ? "" : ", ") + name + " (" +
+                (nested ? "a state dict of " + std::to_string(value->entries.size()) + " tensors" : kind_name(*value)) +
+                ")";
+    }
+  }
+  if (shown > 20) listed += ", ... and " + std::to_string(shown - 20) + " more";
+  std::string out = "it holds a dict of " + listed + ". ";
+  if (state_dicts.empty()) {
+    return out + "Save the model's state dict alone, in Python: torch.save(model.state_dict(), \"model.pt\").";
+  }
+  std::string keys;
+  for (std::size_t i = 0; i < state_dicts.size(); ++i) keys += (i ? ", \"" : "\"") + state_dicts[i] + "\"";
+  const std::string& first = state_dicts.front();
+  return out + "A checkpoint dict: the state dict" + (state_dicts.size() > 1 ? "s are under " : " is under ") + keys +
+         ". Save it alone, once, in Python: torch.save(torch.load(\"" + path + "\")[\"" + first +
+         "\"], \"model.pt\"), and load model.pt.";
+}
+
 }  // namespace
 
 std::string encode_torch_save(const NamedTensors& tensors) {
@@ -543,11 +615,11 @@ NamedTensors decode_torch_save(std::string_view bytes, const std::string& path) 
     auto [pickle_data, pickle_size] = zip->getRecord("data.pkl");
     const std::string_view pickle(static_cast<const char*>(pickle_data.get()), pickle_size);
     const ValuePtr root = PickleReader(pickle, *zip, path).run();
-    if (root->kind != Value::Kind::kDict) bad_pt_file(path, "data.pkl holds something other than a dict");
+    if (root->kind != Value::Kind::kDict) not_a_state_dict(path, "it holds " + kind_name(*root) + ", not a dict.");
     NamedTensors out;
     for (const auto& [key, value] : root->entries) {
       if (key->kind != Value::Kind::kString) bad_pt_file(path, "a key of its dict is not a string");
-      if (value->kind != Value::Kind::kTensor) bad_pt_file(path, "the value of \"" + key->text + "\" is not a tensor");
+      if (value->kind != Value::Kind::kTensor) not_a_state_dict(path, describe_checkpoint_dict(*root, path));
       out.emplace_back(key->text, value->tensor);
     }
     return out;

@@ -25,7 +25,9 @@ std::string encode_torch_save(const NamedTensors& tensors);
 // The dict in a torch.save zip, in its order, on the CPU. Only what a weights_only load allows:
 // dicts, tensors, storages, dtypes, plain values; any other global is refused. A view saved with
 // its negation or conjugation pending (metadata {'neg': True}) comes back with it applied. Throws
-// CorruptCheckpointError naming `path` when the bytes are not such a file.
+// CorruptCheckpointError naming `path` when the bytes are not such a file, StateDictMismatchError
+// when they are a sound torch.save file of something else (a checkpoint dict holding the state
+// dict under a key, a whole module), saying how to save the state dict alone.
 NamedTensors decode_torch_save(std::string_view bytes, const std::string& path);
 
 }  // namespace cpprun::detail

@@ -5,6 +5,7 @@
 
 #include <ostream>
 
+#include "comm/group_membership.h"
 #include "cpprun/tensor_parallel.h"
 
 namespace cpprun {
@@ -19,10 +20,8 @@ at::Tensor shard_of(const at::Tensor& full, const ProcessGroup& group, int64_t d
   return full.detach().chunk(group.size(), dim)[group.rank()].clone(at::MemoryFormat::Contiguous);
 }
 
-void check_member(const ProcessGroup& group, const char* what) {
-  TORCH_CHECK(group.is_member(), "cpprun::", what, ": this rank is not a member of the tensor-parallel group; "
-              "only the group's ranks hold a shard.");
-}
+// Only the group's ranks hold a shard (on a non-member, size() and rank() are -1).
+void check_member(const ProcessGroup& group, const char* what) { detail::check_member(what, group); }
 
 void refuse_embedding_options(const torch::nn::EmbeddingOptions& o, const char* style) {
   TORCH_CHECK(!o.padding_idx() && !o.max_norm() && !o.scale_grad_by_freq() && !o.sparse(), "cpprun::", style,

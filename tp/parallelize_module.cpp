@@ -12,6 +12,7 @@
 #include <map>
 #include <sstream>
 
+#include "comm/group_membership.h"
 #include "cpprun/collectives.h"
 #include "cpprun/tensor_parallel.h"
 
@@ -198,8 +199,7 @@ void refuse_broken_ties(torch::nn::Module& module, const ParallelizePlan& plan, 
 std::shared_ptr<torch::nn::Module> parallelize_module(std::shared_ptr<torch::nn::Module> module,
                                                       const ProcessGroup& tp_group, const ParallelizePlan& given_plan) {
   TORCH_CHECK(module != nullptr, "cpprun::parallelize_module: the module is null.");
-  TORCH_CHECK(tp_group.is_member(), "cpprun::parallelize_module: this rank is not a member of the tensor-parallel "
-              "group; call it on the group's ranks only.");
+  detail::check_member("parallelize_module", tp_group);
   // Note [Wildcards in a plan]: every entry as the submodules it names, each planned once.
   ParallelizePlan plan;
   std::map<std::string, std::string> entry_of;  // a submodule -> the plan key that named it

@@ -3,6 +3,7 @@
 // are all-gathered, the rest copied.
 #include <ATen/ATen.h>
 
+#include "checkpoint/state_dict.h"
 #include "core/tensor_parallel_state.h"
 #include "cpprun/tensor_parallel.h"
 
@@ -12,13 +13,12 @@ torch::OrderedDict<std::string, at::Tensor> tensor_parallel_full_state_dict(torc
   const auto splits = tensor_parallel_splits(module);
   torch::OrderedDict<std::string, at::Tensor> dict;
   at::NoGradGuard no_grad;
-  for (const auto& item : module.named_parameters()) {
-    const auto split = splits.find(item.key());
-    const at::Tensor value = item.value().detach();
-    dict.insert(item.key(), split == splits.end() ? value.clone()
-                                                  : detail::gather_tensor_parallel_split(value, split->second));
+  // In state_dict() order (Note [State dict order]), each tied tensor under each of its names.
+  for (const auto& [name, tensor] : detail::module_state(module)) {
+    const auto split = splits.find(name);
+    const at::Tensor value = tensor.detach();
+    dict.insert(name, split == splits.end() ? value.clone() : detail::gather_tensor_parallel_split(value, split->second));
   }
-  for (const auto& item : module.named_buffers()) dict.insert(item.key(), item.value().detach().clone());
   return dict;
 }
 

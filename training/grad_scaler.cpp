@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "comm/group_membership.h"
 #include "cpprun/collectives.h"
 
 namespace cpprun {
@@ -24,7 +25,8 @@ std::optional<ProcessGroup> default_group_if_any() {
 
 GradScaler::GradScaler(GradScalerOptions options) : options_(options), group_(default_group_if_any()) {}
 
-GradScaler::GradScaler(ProcessGroup group, GradScalerOptions options) : options_(options), group_(std::move(group)) {}
+GradScaler::GradScaler(ProcessGroup group, GradScalerOptions options)
+    : options_(options), group_(detail::member_group("GradScaler", std::move(group))) {}
 
 void GradScaler::init_scale_like(const at::Tensor& like) {
   TORCH_CHECK(options_.init_scale() > 0 && options_.growth_factor() > 1 && options_.backoff_factor() > 0 &&

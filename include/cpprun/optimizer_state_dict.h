@@ -70,6 +70,12 @@ AsyncSave save_model_and_optimizer_async(StateSource source, torch::optim::Optim
                                          const StateDictSaveOptions& options);
 // Refuses a PATH that is not a directory for `call`, the model's and optimizer's at once.
 void check_checkpoint_directory(const std::string& path, const char* call);
+// checkpoint/checkpoint.cpp: PATH as the directory of `call` (save_state_dict or load_state_dict
+// of a model and its optimizer), ending in '/'. A save takes a path without the '/' as the
+// directory it names, as dcp.save(checkpoint_id=...) does (created if need be); refused: an
+// existing file, or a name ending in a file format's extension (.safetensors, .pt, .pth, .bin),
+// which reads as a file meant. A load says when PATH does not exist.
+std::string checkpoint_directory(const std::string& path, const char* call);
 OptimizerStateDict get_optimizer_state(StateSource source, torch::optim::Optimizer& optimizer,
                                        const StateDictOptions& options);
 void set_optimizer_state(StateSource source, torch::optim::Optimizer& optimizer, const OptimizerStateDict& state,
@@ -161,19 +167,20 @@ void load_optimizer_state_dict(Model&& model, torch::optim::Optimizer& optimizer
   detail::load_optimizer_state(detail::state_source(model), optimizer, path);
 }
 
-// The model and its optimizer as one checkpoint in the directory DIR (a path ending in '/', or
-// an existing directory), as PyTorch DCP's save takes one state dict {"model": ..., "optimizer":
-// ...}: save_state_dict(model, DIR, options) then save_optimizer_state_dict(model, optimizer, DIR,
-// options), under one save id (options.save_id(), else a new one). Collective on a wrapper, as
-// those two. A file path is refused: save to files with the two calls.
+// The model and its optimizer as one checkpoint in the directory DIR ("ckpt", "ckpt/": created
+// if need be), as PyTorch DCP's save takes one state dict {"model": ..., "optimizer": ...} and
+// its checkpoint_id: save_state_dict(model, DIR, options) then save_optimizer_state_dict(model,
+// optimizer, DIR, options), under one save id (options.save_id(), else a new one). Collective on
+// a wrapper, as those two. An existing file, or a name with a file's extension (.safetensors,
+// .pt, .pth, .bin), is refused: save to files with the two calls.
 template <typename Model>
 void save_state_dict(Model&& model, torch::optim::Optimizer& optimizer, const std::string& dir,
                      const StateDictSaveOptions& options = StateDictSaveOptions()) {
-  detail::check_checkpoint_directory(dir, "save_state_dict");
+  const std::string directory = detail::checkpoint_directory(dir, "save_state_dict");
   StateDictSaveOptions one = options;
   if (!one.save_id()) one.save_id(new_save_id());  // rank 0's counts: it is broadcast
-  save_state_dict(model, dir, one);
-  save_optimizer_state_dict(model, optimizer, dir, one);
+  save_state_dict(model, directory, one);
+  save_optimizer_state_dict(model, optimizer, directory, one);
 }
 
 // The reverse: load_state_dict(model, DIR, options), then load_optimizer_state_dict(model,
@@ -182,9 +189,9 @@ void save_state_dict(Model&& model, torch::optim::Optimizer& optimizer, const st
 template <typename Model>
 StateDictLoadReport load_state_dict(Model&& model, torch::optim::Optimizer& optimizer, const std::string& dir,
                                     const StateDictOptions& options = StateDictOptions()) {
-  detail::check_checkpoint_directory(dir, "load_state_dict");
-  StateDictLoadReport report = load_state_dict(model, dir, options);
-  load_optimizer_state_dict(model, optimizer, dir);
+  const std::string directory = detail::checkpoint_directory(dir, "load_state_dict");
+  StateDictLoadReport report = load_state_dict(model, directory, options);
+  load_optimizer_state_dict(model, optimizer, directory);
   return report;
 }
 

@@ -43,8 +43,9 @@ class ProcessGroup {
   Backend backend() const;  // what kAuto resolved to: kGloo or kNccl
   const DistEnv& env() const;
   std::chrono::milliseconds timeout() const;
-  // False on the ranks that took part in creating a subgroup without joining it (rank() is then
-  // -1, and collectives on the group throw).
+  // False on the ranks that took part in creating a subgroup without joining it: rank() and
+  // size() are then -1 (as PyTorch's get_rank and get_world_size of such a group), and
+  // collectives, DDP, FSDP, the sampler and the parallel layers refuse the group.
   bool is_member() const;
 
  private:

@@ -41,7 +41,9 @@ class DistributedSampler : public torch::data::samplers::Sampler<> {
   DistributedSampler(size_t dataset_size, const ProcessGroup& group, bool shuffle = true);
 
   // The epoch of the next pass. Without calls, each new pass (loader.begin()) takes the next
-  // epoch by itself, so the order changes every epoch (unlike LibTorch's own samplers).
+  // epoch by itself, so the order changes every epoch: unlike PyTorch's DistributedSampler (and
+  // LibTorch's samplers), which repeat epoch 0's order until set_epoch. For that, call
+  // set_epoch(0) before every pass (see docs/ddp.md).
   void set_epoch(uint64_t epoch);
   uint64_t epoch() const;
   // Indices this rank gets per epoch (the same on every rank).

@@ -32,6 +32,18 @@ class StateDictOptions {
   }
   const std::string& file_key_prefix() const { return file_key_prefix_; }
 
+  // The reverse: the file's names carry this prefix, the module's do not. It is removed from each
+  // of the file's names that starts with it, as PyTorch's torch.nn.modules.utils.
+  // consume_prefix_in_state_dict_if_present(state_dict, prefix) does to a dict before
+  // load_state_dict: "module." for torch.save(ddp_model.state_dict()), "_orig_mod." for a
+  // torch.compile'd model's. With file_key_prefix too, this prefix goes first, then that one is
+  // put before. Empty, the default: names as they are.
+  StateDictOptions& consume_prefix_in_state_dict_if_present(std::string prefix) {
+    consumed_prefix_ = std::move(prefix);
+    return *this;
+  }
+  const std::string& consume_prefix_in_state_dict_if_present() const { return consumed_prefix_; }
+
   // get_model_state_dict (cpprun/state_dict.h), as PyTorch's StateDictOptions(cpu_offload=True)
   // with full_state_dict: the tensors are copied to the CPU, and only the first rank (the rank
   // that writes files: rank 0 of a wrapper's group) gets them; the others get an empty dict. Each
@@ -57,6 +69,7 @@ class StateDictOptions {
  private:
   bool strict_ = true;
   std::string file_key_prefix_;
+  std::string consumed_prefix_;
   bool cpu_offload_ = false;
   bool broadcast_from_rank0_ = false;
 };

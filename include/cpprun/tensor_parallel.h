@@ -204,8 +204,8 @@ at::Tensor tensor_parallel_dropout(const at::Tensor& input, double p, bool train
 // The module's state dict with every tensor-parallel shard gathered back to the whole tensor under
 // its unsplit name ("fc1.weight" [out, in] again): what the same module had before
 // parallelize_module, so it loads into an unsplit model (load_state_dict by name, or
-// copy_ into its named_parameters()). Parameters then buffers, in named_parameters() /
-// named_buffers() order. Collective over each tensor-parallel module's group: every rank calls it;
+// copy_ into its named_parameters()). In Python's state_dict() order: each module's parameters,
+// its buffers, then its children's. Collective over each tensor-parallel module's group: every rank calls it;
 // every rank gets the whole dict.
 torch::OrderedDict<std::string, at::Tensor> tensor_parallel_full_state_dict(torch::nn::Module& module);
 

@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <functional>
 #include <numeric>
 #include <set>
 
@@ -80,6 +81,43 @@ TEST_CASE("subgroups: a non-member's collective on the group is a clear error", 
   }
   CHECK_THROWS_WITH(cpprun::new_group(group(), {0, world}), Catch::Contains("is not a rank of the parent group"));
   CHECK_THROWS_WITH(cpprun::new_group(group(), {0, 0}), Catch::Contains("listed twice"));
+}
+
+// As PyTorch (distributed_c10d.py get_rank / get_world_size: -1 for a group the rank is not in;
+// DistributedDataParallel refuses GroupMember.NON_GROUP_MEMBER): a non-member's group reports -1,
+// and what trains over a group refuses it, naming the group's ranks and this rank. DDP on such a
+// group once trained this rank alone (its size was the members' count, 1).
+TEST_CASE("subgroups: a non-member's size is -1 and the wrappers refuse its group", "[subgroups][ddp][fsdp]") {
+  const int rank = group().rank();
+  auto first = cpprun::new_group(group(), {0});
+  if (rank == 0) {
+    CHECK(first.size() == 1);
+    return;
+  }
+  CHECK(first.size() == -1);
+  CHECK(first.rank() == -1);
+  CHECK(cpprun::get_process_group_ranks(first).empty());
+  // Each refusal names what refused, the group's ranks, this rank, and is_member().
+  const auto refused = [&](const std::string& what, const std::function<void()>& make) {
+    std::string message = "(no error)";
+    try {
+      make();
+    } catch (const std::exception& e) {
+      message = e.what();
+    }
+    CHECK_THAT(message, Catch::StartsWith("cpprun::" + what + ": ") &&
+                            Catch::Contains("is not a member of this subgroup (ranks 0)") &&
+                            Catch::Contains("(rank " + std::to_string(rank) + " of the group") &&
+                            Catch::Contains("is_member()"));
+  };
+  refused("DistributedDataParallel", [&] { (void)cpprun::DistributedDataParallel(std::make_shared<ddp_test::Mlp>(), first); });
+  refused("FullyShardedDataParallel", [&] {
+    (void)cpprun::FullyShardedDataParallel(std::make_shared<ddp_test::Mlp>(), first, cpprun::FsdpOptions().stage(3));
+  });
+  refused("DistributedSampler", [&] { (void)cpprun::DistributedSampler(10, first); });
+  refused("SyncBatchNorm", [&] { (void)cpprun::SyncBatchNorm(4, first); });
+  refused("GradScaler", [&] { cpprun::GradScaler scaler(first); });
+  refused("DeviceMesh", [&] { (void)cpprun::DeviceMesh(first, {1}); });
 }
 
 TEST_CASE("subgroups: ranks that create different groups, or in another order, all get one error", "[subgroups]") {

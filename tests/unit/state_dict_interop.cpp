@@ -2,19 +2,24 @@
 // state dict as .pt, .safetensors or a Hugging Face sharded directory, or loads a file or
 // directory (from Python) and checks it against the same reference values.
 //
-//   state_dict_interop write DIR          DIR/cpp.pt, DIR/cpp.safetensors
+//   state_dict_interop write DIR          DIR/cpp.pt, DIR/cpp.safetensors, DIR/cpp_order.txt (the names
+//                                         get_model_state_dict lists, one a line, in its order)
 //   state_dict_interop write_sharded DIR  under cpprun: FSDP stage 3 saves DIR/ (a file per rank)
 //   state_dict_interop read PATH          loads PATH strictly; exit 0 when every value is the reference's
-//   state_dict_interop refuse PATH        loads PATH; prints the error (exit 0) or "loaded" (exit 1)
+//   state_dict_interop read_ddp PATH      read, with consume_prefix_in_state_dict_if_present("module.")
+//   state_dict_interop refuse PATH        loads PATH; prints the error (exit 0) or "loaded" (exit 1), after
+//                                         "refused (StateDictMismatchError): " or "refused (CorruptCheckpointError): "
 //   state_dict_interop write_dtypes DIR   DIR/cpp_dtypes.pt (every dtype torch.save writes beyond the
 //                                         classic ten) and DIR/cpp_dtypes.safetensors (those safetensors names)
 //   state_dict_interop dump PATH          each tensor PATH holds: "name dtype shape crc32-of-its-bytes"
 #include <torch/torch.h>
 
+#include <fstream>
 #include <iostream>
 #include <string>
 
 #include "checkpoint/state_dict.h"  // read_state_dict_file: a file's tensors, no module
+#include "cpprun/checkpoint_file.h"
 #include "cpprun/fsdp.h"
 #include "cpprun/process_group.h"
 #include "cpprun/state_dict.h"
@@ -91,7 +96,7 @@ int dump(const std::string& path) {
 
 int main(int argc, char** argv) {
   if (argc != 3) {
-    std::cerr << "usage: state_dict_interop write DIR | write_sharded DIR | read PATH | refuse PATH | "
+    std::cerr << "usage: state_dict_interop write DIR | write_sharded DIR | read PATH | read_ddp PATH | refuse PATH | "
                  "write_dtypes DIR | dump PATH\n";
     return 2;
   }
@@ -130,11 +135,24 @@ int main(int argc, char** argv) {
   if (mode == "write") {
     cpprun::save_state_dict(net, target + "/cpp.pt");
     cpprun::save_state_dict(net, target + "/cpp.safetensors");
-    std::cout << "wrote " << target << "/cpp.pt and cpp.safetensors\n";
+    // get_model_state_dict's names, in its order: state_dict_interop.py compares it with Python's.
+    std::ofstream order(target + "/cpp_order.txt");
+    for (const auto& item : cpprun::get_model_state_dict(net)) order << item.key() << "\n";
+    std::cout << "wrote " << target << "/cpp.pt, cpp.safetensors and cpp_order.txt\n";
     return 0;
   }
+  const auto options = mode == "read_ddp" ? cpprun::StateDictOptions().consume_prefix_in_state_dict_if_present("module.")
+                                          : cpprun::StateDictOptions();
   try {
-    cpprun::load_state_dict(net, target);
+    try {
+      cpprun::load_state_dict(net, target, options);
+    } catch (const cpprun::StateDictMismatchError& e) {
+      std::cout << (mode == "refuse" ? "refused (StateDictMismatchError): " : "FAIL: ") << e.what() << "\n";
+      return mode == "refuse" ? 0 : 1;
+    } catch (const cpprun::CorruptCheckpointError& e) {
+      std::cout << (mode == "refuse" ? "refused (CorruptCheckpointError): " : "FAIL: ") << e.what() << "\n";
+      return mode == "refuse" ? 0 : 1;
+    }
   } catch (const std::exception& e) {
     std::cout << (mode == "refuse" ? "refused: " : "FAIL: ") << e.what() << "\n";
     return mode == "refuse" ? 0 : 1;

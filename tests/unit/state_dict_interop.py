@@ -1,9 +1,13 @@
 """The Python side of state_dict_interop.sh, with PyTorch's and safetensors' own readers.
 
   state_dict_interop.py check DIR   DIR/cpp.pt and DIR/cpp.safetensors (cpprun's) load with defaults
-                                    (torch.load, safetensors.torch.load_file) into Net, equal to the reference
+                                    (torch.load, safetensors.torch.load_file) into Net, equal to the reference;
+                                    cpp.pt and DIR/cpp_order.txt (get_model_state_dict's) list state_dict()'s order
   state_dict_interop.py write DIR   DIR/py.pt (torch.save(model.state_dict())), DIR/py.safetensors
-                                    (safetensors.torch.save_file), and DIR/py_other.pt: a Net of other shapes
+                                    (safetensors.torch.save_file), and DIR/py_other.pt: a Net of other shapes;
+                                    their copies checkpoint.pth.tar and model.ckpt; py_ddp.pt (a DDP state dict:
+                                    "module." names), py_checkpoint.pth.tar ({"model": ..., "epoch": 3, ...}),
+                                    py_whole.pt (torch.save(model)), py_dcp/ (dcp.save's directory)
   state_dict_interop.py check_sharded DIR N   DIR (cpprun's Hugging Face sharded save on N ranks) reads as one
                                     model: safetensors.torch.load_file per file + the index; transformers'
                                     load_sharded_checkpoint too when transformers is installed
@@ -19,6 +23,7 @@
 import json
 import shutil
 import sys
+import warnings
 import zlib
 from pathlib import Path
 
@@ -74,6 +79,12 @@ def check(directory):
     loaded = torch.load(directory / "cpp.pt")  # PyTorch's default: weights_only=True
     assert isinstance(loaded, dict), f"torch.load gave a {type(loaded)}"
     same(loaded, expected, "cpp.pt")
+    # Python's state_dict() order: module by module, each one's parameters, then its buffers, then
+    # its children (the top-level buffers first, body.1's running stats before head.weight).
+    order = list(model.state_dict())
+    assert list(loaded) == order, f"cpp.pt lists {list(loaded)}, PyTorch's state_dict() {order}"
+    listed = (directory / "cpp_order.txt").read_text().split()
+    assert listed == order, f"get_model_state_dict lists {listed}, PyTorch's state_dict() {order}"
     # The tied pair is one storage, as torch.save writes it.
     assert loaded["embed.weight"].data_ptr() == loaded["head.weight"].data_ptr(), "cpp.pt: the tied pair is two copies"
     model.load_state_dict(loaded)  # strict
@@ -96,7 +107,24 @@ def write(directory):
     # save_file refuses tensors that share memory: the tied pair as two copies, as save_model would.
     safetensors.torch.save_file({k: v.clone() for k, v in model.state_dict().items()}, directory / "py.safetensors")
     torch.save(Net(hidden=6).state_dict(), directory / "py_other.pt")
-    print("wrote py.pt, py.safetensors, py_other.pt")
+    # What a PyTorch user's first checkpoints are, beside a plain state dict: torch.save takes any
+    # name (ImageNet's example: checkpoint.pth.tar; Lightning: .ckpt), DDP's state dict names every
+    # tensor "module.", a training loop saves a dict holding the state dict, or the whole model; and
+    # torch.distributed.checkpoint writes a directory.
+    shutil.copy(directory / "py.pt", directory / "checkpoint.pth.tar")
+    shutil.copy(directory / "py.safetensors", directory / "model.ckpt")
+    ddp = nn.Module()
+    ddp.module = model  # DDP holds the model as its child "module"
+    torch.save(ddp.state_dict(), directory / "py_ddp.pt")
+    torch.save({"model": model.state_dict(), "epoch": 3, "best_acc1": 0.5}, directory / "py_checkpoint.pth.tar")
+    torch.save(model, directory / "py_whole.pt")
+    import torch.distributed.checkpoint as dcp
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "torch.distributed is disabled ...": one process, as the docs run it
+        dcp.save({"model": model.state_dict()}, checkpoint_id=str(directory / "py_dcp"))
+    assert (directory / "py_dcp" / ".metadata").exists() and list((directory / "py_dcp").glob("*.distcp"))
+    print("wrote py.pt, py.safetensors, py_other.pt, checkpoint.pth.tar, model.ckpt, py_ddp.pt, "
+          "py_checkpoint.pth.tar, py_whole.pt, py_dcp/")
 
 
 # The dtypes torch.save writes with _rebuild_tensor_v3 (no legacy storage class), and the complex

@@ -11,6 +11,7 @@
 #include "error_text.h"
 #include "cpprun/checkpoint_file.h"
 #include "cpprun/model_checkpoint.h"
+#include "cpprun/optimizer_state_dict.h"
 #include "cpprun/state_dict.h"
 #include "checkpoint/state_dict.h"
 #include "scratch_files.h"
@@ -257,7 +258,7 @@ TEST_CASE("state_dict: damaged files are refused, naming the file and the fault,
   refused("flipped.pt", pt_bytes, "is damaged: the CRC-32");
   refused("not_zip.pt", "hello", "is not a torch.save file");
   CHECK_THAT(error_text_of([&] { cpprun::save_state_dict(net, (dir.path / "x.npz").string()); }),
-             Catch::Matchers::Contains("end it in .safetensors"));
+             Catch::Matchers::Contains("a name ending in .safetensors writes Hugging Face's safetensors"));
 }
 
 TEST_CASE("safetensors: the reader refuses headers the format does not allow", "[state_dict]") {
@@ -407,4 +408,194 @@ TEST_CASE("torch.save reader: a storage record of another size is refused before
   write_bytes(path, out);
   CHECK_THAT(error_text_of([&] { cpprun::detail::read_state_dict_file(path); }),
              Catch::Matchers::Contains(path) && Catch::Matchers::Contains("holds 1048576 bytes, not"));
+}
+
+namespace {
+
+// small_net() under a child named `child`: its names are small_net()'s with "child." before them,
+// as torch.save(ddp_model.state_dict()) has DDP's "module.".
+struct Holder : torch::nn::Module {
+  torch::nn::Sequential inner;
+  explicit Holder(const std::string& child) : inner(register_module(child, small_net())) {}
+};
+
+void copy_state(torch::nn::Module& from, torch::nn::Module& to) {
+  torch::NoGradGuard no_grad;
+  for (std::size_t i = 0; i < from.parameters().size(); ++i) to.parameters()[i].copy_(from.parameters()[i]);
+  for (std::size_t i = 0; i < from.buffers().size(); ++i) to.buffers()[i].copy_(from.buffers()[i]);
+}
+
+}  // namespace
+
+// See Note [A prefix all names share]: listing 4 missing and 4 unexpected names and suggesting
+// strict(false) (which would load nothing) was all the error said.
+TEST_CASE("state_dict: a prefix every name of one side carries is named, with the option that fixes it",
+          "[state_dict]") {
+  scratch::ScratchDir dir("state_dict_prefix");
+  for (const std::string prefix : {"module", "_orig_mod", "model"}) {
+    auto saved = std::make_shared<Holder>(prefix);
+    scramble(*saved);
+    const std::string path = (dir.path / (prefix + ".pt")).string();
+    cpprun::save_state_dict(saved, path);
+    auto net = small_net();
+    const std::string message = error_text_of([&] { cpprun::load_state_dict(net, path); });
+    const std::string fix = "StateDictOptions().consume_prefix_in_state_dict_if_present(\"" + prefix + ".\")";
+    CHECK_THAT(message, Catch::Matchers::Contains("\nEvery name the file holds and the module lacks is one of the "
+                                                  "module's with \"" + prefix + ".\" before it") &&
+                            Catch::Matchers::Contains(fix) && !Catch::Matchers::Contains("strict(false)"));
+    CHECK_THROWS_AS(cpprun::load_state_dict(net, path), cpprun::StateDictMismatchError);
+    const auto options = cpprun::StateDictOptions().consume_prefix_in_state_dict_if_present(prefix + ".");
+    cpprun::load_state_dict(net, path, options);
+    auto expected = small_net();
+    copy_state(*saved->inner, *expected);
+    require_equal_state(*net, *expected);
+    // In memory too, as PyTorch's consume_prefix_in_state_dict_if_present before load_state_dict.
+    auto again = small_net();
+    cpprun::set_model_state_dict(again, cpprun::get_model_state_dict(saved), options);
+    require_equal_state(*again, *expected);
+  }
+  // DDP around a torch.compile'd model: "module._orig_mod.", the shortest prefix that fits.
+  auto both = std::make_shared<torch::nn::Module>();
+  both->register_module("module", std::make_shared<Holder>("_orig_mod"));
+  const std::string nested = (dir.path / "nested.safetensors").string();
+  cpprun::save_state_dict(both, nested);
+  auto net = small_net();
+  CHECK_THAT(error_text_of([&] { cpprun::load_state_dict(net, nested); }),
+             Catch::Matchers::Contains("consume_prefix_in_state_dict_if_present(\"module._orig_mod.\")"));
+  // The reverse: the module holds the file's model under a child: file_key_prefix.
+  const std::string plain = (dir.path / "plain.safetensors").string();
+  cpprun::save_state_dict(small_net(), plain);
+  auto holder = std::make_shared<Holder>("model");
+  CHECK_THAT(error_text_of([&] { cpprun::load_state_dict(holder, plain); }),
+             Catch::Matchers::Contains("\nEvery name the module holds and the file lacks is one of the file's "
+                                       "with \"model.\" before it") &&
+                 Catch::Matchers::Contains("StateDictOptions().file_key_prefix(\"model.\")"));
+  cpprun::load_state_dict(holder, plain, cpprun::StateDictOptions().file_key_prefix("model."));
+  // Names that merely differ get no prefix hint, and keep strict(false)'s.
+  const std::string other = (dir.path / "other.pt").string();
+  cpprun::save_state_dict(torch::nn::Sequential(torch::nn::Linear(4, 3)), other);
+  auto wider = torch::nn::Sequential(torch::nn::Linear(4, 3), torch::nn::Linear(3, 3));
+  CHECK_THAT(error_text_of([&] { cpprun::load_state_dict(wider, other); }),
+             !Catch::Matchers::Contains("Every name") && Catch::Matchers::Contains("strict(false)"));
+}
+
+// See Note [Whole files that are not state dicts]: both were CorruptCheckpointError ("the value
+// of \"model\" is not a tensor", "names the global __main__.Net").
+TEST_CASE("torch.save reader: a checkpoint dict or a whole module is told apart from a damaged file",
+          "[state_dict]") {
+  scratch::ScratchDir dir("state_dict_not_a_state_dict");
+  const std::string good = (dir.path / "good.pt").string();
+  cpprun::save_state_dict(small_net(), good);
+  const std::string body = [&] {
+    std::string pickle;
+    scratch::with_records_edited(cpprun::read_checkpoint_file(good), [&](const std::string& record, std::string& bytes) {
+      if (record == "data.pkl") pickle = bytes;
+    });
+    REQUIRE(pickle.substr(0, 2) == std::string("\x80\x02", 2));
+    return pickle.substr(2, pickle.size() - 3);  // the state dict, without PROTO and STOP
+  }();
+  const auto text = [](const std::string& s) {  // BINUNICODE
+    std::string out = "X";
+    for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((s.size() >> (8 * i)) & 0xFF));
+    return out + s;
+  };
+  // {"model": <the state dict>, "epoch": 3}: torch.save({"model": model.state_dict(), "epoch": 3}).
+  const std::string checkpoint = (dir.path / "checkpoint.pth.tar").string();
+  write_bytes(checkpoint, with_pickle(good, std::string("\x80\x02}(", 4) + text("model") + body + text("epoch") +
+                                                std::string("K\x03u.", 4)));
+  auto net = small_net();
+  const std::string message = error_text_of([&] { cpprun::load_state_dict(net, checkpoint); });
+  CHECK_THAT(message, Catch::Matchers::Contains(checkpoint + " is a torch.save file, but not of a state dict") &&
+                          Catch::Matchers::Contains("\"model\" (a state dict of 7 tensors), \"epoch\" (an int)") &&
+                          Catch::Matchers::Contains("the state dict is under \"model\"") &&
+                          Catch::Matchers::Contains("torch.save(torch.load(\"" + checkpoint + "\")[\"model\"], \"model.pt\")"));
+  CHECK_THROWS_AS(cpprun::load_state_dict(net, checkpoint), cpprun::StateDictMismatchError);
+  // torch.save(model): protocol 2's NEWOBJ of the module's class.
+  const std::string whole = (dir.path / "whole.pt").string();
+  write_bytes(whole, with_pickle(good, std::string("\x80\x02" "c__main__\nNet\n", 16) + std::string("q\0)\x81q\x01.", 7)));
+  CHECK_THAT(error_text_of([&] { cpprun::load_state_dict(net, whole); }),
+             Catch::Matchers::Contains("names the Python class or function __main__.Net") &&
+                 Catch::Matchers::Contains("torch.save(model.state_dict(), \"model.pt\")"));
+  CHECK_THROWS_AS(cpprun::load_state_dict(net, whole), cpprun::StateDictMismatchError);
+  // A damaged one is still CorruptCheckpointError.
+  const std::string cut = (dir.path / "cut.pt").string();
+  write_bytes(cut, with_pickle(good, body.substr(0, body.size() / 2)));
+  CHECK_THROWS_AS(cpprun::load_state_dict(net, cut), cpprun::CorruptCheckpointError);
+}
+
+// See Note [A file's format from its first bytes]: model.ckpt and checkpoint.pth.tar (torch.save
+// takes any name) were refused by extension.
+TEST_CASE("state_dict: a load tells the format from the file's bytes; a save names which extension picks which",
+          "[state_dict]") {
+  scratch::ScratchDir dir("state_dict_sniff");
+  auto source = small_net();
+  scramble(*source);
+  const std::string pt = (dir.path / "a.pt").string(), st = (dir.path / "a.safetensors").string();
+  cpprun::save_state_dict(source, pt);
+  cpprun::save_state_dict(source, st);
+  const std::pair<std::string, std::string> renamed[] = {
+      {pt, "checkpoint.pth.tar"}, {st, "model.ckpt"}, {pt, "no_extension"}, {st, "swapped.pt"}, {pt, "swapped.safetensors"}};
+  for (const auto& [from, name] : renamed) {
+    const auto to = dir.path / name;
+    std::filesystem::copy_file(from, to);
+    auto net = small_net();
+    cpprun::load_state_dict(net, to.string());
+    require_equal_state(*net, *source);
+  }
+  auto net = small_net();
+  CHECK_THAT(error_text_of([&] { cpprun::save_state_dict(net, (dir.path / "model.ckpt").string()); }),
+             Catch::Matchers::Contains("a name ending in .safetensors writes Hugging Face's safetensors, one ending "
+                                       "in .pt, .pth or .bin torch.save's dict of tensors"));
+  const std::string garbage = (dir.path / "notes.txt").string();
+  write_bytes(garbage, "not a checkpoint at all");
+  CHECK_THAT(error_text_of([&] { cpprun::load_state_dict(net, garbage); }),
+             Catch::Matchers::Contains(garbage + " (23 bytes) is neither torch.save's format"));
+  // What does not exist says so, file or directory.
+  for (const std::string missing : {"missing.pt", "missing", "missing/"}) {
+    const std::string path = (dir.path / missing).string();
+    CHECK_THAT(error_text_of([&] { cpprun::load_state_dict(net, path); }),
+               Catch::Matchers::Contains(path + " does not exist"));
+  }
+}
+
+TEST_CASE("state_dict: a PyTorch torch.distributed.checkpoint directory is named, with the conversion",
+          "[state_dict]") {
+  scratch::ScratchDir dir("state_dict_dcp");
+  const auto dcp = dir.path / "dcp";
+  std::filesystem::create_directory(dcp);
+  write_bytes(dcp / ".metadata", "x");
+  write_bytes(dcp / "__0_0.distcp", "x");
+  auto net = small_net();
+  for (const std::string path : {dcp.string(), dcp.string() + "/", (dcp / ".metadata").string()}) {
+    const std::string message = error_text_of([&] { cpprun::load_state_dict(net, path); });
+    CHECK_THAT(message, Catch::Matchers::Contains("torch.distributed.checkpoint (DCP)") &&
+                            Catch::Matchers::Contains("python scripts/dcp_convert.py to-cpprun " + dcp.string()) &&
+                            Catch::Matchers::Contains(" OUT_DIR"));
+    CHECK_THROWS_AS(cpprun::load_state_dict(net, path), cpprun::StateDictMismatchError);
+  }
+}
+
+TEST_CASE("state_dict: the model and its optimizer save to a directory named with or without '/'", "[state_dict]") {
+  scratch::ScratchDir dir("state_dict_model_and_optimizer");
+  auto net = small_net();
+  torch::optim::Adam opt(net->parameters(), 0.1);
+  net->forward(torch::randn({5, 4})).sum().backward();
+  opt.step();
+  const std::string ck = (dir.path / "ck").string();  // as dcp.save(checkpoint_id="ck"): created
+  cpprun::save_state_dict(net, opt, ck);
+  CHECK(std::filesystem::is_directory(ck));
+  auto again = small_net();
+  torch::optim::Adam opt2(again->parameters(), 0.1);
+  cpprun::load_state_dict(again, opt2, ck);
+  require_equal_state(*again, *net);
+  CHECK(opt2.state().size() == opt.state().size());
+  const std::string missing = (dir.path / "nope").string();
+  CHECK_THAT(error_text_of([&] { cpprun::load_state_dict(again, opt2, missing); }),
+             Catch::Matchers::Contains(missing + " does not exist"));
+  const std::string file = (dir.path / "model.safetensors").string();
+  CHECK_THAT(error_text_of([&] { cpprun::save_state_dict(net, opt, file); }),
+             Catch::Matchers::Contains("reads as a file's name"));
+  cpprun::save_state_dict(net, (dir.path / "plain.pt").string());
+  CHECK_THAT(error_text_of([&] { cpprun::save_state_dict(net, opt, (dir.path / "plain.pt").string()); }),
+             Catch::Matchers::Contains("is a file, but the model and its optimizer in one call take a directory"));
 }
