@@ -87,8 +87,9 @@ class PowerSgdHook : public CommHook {
   // then-step, run when DDP waits for this bucket at the end of the backward. Collectives are
   // matched by the order ranks issue them: buckets are launched in index order on every rank
   // (Note [Same reduction order on every rank]) and waited in index order, so every rank issues
-  // U0 P0 U1 P1 ... then Q0 Q1 ...; the same operations on the same values as when each was
-  // waited in turn, so the numbers are bit for bit those of the blocking hook. The step reads
+  // U0 P0 U1 P1 ... then Q0 Q1 ... (a rank that has joined too: Reducer::reduce_as_joined_rank);
+  // the same operations on the same values as when each was waited in turn, so the numbers are
+  // bit for bit those of the blocking hook. The step reads
   // the bucket's buffer (M), which nothing writes between launch and wait, and the state, under
   // the Reducer's lock as the other buckets' first halves are.
   Work compress_and_reduce(const ProcessGroup& group, GradBucket& bucket) {
