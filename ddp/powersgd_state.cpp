@@ -61,8 +61,13 @@ namespace {
 // every step, not only after a load: a check is a few small vector comparisons per bucket.
 
 std::string shapes_text(const std::vector<std::vector<int64_t>>& shapes) {
+  constexpr size_t kShown = 16;  // a damaged file's list may be long
   std::ostringstream out;
   for (size_t i = 0; i < shapes.size(); ++i) {
+    if (i == kShown) {
+      out << ", ... (" << shapes.size() << " shapes)";
+      break;
+    }
     out << (i ? ", " : "") << "[";
     for (size_t d = 0; d < shapes[i].size(); ++d) out << (d ? ", " : "") << shapes[i][d];
     out << "]";
@@ -230,10 +235,23 @@ void powersgd_state_from_tensors(PowerSgdState& state, const NamedTensors& tenso
   if (loaded.iter < 0) file.problems.push_back("\"iter\" " + std::to_string(loaded.iter) + " is negative");
   loaded.world_size = static_cast<int>(file.scalar("cpprun.world_size", {at::kLong}, 0).item<int64_t>());
   loaded.rank = static_cast<int>(file.scalar("cpprun.rank", {at::kLong}, -1).item<int64_t>());
-  loaded.error_dict = file.take_dict("error_dict");
-  loaded.p_memory_dict = file.take_dict("p_memory_dict");
-  loaded.q_memory_dict = file.take_dict("q_memory_dict");
-  for (const auto& [index, flat] : file.take_dict("cpprun.bucket_shapes")) {
+  // A file torch.save wrote may hold any view of a storage: an expanded tensor (a stride of 0,
+  // fewer bytes of storage than elements), a strided one, two entries sharing one storage. Each
+  // is read as its elements in order, into memory of its own that the hook may write in place.
+  auto own = [](const at::Tensor& tensor) { return tensor.clone(at::MemoryFormat::Contiguous); };
+  for (auto [name, dict] : {std::pair{"error_dict", &loaded.error_dict}, std::pair{"p_memory_dict", &loaded.p_memory_dict},
+                            std::pair{"q_memory_dict", &loaded.q_memory_dict}}) {
+    for (auto& [index, tensor] : file.take_dict(name)) {
+      if (tensor.dim() != 1) {
+        std::ostringstream why;
+        why << "\"" << name << "." << index << "\" is a tensor of shape " << tensor.sizes() << ", not a flat (1-D) one";
+        file.problems.push_back(why.str());
+      }
+      (*dict)[index] = own(tensor);
+    }
+  }
+  for (const auto& [index, saved] : file.take_dict("cpprun.bucket_shapes")) {
+    const at::Tensor flat = own(saved);
     const int64_t* v = flat.scalar_type() == at::kLong && flat.dim() == 1 ? flat.data_ptr<int64_t>() : nullptr;
     std::vector<std::vector<int64_t>> shapes;
     for (int64_t at = 0; v && at < flat.numel();) {
