@@ -10,6 +10,7 @@
 //   cpprun --nproc_per_node=1 powersgd_resume refuse_world DIR      a 2-rank file at world size 1
 #include <torch/torch.h>
 
+#include <chrono>
 #include <cstdio>
 #include <functional>
 #include <map>
@@ -82,6 +83,14 @@ bool refused(const char* what, const std::string& expected, const std::function<
   return false;
 }
 
+// Whether the time since `start` is under `seconds`; says so if not.
+bool within_seconds(std::chrono::steady_clock::time_point start, double seconds) {
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (took < seconds) return true;
+  std::printf("FAIL: refused after %.1f s, not within %.0f s\n", took, seconds);
+  return false;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -131,13 +140,14 @@ int main(int argc, char** argv) {
   }
 
   // A fresh model, DDP and hook from the warm run's step-5 files, trained one step: the first
-  // backward meets the buckets. `ddp_options` sets the buckets; `file`, if given, replaces the file.
+  // backward meets the buckets. `ddp_options` sets the buckets; `file`, if given, replaces the file;
+  // a `file_rank` of -1 loads none.
   auto resume_one_step = [&](const cpprun::PowerSGDOptions& options, int file_rank, cpprun::DdpOptions ddp_options,
                              const std::string& file = "") {
     auto model = net();
     cpprun::load_state_dict(model, dir + "/warm_model_5.safetensors");
     auto hook = cpprun::powerSGD_hook(options);
-    cpprun::load_powerSGD_state(*hook, file.empty() ? state_file(dir, "warm", 5, file_rank) : file);
+    if (file_rank >= 0) cpprun::load_powerSGD_state(*hook, file.empty() ? state_file(dir, "warm", 5, file_rank) : file);
     auto ddp = cpprun::DistributedDataParallel(model.ptr(), run.group, ddp_options);
     ddp->register_comm_hook(hook);
     run.train(ddp, 5, 6);
@@ -173,6 +183,25 @@ int main(int argc, char** argv) {
     ok &= refused("the other rank's file", "was made on rank " + std::to_string(1 - rank) + " of 2; this is rank " +
                                                std::to_string(rank) + " of 2",
                   [&] { resume_one_step(warm, 1 - rank, {}); });
+    // One rank's state refused, the other's not: every rank throws the refusing rank's reason at
+    // once, before the bucket's collectives, rather than the others waiting for it in them until
+    // the group's timeout (Note [A PowerSGD state fits one layout]).
+    const std::string rank1_reason = "was made on rank 0 of 2; this is rank 1 of 2";
+    auto start = std::chrono::steady_clock::now();
+    ok &= refused("rank 1 given rank 0's file", rank1_reason, [&] { resume_one_step(warm, 0, {}); });
+    ok &= within_seconds(start, 10);
+    start = std::chrono::steady_clock::now();
+    ok &= refused("a state loaded on rank 0 only", "at different steps (rank 0 at 5, rank 1 at 0)",
+                  [&] { resume_one_step(warm, rank == 0 ? 0 : -1, {}); });
+    ok &= within_seconds(start, 10);
+    ok &= refused("a state loaded into a hook that ran", "this hook has already run", [&] {
+      auto hook = cpprun::powerSGD_hook(warm);
+      auto model = net();
+      auto ddp = cpprun::DistributedDataParallel(model.ptr(), run.group);
+      ddp->register_comm_hook(hook);
+      run.train(ddp, 5, 6);
+      cpprun::load_powerSGD_state(*hook, state_file(dir, "warm", 5, rank));
+    });
     // And what fits still trains after all those (nothing was left half done).
     resume_one_step(warm, rank, {});
   }
