@@ -8,6 +8,7 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
 
+#include <exception>
 #include <limits>
 #include <optional>
 #include <sstream>
@@ -245,7 +246,18 @@ void Work::wait() {
     }
   }
   detail::record_completed(state_->recorder_id);
-  if (state_->then) std::call_once(state_->then_once, state_->then);
+  if (!state_->then) return;
+  // Once, even when it throws: call_once would run a throwing step again at the next wait, and
+  // a step that issues a collective (PowerSGD's Q) would issue it again on this rank alone. Its
+  // error is kept and rethrown by every later wait.
+  std::call_once(state_->then_once, [this] {
+    try {
+      state_->then();
+    } catch (...) {
+      state_->then_failure = std::current_exception();
+    }
+  });
+  if (state_->then_failure) std::rethrow_exception(state_->then_failure);
 }
 
 void Work::keep_alive(const ProcessGroup& group) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <chrono>
+#include <exception>
 #include <functional>
 #include <future>
 #include <mutex>
@@ -19,6 +20,7 @@ struct Work::State {
   std::shared_future<void> task;                   // one of ours on the group's executor
   std::function<void()> then;                      // runs once, on the first wait()
   std::once_flag then_once;
+  std::exception_ptr then_failure;                 // what `then` threw, rethrown by every wait()
   std::optional<ProcessGroup> group;               // see Work::keep_alive
   std::shared_ptr<State> before;                   // Work::then: wait for this first
   // Its flight-recorder entry (0: none), finished by the first wait(); the group's timeout tells

@@ -17,6 +17,8 @@
 namespace cpprun {
 namespace {
 
+using detail::FactorSizes;
+
 // _orthogonalize: Gram-Schmidt for rank <= 2 or 16-bit floats, else QR, in place; `matrices` is
 // [batch, rows, rank].
 void orthogonalize(const at::Tensor& matrices, double epsilon) {
@@ -41,6 +43,30 @@ void orthogonalize(const at::Tensor& matrices, double epsilon) {
   }
 }
 
+// A bucket's gradients as PyTorch's hook splits them: the [rows, rest] matrices worth compressing,
+// the rest, and the P and Q elements the matrices need.
+struct Split {
+  std::vector<at::Tensor> matrices, uncompressed;
+  FactorSizes factors;
+};
+
+Split split(const GradBucket& bucket, const PowerSGDOptions& options) {
+  Split out;
+  for (const at::Tensor& tensor : bucket.gradients()) {
+    const at::Tensor matrix = tensor.dim() == 0 ? tensor.view({1, 1}) : tensor.view({tensor.size(0), -1});
+    const int64_t n = matrix.size(0), m = matrix.size(1);
+    const int64_t rank = std::min({n, m, options.matrix_approximation_rank()});
+    if (static_cast<double>((n + m) * rank) * options.min_compression_rate() < static_cast<double>(n * m)) {
+      out.matrices.push_back(matrix);
+      out.factors.p += n * rank;
+      out.factors.q += m * rank;
+    } else {
+      out.uncompressed.push_back(tensor);
+    }
+  }
+  return out;
+}
+
 class PowerSgdHook : public CommHook {
  public:
   explicit PowerSgdHook(const PowerSGDOptions& options) : state_(options) {
@@ -56,14 +82,20 @@ class PowerSgdHook : public CommHook {
     const at::Tensor input = bucket.buffer;
     const int world = group.size();
     const bool compressing = state_.iter >= options().start_powerSGD_iter();
-    detail::check_state_fits(state_, group.rank(), world, bucket, compressing);
+    Split parts = compressing ? split(bucket, options()) : Split{};
+    // Note [A PowerSGD state fits one layout]: a bucket index's first run agrees across ranks.
+    if (state_.agreed_buckets.count(bucket.index)) {
+      detail::check_state_fits(state_, group.rank(), world, bucket, compressing, parts.factors);
+    } else {
+      detail::agree_state_fits(state_, group, bucket, compressing, parts.factors);
+    }
     if (!compressing) {
       increase_iter(bucket);
       input.div_(world);  // as PyTorch's _allreduce_fut: divided, then summed
       return all_reduce_async(group, input, ReduceOp::kSum);
     }
     at::NoGradGuard no_grad;
-    Work work = compress_and_reduce(group, bucket);
+    Work work = compress_and_reduce(group, bucket, std::move(parts));
     increase_iter(bucket);
     return work;
   }
@@ -87,11 +119,12 @@ class PowerSgdHook : public CommHook {
   // then-step, run when DDP waits for this bucket at the end of the backward. Collectives are
   // matched by the order ranks issue them: buckets are launched in index order on every rank
   // (Note [Same reduction order on every rank]) and waited in index order, so every rank issues
-  // U0 P0 U1 P1 ... then Q0 Q1 ...; the same operations on the same values as when each was
-  // waited in turn, so the numbers are bit for bit those of the blocking hook. The step reads
+  // U0 P0 U1 P1 ... then Q0 Q1 ... (a rank that has joined too: Reducer::reduce_as_joined_rank);
+  // the same operations on the same values as when each was waited in turn, so the numbers are
+  // bit for bit those of the blocking hook. The step reads
   // the bucket's buffer (M), which nothing writes between launch and wait, and the state, under
   // the Reducer's lock as the other buckets' first halves are.
-  Work compress_and_reduce(const ProcessGroup& group, GradBucket& bucket) {
+  Work compress_and_reduce(const ProcessGroup& group, GradBucket& bucket, Split parts) {
     const at::Tensor input = bucket.buffer;
     const int index = bucket.index;
     at::Tensor input_copy;
@@ -105,21 +138,9 @@ class PowerSgdHook : public CommHook {
       input_copy = input.clone();
     }
 
-    // Which gradients are worth compressing, as [rows, rest] matrices.
-    std::vector<at::Tensor> matrices, uncompressed;
-    int64_t p_size = 0, q_size = 0;
-    for (const at::Tensor& tensor : bucket.gradients()) {
-      const at::Tensor matrix = tensor.dim() == 0 ? tensor.view({1, 1}) : tensor.view({tensor.size(0), -1});
-      const int64_t n = matrix.size(0), m = matrix.size(1);
-      const int64_t rank = std::min({n, m, options().matrix_approximation_rank()});
-      if (static_cast<double>((n + m) * rank) * options().min_compression_rate() < static_cast<double>(n * m)) {
-        matrices.push_back(matrix);
-        p_size += n * rank;
-        q_size += m * rank;
-      } else {
-        uncompressed.push_back(tensor);
-      }
-    }
+    const std::vector<at::Tensor>& matrices = parts.matrices;
+    const std::vector<at::Tensor> uncompressed = std::move(parts.uncompressed);
+    const int64_t p_size = parts.factors.p, q_size = parts.factors.q;
     std::vector<at::Tensor> flat_uncompressed;
     for (const auto& t : uncompressed) flat_uncompressed.push_back(t.reshape(-1));
     const at::Tensor uncompressed_memory =
@@ -131,10 +152,10 @@ class PowerSgdHook : public CommHook {
       state_.q_memory_dict[index] = at::empty({q_size}, input.options());
     }
     const at::Tensor p_memory = state_.p_memory_dict[index], q_memory = state_.q_memory_dict[index];
-    TORCH_CHECK(p_memory.numel() == p_size && q_memory.numel() == q_size, "cpprun::powerSGD_hook: bucket ", index,
-                " needs P and Q memory of ", p_size, " and ", q_size, " elements, but its state",
-                state_.loaded_from.empty() ? "" : " (loaded from " + state_.loaded_from + ")", " holds ",
-                p_memory.numel(), " and ", q_memory.numel(), ".");
+    // check_state_fits refused a loaded state whose P and Q do not fit; the hook's own always do.
+    TORCH_INTERNAL_ASSERT(p_memory.numel() == p_size && q_memory.numel() == q_size, "cpprun::powerSGD_hook: bucket ",
+                          index, " holds P and Q memory of ", p_memory.numel(), " and ", q_memory.numel(),
+                          " elements where it needs ", p_size, " and ", q_size, ".");
 
     // Grouped by shape, in the order each shape first appears (a Python dict), batched or one by one.
     std::vector<std::pair<std::vector<int64_t>, std::vector<at::Tensor>>> by_shape;

@@ -5,11 +5,16 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cstring>
+#include <exception>
+#include <functional>
 #include <sstream>
 #include <utility>
 
+#include "core/failure_agreement.h"
 #include "cpprun/checkpoint_file.h"
+#include "cpprun/object_collectives.h"
 
 namespace cpprun {
 namespace detail {
@@ -56,13 +61,25 @@ namespace {
 // and warm-start from the wrong factors, silently; the errors are this rank's own, so another
 // rank's file, or a file from another world size, is as wrong. PyTorch's pickled PowerSGDState
 // checks nothing of this; cpprun's records the group and each compressed bucket's shapes and
-// refuses a bucket that differs, on every rank alike (the buckets and the world size are the
-// same on every rank, so no rank goes on into a collective that the others left). Checked on
-// every step, not only after a load: a check is a few small vector comparisons per bucket.
+// refuses a bucket that differs. The states differ between ranks (each loads its own file, or one
+// loads another rank's), so one rank may refuse where the others go on into the bucket's
+// all-reduces and wait for it until the timeout. So the first run of each bucket index by a hook
+// agrees (agree_state_fits: one all-gather of each rank's verdict and step count, on every rank,
+// whether it loaded a state or not, before the bucket's collectives), and every rank throws,
+// naming the refusing rank and its reason; a state is loaded only into a hook that has not run.
+// After that first run each rank's state holds the same shapes (the buckets are the same on
+// every rank), so a later refusal (buckets rebuilt otherwise) comes on every rank alike.
+// Checked on every step, not only after a load: a check is a few small vector comparisons per
+// bucket.
 
 std::string shapes_text(const std::vector<std::vector<int64_t>>& shapes) {
+  constexpr size_t kShown = 16;  // a damaged file's list may be long
   std::ostringstream out;
   for (size_t i = 0; i < shapes.size(); ++i) {
+    if (i == kShown) {
+      out << ", ... (" << shapes.size() << " shapes)";
+      break;
+    }
     out << (i ? ", " : "") << "[";
     for (size_t d = 0; d < shapes[i].size(); ++d) out << (d ? ", " : "") << shapes[i][d];
     out << "]";
@@ -183,6 +200,9 @@ NamedTensors powersgd_state_to_tensors(const PowerSgdState& state) {
 }
 
 void powersgd_state_from_tensors(PowerSgdState& state, const NamedTensors& tensors, const std::string& path) {
+  // See Note [A PowerSGD state fits one layout]: the first run's agreement is what checks it.
+  TORCH_CHECK(state.agreed_buckets.empty(), "cpprun::load_powerSGD_state: this hook has already run; load ", path,
+              " into a new hook (powerSGD_hook with the same options) before registering it.");
   const PowerSGDOptions& mine = state.options;
   Reader file(tensors);
   std::vector<std::string> differ;
@@ -230,10 +250,23 @@ void powersgd_state_from_tensors(PowerSgdState& state, const NamedTensors& tenso
   if (loaded.iter < 0) file.problems.push_back("\"iter\" " + std::to_string(loaded.iter) + " is negative");
   loaded.world_size = static_cast<int>(file.scalar("cpprun.world_size", {at::kLong}, 0).item<int64_t>());
   loaded.rank = static_cast<int>(file.scalar("cpprun.rank", {at::kLong}, -1).item<int64_t>());
-  loaded.error_dict = file.take_dict("error_dict");
-  loaded.p_memory_dict = file.take_dict("p_memory_dict");
-  loaded.q_memory_dict = file.take_dict("q_memory_dict");
-  for (const auto& [index, flat] : file.take_dict("cpprun.bucket_shapes")) {
+  // A file torch.save wrote may hold any view of a storage: an expanded tensor (a stride of 0,
+  // fewer bytes of storage than elements), a strided one, two entries sharing one storage. Each
+  // is read as its elements in order, into memory of its own that the hook may write in place.
+  auto own = [](const at::Tensor& tensor) { return tensor.clone(at::MemoryFormat::Contiguous); };
+  for (auto [name, dict] : {std::pair{"error_dict", &loaded.error_dict}, std::pair{"p_memory_dict", &loaded.p_memory_dict},
+                            std::pair{"q_memory_dict", &loaded.q_memory_dict}}) {
+    for (auto& [index, tensor] : file.take_dict(name)) {
+      if (tensor.dim() != 1) {
+        std::ostringstream why;
+        why << "\"" << name << "." << index << "\" is a tensor of shape " << tensor.sizes() << ", not a flat (1-D) one";
+        file.problems.push_back(why.str());
+      }
+      (*dict)[index] = own(tensor);
+    }
+  }
+  for (const auto& [index, saved] : file.take_dict("cpprun.bucket_shapes")) {
+    const at::Tensor flat = own(saved);
     const int64_t* v = flat.scalar_type() == at::kLong && flat.dim() == 1 ? flat.data_ptr<int64_t>() : nullptr;
     std::vector<std::vector<int64_t>> shapes;
     for (int64_t at = 0; v && at < flat.numel();) {
@@ -268,7 +301,8 @@ void powersgd_state_from_tensors(PowerSgdState& state, const NamedTensors& tenso
   state = std::move(loaded);
 }
 
-void check_state_fits(PowerSgdState& state, int rank, int world_size, const GradBucket& bucket, bool compressing) {
+void check_state_fits(PowerSgdState& state, int rank, int world_size, const GradBucket& bucket, bool compressing,
+                      FactorSizes factors) {
   // See Note [A PowerSGD state fits one layout].
   TORCH_CHECK(state.world_size == 0 || (state.world_size == world_size && state.rank == rank),
               "cpprun::powerSGD_hook: its state", origin(state), " was made on rank ", state.rank, " of ",
@@ -307,6 +341,48 @@ void check_state_fits(PowerSgdState& state, int rank, int world_size, const Grad
   TORCH_CHECK(error == state.error_dict.end() || error->second.numel() == bucket.buffer.numel(),
               "cpprun::powerSGD_hook: bucket ", bucket.index, " holds ", bucket.buffer.numel(),
               " gradient elements, but its state's error", origin(state), " has ", error->second.numel(), ".");
+  // Warm-started P and Q are used as they are; without warm_start the hook makes new ones.
+  auto p = state.p_memory_dict.find(bucket.index), q = state.q_memory_dict.find(bucket.index);
+  if (!state.options.warm_start() || p == state.p_memory_dict.end()) return;
+  TORCH_CHECK(q != state.q_memory_dict.end() && p->second.numel() == factors.p && q->second.numel() == factors.q,
+              "cpprun::powerSGD_hook: bucket ", bucket.index, " needs P and Q memory of ", factors.p, " and ",
+              factors.q, " elements, but its state", origin(state), " holds ", p->second.numel(), " and ",
+              q == state.q_memory_dict.end() ? int64_t{0} : q->second.numel(), ".");
+}
+
+void agree_state_fits(PowerSgdState& state, const ProcessGroup& group, const GradBucket& bucket, bool compressing,
+                      FactorSizes factors) {
+  // See Note [A PowerSGD state fits one layout].
+  std::exception_ptr failure;
+  try {
+    check_state_fits(state, group.rank(), group.size(), bucket, compressing, factors);
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  state.agreed_buckets.insert(bucket.index);
+  // Each rank's step count, then its failure's message (empty: none).
+  std::string mine = std::to_string(state.iter) + "\n";
+  if (failure) mine += describe_failure(failure).substr(1);  // less its kind's letter
+  const std::vector<std::string> verdicts = all_gather_object(group, mine);
+  std::vector<int64_t> iters;
+  std::string refused_on, first_reason, steps;
+  for (int r = 0; r < group.size(); ++r) {
+    const std::string& verdict = verdicts[r];
+    const auto newline = verdict.find('\n');
+    iters.push_back(std::stoll(verdict.substr(0, newline)));
+    steps += (r ? ", " : "") + std::string("rank ") + std::to_string(r) + " at " + verdict.substr(0, newline);
+    if (newline + 1 == verdict.size()) continue;
+    refused_on += (refused_on.empty() ? "" : ", ") + std::to_string(r);
+    if (first_reason.empty()) first_reason = "Rank " + std::to_string(r) + " said: " + verdict.substr(newline + 1);
+  }
+  if (failure) std::rethrow_exception(failure);
+  TORCH_CHECK(refused_on.empty(), "cpprun::powerSGD_hook: the PowerSGD state of rank ", refused_on, " does not fit "
+              "its buckets, so rank ", group.rank(), " stops too, before bucket ", bucket.index, "'s collectives. ",
+              first_reason);
+  TORCH_CHECK(std::adjacent_find(iters.begin(), iters.end(), std::not_equal_to<>()) == iters.end(),
+              "cpprun::powerSGD_hook: the ranks' PowerSGD states are at different steps (", steps, "), so they would "
+              "not compress the same steps. Load each rank's own file, saved at the same step, on every rank, or "
+              "none.");
 }
 
 }  // namespace detail

@@ -7,10 +7,12 @@
 #include <array>
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "cpprun/comm_hooks.h"
+#include "cpprun/process_group.h"
 #include "support/torch_save_file.h"
 
 namespace cpprun::detail {
@@ -49,6 +51,14 @@ struct PowerSgdState {
   int rank = -1;
   std::map<int, std::vector<std::vector<int64_t>>> bucket_shapes;
   std::string loaded_from;  // the file it came from, for the errors; empty if made here
+  // The bucket indices whose first run the ranks agreed on (agree_state_fits); a state is loaded
+  // only into a hook that has none.
+  std::set<int> agreed_buckets;
+};
+
+// The P and Q elements a compressed bucket needs (the hook's split of its gradients).
+struct FactorSizes {
+  int64_t p = 0, q = 0;
 };
 
 // The file's dict: PyTorch's slot names for what PyTorch pickles, "cpprun.*" for the rest.
@@ -58,9 +68,16 @@ NamedTensors powersgd_state_to_tensors(const PowerSgdState& state);
 void powersgd_state_from_tensors(PowerSgdState& state, const NamedTensors& tensors, const std::string& path);
 
 // Before a bucket's compression or all-reduce: throws if the state was made on another rank,
-// world size, or bucket layout (naming the file it came from); moves loaded tensors to the
-// bucket's device; then records this group and layout. See Note [A PowerSGD state fits one layout].
-void check_state_fits(PowerSgdState& state, int rank, int world_size, const GradBucket& bucket, bool compressing);
+// world size, or bucket layout, or holds P and Q of other sizes than `factors` (naming the file it
+// came from); moves loaded tensors to the bucket's device; then records this group and layout.
+// See Note [A PowerSGD state fits one layout].
+void check_state_fits(PowerSgdState& state, int rank, int world_size, const GradBucket& bucket, bool compressing,
+                      FactorSizes factors);
+// check_state_fits at a bucket index's first run, agreed: collective (one all-gather of each
+// rank's verdict and step count, before any of the bucket's collectives); if any rank's state
+// does not fit, or the ranks' steps differ, every rank throws, naming the rank and its reason.
+void agree_state_fits(PowerSgdState& state, const ProcessGroup& group, const GradBucket& bucket, bool compressing,
+                      FactorSizes factors);
 
 // powersgd_hook.cpp: the state of a hook made by powerSGD_hook(); throws, naming `caller`, for
 // any other hook.

@@ -377,9 +377,16 @@ void Reducer::reduce_as_joined_rank() {
   std::lock_guard<std::mutex> lock(mutex_);
   used_here_.assign(params_.size(), false);
   // Alone there is no other rank to shadow, and no buffer (Note [Nothing to reduce alone]).
-  for (std::size_t b = 0; b < buckets_.size() && !leaves_gradients(); ++b) {
-    buckets_[b].buffer.zero_();
-    reduce(buckets_[b], b).wait();
+  // Every bucket launched, then waited in index order, as the active ranks' backward does: a
+  // hook's work may issue collectives of its own when waited (PowerSGD's Q, Note [PowerSGD's
+  // chain of work]), after all buckets' first ones on the active ranks. PyTorch's
+  // _match_all_reduce_for_bwd_pass likewise runs every bucket's hook before waiting on any.
+  if (!leaves_gradients()) {
+    for (std::size_t b = 0; b < buckets_.size(); ++b) {
+      buckets_[b].buffer.zero_();
+      buckets_[b].work = reduce(buckets_[b], b);
+    }
+    for (auto& bucket : buckets_) bucket.work.wait();
   }
   if (detects_unused()) {
     auto globally_used = reduce_used_flags();

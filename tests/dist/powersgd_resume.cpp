@@ -3,12 +3,14 @@
 // DIR/batches.safetensors (powersgd_resume.py init wrote them).
 //   cpprun --nproc_per_node=2 powersgd_resume full DIR CONFIG       8 steps; the model (rank 0) and each
 //        rank's PowerSGD state after steps 2 and 5; DIR/CONFIG_full.safetensors at the end
-//   cpprun --nproc_per_node=2 powersgd_resume resume DIR CONFIG K [nostate]   a new model, DDP and hook
-//        from step K's files, trained to step 8: DIR/CONFIG_resumed_K[_nostate].safetensors
+//   cpprun --nproc_per_node=2 powersgd_resume resume DIR CONFIG K [nostate|strided]   a new model, DDP and
+//        hook from step K's files (strided: their copies by powersgd_resume.py craft), trained to step 8:
+//        DIR/CONFIG_resumed_K[_nostate|_strided].safetensors
 //   cpprun --nproc_per_node=2 powersgd_resume refuse DIR            files that do not fit are refused
 //   cpprun --nproc_per_node=1 powersgd_resume refuse_world DIR      a 2-rank file at world size 1
 #include <torch/torch.h>
 
+#include <chrono>
 #include <cstdio>
 #include <functional>
 #include <map>
@@ -81,15 +83,25 @@ bool refused(const char* what, const std::string& expected, const std::function<
   return false;
 }
 
+// Whether the time since `start` is under `seconds`; says so if not.
+bool within_seconds(std::chrono::steady_clock::time_point start, double seconds) {
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (took < seconds) return true;
+  std::printf("FAIL: refused after %.1f s, not within %.0f s\n", took, seconds);
+  return false;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 2 ? argv[1] : "";
-  const bool modes_ok = ((mode == "full" && argc == 4) || (mode == "resume" && (argc == 5 || argc == 6)) ||
+  const bool modes_ok = ((mode == "full" && argc == 4) ||
+                         (mode == "resume" && (argc == 5 || (argc == 6 && (std::string(argv[5]) == "nostate" ||
+                                                                          std::string(argv[5]) == "strided")))) ||
                          ((mode == "refuse" || mode == "refuse_world") && argc == 3)) &&
                         (argc < 4 || kConfigs.count(argv[3]));
   if (!modes_ok) {
-    std::fprintf(stderr, "usage: powersgd_resume full DIR CONFIG | resume DIR CONFIG K [nostate] | refuse DIR | "
+    std::fprintf(stderr, "usage: powersgd_resume full DIR CONFIG | resume DIR CONFIG K [nostate|strided] | refuse DIR | "
                          "refuse_world DIR (CONFIG: warm, cold or buckets)\n");
     return 2;
   }
@@ -105,7 +117,12 @@ int main(int argc, char** argv) {
     cpprun::load_state_dict(model, from == 0 ? dir + "/init.safetensors"
                                              : dir + "/" + config + "_model_" + std::to_string(from) + ".safetensors");
     auto hook = cpprun::powerSGD_hook(kConfigs.at(config));
-    if (mode == "resume" && argc == 5) cpprun::load_powerSGD_state(*hook, state_file(dir, config, from, rank));
+    const std::string variant = argc == 6 ? argv[5] : "";
+    if (mode == "resume" && variant != "nostate") {
+      const std::string file = state_file(dir, config, from, rank);
+      // torch.save's copy with strided tensors (powersgd_resume.py craft)
+      cpprun::load_powerSGD_state(*hook, variant == "strided" ? file.substr(0, file.size() - 3) + "_strided.pt" : file);
+    }
     const auto buckets =
         config == "buckets" ? cpprun::DdpOptions().bucket_cap_mb(kSmallBucketsMb) : cpprun::DdpOptions();
     auto ddp = cpprun::DistributedDataParallel(model.ptr(), run.group, buckets);
@@ -116,19 +133,21 @@ int main(int argc, char** argv) {
       const std::string model_file = dir + "/" + config + "_model_" + std::to_string(done) + ".safetensors";
       if (rank == 0) cpprun::save_state_dict(model, model_file);
     });
-    const std::string out = mode == "full" ? "full" : "resumed_" + std::to_string(from) + (argc == 6 ? "_nostate" : "");
+    const std::string out = mode == "full" ? "full" : "resumed_" + std::to_string(from) + (argc == 6 ? "_" + variant : "");
     if (rank == 0) cpprun::save_state_dict(model, dir + "/" + config + "_" + out + ".safetensors");
     cpprun::barrier(run.group);
     return 0;
   }
 
   // A fresh model, DDP and hook from the warm run's step-5 files, trained one step: the first
-  // backward meets the buckets. `ddp_options` sets the buckets.
-  auto resume_one_step = [&](const cpprun::PowerSGDOptions& options, int file_rank, cpprun::DdpOptions ddp_options) {
+  // backward meets the buckets. `ddp_options` sets the buckets; `file`, if given, replaces the file;
+  // a `file_rank` of -1 loads none.
+  auto resume_one_step = [&](const cpprun::PowerSGDOptions& options, int file_rank, cpprun::DdpOptions ddp_options,
+                             const std::string& file = "") {
     auto model = net();
     cpprun::load_state_dict(model, dir + "/warm_model_5.safetensors");
     auto hook = cpprun::powerSGD_hook(options);
-    cpprun::load_powerSGD_state(*hook, state_file(dir, "warm", 5, file_rank));
+    if (file_rank >= 0) cpprun::load_powerSGD_state(*hook, file.empty() ? state_file(dir, "warm", 5, file_rank) : file);
     auto ddp = cpprun::DistributedDataParallel(model.ptr(), run.group, ddp_options);
     ddp->register_comm_hook(hook);
     run.train(ddp, 5, 6);
@@ -154,12 +173,35 @@ int main(int argc, char** argv) {
     ok &= refused("not a PowerSGD state", "no \"iter\"", [&] {
       cpprun::load_powerSGD_state(*cpprun::powerSGD_hook(warm), other_file);
     });
+    // torch.save's expanded tensor: 1,000 zeros in 8 bytes of storage, read as 1,000 empty shapes.
+    ok &= refused("bucket shapes from an expanded tensor", "was made for a bucket 0 of shapes [], [], []", [&] {
+      resume_one_step(warm, rank, {}, dir + "/expanded_rank" + std::to_string(rank) + ".pt");
+    });
     // Many buckets, where the file had one.
     ok &= refused("another bucket layout", "was made for a bucket 0 of shapes",
                   [&] { resume_one_step(warm, rank, cpprun::DdpOptions().bucket_cap_mb(kSmallBucketsMb)); });
     ok &= refused("the other rank's file", "was made on rank " + std::to_string(1 - rank) + " of 2; this is rank " +
                                                std::to_string(rank) + " of 2",
                   [&] { resume_one_step(warm, 1 - rank, {}); });
+    // One rank's state refused, the other's not: every rank throws the refusing rank's reason at
+    // once, before the bucket's collectives, rather than the others waiting for it in them until
+    // the group's timeout (Note [A PowerSGD state fits one layout]).
+    const std::string rank1_reason = "was made on rank 0 of 2; this is rank 1 of 2";
+    auto start = std::chrono::steady_clock::now();
+    ok &= refused("rank 1 given rank 0's file", rank1_reason, [&] { resume_one_step(warm, 0, {}); });
+    ok &= within_seconds(start, 10);
+    start = std::chrono::steady_clock::now();
+    ok &= refused("a state loaded on rank 0 only", "at different steps (rank 0 at 5, rank 1 at 0)",
+                  [&] { resume_one_step(warm, rank == 0 ? 0 : -1, {}); });
+    ok &= within_seconds(start, 10);
+    ok &= refused("a state loaded into a hook that ran", "this hook has already run", [&] {
+      auto hook = cpprun::powerSGD_hook(warm);
+      auto model = net();
+      auto ddp = cpprun::DistributedDataParallel(model.ptr(), run.group);
+      ddp->register_comm_hook(hook);
+      run.train(ddp, 5, 6);
+      cpprun::load_powerSGD_state(*hook, state_file(dir, "warm", 5, rank));
+    });
     // And what fits still trains after all those (nothing was left half done).
     resume_one_step(warm, rank, {});
   }

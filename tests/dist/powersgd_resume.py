@@ -2,6 +2,10 @@
 #   python powersgd_resume.py init DIR            the parameters and every rank's batches
 #   python powersgd_resume.py compare DIR CONFIG  resumed runs equal the uninterrupted one, bit for bit;
 #                                                 resumed without the state, they differ
+#   python powersgd_resume.py craft DIR           the warm step-5 states re-saved by torch.save with
+#                                                 strided and expanded tensors (see craft)
+#   python powersgd_resume.py compare_strided DIR the run resumed from the strided files equals the
+#                                                 uninterrupted one, bit for bit
 #   cpprun --nproc_per_node=2 powersgd_resume.py pytorch DIR    PyTorch's DDP and PowerSGDState trained
 #        5 steps: each rank's state against cpprun's file of that rank (torch.load'ed): the same
 #        names (PowerSGDState's slots), hyperparameters, iter, rng state, errors and P/Q (1e-10)
@@ -111,6 +115,26 @@ def pytorch(d):
     os._exit(0 if ok else 1)
 
 
+def craft(d):
+    """Each rank's warm step-5 state saved again by torch.save with every tensor of more than one
+    element as a strided view (stride 2, the other elements junk; a reader that takes the storage as
+    contiguous meets the junk), and one whose bucket shapes are an expanded zero (1,000 elements of
+    one 8-byte storage; a reader that takes the storage as contiguous reads past its end)."""
+    for rank in range(RANKS):
+        state = torch.load(f"{d}/warm_powersgd_{SAVED_AT}_rank{rank}.pt")
+        strided = {}
+        for name, t in state.items():
+            if t.numel() > 1:
+                junk = torch.full_like(t, -7)  # a negative length where a shape's length is read
+                t = torch.stack([t, junk], dim=1)[:, 0]
+                assert t.stride() == (2,) and torch.equal(t, state[name])
+            strided[name] = t
+        torch.save(strided, f"{d}/warm_powersgd_{SAVED_AT}_rank{rank}_strided.pt")
+        expanded = dict(state)
+        expanded["cpprun.bucket_shapes.0"] = torch.zeros(1, dtype=torch.long).expand(1000)
+        torch.save(expanded, f"{d}/expanded_rank{rank}.pt")
+
+
 def main():
     mode, d = sys.argv[1], sys.argv[2]
     if mode == "init":
@@ -124,6 +148,15 @@ def main():
         save_file(batches, f"{d}/batches.safetensors")
     elif mode == "compare":
         sys.exit(0 if compare(d, sys.argv[3]) else 1)
+    elif mode == "craft":
+        craft(d)
+    elif mode == "compare_strided":
+        full = load_file(f"{d}/warm_full.safetensors")
+        resumed = load_file(f"{d}/warm_resumed_{SAVED_AT}_strided.safetensors")
+        equal = all(torch.equal(full[n], resumed[n]) for n in full)
+        print(f"warm: resumed after step {SAVED_AT} from torch.save's strided state files: "
+              f"{'bitwise equal' if equal else 'DIFFERENT'} to the uninterrupted run")
+        sys.exit(0 if equal else 1)
     else:
         pytorch(d)
 

@@ -6,7 +6,9 @@
 # step 5 (errors, P/Q and the random numbers in use) with a new model, DDP and hook end bitwise
 # equal to the uninterrupted run, and resumed without the state they do not. Each rank's file
 # holds what PyTorch's PowerSGDState holds after the same 5 steps, under its names (torch.load
-# reads it); files that do not fit are refused.
+# reads it); the same states re-saved by torch.save with strided tensors resume alike; files that do
+# not fit are refused (one whose shapes are an expanded tensor, whose storage is smaller than its
+# elements, among them).
 # Usage: powersgd_resume.sh PROBE CPPRUN PYTHON. Skips (77) without a python with torch, numpy and safetensors.
 set -u
 probe=$1
@@ -29,6 +31,9 @@ for config in warm cold buckets; do
   "$python" "$py" compare "$dir" "$config" || fail "a resumed run ($config) trains otherwise than the uninterrupted one"
 done
 run2 "$py" pytorch "$dir" || fail "cpprun's PowerSGD state files differ from PyTorch's PowerSGDState"
+"$python" "$py" craft "$dir" || fail "Python could not re-save the state files with strided tensors"
+run2 "$probe" resume "$dir" warm 5 strided || fail "the run resumed from torch.save's strided state files failed"
+"$python" "$py" compare_strided "$dir" || fail "a run resumed from strided state files trains otherwise"
 run2 "$probe" refuse "$dir" || fail "a PowerSGD state that does not fit was not refused as it should be"
 "$cpprun" --standalone --nproc_per_node=1 "$probe" refuse_world "$dir" ||
   fail "a PowerSGD state of world size 2 was not refused at world size 1"

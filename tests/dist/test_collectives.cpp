@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <stdexcept>
 #include <vector>
 
 #include "comm/group_impl.h"  // p2p_bytes_sent
@@ -78,6 +79,25 @@ TEST_CASE("collectives: one rank without a GPU makes every rank's answer the CPU
   for (int without = 0; without < impl.env.world_size; ++without) {
     CHECK_FALSE(vote("without_" + std::to_string(without), impl.env.rank != without));
   }
+}
+
+// A then-step that threw is not run again by a later wait, which rethrows its error: a step
+// issues collectives (PowerSGD's Q all-reduce), and one issued again by a rank alone would be
+// matched with whatever the others issue next.
+TEST_CASE("collectives: a work's then-step that threw runs once; later waits rethrow its error", "[collectives]") {
+  int runs = 0;
+  at::Tensor t = at::ones({4});
+  cpprun::Work work = cpprun::all_reduce_async(group(), t).then([&] {
+    ++runs;
+    cpprun::all_reduce(group(), t);  // the collective the step issues: once on every rank
+    throw std::runtime_error("the step failed after its all-reduce");
+  });
+  CHECK_THROWS_WITH(work.wait(), Catch::Contains("the step failed after its all-reduce"));
+  CHECK_THROWS_WITH(work.wait(), Catch::Contains("the step failed after its all-reduce"));
+  CHECK(runs == 1);
+  const double world = group().size();
+  CHECK(t.equal(at::full({4}, world * world)));
+  cpprun::barrier(group());  // a second all-reduce issued by the step would be met here
 }
 
 TEST_CASE("collectives: all_reduce sum, avg, max, min over sizes and types", "[collectives]") {

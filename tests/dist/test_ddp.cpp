@@ -536,6 +536,62 @@ TEST_CASE("ddp: uneven inputs under join: ranks that run out shadow the others",
   cpprun::barrier(group());
 }
 
+// PowerSGD under join, over several buckets: a joined rank runs every bucket's hook on zeros and
+// must issue the hook's collectives in the active ranks' order (all buckets' uncompressed and P
+// all-reduces, then each bucket's Q all-reduce: Note [PowerSGD's chain of work]), as PyTorch's
+// _match_all_reduce_for_bwd_pass runs every bucket's hook before waiting on any. Waited bucket
+// by bucket, the joined rank's Q of bucket 0 met the active ranks' next bucket. The joined rank
+// sends zeros, so a mismatch of equal sizes would go unseen: the layers' widths and rank 2 make
+// each bucket's Q another size than the next bucket's uncompressed biases, and the check before
+// each all-reduce (Note [Collective consistency check]) refuses the mismatch. Against a run
+// without join in which a rank that has run out backpropagates a zero loss.
+TEST_CASE("ddp: PowerSGD under join: a joined rank's buckets meet the active ranks' collectives", "[ddp]") {
+  Float64Parity float64;
+  const int rank = group().rank(), world = group().size();
+  const auto powersgd = cpprun::PowerSGDOptions().matrix_approximation_rank(2).start_powerSGD_iter(1)
+                            .use_error_feedback(false).warm_start(false);
+  // 2 KiB buckets: one Linear each (8x16, 16x24 and 24x10 float64 weights with their biases).
+  const auto buckets = cpprun::DdpOptions().bucket_cap_mb(0.002).first_bucket_cap_mb(0.001);
+  auto make = [] {
+    return torch::nn::Sequential(torch::nn::Linear(10, 24), torch::nn::ReLU(), torch::nn::Linear(24, 16),
+                                 torch::nn::ReLU(), torch::nn::Linear(16, 8));
+  };
+  auto batches_of = [](int r) { return 2 + r; };  // rank r has 2 + r batches: PowerSGD from its second
+  constexpr int64_t kPerRank = 4;
+  auto batch = [&](int r, int step) {
+    return std::make_pair(inputs_for("mlp", kPerRank, 100 * r + step), targets_for(kPerRank, 100 * r + step));
+  };
+  torch::manual_seed(0);
+  auto net = make();
+  auto ref = make();
+  copy_state(*ref.ptr(), *net.ptr());
+
+  auto ddp = cpprun::DistributedDataParallel(net.ptr(), group(), buckets);
+  ddp->register_comm_hook(cpprun::powerSGD_hook(powersgd));
+  torch::optim::SGD opt(ddp->parameters(), 0.05);
+  ddp->join([&] {
+    for (int step = 0; step < batches_of(rank); ++step) {
+      const auto [x, y] = batch(rank, step);
+      opt.zero_grad();
+      torch::nn::functional::cross_entropy(ddp->forward(x), y).backward();
+      opt.step();
+    }
+  });
+
+  auto ref_ddp = cpprun::DistributedDataParallel(ref.ptr(), group(), buckets);
+  ref_ddp->register_comm_hook(cpprun::powerSGD_hook(powersgd));
+  torch::optim::SGD ref_opt(ref_ddp->parameters(), 0.05);
+  for (int step = 0; step < batches_of(world - 1); ++step) {
+    const bool out = step >= batches_of(rank);  // joined by now: its gradients are zeros
+    const auto [x, y] = batch(rank, out ? 0 : step);
+    ref_opt.zero_grad();
+    (torch::nn::functional::cross_entropy(ref_ddp->forward(x), y) * (out ? 0.0 : 1.0)).backward();
+    ref_opt.step();
+  }
+  check_same_parameters(*net.ptr(), *ref.ptr(), kParityTolerance);
+  cpprun::barrier(group());
+}
+
 // noop_hook: every rank keeps its own gradient (what PyTorch's debugging hook is for: the bound
 // on what communication costs); powerSGD_hook's arguments it cannot run are refused by name
 // (start_powerSGD_iter as PyTorch's; a rank below 1, which PyTorch takes and fails on later).
