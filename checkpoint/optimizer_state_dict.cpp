@@ -845,9 +845,10 @@ void load_optimizer_state_dict(const OptimizerParams& params, torch::optim::Opti
 
 FlatOptimizerState get_optimizer_state(const OptimizerParams& params, torch::optim::Optimizer& optimizer,
                                        const CheckpointTeam& team, const StateDictOptions& options) {
-  TORCH_CHECK(options.file_key_prefix().empty(),
-              "cpprun: get_optimizer_state_dict gives the model's own names; file_key_prefix applies to a model's "
-              "loads (set_model_state_dict, load_state_dict): leave it empty here.");
+  TORCH_CHECK(options.file_key_prefix().empty() && options.consume_prefix_in_state_dict_if_present().empty(),
+              "cpprun: get_optimizer_state_dict gives the model's own names; file_key_prefix and "
+              "consume_prefix_in_state_dict_if_present apply to a model's loads (set_model_state_dict, "
+              "load_state_dict): leave them empty here.");
   // Under cpu_offload a gathered tensor lives on the device only until it is copied to the CPU (the
   // root) or dropped (the others), as PyTorch's _gather_state_dict with ranks_only=(0,) does.
   const bool keep = !options.cpu_offload() || team.is_root();
@@ -861,9 +862,10 @@ FlatOptimizerState get_optimizer_state(const OptimizerParams& params, torch::opt
 
 void set_optimizer_state(const OptimizerParams& params, torch::optim::Optimizer& optimizer, const CheckpointTeam& team,
                          const FlatOptimizerState& state, const StateDictOptions& options) {
-  TORCH_CHECK(options.file_key_prefix().empty(),
+  TORCH_CHECK(options.file_key_prefix().empty() && options.consume_prefix_in_state_dict_if_present().empty(),
               "cpprun: set_optimizer_state_dict takes the model's own names (as get_optimizer_state_dict gives "
-              "them); file_key_prefix applies to a model's loads: leave it empty here.");
+              "them); file_key_prefix and consume_prefix_in_state_dict_if_present apply to a model's loads: leave "
+              "them empty here.");
   const std::string kind = kind_of(optimizer);
   const auto names = group_names(params, optimizer, "set_optimizer_state_dict");
   std::map<std::string, std::string> canonical;
@@ -924,13 +926,3 @@ void set_optimizer_state(const OptimizerParams& params, torch::optim::Optimizer&
 
 }  // namespace cpprun::detail
 
-namespace cpprun::detail {
-void check_checkpoint_directory(const std::string& path, const char* call) {
-  std::error_code ignored;
-  const bool directory = !path.empty() && (path.back() == '/' || fs::is_directory(path, ignored));
-  TORCH_CHECK(directory, "cpprun: ", call, "(model, optimizer, \"", path, "\"): the model and its optimizer in one call "
-              "take a directory (a path ending in '/', or an existing directory), where their files go side by side. "
-              "For files, call ", call, "(model, \"model.safetensors\") and ", call == std::string("save_state_dict")
-              ? "save" : "load", "_optimizer_state_dict(model, optimizer, \"optimizer.safetensors\").");
-}
-}  // namespace cpprun::detail

@@ -68,8 +68,6 @@ void load_optimizer_state(StateSource source, torch::optim::Optimizer& optimizer
 AsyncSave save_model_and_optimizer_async(StateSource source, torch::optim::Optimizer& optimizer,
                                          const std::string& model_path, const std::string& optimizer_path,
                                          const StateDictSaveOptions& options);
-// Refuses a PATH that is not a directory for `call`, the model's and optimizer's at once.
-void check_checkpoint_directory(const std::string& path, const char* call);
 // checkpoint/checkpoint.cpp: PATH as the directory of `call` (save_state_dict or load_state_dict
 // of a model and its optimizer), ending in '/'. A save takes a path without the '/' as the
 // directory it names, as dcp.save(checkpoint_id=...) does (created if need be); refused: an

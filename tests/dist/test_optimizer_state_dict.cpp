@@ -1073,5 +1073,8 @@ TEST_CASE("optimizer_state_dict: a state dict that does not fit is refused on ev
   cpprun::set_optimizer_state_dict(target, target_opt, good);
   check_same_state(cpprun::get_optimizer_state_dict(target, target_opt), good);
   CHECK_THROWS_WITH(cpprun::get_optimizer_state_dict(target, target_opt, cpprun::StateDictOptions().file_key_prefix("m.")),
-                    Catch::Contains("leave it empty here"));
+                    Catch::Contains("leave them empty here"));
+  CHECK_THROWS_WITH(cpprun::set_optimizer_state_dict(
+                        target, target_opt, good, cpprun::StateDictOptions().consume_prefix_in_state_dict_if_present("m.")),
+                    Catch::Contains("leave them empty here"));
 }
