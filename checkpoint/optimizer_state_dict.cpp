@@ -454,27 +454,26 @@ std::set<std::string> lines_of(const std::string& text) {
 // What read_for_team's receivers need besides the tensors' bytes, as JSON: {"metadata": {key:
 // value}, "file_of": {name: file}, "held_elsewhere": [name], "tensors": [[name, dtype, [sizes]]]},
 // the dtype as c10::ScalarType's number (every rank runs the same build).
-std::string encode_layout(const OptimizerFile& file) {
-  std::string out = "{\"metadata\":{";
-  const char* sep = "";
-  for (const auto& [key, value] : file.metadata) {
+// `map` as a JSON object of strings, appended to `out`.
+void append_json_object(std::string& out, const std::map<std::string, std::string>& map) {
+  const char* sep = "{";
+  for (const auto& [key, value] : map) {
     out += sep;
     append_json_string(out, key);
     out += ':';
     append_json_string(out, value);
     sep = ",";
   }
-  out += "},\"file_of\":{";
-  sep = "";
-  for (const auto& [name, value] : file.file_of) {
-    out += sep;
-    append_json_string(out, name);
-    out += ':';
-    append_json_string(out, value);
-    sep = ",";
-  }
-  out += "},\"held_elsewhere\":[";
-  sep = "";
+  out += map.empty() ? "{}" : "}";
+}
+
+std::string encode_layout(const OptimizerFile& file) {
+  std::string out = "{\"metadata\":";
+  append_json_object(out, file.metadata);
+  out += ",\"file_of\":";
+  append_json_object(out, file.file_of);
+  out += ",\"held_elsewhere\":[";
+  const char* sep = "";
   for (const auto& name : file.held_elsewhere) {
     out += sep;
     append_json_string(out, name);
