@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "checkpoint/state_view.h"
+#include "comm/public_call.h"
 #include "checkpoint/async_optimizer_save.h"
 #include "checkpoint/async_save.h"
 #include "checkpoint/optimizer_state_dict.h"
@@ -26,6 +27,7 @@
 namespace cpprun::detail {
 
 void save_model_state(StateSource source, const std::string& path, const StateDictSaveOptions& options) {
+  PublicCallScope call("cpprun::save_state_dict");
   check_state_dict_path(path);  // before any collective: every rank refuses alike
   const StateView view = state_view(source);
   at::NoGradGuard no_grad;
@@ -33,6 +35,7 @@ void save_model_state(StateSource source, const std::string& path, const StateDi
 }
 
 StateDictLoadReport load_model_state(StateSource source, const std::string& path, const StateDictOptions& options) {
+  PublicCallScope call("cpprun::load_state_dict");
   const StateView view = state_view(source);
   at::NoGradGuard no_grad;
   // The current whole state: what the file's tensors replace, and what a strict(false) load
@@ -44,6 +47,7 @@ StateDictLoadReport load_model_state(StateSource source, const std::string& path
 }
 
 AsyncSave save_model_state_async(StateSource source, const std::string& path, const StateDictSaveOptions& options) {
+  PublicCallScope call("cpprun::save_async");
   check_state_dict_path(path);
   const StateView view = state_view(source);
   at::NoGradGuard no_grad;
@@ -51,6 +55,7 @@ AsyncSave save_model_state_async(StateSource source, const std::string& path, co
 }
 
 torch::OrderedDict<std::string, at::Tensor> get_model_state(StateSource source, const StateDictOptions& options) {
+  PublicCallScope call("cpprun::get_model_state_dict");
   TORCH_CHECK(options.file_key_prefix().empty() && options.consume_prefix_in_state_dict_if_present().empty(),
               "cpprun: get_model_state_dict gives the model's own names; file_key_prefix applies to loads "
               "(set_model_state_dict, load_state_dict), as does consume_prefix_in_state_dict_if_present: leave "
@@ -73,6 +78,7 @@ torch::OrderedDict<std::string, at::Tensor> get_model_state(StateSource source, 
 
 StateDictLoadReport set_model_state(StateSource source, const torch::OrderedDict<std::string, at::Tensor>& state,
                                     const StateDictOptions& options) {
+  PublicCallScope call("cpprun::set_model_state_dict");
   NamedTensors given;
   given.reserve(state.size());
   for (const auto& item : state) given.emplace_back(item.key(), item.value());
@@ -103,6 +109,7 @@ StateDictLoadReport set_model_state(StateSource source, const torch::OrderedDict
 
 void save_optimizer_state(StateSource source, torch::optim::Optimizer& optimizer, const std::string& path,
                           const StateDictSaveOptions& options) {
+  PublicCallScope call("cpprun::save_optimizer_state_dict");
   check_optimizer_path(path, "save_optimizer_state_dict");
   const StateView view = state_view(source);
   at::NoGradGuard no_grad;
@@ -110,6 +117,7 @@ void save_optimizer_state(StateSource source, torch::optim::Optimizer& optimizer
 }
 
 void load_optimizer_state(StateSource source, torch::optim::Optimizer& optimizer, const std::string& path) {
+  PublicCallScope call("cpprun::load_optimizer_state_dict");
   const StateView view = state_view(source);
   at::NoGradGuard no_grad;
   load_optimizer_state_dict(optimizer_params(view), optimizer, view.team, path);
@@ -117,6 +125,7 @@ void load_optimizer_state(StateSource source, torch::optim::Optimizer& optimizer
 
 OptimizerStateDict get_optimizer_state(StateSource source, torch::optim::Optimizer& optimizer,
                                        const StateDictOptions& options) {
+  PublicCallScope call("cpprun::get_optimizer_state_dict");
   const StateView view = state_view(source);
   at::NoGradGuard no_grad;
   return get_optimizer_state(optimizer_params(view), optimizer, view.team, options);
@@ -124,6 +133,7 @@ OptimizerStateDict get_optimizer_state(StateSource source, torch::optim::Optimiz
 
 void set_optimizer_state(StateSource source, torch::optim::Optimizer& optimizer, const OptimizerStateDict& state,
                          const StateDictOptions& options) {
+  PublicCallScope call("cpprun::set_optimizer_state_dict");
   const StateView view = state_view(source);
   at::NoGradGuard no_grad;
   set_optimizer_state(optimizer_params(view), optimizer, view.team, state, options);
@@ -160,6 +170,7 @@ std::string checkpoint_directory(const std::string& path, const char* call) {
 AsyncSave save_model_and_optimizer_async(StateSource source, torch::optim::Optimizer& optimizer,
                                          const std::string& model_path, const std::string& optimizer_path,
                                          const StateDictSaveOptions& options) {
+  PublicCallScope call("cpprun::save_async");
   check_async_save_paths(model_path, optimizer_path);
   const StateView view = state_view(source);
   at::NoGradGuard no_grad;

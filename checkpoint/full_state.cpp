@@ -1,5 +1,6 @@
 // See full_state.h.
 #include "checkpoint/full_state.h"
+#include "comm/public_call.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -179,10 +180,12 @@ void load_full_state(const StateView& view, const torch::nn::Module& module, con
 }
 
 void save_model_archive(StateSource source, const torch::nn::Module& module, const std::string& path) {
+  PublicCallScope call("cpprun::save_full_state_dict");
   save_full_state(state_view(source), module, path);
 }
 
 void load_model_archive(StateSource source, const torch::nn::Module& module, const std::string& path) {
+  PublicCallScope call("cpprun::load_full_state_dict");
   load_full_state(state_view(source), module, path);
 }
 

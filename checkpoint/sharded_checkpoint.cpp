@@ -1,5 +1,6 @@
 // See sharded_checkpoint.h.
 #include "checkpoint/sharded_checkpoint.h"
+#include "comm/public_call.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -501,10 +502,12 @@ void load_sharded_checkpoint(const StateView& view, torch::optim::Optimizer* opt
 }
 
 void save_rank_files(StateSource source, torch::optim::Optimizer& optimizer, const std::string& dir) {
+  PublicCallScope call("cpprun::save_sharded_checkpoint");
   save_sharded_checkpoint(state_view(source), &optimizer, dir);
 }
 
 void load_rank_files(StateSource source, torch::optim::Optimizer& optimizer, const std::string& dir) {
+  PublicCallScope call("cpprun::load_sharded_checkpoint");
   load_sharded_checkpoint(state_view(source), &optimizer, dir);
 }
 

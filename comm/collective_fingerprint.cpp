@@ -6,6 +6,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cstring>
 #include <map>
 #include <sstream>
 
@@ -20,7 +21,9 @@ constexpr int64_t kFirstTensorSlot = 8;
 constexpr int64_t kMaxDims = 6;                  // a deeper shape folds its tail into the last
 constexpr int64_t kTensorSlots = 2 + kMaxDims;   // ndim, numel, dims
 constexpr int64_t kMaxTensors = 2;
-static_assert(kFirstTensorSlot + kMaxTensors * kTensorSlots == kFingerprintLength);
+constexpr int64_t kFirstNameSlot = kFirstTensorSlot + kMaxTensors * kTensorSlots;  // what calls compare ends here
+constexpr int64_t kNameBytes = (kFingerprintLength - kFirstNameSlot) * 8;
+static_assert(kFirstNameSlot == 24 && kNameBytes == 48);
 
 int64_t tensor_slot(int64_t tensor, int64_t field) {
   return kFirstTensorSlot + tensor * kTensorSlots + field;
@@ -54,12 +57,38 @@ const int64_t* values(const at::Tensor& fingerprint) {
 bool agree(const at::Tensor& a, const at::Tensor& b, Agreement agreement) {
   const int64_t* x = values(a);
   const int64_t* y = values(b);
-  if (agreement == Agreement::kExact) return std::equal(x, x + kFingerprintLength, y);
+  if (agreement == Agreement::kExact) return std::equal(x, x + kFirstNameSlot, y);
   if (!std::equal(x, x + kFirstTensorSlot, y)) return false;
   for (int64_t t = 0; t < kMaxTensors; ++t) {
     if (x[tensor_slot(t, 1)] != y[tensor_slot(t, 1)]) return false;  // numel
   }
   return true;
+}
+
+// The public call's name into the name slots: NUL-padded bytes, "..." ending one cut short. The
+// slots stay -1 outside any public call.
+void pack_name(int64_t* v, const char* name) {
+  if (name == nullptr) return;
+  char bytes[kNameBytes] = {};
+  const std::size_t length = std::strlen(name);
+  if (length <= static_cast<std::size_t>(kNameBytes)) {
+    std::memcpy(bytes, name, length);
+  } else {
+    std::memcpy(bytes, name, kNameBytes - 3);
+    std::memcpy(bytes + kNameBytes - 3, "...", 3);
+  }
+  std::memcpy(v + kFirstNameSlot, bytes, kNameBytes);
+}
+
+// The name the slots hold, or "" (none, or a peer's bytes that are not a printable name).
+std::string unpack_name(const int64_t* v) {
+  char bytes[kNameBytes];
+  std::memcpy(bytes, v + kFirstNameSlot, kNameBytes);
+  std::string name(bytes, strnlen(bytes, kNameBytes));
+  for (char c : name) {
+    if (c < 0x20 || c > 0x7e) return "";
+  }
+  return name;
 }
 
 std::string rank_list(const std::vector<int>& ranks) {
@@ -97,6 +126,7 @@ at::Tensor fingerprint(const CollectiveCall& call, uint64_t sequence) {
   v[kTensorCountSlot] = static_cast<int64_t>(call.tensors.size());
   if (call.root) v[kRootSlot] = *call.root;
   if (call.reduce) v[kReduceSlot] = static_cast<int64_t>(*call.reduce);
+  pack_name(v, call.public_call);
   for (std::size_t t = 0; t < call.tensors.size(); ++t) {
     const at::Tensor& tensor = call.tensors[t];
     // The tensors of one call share dtype and device (checked before the call is packed).
@@ -162,6 +192,7 @@ std::string describe(const at::Tensor& fingerprint) {
   }
   if (v[kReduceSlot] >= 0) out << ", " << reduce_name(v[kReduceSlot]);
   out << ")";
+  if (const std::string name = unpack_name(v); !name.empty()) out << " in " << name;
   return out.str();
 }
 

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/public_call.h"
 #include "cpprun/collectives.h"
 
 namespace cpprun::detail {
@@ -39,17 +40,21 @@ struct CollectiveCall {
   // The tensors' shapes may differ between ranks (uneven all-to-all): only their dtype and
   // device are compared.
   bool shapes_vary = false;
+  // The public call the collective runs for (Note [The public call of a collective] in
+  // comm/public_call.h): named in messages, never compared.
+  const char* public_call = PublicCallScope::current();
 };
 
 // How strictly two calls must agree.
+// Neither compares the public call each rank makes the collective for.
 enum class Agreement {
   kExact,        // same op, sequence number, dtype, device, shapes, root, reduce op (DETAIL)
   kSameNumel,    // as kExact, but shapes need only hold as many elements (what a ring moves)
 };
 
 // A call packed as kFingerprintLength int64 values: a CPU tensor, so that any backend's ranks
-// can exchange it over Gloo.
-constexpr int64_t kFingerprintLength = 24;
+// can exchange it over Gloo. The last six hold the public call's name (its first 48 bytes).
+constexpr int64_t kFingerprintLength = 30;
 at::Tensor fingerprint(const CollectiveCall& call, uint64_t sequence);
 
 // Whether every row of `fingerprints` (one per rank, kFingerprintLength each) agrees with
@@ -59,7 +64,8 @@ at::Tensor fingerprint(const CollectiveCall& call, uint64_t sequence);
 std::optional<std::string> mismatch(const at::Tensor& mine, const std::vector<at::Tensor>& fingerprints,
                                     const std::vector<int>& ranks, Agreement agreement);
 
-// "broadcast(float32[4], root 0)": a fingerprint as a call, for messages.
+// "broadcast(float32[4], root 0)": a fingerprint as a call, for messages; made within a public
+// call, "broadcast(float32[4], root 0) in cpprun::load_state_dict".
 std::string describe(const at::Tensor& fingerprint);
 uint64_t sequence_of(const at::Tensor& fingerprint);
 std::optional<int64_t> root_of(const at::Tensor& fingerprint);

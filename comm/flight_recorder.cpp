@@ -15,6 +15,7 @@
 #include <mutex>
 #include <thread>
 
+#include "comm/public_call.h"
 #include "cpprun/atomic_file.h"
 #include "cpprun/launcher_contract.h"
 #include "support/error_report_hook.h"
@@ -274,6 +275,7 @@ RecordedCall call_of(const std::shared_ptr<const RecordedGroup>& group, uint64_t
   call.group = group;
   call.seq = seq;
   call.op = op;
+  call.public_call = PublicCallScope::current();
   for (const at::Tensor& t : tensors) {
     if (call.tensor_count == RecordedCall::kMaxTensors || !t.defined()) break;
     call.dtype = t.scalar_type();

@@ -62,6 +62,8 @@ void write_entry(std::ostringstream& out, const FlightRecorderEntry& e) {
   write_optional(out, e.tag, [&](int t) { out << t; });
   out << ",\"label\":";
   write_optional(out, e.label, [&](const std::string& s) { write_string(out, s); });
+  out << ",\"public_call\":";
+  write_optional(out, e.public_call, [&](const std::string& s) { write_string(out, s); });
   out << ",\"state\":";
   write_string(out, to_string(e.state));
   out << ",\"start_unix_ms\":" << e.start_unix_ms << ",\"end_unix_ms\":";

@@ -24,6 +24,7 @@ FlightRecorderEntry to_entry(const RecordedCall& call, CollectiveState state, in
   entry.root = call.root;
   entry.tag = call.tag;
   entry.label = call.label;
+  if (call.public_call != nullptr) entry.public_call = std::string(call.public_call);
   entry.state = state;
   entry.start_unix_ms = call.start_unix_ms;
   if (state != CollectiveState::kStarted) entry.end_unix_ms = end_unix_ms;

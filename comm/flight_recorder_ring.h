@@ -39,6 +39,7 @@ struct RecordedCall {
   std::optional<int> root;
   std::optional<int> tag;            // send/recv
   std::optional<std::string> label;  // send/recv, when the sender or receiver said what it carries
+  const char* public_call = nullptr;  // a string literal: Note [The public call of a collective]
   int64_t start_unix_ms = 0;
 };
 

@@ -32,7 +32,7 @@ int message_tag(const Ring& ring, int step, int message, int64_t message_bytes) 
 // Note [Ring neighbour check]
 // Gloo does not compare message sizes: a receive posted for more bytes than its peer sends
 // completes with the buffer partly written, and one posted for fewer aborts the process from
-// Gloo's I/O thread. So each rank sends its call's fingerprint (192 bytes on every rank) to the
+// Gloo's I/O thread. So each rank sends its call's fingerprint (240 bytes on every rank) to the
 // next rank and compares the previous rank's with its own before it waits for the first data.
 // The fingerprint travels beside the first step's data rather than before it (a round trip
 // more per op cost ZeRO-3 25% of its step time on a loaded 2-core machine), so the first data

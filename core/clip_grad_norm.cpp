@@ -1,5 +1,6 @@
 // See clip_grad_norm.h.
 #include "core/clip_grad_norm.h"
+#include "comm/public_call.h"
 
 #include <ATen/ATen.h>
 #include <ATen/native/ForeachUtils.h>
@@ -252,6 +253,7 @@ namespace cpprun {
 
 double clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type,
                        bool error_if_nonfinite) {
+  detail::PublicCallScope call("cpprun::clip_grad_norm_");
   detail::refuse_partial_gradients(parameters);
   std::vector<detail::GradientToClip> grads;
   std::unordered_set<const c10::TensorImpl*> seen;
@@ -262,6 +264,7 @@ double clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_nor
 }
 
 double clip_grad_norm_(torch::nn::Module& module, double max_norm, double norm_type, bool error_if_nonfinite) {
+  detail::PublicCallScope call("cpprun::clip_grad_norm_");
   // See Note [Clipping a wrapper's gradients].
   if (detail::DataParallelCore* core = detail::wrapper_core(module)) {
     return core->clip_grad_norm(max_norm, norm_type, error_if_nonfinite);

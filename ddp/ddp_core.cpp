@@ -10,6 +10,7 @@
 #include <unordered_set>
 
 #include "comm/group_membership.h"
+#include "comm/public_call.h"
 #include "core/clip_grad_norm.h"
 #include "checkpoint/state_view.h"
 #include "core/tensor_parallel_splits.h"
@@ -118,6 +119,7 @@ struct DdpCore::Impl {
 
 DdpCore::DdpCore(torch::nn::Module& module, ProcessGroup group, DdpOptions options)
     : impl_(std::make_unique<Impl>(module, member_group("DistributedDataParallel", std::move(group)), options)) {
+  PublicCallScope call("DistributedDataParallel's constructor");
   TORCH_CHECK(options.bucket_cap_mb() > 0 && options.first_bucket_cap_mb() > 0,
               "cpprun::DistributedDataParallel: bucket_cap_mb and first_bucket_cap_mb must be positive, got ",
               options.bucket_cap_mb(), " and ", options.first_bucket_cap_mb(), ".");
@@ -149,6 +151,7 @@ DdpCore::DdpCore(torch::nn::Module& module, ProcessGroup group, DdpOptions optio
 DdpCore::~DdpCore() = default;
 
 void DdpCore::before_forward() {
+  PublicCallScope call("DistributedDataParallel's forward");
   Impl& s = *impl_;
   s.reducer->check_previous_backward();
   const bool will_sync = s.require_sync && !s.manual_finalization && torch::autograd::GradMode::is_enabled();
@@ -162,6 +165,7 @@ void DdpCore::before_forward() {
 }
 
 void DdpCore::after_forward(const std::vector<at::Tensor>& outputs) {
+  PublicCallScope call("DistributedDataParallel's forward");
   if (impl_->require_sync && !impl_->manual_finalization && torch::autograd::GradMode::is_enabled()) {
     impl_->reducer->prepare_for_backward(outputs);
   }
@@ -184,6 +188,7 @@ void DdpCore::join(const std::function<void()>& train_loop) {
   s.last_active = -1;
   try {
     train_loop();
+    PublicCallScope call("DistributedDataParallel::join (a joined rank)");
     for (;;) {
       const auto [source, any_sync] = s.exchange_join_state(JoinState::kJoined);
       if (source < 0) break;
@@ -217,12 +222,14 @@ void DdpCore::begin_last_backward() {
   if (torch::autograd::GradMode::is_enabled()) impl_->reducer->prepare_for_last_backward();
 }
 void DdpCore::finalize_backward() {
+  PublicCallScope call("DistributedDataParallel::finalize_backward");
   TORCH_CHECK(impl_->manual_finalization, "cpprun::DistributedDataParallel::finalize_backward: manual finalization "
               "is off; backward reduces the gradients itself.");
   impl_->reducer->reduce_accumulated();
 }
 bool DdpCore::require_sync() const { return impl_->require_sync; }
 double DdpCore::clip_grad_norm(double max_norm, double norm_type, bool error_if_nonfinite) {
+  PublicCallScope call("DistributedDataParallel::clip_grad_norm");
   // Each tensor once (a tied weight counted twice would inflate the norm and be scaled twice).
   return detail::clip_grad_norm(module_gradients(impl_->module, impl_->tp_splits),
                                 {max_norm, norm_type, error_if_nonfinite}, /*sum_over=*/nullptr,

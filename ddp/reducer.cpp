@@ -9,6 +9,7 @@
 #include <numeric>
 #include <unordered_set>
 
+#include "comm/public_call.h"
 #include "core/tensor_alias.h"
 #include "cpprun/collectives.h"
 #include "ddp/bucket_assignment.h"
@@ -17,6 +18,8 @@ namespace cpprun::detail {
 namespace {
 
 constexpr double kMiB = 1024.0 * 1024.0;
+// What the bucket all-reduces are named in a mismatch (Note [The public call of a collective]).
+constexpr const char* kDdpBackward = "DistributedDataParallel's backward";
 
 // Whether `grad` is exactly this slot of a bucket (gradient_as_bucket_view), not merely another
 // view of the same buffer or a view of a buffer from before a rebuild.
@@ -43,7 +46,12 @@ Reducer::Reducer(std::vector<std::string> names, std::vector<at::Tensor> params,
   std::iota(order.rbegin(), order.rend(), 0);
   build_buckets(order);
 
-  for (std::size_t i = 0; i < params_.size(); ++i) hooks_.add(params_[i], [this, i] { on_gradient_ready(i); });
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    hooks_.add(params_[i], [this, i] {
+      PublicCallScope call(kDdpBackward);
+      on_gradient_ready(i);
+    });
+  }
 }
 
 Reducer::~Reducer() = default;
@@ -229,7 +237,10 @@ void Reducer::on_gradient_ready(std::size_t param) {
   if (state_ != BackwardState::kExpecting) return;  // no_sync, eval, or a backward we did not prepare
   if (!finish_queued_ && !manual_end_) {
     finish_queued_ = true;
-    torch::autograd::Engine::get_default_engine().queue_callback([this] { finish_backward(); });
+    torch::autograd::Engine::get_default_engine().queue_callback([this] {
+      PublicCallScope call(kDdpBackward);
+      finish_backward();
+    });
   }
   TORCH_CHECK(!ready_[param], "cpprun::DistributedDataParallel: parameter ", names_[param],
               " received a gradient twice in one backward pass (after being found unused, or by "

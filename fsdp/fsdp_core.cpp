@@ -16,6 +16,7 @@
 #include <unordered_set>
 
 #include "comm/group_membership.h"
+#include "comm/public_call.h"
 #include "core/clip_grad_norm.h"
 #include "cpprun/collectives.h"
 #include "checkpoint/state_view.h"
@@ -192,6 +193,7 @@ FsdpCore::FsdpCore(torch::nn::Module& module, ProcessGroup group, std::optional<
 FsdpCore::~FsdpCore() = default;
 
 void FsdpCore::before_forward() {
+  PublicCallScope call("FullyShardedDataParallel's forward");
   Impl& s = *impl_;
   const bool grad = torch::autograd::GradMode::is_enabled();
   if (s.residency) {
@@ -208,10 +210,12 @@ void FsdpCore::before_forward() {
 }
 
 void FsdpCore::after_forward(const std::vector<at::Tensor>& /*outputs*/) {
+  PublicCallScope call("FullyShardedDataParallel's forward");
   if (impl_->residency) impl_->residency->end_forward(torch::autograd::GradMode::is_enabled());
 }
 
 void FsdpCore::gather_full_parameters() {
+  PublicCallScope call("FullyShardedDataParallel::gather_full_parameters");
   if (impl_->residency) impl_->residency->gather_all();
   impl_->gather_if_stepped(/*ends_window=*/false);
 }
@@ -249,6 +253,7 @@ void FsdpCore::register_shards(torch::nn::Module& wrapper) const {
 }
 
 double FsdpCore::clip_grad_norm(double max_norm, double norm_type, bool error_if_nonfinite) {
+  PublicCallScope call("FullyShardedDataParallel::clip_grad_norm");
   std::vector<GradientToClip> grads;
   for (const auto& bucket : impl_->buckets) {
     for (const auto& s : bucket.params()) {
@@ -340,6 +345,7 @@ bool FsdpCore::requires_all_reduce() const { return impl_->sync->all_reduce_enab
 void FsdpCore::unshard() { gather_full_parameters(); }
 
 void FsdpCore::reshard() {
+  PublicCallScope call("FullyShardedDataParallel::reshard");
   if (impl_->residency) impl_->residency->release_all();
 }
 
@@ -371,6 +377,7 @@ void FsdpCore::set_all_reduce_hook(std::function<void(const at::Tensor&)> hook) 
 }
 void FsdpCore::set_manual_finalization(bool on) { impl_->manual_finalization = on; }
 void FsdpCore::finalize_backward() {
+  PublicCallScope call("FullyShardedDataParallel::finalize_backward");
   TORCH_CHECK(impl_->manual_finalization, "cpprun::FullyShardedDataParallel::finalize_backward: manual finalization "
               "is off; backward reduces the gradients itself.");
   impl_->sync->finalize();  // ZeRO-3: its end releases every unit

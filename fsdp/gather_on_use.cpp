@@ -8,6 +8,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "comm/public_call.h"
 #include "core/extension_key.h"
 #include "fsdp/full_gradient_guard.h"
 
@@ -59,6 +60,7 @@ void report_uses_then_run(const c10::OperatorHandle& op, c10::DispatchKeySet key
   {
     // The listener's own operators (its collectives' copies) must not report back here.
     c10::impl::ExcludeDispatchKeyGuard no_reentry(kWatchKey);
+    PublicCallScope call("FullyShardedDataParallel's gather on use");
     while (!uses.empty()) {
       UseListener* listener = uses.front().listener;
       std::vector<std::size_t> units;

@@ -8,11 +8,15 @@
 #include <algorithm>
 #include <unordered_set>
 
+#include "comm/public_call.h"
 #include "fsdp/fsdp_collectives.h"
 #include "fsdp/full_gradient_guard.h"
 
 namespace cpprun::detail {
 namespace {
+
+// What the gradient reductions are named in a mismatch (Note [The public call of a collective]).
+constexpr const char* kFsdpBackward = "FullyShardedDataParallel's backward";
 
 bool shard_grads_defined(const ParamBucket& bucket) {
   for (const ShardedParam& s : bucket.params()) {
@@ -43,7 +47,10 @@ GradientSync::GradientSync(std::vector<ParamBucket>& buckets, const ShardGroups&
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
     states_[b].grads.resize(buckets_[b].params().size());
     for (std::size_t i = 0; i < buckets_[b].params().size(); ++i) {
-      hooks_.add(buckets_[b].params()[i].param, [this, b, i] { on_gradient_ready(b, i); });
+      hooks_.add(buckets_[b].params()[i].param, [this, b, i] {
+        PublicCallScope call(kFsdpBackward);
+        on_gradient_ready(b, i);
+      });
     }
   }
 }
@@ -136,7 +143,10 @@ void GradientSync::on_gradient_ready(std::size_t b, std::size_t i) {
     // bucket is done and when backward ends, to release the parameters (reshard_after_backward).
     if (!finish_queued_ && backward_end_) {
       finish_queued_ = true;
-      torch::autograd::Engine::get_default_engine().queue_callback([this] { finish_local_backward(); });
+      torch::autograd::Engine::get_default_engine().queue_callback([this] {
+        PublicCallScope call(kFsdpBackward);
+        finish_local_backward();
+      });
     }
     // A second backward through one graph (retain_graph) counts afresh: Note [Local backward again].
     if (states_[b].pending > 0 && --states_[b].pending == 0 && bucket_done_) bucket_done_(b);
@@ -144,7 +154,10 @@ void GradientSync::on_gradient_ready(std::size_t b, std::size_t i) {
   }
   if (!finish_queued_) {
     finish_queued_ = true;
-    torch::autograd::Engine::get_default_engine().queue_callback([this] { finish_backward(); });
+    torch::autograd::Engine::get_default_engine().queue_callback([this] {
+      PublicCallScope call(kFsdpBackward);
+      finish_backward();
+    });
   }
   if (options_.shard_gradients) collect(b, i);
   if (--states_[b].pending == 0 && bucket_done_) bucket_done_(b);

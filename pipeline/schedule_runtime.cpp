@@ -46,6 +46,7 @@
 #include "cpprun/unique_parameters.h"
 #include "comm/group_membership.h"
 #include "comm/labelled_messages.h"
+#include "comm/public_call.h"
 #include "pipeline/schedule_plan.h"
 #include "pipeline/split_backward.h"
 #include "pipeline/stage_wrapper.h"
@@ -665,6 +666,7 @@ PipelineSchedule::PipelineSchedule(std::vector<PipelineStage*> stages, int micro
 PipelineSchedule::~PipelineSchedule() = default;
 
 at::Tensor PipelineSchedule::step(const at::Tensor& inputs, const at::Tensor& targets) {
+  detail::PublicCallScope call("PipelineSchedule::step");
   return runtime_->step(inputs, targets, /*train=*/true);
 }
 void PipelineSchedule::set_data_parallel_group(const ProcessGroup& group) {
@@ -683,6 +685,7 @@ void PipelineSchedule::set_data_parallel_group(const ProcessGroup& group) {
 void PipelineSchedule::set_grad_scaler(GradScaler& scaler) { runtime_->scaler = &scaler; }
 void PipelineSchedule::set_scale_grads(bool scale) { runtime_->scale_grads = scale; }
 at::Tensor PipelineSchedule::eval(const at::Tensor& inputs, const at::Tensor& targets) {
+  detail::PublicCallScope call("PipelineSchedule::eval");
   return runtime_->step(inputs, targets, /*train=*/false);
 }
 const std::vector<double>& PipelineSchedule::microbatch_losses() const { return runtime_->losses; }

@@ -24,6 +24,7 @@
 #include "checkpoint/owned_state.h"
 #include "checkpoint/state_dict.h"
 #include "checkpoint/state_view.h"
+#include "comm/public_call.h"
 #include "core/failure_agreement.h"
 #include "cpprun/optimizer_state_dict.h"
 #include "cpprun/pipeline_state_dict.h"
@@ -164,6 +165,7 @@ detail::OptimizerParams stages_optimizer_params(const std::vector<PipelineStage*
 }  // namespace
 
 void save_state_dict(std::vector<PipelineStage*> stages, const std::string& path, const StateDictSaveOptions& options) {
+  detail::PublicCallScope call("cpprun::save_state_dict (pipeline stages)");
   detail::finish_previous_save();
   detail::check_state_dict_path(path);  // before any collective: every rank refuses alike
   const detail::StateView view = stages_view(stages, "save_state_dict");
@@ -216,6 +218,7 @@ void fill_ties_held_once(const std::vector<PipelineStage*>& stages, const detail
 
 StateDictLoadReport load_state_dict(std::vector<PipelineStage*> stages, const std::string& path,
                                     const StateDictOptions& options) {
+  detail::PublicCallScope call("cpprun::load_state_dict (pipeline stages)");
   const detail::StateView view = stages_view(stages, "load_state_dict");
   at::NoGradGuard no_grad;
   // The current whole state: what the checkpoint's tensors replace in place (a replicated tensor
@@ -229,6 +232,7 @@ StateDictLoadReport load_state_dict(std::vector<PipelineStage*> stages, const st
 
 void save_optimizer_state_dict(std::vector<PipelineStage*> stages, torch::optim::Optimizer& optimizer,
                                const std::string& path, const StateDictSaveOptions& options) {
+  detail::PublicCallScope call("cpprun::save_optimizer_state_dict (stages)");
   detail::finish_previous_save();
   detail::check_optimizer_path(path, "save_optimizer_state_dict");
   const detail::StateView view = stages_view(stages, "save_optimizer_state_dict");
@@ -242,6 +246,7 @@ void save_optimizer_state_dict(std::vector<PipelineStage*> stages, torch::optim:
 
 void load_optimizer_state_dict(std::vector<PipelineStage*> stages, torch::optim::Optimizer& optimizer,
                                const std::string& path) {
+  detail::PublicCallScope call("cpprun::load_optimizer_state_dict (stages)");
   const detail::StateView view = stages_view(stages, "load_optimizer_state_dict");
   at::NoGradGuard no_grad;
   detail::load_optimizer_state_dict(stages_optimizer_params(stages, view), optimizer, view.team, path,
@@ -249,6 +254,7 @@ void load_optimizer_state_dict(std::vector<PipelineStage*> stages, torch::optim:
 }
 
 AsyncSave save_async(std::vector<PipelineStage*> stages, const std::string& path, const StateDictSaveOptions& options) {
+  detail::PublicCallScope call("cpprun::save_async (pipeline stages)");
   detail::finish_previous_save();
   detail::check_state_dict_path(path);  // before any collective: every rank refuses alike
   const detail::StateView view = stages_view(stages, "save_async");
@@ -262,6 +268,7 @@ AsyncSave save_async(std::vector<PipelineStage*> stages, const std::string& path
 AsyncSave save_async(std::vector<PipelineStage*> stages, torch::optim::Optimizer& optimizer,
                      const std::string& model_path, const std::string& optimizer_path,
                      const StateDictSaveOptions& options) {
+  detail::PublicCallScope call("cpprun::save_async (pipeline stages)");
   detail::finish_previous_save();
   detail::check_async_save_paths(model_path, optimizer_path);
   const detail::StateView view = stages_view(stages, "save_async");
@@ -281,6 +288,7 @@ AsyncSave save_async(std::vector<PipelineStage*> stages, torch::optim::Optimizer
 
 void save_state_dict(std::vector<PipelineStage*> stages, torch::optim::Optimizer& optimizer, const std::string& dir,
                      const StateDictSaveOptions& options) {
+  detail::PublicCallScope call("cpprun::save_state_dict (pipeline stages)");
   const std::string directory = detail::checkpoint_directory(dir, "save_state_dict");
   StateDictSaveOptions one = options;
   if (!one.save_id()) one.save_id(new_save_id());  // pipeline rank 0's root's counts: it is broadcast
@@ -290,6 +298,7 @@ void save_state_dict(std::vector<PipelineStage*> stages, torch::optim::Optimizer
 
 StateDictLoadReport load_state_dict(std::vector<PipelineStage*> stages, torch::optim::Optimizer& optimizer,
                                     const std::string& dir, const StateDictOptions& options) {
+  detail::PublicCallScope call("cpprun::load_state_dict (pipeline stages)");
   const std::string directory = detail::checkpoint_directory(dir, "load_state_dict");
   StateDictLoadReport report = load_state_dict(stages, directory, options);
   load_optimizer_state_dict(std::move(stages), optimizer, directory);

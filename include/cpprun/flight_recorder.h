@@ -28,6 +28,8 @@ struct FlightRecorderEntry {
   std::optional<std::string> label;           // send/recv: what the message carries, where the library
                                               // knows ("pipeline stage 1: the activation of micro-batch
                                               // 3 from stage 0")
+  std::optional<std::string> public_call;     // the library's call it ran for ("cpprun::save_state_dict",
+                                              // "DistributedDataParallel's backward"); none: the user's own
   CollectiveState state = CollectiveState::kStarted;
   int64_t start_unix_ms = 0;
   std::optional<int64_t> end_unix_ms;         // when it completed or failed

@@ -81,12 +81,14 @@ CollectiveRecord::State state_of(const std::string& state, const std::string& wh
 
 }  // namespace
 
-std::string CollectiveRecord::describe() const {
+std::string CollectiveRecord::call() const {
   std::string args = dtype + shapes;
   if (!reduce_op.empty()) args += ", " + reduce_op;
   if (root) args += ", root " + std::to_string(*root);
   return op + " #" + std::to_string(seq) + " (" + args + ")";
 }
+
+std::string CollectiveRecord::describe() const { return call() + (public_call.empty() ? "" : " in " + public_call); }
 
 FlightDump parse_flight_dump(const std::string& json) {
   Json doc;
@@ -144,6 +146,11 @@ FlightDump parse_flight_dump(const std::string& json) {
     if (const Json* label = find(e, "label"); label != nullptr && !is_null(*label)) {
       if (label->kind != Json::Kind::kString) bad(where + "'s \"label\" is not a string");
       record.label = printable(label->text.substr(0, kMaxLabelBytes));  // printed: no control characters
+    }
+    // "public_call": dumps since 2026-12-05 (optional).
+    if (const Json* call = find(e, "public_call"); call != nullptr && !is_null(*call)) {
+      if (call->kind != Json::Kind::kString) bad(where + "'s \"public_call\" is not a string");
+      record.public_call = printable(call->text.substr(0, kMaxLabelBytes));
     }
     record.state = state_of(text(e, "state", where), where);
     record.start_unix_ms = integer(e, "start_unix_ms", where);

@@ -23,11 +23,15 @@ struct CollectiveRecord {
   std::optional<int> tag;        // send/recv
   std::string label;             // send/recv: what it carries, when the library said ("pipeline stage 1: ..."); cut
                                  // to kMaxLabelBytes, control characters as '?'
+  std::string public_call;       // the library's call it ran for ("cpprun::save_state_dict"); "" when none or
+                                 // the user's own; cut and cleaned as the label
   State state = State::kStarted;
   int64_t start_unix_ms = 0;
   std::optional<int64_t> end_unix_ms;
 
-  // "all_reduce #1042 (float32[4096], sum)".
+  // "all_reduce #1042 (float32[4096], sum)": what ranks must agree on.
+  std::string call() const;
+  // call(), then " in DistributedDataParallel's backward" when it ran for a library call: for messages.
   std::string describe() const;
 };
 

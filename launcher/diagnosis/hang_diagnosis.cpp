@@ -146,11 +146,13 @@ Diagnosis diagnose(const std::vector<RankEvidence>& ranks, const std::string& wh
       at[rank] = {last, dumped_ms - from};
       frontier = std::max(frontier, last->seq);
     }
-    // The lowest seq at which two ranks recorded different calls.
-    std::map<int64_t, std::map<std::string, std::vector<int>>> calls;  // seq -> call -> ranks
+    // The lowest seq at which two ranks recorded different calls (the library call each ran for is
+    // said, never compared: Note [The public call of a collective] in comm/public_call.h).
+    std::map<int64_t, std::map<std::string, std::vector<int>>> calls;  // seq -> call as described -> ranks
+    std::map<int64_t, std::map<std::string, std::string>> described;   // seq -> call() -> its first describe()
     for (const auto& [rank, records] : g.records) {
       for (const CollectiveRecord* c : records) {
-        std::string call = c->describe();
+        const std::string& call = described[c->seq].try_emplace(c->call(), c->describe()).first->second;
         calls[c->seq][call].push_back(rank);
       }
     }

@@ -59,6 +59,10 @@ default)
   expect_every_rank_failed_with "cpprun: collective #3 mismatch: rank 0 called all_gather_into(float32[8], float32[4]), rank 1 called all_gather_into(float32[16], float32[8])." "default, all-gather of 4 and 8 elements"
   run_probe reduce_scatter_op
   expect_every_rank_failed_with "cpprun: collective #3 mismatch: rank 0 called reduce_scatter(float32[4], float32[8], sum), rank 1 called reduce_scatter(float32[4], float32[8], max)." "default, reduce-scatter sum against max"
+  # A rank in a public call alone: the message says which call each rank was in.
+  run_probe save_alone
+  expect_every_rank_failed_with "rank 0 called all_reduce(int32[2], sum) in cpprun::save_state_dict, rank 1 called" "default, a save on one rank"
+  expect_every_rank_failed_with "all_reduce(float32[10], sum) in DistributedDataParallel's backward." "default, a save on one rank"
   ;;
 unchecked)
   # CPPRUN_CHECK_COLLECTIVES=0 turns the default mode's checks off: sum against max is then the

@@ -47,7 +47,7 @@ bool wait_for(const fs::path& file, std::chrono::seconds limit) {
 }
 
 // The mismatched call of each mode; rank 0 differs from the others.
-void mismatched_call(const std::string& mode, const cpprun::ProcessGroup& pg) {
+void mismatched_call(const std::string& mode, const cpprun::ProcessGroup& pg, const fs::path& sync_dir) {
   const bool first = pg.rank() == 0;
   if (mode == "broadcast_size") {  // the root sends fewer elements than the others expect
     at::Tensor t = at::full({first ? 4 : 8}, first ? 7.0 : -1.0);
@@ -92,6 +92,14 @@ void mismatched_call(const std::string& mode, const cpprun::ProcessGroup& pg) {
     at::Tensor t = at::ones({4});
     for (int i = 0; i < (first ? 2 : 3); ++i) cpprun::all_reduce(pg, t);
     std::cout << "result " << t << std::endl;
+  } else if (mode == "save_alone") {  // rank 0 saves a checkpoint alone; rank 1 trains on
+    torch::nn::Linear net(4, 2);
+    auto ddp = cpprun::DistributedDataParallel(net.ptr(), pg);
+    if (pg.rank() == 0) {
+      cpprun::save_state_dict(ddp, (sync_dir / "model.safetensors").string());
+    } else {
+      ddp->forward(at::ones({3, 4})).sum().backward();
+    }
   } else if (mode == "reduce_scatter_op") {
     at::Tensor out = at::zeros({4});
     cpprun::reduce_scatter(pg, out, at::ones({pg.size() * 4}), first ? ReduceOp::kSum : ReduceOp::kMax);
@@ -132,11 +140,11 @@ int main(int argc, char** argv) {
   }
   test_marks::mark_time(sync_dir / ("fault." + std::to_string(pg.rank())));
   if (uncaught) {
-    mismatched_call(mode, pg);
+    mismatched_call(mode, pg, sync_dir);
     return 0;
   }
   try {
-    mismatched_call(mode, pg);
+    mismatched_call(mode, pg, sync_dir);
   } catch (const c10::Error& e) {
     std::cerr << "rank " << pg.rank() << " caught: " << e.what_without_backtrace() << std::endl;
     std::ofstream(sync_dir / ("failed." + std::to_string(pg.rank()))) << "1\n";

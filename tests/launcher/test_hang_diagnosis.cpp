@@ -218,3 +218,37 @@ TEST_CASE("hang_diagnosis: a message's label names the pipeline stage that waits
   // A dump of before labels (no "tag", no "label") is read as before.
   CHECK(parse_flight_dump(dump_json(1, 2, now, {message(4, now, "")})).entries[0].label.empty());
 }
+
+TEST_CASE("hang_diagnosis: the library call each rank ran a collective for is said, never compared",
+          "[hang_diagnosis]") {
+  const long long now = 90000;
+  auto in_call = [](int seq, const std::string& state, long long start, const std::string& extra,
+                    const std::string& call) {
+    std::string e = entry(seq, "all_reduce", state, start, extra);
+    const std::string null_root = "\"root\":null";
+    return e.replace(e.find(null_root), null_root.size(), null_root + ",\"public_call\":\"" + call + "\"");
+  };
+  const std::string training = "\"dtype\":\"float32\",\"shapes\":[[10]],\"reduce_op\":\"sum\"";
+  const std::string saving = "\"dtype\":\"int32\",\"shapes\":[[2]],\"reduce_op\":\"sum\"";
+  // Rank 0 saved alone: its all_reduce #3 is the save's, rank 1's the backward's.
+  std::vector<RankEvidence> ranks = {
+      evidence(0, dump_json(0, 2, now, {in_call(3, "started", now - 6000, saving, "cpprun::save_state_dict")})),
+      evidence(1, dump_json(1, 2, now, {in_call(3, "started", now - 6000, training,
+                                                "DistributedDataParallel's backward")})),
+  };
+  const std::string said = joined(diagnose(ranks, "timeout"));
+  CHECK_THAT(said, Contains("all_reduce #3 (int32[2], sum) in cpprun::save_state_dict"));
+  CHECK_THAT(said, Contains("all_reduce #3 (float32[10], sum) in DistributedDataParallel's backward"));
+  CHECK_THAT(said, Contains("disagree"));
+  // The same collective reached from two library calls is no disagreement.
+  ranks = {
+      evidence(0, dump_json(0, 2, now, {in_call(3, "started", now - 6000, training, "cpprun::clip_grad_norm_")})),
+      evidence(1, dump_json(1, 2, now, {in_call(3, "started", now - 6000, training,
+                                                "DistributedDataParallel::clip_grad_norm")})),
+  };
+  CHECK_THAT(joined(diagnose(ranks, "timeout")), !Contains("disagree"));
+  // Not a string: refused, as the label.
+  std::string numbered = entry(3, "all_reduce", "started", now, training);
+  numbered.replace(numbered.find("\"root\":null"), 11, "\"root\":null,\"public_call\":7");
+  CHECK_THROWS_WITH(parse_flight_dump(dump_json(1, 2, now, {numbered})), Contains("\"public_call\" is not a string"));
+}

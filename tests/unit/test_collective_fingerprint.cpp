@@ -79,3 +79,45 @@ TEST_CASE("fingerprint: the newer collectives, and shapes that may differ betwee
   CHECK(cpprun::detail::numel_of(message, 0) == 5);
   CHECK(cpprun::detail::dtype_of(message) == at::kHalf);
 }
+
+TEST_CASE("fingerprint: a call is described with the public call it was made in, never compared by it",
+          "[fingerprint]") {
+  using cpprun::detail::describe;
+  using cpprun::detail::PublicCallScope;
+  const at::Tensor outside = broadcast_of(at::zeros({4}), 0);
+  CHECK(describe(outside) == "broadcast(float32[4], root 0)");
+  at::Tensor saving;
+  {
+    PublicCallScope call("cpprun::save_state_dict");
+    {
+      PublicCallScope inner("cpprun::save_optimizer_state_dict");  // the user's call is the outer one
+      saving = broadcast_of(at::zeros({4}), 0);
+    }
+  }
+  CHECK(PublicCallScope::current() == nullptr);
+  CHECK(describe(saving) == "broadcast(float32[4], root 0) in cpprun::save_state_dict");
+  // The same collective reached from two public calls agrees: names are for messages only.
+  CHECK_FALSE(mismatch(saving, {saving, outside}, {0, 1}, Agreement::kExact).has_value());
+  CHECK_FALSE(mismatch(saving, {outside}, {1}, Agreement::kSameNumel).has_value());
+  // A mismatch names each rank's public call.
+  at::Tensor training;
+  {
+    PublicCallScope call("DistributedDataParallel's backward");
+    training = fingerprint({CollectiveKind::kAllReduce, {at::zeros({10})}, std::nullopt, ReduceOp::kSum}, 12);
+  }
+  CHECK_THAT(*mismatch(saving, {saving, training}, {0, 1}, Agreement::kExact),
+             Catch::StartsWith("cpprun: collective #12 mismatch: rank 0 called broadcast(float32[4], root 0) in "
+                               "cpprun::save_state_dict, rank 1 called all_reduce(float32[10], sum) in "
+                               "DistributedDataParallel's backward."));
+  // A name longer than the fingerprint holds is cut, and says so.
+  {
+    PublicCallScope call("FullyShardedDataParallel::gather_full_parameters, and more");
+    CHECK(describe(broadcast_of(at::zeros({1}), 0)) ==
+          "broadcast(float32[1], root 0) in FullyShardedDataParallel::gather_full_paramet...");
+  }
+  // A peer's bytes that are no printable name are left out rather than printed.
+  at::Tensor garbled = saving.clone();
+  garbled[cpprun::detail::kFingerprintLength - 1] = int64_t{0x0102030405060708};
+  garbled[cpprun::detail::kFingerprintLength - 6] = int64_t{0x0a0a0a0a0a0a0a0a};
+  CHECK(describe(garbled) == "broadcast(float32[4], root 0)");
+}

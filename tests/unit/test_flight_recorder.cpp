@@ -96,6 +96,7 @@ TEST_CASE("flight recorder: an entry carries the call as recorded", "[flight_rec
   call.root = 1;
   call.tag = 9;
   call.label = "what it carries";
+  call.public_call = "cpprun::save_state_dict";
   call.start_unix_ms = 42;
   ring.start(std::move(call));
   const FlightRecorderEntry e = ring.entries().at(0);
@@ -109,6 +110,7 @@ TEST_CASE("flight recorder: an entry carries the call as recorded", "[flight_rec
   CHECK(e.root == std::optional<int>(1));
   CHECK(e.tag == std::optional<int>(9));
   CHECK(e.label == std::optional<std::string>("what it carries"));
+  CHECK(e.public_call == std::optional<std::string>("cpprun::save_state_dict"));
   CHECK(e.start_unix_ms == 42);
 }
 
@@ -162,6 +164,7 @@ TEST_CASE("flight recorder: the JSON format", "[flight_recorder]") {
   done.state = CollectiveState::kCompleted;
   done.start_unix_ms = 1700000000000;
   done.end_unix_ms = 1700000000005;
+  done.public_call = "DistributedDataParallel's backward";
 
   FlightRecorderEntry waiting;
   waiting.group = "0/\"odd\"\\name\n";  // escaped as JSON requires
@@ -177,11 +180,13 @@ TEST_CASE("flight recorder: the JSON format", "[flight_recorder]") {
         "{\"format\":\"cpprun-flight-recorder\",\"version\":1,\"rank\":1,\"world_size\":2,\"pid\":4242,"
         "\"dumped_unix_ms\":1700000000123,\"reason\":\"timeout\",\"entries\":[\n"
         "{\"group\":\"0\",\"group_ranks\":[0,1],\"seq\":2,\"op\":\"all_reduce\",\"dtype\":\"float32\","
-        "\"shapes\":[[4096]],\"reduce_op\":\"sum\",\"root\":null,\"tag\":null,\"label\":null,\"state\":\"completed\","
+        "\"shapes\":[[4096]],\"reduce_op\":\"sum\",\"root\":null,\"tag\":null,\"label\":null,"
+        "\"public_call\":\"DistributedDataParallel's backward\",\"state\":\"completed\","
         "\"start_unix_ms\":1700000000000,\"end_unix_ms\":1700000000005},\n"
         "{\"group\":\"0/\\\"odd\\\"\\\\name\\n\",\"group_ranks\":[1],\"seq\":3,\"op\":\"recv\",\"dtype\":null,"
         "\"shapes\":[],\"reduce_op\":null,\"root\":0,\"tag\":5,"
-        "\"label\":\"pipeline stage 1: the activation of micro-batch 0 from stage 0\",\"state\":\"started\","
+        "\"label\":\"pipeline stage 1: the activation of micro-batch 0 from stage 0\",\"public_call\":null,"
+        "\"state\":\"started\","
         "\"start_unix_ms\":1700000000010,\"end_unix_ms\":null}\n"
         "]}\n");
   header.reason = DumpReason::kRequest;
