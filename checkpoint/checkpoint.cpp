@@ -31,7 +31,7 @@ void save_model_state(StateSource source, const std::string& path, const StateDi
   check_state_dict_path(path);  // before any collective: every rank refuses alike
   const StateView view = state_view(source);
   at::NoGradGuard no_grad;
-  save_state_dict(whole_state(view), view.team, path, options);
+  save_state_dict(whole_state_to_save(view, path), view.team, path, options);
 }
 
 StateDictLoadReport load_model_state(StateSource source, const std::string& path, const StateDictOptions& options) {
@@ -51,7 +51,7 @@ AsyncSave save_model_state_async(StateSource source, const std::string& path, co
   check_state_dict_path(path);
   const StateView view = state_view(source);
   at::NoGradGuard no_grad;
-  return start_async_save(whole_state(view), view.team, path, options);  // copied before it returns
+  return start_async_save(whole_state_to_save(view, path), view.team, path, options);  // copied before it returns
 }
 
 torch::OrderedDict<std::string, at::Tensor> get_model_state(StateSource source, const StateDictOptions& options) {
@@ -174,7 +174,7 @@ AsyncSave save_model_and_optimizer_async(StateSource source, torch::optim::Optim
   check_async_save_paths(model_path, optimizer_path);
   const StateView view = state_view(source);
   at::NoGradGuard no_grad;
-  NamedTensors model_state = whole_state(view);
+  NamedTensors model_state = whole_state_to_save(view, model_path);
   OptimizerStateToSave optimizer_state = optimizer_state_to_save(optimizer_params(view), optimizer);
   return start_async_save_with_optimizer(std::move(model_state), std::move(optimizer_state), view.team, model_path,
                                          optimizer_path, options);

@@ -10,6 +10,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "checkpoint/sharded_state_dict.h"
 #include "checkpoint/state_dict.h"
 #include "core/tensor_parallel_splits.h"
 #include "core/tensor_parallel_state.h"
@@ -102,6 +103,36 @@ NamedTensors whole_state(const StateView& view, const std::function<at::Tensor(c
   out.reserve(view.names.size());
   for (const auto& [name, index] : view.names) out.emplace_back(name, whole[index]);
   return out;
+}
+
+// Note [A directory holds the root's buffers]
+// Parameters are the same on every replica (DDP broadcasts them at construction and averages the
+// gradients; FSDP gathers them), but buffers need not be: BatchNorm updates its running statistics
+// in every forward from the rank's own batch, after DDP's broadcast_buffers has synced them at the
+// forward's start (as PyTorch's DDP), and FSDP syncs them never. A single file is written by the
+// team's root, so it holds the root's buffers; a directory's shares are written by several ranks,
+// each with its own buffers, so without this it would mix ranks' statistics. The writers take the
+// root's buffers instead (copies: a save leaves the model as it was), which keeps the file plan as
+// it is and costs one coalesced broadcast of the buffers' bytes (BatchNorm's: 2 floats and a
+// counter per channel), nothing for parameters. Every rank's view has the same entries, so every
+// rank takes part alike, or none.
+NamedTensors whole_state_to_save(const StateView& view, const std::string& path) {
+  NamedTensors whole = whole_state(view);
+  if (view.team.writers() < 2 || !is_sharded_state_dict_path(path)) return whole;
+  std::unordered_map<std::size_t, at::Tensor> root_copy;  // entry -> the root's value
+  std::vector<at::Tensor> copies;
+  for (std::size_t i = 0; i < view.entries.size(); ++i) {
+    const StateEntry& entry = view.entries[i];
+    if (entry.parameter || !entry.placement.replicated()) continue;
+    copies.push_back(entry.local.detach().clone());
+    root_copy.emplace(i, copies.back());
+  }
+  view.team.broadcast_tensors(copies);
+  for (std::size_t k = 0; k < view.names.size(); ++k) {
+    const auto found = root_copy.find(view.names[k].second);
+    if (found != root_copy.end()) whole[k].second = found->second;
+  }
+  return whole;
 }
 
 void scatter_whole_state(const StateView& view, const NamedTensors& whole) {

@@ -99,6 +99,13 @@ at::Tensor local_part(const StateEntry& entry, const at::Tensor& whole);
 // is applied to each whole tensor as soon as it is gathered, before the next gather (e.g. a copy
 // to the CPU, or an undefined tensor to drop it), so at most one gathered tensor is held at once.
 NamedTensors whole_state(const StateView& view, const std::function<at::Tensor(const at::Tensor&)>& take = nullptr);
+// whole_state for a save to PATH: where PATH is a sharded directory that several ranks write
+// shares of, every replicated buffer (an entry that is not a parameter: BatchNorm's running
+// statistics, which each rank updates from its own batch) is a copy of the team root's, so that
+// the directory holds what the root's single file would. Collective over the team then (one
+// coalesced broadcast of the buffers); the module's own buffers are left as they are. See
+// Note [A directory holds the root's buffers] in the .cpp.
+NamedTensors whole_state_to_save(const StateView& view, const std::string& path);
 // Copies this rank's part of each whole tensor in `whole` (as whole_state made it) into the
 // entries' local tensors, then runs view.after_load. Local, but after_load may be collective.
 void scatter_whole_state(const StateView& view, const NamedTensors& whole);

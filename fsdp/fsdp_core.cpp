@@ -23,6 +23,7 @@
 #include "core/tensor_parallel_splits.h"
 #include "fsdp/deferred_units.h"
 #include "fsdp/fsdp_collectives.h"
+#include "fsdp/full_parameter_writes.h"
 #include "fsdp/param_bucket.h"
 #include "fsdp/gradient_sync.h"
 #include "fsdp/parameter_residency.h"
@@ -87,6 +88,12 @@ struct FsdpCore::Impl {
   // This rank's shards, by name: the free clip_grad_norm_ refuses them (Note [Clipping a wrapper's
   // gradients] in core/clip_grad_norm.cpp).
   std::vector<std::pair<std::string, at::Tensor>> shards;
+  // ZeRO-1/2: each bucket's shards' versions summed at its last all-gather; a user's in-place
+  // write to the shards (model->parameters()) changes them, and the next forward gathers again.
+  std::vector<int64_t> shard_versions;
+  // ZeRO-1/2 under mixed precision: writes to the compute copies are refused (Note [In-place
+  // writes to full parameters] in full_parameter_writes.cpp).
+  std::unique_ptr<ComputeCopyVersions> compute_copies;
 
   Impl(torch::nn::Module& m, ProcessGroup g, const std::optional<DeviceMesh>& mesh, FsdpOptions o)
       : module(m),
@@ -101,17 +108,29 @@ struct FsdpCore::Impl {
   // A synchronized backward is taken to be followed by a step before the next forward, which
   // alone ends that window: a gather_full_parameters() in it may come before the step, so the
   // forward gathers again (Note [Stale gathered units] in parameter_residency.cpp).
+  // So does a user's in-place write to the shards, which their version counters show (the
+  // optimizer's steps, through .data(), do not: Note [Stale gathered units] in
+  // parameter_residency.cpp); under mixed precision a write to the compute copies is refused first.
   void gather_if_stepped(bool ends_window) {
     if (residency) return;  // stage 3 gathers on use
+    if (compute_copies) compute_copies->refuse_writes(buckets, groups.shard.rank());
     const bool stepped = ends_window ? sync->take_shards_stepped() : sync->shards_stepped();
     const bool loaded = std::exchange(shards_loaded, false);
-    if (!stepped && !loaded) return;
-    for (auto& bucket : buckets) {
+    for (std::size_t b = 0; b < buckets.size(); ++b) {
+      ParamBucket& bucket = buckets[b];
       // Alone, a shard that is a view of the full parameter is it: nothing to copy, nor even the
       // views per parameter copy_shards_into() would make to find that out.
       if (groups.shard.size() == 1 && !bucket.shards_are_separate()) continue;
+      const int64_t versions = shard_version_sum(bucket);
+      if (!stepped && !loaded && versions == shard_versions[b]) continue;
       all_gather_shards(groups.shard, bucket, bucket.unsharded()).wait();
+      shard_versions[b] = versions;
     }
+  }
+  static int64_t shard_version_sum(const ParamBucket& bucket) {
+    int64_t sum = 0;
+    for (const auto& p : bucket.params()) sum += static_cast<int64_t>(p.shard._version());
+    return sum;
   }
 };
 
@@ -153,6 +172,10 @@ FsdpCore::FsdpCore(torch::nn::Module& module, ProcessGroup group, std::optional<
   sharding.shards_on_cpu = s.options.cpu_offload();
   if (deferred) sharding.before_unit = [&deferred](std::size_t u) { deferred->materialize_unit(u); };
   s.buckets = shard_units(units, sharding);
+  if (!s.stage.shard_parameters) {
+    for (const auto& bucket : s.buckets) s.shard_versions.push_back(Impl::shard_version_sum(bucket));
+    s.compute_copies = std::make_unique<ComputeCopyVersions>(s.buckets);
+  }
   for (const auto& bucket : s.buckets) {
     for (const auto& p : bucket.params()) s.shards.emplace_back(p.name, p.shard);
   }
@@ -309,6 +332,7 @@ FsdpPrefetchStats FsdpCore::prefetch_stats() const {
 // parameters). Buffers and frozen parameters are the module's own, replicated.
 void FsdpCore::describe_state(StateView& view) {
   Impl& s = *impl_;
+  if (s.compute_copies) s.compute_copies->refuse_writes(s.buckets, s.groups.shard.rank());
   view = module_state_view(s.module, s.tp_splits, s.groups.whole);
   std::unordered_map<const c10::TensorImpl*, StateEntry*> entry_of;
   for (auto& entry : view.entries) entry_of[entry.module_tensor.unsafeGetTensorImpl()] = &entry;

@@ -143,4 +143,8 @@ bool handle_full_gradient_use(const c10::OperatorHandle& op, torch::jit::Stack* 
   return true;
 }
 
+bool is_full_gradient_guard(const at::Tensor& grad) {
+  return armed_guards.load(std::memory_order_relaxed) > 0 && owner_of(grad).has_value();
+}
+
 }  // namespace cpprun::detail

@@ -38,4 +38,7 @@ class FullGradientGuard {
 // false: the operator takes no guard; run it.
 bool handle_full_gradient_use(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 
+// Whether `grad` is a full parameter's guard, set as its .grad now.
+bool is_full_gradient_guard(const at::Tensor& grad);
+
 }  // namespace cpprun::detail

@@ -6,7 +6,10 @@
 // report_uses_then_run (registered by the first watch): it calls the listener with the units
 // whose storage the operator's tensor arguments share, then
 // re-dispatches the operator below the key. Views of a watched tensor inherit the key, so the
-// tensors autograd saves for backward (e.g. a weight's transpose) are watched as well.
+// tensors autograd saves for backward (e.g. a weight's transpose) are watched as well. An
+// operator that writes a watched tensor in place (its schema marks the argument `Tensor(a!)`) is
+// shown to the listener before and after it runs (Note [In-place writes to full parameters] in
+// full_parameter_writes.cpp).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -25,6 +28,11 @@ class UseListener {
   // thread that runs the operator (autograd's, in backward). Operators it runs itself on watched
   // tensors are not reported again.
   virtual void before_use(const std::vector<std::size_t>& units) = 0;
+  // `op` is about to write `written` (a watched tensor of `unit`, or a view of one, `.data()`
+  // included) in place; before before_use. Throws to refuse the write.
+  virtual void before_write(std::size_t unit, const at::Tensor& written, const c10::OperatorName& op) = 0;
+  // It wrote it.
+  virtual void after_write(std::size_t unit, const at::Tensor& written) = 0;
 };
 
 // Every operator on a tensor in `tensors` (which must share `storage_of`'s storage) or on a view

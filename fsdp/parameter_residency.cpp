@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "fsdp/fsdp_collectives.h"
+#include "fsdp/full_parameter_writes.h"
 
 namespace cpprun::detail {
 namespace {
@@ -41,6 +42,36 @@ ParameterResidency::~ParameterResidency() {
 void ParameterResidency::before_use(const std::vector<std::size_t>& needed) {
   std::lock_guard<std::mutex> lock(mutex_);
   for (std::size_t u : needed) use(u, needed);
+}
+
+std::size_t ParameterResidency::bucket_over(std::size_t u, const at::Tensor& written) const {
+  const c10::StorageImpl* storage = written.storage().unsafeGetStorageImpl();
+  for (std::size_t b : states_[u].buckets) {
+    if (buckets_[b].unsharded().storage().unsafeGetStorageImpl() == storage) return b;
+  }
+  return buckets_.size();  // moved off it (set_data): nothing of the unit's to write back
+}
+
+// See Note [In-place writes to full parameters] in full_parameter_writes.cpp.
+void ParameterResidency::before_write(std::size_t u, const at::Tensor& written, const c10::OperatorName& op) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const std::size_t b = bucket_over(u, written);
+  if (b == buckets_.size()) return;
+  const ParamBucket& bucket = buckets_[b];
+  for (std::size_t i : params_written(bucket, written)) {
+    if (bucket.params()[i].shard.scalar_type() == bucket.unsharded().scalar_type()) continue;
+    refuse_write_to_compute_copy(bucket, i, op.name, group_.rank());
+  }
+}
+
+void ParameterResidency::after_write(std::size_t u, const at::Tensor& written) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const std::size_t b = bucket_over(u, written);
+  if (b == buckets_.size()) return;
+  ParamBucket& bucket = buckets_[b];
+  for (std::size_t i : params_written(bucket, written)) write_back_rows(bucket, i);
+  // The shards changed to what the gathered unit holds: it stays current.
+  states_[u].shard_version = shard_version(u);
 }
 
 void ParameterResidency::use(std::size_t u, const std::vector<std::size_t>& needed) {

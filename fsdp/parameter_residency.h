@@ -56,6 +56,11 @@ class ParameterResidency final : public UseListener {
   ParameterResidency& operator=(const ParameterResidency&) = delete;
 
   void before_use(const std::vector<std::size_t>& units) override;
+  // A user's in-place write to a unit's full parameters: refused under mixed precision, else
+  // carried to this rank's shards (Note [In-place writes to full parameters] in
+  // full_parameter_writes.cpp).
+  void before_write(std::size_t unit, const at::Tensor& written, const c10::OperatorName& op) override;
+  void after_write(std::size_t unit, const at::Tensor& written) override;
 
   // A forward starts: units whose shards may have changed since they were gathered are released;
   // the others (kept by unshard(), reshard_after_backward or reshard_after_forward off) are used.
@@ -106,6 +111,8 @@ class ParameterResidency final : public UseListener {
   };
 
   void use(std::size_t u, const std::vector<std::size_t>& needed);
+  // The bucket of u whose storage `written` is over, or buckets_.size().
+  std::size_t bucket_over(std::size_t u, const at::Tensor& written) const;
   void gather(std::size_t u, const std::vector<std::size_t>& keep);
   void start_gather(std::size_t u);  // all-gathers into freshly allocated memory, asynchronously
   void complete(std::size_t u);       // waits for them

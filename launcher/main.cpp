@@ -180,11 +180,16 @@ int run(const LaunchConfig& config) {
     pacer.attempt_started();
     std::optional<StoreKeeperWatch> watch;  // the keeper's end ends the attempt
     if (store) watch.emplace(*store);
-    const AttemptEnd attempt = run_attempt(relay, specs, config.shutdown_timeout, watch ? &*watch : nullptr, nullptr,
-                                           run_dir.layout().diagnosis_file(restart));
+    const AttemptEnd attempt = run_attempt(relay, specs, config.shutdown_timeout, workers.uninterruptible_state,
+                                           watch ? &*watch : nullptr, nullptr, run_dir.layout().diagnosis_file(restart));
     if (store) store->stop();  // the workers are gone: their store with them, before any restart's wait
     if (attempt.end == GroupEnd::kSucceeded) return 0;
     if (attempt.end == GroupEnd::kInterrupted) return attempt.exit_code;
+    if (attempt.end == GroupEnd::kUnhealthy) {  // Note [An unhealthy attempt] in workers/attempt.h
+      std::cerr << "cpprun: exiting with code " << attempt.exit_code << " (no restart, as torchrun's agent): "
+                << attempt.root_worker << " " << attempt.root_how << "\n";
+      return attempt.exit_code;
+    }
     if (attempt.end == GroupEnd::kPeerEnded) {
       std::cerr << "cpprun: exiting with code 1: " << watch->end_reason() << "\n";
       return 1;

@@ -170,7 +170,7 @@ void save_state_dict(std::vector<PipelineStage*> stages, const std::string& path
   detail::check_state_dict_path(path);  // before any collective: every rank refuses alike
   const detail::StateView view = stages_view(stages, "save_state_dict");
   at::NoGradGuard no_grad;
-  detail::save_owned_state(detail::whole_state(view), view.team, stages[0]->group(), path, options);
+  detail::save_owned_state(detail::whole_state_to_save(view, path), view.team, stages[0]->group(), path, options);
 }
 
 namespace {
@@ -260,7 +260,7 @@ AsyncSave save_async(std::vector<PipelineStage*> stages, const std::string& path
   const detail::StateView view = stages_view(stages, "save_async");
   at::NoGradGuard no_grad;
   std::vector<detail::AsyncSavePart> parts(1);
-  parts[0].state = detail::whole_state(view);
+  parts[0].state = detail::whole_state_to_save(view, path);
   parts[0].path = path;
   return detail::save_owned_state_async(std::move(parts), view.team, stages[0]->group(), options);
 }
@@ -277,7 +277,7 @@ AsyncSave save_async(std::vector<PipelineStage*> stages, torch::optim::Optimizer
       detail::optimizer_state_to_save(stages_optimizer_params(stages, view), optimizer);
   detail::merge_owned_param_groups(saved, stages[0]->group());
   std::vector<detail::AsyncSavePart> parts(2);
-  parts[0].state = detail::whole_state(view);
+  parts[0].state = detail::whole_state_to_save(view, model_path);
   parts[0].path = model_path;
   parts[1].state = std::move(saved.state);
   parts[1].path = optimizer_path;

@@ -466,12 +466,15 @@ void validate(const RawOptions& raw, const HostFacts& host, LaunchConfig& config
     config.shutdown_timeout = parse_seconds("--shutdown_timeout", raw.shutdown_timeout);
   }
   // torchrun's agent asserts monitor_interval > 0 (WorkerSpec.__post_init__): refused as it
-  // refuses it, though cpprun reacts to a worker's exit at once and never reads the value.
+  // refuses it. cpprun reacts to a worker's exit at once; the value paces the D-state check alone.
   if (!read_double(raw.monitor_interval, config.monitor_interval) || config.monitor_interval <= 0) {
     throw UsageError(with_value("--monitor_interval", raw.monitor_interval) +
-                     ": expected a number of seconds above 0, as torchrun (accepted for torchrun compatibility, "
-                     "unused; e.g. --monitor_interval=0.1)");
+                     ": expected a number of seconds above 0, as torchrun (cpprun reads it only as the period of the "
+                     "TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT check; e.g. --monitor_interval=0.1)");
   }
+  // At least 1 ms: poll() takes milliseconds; at most a day, which no check needs to wait longer than.
+  config.uninterruptible_state.interval = std::chrono::milliseconds(
+      static_cast<long long>(std::ceil(std::min(config.monitor_interval, 86400.0) * 1000)));
 }
 
 // One of `choices`, as argparse's choices=[...] checks it.
@@ -773,7 +776,8 @@ ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, cons
          "Seconds from SIGTERM to SIGKILL; default $TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 5 (torchrun: 30).");
   option("--rdzv_id,--run_id", config.run_id, "ID", "Job id (TORCHELASTIC_RUN_ID), the same on every node.");
   option("--role", config.role, "NAME", "Worker role (ROLE_NAME).");
-  option("--monitor_interval", raw.monitor_interval, "SECONDS", "Accepted for torchrun compatibility; unused.");
+  option("--monitor_interval", raw.monitor_interval, "SECONDS",
+         "How often the workers' states are read for TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT; otherwise unused.");
   flag("--no_python", raw.no_python, "Run PROGRAM directly, even PROGRAM.py.");
   option("-r,--redirects", raw.redirects, "0-3|LOCAL_RANK:0-3,...",
          "Workers' output to files in --log_dir, not the console: 1 stdout, 2 stderr, 3 both; or a map like 0:1,1:3.");
@@ -872,6 +876,9 @@ ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, cons
   // there), as for --no_job_secret. A c10d job of several nodes keeps the agents' store, said in a
   // note: the other nodes' workers would have to reach worker rank 0's store, which accepts anyone,
   // directly, where cpprun's authenticated link carries them now.
+  // Off unless set to a positive number, never an error: torchrun's rule (uninterruptible_state_settings.h).
+  config.uninterruptible_state.timeout_s =
+      resolve_uninterruptible_state_timeout(env("TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT"));
   if (env("TORCH_DISABLE_SHARE_RDZV_TCP_STORE").value_or("0") == "1") {
     if (config.picked_port || (config.rdzv_backend == RendezvousBackend::kC10d && config.max_nodes == 1)) {
       config.agent_store = false;

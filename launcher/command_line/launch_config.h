@@ -13,6 +13,7 @@
 #include "command_line/program_command.h"
 #include "command_line/rendezvous_settings.h"
 #include "command_line/restart_backoff_settings.h"
+#include "command_line/uninterruptible_state_settings.h"
 #include "common/errors.h"  // UsageError, kUsageExitCode: thrown and returned for a bad command line
 #include "cpprun/env_lookup.h"
 
@@ -54,7 +55,9 @@ struct LaunchConfig {
   std::chrono::milliseconds shutdown_timeout{5000};
   std::string run_id = "none";
   std::string role = "default";
-  double monitor_interval = 0.1;  // accepted for torchrun command lines; cpprun waits on events
+  double monitor_interval = 0.1;  // cpprun waits on events; it paces the D-state check alone
+  // TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT (0: off) and --monitor_interval as its period.
+  UninterruptibleStateSettings uninterruptible_state;
   ProgramMode program_mode = ProgramMode::kByName;
 
   // Multi-node: what the agents prove to each other (job_secret.h); "" with --no_job_secret.

@@ -48,6 +48,10 @@ int run_multi_node(const RendezvousSettings& settings, const WorkerSettings& wor
           rendezvous->report_failed(
               {attempt.exit_code, true, attempt.root_worker + " on " + this_node + " " + attempt.root_how});
           break;
+        case GroupEnd::kUnhealthy:  // not restartable: Note [An unhealthy attempt] in workers/attempt.h
+          rendezvous->report_failed(
+              {attempt.exit_code, false, attempt.root_worker + " on " + this_node + " " + attempt.root_how});
+          break;
         case GroupEnd::kInterrupted:
           rendezvous->report_interrupted(
               {attempt.exit_code, false,
@@ -78,7 +82,8 @@ int run_multi_node(const RendezvousSettings& settings, const WorkerSettings& wor
                      "diagnosis over every node's ranks\n";
       }
     };
-    const AttemptEnd attempt = run_attempt(relay, specs, settings.shutdown_timeout, rendezvous.get(), tell_others,
+    const AttemptEnd attempt = run_attempt(relay, specs, settings.shutdown_timeout, workers.uninterruptible_state,
+                                           rendezvous.get(), tell_others,
                                            run_dir.layout().diagnosis_file(restart_count), &route);
     if (attempt.end == GroupEnd::kSucceeded) rendezvous->report_done();
     // A signal ends the job on every node; this one does not wait for the others' news.

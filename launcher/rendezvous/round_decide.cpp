@@ -55,8 +55,8 @@ class Step {
       case RoundEvent::Kind::kOwnDone:
         state_.self_done = true;
         return;
-      case RoundEvent::Kind::kOwnFailed:
-        return end_round(RoundEnd::kWorkerFailed, e.end);
+      case RoundEvent::Kind::kOwnFailed:  // not restartable: a worker stuck in D state (workers/attempt.h)
+        return end_round(e.end.restartable ? RoundEnd::kWorkerFailed : RoundEnd::kFatal, e.end);
       case RoundEvent::Kind::kOwnInterrupted:
         if (!state_.end) state_.end = e.end;
         return broadcast(NodeMessage::make_exit(e.end), true);

@@ -43,7 +43,7 @@ struct RoundEvent {
     kStoreFailed,     // it could not start: `end`
     kKeeperEnded,     // the round's store keeper ended: `end` names it
     kOwnDone,         // the host's workers all succeeded (report_done)
-    kOwnFailed,       // one of the host's workers failed: `end` (report_failed)
+    kOwnFailed,       // one of the host's workers failed: `end` (report_failed); the job ends if not end.restartable
     kOwnInterrupted,  // the host's agent got a job-ending signal while its workers ran: `end`
     kOwnAttemptOver,  // the host's workers finished or were stopped: it waits for the job's decision
     kSignal,          // a job-ending `signal` came while the host waited (join(), decide())

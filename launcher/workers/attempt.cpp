@@ -24,6 +24,7 @@
 #include "workers/job_process_tree.h"
 #include "workers/restart_backoff.h"
 #include "workers/run_directory.h"
+#include "workers/uninterruptible_watch.h"
 #include "workers/worker_output.h"
 
 namespace cpprun::launcher {
@@ -42,6 +43,10 @@ std::string fate(const WorkerRecord& w, std::chrono::milliseconds shutdown_timeo
   if (w.state == WorkerState::kRunning) return "still running";
   if (w.state == WorkerState::kFinished) {
     return w.exit && w.exit->succeeded() ? "had finished (exited with code 0)" : "also failed: " + how;
+  }
+  if (w.state == WorkerState::kAbandoned) {
+    return "not stopped: did not exit within --shutdown_timeout=" + decimal_seconds(shutdown_timeout) +
+           "s of SIGTERM nor after SIGKILL; left behind (uninterruptible sleep?)";
   }
   if (!w.sent_sigkill) return "stopped: " + how;
   return "stopped: did not exit within --shutdown_timeout=" + decimal_seconds(shutdown_timeout) + "s, " + how;
@@ -72,7 +77,11 @@ class WorkerGroup {
  public:
   explicit WorkerGroup(SignalRelay& relay) : relay_(relay) {
     // Ctrl-Z stops the workers and SIGCONT resumes them. See Note [Job control].
-    relay_.set_job_control([this](int sig) { signal_groups(sig); });
+    relay_.set_job_control([this](int sig) {
+      signal_groups(sig);
+      // A stop is no wedge: a worker whose child stopped in vfork() shows D all the while.
+      if (sig == SIGCONT && dstate_) dstate_->forget_all();
+    });
   }
 
   // Never leaves a worker behind, even when unwinding from an exception: SIGKILLs and reaps.
@@ -92,8 +101,15 @@ class WorkerGroup {
 
   // Creates every worker's pipes and log files (std::system_error), then starts the workers in
   // order. If one cannot start, those already running are stopped and the SpawnError is rethrown.
-  void start(const std::vector<WorkerSpec>& specs, std::chrono::milliseconds grace, std::string diagnosis_file,
-             PeerEvents* peers) {
+  void start(const std::vector<WorkerSpec>& specs, std::chrono::milliseconds grace,
+             const UninterruptibleStateSettings& uninterruptible, std::string diagnosis_file, PeerEvents* peers) {
+    grace_ = grace;
+    if (uninterruptible.enabled()) {
+      dstate_.emplace(uninterruptible.timeout_s);
+      dstate_interval_ = uninterruptible.interval;
+      // As torchrun's agent, which sleeps --monitor_interval before its first look.
+      next_check_ = std::chrono::steady_clock::now() + dstate_interval_;
+    }
     diagnosis_file_ = std::move(diagnosis_file);
     peers_ = peers;
     for (const WorkerSpec& spec : specs) {
@@ -158,7 +174,8 @@ class WorkerGroup {
       if (root_cause_) return GroupEnd::kWorkerFailed;
       if (running() == 0) return GroupEnd::kSucceeded;
       if (peers_ != nullptr && peers_->attempt_ended()) return GroupEnd::kPeerEnded;
-      wait_for_signal(-1, peers_);
+      if (found_unhealthy()) return GroupEnd::kUnhealthy;
+      wait_for_signal(until_next_check(), peers_);
     }
   }
 
@@ -182,6 +199,9 @@ class WorkerGroup {
   // The first job-ending signal cpprun received in wait() or stop(); 0 if none. One that comes
   // while a failure's workers are being stopped still means "do not restart".
   int ending_signal() const { return ending_signal_; }
+  // kUnhealthy: the stuck worker (the lowest rank of those stuck) and how, for the summary.
+  const std::string& unhealthy_worker() const { return unhealthy_worker_; }
+  const std::string& unhealthy_how() const { return unhealthy_how_; }
   // The index in workers() of the first failure, if any.
   std::optional<std::size_t> root_cause() const { return root_cause_; }
 
@@ -189,18 +209,95 @@ class WorkerGroup {
   std::vector<std::string> stderr_tail(std::size_t i) const { return outputs_.at(i)->err.tail().lines(); }
 
  private:
+  // Note [A worker SIGKILL cannot end]
+  // A worker in uninterruptible sleep (D state: wedged in a GPU or NIC driver, on a hung NFS or FUSE
+  // mount, in a frozen cgroup) does not end on SIGKILL until the kernel lets go of it. As torchrun
+  // 2.15 (multiprocessing/api.py SubprocessContext._close: proc.wait(timeout) after SIGKILL, then
+  // "abandoning and continuing teardown"), cpprun waits --shutdown_timeout (at least 1 s, for the
+  // kernel's teardown) after the SIGKILL, then gives up on those left: names them, SIGKILLs what they
+  // started outside their process group (which would otherwise outlive the job), and goes on with
+  // the exit code the attempt already had. They stay cpprun's children: reaped if they end while it
+  // runs, by init (or an outer subreaper) once it has exited; no other wait waits for them again.
+  // torchrun waits its timeout for each stuck worker in turn; cpprun for all of them at once.
   void kill_remaining() {
+    using Clock = std::chrono::steady_clock;
     // Lingering groups too: their orphans get as long as the workers took, no longer (nothing tells us when they exit).
     signal_groups(SIGKILL);
-    // SIGKILL cannot be caught, so these waits end as soon as the kernel tears the processes down.
+    for (WorkerRecord& w : workers_) {
+      w.group_lingers = false;
+      if (w.state == WorkerState::kRunning) w.sent_sigkill = true;
+    }
+    const auto deadline = Clock::now() + std::max(grace_, std::chrono::milliseconds(1000));
+    for (;;) {
+      for (std::size_t i = 0; i < workers_.size(); ++i) {
+        if (workers_[i].state != WorkerState::kRunning) continue;
+        if (int status = 0; wait_for_exit(workers_[i].pid, &status, WNOHANG) == workers_[i].pid) {
+          record_exit(i, status, WorkerState::kStoppedByLauncher);
+        }
+      }
+      if (running() == 0) return;
+      // SIGCHLD wakes this; a job-ending signal meanwhile is kept (no restart), not forwarded: all are SIGKILLed.
+      if (!relay_.wait_until(deadline)) break;
+      for (int sig : relay_.take_pending()) {
+        if (ends_job(sig) && ending_signal_ == 0) ending_signal_ = sig;
+      }
+    }
     for (std::size_t i = 0; i < workers_.size(); ++i) {
       WorkerRecord& w = workers_[i];
-      w.group_lingers = false;
       if (w.state != WorkerState::kRunning) continue;
-      w.sent_sigkill = true;
-      w.state = WorkerState::kStoppedByLauncher;
-      if (int status = 0; wait_for_exit(w.pid, &status) == w.pid) record_exit(i, status, w.state);
+      w.state = WorkerState::kAbandoned;
+      outputs_[i]->drain();
+      abandon_child(w.pid);
+      // Its process group had the SIGKILL; what it started in other groups or sessions (or what is not
+      // torn down yet) is found by parentage: once it ends they would be init's, out of the job's reach.
+      const std::vector<pid_t> descendants = live_descendants(w.pid);
+      for (pid_t pid : descendants) kill(pid, SIGKILL);
+      std::cerr << "cpprun: error: " << describe_worker(w) << " did not exit within "
+                << decimal_seconds(std::max(grace_, std::chrono::milliseconds(1000)))
+                << "s of SIGKILL; abandoning it and going on. It may be in uninterruptible kernel sleep (D state, "
+                   "e.g. wedged on a GPU or NIC); the host may need to be recycled"
+                << (descendants.empty() ? "" : " (SIGKILLed its " + std::to_string(descendants.size()) +
+                                                   " live descendants too)")
+                << "\n";
     }
+  }
+
+  // Note [Time in D state] in uninterruptible_watch.h: at each --monitor_interval tick, the running
+  // workers' states; true (once) when one has stayed in D past the timeout (Note [An unhealthy attempt]).
+  bool found_unhealthy() {
+    if (!dstate_) return false;
+    const auto now = std::chrono::steady_clock::now();
+    if (now < next_check_) return false;
+    next_check_ = now + dstate_interval_;
+    std::vector<ProcessStateSample> samples;
+    for (const WorkerRecord& w : workers_) {
+      if (w.state != WorkerState::kRunning) continue;
+      samples.push_back({w.pid, parse_stat_state(read_proc_file("/proc/" + std::to_string(w.pid) + "/stat"))});
+    }
+    const UninterruptibleWatch::Step step = dstate_->observe(samples, now);
+    const auto worker_of = [this](pid_t pid) -> const WorkerRecord& {
+      return *std::find_if(workers_.begin(), workers_.end(), [pid](const WorkerRecord& w) { return w.pid == pid; });
+    };
+    for (pid_t pid : step.entered) {
+      std::cerr << entered_uninterruptible_line(describe_worker(worker_of(pid)), dstate_->timeout_s()) << "\n";
+    }
+    if (step.stuck.empty()) return false;
+    for (const UninterruptibleWatch::Stuck& stuck : step.stuck) {
+      std::cerr << "cpprun: error: " << describe_worker(worker_of(stuck.pid)) << " "
+                << stuck_uninterruptible_how(stuck.dwell_s, dstate_->timeout_s())
+                << "; stopping the workers, with no restart\n";
+    }
+    // The samples are in rank order: the lowest rank stuck is named.
+    unhealthy_worker_ = describe_worker(worker_of(step.stuck.front().pid));
+    unhealthy_how_ = stuck_uninterruptible_how(step.stuck.front().dwell_s, dstate_->timeout_s());
+    return true;
+  }
+
+  // poll()'s timeout until the next D-state tick; -1 (none) when the check is off.
+  int until_next_check() const {
+    if (!dstate_) return -1;
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(next_check_ - std::chrono::steady_clock::now());
+    return static_cast<int>(std::clamp<long long>(left.count(), 0, 1 << 30));
   }
 
   // Records how worker i ended and copies out everything it wrote (Note [Worker output pipes]).
@@ -320,6 +417,7 @@ class WorkerGroup {
     // ends; a worker that exited since the loop above may turn up here too.
     int status = 0;
     for (pid_t got; (got = wait_for_exit(-1, &status, WNOHANG)) > 0;) {
+      forget_abandoned(got);  // a worker of an earlier attempt that cpprun gave up on, ended at last
       if (keep_helper_status(got, status)) continue;  // Note [The job's helpers]
       for (std::size_t i = 0; i < workers_.size(); ++i) {
         if (workers_[i].pid == got && workers_[i].state == WorkerState::kRunning) on_exit(i, status, exit_state);
@@ -395,6 +493,12 @@ class WorkerGroup {
   std::vector<int> deferred_signals_;  // taken while answering cpprun --diagnose, not yet acted on
   std::optional<std::size_t> root_cause_;
   int ending_signal_ = 0;
+  std::chrono::milliseconds grace_{0};            // --shutdown_timeout: also the wait after SIGKILL
+  std::optional<UninterruptibleWatch> dstate_;    // TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT, if set
+  std::chrono::milliseconds dstate_interval_{0};  // --monitor_interval
+  std::chrono::steady_clock::time_point next_check_{};
+  std::string unhealthy_worker_;
+  std::string unhealthy_how_;
 };
 
 }  // namespace
@@ -438,11 +542,11 @@ std::string signal_name(int sig) {
 }
 
 AttemptEnd run_attempt(SignalRelay& relay, const std::vector<WorkerSpec>& specs,
-                       std::chrono::milliseconds shutdown_timeout,
+                       std::chrono::milliseconds shutdown_timeout, const UninterruptibleStateSettings& uninterruptible,
                        PeerEvents* peers, const std::function<void(const AttemptEnd&)>& before_stop,
                        const std::string& diagnosis_file, const EvidenceRoute* route) {
   WorkerGroup group(relay);
-  group.start(specs, shutdown_timeout, diagnosis_file, peers);
+  group.start(specs, shutdown_timeout, uninterruptible, diagnosis_file, peers);
   const GroupEnd end = group.wait();
   if (end == GroupEnd::kSucceeded) {
     // See Note [The job's process tree]. A job-ending signal that cut the grace short is raised
@@ -460,11 +564,16 @@ AttemptEnd run_attempt(SignalRelay& relay, const std::vector<WorkerSpec>& specs,
   };
   if (root) blame(*root);
   if (end == GroupEnd::kInterrupted) result.exit_code = 128 + result.signal;
+  if (end == GroupEnd::kUnhealthy) {  // Note [An unhealthy attempt]: 1, as torchrun for a failed worker
+    result.exit_code = 1;
+    result.root_worker = group.unhealthy_worker();
+    result.root_how = group.unhealthy_how();
+  }
   if (before_stop) before_stop(result);
   // A failure here or on another node: where every rank of this node was, before they are stopped.
   std::vector<RankEvidence> evidence;
   std::string why;
-  if (end == GroupEnd::kWorkerFailed) {
+  if (end == GroupEnd::kWorkerFailed || end == GroupEnd::kUnhealthy) {
     evidence = group.gather_dumps(kDumpWait);
     why = result.root_worker + " " + result.root_how;
   } else if (end == GroupEnd::kPeerEnded) {
@@ -494,9 +603,12 @@ AttemptEnd run_attempt(SignalRelay& relay, const std::vector<WorkerSpec>& specs,
       why = result.root_worker + " " + result.root_how;
     }
   }
-  const AttemptSummary summary{root, group.ending_signal(), shutdown_timeout,
+  const AttemptSummary summary{root,
+                               group.ending_signal(),
+                               shutdown_timeout,
                                root ? group.stderr_tail(*root) : std::vector<std::string>{},
-                               root ? read_file_head(specs.at(*root).error_file, kErrorFileLimit) : std::nullopt};
+                               root ? read_file_head(specs.at(*root).error_file, kErrorFileLimit) : std::nullopt,
+                               end == GroupEnd::kUnhealthy ? result.root_worker + " " + result.root_how : ""};
   std::cerr << format_attempt_summary(group.workers(), summary);
   if (route != nullptr && route->report && end != GroupEnd::kInterrupted) {
     route->report(evidence, why, diagnosis_file);
@@ -517,6 +629,9 @@ std::string format_attempt_summary(const std::vector<WorkerRecord>& workers, con
   if (summary.ending_signal != 0) {
     out << "cpprun: received " << signal_name(summary.ending_signal)
         << "; forwarded it to every worker and stopped them\n";
+  }
+  if (!summary.unhealthy.empty()) {
+    out << "cpprun: " << summary.unhealthy << "; stopped every worker, no restart\n";
   }
   if (summary.root_cause) {
     const WorkerRecord& root = workers.at(*summary.root_cause);

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "command_line/output_spec.h"
+#include "command_line/uninterruptible_state_settings.h"
 #include "diagnosis/hang_diagnosis.h"
 #include "diagnosis/node_evidence.h"
 #include "workers/signal_relay.h"
@@ -44,6 +45,8 @@ enum class WorkerState {
   kRunning,            // spawned, not yet reaped
   kFinished,           // ended on its own (success or failure)
   kStoppedByLauncher,  // ended after the launcher signalled its process group
+  kAbandoned,          // SIGKILLed, not reaped --shutdown_timeout later: given up on (Note [A worker
+                       // SIGKILL cannot end] in attempt.cpp); no exit status
 };
 
 struct WorkerRecord {
@@ -73,6 +76,8 @@ enum class GroupEnd {
   kWorkerFailed,  // a worker exited non-zero or died by a signal
   kInterrupted,   // cpprun received a job-ending signal (see ends_job) and forwarded it
   kPeerEnded,     // another node, or the store keeper's end, ended the attempt (see PeerEvents)
+  kUnhealthy,     // a worker stayed in uninterruptible sleep (D state) past
+                  // TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT: no restart, as torchrun
 };
 
 // Events from the other nodes' agents that can end an attempt, polled with the workers' pipes.
@@ -123,8 +128,8 @@ struct AttemptEnd {
   GroupEnd end = GroupEnd::kSucceeded;
   int exit_code = 0;        // what cpprun exits with for it: the root cause's code, or 128+signal
   int signal = 0;           // kInterrupted: the job-ending signal cpprun received (maybe while stopping)
-  std::string root_worker;  // kWorkerFailed: "rank 1 (local_rank 1, pid 4242)"
-  std::string root_how;     // kWorkerFailed: "exited with code 3"
+  std::string root_worker;  // kWorkerFailed, kUnhealthy: "rank 1 (local_rank 1, pid 4242)"
+  std::string root_how;     // kWorkerFailed: "exited with code 3"; kUnhealthy: "stuck in uninterruptible sleep ..."
   std::string root_error_file;  // kWorkerFailed: the root cause's TORCHELASTIC_ERROR_FILE
   int root_error_code = 0;      // kWorkerFailed: torch's exit code for it (-SIGNAL if killed)
 };
@@ -140,13 +145,22 @@ struct EvidenceRoute {
       report;
 };
 
+// Note [An unhealthy attempt]
+// With TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT set, the workers' states are read every
+// --monitor_interval (uninterruptible_watch.h); one that stays in D that long ends the attempt as
+// kUnhealthy: the workers are stopped as after a failure and, as torchrun 2.15 sets its remaining
+// restarts to 0, there is no restart (a worker wedged in a driver holds the GPU or NIC a new one
+// would need). torchrun then exits 0 (launch_agent tests RunResult.is_failed(), which is FAILED
+// only, and the run's state is UNHEALTHY); cpprun exits 1, as torchrun does for a failed worker: a
+// scheduler must not read a wedged job as a finished one.
+//
 // `peers` (multi-node) may end the attempt too; `before_stop`, if set, runs once the attempt has
 // ended badly, before the workers are stopped, so other nodes hear of it at once. Then the workers
 // that record collectives are asked for their flight-recorder dumps, and the diagnosis made of them
 // is printed after the failure summary and written to `diagnosis_file` (if not ""), or goes `route`'s way.
 // `peers` are read meanwhile too, so that another node's evidence is not held up.
 AttemptEnd run_attempt(SignalRelay& relay, const std::vector<WorkerSpec>& specs,
-                       std::chrono::milliseconds shutdown_timeout,
+                       std::chrono::milliseconds shutdown_timeout, const UninterruptibleStateSettings& uninterruptible,
                        PeerEvents* peers, const std::function<void(const AttemptEnd&)>& before_stop,
                        const std::string& diagnosis_file = "", const EvidenceRoute* route = nullptr);
 
@@ -158,6 +172,7 @@ struct AttemptSummary {
   // Of the root cause: its last stderr lines, and its TORCHELASTIC_ERROR_FILE if it wrote one.
   std::vector<std::string> root_cause_stderr_tail;
   std::optional<std::string> root_cause_error_file;
+  std::string unhealthy;  // kUnhealthy: "rank 0 (...) stuck in uninterruptible sleep (D state) for ..."
 };
 
 // One line per worker, then the root cause's stderr tail and error file; every line "cpprun: ...\n". Pure.

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
@@ -22,6 +23,7 @@
 #include <sstream>
 #include <system_error>
 
+#include "common/formatting.h"
 #include "common/job_secret.h"
 #include "workers/signal_relay.h"
 #include "workers/worker_process.h"
@@ -170,38 +172,6 @@ std::map<pid_t, std::optional<int>>& helpers() {
   return known;
 }
 
-// Reaps every child that has exited; all are leftovers here (no worker runs), or helpers.
-void reap_exited() {
-  int status = 0;
-  for (pid_t got; (got = wait_for_exit(-1, &status, WNOHANG)) > 0;) keep_helper_status(got, status);
-}
-
-// cpprun's live children that are not helpers: what the workers left.
-std::vector<pid_t> leftover_children() {
-  std::vector<pid_t> left = live_children(getpid());
-  // A helper whose status another reaper kept has exited: a process of its pid is someone else.
-  left.erase(std::remove_if(left.begin(), left.end(),
-                            [](pid_t pid) {
-                              const auto it = helpers().find(pid);
-                              return it != helpers().end() && !it->second;
-                            }),
-             left.end());
-  return left;
-}
-
-// SIGKILL cannot be caught, so each wait is short. Bounded, in case something forks faster than we
-// kill. `and_helpers`: the job's end, when nothing may stay.
-void kill_children(std::vector<pid_t> left, bool and_helpers) {
-  for (int round = 0; round < 100 && !left.empty(); ++round) {
-    for (pid_t pid : left) kill(pid, SIGKILL);
-    for (pid_t pid : left) {
-      if (int status = 0; wait_for_exit(pid, &status) == pid) keep_helper_status(pid, status);
-    }
-    reap_exited();
-    left = and_helpers ? live_children(getpid()) : leftover_children();
-  }
-}
-
 // "1234 (sleep), 1240 (python3) and 3 more"
 std::string describe_processes(const std::vector<pid_t>& pids) {
   constexpr std::size_t kNamed = 5;
@@ -213,6 +183,79 @@ std::string describe_processes(const std::vector<pid_t>& pids) {
   }
   if (pids.size() > kNamed) text += " and " + std::to_string(pids.size() - kNamed) + " more";
   return text;
+}
+
+// Children SIGKILLed and given up on (Note [A worker SIGKILL cannot end] in attempt.cpp), until reaped.
+std::set<pid_t>& abandoned() {
+  static std::set<pid_t> pids;
+  return pids;
+}
+
+// Whether `pid`, a child of ours, was given up on: nobody waits for it again.
+bool is_abandoned(pid_t pid) { return abandoned().count(pid) != 0; }
+
+// Reaps every child that has exited; all are leftovers here (no worker runs), helpers, or ones given up on.
+void reap_exited() {
+  int status = 0;
+  for (pid_t got; (got = wait_for_exit(-1, &status, WNOHANG)) > 0;) {
+    abandoned().erase(got);
+    keep_helper_status(got, status);
+  }
+}
+
+// cpprun's live children that are not helpers: what the workers left.
+std::vector<pid_t> leftover_children() {
+  std::vector<pid_t> left = live_children(getpid());
+  // A helper whose status another reaper kept has exited: a process of its pid is someone else.
+  left.erase(std::remove_if(left.begin(), left.end(),
+                            [](pid_t pid) {
+                              const auto it = helpers().find(pid);
+                              return (it != helpers().end() && !it->second) || is_abandoned(pid);
+                            }),
+             left.end());
+  return left;
+}
+
+// After a final SIGKILL, how long cpprun waits for a child to end before giving up on it. A floor,
+// so that --shutdown_timeout=0 still lets the kernel tear a process down.
+constexpr std::chrono::milliseconds kMinKillWait{1000};
+// At the job's end (~JobProcessTree), where no --shutdown_timeout is at hand: cpprun's default one.
+constexpr std::chrono::milliseconds kFinalKillWait{5000};
+
+// SIGKILLs `left` until none is left, bounded in rounds in case something forks faster than we kill,
+// and in time (`wait`, from the first SIGKILL): one the kernel does not let go of (Note [A worker
+// SIGKILL cannot end] in attempt.cpp) is named and given up on. `and_helpers`: the job's end, when
+// nothing may stay.
+void kill_children(std::vector<pid_t> left, bool and_helpers, std::chrono::milliseconds wait) {
+  const auto deadline = std::chrono::steady_clock::now() + std::max(wait, kMinKillWait);
+  const auto remaining = [&] {
+    std::vector<pid_t> now = and_helpers ? live_children(getpid()) : leftover_children();
+    now.erase(std::remove_if(now.begin(), now.end(), is_abandoned), now.end());
+    return now;
+  };
+  left.erase(std::remove_if(left.begin(), left.end(), is_abandoned), left.end());
+  for (int round = 0; round < 100 && !left.empty(); ++round) {
+    for (pid_t pid : left) kill(pid, SIGKILL);
+    // Processes found in a later round (forked meanwhile) get a moment even once the wait is over.
+    const auto until = std::max(deadline, std::chrono::steady_clock::now() + std::chrono::milliseconds(100));
+    for (;;) {
+      reap_exited();
+      left.erase(std::remove_if(left.begin(), left.end(), [](pid_t pid) { return !read_stat(pid).live(); }),
+                 left.end());
+      if (left.empty() || std::chrono::steady_clock::now() >= until) break;
+      const timespec pause{0, 10 * 1000 * 1000};  // SIGCHLD is not ours to wait for here
+      nanosleep(&pause, nullptr);
+    }
+    if (!left.empty()) {
+      std::cerr << "cpprun: error: " << describe_processes(left)
+                << " did not end within "
+                << decimal_seconds(std::chrono::duration_cast<std::chrono::milliseconds>(std::max(wait, kMinKillWait)))
+                << "s of SIGKILL; giving up on " << (left.size() == 1 ? "it" : "them")
+                << " (uninterruptible sleep, D state? the host may need to be recycled)\n";
+      for (pid_t pid : left) abandon_child(pid);
+    }
+    left = remaining();
+  }
 }
 
 }  // namespace
@@ -236,7 +279,7 @@ JobProcessTree::JobProcessTree() {
 JobProcessTree::~JobProcessTree() {
   // Normally nothing is left: each attempt stopped its leftovers. After an exception, no waiting.
   reap_exited();
-  kill_children(live_children(getpid()), true);
+  kill_children(live_children(getpid()), true, kFinalKillWait);
   const char dismissed = 'q';
   if (send(guardian_line_, &dismissed, 1, MSG_NOSIGNAL) == 1) {
     // The guardian's end closes when it exits: wait for that, so that it never outlives cpprun.
@@ -291,8 +334,29 @@ int stop_leftovers(SignalRelay& relay, std::chrono::milliseconds grace) {
     left = leftover_children();
     if (left.empty()) return ending;
   }
-  kill_children(left, false);
+  kill_children(left, false, grace);
   return ending;
+}
+
+void abandon_child(pid_t pid) { abandoned().insert(pid); }
+
+void forget_abandoned(pid_t pid) { abandoned().erase(pid); }
+
+std::vector<pid_t> live_descendants(pid_t root) {
+  std::map<pid_t, std::vector<pid_t>> children;
+  for (pid_t pid : all_pids()) {
+    if (const StatFields fields = read_stat(pid); fields.live()) children[static_cast<pid_t>(fields.ppid)].push_back(pid);
+  }
+  std::vector<pid_t> found;
+  for (std::vector<pid_t> next{root}; !next.empty();) {
+    const pid_t parent = next.back();
+    next.pop_back();
+    for (pid_t child : children[parent]) {
+      found.push_back(child);
+      next.push_back(child);
+    }
+  }
+  return found;
 }
 
 std::vector<pid_t> live_children(pid_t parent) {

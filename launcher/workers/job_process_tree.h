@@ -58,6 +58,17 @@ std::optional<int> reaped_helper_status(pid_t pid);
 // Forgets helper `pid`; returns its wait status if another reaper kept it.
 std::optional<int> forget_job_helper(pid_t pid);
 
+// `pid`, a child of cpprun SIGKILLed and still not ended: given up on (Note [A worker SIGKILL cannot
+// end] in attempt.cpp). stop_leftovers() and the job's end leave it alone; it is reaped like any child
+// if it ends while cpprun runs, by init (or an outer subreaper) if later.
+void abandon_child(pid_t pid);
+// For a waitpid(-1) caller: `pid` was reaped; if it had been given up on, it is no longer.
+void forget_abandoned(pid_t pid);
+
+// The live (not zombie) processes descended from `root`, children first. A snapshot of /proc: one
+// forked meanwhile may be missed.
+std::vector<pid_t> live_descendants(pid_t root);
+
 // The whole of a /proc file, or "" if it cannot be opened or read (the process is gone, or not ours).
 std::string read_proc_file(const std::string& path);
 

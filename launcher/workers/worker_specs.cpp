@@ -158,7 +158,8 @@ WorkerSettings worker_settings(const LaunchConfig& c) {
            c.signals_to_handle, c.agent_store},
           c.output,
           c.log_line_prefix_template,
-          c.hostname};
+          c.hostname,
+          c.uninterruptible_state};
 }
 
 std::string format_dry_run(const std::vector<WorkerSpec>& specs, const EnvMap& parent_env) {

@@ -39,6 +39,7 @@ struct WorkerSettings {
   OutputOptions output;  // --redirects, --tee, --local_ranks_filter, --log_dir
   std::string log_line_prefix_template;  // "": "[rankN]: "
   std::string hostname;                  // its ${hostname}
+  UninterruptibleStateSettings uninterruptible_state;  // TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT
 };
 
 // What the workers take of the command line.

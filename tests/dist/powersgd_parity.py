@@ -28,17 +28,23 @@ def net():
         torch.nn.Linear(16, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4)).double()
 
 
+def write_init(d, steps=STEPS):
+    """DIR/init.safetensors, the parameters, and DIR/batches.safetensors, each rank's batches for
+    `steps` steps (powersgd_resume.py's init mode too, with its own number of steps)."""
+    torch.manual_seed(0)
+    save_file({k: v.contiguous() for k, v in net().state_dict().items()}, f"{d}/init.safetensors")
+    batches = {}
+    for r in range(RANKS):
+        for s in range(steps):
+            batches[f"x{r}_{s}"] = torch.randn(12, 8, dtype=torch.float64)
+            batches[f"y{r}_{s}"] = torch.randn(12, 4, dtype=torch.float64)
+    save_file(batches, f"{d}/batches.safetensors")
+
+
 def main():
     mode, d = sys.argv[1], sys.argv[2]
     if mode == "init":
-        torch.manual_seed(0)
-        save_file({k: v.contiguous() for k, v in net().state_dict().items()}, f"{d}/init.safetensors")
-        batches = {}
-        for r in range(RANKS):
-            for s in range(STEPS):
-                batches[f"x{r}_{s}"] = torch.randn(12, 8, dtype=torch.float64)
-                batches[f"y{r}_{s}"] = torch.randn(12, 4, dtype=torch.float64)
-        save_file(batches, f"{d}/batches.safetensors")
+        write_init(d)
         return
     config = sys.argv[3]
     if mode == "compare":

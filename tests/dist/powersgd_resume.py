@@ -14,9 +14,12 @@ import sys
 
 import torch
 import torch.distributed as dist
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
-STEPS, RANKS, SAVED_AT = 8, 2, 5
+# The model and the init mode are powersgd_parity.py's (this directory, sys.path[0]); its RANKS too.
+from powersgd_parity import RANKS, net, write_init
+
+STEPS, SAVED_AT = 8, 5
 # What each configuration sets of PowerSGDState (powersgd_resume.cpp's kConfigs, the same); not
 # its "buckets": PyTorch 2.15's hook over several buckets on Gloo issues its chained all-reduces
 # from Gloo's threads in an order that differs between ranks (a collective mismatch: Gloo aborts
@@ -30,12 +33,6 @@ CONFIGS = {
 # drops too) and the compression statistics (cpprun logs none).
 NOT_KEPT = {"process_group", "total_numel_before_compression", "total_numel_after_compression",
             "compression_stats_logging_frequency", "next_stats_report"}
-
-
-def net():
-    return torch.nn.Sequential(
-        torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 16), torch.nn.Tanh(),
-        torch.nn.Linear(16, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4)).double()
 
 
 def relative(a, b):
@@ -138,14 +135,7 @@ def craft(d):
 def main():
     mode, d = sys.argv[1], sys.argv[2]
     if mode == "init":
-        torch.manual_seed(0)
-        save_file({k: v.contiguous() for k, v in net().state_dict().items()}, f"{d}/init.safetensors")
-        batches = {}
-        for r in range(RANKS):
-            for s in range(STEPS):
-                batches[f"x{r}_{s}"] = torch.randn(12, 8, dtype=torch.float64)
-                batches[f"y{r}_{s}"] = torch.randn(12, 4, dtype=torch.float64)
-        save_file(batches, f"{d}/batches.safetensors")
+        write_init(d, STEPS)
     elif mode == "compare":
         sys.exit(0 if compare(d, sys.argv[3]) else 1)
     elif mode == "craft":

@@ -500,33 +500,60 @@ TEST_CASE("fsdp: synchronized backwards without zero_grad between them accumulat
   }
 }
 
+namespace {
+
+std::shared_ptr<Mlp> seeded_mlp() {
+  torch::manual_seed(0);
+  return std::make_shared<Mlp>(31);
+}
+
+// The clip_grad_norm parity cases' set-up: in float64, a seeded Mlp under DDP (stage 0) or FSDP,
+// a reference copy that one process trains on the whole batch, an SGD for each, and inputs ten
+// times the usual (large gradients, so clipping acts).
+struct ClipParity {
+  explicit ClipParity(int stage)
+      : net(seeded_mlp()), model(ddp_or_fsdp(net, stage)), ref(std::make_shared<Mlp>(31)),
+        opt(model->parameters(), 0.1), ref_opt(ref->parameters(), 0.1) {
+    copy_state(*ref, *net);
+  }
+  // Each rank's backward on its slice of the batch; the reference's over all of it.
+  void backward() {
+    const int rank = group().rank(), world = group().size();
+    torch::nn::functional::cross_entropy(model->forward(slice(x, rank, world)), slice(y, rank, world)).backward();
+    reference_backward([&](torch::Tensor in) { return ref->forward(in); }, x, y, world);
+  }
+  // Both step; the model's full parameters then equal the reference's.
+  void step_and_compare() {
+    opt.step();
+    ref_opt.step();
+    model->gather_full_parameters();
+    check_same_parameters(*net, *ref, kParityTolerance);
+  }
+
+  Float64Parity float64;  // first: what follows is made in float64
+  std::shared_ptr<Mlp> net;
+  cpprun::DataParallel<Mlp> model;
+  std::shared_ptr<Mlp> ref;
+  torch::optim::SGD opt, ref_opt;
+  torch::Tensor x = inputs_for("mlp", kGlobalBatch, 0) * 10, y = targets_for(kGlobalBatch, 0);
+};
+
+}  // namespace
+
 // Through cpprun::DataParallel, as a loop written for either would call it; stage 0 is DDP.
 TEST_CASE("fsdp: clip_grad_norm clips by the norm over all ranks' shards (DDP: over its gradients)", "[fsdp]") {
-  const int rank = group().rank(), world = group().size();
   const int stage = GENERATE(0, 2, 3);
   const double norm_type = GENERATE(2.0, 1.0, 3.0, std::numeric_limits<double>::infinity());
   INFO("stage " << stage << " norm_type " << norm_type);
-  Float64Parity float64;
-  torch::manual_seed(0);
-  auto net = std::make_shared<Mlp>(31);
-  cpprun::DataParallel<Mlp> model = ddp_or_fsdp(net, stage);
-  auto ref = std::make_shared<Mlp>(31);
-  copy_state(*ref, *net);
-  torch::optim::SGD opt(model->parameters(), 0.1), ref_opt(ref->parameters(), 0.1);
-  auto x = inputs_for("mlp", kGlobalBatch, 0) * 10;  // large gradients, so clipping acts
-  auto y = targets_for(kGlobalBatch, 0);
-  opt.zero_grad();
-  torch::nn::functional::cross_entropy(model->forward(slice(x, rank, world)), slice(y, rank, world)).backward();
+  ClipParity c(stage);
+  auto& model = c.model;
+  c.backward();
   const double max_norm = std::isinf(norm_type) ? 0.05 : 0.5;
   const double norm = model->clip_grad_norm(max_norm, norm_type);
-  reference_backward([&](torch::Tensor in) { return ref->forward(in); }, x, y, world);
-  const double ref_norm = torch::nn::utils::clip_grad_norm_(ref->parameters(), max_norm, norm_type);
+  const double ref_norm = torch::nn::utils::clip_grad_norm_(c.ref->parameters(), max_norm, norm_type);
   CHECK(norm == Approx(ref_norm).epsilon(kParityTolerance));
   CHECK(norm > max_norm);
-  opt.step();
-  ref_opt.step();
-  model->gather_full_parameters();
-  check_same_parameters(*net, *ref, kParityTolerance);
+  c.step_and_compare();
   CHECK_THROWS_WITH(model->clip_grad_norm(0), Catch::Contains("max_norm must be positive"));
   CHECK_THROWS_WITH(model->clip_grad_norm(1, 0), Catch::Contains("norm_type must be positive"));
 }
@@ -585,20 +612,11 @@ TEST_CASE("fsdp: clip_grad_norm with a NaN or infinite gradient does as PyTorch'
 // its own rows' (an audit measured 0.374 and 0.452 at 2 ranks against the whole's 0.587).
 TEST_CASE("fsdp: cpprun::clip_grad_norm_ given the wrapper clips over every rank; given shards it refuses",
           "[fsdp]") {
-  const int rank = group().rank(), world = group().size();
   const int stage = GENERATE(0, 1, 2, 3);
   INFO("stage " << stage);
-  Float64Parity float64;
-  torch::manual_seed(0);
-  auto net = std::make_shared<Mlp>(31);
-  cpprun::DataParallel<Mlp> model = ddp_or_fsdp(net, stage);
-  auto ref = std::make_shared<Mlp>(31);
-  copy_state(*ref, *net);
-  torch::optim::SGD opt(model->parameters(), 0.1), ref_opt(ref->parameters(), 0.1);
-  auto x = inputs_for("mlp", kGlobalBatch, 0) * 10;  // large gradients, so clipping acts
-  auto y = targets_for(kGlobalBatch, 0);
-  torch::nn::functional::cross_entropy(model->forward(slice(x, rank, world)), slice(y, rank, world)).backward();
-  reference_backward([&](torch::Tensor in) { return ref->forward(in); }, x, y, world);
+  ClipParity c(stage);
+  auto& model = c.model;
+  c.backward();
   if (stage > 0) {
     CHECK_THROWS_WITH(cpprun::clip_grad_norm_(model->parameters(), 0.5),
                       Catch::Contains("this rank's shard") && Catch::Contains("model->clip_grad_norm(max_norm"));
@@ -608,13 +626,10 @@ TEST_CASE("fsdp: cpprun::clip_grad_norm_ given the wrapper clips over every rank
   }
   // The refusals changed nothing: the norm below is the whole gradient's, clipped once.
   const double norm = cpprun::clip_grad_norm_(*model, 0.5);
-  const double ref_norm = torch::nn::utils::clip_grad_norm_(ref->parameters(), 0.5);
+  const double ref_norm = torch::nn::utils::clip_grad_norm_(c.ref->parameters(), 0.5);
   CHECK(norm == Approx(ref_norm).epsilon(kParityTolerance));
   CHECK(norm > 0.5);
-  opt.step();
-  ref_opt.step();
-  model->gather_full_parameters();
-  check_same_parameters(*net, *ref, kParityTolerance);
+  c.step_and_compare();
 }
 
 TEST_CASE("fsdp: per-rank bytes follow the ZeRO formulas (fp32 AdamW)", "[fsdp]") {

@@ -468,6 +468,28 @@ TEST_CASE("fsdp: MixedPrecisionPolicy's output_dtype and cast_forward_inputs, as
   CHECK_THROWS_WITH(refused(), Catch::Matchers::Contains("output_dtype must be a floating-point dtype"));
 }
 
+namespace {
+
+// A seeded Mlp under FSDP at `stage`, a unit per Linear, over the whole group or (given) the
+// {replicate, shard} mesh, and a reference copy of it that one process trains.
+struct FsdpWithReference {
+  std::shared_ptr<Mlp> net;
+  cpprun::FullyShardedDataParallel<Mlp> model;
+  std::shared_ptr<Mlp> ref;
+};
+FsdpWithReference fsdp_with_reference(int stage, const cpprun::DeviceMesh* mesh) {
+  torch::manual_seed(0);
+  auto net = std::make_shared<Mlp>(31);
+  auto ref = std::make_shared<Mlp>(31);
+  copy_state(*ref, *net);
+  const auto options = cpprun::FsdpOptions().stage(stage).wrap_policy(is_linear);
+  auto model = mesh ? cpprun::FullyShardedDataParallel(net, *mesh, options)
+                    : cpprun::FullyShardedDataParallel(net, group(), options);
+  return {net, std::move(model), ref};
+}
+
+}  // namespace
+
 // FSDP2's set_gradient_divide_factor(f): the synchronized gradient is the sum of the ranks' over f
 // (their average times world / f), at every stage, alone (np1), in float64 (FSDP2's two divisions:
 // by 2 before the reduction and 1.5 after it at f = 3) and float32 (its PREMUL_SUM, here a
@@ -488,13 +510,9 @@ TEST_CASE("fsdp: set_gradient_divide_factor divides the sum of the ranks' gradie
         for (bool hsdp : {false, true}) {
           if (hsdp && !mesh) continue;
           INFO("dtype " << dtype << " stage " << stage << " force_sum " << force_sum << " hsdp " << hsdp);
-          torch::manual_seed(0);
-          auto net = std::make_shared<Mlp>(31);
-          auto ref = std::make_shared<Mlp>(31);
-          copy_state(*ref, *net);
-          const auto options = cpprun::FsdpOptions().stage(stage).wrap_policy(is_linear);
-          auto model = hsdp ? cpprun::FullyShardedDataParallel(net, *mesh, options)
-                            : cpprun::FullyShardedDataParallel(net, group(), options);
+          auto made = fsdp_with_reference(stage, hsdp ? &*mesh : nullptr);
+          auto &net = made.net, &ref = made.ref;
+          auto& model = made.model;
           model->set_gradient_divide_factor(3.0);
           model->set_force_sum_reduction_for_comms(force_sum);
           torch::optim::SGD opt(model->parameters(), 0.1), ref_opt(ref->parameters(), 0.1);
@@ -535,13 +553,9 @@ TEST_CASE("fsdp: set_all_reduce_hook sees each unit's reduced rows once per sync
     for (bool hsdp : {false, true}) {
       if (hsdp && !mesh) continue;
       INFO("stage " << stage << " hsdp " << hsdp);
-      torch::manual_seed(0);
-      auto net = std::make_shared<Mlp>(31);
-      auto ref = std::make_shared<Mlp>(31);
-      copy_state(*ref, *net);
-      const auto options = cpprun::FsdpOptions().stage(stage).wrap_policy(is_linear);
-      auto model = hsdp ? cpprun::FullyShardedDataParallel(net, *mesh, options)
-                        : cpprun::FullyShardedDataParallel(net, group(), options);
+      auto made = fsdp_with_reference(stage, hsdp ? &*mesh : nullptr);
+      auto &net = made.net, &ref = made.ref;
+      auto& model = made.model;
       int calls = 0;
       model->set_all_reduce_hook([&calls](const torch::Tensor& rows) {
         ++calls;

@@ -2,7 +2,8 @@
 // module holds; what a wrapper loads is what the plain module would, on every rank, and the
 // sharded model computes with it; a file of other shapes is refused on every rank, each raising
 // rank 0's error. Under mixed precision FSDP saves and loads the fp32 masters. The same for
-// directories in Hugging Face's sharded layout, which each rank writes its share of; and (run by
+// directories in Hugging Face's sharded layout, which each rank writes its share of (with rank 0's
+// buffers, as in a file, though the ranks' BatchNorm statistics differ); and (run by
 // hf_sharded_reshard.sh) a directory saved on 4 ranks loads bit-exactly on 1 to 3.
 #include "catch.h"
 #include <torch/torch.h>
@@ -542,6 +543,84 @@ TEST_CASE("state_dict: HSDP (2 replicas x 2 shards) saves a Hugging Face sharded
   auto model =
       cpprun::FullyShardedDataParallel(seeded(1), mesh, cpprun::FsdpOptions().stage(3).wrap_policy(is_linear));
   check_sharded_wrapper(model, "hsdp");
+}
+
+namespace {
+
+// A Linear then a BatchNorm: its running statistics are buffers each rank updates from its own batch.
+struct BnNet : torch::nn::Module {
+  BnNet() {
+    fc = register_module("fc", torch::nn::Linear(8, 16));  // fc.weight alone fills rank 0's share
+    bn = register_module("bn", torch::nn::BatchNorm1d(16));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return bn(fc(x)); }
+  torch::nn::Linear fc{nullptr};
+  torch::nn::BatchNorm1d bn{nullptr};
+};
+
+std::shared_ptr<BnNet> seeded_bn() {
+  torch::manual_seed(1);
+  return std::make_shared<BnNet>();
+}
+
+// After steps on different batches the ranks' running statistics differ; a directory saved by
+// every rank holds rank 0's, exactly as the single file (written by rank 0) does, sync and async.
+template <typename Wrapper>
+void check_directory_holds_root_buffers(Wrapper& model, const std::string& kind) {
+  INFO(kind);
+  const int rank = group().rank(), world = group().size();
+  torch::optim::SGD optimizer(model->parameters(), 0.1);
+  for (int step = 0; step < 2; ++step) {
+    torch::manual_seed(100 + rank);  // each rank its own batch
+    const auto x = torch::randn({6, 8}) * (rank + 1);
+    optimizer.zero_grad();
+    model->forward(x).pow(2).sum().backward();
+    optimizer.step();
+  }
+  const torch::Tensor mine = cpprun::get_model_state_dict(model)["bn.running_mean"];
+  torch::Tensor root = mine.clone();
+  cpprun::broadcast(group(), root, 0);
+  if (rank > 0) REQUIRE_FALSE(torch::equal(mine, root));  // else the test proves nothing
+
+  const std::string base = "/tmp/cpprun_root_buffers_" + kind + "_" + std::to_string(::getppid());
+  cpprun::save_state_dict(model, base + ".safetensors");
+  cpprun::save_state_dict(model, base + "/");
+  cpprun::save_async(model, base + "_async/").wait();
+  const auto file = cpprun::detail::read_state_dict_file(base + ".safetensors");
+  for (const std::string& dir : {base, base + "_async"}) {
+    INFO(dir);
+    const auto read = cpprun::detail::read_sharded_directory(dir, cpprun::detail::kModelStem);
+    // The statistics are in a file rank 0 did not write, or the test proves nothing.
+    if (world > 1) {
+      CHECK(read.file_of.at("bn.running_mean") != cpprun::detail::shard_file_name(1, std::min(world, 7)));
+    }
+    check_same_tensors(read.tensors, file);
+  }
+  for (const auto& [name, tensor] : file) {
+    if (name == "bn.running_mean") CHECK(torch::equal(tensor, root));
+  }
+  // The save took copies: every rank keeps its own statistics.
+  CHECK(torch::equal(cpprun::get_model_state_dict(model)["bn.running_mean"], mine));
+  cpprun::barrier(group());
+  if (rank == 0) {
+    std::filesystem::remove_all(base);
+    std::filesystem::remove_all(base + "_async");
+    std::remove((base + ".safetensors").c_str());
+  }
+}
+
+}  // namespace
+
+TEST_CASE("state_dict: a sharded directory holds rank 0's buffers, as the single file does", "[state_dict]") {
+  const int variant = GENERATE(0, 1, 2);  // DDP with and without broadcast_buffers; FSDP stage 3
+  if (variant < 2) {
+    auto model = cpprun::DistributedDataParallel(seeded_bn(), group(),
+                                                 cpprun::DdpOptions().broadcast_buffers(variant == 0));
+    check_directory_holds_root_buffers(model, variant == 0 ? "ddp" : "ddp_unsynced");
+  } else {
+    auto model = cpprun::FullyShardedDataParallel(seeded_bn(), group(), cpprun::FsdpOptions().stage(3));
+    check_directory_holds_root_buffers(model, "fsdp3");
+  }
 }
 
 // Run by tests/dist/hf_sharded_reshard.sh: CPPRUN_HF_PHASE=save (on 4 ranks) saves FSDP stage 3's

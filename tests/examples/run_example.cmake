@@ -2,6 +2,7 @@
 # -DLAUNCHER -DPROGRAM -DNPROC -DISOLATE -DARGS="..." -DEXPECT="regex" [-DFILES="a;b"] (in -DWORK_DIR)
 # [-DFALLS="regex with two numbers captured"]: the second number must be below the first.
 # [-DFLOOR_OF="regex with one number captured" -DFLOOR=x]: that number must be at least x.
+# [-DCEILING_OF="regex with one number captured" -DCEILING=x]: that number must be at most x.
 separate_arguments(args UNIX_COMMAND "${ARGS}")
 file(REMOVE_RECURSE ${WORK_DIR})
 file(MAKE_DIRECTORY ${WORK_DIR})
@@ -24,6 +25,14 @@ if(FLOOR_OF)
   endif()
   if(CMAKE_MATCH_1 LESS FLOOR)  # as floating-point numbers
     message(FATAL_ERROR "${CMAKE_MATCH_1} is below the floor ${FLOOR} (${FLOOR_OF})")
+  endif()
+endif()
+if(CEILING_OF)
+  if(NOT out MATCHES "${CEILING_OF}")
+    message(FATAL_ERROR "output does not match: ${CEILING_OF}")
+  endif()
+  if(CMAKE_MATCH_1 GREATER CEILING)  # as floating-point numbers
+    message(FATAL_ERROR "${CMAKE_MATCH_1} is above the ceiling ${CEILING} (${CEILING_OF})")
   endif()
 endif()
 foreach(f ${FILES})

@@ -83,6 +83,24 @@ TEST_CASE("attempt: the failure summary names the root cause and the stopped wor
   CHECK(text.find("rank 1") < text.find("rank 0"));  // root cause first
 }
 
+TEST_CASE("attempt: the summary names a worker stuck in D state, and one that SIGKILL did not end", "[attempt]") {
+  WorkerRecord abandoned = record(1, 101, WorkerState::kAbandoned, WorkerExit::exited(0), true);
+  abandoned.exit.reset();  // never reaped
+  const std::vector<WorkerRecord> workers = {
+      record(0, 100, WorkerState::kStoppedByLauncher, WorkerExit::signaled(SIGTERM)),
+      abandoned,
+  };
+  AttemptSummary s = summary(std::nullopt, 0, std::chrono::seconds(2));
+  s.unhealthy = "rank 1 (local_rank 1, pid 101) stuck in uninterruptible sleep (D state) for 3.0 s";
+  const std::string text = format_attempt_summary(workers, s);
+  CHECK_THAT(text, Contains("cpprun: rank 1 (local_rank 1, pid 101) stuck in uninterruptible sleep (D state) for "
+                            "3.0 s; stopped every worker, no restart\n"));
+  CHECK_THAT(text, Contains("rank 0 (local_rank 0, pid 100) stopped: killed by SIGTERM"));
+  CHECK_THAT(text, Contains("rank 1 (local_rank 1, pid 101) not stopped: did not exit within --shutdown_timeout=2s of "
+                            "SIGTERM nor after SIGKILL; left behind"));
+  CHECK(text.find("stuck") < text.find("rank 0 (local_rank 0"));
+}
+
 TEST_CASE("attempt: the failure summary of an interruption names the signal", "[attempt]") {
   const std::vector<WorkerRecord> workers = {
       record(0, 100, WorkerState::kStoppedByLauncher, WorkerExit::exited(0)),

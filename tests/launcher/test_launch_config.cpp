@@ -650,6 +650,24 @@ TEST_CASE("launch_config: TORCH_ELASTIC_SHUTDOWN_TIMEOUT and TORCHELASTIC_LOG_LI
              Contains("TORCH_ELASTIC_SHUTDOWN_TIMEOUT=soon"));
 }
 
+TEST_CASE("launch_config: TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT, checked every --monitor_interval",
+          "[launch_config]") {
+  const auto with = [](const std::optional<std::string>& value) {
+    return [value](const std::string& name) -> std::optional<std::string> {
+      return name == "TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT" ? value : std::nullopt;
+    };
+  };
+  const LaunchConfig off = parse_launch_config({"x"}, fake_host(), with(std::nullopt)).config;
+  CHECK_FALSE(off.uninterruptible_state.enabled());
+  CHECK(off.uninterruptible_state.interval == std::chrono::milliseconds(100));  // torchrun's 0.1 s
+  const LaunchConfig on =
+      parse_launch_config({"--monitor_interval=0.25", "x"}, fake_host(), with(std::string("30"))).config;
+  CHECK(on.uninterruptible_state.timeout_s == 30);
+  CHECK(on.uninterruptible_state.interval == std::chrono::milliseconds(250));
+  // Not a number: off, and no usage error (torchrun ignores it too).
+  CHECK_FALSE(parse_launch_config({"x"}, fake_host(), with(std::string("soon"))).config.uninterruptible_state.enabled());
+}
+
 TEST_CASE("launch_config: TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 as torchrun's c10d handler reads it, one node",
           "[launch_config]") {
   const auto env = [](const std::string& name) -> std::optional<std::string> {

@@ -400,6 +400,24 @@ TEST_CASE("round_decide: every node done finishes the job; news of another round
   CHECK(words(host.own(RoundEvent::Kind::kKeeperEnded, {1, false, "the store keeper exited"})).empty());
 }
 
+TEST_CASE("round_decide: the host's worker stuck in D state ends the job, restarts left or not", "[round_decide]") {
+  RendezvousSettings s = c10d_job(1, 2);
+  s.max_restarts = 3;
+  Host host(s);
+  host.join();
+  host.hello(-1, "10.0.0.2:4000");
+  CHECK(words(host.wake()) == Words{"open store"});
+  host.store_opened(5000);
+  // Not restartable (Note [An unhealthy attempt] in workers/attempt.h), as a member's would be.
+  const JobEnd stuck{1, false, "rank 0 (local_rank 0, pid 40) on node 0 stuck in uninterruptible sleep (D state)"};
+  CHECK(words(host.own(RoundEvent::Kind::kOwnFailed, stuck)) == Words{"tell members end 0"});
+  host.own(RoundEvent::Kind::kOwnAttemptOver);
+  const RoundActions end = host.wake();
+  CHECK(words(end) == Words{"stop store", "tell all exit 1", "end job 1"});
+  CHECK(first(end, RoundAction::Kind::kEndJob).end.reason == stuck.reason);
+  CHECK(host.state.restart_count == 0);
+}
+
 TEST_CASE("round_decide: a signal ends the job, before it started and after; a keeper ending is fatal",
           "[round_decide]") {
   Host before(static_job(2));
