@@ -44,15 +44,15 @@ stuck)
   expect_valid_json "$f"
   expect_in_file "$f" '"rank":0,"world_size":2,' "stuck: rank 0's dump header"
   expect_in_file "$f" '"reason":"timeout"' "stuck: rank 0's dump reason"
-  expect_entry "$f" '"seq":1,"op":"all_reduce","dtype":"float32","shapes":[[3]],"reduce_op":"sum","root":null,"tag":null,"label":null,"state":"completed"' "stuck"
-  expect_entry "$f" '"seq":2,"op":"all_reduce","dtype":"float32","shapes":[[3]],"reduce_op":"sum","root":null,"tag":null,"label":null,"state":"completed"' "stuck"
-  expect_entry "$f" '"seq":3,"op":"all_reduce","dtype":"float32","shapes":[[4096]],"reduce_op":"sum","root":null,"tag":null,"label":null,"state":"failed"' "stuck"
+  expect_entry "$f" '"seq":1,"op":"all_reduce","dtype":"float32","shapes":[[3]],"reduce_op":"sum","root":null,"tag":null,"label":null,"public_call":null,"state":"completed"' "stuck"
+  expect_entry "$f" '"seq":2,"op":"all_reduce","dtype":"float32","shapes":[[3]],"reduce_op":"sum","root":null,"tag":null,"label":null,"public_call":null,"state":"completed"' "stuck"
+  expect_entry "$f" '"seq":3,"op":"all_reduce","dtype":"float32","shapes":[[4096]],"reduce_op":"sum","root":null,"tag":null,"label":null,"public_call":null,"state":"failed"' "stuck"
   tail -2 "$f" | head -1 | grep -qF '"seq":3,' || fail "stuck: all_reduce #3 is not the last entry: $(cat "$f")"
   # Rank 1 failed nothing: it dumps when it exits (or, if still running, when the launcher asks).
   f=$DUMPS/rank_1.json
   expect_valid_json "$f"
   grep -qE '"reason":"(exit|request)"' "$f" || fail "stuck: rank 1's dump reason: $(cat "$f")"
-  expect_entry "$f" '"seq":2,"op":"all_reduce","dtype":"float32","shapes":[[3]],"reduce_op":"sum","root":null,"tag":null,"label":null,"state":"completed"' "stuck: rank 1"
+  expect_entry "$f" '"seq":2,"op":"all_reduce","dtype":"float32","shapes":[[3]],"reduce_op":"sum","root":null,"tag":null,"label":null,"public_call":null,"state":"completed"' "stuck: rank 1"
   # The launcher's diagnosis: rank 0 failed in #3; rank 1 (asked, or exited by then) is named with #2.
   expect_in_file "$WORK/err" "cpprun: diagnosis (rank 0 (local_rank 0" "stuck: the launcher's diagnosis"
   expect_in_file "$WORK/err" "rank 0 failed in all_reduce #3 (float32[4096], sum)" "stuck: where rank 0 failed"
@@ -89,11 +89,11 @@ request)
     expect_in_file "$WORK/asked_$rank.json" '"reason":"request"' "request: rank $rank's reason"
     # At the end each rank left its last collectives (Note [Exit dump]): #3 completed.
     expect_in_file "$DUMPS/rank_$rank.json" '"reason":"exit"' "request: rank $rank's exit dump"
-    expect_entry "$DUMPS/rank_$rank.json" '"seq":3,"op":"all_reduce","dtype":"float32","shapes":[[4096]],"reduce_op":"sum","root":null,"tag":null,"label":null,"state":"completed"' "request: rank $rank's exit dump"
+    expect_entry "$DUMPS/rank_$rank.json" '"seq":3,"op":"all_reduce","dtype":"float32","shapes":[[4096]],"reduce_op":"sum","root":null,"tag":null,"label":null,"public_call":null,"state":"completed"' "request: rank $rank's exit dump"
   done
-  expect_entry "$WORK/asked_0.json" '"seq":3,"op":"all_reduce","dtype":"float32","shapes":[[4096]],"reduce_op":"sum","root":null,"tag":null,"label":null,"state":"started","start_unix_ms":' "request: rank 0 waits in #3"
+  expect_entry "$WORK/asked_0.json" '"seq":3,"op":"all_reduce","dtype":"float32","shapes":[[4096]],"reduce_op":"sum","root":null,"tag":null,"label":null,"public_call":null,"state":"started","start_unix_ms":' "request: rank 0 waits in #3"
   expect_entry "$WORK/asked_0.json" '"end_unix_ms":null}' "request: rank 0's #3 has no end"
-  expect_entry "$WORK/asked_1.json" '"seq":2,"op":"all_reduce","dtype":"float32","shapes":[[3]],"reduce_op":"sum","root":null,"tag":null,"label":null,"state":"completed"' "request: rank 1 finished #2"
+  expect_entry "$WORK/asked_1.json" '"seq":2,"op":"all_reduce","dtype":"float32","shapes":[[3]],"reduce_op":"sum","root":null,"tag":null,"label":null,"public_call":null,"state":"completed"' "request: rank 1 finished #2"
   grep -qF '"seq":3,' "$WORK/asked_1.json" && fail "request: rank 1 recorded #3 before it called it"
   ;;
 terminate)
@@ -102,7 +102,7 @@ terminate)
   f=$DUMPS/rank_0.json
   expect_valid_json "$f"
   expect_in_file "$f" '"reason":"terminate"' "terminate: rank 0's dump reason"
-  expect_entry "$f" '"seq":2,"op":"all_reduce","dtype":"float32","shapes":[[3]],"reduce_op":"sum","root":null,"tag":null,"label":null,"state":"completed"' "terminate"
+  expect_entry "$f" '"seq":2,"op":"all_reduce","dtype":"float32","shapes":[[3]],"reduce_op":"sum","root":null,"tag":null,"label":null,"public_call":null,"state":"completed"' "terminate"
   expect_in_file "$WORK/err" "rank 0 gives up" "terminate: the previous handler still ran"
   ;;
 bad_settings)
