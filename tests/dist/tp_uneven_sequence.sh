@@ -12,10 +12,11 @@ expect_eq "$status" 3 "cpprun's exit status (the ranks' own 3; 134 would be SIGA
 for rank in 0 1; do
   line=$(grep -F "[rank$rank]: rank $rank caught: " "$WORK/err") || fail "rank $rank did not catch an error"
   for text in "hold shards of different shapes to gather along dimension 1" \
-              "Make the sequence length a multiple of 2 (pad it) before splitting it" \
-              "collective #"; do
+              "Make the sequence length a multiple of 2 (pad it) before splitting it"; do
     case $line in *"$text"*) ;; *) fail "rank $rank's error does not say '$text'" ;; esac
   done
+  # The mismatch's own text follows on the next line, naming each rank's shape.
+  grep -qF "[rank$rank]: cpprun: collective #" "$WORK/err" || fail "rank $rank's error lacks the collective mismatch"
 done
 grep -q "SIGABRT\|terminate called" "$WORK/err" && fail "a rank aborted"
 expect_no_leftovers
