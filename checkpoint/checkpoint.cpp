@@ -21,6 +21,7 @@
 #include "checkpoint/optimizer_state_dict.h"
 #include "checkpoint/sharded_state_dict.h"
 #include "checkpoint/state_dict.h"
+#include "checkpoint/writer_gather.h"
 #include "cpprun/optimizer_state_dict.h"
 #include "cpprun/state_dict.h"
 
@@ -31,7 +32,15 @@ void save_model_state(StateSource source, const std::string& path, const StateDi
   check_state_dict_path(path);  // before any collective: every rank refuses alike
   const StateView view = state_view(source);
   at::NoGradGuard no_grad;
-  save_state_dict(whole_state_to_save(view, path), view.team, path, options);
+  if (is_sharded_state_dict_path(path)) {
+    // Each writer gathers only its own file's tensors (Note [Gathering to the writer]); replicated
+    // buffers are the root's (Note [A directory holds the root's buffers]).
+    NamedTensors state = gather_view_for_writers(view, "saving the state dict to " + path);
+    if (view.team.writers() >= 2) use_root_buffers(view, state);
+    save_sharded_tensors(state, view.team, path, options, kModelStem);
+    return;
+  }
+  save_state_dict(whole_state(view), view.team, path, options);
 }
 
 StateDictLoadReport load_model_state(StateSource source, const std::string& path, const StateDictOptions& options) {

@@ -22,6 +22,7 @@
 #include "checkpoint/optimizer_state.h"
 #include "checkpoint/sharded_state_dict.h"
 #include "checkpoint/state_dict.h"
+#include "checkpoint/writer_gather.h"
 #include "cpprun/optimizer_state_dict.h"
 #include "cpprun/atomic_file.h"
 #include "cpprun/checkpoint_file.h"
@@ -275,6 +276,7 @@ OptimizerParams optimizer_params(const StateView& view) {
     param_of_entry[e] = out.names.size();
     entry_of.push_back(e);
     out.names.push_back(entry.name);
+    out.entries.push_back(&entry);
     out.stepped.push_back(entry.local);
     out.full_sizes.push_back(entry.whole_sizes);
     placed = placed || !entry.placement.replicated();
@@ -298,7 +300,8 @@ OptimizerParams optimizer_params(const StateView& view) {
 
 
 OptimizerStateToSave optimizer_state_to_save(const OptimizerParams& params, torch::optim::Optimizer& optimizer,
-                                             const std::function<at::Tensor(const at::Tensor&)>& take) {
+                                             const std::function<at::Tensor(const at::Tensor&)>& take,
+                                             const CheckpointTeam* writers, const std::string& what) {
   const std::string kind = kind_of(optimizer);
   const auto names = group_names(params, optimizer, "save_optimizer_state_dict");
   // Each parameter's state names, by its group's options.
@@ -331,6 +334,10 @@ OptimizerStateToSave optimizer_state_to_save(const OptimizerParams& params, torc
     for (std::size_t i = 0; i < 2 * n; ++i) has[i] = agreed[static_cast<int64_t>(i)].item<int64_t>();
   }
   NamedTensors state;
+  // A sharded save's tensors, each gathered only to its writers (checkpoint/writer_gather.h).
+  const CheckpointTeam* to_writers = writers && params.entries.size() == n ? writers : nullptr;
+  std::vector<SavePiece> pieces;
+  std::vector<std::pair<std::string, std::size_t>> names_of_pieces;
   for (std::size_t i = 0; i < n; ++i) {
     if (has[i] == 0) continue;
     const std::string prefix = "state." + params.names[i] + ".";
@@ -341,14 +348,25 @@ OptimizerStateToSave optimizer_state_to_save(const OptimizerParams& params, torc
         if (found != local[i]->tensors.end()) t = found->second;
       }
       if (!t.defined()) t = at::zeros_like(params.stepped[i]);
+      if (to_writers) {
+        names_of_pieces.emplace_back(prefix + name, pieces.size());
+        pieces.push_back({params.entries[i], t.detach()});
+        continue;
+      }
       at::Tensor whole = params.gather ? params.gather(i, t.detach()) : t.detach();
       state.emplace_back(prefix + name, take ? take(whole) : std::move(whole));
     }
     if (has_step(kind)) {
       at::Tensor step = at::scalar_tensor(static_cast<double>(has[n + i]), at::kFloat);
+      if (to_writers) {
+        names_of_pieces.emplace_back(prefix + "step", pieces.size());
+        pieces.push_back({nullptr, std::move(step)});  // whole on every rank
+        continue;
+      }
       state.emplace_back(prefix + "step", take ? take(step) : std::move(step));
     }
   }
+  if (to_writers) state = gather_for_writers(pieces, names_of_pieces, *to_writers, what);
   OptimizerStateToSave out{std::move(state), {{kOptimizerKindKey, kind}}, {}, {}};
   for (std::size_t g = 0; g < names.size(); ++g) {
     out.group_params.emplace_back();
@@ -409,11 +427,13 @@ void save_optimizer_state_dict(const OptimizerParams& params, torch::optim::Opti
                                const CheckpointTeam& team, const std::string& path,
                                const StateDictSaveOptions& options) {
   check_path(path, "save_optimizer_state_dict");
-  OptimizerStateToSave saved = optimizer_state_to_save(params, optimizer);
   if (is_sharded_state_dict_path(path)) {
+    const OptimizerStateToSave saved =
+        optimizer_state_to_save(params, optimizer, nullptr, &team, "saving the optimizer state to " + path);
     save_sharded_tensors(saved.state, team, path, options, kOptimizerStem, saved.metadata);
     return;
   }
+  OptimizerStateToSave saved = optimizer_state_to_save(params, optimizer);
   std::exception_ptr failure;
   if (team.is_root()) {
     try {

@@ -37,6 +37,9 @@ struct OptimizerParams {
   std::vector<std::string> names;                // each parameter's name (a tied one's first)
   std::vector<at::Tensor> stepped;               // the tensor the optimizer steps (FSDP: this rank's rows)
   std::vector<std::vector<int64_t>> full_sizes;  // the whole parameter's shape
+  // Each parameter's entry in the view it came from (which outlives these), for a sharded save
+  // that gathers each state tensor only to its writer; empty: that save gathers through `gather`.
+  std::vector<const StateEntry*> entries;
   // A tied parameter's other names -> its index. Saved under its first name only, as PyTorch's
   // get_optimizer_state_dict does; a file naming it by another (PyTorch's set_optimizer_state_dict
   // takes either) loads too.
@@ -73,9 +76,12 @@ struct OptimizerStateToSave {
 };
 // `take`, when given, is applied to each state tensor as soon as it is whole, before the next is
 // gathered (get_optimizer_state_dict's cpu_offload: a copy to the CPU, or an undefined tensor to
-// drop it), as whole_state's `take`.
+// drop it), as whole_state's `take`. `writers` (a sharded save by that team; params.entries
+// set): each state tensor is whole only on the writers of its file, a meta tensor of its shape
+// elsewhere (checkpoint/writer_gather.h; `what` names the save in its errors), and `take` is unused.
 OptimizerStateToSave optimizer_state_to_save(const OptimizerParams& params, torch::optim::Optimizer& optimizer,
-                                             const std::function<at::Tensor(const at::Tensor&)>& take = nullptr);
+                                             const std::function<at::Tensor(const at::Tensor&)>& take = nullptr,
+                                             const CheckpointTeam* writers = nullptr, const std::string& what = {});
 // The groups of every owner of `owners` (pipeline stages, each with its own optimizer) as one
 // list, as the unsplit model's optimizer would have them: group g holds every owner's group g's
 // parameters, with their options, which must agree (else an error naming the group, on every

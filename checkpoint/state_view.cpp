@@ -116,9 +116,7 @@ NamedTensors whole_state(const StateView& view, const std::function<at::Tensor(c
 // it is and costs one coalesced broadcast of the buffers' bytes (BatchNorm's: 2 floats and a
 // counter per channel), nothing for parameters. Every rank's view has the same entries, so every
 // rank takes part alike, or none.
-NamedTensors whole_state_to_save(const StateView& view, const std::string& path) {
-  NamedTensors whole = whole_state(view);
-  if (view.team.writers() < 2 || !is_sharded_state_dict_path(path)) return whole;
+void use_root_buffers(const StateView& view, NamedTensors& state) {
   std::unordered_map<std::size_t, at::Tensor> root_copy;  // entry -> the root's value
   std::vector<at::Tensor> copies;
   for (std::size_t i = 0; i < view.entries.size(); ++i) {
@@ -130,8 +128,13 @@ NamedTensors whole_state_to_save(const StateView& view, const std::string& path)
   view.team.broadcast_tensors(copies);
   for (std::size_t k = 0; k < view.names.size(); ++k) {
     const auto found = root_copy.find(view.names[k].second);
-    if (found != root_copy.end()) whole[k].second = found->second;
+    if (found != root_copy.end()) state[k].second = found->second;
   }
+}
+
+NamedTensors whole_state_to_save(const StateView& view, const std::string& path) {
+  NamedTensors whole = whole_state(view);
+  if (view.team.writers() >= 2 && is_sharded_state_dict_path(path)) use_root_buffers(view, whole);
   return whole;
 }
 

@@ -106,6 +106,10 @@ NamedTensors whole_state(const StateView& view, const std::function<at::Tensor(c
 // coalesced broadcast of the buffers); the module's own buffers are left as they are. See
 // Note [A directory holds the root's buffers] in the .cpp.
 NamedTensors whole_state_to_save(const StateView& view, const std::string& path);
+// The buffer step of whole_state_to_save alone, on `state` (the view's names, in order, as
+// whole_state or gather_view_for_writers gives them): each replicated entry that is not a
+// parameter becomes a copy of the team root's. Collective over the team.
+void use_root_buffers(const StateView& view, NamedTensors& state);
 // Copies this rank's part of each whole tensor in `whole` (as whole_state made it) into the
 // entries' local tensors, then runs view.after_load. Local, but after_load may be collective.
 void scatter_whole_state(const StateView& view, const NamedTensors& whole);

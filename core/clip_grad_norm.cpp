@@ -10,11 +10,13 @@
 #include <cmath>
 #include <limits>
 #include <mutex>
+#include <sstream>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
 
+#include "core/split_parameter_registry.h"
 #include "core/tensor_parallel_splits.h"
 #include "cpprun/clip_grad_norm.h"
 #include "cpprun/collectives.h"
@@ -105,9 +107,48 @@ void refuse_partial_gradients(const std::vector<at::Tensor>& params) {
                 "shard of a parameter of a FullyShardedDataParallel model: its gradient holds this rank's rows only, so "
                 "the norm here would be this rank's part's, and each rank would clip by another factor. Clip with the "
                 "wrapper, model->clip_grad_norm(max_norm, norm_type) (or cpprun::clip_grad_norm_(*model, max_norm)), "
-                "which combines the shards' norms over the ranks and returns the whole model's norm on every rank, as "
+                "which combines the shards' norms over the ranks (and, with tensor parallelism inside, each split "
+                "parameter's over its tensor-parallel group) and returns the whole model's norm on every rank, as "
                 "PyTorch's clip_grad_norm_ does over FSDP2's gradients. LibTorch's torch::nn::utils::clip_grad_norm_ "
                 "has the same problem and no check.");
+  }
+}
+
+// A list's split gradients are combined over their groups, its whole ones counted by each rank:
+// that is the whole model's norm only when every rank of a group lists the same parameters, as
+// model->parameters() does on each. Lists that differ (a rank leaving out a layer) would combine
+// different sets silently, so the ranks of each group compare how many split and whole
+// parameters they list first (a 4-number all-reduce), and all refuse alike when they differ.
+// A rank that lists none of a group's shards does not join it: the others wait for it until the
+// group's timeout, naming the collective.
+void refuse_different_lists(const std::vector<GradientToClip>& grads) {
+  std::vector<const ProcessGroup*> split_over;
+  for (const auto& g : grads) {
+    if (g.split_over) split_over.push_back(&*g.split_over);
+  }
+  if (split_over.empty()) return;
+  std::vector<int64_t> group_of_split;
+  const std::vector<ProcessGroup> groups = distinct_groups(split_over, &group_of_split);
+  std::vector<double> split_count(groups.size(), 0);
+  for (const int64_t group : group_of_split) split_count[static_cast<size_t>(group)] += 1;
+  const auto whole = static_cast<double>(grads.size() - split_over.size());
+  for (size_t i = 0; i < groups.size(); ++i) {
+    if (groups[i].size() <= 1) continue;
+    // The maxima of [split, -split, whole, -whole]: the largest and the smallest counts.
+    at::Tensor counts = at::tensor({split_count[i], -split_count[i], whole, -whole}, at::kDouble);
+    all_reduce(groups[i], counts, ReduceOp::kMax);
+    auto c = counts.accessor<double, 1>();
+    std::ostringstream ranks;
+    const std::vector<int> members = get_process_group_ranks(groups[i]);
+    for (size_t k = 0; k < members.size(); ++k) ranks << (k ? ", " : "") << members[k];
+    TORCH_CHECK(c[0] == -c[1] && c[2] == -c[3], "cpprun::clip_grad_norm_: the ranks of the tensor-parallel group "
+                "(ranks ", ranks.str(), ") were given different parameter lists: this rank's holds ", split_count[i],
+                " parameters split over that group and ", whole, " whole ones; across the group the split ones "
+                "number ", -c[1], " to ", c[0], ", the whole ones ", -c[3], " to ", c[2], ". The norm combines each "
+                "split gradient's pieces over the group and counts the whole ones on every rank, so it is the "
+                "model's only when every rank lists the same parameters: pass model->parameters() (or the same "
+                "subset) on each rank, or clip the module, cpprun::clip_grad_norm_(*model, max_norm). Nothing was "
+                "changed.");
   }
 }
 
@@ -255,11 +296,14 @@ double clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_nor
                        bool error_if_nonfinite) {
   detail::PublicCallScope call("cpprun::clip_grad_norm_");
   detail::refuse_partial_gradients(parameters);
+  // Tensor-parallel shards are parts of one gradient over their group, as the module overload
+  // counts them (Note [Split parameters in a parameter list]).
   std::vector<detail::GradientToClip> grads;
   std::unordered_set<const c10::TensorImpl*> seen;
   for (const auto& p : parameters) {
-    if (seen.insert(p.unsafeGetTensorImpl()).second) grads.push_back({p.grad(), std::nullopt});
+    if (seen.insert(p.unsafeGetTensorImpl()).second) grads.push_back({p.grad(), detail::split_group_of(p)});
   }
+  detail::refuse_different_lists(grads);
   return detail::clip_grad_norm(grads, {max_norm, norm_type, error_if_nonfinite}, nullptr, "cpprun");
 }
 

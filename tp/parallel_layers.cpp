@@ -6,6 +6,7 @@
 #include <ostream>
 
 #include "comm/group_membership.h"
+#include "core/split_parameter_registry.h"
 #include "cpprun/tensor_parallel.h"
 
 namespace cpprun {
@@ -47,6 +48,7 @@ ColwiseParallelLinearImpl::ColwiseParallelLinearImpl(const torch::nn::LinearImpl
   if (full.bias.defined()) {
     bias = register_parameter("bias", shard_of(full.bias, group_, 0, "ColwiseParallel"), full.bias.requires_grad());
   }
+  detail::register_split_parameters(*this, *this);  // Note [Split parameters in a parameter list]
 }
 
 at::Tensor ColwiseParallelLinearImpl::forward(const at::Tensor& input) {
@@ -94,6 +96,7 @@ RowwiseParallelLinearImpl::RowwiseParallelLinearImpl(const torch::nn::LinearImpl
     at::NoGradGuard no_grad;
     bias = register_parameter("bias", full.bias.detach().clone(), full.bias.requires_grad());
   }
+  detail::register_split_parameters(*this, *this);  // Note [Split parameters in a parameter list]
 }
 
 at::Tensor RowwiseParallelLinearImpl::forward(const at::Tensor& input) {
@@ -140,6 +143,7 @@ VocabParallelEmbeddingImpl::VocabParallelEmbeddingImpl(const torch::nn::Embeddin
   weight = register_parameter("weight", shard_of(full.weight, group_, 0, "RowwiseParallel"),
                               full.weight.requires_grad());
   vocab_start_ = group_.rank() * weight.size(0);
+  detail::register_split_parameters(*this, *this);  // Note [Split parameters in a parameter list]
 }
 
 at::Tensor VocabParallelEmbeddingImpl::forward(const at::Tensor& ids) {
@@ -188,6 +192,7 @@ ColwiseParallelEmbeddingImpl::ColwiseParallelEmbeddingImpl(const torch::nn::Embe
               "Replicate().");
   weight = register_parameter("weight", shard_of(full.weight, group_, 1, "ColwiseParallel"),
                               full.weight.requires_grad());
+  detail::register_split_parameters(*this, *this);  // Note [Split parameters in a parameter list]
 }
 
 at::Tensor ColwiseParallelEmbeddingImpl::forward(const at::Tensor& ids) {

@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "comm/group_membership.h"
+#include "core/split_parameter_registry.h"
 #include "cpprun/collectives.h"
 #include "cpprun/tensor_parallel.h"
 
@@ -222,6 +223,8 @@ std::shared_ptr<torch::nn::Module> parallelize_module(std::shared_ptr<torch::nn:
     replacements.push_back(make_parallel(plan[i].first, targets[i].child, plan[i].second, tp_group));
   }
   for (size_t i = 0; i < plan.size(); ++i) replace_child(targets[i], replacements[i]);
+  // Layers of one's own in the model, too (Note [Split parameters in a parameter list]).
+  detail::register_split_parameters_in(*module);
   return module;
 }
 

@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <string>
 #include <vector>
 
 #include "cpprun/collectives.h"
@@ -40,7 +41,24 @@ at::Tensor all_gather_along(const at::Tensor& input, const ProcessGroup& group, 
   std::vector<int64_t> shape{world};
   shape.insert(shape.end(), input.sizes().begin(), input.sizes().end());
   at::Tensor gathered = at::empty(shape, input.options().memory_format(at::MemoryFormat::Contiguous));
-  all_gather_into(group, gathered, input.contiguous());
+  try {
+    all_gather_into(group, gathered, input.contiguous());
+  } catch (const c10::Error& e) {
+    // Note [Uneven sequence shards]: each rank gathers group.size() pieces of its own shard's
+    // shape, so shards of different lengths (a sequence the TP size does not divide, split by
+    // x.chunk(tp, 1)) are a collective mismatch, which comm's check finds before any data moves
+    // and every rank beside a differing one reports. No rank can tell alone (its shard is all it
+    // sees; checking first would cost a collective per gather), so the mismatch is named here
+    // with its usual cause and its fix. Other failures (a timeout, a lost peer) pass unchanged.
+    const std::string said = e.what_without_backtrace();
+    if (said.find("mismatch: ") == std::string::npos) throw;
+    TORCH_CHECK(false, "cpprun::", what, ": the ranks of the tensor-parallel group (", world, " ranks) hold shards "
+                "of different shapes to gather along dimension ", dim, " (this rank's, rank ", group.rank(), " of "
+                "the group: ", input.sizes(), "). Sequence parallelism needs equal shards: a sequence length that "
+                "the tensor-parallel size does not divide, split by x.chunk(", world, ", ", dim, "), gives "
+                "shards of different lengths. Make the sequence length a multiple of ", world, " (pad it) before "
+                "splitting it; the ranks of one group must also take the same batch.\n", said);
+  }
   return at::cat(gathered.unbind(0), dim);
 }
 

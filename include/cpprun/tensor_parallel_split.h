@@ -40,7 +40,8 @@ struct TensorParallelSplit {
 // a sequence-parallel LayerNorm's weight, whose gradients the mappings already sum).
 class TensorParallelModule {
  public:
-  virtual ~TensorParallelModule() = default;
+  // Forgets the split parameters noted for cpprun::clip_grad_norm_ given a parameter list.
+  virtual ~TensorParallelModule();
   // This module's own split parameters, by their name in it ("weight"; not its children's).
   virtual std::map<std::string, TensorParallelSplit> tensor_parallel_splits() const = 0;
 };

@@ -2,8 +2,9 @@
 // mappings' forward and backward, and parity with one process (float64, AdamW) of an MLP block
 // (LayerNorm, ColwiseParallel + GELU + RowwiseParallel; also with the LayerNorm on sequence
 // shards and all-gather / reduce-scatter at the edges of that region) and of
-// a vocabulary-parallel embedding + head + vocabulary-parallel cross-entropy; bad plans get named
-// errors. Every rank builds the same model from one seed and sees the same data; the parameters
+// a vocabulary-parallel embedding + head + vocabulary-parallel cross-entropy; the MLP clipped by
+// cpprun::clip_grad_norm_(parallel->parameters()) against one process's clip of the whole; bad
+// plans get named errors. Every rank builds the same model from one seed and sees the same data; the parameters
 // are compared through tensor_parallel_full_state_dict, which also loads into an unsplit model.
 // Models and data are float64, so that a wrong sum or a wrong row stands out from rounding on any CPU.
 #include "catch.h"
@@ -284,6 +285,76 @@ TEST_CASE("tensor parallel: an MLP block matches one process after AdamW steps",
     CHECK(relative(whole_loss.item<double>(), reference_loss.item<double>()) <= kTolerance);
   }
   check_parameters(parallel, reference, make_mlp, x);
+}
+
+TEST_CASE("tensor parallel: clip_grad_norm_ given the parameter list clips by the whole model's norm", "[tp]") {
+  // As torch.nn.utils.clip_grad_norm_(model.parameters()) on DTensor parameters: the split
+  // gradients' squares summed over the group, the whole ones (fc2's bias, the LayerNorm) counted
+  // once. Before 2026-12: each rank's own norm, the ranks clipping by different factors.
+  const bool sequence_parallel = GENERATE(false, true);
+  const int world = group().size(), rank = group().rank();
+  INFO("tp " << world << (sequence_parallel ? " with sequence parallelism" : ""));
+  constexpr double kMaxNorm = 0.05;  // below the gradients' norm: clipping scales every step
+  auto reference = make_mlp();
+  auto parallel = make_mlp();
+  cpprun::ColwiseParallel colwise;
+  cpprun::RowwiseParallel rowwise;
+  cpprun::ParallelizePlan plan;
+  if (sequence_parallel) {
+    colwise.input_layouts(cpprun::Shard(1));
+    rowwise.output_layouts(cpprun::Shard(1));
+    plan.push_back({"0", cpprun::SequenceParallel()});
+  }
+  plan.push_back({"1", colwise});
+  plan.push_back({"3", rowwise});
+  cpprun::parallelize_module(parallel.ptr(), group(), plan);
+
+  torch::manual_seed(11);
+  const at::Tensor x = torch::randn({4, 12, 12}, kF64), target = torch::randn({4, 12, 12}, kF64);
+  torch::optim::AdamW reference_opt(reference->parameters(), torch::optim::AdamWOptions(1e-2));
+  torch::optim::AdamW parallel_opt(parallel->parameters(), torch::optim::AdamWOptions(1e-2));
+  for (int step = 0; step < kSteps; ++step) {
+    reference_opt.zero_grad();
+    at::Tensor reference_loss = torch::mse_loss(reference->forward(x), target, at::Reduction::Sum) / x.numel();
+    reference_loss.backward();
+    const double reference_norm = cpprun::clip_grad_norm_(reference->parameters(), kMaxNorm);
+    reference_opt.step();
+
+    parallel_opt.zero_grad();
+    const at::Tensor out = parallel->forward(sequence_parallel ? x.chunk(world, 1)[rank] : x);
+    const at::Tensor mine = sequence_parallel ? target.chunk(world, 1)[rank] : target;
+    (torch::mse_loss(out, mine, at::Reduction::Sum) / x.numel()).backward();
+    const double norm = cpprun::clip_grad_norm_(parallel->parameters(), kMaxNorm);
+    parallel_opt.step();
+    INFO("step " << step << " norm " << norm << " reference " << reference_norm);
+    CHECK(reference_norm > kMaxNorm);
+    CHECK(relative(norm, reference_norm) <= kTolerance);
+  }
+  check_parameters(parallel, reference, make_mlp, x);
+  // The whole parameters (fc2's bias, the LayerNorm's) stay alike on every rank: each clipped
+  // by the same factor.
+  const auto splits = cpprun::tensor_parallel_splits(*parallel);
+  for (const auto& item : parallel->named_parameters()) {
+    if (splits.count(item.key())) continue;
+    at::Tensor rank0 = item.value().detach().clone();
+    cpprun::broadcast(group(), rank0, 0);
+    INFO("whole parameter " << item.key());
+    CHECK(item.value().detach().equal(rank0));
+  }
+
+  if (world > 1) {
+    // Lists that differ across the group (rank 0 leaves out fc2's weight) are refused on every
+    // rank, before any gradient changes.
+    std::vector<at::Tensor> list;
+    for (const auto& item : parallel->named_parameters()) {
+      if (rank != 0 || item.key() != "3.weight") list.push_back(item.value());
+    }
+    const at::Tensor before = parallel[1]->as<cpprun::ColwiseParallelLinear>()->weight.grad().clone();
+    CHECK_THROWS_WITH(cpprun::clip_grad_norm_(list, kMaxNorm),
+                      Catch::Contains("were given different parameter lists") &&
+                          Catch::Contains("pass model->parameters() (or the same subset) on each rank"));
+    CHECK(parallel[1]->as<cpprun::ColwiseParallelLinear>()->weight.grad().equal(before));
+  }
 }
 
 TEST_CASE("tensor parallel: vocabulary-parallel embedding and cross-entropy match one process", "[tp]") {

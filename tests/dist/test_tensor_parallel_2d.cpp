@@ -5,7 +5,8 @@
 // with its LayerNorm on sequence shards), wrapped in DDP or FSDP ZeRO-1/2/3 over the dp dimension,
 // optionally with activation checkpointing around each block, trains 6 AdamW steps with gradient
 // clipping against the same stack in one process on the global batch, all in float64: every step's
-// loss and clipped norm, and the gathered parameters, within 1e-10; so does a language model whose
+// loss and clipped norm, and the gathered parameters, within 1e-10 (under DDP also clipped by
+// cpprun::clip_grad_norm_(model->parameters()); under FSDP that is refused); so does a language model whose
 // head is its vocabulary-parallel embedding, and a small GPT (tp_gpt.h: causal attention split by
 // heads, dropout on the attention probabilities, the head tied to the vocabulary-parallel
 // embedding), with and without sequence parallelism and activation checkpointing. Also: the loss
@@ -121,7 +122,7 @@ cpprun::ParallelizePlan megatron_plan(bool sequence_parallel) {
 
 cpprun::DataParallel<StackImpl> wrap(const std::string& how, const Stack& net) {
   const auto& dp = mesh().group("dp");
-  if (how == "ddp") return cpprun::DistributedDataParallel(net, dp);
+  if (how.rfind("ddp", 0) == 0) return cpprun::DistributedDataParallel(net, dp);
   const int stage = how.back() - '0';
   auto each_block = [](const torch::nn::Module& m) { return dynamic_cast<const torch::nn::SequentialImpl*>(&m); };
   return cpprun::FullyShardedDataParallel(net, dp, cpprun::FsdpOptions().stage(stage).wrap_policy(each_block));
@@ -206,7 +207,9 @@ torch::OrderedDict<std::string, at::Tensor> check_gathered_parameters(Model& mod
 TEST_CASE("tensor x data parallel: a Megatron block stack matches one process under DDP and ZeRO-1/2/3",
           "[tp2d]") {
   const int tp = GENERATE(from_range(parity_tp_sizes()));
-  const std::string how = GENERATE("ddp", "zero1", "zero2", "zero3");
+  // ddp-list: DDP, clipped by cpprun::clip_grad_norm_(model->parameters()) (the split ones are
+  // combined over the TP group, as the wrapper's clip_grad_norm does).
+  const std::string how = GENERATE("ddp", "ddp-list", "zero1", "zero2", "zero3");
   const bool sequence_parallel = GENERATE(false, true);
   const bool checkpoint_blocks = GENERATE(false, true);
   const ParityCase parity(tp, how, sequence_parallel, checkpoint_blocks);
@@ -242,10 +245,16 @@ TEST_CASE("tensor x data parallel: a Megatron block stack matches one process un
     at::Tensor loss = torch::mse_loss(out, local_part(target, sequence_parallel), at::Reduction::Sum) /
                       (x.numel() / mesh().size("dp"));
     loss.backward();
-    const double norm = model->clip_grad_norm(kMaxNorm);
+    const double norm = how == "ddp-list" ? cpprun::clip_grad_norm_(model->parameters(), kMaxNorm)
+                                          : model->clip_grad_norm(kMaxNorm);
     opt.step();
 
     check_step(step, loss, sequence_parallel, reference_loss, norm, reference_norm);
+  }
+  if (how.rfind("zero", 0) == 0) {  // FSDP's shards in a list stay refused, naming the wrapper's clip
+    CHECK_THROWS_WITH(cpprun::clip_grad_norm_(model->parameters(), kMaxNorm),
+                      Catch::Contains("model->clip_grad_norm(max_norm, norm_type)") &&
+                          Catch::Contains("with tensor parallelism inside"));
   }
 
   // The gathered state dict: whole tensors under the unsplit names, as the reference's ...

@@ -4,6 +4,7 @@
 #include "catch.h"
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -13,6 +14,7 @@
 #include "error_text.h"
 #include "checkpoint/sharded_state_dict.h"
 #include "checkpoint/state_dict.h"
+#include "checkpoint/writer_plan.h"
 #include "cpprun/checkpoint_file.h"
 #include "cpprun/state_dict.h"
 #include "scratch_files.h"
@@ -90,6 +92,44 @@ TEST_CASE("hf_sharded: tensors split into contiguous runs of about equal bytes",
   for (const auto l : load) {
     CHECK(l > 0);
     CHECK(l * 7 <= total + 7 * 1100);
+  }
+}
+
+TEST_CASE("hf_sharded: each tensor's writer follows the files' plan, from sizes alone",
+          "[state_dict]") {
+  using cpprun::detail::writers_of_pieces;
+  // Four tensors of one piece each: the writer of each is its file's run, as state_dict_shard writes.
+  CHECK(writers_of_pieces({10, 10, 10, 10}, {0, 1, 2, 3}, 4, 2) ==
+        std::vector<std::vector<int>>{{0}, {0}, {1}, {1}});
+  CHECK(writers_of_pieces({10, 10, 10, 10}, {0, 1, 2, 3}, 4, 1) ==
+        std::vector<std::vector<int>>{{0}, {0}, {0}, {0}});
+  // More writers than tensors: the last writers write nothing.
+  CHECK(writers_of_pieces({10, 10}, {0, 1}, 2, 4) == std::vector<std::vector<int>>{{0}, {1}});
+  // A tied tensor (piece 0 under names 0 and 3) whose names fall in two files has both writers; a
+  // piece no name refers to has none.
+  CHECK(writers_of_pieces({10, 10, 10, 10}, {0, 1, 2, 0}, 4, 2) ==
+        std::vector<std::vector<int>>{{0, 1}, {0}, {1}, {}});
+  CHECK(writers_of_pieces({1000, 1, 1, 1}, {0, 1, 2, 3}, 4, 2) ==
+        std::vector<std::vector<int>>{{0}, {1}, {1}, {1}});
+  CHECK(writers_of_pieces({}, {}, 0, 3).empty());
+  // Against the files' own plan: each name's writer is the rank whose shard holds it.
+  auto module = net();
+  const auto state = cpprun::detail::module_state(*module);
+  std::vector<std::uint64_t> bytes;
+  std::vector<std::size_t> piece;
+  for (const auto& [name, tensor] : state) {
+    bytes.push_back(tensor.nbytes());
+    piece.push_back(piece.size());
+  }
+  for (int world = 1; world <= 5; ++world) {
+    const auto writers = writers_of_pieces(bytes, piece, state.size(), world);
+    for (int rank = 0; rank < world; ++rank) {
+      for (const auto& [name, tensor] : cpprun::detail::state_dict_shard(state, rank, world).tensors) {
+        const auto at = std::find_if(state.begin(), state.end(), [&](const auto& item) { return item.first == name; });
+        INFO(name << " at world " << world);
+        CHECK(writers[static_cast<std::size_t>(at - state.begin())] == std::vector<int>{rank});
+      }
+    }
   }
 }
 

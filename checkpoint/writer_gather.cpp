@@ -1,0 +1,173 @@
+// See writer_gather.h.
+#include "checkpoint/writer_gather.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include <algorithm>
+#include <exception>
+#include <map>
+#include <optional>
+#include <tuple>
+
+#include "checkpoint/writer_plan.h"
+#include "cpprun/collectives.h"
+#include "cpprun/process_group.h"
+
+namespace cpprun::detail {
+namespace {
+
+// Note [Gathering to the writer]
+// Which writer writes which tensor follows from the tensors' sizes alone (writer_plan.h), so every
+// rank knows it before any gather. A tensor FSDP shards by rows over a shard group is gathered
+// (c10d gather) to the shard group's rank that is its writer; a shard group holding no writer of
+// it (HSDP's other replicas; a tensor-parallel slice other than the first, whose ranks write
+// nothing) skips it: every rank of a group skips alike, so each group's collectives stay in one
+// order. A tensor split by tensor parallelism takes the all-gathers of gather_whole on every rank,
+// as before, and is kept where it is written. The writers allocate every buffer they will fill
+// before the first gather, and the team agrees on that, so that one rank's failed allocation
+// fails every rank at once rather than leaving its peers in a gather it never joins; the loop of
+// gathers then allocates nothing but what Gloo's gather holds for one tensor on its root.
+enum class Way {
+  kLocal,       // whole on every rank (replicated, or a 0-d step)
+  kToWriters,   // rows over a shard group: gathered to each writer in this rank's shard group
+  kEverywhere,  // tensor-parallel placement: gather_whole on every rank
+};
+
+// A gather of one piece to `root`, a rank of the piece's shard group.
+struct Gather {
+  std::size_t piece;
+  int root;
+};
+
+std::vector<int64_t> whole_sizes(const SavePiece& p) {
+  if (p.entry && !p.entry->placement.replicated()) return p.entry->whole_sizes;
+  return p.local.sizes().vec();
+}
+
+bool replicated(const SavePiece& p) { return !p.entry || p.entry->placement.replicated(); }
+
+int64_t chunk_numel(const RowShard& rows) { return rows.rows_per_rank * rows.row_numel; }
+
+}  // namespace
+
+NamedTensors gather_for_writers(const std::vector<SavePiece>& pieces,
+                                const std::vector<std::pair<std::string, std::size_t>>& names,
+                                const CheckpointTeam& team, const std::string& what) {
+  at::NoGradGuard no_grad;
+  // The plan: every rank computes the same from sizes alone.
+  std::vector<std::uint64_t> name_bytes;
+  std::vector<std::size_t> piece_of_name;
+  for (const auto& [name, p] : names) {
+    const SavePiece& piece = pieces[p];
+    int64_t numel = 1;
+    for (const int64_t size : whole_sizes(piece)) numel *= size;
+    name_bytes.push_back(static_cast<std::uint64_t>(numel) * piece.local.element_size());
+    piece_of_name.push_back(p);
+  }
+  const std::vector<std::vector<int>> writers_of = writers_of_pieces(name_bytes, piece_of_name, pieces.size(), team.writers());
+  const int me = team.writes() ? team.writer_rank() : -1;
+  const auto writes = [&](std::size_t p) {
+    return std::find(writers_of[p].begin(), writers_of[p].end(), me) != writers_of[p].end();
+  };
+  const std::vector<int> writer_ranks =  // writer index -> the job's rank
+      team.replicas() ? get_process_group_ranks(*team.replicas()) : std::vector<int>{};
+
+  // What this rank does for each piece, and the buffers it fills.
+  std::vector<Way> way(pieces.size(), Way::kLocal);
+  std::vector<Gather> gathers;
+  std::vector<at::Tensor> whole(pieces.size());
+  for (std::size_t p = 0; p < pieces.size(); ++p) {
+    const SavePiece& piece = pieces[p];
+    if (replicated(piece)) {
+      if (writes(p)) whole[p] = piece.local;
+      continue;
+    }
+    if (piece.entry->placement.tensor_parallel || !piece.entry->placement.rows || writer_ranks.empty()) {
+      way[p] = Way::kEverywhere;
+      continue;
+    }
+    way[p] = Way::kToWriters;
+    if (!team.writes()) continue;  // See Note [Gathering to the writer]: this slice writes nothing
+    const std::vector<int> shard_ranks = get_process_group_ranks(piece.entry->placement.rows->group);
+    for (const int w : writers_of[p]) {
+      const auto at = std::find(shard_ranks.begin(), shard_ranks.end(), writer_ranks[static_cast<std::size_t>(w)]);
+      if (at != shard_ranks.end()) gathers.push_back({p, static_cast<int>(at - shard_ranks.begin())});
+    }
+  }
+  std::map<std::size_t, at::Tensor> buffer;  // piece -> its padded whole, on the writer
+  std::map<std::tuple<at::ScalarType, c10::DeviceType, c10::DeviceIndex>, at::Tensor> scratch;  // this rank's rows
+  std::exception_ptr failure;
+  try {
+    std::map<std::tuple<at::ScalarType, c10::DeviceType, c10::DeviceIndex>, int64_t> scratch_numel;
+    for (const Gather& g : gathers) {
+      const SavePiece& piece = pieces[g.piece];
+      const RowShard& rows = *piece.entry->placement.rows;
+      const auto options = piece.local.options().device(piece.entry->device);
+      if (rows.group.rank() == g.root) buffer[g.piece] = at::empty({chunk_numel(rows) * rows.group.size()}, options);
+      int64_t& numel = scratch_numel[{options.dtype().toScalarType(), options.device().type(), options.device().index()}];
+      numel = std::max(numel, chunk_numel(rows));
+    }
+    for (const auto& [key, numel] : scratch_numel) {
+      const auto& [dtype, type, index] = key;
+      scratch[key] = at::empty({numel}, at::TensorOptions().dtype(dtype).device(c10::Device(type, index)));
+    }
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  // Every rank sees the same placements, so all or none agree (a DDP save has nothing to gather).
+  if (std::find(way.begin(), way.end(), Way::kToWriters) != way.end()) {
+    team.agree(failure, what + " (allocating the tensors each rank writes)");
+  } else if (failure) {
+    std::rethrow_exception(failure);
+  }
+
+  // The gathers, in the pieces' order on every rank.
+  std::size_t next = 0;
+  for (std::size_t p = 0; p < pieces.size(); ++p) {
+    const SavePiece& piece = pieces[p];
+    if (way[p] == Way::kEverywhere) {
+      at::Tensor t = gather_whole(*piece.entry, piece.local);
+      if (writes(p)) whole[p] = std::move(t);
+      continue;
+    }
+    for (; next < gathers.size() && gathers[next].piece == p; ++next) {
+      const RowShard& rows = *piece.entry->placement.rows;
+      const auto device = c10::Device(piece.entry->device);
+      at::Tensor chunk =
+          scratch.at({piece.local.scalar_type(), device.type(), device.index()}).narrow(0, 0, chunk_numel(rows));
+      const int64_t mine = rows.local_rows * rows.row_numel;
+      if (mine > 0) chunk.narrow(0, 0, mine).copy_(piece.local.detach().reshape({-1}));
+      if (mine < chunk.numel()) chunk.narrow(0, mine, chunk.numel() - mine).zero_();
+      std::vector<at::Tensor> outputs;
+      const bool root = rows.group.rank() == gathers[next].root;
+      if (root) {
+        const at::Tensor& all = buffer.at(p);
+        for (int r = 0; r < rows.group.size(); ++r) outputs.push_back(all.narrow(0, r * chunk.numel(), chunk.numel()));
+      }
+      gather(rows.group, chunk, std::move(outputs), gathers[next].root);
+      if (root) whole[p] = buffer.at(p).narrow(0, 0, rows.rows * rows.row_numel).view(rows.sizes);
+    }
+  }
+
+  NamedTensors out;
+  out.reserve(names.size());
+  for (const auto& [name, p] : names) {
+    if (whole[p].defined()) {
+      out.emplace_back(name, whole[p]);
+    } else {
+      out.emplace_back(name, at::empty(whole_sizes(pieces[p]), pieces[p].local.options().device(at::kMeta)));
+    }
+  }
+  return out;
+}
+
+NamedTensors gather_view_for_writers(const StateView& view, const std::string& what) {
+  std::vector<SavePiece> pieces;
+  pieces.reserve(view.entries.size());
+  for (const auto& entry : view.entries) pieces.push_back({&entry, entry.local});
+  return gather_for_writers(pieces, view.names, view.team, what);
+}
+
+}  // namespace cpprun::detail

@@ -1,0 +1,40 @@
+// A sharded save's whole tensors made only where they are written: each tensor FSDP shards by rows
+// is gathered to the writer whose file holds it (checkpoint/writer_plan.h), not to every rank, so
+// a rank's extra memory during the save is its own file's tensors and one tensor in flight, not
+// the whole model (as PyTorch's DCP, whose ranks write what they hold). The files are the same
+// bytes as when every rank gathers every tensor. See Note [Gathering to the writer].
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstddef>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "checkpoint/checkpoint_team.h"
+#include "checkpoint/state_view.h"
+#include "support/torch_save_file.h"
+
+namespace cpprun::detail {
+
+// One tensor of a save, as this rank holds it.
+struct SavePiece {
+  const StateEntry* entry = nullptr;  // how `local` is placed (its parameter's entry); null: whole everywhere
+  at::Tensor local;                   // the entry's local tensor, or an optimizer state of its shape
+};
+
+// The tensors `names` (each name -> its piece, in the file's order) as a sharded save by `team`
+// writes them: on a writer, the whole tensor of every name in its own file; every other name a
+// tensor of its whole shape and dtype on the meta device (no memory), which the plan and the
+// index read. Collective over the team and the pieces' groups, in one order on every rank; a
+// failure to allocate on any rank is raised on every rank before the first gather (`what` names
+// the save).
+NamedTensors gather_for_writers(const std::vector<SavePiece>& pieces,
+                                const std::vector<std::pair<std::string, std::size_t>>& names,
+                                const CheckpointTeam& team, const std::string& what);
+
+// The same for a view's state (whole_state's names and tensors).
+NamedTensors gather_view_for_writers(const StateView& view, const std::string& what);
+
+}  // namespace cpprun::detail

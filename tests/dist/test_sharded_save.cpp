@@ -1,0 +1,225 @@
+// A sharded directory saved by FSDP (every stage, HSDP) gathers each tensor only to the rank that
+// writes it (checkpoint/writer_gather.h): the files are byte for byte those DDP's whole tensors
+// make, the optimizer's hold what its single file (gathered everywhere) holds, and no rank's
+// tensor memory grows during the save by more than its own file and two tensors in flight.
+#include "catch.h"
+#include <c10/core/CPUAllocator.h>
+#include <torch/torch.h>
+#include <unistd.h>  // getppid
+
+#include <atomic>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <set>
+#include <string>
+#include <string_view>
+
+#include "checkpoint/sharded_state_dict.h"
+#include "checkpoint/state_dict.h"
+#include "cpprun/cpprun.h"
+#include "dist_test_support.h"
+#include "support/safetensors_index.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using dist_test::group;
+
+// Six Linears without bias (float64) of `width` outputs: 13 or 101 rows, which divide by none of
+// 2, 3 and 4 ranks.
+struct Tower : torch::nn::Module {
+  explicit Tower(int64_t width) {
+    for (int i = 0; i < 6; ++i) {
+      layers.push_back(register_module("fc" + std::to_string(i),
+                                       torch::nn::Linear(torch::nn::LinearOptions(i ? width : 8, width).bias(false))));
+    }
+    to(torch::kDouble);
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    for (auto& l : layers) x = torch::tanh(l(x));
+    return x;
+  }
+  std::vector<torch::nn::Linear> layers;
+};
+
+std::shared_ptr<Tower> seeded_tower(int seed, int64_t width = 13) {
+  torch::manual_seed(seed);
+  return std::make_shared<Tower>(width);
+}
+
+bool is_linear(const torch::nn::Module& m) { return m.as<torch::nn::Linear>() != nullptr; }
+
+std::string file_bytes(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// Every file of directory `a` has the same bytes in `b`, and they hold the same files.
+void check_same_files(const fs::path& a, const fs::path& b) {
+  std::set<std::string> in_a, in_b;
+  for (const auto& e : fs::directory_iterator(a)) in_a.insert(e.path().filename().string());
+  for (const auto& e : fs::directory_iterator(b)) in_b.insert(e.path().filename().string());
+  CHECK(in_a == in_b);
+  for (const auto& name : in_a) {
+    INFO(name);
+    CHECK(file_bytes(a / name) == file_bytes(b / name));
+  }
+}
+
+// The same tensors (names, dtypes, values) in `a` and `b`.
+void check_same_tensors(const cpprun::detail::NamedTensors& a, const cpprun::detail::NamedTensors& b) {
+  std::map<std::string, torch::Tensor> by_name(b.begin(), b.end());
+  REQUIRE(a.size() == b.size());
+  for (const auto& [name, tensor] : a) {
+    INFO(name);
+    REQUIRE(by_name.count(name) == 1);
+    CHECK(tensor.scalar_type() == by_name[name].scalar_type());
+    CHECK(torch::equal(tensor, by_name[name]));
+  }
+}
+
+// One step of Adam on a seeded batch: the optimizer then holds state to save.
+template <typename Model>
+void step_once(Model& model, torch::optim::Optimizer& optimizer) {
+  torch::manual_seed(9 + group().rank());
+  optimizer.zero_grad();
+  model->forward(torch::randn({4, 8}, torch::kDouble)).pow(2).sum().backward();
+  optimizer.step();
+}
+
+std::string scratch(const std::string& what) {
+  return "/tmp/cpprun_sharded_save_" + what + "_" + std::to_string(::getppid()) + "/";
+}
+
+// Note [Counting the save's tensor memory]
+// Every CPU tensor's bytes, on every thread (Gloo's included), through an allocator that wraps
+// LibTorch's: its peak during a save, less what was live before, is the save's extra tensor
+// memory, which a rank holding the whole model gathered cannot keep below the model's size.
+struct CountingAllocator final : c10::Allocator {
+  struct Block {
+    c10::DataPtr inner;
+    std::size_t bytes;
+    CountingAllocator* owner;
+  };
+  c10::Allocator* inner = nullptr;
+  std::atomic<int64_t> live{0}, peak{0};
+
+  static void release(void* context) {
+    auto* block = static_cast<Block*>(context);
+    block->owner->live -= static_cast<int64_t>(block->bytes);
+    delete block;
+  }
+  c10::DataPtr allocate(std::size_t bytes) override {
+    c10::DataPtr data = inner->allocate(bytes);
+    void* at = data.get();
+    const int64_t now = live += static_cast<int64_t>(bytes);
+    for (int64_t seen = peak.load(); now > seen && !peak.compare_exchange_weak(seen, now);) {
+    }
+    return {at, new Block{std::move(data), bytes, this}, &release, c10::Device(c10::kCPU)};
+  }
+  void copy_data(void* dest, const void* src, std::size_t count) const override { std::memcpy(dest, src, count); }
+  int64_t start() {
+    peak = live.load();
+    return live.load();
+  }
+};
+
+CountingAllocator& counting_allocator() {
+  static CountingAllocator* counting = [] {
+    auto* c = new CountingAllocator;  // lives as long as the tensors it made
+    c->inner = c10::GetCPUAllocator();
+    c10::SetCPUAllocator(c, /*priority=*/1);
+    return c;
+  }();
+  return *counting;
+}
+
+}  // namespace
+
+TEST_CASE("state_dict: FSDP's sharded save writes the bytes DDP's does, each tensor gathered to its writer",
+          "[state_dict]") {
+  const int stage = GENERATE(1, 2, 3, 4);  // 4: HSDP (2 replicas x 2 shards), on 4 ranks only
+  if (stage == 4 && group().size() != 4) return;
+  INFO("stage " << stage);
+  const std::string ddp_dir = scratch("ddp"), fsdp_dir = scratch("fsdp");
+  const auto options = cpprun::StateDictSaveOptions().step(3).save_id("0123456789abcdef0123456789abcdef");
+  auto ddp = cpprun::DistributedDataParallel(seeded_tower(1), group());
+  cpprun::save_state_dict(ddp, ddp_dir, options);
+  const auto fsdp_options = cpprun::FsdpOptions().stage(stage == 4 ? 3 : stage).wrap_policy(is_linear);
+  auto save_fsdp = [&](auto& fsdp) {
+    cpprun::save_state_dict(fsdp, fsdp_dir, options);
+    cpprun::barrier(group());
+    check_same_files(ddp_dir, fsdp_dir);
+
+    // The optimizer's directory holds what its single file holds (every tensor gathered everywhere).
+    torch::optim::Adam adam(fsdp->parameters(), 1e-2);
+    step_once(fsdp, adam);
+    cpprun::save_optimizer_state_dict(fsdp, adam, fsdp_dir, options);
+    cpprun::save_optimizer_state_dict(fsdp, adam, fsdp_dir + "optimizer.safetensors", options);
+    check_same_tensors(cpprun::detail::read_sharded_directory(fsdp_dir, cpprun::detail::kOptimizerStem).tensors,
+                       cpprun::detail::read_state_dict_file(fsdp_dir + "optimizer.safetensors"));
+    cpprun::barrier(group());
+    if (group().rank() == 0) fs::remove_all(fsdp_dir);
+  };
+  if (stage == 4) {
+    const cpprun::DeviceMesh mesh(group(), std::vector<int>{2, 2}, std::vector<std::string>{"replicate", "shard"});
+    auto hsdp = cpprun::FullyShardedDataParallel(seeded_tower(1), mesh, fsdp_options);
+    save_fsdp(hsdp);
+  } else {
+    auto fsdp = cpprun::FullyShardedDataParallel(seeded_tower(1), group(), fsdp_options);
+    save_fsdp(fsdp);
+  }
+  cpprun::barrier(group());
+  if (group().rank() == 0) fs::remove_all(ddp_dir);
+}
+
+// What a rank of a save of DIR's STEM files may hold: its own file's tensors, a tensor being
+// gathered (Gloo's buffer on the root) and its rows of one (the chunk it sends); and the whole.
+struct Bounds {
+  int64_t own = 0, largest = 0, all = 0;
+};
+Bounds bounds_of(const std::string& dir, std::string_view stem, int rank) {
+  const auto read = cpprun::detail::read_sharded_directory(dir, stem);
+  std::set<std::string> files;
+  for (const auto& [name, file] : read.file_of) files.insert(file);
+  const std::string mine = cpprun::detail::shard_file_name(rank + 1, static_cast<int>(files.size()), stem);
+  Bounds b;
+  for (const auto& [name, t] : read.tensors) {
+    if (read.file_of.at(name) == mine) b.own += t.nbytes();
+    b.largest = std::max<int64_t>(b.largest, t.nbytes());
+    b.all += t.nbytes();
+  }
+  return b;
+}
+
+// See Note [Counting the save's tensor memory].
+TEST_CASE("state_dict: a ZeRO-3 sharded save holds a rank's own file's tensors, not the whole model",
+          "[state_dict]") {
+  const int rank = group().rank(), world = group().size();
+  CountingAllocator& counting = counting_allocator();
+  auto model =
+      cpprun::FullyShardedDataParallel(seeded_tower(1, 101), group(), cpprun::FsdpOptions().stage(3).wrap_policy(is_linear));
+  torch::optim::Adam adam(model->parameters(), 1e-2);
+  step_once(model, adam);
+  const std::string dir = scratch("memory");
+  for (const std::string_view stem : {cpprun::detail::kModelStem, cpprun::detail::kOptimizerStem}) {
+    cpprun::barrier(group());
+    const int64_t before = counting.start();
+    if (stem == cpprun::detail::kModelStem) {
+      cpprun::save_state_dict(model, dir);
+    } else {
+      cpprun::save_optimizer_state_dict(model, adam, dir);
+    }
+    const int64_t extra = counting.peak - before;
+    const Bounds b = bounds_of(dir, stem, rank);
+    INFO(stem << " on rank " << rank << " of " << world << ": the save's peak extra tensor bytes " << extra
+              << "; its own file " << b.own << ", the largest tensor " << b.largest << ", all " << b.all);
+    CHECK(extra <= b.own + 2 * b.largest);
+    if (world > 1) CHECK(extra < b.all);
+  }
+  cpprun::barrier(group());
+  if (rank == 0) fs::remove_all(dir);
+}
