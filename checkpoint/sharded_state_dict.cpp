@@ -262,7 +262,8 @@ ShardedDirectory read_sharded_directory(const std::string& dir_text, std::string
   const fs::path index_path = dir / index_file_name(stem);
   ShardedDirectory out;
   out.index_path = index_path.string();
-  out.index = read_safetensors_index(read_state_dict_bytes(index_path.string()), index_path.string());
+  out.index = read_safetensors_index(
+      read_regular_file(index_path.string(), "safetensors index", kMaxSafetensorsIndexBytes), index_path.string());
   const SafetensorsIndex& index = out.index;
 
   // Every file the index names must be there before any is read.

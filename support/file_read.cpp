@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
+#include <limits>
 #include <stdexcept>
 #include <system_error>
 
@@ -80,10 +82,19 @@ FileHead read_file_head(const std::string& path, const std::string& what, std::s
 }
 
 std::string read_regular_file(const std::string& path, const std::string& what) {
+  return read_regular_file(path, what, std::numeric_limits<std::size_t>::max());
+}
+
+std::string read_regular_file(const std::string& path, const std::string& what, std::size_t max_bytes) {
   const std::string cannot = "cpprun: cannot read " + what + " " + path;
   const Descriptor file(open_for_reading(path, cannot));
   struct stat facts {};
   check_regular(file, cannot, facts);
+  const auto too_large = [&](std::uint64_t size) {
+    throw std::runtime_error(cannot + ": it is " + std::to_string(size) + " bytes" + (size > static_cast<std::uint64_t>(facts.st_size) ? " or more" : "") +
+                             ", more than the " + std::to_string(max_bytes) + " such a file may be");
+  };
+  if (static_cast<std::uint64_t>(facts.st_size) > max_bytes) too_large(static_cast<std::uint64_t>(facts.st_size));
   // Straight into the string up to the size fstat gave, then on until the end through a small
   // buffer: the size is only a hint (a file may grow while read; /proc's files say 0), and growing
   // the string to probe for the end would copy a large file once more.
@@ -97,7 +108,10 @@ std::string read_regular_file(const std::string& path, const std::string& what) 
   }
   bytes.resize(have);
   char more[1 << 12];
-  for (std::size_t got; (got = read_some_of_file(more, sizeof more)) > 0;) bytes.append(more, got);
+  for (std::size_t got; (got = read_some_of_file(more, sizeof more)) > 0;) {
+    if (bytes.size() + got > max_bytes) too_large(bytes.size() + got);
+    bytes.append(more, got);
+  }
   return bytes;
 }
 

@@ -12,6 +12,10 @@ namespace cpprun::detail {
 // PATH's bytes. Throws std::system_error when it cannot be opened or read, std::runtime_error when
 // it is not a regular file; both messages read "cpprun: cannot read WHAT PATH: ...".
 std::string read_regular_file(const std::string& path, const std::string& what);
+// The same, refusing a file of more than `max_bytes` (std::runtime_error, "cpprun: cannot read
+// WHAT PATH: it is N bytes, more than ..."), before reading it and if it grows while read: for
+// small files whose parse costs a multiple of their size.
+std::string read_regular_file(const std::string& path, const std::string& what, std::size_t max_bytes);
 
 // PATH's first `count` bytes (all of it when shorter) and its size, opened and checked as
 // read_regular_file does, with its errors: what a reader looks at to tell a file's format.

@@ -112,6 +112,10 @@ std::string write_safetensors_index(const SafetensorsIndex& index) {
 }
 
 SafetensorsIndex read_safetensors_index(std::string_view text, const std::string& path) {
+  if (text.size() > kMaxSafetensorsIndexBytes) {
+    bad_index(path, "it is " + std::to_string(text.size()) + " bytes, more than the " +
+                        std::to_string(kMaxSafetensorsIndexBytes) + " an index may be (one line per tensor)");
+  }
   Json root;
   try {
     root = parse_json(text, kMaxIndexDepth);

@@ -44,6 +44,11 @@ struct SafetensorsIndex {
 };
 
 std::string write_safetensors_index(const SafetensorsIndex& index);
+// The largest index read. An index names each tensor's file once, a few MB at most for the largest
+// models published; its JSON is parsed into a generic tree of some 15 bytes per byte, so a larger
+// file (a hostile or mistaken one: the reader is handed whatever the directory holds) is refused
+// rather than parsed into gigabytes.
+inline constexpr std::size_t kMaxSafetensorsIndexBytes = std::size_t{64} << 20;
 // Reads an index strictly: one JSON object with a "weight_map" object of strings (file names
 // without a directory part); "metadata" optional, its values strings or numbers (kept as text).
 // Throws cpprun::CorruptCheckpointError naming `path` and what is wrong.

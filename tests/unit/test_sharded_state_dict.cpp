@@ -307,6 +307,22 @@ TEST_CASE("hf_sharded: an index naming a thousand absent files is refused in a m
   CHECK(message.size() < 8000);
 }
 
+TEST_CASE("hf_sharded: an index larger than any real one is refused before it is parsed", "[state_dict]") {
+  // 64 MiB of index would parse into a GiB of JSON tree; the largest models' indexes are a few MB.
+  scratch::ScratchDir dir("hf_sharded_huge_index");
+  std::string huge = R"({"weight_map": {"a": "model-00001-of-00001.safetensors"}, "metadata": {"pad": ")";
+  huge.append(cpprun::detail::kMaxSafetensorsIndexBytes, 'x');
+  huge += "\"}}";
+  write_file_bytes(dir.path / "model.safetensors.index.json", huge);
+  auto target = net();
+  CHECK_THAT(error_text_of([&] { cpprun::load_state_dict(target, dir.path.string()); }),
+             Catch::Matchers::Contains("model.safetensors.index.json: it is " + std::to_string(huge.size()) +
+                                       " bytes, more than the " +
+                                       std::to_string(cpprun::detail::kMaxSafetensorsIndexBytes)));
+  CHECK_THAT(error_text_of([&] { cpprun::detail::read_safetensors_index(huge, "i.json"); }),
+             Catch::Matchers::Contains("i.json is invalid: it is " + std::to_string(huge.size()) + " bytes"));
+}
+
 TEST_CASE("hf_sharded: a strict load of another model's directory lists every difference with its file",
           "[state_dict]") {
   scratch::ScratchDir dir("hf_sharded_strict");
