@@ -91,7 +91,7 @@ field() { sed -n "s/.* $2=\([^ ]*\).*/\1/p" <<<"$1"; }
 
 printf '\n%-5s %-5s %-7s %6s %5s %7s %7s %7s %7s %7s %7s %8s %7s %8s %7s %7s %7s %5s %5s\n' ranks mode side GB cache \
   "save s" "GB/s" "/dd wr" "load s" "GB/s" "/dd rd" "async s" "/sync" "done s" "step s" "during" "/step" steps load
-declare -A cpp_line py_line
+declare -A cpp_line=() py_line=()  # "=()": set, so that set -u takes an empty one (no PyTorch rows) as 0 long
 raw=()
 row() {  # RANKS MODE SIDE LINE LOAD
   local l=$4
