@@ -28,6 +28,7 @@
 #include "cpprun/checkpoint_file.h"
 #include "cpprun/collectives.h"
 #include "cpprun/object_collectives.h"
+#include "support/file_read.h"
 #include "support/json.h"
 #include "support/safetensors.h"
 #include "support/safetensors_index.h"

@@ -18,6 +18,7 @@
 #include "cpprun/atomic_file.h"
 #include "cpprun/checkpoint_file.h"
 #include "cpprun/object_collectives.h"
+#include "support/file_read.h"
 #include "support/safetensors.h"
 #include "support/safetensors_index.h"
 
