@@ -123,7 +123,7 @@ int run(const LaunchConfig& config) {
   }
   check_meeting_host_resolves(rendezvous);
   // Before the environment is read for the workers, who inherit its token, and before any thread.
-  const JobProcessTree tree;
+  const JobProcessTree tree(config.shutdown_timeout);
   // torchrun's watchdog pipe; the workers inherit TORCHELASTIC_TIMER_FILE from cpprun's environment.
   std::optional<FileTimerServer> file_timer;
   const auto getenv_opt = [](const char* name) -> std::optional<std::string> {
