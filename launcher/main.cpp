@@ -186,6 +186,7 @@ int run(const LaunchConfig& config) {
     if (attempt.end == GroupEnd::kSucceeded) return 0;
     if (attempt.end == GroupEnd::kInterrupted) return attempt.exit_code;
     if (attempt.end == GroupEnd::kUnhealthy) {  // Note [An unhealthy attempt] in workers/attempt.h
+      hand_over_error_file(attempt);
       std::cerr << "cpprun: exiting with code " << attempt.exit_code << " (no restart, as torchrun's agent): "
                 << attempt.root_worker << " " << attempt.root_how << "\n";
       return attempt.exit_code;
