@@ -108,7 +108,7 @@ class WorkerGroup {
              const UninterruptibleStateSettings& uninterruptible, std::string diagnosis_file, PeerEvents* peers) {
     grace_ = grace;
     if (uninterruptible.enabled()) {
-      dstate_.emplace(uninterruptible.timeout_s);
+      dstate_.emplace(uninterruptible.timeout_s, uninterruptible.interval);
       dstate_interval_ = uninterruptible.interval;
       // As torchrun's agent, which sleeps --monitor_interval before its first look.
       next_check_ = std::chrono::steady_clock::now() + dstate_interval_;
@@ -293,9 +293,11 @@ class WorkerGroup {
     }
     if (step.stuck.empty()) return false;
     for (const UninterruptibleWatch::Stuck& stuck : step.stuck) {
-      std::cerr << "cpprun: error: " << describe_worker(worker_of(stuck.pid)) << " "
-                << stuck_uninterruptible_how(stuck.dwell_s, dstate_->timeout_s())
-                << "; stopping the workers, with no restart\n";
+      std::string wchan = read_proc_file("/proc/" + std::to_string(stuck.pid) + "/wchan");
+      while (!wchan.empty() && (wchan.back() == '\n' || wchan.back() == ' ')) wchan.pop_back();
+      std::cerr << stuck_uninterruptible_error(describe_worker(worker_of(stuck.pid)), stuck.pid,
+                                               stuck_uninterruptible_how(stuck.dwell_s, dstate_->timeout_s()), wchan)
+                << "\n";
     }
     // The samples are in rank order: the lowest rank stuck is named.
     unhealthy_worker_ = describe_worker(worker_of(step.stuck.front().pid));

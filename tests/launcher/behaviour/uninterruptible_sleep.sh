@@ -21,9 +21,10 @@ done
 wait "$helper"
 expect_eq "$seen" D "/proc state of a process blocked in vfork()"
 
-# 1. Rank 1 stays in D: the attempt ends as unhealthy after 1 s in D, with restarts left unused.
+# 1. Rank 1 stays in D: the attempt ends as unhealthy after 1 s in D, with restarts left unused; the
+#    error says where it waits and what to do, and the launcher's error file records it.
 rm -f "$WORK/in_d_ms"
-TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT=1 cpprun --nproc_per_node=2 --max_restarts=2 --monitor_interval=0.1 /bin/sh -c '
+TORCHELASTIC_ERROR_FILE=$WORK/launcher_error.json TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT=1 cpprun --nproc_per_node=2 --max_restarts=2 --monitor_interval=0.1 /bin/sh -c '
   if [ "$LOCAL_RANK" = 1 ]; then date +%s%3N >"$WORK/in_d_ms"; exec "$VFORK" 60; fi
   exec sleep 60'
 rc=$?
@@ -39,23 +40,31 @@ expect_in_file "$WORK/err" "stuck in uninterruptible sleep (D state) for 1." "th
 expect_in_file "$WORK/err" "(>= 1.0 s, TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT); stopped every worker, no restart" \
   "the summary"
 expect_in_file "$WORK/err" "exiting with code 1 (no restart, as torchrun's agent)" "the exit line"
+expect_in_file "$WORK/err" "/wchan" "where the stuck worker waits (/proc/PID/wchan)"
+expect_in_file "$WORK/err" "If this was slow I/O (e.g. a checkpoint write on NFS), raise or unset TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT; otherwise check the driver or mount" \
+  "what to do about a stuck worker"
+expect_in_file "$WORK/launcher_error.json" "stuck in uninterruptible sleep (D state) for 1." \
+  "the launcher's TORCHELASTIC_ERROR_FILE"
 grep -q "rank 0 (local_rank 0, pid [0-9]*) entered" "$WORK/err" && fail "rank 0 (in sleep, state S) was said to be in D"
 grep -q "restarting" "$WORK/err" && fail "restarted after a worker stuck in D"
 expect_no_leftovers
 
-# 2. A dwell in D shorter than the timeout is warned of, not acted on: the job succeeds.
-TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT=4 cpprun --nproc_per_node=1 "$VFORK" 1
+# 2. Dwells in D shorter than the timeout are warned of, once per worker, not acted on: the job succeeds.
+TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT=4 cpprun --nproc_per_node=1 "$VFORK" 1 0 3
 rc=$?
-expect_eq "$rc" 0 "exit code with 1 s in D under a 4 s timeout"
+expect_eq "$rc" 0 "exit code with three 1 s dwells in D under a 4 s timeout"
 expect_in_file "$WORK/err" "entered uninterruptible sleep (D state)" "the warning of a short dwell"
+expect_eq "$(grep -c "entered uninterruptible sleep" "$WORK/err")" 1 "warnings for one worker's three dwells in D"
 grep -q "stuck in" "$WORK/err" && fail "a 1 s dwell was taken for a stuck worker under a 4 s timeout"
 
-# 3. Not a positive number: the check is off, as torchrun's (no error either).
+# 3. Not a positive number: the check is off, as torchrun's (no error either), and one note says so.
 for value in soon 0 -3; do
   TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT=$value cpprun --nproc_per_node=1 "$VFORK" 1.5
   rc=$?
   expect_eq "$rc" 0 "exit code with TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT=$value"
   grep -q "uninterruptible" "$WORK/err" && fail "TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT=$value did not leave the check off"
+  expect_eq "$(grep -c "TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT='$value' is not a number of seconds above 0: the D-state check is off" "$WORK/err")" \
+    1 "the note for TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT=$value"
 done
 expect_no_leftovers
 
