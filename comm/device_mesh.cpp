@@ -5,6 +5,8 @@
 #include <c10/util/StringUtil.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cstdint>
 #include <functional>
 #include <numeric>
 #include <sstream>
@@ -147,15 +149,90 @@ const ProcessGroup& DeviceMesh::group(int dim) const {
   return groups_[dim];
 }
 
-DeviceMesh init_device_mesh() { return init_device_mesh(default_group()); }
+namespace {
 
-DeviceMesh init_device_mesh(const ProcessGroup& group) {
+std::string joined(const std::vector<int64_t>& shape) { return "{" + c10::Join(", ", shape) + "}"; }
+
+// Note [init_device_mesh's refusals]: every check runs before any subgroup is made (these before
+// the default group is joined, the world size's and the GPUs' after) and depends only on the
+// arguments, the world size and the job-wide GPU vote, so a bad call throws on every rank alike
+// and leaves no rank waiting in a collective.
+void check_mesh_arguments(const std::string& device_type, const std::vector<int64_t>& shape,
+                          const std::vector<std::string>& names) {
+  // PyTorch's order: repeated names, then their count, then the device type.
+  for (std::size_t d = 0; d < names.size(); ++d) {
+    for (std::size_t e = d + 1; e < names.size(); ++e) {
+      TORCH_CHECK(names[d] != names[e], "cpprun::init_device_mesh: mesh_dim_names (", joined(names),
+                  ") name dimensions ", d, " and ", e, " both \"", names[d], "\"; each mesh_dim_name must be unique.");
+    }
+  }
+  TORCH_CHECK(names.empty() || names.size() == shape.size(), "cpprun::init_device_mesh: ", names.size(),
+              " mesh_dim_names (", joined(names), ") for the ", shape.size(), " dimensions of mesh_shape ",
+              joined(shape), "; give one name per dimension, or none (then \"dim0\", \"dim1\", ...).");
+  const bool letters_only = !device_type.empty() && std::all_of(device_type.begin(), device_type.end(), [](char c) {
+    return std::isalpha(static_cast<unsigned char>(c));
+  });
+  TORCH_CHECK(letters_only, "cpprun::init_device_mesh: device_type \"", device_type, "\" is not a device type alone",
+              device_type.find(':') != std::string::npos ? " (it has an index)" : "",
+              ". Pass \"cpu\" or \"cuda\", e.g. cpprun::local_device().type(): each rank's device is then its own "
+              "(cuda:LOCAL_RANK), as PyTorch, which refuses an index too.");
+  TORCH_CHECK(device_type == "cpu" || device_type == "cuda", "cpprun::init_device_mesh: device_type \"", device_type,
+              "\" is not one cpprun's process groups carry; pass \"cpu\" (Gloo) or \"cuda\" (NCCL, or Gloo).");
+  TORCH_CHECK(!shape.empty(), "cpprun::init_device_mesh: mesh_shape is empty; give one size per dimension, e.g. "
+              "{WORLD_SIZE} for a 1-D mesh (PyTorch would make a 0-d mesh of one rank).");
+  for (std::size_t d = 0; d < shape.size(); ++d) {
+    TORCH_CHECK(shape[d] > 0, "cpprun::init_device_mesh: mesh_shape ", joined(shape), " has size ", shape[d],
+                " at dimension ", d, "; every dimension needs at least one rank.");
+  }
+}
+
+}  // namespace
+
+DeviceMesh init_device_mesh(const std::string& device_type, const std::vector<int64_t>& mesh_shape,
+                            const std::vector<std::string>& mesh_dim_names) {
+  check_mesh_arguments(device_type, mesh_shape, mesh_dim_names);
+  // As PyTorch's _setup_world_group_and_device: the mesh is over the world, joined here if need be.
+  if (!is_initialized()) init_process_group();
+  const ProcessGroup world = default_group();
+  // Every size is at least 1, so once the product passes the world it stays past it: stopping there
+  // keeps it from overflowing.
+  int64_t ranks = 1;
+  for (int64_t size : mesh_shape) {
+    ranks *= size;
+    if (ranks > world.size()) break;
+  }
+  TORCH_CHECK(ranks <= world.size(), "cpprun::init_device_mesh: mesh_shape ", joined(mesh_shape),
+              " needs more ranks than the world's ", world.size(), " (WORLD_SIZE); the product of the sizes must be ",
+              world.size(), ". PyTorch refuses this too: \"Mesh should not be bigger than default world size\".");
+  TORCH_CHECK(ranks == world.size(), "cpprun::init_device_mesh: mesh_shape ", joined(mesh_shape), " holds ", ranks,
+              " of the world's ", world.size(), " ranks (WORLD_SIZE); the product of the sizes must be ", world.size(),
+              ". PyTorch would leave ranks ", ranks, "..", world.size() - 1, " outside the mesh; for a mesh of some "
+              "ranks only, make their group on every rank, g = cpprun::new_group(ranks), and on its members build "
+              "cpprun::DeviceMesh(g, shape, names).");
+  // local_device() after the join follows the job-wide vote: the same answer on every rank.
+  TORCH_CHECK(device_type != "cuda" || local_device().is_cuda(), "cpprun::init_device_mesh: device_type \"cuda\", "
+              "but not every rank of the job has a GPU of its own (cpprun::local_device() is ", local_device(),
+              "); pass \"cpu\", or cpprun::local_device().type().");
+  return DeviceMesh(world, std::vector<int>(mesh_shape.begin(), mesh_shape.end()), mesh_dim_names);
+}
+
+DeviceMesh init_device_mesh(c10::DeviceType device_type, const std::vector<int64_t>& mesh_shape,
+                            const std::vector<std::string>& mesh_dim_names) {
+  return init_device_mesh(c10::DeviceTypeName(device_type, /*lower_case=*/true), mesh_shape, mesh_dim_names);
+}
+
+DeviceMesh node_local_mesh() { return node_local_mesh(default_group()); }
+
+DeviceMesh node_local_mesh(const ProcessGroup& group) {
   const int world = group.size();
   const int local = group.env().local_world_size;
-  TORCH_CHECK(local > 0 && world % local == 0, "cpprun::init_device_mesh: WORLD_SIZE ", world,
+  TORCH_CHECK(local > 0 && world % local == 0, "cpprun::node_local_mesh: WORLD_SIZE ", world,
               " is not a whole number of nodes of LOCAL_WORLD_SIZE ", local, " processes. Run the same "
               "number of processes on every node, or build DeviceMesh(group, shape) yourself.");
   return DeviceMesh(group, {world / local, local}, {"node", "local"});
 }
+
+DeviceMesh init_device_mesh() { return node_local_mesh(); }
+DeviceMesh init_device_mesh(const ProcessGroup& group) { return node_local_mesh(group); }
 
 }  // namespace cpprun

@@ -123,7 +123,7 @@ int run(const LaunchConfig& config) {
   }
   check_meeting_host_resolves(rendezvous);
   // Before the environment is read for the workers, who inherit its token, and before any thread.
-  const JobProcessTree tree;
+  const JobProcessTree tree(config.shutdown_timeout);
   // torchrun's watchdog pipe; the workers inherit TORCHELASTIC_TIMER_FILE from cpprun's environment.
   std::optional<FileTimerServer> file_timer;
   const auto getenv_opt = [](const char* name) -> std::optional<std::string> {
@@ -186,6 +186,7 @@ int run(const LaunchConfig& config) {
     if (attempt.end == GroupEnd::kSucceeded) return 0;
     if (attempt.end == GroupEnd::kInterrupted) return attempt.exit_code;
     if (attempt.end == GroupEnd::kUnhealthy) {  // Note [An unhealthy attempt] in workers/attempt.h
+      hand_over_error_file(attempt);
       std::cerr << "cpprun: exiting with code " << attempt.exit_code << " (no restart, as torchrun's agent): "
                 << attempt.root_worker << " " << attempt.root_how << "\n";
       return attempt.exit_code;

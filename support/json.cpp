@@ -79,7 +79,7 @@ class JsonParser {
       return value;
     }
     const std::string_view word = lex_.read_word();
-    if (word.empty()) lex_.fail(std::string("unexpected character '") + c + "'");
+    if (word.empty()) lex_.fail("unexpected character " + JsonLexer::shown(c));
     value.text = std::string(word);
     return value;
   }

@@ -42,6 +42,14 @@ class JsonLexer {
     ++pos_;
   }
   static bool starts_number(char c) { return c == '-' || (c >= '0' && c <= '9'); }
+  // A character of the text as a message shows it: 'c' when printable ASCII, else its byte (0x1b),
+  // so that no control character reaches a terminal or log raw.
+  static std::string shown(char c) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (byte >= 0x20 && byte < 0x7F) return std::string("'") + c + "'";
+    const char* hex = "0123456789abcdef";
+    return std::string("byte 0x") + hex[byte >> 4] + hex[byte & 0xF];
+  }
 
   // A string literal at the cursor, decoded into `out` (replacing what it held).
   void read_string(std::string& out) {
@@ -66,7 +74,7 @@ class JsonLexer {
         case 'r': out.push_back('\r'); break;
         case 't': out.push_back('\t'); break;
         case 'u': append_unicode_escape(out); break;
-        default: fail(std::string("unknown escape \\") + e);
+        default: fail(e >= 0x20 && e < 0x7F ? std::string("unknown escape \\") + e : "unknown escape \\ then " + shown(e));
       }
     }
   }
@@ -83,7 +91,12 @@ class JsonLexer {
       ++pos_;
     }
     const std::string_view number = text_.substr(start, pos_ - start);
-    if (!is_number(number)) fail("\"" + std::string(number) + "\" is not a JSON number");
+    if (!is_number(number)) {
+      // Its first 40 characters only: a number's text has no bound but the header's.
+      const bool cut = number.size() > 40;
+      fail("\"" + std::string(number.substr(0, 40)) + (cut ? "...\" (" + std::to_string(number.size()) + " characters)" : "\"") +
+           " is not a JSON number");
+    }
     return number;
   }
 

@@ -90,7 +90,9 @@ SafetensorsFile read_safetensors(std::string_view bytes, const std::string& path
                   std::to_string(bytes.size() - 8) + " follow (cut short?)");
   }
   const std::string_view header = bytes.substr(8, header_size);
-  if (header.empty() || header[0] != '{') bad(path, "its header does not start with '{'");
+  // JSON white space may come first: serde_json, the reference reader's parser, skips it.
+  const std::size_t first = header.find_first_not_of(" \t\n\r");
+  if (first == std::string_view::npos || header[first] != '{') bad(path, "its header does not start with '{'");
   const std::string_view data = bytes.substr(8 + header_size);
   SafetensorsFile file = parse_safetensors_header(header, data, path);
 

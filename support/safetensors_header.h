@@ -19,7 +19,7 @@ std::string invalid_safetensors_message(const std::string& path, const std::stri
 // checked as read_safetensors documents but for the tiling of the data section and the CRC: the
 // JSON's syntax (at most 8 levels deep, no key twice in an object, nothing after it), the fields
 // of each entry, its dtype, shape and data_offsets within `data` and agreeing with each other, and
-// __metadata__'s values strings. `header` starts with '{'. Throws CorruptCheckpointError naming `path`.
+// __metadata__'s values strings. `header` starts with '{' after JSON white space. Throws CorruptCheckpointError naming `path`.
 SafetensorsFile parse_safetensors_header(std::string_view header, std::string_view data, const std::string& path);
 
 }  // namespace cpprun::detail

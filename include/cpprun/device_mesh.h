@@ -4,13 +4,17 @@
 // within a node (group("local")) and replicates across nodes (group("node")); 3-D parallelism
 // lays pipelines, data parallelism and tensor parallelism out as {pp, dp, tp}.
 //
-//   auto mesh = cpprun::init_device_mesh();           // {NNODES, LOCAL_WORLD_SIZE}: "node", "local"
+//   auto mesh = cpprun::init_device_mesh("cpu", {2, 4}, {"dp", "tp"});  // PyTorch's, over the world
+//   auto hosts = cpprun::node_local_mesh();           // {NNODES, LOCAL_WORLD_SIZE}: "node", "local"
 //   auto mesh2 = cpprun::DeviceMesh(group, {2, 4}, {"replicate", "shard"});
 //   cpprun::all_reduce(mesh2.group("replicate"), t);  // the 2 ranks holding the same shard
 //   cpprun::DeviceMesh mesh3(group, {2, 2, 2}, {"pp", "dp", "tp"});
 //   cpprun::DeviceMesh dp_tp = mesh3.submesh({"dp", "tp"});  // PyTorch's mesh3["dp", "tp"]
 #pragma once
 
+#include <c10/core/DeviceType.h>
+
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -59,10 +63,38 @@ class DeviceMesh {
   std::vector<ProcessGroup> groups_;
 };
 
+// torch.distributed.device_mesh.init_device_mesh: the world (the default group, which it
+// initialises with init_process_group() when there is none yet) laid out row-major over
+// `mesh_shape`, its dimensions named `mesh_dim_names` (none: "dim0", "dim1", ...). Refused, on
+// every rank and before any communication, as PyTorch refuses them: repeated names, a names count
+// other than the shape's, a device type with an index ("cuda:0"; pass the type alone, e.g.
+// cpprun::local_device().type()), a mesh bigger than the world. Also refused, where PyTorch
+// differs (docs/process_groups.md, "DeviceMesh"): a size below 1 (an assertion in PyTorch), an
+// empty shape (a 0-d mesh in PyTorch), a mesh smaller than the world (PyTorch leaves the other
+// ranks outside it; build DeviceMesh over new_group(ranks) for that), a device type other than
+// cpu or cuda, and cuda where not every rank has a GPU of its own. The device type picks no
+// backend: the groups carry cpu and cuda tensors, as the default group does. Collective over the
+// world, as DeviceMesh's constructor.
+DeviceMesh init_device_mesh(const std::string& device_type, const std::vector<int64_t>& mesh_shape,
+                            const std::vector<std::string>& mesh_dim_names = {});
+DeviceMesh init_device_mesh(c10::DeviceType device_type, const std::vector<int64_t>& mesh_shape,
+                            const std::vector<std::string>& mesh_dim_names = {});
+
 // A {nodes, processes per node} mesh of `group` (default: the default group) named "node" and
 // "local", from WORLD_SIZE and LOCAL_WORLD_SIZE as the launcher set them (every node must run
-// the same number of processes, as cpprun and torchrun do).
+// the same number of processes, as cpprun and torchrun do): hybrid sharding's layout, with no
+// shape to give. PyTorch has no such function (its users write init_device_mesh("cuda",
+// (nnodes, nproc_per_node), ...)).
+DeviceMesh node_local_mesh();
+DeviceMesh node_local_mesh(const ProcessGroup& group);
+
+// node_local_mesh()'s old names: init_device_mesh is PyTorch's name for a mesh of a given shape
+// (above), so these will go.
+[[deprecated("cpprun::init_device_mesh() with no shape is cpprun::node_local_mesh(); PyTorch's "
+             "init_device_mesh(device_type, mesh_shape, mesh_dim_names) takes a shape")]]
 DeviceMesh init_device_mesh();
+[[deprecated("cpprun::init_device_mesh(group) is cpprun::node_local_mesh(group); PyTorch's "
+             "init_device_mesh(device_type, mesh_shape, mesh_dim_names) takes a shape")]]
 DeviceMesh init_device_mesh(const ProcessGroup& group);
 
 }  // namespace cpprun

@@ -53,7 +53,7 @@ class FullyShardedDataParallelImpl : public DataParallelImpl<ModuleType> {
   // 1/size(shard_dim) of the model, the ranks with the same shard coordinate the same rows;
   // gradients are reduce-scattered (stage 1: all-reduced) within the shard group, then each
   // shard's gradient is averaged across the replicas. With a {nodes, local} mesh
-  // (init_device_mesh()), only Ψ/local gradient elements per step cross nodes.
+  // (node_local_mesh()), only Ψ/local gradient elements per step cross nodes.
   FullyShardedDataParallelImpl(std::shared_ptr<ModuleType> module, const DeviceMesh& mesh, FsdpOptions options = {})
       : Base(module, std::make_unique<detail::FsdpCore>(*module, mesh.whole(), mesh, std::move(options))) {
     fsdp_core().register_shards(*this);

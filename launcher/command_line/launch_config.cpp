@@ -863,6 +863,13 @@ ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, cons
   }
   config.hostname = host.hostname;
   check_virtual_local_rank(config, env);
+  // Off unless set to a positive number, never an error: torchrun's rule (uninterruptible_state_settings.h);
+  // a value that leaves it off is said, as cpprun says of the other values it ignores.
+  const std::optional<std::string> dstate_timeout = env("TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT");
+  config.uninterruptible_state.timeout_s = resolve_uninterruptible_state_timeout(dstate_timeout);
+  if (std::string note = uninterruptible_state_timeout_note(dstate_timeout); !note.empty()) {
+    conf_notes.push_back(std::move(note));
+  }
   // Note [Opting out of the agent's store]
   // TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 is read by torchrun's c10d handler alone
   // (dynamic_rendezvous.py: use_agent_store, next_rendezvous): its workers get
@@ -876,9 +883,6 @@ ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, cons
   // there), as for --no_job_secret. A c10d job of several nodes keeps the agents' store, said in a
   // note: the other nodes' workers would have to reach worker rank 0's store, which accepts anyone,
   // directly, where cpprun's authenticated link carries them now.
-  // Off unless set to a positive number, never an error: torchrun's rule (uninterruptible_state_settings.h).
-  config.uninterruptible_state.timeout_s =
-      resolve_uninterruptible_state_timeout(env("TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT"));
   if (env("TORCH_DISABLE_SHARE_RDZV_TCP_STORE").value_or("0") == "1") {
     if (config.picked_port || (config.rdzv_backend == RendezvousBackend::kC10d && config.max_nodes == 1)) {
       config.agent_store = false;

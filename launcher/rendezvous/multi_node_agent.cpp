@@ -111,7 +111,7 @@ int run_multi_node(const RendezvousSettings& settings, const WorkerSettings& wor
         }
         continue;
       case JobDecision::Kind::kExit:
-        if (attempt.end == GroupEnd::kWorkerFailed) hand_over_error_file(attempt);
+        if (attempt.end == GroupEnd::kWorkerFailed || attempt.end == GroupEnd::kUnhealthy) hand_over_error_file(attempt);
         std::cerr << "cpprun: ";
         if (decision.end.restartable && settings.max_restarts > 0) {
           std::cerr << "giving up after " << restart_count + 1 << " attempts (--max_restarts=" << settings.max_restarts

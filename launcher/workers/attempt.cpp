@@ -13,6 +13,7 @@
 #include <string.h>  // strsignal is POSIX, not in std::
 #include <iostream>
 #include <memory>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 #include <utility>
@@ -22,6 +23,7 @@
 #include "workers/error_file.h"
 #include "workers/flight_requests.h"
 #include "workers/job_process_tree.h"
+#include "workers/kill_wait.h"
 #include "workers/restart_backoff.h"
 #include "workers/run_directory.h"
 #include "workers/uninterruptible_watch.h"
@@ -38,18 +40,19 @@ constexpr std::size_t kErrorFileScanLimit = 1024 * 1024;
 // takes milliseconds; a rank stuck so badly that it cannot is named as such.
 constexpr std::chrono::milliseconds kDumpWait{2000};
 
-std::string fate(const WorkerRecord& w, std::chrono::milliseconds shutdown_timeout) {
+std::string fate(const WorkerRecord& w, const AttemptSummary& summary) {
   const std::string how = w.exit ? w.exit->describe() : "exit status unknown";
+  const std::string grace = "--shutdown_timeout=" + decimal_seconds(summary.shutdown_timeout) + "s";
   if (w.state == WorkerState::kRunning) return "still running";
   if (w.state == WorkerState::kFinished) {
     return w.exit && w.exit->succeeded() ? "had finished (exited with code 0)" : "also failed: " + how;
   }
   if (w.state == WorkerState::kAbandoned) {
-    return "not stopped: did not exit within --shutdown_timeout=" + decimal_seconds(shutdown_timeout) +
-           "s of SIGTERM nor after SIGKILL; left behind (uninterruptible sleep?)";
+    return "not stopped: did not exit within " + grace + " of " + signal_name(summary.stop_signal) + " nor within " +
+           decimal_seconds(summary.kill_wait) + "s of SIGKILL; left behind (uninterruptible sleep?)";
   }
   if (!w.sent_sigkill) return "stopped: " + how;
-  return "stopped: did not exit within --shutdown_timeout=" + decimal_seconds(shutdown_timeout) + "s, " + how;
+  return "stopped: did not exit within " + grace + ", " + how;
 }
 
 // "rank 1 (local_rank 1, pid 4242)"
@@ -105,7 +108,7 @@ class WorkerGroup {
              const UninterruptibleStateSettings& uninterruptible, std::string diagnosis_file, PeerEvents* peers) {
     grace_ = grace;
     if (uninterruptible.enabled()) {
-      dstate_.emplace(uninterruptible.timeout_s);
+      dstate_.emplace(uninterruptible.timeout_s, uninterruptible.interval);
       dstate_interval_ = uninterruptible.interval;
       // As torchrun's agent, which sleeps --monitor_interval before its first look.
       next_check_ = std::chrono::steady_clock::now() + dstate_interval_;
@@ -213,8 +216,8 @@ class WorkerGroup {
   // A worker in uninterruptible sleep (D state: wedged in a GPU or NIC driver, on a hung NFS or FUSE
   // mount, in a frozen cgroup) does not end on SIGKILL until the kernel lets go of it. As torchrun
   // 2.15 (multiprocessing/api.py SubprocessContext._close: proc.wait(timeout) after SIGKILL, then
-  // "abandoning and continuing teardown"), cpprun waits --shutdown_timeout (at least 1 s, for the
-  // kernel's teardown) after the SIGKILL, then gives up on those left: names them, SIGKILLs what they
+  // "abandoning and continuing teardown"), cpprun waits a while after the SIGKILL (Note [The wait
+  // after SIGKILL] in kill_wait.h), then gives up on those left: names them, SIGKILLs what they
   // started outside their process group (which would otherwise outlive the job), and goes on with
   // the exit code the attempt already had. They stay cpprun's children: reaped if they end while it
   // runs, by init (or an outer subreaper) once it has exited; no other wait waits for them again.
@@ -223,41 +226,48 @@ class WorkerGroup {
     using Clock = std::chrono::steady_clock;
     // Lingering groups too: their orphans get as long as the workers took, no longer (nothing tells us when they exit).
     signal_groups(SIGKILL);
+    std::vector<pid_t> killed;
     for (WorkerRecord& w : workers_) {
       w.group_lingers = false;
-      if (w.state == WorkerState::kRunning) w.sent_sigkill = true;
+      if (w.state == WorkerState::kRunning) {
+        w.sent_sigkill = true;
+        killed.push_back(w.pid);
+      }
     }
-    const auto deadline = Clock::now() + std::max(grace_, std::chrono::milliseconds(1000));
+    const std::chrono::milliseconds wait = wait_after_sigkill(grace_);
+    const auto deadline = Clock::now() + wait;
+    AfterKill next;
     for (;;) {
+      std::set<pid_t> live;
       for (std::size_t i = 0; i < workers_.size(); ++i) {
         if (workers_[i].state != WorkerState::kRunning) continue;
         if (int status = 0; wait_for_exit(workers_[i].pid, &status, WNOHANG) == workers_[i].pid) {
           record_exit(i, status, WorkerState::kStoppedByLauncher);
+        } else {
+          live.insert(workers_[i].pid);
         }
       }
-      if (running() == 0) return;
+      next = decide_after_kill(killed, live, deadline, Clock::now());
+      if (!next.keep_waiting) break;
       // SIGCHLD wakes this; a job-ending signal meanwhile is kept (no restart), not forwarded: all are SIGKILLed.
-      if (!relay_.wait_until(deadline)) break;
+      relay_.wait_until(deadline);
       for (int sig : relay_.take_pending()) {
         if (ends_job(sig) && ending_signal_ == 0) ending_signal_ = sig;
       }
     }
-    for (std::size_t i = 0; i < workers_.size(); ++i) {
+    for (pid_t pid : next.abandon) {
+      const std::size_t i = static_cast<std::size_t>(
+          std::find_if(workers_.begin(), workers_.end(), [pid](const WorkerRecord& w) { return w.pid == pid; }) -
+          workers_.begin());
       WorkerRecord& w = workers_[i];
-      if (w.state != WorkerState::kRunning) continue;
       w.state = WorkerState::kAbandoned;
       outputs_[i]->drain();
-      abandon_child(w.pid);
-      // Its process group had the SIGKILL; what it started in other groups or sessions (or what is not
-      // torn down yet) is found by parentage: once it ends they would be init's, out of the job's reach.
-      const std::vector<pid_t> descendants = live_descendants(w.pid);
-      for (pid_t pid : descendants) kill(pid, SIGKILL);
-      std::cerr << "cpprun: error: " << describe_worker(w) << " did not exit within "
-                << decimal_seconds(std::max(grace_, std::chrono::milliseconds(1000)))
+      const std::size_t descendants = abandon_child(w.pid);
+      std::cerr << "cpprun: error: " << describe_worker(w) << " did not exit within " << decimal_seconds(wait)
                 << "s of SIGKILL; abandoning it and going on. It may be in uninterruptible kernel sleep (D state, "
                    "e.g. wedged on a GPU or NIC); the host may need to be recycled"
-                << (descendants.empty() ? "" : " (SIGKILLed its " + std::to_string(descendants.size()) +
-                                                   " live descendants too)")
+                << (descendants == 0 ? "" : " (SIGKILLed its " + std::to_string(descendants) +
+                                                " live descendants too)")
                 << "\n";
     }
   }
@@ -283,9 +293,11 @@ class WorkerGroup {
     }
     if (step.stuck.empty()) return false;
     for (const UninterruptibleWatch::Stuck& stuck : step.stuck) {
-      std::cerr << "cpprun: error: " << describe_worker(worker_of(stuck.pid)) << " "
-                << stuck_uninterruptible_how(stuck.dwell_s, dstate_->timeout_s())
-                << "; stopping the workers, with no restart\n";
+      std::string wchan = read_proc_file("/proc/" + std::to_string(stuck.pid) + "/wchan");
+      while (!wchan.empty() && (wchan.back() == '\n' || wchan.back() == ' ')) wchan.pop_back();
+      std::cerr << stuck_uninterruptible_error(describe_worker(worker_of(stuck.pid)), stuck.pid,
+                                               stuck_uninterruptible_how(stuck.dwell_s, dstate_->timeout_s()), wchan)
+                << "\n";
     }
     // The samples are in rank order: the lowest rank stuck is named.
     unhealthy_worker_ = describe_worker(worker_of(step.stuck.front().pid));
@@ -603,12 +615,15 @@ AttemptEnd run_attempt(SignalRelay& relay, const std::vector<WorkerSpec>& specs,
       why = result.root_worker + " " + result.root_how;
     }
   }
-  const AttemptSummary summary{root,
-                               group.ending_signal(),
-                               shutdown_timeout,
-                               root ? group.stderr_tail(*root) : std::vector<std::string>{},
-                               root ? read_file_head(specs.at(*root).error_file, kErrorFileLimit) : std::nullopt,
-                               end == GroupEnd::kUnhealthy ? result.root_worker + " " + result.root_how : ""};
+  AttemptSummary summary{root,
+                         group.ending_signal(),
+                         shutdown_timeout,
+                         root ? group.stderr_tail(*root) : std::vector<std::string>{},
+                         root ? read_file_head(specs.at(*root).error_file, kErrorFileLimit) : std::nullopt,
+                         end == GroupEnd::kUnhealthy ? result.root_worker + " " + result.root_how : ""};
+  // What stop() sent first: the job-ending signal it forwarded (Ctrl-C: SIGINT), else SIGTERM.
+  summary.stop_signal = end == GroupEnd::kInterrupted ? result.signal : SIGTERM;
+  summary.kill_wait = wait_after_sigkill(shutdown_timeout);
   std::cerr << format_attempt_summary(group.workers(), summary);
   if (route != nullptr && route->report && end != GroupEnd::kInterrupted) {
     route->report(evidence, why, diagnosis_file);
@@ -640,7 +655,7 @@ std::string format_attempt_summary(const std::vector<WorkerRecord>& workers, con
   }
   for (std::size_t i = 0; i < workers.size(); ++i) {
     if (summary.root_cause && i == *summary.root_cause) continue;
-    out << "cpprun:   " << describe_worker(workers[i]) << " " << fate(workers[i], summary.shutdown_timeout) << "\n";
+    out << "cpprun:   " << describe_worker(workers[i]) << " " << fate(workers[i], summary) << "\n";
   }
   if (!summary.root_cause) return out.str();
   // Last, next to the exit line: with many ranks, the root cause's own words scroll away.

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <poll.h>
+#include <signal.h>
 #include <sys/types.h>
 
 #include <chrono>
@@ -45,7 +46,7 @@ enum class WorkerState {
   kRunning,            // spawned, not yet reaped
   kFinished,           // ended on its own (success or failure)
   kStoppedByLauncher,  // ended after the launcher signalled its process group
-  kAbandoned,          // SIGKILLed, not reaped --shutdown_timeout later: given up on (Note [A worker
+  kAbandoned,          // SIGKILLed, not reaped wait_after_sigkill() later: given up on (Note [A worker
                        // SIGKILL cannot end] in attempt.cpp); no exit status
 };
 
@@ -173,6 +174,8 @@ struct AttemptSummary {
   std::vector<std::string> root_cause_stderr_tail;
   std::optional<std::string> root_cause_error_file;
   std::string unhealthy;  // kUnhealthy: "rank 0 (...) stuck in uninterruptible sleep (D state) for ..."
+  int stop_signal = SIGTERM;  // what the workers were sent first: SIGTERM, or the job-ending signal forwarded
+  std::chrono::milliseconds kill_wait{0};  // how long the wait after SIGKILL was (kill_wait.h)
 };
 
 // One line per worker, then the root cause's stderr tail and error file; every line "cpprun: ...\n". Pure.

@@ -205,6 +205,11 @@ void record_launcher_error(const std::string& text) {
 }
 
 void hand_over_error_file(const AttemptEnd& attempt) {
+  if (attempt.end == GroupEnd::kUnhealthy) {  // no worker failed, so no worker's file: the launcher's own words
+    record_launcher_error("cpprun: " + attempt.root_worker + " " + attempt.root_how +
+                          "; the workers were stopped, with no restart");
+    return;
+  }
   const char* mine = std::getenv(contract::kErrorFileVariable);
   const std::string warning =
       copy_root_error_file(attempt.root_error_file, mine != nullptr ? mine : "", attempt.root_error_code);

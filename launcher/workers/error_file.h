@@ -47,7 +47,8 @@ void record_launcher_error(const std::string& text);
 struct AttemptEnd;
 
 // After the last attempt failed: copy_root_error_file() of its root cause into $TORCHELASTIC_ERROR_FILE,
-// printing the warning if any.
+// printing the warning if any. An unhealthy attempt (a worker stuck in D state, no worker's error
+// file) is recorded as the launcher's own failure (record_launcher_error), with the stuck worker named.
 void hand_over_error_file(const AttemptEnd& attempt);
 
 }  // namespace cpprun::launcher

@@ -25,6 +25,7 @@
 
 #include "common/formatting.h"
 #include "common/job_secret.h"
+#include "workers/kill_wait.h"
 #include "workers/signal_relay.h"
 #include "workers/worker_process.h"
 
@@ -216,18 +217,14 @@ std::vector<pid_t> leftover_children() {
   return left;
 }
 
-// After a final SIGKILL, how long cpprun waits for a child to end before giving up on it. A floor,
-// so that --shutdown_timeout=0 still lets the kernel tear a process down.
-constexpr std::chrono::milliseconds kMinKillWait{1000};
-// At the job's end (~JobProcessTree), where no --shutdown_timeout is at hand: cpprun's default one.
-constexpr std::chrono::milliseconds kFinalKillWait{5000};
-
 // SIGKILLs `left` until none is left, bounded in rounds in case something forks faster than we kill,
-// and in time (`wait`, from the first SIGKILL): one the kernel does not let go of (Note [A worker
-// SIGKILL cannot end] in attempt.cpp) is named and given up on. `and_helpers`: the job's end, when
-// nothing may stay.
-void kill_children(std::vector<pid_t> left, bool and_helpers, std::chrono::milliseconds wait) {
-  const auto deadline = std::chrono::steady_clock::now() + std::max(wait, kMinKillWait);
+// and in time (wait_after_sigkill(shutdown_timeout) from the first SIGKILL): one the kernel does not
+// let go of (Note [A worker SIGKILL cannot end] in attempt.cpp) is named and given up on, what it
+// started SIGKILLed. `and_helpers`: the job's end, when nothing may stay.
+void kill_children(std::vector<pid_t> left, bool and_helpers, std::chrono::milliseconds shutdown_timeout) {
+  using Clock = std::chrono::steady_clock;
+  const std::chrono::milliseconds wait = wait_after_sigkill(shutdown_timeout);
+  const auto deadline = Clock::now() + wait;
   const auto remaining = [&] {
     std::vector<pid_t> now = and_helpers ? live_children(getpid()) : leftover_children();
     now.erase(std::remove_if(now.begin(), now.end(), is_abandoned), now.end());
@@ -237,22 +234,28 @@ void kill_children(std::vector<pid_t> left, bool and_helpers, std::chrono::milli
   for (int round = 0; round < 100 && !left.empty(); ++round) {
     for (pid_t pid : left) kill(pid, SIGKILL);
     // Processes found in a later round (forked meanwhile) get a moment even once the wait is over.
-    const auto until = std::max(deadline, std::chrono::steady_clock::now() + std::chrono::milliseconds(100));
+    const auto until = std::max(deadline, Clock::now() + std::chrono::milliseconds(100));
+    AfterKill next;
     for (;;) {
       reap_exited();
-      left.erase(std::remove_if(left.begin(), left.end(), [](pid_t pid) { return !read_stat(pid).live(); }),
-                 left.end());
-      if (left.empty() || std::chrono::steady_clock::now() >= until) break;
+      std::set<pid_t> live;
+      for (pid_t pid : left) {
+        if (read_stat(pid).live()) live.insert(pid);
+      }
+      next = decide_after_kill(left, live, until, Clock::now());
+      if (!next.keep_waiting) break;
       const timespec pause{0, 10 * 1000 * 1000};  // SIGCHLD is not ours to wait for here
       nanosleep(&pause, nullptr);
     }
-    if (!left.empty()) {
-      std::cerr << "cpprun: error: " << describe_processes(left)
-                << " did not end within "
-                << decimal_seconds(std::chrono::duration_cast<std::chrono::milliseconds>(std::max(wait, kMinKillWait)))
-                << "s of SIGKILL; giving up on " << (left.size() == 1 ? "it" : "them")
-                << " (uninterruptible sleep, D state? the host may need to be recycled)\n";
-      for (pid_t pid : left) abandon_child(pid);
+    if (!next.abandon.empty()) {
+      std::size_t descendants = 0;
+      for (pid_t pid : next.abandon) descendants += abandon_child(pid);
+      std::cerr << "cpprun: error: " << describe_processes(next.abandon) << " did not end within "
+                << decimal_seconds(wait) << "s of SIGKILL; giving up on " << (next.abandon.size() == 1 ? "it" : "them")
+                << " (uninterruptible sleep, D state? the host may need to be recycled)"
+                << (descendants == 0 ? "" : "; SIGKILLed the " + std::to_string(descendants) +
+                                                (descendants == 1 ? " process it started" : " processes they started"))
+                << "\n";
     }
     left = remaining();
   }
@@ -260,7 +263,7 @@ void kill_children(std::vector<pid_t> left, bool and_helpers, std::chrono::milli
 
 }  // namespace
 
-JobProcessTree::JobProcessTree() {
+JobProcessTree::JobProcessTree(std::chrono::milliseconds shutdown_timeout) : shutdown_timeout_(shutdown_timeout) {
   // 128 random bits, so no other run's (or stranger's) processes can carry the same token.
   const std::string token = random_nonce();
   // The guardian first: started while cpprun is no subreaper yet, it is not adopted back, and it
@@ -279,7 +282,7 @@ JobProcessTree::JobProcessTree() {
 JobProcessTree::~JobProcessTree() {
   // Normally nothing is left: each attempt stopped its leftovers. After an exception, no waiting.
   reap_exited();
-  kill_children(live_children(getpid()), true, kFinalKillWait);
+  kill_children(live_children(getpid()), true, shutdown_timeout_);
   const char dismissed = 'q';
   if (send(guardian_line_, &dismissed, 1, MSG_NOSIGNAL) == 1) {
     // The guardian's end closes when it exits: wait for that, so that it never outlives cpprun.
@@ -338,7 +341,14 @@ int stop_leftovers(SignalRelay& relay, std::chrono::milliseconds grace) {
   return ending;
 }
 
-void abandon_child(pid_t pid) { abandoned().insert(pid); }
+std::size_t abandon_child(pid_t pid) {
+  abandoned().insert(pid);
+  // What it started in other groups or sessions (or what is not torn down yet), found by parentage:
+  // once it ends they would be init's, out of the job's reach.
+  const std::vector<pid_t> descendants = live_descendants(pid);
+  for (pid_t descendant : descendants) kill(descendant, SIGKILL);
+  return descendants.size();
+}
 
 void forget_abandoned(pid_t pid) { abandoned().erase(pid); }
 

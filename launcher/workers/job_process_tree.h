@@ -17,6 +17,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <cstddef>
 #include <optional>
 #include <string>
 #include <vector>
@@ -29,7 +30,8 @@ class JobProcessTree {
  public:
   // Starts the guardian, sets CPPRUN_JOB_TOKEN in this process's environment and makes cpprun a child
   // subreaper. Create it before any thread or worker starts and before the workers' environment is read.
-  JobProcessTree();
+  // `shutdown_timeout` (--shutdown_timeout) paces the job's end: Note [The wait after SIGKILL] in kill_wait.h.
+  explicit JobProcessTree(std::chrono::milliseconds shutdown_timeout);
   // SIGKILLs whatever is left (an exception may have cut an attempt short), dismisses the guardian.
   ~JobProcessTree();
   JobProcessTree(const JobProcessTree&) = delete;
@@ -37,6 +39,7 @@ class JobProcessTree {
 
  private:
   int guardian_line_ = -1;  // cpprun's end of the socket the guardian waits on
+  std::chrono::milliseconds shutdown_timeout_;
 };
 
 // Once an attempt's workers are all reaped: SIGTERMs every child cpprun still has (named on stderr)
@@ -60,8 +63,9 @@ std::optional<int> forget_job_helper(pid_t pid);
 
 // `pid`, a child of cpprun SIGKILLed and still not ended: given up on (Note [A worker SIGKILL cannot
 // end] in attempt.cpp). stop_leftovers() and the job's end leave it alone; it is reaped like any child
-// if it ends while cpprun runs, by init (or an outer subreaper) if later.
-void abandon_child(pid_t pid);
+// if it ends while cpprun runs, by init (or an outer subreaper) if later. Its live descendants are
+// SIGKILLed (they would outlive the job once it ends); returns how many.
+std::size_t abandon_child(pid_t pid);
 // For a waitpid(-1) caller: `pid` was reaped; if it had been given up on, it is no longer.
 void forget_abandoned(pid_t pid);
 

@@ -19,11 +19,15 @@ std::string one_decimal(double seconds) {
 
 UninterruptibleWatch::Step UninterruptibleWatch::observe(const std::vector<ProcessStateSample>& running,
                                                         Clock::time_point now) {
+  if (last_tick_ && now - *last_tick_ > max_gap_) first_seen_.clear();  // Note [Time in D state]
+  last_tick_ = now;
   std::set<pid_t> live;
   for (const ProcessStateSample& sample : running) live.insert(sample.pid);
   for (auto it = first_seen_.begin(); it != first_seen_.end();) {
     it = live.count(it->first) != 0 ? std::next(it) : first_seen_.erase(it);
   }
+  // A reaped worker is gone for the attempt: a process that later has its pid is another one.
+  for (auto it = warned_.begin(); it != warned_.end();) it = live.count(*it) != 0 ? std::next(it) : warned_.erase(it);
   Step step;
   for (const ProcessStateSample& sample : running) {
     if (!sample.state) continue;  // unreadable: neither in D nor out of it
@@ -33,7 +37,7 @@ UninterruptibleWatch::Step UninterruptibleWatch::observe(const std::vector<Proce
     }
     const auto [it, inserted] = first_seen_.emplace(sample.pid, now);
     if (inserted) {
-      step.entered.push_back(sample.pid);
+      if (warned_.insert(sample.pid).second) step.entered.push_back(sample.pid);
       continue;  // a dwell of 0 never reaches a positive timeout
     }
     const double dwell = std::chrono::duration<double>(now - it->second).count();
@@ -58,6 +62,15 @@ std::string entered_uninterruptible_line(const std::string& worker, double timeo
 std::string stuck_uninterruptible_how(double dwell_s, double timeout_s) {
   return "stuck in uninterruptible sleep (D state) for " + one_decimal(dwell_s) + " s (>= " + one_decimal(timeout_s) +
          " s, TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT)";
+}
+
+std::string stuck_uninterruptible_error(const std::string& worker, pid_t pid, const std::string& how,
+                                        const std::string& wchan) {
+  const bool known = !wchan.empty() && wchan != "0";
+  return "cpprun: error: " + worker + " " + how + (known ? ", waiting in the kernel in " + wchan : "") +
+         " (/proc/" + std::to_string(pid) + "/wchan" + (known ? "" : " does not say where") +
+         "); stopping the workers, with no restart. If this was slow I/O (e.g. a checkpoint write on NFS), raise or "
+         "unset TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT; otherwise check the driver or mount it waits on";
 }
 
 }  // namespace cpprun::launcher

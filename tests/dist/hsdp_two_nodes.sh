@@ -1,6 +1,6 @@
 # HSDP across two cpprun agents on this host as two nodes of 2 workers each (CPPRUN_JOB_SECRET,
 # worker rank 0's store: see tests/launcher/behaviour/multi_node_collectives.sh): test_hsdp.cpp then
-# meshes init_device_mesh() = {2 nodes, 2 local}, shards within a node and replicates across
+# meshes node_local_mesh() = {2 nodes, 2 local}, shards within a node and replicates across
 # them, and must match one process at stages 1-3 and with its sharded checkpoints.
 # Usage: hsdp_two_nodes.sh PATH/TO/cpprun PATH/TO/cpprun_dist_hsdp
 . "$(dirname "$0")/../launcher/behaviour/common.sh"

@@ -1,7 +1,8 @@
 // DeviceMesh under `cpprun --nproc_per_node=K`, K = 1..4: each dimension's group holds the
 // ranks that differ only along it (2-d and every 3-d shape of the world), a submesh holds the
-// ranks that agree on the dimensions left out, names and shapes are checked, and the default mesh follows
-// the launcher's WORLD_SIZE / LOCAL_WORLD_SIZE, with or without a group given.
+// ranks that agree on the dimensions left out, names and shapes are checked, init_device_mesh lays
+// the world out as PyTorch's and refuses what it refuses, and node_local_mesh follows the
+// launcher's WORLD_SIZE / LOCAL_WORLD_SIZE, with or without a group given.
 #include "catch.h"
 #include <ATen/ATen.h>
 
@@ -123,9 +124,9 @@ TEST_CASE("device mesh: a 3-d {pp, dp, tp} mesh's groups and submeshes hold the 
   CHECK_THROWS_WITH(mesh.submesh({}), Catch::Contains("no dimension named"));
 }
 
-TEST_CASE("device mesh: the default mesh is nodes x local processes from the launcher", "[mesh]") {
+TEST_CASE("device mesh: node_local_mesh is nodes x local processes from the launcher", "[mesh]") {
   const int world = group().size(), rank = group().rank();
-  auto mesh = cpprun::init_device_mesh(group());
+  auto mesh = cpprun::node_local_mesh(group());
   CHECK(mesh.names() == std::vector<std::string>{"node", "local"});
   CHECK(mesh.shape() == std::vector<int>{1, world});  // cpprun --standalone: one node
   CHECK(mesh.coordinate("local") == rank);
@@ -136,9 +137,9 @@ TEST_CASE("device mesh: the default mesh is nodes x local processes from the lau
   CHECK(one_d.names() == std::vector<std::string>{"dim0"});
 }
 
-TEST_CASE("device mesh: init_device_mesh() with no group lays out the default group", "[mesh]") {
+TEST_CASE("device mesh: node_local_mesh() with no group lays out the default group", "[mesh]") {
   const int world = group().size(), rank = group().rank();  // group() is the default group
-  auto mesh = cpprun::init_device_mesh();
+  auto mesh = cpprun::node_local_mesh();
   CHECK(mesh.shape() == std::vector<int>{1, world});
   std::vector<int> everyone(world);
   std::iota(everyone.begin(), everyone.end(), 0);
@@ -172,4 +173,84 @@ TEST_CASE("device mesh: ranks that build different meshes are refused, on every 
   // The same layout everywhere still builds.
   cpprun::DeviceMesh same(group(), {1, world}, {"dp", "tp"});
   CHECK(same.size("tp") == world);
+}
+
+// The ranks of each dimension's group in PyTorch 2.15's init_device_mesh("cpu", (2, 2),
+// mesh_dim_names=("dp", "tp")) at 4 ranks (torch/distributed/device_mesh.py: the identity rank map
+// over the row-major layout _MeshLayout.from_sizes_strides(mesh_shape)), as its
+// get_process_group_ranks(mesh["dp"].get_group()) printed them; dist.device_mesh_pytorch_parity
+// compares with PyTorch itself.
+TEST_CASE("device mesh: init_device_mesh lays the world out row-major, as PyTorch's", "[mesh]") {
+  const int world = group().size(), rank = group().rank();
+  if (world == 4) {
+    auto mesh = cpprun::init_device_mesh("cpu", {2, 2}, {"dp", "tp"});
+    const std::vector<std::vector<int>> dp_of_rank{{0, 2}, {1, 3}, {0, 2}, {1, 3}};
+    const std::vector<std::vector<int>> tp_of_rank{{0, 1}, {0, 1}, {2, 3}, {2, 3}};
+    CHECK(mesh.names() == std::vector<std::string>{"dp", "tp"});
+    CHECK(cpprun::get_process_group_ranks(mesh.group("dp")) == dp_of_rank[rank]);
+    CHECK(cpprun::get_process_group_ranks(mesh.group("tp")) == tp_of_rank[rank]);
+    CHECK(cpprun::get_process_group_ranks(mesh.whole()) == std::vector<int>{0, 1, 2, 3});
+    CHECK(mesh.coordinate("dp") == rank / 2);
+    CHECK(mesh.coordinate("tp") == rank % 2);
+  }
+  // Any world: 1-d over every rank with PyTorch's unnamed dimension, and {world, 1} by DeviceType.
+  auto one_d = cpprun::init_device_mesh("cpu", {world});
+  CHECK(one_d.names() == std::vector<std::string>{"dim0"});
+  CHECK(one_d.group(0).size() == world);
+  CHECK(one_d.coordinate(0) == rank);
+  auto by_type = cpprun::init_device_mesh(c10::kCPU, {world, 1}, {"dp", "tp"});
+  CHECK(by_type.coordinate("dp") == rank);
+  CHECK(by_type.group("dp").size() == world);
+  CHECK(cpprun::get_process_group_ranks(by_type.group("tp")) == std::vector<int>{rank});
+}
+
+// Every refusal depends only on the arguments and the world (Note [init_device_mesh's
+// refusals]): each rank throws, none is left in a collective, and the mesh after them builds.
+TEST_CASE("device mesh: init_device_mesh refuses what PyTorch refuses, and a mesh not of the world", "[mesh]") {
+  const int world = group().size();
+  const std::string w = std::to_string(world);
+  using Shape = std::vector<int64_t>;
+  using Names = std::vector<std::string>;
+  CHECK_THROWS_WITH(cpprun::init_device_mesh("cpu", Shape{world, 1}, Names{"dp", "dp"}),
+                    Catch::Contains("name dimensions 0 and 1 both \"dp\"; each mesh_dim_name must be unique"));
+  CHECK_THROWS_WITH(cpprun::init_device_mesh("cpu", Shape{world, 1}, Names{"dp"}),
+                    Catch::Contains("1 mesh_dim_names (\"dp\") for the 2 dimensions of mesh_shape {" + w + ", 1}"));
+  CHECK_THROWS_WITH(cpprun::init_device_mesh("cpu", Shape{world}, Names{"dp", "tp"}),
+                    Catch::Contains("2 mesh_dim_names"));
+  CHECK_THROWS_WITH(cpprun::init_device_mesh("cpu", Shape{2, world}),
+                    Catch::Contains("mesh_shape {2, " + w + "} needs more ranks than the world's " + w) &&
+                        Catch::Contains("Mesh should not be bigger than default world size"));
+  // A product that overflows int64 is still "more than the world", not a wrapped small number.
+  CHECK_THROWS_WITH(cpprun::init_device_mesh("cpu", Shape{int64_t{1} << 40, int64_t{1} << 40}),
+                    Catch::Contains("needs more ranks than the world's"));
+  CHECK_THROWS_WITH(cpprun::init_device_mesh("cuda:0", Shape{world}),
+                    Catch::Contains("device_type \"cuda:0\" is not a device type alone (it has an index)"));
+  CHECK_THROWS_WITH(cpprun::init_device_mesh("xpu", Shape{world}), Catch::Contains("\"xpu\" is not one"));
+  CHECK_THROWS_WITH(cpprun::init_device_mesh("cpu", Shape{}), Catch::Contains("mesh_shape is empty"));
+  CHECK_THROWS_WITH(cpprun::init_device_mesh("cpu", Shape{0, world}),
+                    Catch::Contains("mesh_shape {0, " + w + "} has size 0 at dimension 0"));
+  CHECK_THROWS_WITH(cpprun::init_device_mesh("cpu", Shape{world, -1}), Catch::Contains("has size -1 at dimension 1"));
+  if (world > 1) {
+    // PyTorch accepts it, leaving the other ranks outside the mesh; ours hold every rank.
+    CHECK_THROWS_WITH(cpprun::init_device_mesh("cpu", Shape{1}),
+                      Catch::Contains("mesh_shape {1} holds 1 of the world's " + w + " ranks") &&
+                          Catch::Contains("cpprun::new_group(ranks)"));
+  }
+  if (!cpprun::local_device().is_cuda()) {
+    CHECK_THROWS_WITH(cpprun::init_device_mesh("cuda", Shape{world}),
+                      Catch::Contains("not every rank of the job has a GPU of its own"));
+  }
+  CHECK(cpprun::init_device_mesh("cpu", Shape{world}).size(0) == world);
+}
+
+// The old name of node_local_mesh keeps working until it goes.
+TEST_CASE("device mesh: the deprecated init_device_mesh() is node_local_mesh()", "[mesh]") {
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+  auto old_default = cpprun::init_device_mesh();
+  auto old_given = cpprun::init_device_mesh(group());
+#pragma GCC diagnostic pop
+  CHECK(old_default.names() == std::vector<std::string>{"node", "local"});
+  CHECK(old_default.shape() == cpprun::node_local_mesh().shape());
+  CHECK(old_given.shape() == std::vector<int>{1, group().size()});
 }

@@ -1,6 +1,6 @@
 // HSDP (FullyShardedDataParallel(net, mesh, options)): FullyShardedDataParallel sharded over one mesh dimension and
 // replicated over the other, under `cpprun`. At 4 ranks the mesh is 2 replicas x 2 shards; across
-// two cpprun agents (tests/dist/hsdp_two_nodes.sh) it is init_device_mesh()'s {node, local}; at 1-3
+// two cpprun agents (tests/dist/hsdp_two_nodes.sh) it is node_local_mesh()'s {node, local}; at 1-3
 // ranks the degenerate meshes 1 x N (plain FSDP) and N x 1 (every rank a full replica). Each rank
 // trains on its slice of every global batch beside a reference model trained in one process on
 // the whole batch; parameters must match, in float64 (Note [Parity in float64] in parity_checks.h).
@@ -36,7 +36,7 @@ const std::vector<cpprun::DeviceMesh>& meshes() {
     const int world = group().size();
     std::vector<cpprun::DeviceMesh> out;
     if (group().env().local_world_size < world) {
-      out.push_back(cpprun::init_device_mesh(group()));  // several nodes: shard within, replicate across
+      out.push_back(cpprun::node_local_mesh(group()));  // several nodes: shard within, replicate across
     } else if (world == 4) {
       out.emplace_back(group(), std::vector<int>{2, 2}, std::vector<std::string>{"replicate", "shard"});
     } else {

@@ -92,13 +92,26 @@ TEST_CASE("attempt: the summary names a worker stuck in D state, and one that SI
   };
   AttemptSummary s = summary(std::nullopt, 0, std::chrono::seconds(2));
   s.unhealthy = "rank 1 (local_rank 1, pid 101) stuck in uninterruptible sleep (D state) for 3.0 s";
+  s.kill_wait = std::chrono::seconds(30);
   const std::string text = format_attempt_summary(workers, s);
   CHECK_THAT(text, Contains("cpprun: rank 1 (local_rank 1, pid 101) stuck in uninterruptible sleep (D state) for "
                             "3.0 s; stopped every worker, no restart\n"));
   CHECK_THAT(text, Contains("rank 0 (local_rank 0, pid 100) stopped: killed by SIGTERM"));
   CHECK_THAT(text, Contains("rank 1 (local_rank 1, pid 101) not stopped: did not exit within --shutdown_timeout=2s of "
-                            "SIGTERM nor after SIGKILL; left behind"));
+                            "SIGTERM nor within 30s of SIGKILL; left behind"));
   CHECK(text.find("stuck") < text.find("rank 0 (local_rank 0"));
+}
+
+TEST_CASE("attempt: an abandoned worker's line names the signal forwarded and the real wait after SIGKILL",
+          "[attempt]") {
+  WorkerRecord abandoned = record(0, 100, WorkerState::kAbandoned, WorkerExit::exited(0), true);
+  abandoned.exit.reset();
+  AttemptSummary s = summary(std::nullopt, SIGINT, std::chrono::seconds(0));  // Ctrl-C, --shutdown_timeout=0
+  s.stop_signal = SIGINT;
+  s.kill_wait = std::chrono::seconds(30);
+  const std::string text = format_attempt_summary({abandoned}, s);
+  CHECK_THAT(text, Contains("rank 0 (local_rank 0, pid 100) not stopped: did not exit within --shutdown_timeout=0s of "
+                            "SIGINT nor within 30s of SIGKILL; left behind"));
 }
 
 TEST_CASE("attempt: the failure summary of an interruption names the signal", "[attempt]") {

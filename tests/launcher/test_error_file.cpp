@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <optional>
@@ -10,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "workers/attempt.h"
 #include "workers/error_file.h"
 
 using namespace cpprun::launcher;
@@ -102,4 +104,30 @@ TEST_CASE("error_file: the launcher's own failure in torch's layout", "[error_fi
         "{\"message\": {\"message\": \"cpprun: cannot run PROGRAM 'a\\\"b': no such file\\u000a\\u0009\", "
         "\"extraInfo\": {\"py_callstack\": \"\", \"timestamp\": \"1764806400\"}}}\n");
   CHECK(launcher_error_json("back\\slash", 0).find("\"back\\\\slash\"") != std::string::npos);
+}
+
+TEST_CASE("error_file: an attempt ended by a worker stuck in D state is recorded as the launcher's failure",
+          "[error_file]") {
+  char dir[] = "/tmp/cpprun_error_file_XXXXXX";
+  REQUIRE(mkdtemp(dir) != nullptr);
+  const std::string mine = std::string(dir) + "/launcher.json";
+  const char* saved = std::getenv("TORCHELASTIC_ERROR_FILE");
+  const std::optional<std::string> before = saved ? std::optional<std::string>(saved) : std::nullopt;
+  setenv("TORCHELASTIC_ERROR_FILE", mine.c_str(), 1);
+  AttemptEnd unhealthy;
+  unhealthy.end = GroupEnd::kUnhealthy;
+  unhealthy.exit_code = 1;
+  unhealthy.root_worker = "rank 1 (local_rank 1, pid 42)";
+  unhealthy.root_how = "stuck in uninterruptible sleep (D state) for 1.0 s";
+  hand_over_error_file(unhealthy);
+  const std::string text = read_all(mine);
+  if (before) {
+    setenv("TORCHELASTIC_ERROR_FILE", before->c_str(), 1);
+  } else {
+    unsetenv("TORCHELASTIC_ERROR_FILE");
+  }
+  CHECK(text.rfind("{\"message\": {\"message\": \"cpprun: rank 1 (local_rank 1, pid 42) stuck in uninterruptible sleep "
+                   "(D state) for 1.0 s; the workers were stopped, with no restart\"", 0) == 0);
+  std::remove(mine.c_str());
+  rmdir(dir);
 }

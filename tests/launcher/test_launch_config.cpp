@@ -664,8 +664,18 @@ TEST_CASE("launch_config: TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT, checked ev
       parse_launch_config({"--monitor_interval=0.25", "x"}, fake_host(), with(std::string("30"))).config;
   CHECK(on.uninterruptible_state.timeout_s == 30);
   CHECK(on.uninterruptible_state.interval == std::chrono::milliseconds(250));
-  // Not a number: off, and no usage error (torchrun ignores it too).
-  CHECK_FALSE(parse_launch_config({"x"}, fake_host(), with(std::string("soon"))).config.uninterruptible_state.enabled());
+  CHECK(parse_launch_config({"x"}, fake_host(), with(std::nullopt)).notes.empty());
+  CHECK(parse_launch_config({"x"}, fake_host(), with(std::string("30"))).notes.empty());
+  // Not a positive number: off, and no usage error (torchrun ignores it too), but one note says so.
+  for (const std::string value : {"soon", "0", "-3"}) {
+    const ParsedCommandLine ignored = parse_launch_config({"x"}, fake_host(), with(value));
+    CHECK_FALSE(ignored.config.uninterruptible_state.enabled());
+    REQUIRE(ignored.notes.size() == 1);
+    CHECK(ignored.notes[0] == "cpprun: TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT='" + value +
+                                  "' is not a number of seconds above 0: the D-state check is off, as torchrun "
+                                  "leaves it (set e.g. 600, or unset it)");
+  }
+  CHECK(parse_launch_config({"x"}, fake_host(), with(std::string(""))).notes.empty());  // empty: unset
 }
 
 TEST_CASE("launch_config: TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 as torchrun's c10d handler reads it, one node",

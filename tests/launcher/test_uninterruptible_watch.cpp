@@ -16,6 +16,7 @@ using std::chrono::milliseconds;
 namespace {
 
 using Clock = UninterruptibleWatch::Clock;
+constexpr milliseconds kTick{100};  // --monitor_interval's default
 
 ProcessStateSample in(pid_t pid, char state) { return {pid, state}; }
 ProcessStateSample unreadable(pid_t pid) { return {pid, std::nullopt}; }
@@ -30,7 +31,7 @@ std::vector<pid_t> stuck_pids(const UninterruptibleWatch::Step& step) {
 
 TEST_CASE("uninterruptible_watch: a worker in D from its first tick is stuck once the timeout has passed",
           "[uninterruptible_watch]") {
-  UninterruptibleWatch watch(1.0);
+  UninterruptibleWatch watch(1.0, kTick);
   const Clock::time_point t0{};
   const auto first = watch.observe({in(10, 'D'), in(11, 'S')}, t0);
   CHECK(first.entered == std::vector<pid_t>{10});  // warned once, with a dwell of 0
@@ -45,12 +46,12 @@ TEST_CASE("uninterruptible_watch: a worker in D from its first tick is stuck onc
 
 TEST_CASE("uninterruptible_watch: a tick out of D starts the dwell over; unreadable ticks neither count nor reset",
           "[uninterruptible_watch]") {
-  UninterruptibleWatch watch(1.0);
+  UninterruptibleWatch watch(1.0, kTick);
   const Clock::time_point t0{};
   watch.observe({in(10, 'D')}, t0);
   CHECK(watch.observe({in(10, 'R')}, t0 + milliseconds(500)).stuck.empty());
   const auto again = watch.observe({in(10, 'D')}, t0 + milliseconds(900));
-  CHECK(again.entered == std::vector<pid_t>{10});  // a new dwell, warned again
+  CHECK(again.entered.empty());  // a new dwell, but warned of once per worker per attempt (torchrun: again)
   CHECK(watch.observe({in(10, 'D')}, t0 + milliseconds(1800)).stuck.empty());
   // Unreadable (exiting): not stuck at that tick, but the dwell since 900 ms still stands after it.
   CHECK(watch.observe({unreadable(10)}, t0 + milliseconds(1950)).stuck.empty());
@@ -59,7 +60,7 @@ TEST_CASE("uninterruptible_watch: a tick out of D starts the dwell over; unreada
 
 TEST_CASE("uninterruptible_watch: each worker has its own dwell; a reaped one is forgotten",
           "[uninterruptible_watch]") {
-  UninterruptibleWatch watch(2.0);
+  UninterruptibleWatch watch(2.0, kTick);
   const Clock::time_point t0{};
   watch.observe({in(10, 'D'), in(11, 'S'), in(12, 'D')}, t0);
   watch.observe({in(10, 'D'), in(11, 'D'), in(12, 'D')}, t0 + milliseconds(1000));
@@ -74,13 +75,53 @@ TEST_CASE("uninterruptible_watch: each worker has its own dwell; a reaped one is
 }
 
 TEST_CASE("uninterruptible_watch: forget_all (a job-control stop) starts every dwell over", "[uninterruptible_watch]") {
-  UninterruptibleWatch watch(1.0);
+  UninterruptibleWatch watch(1.0, kTick);
   const Clock::time_point t0{};
   watch.observe({in(10, 'D')}, t0);
   watch.forget_all();
-  const auto after = watch.observe({in(10, 'D')}, t0 + milliseconds(5000));
-  CHECK(after.entered == std::vector<pid_t>{10});
+  const auto after = watch.observe({in(10, 'D')}, t0 + milliseconds(900));
+  CHECK(after.entered.empty());  // already warned of
   CHECK(after.stuck.empty());
+  CHECK(stuck_pids(watch.observe({in(10, 'D')}, t0 + milliseconds(1900))) == std::vector<pid_t>{10});
+}
+
+TEST_CASE("uninterruptible_watch: a tick long after the one before (a held-up loop) starts every dwell over",
+          "[uninterruptible_watch]") {
+  const Clock::time_point t0{};
+  SECTION("more than max(2 x interval, 1 s) apart: two D samples say nothing of the time between") {
+    UninterruptibleWatch watch(2.0, kTick);
+    watch.observe({in(10, 'D')}, t0);
+    CHECK(watch.observe({in(10, 'D')}, t0 + milliseconds(3000)).stuck.empty());  // a 3 s gap: from 3 s now
+    CHECK(watch.observe({in(10, 'D')}, t0 + milliseconds(3900)).stuck.empty());
+    CHECK(watch.observe({in(10, 'D')}, t0 + milliseconds(4800)).stuck.empty());
+    CHECK(stuck_pids(watch.observe({in(10, 'D')}, t0 + milliseconds(5000))) == std::vector<pid_t>{10});
+  }
+  SECTION("with a long --monitor_interval, twice it is the limit") {
+    UninterruptibleWatch watch(5.0, milliseconds(2000));
+    watch.observe({in(10, 'D')}, t0);
+    watch.observe({in(10, 'D')}, t0 + milliseconds(4000));  // 2 x 2 s: still one dwell
+    CHECK(stuck_pids(watch.observe({in(10, 'D')}, t0 + milliseconds(6000))) == std::vector<pid_t>{10});
+    UninterruptibleWatch late(5.0, milliseconds(2000));
+    late.observe({in(10, 'D')}, t0);
+    late.observe({in(10, 'D')}, t0 + milliseconds(4001));  // just over: starts over
+    CHECK(late.observe({in(10, 'D')}, t0 + milliseconds(6000)).stuck.empty());
+  }
+  SECTION("a short hiccup under a tiny interval does not (1 s floor)") {
+    UninterruptibleWatch watch(1.0, milliseconds(1));
+    watch.observe({in(10, 'D')}, t0);
+    watch.observe({in(10, 'D')}, t0 + milliseconds(300));
+    CHECK(stuck_pids(watch.observe({in(10, 'D')}, t0 + milliseconds(1000))) == std::vector<pid_t>{10});
+  }
+}
+
+TEST_CASE("uninterruptible_watch: a worker often briefly in D is warned of once", "[uninterruptible_watch]") {
+  UninterruptibleWatch watch(10.0, kTick);
+  const Clock::time_point t0{};
+  std::size_t warnings = 0;
+  for (int tick = 0; tick < 20; ++tick) {
+    warnings += watch.observe({in(10, tick % 2 == 0 ? 'D' : 'S'), in(11, 'D')}, t0 + tick * kTick).entered.size();
+  }
+  CHECK(warnings == 2);  // 10 and 11, once each
 }
 
 TEST_CASE("uninterruptible_watch: the state letter follows the last ')' of /proc/PID/stat", "[uninterruptible_watch]") {
@@ -116,6 +157,15 @@ TEST_CASE("uninterruptible_watch: the lines name the worker, the dwell and the v
   CHECK(entered_uninterruptible_line("rank 1 (local_rank 1, pid 42)", 30) ==
         "cpprun: warning: rank 1 (local_rank 1, pid 42) entered uninterruptible sleep (D state); the workers are "
         "stopped if it stays there 30.0 s (TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT)");
+  CHECK(stuck_uninterruptible_error("rank 1 (local_rank 1, pid 42)", 42, "stuck in X", "nfs_wait_bit_killable") ==
+        "cpprun: error: rank 1 (local_rank 1, pid 42) stuck in X, waiting in the kernel in nfs_wait_bit_killable "
+        "(/proc/42/wchan); stopping the workers, with no restart. If this was slow I/O (e.g. a checkpoint write on "
+        "NFS), raise or unset TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT; otherwise check the driver or mount it "
+        "waits on");
+  for (const std::string hidden : {"", "0"}) {
+    CHECK_THAT(stuck_uninterruptible_error("rank 1", 42, "stuck in X", hidden),
+               Catch::Matchers::Contains("rank 1 stuck in X (/proc/42/wchan does not say where); stopping"));
+  }
   CHECK(stuck_uninterruptible_how(30.04, 30) ==
         "stuck in uninterruptible sleep (D state) for 30.0 s (>= 30.0 s, TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT)");
 }

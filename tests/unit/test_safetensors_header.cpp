@@ -71,10 +71,13 @@ std::string why(const std::string& bytes) {
   throw cpprun::CorruptCheckpointError("cpprun: safetensors file " + path + " is invalid: " + why +
                                        ". Write it again, or use another file.");
 }
-int64_t old_count(const cpprun::detail::Json& value, const std::string& path, const std::string& what) {
+// (Since: any integer that fits int64, and `too_large` said of a larger one; before, 18 digits.)
+int64_t old_count(const cpprun::detail::Json& value, const std::string& path, const std::string& what,
+                  const std::string& too_large) {
   const bool digits = value.kind == cpprun::detail::Json::Kind::kNumber && !value.text.empty() &&
-                      value.text.size() <= 18 && value.text.find_first_not_of("0123456789") == std::string::npos;
+                      value.text.find_first_not_of("0123456789") == std::string::npos;
   if (!digits) old_bad(path, what + " is not a non-negative integer");
+  if (value.text.size() > 19 || (value.text.size() == 19 && value.text > "9223372036854775807")) old_bad(path, too_large);
   return std::stoll(value.text);
 }
 SafetensorsFile old_read(std::string_view bytes, const std::string& path) {
@@ -82,7 +85,9 @@ SafetensorsFile old_read(std::string_view bytes, const std::string& path) {
   std::uint64_t header_size = 0;
   for (int i = 7; i >= 0; --i) header_size = header_size << 8 | static_cast<unsigned char>(bytes[i]);
   const std::string_view header = bytes.substr(8, header_size);
-  if (header.empty() || header[0] != '{') old_bad(path, "its header does not start with '{'");
+  // (Since: white space before the '{' is skipped, as serde_json skips it.)
+  const std::size_t first = header.find_first_not_of(" \t\n\r");
+  if (first == std::string_view::npos || header[first] != '{') old_bad(path, "its header does not start with '{'");
   Json root;
   try {
     root = cpprun::detail::parse_json(header, 8);
@@ -94,21 +99,22 @@ SafetensorsFile old_read(std::string_view bytes, const std::string& path) {
   std::vector<std::pair<int64_t, int64_t>> ranges;
   for (const auto& [name, entry] : root.members) {
     if (name == "__metadata__") {
+      if (entry.kind == Json::Kind::kOther && entry.text == "null") continue;  // (since: no metadata, as serde's Option reads it)
       if (entry.kind != Json::Kind::kObject) old_bad(path, "its __metadata__ is not a JSON object");
       for (const auto& [key, value] : entry.members) {
-        if (value.kind != Json::Kind::kString) old_bad(path, "its __metadata__ value of \"" + key + "\" is not a string");
+        if (value.kind != Json::Kind::kString) old_bad(path, "its __metadata__ value of " + cpprun::detail::json_string(key) + " is not a string");
         out.metadata[key] = value.text;
       }
       continue;
     }
-    const std::string where = "tensor \"" + name + "\"";
+    const std::string where = "tensor " + cpprun::detail::json_string(name);  // (since: escaped)
     if (entry.kind != Json::Kind::kObject) old_bad(path, where + " is not a JSON object");
     const Json *dtype = nullptr, *shape = nullptr, *offsets = nullptr;
     for (const auto& [key, value] : entry.members) {
       if (key == "dtype") dtype = &value;
       else if (key == "shape") shape = &value;
       else if (key == "data_offsets") offsets = &value;
-      else old_bad(path, where + " has an unknown field \"" + key + "\"");
+      else old_bad(path, where + " has an unknown field " + cpprun::detail::json_string(key));
     }
     if (!dtype || !shape || !offsets) old_bad(path, where + " lacks one of dtype, shape, data_offsets");
     cpprun::detail::SafetensorsTensor t;
@@ -121,12 +127,14 @@ SafetensorsFile old_read(std::string_view bytes, const std::string& path) {
                                            ", whose elements are smaller than a byte; cpprun reads whole-byte dtypes "
                                            "only. Convert it (in PyTorch, .to(torch.bfloat16)) and save it again.");
     }
-    if (item_size == 0) old_bad(path, where + " has the dtype \"" + t.dtype + "\", which is not one safetensors defines");
+    if (item_size == 0) {
+      old_bad(path, where + " has the dtype " + cpprun::detail::json_string(t.dtype) + ", which is not one safetensors defines");
+    }
     if (shape->kind != Json::Kind::kArray) old_bad(path, where + "'s shape is not an array");
     std::uint64_t numel = 1;
     std::int64_t nonzero_product = 1;
     for (const Json& dim : shape->items) {
-      const int64_t size = old_count(dim, path, where + "'s shape entry");
+      const int64_t size = old_count(dim, path, where + "'s shape entry", where + "'s shape entry is larger than LibTorch's sizes (int64) hold");
       t.shape.push_back(size);
       if (size != 0 && __builtin_mul_overflow(nonzero_product, size, &nonzero_product)) {
         old_bad(path, where + "'s shape has more elements than a 64-bit count holds");
@@ -137,8 +145,9 @@ SafetensorsFile old_read(std::string_view bytes, const std::string& path) {
     if (offsets->kind != Json::Kind::kArray || offsets->items.size() != 2) {
       old_bad(path, where + "'s data_offsets is not [begin, end]");
     }
-    const int64_t begin = old_count(offsets->items[0], path, where + "'s data_offsets begin");
-    const int64_t end = old_count(offsets->items[1], path, where + "'s data_offsets end");
+    const std::string outside = " lies outside the file's " + std::to_string(data.size()) + " data bytes";
+    const int64_t begin = old_count(offsets->items[0], path, where + "'s data_offsets begin", where + "'s data_offsets begin" + outside);
+    const int64_t end = old_count(offsets->items[1], path, where + "'s data_offsets end", where + "'s data_offsets end" + outside);
     if (begin > end || static_cast<std::uint64_t>(end) > data.size()) {
       old_bad(path, where + "'s data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
                         "] lie outside the file's " + std::to_string(data.size()) + " data bytes");
@@ -280,7 +289,8 @@ TEST_CASE("safetensors header: each fault is refused with the reader's message",
   // The file's framing.
   CHECK(why("") == "it has 0 bytes, fewer than the 8 of the header length");
   CHECK(why(file("")) == "its header does not start with '{'");
-  CHECK(why(file(" {}")) == "its header does not start with '{'");
+  CHECK(why(file(" \t\r\n")) == "its header does not start with '{'");
+  CHECK(why(file("\f{}")) == "its header does not start with '{'");  // not JSON's white space
   // The JSON's syntax, with where it went wrong.
   CHECK(why_as_before(file(R"({"a":)" + u8 + R"(,"a":)" + u8 + "}", "x")) ==
         "its JSON header is malformed at byte 56 of 105: the key \"a\" appears twice");
@@ -314,7 +324,7 @@ TEST_CASE("safetensors header: each fault is refused with the reader's message",
                  !Catch::Matchers::Contains("invalid"));
   CHECK(why_as_before(file(R"({"a":{"dtype":"U8","shape":{"n":1},"data_offsets":[0,1]}})", "x")) ==
         "tensor \"a\"'s shape is not an array");
-  for (const std::string dim : {"-1", "1.0", "1e2", "\"1\"", "null", "[1]", "1234567890123456789"}) {
+  for (const std::string dim : {"-1", "1.0", "1e2", "\"1\"", "null", "[1]"}) {
     CHECK(why_as_before(file(R"({"a":{"dtype":"U8","shape":[)" + dim + R"(],"data_offsets":[0,1]}})", "x")) ==
           "tensor \"a\"'s shape entry is not a non-negative integer");
   }
@@ -458,4 +468,110 @@ TEST_CASE("safetensors header: a header of many tiny entries allocates about the
   const double tree_peak = static_cast<double>(peak_bytes.load() - tree_before);
   INFO("the tree: " << tree_peak / 1e6 << " MB");
   CHECK(tree_peak > 4.0 * peak);
+}
+
+namespace {
+// The peak bytes operator new held while `bytes` was read, beside what was held before.
+std::size_t read_peak(const std::string& bytes) {
+  const std::size_t before = live_bytes.load();
+  peak_bytes.store(before);
+  try {
+    read_safetensors(bytes, "h");
+  } catch (const cpprun::CorruptCheckpointError&) {
+  }
+  return peak_bytes.load() - before;
+}
+}  // namespace
+
+TEST_CASE("safetensors header: adversarial headers allocate at most a valid header's multiple", "[safetensors]") {
+  // Once one entry is wrong no other is kept, only the names (for the repeat the tree would name):
+  // 400,000 entries "":0 took a 104-byte tensor each, 20 times the header, and the sort of them all.
+  std::string dup = "{";
+  for (int i = 0; i < 400'000; ++i) dup += "\"\":0,";
+  dup += "\"\":0}";
+  CHECK(why(file(dup)) == "its JSON header is malformed at byte 8 of 2000006: the key \"\" appears twice");
+  CHECK(read_peak(file(dup)) < 2.5 * static_cast<double>(dup.size()));
+  std::string unique = "{";
+  for (int i = 0; i < 300'000; ++i) unique += "\"" + std::to_string(i) + "\":0,";
+  unique += "\"x\":0}";
+  CHECK(why(file(unique)) == "tensor \"0\" is not a JSON object");
+  CHECK(read_peak(file(unique)) < 2.8 * static_cast<double>(unique.size()));
+  // A shape of a million 0s (8 bytes a dimension, grown by doubling: 10 times its text).
+  std::string zeros = R"({"a":{"dtype":"U8","data_offsets":[0,0],"shape":[0)";
+  for (int i = 0; i < 1'000'000; ++i) zeros += ",0";
+  zeros += "]}}";
+  CHECK(why(file(zeros)) == "tensor \"a\"'s shape has 1000001 dimensions, more than the 64 LibTorch's reductions take");
+  CHECK(read_peak(file(zeros)) < 0.1 * static_cast<double>(zeros.size()));
+  // __metadata__ of many short keys (a std::map node of ~100 bytes for each 8-byte "123":"",).
+  std::string meta = R"({"__metadata__":{)";
+  for (int i = 0; i < 200'000; ++i) meta += "\"" + std::to_string(i) + "\":\"\",";
+  meta += R"("x":""}})";
+  CHECK(why(file(meta)) == "its __metadata__ has more than 65536 keys, the most cpprun reads");
+  CHECK(read_peak(file(meta)) < 8'000'000);
+  // Valid entries with the most dimensions: the worst ratio of a valid header (shapes of 512 bytes).
+  std::string dims64 = "0";
+  for (int i = 1; i < 64; ++i) dims64 += ",0";
+  std::string wide = "{";
+  for (int i = 0; i < 20'000; ++i) {
+    wide += std::string(i ? "," : "") + "\"" + std::to_string(i) + R"(":{"dtype":"U8","shape":[)" + dims64 +
+            R"(],"data_offsets":[0,0]})";
+  }
+  wide += "}";
+  REQUIRE(read_safetensors(file(wide), "h").tensors.size() == 20'000);
+  CHECK(read_safetensors(file(wide), "h").tensors[0].shape.size() == 64);
+  CHECK(read_peak(file(wide)) < 3.7 * static_cast<double>(wide.size()));
+}
+
+TEST_CASE("safetensors header: the reviewer's inputs", "[safetensors]") {
+  const std::string u8 = R"({"dtype":"U8","shape":[1],"data_offsets":[0,1]})";
+  // Shapes: 64 dimensions are read, 65 refused; a 19-digit size fits int64 as Python's reader takes it.
+  std::string dims = "1";
+  for (int i = 1; i < 64; ++i) dims += ",1";
+  CHECK(read_safetensors(file(R"({"a":{"dtype":"U8","shape":[)" + dims + R"(],"data_offsets":[0,1]}})", "x"), "h")
+            .tensors[0].shape == std::vector<int64_t>(64, 1));
+  CHECK(why(file(R"({"a":{"dtype":"U8","shape":[)" + dims + R"(,1],"data_offsets":[0,1]}})", "x")) ==
+        "tensor \"a\"'s shape has 65 dimensions, more than the 64 LibTorch's reductions take");
+  CHECK(read_safetensors(file(R"({"a":{"dtype":"U8","shape":[0,9223372036854775807],"data_offsets":[0,0]}})"), "h")
+            .tensors[0].shape == std::vector<int64_t>{0, INT64_MAX});
+  CHECK(why(file(R"({"a":{"dtype":"U8","shape":[0,9223372036854775808],"data_offsets":[0,0]}})")) ==
+        "tensor \"a\"'s shape entry is larger than LibTorch's sizes (int64) hold");
+  CHECK(why(file(R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[0,18446744073709551616]}})", "x")) ==
+        "tensor \"a\"'s data_offsets end lies outside the file's 1 data bytes");
+  CHECK(why(file(R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[0,9223372036854775807]}})", "x")) ==
+        "tensor \"a\"'s data_offsets [0, 9223372036854775807] lie outside the file's 1 data bytes");
+  // UTF-8 as Rust's str::from_utf8 (the reference reader's first check) takes it.
+  CHECK(why(file("{\"\xff\":" + u8 + "}", "x")) == "its header is not UTF-8 (byte 2 of 53)");
+  for (const std::string bad : {"\xc0\x80", "\xc1\xbf", "\xe0\x80\xaf", "\xed\xa0\x80", "\xed\xbf\xbf", "\xf0\x8f\xbf\xbf",
+                                "\xf4\x90\x80\x80", "\xf5\x80\x80\x80", "\xe2\x82", "\x80", "\xe2\x82x"}) {
+    CHECK_THAT(why(file("{\"a" + bad + "\":" + u8 + "}", "x")), Catch::Matchers::StartsWith("its header is not UTF-8 (byte 3 of"));
+  }
+  for (const std::string good : {"\xc2\x80", "\xdf\xbf", "\xe0\xa0\x80", "\xed\x9f\xbf", "\xee\x80\x80", "\xf0\x90\x80\x80",
+                                 "\xf4\x8f\xbf\xbf"}) {
+    CHECK(read_safetensors(file("{\"a" + good + "\":" + u8 + "}", "x"), "h").tensors[0].name == "a" + good);
+  }
+  // What the reference reader accepts: white space before the '{', "__metadata__":null.
+  CHECK(read_safetensors(file(" \t\r\n{\"a\":" + u8 + "}", "x"), "h").tensors.size() == 1);
+  const SafetensorsFile null_meta = read_safetensors(file(R"({"__metadata__":null,"a":)" + u8 + "}", "x"), "h");
+  CHECK(null_meta.metadata.empty());
+  CHECK(null_meta.tensors.size() == 1);
+  CHECK(why(file(R"({"__metadata__":null,"__metadata__":{}})")) ==
+        "its JSON header is malformed at byte 35 of 39: the key \"__metadata__\" appears twice");
+  CHECK(why(file(R"({"__metadata__":nul})")) == "its JSON header is malformed at byte 16 of 20: unexpected character 'n'");
+  // Messages: a name escaped as JSON and cut at 200 bytes, a number at 40 characters, no raw control bytes.
+  CHECK(why(file("{\"a\\u001b[2J\\u0000b\":[]}")) == "tensor \"a\\u001b[2J\\u0000b\" is not a JSON object");
+  const std::string long_name(1'000'000, 'n');
+  CHECK(why(file("{\"" + long_name + "\":0}")) ==
+        "tensor \"" + std::string(200, 'n') + "\"... (1000000 bytes) is not a JSON object");
+  CHECK(why(file("{\"" + std::string(199, 'n') + "\xc3\xa9\":0}")) ==
+        "tensor \"" + std::string(199, 'n') + "\"... (201 bytes) is not a JSON object");  // whole characters
+  CHECK(why(file(R"({"a":{"dtype":"U8","shape":[1)" + std::string(1'000'000, '0') + "-]}}")) ==
+        "its JSON header is malformed at byte 1000030 of 1000033: \"1" + std::string(39, '0') +
+            "...\" (1000002 characters) is not a JSON number");
+  CHECK(why(file("{\"a\\\x1b\":0}")) == "its JSON header is malformed at byte 5 of 9: unknown escape \\ then byte 0x1b");
+  CHECK(why(file("{\"a\":\x01}")) == "its JSON header is malformed at byte 5 of 7: unexpected character byte 0x01");
+  CHECK(why(file(R"({"a":{"dtype":"Q\u001b","shape":[1],"data_offsets":[0,1]},"b\u0007":{"x":1}})", "x")) ==
+        "tensor \"a\" has the dtype \"Q\\u001b\", which is not one safetensors defines");
+  CHECK(why(file(R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1],"\u001b":1}})", "x")) ==
+        "tensor \"a\" has an unknown field \"\\u001b\"");
+  CHECK(why(file(R"({"__metadata__":{"\u001b":1}})")) == "its __metadata__ value of \"\\u001b\" is not a string");
 }
