@@ -159,9 +159,16 @@ class WorkerGroup {
     std::vector<DumpSource> sources;
     for (std::size_t i = 0; i < workers_.size(); ++i) {
       const WorkerRecord& w = workers_[i];
-      const bool running = w.state == WorkerState::kRunning;
-      sources.push_back({w.rank, running, running ? kStillRunning : (w.exit ? w.exit->describe() : "ended"),
-                         channels_[i].get()});
+      // One SIGKILLed and not yet reaped (in the wait after SIGKILL) can write no dump: not asked.
+      const bool running = w.state == WorkerState::kRunning && !w.sent_sigkill;
+      std::string fate = w.exit ? w.exit->describe() : "ended";
+      if (running) fate = kStillRunning;
+      if (w.state == WorkerState::kRunning && w.sent_sigkill) {
+        fate = "SIGKILLed, not exited yet (uninterruptible sleep, D state?); given up on " +
+               decimal_seconds(wait_after_sigkill(grace_)) + "s after the SIGKILL";
+      }
+      if (w.state == WorkerState::kAbandoned) fate = "SIGKILLed, did not exit; given up on";
+      sources.push_back({w.rank, running, fate, channels_[i].get()});
     }
     return gather_flight_dumps(flight_recorder_dir_, sources, timeout,
                                [this](int ms) { wait_for_signal(ms, peers_); });
@@ -249,10 +256,13 @@ class WorkerGroup {
       }
       next = decide_after_kill(killed, live, deadline, Clock::now());
       if (!next.keep_waiting) break;
-      // SIGCHLD wakes this; a job-ending signal meanwhile is kept (no restart), not forwarded: all are SIGKILLed.
+      // SIGCHLD wakes this. A job-ending signal meanwhile is kept (no restart), not forwarded (all are
+      // SIGKILLed), nor does it shorten the wait (docs/launcher.md); `cpprun --diagnose` is answered now:
+      // its requester would otherwise wait for its own timeout.
       relay_.wait_until(deadline);
       for (int sig : relay_.take_pending()) {
         if (ends_job(sig) && ending_signal_ == 0) ending_signal_ = sig;
+        if (sig == diagnose_signal()) answer_diagnose_in_kill_wait();
       }
     }
     for (pid_t pid : next.abandon) {
@@ -355,21 +365,34 @@ class WorkerGroup {
   // `cpprun --diagnose` asked (a plain kill gets the console alone). Requests that came together get
   // one answer. On the host of a multi-node job, every node's ranks: Note [Diagnosis on request
   // across nodes] in node_rendezvous.h.
-  void answer_diagnose() {
+  //
+  // `in_kill_wait`: asked in the wait after SIGKILL (Note [A worker SIGKILL cannot end]). The attempt
+  // is over: no other node is asked (this node's ranks alone), and the SIGKILLed workers, which can
+  // write no dump, are named as such (gather_dumps()).
+  void answer_diagnose(bool in_kill_wait = false) {
     const std::vector<DiagnoseRequest> requests = take_diagnose_requests();
-    std::string asker;
-    for (const DiagnoseRequest& r : requests) asker += (asker.empty() ? "" : ", ") + std::to_string(r.requester);
-    asker = asker.empty() ? "signal " + std::to_string(diagnose_signal())
-                          : "cpprun --diagnose from pid " + asker;
-    const int request = peers_ != nullptr ? peers_->ask_nodes_for_evidence() : 0;
+    std::string why = "asked by " + diagnose_askers(requests);
+    if (in_kill_wait) why += "; the attempt is ending: cpprun waits for its SIGKILLed workers to exit";
+    const int request = peers_ != nullptr && !in_kill_wait ? peers_->ask_nodes_for_evidence() : 0;
     std::vector<RankEvidence> evidence = gather_dumps(kDumpWait);
     if (request != 0) evidence = collect_other_nodes(request, std::move(evidence));
-    std::string text = report_diagnosis(evidence, "asked by " + asker, diagnosis_file_, true, nccl_trace_dir_);
-    if (const std::string note = peers_ != nullptr ? peers_->partial_answer_note() : ""; !note.empty()) {
+    std::string text = report_diagnosis(evidence, why, diagnosis_file_, true, nccl_trace_dir_);
+    if (const std::string note = peers_ != nullptr && !in_kill_wait ? peers_->partial_answer_note() : "";
+        !note.empty()) {
       std::cerr << note << std::flush;
       text += note;
     }
     for (const DiagnoseRequest& r : requests) answer_diagnose_request(r.requester, r.reply_fd, text);
+  }
+
+  // From kill_remaining(), which also runs in ~WorkerGroup: nothing may escape.
+  void answer_diagnose_in_kill_wait() noexcept {
+    try {
+      answer_diagnose(true);
+    } catch (const std::exception& e) {
+      std::cerr << "cpprun: warning: could not answer cpprun --diagnose while stopping the workers: " << e.what()
+                << "\n";
+    }
   }
 
   // The host, after asking the other nodes for request `request`: waits up to kEvidenceWait past its

@@ -188,4 +188,17 @@ void answer_diagnose_request(pid_t requester, int reply_fd, const std::string& t
   kill(requester, diagnose_signal());
 }
 
+std::string diagnose_askers(const std::vector<DiagnoseRequest>& requests) {
+  std::string pids;
+  for (const DiagnoseRequest& r : requests) pids += (pids.empty() ? "" : ", ") + std::to_string(r.requester);
+  return pids.empty() ? "signal " + std::to_string(diagnose_signal()) : "cpprun --diagnose from pid " + pids;
+}
+
+void answer_diagnose_without_workers(const std::string& state) {
+  const std::vector<DiagnoseRequest> requests = take_diagnose_requests();
+  const std::string text = "cpprun: no diagnosis (asked by " + diagnose_askers(requests) + "): " + state + "\n";
+  std::cerr << text << std::flush;
+  for (const DiagnoseRequest& r : requests) answer_diagnose_request(r.requester, r.reply_fd, text);
+}
+
 }  // namespace cpprun::launcher

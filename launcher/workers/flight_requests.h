@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "diagnosis/hang_diagnosis.h"
+#include "workers/signal_relay.h"
 
 namespace cpprun::launcher {
 
@@ -72,5 +73,14 @@ void report_node_nccl_trace(const std::string& dir);
 // `cpprun --diagnose PID`'s answer: `text` written to the requester's file (its fd `reply_fd`, opened
 // through /proc), then the diagnose signal sent back to say it is there. Best effort.
 void answer_diagnose_request(pid_t requester, int reply_fd, const std::string& text);
+
+// Who asked, for an answer's first line: "cpprun --diagnose from pid 4242, 4250"; "signal 36" when
+// none is known (a plain kill). Pure.
+std::string diagnose_askers(const std::vector<DiagnoseRequest>& requests);
+
+// `cpprun --diagnose` while no worker runs and cpprun stops what the workers left behind: each
+// waiting request (take_diagnose_requests()) gets "cpprun: no diagnosis (asked by ...): `state`",
+// shown on this console too, instead of waiting for its own timeout. Best effort.
+void answer_diagnose_without_workers(const std::string& state);
 
 }  // namespace cpprun::launcher

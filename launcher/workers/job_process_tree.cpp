@@ -25,6 +25,7 @@
 
 #include "common/formatting.h"
 #include "common/job_secret.h"
+#include "workers/flight_requests.h"
 #include "workers/kill_wait.h"
 #include "workers/signal_relay.h"
 #include "workers/worker_process.h"
@@ -217,11 +218,29 @@ std::vector<pid_t> leftover_children() {
   return left;
 }
 
+// The signals that came while stopping leftovers (no worker runs, none to forward them to): the
+// first job-ending one is kept in `ending` for the caller (no restart), and `cpprun --diagnose` is
+// answered at once, saying what is being stopped (`left`), rather than left to its own timeout.
+void take_signals_while_stopping(SignalRelay& relay, const std::vector<pid_t>& left, int& ending) {
+  for (int sig : relay.take_pending()) {
+    if (ends_job(sig) && ending == 0) ending = sig;
+    if (sig == diagnose_signal()) {
+      answer_diagnose_without_workers("no worker runs; cpprun is stopping " + std::to_string(left.size()) +
+                                      (left.size() == 1 ? " process" : " processes") +
+                                      " the workers left behind: " + describe_processes(left));
+    }
+  }
+}
+
 // SIGKILLs `left` until none is left, bounded in rounds in case something forks faster than we kill,
 // and in time (wait_after_sigkill(shutdown_timeout) from the first SIGKILL): one the kernel does not
 // let go of (Note [A worker SIGKILL cannot end] in attempt.cpp) is named and given up on, what it
-// started SIGKILLed. `and_helpers`: the job's end, when nothing may stay.
-void kill_children(std::vector<pid_t> left, bool and_helpers, std::chrono::milliseconds shutdown_timeout) {
+// started SIGKILLed. `and_helpers`: the job's end, when nothing may stay. `relay`: signals meanwhile,
+// as take_signals_while_stopping() says (null at the job's end, when cpprun no longer handles them);
+// returns the first job-ending one, or 0.
+int kill_children(std::vector<pid_t> left, bool and_helpers, std::chrono::milliseconds shutdown_timeout,
+                  SignalRelay* relay) {
+  int ending = 0;
   using Clock = std::chrono::steady_clock;
   const std::chrono::milliseconds wait = wait_after_sigkill(shutdown_timeout);
   const auto deadline = Clock::now() + wait;
@@ -244,8 +263,15 @@ void kill_children(std::vector<pid_t> left, bool and_helpers, std::chrono::milli
       }
       next = decide_after_kill(left, live, until, Clock::now());
       if (!next.keep_waiting) break;
-      const timespec pause{0, 10 * 1000 * 1000};  // SIGCHLD is not ours to wait for here
-      nanosleep(&pause, nullptr);
+      // Looked at every 10 ms: SIGCHLD does not tell of what is not our child (a leftover's own children).
+      const auto pause = std::chrono::milliseconds(10);
+      if (relay != nullptr) {
+        relay->wait_until(std::min(until, Clock::now() + pause));
+        take_signals_while_stopping(*relay, left, ending);
+      } else {
+        const timespec sleep_for{0, std::chrono::nanoseconds(pause).count()};
+        nanosleep(&sleep_for, nullptr);
+      }
     }
     if (!next.abandon.empty()) {
       std::size_t descendants = 0;
@@ -259,6 +285,7 @@ void kill_children(std::vector<pid_t> left, bool and_helpers, std::chrono::milli
     }
     left = remaining();
   }
+  return ending;
 }
 
 }  // namespace
@@ -280,9 +307,13 @@ JobProcessTree::JobProcessTree(std::chrono::milliseconds shutdown_timeout) : shu
 }
 
 JobProcessTree::~JobProcessTree() {
-  // Normally nothing is left: each attempt stopped its leftovers. After an exception, no waiting.
+  // Normally nothing is left: each attempt stopped its leftovers, each helper's owner the helper.
+  // Whatever is (after an exception, say) gets the wait of any stop, not none: up to
+  // wait_after_sigkill(shutdown_timeout_) (30 s or more) after the SIGKILL for what it does not end,
+  // then up to 100 rounds (100 ms or more each) for processes found forked meanwhile. The signal
+  // relay is gone by now (main() made it later): signals act at cpprun's startup dispositions.
   reap_exited();
-  kill_children(live_children(getpid()), true, shutdown_timeout_);
+  kill_children(live_children(getpid()), true, shutdown_timeout_, nullptr);
   const char dismissed = 'q';
   if (send(guardian_line_, &dismissed, 1, MSG_NOSIGNAL) == 1) {
     // The guardian's end closes when it exits: wait for that, so that it never outlives cpprun.
@@ -330,15 +361,13 @@ int stop_leftovers(SignalRelay& relay, std::chrono::milliseconds grace) {
     }
     // SIGCHLD (through the relay) says one of them exited.
     if (ending != 0 || !relay.wait_until(deadline)) break;
-    for (int sig : relay.take_pending()) {
-      if (ends_job(sig) && ending == 0) ending = sig;
-    }
+    take_signals_while_stopping(relay, left, ending);
     reap_exited();
     left = leftover_children();
     if (left.empty()) return ending;
   }
-  kill_children(left, false, grace);
-  return ending;
+  const int while_killing = kill_children(left, false, grace, &relay);
+  return ending != 0 ? ending : while_killing;
 }
 
 std::size_t abandon_child(pid_t pid) {

@@ -32,7 +32,9 @@ class JobProcessTree {
   // subreaper. Create it before any thread or worker starts and before the workers' environment is read.
   // `shutdown_timeout` (--shutdown_timeout) paces the job's end: Note [The wait after SIGKILL] in kill_wait.h.
   explicit JobProcessTree(std::chrono::milliseconds shutdown_timeout);
-  // SIGKILLs whatever is left (an exception may have cut an attempt short), dismisses the guardian.
+  // SIGKILLs whatever is left (an exception may have cut an attempt short) and waits for it as any
+  // stop does (Note [The wait after SIGKILL]: 30 s or more for one SIGKILL does not end), then
+  // dismisses the guardian.
   ~JobProcessTree();
   JobProcessTree(const JobProcessTree&) = delete;
   JobProcessTree& operator=(const JobProcessTree&) = delete;
@@ -43,8 +45,9 @@ class JobProcessTree {
 };
 
 // Once an attempt's workers are all reaped: SIGTERMs every child cpprun still has (named on stderr)
-// but its helpers, waits up to `grace`, then SIGKILLs. Returns a job-ending signal that cut the grace
-// short, or 0.
+// but its helpers, waits up to `grace`, then SIGKILLs (and waits: Note [The wait after SIGKILL]).
+// Returns the first job-ending signal that came meanwhile (one cuts the grace short, not the wait
+// after SIGKILL), or 0. A `cpprun --diagnose` meanwhile is answered: no worker runs.
 int stop_leftovers(SignalRelay& relay, std::chrono::milliseconds grace);
 
 // Note [The job's helpers]

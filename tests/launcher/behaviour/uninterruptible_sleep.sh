@@ -33,7 +33,8 @@ expect_eq "$rc" 1 "exit code with a worker stuck in D"
 latest_mark "rank 1 in D" "$WORK/in_d_ms"
 elapsed=$((ended - MARK))
 [ "$elapsed" -ge 1000 ] || fail "ended ${elapsed} ms after rank 1 went into D: before the 1 s timeout"
-[ "$elapsed" -lt 10000 ] || fail "ended ${elapsed} ms after rank 1 went into D: the timeout was not acted on"
+# No upper bound on the time (the machine may be slow): a timeout never acted on leaves both ranks
+# running 60 s to exit 0, which the exit code and the lines below refuse (and ctest's TIMEOUT bounds).
 expect_in_file "$WORK/err" "cpprun: warning: rank 1 (local_rank 1, pid" "the warning when rank 1 entered D"
 expect_in_file "$WORK/err" "entered uninterruptible sleep (D state)" "the warning"
 expect_in_file "$WORK/err" "stuck in uninterruptible sleep (D state) for 1." "the error"
