@@ -28,7 +28,6 @@
 #include "cpprun/checkpoint_file.h"
 #include "cpprun/collectives.h"
 #include "cpprun/object_collectives.h"
-#include "support/file_read.h"
 #include "support/json.h"
 #include "support/safetensors.h"
 #include "support/safetensors_index.h"
@@ -246,8 +245,7 @@ ReadOptimizerFile read_optimizer_files(const std::string& path, const std::set<s
   const fs::path model_index = dir / index_file_name(kModelStem);
   const auto optimizer_id = read.index.metadata.find(std::string(kSaveIdKey));
   if (fs::exists(model_index) && optimizer_id != read.index.metadata.end()) {
-    const SafetensorsIndex model = read_safetensors_index(
-        read_regular_file(model_index.string(), "safetensors index", kMaxSafetensorsIndexBytes), model_index.string());
+    const SafetensorsIndex model = read_index_file(model_index.string());
     const auto model_id = model.metadata.find(std::string(kSaveIdKey));
     if (model_id != model.metadata.end() && model_id->second != optimizer_id->second) {
       throw CorruptCheckpointError(

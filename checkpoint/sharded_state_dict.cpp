@@ -257,14 +257,23 @@ void save_sharded_tensors(const NamedTensors& state, const CheckpointTeam& team,
   agree_or_undo();
 }
 
+SafetensorsIndex read_index_file(const std::string& path) {
+  std::string text;
+  try {
+    text = read_regular_file(path, "safetensors index", kMaxSafetensorsIndexBytes);
+  } catch (const FileTooLargeError& e) {
+    throw CorruptCheckpointError(e.what());  // what every other fault of an index is
+  }
+  return read_safetensors_index(text, path);
+}
+
 ShardedDirectory read_sharded_directory(const std::string& dir_text, std::string_view stem,
                                         const std::set<std::string>* wanted) {
   const fs::path dir(dir_text);
   const fs::path index_path = dir / index_file_name(stem);
   ShardedDirectory out;
   out.index_path = index_path.string();
-  out.index = read_safetensors_index(
-      read_regular_file(index_path.string(), "safetensors index", kMaxSafetensorsIndexBytes), index_path.string());
+  out.index = read_index_file(index_path.string());
   const SafetensorsIndex& index = out.index;
 
   // Every file the index names must be there before any is read.

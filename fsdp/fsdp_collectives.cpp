@@ -223,4 +223,26 @@ void accumulate_shard_grads_alone(ParamBucket& bucket, const std::vector<at::Ten
   }
 }
 
+// Note [Shard writes seen on one rank]
+// Whether a kept gathered unit (ZeRO-3) or bucket (ZeRO-1/2) must be gathered again after a
+// user's in-place write to the shards is read from the shards' version counters, and those are
+// each rank's own: a write on some ranks only (a loop that skips a rank's empty shard, a write
+// under `if (rank == 0)`) would have those ranks all-gather and the others not, and the next
+// collectives would pair wrongly (a hang, or the mismatch check's error). So the verdict is
+// agreed over the shard group before anyone acts on it: what changed on any rank is gathered
+// again on every rank. The call comes only where versions decide, i.e. when something is kept
+// gathered and nothing else (a step, a load) already forces the gather: a training loop's
+// forward after a synchronized backward makes no such call; one after a no_sync backward with
+// kept units, or an evaluation forward between steps, makes one small CPU all-reduce.
+std::vector<bool> changed_on_any_rank(const ProcessGroup& group, const std::vector<bool>& changed_here) {
+  if (group.size() <= 1 || changed_here.empty()) return changed_here;
+  at::Tensor flags = at::zeros({static_cast<int64_t>(changed_here.size())}, at::kInt);
+  auto f = flags.accessor<int32_t, 1>();
+  for (std::size_t i = 0; i < changed_here.size(); ++i) f[static_cast<int64_t>(i)] = changed_here[i] ? 1 : 0;
+  all_reduce(group, flags, ReduceOp::kMax);
+  std::vector<bool> changed(changed_here.size());
+  for (std::size_t i = 0; i < changed.size(); ++i) changed[i] = f[static_cast<int64_t>(i)] != 0;
+  return changed;
+}
+
 }  // namespace cpprun::detail

@@ -20,6 +20,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <optional>
+#include <vector>
 
 #include "comm/ring.h"
 #include "cpprun/collectives.h"
@@ -46,6 +47,11 @@ void copy_shards_into(const ParamBucket& bucket, const at::Tensor& into);
 // rank's copied into its rows, every other rank's received straight into each parameter's rows.
 // In a group of one, only the copy (none where the shards are views of `into`).
 Work all_gather_shards(const ProcessGroup& group, const ParamBucket& bucket, const at::Tensor& into);
+// `changed_here[i]` ORed over the group's ranks (one small all-reduce of CPU integers, Gloo's
+// even in an NCCL job: no device sync), where the group has more than one rank and the list is
+// not empty; else `changed_here`. Collective: every rank of the group calls it with a list of the
+// same length. See Note [Shard writes seen on one rank] in fsdp_collectives.cpp.
+std::vector<bool> changed_on_any_rank(const ProcessGroup& group, const std::vector<bool>& changed_here);
 // How a reduction scales the gradients' sum: FSDP2's _get_gradient_divide_factors
 // (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py), step for step, so that the bits match
 // (Note [Gradient divide factor] in fsdp_collectives.cpp). Each rank's gradient (in the reduce

@@ -116,15 +116,22 @@ struct FsdpCore::Impl {
     if (compute_copies) compute_copies->refuse_writes(buckets, groups.shard.rank());
     const bool stepped = ends_window ? sync->take_shards_stepped() : sync->shards_stepped();
     const bool loaded = std::exchange(shards_loaded, false);
+    std::vector<int64_t> versions(buckets.size());
+    std::vector<bool> gather(buckets.size(), false);
     for (std::size_t b = 0; b < buckets.size(); ++b) {
-      ParamBucket& bucket = buckets[b];
       // Alone, a shard that is a view of the full parameter is it: nothing to copy, nor even the
       // views per parameter copy_shards_into() would make to find that out.
-      if (groups.shard.size() == 1 && !bucket.shards_are_separate()) continue;
-      const int64_t versions = shard_version_sum(bucket);
-      if (!stepped && !loaded && versions == shard_versions[b]) continue;
-      all_gather_shards(groups.shard, bucket, bucket.unsharded()).wait();
-      shard_versions[b] = versions;
+      if (groups.shard.size() == 1 && !buckets[b].shards_are_separate()) continue;
+      versions[b] = shard_version_sum(buckets[b]);
+      gather[b] = stepped || loaded || versions[b] != shard_versions[b];
+    }
+    // Versions are this rank's own: agreed before anyone gathers (Note [Shard writes seen on one
+    // rank] in fsdp_collectives.cpp).
+    if (!stepped && !loaded) gather = changed_on_any_rank(groups.shard, gather);
+    for (std::size_t b = 0; b < buckets.size(); ++b) {
+      if (!gather[b]) continue;
+      all_gather_shards(groups.shard, buckets[b], buckets[b].unsharded()).wait();
+      shard_versions[b] = versions[b];
     }
   }
   static int64_t shard_version_sum(const ParamBucket& bucket) {

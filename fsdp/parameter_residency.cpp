@@ -214,6 +214,27 @@ bool ParameterResidency::stale(std::size_t u) const {
   return states_[u].epoch != epoch_ || shard_version(u) != states_[u].shard_version;
 }
 
+// Units past their epoch are stale on every rank alike; a unit whose shards were written is
+// stale where they were, so that verdict is agreed first (Note [Shard writes seen on one rank]
+// in fsdp_collectives.cpp), and only where some gathered unit is still of this epoch.
+void ParameterResidency::release_stale_units() {
+  std::vector<std::size_t> current;
+  for (std::size_t u = 0; u < states_.size(); ++u) {
+    if (!states_[u].gathered) continue;
+    if (states_[u].epoch != epoch_) {
+      release(u);
+    } else {
+      current.push_back(u);
+    }
+  }
+  std::vector<bool> written(current.size());
+  for (std::size_t i = 0; i < current.size(); ++i) written[i] = shard_version(current[i]) != states_[current[i]].shard_version;
+  written = changed_on_any_rank(group_, written);
+  for (std::size_t i = 0; i < current.size(); ++i) {
+    if (written[i]) release(current[i]);
+  }
+}
+
 int64_t ParameterResidency::shard_version(std::size_t u) const {
   int64_t sum = 0;
   for (std::size_t b : states_[u].buckets) {
@@ -230,9 +251,7 @@ void ParameterResidency::begin_forward(bool ends_window) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (step_window_) ++epoch_;  // See Note [Stale gathered units]
   if (ends_window) step_window_ = false;
-  for (std::size_t u = 0; u < states_.size(); ++u) {
-    if (states_[u].gathered && stale(u)) release(u);
-  }
+  release_stale_units();
   start_forward_phase();
 }
 
@@ -325,8 +344,8 @@ void ParameterResidency::gather_all() {
   // (Note [Stale gathered units]).
   if (step_window_) ++epoch_;
   phase_ = Phase::kIdle;
+  release_stale_units();
   for (std::size_t u = 0; u < states_.size(); ++u) {
-    if (states_[u].gathered && stale(u)) release(u);
     if (!states_[u].gathered) start_gather(u);
     note_peak();
     complete(u);  // one at a time

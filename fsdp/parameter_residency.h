@@ -121,6 +121,7 @@ class ParameterResidency final : public UseListener {
   void prefetch_neighbour(std::size_t u, const std::vector<std::size_t>& keep);
   int64_t shard_version(std::size_t u) const;
   bool stale(std::size_t u) const;  // gathered from shards that have changed since
+  void release_stale_units();       // at a forward's start and gather_all(): collective, see the .cpp
   void note_peak();
   std::size_t gathered_count() const;
   int64_t spare_bytes() const;

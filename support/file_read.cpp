@@ -91,7 +91,7 @@ std::string read_regular_file(const std::string& path, const std::string& what, 
   struct stat facts {};
   check_regular(file, cannot, facts);
   const auto too_large = [&](std::uint64_t size) {
-    throw std::runtime_error(cannot + ": it is " + std::to_string(size) + " bytes" + (size > static_cast<std::uint64_t>(facts.st_size) ? " or more" : "") +
+    throw FileTooLargeError(cannot + ": it is " + std::to_string(size) + " bytes" + (size > static_cast<std::uint64_t>(facts.st_size) ? " or more" : "") +
                              ", more than the " + std::to_string(max_bytes) + " such a file may be");
   };
   if (static_cast<std::uint64_t>(facts.st_size) > max_bytes) too_large(static_cast<std::uint64_t>(facts.st_size));

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 
 namespace cpprun::detail {
@@ -12,9 +13,14 @@ namespace cpprun::detail {
 // PATH's bytes. Throws std::system_error when it cannot be opened or read, std::runtime_error when
 // it is not a regular file; both messages read "cpprun: cannot read WHAT PATH: ...".
 std::string read_regular_file(const std::string& path, const std::string& what);
-// The same, refusing a file of more than `max_bytes` (std::runtime_error, "cpprun: cannot read
+// The same, refusing a file of more than `max_bytes` (FileTooLargeError, "cpprun: cannot read
 // WHAT PATH: it is N bytes, more than ..."), before reading it and if it grows while read: for
-// small files whose parse costs a multiple of their size.
+// small files whose parse costs a multiple of their size. Its own type, so that a caller can say
+// what such a file is (a checkpoint's index: damaged, CorruptCheckpointError) while a file that
+// cannot be opened stays a std::system_error.
+struct FileTooLargeError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
 std::string read_regular_file(const std::string& path, const std::string& what, std::size_t max_bytes);
 
 // PATH's first `count` bytes (all of it when shorter) and its size, opened and checked as

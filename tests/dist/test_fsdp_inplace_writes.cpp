@@ -181,6 +181,46 @@ TEST_CASE("fsdp: in-place writes to the shards reach the full parameters at the 
   }
 }
 
+TEST_CASE("fsdp: a shard written on one rank only is gathered by every rank at the next forward", "[fsdp]") {
+  // The rows of the shard group's first rank written there alone, between two evaluation forwards
+  // (no step between: only the version counters tell). Each rank sees its own counters only; the
+  // ranks must agree to gather, or those that saw the write all-gather alone and every later
+  // collective pairs wrongly (Note [Shard writes seen on one rank] in fsdp_collectives.cpp).
+  const int rank = group().rank(), world = group().size();
+  for (Case c : cases()) {
+    if (c.name.find("stage 3") != std::string::npos) {  // units kept gathered between forwards
+      const auto wrap = c.wrap;
+      c.wrap = [wrap](const std::shared_ptr<Mlp>& net) {
+        auto model = wrap(net);
+        model->set_reshard_after_forward(false);
+        return model;
+      };
+      c.name += ", reshard_after_forward off";
+    }
+    Float64Parity float64;
+    INFO(c.name);
+    const int shard_rank = rank % c.shard_world;
+    torch::manual_seed(7);
+    auto net = std::make_shared<Mlp>(kHidden);
+    auto model = c.wrap(net);
+    const auto x = slice(inputs_for("mlp", kBatch, 0), rank, world);
+    torch::NoGradGuard no_grad;
+    model->forward(x);
+    model->gather_full_parameters();
+    torch::Tensor expected = net->fc2->weight.clone();
+    own_rows(expected, 0, c.shard_world).fill_(0.5);
+    if (shard_rank == 0) model->named_parameters()["fc2.weight"].fill_(0.5);
+    const auto out = model->forward(x);
+    model->gather_full_parameters();
+    CHECK(torch::equal(net->fc2->weight, expected));
+    // The ranks are still in step: an all-reduce pairs with an all-reduce.
+    auto ones = torch::ones({3}, torch::kDouble);
+    cpprun::all_reduce(group(), ones);
+    CHECK(torch::equal(ones, torch::full({3}, static_cast<double>(world), torch::kDouble)));
+    CHECK(out.size(0) == x.size(0));
+  }
+}
+
 TEST_CASE("fsdp: under mixed precision an in-place write to a full parameter is refused, naming it", "[fsdp]") {
   const int rank = group().rank(), world = group().size();
   for (int stage : {1, 2, 3}) {
