@@ -20,17 +20,14 @@ void check_async_save_paths(const std::string& model_path, const std::string& op
               "be one file; give each its own path, or one directory (ending in '/') for both.");
 }
 
-AsyncSave start_async_save_with_optimizer(NamedTensors model_state, OptimizerStateToSave optimizer_state,
-                                          const CheckpointTeam& team, const std::string& model_path,
-                                          const std::string& optimizer_path, const StateDictSaveOptions& options) {
-  std::vector<AsyncSavePart> parts(2);
-  parts[0].state = std::move(model_state);
-  parts[0].path = model_path;
-  parts[1].state = std::move(optimizer_state.state);
-  parts[1].path = optimizer_path;
-  parts[1].stem = kOptimizerStem;
-  parts[1].metadata = std::move(optimizer_state.metadata);
-  return start_async_save(std::move(parts), team, options);
+AsyncSavePart optimizer_part(OptimizerStateToSave saved, const std::string& path, bool owned) {
+  AsyncSavePart part;
+  part.state = std::move(saved.state);
+  part.path = path;
+  part.stem = kOptimizerStem;
+  part.metadata = std::move(saved.metadata);
+  part.owned = owned;
+  return part;
 }
 
 }  // namespace cpprun::detail

@@ -1,6 +1,7 @@
 // A model and its optimizer saved asynchronously as one save (cpprun::save_async(model, optimizer,
 // ...), cpprun/optimizer_state_dict.h): both states copied on the calling thread, both written by
-// one background thread (checkpoint/async_save.h), every file with one save id.
+// one background thread (checkpoint/async_save.h), every file with one save id. Here: the paths it
+// takes, and the optimizer's part of it.
 #pragma once
 
 #include <torch/nn/module.h>
@@ -9,21 +10,16 @@
 #include <string>
 
 #include "checkpoint/optimizer_state_dict.h"
-#include "cpprun/async_save.h"
-#include "checkpoint/checkpoint_team.h"
-#include "cpprun/state_dict_options.h"
+#include "checkpoint/async_save.h"
 
 namespace cpprun::detail {
 
 // Refuses paths the save cannot take, before any collective: every rank throws alike.
 void check_async_save_paths(const std::string& model_path, const std::string& optimizer_path);
 
-// Starts the save of a model's state dict, `model_state` (module_state(module), whole: FSDP
-// gathers it first; under mixed precision FSDP's fp32 masters), and `optimizer_state`
-// (optimizer_state_to_save's), as save_state_dict and save_optimizer_state_dict would write them.
-// Collective over `team` (alone: this process).
-AsyncSave start_async_save_with_optimizer(NamedTensors model_state, OptimizerStateToSave optimizer_state,
-                                          const CheckpointTeam& team, const std::string& model_path,
-                                          const std::string& optimizer_path, const StateDictSaveOptions& options);
+// The optimizer's part of an asynchronous save (start_async_save, beside the model's part), as
+// save_optimizer_state_dict writes it: `saved` is optimizer_state_to_save's; `owned`, its
+// tensors are the save's own (gathered to a directory's writers with WholeTensors::kOwned).
+AsyncSavePart optimizer_part(OptimizerStateToSave saved, const std::string& path, bool owned);
 
 }  // namespace cpprun::detail

@@ -333,19 +333,21 @@ struct CollectiveSave {
 
 }  // namespace
 
-NamedTensors snapshot_state(const NamedTensors& state) {
+at::Tensor snapshot_tensor(const at::Tensor& tensor) {
   at::NoGradGuard no_grad;
+  // A GPU tensor lands in pinned (page-locked) host memory: the device copies it by DMA at full
+  // speed. A synchronous copy: the bytes are there when the thread starts.
+  return tensor.detach().to(at::TensorOptions().dtype(tensor.scalar_type()).device(at::kCPU).pinned_memory(tensor.is_cuda()),
+                            /*non_blocking=*/false, /*copy=*/true);
+}
+
+NamedTensors snapshot_state(const NamedTensors& state, bool owned) {
   std::unordered_map<const c10::TensorImpl*, at::Tensor> copies;
   NamedTensors out;
   out.reserve(state.size());
   for (const auto& [name, tensor] : state) {
     at::Tensor& copy = copies[tensor.unsafeGetTensorImpl()];
-    if (!copy.defined()) {
-      // A GPU tensor lands in pinned (page-locked) host memory: the device copies it by DMA at
-      // full speed. A synchronous copy: the bytes are there when the thread starts.
-      copy = tensor.detach().to(at::TensorOptions().dtype(tensor.scalar_type()).device(at::kCPU).pinned_memory(tensor.is_cuda()),
-                                /*non_blocking=*/false, /*copy=*/true);
-    }
+    if (!copy.defined()) copy = owned && tensor.device().is_cpu() ? tensor : snapshot_tensor(tensor);
     out.emplace_back(name, copy);
   }
   return out;
@@ -392,19 +394,36 @@ AsyncSave start_async_save(std::vector<AsyncSavePart> parts, const CheckpointTea
   const bool writes = team.writes();
   const int rank = team.writer_rank(), world = team.writers();
   std::vector<PreparedPart> to_write;
-  for (auto& part : parts) {
-    PreparedPart out = prepared_part(part, ranks.save_id, options.step());
-    if (out.directory && writes) {
-      out.shard = state_dict_shard(part.state, rank, world, part.stem);
-      out.shard.tensors = snapshot_state(out.shard.tensors);
-      out.writes_index = rank == 0;
-      if (out.writes_index) out.index = index_plan(part.state, world, part.stem);
-    } else if (!out.directory && writes && rank == 0) {
-      out.writes_file = true;
-      out.file_state = snapshot_state(part.state);
-      out.metadata = std::move(part.metadata);
+  std::exception_ptr failure;
+  try {
+    for (auto& part : parts) {
+      PreparedPart out = prepared_part(part, ranks.save_id, options.step());
+      if (out.directory && writes) {
+        out.shard = state_dict_shard(part.state, rank, world, part.stem);
+        out.shard.tensors = snapshot_state(out.shard.tensors, part.owned);
+        out.writes_index = rank == 0;
+        if (out.writes_index) out.index = index_plan(part.state, world, part.stem);
+      } else if (!out.directory && writes && rank == 0) {
+        out.writes_file = true;
+        out.file_state = snapshot_state(part.state);
+        out.metadata = std::move(part.metadata);
+      }
+      to_write.push_back(std::move(out));
     }
-    to_write.push_back(std::move(out));
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  // A copy that failed on one rank (out of memory) fails the call on every rank, before any
+  // thread starts: none waits for a part that rank will never write.
+  try {
+    team.agree(failure, "the asynchronous save to " + parts.front().path + " (copying what each rank writes)");
+  } catch (...) {
+    if (ranks.drew_id) {
+      for (const auto& part : parts) {
+        if (is_sharded_state_dict_path(part.path)) forget_failed_save(part.path, ranks.save_id, {std::string(part.stem)});
+      }
+    }
+    throw;
   }
   return launch_async_save(std::move(to_write), std::move(ranks), file_options);
 }

@@ -25,7 +25,13 @@ namespace cpprun::detail {
 // One set of files of a save: a model's state dict (STEM "model") or an optimizer's state
 // ("optimizer", with its kind and param groups in `metadata`), to a file or a directory.
 struct AsyncSavePart {
-  NamedTensors state;  // whole tensors, the same on every rank of the team; copied before the save returns
+  // Whole tensors, the same on every rank of the team; what a rank writes is copied before the
+  // save returns.
+  NamedTensors state;
+  // `state` is a directory's as gather_for_writers gives it with WholeTensors::kOwned: whole only
+  // on its writers (a meta tensor of its shape elsewhere), and the save's own, so only a tensor
+  // not in CPU memory is copied.
+  bool owned = false;
   std::string path;
   std::string_view stem = kModelStem;
   std::map<std::string, std::string> metadata;
@@ -46,7 +52,10 @@ AsyncSave start_async_save(const NamedTensors& state, const CheckpointTeam& team
 
 // CPU copies of `state` that training cannot change: pinned host memory for a tensor on a GPU;
 // a tensor listed under two names (tied weights) copied once, so files encode it as the original.
-NamedTensors snapshot_state(const NamedTensors& state);
+// `owned`: the CPU tensors of `state` are the save's own already (AsyncSavePart::owned): kept as they are.
+NamedTensors snapshot_state(const NamedTensors& state, bool owned = false);
+// One tensor's copy, as snapshot_state makes it.
+at::Tensor snapshot_tensor(const at::Tensor& tensor);
 
 // ---- The background half, for a save whose collectives its caller ran (start_async_save above,
 // and the save of several owners, checkpoint/owned_state.h).

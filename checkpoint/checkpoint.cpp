@@ -26,6 +26,19 @@
 #include "cpprun/state_dict.h"
 
 namespace cpprun::detail {
+namespace {
+
+// A model's part of an asynchronous save to PATH, copied (or gathered) before the call returns:
+// a directory's by its writers alone, a file's whole on every rank as before.
+AsyncSavePart model_part(const StateView& view, const std::string& path) {
+  AsyncSavePart part;
+  part.path = path;
+  part.owned = is_sharded_state_dict_path(path);
+  part.state = state_to_save(view, path, WholeTensors::kOwned);
+  return part;
+}
+
+}  // namespace
 
 void save_model_state(StateSource source, const std::string& path, const StateDictSaveOptions& options) {
   PublicCallScope call("cpprun::save_state_dict");
@@ -33,11 +46,8 @@ void save_model_state(StateSource source, const std::string& path, const StateDi
   const StateView view = state_view(source);
   at::NoGradGuard no_grad;
   if (is_sharded_state_dict_path(path)) {
-    // Each writer gathers only its own file's tensors (Note [Gathering to the writer]); replicated
-    // buffers are the root's (Note [A directory holds the root's buffers]).
-    NamedTensors state = gather_view_for_writers(view, "saving the state dict to " + path);
-    if (view.team.writers() >= 2) use_root_buffers(view, state);
-    save_sharded_tensors(state, view.team, path, options, kModelStem);
+    // Each writer gathers only its own file's tensors (Note [Gathering to the writer]).
+    save_sharded_tensors(state_to_save(view, path, WholeTensors::kMayShare), view.team, path, options, kModelStem);
     return;
   }
   save_state_dict(whole_state(view), view.team, path, options);
@@ -60,7 +70,9 @@ AsyncSave save_model_state_async(StateSource source, const std::string& path, co
   check_state_dict_path(path);
   const StateView view = state_view(source);
   at::NoGradGuard no_grad;
-  return start_async_save(whole_state_to_save(view, path), view.team, path, options);  // copied before it returns
+  std::vector<AsyncSavePart> parts;
+  parts.push_back(model_part(view, path));
+  return start_async_save(std::move(parts), view.team, options);  // copied before it returns
 }
 
 torch::OrderedDict<std::string, at::Tensor> get_model_state(StateSource source, const StateDictOptions& options) {
@@ -183,10 +195,16 @@ AsyncSave save_model_and_optimizer_async(StateSource source, torch::optim::Optim
   check_async_save_paths(model_path, optimizer_path);
   const StateView view = state_view(source);
   at::NoGradGuard no_grad;
-  NamedTensors model_state = whole_state_to_save(view, model_path);
-  OptimizerStateToSave optimizer_state = optimizer_state_to_save(optimizer_params(view), optimizer);
-  return start_async_save_with_optimizer(std::move(model_state), std::move(optimizer_state), view.team, model_path,
-                                         optimizer_path, options);
+  std::vector<AsyncSavePart> parts;
+  parts.push_back(model_part(view, model_path));
+  // A directory's optimizer state, as the model's, gathered to its writers and theirs alone.
+  const bool directory = is_sharded_state_dict_path(optimizer_path);
+  parts.push_back(optimizer_part(
+      directory ? optimizer_state_to_save(optimizer_params(view), optimizer, nullptr, &view.team,
+                                          "saving the optimizer state to " + optimizer_path, WholeTensors::kOwned)
+                : optimizer_state_to_save(optimizer_params(view), optimizer),
+      optimizer_path, directory));
+  return start_async_save(std::move(parts), view.team, options);
 }
 
 }  // namespace cpprun::detail

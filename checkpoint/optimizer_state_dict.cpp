@@ -301,7 +301,8 @@ OptimizerParams optimizer_params(const StateView& view) {
 
 OptimizerStateToSave optimizer_state_to_save(const OptimizerParams& params, torch::optim::Optimizer& optimizer,
                                              const std::function<at::Tensor(const at::Tensor&)>& take,
-                                             const CheckpointTeam* writers, const std::string& what) {
+                                             const CheckpointTeam* writers, const std::string& what,
+                                             WholeTensors hold) {
   const std::string kind = kind_of(optimizer);
   const auto names = group_names(params, optimizer, "save_optimizer_state_dict");
   // Each parameter's state names, by its group's options.
@@ -336,6 +337,8 @@ OptimizerStateToSave optimizer_state_to_save(const OptimizerParams& params, torc
   NamedTensors state;
   // A sharded save's tensors, each gathered only to its writers (checkpoint/writer_gather.h).
   const CheckpointTeam* to_writers = writers && params.entries.size() == n ? writers : nullptr;
+  // kOwned promises tensors the optimizer does not hold: only gather_for_writers makes them.
+  TORCH_INTERNAL_ASSERT(to_writers || hold == WholeTensors::kMayShare, "an owned optimizer state without writers");
   std::vector<SavePiece> pieces;
   std::vector<std::pair<std::string, std::size_t>> names_of_pieces;
   for (std::size_t i = 0; i < n; ++i) {
@@ -366,7 +369,7 @@ OptimizerStateToSave optimizer_state_to_save(const OptimizerParams& params, torc
       state.emplace_back(prefix + "step", take ? take(step) : std::move(step));
     }
   }
-  if (to_writers) state = gather_for_writers(pieces, names_of_pieces, *to_writers, what);
+  if (to_writers) state = gather_for_writers(pieces, names_of_pieces, *to_writers, what, hold);
   OptimizerStateToSave out{std::move(state), {{kOptimizerKindKey, kind}}, {}, {}};
   for (std::size_t g = 0; g < names.size(); ++g) {
     out.group_params.emplace_back();

@@ -23,6 +23,7 @@
 #include "checkpoint/checkpoint_team.h"
 #include "checkpoint/optimizer_flat_state.h"
 #include "checkpoint/state_view.h"
+#include "checkpoint/writer_gather.h"
 #include "cpprun/state_dict_options.h"
 #include "support/torch_save_file.h"
 
@@ -78,10 +79,12 @@ struct OptimizerStateToSave {
 // gathered (get_optimizer_state_dict's cpu_offload: a copy to the CPU, or an undefined tensor to
 // drop it), as whole_state's `take`. `writers` (a sharded save by that team; params.entries
 // set): each state tensor is whole only on the writers of its file, a meta tensor of its shape
-// elsewhere (checkpoint/writer_gather.h; `what` names the save in its errors), and `take` is unused.
+// elsewhere (checkpoint/writer_gather.h; `what` names the save in its errors; `hold` says whether
+// a writer's tensors may be the optimizer's own), and `take` is unused.
 OptimizerStateToSave optimizer_state_to_save(const OptimizerParams& params, torch::optim::Optimizer& optimizer,
                                              const std::function<at::Tensor(const at::Tensor&)>& take = nullptr,
-                                             const CheckpointTeam* writers = nullptr, const std::string& what = {});
+                                             const CheckpointTeam* writers = nullptr, const std::string& what = {},
+                                             WholeTensors hold = WholeTensors::kMayShare);
 // The groups of every owner of `owners` (pipeline stages, each with its own optimizer) as one
 // list, as the unsplit model's optimizer would have them: group g holds every owner's group g's
 // parameters, with their options, which must agree (else an error naming the group, on every

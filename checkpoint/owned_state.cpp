@@ -329,7 +329,11 @@ AsyncSave save_owned_state_async(std::vector<AsyncSavePart> parts, const Checkpo
       const OwnedFiles files = number_owned_files(part.state, team, owners);
       if (team.writes()) {
         out.shard = state_dict_shard(part.state, team.writer_rank(), team.writers(), part.stem, files.before, files.all);
-        out.shard.tensors = snapshot_state(out.shard.tensors);
+        try {  // a failed copy (out of memory) is agreed on below, with the other failures
+          out.shard.tensors = snapshot_state(out.shard.tensors, part.owned);
+        } catch (...) {
+          if (!failure) failure = std::current_exception();
+        }
       }
       out.index = gather_owned_index(part.state, team, owners, part.stem, files, failure);
       out.writes_index = decides;
@@ -337,7 +341,11 @@ AsyncSave save_owned_state_async(std::vector<AsyncSavePart> parts, const Checkpo
       NamedTensors all = gather_to_owner_zero(part.state, team, owners, failure);
       if (decides) {
         out.writes_file = true;
-        out.file_state = snapshot_state(all);
+        try {
+          out.file_state = snapshot_state(all);
+        } catch (...) {
+          if (!failure) failure = std::current_exception();
+        }
         out.metadata = std::move(part.metadata);
       }
     }

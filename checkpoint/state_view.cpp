@@ -10,7 +10,6 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "checkpoint/sharded_state_dict.h"
 #include "checkpoint/state_dict.h"
 #include "core/tensor_parallel_splits.h"
 #include "core/tensor_parallel_state.h"
@@ -130,12 +129,6 @@ void use_root_buffers(const StateView& view, NamedTensors& state) {
     const auto found = root_copy.find(view.names[k].second);
     if (found != root_copy.end()) state[k].second = found->second;
   }
-}
-
-NamedTensors whole_state_to_save(const StateView& view, const std::string& path) {
-  NamedTensors whole = whole_state(view);
-  if (view.team.writers() >= 2 && is_sharded_state_dict_path(path)) use_root_buffers(view, whole);
-  return whole;
 }
 
 void scatter_whole_state(const StateView& view, const NamedTensors& whole) {

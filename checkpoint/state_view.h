@@ -99,16 +99,13 @@ at::Tensor local_part(const StateEntry& entry, const at::Tensor& whole);
 // is applied to each whole tensor as soon as it is gathered, before the next gather (e.g. a copy
 // to the CPU, or an undefined tensor to drop it), so at most one gathered tensor is held at once.
 NamedTensors whole_state(const StateView& view, const std::function<at::Tensor(const at::Tensor&)>& take = nullptr);
-// whole_state for a save to PATH: where PATH is a sharded directory that several ranks write
-// shares of, every replicated buffer (an entry that is not a parameter: BatchNorm's running
-// statistics, which each rank updates from its own batch) is a copy of the team root's, so that
-// the directory holds what the root's single file would. Collective over the team then (one
-// coalesced broadcast of the buffers); the module's own buffers are left as they are. See
+// For a save to a sharded directory that several ranks write shares of (state_to_save,
+// checkpoint/writer_gather.h), on `state` (the view's names, in order, as whole_state or
+// gather_view_for_writers gives them): each replicated entry that is not a parameter (BatchNorm's
+// running statistics, which each rank updates from its own batch) becomes a copy of the team
+// root's, so that the directory holds what the root's single file would; the module's own buffers
+// are left as they are. Collective over the team (one coalesced broadcast of the buffers). See
 // Note [A directory holds the root's buffers] in the .cpp.
-NamedTensors whole_state_to_save(const StateView& view, const std::string& path);
-// The buffer step of whole_state_to_save alone, on `state` (the view's names, in order, as
-// whole_state or gather_view_for_writers gives them): each replicated entry that is not a
-// parameter becomes a copy of the team root's. Collective over the team.
 void use_root_buffers(const StateView& view, NamedTensors& state);
 // Copies this rank's part of each whole tensor in `whole` (as whole_state made it) into the
 // entries' local tensors, then runs view.after_load. Local, but after_load may be collective.

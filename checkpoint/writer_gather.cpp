@@ -11,6 +11,8 @@
 #include <optional>
 #include <tuple>
 
+#include "checkpoint/async_save.h"
+#include "checkpoint/sharded_state_dict.h"
 #include "checkpoint/writer_plan.h"
 #include "cpprun/collectives.h"
 #include "cpprun/process_group.h"
@@ -29,6 +31,13 @@ namespace {
 // before the first gather, and the team agrees on that, so that one rank's failed allocation
 // fails every rank at once rather than leaving its peers in a gather it never joins; the loop of
 // gathers then allocates nothing but what Gloo's gather holds for one tensor on its root.
+// An asynchronous save (WholeTensors::kOwned) keeps the gathered buffers as its own, with no copy:
+// nothing else refers to them, so training may change the parameters once the call returns; only
+// a piece held whole (replicated: the module's or the optimizer's own tensor) is copied, in that
+// allocation step (and so under its agreement, DDP's too), and a tensor-parallel gather's result
+// where it is the local tensor itself. A buffer on a GPU stays there: the snapshot of the save's
+// files (checkpoint/async_save.h) copies it to the CPU. So its extra memory is the synchronous
+// save's: the writer's own file.
 enum class Way {
   kLocal,       // whole on every rank (replicated, or a 0-d step)
   kToWriters,   // rows over a shard group: gathered to each writer in this rank's shard group
@@ -54,7 +63,7 @@ int64_t chunk_numel(const RowShard& rows) { return rows.rows_per_rank * rows.row
 
 NamedTensors gather_for_writers(const std::vector<SavePiece>& pieces,
                                 const std::vector<std::pair<std::string, std::size_t>>& names,
-                                const CheckpointTeam& team, const std::string& what) {
+                                const CheckpointTeam& team, const std::string& what, WholeTensors hold) {
   at::NoGradGuard no_grad;
   // The plan: every rank computes the same from sizes alone.
   std::vector<std::uint64_t> name_bytes;
@@ -100,6 +109,11 @@ NamedTensors gather_for_writers(const std::vector<SavePiece>& pieces,
   std::map<std::tuple<at::ScalarType, c10::DeviceType, c10::DeviceIndex>, at::Tensor> scratch;  // this rank's rows
   std::exception_ptr failure;
   try {
+    if (hold == WholeTensors::kOwned) {
+      for (std::size_t p = 0; p < pieces.size(); ++p) {
+        if (way[p] == Way::kLocal && whole[p].defined()) whole[p] = snapshot_tensor(whole[p]);
+      }
+    }
     std::map<std::tuple<at::ScalarType, c10::DeviceType, c10::DeviceIndex>, int64_t> scratch_numel;
     for (const Gather& g : gathers) {
       const SavePiece& piece = pieces[g.piece];
@@ -116,8 +130,9 @@ NamedTensors gather_for_writers(const std::vector<SavePiece>& pieces,
   } catch (...) {
     failure = std::current_exception();
   }
-  // Every rank sees the same placements, so all or none agree (a DDP save has nothing to gather).
-  if (std::find(way.begin(), way.end(), Way::kToWriters) != way.end()) {
+  // Every rank sees the same placements and `hold`, so all or none agree (a synchronous DDP save
+  // allocates nothing here: no agreement; an asynchronous one copies what its writers hold).
+  if (hold == WholeTensors::kOwned || std::find(way.begin(), way.end(), Way::kToWriters) != way.end()) {
     team.agree(failure, what + " (allocating the tensors each rank writes)");
   } else if (failure) {
     std::rethrow_exception(failure);
@@ -129,6 +144,7 @@ NamedTensors gather_for_writers(const std::vector<SavePiece>& pieces,
     const SavePiece& piece = pieces[p];
     if (way[p] == Way::kEverywhere) {
       at::Tensor t = gather_whole(*piece.entry, piece.local);
+      if (hold == WholeTensors::kOwned && writes(p) && t.is_alias_of(piece.local)) t = snapshot_tensor(t);
       if (writes(p)) whole[p] = std::move(t);
       continue;
     }
@@ -163,11 +179,18 @@ NamedTensors gather_for_writers(const std::vector<SavePiece>& pieces,
   return out;
 }
 
-NamedTensors gather_view_for_writers(const StateView& view, const std::string& what) {
+NamedTensors gather_view_for_writers(const StateView& view, const std::string& what, WholeTensors hold) {
   std::vector<SavePiece> pieces;
   pieces.reserve(view.entries.size());
   for (const auto& entry : view.entries) pieces.push_back({&entry, entry.local});
-  return gather_for_writers(pieces, view.names, view.team, what);
+  return gather_for_writers(pieces, view.names, view.team, what, hold);
+}
+
+NamedTensors state_to_save(const StateView& view, const std::string& path, WholeTensors hold) {
+  if (!is_sharded_state_dict_path(path)) return whole_state(view);
+  NamedTensors state = gather_view_for_writers(view, "saving the state dict to " + path, hold);
+  if (view.team.writers() >= 2) use_root_buffers(view, state);  // copies: the save's own
+  return state;
 }
 
 }  // namespace cpprun::detail

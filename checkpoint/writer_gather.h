@@ -24,6 +24,14 @@ struct SavePiece {
   at::Tensor local;                   // the entry's local tensor, or an optimizer state of its shape
 };
 
+// What the whole tensors a writer gets may share with the pieces' local tensors.
+enum class WholeTensors {
+  kMayShare,  // a piece held whole (replicated) is given as it is: a synchronous save writes it at once
+  kOwned,     // none shares memory with a piece, so training may change the pieces while they are
+              // written (an asynchronous save): a piece held whole is copied to the CPU (pinned host
+              // memory from a GPU); a gathered one is already the save's own, left where it was made
+};
+
 // The tensors `names` (each name -> its piece, in the file's order) as a sharded save by `team`
 // writes them: on a writer, the whole tensor of every name in its own file; every other name a
 // tensor of its whole shape and dtype on the meta device (no memory), which the plan and the
@@ -32,9 +40,17 @@ struct SavePiece {
 // the save).
 NamedTensors gather_for_writers(const std::vector<SavePiece>& pieces,
                                 const std::vector<std::pair<std::string, std::size_t>>& names,
-                                const CheckpointTeam& team, const std::string& what);
+                                const CheckpointTeam& team, const std::string& what,
+                                WholeTensors hold = WholeTensors::kMayShare);
 
 // The same for a view's state (whole_state's names and tensors).
-NamedTensors gather_view_for_writers(const StateView& view, const std::string& what);
+NamedTensors gather_view_for_writers(const StateView& view, const std::string& what,
+                                     WholeTensors hold = WholeTensors::kMayShare);
+
+// A view's state as a save to PATH writes it. A sharded directory: gather_view_for_writers's, each
+// tensor whole only on its writers, and with two writers or more every replicated buffer the
+// team root's (use_root_buffers: Note [A directory holds the root's buffers]); collective over the
+// team. A file: whole_state's, whole on every rank (`hold` unused: the caller copies what it keeps).
+NamedTensors state_to_save(const StateView& view, const std::string& path, WholeTensors hold);
 
 }  // namespace cpprun::detail

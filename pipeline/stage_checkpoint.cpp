@@ -22,8 +22,10 @@
 #include "checkpoint/async_save.h"
 #include "checkpoint/optimizer_state_dict.h"
 #include "checkpoint/owned_state.h"
+#include "checkpoint/sharded_state_dict.h"
 #include "checkpoint/state_dict.h"
 #include "checkpoint/state_view.h"
+#include "checkpoint/writer_gather.h"
 #include "comm/public_call.h"
 #include "core/failure_agreement.h"
 #include "cpprun/optimizer_state_dict.h"
@@ -162,6 +164,18 @@ detail::OptimizerParams stages_optimizer_params(const std::vector<PipelineStage*
   return params;
 }
 
+// The stages' optimizer state as a save to PATH writes it: for a directory, each tensor gathered
+// to its writer alone (checkpoint/writer_gather.h), as the model's; for a file, whole on every rank.
+detail::OptimizerStateToSave optimizer_state_for(const std::vector<PipelineStage*>& stages,
+                                                 const detail::StateView& view, torch::optim::Optimizer& optimizer,
+                                                 const std::string& path, detail::WholeTensors hold) {
+  if (!detail::is_sharded_state_dict_path(path)) {
+    return detail::optimizer_state_to_save(stages_optimizer_params(stages, view), optimizer);
+  }
+  return detail::optimizer_state_to_save(stages_optimizer_params(stages, view), optimizer, nullptr, &view.team,
+                                         "saving the optimizer state to " + path, hold);
+}
+
 }  // namespace
 
 void save_state_dict(std::vector<PipelineStage*> stages, const std::string& path, const StateDictSaveOptions& options) {
@@ -170,7 +184,10 @@ void save_state_dict(std::vector<PipelineStage*> stages, const std::string& path
   detail::check_state_dict_path(path);  // before any collective: every rank refuses alike
   const detail::StateView view = stages_view(stages, "save_state_dict");
   at::NoGradGuard no_grad;
-  detail::save_owned_state(detail::whole_state_to_save(view, path), view.team, stages[0]->group(), path, options);
+  // A directory: each tensor gathered to its writer alone (Note [Gathering to the writer]); every
+  // owner's team plans its own files as one team's save would, only numbered after the others'.
+  detail::save_owned_state(detail::state_to_save(view, path, detail::WholeTensors::kMayShare), view.team,
+                           stages[0]->group(), path, options);
 }
 
 namespace {
@@ -237,8 +254,7 @@ void save_optimizer_state_dict(std::vector<PipelineStage*> stages, torch::optim:
   detail::check_optimizer_path(path, "save_optimizer_state_dict");
   const detail::StateView view = stages_view(stages, "save_optimizer_state_dict");
   at::NoGradGuard no_grad;
-  detail::OptimizerStateToSave saved =
-      detail::optimizer_state_to_save(stages_optimizer_params(stages, view), optimizer);
+  detail::OptimizerStateToSave saved = optimizer_state_for(stages, view, optimizer, path, detail::WholeTensors::kMayShare);
   detail::merge_owned_param_groups(saved, stages[0]->group());
   detail::save_owned_state(saved.state, view.team, stages[0]->group(), path, options, detail::kOptimizerStem,
                            saved.metadata);
@@ -260,8 +276,9 @@ AsyncSave save_async(std::vector<PipelineStage*> stages, const std::string& path
   const detail::StateView view = stages_view(stages, "save_async");
   at::NoGradGuard no_grad;
   std::vector<detail::AsyncSavePart> parts(1);
-  parts[0].state = detail::whole_state_to_save(view, path);
+  parts[0].state = detail::state_to_save(view, path, detail::WholeTensors::kOwned);
   parts[0].path = path;
+  parts[0].owned = detail::is_sharded_state_dict_path(path);
   return detail::save_owned_state_async(std::move(parts), view.team, stages[0]->group(), options);
 }
 
@@ -273,16 +290,16 @@ AsyncSave save_async(std::vector<PipelineStage*> stages, torch::optim::Optimizer
   detail::check_async_save_paths(model_path, optimizer_path);
   const detail::StateView view = stages_view(stages, "save_async");
   at::NoGradGuard no_grad;
-  detail::OptimizerStateToSave saved =
-      detail::optimizer_state_to_save(stages_optimizer_params(stages, view), optimizer);
-  detail::merge_owned_param_groups(saved, stages[0]->group());
-  std::vector<detail::AsyncSavePart> parts(2);
-  parts[0].state = detail::whole_state_to_save(view, model_path);
+  std::vector<detail::AsyncSavePart> parts;
+  parts.emplace_back();
+  parts[0].state = detail::state_to_save(view, model_path, detail::WholeTensors::kOwned);
   parts[0].path = model_path;
-  parts[1].state = std::move(saved.state);
-  parts[1].path = optimizer_path;
-  parts[1].stem = detail::kOptimizerStem;
-  parts[1].metadata = std::move(saved.metadata);
+  parts[0].owned = detail::is_sharded_state_dict_path(model_path);
+  detail::OptimizerStateToSave saved =
+      optimizer_state_for(stages, view, optimizer, optimizer_path, detail::WholeTensors::kOwned);
+  detail::merge_owned_param_groups(saved, stages[0]->group());
+  parts.push_back(
+      detail::optimizer_part(std::move(saved), optimizer_path, detail::is_sharded_state_dict_path(optimizer_path)));
   return detail::save_owned_state_async(std::move(parts), view.team, stages[0]->group(), options);
 }
 

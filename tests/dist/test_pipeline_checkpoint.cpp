@@ -16,8 +16,10 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -505,6 +507,45 @@ TEST_CASE("pipeline checkpoint: a run stopped by its stages resumes cut another 
     cpprun::load_state_dict(third.mine(), *opt, dir / "unsplit/");
     train_pipeline(*task, third, {}, *opt, kStepsBefore, kSteps);
     check_stages(third, reference(*task), kTolerance);
+  }
+}
+
+// FSDP stages' save_async to a directory gathers each tensor to its writer in the stage, on the
+// calling thread (checkpoint/writer_gather.h): its files are the synchronous save's, byte for byte,
+// though the stages train on while they are written.
+TEST_CASE("pipeline checkpoint: {pp, dp} FSDP stages' save_async to a directory writes the synchronous save's files",
+          "[pipeline_checkpoint]") {
+  if (group().size() % 2 != 0) return;  // np1, np3: no even layout
+  ddp_test::Float64Parity doubles;
+  JobDirectory dir;
+  const auto options = cpprun::StateDictSaveOptions().step(kStepsBefore).save_id("0f1e2d3c4b5a69780f1e2d3c4b5a6978");
+  const auto bytes_of = [](const fs::path& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  };
+  for (const int zero : {1, 3}) {
+    INFO("ZeRO-" << zero);
+    const Layout layout{.dp = 2, .zero = zero};
+    const std::string sync_dir = dir / ("sync_" + std::to_string(zero) + "/"),
+                      async_dir = dir / ("async_" + std::to_string(zero) + "/");
+    Pipeline saved = build(make_mlp(), layout);
+    auto opt = stages_adamw(saved);
+    train_pipeline(kMlp, saved, layout, *opt, 0, kStepsBefore);
+    cpprun::save_state_dict(saved.mine(), *opt, sync_dir, options);
+    cpprun::AsyncSave pending = cpprun::save_async(saved.mine(), *opt, async_dir, async_dir, options);
+    train_pipeline(kMlp, saved, layout, *opt, kStepsBefore, kStepsBefore + 1);
+    pending.wait();
+    cpprun::barrier(group());
+    std::set<std::string> in_sync, in_async;
+    for (const auto& e : fs::directory_iterator(sync_dir)) in_sync.insert(e.path().filename().string());
+    for (const auto& e : fs::directory_iterator(async_dir)) in_async.insert(e.path().filename().string());
+    CHECK(in_sync == in_async);
+    CHECK(in_sync.size() >= 4);  // a model's and an optimizer's file and index
+    for (const auto& name : in_sync) {
+      INFO(name);
+      CHECK(bytes_of(fs::path(sync_dir) / name) == bytes_of(fs::path(async_dir) / name));
+    }
+    cpprun::barrier(group());
   }
 }
 

@@ -1,7 +1,9 @@
 // A sharded directory saved by FSDP (every stage, HSDP) gathers each tensor only to the rank that
 // writes it (checkpoint/writer_gather.h): the files are byte for byte those DDP's whole tensors
 // make, the optimizer's hold what its single file (gathered everywhere) holds, and no rank's
-// tensor memory grows during the save by more than its own file and two tensors in flight.
+// tensor memory grows during the save by more than its own file and two tensors in flight. The
+// same for save_async (model; model and optimizer), whose files are the synchronous save's even
+// when training changes every tensor as soon as the call returns.
 #include "catch.h"
 #include <c10/core/CPUAllocator.h>
 #include <torch/torch.h>
@@ -112,7 +114,14 @@ struct CountingAllocator final : c10::Allocator {
     block->owner->live -= static_cast<int64_t>(block->bytes);
     delete block;
   }
+  // Non-zero: the next allocation of at least this many bytes fails, once (a rank out of memory).
+  std::atomic<std::size_t> fail_at_least{0};
+
   c10::DataPtr allocate(std::size_t bytes) override {
+    if (std::size_t armed = fail_at_least.load(); armed != 0 && bytes >= armed &&
+                                                   fail_at_least.compare_exchange_strong(armed, 0)) {
+      TORCH_CHECK(false, "test: an allocation of ", bytes, " bytes made to fail on rank ", group().rank());
+    }
     c10::DataPtr data = inner->allocate(bytes);
     void* at = data.get();
     const int64_t now = live += static_cast<int64_t>(bytes);
@@ -195,6 +204,15 @@ Bounds bounds_of(const std::string& dir, std::string_view stem, int rank) {
   return b;
 }
 
+// The model's file that writer `writer` of the save of DIR wrote.
+std::string shard_file_name_of(const std::string& dir, int writer) {
+  std::set<std::string> files;
+  for (const auto& [name, file] : cpprun::detail::read_sharded_directory(dir, cpprun::detail::kModelStem).file_of) {
+    files.insert(file);
+  }
+  return cpprun::detail::shard_file_name(writer + 1, static_cast<int>(files.size()), cpprun::detail::kModelStem);
+}
+
 // See Note [Counting the save's tensor memory].
 TEST_CASE("state_dict: a ZeRO-3 sharded save holds a rank's own file's tensors, not the whole model",
           "[state_dict]") {
@@ -222,4 +240,180 @@ TEST_CASE("state_dict: a ZeRO-3 sharded save holds a rank's own file's tensors, 
   }
   cpprun::barrier(group());
   if (rank == 0) fs::remove_all(dir);
+}
+
+// Every parameter and AdamW state tensor this rank holds, set to `value` in place: what training
+// may do once save_async returns.
+template <typename Model>
+void overwrite(Model& model, torch::optim::Optimizer& optimizer, double value) {
+  torch::NoGradGuard no_grad;
+  for (auto& p : model->parameters()) p.fill_(value);
+  for (auto& [key, state] : optimizer.state()) {
+    auto& adamw = static_cast<torch::optim::AdamWParamState&>(*state);
+    adamw.exp_avg().fill_(value);
+    adamw.exp_avg_sq().fill_(value);
+  }
+}
+
+// The files of a model's (and its optimizer's) directory that `stem` names, with the index.
+std::set<std::string> files_of(const std::string& dir, std::string_view stem) {
+  std::set<std::string> out{cpprun::detail::index_file_name(stem)};
+  for (const auto& [name, file] : cpprun::detail::read_sharded_directory(dir, stem).file_of) out.insert(file);
+  return out;
+}
+
+TEST_CASE("state_dict: save_async to a directory writes the synchronous save's bytes, copied before it returns",
+          "[state_dict]") {
+  const int mode = GENERATE(0, 1, 2, 3, 4);  // 0: DDP; 1-3: FSDP stages; 4: HSDP (2 x 2), on 4 ranks only
+  if (mode == 4 && group().size() != 4) return;
+  INFO("mode " << mode);
+  const std::string sync_dir = scratch("sync"), zero_dir = scratch("sync_zero"), async_dir = scratch("async"),
+                    both_dir = scratch("async_both");
+  const auto options = cpprun::StateDictSaveOptions().step(5).save_id("fedcba9876543210fedcba9876543210");
+  auto check = [&](auto& model) {
+    torch::optim::AdamW adamw(model->parameters(), 1e-2);
+    step_once(model, adamw);
+    cpprun::save_state_dict(model, sync_dir, options);
+    cpprun::save_optimizer_state_dict(model, adamw, sync_dir, options);
+    {
+      auto pending = cpprun::save_async(model, async_dir, options);
+      // Training goes on while the files are written: a step (FSDP's gathers and all), then every
+      // tensor overwritten in place. The save's tensors were copied: none of its files changes.
+      step_once(model, adamw);
+      overwrite(model, adamw, 7.0);
+      pending.wait();
+    }
+    overwrite(model, adamw, 0.0);  // the saves below are of these
+    cpprun::save_state_dict(model, zero_dir, options);
+    cpprun::save_optimizer_state_dict(model, adamw, zero_dir, options);
+    {
+      auto pending = cpprun::save_async(model, adamw, both_dir, both_dir, options);
+      step_once(model, adamw);
+      overwrite(model, adamw, 3.0);
+      pending.wait();
+    }
+    cpprun::barrier(group());
+    // The model's files and index: those of the synchronous save, and nothing else.
+    const std::set<std::string> model_files = files_of(sync_dir, cpprun::detail::kModelStem);
+    std::set<std::string> written;
+    for (const auto& e : fs::directory_iterator(async_dir)) written.insert(e.path().filename().string());
+    CHECK(written == model_files);
+    for (const auto& name : model_files) {
+      INFO(name);
+      CHECK(file_bytes(fs::path(async_dir) / name) == file_bytes(fs::path(sync_dir) / name));
+    }
+    check_same_files(zero_dir, both_dir);  // the model's and the optimizer's
+    cpprun::barrier(group());
+    if (group().rank() == 0) {
+      fs::remove_all(sync_dir);
+      fs::remove_all(zero_dir);
+      fs::remove_all(async_dir);
+      fs::remove_all(both_dir);
+    }
+  };
+  const auto fsdp_options = cpprun::FsdpOptions().stage(mode == 4 ? 3 : std::max(mode, 1)).wrap_policy(is_linear);
+  if (mode == 0) {
+    auto ddp = cpprun::DistributedDataParallel(seeded_tower(1), group());
+    check(ddp);
+  } else if (mode == 4) {
+    const cpprun::DeviceMesh mesh(group(), std::vector<int>{2, 2}, std::vector<std::string>{"replicate", "shard"});
+    auto hsdp = cpprun::FullyShardedDataParallel(seeded_tower(1), mesh, fsdp_options);
+    check(hsdp);
+  } else {
+    auto fsdp = cpprun::FullyShardedDataParallel(seeded_tower(1), group(), fsdp_options);
+    check(fsdp);
+  }
+}
+
+// See Note [Counting the save's tensor memory]: the background save's copy, made before the call
+// returns, is the writer's own files, as the synchronous save's gathers are.
+TEST_CASE("state_dict: a ZeRO-3 save_async to a directory holds a rank's own files' tensors, not the whole model",
+          "[state_dict]") {
+  const int rank = group().rank(), world = group().size();
+  CountingAllocator& counting = counting_allocator();
+  auto model =
+      cpprun::FullyShardedDataParallel(seeded_tower(1, 101), group(), cpprun::FsdpOptions().stage(3).wrap_policy(is_linear));
+  torch::optim::AdamW adamw(model->parameters(), 1e-2);
+  step_once(model, adamw);
+  const std::string dir = scratch("async_memory");
+  for (const bool with_optimizer : {false, true}) {
+    cpprun::barrier(group());
+    const int64_t before = counting.start();
+    auto pending = with_optimizer ? cpprun::save_async(model, adamw, dir, dir) : cpprun::save_async(model, dir);
+    const int64_t extra = counting.peak - before;  // during the call: the gathers and the copies
+    pending.wait();
+    Bounds b = bounds_of(dir, cpprun::detail::kModelStem, rank);
+    if (with_optimizer) {
+      const Bounds o = bounds_of(dir, cpprun::detail::kOptimizerStem, rank);
+      b = {b.own + o.own, std::max(b.largest, o.largest), b.all + o.all};
+    }
+    INFO((with_optimizer ? "model and optimizer" : "model") << " on rank " << rank << " of " << world
+         << ": the call's peak extra tensor bytes " << extra << "; its own files " << b.own
+         << ", the largest tensor " << b.largest << ", all " << b.all);
+    CHECK(extra <= b.own + 2 * b.largest);
+    if (world > 1) CHECK(extra < b.all);
+  }
+  cpprun::barrier(group());
+  if (rank == 0) fs::remove_all(dir);
+}
+
+// One rank's failure fails the save on every rank, and none waits for it: a copy that fails during
+// the call (the last rank out of memory), under DDP (whose directory save gathers nothing) and
+// ZeRO-3; and a write that fails on the background thread (writer 1's file cannot be created).
+// The code before copied after the save had begun everywhere: the other ranks' threads waited for
+// the failed rank's file until the group's timeout, past the test's.
+TEST_CASE("state_dict: a save_async to a directory that fails on one rank fails on every rank", "[state_dict]") {
+  const int rank = group().rank(), world = group().size();
+  if (world == 1) return;
+  CountingAllocator& counting = counting_allocator();
+  const std::string dir = scratch("async_fails"), sync_dir = scratch("async_fails_sync");
+  const auto options = cpprun::StateDictSaveOptions().step(2).save_id("00112233445566778899aabbccddeeff");
+  auto check = [&](auto& model) {
+    torch::optim::AdamW adamw(model->parameters(), 1e-2);
+    step_once(model, adamw);
+    cpprun::barrier(group());
+    // The first copy of a tensor (every tensor of the tower is >= 832 bytes; agreement's are 4).
+    if (rank == world - 1) counting.fail_at_least = 512;
+    CHECK_THROWS_WITH(cpprun::save_async(model, adamw, dir, dir, options),
+                      Catch::Matchers::Contains(rank == world - 1 ? "made to fail" : "failed on rank"));
+    counting.fail_at_least = 0;
+    CHECK(!fs::exists(fs::path(dir) / cpprun::detail::index_file_name(cpprun::detail::kModelStem)));
+
+    // The same save writes once nothing fails.
+    cpprun::save_state_dict(model, sync_dir, options);
+    cpprun::save_optimizer_state_dict(model, adamw, sync_dir, options);
+    cpprun::save_async(model, adamw, dir, dir, options).wait();
+    cpprun::barrier(group());
+    check_same_files(sync_dir, dir);
+    cpprun::barrier(group());
+    if (rank == 0) fs::remove_all(dir);
+    cpprun::barrier(group());
+
+    // Writer 1 cannot create its file (a directory stands at its temporary name): every rank's
+    // wait() throws, and no index names the files of a save that failed.
+    const std::string blocked = shard_file_name_of(sync_dir, 1);
+    if (rank == 0) fs::create_directories(fs::path(dir) / (blocked + ".tmp") / "in_the_way");
+    cpprun::barrier(group());
+    auto pending = cpprun::save_async(model, adamw, dir, dir, options);
+    CHECK_THROWS_WITH(pending.wait(),
+                      Catch::Matchers::Contains(rank == 1 ? blocked : "failed on another rank"));
+    cpprun::barrier(group());
+    std::set<std::string> left;
+    for (const auto& e : fs::directory_iterator(dir)) left.insert(e.path().filename().string());
+    CHECK(left == std::set<std::string>{blocked + ".tmp"});  // every file written was removed
+    cpprun::barrier(group());
+    if (rank == 0) {
+      fs::remove_all(dir);
+      fs::remove_all(sync_dir);
+    }
+  };
+  SECTION("DDP") {
+    auto ddp = cpprun::DistributedDataParallel(seeded_tower(1), group());
+    check(ddp);
+  }
+  SECTION("ZeRO-3") {
+    auto fsdp = cpprun::FullyShardedDataParallel(seeded_tower(1), group(),
+                                                 cpprun::FsdpOptions().stage(3).wrap_policy(is_linear));
+    check(fsdp);
+  }
 }
