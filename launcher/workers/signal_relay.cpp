@@ -17,6 +17,7 @@
 #include <stdexcept>
 #include <string>
 #include <system_error>
+#include <utility>
 
 namespace cpprun::launcher {
 namespace {
@@ -210,7 +211,10 @@ SignalRelay::SignalRelay(const std::vector<int>& listed) {
     sigaction(sig, &action, nullptr);
   }
   const int diagnose = diagnose_signal();
-  sigaction(diagnose, nullptr, &g_startup_action[diagnose]);
+  // Once per process: a relay made after another finds the diagnose signal ignored by the
+  // destructor, which is not what cpprun's workers inherit (restore_in_child).
+  static bool startup_saved = false;
+  if (!std::exchange(startup_saved, true)) sigaction(diagnose, nullptr, &g_startup_action[diagnose]);
   struct sigaction action {};
   action.sa_sigaction = on_diagnose_signal;
   sigemptyset(&action.sa_mask);
@@ -220,7 +224,13 @@ SignalRelay::SignalRelay(const std::vector<int>& listed) {
 
 SignalRelay::~SignalRelay() {
   for (int sig : kHandledSignals) sigaction(sig, &g_startup_action[sig], nullptr);
-  sigaction(diagnose_signal(), &g_startup_action[diagnose_signal()], nullptr);
+  // Not the startup action: a real-time signal's default ends the process, and a `cpprun --diagnose`
+  // sent from now on (a last wait in ~JobProcessTree, the exit) would end cpprun by SIGRTMIN+2
+  // instead of the workers' exit code. Ignored, the request goes unanswered: its sender times out.
+  struct sigaction ignore {};
+  ignore.sa_handler = SIG_IGN;
+  sigemptyset(&ignore.sa_mask);
+  sigaction(diagnose_signal(), &ignore, nullptr);
   close(g_wake_read);
   close(g_wake_write);
   g_wake_read = g_wake_write = -1;
