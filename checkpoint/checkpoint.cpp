@@ -1,7 +1,8 @@
 // The entry points of cpprun/state_dict.h and cpprun/optimizer_state_dict.h, once for every
 // wrapper and for a plain module: the source describes its state (checkpoint/state_view.h); the
 // whole tensors are gathered by placement and written over the view's team, or read, broadcast
-// and cut back to each rank's part. Nothing here knows which wrapper it saves.
+// and cut back to each rank's part (a sharded directory: read on every rank, checkpoint/
+// parallel_load.h). Nothing here knows which wrapper it saves.
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/grad_mode.h>
@@ -19,6 +20,7 @@
 #include "checkpoint/async_optimizer_save.h"
 #include "checkpoint/async_save.h"
 #include "checkpoint/optimizer_state_dict.h"
+#include "checkpoint/parallel_load.h"
 #include "checkpoint/sharded_state_dict.h"
 #include "checkpoint/state_dict.h"
 #include "checkpoint/writer_gather.h"
@@ -57,6 +59,11 @@ StateDictLoadReport load_model_state(StateSource source, const std::string& path
   PublicCallScope call("cpprun::load_state_dict");
   const StateView view = state_view(source);
   at::NoGradGuard no_grad;
+  // A directory's files are read on every rank, each tensor sent to where it is needed
+  // (Note [Reading a directory on every rank]); a directory holding one file loads it as below.
+  if (!view.team.alone() && is_sharded_state_dict_path(path)) {
+    if (auto report = load_directory_in_parallel(view, path, options)) return *std::move(report);
+  }
   // The current whole state: what the file's tensors replace, and what a strict(false) load
   // leaves where the file has nothing (a replicated tensor is the module's own: loaded in place).
   const NamedTensors whole = whole_state(view);

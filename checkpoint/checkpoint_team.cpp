@@ -65,4 +65,30 @@ void CheckpointTeam::broadcast_tensors(const std::vector<at::Tensor>& tensors) c
   for (const auto& group : tensor_parallel_) broadcast_coalesced(group, tensors, 0);
 }
 
+void CheckpointTeam::broadcast_from_writer(const std::vector<at::Tensor>& tensors, int writer) const {
+  if (tensors.empty()) return;
+  // See Note [Teams over a {dp, tp} mesh]: writer w is (w, 0); the first step brings its values to
+  // (*, 0) (the other slices' data-parallel groups move values the second step overwrites).
+  if (replicas_) broadcast_coalesced(*replicas_, tensors, writer);
+  for (const auto& group : tensor_parallel_) broadcast_coalesced(group, tensors, 0);
+}
+
+std::vector<std::string> CheckpointTeam::gather_from_writers(const std::string& bytes) const {
+  std::vector<std::string> all = replicas_ ? cpprun::all_gather_bytes(*replicas_, bytes) : std::vector<std::string>{bytes};
+  if (tensor_parallel_.empty()) return all;
+  // The writers' slice gathered theirs; each tensor-parallel group takes its first rank's list.
+  std::string packed;
+  for (const auto& item : all) packed += std::to_string(item.size()) + ':' + item;
+  for (const auto& group : tensor_parallel_) cpprun::broadcast_bytes(group, packed, 0);
+  all.clear();
+  for (std::size_t at = 0; at < packed.size();) {
+    const std::size_t colon = packed.find(':', at);
+    TORCH_INTERNAL_ASSERT(colon != std::string::npos, "the writers' bytes arrived garbled");
+    const std::size_t size = std::stoull(packed.substr(at, colon - at));
+    all.push_back(packed.substr(colon + 1, size));
+    at = colon + 1 + size;
+  }
+  return all;
+}
+
 }  // namespace cpprun::detail

@@ -47,6 +47,13 @@ class CheckpointTeam {
   // The root's bytes / tensors on every rank.
   void broadcast_bytes(std::string& bytes) const;
   void broadcast_tensors(const std::vector<at::Tensor>& tensors) const;
+  // Writer `writer`'s tensors (of the same shapes and dtypes on every rank) on every rank: over
+  // the data-parallel group from that writer, then over each tensor-parallel group from its first
+  // rank.
+  void broadcast_from_writer(const std::vector<at::Tensor>& tensors, int writer) const;
+  // Every writer's bytes, in writer order, on every rank (alone: {bytes}); what a rank that
+  // writes nothing passes is not kept.
+  std::vector<std::string> gather_from_writers(const std::string& bytes) const;
 
  private:
   std::optional<ProcessGroup> replicas_;

@@ -18,6 +18,7 @@
 #include <unordered_map>
 
 #include "core/failure_agreement.h"
+#include "checkpoint/directory_read.h"
 #include "checkpoint/optimizer_flat_state.h"
 #include "checkpoint/optimizer_state.h"
 #include "checkpoint/sharded_state_dict.h"
@@ -621,6 +622,84 @@ OptimizerFile read_for_team(const OptimizerParams& params, const CheckpointTeam&
   return out;
 }
 
+// read_for_team for a directory, read on every rank of the team in parallel (Note [Reading a
+// directory on every rank] in parallel_load.cpp): the root finds the optimizer's index (and checks
+// its save id against the model's index beside it), every writer reads its share of the files, the
+// team agrees that they hold together, and then every rank receives every tensor, broadcast from
+// the rank that read it, as Note [The load's broadcast] from the root: the faults are then decided
+// on every rank alike, as for a file, and each rank keeps its part when they are applied.
+OptimizerFile read_directory_for_team(const CheckpointTeam& team, const std::string& path) {
+  std::string found;  // the directory, '\0', the index's text
+  std::exception_ptr failure;
+  if (team.is_root()) {
+    try {
+      const fs::path dir = fs::path(path).filename() == index_file_name(kOptimizerStem) ? fs::path(path).parent_path()
+                                                                                         : fs::path(path);
+      const fs::path index_path = dir / index_file_name(kOptimizerStem);
+      TORCH_CHECK(fs::exists(index_path), "cpprun: load_optimizer_state_dict: ", dir.string(), " holds no ",
+                  index_file_name(kOptimizerStem), ": was the optimizer saved there "
+                  "(save_optimizer_state_dict(model, optimizer, \"", (dir / "").string(), "\"))?");
+      std::string text = read_state_dict_bytes(index_path.string());
+      const SafetensorsIndex index = read_safetensors_index(text, index_path.string());
+      // One save with the model beside it: its index's id, when both have one.
+      const fs::path model_index = dir / index_file_name(kModelStem);
+      const auto optimizer_id = index.metadata.find(std::string(kSaveIdKey));
+      if (fs::exists(model_index) && optimizer_id != index.metadata.end()) {
+        const SafetensorsIndex model = read_safetensors_index(read_state_dict_bytes(model_index.string()),
+                                                              model_index.string());
+        const auto model_id = model.metadata.find(std::string(kSaveIdKey));
+        if (model_id != model.metadata.end() && model_id->second != optimizer_id->second) {
+          throw CorruptCheckpointError(
+              "cpprun: load_optimizer_state_dict: " + index_path.string() + " is from another save (save id \"" +
+              optimizer_id->second + "\") than the model beside it (" + model_index.string() + ", save id \"" +
+              model_id->second + "\"), and nothing was loaded. Save them together (save_state_dict(model, optimizer, "
+              "\"" + dir.string() + "/\", options)), or load the checkpoint they were saved with.");
+        }
+      }
+      found = dir.string() + '\0' + text;
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+  team.share_root_failure(failure);
+  team.broadcast_bytes(found);
+  const std::size_t nul = found.find('\0');
+  TORCH_INTERNAL_ASSERT(nul != std::string::npos, "the optimizer's directory arrived garbled");
+  TeamDirectoryRead read = read_directory_on_writers(team, found.substr(0, nul), kOptimizerStem,
+                                                     found.substr(nul + 1), nullptr);
+  OptimizerFile out{path, {}, {}, {}, {}};
+  if (read.files.empty()) {
+    // No file (an optimizer saved before its first step): the index carries every file's stamp.
+    out.metadata = read.index.metadata;
+    out.metadata.erase("total_size");
+  } else {
+    out.metadata = read.info_of.at(read.files.front())->metadata;
+  }
+  // Every rank makes room for every tensor before any is sent (Note [The load's broadcast]).
+  std::map<int, std::vector<at::Tensor>> of_reader;
+  std::exception_ptr unmade;
+  try {
+    for (const auto& file : read.files) {
+      const int reader = read.reader_of.at(file);
+      for (const auto& t : read.info_of.at(file)->tensors) {
+        const auto held = read.held.find(t.name);
+        at::Tensor tensor = held != read.held.end() && team.writes() && team.writer_rank() == reader
+                                ? held->second
+                                : at::empty(t.sizes, at::TensorOptions().dtype(t.dtype));
+        out.tensors.emplace_back(t.name, tensor);
+        out.file_of[t.name] = file;
+        of_reader[reader].push_back(tensor);
+      }
+    }
+  } catch (...) {
+    unmade = std::current_exception();
+  }
+  team.agree(unmade, "making room for the optimizer state read from " + path);
+  read.held.clear();
+  for (const auto& [reader, tensors] : of_reader) team.broadcast_from_writer(tensors, reader);
+  return out;
+}
+
 // What a load applies once the file is found to fit: the file's param groups, each of our
 // parameters' group there, and each parameter's state tensors by name ("exp_avg", "step").
 struct OptimizerLoad {
@@ -839,9 +918,12 @@ void load_optimizer_state_dict(const OptimizerParams& params, torch::optim::Opti
   check_path(path, "load_optimizer_state_dict");
   const std::string kind = kind_of(optimizer);
   const auto names = group_names(params, optimizer, "load_optimizer_state_dict");
-  const OptimizerFile file = read_for_team(params, team, path, owners, [&](const std::set<std::string>* wanted) {
-    return read_optimizer_files(path, wanted);
-  });
+  // A directory is read on every rank (but a pipeline's owners' load, which reads by stage).
+  const bool in_parallel = !owners && !team.alone() && is_sharded_state_dict_path(path);
+  const OptimizerFile file = in_parallel ? read_directory_for_team(team, path)
+                                         : read_for_team(params, team, path, owners, [&](const std::set<std::string>* wanted) {
+                                             return read_optimizer_files(path, wanted);
+                                           });
   // Every difference, then one error; every rank decides alike on the same bytes (with owners: on
   // every owner's faults, each rank having its own team's).
   OptimizerLoad load;

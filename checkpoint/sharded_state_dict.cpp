@@ -277,19 +277,12 @@ ShardedDirectory read_sharded_directory(const std::string& dir_text, std::string
   const SafetensorsIndex& index = out.index;
 
   // Every file the index names must be there before any is read.
-  std::map<std::string, std::vector<std::string>> promised;  // file -> the tensors the index places there
-  for (const auto& [name, file] : index.weight_map) promised[file].push_back(name);
+  const std::map<std::string, std::vector<std::string>> promised = files_of_index(index);
   std::vector<std::string> absent;
   for (const auto& [file, names] : promised) {
-    if (!fs::exists(dir / file)) {
-      absent.push_back(file + " (" + std::to_string(names.size()) + " tensor(s), e.g. \"" + names.front() + "\")");
-    }
+    if (!fs::exists(dir / file)) absent.push_back(file);
   }
-  if (!absent.empty()) {
-    throw CorruptCheckpointError("cpprun: the sharded checkpoint " + index_path.string() + " names " +
-                                 std::to_string(absent.size()) + " file(s) that " + dir.string() + " lacks:" +
-                                 join_lines(absent) + "\nWas a shard lost or not copied? Nothing was loaded.");
-  }
+  if (!absent.empty()) throw absent_files_error(out.index_path, dir_text, promised, absent);
   // Read (and check each file's CRC), one file's bytes at a time.
   std::vector<ShardFileContents> contents;
   for (const auto& [file, names] : promised) {
@@ -318,13 +311,34 @@ ShardedDirectory read_sharded_directory(const std::string& dir_text, std::string
     out.metadata.erase("total_size");
   }
   const std::vector<std::string> faults = sharded_directory_faults(index, contents);
-  if (!faults.empty()) {
-    throw CorruptCheckpointError("cpprun: the sharded checkpoint in " + dir.string() + " does not hold together (" +
-                                 std::to_string(faults.size()) + " fault(s)), and nothing was loaded:" +
-                                 join_lines(faults) + "\nA save was interrupted, or files of different saves were "
-                                 "put together: save again, or load an earlier checkpoint.");
-  }
+  if (!faults.empty()) throw directory_faults_error(dir_text, faults);
   return out;
+}
+
+std::map<std::string, std::vector<std::string>> files_of_index(const SafetensorsIndex& index) {
+  std::map<std::string, std::vector<std::string>> promised;
+  for (const auto& [name, file] : index.weight_map) promised[file].push_back(name);
+  return promised;
+}
+
+CorruptCheckpointError absent_files_error(const std::string& index_path, const std::string& dir,
+                                          const std::map<std::string, std::vector<std::string>>& promised,
+                                          const std::vector<std::string>& absent) {
+  std::vector<std::string> lines;
+  for (const auto& file : absent) {
+    const std::vector<std::string>& names = promised.at(file);
+    lines.push_back(file + " (" + std::to_string(names.size()) + " tensor(s), e.g. \"" + names.front() + "\")");
+  }
+  return CorruptCheckpointError("cpprun: the sharded checkpoint " + index_path + " names " +
+                                std::to_string(absent.size()) + " file(s) that " + dir + " lacks:" +
+                                join_lines(lines) + "\nWas a shard lost or not copied? Nothing was loaded.");
+}
+
+CorruptCheckpointError directory_faults_error(const std::string& dir, const std::vector<std::string>& faults) {
+  return CorruptCheckpointError("cpprun: the sharded checkpoint in " + dir + " does not hold together (" +
+                                std::to_string(faults.size()) + " fault(s)), and nothing was loaded:" +
+                                join_lines(faults) + "\nA save was interrupted, or files of different saves were "
+                                "put together: save again, or load an earlier checkpoint.");
 }
 
 std::string sharded_load_directory(const std::string& path, std::string& single) {

@@ -2,7 +2,8 @@
 // model-0000R-of-0000N.safetensors files holding whole tensors, and model.safetensors.index.json.
 // Saved in parallel (each rank writes the contiguous run of tensors it owns, about 1/N of the
 // bytes; rank 0 the index last); loaded by one process, which checks that the index and the
-// files agree and come from one save before anything is copied.
+// files agree and come from one save before anything is copied (a wrapper's team reads the
+// files on every rank in parallel: checkpoint/directory_read.h).
 #pragma once
 
 #include <torch/nn/module.h>
@@ -13,8 +14,10 @@
 #include <set>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "checkpoint/checkpoint_team.h"
+#include "cpprun/checkpoint_file.h"
 #include "cpprun/state_dict_options.h"
 #include "support/safetensors_index.h"
 #include "support/torch_save_file.h"
@@ -102,6 +105,16 @@ SafetensorsIndex read_index_file(const std::string& path);
 // must still exist), for a rank that loads a part of the model (a pipeline stage).
 ShardedDirectory read_sharded_directory(const std::string& dir, std::string_view stem,
                                         const std::set<std::string>* wanted = nullptr);
+// The pieces of read_sharded_directory that a load reading the files on several ranks
+// (checkpoint/parallel_load.h) shares: the index's files, each with the tensors it places there;
+// the error for files the directory lacks (`absent`, of `promised`, in its order), and for the
+// faults of sharded_directory_faults.
+std::map<std::string, std::vector<std::string>> files_of_index(const SafetensorsIndex& index);
+CorruptCheckpointError absent_files_error(const std::string& index_path, const std::string& dir,
+                                          const std::map<std::string, std::vector<std::string>>& promised,
+                                          const std::vector<std::string>& absent);
+CorruptCheckpointError directory_faults_error(const std::string& dir, const std::vector<std::string>& faults);
+
 // The directory a load of PATH (DIR, or the index it names) reads; `single` becomes
 // DIR/model.safetensors when DIR holds that file alone, or DIR/pytorch_model.bin when it holds no
 // safetensors (load it as a file). Refuses a DIR holding

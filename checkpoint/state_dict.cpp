@@ -378,7 +378,8 @@ NamedTensors decode_state_dict(std::string_view bytes, const std::string& path) 
 // A tensor the module holds under two names (tied weights: GPT-2's wte.weight and lm_head.weight)
 // takes one value; when the file holds both names with different bytes, whichever came last would
 // silently win, so the file is refused (PyTorch's load_state_dict lets the last one win).
-void refuse_disagreeing_ties(const NamedTensors& mine, const NamedTensors& file, const std::string& where) {
+void refuse_disagreeing_ties(const NamedTensors& mine, const NamedTensors& file, const std::string& where,
+                             const SameTiedValues& same) {
   std::map<std::string, const at::Tensor*> by_name;
   for (const auto& [name, tensor] : file) by_name[name] = &tensor;
   std::map<const c10::TensorImpl*, std::pair<std::string, const at::Tensor*>> first_of;
@@ -390,8 +391,12 @@ void refuse_disagreeing_ties(const NamedTensors& mine, const NamedTensors& file,
     }
     const auto [seen, is_first] = first_of.try_emplace(tensor.unsafeGetTensorImpl(), name, found->second);
     if (is_first) continue;
-    const at::Tensor a = seen->second.second->contiguous(), b = found->second->contiguous();
-    if (std::memcmp(a.data_ptr(), b.data_ptr(), a.nbytes()) == 0) continue;
+    if (same) {
+      if (same(seen->second.first, *seen->second.second, name, *found->second)) continue;
+    } else {
+      const at::Tensor a = seen->second.second->contiguous(), b = found->second->contiguous();
+      if (std::memcmp(a.data_ptr(), b.data_ptr(), a.nbytes()) == 0) continue;
+    }
     throw StateDictMismatchError("cpprun: " + where + " holds \"" + seen->second.first + "\" and \"" + name +
                                  "\" with different values, but the module ties them (one tensor under both names), "
                                  "so it cannot load both; nothing was loaded. Was one of them edited, or is the file "
@@ -425,7 +430,8 @@ NamedTensors as_module_names(const NamedTensors& file, const StateDictOptions& o
 
 StateDictLoadReport check_named_tensors(const NamedTensors& mine, const NamedTensors& file_as_saved,
                                         const std::string& where, const StateDictOptions& options,
-                                        const std::map<std::string, std::string>& file_of_as_saved) {
+                                        const std::map<std::string, std::string>& file_of_as_saved,
+                                        const SameTiedValues& same) {
   const bool renamed = renames_file_keys(options);
   std::map<std::string, std::string> renamed_file_of;
   if (renamed) {
@@ -436,7 +442,7 @@ StateDictLoadReport check_named_tensors(const NamedTensors& mine, const NamedTen
   StateDictLoadReport report = compare_state(mine, file);
   const bool differs = !report.missing_keys.empty() || !report.unexpected_keys.empty() || !report.mismatched.empty();
   if (options.strict() && differs) throw StateDictMismatchError(mismatch_message(report, where, file_of));
-  refuse_disagreeing_ties(mine, file, where);
+  refuse_disagreeing_ties(mine, file, where, same);
   return report;
 }
 

@@ -27,7 +27,12 @@ StateDictLoadReport compare_state(const NamedTensors& module, const NamedTensors
 // Throws StateDictMismatchError when the file holds two names the module ties to one tensor with
 // different bytes (either would silently win); `where` names the file. load_named_tensors calls it;
 // a reader that agrees on failures before loading calls it first, inside that agreement.
-void refuse_disagreeing_ties(const NamedTensors& module, const NamedTensors& file, const std::string& where);
+// `same` (null: the bytes compared) tells whether the file's tensors under two tied names (the
+// module's names) hold the same values, for a file whose tensors are described, not held.
+using SameTiedValues = std::function<bool(const std::string& first_name, const at::Tensor& first,
+                                          const std::string& name, const at::Tensor& tensor)>;
+void refuse_disagreeing_ties(const NamedTensors& module, const NamedTensors& file, const std::string& where,
+                             const SameTiedValues& same = nullptr);
 
 // The file's bytes for `tensors`, in the format PATH's extension names (.safetensors, .pt, .pth).
 std::string encode_state_dict(const NamedTensors& tensors, const std::string& path);
@@ -48,7 +53,8 @@ NamedTensors read_state_dict_file(const std::string& path);
 // (strict) or for disagreeing ties and changes nothing; the copy writes what fits.
 StateDictLoadReport check_named_tensors(const NamedTensors& mine, const NamedTensors& file, const std::string& where,
                                         const StateDictOptions& options,
-                                        const std::map<std::string, std::string>& file_of = {});
+                                        const std::map<std::string, std::string>& file_of = {},
+                                        const SameTiedValues& same = nullptr);
 void copy_named_tensors(const NamedTensors& mine, const NamedTensors& file, const StateDictOptions& options);
 
 // Loads `file` into `mine` (a module's state, or FSDP's gathered fp32 masters) in place, by

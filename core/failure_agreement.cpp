@@ -43,9 +43,9 @@ std::string describe_failure(const std::exception_ptr& failure) {
   }
 }
 
-void throw_described_failure(const std::string& described) {
+void throw_described_failure(const std::string& described, int rank) {
   TORCH_INTERNAL_ASSERT(!described.empty(), "a described failure arrived empty");
-  const std::string message = described.substr(1) + " (raised on rank 0)";
+  const std::string message = described.substr(1) + " (raised on rank " + std::to_string(rank) + ")";
   if (described[0] == 'M') throw StateDictMismatchError(message);
   if (described[0] == 'C') throw CorruptCheckpointError(message);
   throw std::runtime_error(message);

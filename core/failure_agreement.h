@@ -24,8 +24,9 @@ void share_root_failure(const ProcessGroup& group, std::exception_ptr root_failu
 // The same in two halves, for a broadcast that carries a result when nothing failed: a failure
 // as bytes (its kind, a letter, then its message; never empty), and, on a rank that received
 // them, that failure thrown again: StateDictMismatchError, CorruptCheckpointError, else
-// std::runtime_error, the message followed by " (raised on rank 0)".
+// std::runtime_error, the message followed by " (raised on rank R)", R = `rank` (the rank that
+// failed: the root, or a reader of a directory, checkpoint/parallel_load.h).
 std::string describe_failure(const std::exception_ptr& failure);
-[[noreturn]] void throw_described_failure(const std::string& described);
+[[noreturn]] void throw_described_failure(const std::string& described, int rank = 0);
 
 }  // namespace cpprun::detail

@@ -417,3 +417,36 @@ TEST_CASE("state_dict: a save_async to a directory that fails on one rank fails 
     check(fsdp);
   }
 }
+
+// See Note [Counting the save's tensor memory]; the load mirrors the save (checkpoint/parallel_load.h):
+// a rank decodes only the files it reads, and receives its rows of one tensor at a time.
+TEST_CASE("state_dict: a ZeRO-3 load of a sharded directory holds a rank's own file's tensors, not the whole model",
+          "[state_dict]") {
+  const int rank = group().rank(), world = group().size();
+  CountingAllocator& counting = counting_allocator();
+  const std::string dir = scratch("load_memory");
+  {
+    auto saved = cpprun::FullyShardedDataParallel(seeded_tower(1, 101), group(),
+                                                  cpprun::FsdpOptions().stage(3).wrap_policy(is_linear));
+    cpprun::save_state_dict(saved, dir);
+  }
+  auto model =
+      cpprun::FullyShardedDataParallel(seeded_tower(2, 101), group(), cpprun::FsdpOptions().stage(3).wrap_policy(is_linear));
+  cpprun::barrier(group());
+  const int64_t before = counting.start();
+  cpprun::load_state_dict(model, dir);
+  const int64_t extra = counting.peak - before;
+  const Bounds b = bounds_of(dir, cpprun::detail::kModelStem, rank);
+  INFO("rank " << rank << " of " << world << ": the load's peak extra tensor bytes " << extra << "; its own file "
+               << b.own << ", the largest tensor " << b.largest << ", all " << b.all);
+  CHECK(extra <= b.own + 2 * b.largest);
+  if (world > 1) CHECK(extra < b.all);
+  // And it loaded: the seed-1 values, whole.
+  auto plain = seeded_tower(1, 101);
+  for (const auto& item : cpprun::get_model_state_dict(model)) {
+    INFO(item.key());
+    CHECK(torch::equal(item.value(), plain->named_parameters()[item.key()]));
+  }
+  cpprun::barrier(group());
+  if (rank == 0) fs::remove_all(dir);
+}

@@ -1,0 +1,252 @@
+// See parallel_load.h.
+#include "checkpoint/parallel_load.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <exception>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <set>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "checkpoint/directory_read.h"
+#include "checkpoint/sharded_state_dict.h"
+#include "checkpoint/state_dict.h"
+#include "cpprun/collectives.h"
+#include "cpprun/process_group.h"
+#include "support/safetensors_index.h"
+
+namespace cpprun::detail {
+
+// Note [Reading a directory on every rank]
+// The save writes file r + 1 on writer r, each tensor gathered only to its writer (Note [Gathering
+// to the writer]); the load mirrors it. Writer w of the team reads the files i with i mod W = w,
+// whatever world size saved them, and checks them (header, CRC, dtypes) as it decodes them. What
+// every check needs beyond one file (the index against the files, one save id, the strict
+// comparison with the model, tied names holding one value) is decided from what each reader tells
+// (checkpoint/reader_report.h: names, dtypes, shapes, save ids, a CRC of each tensor the model ties
+// to another name): one all-gather of those few bytes, after which every rank decides alike, so a
+// fault found anywhere is raised on every rank before any tensor of the model changes (a reader's
+// own error, such as a damaged file, by that reader, and on the others with "(raised on rank R)").
+// Then the tensors move one at a time, in the view's order on every rank, from the rank that read
+// each: a replicated one is broadcast into the module's tensor; one FSDP shards by rows over a
+// group of every rank is scattered (each rank receives its rows, padded to the same count); any
+// other placement (tensor-parallel splits, HSDP, whose shard groups do not hold every reader) is
+// broadcast whole into a buffer of which each rank keeps its part (state_view.h's local_part). A
+// rank holds its own files' tensors (about 1/W of the model) and one tensor in flight beyond its
+// shards, never the whole model, and the bytes read from the disk are spread over W ranks. The
+// path that a file, a team of one, or a directory holding model.safetensors takes is unchanged:
+// the root reads, the values are broadcast.
+namespace {
+
+// Where PATH leads, as the team's root found it (it alone looks, so every rank takes the same way).
+struct LoadTarget {
+  bool single = false;  // a file in the directory, which the caller loads as a file
+  std::string dir;
+  std::string index_text;
+};
+
+LoadTarget resolve_load_target(const CheckpointTeam& team, const std::string& path) {
+  std::string bytes;
+  std::exception_ptr failure;
+  if (team.is_root()) {
+    try {
+      std::string single;
+      const std::string dir = sharded_load_directory(path, single);
+      if (!single.empty()) {
+        bytes = "S";
+      } else {
+        const std::string index_path = (std::filesystem::path(dir) / index_file_name(kModelStem)).string();
+        std::string text = read_state_dict_bytes(index_path);
+        (void)read_safetensors_index(text, index_path);  // a malformed index: the root's error, on every rank
+        bytes = "I" + dir + '\0' + text;
+      }
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+  team.share_root_failure(failure);
+  team.broadcast_bytes(bytes);
+  LoadTarget target;
+  if (bytes == "S") {
+    target.single = true;
+    return target;
+  }
+  const std::size_t nul = bytes.find('\0');
+  TORCH_INTERNAL_ASSERT(!bytes.empty() && bytes[0] == 'I' && nul != std::string::npos, "the load's target arrived garbled");
+  target.dir = bytes.substr(1, nul - 1);
+  target.index_text = bytes.substr(nul + 1);
+  return target;
+}
+
+// The model's names that share their tensor with another name (tied weights).
+std::set<std::string> tied_module_names(const StateView& view) {
+  std::map<std::size_t, int> names_of_entry;
+  for (const auto& [name, entry] : view.names) ++names_of_entry[entry];
+  std::set<std::string> tied;
+  for (const auto& [name, entry] : view.names) {
+    if (names_of_entry[entry] > 1) tied.insert(name);
+  }
+  return tied;
+}
+
+// The strict comparison of the files' tensors (described, on the meta device) with the model's
+// whole shapes and dtypes: StateDictMismatchError as a load of the tensors themselves throws.
+StateDictLoadReport check_against_model(const StateView& view, const TeamDirectoryRead& read,
+                                        const StateDictOptions& options) {
+  std::vector<at::Tensor> described;
+  for (const auto& entry : view.entries) {
+    described.push_back(
+        at::empty(entry.whole_sizes, at::TensorOptions().dtype(entry.local.scalar_type()).device(at::kMeta)));
+  }
+  NamedTensors mine;
+  for (const auto& [name, entry] : view.names) mine.emplace_back(name, described[entry]);
+  NamedTensors file;
+  std::map<std::string, std::string> file_of;
+  std::map<std::string, std::uint32_t> crc_of;  // the module's names
+  for (const auto& [name, info] : read.info_of) {
+    for (const auto& t : info->tensors) {
+      file.emplace_back(t.name, at::empty(t.sizes, at::TensorOptions().dtype(t.dtype).device(at::kMeta)));
+      file_of[t.name] = name;
+      if (t.crc) crc_of[as_module_name(t.name, options)] = *t.crc;
+    }
+  }
+  const SameTiedValues same = [&](const std::string& first_name, const at::Tensor&, const std::string& name,
+                                  const at::Tensor&) {
+    const auto a = crc_of.find(first_name), b = crc_of.find(name);
+    TORCH_INTERNAL_ASSERT(a != crc_of.end() && b != crc_of.end(), "no CRC for the tied tensor ", first_name);
+    return a->second == b->second;
+  };
+  return check_named_tensors(mine, file, read.dir, options, file_of, same);
+}
+
+// The tensor of the files that loads an entry: the last of its names the files hold with its
+// whole shape and dtype (a tied tensor's names hold one value: checked), as copy_named_tensors.
+struct FileTensor {
+  std::string name;  // as the file names it
+  int reader = 0;    // the writer that read its file
+};
+
+// The rank of the entry's shard group that holds reader `reader`, when the entry's rows are
+// scattered from it: FSDP's rows over a group of every rank of the team (not HSDP's replicas,
+// nor tensor-parallel splits); nullopt: broadcast whole.
+std::optional<int> scatter_root(const StateEntry& entry, const CheckpointTeam& team, int reader) {
+  if (!entry.placement.rows || entry.placement.tensor_parallel || !team.tensor_parallel().empty() || !team.replicas()) {
+    return std::nullopt;
+  }
+  const std::vector<int> shard = get_process_group_ranks(entry.placement.rows->group);
+  const std::vector<int> writers = get_process_group_ranks(*team.replicas());
+  if (shard.size() != writers.size()) return std::nullopt;
+  const auto at = std::find(shard.begin(), shard.end(), writers[static_cast<std::size_t>(reader)]);
+  if (at == shard.end()) return std::nullopt;
+  return static_cast<int>(at - shard.begin());
+}
+
+// Writes `whole` (defined on the reader only) into the entry's local tensor on every rank.
+void deliver(const StateEntry& entry, const at::Tensor& whole, int reader, const CheckpointTeam& team) {
+  const at::Tensor local = entry.local.detach();
+  if (entry.placement.replicated()) {
+    at::Tensor buffer = local.is_contiguous() ? local : at::empty(local.sizes(), local.options());
+    if (whole.defined()) buffer.copy_(whole);
+    team.broadcast_from_writer({buffer}, reader);
+    if (!buffer.is_same(local)) local.copy_(buffer);
+    return;
+  }
+  const auto options = local.options().device(entry.device);
+  if (const auto root = scatter_root(entry, team, reader)) {
+    // Rank r's rows are chunk r of the whole, the last ones padded to the same size. The reader
+    // sends views of the tensor it read (Gloo's scatter copies them once more on the sender), a
+    // padded copy only of a chunk the rows do not fill, and receives its own rows in place.
+    const RowShard& rows = *entry.placement.rows;
+    const int64_t chunk = rows.rows_per_rank * rows.row_numel;
+    std::vector<at::Tensor> inputs;
+    at::Tensor output;
+    if (whole.defined()) {
+      const at::Tensor flat = whole.to(entry.device).contiguous().reshape({-1});
+      at::Tensor zeros;  // shared by every chunk past the last row
+      for (int r = 0; r < rows.group.size(); ++r) {
+        const int64_t first = r * chunk, have = std::clamp<int64_t>(flat.numel() - first, 0, chunk);
+        if (have == chunk) {
+          inputs.push_back(flat.narrow(0, first, chunk));
+        } else if (have > 0) {
+          inputs.push_back(at::zeros({chunk}, options));
+          inputs.back().narrow(0, 0, have).copy_(flat.narrow(0, first, have));
+        } else {
+          if (!zeros.defined()) zeros = at::zeros({chunk}, options);
+          inputs.push_back(zeros);
+        }
+      }
+      output = inputs[static_cast<std::size_t>(*root)];
+    } else {
+      output = at::empty({chunk}, options);
+    }
+    cpprun::scatter(rows.group, output, std::move(inputs), *root);
+    if (rows.local_rows > 0) local.copy_(output.narrow(0, 0, rows.local_rows * rows.row_numel).view(local.sizes()));
+    return;
+  }
+  at::Tensor buffer = whole.defined() ? whole.to(entry.device).contiguous() : at::empty(entry.whole_sizes, options);
+  team.broadcast_from_writer({buffer}, reader);
+  local.copy_(local_part(entry, buffer));
+}
+
+}  // namespace
+
+std::optional<StateDictLoadReport> load_directory_in_parallel(const StateView& view, const std::string& path,
+                                                              const StateDictOptions& options) {
+  at::NoGradGuard no_grad;
+  const CheckpointTeam& team = view.team;
+  TORCH_INTERNAL_ASSERT(!team.alone());
+  const LoadTarget target = resolve_load_target(team, path);
+  if (target.single) return std::nullopt;
+  const std::set<std::string> tied = tied_module_names(view);
+  TeamDirectoryRead read = read_directory_on_writers(team, target.dir, kModelStem, target.index_text,
+                                                     [&](const std::string& name) {
+                                                       return tied.count(as_module_name(name, options)) > 0;
+                                                     });
+  const StateDictLoadReport report = check_against_model(view, read, options);
+
+  // Every check passed on every rank: the tensors move, one at a time.
+  std::map<std::string, FileTensor> source_of;  // the module's names -> the file's tensor
+  std::map<std::string, const ReadTensorInfo*> described;
+  for (const auto& [file, info] : read.info_of) {
+    for (const auto& t : info->tensors) {
+      const std::string name = as_module_name(t.name, options);
+      source_of[name] = {t.name, read.reader_of.at(file)};
+      described[name] = &t;
+    }
+  }
+  std::vector<std::vector<std::string>> names_of(view.entries.size());
+  for (const auto& [name, entry] : view.names) names_of[entry].push_back(name);
+  for (std::size_t e = 0; e < view.entries.size(); ++e) {
+    const StateEntry& entry = view.entries[e];
+    const FileTensor* source = nullptr;
+    for (const auto& name : names_of[e]) {
+      const auto found = source_of.find(name);
+      if (found == source_of.end()) continue;
+      const ReadTensorInfo& t = *described.at(name);
+      if (t.sizes == entry.whole_sizes && t.dtype == entry.local.scalar_type()) source = &found->second;
+    }
+    if (!source) continue;  // strict(false): left as it is, and reported
+    int64_t numel = 1;
+    for (const int64_t size : entry.whole_sizes) numel *= size;
+    if (numel == 0) continue;
+    const int reader = source->reader;
+    const bool reads = team.writes() && team.writer_rank() == reader;
+    at::Tensor whole;
+    if (reads) whole = read.held.at(source->name);
+    deliver(entry, whole, reader, team);
+    if (reads) read.held.erase(source->name);  // its memory goes as soon as it is delivered
+  }
+  read.held.clear();
+  if (view.after_load) view.after_load();
+  return report;
+}
+
+}  // namespace cpprun::detail
