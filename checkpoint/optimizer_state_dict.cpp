@@ -639,14 +639,13 @@ OptimizerFile read_directory_for_team(const CheckpointTeam& team, const std::str
       TORCH_CHECK(fs::exists(index_path), "cpprun: load_optimizer_state_dict: ", dir.string(), " holds no ",
                   index_file_name(kOptimizerStem), ": was the optimizer saved there "
                   "(save_optimizer_state_dict(model, optimizer, \"", (dir / "").string(), "\"))?");
-      std::string text = read_state_dict_bytes(index_path.string());
+      std::string text = read_index_text(index_path.string());
       const SafetensorsIndex index = read_safetensors_index(text, index_path.string());
       // One save with the model beside it: its index's id, when both have one.
       const fs::path model_index = dir / index_file_name(kModelStem);
       const auto optimizer_id = index.metadata.find(std::string(kSaveIdKey));
       if (fs::exists(model_index) && optimizer_id != index.metadata.end()) {
-        const SafetensorsIndex model = read_safetensors_index(read_state_dict_bytes(model_index.string()),
-                                                              model_index.string());
+        const SafetensorsIndex model = read_index_file(model_index.string());
         const auto model_id = model.metadata.find(std::string(kSaveIdKey));
         if (model_id != model.metadata.end() && model_id->second != optimizer_id->second) {
           throw CorruptCheckpointError(

@@ -64,7 +64,7 @@ LoadTarget resolve_load_target(const CheckpointTeam& team, const std::string& pa
         bytes = "S";
       } else {
         const std::string index_path = (std::filesystem::path(dir) / index_file_name(kModelStem)).string();
-        std::string text = read_state_dict_bytes(index_path);
+        std::string text = read_index_text(index_path);
         (void)read_safetensors_index(text, index_path);  // a malformed index: the root's error, on every rank
         bytes = "I" + dir + '\0' + text;
       }

@@ -257,15 +257,15 @@ void save_sharded_tensors(const NamedTensors& state, const CheckpointTeam& team,
   agree_or_undo();
 }
 
-SafetensorsIndex read_index_file(const std::string& path) {
-  std::string text;
+std::string read_index_text(const std::string& path) {
   try {
-    text = read_regular_file(path, "safetensors index", kMaxSafetensorsIndexBytes);
+    return read_regular_file(path, "safetensors index", kMaxSafetensorsIndexBytes);
   } catch (const FileTooLargeError& e) {
     throw CorruptCheckpointError(e.what());  // what every other fault of an index is
   }
-  return read_safetensors_index(text, path);
 }
+
+SafetensorsIndex read_index_file(const std::string& path) { return read_safetensors_index(read_index_text(path), path); }
 
 ShardedDirectory read_sharded_directory(const std::string& dir_text, std::string_view stem,
                                         const std::set<std::string>* wanted) {

@@ -101,6 +101,9 @@ struct ShardedDirectory {
 // The index at PATH, read and parsed: one larger than kMaxSafetensorsIndexBytes, or damaged, is a
 // CorruptCheckpointError naming it; one that cannot be opened, std::system_error.
 SafetensorsIndex read_index_file(const std::string& path);
+// Its text alone, refused as read_index_file refuses it before it is read whole (for a reader that
+// sends it on before parsing it).
+std::string read_index_text(const std::string& path);
 // `wanted` (null: all): read only the files that hold one of these names (the index's every file
 // must still exist), for a rank that loads a part of the model (a pipeline stage).
 ShardedDirectory read_sharded_directory(const std::string& dir, std::string_view stem,
