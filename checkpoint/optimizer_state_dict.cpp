@@ -21,6 +21,7 @@
 #include "checkpoint/directory_read.h"
 #include "checkpoint/optimizer_flat_state.h"
 #include "checkpoint/optimizer_state.h"
+#include "checkpoint/row_scatter.h"
 #include "checkpoint/sharded_state_dict.h"
 #include "checkpoint/state_dict.h"
 #include "checkpoint/writer_gather.h"
@@ -459,6 +460,10 @@ struct OptimizerFile {
   std::map<std::string, std::string> file_of;  // a directory's tensor -> its file, for messages
   std::set<std::string> held_elsewhere;         // parameters the other owners load
   std::string noun = "the file";                // what the faults call it ("the state dict")
+  // State tensors this rank received as its part already (FSDP's rows, scattered from the rank
+  // that read them: read_directory_for_team), its own; their `tensors` are descriptions (meta
+  // device).
+  std::map<std::string, at::Tensor> local = {};
 };
 
 // What rank 0 has to share: read from files, or (set_optimizer_state_dict) made from a dict.
@@ -625,10 +630,13 @@ OptimizerFile read_for_team(const OptimizerParams& params, const CheckpointTeam&
 // read_for_team for a directory, read on every rank of the team in parallel (Note [Reading a
 // directory on every rank] in parallel_load.cpp): the root finds the optimizer's index (and checks
 // its save id against the model's index beside it), every writer reads its share of the files, the
-// team agrees that they hold together, and then every rank receives every tensor, broadcast from
-// the rank that read it, as Note [The load's broadcast] from the root: the faults are then decided
-// on every rank alike, as for a file, and each rank keeps its part when they are applied.
-OptimizerFile read_directory_for_team(const CheckpointTeam& team, const std::string& path) {
+// team agrees that they hold together, and then the tensors go from the rank that read them: a
+// state tensor of a parameter FSDP shards by rows over every writer is scattered, each rank
+// receiving only its rows (OptimizerFile::local), and the rest (steps, other placements) are
+// broadcast whole, as Note [The load's broadcast] from the root, each rank keeping its part when
+// they are applied. The faults are then decided on every rank alike from the tensors' names,
+// dtypes and shapes, as for a file.
+OptimizerFile read_directory_for_team(const OptimizerParams& params, const CheckpointTeam& team, const std::string& path) {
   std::string found;  // the directory, '\0', the index's text
   std::exception_ptr failure;
   if (team.is_root()) {
@@ -674,28 +682,94 @@ OptimizerFile read_directory_for_team(const CheckpointTeam& team, const std::str
   } else {
     out.metadata = read.info_of.at(read.files.front())->metadata;
   }
-  // Every rank makes room for every tensor before any is sent (Note [The load's broadcast]).
+  // Every rank makes room for what it receives before any tensor is sent (Note [The load's
+  // broadcast], Note [The transfer's buffers are agreed] in row_scatter.cpp): a whole tensor for
+  // each broadcast, its rows for each scatter (the reader: the buffers to send them through).
+  std::map<std::string, std::size_t> index_of;  // the model's names, a tied parameter's each
+  for (std::size_t i = 0; i < params.names.size(); ++i) index_of[params.names[i]] = i;
+  for (const auto& [alias, i] : params.aliases) index_of[alias] = i;
+  // How `t`, the whole state of a parameter FSDP shards by rows, is scattered from `reader`.
+  struct ScatterPlan {
+    std::size_t param;
+    const StateEntry* entry;
+    int root;  // in the entry's shard group
+  };
+  const auto scattered_by = [&](const ReadTensorInfo& t, int reader) -> std::optional<ScatterPlan> {
+    const std::size_t dot = t.name.rfind('.');
+    if (t.name.rfind("state.", 0) != 0 || dot == std::string::npos || dot <= 6 || t.name.substr(dot + 1) == "step" ||
+        !at::isFloatingType(t.dtype)) {
+      return std::nullopt;
+    }
+    const auto found = index_of.find(t.name.substr(6, dot - 6));
+    if (found == index_of.end() || found->second >= params.entries.size() || !params.entries[found->second] ||
+        t.sizes != params.full_sizes[found->second]) {
+      return std::nullopt;  // not a parameter's state of its shape: sent whole, and refused later
+    }
+    int64_t numel = 1;
+    for (const int64_t size : t.sizes) numel *= size;
+    if (numel == 0) return std::nullopt;
+    const StateEntry& entry = *params.entries[found->second];
+    const auto root = scatter_root(entry, team, reader);
+    if (!root) return std::nullopt;
+    return ScatterPlan{found->second, &entry, *root};
+  };
+  struct Scatter {
+    std::string name;
+    const StateEntry* entry;
+    int root;
+    at::Tensor whole;  // on its reader
+  };
   std::map<int, std::vector<at::Tensor>> of_reader;
+  std::vector<Scatter> scatters;
+  TransferScratch scratch;
   std::exception_ptr unmade;
   try {
     for (const auto& file : read.files) {
       const int reader = read.reader_of.at(file);
+      const bool reads = team.writes() && team.writer_rank() == reader;
       for (const auto& t : read.info_of.at(file)->tensors) {
-        const auto held = read.held.find(t.name);
-        at::Tensor tensor = held != read.held.end() && team.writes() && team.writer_rank() == reader
-                                ? held->second
-                                : at::empty(t.sizes, at::TensorOptions().dtype(t.dtype));
-        out.tensors.emplace_back(t.name, tensor);
         out.file_of[t.name] = file;
+        const auto held = read.held.find(t.name);
+        const at::Tensor whole = reads && held != read.held.end() ? held->second : at::Tensor();
+        if (const auto plan = scattered_by(t, reader)) {
+          // The reader keeps the whole it read (its rows cut when applied); any other rank its
+          // rows alone, where its optimizer keeps them (an offloaded shard's on the CPU), received
+          // through the scratch on the device its shard group's collectives take.
+          const StateEntry& entry = *plan->entry;
+          if (whole.defined()) {
+            out.tensors.emplace_back(t.name, whole);
+            scratch.need(t.dtype, entry.device, scatter_send_numel(entry, whole));
+          } else {
+            out.tensors.emplace_back(t.name, at::empty(t.sizes, at::TensorOptions().dtype(t.dtype).device(at::kMeta)));
+            out.local[t.name] = at::empty(entry.placement.rows->local_sizes,
+                                          at::TensorOptions().dtype(t.dtype).device(params.stepped[plan->param].device()));
+            scratch.need(t.dtype, entry.device, scatter_chunk_numel(entry));
+          }
+          scatters.push_back({t.name, &entry, plan->root, whole});
+          continue;
+        }
+        at::Tensor tensor = whole.defined() ? whole : at::empty(t.sizes, at::TensorOptions().dtype(t.dtype));
+        out.tensors.emplace_back(t.name, tensor);
         of_reader[reader].push_back(tensor);
       }
     }
+    scratch.allocate();
   } catch (...) {
     unmade = std::current_exception();
   }
   team.agree(unmade, "making room for the optimizer state read from " + path);
   read.held.clear();
   for (const auto& [reader, tensors] : of_reader) team.broadcast_from_writer(tensors, reader);
+  for (const Scatter& s : scatters) {
+    if (s.whole.defined()) {
+      scatter_rows(*s.entry, s.root, s.whole,
+                   scratch.view(s.whole.scalar_type(), s.entry->device, 0, scatter_send_numel(*s.entry, s.whole)), {});
+      continue;
+    }
+    at::Tensor& mine = out.local.at(s.name);
+    mine.copy_(scatter_rows(*s.entry, s.root, {}, {},
+                            scratch.view(mine.scalar_type(), s.entry->device, 0, scatter_chunk_numel(*s.entry))));
+  }
   return out;
 }
 
@@ -705,6 +779,7 @@ struct OptimizerLoad {
   Json groups;
   std::map<std::string, std::size_t> group_of;
   std::map<std::string, std::map<std::string, at::Tensor>> state_of;
+  std::map<std::string, std::set<std::string>> already_local;  // name -> its states that are this rank's part
 };
 
 // Every way `file` does not fit `optimizer` over `params` (empty: it fits), and in `load` what
@@ -809,7 +884,9 @@ std::vector<std::string> optimizer_file_faults(const OptimizerParams& params, to
                        ", the model's parameter " + c10::str(c10::IntArrayRef(expected)));
       continue;
     }
-    if (!state_of[name].emplace(what, tensor).second) {
+    const auto local = file.local.find(key);
+    if (local != file.local.end()) load.already_local[name].insert(what);
+    if (!state_of[name].emplace(what, local != file.local.end() ? local->second : tensor).second) {
       faults.push_back("\"" + key + "\"" + in_file(key) + ": the tied parameter \"" + name + "\"'s " + what +
                        " is in " + file.noun + " under two names");
     }
@@ -902,8 +979,13 @@ void apply_optimizer_load(const OptimizerParams& params, torch::optim::Optimizer
           state.step = std::llround(tensor.item<double>());
           continue;
         }
-        at::Tensor mine = params.local_part ? params.local_part(i, tensor) : tensor;
-        state.tensors[what] = mine.to(param.device(), param.scalar_type()).contiguous().clone();
+        const auto local = load.already_local.find(name);
+        const bool already = local != load.already_local.end() && local->second.count(what);
+        at::Tensor mine = params.local_part && !already ? params.local_part(i, tensor) : tensor;
+        mine = mine.to(param.device(), param.scalar_type()).contiguous();
+        // Rows this load received are this rank's own tensor (nothing else holds them); any other
+        // is a view of what the file's tensors hold.
+        state.tensors[what] = already ? mine : mine.clone();
       }
       write_optimizer_state(optimizer, param, state);
     }
@@ -919,7 +1001,7 @@ void load_optimizer_state_dict(const OptimizerParams& params, torch::optim::Opti
   const auto names = group_names(params, optimizer, "load_optimizer_state_dict");
   // A directory is read on every rank (but a pipeline's owners' load, which reads by stage).
   const bool in_parallel = !owners && !team.alone() && is_sharded_state_dict_path(path);
-  const OptimizerFile file = in_parallel ? read_directory_for_team(team, path)
+  const OptimizerFile file = in_parallel ? read_directory_for_team(params, team, path)
                                          : read_for_team(params, team, path, owners, [&](const std::set<std::string>* wanted) {
                                              return read_optimizer_files(path, wanted);
                                            });

@@ -13,10 +13,12 @@
 #include <optional>
 #include <set>
 #include <string_view>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "checkpoint/directory_read.h"
+#include "checkpoint/row_scatter.h"
 #include "checkpoint/sharded_state_dict.h"
 #include "checkpoint/state_dict.h"
 #include "cpprun/collectives.h"
@@ -42,7 +44,9 @@ namespace cpprun::detail {
 // broadcast whole into a buffer of which each rank keeps its part (state_view.h's local_part). A
 // rank holds its own files' tensors (about 1/W of the model) and one tensor in flight beyond its
 // shards, never the whole model, and the bytes read from the disk are spread over W ranks. The
-// path that a file, a team of one, or a directory holding model.safetensors takes is unchanged:
+// buffers the tensors pass through are allocated before the first moves, and agreed (Note [The
+// transfer's buffers are agreed] in row_scatter.cpp): a rank out of memory fails the load on every
+// rank, nothing changed. The path that a file, a team of one, or a directory holding model.safetensors takes is unchanged:
 // the root reads, the values are broadcast.
 namespace {
 
@@ -134,64 +138,61 @@ struct FileTensor {
   int reader = 0;    // the writer that read its file
 };
 
-// The rank of the entry's shard group that holds reader `reader`, when the entry's rows are
-// scattered from it: FSDP's rows over a group of every rank of the team (not HSDP's replicas,
-// nor tensor-parallel splits); nullopt: broadcast whole.
-std::optional<int> scatter_root(const StateEntry& entry, const CheckpointTeam& team, int reader) {
-  if (!entry.placement.rows || entry.placement.tensor_parallel || !team.tensor_parallel().empty() || !team.replicas()) {
-    return std::nullopt;
-  }
-  const std::vector<int> shard = get_process_group_ranks(entry.placement.rows->group);
-  const std::vector<int> writers = get_process_group_ranks(*team.replicas());
-  if (shard.size() != writers.size()) return std::nullopt;
-  const auto at = std::find(shard.begin(), shard.end(), writers[static_cast<std::size_t>(reader)]);
-  if (at == shard.end()) return std::nullopt;
-  return static_cast<int>(at - shard.begin());
+int64_t whole_numel(const StateEntry& entry) {
+  int64_t numel = 1;
+  for (const int64_t size : entry.whole_sizes) numel *= size;
+  return numel;
 }
 
-// Writes `whole` (defined on the reader only) into the entry's local tensor on every rank.
-void deliver(const StateEntry& entry, const at::Tensor& whole, int reader, const CheckpointTeam& team) {
-  const at::Tensor local = entry.local.detach();
+// Whether the reader's tensor is broadcast as it is (else copied into the scratch first).
+bool broadcast_as_read(const at::Tensor& whole, c10::Device device) { return whole.device() == device && whole.is_contiguous(); }
+
+// What deliver takes from the scratch on this rank for the entry (`whole`: defined on the reader).
+void plan_transfer(const StateEntry& entry, const at::Tensor& whole, int reader, const CheckpointTeam& team,
+                   TransferScratch& scratch) {
+  const at::Tensor& local = entry.local;
+  const at::ScalarType dtype = local.scalar_type();
   if (entry.placement.replicated()) {
-    at::Tensor buffer = local.is_contiguous() ? local : at::empty(local.sizes(), local.options());
+    if (!local.is_contiguous()) scratch.need(dtype, local.device(), local.numel());
+    return;
+  }
+  const int64_t numel = whole_numel(entry);
+  if (scatter_root(entry, team, reader)) {
+    scratch.need(dtype, entry.device, whole.defined() ? scatter_send_numel(entry, whole) : scatter_chunk_numel(entry));
+    return;
+  }
+  if (!whole.defined() || !broadcast_as_read(whole, entry.device)) scratch.need(dtype, entry.device, numel);
+}
+
+// Writes `whole` (defined on the reader only) into the entry's local tensor on every rank, through
+// the scratch plan_transfer sized.
+void deliver(const StateEntry& entry, const at::Tensor& whole, int reader, const CheckpointTeam& team,
+             const TransferScratch& scratch) {
+  const at::Tensor local = entry.local.detach();
+  const at::ScalarType dtype = local.scalar_type();
+  if (entry.placement.replicated()) {
+    at::Tensor buffer =
+        local.is_contiguous() ? local : scratch.view(dtype, local.device(), 0, local.numel()).view(local.sizes());
     if (whole.defined()) buffer.copy_(whole);
     team.broadcast_from_writer({buffer}, reader);
     if (!buffer.is_same(local)) local.copy_(buffer);
     return;
   }
-  const auto options = local.options().device(entry.device);
+  const int64_t numel = whole_numel(entry);
   if (const auto root = scatter_root(entry, team, reader)) {
-    // Rank r's rows are chunk r of the whole, the last ones padded to the same size. The reader
-    // sends views of the tensor it read (Gloo's scatter copies them once more on the sender), a
-    // padded copy only of a chunk the rows do not fill, and receives its own rows in place.
-    const RowShard& rows = *entry.placement.rows;
-    const int64_t chunk = rows.rows_per_rank * rows.row_numel;
-    std::vector<at::Tensor> inputs;
-    at::Tensor output;
-    if (whole.defined()) {
-      const at::Tensor flat = whole.to(entry.device).contiguous().reshape({-1});
-      at::Tensor zeros;  // shared by every chunk past the last row
-      for (int r = 0; r < rows.group.size(); ++r) {
-        const int64_t first = r * chunk, have = std::clamp<int64_t>(flat.numel() - first, 0, chunk);
-        if (have == chunk) {
-          inputs.push_back(flat.narrow(0, first, chunk));
-        } else if (have > 0) {
-          inputs.push_back(at::zeros({chunk}, options));
-          inputs.back().narrow(0, 0, have).copy_(flat.narrow(0, first, have));
-        } else {
-          if (!zeros.defined()) zeros = at::zeros({chunk}, options);
-          inputs.push_back(zeros);
-        }
-      }
-      output = inputs[static_cast<std::size_t>(*root)];
-    } else {
-      output = at::empty({chunk}, options);
-    }
-    cpprun::scatter(rows.group, output, std::move(inputs), *root);
-    if (rows.local_rows > 0) local.copy_(output.narrow(0, 0, rows.local_rows * rows.row_numel).view(local.sizes()));
+    const at::Tensor rows =
+        whole.defined() ? scatter_rows(entry, *root, whole, scratch.view(dtype, entry.device, 0, scatter_send_numel(entry, whole)), {})
+                        : scatter_rows(entry, *root, {}, {}, scratch.view(dtype, entry.device, 0, scatter_chunk_numel(entry)));
+    local.copy_(rows);
     return;
   }
-  at::Tensor buffer = whole.defined() ? whole.to(entry.device).contiguous() : at::empty(entry.whole_sizes, options);
+  at::Tensor buffer;
+  if (whole.defined() && broadcast_as_read(whole, entry.device)) {
+    buffer = whole;
+  } else {
+    buffer = scratch.view(dtype, entry.device, 0, numel).view(entry.whole_sizes);
+    if (whole.defined()) buffer.copy_(whole);
+  }
   team.broadcast_from_writer({buffer}, reader);
   local.copy_(local_part(entry, buffer));
 }
@@ -224,6 +225,12 @@ std::optional<StateDictLoadReport> load_directory_in_parallel(const StateView& v
   }
   std::vector<std::vector<std::string>> names_of(view.entries.size());
   for (const auto& [name, entry] : view.names) names_of[entry].push_back(name);
+  struct Transfer {
+    std::size_t entry;
+    const FileTensor* source;
+    bool reads;  // this rank read it
+  };
+  std::vector<Transfer> transfers;
   for (std::size_t e = 0; e < view.entries.size(); ++e) {
     const StateEntry& entry = view.entries[e];
     const FileTensor* source = nullptr;
@@ -234,15 +241,27 @@ std::optional<StateDictLoadReport> load_directory_in_parallel(const StateView& v
       if (t.sizes == entry.whole_sizes && t.dtype == entry.local.scalar_type()) source = &found->second;
     }
     if (!source) continue;  // strict(false): left as it is, and reported
-    int64_t numel = 1;
-    for (const int64_t size : entry.whole_sizes) numel *= size;
-    if (numel == 0) continue;
-    const int reader = source->reader;
-    const bool reads = team.writes() && team.writer_rank() == reader;
-    at::Tensor whole;
-    if (reads) whole = read.held.at(source->name);
-    deliver(entry, whole, reader, team);
-    if (reads) read.held.erase(source->name);  // its memory goes as soon as it is delivered
+    if (whole_numel(entry) == 0) continue;
+    transfers.push_back({e, source, team.writes() && team.writer_rank() == source->reader});
+  }
+  const auto whole_of = [&](const Transfer& t) { return t.reads ? read.held.at(t.source->name) : at::Tensor(); };
+
+  {
+    // See Note [The transfer's buffers are agreed]; the scratch goes before after_load (FSDP's
+    // stages 1-2 gather their full parameters there).
+    TransferScratch scratch;
+    for (const Transfer& t : transfers) plan_transfer(view.entries[t.entry], whole_of(t), t.source->reader, team, scratch);
+    std::exception_ptr failure;
+    try {
+      scratch.allocate();
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    team.agree(failure, "loading " + target.dir + " (allocating the buffers its tensors pass through)");
+    for (const Transfer& t : transfers) {
+      deliver(view.entries[t.entry], whole_of(t), t.source->reader, team, scratch);
+      if (t.reads) read.held.erase(t.source->name);  // its memory goes as soon as it is delivered
+    }
   }
   read.held.clear();
   if (view.after_load) view.after_load();

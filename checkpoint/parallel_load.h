@@ -3,9 +3,10 @@
 // view's team reads about 1/W of the files (checkpoint/reader_report.h), the team agrees that
 // every file holds together and fits the model before any tensor changes, and then each tensor
 // goes from its reader to the ranks that need it (a replicated one broadcast into place, FSDP's
-// rows scattered, any other placement broadcast whole and cut), one tensor at a time, so no rank
-// holds more than its own files' tensors and one tensor beyond its shards. See Note [Reading a
-// directory on every rank] in the .cpp.
+// rows scattered: checkpoint/row_scatter.h; any other placement broadcast whole and cut), one
+// tensor at a time, so no rank holds more than its own files' tensors and one tensor beyond its
+// shards (their buffers allocated and agreed before the first moves: a rank out of memory fails
+// the load on every rank). See Note [Reading a directory on every rank] in the .cpp.
 #pragma once
 
 #include <optional>

@@ -358,19 +358,25 @@ TEST_CASE("state_dict: an optimizer's directory is read on every rank; a damaged
   cpprun::barrier(group());
   if (rank == 0) fs::copy_file(kept, dir + victim, fs::copy_options::overwrite_existing);
   cpprun::barrier(group());
-  cpprun::load_optimizer_state_dict(model, adam, dir);
-  const auto loaded = cpprun::get_optimizer_state_dict(model, adam);
-  REQUIRE(loaded.size() == expected.size());
-  for (const auto& item : expected) {
-    INFO(item.key());
-    const auto* got = loaded.find(item.key());
-    REQUIRE(got != nullptr);
-    if (item.value().isTensor()) {
-      CHECK(torch::equal(got->toTensor(), item.value().toTensor()));
-    } else {
-      CHECK(*got == item.value());
+  // Loaded into each wrapper: every parameter's state, whole (FSDP's rows scattered from their
+  // readers, each rank receiving only its own; HSDP's broadcast whole and cut).
+  for_each_wrapper(2, [&](auto& loading, const std::string& kind) {
+    INFO(kind);
+    torch::optim::Adam loading_adam(loading->parameters(), 1e-3);
+    cpprun::load_optimizer_state_dict(loading, loading_adam, dir);
+    const auto loaded = cpprun::get_optimizer_state_dict(loading, loading_adam);
+    REQUIRE(loaded.size() == expected.size());
+    for (const auto& item : expected) {
+      INFO(item.key());
+      const auto* got = loaded.find(item.key());
+      REQUIRE(got != nullptr);
+      if (item.value().isTensor()) {
+        CHECK(torch::equal(got->toTensor(), item.value().toTensor()));
+      } else {
+        CHECK(*got == item.value());
+      }
     }
-  }
+  });
   cpprun::barrier(group());
   if (rank == 0) {
     fs::remove_all(dir);

@@ -204,13 +204,11 @@ Bounds bounds_of(const std::string& dir, std::string_view stem, int rank) {
   return b;
 }
 
-// The model's file that writer `writer` of the save of DIR wrote.
-std::string shard_file_name_of(const std::string& dir, int writer) {
+// The file of DIR's STEM files (the model's by default) that writer `writer` of its save wrote.
+std::string shard_file_name_of(const std::string& dir, int writer, std::string_view stem = cpprun::detail::kModelStem) {
   std::set<std::string> files;
-  for (const auto& [name, file] : cpprun::detail::read_sharded_directory(dir, cpprun::detail::kModelStem).file_of) {
-    files.insert(file);
-  }
-  return cpprun::detail::shard_file_name(writer + 1, static_cast<int>(files.size()), cpprun::detail::kModelStem);
+  for (const auto& [name, file] : cpprun::detail::read_sharded_directory(dir, stem).file_of) files.insert(file);
+  return cpprun::detail::shard_file_name(writer + 1, static_cast<int>(files.size()), stem);
 }
 
 // See Note [Counting the save's tensor memory].
@@ -419,30 +417,143 @@ TEST_CASE("state_dict: a save_async to a directory that fails on one rank fails 
 }
 
 // See Note [Counting the save's tensor memory]; the load mirrors the save (checkpoint/parallel_load.h):
-// a rank decodes only the files it reads, and receives its rows of one tensor at a time.
+// a rank decodes only the files it reads, and receives its rows of one tensor at a time; of the
+// optimizer's state, it receives only its rows of each tensor another rank read.
 TEST_CASE("state_dict: a ZeRO-3 load of a sharded directory holds a rank's own file's tensors, not the whole model",
           "[state_dict]") {
   const int rank = group().rank(), world = group().size();
   CountingAllocator& counting = counting_allocator();
   const std::string dir = scratch("load_memory");
+  const auto fsdp_options = cpprun::FsdpOptions().stage(3).wrap_policy(is_linear);
+  cpprun::OptimizerStateDict expected_optimizer;
+  std::map<std::string, torch::Tensor> expected_model;  // after the step, as saved
   {
-    auto saved = cpprun::FullyShardedDataParallel(seeded_tower(1, 101), group(),
-                                                  cpprun::FsdpOptions().stage(3).wrap_policy(is_linear));
+    auto saved = cpprun::FullyShardedDataParallel(seeded_tower(1, 101), group(), fsdp_options);
+    torch::optim::Adam adam(saved->parameters(), 1e-2);
+    step_once(saved, adam);
     cpprun::save_state_dict(saved, dir);
+    cpprun::save_optimizer_state_dict(saved, adam, dir);
+    expected_optimizer = cpprun::get_optimizer_state_dict(saved, adam);
+    for (const auto& item : cpprun::get_model_state_dict(saved)) expected_model[item.key()] = item.value().clone();
   }
-  auto model =
-      cpprun::FullyShardedDataParallel(seeded_tower(2, 101), group(), cpprun::FsdpOptions().stage(3).wrap_policy(is_linear));
+  auto model = cpprun::FullyShardedDataParallel(seeded_tower(2, 101), group(), fsdp_options);
   cpprun::barrier(group());
-  const int64_t before = counting.start();
+  int64_t before = counting.start();
   cpprun::load_state_dict(model, dir);
-  const int64_t extra = counting.peak - before;
-  const Bounds b = bounds_of(dir, cpprun::detail::kModelStem, rank);
-  INFO("rank " << rank << " of " << world << ": the load's peak extra tensor bytes " << extra << "; its own file "
-               << b.own << ", the largest tensor " << b.largest << ", all " << b.all);
+  int64_t extra = counting.peak - before;
+  Bounds b = bounds_of(dir, cpprun::detail::kModelStem, rank);
+  INFO("rank " << rank << " of " << world << ": the model's load's peak extra tensor bytes " << extra
+               << "; its own file " << b.own << ", the largest tensor " << b.largest << ", all " << b.all);
   CHECK(extra <= b.own + 2 * b.largest);
   if (world > 1) CHECK(extra < b.all);
-  // And it loaded: the seed-1 values, whole.
-  auto plain = seeded_tower(1, 101);
+  // And it loaded: the saved values, whole.
+  for (const auto& item : cpprun::get_model_state_dict(model)) {
+    INFO(item.key());
+    CHECK(torch::equal(item.value(), expected_model.at(item.key())));
+  }
+
+  // The optimizer's state, into an optimizer that has stepped (the load replaces its state rather
+  // than adding to it): a rank holds its own file's tensors whole and its rows of the others'
+  // (each, as FSDP shards them, ceil(rows / W) rows), never the whole state.
+  torch::optim::Adam adam(model->parameters(), 1e-2);
+  step_once(model, adam);
+  cpprun::barrier(group());
+  before = counting.start();
+  cpprun::load_optimizer_state_dict(model, adam, dir);
+  extra = counting.peak - before;
+  b = bounds_of(dir, cpprun::detail::kOptimizerStem, rank);
+  int64_t others_rows = 0;
+  const auto read = cpprun::detail::read_sharded_directory(dir, cpprun::detail::kOptimizerStem);
+  const std::string mine = shard_file_name_of(dir, rank, cpprun::detail::kOptimizerStem);
+  for (const auto& [name, t] : read.tensors) {
+    if (read.file_of.at(name) == mine) continue;
+    others_rows += t.dim() == 0 ? t.nbytes() : (t.size(0) + world - 1) / world * (t.nbytes() / t.size(0));
+  }
+  INFO("rank " << rank << " of " << world << ": the optimizer's load's peak extra tensor bytes " << extra
+               << "; its own file " << b.own << ", its rows of the others " << others_rows << ", the largest tensor "
+               << b.largest << ", all " << b.all);
+  CHECK(extra <= b.own + others_rows + 2 * b.largest);
+  if (world > 1) CHECK(extra < b.all);
+  const auto loaded = cpprun::get_optimizer_state_dict(model, adam);
+  REQUIRE(loaded.size() == expected_optimizer.size());
+  for (const auto& item : expected_optimizer) {
+    INFO(item.key());
+    const auto* got = loaded.find(item.key());
+    REQUIRE(got != nullptr);
+    if (item.value().isTensor()) {
+      CHECK(torch::equal(got->toTensor(), item.value().toTensor()));
+    } else {
+      CHECK(*got == item.value());
+    }
+  }
+  cpprun::barrier(group());
+  if (rank == 0) fs::remove_all(dir);
+}
+
+// Linear(64, 64) then Linear(64, 2), float64: fc1.weight (32 KiB) is larger than all the rest
+// together, so the save puts it alone in the first file (read by writer 0 on load) and no other
+// rank reads a tensor as large as its share of it.
+struct TwoLinears : torch::nn::Module {
+  TwoLinears() {
+    fc1 = register_module("fc1", torch::nn::Linear(64, 64));
+    fc2 = register_module("fc2", torch::nn::Linear(64, 2));
+    to(torch::kDouble);
+  }
+  torch::Tensor forward(torch::Tensor x) { return fc2(torch::tanh(fc1(x))); }
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+};
+
+std::shared_ptr<TwoLinears> seeded_two_linears(int seed) {
+  torch::manual_seed(seed);
+  return std::make_shared<TwoLinears>();
+}
+
+// See Note [The transfer's buffers are agreed] in checkpoint/row_scatter.cpp. The last rank's
+// first allocation as large as what it receives of fc1.weight (its rows under ZeRO-3, which are
+// scattered; the whole under HSDP, which is broadcast) fails, as a rank out of memory: every rank
+// raises (before, that rank raised alone in the first transfer and the others waited in it until
+// the group's timeout), no tensor changed, and the same load then succeeds.
+TEST_CASE("state_dict: a parallel directory load that cannot allocate its buffers on one rank fails on every rank",
+          "[state_dict]") {
+  const int rank = group().rank(), world = group().size();
+  const bool hsdp = GENERATE(false, true);
+  if (world == 1 || (hsdp && world != 4)) return;  // one rank loads without a transfer
+  INFO((hsdp ? "HSDP" : "ZeRO-3") << " on " << world << " ranks");
+  CountingAllocator& counting = counting_allocator();
+  const std::string dir = scratch("load_fails");
+  const auto make = [&](int seed) {
+    const auto options = cpprun::FsdpOptions().stage(3).wrap_policy(is_linear);
+    if (!hsdp) return cpprun::FullyShardedDataParallel(seeded_two_linears(seed), group(), options);
+    const cpprun::DeviceMesh mesh(group(), std::vector<int>{2, 2}, std::vector<std::string>{"replicate", "shard"});
+    return cpprun::FullyShardedDataParallel(seeded_two_linears(seed), mesh, options);
+  };
+  {
+    auto saved = make(1);
+    cpprun::save_state_dict(saved, dir);
+  }
+  const auto read = cpprun::detail::read_sharded_directory(dir, cpprun::detail::kModelStem);
+  REQUIRE(read.file_of.at("fc1.weight") == shard_file_name_of(dir, 0));
+  for (const auto& [name, t] : read.tensors) {
+    if (name != "fc1.weight") REQUIRE(read.file_of.at(name) != shard_file_name_of(dir, 0));
+  }
+
+  auto model = make(2);
+  std::map<std::string, torch::Tensor> before;
+  for (const auto& item : cpprun::get_model_state_dict(model)) before[item.key()] = item.value().clone();
+  const std::size_t received = hsdp ? 64 * 64 * 8 : (64 + world - 1) / world * 64 * 8;
+  cpprun::barrier(group());
+  if (rank == world - 1) counting.fail_at_least = received;
+  CHECK_THROWS_WITH(cpprun::load_state_dict(model, dir),
+                    Catch::Matchers::Contains(rank == world - 1 ? "made to fail" : "failed on rank"));
+  CHECK(counting.fail_at_least == 0);  // it fired on the last rank (never armed elsewhere)
+  counting.fail_at_least = 0;
+  for (const auto& item : cpprun::get_model_state_dict(model)) {
+    INFO(item.key() << " after the failed load");
+    CHECK(torch::equal(item.value(), before.at(item.key())));
+  }
+
+  cpprun::load_state_dict(model, dir);
+  auto plain = seeded_two_linears(1);
   for (const auto& item : cpprun::get_model_state_dict(model)) {
     INFO(item.key());
     CHECK(torch::equal(item.value(), plain->named_parameters()[item.key()]));
