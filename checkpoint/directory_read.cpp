@@ -20,11 +20,11 @@
 namespace cpprun::detail {
 namespace {
 
-// This rank's share: its files checked for, then read, checked and decoded; `held` keeps their
-// tensors by the files' names. A failure is kept in `failure` and described in the report.
+// This rank's share: its files checked for, then read and checked (what they hold reported, not
+// decoded: every rank then reads its own part). A failure is kept in `failure` and described in
+// the report.
 ReaderReport read_share(const std::vector<std::string>& files, const std::string& dir,
-                        const std::function<bool(const std::string&)>& wants_crc,
-                        std::map<std::string, at::Tensor>& held, std::exception_ptr& failure) {
+                        const std::function<bool(const std::string&)>& wants_crc, std::exception_ptr& failure) {
   ReaderReport report;
   report.rank = cpprun::rank();
   try {
@@ -39,13 +39,12 @@ ReaderReport read_share(const std::vector<std::string>& files, const std::string
       ReadFileInfo info{file, {}, parsed.metadata, {}};
       const auto id = parsed.metadata.find(std::string(kSaveIdKey));
       if (id != parsed.metadata.end()) info.save_id = id->second;
-      for (auto& [name, tensor] : decode_safetensors(parsed, file_path)) {
-        ReadTensorInfo t{name, tensor.scalar_type(), tensor.sizes().vec(), std::nullopt};
-        if (wants_crc && wants_crc(name)) {
-          t.crc = crc32(std::string_view(static_cast<const char*>(tensor.data_ptr()), tensor.nbytes()));
-        }
+      // Described from the checked header and bytes, never decoded: each rank reads its part later.
+      for (const auto& tensor : parsed.tensors) {
+        ReadTensorInfo t{tensor.name, safetensors_scalar_type(tensor, file_path), tensor.shape, std::nullopt,
+                         static_cast<std::uint64_t>(tensor.data.data() - bytes.data())};
+        if (wants_crc && wants_crc(tensor.name)) t.crc = crc32(tensor.data);
         info.tensors.push_back(std::move(t));
-        held[name] = std::move(tensor);
       }
       report.files.push_back(std::move(info));
     }
@@ -54,7 +53,6 @@ ReaderReport read_share(const std::vector<std::string>& files, const std::string
     report.failure = describe_failure(failure);
     report.absent.clear();
     report.files.clear();
-    held.clear();
   }
   return report;
 }
@@ -79,7 +77,7 @@ TeamDirectoryRead read_directory_on_writers(const CheckpointTeam& team, const st
 
   // Read, tell, decide alike (Note [Reading a directory on every rank]).
   std::exception_ptr failure;
-  const ReaderReport own = read_share(share, dir, wants_crc, out.held, failure);
+  const ReaderReport own = read_share(share, dir, wants_crc, failure);
   for (const auto& bytes : team.gather_from_writers(encode_reader_report(own))) {
     out.reports.push_back(decode_reader_report(bytes));
   }

@@ -5,7 +5,6 @@
 // Note [Reading a directory on every rank] in parallel_load.cpp.
 #pragma once
 
-#include <ATen/core/Tensor.h>
 
 #include <functional>
 #include <map>
@@ -27,7 +26,6 @@ struct TeamDirectoryRead {
   std::vector<std::string> files;                      // the index's files, by name
   std::vector<ReaderReport> reports;                   // every writer's, in writer order
   std::map<std::string, const ReadFileInfo*> info_of;  // file -> what it holds (into `reports`)
-  std::map<std::string, at::Tensor> held;              // what this rank read (CPU), by the files' names
   std::map<std::string, int> reader_of;                // file -> the writer that read it
 };
 

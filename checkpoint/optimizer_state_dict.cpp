@@ -21,7 +21,7 @@
 #include "checkpoint/directory_read.h"
 #include "checkpoint/optimizer_flat_state.h"
 #include "checkpoint/optimizer_state.h"
-#include "checkpoint/row_scatter.h"
+#include "checkpoint/part_read.h"
 #include "checkpoint/sharded_state_dict.h"
 #include "checkpoint/state_dict.h"
 #include "checkpoint/writer_gather.h"
@@ -460,9 +460,8 @@ struct OptimizerFile {
   std::map<std::string, std::string> file_of;  // a directory's tensor -> its file, for messages
   std::set<std::string> held_elsewhere;         // parameters the other owners load
   std::string noun = "the file";                // what the faults call it ("the state dict")
-  // State tensors this rank received as its part already (FSDP's rows, scattered from the rank
-  // that read them: read_directory_for_team), its own; their `tensors` are descriptions (meta
-  // device).
+  // State tensors this rank read as its part already (FSDP's rows, read alone from the files:
+  // read_directory_for_team), its own; their `tensors` are descriptions (meta device).
   std::map<std::string, at::Tensor> local = {};
 };
 
@@ -630,12 +629,11 @@ OptimizerFile read_for_team(const OptimizerParams& params, const CheckpointTeam&
 // read_for_team for a directory, read on every rank of the team in parallel (Note [Reading a
 // directory on every rank] in parallel_load.cpp): the root finds the optimizer's index (and checks
 // its save id against the model's index beside it), every writer reads its share of the files, the
-// team agrees that they hold together, and then the tensors go from the rank that read them: a
-// state tensor of a parameter FSDP shards by rows over every writer is scattered, each rank
-// receiving only its rows (OptimizerFile::local), and the rest (steps, other placements) are
-// broadcast whole, as Note [The load's broadcast] from the root, each rank keeping its part when
-// they are applied. The faults are then decided on every rank alike from the tensors' names,
-// dtypes and shapes, as for a file.
+// team agrees that they hold together, and then each rank reads from the files what it keeps (Note
+// [Each rank reads its own part] in part_read.cpp): its rows of the state of a parameter FSDP
+// shards by rows (OptimizerFile::local), every other tensor whole (steps, other placements; each
+// rank keeps its part when they are applied). The faults are then decided on every rank alike
+// from the tensors' names, dtypes and shapes, as for a file.
 OptimizerFile read_directory_for_team(const OptimizerParams& params, const CheckpointTeam& team, const std::string& path) {
   std::string found;  // the directory, '\0', the index's text
   std::exception_ptr failure;
@@ -682,94 +680,62 @@ OptimizerFile read_directory_for_team(const OptimizerParams& params, const Check
   } else {
     out.metadata = read.info_of.at(read.files.front())->metadata;
   }
-  // Every rank makes room for what it receives before any tensor is sent (Note [The load's
-  // broadcast], Note [The transfer's buffers are agreed] in row_scatter.cpp): a whole tensor for
-  // each broadcast, its rows for each scatter (the reader: the buffers to send them through).
+  // Every rank makes room for what it reads before any is read, and the team agrees on it.
   std::map<std::string, std::size_t> index_of;  // the model's names, a tied parameter's each
   for (std::size_t i = 0; i < params.names.size(); ++i) index_of[params.names[i]] = i;
   for (const auto& [alias, i] : params.aliases) index_of[alias] = i;
-  // How `t`, the whole state of a parameter FSDP shards by rows, is scattered from `reader`.
-  struct ScatterPlan {
-    std::size_t param;
-    const StateEntry* entry;
-    int root;  // in the entry's shard group
-  };
-  const auto scattered_by = [&](const ReadTensorInfo& t, int reader) -> std::optional<ScatterPlan> {
+  // The entry of the parameter FSDP shards by rows whose whole state `t` is (nullptr: none).
+  const auto rows_of = [&](const ReadTensorInfo& t) -> const StateEntry* {
     const std::size_t dot = t.name.rfind('.');
-    if (t.name.rfind("state.", 0) != 0 || dot == std::string::npos || dot <= 6 || t.name.substr(dot + 1) == "step" ||
-        !at::isFloatingType(t.dtype)) {
-      return std::nullopt;
+    if (t.name.rfind("state.", 0) != 0 || dot == std::string::npos || dot <= 6 || t.name.substr(dot + 1) == "step") {
+      return nullptr;
     }
     const auto found = index_of.find(t.name.substr(6, dot - 6));
     if (found == index_of.end() || found->second >= params.entries.size() || !params.entries[found->second] ||
         t.sizes != params.full_sizes[found->second]) {
-      return std::nullopt;  // not a parameter's state of its shape: sent whole, and refused later
+      return nullptr;  // not a parameter's state of its shape: read whole, and refused later
     }
-    int64_t numel = 1;
-    for (const int64_t size : t.sizes) numel *= size;
-    if (numel == 0) return std::nullopt;
-    const StateEntry& entry = *params.entries[found->second];
-    const auto root = scatter_root(entry, team, reader);
-    if (!root) return std::nullopt;
-    return ScatterPlan{found->second, &entry, *root};
+    const StateEntry* entry = params.entries[found->second];
+    return entry->placement.rows && !entry->placement.tensor_parallel ? entry : nullptr;
   };
-  struct Scatter {
-    std::string name;
-    const StateEntry* entry;
-    int root;
-    at::Tensor whole;  // on its reader
+  struct Read {
+    std::string path;
+    FilePart part;
+    at::Tensor into;
   };
-  std::map<int, std::vector<at::Tensor>> of_reader;
-  std::vector<Scatter> scatters;
-  TransferScratch scratch;
-  std::exception_ptr unmade;
+  std::vector<Read> reads;
+  failure = nullptr;  // the root's, already shared: none
   try {
     for (const auto& file : read.files) {
-      const int reader = read.reader_of.at(file);
-      const bool reads = team.writes() && team.writer_rank() == reader;
+      const std::string file_path = (fs::path(read.dir) / file).string();
       for (const auto& t : read.info_of.at(file)->tensors) {
         out.file_of[t.name] = file;
-        const auto held = read.held.find(t.name);
-        const at::Tensor whole = reads && held != read.held.end() ? held->second : at::Tensor();
-        if (const auto plan = scattered_by(t, reader)) {
-          // The reader keeps the whole it read (its rows cut when applied); any other rank its
-          // rows alone, where its optimizer keeps them (an offloaded shard's on the CPU), received
-          // through the scratch on the device its shard group's collectives take.
-          const StateEntry& entry = *plan->entry;
-          if (whole.defined()) {
-            out.tensors.emplace_back(t.name, whole);
-            scratch.need(t.dtype, entry.device, scatter_send_numel(entry, whole));
-          } else {
-            out.tensors.emplace_back(t.name, at::empty(t.sizes, at::TensorOptions().dtype(t.dtype).device(at::kMeta)));
-            out.local[t.name] = at::empty(entry.placement.rows->local_sizes,
-                                          at::TensorOptions().dtype(t.dtype).device(params.stepped[plan->param].device()));
-            scratch.need(t.dtype, entry.device, scatter_chunk_numel(entry));
-          }
-          scatters.push_back({t.name, &entry, plan->root, whole});
+        const auto options = at::TensorOptions().dtype(t.dtype);
+        if (const StateEntry* entry = rows_of(t)) {
+          const FilePart part = own_part(*entry, t.offset, t.dtype);
+          out.tensors.emplace_back(t.name, at::empty(t.sizes, options.device(at::kMeta)));
+          out.local[t.name] = at::empty(entry->placement.rows->local_sizes, options);
+          reads.push_back({file_path, part, out.local[t.name]});
           continue;
         }
-        at::Tensor tensor = whole.defined() ? whole : at::empty(t.sizes, at::TensorOptions().dtype(t.dtype));
-        out.tensors.emplace_back(t.name, tensor);
-        of_reader[reader].push_back(tensor);
+        at::Tensor whole = at::empty(t.sizes, options);
+        out.tensors.emplace_back(t.name, whole);
+        FilePart part;
+        part.offset = t.offset;
+        part.numel = whole.numel();
+        reads.push_back({file_path, part, whole});
       }
     }
-    scratch.allocate();
   } catch (...) {
-    unmade = std::current_exception();
+    failure = std::current_exception();
   }
-  team.agree(unmade, "making room for the optimizer state read from " + path);
-  read.held.clear();
-  for (const auto& [reader, tensors] : of_reader) team.broadcast_from_writer(tensors, reader);
-  for (const Scatter& s : scatters) {
-    if (s.whole.defined()) {
-      scatter_rows(*s.entry, s.root, s.whole,
-                   scratch.view(s.whole.scalar_type(), s.entry->device, 0, scatter_send_numel(*s.entry, s.whole)), {});
-      continue;
-    }
-    at::Tensor& mine = out.local.at(s.name);
-    mine.copy_(scatter_rows(*s.entry, s.root, {}, {},
-                            scratch.view(mine.scalar_type(), s.entry->device, 0, scatter_chunk_numel(*s.entry))));
+  team.agree(failure, "making room for the optimizer state read from " + path);
+  try {
+    for (const Read& r : reads) read_part(r.path, r.part, r.into);
+  } catch (...) {
+    failure = std::current_exception();
   }
+  team.agree(failure, "reading the optimizer state from " + path);
   return out;
 }
 
@@ -779,7 +745,7 @@ struct OptimizerLoad {
   Json groups;
   std::map<std::string, std::size_t> group_of;
   std::map<std::string, std::map<std::string, at::Tensor>> state_of;
-  std::map<std::string, std::set<std::string>> already_local;  // name -> its states that are this rank's part
+  std::map<std::string, std::set<std::string>> already_local;  // name -> its states read as this rank's part
 };
 
 // Every way `file` does not fit `optimizer` over `params` (empty: it fits), and in `load` what
@@ -983,8 +949,8 @@ void apply_optimizer_load(const OptimizerParams& params, torch::optim::Optimizer
         const bool already = local != load.already_local.end() && local->second.count(what);
         at::Tensor mine = params.local_part && !already ? params.local_part(i, tensor) : tensor;
         mine = mine.to(param.device(), param.scalar_type()).contiguous();
-        // Rows this load received are this rank's own tensor (nothing else holds them); any other
-        // is a view of what the file's tensors hold.
+        // Rows this load read alone are this rank's own tensor (nothing else holds them); any
+        // other is a view of what the file's tensors hold.
         state.tensors[what] = already ? mine : mine.clone();
       }
       write_optimizer_state(optimizer, param, state);

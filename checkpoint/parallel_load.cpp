@@ -13,15 +13,13 @@
 #include <optional>
 #include <set>
 #include <string_view>
-#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "checkpoint/directory_read.h"
-#include "checkpoint/row_scatter.h"
+#include "checkpoint/part_read.h"
 #include "checkpoint/sharded_state_dict.h"
 #include "checkpoint/state_dict.h"
-#include "cpprun/collectives.h"
 #include "cpprun/process_group.h"
 #include "support/safetensors_index.h"
 
@@ -30,24 +28,20 @@ namespace cpprun::detail {
 // Note [Reading a directory on every rank]
 // The save writes file r + 1 on writer r, each tensor gathered only to its writer (Note [Gathering
 // to the writer]); the load mirrors it. Writer w of the team reads the files i with i mod W = w,
-// whatever world size saved them, and checks them (header, CRC, dtypes) as it decodes them. What
+// whatever world size saved them, and checks them (header, CRC, dtypes) as it reads them. What
 // every check needs beyond one file (the index against the files, one save id, the strict
 // comparison with the model, tied names holding one value) is decided from what each reader tells
 // (checkpoint/reader_report.h: names, dtypes, shapes, save ids, a CRC of each tensor the model ties
 // to another name): one all-gather of those few bytes, after which every rank decides alike, so a
 // fault found anywhere is raised on every rank before any tensor of the model changes (a reader's
 // own error, such as a damaged file, by that reader, and on the others with "(raised on rank R)").
-// Then the tensors move one at a time, in the view's order on every rank, from the rank that read
-// each: a replicated one is broadcast into the module's tensor; one FSDP shards by rows over a
-// group of every rank is scattered (each rank receives its rows, padded to the same count); any
-// other placement (tensor-parallel splits, HSDP, whose shard groups do not hold every reader) is
-// broadcast whole into a buffer of which each rank keeps its part (state_view.h's local_part). A
-// rank holds its own files' tensors (about 1/W of the model) and one tensor in flight beyond its
-// shards, never the whole model, and the bytes read from the disk are spread over W ranks. The
-// buffers the tensors pass through are allocated before the first moves, and agreed (Note [The
-// transfer's buffers are agreed] in row_scatter.cpp): a rank out of memory fails the load on every
-// rank, nothing changed. The path that a file, a team of one, or a directory holding model.safetensors takes is unchanged:
-// the root reads, the values are broadcast.
+// Then each rank reads its own part of each tensor straight from the files, at the offsets the
+// readers reported (Note [Each rank reads its own part] in part_read.cpp): FSDP's rows (HSDP's
+// too) as one byte range, a replicated tensor whole, a tensor-parallel split whole and cut
+// (state_view.h's local_part). No tensor goes from rank to rank; a ZeRO-3 rank reads its files
+// once to check them and 1/W of the model to keep. The path that a file, a team of one, or a
+// directory holding model.safetensors takes is unchanged: the root reads, the values are
+// broadcast.
 namespace {
 
 // Where PATH leads, as the team's root found it (it alone looks, so every rank takes the same way).
@@ -134,68 +128,9 @@ StateDictLoadReport check_against_model(const StateView& view, const TeamDirecto
 // The tensor of the files that loads an entry: the last of its names the files hold with its
 // whole shape and dtype (a tied tensor's names hold one value: checked), as copy_named_tensors.
 struct FileTensor {
-  std::string name;  // as the file names it
-  int reader = 0;    // the writer that read its file
+  std::string file;          // its file's path
+  std::uint64_t offset = 0;  // where its bytes start in that file
 };
-
-int64_t whole_numel(const StateEntry& entry) {
-  int64_t numel = 1;
-  for (const int64_t size : entry.whole_sizes) numel *= size;
-  return numel;
-}
-
-// Whether the reader's tensor is broadcast as it is (else copied into the scratch first).
-bool broadcast_as_read(const at::Tensor& whole, c10::Device device) { return whole.device() == device && whole.is_contiguous(); }
-
-// What deliver takes from the scratch on this rank for the entry (`whole`: defined on the reader).
-void plan_transfer(const StateEntry& entry, const at::Tensor& whole, int reader, const CheckpointTeam& team,
-                   TransferScratch& scratch) {
-  const at::Tensor& local = entry.local;
-  const at::ScalarType dtype = local.scalar_type();
-  if (entry.placement.replicated()) {
-    if (!local.is_contiguous()) scratch.need(dtype, local.device(), local.numel());
-    return;
-  }
-  const int64_t numel = whole_numel(entry);
-  if (scatter_root(entry, team, reader)) {
-    scratch.need(dtype, entry.device, whole.defined() ? scatter_send_numel(entry, whole) : scatter_chunk_numel(entry));
-    return;
-  }
-  if (!whole.defined() || !broadcast_as_read(whole, entry.device)) scratch.need(dtype, entry.device, numel);
-}
-
-// Writes `whole` (defined on the reader only) into the entry's local tensor on every rank, through
-// the scratch plan_transfer sized.
-void deliver(const StateEntry& entry, const at::Tensor& whole, int reader, const CheckpointTeam& team,
-             const TransferScratch& scratch) {
-  const at::Tensor local = entry.local.detach();
-  const at::ScalarType dtype = local.scalar_type();
-  if (entry.placement.replicated()) {
-    at::Tensor buffer =
-        local.is_contiguous() ? local : scratch.view(dtype, local.device(), 0, local.numel()).view(local.sizes());
-    if (whole.defined()) buffer.copy_(whole);
-    team.broadcast_from_writer({buffer}, reader);
-    if (!buffer.is_same(local)) local.copy_(buffer);
-    return;
-  }
-  const int64_t numel = whole_numel(entry);
-  if (const auto root = scatter_root(entry, team, reader)) {
-    const at::Tensor rows =
-        whole.defined() ? scatter_rows(entry, *root, whole, scratch.view(dtype, entry.device, 0, scatter_send_numel(entry, whole)), {})
-                        : scatter_rows(entry, *root, {}, {}, scratch.view(dtype, entry.device, 0, scatter_chunk_numel(entry)));
-    local.copy_(rows);
-    return;
-  }
-  at::Tensor buffer;
-  if (whole.defined() && broadcast_as_read(whole, entry.device)) {
-    buffer = whole;
-  } else {
-    buffer = scratch.view(dtype, entry.device, 0, numel).view(entry.whole_sizes);
-    if (whole.defined()) buffer.copy_(whole);
-  }
-  team.broadcast_from_writer({buffer}, reader);
-  local.copy_(local_part(entry, buffer));
-}
 
 }  // namespace
 
@@ -213,24 +148,21 @@ std::optional<StateDictLoadReport> load_directory_in_parallel(const StateView& v
                                                      });
   const StateDictLoadReport report = check_against_model(view, read, options);
 
-  // Every check passed on every rank: the tensors move, one at a time.
+  // Every check passed on every rank: each rank reads its own part of each tensor (Note [Each
+  // rank reads its own part] in part_read.cpp).
   std::map<std::string, FileTensor> source_of;  // the module's names -> the file's tensor
   std::map<std::string, const ReadTensorInfo*> described;
   for (const auto& [file, info] : read.info_of) {
     for (const auto& t : info->tensors) {
       const std::string name = as_module_name(t.name, options);
-      source_of[name] = {t.name, read.reader_of.at(file)};
+      source_of[name] = {(std::filesystem::path(read.dir) / file).string(), t.offset};
       described[name] = &t;
     }
   }
   std::vector<std::vector<std::string>> names_of(view.entries.size());
   for (const auto& [name, entry] : view.names) names_of[entry].push_back(name);
-  struct Transfer {
-    std::size_t entry;
-    const FileTensor* source;
-    bool reads;  // this rank read it
-  };
-  std::vector<Transfer> transfers;
+  std::vector<std::pair<const StateEntry*, const FileTensor*>> reads;
+  StagingBuffers staging;
   for (std::size_t e = 0; e < view.entries.size(); ++e) {
     const StateEntry& entry = view.entries[e];
     const FileTensor* source = nullptr;
@@ -241,29 +173,37 @@ std::optional<StateDictLoadReport> load_directory_in_parallel(const StateView& v
       if (t.sizes == entry.whole_sizes && t.dtype == entry.local.scalar_type()) source = &found->second;
     }
     if (!source) continue;  // strict(false): left as it is, and reported
-    if (whole_numel(entry) == 0) continue;
-    transfers.push_back({e, source, team.writes() && team.writer_rank() == source->reader});
+    reads.emplace_back(&entry, source);
+    if (!reads_into_local(entry)) staging.need(entry.local.scalar_type(), own_part(entry, 0, entry.local.scalar_type()).numel);
   }
-  const auto whole_of = [&](const Transfer& t) { return t.reads ? read.held.at(t.source->name) : at::Tensor(); };
-
-  {
-    // See Note [The transfer's buffers are agreed]; the scratch goes before after_load (FSDP's
-    // stages 1-2 gather their full parameters there).
-    TransferScratch scratch;
-    for (const Transfer& t : transfers) plan_transfer(view.entries[t.entry], whole_of(t), t.source->reader, team, scratch);
-    std::exception_ptr failure;
-    try {
-      scratch.allocate();
-    } catch (...) {
-      failure = std::current_exception();
-    }
-    team.agree(failure, "loading " + target.dir + " (allocating the buffers its tensors pass through)");
-    for (const Transfer& t : transfers) {
-      deliver(view.entries[t.entry], whole_of(t), t.source->reader, team, scratch);
-      if (t.reads) read.held.erase(t.source->name);  // its memory goes as soon as it is delivered
-    }
+  std::exception_ptr failure;
+  try {
+    staging.allocate();
+  } catch (...) {
+    failure = std::current_exception();
   }
-  read.held.clear();
+  team.agree(failure, "loading " + target.dir + " (allocating the buffers its tensors are read through)");
+  try {
+    for (const auto& [entry, source] : reads) {
+      const at::ScalarType dtype = entry->local.scalar_type();
+      const FilePart part = own_part(*entry, source->offset, dtype);
+      const at::Tensor local = entry->local.detach();
+      if (reads_into_local(*entry)) {
+        read_part(source->file, part, local);
+        continue;
+      }
+      const at::Tensor staged = staging.view(dtype, part.numel);
+      read_part(source->file, part, staged);
+      if (entry->placement.tensor_parallel) {
+        local.copy_(local_part(*entry, staged.view(entry->whole_sizes)));
+      } else {
+        local.copy_(staged.view(local.sizes()));
+      }
+    }
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  team.agree(failure, "loading " + target.dir + " (reading each rank's part of its tensors)");
   if (view.after_load) view.after_load();
   return report;
 }

@@ -1,12 +1,10 @@
 // A model's load from a sharded directory (Hugging Face's layout, checkpoint/sharded_state_dict.h)
 // with the files read on every rank in parallel, as PyTorch's DCP reads: each writer of the
 // view's team reads about 1/W of the files (checkpoint/reader_report.h), the team agrees that
-// every file holds together and fits the model before any tensor changes, and then each tensor
-// goes from its reader to the ranks that need it (a replicated one broadcast into place, FSDP's
-// rows scattered: checkpoint/row_scatter.h; any other placement broadcast whole and cut), one
-// tensor at a time, so no rank holds more than its own files' tensors and one tensor beyond its
-// shards (their buffers allocated and agreed before the first moves: a rank out of memory fails
-// the load on every rank). See Note [Reading a directory on every rank] in the .cpp.
+// every file holds together and fits the model before any tensor changes, and then each rank reads
+// its own part of each tensor from the files (checkpoint/part_read.h: FSDP's rows alone, anything
+// else whole, cut to a split), so no rank holds more than its own files while it checks them and
+// what it keeps. See Note [Reading a directory on every rank] in the .cpp.
 #pragma once
 
 #include <optional>

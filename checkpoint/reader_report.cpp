@@ -66,6 +66,7 @@ std::string encode_reader_report(const ReaderReport& report) {
       for (const int64_t size : t.sizes) w.number<std::int64_t>(size);
       w.number<std::uint8_t>(t.crc ? 1 : 0);
       w.number<std::uint32_t>(t.crc.value_or(0));
+      w.number<std::uint64_t>(t.offset);
     }
   }
   return std::move(w.out);
@@ -93,6 +94,7 @@ ReaderReport decode_reader_report(std::string_view bytes) {
       const bool has_crc = r.number<std::uint8_t>() != 0;
       const auto crc = r.number<std::uint32_t>();
       if (has_crc) t.crc = crc;
+      t.offset = r.number<std::uint64_t>();
       file.tensors.push_back(std::move(t));
     }
     report.files.push_back(std::move(file));

@@ -23,6 +23,7 @@ struct ReadTensorInfo {
   // The CRC-32 of its bytes, for a tensor under a name the model ties to another (the tie check
   // compares values the ranks do not share); none otherwise.
   std::optional<std::uint32_t> crc;
+  std::uint64_t offset = 0;  // where its bytes start in the file (the header's length included)
 };
 
 struct ReadFileInfo {

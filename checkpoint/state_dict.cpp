@@ -346,20 +346,21 @@ std::string encode_state_dict(const NamedTensors& tensors, const std::string& pa
   return encode_safetensors(tensors, {});
 }
 
+at::ScalarType safetensors_scalar_type(const SafetensorsTensor& entry, const std::string& path) {
+  for (const auto& [type, name] : kSafetensorsDtypes) {
+    if (entry.dtype == name) return type;
+  }
+  throw CorruptCheckpointError("cpprun: safetensors file " + path + ": tensor \"" + entry.name + "\" has dtype " +
+                               entry.dtype + ", which LibTorch has no type for.");
+}
+
 NamedTensors decode_safetensors(const SafetensorsFile& file, const std::string& path) {
   NamedTensors out;
   for (const auto& entry : file.tensors) {
-    const at::ScalarType* type = nullptr;
-    for (const auto& item : kSafetensorsDtypes) {
-      if (entry.dtype == item.second) type = &item.first;
-    }
-    if (!type) {
-      throw CorruptCheckpointError("cpprun: safetensors file " + path + ": tensor \"" + entry.name +
-                                   "\" has dtype " + entry.dtype + ", which LibTorch has no type for.");
-    }
+    const at::ScalarType type = safetensors_scalar_type(entry, path);
     at::Tensor tensor;
     try {
-      tensor = at::empty(entry.shape, at::TensorOptions().dtype(*type));
+      tensor = at::empty(entry.shape, at::TensorOptions().dtype(type));
     } catch (const c10::Error& e) {
       throw CorruptCheckpointError("cpprun: safetensors file " + path + ": tensor \"" + entry.name + "\" of shape " +
                                    c10::str(c10::IntArrayRef(entry.shape)) + " cannot be made: " + e.what_without_backtrace());

@@ -115,4 +115,24 @@ std::string read_regular_file(const std::string& path, const std::string& what, 
   return bytes;
 }
 
+void read_file_range(const std::string& path, const std::string& what, std::uint64_t offset, std::size_t count,
+                     void* into) {
+  const std::string cannot = "cpprun: cannot read " + what + " " + path;
+  const Descriptor file(open_for_reading(path, cannot));
+  struct stat facts {};
+  check_regular(file, cannot, facts);
+  char* at = static_cast<char*>(into);
+  for (std::size_t have = 0; have < count;) {
+    const ssize_t got = ::pread(file.get(), at + have, count - have, static_cast<off_t>(offset + have));
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) throw std::system_error(errno, std::generic_category(), cannot);
+    if (got == 0) {
+      throw std::runtime_error(cannot + ": it ends at byte " + std::to_string(offset + have) + ", before the " +
+                               std::to_string(count) + " bytes at byte " + std::to_string(offset) +
+                               " (was it changed during the load?)");
+    }
+    have += static_cast<std::size_t>(got);
+  }
+}
+
 }  // namespace cpprun::detail

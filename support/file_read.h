@@ -31,4 +31,11 @@ struct FileHead {
 };
 FileHead read_file_head(const std::string& path, const std::string& what, std::size_t count);
 
+// `count` bytes of PATH from byte `offset` into `into`, opened and checked as read_regular_file
+// does, with its errors; a file that ends before them is a std::runtime_error ("cpprun: cannot read
+// WHAT PATH: it ends at byte N, before the C bytes at byte O"). What a rank reads of a file another
+// rank checked whole: its own part of a tensor.
+void read_file_range(const std::string& path, const std::string& what, std::uint64_t offset, std::size_t count,
+                     void* into);
+
 }  // namespace cpprun::detail

@@ -12,12 +12,14 @@
 #include <string>
 
 #include "error_text.h"
+#include "checkpoint/reader_report.h"
 #include "checkpoint/sharded_state_dict.h"
 #include "checkpoint/state_dict.h"
 #include "checkpoint/writer_plan.h"
 #include "cpprun/checkpoint_file.h"
 #include "cpprun/state_dict.h"
 #include "scratch_files.h"
+#include "support/file_read.h"
 #include "support/safetensors.h"
 #include "support/safetensors_index.h"
 
@@ -340,4 +342,47 @@ TEST_CASE("hf_sharded: a strict load of another model's directory lists every di
   const auto report = cpprun::load_state_dict(target, dir.path.string(), cpprun::StateDictOptions().strict(false));
   CHECK(report.mismatched.size() == 7);
   CHECK(report.missing_keys.empty());
+}
+
+// What a reader tells the others of its files (checkpoint/reader_report.h) survives the trip, the
+// offset of each tensor's bytes included: the other ranks read their parts at it.
+TEST_CASE("hf_sharded: a reader's report decodes to what was encoded", "[state_dict]") {
+  cpprun::detail::ReaderReport report;
+  report.rank = 3;
+  report.absent = {"model-00002-of-00004.safetensors"};
+  cpprun::detail::ReadFileInfo file{"model-00001-of-00004.safetensors", "0123", {{"cpprun_step", "7"}}, {}};
+  file.tensors.push_back({"fc.weight", c10::kDouble, {13, 8}, std::nullopt, 88});
+  file.tensors.push_back({"fc.bias", c10::kBFloat16, {13}, 0xdeadbeefu, 88 + 13 * 8 * 8});
+  report.files.push_back(file);
+  const auto back = cpprun::detail::decode_reader_report(cpprun::detail::encode_reader_report(report));
+  CHECK(back.rank == 3);
+  CHECK(back.absent == report.absent);
+  REQUIRE(back.files.size() == 1);
+  CHECK(back.files[0].metadata == file.metadata);
+  REQUIRE(back.files[0].tensors.size() == 2);
+  for (std::size_t i = 0; i < 2; ++i) {
+    const auto& got = back.files[0].tensors[i];
+    const auto& sent = file.tensors[i];
+    CHECK(got.name == sent.name);
+    CHECK(got.dtype == sent.dtype);
+    CHECK(got.sizes == sent.sizes);
+    CHECK(got.crc == sent.crc);
+    CHECK(got.offset == sent.offset);
+  }
+}
+
+// A rank's part of a tensor is a byte range of the file; a file that ends before it (changed since
+// it was checked) is an error naming it, never a short tensor.
+TEST_CASE("hf_sharded: a part of a file is read at its offset, and a file too short is refused", "[state_dict]") {
+  scratch::ScratchDir dir("part_read");
+  const std::string path = (dir.path / "f.bin").string();
+  {
+    std::ofstream out(path, std::ios::binary);
+    for (int i = 0; i < 64; ++i) out.put(static_cast<char>(i));
+  }
+  char got[8] = {};
+  cpprun::detail::read_file_range(path, "the checkpoint file", 40, sizeof got, got);
+  for (int i = 0; i < 8; ++i) CHECK(got[i] == static_cast<char>(40 + i));
+  CHECK_THROWS_WITH(cpprun::detail::read_file_range(path, "the checkpoint file", 60, sizeof got, got),
+                    Catch::Matchers::Contains(path) && Catch::Matchers::Contains("it ends at byte 64"));
 }

@@ -1,0 +1,79 @@
+// See part_read.h.
+#include "checkpoint/part_read.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+
+#include "support/file_read.h"
+
+namespace cpprun::detail {
+
+// Note [Each rank reads its own part]
+// A parallel load first has each writer read and check its share of the files whole (header, CRC,
+// dtypes: Note [Reading a directory on every rank] in parallel_load.cpp); once the team agrees that
+// every file holds together and fits, each rank reads what it keeps straight from the files, at
+// the offsets the readers reported: FSDP's rows as one byte range (the rows lead, so a rank's rows
+// of a tensor are contiguous in the file), a replicated tensor whole, a tensor-parallel split
+// whole and then cut. DCP reads so; here it replaced a transfer in which each tensor went from its
+// reader to the others (a broadcast, FSDP's rows scattered): on one machine the second read comes
+// from the page cache, at memory speed, and costs no other rank anything, where Gloo's loopback
+// copied every byte through the kernel on both sides. The price is the disk traffic of a replicated
+// model (DDP): every rank reads all of it, as under DCP; FSDP's ranks read 1/W of it each.
+// The buffers a read needs beyond the tensors it fills (a staging buffer where the local tensor is
+// on a GPU, not contiguous, or cut from a split) are planned before the first read and allocated
+// at once, one flat CPU buffer per dtype as large as the largest part, and the team agrees that
+// every rank allocated them: a rank out of memory fails the load on every rank, nothing changed.
+// A read can still fail after that (the file changed, or the disk failed, since it was checked):
+// the ranks agree on that too, and every rank raises, naming the file.
+
+FilePart own_part(const StateEntry& entry, std::uint64_t tensor_offset, at::ScalarType dtype) {
+  const std::uint64_t element = at::elementSize(dtype);
+  FilePart part;
+  if (entry.placement.rows && !entry.placement.tensor_parallel) {
+    const RowShard& rows = *entry.placement.rows;
+    part.first = rows.first_row * rows.row_numel;
+    part.numel = rows.local_rows * rows.row_numel;
+  } else {
+    part.numel = 1;
+    for (const int64_t size : entry.whole_sizes) part.numel *= size;
+  }
+  part.offset = tensor_offset + static_cast<std::uint64_t>(part.first) * element;
+  return part;
+}
+
+bool reads_into_local(const StateEntry& entry) {
+  if (entry.placement.tensor_parallel) return false;
+  const at::Tensor& local = entry.local;
+  return local.device().is_cpu() && local.is_contiguous() && local.numel() == own_part(entry, 0, local.scalar_type()).numel;
+}
+
+void StagingBuffers::need(at::ScalarType dtype, int64_t numel) {
+  int64_t& largest = largest_[dtype];
+  largest = std::max(largest, numel);
+}
+
+void StagingBuffers::allocate() {
+  for (const auto& [dtype, numel] : largest_) {
+    if (numel > 0) buffers_[dtype] = at::empty({numel}, at::TensorOptions().dtype(dtype));
+  }
+}
+
+at::Tensor StagingBuffers::view(at::ScalarType dtype, int64_t numel) const {
+  if (numel == 0) return at::empty({0}, at::TensorOptions().dtype(dtype));
+  const auto found = buffers_.find(dtype);
+  TORCH_INTERNAL_ASSERT(found != buffers_.end() && numel <= found->second.numel(),
+                        "a staging buffer was used beyond what was planned");
+  return found->second.narrow(0, 0, numel);
+}
+
+void read_part(const std::string& path, const FilePart& part, const at::Tensor& into) {
+  TORCH_INTERNAL_ASSERT(into.device().is_cpu() && into.is_contiguous() && into.numel() == part.numel,
+                        "a part is read into a contiguous CPU tensor of its size");
+  if (part.numel == 0) return;
+  read_file_range(path, "the checkpoint file", part.offset, static_cast<std::size_t>(into.nbytes()), into.data_ptr());
+  into.unsafeGetTensorImpl()->bump_version();
+}
+
+}  // namespace cpprun::detail
