@@ -13,8 +13,10 @@
 #include "checkpoint/sharded_state_dict.h"
 #include "checkpoint/state_dict.h"
 #include "core/failure_agreement.h"
+#include "cpprun/checkpoint_file.h"
 #include "cpprun/process_group.h"
 #include "support/crc32.h"
+#include "support/file_read.h"
 #include "support/safetensors.h"
 
 namespace cpprun::detail {
@@ -34,9 +36,16 @@ ReaderReport read_share(const std::vector<std::string>& files, const std::string
     if (!report.absent.empty()) return report;  // every rank refuses the load, listing them
     for (const auto& file : files) {
       const std::string file_path = (std::filesystem::path(dir) / file).string();
+      // The file these bytes came from: unchanged from before the read to after it.
+      const FileIdentity before = identity_of(file_path, "the checkpoint file");
       const std::string bytes = read_state_dict_bytes(file_path);
+      const FileIdentity after = identity_of(file_path, "the checkpoint file");
+      if (after != before || after.size != bytes.size()) {
+        throw CorruptCheckpointError("cpprun: " + file_path + " changed while it was read: was a checkpoint being "
+                                     "saved into " + dir + " during the load? Load a directory no save is writing to.");
+      }
       const SafetensorsFile parsed = read_safetensors(bytes, file_path);
-      ReadFileInfo info{file, {}, parsed.metadata, {}};
+      ReadFileInfo info{file, {}, parsed.metadata, {}, after};
       const auto id = parsed.metadata.find(std::string(kSaveIdKey));
       if (id != parsed.metadata.end()) info.save_id = id->second;
       // Described from the checked header and bytes, never decoded: each rank reads its part later.

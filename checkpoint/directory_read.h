@@ -5,7 +5,6 @@
 // Note [Reading a directory on every rank] in parallel_load.cpp.
 #pragma once
 
-
 #include <functional>
 #include <map>
 #include <string>

@@ -661,7 +661,7 @@ OptimizerFile read_directory_for_team(const OptimizerParams& params, const Check
               "\"" + dir.string() + "/\", options)), or load the checkpoint they were saved with.");
         }
       }
-      found = dir.string() + '\0' + text;
+      found = fs::absolute(dir).lexically_normal().string() + '\0' + text;  // one path on every rank
     } catch (...) {
       failure = std::current_exception();
     }
@@ -700,6 +700,7 @@ OptimizerFile read_directory_for_team(const OptimizerParams& params, const Check
   };
   struct Read {
     std::string path;
+    const FileIdentity* checked;  // the file as its reader checked it
     FilePart part;
     at::Tensor into;
   };
@@ -708,6 +709,8 @@ OptimizerFile read_directory_for_team(const OptimizerParams& params, const Check
   try {
     for (const auto& file : read.files) {
       const std::string file_path = (fs::path(read.dir) / file).string();
+      const FileIdentity* checked = &read.info_of.at(file)->identity;
+      check_unchanged(file_path, *checked);
       for (const auto& t : read.info_of.at(file)->tensors) {
         out.file_of[t.name] = file;
         const auto options = at::TensorOptions().dtype(t.dtype);
@@ -715,7 +718,7 @@ OptimizerFile read_directory_for_team(const OptimizerParams& params, const Check
           const FilePart part = own_part(*entry, t.offset, t.dtype);
           out.tensors.emplace_back(t.name, at::empty(t.sizes, options.device(at::kMeta)));
           out.local[t.name] = at::empty(entry->placement.rows->local_sizes, options);
-          reads.push_back({file_path, part, out.local[t.name]});
+          reads.push_back({file_path, checked, part, out.local[t.name]});
           continue;
         }
         at::Tensor whole = at::empty(t.sizes, options);
@@ -723,15 +726,16 @@ OptimizerFile read_directory_for_team(const OptimizerParams& params, const Check
         FilePart part;
         part.offset = t.offset;
         part.numel = whole.numel();
-        reads.push_back({file_path, part, whole});
+        reads.push_back({file_path, checked, part, whole});
       }
     }
   } catch (...) {
     failure = std::current_exception();
   }
-  team.agree(failure, "making room for the optimizer state read from " + path);
+  team.agree(failure, "making room for the optimizer state read from " + path +
+                          " (and finding its files as they were checked)");
   try {
-    for (const Read& r : reads) read_part(r.path, r.part, r.into);
+    for (const Read& r : reads) read_part(r.path, *r.checked, r.part, r.into);
   } catch (...) {
     failure = std::current_exception();
   }

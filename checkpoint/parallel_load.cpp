@@ -57,7 +57,9 @@ LoadTarget resolve_load_target(const CheckpointTeam& team, const std::string& pa
   if (team.is_root()) {
     try {
       std::string single;
-      const std::string dir = sharded_load_directory(path, single);
+      // Absolute, as the root names it: every rank then reads the same path whatever its working
+      // directory (a rank on a node without it is refused, naming the files it lacks).
+      const std::string dir = std::filesystem::absolute(sharded_load_directory(path, single)).lexically_normal().string();
       if (!single.empty()) {
         bytes = "S";
       } else {
@@ -128,8 +130,9 @@ StateDictLoadReport check_against_model(const StateView& view, const TeamDirecto
 // The tensor of the files that loads an entry: the last of its names the files hold with its
 // whole shape and dtype (a tied tensor's names hold one value: checked), as copy_named_tensors.
 struct FileTensor {
-  std::string file;          // its file's path
-  std::uint64_t offset = 0;  // where its bytes start in that file
+  std::string file;             // its file's path
+  const FileIdentity* checked;  // that file as its reader checked it
+  std::uint64_t offset = 0;     // where its bytes start in that file
 };
 
 }  // namespace
@@ -155,7 +158,7 @@ std::optional<StateDictLoadReport> load_directory_in_parallel(const StateView& v
   for (const auto& [file, info] : read.info_of) {
     for (const auto& t : info->tensors) {
       const std::string name = as_module_name(t.name, options);
-      source_of[name] = {(std::filesystem::path(read.dir) / file).string(), t.offset};
+      source_of[name] = {(std::filesystem::path(read.dir) / file).string(), &info->identity, t.offset};
       described[name] = &t;
     }
   }
@@ -176,24 +179,31 @@ std::optional<StateDictLoadReport> load_directory_in_parallel(const StateView& v
     reads.emplace_back(&entry, source);
     if (!reads_into_local(entry)) staging.need(entry.local.scalar_type(), own_part(entry, 0, entry.local.scalar_type()).numel);
   }
+  // The buffers, and the files still those the readers checked, on every rank before any tensor
+  // changes (Note [Each rank reads its own part] in part_read.cpp).
   std::exception_ptr failure;
   try {
     staging.allocate();
+    std::set<std::string> files;
+    for (const auto& [entry, source] : reads) {
+      if (files.insert(source->file).second) check_unchanged(source->file, *source->checked);
+    }
   } catch (...) {
     failure = std::current_exception();
   }
-  team.agree(failure, "loading " + target.dir + " (allocating the buffers its tensors are read through)");
+  team.agree(failure, "loading " + target.dir + " (allocating the buffers its tensors are read through, "
+                      "and finding its files as they were checked)");
   try {
     for (const auto& [entry, source] : reads) {
       const at::ScalarType dtype = entry->local.scalar_type();
       const FilePart part = own_part(*entry, source->offset, dtype);
       const at::Tensor local = entry->local.detach();
       if (reads_into_local(*entry)) {
-        read_part(source->file, part, local);
+        read_part(source->file, *source->checked, part, local);
         continue;
       }
       const at::Tensor staged = staging.view(dtype, part.numel);
-      read_part(source->file, part, staged);
+      read_part(source->file, *source->checked, part, staged);
       if (entry->placement.tensor_parallel) {
         local.copy_(local_part(*entry, staged.view(entry->whole_sizes)));
       } else {

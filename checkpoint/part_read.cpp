@@ -6,6 +6,7 @@
 
 #include <algorithm>
 
+#include "cpprun/checkpoint_file.h"
 #include "support/file_read.h"
 
 namespace cpprun::detail {
@@ -25,8 +26,14 @@ namespace cpprun::detail {
 // on a GPU, not contiguous, or cut from a split) are planned before the first read and allocated
 // at once, one flat CPU buffer per dtype as large as the largest part, and the team agrees that
 // every rank allocated them: a rank out of memory fails the load on every rank, nothing changed.
-// A read can still fail after that (the file changed, or the disk failed, since it was checked):
-// the ranks agree on that too, and every rank raises, naming the file.
+// Every rank reads the bytes of the file its reader checked: each reader reports each file's size
+// and modification time (unchanged across its read), each rank makes sure that every file it will
+// read is still that one before its first read changes a tensor (agreed with the buffers), and
+// each read checks it again on the descriptor it reads from. A directory saved into during the
+// load, or a path that names other files on another node, is refused, naming the file, where the
+// ranks would otherwise have loaded tensors of two saves. A read that fails after the first check
+// (the file replaced in between, the disk failing) fails the load on every rank too, with the
+// tensors read before it loaded.
 
 FilePart own_part(const StateEntry& entry, std::uint64_t tensor_offset, at::ScalarType dtype) {
   const std::uint64_t element = at::elementSize(dtype);
@@ -68,11 +75,32 @@ at::Tensor StagingBuffers::view(at::ScalarType dtype, int64_t numel) const {
   return found->second.narrow(0, 0, numel);
 }
 
-void read_part(const std::string& path, const FilePart& part, const at::Tensor& into) {
+namespace {
+
+std::string changed_message(const std::string& path, const FileIdentity& checked, const FileIdentity& now) {
+  return "cpprun: " + path + " is not the file its reader checked (" + std::to_string(checked.size) + " bytes then, " +
+         std::to_string(now.size) + " now" + (checked.size == now.size ? ", modified since" : "") +
+         "): was a checkpoint saved into its directory during the load, or does this rank's node hold another "
+         "file at this path? Load a directory no save is writing to, at one path every rank sees.";
+}
+
+}  // namespace
+
+void check_unchanged(const std::string& path, const FileIdentity& checked) {
+  const FileIdentity now = identity_of(path, "the checkpoint file");
+  if (now != checked) throw CorruptCheckpointError(changed_message(path, checked, now));
+}
+
+void read_part(const std::string& path, const FileIdentity& checked, const FilePart& part, const at::Tensor& into) {
   TORCH_INTERNAL_ASSERT(into.device().is_cpu() && into.is_contiguous() && into.numel() == part.numel,
                         "a part is read into a contiguous CPU tensor of its size");
   if (part.numel == 0) return;
-  read_file_range(path, "the checkpoint file", part.offset, static_cast<std::size_t>(into.nbytes()), into.data_ptr());
+  try {
+    read_file_range(path, "the checkpoint file", checked, part.offset, static_cast<std::size_t>(into.nbytes()),
+                    into.data_ptr());
+  } catch (const FileChangedError&) {
+    throw CorruptCheckpointError(changed_message(path, checked, identity_of(path, "the checkpoint file")));
+  }
   into.unsafeGetTensorImpl()->bump_version();
 }
 

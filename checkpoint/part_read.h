@@ -9,15 +9,14 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
-#include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
 
 #include <cstdint>
 #include <map>
 #include <string>
-#include <tuple>
 
 #include "checkpoint/state_view.h"
+#include "support/file_read.h"
 
 namespace cpprun::detail {
 
@@ -50,8 +49,12 @@ class StagingBuffers {
   std::map<at::ScalarType, at::Tensor> buffers_;
 };
 
-// Reads `part` of a tensor in the file PATH into `into` (contiguous, CPU, part.numel
-// elements), marking it written (its version counter, as a copy_ would). Throws naming PATH.
-void read_part(const std::string& path, const FilePart& part, const at::Tensor& into);
+// Reads `part` of a tensor in the file PATH, the file `checked` identifies (its reader's), into
+// `into` (contiguous, CPU, part.numel elements), marking it written (its version counter, as a
+// copy_ would). Throws naming PATH: CorruptCheckpointError when it is no longer that file.
+void read_part(const std::string& path, const FileIdentity& checked, const FilePart& part, const at::Tensor& into);
+// Throws CorruptCheckpointError, as read_part would, unless PATH is still the file `checked`
+// identifies: what each rank makes sure of before its first read changes a tensor.
+void check_unchanged(const std::string& path, const FileIdentity& checked);
 
 }  // namespace cpprun::detail

@@ -58,6 +58,8 @@ std::string encode_reader_report(const ReaderReport& report) {
       w.text(key);
       w.text(value);
     }
+    w.number<std::uint64_t>(file.identity.size);
+    w.number<std::int64_t>(file.identity.modified_ns);
     w.number<std::uint64_t>(file.tensors.size());
     for (const auto& t : file.tensors) {
       w.text(t.name);
@@ -86,6 +88,8 @@ ReaderReport decode_reader_report(std::string_view bytes) {
       std::string key = r.text();
       file.metadata[std::move(key)] = r.text();
     }
+    file.identity.size = r.number<std::uint64_t>();
+    file.identity.modified_ns = r.number<std::int64_t>();
     for (auto k = r.number<std::uint64_t>(); k > 0; --k) {
       ReadTensorInfo t;
       t.name = r.text();

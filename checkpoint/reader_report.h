@@ -14,6 +14,8 @@
 #include <string_view>
 #include <vector>
 
+#include "support/file_read.h"
+
 namespace cpprun::detail {
 
 struct ReadTensorInfo {
@@ -31,6 +33,7 @@ struct ReadFileInfo {
   std::string save_id;  // kSaveIdKey, "" when it has none
   std::map<std::string, std::string> metadata;  // its __metadata__ (an optimizer's kind and groups)
   std::vector<ReadTensorInfo> tensors;          // in the file's order
+  FileIdentity identity;  // the file the reader checked: every rank reads its parts from that file
 };
 
 struct ReaderReport {

@@ -40,10 +40,10 @@ std::string encode_state_dict(const NamedTensors& tensors, const std::string& pa
 NamedTensors decode_state_dict(std::string_view bytes, const std::string& path);
 // safetensors bytes for `tensors`, with `metadata` (plus "format": "pt" and the CRC) in the header.
 std::string encode_safetensors(const NamedTensors& tensors, std::map<std::string, std::string> metadata);
-// The tensors of a parsed safetensors file, copied out (CPU); `path` names it in errors.
 // LibTorch's type for a tensor of a safetensors file PATH (CorruptCheckpointError for a dtype it
 // has none for).
 at::ScalarType safetensors_scalar_type(const SafetensorsTensor& entry, const std::string& path);
+// The tensors of a parsed safetensors file, copied out (CPU); `path` names it in errors.
 NamedTensors decode_safetensors(const SafetensorsFile& file, const std::string& path);
 // PATH's bytes; a system_error naming it when it cannot be read.
 std::string read_state_dict_bytes(const std::string& path);

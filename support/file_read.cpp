@@ -115,21 +115,48 @@ std::string read_regular_file(const std::string& path, const std::string& what, 
   return bytes;
 }
 
-void read_file_range(const std::string& path, const std::string& what, std::uint64_t offset, std::size_t count,
-                     void* into) {
+namespace {
+
+FileIdentity identity_from(const struct stat& facts) {
+  return {static_cast<std::uint64_t>(facts.st_size),
+          static_cast<std::int64_t>(facts.st_mtim.tv_sec) * 1000000000 + facts.st_mtim.tv_nsec};
+}
+
+std::string identity_text(const FileIdentity& id) {
+  return std::to_string(id.size) + " bytes, modified at " + std::to_string(id.modified_ns / 1000000000) + "." +
+         std::to_string(1000000000 + id.modified_ns % 1000000000).substr(1) + " s";
+}
+
+}  // namespace
+
+FileIdentity identity_of(const std::string& path, const std::string& what) {
   const std::string cannot = "cpprun: cannot read " + what + " " + path;
   const Descriptor file(open_for_reading(path, cannot));
   struct stat facts {};
   check_regular(file, cannot, facts);
+  return identity_from(facts);
+}
+
+void read_file_range(const std::string& path, const std::string& what, const FileIdentity& expected,
+                     std::uint64_t offset, std::size_t count, void* into) {
+  const std::string cannot = "cpprun: cannot read " + what + " " + path;
+  const Descriptor file(open_for_reading(path, cannot));
+  struct stat facts {};
+  check_regular(file, cannot, facts);
+  const FileIdentity now = identity_from(facts);
+  if (now != expected) {
+    throw FileChangedError(cannot + ": it is not the file that was checked (" + identity_text(expected) + "; now " +
+                           identity_text(now) + "): was it saved again during the load, or is another file at this "
+                           "path on this node? Load a directory no save is writing to, at one path every rank sees.");
+  }
   char* at = static_cast<char*>(into);
   for (std::size_t have = 0; have < count;) {
     const ssize_t got = ::pread(file.get(), at + have, count - have, static_cast<off_t>(offset + have));
     if (got < 0 && errno == EINTR) continue;
     if (got < 0) throw std::system_error(errno, std::generic_category(), cannot);
     if (got == 0) {
-      throw std::runtime_error(cannot + ": it ends at byte " + std::to_string(offset + have) + ", before the " +
-                               std::to_string(count) + " bytes at byte " + std::to_string(offset) +
-                               " (was it changed during the load?)");
+      throw std::runtime_error(cannot + ": it is " + std::to_string(now.size) + " bytes, and ends before the " +
+                               std::to_string(count) + " bytes at byte " + std::to_string(offset));
     }
     have += static_cast<std::size_t>(got);
   }

@@ -31,11 +31,29 @@ struct FileHead {
 };
 FileHead read_file_head(const std::string& path, const std::string& what, std::size_t count);
 
+// Which file a path named when it was read: its size and modification time (nanoseconds), as
+// stat gives them on any node of a shared file system (the inode and device are left out: network
+// and FUSE file systems number them per client). A save replaces its files by rename, so a file
+// saved again differs in its time, even at the same size.
+struct FileIdentity {
+  std::uint64_t size = 0;
+  std::int64_t modified_ns = 0;
+  bool operator==(const FileIdentity& other) const { return size == other.size && modified_ns == other.modified_ns; }
+  bool operator!=(const FileIdentity& other) const { return !(*this == other); }
+};
+// PATH's identity now, opened and checked as read_regular_file does, with its errors.
+FileIdentity identity_of(const std::string& path, const std::string& what);
+// The error of a file that is no longer the one that was read and checked.
+struct FileChangedError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 // `count` bytes of PATH from byte `offset` into `into`, opened and checked as read_regular_file
-// does, with its errors; a file that ends before them is a std::runtime_error ("cpprun: cannot read
-// WHAT PATH: it ends at byte N, before the C bytes at byte O"). What a rank reads of a file another
-// rank checked whole: its own part of a tensor.
-void read_file_range(const std::string& path, const std::string& what, std::uint64_t offset, std::size_t count,
-                     void* into);
+// does, with its errors, from the file `expected` identifies (else FileChangedError, before any
+// byte is read): what a rank reads of a file another rank checked whole, its own part of a
+// tensor. A file that ends before the bytes is a std::runtime_error ("cpprun: cannot read WHAT
+// PATH: it is N bytes, and ends before the C bytes at byte O").
+void read_file_range(const std::string& path, const std::string& what, const FileIdentity& expected,
+                     std::uint64_t offset, std::size_t count, void* into);
 
 }  // namespace cpprun::detail

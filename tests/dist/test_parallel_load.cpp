@@ -358,8 +358,8 @@ TEST_CASE("state_dict: an optimizer's directory is read on every rank; a damaged
   cpprun::barrier(group());
   if (rank == 0) fs::copy_file(kept, dir + victim, fs::copy_options::overwrite_existing);
   cpprun::barrier(group());
-  // Loaded into each wrapper: every parameter's state, whole (FSDP's rows scattered from their
-  // readers, each rank receiving only its own; HSDP's broadcast whole and cut).
+  // Loaded into each wrapper: every parameter's state, whole (each FSDP and HSDP rank reading only
+  // its own rows from the files, DDP's ranks all of it).
   for_each_wrapper(2, [&](auto& loading, const std::string& kind) {
     INFO(kind);
     torch::optim::Adam loading_adam(loading->parameters(), 1e-3);

@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -12,6 +13,7 @@
 #include <string>
 
 #include "error_text.h"
+#include "checkpoint/part_read.h"
 #include "checkpoint/reader_report.h"
 #include "checkpoint/sharded_state_dict.h"
 #include "checkpoint/state_dict.h"
@@ -350,7 +352,7 @@ TEST_CASE("hf_sharded: a reader's report decodes to what was encoded", "[state_d
   cpprun::detail::ReaderReport report;
   report.rank = 3;
   report.absent = {"model-00002-of-00004.safetensors"};
-  cpprun::detail::ReadFileInfo file{"model-00001-of-00004.safetensors", "0123", {{"cpprun_step", "7"}}, {}};
+  cpprun::detail::ReadFileInfo file{"model-00001-of-00004.safetensors", "0123", {{"cpprun_step", "7"}}, {}, {4096, 1764979200123456789}};
   file.tensors.push_back({"fc.weight", c10::kDouble, {13, 8}, std::nullopt, 88});
   file.tensors.push_back({"fc.bias", c10::kBFloat16, {13}, 0xdeadbeefu, 88 + 13 * 8 * 8});
   report.files.push_back(file);
@@ -359,6 +361,7 @@ TEST_CASE("hf_sharded: a reader's report decodes to what was encoded", "[state_d
   CHECK(back.absent == report.absent);
   REQUIRE(back.files.size() == 1);
   CHECK(back.files[0].metadata == file.metadata);
+  CHECK(back.files[0].identity == file.identity);
   REQUIRE(back.files[0].tensors.size() == 2);
   for (std::size_t i = 0; i < 2; ++i) {
     const auto& got = back.files[0].tensors[i];
@@ -371,18 +374,32 @@ TEST_CASE("hf_sharded: a reader's report decodes to what was encoded", "[state_d
   }
 }
 
-// A rank's part of a tensor is a byte range of the file; a file that ends before it (changed since
-// it was checked) is an error naming it, never a short tensor.
-TEST_CASE("hf_sharded: a part of a file is read at its offset, and a file too short is refused", "[state_dict]") {
+// A rank's part of a tensor is a byte range of the file, read from the file its reader checked:
+// one that ends before the part, or that is no longer that file (saved again, at the same size), is
+// an error naming it, never a short tensor or another save's bytes.
+TEST_CASE("hf_sharded: a part of a file is read at its offset, from the file that was checked", "[state_dict]") {
   scratch::ScratchDir dir("part_read");
   const std::string path = (dir.path / "f.bin").string();
-  {
-    std::ofstream out(path, std::ios::binary);
-    for (int i = 0; i < 64; ++i) out.put(static_cast<char>(i));
-  }
+  const auto write = [&](char first) {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    for (int i = 0; i < 64; ++i) out.put(static_cast<char>(first + i));
+  };
+  write(0);
+  const auto checked = cpprun::detail::identity_of(path, "the checkpoint file");
+  CHECK(checked.size == 64);
   char got[8] = {};
-  cpprun::detail::read_file_range(path, "the checkpoint file", 40, sizeof got, got);
+  cpprun::detail::read_file_range(path, "the checkpoint file", checked, 40, sizeof got, got);
   for (int i = 0; i < 8; ++i) CHECK(got[i] == static_cast<char>(40 + i));
-  CHECK_THROWS_WITH(cpprun::detail::read_file_range(path, "the checkpoint file", 60, sizeof got, got),
-                    Catch::Matchers::Contains(path) && Catch::Matchers::Contains("it ends at byte 64"));
+  CHECK_THROWS_WITH(cpprun::detail::read_file_range(path, "the checkpoint file", checked, 60, sizeof got, got),
+                    Catch::Matchers::Contains(path) && Catch::Matchers::Contains("it is 64 bytes, and ends before"));
+
+  // Saved again, at the same size: its time differs (set apart, as a later save's would be).
+  write(1);
+  const auto later = std::filesystem::last_write_time(path) + std::chrono::seconds(2);
+  std::filesystem::last_write_time(path, later);
+  CHECK(cpprun::detail::identity_of(path, "the checkpoint file") != checked);
+  CHECK_THROWS_AS(cpprun::detail::read_file_range(path, "the checkpoint file", checked, 40, sizeof got, got),
+                  cpprun::detail::FileChangedError);
+  CHECK_THROWS_WITH(cpprun::detail::check_unchanged(path, checked),
+                    Catch::Matchers::Contains(path) && Catch::Matchers::Contains("is not the file its reader checked"));
 }
