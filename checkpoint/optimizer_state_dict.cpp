@@ -463,6 +463,9 @@ struct OptimizerFile {
   // State tensors this rank read as its part already (FSDP's rows, read alone from the files:
   // read_directory_for_team), its own; their `tensors` are descriptions (meta device).
   std::map<std::string, at::Tensor> local = {};
+  // Its tensors were made by this load and nothing else holds them (a directory's, read from the
+  // files): the state may take them as they are, where a dict's are the caller's.
+  bool owned = false;
 };
 
 // What rank 0 has to share: read from files, or (set_optimizer_state_dict) made from a dict.
@@ -673,6 +676,7 @@ OptimizerFile read_directory_for_team(const OptimizerParams& params, const Check
   TeamDirectoryRead read = read_directory_on_writers(team, found.substr(0, nul), kOptimizerStem,
                                                      found.substr(nul + 1), nullptr);
   OptimizerFile out{path, {}, {}, {}, {}};
+  out.owned = true;  // every tensor is read below into one this load allocates
   if (read.files.empty()) {
     // No file (an optimizer saved before its first step): the index carries every file's stamp.
     out.metadata = read.index.metadata;
@@ -750,6 +754,7 @@ struct OptimizerLoad {
   std::map<std::string, std::size_t> group_of;
   std::map<std::string, std::map<std::string, at::Tensor>> state_of;
   std::map<std::string, std::set<std::string>> already_local;  // name -> its states read as this rank's part
+  bool owned = false;  // the file's tensors are this load's alone (OptimizerFile::owned)
 };
 
 // Every way `file` does not fit `optimizer` over `params` (empty: it fits), and in `load` what
@@ -856,6 +861,7 @@ std::vector<std::string> optimizer_file_faults(const OptimizerParams& params, to
     }
     const auto local = file.local.find(key);
     if (local != file.local.end()) load.already_local[name].insert(what);
+    load.owned = file.owned;
     if (!state_of[name].emplace(what, local != file.local.end() ? local->second : tensor).second) {
       faults.push_back("\"" + key + "\"" + in_file(key) + ": the tied parameter \"" + name + "\"'s " + what +
                        " is in " + file.noun + " under two names");
@@ -952,10 +958,12 @@ void apply_optimizer_load(const OptimizerParams& params, torch::optim::Optimizer
         const auto local = load.already_local.find(name);
         const bool already = local != load.already_local.end() && local->second.count(what);
         at::Tensor mine = params.local_part && !already ? params.local_part(i, tensor) : tensor;
-        mine = mine.to(param.device(), param.scalar_type()).contiguous();
-        // Rows this load read alone are this rank's own tensor (nothing else holds them); any
-        // other is a view of what the file's tensors hold.
-        state.tensors[what] = already ? mine : mine.clone();
+        const at::Tensor moved = mine.to(param.device(), param.scalar_type()).contiguous();
+        // Taken as it is where nothing else holds it: a copy the move made, rows this load read
+        // alone, a whole tensor this load read (uncut); a view of the file's tensors, or a tensor
+        // of the caller's dict, is copied (keeping a cut's whole alive would hold the whole state).
+        const bool own = !moved.is_alias_of(tensor) || already || (load.owned && !params.local_part);
+        state.tensors[what] = own ? moved : moved.clone();
       }
       write_optimizer_state(optimizer, param, state);
     }
