@@ -79,7 +79,6 @@ TeamDirectoryRead read_directory_on_writers(const CheckpointTeam& team, const st
   std::vector<std::string> share;
   for (const auto& [file, names] : promised) {
     const int reader = reader_of_file(out.files.size(), team.writers());
-    out.reader_of[file] = reader;
     if (team.writes() && reader == team.writer_rank()) share.push_back(file);
     out.files.push_back(file);
   }

@@ -25,7 +25,6 @@ struct TeamDirectoryRead {
   std::vector<std::string> files;                      // the index's files, by name
   std::vector<ReaderReport> reports;                   // every writer's, in writer order
   std::map<std::string, const ReadFileInfo*> info_of;  // file -> what it holds (into `reports`)
-  std::map<std::string, int> reader_of;                // file -> the writer that read it
 };
 
 // Collective over `team`. `index_text`: DIR/STEM.safetensors.index.json's text, the same on every

@@ -452,6 +452,21 @@ void save_optimizer_state_dict(const OptimizerParams& params, torch::optim::Opti
 
 namespace {
 
+// A flat state key, "state.<name>.<what>" (PyTorch's flattened optimizer state dict): the
+// parameter's name as the key spells it (empty when the key is not of that form) and what it holds.
+struct StateKey {
+  std::string name;
+  std::string what;
+};
+StateKey split_state_key(const std::string& key) {
+  const std::size_t dot = key.rfind('.');
+  StateKey out;
+  if (dot == std::string::npos) return out;
+  out.what = key.substr(dot + 1);
+  if (key.rfind("state.", 0) == 0 && dot > 6) out.name = key.substr(6, dot - 6);
+  return out;
+}
+
 // An optimizer's file as every rank of the team has it: what the root read, of one save.
 struct OptimizerFile {
   std::string path;
@@ -690,11 +705,9 @@ OptimizerFile read_directory_for_team(const OptimizerParams& params, const Check
   for (const auto& [alias, i] : params.aliases) index_of[alias] = i;
   // The entry of the parameter FSDP shards by rows whose whole state `t` is (nullptr: none).
   const auto rows_of = [&](const ReadTensorInfo& t) -> const StateEntry* {
-    const std::size_t dot = t.name.rfind('.');
-    if (t.name.rfind("state.", 0) != 0 || dot == std::string::npos || dot <= 6 || t.name.substr(dot + 1) == "step") {
-      return nullptr;
-    }
-    const auto found = index_of.find(t.name.substr(6, dot - 6));
+    const StateKey key = split_state_key(t.name);
+    if (key.name.empty() || key.what == "step") return nullptr;
+    const auto found = index_of.find(key.name);
     if (found == index_of.end() || found->second >= params.entries.size() || !params.entries[found->second] ||
         t.sizes != params.full_sizes[found->second]) {
       return nullptr;  // not a parameter's state of its shape: read whole, and refused later
@@ -727,10 +740,7 @@ OptimizerFile read_directory_for_team(const OptimizerParams& params, const Check
         }
         at::Tensor whole = at::empty(t.sizes, options);
         out.tensors.emplace_back(t.name, whole);
-        FilePart part;
-        part.offset = t.offset;
-        part.numel = whole.numel();
-        reads.push_back({file_path, checked, part, whole});
+        reads.push_back({file_path, checked, FilePart{t.offset, whole.numel()}, whole});
       }
     }
   } catch (...) {
@@ -763,6 +773,7 @@ std::vector<std::string> optimizer_file_faults(const OptimizerParams& params, to
                                                const std::string& kind,
                                                const std::vector<std::vector<std::string>>& names,
                                                const OptimizerFile& file, OptimizerLoad& load) {
+  load.owned = file.owned;
   const auto in_file = [&](const std::string& name) {
     const auto found = file.file_of.find(name);
     return found == file.file_of.end() ? std::string() : " (in " + found->second + ")";
@@ -843,9 +854,9 @@ std::vector<std::string> optimizer_file_faults(const OptimizerParams& params, to
   // The state tensors: "state.<name>.<what>", of the parameter's whole shape (step: 0-d).
   auto& state_of = load.state_of;
   for (const auto& [key, tensor] : file.tensors) {
-    const std::size_t dot = key.rfind('.');
-    const std::string name = canonical(key.rfind("state.", 0) == 0 && dot > 6 ? key.substr(6, dot - 6) : std::string());
-    const std::string what = dot == std::string::npos ? std::string() : key.substr(dot + 1);
+    const StateKey parts = split_state_key(key);
+    const std::string name = canonical(parts.name);
+    const std::string& what = parts.what;
     const auto found = index_of.find(name);
     if (found == index_of.end() && file.held_elsewhere.count(name)) continue;  // another owner's
     if (found == index_of.end()) {
@@ -861,7 +872,6 @@ std::vector<std::string> optimizer_file_faults(const OptimizerParams& params, to
     }
     const auto local = file.local.find(key);
     if (local != file.local.end()) load.already_local[name].insert(what);
-    load.owned = file.owned;
     if (!state_of[name].emplace(what, local != file.local.end() ? local->second : tensor).second) {
       faults.push_back("\"" + key + "\"" + in_file(key) + ": the tied parameter \"" + name + "\"'s " + what +
                        " is in " + file.noun + " under two names");

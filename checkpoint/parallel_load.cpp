@@ -5,7 +5,6 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
-#include <algorithm>
 #include <cstdint>
 #include <exception>
 #include <filesystem>

@@ -36,17 +36,14 @@ namespace cpprun::detail {
 // tensors read before it loaded.
 
 FilePart own_part(const StateEntry& entry, std::uint64_t tensor_offset, at::ScalarType dtype) {
-  const std::uint64_t element = at::elementSize(dtype);
-  FilePart part;
+  FilePart part{tensor_offset, 1};
   if (entry.placement.rows && !entry.placement.tensor_parallel) {
-    const RowShard& rows = *entry.placement.rows;
-    part.first = rows.first_row * rows.row_numel;
+    const RowShard& rows = *entry.placement.rows;  // rows lead: this rank's are one byte range
+    part.offset += static_cast<std::uint64_t>(rows.first_row * rows.row_numel) * at::elementSize(dtype);
     part.numel = rows.local_rows * rows.row_numel;
   } else {
-    part.numel = 1;
     for (const int64_t size : entry.whole_sizes) part.numel *= size;
   }
-  part.offset = tensor_offset + static_cast<std::uint64_t>(part.first) * element;
   return part;
 }
 
@@ -98,8 +95,8 @@ void read_part(const std::string& path, const FileIdentity& checked, const FileP
   try {
     read_file_range(path, "the checkpoint file", checked, part.offset, static_cast<std::size_t>(into.nbytes()),
                     into.data_ptr());
-  } catch (const FileChangedError&) {
-    throw CorruptCheckpointError(changed_message(path, checked, identity_of(path, "the checkpoint file")));
+  } catch (const FileChangedError& e) {
+    throw CorruptCheckpointError(changed_message(path, checked, e.now));
   }
   into.unsafeGetTensorImpl()->bump_version();
 }

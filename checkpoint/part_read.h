@@ -20,15 +20,14 @@
 
 namespace cpprun::detail {
 
-// The elements of a tensor of `dtype` (the entry's, or its optimizer state's), stored from byte
-// `tensor_offset` of a file, that a rank reads for an entry: [first, first + numel) of the whole,
-// flattened.
+// The elements of a tensor that a rank reads: `numel` of them from byte `offset` of the file.
 struct FilePart {
-  std::uint64_t offset = 0;  // in the file
-  int64_t first = 0;
+  std::uint64_t offset = 0;
   int64_t numel = 0;
 };
-// FSDP's rows (with no tensor-parallel split): this rank's rows; anything else: the whole.
+// The part of a tensor of `dtype` (the entry's, or its optimizer state's), stored from byte
+// `tensor_offset` of a file, that a rank reads for an entry: with FSDP's rows (and no
+// tensor-parallel split) this rank's rows, else the whole.
 FilePart own_part(const StateEntry& entry, std::uint64_t tensor_offset, at::ScalarType dtype);
 // Whether the part is read straight into entry.local (a contiguous CPU tensor of exactly the
 // part); else through a staging buffer, then copied (or, for a split, cut) into it.

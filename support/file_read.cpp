@@ -147,7 +147,8 @@ void read_file_range(const std::string& path, const std::string& what, const Fil
   if (now != expected) {
     throw FileChangedError(cannot + ": it is not the file that was checked (" + identity_text(expected) + "; now " +
                            identity_text(now) + "): was it saved again during the load, or is another file at this "
-                           "path on this node? Load a directory no save is writing to, at one path every rank sees.");
+                           "path on this node? Load a directory no save is writing to, at one path every rank sees.",
+                           now);
   }
   char* at = static_cast<char*>(into);
   for (std::size_t have = 0; have < count;) {

@@ -43,9 +43,10 @@ struct FileIdentity {
 };
 // PATH's identity now, opened and checked as read_regular_file does, with its errors.
 FileIdentity identity_of(const std::string& path, const std::string& what);
-// The error of a file that is no longer the one that was read and checked.
+// The error of a file that is no longer the one that was read and checked: `now` is what it is.
 struct FileChangedError : std::runtime_error {
-  using std::runtime_error::runtime_error;
+  FileChangedError(const std::string& what, const FileIdentity& found) : std::runtime_error(what), now(found) {}
+  FileIdentity now;
 };
 
 // `count` bytes of PATH from byte `offset` into `into`, opened and checked as read_regular_file

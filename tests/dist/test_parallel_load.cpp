@@ -18,6 +18,7 @@
 #include "checkpoint/state_dict.h"
 #include "cpprun/cpprun.h"
 #include "dist_test_support.h"
+#include "optimizer_state_check.h"
 #include "support/safetensors_index.h"
 
 namespace {
@@ -364,18 +365,7 @@ TEST_CASE("state_dict: an optimizer's directory is read on every rank; a damaged
     INFO(kind);
     torch::optim::Adam loading_adam(loading->parameters(), 1e-3);
     cpprun::load_optimizer_state_dict(loading, loading_adam, dir);
-    const auto loaded = cpprun::get_optimizer_state_dict(loading, loading_adam);
-    REQUIRE(loaded.size() == expected.size());
-    for (const auto& item : expected) {
-      INFO(item.key());
-      const auto* got = loaded.find(item.key());
-      REQUIRE(got != nullptr);
-      if (item.value().isTensor()) {
-        CHECK(torch::equal(got->toTensor(), item.value().toTensor()));
-      } else {
-        CHECK(*got == item.value());
-      }
-    }
+    dist_test::check_same_optimizer_state(cpprun::get_optimizer_state_dict(loading, loading_adam), expected);
   });
   cpprun::barrier(group());
   if (rank == 0) {

@@ -23,6 +23,7 @@
 #include "checkpoint/state_dict.h"
 #include "cpprun/cpprun.h"
 #include "dist_test_support.h"
+#include "optimizer_state_check.h"
 #include "support/safetensors_index.h"
 
 namespace {
@@ -471,18 +472,7 @@ TEST_CASE("state_dict: a ZeRO-3 load of a sharded directory holds no tensor beyo
                << "; its rows of the state " << rows << ", the largest tensor " << b.largest << ", all " << b.all);
   CHECK(extra <= rows + b.largest);
   if (world > 1) CHECK(extra < b.all);
-  const auto loaded = cpprun::get_optimizer_state_dict(model, adam);
-  REQUIRE(loaded.size() == expected_optimizer.size());
-  for (const auto& item : expected_optimizer) {
-    INFO(item.key());
-    const auto* got = loaded.find(item.key());
-    REQUIRE(got != nullptr);
-    if (item.value().isTensor()) {
-      CHECK(torch::equal(got->toTensor(), item.value().toTensor()));
-    } else {
-      CHECK(*got == item.value());
-    }
-  }
+  dist_test::check_same_optimizer_state(cpprun::get_optimizer_state_dict(model, adam), expected_optimizer);
   cpprun::barrier(group());
   if (rank == 0) fs::remove_all(dir);
 }
