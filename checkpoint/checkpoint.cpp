@@ -20,6 +20,7 @@
 #include "checkpoint/async_optimizer_save.h"
 #include "checkpoint/async_save.h"
 #include "checkpoint/optimizer_state_dict.h"
+#include "checkpoint/rows_in_place.h"
 #include "checkpoint/parallel_load.h"
 #include "checkpoint/sharded_state_dict.h"
 #include "checkpoint/state_dict.h"
@@ -48,8 +49,11 @@ void save_model_state(StateSource source, const std::string& path, const StateDi
   const StateView view = state_view(source);
   at::NoGradGuard no_grad;
   if (is_sharded_state_dict_path(path)) {
-    // Each writer gathers only its own file's tensors (Note [Gathering to the writer]).
-    save_sharded_tensors(state_to_save(view, path, WholeTensors::kMayShare), view.team, path, options, kModelStem);
+    // FSDP's rows written in place by each rank (Note [Each rank writes its own rows]); what a
+    // writer holds whole, gathered to it alone (Note [Gathering to the writer]).
+    RowsInPlace in_place;
+    const NamedTensors state = state_to_save(view, path, WholeTensors::kMayShare, &in_place);
+    save_sharded_tensors(state, view.team, path, options, kModelStem, {}, &in_place);
     return;
   }
   save_state_dict(whole_state(view), view.team, path, options);

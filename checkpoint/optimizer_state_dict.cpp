@@ -20,6 +20,7 @@
 #include "core/failure_agreement.h"
 #include "checkpoint/directory_read.h"
 #include "checkpoint/optimizer_flat_state.h"
+#include "checkpoint/rows_in_place.h"
 #include "checkpoint/optimizer_state.h"
 #include "checkpoint/part_read.h"
 #include "checkpoint/sharded_state_dict.h"
@@ -304,7 +305,7 @@ OptimizerParams optimizer_params(const StateView& view) {
 OptimizerStateToSave optimizer_state_to_save(const OptimizerParams& params, torch::optim::Optimizer& optimizer,
                                              const std::function<at::Tensor(const at::Tensor&)>& take,
                                              const CheckpointTeam* writers, const std::string& what,
-                                             WholeTensors hold) {
+                                             WholeTensors hold, RowsInPlace* in_place) {
   const std::string kind = kind_of(optimizer);
   const auto names = group_names(params, optimizer, "save_optimizer_state_dict");
   // Each parameter's state names, by its group's options.
@@ -371,7 +372,7 @@ OptimizerStateToSave optimizer_state_to_save(const OptimizerParams& params, torc
       state.emplace_back(prefix + "step", take ? take(step) : std::move(step));
     }
   }
-  if (to_writers) state = gather_for_writers(pieces, names_of_pieces, *to_writers, what, hold);
+  if (to_writers) state = gather_for_writers(pieces, names_of_pieces, *to_writers, what, hold, in_place);
   OptimizerStateToSave out{std::move(state), {{kOptimizerKindKey, kind}}, {}, {}};
   for (std::size_t g = 0; g < names.size(); ++g) {
     out.group_params.emplace_back();
@@ -433,9 +434,10 @@ void save_optimizer_state_dict(const OptimizerParams& params, torch::optim::Opti
                                const StateDictSaveOptions& options) {
   check_path(path, "save_optimizer_state_dict");
   if (is_sharded_state_dict_path(path)) {
-    const OptimizerStateToSave saved =
-        optimizer_state_to_save(params, optimizer, nullptr, &team, "saving the optimizer state to " + path);
-    save_sharded_tensors(saved.state, team, path, options, kOptimizerStem, saved.metadata);
+    RowsInPlace in_place;  // See Note [Each rank writes its own rows]
+    const OptimizerStateToSave saved = optimizer_state_to_save(
+        params, optimizer, nullptr, &team, "saving the optimizer state to " + path, WholeTensors::kMayShare, &in_place);
+    save_sharded_tensors(saved.state, team, path, options, kOptimizerStem, saved.metadata, &in_place);
     return;
   }
   OptimizerStateToSave saved = optimizer_state_to_save(params, optimizer);

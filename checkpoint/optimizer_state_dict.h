@@ -80,11 +80,13 @@ struct OptimizerStateToSave {
 // drop it), as whole_state's `take`. `writers` (a sharded save by that team; params.entries
 // set): each state tensor is whole only on the writers of its file, a meta tensor of its shape
 // elsewhere (checkpoint/writer_gather.h; `what` names the save in its errors; `hold` says whether
-// a writer's tensors may be the optimizer's own), and `take` is unused.
+// a writer's tensors may be the optimizer's own; `in_place`: FSDP's rows are written in place, as
+// gather_for_writers's), and `take` is unused.
 OptimizerStateToSave optimizer_state_to_save(const OptimizerParams& params, torch::optim::Optimizer& optimizer,
                                              const std::function<at::Tensor(const at::Tensor&)>& take = nullptr,
                                              const CheckpointTeam* writers = nullptr, const std::string& what = {},
-                                             WholeTensors hold = WholeTensors::kMayShare);
+                                             WholeTensors hold = WholeTensors::kMayShare,
+                                             RowsInPlace* in_place = nullptr);
 // The groups of every owner of `owners` (pipeline stages, each with its own optimizer) as one
 // list, as the unsplit model's optimizer would have them: group g holds every owner's group g's
 // parameters, with their options, which must agree (else an error naming the group, on every

@@ -13,6 +13,7 @@
 #include <system_error>
 
 #include "core/failure_agreement.h"
+#include "checkpoint/rows_in_place.h"
 #include "checkpoint/save_ids.h"
 #include "checkpoint/state_dict.h"
 #include "cpprun/atomic_file.h"
@@ -49,6 +50,13 @@ std::map<std::string, std::string> stamp_metadata(const ShardedSaveStamp& stamp)
   metadata[std::string(kSaveIdKey)] = stamp.save_id;
   if (stamp.step) metadata[std::string(kStepKey)] = std::to_string(*stamp.step);
   return metadata;
+}
+
+// A token and a map as one list: the token, then each key and its value.
+std::vector<std::string> flatten(std::string token, const std::map<std::string, std::string>& map) {
+  std::vector<std::string> out{std::move(token)};
+  for (const auto& [key, value] : map) out.push_back(key), out.push_back(value);
+  return out;
 }
 
 // The first lines, one a line, then how many more: a crafted index naming a million files must not
@@ -136,7 +144,7 @@ StateDictShard state_dict_shard(const NamedTensors& state, int rank, int world, 
 
 void write_state_dict_shard(const StateDictShard& shard, const std::string& dir, const ShardedSaveStamp& stamp) {
   if (shard.file.empty()) return;
-  write_file_atomically((fs::path(dir) / shard.file).string(), encode_safetensors(shard.tensors, stamp_metadata(stamp)));
+  write_safetensors_file((fs::path(dir) / shard.file).string(), shard.tensors, stamp_metadata(stamp));
 }
 
 void write_state_dict_shard(const NamedTensors& state, const std::string& dir, int rank, int world,
@@ -193,7 +201,7 @@ void write_state_dict_index(std::map<std::string, std::string> weight_map, std::
 
 void save_sharded_tensors(const NamedTensors& state, const CheckpointTeam& team, const std::string& dir,
                           const StateDictSaveOptions& options, std::string_view stem,
-                          const std::map<std::string, std::string>& metadata) {
+                          const std::map<std::string, std::string>& metadata, const RowsInPlace* in_place) {
   check_sharded_save_path(dir);
   const std::set<std::string> stems{std::string(stem)};
   const bool decides = team.is_root();  // See Note [One save id for a model and its optimizer]
@@ -237,16 +245,44 @@ void save_sharded_tensors(const NamedTensors& state, const CheckpointTeam& team,
       throw;
     }
   };
-  if (team.writes()) {
-    try {
-      write_state_dict_shard(shard, dir, stamp);
-      wrote = true;
-    } catch (...) {
-      failure = std::current_exception();
+  if (in_place && in_place->used) {
+    // See Note [Each rank writes its own rows]: its steps end agreed, every file in place. The
+    // root's token for the save and its metadata (its step, its optimizer's groups) on every rank,
+    // so that every rank lays the files out alike.
+    std::string shared;
+    if (decides) {
+      for (const std::string& item : flatten(new_save_id().substr(0, 16), stamp_metadata(stamp))) {
+        shared += std::to_string(item.size()) + ':' + item;
+      }
     }
+    team.broadcast_bytes(shared);
+    std::vector<std::string> items;
+    for (std::size_t at = 0; at < shared.size();) {
+      const std::size_t colon = shared.find(':', at), size = std::stoull(shared.substr(at, colon - at));
+      items.push_back(shared.substr(colon + 1, size));
+      at = colon + 1 + size;
+    }
+    TORCH_INTERNAL_ASSERT(items.size() % 2 == 1, "the save's metadata arrived garbled");
+    std::map<std::string, std::string> root_metadata;
+    for (std::size_t i = 1; i + 1 < items.size(); i += 2) root_metadata[items[i]] = items[i + 1];
+    try {
+      write_shards_in_place(state, *in_place, team, dir, stem, root_metadata, items[0], what, wrote);
+    } catch (...) {
+      undo();
+      throw;
+    }
+  } else {
+    if (team.writes()) {
+      try {
+        write_state_dict_shard(shard, dir, stamp);
+        wrote = true;
+      } catch (...) {
+        failure = std::current_exception();
+      }
+    }
+    // Every file is in place before the index names them.
+    agree_or_undo();
   }
-  // Every file is in place before the index names them.
-  agree_or_undo();
   if (team.is_root()) {
     try {
       write_state_dict_index(state, dir, team.writers(), stamp, stem);

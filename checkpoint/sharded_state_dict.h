@@ -24,6 +24,8 @@
 
 namespace cpprun::detail {
 
+struct RowsInPlace;  // checkpoint/rows_in_place.h
+
 // Whether PATH means the sharded layout: it ends in '/', is an existing directory, or names a
 // model.safetensors.index.json.
 bool is_sharded_state_dict_path(const std::string& path);
@@ -85,9 +87,12 @@ void remove_written_file(const std::string& dir, const std::string& file) noexce
 // this process), each writer its share, the root the index last, with the root's save id
 // (checkpoint/save_ids.h: options.save_id(), else joining this directory's last save or drawn); a
 // failure on any rank is raised on every rank, after each rank removed the file it wrote.
+// `in_place` (gather_for_writers's): the tensors each rank writes its rows of into the writers'
+// files (checkpoint/rows_in_place.h), meta tensors in `state`.
 void save_sharded_tensors(const NamedTensors& state, const CheckpointTeam& team, const std::string& dir,
                           const StateDictSaveOptions& options, std::string_view stem,
-                          const std::map<std::string, std::string>& metadata = {});
+                          const std::map<std::string, std::string>& metadata = {},
+                          const RowsInPlace* in_place = nullptr);
 
 // A sharded directory's tensors as read and checked (CRCs, the index against its files, one save
 // id), or a CorruptCheckpointError listing every fault.

@@ -23,6 +23,7 @@
 #include "cpprun/object_collectives.h"
 #include "cpprun/state_dict.h"
 #include "checkpoint/sharded_state_dict.h"
+#include "support/crc32.h"
 #include "support/file_read.h"
 #include "support/safetensors_index.h"
 #include "support/safetensors.h"
@@ -322,23 +323,60 @@ StateDictLoadReport compare_state(const NamedTensors& module, const NamedTensors
 
 std::string read_state_dict_bytes(const std::string& path) { return read_regular_file(path, "state dict"); }
 
+namespace {
+
+const char* safetensors_dtype_of(const std::string& name, const at::Tensor& tensor) {
+  for (const auto& [type, text] : kSafetensorsDtypes) {
+    if (type == tensor.scalar_type()) return text;
+  }
+  TORCH_CHECK(false, "cpprun: cannot write tensor \"", name, "\" of dtype ", tensor.scalar_type(),
+              " to a safetensors file (the format has no name for it).");
+}
+
+}  // namespace
+
+SafetensorsLayout safetensors_layout_of(const NamedTensors& tensors, std::map<std::string, std::string> metadata) {
+  std::vector<SafetensorsEntry> entries;
+  entries.reserve(tensors.size());
+  for (const auto& [name, tensor] : tensors) {
+    entries.push_back({name, safetensors_dtype_of(name, tensor), tensor.sizes().vec(),
+                       static_cast<std::uint64_t>(tensor.numel()) * tensor.element_size()});
+  }
+  metadata["format"] = "pt";  // as encode_safetensors
+  return safetensors_layout(std::move(entries), std::move(metadata));
+}
+
 std::string encode_safetensors(const NamedTensors& tensors, std::map<std::string, std::string> metadata) {
   std::vector<at::Tensor> cpu;  // keeps the bytes alive while written
   cpu.reserve(tensors.size());
   std::vector<SafetensorsTensor> entries;
   for (const auto& [name, tensor] : tensors) {
-    const char* dtype = nullptr;
-    for (const auto& [type, text] : kSafetensorsDtypes) {
-      if (type == tensor.scalar_type()) dtype = text;
-    }
-    TORCH_CHECK(dtype, "cpprun: cannot write tensor \"", name, "\" of dtype ", tensor.scalar_type(),
-                " to a safetensors file (the format has no name for it).");
+    const char* dtype = safetensors_dtype_of(name, tensor);
     cpu.push_back(tensor.detach().to(at::kCPU).contiguous());
     entries.push_back({name, dtype, cpu.back().sizes().vec(),
                        std::string_view(static_cast<const char*>(cpu.back().data_ptr()), cpu.back().nbytes())});
   }
   metadata["format"] = "pt";  // what transformers looks for
   return write_safetensors(std::move(entries), std::move(metadata));
+}
+
+void write_safetensors_file(const std::string& path, const NamedTensors& tensors,
+                            std::map<std::string, std::string> metadata) {
+  std::vector<at::Tensor> cpu;  // the bytes written: the tensors themselves where they can be
+  cpu.reserve(tensors.size());
+  for (const auto& [name, tensor] : tensors) cpu.push_back(tensor.detach().to(at::kCPU).contiguous());
+  std::vector<std::size_t> order(tensors.size());  // the data's order: by name
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return tensors[a].first < tensors[b].first; });
+  std::vector<std::string_view> parts(1);  // the header, then each tensor's bytes
+  std::uint32_t crc = 0;
+  for (const std::size_t i : order) {
+    parts.emplace_back(static_cast<const char*>(cpu[i].data_ptr()), cpu[i].nbytes());
+    crc = crc32(parts.back(), crc);
+  }
+  const std::string header = safetensors_header(safetensors_layout_of(tensors, std::move(metadata)), crc);
+  parts[0] = header;
+  write_file_atomically(path, parts);
 }
 
 std::string encode_state_dict(const NamedTensors& tensors, const std::string& path) {
@@ -479,7 +517,7 @@ void write_state_dict_file(const NamedTensors& state, const std::string& path, c
   } else {
     if (options.step()) metadata[std::string(kStepKey)] = std::to_string(*options.step());
     if (options.save_id()) metadata[std::string(kSaveIdKey)] = *options.save_id();
-    write_file_atomically(path, encode_safetensors(state, std::move(metadata)));
+    write_safetensors_file(path, state, std::move(metadata));
   }
 }
 

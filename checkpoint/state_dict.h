@@ -40,6 +40,14 @@ std::string encode_state_dict(const NamedTensors& tensors, const std::string& pa
 NamedTensors decode_state_dict(std::string_view bytes, const std::string& path);
 // safetensors bytes for `tensors`, with `metadata` (plus "format": "pt" and the CRC) in the header.
 std::string encode_safetensors(const NamedTensors& tensors, std::map<std::string, std::string> metadata);
+// Writes that file to PATH atomically (cpprun/atomic_file.h) from the tensors' own memory (a CPU
+// copy of one that is elsewhere), never the whole file in one buffer: a save holds no second copy
+// of the tensors it writes.
+void write_safetensors_file(const std::string& path, const NamedTensors& tensors,
+                            std::map<std::string, std::string> metadata);
+// The layout of that file from the tensors' dtypes and shapes alone (meta tensors serve), for a
+// file whose data is written in place (checkpoint/rows_in_place.h): the same header bytes.
+SafetensorsLayout safetensors_layout_of(const NamedTensors& tensors, std::map<std::string, std::string> metadata);
 // LibTorch's type for a tensor of a safetensors file PATH (CorruptCheckpointError for a dtype it
 // has none for).
 at::ScalarType safetensors_scalar_type(const SafetensorsTensor& entry, const std::string& path);

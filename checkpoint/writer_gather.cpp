@@ -12,17 +12,20 @@
 #include <tuple>
 
 #include "checkpoint/async_save.h"
+#include "checkpoint/rows_in_place.h"
 #include "checkpoint/sharded_state_dict.h"
 #include "checkpoint/writer_plan.h"
 #include "cpprun/collectives.h"
 #include "cpprun/process_group.h"
+#include "support/safetensors_index.h"
 
 namespace cpprun::detail {
 namespace {
 
 // Note [Gathering to the writer]
-// Which writer writes which tensor follows from the tensors' sizes alone (writer_plan.h), so every
-// rank knows it before any gather. A tensor FSDP shards by rows over a shard group is gathered
+// An asynchronous save's (a synchronous one has each rank write its own rows instead: `in_place`,
+// Note [Each rank writes its own rows] in rows_in_place.cpp). Which writer writes which tensor
+// follows from the tensors' sizes alone (writer_plan.h), so every rank knows it before any gather. A tensor FSDP shards by rows over a shard group is gathered
 // (c10d gather) to the shard group's rank that is its writer; a shard group holding no writer of
 // it (HSDP's other replicas; a tensor-parallel slice other than the first, whose ranks write
 // nothing) skips it: every rank of a group skips alike, so each group's collectives stay in one
@@ -63,7 +66,9 @@ int64_t chunk_numel(const RowShard& rows) { return rows.rows_per_rank * rows.row
 
 NamedTensors gather_for_writers(const std::vector<SavePiece>& pieces,
                                 const std::vector<std::pair<std::string, std::size_t>>& names,
-                                const CheckpointTeam& team, const std::string& what, WholeTensors hold) {
+                                const CheckpointTeam& team, const std::string& what, WholeTensors hold,
+                                RowsInPlace* in_place) {
+  TORCH_INTERNAL_ASSERT(!in_place || hold == WholeTensors::kMayShare, "rows written in place by an owned save");
   at::NoGradGuard no_grad;
   // The plan: every rank computes the same from sizes alone.
   std::vector<std::uint64_t> name_bytes;
@@ -99,10 +104,28 @@ NamedTensors gather_for_writers(const std::vector<SavePiece>& pieces,
     }
     way[p] = Way::kToWriters;
     if (!team.writes()) continue;  // See Note [Gathering to the writer]: this slice writes nothing
+    if (in_place) continue;        // each rank writes its rows (below)
     const std::vector<int> shard_ranks = get_process_group_ranks(piece.entry->placement.rows->group);
     for (const int w : writers_of[p]) {
       const auto at = std::find(shard_ranks.begin(), shard_ranks.end(), writer_ranks[static_cast<std::size_t>(w)]);
       if (at != shard_ranks.end()) gathers.push_back({p, static_cast<int>(at - shard_ranks.begin())});
+    }
+  }
+  if (in_place) {  // See Note [Each rank writes its own rows] in checkpoint/rows_in_place.cpp
+    in_place->used = std::find(way.begin(), way.end(), Way::kToWriters) != way.end();
+    in_place->mine.clear();
+    const std::vector<int> writer_of_name = partition_by_bytes(name_bytes, team.writers());  // the files' plan
+    for (std::size_t i = 0; i < names.size() && team.writes(); ++i) {
+      const std::size_t p = names[i].second;
+      if (way[p] != Way::kToWriters) continue;
+      const RowShard& rows = *pieces[p].entry->placement.rows;
+      const int writer = writer_of_name[i];
+      const std::vector<int> shard_ranks = get_process_group_ranks(rows.group);
+      const bool shard_group_writes = std::find(shard_ranks.begin(), shard_ranks.end(),
+                                                writer_ranks[static_cast<std::size_t>(writer)]) != shard_ranks.end();
+      if (!shard_group_writes || rows.local_rows == 0) continue;  // another replica's rows, or none
+      const auto first_byte = static_cast<std::uint64_t>(rows.first_row * rows.row_numel) * pieces[p].local.element_size();
+      in_place->mine.push_back({i, pieces[p].local, first_byte, writer});
     }
   }
   std::map<std::size_t, at::Tensor> buffer;  // piece -> its padded whole, on the writer
@@ -132,7 +155,7 @@ NamedTensors gather_for_writers(const std::vector<SavePiece>& pieces,
   }
   // Every rank sees the same placements and `hold`, so all or none agree (a synchronous DDP save
   // allocates nothing here: no agreement; an asynchronous one copies what its writers hold).
-  if (hold == WholeTensors::kOwned || std::find(way.begin(), way.end(), Way::kToWriters) != way.end()) {
+  if (hold == WholeTensors::kOwned || (!in_place && std::find(way.begin(), way.end(), Way::kToWriters) != way.end())) {
     team.agree(failure, what + " (allocating the tensors each rank writes)");
   } else if (failure) {
     std::rethrow_exception(failure);
@@ -179,16 +202,17 @@ NamedTensors gather_for_writers(const std::vector<SavePiece>& pieces,
   return out;
 }
 
-NamedTensors gather_view_for_writers(const StateView& view, const std::string& what, WholeTensors hold) {
+NamedTensors gather_view_for_writers(const StateView& view, const std::string& what, WholeTensors hold,
+                                     RowsInPlace* in_place) {
   std::vector<SavePiece> pieces;
   pieces.reserve(view.entries.size());
   for (const auto& entry : view.entries) pieces.push_back({&entry, entry.local});
-  return gather_for_writers(pieces, view.names, view.team, what, hold);
+  return gather_for_writers(pieces, view.names, view.team, what, hold, in_place);
 }
 
-NamedTensors state_to_save(const StateView& view, const std::string& path, WholeTensors hold) {
+NamedTensors state_to_save(const StateView& view, const std::string& path, WholeTensors hold, RowsInPlace* in_place) {
   if (!is_sharded_state_dict_path(path)) return whole_state(view);
-  NamedTensors state = gather_view_for_writers(view, "saving the state dict to " + path, hold);
+  NamedTensors state = gather_view_for_writers(view, "saving the state dict to " + path, hold, in_place);
   if (view.team.writers() >= 2) use_root_buffers(view, state);  // copies: the save's own
   return state;
 }

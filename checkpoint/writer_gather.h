@@ -18,6 +18,8 @@
 
 namespace cpprun::detail {
 
+struct RowsInPlace;  // checkpoint/rows_in_place.h
+
 // One tensor of a save, as this rank holds it.
 struct SavePiece {
   const StateEntry* entry = nullptr;  // how `local` is placed (its parameter's entry); null: whole everywhere
@@ -38,19 +40,23 @@ enum class WholeTensors {
 // index read. Collective over the team and the pieces' groups, in one order on every rank; a
 // failure to allocate on any rank is raised on every rank before the first gather (`what` names
 // the save).
+// `in_place` (a synchronous save, kMayShare): the tensors FSDP shards by rows are not gathered
+// but written in place, each rank its own rows (checkpoint/rows_in_place.h): they are meta tensors
+// everywhere, and `in_place` says which, with this rank's parts.
 NamedTensors gather_for_writers(const std::vector<SavePiece>& pieces,
                                 const std::vector<std::pair<std::string, std::size_t>>& names,
                                 const CheckpointTeam& team, const std::string& what,
-                                WholeTensors hold = WholeTensors::kMayShare);
+                                WholeTensors hold = WholeTensors::kMayShare, RowsInPlace* in_place = nullptr);
 
 // The same for a view's state (whole_state's names and tensors).
 NamedTensors gather_view_for_writers(const StateView& view, const std::string& what,
-                                     WholeTensors hold = WholeTensors::kMayShare);
+                                     WholeTensors hold = WholeTensors::kMayShare, RowsInPlace* in_place = nullptr);
 
 // A view's state as a save to PATH writes it. A sharded directory: gather_view_for_writers's, each
 // tensor whole only on its writers, and with two writers or more every replicated buffer the
 // team root's (use_root_buffers: Note [A directory holds the root's buffers]); collective over the
 // team. A file: whole_state's, whole on every rank (`hold` unused: the caller copies what it keeps).
-NamedTensors state_to_save(const StateView& view, const std::string& path, WholeTensors hold);
+NamedTensors state_to_save(const StateView& view, const std::string& path, WholeTensors hold,
+                           RowsInPlace* in_place = nullptr);
 
 }  // namespace cpprun::detail

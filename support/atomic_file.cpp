@@ -27,6 +27,10 @@ void sync_directory(const std::string& dir) {
 }  // namespace
 
 void write_file_atomically(const std::string& path, std::string_view bytes) {
+  write_file_atomically(path, std::vector<std::string_view>{bytes});
+}
+
+void write_file_atomically(const std::string& path, const std::vector<std::string_view>& parts) {
   // The temporary file is in PATH's own directory: rename() is atomic only within a file system.
   const std::string temporary = path + ".tmp";
   const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
@@ -36,12 +40,17 @@ void write_file_atomically(const std::string& path, std::string_view bytes) {
     ::unlink(temporary.c_str());
     fail(error, what);
   };
-  for (std::size_t done = 0; done < bytes.size();) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) abandon(errno, "cannot write " + path + " (" + std::to_string(done) + " of " +
-                                  std::to_string(bytes.size()) + " bytes written to " + temporary + ")");
-    done += static_cast<std::size_t>(n);
+  std::size_t total = 0, written = 0;
+  for (const std::string_view bytes : parts) total += bytes.size();
+  for (const std::string_view bytes : parts) {
+    for (std::size_t done = 0; done < bytes.size();) {
+      const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) abandon(errno, "cannot write " + path + " (" + std::to_string(written) + " of " +
+                                    std::to_string(total) + " bytes written to " + temporary + ")");
+      done += static_cast<std::size_t>(n);
+      written += static_cast<std::size_t>(n);
+    }
   }
   // Data first, then the name: after the rename PATH must never name a file whose data is lost.
   if (::fsync(fd) != 0) abandon(errno, "cannot write " + path + " (flushing " + temporary + " to disk)");

@@ -136,13 +136,12 @@ void refuse_archive_code(const std::string& payload, const std::string& path) {
 }  // namespace
 
 void write_checkpoint_file(const std::string& path, std::string_view payload) {
-  std::string bytes;
-  bytes.reserve(payload.size() + kFooterSize);
-  bytes.append(payload);
-  bytes.append(kMagic);
-  put_le(bytes, payload.size(), 8);
-  put_le(bytes, detail::crc32(payload), 4);
-  write_file_atomically(path, bytes);
+  std::string footer;  // written after the payload, which is not copied
+  footer.reserve(kFooterSize);
+  footer.append(kMagic);
+  put_le(footer, payload.size(), 8);
+  put_le(footer, detail::crc32(payload), 4);
+  write_file_atomically(path, std::vector<std::string_view>{payload, footer});
 }
 
 std::string read_checkpoint_file(const std::string& path) {

@@ -80,7 +80,37 @@ bool has_clmul() {
 }
 #endif
 
+// Note [Combining CRC-32s]
+// The register (without the inversions at both ends) is a polynomial over GF(2) reduced mod P, and
+// appending n bytes multiplies what came before by x^(8n) mod P; the inversions cancel, so
+// crc(A B) = crc(A) * x^(8|B|) mod P  xor  crc(B). In the reflected form, bit 31 is the
+// coefficient of x^0 and bit 0 that of x^31: multiplying by x shifts right, and a coefficient
+// carried past x^31 folds back as P's low terms (0xEDB88320).
+std::uint32_t multiply_mod_p(std::uint32_t a, std::uint32_t b) {
+  std::uint32_t product = 0;
+  for (int bit = 31; bit >= 0; --bit) {  // a's coefficient of x^(31 - bit), b holding b * x^(31 - bit)
+    if ((a >> bit) & 1) product ^= b;
+    b = (b & 1) ? (b >> 1) ^ 0xEDB88320u : b >> 1;
+  }
+  return product;
+}
+
+// x^(8 n) mod P, by squaring: O(log n) multiplications.
+std::uint32_t x_to_8n_mod_p(std::uint64_t n) {
+  std::uint32_t result = 0x80000000u;  // x^0
+  std::uint32_t power = 0x00800000u;   // x^8
+  for (; n != 0; n >>= 1) {
+    if (n & 1) result = multiply_mod_p(result, power);
+    power = multiply_mod_p(power, power);
+  }
+  return result;
+}
+
 }  // namespace
+
+std::uint32_t crc32_combine(std::uint32_t crc_a, std::uint32_t crc_b, std::uint64_t length_b) {
+  return multiply_mod_p(crc_a, x_to_8n_mod_p(length_b)) ^ crc_b;
+}
 
 std::uint32_t crc32(std::string_view bytes, std::uint32_t crc) {
   const auto* p = reinterpret_cast<const unsigned char*>(bytes.data());

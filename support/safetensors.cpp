@@ -39,12 +39,23 @@ std::size_t safetensors_dtype_size(std::string_view dtype) {
   return found == sizes.end() ? 0 : found->second;
 }
 
-std::string write_safetensors(std::vector<SafetensorsTensor> tensors, std::map<std::string, std::string> metadata) {
-  std::sort(tensors.begin(), tensors.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
-  std::uint32_t crc = 0;
-  for (const auto& t : tensors) crc = crc32(t.data, crc);
-  metadata[std::string(kSafetensorsCrcKey)] = hex8(crc);
+SafetensorsLayout safetensors_layout(std::vector<SafetensorsEntry> entries, std::map<std::string, std::string> metadata) {
+  std::sort(entries.begin(), entries.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
+  SafetensorsLayout layout;
+  metadata.erase(std::string(kSafetensorsCrcKey));
+  layout.metadata = std::move(metadata);
+  for (const auto& e : entries) {
+    layout.offsets.push_back(layout.data_bytes);
+    layout.data_bytes += e.bytes;
+  }
+  layout.entries = std::move(entries);
+  layout.data_start = safetensors_header(layout, 0).size();  // the CRC's digits are always 8
+  return layout;
+}
 
+std::string safetensors_header(const SafetensorsLayout& layout, std::uint32_t data_crc) {
+  std::map<std::string, std::string> metadata = layout.metadata;
+  metadata[std::string(kSafetensorsCrcKey)] = hex8(data_crc);
   std::string header = "{\"__metadata__\":{";
   bool first = true;
   for (const auto& [key, value] : metadata) {
@@ -55,22 +66,35 @@ std::string write_safetensors(std::vector<SafetensorsTensor> tensors, std::map<s
     append_json_string(header, value);
   }
   header.push_back('}');
-  std::uint64_t offset = 0;
-  for (const auto& t : tensors) {
+  for (std::size_t i = 0; i < layout.entries.size(); ++i) {
+    const SafetensorsEntry& t = layout.entries[i];
     header.push_back(',');
     append_json_string(header, t.name);
     header += ":{\"dtype\":\"" + t.dtype + "\",\"shape\":[";
-    for (std::size_t i = 0; i < t.shape.size(); ++i) header += (i ? "," : "") + std::to_string(t.shape[i]);
-    header += "],\"data_offsets\":[" + std::to_string(offset) + "," + std::to_string(offset + t.data.size()) + "]}";
-    offset += t.data.size();
+    for (std::size_t d = 0; d < t.shape.size(); ++d) header += (d ? "," : "") + std::to_string(t.shape[d]);
+    header += "],\"data_offsets\":[" + std::to_string(layout.offsets[i]) + "," +
+              std::to_string(layout.offsets[i] + t.bytes) + "]}";
   }
   header.push_back('}');
   while (header.size() % 8 != 0) header.push_back(' ');  // the data starts 8-byte aligned
-
   std::string out;
-  out.reserve(8 + header.size() + offset);
+  out.reserve(8 + header.size());
   for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((header.size() >> (8 * i)) & 0xFF));
-  out += header;
+  return out + header;
+}
+
+std::string write_safetensors(std::vector<SafetensorsTensor> tensors, std::map<std::string, std::string> metadata) {
+  std::sort(tensors.begin(), tensors.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
+  std::uint32_t crc = 0;
+  std::vector<SafetensorsEntry> entries;
+  entries.reserve(tensors.size());
+  for (const auto& t : tensors) {
+    crc = crc32(t.data, crc);
+    entries.push_back({t.name, t.dtype, t.shape, t.data.size()});
+  }
+  const SafetensorsLayout layout = safetensors_layout(std::move(entries), std::move(metadata));
+  std::string out = safetensors_header(layout, crc);
+  out.reserve(layout.data_start + layout.data_bytes);
   for (const auto& t : tensors) out.append(t.data);
   return out;
 }

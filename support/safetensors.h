@@ -31,6 +31,27 @@ inline constexpr std::string_view kSafetensorsCrcKey = "cpprun_crc32";
 // a multiple of 8 bytes (as the reference writer does); `metadata` plus kSafetensorsCrcKey.
 std::string write_safetensors(std::vector<SafetensorsTensor> tensors, std::map<std::string, std::string> metadata);
 
+// A file's layout from its tensors' names, dtypes, shapes and sizes alone, before any data: for a
+// file whose data several processes write in place (checkpoint/rows_in_place.h) and whose CRC is
+// known last. The header records the CRC in 8 hex digits, so its length does not depend on it;
+// header and data are then what write_safetensors writes for the same tensors, byte for byte.
+struct SafetensorsEntry {
+  std::string name;
+  std::string dtype;
+  std::vector<int64_t> shape;
+  std::uint64_t bytes = 0;  // the data's
+};
+struct SafetensorsLayout {
+  std::vector<SafetensorsEntry> entries;       // sorted by name: the data's order
+  std::vector<std::uint64_t> offsets;          // each entry's data, from the data's start
+  std::map<std::string, std::string> metadata;  // without kSafetensorsCrcKey
+  std::uint64_t data_start = 0;                // the header length's 8 bytes and the header
+  std::uint64_t data_bytes = 0;
+};
+SafetensorsLayout safetensors_layout(std::vector<SafetensorsEntry> entries, std::map<std::string, std::string> metadata);
+// The file's first layout.data_start bytes, recording `data_crc`, the CRC-32 of the data section.
+std::string safetensors_header(const SafetensorsLayout& layout, std::uint32_t data_crc);
+
 struct SafetensorsFile {
   std::vector<SafetensorsTensor> tensors;  // in the header's order; data views into the bytes read
   std::map<std::string, std::string> metadata;

@@ -5,6 +5,7 @@
 
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace cpprun {
 
@@ -12,5 +13,8 @@ namespace cpprun {
 // throws std::system_error whose message names the file and the system's reason
 // ("cpprun: cannot write run/checkpoint.pt: No space left on device").
 void write_file_atomically(const std::string& path, std::string_view bytes);
+// The same for a file of several parts, written one after the other: a large file (a checkpoint)
+// written from the memory its parts already occupy, never joined into one buffer first.
+void write_file_atomically(const std::string& path, const std::vector<std::string_view>& parts);
 
 }  // namespace cpprun

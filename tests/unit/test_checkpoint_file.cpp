@@ -76,6 +76,29 @@ TEST_CASE("checkpoint_file: CRC-32 is the standard one", "[checkpoint_file]") {
         cpprun::detail::crc32(long_text));
 }
 
+TEST_CASE("checkpoint_file: the CRC-32 of two parts combines from theirs", "[checkpoint_file]") {
+  const std::string text = payload_of(5000);
+  // Every split of short texts (empty parts included), and long second parts.
+  for (const std::size_t total : {std::size_t{0}, std::size_t{1}, std::size_t{9}, std::size_t{64}, std::size_t{200}}) {
+    for (std::size_t cut = 0; cut <= total; ++cut) {
+      const std::string_view a(text.data(), cut), b(text.data() + cut, total - cut);
+      INFO(cut << " + " << b.size());
+      CHECK(cpprun::detail::crc32_combine(cpprun::detail::crc32(a), cpprun::detail::crc32(b), b.size()) ==
+            cpprun::detail::crc32(text.substr(0, total)));
+    }
+  }
+  for (const std::size_t cut : {std::size_t{1}, std::size_t{777}, std::size_t{4999}}) {
+    const std::string_view a(text.data(), cut), b(text.data() + cut, text.size() - cut);
+    CHECK(cpprun::detail::crc32_combine(cpprun::detail::crc32(a), cpprun::detail::crc32(b), b.size()) ==
+          cpprun::detail::crc32(text));
+  }
+  // Three parts, combined left to right as a file's data section is.
+  const std::string_view x(text.data(), 100), y(text.data() + 100, 1000), z(text.data() + 1100, 3900);
+  std::uint32_t crc = cpprun::detail::crc32_combine(cpprun::detail::crc32(x), cpprun::detail::crc32(y), y.size());
+  crc = cpprun::detail::crc32_combine(crc, cpprun::detail::crc32(z), z.size());
+  CHECK(crc == cpprun::detail::crc32(text));
+}
+
 namespace {
 
 // CRC-32 one bit at a time, as the polynomial defines it: what the fast paths must equal.

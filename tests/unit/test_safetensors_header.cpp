@@ -14,6 +14,7 @@
 
 #include "catch.h"
 #include "cpprun/checkpoint_file.h"
+#include "support/crc32.h"
 #include "support/json.h"
 #include "support/safetensors.h"
 #include "unit/error_text.h"
@@ -574,4 +575,34 @@ TEST_CASE("safetensors header: the reviewer's inputs", "[safetensors]") {
   CHECK(why(file(R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1],"\u001b":1}})", "x")) ==
         "tensor \"a\" has an unknown field \"\\u001b\"");
   CHECK(why(file(R"({"__metadata__":{"\u001b":1}})")) == "its __metadata__ value of \"\\u001b\" is not a string");
+}
+
+TEST_CASE("safetensors layout: a header from shapes alone, then the data in place, is write_safetensors's file",
+          "[safetensors]") {
+  using cpprun::detail::SafetensorsTensor;
+  const std::string a_data(24, 'a'), b_data(6, 'b'), empty;
+  std::vector<SafetensorsTensor> tensors = {{"z.weight", "F32", {2, 3}, a_data},
+                                            {"b.bias", "BF16", {3}, b_data},
+                                            {"m.empty", "F64", {0, 4}, empty}};
+  const std::map<std::string, std::string> metadata = {{"format", "pt"}, {"note", "\"quoted\""}};
+  const std::string whole = cpprun::detail::write_safetensors(tensors, metadata);
+
+  std::vector<cpprun::detail::SafetensorsEntry> entries;
+  for (const auto& t : tensors) entries.push_back({t.name, t.dtype, t.shape, t.data.size()});
+  const auto layout = cpprun::detail::safetensors_layout(entries, metadata);
+  REQUIRE(layout.entries.size() == 3);
+  CHECK(layout.entries[0].name == "b.bias");  // sorted by name, the data's order
+  CHECK(layout.offsets == std::vector<std::uint64_t>{0, 6, 6});
+  CHECK(layout.data_bytes == 30);
+  CHECK(layout.data_start % 8 == 0);
+  // The data written where the layout places it, in any order, and the header last with the CRC.
+  std::string file(layout.data_start + layout.data_bytes, '\0');
+  file.replace(layout.data_start + layout.offsets[2], a_data.size(), a_data);
+  file.replace(layout.data_start + layout.offsets[0], b_data.size(), b_data);
+  const std::uint32_t crc = cpprun::detail::crc32(b_data + a_data);
+  const std::string header = cpprun::detail::safetensors_header(layout, crc);
+  REQUIRE(header.size() == layout.data_start);
+  file.replace(0, header.size(), header);
+  CHECK(file == whole);
+  CHECK(cpprun::detail::safetensors_header(layout, 0xffffffffu).size() == layout.data_start);
 }

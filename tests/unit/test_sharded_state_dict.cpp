@@ -15,12 +15,14 @@
 #include "error_text.h"
 #include "checkpoint/part_read.h"
 #include "checkpoint/reader_report.h"
+#include "checkpoint/rows_in_place.h"
 #include "checkpoint/sharded_state_dict.h"
 #include "checkpoint/state_dict.h"
 #include "checkpoint/writer_plan.h"
 #include "cpprun/checkpoint_file.h"
 #include "cpprun/state_dict.h"
 #include "scratch_files.h"
+#include "support/crc32.h"
 #include "support/file_read.h"
 #include "support/safetensors.h"
 #include "support/safetensors_index.h"
@@ -135,6 +137,71 @@ TEST_CASE("hf_sharded: each tensor's writer follows the files' plan, from sizes 
       }
     }
   }
+}
+
+TEST_CASE("hf_sharded: a file written in place by parts is encode_safetensors's file; its CRC combines the parts'",
+          "[state_dict]") {
+  using cpprun::detail::WrittenPart;
+  auto module = net();
+  const auto state = cpprun::detail::module_state(*module);
+  const std::map<std::string, std::string> metadata = {{"cpprun_save_id", "00ff"}, {"cpprun_step", "3"}};
+  const std::string whole = cpprun::detail::encode_safetensors(state, metadata);
+  // The layout from meta tensors alone, then each tensor's bytes in two parts (its rows split as
+  // two ranks hold them), written in place in a reversed order, and the header last.
+  cpprun::detail::NamedTensors shapes;
+  for (const auto& [name, tensor] : state) shapes.emplace_back(name, torch::empty(tensor.sizes(), tensor.options().device(torch::kMeta)));
+  const auto layout = cpprun::detail::safetensors_layout_of(shapes, metadata);
+  std::string file(layout.data_start + layout.data_bytes, '\0');
+  std::vector<WrittenPart> parts;
+  for (auto it = state.rbegin(); it != state.rend(); ++it) {
+    const auto& [name, tensor] = *it;
+    const auto at = std::find_if(layout.entries.begin(), layout.entries.end(), [&](const auto& e) { return e.name == name; });
+    REQUIRE(at != layout.entries.end());
+    const std::uint64_t offset = layout.data_start + layout.offsets[static_cast<std::size_t>(at - layout.entries.begin())];
+    const std::string bytes(static_cast<const char*>(tensor.data_ptr()), tensor.nbytes());
+    const std::size_t cut = bytes.size() / 2;
+    for (const auto& [first, count] : {std::pair<std::size_t, std::size_t>{cut, bytes.size() - cut}, {0, cut}}) {
+      file.replace(offset + first, count, bytes.substr(first, count));
+      parts.push_back({name, first, count, cpprun::detail::crc32(bytes.substr(first, count))});
+    }
+  }
+  const auto crc = cpprun::detail::file_crc_of_parts(layout, parts, "f");
+  const std::string header = cpprun::detail::safetensors_header(layout, crc);
+  file.replace(0, header.size(), header);
+  CHECK(file == whole);
+
+  // Parts that do not tile a tensor exactly are refused, naming it: never a CRC of a torn file.
+  const std::string first = layout.entries[0].name;
+  const auto of_first = [&](std::vector<WrittenPart> changed) {
+    return error_text_of([&] { cpprun::detail::file_crc_of_parts(layout, changed, "f.safetensors"); });
+  };
+  std::vector<WrittenPart> missing = parts, overlapping = parts, extra = parts;
+  missing.erase(std::find_if(missing.begin(), missing.end(), [&](const auto& p) { return p.name == first && p.first_byte > 0; }));
+  CHECK_THAT(of_first(missing), Catch::Contains("f.safetensors: \"" + first + "\"") && Catch::Contains("only up to byte"));
+  for (auto& p : overlapping) {
+    if (p.name == first && p.first_byte > 0) p.first_byte -= 4, p.bytes += 4;
+  }
+  CHECK_THAT(of_first(overlapping), Catch::Contains("where bytes from"));
+  extra.push_back({"zzz.unknown", 0, 4, 0});
+  CHECK_THAT(of_first(extra), Catch::Contains("\"zzz.unknown\" was written, which the file does not hold"));
+  extra.back().name = "a.unknown";
+  CHECK_THAT(of_first(extra), Catch::Contains("\"a.unknown\" was written, which the file does not hold"));
+}
+
+TEST_CASE("hf_sharded: a safetensors file written from the tensors' memory is encode_safetensors's bytes",
+          "[state_dict]") {
+  // Names out of order, a non-contiguous tensor, bf16, an empty tensor, a 0-d one.
+  const cpprun::detail::NamedTensors tensors = {
+      {"z.weight", torch::arange(12, torch::kFloat).reshape({3, 4}).t()},
+      {"a.bias", torch::ones({5}, torch::kBFloat16)},
+      {"m.empty", torch::zeros({0, 3}, torch::kDouble)},
+      {"step", torch::scalar_tensor(7.0, torch::kFloat)}};
+  const std::map<std::string, std::string> metadata = {{"cpprun_step", "7"}};
+  scratch::ScratchDir dir("write_safetensors_file");
+  const std::string path = (dir.path / "model.safetensors").string();
+  cpprun::detail::write_safetensors_file(path, tensors, metadata);
+  CHECK(scratch::contents(path) == cpprun::detail::encode_safetensors(tensors, metadata));
+  CHECK(!fs::exists(path + ".tmp"));
 }
 
 TEST_CASE("hf_sharded: file names and the index are transformers'", "[state_dict]") {

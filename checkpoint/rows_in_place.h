@@ -1,0 +1,70 @@
+// A sharded save in which FSDP's tensors are written where they lie: each rank writes its own rows
+// of each tensor straight into the file that holds it, at the tensor's offset, as DCP's ranks write
+// what they hold, instead of gathering the whole tensor to the file's writer first. Only the bytes
+// at the ends of a rank's rows (at most a 64 KiB block each) go to the file's writer; no rank holds
+// a whole tensor it does not own, and the files are the gathering save's byte for byte. See
+// Note [Each rank writes its own rows] in the .cpp.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "checkpoint/checkpoint_team.h"
+#include "support/safetensors.h"
+#include "support/torch_save_file.h"
+
+namespace cpprun::detail {
+
+// Which tensors of a save are written in place, and this rank's part of them
+// (gather_for_writers fills it; the save's state holds those tensors as meta tensors).
+struct RowsInPlace {
+  // Whether any tensor is: it follows from the placements, so it is the same on every rank of the
+  // team, and every rank takes the in-place save's steps.
+  bool used = false;
+  struct Part {
+    std::size_t name = 0;     // its index in the save's state
+    at::Tensor rows;          // this rank's rows of it (its local tensor)
+    std::uint64_t first_byte = 0;  // where they start in the tensor's data
+    int writer = 0;           // the writer whose file holds the name
+  };
+  std::vector<Part> mine;
+};
+
+// One part of a file's data as a rank wrote it: `bytes` bytes of tensor `name` from its byte
+// `first_byte`, and their CRC-32.
+struct WrittenPart {
+  std::string name;
+  std::uint64_t first_byte = 0;
+  std::uint64_t bytes = 0;
+  std::uint32_t crc = 0;
+};
+// The CRC-32 of a file's data section from the parts every rank wrote: each entry of `layout`
+// must be covered by its parts exactly, with neither a gap nor an overlap (else an error naming
+// the tensor and the bytes amiss, which only a defect of cpprun's can cause: never a file whose
+// CRC describes bytes it does not hold).
+// Pure: the decision of write_shards_in_place, unit-tested on its own.
+std::uint32_t file_crc_of_parts(const SafetensorsLayout& layout, std::vector<WrittenPart> parts,
+                                const std::string& file);
+
+// The files of a sharded save of `state` (the same names and shapes on every rank; STEM's
+// files, `metadata` in each header: the same on every rank, as `token`) written into DIR: each
+// writer creates its file at its full size as PATH.tmp, `token` where its header will go so that
+// every rank can tell the file is this save's; every rank writes its `rows` parts (the blocks it
+// shares with another writer through the file's writer) and each writer the tensors it holds
+// whole; then each writer records the CRC, flushes and renames its file.
+// Collective over `team` (every rank calls it when rows.used); a failure on any rank is raised on
+// every rank once each writer removed its temporary file (`what` names the save). Sets `wrote`
+// once this rank's file is in place, for the caller's undo.
+void write_shards_in_place(const NamedTensors& state, const RowsInPlace& rows, const CheckpointTeam& team,
+                           const std::string& dir, std::string_view stem,
+                           const std::map<std::string, std::string>& metadata, const std::string& token,
+                           const std::string& what, bool& wrote);
+
+}  // namespace cpprun::detail
