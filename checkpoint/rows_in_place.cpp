@@ -12,13 +12,14 @@
 #include <filesystem>
 #include <optional>
 #include <system_error>
+#include <utility>
 
 #include "checkpoint/sharded_state_dict.h"
 #include "checkpoint/state_dict.h"
 #include "cpprun/collectives.h"
 #include "cpprun/process_group.h"
-#include "support/safetensors_index.h"
 #include "support/crc32.h"
+#include "support/safetensors_index.h"
 
 namespace cpprun::detail {
 namespace fs = std::filesystem;
@@ -36,11 +37,11 @@ namespace fs = std::filesystem;
 //      tensors it holds whole (replicated ones, tensor-parallel ones it gathered); each computes the
 //      CRC-32 of every part and flushes what it wrote (fdatasync: on a shared file system only the
 //      writing node can flush its writes); the team agrees;
-//   3. rank to writer (one all-to-all over the data-parallel group): each part's extent and CRC,
-//      and the shared blocks' bytes. Each writer writes those, checks that its file's parts tile
-//      every tensor exactly, combines their CRCs in the data's order (CRC-32s combine:
-//      support/crc32.h), writes the header, flushes the file and renames it into place; the team
-//      agrees.
+//   3. rank to writer, over the data-parallel group (an all-to-all of the sizes, then, the
+//      buffers agreed, one of the bytes): each part's extent and CRC, and the shared blocks'
+//      bytes. Each writer writes those, checks that its file's parts tile every tensor exactly,
+//      combines their CRCs in the data's order (CRC-32s combine: support/crc32.h), writes the
+//      header, flushes the file and renames it into place; the team agrees.
 // The file then holds exactly the bytes the gathering save writes (the test compares them). A
 // rank's extra memory is a GPU tensor's copy to the CPU, one at a time, and the shared blocks it
 // sends; DCP's ranks write what they hold in the same way, each its own file, which is what made
@@ -52,16 +53,12 @@ namespace fs = std::filesystem;
 // on a coherent cluster file system (Lustre, GPFS), but not on NFS: its client reads the page,
 // changes its bytes and may write the whole page back, over bytes another node wrote meanwhile
 // (NFS promises only close-to-open consistency). So no two processes write one block of
-// kBlockBytes (64 KiB, a multiple of any page size): a rank writes, of each part in another
+// kRowsBlockBytes (64 KiB, a multiple of any page size): a rank writes, of each part in another
 // writer's file, only the blocks wholly inside it, and sends the bytes at its ends (at most a
 // block each; a part smaller than that, whole) to the file's writer, which writes them with
 // everything else of the file that is not such an inner block: the header, its own rows, its
 // whole tensors.
 namespace {
-
-constexpr std::uint64_t kBlockBytes = 64 * 1024;
-std::uint64_t round_up(std::uint64_t offset) { return (offset + kBlockBytes - 1) / kBlockBytes * kBlockBytes; }
-std::uint64_t round_down(std::uint64_t offset) { return offset / kBlockBytes * kBlockBytes; }
 
 [[noreturn]] void fail_errno(int error, const std::string& what) {
   throw std::system_error(error, std::generic_category(), what);
@@ -117,21 +114,25 @@ struct TemporaryFile {
 // As write_file_atomically's (cpprun/atomic_file.h): PATH.tmp beside PATH.
 std::string temporary_name(const std::string& file) { return file + ".tmp"; }
 
+// What a rank that does not see the save's directory as the others do is told.
+std::string not_shared_advice(const std::string& dir, std::string_view stem) {
+  return dir + " is not one directory that every rank shares (or another save into it is running at once). A "
+               "sharded save of FSDP's state has each rank write its own rows into the writers' files, as PyTorch's "
+               "DCP has every rank write into one directory: save to a file system every node mounts (NFS, "
+               "Lustre, ...), one save at a time, or to a single file (\"" + single_file_name(stem) +
+               "\"), which the first rank writes alone.";
+}
+
 // Note [Whose temporary file]: each writer writes the save's token where its header will go, and
 // every rank reads it back from each writer's file it opens, writer 0's always: a rank on a node
 // that does not share the directory finds no file, or another save's, and says so instead of
 // writing into it.
-OpenFile open_writers_file(const std::string& dir, const std::string& file, const std::string& token, int writer,
-                           const ProcessGroup& group, std::string_view stem, const std::string& what) {
+OpenFile open_writers_file(const std::string& dir, const std::string& file, const std::string& token,
+                           const std::string& writer, std::string_view stem, const std::string& what) {
   const std::string path = (fs::path(dir) / temporary_name(file)).string();
   const auto not_shared = [&](const std::string& found) {
-    TORCH_CHECK(false, "cpprun: ", what, ": rank ", cpprun::rank(), " ", found, " ", path, ", which rank ",
-                get_process_group_ranks(group)[static_cast<std::size_t>(writer)],
-                " created there for this save a moment ago: ", dir, " is not one directory that every rank shares "
-                "(or another save into it is running at once). A sharded save of FSDP's state has each rank write "
-                "its own rows into the writers' files, as PyTorch's DCP has every rank write into one directory: "
-                "save to a file system every node mounts (NFS, Lustre, ...), one save at a time, or to a single "
-                "file (\"", single_file_name(stem), "\"), which the first rank writes alone.");
+    TORCH_CHECK(false, "cpprun: ", what, ": rank ", cpprun::rank(), " ", found, " ", path, ", which ", writer,
+                " created there for this save a moment ago: ", not_shared_advice(dir, stem));
   };
   OpenFile fd(::open(path.c_str(), O_RDWR | O_CLOEXEC));
   if (fd.get() < 0) {
@@ -140,36 +141,30 @@ OpenFile open_writers_file(const std::string& dir, const std::string& file, cons
     fail_errno(error, "cpprun: cannot write " + (fs::path(dir) / file).string() + " (opening " + path + ")");
   }
   std::string seen(token.size(), '\0');
-  if (::pread(fd.get(), seen.data(), seen.size(), 0) != static_cast<ssize_t>(seen.size()) || seen != token) {
-    not_shared("finds another save's file at");
-  }
+  const ssize_t got = ::pread(fd.get(), seen.data(), seen.size(), 0);
+  if (got < 0) fail_errno(errno, "cpprun: cannot write " + (fs::path(dir) / file).string() + " (reading " + path + ")");
+  if (got != static_cast<ssize_t>(seen.size()) || seen != token) not_shared("finds another save's file at");
   return fd;
 }
 
-// Rank r's `to[s]` as rank s's result[r]: one all-to-all of the sizes, one of the bytes.
-std::vector<std::string> exchange_bytes(const ProcessGroup& group, const std::vector<std::string>& to) {
-  const auto n = static_cast<std::size_t>(group.size());
-  TORCH_INTERNAL_ASSERT(to.size() == n);
-  std::vector<int64_t> input_splits(n);
-  for (std::size_t s = 0; s < n; ++s) input_splits[s] = static_cast<int64_t>(to[s].size());
-  const at::Tensor sizes_out = at::tensor(input_splits, at::kLong);
-  at::Tensor sizes_in = at::empty_like(sizes_out);
-  all_to_all(group, sizes_in, sizes_out);
-  std::vector<int64_t> output_splits(sizes_in.data_ptr<int64_t>(), sizes_in.data_ptr<int64_t>() + n);
-  int64_t in_total = 0, out_total = 0;
-  for (std::size_t s = 0; s < n; ++s) in_total += input_splits[s], out_total += output_splits[s];
-  at::Tensor input = at::empty({in_total}, at::kByte), output = at::empty({out_total}, at::kByte);
-  auto* at_in = input.data_ptr<std::uint8_t>();
-  for (const std::string& bytes : to) at_in = std::copy(bytes.begin(), bytes.end(), at_in);
-  all_to_all(group, output, input, output_splits, input_splits);
-  std::vector<std::string> from(n);
-  const char* at_out = reinterpret_cast<const char*>(output.data_ptr<std::uint8_t>());
-  for (std::size_t s = 0; s < n; ++s) {
-    from[s].assign(at_out, static_cast<std::size_t>(output_splits[s]));
-    at_out += output_splits[s];
-  }
-  return from;
+// What each rank sends each other (its messages, indexed by receiver) and receives, in one
+// byte tensor each, cut by the splits: see exchange_messages.
+struct Exchange {
+  std::vector<int64_t> to_splits, from_splits;
+  at::Tensor to, from;
+};
+
+}  // namespace
+
+PartSplit split_part(std::uint64_t start, std::uint64_t count) {
+  const std::uint64_t end = start + count;
+  const std::uint64_t up = (start + kRowsBlockBytes - 1) / kRowsBlockBytes * kRowsBlockBytes;
+  const std::uint64_t down = end / kRowsBlockBytes * kRowsBlockBytes;
+  if (up >= down) return {end, end};  // no whole block inside: all of it goes to the writer
+  return {up, down};
 }
+
+namespace {
 
 // A writer's file: its layout, and where each name's data starts.
 struct FilePlan {
@@ -187,9 +182,9 @@ FilePlan plan_of_file(const NamedTensors& state, int writer, int writers, std::s
   return plan;
 }
 
-// A part as the writer learns of it: its name's index, writer, first byte, bytes, CRC.
+// A part as its file's writer learns of it: its name's index, first byte, bytes, CRC.
 struct PartRecord {
-  std::uint64_t name, writer, first_byte, bytes, crc;
+  std::uint64_t name, first_byte, bytes, crc;
 };
 
 constexpr const char* kReport =
@@ -258,12 +253,22 @@ void write_shards_in_place(const NamedTensors& state, const RowsInPlace& rows, c
         const std::string path = (fs::path(dir) / temporary_name(own->file)).string();
         const std::string cannot = "cpprun: cannot write " + (fs::path(dir) / own->file).string();
         own_fd = OpenFile(::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0666));
-        if (own_fd.get() < 0) fail_errno(errno, cannot + " (creating " + path + ")");
+        if (own_fd.get() < 0) {
+          const int error = errno;
+          // The first rank created the directory: not there on this rank's node, it is not shared.
+          TORCH_CHECK(error != ENOENT, "cpprun: ", what, ": rank ", cpprun::rank(), " finds no directory ", dir,
+                      ", which the first rank created for this save a moment ago: ", not_shared_advice(dir, stem));
+          fail_errno(error, cannot + " (creating " + path + ")");
+        }
         temporary.path = path;
         // The space first: a full disk fails here, before any rank writes (a file system without
         // fallocate gets a sparse file, and meets a full disk in the writes).
         const std::uint64_t size = own->layout.data_start + own->layout.data_bytes;
-        if (::fallocate(own_fd.get(), 0, 0, static_cast<off_t>(size)) != 0) {
+        int reserved;
+        do {
+          reserved = ::fallocate(own_fd.get(), 0, 0, static_cast<off_t>(size));
+        } while (reserved != 0 && errno == EINTR);
+        if (reserved != 0) {
           const int error = errno;
           if (error != EOPNOTSUPP && error != ENOSYS) {
             fail_errno(error, cannot + " (reserving " + std::to_string(size) + " bytes for " + path + ")");
@@ -284,36 +289,48 @@ void write_shards_in_place(const NamedTensors& state, const RowsInPlace& rows, c
 
   // 2. Every rank's rows into the files that hold them, but for the blocks they share with others
   // (Note [One writer a block]), which go to the file's writer with the parts' CRCs; each writer's
-  // own rows and whole tensors into its own file.
-  std::vector<std::string> to_writer(static_cast<std::size_t>(group.size()));  // by writer: PartRecords, then edges
-  std::vector<std::string> edges(static_cast<std::size_t>(group.size()));
-  const auto add_record = [&](int writer, const PartRecord& r) {
-    to_writer[static_cast<std::size_t>(writer)].append(reinterpret_cast<const char*>(&r), sizeof r);
-  };
+  // own rows and whole tensors into its own file. Message to writer w: the shared blocks' bytes
+  // (each as offset, count, bytes), then the PartRecords, then their count.
+  const auto writers = static_cast<std::size_t>(group.size());
+  std::vector<std::string> messages(writers);
+  std::vector<std::vector<PartRecord>> records(writers);
   const auto add_edge = [&](int writer, std::uint64_t offset, const char* bytes, std::uint64_t count) {
     if (count == 0) return;
-    std::string& out = edges[static_cast<std::size_t>(writer)];
+    std::string& out = messages[static_cast<std::size_t>(writer)];
     const std::uint64_t head[2] = {offset, count};
     out.append(reinterpret_cast<const char*>(head), sizeof head);
     out.append(bytes, count);
   };
+  // The writers' job ranks as the errors name them (a slice that writes nothing knows writer w by
+  // its index alone: its group is another slice's).
+  const auto writer_name = [&](int writer) {
+    if (!team.writes()) return "writer " + std::to_string(writer) + " of the save";
+    return "rank " + std::to_string(get_process_group_ranks(group)[static_cast<std::size_t>(writer)]);
+  };
   try {
-    std::map<int, std::pair<FilePlan, OpenFile>> others;  // writer -> its file, opened here
-    const auto target = [&](int writer) -> std::pair<const FilePlan*, int> {
-      if (writer == me && own) return {&*own, own_fd.get()};
-      auto found = others.find(writer);
-      if (found == others.end()) {
-        FilePlan plan = plan_of_file(state, writer, team.writers(), stem, metadata);
-        OpenFile fd = open_writers_file(dir, plan.file, token, writer, group, stem, what);
-        found = others.emplace(writer, std::make_pair(std::move(plan), std::move(fd))).first;
-      }
-      return {&found->second.first, found->second.second.get()};
-    };
     // Writer 0's file is opened by every rank, whether or not it holds rows of it: a rank that
     // does not share the directory finds out even when all its rows go to writers on its own node.
-    if (!plan_of_file(state, 0, team.writers(), stem, metadata).file.empty()) (void)target(0);
+    const FilePlan first = plan_of_file(state, 0, team.writers(), stem, metadata);
+    if (me != 0 && !first.file.empty()) (void)open_writers_file(dir, first.file, token, writer_name(0), stem, what);
+    // One other writer's file open at a time: the parts come in the files' order.
+    std::optional<std::pair<int, FilePlan>> current;
+    OpenFile current_fd;
+    const auto close_current = [&] {
+      if (current) current_fd.flush_and_close("cpprun: cannot write " + (fs::path(dir) / current->second.file).string());
+      current.reset();
+    };
     for (const RowsInPlace::Part& part : rows.mine) {
-      const auto [plan, fd] = target(part.writer);
+      const FilePlan* plan = own ? &*own : nullptr;
+      int fd = own_fd.get();
+      if (part.writer != me) {
+        if (!current || current->first != part.writer) {
+          close_current();
+          current.emplace(part.writer, plan_of_file(state, part.writer, team.writers(), stem, metadata));
+          current_fd = open_writers_file(dir, current->second.file, token, writer_name(part.writer), stem, what);
+        }
+        plan = &current->second;
+        fd = current_fd.get();
+      }
       const std::string& name = state[part.name].first;
       const at::Tensor cpu = part.rows.detach().to(at::kCPU).contiguous();
       const char* bytes = static_cast<const char*>(cpu.data_ptr());
@@ -322,15 +339,14 @@ void write_shards_in_place(const NamedTensors& state, const RowsInPlace& rows, c
       if (part.writer == me) {
         write_at(fd, bytes, count, start, cannot);
       } else {
-        const std::uint64_t inner_begin = std::min(start + count, round_up(start)),
-                            inner_end = std::max(inner_begin, round_down(start + count));
-        write_at(fd, bytes + (inner_begin - start), inner_end - inner_begin, inner_begin, cannot);
-        add_edge(part.writer, start, bytes, inner_begin - start);
-        add_edge(part.writer, inner_end, bytes + (inner_end - start), start + count - inner_end);
+        const PartSplit split = split_part(start, count);
+        write_at(fd, bytes + (split.inner_begin - start), split.inner_end - split.inner_begin, split.inner_begin, cannot);
+        add_edge(part.writer, start, bytes, split.inner_begin - start);
+        add_edge(part.writer, split.inner_end, bytes + (split.inner_end - start), start + count - split.inner_end);
       }
-      add_record(part.writer, {part.name, static_cast<std::uint64_t>(part.writer), part.first_byte, count,
-                               written_crc(cpu)});
+      records[static_cast<std::size_t>(part.writer)].push_back({part.name, part.first_byte, count, written_crc(cpu)});
     }
+    close_current();
     if (own && !own->file.empty()) {
       const StateDictShard shard = state_dict_shard(state, me, team.writers(), stem);
       std::map<std::string, std::size_t> index;  // name -> its index in `state`
@@ -340,52 +356,80 @@ void write_shards_in_place(const NamedTensors& state, const RowsInPlace& rows, c
         const at::Tensor cpu = tensor.detach().to(at::kCPU).contiguous();
         write_at(own_fd.get(), cpu.data_ptr(), cpu.nbytes(), own->data_of.at(name),
                  "cpprun: cannot write " + (fs::path(dir) / own->file).string() + " (\"" + name + "\")");
-        add_record(me, {index.at(name), static_cast<std::uint64_t>(me), 0, cpu.nbytes(), written_crc(cpu)});
+        records[static_cast<std::size_t>(me)].push_back({index.at(name), 0, cpu.nbytes(), written_crc(cpu)});
       }
     }
-    for (auto& [writer, file] : others) {
-      file.second.flush_and_close("cpprun: cannot write " + (fs::path(dir) / file.first.file).string());
+    for (std::size_t w = 0; w < writers; ++w) {
+      const std::uint64_t count = records[w].size();
+      messages[w].append(reinterpret_cast<const char*>(records[w].data()), count * sizeof(PartRecord));
+      messages[w].append(reinterpret_cast<const char*>(&count), sizeof count);
     }
   } catch (...) {
     failure = std::current_exception();
   }
   agree();
 
-  // 3. What each writer is owed (parts' CRCs, shared blocks' bytes), rank to writer; each writer
-  // writes the shared blocks and its header, and puts its file in place.
-  for (std::size_t w = 0; w < to_writer.size(); ++w) {
-    const std::uint64_t records = to_writer[w].size();
-    to_writer[w].insert(0, reinterpret_cast<const char*>(&records), sizeof records);
-    to_writer[w] += edges[w];
+  // 3. What each writer is owed (the shared blocks' bytes, the parts' CRCs), rank to writer: the
+  // sizes, then the buffers allocated and agreed (a rank out of memory fails every rank, none is
+  // left in the exchange), then the bytes. Each writer writes the shared blocks and its header,
+  // and puts its file in place.
+  Exchange exchange;
+  exchange.to_splits.resize(writers);
+  for (std::size_t w = 0; w < writers; ++w) exchange.to_splits[w] = static_cast<int64_t>(messages[w].size());
+  {
+    const at::Tensor sizes_to = at::tensor(exchange.to_splits, at::kLong);
+    at::Tensor sizes_from = at::empty_like(sizes_to);
+    all_to_all(group, sizes_from, sizes_to);
+    exchange.from_splits.assign(sizes_from.data_ptr<int64_t>(), sizes_from.data_ptr<int64_t>() + writers);
   }
-  const std::vector<std::string> received = exchange_bytes(group, to_writer);
+  try {
+    int64_t to_bytes = 0, from_bytes = 0;
+    for (std::size_t w = 0; w < writers; ++w) to_bytes += exchange.to_splits[w], from_bytes += exchange.from_splits[w];
+    exchange.to = at::empty({to_bytes}, at::kByte);
+    exchange.from = at::empty({from_bytes}, at::kByte);
+    char* at = reinterpret_cast<char*>(exchange.to.data_ptr<std::uint8_t>());
+    for (std::string& message : messages) {
+      at = std::copy(message.begin(), message.end(), at);
+      std::string().swap(message);  // each byte held once
+    }
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  agree();
+  all_to_all(group, exchange.from, exchange.to, exchange.from_splits, exchange.to_splits);
+  exchange.to = at::Tensor();
   if (own && !own->file.empty()) {
     try {
       const std::string path = (fs::path(dir) / own->file).string();
       const std::string cannot = "cpprun: cannot write " + path;
+      const std::uint64_t file_bytes = own->layout.data_start + own->layout.data_bytes;
       std::vector<WrittenPart> parts;
-      for (const std::string& message : received) {
-        std::uint64_t records = 0;
-        TORCH_INTERNAL_ASSERT(message.size() >= sizeof records);
-        std::memcpy(&records, message.data(), sizeof records);
-        TORCH_INTERNAL_ASSERT(records % sizeof(PartRecord) == 0 && sizeof records + records <= message.size());
-        for (std::size_t at = sizeof records; at < sizeof records + records; at += sizeof(PartRecord)) {
+      const char* from = reinterpret_cast<const char*>(exchange.from.data_ptr<std::uint8_t>());
+      for (const int64_t size : exchange.from_splits) {
+        const std::string_view message(from, static_cast<std::size_t>(size));
+        from += size;
+        std::uint64_t count = 0;
+        TORCH_INTERNAL_ASSERT(message.size() >= sizeof count);
+        std::memcpy(&count, message.data() + message.size() - sizeof count, sizeof count);
+        TORCH_INTERNAL_ASSERT(count <= (message.size() - sizeof count) / sizeof(PartRecord));
+        const std::size_t records_at = message.size() - sizeof count - count * sizeof(PartRecord);
+        for (std::size_t at = records_at; at < message.size() - sizeof count; at += sizeof(PartRecord)) {
           PartRecord r;
           std::memcpy(&r, message.data() + at, sizeof r);
-          TORCH_INTERNAL_ASSERT(r.writer == static_cast<std::uint64_t>(me) && r.name < state.size());
+          TORCH_INTERNAL_ASSERT(r.name < state.size());
           parts.push_back({state[r.name].first, r.first_byte, r.bytes, static_cast<std::uint32_t>(r.crc)});
         }
-        for (std::size_t at = sizeof records + records; at < message.size();) {
+        for (std::size_t at = 0; at < records_at;) {
           std::uint64_t head[2];
-          TORCH_INTERNAL_ASSERT(at + sizeof head <= message.size());
+          TORCH_INTERNAL_ASSERT(at + sizeof head <= records_at);
           std::memcpy(head, message.data() + at, sizeof head);
           at += sizeof head;
-          TORCH_INTERNAL_ASSERT(at + head[1] <= message.size() &&
-                                head[0] + head[1] <= own->layout.data_start + own->layout.data_bytes);
+          TORCH_INTERNAL_ASSERT(head[1] <= records_at - at && head[0] <= file_bytes && head[1] <= file_bytes - head[0]);
           write_at(own_fd.get(), message.data() + at, head[1], head[0], cannot + " (a shared block)");
           at += head[1];
         }
       }
+      exchange.from = at::Tensor();
       const std::uint32_t crc = file_crc_of_parts(own->layout, std::move(parts), path);
       const std::string header = safetensors_header(own->layout, crc);
       write_at(own_fd.get(), header.data(), header.size(), 0, cannot + " (its header)");

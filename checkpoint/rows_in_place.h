@@ -10,7 +10,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <exception>
 #include <map>
 #include <string>
 #include <string_view>
@@ -36,6 +35,16 @@ struct RowsInPlace {
   };
   std::vector<Part> mine;
 };
+
+// Of a part of `count` bytes at byte `start` of another writer's file, the bytes a rank writes
+// itself: [inner_begin, inner_end), the blocks of kRowsBlockBytes wholly inside it (empty when
+// there is none: inner_begin == inner_end). Its bytes before and after go to the file's writer,
+// so that no two processes write one block (Note [One writer a block] in the .cpp). Pure.
+inline constexpr std::uint64_t kRowsBlockBytes = 64 * 1024;
+struct PartSplit {
+  std::uint64_t inner_begin = 0, inner_end = 0;
+};
+PartSplit split_part(std::uint64_t start, std::uint64_t count);
 
 // One part of a file's data as a rank wrote it: `bytes` bytes of tensor `name` from its byte
 // `first_byte`, and their CRC-32.

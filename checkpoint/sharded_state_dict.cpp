@@ -19,6 +19,7 @@
 #include "cpprun/atomic_file.h"
 #include "cpprun/checkpoint_file.h"
 #include "cpprun/object_collectives.h"
+#include "cpprun/process_group.h"
 #include "support/file_read.h"
 #include "support/safetensors.h"
 #include "support/safetensors_index.h"
@@ -249,16 +250,29 @@ void save_sharded_tensors(const NamedTensors& state, const CheckpointTeam& team,
     // See Note [Each rank writes its own rows]: its steps end agreed, every file in place. The
     // root's token for the save and its metadata (its step, its optimizer's groups) on every rank,
     // so that every rank lays the files out alike.
-    std::string shared;
+    std::string shared;  // empty on every rank: the root could not draw its token
+    std::exception_ptr no_token;
     if (decides) {
-      for (const std::string& item : flatten(new_save_id().substr(0, 16), stamp_metadata(stamp))) {
-        shared += std::to_string(item.size()) + ':' + item;
+      try {
+        for (const std::string& item : flatten(new_save_id().substr(0, 16), stamp_metadata(stamp))) {
+          shared += std::to_string(item.size()) + ':' + item;
+        }
+      } catch (...) {
+        shared.clear(), no_token = std::current_exception();
       }
     }
     team.broadcast_bytes(shared);
+    if (shared.empty()) {
+      undo();
+      if (no_token) std::rethrow_exception(no_token);
+      TORCH_CHECK(false, "cpprun: ", what, " failed on the first rank (its own error says why); rank ", cpprun::rank(),
+                  " of the job stops too.");
+    }
     std::vector<std::string> items;
     for (std::size_t at = 0; at < shared.size();) {
-      const std::size_t colon = shared.find(':', at), size = std::stoull(shared.substr(at, colon - at));
+      const std::size_t colon = shared.find(':', at);
+      TORCH_INTERNAL_ASSERT(colon != std::string::npos, "the save's metadata arrived garbled");
+      const std::size_t size = std::stoull(shared.substr(at, colon - at));
       items.push_back(shared.substr(colon + 1, size));
       at = colon + 1 + size;
     }

@@ -23,11 +23,12 @@ namespace cpprun::detail {
 namespace {
 
 // Note [Gathering to the writer]
-// An asynchronous save's (a synchronous one has each rank write its own rows instead: `in_place`,
-// Note [Each rank writes its own rows] in rows_in_place.cpp). Which writer writes which tensor
-// follows from the tensors' sizes alone (writer_plan.h), so every rank knows it before any gather. A tensor FSDP shards by rows over a shard group is gathered
-// (c10d gather) to the shard group's rank that is its writer; a shard group holding no writer of
-// it (HSDP's other replicas; a tensor-parallel slice other than the first, whose ranks write
+// An asynchronous save's, and a pipeline stage's (a wrapper's synchronous save has each rank
+// write its own rows instead: `in_place`, Note [Each rank writes its own rows] in
+// rows_in_place.cpp). Which writer writes which tensor follows from the tensors' sizes alone
+// (writer_plan.h), so every rank knows it before any gather. A tensor FSDP shards by rows over a
+// shard group is gathered (c10d gather) to the shard group's rank that is its writer; a shard
+// group holding no writer of it (HSDP's other replicas; a tensor-parallel slice other than the first, whose ranks write
 // nothing) skips it: every rank of a group skips alike, so each group's collectives stay in one
 // order. A tensor split by tensor parallelism takes the all-gathers of gather_whole on every rank,
 // as before, and is kept where it is written. The writers allocate every buffer they will fill

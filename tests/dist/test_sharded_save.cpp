@@ -341,6 +341,49 @@ TEST_CASE("state_dict: a ZeRO-3 sharded save into a directory the ranks do not s
   cpprun::barrier(group());
 }
 
+// HSDP with its shard groups on two "nodes" ({0, 1} and {2, 3}, each pair's view of the directory
+// its own): every rank's rows go to writers on its own node, so only the check that every rank
+// opens writer 0's file (Note [Whose temporary file]) finds that the directory is not shared.
+// Without it each node would keep half the files and the save would succeed.
+TEST_CASE("state_dict: an HSDP sharded save into a directory each node sees as its own fails on every rank",
+          "[state_dict]") {
+  const int rank = group().rank();
+  if (group().size() != 4) return;
+  const cpprun::DeviceMesh mesh(group(), std::vector<int>{2, 2}, std::vector<std::string>{"replicate", "shard"});
+  auto model = cpprun::FullyShardedDataParallel(seeded_tower(1), mesh,
+                                                cpprun::FsdpOptions().stage(3).wrap_policy(is_linear));
+  const std::string dir = scratch("hsdp_not_shared"), node = scratch("hsdp_node" + std::to_string(rank / 2));
+  fs::create_directories(node);
+  const fs::path before = fs::current_path();
+  cpprun::barrier(group());
+  fs::current_path(node);
+  if (rank == 0) {
+    fs::create_directories(dir);
+    for (int w = 1; w <= 4; ++w) {
+      const std::string name = cpprun::detail::shard_file_name(w, 4) + ".tmp";
+      fs::create_symlink("/proc/self/cwd/" + name, dir + name);
+    }
+  }
+  cpprun::barrier(group());
+  const std::string error = error_text_of([&] { cpprun::save_state_dict(model, dir); });
+  INFO(error);
+  if (rank >= 2) {
+    CHECK_THAT(error, Catch::Contains("finds no file at " + dir + cpprun::detail::shard_file_name(1, 4) + ".tmp") &&
+                          Catch::Contains("is not one directory that every rank shares"));
+  } else {
+    CHECK_THAT(error, Catch::Contains("failed on rank"));
+  }
+  cpprun::barrier(group());
+  std::set<std::string> left;
+  for (const auto& e : fs::directory_iterator(dir)) left.insert(e.path().filename().string());
+  CHECK(left.empty());
+  fs::current_path(before);
+  cpprun::barrier(group());
+  if (rank % 2 == 0) fs::remove_all(node);
+  if (rank == 0) fs::remove_all(dir);
+  cpprun::barrier(group());
+}
+
 // The last step of the save fails on one writer only (a directory stands at its file's name, so
 // its rename fails) after the other writers put theirs in place: every rank raises, and no file
 // of the save, no temporary file and no index is left.

@@ -204,6 +204,43 @@ TEST_CASE("hf_sharded: a safetensors file written from the tensors' memory is en
   CHECK(!fs::exists(path + ".tmp"));
 }
 
+TEST_CASE("hf_sharded: a part in another writer's file: its whole blocks written by its rank, its ends by the writer",
+          "[state_dict]") {
+  using cpprun::detail::split_part;
+  constexpr std::uint64_t B = cpprun::detail::kRowsBlockBytes;
+  const auto inner = [](std::uint64_t start, std::uint64_t count) {
+    const auto s = split_part(start, count);
+    return std::make_pair(s.inner_begin, s.inner_end);
+  };
+  CHECK(inner(100, 50) == std::make_pair(150ul, 150ul));            // inside one block: all to the writer
+  CHECK(inner(B - 10, 20) == std::make_pair(B + 10, B + 10));       // across a boundary, no whole block
+  CHECK(inner(B, B) == std::make_pair(B, 2 * B));                   // exactly one block: all its own
+  CHECK(inner(B, B + 7) == std::make_pair(B, 2 * B));               // from a boundary: a tail
+  CHECK(inner(B - 3, B + 3) == std::make_pair(B, 2 * B));           // to a boundary: a head
+  CHECK(inner(10, 3 * B) == std::make_pair(B, 3 * B));              // a head, two blocks, a tail
+  CHECK(inner(5 * B, 0) == std::make_pair(5 * B, 5 * B));           // nothing
+  CHECK(inner(7, 0) == std::make_pair(7ul, 7ul));
+  // Any part: head, inner and tail tile it, the inner part is whole blocks, the ends less than one.
+  for (const std::uint64_t start : {std::uint64_t{0}, std::uint64_t{1}, B - 1, B, B + 1, 3 * B + 17}) {
+    for (const std::uint64_t count : {std::uint64_t{0}, std::uint64_t{1}, B - 1, B, B + 1, 2 * B, 5 * B + 3}) {
+      const auto s = split_part(start, count);
+      INFO(start << " + " << count);
+      CHECK(start <= s.inner_begin);
+      CHECK(s.inner_begin <= s.inner_end);
+      CHECK(s.inner_end <= start + count);
+      if (s.inner_begin < s.inner_end) {
+        CHECK(s.inner_begin % B == 0);
+        CHECK(s.inner_end % B == 0);
+        CHECK(s.inner_begin - start < B);
+        CHECK(start + count - s.inner_end < B);
+      } else {
+        CHECK(s.inner_end == start + count);  // no whole block inside: none of it between two boundaries
+        CHECK((start + count) / B * B <= (start + B - 1) / B * B);
+      }
+    }
+  }
+}
+
 TEST_CASE("hf_sharded: file names and the index are transformers'", "[state_dict]") {
   CHECK(cpprun::detail::shard_file_name(1, 4) == "model-00001-of-00004.safetensors");
   CHECK(cpprun::detail::is_shard_file_name("model-00012-of-00100.safetensors"));
