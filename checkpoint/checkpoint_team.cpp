@@ -77,18 +77,27 @@ std::vector<std::string> CheckpointTeam::gather_from_writers(const std::string& 
   std::vector<std::string> all = replicas_ ? cpprun::all_gather_bytes(*replicas_, bytes) : std::vector<std::string>{bytes};
   if (tensor_parallel_.empty()) return all;
   // The writers' slice gathered theirs; each tensor-parallel group takes its first rank's list.
-  std::string packed;
-  for (const auto& item : all) packed += std::to_string(item.size()) + ':' + item;
+  std::string packed = pack_strings(all);
   for (const auto& group : tensor_parallel_) cpprun::broadcast_bytes(group, packed, 0);
-  all.clear();
+  return unpack_strings(packed, "the writers' bytes");
+}
+
+std::string pack_strings(const std::vector<std::string>& items) {
+  std::string packed;
+  for (const auto& item : items) packed += std::to_string(item.size()) + ':' + item;
+  return packed;
+}
+
+std::vector<std::string> unpack_strings(const std::string& packed, const char* what) {
+  std::vector<std::string> items;
   for (std::size_t at = 0; at < packed.size();) {
     const std::size_t colon = packed.find(':', at);
-    TORCH_INTERNAL_ASSERT(colon != std::string::npos, "the writers' bytes arrived garbled");
+    TORCH_INTERNAL_ASSERT(colon != std::string::npos, what, " arrived garbled");
     const std::size_t size = std::stoull(packed.substr(at, colon - at));
-    all.push_back(packed.substr(colon + 1, size));
+    items.push_back(packed.substr(colon + 1, size));
     at = colon + 1 + size;
   }
-  return all;
+  return items;
 }
 
 }  // namespace cpprun::detail

@@ -61,4 +61,10 @@ class CheckpointTeam {
   bool writes_ = true;
 };
 
+// Strings as one string that keeps their boundaries (each as its length, ':', its bytes), and
+// back: for a list sent with one broadcast_bytes. `what` names the list in the error of one that
+// arrived garbled.
+std::string pack_strings(const std::vector<std::string>& items);
+std::vector<std::string> unpack_strings(const std::string& packed, const char* what);
+
 }  // namespace cpprun::detail

@@ -147,8 +147,8 @@ OpenFile open_writers_file(const std::string& dir, const std::string& file, cons
   return fd;
 }
 
-// What each rank sends each other (its messages, indexed by receiver) and receives, in one
-// byte tensor each, cut by the splits: see exchange_messages.
+// What a rank sends the writers (its messages, indexed by writer) and receives, in one byte
+// tensor each, cut by the splits: the all-to-all of write_shards_in_place's step 3.
 struct Exchange {
   std::vector<int64_t> to_splits, from_splits;
   at::Tensor to, from;

@@ -53,13 +53,6 @@ std::map<std::string, std::string> stamp_metadata(const ShardedSaveStamp& stamp)
   return metadata;
 }
 
-// A token and a map as one list: the token, then each key and its value.
-std::vector<std::string> flatten(std::string token, const std::map<std::string, std::string>& map) {
-  std::vector<std::string> out{std::move(token)};
-  for (const auto& [key, value] : map) out.push_back(key), out.push_back(value);
-  return out;
-}
-
 // The first lines, one a line, then how many more: a crafted index naming a million files must not
 // make an error message of hundreds of megabytes.
 std::string join_lines(const std::vector<std::string>& lines) {
@@ -254,9 +247,9 @@ void save_sharded_tensors(const NamedTensors& state, const CheckpointTeam& team,
     std::exception_ptr no_token;
     if (decides) {
       try {
-        for (const std::string& item : flatten(new_save_id().substr(0, 16), stamp_metadata(stamp))) {
-          shared += std::to_string(item.size()) + ':' + item;
-        }
+        std::vector<std::string> items{new_save_id().substr(0, 16)};  // the token, then each key and value
+        for (const auto& [key, value] : stamp_metadata(stamp)) items.push_back(key), items.push_back(value);
+        shared = pack_strings(items);
       } catch (...) {
         shared.clear(), no_token = std::current_exception();
       }
@@ -268,14 +261,7 @@ void save_sharded_tensors(const NamedTensors& state, const CheckpointTeam& team,
       TORCH_CHECK(false, "cpprun: ", what, " failed on the first rank (its own error says why); rank ", cpprun::rank(),
                   " of the job stops too.");
     }
-    std::vector<std::string> items;
-    for (std::size_t at = 0; at < shared.size();) {
-      const std::size_t colon = shared.find(':', at);
-      TORCH_INTERNAL_ASSERT(colon != std::string::npos, "the save's metadata arrived garbled");
-      const std::size_t size = std::stoull(shared.substr(at, colon - at));
-      items.push_back(shared.substr(colon + 1, size));
-      at = colon + 1 + size;
-    }
+    const std::vector<std::string> items = unpack_strings(shared, "the save's metadata");
     TORCH_INTERNAL_ASSERT(items.size() % 2 == 1, "the save's metadata arrived garbled");
     std::map<std::string, std::string> root_metadata;
     for (std::size_t i = 1; i + 1 < items.size(); i += 2) root_metadata[items[i]] = items[i + 1];

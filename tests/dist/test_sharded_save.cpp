@@ -81,11 +81,16 @@ std::string file_bytes(const fs::path& path) {
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
+// The names of what directory `dir` holds.
+std::set<std::string> names_in(const fs::path& dir) {
+  std::set<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) names.insert(e.path().filename().string());
+  return names;
+}
+
 // Every file of directory `a` has the same bytes in `b`, and they hold the same files.
 void check_same_files(const fs::path& a, const fs::path& b) {
-  std::set<std::string> in_a, in_b;
-  for (const auto& e : fs::directory_iterator(a)) in_a.insert(e.path().filename().string());
-  for (const auto& e : fs::directory_iterator(b)) in_b.insert(e.path().filename().string());
+  const std::set<std::string> in_a = names_in(a), in_b = names_in(b);
   CHECK(in_a == in_b);
   for (const auto& name : in_a) {
     INFO(name);
@@ -331,8 +336,8 @@ TEST_CASE("state_dict: a ZeRO-3 sharded save into a directory the ranks do not s
     if (rank != 0) CHECK_THAT(error, Catch::Contains("finds another save's file at " + dir + file + ".tmp"));
   }
   cpprun::barrier(group());
-  std::set<std::string> left;  // nothing of the save: no file, no index, no temporary file (link)
-  for (const auto& e : fs::directory_iterator(dir)) left.insert(e.path().filename().string());
+  // Nothing of the save: no file, no index, no temporary file (link).
+  const std::set<std::string> left = names_in(dir);
   CHECK(left.empty());
   fs::current_path(before);
   cpprun::barrier(group());
@@ -374,8 +379,7 @@ TEST_CASE("state_dict: an HSDP sharded save into a directory each node sees as i
     CHECK_THAT(error, Catch::Contains("failed on rank"));
   }
   cpprun::barrier(group());
-  std::set<std::string> left;
-  for (const auto& e : fs::directory_iterator(dir)) left.insert(e.path().filename().string());
+  const std::set<std::string> left = names_in(dir);
   CHECK(left.empty());
   fs::current_path(before);
   cpprun::barrier(group());
@@ -411,8 +415,7 @@ TEST_CASE("state_dict: a ZeRO-3 sharded save whose last file cannot be put in pl
     INFO(error);
     CHECK_THAT(error, Catch::Contains(rank == world - 1 ? "renaming" : "failed on rank"));
     cpprun::barrier(group());
-    std::set<std::string> left;
-    for (const auto& e : fs::directory_iterator(dir)) left.insert(e.path().filename().string());
+    const std::set<std::string> left = names_in(dir);
     CHECK(left == std::set<std::string>{blocked});
     cpprun::barrier(group());
     if (rank == 0) fs::remove_all(dir);
@@ -473,8 +476,7 @@ TEST_CASE("state_dict: save_async to a directory writes the synchronous save's b
     cpprun::barrier(group());
     // The model's files and index: those of the synchronous save, and nothing else.
     const std::set<std::string> model_files = files_of(sync_dir, cpprun::detail::kModelStem);
-    std::set<std::string> written;
-    for (const auto& e : fs::directory_iterator(async_dir)) written.insert(e.path().filename().string());
+    const std::set<std::string> written = names_in(async_dir);
     CHECK(written == model_files);
     for (const auto& name : model_files) {
       INFO(name);
@@ -576,8 +578,7 @@ TEST_CASE("state_dict: a save_async to a directory that fails on one rank fails 
     CHECK_THROWS_WITH(pending.wait(),
                       Catch::Matchers::Contains(rank == 1 ? blocked : "failed on another rank"));
     cpprun::barrier(group());
-    std::set<std::string> left;
-    for (const auto& e : fs::directory_iterator(dir)) left.insert(e.path().filename().string());
+    const std::set<std::string> left = names_in(dir);
     CHECK(left == std::set<std::string>{blocked + ".tmp"});  // every file written was removed
     cpprun::barrier(group());
     if (rank == 0) {
