@@ -19,7 +19,8 @@ void check_async_save_paths(const std::string& model_path, const std::string& op
 
 // The optimizer's part of an asynchronous save (start_async_save, beside the model's part), as
 // save_optimizer_state_dict writes it: `saved` is optimizer_state_to_save's; `owned`, its
-// tensors are the save's own (gathered to a directory's writers with WholeTensors::kOwned).
+// tensors are the save's own (a directory's, with WholeTensors::kOwned; FSDP's rows, written in
+// place, the caller sets as the part's `rows`).
 AsyncSavePart optimizer_part(OptimizerStateToSave saved, const std::string& path, bool owned);
 
 }  // namespace cpprun::detail

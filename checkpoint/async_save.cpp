@@ -22,7 +22,10 @@
 #include <utility>
 #include <vector>
 
+#include "checkpoint/checkpoint_team.h"
+#include "checkpoint/rows_in_place.h"
 #include "checkpoint/save_ids.h"
+#include "core/failure_agreement.h"
 #include "checkpoint/sharded_state_dict.h"
 #include "checkpoint/state_dict.h"
 #include "cpprun/detail/group_store.h"
@@ -57,7 +60,8 @@
 // and then its optimizer's, checkpoint/save_ids.h). When the save failed, every rank removes what
 // it wrote before it ends (Note [A failed save removes what it wrote],
 // checkpoint/sharded_state_dict.cpp). The waits are bounded (Note [The save's deadlines]): a rank
-// that died does not hold the others' threads for ever. The keys stay in the store (a few bytes per save).
+// that died does not hold the others' threads for ever. The keys stay in the store (a few bytes per
+// rank per save; the rows' records of Note [An asynchronous save in place] are removed once read).
 // PyTorch's DCP async_save runs the save's collectives on its background thread, and its recipe
 // (the async checkpointing tutorial) makes a second process group for them, so that they do not
 // share the training group. Here that group would cost every rank more Gloo connections, and
@@ -70,6 +74,28 @@
 // process (save_async or save_state_dict), before that one starts; a handle dropped unwaited
 // first waits for the write (no torn or half-finished save when a scope ends), and when the save
 // failed unseen it writes the error to stderr: the error is seen even when no save follows.
+
+// Note [An asynchronous save in place]
+// A directory of FSDP's state is written as the synchronous save writes it, each rank its own rows
+// into the writers' files (Note [Each rank writes its own rows] in rows_in_place.cpp), its steps
+// split between the threads. On the calling thread, collective: each rank copies its rows
+// (snapshot_tensor), the root creates the directory, the root's token and metadata are broadcast,
+// and ShardsInPlace's constructor creates each writer's file and sends the blocks that ranks share
+// to their writers (the bytes are the copy's: training may change the rows once the call returns).
+// On the background thread, no collective: each rank writes its rows (ShardsInPlace::write) and,
+// for each other writer, sets async_save/<id>/rows/<part>/<writer>/<rank> to "ok" and its records
+// of what it wrote in that writer's file (extents and CRC-32s), or to "failed: <why>", so that no
+// writer waits for a rank that will not write; each writer then reads (and removes) the records
+// of its file until the deadline (Note [The save's deadlines]) and puts its file in place
+// (ShardsInPlace::finish), and the save goes on as any other: written/<rank>, the index, the
+// result. A failure while the files are made on the calling thread (the directory, a file) is
+// every rank's there (agreed); it is kept (PreparedPart::failed) and raised by the background
+// thread through the same steps: the rank that failed reports its own error, the writers' root
+// fails the save, and every rank's wait() raises it as it raises any write's error, the failed
+// rank's reason in the others' when that rank is a writer (a rank of a slice that writes nothing
+// reports to none: the others learn only that it failed). A copy that fails (out of memory) fails the call, as before. The
+// ranks of a tensor-parallel slice that writes nothing join the collectives and then only learn
+// the result.
 
 namespace cpprun {
 
@@ -145,7 +171,7 @@ void write_part(const PreparedPart& part, const StateDictSaveOptions& options) {
 void write_parts(const std::vector<PreparedPart>& parts, const StateDictSaveOptions& options,
                  std::vector<std::string>& written) {
   for (const auto& part : parts) {
-    if (!part.directory && !part.writes_file) continue;
+    if ((!part.directory && !part.writes_file) || part.in_place || part.failed) continue;  // rows: write_rows
     write_part(part, options);
     if (!part.directory) {
       written.push_back(part.path);
@@ -236,6 +262,79 @@ struct CollectiveSave {
     }
   }
 
+  // This rank's rows of each part written in place (Note [An asynchronous save in place]), and what
+  // it wrote of each other writer's file told to that writer through the store; RECORDS[part]
+  // [writer]: what it wrote of each writer's file. A part this rank cannot write is told to the
+  // writers too, so that none waits for it. A part that failed on the calling thread (every rank
+  // has it: no writer waits for it) is this rank's error only where it failed here. LOCAL: this
+  // rank's error.
+  void write_rows(std::exception_ptr& local, std::vector<std::vector<std::string>>& records) const {
+    records.assign(parts.size(), {});
+    for (std::size_t i = 0; i < parts.size(); ++i) {
+      const PreparedPart& part = parts[i];
+      if (part.failed) {
+        if (part.failed_here && !local) local = part.failed;
+        continue;
+      }
+      if (!part.in_place) continue;
+      std::string failed;  // what the writers are told instead of this rank's records
+      if (!local) {
+        try {
+          records[i] = part.in_place->write();
+        } catch (...) {
+          local = std::current_exception();
+        }
+      }
+      if (local) failed = "failed: " + message_of(local);
+      const ProcessGroup& writers = *ranks.team.replicas();
+      const int me = ranks.team.writer_rank();
+      for (int w = 0; w < writers.size(); ++w) {
+        if (w == me || !part.in_place->has_file(w)) continue;  // no one to tell
+        store_set(writers, key + "/" + rows_name(i, w, me),
+                  failed.empty() ? "ok" + records[i][static_cast<std::size_t>(w)] : failed);
+      }
+    }
+  }
+
+  // Where writer FROM tells writer TO what it wrote of TO's file of part PART (under `key`).
+  static std::string rows_name(std::size_t part, int to, int from) {
+    return "rows/" + std::to_string(part) + "/" + std::to_string(to) + "/" + std::to_string(from);
+  }
+
+  // On a writer of a part written in place: every other writer's records of its file (MINE: this
+  // rank's, write_rows's), then the file put in place (added to WRITTEN). Throws when one did not
+  // come by the deadline, or said that it failed (and why).
+  void finish_rows(const std::vector<std::vector<std::string>>& mine, std::vector<std::string>& written,
+                   Clock::time_point deadline) const {
+    for (std::size_t i = 0; i < parts.size(); ++i) {
+      const PreparedPart& part = parts[i];
+      if (!part.in_place || !part.in_place->writes_file()) continue;
+      const ProcessGroup& writers = *ranks.team.replicas();
+      const int me = ranks.team.writer_rank();
+      const std::vector<int> job_ranks = get_process_group_ranks(writers);
+      std::vector<std::string> records(static_cast<std::size_t>(writers.size()));
+      for (int r = 0; r < writers.size(); ++r) {
+        if (r == me) {
+          records[static_cast<std::size_t>(r)] = mine[i][static_cast<std::size_t>(me)];
+          continue;
+        }
+        const std::string rank = "rank " + std::to_string(job_ranks[static_cast<std::size_t>(r)]);
+        const auto value = await(writers, rows_name(i, me, r), deadline);
+        TORCH_CHECK(value, "cpprun: the asynchronous save to ", part.path, ": ", rank,
+                    " did not write its rows within the group's timeout (", writers.timeout().count(), " ms)");
+        try {
+          store_delete(writers, key + "/" + rows_name(i, me, r));  // read: removed (what no one read stays)
+        } catch (...) {
+          // The store's own trouble: the file is fine, and the key only stays.
+        }
+        TORCH_CHECK(value->rfind("ok", 0) == 0, "cpprun: the asynchronous save to ", part.path, " failed on ", rank,
+                    ", which could not write its rows: ", value->substr(std::string("failed: ").size()));
+        records[static_cast<std::size_t>(r)] = value->substr(2);
+      }
+      written.push_back(part.in_place->finish(records));
+    }
+  }
+
   // A writer: writes its parts and learns the save's result from the writers' root, which
   // collects every writer's and writes the indexes (with owners: the owners' root collects every
   // writers' root's, and writes a file or the indexes). WRITTEN: the paths this rank wrote. See
@@ -247,13 +346,26 @@ struct CollectiveSave {
     const bool directory = std::any_of(parts.begin(), parts.end(), [](const auto& p) { return p.directory; });
     // A fault names the rank of the job, so that an owners' save says which stage's rank failed.
     const std::string me = "rank " + std::to_string(cpprun::rank());
+    // See Note [An asynchronous save in place]: this rank's rows first, then the other files,
+    // then the files of rows put in place by their writers.
+    std::vector<std::vector<std::string>> records;
     try {
-      write_parts(parts, options, written);
+      write_rows(local, records);
+      if (!local) write_parts(parts, options, written);
+      if (!local) finish_rows(records, written, deadline);
     } catch (...) {
-      local = std::current_exception();
+      if (!local) local = std::current_exception();
     }
     std::vector<std::string> faults;
     if (local) faults.push_back(me + ": " + message_of(local));
+    // A part that failed on another rank during the call fails the save here too: the writers'
+    // root says so, whether or not that rank can (a rank that writes nothing reports to none).
+    for (const auto& part : parts) {
+      if (rank == 0 && part.failed && !part.failed_here) {
+        faults.push_back(me + ": " + message_of(part.failed));
+        break;
+      }
+    }
     const ProcessGroup* writers = team.replicas();
     if (directory && writers) {
       store_set(*writers, key + "/written/" + std::to_string(rank),
@@ -307,7 +419,11 @@ struct CollectiveSave {
       result = write(local, written, deadline, told_by);
     } else {
       // Not a writer (not first in its tensor-parallel group): the result comes from the rank first
-      // there, which relays it below. See Note [Teams over a {dp, tp} mesh].
+      // there, which relays it below. See Note [Teams over a {dp, tp} mesh]. Its own failure
+      // during the call is its error to raise.
+      for (const auto& part : parts) {
+        if (part.failed && part.failed_here && !local) local = part.failed;
+      }
       for (const auto& group : team.tensor_parallel()) {
         if (group.rank() != 0) {
           result = await(group, "result", told_by);
@@ -318,6 +434,9 @@ struct CollectiveSave {
     if (!result) result = std::string(kUnknown) + "\n  rank " + std::to_string(cpprun::rank()) + " heard nothing";
     for (const auto& group : team.tensor_parallel()) {
       if (group.rank() == 0) store_set(group, key + "/result", *result);
+    }
+    for (const auto& part : parts) {
+      if (part.in_place) part.in_place->abandon();  // a temporary file not put in place
     }
     const bool unknown = result->rfind(kUnknown, 0) == 0;
     if (local || (!unknown && *result != "ok")) undo_save(parts, written, ranks.drew_id, ranks.save_id);
@@ -396,9 +515,24 @@ AsyncSave start_async_save(std::vector<AsyncSavePart> parts, const CheckpointTea
   std::vector<PreparedPart> to_write;
   std::exception_ptr failure;
   try {
-    for (auto& part : parts) {
+    for (std::size_t i = 0; i < parts.size(); ++i) {
+      AsyncSavePart& part = parts[i];
       PreparedPart out = prepared_part(part, ranks.save_id, options.step());
-      if (out.directory && writes) {
+      if (out.directory && part.rows.used) {
+        // See Note [An asynchronous save in place]: every rank copies its own rows; what a writer
+        // holds whole is the save's own already, copied here to the CPU where it is not there (a
+        // tensor under two names once).
+        for (RowsInPlace::Part& rows : part.rows.mine) rows.rows = snapshot_tensor(rows.rows);
+        std::unordered_map<const c10::TensorImpl*, at::Tensor> copies;
+        for (auto& [name, tensor] : part.state) {
+          if (!tensor.defined() || tensor.is_meta() || tensor.device().is_cpu()) continue;
+          at::Tensor& copy = copies[tensor.unsafeGetTensorImpl()];
+          if (!copy.defined()) copy = snapshot_tensor(tensor);
+          tensor = copy;
+        }
+        out.writes_index = writes && rank == 0;
+        if (out.writes_index) out.index = index_plan(part.state, world, part.stem);
+      } else if (out.directory && writes) {
         out.shard = state_dict_shard(part.state, rank, world, part.stem);
         out.shard.tensors = snapshot_state(out.shard.tensors, part.owned);
         out.writes_index = rank == 0;
@@ -424,6 +558,41 @@ AsyncSave start_async_save(std::vector<AsyncSavePart> parts, const CheckpointTea
       }
     }
     throw;
+  }
+  // The files of a directory written in place created, and the shared blocks sent to their
+  // writers. A failure here (the directory, a file) is every rank's alike, as it would be on the
+  // background thread: the save fails there, and wait() raises it.
+  // The root's failures come first: its own error on the root, the others learn it (failed_here
+  // says on which rank a failure is its own, to raise; the others hear of it with the result).
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    if (!to_write[i].directory || !parts[i].rows.used) continue;
+    PreparedPart& out = to_write[i];
+    const std::string what = "the asynchronous save to " + parts[i].path;
+    bool roots_error = false;  // the root's failure, which this rank heard of
+    try {
+      std::exception_ptr no_directory;
+      if (team.is_root()) {
+        try {
+          fs::create_directories(parts[i].path);
+        } catch (...) {
+          no_directory = std::current_exception();
+        }
+      }
+      try {
+        team.share_root_failure(no_directory);
+      } catch (...) {
+        roots_error = !team.is_root();
+        throw;
+      }
+      const InPlaceStamp shared = in_place_stamp(team, out.stamp, what);
+      out.in_place = std::make_shared<ShardsInPlace>(parts[i].state, std::move(parts[i].rows), team, parts[i].path,
+                                                     parts[i].stem, shared.metadata, shared.token, what);
+    } catch (const FailedElsewhereError&) {  // another rank's error (it reports it), agreed
+      out.failed = std::current_exception();
+    } catch (...) {
+      out.failed = std::current_exception();
+      out.failed_here = !roots_error;
+    }
   }
   return launch_async_save(std::move(to_write), std::move(ranks), file_options);
 }

@@ -6,13 +6,16 @@
 #include <torch/nn/module.h>
 
 #include <cstdint>
+#include <exception>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "checkpoint/checkpoint_team.h"
+#include "checkpoint/rows_in_place.h"
 #include "checkpoint/sharded_state_dict.h"
 #include "cpprun/async_save.h"
 #include "cpprun/process_group.h"
@@ -29,9 +32,13 @@ struct AsyncSavePart {
   // save returns.
   NamedTensors state;
   // `state` is a directory's as gather_for_writers gives it with WholeTensors::kOwned: whole only
-  // on its writers (a meta tensor of its shape elsewhere), and the save's own, so only a tensor
-  // not in CPU memory is copied.
+  // on its writers (a meta tensor of its shape elsewhere, and everywhere for FSDP's rows), and the
+  // save's own, so only a tensor not in CPU memory is copied.
   bool owned = false;
+  // A directory's tensors that FSDP shards by rows (meta tensors in `state`), each rank's rows
+  // written in place by it (gather_for_writers fills it): copied before the save returns, by
+  // every rank.
+  RowsInPlace rows;
   std::string path;
   std::string_view stem = kModelStem;
   std::map<std::string, std::string> metadata;
@@ -41,8 +48,9 @@ struct AsyncSavePart {
 // background thread, under one save id, which every file records when there is more than one
 // part (else, as the synchronous save, a file only when options.save_id() is given). Collective
 // over `team` (alone: this process): the save id is broadcast here, and each writer copies only
-// what it writes (a file: the root all of it; a directory: its share); the other ranks copy
-// nothing and learn the result. Registers the save as this process's latest (see
+// what it writes (a file: the root all of it; a directory: its share; FSDP's rows: every rank its
+// own, Note [An asynchronous save in place] in the .cpp); the other ranks copy nothing and learn
+// the result. Registers the save as this process's latest (see
 // finish_previous_save in cpprun/state_dict.h).
 AsyncSave start_async_save(std::vector<AsyncSavePart> parts, const CheckpointTeam& team,
                            const StateDictSaveOptions& options);
@@ -70,6 +78,11 @@ struct PreparedPart {
   NamedTensors file_state;                       //   ... all of it
   std::map<std::string, std::string> metadata;   //   ... with this in its header
   StateDictShard shard;                          // a directory: this rank's share (no file: none)
+  // A directory whose rows every rank writes in place (then `shard` is unused): its files created,
+  // the shared blocks sent, on the calling thread; write() and finish() are the thread's.
+  std::shared_ptr<ShardsInPlace> in_place;
+  std::exception_ptr failed;  // ... or why they could not be (every rank's, agreed), for the thread to raise
+  bool failed_here = false;   // `failed` is this rank's own error (else another rank's, which says why)
   bool writes_index = false;                     // a directory: this rank writes the index, last
   IndexPlan index;
 };

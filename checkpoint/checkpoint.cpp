@@ -31,13 +31,13 @@
 namespace cpprun::detail {
 namespace {
 
-// A model's part of an asynchronous save to PATH, copied (or gathered) before the call returns:
-// a directory's by its writers alone, a file's whole on every rank as before.
+// A model's part of an asynchronous save to PATH, copied before the call returns: a directory's
+// by its writers (FSDP's rows by every rank, each its own: `rows`), a file's whole on every rank.
 AsyncSavePart model_part(const StateView& view, const std::string& path) {
   AsyncSavePart part;
   part.path = path;
   part.owned = is_sharded_state_dict_path(path);
-  part.state = state_to_save(view, path, WholeTensors::kOwned);
+  part.state = state_to_save(view, path, WholeTensors::kOwned, &part.rows);
   return part;
 }
 
@@ -208,13 +208,16 @@ AsyncSave save_model_and_optimizer_async(StateSource source, torch::optim::Optim
   at::NoGradGuard no_grad;
   std::vector<AsyncSavePart> parts;
   parts.push_back(model_part(view, model_path));
-  // A directory's optimizer state, as the model's, gathered to its writers and theirs alone.
+  // A directory's optimizer state as the model's: FSDP's rows each rank's own, the rest its writers'.
   const bool directory = is_sharded_state_dict_path(optimizer_path);
+  RowsInPlace rows;  // See Note [An asynchronous save in place] in checkpoint/async_save.cpp
   parts.push_back(optimizer_part(
       directory ? optimizer_state_to_save(optimizer_params(view), optimizer, nullptr, &view.team,
-                                          "saving the optimizer state to " + optimizer_path, WholeTensors::kOwned)
+                                          "saving the optimizer state to " + optimizer_path, WholeTensors::kOwned,
+                                          &rows)
                 : optimizer_state_to_save(optimizer_params(view), optimizer),
       optimizer_path, directory));
+  parts.back().rows = std::move(rows);
   return start_async_save(std::move(parts), view.team, options);
 }
 

@@ -39,8 +39,10 @@ void CheckpointTeam::agree(std::exception_ptr local, const std::string& what) co
   if (replicas_) all_reduce(*replicas_, failed, ReduceOp::kMax);
   for (const auto& group : tensor_parallel_) all_reduce(group, failed, ReduceOp::kMax);
   if (local) std::rethrow_exception(local);
-  TORCH_CHECK(failed.item<int>() == 0, "cpprun: ", what, " failed on another rank (its own error says why); rank ",
-              cpprun::rank(), " of the job stops too.");
+  if (failed.item<int>() != 0) {
+    throw_failed_elsewhere("cpprun: " + what + " failed on another rank (its own error says why); rank " +
+                           std::to_string(cpprun::rank()) + " of the job stops too.");
+  }
 }
 
 void CheckpointTeam::share_root_failure(std::exception_ptr root_failure) const {

@@ -39,7 +39,7 @@ class CheckpointTeam {
   const std::vector<ProcessGroup>& tensor_parallel() const { return tensor_parallel_; }
 
   // Collective (a barrier too): every rank learns whether any failed. Rethrows this rank's own
-  // error; the others throw one naming `what`.
+  // error; the others throw a FailedElsewhereError (core/failure_agreement.h) naming `what`.
   void agree(std::exception_ptr local, const std::string& what) const;
   // The root's error (null: none; ignored elsewhere) thrown on every rank, of its kind, as
   // share_root_failure does for one group.

@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -58,19 +59,63 @@ struct WrittenPart {
 // must be covered by its parts exactly, with neither a gap nor an overlap (else an error naming
 // the tensor and the bytes amiss, which only a defect of cpprun's can cause: never a file whose
 // CRC describes bytes it does not hold).
-// Pure: the decision of write_shards_in_place, unit-tested on its own.
+// Pure: the decision of ShardsInPlace::finish, unit-tested on its own.
 std::uint32_t file_crc_of_parts(const SafetensorsLayout& layout, std::vector<WrittenPart> parts,
                                 const std::string& file);
 
-// The files of a sharded save of `state` (the same names and shapes on every rank; STEM's
-// files, `metadata` in each header: the same on every rank, as `token`) written into DIR: each
-// writer creates its file at its full size as PATH.tmp, `token` where its header will go so that
-// every rank can tell the file is this save's; every rank writes its `rows` parts (the blocks it
-// shares with another writer through the file's writer) and each writer the tensors it holds
-// whole; then each writer records the CRC, flushes and renames its file.
-// Collective over `team` (every rank calls it when rows.used); a failure on any rank is raised on
-// every rank once each writer removed its temporary file (`what` names the save). Sets `wrote`
-// once this rank's file is in place, for the caller's undo.
+// One sharded save's files written in place (Note [Each rank writes its own rows] in the .cpp), in
+// three steps: the constructor's collectives (each writer creates its file; the bytes of each
+// rank's rows that share a block with another's go to the file's writer), then write() (no
+// collective: this rank's rows into the files), then, once the file's writer has every rank's
+// records of what it wrote, finish() on that writer. write_shards_in_place below runs them one
+// after another; save_async runs the constructor on the calling thread and the rest on its
+// background thread, the records going through the group's store (checkpoint/async_save.cpp).
+class ShardsInPlace {
+ public:
+
+  // Collective over `team`. `state`: the save's names and shapes (the same on every rank), each
+  // writer's whole tensors in it, those written in place as meta tensors; `rows`: this rank's parts
+  // of those, gather_for_writers's (a part on a GPU is copied to the CPU while it is written);
+  // STEM's files, `metadata` in each header and `token` the same on every rank (the root's). Each
+  // writer creates its file at its full size as PATH.tmp, `token` where its header will go so that
+  // every rank can tell the file is this save's. A failure on any rank is raised on every rank,
+  // nothing left behind (`what` names the save): its own error on a rank that failed, a
+  // FailedElsewhereError (core/failure_agreement.h) on the others.
+  ShardsInPlace(NamedTensors state, RowsInPlace rows, const CheckpointTeam& team, std::string dir,
+                std::string_view stem, std::map<std::string, std::string> metadata, const std::string& token,
+                std::string what);
+  ~ShardsInPlace();  // a temporary file not put in place is removed
+  ShardsInPlace(ShardsInPlace&&) noexcept;
+  ShardsInPlace& operator=(ShardsInPlace&&) noexcept;
+
+  // Writes this rank's rows into the files and, on a writer, the rest of its file but the header:
+  // its whole tensors and the shared blocks it was sent; flushes what it wrote into the other
+  // writers' files (a writer's own, finish() flushes). Returns, for each writer (by its
+  // index), the records of what this rank wrote into its file, for its finish(). No collective;
+  // once (the rows are let go).
+  std::vector<std::string> write();
+  // On a writer: with every writer's records for its file (write()'s entry of this writer's index
+  // on each, in their order), checks that the parts tile every tensor, writes the header (the CRC
+  // combined from the parts'), flushes and renames the file into place. Returns its path. No
+  // collective; only where writes_file().
+  std::string finish(const std::vector<std::string>& records);
+  // Removes the temporary file now (the save failed).
+  void abandon() noexcept;
+  // Whether finish() is this rank's to call (a writer with a file).
+  bool writes_file() const;
+  // Whether writer WRITER (its index) has a file of this save: with fewer tensors than writers,
+  // the last have none.
+  bool has_file(int writer) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// The files of a sharded save of `state` written in place: ShardsInPlace's steps, the records sent
+// to each writer with an all-to-all. Collective over `team` (every rank calls it when rows.used); a
+// failure on any rank is raised on every rank once each writer removed its temporary file. Sets
+// `wrote` once this rank's file is in place, for the caller's undo.
 void write_shards_in_place(const NamedTensors& state, const RowsInPlace& rows, const CheckpointTeam& team,
                            const std::string& dir, std::string_view stem,
                            const std::map<std::string, std::string>& metadata, const std::string& token,

@@ -193,6 +193,31 @@ void write_state_dict_index(std::map<std::string, std::string> weight_map, std::
   }
 }
 
+InPlaceStamp in_place_stamp(const CheckpointTeam& team, const ShardedSaveStamp& stamp, const std::string& what) {
+  std::string shared;  // empty on every rank: the root could not draw its token
+  std::exception_ptr no_token;
+  if (team.is_root()) {
+    try {
+      std::vector<std::string> items{new_save_id().substr(0, 16)};  // the token, then each key and value
+      for (const auto& [key, value] : stamp_metadata(stamp)) items.push_back(key), items.push_back(value);
+      shared = pack_strings(items);
+    } catch (...) {
+      shared.clear(), no_token = std::current_exception();
+    }
+  }
+  team.broadcast_bytes(shared);
+  if (shared.empty()) {
+    if (no_token) std::rethrow_exception(no_token);
+    throw_failed_elsewhere("cpprun: " + what + " failed on the first rank (its own error says why); rank " +
+                           std::to_string(cpprun::rank()) + " of the job stops too.");
+  }
+  const std::vector<std::string> items = unpack_strings(shared, "the save's metadata");
+  TORCH_INTERNAL_ASSERT(items.size() % 2 == 1, "the save's metadata arrived garbled");
+  InPlaceStamp out{items[0], {}};
+  for (std::size_t i = 1; i + 1 < items.size(); i += 2) out.metadata[items[i]] = items[i + 1];
+  return out;
+}
+
 void save_sharded_tensors(const NamedTensors& state, const CheckpointTeam& team, const std::string& dir,
                           const StateDictSaveOptions& options, std::string_view stem,
                           const std::map<std::string, std::string>& metadata, const RowsInPlace* in_place) {
@@ -240,33 +265,10 @@ void save_sharded_tensors(const NamedTensors& state, const CheckpointTeam& team,
     }
   };
   if (in_place && in_place->used) {
-    // See Note [Each rank writes its own rows]: its steps end agreed, every file in place. The
-    // root's token for the save and its metadata (its step, its optimizer's groups) on every rank,
-    // so that every rank lays the files out alike.
-    std::string shared;  // empty on every rank: the root could not draw its token
-    std::exception_ptr no_token;
-    if (decides) {
-      try {
-        std::vector<std::string> items{new_save_id().substr(0, 16)};  // the token, then each key and value
-        for (const auto& [key, value] : stamp_metadata(stamp)) items.push_back(key), items.push_back(value);
-        shared = pack_strings(items);
-      } catch (...) {
-        shared.clear(), no_token = std::current_exception();
-      }
-    }
-    team.broadcast_bytes(shared);
-    if (shared.empty()) {
-      undo();
-      if (no_token) std::rethrow_exception(no_token);
-      TORCH_CHECK(false, "cpprun: ", what, " failed on the first rank (its own error says why); rank ", cpprun::rank(),
-                  " of the job stops too.");
-    }
-    const std::vector<std::string> items = unpack_strings(shared, "the save's metadata");
-    TORCH_INTERNAL_ASSERT(items.size() % 2 == 1, "the save's metadata arrived garbled");
-    std::map<std::string, std::string> root_metadata;
-    for (std::size_t i = 1; i + 1 < items.size(); i += 2) root_metadata[items[i]] = items[i + 1];
+    // See Note [Each rank writes its own rows]: its steps end agreed, every file in place.
     try {
-      write_shards_in_place(state, *in_place, team, dir, stem, root_metadata, items[0], what, wrote);
+      const InPlaceStamp shared = in_place_stamp(team, stamp, what);
+      write_shards_in_place(state, *in_place, team, dir, stem, shared.metadata, shared.token, what, wrote);
     } catch (...) {
       undo();
       throw;

@@ -83,6 +83,16 @@ void write_state_dict_index(std::map<std::string, std::string> weight_map, std::
 // See Note [A failed save removes what it wrote] in the .cpp.
 void remove_written_file(const std::string& dir, const std::string& file) noexcept;
 
+// A save written in place (checkpoint/rows_in_place.h): the root's token for its temporary files
+// and the metadata its files' headers record (`stamp`'s: the save id, the step, an optimizer's
+// groups), broadcast, so that every rank lays the files out alike. Collective over `team`; when the
+// root cannot draw the token, every rank throws (`what` names the save).
+struct InPlaceStamp {
+  std::string token;
+  std::map<std::string, std::string> metadata;
+};
+InPlaceStamp in_place_stamp(const CheckpointTeam& team, const ShardedSaveStamp& stamp, const std::string& what);
+
 // Writes `state` (the same on every rank) to DIR as STEM's files: collective over `team` (alone:
 // this process), each writer its share, the root the index last, with the root's save id
 // (checkpoint/save_ids.h: options.save_id(), else joining this directory's last save or drawn); a

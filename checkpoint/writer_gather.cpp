@@ -23,25 +23,25 @@ namespace cpprun::detail {
 namespace {
 
 // Note [Gathering to the writer]
-// An asynchronous save's, and a pipeline stage's (a wrapper's synchronous save has each rank
-// write its own rows instead: `in_place`, Note [Each rank writes its own rows] in
-// rows_in_place.cpp). Which writer writes which tensor follows from the tensors' sizes alone
-// (writer_plan.h), so every rank knows it before any gather. A tensor FSDP shards by rows over a
-// shard group is gathered (c10d gather) to the shard group's rank that is its writer; a shard
-// group holding no writer of it (HSDP's other replicas; a tensor-parallel slice other than the first, whose ranks write
-// nothing) skips it: every rank of a group skips alike, so each group's collectives stay in one
-// order. A tensor split by tensor parallelism takes the all-gathers of gather_whole on every rank,
-// as before, and is kept where it is written. The writers allocate every buffer they will fill
-// before the first gather, and the team agrees on that, so that one rank's failed allocation
-// fails every rank at once rather than leaving its peers in a gather it never joins; the loop of
-// gathers then allocates nothing but what Gloo's gather holds for one tensor on its root.
-// An asynchronous save (WholeTensors::kOwned) keeps the gathered buffers as its own, with no copy:
-// nothing else refers to them, so training may change the parameters once the call returns; only
-// a piece held whole (replicated: the module's or the optimizer's own tensor) is copied, in that
-// allocation step (and so under its agreement, DDP's too), and a tensor-parallel gather's result
-// where it is the local tensor itself. A buffer on a GPU stays there: the snapshot of the save's
-// files (checkpoint/async_save.h) copies it to the CPU. So its extra memory is the synchronous
-// save's: the writer's own file.
+// How a pipeline stage's save gathers (a wrapper's save, synchronous or asynchronous, has each rank
+// write its own rows instead: `in_place`, Note [Each rank writes its own rows] in rows_in_place.cpp). Which
+// writer writes which tensor follows from the tensors' sizes alone (writer_plan.h), so every rank
+// knows it before any gather. A tensor FSDP shards by rows over a shard group is gathered (c10d
+// gather) to the shard group's rank that is its writer; a shard group holding no writer of it
+// (HSDP's other replicas; a tensor-parallel slice other than the first, whose ranks write nothing)
+// skips it: every rank of a group skips alike, so each group's collectives stay in one order. A
+// tensor split by tensor parallelism takes the all-gathers of gather_whole on every rank, as
+// before, and is kept where it is written. The writers allocate every buffer they will fill before
+// the first gather, and the team agrees on that, so that one rank's failed allocation fails every
+// rank at once rather than leaving its peers in a gather it never joins; the loop of gathers then
+// allocates nothing but what Gloo's gather holds for one tensor on its root. An asynchronous save
+// (WholeTensors::kOwned) keeps the gathered buffers as its own, with no copy: nothing else refers
+// to them, so training may change the parameters once the call returns (a wrapper's rows written in
+// place are its caller's to copy); only a piece held whole (replicated: the module's or the
+// optimizer's own tensor) is copied, in that allocation step (and so under its agreement, DDP's
+// too), and a tensor-parallel gather's result where it is the local tensor itself. A buffer on a
+// GPU stays there: the snapshot of the save's files (checkpoint/async_save.h) copies it to the CPU.
+// So its extra memory is the synchronous save's: the writer's own file.
 enum class Way {
   kLocal,       // whole on every rank (replicated, or a 0-d step)
   kToWriters,   // rows over a shard group: gathered to each writer in this rank's shard group
@@ -69,7 +69,6 @@ NamedTensors gather_for_writers(const std::vector<SavePiece>& pieces,
                                 const std::vector<std::pair<std::string, std::size_t>>& names,
                                 const CheckpointTeam& team, const std::string& what, WholeTensors hold,
                                 RowsInPlace* in_place) {
-  TORCH_INTERNAL_ASSERT(!in_place || hold == WholeTensors::kMayShare, "rows written in place by an owned save");
   at::NoGradGuard no_grad;
   // The plan: every rank computes the same from sizes alone.
   std::vector<std::uint64_t> name_bytes;

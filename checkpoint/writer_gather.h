@@ -40,9 +40,10 @@ enum class WholeTensors {
 // index read. Collective over the team and the pieces' groups, in one order on every rank; a
 // failure to allocate on any rank is raised on every rank before the first gather (`what` names
 // the save).
-// `in_place` (a synchronous save, kMayShare): the tensors FSDP shards by rows are not gathered
-// but written in place, each rank its own rows (checkpoint/rows_in_place.h): they are meta tensors
-// everywhere, and `in_place` says which, with this rank's parts.
+// `in_place`: the tensors FSDP shards by rows are not gathered but written in place, each rank
+// its own rows (checkpoint/rows_in_place.h): they are meta tensors everywhere, and `in_place` says
+// which, with this rank's parts: its local tensors themselves (with kOwned too: an asynchronous
+// save copies them).
 NamedTensors gather_for_writers(const std::vector<SavePiece>& pieces,
                                 const std::vector<std::pair<std::string, std::size_t>>& names,
                                 const CheckpointTeam& team, const std::string& what,

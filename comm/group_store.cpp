@@ -25,4 +25,10 @@ std::optional<std::string> store_try_get(const ProcessGroup& group, const std::s
   return std::string(bytes.begin(), bytes.end());
 }
 
+void store_delete(const ProcessGroup& group, const std::string& key) {
+  auto& impl = GroupAccess::impl(group);
+  TORCH_INTERNAL_ASSERT(impl.store, "a process group without a store");
+  impl.store->deleteKey(key);
+}
+
 }  // namespace cpprun::detail

@@ -22,8 +22,14 @@ void agree_on_failure(const ProcessGroup& group, std::exception_ptr local, const
   for (int r = 0; r < group.size(); ++r) {
     if (failed[r].item<int>() != 0) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
   }
-  TORCH_CHECK(ranks.empty(), "cpprun: ", what, " failed on rank ", ranks, " (its own error says why); rank ",
-              group.rank(), " stops too.");
+  if (!ranks.empty()) {
+    throw_failed_elsewhere("cpprun: " + what + " failed on rank " + ranks + " (its own error says why); rank " +
+                           std::to_string(group.rank()) + " stops too.");
+  }
+}
+
+void throw_failed_elsewhere(const std::string& message) {
+  throw FailedElsewhereError(c10::SourceLocation{__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, message);
 }
 
 // The kinds a caller may catch by type; anything else travels as its message.

@@ -3,6 +3,8 @@
 // next collective until the timeout.
 #pragma once
 
+#include <c10/util/Exception.h>
+
 #include <exception>
 #include <string>
 
@@ -10,8 +12,18 @@
 
 namespace cpprun::detail {
 
+// What a rank whose own step went well throws when the agreement says another rank's failed: a
+// c10::Error (as every cpprun check), of its own type so that a caller can tell it from the
+// rank's own error (an asynchronous save raises only the rank's own; checkpoint/async_save.cpp).
+class FailedElsewhereError : public c10::Error {
+ public:
+  using c10::Error::Error;
+};
+// Throws a FailedElsewhereError saying MESSAGE.
+[[noreturn]] void throw_failed_elsewhere(const std::string& message);
+
 // Collective; also a barrier. `local` is this rank's error, or null. Rethrows it; on the ranks
-// without one, throws an error naming `what` and the ranks that failed; else returns.
+// without one, throws a FailedElsewhereError naming `what` and the ranks that failed; else returns.
 void agree_on_failure(const ProcessGroup& group, std::exception_ptr local, const std::string& what);
 
 // For a step only rank 0 can fail (it reads a file whose contents the others then receive): every

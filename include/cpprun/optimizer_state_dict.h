@@ -132,8 +132,9 @@ void set_optimizer_state_dict(Model&& model, torch::optim::Optimizer& optimizer,
 
 // save_state_dict(model, MODEL_PATH) and save_optimizer_state_dict(model, optimizer,
 // OPTIMIZER_PATH) as one asynchronous save (cpprun/async_save.h): returns once both states are
-// copied to CPU memory (pinned for tensors on a GPU; FSDP gathers the parameters and each state
-// tensor's rows first, on the calling thread, as the synchronous saves do), then one background
+// copied to CPU memory (pinned for tensors on a GPU; for files FSDP gathers the parameters and
+// each state tensor's rows first, on the calling thread; for a directory each rank copies its own
+// rows and writes them into the files itself, as the synchronous saves do), then one background
 // thread writes both; the optimizer may step at once. Every file of the save records one save id
 // (options.save_id(), else rank 0's draw), so loading refuses a model and optimizer of different
 // saves. The paths may be one directory (ending in '/': model-* and optimizer-* files side by

@@ -100,8 +100,9 @@ void save_state_dict(Model&& model, const std::string& path,
 // save_state_dict, with the writing on a background thread: returns once the state is copied to
 // CPU memory (pinned host memory for tensors on a GPU), and training may change the model at
 // once; the file (or directory) then holds the state as it was at the call. What is collective
-// in save_state_dict (FSDP's gather, the save id) happens here, on the calling thread; the
-// background thread runs no collective. A save first waits for this process's previous one (and
+// in save_state_dict (the save id; FSDP's gather for a file; for a directory, each writer's file
+// created and the bytes where ranks' rows meet sent to it) happens here, on the calling thread;
+// the background thread runs no collective. A save first waits for this process's previous one (and
 // raises its error if nobody has seen it). See cpprun/async_save.h for the handle.
 //
 //   cpprun::AsyncSave pending = cpprun::save_async(model, "run/model.safetensors",

@@ -300,7 +300,7 @@ TEST_CASE("async_save: DDP, collective, written while training goes on", "[async
   clean(prefix, true);
 }
 
-TEST_CASE("async_save: FSDP stage 3, gathered on the calling thread, written in the background", "[async_save]") {
+TEST_CASE("async_save: FSDP stage 3, copied on the calling thread, written in the background", "[async_save]") {
   auto model = cpprun::FullyShardedDataParallel(seeded(1), group(),
                                                 cpprun::FsdpOptions().stage(3).wrap_policy(is_linear));
   torch::optim::SGD opt(model->parameters(), 0.05);

@@ -16,5 +16,7 @@ namespace cpprun::detail {
 void store_set(const ProcessGroup& group, const std::string& key, const std::string& value);
 // KEY's value, or nothing when no rank has set it yet.
 std::optional<std::string> store_try_get(const ProcessGroup& group, const std::string& key);
+// Removes KEY (once read: the store keeps what it is told until then).
+void store_delete(const ProcessGroup& group, const std::string& key);
 
 }  // namespace cpprun::detail
