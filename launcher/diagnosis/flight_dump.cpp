@@ -88,6 +88,11 @@ std::string CollectiveRecord::call() const {
   return op + " #" + std::to_string(seq) + " (" + args + ")";
 }
 
+std::string CollectiveRecord::compared() const {
+  if (op == "all_to_all") return op + " #" + std::to_string(seq) + " (" + dtype + ")";
+  return call();
+}
+
 std::string CollectiveRecord::describe() const { return call() + (public_call.empty() ? "" : " in " + public_call); }
 
 FlightDump parse_flight_dump(const std::string& json) {

@@ -31,6 +31,10 @@ struct CollectiveRecord {
 
   // "all_reduce #1042 (float32[4096], sum)": what ranks must agree on.
   std::string call() const;
+  // call() as ranks' calls are compared: an all_to_all's without its shapes, which differ from
+  // rank to rank when its splits do (an uneven all-to-all is one call; the library compares only
+  // its dtype and device: CollectiveCall::shapes_vary in comm/collective_fingerprint.h).
+  std::string compared() const;
   // call(), then " in DistributedDataParallel's backward" when it ran for a library call: for messages.
   std::string describe() const;
 };

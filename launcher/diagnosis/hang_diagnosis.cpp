@@ -149,10 +149,10 @@ Diagnosis diagnose(const std::vector<RankEvidence>& ranks, const std::string& wh
     // The lowest seq at which two ranks recorded different calls (the library call each ran for is
     // said, never compared: Note [The public call of a collective] in comm/public_call.h).
     std::map<int64_t, std::map<std::string, std::vector<int>>> calls;  // seq -> call as described -> ranks
-    std::map<int64_t, std::map<std::string, std::string>> described;   // seq -> call() -> its first describe()
+    std::map<int64_t, std::map<std::string, std::string>> described;   // seq -> compared() -> its first describe()
     for (const auto& [rank, records] : g.records) {
       for (const CollectiveRecord* c : records) {
-        const std::string& call = described[c->seq].try_emplace(c->call(), c->describe()).first->second;
+        const std::string& call = described[c->seq].try_emplace(c->compared(), c->describe()).first->second;
         calls[c->seq][call].push_back(rank);
       }
     }

@@ -113,6 +113,27 @@ TEST_CASE("hang_diagnosis: different calls under one sequence number are named, 
   CHECK_THAT(text, Contains("rank 1 called broadcast #5 (float32[8])"));
 }
 
+// An uneven all-to-all is one call though each rank's shapes differ (what a sharded save's exchange
+// of the bytes each writer is owed records): not a disagreement, where the diagnosis before
+// 2026-12-06 said the ranks disagreed there. Another dtype is one.
+TEST_CASE("hang_diagnosis: an all_to_all whose shapes differ by rank is one call", "[hang_diagnosis]") {
+  const long long now = 50000;
+  const auto a2a = [](const std::string& dtype, const std::string& shapes) {
+    return "\"dtype\":\"" + dtype + "\",\"shapes\":" + shapes + ",\"reduce_op\":null";
+  };
+  std::vector<RankEvidence> ranks = {
+      evidence(0, dump_json(0, 2, now, {entry(72, "all_to_all", "completed", now - 1000, a2a("uint8", "[[216],[212]]")),
+                                        entry(73, "all_reduce", "started", now - 900)})),
+      evidence(1, dump_json(1, 2, now, {entry(72, "all_to_all", "completed", now - 1000, a2a("uint8", "[[212],[216]]"))})),
+  };
+  const std::string text = joined(diagnose(ranks, "timeout"));
+  CHECK_THAT(text, !Contains("disagree"));
+  CHECK_THAT(text, Contains("rank 1 finished all_to_all #72 (uint8[212], [216])"));
+  ranks[1] = evidence(1, dump_json(1, 2, now, {entry(72, "all_to_all", "started", now - 1000,
+                                                     a2a("float32", "[[212],[216]]"))}));
+  CHECK_THAT(joined(diagnose(ranks, "timeout")), Contains("ranks disagree at collective #72"));
+}
+
 TEST_CASE("hang_diagnosis: a rank that exited early, and ranks without dumps, are said so", "[hang_diagnosis]") {
   const long long now = 9000;
   std::vector<RankEvidence> ranks = {
