@@ -466,7 +466,10 @@ NamedTensors snapshot_state(const NamedTensors& state, bool owned) {
   out.reserve(state.size());
   for (const auto& [name, tensor] : state) {
     at::Tensor& copy = copies[tensor.unsafeGetTensorImpl()];
-    if (!copy.defined()) copy = owned && tensor.device().is_cpu() ? tensor : snapshot_tensor(tensor);
+    if (!copy.defined()) {
+      const bool keep = tensor.is_meta() || (owned && tensor.device().is_cpu());  // nothing to copy
+      copy = keep ? tensor : snapshot_tensor(tensor);
+    }
     out.emplace_back(name, copy);
   }
   return out;
@@ -520,16 +523,9 @@ AsyncSave start_async_save(std::vector<AsyncSavePart> parts, const CheckpointTea
       PreparedPart out = prepared_part(part, ranks.save_id, options.step());
       if (out.directory && part.rows.used) {
         // See Note [An asynchronous save in place]: every rank copies its own rows; what a writer
-        // holds whole is the save's own already, copied here to the CPU where it is not there (a
-        // tensor under two names once).
+        // holds whole is the save's own already, copied here to the CPU where it is not there.
         for (RowsInPlace::Part& rows : part.rows.mine) rows.rows = snapshot_tensor(rows.rows);
-        std::unordered_map<const c10::TensorImpl*, at::Tensor> copies;
-        for (auto& [name, tensor] : part.state) {
-          if (!tensor.defined() || tensor.is_meta() || tensor.device().is_cpu()) continue;
-          at::Tensor& copy = copies[tensor.unsafeGetTensorImpl()];
-          if (!copy.defined()) copy = snapshot_tensor(tensor);
-          tensor = copy;
-        }
+        part.state = snapshot_state(part.state, /*owned=*/true);
         out.writes_index = writes && rank == 0;
         if (out.writes_index) out.index = index_plan(part.state, world, part.stem);
       } else if (out.directory && writes) {

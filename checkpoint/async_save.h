@@ -61,6 +61,7 @@ AsyncSave start_async_save(const NamedTensors& state, const CheckpointTeam& team
 // CPU copies of `state` that training cannot change: pinned host memory for a tensor on a GPU;
 // a tensor listed under two names (tied weights) copied once, so files encode it as the original.
 // `owned`: the CPU tensors of `state` are the save's own already (AsyncSavePart::owned): kept as they are.
+// A meta tensor (a name another rank writes) is kept as it is.
 NamedTensors snapshot_state(const NamedTensors& state, bool owned = false);
 // One tensor's copy, as snapshot_state makes it.
 at::Tensor snapshot_tensor(const at::Tensor& tensor);

@@ -215,9 +215,12 @@ at::Tensor bytes_of(const at::Tensor& tensor) {
 struct InPlaceReceived {
   at::Tensor bytes;
   std::vector<int64_t> splits;
+  const char* data() const {
+    return bytes.defined() ? reinterpret_cast<const char*>(bytes.data_ptr<std::uint8_t>()) : nullptr;
+  }
   std::vector<std::string_view> messages() const {
     std::vector<std::string_view> out;
-    const char* at = bytes.defined() ? reinterpret_cast<const char*>(bytes.data_ptr<std::uint8_t>()) : nullptr;
+    const char* at = data();
     for (const int64_t size : splits) {
       out.emplace_back(at, static_cast<std::size_t>(size));
       at += size;
@@ -398,8 +401,7 @@ struct ShardsInPlace::Impl {
 
   // The edges in `received` (a message from each rank), kept for write().
   void keep_edges() {
-    const char* start =
-        received.bytes.defined() ? reinterpret_cast<const char*>(received.bytes.data_ptr<std::uint8_t>()) : nullptr;
+    const char* start = received.data();
     for (const std::string_view message : received.messages()) {
       TORCH_INTERNAL_ASSERT(message.empty() || (own && !own->file.empty()),
                             "shared blocks sent to a rank without a file");
@@ -554,9 +556,7 @@ std::vector<std::string> ShardsInPlace::write() {
                s.cannot(s.own->file) + " (\"" + name + "\")");
       mine.push_back({index.at(name), 0, cpu.nbytes(), written_crc(bytes, cpu.nbytes())});
     }
-    const char* received = s.received.bytes.defined()
-                               ? reinterpret_cast<const char*>(s.received.bytes.data_ptr<std::uint8_t>())
-                               : nullptr;
+    const char* received = s.received.data();
     for (const Impl::Edge& edge : s.edges) {
       const std::uint64_t at = s.own->data_of.at(s.state[edge.name].first) + edge.first_byte;
       write_at(s.own_fd.get(), received + edge.at, edge.count, at, s.cannot(s.own->file) + " (a shared block)");

@@ -21,6 +21,8 @@
 #include <set>
 #include <string>
 #include <string_view>
+#include <system_error>
+#include <utility>
 
 #include "checkpoint/sharded_state_dict.h"
 #include "checkpoint/state_dict.h"
@@ -295,9 +297,40 @@ TEST_CASE("state_dict: a ZeRO-3 sharded save holds no tensor beyond the shards: 
   if (rank == 0) fs::remove_all(dir);
 }
 
-// A directory each rank sees as its own (its temporary files links into each rank's own working
-// directory, through /proc/self/cwd): what a save into a node-local path on several nodes meets.
-// The save fails on every rank, naming the directory and the way out, and leaves no file of it.
+// DIR made a directory each rank sees as its own: its writers' temporary files are links into the
+// rank's working directory (through /proc/self/cwd), which is VIEW, a directory of its own or one
+// it shares with some ranks (a "node"); what a save into a node-local path on several nodes meets.
+// Collective; leave() (collective too) puts the working directory back and removes both.
+class UnsharedDirectory {
+ public:
+  UnsharedDirectory(std::string dir, std::string view) : dir_(std::move(dir)), view_(std::move(view)) {
+    fs::create_directories(view_);
+    cpprun::barrier(group());
+    fs::current_path(view_);
+    if (group().rank() == 0) {
+      fs::create_directories(dir_);
+      for (int w = 1; w <= group().size(); ++w) {
+        const std::string name = cpprun::detail::shard_file_name(w, group().size()) + ".tmp";
+        fs::create_symlink("/proc/self/cwd/" + name, dir_ + name);
+      }
+    }
+    cpprun::barrier(group());
+  }
+  void leave() {
+    fs::current_path(before_);
+    cpprun::barrier(group());
+    std::error_code ignored;  // ranks sharing a view remove it together
+    fs::remove_all(view_, ignored);
+    if (group().rank() == 0) fs::remove_all(dir_);
+    cpprun::barrier(group());
+  }
+
+ private:
+  std::string dir_, view_;
+  fs::path before_ = fs::current_path();
+};
+
+// A directory each rank sees as its own (UnsharedDirectory): the save fails on every rank, naming the directory and the way out, and leaves no file of it.
 TEST_CASE("state_dict: a ZeRO-3 sharded save into a directory the ranks do not share fails on every rank",
           "[state_dict]") {
   const int rank = group().rank(), world = group().size();
@@ -306,17 +339,7 @@ TEST_CASE("state_dict: a ZeRO-3 sharded save into a directory the ranks do not s
       cpprun::FullyShardedDataParallel(seeded_tower(1), group(), cpprun::FsdpOptions().stage(3).wrap_policy(is_linear));
   const std::string dir = scratch("not_shared"), own = scratch("not_shared_rank" + std::to_string(rank));
   const std::string file = cpprun::detail::shard_file_name(1, world);  // writer 0's
-  fs::create_directories(own);
-  const fs::path before = fs::current_path();
-  fs::current_path(own);
-  if (rank == 0) {
-    fs::create_directories(dir);
-    for (int w = 1; w <= world; ++w) {
-      const std::string name = cpprun::detail::shard_file_name(w, world) + ".tmp";
-      fs::create_symlink("/proc/self/cwd/" + name, dir + name);
-    }
-  }
-  cpprun::barrier(group());
+  UnsharedDirectory unshared(dir, own);
   const auto attempt = [&] {
     return error_text_of([&] { cpprun::save_state_dict(model, dir, cpprun::StateDictSaveOptions().step(1)); });
   };
@@ -340,16 +363,12 @@ TEST_CASE("state_dict: a ZeRO-3 sharded save into a directory the ranks do not s
   // Nothing of the save: no file, no index, no temporary file (link).
   const std::set<std::string> left = names_in(dir);
   CHECK(left.empty());
-  fs::current_path(before);
-  cpprun::barrier(group());
-  fs::remove_all(own);
-  if (rank == 0) fs::remove_all(dir);
-  cpprun::barrier(group());
+  unshared.leave();
 }
 
 // The same for save_async, whose ranks write their rows from the background thread: every rank's
-// wait() raises, saying why, and nothing is left. (The
-// save before 2026-12-06 gathered each tensor to its writer, and wrote into whatever each writer saw.)
+// wait() raises, saying why, and nothing is left. (The save before 2026-12-06 gathered each tensor
+// to its writer, and wrote into whatever each writer saw.)
 TEST_CASE("state_dict: a ZeRO-3 save_async into a directory the ranks do not share fails on every rank",
           "[state_dict]") {
   const int rank = group().rank(), world = group().size();
@@ -357,17 +376,7 @@ TEST_CASE("state_dict: a ZeRO-3 save_async into a directory the ranks do not sha
   auto model =
       cpprun::FullyShardedDataParallel(seeded_tower(1), group(), cpprun::FsdpOptions().stage(3).wrap_policy(is_linear));
   const std::string dir = scratch("async_not_shared"), own = scratch("async_not_shared_rank" + std::to_string(rank));
-  fs::create_directories(own);
-  const fs::path before = fs::current_path();
-  fs::current_path(own);
-  if (rank == 0) {
-    fs::create_directories(dir);
-    for (int w = 1; w <= world; ++w) {
-      const std::string name = cpprun::detail::shard_file_name(w, world) + ".tmp";
-      fs::create_symlink("/proc/self/cwd/" + name, dir + name);
-    }
-  }
-  cpprun::barrier(group());
+  UnsharedDirectory unshared(dir, own);
   cpprun::AsyncSave pending = cpprun::save_async(model, dir, cpprun::StateDictSaveOptions().step(1));
   const std::string error = error_text_of([&] { pending.wait(); });
   INFO(error);
@@ -380,11 +389,7 @@ TEST_CASE("state_dict: a ZeRO-3 save_async into a directory the ranks do not sha
   cpprun::barrier(group());
   const std::set<std::string> left = names_in(dir);
   CHECK(left.empty());
-  fs::current_path(before);
-  cpprun::barrier(group());
-  fs::remove_all(own);
-  if (rank == 0) fs::remove_all(dir);
-  cpprun::barrier(group());
+  unshared.leave();
 }
 
 // HSDP with its shard groups on two "nodes" ({0, 1} and {2, 3}, each pair's view of the directory
@@ -399,18 +404,7 @@ TEST_CASE("state_dict: an HSDP sharded save into a directory each node sees as i
   auto model = cpprun::FullyShardedDataParallel(seeded_tower(1), mesh,
                                                 cpprun::FsdpOptions().stage(3).wrap_policy(is_linear));
   const std::string dir = scratch("hsdp_not_shared"), node = scratch("hsdp_node" + std::to_string(rank / 2));
-  fs::create_directories(node);
-  const fs::path before = fs::current_path();
-  cpprun::barrier(group());
-  fs::current_path(node);
-  if (rank == 0) {
-    fs::create_directories(dir);
-    for (int w = 1; w <= 4; ++w) {
-      const std::string name = cpprun::detail::shard_file_name(w, 4) + ".tmp";
-      fs::create_symlink("/proc/self/cwd/" + name, dir + name);
-    }
-  }
-  cpprun::barrier(group());
+  UnsharedDirectory unshared(dir, node);
   const std::string error = error_text_of([&] { cpprun::save_state_dict(model, dir); });
   INFO(error);
   if (rank >= 2) {
@@ -422,11 +416,7 @@ TEST_CASE("state_dict: an HSDP sharded save into a directory each node sees as i
   cpprun::barrier(group());
   const std::set<std::string> left = names_in(dir);
   CHECK(left.empty());
-  fs::current_path(before);
-  cpprun::barrier(group());
-  if (rank % 2 == 0) fs::remove_all(node);
-  if (rank == 0) fs::remove_all(dir);
-  cpprun::barrier(group());
+  unshared.leave();
 }
 
 // The last step of the save fails on one writer only (a directory stands at its file's name, so
