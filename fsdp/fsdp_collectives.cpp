@@ -19,8 +19,8 @@ namespace {
 // gradients. One without takes the value itself: a view of where the reduction left it where
 // dtype and device match the shard's, else a copy (mixed precision's masters, CPU offload).
 // GradientSync keeps a kept .grad out of the memory the next reduction writes.
-// A .grad that already is `value` (stage 1 reducing twice with no backward between: the
-// average of equal values) keeps it.
+// A .grad that already is `value` keeps it, rather than doubling (GradientSync never hands a
+// shard its own gradient again: stage 1 skips a second reduction with no backward between).
 void accumulate_grad(const at::Tensor& shard, const at::Tensor& value) {
   at::Tensor& grad = shard.mutable_grad();
   if (grad.defined()) {
@@ -67,6 +67,16 @@ at::Tensor rank_chunk(const ParamBucket& bucket, const at::Tensor& unsharded_lik
         .copy_(bucket.region(unsharded_like, i).narrow(0, bucket.rank() * s.chunk_numel(), s.chunk_numel()));
   }
   return chunk;
+}
+
+void write_rank_chunk(const ParamBucket& bucket, const at::Tensor& chunk, const at::Tensor& unsharded_like) {
+  at::NoGradGuard no_grad;
+  for (std::size_t i = 0; i < bucket.params().size(); ++i) {
+    const ShardedParam& s = bucket.params()[i];
+    bucket.region(unsharded_like, i)
+        .narrow(0, bucket.rank() * s.chunk_numel(), s.chunk_numel())
+        .copy_(chunk.narrow(0, s.wire_offset, s.chunk_numel()));
+  }
 }
 
 ChunkedTensor unsharded_chunks(const ParamBucket& bucket, const at::Tensor& unsharded_like) {
@@ -189,6 +199,14 @@ Work reduce_scatter_gradients(const ProcessGroup& group, const ParamBucket& buck
                               const std::vector<at::Tensor>& grads, ReduceOp op) {
   ChunkedTensor pieces = gradient_chunks(bucket, grads);
   pieces.pieces_are_scratch = true;  // partials wait in the gradients themselves (see the header)
+  pieces.message_starts = wire_message_starts(bucket, static_cast<int64_t>(chunk.element_size()));
+  return reduce_scatter_chunks_async(group, chunk, std::move(pieces), op);
+}
+
+Work reduce_scatter_unsharded_gradient(const ProcessGroup& group, const ParamBucket& bucket, const at::Tensor& chunk,
+                                       const at::Tensor& unsharded_grad, ReduceOp op) {
+  ChunkedTensor pieces = unsharded_chunks(bucket, unsharded_grad);
+  pieces.pieces_are_scratch = true;
   pieces.message_starts = wire_message_starts(bucket, static_cast<int64_t>(chunk.element_size()));
   return reduce_scatter_chunks_async(group, chunk, std::move(pieces), op);
 }

@@ -1,5 +1,5 @@
 // FSDP's wire work for one bucket (param_bucket.h): one all-gather of parameters and one
-// reduce-scatter (or all-reduce) of gradients, each rank's chunk read from or written to the
+// reduce-scatter of gradients, each rank's chunk read from or written to the
 // parameters' own places (comm/chunked_collectives.h), and the shard gradients handed to the
 // optimizer. Stateless: it takes tensors and groups and returns handles; when to call it is the
 // schedulers' business (gradient_sync.h, parameter_residency.h), as FSDP2 keeps
@@ -33,6 +33,9 @@ namespace cpprun::detail {
 at::Tensor shard_chunk(const ParamBucket& bucket, const at::TensorOptions& options);
 // This rank's rows of every parameter of a tensor laid out like unsharded() (e.g. a gradient).
 at::Tensor rank_chunk(const ParamBucket& bucket, const at::Tensor& unsharded_like);
+// The reverse: `chunk` (this rank's wire chunk, padding included) into this rank's rows of
+// `unsharded_like`, cast to its dtype.
+void write_rank_chunk(const ParamBucket& bucket, const at::Tensor& chunk, const at::Tensor& unsharded_like);
 
 // Where each rank's wire chunk lives in a tensor laid out like unsharded(): every parameter's
 // rows [q*C, q*C + C), padding rows included.
@@ -83,11 +86,18 @@ void scale_after_reduction(const GradientDivision& division, const at::Tensor& r
 Work reduce_scatter_gradients(const ProcessGroup& group, const ParamBucket& bucket, const at::Tensor& chunk,
                               const std::vector<at::Tensor>& grads, ReduceOp op);
 
+// The same from a gradient laid out like unsharded() (stage 1's, which autograd accumulates in
+// place): this rank's rows of every rank's copy, reduced into `chunk`. Its rows are the ring's
+// scratch as above: afterwards only this rank's rows of it are the gradient (GradientSync
+// writes the reduced chunk back there), and nothing may touch it until the work is done.
+Work reduce_scatter_unsharded_gradient(const ProcessGroup& group, const ParamBucket& bucket, const at::Tensor& chunk,
+                                       const at::Tensor& unsharded_grad, ReduceOp op);
+
 // Every shard's .grad from this rank's chunk of reduced gradients, added into a .grad the shard
 // has (Note [Shard gradients accumulate]); else a view of the chunk where dtype and device match
 // the shard's, or a copy (mixed precision's master shards, CPU offload).
 void accumulate_shard_grads_from_chunk(ParamBucket& bucket, const at::Tensor& chunk);
-// The same from a gradient laid out like unsharded() (stage 1's all-reduced one).
+// The same from a gradient laid out like unsharded() (stage 1's, this rank's rows reduced).
 void accumulate_shard_grads_from_unsharded(ParamBucket& bucket, const at::Tensor& unsharded_grad);
 // A group of one rank: every shard is its whole parameter, and its .grad the parameter's own
 // gradient `grads[i]` (zeros where it got none), rounded to `reduce_dtype` when given, as a

@@ -35,7 +35,7 @@ namespace cpprun::detail {
 // Everything the ZeRO stage decides, in one place. Outside the anonymous namespace because
 // FsdpCore::Impl (declared in the header) holds one.
 struct FsdpStageBehaviour {
-  bool shard_gradients;   // reduce-scatter into shard gradients (2, 3), not all-reduce (1)
+  bool shard_gradients;   // gradients held until reduced, then dropped (2, 3), not one kept full gradient (1)
   bool shard_parameters;  // full parameters exist only while used (3): gathered on use
 };
 

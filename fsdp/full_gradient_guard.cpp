@@ -19,8 +19,9 @@ namespace cpprun::detail {
 // Note [Full gradients after a synchronized backward]
 // A synchronized backward leaves each parameter's reduced gradient in its shard's .grad (the
 // tensors model->parameters() lists) and none in the wrapped module's own full parameter: stages
-// 2 and 3 take it away to reduce-scatter it, stage 1 leaves a view of the all-reduced full
-// gradient (in the reduce dtype's conversion, or under mixed precision, not what the shards get).
+// 2 and 3 take it away to reduce-scatter it, stage 1 leaves a view of its full gradient, whose
+// rows other than this rank's hold the reduce-scatter's partial sums (Note [Stage 1
+// reduce-scatters] in gradient_sync.cpp).
 // PyTorch's fully_shard registers the sharded parameters on the module itself
 // (_fsdp_param.py, _setattr_on_modules), so model.parameters() and net.parameters() are the same
 // after it. cpprun's wrapped module keeps its full parameters (module() users, pipeline stages

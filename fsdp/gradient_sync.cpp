@@ -63,16 +63,20 @@ void GradientSync::bind_full_grad(std::size_t b) {
   ParamBucket& bucket = buckets_[b];
   if (!state.full_grad.defined()) {
     state.full_grad = at::zeros_like(bucket.unsharded());
-  } else if (state.reduced) {
+  } else if (state.reduced || state.chunk.defined()) {
     // A shard .grad the optimizer kept (not set to none) is a view of these rows: it becomes a
     // copy of its own, to which the next reduction adds (Note [Shard gradients accumulate]).
     for (const ShardedParam& s : bucket.params()) {
       at::Tensor& grad = s.shard.mutable_grad();
       if (grad.defined() && grad.is_alias_of(state.full_grad)) grad = grad.clone();
     }
-    state.full_grad.zero_();  // the rest of the last backward's sum: it starts afresh
+    // The rest of the last backward's sum, and the reduce-scatter's partial sums in the other
+    // rows (a chunk still here: its reduction failed, and the error was caught): it starts afresh.
+    state.full_grad.zero_();
+    state.chunk = at::Tensor();
   }
   state.reduced = false;
+  state.repeated = false;
   at::NoGradGuard no_grad;
   for (std::size_t i = 0; i < bucket.params().size(); ++i) {
     // Autograd adds each new gradient into this view in place: no copy into a bucket.
@@ -189,10 +193,19 @@ void GradientSync::launch_ready_buckets() {
     // group of one makes.
     state.alone = alone_ && !state.hook;
     if (!options_.shard_gradients) {
-      const bool convert = options_.reduce_dtype && *options_.reduce_dtype != state.full_grad.scalar_type();
-      state.wire = convert ? state.full_grad.to(*options_.reduce_dtype) : state.full_grad;
-      state.wire = scaled_before_reduction(state.division, state.wire, state.wire.scalar_type());
-      state.work = all_reduce_async(group_, state.wire, state.division.shard_op);
+      // finalize() again with no backward since: the shards have this gradient's reduction already.
+      state.repeated = state.reduced;
+      if (!state.repeated) {
+        const bool convert = options_.reduce_dtype && *options_.reduce_dtype != state.full_grad.scalar_type();
+        state.wire = convert ? state.full_grad.to(*options_.reduce_dtype) : state.full_grad;
+        state.wire = scaled_before_reduction(state.division, state.wire, state.wire.scalar_type());
+        // See Note [Stage 1 reduce-scatters]. Alone in the shard group the wire is the sum already.
+        if (group_.size() > 1) {
+          state.chunk = at::empty({bucket.chunk_numel()}, state.wire.options());
+          state.work = reduce_scatter_unsharded_gradient(group_, bucket, state.chunk, state.wire,
+                                                         state.division.shard_op);
+        }
+      }
     } else if (state.alone) {
       // Note [Nothing to reduce-scatter alone]: complete() hands each gradient to its shard.
     } else {
@@ -209,16 +222,30 @@ void GradientSync::launch_ready_buckets() {
       state.work = reduce_scatter_gradients(group_, bucket, state.chunk, state.grads, state.division.shard_op);
     }
     ++next_launch_;
-    if (options_.shard_gradients) {
-      // Bound the full gradients alive at once: finish the oldest reduction before going on.
-      in_flight_.push_back(b);
-      while (in_flight_.size() > options_.max_in_flight) {
-        complete(in_flight_.front());
-        in_flight_.pop_front();
-      }
+    // Bound the full gradients (stage 1: the chunks) alive at once: finish the oldest reduction
+    // before going on.
+    in_flight_.push_back(b);
+    while (in_flight_.size() > options_.max_in_flight) {
+      complete(in_flight_.front());
+      in_flight_.pop_front();
     }
   }
 }
+
+// Note [Stage 1 reduce-scatters]
+// Stage 1 keeps each bucket's full gradient (autograd accumulates into it, no_sync backwards
+// too), but after the reduction only this rank's rows are read: the optimizer steps this rank's
+// shards, and the next all-gather brings every other row from its owner. So the full gradient is
+// reduce-scattered, not all-reduced: each rank sends and receives (W-1)/W of it rather than twice
+// that, as DeepSpeed's ZeRO-1 reduce-scatters; until 2026-12-06 an all-reduce made ZeRO-1's step
+// 1.3-1.4x ZeRO-2's at 4 ranks on the CPU (docs/benchmarks.md). Our ring (Gloo) sums into this
+// rank's chunk using the other rows as its scratch (they hold partial sums afterwards; over NCCL,
+// which reduces a packed copy, they keep this rank's own gradient); nothing reads them: the guard
+// stands in every full .grad until the next training forward zeroes them (bind_full_grad). The
+// chunk is written back into this rank's rows, whose views are the shards' gradients, so in the
+// parameters' dtype the steady state holds nothing beyond the full gradient (with a reduce dtype
+// of its own, the shards' gradients are the chunk, Ψ/N more). The chunk lives while the reduction
+// is in flight, and `max_in_flight` bounds those as it bounds stage 2's full gradients.
 
 // Note [Nothing to reduce-scatter alone]
 // Stages 2 and 3 in a shard group of one rank, without replicas: the average over the group is
@@ -239,41 +266,22 @@ void GradientSync::complete(std::size_t b) {
   // a parameter.
   note_gradient_bytes();
   state.work.wait();
+  // What the wire work held (over NCCL, a packed copy of the unit's gradients) goes now, not at
+  // the next forward.
+  state.work = Work();
   ParamBucket& bucket = buckets_[b];
   state.reduced = true;
+  if (!options_.shard_gradients) {
+    complete_full_gradient(b);
+    return;
+  }
   if (state.alone) {
     accumulate_shard_grads_alone(bucket, state.grads, options_.reduce_dtype, state.division);
     for (auto& grad : state.grads) grad = at::Tensor();
     return;
   }
-  if (!options_.shard_gradients) {
-    if (replicate_) {
-      // Note [HSDP gradient reduction]
-      // The shard group has averaged its ranks' gradients; the replicas, each another slice of
-      // the batch, now average the part this rank keeps: Ψ/S elements cross the replicate
-      // dimension, not Ψ. Synchronous, in the order every rank completes its buckets (see
-      // Note [FSDP reduction order]). Stage 1's full gradient outside the shard keeps the shard
-      // group's average only: nothing reads it (the optimizer steps the shard).
-      at::Tensor mine = rank_chunk(bucket, state.wire);
-      if (average_across_replicas(state, mine, /*owned=*/false)) {
-        if (state.hook) state.hook(mine);
-        scale_after_reduction(state.division, mine);
-        accumulate_shard_grads_from_chunk(bucket, mine);
-      }
-    } else if (state.hook) {
-      at::Tensor mine = rank_chunk(bucket, state.wire);  // the hook's: this rank's rows, as a chunk
-      state.hook(mine);
-      scale_after_reduction(state.division, mine);
-      accumulate_shard_grads_from_chunk(bucket, mine);
-    } else {
-      scale_after_reduction(state.division, state.wire);
-      accumulate_shard_grads_from_unsharded(bucket, state.wire);
-    }
-    if (!state.wire.is_same(state.full_grad)) state.wire = at::Tensor();
-    return;
-  }
   // See Note [HSDP gradient reduction].
-  if (replicate_ && !average_across_replicas(state, state.chunk, /*owned=*/true)) {
+  if (replicate_ && !average_across_replicas(state, state.chunk)) {
     for (auto& grad : state.grads) grad = at::Tensor();
     return;
   }
@@ -288,6 +296,38 @@ void GradientSync::complete(std::size_t b) {
   for (auto& grad : state.grads) grad = at::Tensor();
 }
 
+// Stage 1: this rank's rows of the reduced gradient (in the chunk; alone in the shard group, in
+// the wire itself) to the shards' gradients.
+void GradientSync::complete_full_gradient(std::size_t b) {
+  BucketState& state = states_[b];
+  ParamBucket& bucket = buckets_[b];
+  if (state.repeated) return;
+  const bool in_place = state.wire.is_same(state.full_grad);
+  if (!state.chunk.defined() && !replicate_ && !state.hook) {
+    // Alone: the wire is the reduction; the shards' gradients are views of its rows.
+    scale_after_reduction(state.division, state.wire);
+    accumulate_shard_grads_from_unsharded(bucket, state.wire);
+  } else {
+    at::Tensor mine = state.chunk.defined() ? std::exchange(state.chunk, at::Tensor()) : rank_chunk(bucket, state.wire);
+    // Note [HSDP gradient reduction]
+    // The shard group has averaged its ranks' gradients; the replicas, each another slice of the
+    // batch, now average the part this rank keeps: Ψ/S elements cross the replicate dimension,
+    // not Ψ. Synchronous, in the order every rank completes its buckets (see Note [FSDP reduction
+    // order]).
+    if (!replicate_ || average_across_replicas(state, mine)) {
+      if (state.hook) state.hook(mine);
+      scale_after_reduction(state.division, mine);
+      if (in_place) {
+        write_rank_chunk(bucket, mine, state.full_grad);
+        accumulate_shard_grads_from_unsharded(bucket, state.full_grad);
+      } else {
+        accumulate_shard_grads_from_chunk(bucket, mine);  // in the reduce dtype, as the wire carried it
+      }
+    }
+  }
+  if (!in_place) state.wire = at::Tensor();
+}
+
 // Note [HSDP all-reduce skipped]
 // set_requires_all_reduce(false), as FSDP2's (_fsdp_collectives.py, foreach_reduce with
 // all_reduce_grads false): the shard group's reduction still runs each synchronized backward, but
@@ -296,14 +336,12 @@ void GradientSync::complete(std::size_t b) {
 // backward that all-reduces adds it to its own rows first, so one all-reduce averages them all:
 // the replicas then hold what a synchronized backward for each would have given. Until then
 // `set_aside` differs between replicas (each saw other samples), and the optimizer must not step.
-bool GradientSync::average_across_replicas(BucketState& state, at::Tensor& mine, bool owned) {
+bool GradientSync::average_across_replicas(BucketState& state, at::Tensor& mine) {
   if (!all_reduce_) {
     if (state.set_aside.defined()) {
       state.set_aside.add_(mine);
     } else {
-      // Stages 2 and 3: the chunk itself (a fresh one is made next time); stage 1: a copy, as
-      // `mine` is a view of the full gradient the next backward writes.
-      state.set_aside = owned ? std::exchange(mine, at::Tensor()) : mine.clone();
+      state.set_aside = std::exchange(mine, at::Tensor());  // a fresh chunk is made next time
     }
     return false;
   }

@@ -1,7 +1,9 @@
 // Gradient reduction for FSDP, per bucket (a unit's parameters of one dtype). Stage 1: before
 // each backward every parameter's .grad is made a view of its bucket's gradient, laid out like
-// the bucket's unsharded parameters, so autograd accumulates straight into it; it is all-reduced
-// and each shard's gradient is a view of its rows. Stages 2 and 3: each parameter's gradient is
+// the bucket's unsharded parameters, so autograd accumulates straight into it; it is
+// reduce-scattered (Note [Stage 1 reduce-scatters] in gradient_sync.cpp), the result written
+// back into this rank's rows, and each shard's gradient is a view of them (with a reduce dtype of
+// its own, of the reduced chunk). Stages 2 and 3: each parameter's gradient is
 // taken from its .grad as it arrives and held; once the bucket's are all in they are
 // reduce-scattered straight from where autograd left them into this rank's chunk, whose views
 // are the shards' gradients, and dropped, so a full gradient exists only while its bucket's
@@ -39,7 +41,9 @@ namespace cpprun::detail {
 class FullGradientGuard;  // full_gradient_guard.h
 
 struct GradientSyncOptions {
-  bool shard_gradients = true;  // reduce-scatter (stages 2 and 3), else all-reduce (stage 1)
+  // Stages 2 and 3: each gradient held until reduced, then dropped; else (stage 1) one full
+  // gradient per bucket, kept.
+  bool shard_gradients = true;
   std::optional<at::ScalarType> reduce_dtype;  // mixed precision; else the gradients' own
   std::size_t max_in_flight = 2;
 };
@@ -92,13 +96,14 @@ class GradientSync {
   enum class Mode { kFinished, kNoSync, kSync };
   struct BucketState {
     at::Tensor full_grad;   // stage 1: laid out like unsharded(), .grad views of it
-    at::Tensor wire;        // stage 1: what is all-reduced: full_grad, or a copy of it in the reduce dtype
+    at::Tensor wire;        // stage 1: what is reduced: full_grad, or a copy of it in the reduce dtype
     std::vector<at::Tensor> grads;  // stages 2 and 3: each parameter's full gradient, until reduced
-    at::Tensor chunk;       // stages 2 and 3: this rank's reduced part
+    at::Tensor chunk;       // this rank's reduced part (stage 1: until written back into full_grad)
     at::Tensor set_aside;   // HSDP, all-reduce off: this rank's reduced rows awaiting the all-reduce
     std::size_t pending = 0;
-    bool reduced = false;   // full_grad holds the last synchronized backward's result
+    bool reduced = false;   // stage 1: the last synchronized backward's reduction is done (the shards have it)
     bool completed = false;
+    bool repeated = false;  // stage 1: reduced already, no backward since (finalize() twice)
     GradientDivision division;  // the reduction in flight's
     std::function<void(const at::Tensor&)> hook;  // the same
     bool alone = false;         // Note [Nothing to reduce-scatter alone] applies to it
@@ -109,11 +114,13 @@ class GradientSync {
   void collect(std::size_t bucket, std::size_t param);
   void launch_ready_buckets();
   void complete(std::size_t bucket);
+  void complete_full_gradient(std::size_t bucket);  // stage 1's part of complete()
   void finish_backward();
   void finish_local_backward();
-  // HSDP: averages `mine` (this rank's reduced rows) across the replicas, adding what was set
-  // aside first; or, all-reduce off, sets it aside. Returns whether `mine` now holds the average.
-  bool average_across_replicas(BucketState& state, at::Tensor& mine, bool owned);
+  // HSDP: averages `mine` (this rank's reduced rows, its own memory) across the replicas, adding
+  // what was set aside first; or, all-reduce off, sets it aside (taking it). Returns whether
+  // `mine` now holds the average.
+  bool average_across_replicas(BucketState& state, at::Tensor& mine);
   GradientDivision division_for(std::size_t bucket) const;
   void clear_reductions();  // no bucket launched or completed yet (mutex_ held)
   void bind_full_grad(std::size_t bucket);

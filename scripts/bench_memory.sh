@@ -4,8 +4,10 @@
 # forward/backward), next to the ZeRO paper's formulas for the same Psi. MLP 1024-[1024 x 4]-10
 # (Psi = 4.21M), one unit per Linear (the largest unit: 1.05M parameters). "-min": with
 # gathered_unit_limit 1 and no prefetch. "formula+1u" adds what one unit needs while it computes:
-# its full gradient (ZeRO-2) and its gathered parameters (ZeRO-3), 4 bytes each. RSS growth: the process's peak resident memory over
-# its size before building the model (activations, allocator slack and all).
+# its full gradient (ZeRO-2) and its gathered parameters (ZeRO-3), 4 bytes each; for ZeRO-1 the
+# reduction in flight and the one launching, each a unit's reduced rows (4 bytes x unit / N).
+# RSS growth: the process's peak resident memory over its size before building the model
+# (activations, allocator slack and all).
 #   usage: scripts/bench_memory.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,7 +27,8 @@ for n in 2 4; do
         -v pp="$m_peak_params" -v pg="$m_peak_grads" -v kept="${m_kept:-0}" -v rss="$m_rss_growth" -v unit="$unit" 'BEGIN {
       if (mode == "ddp") f = 16; else if (mode == "zero1") f = 8 + 8 / n; else if (mode ~ /^zero2/) f = 4 + 12 / n;
       else f = 16 / n;
-      fu = f + (mode ~ /zero3/ ? 8 * unit / psi : mode ~ /zero2/ ? 4 * unit / psi : 0)
+      fu = f + (mode ~ /zero3/ ? 8 * unit / psi : mode ~ /zero2/ ? 4 * unit / psi : \
+                mode == "zero1" ? 8 * unit / (n * psi) : 0)
       steady = (p + g + o) / psi; peak = (pp + pg + o) / psi
       printf "%-10s %2d %9.1f %9.1f %9.1f %10.2f %9.2f %10.2f %11.2f %7.2f %8.1f %8.1f\n", mode, n, p / 1e6, g / 1e6,
         o / 1e6, steady, f, peak, fu, peak / fu, kept / 1e6, rss / 1e6 }'

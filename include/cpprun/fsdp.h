@@ -51,7 +51,7 @@ class FullyShardedDataParallelImpl : public DataParallelImpl<ModuleType> {
   // A 1-D mesh: shards over it. A 2-D mesh: HSDP (hybrid sharding) shards over one dimension
   // (FsdpOptions::shard_dim, default the last) and replicates over the other: each rank holds
   // 1/size(shard_dim) of the model, the ranks with the same shard coordinate the same rows;
-  // gradients are reduce-scattered (stage 1: all-reduced) within the shard group, then each
+  // gradients are reduce-scattered within the shard group, then each
   // shard's gradient is averaged across the replicas. With a {nodes, local} mesh
   // (node_local_mesh()), only Ψ/local gradient elements per step cross nodes.
   FullyShardedDataParallelImpl(std::shared_ptr<ModuleType> module, const DeviceMesh& mesh, FsdpOptions options = {})

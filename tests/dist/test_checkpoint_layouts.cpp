@@ -268,9 +268,9 @@ TEST_CASE("checkpoint layouts: under mixed precision the masters are saved, and 
   load(resumed, SaveKind::kDirectory, dir);
   resumed.train(kStepsBefore, kStepsBefore + kStepsAfter);
   check_same(whole_parameters(resumed, dir / "resumed.safetensors"), reference, "resumed at ZeRO-3, mixed precision");
-  // Not ZeRO-1 here: it all-reduces the float32 gradients where ZeRO-2 and 3 reduce-scatter them,
-  // another summation order in float32 (5.6e-9 apart after 3 steps at {dp 3}), which says nothing
-  // about the checkpoint.
+  // ZeRO-2 here. Until 2026-12-06 ZeRO-1 all-reduced the float32 gradients where ZeRO-2 and 3
+  // reduce-scattered them, another summation order in float32 (5.6e-9 apart after 3 steps at
+  // {dp 3}), which says nothing about the checkpoint; now all three reduce-scatter.
   Trainer resumed_async({tp, "zero2", true});
   load(resumed_async, SaveKind::kAsync, dir);
   resumed_async.train(kStepsBefore, kStepsBefore + kStepsAfter);

@@ -674,9 +674,11 @@ TEST_CASE("fsdp: per-rank bytes follow the ZeRO formulas (fp32 AdamW)", "[fsdp]"
     CHECK(peak == 4 * padded);
     // In backward (stages 2 and 3): autograd's gradients of the unit's parameters (Psi, not
     // padded) beside the padded chunk they are reduced into. (At 3 ranks padded is 4% over Psi:
-    // the 10% check this replaced took either.)
+    // the 10% check this replaced took either.) Stage 1: the full gradient (padded) beside the
+    // chunk it is reduce-scattered into while that is in flight (Note [Stage 1 reduce-scatters]).
     // Alone, no chunk: autograd's gradients become the shards' (Note [Nothing to reduce-scatter alone]).
-    CHECK(peak_grads == (stage == 1 ? 4 * padded : world == 1 ? 4 * psi : 4 * psi + 4 * padded / world));
+    const int64_t chunk = world == 1 ? 0 : 4 * padded / world;
+    CHECK(peak_grads == (stage == 1 ? 4 * padded + chunk : world == 1 ? 4 * psi : 4 * psi + chunk));
     if (rank == 0) {
       std::printf("memory, world %d, stage %d, Psi %lld: parameters %lld B, gradients %lld B, optimizer %lld B; "
                   "total %lld B = %.2f Psi (formula %.2f Psi)\n",

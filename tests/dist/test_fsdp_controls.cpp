@@ -335,6 +335,28 @@ TEST_CASE("fsdp: an evaluation forward after the step costs one all-gather; the 
   }
 }
 
+// Note [Stage 1 reduce-scatters]: stage 1 keeps full gradients, but only this rank's rows of them
+// are read after the reduction, so its backward sends what stage 2's does: each rank (W-1)/W of
+// the padded gradients, once (an all-reduce sends twice that). Until 2026-12-06 stage 1
+// all-reduced through Gloo's own collective, which sent nothing over the ring.
+TEST_CASE("fsdp: stage 1's backward reduce-scatters: it sends what stage 2's sends", "[fsdp]") {
+  auto sent = [] { return cpprun::detail::impl_of(group()).p2p_bytes_sent.load(); };
+  const int world = group().size();
+  auto probe = std::make_shared<Mlp>(31);
+  const uint64_t expected = static_cast<uint64_t>(world - 1) * (padded_numel(*probe, world) / world) * sizeof(float);
+  for (int stage : {1, 2}) {
+    INFO("stage " << stage);
+    auto model = cpprun::FullyShardedDataParallel(std::make_shared<Mlp>(31), group(),
+                                                  cpprun::FsdpOptions().stage(stage).wrap_policy(is_linear));
+    for (int step = 0; step < 2; ++step) {  // the second backward reduces into gradients the first left
+      auto loss = local_loss([&](torch::Tensor in) { return model->forward(in); }, step);
+      const uint64_t before = sent();
+      loss.backward();
+      CHECK(sent() - before == expected);
+    }
+  }
+}
+
 // Gradient accumulation as torchtitan and PyTorch's pipeline schedules do it: local backwards
 // that keep the units gathered, so the next micro-batch's forward gathers nothing; the step's
 // last backward synchronized and releasing (or keeping: the optimizer's step makes them stale,
