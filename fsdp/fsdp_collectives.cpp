@@ -195,20 +195,27 @@ Work all_gather_shards(const ProcessGroup& group, const ParamBucket& bucket, con
   return all_gather_chunks_in_place_async(group, std::move(places), into.options());
 }
 
-Work reduce_scatter_gradients(const ProcessGroup& group, const ParamBucket& bucket, const at::Tensor& chunk,
-                              const std::vector<at::Tensor>& grads, ReduceOp op) {
-  ChunkedTensor pieces = gradient_chunks(bucket, grads);
-  pieces.pieces_are_scratch = true;  // partials wait in the gradients themselves (see the header)
+namespace {
+
+// The bucket's gradients, as `pieces` places them, reduced into `chunk`; partials wait in the
+// gradients themselves (see the header).
+Work reduce_scatter_gradient_pieces(const ProcessGroup& group, const ParamBucket& bucket, const at::Tensor& chunk,
+                                    ChunkedTensor pieces, ReduceOp op) {
+  pieces.pieces_are_scratch = true;
   pieces.message_starts = wire_message_starts(bucket, static_cast<int64_t>(chunk.element_size()));
   return reduce_scatter_chunks_async(group, chunk, std::move(pieces), op);
 }
 
+}  // namespace
+
+Work reduce_scatter_gradients(const ProcessGroup& group, const ParamBucket& bucket, const at::Tensor& chunk,
+                              const std::vector<at::Tensor>& grads, ReduceOp op) {
+  return reduce_scatter_gradient_pieces(group, bucket, chunk, gradient_chunks(bucket, grads), op);
+}
+
 Work reduce_scatter_unsharded_gradient(const ProcessGroup& group, const ParamBucket& bucket, const at::Tensor& chunk,
                                        const at::Tensor& unsharded_grad, ReduceOp op) {
-  ChunkedTensor pieces = unsharded_chunks(bucket, unsharded_grad);
-  pieces.pieces_are_scratch = true;
-  pieces.message_starts = wire_message_starts(bucket, static_cast<int64_t>(chunk.element_size()));
-  return reduce_scatter_chunks_async(group, chunk, std::move(pieces), op);
+  return reduce_scatter_gradient_pieces(group, bucket, chunk, unsharded_chunks(bucket, unsharded_grad), op);
 }
 
 void accumulate_shard_grads_from_chunk(ParamBucket& bucket, const at::Tensor& chunk) {

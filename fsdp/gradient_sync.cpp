@@ -76,7 +76,6 @@ void GradientSync::bind_full_grad(std::size_t b) {
     state.chunk = at::Tensor();
   }
   state.reduced = false;
-  state.repeated = false;
   at::NoGradGuard no_grad;
   for (std::size_t i = 0; i < bucket.params().size(); ++i) {
     // Autograd adds each new gradient into this view in place: no copy into a bucket.
@@ -193,9 +192,10 @@ void GradientSync::launch_ready_buckets() {
     // group of one makes.
     state.alone = alone_ && !state.hook;
     if (!options_.shard_gradients) {
-      // finalize() again with no backward since: the shards have this gradient's reduction already.
-      state.repeated = state.reduced;
-      if (!state.repeated) {
+      // finalize() again with no backward since: the shards have this gradient's reduction
+      // already, so there is nothing to reduce or complete.
+      state.completed = state.reduced;
+      if (!state.completed) {
         const bool convert = options_.reduce_dtype && *options_.reduce_dtype != state.full_grad.scalar_type();
         state.wire = convert ? state.full_grad.to(*options_.reduce_dtype) : state.full_grad;
         state.wire = scaled_before_reduction(state.division, state.wire, state.wire.scalar_type());
@@ -301,7 +301,6 @@ void GradientSync::complete(std::size_t b) {
 void GradientSync::complete_full_gradient(std::size_t b) {
   BucketState& state = states_[b];
   ParamBucket& bucket = buckets_[b];
-  if (state.repeated) return;
   const bool in_place = state.wire.is_same(state.full_grad);
   if (!state.chunk.defined() && !replicate_ && !state.hook) {
     // Alone: the wire is the reduction; the shards' gradients are views of its rows.

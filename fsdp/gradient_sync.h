@@ -103,7 +103,6 @@ class GradientSync {
     std::size_t pending = 0;
     bool reduced = false;   // stage 1: the last synchronized backward's reduction is done (the shards have it)
     bool completed = false;
-    bool repeated = false;  // stage 1: reduced already, no backward since (finalize() twice)
     GradientDivision division;  // the reduction in flight's
     std::function<void(const at::Tensor&)> hook;  // the same
     bool alone = false;         // Note [Nothing to reduce-scatter alone] applies to it
