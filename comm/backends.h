@@ -16,4 +16,9 @@ c10::intrusive_ptr<C10dGroup> make_gloo(const c10::intrusive_ptr<c10d::Store>& s
 c10::intrusive_ptr<C10dGroup> make_nccl(const c10::intrusive_ptr<c10d::Store>& store, const DistEnv& env,
                                         int rank, int size, std::chrono::milliseconds timeout);
 
+// Returns once each of the group's `size` members has called it with the group's store: after
+// its backends are made, so that none is used (or its process ends) while a peer still connects.
+// See Note [Members wait for each other after connecting]. `what` names the call in the error.
+void wait_for_every_member(c10d::Store& store, int size, std::chrono::milliseconds timeout, const char* what);
+
 }  // namespace cpprun::detail

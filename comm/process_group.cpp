@@ -7,9 +7,11 @@
 #include <c10/cuda/CUDAFunctions.h>
 #endif
 
+#include <cstdint>
 #include <iostream>
 #include <mutex>
 #include <sstream>
+#include <vector>
 
 #include "comm/backends.h"
 #include "comm/consistency_check.h"
@@ -129,6 +131,26 @@ c10::intrusive_ptr<detail::C10dGroup> detail::make_gloo(const c10::intrusive_ptr
   return c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, rank, size, opts);
 }
 
+// Note [Members wait for each other after connecting]
+// Gloo's constructor returns on a member once its own side of every pair is connected, which can
+// be before a peer has finished its side: a member that then exited at once (the last test of a
+// binary creating a subgroup) closed the connection under the peer's handshake, and the peer failed
+// with Gloo's "Connection closed by peer" (dist.comm.detail.np2, once in a full run, 2026-12-06).
+// So the members wait for each other through the store before the group is used, as PyTorch's
+// init_process_group and new_group do (_store_based_barrier): each counts itself in, and the last
+// one in says so. One round trip to the store per group made.
+void detail::wait_for_every_member(c10d::Store& store, int size, Millis timeout, const char* what) {
+  if (size <= 1) return;
+  if (store.add("cpprun_connected", 1) == size) store.set("cpprun_all_connected", std::vector<uint8_t>{1});
+  try {
+    store.wait({"cpprun_all_connected"}, timeout);
+  } catch (const c10::Error& e) {
+    TORCH_CHECK(false, "cpprun: ", what, ": not every one of the group's ", size, " ranks finished connecting within ",
+                "its timeout (", timeout.count(), " ms); one may have failed or be stuck before it. The store said: ",
+                e.what_without_backtrace());
+  }
+}
+
 c10::intrusive_ptr<detail::C10dGroup> detail::make_nccl(const c10::intrusive_ptr<c10d::Store>& store,
                                                         const DistEnv& env, int rank, int size, Millis timeout) {
 #ifdef CPPRUN_WITH_NCCL
@@ -235,6 +257,7 @@ ProcessGroup init_process_group(const ProcessGroupOptions& options) {
   if (impl->backend == Backend::kNccl) {
     impl->nccl = detail::make_nccl(impl->store, env, env.rank, env.world_size, options.timeout);
   }
+  detail::wait_for_every_member(*impl->store, env.world_size, options.timeout, "init_process_group");
   ProcessGroup group = detail::GroupAccess::make(std::move(impl));
   std::lock_guard<std::mutex> lock(default_mutex);
   TORCH_CHECK(!default_pg, "cpprun: init_process_group() ran on two threads at once; call it once.");

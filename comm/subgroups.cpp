@@ -118,6 +118,7 @@ ProcessGroup make_subgroup(const ProcessGroup& parent, const std::vector<int>& m
     if (up.nccl) {
       impl->nccl = detail::make_nccl(impl->store, up.env, impl->env.rank, impl->env.world_size, up.timeout);
     }
+    detail::wait_for_every_member(*impl->store, impl->env.world_size, up.timeout, "new_group / split_group");
   }
   return detail::GroupAccess::make(std::move(impl));
 }
