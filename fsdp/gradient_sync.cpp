@@ -57,8 +57,24 @@ GradientSync::GradientSync(std::vector<ParamBucket>& buckets, const ShardGroups&
 
 GradientSync::~GradientSync() = default;
 
-// Stage 1. A fresh backward starts from zero unless no_sync backwards are accumulating in full_grad.
-void GradientSync::bind_full_grad(std::size_t b) {
+// Note [Stage 1's full gradient is overwritten, not zeroed]
+// Stage 1's .grad are views of the bucket's full gradient, so that local (no_sync) backwards
+// accumulate into it and the reduction reads it whole. A synchronized backward after a reduction
+// used to zero it and let autograd add each gradient into its view: a write of the whole bucket,
+// then two reads and a write for each gradient, where the gradient itself is all it holds. So
+// such a backward leaves .grad none (autograd then hands over the gradient it made, or a copy
+// where it cannot take it over), and each gradient is copied over its rows when it comes; the
+// rows of parameters that got none, and the padding rows (zeros on every rank, that a comm hook
+// sees), are zeroed when the bucket launches. A local backward, or one after local ones
+// (accumulating), still binds the views first. What it saves is the zeroing (perf, 2 ranks, 4.2M
+// parameters: the fill kernel's samples fell from 95 to 8 in 63 steps, about 1.4 ms a step); the
+// add became a copy of about the same cost (docs/fsdp.md). Whatever the mode, a .grad that is not
+// a view when it comes (autograd replaced the view: create_graph adds out of place) is copied
+// over its rows, so the reduction and later local backwards see it.
+
+// Stage 1. A fresh backward starts from zero (or overwrites the rows, when synchronized) unless
+// no_sync backwards are accumulating in full_grad.
+void GradientSync::bind_full_grad(std::size_t b, bool sync) {
   BucketState& state = states_[b];
   ParamBucket& bucket = buckets_[b];
   if (!state.full_grad.defined()) {
@@ -71,15 +87,61 @@ void GradientSync::bind_full_grad(std::size_t b) {
       if (grad.defined() && grad.is_alias_of(state.full_grad)) grad = grad.clone();
     }
     // The rest of the last backward's sum, and the reduce-scatter's partial sums in the other
-    // rows (a chunk still here: its reduction failed, and the error was caught): it starts afresh.
-    state.full_grad.zero_();
+    // rows (a chunk still here: its reduction failed, and the error was caught): a synchronized
+    // backward overwrites them, a local one starts from zeros.
     state.chunk = at::Tensor();
+    state.stale = true;
   }
   state.reduced = false;
+  if (state.stale && sync) {
+    for (const ShardedParam& s : bucket.params()) s.param.mutable_grad() = at::Tensor();
+    return;
+  }
+  if (state.stale) {
+    state.full_grad.zero_();
+    state.stale = false;
+  }
   at::NoGradGuard no_grad;
   for (std::size_t i = 0; i < bucket.params().size(); ++i) {
     // Autograd adds each new gradient into this view in place: no copy into a bucket.
     bucket.params()[i].param.mutable_grad() = bucket.param_view(state.full_grad, i);
+  }
+}
+
+void GradientSync::take_into_full_grad(std::size_t b, std::size_t i) {
+  BucketState& state = states_[b];
+  at::Tensor& grad = buckets_[b].params()[i].param.mutable_grad();
+  if (!state.full_grad.defined() || !grad.defined() || grad.is_alias_of(state.full_grad)) return;
+  at::NoGradGuard no_grad;
+  at::Tensor rows = buckets_[b].param_view(state.full_grad, i);
+  if (grad.is_sparse()) {
+    rows.zero_();
+    rows.add_(grad);  // no dense copy of the whole parameter
+  } else {
+    rows.copy_(grad);
+  }
+  grad = std::move(rows);
+}
+
+void GradientSync::settle_stale_full_grad(std::size_t b) {
+  BucketState& state = states_[b];
+  if (!state.stale) return;
+  state.stale = false;
+  ParamBucket& bucket = buckets_[b];
+  at::NoGradGuard no_grad;
+  for (std::size_t i = 0; i < bucket.params().size(); ++i) {
+    const ShardedParam& s = bucket.params()[i];
+    at::Tensor region = bucket.region(state.full_grad, i);
+    at::Tensor& grad = s.param.mutable_grad();
+    // A gradient that came and was not yet taken (set_sync(false) from a hook mid-backward).
+    take_into_full_grad(b, i);
+    if (grad.defined()) {
+      const int64_t real = s.rows * s.row_numel;  // the padding after its rows
+      if (region.numel() > real) region.narrow(0, real, region.numel() - real).zero_();
+    } else {
+      region.zero_();
+      grad = bucket.param_view(state.full_grad, i);
+    }
   }
 }
 
@@ -88,7 +150,7 @@ void GradientSync::prepare(bool sync) {
   full_grad_guard_->disarm();
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
     // Stages 2 and 3 collect gradients as they come; under no_sync, .grad accumulates as usual.
-    if (!options_.shard_gradients) bind_full_grad(b);
+    if (!options_.shard_gradients) bind_full_grad(b, sync);
     states_[b].pending = buckets_[b].params().size();
   }
   note_gradient_bytes();
@@ -98,10 +160,17 @@ void GradientSync::prepare(bool sync) {
   clear_reductions();
 }
 
-// prepare() did the same for either mode: only what happens as the gradients arrive differs.
+// prepare() did the same for either mode but stage 1's (settled here for a local backward): what
+// happens as the gradients arrive differs.
 void GradientSync::set_sync(bool sync) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (prepared_) mode_ = sync ? Mode::kSync : Mode::kNoSync;
+  if (!prepared_) return;
+  mode_ = sync ? Mode::kSync : Mode::kNoSync;
+  // Stage 1: a local backward accumulates into the views (Note [Stage 1's full gradient is
+  // overwritten, not zeroed]); no gradient has come yet.
+  if (!sync) {
+    for (std::size_t b = 0; b < states_.size(); ++b) settle_stale_full_grad(b);
+  }
 }
 
 void GradientSync::set_all_reduce(bool all_reduce) {
@@ -142,6 +211,9 @@ void GradientSync::on_gradient_ready(std::size_t b, std::size_t i) {
               "e.g. with retain_graph). Run the wrapped module's forward before each backward.");
   prepared_ = false;
   if (mode_ == Mode::kNoSync) {
+    // Stage 1: a .grad autograd replaced (create_graph) goes back into its rows (Note [Stage 1's
+    // full gradient is overwritten, not zeroed]).
+    if (!options_.shard_gradients) take_into_full_grad(b, i);
     // A local backward: .grad accumulates as autograd leaves it; stage 3 still hears when each
     // bucket is done and when backward ends, to release the parameters (reshard_after_backward).
     if (!finish_queued_ && backward_end_) {
@@ -162,7 +234,11 @@ void GradientSync::on_gradient_ready(std::size_t b, std::size_t i) {
       finish_backward();
     });
   }
-  if (options_.shard_gradients) collect(b, i);
+  if (options_.shard_gradients) {
+    collect(b, i);
+  } else {
+    take_into_full_grad(b, i);
+  }
   if (--states_[b].pending == 0 && bucket_done_) bucket_done_(b);
   launch_ready_buckets();
 }
@@ -196,6 +272,7 @@ void GradientSync::launch_ready_buckets() {
       // already, so there is nothing to reduce or complete.
       state.completed = state.reduced;
       if (!state.completed) {
+        settle_stale_full_grad(b);
         const bool convert = options_.reduce_dtype && *options_.reduce_dtype != state.full_grad.scalar_type();
         state.wire = convert ? state.full_grad.to(*options_.reduce_dtype) : state.full_grad;
         state.wire = scaled_before_reduction(state.division, state.wire, state.wire.scalar_type());
@@ -233,19 +310,20 @@ void GradientSync::launch_ready_buckets() {
 }
 
 // Note [Stage 1 reduce-scatters]
-// Stage 1 keeps each bucket's full gradient (autograd accumulates into it, no_sync backwards
-// too), but after the reduction only this rank's rows are read: the optimizer steps this rank's
-// shards, and the next all-gather brings every other row from its owner. So the full gradient is
-// reduce-scattered, not all-reduced: each rank sends and receives (W-1)/W of it rather than twice
-// that, as DeepSpeed's ZeRO-1 reduce-scatters; until 2026-12-06 an all-reduce made ZeRO-1's step
-// 1.3-1.4x ZeRO-2's at 4 ranks on the CPU (docs/benchmarks.md). Our ring (Gloo) sums into this
-// rank's chunk using the other rows as its scratch (they hold partial sums afterwards; over NCCL,
-// which reduces a packed copy, they keep this rank's own gradient); nothing reads them: the guard
-// stands in every full .grad until the next training forward zeroes them (bind_full_grad). The
-// chunk is written back into this rank's rows, whose views are the shards' gradients, so in the
-// parameters' dtype the steady state holds nothing beyond the full gradient (with a reduce dtype
-// of its own, the shards' gradients are the chunk, Ψ/N more). The chunk lives while the reduction
-// is in flight, and `max_in_flight` bounds those as it bounds stage 2's full gradients.
+// Stage 1 keeps each bucket's full gradient (each gradient goes into its rows, no_sync backwards
+// accumulating), but after the reduction only this rank's rows are read: the optimizer steps this
+// rank's shards, and the next all-gather brings every other row from its owner. So the full
+// gradient is reduce-scattered, not all-reduced: each rank sends and receives (W-1)/W of it rather
+// than twice that, as DeepSpeed's ZeRO-1 reduce-scatters; until 2026-12-06 an all-reduce made
+// ZeRO-1's step 1.3-1.4x ZeRO-2's at 4 ranks on the CPU (docs/benchmarks.md). Our ring (Gloo) sums
+// into this rank's chunk using the other rows as its scratch (they hold partial sums afterwards;
+// over NCCL, which reduces a packed copy, they keep this rank's own gradient); nothing reads them:
+// the guard stands in every full .grad until the next backward overwrites them (or, for a local
+// one, the next forward zeroes them: bind_full_grad).
+// The chunk is written back into this rank's rows, whose views are the shards' gradients, so in the
+// parameters' dtype the steady state holds nothing beyond the full gradient (with a reduce dtype of
+// its own, the shards' gradients are the chunk, Ψ/N more). The chunk lives while the reduction is
+// in flight, and `max_in_flight` bounds those as it bounds stage 2's full gradients.
 
 // Note [Nothing to reduce-scatter alone]
 // Stages 2 and 3 in a shard group of one rank, without replicas: the average over the group is
@@ -354,7 +432,7 @@ void GradientSync::finish_backward() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (mode_ != Mode::kSync) return;
-    // Parameters that got no gradient contribute zeros (stage 1: already in their place).
+    // Parameters that got no gradient contribute zeros (stage 1: put in their place at launch).
     for (std::size_t b = 0; b < states_.size(); ++b) {
       if (options_.shard_gradients) {
         for (std::size_t i = 0; i < buckets_[b].params().size(); ++i) collect(b, i);

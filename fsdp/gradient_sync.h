@@ -1,6 +1,8 @@
-// Gradient reduction for FSDP, per bucket (a unit's parameters of one dtype). Stage 1: before
-// each backward every parameter's .grad is made a view of its bucket's gradient, laid out like
-// the bucket's unsharded parameters, so autograd accumulates straight into it; it is
+// Gradient reduction for FSDP, per bucket (a unit's parameters of one dtype). Stage 1: each
+// parameter's gradient goes into its rows of the bucket's full gradient, laid out like the
+// bucket's unsharded parameters (copied there as it comes in a synchronized backward after a
+// reduction; otherwise .grad is a view of the rows and autograd accumulates into it: Note
+// [Stage 1's full gradient is overwritten, not zeroed] in gradient_sync.cpp); it is
 // reduce-scattered (Note [Stage 1 reduce-scatters] in gradient_sync.cpp), the result written
 // back into this rank's rows, and each shard's gradient is a view of them (with a reduce dtype of
 // its own, of the reduced chunk). Stages 2 and 3: each parameter's gradient is
@@ -102,6 +104,10 @@ class GradientSync {
     at::Tensor set_aside;   // HSDP, all-reduce off: this rank's reduced rows awaiting the all-reduce
     std::size_t pending = 0;
     bool reduced = false;   // stage 1: the last synchronized backward's reduction is done (the shards have it)
+    // Stage 1, a synchronized backward prepared after a reduction: full_grad still holds that
+    // reduction's leftovers, and each gradient is copied over its rows as it comes (Note [Stage
+    // 1's full gradient is overwritten, not zeroed]).
+    bool stale = false;
     bool completed = false;
     GradientDivision division;  // the reduction in flight's
     std::function<void(const at::Tensor&)> hook;  // the same
@@ -122,7 +128,12 @@ class GradientSync {
   bool average_across_replicas(BucketState& state, at::Tensor& mine);
   GradientDivision division_for(std::size_t bucket) const;
   void clear_reductions();  // no bucket launched or completed yet (mutex_ held)
-  void bind_full_grad(std::size_t bucket);
+  // Stage 1: readies the bucket's full gradient for a backward, synchronized or local (`sync`).
+  void bind_full_grad(std::size_t bucket, bool sync);
+  // Stage 1, stale: the gradients that came copied in, zeros elsewhere; every .grad a view.
+  void settle_stale_full_grad(std::size_t bucket);
+  // Stage 1: a .grad that is not a view of its rows (autograd's own tensor) copied over them.
+  void take_into_full_grad(std::size_t bucket, std::size_t param);
   void note_gradient_bytes();
   int64_t held_gradient_bytes() const;  // gradient_bytes(), mutex_ held
 

@@ -443,6 +443,59 @@ TEST_CASE("fsdp: no_sync accumulates locally; the next backward reduces the sum"
   }
 }
 
+// A trunk and two heads; the right one is used only when told to.
+struct TwoHeads : torch::nn::Module {
+  torch::nn::Linear trunk{nullptr}, left{nullptr}, right{nullptr};
+  bool use_right = true;
+  TwoHeads() {
+    trunk = register_module("trunk", torch::nn::Linear(10, 15));
+    left = register_module("left", torch::nn::Linear(15, 4));
+    right = register_module("right", torch::nn::Linear(15, 4));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    auto h = torch::relu(trunk(x));
+    return use_right ? left(h) + right(h) : left(h);
+  }
+};
+
+// Stage 1 copies each gradient over its rows of the full gradient rather than zeroing it first
+// (Note [Stage 1's full gradient is overwritten, not zeroed] in fsdp/gradient_sync.cpp): a
+// parameter that got a gradient last step and none in this one must reduce zeros, not what its
+// rows still hold, also after a forward whose backward never came. Plain SGD: a zero gradient
+// moves a parameter as little as none does in the reference. The last backward builds a graph
+// of its gradients (create_graph), where autograd replaces a .grad rather than adding into it:
+// until 2026-12-06 stage 1 then reduced the rows autograd had left, zeros, and lost the step.
+TEST_CASE("fsdp: a parameter with no gradient in this backward reduces zeros at every stage", "[fsdp]") {
+  Float64Parity float64;
+  const int rank = group().rank(), world = group().size();
+  for (int stage : {1, 2, 3}) {
+    INFO("stage " << stage);
+    torch::manual_seed(0);
+    auto net = std::make_shared<TwoHeads>();
+    auto ref = std::make_shared<TwoHeads>();
+    copy_state(*ref, *net);
+    auto model = cpprun::FullyShardedDataParallel(net, group(), per_linear(stage));
+    torch::optim::SGD opt(model->parameters(), 0.1), ref_opt(ref->parameters(), 0.1);
+    for (int step = 0; step < 4; ++step) {
+      INFO("step " << step);
+      net->use_right = ref->use_right = step % 2 == 0;  // no gradient for `right` at steps 1 and 3
+      opt.zero_grad();
+      ref_opt.zero_grad();
+      auto x = inputs_for("mlp", kGlobalBatch, step);
+      auto y = targets_for(kGlobalBatch, step);
+      if (step % 2 == 1) (void)model->forward(slice(x, rank, world));  // its backward never comes
+      const bool create_graph = step == 3;
+      torch::nn::functional::cross_entropy(model->forward(slice(x, rank, world)), slice(y, rank, world))
+          .backward({}, /*retain_graph=*/create_graph, create_graph);
+      reference_backward([&](torch::Tensor in) { return ref->forward(in); }, x, y, world);
+      opt.step();
+      ref_opt.step();
+    }
+    model->gather_full_parameters();
+    check_same_parameters(*net, *ref, kParityTolerance);
+  }
+}
+
 // Every backward synchronized and the optimizer stepping after three: the shards' gradients add
 // up between steps, as any .grad does and as FSDP2's sharded ones do (its foreach_reduce adds
 // into an existing sharded .grad). zero_grad(false) zeroes them in place rather than dropping
