@@ -3,6 +3,7 @@
 #pragma once
 
 #include <chrono>
+#include <string>
 
 #include "comm/c10d_types.h"
 #include "cpprun/env.h"
@@ -19,6 +20,6 @@ c10::intrusive_ptr<C10dGroup> make_nccl(const c10::intrusive_ptr<c10d::Store>& s
 // Returns once each of the group's `size` members has called it with the group's store: after
 // its backends are made, so that none is used (or its process ends) while a peer still connects.
 // See Note [Members wait for each other after connecting]. `what` names the call in the error.
-void wait_for_every_member(c10d::Store& store, int size, std::chrono::milliseconds timeout, const char* what);
+void wait_for_every_member(c10d::Store& store, int size, std::chrono::milliseconds timeout, const std::string& what);
 
 }  // namespace cpprun::detail

@@ -136,18 +136,29 @@ c10::intrusive_ptr<detail::C10dGroup> detail::make_gloo(const c10::intrusive_ptr
 // be before a peer has finished its side: a member that then exited at once (the last test of a
 // binary creating a subgroup) closed the connection under the peer's handshake, and the peer failed
 // with Gloo's "Connection closed by peer" (dist.comm.detail.np2, once in a full run, 2026-12-06).
-// So the members wait for each other through the store before the group is used, as PyTorch's
-// init_process_group and new_group do (_store_based_barrier): each counts itself in, and the last
-// one in says so. One round trip to the store per group made.
-void detail::wait_for_every_member(c10d::Store& store, int size, Millis timeout, const char* what) {
+// So the members wait for each other through the store before the group is used: each counts
+// itself in, and the last one in says so; one round trip to the store per member and group.
+// PyTorch has the same wait (_store_based_barrier) but makes it only with
+// TORCH_DIST_INIT_BARRIER=1, off by default since 2023 for its cost at scale (there every rank of
+// the world joins each new_group's, members or not); cpprun always makes it, members only. With
+// TORCH_GLOO_LAZY_INIT=1 Gloo connects at the first collective instead, and this wait no longer
+// covers the handshake.
+void detail::wait_for_every_member(c10d::Store& store, int size, Millis timeout, const std::string& what) {
   if (size <= 1) return;
-  if (store.add("cpprun_connected", 1) == size) store.set("cpprun_all_connected", std::vector<uint8_t>{1});
+  const std::string counted = "cpprun_connected";
+  if (store.add(counted, 1) == size) store.set("cpprun_all_connected", std::vector<uint8_t>{1});
   try {
     store.wait({"cpprun_all_connected"}, timeout);
-  } catch (const c10::Error& e) {
-    TORCH_CHECK(false, "cpprun: ", what, ": not every one of the group's ", size, " ranks finished connecting within ",
-                "its timeout (", timeout.count(), " ms); one may have failed or be stuck before it. The store said: ",
-                e.what_without_backtrace());
+  } catch (const c10::DistStoreError& e) {
+    int64_t arrived = -1;
+    try {
+      arrived = store.add(counted, 0);
+    } catch (const c10::Error&) {
+    }
+    TORCH_CHECK(false, "cpprun: ", what, ": ", arrived < 0 ? std::string("not all") : std::to_string(arrived),
+                " of the group's ", size, " ranks finished connecting within its timeout (", seconds(timeout),
+                "); the others failed or are stuck before it (the launcher names a rank that failed). The store "
+                "said: ", e.what_without_backtrace());
   }
 }
 

@@ -94,7 +94,9 @@ std::vector<Request> exchange_requests(const ProcessGroup& parent, const Request
 
 // The subgroup of `members` (ranks of `parent`, in subgroup rank order); `name` keeps its keys
 // in the parent's store apart from every other subgroup's.
-ProcessGroup make_subgroup(const ProcessGroup& parent, const std::vector<int>& members, const std::string& name) {
+// `call` names the creating call in errors.
+ProcessGroup make_subgroup(const ProcessGroup& parent, const std::vector<int>& members, const std::string& name,
+                           const std::string& call) {
   const auto& up = detail::impl_of(parent);
   auto impl = std::make_shared<detail::GroupImpl>();
   impl->env = up.env;
@@ -113,12 +115,13 @@ ProcessGroup make_subgroup(const ProcessGroup& parent, const std::vector<int>& m
   impl->store = c10::make_intrusive<c10d::PrefixStore>(name, up.store);
   impl->recorded = detail::recorded_subgroup(up.recorded ? *up.recorded : detail::RecordedGroup{}, name, members);
   if (impl->member) {
-    // Gloo's constructor connects the members through the store: it returns when all have come.
+    // Gloo's constructor connects the members through the store; each may return before its
+    // peers have (Note [Members wait for each other after connecting] in process_group.cpp).
     impl->gloo = detail::make_gloo(impl->store, up.env, impl->env.rank, impl->env.world_size, up.timeout);
     if (up.nccl) {
       impl->nccl = detail::make_nccl(impl->store, up.env, impl->env.rank, impl->env.world_size, up.timeout);
     }
-    detail::wait_for_every_member(*impl->store, impl->env.world_size, up.timeout, "new_group / split_group");
+    detail::wait_for_every_member(*impl->store, impl->env.world_size, up.timeout, call);
   }
   return detail::GroupAccess::make(std::move(impl));
 }
@@ -138,7 +141,7 @@ ProcessGroup new_group(const ProcessGroup& parent, std::vector<int> ranks) {
   const uint32_t index = detail::impl_of(parent).subgroups_created++;
   const Request mine{Creation::kNewGroup, index, kNoColour, 0, ranks};
   if (parent.size() > 1) exchange_requests(parent, mine);
-  return make_subgroup(parent, ranks, "sub" + std::to_string(index));
+  return make_subgroup(parent, ranks, "sub" + std::to_string(index), "new_group(" + list(ranks) + ")");
 }
 
 ProcessGroup new_group(std::vector<int> ranks) { return new_group(default_group(), std::move(ranks)); }
@@ -157,7 +160,8 @@ ProcessGroup split_group(const ProcessGroup& parent, int colour, int key) {
     }
     std::stable_sort(members.begin(), members.end(), [&](int a, int b) { return all[a].key < all[b].key; });
   }
-  return make_subgroup(parent, members, "sub" + std::to_string(index) + "/" + std::to_string(colour));
+  return make_subgroup(parent, members, "sub" + std::to_string(index) + "/" + std::to_string(colour),
+                       "split_group(colour " + std::to_string(colour) + ") of ranks " + list(members));
 }
 
 std::vector<int> get_process_group_ranks(const ProcessGroup& group) {

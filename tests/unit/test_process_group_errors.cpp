@@ -10,6 +10,11 @@
 
 #include <chrono>
 
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+
+#include <thread>
+
+#include "comm/backends.h"
 #include "comm/store_address.h"
 #include "cpprun/cpprun.h"
 
@@ -151,4 +156,24 @@ TEST_CASE("process group: nccl in a CPU-only build is a clear error", "[process_
   options.backend = cpprun::Backend::kNccl;
   if (at::hasCUDA()) return;  // a CUDA build with a GPU may well create it
   CHECK_THROWS_WITH(cpprun::init_process_group(options), Catch::Contains("nccl"));
+}
+
+// Note [Members wait for each other after connecting] (comm/process_group.cpp): a group's members
+// return from its creation together, and one that never counts itself in makes the others fail
+// at the timeout, saying how many arrived and which call made the group.
+TEST_CASE("process group: a new group's members wait for each other; one missing is a timeout that says so",
+          "[process_group]") {
+  {
+    auto store = c10::make_intrusive<c10d::HashStore>();
+    std::thread other([&] { cpprun::detail::wait_for_every_member(*store, 2, 10s, "new_group([0, 1])"); });
+    cpprun::detail::wait_for_every_member(*store, 2, 10s, "new_group([0, 1])");
+    other.join();
+  }
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  const auto start = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH(cpprun::detail::wait_for_every_member(*store, 3, 300ms, "new_group([0, 1, 2])"),
+                    Catch::Contains("cpprun: new_group([0, 1, 2]): 1 of the group's 3 ranks finished connecting") &&
+                        Catch::Contains("0.3 s"));
+  CHECK(std::chrono::steady_clock::now() - start < 5s);
+  cpprun::detail::wait_for_every_member(*store, 1, 300ms, "alone");  // a group of one waits for nobody
 }
