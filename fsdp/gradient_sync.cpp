@@ -210,10 +210,10 @@ void GradientSync::on_gradient_ready(std::size_t b, std::size_t i) {
               "the gradients of the last forward were already reduced (a second backward through the same graph, "
               "e.g. with retain_graph). Run the wrapped module's forward before each backward.");
   prepared_ = false;
+  // Stage 1, either mode: a gradient autograd handed over (a stale bucket) or a .grad it replaced
+  // (create_graph) goes into its rows (Note [Stage 1's full gradient is overwritten, not zeroed]).
+  if (!options_.shard_gradients) take_into_full_grad(b, i);
   if (mode_ == Mode::kNoSync) {
-    // Stage 1: a .grad autograd replaced (create_graph) goes back into its rows (Note [Stage 1's
-    // full gradient is overwritten, not zeroed]).
-    if (!options_.shard_gradients) take_into_full_grad(b, i);
     // A local backward: .grad accumulates as autograd leaves it; stage 3 still hears when each
     // bucket is done and when backward ends, to release the parameters (reshard_after_backward).
     if (!finish_queued_ && backward_end_) {
@@ -234,11 +234,7 @@ void GradientSync::on_gradient_ready(std::size_t b, std::size_t i) {
       finish_backward();
     });
   }
-  if (options_.shard_gradients) {
-    collect(b, i);
-  } else {
-    take_into_full_grad(b, i);
-  }
+  if (options_.shard_gradients) collect(b, i);
   if (--states_[b].pending == 0 && bucket_done_) bucket_done_(b);
   launch_ready_buckets();
 }
