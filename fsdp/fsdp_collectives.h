@@ -86,8 +86,8 @@ void scale_after_reduction(const GradientDivision& division, const at::Tensor& r
 Work reduce_scatter_gradients(const ProcessGroup& group, const ParamBucket& bucket, const at::Tensor& chunk,
                               const std::vector<at::Tensor>& grads, ReduceOp op);
 
-// The same from a gradient laid out like unsharded() (stage 1's, which autograd accumulates in
-// place): this rank's rows of every rank's copy, reduced into `chunk`. Its rows are the ring's
+// The same from a gradient laid out like unsharded() (stage 1's full gradient, kept between
+// steps): this rank's rows of every rank's copy, reduced into `chunk`. Its rows are the ring's
 // scratch as above: afterwards only this rank's rows of it are the gradient (GradientSync
 // writes the reduced chunk back there), and nothing may touch it until the work is done.
 Work reduce_scatter_unsharded_gradient(const ProcessGroup& group, const ParamBucket& bucket, const at::Tensor& chunk,
