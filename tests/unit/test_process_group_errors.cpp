@@ -2,6 +2,7 @@
 // never a hang. Runs in a private network namespace (tests/run_isolated.sh) or on loopback.
 #include "catch.h"
 #include <c10/util/Exception.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -9,9 +10,6 @@
 #include <unistd.h>
 
 #include <chrono>
-
-#include <torch/csrc/distributed/c10d/HashStore.hpp>
-
 #include <thread>
 
 #include "comm/backends.h"
