@@ -25,6 +25,16 @@ std::vector<const OptionSpelling*> prefixed(const std::string& name, const std::
   return found;
 }
 
+// argparse's test for a word that is an option, not a value: a dash and more, but not a negative
+// number ("-1", "-.5", which argparse reads as values while no option looks like one).
+bool looks_like_option(const std::string& word) {
+  if (word.size() < 2 || word[0] != '-') return false;
+  const std::string rest = word.substr(1);
+  const bool number = rest.find_first_not_of("0123456789.") == std::string::npos &&
+                      std::count(rest.begin(), rest.end(), '.') <= 1 && rest != ".";
+  return !number;
+}
+
 std::string without_dashes(const std::string& name) {
   const auto start = name.find_first_not_of('-');
   return start == std::string::npos ? std::string() : name.substr(start);
@@ -70,7 +80,16 @@ std::vector<std::string> expand_option_prefixes(const std::vector<std::string>& 
       out[i] = name + out[i].substr(eq + 1);
       continue;
     }
-    if (option->takes_value && eq == std::string::npos) ++i;
+    if (option->takes_value && eq == std::string::npos) {
+      // "--log-dir --redirects=3 ./train": argparse refuses the option as the value; CLI11 would
+      // take it (a log dir named "--redirects=3", and no redirects).
+      if (i + 1 < out.size() && looks_like_option(out[i + 1])) {
+        throw UsageError("argument " + name + ": expected one argument (the next word, " + out[i + 1] +
+                         ", is an option; give " + name + " its value: " + name + " VALUE or " + name +
+                         "=VALUE)\nRun with --help for more information.");
+      }
+      ++i;
+    }
   }
   return out;
 }

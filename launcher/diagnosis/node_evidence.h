@@ -5,6 +5,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <map>
 #include <string>
 #include <vector>
@@ -25,6 +26,7 @@ struct NodeEvidence {
   std::vector<RankEvidence> ranks;  // as received, in any order (node 0's own: gathered here)
   bool done = false;                // its workers had all succeeded before the round ended: nothing to send
   std::string gone;                 // its agent is gone: why ("is gone: it was killed, ...")
+  std::size_t kept_bytes = 0;       // about what `ranks` holds in memory (EvidenceCollector's bound)
 };
 
 // How long node 0 waits for the other nodes' evidence once its own is gathered: they gather theirs

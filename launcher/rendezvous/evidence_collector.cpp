@@ -2,7 +2,9 @@
 #include "rendezvous/evidence_collector.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <iostream>
+#include <string>
 
 namespace cpprun::launcher {
 namespace {
@@ -11,7 +13,34 @@ void mark_done(const std::vector<int>& done, std::map<int, NodeEvidence>& heard)
   for (int node : done) heard[node].done = true;
 }
 
+std::size_t text_bytes(const std::string& text) { return sizeof(std::string) + text.capacity(); }
+
+// The rank's evidence without its dump, its texts cut: Note [Evidence kept for one node].
+RankEvidence set_aside_dump(const RankEvidence& evidence, const std::string& who) {
+  RankEvidence kept;
+  kept.rank = evidence.rank;
+  kept.fate = evidence.fate.substr(0, kSetAsideTextBytes);
+  kept.no_dump_reason = evidence.dump ? "its dump was set aside: " + who.substr(0, kSetAsideTextBytes) +
+                                            " sent more evidence than node 0 keeps for one node"
+                                      : evidence.no_dump_reason.substr(0, kSetAsideTextBytes);
+  return kept;
+}
+
 }  // namespace
+
+std::size_t evidence_bytes(const RankEvidence& evidence) {
+  std::size_t bytes = sizeof(RankEvidence) + text_bytes(evidence.fate) + text_bytes(evidence.no_dump_reason);
+  if (!evidence.dump) return bytes;
+  const FlightDump& dump = *evidence.dump;
+  bytes += text_bytes(dump.reason) + dump.entries.capacity() * sizeof(CollectiveRecord);
+  for (const CollectiveRecord& r : dump.entries) {
+    for (const std::string* text : {&r.group, &r.op, &r.dtype, &r.shapes, &r.reduce_op, &r.label, &r.public_call}) {
+      bytes += text->capacity() > 15 ? text->capacity() + 1 : 0;  // beyond the string's own (short) buffer
+    }
+    bytes += r.group_ranks.capacity() * sizeof(int);
+  }
+  return bytes;
+}
 
 void EvidenceCollector::start_round(int round, std::vector<NodeSlice> nodes) {
   round_ = round;
@@ -19,6 +48,7 @@ void EvidenceCollector::start_round(int round, std::vector<NodeSlice> nodes) {
   heard_.clear();
   request_.reset();  // a request of the previous round gets no more answers
   too_much_.clear();
+  too_large_.clear();
 }
 
 void EvidenceCollector::own_done() { heard_[0].done = true; }
@@ -43,16 +73,30 @@ void EvidenceCollector::receive(const Sender& from, const NodeMessage& message) 
   }
 }
 
-// merge_node_evidence() sets aside what is not the node's; here, only the count is bounded.
+// merge_node_evidence() sets aside what is not the node's; here, the count and the bytes are bounded.
 void EvidenceCollector::keep(const Sender& from, const RankEvidence& evidence, int request,
                              std::map<int, NodeEvidence>& into) {
   NodeEvidence& heard = into[from.group_rank];
-  if (heard.ranks.size() < static_cast<std::size_t>(from.local_world_size)) {
-    heard.ranks.push_back(evidence);
-  } else if (too_much_.insert({request, from.group_rank}).second) {
-    std::cerr << "cpprun: warning: " << from.who << " sent more evidence than it has ranks (" << from.local_world_size
-              << "): the rest is set aside\n";
+  if (heard.ranks.size() >= static_cast<std::size_t>(from.local_world_size)) {
+    if (too_much_.insert({request, from.group_rank}).second) {
+      std::cerr << "cpprun: warning: " << from.who << " sent more evidence than it has ranks ("
+                << from.local_world_size << "): the rest is set aside\n";
+    }
+    return;
   }
+  std::size_t bytes = evidence_bytes(evidence);
+  if (heard.kept_bytes + bytes <= kMaxEvidenceKeptPerNode) {
+    heard.ranks.push_back(evidence);
+  } else {  // Note [Evidence kept for one node]
+    if (too_large_.insert({request, from.group_rank}).second) {
+      std::cerr << "cpprun: warning: " << from.who << " sent more than the " << (kMaxEvidenceKeptPerNode >> 20)
+                << " MiB of flight-recorder evidence node 0 keeps for one node: the dumps of its other ranks are "
+                   "set aside\n";
+    }
+    heard.ranks.push_back(set_aside_dump(evidence, from.who));
+    bytes = evidence_bytes(heard.ranks.back());
+  }
+  heard.kept_bytes += bytes;
 }
 
 bool EvidenceCollector::member_awaited(const std::map<int, NodeEvidence>& heard) const {

@@ -2,11 +2,12 @@
 // for several nodes], Note [Diagnosis on request across nodes] in node_rendezvous.h): its own ranks'
 // and each member's, for the round's failure and for the `cpprun --diagnose` request it answers. The
 // host (rendezvous_host.cpp) forwards what it hears and waits on its links; this class keeps what
-// came, no more than a node has ranks (Note [Bounding a peer's evidence]), sets aside stale answers,
-// and says who is still awaited. No sockets, so unit-tested.
+// came, no more than a node has ranks and kMaxEvidenceKeptPerNode of it (Note [Bounding a peer's
+// evidence]), sets aside stale answers, and says who is still awaited. No sockets, so unit-tested.
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <map>
 #include <optional>
 #include <set>
@@ -18,6 +19,21 @@
 #include "rendezvous/node_messages.h"
 
 namespace cpprun::launcher {
+
+// Note [Evidence kept for one node]
+// A message is bounded (kMaxEvidenceBytes on the wire) and so is their number (the node's ranks), but
+// a member may say it runs up to 65,536 workers (admission.h), and each message decodes to about three
+// times its bytes: a member holding the secret could make node 0 hold some 90 GB. So node 0 keeps at
+// most kMaxEvidenceKeptPerNode of one node's evidence (for the failure, and again for each request):
+// past it, a rank's dump is set aside and its texts cut, and the rank is still named with its fate.
+// 128 MiB keeps every dump of a node of 64 ranks whose recorders are full (2,000 entries, about 1 MB
+// each in memory); a real node has a few ranks and dumps of a few hundred KB.
+inline constexpr std::size_t kMaxEvidenceKeptPerNode = std::size_t{128} << 20;
+// A rank's texts past the bound are cut to this many bytes.
+inline constexpr std::size_t kSetAsideTextBytes = 200;
+
+// About how many bytes `evidence` holds in memory: its strings, vectors and records.
+std::size_t evidence_bytes(const RankEvidence& evidence);
 
 class EvidenceCollector {
  public:
@@ -36,7 +52,8 @@ class EvidenceCollector {
   void own_evidence(std::vector<RankEvidence> ranks);   // the host's ranks', for the round's failure
   void node_gone(int group_rank, const std::string& why);  // a member's agent is gone while the round ran
   // An evidence message of the running round from `from`: the failure's, the open request's, or stale.
-  // A node that sends more than it has ranks is warned about once per request (0: the failure).
+  // A node that sends more than it has ranks, or more than kMaxEvidenceKeptPerNode, is warned about
+  // once per request (0: the failure) and each reason.
   void receive(const Sender& from, const NodeMessage& message);
 
   // `done`: the group ranks of the members whose workers had all succeeded: they have nothing to
@@ -69,7 +86,8 @@ class EvidenceCollector {
   std::map<int, NodeEvidence> heard_;  // by group rank, for the round's failure
   std::optional<OpenRequest> request_;
   int last_request_ = 0;
-  std::set<std::pair<int, int>> too_much_;  // (request, node) warned about this round
+  std::set<std::pair<int, int>> too_much_;   // (request, node) warned about this round: more than its ranks
+  std::set<std::pair<int, int>> too_large_;  // (request, node) warned about this round: more than the bytes
 };
 
 }  // namespace cpprun::launcher

@@ -289,10 +289,14 @@ bool NodeLink::check_proof(const std::string& line, Received& got) {
 bool NodeLink::check_verdict(const std::string& line, Received& got) {
   const std::vector<std::string> words = split_words(line);
   if (words.size() == 1 && words[0] == kRefusedWord) {
+    // Given no secret, agents on one host share the one kept for their port and --rdzv_id
+    // (host_secret.h): another --rdzv_id holds another secret, and is refused here, before `hello`
+    // could name the id.
     got.refused = "refused this agent's proof of the job secret: the nodes were given different secrets "
                   "(CPPRUN_JOB_SECRET or --job_secret_file; given neither, agents on one host share one only "
-                  "when started by the same user with the same XDG_RUNTIME_DIR, and a --nnodes=1 job's is its "
-                  "agent's own); give every node the same one";
+                  "when started by the same user with the same XDG_RUNTIME_DIR, --rdzv_id and endpoint port, "
+                  "and a --nnodes=1 job's is its agent's own); give every node the same secret, and the same "
+                  "--rdzv_id";
     return false;
   }
   if (words.size() != 2 || words[0] != kAcceptedWord ||

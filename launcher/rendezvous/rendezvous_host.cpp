@@ -177,7 +177,7 @@ class RendezvousHost final : public NodeRendezvous {
   struct NodeIO {
     NodeLink link;
     // The workers' store's channels on this link (Note [Store tunnel wired]).
-    std::unique_ptr<StoreTunnel> tunnel = std::make_unique<StoreTunnel>(LinkSide::kHost);
+    std::unique_ptr<StoreTunnel> tunnel;
   };
 
   // What a step's event came with: the link a hello came on (for kAdmit, kRefuse), the message a
@@ -230,10 +230,15 @@ class RendezvousHost final : public NodeRendezvous {
   std::optional<RoundAction> carry_out(const RoundActions& actions, SignalRelay* relay = nullptr, Heard heard = {}) {
     for (const RoundAction& a : actions.actions) {
       switch (a.kind) {
-        case RoundAction::Kind::kAdmit:
-          links_.emplace(a.id, NodeIO{std::move(*heard.link)});
+        case RoundAction::Kind::kAdmit: {
+          // Admitted at its hello, which said how many workers it runs: its tunnel's cap.
+          const RoundMember* member = state_.find(a.id);
+          const int workers = member != nullptr ? member->shape.local_world_size : 0;
+          links_.emplace(a.id, NodeIO{std::move(*heard.link),
+                                      std::make_unique<StoreTunnel>(LinkSide::kHost, tunnel_channel_cap(workers))});
           heard.link.reset();
           break;
+        }
         case RoundAction::Kind::kRefuse:
           heard.link->send(a.message);
           flush_links({&*heard.link}, kFinalFlushTimeout);  // then the link closes

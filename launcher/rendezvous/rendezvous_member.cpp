@@ -80,14 +80,16 @@ class RendezvousMember final : public NodeRendezvous {
       }
       if (decision_) throw verdict_before_start();
       if (!heard_ && Clock::now() >= connected + kFirstWordTimeout) {
-        throw RendezvousError("cpprun: " + link_.peer() + ", reached through " + settings_.endpoint() +
-                                  ", accepted a connection but did not answer as a cpprun rendezvous host within " +
-                                  seconds_text(kFirstWordTimeout) + ": is another program (or another job's store) "
-                                  "using that port? Pick another port for every node.",
-                              1);
+        throw RendezvousError(silent_host_message(kFirstWordTimeout), 1);
       }
       const int left = ms_until(deadline + kVerdictGrace);
-      if (left <= 0) throw RendezvousError(timeout_message(), 1);
+      if (left <= 0) {
+        // A host that never spoke has reported nothing the timeout's message could name.
+        throw RendezvousError(heard_ ? timeout_message()
+                                     : silent_host_message(std::chrono::duration_cast<std::chrono::seconds>(
+                                           Clock::now() - connected)),
+                              1);
+      }
       if ((signal = poll_links(relay, heard_ ? left : std::min(left, 1000))) != 0) return std::nullopt;
     }
   }
@@ -193,6 +195,13 @@ class RendezvousMember final : public NodeRendezvous {
   }
 
  private:
+  // What answered at the endpoint accepted this node's connection and has said nothing for `waited`.
+  std::string silent_host_message(std::chrono::seconds waited) const {
+    return "cpprun: " + link_.peer() + ", reached through " + settings_.endpoint() +
+           ", accepted a connection but did not answer as a cpprun rendezvous host within " + seconds_text(waited) +
+           ": is another program (or another job's store) using that port? Pick another port for every node.";
+  }
+
   // The host is silent past the join timeout (c10d: it only enforces the timeout while gathering).
   std::string timeout_message() const {
     if (settings_.fixed_ranks()) return join_timeout_message(settings_, missing_, {}, 0, " (as node 0 last reported)");
@@ -341,7 +350,8 @@ class RendezvousMember final : public NodeRendezvous {
   const RendezvousSettings settings_;
   const Clock::time_point started_;
   NodeLink link_;
-  StoreTunnel tunnel_{LinkSide::kMember};  // the workers' store's channels: Note [Store tunnel wired]
+  // The workers' store's channels: Note [Store tunnel wired].
+  StoreTunnel tunnel_{LinkSide::kMember, tunnel_channel_cap(settings_.shape.local_world_size)};
   const Reconnect reconnect_;
   const std::string host_title_;  // "the agent of node 0 (10.0.0.1:41234)": for messages
   int round_ = 0;

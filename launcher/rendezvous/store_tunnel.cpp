@@ -49,13 +49,18 @@ std::vector<TunnelAction> TunnelState::on_round_ended(int round) {
   return out;
 }
 
+std::size_t tunnel_channel_cap(int local_world_size) {
+  const std::size_t wanted = 3 * static_cast<std::size_t>(std::max(local_world_size, 0)) + 64;
+  return std::clamp(wanted, kMinChannelCap, kMaxChannelCap);
+}
+
 std::vector<TunnelAction> TunnelState::on_accepted() {
   if (side_ != LinkSide::kMember) throw std::logic_error("store tunnel: only a member accepts workers' connections");
-  if (link_closed_ || !round_ || channels_.size() >= kMaxChannels) return {act(Kind::kRefuseLocal)};
+  if (link_closed_ || !round_ || channels_.size() >= max_channels_) return {act(Kind::kRefuseLocal)};
   const int id = ++last_channel_;
   channels_[id] = Channel{};
   Actions out{act(Kind::kAdoptLocal, id), send(NodeMessage::make_open(*round_, id))};
-  if (channels_.size() == kMaxChannels) {
+  if (channels_.size() == max_channels_) {
     stopped_accepting_ = true;
     out.push_back(act(Kind::kStopAccepting));
   }
@@ -186,9 +191,9 @@ void TunnelState::on_open(const NodeMessage& m, Actions& out) {
     out.push_back(send(NodeMessage::make_close(m.channel)));
     return;
   }
-  if (channels_.size() >= kMaxChannels) {
+  if (channels_.size() >= max_channels_) {
     out = violation("opened " + channel_words(m.channel) + " while " + std::to_string(channels_.size()) +
-                    " were open; at most " + std::to_string(kMaxChannels) + " may be");
+                    " were open; at most " + std::to_string(max_channels_) + " may be");
     return;
   }
   Channel& ch = channels_[m.channel];
@@ -284,7 +289,7 @@ void TunnelState::send_unsent(int id, Channel& ch, Actions& out) {
 
 void TunnelState::forget(int id, Actions& out) {
   channels_.erase(id);
-  if (stopped_accepting_ && channels_.size() < kMaxChannels) {
+  if (stopped_accepting_ && channels_.size() < max_channels_) {
     stopped_accepting_ = false;
     out.push_back(act(Kind::kResumeAccepting));
   }

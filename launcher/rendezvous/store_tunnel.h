@@ -14,8 +14,8 @@
 // its own socket (in batches of kCreditReturnBytes, so that a store's small requests and answers do
 // not each cost a `credit`). A channel without credit is not read: the bytes wait in the worker's or
 // the store's own socket buffers. So what a peer can make an agent hold is bounded: per channel one
-// window it received (waiting to be written) and one read (waiting for credit), and kMaxChannels
-// channels per link. A peer that sends beyond its credit, or breaks any other rule below, gets a
+// window it received (waiting to be written) and one read (waiting for credit), and
+// tunnel_channel_cap() channels per link. A peer that sends beyond its credit, or breaks any other rule below, gets a
 // kViolation: the link is closed, as for any message that is not our protocol (node_link.h).
 #pragma once
 
@@ -34,9 +34,17 @@ namespace cpprun::launcher {
 inline constexpr std::size_t kChannelWindowBytes = 128 * 1024;
 // Written bytes the receiver collects before it sends them back as one `credit`.
 inline constexpr std::size_t kCreditReturnBytes = kChannelWindowBytes / 2;
-// Channels open at once on one link (a worker needs one to three). At the cap the member leaves new
-// connections in its listener's backlog; a host that is asked for one more treats it as a violation.
-inline constexpr std::size_t kMaxChannels = 256;
+// Note [Channels a node may hold]
+// Channels open at once on one link: a worker holds one store connection for its life (PyTorch's
+// and cpprun's clients alike), some two or three, so the cap grows with the member's workers, as both
+// agents know them from its hello: 3 per worker and 64 more, at least 256, at most 8192 (so that what a
+// peer holding the secret can make node 0 hold stays bounded: a window each way per channel). A
+// fixed 256 once left the 257th worker of a big node waiting in the listener's backlog until its store
+// timeout. At the cap the member leaves new connections in the backlog (one is taken again when a
+// channel closes) and says so, once; a host that is asked for one more treats it as a violation.
+inline constexpr std::size_t kMinChannelCap = 256;
+inline constexpr std::size_t kMaxChannelCap = 8192;
+std::size_t tunnel_channel_cap(int local_world_size);
 
 enum class ChannelState {
   kConnecting,   // host: the store connection is under way; the peer's bytes wait here, within the credit
@@ -55,7 +63,7 @@ struct TunnelAction {
     kCloseLocal,       // close `channel`'s socket (or abandon its connect), dropping what it has not written
     kPauseReading,     // do not read `channel`'s socket: it has no credit
     kResumeReading,    // read it again
-    kStopAccepting,    // member: kMaxChannels are open: leave new connections in the listener's backlog
+    kStopAccepting,    // member: the cap's channels are open: leave new connections in the listener's backlog
     kResumeAccepting,  // member: one closed: accept again
     kViolation,        // the peer broke the protocol (`why`, after the peer's name: "sent ..."): close the link
   };
@@ -78,7 +86,8 @@ struct TunnelAction {
 class TunnelState {
  public:
   // kMember opens channels (it accepts the workers' connections); kHost connects them to the store.
-  explicit TunnelState(LinkSide side) : side_(side) {}
+  // `max_channels`: tunnel_channel_cap() of the member's workers, the same on both sides.
+  TunnelState(LinkSide side, std::size_t max_channels) : side_(side), max_channels_(max_channels) {}
 
   // The round whose workers may use the tunnel now; channels of an earlier round are closed.
   std::vector<TunnelAction> on_round_started(int round);
@@ -136,6 +145,7 @@ class TunnelState {
   Actions violation(std::string why);
 
   LinkSide side_;  // not const: a member's StoreTunnel starts over with a fresh state on a new link
+  std::size_t max_channels_;  // tunnel_channel_cap(): Note [Channels a node may hold]
   std::map<int, Channel> channels_;  // the open ones, by id
   int last_channel_ = 0;             // the highest id opened on this link: ids above it were never opened
   std::optional<int> round_;         // the round whose channels may be opened

@@ -5,6 +5,7 @@
 // signals back. No socket listens anywhere, and only who may signal cpprun can ask it.
 #include "workers/diagnose_request.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
@@ -13,9 +14,13 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <iostream>
+#include <iterator>
 #include <string>
+#include <vector>
 
+#include "workers/job_process_tree.h"
 #include "workers/signal_relay.h"
 
 namespace cpprun::launcher {
@@ -35,6 +40,35 @@ std::string program_of(pid_t pid) {
   return path.substr(path.rfind('/') + 1);
 }
 
+// A /proc/PID file's bytes ("" if it cannot be read).
+std::string proc_file(pid_t pid, const char* name) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/" + name, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// The cpprun processes (not guardians) of this user whose command line is the guardian's: the
+// guardian is a fork of its cpprun, so its own is among them; a second job started with the same
+// command line is too, and then the guardian alone cannot say which is its.
+std::vector<pid_t> launchers_like(pid_t guardian) {
+  const std::string command_line = proc_file(guardian, "cmdline");
+  std::vector<pid_t> found;
+  DIR* proc = opendir("/proc");
+  if (proc == nullptr || command_line.empty()) {
+    if (proc != nullptr) closedir(proc);
+    return found;
+  }
+  while (const dirent* entry = readdir(proc)) {
+    char* end = nullptr;
+    const long pid = std::strtol(entry->d_name, &end, 10);
+    if (*end != '\0' || pid <= 0 || pid == guardian || pid == getpid()) continue;
+    if (program_of(static_cast<pid_t>(pid)) != "cpprun") continue;  // another user's reads as ""
+    if (proc_file(static_cast<pid_t>(pid), "comm") == std::string(kGuardianName) + "\n") continue;
+    if (proc_file(static_cast<pid_t>(pid), "cmdline") == command_line) found.push_back(static_cast<pid_t>(pid));
+  }
+  closedir(proc);
+  return found;
+}
+
 int temp_file() {
   const char* dir = std::getenv("TMPDIR");
   const std::string where = dir != nullptr && *dir != '\0' ? dir : "/tmp";
@@ -51,7 +85,7 @@ int temp_file() {
 int request_diagnosis(const std::string& pid_text, std::chrono::milliseconds timeout) {
   char* end = nullptr;
   errno = 0;
-  const long pid = std::strtol(pid_text.c_str(), &end, 10);
+  long pid = std::strtol(pid_text.c_str(), &end, 10);
   if (pid_text.empty() || *end != '\0' || errno != 0 || pid <= 0 || pid > INT_MAX) {
     std::cerr << "cpprun: --diagnose needs the process id of a running cpprun (e.g. cpprun --diagnose 4242; "
                  "pgrep -a cpprun lists them), got '" << pid_text << "'\n";
@@ -63,6 +97,26 @@ int request_diagnosis(const std::string& pid_text, std::chrono::milliseconds tim
               << (program.empty() ? "no process with that id is yours to ask" : "that process is " + program + ", not cpprun")
               << " (pgrep -a cpprun lists the running ones)\n";
     return 2;
+  }
+  // Note [The guardian relays the launcher's signals]: the guardian keeps cpprun's command line, so
+  // `pgrep -a cpprun` lists both and `pgrep -nf` names the guardian. It knows no ranks: ask its cpprun.
+  if (proc_file(static_cast<pid_t>(pid), "comm") == std::string(kGuardianName) + "\n") {
+    const std::vector<pid_t> launchers = launchers_like(static_cast<pid_t>(pid));
+    if (launchers.size() != 1) {
+      std::cerr << "cpprun: --diagnose " << pid << ": that process is the guardian of a cpprun (" << kGuardianName
+                << ", which kills what a job leaves if its cpprun dies), and it knows no ranks; ";
+      if (launchers.empty()) {
+        std::cerr << "no cpprun with its command line runs (pgrep -a cpprun lists the running ones)\n";
+      } else {
+        std::cerr << "cpprun";
+        for (pid_t launcher : launchers) std::cerr << " " << launcher;
+        std::cerr << " run with its command line: give one of them (ps -o pid,comm,args tells the guardians apart)\n";
+      }
+      return 2;
+    }
+    std::cerr << "cpprun: --diagnose " << pid << ": that process is the guardian of cpprun " << launchers[0]
+              << " (" << kGuardianName << ", with its command line); asking " << launchers[0] << "\n";
+    pid = launchers[0];
   }
   const int sig = diagnose_signal();
   sigset_t wait_for;

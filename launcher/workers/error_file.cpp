@@ -12,7 +12,7 @@
 #include <sstream>
 
 #include "cpprun/launcher_contract.h"
-#include "support/json.h"  // json_string
+#include "support/json.h"  // json_string, parse_json
 #include "workers/attempt.h"
 
 namespace cpprun::launcher {
@@ -167,6 +167,9 @@ std::size_t root_cause_by_report_time(std::size_t first_exited, const std::vecto
 
 namespace {
 
+// Deeper than torch's @record or cpprun::record write; a worker's file nested deeper is not copied.
+constexpr int kMaxErrorFileDepth = 64;
+
 // Replaces the launcher's error file with `json`: "" when written, else the warning to print,
 // naming `what` was being written.
 std::string write_launcher_error_file(const std::string& path, const std::string& json, const std::string& what) {
@@ -186,8 +189,19 @@ std::string copy_root_error_file(const std::string& worker_error_file, const std
   if (!in) return "";  // the worker wrote none (torch's @record writes one for an uncaught exception)
   std::ostringstream text;
   text << in.rdbuf();
-  return write_launcher_error_file(launcher_error_file, with_error_code(text.str(), error_code),
-                                   "the root cause's error file");
+  std::string json = text.str();
+  try {
+    detail::parse_json(json, kMaxErrorFileDepth);
+    json = with_error_code(json, error_code);
+  } catch (const detail::JsonSyntaxError& e) {
+    // torchrun's json.load fails on it, and its launcher's own error (a JSONDecodeError) is what its
+    // error file then holds: valid JSON for the scheduler that reads it, never the bytes as they are.
+    json = launcher_error_json("cpprun: the root cause's error file " + worker_error_file + " is not JSON (" +
+                                   e.what() + "), so it was not copied; the worker's exit code was " +
+                                   std::to_string(error_code),
+                               static_cast<long long>(std::time(nullptr)));
+  }
+  return write_launcher_error_file(launcher_error_file, json, "the root cause's error file");
 }
 
 std::string launcher_error_json(const std::string& text, long long unix_seconds) {

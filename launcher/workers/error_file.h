@@ -16,7 +16,9 @@ namespace cpprun::launcher {
 std::string with_error_code(const std::string& json, int error_code);
 
 // Copies `worker_error_file` into `launcher_error_file` (replacing it) as above. Nothing when either
-// path is empty or the worker wrote no file. Returns a warning to print if the copy failed, else "".
+// path is empty or the worker wrote no file; a worker's file that is not JSON is not copied: the
+// launcher's own error (launcher_error_json) says so instead. Returns a warning to print if the copy
+// failed, else "".
 std::string copy_root_error_file(const std::string& worker_error_file, const std::string& launcher_error_file,
                                  int error_code);
 

@@ -118,9 +118,13 @@ void relay_to_launcher(int sig) {
 // from reaching it (cpprun gets those itself); only cpprun's end (or SIGKILL) ends it.
 [[noreturn]] void run_guardian(int line, const std::string& token_entry, pid_t launcher) {
   setsid();
-  prctl(PR_SET_NAME, "cpprun-guardian");  // what ps shows
+  prctl(PR_SET_NAME, kGuardianName);  // what ps shows
   g_launcher = launcher;
   for (int sig : {SIGTSTP, SIGTTIN, SIGTTOU, SIGPIPE}) signal(sig, SIG_IGN);
+  // `cpprun --diagnose` given this pid (pgrep -f names it with cpprun) asks cpprun instead; a request
+  // that reaches it all the same must not end it by the signal's default action, which would leave
+  // the job unguarded.
+  signal(diagnose_signal(), SIG_IGN);
   struct sigaction relay {};
   relay.sa_handler = relay_to_launcher;
   sigemptyset(&relay.sa_mask);

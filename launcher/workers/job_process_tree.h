@@ -26,6 +26,10 @@ namespace cpprun::launcher {
 
 class SignalRelay;
 
+// The guardian's process name (/proc/PID/comm, what ps shows; at most 15 characters). It keeps
+// cpprun's command line, so that `cpprun --diagnose` can tell it from the cpprun it guards.
+inline constexpr const char* kGuardianName = "cpprun-guardian";
+
 class JobProcessTree {
  public:
   // Starts the guardian, sets CPPRUN_JOB_TOKEN in this process's environment and makes cpprun a child

@@ -27,9 +27,24 @@ void make_directories(const std::string& path, const std::string& what) {
   if (error) throw std::system_error(error, "cpprun: " + what + ": cannot create " + path);
 }
 
+// Python's tempfile.gettempdir(), which torchrun's temp dirs come from: the first of $TMPDIR, $TEMP,
+// $TMP, /tmp, /var/tmp, /usr/tmp and the working directory that is a directory this process may
+// write in. A TMPDIR that does not exist or is a file is passed over, as Python passes it over;
+// cpprun once refused to start there, where torchrun ran.
 std::string temp_root() {
-  const char* tmpdir = std::getenv("TMPDIR");
-  return tmpdir != nullptr && *tmpdir != '\0' ? tmpdir : "/tmp";
+  std::vector<std::string> candidates;
+  for (const char* name : {"TMPDIR", "TEMP", "TMP"}) {
+    const char* value = std::getenv(name);
+    if (value != nullptr && *value != '\0') candidates.emplace_back(value);
+  }
+  for (const char* dir : {"/tmp", "/var/tmp", "/usr/tmp"}) candidates.emplace_back(dir);
+  for (const std::string& dir : candidates) {
+    struct stat st {};
+    if (::stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode) && ::access(dir.c_str(), W_OK | X_OK) == 0) return dir;
+  }
+  std::error_code error;
+  const std::string here = std::filesystem::current_path(error).string();
+  return error ? std::string("/tmp") : here;  // nothing writable anywhere: the error names /tmp
 }
 
 // `prefix` + 8 characters of Python's mkdtemp alphabet, made with mkdir (which fails if it exists).

@@ -147,6 +147,12 @@ pid_t spawn_worker(const WorkerCommand& command, const ChildStdio& stdio, const 
     why += " (the file is there: what is missing is the interpreter its #! line names, or for a binary its "
            "dynamic loader)";
   }
+  if (failure.error == ENOEXEC) {
+    // torchrun runs any PROGRAM with python unless --no-python; cpprun only PROGRAM.py and the like.
+    why += " (it is neither a binary for this machine nor a script with a #! line: a Python script without "
+           "the .py ending? Run `cpprun ... python3 " + command.path + " ...`, name it .py, or give it a "
+           "#!/usr/bin/env python3 line)";
+  }
   throw SpawnError("cpprun: cannot start '" + command.path + "': " + why, failure.error);
 }
 

@@ -114,6 +114,48 @@ std::vector<std::string> to_env_strings(const EnvMap& env) {
   return strings;
 }
 
+std::string substitute_local_rank(const std::string& arg, int local_rank) {
+  // The length of the identifier (Python's [_a-z][_a-z0-9]*, any case, ASCII) that starts at `at`.
+  const auto identifier = [&](std::size_t at) {
+    const auto letter = [](char c) { return c == '_' || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); };
+    std::size_t end = at;
+    if (end < arg.size() && letter(arg[end])) {
+      ++end;
+      while (end < arg.size() && (letter(arg[end]) || (arg[end] >= '0' && arg[end] <= '9'))) ++end;
+    }
+    return end - at;
+  };
+  const std::string rank = std::to_string(local_rank);
+  std::string out;
+  for (std::size_t i = 0; i < arg.size();) {
+    if (arg[i] != '$') {
+      out += arg[i++];
+      continue;
+    }
+    if (i + 1 < arg.size() && arg[i + 1] == '$') {  // torchrun's escape, kept as it is: the shell's pid
+      out += "$$";
+      i += 2;
+      continue;
+    }
+    if (const std::size_t named = identifier(i + 1); named > 0) {
+      out += arg.compare(i + 1, named, "local_rank") == 0 && named == 10 ? rank : arg.substr(i, named + 1);
+      i += named + 1;
+      continue;
+    }
+    if (i + 1 < arg.size() && arg[i + 1] == '{') {
+      const std::size_t braced = identifier(i + 2);
+      if (braced > 0 && i + 2 + braced < arg.size() && arg[i + 2 + braced] == '}') {
+        out += arg.compare(i + 2, braced, "local_rank") == 0 && braced == 10 ? rank : arg.substr(i, braced + 3);
+        i += braced + 3;
+        continue;
+      }
+    }
+    out += '$';  // invalid: kept
+    ++i;
+  }
+  return out;
+}
+
 std::vector<WorkerSpec> make_worker_specs(const WorkerSettings& settings, const RankLayout& ranks,
                                           const ProgramCommand& program, int restart_count, const RunLayout& files,
                                           const EnvMap& parent_env) {
@@ -147,7 +189,10 @@ std::vector<WorkerSpec> make_worker_specs(const WorkerSettings& settings, const 
       output.tee_prefix = output.prefix;
       output.worker_own_prefix.clear();  // a line may start with the user's prefix by chance
     }
-    specs.push_back({local_rank, rank, {program.path, program.argv, to_env_strings(env)}, output, error_file, dumps,
+    // Note [torchrun's ${local_rank} in the program's arguments]: not argv[0], what is executed.
+    std::vector<std::string> argv = program.argv;
+    for (std::size_t a = 1; a < argv.size(); ++a) argv[a] = substitute_local_rank(argv[a], local_rank);
+    specs.push_back({local_rank, rank, {program.path, std::move(argv), to_env_strings(env)}, output, error_file, dumps,
                      nccl.empty() ? "" : nccl_dir});
   }
   return specs;

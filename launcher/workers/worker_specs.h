@@ -63,6 +63,16 @@ EnvMap make_keeper_env(const EnvMap& parent);
 // "NAME=value" strings for execve.
 std::vector<std::string> to_env_strings(const EnvMap& env);
 
+// Note [torchrun's ${local_rank} in the program's arguments]
+// torchrun's agent passes every argument after the program through Python's
+// string.Template(arg).safe_substitute(local_rank=LOCAL_RANK) (torch.distributed.elastic.utils.api's
+// macros), so `train.py --out=log_${local_rank}.txt` gives each worker its own file. cpprun does the
+// same, to the same rules: `$local_rank` and `${local_rank}` become the local rank, and any other `$`
+// text (`$HOME`, `${x`, a lone `$`) stays as it is. One deliberate difference: Template also makes
+// `$$` one `$`, which breaks `sh -c 'echo $$ >pid'` (the shell's pid) under torchrun; cpprun leaves
+// `$$` as it is (and `$$local_rank` too, which torchrun makes `$local_rank`). Pure.
+std::string substitute_local_rank(const std::string& arg, int local_rank);
+
 // `files` says where each worker's files go; `restart_count` is the attempt.
 std::vector<WorkerSpec> make_worker_specs(const WorkerSettings& settings, const RankLayout& ranks,
                                           const ProgramCommand& program, int restart_count, const RunLayout& files,

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "support/json.h"
 #include "workers/attempt.h"
 #include "workers/error_file.h"
 
@@ -57,6 +58,16 @@ TEST_CASE("error_file: the worker's file is copied into the launcher's, only whe
   std::ofstream(mine) << "an older file";
   CHECK(copy_root_error_file(worker, mine, 1).empty());
   CHECK(read_all(mine) == R"({"message": {"message": "E", "errorCode": 1}})");
+  // A worker's file that is not JSON was copied as it was: a scheduler reading the launcher's file
+  // then failed to parse it. torchrun's holds its own error (JSONDecodeError) instead.
+  std::ofstream(worker) << "not json{";
+  CHECK(copy_root_error_file(worker, mine, 4).empty());
+  const std::string said = read_all(mine);
+  CHECK_NOTHROW(cpprun::detail::parse_json(said, 8));
+  CHECK_THAT(said, Catch::Matchers::StartsWith(R"({"message": {"message": "cpprun: the root cause's error file )" +
+                                               worker + " is not JSON (") &&
+                       Catch::Matchers::Contains("the worker's exit code was 4"));
+  std::ofstream(worker) << R"({"message": {"message": "E"}})";
   CHECK(copy_root_error_file(worker, "", 1).empty());  // the launcher has no TORCHELASTIC_ERROR_FILE
   CHECK_THAT(copy_root_error_file(worker, dir + "/missing/x.json", 1),
              Catch::Matchers::Contains("TORCHELASTIC_ERROR_FILE=" + dir + "/missing/x.json"));

@@ -3,6 +3,7 @@
 // bounded by its ranks, and answers to a closed, replaced or earlier round's request set aside.
 #include "catch.h"
 
+#include <cstddef>
 #include <string>
 #include <vector>
 
@@ -115,4 +116,61 @@ TEST_CASE("evidence_collector: a new round drops what was heard, and the open re
   c.receive(kNode2, evidence(0, 4));  // of round 0: stale
   CHECK(heard_ranks(c.merge_failure(5s)) == 0);
   CHECK(c.open_request() == request + 1);  // numbered for the whole job
+}
+
+// Note [Evidence kept for one node]: a member holding the secret may say it runs 65,536 workers and
+// send a full message for each; node 0 once kept them all (about 1.4 MB each in memory).
+TEST_CASE("evidence_collector: past kMaxEvidenceKeptPerNode a node's dumps are set aside, its ranks still named",
+          "[evidence_collector]") {
+  const int claimed = 4096;
+  const std::vector<NodeSlice> nodes = {{0, 0, 1}, {1, 1, claimed}};
+  const EvidenceCollector::Sender big{1, claimed, "the agent of node 1 (10.0.0.2:4000)"};
+  FlightDump dump;
+  dump.rank = 1;
+  dump.world_size = claimed + 1;
+  dump.reason = "failure";
+  for (int i = 0; i < 2000; ++i) {
+    CollectiveRecord r;
+    r.group = "default_pg";
+    r.seq = i + 1;
+    r.op = "send";
+    r.dtype = "float32";
+    r.shapes = "[4096]";
+    r.label = std::string(kMaxLabelBytes, 'x');
+    dump.entries.push_back(r);
+  }
+  EvidenceCollector c;
+  c.start_round(0, nodes);
+  std::size_t per_rank = 0;
+  int sent = 0;
+  for (; sent < claimed; ++sent) {
+    RankEvidence e = exited(1 + sent);
+    e.dump = dump;
+    e.dump->rank = 1 + sent;
+    const NodeMessage message = NodeMessage::make_evidence(0, std::move(e), 0);
+    REQUIRE(message.evidence.dump.has_value());
+    const RankEvidence kept_copy = message.evidence;  // as the collector keeps it: a copy
+    per_rank = evidence_bytes(kept_copy);
+    c.receive(big, message);
+    if (static_cast<std::size_t>(sent + 1) * per_rank > kMaxEvidenceKeptPerNode + 20 * per_rank) break;
+  }
+  ++sent;
+  REQUIRE(per_rank > 300 * 1000);  // each message near the wire's bound: the test needs few of them
+  const MergedEvidence merged = c.merge_failure(5s);
+  int with_dump = 0, set_aside = 0;
+  std::size_t kept = 0;
+  for (const RankEvidence& r : merged.ranks) {
+    if (r.rank == 0 || r.fate != "exited with code 3") continue;  // node 0, or a rank heard nothing of
+    kept += evidence_bytes(r);
+    if (r.dump) {
+      ++with_dump;
+    } else {
+      CHECK(r.no_dump_reason.find("its dump was set aside: the agent of node 1") == 0);
+      ++set_aside;
+    }
+  }
+  CHECK(with_dump + set_aside == sent);  // every rank named, with its fate
+  CHECK(with_dump == static_cast<int>(kMaxEvidenceKeptPerNode / per_rank));
+  CHECK(set_aside >= 19);
+  CHECK(kept <= kMaxEvidenceKeptPerNode + static_cast<std::size_t>(set_aside) * 1024);
 }

@@ -51,9 +51,18 @@ TEST_CASE("option_spelling: an unambiguous prefix becomes the option", "[option_
 }
 
 TEST_CASE("option_spelling: an option's value, PROGRAM and what follows are left alone", "[option_spelling]") {
-  // The value of --nnodes looks like an option; PROGRAM's own flags are never touched.
-  CHECK(expand({"--nnodes", "--max", "./train", "--nproc", "4"}) ==
-        Args{"--nnodes", "--max", "./train", "--nproc", "4"});
+  // PROGRAM's own flags are never touched.
+  CHECK(expand({"--nnodes", "2", "./train", "--nproc", "4"}) == Args{"--nnodes", "2", "./train", "--nproc", "4"});
+  // A value that looks like an option is refused, as argparse refuses it: once taken as the value
+  // ("--log-dir --redirects=3" made a log dir named "--redirects=3" and redirected nothing).
+  CHECK_THAT(ambiguity({"--nnodes", "--max", "./train"}),
+             Contains("argument --nnodes: expected one argument (the next word, --max, is an option"));
+  CHECK_THAT(ambiguity({"--tee", "--no-python", "./train"}), Contains("argument --tee: expected one argument"));
+  CHECK_THAT(ambiguity({"-t", "-m", "pkg"}), Contains("argument -t: expected one argument"));
+  // A negative number is a value (argparse's rule), and so is a lone "-".
+  CHECK(expand({"--max_restarts", "-1", "x"}) == Args{"--max_restarts", "-1", "x"});
+  CHECK(expand({"--tee", "-", "x"}) == Args{"--tee", "-", "x"});
+  CHECK(expand({"--nnodes", "-.5", "x"}) == Args{"--nnodes", "-.5", "x"});
   CHECK(expand({"--nproc", "2", "--", "--max", "x"}) == Args{"--nproc_per_node", "2", "--", "--max", "x"});
   CHECK(expand({"-t", "1", "--nproc", "2", "x"}) == Args{"-t", "1", "--nproc_per_node", "2", "x"});
   CHECK(expand({"-t1", "--nproc", "2", "x"}) == Args{"-t1", "--nproc_per_node", "2", "x"});

@@ -65,6 +65,18 @@ TEST_CASE("run_directory: without --log_dir, a temp dir under TMPDIR that is rem
     dir.prepare_attempt(0, 2);
     CHECK_FALSE(exists(dump));
   }
+  // A TMPDIR that does not exist, or is a file, is passed over for TEMP (then TMP, /tmp, ...), as
+  // Python's tempfile.gettempdir() and so torchrun pass it over; cpprun once refused to start.
+  const char* saved_temp = std::getenv("TEMP");
+  const std::string saved_temp_value = saved_temp != nullptr ? saved_temp : "";
+  setenv("TEMP", scratch.path.c_str(), 1);
+  for (const std::string unusable : {scratch.path + "/missing", std::string("/etc/hostname")}) {
+    INFO(unusable);
+    setenv("TMPDIR", unusable.c_str(), 1);
+    const RunDirectory dir("", "job", false);
+    CHECK_THAT(dir.layout().dir, StartsWith(scratch.path + "/cpprun-"));
+  }
+  if (saved_temp != nullptr) setenv("TEMP", saved_temp_value.c_str(), 1); else unsetenv("TEMP");
   if (saved != nullptr) setenv("TMPDIR", saved_value.c_str(), 1); else unsetenv("TMPDIR");
   CHECK_FALSE(exists(path));
 }

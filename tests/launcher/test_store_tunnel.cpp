@@ -20,7 +20,7 @@ namespace {
 
 // One agent's side of the tunnel, its sockets faked: it keeps what each action asked for.
 struct Side {
-  explicit Side(LinkSide side) : state(side) {}
+  explicit Side(LinkSide side, std::size_t cap = kMinChannelCap) : state(side, cap) {}
 
   TunnelState state;
   std::vector<NodeMessage> to_peer;     // sent on the link, not yet delivered
@@ -358,16 +358,42 @@ TEST_CASE("store_tunnel: anything after the peer's own close closes the link", "
 TEST_CASE("store_tunnel: a 257th open channel closes the link", "[store_tunnel]") {
   Side host(LinkSide::kHost);
   host.apply(host.state.on_round_started(0));
-  const int cap = static_cast<int>(kMaxChannels);
+  const int cap = static_cast<int>(kMinChannelCap);
   for (int id = 1; id <= cap; ++id) host.apply(host.state.on_peer(NodeMessage::make_open(0, id)));
   REQUIRE(host.violations.empty());
-  CHECK(host.state.open_channels() == kMaxChannels);
+  CHECK(host.state.open_channels() == kMinChannelCap);
   host.apply(host.state.on_local_eof(5));  // one closes: room for one more
   host.apply(host.state.on_peer(NodeMessage::make_open(0, cap + 1)));
   REQUIRE(host.violations.empty());
   host.apply(host.state.on_peer(NodeMessage::make_open(0, cap + 2)));
   CHECK(host.violations == std::vector<std::string>{"opened channel 258 while 256 were open; at most 256 may be"});
-  CHECK(host.closed.size() == kMaxChannels + 1);  // every one, and the one closed before
+  CHECK(host.closed.size() == kMinChannelCap + 1);  // every one, and the one closed before
+}
+
+// Note [Channels a node may hold]: a fixed cap of 256 left a node's 257th worker waiting in the
+// listener's backlog until its store timeout.
+TEST_CASE("store_tunnel: the channel cap grows with the member's workers, within bounds", "[store_tunnel]") {
+  CHECK(tunnel_channel_cap(0) == kMinChannelCap);
+  CHECK(tunnel_channel_cap(1) == kMinChannelCap);
+  CHECK(tunnel_channel_cap(64) == kMinChannelCap);
+  CHECK(tunnel_channel_cap(300) == 964);
+  CHECK(tunnel_channel_cap(2000) == 6064);
+  CHECK(tunnel_channel_cap(65536) == kMaxChannelCap);
+  CHECK(tunnel_channel_cap(-1) == kMinChannelCap);
+
+  const std::size_t cap = tunnel_channel_cap(300);  // a node of 300 workers, each with a store connection or more
+  Side member(LinkSide::kMember, cap);
+  Side host(LinkSide::kHost, cap);
+  member.apply(member.state.on_round_started(0));
+  host.apply(host.state.on_round_started(0));
+  for (std::size_t i = 0; i < cap; ++i) member.apply(member.state.on_accepted());
+  CHECK(member.adopted.size() == cap);
+  CHECK_FALSE(member.accepting);
+  for (const NodeMessage& m : member.to_peer) host.apply(host.state.on_peer(m));
+  CHECK(host.violations.empty());
+  CHECK(host.state.open_channels() == cap);
+  host.apply(host.state.on_peer(NodeMessage::make_open(0, static_cast<int>(cap) + 1)));
+  CHECK(host.violations == std::vector<std::string>{"opened channel 965 while 964 were open; at most 964 may be"});
 }
 
 TEST_CASE("store_tunnel: data and credit in flight for a channel closed here are dropped", "[store_tunnel]") {
@@ -449,7 +475,7 @@ TEST_CASE("store_tunnel: at the channel cap the member stops accepting, and resu
           "[store_tunnel]") {
   Side member(LinkSide::kMember);
   member.apply(member.state.on_round_started(0));
-  for (std::size_t i = 0; i < kMaxChannels; ++i) {
+  for (std::size_t i = 0; i < kMinChannelCap; ++i) {
     CHECK(member.accepting);
     member.apply(member.state.on_accepted());
   }
@@ -457,13 +483,13 @@ TEST_CASE("store_tunnel: at the channel cap the member stops accepting, and resu
   CHECK_FALSE(member.state.accepting());
   member.apply(member.state.on_accepted());  // one the executor had accepted anyway: refused, no id spent
   CHECK(member.refused == 1);
-  CHECK(member.adopted.size() == kMaxChannels);
+  CHECK(member.adopted.size() == kMinChannelCap);
   member.apply(member.state.on_local_eof(10));
   CHECK(member.accepting);
   member.to_peer.clear();
   member.apply(member.state.on_accepted());
   REQUIRE(member.to_peer.size() == 1);
-  CHECK(member.to_peer[0].channel == static_cast<int>(kMaxChannels) + 1);
+  CHECK(member.to_peer[0].channel == static_cast<int>(kMinChannelCap) + 1);
   CHECK_FALSE(member.accepting);
 }
 

@@ -92,8 +92,8 @@ struct Agents {
   LinkListener listener{std::string("127.0.0.1"), 0, kSecret};
   std::optional<NodeLink> host;
   std::optional<NodeLink> member;
-  StoreTunnel host_tunnel{LinkSide::kHost};
-  StoreTunnel member_tunnel{LinkSide::kMember};
+  StoreTunnel host_tunnel{LinkSide::kHost, kMinChannelCap};
+  StoreTunnel member_tunnel{LinkSide::kMember, kMinChannelCap};
   std::vector<std::string> violations;
   int polls_ready = 0;  // pump_once()'s polls that found a descriptor ready
 

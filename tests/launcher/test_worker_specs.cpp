@@ -200,6 +200,30 @@ TEST_CASE("worker_specs: --dry_run shell-quotes only where needed", "[worker_spe
   CHECK(shell_quote("$HOME") == "'$HOME'");
 }
 
+// Note [torchrun's ${local_rank} in the program's arguments]: each expected value is what Python's
+// string.Template(arg).safe_substitute(local_rank=3) gives (checked with Python 3.11), but for `$$`,
+// which cpprun keeps (Template makes it `$`).
+TEST_CASE("worker_specs: ${local_rank} in the program's arguments is each worker's, as torchrun substitutes it",
+          "[worker_specs]") {
+  CHECK(substitute_local_rank("out_${local_rank}.log", 3) == "out_3.log");
+  CHECK(substitute_local_rank("$local_rank", 3) == "3");
+  CHECK(substitute_local_rank("a$$b", 3) == "a$$b");                  // Template: a$b
+  CHECK(substitute_local_rank("echo $$ >pid", 3) == "echo $$ >pid");  // Template: echo $ >pid
+  CHECK(substitute_local_rank("$$local_rank $$${local_rank}", 3) == "$$local_rank $$3");
+  CHECK(substitute_local_rank("$local_rank2 ${local_rank}2", 3) == "$local_rank2 32");
+  CHECK(substitute_local_rank("$LOCAL_RANK $HOME ${x} ${local_rank", 3) == "$LOCAL_RANK $HOME ${x} ${local_rank");
+  CHECK(substitute_local_rank("$ $1 ${} $", 3) == "$ $1 ${} $");
+  CHECK(substitute_local_rank("no dollars", 3) == "no dollars");
+  const LaunchConfig c = launch_config_with(2);
+  const ProgramCommand program{"/abs/train", {"./train_${local_rank}", "--out=log_${local_rank}.txt", "a$$b"}, ""};
+  const std::vector<WorkerSpec> specs =
+      make_worker_specs(worker_settings(c), single_node_layout(2), program, 0, {"/run", true}, {});
+  REQUIRE(specs.size() == 2);
+  // argv[0], what is executed, is left as torchrun leaves its entrypoint.
+  CHECK(specs[0].command.argv == std::vector<std::string>{"./train_${local_rank}", "--out=log_0.txt", "a$$b"});
+  CHECK(specs[1].command.argv == std::vector<std::string>{"./train_${local_rank}", "--out=log_1.txt", "a$$b"});
+}
+
 TEST_CASE("worker_specs: specs carry the command, env, error file and output plan", "[worker_specs]") {
   const LaunchConfig c = launch_config_with(2);
   const std::vector<WorkerSpec> specs = make_worker_specs(worker_settings(c), single_node_layout(2), train(), 1, {"/run", true}, {});

@@ -43,6 +43,23 @@ expect_in_file "$WORK/asked.out" "rank 1 is in all_reduce #5 (float32[4096], sum
 expect_in_file "$WORK/asked.out" "rank 0 waits in all_gather #6 (float32[1024]) since" "the answer names where rank 0 waits"
 expect_in_file "$WORK/job.err" "rank 1 is in all_reduce #5" "the job's own console has it too"
 alive "$job" || fail "cpprun --diagnose stopped the job"
+# The guardian keeps cpprun's command line (pgrep -a cpprun lists both, pgrep -nf names it): asked,
+# it passes the request to its cpprun. It used to die of the request's signal, leaving the job
+# unguarded: a SIGKILL of cpprun then left the workers' children running.
+guardian=""
+for p in $(pgrep -x cpprun-guardian); do
+  { tr '\0' '\n' <"/proc/$p/environ"; } 2>/dev/null | grep -qxF "CPPRUN_TEST_TAG=$WORK" && guardian=$p
+done
+[ -n "$guardian" ] || fail "no guardian of the job found (pgrep -x cpprun-guardian: $(pgrep -x cpprun-guardian))"
+kill -s RTMIN+2 "$guardian"  # the request's signal itself (diagnose_signal(): SIGRTMIN + 2)
+sleep 0.2
+alive "$guardian" || fail "the request's signal ended the guardian"
+"$CPPRUN" --diagnose "$guardian" >"$WORK/asked.out" 2>"$WORK/asked.err"
+expect_eq $? 0 "cpprun --diagnose's exit code, given the guardian's pid"
+expect_in_file "$WORK/asked.err" "that process is the guardian of cpprun $job" "what the asker says of the guardian"
+expect_in_file "$WORK/asked.out" "rank 1 is in all_reduce #5 (float32[4096], sum) since 5" "the answer, asked through the guardian"
+alive "$guardian" || fail "cpprun --diagnose ended the guardian"
+alive "$job" || fail "cpprun --diagnose through the guardian stopped the job"
 kill -TERM "$job"
 wait_node "$job" 20
 expect_eq "$NODE_STATUS" 143 "the job after SIGTERM"

@@ -118,4 +118,20 @@ expect_in_file "$WORK/nodeB.err" "cpprun: the agent hosting the c10d rendezvous 
 expect_all_lines "$WORK/nodeB.err" '^cpprun: ' "the member's lines at an HTTP port"
 ls "$WORK"/started.* >/dev/null 2>&1 && fail "a worker started"
 expect_no_leftovers
+
+# (7) What listens at the endpoint accepts and never says a word, and the join timeout ends before
+# the member's 10 s wait for a first word: the message still says what was there (it once said
+# "1 of the at least 2 nodes joined (as its host last reported)", of a host that reported nothing).
+squat silent
+start_node nodeB $c10d --rdzv_id=job7 --nnodes=2 --rdzv_conf join_timeout=2 /bin/sh -c "$worker"
+wait_node "$NODE_PID" 20
+expect_eq "$NODE_STATUS" 1 "the member's exit code at a port that never answers"
+kill "$squatter"
+wait "$squatter"
+expect_in_file "$WORK/nodeB.err" "cpprun: 127.0.0.1:29620, reached through 127.0.0.1:29620, accepted a connection but did not answer as a cpprun rendezvous host within" \
+  "the member's message at a port that never answers"
+grep -q "as its host last reported" "$WORK/nodeB.err" && fail "the member quoted a host that said nothing: $(cat "$WORK/nodeB.err")"
+expect_all_lines "$WORK/nodeB.err" '^cpprun: ' "the member's lines at a port that never answers"
+ls "$WORK"/started.* >/dev/null 2>&1 && fail "a worker started"
+expect_no_leftovers
 echo PASS

@@ -13,9 +13,10 @@
                                       reads the challenge, sends half a proof line and falls silent;
                                       prints "closed after T s" when the agent closes the connection,
                                       or "still open after SECONDS s"
-    stranger.py squat HOST PORT close|http
+    stranger.py squat HOST PORT close|http|silent
                                       is no agent but listens at the port: every connection is closed
-                                      at once without a word (close) or after an HTTP answer (http);
+                                      at once without a word (close) or after an HTTP answer (http),
+                                      or kept open and never answered (silent);
                                       prints "listening", and "accepted N connections" when ended by
                                       SIGTERM
 
@@ -108,9 +109,13 @@ def squat(host, port, mode):
     server.bind((host, port))
     server.listen(128)
     print("listening", flush=True)
+    held = []
     while True:
         peer, _ = server.accept()
         accepted += 1
+        if mode == "silent":
+            held.append(peer)
+            continue
         if mode == "http":
             try:
                 peer.sendall(b"HTTP/1.0 400 Bad Request\r\n\r\n")

@@ -43,6 +43,9 @@ chmod +x "$WORK/garbage"
 cpprun --nproc_per_node=2 "$WORK/garbage"
 expect_eq "$?" 126 "exec format error"
 expect_in_file "$WORK/err" "execve() failed" "exec failure explained"
+# torchrun runs it with python; cpprun says what it may be and how to run it.
+expect_in_file "$WORK/err" "a Python script without the .py ending? Run \`cpprun ... python3 $WORK/garbage ...\`" \
+  "the hint at an exec format error"
 
 # A script whose #! interpreter is missing: named with its interpreter before any worker starts,
 # 127 as a shell says (execve's ENOENT would blame the script, which is there).
