@@ -27,6 +27,7 @@
 #include "support/file_read.h"
 #include "support/safetensors_index.h"
 #include "support/safetensors.h"
+#include "support/torch_save_file.h"
 
 namespace cpprun::detail {
 namespace {
@@ -57,17 +58,19 @@ StateDictFormat format_of(const std::string& path) {
 // torch.save and torch.load take any name (ImageNet's example saves checkpoint.pth.tar, Lightning
 // model.ckpt), so a load looks at the bytes: a zip archive ("PK\3\4") is torch.save's format, and
 // torch.save's pre-1.6 pickle starts with its magic number; safetensors starts with its header's
-// length (8 bytes, little-endian, at most the rest of the file) and the header's '{'. A file
-// that is neither (a damaged one) is read as its extension says, so its error is that format's;
-// with no known extension either, it is refused, saying what its bytes are not.
+// length (8 bytes, little-endian) and the header's '{', after any JSON white space (the reference
+// reader's serde_json skips it). A length past the file's end is still safetensors, cut short: its
+// reader says so. A file that is neither (a damaged one) is read as its extension says, so its
+// error is that format's; with no known extension either, it is refused, saying what its bytes are not.
 std::optional<StateDictFormat> format_of_bytes(const FileHead& head) {
   const std::string_view bytes = head.bytes;
   if (bytes.substr(0, 4) == std::string_view("PK\x03\x04", 4)) return StateDictFormat::kTorchSave;
-  if (bytes.substr(0, 4) == std::string_view("\x80\x02\x8a\x0a", 4)) return StateDictFormat::kTorchSave;
-  if (bytes.size() >= 9 && bytes[8] == '{') {
+  if (is_legacy_torch_save(bytes)) return StateDictFormat::kTorchSave;  // its reader names the format
+  const std::size_t brace = bytes.size() > 8 ? bytes.find_first_not_of(" \t\n\r", 8) : std::string_view::npos;
+  if (brace != std::string_view::npos && bytes[brace] == '{') {
     std::uint64_t length = 0;
     for (int i = 7; i >= 0; --i) length = length << 8 | static_cast<unsigned char>(bytes[static_cast<std::size_t>(i)]);
-    if (length <= head.size - 8) return StateDictFormat::kSafetensors;
+    if (length <= kMaxSafetensorsHeaderBytes) return StateDictFormat::kSafetensors;  // else a text with a '{'
   }
   return std::nullopt;
 }
@@ -94,9 +97,10 @@ StateDictFormat format_to_read(const std::string& path) {
   const FileHead head = read_file_head(path, "state dict", 16);  // refuses a FIFO, a device, a directory
   if (const auto format = format_of_bytes(head)) return *format;
   if (const auto format = format_named_by(path)) return *format;
-  TORCH_CHECK(false, "cpprun: load_state_dict: ", path, " (", head.size, " bytes) is neither torch.save's format "
-              "(a zip archive) nor safetensors (an 8-byte header length, then '{'): which program wrote it? Save "
-              "the model's state dict with torch.save(model.state_dict(), path) or safetensors.torch.save_file.");
+  throw CorruptCheckpointError("cpprun: load_state_dict: " + path + " (" + std::to_string(head.size) +
+                               " bytes) is neither torch.save's format (a zip archive) nor safetensors (an 8-byte "
+                               "header length, then '{'): which program wrote it? Save the model's state dict with "
+                               "torch.save(model.state_dict(), path) or safetensors.torch.save_file.");
 }
 
 // safetensors' dtype names for ours.

@@ -15,7 +15,8 @@ namespace {
 
 class JsonParser {
  public:
-  JsonParser(std::string_view text, int max_depth) : lex_(text), max_depth_(max_depth) {}
+  JsonParser(std::string_view text, int max_depth, std::size_t max_values)
+      : lex_(text), max_depth_(max_depth), max_values_(max_values) {}
 
   Json parse_document() {
     Json value = parse_value(0);
@@ -27,6 +28,7 @@ class JsonParser {
  private:
   Json parse_value(int depth) {
     if (depth > max_depth_) lex_.fail("nested too deeply");
+    if (++values_ > max_values_) lex_.fail("more than " + std::to_string(max_values_) + " values");
     Json value;
     const char c = lex_.peek();
     if (c == '{') {
@@ -86,11 +88,15 @@ class JsonParser {
 
   JsonLexer lex_;
   int max_depth_;
+  std::size_t max_values_;
+  std::size_t values_ = 0;  // parsed so far
 };
 
 }  // namespace
 
-Json parse_json(std::string_view text, int max_depth) { return JsonParser(text, max_depth).parse_document(); }
+Json parse_json(std::string_view text, int max_depth, std::size_t max_values) {
+  return JsonParser(text, max_depth, max_values).parse_document();
+}
 
 void append_json_string(std::string& out, std::string_view text) {
   out.push_back('"');

@@ -5,6 +5,8 @@
 // parser over the same tokens (safetensors_header.h, json_lexer.h). No LibTorch.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -28,8 +30,10 @@ class JsonSyntaxError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// One JSON value filling `text` (surrounding white space allowed), nested at most `max_depth`.
-Json parse_json(std::string_view text, int max_depth);
+// One JSON value filling `text` (surrounding white space allowed), nested at most `max_depth`, of
+// at most `max_values` values (each costs ~90 bytes: "[0,0,...]" ~45 times its text; a caller that
+// knows what the text describes bounds it by that).
+Json parse_json(std::string_view text, int max_depth, std::size_t max_values = SIZE_MAX);
 
 // A number's value, or nothing when `value` is not a number or its value is not a finite double
 // (1e999, 1e-400), so that the caller names the field.

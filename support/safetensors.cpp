@@ -16,7 +16,6 @@
 namespace cpprun::detail {
 namespace {
 
-constexpr std::uint64_t kMaxHeaderBytes = 100'000'000;  // the reference reader's limit
 
 [[noreturn]] void bad(const std::string& path, const std::string& why) {
   throw CorruptCheckpointError(invalid_safetensors_message(path, why));
@@ -105,9 +104,9 @@ SafetensorsFile read_safetensors(std::string_view bytes, const std::string& path
   }
   std::uint64_t header_size = 0;
   for (int i = 7; i >= 0; --i) header_size = header_size << 8 | static_cast<unsigned char>(bytes[i]);
-  if (header_size > kMaxHeaderBytes) {
+  if (header_size > kMaxSafetensorsHeaderBytes) {
     bad(path, "its header length is " + std::to_string(header_size) + " bytes, more than the format's limit of " +
-                  std::to_string(kMaxHeaderBytes));
+                  std::to_string(kMaxSafetensorsHeaderBytes));
   }
   if (header_size > bytes.size() - 8) {
     bad(path, "its header length is " + std::to_string(header_size) + " bytes but only " +
@@ -121,7 +120,7 @@ SafetensorsFile read_safetensors(std::string_view bytes, const std::string& path
   SafetensorsFile file = parse_safetensors_header(header, data, path);
 
   // The ranges must tile [0, data size): no overlap, no hole, nothing after the last. In offset
-  // order (ties by end), which is also the order the writer computed the CRC in.
+  // order (ties by end).
   std::vector<const SafetensorsTensor*> ordered;
   ordered.reserve(file.tensors.size());
   for (const auto& t : file.tensors) ordered.push_back(&t);
@@ -142,15 +141,24 @@ SafetensorsFile read_safetensors(std::string_view bytes, const std::string& path
     bad(path, "its tensors cover " + std::to_string(covered) + " data bytes but it holds " +
                   std::to_string(data.size()) + " (added to?)");
   }
+  // Note [The CRC is over the tensors in name order]
+  // cpprun writes a file's tensors in name order and records the CRC-32 of their data in that order.
+  // Read back in name order too, not the file's: a file rewritten with the same tensors in another
+  // order (the reference writer's save_file(tensors, metadata=f.metadata()) orders them by dtype
+  // first) keeps the metadata, and its tensors are the same bytes. It was once refused as damaged.
   const auto recorded = file.metadata.find(std::string(kSafetensorsCrcKey));
   if (recorded != file.metadata.end()) {
+    std::vector<const SafetensorsTensor*> by_name(ordered);
+    std::sort(by_name.begin(), by_name.end(), [](const auto* a, const auto* b) { return a->name < b->name; });
     std::uint32_t crc = 0;
-    for (const auto* t : ordered) crc = crc32(t->data, crc);
+    for (const auto* t : by_name) crc = crc32(t->data, crc);
     if (hex8(crc) != recorded->second) {
-      throw CorruptCheckpointError("cpprun: safetensors file " + path + " is damaged: the CRC-32 of its " +
-                                   std::to_string(data.size()) + " data bytes is 0x" + hex8(crc) + " but 0x" +
-                                   recorded->second + " was recorded when it was written (its bytes changed since)."
-                                   " It cannot be trusted: use an earlier checkpoint, or start afresh.");
+      throw CorruptCheckpointError(
+          "cpprun: safetensors file " + path + " is damaged: the CRC-32 of its " + std::to_string(data.size()) +
+          " data bytes (its tensors in name order) is 0x" + hex8(crc) + " but 0x" + recorded->second +
+          " was recorded when cpprun wrote it (its tensors' bytes changed since). It cannot be trusted: use an "
+          "earlier checkpoint, or start afresh. If its tensors were changed on purpose and cpprun's metadata kept, "
+          "drop the \"" + std::string(kSafetensorsCrcKey) + "\" key from the metadata.");
     }
   }
   return file;

@@ -24,6 +24,9 @@ struct SafetensorsTensor {
 // Bytes per element of a safetensors dtype; 0 for a name the format does not define.
 std::size_t safetensors_dtype_size(std::string_view dtype);
 
+// The longest header the reference reader takes.
+inline constexpr std::uint64_t kMaxSafetensorsHeaderBytes = 100'000'000;
+
 // The metadata key under which cpprun records the CRC-32 of the data section (8 hex digits).
 inline constexpr std::string_view kSafetensorsCrcKey = "cpprun_crc32";
 

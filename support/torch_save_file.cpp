@@ -146,6 +146,7 @@ constexpr int kMaxPickleDepth = 64;
 // most ~600 MB. data.pkl itself and each storage are sized from the zip's directory before they
 // are read (or inflated).
 constexpr std::size_t kMaxPicklePushes = std::size_t{1} << 22;
+constexpr std::size_t kMaxOpenMarks = 4 * kMaxPickleDepth;
 constexpr std::size_t kMaxPickleBytes = std::size_t{1} << 30;
 
 ValuePtr make(Value::Kind kind) {
@@ -166,7 +167,7 @@ class PickleReader {
         case '\x80': byte(); break;                  // PROTO
         case '\x95': take(8); break;                 // FRAME (protocol 4)
         case '.': return pop();                      // STOP
-        case '(': marks_.push_back(stack_.size()); break;
+        case '(': mark(); break;
         case ')': push(make(Value::Kind::kTuple)); break;
         case 't': push(collect(Value::Kind::kTuple)); break;
         case '\x85': tuple_of(1); break;
@@ -206,9 +207,9 @@ class PickleReader {
         case '\x93': { auto name = pop(); auto module = pop();
                        global(expect(module, Value::Kind::kString, "STACK_GLOBAL")->text + "." +
                               expect(name, Value::Kind::kString, "STACK_GLOBAL")->text); break; }
-        case 'q': memo_[le(1)] = top(); break;       // BINPUT
-        case 'r': memo_[le(4)] = top(); break;       // LONG_BINPUT
-        case '\x94': memo_[memo_.size()] = top(); break;  // MEMOIZE
+        case 'q': memoize(le(1)); break;             // BINPUT
+        case 'r': memoize(le(4)); break;             // LONG_BINPUT
+        case '\x94': memoize(memo_.size()); break;   // MEMOIZE
         case 'h': push(memo(le(1))); break;          // BINGET
         case 'j': push(memo(le(4))); break;          // LONG_BINGET
         case 'R': reduce(); break;
@@ -252,6 +253,22 @@ class PickleReader {
            " values (a dict of tensors takes ~25 a tensor); refusing it rather than growing without bound");
     }
     stack_.push_back(std::move(v));
+  }
+  // Note [Bounded unpickling]: the memo and the open marks grow too. A value is memoized once (torch.save
+  // stores about one in three pushes), so no more entries than values pushed; and a MARK is closed
+  // before its values nest deeper than kMaxPickleDepth, so no more open marks than that allows.
+  void memoize(uint64_t key) {
+    if (memo_.size() >= pushes_ && memo_.find(key) == memo_.end()) {
+      fail("it stores more memo entries (" + std::to_string(memo_.size() + 1) + ") than it pushed values (" +
+           std::to_string(pushes_) + "); torch.save memoizes each value once at most");
+    }
+    memo_[key] = top();
+  }
+  void mark() {
+    if (marks_.size() >= kMaxOpenMarks) {
+      fail("it opens more than " + std::to_string(kMaxOpenMarks) + " MARKs at once (torch.save nests a few)");
+    }
+    marks_.push_back(stack_.size());
   }
   ValuePtr pop() {
     if (stack_.empty() || (!marks_.empty() && marks_.back() == stack_.size())) fail("its stack runs empty");
@@ -584,11 +601,21 @@ std::string encode_torch_save(const NamedTensors& tensors) {
   return out;
 }
 
+bool is_legacy_torch_save(std::string_view head) {
+  // PROTO 2 by default, any of 2-5 with pickle_protocol=; from protocol 4 a FRAME (an opcode and
+  // 8 bytes) next; then the magic number as a 10-byte LONG1, as much of it as `head` holds.
+  static constexpr std::string_view kMagic("\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19", 12);
+  if (head.size() < 4 || head[0] != '\x80' || head[1] < 2 || head[1] > 5) return false;
+  std::string_view rest = head.substr(2);
+  if (!rest.empty() && rest[0] == '\x95') rest = rest.size() > 9 ? rest.substr(9) : std::string_view();
+  const std::size_t compared = std::min(rest.size(), kMagic.size());
+  return compared >= 2 && rest.substr(0, compared) == kMagic.substr(0, compared);
+}
+
 NamedTensors decode_torch_save(std::string_view bytes, const std::string& path) {
   // torch.save's format before PyTorch 1.6 (and with _use_new_zipfile_serialization=False): a
   // pickle of its magic number, not a zip.
-  static constexpr std::string_view kLegacyMagic("\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19", 14);
-  if (bytes.substr(0, kLegacyMagic.size()) == kLegacyMagic) {
+  if (is_legacy_torch_save(bytes)) {
     bad_pt_file(path, "it is in torch.save's legacy format (PyTorch before 1.6, or _use_new_zipfile_serialization="
                       "False), which cpprun does not read; load it in PyTorch and torch.save it again with the defaults");
   }

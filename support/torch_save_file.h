@@ -30,4 +30,8 @@ std::string encode_torch_save(const NamedTensors& tensors);
 // dict under a key, a whole module), saying how to save the state dict alone.
 NamedTensors decode_torch_save(std::string_view bytes, const std::string& path);
 
+// Whether `head` (a file's first bytes, 16 or more) starts as torch.save's format before PyTorch 1.6
+// (_use_new_zipfile_serialization=False): a pickle of its magic number, in any pickle protocol.
+bool is_legacy_torch_save(std::string_view head);
+
 }  // namespace cpprun::detail

@@ -601,6 +601,21 @@ TEST_CASE("optimizer_state_dict: a tied parameter's state is saved under its fir
     CHECK_THROWS_WITH(cpprun::load_optimizer_state_dict(net, opt, twice),
                       Catch::Matchers::Contains("under two names") && Catch::Matchers::Contains("emb.weight"));
     CHECK(opt.state().empty());
+    // Param groups of far more values than a model of these parameters could have (a list of
+    // 10 million zeros, 20 MB, once took 1.4 GB to parse before it was refused) are refused as
+    // they are read, the parse bounded by the model's parameters (Note [Bounded unpickling]'s kin).
+    auto bloated = parsed.metadata;
+    bloated.erase(std::string(cpprun::detail::kSafetensorsCrcKey));
+    std::string zeros = "[";
+    for (int i = 0; i < 100000; ++i) zeros += "0,";
+    bloated["cpprun_param_groups"] = zeros + "0]";
+    const std::string groups_bomb = dir + "/groups_bomb.safetensors";
+    cpprun::write_file_atomically(groups_bomb, cpprun::detail::encode_safetensors(
+                                                   cpprun::detail::decode_safetensors(parsed, by_emb), bloated));
+    CHECK_THROWS_WITH(cpprun::load_optimizer_state_dict(net, opt, groups_bomb),
+                      Catch::Matchers::Contains("\"cpprun_param_groups\" is not valid JSON") &&
+                          Catch::Matchers::Contains(" values"));
+    CHECK(opt.state().empty());
   }
   fs::remove_all(dir);
 }

@@ -171,6 +171,9 @@ def write_dtypes(directory):
         (directory / (file + ".expected")).write_text("".join(lines))
     model = Net()
     torch.save(model.state_dict(), directory / "py_legacy.pt", _use_new_zipfile_serialization=False)
+    # The same with another pickle protocol: once refused as a damaged zip, not by its format's name.
+    torch.save(model.state_dict(), directory / "py_legacy_protocol4.ckpt", _use_new_zipfile_serialization=False,
+               pickle_protocol=4)
     (directory / "bin").mkdir()
     shutil.copy(directory / "py.pt", directory / "bin" / "pytorch_model.bin")
     (directory / "bin_sharded").mkdir()

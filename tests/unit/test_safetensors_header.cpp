@@ -357,8 +357,21 @@ TEST_CASE("safetensors header: each fault is refused with the reader's message",
   CHECK(why_as_before(file(R"({"__metadata__":{"ok":"1","n":1}})")) == "its __metadata__ value of \"n\" is not a string");
   CHECK(why(file(R"({"__metadata__":{"cpprun_crc32":"00000000"},"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}})",
                  "x")) == "(not an invalid-file message) cpprun: safetensors file h.safetensors is damaged: the CRC-32 "
-                          "of its 1 data bytes is 0x8cdc1683 but 0x00000000 was recorded when it was written (its "
-                          "bytes changed since). It cannot be trusted: use an earlier checkpoint, or start afresh.");
+                          "of its 1 data bytes (its tensors in name order) is 0x8cdc1683 but 0x00000000 was recorded "
+                          "when cpprun wrote it (its tensors' bytes changed since). It cannot be trusted: use an "
+                          "earlier checkpoint, or start afresh. If its tensors were changed on purpose and cpprun's "
+                          "metadata kept, drop the \"cpprun_crc32\" key from the metadata.");
+  // Note [The CRC is over the tensors in name order]: the same tensors stored in another order (as
+  // the reference writer's save_file orders them, by dtype first) keep their CRC; the bytes of
+  // "xy" (a, then b) stored as "yx" (b first). In the file's order it was refused as damaged.
+  const std::string reordered =
+      R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[1,2]},"b":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},)";
+  const SafetensorsFile ok = read_safetensors(file(reordered + R"("__metadata__":{"cpprun_crc32":"8fe62899"}})", "yx"),
+                                              "h.safetensors");
+  REQUIRE(ok.tensors.size() == 2);
+  CHECK_THAT(error(file(reordered + R"("__metadata__":{"cpprun_crc32":"e1fa294e"}})", "yx")),
+             Catch::Matchers::Contains("is damaged: the CRC-32 of its 2 data bytes (its tensors in name order) is "
+                                       "0x8fe62899 but 0xe1fa294e"));
 }
 
 TEST_CASE("safetensors header: of several faults, the one the generic tree's reader named", "[safetensors]") {

@@ -390,6 +390,19 @@ TEST_CASE("torch.save reader: values nested far deeper than a state dict are ref
   // Five million one-byte pushes (None): ~150 bytes each in the reader, gigabytes from a few
   // megabytes (58 KB deflated); refused at the cap of Note [Bounded unpickling].
   refused("pushes.pt", std::string("\x80\x02", 2) + std::string(5000000, 'N') + ".", "pushes more than 4194304 values");
+  // The memo and the MARKs grew uncounted: one dict memoized 5 million times (MEMOIZE, protocol 4's),
+  // or 5 million MARKs, held gigabytes from a file of some 50 KB deflated (torch.load refuses both).
+  refused("memo.pt", std::string("\x80\x02}", 3) + std::string(5000000, '\x94') + ".",
+          "stores more memo entries (2) than it pushed values (1)");
+  refused("marks.pt", std::string("\x80\x02", 2) + std::string(5000000, '(') + ".",
+          "opens more than 256 MARKs at once");
+  // LONG_BINPUT ('r') under 5 million keys of its own.
+  std::string puts("\x80\x02}", 3);
+  for (uint32_t key = 0; key < 5000000; ++key) {
+    puts += 'r';
+    for (int b = 0; b < 4; ++b) puts += static_cast<char>((key >> (8 * b)) & 0xff);
+  }
+  refused("puts.pt", puts + ".", "stores more memo entries (2) than it pushed values (1)");
   // The real file still reads.
   CHECK(cpprun::detail::read_state_dict_file(good).size() == small_net()->named_parameters().size() +
                                                                small_net()->named_buffers().size());
@@ -550,6 +563,21 @@ TEST_CASE("state_dict: a load tells the format from the file's bytes; a save nam
   write_bytes(garbage, "not a checkpoint at all");
   CHECK_THAT(error_text_of([&] { cpprun::load_state_dict(net, garbage); }),
              Catch::Matchers::Contains(garbage + " (23 bytes) is neither torch.save's format"));
+  CHECK_THROWS_AS(cpprun::load_state_dict(net, garbage), cpprun::CorruptCheckpointError);  // not a c10::Error
+  // Safetensors under any name: with JSON white space before the header's '{' (which the reference
+  // reader takes), and cut short (its reader says so, not "neither format"). Both were refused as
+  // neither format under a name of no known extension.
+  {
+    const std::string header = R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})";
+    const std::string four("\0\0\x80\x3f", 4);  // 1.0f
+    const std::string spaced = (dir.path / "spaced.ckpt").string();
+    write_bytes(spaced, file("  \n" + header, four));
+    CHECK(cpprun::detail::read_state_dict_file(spaced).size() == 1);
+    const std::string cut = (dir.path / "cut_short").string();
+    write_bytes(cut, file(header, four).substr(0, 20));
+    CHECK_THAT(error_text_of([&] { cpprun::detail::read_state_dict_file(cut); }),
+               Catch::Matchers::Contains("cut short"));
+  }
   // What does not exist says so, file or directory.
   for (const std::string missing : {"missing.pt", "missing", "missing/"}) {
     const std::string path = (dir.path / missing).string();
