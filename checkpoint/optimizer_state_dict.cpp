@@ -795,9 +795,10 @@ std::vector<std::string> optimizer_file_faults(const OptimizerParams& params, to
   Json& groups = load.groups;
   const std::string groups_text = meta(kParamGroupsKey);
   try {
-    // Each parameter named once, and a few dozen options a group (at most a group a parameter): a
-    // 20 MB list of 10 million zeros once took 1.4 GB to parse before it was refused.
-    const std::size_t max_values = 32 * (params.names.size() + 1) + 1024;
+    // Each parameter named once (ours and, in a pipeline stage's load, the other stages'), and a few
+    // dozen options a group, at most a group a parameter: a 20 MB list of 10 million zeros once
+    // took 1.4 GB to parse before it was refused.
+    const std::size_t max_values = 32 * (params.names.size() + file.held_elsewhere.size() + 1) + 1024;
     groups = parse_json(groups_text.empty() ? "[]" : groups_text, kMaxGroupsDepth, max_values);
   } catch (const JsonSyntaxError& e) {
     faults.push_back(std::string("its \"") + kParamGroupsKey + "\" is not valid JSON: " + e.what());

@@ -94,7 +94,7 @@ StateDictFormat format_to_read(const std::string& path) {
                                  "the directory once: python scripts/dcp_convert.py to-cpprun " +
                                  std::filesystem::path(path).parent_path().string() + " OUT_DIR, then load OUT_DIR/.");
   }
-  const FileHead head = read_file_head(path, "state dict", 16);  // refuses a FIFO, a device, a directory
+  const FileHead head = read_file_head(path, "state dict", 64);  // refuses a FIFO, a device, a directory
   if (const auto format = format_of_bytes(head)) return *format;
   if (const auto format = format_named_by(path)) return *format;
   throw CorruptCheckpointError("cpprun: load_state_dict: " + path + " (" + std::to_string(head.size) +

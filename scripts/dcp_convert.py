@@ -178,12 +178,25 @@ def optimizer_kind(state, groups, given):
 # ---- writing cpprun's files -----------------------------------------------------------------
 
 
+def crc_in_name_order(data, header):
+    """cpprun's CRC-32 of a safetensors data section: the tensors' bytes in name order, whatever
+    order the file holds them in (Note [The CRC is over the tensors in name order])."""
+    crc = 0
+    for name in sorted(k for k in header if k != "__metadata__"):
+        begin, end = header[name]["data_offsets"]
+        crc = zlib.crc32(data[begin:end], crc)
+    return crc
+
+
 def encode(tensors, metadata):
-    """A safetensors file's bytes with cpprun's CRC-32 of its data section in the metadata, so
-    that cpprun checks it on load as it checks its own."""
+    """A safetensors file's bytes with cpprun's CRC-32 of its data in the metadata, so that cpprun
+    checks it on load as it checks its own. The reference writer orders tensors by dtype first, so
+    the CRC is taken in name order, as cpprun takes it."""
     unstamped = save_safetensors(tensors, metadata=metadata)
-    data = unstamped[8 + struct.unpack("<Q", unstamped[:8])[0]:]
-    stamped = save_safetensors(tensors, metadata={**metadata, CRC_KEY: f"{zlib.crc32(data):08x}"})
+    size = struct.unpack("<Q", unstamped[:8])[0]
+    data = unstamped[8 + size:]
+    crc = crc_in_name_order(data, json.loads(unstamped[8:8 + size]))
+    stamped = save_safetensors(tensors, metadata={**metadata, CRC_KEY: f"{crc:08x}"})
     assert stamped.endswith(data)  # the data section does not depend on the metadata
     return stamped
 
@@ -278,9 +291,12 @@ def read_checked(path):
     with open(path, "rb") as f:
         data = f.read()
     size = struct.unpack("<Q", data[:8])[0]
-    metadata = json.loads(data[8:8 + size]).get("__metadata__", {})
+    header = json.loads(data[8:8 + size])
+    metadata = header.get("__metadata__", {})
     crc = metadata.get(CRC_KEY)
-    if crc is not None and f"{zlib.crc32(data[8 + size:]):08x}" != crc:
+    body = data[8 + size:]
+    # In name order (cpprun's), or the file's (what this script stamped before it used name order).
+    if crc is not None and crc not in (f"{crc_in_name_order(body, header):08x}", f"{zlib.crc32(body):08x}"):
         raise ConvertError(f"{path} is damaged: the CRC-32 of its data is not the {crc} recorded when it was written")
     return load_safetensors(data), metadata
 

@@ -143,19 +143,27 @@ SafetensorsFile read_safetensors(std::string_view bytes, const std::string& path
   }
   // Note [The CRC is over the tensors in name order]
   // cpprun writes a file's tensors in name order and records the CRC-32 of their data in that order.
-  // Read back in name order too, not the file's: a file rewritten with the same tensors in another
-  // order (the reference writer's save_file(tensors, metadata=f.metadata()) orders them by dtype
-  // first) keeps the metadata, and its tensors are the same bytes. It was once refused as damaged.
+  // It is checked in name order too, whatever order the file holds them in: a file rewritten with
+  // the same tensors in another order (the reference writer's save_file(tensors,
+  // metadata=f.metadata()) orders them by dtype first) keeps the metadata, and its tensors are the
+  // same bytes; it was once refused as damaged. The file's own order is accepted as well, which is
+  // what scripts/dcp_convert.py stamped on the reference writer's files before it used name order.
   const auto recorded = file.metadata.find(std::string(kSafetensorsCrcKey));
   if (recorded != file.metadata.end()) {
+    std::uint32_t in_file_order = 0;
+    for (const auto* t : ordered) in_file_order = crc32(t->data, in_file_order);
     std::vector<const SafetensorsTensor*> by_name(ordered);
     std::sort(by_name.begin(), by_name.end(), [](const auto* a, const auto* b) { return a->name < b->name; });
-    std::uint32_t crc = 0;
-    for (const auto* t : by_name) crc = crc32(t->data, crc);
-    if (hex8(crc) != recorded->second) {
+    std::uint32_t in_name_order = 0;
+    if (by_name != ordered) {
+      for (const auto* t : by_name) in_name_order = crc32(t->data, in_name_order);
+    } else {
+      in_name_order = in_file_order;
+    }
+    if (hex8(in_name_order) != recorded->second && hex8(in_file_order) != recorded->second) {
       throw CorruptCheckpointError(
           "cpprun: safetensors file " + path + " is damaged: the CRC-32 of its " + std::to_string(data.size()) +
-          " data bytes (its tensors in name order) is 0x" + hex8(crc) + " but 0x" + recorded->second +
+          " data bytes (its tensors in name order) is 0x" + hex8(in_name_order) + " but 0x" + recorded->second +
           " was recorded when cpprun wrote it (its tensors' bytes changed since). It cannot be trusted: use an "
           "earlier checkpoint, or start afresh. If its tensors were changed on purpose and cpprun's metadata kept, "
           "drop the \"" + std::string(kSafetensorsCrcKey) + "\" key from the metadata.");

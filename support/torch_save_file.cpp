@@ -602,6 +602,10 @@ std::string encode_torch_save(const NamedTensors& tensors) {
 }
 
 bool is_legacy_torch_save(std::string_view head) {
+  // Protocols 0 and 1 (no PROTO) write the magic number 0x1950a86a20f9469cfc6c as a text LONG.
+  static constexpr std::string_view kTextMagic("L119547037146038801333356L\n");
+  const std::size_t text_bytes = std::min(head.size(), kTextMagic.size());
+  if (text_bytes >= 8 && head.substr(0, text_bytes) == kTextMagic.substr(0, text_bytes)) return true;
   // PROTO 2 by default, any of 2-5 with pickle_protocol=; from protocol 4 a FRAME (an opcode and
   // 8 bytes) next; then the magic number as a 10-byte LONG1, as much of it as `head` holds.
   static constexpr std::string_view kMagic("\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19", 12);

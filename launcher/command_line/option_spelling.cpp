@@ -25,14 +25,23 @@ std::vector<const OptionSpelling*> prefixed(const std::string& name, const std::
   return found;
 }
 
-// argparse's test for a word that is an option, not a value: a dash and more, but not a negative
-// number ("-1", "-.5", which argparse reads as values while no option looks like one).
-bool looks_like_option(const std::string& word) {
+// argparse's test for a word that is an option, not a value (ArgumentParser._parse_optional): a
+// dash and more, but not a negative number (-1, -.5, -1.5: argparse's ^-\d+$|^-\d*\.\d+$, read as
+// values while no option looks like one) and, unless it is one of ours, no word with a space in it
+// (--log_line_prefix_template "- ${rank} -").
+bool looks_like_option(const std::string& word, const std::vector<OptionSpelling>& options) {
   if (word.size() < 2 || word[0] != '-') return false;
+  const std::string name = word.substr(0, word.find('='));
+  if (exact(name, options) != nullptr || (name.rfind("--", 0) == 0 && !prefixed(name, options).empty())) return true;
+  const auto digits = [](const std::string& text) {
+    return !text.empty() && text.find_first_not_of("0123456789") == std::string::npos;
+  };
   const std::string rest = word.substr(1);
-  const bool number = rest.find_first_not_of("0123456789.") == std::string::npos &&
-                      std::count(rest.begin(), rest.end(), '.') <= 1 && rest != ".";
-  return !number;
+  const std::size_t dot = rest.find('.');
+  const bool negative_number = dot == std::string::npos ? digits(rest)
+                                                        : (dot == 0 || digits(rest.substr(0, dot))) &&
+                                                              digits(rest.substr(dot + 1));
+  return !negative_number && word.find(' ') == std::string::npos;
 }
 
 std::string without_dashes(const std::string& name) {
@@ -83,7 +92,7 @@ std::vector<std::string> expand_option_prefixes(const std::vector<std::string>& 
     if (option->takes_value && eq == std::string::npos) {
       // "--log-dir --redirects=3 ./train": argparse refuses the option as the value; CLI11 would
       // take it (a log dir named "--redirects=3", and no redirects).
-      if (i + 1 < out.size() && looks_like_option(out[i + 1])) {
+      if (i + 1 < out.size() && looks_like_option(out[i + 1], options)) {
         throw UsageError("argument " + name + ": expected one argument (the next word, " + out[i + 1] +
                          ", is an option; give " + name + " its value: " + name + " VALUE or " + name +
                          "=VALUE)\nRun with --help for more information.");

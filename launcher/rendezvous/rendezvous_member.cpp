@@ -84,8 +84,9 @@ class RendezvousMember final : public NodeRendezvous {
       }
       const int left = ms_until(deadline + kVerdictGrace);
       if (left <= 0) {
-        // A host that never spoke has reported nothing the timeout's message could name.
-        throw RendezvousError(heard_ ? timeout_message()
+        // A host that never spoke (no challenge, no `busy`, no message on any link) has reported
+        // nothing the timeout's message could name.
+        throw RendezvousError(heard_ || host_spoke_ ? timeout_message()
                                      : silent_host_message(std::chrono::duration_cast<std::chrono::seconds>(
                                            Clock::now() - connected)),
                               1);

@@ -37,13 +37,15 @@ inline constexpr std::size_t kCreditReturnBytes = kChannelWindowBytes / 2;
 // Note [Channels a node may hold]
 // Channels open at once on one link: a worker holds one store connection for its life (PyTorch's
 // and cpprun's clients alike), some two or three, so the cap grows with the member's workers, as both
-// agents know them from its hello: 3 per worker and 64 more, at least 256, at most 8192 (so that what a
-// peer holding the secret can make node 0 hold stays bounded: a window each way per channel). A
-// fixed 256 once left the 257th worker of a big node waiting in the listener's backlog until its store
-// timeout. At the cap the member leaves new connections in the backlog (one is taken again when a
-// channel closes) and says so, once; a host that is asked for one more treats it as a violation.
+// agents know them from its hello: 3 per worker and 64 more, at least 256, at most 2048 (a node of
+// ~660 workers). The upper bound keeps what a peer holding the secret can make node 0 hold per link
+// to 2048 channels x a window each way (128 KiB): 512 MiB, where a fixed 256 gave 64 MiB. That
+// fixed 256 once left the 257th worker of a big node waiting in the listener's backlog until its
+// store timeout. At the cap the member leaves new connections in the backlog (one is taken again
+// when a channel closes) and says so, once a link; a host that is asked for one more treats it as
+// a violation.
 inline constexpr std::size_t kMinChannelCap = 256;
-inline constexpr std::size_t kMaxChannelCap = 8192;
+inline constexpr std::size_t kMaxChannelCap = 2048;
 std::size_t tunnel_channel_cap(int local_world_size);
 
 enum class ChannelState {

@@ -151,6 +151,7 @@ void StoreTunnel::on_link_lost() {
 void StoreTunnel::on_new_link() {
   on_link_lost();
   state_ = TunnelState(side_, max_channels_);
+  told_at_cap_ = false;
   accepting_ = true;
   accept_again_at_.reset();
 }
@@ -276,8 +277,10 @@ std::string StoreTunnel::carry_out(std::vector<TunnelAction> actions, NodeLink& 
         if (!told_at_cap_) {  // Note [Channels a node may hold]: a wait the workers would not explain
           told_at_cap_ = true;
           std::cerr << "cpprun: warning: this node's workers hold " << max_channels_
-                    << " connections to the job's store through the agents' link, the most one node may (3 per "
-                       "worker and 64 more); a new one waits until one of them closes\n";
+                    << " connections to the job's store through the agents' link, the most one node of its workers "
+                       "may (3 per worker and 64 more, at least "
+                    << kMinChannelCap << ", at most " << kMaxChannelCap
+                    << "); a new one waits until one of them closes\n";
         }
         break;
       case Kind::kResumeAccepting:

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "workers/job_process_tree.h"
+#include "workers/run_directory.h"
 #include "workers/signal_relay.h"
 
 namespace cpprun::launcher {
@@ -70,8 +71,7 @@ std::vector<pid_t> launchers_like(pid_t guardian) {
 }
 
 int temp_file() {
-  const char* dir = std::getenv("TMPDIR");
-  const std::string where = dir != nullptr && *dir != '\0' ? dir : "/tmp";
+  const std::string where = temp_root();  // the job's own temp dir's choice, as Python's tempfile
   int fd = open(where.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
   if (fd >= 0) return fd;
   std::string pattern = where + "/cpprun-diagnose-XXXXXX";

@@ -167,8 +167,42 @@ std::size_t root_cause_by_report_time(std::size_t first_exited, const std::vecto
 
 namespace {
 
-// Deeper than torch's @record or cpprun::record write; a worker's file nested deeper is not copied.
+// Deeper than torch's @record or cpprun::record write.
 constexpr int kMaxErrorFileDepth = 64;
+
+// An object or array whose brackets balance outside its strings, and nothing after it: what
+// Python's json.load may read although parse_json refuses it (NaN, Infinity, a repeated key, a
+// lone surrogate escape such as json.dump writes for a path that is not UTF-8).
+bool balanced_container(const std::string& text) {
+  std::size_t i = text.find_first_not_of(" \t\n\r");
+  if (i == std::string::npos || (text[i] != '{' && text[i] != '[')) return false;
+  long depth = 0;
+  for (bool in_string = false; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') ++i;  // the escaped character, whatever it is
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '{' || c == '[') {
+      ++depth;
+    } else if ((c == '}' || c == ']') && --depth == 0) {
+      return text.find_first_not_of(" \t\n\r", i + 1) == std::string::npos;
+    }
+  }
+  return false;  // cut short
+}
+
+// Why `text` is not what torchrun's json.load would read, or nothing when it may be.
+std::optional<std::string> why_not_json(const std::string& text) {
+  try {
+    detail::parse_json(text, kMaxErrorFileDepth);
+    return std::nullopt;
+  } catch (const detail::JsonSyntaxError& e) {
+    if (balanced_container(text)) return std::nullopt;
+    return std::string(e.what());
+  }
+}
 
 // Replaces the launcher's error file with `json`: "" when written, else the warning to print,
 // naming `what` was being written.
@@ -190,16 +224,14 @@ std::string copy_root_error_file(const std::string& worker_error_file, const std
   std::ostringstream text;
   text << in.rdbuf();
   std::string json = text.str();
-  try {
-    detail::parse_json(json, kMaxErrorFileDepth);
-    json = with_error_code(json, error_code);
-  } catch (const detail::JsonSyntaxError& e) {
+  if (const std::optional<std::string> why = why_not_json(json)) {
     // torchrun's json.load fails on it, and its launcher's own error (a JSONDecodeError) is what its
     // error file then holds: valid JSON for the scheduler that reads it, never the bytes as they are.
-    json = launcher_error_json("cpprun: the root cause's error file " + worker_error_file + " is not JSON (" +
-                                   e.what() + "), so it was not copied; the worker's exit code was " +
-                                   std::to_string(error_code),
+    json = launcher_error_json("cpprun: the root cause's error file " + worker_error_file + " is not JSON (" + *why +
+                                   "), so it was not copied; the worker's exit code was " + std::to_string(error_code),
                                static_cast<long long>(std::time(nullptr)));
+  } else {
+    json = with_error_code(json, error_code);
   }
   return write_launcher_error_file(launcher_error_file, json, "the root cause's error file");
 }

@@ -27,26 +27,6 @@ void make_directories(const std::string& path, const std::string& what) {
   if (error) throw std::system_error(error, "cpprun: " + what + ": cannot create " + path);
 }
 
-// Python's tempfile.gettempdir(), which torchrun's temp dirs come from: the first of $TMPDIR, $TEMP,
-// $TMP, /tmp, /var/tmp, /usr/tmp and the working directory that is a directory this process may
-// write in. A TMPDIR that does not exist or is a file is passed over, as Python passes it over;
-// cpprun once refused to start there, where torchrun ran.
-std::string temp_root() {
-  std::vector<std::string> candidates;
-  for (const char* name : {"TMPDIR", "TEMP", "TMP"}) {
-    const char* value = std::getenv(name);
-    if (value != nullptr && *value != '\0') candidates.emplace_back(value);
-  }
-  for (const char* dir : {"/tmp", "/var/tmp", "/usr/tmp"}) candidates.emplace_back(dir);
-  for (const std::string& dir : candidates) {
-    struct stat st {};
-    if (::stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode) && ::access(dir.c_str(), W_OK | X_OK) == 0) return dir;
-  }
-  std::error_code error;
-  const std::string here = std::filesystem::current_path(error).string();
-  return error ? std::string("/tmp") : here;  // nothing writable anywhere: the error names /tmp
-}
-
 // `prefix` + 8 characters of Python's mkdtemp alphabet, made with mkdir (which fails if it exists).
 std::string make_unique_dir(const std::string& prefix, const std::string& what) {
   static const char kAlphabet[] = "abcdefghijklmnopqrstuvwxyz0123456789_";
@@ -73,6 +53,22 @@ std::string make_unique_dir(const std::string& prefix, const std::string& what) 
 }
 
 }  // namespace
+
+std::string temp_root() {
+  std::vector<std::string> candidates;
+  for (const char* name : {"TMPDIR", "TEMP", "TMP"}) {
+    const char* value = std::getenv(name);
+    if (value != nullptr && *value != '\0') candidates.emplace_back(value);
+  }
+  for (const char* dir : {"/tmp", "/var/tmp", "/usr/tmp"}) candidates.emplace_back(dir);
+  for (const std::string& dir : candidates) {
+    struct stat st {};
+    if (::stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode) && ::access(dir.c_str(), W_OK | X_OK) == 0) return dir;
+  }
+  std::error_code error;
+  const std::string here = std::filesystem::current_path(error).string();
+  return error ? std::string("/tmp") : here;  // nothing writable anywhere: the error names /tmp
+}
 
 std::string RunLayout::worker_dir(int attempt, int local_rank) const {
   return dir + "/attempt_" + std::to_string(attempt) + "/" + std::to_string(local_rank);

@@ -1,7 +1,8 @@
 // Where a run keeps its per-worker files. Under --log_dir, torchrun's layout: each run makes its own
 // LOG_DIR/RUN_ID_XXXXXXXX/ (8 random characters, as Python's mkdtemp), whose attempt_N/LOCAL_RANK/ holds
 // stdout.log, stderr.log (--redirects/--tee) and error.json (TORCHELASTIC_ERROR_FILE). --redirects or
-// --tee without --log_dir: LOG_DIR is a fresh ${TMPDIR:-/tmp}/torchelastic_XXXXXX that stays, as torchrun's.
+// --tee without --log_dir: LOG_DIR is a fresh TEMP/torchelastic_XXXXXX that stays, as torchrun's (TEMP:
+// temp_root()).
 // Otherwise only error files, as DIR/attempt_N.LOCAL_RANK.error.json in a temp dir cpprun removes.
 // A cpprun-XXXXXX temp dir holds a record of its owner, so that the next cpprun removes it if its
 // owner was SIGKILLed (stale_run_dirs.h).
@@ -15,12 +16,18 @@
 
 namespace cpprun::launcher {
 
+// The temp dir, Python's tempfile.gettempdir(), which torchrun's temp dirs come from: the first of
+// $TMPDIR, $TEMP, $TMP, /tmp, /var/tmp, /usr/tmp and the working directory that is a directory this
+// process may write in. A TMPDIR that does not exist or is a file is passed over, as Python passes
+// it over; cpprun once refused to start there, where torchrun ran.
+std::string temp_root();
+
 // The paths of a run's files. Pure.
 struct RunLayout {
   std::string dir;              // LOG_DIR/RUN_ID_XXXXXXXX, or the flat temp dir
   bool per_worker_dirs = true;  // torchrun's layout (--log_dir); false: flat (the temp dir)
   // cpprun's own files, which torchrun's --log_dir tree does not have: the flat temp dir, or beside a
-  // log dir a ${TMPDIR:-/tmp}/cpprun-XXXXXX of its own (made for --run_path only; "" otherwise),
+  // log dir a TEMP/cpprun-XXXXXX of its own (made for --run_path only; "" otherwise),
   // removed at the end either way.
   std::string private_dir;
   // false under --log_dir=/dev/null: the workers get TORCHELASTIC_ERROR_FILE="", as torchrun's
@@ -50,7 +57,7 @@ struct RunLayout {
 class RunDirectory {
  public:
   // Creates `log_dir` (mkdir -p) or, if empty and `writes_files`, a torchelastic_ temp dir; then the run's
-  // RUN_ID_XXXXXXXX in it. Else ${TMPDIR:-/tmp}/cpprun-XXXXXX. Beside a log dir, the private dir
+  // RUN_ID_XXXXXXXX in it. Else TEMP/cpprun-XXXXXX. Beside a log dir, the private dir
   // (RunLayout::private_dir) only when `private_files` (--run_path's barrier); else it is "".
   // std::system_error names the path.
   RunDirectory(const std::string& log_dir, const std::string& run_id, bool writes_files, bool private_files = false);

@@ -1,5 +1,6 @@
-// Temp dirs of cpprun runs that were SIGKILLed: each ${TMPDIR:-/tmp}/cpprun-XXXXXX records its owner,
-// and a later cpprun removes those whose owner is gone. Note [Stale temp dirs].
+// Temp dirs of cpprun runs that were SIGKILLed: each TEMP/cpprun-XXXXXX (TEMP: run_directory.h's
+// temp_root()) records its owner, and a later cpprun removes those whose owner is gone. Note [Stale
+// temp dirs].
 #pragma once
 
 #include <sys/types.h>

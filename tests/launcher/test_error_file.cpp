@@ -67,6 +67,15 @@ TEST_CASE("error_file: the worker's file is copied into the launcher's, only whe
   CHECK_THAT(said, Catch::Matchers::StartsWith(R"({"message": {"message": "cpprun: the root cause's error file )" +
                                                worker + " is not JSON (") &&
                        Catch::Matchers::Contains("the worker's exit code was 4"));
+  // What Python's json.load reads and cpprun's strict parser does not is copied as torchrun copies
+  // it: NaN, a repeated key, a lone surrogate escape (json.dump's for a path that is not UTF-8).
+  const std::string lenient = R"({"message": {"message": "E \udc80 {", "extraInfo": {"x": NaN, "x": 1}}})";
+  std::ofstream(worker) << lenient;
+  CHECK(copy_root_error_file(worker, mine, 1).empty());
+  CHECK(read_all(mine) == R"({"message": {"message": "E \udc80 {", "extraInfo": {"x": NaN, "x": 1}, "errorCode": 1}})");
+  std::ofstream(worker) << R"({"message": {"message": "cut short)";
+  CHECK(copy_root_error_file(worker, mine, 1).empty());
+  CHECK_THAT(read_all(mine), Catch::Matchers::Contains("is not JSON ("));
   std::ofstream(worker) << R"({"message": {"message": "E"}})";
   CHECK(copy_root_error_file(worker, "", 1).empty());  // the launcher has no TORCHELASTIC_ERROR_FILE
   CHECK_THAT(copy_root_error_file(worker, dir + "/missing/x.json", 1),

@@ -63,6 +63,13 @@ TEST_CASE("option_spelling: an option's value, PROGRAM and what follows are left
   CHECK(expand({"--max_restarts", "-1", "x"}) == Args{"--max_restarts", "-1", "x"});
   CHECK(expand({"--tee", "-", "x"}) == Args{"--tee", "-", "x"});
   CHECK(expand({"--nnodes", "-.5", "x"}) == Args{"--nnodes", "-.5", "x"});
+  CHECK(expand({"--nnodes", "-1.5", "x"}) == Args{"--nnodes", "-1.5", "x"});
+  CHECK_THAT(ambiguity({"--nnodes", "-1.", "x"}), Contains("argument --nnodes: expected one argument"));
+  // argparse takes a word with a space in it as a value, unless it is one of its options: torchrun
+  // users write --log_line_prefix_template "- ${rank} -".
+  CHECK(expand({"--tee", "- ${rank} -", "x"}) == Args{"--tee", "- ${rank} -", "x"});
+  CHECK(expand({"--tee", "--- epoch", "x"}) == Args{"--tee", "--- epoch", "x"});
+  CHECK_THAT(ambiguity({"--tee", "--nproc=2 3", "x"}), Contains("argument --tee: expected one argument"));
   CHECK(expand({"--nproc", "2", "--", "--max", "x"}) == Args{"--nproc_per_node", "2", "--", "--max", "x"});
   CHECK(expand({"-t", "1", "--nproc", "2", "x"}) == Args{"-t", "1", "--nproc_per_node", "2", "x"});
   CHECK(expand({"-t1", "--nproc", "2", "x"}) == Args{"-t1", "--nproc_per_node", "2", "x"});

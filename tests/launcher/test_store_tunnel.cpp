@@ -377,7 +377,8 @@ TEST_CASE("store_tunnel: the channel cap grows with the member's workers, within
   CHECK(tunnel_channel_cap(1) == kMinChannelCap);
   CHECK(tunnel_channel_cap(64) == kMinChannelCap);
   CHECK(tunnel_channel_cap(300) == 964);
-  CHECK(tunnel_channel_cap(2000) == 6064);
+  CHECK(tunnel_channel_cap(600) == 1864);
+  CHECK(tunnel_channel_cap(2000) == kMaxChannelCap);
   CHECK(tunnel_channel_cap(65536) == kMaxChannelCap);
   CHECK(tunnel_channel_cap(-1) == kMinChannelCap);
 

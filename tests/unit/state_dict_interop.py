@@ -172,8 +172,9 @@ def write_dtypes(directory):
     model = Net()
     torch.save(model.state_dict(), directory / "py_legacy.pt", _use_new_zipfile_serialization=False)
     # The same with another pickle protocol: once refused as a damaged zip, not by its format's name.
-    torch.save(model.state_dict(), directory / "py_legacy_protocol4.ckpt", _use_new_zipfile_serialization=False,
-               pickle_protocol=4)
+    for protocol in (0, 4):
+        torch.save(model.state_dict(), directory / f"py_legacy_protocol{protocol}.ckpt",
+                   _use_new_zipfile_serialization=False, pickle_protocol=protocol)
     (directory / "bin").mkdir()
     shutil.copy(directory / "py.pt", directory / "bin" / "pytorch_model.bin")
     (directory / "bin_sharded").mkdir()

@@ -57,6 +57,7 @@ done
 "$python" "$here/state_dict_interop.py" check_dtypes "$dir" || fail "Python could not read cpprun's dtype files"
 "$tool" read "$dir/bin" || fail "cpprun could not load bin/pytorch_model.bin"
 for refused in "py_legacy.pt:in torch.save's legacy format" \
+               "py_legacy_protocol0.ckpt:in torch.save's legacy format" \
                "py_legacy_protocol4.ckpt:in torch.save's legacy format" \
                "bin_sharded:holds pytorch_model.bin.index.json, transformers' sharded torch.save files"; do
   out=$("$tool" refuse "$dir/${refused%%:*}") || fail "$out"
