@@ -15,8 +15,9 @@
 // not each cost a `credit`). A channel without credit is not read: the bytes wait in the worker's or
 // the store's own socket buffers. So what a peer can make an agent hold is bounded: per channel one
 // window it received (waiting to be written) and one read (waiting for credit), and
-// tunnel_channel_cap() channels per link. A peer that sends beyond its credit, or breaks any other rule below, gets a
-// kViolation: the link is closed, as for any message that is not our protocol (node_link.h).
+// tunnel_channel_cap() channels per link. A peer that sends beyond its credit, or breaks any other
+// rule below, gets a kViolation: the link is closed, as for any message that is not our protocol
+// (node_link.h).
 #pragma once
 
 #include <cstddef>
@@ -118,6 +119,7 @@ class TunnelState {
   // For the executor's poll and for tests.
   std::optional<ChannelState> channel_state(int channel) const;
   std::size_t open_channels() const { return channels_.size(); }
+  std::size_t max_channels() const { return max_channels_; }
   bool accepting() const { return !stopped_accepting_; }
   bool link_closed() const { return link_closed_; }
 

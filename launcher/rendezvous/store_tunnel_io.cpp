@@ -150,7 +150,7 @@ void StoreTunnel::on_link_lost() {
 
 void StoreTunnel::on_new_link() {
   on_link_lost();
-  state_ = TunnelState(side_, max_channels_);
+  state_ = TunnelState(side_, state_.max_channels());
   told_at_cap_ = false;
   accepting_ = true;
   accept_again_at_.reset();
@@ -276,7 +276,7 @@ std::string StoreTunnel::carry_out(std::vector<TunnelAction> actions, NodeLink& 
         accepting_ = false;
         if (!told_at_cap_) {  // Note [Channels a node may hold]: a wait the workers would not explain
           told_at_cap_ = true;
-          std::cerr << "cpprun: warning: this node's workers hold " << max_channels_
+          std::cerr << "cpprun: warning: this node's workers hold " << state_.max_channels()
                     << " connections to the job's store through the agents' link, the most one node of its workers "
                        "may (3 per worker and 64 more, at least "
                     << kMinChannelCap << ", at most " << kMaxChannelCap

@@ -67,8 +67,7 @@ LoopbackEndpoint free_loopback_port(LoopbackFamily family);
 class StoreTunnel {
  public:
   // `max_channels`: tunnel_channel_cap() of the member's workers (Note [Channels a node may hold]).
-  StoreTunnel(LinkSide side, std::size_t max_channels)
-      : state_(side, max_channels), side_(side), max_channels_(max_channels) {}
+  StoreTunnel(LinkSide side, std::size_t max_channels) : state_(side, max_channels), side_(side) {}
   StoreTunnel(const StoreTunnel&) = delete;
   StoreTunnel& operator=(const StoreTunnel&) = delete;
 
@@ -127,7 +126,6 @@ class StoreTunnel {
 
   TunnelState state_;
   const LinkSide side_;
-  const std::size_t max_channels_;
   bool told_at_cap_ = false;  // member: the warning that the cap's channels are open, once a link
   std::map<int, Socket> sockets_;  // by channel
   OwnedFd listener_;               // member: this round's

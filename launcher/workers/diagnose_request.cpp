@@ -47,6 +47,9 @@ std::string proc_file(pid_t pid, const char* name) {
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
+// Whether `pid` is a cpprun's guardian (job_process_tree.h): by its process name.
+bool is_guardian(pid_t pid) { return proc_file(pid, "comm") == std::string(kGuardianName) + "\n"; }
+
 // The cpprun processes (not guardians) of this user whose command line is the guardian's: the
 // guardian is a fork of its cpprun, so its own is among them; a second job started with the same
 // command line is too, and then the guardian alone cannot say which is its.
@@ -63,7 +66,7 @@ std::vector<pid_t> launchers_like(pid_t guardian) {
     const long pid = std::strtol(entry->d_name, &end, 10);
     if (*end != '\0' || pid <= 0 || pid == guardian || pid == getpid()) continue;
     if (program_of(static_cast<pid_t>(pid)) != "cpprun") continue;  // another user's reads as ""
-    if (proc_file(static_cast<pid_t>(pid), "comm") == std::string(kGuardianName) + "\n") continue;
+    if (is_guardian(static_cast<pid_t>(pid))) continue;
     if (proc_file(static_cast<pid_t>(pid), "cmdline") == command_line) found.push_back(static_cast<pid_t>(pid));
   }
   closedir(proc);
@@ -100,7 +103,7 @@ int request_diagnosis(const std::string& pid_text, std::chrono::milliseconds tim
   }
   // Note [The guardian relays the launcher's signals]: the guardian keeps cpprun's command line, so
   // `pgrep -a cpprun` lists both and `pgrep -nf` names the guardian. It knows no ranks: ask its cpprun.
-  if (proc_file(static_cast<pid_t>(pid), "comm") == std::string(kGuardianName) + "\n") {
+  if (is_guardian(static_cast<pid_t>(pid))) {
     const std::vector<pid_t> launchers = launchers_like(static_cast<pid_t>(pid));
     if (launchers.size() != 1) {
       std::cerr << "cpprun: --diagnose " << pid << ": that process is the guardian of a cpprun (" << kGuardianName

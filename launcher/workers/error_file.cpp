@@ -167,41 +167,22 @@ std::size_t root_cause_by_report_time(std::size_t first_exited, const std::vecto
 
 namespace {
 
-// Deeper than torch's @record or cpprun::record write.
-constexpr int kMaxErrorFileDepth = 64;
-
-// An object or array whose brackets balance outside its strings, and nothing after it: what
-// Python's json.load may read although parse_json refuses it (NaN, Infinity, a repeated key, a
-// lone surrogate escape such as json.dump writes for a path that is not UTF-8).
-bool balanced_container(const std::string& text) {
-  std::size_t i = text.find_first_not_of(" \t\n\r");
-  if (i == std::string::npos || (text[i] != '{' && text[i] != '[')) return false;
-  long depth = 0;
-  for (bool in_string = false; i < text.size(); ++i) {
-    const char c = text[i];
-    if (in_string) {
-      if (c == '\\') ++i;  // the escaped character, whatever it is
-      else if (c == '"') in_string = false;
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '{' || c == '[') {
-      ++depth;
-    } else if ((c == '}' || c == ']') && --depth == 0) {
-      return text.find_first_not_of(" \t\n\r", i + 1) == std::string::npos;
-    }
-  }
-  return false;  // cut short
-}
-
-// Why `text` is not what torchrun's json.load would read, or nothing when it may be.
+// Why `text` is not what torchrun's json.load would read, or nothing when it may be. An object or
+// array is read as Scanner reads it, which takes what json.load takes beyond strict JSON and
+// parse_json refuses: NaN, Infinity, a repeated key, a lone surrogate escape (json.dump writes one
+// for a path that is not UTF-8). parse_json says what is wrong.
 std::optional<std::string> why_not_json(const std::string& text) {
+  const Scanner scan(text);
+  const std::size_t start = scan.space(0);
+  const bool container = start < text.size() && (text[start] == '{' || text[start] == '[');
+  const std::size_t end = container ? scan.value(start) : Scanner::npos;
+  if (end != Scanner::npos && scan.space(end) == text.size()) return std::nullopt;
   try {
-    detail::parse_json(text, kMaxErrorFileDepth);
-    return std::nullopt;
+    detail::parse_json(text, Scanner::kMaxDepth);
   } catch (const detail::JsonSyntaxError& e) {
-    if (balanced_container(text)) return std::nullopt;
     return std::string(e.what());
   }
+  return std::nullopt;  // strict JSON that is no object or array (a string, a number): json.load reads it
 }
 
 // Replaces the launcher's error file with `json`: "" when written, else the warning to print,

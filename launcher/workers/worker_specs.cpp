@@ -138,14 +138,14 @@ std::string substitute_local_rank(const std::string& arg, int local_rank) {
       continue;
     }
     if (const std::size_t named = identifier(i + 1); named > 0) {
-      out += arg.compare(i + 1, named, "local_rank") == 0 && named == 10 ? rank : arg.substr(i, named + 1);
+      out += arg.compare(i + 1, named, "local_rank") == 0 ? rank : arg.substr(i, named + 1);
       i += named + 1;
       continue;
     }
     if (i + 1 < arg.size() && arg[i + 1] == '{') {
       const std::size_t braced = identifier(i + 2);
       if (braced > 0 && i + 2 + braced < arg.size() && arg[i + 2 + braced] == '}') {
-        out += arg.compare(i + 2, braced, "local_rank") == 0 && braced == 10 ? rank : arg.substr(i, braced + 3);
+        out += arg.compare(i + 2, braced, "local_rank") == 0 ? rank : arg.substr(i, braced + 3);
         i += braced + 3;
         continue;
       }
