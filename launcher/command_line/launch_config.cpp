@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 #include <sstream>
+#include <string_view>
 #include <system_error>
 
 #include "command_line/option_spelling.h"
@@ -22,14 +23,61 @@
 namespace cpprun::launcher {
 namespace {
 
-// CLI11 only knows the options; the usage line should also show what follows them.
+// CLI11 only knows the options; the usage line should also show what follows them. It also shows
+// the variable of each flag that cpprun reads itself (Note [A flag from PET_<NAME>]).
 struct CpprunFormatter : CLI::Formatter {
+  std::vector<std::pair<const CLI::Option*, std::string>> flag_envs;
+
   std::string make_usage(const CLI::App* app, std::string name) const override {
     std::string usage = CLI::Formatter::make_usage(app, std::move(name));
     const auto end = usage.find_last_not_of('\n') + 1;
     return usage.substr(0, end) + " PROGRAM [ARGS...]" + usage.substr(end);
   }
+  std::string make_option_opts(const CLI::Option* opt) const override {
+    std::string opts = CLI::Formatter::make_option_opts(opt);
+    for (const auto& [flag, env] : flag_envs) {
+      if (flag == opt) opts += " (Env:" + env + ")";
+    }
+    return opts;
+  }
 };
+
+// Note [A flag from PET_<NAME>]
+// torchrun reads a flag's PET_<NAME> as bool(int(value)) (argparse_util.py, check_env): whatever
+// Python's int() takes, 0 is off and any other integer on, -1 included. CLI11 would read -1 as off
+// and name no variable when it refuses a value, so cpprun reads these variables itself: the integers
+// as Python has them (surrounding whitespace, a sign, underscores between digits), and also
+// true/false, yes/no, on/off, as CLI11 did, where torchrun stops with a ValueError. Empty is unset.
+std::optional<bool> python_int_is_nonzero(std::string_view text) {
+  const auto space = [](char c) { return c == ' ' || (c >= '\t' && c <= '\r'); };
+  while (!text.empty() && space(text.front())) text.remove_prefix(1);
+  while (!text.empty() && space(text.back())) text.remove_suffix(1);
+  if (!text.empty() && (text.front() == '+' || text.front() == '-')) text.remove_prefix(1);
+  bool nonzero = false;
+  bool after_digit = false;
+  for (const char c : text) {
+    if (c == '_' && after_digit) {
+      after_digit = false;  // one underscore, and only between digits
+    } else if (c >= '0' && c <= '9') {
+      nonzero = nonzero || c != '0';
+      after_digit = true;
+    } else {
+      return std::nullopt;
+    }
+  }
+  if (!after_digit) return std::nullopt;  // empty, a lone sign, or a trailing underscore
+  return nonzero;
+}
+
+bool flag_from_env(const std::string& name, const std::string& value) {
+  if (const std::optional<bool> on = python_int_is_nonzero(value)) return *on;
+  std::string word = value;
+  std::transform(word.begin(), word.end(), word.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (word == "true" || word == "yes" || word == "on") return true;
+  if (word == "false" || word == "no" || word == "off") return false;
+  throw UsageError(name + "=" + value + ": expected an integer, as torchrun reads it (0: off; any other, -1 "
+                   "included: on), or true/false; unset it or pass the flag instead");
+}
 
 // The options that need checking, as typed; validate() turns them into a LaunchConfig, to which the
 // others bind directly. Numbers are read as text so that errors can name the flag, the value and the fix.
@@ -722,7 +770,8 @@ ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, cons
       "it on each of K nodes; with --rdzv_backend=c10d and --nnodes=MIN:MAX, nodes may come and go.",
       "cpprun"};
   app.prefix_command();
-  app.formatter(std::make_shared<CpprunFormatter>());
+  const auto formatter = std::make_shared<CpprunFormatter>();
+  app.formatter(formatter);
   // argparse semantics, which torchrun users rely on: a repeated option's last value wins.
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app.footer(
@@ -749,8 +798,10 @@ ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, cons
   auto option = [&](const std::string& names, std::string& value, const std::string& type, const std::string& help) {
     app.add_option(spellings(names), value, help)->type_name(type)->envname(env_name(names))->capture_default_str();
   };
+  std::vector<std::pair<bool*, std::size_t>> flag_vars;  // Note [A flag from PET_<NAME>]
   auto flag = [&](const std::string& names, bool& value, const std::string& help) {
-    app.add_flag(spellings(names), value, help)->envname(env_name(names));
+    flag_vars.emplace_back(&value, formatter->flag_envs.size());
+    formatter->flag_envs.emplace_back(app.add_flag(spellings(names), value, help), env_name(names));
   };
   option("--nproc_per_node", raw.nproc_per_node, "N|auto|cpu|gpu",
          "Workers on this node: N, cpu (one per CPU this process may run on), gpu (one per GPU) or auto (gpu if "
@@ -830,6 +881,11 @@ ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, cons
     return result;
   } catch (const CLI::ParseError& e) {
     throw UsageError(std::string(e.what()) + "\nRun with --help for more information.");
+  }
+  for (const auto& [value, index] : flag_vars) {
+    const auto& [option, variable] = formatter->flag_envs.at(index);
+    const std::optional<std::string> text = option->count() == 0 ? env(variable) : std::nullopt;
+    if (text && !text->empty()) *value = flag_from_env(variable, *text);
   }
   if (!raw.print_completion.empty()) {
     check_choice("--print_completion", raw.print_completion, {"bash", "zsh", "tcsh"});

@@ -11,6 +11,14 @@
 
 namespace cpprun::launcher {
 
+// Note [A job's root cause]
+// Each node names the first of its own workers to fail ("failed first on this node"), as each
+// torchrun agent names its own; the job's root cause is the first failure node 0 hears of, which
+// every node's exit line names and whose exit code every node exits with. Workers on two nodes can
+// fail before either node hears of the other's failure: each node then names its own, and a node
+// whose failure was not the one node 0 heard of first says so above its exit line, so that no
+// console calls two workers the root cause.
+
 int run_multi_node(const RendezvousSettings& settings, const WorkerSettings& workers, const ProgramCommand& program,
                    const EnvMap& parent_env, const KeeperSettings& keeper, SignalRelay& relay,
                    const RunDirectory& run_dir) {
@@ -41,16 +49,17 @@ int run_multi_node(const RendezvousSettings& settings, const WorkerSettings& wor
     for (const auto& [name, value] : interface.variables) round_env[name] = value;
     const std::vector<WorkerSpec> specs =
         make_worker_specs(workers, *layout, program, restart_count, run_dir.layout(), round_env);
+    const auto failure = [&](const AttemptEnd& attempt) {
+      return attempt.root_worker + " on " + this_node + " " + attempt.root_how;
+    };
     // Told before this node's workers are stopped, so every node stops at once.
     const auto tell_others = [&](const AttemptEnd& attempt) {
       switch (attempt.end) {
         case GroupEnd::kWorkerFailed:
-          rendezvous->report_failed(
-              {attempt.exit_code, true, attempt.root_worker + " on " + this_node + " " + attempt.root_how});
+          rendezvous->report_failed({attempt.exit_code, true, failure(attempt)});
           break;
         case GroupEnd::kUnhealthy:  // not restartable: Note [An unhealthy attempt] in workers/attempt.h
-          rendezvous->report_failed(
-              {attempt.exit_code, false, attempt.root_worker + " on " + this_node + " " + attempt.root_how});
+          rendezvous->report_failed({attempt.exit_code, false, failure(attempt)});
           break;
         case GroupEnd::kInterrupted:
           rendezvous->report_interrupted(
@@ -111,7 +120,13 @@ int run_multi_node(const RendezvousSettings& settings, const WorkerSettings& wor
         }
         continue;
       case JobDecision::Kind::kExit:
-        if (attempt.end == GroupEnd::kWorkerFailed || attempt.end == GroupEnd::kUnhealthy) hand_over_error_file(attempt);
+        if (attempt.end == GroupEnd::kWorkerFailed || attempt.end == GroupEnd::kUnhealthy) {
+          hand_over_error_file(attempt);
+          if (decision.end.reason != failure(attempt)) {  // Note [A job's root cause]
+            std::cerr << "cpprun: the job ends for what node 0 heard of first (below), not for this node's "
+                      << attempt.root_worker << ", which failed too\n";
+          }
+        }
         std::cerr << "cpprun: ";
         if (decision.end.restartable && settings.max_restarts > 0) {
           std::cerr << "giving up after " << restart_count + 1 << " attempts (--max_restarts=" << settings.max_restarts

@@ -647,6 +647,7 @@ AttemptEnd run_attempt(SignalRelay& relay, const std::vector<WorkerSpec>& specs,
   // What stop() sent first: the job-ending signal it forwarded (Ctrl-C: SIGINT), else SIGTERM.
   summary.stop_signal = end == GroupEnd::kInterrupted ? result.signal : SIGTERM;
   summary.kill_wait = wait_after_sigkill(shutdown_timeout);
+  summary.one_of_several_nodes = static_cast<bool>(before_stop);
   std::cerr << format_attempt_summary(group.workers(), summary);
   if (route != nullptr && route->report && end != GroupEnd::kInterrupted) {
     route->report(evidence, why, diagnosis_file);
@@ -673,7 +674,8 @@ std::string format_attempt_summary(const std::vector<WorkerRecord>& workers, con
   }
   if (summary.root_cause) {
     const WorkerRecord& root = workers.at(*summary.root_cause);
-    out << "cpprun: " << describe_worker(root) << " failed first (root cause): "
+    out << "cpprun: " << describe_worker(root)
+        << (summary.one_of_several_nodes ? " failed first on this node: " : " failed first (root cause): ")
         << (root.exit ? root.exit->describe() : "exit status unknown") << "\n";
   }
   for (std::size_t i = 0; i < workers.size(); ++i) {

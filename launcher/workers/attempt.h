@@ -176,6 +176,9 @@ struct AttemptSummary {
   std::string unhealthy;  // kUnhealthy: "rank 0 (...) stuck in uninterruptible sleep (D state) for ..."
   int stop_signal = SIGTERM;  // what the workers were sent first: SIGTERM, or the job-ending signal forwarded
   std::chrono::milliseconds kill_wait{0};  // how long the wait after SIGKILL was (kill_wait.h)
+  // A multi-node job: the root cause is this node's first failure, "failed first on this node"; the
+  // job's is the first failure node 0 heard of, named when cpprun exits (Note [A job's root cause]).
+  bool one_of_several_nodes = false;
 };
 
 // One line per worker, then the root cause's stderr tail and error file; every line "cpprun: ...\n". Pure.

@@ -81,6 +81,12 @@ TEST_CASE("attempt: the failure summary names the root cause and the stopped wor
   CHECK_THAT(text, Contains("rank 0 (local_rank 0, pid 100) stopped: killed by SIGTERM"));
   CHECK_THAT(text, Contains("rank 2 (local_rank 2, pid 102) stopped: did not exit within --shutdown_timeout=1s"));
   CHECK(text.find("rank 1") < text.find("rank 0"));  // root cause first
+  // One node of several: its first failure, not necessarily the job's (Note [A job's root cause]).
+  AttemptSummary node = summary(1, 0, std::chrono::seconds(1));
+  node.one_of_several_nodes = true;
+  const std::string node_text = format_attempt_summary(workers, node);
+  CHECK_THAT(node_text, Contains("rank 1 (local_rank 1, pid 101) failed first on this node: exited with code 3"));
+  CHECK_THAT(node_text, !Contains("root cause"));
 }
 
 TEST_CASE("attempt: the summary names a worker stuck in D state, and one that SIGKILL did not end", "[attempt]") {

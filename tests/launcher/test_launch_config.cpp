@@ -588,6 +588,39 @@ TEST_CASE("launch_config: PET_<NAME> only for the options torchrun reads it for"
   CHECK(cli.notes.empty());
 }
 
+TEST_CASE("launch_config: a flag's PET_<NAME> is torchrun's bool(int(value))", "[launch_config]") {
+  // Note [A flag from PET_<NAME>]: argparse_util.check_env, so -1 is on; CLI11 read it as off.
+  const auto with = [](const std::string& name, const std::string& value) {
+    return [name, value](const std::string& asked) -> std::optional<std::string> {
+      return asked == name ? std::optional<std::string>(value) : no_env(asked);
+    };
+  };
+  const auto mode = [&](const std::string& value) {
+    return parse_launch_config({"train.py"}, fake_host(), with("PET_NO_PYTHON", value)).config.program_mode;
+  };
+  for (const char* on : {"1", "-1", "2", " 3\n", "+1", "1_0", "007", "true", "Yes", "ON"}) {
+    INFO("PET_NO_PYTHON='" << on << "'");
+    CHECK(mode(on) == ProgramMode::kNoPython);
+  }
+  for (const char* off : {"0", "-0", "0_0", " 0 ", "false", "no", "Off", ""}) {
+    INFO("PET_NO_PYTHON='" << off << "'");
+    CHECK(mode(off) == ProgramMode::kByName);
+  }
+  for (const char* bad : {"abc", "1.0", "_1", "1_", "1__0", "-", "0x1", "1 1"}) {
+    INFO("PET_NO_PYTHON='" << bad << "'");
+    CHECK_THAT(usage_error_text([&] { mode(bad); }),
+               Contains(std::string("PET_NO_PYTHON=") + bad + ": expected an integer"));
+  }
+  // The command line wins: the variable is not read, even when it is bad.
+  CHECK(parse_launch_config({"--no_python", "t"}, fake_host(), with("PET_NO_PYTHON", "abc")).config.program_mode ==
+        ProgramMode::kNoPython);
+  CHECK(parse_launch_config({"t"}, fake_host(), with("PET_STANDALONE", "-1")).config.standalone);
+  CHECK(parse_launch_config({"t"}, fake_host(), with("PET_DRY_RUN", "1")).config.dry_run);
+  // --help still names each flag's variable.
+  CHECK_THAT(cli_help({"--help"}), Contains("--standalone (Env:PET_STANDALONE)"));
+  CHECK_THAT(cli_help({"--help"}), Contains("(Env:PET_NO_PYTHON)"));
+}
+
 TEST_CASE("launch_config: --rdzv_conf as PyTorch's own tests quote it", "[launch_config]") {
   // One argv word with the quotes in it: test/distributed/launcher/run_test.py.
   const LaunchConfig c = parse({"--rdzv-backend=c10d", "--rdzv-endpoint=localhost:29400", "--nnodes=1:2",

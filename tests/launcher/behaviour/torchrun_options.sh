@@ -157,6 +157,17 @@ for launcher in cpprun torchrun; do
   [ "$(printf '%s\n' "$ports" | wc -l)" = 1 ] && [ -n "$ports" ] && [ "$ports" != port=0 ] ||
     fail "$launcher: --rdzv-endpoint=localhost:0 gave the workers MASTER_PORT $ports"
 done
+# A flag's PET_<NAME> is bool(int(value)) under both (Note [A flag from PET_<NAME>]): -1 is on, so
+# PROGRAM.py runs as it is, not under python (it is a shell script).
+printf '#!/bin/sh\necho "pet-flag-on $0"\n' >"$WORK/flag.py"
+chmod +x "$WORK/flag.py"
+for launcher in cpprun torchrun; do
+  PET_NO_PYTHON=-1 $launcher --nproc-per-node=1 "$WORK/flag.py" ||
+    fail "$launcher: PET_NO_PYTHON=-1 did not run flag.py directly: $(tail -3 "$WORK/err")"
+  expect_in_file "$WORK/out" "pet-flag-on" "$launcher's worker under PET_NO_PYTHON=-1"
+  PET_NO_PYTHON=0 $launcher --nproc-per-node=1 "$WORK/flag.py" &&
+    fail "$launcher: PET_NO_PYTHON=0 ran flag.py directly, not under python"
+done
 rm -rf "$WORK/torchrun-tmp" "$WORK/cpprun-tmp"
 expect_no_leftovers
 echo PASS
