@@ -5,6 +5,7 @@
 #include <c10/util/Exception.h>
 
 #include "core/failure_agreement.h"
+#include "core/tensor_parallel_splits.h"
 #include "cpprun/collectives.h"
 #include "cpprun/object_collectives.h"
 
@@ -21,6 +22,13 @@ namespace cpprun::detail {
 CheckpointTeam::CheckpointTeam(std::optional<ProcessGroup> replicas, std::vector<ProcessGroup> tensor_parallel)
     : replicas_(std::move(replicas)), tensor_parallel_(std::move(tensor_parallel)) {
   for (const auto& group : tensor_parallel_) writes_ = writes_ && group.rank() == 0;
+}
+
+CheckpointTeam CheckpointTeam::also_over(const ProcessGroup& tensor_parallel) const {
+  std::vector<const ProcessGroup*> groups;
+  for (const auto& group : tensor_parallel_) groups.push_back(&group);
+  groups.push_back(&tensor_parallel);
+  return CheckpointTeam(replicas_, distinct_groups(groups));
 }
 
 int CheckpointTeam::writer_rank() const { return replicas_ ? replicas_->rank() : 0; }

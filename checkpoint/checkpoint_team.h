@@ -27,6 +27,10 @@ class CheckpointTeam {
   // tensor parallelism), in the same order on every rank.
   explicit CheckpointTeam(std::optional<ProcessGroup> replicas, std::vector<ProcessGroup> tensor_parallel = {});
 
+  // This team, also replicated over `tensor_parallel` (a pipeline stage held whole by each rank
+  // of its tensor-parallel group); a group it has already (the same ranks) is not added twice.
+  CheckpointTeam also_over(const ProcessGroup& tensor_parallel) const;
+
   bool alone() const { return !replicas_ && tensor_parallel_.empty(); }
   // Whether this rank writes files: it is first in every tensor-parallel group.
   bool writes() const { return writes_; }

@@ -59,8 +59,11 @@ void check_roots_line_up(const CheckpointTeam& team, const ProcessGroup& owners,
   try {
     TORCH_CHECK(count == 0 || count == owners.size(), "cpprun: ", what, ": in one pipeline group ", count, " of ",
                 owners.size(), " ranks are the first of their stage's data- and tensor-parallel groups, the others "
-                "not; build every stage's groups from one DeviceMesh (e.g. {pp, dp, tp}), so that a pipeline "
-                "group's ranks sit at the same data- and tensor-parallel coordinates.");
+                "not. A stage that holds no tensor-parallel module (a final norm and a head, say) is held whole by "
+                "each rank of its tensor-parallel group: tell every stage that group, "
+                "stage.set_tensor_parallel_group(mesh.group(\"tp\")). And build every stage's groups from one "
+                "DeviceMesh (e.g. {pp, dp, tp}), so that a pipeline group's ranks sit at the same data- and "
+                "tensor-parallel coordinates.");
   } catch (...) {
     mismatch = std::current_exception();
   }

@@ -262,22 +262,23 @@ void Reducer::on_gradient_ready(std::size_t param) {
 // autograd's own tensor, the memory it was meant to save never being spent. A comm hook
 // still runs (it may compress, or count), on the buckets, as at any size.
 void Reducer::mark_ready(std::size_t param, bool used) {
-  if (!leaves_gradients()) copy_into_bucket(param, used);  // Note [Nothing to reduce alone]
+  if (!leaves_gradients()) copy_into_bucket(param);  // Note [Nothing to reduce alone]
   ready_[param] = true;
   used_here_[param] = used;
   --buckets_[location_[param].first].pending;
 }
 
-void Reducer::copy_into_bucket(std::size_t param, bool used) {
+void Reducer::copy_into_bucket(std::size_t param) {
   // The bucket holds values, never part of a graph: under backward(create_graph=true) gradients
   // require grad, and out= ops such as mul_out would refuse them.
   at::NoGradGuard no_grad;
   at::Tensor view = slot(param);
   at::Tensor& grad = params_[param].mutable_grad();
   const bool scale = hook_ == nullptr;
-  if (!used || !grad.defined()) {
-    // The slot must hold zeros; a .grad that is this slot keeps its value as a copy of its own.
-    if (is_slot(grad, view)) grad = view.clone();
+  // A parameter this backward did not use still sends the .grad it has (accumulated under
+  // no_sync, or left by a backward without zero_grad), as PyTorch's reducer does: zeros would
+  // drop it from the average every rank then holds. Zeros only where there is no .grad.
+  if (!grad.defined()) {
     view.zero_();
   } else if (is_slot(grad, view)) {
     if (scale) view.mul_(average_scale_);

@@ -77,8 +77,8 @@ class Reducer {
   // Called by the autograd hook of parameter `param` once its .grad holds this backward's gradient.
   void on_gradient_ready(std::size_t param);
   void mark_ready(std::size_t param, bool used);
-  // Its gradient (zeros if unused), scaled by 1/world_size without a hook, into its bucket slot.
-  void copy_into_bucket(std::size_t param, bool used);
+  // Its .grad (zeros if it has none), scaled by 1/world_size without a hook, into its bucket slot.
+  void copy_into_bucket(std::size_t param);
   Work reduce(Bucket& bucket, std::size_t index);
   void launch_ready_buckets();
   void expect_gradients();  // a new iteration's reduction: no gradient in yet (mutex_ held)

@@ -93,9 +93,11 @@ constexpr const char* kUsage = R"(usage: train_gpt [options]
   --stop-after K     stop after step K of the --steps (1 to --steps), as if the run were to go on (it has no
                      learning-rate schedule to shorten); with --save, a checkpoint --resume continues
   --resume DIR       continue from DIR's checkpoint (--save's) with the step after it, under any --mode, --stage,
-                     --tp, --pp and number of ranks; the same --text, --block, model sizes and --dtype. The same global
-                     batch (--batch x the data-parallel ranks) continues the saved run exactly: the same held-out
-                     loss as one uninterrupted run. --lr is the checkpoint's (its optimizer state holds it)
+                     --tp, --pp and number of ranks; the same --text, --block, model flags (--layers, --embed,
+                     --heads, --gelu) and --dtype. The same global batch (--batch x the data-parallel ranks)
+                     continues the saved run exactly (the same held-out loss as one uninterrupted run) to the end
+                     of its epoch, and after it where an epoch is as many steps (said if not: DistributedSampler
+                     pads an epoch to a multiple of the ranks). --lr is the checkpoint's (its optimizer holds it)
   --batch B          windows per rank and forward pass; with --tp, per group of N ranks (default 16)
   --grad-accum K     forward and backward passes per optimizer step (gradient accumulation), each of --batch
                      windows; the gradients are reduced once, after the last (DDP and FSDP no_sync before).
@@ -324,6 +326,20 @@ Options parse(int argc, char** argv) {
     throw std::invalid_argument("--stop-after " + std::to_string(o.stop_after) + " is beyond --steps " +
                                 std::to_string(o.steps) + ": it names the step of the --steps to stop after, 1 to " +
                                 std::to_string(o.steps));
+  }
+  // --export's model.safetensors beside --save's (or --resume's) sharded index would make that
+  // directory one --resume refuses (it holds two models).
+  const auto canonical = [](const std::string& d) {  // "ck/", "./ck" and "ck" alike
+    const std::filesystem::path p = std::filesystem::weakly_canonical(std::filesystem::absolute(d));
+    return p.has_filename() ? p : p.parent_path();
+  };
+  for (const auto& [flag, dir] : {std::pair<const char*, std::string>{"--save", o.save_dir}, {"--resume", o.resume_dir}}) {
+    if (o.export_dir.empty() || dir.empty()) continue;
+    if (canonical(o.export_dir) == canonical(dir)) {
+      throw std::invalid_argument("--export " + o.export_dir + " is " + flag + "'s directory: the export's "
+                                  "model.safetensors beside the checkpoint's sharded files would leave a directory "
+                                  "--resume refuses; give --export a directory of its own");
+    }
   }
   if (o.stop_after && o.save_dir.empty()) {
     throw std::invalid_argument("--stop-after " + std::to_string(o.stop_after) +
@@ -740,7 +756,27 @@ struct TrainerState {
   int64_t epoch = 0, epoch_windows = 0;   // the sampler's epoch, and its windows taken (all ranks)
   int64_t windows = 0, global_batch = 0;  // the training windows (--text, --block); windows per step
   std::string dtype, amp, layout, save_id;  // layout: "--mode fsdp --stage 3 --tp 2, 4 ranks", for the record
+  // The model's flags, those its tensors' shapes do not show too ("--layers 2 --embed 32 --heads 4
+  // --gelu tanh --layer-norm-eps 1e-05"), and the steps of an epoch (epoch_steps below); "" and 0
+  // in a trainer.json written before they were recorded.
+  std::string model;
+  int64_t epoch_steps = 0;
 };
+
+// The flags that make the model: another --heads or --gelu gives tensors of the same shapes.
+std::string model_flags(const Options& o) {
+  char eps[32];
+  std::snprintf(eps, sizeof eps, "%.9g", o.layer_norm_eps);
+  return "--layers " + std::to_string(o.layers) + " --embed " + std::to_string(o.embed) + " --heads " +
+         std::to_string(o.heads) + " --gelu " + (o.gelu == examples::Gelu::kTanh ? "tanh" : "exact") +
+         " --layer-norm-eps " + eps;
+}
+
+// Steps an epoch lasts: each of `dp` ranks takes ceil(windows / dp) of them (DistributedSampler
+// pads the epoch to a multiple of the ranks, as PyTorch's), `rank_batch` a step, and a tail of
+// fewer goes unused. It depends on the rank count: where two runs' differ, the data order of the
+// epochs after the one a resumed run starts in differs too.
+int64_t epoch_steps(int64_t windows, int64_t dp, int64_t rank_batch) { return (windows + dp - 1) / dp / rank_batch; }
 
 std::string trainer_json(const TrainerState& t) {
   auto quoted = [](const std::string& text) {
@@ -752,7 +788,8 @@ std::string trainer_json(const TrainerState& t) {
          ", \"epoch\": " + std::to_string(t.epoch) + ", \"epoch_windows\": " + std::to_string(t.epoch_windows) +
          ", \"windows\": " + std::to_string(t.windows) + ", \"global_batch\": " + std::to_string(t.global_batch) +
          ", \"dtype\": " + quoted(t.dtype) + ", \"amp\": " + quoted(t.amp) + ", \"layout\": " + quoted(t.layout) +
-         ", \"save_id\": " + quoted(t.save_id) + "}\n";
+         ", \"save_id\": " + quoted(t.save_id) + ", \"model\": " + quoted(t.model) +
+         ", \"epoch_steps\": " + std::to_string(t.epoch_steps) + "}\n";
 }
 
 TrainerState read_trainer_json(const std::string& text, const std::string& file) {
@@ -776,6 +813,11 @@ TrainerState read_trainer_json(const std::string& text, const std::string& file)
   t.epoch_windows = integer("epoch_windows"), t.windows = integer("windows"), t.global_batch = integer("global_batch");
   t.dtype = get("dtype", Json::Kind::kString), t.amp = get("amp", Json::Kind::kString);
   t.layout = get("layout", Json::Kind::kString), t.save_id = get("save_id", Json::Kind::kString);
+  const auto has = [&](const std::string& key) {
+    return std::any_of(json.members.begin(), json.members.end(), [&](const auto& m) { return m.first == key; });
+  };
+  if (has("model")) t.model = get("model", Json::Kind::kString);  // absent before they were recorded
+  if (has("epoch_steps")) t.epoch_steps = integer("epoch_steps");
   return t;
 }
 
@@ -1070,6 +1112,8 @@ int run(int argc, char** argv) {
     for (auto& s : stages) {
       my_stages.push_back(&s);
       s.set_state_dict_prefixes(gpt_names(opt.layers));  // checkpoints under GPT-2's names
+      // --tp: a stage of no block ([ln_f..head]) is whole on each rank of its tensor-parallel group.
+      if (tp_group) s.set_tensor_parallel_group(*tp_group);
     }
     // --mode fsdp: each stage sharded over its copies in the other pipelines, one unit per block;
     // the optimizer below takes the shards. ZeRO-3 keeps each unit gathered from its first use in
@@ -1155,6 +1199,9 @@ int run(int argc, char** argv) {
   if (!opt.resume_dir.empty()) {
     const std::string dir = opt.resume_dir + "/", what = "--resume " + opt.resume_dir + ": ";
     const auto json = read_on_rank0(group, dir + "trainer.json");
+    if (!json && !std::filesystem::is_directory(opt.resume_dir)) {
+      throw std::invalid_argument(what + "no such directory: give the DIR an earlier run's --save wrote");
+    }
     if (!json) {
       throw std::invalid_argument(what + "no trainer.json there, so no whole checkpoint of train_gpt --save (which "
                                   "writes it last, after the model's and optimizer's files: a save cut short has none)");
@@ -1164,6 +1211,11 @@ int run(int argc, char** argv) {
     if (resumed.dtype != opt.dtype) {
       throw std::invalid_argument(what + "the checkpoint is in --dtype " + resumed.dtype + saved + ", this run in " +
                                   opt.dtype + ": resume with --dtype " + resumed.dtype);
+    }
+    if (!resumed.model.empty() && resumed.model != model_flags(opt)) {
+      throw std::invalid_argument(what + "the checkpoint's model is " + resumed.model + saved + ", this run's " +
+                                  model_flags(opt) + ": resume with the saved run's (--heads and --gelu change the "
+                                  "model without changing its tensors' shapes)");
     }
     if (resumed.windows != windows) {
       throw std::invalid_argument(what + "the checkpoint was trained on " + std::to_string(resumed.windows) +
@@ -1248,6 +1300,14 @@ int run(int argc, char** argv) {
                   resumed.layout.c_str(), static_cast<long long>(resumed.epoch),
                   static_cast<long long>(resumed.epoch_windows), static_cast<long long>(resumed.step + 1),
                   last_step, opt.steps);
+      const int64_t steps_here = epoch_steps(windows, dp_size, rank_batch);
+      if (resumed.epoch_steps != 0 && resumed.epoch_steps != steps_here) {
+        std::printf("note: an epoch is %lld steps here (%lld windows over %d data-parallel ranks, padded to a multiple "
+                    "of them as DistributedSampler does), %lld in the saved run: the data goes on as the saved run's "
+                    "to the end of epoch %lld, in another order after it\n",
+                    static_cast<long long>(steps_here), static_cast<long long>(windows), dp_size,
+                    static_cast<long long>(resumed.epoch_steps), static_cast<long long>(resumed.epoch));
+      }
       if (resumed.global_batch != global_batch) {
         std::printf("note: %lld windows a step here (--batch %d x --grad-accum %d x %d data-parallel ranks), %lld in the "
                     "saved run: the data goes on where it stood, but the training is not the saved run's\n",
@@ -1446,11 +1506,12 @@ int run(int argc, char** argv) {
 #endif
 
   // --save: the model and the optimizer (collective: each rank writes its share of the tensors),
-  // one save id for both (rank 0's), then where the run stands, last and by rank 0: a directory
-  // with trainer.json holds a whole save (the one of an earlier save there goes first).
+  // one save id for both (rank 0's), then where the run stands, last and by rank 0. An earlier
+  // save's trainer.json stays until this one replaces it: a save that fails before its files are
+  // in place (a full disk) leaves the earlier save whole, one that fails later leaves files of two
+  // saves, which --resume refuses by their save ids.
   if (!opt.save_dir.empty()) {
     const std::string dir = opt.save_dir + "/";
-    if (rank == 0) std::filesystem::remove(dir + "trainer.json");
     const auto options = cpprun::StateDictSaveOptions().step(last_step).save_id(cpprun::new_save_id());
     if (schedule) {
       cpprun::save_state_dict(my_stages, dir, options);
@@ -1474,7 +1535,8 @@ int run(int argc, char** argv) {
       if (opt.pp > 1) layout += " --pp " + std::to_string(opt.pp) + " (" + opt.pp_schedule + ")";
       layout += ", " + std::to_string(group.size()) + (group.size() == 1 ? " rank" : " ranks");
       const TrainerState now{last_step, opt.steps, static_cast<int64_t>(sampler.epoch()), epoch_windows,
-                             windows, global_batch, opt.dtype, opt.amp, layout, *options.save_id()};
+                             windows, global_batch, opt.dtype, opt.amp, layout, *options.save_id(),
+                             model_flags(opt), epoch_steps(windows, dp_size, rank_batch)};
       cpprun::write_file_atomically(dir + "trainer.json", trainer_json(now));
       std::printf("saved step %d of %d to %s (model, optimizer, trainer.json): continue with --resume %s\n", last_step,
                   opt.steps, opt.save_dir.c_str(), opt.save_dir.c_str());

@@ -12,6 +12,9 @@
 
 #include <cmath>
 #include <functional>
+#include <sstream>
+#include <string>
+#include <vector>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -19,6 +22,7 @@
 #include "comm/public_call.h"
 #include "core/clip_grad_norm.h"
 #include "cpprun/collectives.h"
+#include "cpprun/object_collectives.h"
 #include "checkpoint/state_view.h"
 #include "core/tensor_parallel_splits.h"
 #include "fsdp/deferred_units.h"
@@ -141,6 +145,59 @@ struct FsdpCore::Impl {
   }
 };
 
+namespace {
+
+// Note [One FSDP configuration on every rank]
+// Ranks that wrap differently (another stage, wrap policy, dtype, offload, or another model) would
+// issue different collectives: a wait until the group's timeout, or a size mismatch found on the
+// communication thread, where no try can catch it and the process aborts. So the ranks compare
+// what they will do as they wrap, before the first collective that depends on it, and each refuses
+// a difference, naming the rank and the first line that differs.
+std::vector<std::string> describe_wrapping(const std::vector<UnitPlan>& units, const FsdpOptions& o) {
+  const auto dtype = [](const std::optional<at::ScalarType>& t) { return t ? std::string(c10::toString(*t)) : "-"; };
+  std::vector<std::string> lines;
+  std::ostringstream line;
+  line << "stage " << o.stage() << ", param_dtype " << dtype(o.param_dtype()) << ", reduce_dtype "
+       << dtype(o.reduce_dtype()) << ", reshard_after_forward " << o.reshard_after_forward() << ", prefetch "
+       << o.prefetch() << ", gathered_unit_limit " << o.gathered_unit_limit() << ", cpu_offload " << o.cpu_offload()
+       << ", shard_dim '" << o.shard_dim() << "', " << units.size() << " units";
+  lines.push_back(line.str());
+  for (const auto& unit : units) {
+    std::ostringstream u;
+    u << "unit '" << unit.name << "':";
+    for (std::size_t i = 0; i < unit.params.size(); ++i) {
+      u << " " << unit.param_names[i] << " " << unit.params[i].scalar_type() << unit.params[i].sizes();
+    }
+    lines.push_back(u.str());
+  }
+  return lines;
+}
+
+void check_ranks_wrap_alike(const ProcessGroup& group, const std::vector<std::string>& lines) {
+  std::string mine;
+  for (const auto& line : lines) mine += line + '\n';
+  const std::vector<std::string> all = all_gather_bytes(group, mine);
+  const auto split = [](const std::string& text) {
+    std::vector<std::string> out;
+    std::istringstream in(text);
+    for (std::string line; std::getline(in, line);) out.push_back(line);
+    return out;
+  };
+  for (std::size_t r = 1; r < all.size(); ++r) {
+    if (all[r] == all[0]) continue;
+    const std::vector<std::string> theirs = split(all[r]), first = split(all[0]);
+    std::size_t i = 0;
+    while (i < theirs.size() && i < first.size() && theirs[i] == first[i]) ++i;
+    const std::string a = i < first.size() ? first[i] : "(nothing more)";
+    const std::string b = i < theirs.size() ? theirs[i] : "(nothing more)";
+    TORCH_CHECK(false, "cpprun::FullyShardedDataParallel: rank ", r, " wraps otherwise than rank 0: \"", b,
+                "\" on rank ", r, ", \"", a, "\" on rank 0. Every rank must wrap the same model with the same "
+                "FsdpOptions (stage, wrap policy, dtypes, offload).");
+  }
+}
+
+}  // namespace
+
 FsdpCore::FsdpCore(torch::nn::Module& module, ProcessGroup group, std::optional<DeviceMesh> mesh,
                    FsdpOptions options)
     : impl_(std::make_unique<Impl>(module, member_group("FullyShardedDataParallel", std::move(group)), mesh,
@@ -160,6 +217,7 @@ FsdpCore::FsdpCore(torch::nn::Module& module, ProcessGroup group, std::optional<
   refuse_tensor_parallel_overlap(s.tp_splits, s.groups.whole, "cpprun::FullyShardedDataParallel");
 
   const auto units = plan_units(module, s.options);
+  check_ranks_wrap_alike(s.group, describe_wrapping(units, s.options));
   s.unit_count = units.size();
   // Start from rank 0's parameters and buffers everywhere; a deferred module is materialised unit by
   // unit as it is sharded, each broadcast then.

@@ -77,6 +77,9 @@ PipelineStage::PipelineStage(const torch::nn::Sequential& model, const PipelineS
               "PipelineStage: the model's children and its modules differ in number; build it as a plain "
               "torch::nn::Sequential.");
   const auto ranges = detail::check_split(names, split, group_.size());
+  for (std::size_t s = 0; s < split.size(); ++s) {
+    for (std::size_t c = 0; c < split[s].size(); ++c) split_text_ += (c ? "," : s ? "|" : "") + split[s][c];
+  }
   index_ = stage_index < 0 ? group_.rank() : stage_index;
   TORCH_CHECK(index_ < num_stages_, "PipelineStage: stage ", index_, " does not exist; the split has ", num_stages_,
               " stages (0 to ", num_stages_ - 1, ").");
@@ -127,6 +130,16 @@ void PipelineStage::set_data_parallel(DataParallel<torch::nn::SequentialImpl> wr
 
 void PipelineStage::set_state_dict_prefixes(std::vector<std::pair<std::string, std::string>> prefixes) {
   state_dict_prefixes_ = detail::checked_prefixes(std::move(prefixes));
+}
+
+void PipelineStage::set_tensor_parallel_group(ProcessGroup group) {
+  const std::vector<int> ranks = get_process_group_ranks(group);
+  for (const auto& [name, split] : tensor_parallel_splits(*module_)) {
+    TORCH_CHECK(get_process_group_ranks(split.group) == ranks, "cpprun::PipelineStage::set_tensor_parallel_group: "
+                "stage ", index_, "'s \"", name, "\" is split over another group; give the group its "
+                "tensor-parallel modules use (mesh.group(\"tp\")).");
+  }
+  tensor_parallel_group_ = std::move(group);
 }
 
 at::Tensor PipelineStage::run_forward(const at::Tensor& input) {

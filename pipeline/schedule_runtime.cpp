@@ -40,6 +40,7 @@
 #include "cpprun/collectives.h"
 #include "cpprun/ddp.h"
 #include "cpprun/grad_scaler.h"
+#include "cpprun/object_collectives.h"
 #include "cpprun/pipeline.h"
 #include "cpprun/point_to_point.h"
 #include "cpprun/tensor_parallel_split.h"
@@ -49,6 +50,7 @@
 #include "comm/public_call.h"
 #include "pipeline/schedule_plan.h"
 #include "pipeline/split_backward.h"
+#include "pipeline/stage_access.h"
 #include "pipeline/stage_wrapper.h"
 #include "pipeline/stage_messages.h"
 #include "pipeline/tied_parameters.h"
@@ -69,6 +71,24 @@ std::string message_of(const std::exception& e) {
 const ProcessGroup& group_of(const std::vector<PipelineStage*>& stages) {
   TORCH_CHECK(!stages.empty() && stages[0] != nullptr, "PipelineSchedule: no stages given.");
   return stages[0]->group();
+}
+
+// Note [One schedule on every pipeline rank]
+// Ranks given different splits would each run their own idea of the stages (a layer run twice, a
+// loss silently wrong), and different schedules or micro-batch counts would wait for messages
+// never sent until the group's timeout. So the ranks compare what they were given as the schedule
+// is built, before anything else that could differ between them (a collective over the pipeline
+// group), and each refuses a difference, naming the rank.
+void check_ranks_agree(const ProcessGroup& group, const char* kind, const std::vector<PipelineStage*>& stages,
+                       int microbatches) {
+  const std::string mine = std::string(kind) + " over " + std::to_string(microbatches) + " micro-batches, split " +
+                           detail::StageAccess::split_text(*stages[0]);
+  const std::vector<std::string> all = all_gather_bytes(group, mine);
+  for (std::size_t r = 1; r < all.size(); ++r) {
+    TORCH_CHECK(all[r] == all[0], kind, ": the pipeline's ranks were given different schedules: rank 0 ", all[0],
+                "; rank ", r, " ", all[r], ". Build every rank's stages from one split, and its schedule with the "
+                "same name and micro-batches.");
+  }
 }
 
 // Whether the next pass's receive joins this pass's sends (Note [One batch per pass]).
@@ -612,6 +632,7 @@ PipelineSchedule::PipelineSchedule(std::vector<PipelineStage*> stages, int micro
     case Order::kZeroBubble: rt.kind = detail::ScheduleKind::kZeroBubble; break;
     case Order::kLoopedBFS: rt.kind = detail::ScheduleKind::kLoopedBFS; break;
   }
+  check_ranks_agree(rt.group, detail::to_string(rt.kind), stages, microbatches);
   TORCH_CHECK(loss != nullptr, detail::to_string(rt.kind), ": a loss function is needed; the last stage's output and "
                                "targets go into it.");
   const int p = rt.group.size();

@@ -1,5 +1,5 @@
-// What the library's pipeline code outside PipelineStage and the schedules (checkpoints) reads of
-// a stage beyond its public interface: the ties of its split.
+// What the library's pipeline code outside PipelineStage reads of a stage beyond its public
+// interface: the ties of its split (checkpoints), and the split itself (the schedules).
 #pragma once
 
 #include "cpprun/pipeline.h"
@@ -9,6 +9,7 @@ namespace cpprun::detail {
 
 struct StageAccess {
   static const StageTies& ties(const PipelineStage& stage) { return *stage.ties_; }
+  static const std::string& split_text(const PipelineStage& stage) { return stage.split_text_; }
 };
 
 }  // namespace cpprun::detail

@@ -71,6 +71,7 @@ detail::StateView merged_view(const std::vector<PipelineStage*>& stages, const c
     source.wrapper = detail::data_parallel_core(*stage);
     if (!source.wrapper) source.module = stage->module().ptr().get();
     views->push_back(detail::state_view(source));
+    if (const auto& tp = stage->tensor_parallel_group()) views->back().team = views->back().team.also_over(*tp);
     const auto& team = views->back().team;
     const auto& first_team = views->front().team;
     TORCH_CHECK(team.writes() == first_team.writes() && team.writer_rank() == first_team.writer_rank() &&

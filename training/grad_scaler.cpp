@@ -86,8 +86,15 @@ void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
     at::_amp_foreach_non_finite_check_and_unscale_(list, found_here, inv_scale.to(device));
     found_inf.add_(found_here.to(found_inf.device()));
   }
-  // Every rank takes part, with or without gradients, so that all decide alike.
-  state.found_inf = agreed_found_inf(found_inf);
+  // Every rank takes part, with or without gradients, so that all decide alike; whether any rank
+  // had a gradient rides along (a rank of ZeRO-3 or a pipeline stage may hold none, every rank
+  // none is a mistake: PyTorch's "No inf checks were recorded for this optimizer").
+  const at::Tensor any_grad = at::full({1}, grads.empty() ? 0.0 : 1.0, found_inf.options());
+  const at::Tensor flags = agreed_found_inf(at::cat({found_inf, any_grad}));
+  TORCH_CHECK(flags[1].item<float>() != 0.0f, "cpprun::GradScaler: no parameter of the optimizer has a gradient on "
+              "any rank, so no inf checks were recorded for it (PyTorch: \"No inf checks were recorded for this "
+              "optimizer.\"); call unscale_() or step() after the backward of scaler.scale(loss)");
+  state.found_inf = flags.narrow(0, 0, 1).clone();
   state.stage = Stage::kUnscaled;
 }
 

@@ -26,6 +26,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -114,6 +115,14 @@ class PipelineStage {
   // name); a path given twice, or two tensors given one name, is an error naming them.
   void set_state_dict_prefixes(std::vector<std::pair<std::string, std::string>> prefixes);
   const std::vector<std::pair<std::string, std::string>>& state_dict_prefixes() const { return state_dict_prefixes_; }
+  // With tensor parallelism inside the stages (a {pp, tp} or {pp, dp, tp} mesh): the stage's
+  // tensor-parallel group, mesh.group("tp"). Checkpoints learn it from the stage's
+  // tensor-parallel modules; a stage that holds none (a final norm and a head, say) is held whole
+  // by each rank of that group, and needs to be told, so that its tensors are written once and
+  // loaded onto every one of them (otherwise a save or load refuses, naming this call). Harmless
+  // for a stage that holds some: the group must then be theirs.
+  void set_tensor_parallel_group(ProcessGroup group);
+  const std::optional<ProcessGroup>& tensor_parallel_group() const { return tensor_parallel_group_; }
 
  private:
   friend class PipelineSchedule;
@@ -128,6 +137,8 @@ class PipelineStage {
   int index_;
   int num_stages_;
   std::vector<std::pair<std::string, std::string>> state_dict_prefixes_;  // see set_state_dict_prefixes
+  std::optional<ProcessGroup> tensor_parallel_group_;  // see set_tensor_parallel_group
+  std::string split_text_;  // the whole split, "embed,h0|h1,ln_f", which the schedule's ranks compare
 };
 
 // What the last step() did on this rank: for measuring bubbles and activation memory.

@@ -12,6 +12,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "core/gradient_ready_hook.h"
@@ -485,6 +486,48 @@ TEST_CASE("ddp: find_unused_parameters: partly used parameters average, never-us
     }
     check_same_parameters(*net, *ref, kParityTolerance);
   }
+}
+
+TEST_CASE("ddp: find_unused_parameters: a .grad accumulated under no_sync goes into the average unused", "[ddp]") {
+  // Every rank uses the branch in two no_sync backwards; odd ranks skip it in the synced one. They
+  // still send what they accumulated, as PyTorch's reducer does (cpprun once sent zeros for it).
+  Float64Parity float64;
+  const int rank = group().rank(), world = group().size();
+  const bool bucket_view = GENERATE(false, true);
+  INFO("gradient_as_bucket_view " << bucket_view);
+  torch::manual_seed(0);
+  auto net = std::make_shared<Branchy>();
+  auto ddp = cpprun::DistributedDataParallel(
+      net, group(), cpprun::DdpOptions().find_unused_parameters(true).gradient_as_bucket_view(bucket_view));
+  auto ref = std::make_shared<Branchy>();
+  copy_state(*ref, *net);
+  torch::optim::SGD opt(ddp->parameters(), 0.1), ref_opt(ref->parameters(), 0.1);
+  for (int step = 0; step < 3; ++step) {
+    opt.zero_grad();
+    ref_opt.zero_grad();
+    for (int micro = 0; micro < 3; ++micro) {
+      auto x = inputs_for("mlp", kGlobalBatch, 10 * step + micro);
+      auto y = targets_for(kGlobalBatch, 10 * step + micro);
+      const auto branch_for = [&](int r) { return micro < 2 || r % 2 == 0; };
+      {
+        std::optional<cpprun::NoSyncGuard> guard;
+        if (micro < 2) guard.emplace(ddp->no_sync());
+        torch::nn::functional::cross_entropy(ddp->forward(slice(x, rank, world), branch_for(rank)),
+                                             slice(y, rank, world))
+            .backward();
+      }
+      for (int r = 0; r < world; ++r) {
+        auto loss = torch::nn::functional::cross_entropy(ref->forward(slice(x, r, world), branch_for(r)),
+                                                         slice(y, r, world));
+        (loss / world).backward();
+      }
+    }
+    INFO("step " << step);
+    CHECK_FALSE(net->unused->weight.grad().defined());
+    opt.step();
+    ref_opt.step();
+  }
+  check_same_parameters(*net, *ref, kParityTolerance);
 }
 
 TEST_CASE("ddp: models that differ between ranks are refused, naming rank and parameter", "[ddp]") {

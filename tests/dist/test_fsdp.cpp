@@ -817,6 +817,30 @@ TEST_CASE("fsdp: a second backward through one forward's graph is a clear error"
 // synchronized backward are in the shards (model->parameters()): such an optimizer, or one built
 // before wrapping (the same tensors), would find none and step nothing, every stage alike, without
 // an error (an audit: fc1.weight moved by 0 in 3 steps). Its step is refused, on every rank.
+TEST_CASE("fsdp: ranks that wrap otherwise are refused as they wrap, on every rank, naming the rank", "[fsdp]") {
+  // Note [One FSDP configuration on every rank]: another stage waited out the group's timeout;
+  // a wrap policy on one rank alone aborted every process from the communication thread.
+  const int rank = group().rank(), world = group().size();
+  if (world == 1) return;
+  const std::string last = "rank " + std::to_string(world - 1) + " wraps otherwise than rank 0";
+  const bool odd = rank == world - 1;
+  const auto wrap = [&](const cpprun::FsdpOptions& options) {
+    torch::manual_seed(0);
+    try {
+      cpprun::FullyShardedDataParallel(std::make_shared<Mlp>(31), group(), options);
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+    return std::string("(wrapped)");
+  };
+  CHECK_THAT(wrap(per_linear(odd ? 2 : 3)), Catch::Contains(last) && Catch::Contains("\"stage 2, "));
+  CHECK_THAT(wrap(odd ? per_linear(3) : cpprun::FsdpOptions().stage(3)),
+             Catch::Contains(last) && Catch::Contains("units\" on rank 0"));
+  CHECK_THAT(wrap(odd ? per_linear(3).param_dtype(at::kBFloat16) : per_linear(3)),
+             Catch::Contains("param_dtype BFloat16"));
+  CHECK(wrap(per_linear(3)) == "(wrapped)");  // alike: wrapped, as before
+}
+
 TEST_CASE("fsdp: an optimizer over the wrapped module's own parameters is refused at its step", "[fsdp]") {
   const int rank = group().rank(), world = group().size();
   const int stage = GENERATE(1, 2, 3);

@@ -666,6 +666,19 @@ TEST_CASE("pipeline: a careless user's mistakes are one error on every rank", "[
     CHECK_THAT(error_of([&] { cpprun::Schedule1F1B(a, 4, mse); }), Catch::Contains("1F1B runs one stage per rank"));
     CHECK_THAT(error_of([&] { cpprun::make_schedule("1f1b", {&a, &b}, 4, mse); }),
                Catch::Contains("1F1B runs one stage per rank, but 2 were given"));
+    // The last rank given another split, or another number of micro-batches: every rank refuses,
+    // naming it (Note [One schedule on every pipeline rank]). Another split ran a layer twice and
+    // gave a wrong loss silently; another count waited out the group's timeout.
+    auto moved = split;  // stage 0's last child moved to stage 1
+    moved[1].insert(moved[1].begin(), moved[0].back());
+    moved[0].pop_back();
+    REQUIRE_FALSE(moved[0].empty());
+    cpprun::PipelineStage odd(model, pg.rank() == p - 1 ? moved : split, pg);
+    const std::string last = "; rank " + std::to_string(p - 1) + " 1F1B over 4 micro-batches, split ";
+    CHECK_THAT(error_of([&] { cpprun::Schedule1F1B(odd, 4, mse); }),
+               Catch::Contains("the pipeline's ranks were given different schedules") && Catch::Contains(last));
+    CHECK_THAT(error_of([&] { cpprun::Schedule1F1B(stages[0], pg.rank() == p - 1 ? 8 : 4, mse); }),
+               Catch::Contains("rank " + std::to_string(p - 1) + " 1F1B over 8 micro-batches"));
   }
   // A schedule by a name that names none: the error lists those that exist.
   CHECK_THAT(error_of([&] { cpprun::make_schedule("zb", {&stages[0]}, 4, mse); }),

@@ -107,6 +107,8 @@ struct JobDirectory {
 struct Layout {
   int dp = 1, tp = 1, zero = 0, v = 1;
   bool reversed_split = false;  // the later stages get the extra children
+  int split_layers = 6;         // with tp: h0 .. h(split_layers - 1) tensor-parallel, the others whole
+  bool told_tp_group = false;   // every stage's set_tensor_parallel_group(mesh.group("tp"))
 };
 
 struct Pipeline {
@@ -129,7 +131,7 @@ Pipeline build(torch::nn::Sequential model, const Layout& layout) {
   }
   if (layout.tp > 1) {
     cpprun::ParallelizePlan plan;
-    for (int i = 0; i < 6; i += 2) {
+    for (int i = 0; i < layout.split_layers; i += 2) {
       plan.push_back({"h" + std::to_string(i), cpprun::ColwiseParallel()});
       plan.push_back({"h" + std::to_string(i + 1), cpprun::RowwiseParallel()});
     }
@@ -150,6 +152,9 @@ Pipeline build(torch::nn::Sequential model, const Layout& layout) {
     }
   }
   for (int k = 0; k < layout.v; ++k) out.stages.emplace_back(out.model, split, pg, pg.rank() + k * pg.size());
+  if (layout.told_tp_group) {
+    for (auto& stage : out.stages) stage.set_tensor_parallel_group(out.mesh->group("tp"));
+  }
   if (layout.zero > 0) {
     for (auto& stage : out.stages) {
       auto options = cpprun::FsdpOptions().stage(layout.zero).wrap_policy(
@@ -335,6 +340,42 @@ TEST_CASE("pipeline checkpoint: {pp, dp} FSDP and {pp, tp} stages save and load 
   Pipeline split = build(make_mlp(), {.tp = 2, .reversed_split = true});
   cpprun::load_state_dict(split.mine(), dir / "tp/");
   check_stages(split, expected);
+}
+
+TEST_CASE("pipeline checkpoint: a {pp, tp} stage of no tensor-parallel module, told its group, saves and loads",
+          "[pipeline_checkpoint]") {
+  // {pp 2, tp 2}: only h0 and h1 are split, so the second stage (act3 .. out) holds no
+  // tensor-parallel module and is whole on both ranks of its tensor-parallel group.
+  if (group().size() != 4) return;
+  ddp_test::Float64Parity doubles;
+  JobDirectory dir;
+  const auto expected = named(*offset_mlp());
+  for (const std::string file : {"mixed.safetensors", "mixed/"}) {
+    INFO(file);
+    {
+      // Not told: refused before anything is written, the call to make named where it went wrong.
+      Pipeline untold = build(offset_mlp(), {.tp = 2, .split_layers = 2});
+      try {
+        cpprun::save_state_dict(untold.mine(), dir / file);
+        FAIL("saved without the stages' tensor-parallel group");
+      } catch (const std::exception& e) {
+        if (group().rank() % 2 == 1) CHECK_THAT(std::string(e.what()), Catch::Contains("set_tensor_parallel_group"));
+      }
+    }
+    {
+      Pipeline saved = build(offset_mlp(), {.tp = 2, .split_layers = 2, .told_tp_group = true});
+      cpprun::save_state_dict(saved.mine(), dir / file);
+    }
+    check_unsplit(mlp, dir / file, expected);
+    Pipeline loaded = build(make_mlp(), {.tp = 2, .split_layers = 2, .told_tp_group = true});
+    cpprun::load_state_dict(loaded.mine(), dir / file);
+    check_stages(loaded, expected);
+    // The same checkpoint into all of h0 .. h5 split, and into one pipeline of whole stages.
+    Pipeline all_split = build(make_mlp(), {.tp = 2});
+    cpprun::load_state_dict(all_split.mine(), dir / file);
+    check_stages(all_split, expected);
+    cpprun::barrier(group());
+  }
 }
 
 TEST_CASE("pipeline checkpoint: another model's checkpoint is refused on every rank, nothing loaded",

@@ -6,7 +6,8 @@
 #   layouts   DDP on 2 ranks saves; ZeRO-3 (--mode fsdp --stage 3) on 2 ranks resumes, and ZeRO-1
 #             on 4 ranks (--batch 2: the same 8 windows a step)
 #   fewer     ZeRO-2 on 2 ranks saves (--batch 4 each); DDP on 1 rank and --mode none resume
-#             (--batch 8: the same 8 windows a step, which 1 rank now takes alone)
+#             (--batch 8: the same 8 windows a step, which 1 rank now takes alone); across an
+#             epoch's end, DDP's save resumed on 4 ranks and, where an epoch is a step shorter, on 1
 #   tp        ZeRO-3 x --tp 2 on 4 ranks saves; DDP on 2 ranks (whole blocks) and ZeRO-1 x --tp 2 on
 #             4 resume; and DDP's save of 2 ranks resumes under --tp 2 on 2 (one replica, --batch 8)
 #   pp        --pp 2 on 2 ranks (one pipeline, --batch 8) saves; DDP on 2 ranks and --pp 2 in two
@@ -94,7 +95,31 @@ fewer)
   resumed whole ddp1
   run none1 1 --batch 8 --mode none --resume "$tmp/ck"
   resumed whole none1
-  echo "PASS: ZeRO-2's checkpoint of 2 ranks resumed on 1 (DDP, and no wrapper) ends as the uninterrupted run"
+  # Across an epoch's end: 240 characters give 199 windows; on 2 ranks of 4 (and on 4 of 2) an
+  # epoch is 25 steps, on 1 rank of 8 it is 24 (DistributedSampler pads to a multiple of the ranks):
+  # saved at step 20 of 30, resumed on 4 the run is the uninterrupted one; on 1 it is to step 24,
+  # then the order differs, and the run says so.
+  head -c 240 /usr/share/common-licenses/GPL-3 >"$tmp/short.txt"
+  short=(--text "$tmp/short.txt" --steps 30)
+  rm -rf "$tmp/ck"
+  run short_whole 2 "${short[@]}" --batch 4
+  run short_first 2 "${short[@]}" --batch 4 --stop-after 20 --save "$tmp/ck"
+  saved short_first 20 30
+  grep -q '"epoch_steps": 25}' "$tmp/ck/trainer.json" || fail "trainer.json: $(cat "$tmp/ck/trainer.json")"
+  run short_four 4 "${short[@]}" --batch 2 --resume "$tmp/ck"
+  ! grep -q "note: an epoch is" "$tmp/short_four.out" || fail "a note on 4 ranks, whose epochs are the saved run's"
+  resumed short_whole short_four 20 30
+  run short_one 1 "${short[@]}" --batch 8 --resume "$tmp/ck"
+  grep -q "note: an epoch is 24 steps here (199 windows over 1 data-parallel ranks, padded to a multiple of them as" \
+    "$tmp/short_one.out" || fail "no note on 1 rank, whose epochs are 24 steps: $(grep note "$tmp/short_one.out")"
+  grep -q "25 in the saved run: the data goes on as the saved run's to the end of epoch 0, in another order after it" \
+    "$tmp/short_one.out" || fail "the note does not say where the order parts: $(grep note "$tmp/short_one.out")"
+  sed -n 21,24p "$tmp/short_whole.loss" >"$tmp/short_whole.21_24"
+  head -n 4 "$tmp/short_one.loss" >"$tmp/short_one.21_24"
+  echo -n "short_one vs short_whole, losses of steps 21-24: " &&
+    same "$tmp/short_whole.21_24" "$tmp/short_one.21_24" "steps 21-24 on 1 rank"
+  echo "PASS: ZeRO-2's checkpoint of 2 ranks resumed on 1 (DDP, and no wrapper) ends as the uninterrupted run;" \
+    "across an epoch's end on 4 ranks too, and on 1 to the epoch's end, with a note"
   ;;
 tp)
   run whole 4 --batch 4 --tp 2 --mode fsdp --stage 3
@@ -129,7 +154,17 @@ pp)
   saved ddp_first
   run interleaved 2 --batch 8 --pp 2 --pp-schedule interleaved-1f1b --resume "$tmp/ck"
   resumed whole interleaved
-  echo "PASS: --pp's checkpoint resumes under DDP and in ZeRO-3 pipelines, DDP's in interleaved stages"
+  # {pp 2, tp 2}: the second stage ([ln_f..head]) holds no tensor-parallel module, whole on each
+  # rank of its tensor-parallel group (PipelineStage::set_tensor_parallel_group); it once refused.
+  rm -rf "$tmp/ck"
+  run pptp_first 4 --batch 8 --pp 2 --tp 2 --stop-after 4 --save "$tmp/ck"
+  saved pptp_first
+  run pptp_ddp2 2 --batch 4 --resume "$tmp/ck"
+  resumed whole pptp_ddp2
+  run pptp_again 4 --batch 8 --pp 2 --tp 2 --resume "$tmp/ck"
+  resumed whole pptp_again
+  echo "PASS: --pp's checkpoint resumes under DDP and in ZeRO-3 pipelines, DDP's in interleaved stages," \
+    "{pp 2, tp 2}'s under DDP and in {pp 2, tp 2}"
   ;;
 faults)
   # expect PATTERN NPROC ARGS...: exit code 1 naming PATTERN, before any step (train_gpt_runs.sh's
@@ -142,9 +177,24 @@ faults)
   expect "--stop-after 9 is beyond --steps 8" 1 --stop-after 9 --save "$tmp/x"
   expect "--stop-after 4 without --save would stop and keep nothing" 1 --stop-after 4
   expect "--stop-after must be at least 1, got 0" 1 --stop-after 0 --save "$tmp/x"
-  expect "--resume $tmp/none: no trainer.json there" 2 --resume "$tmp/none"
+  expect "--resume $tmp/none: no such directory" 2 --resume "$tmp/none"
+  expect "--export $tmp/x is --save's directory" 1 --save "$tmp/x/" --export "$tmp/x"
   run first 2 --batch 4 --stop-after 4 --save "$tmp/ck"
   saved first
+  # Another --heads or --gelu: the same tensors' shapes, another model (trainer.json's "model").
+  expect "the checkpoint's model is --layers 2 --embed 32 --heads 4 --gelu exact --layer-norm-eps 1e-05 (saved by" 2 \
+    --resume "$tmp/ck" --heads 8
+  expect "this run's --layers 2 --embed 32 --heads 4 --gelu tanh" 2 --resume "$tmp/ck" --gelu tanh
+  expect "--export $tmp/ck is --resume's directory" 1 --resume "$tmp/ck" --export "$tmp/ck"
+  # A save that fails part-way (a 32 KiB file-size limit ends a rank as it writes the model) keeps
+  # the earlier save: its trainer.json stays until a new one replaces it, and --resume continues it.
+  cp -r "$tmp/ck" "$tmp/ck_before"
+  (ulimit -f 64; timeout 240 "$cpprun" --standalone --nproc_per_node=2 "$gpt" "${small[@]}" --batch 4 \
+    --resume "$tmp/ck" --stop-after 6 --save "$tmp/ck" >"$tmp/out" 2>&1) && fail "a save under ulimit -f 64 succeeded"
+  grep -q "^\[rank0\]: step *6/" "$tmp/out" || fail "the run under ulimit -f 64 did not reach its save: $(tail -5 "$tmp/out")"
+  cmp "$tmp/ck/trainer.json" "$tmp/ck_before/trainer.json" || fail "the failed save changed or removed trainer.json"
+  run after_failed_save 2 --batch 4 --resume "$tmp/ck"
+  grep -q "resumed from $tmp/ck at step 4 " "$tmp/after_failed_save.out" || fail "the earlier save did not resume"
   expect "the checkpoint is at step 4, so --steps 4 leaves nothing to train" 2 --resume "$tmp/ck" --steps 4
   expect "--stop-after 3 is not after the checkpoint's step 4" 2 --resume "$tmp/ck" --stop-after 3 --save "$tmp/x"
   expect "the checkpoint is in --dtype float64 (saved by --mode ddp, 2 ranks), this run in float32" 2 \
@@ -154,8 +204,13 @@ faults)
   # 2 ranks took 4 x 4 windows a step for 4 steps: 32, which 3 ranks cannot share out.
   expect "the checkpoint stopped 32 windows into its epoch, which 3 data-parallel ranks cannot share out evenly" 3 \
     --resume "$tmp/ck"
-  # Another model: the strict load names what differs.
-  expect "transformer.h.0.attn.c_attn.weight" 2 --resume "$tmp/ck" --embed 64
+  # Another model: trainer.json's "model" says so; without it (a trainer.json written before it was
+  # recorded, which still resumes), the strict load names what differs.
+  expect "this run's --layers 2 --embed 64 --heads 4" 2 --resume "$tmp/ck" --embed 64
+  cp -r "$tmp/ck" "$tmp/older" && sed -i 's/, "model": .*}/}/' "$tmp/older/trainer.json"
+  ! grep -q '"model"\|"epoch_steps"' "$tmp/older/trainer.json" || fail "not an older trainer.json: $(cat "$tmp/older/trainer.json")"
+  expect "transformer.h.0.attn.c_attn.weight" 2 --resume "$tmp/older" --embed 64
+  run older 2 --batch 4 --resume "$tmp/older"
   # The model's files without trainer.json (a save cut short), and trainer.json without the model's files.
   cp -r "$tmp/ck" "$tmp/cut" && rm "$tmp/cut/trainer.json"
   expect "--resume $tmp/cut: no trainer.json there" 2 --resume "$tmp/cut"

@@ -101,6 +101,10 @@ TEST_CASE("grad_scaler: misuse is named", "[grad_scaler]") {
   CHECK_THROWS_WITH(scaler.update(), Catch::Contains("without a step()"));
   cpprun::GradScaler bad(cpprun::GradScalerOptions().backoff_factor(2));
   CHECK_THROWS_WITH(bad.scale(w.sum()), Catch::Contains("backoff_factor"));
+  // No gradient to check: PyTorch's "No inf checks were recorded", not a silent step.
+  cpprun::GradScaler no_backward;
+  no_backward.scale(w.sum());
+  CHECK_THROWS_WITH(no_backward.step(opt), Catch::Contains("No inf checks were recorded for this optimizer"));
 }
 
 TEST_CASE("grad_scaler: disabled is a pass-through", "[grad_scaler]") {
