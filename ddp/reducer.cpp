@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <numeric>
 #include <unordered_set>
+#include <utility>
 
 #include "comm/public_call.h"
 #include "core/tensor_alias.h"
@@ -182,20 +183,28 @@ void Reducer::expect_gradients() {
   next_bucket_ = 0;
   finish_queued_ = false;
   manual_end_ = false;
+  unused_waiting_.clear();
   for (auto& bucket : buckets_) bucket.pending = bucket.params.size(), bucket.work = Work();
 }
 
+// Note [Unused parameters join at the backward's start]
+// The forward finds the parameters that will get no gradient, but they are marked ready (their
+// .grad, or zeros, copied into their buckets) at the backward's first gradient, as PyTorch's
+// reducer does (has_marked_unused_parameters_): a .grad they hold then is what goes into the
+// average, and a zero_grad() between the forward and the backward, as many loops have it, clears
+// the last step's first. Marked at the forward, a used-elsewhere parameter sent its .grad of the
+// step before (and, as a bucket's slot, had it scaled in place).
 void Reducer::prepare_for_backward(const std::vector<at::Tensor>& outputs) {
   std::lock_guard<std::mutex> lock(mutex_);
   expect_gradients();
 
   if (static_unused_) {  // static_graph: the first backward told which parameters are unused
     for (std::size_t i = 0; i < params_.size(); ++i) {
-      if (static_unused_->here[i]) mark_ready(i, /*used=*/false);
+      if (static_unused_->here[i]) unused_waiting_.push_back(i);
     }
   } else if (detects_unused() && !outputs.empty()) {
     // Walk the autograd graph from the outputs: parameters whose accumulator is not reached will
-    // get no gradient; mark them ready now so their buckets need not wait for the end of backward.
+    // get no gradient; marked ready at the backward's start, their buckets need not wait for its end.
     std::unordered_set<torch::autograd::Node*> seen;
     std::vector<torch::autograd::Node*> stack;
     for (const auto& out : outputs) {
@@ -210,10 +219,9 @@ void Reducer::prepare_for_backward(const std::vector<at::Tensor>& outputs) {
       }
     }
     for (std::size_t i = 0; i < params_.size(); ++i) {
-      if (!seen.count(hooks_.accumulator(i))) mark_ready(i, /*used=*/false);
+      if (!seen.count(hooks_.accumulator(i))) unused_waiting_.push_back(i);
     }
   }
-  launch_ready_buckets();
 }
 
 // Note [A pipeline stage's last backward]
@@ -242,6 +250,7 @@ void Reducer::on_gradient_ready(std::size_t param) {
       finish_backward();
     });
   }
+  for (const std::size_t unused : std::exchange(unused_waiting_, {})) mark_ready(unused, /*used=*/false);
   TORCH_CHECK(!ready_[param], "cpprun::DistributedDataParallel: parameter ", names_[param],
               " received a gradient twice in one backward pass (after being found unused, or by "
               "a second backward through the same forward). Run forward again before each backward.");

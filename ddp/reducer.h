@@ -112,6 +112,9 @@ class Reducer {
   std::size_t next_bucket_ = 0;
   bool finish_queued_ = false;
   bool manual_end_ = false;  // prepare_for_last_backward's: reduce_accumulated ends it, not the engine
+  // Found unused by the forward, marked ready at the backward's first gradient (Note [Unused
+  // parameters join at the backward's start]).
+  std::vector<std::size_t> unused_waiting_;
 
   // Across iterations.
   int64_t synced_backwards_ = 0;
@@ -119,7 +122,7 @@ class Reducer {
   std::vector<std::size_t> ready_order_;        // first synchronized backward's order
   // static_graph: what the first synchronized backward found, then taken as fixed.
   struct StaticUnused {
-    std::vector<bool> here;        // no gradient on this rank: marked ready at each prepare
+    std::vector<bool> here;        // no gradient on this rank: marked ready at each backward's start
     std::vector<bool> everywhere;  // no gradient on any rank: .grad left untouched
   };
   std::optional<StaticUnused> static_unused_;

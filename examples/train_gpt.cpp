@@ -94,10 +94,11 @@ constexpr const char* kUsage = R"(usage: train_gpt [options]
                      learning-rate schedule to shorten); with --save, a checkpoint --resume continues
   --resume DIR       continue from DIR's checkpoint (--save's) with the step after it, under any --mode, --stage,
                      --tp, --pp and number of ranks; the same --text, --block, model flags (--layers, --embed,
-                     --heads, --gelu) and --dtype. The same global batch (--batch x the data-parallel ranks)
-                     continues the saved run exactly (the same held-out loss as one uninterrupted run) to the end
-                     of its epoch, and after it where an epoch is as many steps (said if not: DistributedSampler
-                     pads an epoch to a multiple of the ranks). --lr is the checkpoint's (its optimizer holds it)
+                     --heads, --gelu, --layer-norm-eps) and --dtype. The same global batch (--batch x the
+                     data-parallel ranks) continues the saved run exactly (the same held-out loss as one
+                     uninterrupted run) to the end of its epoch, and after it where an epoch is as many steps
+                     (said if not: DistributedSampler pads an epoch to a multiple of the ranks). --lr is the
+                     checkpoint's (its optimizer holds it)
   --batch B          windows per rank and forward pass; with --tp, per group of N ranks (default 16)
   --grad-accum K     forward and backward passes per optimizer step (gradient accumulation), each of --batch
                      windows; the gradients are reduced once, after the last (DDP and FSDP no_sync before).
@@ -135,6 +136,7 @@ constexpr const char* kUsage = R"(usage: train_gpt [options]
   --heads H          attention heads (default 4)
   --gelu exact|tanh  the MLP's GELU: exact (erf, PyTorch's default) or the tanh approximation GPT-2 uses
                      (transformers' "gelu_new") (default exact; with --init-from, config.json's)
+  --layer-norm-eps E the layer norms' epsilon (default 1e-5; with --init-from, config.json's)
   --sample N         characters to generate at the end (default 200)
   --log-every K      print the mean loss of every K steps (default 50; 1: each step's loss)
   --losses-out FILE  write every step's loss (averaged over the ranks) to FILE, one a line (%.17g)
@@ -230,6 +232,7 @@ Options parse(int argc, char** argv) {
     else if (flags.is("--dtype")) o.dtype = flags.value();
     else if (flags.is("--deferred-init")) o.deferred_init = flags.value();
     else if (flags.is("--gelu")) gelu = flags.value();
+    else if (flags.is("--layer-norm-eps")) o.layer_norm_eps = flags.number(0.0), given.insert("--layer-norm-eps");
     else if (flags.is("--init-from")) o.init_from = flags.value();
     else if (flags.is("--export")) o.export_dir = flags.value();
     else if (flags.is("--save")) o.save_dir = flags.value();
@@ -241,6 +244,10 @@ Options parse(int argc, char** argv) {
   }
   if (o.help) return o;
   if (!gelu.empty() && gelu != "exact" && gelu != "tanh") throw std::invalid_argument("--gelu must be exact or tanh, got " + gelu);
+  if (!std::isfinite(o.layer_norm_eps) || o.layer_norm_eps <= 0) {
+    throw std::invalid_argument("--layer-norm-eps must be a finite number above 0, got " +
+                                std::to_string(o.layer_norm_eps));
+  }
   if (gelu == "tanh") o.gelu = examples::Gelu::kTanh;
   if (o.optimizer != "fused" && o.optimizer != "libtorch") {
     throw std::invalid_argument("--optimizer must be fused or libtorch, got " + o.optimizer);
@@ -300,6 +307,10 @@ Options parse(int argc, char** argv) {
     if (!gelu.empty() && o.gelu != file_gelu) {
       throw std::invalid_argument("--gelu " + gelu + " conflicts with --init-from " + o.init_from +
                                   "/config.json's \"activation_function\"; drop --gelu");
+    }
+    if (given.count("--layer-norm-eps") && o.layer_norm_eps != config.layer_norm_eps) {
+      throw std::invalid_argument("--layer-norm-eps conflicts with --init-from " + o.init_from +
+                                  "/config.json's \"layer_norm_epsilon\"; drop --layer-norm-eps");
     }
     o.layers = config.layers, o.embed = config.embed, o.heads = config.heads, o.gelu = file_gelu;
     o.positions = config.positions, o.vocab = config.vocab, o.layer_norm_eps = config.layer_norm_eps;
@@ -1214,8 +1225,8 @@ int run(int argc, char** argv) {
     }
     if (!resumed.model.empty() && resumed.model != model_flags(opt)) {
       throw std::invalid_argument(what + "the checkpoint's model is " + resumed.model + saved + ", this run's " +
-                                  model_flags(opt) + ": resume with the saved run's (--heads and --gelu change the "
-                                  "model without changing its tensors' shapes)");
+                                  model_flags(opt) + ": resume with the saved run's flags (--heads, --gelu and "
+                                  "--layer-norm-eps change the model without changing its tensors' shapes)");
     }
     if (resumed.windows != windows) {
       throw std::invalid_argument(what + "the checkpoint was trained on " + std::to_string(resumed.windows) +

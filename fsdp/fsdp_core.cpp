@@ -11,6 +11,7 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include <cmath>
+#include <exception>
 #include <functional>
 #include <sstream>
 #include <string>
@@ -173,10 +174,27 @@ std::vector<std::string> describe_wrapping(const std::vector<UnitPlan>& units, c
   return lines;
 }
 
-void check_ranks_wrap_alike(const ProcessGroup& group, const std::vector<std::string>& lines) {
+// `local_failure`: this rank's own checks refused its options; it is rethrown here after the
+// exchange, so that the others learn of it instead of waiting for this rank.
+void check_ranks_wrap_alike(const ProcessGroup& group, const std::vector<std::string>& lines,
+                            std::exception_ptr local_failure) {
   std::string mine;
+  if (local_failure) {
+    try {
+      std::rethrow_exception(local_failure);
+    } catch (const c10::Error& e) {
+      mine = std::string("refused: ") + e.what_without_backtrace();
+    } catch (const std::exception& e) {
+      mine = std::string("refused: ") + e.what();
+    }
+  }
   for (const auto& line : lines) mine += line + '\n';
   const std::vector<std::string> all = all_gather_bytes(group, mine);
+  if (local_failure) std::rethrow_exception(local_failure);
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    TORCH_CHECK(all[r].rfind("refused: ", 0) != 0, "cpprun::FullyShardedDataParallel: rank ", r, " refused its "
+                "options, so no rank wraps: ", all[r].substr(9));
+  }
   const auto split = [](const std::string& text) {
     std::vector<std::string> out;
     std::istringstream in(text);
@@ -204,20 +222,28 @@ FsdpCore::FsdpCore(torch::nn::Module& module, ProcessGroup group, std::optional<
                                    std::move(options))) {
   Impl& s = *impl_;
   const int stage = s.options.stage();
-  TORCH_CHECK(!s.options.cpu_offload() || stage == 3, "cpprun::FullyShardedDataParallel: cpu_offload needs stage 3 "
-              "(it offloads the parameter shards), got stage ", stage, ".");
-  TORCH_CHECK(s.options.gathered_unit_limit() >= 1, "cpprun::FullyShardedDataParallel: gathered_unit_limit must be "
-              "at least 1, got ", s.options.gathered_unit_limit(), ".");
-  TORCH_CHECK(s.options.auto_wrap_min_params() >= 0, "cpprun::FullyShardedDataParallel: auto_wrap_min_params must "
-              "not be negative, got ", s.options.auto_wrap_min_params(), ".");
-  TORCH_CHECK(!s.options.output_dtype() || at::isFloatingType(*s.options.output_dtype()),
-              "cpprun::FullyShardedDataParallel: output_dtype must be a floating-point dtype (it casts the "
-              "floating-point outputs), got ", *s.options.output_dtype(), ".");
+  // Each rank's own checks, then an exchange that every rank reaches (Note [One FSDP configuration
+  // on every rank]): a rank whose options fail them does not leave the others waiting.
+  std::exception_ptr local_failure;
+  std::vector<UnitPlan> units;
+  try {
+    TORCH_CHECK(!s.options.cpu_offload() || stage == 3, "cpprun::FullyShardedDataParallel: cpu_offload needs stage 3 "
+                "(it offloads the parameter shards), got stage ", stage, ".");
+    TORCH_CHECK(s.options.gathered_unit_limit() >= 1, "cpprun::FullyShardedDataParallel: gathered_unit_limit must be "
+                "at least 1, got ", s.options.gathered_unit_limit(), ".");
+    TORCH_CHECK(s.options.auto_wrap_min_params() >= 0, "cpprun::FullyShardedDataParallel: auto_wrap_min_params must "
+                "not be negative, got ", s.options.auto_wrap_min_params(), ".");
+    TORCH_CHECK(!s.options.output_dtype() || at::isFloatingType(*s.options.output_dtype()),
+                "cpprun::FullyShardedDataParallel: output_dtype must be a floating-point dtype (it casts the "
+                "floating-point outputs), got ", *s.options.output_dtype(), ".");
 
-  refuse_tensor_parallel_overlap(s.tp_splits, s.groups.whole, "cpprun::FullyShardedDataParallel");
-
-  const auto units = plan_units(module, s.options);
-  check_ranks_wrap_alike(s.group, describe_wrapping(units, s.options));
+    refuse_tensor_parallel_overlap(s.tp_splits, s.groups.whole, "cpprun::FullyShardedDataParallel");
+    units = plan_units(module, s.options);
+  } catch (...) {
+    local_failure = std::current_exception();
+  }
+  check_ranks_wrap_alike(s.group, local_failure ? std::vector<std::string>{} : describe_wrapping(units, s.options),
+                         local_failure);
   s.unit_count = units.size();
   // Start from rank 0's parameters and buffers everywhere; a deferred module is materialised unit by
   // unit as it is sharded, each broadcast then.

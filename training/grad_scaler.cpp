@@ -87,14 +87,12 @@ void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
     found_inf.add_(found_here.to(found_inf.device()));
   }
   // Every rank takes part, with or without gradients, so that all decide alike; whether any rank
-  // had a gradient rides along (a rank of ZeRO-3 or a pipeline stage may hold none, every rank
-  // none is a mistake: PyTorch's "No inf checks were recorded for this optimizer").
-  const at::Tensor any_grad = at::full({1}, grads.empty() ? 0.0 : 1.0, found_inf.options());
-  const at::Tensor flags = agreed_found_inf(at::cat({found_inf, any_grad}));
-  TORCH_CHECK(flags[1].item<float>() != 0.0f, "cpprun::GradScaler: no parameter of the optimizer has a gradient on "
-              "any rank, so no inf checks were recorded for it (PyTorch: \"No inf checks were recorded for this "
-              "optimizer.\"); call unscale_() or step() after the backward of scaler.scale(loss)");
+  // had a gradient rides along (a rank of ZeRO-3 or a pipeline stage may hold none; step() refuses
+  // every rank none, as PyTorch's "No inf checks were recorded for this optimizer").
+  const at::Tensor any_gradient = at::full({1}, grads.empty() ? 0.0 : 1.0, found_inf.options());
+  const at::Tensor flags = agreed_found_inf(at::cat({found_inf, any_gradient}));
   state.found_inf = flags.narrow(0, 0, 1).clone();
+  state.any_gradient = flags[1].item<float>() != 0.0f;
   state.stage = Stage::kUnscaled;
 }
 
@@ -108,6 +106,12 @@ bool GradScaler::step(torch::optim::Optimizer& optimizer) {
               "cpprun::GradScaler: step() was already called on this optimizer since the last update(); call "
               "update() once per iteration, after the steps");
   if (state.stage == Stage::kReady) unscale_(optimizer);
+  if (!state.any_gradient) {
+    per_optimizer_.erase(&optimizer);  // as if never stepped: a following update() says so
+    TORCH_CHECK(false, "cpprun::GradScaler: no parameter of the optimizer has a gradient on any rank, so no inf "
+                "checks were recorded for it (PyTorch: \"No inf checks were recorded for this optimizer.\"); call "
+                "step() after the backward of scaler.scale(loss)");
+  }
   const bool overflow = state.found_inf.item<float>() != 0.0f;
   if (!overflow) optimizer.step();
   state.stage = Stage::kStepped;

@@ -75,6 +75,7 @@ class GradScaler {
   struct PerOptimizer {
     Stage stage = Stage::kReady;
     at::Tensor found_inf;  // agreed over the group
+    bool any_gradient = false;  // on any rank of the group: step() refuses none, as PyTorch's
   };
 
   void init_scale_like(const at::Tensor& like);

@@ -13,11 +13,12 @@ namespace cpprun::launcher {
 
 // Note [A job's root cause]
 // Each node names the first of its own workers to fail ("failed first on this node"), as each
-// torchrun agent names its own; the job's root cause is the first failure node 0 hears of, which
-// every node's exit line names and whose exit code every node exits with. Workers on two nodes can
-// fail before either node hears of the other's failure: each node then names its own, and a node
-// whose failure was not the one node 0 heard of first says so above its exit line, so that no
-// console calls two workers the root cause.
+// torchrun agent names its own; why the job ends is node 0's decision (the first failure it hears
+// of, unless a stronger end outranks it: a lost node, a signal, a stuck worker), which every
+// node's exit line gives and whose exit code every node exits with. Workers on two nodes can fail
+// before either node hears of the other's failure: each node then names its own, and a node whose
+// own failure is not what the job ends for says so above its exit line, so that no console calls
+// two workers the root cause.
 
 int run_multi_node(const RendezvousSettings& settings, const WorkerSettings& workers, const ProgramCommand& program,
                    const EnvMap& parent_env, const KeeperSettings& keeper, SignalRelay& relay,
@@ -123,8 +124,8 @@ int run_multi_node(const RendezvousSettings& settings, const WorkerSettings& wor
         if (attempt.end == GroupEnd::kWorkerFailed || attempt.end == GroupEnd::kUnhealthy) {
           hand_over_error_file(attempt);
           if (decision.end.reason != failure(attempt)) {  // Note [A job's root cause]
-            std::cerr << "cpprun: the job ends for what node 0 heard of first (below), not for this node's "
-                      << attempt.root_worker << ", which failed too\n";
+            std::cerr << "cpprun: the job ends for the reason node 0 decided (below), not for this node's own: "
+                      << attempt.root_worker << " " << attempt.root_how << "\n";
           }
         }
         std::cerr << "cpprun: ";

@@ -838,6 +838,10 @@ TEST_CASE("fsdp: ranks that wrap otherwise are refused as they wrap, on every ra
              Catch::Contains(last) && Catch::Contains("units\" on rank 0"));
   CHECK_THAT(wrap(odd ? per_linear(3).param_dtype(at::kBFloat16) : per_linear(3)),
              Catch::Contains("param_dtype BFloat16"));
+  // Options one rank's own checks refuse: every rank learns of it (the others waited for it).
+  CHECK_THAT(wrap(odd ? per_linear(3).gathered_unit_limit(0) : per_linear(3)),
+             Catch::Contains("gathered_unit_limit must be at least 1") &&
+                 (odd ? Catch::Contains("") : Catch::Contains(std::to_string(world - 1) + " refused its options")));
   CHECK(wrap(per_linear(3)) == "(wrapped)");  // alike: wrapped, as before
 }
 

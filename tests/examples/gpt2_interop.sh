@@ -110,6 +110,8 @@ faults)
   expect 'missing: transformer.h.1.mlp.c_fc.weight' --init-from "$tmp/missing_tensor"
   expect "cannot read $tmp/none/config.json" --init-from "$tmp/none"
   expect "--layers 3 conflicts with --init-from $tmp/good/config.json's \"n_layer\": 2" --init-from "$tmp/good" --layers 3
+  expect "--layer-norm-eps conflicts with --init-from $tmp/good/config.json's \"layer_norm_epsilon\"" \
+    --init-from "$tmp/good" --layer-norm-eps 1e-3
   expect "--block 64 exceeds --init-from $tmp/good/config.json's \"n_positions\": 32" --init-from "$tmp/good" --block 64
   expect "--logits-for: token id 128 is outside the vocabulary" --init-from "$tmp/good" --logits-for 1,128 --logits-out "$tmp/x"
   # A config.json that is not the weights' cannot size the model without bound (1e6 layers made

@@ -185,8 +185,10 @@ faults)
   expect "the checkpoint's model is --layers 2 --embed 32 --heads 4 --gelu exact --layer-norm-eps 1e-05 (saved by" 2 \
     --resume "$tmp/ck" --heads 8
   expect "this run's --layers 2 --embed 32 --heads 4 --gelu tanh" 2 --resume "$tmp/ck" --gelu tanh
+  expect "this run's --layers 2 --embed 32 --heads 4 --gelu exact --layer-norm-eps 1e-06" 2 --resume "$tmp/ck" \
+    --layer-norm-eps 1e-6
   expect "--export $tmp/ck is --resume's directory" 1 --resume "$tmp/ck" --export "$tmp/ck"
-  # A save that fails part-way (a 32 KiB file-size limit ends a rank as it writes the model) keeps
+  # A save that fails part-way (a 64 KiB file-size limit ends a rank as it writes the model) keeps
   # the earlier save: its trainer.json stays until a new one replaces it, and --resume continues it.
   cp -r "$tmp/ck" "$tmp/ck_before"
   (ulimit -f 64; timeout 240 "$cpprun" --standalone --nproc_per_node=2 "$gpt" "${small[@]}" --batch 4 \

@@ -104,7 +104,9 @@ TEST_CASE("grad_scaler: misuse is named", "[grad_scaler]") {
   // No gradient to check: PyTorch's "No inf checks were recorded", not a silent step.
   cpprun::GradScaler no_backward;
   no_backward.scale(w.sum());
+  no_backward.unscale_(opt);  // allowed, as PyTorch's: step() refuses
   CHECK_THROWS_WITH(no_backward.step(opt), Catch::Contains("No inf checks were recorded for this optimizer"));
+  CHECK_THROWS_WITH(no_backward.update(), Catch::Contains("without a step()"));
 }
 
 TEST_CASE("grad_scaler: disabled is a pass-through", "[grad_scaler]") {

@@ -65,7 +65,7 @@ for try in 1 2 3; do
     own=$(sed -n 's/^cpprun: \(rank [0-9]* \).*failed first on this node.*/\1/p' "$err")
     if [ -n "$own" ] && [ "$own" != "$job_root" ]; then
       both=$((both + 1))
-      expect_in_file "$err" "the job ends for what node 0 heard of first (below), not for this node's $own" \
+      expect_in_file "$err" "the job ends for the reason node 0 decided (below), not for this node's own: $own" \
         "node $node's word that its own failure is not the job's (try $try)"
     elif grep -q "the job ends for" "$err"; then
       fail "node $node disowns the failure its exit line names (try $try): $(cat "$err")"
