@@ -1518,9 +1518,9 @@ int run(int argc, char** argv) {
 
   // --save: the model and the optimizer (collective: each rank writes its share of the tensors),
   // one save id for both (rank 0's), then where the run stands, last and by rank 0. An earlier
-  // save's trainer.json stays until this one replaces it: a save that fails before its files are
-  // in place (a full disk) leaves the earlier save whole, one that fails later leaves files of two
-  // saves, which --resume refuses by their save ids.
+  // save's trainer.json stays until this one replaces it: a save that fails before any of its files
+  // is in place (a full disk) leaves the earlier save whole; one that fails later leaves a directory
+  // --resume refuses (two saves' ids, or a file the failed save's undo removed).
   if (!opt.save_dir.empty()) {
     const std::string dir = opt.save_dir + "/";
     const auto options = cpprun::StateDictSaveOptions().step(last_step).save_id(cpprun::new_save_id());
