@@ -46,8 +46,9 @@ struct CpprunFormatter : CLI::Formatter {
 // torchrun reads a flag's PET_<NAME> as bool(int(value)) (argparse_util.py, check_env): whatever
 // Python's int() takes, 0 is off and any other integer on, -1 included. CLI11 would read -1 as off
 // and name no variable when it refuses a value, so cpprun reads these variables itself: the integers
-// as Python has them (surrounding whitespace, a sign, underscores between digits), and also
-// true/false, yes/no, on/off, as CLI11 did, where torchrun stops with a ValueError. Empty is unset.
+// as Python has them (surrounding whitespace, a sign, underscores between digits), and also the
+// words CLI11 read (true/false, yes/no, on/off, t/f, y/n, enable/disable), where torchrun stops
+// with a ValueError. Empty is unset.
 std::optional<bool> python_int_is_nonzero(std::string_view text) {
   const auto space = [](char c) { return c == ' ' || (c >= '\t' && c <= '\r'); };
   while (!text.empty() && space(text.front())) text.remove_prefix(1);
@@ -73,8 +74,12 @@ bool flag_from_env(const std::string& name, const std::string& value) {
   if (const std::optional<bool> on = python_int_is_nonzero(value)) return *on;
   std::string word = value;
   std::transform(word.begin(), word.end(), word.begin(), [](unsigned char c) { return std::tolower(c); });
-  if (word == "true" || word == "yes" || word == "on") return true;
-  if (word == "false" || word == "no" || word == "off") return false;
+  for (const char* on : {"true", "yes", "on", "t", "y", "enable"}) {
+    if (word == on) return true;
+  }
+  for (const char* off : {"false", "no", "off", "f", "n", "disable"}) {
+    if (word == off) return false;
+  }
   throw UsageError(name + "=" + value + ": expected an integer, as torchrun reads it (0: off; any other, -1 "
                    "included: on), or true/false; unset it or pass the flag instead");
 }

@@ -598,11 +598,11 @@ TEST_CASE("launch_config: a flag's PET_<NAME> is torchrun's bool(int(value))", "
   const auto mode = [&](const std::string& value) {
     return parse_launch_config({"train.py"}, fake_host(), with("PET_NO_PYTHON", value)).config.program_mode;
   };
-  for (const char* on : {"1", "-1", "2", " 3\n", "+1", "1_0", "007", "true", "Yes", "ON"}) {
+  for (const char* on : {"1", "-1", "2", " 3\n", "+1", "1_0", "007", "true", "Yes", "ON", "t", "enable"}) {
     INFO("PET_NO_PYTHON='" << on << "'");
     CHECK(mode(on) == ProgramMode::kNoPython);
   }
-  for (const char* off : {"0", "-0", "0_0", " 0 ", "false", "no", "Off", ""}) {
+  for (const char* off : {"0", "-0", "0_0", " 0 ", "false", "no", "Off", "", "N", "disable"}) {
     INFO("PET_NO_PYTHON='" << off << "'");
     CHECK(mode(off) == ProgramMode::kByName);
   }
