@@ -22,6 +22,7 @@
 #include "comm/group_membership.h"
 #include "comm/public_call.h"
 #include "core/clip_grad_norm.h"
+#include "core/failure_agreement.h"
 #include "cpprun/collectives.h"
 #include "cpprun/object_collectives.h"
 #include "checkpoint/state_view.h"
@@ -178,16 +179,8 @@ std::vector<std::string> describe_wrapping(const std::vector<UnitPlan>& units, c
 // exchange, so that the others learn of it instead of waiting for this rank.
 void check_ranks_wrap_alike(const ProcessGroup& group, const std::vector<std::string>& lines,
                             std::exception_ptr local_failure) {
-  std::string mine;
-  if (local_failure) {
-    try {
-      std::rethrow_exception(local_failure);
-    } catch (const c10::Error& e) {
-      mine = std::string("refused: ") + e.what_without_backtrace();
-    } catch (const std::exception& e) {
-      mine = std::string("refused: ") + e.what();
-    }
-  }
+  // describe_failure's first letter is the failure's kind; its message follows.
+  std::string mine = local_failure ? "refused: " + describe_failure(local_failure).substr(1) : "";
   for (const auto& line : lines) mine += line + '\n';
   const std::vector<std::string> all = all_gather_bytes(group, mine);
   if (local_failure) std::rethrow_exception(local_failure);

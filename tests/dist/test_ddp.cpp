@@ -454,6 +454,39 @@ TEST_CASE("ddp: a parameter without gradient fails the next forward, naming it",
   cpprun::barrier(group());
 }
 
+// Branchy's reference gradients for the whole global batch: each rank's slice through the branch
+// where `uses_branch(rank)` says, its loss over the world.
+void branchy_reference_backward(Branchy& ref, const torch::Tensor& x, const torch::Tensor& y, int world,
+                                const std::function<bool(int)>& uses_branch) {
+  for (int r = 0; r < world; ++r) {
+    auto loss =
+        torch::nn::functional::cross_entropy(ref.forward(slice(x, r, world), uses_branch(r)), slice(y, r, world));
+    (loss / world).backward();
+  }
+}
+
+// A Branchy in DDP with find_unused_parameters, and its one-process twin, each with SGD at 0.1.
+struct UnusedBranchParity {
+  explicit UnusedBranchParity(bool bucket_view)
+      : net((torch::manual_seed(0), std::make_shared<Branchy>())),
+        ddp(net, group(), cpprun::DdpOptions().find_unused_parameters(true).gradient_as_bucket_view(bucket_view)),
+        ref(std::make_shared<Branchy>()),
+        opt(ddp->parameters(), 0.1),
+        ref_opt(ref->parameters(), 0.1) {
+    copy_state(*ref, *net);
+  }
+  // This rank's loss on its slice, through the branch if `uses_branch`.
+  torch::Tensor loss(const torch::Tensor& x, const torch::Tensor& y, bool uses_branch) {
+    const int rank = group().rank(), world = group().size();
+    return torch::nn::functional::cross_entropy(ddp->forward(slice(x, rank, world), uses_branch),
+                                                slice(y, rank, world));
+  }
+  std::shared_ptr<Branchy> net;
+  cpprun::DistributedDataParallel<Branchy> ddp;
+  std::shared_ptr<Branchy> ref;
+  torch::optim::SGD opt, ref_opt;
+};
+
 TEST_CASE("ddp: find_unused_parameters: partly used parameters average, never-used keep .grad", "[ddp]") {
   Float64Parity float64;
   for (bool static_graph : {false, true}) {
@@ -478,10 +511,7 @@ TEST_CASE("ddp: find_unused_parameters: partly used parameters average, never-us
       CHECK(net->branch->weight.grad().defined());        // rank 0 used it: every rank has the average
       opt.step();
       ref_opt.zero_grad();
-      for (int r = 0; r < world; ++r) {
-        auto loss = torch::nn::functional::cross_entropy(ref->forward(slice(x, r, world), r % 2 == 0), slice(y, r, world));
-        (loss / world).backward();
-      }
+      branchy_reference_backward(*ref, x, y, world, [](int r) { return r % 2 == 0; });
       ref_opt.step();
     }
     check_same_parameters(*net, *ref, kParityTolerance);
@@ -492,42 +522,29 @@ TEST_CASE("ddp: find_unused_parameters: a .grad accumulated under no_sync goes i
   // Every rank uses the branch in two no_sync backwards; odd ranks skip it in the synced one. They
   // still send what they accumulated, as PyTorch's reducer does (cpprun once sent zeros for it).
   Float64Parity float64;
-  const int rank = group().rank(), world = group().size();
   const bool bucket_view = GENERATE(false, true);
   INFO("gradient_as_bucket_view " << bucket_view);
-  torch::manual_seed(0);
-  auto net = std::make_shared<Branchy>();
-  auto ddp = cpprun::DistributedDataParallel(
-      net, group(), cpprun::DdpOptions().find_unused_parameters(true).gradient_as_bucket_view(bucket_view));
-  auto ref = std::make_shared<Branchy>();
-  copy_state(*ref, *net);
-  torch::optim::SGD opt(ddp->parameters(), 0.1), ref_opt(ref->parameters(), 0.1);
+  UnusedBranchParity t(bucket_view);
   for (int step = 0; step < 3; ++step) {
-    opt.zero_grad();
-    ref_opt.zero_grad();
+    t.opt.zero_grad();
+    t.ref_opt.zero_grad();
     for (int micro = 0; micro < 3; ++micro) {
       auto x = inputs_for("mlp", kGlobalBatch, 10 * step + micro);
       auto y = targets_for(kGlobalBatch, 10 * step + micro);
       const auto branch_for = [&](int r) { return micro < 2 || r % 2 == 0; };
       {
         std::optional<cpprun::NoSyncGuard> guard;
-        if (micro < 2) guard.emplace(ddp->no_sync());
-        torch::nn::functional::cross_entropy(ddp->forward(slice(x, rank, world), branch_for(rank)),
-                                             slice(y, rank, world))
-            .backward();
+        if (micro < 2) guard.emplace(t.ddp->no_sync());
+        t.loss(x, y, branch_for(group().rank())).backward();
       }
-      for (int r = 0; r < world; ++r) {
-        auto loss = torch::nn::functional::cross_entropy(ref->forward(slice(x, r, world), branch_for(r)),
-                                                         slice(y, r, world));
-        (loss / world).backward();
-      }
+      branchy_reference_backward(*t.ref, x, y, group().size(), branch_for);
     }
     INFO("step " << step);
-    CHECK_FALSE(net->unused->weight.grad().defined());
-    opt.step();
-    ref_opt.step();
+    CHECK_FALSE(t.net->unused->weight.grad().defined());
+    t.opt.step();
+    t.ref_opt.step();
   }
-  check_same_parameters(*net, *ref, kParityTolerance);
+  check_same_parameters(*t.net, *t.ref, kParityTolerance);
 }
 
 TEST_CASE("ddp: find_unused_parameters: a zero_grad between forward and backward clears what goes in", "[ddp]") {
@@ -535,34 +552,22 @@ TEST_CASE("ddp: find_unused_parameters: a zero_grad between forward and backward
   // skip it after; the loop zeroes the gradients after the forward (PyTorch's ImageNet example's
   // order). Marked at the forward, the branch sent step 0's average again in each later step.
   Float64Parity float64;
-  const int rank = group().rank(), world = group().size();
   const bool bucket_view = GENERATE(false, true);
   INFO("gradient_as_bucket_view " << bucket_view);
-  torch::manual_seed(0);
-  auto net = std::make_shared<Branchy>();
-  auto ddp = cpprun::DistributedDataParallel(
-      net, group(), cpprun::DdpOptions().find_unused_parameters(true).gradient_as_bucket_view(bucket_view));
-  auto ref = std::make_shared<Branchy>();
-  copy_state(*ref, *net);
-  torch::optim::SGD opt(ddp->parameters(), 0.1), ref_opt(ref->parameters(), 0.1);
+  UnusedBranchParity t(bucket_view);
   for (int step = 0; step < 3; ++step) {
     auto x = inputs_for("mlp", kGlobalBatch, step);
     auto y = targets_for(kGlobalBatch, step);
     const auto branch_for = [&](int r) { return step == 0 || r % 2 == 0; };
-    auto loss = torch::nn::functional::cross_entropy(ddp->forward(slice(x, rank, world), branch_for(rank)),
-                                                     slice(y, rank, world));
-    opt.zero_grad();
+    auto loss = t.loss(x, y, branch_for(group().rank()));
+    t.opt.zero_grad();
     loss.backward();
-    opt.step();
-    ref_opt.zero_grad();
-    for (int r = 0; r < world; ++r) {
-      (torch::nn::functional::cross_entropy(ref->forward(slice(x, r, world), branch_for(r)), slice(y, r, world)) /
-       world)
-          .backward();
-    }
-    ref_opt.step();
+    t.opt.step();
+    t.ref_opt.zero_grad();
+    branchy_reference_backward(*t.ref, x, y, group().size(), branch_for);
+    t.ref_opt.step();
   }
-  check_same_parameters(*net, *ref, kParityTolerance);
+  check_same_parameters(*t.net, *t.ref, kParityTolerance);
 }
 
 TEST_CASE("ddp: models that differ between ranks are refused, naming rank and parameter", "[ddp]") {
