@@ -32,6 +32,7 @@
 #include <memory>
 #include <optional>
 #include <set>
+#include <sstream>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -78,17 +79,59 @@ const ProcessGroup& group_of(const std::vector<PipelineStage*>& stages) {
 // loss silently wrong), and different schedules or micro-batch counts would wait for messages
 // never sent until the group's timeout. So the ranks compare what they were given as the schedule
 // is built, before anything else that could differ between them (a collective over the pipeline
-// group), and each refuses a difference, naming the rank.
-void check_ranks_agree(const ProcessGroup& group, const char* kind, const std::vector<PipelineStage*>& stages,
-                       int microbatches) {
-  const std::string mine = std::string(kind) + " over " + std::to_string(microbatches) + " micro-batches, split " +
-                           detail::StageAccess::split_text(*stages[0]);
+// group), and each refuses a difference, naming the rank. A rank whose own checks refused its
+// schedule (a name that names none, a null loss, too few stages) still takes part, sending its
+// refusal instead: a caller that catches the error on that rank must not leave the others waiting
+// in the exchange until the timeout.
+constexpr char kRefusedMark = '\x01';
+
+// Collective over `group`: one all-gather. `mine` describes this rank's schedule, or is a
+// refusal (refused_schedule's). Throws this rank's refusal, else another rank's, else a
+// difference; returns when every rank was given the same.
+void agree_on_schedule(const ProcessGroup& group, const char* kind, const std::string& mine) {
   const std::vector<std::string> all = all_gather_bytes(group, mine);
+  TORCH_CHECK(mine.empty() || mine[0] != kRefusedMark, mine.substr(1));
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    TORCH_CHECK(all[r].empty() || all[r][0] != kRefusedMark, kind, ": the pipeline's rank ", r,
+                " refused its schedule, so every rank does: ", all[r].substr(1));
+  }
   for (std::size_t r = 1; r < all.size(); ++r) {
     TORCH_CHECK(all[r] == all[0], kind, ": the pipeline's ranks were given different schedules: rank 0 ", all[0],
                 "; rank ", r, " ", all[r], ". Build every rank's stages from one split, and its schedule with the "
                 "same name and micro-batches.");
   }
+}
+
+std::string refused_schedule(const std::string& why) { return kRefusedMark + why; }
+
+std::string schedule_text(const char* kind, const std::vector<PipelineStage*>& stages, int microbatches) {
+  return std::string(kind) + " over " + std::to_string(microbatches) + " micro-batches, split " +
+         detail::StageAccess::split_text(*stages[0]);
+}
+
+// What this rank alone can find wrong with the schedule it was given; none when nothing.
+std::optional<std::string> refuse_locally(detail::ScheduleKind kind, const detail::PipelineShape& shape,
+                                          const std::vector<PipelineStage*>& stages, bool has_loss) {
+  const char* name = detail::to_string(kind);
+  std::set<int> indices;
+  for (auto* stage : stages) {
+    if (stage == nullptr || stage->num_stages() != stages[0]->num_stages()) {
+      return std::string(name) + ": the stages come from different splits.";
+    }
+    if (!indices.insert(stage->index()).second) {
+      return std::string(name) + ": stage " + std::to_string(stage->index()) + " given twice.";
+    }
+  }
+  if (!has_loss) {
+    return std::string(name) + ": a loss function is needed; the last stage's output and targets go into it.";
+  }
+  if (auto why = detail::refuse_shape(kind, shape)) return why;
+  if (static_cast<int>(stages.size()) == shape.stages_per_rank) return std::nullopt;
+  std::ostringstream why;
+  const int num_stages = stages[0]->num_stages();
+  why << name << ": this rank holds " << shape.stages_per_rank << " of the " << num_stages << " stages ("
+      << num_stages << " stages over " << shape.ranks << " ranks), but " << stages.size() << " were given.";
+  return why.str();
 }
 
 // Whether the next pass's receive joins this pass's sends (Note [One batch per pass]).
@@ -632,25 +675,22 @@ PipelineSchedule::PipelineSchedule(std::vector<PipelineStage*> stages, int micro
     case Order::kZeroBubble: rt.kind = detail::ScheduleKind::kZeroBubble; break;
     case Order::kLoopedBFS: rt.kind = detail::ScheduleKind::kLoopedBFS; break;
   }
-  check_ranks_agree(rt.group, detail::to_string(rt.kind), stages, microbatches);
-  TORCH_CHECK(loss != nullptr, detail::to_string(rt.kind), ": a loss function is needed; the last stage's output and "
-                               "targets go into it.");
+  const char* kind = detail::to_string(rt.kind);
   const int p = rt.group.size();
+  const int num_stages = stages[0]->num_stages();
+  rt.shape = {p, num_stages / p, microbatches};
+  // This rank's own checks, refused on every rank by the exchange.
+  const auto refused = refuse_locally(rt.kind, rt.shape, stages, loss != nullptr);
+  agree_on_schedule(rt.group, kind, refused ? refused_schedule(*refused) : schedule_text(kind, stages, microbatches));
   for (auto* stage : stages) {
-    TORCH_CHECK(stage != nullptr && stage->num_stages() == stages[0]->num_stages(), detail::to_string(rt.kind),
-                ": the stages come from different splits.");
-    TORCH_CHECK(rt.stages.emplace(stage->index(), stage).second, detail::to_string(rt.kind), ": stage ",
-                stage->index(), " given twice.");
+    rt.stages.emplace(stage->index(), stage);
     if (!rt.device) {
-      for (const auto& p : stage->module()->parameters()) {  // not an offloaded FSDP shard's
-        rt.device = p.device();
+      for (const auto& param : stage->module()->parameters()) {  // not an offloaded FSDP shard's
+        rt.device = param.device();
         break;
       }
     }
   }
-  const int num_stages = stages[0]->num_stages();
-  rt.shape = {p, num_stages / p, microbatches};
-  if (auto refused = detail::refuse_shape(rt.kind, rt.shape)) TORCH_CHECK(false, *refused);
   // Ties across ranks: one group per set of ranks holding one. Every rank finds the same ties in
   // the same order, so the groups are made alike (new_group is collective over the pipeline).
   const detail::StageTies& ties = *stages[0]->ties_;
@@ -672,9 +712,6 @@ PipelineSchedule::PipelineSchedule(std::vector<PipelineStage*> stages, int micro
       break;
     }
   }
-  TORCH_CHECK(static_cast<int>(stages.size()) == rt.shape.stages_per_rank, detail::to_string(rt.kind), ": this rank ",
-              rt.group.rank(), " holds ", rt.shape.stages_per_rank, " of the ", num_stages,
-              " stages (", num_stages, " stages over ", p, " ranks), but ", stages.size(), " were given.");
   rt.plan = detail::plan_rank(rt.kind, rt.shape, rt.group.rank());
   // Forward passes wait only for lower stages of the same micro-batch or earlier ones: in this
   // order no two ranks wait for each other.
@@ -726,6 +763,13 @@ ScheduleLoopedBFS::ScheduleLoopedBFS(std::vector<PipelineStage*> stages, int mic
 
 std::unique_ptr<PipelineSchedule> make_schedule(const std::string& name, std::vector<PipelineStage*> stages,
                                                 int microbatches, PipelineSchedule::LossFn loss) {
+  TORCH_CHECK(!stages.empty() && stages[0] != nullptr, "cpprun::make_schedule(\"", name, "\"): no stage given.");
+  // A refusal here still reaches the schedule's exchange, as the constructor's own checks do, so
+  // that the ranks given a good name do not wait there (Note [One schedule on every pipeline rank]).
+  const auto refuse = [&](const std::string& why) {
+    agree_on_schedule(stages[0]->group(), "cpprun::make_schedule", refused_schedule(why));
+    TORCH_INTERNAL_ASSERT(false, "make_schedule: a refusal returned");
+  };
   const auto kind = detail::schedule_kind_named(name);
   if (!kind) {
     constexpr const char* kSchedules =
@@ -733,20 +777,23 @@ std::unique_ptr<PipelineSchedule> make_schedule(const std::string& name, std::ve
         "Interleaved1F1B, LoopedBFS; ScheduleZeroBubble is after ZB-H1, PyTorch's InterleavedZeroBubble with one "
         "stage per rank).";
     const auto pytorch = detail::pytorch_schedule_not_here(name);
-    TORCH_CHECK(!pytorch, "cpprun::make_schedule(\"", name, "\"): PyTorch's ", pytorch.value_or(""),
-                " is not implemented in cpprun; ", kSchedules);
-    TORCH_CHECK(false, "cpprun::make_schedule: no schedule is named \"", name, "\"; ", kSchedules);
+    if (pytorch) {
+      refuse("cpprun::make_schedule(\"" + name + "\"): PyTorch's " + *pytorch + " is not implemented in cpprun; " +
+             kSchedules);
+    }
+    refuse("cpprun::make_schedule: no schedule is named \"" + name + "\"; " + kSchedules);
   }
-  TORCH_CHECK(!stages.empty() && stages[0] != nullptr, "cpprun::make_schedule(\"", name, "\"): no stage given.");
   if (*kind == detail::ScheduleKind::kInterleaved1F1B) {
     return std::make_unique<ScheduleInterleaved1F1B>(std::move(stages), microbatches, std::move(loss));
   }
   if (*kind == detail::ScheduleKind::kLoopedBFS) {
     return std::make_unique<ScheduleLoopedBFS>(std::move(stages), microbatches, std::move(loss));
   }
-  TORCH_CHECK(stages.size() == 1, "cpprun::make_schedule(\"", name, "\"): ", detail::to_string(*kind),
-              " runs one stage per rank, but ", stages.size(), " were given; use interleaved-1f1b (or looped-bfs) "
-              "for several stages per rank.");
+  if (stages.size() != 1) {
+    refuse("cpprun::make_schedule(\"" + name + "\"): " + detail::to_string(*kind) + " runs one stage per rank, but " +
+           std::to_string(stages.size()) + " were given; use interleaved-1f1b (or looped-bfs) for several stages per "
+           "rank.");
+  }
   PipelineStage& stage = *stages[0];
   switch (*kind) {
     case detail::ScheduleKind::kGPipe: return std::make_unique<ScheduleGPipe>(stage, microbatches, std::move(loss));

@@ -679,6 +679,17 @@ TEST_CASE("pipeline: a careless user's mistakes are one error on every rank", "[
                Catch::Contains("the pipeline's ranks were given different schedules") && Catch::Contains(last));
     CHECK_THAT(error_of([&] { cpprun::Schedule1F1B(stages[0], pg.rank() == p - 1 ? 8 : 4, mse); }),
                Catch::Contains("rank " + std::to_string(p - 1) + " 1F1B over 8 micro-batches"));
+    // One rank's own mistake (a name that names no schedule, no loss function) is refused on every
+    // rank: the others, given a good schedule, waited in the exchange until the group's timeout.
+    const bool last_rank = pg.rank() == p - 1;
+    const std::string refused = "the pipeline's rank " + std::to_string(p - 1) + " refused its schedule, so every "
+                                "rank does: ";
+    CHECK_THAT(error_of([&] { cpprun::make_schedule(last_rank ? "1f1c" : "1f1b", {&stages[0]}, 4, mse); }),
+               Catch::Contains(last_rank ? std::string("cpprun::make_schedule: no schedule is named \"1f1c\"")
+                                         : refused + "cpprun::make_schedule: no schedule is named \"1f1c\""));
+    CHECK_THAT(error_of([&] { cpprun::Schedule1F1B(stages[0], 4, last_rank ? nullptr : mse); }),
+               Catch::Contains(last_rank ? std::string("1F1B: a loss function is needed")
+                                         : refused + "1F1B: a loss function"));
   }
   // A schedule by a name that names none: the error lists those that exist.
   CHECK_THAT(error_of([&] { cpprun::make_schedule("zb", {&stages[0]}, 4, mse); }),
