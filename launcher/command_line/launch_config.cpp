@@ -26,7 +26,12 @@ namespace {
 // CLI11 only knows the options; the usage line should also show what follows them. It also shows
 // the variable of each flag that cpprun reads itself (Note [A flag from PET_<NAME>]).
 struct CpprunFormatter : CLI::Formatter {
-  std::vector<std::pair<const CLI::Option*, std::string>> flag_envs;
+  struct EnvFlag {
+    const CLI::Option* option;
+    std::string variable;  // PET_<NAME>
+    bool* value;           // set from the variable when the flag is not given
+  };
+  std::vector<EnvFlag> env_flags;
 
   std::string make_usage(const CLI::App* app, std::string name) const override {
     std::string usage = CLI::Formatter::make_usage(app, std::move(name));
@@ -35,8 +40,8 @@ struct CpprunFormatter : CLI::Formatter {
   }
   std::string make_option_opts(const CLI::Option* opt) const override {
     std::string opts = CLI::Formatter::make_option_opts(opt);
-    for (const auto& [flag, env] : flag_envs) {
-      if (flag == opt) opts += " (Env:" + env + ")";
+    for (const EnvFlag& flag : env_flags) {
+      if (flag.option == opt) opts += " (Env:" + flag.variable + ")";
     }
     return opts;
   }
@@ -803,10 +808,8 @@ ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, cons
   auto option = [&](const std::string& names, std::string& value, const std::string& type, const std::string& help) {
     app.add_option(spellings(names), value, help)->type_name(type)->envname(env_name(names))->capture_default_str();
   };
-  std::vector<std::pair<bool*, std::size_t>> flag_vars;  // Note [A flag from PET_<NAME>]
-  auto flag = [&](const std::string& names, bool& value, const std::string& help) {
-    flag_vars.emplace_back(&value, formatter->flag_envs.size());
-    formatter->flag_envs.emplace_back(app.add_flag(spellings(names), value, help), env_name(names));
+  auto flag = [&](const std::string& names, bool& value, const std::string& help) {  // Note [A flag from PET_<NAME>]
+    formatter->env_flags.push_back({app.add_flag(spellings(names), value, help), env_name(names), &value});
   };
   option("--nproc_per_node", raw.nproc_per_node, "N|auto|cpu|gpu",
          "Workers on this node: N, cpu (one per CPU this process may run on), gpu (one per GPU) or auto (gpu if "
@@ -887,10 +890,9 @@ ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, cons
   } catch (const CLI::ParseError& e) {
     throw UsageError(std::string(e.what()) + "\nRun with --help for more information.");
   }
-  for (const auto& [value, index] : flag_vars) {
-    const auto& [option, variable] = formatter->flag_envs.at(index);
-    const std::optional<std::string> text = option->count() == 0 ? env(variable) : std::nullopt;
-    if (text && !text->empty()) *value = flag_from_env(variable, *text);
+  for (const CpprunFormatter::EnvFlag& flag : formatter->env_flags) {
+    const std::optional<std::string> text = flag.option->count() == 0 ? env(flag.variable) : std::nullopt;
+    if (text && !text->empty()) *flag.value = flag_from_env(flag.variable, *text);
   }
   if (!raw.print_completion.empty()) {
     check_choice("--print_completion", raw.print_completion, {"bash", "zsh", "tcsh"});
