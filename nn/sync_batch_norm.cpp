@@ -5,6 +5,7 @@
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/container/moduledict.h>
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/container/sequential.h>
 
@@ -202,6 +203,7 @@ std::shared_ptr<torch::nn::Module> convert_sync_batchnorm(std::shared_ptr<torch:
         if (entry == child.value()) entry = converted;
       }
     }
+    if (auto* dict = dynamic_cast<torch::nn::ModuleDictImpl*>(module.get())) dict->update({{child.key(), converted}});
   }
   return module;
 }

@@ -8,6 +8,7 @@
 #include "comm/group_membership.h"
 #include "core/split_parameter_registry.h"
 #include "cpprun/tensor_parallel.h"
+#include "tp/tp_collectives.h"
 
 namespace cpprun {
 namespace {
@@ -88,8 +89,6 @@ RowwiseParallelLinearImpl::RowwiseParallelLinearImpl(const torch::nn::LinearImpl
   TORCH_CHECK(in.is_replicate() || in.dim == -1, "cpprun::RowwiseParallel: input_layouts ", in.str(),
               " is not supported for a Linear: use Shard(-1) (the input features arrive split, e.g. from a "
               "ColwiseParallel) or Replicate() (split here).");
-  TORCH_CHECK(out.is_replicate() || out.dim >= 0, "cpprun::RowwiseParallel: output_layouts ", out.str(),
-              " is not supported: use Replicate() or Shard(d) with d the sequence dimension (>= 0).");
   weight = register_parameter("weight", shard_of(full.weight, group_, 1, "RowwiseParallel"),
                               full.weight.requires_grad());
   if (full.bias.defined()) {
@@ -110,9 +109,14 @@ at::Tensor RowwiseParallelLinearImpl::forward(const at::Tensor& input) {
   y = out.is_replicate() ? reduce_from_tensor_parallel_region(y, group_)
                          : reduce_scatter_to_sequence_parallel_region(y, group_, out.dim);
   if (bias.defined()) {
-    // Added once, after the reduction. On sequence shards each rank's bias gradient covers its own
-    // tokens only: the copy's backward sums them.
-    y = y + (out.is_replicate() ? bias : copy_to_tensor_parallel_region(bias, group_));
+    // Added once, after the reduction. On shards each rank's bias gradient covers its own part
+    // only (its tokens; its features when the output is split along them, as PyTorch allows):
+    // the copy's backward sums them.
+    if (out.is_replicate()) return y + bias;
+    const at::Tensor whole = copy_to_tensor_parallel_region(bias, group_);
+    const int64_t last = y.dim() - 1;
+    const bool along_features = out.dim == -1 || out.dim == last;
+    y = y + (along_features ? whole.chunk(group_.size(), 0)[group_.rank()] : whole);
   }
   return y;
 }
@@ -134,9 +138,6 @@ VocabParallelEmbeddingImpl::VocabParallelEmbeddingImpl(const torch::nn::Embeddin
       style_(style) {
   check_member(group_, "VocabParallelEmbedding");
   refuse_embedding_options(full.options, "RowwiseParallel");
-  TORCH_CHECK(style_.input_layouts().is_replicate() || style_.input_layouts().dim == -1,
-              "cpprun::RowwiseParallel: input_layouts ", style_.input_layouts().str(), " is not supported for an "
-              "Embedding: its input (the token ids) is Replicate() on every rank.");
   const Placement out = style_.output_layouts();
   TORCH_CHECK(out.is_replicate() || out.dim >= 0, "cpprun::RowwiseParallel: output_layouts ", out.str(),
               " is not supported for an Embedding: use Replicate() or Shard(d) with d the sequence dimension.");
@@ -147,9 +148,18 @@ VocabParallelEmbeddingImpl::VocabParallelEmbeddingImpl(const torch::nn::Embeddin
 }
 
 at::Tensor VocabParallelEmbeddingImpl::forward(const at::Tensor& ids) {
+  // Note [An Embedding's ids under RowwiseParallel]
+  // As PyTorch's: input_layouts Replicate() takes every rank's ids whole (the usual plan,
+  // torchtitan's); Shard(d), the style's default Shard(-1) included, takes each rank's ids as its
+  // chunk along d and gathers them first, so that the output covers every rank's ids. A plan that
+  // left the default on whole ids once looked them up as if Replicate(): the same plan in PyTorch
+  // gives t times the tokens, so the two disagreed without an error.
+  const Placement in = style_.input_layouts();
+  const at::Tensor all_ids =
+      in.is_replicate() ? ids : tp::all_gather_along(ids, group_, in.dim, "RowwiseParallel Embedding's ids");
   const int64_t rows = weight.size(0);
-  at::Tensor outside = (ids < vocab_start_) | (ids >= vocab_start_ + rows);
-  at::Tensor local = (ids - vocab_start_).masked_fill(outside, 0);
+  at::Tensor outside = (all_ids < vocab_start_) | (all_ids >= vocab_start_ + rows);
+  at::Tensor local = (all_ids - vocab_start_).masked_fill(outside, 0);
   at::Tensor y = at::embedding(weight, local).masked_fill(outside.unsqueeze(-1), 0);
   const Placement out = style_.output_layouts();
   return out.is_replicate() ? reduce_from_tensor_parallel_region(y, group_)

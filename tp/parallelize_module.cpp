@@ -1,6 +1,7 @@
 // parallelize_module (cpprun/tensor_parallel.h): finds each planned submodule by its dotted name,
 // checks that its split divides, and puts the tensor-parallel module in its place. See
 // Note [Replacing submodules].
+#include <torch/nn/modules/container/moduledict.h>
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/container/sequential.h>
 
@@ -121,7 +122,9 @@ std::shared_ptr<torch::nn::Module> make_parallel(const std::string& name, const 
   TORCH_INTERNAL_ASSERT(false, "a ParallelStyle without a case");
 }
 
-// The parent's registry, and the lists Sequential and ModuleList call their entries through.
+// The parent's registry, and the lists Sequential, ModuleList and ModuleDict call their entries
+// through (a ModuleDict's operator[] and iteration read its own map: a child replaced in the
+// registry alone was never called, its shards never trained).
 void replace_child(const Located& at, const std::shared_ptr<torch::nn::Module>& replacement) {
   at.parent->replace_module(at.child_name, replacement);
   if (auto* sequential = dynamic_cast<torch::nn::SequentialImpl*>(at.parent.get())) {
@@ -139,6 +142,9 @@ void replace_child(const Located& at, const std::shared_ptr<torch::nn::Module>& 
     for (auto& entry : *list) {
       if (entry == at.child) entry = replacement;
     }
+  }
+  if (auto* dict = dynamic_cast<torch::nn::ModuleDictImpl*>(at.parent.get())) {
+    dict->update({{at.child_name, replacement}});
   }
 }
 

@@ -41,7 +41,7 @@ namespace cpprun {
 using ParallelizePlan = std::vector<std::pair<std::string, ParallelStyle>>;
 
 // Note [Replacing submodules]: each planned submodule (a torch::nn::Linear or Embedding) is
-// replaced, in its parent's registry and in Sequential / ModuleList entries, by the
+// replaced, in its parent's registry and in Sequential / ModuleList / ModuleDict entries, by the
 // tensor-parallel module below, holding this rank's shard of its parameters under the same names
 // ("fc1.weight" is now fc1's rows for this rank). The full parameters are first broadcast from
 // the group's rank 0 (as PyTorch's src_data_rank=0), so ranks that initialised differently still
@@ -102,7 +102,8 @@ TORCH_MODULE(RowwiseParallelLinear);
 // An Embedding whose vocabulary is split (Megatron's VocabParallelEmbedding; PyTorch's
 // RowwiseParallel on nn.Embedding): weight [num_embeddings/tp, dim], rank r holding ids
 // [r * num_embeddings/tp, (r+1) * num_embeddings/tp). Ids outside that range look up zeros; the
-// output is all-reduced (or reduce-scattered, output_layouts Shard(d)). Embeddings with
+// output is all-reduced (or reduce-scattered, output_layouts Shard(d)). Ids given as Shard(d)
+// (the style's default) are all-gathered along d first, as PyTorch's. Embeddings with
 // padding_idx, max_norm or sparse gradients are refused.
 class VocabParallelEmbeddingImpl : public torch::nn::Module, public TensorParallelModule {
  public:

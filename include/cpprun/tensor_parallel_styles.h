@@ -46,11 +46,14 @@ struct ColwiseParallel {
 
 // Linear: the input features are split (weight columns); the bias stays whole and is added once
 // after the reduction. Input: Shard(-1) (already split, e.g. a ColwiseParallel's output) or
-// Replicate() (split here). Output: Replicate() (all-reduced) or Shard(d) (sequence parallel:
-// reduce-scattered along d).
+// Replicate() (split here). Output: Replicate() (all-reduced) or Shard(d) (reduce-scattered
+// along d: the sequence for sequence parallelism, or the features, each rank adding its chunk of
+// the bias).
 // Embedding: the vocabulary is split (rows of the weight; Megatron's VocabParallelEmbedding):
 // ids outside this rank's rows give zeros, and the output is all-reduced (Replicate()) or
-// reduce-scattered along d (Shard(d)). The input (token ids) must be Replicate().
+// reduce-scattered along d (Shard(d)). The ids, as PyTorch reads them: Replicate() (the same ids
+// on every rank: the usual plan, which must say so) or Shard(d) (each rank's chunk along d,
+// all-gathered first; the default Shard(-1) means this).
 struct RowwiseParallel {
   TORCH_ARG(Placement, input_layouts) = Shard(-1);
   TORCH_ARG(Placement, output_layouts) = Replicate();

@@ -113,3 +113,16 @@ TEST_CASE("sync batch norm: conversion shares the tensors; the layer checks its 
   CHECK_FALSE(clone->weight.is_same(sync->weight));
   CHECK(clone->weight.equal(sync->weight));
 }
+
+TEST_CASE("sync batch norm: conversion replaces a BatchNorm in a ModuleDict where the dict finds it", "[syncbn]") {
+  torch::OrderedDict<std::string, std::shared_ptr<torch::nn::Module>> children;
+  children.insert("norm", torch::nn::BatchNorm1d(4).ptr());
+  children.insert("fc", torch::nn::Linear(4, 2).ptr());
+  torch::nn::ModuleDict dict(children);
+  cpprun::convert_sync_batchnorm(dict.ptr(), group());
+  // operator[] and iteration read the dict's own map: they returned the old BatchNorm, which a
+  // forward through the dict then ran without syncing.
+  CHECK(dict["norm"]->as<cpprun::SyncBatchNormImpl>() != nullptr);
+  CHECK(dict->named_children()["norm"]->as<cpprun::SyncBatchNormImpl>() != nullptr);
+  for (const auto& item : *dict) CHECK(item.value()->as<torch::nn::BatchNorm1d>() == nullptr);
+}

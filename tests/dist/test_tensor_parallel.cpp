@@ -361,7 +361,9 @@ TEST_CASE("tensor parallel: vocabulary-parallel embedding and cross-entropy matc
   const int world = group().size();
   auto reference = make_lm();
   auto parallel = make_lm();
-  cpprun::parallelize_module(parallel.ptr(), group(), {{"0", cpprun::RowwiseParallel()}, {"1", cpprun::ColwiseParallel()}});
+  cpprun::parallelize_module(parallel.ptr(), group(),
+                             {{"0", cpprun::RowwiseParallel().input_layouts(cpprun::Replicate())},
+                              {"1", cpprun::ColwiseParallel()}});
   CHECK(parallel[0]->as<cpprun::VocabParallelEmbedding>()->weight.size(0) == 24 / world);
 
   train_lm_against_reference(parallel, reference, 13, [&](const at::Tensor& ids, const at::Tensor& target) {
@@ -394,7 +396,8 @@ TEST_CASE("tensor parallel: an embedding split by its dimension (ColwiseParallel
 TEST_CASE("tensor parallel: a head tied to a vocabulary-parallel embedding matches one process", "[tp]") {
   const int world = group().size();
   tp_test::TiedLm reference, parallel;
-  cpprun::parallelize_module(parallel.ptr(), group(), {{"embed", cpprun::RowwiseParallel()}});
+  const auto whole_ids = cpprun::RowwiseParallel().input_layouts(cpprun::Replicate());
+  cpprun::parallelize_module(parallel.ptr(), group(), {{"embed", whole_ids}});
   torch::manual_seed(31);
   const at::Tensor ids = torch::randint(24, {4, 6}), target = torch::randint(24, {4, 6});
   torch::optim::AdamW reference_opt(reference->parameters(), torch::optim::AdamWOptions(1e-2));
@@ -543,6 +546,127 @@ TEST_CASE("tensor parallel: plan keys with wildcards name every submodule they m
                                                {{"*.0", cpprun::ColwiseParallel()}, {"1.0", cpprun::ColwiseParallel()}}),
                     Catch::Contains("names \"1.0\" twice (as \"*.0\" and as \"1.0\")"));
   CHECK(fresh[0]->as<torch::nn::Sequential>()->ptr(0)->as<torch::nn::Linear>() != nullptr);
+}
+
+namespace {
+
+// Layers kept in a ModuleDict, as torchtitan keeps its blocks; its forward calls them through the
+// dict, whatever type each now is.
+struct DictNetImpl : torch::nn::Module {
+  torch::nn::ModuleDict layers{nullptr};
+  DictNetImpl() {
+    torch::manual_seed(11);
+    torch::OrderedDict<std::string, std::shared_ptr<torch::nn::Module>> children;
+    children.insert("fc1", torch::nn::Linear(12, 48).ptr());
+    children.insert("fc2", torch::nn::Linear(48, 12).ptr());
+    layers = register_module("layers", torch::nn::ModuleDict(children));
+    to(at::kDouble);
+  }
+  static at::Tensor call(const std::shared_ptr<torch::nn::Module>& layer, const at::Tensor& x) {
+    if (auto* whole = layer->as<torch::nn::Linear>()) return whole->forward(x);
+    if (auto* colwise = layer->as<cpprun::ColwiseParallelLinear>()) return colwise->forward(x);
+    return layer->as<cpprun::RowwiseParallelLinear>()->forward(x);
+  }
+  at::Tensor forward(const at::Tensor& x) { return call(layers["fc2"], at::gelu(call(layers["fc1"], x))); }
+};
+TORCH_MODULE(DictNet);
+
+}  // namespace
+
+TEST_CASE("tensor parallel: layers held in a ModuleDict are replaced where its forward finds them", "[tp]") {
+  const int world = group().size();
+  DictNet reference, parallel;
+  cpprun::parallelize_module(parallel.ptr(), group(),
+                             {{"layers.fc1", cpprun::ColwiseParallel()}, {"layers.fc2", cpprun::RowwiseParallel()}});
+  // The dict's own map, which operator[] and iteration read, holds the split layers (it held the
+  // whole ones: the forward ran them, and the shards the optimizer held never got a gradient).
+  REQUIRE(parallel->layers["fc1"]->as<cpprun::ColwiseParallelLinear>() != nullptr);
+  REQUIRE(parallel->layers["fc2"]->as<cpprun::RowwiseParallelLinear>() != nullptr);
+  for (const auto& item : *parallel->layers) CHECK(item.value()->as<torch::nn::Linear>() == nullptr);
+  CHECK(parallel->layers["fc1"]->as<cpprun::ColwiseParallelLinear>()->weight.size(0) == 48 / world);
+  torch::manual_seed(12);
+  const at::Tensor x = torch::randn({5, 12}, kF64), target = torch::randn({5, 12}, kF64);
+  torch::optim::AdamW reference_opt(reference->parameters(), torch::optim::AdamWOptions(1e-2));
+  torch::optim::AdamW parallel_opt(parallel->parameters(), torch::optim::AdamWOptions(1e-2));
+  for (int step = 0; step < kSteps; ++step) {
+    reference_opt.zero_grad();
+    const at::Tensor reference_loss = at::mse_loss(reference->forward(x), target);
+    reference_loss.backward();
+    reference_opt.step();
+    parallel_opt.zero_grad();
+    const at::Tensor loss = at::mse_loss(parallel->forward(x), target);
+    loss.backward();
+    for (const auto& p : parallel->parameters()) CHECK(p.grad().defined());
+    parallel_opt.step();
+    INFO("step " << step);
+    CHECK(relative(loss.item<double>(), reference_loss.item<double>()) <= kTolerance);
+  }
+  const auto full = cpprun::tensor_parallel_full_state_dict(*parallel);
+  for (const auto& item : reference->named_parameters()) {
+    INFO(item.key());
+    CHECK(relative_difference(full[item.key()], item.value()) <= kTolerance);
+  }
+}
+
+TEST_CASE("tensor parallel: RowwiseParallel() on an Embedding gathers each rank's ids first, as PyTorch's", "[tp]") {
+  // Note [An Embedding's ids under RowwiseParallel]: the style's default input_layouts, Shard(-1),
+  // says each rank holds its chunk of the ids along the last dimension; the output covers them all.
+  const int world = group().size(), rank = group().rank();
+  const auto make = [] {  // the same weights each time
+    torch::manual_seed(21);
+    torch::nn::Sequential net(torch::nn::Embedding(24, 12));
+    net->to(at::kDouble);
+    return net;
+  };
+  auto reference = make(), net = make(), net_replicated = make();
+  auto* whole = reference[0]->as<torch::nn::Embedding>();
+  cpprun::parallelize_module(net.ptr(), group(), {{"0", cpprun::RowwiseParallel()}});
+  cpprun::parallelize_module(net_replicated.ptr(), group(),
+                             {{"0", cpprun::RowwiseParallel().input_layouts(cpprun::Replicate())}});
+  const at::Tensor ids = torch::randint(24, {3, 4 * world});
+  const at::Tensor coefficients = torch::randn({3, 4 * world, 12}, kF64);
+  const at::Tensor expected = whole->forward(ids);
+  (expected * coefficients).sum().backward();
+
+  const at::Tensor out = net->forward(ids.chunk(world, -1)[rank]);
+  REQUIRE(out.sizes() == expected.sizes());
+  CHECK(relative_difference(out, expected) <= kTolerance);
+  (out * coefficients).sum().backward();
+  auto* shard = net[0]->as<cpprun::VocabParallelEmbedding>();
+  REQUIRE(shard != nullptr);
+  CHECK(relative_difference(shard->weight.grad(), whole->weight.grad().chunk(world, 0)[rank]) <= kTolerance);
+  // input_layouts(Replicate()): the same ids on every rank, looked up as they are.
+  const at::Tensor out_replicated = net_replicated->forward(ids);
+  CHECK(relative_difference(out_replicated, expected) <= kTolerance);
+}
+
+TEST_CASE("tensor parallel: RowwiseParallel with its output split along the features adds its chunk of the bias",
+          "[tp]") {
+  const int world = group().size(), rank = group().rank();
+  for (const int64_t dim : {int64_t{1}, int64_t{-1}}) {
+    INFO("output_layouts Shard(" << dim << ")");
+    const auto make = [] {
+      torch::manual_seed(23);
+      torch::nn::Sequential net(torch::nn::Linear(24, 12));
+      net->to(at::kDouble);
+      return net;
+    };
+    auto reference = make(), net = make();
+    auto* whole = reference[0]->as<torch::nn::Linear>();
+    cpprun::parallelize_module(
+        net.ptr(), group(),
+        {{"0", cpprun::RowwiseParallel().input_layouts(cpprun::Replicate()).output_layouts(cpprun::Shard(dim))}});
+    const at::Tensor x = torch::randn({5, 24}, kF64), coefficients = torch::randn({5, 12}, kF64);
+    const at::Tensor expected = whole->forward(x);
+    (expected * coefficients).sum().backward();
+    const at::Tensor out = net->forward(x);
+    CHECK(relative_difference(out, expected.chunk(world, 1)[rank]) <= kTolerance);
+    // The whole loss is the sum of every rank's part: the bias's gradient is summed over them.
+    (out * coefficients.chunk(world, 1)[rank]).sum().backward();
+    auto* layer = net[0]->as<cpprun::RowwiseParallelLinear>();
+    CHECK(relative_difference(layer->bias.grad(), whole->bias.grad()) <= kTolerance);
+    CHECK(relative_difference(layer->weight.grad(), whole->weight.grad().chunk(world, 1)[rank]) <= kTolerance);
+  }
 }
 
 TEST_CASE("tensor parallel: bad plans are refused, naming the submodule", "[tp]") {

@@ -276,7 +276,8 @@ TEST_CASE("tensor x data parallel: a head tied to a vocabulary-parallel embeddin
   INFO(how << " on {dp " << mesh().size("dp") << ", tp " << mesh().size("tp") << "}");
   // Its head is its embedding, vocabulary-parallel across tp (tied_lm.h).
   tp_test::TiedLm reference, net;
-  cpprun::parallelize_module(net.ptr(), mesh(), "tp", {{"embed", cpprun::RowwiseParallel()}});
+  const auto whole_ids = cpprun::RowwiseParallel().input_layouts(cpprun::Replicate());
+  cpprun::parallelize_module(net.ptr(), mesh(), "tp", {{"embed", whole_ids}});
   const auto& dp = mesh().group("dp");
   cpprun::DataParallel<tp_test::TiedLmImpl> model =
       how == "ddp" ? cpprun::DataParallel<tp_test::TiedLmImpl>(cpprun::DistributedDataParallel(net, dp))

@@ -102,7 +102,8 @@ inline cpprun::ParallelizePlan gpt_plan(GptImpl& gpt, bool sequence_parallel) {
   const cpprun::Placement between = sequence_parallel ? cpprun::Shard(1) : cpprun::Replicate();
   const auto colwise = cpprun::ColwiseParallel().input_layouts(between);
   const auto rowwise = cpprun::RowwiseParallel().output_layouts(between);
-  cpprun::ParallelizePlan plan{{"embed", cpprun::RowwiseParallel().output_layouts(between)}};
+  const auto embed = cpprun::RowwiseParallel().input_layouts(cpprun::Replicate()).output_layouts(between);
+  cpprun::ParallelizePlan plan{{"embed", embed}};
   for (int64_t b = 0; b < GptImpl::kBlocks; ++b) {
     const std::string block = "h." + std::to_string(b) + ".";
     for (const char* name : {"q.0", "k.0", "v.0", "mlp.1"}) plan.push_back({block + name, colwise});
