@@ -62,10 +62,14 @@ void verify_same_parameters(const ProcessGroup& group, const std::vector<std::st
       const int64_t ndim0 = rank0[at + 1], ndim = other[at + 1];
       const bool same = rank0[at] == other[at] && ndim0 == ndim &&
                         std::equal(rank0.begin() + at + 2, rank0.begin() + at + 2 + ndim0, other.begin() + at + 2);
-      TORCH_CHECK(same, "cpprun::DistributedDataParallel: parameter ", i, " (\"", names[i], "\") has shape ",
-                  shape_string(other, at + 2, ndim), " and dtype ", static_cast<c10::ScalarType>(other[at]),
-                  " on rank ", r, " but shape ", shape_string(rank0, at + 2, ndim0), " and dtype ",
-                  static_cast<c10::ScalarType>(rank0[at]), " on rank 0. Every rank must construct the same model.");
+      // Only shapes and dtypes are exchanged: the name is this rank's (the ranks may be freezing
+      // different parameters, so that parameter i is another one on each).
+      TORCH_CHECK(same, "cpprun::DistributedDataParallel: the ranks' parameters that require grad differ at ",
+                  "parameter ", i, ": shape ", shape_string(other, at + 2, ndim), " and dtype ",
+                  static_cast<c10::ScalarType>(other[at]), " on rank ", r, ", shape ",
+                  shape_string(rank0, at + 2, ndim0), " and dtype ", static_cast<c10::ScalarType>(rank0[at]),
+                  " on rank 0 (on this rank, rank ", group.rank(), ", it is \"", names[i], "\"). Every rank must ",
+                  "construct the same model, and freeze the same parameters.");
       at += 2 + ndim0;
     }
   }

@@ -40,6 +40,7 @@ Reducer::Reducer(std::vector<std::string> names, std::vector<at::Tensor> params,
   average_scale_.unsafeGetTensorImpl()->set_wrapped_number(true);
   for (const auto& p : params_) {
     TORCH_CHECK(!p.is_sparse(), "cpprun::DistributedDataParallel does not support sparse parameters.");
+    wrapped_as_.push_back(p.options());
   }
   // Gradients arrive roughly in reverse registration order: bucket in that order until the
   // first backward tells the real one.
@@ -137,6 +138,20 @@ void Reducer::check_previous_backward() {
   }
   // A forward with no backward after it (e.g. an evaluation under grad mode) is not an error.
   state_ = BackwardState::kIdle;
+  // Note [A module converted after wrapping]
+  // module->to(dtype or device) after wrapping gives each parameter new data of another type
+  // (set_data), and autograd then drops the gradient accumulator the reducer's hooks are on: no
+  // hook fires, no gradient is averaged, and each replica trains on its own gradients. PyTorch's
+  // DDP does the same without a word; cpprun refuses at the next forward.
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const at::Tensor& p = params_[i];
+    if (p.scalar_type() == wrapped_as_[i].dtype().toScalarType() && p.device() == wrapped_as_[i].device()) continue;
+    TORCH_CHECK(false, "cpprun::DistributedDataParallel: the parameter \"", names_[i], "\" is ", p.scalar_type(),
+                " on ", p.device(), " but was ", wrapped_as_[i].dtype().toScalarType(), " on ", wrapped_as_[i].device(),
+                " when it was wrapped: the module was converted or moved after wrapping (module->to(...)), which "
+                "drops the gradient hooks DDP averages through, so each rank would train on its own gradients. "
+                "Call to() before wrapping it; to compute in another dtype, use autocast.");
+  }
 }
 
 std::string Reducer::unready_parameter_list() const {

@@ -90,6 +90,7 @@ class Reducer {
 
   std::vector<std::string> names_;
   std::vector<at::Tensor> params_;
+  std::vector<at::TensorOptions> wrapped_as_;  // each parameter's dtype and device when wrapped
   ProcessGroup group_;
   DdpOptions options_;
   // Null unless one was registered. Null means the built-in all-reduce, whose 1/world_size

@@ -149,6 +149,28 @@ struct FsdpCore::Impl {
 
 namespace {
 
+// Note [A module moved after wrapping]
+// The module's parameters are views of their bucket's memory (ParamBucket), which FSDP gathers
+// into and reduces gradients from. module->to(dtype or device) after wrapping gives each parameter
+// new memory (set_data): the forward then computes on copies FSDP neither gathers nor trains, and
+// the optimizer's shards never get a gradient. PyTorch's FSDP2 follows a moved module (its
+// parameters are DTensors it converts too); cpprun refuses, at the next forward, rather than train
+// nothing without a word.
+void refuse_moved_parameters(const std::vector<ParamBucket>& buckets) {
+  for (const auto& bucket : buckets) {
+    const c10::StorageImpl* memory = bucket.unsharded().storage().unsafeGetStorageImpl();
+    for (const auto& p : bucket.params()) {
+      if (p.param.storage().unsafeGetStorageImpl() == memory) continue;
+      TORCH_CHECK(false, "cpprun::FullyShardedDataParallel: the parameter \"", p.name, "\" is no longer in FSDP's ",
+                  "memory (", p.param.scalar_type(), " on ", p.param.device(), "; FSDP holds it as ",
+                  bucket.unsharded().scalar_type(), " on ", bucket.unsharded().device(), "): the module was moved or ",
+                  "converted after it was wrapped (module->to(...), or set_data on a parameter), so its forward would ",
+                  "compute on a copy that FSDP neither gathers nor trains. Call to() before wrapping it; to compute ",
+                  "in another dtype, use mixed precision (FsdpOptions::param_dtype).");
+    }
+  }
+}
+
 // Note [One FSDP configuration on every rank]
 // Ranks that wrap differently (another stage, wrap policy, dtype, offload, or another model) would
 // issue different collectives: a wait until the group's timeout, or a size mismatch found on the
@@ -302,6 +324,7 @@ FsdpCore::~FsdpCore() = default;
 void FsdpCore::before_forward() {
   PublicCallScope call("FullyShardedDataParallel's forward");
   Impl& s = *impl_;
+  refuse_moved_parameters(s.buckets);
   const bool grad = torch::autograd::GradMode::is_enabled();
   if (s.residency) {
     // Within a pipeline step the shards are not stepped between micro-batches: what forward kept

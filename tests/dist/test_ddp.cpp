@@ -578,6 +578,26 @@ TEST_CASE("ddp: models that differ between ranks are refused, naming rank and pa
   CHECK_THROWS_WITH(cpprun::DistributedDataParallel(net, group()),
                     Catch::Contains("fc1.weight") && Catch::Contains("[33, 10]") && Catch::Contains("rank " + last) &&
                         Catch::Contains("[32, 10]"));
+  // The same model, frozen otherwise on the last rank: parameter 0 is another one there, and the
+  // name given is this rank's own, said as such (it was put beside the other rank's shape).
+  auto frozen = std::make_shared<Mlp>();
+  frozen->named_parameters()[rank == world - 1 ? "fc1.bias" : "fc1.weight"].requires_grad_(false);
+  CHECK_THROWS_WITH(cpprun::DistributedDataParallel(frozen, group()),
+                    Catch::Contains("the ranks' parameters that require grad differ at parameter 0") &&
+                        Catch::Contains("(on this rank, rank " + std::to_string(rank) + ", it is \"" +
+                                        (rank == world - 1 ? "fc1.weight" : "fc1.bias") + "\")"));
+}
+
+TEST_CASE("ddp: a module converted after wrapping is refused at its next forward", "[ddp]") {
+  // Note [A module converted after wrapping]: the gradient hooks are gone, and each rank trained
+  // on its own gradients without an error (as PyTorch's DDP does).
+  const int rank = group().rank(), world = group().size();
+  auto net = std::make_shared<Mlp>();
+  auto ddp = cpprun::DistributedDataParallel(net, group());
+  net->to(at::kDouble);
+  const auto x = slice(inputs_for("mlp", kGlobalBatch, 0), rank, world).to(at::kDouble);
+  CHECK_THROWS_WITH(ddp->forward(x), Catch::Contains("\"fc1.weight\" is Double on cpu but was Float on cpu") &&
+                                         Catch::Contains("Call to() before wrapping it"));
 }
 
 TEST_CASE("ddp: uneven inputs under join: ranks that run out shadow the others", "[ddp]") {

@@ -800,6 +800,21 @@ TEST_CASE("fsdp: bad options and parameters sharing memory are clear errors", "[
                     Catch::Contains("same memory") && Catch::Contains("register_parameter"));
 }
 
+TEST_CASE("fsdp: a module converted after wrapping is refused at its next forward", "[fsdp]") {
+  // Note [A module moved after wrapping]: it trained nothing without an error (an audit: SGD steps
+  // left every parameter as it was, at every stage).
+  const int rank = group().rank(), world = group().size();
+  for (int stage : {1, 2, 3}) {
+    INFO("stage " << stage);
+    auto net = std::make_shared<Mlp>(31);
+    auto model = cpprun::FullyShardedDataParallel(net, group(), per_linear(stage));
+    net->to(at::kDouble);
+    const at::Tensor x = slice(inputs_for("mlp", kGlobalBatch, 0), rank, world).to(at::kDouble);
+    CHECK_THROWS_WITH(model->forward(x), Catch::Contains("\"fc1.weight\" is no longer in FSDP's memory (Double") &&
+                                             Catch::Contains("Call to() before wrapping it"));
+  }
+}
+
 TEST_CASE("fsdp: a second backward through one forward's graph is a clear error", "[fsdp]") {
   const int rank = group().rank(), world = group().size();
   for (int stage : {1, 2, 3}) {
