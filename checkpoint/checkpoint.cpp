@@ -108,6 +108,40 @@ torch::OrderedDict<std::string, at::Tensor> get_model_state(StateSource source, 
   return out;
 }
 
+namespace {
+
+std::string report_text(const StateDictLoadReport& report) {
+  const auto list = [](const std::vector<std::string>& names) {
+    std::string text;
+    for (const auto& name : names) text += (text.empty() ? "" : ", ") + name;
+    return "[" + text + "]";
+  };
+  return "missing " + list(report.missing_keys) + ", unexpected " + list(report.unexpected_keys) + ", mismatched " +
+         list(report.mismatched);
+}
+
+// Note [One report on every rank]
+// The ranks that hold one model (DDP's replicas, FSDP's shards, a tensor-parallel group) each
+// give set_model_state_dict their own dict. Under strict(false) a dict that lacks a name on one
+// rank only loaded there and not elsewhere: the replicas then differed for good, each rank with
+// its own report (an audit, 2026-12-07). So the ranks compare their reports with the first
+// rank's before anything is copied, and a difference is refused on every rank. Strict loads need
+// no exchange: where the check passed, every report is empty. Returns `failure`, or this rank's
+// refusal when its report differs; the agreement that follows tells the others.
+std::exception_ptr refuse_other_reports(const CheckpointTeam& team, const StateDictLoadReport& report,
+                                        std::exception_ptr failure) {
+  const std::string mine = report_text(report);
+  std::string first = failure ? std::string() : "ok " + mine;
+  team.broadcast_bytes(first);
+  if (failure || first.empty() || first == "ok " + mine) return failure;
+  return std::make_exception_ptr(StateDictMismatchError(
+      "cpprun::set_model_state_dict(strict(false)): the dicts given to the ranks that hold this model differ: "
+      "on this rank " + mine + "; on the first rank " + first.substr(3) + ". Nothing was loaded: loading them would "
+      "leave the replicas (or shards) different from each other. Give every rank the same names."));
+}
+
+}  // namespace
+
 StateDictLoadReport set_model_state(StateSource source, const torch::OrderedDict<std::string, at::Tensor>& state,
                                     const StateDictOptions& options) {
   PublicCallScope call("cpprun::set_model_state_dict");
@@ -132,6 +166,7 @@ StateDictLoadReport set_model_state(StateSource source, const torch::OrderedDict
     } catch (...) {
       failure = std::current_exception();
     }
+    if (!options.strict()) failure = refuse_other_reports(view.team, report, failure);
     view.team.agree(failure, "set_model_state_dict");
     copy_named_tensors(whole, given, options);
   }

@@ -774,6 +774,19 @@ void check_in_memory(Wrapper& model, const std::string& kind, bool bf16) {
   const StateDict after = cpprun::get_model_state_dict(model);
   CHECK(after["fc2.weight"].equal(two["fc2.weight"]));
   CHECK(after["fc1.weight"].equal(five["fc1.weight"]));
+  // strict(false) with a name missing on the last rank only: it loaded on the others, the replicas
+  // differed for good, each rank with its own report. Refused on every rank; nothing loaded
+  // (Note [One report on every rank]).
+  if (group().size() > 1) {
+    const bool last = rank == group().size() - 1;
+    StateDict lacking = partial;
+    if (last) lacking.erase("fc2.weight");
+    const auto [type, message] = set_error(model, lacking, cpprun::StateDictOptions().strict(false));
+    CHECK(type == (last ? "mismatch" : "other"));
+    CHECK_THAT(message, last ? Catch::Contains("the dicts given to the ranks that hold this model differ")
+                             : Catch::Contains("set_model_state_dict failed"));
+    CHECK(cpprun::get_model_state_dict(model)["fc2.weight"].equal(two["fc2.weight"]));
+  }
 }
 
 }  // namespace
