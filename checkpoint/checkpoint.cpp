@@ -15,6 +15,11 @@
 #include <system_error>
 #include <utility>
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include "checkpoint/state_view.h"
 #include "comm/public_call.h"
 #include "checkpoint/async_optimizer_save.h"
@@ -26,7 +31,11 @@
 #include "checkpoint/state_dict.h"
 #include "checkpoint/writer_gather.h"
 #include "cpprun/optimizer_state_dict.h"
+#include "cpprun/checkpoint_file.h"
 #include "cpprun/state_dict.h"
+#include "support/safetensors.h"
+#include "support/safetensors_header.h"
+#include "support/safetensors_index.h"
 
 namespace cpprun::detail {
 namespace {
@@ -181,6 +190,89 @@ void save_optimizer_state(StateSource source, torch::optim::Optimizer& optimizer
   const StateView view = state_view(source);
   at::NoGradGuard no_grad;
   save_optimizer_state_dict(optimizer_params(view), optimizer, view.team, path, options);
+}
+
+namespace {
+
+// PATH's safetensors __metadata__, read from its header alone (the file is mapped; the parser
+// looks at nothing past the header); empty when it cannot be read or is no safetensors file:
+// the load that follows names what is wrong with it.
+std::map<std::string, std::string> header_metadata(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return {};
+  struct stat st {};
+  void* mapped = MAP_FAILED;
+  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size >= 8) {
+    mapped = ::mmap(nullptr, static_cast<std::size_t>(st.st_size), PROT_READ, MAP_PRIVATE, fd, 0);
+  }
+  ::close(fd);
+  if (mapped == MAP_FAILED) return {};
+  const std::string_view bytes(static_cast<const char*>(mapped), static_cast<std::size_t>(st.st_size));
+  std::map<std::string, std::string> metadata;
+  std::uint64_t header_size = 0;
+  for (int i = 7; i >= 0; --i) header_size = header_size << 8 | static_cast<unsigned char>(bytes[i]);
+  if (header_size <= kMaxSafetensorsHeaderBytes && header_size <= bytes.size() - 8) {
+    try {
+      const std::string_view header = bytes.substr(8, header_size);
+      const std::size_t first = header.find_first_not_of(" \t\n\r");
+      if (first != std::string_view::npos && header[first] == '{') {
+        metadata = parse_safetensors_header(header, bytes.substr(8 + header_size), path).metadata;
+      }
+    } catch (const CorruptCheckpointError&) {
+      metadata.clear();
+    }
+  }
+  ::munmap(mapped, static_cast<std::size_t>(st.st_size));
+  return metadata;
+}
+
+// The save id PATH records (a directory: its index's; a .safetensors file: its header's); ""
+// when it records none (a .pt file, a file another tool wrote, a path that is not there).
+std::string save_id_in(const std::string& path, std::string_view stem) {
+  namespace fs = std::filesystem;
+  std::map<std::string, std::string> metadata;
+  const std::string safetensors = ".safetensors";
+  if (is_sharded_state_dict_path(path)) {
+    const fs::path given(path);
+    const fs::path index = given.filename() == index_file_name(stem) ? given : given / index_file_name(stem);
+    if (!fs::exists(index)) return "";
+    metadata = read_index_file(index.string()).metadata;
+  } else if (path.size() > safetensors.size() &&
+             path.compare(path.size() - safetensors.size(), safetensors.size(), safetensors) == 0) {
+    metadata = header_metadata(path);
+  }
+  const auto id = metadata.find(std::string(kSaveIdKey));
+  return id == metadata.end() ? "" : id->second;
+}
+
+}  // namespace
+
+// Note [A pair of files from one save]
+// A model and its optimizer saved to two paths are renamed into place one after the other, so a
+// save cut short between the renames (a kill, a full disk) leaves the new model beside the old
+// optimizer. Loaded by two calls, neither sees the other file: the pair loaded without a word and
+// training went on with another step's optimizer state (an audit, 2026-12-07). The pair load
+// compares the two save ids first and loads neither when they differ.
+void check_one_save(StateSource source, const std::string& model_path, const std::string& optimizer_path) {
+  PublicCallScope call("cpprun::load_state_dict");
+  const StateView view = state_view(source);
+  std::exception_ptr failure;
+  if (view.team.is_root()) {
+    try {
+      const std::string model_id = save_id_in(model_path, kModelStem);
+      const std::string optimizer_id = save_id_in(optimizer_path, kOptimizerStem);
+      if (!model_id.empty() && !optimizer_id.empty() && model_id != optimizer_id) {
+        throw CorruptCheckpointError(
+            "cpprun: load_state_dict(model, optimizer, \"" + model_path + "\", \"" + optimizer_path + "\"): the "
+            "optimizer's file is from another save (save id \"" + optimizer_id + "\") than the model's (save id \"" +
+            model_id + "\"), and nothing was loaded: a save cut short between its two files leaves a new model "
+            "beside the old optimizer. Load a pair saved together (an earlier checkpoint), or save both again.");
+      }
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+  view.team.share_root_failure(failure);
 }
 
 void load_optimizer_state(StateSource source, torch::optim::Optimizer& optimizer, const std::string& path) {

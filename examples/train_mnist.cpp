@@ -419,8 +419,9 @@ int run(int argc, char** argv) {
         } else {
           // Strict: another model's or optimizer's files are refused by name, changing nothing.
           read_trainer_json(path / "trainer.json", saved_epoch, losses);
-          cpprun::load_state_dict(net, (path / "model.safetensors").string());
-          cpprun::load_optimizer_state_dict(net, optimizer, (path / "optimizer.safetensors").string());
+          // The pair load refuses a model and an optimizer of different saves (a copied file).
+          cpprun::load_state_dict(net, optimizer, (path / "model.safetensors").string(),
+                                  (path / "optimizer.safetensors").string());
         }
       } catch (const std::exception& e) {
         if (rank == 0) std::fprintf(stderr, "%s\nskipping %s: trying the checkpoint before it\n", e.what(), path.c_str());

@@ -65,6 +65,8 @@ namespace detail {
 void save_optimizer_state(StateSource source, torch::optim::Optimizer& optimizer, const std::string& path,
                           const StateDictSaveOptions& options);
 void load_optimizer_state(StateSource source, torch::optim::Optimizer& optimizer, const std::string& path);
+// Refuses, on every rank, a model's and an optimizer's paths whose save ids differ; collective.
+void check_one_save(StateSource source, const std::string& model_path, const std::string& optimizer_path);
 AsyncSave save_model_and_optimizer_async(StateSource source, torch::optim::Optimizer& optimizer,
                                          const std::string& model_path, const std::string& optimizer_path,
                                          const StateDictSaveOptions& options);
@@ -191,6 +193,23 @@ StateDictLoadReport load_state_dict(Model&& model, torch::optim::Optimizer& opti
   const std::string directory = detail::checkpoint_directory(dir, "load_state_dict");
   StateDictLoadReport report = load_state_dict(model, directory, options);
   load_optimizer_state_dict(model, optimizer, directory);
+  return report;
+}
+
+// The model and its optimizer from the two paths they were saved to together (save_async(model,
+// optimizer, model_path, optimizer_path), or the two synchronous saves under one
+// options.save_id()): as load_state_dict(model, model_path, options), then
+// load_optimizer_state_dict(model, optimizer, optimizer_path), after refusing, before either is
+// loaded, two paths whose save ids differ (a save cut short between its two files leaves a new
+// model beside the old optimizer; Note [A pair of files from one save]). Paths without a save id
+// (a .pt model, files another tool wrote) cannot be told apart and load as they are.
+template <typename Model>
+StateDictLoadReport load_state_dict(Model&& model, torch::optim::Optimizer& optimizer, const std::string& model_path,
+                                    const std::string& optimizer_path,
+                                    const StateDictOptions& options = StateDictOptions()) {
+  detail::check_one_save(detail::state_source(model), model_path, optimizer_path);
+  StateDictLoadReport report = load_state_dict(model, model_path, options);
+  load_optimizer_state_dict(model, optimizer, optimizer_path);
   return report;
 }
 

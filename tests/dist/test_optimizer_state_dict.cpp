@@ -688,6 +688,40 @@ TEST_CASE("optimizer_state_dict: a model and its optimizer saved by two calls wi
   cpprun::barrier(group());
 }
 
+TEST_CASE("optimizer_state_dict: two files loaded as a pair are refused when they come from different saves",
+          "[optimizer_state_dict]") {
+  // Note [A pair of files from one save]: a save cut short between its two renames left a new model
+  // beside the old optimizer, and the two loads took them without a word.
+  const std::string wrapper = GENERATE("ddp", "zero3");
+  INFO(wrapper);
+  const int rank = group().rank();
+  SteppedOnce start(wrapper, "pair");
+  auto& [model, opt, base] = start;
+  const std::string model_path = base + "_model.safetensors", optimizer_path = base + "_optimizer.safetensors";
+  const std::string old_optimizer = base + "_old_optimizer.safetensors";
+  cpprun::save_async(model, opt, model_path, old_optimizer).wait();  // save 1
+  train_step(model, opt, 1);
+  cpprun::save_async(model, opt, model_path, optimizer_path).wait();  // save 2: the model file replaced
+  const auto expected = full_parameters(model);
+  auto other = wrap(seeded(5), wrapper);
+  torch::optim::AdamW other_opt(other->parameters(), torch::optim::AdamWOptions(0.5));
+  const auto untouched = full_parameters(other);
+  CHECK_THROWS_WITH(cpprun::load_state_dict(other, other_opt, model_path, old_optimizer),
+                    Catch::Contains("the optimizer's file is from another save") &&
+                        Catch::Contains("nothing was loaded"));
+  check_close(full_parameters(other), untouched);
+  CHECK(other_opt.state().empty());
+  // The pair saved together loads.
+  CHECK(cpprun::load_state_dict(other, other_opt, model_path, optimizer_path).missing_keys.empty());
+  CHECK(other_opt.param_groups()[0].options().get_lr() == 0.01);
+  check_close(full_parameters(other), expected);
+  cpprun::barrier(group());
+  if (rank == 0) {
+    for (const auto& path : {model_path, optimizer_path, old_optimizer}) fs::remove(path);
+  }
+  cpprun::barrier(group());
+}
+
 // Run by full_disk_save.sh (root: a private mount namespace whose CPPRUN_FULL_DISK is a tmpfs
 // filled up): the last rank's file of each save is written onto that full disk (its temporary
 // name a link there), so that rank fails with ENOSPC while the others write theirs. Every rank
