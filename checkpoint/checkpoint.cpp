@@ -15,11 +15,6 @@
 #include <system_error>
 #include <utility>
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include "checkpoint/state_view.h"
 #include "comm/public_call.h"
 #include "checkpoint/async_optimizer_save.h"
@@ -34,7 +29,6 @@
 #include "cpprun/checkpoint_file.h"
 #include "cpprun/state_dict.h"
 #include "support/safetensors.h"
-#include "support/safetensors_header.h"
 #include "support/safetensors_index.h"
 
 namespace cpprun::detail {
@@ -133,20 +127,22 @@ std::string report_text(const StateDictLoadReport& report) {
 // The ranks that hold one model (DDP's replicas, FSDP's shards, a tensor-parallel group) each
 // give set_model_state_dict their own dict. Under strict(false) a dict that lacks a name on one
 // rank only loaded there and not elsewhere: the replicas then differed for good, each rank with
-// its own report (an audit, 2026-12-07). So the ranks compare their reports with the first
-// rank's before anything is copied, and a difference is refused on every rank. Strict loads need
-// no exchange: where the check passed, every report is empty. Returns `failure`, or this rank's
-// refusal when its report differs; the agreement that follows tells the others.
-std::exception_ptr refuse_other_reports(const CheckpointTeam& team, const StateDictLoadReport& report,
+// its own report (an audit, 2026-12-07). So the ranks compare their reports, and whether they
+// load strictly, with the first rank's before anything is copied, and a difference is refused on
+// every rank. Strict loads take part too (their reports are empty where the check passed), so
+// that ranks given different strictness meet in the same collectives. Returns `failure`, or this
+// rank's refusal when its report differs; the agreement that follows tells the others.
+std::exception_ptr refuse_other_reports(const CheckpointTeam& team, const StateDictLoadReport& report, bool strict,
                                         std::exception_ptr failure) {
-  const std::string mine = report_text(report);
+  const std::string mine = std::string(strict ? "strict, " : "strict(false), ") + report_text(report);
   std::string first = failure ? std::string() : "ok " + mine;
   team.broadcast_bytes(first);
   if (failure || first.empty() || first == "ok " + mine) return failure;
   return std::make_exception_ptr(StateDictMismatchError(
-      "cpprun::set_model_state_dict(strict(false)): the dicts given to the ranks that hold this model differ: "
-      "on this rank " + mine + "; on the first rank " + first.substr(3) + ". Nothing was loaded: loading them would "
-      "leave the replicas (or shards) different from each other. Give every rank the same names."));
+      "cpprun::set_model_state_dict: the ranks that hold this model were given dicts (or options) that differ: on "
+      "this rank (rank " + std::to_string(cpprun::rank()) + ") " + mine + "; on the team's first rank " +
+      first.substr(3) + ". Nothing was loaded: loading them would leave the replicas (or shards) different from "
+      "each other. Give every rank the same names and options."));
 }
 
 }  // namespace
@@ -175,7 +171,7 @@ StateDictLoadReport set_model_state(StateSource source, const torch::OrderedDict
     } catch (...) {
       failure = std::current_exception();
     }
-    if (!options.strict()) failure = refuse_other_reports(view.team, report, failure);
+    failure = refuse_other_reports(view.team, report, options.strict(), failure);
     view.team.agree(failure, "set_model_state_dict");
     copy_named_tensors(whole, given, options);
   }
@@ -194,38 +190,6 @@ void save_optimizer_state(StateSource source, torch::optim::Optimizer& optimizer
 
 namespace {
 
-// PATH's safetensors __metadata__, read from its header alone (the file is mapped; the parser
-// looks at nothing past the header); empty when it cannot be read or is no safetensors file:
-// the load that follows names what is wrong with it.
-std::map<std::string, std::string> header_metadata(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return {};
-  struct stat st {};
-  void* mapped = MAP_FAILED;
-  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size >= 8) {
-    mapped = ::mmap(nullptr, static_cast<std::size_t>(st.st_size), PROT_READ, MAP_PRIVATE, fd, 0);
-  }
-  ::close(fd);
-  if (mapped == MAP_FAILED) return {};
-  const std::string_view bytes(static_cast<const char*>(mapped), static_cast<std::size_t>(st.st_size));
-  std::map<std::string, std::string> metadata;
-  std::uint64_t header_size = 0;
-  for (int i = 7; i >= 0; --i) header_size = header_size << 8 | static_cast<unsigned char>(bytes[i]);
-  if (header_size <= kMaxSafetensorsHeaderBytes && header_size <= bytes.size() - 8) {
-    try {
-      const std::string_view header = bytes.substr(8, header_size);
-      const std::size_t first = header.find_first_not_of(" \t\n\r");
-      if (first != std::string_view::npos && header[first] == '{') {
-        metadata = parse_safetensors_header(header, bytes.substr(8 + header_size), path).metadata;
-      }
-    } catch (const CorruptCheckpointError&) {
-      metadata.clear();
-    }
-  }
-  ::munmap(mapped, static_cast<std::size_t>(st.st_size));
-  return metadata;
-}
-
 // The save id PATH records (a directory: its index's; a .safetensors file: its header's); ""
 // when it records none (a .pt file, a file another tool wrote, a path that is not there).
 std::string save_id_in(const std::string& path, std::string_view stem) {
@@ -239,7 +203,7 @@ std::string save_id_in(const std::string& path, std::string_view stem) {
     metadata = read_index_file(index.string()).metadata;
   } else if (path.size() > safetensors.size() &&
              path.compare(path.size() - safetensors.size(), safetensors.size(), safetensors) == 0) {
-    metadata = header_metadata(path);
+    metadata = read_safetensors_metadata(path).value_or(std::map<std::string, std::string>());
   }
   const auto id = metadata.find(std::string(kSaveIdKey));
   return id == metadata.end() ? "" : id->second;

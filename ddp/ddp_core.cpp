@@ -158,6 +158,7 @@ void DdpCore::before_forward() {
   PublicCallScope call("DistributedDataParallel's forward");
   Impl& s = *impl_;
   s.reducer->check_previous_backward();
+  if (torch::autograd::GradMode::is_enabled()) s.reducer->check_parameters_as_wrapped();
   const bool will_sync = s.require_sync && !s.manual_finalization && torch::autograd::GradMode::is_enabled();
   int buffer_source = 0;
   if (s.joining) {

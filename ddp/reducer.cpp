@@ -138,11 +138,15 @@ void Reducer::check_previous_backward() {
   }
   // A forward with no backward after it (e.g. an evaluation under grad mode) is not an error.
   state_ = BackwardState::kIdle;
+}
+
+void Reducer::check_parameters_as_wrapped() const {
   // Note [A module converted after wrapping]
   // module->to(dtype or device) after wrapping gives each parameter new data of another type
   // (set_data), and autograd then drops the gradient accumulator the reducer's hooks are on: no
   // hook fires, no gradient is averaged, and each replica trains on its own gradients. PyTorch's
-  // DDP does the same without a word; cpprun refuses at the next forward.
+  // DDP does the same without a word; cpprun refuses at the next training forward (an evaluation
+  // under no grad mode computes as the converted module does, as PyTorch's).
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const at::Tensor& p = params_[i];
     if (p.scalar_type() == wrapped_as_[i].dtype().toScalarType() && p.device() == wrapped_as_[i].device()) continue;

@@ -37,6 +37,9 @@ class Reducer {
 
   // Before a forward: throws if the previous backward left gradients unreduced.
   void check_previous_backward();
+  // Refuses parameters whose dtype or device differs from when they were wrapped (Note [A module
+  // converted after wrapping]).
+  void check_parameters_as_wrapped() const;
   // Before a forward: after the first synchronized backward, re-buckets once in the order in
   // which rank 0's gradients became ready. Collective.
   void rebuild_buckets_if_due();

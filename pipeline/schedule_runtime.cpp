@@ -104,6 +104,13 @@ void agree_on_schedule(const ProcessGroup& group, const char* kind, const std::s
 
 std::string refused_schedule(const std::string& why) { return kRefusedMark + why; }
 
+// A refusal found before the schedule exists, sent into the exchange the others are in (they
+// refuse it too), then thrown here.
+[[noreturn]] void refuse_on_every_rank(const ProcessGroup& group, const std::string& why) {
+  agree_on_schedule(group, "cpprun::make_schedule", refused_schedule(why));
+  TORCH_INTERNAL_ASSERT(false, "make_schedule: a refusal returned");
+}
+
 std::string schedule_text(const char* kind, const std::vector<PipelineStage*>& stages, int microbatches) {
   return std::string(kind) + " over " + std::to_string(microbatches) + " micro-batches, split " +
          detail::StageAccess::split_text(*stages[0]);
@@ -111,7 +118,7 @@ std::string schedule_text(const char* kind, const std::vector<PipelineStage*>& s
 
 // What this rank alone can find wrong with the schedule it was given; none when nothing.
 std::optional<std::string> refuse_locally(detail::ScheduleKind kind, const detail::PipelineShape& shape,
-                                          const std::vector<PipelineStage*>& stages, bool has_loss) {
+                                          const std::vector<PipelineStage*>& stages, bool has_loss, int rank) {
   const char* name = detail::to_string(kind);
   std::set<int> indices;
   for (auto* stage : stages) {
@@ -129,7 +136,7 @@ std::optional<std::string> refuse_locally(detail::ScheduleKind kind, const detai
   if (static_cast<int>(stages.size()) == shape.stages_per_rank) return std::nullopt;
   std::ostringstream why;
   const int num_stages = stages[0]->num_stages();
-  why << name << ": this rank holds " << shape.stages_per_rank << " of the " << num_stages << " stages ("
+  why << name << ": this rank " << rank << " holds " << shape.stages_per_rank << " of the " << num_stages << " stages ("
       << num_stages << " stages over " << shape.ranks << " ranks), but " << stages.size() << " were given.";
   return why.str();
 }
@@ -680,7 +687,7 @@ PipelineSchedule::PipelineSchedule(std::vector<PipelineStage*> stages, int micro
   const int num_stages = stages[0]->num_stages();
   rt.shape = {p, num_stages / p, microbatches};
   // This rank's own checks, refused on every rank by the exchange.
-  const auto refused = refuse_locally(rt.kind, rt.shape, stages, loss != nullptr);
+  const auto refused = refuse_locally(rt.kind, rt.shape, stages, loss != nullptr, rt.group.rank());
   agree_on_schedule(rt.group, kind, refused ? refused_schedule(*refused) : schedule_text(kind, stages, microbatches));
   for (auto* stage : stages) {
     rt.stages.emplace(stage->index(), stage);
@@ -766,10 +773,7 @@ std::unique_ptr<PipelineSchedule> make_schedule(const std::string& name, std::ve
   TORCH_CHECK(!stages.empty() && stages[0] != nullptr, "cpprun::make_schedule(\"", name, "\"): no stage given.");
   // A refusal here still reaches the schedule's exchange, as the constructor's own checks do, so
   // that the ranks given a good name do not wait there (Note [One schedule on every pipeline rank]).
-  const auto refuse = [&](const std::string& why) {
-    agree_on_schedule(stages[0]->group(), "cpprun::make_schedule", refused_schedule(why));
-    TORCH_INTERNAL_ASSERT(false, "make_schedule: a refusal returned");
-  };
+  const ProcessGroup& group = stages[0]->group();
   const auto kind = detail::schedule_kind_named(name);
   if (!kind) {
     constexpr const char* kSchedules =
@@ -778,10 +782,10 @@ std::unique_ptr<PipelineSchedule> make_schedule(const std::string& name, std::ve
         "stage per rank).";
     const auto pytorch = detail::pytorch_schedule_not_here(name);
     if (pytorch) {
-      refuse("cpprun::make_schedule(\"" + name + "\"): PyTorch's " + *pytorch + " is not implemented in cpprun; " +
-             kSchedules);
+      refuse_on_every_rank(group, "cpprun::make_schedule(\"" + name + "\"): PyTorch's " + *pytorch +
+                                      " is not implemented in cpprun; " + kSchedules);
     }
-    refuse("cpprun::make_schedule: no schedule is named \"" + name + "\"; " + kSchedules);
+    refuse_on_every_rank(group, "cpprun::make_schedule: no schedule is named \"" + name + "\"; " + kSchedules);
   }
   if (*kind == detail::ScheduleKind::kInterleaved1F1B) {
     return std::make_unique<ScheduleInterleaved1F1B>(std::move(stages), microbatches, std::move(loss));
@@ -790,9 +794,9 @@ std::unique_ptr<PipelineSchedule> make_schedule(const std::string& name, std::ve
     return std::make_unique<ScheduleLoopedBFS>(std::move(stages), microbatches, std::move(loss));
   }
   if (stages.size() != 1) {
-    refuse("cpprun::make_schedule(\"" + name + "\"): " + detail::to_string(*kind) + " runs one stage per rank, but " +
-           std::to_string(stages.size()) + " were given; use interleaved-1f1b (or looped-bfs) for several stages per "
-           "rank.");
+    refuse_on_every_rank(group, "cpprun::make_schedule(\"" + name + "\"): " + detail::to_string(*kind) +
+                                    " runs one stage per rank, but " + std::to_string(stages.size()) + " were given; "
+                                    "use interleaved-1f1b (or looped-bfs) for several stages per rank.");
   }
   PipelineStage& stage = *stages[0];
   switch (*kind) {

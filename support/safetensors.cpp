@@ -8,6 +8,11 @@
 #include <memory>
 #include <utility>
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include "cpprun/checkpoint_file.h"
 #include "support/crc32.h"
 #include "support/json.h"
@@ -98,7 +103,11 @@ std::string write_safetensors(std::vector<SafetensorsTensor> tensors, std::map<s
   return out;
 }
 
-SafetensorsFile read_safetensors(std::string_view bytes, const std::string& path) {
+namespace {
+
+// The header and the data section of a file's bytes, checked as the reference reader checks them
+// before it parses the header.
+std::pair<std::string_view, std::string_view> split_safetensors(std::string_view bytes, const std::string& path) {
   if (bytes.size() < 8) {
     bad(path, "it has " + std::to_string(bytes.size()) + " bytes, fewer than the 8 of the header length");
   }
@@ -116,7 +125,35 @@ SafetensorsFile read_safetensors(std::string_view bytes, const std::string& path
   // JSON white space may come first: serde_json, the reference reader's parser, skips it.
   const std::size_t first = header.find_first_not_of(" \t\n\r");
   if (first == std::string_view::npos || header[first] != '{') bad(path, "its header does not start with '{'");
-  const std::string_view data = bytes.substr(8 + header_size);
+  return {header, bytes.substr(8 + header_size)};
+}
+
+}  // namespace
+
+std::optional<std::map<std::string, std::string>> read_safetensors_metadata(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return std::nullopt;
+  struct stat st {};
+  void* mapped = MAP_FAILED;
+  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0) {
+    mapped = ::mmap(nullptr, static_cast<std::size_t>(st.st_size), PROT_READ, MAP_PRIVATE, fd, 0);
+  }
+  ::close(fd);
+  if (mapped == MAP_FAILED) return std::nullopt;
+  const std::string_view bytes(static_cast<const char*>(mapped), static_cast<std::size_t>(st.st_size));
+  std::optional<std::map<std::string, std::string>> metadata;
+  try {
+    const auto [header, data] = split_safetensors(bytes, path);
+    metadata = parse_safetensors_header(header, data, path).metadata;  // reads no data
+  } catch (const CorruptCheckpointError&) {
+    metadata.reset();
+  }
+  ::munmap(mapped, static_cast<std::size_t>(st.st_size));
+  return metadata;
+}
+
+SafetensorsFile read_safetensors(std::string_view bytes, const std::string& path) {
+  const auto [header, data] = split_safetensors(bytes, path);
   SafetensorsFile file = parse_safetensors_header(header, data, path);
 
   // The ranges must tile [0, data size): no overlap, no hole, nothing after the last. In offset

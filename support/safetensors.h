@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -64,5 +65,11 @@ struct SafetensorsFile {
 // verifies kSafetensorsCrcKey when present. Throws cpprun::CorruptCheckpointError naming `path`
 // and what is wrong.
 SafetensorsFile read_safetensors(std::string_view bytes, const std::string& path);
+
+// PATH's __metadata__ from its header alone (the file is mapped and the parser reads nothing past
+// the header: no data is read, whatever the file's size); none when PATH cannot be opened or its
+// header is not valid (a load of the file then says what is wrong). Not checked: the CRC, the
+// tiling of the data.
+std::optional<std::map<std::string, std::string>> read_safetensors_metadata(const std::string& path);
 
 }  // namespace cpprun::detail

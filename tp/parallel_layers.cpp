@@ -155,6 +155,10 @@ at::Tensor VocabParallelEmbeddingImpl::forward(const at::Tensor& ids) {
   // left the default on whole ids once looked them up as if Replicate(): the same plan in PyTorch
   // gives t times the tokens, so the two disagreed without an error.
   const Placement in = style_.input_layouts();
+  TORCH_CHECK(in.is_replicate() || (in.dim >= -ids.dim() && in.dim < ids.dim()), "cpprun::RowwiseParallel: "
+              "input_layouts ", in.str(), " names no dimension of the Embedding's ids (shape ", ids.sizes(), "): give "
+              "Shard(d) with d a dimension of the ids (each rank its chunk along d), or Replicate() (the same ids on "
+              "every rank).");
   const at::Tensor all_ids =
       in.is_replicate() ? ids : tp::all_gather_along(ids, group_, in.dim, "RowwiseParallel Embedding's ids");
   const int64_t rows = weight.size(0);

@@ -196,8 +196,8 @@ void refuse_broken_ties(torch::nn::Module& module, const ParallelizePlan& plan, 
     TORCH_CHECK(found == planned.end() || found->second == item.key(), "cpprun::parallelize_module: \"",
                 found->second, "\" and \"", item.key(), "\" are one tensor (tied weights), and the plan splits "
                 "it in one of them: the tie would break. For an output layer tied to a vocabulary-parallel "
-                "embedding, plan the embedding alone (RowwiseParallel) and compute the logits with "
-                "cpprun::vocab_parallel_logits(hidden, embedding), which uses its shard.");
+                "embedding, plan the embedding alone (RowwiseParallel().input_layouts(Replicate())) and compute the "
+                "logits with cpprun::vocab_parallel_logits(hidden, embedding), which uses its shard.");
   }
 }
 

@@ -107,7 +107,10 @@ TORCH_MODULE(RowwiseParallelLinear);
 // padding_idx, max_norm or sparse gradients are refused.
 class VocabParallelEmbeddingImpl : public torch::nn::Module, public TensorParallelModule {
  public:
-  VocabParallelEmbeddingImpl(const torch::nn::EmbeddingImpl& full, ProcessGroup group, RowwiseParallel style = {});
+  // Built directly, it takes the same whole ids on every rank (Megatron's class); under
+  // parallelize_module, the plan's style says (PyTorch's default: Shard(-1) ids, all-gathered).
+  VocabParallelEmbeddingImpl(const torch::nn::EmbeddingImpl& full, ProcessGroup group,
+                             RowwiseParallel style = RowwiseParallel().input_layouts(Replicate()));
   at::Tensor forward(const at::Tensor& ids);
   void pretty_print(std::ostream& stream) const override;
   std::map<std::string, TensorParallelSplit> tensor_parallel_splits() const override;

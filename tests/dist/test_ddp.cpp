@@ -598,6 +598,9 @@ TEST_CASE("ddp: a module converted after wrapping is refused at its next forward
   const auto x = slice(inputs_for("mlp", kGlobalBatch, 0), rank, world).to(at::kDouble);
   CHECK_THROWS_WITH(ddp->forward(x), Catch::Contains("\"fc1.weight\" is Double on cpu but was Float on cpu") &&
                                          Catch::Contains("Call to() before wrapping it"));
+  // An evaluation computes as the converted module does (as PyTorch's DDP).
+  torch::NoGradGuard no_grad;
+  CHECK(ddp->forward(x).equal(net->forward(x)));
 }
 
 TEST_CASE("ddp: uneven inputs under join: ranks that run out shadow the others", "[ddp]") {

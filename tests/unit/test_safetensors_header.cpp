@@ -3,9 +3,11 @@
 // same error as the generic JSON tree it replaced on many mutated headers; its allocations bounded
 // by a small multiple of the header. No LibTorch.
 #include <malloc.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <new>
 #include <random>
@@ -621,4 +623,32 @@ TEST_CASE("safetensors layout: a header from shapes alone, then the data in plac
   file.replace(0, header.size(), header);
   CHECK(file == whole);
   CHECK(cpprun::detail::safetensors_header(layout, 0xffffffffu).size() == layout.data_start);
+}
+
+TEST_CASE("safetensors header: a file's metadata read from its header alone", "[safetensors]") {
+  const std::string path = "/tmp/cpprun_metadata_" + std::to_string(::getpid()) + ".safetensors";
+  const auto write = [&](const std::string& bytes) {
+    std::FILE* out = std::fopen(path.c_str(), "wb");
+    REQUIRE(out != nullptr);
+    REQUIRE(std::fwrite(bytes.data(), 1, bytes.size(), out) == bytes.size());
+    std::fclose(out);
+  };
+  const std::string written = cpprun::detail::write_safetensors({{"w", "F32", {1}, std::string_view("1234")}},
+                                                                {{"cpprun_save_id", "abc"}});
+  write(written);
+  const auto metadata = cpprun::detail::read_safetensors_metadata(path);
+  REQUIRE(metadata.has_value());
+  CHECK(metadata->at("cpprun_save_id") == "abc");
+  // Damaged data past the header is not looked at (the CRC is the load's to check).
+  std::string damaged = written;
+  damaged.back() ^= 1;
+  write(damaged);
+  CHECK(cpprun::detail::read_safetensors_metadata(path).has_value());
+  // A header cut short, an empty file, no file: none.
+  write(written.substr(0, 12));
+  CHECK_FALSE(cpprun::detail::read_safetensors_metadata(path).has_value());
+  write("");
+  CHECK_FALSE(cpprun::detail::read_safetensors_metadata(path).has_value());
+  std::remove(path.c_str());
+  CHECK_FALSE(cpprun::detail::read_safetensors_metadata(path).has_value());
 }

@@ -80,6 +80,12 @@ echo "both nodes' failures before either heard of the other's: $both of 3 tries"
 # hears only of its own rank 0 and ends the job for it; node 1, continued, reaps its own rank 2
 # before it reads node 0's word, and says its own failure is not what the job ends for.
 rm -f "$WORK"/pid.* "$WORK/go"
+worker='echo $$ >"$WORK/pid.$RANK"
+  if [ "$RANK" = 0 ] || [ "$RANK" = 2 ]; then
+    i=0; until [ -e "$WORK/go" ]; do i=$((i+1)); [ $i -gt 20000 ] && exit 99; sleep 0.001; done
+    exit $((3 + RANK))
+  fi
+  exec sleep 60'
 start_node node0 --nnodes=2 --node_rank=0 --nproc_per_node=2 --master_port=29565 /bin/sh -c "$worker"
 node0=$NODE_PID
 start_node node1 --nnodes=2 --node_rank=1 --nproc_per_node=2 --master_port=29565 /bin/sh -c "$worker"
@@ -93,7 +99,12 @@ while kill -0 "$(cat "$WORK/pid.1")" 2>/dev/null; do
   i=$((i + 1)); [ $i -lt 400 ] || { kill -CONT "$node1"; fail "node 0 did not stop rank 1 in 20 s"; }
   sleep 0.05
 done
-sleep 0.2  # rank 2 (node 1) exits at once on "go"; its agent cannot see it until continued
+# Rank 2 (node 1) exits on "go" and stays a zombie while its agent is stopped: wait for that.
+i=0
+until [ "$(awk '{print $3}' "/proc/$(cat "$WORK/pid.2")/stat" 2>/dev/null)" = Z ]; do
+  i=$((i + 1)); [ $i -lt 400 ] || { kill -CONT "$node1"; fail "rank 2 did not exit in 20 s"; }
+  sleep 0.05
+done
 kill -CONT "$node1"
 wait_node "$node0" 20
 expect_eq "$NODE_STATUS" 3 "node 0's exit code (node 1 stopped while both failed)"
@@ -101,10 +112,12 @@ wait_node "$node1" 20
 expect_eq "$NODE_STATUS" 3 "node 1's exit code (node 1 stopped while both failed)"
 expect_in_file "$WORK/node0.err" "exiting with code 3: rank 0 " "node 0's exit line (node 1 stopped)"
 expect_in_file "$WORK/node1.err" "failed first on this node: exited with code 5" "node 1's own first failure"
-expect_in_file "$WORK/node1.err" "the job ends for the reason node 0 decided (below), not for this node's own: rank 2 " \
-  "node 1's word that its own failure is not the job's"
+disowned="the job ends for the reason node 0 decided (below), not for this node's own: rank 2 "
+expect_in_file "$WORK/node1.err" "$disowned" "node 1's word that its own failure is not the job's"
 expect_in_file "$WORK/node1.err" "exiting with code 3: rank 0 " "node 1's exit line names node 0's reason"
-if grep -q "the job ends for" "$WORK/node0.err"; then fail "node 0 disowns its own decision: $(cat "$WORK/node0.err")"; fi
+if grep -q "the job ends for" "$WORK/node0.err"; then
+  fail "node 0 disowns its own decision: $(cat "$WORK/node0.err")"
+fi
 expect_no_leftovers
 
 # SIGTERM to node 0's agent: both nodes' workers get it, both agents exit 143.
