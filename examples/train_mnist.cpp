@@ -34,6 +34,8 @@
 #include <string>
 
 #include "flag_value.h"
+#include "../support/safetensors.h"  // the model file's save id, against trainer.json's
+#include "../support/safetensors_index.h"  // kSaveIdKey
 
 namespace fs = std::filesystem;
 
@@ -334,10 +336,11 @@ void finish_checkpoint(std::optional<PendingCheckpoint>& pending, const Options&
   prune_checkpoints(opt);
 }
 
-// trainer.json: {"epoch": E, "losses": [...]}, the epoch last finished (0-based) and the loss per
-// step so far, for the plot.
-std::string trainer_json(int epoch, const std::vector<double>& losses) {
-  std::string out = "{\"epoch\": " + std::to_string(epoch) + ", \"losses\": [";
+// trainer.json: {"epoch": E, "save_id": "...", "losses": [...]}, the epoch last finished
+// (0-based), the save id its model and optimizer files record, and the loss per step so far, for
+// the plot.
+std::string trainer_json(int epoch, const std::string& save_id, const std::vector<double>& losses) {
+  std::string out = "{\"epoch\": " + std::to_string(epoch) + ", \"save_id\": \"" + save_id + "\", \"losses\": [";
   char number[32];
   for (size_t i = 0; i < losses.size(); ++i) {
     std::snprintf(number, sizeof number, "%s%.17g", i ? ", " : "", losses[i]);
@@ -345,7 +348,8 @@ std::string trainer_json(int epoch, const std::vector<double>& losses) {
   }
   return out + "]}\n";
 }
-void read_trainer_json(const fs::path& file, int& epoch, std::vector<double>& losses) {
+// `save_id`: empty in a trainer.json written before it was recorded.
+void read_trainer_json(const fs::path& file, int& epoch, std::string& save_id, std::vector<double>& losses) {
   if (!fs::is_regular_file(file)) {  // a FIFO there would block the read forever
     throw std::runtime_error("checkpoint " + file.string() + " is damaged: trainer.json is not a regular file");
   }
@@ -359,6 +363,15 @@ void read_trainer_json(const fs::path& file, int& epoch, std::vector<double>& lo
   const std::size_t digits_end = text.find_first_not_of("0123456789", digits_at);
   epoch = examples::number<int>("checkpoint " + file.string() + "'s \"epoch\"",
                                 text.substr(digits_at, digits_end == std::string::npos ? digits_end : digits_end - digits_at), 0);
+  save_id.clear();
+  const std::string id_key = "\"save_id\": \"";
+  if (const auto id_at = text.find(id_key); id_at != std::string::npos) {
+    const auto id_end = text.find('"', id_at + id_key.size());
+    if (id_end == std::string::npos) {
+      throw std::runtime_error("checkpoint " + file.string() + " is damaged: its \"save_id\" has no end");
+    }
+    save_id = text.substr(id_at + id_key.size(), id_end - id_at - id_key.size());
+  }
   losses.clear();
   const char* at = text.c_str() + losses_at + 11;
   while (*at != ']') {
@@ -418,7 +431,18 @@ int run(int argc, char** argv) {
           }
         } else {
           // Strict: another model's or optimizer's files are refused by name, changing nothing.
-          read_trainer_json(path / "trainer.json", saved_epoch, losses);
+          std::string save_id;
+          read_trainer_json(path / "trainer.json", saved_epoch, save_id, losses);
+          // trainer.json copied from another checkpoint would resume another epoch's weights.
+          const fs::path model = path / "model.safetensors";
+          if (const auto metadata = cpprun::detail::read_safetensors_metadata(model.string())) {
+            const auto id = metadata->find(std::string(cpprun::detail::kSaveIdKey));
+            if (!save_id.empty() && id != metadata->end() && id->second != save_id) {
+              throw std::runtime_error("checkpoint " + path.string() + " does not hold together: trainer.json is "
+                                       "from another save (save id \"" + save_id + "\") than " + model.string() +
+                                       " (\"" + id->second + "\")");
+            }
+          }
           // The pair load refuses a model and an optimizer of different saves (a copied file).
           cpprun::load_state_dict(net, optimizer, (path / "model.safetensors").string(),
                                   (path / "optimizer.safetensors").string());
@@ -489,10 +513,11 @@ int run(int argc, char** argv) {
         fs::remove_all(partial);
         try {
           fs::create_directories(partial);
-          cpprun::write_file_atomically((partial / "trainer.json").string(), trainer_json(epoch, losses));
+          const std::string save_id = cpprun::new_save_id();
+          cpprun::write_file_atomically((partial / "trainer.json").string(), trainer_json(epoch, save_id, losses));
+          const auto options = cpprun::StateDictSaveOptions().step(epoch + 1).save_id(save_id);
           pending = PendingCheckpoint{cpprun::save_async(net, optimizer, (partial / "model.safetensors").string(),
-                                                         (partial / "optimizer.safetensors").string(),
-                                                         cpprun::StateDictSaveOptions().step(epoch + 1)),
+                                                         (partial / "optimizer.safetensors").string(), options),
                                       partial, dir};
         } catch (...) {
           remove_partial(partial);

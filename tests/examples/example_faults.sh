@@ -104,6 +104,16 @@ checkpoints)
   done
   [ ! -e "$run/checkpoint_epoch1" ] || fail "checkpoint_epoch1 was kept beyond --keep-checkpoints 2"
   ls -R "$run" | grep -q '\.tmp$' && fail "a temporary file was left: $(ls -R "$run")"
+  # A file copied in from another checkpoint (trainer.json, or the model beside the optimizer): the
+  # checkpoint does not hold together, is named, and the one before it is used.
+  for copied in trainer.json model.safetensors; do
+    mixed="$tmp/mixed_$copied"
+    cp -r "$run" "$mixed"
+    cp "$mixed/checkpoint_epoch2/$copied" "$mixed/checkpoint_epoch3/$copied"
+    expect 0 "resuming after epoch 2 from $mixed/checkpoint_epoch2" "$mnist" $args --epochs 3 --out "$mixed" --resume
+    grep -qF "checkpoint $mixed/checkpoint_epoch3 does not hold together: trainer.json is from another save" \
+      "$tmp/out" || fail "the mixed checkpoint ($copied copied) was not named: $(cat "$tmp/out")"
+  done
   # A half-written checkpoint (the directory not yet renamed) is not taken for one.
   mkdir "$run/checkpoint_epoch9.tmp"
   # Flip bytes in the middle of the newest model: refused, named, and the one before used.
