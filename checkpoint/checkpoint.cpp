@@ -113,16 +113,6 @@ torch::OrderedDict<std::string, at::Tensor> get_model_state(StateSource source, 
 
 namespace {
 
-std::string report_text(const StateDictLoadReport& report) {
-  const auto list = [](const std::vector<std::string>& names) {
-    std::string text;
-    for (const auto& name : names) text += (text.empty() ? "" : ", ") + name;
-    return "[" + text + "]";
-  };
-  return "missing " + list(report.missing_keys) + ", unexpected " + list(report.unexpected_keys) + ", mismatched " +
-         list(report.mismatched);
-}
-
 // Note [One report on every rank]
 // The ranks that hold one model (DDP's replicas, FSDP's shards, a tensor-parallel group) each
 // give set_model_state_dict their own dict. Under strict(false) a dict that lacks a name on one
@@ -134,14 +124,19 @@ std::string report_text(const StateDictLoadReport& report) {
 // rank's refusal when its report differs; the agreement that follows tells the others.
 std::exception_ptr refuse_other_reports(const CheckpointTeam& team, const StateDictLoadReport& report, bool strict,
                                         std::exception_ptr failure) {
-  const std::string mine = std::string(strict ? "strict, " : "strict(false), ") + report_text(report);
-  std::string first = failure ? std::string() : "ok " + mine;
+  // A letter for the strictness, then the report's bytes; empty: the first rank's check failed.
+  const std::string mine = (strict ? "s" : "l") + encode_report(report);
+  std::string first = failure ? std::string() : mine;
   team.broadcast_bytes(first);
-  if (failure || first.empty() || first == "ok " + mine) return failure;
+  if (failure || first.empty() || first == mine) return failure;
+  const auto said = [](const std::string& bytes) {
+    const std::string strictness = bytes[0] == 's' ? "strict, " : "strict(false), ";
+    return strictness + describe_report(decode_report(bytes.substr(1)));
+  };
   return std::make_exception_ptr(StateDictMismatchError(
       "cpprun::set_model_state_dict: the ranks that hold this model were given dicts (or options) that differ: on "
-      "this rank (rank " + std::to_string(cpprun::rank()) + ") " + mine + "; on the team's first rank " +
-      first.substr(3) + ". Nothing was loaded: loading them would leave the replicas (or shards) different from "
+      "this rank (rank " + std::to_string(cpprun::rank()) + ") " + said(mine) + "; on the team's first rank " +
+      said(first) + ". Nothing was loaded: loading them would leave the replicas (or shards) different from "
       "each other. Give every rank the same names and options."));
 }
 
@@ -197,8 +192,7 @@ std::string save_id_in(const std::string& path, std::string_view stem) {
   std::map<std::string, std::string> metadata;
   const std::string safetensors = ".safetensors";
   if (is_sharded_state_dict_path(path)) {
-    const fs::path given(path);
-    const fs::path index = given.filename() == index_file_name(stem) ? given : given / index_file_name(stem);
+    const fs::path index = fs::path(sharded_directory_of(path, stem)) / index_file_name(stem);
     if (!fs::exists(index)) return "";
     metadata = read_index_file(index.string()).metadata;
   } else if (path.size() > safetensors.size() &&

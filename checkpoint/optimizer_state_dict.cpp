@@ -238,8 +238,7 @@ ReadOptimizerFile read_optimizer_files(const std::string& path, const std::set<s
     out.tensors = decode_safetensors(parsed, path);
     return out;
   }
-  const fs::path dir = fs::path(path).filename() == index_file_name(kOptimizerStem) ? fs::path(path).parent_path()
-                                                                                     : fs::path(path);
+  const fs::path dir = sharded_directory_of(path, kOptimizerStem);
   TORCH_CHECK(fs::exists(dir / index_file_name(kOptimizerStem)), "cpprun: load_optimizer_state_dict: ", dir.string(),
               " holds no ", index_file_name(kOptimizerStem), ": was the optimizer saved there "
               "(save_optimizer_state_dict(model, optimizer, \"", (dir / "").string(), "\"))?");
@@ -659,8 +658,7 @@ OptimizerFile read_directory_for_team(const OptimizerParams& params, const Check
   std::exception_ptr failure;
   if (team.is_root()) {
     try {
-      const fs::path dir = fs::path(path).filename() == index_file_name(kOptimizerStem) ? fs::path(path).parent_path()
-                                                                                         : fs::path(path);
+      const fs::path dir = sharded_directory_of(path, kOptimizerStem);
       const fs::path index_path = dir / index_file_name(kOptimizerStem);
       TORCH_CHECK(fs::exists(index_path), "cpprun: load_optimizer_state_dict: ", dir.string(), " holds no ",
                   index_file_name(kOptimizerStem), ": was the optimizer saved there "

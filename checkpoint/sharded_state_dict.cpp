@@ -105,6 +105,11 @@ bool is_sharded_state_dict_path(const std::string& path) {
   return fs::is_directory(path, ignored);
 }
 
+std::string sharded_directory_of(const std::string& path, std::string_view stem) {
+  const fs::path given(path);
+  return (given.filename() == index_file_name(stem) ? given.parent_path() : given).string();
+}
+
 std::string new_save_id() {
   std::random_device device;
   std::string id;

@@ -29,6 +29,8 @@ struct RowsInPlace;  // checkpoint/rows_in_place.h
 // Whether PATH means the sharded layout: it ends in '/', is an existing directory, or names a
 // model.safetensors.index.json.
 bool is_sharded_state_dict_path(const std::string& path);
+// The directory a sharded path names: PATH itself, or the directory of the STEM index it names.
+std::string sharded_directory_of(const std::string& path, std::string_view stem);
 
 // What every file of one save records.
 struct ShardedSaveStamp {

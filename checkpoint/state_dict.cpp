@@ -254,6 +254,11 @@ std::string encode_report(const StateDictLoadReport& report) {
   return join_keys(report.missing_keys, nul) + '\x01' + join_keys(report.unexpected_keys, nul) + '\x01' +
          join_keys(report.mismatched, nul);
 }
+std::string describe_report(const StateDictLoadReport& report) {
+  const auto list = [](const std::vector<std::string>& names) { return "[" + join_shown(names, ", ") + "]"; };
+  return "missing " + list(report.missing_keys) + ", unexpected " + list(report.unexpected_keys) + ", mismatched " +
+         list(report.mismatched);
+}
 StateDictLoadReport decode_report(const std::string& bytes) {
   std::vector<std::vector<std::string>> lists(1);
   std::string item;

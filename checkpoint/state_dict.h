@@ -93,6 +93,9 @@ bool renames_file_keys(const StateDictOptions& options);
 // A report as bytes (for broadcast_bytes), and back.
 std::string encode_report(const StateDictLoadReport& report);
 StateDictLoadReport decode_report(const std::string& bytes);
+// A report on one line for a message: "missing [a, b], unexpected [], mismatched [...]", each list
+// its first 50 names, then how many more.
+std::string describe_report(const StateDictLoadReport& report);
 
 // Writes `state` to the file PATH atomically, in the format its extension names (not a directory);
 // `metadata` goes into a .safetensors header beside the step and save id (an optimizer's kind).

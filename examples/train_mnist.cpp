@@ -444,8 +444,7 @@ int run(int argc, char** argv) {
             }
           }
           // The pair load refuses a model and an optimizer of different saves (a copied file).
-          cpprun::load_state_dict(net, optimizer, (path / "model.safetensors").string(),
-                                  (path / "optimizer.safetensors").string());
+          cpprun::load_state_dict(net, optimizer, model.string(), (path / "optimizer.safetensors").string());
         }
       } catch (const std::exception& e) {
         if (rank == 0) std::fprintf(stderr, "%s\nskipping %s: trying the checkpoint before it\n", e.what(), path.c_str());

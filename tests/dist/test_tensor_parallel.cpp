@@ -56,11 +56,11 @@ double relative(double a, double b) { return std::abs(a - b) / std::max(std::abs
 // The parallel model's gathered state dict (tensor_parallel_full_state_dict) against the
 // reference's parameters, name by name; then loaded into a fresh unsplit model, whose output on
 // `input` must be the reference's.
-template <typename MakeModel>
-void check_parameters(torch::nn::Sequential& trained, torch::nn::Sequential& reference, MakeModel make_model,
-                      const at::Tensor& input) {
-  const auto full = cpprun::tensor_parallel_full_state_dict(*trained);
-  auto ref = reference->named_parameters();
+// The parallel module's gathered state dict against the reference's parameters, name by name.
+torch::OrderedDict<std::string, at::Tensor> check_full_state(torch::nn::Module& trained,
+                                                             const torch::nn::Module& reference) {
+  const auto full = cpprun::tensor_parallel_full_state_dict(trained);
+  const auto ref = reference.named_parameters();
   CHECK(full.size() == ref.size());
   for (const auto& item : ref) {
     const at::Tensor* whole = full.find(item.key());
@@ -70,6 +70,13 @@ void check_parameters(torch::nn::Sequential& trained, torch::nn::Sequential& ref
     INFO("parameter " << item.key() << " relative difference " << diff);
     CHECK(diff <= kTolerance);
   }
+  return full;
+}
+
+template <typename MakeModel>
+void check_parameters(torch::nn::Sequential& trained, torch::nn::Sequential& reference, MakeModel make_model,
+                      const at::Tensor& input) {
+  const auto full = check_full_state(*trained, *reference);
   auto unsplit = make_model();
   {
     at::NoGradGuard no_grad;
@@ -417,11 +424,7 @@ TEST_CASE("tensor parallel: a head tied to a vocabulary-parallel embedding match
     INFO("step " << step);
     CHECK(relative(loss.item<double>(), reference_loss.item<double>()) <= kTolerance);
   }
-  const auto full = cpprun::tensor_parallel_full_state_dict(*parallel);
-  for (const auto& item : reference->named_parameters()) {
-    INFO(item.key());
-    CHECK(relative_difference(full[item.key()], item.value()) <= kTolerance);
-  }
+  check_full_state(*parallel, *reference);
 }
 
 TEST_CASE("tensor parallel: a plan that would break a tied weight is refused, naming both names", "[tp]") {
@@ -601,11 +604,7 @@ TEST_CASE("tensor parallel: layers held in a ModuleDict are replaced where its f
     INFO("step " << step);
     CHECK(relative(loss.item<double>(), reference_loss.item<double>()) <= kTolerance);
   }
-  const auto full = cpprun::tensor_parallel_full_state_dict(*parallel);
-  for (const auto& item : reference->named_parameters()) {
-    INFO(item.key());
-    CHECK(relative_difference(full[item.key()], item.value()) <= kTolerance);
-  }
+  check_full_state(*parallel, *reference);
 }
 
 TEST_CASE("tensor parallel: RowwiseParallel() on an Embedding gathers each rank's ids first, as PyTorch's", "[tp]") {

@@ -35,20 +35,25 @@ expect_no_leftovers
 # failure. Every node exits with the code of the failure its exit line names, the same on both, and a
 # node whose own first failure is not that one says so (Note [A job's root cause]): no console names
 # two root causes. Three tries; how many had both failures is printed.
-both=0
-for try in 1 2 3; do
+# start_failing_pair PORT: two nodes of two workers each, ranks 0 and 2 waiting for $WORK/go to
+# exit with 3 + RANK, the others sleeping; returns once every worker is up ($node0, $node1).
+start_failing_pair() {
   rm -f "$WORK"/pid.* "$WORK/go"
-  worker='echo $$ >"$WORK/pid.$RANK"
+  local worker='echo $$ >"$WORK/pid.$RANK"
     if [ "$RANK" = 0 ] || [ "$RANK" = 2 ]; then
       i=0; until [ -e "$WORK/go" ]; do i=$((i+1)); [ $i -gt 20000 ] && exit 99; sleep 0.001; done
       exit $((3 + RANK))
     fi
     exec sleep 60'
-  start_node node0 --nnodes=2 --node_rank=0 --nproc_per_node=2 --master_port=29564 /bin/sh -c "$worker"
+  start_node node0 --nnodes=2 --node_rank=0 --nproc_per_node=2 --master_port="$1" /bin/sh -c "$worker"
   node0=$NODE_PID
-  start_node node1 --nnodes=2 --node_rank=1 --nproc_per_node=2 --master_port=29564 /bin/sh -c "$worker"
+  start_node node1 --nnodes=2 --node_rank=1 --nproc_per_node=2 --master_port="$1" /bin/sh -c "$worker"
   node1=$NODE_PID
   wait_for_files 30 "$WORK/pid.0" "$WORK/pid.1" "$WORK/pid.2" "$WORK/pid.3"
+}
+both=0
+for try in 1 2 3; do
+  start_failing_pair 29564
   touch "$WORK/go"
   wait_node "$node0" 20
   code0=$NODE_STATUS
@@ -79,18 +84,7 @@ echo "both nodes' failures before either heard of the other's: $both of 3 tries"
 # The same made certain: node 1's agent is stopped (SIGSTOP) while both workers fail, so node 0
 # hears only of its own rank 0 and ends the job for it; node 1, continued, reaps its own rank 2
 # before it reads node 0's word, and says its own failure is not what the job ends for.
-rm -f "$WORK"/pid.* "$WORK/go"
-worker='echo $$ >"$WORK/pid.$RANK"
-  if [ "$RANK" = 0 ] || [ "$RANK" = 2 ]; then
-    i=0; until [ -e "$WORK/go" ]; do i=$((i+1)); [ $i -gt 20000 ] && exit 99; sleep 0.001; done
-    exit $((3 + RANK))
-  fi
-  exec sleep 60'
-start_node node0 --nnodes=2 --node_rank=0 --nproc_per_node=2 --master_port=29565 /bin/sh -c "$worker"
-node0=$NODE_PID
-start_node node1 --nnodes=2 --node_rank=1 --nproc_per_node=2 --master_port=29565 /bin/sh -c "$worker"
-node1=$NODE_PID
-wait_for_files 30 "$WORK/pid.0" "$WORK/pid.1" "$WORK/pid.2" "$WORK/pid.3"
+start_failing_pair 29565
 kill -STOP "$node1"
 touch "$WORK/go"
 # Node 0 has decided once it stops its other worker, rank 1.
