@@ -80,6 +80,8 @@ PipelineStage::PipelineStage(const torch::nn::Sequential& model, const PipelineS
   for (std::size_t s = 0; s < split.size(); ++s) {
     for (std::size_t c = 0; c < split[s].size(); ++c) split_text_ += (c ? "," : s ? "|" : "") + split[s][c];
   }
+  TORCH_CHECK(stage_index >= -1, "PipelineStage: stage_index ", stage_index, " is not a stage; give one from 0 to ",
+              num_stages_ - 1, ", or -1 (the default) for this rank's own stage, stage ", group_.rank(), ".");
   index_ = stage_index < 0 ? group_.rank() : stage_index;
   TORCH_CHECK(index_ < num_stages_, "PipelineStage: stage ", index_, " does not exist; the split has ", num_stages_,
               " stages (0 to ", num_stages_ - 1, ").");

@@ -22,6 +22,7 @@
 // (its test), =0 posts ahead on GPUs.
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
+#include <c10/util/ScopeExit.h>
 #include <torch/autograd.h>
 
 #include <algorithm>
@@ -192,6 +193,7 @@ struct PipelineSchedule::Runtime {
     PipelineStage* stage;
     size_t index;  // in stage->parameters()
     ProcessGroup holders;
+    at::Tensor earlier;  // the gradient this step began with: kept out of the sum (see the step's end)
   };
   std::vector<TieSum> tie_sums;
   std::optional<ProcessGroup> data_parallel;  // set_data_parallel_group's (its stages wrapped in DDP)
@@ -373,9 +375,26 @@ struct PipelineSchedule::Runtime {
       handed_activation.erase({pass.stage, pass.microbatch});
       state.input = training && carries_gradient(received) ? received.detach().requires_grad_(true) : received;
     }
-    at::Tensor output = stage.run_forward(state.input);
+    // A stage's own error (shapes that do not fit, a dtype) names the stage and micro-batch, as
+    // PyTorch's "[Stage 1] failed to run forward"; c10::Error keeps its type with the context.
+    auto in_context = [&](c10::Error& e, const char* what) {
+      e.add_context(where(pass.stage) + ": " + what + " of micro-batch " + std::to_string(pass.microbatch) +
+                    " failed (its input " + detail::describe_shape(detail::encode_shape(state.input)) + ")");
+    };
+    at::Tensor output;
+    try {
+      output = stage.run_forward(state.input);
+    } catch (c10::Error& e) {
+      in_context(e, "the forward");
+      throw;
+    }
     if (pass.stage == last_stage()) {
-      state.loss = loss_fn(output, target_chunks.at(pass.microbatch));
+      try {
+        state.loss = loss_fn(output, target_chunks.at(pass.microbatch));
+      } catch (c10::Error& e) {
+        in_context(e, "the loss function");
+        throw;
+      }
       TORCH_CHECK(state.loss.defined() && state.loss.numel() == 1, where(pass.stage),
                   ": the loss function must return one value per micro-batch (e.g. the mean loss), got ",
                   state.loss.defined() ? state.loss.sizes() : at::IntArrayRef{}, ".");
@@ -526,6 +545,7 @@ struct PipelineSchedule::Runtime {
   // wait for messages that never come. Rows: -1 for no tensor given (or a 0-dim one).
   void check_batch(const at::Tensor& inputs, const at::Tensor& targets) {
     constexpr int64_t kNotHere = -2;
+    const char* call = training ? "step()" : "eval()";
     auto rows = [](const at::Tensor& t) -> int64_t { return t.defined() && t.dim() > 0 ? t.size(0) : -1; };
     at::Tensor given = at::full({2}, kNotHere, at::kLong);
     if (stages.count(0)) given[0] = rows(inputs);
@@ -535,8 +555,10 @@ struct PipelineSchedule::Runtime {
     } catch (const std::exception& e) {
       TORCH_CHECK(false, "pipeline rank ", group.rank(), " (stage", stages.size() > 1 ? "s " : " ",
                   stages.begin()->first, stages.size() > 1 ? ", ..." : "",
-                  ") waiting at the start of step() for every pipeline rank to begin the step, which they did not "
-                  "(a rank that runs fewer steps than the others, or another schedule, leaves them waiting here): ",
+                  ") waiting at the start of ", call, " for every pipeline rank to begin the step, which they did not "
+                  "(a rank that runs fewer steps than the others, or another schedule, leaves them waiting here; "
+                  "so does a step that failed on one rank and was caught there, its neighbours left waiting for "
+                  "its messages): ",
                   message_of(e));
     }
     const int m = shape.microbatches;
@@ -545,12 +567,46 @@ struct PipelineSchedule::Runtime {
                                                   std::make_tuple(target_rows, "targets", last_stage())}) {
       const std::string at_stage = "pipeline stage " + std::to_string(stage) + " (rank " +
                                    std::to_string(rank_of(stage)) + ")";
-      TORCH_CHECK(rows_given >= 0, at_stage, " was given no ", what, " (or a 0-dimensional tensor) in step(): pass the "
-                  "step's ", what, " on that rank (", stage == 0 ? "the first stage reads the inputs" :
+      TORCH_CHECK(rows_given >= 0, at_stage, " was given no ", what, " (or a 0-dimensional tensor) in ", call,
+                  ": pass the step's ", what, " on that rank (", stage == 0 ? "the first stage reads the inputs" :
                   "the last stage reads the targets", "); found on rank ", group.rank(), ".");
-      TORCH_CHECK(rows_given > 0 && rows_given % m == 0, at_stage, ": the ", what, "' batch of ", rows_given, " rows does not split into ",
-                  m, " micro-batches of equal size; use a batch divisible by ", m,
+      TORCH_CHECK(rows_given > 0 && rows_given % m == 0, at_stage, ": the ", what, "' batch of ", rows_given,
+                  " rows does not split into ", m, " micro-batches of equal size; use a batch divisible by ", m,
                   " or a number of micro-batches that divides the batch (found on rank ", group.rank(), ").");
+    }
+    // Micro-batch k of the targets is the loss's for micro-batch k of the inputs: with other row
+    // counts they would not correspond, and a broadcasting loss (mse_loss) would not say so.
+    TORCH_CHECK(input_rows == target_rows, "pipeline ", call, ": the inputs have ", input_rows, " rows (stage 0, rank ",
+                rank_of(0), ") and the targets ", target_rows, " (stage ", last_stage(), ", rank ",
+                rank_of(last_stage()), "); both are split into ", m, " micro-batches along dimension 0, the "
+                "k-th targets for the k-th inputs, so give them the same number of rows (found on rank ",
+                group.rank(), ").");
+  }
+
+  // Note [A tied weight's gradient over several steps]
+  // The sum over a tie's holders is not idempotent as DDP's average is: summing the whole .grad at
+  // each step counted what an earlier step() left there (gradient accumulation without zero_grad)
+  // once more per holder (an audit, 2026-12-07). So a training step zeroes that gradient in place
+  // (DDP's and FSDP's views of it stay valid), sums only its own, and adds the earlier one back:
+  // earlier + (stage 0's + stage 1's), as one process accumulates. A step that throws gives the
+  // earlier gradient back too, beside whatever of its own it got to (as a failed backward leaves).
+  void set_aside_earlier_tie_gradients() {
+    for (auto& tie : tie_sums) {
+      at::Tensor grad = tie.stage->parameters().at(tie.index).grad();
+      tie.earlier = grad.defined() ? grad.clone() : at::Tensor();
+      if (grad.defined()) grad.zero_();
+    }
+  }
+  void add_back_earlier_tie_gradients() {
+    for (auto& tie : tie_sums) {
+      if (!tie.earlier.defined()) continue;
+      at::Tensor parameter = tie.stage->parameters().at(tie.index);
+      if (parameter.grad().defined()) {
+        parameter.mutable_grad().add_(tie.earlier);
+      } else {
+        parameter.mutable_grad() = tie.earlier;
+      }
+      tie.earlier = at::Tensor();
     }
   }
 
@@ -582,6 +638,8 @@ struct PipelineSchedule::Runtime {
         shape_recv[index] = {into, receive_shape(into, index)};
       }
     }
+    if (train) set_aside_earlier_tie_gradients();
+    const auto give_back_on_failure = c10::make_scope_exit([this] { add_back_earlier_tie_gradients(); });
     const auto& passes = train ? plan : eval_plan;
     // Zero bubble's weight passes are not in its plan: each runs where the rank would otherwise
     // wait for a message, or hold too many micro-batches, and those left after the last pass.
@@ -645,6 +703,7 @@ struct PipelineSchedule::Runtime {
     TORCH_INTERNAL_ASSERT(held.empty() && recvs.empty() && handed_activation.empty() && handed_gradient.empty(),
                           "pipeline: a step ended with passes left over");
     // Each copy of a tied weight got its own stage's gradient: their sum is the unsplit model's.
+    // Only this step's: what earlier steps left (accumulation without zero_grad) was summed then.
     if (train) {
       finalize_data_parallel();
       for (auto& tie : tie_sums) {
@@ -652,6 +711,7 @@ struct PipelineSchedule::Runtime {
         if (!parameter.grad().defined()) parameter.mutable_grad() = at::zeros_like(parameter);
         all_reduce(tie.holders, parameter.mutable_grad());
       }
+      add_back_earlier_tie_gradients();
     }
     sends.clear();
     shape_recv.clear();

@@ -498,6 +498,36 @@ TEST_CASE("pipeline: a head tied to the embedding across stages trains as the un
   std::printf("pipeline tied rank %d: worst relative difference %.2e\n", group().rank(), worst);
 }
 
+TEST_CASE("pipeline: step() twice before the optimizer accumulates as two backwards of one process, a tied "
+          "weight too", "[pipeline]") {
+  // Without zero_grad between them, each step's gradients add to the last's (loss.backward()'s
+  // rule). A tie's sum over its holders once counted the earlier step's gradient again.
+  ddp_test::Float64Parity doubles;
+  for (const Task* task : {&kTiedLm, &kMlp}) {
+    torch::nn::Sequential whole = task->make();
+    for (int s = 0; s < 2; ++s) {
+      auto [x, y] = task->batch(s);
+      task->loss(whole->forward(x), y).backward();
+    }
+    auto expected = whole->named_parameters();
+    for (Kind kind : {Kind::k1F1B, Kind::kGPipe, Kind::kZeroBubble}) {
+      torch::nn::Sequential model = task->make();
+      std::vector<cpprun::PipelineStage> stages;
+      stages.emplace_back(model, cpprun::split_evenly(model, group().size()), group());
+      auto schedule = make_schedule(kind, stages, 4, *task);
+      for (int s = 0; s < 2; ++s) {
+        auto [x, y] = task->batch(s);
+        schedule->step(x, y);
+      }
+      for (const auto& item : stages[0].module()->named_parameters()) {
+        INFO("schedule " << static_cast<int>(kind) << ", " << item.key() << ", rank " << group().rank());
+        REQUIRE(item.value().grad().defined());
+        CHECK(relative_difference(item.value().grad(), expected[item.key()].grad()) < kTolerance);
+      }
+    }
+  }
+}
+
 TEST_CASE("pipeline: {dp 2, pp} averages the stages' gradients across pipelines as one process", "[pipeline]") {
   if (group().size() % 2 != 0) return;  // np1, np3: no such mesh (np2: dp 2 x pp 1, np4: dp 2 x pp 2)
   double worst = 0;
@@ -649,9 +679,24 @@ TEST_CASE("pipeline: a careless user's mistakes are one error on every rank", "[
   // The first stage's rank forgot the inputs: every rank says so, naming the stage and rank.
   CHECK_THAT(error_of([&] { schedule.step(pg.rank() == 0 ? at::Tensor() : x, y); }),
              Catch::Contains("pipeline stage 0 (rank 0) was given no inputs"));
+  // Targets of another row count than the inputs (a broadcasting loss would not say so).
+  CHECK_THAT(error_of([&] { schedule.step(x, y.narrow(0, 0, 12)); }),
+             Catch::Contains("the inputs have 24 rows") && Catch::Contains("and the targets 12"));
+  CHECK_THAT(error_of([&] { schedule.eval(x, at::Tensor()); }), Catch::Contains("targets (or a 0-dimensional tensor) "
+                                                                                "in eval()"));
+  // A stage that cannot take its input (float32 into the float64 model) is named with its
+  // micro-batch. At one rank only: with more, the error is the first stage's alone, and the
+  // others would wait for its messages (see docs/pipeline_parallel.md's traps).
+  if (p == 1) {
+    CHECK_THAT(error_of([&] { schedule.step(x.to(at::kFloat), y); }),
+               Catch::Contains("pipeline stage 0 (rank 0): the forward of micro-batch 0 failed (its input "
+                               "Float[6, 6])"));
+  }
   // The schedule still runs a correct step afterwards: the reference's first loss.
   const double loss = schedule.step(x, y).item<double>();
   CHECK(std::abs(loss - reference().losses[0]) / reference().losses[0] < kTolerance);
+  CHECK_THAT(error_of([&] { cpprun::PipelineStage(model, split, pg, -2); }),
+             Catch::Contains("stage_index -2 is not a stage"));
   // Splits that do not fit the pipeline.
   CHECK_THAT(error_of([&] { cpprun::PipelineStage(model, cpprun::split_evenly(model, p + 1), pg); }),
              p == 1 ? Catch::Contains("stage_index") : Catch::Contains("ranks do not divide"));
