@@ -14,16 +14,7 @@
 #include "cpprun/collectives.h"
 
 namespace cpprun {
-namespace {
-
-std::optional<ProcessGroup> default_group_if_any() {
-  if (is_initialized()) return default_group();
-  return std::nullopt;
-}
-
-}  // namespace
-
-GradScaler::GradScaler(GradScalerOptions options) : options_(options), group_(default_group_if_any()) {}
+GradScaler::GradScaler(GradScalerOptions options) : options_(options), follows_default_group_(true) {}
 
 GradScaler::GradScaler(ProcessGroup group, GradScalerOptions options)
     : options_(options), group_(detail::member_group("GradScaler", std::move(group))) {}
@@ -50,7 +41,14 @@ at::Tensor GradScaler::scale(const at::Tensor& loss) {
   return loss * scale_;
 }
 
-at::Tensor GradScaler::agreed_found_inf(const at::Tensor& local) const {
+// Note [A scaler built before the process group]
+// A scaler held as a member or a global is often built before init_process_group(). Taking the
+// default group at construction left such a scaler deciding overflows on each rank alone: under
+// ZeRO-2/3 one rank skipped a step the others took, and from then on the ranks' scales differed
+// and their scaled gradients were summed together (an audit, 2026-12-07). So the default group is
+// looked up at the first unscale_() that finds one.
+at::Tensor GradScaler::agreed_found_inf(const at::Tensor& local) {
+  if (!group_ && follows_default_group_ && is_initialized()) group_ = default_group();
   if (!group_) return local;
   all_reduce(*group_, local, ReduceOp::kMax);
   return local;
@@ -101,6 +99,8 @@ bool GradScaler::step(torch::optim::Optimizer& optimizer) {
     optimizer.step();
     return true;
   }
+  TORCH_CHECK(scale_.defined(),
+              "cpprun::GradScaler: step() before any scale(): backward the loss returned by scaler.scale(loss)");
   PerOptimizer& state = per_optimizer_[&optimizer];
   TORCH_CHECK(state.stage != Stage::kStepped,
               "cpprun::GradScaler: step() was already called on this optimizer since the last update(); call "

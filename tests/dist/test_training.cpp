@@ -6,6 +6,7 @@
 #include "catch.h"
 #include <torch/torch.h>
 
+#include <cstddef>
 #include <functional>
 #include <limits>
 #include <memory>
@@ -85,6 +86,18 @@ void reference_backward(Net& ref, int step, int world, const torch::Tensor& x, c
 
 const std::vector<std::string> kWrappers = {"ddp", "zero1", "zero2", "zero3"};
 
+// Scalers built before main, so before init_process_group() (a member or a global, as users
+// hold them): they must agree over the default group all the same (Note [A scaler built before
+// the process group]). One per wrapper, as the test below trains each from the initial scale.
+const bool g_scalers_built_before_the_group = !cpprun::is_initialized();
+std::vector<cpprun::GradScaler> g_scalers_built_early = [] {
+  std::vector<cpprun::GradScaler> scalers;
+  for (std::size_t i = 0; i < kWrappers.size(); ++i) {
+    scalers.emplace_back(cpprun::GradScalerOptions().init_scale(1024).growth_interval(3));
+  }
+  return scalers;
+}();
+
 // A small language model whose output layer is the token embedding, transposed: one tensor under
 // two names ("embed.weight", "head.weight"). The head has a bias of its own, so that it can be a
 // unit without the tied weight.
@@ -144,8 +157,11 @@ TEST_CASE("GradScaler: an overflow on one rank skips the step on every rank, the
   Float64Parity float64;
   const int rank = group().rank(), world = group().size();
   constexpr int kOverflowStep = 2;
-  for (const auto& how : kWrappers) {
-    INFO("wrapper " << how);
+  REQUIRE(g_scalers_built_before_the_group);
+  for (std::size_t w = 0; w < 2 * kWrappers.size(); ++w) {
+    const std::string& how = kWrappers[w / 2];
+    const bool built_early = w % 2 == 1;
+    INFO("wrapper " << how << (built_early ? ", the scaler built before the process group" : ""));
     torch::manual_seed(100 + rank);
     auto net = std::make_shared<Net>(/*checkpointed_blocks=*/false);
     auto model = wrap<Net>(how, net, is_block);
@@ -153,7 +169,8 @@ TEST_CASE("GradScaler: an overflow on one rank skips the step on every rank, the
     copy_state(*ref, *net);
     torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
     torch::optim::SGD ref_opt(ref->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
-    cpprun::GradScaler scaler(group(), cpprun::GradScalerOptions().init_scale(1024).growth_interval(3));
+    cpprun::GradScaler with_group(group(), cpprun::GradScalerOptions().init_scale(1024).growth_interval(3));
+    cpprun::GradScaler& scaler = built_early ? g_scalers_built_early[w / 2] : with_group;
     for (int step = 0; step < 6; ++step) {
       auto x = inputs_for("mlp", kGlobalBatch, step);
       auto y = targets_for(kGlobalBatch, step);

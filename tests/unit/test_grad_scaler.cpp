@@ -97,7 +97,8 @@ TEST_CASE("grad_scaler: misuse is named", "[grad_scaler]") {
   auto w = torch::ones({1}).requires_grad_();
   torch::optim::SGD opt({w}, 0.1);
   cpprun::GradScaler scaler;
-  CHECK_THROWS_WITH(scaler.unscale_(opt), Catch::Contains("before any scale()"));
+  CHECK_THROWS_WITH(scaler.unscale_(opt), Catch::Contains("unscale_() before any scale()"));
+  CHECK_THROWS_WITH(scaler.step(opt), Catch::Contains("step() before any scale()"));
   CHECK_THROWS_WITH(scaler.update(), Catch::Contains("without a step()"));
   cpprun::GradScaler bad(cpprun::GradScalerOptions().backoff_factor(2));
   CHECK_THROWS_WITH(bad.scale(w.sum()), Catch::Contains("backoff_factor"));
