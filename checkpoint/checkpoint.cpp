@@ -190,13 +190,11 @@ namespace {
 std::string save_id_in(const std::string& path, std::string_view stem) {
   namespace fs = std::filesystem;
   std::map<std::string, std::string> metadata;
-  const std::string safetensors = ".safetensors";
   if (is_sharded_state_dict_path(path)) {
     const fs::path index = fs::path(sharded_directory_of(path, stem)) / index_file_name(stem);
     if (!fs::exists(index)) return "";
     metadata = read_index_file(index.string()).metadata;
-  } else if (path.size() > safetensors.size() &&
-             path.compare(path.size() - safetensors.size(), safetensors.size(), safetensors) == 0) {
+  } else if (has_safetensors_extension(path)) {
     metadata = read_safetensors_metadata(path).value_or(std::map<std::string, std::string>());
   }
   const auto id = metadata.find(std::string(kSaveIdKey));

@@ -211,13 +211,8 @@ std::string join(const std::vector<std::string>& items, const std::string& separ
   return out;
 }
 
-bool is_safetensors_path(const std::string& path) {
-  const std::string ext = ".safetensors";
-  return path.size() > ext.size() && path.compare(path.size() - ext.size(), ext.size(), ext) == 0;
-}
-
 void check_path(const std::string& path, const char* call) {
-  TORCH_CHECK(is_sharded_state_dict_path(path) || is_safetensors_path(path), "cpprun: ", call, "(..., \"", path,
+  TORCH_CHECK(is_sharded_state_dict_path(path) || has_safetensors_extension(path), "cpprun: ", call, "(..., \"", path,
               "\"): an optimizer's state is saved as safetensors: end the path in .safetensors, or in '/' for a "
               "directory (optimizer-0000R-of-0000N.safetensors beside a model's files).");
 }

@@ -4,6 +4,7 @@
 #include "support/safetensors.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <memory>
 #include <utility>
@@ -129,6 +130,14 @@ std::pair<std::string_view, std::string_view> split_safetensors(std::string_view
 }
 
 }  // namespace
+
+bool has_safetensors_extension(std::string_view path) {
+  constexpr std::string_view ext = ".safetensors";
+  if (path.size() <= ext.size()) return false;
+  const std::string_view tail = path.substr(path.size() - ext.size());
+  return std::equal(tail.begin(), tail.end(), ext.begin(),
+                    [](char a, char b) { return std::tolower(static_cast<unsigned char>(a)) == b; });
+}
 
 std::optional<std::map<std::string, std::string>> read_safetensors_metadata(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);

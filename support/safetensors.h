@@ -22,6 +22,10 @@ struct SafetensorsTensor {
   std::string_view data;        // shape's product x the dtype's size bytes
 };
 
+// Whether PATH's name ends in ".safetensors" (any case, as a model's save takes it) after at least
+// one character: the name by which a save chooses this format.
+bool has_safetensors_extension(std::string_view path);
+
 // Bytes per element of a safetensors dtype; 0 for a name the format does not define.
 std::size_t safetensors_dtype_size(std::string_view dtype);
 

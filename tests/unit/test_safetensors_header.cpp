@@ -652,3 +652,14 @@ TEST_CASE("safetensors header: a file's metadata read from its header alone", "[
   std::remove(path.c_str());
   CHECK_FALSE(cpprun::detail::read_safetensors_metadata(path).has_value());
 }
+
+TEST_CASE("safetensors name: a name ending in .safetensors, in any case, after at least one character",
+          "[safetensors]") {
+  using cpprun::detail::has_safetensors_extension;
+  CHECK(has_safetensors_extension("model.safetensors"));
+  CHECK(has_safetensors_extension("ckpt/optim.SafeTensors"));
+  CHECK_FALSE(has_safetensors_extension(".safetensors"));
+  CHECK_FALSE(has_safetensors_extension("model.safetensors.tmp"));
+  CHECK_FALSE(has_safetensors_extension("model.pt"));
+  CHECK_FALSE(has_safetensors_extension("ckpt/"));
+}
