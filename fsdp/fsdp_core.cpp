@@ -149,6 +149,31 @@ struct FsdpCore::Impl {
 
 namespace {
 
+// Note [Frozen parameters under param_dtype]
+// Parameters with requires_grad false stay outside the units (unsharded, docs/fsdp.md), so mixed
+// precision does not cast them: a frozen float32 weight beside bf16 inputs and weights stops the
+// forward with ATen's bare "must have the same dtype" (an audit, 2026-12-07). FSDP2 shards and
+// casts them; cpprun names them at wrap time, with what to do. Not an error: a kernel that takes
+// mixed dtypes (a CUDA layer norm's fp32 weight) runs.
+void warn_frozen_parameters_uncast(const torch::nn::Module& module, at::ScalarType param_dtype) {
+  std::vector<std::string> uncast;
+  for (const auto& item : module.named_parameters()) {
+    const at::Tensor& p = item.value();
+    if (!p.requires_grad() && at::isFloatingType(p.scalar_type()) && p.scalar_type() != param_dtype) {
+      uncast.push_back(item.key());
+    }
+  }
+  if (uncast.empty()) return;
+  std::string names;
+  for (std::size_t i = 0; i < uncast.size() && i < 5; ++i) names += (i ? ", \"" : "\"") + uncast[i] + "\"";
+  if (uncast.size() > 5) names += " and " + std::to_string(uncast.size() - 5) + " more";
+  TORCH_WARN("cpprun::FullyShardedDataParallel: ", uncast.size(), " frozen parameter(s) (requires_grad false: ", names,
+             ") stay in their own dtype under param_dtype ", param_dtype, ": frozen parameters are not in FSDP's "
+             "units, so mixed precision does not cast them, and a layer that mixes them with ", param_dtype,
+             " inputs fails. Cast them to ", param_dtype, " before wrapping (they do not train), or leave them "
+             "trainable and give the optimizer only the others.");
+}
+
 // Note [A module moved after wrapping]
 // The module's parameters are views of their bucket's memory (ParamBucket), which FSDP gathers
 // into and reduces gradients from. module->to(dtype or device) after wrapping gives each parameter
@@ -251,6 +276,13 @@ FsdpCore::FsdpCore(torch::nn::Module& module, ProcessGroup group, std::optional<
     TORCH_CHECK(!s.options.output_dtype() || at::isFloatingType(*s.options.output_dtype()),
                 "cpprun::FullyShardedDataParallel: output_dtype must be a floating-point dtype (it casts the "
                 "floating-point outputs), got ", *s.options.output_dtype(), ".");
+    TORCH_CHECK(!s.options.param_dtype() || at::isFloatingType(*s.options.param_dtype()),
+                "cpprun::FullyShardedDataParallel: param_dtype must be a floating-point dtype (the module computes "
+                "in it, e.g. at::kBFloat16), got ", *s.options.param_dtype(), ".");
+    TORCH_CHECK(!s.options.reduce_dtype() || at::isFloatingType(*s.options.reduce_dtype()),
+                "cpprun::FullyShardedDataParallel: reduce_dtype must be a floating-point dtype (the gradients are "
+                "reduced in it, e.g. at::kFloat), got ", *s.options.reduce_dtype(), ".");
+    if (s.options.param_dtype()) warn_frozen_parameters_uncast(module, *s.options.param_dtype());
 
     refuse_tensor_parallel_overlap(s.tp_splits, s.groups.whole, "cpprun::FullyShardedDataParallel");
     units = plan_units(module, s.options);
@@ -307,7 +339,8 @@ FsdpCore::FsdpCore(torch::nn::Module& module, ProcessGroup group, std::optional<
   }
   GradientSyncOptions reduction;
   reduction.shard_gradients = s.stage.shard_gradients;
-  reduction.reduce_dtype = s.options.reduce_dtype() ? s.options.reduce_dtype() : s.options.param_dtype();
+  // Unset: each parameter's own dtype, not param_dtype (FSDP2's default since PyTorch 2.15).
+  reduction.reduce_dtype = s.options.reduce_dtype();
   // One reduction runs while the next unit's backward computes (none with a limit of 1): each
   // one more would hold another unit's full gradients (see gradient_sync.h).
   reduction.max_in_flight = s.options.gathered_unit_limit() > 1 ? 1 : 0;

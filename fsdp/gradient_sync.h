@@ -46,7 +46,9 @@ struct GradientSyncOptions {
   // Stages 2 and 3: each gradient held until reduced, then dropped; else (stage 1) one full
   // gradient per bucket, kept.
   bool shard_gradients = true;
-  std::optional<at::ScalarType> reduce_dtype;  // mixed precision; else the gradients' own
+  // Mixed precision's; else each bucket's parameters' own (the shards', not the compute dtype:
+  // FSDP2's default since PyTorch 2.15). Local backwards accumulate in it too (stages 2 and 3).
+  std::optional<at::ScalarType> reduce_dtype;
   std::size_t max_in_flight = 2;
 };
 
@@ -99,7 +101,9 @@ class GradientSync {
   struct BucketState {
     at::Tensor full_grad;   // stage 1: laid out like unsharded(), .grad views of it
     at::Tensor wire;        // stage 1: what is reduced: full_grad, or a copy of it in the reduce dtype
-    std::vector<at::Tensor> grads;  // stages 2 and 3: each parameter's full gradient, until reduced
+    // Stages 2 and 3: each parameter's full gradient, until reduced (local backwards' sum, in the
+    // reduce dtype, where it differs from the compute dtype: Note [Local gradients in the reduce dtype]).
+    std::vector<at::Tensor> grads;
     at::Tensor chunk;       // this rank's reduced part (stage 1: until written back into full_grad)
     at::Tensor set_aside;   // HSDP, all-reduce off: this rank's reduced rows awaiting the all-reduce
     std::size_t pending = 0;
@@ -117,6 +121,9 @@ class GradientSync {
 
   void on_gradient_ready(std::size_t bucket, std::size_t param);
   void collect(std::size_t bucket, std::size_t param);
+  at::ScalarType reduce_dtype_of(std::size_t bucket) const;
+  bool accumulates_apart(std::size_t bucket) const;
+  void hold_local_gradient(std::size_t bucket, std::size_t param);
   void launch_ready_buckets();
   void complete(std::size_t bucket);
   void complete_full_gradient(std::size_t bucket);  // stage 1's part of complete()

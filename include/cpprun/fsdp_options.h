@@ -28,7 +28,8 @@ struct FsdpOptions {
   TORCH_ARG(std::function<bool(const torch::nn::Module&)>, wrap_policy) = nullptr;
   // Mixed precision: the module computes in param_dtype (e.g. at::kBFloat16) from parameters
   // gathered in that dtype, floating-point tensor inputs are cast to it, gradients are reduced in
-  // reduce_dtype (default: param_dtype), and the optimizer steps fp32 master shards.
+  // reduce_dtype (default: the parameters' own dtype, as FSDP2's since PyTorch 2.15; no_sync
+  // backwards accumulate in it too), and the optimizer steps fp32 master shards.
   TORCH_ARG(std::optional<at::ScalarType>, param_dtype) = std::nullopt;
   TORCH_ARG(std::optional<at::ScalarType>, reduce_dtype) = std::nullopt;
   // FSDP2's MixedPrecisionPolicy.output_dtype: the wrapper's floating-point forward outputs cast

@@ -15,7 +15,11 @@
 //     FSDP2 would multiply by 1/3 before it, a PREMUL_SUM, which Gloo lacks: other bits).
 //   hook: set_gradient_divide_factor(3) and set_all_reduce_hook adding 0.01 to the reduced rows, in
 //     float64: FSDP2 calls it between the reduce-scatter and the division by 1.5 after it.
-// Each micro-batch synchronized in the last three.
+//   mixed: accumulate's calls under mixed precision, param_dtype bf16 and the reduce dtype left to
+//     its default: FSDP2 (since 2.15) reduces in the parameters' dtype, float64 here, and
+//     accumulates the local micro-batches' bf16 gradients in it (cpprun's Note [Local gradients in
+//     the reduce dtype]).
+// Each micro-batch synchronized in divide, divide_sum and hook.
 #include <torch/torch.h>
 
 #include <cstdio>
@@ -64,7 +68,7 @@ int main(int argc, char** argv) {
   out.emplace_back("y", y);
   const cpprun::DeviceMesh mesh(group, {2, 1}, {"replicate", "shard"});
 
-  for (const std::string kind : {"accumulate", "hsdp", "divide", "divide_sum", "hook"}) {
+  for (const std::string kind : {"accumulate", "hsdp", "divide", "divide_sum", "hook", "mixed"}) {
     auto net = std::make_shared<Net>();
     {
       torch::NoGradGuard no_grad;
@@ -72,6 +76,7 @@ int main(int argc, char** argv) {
     }
     auto options = cpprun::FsdpOptions().stage(3).wrap_policy(is_linear);
     if (kind == "divide_sum") options.reduce_dtype(at::kFloat);
+    if (kind == "mixed") options.param_dtype(at::kBFloat16);
     auto model = kind == "hsdp" ? cpprun::FullyShardedDataParallel(net, mesh, options)
                                 : cpprun::FullyShardedDataParallel(net, group, options);
     if (kind == "divide" || kind == "divide_sum" || kind == "hook") model->set_gradient_divide_factor(3.0);
@@ -82,7 +87,7 @@ int main(int argc, char** argv) {
       opt.zero_grad();
       for (int micro = 0; micro < kMicro; ++micro) {
         const bool last = micro == kMicro - 1;
-        if (kind == "accumulate") {
+        if (kind == "accumulate" || kind == "mixed") {
           model->set_requires_gradient_sync(last);
           model->set_reshard_after_backward(last);
         } else if (kind != "hsdp") {
@@ -102,8 +107,10 @@ int main(int argc, char** argv) {
       }
       opt.step();
     }
-    model->gather_full_parameters();
-    for (const auto& p : net->named_parameters()) out.emplace_back(kind + "." + p.key(), p.value().detach().clone());
+    // The masters (mixed's float64, not its bf16 compute copies), as FSDP2's full_tensor().
+    for (const auto& item : cpprun::get_model_state_dict(model)) {
+      out.emplace_back(kind + "." + item.key(), item.value().clone());
+    }
   }
   if (rank == 0) {
     cpprun::detail::write_state_dict_file(out, dir + "/cpprun.safetensors", cpprun::StateDictSaveOptions(), {});

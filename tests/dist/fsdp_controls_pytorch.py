@@ -34,14 +34,15 @@ def main():
     init = {k[len("init."):]: v for k, v in t.items() if k.startswith("init.")}
     x, y = t["x"], t["y"]
     failed = False
-    for kind in ("accumulate", "hsdp", "divide", "divide_sum", "hook"):
+    for kind in ("accumulate", "hsdp", "divide", "divide_sum", "hook", "mixed"):
         model = Net()
         model.load_state_dict(init)
         if kind == "hsdp":
             mesh = init_device_mesh("cpu", (2, 1), mesh_dim_names=("replicate", "shard"))
         else:
             mesh = init_device_mesh("cpu", (2,))
-        mp = MixedPrecisionPolicy(reduce_dtype=torch.float32 if kind == "divide_sum" else None)
+        mp = MixedPrecisionPolicy(reduce_dtype=torch.float32 if kind == "divide_sum" else None,
+                                  param_dtype=torch.bfloat16 if kind == "mixed" else None)
         fully_shard(model.fc1, mesh=mesh, mp_policy=mp)
         fully_shard(model.fc2, mesh=mesh, mp_policy=mp)
         fully_shard(model, mesh=mesh, mp_policy=mp)
@@ -59,7 +60,7 @@ def main():
             opt.zero_grad()
             for micro in range(MICRO):
                 last = micro == MICRO - 1
-                if kind == "accumulate":
+                if kind in ("accumulate", "mixed"):
                     model.set_requires_gradient_sync(last)
                     model.set_reshard_after_backward(last)
                 elif kind != "hsdp":

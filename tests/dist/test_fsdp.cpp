@@ -978,6 +978,52 @@ TEST_CASE("fsdp: mixed precision computes in bf16 from fp32 master shards", "[fs
   }
 }
 
+// FSDP2's defaults since PyTorch 2.15 (MixedPrecisionPolicy.reduce_dtype None): gradients are
+// reduced in the parameters' own dtype, and local backwards accumulate in it. Before 2026-12-07
+// the default reduced in param_dtype, and no_sync backwards summed bf16 gradients in bf16: 1e-3
+// off an fp32 sum here. tests/dist/fsdp_controls_pytorch.sh's "mixed" case compares with FSDP2.
+TEST_CASE("fsdp: under param_dtype the gradients are reduced and accumulated in the parameters' dtype by default",
+          "[fsdp]") {
+  const int rank = group().rank(), world = group().size();
+  for (int stage : {1, 2, 3}) {
+    INFO("stage " << stage);
+    auto grads_after = [&](cpprun::FsdpOptions options, const std::vector<std::string>& backwards) {
+      torch::manual_seed(7);
+      auto net = std::make_shared<Mlp>(31);
+      auto model = cpprun::FullyShardedDataParallel(net, group(), options.param_dtype(at::kBFloat16));
+      for (std::size_t k = 0; k < backwards.size(); ++k) {
+        auto x = slice(inputs_for("mlp", kGlobalBatch, static_cast<int>(k)), rank, world);
+        auto y = slice(targets_for(kGlobalBatch, static_cast<int>(k)), rank, world);
+        model->set_requires_gradient_sync(backwards[k] != "local");
+        torch::nn::functional::cross_entropy(model->forward(x).to(at::kFloat), y).backward();
+      }
+      std::vector<at::Tensor> grads;
+      for (const auto& shard : model->parameters()) {
+        REQUIRE(shard.grad().defined());
+        CHECK(shard.grad().scalar_type() == at::kFloat);
+        grads.push_back(shard.grad().clone());
+      }
+      return grads;
+    };
+    const auto by_default = grads_after(per_linear(stage), {"synced"});
+    const auto in_fp32 = grads_after(per_linear(stage).reduce_dtype(at::kFloat), {"synced"});
+    for (std::size_t i = 0; i < by_default.size(); ++i) CHECK(torch::equal(by_default[i], in_fp32[i]));
+    if (stage == 1) continue;  // stage 1 accumulates in its bf16 full gradient (docs/fsdp.md)
+    // A local backward, then a synchronized one: the sum of the two bf16 gradients in fp32, as two
+    // synchronized backwards whose shard gradients add up in fp32 (alone in the group, bit for
+    // bit; with more ranks the reductions sum in another order).
+    const auto accumulated = grads_after(per_linear(stage), {"local", "synced"});
+    const auto added = grads_after(per_linear(stage), {"synced", "synced"});
+    for (std::size_t i = 0; i < accumulated.size(); ++i) {
+      if (world == 1 || accumulated[i].numel() == 0) {  // an empty shard (31 rows over 3 ranks)
+        CHECK(torch::equal(accumulated[i], added[i]));
+      } else {
+        CHECK(relative_difference(accumulated[i], added[i]) < 1e-5);
+      }
+    }
+  }
+}
+
 TEST_CASE("fsdp: a damaged checkpoint is refused on every rank, naming the file, and changes nothing", "[fsdp]") {
   const int rank = group().rank(), world = group().size();
   const std::string base = "/tmp/cpprun_fsdp_damaged_" + std::to_string(::getppid());

@@ -488,6 +488,41 @@ TEST_CASE("fsdp: MixedPrecisionPolicy's output_dtype and cast_forward_inputs, as
                                             cpprun::FsdpOptions().output_dtype(at::kLong));
   };
   CHECK_THROWS_WITH(refused(), Catch::Matchers::Contains("output_dtype must be a floating-point dtype"));
+  CHECK_THROWS_WITH(cpprun::FullyShardedDataParallel(std::make_shared<DtypeProbeImpl>(), group(),
+                                                     cpprun::FsdpOptions().param_dtype(at::kLong)),
+                    Catch::Matchers::Contains("param_dtype must be a floating-point dtype"));
+  CHECK_THROWS_WITH(cpprun::FullyShardedDataParallel(std::make_shared<DtypeProbeImpl>(), group(),
+                                                     cpprun::FsdpOptions().reduce_dtype(at::kInt)),
+                    Catch::Matchers::Contains("reduce_dtype must be a floating-point dtype"));
+}
+
+namespace {
+
+struct CollectedWarnings : c10::WarningHandler {
+  std::vector<std::string> messages;
+  void process(const c10::Warning& warning) override { messages.push_back(warning.msg()); }
+};
+
+}  // namespace
+
+// Note [Frozen parameters under param_dtype] in fsdp_core.cpp: they are not cast, and wrapping
+// says so, naming them (the forward then failed with ATen's bare dtype error).
+TEST_CASE("fsdp: frozen parameters under param_dtype are named at wrap time", "[fsdp]") {
+  CollectedWarnings warnings;
+  c10::WarningUtils::WarningHandlerGuard collect(&warnings);
+  auto net = std::make_shared<DtypeProbeImpl>();
+  net->named_parameters().begin()->value().requires_grad_(false);
+  const std::string frozen = net->named_parameters().begin()->key();
+  auto model = cpprun::FullyShardedDataParallel(net, group(), cpprun::FsdpOptions().param_dtype(at::kBFloat16));
+  REQUIRE(warnings.messages.size() == 1);
+  const std::string named = "1 frozen parameter(s) (requires_grad false: \"" + frozen;
+  CHECK_THAT(warnings.messages[0],
+             Catch::Matchers::Contains(named) && Catch::Matchers::Contains("under param_dtype BFloat16"));
+  // Without mixed precision nothing is said.
+  auto plain = std::make_shared<DtypeProbeImpl>();
+  plain->named_parameters().begin()->value().requires_grad_(false);
+  auto unwarned = cpprun::FullyShardedDataParallel(plain, group(), cpprun::FsdpOptions());
+  CHECK(warnings.messages.size() == 1);
 }
 
 namespace {
