@@ -63,7 +63,15 @@ std::string temp_root() {
   for (const char* dir : {"/tmp", "/var/tmp", "/usr/tmp"}) candidates.emplace_back(dir);
   for (const std::string& dir : candidates) {
     struct stat st {};
-    if (::stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode) && ::access(dir.c_str(), W_OK | X_OK) == 0) return dir;
+    if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || ::access(dir.c_str(), W_OK | X_OK) != 0) continue;
+    if (dir.front() == '/') return dir;
+    // A relative TMPDIR made absolute, as Python's gettempdir() makes it (os.path.abspath): the paths
+    // under it reach workers that may change directory.
+    std::error_code error;
+    std::string absolute = std::filesystem::absolute(dir, error).lexically_normal().string();
+    if (error) return dir;
+    if (absolute.size() > 1 && absolute.back() == '/') absolute.pop_back();
+    return absolute;
   }
   std::error_code error;
   const std::string here = std::filesystem::current_path(error).string();
@@ -85,11 +93,16 @@ std::string RunLayout::run_path_finished_file(int attempt) const {
 }
 
 std::string RunLayout::flight_recorder_dir(int attempt) const {
-  return dir + "/attempt_" + std::to_string(attempt) + (per_worker_dirs ? "/" : ".") + "flight_recorder";
+  return absolute_attempt_file(attempt, "flight_recorder");
 }
 
 std::string RunLayout::nccl_trace_dir(int attempt) const {
-  return dir + "/attempt_" + std::to_string(attempt) + (per_worker_dirs ? "/" : ".") + "nccl_flight_recorder";
+  return absolute_attempt_file(attempt, "nccl_flight_recorder");
+}
+
+std::string RunLayout::absolute_attempt_file(int attempt, const std::string& name) const {
+  const std::string base = start_dir.empty() || dir.rfind('/', 0) == 0 ? dir : start_dir + "/" + dir;
+  return base + "/attempt_" + std::to_string(attempt) + (per_worker_dirs ? "/" : ".") + name;
 }
 
 std::string RunLayout::diagnosis_file(int attempt) const {
@@ -99,7 +112,14 @@ std::string RunLayout::diagnosis_file(int attempt) const {
 RunLayout RunLayout::planned(const std::string& log_dir, const std::string& run_id, bool writes_files) {
   const std::string private_dir = temp_root() + "/cpprun-XXXXXX";
   if (log_dir == kNullLogDir) return {private_dir, false, private_dir, false};
-  if (!log_dir.empty()) return {log_dir + "/" + run_id + "_XXXXXXXX", true, private_dir};
+  if (!log_dir.empty()) {
+    // Read once, here: cpprun never changes directory, its workers may. (A working directory that is
+    // gone leaves the dump dirs relative, as they were.)
+    std::error_code error;
+    const std::string here = log_dir.front() == '/' ? "" : std::filesystem::current_path(error).string();
+    const std::string start_dir = error ? "" : here;
+    return {log_dir + "/" + run_id + "_XXXXXXXX", true, private_dir, true, start_dir};
+  }
   if (writes_files) return {temp_root() + "/torchelastic_XXXXXX/" + run_id + "_XXXXXXXX", true, private_dir};
   return {private_dir, false, private_dir};
 }

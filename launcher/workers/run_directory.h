@@ -19,7 +19,8 @@ namespace cpprun::launcher {
 // The temp dir, Python's tempfile.gettempdir(), which torchrun's temp dirs come from: the first of
 // $TMPDIR, $TEMP, $TMP, /tmp, /var/tmp, /usr/tmp and the working directory that is a directory this
 // process may write in. A TMPDIR that does not exist or is a file is passed over, as Python passes
-// it over; cpprun once refused to start there, where torchrun ran.
+// it over; cpprun once refused to start there, where torchrun ran. A relative one is made absolute
+// (and normalised), as Python's os.path.abspath makes it.
 std::string temp_root();
 
 // The paths of a run's files. Pure.
@@ -33,18 +34,25 @@ struct RunLayout {
   // false under --log_dir=/dev/null: the workers get TORCHELASTIC_ERROR_FILE="", as torchrun's
   // DefaultLogsSpecs sets it, and error_file() is "".
   bool error_files = true;
+  // The launcher's working directory when the run started, if `dir` is relative (a relative --log_dir);
+  // "" when it is absolute. The dump directories are made absolute with it, so that a worker that changes
+  // directory (Hydra's chdir) still dumps where the diagnosis looks; the error file stays relative, as
+  // torchrun gives it (its mkdtemp keeps a relative --log_dir relative).
+  std::string start_dir;
 
   // What RunDirectory lays out, creating nothing (--dry_run): the random parts stay X's. A `log_dir`
-  // of /dev/null (kNullLogDir) is the flat temp dir without error files.
+  // of /dev/null (kNullLogDir) is the flat temp dir without error files. `start_dir` is the working
+  // directory now when `log_dir` is relative.
   static RunLayout planned(const std::string& log_dir, const std::string& run_id, bool writes_files);
 
   std::string worker_dir(int attempt, int local_rank) const;  // DIR/attempt_N/LOCAL_RANK
   std::string error_file(int attempt, int local_rank) const;
   // Where the attempt's workers write their flight-recorder dumps (CPPRUN_FLIGHT_RECORDER_DIR):
-  // DIR/attempt_N/flight_recorder, or DIR/attempt_N.flight_recorder in the flat temp dir.
+  // DIR/attempt_N/flight_recorder, or DIR/attempt_N.flight_recorder in the flat temp dir; absolute
+  // (start_dir/DIR/... for a relative DIR).
   std::string flight_recorder_dir(int attempt) const;
   // Where PyTorch's NCCL flight recorder dumps (workers/nccl_trace_env.h): DIR/attempt_N/nccl_flight_recorder,
-  // or DIR/attempt_N.nccl_flight_recorder in the flat temp dir.
+  // or DIR/attempt_N.nccl_flight_recorder in the flat temp dir; absolute as flight_recorder_dir().
   std::string nccl_trace_dir(int attempt) const;
   // Where --run_path workers count themselves finished (command_line/program_command.h):
   // PRIVATE_DIR/attempt_N.run_path_finished, never in the --log_dir tree. The last worker removes it.
@@ -52,6 +60,10 @@ struct RunLayout {
   // Where the launcher writes its diagnosis of the attempt (DIR/attempt_N/diagnosis.json); "" in the
   // flat temp dir, which is removed: the console has it.
   std::string diagnosis_file(int attempt) const;
+
+ private:
+  // DIR/attempt_N/NAME, or DIR/attempt_N.NAME in the flat temp dir, under start_dir.
+  std::string absolute_attempt_file(int attempt, const std::string& name) const;
 };
 
 class RunDirectory {

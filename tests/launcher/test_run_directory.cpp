@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <string>
 
@@ -39,6 +40,43 @@ TEST_CASE("run_directory: torchrun's attempt_N/LOCAL_RANK layout, flat in the te
   CHECK(temp.flight_recorder_dir(1) == "/tmp/cpprun-x/attempt_1.flight_recorder");
   CHECK(temp.nccl_trace_dir(1) == "/tmp/cpprun-x/attempt_1.nccl_flight_recorder");
   CHECK(temp.diagnosis_file(1).empty());  // the temp dir goes away: the console has the diagnosis
+}
+
+TEST_CASE("run_directory: under a relative --log_dir the dump dirs are absolute, the error file relative as torchrun's",
+          "[run_directory]") {
+  // A worker that changes directory (Hydra's chdir) must still dump where the diagnosis looks.
+  const RunLayout relative{"logs/job_abc", true, "/tmp/cpprun-x", true, "/home/u/exp"};
+  CHECK(relative.flight_recorder_dir(2) == "/home/u/exp/logs/job_abc/attempt_2/flight_recorder");
+  CHECK(relative.nccl_trace_dir(2) == "/home/u/exp/logs/job_abc/attempt_2/nccl_flight_recorder");
+  CHECK(relative.error_file(0, 1) == "logs/job_abc/attempt_0/1/error.json");  // torchrun (Python 3.11)'s path
+  CHECK(relative.worker_dir(0, 1) == "logs/job_abc/attempt_0/1");
+  const RunLayout absolute{"/var/log/job_abc", true, "", true, "/home/u/exp"};  // start_dir unused
+  CHECK(absolute.flight_recorder_dir(0) == "/var/log/job_abc/attempt_0/flight_recorder");
+
+  Scratch scratch;
+  const std::string here = std::filesystem::current_path().string();
+  const std::string log_dir = std::filesystem::relative(scratch.path + "/logs", here).string();
+  REQUIRE(log_dir.front() != '/');
+  const RunLayout planned = RunLayout::planned(log_dir, "job7", false);
+  CHECK(planned.start_dir == here);
+  CHECK(planned.nccl_trace_dir(0) == here + "/" + log_dir + "/job7_XXXXXXXX/attempt_0/nccl_flight_recorder");
+  const RunDirectory dir(log_dir, "job7", false);
+  CHECK_THAT(dir.layout().error_file(0, 0), StartsWith(log_dir + "/job7_"));
+  CHECK(dir.layout().flight_recorder_dir(0) == here + "/" + dir.layout().dir + "/attempt_0/flight_recorder");
+  CHECK(RunLayout::planned(scratch.path, "job7", false).start_dir.empty());
+}
+
+TEST_CASE("run_directory: a relative TMPDIR is made absolute, as Python's gettempdir() makes it", "[run_directory]") {
+  Scratch scratch;
+  const char* saved = std::getenv("TMPDIR");
+  const std::string saved_value = saved != nullptr ? saved : "";
+  const std::string relative = std::filesystem::relative(scratch.path, std::filesystem::current_path()).string();
+  setenv("TMPDIR", (relative + "/").c_str(), 1);
+  const std::string root = temp_root();
+  if (saved != nullptr) setenv("TMPDIR", saved_value.c_str(), 1); else unsetenv("TMPDIR");
+  CHECK(root.front() == '/');
+  CHECK(root.back() != '/');
+  CHECK(std::filesystem::equivalent(root, scratch.path));
 }
 
 TEST_CASE("run_directory: without --log_dir, a temp dir under TMPDIR that is removed", "[run_directory]") {

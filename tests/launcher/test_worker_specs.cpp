@@ -238,6 +238,23 @@ TEST_CASE("worker_specs: specs carry the command, env, error file and output pla
   CHECK(w.output.prefix == "[rank1]: ");
 }
 
+TEST_CASE("worker_specs: under a relative --log_dir the dump variables are absolute, the error file as torchrun's",
+          "[worker_specs]") {
+  const LaunchConfig c = launch_config_with(1);
+  const RunLayout files{"logs/job_abc", true, "/tmp/cpprun-x", true, "/home/u/exp"};
+  const std::vector<WorkerSpec> specs =
+      make_worker_specs(worker_settings(c), single_node_layout(1), train(), 0, files, {});
+  REQUIRE(specs.size() == 1);
+  const auto has = [&](const std::string& entry) {
+    return std::count(specs[0].command.env.begin(), specs[0].command.env.end(), entry) == 1;
+  };
+  CHECK(has("TORCH_FR_DUMP_TEMP_FILE=/home/u/exp/logs/job_abc/attempt_0/nccl_flight_recorder/rank_"));
+  CHECK(has("TORCH_NCCL_DEBUG_INFO_TEMP_FILE=/home/u/exp/logs/job_abc/attempt_0/nccl_flight_recorder/rank_"));
+  const std::string dumps = "/home/u/exp/logs/job_abc/attempt_0/flight_recorder";
+  CHECK(has(std::string(cpprun::contract::kFlightRecorderDirVariable) + "=" + dumps));
+  CHECK(has("TORCHELASTIC_ERROR_FILE=logs/job_abc/attempt_0/0/error.json"));  // relative under torchrun too
+}
+
 TEST_CASE("worker_specs: --dry_run prints each rank's command and only the variables cpprun sets", "[worker_specs]") {
   LaunchConfig c = launch_config_with(2);
   c.output.redirects = {StdStreams::kNone, StdStreams::kOut};

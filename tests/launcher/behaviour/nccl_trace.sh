@@ -73,6 +73,19 @@ run3=$(run_dir_in "$WORK/logs3")
 grep -q "diagnosis" "$WORK/err" && fail "a diagnosis without any dump: $(cat "$WORK/err")"
 expect_no_leftovers
 
+# ---- a relative --log_dir and a worker that changes directory first (Hydra's chdir): the prefix is absolute,
+# so the dump still lands where the diagnosis looks; TORCHELASTIC_ERROR_FILE stays relative, as torchrun's ----
+(cd "$WORK" && cpprun --nproc_per_node=1 --log_dir rel_logs /bin/sh -c '
+  echo "$TORCHELASTIC_ERROR_FILE" > "$WORK/rel_error_file"
+  mkdir -p "$WORK/elsewhere" && cd "$WORK/elsewhere" || exit 9
+  printf "dump after chdir" > "${TORCH_FR_DUMP_TEMP_FILE}${RANK}" || exit 8
+  exit 3')
+expect_eq "$?" 3 "exit code of the job that changed directory"
+run5=$(run_dir_in "$WORK/rel_logs")
+expect_eq "$(cat "$run5/attempt_0/nccl_flight_recorder/rank_0")" "dump after chdir" "the dump of a worker that chdir'd"
+expect_in_file "$WORK/err" "rank 0 dumped its trace in $run5/attempt_0/nccl_flight_recorder" "the diagnosis names it"
+expect_eq "$(cat "$WORK/rel_error_file")" "rel_logs/${run5##*/}/attempt_0/0/error.json" "the error file, relative"
+
 # ---- a real dump, read by PyTorch's reader with the very command cpprun printed ----
 # nccl_trace_h100_rank_0.pickle: what PyTorch 2.11 (cu130) wrote on an H100 for a one-rank watchdog
 # timeout (an all_reduce queued behind torch.cuda._sleep, 5 s timeout), with the prefix cpprun sets.
