@@ -672,11 +672,19 @@ ProgramMode program_mode(const RawOptions& raw) {
 
 // Every spelling CLI11 knows, with its dashes: for expand_option_prefixes and "did you mean".
 std::vector<OptionSpelling> option_spellings(const CLI::App& app) {
+  // The long names torchrun 2.15's argparse lacks (either spelling): cpprun's own options and aliases.
+  static const std::vector<std::string> kCpprunOnly = {"restart_backoff", "run_id", "job_secret_file",
+                                                       "no_job_secret", "dry_run"};
   std::vector<OptionSpelling> spellings;
   int id = 0;
   for (const CLI::Option* option : app.get_options()) {
     const bool takes_value = option->get_items_expected_min() > 0;
-    for (const std::string& name : option->get_lnames()) spellings.push_back({"--" + name, id, takes_value});
+    for (const std::string& name : option->get_lnames()) {
+      std::string underscored = name;
+      std::replace(underscored.begin(), underscored.end(), '-', '_');
+      const bool torchrun = std::find(kCpprunOnly.begin(), kCpprunOnly.end(), underscored) == kCpprunOnly.end();
+      spellings.push_back({"--" + name, id, takes_value, torchrun});
+    }
     for (const std::string& name : option->get_snames()) spellings.push_back({"-" + name, id, takes_value});
     ++id;
   }

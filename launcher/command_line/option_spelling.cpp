@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <utility>
 
 #include "command_line/launch_config.h"
 
@@ -15,11 +16,14 @@ const OptionSpelling* exact(const std::string& name, const std::vector<OptionSpe
   return found == options.end() ? nullptr : &*found;
 }
 
-// The first matching spelling of each option that `name` is a prefix of, in declaration order.
-std::vector<const OptionSpelling*> prefixed(const std::string& name, const std::vector<OptionSpelling>& options) {
+// The first matching spelling of each option that `name` is a prefix of, in declaration order;
+// torchrun's spellings only if `torchrun_only`.
+std::vector<const OptionSpelling*> prefixed(const std::string& name, const std::vector<OptionSpelling>& options,
+                                            bool torchrun_only = false) {
   std::vector<const OptionSpelling*> found;
   for (const OptionSpelling& o : options) {
     const auto same_option = [&](const OptionSpelling* f) { return f->option == o.option; };
+    if (torchrun_only && !o.torchrun) continue;
     if (o.name.rfind(name, 0) == 0 && std::none_of(found.begin(), found.end(), same_option)) found.push_back(&o);
   }
   return found;
@@ -62,7 +66,14 @@ std::vector<std::string> expand_option_prefixes(const std::vector<std::string>& 
     const OptionSpelling* option = exact(name, options);
     // "--" alone is no prefix, and short options (-r) are not abbreviated, as in argparse.
     if (option == nullptr && name.rfind("--", 0) == 0 && name.size() > 2) {
-      const std::vector<const OptionSpelling*> found = prefixed(name, options);
+      std::vector<const OptionSpelling*> found = prefixed(name, options);
+      // A prefix torchrun's argparse takes for one of its options means that option here too,
+      // whatever cpprun's own options and aliases also start with: else a command line that runs
+      // under torchrun would be refused (--re=0, --run_, --no-).
+      if (found.size() > 1) {
+        std::vector<const OptionSpelling*> torchrun = prefixed(name, options, true);
+        if (torchrun.size() == 1) found = std::move(torchrun);
+      }
       if (found.size() > 1) {
         std::string list;
         for (const OptionSpelling* f : found) list += (list.empty() ? "" : ", ") + f->name;

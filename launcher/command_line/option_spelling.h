@@ -13,11 +13,15 @@ struct OptionSpelling {
   std::string name;          // "--nproc_per_node", "-r"
   int option = 0;            // spellings of one option share it (--nproc_per_node, --nproc-per-node)
   bool takes_value = false;  // the next argument is its value unless written --name=value
+  // torchrun has this spelling too; false for cpprun's own options and aliases (--dry_run, --run_id).
+  bool torchrun = true;
 };
 
 // `args` with each long option that is a prefix of exactly one option written out in full, for
-// CLI11; an exact spelling wins. Stops at `--`, at PROGRAM and at an unknown option (CLI11 reports
-// it); skips an option's separate value. Throws UsageError for a prefix of several options.
+// CLI11; an exact spelling wins. A prefix of several options of which only one is torchrun's is
+// that one, as torchrun reads it (--re is --redirects, though cpprun has --restart_backoff too).
+// Stops at `--`, at PROGRAM and at an unknown option (CLI11 reports it); skips an option's
+// separate value. Throws UsageError for a prefix of several options otherwise.
 std::vector<std::string> expand_option_prefixes(const std::vector<std::string>& args,
                                                 const std::vector<OptionSpelling>& options);
 

@@ -370,6 +370,21 @@ TEST_CASE("launch_config: whole numbers are read as Python's int() reads them, a
   }
 }
 
+TEST_CASE("launch_config: prefixes torchrun reads as one of its options are that option, beside cpprun's own",
+          "[launch_config]") {
+  // --re: torchrun's --redirects (cpprun also has --restart_backoff); --run_/--run-: --run_path (cpprun's
+  // --run_id alias); --no-/--no_: --no_python (cpprun's --no_job_secret).
+  CHECK(parse({"--re=3", "--log_dir=/tmp/x", "./train"}).output.redirects.at(0) == StdStreams::kAll);
+  CHECK(parse({"--run_", "train.py"}).program_mode == ProgramMode::kRunPath);
+  CHECK(parse({"--run-", "train.py"}).program_mode == ProgramMode::kRunPath);
+  CHECK(parse({"--no-", "./train"}).program_mode == ProgramMode::kNoPython);
+  CHECK(parse({"--no_", "./train"}).program_mode == ProgramMode::kNoPython);
+  CHECK(parse({"--run_i=job4", "--master_port=29500", "./train"}).run_id == "job4");
+  CHECK(parse({"--rest=2", "./train"}).restart_backoff.initial == std::chrono::seconds(2));
+  CHECK(parse({"--dry", "./train"}).dry_run);
+  CHECK_THAT(usage_error({"--r=1", "./train"}), Contains("ambiguous option --r"));
+}
+
 TEST_CASE("launch_config: unknown options and a missing PROGRAM are usage errors", "[launch_config]") {
   CHECK_THAT(usage_error({"--bogus", "./train"}), Contains("unknown option --bogus"));
   CHECK_THAT(usage_error({"--bogus=3", "./train"}), Contains("unknown option --bogus"));

@@ -101,6 +101,35 @@ TEST_CASE("option_spelling: an ambiguous prefix is an error that lists the candi
   CHECK_THAT(ambiguity({"--ma", "1", "x"}), Contains("--max_restarts, --master_port"));
 }
 
+TEST_CASE("option_spelling: a prefix of one torchrun option and cpprun's own is torchrun's option, as torchrun "
+          "reads it",
+          "[option_spelling]") {
+  // torchrun's --redirects, --run_path and --no_python beside options and an alias torchrun lacks.
+  const std::vector<OptionSpelling> options = {
+      {"--redirects", 0, true},        {"-r", 0, true},
+      {"--restart_backoff", 1, true, false}, {"--restart-backoff", 1, true, false},
+      {"--rdzv_id", 2, true},          {"--rdzv-id", 2, true},
+      {"--run_id", 2, true, false},    {"--run-id", 2, true, false},
+      {"--run_path", 3, false},        {"--run-path", 3, false},
+      {"--no_python", 4, false},       {"--no-python", 4, false},
+      {"--no_job_secret", 5, false, false}, {"--no-job-secret", 5, false, false},
+  };
+  const auto with = [&](const Args& args) { return expand_option_prefixes(args, options); };
+  CHECK(with({"--re=0", "x"}) == Args{"--redirects=0", "x"});
+  CHECK(with({"--re", "0", "x"}) == Args{"--redirects", "0", "x"});
+  CHECK(with({"--run_", "x"}) == Args{"--run_path", "x"});
+  CHECK(with({"--run-", "x"}) == Args{"--run-path", "x"});
+  CHECK(with({"--no-", "x"}) == Args{"--no-python", "x"});
+  CHECK(with({"--no_", "x"}) == Args{"--no_python", "x"});
+  // cpprun's own options stay reachable by a prefix of their own, and written out.
+  CHECK(with({"--rest=1", "x"}) == Args{"--restart_backoff=1", "x"});
+  CHECK(with({"--run_i=j", "x"}) == Args{"--run_id=j", "x"});
+  CHECK(with({"--no_j", "x"}) == Args{"--no_job_secret", "x"});
+  // Ambiguous among torchrun's own options too: still an error naming all of them.
+  CHECK_THAT(usage_error_text([&] { with({"--r", "x"}); }),
+             Contains("ambiguous option --r: it could be --redirects, --restart_backoff, --rdzv_id, --run_path"));
+}
+
 TEST_CASE("option_spelling: edit distance counts inserts, deletes, substitutions and swaps",
           "[option_spelling]") {
   CHECK(edit_distance("", "") == 0);
