@@ -314,12 +314,24 @@ void read_rdzv_conf(const std::string& raw_text, LaunchConfig& config, bool mult
   const auto note = [&](const std::string& why) { notes.push_back("cpprun: " + with_value("--rdzv_conf", raw_text) + ": " + why); };
   bool join_timeout_given = false;
   bool timeout_given = false;
-  std::istringstream items(text);
-  for (std::string item; std::getline(items, item, ',');) {
+  // Split by hand: getline drops a trailing empty item, which torchrun refuses as it refuses ",,".
+  std::vector<std::string> items;
+  for (std::size_t start = 0; !text.empty();) {
+    const std::size_t comma = text.find(',', start);
+    items.push_back(text.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  for (std::string item : items) {
     item = unquoted(item);
-    if (item.empty()) continue;
     const auto eq = item.find('=');
     const std::string key = unquoted(item.substr(0, eq));
+    if (key.empty()) {
+      const std::string what = item.empty() ? "an empty item (two commas in a row, or one at an end)"
+                                            : "'" + item + "', an item without a key";
+      refuse(what + "; write KEY=VALUE,KEY=VALUE, as torchrun requires (\"must be in format "
+             "<key1>=<value1>,...,<keyN>=<valueN>\")");
+    }
     const std::string value = eq == std::string::npos ? std::string() : unquoted(item.substr(eq + 1));
     static const std::vector<std::string> kC10dSeconds = {"join_timeout", "last_call_timeout", "close_timeout",
                                                          "heartbeat_timeout", "read_timeout", "keep_alive_interval"};
@@ -327,7 +339,7 @@ void read_rdzv_conf(const std::string& raw_text, LaunchConfig& config, bool mult
                              std::find(kC10dSeconds.begin(), kC10dSeconds.end(), key) != kC10dSeconds.end();
     const bool other_key = key == "is_host" || key == "store_type" || key == "keep_alive_max_attempt" ||
                            key == "cas_backoff_max_seconds" || key == "rank";
-    if (eq == std::string::npos || (!seconds_key && !other_key)) {
+    if (!seconds_key && !other_key) {
       refuse("'" + item + "' is not a setting of " + backend_name(config.rdzv_backend) +
              " rendezvous; cpprun knows torchrun's: timeout=SECONDS (static's join wait, default 900), "
              "join_timeout=SECONDS (c10d's, default 600), last_call_timeout=SECONDS, is_host=0|1; close_timeout, "
@@ -679,13 +691,16 @@ std::vector<OptionSpelling> option_spellings(const CLI::App& app) {
   int id = 0;
   for (const CLI::Option* option : app.get_options()) {
     const bool takes_value = option->get_items_expected_min() > 0;
+    const std::string value_name = takes_value ? option->get_type_name() : "";
     for (const std::string& name : option->get_lnames()) {
       std::string underscored = name;
       std::replace(underscored.begin(), underscored.end(), '-', '_');
       const bool torchrun = std::find(kCpprunOnly.begin(), kCpprunOnly.end(), underscored) == kCpprunOnly.end();
-      spellings.push_back({"--" + name, id, takes_value, torchrun});
+      spellings.push_back({"--" + name, id, takes_value, torchrun, value_name});
     }
-    for (const std::string& name : option->get_snames()) spellings.push_back({"-" + name, id, takes_value});
+    for (const std::string& name : option->get_snames()) {
+      spellings.push_back({"-" + name, id, takes_value, true, value_name});
+    }
     ++id;
   }
   return spellings;

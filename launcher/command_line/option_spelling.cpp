@@ -48,6 +48,22 @@ bool looks_like_option(const std::string& word, const std::vector<OptionSpelling
   return !negative_number && word.find(' ') == std::string::npos;
 }
 
+// "N|auto|cpu|gpu" as "N, auto, cpu or gpu".
+std::string value_choices(const std::string& value_name) {
+  std::vector<std::string> choices;
+  for (std::size_t start = 0;;) {
+    const std::size_t bar = value_name.find('|', start);
+    choices.push_back(value_name.substr(start, bar == std::string::npos ? std::string::npos : bar - start));
+    if (bar == std::string::npos) break;
+    start = bar + 1;
+  }
+  std::string text;
+  for (std::size_t i = 0; i < choices.size(); ++i) {
+    text += (i == 0 ? "" : i + 1 == choices.size() ? " or " : ", ") + choices[i];
+  }
+  return text;
+}
+
 std::string without_dashes(const std::string& name) {
   const auto start = name.find_first_not_of('-');
   return start == std::string::npos ? std::string() : name.substr(start);
@@ -59,6 +75,7 @@ std::vector<std::string> expand_option_prefixes(const std::vector<std::string>& 
                                                 const std::vector<OptionSpelling>& options) {
   std::vector<std::string> out = args;
   for (std::size_t i = 0; i < out.size(); ++i) {
+    const std::string typed = out[i];  // out[i] itself may be written out in full below
     const std::string& arg = out[i];
     if (arg == "--" || arg.size() < 2 || arg[0] != '-') break;
     const auto eq = arg.find('=');
@@ -87,6 +104,20 @@ std::vector<std::string> expand_option_prefixes(const std::vector<std::string>& 
     }
     if (option == nullptr && name[1] != '-' && exact(name.substr(0, 2), options)) continue;  // -r3: value attached
     if (option == nullptr) break;  // PROGRAM's flags never get here; CLI11 names the unknown option
+    if (!option->takes_value && eq != std::string::npos) {
+      // argparse: "ignored explicit argument 'train.py'"; CLI11 would try to read it as a boolean.
+      const std::string value = typed.substr(eq + 1);
+      throw UsageError(option->name + " is a flag and takes no value (" + typed + " was given); write " +
+                       option->name + " alone" +
+                       (value.empty() ? "" : " (if '" + value + "' is PROGRAM: " + option->name + " " + value + ")") +
+                       "\nRun with --help for more information.");
+    }
+    if (option->takes_value && eq == std::string::npos && i + 1 == out.size()) {
+      // argparse: "expected one argument"; CLI11's "1 required TYPE missing" reads as a riddle.
+      throw UsageError(option->name + " expects a value" +
+                       (option->value_name.empty() ? "" : " (" + value_choices(option->value_name) + ")") +
+                       ": write " + option->name + "=VALUE, then PROGRAM\nRun with --help for more information.");
+    }
     if (option->takes_value && eq != std::string::npos && out[i].find('=') + 1 == out[i].size()) {
       // --log_dir= is an empty value, as argparse reads it; CLI11 would take the next argument
       // (PROGRAM itself) as the value. Given separately, "" is a value CLI11 keeps.

@@ -15,13 +15,16 @@ struct OptionSpelling {
   bool takes_value = false;  // the next argument is its value unless written --name=value
   // torchrun has this spelling too; false for cpprun's own options and aliases (--dry_run, --run_id).
   bool torchrun = true;
+  std::string value_name;  // what its value may be, as --help writes it ("N|auto|cpu|gpu"); "" for a flag
 };
 
 // `args` with each long option that is a prefix of exactly one option written out in full, for
 // CLI11; an exact spelling wins. A prefix of several options of which only one is torchrun's is
 // that one, as torchrun reads it (--re is --redirects, though cpprun has --restart_backoff too).
 // Stops at `--`, at PROGRAM and at an unknown option (CLI11 reports it); skips an option's
-// separate value. Throws UsageError for a prefix of several options otherwise.
+// separate value. Throws UsageError for a prefix of several options otherwise, for a flag given a
+// value (--run_path=train.py) and for an option whose value is missing (the last word), as argparse
+// refuses them, in words of ours rather than CLI11's ("Could not convert: ...").
 std::vector<std::string> expand_option_prefixes(const std::vector<std::string>& args,
                                                 const std::vector<OptionSpelling>& options);
 

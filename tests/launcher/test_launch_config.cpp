@@ -166,6 +166,20 @@ TEST_CASE("launch_config: static rendezvous options", "[launch_config]") {
   CHECK_THAT(usage_error({"--rdzv_conf=last_cal_timeout=3", "x"}),
              Contains("last_cal_timeout=3") && Contains("timeout=SECONDS") && Contains("join_timeout=SECONDS"));
   CHECK_THAT(usage_error({"--rdzv_conf=timeout=soon", "x"}), Contains("timeout=soon"));
+  // A known key without '=' has no value; it is no unknown setting.
+  const std::string bare = usage_error({"--rdzv_conf=timeout", "x"});
+  CHECK_THAT(bare, Contains("'timeout' has no value; write timeout=VALUE"));
+  CHECK_THAT(bare, !Contains("is not a setting"));
+  CHECK_THAT(usage_error({"--rdzv_backend=c10d", "--rdzv_conf=join_timeout=5,is_host", "x"}),
+             Contains("'is_host' has no value"));
+  // Empty items are refused, as torchrun's _parse_rendezvous_config refuses them; an empty --rdzv_conf is none.
+  for (const char* conf : {"--rdzv_conf=timeout=5,,", "--rdzv_conf=timeout=5,", "--rdzv_conf=,timeout=5",
+                           "--rdzv_conf=timeout=5,,rank=1", "--rdzv_conf=timeout=5, ,rank=1"}) {
+    CHECK_THAT(usage_error({conf, "x"}), Contains("an empty item") && Contains("must be in format <key1>=<value1>"));
+  }
+  CHECK_THAT(usage_error({"--rdzv_conf==5", "x"}), Contains("'=5', an item without a key"));
+  CHECK(parse({"--rdzv_conf=", "x"}).join_timeout == std::chrono::seconds(900));
+  CHECK(parse({"--rdzv_conf= ", "x"}).join_timeout == std::chrono::seconds(900));
   CHECK_THAT(usage_error({"--rdzv_conf=timeout=0", "x"}), Contains("above 0"));
 
   c = parse({"--rdzv_endpoint=10.0.0.7:1234", "--master_addr=10.9.9.9", "x"});
@@ -390,8 +404,14 @@ TEST_CASE("launch_config: unknown options and a missing PROGRAM are usage errors
   CHECK_THAT(usage_error({"--bogus=3", "./train"}), Contains("unknown option --bogus"));
   CHECK_THAT(usage_error({"--nproc_per_node=2"}), Contains("missing PROGRAM"));
   CHECK_THAT(usage_error({}), Contains("missing PROGRAM"));
-  CHECK_THAT(usage_error({"--nproc_per_node"}), Contains("--nproc_per_node"));
-  CHECK_THAT(usage_error({"--nnodes"}), Contains("--help"));
+  CHECK_THAT(usage_error({"--nproc_per_node"}), Contains("--nproc_per_node expects a value (N, auto, cpu or gpu)"));
+  CHECK_THAT(usage_error({"--nnodes"}), Contains("--nnodes expects a value (N or MIN:MAX)") && Contains("--help"));
+  // A flag given a value: said as such, not CLI11's "Could not convert: --run_path = train.py".
+  for (const char* flag : {"--run_path=train.py", "--standalone=abc", "--no_python=x", "--no-python=1"}) {
+    const std::string text = usage_error({flag, "x"});
+    CHECK_THAT(text, Contains("is a flag and takes no value"));
+    CHECK_THAT(text, !Contains("Could not convert"));
+  }
 }
 
 TEST_CASE("launch_config: --standalone takes 127.0.0.1, a free port and a random run id", "[launch_config]") {

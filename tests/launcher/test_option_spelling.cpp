@@ -86,8 +86,9 @@ TEST_CASE("option_spelling: --name= is an empty value, not the next argument", "
   CHECK(expand({"--nnodes=", "--nproc", "2", "x"}) == Args{"--nnodes", "", "--nproc_per_node", "2", "x"});
   // A value that ends in = is a value.
   CHECK(expand({"--tee=a=", "x"}) == Args{"--tee=a=", "x"});
-  // A flag written with = is left to the parser, which refuses it.
-  CHECK(expand({"--no_python=", "x"}) == Args{"--no_python=", "x"});
+  // A flag written with = is refused, as argparse refuses it ("ignored explicit argument ''").
+  CHECK_THAT(ambiguity({"--no_python=", "x"}),
+             Contains("--no_python is a flag and takes no value (--no_python= was given); write --no_python alone\n"));
   // A short option with '=': argparse's value is what follows it (CLI11 would read "=3").
   CHECK(expand({"-t=3", "--nproc", "2", "x"}) == Args{"-t3", "--nproc_per_node", "2", "x"});
   CHECK(expand({"-t==3", "x"}) == Args{"-t=3", "x"});
@@ -128,6 +129,30 @@ TEST_CASE("option_spelling: a prefix of one torchrun option and cpprun's own is 
   // Ambiguous among torchrun's own options too: still an error naming all of them.
   CHECK_THAT(usage_error_text([&] { with({"--r", "x"}); }),
              Contains("ambiguous option --r: it could be --redirects, --restart_backoff, --rdzv_id, --run_path"));
+}
+
+TEST_CASE("option_spelling: a flag given a value and a missing value are said in words, not CLI11's",
+          "[option_spelling]") {
+  const std::vector<OptionSpelling> options = {
+      {"--run_path", 0, false}, {"--nproc_per_node", 1, true, true, "N|auto|cpu|gpu"}, {"-m", 2, false},
+      {"--log_dir", 3, true, true, "DIR"}, {"--nnodes", 4, true}};
+  const auto error = [&](const Args& args) { return usage_error_text([&] { expand_option_prefixes(args, options); }); };
+  CHECK_THAT(error({"--run_path=train.py"}),
+             Contains("--run_path is a flag and takes no value (--run_path=train.py was given); write --run_path alone "
+                      "(if 'train.py' is PROGRAM: --run_path train.py)"));
+  CHECK_THAT(error({"--run_p=x", "train.py"}),
+             Contains("--run_path is a flag and takes no value (--run_p=x was given)"));
+  CHECK_THAT(error({"-m=pkg"}), Contains("-m is a flag and takes no value"));
+  CHECK_THAT(error({"--run_path=", "t.py"}), Contains("--run_path is a flag and takes no value"));
+  CHECK_THAT(error({"--nproc_per_node"}),
+             Contains("--nproc_per_node expects a value (N, auto, cpu or gpu): write --nproc_per_node=VALUE, "
+                      "then PROGRAM"));
+  CHECK_THAT(error({"--nproc"}), Contains("--nproc_per_node expects a value (N, auto, cpu or gpu)"));
+  CHECK_THAT(error({"--log_dir=/l", "--log_dir"}), Contains("--log_dir expects a value (DIR)"));
+  CHECK_THAT(error({"--nnodes"}), Contains("--nnodes expects a value: write --nnodes=VALUE"));
+  // Values given either way still pass; a flag's value after it is PROGRAM, not its value.
+  CHECK(expand_option_prefixes({"--nproc_per_node", "2", "x"}, options) == Args{"--nproc_per_node", "2", "x"});
+  CHECK(expand_option_prefixes({"--run_path", "t.py"}, options) == Args{"--run_path", "t.py"});
 }
 
 TEST_CASE("option_spelling: edit distance counts inserts, deletes, substitutions and swaps",

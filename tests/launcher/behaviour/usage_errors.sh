@@ -20,6 +20,15 @@ cpprun --nproc_per_node=2
 expect_eq "$?" 2 "missing PROGRAM exit code"
 expect_in_file "$WORK/err" "missing PROGRAM" "missing PROGRAM message"
 
+# Said in cpprun's words, not CLI11's ("Could not convert: --run_path = train.py", "1 required ... missing").
+cpprun --run_path=train.py
+expect_eq "$?" 2 "a flag given a value: exit code"
+expect_in_file "$WORK/err" "cpprun: --run_path is a flag and takes no value (--run_path=train.py was given)" \
+  "a flag given a value"
+cpprun --nproc_per_node
+expect_eq "$?" 2 "a missing value: exit code"
+expect_in_file "$WORK/err" "cpprun: --nproc_per_node expects a value (N, auto, cpu or gpu)" "a missing value"
+
 cpprun --nproc_per_node=2 cpprun-no-such-program --x
 expect_eq "$?" 127 "program not on PATH"
 expect_in_file "$WORK/err" "cpprun-no-such-program" "missing program named"
