@@ -555,17 +555,39 @@ void check_choice(const std::string& flag, const std::string& value, const std::
   throw UsageError(with_value(flag, value) + ": expected one of " + list + " (as torchrun's)");
 }
 
-// torchrun's --signals_to_handle: names of signals, comma-separated ("SIGTERM,SIGUSR1"). A name
-// that is not one is a note, not an error: torchrun warns ("Failed to register signal handler")
-// and runs the job, and cpprun forwards its signals whatever the list says.
-std::vector<std::string> unknown_signal_notes(const std::string& text) {
-  static const std::vector<std::string> kKnown = {"SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2",
-                                                  "SIGABRT", "SIGALRM", "SIGPIPE", "SIGXCPU", "SIGXFSZ"};
+// torchrun's --signals_to_handle: names of signals, comma-separated ("SIGTERM,SIGUSR1"), each looked
+// up as getattr(signal, NAME) and given the agent's handler, which ends the job (multiprocessing/api.py).
+// cpprun handles SIGINT, SIGTERM, SIGHUP, SIGQUIT, and SIGUSR1/SIGUSR2 as far as listed (signal_relay.h);
+// another real signal listed is exported but not caught, said in a note. A name that is not a signal's
+// is a note too: torchrun warns ("Failed to register signal handler") and runs the job. SIGKILL and
+// SIGSTOP cannot be caught: torchrun fails starting its workers (signal.signal's OSError), and cpprun
+// refuses them.
+std::vector<std::string> signal_list_notes(const std::string& text) {
+  static const std::vector<std::string> kHandled = {"SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2"};
+  // The other names of Python's signal module on Linux (what torchrun's getattr finds).
+  static const std::vector<std::string> kOther = {
+      "SIGABRT", "SIGALRM", "SIGBUS",  "SIGCHLD", "SIGCLD",    "SIGCONT",  "SIGFPE",   "SIGILL",  "SIGIO",   "SIGIOT",
+      "SIGPIPE", "SIGPOLL", "SIGPROF", "SIGPWR",  "SIGRTMAX",  "SIGRTMIN", "SIGSEGV",  "SIGSTKFLT", "SIGSYS", "SIGTRAP",
+      "SIGTSTP", "SIGTTIN", "SIGTTOU", "SIGURG",  "SIGVTALRM", "SIGWINCH", "SIGXCPU",  "SIGXFSZ"};
+  const auto among = [](const std::vector<std::string>& names, const std::string& name) {
+    return std::find(names.begin(), names.end(), name) != names.end();
+  };
   std::vector<std::string> notes;
   std::istringstream items(text);
   for (std::string item; std::getline(items, item, ',');) {
     item = unquoted(item);
-    if (std::find(kKnown.begin(), kKnown.end(), item) != kKnown.end()) continue;
+    if (among(kHandled, item)) continue;
+    if (item == "SIGKILL" || item == "SIGSTOP") {
+      throw UsageError(with_value("--signals_to_handle", text) + ": " + item + " cannot be caught by any process "
+                       "(torchrun fails starting its workers: \"OSError: [Errno 22] Invalid argument\"); drop it");
+    }
+    if (among(kOther, item)) {
+      notes.push_back("cpprun: " + with_value("--signals_to_handle", text) + ": " + item + " is exported in "
+                      "TORCHELASTIC_SIGNALS_TO_HANDLE but not caught: a " + item + " sent to cpprun has its default "
+                      "effect, where torchrun's agent would end the job on it as on SIGTERM. cpprun ends the job on "
+                      "SIGINT, SIGTERM, SIGHUP and SIGQUIT, and on SIGUSR1 and SIGUSR2 if listed");
+      continue;
+    }
     notes.push_back("cpprun: " + with_value("--signals_to_handle", text) + ": '" + item +
                     "' is not a signal name (write names like SIGTERM,SIGUSR1); ignored, as torchrun ignores it "
                     "with a warning. cpprun forwards SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 to "
@@ -982,7 +1004,7 @@ ParsedCommandLine parse_launch_config(const std::vector<std::string>& args, cons
   }
   result.notes = ignored_option_notes(raw);
   for (std::string& line : conf_notes) result.notes.push_back(std::move(line));
-  for (std::string& line : unknown_signal_notes(raw.signals_to_handle)) result.notes.push_back(std::move(line));
+  for (std::string& line : signal_list_notes(raw.signals_to_handle)) result.notes.push_back(std::move(line));
   take_program(app.remaining(), known, config);
   config.program_mode = program_mode(raw);
   JobSecretOptions secret;

@@ -586,6 +586,27 @@ TEST_CASE("launch_config: torchrun's options cpprun cannot honour are accepted, 
   const ParsedCommandLine odd = parse_launch_config({"--signals_to_handle=SIGTERM,SIGFOO", "x"}, fake_host(), no_env);
   REQUIRE(odd.notes.size() == 1);
   CHECK_THAT(odd.notes[0], Contains("'SIGFOO' is not a signal name") && Contains("ignored, as torchrun"));
+  // A real signal cpprun does not catch is no "not a signal name": it is exported, and the note says what
+  // cpprun does with it where torchrun's agent would end the job on it.
+  const ParsedCommandLine winch =
+      parse_launch_config({"--signals_to_handle=SIGTERM,SIGWINCH", "x"}, fake_host(), no_env);
+  REQUIRE(winch.notes.size() == 1);
+  CHECK(winch.config.signals_to_handle == "SIGTERM,SIGWINCH");
+  CHECK_THAT(winch.notes[0], !Contains("not a signal name"));
+  CHECK_THAT(winch.notes[0], Contains("SIGWINCH is exported in TORCHELASTIC_SIGNALS_TO_HANDLE but not caught") &&
+                                 Contains("torchrun's agent would end the job on it"));
+  for (const char* listed : {"SIGALRM", "SIGPIPE", "SIGRTMIN", "SIGCHLD"}) {
+    const ParsedCommandLine other = parse_launch_config({std::string("--signals_to_handle=") + listed, "x"},
+                                                        fake_host(), no_env);
+    REQUIRE(other.notes.size() == 1);
+    CHECK_THAT(other.notes[0], Contains(std::string(listed) + " is exported"));
+  }
+  CHECK(parse_launch_config({"--signals_to_handle=SIGINT, SIGHUP,SIGQUIT,SIGUSR2", "x"}, fake_host(), no_env)
+            .notes.empty());
+  // Uncatchable: torchrun fails starting its workers (OSError); refused here.
+  CHECK_THAT(usage_error({"--signals_to_handle=SIGTERM,SIGKILL", "x"}),
+             Contains("SIGKILL cannot be caught by any process") && Contains("drop it"));
+  CHECK_THAT(usage_error({"--signals_to_handle=SIGSTOP", "x"}), Contains("SIGSTOP cannot be caught"));
   // Those asking for something cpprun does not do say so, once, on stderr.
   const ParsedCommandLine quiet = parse_launch_config({"--start_method=fork", "x"}, fake_host(), no_env);
   CHECK(quiet.notes.empty());

@@ -94,6 +94,16 @@ expect_in_file "$WORK/err" "--start_method=thread: expected one of spawn, fork, 
 cpprun --signals-to-handle=SIGNOPE /bin/true
 expect_eq "$?" 0 "--signals_to_handle=SIGNOPE exit code (torchrun warns and runs)"
 expect_in_file "$WORK/err" "'SIGNOPE' is not a signal name" "--signals_to_handle note"
+# A real signal cpprun does not catch: run, exported, and said as such (not "not a signal name").
+cpprun --signals_to_handle=SIGTERM,SIGWINCH /bin/sh -c 'echo "$TORCHELASTIC_SIGNALS_TO_HANDLE"'
+expect_eq "$?" 0 "--signals_to_handle=SIGTERM,SIGWINCH exit code"
+expect_in_file "$WORK/out" "SIGTERM,SIGWINCH" "SIGWINCH exported"
+expect_in_file "$WORK/err" "SIGWINCH is exported in TORCHELASTIC_SIGNALS_TO_HANDLE but not caught" "SIGWINCH note"
+grep -q "not a signal name" "$WORK/err" && fail "SIGWINCH called not a signal name: $(cat "$WORK/err")"
+# No process can catch SIGKILL: torchrun fails starting its workers; cpprun refuses it.
+cpprun --signals_to_handle=SIGTERM,SIGKILL /bin/true
+expect_eq "$?" 2 "--signals_to_handle=SIGTERM,SIGKILL exit code"
+expect_in_file "$WORK/err" "SIGKILL cannot be caught by any process" "SIGKILL refused"
 CUDA_VISIBLE_DEVICES=0 cpprun --virtual_local_rank --nproc_per_node=2 /bin/true
 expect_eq "$?" 2 "--virtual_local_rank with too few GPUs exit code"
 expect_in_file "$WORK/err" "CUDA_VISIBLE_DEVICES=0, which lists 1 for --nproc_per_node=2" "--virtual_local_rank message"
