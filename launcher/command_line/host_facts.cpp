@@ -14,8 +14,8 @@
 #include <cstdlib>
 #include <cstdint>
 #include <filesystem>
-#include <sstream>
 #include <system_error>
+#include <vector>
 
 namespace cpprun::launcher {
 namespace {
@@ -56,10 +56,42 @@ int count_usable_cpus() {
 
 int count_visible_gpus(int device_nodes, const char* cuda_visible_devices) {
   if (cuda_visible_devices == nullptr) return device_nodes;
-  int listed = 0;
-  std::istringstream list(cuda_visible_devices);
-  for (std::string entry; std::getline(list, entry, ',') && !entry.empty() && entry[0] != '-';) ++listed;
-  return std::min(listed, device_nodes);
+  const std::string list = cuda_visible_devices;
+  std::vector<std::string> entries;  // every piece between commas, empty ones too, as str.split(",")
+  for (std::size_t start = 0;;) {
+    const std::size_t comma = list.find(',', start);
+    entries.push_back(list.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  for (const char* prefix : {"GPU-", "MIG-"}) {
+    if (list.rfind(prefix, 0) != 0) continue;
+    std::vector<std::string> uuids;
+    for (const std::string& entry : entries) {
+      if (std::find(uuids.begin(), uuids.end(), entry) != uuids.end()) return 0;
+      if (entry.rfind(prefix, 0) != 0) break;
+      uuids.push_back(entry);
+    }
+    return std::min(static_cast<int>(uuids.size()), device_nodes);  // which GPUs they name takes NVML
+  }
+  std::vector<std::string> ordinals;  // the digits without leading zeros: any length, as Python's int
+  for (const std::string& entry : entries) {
+    const auto first = entry.find_first_not_of(" \t\n\r\v\f");
+    const std::string text = first == std::string::npos ? "" : entry.substr(first);
+    const std::size_t sign = !text.empty() && (text[0] == '+' || text[0] == '-') ? 1 : 0;
+    std::size_t end = sign;
+    while (end < text.size() && std::isdigit(static_cast<unsigned char>(text[end])) != 0) ++end;
+    if (end == sign) break;  // no number: _strtoul's -1
+    const std::size_t nonzero = text.find_first_not_of('0', sign);
+    const std::string digits = nonzero >= end ? "0" : text.substr(nonzero, end - nonzero);
+    if (text[0] == '-' && digits != "0") break;  // (a negative one is never a repeat)
+    if (std::find(ordinals.begin(), ordinals.end(), digits) != ordinals.end()) return 0;
+    ordinals.push_back(digits);
+  }
+  const auto past = std::find_if(ordinals.begin(), ordinals.end(), [&](const std::string& o) {
+    return o.size() > 9 || std::stol(o) >= device_nodes;
+  });
+  return static_cast<int>(past - ordinals.begin());
 }
 
 int pick_free_port() {

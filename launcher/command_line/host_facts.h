@@ -28,8 +28,13 @@ int pick_free_port();
 // uuid.uuid4() run ids. Throws std::system_error.
 std::string random_uuid4();
 
-// GPUs a CUDA program would see: the /dev/nvidiaN nodes, narrowed by CUDA_VISIBLE_DEVICES the way
-// the CUDA runtime reads it (the list stops at the first empty or negative entry). Null means unset.
+// GPUs a CUDA program would see: the /dev/nvidiaN nodes, narrowed by CUDA_VISIBLE_DEVICES as
+// torch.cuda.device_count() (torchrun's --nproc_per_node=gpu) reads it before CUDA starts
+// (torch/cuda/__init__.py: _parse_visible_devices, _device_count_nvml). Ordinals: each entry's
+// leading [+-]digits, as strtoul; the list stops at an entry without any or a negative one, a
+// repeated ordinal hides every GPU, and the list is cut at the first ordinal past the last GPU
+// ("4,5" on a 4-GPU node: none). UUIDs (GPU-..., MIG-...): the list stops at the first entry
+// without that prefix, a repeated one hides every GPU. Null means unset.
 int count_visible_gpus(int device_nodes, const char* cuda_visible_devices);
 
 }  // namespace cpprun::launcher
