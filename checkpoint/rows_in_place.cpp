@@ -279,9 +279,15 @@ std::uint32_t file_crc_of_parts(const SafetensorsLayout& layout, std::vector<Wri
   std::sort(parts.begin(), parts.end(), [](const WrittenPart& a, const WrittenPart& b) {
     return a.name != b.name ? a.name < b.name : a.first_byte < b.first_byte;
   });
+  // In name order, as the CRC is recorded (Note [The CRC is over the tensors in name order]); the
+  // data's own order is by element size first (Note [Data in alignment order]).
+  std::vector<const SafetensorsEntry*> by_name;
+  for (const SafetensorsEntry& entry : layout.entries) by_name.push_back(&entry);
+  std::sort(by_name.begin(), by_name.end(), [](const auto* a, const auto* b) { return a->name < b->name; });
   std::uint32_t crc = 0;
   auto next = parts.begin();
-  for (const SafetensorsEntry& entry : layout.entries) {  // the data's order
+  for (const SafetensorsEntry* named : by_name) {
+    const SafetensorsEntry& entry = *named;
     // Parts of a name the layout lacks sort before or among the entries: none may be left over.
     TORCH_CHECK(next == parts.end() || next->name >= entry.name, "cpprun: internal error writing ", file,
                 ": a part of \"", next->name, "\" was written, which the file does not hold", kReport);

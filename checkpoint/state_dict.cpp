@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <string_view>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -374,17 +375,16 @@ void write_safetensors_file(const std::string& path, const NamedTensors& tensors
   std::vector<at::Tensor> cpu;  // the bytes written: the tensors themselves where they can be
   cpu.reserve(tensors.size());
   for (const auto& [name, tensor] : tensors) cpu.push_back(tensor.detach().to(at::kCPU).contiguous());
-  std::vector<std::size_t> order(tensors.size());  // the data's order: by name
-  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return tensors[a].first < tensors[b].first; });
-  std::vector<std::string_view> parts(1);  // the header, then each tensor's bytes
-  std::uint32_t crc = 0;
-  for (const std::size_t i : order) {
-    parts.emplace_back(static_cast<const char*>(cpu[i].data_ptr()), cpu[i].nbytes());
-    crc = crc32(parts.back(), crc);
+  std::map<std::string_view, std::string_view> data_of;  // by name: the CRC's order
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    data_of[tensors[i].first] = std::string_view(static_cast<const char*>(cpu[i].data_ptr()), cpu[i].nbytes());
   }
-  const std::string header = safetensors_header(safetensors_layout_of(tensors, std::move(metadata)), crc);
-  parts[0] = header;
+  std::uint32_t crc = 0;
+  for (const auto& [name, data] : data_of) crc = crc32(data, crc);
+  const SafetensorsLayout layout = safetensors_layout_of(tensors, std::move(metadata));
+  const std::string header = safetensors_header(layout, crc);
+  std::vector<std::string_view> parts{header};  // the header, then each tensor's bytes in the data's order
+  for (const SafetensorsEntry& entry : layout.entries) parts.push_back(data_of.at(entry.name));
   write_file_atomically(path, parts);
 }
 

@@ -7,6 +7,7 @@
 #include <cctype>
 #include <cstdio>
 #include <memory>
+#include <tuple>
 #include <utility>
 
 #include <fcntl.h>
@@ -33,6 +34,36 @@ std::string hex8(std::uint32_t value) {
   return text;
 }
 
+// Note [The header's own CRC]
+// cpprun_crc32 covers the data only, and the header carries what a load acts on as much as the
+// data: an optimizer's learning rates and step, a save id, each tensor's shape. One byte changed
+// there (lr "0.01" to "0.09") loaded silently (an audit, 2026-12-07). So the header's content has
+// a CRC of its own: the metadata but the two CRCs, by key, then each tensor's name, dtype and shape
+// by name, each field ended by a 0 byte. Not the header's bytes: a file rewritten by the reference
+// writer with the same tensors and metadata (another order, another spacing) keeps it true.
+std::uint32_t header_content_crc(const std::map<std::string, std::string>& metadata,
+                                 std::vector<std::tuple<std::string_view, std::string_view, std::string>> tensors) {
+  std::string content;
+  for (const auto& [key, value] : metadata) {
+    if (key == kSafetensorsCrcKey || key == kSafetensorsHeaderCrcKey) continue;
+    content.append(key).push_back('\0');
+    content.append(value).push_back('\0');
+  }
+  std::sort(tensors.begin(), tensors.end());
+  for (const auto& [name, dtype, shape] : tensors) {
+    content.append(name).push_back('\0');
+    content.append(dtype).push_back('\0');
+    content.append(shape).push_back('\0');
+  }
+  return crc32(content);
+}
+
+std::string header_shape_text(const std::vector<int64_t>& shape) {
+  std::string text;
+  for (std::size_t d = 0; d < shape.size(); ++d) text += (d ? "," : "") + std::to_string(shape[d]);
+  return text;
+}
+
 }  // namespace
 
 std::size_t safetensors_dtype_size(std::string_view dtype) {
@@ -44,10 +75,25 @@ std::size_t safetensors_dtype_size(std::string_view dtype) {
   return found == sizes.end() ? 0 : found->second;
 }
 
+// Note [Data in alignment order]
+// The data section starts 8-byte aligned, and a reader that maps the file (safetensors' safe_open,
+// torch.frombuffer) hands out each tensor where it lies. Stored by name, a bf16 tensor of odd
+// length left the float32 or float64 tensors after it misaligned: PyTorch read them through its
+// unaligned paths, slower, and its float64 sums of them rounded otherwise in the last bit (an
+// interop test's bit-for-bit comparison found it, 2026-12-07). The reference writer groups by
+// dtype (its enum's order, largest first); this one orders by element size, largest first, then
+// by name, and every tensor starts at a multiple of its element size. The CRC stays over the
+// tensors in name order (Note [The CRC is over the tensors in name order]).
+bool in_data_order(const SafetensorsEntry& a, const SafetensorsEntry& b) {
+  const std::size_t size_a = safetensors_dtype_size(a.dtype), size_b = safetensors_dtype_size(b.dtype);
+  return size_a != size_b ? size_a > size_b : a.name < b.name;
+}
+
 SafetensorsLayout safetensors_layout(std::vector<SafetensorsEntry> entries, std::map<std::string, std::string> metadata) {
-  std::sort(entries.begin(), entries.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
+  std::sort(entries.begin(), entries.end(), in_data_order);
   SafetensorsLayout layout;
   metadata.erase(std::string(kSafetensorsCrcKey));
+  metadata.erase(std::string(kSafetensorsHeaderCrcKey));
   layout.metadata = std::move(metadata);
   for (const auto& e : entries) {
     layout.offsets.push_back(layout.data_bytes);
@@ -60,6 +106,9 @@ SafetensorsLayout safetensors_layout(std::vector<SafetensorsEntry> entries, std:
 
 std::string safetensors_header(const SafetensorsLayout& layout, std::uint32_t data_crc) {
   std::map<std::string, std::string> metadata = layout.metadata;
+  std::vector<std::tuple<std::string_view, std::string_view, std::string>> described;
+  for (const auto& e : layout.entries) described.emplace_back(e.name, e.dtype, header_shape_text(e.shape));
+  metadata[std::string(kSafetensorsHeaderCrcKey)] = hex8(header_content_crc(metadata, std::move(described)));
   metadata[std::string(kSafetensorsCrcKey)] = hex8(data_crc);
   std::string header = "{\"__metadata__\":{";
   bool first = true;
@@ -90,17 +139,19 @@ std::string safetensors_header(const SafetensorsLayout& layout, std::uint32_t da
 
 std::string write_safetensors(std::vector<SafetensorsTensor> tensors, std::map<std::string, std::string> metadata) {
   std::sort(tensors.begin(), tensors.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
-  std::uint32_t crc = 0;
+  std::uint32_t crc = 0;  // in name order
   std::vector<SafetensorsEntry> entries;
   entries.reserve(tensors.size());
+  std::map<std::string_view, std::string_view> data_of;
   for (const auto& t : tensors) {
     crc = crc32(t.data, crc);
     entries.push_back({t.name, t.dtype, t.shape, t.data.size()});
+    data_of[t.name] = t.data;
   }
   const SafetensorsLayout layout = safetensors_layout(std::move(entries), std::move(metadata));
   std::string out = safetensors_header(layout, crc);
   out.reserve(layout.data_start + layout.data_bytes);
-  for (const auto& t : tensors) out.append(t.data);
+  for (const auto& e : layout.entries) out.append(data_of.at(e.name));  // in the data's order
   return out;
 }
 
@@ -188,11 +239,11 @@ SafetensorsFile read_safetensors(std::string_view bytes, const std::string& path
                   std::to_string(data.size()) + " (added to?)");
   }
   // Note [The CRC is over the tensors in name order]
-  // cpprun writes a file's tensors in name order and records the CRC-32 of their data in that order.
-  // It is checked in name order too, whatever order the file holds them in: a file rewritten with
-  // the same tensors in another order (the reference writer's save_file(tensors,
-  // metadata=f.metadata()) orders them by dtype first) keeps the metadata, and its tensors are the
-  // same bytes; it was once refused as damaged. The file's own order is accepted as well, which is
+  // cpprun records the CRC-32 of a file's tensors' data in name order (the data itself lies in
+  // alignment order: Note [Data in alignment order]). It is checked in name order too, whatever
+  // order the file holds them in: a file rewritten with the same tensors in another order (the
+  // reference writer's save_file(tensors, metadata=f.metadata()) orders them by dtype first) keeps
+  // the metadata, and its tensors are the same bytes; it was once refused as damaged. The file's own order is accepted as well, which is
   // what scripts/dcp_convert.py stamped on the reference writer's files before it used name order.
   const auto recorded = file.metadata.find(std::string(kSafetensorsCrcKey));
   if (recorded != file.metadata.end()) {
@@ -213,6 +264,22 @@ SafetensorsFile read_safetensors(std::string_view bytes, const std::string& path
           " was recorded when cpprun wrote it (its tensors' bytes changed since). It cannot be trusted: use an "
           "earlier checkpoint, or start afresh. If its tensors were changed on purpose and cpprun's metadata kept, "
           "drop the \"" + std::string(kSafetensorsCrcKey) + "\" key from the metadata.");
+    }
+  }
+  // See Note [The header's own CRC].
+  const auto header_recorded = file.metadata.find(std::string(kSafetensorsHeaderCrcKey));
+  if (header_recorded != file.metadata.end()) {
+    std::vector<std::tuple<std::string_view, std::string_view, std::string>> described;
+    for (const auto& t : file.tensors) described.emplace_back(t.name, t.dtype, header_shape_text(t.shape));
+    const std::string computed = hex8(header_content_crc(file.metadata, std::move(described)));
+    if (computed != header_recorded->second) {
+      throw CorruptCheckpointError(
+          "cpprun: safetensors file " + path + " is damaged: the CRC-32 of its header's content (its metadata, "
+          "and its tensors' names, dtypes and shapes) is 0x" + computed + " but 0x" + header_recorded->second +
+          " was recorded when cpprun wrote it (a setting it holds, such as an optimizer's learning rate or step, "
+          "or a tensor's shape, changed since). It cannot be trusted: use an earlier checkpoint, or start afresh. "
+          "If the header was changed on purpose, drop the \"" + std::string(kSafetensorsHeaderCrcKey) +
+          "\" key from the metadata.");
     }
   }
   return file;

@@ -34,9 +34,15 @@ inline constexpr std::uint64_t kMaxSafetensorsHeaderBytes = 100'000'000;
 
 // The metadata key under which cpprun records the CRC-32 of the data section (8 hex digits).
 inline constexpr std::string_view kSafetensorsCrcKey = "cpprun_crc32";
+// ... and the CRC-32 of the header's content (8 hex digits): the other metadata, and each tensor's
+// name, dtype and shape, in name order (Note [The header's own CRC]).
+inline constexpr std::string_view kSafetensorsHeaderCrcKey = "cpprun_header_crc32";
 
-// The file's bytes: tensors sorted by name, stored back to back, the header padded with spaces to
-// a multiple of 8 bytes (as the reference writer does); `metadata` plus kSafetensorsCrcKey.
+// The file's bytes: tensors stored back to back in the data's order (largest elements first, then
+// by name, so that each starts aligned to its element size, as the reference writer's do),
+// the header padded with spaces to a multiple of 8 bytes (as the reference writer does);
+// `metadata` plus kSafetensorsCrcKey, the CRC-32 of the tensors' data in name order, and
+// kSafetensorsHeaderCrcKey.
 std::string write_safetensors(std::vector<SafetensorsTensor> tensors, std::map<std::string, std::string> metadata);
 
 // A file's layout from its tensors' names, dtypes, shapes and sizes alone, before any data: for a
@@ -50,9 +56,9 @@ struct SafetensorsEntry {
   std::uint64_t bytes = 0;  // the data's
 };
 struct SafetensorsLayout {
-  std::vector<SafetensorsEntry> entries;       // sorted by name: the data's order
+  std::vector<SafetensorsEntry> entries;       // the data's order: element size (largest first), then name
   std::vector<std::uint64_t> offsets;          // each entry's data, from the data's start
-  std::map<std::string, std::string> metadata;  // without kSafetensorsCrcKey
+  std::map<std::string, std::string> metadata;  // without kSafetensorsCrcKey and kSafetensorsHeaderCrcKey
   std::uint64_t data_start = 0;                // the header length's 8 bytes and the header
   std::uint64_t data_bytes = 0;
 };
@@ -66,8 +72,8 @@ struct SafetensorsFile {
 };
 // Reads `bytes` strictly (header length within the file and at most 100 MB, valid JSON, known
 // dtypes, offsets in range, neither overlapping nor leaving holes, sizes matching the shapes) and
-// verifies kSafetensorsCrcKey when present. Throws cpprun::CorruptCheckpointError naming `path`
-// and what is wrong.
+// verifies kSafetensorsCrcKey and kSafetensorsHeaderCrcKey when present. Throws
+// cpprun::CorruptCheckpointError naming `path` and what is wrong.
 SafetensorsFile read_safetensors(std::string_view bytes, const std::string& path);
 
 // PATH's __metadata__ from its header alone (the file is mapped and the parser reads nothing past

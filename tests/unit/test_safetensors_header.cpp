@@ -252,8 +252,9 @@ TEST_CASE("safetensors header: entries in any key order, __metadata__ anywhere, 
       {{"w", "F32", {1}, std::string_view("1234")}, {"v", "U8", {2}, std::string_view("xy")}}, {{"format", "pt"}});
   const SafetensorsFile back = read_safetensors(written, "h");
   REQUIRE(back.tensors.size() == 2);
-  CHECK(back.tensors[0].name == "v");
-  CHECK(back.tensors[1].data == "1234");
+  CHECK(back.tensors[0].name == "w");  // the header's order: the data's, F32 before U8
+  CHECK(back.tensors[0].data == "1234");
+  CHECK(back.tensors[1].data == "xy");
   CHECK(back.metadata.count("cpprun_crc32") == 1);
 }
 
@@ -609,14 +610,18 @@ TEST_CASE("safetensors layout: a header from shapes alone, then the data in plac
   for (const auto& t : tensors) entries.push_back({t.name, t.dtype, t.shape, t.data.size()});
   const auto layout = cpprun::detail::safetensors_layout(entries, metadata);
   REQUIRE(layout.entries.size() == 3);
-  CHECK(layout.entries[0].name == "b.bias");  // sorted by name, the data's order
-  CHECK(layout.offsets == std::vector<std::uint64_t>{0, 6, 6});
+  // The data's order: the largest elements first, then by name (Note [Data in alignment order]).
+  CHECK(layout.entries[0].name == "m.empty");
+  CHECK(layout.entries[1].name == "z.weight");
+  CHECK(layout.entries[2].name == "b.bias");
+  CHECK(layout.offsets == std::vector<std::uint64_t>{0, 0, 24});
   CHECK(layout.data_bytes == 30);
   CHECK(layout.data_start % 8 == 0);
-  // The data written where the layout places it, in any order, and the header last with the CRC.
+  // The data written where the layout places it, in any order, and the header last with the CRC
+  // (over the tensors in name order).
   std::string file(layout.data_start + layout.data_bytes, '\0');
-  file.replace(layout.data_start + layout.offsets[2], a_data.size(), a_data);
-  file.replace(layout.data_start + layout.offsets[0], b_data.size(), b_data);
+  file.replace(layout.data_start + layout.offsets[1], a_data.size(), a_data);
+  file.replace(layout.data_start + layout.offsets[2], b_data.size(), b_data);
   const std::uint32_t crc = cpprun::detail::crc32(b_data + a_data);
   const std::string header = cpprun::detail::safetensors_header(layout, crc);
   REQUIRE(header.size() == layout.data_start);
@@ -662,4 +667,67 @@ TEST_CASE("safetensors name: a name ending in .safetensors, in any case, after a
   CHECK_FALSE(has_safetensors_extension("model.safetensors.tmp"));
   CHECK_FALSE(has_safetensors_extension("model.pt"));
   CHECK_FALSE(has_safetensors_extension("ckpt/"));
+}
+
+TEST_CASE("safetensors layout: every tensor starts at a multiple of its element size, whatever the names",
+          "[safetensors]") {
+  // Named so that name order would put an odd-length bf16 tensor and a bool before the wider ones.
+  const std::vector<cpprun::detail::SafetensorsEntry> entries = {
+      {"a.half", "BF16", {3}, 6}, {"b.flag", "BOOL", {1}, 1}, {"c.float", "F32", {5}, 20},
+      {"d.double", "F64", {3}, 24}, {"e.count", "I64", {1}, 8}, {"f.int", "I32", {3}, 12}};
+  const auto layout = cpprun::detail::safetensors_layout(entries, {});
+  REQUIRE(layout.entries.size() == entries.size());
+  for (std::size_t i = 0; i < layout.entries.size(); ++i) {
+    const std::size_t element = cpprun::detail::safetensors_dtype_size(layout.entries[i].dtype);
+    INFO(layout.entries[i].name);
+    CHECK((layout.data_start + layout.offsets[i]) % element == 0);
+  }
+  // Read back: the same tensors by name, the CRC (name order) accepted.
+  std::vector<cpprun::detail::SafetensorsTensor> tensors;
+  std::vector<std::string> bytes;
+  bytes.reserve(entries.size());
+  for (const auto& e : entries) {
+    bytes.emplace_back(e.bytes, static_cast<char>('A' + bytes.size()));
+    tensors.push_back({e.name, e.dtype, e.shape, bytes.back()});
+  }
+  const std::string file = cpprun::detail::write_safetensors(tensors, {});
+  const auto read = cpprun::detail::read_safetensors(file, "aligned.safetensors");
+  REQUIRE(read.tensors.size() == entries.size());
+  for (const auto& t : read.tensors) {
+    const auto given = std::find_if(tensors.begin(), tensors.end(), [&](const auto& g) { return g.name == t.name; });
+    REQUIRE(given != tensors.end());
+    CHECK(t.data == given->data);
+    CHECK(static_cast<std::size_t>(t.data.data() - file.data()) % cpprun::detail::safetensors_dtype_size(t.dtype) == 0);
+  }
+}
+
+// Note [The header's own CRC]: the metadata and the tensors' names, dtypes and shapes are covered
+// as the data is; a file rewritten with the same content in another order keeps it true.
+TEST_CASE("safetensors header: a changed metadata value or shape is refused, another order is not", "[safetensors]") {
+  using cpprun::detail::read_safetensors;
+  const std::string w_data(8, 'w'), b_data(2, 'b');
+  const std::string file = cpprun::detail::write_safetensors(
+      {{"w", "F32", {2}, w_data}, {"b", "BF16", {1}, b_data}}, {{"cpprun_param_groups", "[{\"lr\": 0.01}]"}});
+  const auto read = read_safetensors(file, "opt.safetensors");
+  REQUIRE(read.metadata.count("cpprun_header_crc32") == 1);
+  // One byte of a setting changed in place: the same length, the data CRC still true.
+  std::string changed = file;
+  const auto at = changed.find("0.01");
+  REQUIRE(at != std::string::npos);
+  changed[at + 3] = '9';
+  CHECK_THROWS_WITH(read_safetensors(changed, "opt.safetensors"),
+                    Catch::Matchers::Contains("opt.safetensors is damaged: the CRC-32 of its header's content"));
+  // A shape changed so that the data still fits: [2] F32 read as [1] F64.
+  std::string retyped = file;
+  const std::string as_written = "\"F32\",\"shape\":[2]";
+  const auto f32 = retyped.find(as_written);
+  REQUIRE(f32 != std::string::npos);
+  retyped.replace(f32, as_written.size(), "\"F64\",\"shape\":[1]");
+  CHECK_THROWS_WITH(read_safetensors(retyped, "opt.safetensors"), Catch::Matchers::Contains("header's content"));
+  // The same tensors and metadata written again (another header, as the reference writer's
+  // save_file(tensors, metadata=f.metadata()) makes): accepted.
+  std::map<std::string, std::string> kept = read.metadata;
+  const std::string again = cpprun::detail::write_safetensors(
+      {{"b", "BF16", {1}, b_data}, {"w", "F32", {2}, w_data}}, kept);
+  CHECK(read_safetensors(again, "again.safetensors").metadata == read.metadata);
 }
