@@ -157,9 +157,10 @@ DdpCore::~DdpCore() = default;
 void DdpCore::before_forward() {
   PublicCallScope call("DistributedDataParallel's forward");
   Impl& s = *impl_;
-  s.reducer->check_previous_backward();
-  if (torch::autograd::GradMode::is_enabled()) s.reducer->check_parameters_as_wrapped();
   const bool will_sync = s.require_sync && !s.manual_finalization && torch::autograd::GradMode::is_enabled();
+  // A pipeline stage's forwards (manual finalization) reduce at the step's end: they count too.
+  s.reducer->check_previous_backward(will_sync || (s.manual_finalization && torch::autograd::GradMode::is_enabled()));
+  if (torch::autograd::GradMode::is_enabled()) s.reducer->check_parameters_as_wrapped();
   int buffer_source = 0;
   if (s.joining) {
     buffer_source = s.exchange_join_state(will_sync ? JoinState::kActiveSync : JoinState::kActiveNoSync).first;

@@ -123,7 +123,15 @@ bool Reducer::detects_unused() const {
   return options_.find_unused_parameters() || (options_.static_graph() && !static_unused_);
 }
 
-void Reducer::check_previous_backward() {
+// Note [A forward that reduces nothing leaves the reducer alone]
+// A forward under no grad or no_sync between a training forward and its backward (a metric, a
+// teacher's or a target's output from the same model) used to reset the reducer: the backward that
+// followed found it idle and reduced nothing, and the ranks trained apart without a word (an audit,
+// 2026-12-07). PyTorch's DDP touches its reducer only in a forward that will reduce (_pre_forward:
+// grad enabled and require_backward_grad_sync), and so does this: such a forward neither reports
+// an unfinished backward nor forgets the one prepared.
+void Reducer::check_previous_backward(bool will_reduce) {
+  if (!will_reduce) return;
   std::lock_guard<std::mutex> lock(mutex_);
   if (state_ == BackwardState::kUnfinished) {
     const std::string missing = unready_parameter_list();

@@ -35,8 +35,9 @@ class Reducer {
   Reducer(const Reducer&) = delete;
   Reducer& operator=(const Reducer&) = delete;
 
-  // Before a forward: throws if the previous backward left gradients unreduced.
-  void check_previous_backward();
+  // Before a forward that will reduce (will_reduce): throws if the previous backward left
+  // gradients unreduced, and forgets a prepared backward that never came. Else nothing.
+  void check_previous_backward(bool will_reduce);
   // Refuses parameters whose dtype or device differs from when they were wrapped (Note [A module
   // converted after wrapping]).
   void check_parameters_as_wrapped() const;

@@ -173,7 +173,7 @@ TEST_CASE("ddp: buckets are rebuilt in rank 0's gradient-ready order after the f
   auto first_order = torch::full({static_cast<int64_t>(n)}, -1, torch::kLong);  // same size on every rank
   std::vector<std::vector<std::size_t>> rebuilt;
   for (int step = 0; step < 3; ++step) {
-    reducer.check_previous_backward();
+    reducer.check_previous_backward(/*will_reduce=*/true);
     reducer.rebuild_buckets_if_due();
     if (step == 1) {  // rebuilt from the first backward: rank 0's order, on every rank
       cpprun::broadcast(group(), first_order, 0);
@@ -417,6 +417,42 @@ TEST_CASE("ddp: no_sync accumulates locally, the next backward reduces the sum",
     ref_opt.step();
   }
   check_same_parameters(*net, *ref, kParityTolerance);
+}
+
+// Note [A forward that reduces nothing leaves the reducer alone] in ddp/reducer.cpp: a forward
+// under no grad or no_sync between a training forward and its backward (a metric, a teacher's
+// output) once made that backward reduce nothing, each rank keeping its own gradient.
+TEST_CASE("ddp: a forward under no grad or no_sync before the backward leaves its averaging alone", "[ddp]") {
+  Float64Parity float64;
+  const int rank = group().rank(), world = group().size();
+  for (const std::string between : {"no grad", "no_sync"}) {
+    INFO("a forward under " << between << " between the training forward and its backward");
+    torch::manual_seed(0);
+    auto net = std::make_shared<Mlp>();
+    auto ddp = cpprun::DistributedDataParallel(net, group());
+    auto ref = std::make_shared<Mlp>();
+    copy_state(*ref, *net);
+    torch::optim::SGD opt(ddp->parameters(), 0.1), ref_opt(ref->parameters(), 0.1);
+    for (int step = 0; step < 3; ++step) {
+      auto x = inputs_for("mlp", kGlobalBatch, step);
+      auto y = targets_for(kGlobalBatch, step);
+      opt.zero_grad();
+      auto loss = torch::nn::functional::cross_entropy(ddp->forward(slice(x, rank, world)), slice(y, rank, world));
+      if (between == "no grad") {
+        torch::NoGradGuard no_grad;
+        ddp->forward(slice(x, world - 1 - rank, world));
+      } else {
+        auto guard = ddp->no_sync();
+        ddp->forward(slice(x, world - 1 - rank, world));
+      }
+      loss.backward();
+      opt.step();
+      ref_opt.zero_grad();
+      reference_backward(*ref, x, y, world);
+      ref_opt.step();
+    }
+    check_same_parameters(*net, *ref, kParityTolerance);
+  }
 }
 
 // Under create_graph the gradients require grad themselves; the reducer must still average their
