@@ -1261,6 +1261,15 @@ int run(int argc, char** argv) {
                                     "\") than the model beside it (\"" + id->second + "\"): resume from one "
                                     "directory train_gpt --save wrote, as it wrote it");
       }
+      // Its step too: trainer.json carries no checksum, and a step edited there resumed the
+      // optimizer's state and the data at different steps.
+      const auto step = model.metadata.find("cpprun_step");
+      if (step != model.metadata.end() && step->second != std::to_string(resumed.step)) {
+        throw std::invalid_argument(what + dir + "trainer.json says step " + std::to_string(resumed.step) +
+                                    " but the model beside it was saved at step " + step->second +
+                                    " (cpprun_step in its index): the directory was edited or damaged; resume "
+                                    "from another checkpoint");
+      }
     }
     if (resumed.epoch_windows % dp_group.size() != 0) {
       throw std::invalid_argument(what + "the checkpoint stopped " + std::to_string(resumed.epoch_windows) +

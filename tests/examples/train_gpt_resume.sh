@@ -232,6 +232,10 @@ faults)
   run other_first 2 --batch 4 --stop-after 2 --save "$tmp/ck_other"
   cp -r "$tmp/ck" "$tmp/other_trainer" && cp "$tmp/ck_other/trainer.json" "$tmp/other_trainer/trainer.json"
   expect "trainer.json is from another save" 2 --resume "$tmp/other_trainer"
+  # Its step edited (trainer.json has no checksum): the optimizer's state and the data would
+  # resume at different steps.
+  cp -r "$tmp/ck" "$tmp/edited_step" && sed -i -E 's/"step": [0-9]+,/"step": 1,/' "$tmp/edited_step/trainer.json"
+  expect "trainer.json says step 1 but the model beside it was saved at step" 2 --resume "$tmp/edited_step"
   echo "PASS: train_gpt refuses what cannot resume, naming it"
   ;;
 *) echo "FAIL: unknown case $case_name"; exit 1 ;;
