@@ -46,6 +46,7 @@ GradientSync::GradientSync(std::vector<ParamBucket>& buckets, const ShardGroups&
       full_grad_guard_(std::make_unique<FullGradientGuard>(buckets, groups.whole.rank())) {
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
     states_[b].grads.resize(buckets_[b].params().size());
+    states_[b].held_local.resize(buckets_[b].params().size(), false);
     for (std::size_t i = 0; i < buckets_[b].params().size(); ++i) {
       hooks_.add(buckets_[b].params()[i].param, [this, b, i] {
         PublicCallScope call(kFsdpBackward);
@@ -152,6 +153,11 @@ void GradientSync::prepare(bool sync) {
     // Stages 2 and 3 collect gradients as they come; under no_sync, .grad accumulates as usual.
     if (!options_.shard_gradients) bind_full_grad(b, sync);
     states_[b].pending = buckets_[b].params().size();
+    // What a synchronized backward that failed (an error caught) collected is not carried into
+    // this one; local backwards' sums are (Note [Local gradients in the reduce dtype]).
+    for (std::size_t i = 0; i < states_[b].grads.size(); ++i) {
+      if (!states_[b].held_local[i]) states_[b].grads[i] = at::Tensor();
+    }
   }
   note_gradient_bytes();
   mode_ = sync ? Mode::kSync : Mode::kNoSync;
@@ -210,9 +216,15 @@ bool GradientSync::accumulates_apart(std::size_t b) const {
   return options_.shard_gradients && reduce_dtype_of(b) != buckets_[b].unsharded().scalar_type();
 }
 
+void GradientSync::drop_held_gradients(BucketState& state) {
+  for (auto& grad : state.grads) grad = at::Tensor();
+  state.held_local.assign(state.grads.size(), false);
+}
+
 void GradientSync::hold_local_gradient(std::size_t b, std::size_t i) {
   at::Tensor& grad = buckets_[b].params()[i].param.mutable_grad();
   if (!grad.defined()) return;
+  states_[b].held_local[i] = true;
   at::Tensor& held = states_[b].grads[i];
   at::NoGradGuard no_grad;
   if (held.defined()) {
@@ -390,12 +402,12 @@ void GradientSync::complete(std::size_t b) {
   }
   if (state.alone) {
     accumulate_shard_grads_alone(bucket, state.grads, reduce_dtype_of(b), state.division);
-    for (auto& grad : state.grads) grad = at::Tensor();
+    drop_held_gradients(state);
     return;
   }
   // See Note [HSDP gradient reduction].
   if (replicate_ && !average_across_replicas(state, state.chunk)) {
-    for (auto& grad : state.grads) grad = at::Tensor();
+    drop_held_gradients(state);
     return;
   }
   if (state.hook) state.hook(state.chunk);
@@ -406,7 +418,7 @@ void GradientSync::complete(std::size_t b) {
   // beside the chunk they are views of (Note [Shard gradients accumulate]).
   if (kept && !shard_grads_alias(bucket, state.chunk)) state.chunk = at::Tensor();
   // Stages 2 and 3 keep only the shards' gradients: the full ones go until the next backward.
-  for (auto& grad : state.grads) grad = at::Tensor();
+  drop_held_gradients(state);
 }
 
 // Stage 1: this rank's rows of the reduced gradient (in the chunk; alone in the shard group, in

@@ -104,6 +104,7 @@ class GradientSync {
     // Stages 2 and 3: each parameter's full gradient, until reduced (local backwards' sum, in the
     // reduce dtype, where it differs from the compute dtype: Note [Local gradients in the reduce dtype]).
     std::vector<at::Tensor> grads;
+    std::vector<bool> held_local;  // grads[i] is local backwards' sum, kept until reduced
     at::Tensor chunk;       // this rank's reduced part (stage 1: until written back into full_grad)
     at::Tensor set_aside;   // HSDP, all-reduce off: this rank's reduced rows awaiting the all-reduce
     std::size_t pending = 0;
@@ -124,6 +125,7 @@ class GradientSync {
   at::ScalarType reduce_dtype_of(std::size_t bucket) const;
   bool accumulates_apart(std::size_t bucket) const;
   void hold_local_gradient(std::size_t bucket, std::size_t param);
+  void drop_held_gradients(BucketState& state);
   void launch_ready_buckets();
   void complete(std::size_t bucket);
   void complete_full_gradient(std::size_t bucket);  // stage 1's part of complete()

@@ -574,13 +574,6 @@ struct PipelineSchedule::Runtime {
                   " rows does not split into ", m, " micro-batches of equal size; use a batch divisible by ", m,
                   " or a number of micro-batches that divides the batch (found on rank ", group.rank(), ").");
     }
-    // Micro-batch k of the targets is the loss's for micro-batch k of the inputs: with other row
-    // counts they would not correspond, and a broadcasting loss (mse_loss) would not say so.
-    TORCH_CHECK(input_rows == target_rows, "pipeline ", call, ": the inputs have ", input_rows, " rows (stage 0, rank ",
-                rank_of(0), ") and the targets ", target_rows, " (stage ", last_stage(), ", rank ",
-                rank_of(last_stage()), "); both are split into ", m, " micro-batches along dimension 0, the "
-                "k-th targets for the k-th inputs, so give them the same number of rows (found on rank ",
-                group.rank(), ").");
   }
 
   // Note [A tied weight's gradient over several steps]

@@ -64,6 +64,18 @@ std::string header_shape_text(const std::vector<int64_t>& shape) {
   return text;
 }
 
+std::uint32_t header_content_crc_of(const SafetensorsFile& file) {
+  std::vector<std::tuple<std::string_view, std::string_view, std::string>> described;
+  for (const auto& t : file.tensors) described.emplace_back(t.name, t.dtype, header_shape_text(t.shape));
+  return header_content_crc(file.metadata, std::move(described));
+}
+
+// Whether the file records no header CRC, or the one its content has.
+bool header_content_intact(const SafetensorsFile& file) {
+  const auto recorded = file.metadata.find(std::string(kSafetensorsHeaderCrcKey));
+  return recorded == file.metadata.end() || recorded->second == hex8(header_content_crc_of(file));
+}
+
 }  // namespace
 
 std::size_t safetensors_dtype_size(std::string_view dtype) {
@@ -204,7 +216,8 @@ std::optional<std::map<std::string, std::string>> read_safetensors_metadata(cons
   std::optional<std::map<std::string, std::string>> metadata;
   try {
     const auto [header, data] = split_safetensors(bytes, path);
-    metadata = parse_safetensors_header(header, data, path).metadata;  // reads no data
+    SafetensorsFile parsed = parse_safetensors_header(header, data, path);  // reads no data
+    if (header_content_intact(parsed)) metadata = std::move(parsed.metadata);
   } catch (const CorruptCheckpointError&) {
     metadata.reset();
   }
@@ -269,9 +282,7 @@ SafetensorsFile read_safetensors(std::string_view bytes, const std::string& path
   // See Note [The header's own CRC].
   const auto header_recorded = file.metadata.find(std::string(kSafetensorsHeaderCrcKey));
   if (header_recorded != file.metadata.end()) {
-    std::vector<std::tuple<std::string_view, std::string_view, std::string>> described;
-    for (const auto& t : file.tensors) described.emplace_back(t.name, t.dtype, header_shape_text(t.shape));
-    const std::string computed = hex8(header_content_crc(file.metadata, std::move(described)));
+    const std::string computed = hex8(header_content_crc_of(file));
     if (computed != header_recorded->second) {
       throw CorruptCheckpointError(
           "cpprun: safetensors file " + path + " is damaged: the CRC-32 of its header's content (its metadata, "

@@ -32,7 +32,8 @@ std::size_t safetensors_dtype_size(std::string_view dtype);
 // The longest header the reference reader takes.
 inline constexpr std::uint64_t kMaxSafetensorsHeaderBytes = 100'000'000;
 
-// The metadata key under which cpprun records the CRC-32 of the data section (8 hex digits).
+// The metadata key under which cpprun records the CRC-32 of the tensors' data taken in name order
+// (8 hex digits; not of the data section as stored, which is in alignment order).
 inline constexpr std::string_view kSafetensorsCrcKey = "cpprun_crc32";
 // ... and the CRC-32 of the header's content (8 hex digits): the other metadata, and each tensor's
 // name, dtype and shape, in name order (Note [The header's own CRC]).
@@ -58,12 +59,13 @@ struct SafetensorsEntry {
 struct SafetensorsLayout {
   std::vector<SafetensorsEntry> entries;       // the data's order: element size (largest first), then name
   std::vector<std::uint64_t> offsets;          // each entry's data, from the data's start
-  std::map<std::string, std::string> metadata;  // without kSafetensorsCrcKey and kSafetensorsHeaderCrcKey
+  std::map<std::string, std::string> metadata;  // without the two CRC keys
   std::uint64_t data_start = 0;                // the header length's 8 bytes and the header
   std::uint64_t data_bytes = 0;
 };
 SafetensorsLayout safetensors_layout(std::vector<SafetensorsEntry> entries, std::map<std::string, std::string> metadata);
-// The file's first layout.data_start bytes, recording `data_crc`, the CRC-32 of the data section.
+// The file's first layout.data_start bytes, recording `data_crc`, the CRC-32 of the tensors' data
+// in name order, and the header's own CRC.
 std::string safetensors_header(const SafetensorsLayout& layout, std::uint32_t data_crc);
 
 struct SafetensorsFile {
@@ -78,8 +80,8 @@ SafetensorsFile read_safetensors(std::string_view bytes, const std::string& path
 
 // PATH's __metadata__ from its header alone (the file is mapped and the parser reads nothing past
 // the header: no data is read, whatever the file's size); none when PATH cannot be opened or its
-// header is not valid (a load of the file then says what is wrong). Not checked: the CRC, the
-// tiling of the data.
+// header is not valid or its content fails kSafetensorsHeaderCrcKey (a load of the file then says
+// what is wrong). Not checked: the data's CRC, the tiling of the data.
 std::optional<std::map<std::string, std::string>> read_safetensors_metadata(const std::string& path);
 
 }  // namespace cpprun::detail

@@ -46,11 +46,15 @@ at::Tensor GradScaler::scale(const at::Tensor& loss) {
 // default group at construction left such a scaler deciding overflows on each rank alone: under
 // ZeRO-2/3 one rank skipped a step the others took, and from then on the ranks' scales differed
 // and their scaled gradients were summed together (an audit, 2026-12-07). So the default group is
-// looked up at the first unscale_() that finds one.
-at::Tensor GradScaler::agreed_found_inf(const at::Tensor& local) {
-  if (!group_ && follows_default_group_ && is_initialized()) group_ = default_group();
-  if (!group_) return local;
-  all_reduce(*group_, local, ReduceOp::kMax);
+// looked up at each unscale_(), as ShardedGradScaler's dist.group.WORLD is, and not kept: a kept
+// handle would outlive destroy_process_group() (a global scaler held the group's connections until
+// exit) and miss a later init_process_group().
+at::Tensor GradScaler::agreed_found_inf(const at::Tensor& local) const {
+  if (group_) {
+    all_reduce(*group_, local, ReduceOp::kMax);
+  } else if (follows_default_group_ && is_initialized()) {
+    all_reduce(default_group(), local, ReduceOp::kMax);
+  }
   return local;
 }
 

@@ -39,10 +39,9 @@ struct GradScalerOptions {
 
 class GradScaler {
  public:
-  // The inf/NaN decision is agreed over the default group when init_process_group() has run by
-  // the first unscale_() or step() (a scaler built before it, as a member or a global, follows
-  // it too: PyTorch's ShardedGradScaler looks up its default group at each step), else it is
-  // this process's own.
+  // The inf/NaN decision is agreed over the default group of the moment, looked up at each
+  // unscale_() or step() (a scaler built before init_process_group(), as a member or a global,
+  // follows it too, as PyTorch's ShardedGradScaler does), else it is this process's own.
   explicit GradScaler(GradScalerOptions options = {});
   // Agreed over `group` (e.g. the group FSDP shards over). Every rank of it must call step().
   GradScaler(ProcessGroup group, GradScalerOptions options = {});
@@ -81,11 +80,11 @@ class GradScaler {
   };
 
   void init_scale_like(const at::Tensor& like);
-  at::Tensor agreed_found_inf(const at::Tensor& local);
+  at::Tensor agreed_found_inf(const at::Tensor& local) const;
 
   GradScalerOptions options_;
   std::optional<ProcessGroup> group_;
-  bool follows_default_group_ = false;  // built without a group: the default one, once there is one
+  bool follows_default_group_ = false;  // built without a group: the default one of each step
   at::Tensor scale_;           // float32, 1 element, on the device of the first scaled loss
   at::Tensor growth_tracker_;  // int32, same device
   std::map<const torch::optim::Optimizer*, PerOptimizer> per_optimizer_;

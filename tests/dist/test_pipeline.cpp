@@ -679,9 +679,6 @@ TEST_CASE("pipeline: a careless user's mistakes are one error on every rank", "[
   // The first stage's rank forgot the inputs: every rank says so, naming the stage and rank.
   CHECK_THAT(error_of([&] { schedule.step(pg.rank() == 0 ? at::Tensor() : x, y); }),
              Catch::Contains("pipeline stage 0 (rank 0) was given no inputs"));
-  // Targets of another row count than the inputs (a broadcasting loss would not say so).
-  CHECK_THAT(error_of([&] { schedule.step(x, y.narrow(0, 0, 12)); }),
-             Catch::Contains("the inputs have 24 rows") && Catch::Contains("and the targets 12"));
   CHECK_THAT(error_of([&] { schedule.eval(x, at::Tensor()); }), Catch::Contains("targets (or a 0-dimensional tensor) "
                                                                                 "in eval()"));
   // A stage that cannot take its input (float32 into the float64 model) is named with its

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <new>
 #include <random>
 #include <string>
@@ -717,6 +718,13 @@ TEST_CASE("safetensors header: a changed metadata value or shape is refused, ano
   changed[at + 3] = '9';
   CHECK_THROWS_WITH(read_safetensors(changed, "opt.safetensors"),
                     Catch::Matchers::Contains("opt.safetensors is damaged: the CRC-32 of its header's content"));
+  // The header-only read (a save id, a step) gives nothing from it either.
+  const std::string path = "/tmp/cpprun_header_crc_" + std::to_string(::getpid()) + ".safetensors";
+  for (const std::string* bytes : {&file, static_cast<const std::string*>(&changed)}) {
+    std::ofstream(path, std::ios::binary) << *bytes;
+    CHECK(cpprun::detail::read_safetensors_metadata(path).has_value() == (bytes == &file));
+  }
+  std::remove(path.c_str());
   // A shape changed so that the data still fits: [2] F32 read as [1] F64.
   std::string retyped = file;
   const std::string as_written = "\"F32\",\"shape\":[2]";
