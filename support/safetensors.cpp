@@ -7,7 +7,6 @@
 #include <cctype>
 #include <cstdio>
 #include <memory>
-#include <tuple>
 #include <utility>
 
 #include <fcntl.h>
@@ -41,39 +40,31 @@ std::string hex8(std::uint32_t value) {
 // a CRC of its own: the metadata but the two CRCs, by key, then each tensor's name, dtype and shape
 // by name, each field ended by a 0 byte. Not the header's bytes: a file rewritten by the reference
 // writer with the same tensors and metadata (another order, another spacing) keeps it true.
+template <typename Described>  // SafetensorsEntry or SafetensorsTensor: name, dtype, shape
 std::uint32_t header_content_crc(const std::map<std::string, std::string>& metadata,
-                                 std::vector<std::tuple<std::string_view, std::string_view, std::string>> tensors) {
+                                 const std::vector<Described>& tensors) {
   std::string content;
   for (const auto& [key, value] : metadata) {
     if (key == kSafetensorsCrcKey || key == kSafetensorsHeaderCrcKey) continue;
     content.append(key).push_back('\0');
     content.append(value).push_back('\0');
   }
-  std::sort(tensors.begin(), tensors.end());
-  for (const auto& [name, dtype, shape] : tensors) {
-    content.append(name).push_back('\0');
-    content.append(dtype).push_back('\0');
-    content.append(shape).push_back('\0');
+  std::vector<const Described*> by_name;
+  for (const auto& t : tensors) by_name.push_back(&t);
+  std::sort(by_name.begin(), by_name.end(), [](const auto* a, const auto* b) { return a->name < b->name; });
+  for (const Described* t : by_name) {
+    content.append(t->name).push_back('\0');
+    content.append(t->dtype).push_back('\0');
+    for (std::size_t d = 0; d < t->shape.size(); ++d) content += (d ? "," : "") + std::to_string(t->shape[d]);
+    content.push_back('\0');
   }
   return crc32(content);
-}
-
-std::string header_shape_text(const std::vector<int64_t>& shape) {
-  std::string text;
-  for (std::size_t d = 0; d < shape.size(); ++d) text += (d ? "," : "") + std::to_string(shape[d]);
-  return text;
-}
-
-std::uint32_t header_content_crc_of(const SafetensorsFile& file) {
-  std::vector<std::tuple<std::string_view, std::string_view, std::string>> described;
-  for (const auto& t : file.tensors) described.emplace_back(t.name, t.dtype, header_shape_text(t.shape));
-  return header_content_crc(file.metadata, std::move(described));
 }
 
 // Whether the file records no header CRC, or the one its content has.
 bool header_content_intact(const SafetensorsFile& file) {
   const auto recorded = file.metadata.find(std::string(kSafetensorsHeaderCrcKey));
-  return recorded == file.metadata.end() || recorded->second == hex8(header_content_crc_of(file));
+  return recorded == file.metadata.end() || recorded->second == hex8(header_content_crc(file.metadata, file.tensors));
 }
 
 }  // namespace
@@ -118,9 +109,7 @@ SafetensorsLayout safetensors_layout(std::vector<SafetensorsEntry> entries, std:
 
 std::string safetensors_header(const SafetensorsLayout& layout, std::uint32_t data_crc) {
   std::map<std::string, std::string> metadata = layout.metadata;
-  std::vector<std::tuple<std::string_view, std::string_view, std::string>> described;
-  for (const auto& e : layout.entries) described.emplace_back(e.name, e.dtype, header_shape_text(e.shape));
-  metadata[std::string(kSafetensorsHeaderCrcKey)] = hex8(header_content_crc(metadata, std::move(described)));
+  metadata[std::string(kSafetensorsHeaderCrcKey)] = hex8(header_content_crc(metadata, layout.entries));
   metadata[std::string(kSafetensorsCrcKey)] = hex8(data_crc);
   std::string header = "{\"__metadata__\":{";
   bool first = true;
@@ -256,8 +245,9 @@ SafetensorsFile read_safetensors(std::string_view bytes, const std::string& path
   // alignment order: Note [Data in alignment order]). It is checked in name order too, whatever
   // order the file holds them in: a file rewritten with the same tensors in another order (the
   // reference writer's save_file(tensors, metadata=f.metadata()) orders them by dtype first) keeps
-  // the metadata, and its tensors are the same bytes; it was once refused as damaged. The file's own order is accepted as well, which is
-  // what scripts/dcp_convert.py stamped on the reference writer's files before it used name order.
+  // the metadata, and its tensors are the same bytes; it was once refused as damaged. The file's
+  // own order is accepted as well, which is what scripts/dcp_convert.py stamped on the reference
+  // writer's files before it used name order.
   const auto recorded = file.metadata.find(std::string(kSafetensorsCrcKey));
   if (recorded != file.metadata.end()) {
     std::uint32_t in_file_order = 0;
@@ -282,7 +272,7 @@ SafetensorsFile read_safetensors(std::string_view bytes, const std::string& path
   // See Note [The header's own CRC].
   const auto header_recorded = file.metadata.find(std::string(kSafetensorsHeaderCrcKey));
   if (header_recorded != file.metadata.end()) {
-    const std::string computed = hex8(header_content_crc_of(file));
+    const std::string computed = hex8(header_content_crc(file.metadata, file.tensors));
     if (computed != header_recorded->second) {
       throw CorruptCheckpointError(
           "cpprun: safetensors file " + path + " is damaged: the CRC-32 of its header's content (its metadata, "

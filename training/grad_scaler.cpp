@@ -14,7 +14,7 @@
 #include "cpprun/collectives.h"
 
 namespace cpprun {
-GradScaler::GradScaler(GradScalerOptions options) : options_(options), follows_default_group_(true) {}
+GradScaler::GradScaler(GradScalerOptions options) : options_(options) {}
 
 GradScaler::GradScaler(ProcessGroup group, GradScalerOptions options)
     : options_(options), group_(detail::member_group("GradScaler", std::move(group))) {}
@@ -52,7 +52,7 @@ at::Tensor GradScaler::scale(const at::Tensor& loss) {
 at::Tensor GradScaler::agreed_found_inf(const at::Tensor& local) const {
   if (group_) {
     all_reduce(*group_, local, ReduceOp::kMax);
-  } else if (follows_default_group_ && is_initialized()) {
+  } else if (is_initialized()) {
     all_reduce(default_group(), local, ReduceOp::kMax);
   }
   return local;

@@ -83,8 +83,7 @@ class GradScaler {
   at::Tensor agreed_found_inf(const at::Tensor& local) const;
 
   GradScalerOptions options_;
-  std::optional<ProcessGroup> group_;
-  bool follows_default_group_ = false;  // built without a group: the default one of each step
+  std::optional<ProcessGroup> group_;  // none: the default group of each step, if there is one
   at::Tensor scale_;           // float32, 1 element, on the device of the first scaled loss
   at::Tensor growth_tracker_;  // int32, same device
   std::map<const torch::optim::Optimizer*, PerOptimizer> per_optimizer_;
