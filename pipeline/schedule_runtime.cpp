@@ -29,6 +29,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <deque>
+#include <exception>
 #include <map>
 #include <memory>
 #include <optional>
@@ -376,25 +377,28 @@ struct PipelineSchedule::Runtime {
       state.input = training && carries_gradient(received) ? received.detach().requires_grad_(true) : received;
     }
     // A stage's own error (shapes that do not fit, a dtype) names the stage and micro-batch, as
-    // PyTorch's "[Stage 1] failed to run forward"; c10::Error keeps its type with the context.
-    auto in_context = [&](c10::Error& e, const char* what) {
-      e.add_context(where(pass.stage) + ": " + what + " of micro-batch " + std::to_string(pass.microbatch) +
-                    " failed (its input " + detail::describe_shape(detail::encode_shape(state.input)) + ")");
+    // PyTorch's "[Stage 1] failed to run forward". A c10::Error keeps its type with the context added;
+    // any other exception (a user's std::runtime_error) becomes a c10::Error with the context and its
+    // message, the original nested in it (std::rethrow_if_nested), as PyTorch's `raise ... from e`.
+    auto context = [&](const char* what) {
+      return where(pass.stage) + ": " + what + " of micro-batch " + std::to_string(pass.microbatch) +
+             " failed (its input " + detail::describe_shape(detail::encode_shape(state.input)) + ")";
     };
-    at::Tensor output;
-    try {
-      output = stage.run_forward(state.input);
-    } catch (c10::Error& e) {
-      in_context(e, "the forward");
-      throw;
-    }
-    if (pass.stage == last_stage()) {
+    auto run_in_context = [&](const char* what, const auto& run) {
       try {
-        state.loss = loss_fn(output, target_chunks.at(pass.microbatch));
+        return run();
       } catch (c10::Error& e) {
-        in_context(e, "the loss function");
+        e.add_context(context(what));
         throw;
+      } catch (const std::exception& e) {
+        std::throw_with_nested(
+            c10::Error(c10::SourceLocation{__func__, __FILE__, __LINE__}, context(what) + ": " + e.what()));
       }
+    };
+    at::Tensor output = run_in_context("the forward", [&] { return stage.run_forward(state.input); });
+    if (pass.stage == last_stage()) {
+      state.loss = run_in_context("the loss function",
+                                  [&] { return loss_fn(output, target_chunks.at(pass.microbatch)); });
       TORCH_CHECK(state.loss.defined() && state.loss.numel() == 1, where(pass.stage),
                   ": the loss function must return one value per micro-batch (e.g. the mean loss), got ",
                   state.loss.defined() ? state.loss.sizes() : at::IntArrayRef{}, ".");

@@ -17,10 +17,12 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <map>
 #include <optional>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -688,6 +690,25 @@ TEST_CASE("pipeline: a careless user's mistakes are one error on every rank", "[
     CHECK_THAT(error_of([&] { schedule.step(x.to(at::kFloat), y); }),
                Catch::Contains("pipeline stage 0 (rank 0): the forward of micro-batch 0 failed (its input "
                                "Float[6, 6])"));
+    // A loss function's own exception (not a c10::Error) is named alike, its message kept and the
+    // exception itself nested, as PyTorch's `raise ... from e`.
+    cpprun::Schedule1F1B refusing(stages[0], 4, [](const at::Tensor&, const at::Tensor&) -> at::Tensor {
+      throw std::runtime_error("this loss refuses");
+    });
+    bool nested_kept = false;
+    try {
+      refusing.step(x, y);
+    } catch (const c10::Error& e) {
+      CHECK_THAT(e.what_without_backtrace(),
+                 Catch::Contains("pipeline stage 0 (rank 0): the loss function of micro-batch 0 failed (its input "
+                                 "Double[6, 6]): this loss refuses"));
+      try {
+        std::rethrow_if_nested(e);
+      } catch (const std::runtime_error& original) {
+        nested_kept = std::string(original.what()) == "this loss refuses";
+      }
+    }
+    CHECK(nested_kept);
   }
   // The schedule still runs a correct step afterwards: the reference's first loss.
   const double loss = schedule.step(x, y).item<double>();
