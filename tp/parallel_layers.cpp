@@ -85,7 +85,7 @@ RowwiseParallelLinearImpl::RowwiseParallelLinearImpl(const torch::nn::LinearImpl
     : in_features(full.options.in_features()), out_features(full.options.out_features()),
       group_(std::move(group)), style_(style) {
   check_member(group_, "RowwiseParallelLinear");
-  const Placement in = style_.input_layouts(), out = style_.output_layouts();
+  const Placement in = style_.input_layouts();
   TORCH_CHECK(in.is_replicate() || in.dim == -1, "cpprun::RowwiseParallel: input_layouts ", in.str(),
               " is not supported for a Linear: use Shard(-1) (the input features arrive split, e.g. from a "
               "ColwiseParallel) or Replicate() (split here).");
@@ -161,6 +161,15 @@ at::Tensor VocabParallelEmbeddingImpl::forward(const at::Tensor& ids) {
               "every rank).");
   const at::Tensor all_ids =
       in.is_replicate() ? ids : tp::all_gather_along(ids, group_, in.dim, "RowwiseParallel Embedding's ids");
+  // An id outside the vocabulary would be outside every rank's rows and look up zeros on all of them
+  // (PyTorch's MaskPartial does so silently); one process's Embedding refuses it, and so does this.
+  if (all_ids.numel() > 0) {
+    const auto [low, high] = at::aminmax(all_ids);
+    const int64_t lowest = low.item<int64_t>(), highest = high.item<int64_t>();
+    TORCH_CHECK(lowest >= 0 && highest < num_embeddings, "cpprun::VocabParallelEmbedding: ids range over [", lowest,
+                ", ", highest, "], but the embedding has ", num_embeddings, " rows (", weight.size(0), " on each of ",
+                group_.size(), " ranks); an id must be in [0, ", num_embeddings, ").");
+  }
   const int64_t rows = weight.size(0);
   at::Tensor outside = (all_ids < vocab_start_) | (all_ids >= vocab_start_ + rows);
   at::Tensor local = (all_ids - vocab_start_).masked_fill(outside, 0);

@@ -378,6 +378,12 @@ TEST_CASE("tensor parallel: vocabulary-parallel embedding and cross-entropy matc
     CHECK(logits.size(-1) == 24 / world);
     return cpprun::vocab_parallel_cross_entropy(logits, target, group()).mean();
   });
+  // An id outside the vocabulary is refused on every rank alike, as one process's Embedding
+  // refuses it; it used to look up zeros on every rank and train on them.
+  const at::Tensor ids = at::arange(6, at::kLong).view({2, 3});
+  CHECK_THROWS_WITH(parallel->forward(ids + 19), Catch::Contains("ids range over [19, 24], but the embedding has 24 "
+                                                                 "rows"));
+  CHECK_THROWS_WITH(parallel->forward(ids - 1), Catch::Contains("ids range over [-1, 4]"));
 }
 
 TEST_CASE("tensor parallel: an embedding split by its dimension (ColwiseParallel) matches one process", "[tp]") {
