@@ -58,13 +58,14 @@ void check_batch(const ProcessGroup& group, const std::vector<P2POp>& ops) {
     TORCH_CHECK(op.peer != kAnySource, "cpprun::", what, send ? " sends to" : " receives from", " kAnySource (",
                 kAnySource, "); a batch names the peer of every op (as torch.distributed.batch_isend_irecv ",
                 "does).", send ? "" : " Receive from any source with cpprun::irecv.");
-    detail::check_message(what.c_str(), group, op.tensor, op.peer, send ? "dst" : "src", op.tag);
     // PyTorch takes the first op's device for the whole batch; a CPU tensor in an NCCL group
-    // would fail inside NCCL, half posted. Two batches say what is meant.
-    TORCH_CHECK(op.tensor.device() == ops[0].tensor.device(), "cpprun::", what, "'s tensor is on ",
-                op.tensor.device(), " but op 0's is on ", ops[0].tensor.device(), ": one batch's tensors are ",
-                "all on the CPU or all on one GPU (on NCCL a batch is one NCCL group, which carries CUDA ",
-                "tensors of one device only). Post them as one batch per device.");
+    // would fail inside NCCL, half posted. Two batches say what is meant. (Before the tensor's own
+    // checks, which would name a meta tensor's missing memory first.)
+    TORCH_CHECK(!op.tensor.defined() || op.tensor.device() == ops[0].tensor.device(), "cpprun::", what,
+                "'s tensor is on ", op.tensor.device(), " but op 0's is on ", ops[0].tensor.device(),
+                ": one batch's tensors are all on the CPU or all on one GPU (on NCCL a batch is one NCCL group, "
+                "which carries CUDA tensors of one device only). Post them as one batch per device.");
+    detail::check_message(what.c_str(), group, op.tensor, op.peer, send ? "dst" : "src", op.tag);
   }
 }
 

@@ -44,7 +44,7 @@ std::string fingerprint_dtype_name(int64_t dtype) {
 }
 
 std::string reduce_name(int64_t reduce) {
-  if (reduce < 0) return "?";
+  if (reduce < 0 || reduce > static_cast<int64_t>(ReduceOp::kBXor)) return "?";
   return to_string(static_cast<ReduceOp>(reduce));
 }
 

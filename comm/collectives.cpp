@@ -30,6 +30,12 @@ void check_tensor(const char* op, const char* name, const at::Tensor& t) {
   TORCH_CHECK(t.defined(), "cpprun::", op, ": ", name, " is an undefined tensor.");
   TORCH_CHECK(t.layout() == at::kStrided, "cpprun::", op, ": ", name,
               " must be a dense tensor, got layout ", t.layout(), ".");
+  // A tensor without memory would be sent from (or received into) a null address: Gloo's socket
+  // then fails with EFAULT and aborts the process.
+  TORCH_CHECK(t.numel() == 0 || (t.has_storage() && t.storage().data() != nullptr), "cpprun::", op, ": ", name,
+              " (shape ", t.sizes(), ", device ", t.device(), ") has no memory: a meta tensor, or a deferred one "
+              "(cpprun::deferred_init) not yet materialised. Call cpprun::materialize(module) first, or give the "
+              "collective a tensor with values.");
   // Collectives move a tensor's memory as one block; an input could be copied, but a result is
   // written in place, so every tensor is asked to be contiguous alike.
   const bool result = std::string_view(name) != "input";
@@ -52,9 +58,12 @@ void check_reduction(const char* op, const at::Tensor& t, ReduceOp reduce) {
   TORCH_CHECK(reduce != ReduceOp::kAvg || at::isFloatingType(type) || at::isComplexType(type), "cpprun::", op,
               ": ReduceOp::kAvg needs a floating-point or complex tensor, got ", type,
               ". Use kSum and divide as your integer semantics require.");
+  const bool bitwise = reduce == ReduceOp::kBAnd || reduce == ReduceOp::kBOr || reduce == ReduceOp::kBXor;
+  TORCH_CHECK(!bitwise || at::isIntegralType(type, /*includeBool=*/true), "cpprun::", op, ": ReduceOp ",
+              to_string(reduce), " needs an integer or bool tensor, got ", type, " (PyTorch refuses it too).");
   TORCH_CHECK(!at::isComplexType(type) || reduce == ReduceOp::kSum || reduce == ReduceOp::kAvg, "cpprun::", op,
-              ": ReduceOp::", reduce == ReduceOp::kMax ? "kMax" : "kMin", " of a ", type,
-              " tensor: complex numbers have no order (PyTorch refuses it too). Reduce their magnitudes "
+              ": ReduceOp ", to_string(reduce), " of a ", type, " tensor: complex tensors are reduced by sum and "
+              "average only (PyTorch refuses the others too; complex numbers have no order). Reduce their magnitudes "
               "(at::abs) or their real and imaginary parts (at::view_as_real) instead.");
 }
 
@@ -105,7 +114,8 @@ ReductionWire gloo_reduction_wire(const at::Tensor& t, ReduceOp reduce) {
     case ScalarType::UInt32: return {t.to(ScalarType::Long), false, false};
     case ScalarType::UInt64: {
       const at::Tensor bits = t.view(ScalarType::Long);
-      if (reduce == ReduceOp::kSum) return {bits, true, false};
+      // Sums, products and bitwise operations of the bits wrap as in the type; only the order differs.
+      if (reduce != ReduceOp::kMax && reduce != ReduceOp::kMin) return {bits, true, false};
       return {bits.bitwise_xor(std::numeric_limits<int64_t>::min()), false, true};
     }
     case ScalarType::ComplexHalf:
@@ -141,6 +151,10 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
     case ReduceOp::kAvg: return c10d::ReduceOp::SUM;  // averaged after the sum, on every backend
     case ReduceOp::kMax: return c10d::ReduceOp::MAX;
     case ReduceOp::kMin: return c10d::ReduceOp::MIN;
+    case ReduceOp::kProduct: return c10d::ReduceOp::PRODUCT;
+    case ReduceOp::kBAnd: return c10d::ReduceOp::BAND;
+    case ReduceOp::kBOr: return c10d::ReduceOp::BOR;
+    case ReduceOp::kBXor: return c10d::ReduceOp::BXOR;
   }
   return c10d::ReduceOp::SUM;
 }
@@ -570,6 +584,10 @@ const char* to_string(ReduceOp op) {
     case ReduceOp::kAvg: return "avg";
     case ReduceOp::kMax: return "max";
     case ReduceOp::kMin: return "min";
+    case ReduceOp::kProduct: return "product";
+    case ReduceOp::kBAnd: return "band";
+    case ReduceOp::kBOr: return "bor";
+    case ReduceOp::kBXor: return "bxor";
   }
   return "?";
 }

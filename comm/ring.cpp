@@ -99,10 +99,14 @@ void accumulate(at::Tensor& acc, const at::Tensor& contribution_as_given, Reduce
     case ReduceOp::kAvg: acc.add_(contribution); break;
     case ReduceOp::kMax: at::maximum_out(acc, acc, contribution); break;
     case ReduceOp::kMin: at::minimum_out(acc, acc, contribution); break;
+    case ReduceOp::kProduct: acc.mul_(contribution); break;
+    case ReduceOp::kBAnd: acc.bitwise_and_(contribution); break;
+    case ReduceOp::kBOr: acc.bitwise_or_(contribution); break;
+    case ReduceOp::kBXor: acc.bitwise_xor_(contribution); break;
   }
 }
 
-// Adds (or maxes, mins) pieces into `acc`, laid out as they say; padding adds nothing.
+// Adds (or maxes, multiplies, ...) pieces into `acc`, laid out as they say; padding adds nothing.
 void accumulate_pieces(at::Tensor& acc, const std::vector<ChunkPiece>& pieces, ReduceOp op) {
   for (const ChunkPiece& piece : pieces) {
     at::Tensor place = acc.narrow(0, piece.offset, piece.values.numel());

@@ -2,7 +2,7 @@
 // objects: object_collectives.h). Each has a blocking form and an `_async`
 // form that returns a Work to wait on. On Gloo, reduce-scatter and all-gather into one tensor are
 // our own rings over send/recv (3-4x faster than Gloo's own in LibTorch 2.15; see docs/process_groups.md), and
-// types Gloo cannot reduce (int16, bool) travel as float32.
+// types Gloo cannot reduce travel exactly as ones it can (int16 and bool as int32, uint64 as its bits).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -18,8 +18,15 @@ namespace detail {
 struct WorkAccess;  // comm/work_state.h: how the library makes a Work
 }  // namespace detail
 
-enum class ReduceOp { kSum, kAvg, kMax, kMin };
+// torch.distributed.ReduceOp's SUM, AVG, MAX, MIN, PRODUCT, BAND, BOR and BXOR. kAvg needs a
+// floating or complex tensor, kMax / kMin an ordered one, the bitwise three an integer or bool one;
+// a complex tensor takes kSum and kAvg only. NCCL has no bitwise reductions (c10d refuses them).
+// PyTorch's PREMUL_SUM is not offered: scale the tensor, then kSum.
+enum class ReduceOp { kSum, kAvg, kMax, kMin, kProduct, kBAnd, kBOr, kBXor };
 const char* to_string(ReduceOp op);
+
+// Every `root` below is a rank of `group` (PyTorch's group_src / group_dst), not a rank of the
+// world (PyTorch's src / dst): in a subgroup of world ranks {1, 2}, root 0 is world rank 1.
 
 // Handle to a collective in flight. wait() blocks until it is done, rethrows its error, and
 // finishes any step that follows it (e.g. converting a bf16 result back). Waiting twice is fine.

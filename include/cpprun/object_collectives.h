@@ -6,8 +6,12 @@
 //   auto counts = cpprun::all_gather_object(group, std::vector<int64_t>{seen, skipped});
 //
 // Codecs come for std::string, std::vector of trivially copyable elements, and trivially
-// copyable values (int, double, a plain struct). torch::serialize archives travel as their bytes
-// (archive_bytes / load_archive below). To send your own type, specialise ObjectCodec:
+// copyable values (int, double, a plain struct). Not for pointers, member pointers,
+// std::string_view, std::reference_wrapper or std::span: their bytes are an address in the
+// sender's memory, not what it points to (refused when compiled; a struct holding a pointer is
+// trivially copyable too, cannot be told apart, and needs a codec of its own).
+// torch::serialize archives travel as their bytes (archive_bytes / load_archive below). To send
+// your own type, specialise ObjectCodec:
 //
 //   template <> struct cpprun::ObjectCodec<Config> {
 //     static std::string encode(const Config& c) { return c.to_json(); }
@@ -15,12 +19,18 @@
 //   };
 //
 // The bytes are copied as they are: types whose layout differs between ranks' builds (a
-// trivially copyable struct compiled differently) need a codec of their own.
+// trivially copyable struct compiled differently) need a codec of their own. `root` is a rank of
+// `group` (PyTorch's group_src), not a rank of the world (PyTorch's src).
 #pragma once
 
 #include <cstring>
+#include <functional>
 #include <string>
+#include <string_view>
 #include <type_traits>
+#if __has_include(<span>) && __cplusplus >= 202002L
+#include <span>
+#endif
 #include <vector>
 
 #include "cpprun/process_group.h"
@@ -32,8 +42,34 @@ class InputArchive;
 
 namespace cpprun {
 
+namespace detail {
+// The standard's trivially copyable types that refer to memory elsewhere.
+template <typename T>
+struct refers_elsewhere : std::bool_constant<std::is_pointer_v<T> || std::is_member_pointer_v<T> ||
+                                             std::is_null_pointer_v<T>> {};
+template <typename C, typename Traits>
+struct refers_elsewhere<std::basic_string_view<C, Traits>> : std::true_type {};
+template <typename T>
+struct refers_elsewhere<std::reference_wrapper<T>> : std::true_type {};
+#if __has_include(<span>) && __cplusplus >= 202002L
+template <typename T, std::size_t N>
+struct refers_elsewhere<std::span<T, N>> : std::true_type {};
+#endif
+// Trivially copyable, and its bytes are its value: not an address into this process's memory.
+template <typename T>
+constexpr bool copied_as_bytes = std::is_trivially_copyable_v<T> && !refers_elsewhere<T>::value;
+template <typename T>
+constexpr bool always_false = false;
+}  // namespace detail
+
+// encode(const T&) -> std::string; decode(const std::string&) -> T. Specialise it for your types.
 template <typename T, typename Enable = void>
-struct ObjectCodec;  // encode(const T&) -> std::string; decode(const std::string&) -> T
+struct ObjectCodec {
+  static_assert(detail::always_false<T>,
+                "cpprun::ObjectCodec: no codec for this type. Pointers, std::string_view and the like would send an "
+                "address in this process, not what it points to: send a std::string or std::vector, or specialise "
+                "cpprun::ObjectCodec<T> (see cpprun/object_collectives.h).");
+};
 
 template <>
 struct ObjectCodec<std::string> {
@@ -42,7 +78,7 @@ struct ObjectCodec<std::string> {
 };
 
 template <typename T>
-struct ObjectCodec<T, std::enable_if_t<std::is_trivially_copyable_v<T>>> {
+struct ObjectCodec<T, std::enable_if_t<detail::copied_as_bytes<T>>> {
   static std::string encode(const T& value) {
     return std::string(reinterpret_cast<const char*>(&value), sizeof(T));
   }
@@ -50,7 +86,7 @@ struct ObjectCodec<T, std::enable_if_t<std::is_trivially_copyable_v<T>>> {
 };
 
 template <typename T>
-struct ObjectCodec<std::vector<T>, std::enable_if_t<std::is_trivially_copyable_v<T>>> {
+struct ObjectCodec<std::vector<T>, std::enable_if_t<detail::copied_as_bytes<T>>> {
   static std::string encode(const std::vector<T>& value) {
     return std::string(reinterpret_cast<const char*>(value.data()), value.size() * sizeof(T));
   }
@@ -63,7 +99,7 @@ namespace detail {
 }  // namespace detail
 
 template <typename T>
-T ObjectCodec<T, std::enable_if_t<std::is_trivially_copyable_v<T>>>::decode(const std::string& bytes) {
+T ObjectCodec<T, std::enable_if_t<detail::copied_as_bytes<T>>>::decode(const std::string& bytes) {
   if (bytes.size() != sizeof(T)) detail::throw_bad_object_size("trivially copyable value", bytes.size(), sizeof(T));
   T value;
   std::memcpy(static_cast<void*>(&value), bytes.data(), sizeof(T));
@@ -71,7 +107,7 @@ T ObjectCodec<T, std::enable_if_t<std::is_trivially_copyable_v<T>>>::decode(cons
 }
 
 template <typename T>
-std::vector<T> ObjectCodec<std::vector<T>, std::enable_if_t<std::is_trivially_copyable_v<T>>>::decode(
+std::vector<T> ObjectCodec<std::vector<T>, std::enable_if_t<detail::copied_as_bytes<T>>>::decode(
     const std::string& bytes) {
   if (bytes.size() % sizeof(T) != 0) detail::throw_bad_object_size("vector's elements", bytes.size(), sizeof(T));
   std::vector<T> value(bytes.size() / sizeof(T));

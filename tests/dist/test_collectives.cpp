@@ -7,7 +7,9 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <stdexcept>
+#include <utility>
 #include <vector>
 
 #include "comm/group_impl.h"  // p2p_bytes_sent
@@ -38,8 +40,37 @@ at::Tensor expected_reduction(int64_t n, ReduceOp op, int world) {
     case ReduceOp::kAvg: return base * ((world + 1) / 2.0);
     case ReduceOp::kMax: return base * world;
     case ReduceOp::kMin: return base;
+    default: break;
   }
+  FAIL("expected_reduction: " << cpprun::to_string(op));
   return base;
+}
+
+// Rank r's factors and bits for the product and bitwise reductions: factors 1..3, whose product
+// over four ranks (at most 81) is exact in every type; bits that differ between ranks (bool: true
+// at the multiples of r + 2).
+at::Tensor factors_of(int rank, int64_t n, at::ScalarType type) {
+  return ((at::arange(n, at::kLong) + rank) % 3 + 1).to(type);
+}
+at::Tensor bits_of(int rank, int64_t n, at::ScalarType type) {
+  if (type == at::kBool) return at::arange(n, at::kLong) % (rank + 2) == 0;
+  return ((at::arange(n, at::kLong) * 37 + rank * 11 + 5) % 128).to(type);
+}
+
+// Every rank's tensor reduced by `op`, computed locally in int64.
+at::Tensor reduced_locally(ReduceOp op, int world, const std::function<at::Tensor(int)>& of_rank) {
+  at::Tensor acc = of_rank(0).to(at::kLong);
+  for (int r = 1; r < world; ++r) {
+    const at::Tensor x = of_rank(r).to(at::kLong);
+    switch (op) {
+      case ReduceOp::kProduct: acc = acc * x; break;
+      case ReduceOp::kBAnd: acc = acc.bitwise_and(x); break;
+      case ReduceOp::kBOr: acc = acc.bitwise_or(x); break;
+      case ReduceOp::kBXor: acc = acc.bitwise_xor(x); break;
+      default: FAIL("reduced_locally: " << cpprun::to_string(op));
+    }
+  }
+  return acc;
 }
 
 // What rank r holds before a broadcast: contribution(), except in bool, where contribution() is
@@ -196,6 +227,71 @@ TEST_CASE("collectives: unsigned, int16, bool and complex reductions are exact",
     at::Tensor in = at::zeros({world}, at::kLong).to(at::kUInt32), out = at::zeros({1}, at::kLong).to(at::kUInt32);
     CHECK_THROWS_WITH(cpprun::reduce_scatter(group(), out, in), Catch::Contains("reduce an int64 copy"));
   }
+}
+
+// torch.distributed's PRODUCT, BAND, BOR and BXOR: every type Gloo reduces and those that travel
+// as another (int16 and bool as int32, Note [Reductions Gloo cannot do]), through all_reduce,
+// reduce and our reduce-scatter ring.
+TEST_CASE("collectives: product and bitwise reductions, as PyTorch's PRODUCT, BAND, BOR, BXOR", "[collectives]") {
+  const int world = group().size(), rank = group().rank();
+  const std::vector<at::ScalarType> integers = {at::kByte, at::kChar, at::kShort, at::kInt, at::kLong, at::kBool};
+  std::vector<std::pair<ReduceOp, at::ScalarType>> cases;
+  for (auto type : {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16}) cases.push_back({ReduceOp::kProduct, type});
+  for (auto type : integers) {
+    for (auto op : {ReduceOp::kProduct, ReduceOp::kBAnd, ReduceOp::kBOr, ReduceOp::kBXor}) cases.push_back({op, type});
+  }
+  for (const auto& [op, type] : cases) {
+    for (const int64_t n : {int64_t{7}, int64_t{1001}}) {
+      INFO("type " << type << " n " << n << " op " << cpprun::to_string(op));
+      const auto of = [&](int r, int64_t count) {
+        return op == ReduceOp::kProduct ? factors_of(r, count, type) : bits_of(r, count, type);
+      };
+      const at::Tensor expected = reduced_locally(op, world, [&](int r) { return of(r, n); });
+      at::Tensor all = of(rank, n), root_only = of(rank, n);
+      cpprun::all_reduce(group(), all, op);
+      CHECK(all.scalar_type() == type);
+      CHECK(all.to(at::kLong).equal(expected));
+      cpprun::reduce(group(), root_only, /*root=*/world - 1, op);
+      CHECK(root_only.to(at::kLong).equal(rank == world - 1 ? expected : of(rank, n).to(at::kLong)));
+      at::Tensor chunk = at::empty({n}, type);
+      cpprun::reduce_scatter(group(), chunk, of(rank, world * n), op);
+      const at::Tensor whole = reduced_locally(op, world, [&](int r) { return of(r, world * n); });
+      CHECK(chunk.to(at::kLong).equal(whole.narrow(0, rank * n, n)));
+    }
+  }
+  // uint64 travels as its bits: products and xor wrap as in the type, above 2^63 too.
+  const uint64_t big = (uint64_t{1} << 63) + 3;
+  const auto value_of = [&](int r) { return big + 2 * static_cast<uint64_t>(r); };
+  at::Tensor product = at::empty({1}, at::kUInt64);
+  const uint64_t mine = value_of(rank);
+  std::memcpy(product.data_ptr(), &mine, sizeof mine);
+  at::Tensor bxor = product.clone();
+  cpprun::all_reduce(group(), product, ReduceOp::kProduct);
+  cpprun::all_reduce(group(), bxor, ReduceOp::kBXor);
+  uint64_t expected_product = 1, expected_xor = 0;
+  for (int r = 0; r < world; ++r) expected_product *= value_of(r), expected_xor ^= value_of(r);
+  CHECK(*static_cast<const uint64_t*>(product.data_ptr()) == expected_product);
+  CHECK(*static_cast<const uint64_t*>(bxor.data_ptr()) == expected_xor);
+  // Bitwise reductions need integers or bools; complex numbers take sum and average only.
+  at::Tensor floats = at::ones({2});
+  CHECK_THROWS_WITH(cpprun::all_reduce(group(), floats, ReduceOp::kBOr),
+                    Catch::Contains("ReduceOp bor needs an integer or bool tensor, got Float"));
+  at::Tensor z = at::ones({2}, at::kComplexFloat);
+  CHECK_THROWS_WITH(cpprun::all_reduce(group(), z, ReduceOp::kProduct),
+                    Catch::Contains("ReduceOp product of a ComplexFloat tensor"));
+}
+
+// A tensor without memory (a meta tensor; a deferred one, cpprun::deferred_init, not yet
+// materialised) went to Gloo's socket from a null address, which aborted the process.
+TEST_CASE("collectives: a tensor without memory is refused by name", "[collectives]") {
+  at::Tensor meta = at::empty({4}, at::TensorOptions().device(at::kMeta));
+  CHECK_THROWS_WITH(cpprun::broadcast(group(), meta),
+                    Catch::Contains("has no memory: a meta tensor, or a deferred one"));
+  CHECK_THROWS_WITH(cpprun::all_reduce(group(), meta), Catch::Contains("has no memory"));
+  at::Tensor deferred = cpprun::deferred_init([] { return at::zeros({4}); });
+  CHECK_THROWS_WITH(cpprun::all_reduce(group(), deferred), Catch::Contains("has no memory"));
+  at::Tensor empty = at::empty({0});  // no elements: nothing to send, accepted
+  cpprun::all_reduce(group(), empty);
 }
 
 TEST_CASE("collectives: broadcast from every root, every type", "[collectives]") {

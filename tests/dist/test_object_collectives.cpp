@@ -3,7 +3,11 @@
 #include "catch.h"
 #include <torch/torch.h>
 
+#include <cstddef>
+#include <cstdint>
+#include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "cpprun/cpprun.h"
@@ -111,4 +115,38 @@ TEST_CASE("object collectives: bytes that cannot be the type are a clear error",
   CHECK_THROWS_WITH(cpprun::ObjectCodec<Stats>::decode(three), Catch::Contains("3 bytes") && Catch::Contains("same C++ type"));
   CHECK_THROWS_WITH(cpprun::ObjectCodec<std::vector<int32_t>>::decode(three), Catch::Contains("3 bytes"));
   (void)rank;
+}
+
+// An address is not a value: a string_view broadcast as its bytes gave the other ranks rank 0's
+// pointer (a crash or garbage there). Such types have no codec, so they do not compile.
+static_assert(cpprun::detail::copied_as_bytes<Stats> && cpprun::detail::copied_as_bytes<int>);
+static_assert(!cpprun::detail::copied_as_bytes<const char*> && !cpprun::detail::copied_as_bytes<std::string_view> &&
+              !cpprun::detail::copied_as_bytes<int Stats::*> && !cpprun::detail::copied_as_bytes<std::nullptr_t> &&
+              !cpprun::detail::copied_as_bytes<std::reference_wrapper<int>>);
+
+TEST_CASE("object collectives: a subgroup's non-member and a mismatched call are clear errors", "[objects]") {
+  const int world = group().size(), rank = group().rank();
+  if (world == 1) return;
+  // A rank outside the subgroup is refused by name, as every collective refuses it (it asked
+  // at::empty for -1 bytes).
+  cpprun::ProcessGroup first = cpprun::new_group(group(), {0});
+  if (rank != 0) {
+    CHECK_THROWS_WITH(cpprun::all_gather_object(first, 1), Catch::Contains("all_gather_object") &&
+                                                               Catch::Contains("not a member of this subgroup"));
+    int value = 0;
+    CHECK_THROWS_WITH(cpprun::broadcast_object(first, value), Catch::Contains("broadcast_object") &&
+                                                                  Catch::Contains("not a member of this subgroup"));
+  }
+  // Rank 0 broadcasts a tensor where the others broadcast an object: the size they receive is not
+  // one, and they say so (negative, and more than any process holds).
+  for (const int64_t announced : {int64_t{-1}, int64_t{1} << 62}) {
+    if (rank == 0) {
+      cpprun::broadcast(group(), at::full({1}, announced, at::kLong));
+    } else {
+      std::string received;
+      CHECK_THROWS_WITH(cpprun::broadcast_object(group(), received),
+                        Catch::Contains("broadcast_object: rank 0 of the group announced") &&
+                            Catch::Contains("or another collective"));
+    }
+  }
 }
