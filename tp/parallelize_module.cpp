@@ -12,10 +12,15 @@
 
 #include <map>
 #include <sstream>
+#include <string>
+#include <variant>
+#include <vector>
 
 #include "comm/group_membership.h"
 #include "core/split_parameter_registry.h"
 #include "cpprun/collectives.h"
+#include "cpprun/deferred_init.h"
+#include "cpprun/object_collectives.h"
 #include "cpprun/tensor_parallel.h"
 
 namespace cpprun {
@@ -71,6 +76,52 @@ void check_divides(const std::string& name, const char* style, const char* what,
               size, ") over the tensor-parallel group's ", tp, " ranks, and ", size, " does not divide by ", tp,
               "; choose a size that is a multiple of ", tp, " or a smaller tensor-parallel degree (uneven splits "
               "are refused, not padded).");
+}
+
+// Note [One plan on every tensor-parallel rank]
+// Each planned layer broadcasts its weights and later runs its own collectives: ranks given
+// different plans (another entry, another layout) would pair one rank's collective with another's
+// and wait until the group's timeout (half an hour by default), or split a layer on one rank only.
+// So the ranks compare the plans they were given first, before anything that could fail on one
+// rank alone: one all-gather of each rank's description, and a difference refused on every rank,
+// naming each rank that differs from rank 0. PyTorch's parallelize_module does not check.
+std::string describe_plan(const ParallelizePlan& plan) {
+  std::ostringstream out;
+  for (const auto& [name, style] : plan) {
+    out << (out.tellp() > 0 ? ", " : "") << '"' << name << "\": " << style_name(style) << '(';
+    if (const auto* colwise = std::get_if<ColwiseParallel>(&style)) {
+      out << colwise->input_layouts().str() << " -> " << colwise->output_layouts().str()
+          << (colwise->keep_gathered_input() ? ", keep_gathered_input" : "");
+    } else if (const auto* rowwise = std::get_if<RowwiseParallel>(&style)) {
+      out << rowwise->input_layouts().str() << " -> " << rowwise->output_layouts().str();
+    } else {
+      out << "sequence_dim " << std::get<SequenceParallel>(style).sequence_dim();
+    }
+    out << ')';
+  }
+  return out.str();
+}
+
+void agree_on_plan(const ProcessGroup& group, const ParallelizePlan& plan) {
+  if (group.size() == 1) return;
+  const std::string mine = describe_plan(plan);
+  const std::vector<std::string> all = all_gather_bytes(group, mine);
+  for (std::size_t r = 1; r < all.size(); ++r) {
+    TORCH_CHECK(all[r] == all[0], "cpprun::parallelize_module: the tensor-parallel group's ranks were given "
+                "different plans (every rank must call it with the same plan): rank 0 {", all[0], "}; rank ", r,
+                " {", all[r], "}.");
+  }
+}
+
+// PyTorch's own order (build on the meta device, parallelize_module, then to_empty() and an
+// initialisation) does not carry over: a deferred parameter has no values to broadcast or cut.
+void refuse_deferred(const std::string& name, const torch::nn::Module& module) {
+  for (const auto& item : module.named_parameters()) {
+    TORCH_CHECK(!is_deferred(item.value()), "cpprun::parallelize_module: \"", name, ".", item.key(), "\" is a deferred "
+                "parameter (built under cpprun::deferred_init and not yet materialised): it has no values to split. "
+                "Call cpprun::materialize(model) first, then parallelize_module (then FullyShardedDataParallel or "
+                "DDP, if any).");
+  }
 }
 
 // The full parameters as the group's rank 0 has them, so that every rank cuts the same tensor.
@@ -207,6 +258,7 @@ std::shared_ptr<torch::nn::Module> parallelize_module(std::shared_ptr<torch::nn:
                                                       const ProcessGroup& tp_group, const ParallelizePlan& given_plan) {
   TORCH_CHECK(module != nullptr, "cpprun::parallelize_module: the module is null.");
   detail::check_member("parallelize_module", tp_group);
+  agree_on_plan(tp_group, given_plan);  // Note [One plan on every tensor-parallel rank], before any rank can fail
   // Note [Wildcards in a plan]: every entry as the submodules it names, each planned once.
   ParallelizePlan plan;
   std::map<std::string, std::string> entry_of;  // a submodule -> the plan key that named it
@@ -224,6 +276,7 @@ std::shared_ptr<torch::nn::Module> parallelize_module(std::shared_ptr<torch::nn:
   std::vector<Located> targets;
   for (const auto& [name, style] : plan) targets.push_back(locate(module, name));
   refuse_broken_ties(*module, plan, targets);
+  for (size_t i = 0; i < plan.size(); ++i) refuse_deferred(plan[i].first, *targets[i].child);
   std::vector<std::shared_ptr<torch::nn::Module>> replacements;
   for (size_t i = 0; i < plan.size(); ++i) {
     replacements.push_back(make_parallel(plan[i].first, targets[i].child, plan[i].second, tp_group));

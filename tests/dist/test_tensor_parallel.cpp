@@ -698,5 +698,28 @@ TEST_CASE("tensor parallel: bad plans are refused, naming the submodule", "[tp]"
                                       std::to_string(world + 1) + ") over the tensor-parallel group's " +
                                       std::to_string(world) + " ranks"));
     CHECK(odd[0]->as<torch::nn::Linear>() != nullptr);
+    // Note [One plan on every tensor-parallel rank]: a rank given another plan is refused on every
+    // rank (it waited out the group's timeout, the ranks in different collectives).
+    const cpprun::ParallelizePlan megatron{{"1", cpprun::ColwiseParallel()}, {"3", cpprun::RowwiseParallel()}};
+    const cpprun::ParallelizePlan first_only{{"1", cpprun::ColwiseParallel().output_layouts(cpprun::Replicate())}};
+    const auto& mine = group().rank() == world - 1 ? first_only : megatron;
+    CHECK_THROWS_WITH(cpprun::parallelize_module(mlp.ptr(), group(), mine),
+                      Catch::Contains("were given different plans") &&
+                          Catch::Contains("rank 0 {\"1\": ColwiseParallel(Replicate() -> Shard(-1)), \"3\": "
+                                          "RowwiseParallel(Shard(-1) -> Replicate())}; rank " +
+                                          std::to_string(world - 1) +
+                                          " {\"1\": ColwiseParallel(Replicate() -> Replicate())}"));
+    CHECK(mlp[1]->as<torch::nn::Linear>() != nullptr);
   }
+  // A deferred model has no values to cut: materialised first, it parallelizes as the eager one.
+  auto deferred = cpprun::deferred_init([] { return make_mlp(); });
+  CHECK_THROWS_WITH(cpprun::parallelize_module(deferred.ptr(), group(), {{"1", cpprun::ColwiseParallel()}}),
+                    Catch::Contains("\"1.weight\" is a deferred parameter") &&
+                        Catch::Contains("materialize(model) first"));
+  cpprun::materialize(deferred);
+  cpprun::parallelize_module(deferred.ptr(), group(), {{"1", cpprun::ColwiseParallel()}});
+  auto eager = make_mlp();
+  cpprun::parallelize_module(eager.ptr(), group(), {{"1", cpprun::ColwiseParallel()}});
+  CHECK(torch::equal(deferred[1]->as<cpprun::ColwiseParallelLinear>()->weight,
+                     eager[1]->as<cpprun::ColwiseParallelLinear>()->weight));
 }
