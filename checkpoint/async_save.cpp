@@ -29,6 +29,7 @@
 #include "checkpoint/sharded_state_dict.h"
 #include "checkpoint/state_dict.h"
 #include "cpprun/detail/group_store.h"
+#include "cpprun/detail/replaced_files.h"
 #include "cpprun/object_collectives.h"
 #include "cpprun/state_dict.h"
 
@@ -159,47 +160,38 @@ void launch(State& state, std::function<void()> work) {
 // Writes PART's file, or this rank's share of its directory.
 void write_part(const PreparedPart& part, const StateDictSaveOptions& options) {
   if (part.directory) {
-    fs::create_directories(part.path);
+    create_checkpoint_directory(part.path);
     write_state_dict_shard(part.shard, part.path, part.stamp);
   } else {
     write_state_dict_file(part.file_state, part.path, options, part.metadata);
   }
 }
 
-// Writes this rank's files of PARTS (its share of each directory; a file where it writes it),
-// adding each path it wrote to WRITTEN.
-void write_parts(const std::vector<PreparedPart>& parts, const StateDictSaveOptions& options,
-                 std::vector<std::string>& written) {
+// Writes this rank's files of PARTS (its share of each directory; a file where it writes it). Each
+// file it replaces is noted in this thread's ReplacedFiles, as every writer notes it.
+void write_parts(const std::vector<PreparedPart>& parts, const StateDictSaveOptions& options) {
   for (const auto& part : parts) {
     if ((!part.directory && !part.writes_file) || part.in_place || part.failed) continue;  // rows: write_rows
     write_part(part, options);
-    if (!part.directory) {
-      written.push_back(part.path);
-    } else if (!part.shard.file.empty()) {
-      written.push_back((fs::path(part.path) / part.shard.file).string());
-    }
   }
 }
 
 // Writes the index of each directory of PARTS whose index this rank writes, once every file is in place.
-void write_indexes(const std::vector<PreparedPart>& parts, std::vector<std::string>& written) {
+void write_indexes(const std::vector<PreparedPart>& parts) {
   for (const auto& part : parts) {
     if (!part.directory || !part.writes_index) continue;
     write_state_dict_index(part.index.weight_map, part.index.total_bytes, part.path, part.stamp, part.stem);
-    written.push_back((fs::path(part.path) / index_file_name(part.stem)).string());
   }
 }
 
 // Undoes a save that failed (See Note [A failed save removes what it wrote] in
-// checkpoint/sharded_state_dict.cpp): removes the files this rank WROTE in it (a failed write left the
-// file of its name as it was), and on the rank that drew the save id (`drew_id`) forgets the
-// save in its directories' memory (checkpoint/save_ids.h).
-void undo_save(const std::vector<PreparedPart>& parts, const std::vector<std::string>& written, bool drew_id,
+// checkpoint/sharded_state_dict.cpp): the files this rank wrote in it removed, those they replaced
+// back in their place (REPLACED: Note [A failed save puts the previous files back]), and on the
+// rank that drew the save id (`drew_id`) the save forgotten in its directories' memory
+// (checkpoint/save_ids.h).
+void undo_save(const std::vector<PreparedPart>& parts, ReplacedFiles& replaced, bool drew_id,
                const std::string& save_id) noexcept {
-  for (const auto& path : written) {
-    std::error_code ignored;
-    fs::remove(path, ignored);
-  }
+  replaced.put_back();
   if (!drew_id) return;
   for (const auto& part : parts) {
     if (part.directory) forget_failed_save(part.path, save_id, {std::string(part.stem)});
@@ -302,10 +294,9 @@ struct CollectiveSave {
   }
 
   // On a writer of a part written in place: every other writer's records of its file (MINE: this
-  // rank's, write_rows's), then the file put in place (added to WRITTEN). Throws when one did not
-  // come by the deadline, or said that it failed (and why).
-  void finish_rows(const std::vector<std::vector<std::string>>& mine, std::vector<std::string>& written,
-                   Clock::time_point deadline) const {
+  // rank's, write_rows's), then the file put in place. Throws when one did not come by the
+  // deadline, or said that it failed (and why).
+  void finish_rows(const std::vector<std::vector<std::string>>& mine, Clock::time_point deadline) const {
     for (std::size_t i = 0; i < parts.size(); ++i) {
       const PreparedPart& part = parts[i];
       if (!part.in_place || !part.in_place->writes_file()) continue;
@@ -331,16 +322,16 @@ struct CollectiveSave {
                     ", which could not write its rows: ", value->substr(std::string("failed: ").size()));
         records[static_cast<std::size_t>(r)] = value->substr(2);
       }
-      written.push_back(part.in_place->finish(records));
+      part.in_place->finish(records);
     }
   }
 
   // A writer: writes its parts and learns the save's result from the writers' root, which
   // collects every writer's and writes the indexes (with owners: the owners' root collects every
-  // writers' root's, and writes a file or the indexes). WRITTEN: the paths this rank wrote. See
-  // Note [The save's deadlines] for `deadline` and `told_by`.
-  std::optional<std::string> write(std::exception_ptr& local, std::vector<std::string>& written,
-                                   Clock::time_point deadline, Clock::time_point told_by) const {
+  // writers' root's, and writes a file or the indexes). See Note [The save's deadlines] for
+  // `deadline` and `told_by`.
+  std::optional<std::string> write(std::exception_ptr& local, Clock::time_point deadline,
+                                   Clock::time_point told_by) const {
     const CheckpointTeam& team = ranks.team;
     const int rank = team.writer_rank();
     const bool directory = std::any_of(parts.begin(), parts.end(), [](const auto& p) { return p.directory; });
@@ -351,8 +342,8 @@ struct CollectiveSave {
     std::vector<std::vector<std::string>> records;
     try {
       write_rows(local, records);
-      if (!local) write_parts(parts, options, written);
-      if (!local) finish_rows(records, written, deadline);
+      if (!local) write_parts(parts, options);
+      if (!local) finish_rows(records, deadline);
     } catch (...) {
       if (!local) local = std::current_exception();
     }
@@ -391,7 +382,7 @@ struct CollectiveSave {
       }
       if (faults.empty()) {
         try {
-          write_indexes(parts, written);
+          write_indexes(parts);
         } catch (...) {
           local = std::current_exception();
           faults.push_back(me + ", writing the index: " + message_of(local));
@@ -413,10 +404,10 @@ struct CollectiveSave {
     const auto told_by = deadline + 2 * any.timeout();
     const std::string where = paths_of(parts);
     std::exception_ptr local;
-    std::vector<std::string> written;
+    ReplacedFiles replaced;  // what this thread's writers replace, until the result is known
     std::optional<std::string> result;
     if (team.writes()) {
-      result = write(local, written, deadline, told_by);
+      result = write(local, deadline, told_by);
     } else {
       // Not a writer (not first in its tensor-parallel group): the result comes from the rank first
       // there, which relays it below. See Note [Teams over a {dp, tp} mesh]. Its own failure
@@ -439,12 +430,19 @@ struct CollectiveSave {
       if (part.in_place) part.in_place->abandon();  // a temporary file not put in place
     }
     const bool unknown = result->rfind(kUnknown, 0) == 0;
-    if (local || (!unknown && *result != "ok")) undo_save(parts, written, ranks.drew_id, ranks.save_id);
+    if (local || (!unknown && *result != "ok")) {
+      undo_save(parts, replaced, ranks.drew_id, ranks.save_id);
+    } else if (unknown) {
+      replaced.leave();  // the new files and the previous ones (PATH.prev) both stay: see the error below
+    } else {
+      replaced.done();
+    }
     if (local) std::rethrow_exception(local);  // this rank's own error, as it was thrown
     TORCH_CHECK(!unknown, "cpprun: rank ", cpprun::rank(), " did not learn within three times the group's timeout (",
                 any.timeout().count(), " ms) whether the asynchronous save to ", where, " completed: the rank that "
                 "writes its index (rank 0 of the save) did not say (is it still running?). The files this rank wrote "
-                "are left in place; load the checkpoint only if its index is there.", result->substr(kUnknown.size()));
+                "are left in place, and those they replaced beside them as NAME.prev; load the checkpoint only if its "
+                "index is there.", result->substr(kUnknown.size()));
     TORCH_CHECK(*result == "ok", "cpprun: the asynchronous save to ", where, " failed on another rank (this is rank ",
                 cpprun::rank(), "):", result->substr(std::string("failed:").size()));
   }
@@ -569,7 +567,7 @@ AsyncSave start_async_save(std::vector<AsyncSavePart> parts, const CheckpointTea
       std::exception_ptr no_directory;
       if (team.is_root()) {
         try {
-          fs::create_directories(parts[i].path);
+          create_checkpoint_directory(parts[i].path);
         } catch (...) {
           no_directory = std::current_exception();
         }
@@ -599,14 +597,15 @@ AsyncSave launch_async_save(std::vector<PreparedPart> parts, AsyncSaveRanks rank
   auto state = std::make_shared<State>(paths_of(parts));
   if (ranks.team.alone() && !ranks.owners) {
     launch(*state, [parts = std::move(parts), file_options, save_id = ranks.save_id] {
-      std::vector<std::string> written;
+      ReplacedFiles replaced;  // Note [A failed save puts the previous files back]
       try {
-        write_parts(parts, file_options, written);
-        write_indexes(parts, written);
+        write_parts(parts, file_options);
+        write_indexes(parts);
       } catch (...) {
-        undo_save(parts, written, /*drew_id=*/true, save_id);
+        undo_save(parts, replaced, /*drew_id=*/true, save_id);
         throw;
       }
+      replaced.done();
     });
   } else {
     auto job = std::make_shared<CollectiveSave>(std::move(ranks));

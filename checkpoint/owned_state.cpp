@@ -18,6 +18,7 @@
 #include "checkpoint/state_dict.h"
 #include "core/failure_agreement.h"
 #include "cpprun/collectives.h"
+#include "cpprun/detail/replaced_files.h"
 #include "cpprun/object_collectives.h"
 #include "cpprun/point_to_point.h"
 #include "support/safetensors_index.h"
@@ -236,10 +237,10 @@ void save_directory(const NamedTensors& mine, const CheckpointTeam& team, const 
   const StateDictShard shard =
       team.writes() ? state_dict_shard(mine, team.writer_rank(), team.writers(), stem, files.before, files.all)
                     : StateDictShard();
-  bool wrote = false;
-  // See Note [A failed save removes what it wrote].
+  // See Note [A failed save removes what it wrote] and Note [A failed save puts the previous files back].
+  ReplacedFiles replaced;
   const auto undo = [&] {
-    if (wrote) remove_written_file(dir, shard.file);
+    replaced.put_back();
     if (decides) forget_failed_save(dir, stamp.save_id, stems);
   };
   std::exception_ptr failure;
@@ -253,7 +254,7 @@ void save_directory(const NamedTensors& mine, const CheckpointTeam& team, const 
   };
   if (decides) {
     try {
-      fs::create_directories(dir);
+      create_checkpoint_directory(dir);
     } catch (...) {
       failure = std::current_exception();
     }
@@ -262,7 +263,6 @@ void save_directory(const NamedTensors& mine, const CheckpointTeam& team, const 
   if (team.writes()) {
     try {
       write_state_dict_shard(shard, dir, stamp);
-      wrote = true;
     } catch (...) {
       failure = std::current_exception();
     }
@@ -277,6 +277,7 @@ void save_directory(const NamedTensors& mine, const CheckpointTeam& team, const 
     }
   }
   agree_or_undo();
+  replaced.done();
 }
 
 // What one owner's root found: its names, and what of them the checkpoint lacks or holds in

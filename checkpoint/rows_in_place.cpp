@@ -18,6 +18,7 @@
 #include "checkpoint/sharded_state_dict.h"
 #include "checkpoint/state_dict.h"
 #include "cpprun/collectives.h"
+#include "cpprun/detail/replaced_files.h"
 #include "cpprun/process_group.h"
 #include "support/crc32.h"
 #include "support/safetensors_index.h"
@@ -595,9 +596,11 @@ std::string ShardsInPlace::finish(const std::vector<std::string>& records) {
   const std::string header = safetensors_header(s.own->layout, crc);
   write_at(s.own_fd.get(), header.data(), header.size(), 0, fail + " (its header)");
   s.own_fd.flush_and_close(fail);
+  note_replacing(path);  // Note [A failed save puts the previous files back]
   if (::rename(s.temporary.path.c_str(), path.c_str()) != 0) {
     fail_errno(errno, fail + " (renaming " + s.temporary.path + " over it)");
   }
+  note_replaced(path);
   s.temporary.path.clear();
   const int dir_fd = ::open(s.dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);  // the rename's durability
   if (dir_fd >= 0) ::fsync(dir_fd), ::close(dir_fd);

@@ -20,6 +20,7 @@
 #include "checkpoint/sharded_state_dict.h"
 #include "cpprun/checkpoint_file.h"
 #include "cpprun/collectives.h"
+#include "cpprun/detail/replaced_files.h"
 #include "cpprun/model_checkpoint.h"
 #include "cpprun/object_collectives.h"
 #include "cpprun/state_dict_options.h"
@@ -243,7 +244,9 @@ void write_file(const std::vector<const StateEntry*>& saved, const std::vector<F
     archive.write(key(name, "opt.names"), names);
     archive.write(key(name, "opt.step"), at::tensor(rows[i].state->step));
   }
+  note_replacing(path);  // Note [A failed save puts the previous files back]
   save_checkpoint(archive, path);
+  note_replaced(path);
 }
 
 // Checks that the checkpoint in DIR holds exactly this model's trained parameters, with their
@@ -296,24 +299,24 @@ void save_sharded_checkpoint(const StateView& view, torch::optim::Optimizer* opt
   const bool writer = writes_file(team, files.mine);
   const std::vector<FileRows> rows = rows_to_write(saved, files, team, optimizer);
   const std::string mine = rank_file(dir, files.mine);
-  bool wrote = false;  // a failed write left the file of that name as it was
   const std::string what = "saving the sharded checkpoint in " + dir;
   // See Note [A failed save removes what it wrote] (checkpoint/sharded_state_dict.cpp): each rank its
-  // own file, and meta.pt is not written.
+  // own file, and meta.pt is not written; what they replaced comes back (Note [A failed save puts
+  // the previous files back]).
+  ReplacedFiles replaced;
   const auto agree_or_undo = [&](std::exception_ptr failure) {
     try {
       team.agree(failure, what);
     } catch (...) {
-      if (wrote) remove_written_file(dir, fs::path(mine).filename().string());
+      replaced.put_back();
       throw;
     }
   };
   std::exception_ptr failure;
   try {
-    fs::create_directories(dir);
+    create_checkpoint_directory(dir);
     if (writer) {
       write_file(saved, rows, mine, save_id);
-      wrote = true;
     }
   } catch (...) {
     failure = std::current_exception();
@@ -334,12 +337,15 @@ void save_sharded_checkpoint(const StateView& view, torch::optim::Optimizer* opt
       }
       meta.write("names", names);
       meta.write("shapes", shapes);
+      note_replacing(meta_file(dir));
       save_checkpoint(meta, meta_file(dir));
+      note_replaced(meta_file(dir));
     } catch (...) {
       failure = std::current_exception();
     }
   }
   agree_or_undo(failure);
+  replaced.done();
 }
 
 // Note [Resharding a checkpoint]

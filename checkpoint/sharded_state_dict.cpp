@@ -18,6 +18,7 @@
 #include "checkpoint/state_dict.h"
 #include "cpprun/atomic_file.h"
 #include "cpprun/checkpoint_file.h"
+#include "cpprun/detail/replaced_files.h"
 #include "cpprun/object_collectives.h"
 #include "cpprun/process_group.h"
 #include "support/file_read.h"
@@ -87,10 +88,19 @@ void refuse_dcp_directory(const fs::path& dir) {
 // A save that fails (a full disk, on any rank) must not leave its files behind, keeping the disk
 // full and a directory that looks like a checkpoint: once the ranks agree that the save failed,
 // each rank removes the file it wrote in this save (it knows its name: no listing, so never a
-// file of an earlier save, nor a model's file when its optimizer's save fails), and no index is
-// written, so an earlier index is left as it was. The directory itself stays (another save may
-// share it). A file this save replaced is gone either way; the index of the earlier save then
-// names a missing file or one of another save, which a load refuses by name.
+// file of an earlier save), and no index is written, so an earlier index is left as it was. The
+// directory itself stays (another save may share it). A file this save replaced gets its previous
+// version back (Note [A failed save puts the previous files back], checkpoint/replaced_files.cpp),
+// and so do the model's files when its optimizer's save, in the same scope, fails.
+void create_checkpoint_directory(const std::string& dir) {
+  std::error_code error;
+  fs::create_directories(dir, error);
+  if (error) {
+    throw std::system_error(error, "cpprun: cannot create the checkpoint directory " + dir +
+                                       " (a parent that is a file, a read-only file system, no permission?)");
+  }
+}
+
 void remove_written_file(const std::string& dir, const std::string& file) noexcept {
   if (file.empty()) return;
   std::error_code ignored;
@@ -143,7 +153,10 @@ StateDictShard state_dict_shard(const NamedTensors& state, int rank, int world, 
 
 void write_state_dict_shard(const StateDictShard& shard, const std::string& dir, const ShardedSaveStamp& stamp) {
   if (shard.file.empty()) return;
-  write_safetensors_file((fs::path(dir) / shard.file).string(), shard.tensors, stamp_metadata(stamp));
+  const std::string path = (fs::path(dir) / shard.file).string();
+  note_replacing(path);  // Note [A failed save puts the previous files back]
+  write_safetensors_file(path, shard.tensors, stamp_metadata(stamp));
+  note_replaced(path);
 }
 
 void write_state_dict_shard(const NamedTensors& state, const std::string& dir, int rank, int world,
@@ -179,7 +192,10 @@ void write_state_dict_index(std::map<std::string, std::string> weight_map, std::
   index.metadata = stamp_metadata(stamp);
   index.weight_map = std::move(weight_map);
   index.metadata["total_size"] = std::to_string(total_bytes);
-  write_file_atomically((fs::path(dir) / index_file_name(stem)).string(), write_safetensors_index(index));
+  const std::string index_path = (fs::path(dir) / index_file_name(stem)).string();
+  note_replacing(index_path);  // Note [A failed save puts the previous files back]
+  write_file_atomically(index_path, write_safetensors_index(index));
+  note_replaced(index_path);
   // What an earlier save left: other shard files, and a model.safetensors that transformers'
   // from_pretrained would load in preference to the index (as save_pretrained cleans up); only
   // STEM's files: a model's save leaves the optimizer's beside it, and the reverse.
@@ -192,8 +208,10 @@ void write_state_dict_index(std::map<std::string, std::string> weight_map, std::
   for (fs::directory_iterator entry(dir, ignored), end; !ignored && entry != end; entry.increment(ignored)) {
     const std::string name = entry->path().filename().string();
     if ((is_shard_file_name(name, stem) && !written.count(name)) || name == single) {
+      const std::string path = entry->path().string();
+      note_replacing(path);  // removed as replaced: back if the save around this one fails
       std::error_code not_removed;
-      fs::remove(entry->path(), not_removed);
+      if (fs::remove(path, not_removed)) note_replaced(path);
     }
   }
 }
@@ -233,29 +251,30 @@ void save_sharded_tensors(const NamedTensors& state, const CheckpointTeam& team,
   team.broadcast_bytes(stamp.save_id);  // the root's id in every file
   const StateDictShard shard =
       team.writes() ? state_dict_shard(state, team.writer_rank(), team.writers(), stem) : StateDictShard();
-  bool wrote = false;  // this rank's file: a failed write left the file of that name as it was
-  // See Note [A failed save removes what it wrote].
+  bool wrote = false;  // this rank's file written in place (write_shards_in_place says)
+  // See Note [A failed save removes what it wrote] and Note [A failed save puts the previous files back].
+  ReplacedFiles replaced;
   const auto undo = [&] {
-    if (wrote) remove_written_file(dir, shard.file);
+    replaced.put_back();
     if (decides) forget_failed_save(dir, stamp.save_id, stems);
   };
   if (team.alone()) {
     try {
-      fs::create_directories(dir);
+      create_checkpoint_directory(dir);
       write_state_dict_shard(shard, dir, stamp);
-      wrote = true;
       write_state_dict_index(state, dir, 1, stamp, stem);
     } catch (...) {
       undo();
       throw;
     }
+    replaced.done();
     return;
   }
   const std::string what = "saving the state dict to " + dir;
   std::exception_ptr failure;
   if (team.is_root()) {
     try {
-      fs::create_directories(dir);
+      create_checkpoint_directory(dir);
     } catch (...) {
       failure = std::current_exception();
     }
@@ -282,7 +301,6 @@ void save_sharded_tensors(const NamedTensors& state, const CheckpointTeam& team,
     if (team.writes()) {
       try {
         write_state_dict_shard(shard, dir, stamp);
-        wrote = true;
       } catch (...) {
         failure = std::current_exception();
       }
@@ -298,6 +316,7 @@ void save_sharded_tensors(const NamedTensors& state, const CheckpointTeam& team,
     }
   }
   agree_or_undo();
+  replaced.done();
 }
 
 std::string read_index_text(const std::string& path) {

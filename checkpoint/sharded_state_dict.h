@@ -81,6 +81,10 @@ IndexPlan index_plan(const NamedTensors& state, int world, std::string_view stem
 void write_state_dict_index(std::map<std::string, std::string> weight_map, std::uint64_t total_bytes,
                             const std::string& dir, const ShardedSaveStamp& stamp, std::string_view stem);
 
+// Creates the checkpoint directory DIR (and its parents) if need be; throws std::system_error
+// naming DIR and the system's reason ("cpprun: cannot create the checkpoint directory ...").
+void create_checkpoint_directory(const std::string& dir);
+
 // Removes DIR/FILE, which this rank wrote in a save that failed (FILE empty: none); never throws.
 // See Note [A failed save removes what it wrote] in the .cpp.
 void remove_written_file(const std::string& dir, const std::string& file) noexcept;

@@ -21,6 +21,7 @@
 #include "cpprun/atomic_file.h"
 #include "cpprun/checkpoint_file.h"
 #include "cpprun/collectives.h"
+#include "cpprun/detail/replaced_files.h"
 #include "cpprun/object_collectives.h"
 #include "cpprun/state_dict.h"
 #include "checkpoint/sharded_state_dict.h"
@@ -520,6 +521,7 @@ void write_state_dict_file(const NamedTensors& state, const std::string& path, c
                            std::map<std::string, std::string> metadata) {
   // .pt: cpprun's checksum footer, which torch.load ignores (Note [Checkpoint footer]);
   // .safetensors: the checksum is in the header's __metadata__, with the step when given.
+  note_replacing(path);  // Note [A failed save puts the previous files back]
   if (format_of(path) == StateDictFormat::kTorchSave) {
     TORCH_INTERNAL_ASSERT(metadata.empty(), "a .pt file holds no metadata: ", path);
     write_checkpoint_file(path, encode_torch_save(state));
@@ -528,6 +530,7 @@ void write_state_dict_file(const NamedTensors& state, const std::string& path, c
     if (options.save_id()) metadata[std::string(kSaveIdKey)] = *options.save_id();
     write_safetensors_file(path, state, std::move(metadata));
   }
+  note_replaced(path);
 }
 
 void check_state_dict_path(const std::string& path) {

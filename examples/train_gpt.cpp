@@ -1525,23 +1525,19 @@ int run(int argc, char** argv) {
   if (graph) static_cast<cpprun::FusedAdamW&>(optimizer).count_replayed_steps(replays);
 #endif
 
-  // --save: the model and the optimizer (collective: each rank writes its share of the tensors),
-  // one save id for both (rank 0's), then where the run stands, last and by rank 0. An earlier
-  // save's trainer.json stays until this one replaces it: a save that fails before any of its files
-  // is in place (a full disk) leaves the earlier save whole; one that fails later leaves a directory
-  // --resume refuses (two saves' ids, or a file the failed save's undo removed).
+  // --save: the model and the optimizer as one save (collective: each rank writes its share of the
+  // tensors), one save id for both (rank 0's), then where the run stands, last and by rank 0. A
+  // save that fails (a full disk) puts the earlier checkpoint's model and optimizer files back, and
+  // its trainer.json stays, so the directory holds the earlier save whole.
   if (!opt.save_dir.empty()) {
     const std::string dir = opt.save_dir + "/";
     const auto options = cpprun::StateDictSaveOptions().step(last_step).save_id(cpprun::new_save_id());
     if (schedule) {
-      cpprun::save_state_dict(my_stages, dir, options);
-      cpprun::save_optimizer_state_dict(my_stages, optimizer, dir, options);
+      cpprun::save_state_dict(my_stages, optimizer, dir, options);
     } else if (wrapped) {
-      cpprun::save_state_dict(model, dir, options);
-      cpprun::save_optimizer_state_dict(model, optimizer, dir, options);
+      cpprun::save_state_dict(model, optimizer, dir, options);
     } else {
-      cpprun::save_state_dict(gpt, dir, options);
-      cpprun::save_optimizer_state_dict(gpt, optimizer, dir, options);
+      cpprun::save_state_dict(gpt, optimizer, dir, options);
     }
     if (rank == 0) {
       if (opt.amp == "fp16") {

@@ -38,6 +38,7 @@
 #include <string>
 #include <type_traits>
 
+#include "cpprun/detail/replaced_files.h"
 #include "cpprun/state_dict.h"
 
 namespace cpprun {
@@ -173,15 +174,18 @@ void load_optimizer_state_dict(Model&& model, torch::optim::Optimizer& optimizer
 // its checkpoint_id: save_state_dict(model, DIR, options) then save_optimizer_state_dict(model,
 // optimizer, DIR, options), under one save id (options.save_id(), else a new one). Collective on
 // a wrapper, as those two. An existing file, or a name with a file's extension (.safetensors,
-// .pt, .pth, .bin), is refused: save to files with the two calls.
+// .pt, .pth, .bin), is refused: save to files with the two calls. One save: when the optimizer's
+// part fails (a full disk), the model's files of the checkpoint DIR held before come back too.
 template <typename Model>
 void save_state_dict(Model&& model, torch::optim::Optimizer& optimizer, const std::string& dir,
                      const StateDictSaveOptions& options = StateDictSaveOptions()) {
   const std::string directory = detail::checkpoint_directory(dir, "save_state_dict");
   StateDictSaveOptions one = options;
   if (!one.save_id()) one.save_id(new_save_id());  // rank 0's counts: it is broadcast
+  detail::ReplacedFiles together;  // both parts, or neither: Note [A failed save puts the previous files back]
   save_state_dict(model, directory, one);
   save_optimizer_state_dict(model, optimizer, directory, one);
+  together.done();
 }
 
 // The reverse: load_state_dict(model, DIR, options), then load_optimizer_state_dict(model,

@@ -18,6 +18,8 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iterator>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -683,6 +685,100 @@ TEST_CASE("optimizer_state_dict: a model and its optimizer saved by two calls wi
   check_close(full_parameters(other), full_parameters(model));
   CHECK_THROWS_WITH(cpprun::save_state_dict(model, opt, base + ".safetensors"),
                     Catch::Contains("take a directory") && Catch::Contains("save_optimizer_state_dict(model, optimizer"));
+  cpprun::barrier(group());
+  if (rank == 0) fs::remove_all(base);
+  cpprun::barrier(group());
+}
+
+// Note [A failed save puts the previous files back]: a save over a checkpoint that fails after some
+// of its files are in place (here the optimizer's last file, whose temporary name a directory takes
+// on rank 0) leaves the earlier checkpoint as it was, byte for byte, and loadable: the model's files,
+// which the failed save had replaced, come back, and no NAME.prev stays. It used to leave neither
+// checkpoint (the model's new files removed, or beside the old optimizer).
+TEST_CASE("optimizer_state_dict: a save over a checkpoint that fails puts the earlier checkpoint back",
+          "[optimizer_state_dict]") {
+  const std::string wrapper = GENERATE("ddp", "zero3");
+  const std::string how = GENERATE("together", "async", "async files");
+  INFO(wrapper << ", " << how);
+  const int rank = group().rank();
+  SteppedOnce start(wrapper, "put_back");
+  auto& [model, opt, base] = start;
+  const bool files = how == "async files";
+  const std::string model_path = files ? base + "/model.safetensors" : base + "/";
+  const std::string opt_path = files ? base + "/optimizer.safetensors" : base + "/";
+  const auto save = [&](int step) {
+    const auto options = cpprun::StateDictSaveOptions().step(step);
+    if (how == "together") {
+      cpprun::save_state_dict(model, opt, base + "/", options);
+    } else {
+      cpprun::save_async(model, opt, model_path, opt_path, options).wait();
+    }
+  };
+  const auto contents = [&] {  // rank 0's view of the directory: every file and its bytes
+    std::map<std::string, std::string> out;
+    for (const auto& entry : fs::directory_iterator(base)) {
+      std::ifstream in(entry.path(), std::ios::binary);
+      out[entry.path().filename().string()] = std::string(std::istreambuf_iterator<char>(in), {});
+    }
+    return out;
+  };
+  const auto loads = [&](const std::map<std::string, torch::Tensor>& expected) {
+    auto other = wrap(seeded(5), wrapper);
+    torch::optim::AdamW other_opt(other->parameters(), torch::optim::AdamWOptions(0.5));
+    cpprun::load_state_dict(other, model_path);
+    cpprun::load_optimizer_state_dict(other, other_opt, opt_path);
+    CHECK(other_opt.param_groups()[0].options().get_lr() == 0.01);
+    check_close(full_parameters(other), expected);
+  };
+  if (rank == 0) {
+    fs::remove_all(base);
+    if (files) fs::create_directories(base);  // a file's save makes no directory, as torch.save
+  }
+  cpprun::barrier(group());
+  save(1);
+  const auto at_step_1 = full_parameters(model);
+  const auto saved = rank == 0 ? contents() : std::map<std::string, std::string>();
+  train_step(model, opt, 1);
+  const std::string last = files ? "optimizer.safetensors" : "optimizer.safetensors.index.json";
+  const fs::path blocked = fs::path(base) / (last + ".tmp");
+  if (rank == 0) fs::create_directories(blocked / "in_the_way");
+  cpprun::barrier(group());
+  CHECK_THROWS(save(2));
+  cpprun::barrier(group());
+  if (rank == 0) {
+    fs::remove_all(blocked);
+    CHECK(contents() == saved);
+  }
+  cpprun::barrier(group());
+  loads(at_step_1);
+  // With the way clear, the same save goes through, and keeps nothing of the earlier one.
+  save(2);
+  loads(full_parameters(model));
+  if (rank == 0) {
+    for (const auto& [name, bytes] : contents()) CHECK(name.find(".prev") == std::string::npos);
+  }
+  // A directory that cannot be made is named, with the reason (it was the filesystem's bare
+  // "cannot create directories"), on the rank that made it.
+  const std::string under_a_file = base + "/model.safetensors.index.json/ckpt/";
+  if (files) {
+    cpprun::barrier(group());
+  } else if (how == "together") {
+    const auto error = [&] {
+      try {
+        cpprun::save_state_dict(model, opt, under_a_file);
+      } catch (const std::exception& e) {
+        return std::string(e.what());
+      }
+      return std::string("no error");
+    }();
+    INFO(error);
+    if (rank == 0) CHECK_THAT(error, Catch::Contains("cannot create the checkpoint directory " + under_a_file));
+    CHECK(error != "no error");
+  } else {
+    CHECK_THROWS_WITH(cpprun::save_async(model, opt, under_a_file, under_a_file).wait(),
+                      Catch::Contains("cannot create the checkpoint directory " + under_a_file) ||
+                          Catch::Contains("failed on another rank"));
+  }
   cpprun::barrier(group());
   if (rank == 0) fs::remove_all(base);
   cpprun::barrier(group());
