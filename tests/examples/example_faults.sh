@@ -160,6 +160,32 @@ full_disk)
     exit $rc' sh "$tmp/disk" "$mnist" --train-size 256 --batch 64 --epochs 1 --out "$tmp/disk/run"
   grep -q "left on the disk: \[\]" "$tmp/out" || fail "the partial checkpoint was left: $(grep 'left on the disk' "$tmp/out")"
   ;;
+gpt_full_disk)
+  # train_gpt --save over its own checkpoint on a disk that holds one checkpoint (about 380 KiB here)
+  # but not a second beside it (a 560 KiB tmpfs in a private mount namespace; root only, else 77):
+  # the second save fails with the system's reason, and the first stays whole, so --resume
+  # continues it (Note [A failed save puts the previous files back]). Before, the model's new files
+  # replaced the old ones, the optimizer's met the full disk, the undo removed the new model, and
+  # --resume found no checkpoint.
+  if [ "$(id -u)" != 0 ] || ! unshare -m true 2>/dev/null; then
+    echo "SKIP: needs root and unshare -m (a private mount namespace for a small tmpfs)"
+    exit 77
+  fi
+  mkdir "$tmp/disk"
+  # shellcheck disable=SC2016
+  expect 0 "resumed from $tmp/disk/ck at step 2" unshare -m sh -c '
+    mount -t tmpfs -o size=560k tmpfs "$1" || exit 99
+    ck=$1/ck gpt=$2
+    shift 2
+    "$gpt" "$@" --steps 2 --save "$ck" || { echo "the first save failed"; exit 1; }
+    "$gpt" "$@" --steps 4 --save "$ck" && { echo "the second save fitted: make the disk smaller"; exit 1; }
+    echo "left after the failed save: [$(ls -A "$ck" | tr "\n" " ")]"
+    "$gpt" "$@" --steps 4 --resume "$ck"' sh "$tmp/disk" "$gpt" --layers 2 --embed 32 --heads 4 --block 16 \
+    --log-every 1 --sample 0 --straggler-every 0
+  grep -q "No space left on device" "$tmp/out" || fail "the second save did not meet the full disk"
+  grep -qF "left after the failed save: [model-00001-of-00001.safetensors model.safetensors.index.json optimizer-00001-of-00001.safetensors optimizer.safetensors.index.json trainer.json ]" "$tmp/out" ||
+    fail "the failed save left other files: $(grep 'left after' "$tmp/out")"
+  ;;
 under_cpprun)
   # The root cause's error file, in cpprun's failure summary: the C++ type and the message.
   expect 1 "std::invalid_argument: --data $tmp/nonexistent does not exist" \
