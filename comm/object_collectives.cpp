@@ -5,7 +5,11 @@
 #include <c10/util/Exception.h>
 #include <torch/serialize/archive.h>
 
+#include <algorithm>
+#include <cstring>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "comm/group_membership.h"
 #include "cpprun/collectives.h"
@@ -74,6 +78,69 @@ std::vector<std::string> all_gather_bytes(const ProcessGroup& group, const std::
   std::vector<std::string> result;
   for (const auto& t : outputs) result.push_back(as_bytes(t));
   return result;
+}
+
+std::vector<std::string> gather_bytes(const ProcessGroup& group, const std::string& bytes, int root) {
+  detail::check_member("gather_object", group);
+  // Every rank's size on every rank (one small all-gather): each pads to the largest, as gather
+  // takes one shape from every rank.
+  const int n = group.size();
+  at::Tensor sizes = at::empty({n}, at::kLong);
+  all_gather_into(group, sizes, at::tensor({static_cast<int64_t>(bytes.size())}, at::kLong));
+  int64_t widest = 0;
+  for (int r = 0; r < n; ++r) {
+    const int64_t size = sizes[r].item<int64_t>();
+    TORCH_CHECK(size >= 0, "cpprun::gather_object: rank ", r, " of the group announced ", size,
+                " bytes; did it call gather_object with this rank, or another collective?");
+    widest = std::max(widest, size);
+  }
+  std::vector<std::string> result;
+  if (widest == 0) {
+    if (group.rank() == root) result.assign(static_cast<std::size_t>(n), std::string());
+    return result;
+  }
+  at::Tensor mine = at::zeros({widest}, at::kByte);
+  if (!bytes.empty()) std::memcpy(mine.data_ptr(), bytes.data(), bytes.size());
+  std::vector<at::Tensor> outputs;
+  if (group.rank() == root) {
+    for (int r = 0; r < n; ++r) outputs.push_back(bytes_to_receive(widest, r, "gather_object"));
+  }
+  gather(group, mine, outputs, root);
+  for (int r = 0; r < static_cast<int>(outputs.size()); ++r) {
+    result.push_back(as_bytes(outputs[static_cast<std::size_t>(r)].narrow(0, 0, sizes[r].item<int64_t>())));
+  }
+  return result;
+}
+
+std::string scatter_bytes(const ProcessGroup& group, const std::vector<std::string>& pieces, int root) {
+  detail::check_member("scatter_object", group);
+  const int n = group.size();
+  TORCH_CHECK(root >= 0 && root < n, "cpprun::scatter_object: root ", root, " is not a rank of this group (0..",
+              n - 1, ").");
+  // The root's sizes for every rank, broadcast: a root given another count than the group's
+  // size says so in them (all -1), and every rank refuses alike rather than waiting.
+  at::Tensor sizes = at::full({n}, int64_t{-1}, at::kLong);
+  const bool is_root = group.rank() == root;
+  if (is_root && static_cast<int>(pieces.size()) == n) {
+    for (int r = 0; r < n; ++r) sizes[r] = static_cast<int64_t>(pieces[static_cast<std::size_t>(r)].size());
+  }
+  broadcast(group, sizes, root);
+  TORCH_CHECK(sizes[0].item<int64_t>() >= 0, "cpprun::scatter_object: rank ", root, " (the root) was given ",
+              is_root ? std::to_string(pieces.size()) : std::string("another number of"), " values for the group's ",
+              n, " ranks; give the root one value per rank.");
+  const int64_t widest = sizes.max().item<int64_t>();
+  if (widest == 0) return std::string();
+  at::Tensor output = bytes_to_receive(widest, root, "scatter_object");
+  std::vector<at::Tensor> inputs;
+  if (is_root) {
+    for (const std::string& piece : pieces) {
+      at::Tensor padded = at::zeros({widest}, at::kByte);
+      if (!piece.empty()) std::memcpy(padded.data_ptr(), piece.data(), piece.size());
+      inputs.push_back(padded);
+    }
+  }
+  scatter(group, output, inputs, root);
+  return as_bytes(output.narrow(0, 0, sizes[group.rank()].item<int64_t>()));
 }
 
 std::string archive_bytes(torch::serialize::OutputArchive& archive) {

@@ -1,5 +1,6 @@
-// Collectives of C++ values rather than tensors, as torch.distributed's broadcast_object_list and
-// all_gather_object: a value travels as the bytes its ObjectCodec writes.
+// Collectives of C++ values rather than tensors, as torch.distributed's broadcast_object_list,
+// all_gather_object, gather_object and scatter_object_list: a value travels as the bytes its
+// ObjectCodec writes.
 //
 //   std::string run_name = rank == 0 ? make_name() : "";
 //   cpprun::broadcast_object(group, run_name);                       // every rank: rank 0's name
@@ -120,6 +121,10 @@ std::vector<T> ObjectCodec<std::vector<T>, std::enable_if_t<detail::copied_as_by
 void broadcast_bytes(const ProcessGroup& group, std::string& bytes, int root = 0);
 // Every rank's bytes, in rank order (of any sizes).
 std::vector<std::string> all_gather_bytes(const ProcessGroup& group, const std::string& bytes);
+// Rank `root` gets every rank's bytes, in rank order; the others an empty vector.
+std::vector<std::string> gather_bytes(const ProcessGroup& group, const std::string& bytes, int root = 0);
+// Rank r gets pieces[r] of rank `root`'s `pieces` (one per rank of the group; the others' are not read).
+std::string scatter_bytes(const ProcessGroup& group, const std::vector<std::string>& pieces, int root = 0);
 
 // Every rank's `value` becomes rank `root`'s.
 template <typename T>
@@ -137,6 +142,28 @@ std::vector<T> all_gather_object(const ProcessGroup& group, const T& value) {
     values.push_back(ObjectCodec<T>::decode(bytes));
   }
   return values;
+}
+
+// Rank `root` gets every rank's `value`, in rank order; the others an empty vector
+// (torch.distributed.gather_object).
+template <typename T>
+std::vector<T> gather_object(const ProcessGroup& group, const T& value, int root = 0) {
+  std::vector<T> values;
+  for (const std::string& bytes : gather_bytes(group, ObjectCodec<T>::encode(value), root)) {
+    values.push_back(ObjectCodec<T>::decode(bytes));
+  }
+  return values;
+}
+
+// Rank r gets values[r] of rank `root`'s `values`, which holds one per rank of the group (the
+// other ranks' `values` are not read: pass {}), as torch.distributed.scatter_object_list.
+template <typename T>
+T scatter_object(const ProcessGroup& group, const std::vector<T>& values, int root = 0) {
+  std::vector<std::string> pieces;
+  if (group.rank() == root) {
+    for (const T& value : values) pieces.push_back(ObjectCodec<T>::encode(value));
+  }
+  return ObjectCodec<T>::decode(scatter_bytes(group, pieces, root));
 }
 
 // A torch::serialize archive as bytes and back (what torch::save writes), e.g. to broadcast a

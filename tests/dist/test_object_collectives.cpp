@@ -89,6 +89,35 @@ TEST_CASE("object collectives: all_gather_object of different sizes, in rank ord
   for (int r = 0; r < world; ++r) CHECK((stats[r].seen == r && stats[r].loss == r * 0.25));
 }
 
+// torch.distributed.gather_object and scatter_object_list: to and from every root, values of
+// different sizes (rank 0's empty), each rank's own.
+TEST_CASE("object collectives: gather_object and scatter_object, to and from every root", "[objects]") {
+  const int world = group().size(), rank = group().rank();
+  const auto text_of = [](int r) { return std::string(5 * r, 'a' + static_cast<char>(r)); };
+  for (int root = 0; root < world; ++root) {
+    INFO("root " << root);
+    const auto texts = cpprun::gather_object(group(), text_of(rank), root);
+    if (rank == root) {
+      REQUIRE(static_cast<int>(texts.size()) == world);
+      for (int r = 0; r < world; ++r) CHECK(texts[r] == text_of(r));
+    } else {
+      CHECK(texts.empty());
+    }
+    std::vector<std::vector<int64_t>> values;
+    if (rank == root) {
+      for (int r = 0; r < world; ++r) values.push_back(std::vector<int64_t>(r, 10 * root + r));
+    }
+    CHECK(cpprun::scatter_object(group(), values, root) == std::vector<int64_t>(rank, 10 * root + rank));
+    CHECK(cpprun::scatter_object(group(), rank == root ? std::vector<std::string>(world) : std::vector<std::string>{},
+                                 root).empty());
+  }
+  // The root given another count than the group's size: every rank refuses alike.
+  CHECK_THROWS_WITH(cpprun::scatter_object(group(), std::vector<int>(world + 1), 0),
+                    Catch::Contains("rank 0 (the root) was given") && Catch::Contains("one value per rank"));
+  CHECK(cpprun::gather_object(group(), Stats{rank, 0.5}, world - 1).size() ==
+        static_cast<std::size_t>(rank == world - 1 ? world : 0));
+}
+
 TEST_CASE("object collectives: torch::serialize archives travel as bytes", "[objects]") {
   const int rank = group().rank();
   std::string bytes;
