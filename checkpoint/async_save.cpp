@@ -3,6 +3,7 @@
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
+#include <c10/util/ScopeExit.h>
 
 #include <algorithm>
 #include <atomic>
@@ -405,6 +406,10 @@ struct CollectiveSave {
     const std::string where = paths_of(parts);
     std::exception_ptr local;
     ReplacedFiles replaced;  // what this thread's writers replace, until the result is known
+    // A throw before the result is known (the store's own trouble) leaves both versions, as an
+    // unknown result does: the others may have completed the save around this rank's new files.
+    // After the verdict below there is nothing left to leave.
+    const auto unknown_on_throw = c10::make_scope_exit([&replaced] { replaced.leave(); });
     std::optional<std::string> result;
     if (team.writes()) {
       result = write(local, deadline, told_by);

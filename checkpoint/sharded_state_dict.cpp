@@ -92,6 +92,7 @@ void refuse_dcp_directory(const fs::path& dir) {
 // directory itself stays (another save may share it). A file this save replaced gets its previous
 // version back (Note [A failed save puts the previous files back], checkpoint/replaced_files.cpp),
 // and so do the model's files when its optimizer's save, in the same scope, fails.
+
 void create_checkpoint_directory(const std::string& dir) {
   std::error_code error;
   fs::create_directories(dir, error);
@@ -99,12 +100,6 @@ void create_checkpoint_directory(const std::string& dir) {
     throw std::system_error(error, "cpprun: cannot create the checkpoint directory " + dir +
                                        " (a parent that is a file, a read-only file system, no permission?)");
   }
-}
-
-void remove_written_file(const std::string& dir, const std::string& file) noexcept {
-  if (file.empty()) return;
-  std::error_code ignored;
-  fs::remove(fs::path(dir) / file, ignored);
 }
 
 bool is_sharded_state_dict_path(const std::string& path) {

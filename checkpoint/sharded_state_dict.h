@@ -85,10 +85,6 @@ void write_state_dict_index(std::map<std::string, std::string> weight_map, std::
 // naming DIR and the system's reason ("cpprun: cannot create the checkpoint directory ...").
 void create_checkpoint_directory(const std::string& dir);
 
-// Removes DIR/FILE, which this rank wrote in a save that failed (FILE empty: none); never throws.
-// See Note [A failed save removes what it wrote] in the .cpp.
-void remove_written_file(const std::string& dir, const std::string& file) noexcept;
-
 // A save written in place (checkpoint/rows_in_place.h): the root's token for its temporary files
 // and the metadata its files' headers record (`stamp`'s: the save id, the step, an optimizer's
 // groups), broadcast, so that every rank lays the files out alike. Collective over `team`; when the
