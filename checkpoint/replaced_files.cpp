@@ -40,7 +40,7 @@ std::string previous_of(const std::string& path) { return path + ".prev"; }
 ReplacedFiles::ReplacedFiles() : outer_(innermost) { innermost = this; }
 
 ReplacedFiles::~ReplacedFiles() {
-  if (!ended_) put_back();
+  put_back();  // nothing left after done() or leave(); a scope left by an exception puts back
   innermost = outer_;
 }
 
@@ -77,7 +77,6 @@ void note_replaced(const std::string& path) noexcept {
 }
 
 void ReplacedFiles::put_back() noexcept {
-  ended_ = true;
   for (auto it = files_.rbegin(); it != files_.rend(); ++it) {
     std::error_code ignored;
     const std::string previous = previous_of(it->path);
@@ -93,23 +92,24 @@ void ReplacedFiles::put_back() noexcept {
 }
 
 void ReplacedFiles::leave() noexcept {
-  ended_ = true;
   files_.clear();
 }
 
 void ReplacedFiles::done() noexcept {
-  ended_ = true;
   if (outer_) {
+    auto& outer = outer_->files_;
     try {
+      outer.reserve(outer.size() + files_.size());  // the only step that can throw: before any move
+    } catch (...) {
+      // Out of memory passing them on: their previous versions go now, as without the outer scope.
+    }
+    if (outer.capacity() >= outer.size() + files_.size()) {
       for (auto& file : files_) {
-        auto& outer = outer_->files_;
         const bool known = std::any_of(outer.begin(), outer.end(), [&](const auto& f) { return f.path == file.path; });
         if (!known) outer.push_back(std::move(file));
       }
       files_.clear();
       return;
-    } catch (...) {
-      // Out of memory passing them on: their previous versions go now, as without the outer scope.
     }
   }
   for (const auto& file : files_) {

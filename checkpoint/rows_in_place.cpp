@@ -610,7 +610,7 @@ std::string ShardsInPlace::finish(const std::vector<std::string>& records) {
 void write_shards_in_place(const NamedTensors& state, const RowsInPlace& rows, const CheckpointTeam& team,
                            const std::string& dir, std::string_view stem,
                            const std::map<std::string, std::string>& metadata, const std::string& token,
-                           const std::string& what, bool& wrote) {
+                           const std::string& what) {
   ShardsInPlace job(state, rows, team, dir, stem, metadata, token, what);  // its temporary file goes with it
   const auto agree = [&](std::exception_ptr failure) { team.agree(failure, what); };
   // 3. Every rank's rows into the files; the records of what each wrote go to the file's writer.
@@ -623,14 +623,13 @@ void write_shards_in_place(const NamedTensors& state, const RowsInPlace& rows, c
   }
   records.resize(static_cast<std::size_t>(team.replicas()->size()));
   const InPlaceReceived received = exchange(*team.replicas(), std::move(records), failure, agree);
-  // 4. Each writer puts its file in place; the team agrees (the caller removes a file put in place
-  // when the save failed).
+  // 4. Each writer puts its file in place; the team agrees (the caller's ReplacedFiles undoes a
+  // file put in place when the save failed).
   if (job.writes_file()) {
     try {
       std::vector<std::string> from_each;
       for (const std::string_view message : received.messages()) from_each.emplace_back(message);
       job.finish(from_each);
-      wrote = true;
     } catch (...) {
       failure = std::current_exception();
     }

@@ -114,11 +114,11 @@ class ShardsInPlace {
 
 // The files of a sharded save of `state` written in place: ShardsInPlace's steps, the records sent
 // to each writer with an all-to-all. Collective over `team` (every rank calls it when rows.used); a
-// failure on any rank is raised on every rank once each writer removed its temporary file. Sets
-// `wrote` once this rank's file is in place, for the caller's undo.
+// failure on any rank is raised on every rank once each writer removed its temporary file. The
+// file put in place is noted in this thread's ReplacedFiles, for the caller's undo.
 void write_shards_in_place(const NamedTensors& state, const RowsInPlace& rows, const CheckpointTeam& team,
                            const std::string& dir, std::string_view stem,
                            const std::map<std::string, std::string>& metadata, const std::string& token,
-                           const std::string& what, bool& wrote);
+                           const std::string& what);
 
 }  // namespace cpprun::detail

@@ -246,7 +246,6 @@ void save_sharded_tensors(const NamedTensors& state, const CheckpointTeam& team,
   team.broadcast_bytes(stamp.save_id);  // the root's id in every file
   const StateDictShard shard =
       team.writes() ? state_dict_shard(state, team.writer_rank(), team.writers(), stem) : StateDictShard();
-  bool wrote = false;  // this rank's file written in place (write_shards_in_place says)
   // See Note [A failed save removes what it wrote] and Note [A failed save puts the previous files back].
   ReplacedFiles replaced;
   const auto undo = [&] {
@@ -287,7 +286,7 @@ void save_sharded_tensors(const NamedTensors& state, const CheckpointTeam& team,
     // See Note [Each rank writes its own rows]: its steps end agreed, every file in place.
     try {
       const InPlaceStamp shared = in_place_stamp(team, stamp, what);
-      write_shards_in_place(state, *in_place, team, dir, stem, shared.metadata, shared.token, what, wrote);
+      write_shards_in_place(state, *in_place, team, dir, stem, shared.metadata, shared.token, what);
     } catch (...) {
       undo();
       throw;

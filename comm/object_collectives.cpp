@@ -27,17 +27,24 @@ void throw_bad_object_size(const char* type, std::size_t bytes, std::size_t expe
 
 namespace {
 
-at::Tensor as_tensor(const std::string& bytes) {
-  at::Tensor t = at::empty({static_cast<int64_t>(bytes.size())}, at::kByte);
+// BYTES as a byte tensor, zero-padded to WIDTH (gather and scatter take one shape from every rank).
+at::Tensor as_tensor(const std::string& bytes, int64_t width) {
+  const bool exact = static_cast<int64_t>(bytes.size()) == width;
+  at::Tensor t = exact ? at::empty({width}, at::kByte) : at::zeros({width}, at::kByte);
   if (!bytes.empty()) std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
   return t;
 }
+at::Tensor as_tensor(const std::string& bytes) { return as_tensor(bytes, static_cast<int64_t>(bytes.size())); }
 
 // A size another rank sent. Negative or beyond what this process can hold, it was not an object's
 // size: that rank called another collective (a tensor broadcast) where this one called `op`.
-at::Tensor bytes_to_receive(int64_t n, int from, const char* op) {
+void check_announced(int64_t n, int from, const char* op) {
   TORCH_CHECK(n >= 0, "cpprun::", op, ": rank ", from, " of the group announced ", n, " bytes; did it call ", op,
               " with this rank, or another collective (a tensor broadcast / all_gather)?");
+}
+
+at::Tensor bytes_to_receive(int64_t n, int from, const char* op) {
+  check_announced(n, from, op);
   try {
     return at::empty({n}, at::kByte);
   } catch (const std::exception& e) {
@@ -90,8 +97,7 @@ std::vector<std::string> gather_bytes(const ProcessGroup& group, const std::stri
   int64_t widest = 0;
   for (int r = 0; r < n; ++r) {
     const int64_t size = sizes[r].item<int64_t>();
-    TORCH_CHECK(size >= 0, "cpprun::gather_object: rank ", r, " of the group announced ", size,
-                " bytes; did it call gather_object with this rank, or another collective?");
+    check_announced(size, r, "gather_object");
     widest = std::max(widest, size);
   }
   std::vector<std::string> result;
@@ -99,13 +105,11 @@ std::vector<std::string> gather_bytes(const ProcessGroup& group, const std::stri
     if (group.rank() == root) result.assign(static_cast<std::size_t>(n), std::string());
     return result;
   }
-  at::Tensor mine = at::zeros({widest}, at::kByte);
-  if (!bytes.empty()) std::memcpy(mine.data_ptr(), bytes.data(), bytes.size());
   std::vector<at::Tensor> outputs;
   if (group.rank() == root) {
     for (int r = 0; r < n; ++r) outputs.push_back(bytes_to_receive(widest, r, "gather_object"));
   }
-  gather(group, mine, outputs, root);
+  gather(group, as_tensor(bytes, widest), outputs, root);
   for (int r = 0; r < static_cast<int>(outputs.size()); ++r) {
     result.push_back(as_bytes(outputs[static_cast<std::size_t>(r)].narrow(0, 0, sizes[r].item<int64_t>())));
   }
@@ -133,11 +137,7 @@ std::string scatter_bytes(const ProcessGroup& group, const std::vector<std::stri
   at::Tensor output = bytes_to_receive(widest, root, "scatter_object");
   std::vector<at::Tensor> inputs;
   if (is_root) {
-    for (const std::string& piece : pieces) {
-      at::Tensor padded = at::zeros({widest}, at::kByte);
-      if (!piece.empty()) std::memcpy(padded.data_ptr(), piece.data(), piece.size());
-      inputs.push_back(padded);
-    }
+    for (const std::string& piece : pieces) inputs.push_back(as_tensor(piece, widest));
   }
   scatter(group, output, inputs, root);
   return as_bytes(output.narrow(0, 0, sizes[group.rank()].item<int64_t>()));

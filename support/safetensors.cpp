@@ -7,6 +7,7 @@
 #include <cctype>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <utility>
 
 #include <fcntl.h>
@@ -61,10 +62,14 @@ std::uint32_t header_content_crc(const std::map<std::string, std::string>& metad
   return crc32(content);
 }
 
-// Whether the file records no header CRC, or the one its content has.
-bool header_content_intact(const SafetensorsFile& file) {
+// The CRC the file's header content has, when the file records another (8 hex digits); nothing
+// when it records none or the right one.
+std::optional<std::string> header_crc_mismatch(const SafetensorsFile& file) {
   const auto recorded = file.metadata.find(std::string(kSafetensorsHeaderCrcKey));
-  return recorded == file.metadata.end() || recorded->second == hex8(header_content_crc(file.metadata, file.tensors));
+  if (recorded == file.metadata.end()) return std::nullopt;
+  std::string computed = hex8(header_content_crc(file.metadata, file.tensors));
+  if (computed == recorded->second) return std::nullopt;
+  return computed;
 }
 
 }  // namespace
@@ -206,7 +211,7 @@ std::optional<std::map<std::string, std::string>> read_safetensors_metadata(cons
   try {
     const auto [header, data] = split_safetensors(bytes, path);
     SafetensorsFile parsed = parse_safetensors_header(header, data, path);  // reads no data
-    if (header_content_intact(parsed)) metadata = std::move(parsed.metadata);
+    if (!header_crc_mismatch(parsed)) metadata = std::move(parsed.metadata);
   } catch (const CorruptCheckpointError&) {
     metadata.reset();
   }
@@ -270,18 +275,15 @@ SafetensorsFile read_safetensors(std::string_view bytes, const std::string& path
     }
   }
   // See Note [The header's own CRC].
-  const auto header_recorded = file.metadata.find(std::string(kSafetensorsHeaderCrcKey));
-  if (header_recorded != file.metadata.end()) {
-    const std::string computed = hex8(header_content_crc(file.metadata, file.tensors));
-    if (computed != header_recorded->second) {
-      throw CorruptCheckpointError(
-          "cpprun: safetensors file " + path + " is damaged: the CRC-32 of its header's content (its metadata, "
-          "and its tensors' names, dtypes and shapes) is 0x" + computed + " but 0x" + header_recorded->second +
-          " was recorded when cpprun wrote it (a setting it holds, such as an optimizer's learning rate or step, "
-          "or a tensor's shape, changed since). It cannot be trusted: use an earlier checkpoint, or start afresh. "
-          "If the header was changed on purpose, drop the \"" + std::string(kSafetensorsHeaderCrcKey) +
-          "\" key from the metadata.");
-    }
+  if (const auto computed = header_crc_mismatch(file)) {
+    throw CorruptCheckpointError(
+        "cpprun: safetensors file " + path + " is damaged: the CRC-32 of its header's content (its metadata, "
+        "and its tensors' names, dtypes and shapes) is 0x" + *computed + " but 0x" +
+        file.metadata.at(std::string(kSafetensorsHeaderCrcKey)) +
+        " was recorded when cpprun wrote it (a setting it holds, such as an optimizer's learning rate or step, "
+        "or a tensor's shape, changed since). It cannot be trusted: use an earlier checkpoint, or start afresh. "
+        "If the header was changed on purpose, drop the \"" + std::string(kSafetensorsHeaderCrcKey) +
+        "\" key from the metadata.");
   }
   return file;
 }

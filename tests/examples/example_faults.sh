@@ -3,12 +3,20 @@
 # code 1 (cpprun::record), never an abort (134) or a silent success; a damaged checkpoint is
 # refused and the one before it used.
 # usage: example_faults.sh CASE CPPRUN TRAIN_MNIST TRAIN_MLP TRAIN_GPT
-#   CASE: options | mnist_files | checkpoints | full_disk | under_cpprun
+#   CASE: options | mnist_files | checkpoints | full_disk | gpt_full_disk | under_cpprun
 set -u
 case_name=$1 cpprun=$2 mnist=$3 mlp=$4 gpt=$5
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fail() { echo "FAIL: $*"; echo "--- output:"; cat "$tmp/out" 2>/dev/null; exit 1; }
+# A small tmpfs (a full disk) needs root and a private mount namespace; without them the case
+# is skipped (exit 77, counted as a skip).
+needs_private_tmpfs() {
+  if [ "$(id -u)" != 0 ] || ! unshare -m true 2>/dev/null; then
+    echo "SKIP: needs root and unshare -m (a private mount namespace for a small tmpfs)"
+    exit 77
+  fi
+}
 
 # expect CODE PATTERN COMMAND...: runs COMMAND (stdout and stderr to $tmp/out, 120 s at most) and
 # checks its exit code and that its output holds PATTERN (a fixed string).
@@ -144,10 +152,7 @@ full_disk)
   # root only, else 77) stops the run with the system's reason, and its partial
   # checkpoint_epochE.tmp/ is removed rather than left to keep the disk full. The tmpfs holds
   # trainer.json and the model's file but not the optimizer's.
-  if [ "$(id -u)" != 0 ] || ! unshare -m true 2>/dev/null; then
-    echo "SKIP: needs root and unshare -m (a private mount namespace for a small tmpfs)"
-    exit 77
-  fi
+  needs_private_tmpfs
   mkdir "$tmp/disk"
   # shellcheck disable=SC2016
   expect 1 "No space left on device" unshare -m sh -c '
@@ -167,10 +172,7 @@ gpt_full_disk)
   # continues it (Note [A failed save puts the previous files back]). Before, the model's new files
   # replaced the old ones, the optimizer's met the full disk, the undo removed the new model, and
   # --resume found no checkpoint.
-  if [ "$(id -u)" != 0 ] || ! unshare -m true 2>/dev/null; then
-    echo "SKIP: needs root and unshare -m (a private mount namespace for a small tmpfs)"
-    exit 77
-  fi
+  needs_private_tmpfs
   mkdir "$tmp/disk"
   # shellcheck disable=SC2016
   expect 0 "resumed from $tmp/disk/ck at step 2" unshare -m sh -c '

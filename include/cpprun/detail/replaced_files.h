@@ -40,8 +40,7 @@ class ReplacedFiles {
   friend void note_replaced(const std::string& path) noexcept;
   static File* find(const std::string& path) noexcept;
   ReplacedFiles* outer_;
-  std::vector<File> files_;
-  bool ended_ = false;
+  std::vector<File> files_;  // empty once the scope ended (done, put_back, leave)
 };
 
 // For the writers, inside this thread's innermost scope (with none open, they do nothing): PATH
