@@ -27,6 +27,7 @@
 #include "checkpoint/writer_gather.h"
 #include "cpprun/optimizer_state_dict.h"
 #include "cpprun/checkpoint_file.h"
+#include "cpprun/detail/replaced_files.h"
 #include "cpprun/state_dict.h"
 #include "support/safetensors.h"
 #include "support/safetensors_index.h"
@@ -201,6 +202,19 @@ std::string save_id_in(const std::string& path, std::string_view stem) {
   return id == metadata.end() ? "" : id->second;
 }
 
+// What an interrupted save left beside the two paths (their directories', once if the same).
+std::string interrupted_save_notes(const std::string& model_path, const std::string& optimizer_path) {
+  namespace fs = std::filesystem;
+  const auto directory = [](const std::string& path, std::string_view stem) {
+    if (is_sharded_state_dict_path(path)) return sharded_directory_of(path, stem);
+    const fs::path parent = fs::path(path).parent_path();
+    return parent.empty() ? std::string(".") : parent.string();
+  };
+  const std::string model_dir = directory(model_path, kModelStem);
+  const std::string optimizer_dir = directory(optimizer_path, kOptimizerStem);
+  return interrupted_save_note(model_dir) + (optimizer_dir == model_dir ? "" : interrupted_save_note(optimizer_dir));
+}
+
 }  // namespace
 
 // Note [A pair of files from one save]
@@ -218,11 +232,15 @@ void check_one_save(StateSource source, const std::string& model_path, const std
       const std::string model_id = save_id_in(model_path, kModelStem);
       const std::string optimizer_id = save_id_in(optimizer_path, kOptimizerStem);
       if (!model_id.empty() && !optimizer_id.empty() && model_id != optimizer_id) {
+        const bool one_directory = model_path == optimizer_path;
+        const std::string paths = "\"" + model_path + (one_directory ? "" : "\", \"" + optimizer_path) + "\"";
         throw CorruptCheckpointError(
-            "cpprun: load_state_dict(model, optimizer, \"" + model_path + "\", \"" + optimizer_path + "\"): the "
-            "optimizer's file is from another save (save id \"" + optimizer_id + "\") than the model's (save id \"" +
-            model_id + "\"), and nothing was loaded: a save cut short between its two files leaves a new model "
-            "beside the old optimizer. Load a pair saved together (an earlier checkpoint), or save both again.");
+            "cpprun: load_state_dict(model, optimizer, " + paths + "): the optimizer's " +
+            (one_directory ? "files are" : "file is") + " from another save (save id \"" + optimizer_id +
+            "\") than the model's (save id \"" + model_id + "\"), and nothing was loaded: a save cut short between "
+            "the model's files and the optimizer's leaves a new model beside the old optimizer. Load a pair saved "
+            "together (an earlier checkpoint), or save both again." +
+            interrupted_save_notes(model_path, optimizer_path));
       }
     } catch (...) {
       failure = std::current_exception();

@@ -30,6 +30,7 @@
 #include "cpprun/atomic_file.h"
 #include "cpprun/checkpoint_file.h"
 #include "cpprun/collectives.h"
+#include "cpprun/detail/replaced_files.h"
 #include "cpprun/object_collectives.h"
 #include "support/json.h"
 #include "support/safetensors.h"
@@ -249,7 +250,8 @@ ReadOptimizerFile read_optimizer_files(const std::string& path, const std::set<s
           "cpprun: load_optimizer_state_dict: " + read.index_path + " is from another save (save id \"" +
           optimizer_id->second + "\") than the model beside it (" + model_index.string() + ", save id \"" +
           model_id->second + "\"), and nothing was loaded. Save them together (save_state_dict(model, optimizer, "
-          "\"" + dir.string() + "/\", options)), or load the checkpoint they were saved with.");
+          "\"" + dir.string() + "/\", options)), or load the checkpoint they were saved with." +
+          interrupted_save_note(dir.string()));
     }
   }
   out.metadata = std::move(read.metadata);
@@ -671,7 +673,8 @@ OptimizerFile read_directory_for_team(const OptimizerParams& params, const Check
               "cpprun: load_optimizer_state_dict: " + index_path.string() + " is from another save (save id \"" +
               optimizer_id->second + "\") than the model beside it (" + model_index.string() + ", save id \"" +
               model_id->second + "\"), and nothing was loaded. Save them together (save_state_dict(model, optimizer, "
-              "\"" + dir.string() + "/\", options)), or load the checkpoint they were saved with.");
+              "\"" + dir.string() + "/\", options)), or load the checkpoint they were saved with." +
+              interrupted_save_note(dir.string()));
         }
       }
       found = fs::absolute(dir).lexically_normal().string() + '\0' + text;  // one path on every rank

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <string>
 #include <system_error>
 
 // Note [A failed save puts the previous files back]
@@ -20,11 +21,14 @@
 // its PATH.prev. A model and its optimizer saved together (save_state_dict(model, optimizer, dir),
 // save_async with both) are one scope: the model's previous files stay until the optimizer's save
 // ends, and go back when it fails. A process killed mid-save leaves PATH.prev beside the new
-// files (the earlier data, for a person to recover), which no load reads and the next save of
-// PATH removes. Where a hard link cannot be made (a file system without them), nothing
-// is kept, and a failed save removes its files as before. PyTorch's DCP and save_pretrained
-// overwrite in place and keep nothing; torchtitan and the Trainer save each step into a directory
-// of its own, which avoids the question (and which works here too).
+// files (the earlier data), which no load reads and the next save of PATH removes; a load that
+// then refuses the directory's mix of two saves names them and the command that renames them back
+// (interrupted_save_note), rather than doing it itself: a load does not write, and whether the
+// newer files or the earlier ones are wanted is the person's call. Where a hard link cannot be
+// made (a file system without them), nothing is kept, and a failed save removes its files as
+// before. PyTorch's DCP and save_pretrained overwrite in place and keep nothing; torchtitan and the
+// Trainer save each step into a directory of its own, which avoids the question (and which works
+// here too).
 
 namespace cpprun::detail {
 namespace {
@@ -33,7 +37,16 @@ namespace fs = std::filesystem;
 
 thread_local ReplacedFiles* innermost = nullptr;
 
-std::string previous_of(const std::string& path) { return path + ".prev"; }
+constexpr const char* kPreviousSuffix = ".prev";
+
+std::string previous_of(const std::string& path) { return path + kPreviousSuffix; }
+
+// DIR for a POSIX shell, in single quotes (a quote inside closed, escaped, reopened).
+std::string shell_quoted(const std::string& text) {
+  std::string out = "'";
+  for (char c : text) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
 
 }  // namespace
 
@@ -74,6 +87,29 @@ void note_replacing(const std::string& path) noexcept {
 
 void note_replaced(const std::string& path) noexcept {
   if (ReplacedFiles::File* file = ReplacedFiles::find(path)) file->replaced = true;
+}
+
+std::string interrupted_save_note(const std::string& dir) {
+  std::vector<std::string> previous;
+  std::error_code error;
+  for (fs::directory_iterator it(dir, error), end; !error && it != end; it.increment(error)) {
+    const std::string name = it->path().filename().string();
+    const std::size_t suffix = std::char_traits<char>::length(kPreviousSuffix);
+    if (name.size() > suffix && name.compare(name.size() - suffix, suffix, kPreviousSuffix) == 0) previous.push_back(name);
+  }
+  if (previous.empty()) return "";
+  std::sort(previous.begin(), previous.end());
+  std::string shown = dir;  // "run/ck/" and "run/ck" alike
+  while (shown.size() > 1 && shown.back() == '/') shown.pop_back();
+  const std::string quoted = shell_quoted(shown);
+  constexpr std::size_t kNamed = 6;  // a sharded save's many files: the first few say enough
+  std::string names;
+  for (std::size_t i = 0; i < previous.size() && i < kNamed; ++i) names += (i ? ", " : "") + previous[i];
+  if (previous.size() > kNamed) names += ", ...";
+  return "\n" + shown + " holds " + std::to_string(previous.size()) + " file(s) named NAME.prev (" + names +
+         "): the versions a save that did not finish (a killed process) was "
+         "replacing, which are the earlier checkpoint's. To go back to it, rename each over its NAME:\n  for f in " +
+         quoted + "/*.prev; do mv -f \"$f\" \"${f%.prev}\"; done\nor, to keep the newer files, save again.";
 }
 
 void ReplacedFiles::put_back() noexcept {

@@ -460,7 +460,8 @@ void load_sharded_checkpoint(const StateView& view, torch::optim::Optimizer* opt
     throw CorruptCheckpointError("cpprun: the sharded checkpoint in " + dir + " mixes files of different saves (" +
                                  std::to_string(mixed.size()) + " file(s) differ from meta.pt), and nothing was "
                                  "loaded:" + list + "\nA save was interrupted, or files of different saves were put "
-                                 "together: save again, or load an earlier checkpoint.");
+                                 "together: save again, or load an earlier checkpoint." +
+                                 interrupted_save_note(dir));
   }
   try {
     for (const StateEntry* entry : saved) {

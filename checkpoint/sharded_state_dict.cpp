@@ -394,7 +394,8 @@ CorruptCheckpointError directory_faults_error(const std::string& dir, const std:
   return CorruptCheckpointError("cpprun: the sharded checkpoint in " + dir + " does not hold together (" +
                                 std::to_string(faults.size()) + " fault(s)), and nothing was loaded:" +
                                 join_lines(faults) + "\nA save was interrupted, or files of different saves were "
-                                "put together: save again, or load an earlier checkpoint.");
+                                "put together: save again, or load an earlier checkpoint." +
+                                interrupted_save_note(dir));
 }
 
 std::string sharded_load_directory(const std::string& path, std::string& single) {

@@ -64,6 +64,7 @@
 #include "gpt2_hf.h"
 #include "../support/file_read.h"  // a file read whole, refusing FIFOs and devices
 #include "../support/safetensors_index.h"  // the model's save id, against trainer.json's
+#include "cpprun/detail/replaced_files.h"   // what a killed --save left, named in the refusal
 
 constexpr const char* kUsage = R"(usage: train_gpt [options]
   --text FILE        the text to learn (default /usr/share/common-licenses/GPL-3, on every Debian machine)
@@ -1259,7 +1260,8 @@ int run(int argc, char** argv) {
       if (id != model.metadata.end() && id->second != resumed.save_id) {
         throw std::invalid_argument(what + dir + "trainer.json is from another save (save id \"" + resumed.save_id +
                                     "\") than the model beside it (\"" + id->second + "\"): resume from one "
-                                    "directory train_gpt --save wrote, as it wrote it");
+                                    "directory train_gpt --save wrote, as it wrote it" +
+                                    cpprun::detail::interrupted_save_note(opt.resume_dir));
       }
       // Its step too: trainer.json carries no checksum, and a step edited there resumed the
       // optimizer's state and the data at different steps.

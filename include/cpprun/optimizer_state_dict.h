@@ -189,12 +189,14 @@ void save_state_dict(Model&& model, torch::optim::Optimizer& optimizer, const st
 }
 
 // The reverse: load_state_dict(model, DIR, options), then load_optimizer_state_dict(model,
-// optimizer, DIR), which refuses an optimizer of another save than the model's. Returns the
-// model's report (options.strict(false) relaxes the model's load only: the optimizer's is strict).
+// optimizer, DIR), after refusing, before either is loaded, a model and an optimizer of different
+// saves (Note [A pair of files from one save]). Returns the model's report (options.strict(false)
+// relaxes the model's load only: the optimizer's is strict).
 template <typename Model>
 StateDictLoadReport load_state_dict(Model&& model, torch::optim::Optimizer& optimizer, const std::string& dir,
                                     const StateDictOptions& options = StateDictOptions()) {
   const std::string directory = detail::checkpoint_directory(dir, "load_state_dict");
+  detail::check_one_save(detail::state_source(model), directory, directory);
   StateDictLoadReport report = load_state_dict(model, directory, options);
   load_optimizer_state_dict(model, optimizer, directory);
   return report;

@@ -28,6 +28,7 @@
 #include "support/json.h"
 #include "support/safetensors.h"
 #include "support/safetensors_index.h"
+#include "cpprun/detail/replaced_files.h"
 #include "cpprun/cpprun.h"
 #include "dist_test_support.h"
 
@@ -779,6 +780,69 @@ TEST_CASE("optimizer_state_dict: a save over a checkpoint that fails puts the ea
                       Catch::Contains("cannot create the checkpoint directory " + under_a_file) ||
                           Catch::Contains("failed on another rank"));
   }
+  cpprun::barrier(group());
+  if (rank == 0) fs::remove_all(base);
+  cpprun::barrier(group());
+}
+
+// A process killed mid-save (here, after the model's files were renamed into place and before the
+// optimizer's) leaves the files it replaced as NAME.prev: the pair load refuses the mix before
+// loading either, names those files, and its command puts the earlier checkpoint back.
+TEST_CASE("optimizer_state_dict: a save cut short is refused, and the refusal's command puts the earlier one back",
+          "[optimizer_state_dict]") {
+  const std::string wrapper = GENERATE("ddp", "zero3");
+  INFO(wrapper);
+  const int rank = group().rank();
+  SteppedOnce start(wrapper, "cut_short");
+  auto& [model, opt, base] = start;
+  const std::string dir = base + "/";
+  if (rank == 0) fs::remove_all(base);
+  cpprun::barrier(group());
+  cpprun::save_state_dict(model, opt, dir, cpprun::StateDictSaveOptions().step(1));
+  const auto at_step_1 = full_parameters(model);
+  std::map<std::string, std::string> saved;  // rank 0's view: every file and its bytes
+  const auto contents = [&] {
+    std::map<std::string, std::string> out;
+    for (const auto& entry : fs::directory_iterator(base)) {
+      std::ifstream in(entry.path(), std::ios::binary);
+      out[entry.path().filename().string()] = std::string(std::istreambuf_iterator<char>(in), {});
+    }
+    return out;
+  };
+  if (rank == 0) saved = contents();
+  train_step(model, opt, 1);
+  {
+    // The scope a one-call save opens, ended as a kill ends it: neither put back nor cleared.
+    cpprun::detail::ReplacedFiles killed;
+    cpprun::save_state_dict(model, dir, cpprun::StateDictSaveOptions().step(2));
+    killed.leave();
+  }
+  cpprun::barrier(group());
+  auto other = wrap(seeded(5), wrapper);
+  torch::optim::AdamW other_opt(other->parameters(), torch::optim::AdamWOptions(0.5));
+  const auto untouched = full_parameters(other);
+  std::string error;
+  try {
+    cpprun::load_state_dict(other, other_opt, dir);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  INFO(error);
+  const std::string command = "for f in '" + base + "'/*.prev; do mv -f \"$f\" \"${f%.prev}\"; done";
+  CHECK_THAT(error, Catch::Contains("the optimizer's files are from another save") &&
+                        Catch::Contains("nothing was loaded") && Catch::Contains("model.safetensors.index.json.prev") &&
+                        Catch::Contains(command));
+  check_close(full_parameters(other), untouched);  // refused before the model's load, not after
+  CHECK(other_opt.state().empty());
+  cpprun::barrier(group());
+  if (rank == 0) {
+    CHECK(std::system(command.c_str()) == 0);
+    CHECK(contents() == saved);
+  }
+  cpprun::barrier(group());
+  cpprun::load_state_dict(other, other_opt, dir);
+  check_close(full_parameters(other), at_step_1);
+  CHECK(other_opt.param_groups()[0].options().get_lr() == 0.01);
   cpprun::barrier(group());
   if (rank == 0) fs::remove_all(base);
   cpprun::barrier(group());

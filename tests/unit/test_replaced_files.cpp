@@ -4,6 +4,7 @@
 
 #include <unistd.h>  // getpid
 
+#include <cstdlib>  // std::system
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -142,4 +143,34 @@ TEST_CASE("ReplacedFiles: nested saves end with the outer one; removed files com
   }
   CHECK(s.files().at("model.safetensors") == "unknown model");
   CHECK(s.files().at("model.safetensors.prev") == "new model");
+}
+
+TEST_CASE("ReplacedFiles: a save cut short is named by the load's refusal, with a command that puts it back",
+          "[replaced_files]") {
+  ReplacedScratch s;
+  CHECK(cpprun::detail::interrupted_save_note(s.dir.string()).empty());
+  // A directory whose name the command must quote: a space and a single quote.
+  const fs::path dir = s.dir / "it's a run";
+  fs::create_directories(dir);
+  std::ofstream((dir / "model.safetensors").string()) << "old model";
+  std::ofstream((dir / "optimizer.safetensors").string()) << "old optimizer";
+  {
+    ReplacedFiles killed;  // the model's file renamed into place, then the process killed
+    write_noted((dir / "model.safetensors").string(), "new model");
+    killed.leave();
+  }
+  const std::string note = cpprun::detail::interrupted_save_note(dir.string() + "/");
+  INFO(note);
+  CHECK_THAT(note, Catch::Contains(dir.string() + " holds 1 file(s) named NAME.prev (model.safetensors.prev)"));
+  const std::string command = "for f in '" + s.dir.string() + "/it'\\''s a run'/*.prev; do mv -f \"$f\" \"${f%.prev}\"; done";
+  REQUIRE_THAT(note, Catch::Contains(command));
+  CHECK(std::system(command.c_str()) == 0);
+  std::map<std::string, std::string> files;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    std::ifstream in(entry.path());
+    files[entry.path().filename().string()] = std::string(std::istreambuf_iterator<char>(in), {});
+  }
+  CHECK(files == std::map<std::string, std::string>{{"model.safetensors", "old model"},
+                                                    {"optimizer.safetensors", "old optimizer"}});
+  CHECK(cpprun::detail::interrupted_save_note(dir.string()).empty());
 }
