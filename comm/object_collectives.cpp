@@ -3,6 +3,7 @@
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
+#include <c10/util/Type.h>
 #include <torch/serialize/archive.h>
 
 #include <algorithm>
@@ -60,87 +61,152 @@ std::string as_bytes(const at::Tensor& t) {
 
 }  // namespace
 
-void broadcast_bytes(const ProcessGroup& group, std::string& bytes, int root) {
-  detail::check_member("broadcast_object", group);
-  at::Tensor size = at::tensor({static_cast<int64_t>(bytes.size())}, at::kLong);
-  broadcast(group, size, root);
-  const int64_t n = size.item<int64_t>();
-  if (n == 0) {
-    bytes.clear();
-    return;
-  }
-  at::Tensor data = group.rank() == root ? as_tensor(bytes) : bytes_to_receive(n, root, "broadcast_object");
-  broadcast(group, data, root);
-  if (group.rank() != root) bytes = as_bytes(data);
+// Note [An object's type on the wire]
+// A value travels as its codec's bytes, and a rank that passed another type decoded them as its
+// own: rank 0's std::string "12345678" became rank 1's int64_t 4050765991979987505, without a
+// word (an audit, 2026-12-07; only a size that no element divides was caught). PyTorch pickles the
+// type with the value. Here each rank's sizes go with its type's mangled name, hashed (one more
+// int64 in the size exchange every call makes anyway), and a rank that finds another type than its
+// own refuses, naming its own. The check comes after the data has moved, so that every rank has
+// made the same collectives whichever refuses. The byte-level calls send no type (0) and check
+// none, so bytes and a std::string still meet.
+uint64_t detail::object_type_tag(const char* mangled_name) {
+  uint64_t hash = 1469598103934665603ull;  // FNV-1a
+  for (const char* c = mangled_name; *c; ++c) hash = (hash ^ static_cast<unsigned char>(*c)) * 1099511628211ull;
+  return hash == 0 ? 1 : hash;
 }
 
-std::vector<std::string> all_gather_bytes(const ProcessGroup& group, const std::string& bytes) {
+namespace {
+
+int64_t as_wire(uint64_t tag) {
+  int64_t out;
+  std::memcpy(&out, &tag, sizeof out);
+  return out;
+}
+
+void check_same_type(int64_t sent, int from, const detail::ObjectType& mine, const char* op) {
+  uint64_t theirs;
+  std::memcpy(&theirs, &sent, sizeof theirs);
+  if (theirs == 0 || mine.tag == 0 || theirs == mine.tag) return;
+  TORCH_CHECK(false, "cpprun::", op, ": rank ", from, " of the group passed a value of another C++ type than this ",
+              "rank's ", c10::demangle(mine.name), ". Every rank must pass the same type: the value travels as its "
+              "bytes, and this rank would have read the other type's bytes as its own.");
+}
+
+}  // namespace
+
+void detail::broadcast_bytes(const ProcessGroup& group, std::string& bytes, int root, ObjectType type) {
+  detail::check_member("broadcast_object", group);
+  at::Tensor header = at::tensor({static_cast<int64_t>(bytes.size()), as_wire(type.tag)}, at::kLong);
+  broadcast(group, header, root);
+  const int64_t n = header[0].item<int64_t>();
+  if (n == 0) {
+    if (group.rank() != root) bytes.clear();
+  } else {
+    at::Tensor data = group.rank() == root ? as_tensor(bytes) : bytes_to_receive(n, root, "broadcast_object");
+    broadcast(group, data, root);
+    if (group.rank() != root) bytes = as_bytes(data);
+  }
+  if (group.rank() != root) check_same_type(header[1].item<int64_t>(), root, type, "broadcast_object");
+}
+
+std::vector<std::string> detail::all_gather_bytes(const ProcessGroup& group, const std::string& bytes,
+                                                  ObjectType type) {
   detail::check_member("all_gather_object", group);
   const int n = group.size();
-  at::Tensor sizes = at::empty({n}, at::kLong);
-  all_gather_into(group, sizes, at::tensor({static_cast<int64_t>(bytes.size())}, at::kLong));
+  at::Tensor headers = at::empty({n * 2}, at::kLong);
+  all_gather_into(group, headers, at::tensor({static_cast<int64_t>(bytes.size()), as_wire(type.tag)}, at::kLong));
   std::vector<at::Tensor> outputs;
-  for (int r = 0; r < n; ++r) outputs.push_back(bytes_to_receive(sizes[r].item<int64_t>(), r, "all_gather_object"));
+  for (int r = 0; r < n; ++r) {
+    outputs.push_back(bytes_to_receive(headers[2 * r].item<int64_t>(), r, "all_gather_object"));
+  }
   all_gather(group, outputs, as_tensor(bytes));
+  for (int r = 0; r < n; ++r) check_same_type(headers[2 * r + 1].item<int64_t>(), r, type, "all_gather_object");
   std::vector<std::string> result;
   for (const auto& t : outputs) result.push_back(as_bytes(t));
   return result;
 }
 
-std::vector<std::string> gather_bytes(const ProcessGroup& group, const std::string& bytes, int root) {
+std::vector<std::string> detail::gather_bytes(const ProcessGroup& group, const std::string& bytes, int root,
+                                              ObjectType type) {
   detail::check_member("gather_object", group);
   // Every rank's size on every rank (one small all-gather): each pads to the largest, as gather
   // takes one shape from every rank.
   const int n = group.size();
-  at::Tensor sizes = at::empty({n}, at::kLong);
-  all_gather_into(group, sizes, at::tensor({static_cast<int64_t>(bytes.size())}, at::kLong));
+  at::Tensor headers = at::empty({n * 2}, at::kLong);
+  all_gather_into(group, headers, at::tensor({static_cast<int64_t>(bytes.size()), as_wire(type.tag)}, at::kLong));
   int64_t widest = 0;
   for (int r = 0; r < n; ++r) {
-    const int64_t size = sizes[r].item<int64_t>();
+    const int64_t size = headers[2 * r].item<int64_t>();
     check_announced(size, r, "gather_object");
     widest = std::max(widest, size);
   }
   std::vector<std::string> result;
-  if (widest == 0) {
-    if (group.rank() == root) result.assign(static_cast<std::size_t>(n), std::string());
-    return result;
+  if (widest > 0) {
+    std::vector<at::Tensor> outputs;
+    if (group.rank() == root) {
+      for (int r = 0; r < n; ++r) outputs.push_back(bytes_to_receive(widest, r, "gather_object"));
+    }
+    gather(group, as_tensor(bytes, widest), outputs, root);
+    for (int r = 0; r < static_cast<int>(outputs.size()); ++r) {
+      result.push_back(as_bytes(outputs[static_cast<std::size_t>(r)].narrow(0, 0, headers[2 * r].item<int64_t>())));
+    }
+  } else if (group.rank() == root) {
+    result.assign(static_cast<std::size_t>(n), std::string());
   }
-  std::vector<at::Tensor> outputs;
-  if (group.rank() == root) {
-    for (int r = 0; r < n; ++r) outputs.push_back(bytes_to_receive(widest, r, "gather_object"));
-  }
-  gather(group, as_tensor(bytes, widest), outputs, root);
-  for (int r = 0; r < static_cast<int>(outputs.size()); ++r) {
-    result.push_back(as_bytes(outputs[static_cast<std::size_t>(r)].narrow(0, 0, sizes[r].item<int64_t>())));
-  }
+  // Every rank has every rank's type: all refuse alike.
+  for (int r = 0; r < n; ++r) check_same_type(headers[2 * r + 1].item<int64_t>(), r, type, "gather_object");
   return result;
 }
 
-std::string scatter_bytes(const ProcessGroup& group, const std::vector<std::string>& pieces, int root) {
+std::string detail::scatter_bytes(const ProcessGroup& group, const std::vector<std::string>& pieces, int root,
+                                  ObjectType type) {
   detail::check_member("scatter_object", group);
   const int n = group.size();
   TORCH_CHECK(root >= 0 && root < n, "cpprun::scatter_object: root ", root, " is not a rank of this group (0..",
               n - 1, ").");
-  // The root's sizes for every rank, broadcast: a root given another count than the group's
-  // size says so in them (all -1), and every rank refuses alike rather than waiting.
-  at::Tensor sizes = at::full({n}, int64_t{-1}, at::kLong);
+  // The root's sizes for every rank and its type, broadcast: a root given another count than the
+  // group's size says so in them (all -1), and every rank refuses alike rather than waiting.
+  at::Tensor header = at::full({n + 1}, int64_t{-1}, at::kLong);
   const bool is_root = group.rank() == root;
   if (is_root && static_cast<int>(pieces.size()) == n) {
-    for (int r = 0; r < n; ++r) sizes[r] = static_cast<int64_t>(pieces[static_cast<std::size_t>(r)].size());
+    for (int r = 0; r < n; ++r) header[r] = static_cast<int64_t>(pieces[static_cast<std::size_t>(r)].size());
   }
-  broadcast(group, sizes, root);
+  header[n] = as_wire(type.tag);
+  broadcast(group, header, root);
+  at::Tensor sizes = header.narrow(0, 0, n);
   TORCH_CHECK(sizes[0].item<int64_t>() >= 0, "cpprun::scatter_object: rank ", root, " (the root) was given ",
               is_root ? std::to_string(pieces.size()) : std::string("another number of"), " values for the group's ",
               n, " ranks; give the root one value per rank.");
   const int64_t widest = sizes.max().item<int64_t>();
-  if (widest == 0) return std::string();
-  at::Tensor output = bytes_to_receive(widest, root, "scatter_object");
-  std::vector<at::Tensor> inputs;
-  if (is_root) {
-    for (const std::string& piece : pieces) inputs.push_back(as_tensor(piece, widest));
+  std::string mine;
+  if (widest > 0) {
+    at::Tensor output = bytes_to_receive(widest, root, "scatter_object");
+    std::vector<at::Tensor> inputs;
+    if (is_root) {
+      for (const std::string& piece : pieces) inputs.push_back(as_tensor(piece, widest));
+    }
+    scatter(group, output, inputs, root);
+    mine = as_bytes(output.narrow(0, 0, sizes[group.rank()].item<int64_t>()));
   }
-  scatter(group, output, inputs, root);
-  return as_bytes(output.narrow(0, 0, sizes[group.rank()].item<int64_t>()));
+  if (!is_root) check_same_type(header[n].item<int64_t>(), root, type, "scatter_object");
+  return mine;
+}
+
+void broadcast_bytes(const ProcessGroup& group, std::string& bytes, int root) {
+  detail::broadcast_bytes(group, bytes, root, detail::ObjectType{});
+}
+
+std::vector<std::string> all_gather_bytes(const ProcessGroup& group, const std::string& bytes) {
+  return detail::all_gather_bytes(group, bytes, detail::ObjectType{});
+}
+
+std::vector<std::string> gather_bytes(const ProcessGroup& group, const std::string& bytes, int root) {
+  return detail::gather_bytes(group, bytes, root, detail::ObjectType{});
+}
+
+std::string scatter_bytes(const ProcessGroup& group, const std::vector<std::string>& pieces, int root) {
+  return detail::scatter_bytes(group, pieces, root, detail::ObjectType{});
 }
 
 std::string archive_bytes(torch::serialize::OutputArchive& archive) {

@@ -8,6 +8,8 @@
 #endif
 
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <iostream>
 #include <mutex>
 #include <sstream>
@@ -120,10 +122,35 @@ std::string too_few_gpus(const DistEnv& env) {
          std::to_string(visible_gpus()) + " GPU(s) visible, and NCCL needs one GPU per rank";
 }
 
+// Note [LibTorch's flight-recorder variables]
+// LibTorch's process groups read TORCH_FR_BUFFER_SIZE (else TORCH_NCCL_TRACE_BUFFER_SIZE) by
+// std::stoi inside their constructors: given "abc" or a number past int's range, Gloo's
+// constructor threw between starting its threads and returning, and the process hung with no
+// timeout or aborted ("terminate called without an active exception"; an audit, 2026-12-07;
+// torchrun's workers alike). So the values are read here first, as LibTorch would, and refused
+// naming the variable.
+void check_libtorch_trace_variables() {
+  for (const char* name : {"TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"}) {
+    const char* value = std::getenv(name);
+    if (value == nullptr) continue;
+    bool whole = false;
+    try {
+      std::size_t used = 0;
+      (void)std::stoi(value, &used);
+      whole = used == std::strlen(value);
+    } catch (const std::exception&) {
+    }
+    TORCH_CHECK(whole, "cpprun: ", name, " is \"", value, "\", which LibTorch's process group cannot read: it takes a "
+                "whole number of flight-recorder entries (default 2000) and, given anything else, its constructor "
+                "hangs or aborts. Set a whole number, or unset it.");
+  }
+}
+
 }  // namespace
 
 c10::intrusive_ptr<detail::C10dGroup> detail::make_gloo(const c10::intrusive_ptr<c10d::Store>& store,
                                                         const DistEnv& env, int rank, int size, Millis timeout) {
+  check_libtorch_trace_variables();
   auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
   opts->devices.push_back(gloo_device(env));
   opts->threads = 2;  // as torch.distributed: enough to overlap two collectives
@@ -167,6 +194,7 @@ c10::intrusive_ptr<detail::C10dGroup> detail::make_nccl(const c10::intrusive_ptr
 #ifdef CPPRUN_WITH_NCCL
   // NCCL binds each rank to the GPU that is current when it first communicates.
   c10::cuda::set_device(static_cast<c10::DeviceIndex>(env.local_rank));
+  check_libtorch_trace_variables();
   auto opts = c10d::ProcessGroupNCCL::Options::create();
   opts->timeout = timeout;
   auto prefixed = c10::make_intrusive<c10d::PrefixStore>("nccl", store);

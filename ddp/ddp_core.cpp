@@ -14,6 +14,7 @@
 #include "core/clip_grad_norm.h"
 #include "checkpoint/state_view.h"
 #include "core/tensor_parallel_splits.h"
+#include "core/wrapped_parameters.h"
 #include "cpprun/collectives.h"
 #include "ddp/reducer.h"
 
@@ -93,6 +94,8 @@ struct DdpCore::Impl {
   bool sync_buffers_next = true;
   // Parameters split by tensor parallelism, by name (cpprun/tensor_parallel_split.h).
   std::map<std::string, TensorParallelSplit> tp_splits;
+  // Its parameters, noted while it lives (Note [One data-parallel wrapper per parameter]).
+  std::unique_ptr<WrappedParameters> wrapped;
 
   Impl(torch::nn::Module& m, ProcessGroup g, DdpOptions o)
       : module(m), group(std::move(g)), options(o), tp_splits(tensor_parallel_splits(m)) {}
@@ -139,6 +142,7 @@ DdpCore::DdpCore(torch::nn::Module& module, ProcessGroup group, DdpOptions optio
   }
   TORCH_CHECK(!params.empty(), "cpprun::DistributedDataParallel: the module has no parameter that requires "
               "grad; there is nothing to synchronize.");
+  refuse_wrapped_parameters(module, "cpprun::DistributedDataParallel", RefuseWrapped::kSharded);
   for (const auto& buffer : module.buffers(/*recurse=*/true)) impl_->buffers.push_back(buffer);
 
   if (options.init_sync() && impl_->group.size() > 1) {
@@ -149,6 +153,7 @@ DdpCore::DdpCore(torch::nn::Module& module, ProcessGroup group, DdpOptions optio
     if (options.broadcast_buffers()) state.insert(state.end(), impl_->buffers.begin(), impl_->buffers.end());
     broadcast_coalesced(impl_->group, state, 0);
   }
+  impl_->wrapped = std::make_unique<WrappedParameters>("cpprun::DistributedDataParallel", params);
   impl_->reducer = std::make_unique<Reducer>(std::move(names), std::move(params), impl_->group, options);
 }
 

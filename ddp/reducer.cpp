@@ -164,6 +164,19 @@ void Reducer::check_parameters_as_wrapped() const {
                 "drops the gradient hooks DDP averages through, so each rank would train on its own gradients. "
                 "Call to() before wrapping it; to compute in another dtype, use autocast.");
   }
+  // The same loss by another way: Tensor::set_ (what torch::load(module, file) writes parameters
+  // with) gives the parameter a new gradient accumulator, with no hook on it (an audit,
+  // 2026-12-07: the replicas trained apart without a word; PyTorch's DDP is as silent, but Python
+  // loads by load_state_dict, which copies).
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const auto now = torch::autograd::impl::try_get_grad_accumulator(params_[i]);
+    if (now.get() == hooks_.accumulator(i)) continue;
+    TORCH_CHECK(false, "cpprun::DistributedDataParallel: the parameter \"", names_[i], "\" was replaced after "
+                "wrapping (Tensor::set_, as torch::load(module, file) writes parameters, or a new tensor set in "
+                "its place), which drops the gradient hooks DDP averages through, so each rank would train on its "
+                "own gradients. Load before wrapping, or load into the wrapped model with cpprun::load_state_dict "
+                "(which copies into the parameters), or copy_ under torch::NoGradGuard.");
+  }
 }
 
 std::string Reducer::unready_parameter_list() const {

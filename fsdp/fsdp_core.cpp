@@ -27,6 +27,7 @@
 #include "cpprun/object_collectives.h"
 #include "checkpoint/state_view.h"
 #include "core/tensor_parallel_splits.h"
+#include "core/wrapped_parameters.h"
 #include "fsdp/deferred_units.h"
 #include "fsdp/fsdp_collectives.h"
 #include "fsdp/full_parameter_writes.h"
@@ -94,6 +95,11 @@ struct FsdpCore::Impl {
   // This rank's shards, by name: the free clip_grad_norm_ refuses them (Note [Clipping a wrapper's
   // gradients] in core/clip_grad_norm.cpp).
   std::vector<std::pair<std::string, at::Tensor>> shards;
+  // The module's parameters it took and the shards, noted while it lives (Note [One data-parallel
+  // wrapper per parameter]).
+  std::unique_ptr<WrappedParameters> wrapped;
+  // The parameters frozen when wrapped, outside the units (Note [A parameter unfrozen after wrapping]).
+  std::vector<std::pair<std::string, at::Tensor>> frozen;
   // ZeRO-1/2: each bucket's shards' versions summed at its last all-gather; a user's in-place
   // write to the shards (model->parameters()) changes them, and the next forward gathers again.
   std::vector<int64_t> shard_versions;
@@ -172,6 +178,32 @@ void warn_frozen_parameters_uncast(const torch::nn::Module& module, at::ScalarTy
              "units, so mixed precision does not cast them, and a layer that mixes them with ", param_dtype,
              " inputs fails. Cast them to ", param_dtype, " before wrapping (they do not train), or leave them "
              "trainable and give the optimizer only the others.");
+}
+
+// The buckets in the order a backward finishes them: the reverse of the units' pre-order, a
+// unit's buckets last to first (Note [FSDP reduction order] in gradient_sync.cpp).
+std::vector<std::size_t> reduction_order(const std::vector<ParamBucket>& buckets, const std::vector<UnitPlan>& units) {
+  std::vector<std::size_t> order(buckets.size());
+  for (std::size_t b = 0; b < order.size(); ++b) order[b] = order.size() - 1 - b;
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return units[buckets[a].unit()].preorder > units[buckets[b].unit()].preorder;
+  });
+  return order;
+}
+
+// Note [A parameter unfrozen after wrapping]
+// Frozen parameters stay out of the units (docs/fsdp.md), as the module's own tensors: one made
+// trainable after wrapping got gradients that nothing averaged, and each rank stepped its own
+// (an audit, 2026-12-07). FSDP2 shards frozen parameters too, so unfreezing one there trains it
+// right; here it is refused at the next training forward, naming it.
+void refuse_unfrozen_parameters(const std::vector<std::pair<std::string, at::Tensor>>& frozen) {
+  for (const auto& [name, param] : frozen) {
+    TORCH_CHECK(!param.requires_grad(), "cpprun::FullyShardedDataParallel: the parameter \"", name, "\" was frozen "
+                "(requires_grad false) when the module was wrapped and requires grad now. FSDP keeps frozen "
+                "parameters out of its units, so nothing would average its gradient and each rank would train its "
+                "own copy. Set requires_grad before wrapping (to train a parameter only later, leave it out of the "
+                "optimizer until then).");
+  }
 }
 
 // Note [A module moved after wrapping]
@@ -285,6 +317,7 @@ FsdpCore::FsdpCore(torch::nn::Module& module, ProcessGroup group, std::optional<
     if (s.options.param_dtype()) warn_frozen_parameters_uncast(module, *s.options.param_dtype());
 
     refuse_tensor_parallel_overlap(s.tp_splits, s.groups.whole, "cpprun::FullyShardedDataParallel");
+    refuse_wrapped_parameters(module, "cpprun::FullyShardedDataParallel", RefuseWrapped::kAny);
     units = plan_units(module, s.options);
   } catch (...) {
     local_failure = std::current_exception();
@@ -318,6 +351,16 @@ FsdpCore::FsdpCore(torch::nn::Module& module, ProcessGroup group, std::optional<
     for (const auto& p : bucket.params()) s.shards.emplace_back(p.name, p.shard);
   }
   register_partial_gradients(s.shards);
+  {
+    std::vector<at::Tensor> taken;
+    for (const auto& bucket : s.buckets) {
+      for (const auto& p : bucket.params()) taken.insert(taken.end(), {p.param, p.shard});
+    }
+    s.wrapped = std::make_unique<WrappedParameters>("cpprun::FullyShardedDataParallel", taken);
+  }
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+    if (!item.value().requires_grad()) s.frozen.emplace_back(item.key(), item.value());
+  }
   std::size_t root_unit = units.size();  // the top-level module's own parameters, if it has any
   for (std::size_t u = 0; u < units.size(); ++u) {
     if (units[u].name.empty()) root_unit = u;
@@ -344,6 +387,7 @@ FsdpCore::FsdpCore(torch::nn::Module& module, ProcessGroup group, std::optional<
   // One reduction runs while the next unit's backward computes (none with a limit of 1): each
   // one more would hold another unit's full gradients (see gradient_sync.h).
   reduction.max_in_flight = s.options.gathered_unit_limit() > 1 ? 1 : 0;
+  reduction.reduction_order = reduction_order(s.buckets, units);
   s.sync = std::make_unique<GradientSync>(s.buckets, s.groups, reduction, std::move(bucket_done));
   if (s.residency) {
     s.sync->on_backward_end([impl = &s](bool reduced) {
@@ -359,6 +403,7 @@ void FsdpCore::before_forward() {
   Impl& s = *impl_;
   refuse_moved_parameters(s.buckets);
   const bool grad = torch::autograd::GradMode::is_enabled();
+  if (grad) refuse_unfrozen_parameters(s.frozen);
   if (s.residency) {
     // Within a pipeline step the shards are not stepped between micro-batches: what forward kept
     // gathered (reshard_after_forward(false)) is current, and stays until finalize_backward.

@@ -50,6 +50,10 @@ struct GradientSyncOptions {
   // FSDP2's default since PyTorch 2.15). Local backwards accumulate in it too (stages 2 and 3).
   std::optional<at::ScalarType> reduce_dtype;
   std::size_t max_in_flight = 2;
+  // The buckets in the order every rank reduces them (a permutation of their indices): the order
+  // a backward finishes them in, as fsdp_core plans it (Note [FSDP reduction order]). Empty: last
+  // to first.
+  std::vector<std::size_t> reduction_order;
 };
 
 class GradientSync {
@@ -124,6 +128,7 @@ class GradientSync {
   void collect(std::size_t bucket, std::size_t param);
   at::ScalarType reduce_dtype_of(std::size_t bucket) const;
   bool accumulates_apart(std::size_t bucket) const;
+  void warn_stage_1_accumulates_narrow() const;
   void hold_local_gradient(std::size_t bucket, std::size_t param);
   void drop_held_gradients(BucketState& state);
   void launch_ready_buckets();
@@ -158,12 +163,14 @@ class GradientSync {
   Mode mode_ = Mode::kNoSync;  // before the first forward, gradients simply accumulate
   bool finish_queued_ = false;   // a backward has started since prepare()
   bool prepared_ = false;        // prepare() ran and its backward has not started
+  bool forwarded_ = false;       // prepare() ran once: a forward went through the wrapper
   bool all_reduce_ = true;       // HSDP: see set_all_reduce
   std::optional<double> divide_factor_;
   std::function<void(const at::Tensor&)> all_reduce_hook_;
   bool force_sum_ = false;
   bool shards_stepped_ = false;
-  std::size_t next_launch_ = 0;   // reduced last to first: see launch_ready_buckets()
+  std::vector<std::size_t> order_;  // options_.reduction_order, or last to first
+  std::size_t next_launch_ = 0;     // order_[next_launch_] is the next bucket to reduce
   std::deque<std::size_t> in_flight_;
   int64_t peak_bytes_ = 0;
   // The full parameters' .grad from a synchronized backward's end to the next forward (Note [Full

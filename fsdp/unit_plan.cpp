@@ -20,9 +20,11 @@ int64_t count(const UnitPlan& plan) {
 
 // Returns the parameters of `module`'s subtree that no unit took.
 UnitPlan plan_subtree(torch::nn::Module& module, const std::string& prefix, const FsdpOptions& options,
-                      std::vector<UnitPlan>& units, std::unordered_set<const c10::TensorImpl*>& planned) {
+                      std::vector<UnitPlan>& units, std::unordered_set<const c10::TensorImpl*>& planned,
+                      std::size_t& walked) {
   UnitPlan rest;
   rest.name = prefix;
+  rest.preorder = walked++;
   for (const auto& item : module.named_parameters(/*recurse=*/false)) {
     if (!item.value().requires_grad()) continue;
     if (!planned.insert(item.value().unsafeGetTensorImpl()).second) continue;  // tied: planned already
@@ -31,7 +33,7 @@ UnitPlan plan_subtree(torch::nn::Module& module, const std::string& prefix, cons
   }
   for (const auto& child : module.named_children()) {
     const std::string name = prefix.empty() ? child.key() : prefix + "." + child.key();
-    UnitPlan sub = plan_subtree(*child.value(), name, options, units, planned);
+    UnitPlan sub = plan_subtree(*child.value(), name, options, units, planned, walked);
     if (sub.params.empty()) continue;
     const bool by_type = options.wrap_policy() && options.wrap_policy()(*child.value());
     const bool by_size = options.auto_wrap_min_params() > 0 && count(sub) >= options.auto_wrap_min_params();
@@ -68,7 +70,8 @@ void check_not_sharing_memory(const std::vector<UnitPlan>& units) {
 std::vector<UnitPlan> plan_units(torch::nn::Module& root, const FsdpOptions& options) {
   std::vector<UnitPlan> units;
   std::unordered_set<const c10::TensorImpl*> planned;
-  UnitPlan rest = plan_subtree(root, "", options, units, planned);
+  std::size_t walked = 0;
+  UnitPlan rest = plan_subtree(root, "", options, units, planned, walked);
   if (!rest.params.empty()) units.push_back(std::move(rest));
   TORCH_CHECK(!units.empty(), "cpprun::FullyShardedDataParallel: the module has no parameter that requires grad.");
   check_not_sharing_memory(units);

@@ -15,6 +15,10 @@ namespace cpprun::detail {
 
 struct UnitPlan {
   std::string name;  // the unit's module name ("" for the root)
+  // Where the walk met the unit's module, parents before children and siblings in order (the
+  // root 0): a backward usually finishes units in the reverse of this order (Note [FSDP reduction
+  // order] in gradient_sync.cpp).
+  std::size_t preorder = 0;
   std::vector<std::string> param_names;
   std::vector<at::Tensor> params;
 };

@@ -18,6 +18,7 @@
 
 #include "comm/group_membership.h"
 #include "core/split_parameter_registry.h"
+#include "core/wrapped_parameters.h"
 #include "cpprun/collectives.h"
 #include "cpprun/deferred_init.h"
 #include "cpprun/object_collectives.h"
@@ -259,6 +260,8 @@ std::shared_ptr<torch::nn::Module> parallelize_module(std::shared_ptr<torch::nn:
   TORCH_CHECK(module != nullptr, "cpprun::parallelize_module: the module is null.");
   detail::check_member("parallelize_module", tp_group);
   agree_on_plan(tp_group, given_plan);  // Note [One plan on every tensor-parallel rank], before any rank can fail
+  // Note [One data-parallel wrapper per parameter]: a wrapper built first would not see the split.
+  detail::refuse_wrapped_parameters(*module, "cpprun::parallelize_module", detail::RefuseWrapped::kAny);
   // Note [Wildcards in a plan]: every entry as the submodules it names, each planned once.
   ParallelizePlan plan;
   std::map<std::string, std::string> entry_of;  // a submodule -> the plan key that named it

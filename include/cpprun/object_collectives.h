@@ -20,15 +20,19 @@
 //   };
 //
 // The bytes are copied as they are: types whose layout differs between ranks' builds (a
-// trivially copyable struct compiled differently) need a codec of their own. `root` is a rank of
-// `group` (PyTorch's group_src), not a rank of the world (PyTorch's src).
+// trivially copyable struct compiled differently) need a codec of their own. Each value travels
+// with its C++ type's name (hashed): ranks that pass different types are refused, naming this
+// rank's, rather than one decoding the other's bytes as its own (PyTorch pickles the type with the
+// value). `root` is a rank of `group` (PyTorch's group_src), not a rank of the world (PyTorch's src).
 #pragma once
 
+#include <cstdint>
 #include <cstring>
 #include <functional>
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <typeinfo>
 #if __has_include(<span>) && __cplusplus >= 202002L
 #include <span>
 #endif
@@ -97,6 +101,23 @@ struct ObjectCodec<std::vector<T>, std::enable_if_t<detail::copied_as_bytes<T>>>
 namespace detail {
 // Throws c10::Error: `bytes` cannot be a `type` of `expected` bytes (or a multiple of them).
 [[noreturn]] void throw_bad_object_size(const char* type, std::size_t bytes, std::size_t expected);
+
+// What a value's sender says of its C++ type (Note [An object's type on the wire] in
+// comm/object_collectives.cpp): its mangled name, hashed. None (tag 0): bytes, unchecked.
+struct ObjectType {
+  uint64_t tag = 0;
+  const char* name = nullptr;  // typeid's, mangled
+};
+uint64_t object_type_tag(const char* mangled_name);
+template <typename T>
+ObjectType object_type() {
+  return ObjectType{object_type_tag(typeid(T).name()), typeid(T).name()};
+}
+
+void broadcast_bytes(const ProcessGroup& group, std::string& bytes, int root, ObjectType type);
+std::vector<std::string> all_gather_bytes(const ProcessGroup& group, const std::string& bytes, ObjectType type);
+std::vector<std::string> gather_bytes(const ProcessGroup& group, const std::string& bytes, int root, ObjectType type);
+std::string scatter_bytes(const ProcessGroup& group, const std::vector<std::string>& pieces, int root, ObjectType type);
 }  // namespace detail
 
 template <typename T>
@@ -130,7 +151,7 @@ std::string scatter_bytes(const ProcessGroup& group, const std::vector<std::stri
 template <typename T>
 void broadcast_object(const ProcessGroup& group, T& value, int root = 0) {
   std::string bytes = group.rank() == root ? ObjectCodec<T>::encode(value) : std::string();
-  broadcast_bytes(group, bytes, root);
+  detail::broadcast_bytes(group, bytes, root, detail::object_type<T>());
   if (group.rank() != root) value = ObjectCodec<T>::decode(bytes);
 }
 
@@ -138,7 +159,8 @@ void broadcast_object(const ProcessGroup& group, T& value, int root = 0) {
 template <typename T>
 std::vector<T> all_gather_object(const ProcessGroup& group, const T& value) {
   std::vector<T> values;
-  for (const std::string& bytes : all_gather_bytes(group, ObjectCodec<T>::encode(value))) {
+  const auto type = detail::object_type<T>();
+  for (const std::string& bytes : detail::all_gather_bytes(group, ObjectCodec<T>::encode(value), type)) {
     values.push_back(ObjectCodec<T>::decode(bytes));
   }
   return values;
@@ -149,7 +171,8 @@ std::vector<T> all_gather_object(const ProcessGroup& group, const T& value) {
 template <typename T>
 std::vector<T> gather_object(const ProcessGroup& group, const T& value, int root = 0) {
   std::vector<T> values;
-  for (const std::string& bytes : gather_bytes(group, ObjectCodec<T>::encode(value), root)) {
+  const auto type = detail::object_type<T>();
+  for (const std::string& bytes : detail::gather_bytes(group, ObjectCodec<T>::encode(value), root, type)) {
     values.push_back(ObjectCodec<T>::decode(bytes));
   }
   return values;
@@ -163,7 +186,7 @@ T scatter_object(const ProcessGroup& group, const std::vector<T>& values, int ro
   if (group.rank() == root) {
     for (const T& value : values) pieces.push_back(ObjectCodec<T>::encode(value));
   }
-  return ObjectCodec<T>::decode(scatter_bytes(group, pieces, root));
+  return ObjectCodec<T>::decode(detail::scatter_bytes(group, pieces, root, detail::object_type<T>()));
 }
 
 // A torch::serialize archive as bytes and back (what torch::save writes), e.g. to broadcast a

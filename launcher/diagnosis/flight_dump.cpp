@@ -175,7 +175,8 @@ std::optional<FlightDump> read_flight_dump(const std::string& path, std::string&
   }
   const std::streamoff size = in.tellg();
   if (size < 0 || size > kMaxDumpBytes) {
-    error = path + " is larger than " + std::to_string(kMaxDumpBytes >> 20) + " MiB: not a dump of ours";
+    error = path + " is larger than " + std::to_string(kMaxDumpBytes >> 20) + " MiB, the most the launcher reads "
+            "(CPPRUN_FLIGHT_RECORDER_ENTRIES keeps fewer collectives)";
     return std::nullopt;
   }
   in.seekg(0);

@@ -21,6 +21,9 @@
 namespace cpprun::launcher {
 namespace {
 
+// The start of a rank's no_dump_reason when its dump file was there but could not be read.
+constexpr const char* kUnreadableDump = "its dump could not be read: ";
+
 bool file_exists(const std::string& path) {
   struct stat info {};
   return stat(path.c_str(), &info) == 0;
@@ -88,11 +91,17 @@ std::vector<RankEvidence> gather_flight_dumps(const std::string& dir, const std:
     listening[i] = file_exists(flight_listening_file(dir, sources[i].rank));
     if (sources[i].running && listening[i] && sources[i].channel != nullptr) asked[i] = sources[i].channel->ask();
   }
-  // A dump counts once it is dated at or after the request (the library stamps it when writing).
+  // A dump counts once it was written at or after the request. The file's time says so (the
+  // library renames each dump into place whole): reading and parsing every rank's dump at each
+  // 20 ms poll took seconds per poll for dumps of tens of MB (an audit, 2026-12-07: 14 s to
+  // answer --diagnose). Each is parsed once, below. A file's time comes from the kernel's coarse
+  // clock, up to a tick (4-10 ms) behind the one asked_at read: hence the slack.
+  constexpr int64_t kCoarseClockSlackMs = 20;
   const auto fresh = [&](std::size_t i) {
-    std::string ignored;
-    const auto dump = read_flight_dump(flight_dump_file(dir, sources[i].rank), ignored);
-    return dump && dump->dumped_unix_ms >= asked_at;
+    struct stat st {};
+    if (::stat(flight_dump_file(dir, sources[i].rank).c_str(), &st) != 0) return false;
+    const int64_t written_ms = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000 + st.st_mtim.tv_nsec / 1000000;
+    return written_ms + kCoarseClockSlackMs >= asked_at;
   };
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {
@@ -118,7 +127,7 @@ std::vector<RankEvidence> gather_flight_dumps(const std::string& dir, const std:
       } else if (error.rfind("no dump at", 0) == 0) {
         e.no_dump_reason = "it ended without writing one";
       } else {
-        e.no_dump_reason = error;
+        e.no_dump_reason = kUnreadableDump + error;
       }
     }
     evidence.push_back(std::move(e));
@@ -129,8 +138,12 @@ std::vector<RankEvidence> gather_flight_dumps(const std::string& dir, const std:
 std::string report_diagnosis(const std::vector<RankEvidence>& evidence, const std::string& why,
                              const std::string& json_file, bool even_without_dumps,
                              const std::string& nccl_trace_dir) {
+  // A dump that was there but could not be read (over the size limit, damaged) is reported too:
+  // with none readable the diagnosis used to vanish without a word (an audit, 2026-12-07).
   bool any = false;
-  for (const RankEvidence& e : evidence) any = any || e.dump.has_value();
+  for (const RankEvidence& e : evidence) {
+    any = any || e.dump.has_value() || e.no_dump_reason.rfind(kUnreadableDump, 0) == 0;
+  }
   const NcclTraceListing nccl = list_nccl_traces(nccl_trace_dir);
   const bool nccl_dumps = !nccl.files.empty() || nccl.unlisted != 0;
   if (!any && !even_without_dumps && !nccl_dumps) return "";

@@ -109,6 +109,12 @@ bad_settings)
   run_probe stuck CPPRUN_FLIGHT_RECORDER_ENTRIES=lots
   [ "$status" != 0 ] || fail "bad_settings: ENTRIES=lots: the job exited 0"
   expect_in_file "$WORK/err" 'CPPRUN_FLIGHT_RECORDER_ENTRIES="lots" is not a number of entries' "bad_settings: ENTRIES"
+  # LibTorch's own (Note [LibTorch's flight-recorder variables]): its Gloo group hung or aborted.
+  for bad in TORCH_FR_BUFFER_SIZE=abc TORCH_NCCL_TRACE_BUFFER_SIZE=99999999999999999999; do
+    run_probe stuck "$bad"
+    [ "$status" != 0 ] || fail "bad_settings: $bad: the job exited 0"
+    expect_in_file "$WORK/err" "${bad%%=*} is \"${bad#*=}\", which LibTorch's process group cannot read" "bad_settings: $bad"
+  done
   # cpprun itself always passes fd 3: a wrong value is set past it, as another launcher might.
   CPPRUN_FLIGHT_RECORDER_DIR="$DUMPS" CPPRUN_TEST_TAG="$WORK" "$CPPRUN" --standalone --nproc_per_node=2 \
     /bin/sh -c 'CPPRUN_FLIGHT_RECORDER_REQUEST_FD=917 exec "$0" stuck "$1"' "$PROBE" "$WORK" >"$WORK/out" 2>"$WORK/err"

@@ -5,10 +5,12 @@
 // calls even when one fails.
 #include "catch.h"
 #include <torch/torch.h>
+#include <unistd.h>  // getppid
 
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -637,6 +639,29 @@ TEST_CASE("ddp: a module converted after wrapping is refused at its next forward
   // An evaluation computes as the converted module does (as PyTorch's DDP).
   torch::NoGradGuard no_grad;
   CHECK(ddp->forward(x).equal(net->forward(x)));
+}
+
+TEST_CASE("ddp: a module loaded by torch::load after wrapping is refused at its next forward", "[ddp]") {
+  // torch::load(module, file) writes each parameter by Tensor::set_, which gives it a new gradient
+  // accumulator with none of DDP's hooks: the ranks trained apart without a word.
+  const int rank = group().rank(), world = group().size();
+  const std::string name = "cpprun_ddp_torch_load_" + std::to_string(::getppid()) + "_" + std::to_string(rank);
+  const std::string file = (std::filesystem::temp_directory_path() / (name + ".pt")).string();
+  auto saved = std::make_shared<Mlp>();
+  torch::save(saved, file);
+  auto net = std::make_shared<Mlp>();
+  auto ddp = cpprun::DistributedDataParallel(net, group());
+  torch::load(net, file);
+  const auto x = slice(inputs_for("mlp", kGlobalBatch, 0), rank, world);
+  CHECK_THROWS_WITH(ddp->forward(x), Catch::Contains("the parameter \"fc1.weight\" was replaced after wrapping") &&
+                                         Catch::Contains("Load before wrapping"));
+  // Loaded before wrapping, it trains as one process would.
+  auto loaded = std::make_shared<Mlp>();
+  torch::load(loaded, file);
+  auto ddp_loaded = cpprun::DistributedDataParallel(loaded, group());
+  torch::nn::functional::cross_entropy(ddp_loaded->forward(x), slice(targets_for(kGlobalBatch, 0), rank, world))
+      .backward();
+  std::filesystem::remove(file);
 }
 
 TEST_CASE("ddp: uneven inputs under join: ranks that run out shadow the others", "[ddp]") {

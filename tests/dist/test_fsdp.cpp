@@ -407,6 +407,137 @@ TEST_CASE("fsdp: AdamW with a decay and a no-decay group, built from names, matc
   }
 }
 
+// TinyLm with a hook on the embedding's output, whose gradient comes once the backward is through
+// every block and before the embedding's own.
+struct ObservedLm : TinyLm {
+  std::function<void()> through_blocks;
+  torch::Tensor forward(torch::Tensor tokens) {
+    torch::Tensor h = embed(tokens);
+    if (through_blocks && h.requires_grad()) {
+      h.register_hook([this](torch::Tensor g) {
+        through_blocks();
+        return g;
+      });
+    }
+    return head->forward(norm(b1->forward(b0->forward(h))));
+  }
+};
+
+// Note [FSDP reduction order]: the root unit holds what the forward uses first (the embedding), so
+// its gradients come last; the blocks' reductions used to wait for it, every full gradient alive
+// until the backward's end.
+TEST_CASE("fsdp: each block's gradients are reduced once the backward is through it, not after the root's",
+          "[fsdp]") {
+  const int rank = group().rank(), world = group().size();
+  auto is_lm_block = [](const torch::nn::Module& m) { return dynamic_cast<const LmBlock*>(&m) != nullptr; };
+  for (int stage : {1, 2, 3}) {
+    INFO("stage " << stage);
+    torch::manual_seed(100);
+    auto net = std::make_shared<ObservedLm>();
+    // A limit of one gathered unit: each reduction completes as it is launched.
+    auto model = cpprun::FullyShardedDataParallel(
+        net, group(), cpprun::FsdpOptions().stage(stage).wrap_policy(is_lm_block).gathered_unit_limit(1));
+    torch::optim::SGD opt(model->parameters(), 0.1);
+    std::map<std::string, bool> reduced;  // each shard: had its gradient when the backward reached the embedding
+    net->through_blocks = [&] {
+      for (const auto& item : model->named_parameters()) reduced[item.key()] = item.value().grad().defined();
+    };
+    for (int step = 0; step < 2; ++step) {
+      torch::manual_seed(500 + step);
+      auto tokens = torch::randint(0, 11, {kGlobalBatch, 3}, torch::kLong);
+      auto targets = (tokens * 3 + 1) % 11;
+      opt.zero_grad();  // to none: a shard's gradient is there once its bucket is reduced
+      reduced.clear();
+      auto logits = model->forward(slice(tokens, rank, world));
+      torch::nn::functional::cross_entropy(logits.reshape({-1, 11}), slice(targets, rank, world).reshape({-1}))
+          .backward();
+      REQUIRE(reduced.size() == model->parameters().size());
+      for (const auto& [name, had_gradient] : reduced) {
+        INFO(name);
+        const bool in_a_block = name.rfind("b0.", 0) == 0 || name.rfind("b1.", 0) == 0;
+        CHECK(had_gradient == in_a_block);  // the root's (embed, norm, the tied head) still to come
+      }
+      opt.step();
+    }
+  }
+}
+
+// Note [One data-parallel wrapper per parameter]: DDP over FSDP broadcast rank 0's shards over
+// the others', FSDP over DDP raced DDP's hooks, FSDP over FSDP crashed at stage 3.
+TEST_CASE("fsdp: a module wrapped already is refused by FSDP, FSDP's shards by DDP; DDP over DDP trains", "[fsdp]") {
+  const int rank = group().rank(), world = group().size();
+  {
+    auto net = std::make_shared<Mlp>(31);
+    auto ddp = cpprun::DistributedDataParallel(net, group());
+    CHECK_THROWS_WITH(cpprun::FullyShardedDataParallel(net, group(), per_linear(2)),
+                      Catch::Contains("parameter \"fc1.weight\" is held by a cpprun::DistributedDataParallel") &&
+                          Catch::Contains("Wrap a module once"));
+    CHECK_THROWS_WITH(cpprun::FullyShardedDataParallel(ddp, group(), per_linear(3)),
+                      Catch::Contains("is held by a cpprun::DistributedDataParallel"));
+  }
+  for (int stage : {1, 2, 3}) {
+    INFO("stage " << stage);
+    torch::manual_seed(3 + rank);
+    auto net = std::make_shared<Mlp>(31);
+    auto fsdp = cpprun::FullyShardedDataParallel(net, group(), per_linear(stage));
+    std::vector<torch::Tensor> before;
+    for (const auto& shard : fsdp->parameters()) before.push_back(shard.detach().clone());
+    CHECK_THROWS_WITH(cpprun::FullyShardedDataParallel(net, group(), per_linear(stage)),
+                      Catch::Contains("is held by a cpprun::FullyShardedDataParallel") &&
+                          Catch::Contains("wrap_policy"));
+    CHECK_THROWS_WITH(cpprun::DistributedDataParallel(fsdp, group()),
+                      Catch::Contains("is held by a cpprun::FullyShardedDataParallel") &&
+                          Catch::Contains("FSDP's shards"));
+    const auto after = fsdp->parameters();
+    REQUIRE(after.size() == before.size());
+    for (std::size_t i = 0; i < after.size(); ++i) CHECK(after[i].detach().equal(before[i]));
+  }
+  // DDP over DDP averages twice, to the same average: let be, as PyTorch does.
+  Float64Parity float64;
+  torch::manual_seed(11);
+  auto twice = std::make_shared<Mlp>(31);
+  auto ref = std::make_shared<Mlp>(31);
+  copy_state(*ref, *twice);
+  auto inner = cpprun::DistributedDataParallel(twice, group());
+  auto outer = cpprun::DistributedDataParallel(inner, group());
+  torch::optim::SGD opt(outer->parameters(), 0.1), ref_opt(ref->parameters(), 0.1);
+  for (int step = 0; step < 2; ++step) {
+    auto x = inputs_for("mlp", kGlobalBatch, step);
+    auto y = targets_for(kGlobalBatch, step);
+    opt.zero_grad();
+    torch::nn::functional::cross_entropy(outer->forward(slice(x, rank, world)), slice(y, rank, world)).backward();
+    opt.step();
+    ref_opt.zero_grad();
+    torch::nn::functional::cross_entropy(ref->forward(x), y).backward();
+    ref_opt.step();
+  }
+  check_same_parameters(*twice, *ref, kParityTolerance);
+}
+
+// A backward of the bare module's forward trained nothing without a word (the shards never got a
+// gradient), and a parameter unfrozen after wrapping trained apart on each rank.
+TEST_CASE("fsdp: a backward with no forward through the wrapper, or a parameter unfrozen after wrapping, is refused",
+          "[fsdp]") {
+  const int rank = group().rank(), world = group().size();
+  const auto x = slice(inputs_for("mlp", kGlobalBatch, 0), rank, world);
+  const auto y = slice(targets_for(kGlobalBatch, 0), rank, world);
+  for (int stage : {1, 2, 3}) {
+    INFO("stage " << stage);
+    auto net = std::make_shared<Mlp>(31);
+    auto model = cpprun::FullyShardedDataParallel(net, group(), per_linear(stage));
+    CHECK_THROWS_WITH(torch::nn::functional::cross_entropy(net->forward(x), y).backward(),
+                      Catch::Contains("no forward ran through the wrapper") && Catch::Contains("model->forward(x)"));
+    auto frozen_net = std::make_shared<Mlp>(31);
+    frozen_net->fc2->bias.requires_grad_(false);
+    auto frozen = cpprun::FullyShardedDataParallel(frozen_net, group(), per_linear(stage));
+    frozen_net->fc2->bias.requires_grad_(true);
+    CHECK_THROWS_WITH(frozen->forward(x), Catch::Contains("the parameter \"fc2.bias\" was frozen (requires_grad false) "
+                                                          "when the module was wrapped"));
+    torch::NoGradGuard no_grad;  // an evaluation computes as before
+    CHECK_NOTHROW(frozen->forward(x));
+  }
+}
+
 TEST_CASE("fsdp: no_sync accumulates locally; the next backward reduces the sum", "[fsdp]") {
   Float64Parity float64;
   const int rank = group().rank(), world = group().size();

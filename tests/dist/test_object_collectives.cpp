@@ -170,7 +170,7 @@ TEST_CASE("object collectives: a subgroup's non-member and a mismatched call are
   // one, and they say so (negative, and more than any process holds).
   for (const int64_t announced : {int64_t{-1}, int64_t{1} << 62}) {
     if (rank == 0) {
-      cpprun::broadcast(group(), at::full({1}, announced, at::kLong));
+      cpprun::broadcast(group(), at::tensor({announced, int64_t{0}}, at::kLong));  // size, no type
     } else {
       std::string received;
       CHECK_THROWS_WITH(cpprun::broadcast_object(group(), received),
@@ -178,4 +178,45 @@ TEST_CASE("object collectives: a subgroup's non-member and a mismatched call are
                             Catch::Contains("or another collective"));
     }
   }
+}
+
+// Note [An object's type on the wire]: rank 0's std::string "12345678" was rank 1's int64_t
+// 4050765991979987505, without a word.
+TEST_CASE("object collectives: ranks passing different C++ types are refused, naming this rank's", "[objects]") {
+  const int world = group().size(), rank = group().rank();
+  if (world == 1) return;
+  if (rank == 0) {
+    std::string text = "12345678";
+    cpprun::broadcast_object(group(), text);
+  } else {
+    int64_t number = 0;
+    CHECK_THROWS_WITH(cpprun::broadcast_object(group(), number),
+                      Catch::Contains("broadcast_object: rank 0 of the group passed a value of another C++ type "
+                                      "than this rank's long"));
+  }
+  // Every rank sees every rank's type here, and every rank refuses.
+  const auto all_gathered = [&] {
+    return rank == 0 ? cpprun::all_gather_object(group(), int64_t{7}).size()
+                     : cpprun::all_gather_object(group(), 7.0).size();
+  };
+  CHECK_THROWS_WITH(all_gathered(), Catch::Contains("all_gather_object: rank ") && Catch::Contains("another C++ type"));
+  const auto gathered = [&] {
+    return rank == 0 ? cpprun::gather_object(group(), int64_t{7}).size() : cpprun::gather_object(group(), 7.0).size();
+  };
+  CHECK_THROWS_WITH(gathered(), Catch::Contains("gather_object: rank ") && Catch::Contains("another C++ type"));
+  if (rank == 0) {
+    CHECK(cpprun::scatter_object(group(), std::vector<int64_t>(static_cast<std::size_t>(world), 5)) == 5);
+  } else {
+    CHECK_THROWS_WITH(cpprun::scatter_object<double>(group(), {}),
+                      Catch::Contains("scatter_object: rank 0 of the group passed a value of another C++ type "
+                                      "than this rank's double"));
+  }
+  // Bytes carry no type: a byte-level broadcast and a std::string still meet.
+  std::string text = rank == 0 ? "hello" : "";
+  if (rank == 0) {
+    cpprun::broadcast_bytes(group(), text);
+  } else {
+    cpprun::broadcast_object(group(), text);
+  }
+  CHECK(text == "hello");
 }

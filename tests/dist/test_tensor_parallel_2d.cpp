@@ -417,6 +417,30 @@ TEST_CASE("tensor x data parallel: a data-parallel group spanning a tensor-paral
   CHECK_NOTHROW(cpprun::DistributedDataParallel(net, mesh().group("dp")));
 }
 
+// Note [One data-parallel wrapper per parameter]: a wrapper built first averaged nothing (DDP) or
+// trained nothing (FSDP), and a save wrote one rank's part as the whole tensor.
+TEST_CASE("tensor x data parallel: parallelize_module after a data-parallel wrapper is refused, naming the order",
+          "[tp2d]") {
+  const std::string order = "Parallelize first, then wrap";
+  {
+    Stack net(kBlocks);
+    auto ddp = cpprun::DistributedDataParallel(net, mesh().group("dp"));
+    CHECK_THROWS_WITH(cpprun::parallelize_module(net.ptr(), mesh(), "tp", megatron_plan(false)),
+                      Catch::Contains("is held by a cpprun::DistributedDataParallel") && Catch::Contains(order));
+  }
+  {
+    Stack net(kBlocks);
+    auto fsdp = cpprun::FullyShardedDataParallel(net, mesh().group("dp"), cpprun::FsdpOptions().stage(3));
+    CHECK_THROWS_WITH(cpprun::parallelize_module(net.ptr(), mesh(), "tp", megatron_plan(false)),
+                      Catch::Contains("is held by a cpprun::FullyShardedDataParallel") && Catch::Contains(order));
+  }
+  // In that order, and with the earlier wrapper gone, it is taken.
+  Stack net(kBlocks);
+  { auto ddp = cpprun::DistributedDataParallel(net, mesh().group("dp")); }
+  cpprun::parallelize_module(net.ptr(), mesh(), "tp", megatron_plan(false));
+  CHECK_NOTHROW(cpprun::DistributedDataParallel(net, mesh().group("dp")));
+}
+
 TEST_CASE("tensor x data parallel: save_state_dict writes whole tensors, which load into any split", "[tp2d]") {
   // One directory for the job (MASTER_PORT is the job's own), every rank's files in it.
   const auto dir = std::filesystem::temp_directory_path() / ("cpprun_tp2d_" + std::string(std::getenv("MASTER_PORT")));

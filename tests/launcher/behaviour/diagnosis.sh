@@ -83,5 +83,15 @@ grep -q "diagnosis" "$WORK/err" && fail "a diagnosis for programs that record no
 latest_mark "a failing shell job" "$WORK/failed_ms"
 elapsed=$((ended - MARK))
 [ "$elapsed" -lt 1500 ] || fail "a failing shell job took $elapsed ms to end after rank 1 failed (waited for dumps that cannot come?)"
+
+# ---- a dump that is there but cannot be read: said, not dropped ----
+# With no dump readable the diagnosis used to vanish without a word (a dump over the launcher's
+# 64 MiB, which CPPRUN_FLIGHT_RECORDER_ENTRIES near its maximum writes, or a damaged one).
+cpprun --nproc_per_node=2 /bin/sh -c '[ "$RANK" = 1 ] || exec sleep 30
+  d=$CPPRUN_FLIGHT_RECORDER_DIR; mkdir -p "$d" && : >"$d/rank_1.listening" && printf "{\"format\": broken" >"$d/rank_1.json"
+  exit 3'
+expect_eq $? 3 "exit code of a job whose failing rank left a damaged dump"
+expect_in_file "$WORK/err" "cpprun: diagnosis (rank 1" "a diagnosis despite no readable dump"
+expect_in_file "$WORK/err" "its dump could not be read: " "why rank 1's dump is missing"
 expect_no_leftovers
 echo PASS
