@@ -108,7 +108,8 @@ std::string interrupted_save_note(const std::string& dir) {
   if (previous.size() > kNamed) names += ", ...";
   return "\n" + shown + " holds " + std::to_string(previous.size()) + " file(s) named NAME.prev (" + names +
          "): the versions a save that did not finish (a killed process) was "
-         "replacing, which are the earlier checkpoint's. To go back to it, rename each over its NAME:\n  for f in " +
+         "replacing, which are the earlier checkpoint's (a part saved before it by a call of its own, which "
+         "finished, kept no earlier files). To go back to them, rename each over its NAME:\n  for f in " +
          quoted + "/*.prev; do mv -f \"$f\" \"${f%.prev}\"; done\nor, to keep the newer files, save again.";
 }
 

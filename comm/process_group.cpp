@@ -9,7 +9,6 @@
 
 #include <cstdint>
 #include <cstdlib>
-#include <cstring>
 #include <iostream>
 #include <mutex>
 #include <sstream>
@@ -133,11 +132,10 @@ void check_libtorch_trace_variables() {
   for (const char* name : {"TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"}) {
     const char* value = std::getenv(name);
     if (value == nullptr) continue;
-    bool whole = false;
+    bool whole = false;  // as LibTorch reads it: std::stoi, which ignores what follows a number
     try {
-      std::size_t used = 0;
-      (void)std::stoi(value, &used);
-      whole = used == std::strlen(value);
+      (void)std::stoi(value);
+      whole = true;
     } catch (const std::exception&) {
     }
     TORCH_CHECK(whole, "cpprun: ", name, " is \"", value, "\", which LibTorch's process group cannot read: it takes a "

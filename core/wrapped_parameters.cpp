@@ -51,9 +51,9 @@ std::string instead(const char* who, const char* holder) {
            "data-parallel wrapper over the data-parallel group (docs/tensor_parallel.md, \"Order\").";
   }
   if (std::strcmp(who, kFsdp) != 0) {  // DDP over FSDP
-    return "Those are FSDP's shards (each rank holds other rows), which DDP would overwrite with rank 0's; FSDP "
-           "reduces their gradients itself. Use the FSDP wrapper alone (for replicas too: HSDP, FSDP over a 2-D "
-           "DeviceMesh).";
+    return "FSDP holds them (its shards, a different set of rows on each rank, which DDP would overwrite with "
+           "rank 0's, or the full parameters it gathers into) and reduces their gradients itself. Use the FSDP "
+           "wrapper alone (for replicas too: HSDP, FSDP over a 2-D DeviceMesh).";
   }
   return by_fsdp ? std::string("Wrap a module once: to shard an inner module as its own unit, name it in the outer "
                                "wrapper's FsdpOptions().wrap_policy(...) rather than wrapping it first.")
@@ -85,7 +85,8 @@ WrappedParameters::~WrappedParameters() {
   }
 }
 
-void refuse_wrapped_parameters(const torch::nn::Module& module, const char* who, RefuseWrapped which) {
+void refuse_wrapped_parameters(const torch::nn::Module& module, const char* who, RefuseWrapped which,
+                               const std::string& prefix) {
   std::string name;
   const char* holder = nullptr;
   {
@@ -96,14 +97,14 @@ void refuse_wrapped_parameters(const torch::nn::Module& module, const char* who,
       const auto it = held.find(item.value().unsafeGetTensorImpl());
       if (it == held.end()) continue;
       if (which == RefuseWrapped::kSharded && std::strcmp(it->second.wrapper, kFsdp) != 0) continue;
-      name = item.key();
+      name = prefix + item.key();
       holder = it->second.wrapper;
       break;
     }
   }
   TORCH_CHECK(holder == nullptr, who, ": the module's parameter \"", name, "\" is held by a ", holder,
-              " that is still alive (this module, or one inside it, was wrapped already), and taking it again "
-              "would train wrong. ", instead(who, holder));
+              " that is still alive (this module, one inside it or one around it was wrapped already), and taking it "
+              "again would train wrong. ", instead(who, holder));
 }
 
 }  // namespace cpprun::detail

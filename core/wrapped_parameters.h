@@ -6,6 +6,7 @@
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
 
+#include <string>
 #include <vector>
 
 namespace cpprun::detail {
@@ -28,6 +29,8 @@ enum class RefuseWrapped { kAny, kSharded };
 
 // Throws, naming the first of `module`'s parameters that a live wrapper holds and that wrapper,
 // when `who` ("cpprun::FullyShardedDataParallel", "cpprun::parallelize_module") may not take it.
-void refuse_wrapped_parameters(const torch::nn::Module& module, const char* who, RefuseWrapped which);
+// `prefix`: `module`'s name in the model, before its parameters' names ("blocks.0.").
+void refuse_wrapped_parameters(const torch::nn::Module& module, const char* who, RefuseWrapped which,
+                               const std::string& prefix = "");
 
 }  // namespace cpprun::detail

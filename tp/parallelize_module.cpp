@@ -260,8 +260,6 @@ std::shared_ptr<torch::nn::Module> parallelize_module(std::shared_ptr<torch::nn:
   TORCH_CHECK(module != nullptr, "cpprun::parallelize_module: the module is null.");
   detail::check_member("parallelize_module", tp_group);
   agree_on_plan(tp_group, given_plan);  // Note [One plan on every tensor-parallel rank], before any rank can fail
-  // Note [One data-parallel wrapper per parameter]: a wrapper built first would not see the split.
-  detail::refuse_wrapped_parameters(*module, "cpprun::parallelize_module", detail::RefuseWrapped::kAny);
   // Note [Wildcards in a plan]: every entry as the submodules it names, each planned once.
   ParallelizePlan plan;
   std::map<std::string, std::string> entry_of;  // a submodule -> the plan key that named it
@@ -279,6 +277,11 @@ std::shared_ptr<torch::nn::Module> parallelize_module(std::shared_ptr<torch::nn:
   std::vector<Located> targets;
   for (const auto& [name, style] : plan) targets.push_back(locate(module, name));
   refuse_broken_ties(*module, plan, targets);
+  // Note [One data-parallel wrapper per parameter]: a wrapper built first would not see the split.
+  for (size_t i = 0; i < plan.size(); ++i) {
+    detail::refuse_wrapped_parameters(*targets[i].child, "cpprun::parallelize_module", detail::RefuseWrapped::kAny,
+                                      plan[i].first + ".");
+  }
   for (size_t i = 0; i < plan.size(); ++i) refuse_deferred(plan[i].first, *targets[i].child);
   std::vector<std::shared_ptr<torch::nn::Module>> replacements;
   for (size_t i = 0; i < plan.size(); ++i) {

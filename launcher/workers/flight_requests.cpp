@@ -119,15 +119,17 @@ std::vector<RankEvidence> gather_flight_dumps(const std::string& dir, const std:
     std::string error;
     e.dump = read_flight_dump(flight_dump_file(dir, e.rank), error);
     if (!e.dump) {
-      if (!listening[i]) {
+      const bool absent = error.rfind("no dump at", 0) == 0;
+      if (!absent) {
+        // There, but unreadable (too large, damaged), asked for or not.
+        e.no_dump_reason = kUnreadableDump + error;
+      } else if (!listening[i]) {
         e.no_dump_reason = "it records no collectives (not linked with cpprun's library, or before "
                            "init_process_group)";
       } else if (asked[i]) {
         e.no_dump_reason = "asked for a dump, none came within " + rounded_seconds(timeout);
-      } else if (error.rfind("no dump at", 0) == 0) {
-        e.no_dump_reason = "it ended without writing one";
       } else {
-        e.no_dump_reason = kUnreadableDump + error;
+        e.no_dump_reason = "it ended without writing one";
       }
     }
     evidence.push_back(std::move(e));

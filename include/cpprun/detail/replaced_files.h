@@ -38,11 +38,6 @@ class ReplacedFiles {
  private:
   friend void note_replacing(const std::string& path) noexcept;
   friend void note_replaced(const std::string& path) noexcept;
-
-// For a load that refuses DIR's files as not one save: when DIR holds PATH.prev files (a save
-// killed before its ranks agreed leaves them, Note [A failed save puts the previous files back]),
-// a paragraph naming them and the command that puts the earlier checkpoint back; else "".
-std::string interrupted_save_note(const std::string& dir);
   static File* find(const std::string& path) noexcept;
   ReplacedFiles* outer_;
   std::vector<File> files_;  // empty once the scope ended (done, put_back, leave)

@@ -93,5 +93,14 @@ cpprun --nproc_per_node=2 /bin/sh -c '[ "$RANK" = 1 ] || exec sleep 30
 expect_eq $? 3 "exit code of a job whose failing rank left a damaged dump"
 expect_in_file "$WORK/err" "cpprun: diagnosis (rank 1" "a diagnosis despite no readable dump"
 expect_in_file "$WORK/err" "its dump could not be read: " "why rank 1's dump is missing"
+# A running rank, asked, that answers with a damaged dump: not "none came".
+FAIL_ON=$WORK/go2 start_node garbled --nproc_per_node=2 /bin/sh -c \
+  'if [ "$RANK" = 0 ]; then exec '"$recorder"' garbled; else exec '"$recorder"' fails; fi'
+wait_for_text 30 "$WORK/garbled.out" "rank 0 playing garbled"
+touch "$WORK/go2"
+wait_node "$NODE_PID" 30
+expect_eq "$NODE_STATUS" 3 "exit code of the job with a garbled dump"
+expect_in_file "$WORK/garbled.err" "its dump could not be read: " "why rank 0's asked-for dump is missing"
+grep -q "none came within" "$WORK/garbled.err" && fail "a damaged dump reported as none came"
 expect_no_leftovers
 echo PASS

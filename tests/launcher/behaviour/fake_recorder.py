@@ -4,6 +4,7 @@ rank_R.listening in $CPPRUN_FLIGHT_RECORDER_DIR, dumps rank_R.json at each byte 
 $CPPRUN_FLIGHT_RECORDER_REQUEST_FD, and plays one part of a hang:
   behind   stuck in all_reduce #5 until stopped
   ahead    finished #5, waits in all_gather #6 until stopped
+  garbled  answers each request with a damaged dump, until stopped
   fails    like ahead, then dumps #6 as failed and exits 3 once the file $FAIL_ON is there (the
            test's go, given once the others are ready), writing the Unix time in ms (where a
            test's time bound starts) to $FAULT_MARK first if it is set
@@ -39,7 +40,13 @@ def dump(reason, failed=False):
 
 def listen():
     while os.read(request_fd, 1):
-        dump("request")
+        if part == "garbled":
+            path = os.path.join(directory, f"rank_{rank}.json")
+            with open(path + ".tmp", "w") as f:
+                f.write('{"format": "cpprun-flight-recorder", "entries": [')
+            os.rename(path + ".tmp", path)
+        else:
+            dump("request")
 
 os.makedirs(directory, exist_ok=True)
 open(os.path.join(directory, f"rank_{rank}.listening"), "w").close()
