@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "comm/group_membership.h"
+#include "comm/public_call.h"
 #include "cpprun/collectives.h"
 
 namespace cpprun {
@@ -96,6 +97,7 @@ void check_same_type(int64_t sent, int from, const detail::ObjectType& mine, con
 }  // namespace
 
 void detail::broadcast_bytes(const ProcessGroup& group, std::string& bytes, int root, ObjectType type) {
+  PublicCallScope call("cpprun::broadcast_object");  // its size exchange and data are its own
   detail::check_member("broadcast_object", group);
   at::Tensor header = at::tensor({static_cast<int64_t>(bytes.size()), as_wire(type.tag)}, at::kLong);
   broadcast(group, header, root);
@@ -112,6 +114,7 @@ void detail::broadcast_bytes(const ProcessGroup& group, std::string& bytes, int 
 
 std::vector<std::string> detail::all_gather_bytes(const ProcessGroup& group, const std::string& bytes,
                                                   ObjectType type) {
+  PublicCallScope call("cpprun::all_gather_object");  // its size exchange and data are its own
   detail::check_member("all_gather_object", group);
   const int n = group.size();
   at::Tensor headers = at::empty({n * 2}, at::kLong);
@@ -129,6 +132,7 @@ std::vector<std::string> detail::all_gather_bytes(const ProcessGroup& group, con
 
 std::vector<std::string> detail::gather_bytes(const ProcessGroup& group, const std::string& bytes, int root,
                                               ObjectType type) {
+  PublicCallScope call("cpprun::gather_object");  // its size exchange and data are its own
   detail::check_member("gather_object", group);
   // Every rank's size on every rank (one small all-gather): each pads to the largest, as gather
   // takes one shape from every rank.
@@ -161,6 +165,7 @@ std::vector<std::string> detail::gather_bytes(const ProcessGroup& group, const s
 
 std::string detail::scatter_bytes(const ProcessGroup& group, const std::vector<std::string>& pieces, int root,
                                   ObjectType type) {
+  PublicCallScope call("cpprun::scatter_object");  // its size exchange and data are its own
   detail::check_member("scatter_object", group);
   const int n = group.size();
   TORCH_CHECK(root >= 0 && root < n, "cpprun::scatter_object: root ", root, " is not a rank of this group (0..",

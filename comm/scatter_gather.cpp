@@ -9,6 +9,7 @@
 #include <numeric>
 #include <sstream>
 
+#include "comm/public_call.h"
 #include "comm/collective_support.h"
 #include "comm/work_state.h"
 #include "cpprun/collectives.h"
@@ -107,6 +108,7 @@ int64_t row_elements(const at::Tensor& t) { return t.size(0) == 0 ? -1 : t.numel
 
 Work all_to_all_async(const ProcessGroup& group, at::Tensor output, at::Tensor input,
                       std::vector<int64_t> output_splits, std::vector<int64_t> input_splits) {
+  detail::PublicCallScope public_call("cpprun::all_to_all");  // its split check's all-gather is its own
   check_tensor("all_to_all", "input", input);
   check_tensor("all_to_all", "output", output);
   check_same_kind("all_to_all", output, input);

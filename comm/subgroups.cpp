@@ -7,6 +7,7 @@
 #include <numeric>
 #include <sstream>
 
+#include "comm/public_call.h"
 #include "comm/backends.h"
 #include "comm/collective_support.h"
 #include "cpprun/collectives.h"
@@ -129,6 +130,7 @@ ProcessGroup make_subgroup(const ProcessGroup& parent, const std::vector<int>& m
 }  // namespace
 
 ProcessGroup new_group(const ProcessGroup& parent, std::vector<int> ranks) {
+  detail::PublicCallScope call("cpprun::new_group");  // its exchange of requests is its own
   detail::check_member("new_group", parent);
   std::sort(ranks.begin(), ranks.end());
   TORCH_CHECK(!ranks.empty(), "cpprun::new_group: the list of ranks is empty; a group needs at least one.");
@@ -147,6 +149,7 @@ ProcessGroup new_group(const ProcessGroup& parent, std::vector<int> ranks) {
 ProcessGroup new_group(std::vector<int> ranks) { return new_group(default_group(), std::move(ranks)); }
 
 ProcessGroup split_group(const ProcessGroup& parent, int colour, int key) {
+  detail::PublicCallScope call("cpprun::split_group");
   detail::check_member("split_group", parent);
   TORCH_CHECK(colour >= 0 || colour == kNoColour, "cpprun::split_group: colour ", colour,
               " is negative; use a colour >= 0, or kNoColour to join no group.");

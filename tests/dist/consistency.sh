@@ -63,6 +63,10 @@ default)
   run_probe save_alone
   expect_every_rank_failed_with "rank 0 called all_reduce(int32[2], sum) in cpprun::save_state_dict, rank 1 called" "default, a save on one rank"
   expect_every_rank_failed_with "all_reduce(float32[10], sum) in DistributedDataParallel's backward." "default, a save on one rank"
+  # The object collectives name themselves: their size exchange was "broadcast(int64[2], root 0)",
+  # a call the user never made.
+  run_probe object_against_tensor
+  expect_every_rank_failed_with "rank 0 called broadcast(int64[2], root 0) in cpprun::broadcast_object, rank 1 called all_reduce(float32[4], sum)" "default, an object against a tensor"
   ;;
 unchecked)
   # CPPRUN_CHECK_COLLECTIVES=0 turns the default mode's checks off: sum against max is then the

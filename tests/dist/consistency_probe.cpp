@@ -92,6 +92,14 @@ void mismatched_call(const std::string& mode, const cpprun::ProcessGroup& pg, co
     at::Tensor t = at::ones({4});
     for (int i = 0; i < (first ? 2 : 3); ++i) cpprun::all_reduce(pg, t);
     std::cout << "result " << t << std::endl;
+  } else if (mode == "object_against_tensor") {  // rank 0 broadcasts an object, rank 1 a tensor
+    if (pg.rank() == 0) {
+      std::string name = "run";
+      cpprun::broadcast_object(pg, name);
+    } else {
+      at::Tensor t = at::ones({4});
+      cpprun::all_reduce(pg, t);
+    }
   } else if (mode == "save_alone") {  // rank 0 saves a checkpoint alone; rank 1 trains on
     torch::nn::Linear net(4, 2);
     auto ddp = cpprun::DistributedDataParallel(net.ptr(), pg);
