@@ -91,10 +91,10 @@ void note_replaced(const std::string& path) noexcept {
 
 std::string interrupted_save_note(const std::string& dir) {
   std::vector<std::string> previous;
+  const std::size_t suffix = std::char_traits<char>::length(kPreviousSuffix);
   std::error_code error;
   for (fs::directory_iterator it(dir, error), end; !error && it != end; it.increment(error)) {
     const std::string name = it->path().filename().string();
-    const std::size_t suffix = std::char_traits<char>::length(kPreviousSuffix);
     if (name.size() > suffix && name.compare(name.size() - suffix, suffix, kPreviousSuffix) == 0) previous.push_back(name);
   }
   if (previous.empty()) return "";

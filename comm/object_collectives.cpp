@@ -94,6 +94,30 @@ void check_same_type(int64_t sent, int from, const detail::ObjectType& mine, con
               "bytes, and this rank would have read the other type's bytes as its own.");
 }
 
+// Every rank's size and type tag, on every rank (one small all-gather), read once.
+struct Announced {
+  int64_t size = 0;
+  int64_t type = 0;  // as_wire(tag)
+};
+std::vector<Announced> all_gather_announced(const ProcessGroup& group, const std::string& bytes,
+                                            const detail::ObjectType& type) {
+  const int n = group.size();
+  at::Tensor headers = at::empty({n * 2}, at::kLong);
+  all_gather_into(group, headers, at::tensor({static_cast<int64_t>(bytes.size()), as_wire(type.tag)}, at::kLong));
+  const at::Tensor by_rank = headers.view({n, 2});  // named: the accessor points into its sizes
+  const auto read = by_rank.accessor<int64_t, 2>();
+  std::vector<Announced> out(static_cast<std::size_t>(n));
+  for (int r = 0; r < n; ++r) out[static_cast<std::size_t>(r)] = {read[r][0], read[r][1]};
+  return out;
+}
+
+// After the data moved: every rank has every rank's type, and all refuse alike.
+void check_every_type(const std::vector<Announced>& announced, const detail::ObjectType& mine, const char* op) {
+  for (std::size_t r = 0; r < announced.size(); ++r) {
+    check_same_type(announced[r].type, static_cast<int>(r), mine, op);
+  }
+}
+
 }  // namespace
 
 void detail::broadcast_bytes(const ProcessGroup& group, std::string& bytes, int root, ObjectType type) {
@@ -116,15 +140,13 @@ std::vector<std::string> detail::all_gather_bytes(const ProcessGroup& group, con
                                                   ObjectType type) {
   PublicCallScope call("cpprun::all_gather_object");  // its size exchange and data are its own
   detail::check_member("all_gather_object", group);
-  const int n = group.size();
-  at::Tensor headers = at::empty({n * 2}, at::kLong);
-  all_gather_into(group, headers, at::tensor({static_cast<int64_t>(bytes.size()), as_wire(type.tag)}, at::kLong));
+  const std::vector<Announced> announced = all_gather_announced(group, bytes, type);
   std::vector<at::Tensor> outputs;
-  for (int r = 0; r < n; ++r) {
-    outputs.push_back(bytes_to_receive(headers[2 * r].item<int64_t>(), r, "all_gather_object"));
+  for (std::size_t r = 0; r < announced.size(); ++r) {
+    outputs.push_back(bytes_to_receive(announced[r].size, static_cast<int>(r), "all_gather_object"));
   }
   all_gather(group, outputs, as_tensor(bytes));
-  for (int r = 0; r < n; ++r) check_same_type(headers[2 * r + 1].item<int64_t>(), r, type, "all_gather_object");
+  check_every_type(announced, type, "all_gather_object");
   std::vector<std::string> result;
   for (const auto& t : outputs) result.push_back(as_bytes(t));
   return result;
@@ -134,16 +156,14 @@ std::vector<std::string> detail::gather_bytes(const ProcessGroup& group, const s
                                               ObjectType type) {
   PublicCallScope call("cpprun::gather_object");  // its size exchange and data are its own
   detail::check_member("gather_object", group);
-  // Every rank's size on every rank (one small all-gather): each pads to the largest, as gather
-  // takes one shape from every rank.
+  // Every rank's size on every rank: each pads to the largest, as gather takes one shape from
+  // every rank.
   const int n = group.size();
-  at::Tensor headers = at::empty({n * 2}, at::kLong);
-  all_gather_into(group, headers, at::tensor({static_cast<int64_t>(bytes.size()), as_wire(type.tag)}, at::kLong));
+  const std::vector<Announced> announced = all_gather_announced(group, bytes, type);
   int64_t widest = 0;
   for (int r = 0; r < n; ++r) {
-    const int64_t size = headers[2 * r].item<int64_t>();
-    check_announced(size, r, "gather_object");
-    widest = std::max(widest, size);
+    check_announced(announced[static_cast<std::size_t>(r)].size, r, "gather_object");
+    widest = std::max(widest, announced[static_cast<std::size_t>(r)].size);
   }
   std::vector<std::string> result;
   if (widest > 0) {
@@ -153,13 +173,13 @@ std::vector<std::string> detail::gather_bytes(const ProcessGroup& group, const s
     }
     gather(group, as_tensor(bytes, widest), outputs, root);
     for (int r = 0; r < static_cast<int>(outputs.size()); ++r) {
-      result.push_back(as_bytes(outputs[static_cast<std::size_t>(r)].narrow(0, 0, headers[2 * r].item<int64_t>())));
+      const auto i = static_cast<std::size_t>(r);
+      result.push_back(as_bytes(outputs[i].narrow(0, 0, announced[i].size)));
     }
   } else if (group.rank() == root) {
     result.assign(static_cast<std::size_t>(n), std::string());
   }
-  // Every rank has every rank's type: all refuse alike.
-  for (int r = 0; r < n; ++r) check_same_type(headers[2 * r + 1].item<int64_t>(), r, type, "gather_object");
+  check_every_type(announced, type, "gather_object");
   return result;
 }
 

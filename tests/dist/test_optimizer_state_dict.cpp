@@ -116,6 +116,16 @@ std::string scratch(const std::string& what) {
 
 constexpr int kBefore = 3, kAfter = 3;
 
+// Every file in DIR and its bytes.
+std::map<std::string, std::string> directory_contents(const std::string& dir) {
+  std::map<std::string, std::string> out;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    std::ifstream in(entry.path(), std::ios::binary);
+    out[entry.path().filename().string()] = std::string(std::istreambuf_iterator<char>(in), {});
+  }
+  return out;
+}
+
 // What the fault, save-together and full-disk cases start from: seeded(1) wrapped by `wrapper`
 // after one AdamW step (so the optimizer holds state to save), and a scratch path for `what`.
 struct SteppedOnce {
@@ -715,14 +725,7 @@ TEST_CASE("optimizer_state_dict: a save over a checkpoint that fails puts the ea
       cpprun::save_async(model, opt, model_path, opt_path, options).wait();
     }
   };
-  const auto contents = [&] {  // rank 0's view of the directory: every file and its bytes
-    std::map<std::string, std::string> out;
-    for (const auto& entry : fs::directory_iterator(base)) {
-      std::ifstream in(entry.path(), std::ios::binary);
-      out[entry.path().filename().string()] = std::string(std::istreambuf_iterator<char>(in), {});
-    }
-    return out;
-  };
+  const auto contents = [&] { return directory_contents(base); };  // rank 0's view
   const auto loads = [&](const std::map<std::string, torch::Tensor>& expected) {
     auto other = wrap(seeded(5), wrapper);
     torch::optim::AdamW other_opt(other->parameters(), torch::optim::AdamWOptions(0.5));
@@ -801,14 +804,7 @@ TEST_CASE("optimizer_state_dict: a save cut short is refused, and the refusal's 
   cpprun::save_state_dict(model, opt, dir, cpprun::StateDictSaveOptions().step(1));
   const auto at_step_1 = full_parameters(model);
   std::map<std::string, std::string> saved;  // rank 0's view: every file and its bytes
-  const auto contents = [&] {
-    std::map<std::string, std::string> out;
-    for (const auto& entry : fs::directory_iterator(base)) {
-      std::ifstream in(entry.path(), std::ios::binary);
-      out[entry.path().filename().string()] = std::string(std::istreambuf_iterator<char>(in), {});
-    }
-    return out;
-  };
+  const auto contents = [&] { return directory_contents(base); };
   if (rank == 0) saved = contents();
   train_step(model, opt, 1);
   {
