@@ -5,6 +5,8 @@
 //   cpprun --nproc_per_node=4 build/bench/fsdp_memory --mode zero3 --hidden 1024
 //   modes: ddp (with gradient_as_bucket_view: gradients live in the buckets), zero1, zero2,
 //          zero3, and zero2-min, zero3-min (gathered_unit_limit 1, no prefetch: least memory)
+//   --frozen 1: every weight but the last layer's frozen (requires_grad false), as a LoRA-style
+//          fine-tune's base: FSDP shards them too, and nothing reduces them (psi counts them)
 #include <cpprun/cpprun.h>
 #include <torch/torch.h>
 
@@ -42,11 +44,13 @@ int64_t optimizer_bytes(torch::optim::Optimizer& opt) {
 int main(int argc, char** argv) {
   std::string mode = "ddp";
   int64_t hidden = 1024;
+  bool frozen = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
     if (k == "--mode") mode = v;
     else if (k == "--hidden") hidden = std::stoll(v);
-    else throw std::invalid_argument("unknown flag " + k + " (--mode, --hidden)");
+    else if (k == "--frozen") frozen = v == "1";
+    else throw std::invalid_argument("unknown flag " + k + " (--mode, --hidden, --frozen)");
   }
   torch::set_num_threads(1);
   auto group = cpprun::init_process_group();
@@ -55,6 +59,11 @@ int main(int argc, char** argv) {
   torch::nn::Sequential net(torch::nn::Linear(1024, hidden), torch::nn::ReLU());
   for (int i = 0; i < 3; ++i) net->push_back(torch::nn::Linear(hidden, hidden)), net->push_back(torch::nn::ReLU());
   net->push_back(torch::nn::Linear(hidden, 10));
+  if (frozen) {
+    for (std::size_t i = 0; i + 1 < net->size(); ++i) {
+      if (auto* linear = net[i]->as<torch::nn::Linear>()) linear->weight.requires_grad_(false);
+    }
+  }
   int64_t psi = 0;
   for (const auto& p : net->parameters()) psi += p.numel();
   auto x = torch::randn({16, 1024});
@@ -93,9 +102,9 @@ int main(int argc, char** argv) {
     kept = m.kept;
   }
   if (group.rank() == 0) {
-    std::printf("RESULT mode=%s world=%d psi=%lld params=%lld grads=%lld optim=%lld peak_params=%lld peak_grads=%lld "
-                "kept=%lld rss_growth=%lld\n",
-                mode.c_str(), group.size(), static_cast<long long>(psi), static_cast<long long>(params),
+    std::printf("RESULT mode=%s frozen=%d world=%d psi=%lld params=%lld grads=%lld optim=%lld peak_params=%lld "
+                "peak_grads=%lld kept=%lld rss_growth=%lld\n",
+                mode.c_str(), frozen ? 1 : 0, group.size(), static_cast<long long>(psi), static_cast<long long>(params),
                 static_cast<long long>(grads), static_cast<long long>(optim), static_cast<long long>(peak_params),
                 static_cast<long long>(peak_grads), static_cast<long long>(kept),
                 static_cast<long long>(bench::peak_rss() - rss_before));

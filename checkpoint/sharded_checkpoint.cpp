@@ -67,12 +67,12 @@ std::string shape_text(c10::IntArrayRef sizes) {
 int64_t leading_rows(const std::vector<int64_t>& sizes) { return sizes.empty() ? 1 : sizes[0]; }
 at::Tensor as_rows(const at::Tensor& t) { return t.dim() == 0 ? t.reshape({1}) : t; }
 
-// The tensors the format holds: the trained parameters (FSDP shards every one), not buffers nor
-// frozen parameters, which FSDP's own format never held.
+// The tensors the format holds: the trained parameters, not buffers nor frozen parameters, which
+// FSDP's own format never held (FSDP shards frozen ones too: their shards do not require grad).
 std::vector<const StateEntry*> saved_entries(const StateView& view) {
   std::vector<const StateEntry*> out;
   for (const StateEntry& entry : view.entries) {
-    if (entry.parameter && (entry.placement.rows || entry.local.requires_grad())) out.push_back(&entry);
+    if (entry.parameter && (entry.local.requires_grad() || entry.module_tensor.requires_grad())) out.push_back(&entry);
   }
   return out;
 }

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <exception>
 #include <functional>
+#include <span>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -44,6 +45,13 @@ namespace cpprun::detail {
 struct FsdpStageBehaviour {
   bool shard_gradients;   // gradients held until reduced, then dropped (2, 3), not one kept full gradient (1)
   bool shard_parameters;  // full parameters exist only while used (3): gathered on use
+};
+
+// A parameter frozen when wrapped: the module's, and its shard (Note [A parameter unfrozen after
+// wrapping]).
+struct FsdpFrozenParameter {
+  std::string name;
+  at::Tensor param, shard;
 };
 
 namespace {
@@ -98,8 +106,9 @@ struct FsdpCore::Impl {
   // The module's parameters it took and the shards, noted while it lives (Note [One data-parallel
   // wrapper per parameter]).
   std::unique_ptr<WrappedParameters> wrapped;
-  // The parameters frozen when wrapped, outside the units (Note [A parameter unfrozen after wrapping]).
-  std::vector<std::pair<std::string, at::Tensor>> frozen;
+  std::size_t trainable_buckets = 0;  // buckets[0, trainable_buckets): the rest are frozen (shard_units)
+  // The parameters frozen when wrapped (Note [A parameter unfrozen after wrapping]).
+  std::vector<FsdpFrozenParameter> frozen;
   // ZeRO-1/2: each bucket's shards' versions summed at its last all-gather; a user's in-place
   // write to the shards (model->parameters()) changes them, and the next forward gathers again.
   std::vector<int64_t> shard_versions;
@@ -135,7 +144,8 @@ struct FsdpCore::Impl {
       // views per parameter copy_shards_into() would make to find that out.
       if (groups.shard.size() == 1 && !buckets[b].shards_are_separate()) continue;
       versions[b] = shard_version_sum(buckets[b]);
-      gather[b] = stepped || loaded || versions[b] != shard_versions[b];
+      // The optimizer steps no frozen shard: only a load or a write changes one.
+      gather[b] = (stepped && !buckets[b].frozen()) || loaded || versions[b] != shard_versions[b];
     }
     // Versions are this rank's own: agreed before anyone gathers (Note [Shard writes seen on one
     // rank] in fsdp_collectives.cpp).
@@ -155,34 +165,9 @@ struct FsdpCore::Impl {
 
 namespace {
 
-// Note [Frozen parameters under param_dtype]
-// Parameters with requires_grad false stay outside the units (unsharded, docs/fsdp.md), so mixed
-// precision does not cast them: a frozen float32 weight beside bf16 inputs and weights stops the
-// forward with ATen's bare "must have the same dtype" (an audit, 2026-12-07). FSDP2 shards and
-// casts them; cpprun names them at wrap time, with what to do. Not an error: a kernel that takes
-// mixed dtypes (a CUDA layer norm's fp32 weight) runs.
-void warn_frozen_parameters_uncast(const torch::nn::Module& module, at::ScalarType param_dtype) {
-  std::vector<std::string> uncast;
-  for (const auto& item : module.named_parameters()) {
-    const at::Tensor& p = item.value();
-    if (!p.requires_grad() && at::isFloatingType(p.scalar_type()) && p.scalar_type() != param_dtype) {
-      uncast.push_back(item.key());
-    }
-  }
-  if (uncast.empty()) return;
-  std::string names;
-  for (std::size_t i = 0; i < uncast.size() && i < 5; ++i) names += (i ? ", \"" : "\"") + uncast[i] + "\"";
-  if (uncast.size() > 5) names += " and " + std::to_string(uncast.size() - 5) + " more";
-  TORCH_WARN("cpprun::FullyShardedDataParallel: ", uncast.size(), " frozen parameter(s) (requires_grad false: ", names,
-             ") stay in their own dtype under param_dtype ", param_dtype, ": frozen parameters are not in FSDP's "
-             "units, so mixed precision does not cast them, and a layer that mixes them with ", param_dtype,
-             " inputs fails. Cast them to ", param_dtype, " before wrapping (they do not train), or leave them "
-             "trainable and give the optimizer only the others.");
-}
-
 // The buckets in the order a backward finishes them: the reverse of the units' pre-order, a
 // unit's buckets last to first (Note [FSDP reduction order] in gradient_sync.cpp).
-std::vector<std::size_t> reduction_order(const std::vector<ParamBucket>& buckets, const std::vector<UnitPlan>& units) {
+std::vector<std::size_t> reduction_order(std::span<const ParamBucket> buckets, const std::vector<UnitPlan>& units) {
   std::vector<std::size_t> order(buckets.size());
   for (std::size_t b = 0; b < order.size(); ++b) order[b] = order.size() - 1 - b;
   std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
@@ -192,17 +177,19 @@ std::vector<std::size_t> reduction_order(const std::vector<ParamBucket>& buckets
 }
 
 // Note [A parameter unfrozen after wrapping]
-// Frozen parameters stay out of the units (docs/fsdp.md), as the module's own tensors: one made
-// trainable after wrapping got gradients that nothing averaged, and each rank stepped its own
-// (an audit, 2026-12-07). FSDP2 shards frozen parameters too, so unfreezing one there trains it
-// right; here it is refused at the next training forward, naming it.
-void refuse_unfrozen_parameters(const std::vector<std::pair<std::string, at::Tensor>>& frozen) {
-  for (const auto& [name, param] : frozen) {
-    TORCH_CHECK(!param.requires_grad(), "cpprun::FullyShardedDataParallel: the parameter \"", name, "\" was frozen "
-                "(requires_grad false) when the module was wrapped and requires grad now. FSDP keeps frozen "
-                "parameters out of its units, so nothing would average its gradient and each rank would train its "
-                "own copy. Set requires_grad before wrapping (to train a parameter only later, leave it out of the "
-                "optimizer until then).");
+// Frozen parameters are sharded and gathered like the others (as FSDP2 does), in buckets of their
+// own that GradientSync does not hook: nothing reduces their gradients. One made trainable after
+// wrapping (the module's parameter, or its shard in model->parameters()) would get a gradient that
+// nothing averaged, or none at all, and each rank would step its own copy or nothing (an audit,
+// 2026-12-07). FSDP2 decides per backward which parameters have gradients to reduce, so unfreezing
+// one there trains it; here it is refused at the next training forward, naming it.
+void refuse_unfrozen_parameters(const std::vector<FsdpFrozenParameter>& frozen) {
+  for (const auto& p : frozen) {
+    TORCH_CHECK(!p.param.requires_grad() && !p.shard.requires_grad(), "cpprun::FullyShardedDataParallel: the "
+                "parameter \"", p.name, "\" was frozen (requires_grad false) when the module was wrapped and requires "
+                "grad now. FSDP reduces the gradients of the parameters that required grad when it wrapped them, so "
+                "nothing would average its gradient and the ranks would train it apart. Set requires_grad before "
+                "wrapping (to train a parameter only later, leave it out of the optimizer until then).");
   }
 }
 
@@ -247,7 +234,8 @@ std::vector<std::string> describe_wrapping(const std::vector<UnitPlan>& units, c
     std::ostringstream u;
     u << "unit '" << unit.name << "':";
     for (std::size_t i = 0; i < unit.params.size(); ++i) {
-      u << " " << unit.param_names[i] << " " << unit.params[i].scalar_type() << unit.params[i].sizes();
+      u << " " << unit.param_names[i] << " " << unit.params[i].scalar_type() << unit.params[i].sizes()
+        << (unit.params[i].requires_grad() ? "" : " frozen");
     }
     lines.push_back(u.str());
   }
@@ -314,7 +302,6 @@ FsdpCore::FsdpCore(torch::nn::Module& module, ProcessGroup group, std::optional<
     TORCH_CHECK(!s.options.reduce_dtype() || at::isFloatingType(*s.options.reduce_dtype()),
                 "cpprun::FullyShardedDataParallel: reduce_dtype must be a floating-point dtype (the gradients are "
                 "reduced in it, e.g. at::kFloat), got ", *s.options.reduce_dtype(), ".");
-    if (s.options.param_dtype()) warn_frozen_parameters_uncast(module, *s.options.param_dtype());
 
     refuse_tensor_parallel_overlap(s.tp_splits, s.groups.whole, "cpprun::FullyShardedDataParallel");
     refuse_wrapped_parameters(module, "cpprun::FullyShardedDataParallel", RefuseWrapped::kAny);
@@ -358,8 +345,9 @@ FsdpCore::FsdpCore(torch::nn::Module& module, ProcessGroup group, std::optional<
     }
     s.wrapped = std::make_unique<WrappedParameters>("cpprun::FullyShardedDataParallel", taken);
   }
-  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
-    if (!item.value().requires_grad()) s.frozen.emplace_back(item.key(), item.value());
+  s.trainable_buckets = trainable_bucket_count(s.buckets);
+  for (std::size_t b = s.trainable_buckets; b < s.buckets.size(); ++b) {
+    for (const auto& p : s.buckets[b].params()) s.frozen.push_back({p.name, p.param, p.shard});
   }
   std::size_t root_unit = units.size();  // the top-level module's own parameters, if it has any
   for (std::size_t u = 0; u < units.size(); ++u) {
@@ -387,8 +375,9 @@ FsdpCore::FsdpCore(torch::nn::Module& module, ProcessGroup group, std::optional<
   // One reduction runs while the next unit's backward computes (none with a limit of 1): each
   // one more would hold another unit's full gradients (see gradient_sync.h).
   reduction.max_in_flight = s.options.gathered_unit_limit() > 1 ? 1 : 0;
-  reduction.reduction_order = reduction_order(s.buckets, units);
-  s.sync = std::make_unique<GradientSync>(s.buckets, s.groups, reduction, std::move(bucket_done));
+  const std::span<ParamBucket> trainable(s.buckets.data(), s.trainable_buckets);
+  reduction.reduction_order = reduction_order(trainable, units);
+  s.sync = std::make_unique<GradientSync>(trainable, s.groups, reduction, std::move(bucket_done));
   if (s.residency) {
     s.sync->on_backward_end([impl = &s](bool reduced) {
       if (reduced || !impl->manual_finalization) impl->residency->end_backward(reduced);
@@ -444,7 +433,8 @@ void FsdpCore::register_shards(torch::nn::Module& wrapper) const {
     const std::string& name = item.key();
     if (!seen.insert(item.value().unsafeGetTensorImpl()).second) continue;
     auto it = shard_of.find(item.value().unsafeGetTensorImpl());
-    const at::Tensor& tensor = it == shard_of.end() ? item.value() : it->second;  // frozen: as it is
+    TORCH_INTERNAL_ASSERT(it != shard_of.end(), "FSDP parameter ", name, " is in no bucket");
+    const at::Tensor& tensor = it->second;
     torch::nn::Module* owner = &wrapper;
     std::string path;
     std::size_t start = 0;
@@ -463,8 +453,8 @@ void FsdpCore::register_shards(torch::nn::Module& wrapper) const {
 double FsdpCore::clip_grad_norm(double max_norm, double norm_type, bool error_if_nonfinite) {
   PublicCallScope call("FullyShardedDataParallel::clip_grad_norm");
   std::vector<GradientToClip> grads;
-  for (const auto& bucket : impl_->buckets) {
-    for (const auto& s : bucket.params()) {
+  for (std::size_t b = 0; b < impl_->trainable_buckets; ++b) {
+    for (const auto& s : impl_->buckets[b].params()) {
       const auto split = impl_->tp_splits.find(s.name);
       grads.push_back({s.shard.grad(), split == impl_->tp_splits.end() ? std::nullopt
                                                                        : std::optional<ProcessGroup>(split->second.group)});
@@ -514,7 +504,7 @@ FsdpPrefetchStats FsdpCore::prefetch_stats() const {
 
 // Each parameter's entry is its shard, the tensor the optimizer steps: under mixed precision the
 // fp32 master, not the compute copy (as PyTorch's FSDP2, whose state_dict() holds the sharded fp32
-// parameters). Buffers and frozen parameters are the module's own, replicated.
+// parameters), frozen ones included. Buffers are the module's own, replicated.
 void FsdpCore::describe_state(StateView& view) {
   Impl& s = *impl_;
   if (s.compute_copies) s.compute_copies->refuse_writes(s.buckets, s.groups.shard.rank());

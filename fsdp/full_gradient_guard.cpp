@@ -64,7 +64,7 @@ std::optional<GuardOwner> owner_of(const at::Tensor& tensor) {
 
 }  // namespace
 
-FullGradientGuard::FullGradientGuard(const std::vector<ParamBucket>& buckets, int rank) {
+FullGradientGuard::FullGradientGuard(std::span<const ParamBucket> buckets, int rank) {
   set_extension_handler(&report_uses_then_run);  // at stages 1 and 2 nothing else sets it
   at::NoGradGuard no_grad;
   for (const auto& bucket : buckets) {

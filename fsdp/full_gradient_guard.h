@@ -7,6 +7,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 
+#include <span>
 #include <vector>
 
 #include "fsdp/param_bucket.h"
@@ -16,7 +17,7 @@ namespace cpprun::detail {
 class FullGradientGuard {
  public:
   // One guard per sharded parameter of `buckets`; `rank` names this rank in the error.
-  FullGradientGuard(const std::vector<ParamBucket>& buckets, int rank);
+  FullGradientGuard(std::span<const ParamBucket> buckets, int rank);
   ~FullGradientGuard();  // disarmed, its guards forgotten
   FullGradientGuard(const FullGradientGuard&) = delete;
   FullGradientGuard& operator=(const FullGradientGuard&) = delete;

@@ -34,7 +34,7 @@ bool shard_grads_alias(const ParamBucket& bucket, const at::Tensor& memory) {
 
 }  // namespace
 
-GradientSync::GradientSync(std::vector<ParamBucket>& buckets, const ShardGroups& groups, GradientSyncOptions options,
+GradientSync::GradientSync(std::span<ParamBucket> buckets, const ShardGroups& groups, GradientSyncOptions options,
                            std::function<void(std::size_t)> bucket_done)
     : buckets_(buckets),
       group_(groups.shard),

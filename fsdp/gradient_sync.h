@@ -30,6 +30,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <vector>
 
 #include "core/gradient_ready_hook.h"
@@ -61,7 +62,8 @@ class GradientSync {
   // bucket_done (stage 3): called once all of a bucket's gradients are in, so its parameters can
   // go, in synchronized and local backwards alike. HSDP (groups.replicate): after the reduction
   // in groups.shard, each shard's gradient is averaged across the replicas.
-  GradientSync(std::vector<ParamBucket>& buckets, const ShardGroups& groups, GradientSyncOptions options,
+  // `buckets`: the trainable ones (frozen buckets have nothing to reduce).
+  GradientSync(std::span<ParamBucket> buckets, const ShardGroups& groups, GradientSyncOptions options,
                std::function<void(std::size_t)> bucket_done = nullptr);
   ~GradientSync();
   GradientSync(const GradientSync&) = delete;
@@ -151,7 +153,7 @@ class GradientSync {
   void note_gradient_bytes();
   int64_t held_gradient_bytes() const;  // gradient_bytes(), mutex_ held
 
-  std::vector<ParamBucket>& buckets_;
+  std::span<ParamBucket> buckets_;
   ProcessGroup group_;                     // the shard group
   std::optional<ProcessGroup> replicate_;  // HSDP
   GradientSyncOptions options_;

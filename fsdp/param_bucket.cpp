@@ -20,15 +20,18 @@ std::vector<int64_t> ShardedParam::shard_sizes() const {
 ParamBucket::ParamBucket(std::size_t unit, std::vector<std::string> names, std::vector<at::Tensor> params, int rank,
                          int world, std::optional<at::ScalarType> compute_dtype, bool separate_shards,
                          bool shards_on_cpu, bool keep_unsharded)
-    : unit_(unit), rank_(rank), world_(world) {
+    : unit_(unit), frozen_(!params.at(0).requires_grad()), rank_(rank), world_(world) {
   TORCH_INTERNAL_ASSERT(!params.empty() && names.size() == params.size());
   const at::Tensor& first = params.front();
+  // Mixed precision casts floating-point parameters only (a frozen integer one stays as it is).
+  if (!at::isFloatingType(first.scalar_type())) compute_dtype.reset();
   const bool mixed = compute_dtype && *compute_dtype != first.scalar_type();
   const bool offload = shards_on_cpu && !first.is_cpu();
   separate_ = separate_shards || mixed || offload;
   for (std::size_t i = 0; i < params.size(); ++i) {
     const at::Tensor& p = params[i];
-    TORCH_INTERNAL_ASSERT(p.scalar_type() == first.scalar_type() && p.device() == first.device());
+    TORCH_INTERNAL_ASSERT(p.scalar_type() == first.scalar_type() && p.device() == first.device() &&
+                          p.requires_grad() != frozen_);
     ShardedParam s;
     s.name = std::move(names[i]);
     s.param = p;
@@ -61,7 +64,7 @@ ParamBucket::ParamBucket(std::size_t unit, std::vector<std::string> names, std::
     if (keep_unsharded) param_view(unsharded_, i).copy_(value);
     s.param.set_data(param_view(unsharded_, i));  // the module's parameter now lives in unsharded_
     if (!separate_) s.shard = shard_view(unsharded_, i);
-    s.shard.requires_grad_(true);
+    s.shard.requires_grad_(!frozen_);
   }
   if (!keep_unsharded) release_unsharded();
 }
@@ -101,7 +104,7 @@ std::size_t ParamBucket::unsharded_bytes() const {
 bool ParamBucket::unsharded_allocated() const { return unsharded_.storage().nbytes() != 0; }
 
 std::vector<ParamBucket> shard_units(const std::vector<UnitPlan>& units, const ShardOptions& options) {
-  std::vector<ParamBucket> buckets;
+  std::vector<ParamBucket> buckets, frozen;
   for (std::size_t u = 0; u < units.size(); ++u) {
     const UnitPlan& unit = units[u];
     if (options.before_unit) options.before_unit(u);
@@ -109,18 +112,28 @@ std::vector<ParamBucket> shard_units(const std::vector<UnitPlan>& units, const S
     std::vector<std::string> kinds;  // in the order of their first parameter
     for (std::size_t i = 0; i < unit.params.size(); ++i) {
       const auto& p = unit.params[i];
-      const std::string kind = std::string(c10::toString(p.scalar_type())) + "/" + p.device().str();
+      const std::string kind = std::string(c10::toString(p.scalar_type())) + "/" + p.device().str() +
+                               (p.requires_grad() ? "" : "/frozen");
       if (!by_kind.count(kind)) kinds.push_back(kind);
       by_kind[kind].first.push_back(unit.param_names[i]);
       by_kind[kind].second.push_back(p);
     }
     for (const auto& kind : kinds) {
-      buckets.emplace_back(u, by_kind[kind].first, by_kind[kind].second, options.rank, options.world,
-                           options.compute_dtype, options.separate_shards, options.shards_on_cpu,
-                           options.keep_unsharded);
+      const bool trainable = by_kind[kind].second.front().requires_grad();
+      (trainable ? buckets : frozen)
+          .emplace_back(u, by_kind[kind].first, by_kind[kind].second, options.rank, options.world,
+                        options.compute_dtype, options.separate_shards, options.shards_on_cpu, options.keep_unsharded);
     }
   }
+  for (auto& bucket : frozen) buckets.push_back(std::move(bucket));
   return buckets;
+}
+
+std::size_t trainable_bucket_count(const std::vector<ParamBucket>& buckets) {
+  const auto is_frozen = [](const ParamBucket& b) { return b.frozen(); };
+  const auto first_frozen = std::find_if(buckets.begin(), buckets.end(), is_frozen);
+  TORCH_INTERNAL_ASSERT(std::all_of(first_frozen, buckets.end(), is_frozen));
+  return static_cast<std::size_t>(first_frozen - buckets.begin());
 }
 
 }  // namespace cpprun::detail

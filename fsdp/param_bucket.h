@@ -1,4 +1,4 @@
-// One unit's parameters of one dtype and device, each sharded on dim 0 across the shard group
+// One unit's parameters of one dtype, device and requires_grad, each sharded on dim 0 across the shard group
 // (as FSDP2): parameter i of R rows keeps rows [r*C, r*C + local) on rank r, C = ceil(R / W),
 // and the optimizer steps that shard under the parameter's own name. The rows past R on the last
 // ranks are padding: zeros that never reach a shard.
@@ -52,6 +52,9 @@ class ParamBucket {
               bool keep_unsharded);
 
   std::size_t unit() const { return unit_; }
+  // Its parameters do not require grad (they were frozen when wrapped): all-gathered like the
+  // others, never reduced; their shards do not require grad either.
+  bool frozen() const { return frozen_; }
   std::vector<ShardedParam>& params() { return params_; }
   const std::vector<ShardedParam>& params() const { return params_; }
   int rank() const { return rank_; }
@@ -80,6 +83,7 @@ class ParamBucket {
 
  private:
   std::size_t unit_;
+  bool frozen_;
   std::vector<ShardedParam> params_;
   int rank_, world_;
   int64_t chunk_numel_ = 0, numel_ = 0;
@@ -98,8 +102,12 @@ struct ShardOptions {
   std::function<void(std::size_t)> before_unit;
 };
 
-// The units' parameters as buckets: one per dtype and device within each unit, in the units'
-// order, each unit's parameters in their order.
+// The units' parameters as buckets: one per dtype, device and requires_grad within each unit,
+// each unit's parameters in their order. The trainable buckets come first, in the units' order,
+// then the frozen ones, in the units' order: GradientSync takes the leading trainable ones.
 std::vector<ParamBucket> shard_units(const std::vector<UnitPlan>& units, const ShardOptions& options);
+
+// How many buckets lead shard_units()'s result before the frozen ones.
+std::size_t trainable_bucket_count(const std::vector<ParamBucket>& buckets);
 
 }  // namespace cpprun::detail

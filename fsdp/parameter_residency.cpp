@@ -21,6 +21,7 @@ ParameterResidency::ParameterResidency(std::vector<ParamBucket>& buckets, std::s
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
     ParamBucket& bucket = buckets_[b];
     states_[bucket.unit()].buckets.push_back(b);
+    if (!bucket.frozen()) ++states_[bucket.unit()].trainable_buckets;
     if (bucket.unsharded_allocated()) bucket.release_unsharded();
     std::vector<at::Tensor> params;
     for (const auto& s : bucket.params()) params.push_back(s.param);
@@ -101,6 +102,10 @@ void ParameterResidency::prefetch_neighbour(std::size_t u, const std::vector<std
   }
   UnitState& state = states_[next];
   if (state.gathered || state.done || contains(keep, next)) return;
+  // A unit of frozen parameters only is not gathered ahead in backward: no gradient of its own
+  // needs it, and whether the backward reaches it at all (frozen embeddings at the input do not
+  // carry it) is unknown; where it does, it is gathered on use.
+  if (phase_ == Phase::kBackward && state.trainable_buckets == 0) return;
   // Only into free room, or room an idle one gives up: never at the expense of one in use.
   std::vector<std::size_t> protect = keep;
   protect.push_back(u);
@@ -299,7 +304,7 @@ void ParameterResidency::backward_done(std::size_t bucket) {
   // again (released memory goes back to the allocator, see keep_spare).
   phase_ = Phase::kBackward;
   UnitState& state = states_[buckets_[bucket].unit()];
-  if (++state.buckets_done < state.buckets.size()) return;
+  if (++state.buckets_done < state.trainable_buckets) return;
   state.done = true;
   if (options_.reshard_after_backward) release(buckets_[bucket].unit());
 }

@@ -73,8 +73,9 @@ class ParameterResidency final : public UseListener {
   void continue_forward();
   // It returned; `backward_follows` when autograd recorded it.
   void end_forward(bool backward_follows);
-  // Backward has produced all of this bucket's gradients: its unit goes once all its buckets
-  // have (unless reshard_after_backward is off).
+  // Backward has produced all of this bucket's gradients: its unit goes once all its trainable
+  // buckets have (unless reshard_after_backward is off). A unit of frozen parameters only hears
+  // nothing: what backward gathers of it goes as room is needed, or at backward's end.
   void backward_done(std::size_t bucket);
   // Backward is over: release everything (unless reshard_after_backward is off). `reduced`: it
   // was synchronized, so the optimizer will step the shards: what is gathered is stale after it.
@@ -99,6 +100,7 @@ class ParameterResidency final : public UseListener {
   enum class Phase { kIdle, kForward, kBackward };
   struct UnitState {
     std::vector<std::size_t> buckets;
+    std::size_t trainable_buckets = 0;  // those backward_done() hears of (frozen ones get no gradient)
     bool gathered = false;     // allocated, maybe with gathers still in flight
     std::vector<Work> in_flight;     // the all-gathers filling it
     int64_t shard_version = 0;  // the shards' versions summed when it was gathered

@@ -1,11 +1,13 @@
 // See unit_plan.h. Post-order, as PyTorch's size_based_auto_wrap_policy: a child becomes a unit
-// when the policy selects it or when the parameters it holds outside smaller units reach the
-// minimum; otherwise its parameters stay with its parent. A tensor registered under several names
-// (tied, e.g. an embedding and the output layer) is planned once, where the walk meets it first.
+// when the policy selects it or when the parameters it holds outside smaller units (frozen ones
+// counted, as PyTorch counts them) reach the minimum; otherwise its parameters stay with its
+// parent. A tensor registered under several names (tied, e.g. an embedding and the output layer)
+// is planned once, where the walk meets it first.
 #include "fsdp/unit_plan.h"
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -26,7 +28,6 @@ UnitPlan plan_subtree(torch::nn::Module& module, const std::string& prefix, cons
   rest.name = prefix;
   rest.preorder = walked++;
   for (const auto& item : module.named_parameters(/*recurse=*/false)) {
-    if (!item.value().requires_grad()) continue;
     if (!planned.insert(item.value().unsafeGetTensorImpl()).second) continue;  // tied: planned already
     rest.param_names.push_back(prefix.empty() ? item.key() : prefix + "." + item.key());
     rest.params.push_back(item.value());
@@ -73,7 +74,10 @@ std::vector<UnitPlan> plan_units(torch::nn::Module& root, const FsdpOptions& opt
   std::size_t walked = 0;
   UnitPlan rest = plan_subtree(root, "", options, units, planned, walked);
   if (!rest.params.empty()) units.push_back(std::move(rest));
-  TORCH_CHECK(!units.empty(), "cpprun::FullyShardedDataParallel: the module has no parameter that requires grad.");
+  const bool trains = std::any_of(units.begin(), units.end(), [](const UnitPlan& unit) {
+    return std::any_of(unit.params.begin(), unit.params.end(), [](const at::Tensor& p) { return p.requires_grad(); });
+  });
+  TORCH_CHECK(trains, "cpprun::FullyShardedDataParallel: the module has no parameter that requires grad.");
   check_not_sharing_memory(units);
   return units;
 }

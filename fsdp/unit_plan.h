@@ -24,9 +24,9 @@ struct UnitPlan {
 };
 
 // Units in the order their modules are registered (children before the root unit, which comes
-// last). Only parameters that require grad take part, each tensor once: a tied parameter goes to
-// the first unit that holds it (in that order), under its first name. Throws if there are none,
-// or if two different tensors share memory.
+// last). Every parameter takes part, frozen ones (requires_grad false) too, as FSDP2 shards them;
+// each tensor once: a tied parameter goes to the first unit that holds it (in that order), under
+// its first name. Throws if none requires grad, or if two different tensors share memory.
 std::vector<UnitPlan> plan_units(torch::nn::Module& root, const FsdpOptions& options);
 
 }  // namespace cpprun::detail

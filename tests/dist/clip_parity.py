@@ -12,7 +12,7 @@ files = sorted(glob.glob(sys.argv[1] + "/case*.safetensors"), key=lambda f: int(
 if not files:
     sys.exit("no case files in " + sys.argv[1])
 for path in files:
-    t = load_file(path)
+    t = {k: v.clone() for k, v in load_file(path).items()}  # aligned: see fsdp_controls_pytorch.py
     names = sorted(k[len("before."):] for k in t if k.startswith("before."))
     params = []
     for name in names:

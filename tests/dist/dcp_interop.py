@@ -200,7 +200,9 @@ def main(mode, d, other=None):
     torch.set_default_dtype(torch.float64)
     dist.init_process_group("gloo")
     try:
-        batches = load_file(f"{d}/batches.safetensors")
+        # Fresh, aligned copies: tensors at an odd offset of the file take other vector paths, whose
+        # sums round otherwise in the last bit (fsdp_controls_pytorch.py's hook case did).
+        batches = {k: v.clone() for k, v in load_file(f"{d}/batches.safetensors").items()}
         status = train(d, batches) if mode == "train" else resume(d, batches)
         # Every rank done with its collectives, then no teardown at all: Gloo's teardown aborts
         # ("terminate called without an active exception", SIGABRT) in a rank whose peer tore its

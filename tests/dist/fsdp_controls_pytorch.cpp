@@ -19,6 +19,9 @@
 //     its default: FSDP2 (since 2.15) reduces in the parameters' dtype, float64 here, and
 //     accumulates the local micro-batches' bf16 gradients in it (cpprun's Note [Local gradients in
 //     the reduce dtype]).
+//   frozen: mixed's calls and precision with fc1.weight frozen (requires_grad false) before
+//     wrapping, a LoRA-style fine-tune: FSDP2 shards and casts frozen parameters and reduces none
+//     of their gradients; fc1.weight must come out as it went in.
 // Each micro-batch synchronized in divide, divide_sum and hook.
 #include <torch/torch.h>
 
@@ -68,15 +71,16 @@ int main(int argc, char** argv) {
   out.emplace_back("y", y);
   const cpprun::DeviceMesh mesh(group, {2, 1}, {"replicate", "shard"});
 
-  for (const std::string kind : {"accumulate", "hsdp", "divide", "divide_sum", "hook", "mixed"}) {
+  for (const std::string kind : {"accumulate", "hsdp", "divide", "divide_sum", "hook", "mixed", "frozen"}) {
     auto net = std::make_shared<Net>();
     {
       torch::NoGradGuard no_grad;
       for (const auto& p : net->named_parameters()) p.value().copy_(init.named_parameters()[p.key()]);
     }
+    if (kind == "frozen") net->fc1->weight.requires_grad_(false);
     auto options = cpprun::FsdpOptions().stage(3).wrap_policy(is_linear);
     if (kind == "divide_sum") options.reduce_dtype(at::kFloat);
-    if (kind == "mixed") options.param_dtype(at::kBFloat16);
+    if (kind == "mixed" || kind == "frozen") options.param_dtype(at::kBFloat16);
     auto model = kind == "hsdp" ? cpprun::FullyShardedDataParallel(net, mesh, options)
                                 : cpprun::FullyShardedDataParallel(net, group, options);
     if (kind == "divide" || kind == "divide_sum" || kind == "hook") model->set_gradient_divide_factor(3.0);
@@ -87,7 +91,7 @@ int main(int argc, char** argv) {
       opt.zero_grad();
       for (int micro = 0; micro < kMicro; ++micro) {
         const bool last = micro == kMicro - 1;
-        if (kind == "accumulate" || kind == "mixed") {
+        if (kind == "accumulate" || kind == "mixed" || kind == "frozen") {
           model->set_requires_gradient_sync(last);
           model->set_reshard_after_backward(last);
         } else if (kind != "hsdp") {

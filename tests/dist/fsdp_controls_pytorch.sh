@@ -2,7 +2,8 @@
 # cpprun's FSDP2 controls against PyTorch's own (fully_shard): gradient accumulation with
 # set_requires_gradient_sync / set_reshard_after_backward, HSDP's set_requires_all_reduce, and
 # set_gradient_divide_factor (float64, and reduced in float32 with set_force_sum_reduction_for_comms), and
-# mixed precision's defaults (bf16 compute, reduced and accumulated in float64), on 2 ranks in float64;
+# mixed precision's defaults (bf16 compute, reduced and accumulated in float64), and a frozen weight
+# under mixed precision (sharded and cast, never reduced), on 2 ranks in float64;
 # the trained biases equal to the bit, the weights to 1e-12 (fsdp_controls_pytorch.cpp / .py).
 # Usage: fsdp_controls_pytorch.sh PROBE CPPRUN PYTHON. Skips (77) without a python that has torch
 # and safetensors.

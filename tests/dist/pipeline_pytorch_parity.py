@@ -85,7 +85,9 @@ def main():
                 "looped-bfs": lambda: ScheduleLoopedBFS(stages, m, loss_fn=mse)}[kind]()
     mine = [p for s in stages for p in s.submod.parameters()]
     opt = torch.optim.SGD(mine, lr=0.1, momentum=0.9, foreach=False)
-    batches = load_file(f"{d}/batches.safetensors")
+    # Fresh, aligned copies: tensors at an odd offset of the file take other vector paths, whose
+    # sums round otherwise in the last bit (fsdp_controls_pytorch.py's hook case did).
+    batches = {k: v.clone() for k, v in load_file(f"{d}/batches.safetensors").items()}
     last = any(s.is_last for s in stages)
     losses = []
     for s in range(STEPS):

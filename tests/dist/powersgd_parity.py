@@ -64,7 +64,9 @@ def main():
     state = powersgd.PowerSGDState(process_group=None, **CONFIGS[config])
     ddp.register_comm_hook(state, powersgd.powerSGD_hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
-    batches = load_file(f"{d}/batches.safetensors")
+    # Fresh, aligned copies: tensors at an odd offset of the file take other vector paths, whose
+    # sums round otherwise in the last bit (fsdp_controls_pytorch.py's hook case did).
+    batches = {k: v.clone() for k, v in load_file(f"{d}/batches.safetensors").items()}
     for s in range(STEPS):
         opt.zero_grad()
         torch.nn.functional.mse_loss(ddp(batches[f"x{rank}_{s}"]), batches[f"y{rank}_{s}"]).backward()

@@ -59,7 +59,9 @@ def pytorch(d):
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    batches = load_file(f"{d}/batches.safetensors")
+    # Fresh, aligned copies: tensors at an odd offset of the file take other vector paths, whose
+    # sums round otherwise in the last bit (fsdp_controls_pytorch.py's hook case did).
+    batches = {k: v.clone() for k, v in load_file(f"{d}/batches.safetensors").items()}
     ok = True
     for config, options in CONFIGS.items():
         model = net()

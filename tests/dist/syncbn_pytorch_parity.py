@@ -70,7 +70,9 @@ def main():
     model = net(name)
     model.load_state_dict(load_file(f"{d}/init_{name}.safetensors"))
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, foreach=False)
-    batches = load_file(f"{d}/batches_{name}.safetensors")
+    # Fresh, aligned copies: tensors at an odd offset of the file take other vector paths, whose
+    # sums round otherwise in the last bit (fsdp_controls_pytorch.py's hook case did).
+    batches = {k: v.clone() for k, v in load_file(f"{d}/batches_{name}.safetensors").items()}
     ranks = range(len(RANK_BATCH))
     for s in range(STEPS):
         opt.zero_grad()

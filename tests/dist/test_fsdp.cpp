@@ -515,7 +515,8 @@ TEST_CASE("fsdp: a module wrapped already is refused by FSDP, FSDP's shards by D
 }
 
 // A backward of the bare module's forward trained nothing without a word (the shards never got a
-// gradient), and a parameter unfrozen after wrapping trained apart on each rank.
+// gradient), and a parameter unfrozen after wrapping trained apart on each rank (its shard unfrozen
+// trained nothing).
 TEST_CASE("fsdp: a backward with no forward through the wrapper, or a parameter unfrozen after wrapping, is refused",
           "[fsdp]") {
   const int rank = group().rank(), world = group().size();
@@ -533,6 +534,14 @@ TEST_CASE("fsdp: a backward with no forward through the wrapper, or a parameter 
     frozen_net->fc2->bias.requires_grad_(true);
     CHECK_THROWS_WITH(frozen->forward(x), Catch::Contains("the parameter \"fc2.bias\" was frozen (requires_grad false) "
                                                           "when the module was wrapped"));
+    // Its shard, as model->parameters() hands it to an optimizer, unfrozen instead.
+    frozen_net->fc2->bias.requires_grad_(false);
+    torch::Tensor shard = frozen->named_parameters()["fc2.bias"];
+    shard.requires_grad_(true);
+    CHECK_THROWS_WITH(frozen->forward(x), Catch::Contains("the parameter \"fc2.bias\" was frozen (requires_grad false) "
+                                                          "when the module was wrapped"));
+    shard.requires_grad_(false);
+    CHECK_NOTHROW(frozen->forward(x).sum().backward());  // frozen again: trains the others
     torch::NoGradGuard no_grad;  // an evaluation computes as before
     CHECK_NOTHROW(frozen->forward(x));
   }

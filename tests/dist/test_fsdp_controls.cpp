@@ -8,7 +8,9 @@
 #include "catch.h"
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -142,7 +144,8 @@ TEST_CASE("fsdp: unshard() gathers every unit now and reshard() releases them; s
     auto net = std::make_shared<Tower>();
     auto ref = std::make_shared<Tower>();
     copy_state(*ref, *net);
-    auto model = cpprun::FullyShardedDataParallel(net, group(), cpprun::FsdpOptions().stage(stage).wrap_policy(is_block));
+    auto model =
+        cpprun::FullyShardedDataParallel(net, group(), cpprun::FsdpOptions().stage(stage).wrap_policy(is_block));
     const int64_t whole = 8 * padded_numel(*ref, world);
     torch::optim::SGD opt(model->parameters(), 0.1), ref_opt(ref->parameters(), 0.1);
     auto evaluate = [&] {  // returns the units it gathered ahead of use
@@ -496,33 +499,91 @@ TEST_CASE("fsdp: MixedPrecisionPolicy's output_dtype and cast_forward_inputs, as
                     Catch::Matchers::Contains("reduce_dtype must be a floating-point dtype"));
 }
 
-namespace {
+// A LoRA-style fine-tune: the base weights frozen, the rest trained. FSDP kept frozen parameters
+// out of its units, whole on every rank and uncast under param_dtype; they are sharded, gathered
+// and cast as the others now (as FSDP2's), and only never reduced (Note [A parameter unfrozen
+// after wrapping] in fsdp_core.cpp).
+TEST_CASE("fsdp: frozen parameters are sharded and gathered like the others, never reduced; parity holds", "[fsdp]") {
+  Float64Parity float64;
+  const int rank = group().rank(), world = group().size();
+  const std::vector<std::string> base = {"in.weight", "b0.mix.weight", "b1.mix.weight", "b2.mix.weight"};
+  const auto freeze = [&](torch::nn::Module& m) {
+    for (auto& p : m.named_parameters()) {
+      if (std::find(base.begin(), base.end(), p.key()) != base.end()) p.value().requires_grad_(false);
+    }
+  };
+  for (int stage : {1, 2, 3}) {
+    INFO("stage " << stage);
+    torch::manual_seed(0);
+    auto net = std::make_shared<Tower>();
+    auto ref = std::make_shared<Tower>();
+    copy_state(*ref, *net);
+    freeze(*net);
+    freeze(*ref);
+    std::map<std::string, torch::Tensor> initial;
+    for (const auto& name : base) initial[name] = net->named_parameters()[name].detach().clone();
+    auto model =
+        cpprun::FullyShardedDataParallel(net, group(), cpprun::FsdpOptions().stage(stage).wrap_policy(is_block));
+    // Each rank holds its rows of a frozen weight (13 rows: C = ceil(13 / W)), as of a trained one.
+    auto shards = model->named_parameters();
+    const int64_t per_rank = (13 + world - 1) / world;
+    for (const auto& name : base) {
+      INFO(name);
+      CHECK(shards[name].size(0) == std::max<int64_t>(0, std::min<int64_t>(per_rank, 13 - rank * per_rank)));
+      CHECK_FALSE(shards[name].requires_grad());
+    }
+    const auto sgd = torch::optim::SGDOptions(0.1).momentum(0.9);
+    torch::optim::SGD opt(model->parameters(), sgd), ref_opt(ref->parameters(), sgd);
+    for (int step = 0; step < 3; ++step) {
+      opt.zero_grad();
+      ref_opt.zero_grad();
+      local_loss([&](torch::Tensor in) { return model->forward(in); }, step).backward();
+      reference_backward([&](torch::Tensor in) { return ref->forward(in); }, inputs_for("mlp", kGlobalBatch, step),
+                         targets_for(kGlobalBatch, step), world);
+      for (const auto& name : base) {
+        INFO(name << ", step " << step);
+        CHECK_FALSE(shards[name].grad().defined());  // nothing reduced for it
+        CHECK_FALSE(net->named_parameters()[name].grad().defined());
+      }
+      // Stage 3: a frozen weight goes with its unit, as a trained one does.
+      if (stage == 3 && world > 1) CHECK(net->b0->mix->weight.storage().nbytes() == 0);
+      opt.step();
+      ref_opt.step();
+    }
+    model->gather_full_parameters();
+    check_same_parameters(*net, *ref, kParityTolerance);
+    for (const auto& name : base) CHECK(torch::equal(net->named_parameters()[name], initial[name]));
+  }
+}
 
-struct CollectedWarnings : c10::WarningHandler {
-  std::vector<std::string> messages;
-  void process(const c10::Warning& warning) override { messages.push_back(warning.msg()); }
-};
-
-}  // namespace
-
-// Note [Frozen parameters under param_dtype] in fsdp_core.cpp: they are not cast, and wrapping
-// says so, naming them (the forward then failed with ATen's bare dtype error).
-TEST_CASE("fsdp: frozen parameters under param_dtype are named at wrap time", "[fsdp]") {
-  CollectedWarnings warnings;
-  c10::WarningUtils::WarningHandlerGuard collect(&warnings);
-  auto net = std::make_shared<DtypeProbeImpl>();
-  net->named_parameters().begin()->value().requires_grad_(false);
-  const std::string frozen = net->named_parameters().begin()->key();
-  auto model = cpprun::FullyShardedDataParallel(net, group(), cpprun::FsdpOptions().param_dtype(at::kBFloat16));
-  REQUIRE(warnings.messages.size() == 1);
-  const std::string named = "1 frozen parameter(s) (requires_grad false: \"" + frozen;
-  CHECK_THAT(warnings.messages[0],
-             Catch::Matchers::Contains(named) && Catch::Matchers::Contains("under param_dtype BFloat16"));
-  // Without mixed precision nothing is said.
-  auto plain = std::make_shared<DtypeProbeImpl>();
-  plain->named_parameters().begin()->value().requires_grad_(false);
-  auto unwarned = cpprun::FullyShardedDataParallel(plain, group(), cpprun::FsdpOptions());
-  CHECK(warnings.messages.size() == 1);
+// Under param_dtype a frozen weight computes in it too (the forward failed with ATen's bare "must
+// have the same dtype" when frozen parameters stayed out of the units); a frozen integer parameter
+// is sharded and gathered as it is.
+TEST_CASE("fsdp: frozen parameters compute in param_dtype; a frozen integer one stays as it is", "[fsdp]") {
+  Float64Parity float64;
+  const int rank = group().rank(), world = group().size();
+  for (int stage : {1, 3}) {
+    INFO("stage " << stage);
+    torch::manual_seed(0);
+    auto net = std::make_shared<Tower>();
+    net->in->weight.requires_grad_(false);
+    net->register_parameter("ids", torch::arange(5, torch::kLong), /*requires_grad=*/false);
+    auto model = cpprun::FullyShardedDataParallel(
+        net, group(), cpprun::FsdpOptions().stage(stage).wrap_policy(is_block).param_dtype(at::kFloat));
+    torch::optim::SGD opt(model->parameters(), 0.1);
+    torch::Tensor loss;
+    CHECK_NOTHROW(loss = local_loss([&](torch::Tensor in) { return model->forward(in); }, 0));
+    CHECK(loss.scalar_type() == at::kFloat);
+    loss.backward();
+    opt.step();
+    auto shards = model->named_parameters();
+    CHECK(shards["in.weight"].scalar_type() == at::kDouble);  // the shard keeps the parameter's dtype
+    const int64_t per_rank = (5 + world - 1) / world;
+    const int64_t first = std::min<int64_t>(5, rank * per_rank);
+    CHECK(torch::equal(shards["ids"], torch::arange(first, std::min<int64_t>(5, first + per_rank), torch::kLong)));
+    model->gather_full_parameters();
+    CHECK(torch::equal(net->named_parameters()["ids"], torch::arange(5, torch::kLong)));
+  }
 }
 
 namespace {

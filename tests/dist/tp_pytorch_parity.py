@@ -76,7 +76,9 @@ def main():
     model.load_state_dict(load_file(f"{d}/init.safetensors"))
     parallelize_module(model, mesh, plan(name))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1, foreach=False)
-    batches = load_file(f"{d}/batches.safetensors")
+    # Fresh, aligned copies: tensors at an odd offset of the file take other vector paths, whose
+    # sums round otherwise in the last bit (fsdp_controls_pytorch.py's hook case did).
+    batches = {k: v.clone() for k, v in load_file(f"{d}/batches.safetensors").items()}
     losses = []
     for s in range(STEPS):
         opt.zero_grad()

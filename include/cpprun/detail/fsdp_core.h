@@ -35,8 +35,8 @@ class FsdpCore final : public DataParallelCore {
   // Brings the full parameters up to date with the shards now (normally done by the next forward).
   void gather_full_parameters() override;
   // Registers this rank's shards on `wrapper` under the wrapped module's parameter names, in its
-  // order, each tensor once (a tied one under its first name; frozen parameters as they are),
-  // through plain submodules named by the path.
+  // order, each tensor once (a tied one under its first name; a frozen one's shard does not require
+  // grad), through plain submodules named by the path.
   void register_shards(torch::nn::Module& wrapper) const;
   // Also what a forward prepared for a backward that has not started yet.
   void set_require_sync(bool sync) override;
@@ -62,7 +62,7 @@ class FsdpCore final : public DataParallelCore {
   FsdpMemory memory() const;
   FsdpPrefetchStats prefetch_stats() const;
   std::size_t unit_count() const;            // wrapped modules (the root included)
-  std::size_t bucket_count() const;  // one per unit and dtype
+  std::size_t bucket_count() const;  // one per unit, dtype and requires_grad (frozen parameters apart)
   // Each parameter as its shard's rows (the fp32 master under mixed precision); after a load the
   // full parameters are remade from the shards.
   void describe_state(StateView& view) override;
