@@ -21,6 +21,7 @@
 #include "checkpoint/async_save.h"
 #include "checkpoint/optimizer_state_dict.h"
 #include "checkpoint/rows_in_place.h"
+#include "checkpoint/save_files.h"
 #include "checkpoint/parallel_load.h"
 #include "checkpoint/sharded_state_dict.h"
 #include "checkpoint/state_dict.h"
@@ -223,11 +224,10 @@ std::string interrupted_save_notes(const std::string& model_path, const std::str
 // optimizer. Loaded by two calls, neither sees the other file: the pair loaded without a word and
 // training went on with another step's optimizer state (an audit, 2026-12-07). The pair load
 // compares the two save ids first and loads neither when they differ.
-void check_one_save(StateSource source, const std::string& model_path, const std::string& optimizer_path) {
-  PublicCallScope call("cpprun::load_state_dict");
-  const StateView view = state_view(source);
+void check_one_save(const CheckpointTeam& team, const ProcessGroup* owners, const std::string& model_path,
+                    const std::string& optimizer_path) {
   std::exception_ptr failure;
-  if (view.team.is_root()) {
+  if (is_save_root(team, owners)) {
     try {
       const std::string model_id = save_id_in(model_path, kModelStem);
       const std::string optimizer_id = save_id_in(optimizer_path, kOptimizerStem);
@@ -246,7 +246,22 @@ void check_one_save(StateSource source, const std::string& model_path, const std
       failure = std::current_exception();
     }
   }
-  view.team.share_root_failure(failure);
+  share_save_root_failure(team, owners, failure);
+}
+
+void check_one_save(StateSource source, const std::string& model_path, const std::string& optimizer_path) {
+  PublicCallScope call("cpprun::load_state_dict");
+  check_one_save(state_view(source).team, nullptr, model_path, optimizer_path);
+}
+
+void check_save_files(StateSource source, const std::map<std::string, std::string>& files) {
+  PublicCallScope call("cpprun::save_state_dict");
+  check_save_files(state_view(source).team, nullptr, files);
+}
+
+void write_save_files(StateSource source, const std::string& dir, const std::map<std::string, std::string>& files) {
+  PublicCallScope call("cpprun::save_state_dict");
+  write_save_files(state_view(source).team, nullptr, dir, files);
 }
 
 void load_optimizer_state(StateSource source, torch::optim::Optimizer& optimizer, const std::string& path) {

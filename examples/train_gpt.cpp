@@ -90,7 +90,8 @@ constexpr const char* kUsage = R"(usage: train_gpt [options]
   --save DIR         after the last step, write a checkpoint to DIR: the model (model-*.safetensors and
                      model.safetensors.index.json, Hugging Face's sharded layout), the optimizer (optimizer-*),
                      and, written last, trainer.json: the step and where the data order stood (grad_scaler.pt
-                     too with --amp fp16). Every rank writes its share of the tensors; rank 0 writes trainer.json
+                     too with --amp fp16), all one save: one that fails puts back every earlier file. Every
+                     rank writes its share of the tensors; rank 0 writes trainer.json
   --stop-after K     stop after step K of the --steps (1 to --steps), as if the run were to go on (it has no
                      learning-rate schedule to shorten); with --save, a checkpoint --resume continues
   --resume DIR       continue from DIR's checkpoint (--save's) with the step after it, under any --mode, --stage,
@@ -1527,35 +1528,38 @@ int run(int argc, char** argv) {
   if (graph) static_cast<cpprun::FusedAdamW&>(optimizer).count_replayed_steps(replays);
 #endif
 
-  // --save: the model and the optimizer as one save (collective: each rank writes its share of the
-  // tensors), one save id for both (rank 0's), then where the run stands, last and by rank 0. A
-  // save that fails (a full disk) puts the earlier checkpoint's model and optimizer files back, and
-  // its trainer.json stays, so the directory holds the earlier save whole.
+  // --save: the model, the optimizer and where the run stands (trainer.json, and grad_scaler.pt
+  // with --amp fp16) as one save (collective: each rank writes its share of the tensors, the
+  // save's root the two files, last), under one save id (rank 0's). A save that fails (a full disk) puts the
+  // earlier checkpoint's files back, every one of them, so the directory holds the earlier save
+  // whole; a kill before the ranks agree leaves the earlier files as NAME.prev, which --resume's
+  // refusal names with the command that puts them back.
   if (!opt.save_dir.empty()) {
     const std::string dir = opt.save_dir + "/";
     const auto options = cpprun::StateDictSaveOptions().step(last_step).save_id(cpprun::new_save_id());
+    std::map<std::string, std::string> files;  // the same on every rank; the save's root writes them
+    if (opt.amp == "fp16") {
+      torch::serialize::OutputArchive archive;
+      scaler.save(archive);
+      files["grad_scaler.pt"] = cpprun::archive_bytes(archive);
+    }
+    std::string layout = "--mode " + opt.mode;
+    if (opt.mode == "fsdp") layout += " --stage " + std::to_string(opt.stage);
+    if (opt.tp > 1) layout += " --tp " + std::to_string(opt.tp);
+    if (opt.pp > 1) layout += " --pp " + std::to_string(opt.pp) + " (" + opt.pp_schedule + ")";
+    layout += ", " + std::to_string(group.size()) + (group.size() == 1 ? " rank" : " ranks");
+    const TrainerState now{last_step, opt.steps, static_cast<int64_t>(sampler.epoch()), epoch_windows,
+                           windows, global_batch, opt.dtype, opt.amp, layout, *options.save_id(),
+                           model_flags(opt), epoch_steps(windows, dp_size, rank_batch)};
+    files["trainer.json"] = trainer_json(now);
     if (schedule) {
-      cpprun::save_state_dict(my_stages, optimizer, dir, options);
+      cpprun::save_state_dict(my_stages, optimizer, dir, options, files);
     } else if (wrapped) {
-      cpprun::save_state_dict(model, optimizer, dir, options);
+      cpprun::save_state_dict(model, optimizer, dir, options, files);
     } else {
-      cpprun::save_state_dict(gpt, optimizer, dir, options);
+      cpprun::save_state_dict(gpt, optimizer, dir, options, files);
     }
     if (rank == 0) {
-      if (opt.amp == "fp16") {
-        torch::serialize::OutputArchive archive;
-        scaler.save(archive);
-        cpprun::write_file_atomically(dir + "grad_scaler.pt", cpprun::archive_bytes(archive));
-      }
-      std::string layout = "--mode " + opt.mode;
-      if (opt.mode == "fsdp") layout += " --stage " + std::to_string(opt.stage);
-      if (opt.tp > 1) layout += " --tp " + std::to_string(opt.tp);
-      if (opt.pp > 1) layout += " --pp " + std::to_string(opt.pp) + " (" + opt.pp_schedule + ")";
-      layout += ", " + std::to_string(group.size()) + (group.size() == 1 ? " rank" : " ranks");
-      const TrainerState now{last_step, opt.steps, static_cast<int64_t>(sampler.epoch()), epoch_windows,
-                             windows, global_batch, opt.dtype, opt.amp, layout, *options.save_id(),
-                             model_flags(opt), epoch_steps(windows, dp_size, rank_batch)};
-      cpprun::write_file_atomically(dir + "trainer.json", trainer_json(now));
       std::printf("saved step %d of %d to %s (model, optimizer, trainer.json): continue with --resume %s\n", last_step,
                   opt.steps, opt.save_dir.c_str(), opt.save_dir.c_str());
     }

@@ -257,8 +257,10 @@ void accumulate_shard_grads_alone(ParamBucket& bucket, const std::vector<at::Ten
 // agreed over the shard group before anyone acts on it: what changed on any rank is gathered
 // again on every rank. The call comes only where versions decide, i.e. when something is kept
 // gathered and nothing else (a step, a load) already forces the gather: a training loop's
-// forward after a synchronized backward makes no such call; one after a no_sync backward with
-// kept units, or an evaluation forward between steps, makes one small CPU all-reduce.
+// forward after a synchronized backward makes no such call, but at stages 1 and 2 with frozen
+// parameters (which a step does not change, so versions decide) one; a forward after a no_sync
+// backward with kept units, or an evaluation forward between steps, makes one. Each is one small
+// CPU all-reduce of a flag per bucket (FSDP2 all-gathers every frozen parameter each step instead).
 std::vector<bool> changed_on_any_rank(const ProcessGroup& group, const std::vector<bool>& changed_here) {
   if (group.size() <= 1 || changed_here.empty()) return changed_here;
   at::Tensor flags = at::zeros({static_cast<int64_t>(changed_here.size())}, at::kInt);

@@ -139,17 +139,30 @@ struct FsdpCore::Impl {
     const bool loaded = std::exchange(shards_loaded, false);
     std::vector<int64_t> versions(buckets.size());
     std::vector<bool> gather(buckets.size(), false);
+    std::vector<std::size_t> by_version;  // the buckets whose verdict is this rank's versions
     for (std::size_t b = 0; b < buckets.size(); ++b) {
       // Alone, a shard that is a view of the full parameter is it: nothing to copy, nor even the
       // views per parameter copy_shards_into() would make to find that out.
       if (groups.shard.size() == 1 && !buckets[b].shards_are_separate()) continue;
       versions[b] = shard_version_sum(buckets[b]);
       // The optimizer steps no frozen shard: only a load or a write changes one.
-      gather[b] = (stepped && !buckets[b].frozen()) || loaded || versions[b] != shard_versions[b];
+      if (loaded || (stepped && !buckets[b].frozen())) {
+        gather[b] = true;
+      } else {
+        gather[b] = versions[b] != shard_versions[b];
+        by_version.push_back(b);
+      }
     }
     // Versions are this rank's own: agreed before anyone gathers (Note [Shard writes seen on one
-    // rank] in fsdp_collectives.cpp).
-    if (!stepped && !loaded) gather = changed_on_any_rank(groups.shard, gather);
+    // rank] in fsdp_collectives.cpp); after a step too, for the frozen buckets (a write to a frozen
+    // shard on one rank made the ranks' gathers differ, and the job abort: an audit, 2026-12-07).
+    // Which buckets these are depends only on what every rank knows alike.
+    if (!by_version.empty()) {
+      std::vector<bool> written;
+      for (std::size_t b : by_version) written.push_back(gather[b]);
+      written = changed_on_any_rank(groups.shard, written);
+      for (std::size_t i = 0; i < by_version.size(); ++i) gather[by_version[i]] = written[i];
+    }
     for (std::size_t b = 0; b < buckets.size(); ++b) {
       if (!gather[b]) continue;
       all_gather_shards(groups.shard, buckets[b], buckets[b].unsharded()).wait();

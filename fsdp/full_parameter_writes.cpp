@@ -82,7 +82,9 @@ void refuse_write_to_compute_copy(const ParamBucket& bucket, std::size_t i, cons
                               "instead; its step reads the gradients there. Otherwise: under"
                             : "Under",
               " mixed precision that parameter is the ", bucket.unsharded().scalar_type(),
-              " compute copy (param_dtype) of the ", p.shard.scalar_type(), " shards the optimizer steps, and every "
+              " compute copy (param_dtype) of the ", p.shard.scalar_type(),
+              bucket.frozen() ? " shards FSDP keeps of it (frozen: the master values), and every "
+                              : " shards the optimizer steps, and every ",
               "gather rebuilds it from them: the write would be lost, and carrying it back would round the values "
               "written. Initialise the module before wrapping it (the wrapper shards what it holds), or write the "
               "shards: model->named_parameters() holds \"", p.name, "\" as this rank's rows of it, rows [r*C, r*C + C) "

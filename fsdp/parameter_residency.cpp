@@ -77,6 +77,8 @@ void ParameterResidency::after_write(std::size_t u, const at::Tensor& written) {
 
 void ParameterResidency::use(std::size_t u, const std::vector<std::size_t>& needed) {
   UnitState& state = states_[u];
+  // Backward has reached another unit: those with frozen parameters that it finished are through.
+  if (phase_ == Phase::kBackward && !state.used_this_phase) release_finished_frozen_units(u, needed);
   if (state.gathered && stale(u)) release(u);  // the optimizer stepped since
   if (!state.gathered) gather(u, needed);
   complete(u);
@@ -306,7 +308,23 @@ void ParameterResidency::backward_done(std::size_t bucket) {
   UnitState& state = states_[buckets_[bucket].unit()];
   if (++state.buckets_done < state.trainable_buckets) return;
   state.done = true;
+  // A unit with frozen parameters may still be needed: its trainable parameters' gradients can
+  // all be in before backward is through its frozen ones (LoRA's adapters' before the base
+  // weight's input gradient), and releasing it then gathered it again at once (an audit,
+  // 2026-12-07: 3 units' all-gathers more a step). It goes when backward first uses another unit
+  // (release_finished_frozen_units), as room is needed, or at backward's end: FSDP2 reshards a
+  // module once its inputs' gradients are made, which is when backward moves on.
+  if (state.trainable_buckets < state.buckets.size()) return;
   if (options_.reshard_after_backward) release(buckets_[bucket].unit());
+}
+
+void ParameterResidency::release_finished_frozen_units(std::size_t next, const std::vector<std::size_t>& keep) {
+  if (!options_.reshard_after_backward) return;
+  for (std::size_t v = 0; v < states_.size(); ++v) {
+    const UnitState& state = states_[v];
+    if (v == next || !state.gathered || !state.done || state.trainable_buckets == state.buckets.size()) continue;
+    if (!contains(keep, v)) release(v);
+  }
 }
 
 void ParameterResidency::end_backward(bool reduced) {

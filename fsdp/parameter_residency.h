@@ -73,9 +73,10 @@ class ParameterResidency final : public UseListener {
   void continue_forward();
   // It returned; `backward_follows` when autograd recorded it.
   void end_forward(bool backward_follows);
-  // Backward has produced all of this bucket's gradients: its unit goes once all its trainable
-  // buckets have (unless reshard_after_backward is off). A unit of frozen parameters only hears
-  // nothing: what backward gathers of it goes as room is needed, or at backward's end.
+  // Backward has produced all of this bucket's gradients: its unit goes once all its buckets
+  // have (unless reshard_after_backward is off). A unit with frozen parameters (maybe needed after
+  // its trainable ones' gradients are in) goes when backward first uses another unit, as room is
+  // needed, or at backward's end.
   void backward_done(std::size_t bucket);
   // Backward is over: release everything (unless reshard_after_backward is off). `reduced`: it
   // was synchronized, so the optimizer will step the shards: what is gathered is stale after it.
@@ -120,6 +121,9 @@ class ParameterResidency final : public UseListener {
   void complete(std::size_t u);       // waits for them
   void release(std::size_t u);
   void make_room(const std::vector<std::size_t>& keep);
+  // Backward's first use of unit `next`: the units with frozen parameters whose gradients are all
+  // in are released (but `keep`).
+  void release_finished_frozen_units(std::size_t next, const std::vector<std::size_t>& keep);
   void prefetch_neighbour(std::size_t u, const std::vector<std::size_t>& keep);
   int64_t shard_version(std::size_t u) const;
   bool stale(std::size_t u) const;  // gathered from shards that have changed since

@@ -22,11 +22,13 @@
 #include "checkpoint/async_save.h"
 #include "checkpoint/optimizer_state_dict.h"
 #include "checkpoint/owned_state.h"
+#include "checkpoint/save_files.h"
 #include "checkpoint/sharded_state_dict.h"
 #include "checkpoint/state_dict.h"
 #include "checkpoint/state_view.h"
 #include "checkpoint/writer_gather.h"
 #include "comm/public_call.h"
+#include "cpprun/detail/replaced_files.h"
 #include "core/failure_agreement.h"
 #include "cpprun/optimizer_state_dict.h"
 #include "cpprun/pipeline_state_dict.h"
@@ -305,19 +307,30 @@ AsyncSave save_async(std::vector<PipelineStage*> stages, torch::optim::Optimizer
 }
 
 void save_state_dict(std::vector<PipelineStage*> stages, torch::optim::Optimizer& optimizer, const std::string& dir,
-                     const StateDictSaveOptions& options) {
+                     const StateDictSaveOptions& options, const std::map<std::string, std::string>& files) {
   detail::PublicCallScope call("cpprun::save_state_dict (pipeline stages)");
   const std::string directory = detail::checkpoint_directory(dir, "save_state_dict");
   StateDictSaveOptions one = options;
   if (!one.save_id()) one.save_id(new_save_id());  // pipeline rank 0's root's counts: it is broadcast
+  const detail::StateView view = stages_view(stages, "save_state_dict");  // checks the stages first
+  detail::check_save_files(view.team, &stages[0]->group(), files);
+  // Every part, or none (Note [A failed save puts the previous files back]): it was missing here,
+  // so an optimizer's part that failed left the new model's files beside the earlier optimizer's.
+  detail::ReplacedFiles together;
   save_state_dict(stages, directory, one);
-  save_optimizer_state_dict(std::move(stages), optimizer, directory, one);
+  save_optimizer_state_dict(stages, optimizer, directory, one);
+  detail::write_save_files(view.team, &stages[0]->group(), directory, files);
+  together.done();
 }
 
 StateDictLoadReport load_state_dict(std::vector<PipelineStage*> stages, torch::optim::Optimizer& optimizer,
                                     const std::string& dir, const StateDictOptions& options) {
   detail::PublicCallScope call("cpprun::load_state_dict (pipeline stages)");
   const std::string directory = detail::checkpoint_directory(dir, "load_state_dict");
+  // A model and an optimizer of two saves are refused before either is loaded (Note [A pair of
+  // files from one save]): the optimizer's refusal used to come after the model's load.
+  const detail::StateView view = stages_view(stages, "load_state_dict");  // checks the stages first
+  detail::check_one_save(view.team, &stages[0]->group(), directory, directory);
   StateDictLoadReport report = load_state_dict(stages, directory, options);
   load_optimizer_state_dict(std::move(stages), optimizer, directory);
   return report;

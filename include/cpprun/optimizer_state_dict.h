@@ -35,6 +35,7 @@
 #include <torch/optim/optimizer.h>
 #include <torch/ordered_dict.h>
 
+#include <map>
 #include <string>
 #include <type_traits>
 
@@ -68,6 +69,10 @@ void save_optimizer_state(StateSource source, torch::optim::Optimizer& optimizer
 void load_optimizer_state(StateSource source, torch::optim::Optimizer& optimizer, const std::string& path);
 // Refuses, on every rank, a model's and an optimizer's paths whose save ids differ; collective.
 void check_one_save(StateSource source, const std::string& model_path, const std::string& optimizer_path);
+// A pair save's `files`: their names checked before anything is written, then written into DIR by
+// the save's root (checkpoint/save_files.h); each collective.
+void check_save_files(StateSource source, const std::map<std::string, std::string>& files);
+void write_save_files(StateSource source, const std::string& dir, const std::map<std::string, std::string>& files);
 AsyncSave save_model_and_optimizer_async(StateSource source, torch::optim::Optimizer& optimizer,
                                          const std::string& model_path, const std::string& optimizer_path,
                                          const StateDictSaveOptions& options);
@@ -176,15 +181,25 @@ void load_optimizer_state_dict(Model&& model, torch::optim::Optimizer& optimizer
 // a wrapper, as those two. An existing file, or a name with a file's extension (.safetensors,
 // .pt, .pth, .bin), is refused: save to files with the two calls. One save: when the optimizer's
 // part fails (a full disk), the model's files of the checkpoint DIR held before come back too.
+// `files` (name -> bytes): more files of the same save, e.g. a trainer's state {"trainer.json":
+// its step, the data's position and the save id (give options.save_id(new_save_id()) to know it)},
+// as DCP saves non-tensor entries of the state dict: written into DIR last, each atomically, by
+// the save's root (rank 0 of the model's group; pass the same files on every rank: the others'
+// are not read), and put back with the model's and optimizer's files when the save fails. Plain
+// names only, none of the save's own (model.*, model-*, optimizer.*, optimizer-*, *.tmp, *.prev):
+// refused on every rank before anything is written.
 template <typename Model>
 void save_state_dict(Model&& model, torch::optim::Optimizer& optimizer, const std::string& dir,
-                     const StateDictSaveOptions& options = StateDictSaveOptions()) {
+                     const StateDictSaveOptions& options = StateDictSaveOptions(),
+                     const std::map<std::string, std::string>& files = {}) {
   const std::string directory = detail::checkpoint_directory(dir, "save_state_dict");
   StateDictSaveOptions one = options;
   if (!one.save_id()) one.save_id(new_save_id());  // rank 0's counts: it is broadcast
-  detail::ReplacedFiles together;  // both parts, or neither: Note [A failed save puts the previous files back]
+  detail::check_save_files(detail::state_source(model), files);  // collective, even with none
+  detail::ReplacedFiles together;  // every part, or none: Note [A failed save puts the previous files back]
   save_state_dict(model, directory, one);
   save_optimizer_state_dict(model, optimizer, directory, one);
+  detail::write_save_files(detail::state_source(model), directory, files);  // collective, even with none
   together.done();
 }
 

@@ -46,6 +46,7 @@
 
 #include <torch/optim/optimizer.h>
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -86,14 +87,17 @@ inline void load_optimizer_state_dict(PipelineStage& stage, torch::optim::Optimi
   load_optimizer_state_dict(std::vector<PipelineStage*>{&stage}, optimizer, path);
 }
 
-// The model and its optimizer as one checkpoint in the directory DIR, under one save id, as
-// cpprun/optimizer_state_dict.h's save_state_dict(model, optimizer, DIR) does; and the reverse,
-// returning the model's report.
+// The model and its optimizer as one checkpoint in the directory DIR, under one save id, and
+// `files` with them, as cpprun/optimizer_state_dict.h's save_state_dict(model, optimizer, DIR,
+// options, files) does: one save, whose failure puts back every part; and the reverse, refusing a
+// model and an optimizer of two saves before loading either, returning the model's report.
 void save_state_dict(std::vector<PipelineStage*> stages, torch::optim::Optimizer& optimizer, const std::string& dir,
-                     const StateDictSaveOptions& options = StateDictSaveOptions());
+                     const StateDictSaveOptions& options = StateDictSaveOptions(),
+                     const std::map<std::string, std::string>& files = {});
 inline void save_state_dict(PipelineStage& stage, torch::optim::Optimizer& optimizer, const std::string& dir,
-                            const StateDictSaveOptions& options = StateDictSaveOptions()) {
-  save_state_dict(std::vector<PipelineStage*>{&stage}, optimizer, dir, options);
+                            const StateDictSaveOptions& options = StateDictSaveOptions(),
+                            const std::map<std::string, std::string>& files = {}) {
+  save_state_dict(std::vector<PipelineStage*>{&stage}, optimizer, dir, options, files);
 }
 StateDictLoadReport load_state_dict(std::vector<PipelineStage*> stages, torch::optim::Optimizer& optimizer,
                                     const std::string& dir, const StateDictOptions& options = StateDictOptions());

@@ -553,7 +553,72 @@ TEST_CASE("fsdp: frozen parameters are sharded and gathered like the others, nev
     model->gather_full_parameters();
     check_same_parameters(*net, *ref, kParityTolerance);
     for (const auto& name : base) CHECK(torch::equal(net->named_parameters()[name], initial[name]));
+    // A frozen shard written on one rank after a step (an EMA teacher's update, under `if (rank ==
+    // 0)`) reaches every rank's full weight: the ranks agree to gather it. At stages 1 and 2 only
+    // the rank that wrote it gathered, and the job aborted on the mismatch.
+    {
+      torch::NoGradGuard no_grad;
+      if (rank == 0) shards["b1.mix.weight"].add_(1.0);
+    }
+    {
+      torch::NoGradGuard no_grad;
+      model->forward(inputs_for("mlp", kGlobalBatch, 0));
+    }
+    model->gather_full_parameters();
+    torch::Tensor expected = initial["b1.mix.weight"].clone();
+    expected.narrow(0, 0, per_rank).add_(1.0);
+    CHECK(torch::equal(net->b1->mix->weight, expected));
   }
+}
+
+namespace {
+
+// A LoRA block: a frozen base weight and a trainable low-rank update, y = x W^T + (x A^T) B^T.
+// Made in either order, the same arithmetic; backward runs the later-made branch first.
+struct LoraBlock : torch::nn::Module {
+  torch::Tensor w, a, b;
+  bool adapter_first = false;
+  LoraBlock(int64_t d, int64_t r, bool adapter_first_) : adapter_first(adapter_first_) {
+    w = register_parameter("w", torch::randn({d, d}) / std::sqrt(static_cast<double>(d)), /*requires_grad=*/false);
+    a = register_parameter("a", torch::randn({r, d}) * 0.1);
+    b = register_parameter("b", torch::randn({d, r}) * 0.1);
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    torch::Tensor update, base;
+    if (adapter_first) update = torch::mm(torch::mm(x, a.t()), b.t());
+    base = torch::mm(x, w.t());
+    if (!adapter_first) update = torch::mm(torch::mm(x, a.t()), b.t());
+    return x + torch::tanh(base + update);
+  }
+};
+bool is_lora_block(const torch::nn::Module& m) { return dynamic_cast<const LoraBlock*>(&m) != nullptr; }
+
+}  // namespace
+
+// Stage 3: a unit whose trainable parameters' gradients are all in may still be needed for its
+// frozen ones' input gradient (standard LoRA makes the adapter after the base, so backward is
+// through the adapter first). It was released then, and gathered again at once: 3 units' more
+// all-gathers a step than the same model made the other way round (an audit, 2026-12-07).
+TEST_CASE("fsdp: stage 3 keeps a unit with frozen weights until backward is through them", "[fsdp]") {
+  Float64Parity float64;
+  const int rank = group().rank(), world = group().size();
+  std::vector<int64_t> backward_bytes;
+  for (bool adapter_first : {false, true}) {
+    torch::manual_seed(0);
+    torch::nn::Sequential net;
+    for (int i = 0; i < 4; ++i) net->push_back(std::make_shared<LoraBlock>(32, 4, adapter_first));
+    auto model =
+        cpprun::FullyShardedDataParallel(net.ptr(), group(), cpprun::FsdpOptions().stage(3).wrap_policy(is_lora_block));
+    const auto x = slice(torch::randn({8, 32}), rank, world);
+    auto loss = model->forward(x).pow(2).sum();
+    const int64_t before = cpprun::detail::impl_of(group()).p2p_bytes_sent.load();
+    loss.backward();
+    backward_bytes.push_back(cpprun::detail::impl_of(group()).p2p_bytes_sent.load() - before);
+  }
+  INFO("backward bytes sent, the adapter made after the base: " << backward_bytes[0] << ", before it: "
+                                                                << backward_bytes[1]);
+  CHECK(backward_bytes[0] == backward_bytes[1]);
+  if (world > 1) CHECK(backward_bytes[0] > 0);  // backward gathers: the comparison compares something
 }
 
 // Under param_dtype a frozen weight computes in it too (the forward failed with ATen's bare "must

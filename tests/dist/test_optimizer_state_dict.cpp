@@ -788,6 +788,85 @@ TEST_CASE("optimizer_state_dict: a save over a checkpoint that fails puts the ea
   cpprun::barrier(group());
 }
 
+// Note [A trainer's files in the save] (checkpoint/save_files.cpp): a trainer's state written after
+// the pair's save (train_gpt's trainer.json) could be lost between the two, leaving a new model and
+// optimizer beside the earlier trainer.json. Given to the pair save, it is written by the first
+// rank only, last, and a save that fails puts back every earlier file, trainer.json included; a
+// name that is not a plain file of the directory, or one of the save's own, is refused on every
+// rank with the earlier checkpoint left as it was.
+TEST_CASE("optimizer_state_dict: a pair save's files (a trainer's state) are one save with the model and optimizer",
+          "[optimizer_state_dict]") {
+  const std::string wrapper = GENERATE("ddp", "zero3");
+  INFO(wrapper);
+  const int rank = group().rank();
+  SteppedOnce start(wrapper, "trainer_files");
+  auto& [model, opt, base] = start;
+  if (rank == 0) fs::remove_all(base);
+  cpprun::barrier(group());
+  // The first rank's files are written; what the others pass is not read.
+  const auto files_at = [&](int step) {
+    return rank == 0 ? std::map<std::string, std::string>{{"trainer.json", "{\"step\": " + std::to_string(step) + "}"},
+                                                          {"notes.txt", "n"}}
+                     : std::map<std::string, std::string>{{"trainer.json", "not rank 0's"}};
+  };
+  const auto save = [&](int step, const std::map<std::string, std::string>& files) {
+    cpprun::save_state_dict(model, opt, base + "/", cpprun::StateDictSaveOptions().step(step), files);
+  };
+  save(1, files_at(1));
+  const auto saved = rank == 0 ? directory_contents(base) : std::map<std::string, std::string>();
+  if (rank == 0) {
+    CHECK(saved.at("trainer.json") == "{\"step\": 1}");
+    CHECK(saved.at("notes.txt") == "n");
+  }
+  // trainer.json cannot be written (a directory stands where its temporary file goes): the save
+  // fails on every rank, and the model's and optimizer's files it had replaced come back.
+  train_step(model, opt, 1);
+  const fs::path blocked = fs::path(base) / "trainer.json.tmp";
+  if (rank == 0) fs::create_directories(blocked / "in_the_way");
+  cpprun::barrier(group());
+  CHECK_THROWS(save(2, files_at(2)));
+  cpprun::barrier(group());
+  if (rank == 0) {
+    fs::remove_all(blocked);
+    CHECK(directory_contents(base) == saved);
+  }
+  cpprun::barrier(group());
+  for (const std::string bad : {"sub/trainer.json", ".trainer.json", "model.safetensors",
+                                "optimizer-00001-of-00002.safetensors", "trainer.json.prev"}) {
+    INFO(bad);
+    std::string error = "no error";
+    try {
+      save(2, rank == 0 ? std::map<std::string, std::string>{{bad, "x"}} : std::map<std::string, std::string>{});
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    CHECK_THAT(error, Catch::Contains("\"" + bad + "\"") && Catch::Contains("trainer.json"));
+    cpprun::barrier(group());
+    if (rank == 0) CHECK(directory_contents(base) == saved);
+    cpprun::barrier(group());
+  }
+  {
+    const std::string long_name(251, 'a');  // NAME.prev would not fit a file name
+    std::string error = "no error";
+    try {
+      save(2, rank == 0 ? std::map<std::string, std::string>{{long_name, "x"}} : std::map<std::string, std::string>{});
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    CHECK_THAT(error, Catch::Contains("a name of 251 bytes") && Catch::Contains("at most 250"));
+  }
+  save(2, files_at(2));
+  cpprun::barrier(group());  // every rank's own NAME.prev goes once the ranks agree, before it returns
+  if (rank == 0) {
+    const auto now = directory_contents(base);
+    CHECK(now.at("trainer.json") == "{\"step\": 2}");
+    for (const auto& [name, bytes] : now) CHECK(name.find(".prev") == std::string::npos);
+  }
+  cpprun::barrier(group());
+  if (rank == 0) fs::remove_all(base);
+  cpprun::barrier(group());
+}
+
 // A process killed mid-save (here, after the model's files were renamed into place and before the
 // optimizer's) leaves the files it replaced as NAME.prev: the pair load refuses the mix before
 // loading either, names those files, and its command puts the earlier checkpoint back.

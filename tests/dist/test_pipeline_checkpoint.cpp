@@ -551,6 +551,62 @@ TEST_CASE("pipeline checkpoint: a run stopped by its stages resumes cut another 
   }
 }
 
+// The stages' pair save is one save (Note [A failed save puts the previous files back]): an
+// optimizer's part that fails puts back the model's files it had replaced (they stayed new beside
+// the earlier optimizer's before), and a trainer's files given to it are part of it too. The pair
+// load refuses a model and an optimizer of two saves before loading either.
+TEST_CASE("pipeline checkpoint: the stages' pair save is one save, its trainer files included; the pair load checks",
+          "[pipeline_checkpoint]") {
+  ddp_test::Float64Parity doubles;  // the tasks' batches are float64
+  JobDirectory dir;
+  const int rank = group().rank();
+  Pipeline pipeline = build(kMlp.make(), {});
+  auto opt = stages_adamw(pipeline);
+  train_pipeline(kMlp, pipeline, {}, *opt, 0, 1);
+  const std::string ck = dir / "ck/";
+  const auto contents = [&] {
+    std::map<std::string, std::string> out;
+    for (const auto& entry : fs::directory_iterator(ck)) {
+      std::ifstream in(entry.path(), std::ios::binary);
+      out[entry.path().filename().string()] = std::string(std::istreambuf_iterator<char>(in), {});
+    }
+    return out;
+  };
+  const auto save = [&](int step) {
+    const std::map<std::string, std::string> files{{"trainer.json", "{\"step\": " + std::to_string(step) + "}"}};
+    cpprun::save_state_dict(pipeline.mine(), *opt, ck, cpprun::StateDictSaveOptions().step(step),
+                            rank == 0 ? files : std::map<std::string, std::string>{});
+  };
+  save(1);
+  const auto saved = rank == 0 ? contents() : std::map<std::string, std::string>();
+  if (rank == 0) CHECK(saved.at("trainer.json") == "{\"step\": 1}");
+  train_pipeline(kMlp, pipeline, {}, *opt, 1, 2);
+  for (const std::string last : {"optimizer.safetensors.index.json", "trainer.json"}) {
+    INFO("blocked: " << last);
+    const fs::path blocked = fs::path(ck) / (last + ".tmp");
+    if (rank == 0) fs::create_directories(blocked / "in_the_way");
+    cpprun::barrier(group());
+    CHECK_THROWS(save(2));
+    cpprun::barrier(group());
+    if (rank == 0) {
+      fs::remove_all(blocked);
+      CHECK(contents() == saved);
+    }
+    cpprun::barrier(group());
+  }
+  save(2);
+  if (rank == 0) CHECK(contents().at("trainer.json") == "{\"step\": 2}");
+  // The optimizer saved again alone (a new save id): the pair load refuses the mix before loading
+  // the model (it loaded the model, then refused the optimizer).
+  cpprun::save_optimizer_state_dict(pipeline.mine(), *opt, ck, cpprun::StateDictSaveOptions().step(3));
+  Pipeline fresh = build(kMlp.make(), {});
+  auto fresh_opt = stages_adamw(fresh);
+  const auto before = named(*fresh.model);
+  CHECK_THROWS_WITH(cpprun::load_state_dict(fresh.mine(), *fresh_opt, ck),
+                    Catch::Contains("from another save") && Catch::Contains("nothing was loaded"));
+  for (const auto& [name, tensor] : named(*fresh.model)) CHECK(torch::equal(tensor, before.at(name)));
+}
+
 // FSDP stages' save_async to a directory gathers each tensor to its writer in the stage, on the
 // calling thread (checkpoint/writer_gather.h): its files are the synchronous save's, byte for byte,
 // though the stages train on while they are written.

@@ -195,6 +195,20 @@ faults)
     --resume "$tmp/ck" --stop-after 6 --save "$tmp/ck" >"$tmp/out" 2>&1) && fail "a save under ulimit -f 64 succeeded"
   grep -q "^\[rank0\]: step *6/" "$tmp/out" || fail "the run under ulimit -f 64 did not reach its save: $(tail -5 "$tmp/out")"
   cmp "$tmp/ck/trainer.json" "$tmp/ck_before/trainer.json" || fail "the failed save changed or removed trainer.json"
+  # trainer.json is part of the save (Note [A trainer's files in the save]): when it cannot be
+  # written (a directory where its temporary file goes), the save fails and the model's and the
+  # optimizer's earlier files come back with it, where they used to stay new beside the old one.
+  mkdir -p "$tmp/ck/trainer.json.tmp/in_the_way"
+  timeout 240 "$cpprun" --standalone --nproc_per_node=2 "$gpt" "${small[@]}" --batch 4 \
+    --resume "$tmp/ck" --stop-after 6 --save "$tmp/ck" >"$tmp/out" 2>&1 &&
+    fail "a save with trainer.json blocked succeeded"
+  grep -q "^\[rank0\]: step *6/" "$tmp/out" ||
+    fail "the run with trainer.json blocked did not reach its save: $(tail -5 "$tmp/out")"
+  grep -q "trainer.json.tmp" "$tmp/out" || fail "the failed save did not name trainer.json: $(tail -5 "$tmp/out")"
+  rm -r "$tmp/ck/trainer.json.tmp"
+  for f in "$tmp/ck_before"/*; do
+    cmp -s "$f" "$tmp/ck/${f##*/}" || fail "the save that failed on trainer.json changed ${f##*/}"
+  done
   run after_failed_save 2 --batch 4 --resume "$tmp/ck"
   grep -q "resumed from $tmp/ck at step 4 " "$tmp/after_failed_save.out" || fail "the earlier save did not resume"
   expect "the checkpoint is at step 4, so --steps 4 leaves nothing to train" 2 --resume "$tmp/ck" --steps 4
