@@ -87,8 +87,7 @@ void write_save_files(const CheckpointTeam& team, const ProcessGroup* owners, co
   std::exception_ptr failure;
   if (is_save_root(team, owners)) {
     try {
-      for (const auto& [name, bytes] : files) check_save_file_name(name);
-      for (const auto& [name, bytes] : files) {
+      for (const auto& [name, bytes] : files) {  // names checked by check_save_files, before the save
         const std::string path = dir + name;
         note_replacing(path);  // Note [A failed save puts the previous files back]
         write_file_atomically(path, bytes);

@@ -40,9 +40,9 @@ void check_save_files(const CheckpointTeam& team, const ProcessGroup* owners,
                       const std::map<std::string, std::string>& files);
 
 // The save's root (the team's root; with `owners`, a pipeline's, the one of owner 0) writes each
-// of `files` (name -> bytes) into `dir` (ending in '/'), atomically, in this thread's ReplacedFiles
-// scope; the others write nothing. Collective over the team (and `owners`): the root's error,
-// a bad name included, is thrown on every rank alike.
+// of `files` (name -> bytes, their names passed by check_save_files before the save began) into
+// `dir` (ending in '/'), atomically, in this thread's ReplacedFiles scope; the others write
+// nothing. Collective over the team (and `owners`): the root's error is thrown on every rank alike.
 void write_save_files(const CheckpointTeam& team, const ProcessGroup* owners, const std::string& dir,
                       const std::map<std::string, std::string>& files);
 

@@ -30,11 +30,14 @@
 #include "support/safetensors_index.h"
 #include "cpprun/detail/replaced_files.h"
 #include "cpprun/cpprun.h"
+#include "checkpoint_test_support.h"
 #include "dist_test_support.h"
 
 namespace {
 
 namespace fs = std::filesystem;
+using dist_test::check_blocked_save_changes_nothing;
+using dist_test::directory_contents;
 using dist_test::group;
 
 struct Net : torch::nn::Module {
@@ -115,16 +118,6 @@ std::string scratch(const std::string& what) {
 }
 
 constexpr int kBefore = 3, kAfter = 3;
-
-// Every file in DIR and its bytes.
-std::map<std::string, std::string> directory_contents(const std::string& dir) {
-  std::map<std::string, std::string> out;
-  for (const auto& entry : fs::directory_iterator(dir)) {
-    std::ifstream in(entry.path(), std::ios::binary);
-    out[entry.path().filename().string()] = std::string(std::istreambuf_iterator<char>(in), {});
-  }
-  return out;
-}
 
 // What the fault, save-together and full-disk cases start from: seeded(1) wrapped by `wrapper`
 // after one AdamW step (so the optimizer holds state to save), and a scratch path for `what`.
@@ -744,16 +737,7 @@ TEST_CASE("optimizer_state_dict: a save over a checkpoint that fails puts the ea
   const auto saved = rank == 0 ? contents() : std::map<std::string, std::string>();
   train_step(model, opt, 1);
   const std::string last = files ? "optimizer.safetensors" : "optimizer.safetensors.index.json";
-  const fs::path blocked = fs::path(base) / (last + ".tmp");
-  if (rank == 0) fs::create_directories(blocked / "in_the_way");
-  cpprun::barrier(group());
-  CHECK_THROWS(save(2));
-  cpprun::barrier(group());
-  if (rank == 0) {
-    fs::remove_all(blocked);
-    CHECK(contents() == saved);
-  }
-  cpprun::barrier(group());
+  check_blocked_save_changes_nothing(base, last, [&] { save(2); }, saved);
   loads(at_step_1);
   // With the way clear, the same save goes through, and keeps nothing of the earlier one.
   save(2);
@@ -821,16 +805,7 @@ TEST_CASE("optimizer_state_dict: a pair save's files (a trainer's state) are one
   // trainer.json cannot be written (a directory stands where its temporary file goes): the save
   // fails on every rank, and the model's and optimizer's files it had replaced come back.
   train_step(model, opt, 1);
-  const fs::path blocked = fs::path(base) / "trainer.json.tmp";
-  if (rank == 0) fs::create_directories(blocked / "in_the_way");
-  cpprun::barrier(group());
-  CHECK_THROWS(save(2, files_at(2)));
-  cpprun::barrier(group());
-  if (rank == 0) {
-    fs::remove_all(blocked);
-    CHECK(directory_contents(base) == saved);
-  }
-  cpprun::barrier(group());
+  check_blocked_save_changes_nothing(base, "trainer.json", [&] { save(2, files_at(2)); }, saved);
   for (const std::string bad : {"sub/trainer.json", ".trainer.json", "model.safetensors",
                                 "optimizer-00001-of-00002.safetensors", "trainer.json.prev"}) {
     INFO(bad);

@@ -25,6 +25,7 @@
 
 #include "cpprun/cpprun.h"
 #include "cpprun/pipeline_state_dict.h"
+#include "checkpoint_test_support.h"
 #include "dist_test_support.h"
 #include "parity_checks.h"
 
@@ -564,14 +565,7 @@ TEST_CASE("pipeline checkpoint: the stages' pair save is one save, its trainer f
   auto opt = stages_adamw(pipeline);
   train_pipeline(kMlp, pipeline, {}, *opt, 0, 1);
   const std::string ck = dir / "ck/";
-  const auto contents = [&] {
-    std::map<std::string, std::string> out;
-    for (const auto& entry : fs::directory_iterator(ck)) {
-      std::ifstream in(entry.path(), std::ios::binary);
-      out[entry.path().filename().string()] = std::string(std::istreambuf_iterator<char>(in), {});
-    }
-    return out;
-  };
+  const auto contents = [&] { return dist_test::directory_contents(ck); };
   const auto save = [&](int step) {
     const std::map<std::string, std::string> files{{"trainer.json", "{\"step\": " + std::to_string(step) + "}"}};
     cpprun::save_state_dict(pipeline.mine(), *opt, ck, cpprun::StateDictSaveOptions().step(step),
@@ -583,16 +577,7 @@ TEST_CASE("pipeline checkpoint: the stages' pair save is one save, its trainer f
   train_pipeline(kMlp, pipeline, {}, *opt, 1, 2);
   for (const std::string last : {"optimizer.safetensors.index.json", "trainer.json"}) {
     INFO("blocked: " << last);
-    const fs::path blocked = fs::path(ck) / (last + ".tmp");
-    if (rank == 0) fs::create_directories(blocked / "in_the_way");
-    cpprun::barrier(group());
-    CHECK_THROWS(save(2));
-    cpprun::barrier(group());
-    if (rank == 0) {
-      fs::remove_all(blocked);
-      CHECK(contents() == saved);
-    }
-    cpprun::barrier(group());
+    dist_test::check_blocked_save_changes_nothing(ck, last, [&] { save(2); }, saved);
   }
   save(2);
   if (rank == 0) CHECK(contents().at("trainer.json") == "{\"step\": 2}");
