@@ -11,9 +11,13 @@
 // trains on its slice of one global batch. With --check (ddp and zero modes), the model is float64
 // and every rank then compares its trained parameters with a one-process copy trained here on the
 // whole global batch, printing the worst difference; a mismatch exits 1 (tests/gpu/cuda_steps.sh,
-// and dist.dp_bench.check.* on the CPU).
+// and dist.dp_bench.check.* on the CPU). With --frozen 1, every Linear's weight but the head's is
+// frozen before wrapping, a LoRA-style fine-tune's base (bench_mlp.h): FSDP shards and gathers
+// those weights and reduces no gradient for them, DDP reduces only what trains
+// (scripts/bench_frozen.sh: the step's time against FSDP2's and PyTorch DDP's).
 //
 //   cpprun --nproc_per_node=2 build/bench/dp_bench --mode ddp --hidden 1024 --batch 64 [--bucket-view] [--check]
+//          [--frozen 1]
 //          [--device cuda]   (each rank on GPU LOCAL_RANK, gradients over NCCL)
 //          [--device cuda:N] (every rank on GPU N, gradients over Gloo: ranks sharing one GPU, which
 //                             NCCL refuses; Gloo copies CUDA tensors through host memory)
@@ -64,6 +68,7 @@ struct Args {
   int warmup = 5, steps = 20;
   bool bucket_view = false;  // DDP with gradient_as_bucket_view
   bool check = false;  // float64, and the trained parameters compared with one process's
+  bool frozen = false;  // every weight but the head's frozen (bench::freeze_all_weights_but_the_head)
   std::string device = "cpu";  // or "cuda": this rank's GPU (LOCAL_RANK), with NCCL
 };
 
@@ -87,7 +92,10 @@ Args parse(int argc, char** argv) {
     else if (k == "--warmup") a.warmup = std::stoi(v);
     else if (k == "--steps") a.steps = std::stoi(v);
     else if (k == "--device") a.device = v;
-    else throw std::invalid_argument("unknown flag " + k);
+    else if (k == "--frozen") {
+      if (v != "0" && v != "1") throw std::invalid_argument("--frozen takes 0 or 1, not " + v);
+      a.frozen = v == "1";
+    } else throw std::invalid_argument("unknown flag " + k);
   }
   if (a.check && a.mode != "ddp" && a.mode.rfind("zero", 0) != 0) {
     throw std::invalid_argument("--check needs --mode ddp, zero1, zero2 or zero3 (not " + a.mode + ")");
@@ -158,8 +166,14 @@ int run(int argc, char** argv) {
   auto global_y = torch::randint(0, 10, {global_batch}, torch::kLong).to(device);
   auto x = global_x.narrow(0, group.rank() * args.batch, args.batch);
   auto y = global_y.narrow(0, group.rank() * args.batch, args.batch);
-  // --check's one-process copy, from the same initial weights.
-  auto reference = args.check ? std::dynamic_pointer_cast<torch::nn::SequentialImpl>(net->clone()) : nullptr;
+  // --check's one-process copy, from the same initial weights. Frozen after cloning: a clone's
+  // parameters require gradients whatever the original's do.
+  torch::nn::Sequential reference(nullptr);
+  if (args.check) reference = torch::nn::Sequential(std::dynamic_pointer_cast<torch::nn::SequentialImpl>(net->clone()));
+  if (args.frozen) {
+    bench::freeze_all_weights_but_the_head(net);
+    if (reference) bench::freeze_all_weights_but_the_head(reference);
+  }
   // Kernels on a GPU run asynchronously: wait for them before reading the clock.
   auto finish_kernels = [&] {
     if (device.is_cuda()) torch::cuda::synchronize(device.index());
@@ -217,9 +231,10 @@ int run(int argc, char** argv) {
     ok = matches_reference(*net, *reference, group.rank());
   }
   if (group.rank() == 0) {
-    std::printf("RESULT impl=cpprun mode=%s device=%s params=%lld world=%d ms_per_step=%.2f cpu_ms_per_step=%.2f "
-                "samples_per_s=%.1f peak_rss_mb=%.1f\n",
-                args.mode.c_str(), args.device.c_str(), static_cast<long long>(params), group.size(), t.wall_ms, t.cpu_ms,
+    std::printf("RESULT impl=cpprun mode=%s device=%s params=%lld frozen=%d world=%d ms_per_step=%.2f "
+                "cpu_ms_per_step=%.2f samples_per_s=%.1f peak_rss_mb=%.1f\n",
+                args.mode.c_str(), args.device.c_str(), static_cast<long long>(params), args.frozen ? 1 : 0,
+                group.size(), t.wall_ms, t.cpu_ms,
                 1000.0 * args.batch * group.size() / t.wall_ms, peak_resident_mb() - rss_before_model);
   }
   return ok ? 0 : 1;

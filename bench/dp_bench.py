@@ -8,7 +8,8 @@
 # all the gradients alone ("allreduce"). Started by cpprun, which sets the same environment as
 # torchrun. Prints one RESULT line shaped like the C++ one; peak_rss_mb: how far the process's
 # peak resident memory (ru_maxrss) rose above its resident size just after init_process_group,
-# before the model was built (bench/dp_bench.cpp measures the same way).
+# before the model was built (bench/dp_bench.cpp measures the same way). --frozen 1 freezes every
+# Linear's weight but the last before wrapping (requires_grad False), as dp_bench's --frozen 1.
 import argparse, os, resource, sys, time
 import torch, torch.distributed as dist
 # Loaded here, before peak_rss_mb's baseline, rather than lazily inside it: the first optimizer a
@@ -29,6 +30,7 @@ p.add_argument("--warmup", type=int, default=5)
 p.add_argument("--steps", type=int, default=20)
 p.add_argument("--bucket-view", action="store_true", help="DDP with gradient_as_bucket_view=True")
 p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="cuda: GPU LOCAL_RANK, NCCL")
+p.add_argument("--frozen", default="0", choices=["0", "1"], help="1: every weight but the head's frozen")
 a = p.parse_args()
 
 def resident_mb():  # this process's resident memory now: /proc/self/statm's second field, in pages
@@ -54,6 +56,10 @@ for _ in range(3):
     layers += [torch.nn.Linear(a.hidden, a.hidden), torch.nn.ReLU()]
 net = torch.nn.Sequential(*layers, torch.nn.Linear(a.hidden, 10)).to(device)
 params = sum(t.numel() for t in net.parameters())  # before fully_shard turns them into shards
+if a.frozen == "1":  # a LoRA-style fine-tune's base: DDP and FSDP2 skip these in their reductions
+    linears = [m for m in net if isinstance(m, torch.nn.Linear)]
+    for m in linears[:-1]:
+        m.weight.requires_grad_(False)
 if a.mode in ("ddp", "zero1"):
     model = DDP(net, gradient_as_bucket_view=a.bucket_view)
 elif a.mode in ("fsdp2", "fsdp2_noreshard"):
@@ -109,7 +115,8 @@ ms = (time.perf_counter() - start) * 1000 / a.steps
 cpu = (cpu_ms() - cpu_start) / a.steps
 peak_rss = peak_resident_mb() - rss_before_model
 if dist.get_rank() == 0:
-    print(f"RESULT impl=pytorch mode={a.mode} device={a.device} params={params} world={dist.get_world_size()} "
+    print(f"RESULT impl=pytorch mode={a.mode} device={a.device} params={params} frozen={a.frozen} "
+          f"world={dist.get_world_size()} "
           f"ms_per_step={ms:.2f} cpu_ms_per_step={cpu:.2f} samples_per_s={1000 * a.batch * dist.get_world_size() / ms:.1f} peak_rss_mb={peak_rss:.1f}", flush=True)
 dist.barrier()  # no rank tears Gloo down while rank 0 still prints (tests/dist/dcp_interop.py's flake)
 dist.destroy_process_group()

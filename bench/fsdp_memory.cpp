@@ -15,6 +15,7 @@
 #include <set>
 #include <string>
 
+#include "bench_mlp.h"
 #include "peak_rss.h"
 
 namespace {
@@ -56,14 +57,8 @@ int main(int argc, char** argv) {
   auto group = cpprun::init_process_group();
   const int64_t rss_before = bench::peak_rss();
   torch::manual_seed(0);
-  torch::nn::Sequential net(torch::nn::Linear(1024, hidden), torch::nn::ReLU());
-  for (int i = 0; i < 3; ++i) net->push_back(torch::nn::Linear(hidden, hidden)), net->push_back(torch::nn::ReLU());
-  net->push_back(torch::nn::Linear(hidden, 10));
-  if (frozen) {
-    for (std::size_t i = 0; i + 1 < net->size(); ++i) {
-      if (auto* linear = net[i]->as<torch::nn::Linear>()) linear->weight.requires_grad_(false);
-    }
-  }
+  auto net = bench::make_mlp(hidden);
+  if (frozen) bench::freeze_all_weights_but_the_head(net);
   int64_t psi = 0;
   for (const auto& p : net->parameters()) psi += p.numel();
   auto x = torch::randn({16, 1024});

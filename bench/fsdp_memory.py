@@ -1,4 +1,4 @@
-# The PyTorch side of scripts/bench_frozen_memory.sh: bench/fsdp_memory.cpp's model and steps under
+# The PyTorch side of scripts/bench_frozen.sh: bench/fsdp_memory.cpp's model and steps under
 # PyTorch's FSDP2 (fully_shard per Linear, then the root), reporting the same steady-state bytes per
 # rank after three AdamW steps: the parameters' local shards, their gradients, AdamW's state.
 #   cpprun --nproc_per_node=N python bench/fsdp_memory.py [--frozen 1]

@@ -188,11 +188,36 @@ void copy_shards_into(const ParamBucket& bucket, const at::Tensor& into) {
 }
 
 Work all_gather_shards(const ProcessGroup& group, const ParamBucket& bucket, const at::Tensor& into) {
-  copy_shards_into(bucket, into);  // alone, all there is (nothing, where the shards are views of it)
+  return all_gather_shards(group, {{&bucket, into}});
+}
+
+Work all_gather_shards(const ProcessGroup& group,
+                       const std::vector<std::pair<const ParamBucket*, at::Tensor>>& buckets_into) {
+  TORCH_INTERNAL_ASSERT(!buckets_into.empty());
+  const at::TensorOptions wire = buckets_into.front().second.options();
+  // Alone, the copies are all there is (none, where the shards are views of `into`).
+  for (const auto& [bucket, into] : buckets_into) copy_shards_into(*bucket, into);
   if (group.size() == 1) return Work();
-  ChunkedTensor places = unsharded_chunks(bucket, into);
-  places.message_starts = wire_message_starts(bucket, static_cast<int64_t>(into.element_size()));
-  return all_gather_chunks_in_place_async(group, std::move(places), into.options());
+  // The buckets' wire chunks end to end: bucket k's rows of rank q are the collective's chunk q
+  // from the sum of the earlier buckets' chunk_numel on.
+  ChunkedTensor places;
+  places.chunks.resize(group.size());
+  std::vector<std::pair<int64_t, int64_t>> extents;
+  for (const auto& [bucket, into] : buckets_into) {
+    TORCH_INTERNAL_ASSERT(into.scalar_type() == wire.dtype().toScalarType() && into.device() == wire.device());
+    TORCH_INTERNAL_ASSERT(bucket->world() == group.size());
+    ChunkedTensor one = unsharded_chunks(*bucket, into);
+    for (int q = 0; q < group.size(); ++q) {
+      for (ChunkPiece& piece : one.chunks[q]) {
+        piece.offset += places.chunk_numel;
+        places.chunks[q].push_back(std::move(piece));
+      }
+    }
+    for (const ShardedParam& s : bucket->params()) extents.emplace_back(places.chunk_numel + s.wire_offset, s.chunk_numel());
+    places.chunk_numel += bucket->chunk_numel();
+  }
+  places.message_starts = message_starts_for(extents, static_cast<int64_t>(wire.dtype().itemsize()));
+  return all_gather_chunks_in_place_async(group, std::move(places), wire);
 }
 
 namespace {

@@ -50,6 +50,12 @@ void copy_shards_into(const ParamBucket& bucket, const at::Tensor& into);
 // rank's copied into its rows, every other rank's received straight into each parameter's rows.
 // In a group of one, only the copy (none where the shards are views of `into`).
 Work all_gather_shards(const ProcessGroup& group, const ParamBucket& bucket, const at::Tensor& into);
+// The same for several buckets as one collective, each (bucket, into) as above; every `into` of
+// one dtype and device, the collective's. A unit's trainable and frozen buckets of one dtype (a
+// LoRA block's) so cost one all-gather, as FSDP2 gathers a parameter group's parameters,
+// whatever their requires_grad, in one. Every rank gives the same buckets in the same order.
+Work all_gather_shards(const ProcessGroup& group,
+                       const std::vector<std::pair<const ParamBucket*, at::Tensor>>& buckets_into);
 // `changed_here[i]` ORed over the group's ranks (one small all-reduce of CPU integers, Gloo's
 // even in an NCCL job: no device sync), where the group has more than one rank and the list is
 // not empty; else `changed_here`. Collective: every rank of the group calls it with a list of the

@@ -155,11 +155,21 @@ void ParameterResidency::start_gather(std::size_t u) {
   UnitState& state = states_[u];
   state.shard_version = shard_version(u);
   state.epoch = epoch_;
+  // The unit's buckets of one dtype and device (its trainable and frozen parameters) travel as one
+  // all-gather.
+  std::vector<std::vector<std::pair<const ParamBucket*, at::Tensor>>> by_wire;
   for (std::size_t b : state.buckets) {
     ParamBucket& bucket = buckets_[b];
     bucket.allocate_unsharded(take_spare(bucket.unsharded_bytes()));
-    state.in_flight.push_back(all_gather_shards(group_, bucket, bucket.unsharded()));
+    const at::Tensor& into = bucket.unsharded();
+    auto same = std::find_if(by_wire.begin(), by_wire.end(), [&](const auto& gather) {
+      const at::Tensor& other = gather.front().second;
+      return other.scalar_type() == into.scalar_type() && other.device() == into.device();
+    });
+    if (same == by_wire.end()) same = by_wire.emplace(by_wire.end());
+    same->emplace_back(&bucket, into);
   }
+  for (const auto& gather : by_wire) state.in_flight.push_back(all_gather_shards(group_, gather));
   state.gathered = true;
 }
 

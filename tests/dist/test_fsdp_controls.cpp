@@ -621,6 +621,46 @@ TEST_CASE("fsdp: stage 3 keeps a unit with frozen weights until backward is thro
   if (world > 1) CHECK(backward_bytes[0] > 0);  // backward gathers: the comparison compares something
 }
 
+// A LoRA block's frozen base weight and trainable adapters (one dtype) are gathered by one
+// all-gather, as FSDP2 gathers a parameter group whatever its requires_grad: they were two
+// buckets and two all-gathers per gather, so a frozen model made twice the collectives of the same
+// model trained whole. What is gathered is checked by the frozen parity tests.
+TEST_CASE("fsdp: a unit's frozen and trainable parameters of one dtype are gathered by one all-gather",
+          "[fsdp]") {
+  Float64Parity float64;
+  const int rank = group().rank(), world = group().size();
+  if (world == 1) return;  // alone in the shard group nothing is gathered (np2-np4 run it)
+  // The group's all-gathers since its last barrier, from the flight recorder (a ring of the last
+  // entries: counted by the group's collective numbers, not by how many entries it holds).
+  const auto all_gathers_since_barrier = [] {
+    const auto entries = cpprun::flight_recorder_entries();
+    const auto barrier = std::find_if(entries.rbegin(), entries.rend(), [](const auto& e) { return e.op == "barrier"; });
+    REQUIRE(barrier != entries.rend());
+    return std::count_if(entries.begin(), entries.end(), [&](const auto& e) {
+      return e.op == "all_gather_into" && e.group == barrier->group && e.seq > barrier->seq;
+    });
+  };
+  std::vector<int64_t> counts;  // a step's all-gathers, the base frozen, then trained too
+  for (bool frozen : {true, false}) {
+    torch::manual_seed(0);
+    torch::nn::Sequential net;
+    for (int i = 0; i < 4; ++i) {
+      auto block = std::make_shared<LoraBlock>(32, 4, /*adapter_first=*/false);
+      block->w.requires_grad_(!frozen);
+      net->push_back(block);
+    }
+    auto model =
+        cpprun::FullyShardedDataParallel(net.ptr(), group(), cpprun::FsdpOptions().stage(3).wrap_policy(is_lora_block));
+    const auto x = slice(torch::randn({8, 32}), rank, world);
+    cpprun::barrier(group());
+    model->forward(x).pow(2).sum().backward();
+    counts.push_back(all_gathers_since_barrier());
+  }
+  INFO("all-gathers in a step, the base weights frozen: " << counts[0] << ", trained: " << counts[1]);
+  CHECK(counts[0] == counts[1]);
+  CHECK(counts[0] >= 4);  // at least each unit's forward gather: the count counts something
+}
+
 // Under param_dtype a frozen weight computes in it too (the forward failed with ATen's bare "must
 // have the same dtype" when frozen parameters stayed out of the units); a frozen integer parameter
 // is sharded and gathered as it is.
