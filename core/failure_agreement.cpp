@@ -5,6 +5,7 @@
 #include <c10/util/Exception.h>
 
 #include <stdexcept>
+#include <string_view>
 
 #include "cpprun/checkpoint_file.h"
 #include "cpprun/collectives.h"
@@ -49,9 +50,26 @@ std::string describe_failure(const std::exception_ptr& failure) {
   }
 }
 
+namespace {
+
+constexpr std::string_view kRaisedOn = " (raised on rank ";
+
+// Whether `message` ends with " (raised on rank R)": a failure relayed a second time (a pipeline's
+// stage owners hear it from owner 0, then each owner's team from its owner) names the rank that
+// raised it once, not each rank that passed it on.
+bool names_its_rank(const std::string& message) {
+  const auto at = message.rfind(kRaisedOn);
+  if (at == std::string::npos || message.back() != ')') return false;
+  const auto digits = std::string_view(message).substr(at + kRaisedOn.size());
+  return digits.size() > 1 && digits.find_first_not_of("0123456789") == digits.size() - 1;
+}
+
+}  // namespace
+
 void throw_described_failure(const std::string& described, int rank) {
   TORCH_INTERNAL_ASSERT(!described.empty(), "a described failure arrived empty");
-  const std::string message = described.substr(1) + " (raised on rank " + std::to_string(rank) + ")";
+  std::string message = described.substr(1);
+  if (!names_its_rank(message)) message += std::string(kRaisedOn) + std::to_string(rank) + ")";
   if (described[0] == 'M') throw StateDictMismatchError(message);
   if (described[0] == 'C') throw CorruptCheckpointError(message);
   throw std::runtime_error(message);

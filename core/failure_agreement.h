@@ -37,7 +37,8 @@ void share_root_failure(const ProcessGroup& group, std::exception_ptr root_failu
 // as bytes (its kind, a letter, then its message; never empty), and, on a rank that received
 // them, that failure thrown again: StateDictMismatchError, CorruptCheckpointError, else
 // std::runtime_error, the message followed by " (raised on rank R)", R = `rank` (the rank that
-// failed: the root, or a reader of a directory, checkpoint/parallel_load.h).
+// failed: the root, or a reader of a directory, checkpoint/parallel_load.h), unless the message
+// ends with such a rank already (a failure relayed again keeps the rank that raised it).
 std::string describe_failure(const std::exception_ptr& failure);
 [[noreturn]] void throw_described_failure(const std::string& described, int rank = 0);
 

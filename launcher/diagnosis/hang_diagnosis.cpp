@@ -240,7 +240,11 @@ Diagnosis diagnose(const std::vector<RankEvidence>& ranks, const std::string& wh
     groups_json += std::string(groups_json.empty() ? "" : ",") + "{\"group\":" + json_string(name) +
                    ",\"frontier_seq\":" + std::to_string(frontier) + ",\"ranks\":[" + ranks_json + "]}";
   }
-  if (!dumped.empty() && d.lines.empty()) {
+  if (!dumped.empty() && d.lines.empty() && groups.empty()) {
+    // Said apart: "every rank's last collective completed" would claim collectives that never ran.
+    d.lines.push_back("no rank recorded a collective or message before the dumps (" + who(dumped) +
+                      " dumped): the job stopped before its first one, so none is stuck in one");
+  } else if (!dumped.empty() && d.lines.empty()) {
     d.lines.push_back("every rank's last collective completed: none is stuck in one (" + who(dumped) + " dumped)");
   }
   for (const auto& [text, rs] : missing) d.lines.push_back("no dump from " + who(rs) + text);

@@ -581,6 +581,23 @@ TEST_CASE("pipeline checkpoint: the stages' pair save is one save, its trainer f
   }
   save(2);
   if (rank == 0) CHECK(contents().at("trainer.json") == "{\"step\": 2}");
+  // Stages over two pipelines: each stage's owner hears the failure from owner 0, then its team
+  // from it; the error names the rank that raised it once.
+  if (group().size() % 2 == 0) {
+    const Layout two_pipelines{.dp = 2, .zero = 1};
+    Pipeline replicated = build(kMlp.make(), two_pipelines);
+    auto replicated_opt = stages_adamw(replicated);
+    train_pipeline(kMlp, replicated, two_pipelines, *replicated_opt, 0, 1);
+    const std::string other = dir / "two_pipelines/";
+    const auto save_replicated = [&] {
+      const std::map<std::string, std::string> files{{"trainer.json", "{}"}};
+      cpprun::save_state_dict(replicated.mine(), *replicated_opt, other, cpprun::StateDictSaveOptions(),
+                              rank == 0 ? files : std::map<std::string, std::string>{});
+    };
+    save_replicated();
+    const auto before = rank == 0 ? dist_test::directory_contents(other) : std::map<std::string, std::string>();
+    dist_test::check_blocked_save_changes_nothing(other, "trainer.json", save_replicated, before);
+  }
   // The optimizer saved again alone (a new save id): the pair load refuses the mix before loading
   // the model (it loaded the model, then refused the optimizer).
   cpprun::save_optimizer_state_dict(pipeline.mine(), *opt, ck, cpprun::StateDictSaveOptions().step(3));

@@ -157,7 +157,12 @@ TEST_CASE("hang_diagnosis: all done is not a hang; no dumps at all is said plain
       evidence(0, dump_json(0, 2, 100, {entry(1, "barrier", "completed", 10, "\"dtype\":\"\",\"shapes\":[]")})),
       evidence(1, dump_json(1, 2, 100, {entry(1, "barrier", "completed", 10, "\"dtype\":\"\",\"shapes\":[]")})),
   };
-  CHECK_THAT(joined(diagnose(ranks, "request")), Contains("none is stuck"));
+  CHECK_THAT(joined(diagnose(ranks, "request")), Contains("every rank's last collective completed: none is stuck"));
+  // Dumps with nothing in them (a failure before the first collective) claim no collective.
+  const std::string before_any =
+      joined(diagnose({evidence(0, dump_json(0, 2, 100, {})), evidence(1, dump_json(1, 2, 100, {}))}, "failure"));
+  CHECK_THAT(before_any, Contains("no rank recorded a collective or message before the dumps (ranks 0-1 dumped)"));
+  CHECK_THAT(before_any, !Contains("last collective completed"));
   RankEvidence none;
   none.rank = 0;
   none.fate = "exited with code 1";
