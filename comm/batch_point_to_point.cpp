@@ -9,6 +9,7 @@
 #include "comm/collective_support.h"
 #include "comm/labelled_messages.h"
 #include "comm/message_protocol.h"
+#include "comm/peer_loss.h"
 #include "comm/work_state.h"
 #include "cpprun/point_to_point.h"
 
@@ -131,11 +132,18 @@ std::vector<Work> post_nccl_batch(const ProcessGroup& group, const std::vector<P
     p.mine = detail::header_of(op.tensor, op.tag, positions[i]);
     p.theirs = at::empty_like(p.mine);
     std::vector<at::Tensor> mine{p.mine}, theirs{p.theirs};
+    const int rank = impl.env.rank;
     if (send) {
-      p.header = impl.gloo->send(mine, op.peer, wire_tag(op.tag, MessagePart::kHeader));
-      p.ack = impl.gloo->recv(theirs, op.peer, wire_tag(op.tag, MessagePart::kAck));
+      p.header = detail::post_message("a batched send's header", rank, op.peer, op.tag, [&] {
+        return impl.gloo->send(mine, op.peer, wire_tag(op.tag, MessagePart::kHeader));
+      });
+      p.ack = detail::post_message("a batched send's acknowledgement receive", rank, op.peer, op.tag, [&] {
+        return impl.gloo->recv(theirs, op.peer, wire_tag(op.tag, MessagePart::kAck));
+      });
     } else {
-      p.header = impl.gloo->recv(theirs, op.peer, wire_tag(op.tag, MessagePart::kHeader));
+      p.header = detail::post_message("a batched receive's header", rank, op.peer, op.tag, [&] {
+        return impl.gloo->recv(theirs, op.peer, wire_tag(op.tag, MessagePart::kHeader));
+      });
     }
   }
   c10::intrusive_ptr<C10dWork> data;
@@ -271,8 +279,10 @@ std::vector<Work> batch_isend_irecv_agreed(const ProcessGroup& group, std::vecto
     std::vector<at::Tensor> list{wire(impl, op.tensor)};
     c10::intrusive_ptr<C10dWork> posted;
     try {
-      posted = send ? impl.gloo->send(list, op.peer, wire_tag(op.tag, MessagePart::kAgreed))
+      posted = post_message(send ? "a batched send" : "a batched receive", impl.env.rank, op.peer, op.tag, [&] {
+        return send ? impl.gloo->send(list, op.peer, wire_tag(op.tag, MessagePart::kAgreed))
                     : impl.gloo->recv(list, op.peer, wire_tag(op.tag, MessagePart::kAgreed));
+      });
     } catch (...) {
       record_failed(record, impl.timeout, std::current_exception());
       throw;

@@ -39,6 +39,14 @@ void check_tensor(const char* op, const char* name, const at::Tensor& t) {
   // Collectives move a tensor's memory as one block; an input could be copied, but a result is
   // written in place, so every tensor is asked to be contiguous alike.
   const bool result = std::string_view(name) != "input";
+  // at::conj and at::neg of some tensors are lazy: the memory keeps the values before them and a
+  // flag says so. Moved as memory, the values would arrive without the flag, silently
+  // unconjugated (PyTorch refuses such tensors too).
+  TORCH_CHECK(!t.is_conj() && !t.is_neg(), "cpprun::", op, ": ", name, " (shape ", t.sizes(), ", ", t.scalar_type(),
+              ") is a lazily ", t.is_conj() ? "conjugated (at::conj)" : "negated", " view: its memory holds other "
+              "values than it shows, and collectives move memory. Pass ",
+              t.is_conj() ? "t.resolve_conj()" : "t.resolve_neg()",
+              result ? " and use that tensor afterwards (the result is written in place)." : " instead.");
   TORCH_CHECK(t.is_contiguous(), "cpprun::", op, ": ", name, " (shape ", t.sizes(), ") is not contiguous; ",
               result ? "the result is written in place, so pass a contiguous tensor (e.g. t = t.contiguous() "
                        "before the call and use t afterwards)."
@@ -137,10 +145,25 @@ void write_back(const at::Tensor& t, const ReductionWire& wire) {
 }
 
 at::Tensor as_movable_bits(const at::Tensor& t) {
+  // Gloo moves float, double, half, int8, uint8, int32 and int64 only (Note [Reductions Gloo cannot
+  // do]); a type of the same element size carries the others' bits, so the shape stays the same
+  // (all_to_all and scatter split by rows). Complex tensors travel as their real and imaginary
+  // parts, as PyTorch sends them.
   switch (t.scalar_type()) {
     case ScalarType::BFloat16:
-    case ScalarType::Short: return t.view(ScalarType::Half);
-    case ScalarType::Bool: return t.view(ScalarType::Byte);
+    case ScalarType::Short:
+    case ScalarType::UInt16: return t.view(ScalarType::Half);
+    case ScalarType::UInt32: return t.view(ScalarType::Int);
+    case ScalarType::UInt64: return t.view(ScalarType::Long);
+    case ScalarType::Bool:
+    case ScalarType::Float8_e4m3fn:
+    case ScalarType::Float8_e4m3fnuz:
+    case ScalarType::Float8_e5m2:
+    case ScalarType::Float8_e5m2fnuz:
+    case ScalarType::Float8_e8m0fnu: return t.view(ScalarType::Byte);
+    case ScalarType::ComplexHalf:
+    case ScalarType::ComplexFloat:
+    case ScalarType::ComplexDouble: return at::view_as_real(t);
     default: return t;
   }
 }
@@ -293,6 +316,16 @@ bool Work::is_completed() const {
   if (state_->task.valid() &&
       state_->task.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
     return false;
+  }
+  // The result is in place only after the then-step (kAvg's division, a type carried as another
+  // written back, an uneven all_gather's copy-out), which wait() runs: run it here, at once, as
+  // PyTorch's is_completed() means the tensors hold the result (code that polls read the sum
+  // for an average). A failure stays for wait() to rethrow.
+  if (state_->then) {
+    try {
+      Work(state_).wait();
+    } catch (...) {  // rethrown by the caller's wait()
+    }
   }
   return true;
 }
@@ -462,6 +495,10 @@ Work reduce_scatter_async(const ProcessGroup& group, at::Tensor output, at::Tens
                                       type != ScalarType::UInt64),
               "cpprun::reduce_scatter of a ", type, " tensor on the CPU: LibTorch has no CPU arithmetic for "
               "unsigned types wider than 8 bits (PyTorch's Gloo refuses them too); reduce an int64 copy.");
+  // Refused before any message: the ring's additions would fail half-way, with ATen's words.
+  TORCH_CHECK(impl.is_nccl(input) || !at::isFloat8Type(type), "cpprun::reduce_scatter of a ", type,
+              " tensor on the CPU: LibTorch has no CPU arithmetic for float8 types; reduce a float32 or bfloat16 copy "
+              "(all_reduce carries float8 as float32 itself).");
   CollectiveCall call{CollectiveKind::kReduceScatter, {output, input}, std::nullopt, op};
   return issue_collective(group, call, [&](uint64_t sequence) {
     if (impl.is_nccl(input)) {

@@ -51,8 +51,11 @@ DeviceMesh::DeviceMesh(const ProcessGroup& group, std::vector<int> shape, std::v
     TORCH_CHECK(extent > 0, "cpprun::DeviceMesh: shape ", joined(shape_), " has a dimension of ", extent,
                 "; every dimension needs at least one rank.");
   }
-  const int ranks = std::accumulate(shape_.begin(), shape_.end(), 1, std::multiplies<int>());
-  TORCH_CHECK(ranks == group.size(), "cpprun::DeviceMesh: shape ", joined(shape_), " holds ", ranks,
+  // In double: an int product wraps ({3, 1431655766} held "2" ranks and was accepted), and it is
+  // exact up to 2^53, far past any group's size.
+  const double ranks = std::accumulate(shape_.begin(), shape_.end(), 1.0, std::multiplies<double>());
+  TORCH_CHECK(ranks == group.size(), "cpprun::DeviceMesh: shape ", joined(shape_), " holds ",
+              ranks < 9e15 ? std::to_string(static_cast<int64_t>(ranks)) : std::to_string(ranks),
               " ranks but the group has ", group.size(), ".");
   if (names_.empty()) {
     for (std::size_t d = 0; d < shape_.size(); ++d) names_.push_back("dim" + std::to_string(d));

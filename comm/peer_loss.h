@@ -7,6 +7,7 @@
 #include <c10/util/Exception.h>
 
 #include <exception>
+#include <stdexcept>
 #include <string>
 
 namespace cpprun::detail {
@@ -45,6 +46,24 @@ inline std::string c10d_meaning(const std::string& text) {
            "another call";
   }
   return "";
+}
+
+// Gloo posts a message at once, and throws its own bare exception where it cannot (after a
+// timeout closed the group's connections: every later message). `post()`'s result, or that
+// failure said as a c10::Error naming the message, as a failed wait says it.
+template <typename Post>
+auto post_message(const char* what, int rank, int peer, int tag, Post post) -> decltype(post()) {
+  try {
+    return post();
+  } catch (const c10::Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    const std::string said = c10d_text(e);
+    const std::string meaning = c10d_meaning(said);
+    TORCH_CHECK(false, "cpprun: rank ", rank, " could not post ", what, " (peer ", peer, ", tag ", tag, ")",
+                meaning.empty() ? std::string(" in Gloo") : ": " + meaning, ".\nc10d said: ", said);
+  }
+  throw std::logic_error("unreachable");  // TORCH_CHECK(false) threw
 }
 
 }  // namespace cpprun::detail

@@ -112,15 +112,22 @@ Work post_send(const ProcessGroup& group, at::Tensor tensor, int dst, int tag, s
   at::Tensor header = header_of(tensor, tag, position);
   at::Tensor ack = at::empty_like(header);
   std::vector<at::Tensor> header_list{header}, data_list{wire(impl, tensor)}, ack_list{ack};
-  auto header_send = impl.gloo->send(header_list, dst, wire_tag(tag, MessagePart::kHeader));
+  const int rank = impl.env.rank;
+  auto header_send = post_message("a send's header", rank, dst, tag, [&] {
+    return impl.gloo->send(header_list, dst, wire_tag(tag, MessagePart::kHeader));
+  });
   c10::intrusive_ptr<C10dWork> data_send;
   {
     // See Note [Batched messages]: no single message's data enters a batch's NCCL group.
     std::unique_lock<std::mutex> lock(impl.nccl_p2p_mutex, std::defer_lock);
     if (impl.is_nccl(tensor)) lock.lock();
-    data_send = impl.group_for(tensor).send(data_list, dst, wire_tag(tag, MessagePart::kData));
+    data_send = post_message("a send's data", rank, dst, tag, [&] {
+      return impl.group_for(tensor).send(data_list, dst, wire_tag(tag, MessagePart::kData));
+    });
   }
-  auto ack_recv = impl.gloo->recv(ack_list, dst, wire_tag(tag, MessagePart::kAck));
+  auto ack_recv = post_message("a send's acknowledgement receive", rank, dst, tag, [&] {
+    return impl.gloo->recv(ack_list, dst, wire_tag(tag, MessagePart::kAck));
+  });
   const int me = group.rank();
   const ProcessGroup keep = group;
   auto done = std::async(std::launch::async, [=, &impl]() {
@@ -146,8 +153,10 @@ Work post_recv(const ProcessGroup& group, at::Tensor tensor, int src, int tag, s
   at::Tensor mine = header_of(tensor, tag, position);
   at::Tensor theirs = at::empty_like(mine);
   std::vector<at::Tensor> header_list{theirs};
-  auto header_recv = src == kAnySource ? impl.gloo->recvAnysource(header_list, wire_tag(tag, MessagePart::kHeader))
-                                       : impl.gloo->recv(header_list, src, wire_tag(tag, MessagePart::kHeader));
+  auto header_recv = post_message("a receive's header", impl.env.rank, src, tag, [&] {
+    return src == kAnySource ? impl.gloo->recvAnysource(header_list, wire_tag(tag, MessagePart::kHeader))
+                             : impl.gloo->recv(header_list, src, wire_tag(tag, MessagePart::kHeader));
+  });
   Turn data_turn, ack_turn;
   {
     std::lock_guard<std::mutex> lock(impl.p2p_mutex);

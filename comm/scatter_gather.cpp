@@ -126,6 +126,10 @@ Work all_to_all_async(const ProcessGroup& group, at::Tensor output, at::Tensor i
               "cpprun::all_to_all: a row (dim 0 slice) of output has ", row_elements(output),
               " elements but one of input has ", row_elements(input), ".");
   if (n == 1) {
+    // Alone, the one pair the exchange below checks is this rank's with itself.
+    TORCH_CHECK(in_splits[0] == out_splits[0], "cpprun::all_to_all: rank 0 sends ", in_splits[0],
+                " rows to rank 0, but rank 0 expects ", out_splits[0], " rows from rank 0 (found on rank 0). Rank "
+                "r's input_splits[s] must equal rank s's output_splits[r].");
     output.copy_(input.view_as(output));
     return Work();
   }

@@ -40,6 +40,9 @@ stuck)
   [ "$status" != 0 ] || fail "stuck: the job exited 0"
   grep -qF "all_reduce #3 returned" "$WORK/out" && fail "stuck: all_reduce #3 returned without rank 1"
   grep -qF "rank 0 caught: " "$WORK/err" || fail "stuck: rank 0 did not catch the timeout"
+  # A send after the timeout is refused in cpprun's words, not Gloo's bare exception.
+  expect_in_file "$WORK/err" "rank 0's send after the timeout: cpprun: rank 0 " "stuck: a send after the timeout"
+  expect_in_file "$WORK/err" "this group timed out in an earlier call" "stuck: a send after the timeout"
   f=$DUMPS/rank_0.json
   expect_valid_json "$f"
   expect_in_file "$f" '"rank":0,"world_size":2,' "stuck: rank 0's dump header"

@@ -4,7 +4,8 @@
 // Two matching all-reduces come first (collectives #1 and #2), then:
 //   stuck      rank 1 skips all_reduce #3; rank 0 marks SYNC_DIR/stuck.0 (the Unix time in ms,
 //              where the script's time bound starts), waits in #3 until the group's timeout
-//              (3 s), prints what it caught and exits 1. Rank 1 exits 0 once rank 0's dump is there.
+//              (3 s), prints what it caught, then what a send after it says, and exits 1. Rank 1
+//              exits 0 once rank 0's dump is there.
 //   request    rank 0 enters all_reduce #3 and marks SYNC_DIR/ready.0; rank 1 marks ready.1 and
 //              waits for SYNC_DIR/release before it joins #3; both exit 0. Each rank first
 //              checks that its request fd is closed for its children.
@@ -74,6 +75,13 @@ int main(int argc, char** argv) {
       cpprun::all_reduce(pg, at::ones({4096}));
     } catch (const std::exception& e) {  // Gloo's own error types are not all c10::Error
       std::cerr << "rank 0 caught: " << e.what() << std::endl;
+      // A message after the timeout, which closed the group's connections: Gloo's bare exception
+      // ("Application timeout caused pair closure") reached the caller from send's posting.
+      try {
+        cpprun::send(pg, at::ones({2}), 1);
+      } catch (const std::exception& after) {
+        std::cerr << "rank 0's send after the timeout: " << after.what() << std::endl;
+      }
       return 1;
     }
     std::cout << "all_reduce #3 returned without rank 1" << std::endl;

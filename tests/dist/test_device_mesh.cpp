@@ -241,6 +241,10 @@ TEST_CASE("device mesh: init_device_mesh refuses what PyTorch refuses, and a mes
                       Catch::Contains("not every rank of the job has a GPU of its own"));
   }
   CHECK(cpprun::init_device_mesh("cpu", Shape{world}).size(0) == world);
+  // The DeviceMesh constructor's shape (ints): a product past int's range is counted, not wrapped
+  // (3 x 1431655766 wrapped to 2 and was accepted on 2 ranks).
+  CHECK_THROWS_WITH(cpprun::DeviceMesh(group(), {3, 1431655766}, {"a", "b"}),
+                    Catch::Contains("holds 4294967298 ranks but the group has " + w));
 }
 
 // The old name of node_local_mesh keeps working until it goes.
