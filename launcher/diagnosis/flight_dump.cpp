@@ -54,8 +54,13 @@ int64_t integer(const Json& object, const std::string& key, const std::string& w
   return integer_of(member(object, key, Json::Kind::kNumber, where), where + "'s \"" + key + "\"");
 }
 
+// Every string a dump gives is printed by the diagnosis: cut and cleaned as labels are, so that a
+// worker's file cannot write escape sequences to the launcher's console (op, group, reason,
+// dtype and reduce op were printed as read).
+std::string clean(const std::string& read) { return printable(read.substr(0, kMaxLabelBytes)); }
+
 std::string text(const Json& object, const std::string& key, const std::string& where) {
-  return member(object, key, Json::Kind::kString, where).text;
+  return clean(member(object, key, Json::Kind::kString, where).text);
 }
 
 std::string shapes_text(const Json& shapes, const std::string& where) {
@@ -132,14 +137,14 @@ FlightDump parse_flight_dump(const std::string& json) {
     record.op = text(e, "op", where);
     if (const Json* dtype = find(e, "dtype"); dtype != nullptr && !is_null(*dtype)) {
       if (dtype->kind != Json::Kind::kString) bad(where + "'s \"dtype\" is not a string");
-      record.dtype = dtype->text;
+      record.dtype = clean(dtype->text);
     }
     const Json* shapes = find(e, "shapes");
     if (shapes == nullptr) bad(where + " has no \"shapes\"");
     record.shapes = shapes_text(*shapes, where);
     if (const Json* reduce = find(e, "reduce_op"); reduce != nullptr && !is_null(*reduce)) {
       if (reduce->kind != Json::Kind::kString) bad(where + "'s \"reduce_op\" is not a string");
-      record.reduce_op = reduce->text;
+      record.reduce_op = clean(reduce->text);
     }
     if (const Json* root = find(e, "root"); root != nullptr && !is_null(*root)) {
       record.root = static_cast<int>(integer_of(*root, where + "'s \"root\""));
@@ -150,12 +155,12 @@ FlightDump parse_flight_dump(const std::string& json) {
     }
     if (const Json* label = find(e, "label"); label != nullptr && !is_null(*label)) {
       if (label->kind != Json::Kind::kString) bad(where + "'s \"label\" is not a string");
-      record.label = printable(label->text.substr(0, kMaxLabelBytes));  // printed: no control characters
+      record.label = clean(label->text);
     }
     // "public_call": dumps since 2026-12-05 (optional).
     if (const Json* call = find(e, "public_call"); call != nullptr && !is_null(*call)) {
       if (call->kind != Json::Kind::kString) bad(where + "'s \"public_call\" is not a string");
-      record.public_call = printable(call->text.substr(0, kMaxLabelBytes));
+      record.public_call = clean(call->text);
     }
     record.state = state_of(text(e, "state", where), where);
     record.start_unix_ms = integer(e, "start_unix_ms", where);

@@ -39,7 +39,8 @@ struct CollectiveRecord {
   std::string describe() const;
 };
 
-// The longest label read from a dump: the library's are a line; a longer one is cut, not refused.
+// The longest label (or op, group, dtype, reduce op, reason) read from a dump: the library's are a
+// line; a longer one is cut, not refused. Each is cleaned of control characters as '?'.
 inline constexpr std::size_t kMaxLabelBytes = 200;
 
 struct FlightDump {

@@ -1,6 +1,7 @@
 // Unit tests of reading flight-recorder dumps and of the diagnosis made from them.
 #include "catch.h"
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -57,6 +58,22 @@ TEST_CASE("flight_dump: a hostile file is refused, bounded, never a crash", "[ha
   const FlightDump barrier = parse_flight_dump(dump_json(
       0, 1, 0, {entry(1, "barrier", "started", 0, "\"dtype\":null,\"shapes\":[],\"reduce_op\":null")}));
   CHECK(barrier.entries.at(0).describe() == "barrier #1 ()");
+  // Every string the diagnosis prints comes cleaned of control characters and cut: a worker's file
+  // cannot write escape sequences to the console (op, group, dtype and reduce op came as read).
+  const std::string esc = "\\u001b[2J";
+  std::string hostile = dump_json(
+      0, 1, 0, {entry(1, "all_reduce" + esc, "started", 0,
+                      "\"dtype\":\"f32" + esc + "\",\"shapes\":[[2]],\"reduce_op\":\"sum" + esc + "\"")});
+  hostile.replace(hostile.find("\"group\":\"world\""), 15, "\"group\":\"w" + esc + std::string(300, 'x') + "\"");
+  hostile.replace(hostile.find("\"reason\":\"request\""), 18, "\"reason\":\"r" + esc + "\"");
+  const FlightDump cleaned = parse_flight_dump(hostile);
+  const CollectiveRecord& e = cleaned.entries.at(0);
+  for (const std::string& printed : {e.op, e.group, e.dtype, e.reduce_op, cleaned.reason, e.describe()}) {
+    INFO(printed);
+    CHECK(std::none_of(printed.begin(), printed.end(), [](char c) { return c == '\x1b'; }));
+  }
+  CHECK(e.op == "all_reduce?[2J");
+  CHECK(e.group.size() == kMaxLabelBytes);
 }
 
 TEST_CASE("flight_dump: a dump is read, and anything else refused with the reason", "[hang_diagnosis]") {
