@@ -7,7 +7,9 @@
 
 #include <algorithm>
 #include <map>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include "comm/collective_fingerprint.h"
 #include "comm/peer_loss.h"
@@ -117,9 +119,10 @@ void accumulate_pieces(at::Tensor& acc, const std::vector<ChunkPiece>& pieces, R
 // Staging for messages that are not one tensor: two buffers per ring thread, kept from one op to
 // the next (the largest chunk yet, per dtype and device). Fresh CPU memory costs a page fault per
 // 4 KiB on first touch, which for FSDP's chunks cost more than their copies (measured).
+thread_local at::Tensor staging_kept[2];
+
 at::Tensor staging_buffer(int slot, int64_t numel, const at::TensorOptions& options) {
-  thread_local at::Tensor kept[2];
-  at::Tensor& buffer = kept[slot];
+  at::Tensor& buffer = staging_kept[slot];
   if (!buffer.defined() || buffer.numel() < numel || buffer.dtype() != options.dtype() ||
       buffer.device() != options.device()) {
     buffer = at::Tensor();  // the old one goes first
@@ -229,6 +232,29 @@ StepWork post_step(const Ring& ring, int step, const std::vector<at::Tensor>& se
     work.sends.push_back(ring.group->send(send_list, next, tag));
   }
   return work;
+}
+
+// Note [A mismatch with messages posted]
+// The neighbour check fails after the first step's messages are posted (Note [Ring neighbour
+// check]). Destroyed unfinished, Gloo's pending buffers left the pair broken: when the two calls'
+// chunks were of one size (sum against max; float32 against int32), so that the messages paired,
+// the group's next collective waited out the timeout in about half the runs (an audit, 2026-12-07).
+// So the first step's messages are kept, for as long as the process runs, and complete or never
+// come, harmlessly (a mismatch is rare; each keeps one step's buffers). This thread's staging
+// buffers go with them: a late message must not land in the next collective's.
+void check_neighbour_keeping(const Ring& ring, const NeighbourCheck& check, StepWork& first_step) {
+  try {
+    finish_neighbour_check(ring, check);
+  } catch (...) {
+    static std::mutex mutex;
+    static auto* kept = new std::vector<StepWork>();  // never destroyed: at exit Gloo may be gone
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      kept->push_back(std::move(first_step));
+    }
+    for (at::Tensor& buffer : staging_kept) buffer = at::Tensor();  // the kept works hold them
+    throw;
+  }
 }
 
 // Waits for one message to or from `peer`; what Gloo throws (its own exception types, which
@@ -382,7 +408,7 @@ void run_ring_reduce_scatter(const Ring& ring, at::Tensor output, const ChunkedT
     std::vector<at::Tensor> receiving;
     for (const MessagePlace& place : own) receiving.push_back(into.narrow(0, place.offset, place.numel));
     StepWork work = post_step(ring, step, sending, receiving);
-    if (step == 0) finish_neighbour_check(ring, check);
+    if (step == 0) check_neighbour_keeping(ring, check, work);
     std::vector<at::Tensor> partials;  // what the next step sends
     for (std::size_t k = 0; k < own.size(); ++k) {
       wait_recv(ring, work, k);
@@ -462,7 +488,7 @@ void ring_all_gather(const Ring& ring, const ChunkedTensor& output, const at::Te
     const std::vector<MessagePlace> target = place_messages(output, chunk(step + 1), dtype);
     std::vector<at::Tensor> receiving = message_tensors(target, [&] { return stage(step % 2); }, /*pack=*/false);
     StepWork work = post_step(ring, step, sending, receiving);
-    if (step == 0) finish_neighbour_check(ring, check);
+    if (step == 0) check_neighbour_keeping(ring, check, work);
     run_unpacks(unpacks);
     for (std::size_t k = 0; k < work.recvs.size(); ++k) wait_recv(ring, work, k);
     finish_sends(ring, work, sending);
