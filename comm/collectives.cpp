@@ -8,11 +8,15 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <exception>
+#include <future>
 #include <limits>
+#include <mutex>
 #include <optional>
 #include <sstream>
 #include <string_view>
+#include <vector>
 
 #include "comm/chunked_collectives.h"
 #include "comm/collective_wait.h"
@@ -256,6 +260,27 @@ Work submit_ring(const ProcessGroup& group, const CollectiveCall& call, uint64_t
 
 Work::Work() = default;
 Work::Work(std::shared_ptr<State> state) : state_(std::move(state)) {}
+
+// Note [A Work let go unfinished]
+// A message's Work waits in a std::async task, and the last future of a std::async task blocks in
+// its destructor until the task ends: `cpprun::isend(group, t, peer);` with the Work let go (as
+// PyTorch's `dist.isend(t, peer)` without its request) waited right there for the peer's
+// receive, so two ranks that each sent before receiving waited out the group's timeout (an audit,
+// 2026-12-07). A task still running when its last Work goes is kept instead and runs on, as a
+// PyTorch request let go does (its error, if any, is then nobody's, as there). The list is never
+// destroyed, so that nothing waits for such a task at exit; finished tasks leave it as others come.
+Work::State::~State() {
+  if (!task.valid() || task.wait_for(std::chrono::seconds(0)) == std::future_status::ready) return;
+  static std::mutex mutex;
+  static auto* unfinished = new std::vector<std::shared_future<void>>();
+  std::lock_guard<std::mutex> lock(mutex);
+  unfinished->erase(std::remove_if(unfinished->begin(), unfinished->end(),
+                                   [](const std::shared_future<void>& f) {
+                                     return f.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+                                   }),
+                    unfinished->end());
+  unfinished->push_back(std::move(task));
+}
 
 void Work::wait() {
   if (!state_) return;

@@ -28,6 +28,11 @@ struct Work::State {
   // See Note [Flight recorder].
   uint64_t recorder_id = 0;
   std::chrono::milliseconds timeout{0};
+
+  State() = default;
+  State(const State&) = delete;
+  State& operator=(const State&) = delete;
+  ~State();  // Note [A Work let go unfinished] in collectives.cpp
 };
 
 namespace detail {

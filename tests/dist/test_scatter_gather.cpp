@@ -310,6 +310,21 @@ TEST_CASE("point to point: a ring of messages, tags, every dtype", "[p2p]") {
   CHECK(b.equal(at::full({9}, 2.0f * prev)));
 }
 
+// PyTorch's `dist.isend(t, peer)` with its request let go sends on. cpprun's Work let go waited
+// for the peer's receive in its destructor, so ranks that each send before they receive waited
+// out the group's timeout (Note [A Work let go unfinished] in comm/collectives.cpp).
+TEST_CASE("point to point: an isend whose Work is let go sends on; the sender goes on at once", "[p2p]") {
+  const int world = group().size(), rank = group().rank();
+  if (world == 1) return;
+  for (int round = 0; round < 3; ++round) {
+    INFO("round " << round);
+    cpprun::isend(group(), values(rank, round, 5, at::kFloat), (rank + 1) % world);  // let go
+    at::Tensor received = at::empty({5});
+    cpprun::recv(group(), received, (rank + world - 1) % world);
+    CHECK(received.equal(values((rank + world - 1) % world, round, 5, at::kFloat)));
+  }
+}
+
 TEST_CASE("point to point: rank 0 receives from any source", "[p2p]") {
   const int world = group().size(), rank = group().rank();
   if (world == 1) return;
