@@ -30,6 +30,8 @@ const char* to_string(ReduceOp op);
 
 // Handle to a collective in flight. wait() blocks until it is done, rethrows its error, and
 // finishes any step that follows it (e.g. converting a bf16 result back). Waiting twice is fine.
+// is_completed() true means the result is in place (it finishes that step too). A Work let go
+// unfinished runs on, as a PyTorch request let go does.
 class Work {
  public:
   Work();  // an already-completed no-op
