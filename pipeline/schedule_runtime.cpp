@@ -194,9 +194,13 @@ struct PipelineSchedule::Runtime {
     PipelineStage* stage;
     size_t index;  // in stage->parameters()
     ProcessGroup holders;
+    size_t tie;          // in cross_rank_ties
     at::Tensor earlier;  // the gradient this step began with: kept out of the sum (see the step's end)
   };
   std::vector<TieSum> tie_sums;
+  // Every tie whose holders are on two or more ranks, as "stage 0's embed.weight, stage 1's
+  // head.weight": the same list on every rank, whether it holds them or not.
+  std::vector<std::string> cross_rank_ties;
   std::optional<ProcessGroup> data_parallel;  // set_data_parallel_group's (its stages wrapped in DDP)
   GradScaler* scaler = nullptr;               // set_grad_scaler's
   bool scale_grads = true;                    // set_scale_grads's: backward from loss / microbatches
@@ -544,20 +548,37 @@ struct PipelineSchedule::Runtime {
     }
   }
 
-  // Every rank learns the batch sizes the first and last stages were given and checks them alike,
-  // so that a bad batch is one error on every rank rather than one rank's error and the others'
-  // wait for messages that never come. Rows: -1 for no tensor given (or a 0-dim one).
+  // Note [A step's opening exchange]
+  // Every rank learns, in one all-reduce at the start of step() and eval(), what the others were
+  // given, and checks it alike, so that a mistake on one rank is one error on every rank rather than
+  // that rank's error and the others' wait for messages that never come: the batch sizes the first
+  // and last stages were given, whether each rank runs step() or eval() (eval() on rank 0 alone, to
+  // log, left every rank waiting until the group's timeout with errors that never said why), and
+  // whether each holder of a tie across ranks trains it (requires_grad) or not: its gradients are
+  // summed over the holders only where it trains, and a sum on some holders alone would hang.
   void check_batch(const at::Tensor& inputs, const at::Tensor& targets) {
     constexpr int64_t kNotHere = -2;
     const char* call = training ? "step()" : "eval()";
+    const int p = group.size(), me = group.rank();
     auto rows = [](const at::Tensor& t) -> int64_t { return t.defined() && t.dim() > 0 ? t.size(0) : -1; };
-    at::Tensor given = at::full({2}, kNotHere, at::kLong);
+    // [0, 2): the rows (-1 for no tensor given, or a 0-dim one); [2, 2 + p): each rank's call (1
+    // step(), 2 eval()); then per tie across ranks, per rank: 1 trains it, 2 holds it frozen, 0 not held.
+    constexpr int64_t kStep = 1, kEval = 2, kTrains = 1, kFrozen = 2;
+    const int64_t ties_at = 2 + p;
+    at::Tensor given = at::zeros({ties_at + static_cast<int64_t>(cross_rank_ties.size()) * p}, at::kLong);
+    given[0] = kNotHere;
+    given[1] = kNotHere;
     if (stages.count(0)) given[0] = rows(inputs);
     if (stages.count(last_stage())) given[1] = rows(targets);
+    given[2 + me] = training ? kStep : kEval;
+    for (const auto& tie : tie_sums) {
+      const bool trains = tie.stage->parameters().at(tie.index).requires_grad();
+      given[ties_at + static_cast<int64_t>(tie.tie) * p + me] = trains ? kTrains : kFrozen;
+    }
     try {
       all_reduce(group, given, ReduceOp::kMax);
     } catch (const std::exception& e) {
-      TORCH_CHECK(false, "pipeline rank ", group.rank(), " (stage", stages.size() > 1 ? "s " : " ",
+      TORCH_CHECK(false, "pipeline rank ", me, " (stage", stages.size() > 1 ? "s " : " ",
                   stages.begin()->first, stages.size() > 1 ? ", ..." : "",
                   ") waiting at the start of ", call, " for every pipeline rank to begin the step, which they did not "
                   "(a rank that runs fewer steps than the others, or another schedule, leaves them waiting here; "
@@ -565,18 +586,47 @@ struct PipelineSchedule::Runtime {
                   "its messages): ",
                   message_of(e));
     }
+    const auto ranks_with = [&](int64_t from, int64_t value) {
+      std::string ranks;
+      for (int r = 0; r < p; ++r) {
+        if (given[from + r].item<int64_t>() == value) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+      }
+      return ranks;
+    };
+    const std::string stepping = ranks_with(2, kStep), evaluating = ranks_with(2, kEval);
+    TORCH_CHECK(stepping.empty() || evaluating.empty(), "the pipeline's ranks called different things: pipeline "
+                "rank(s) ", stepping, " step() and rank(s) ", evaluating, " eval(); every pipeline rank runs each "
+                "step() and each eval() together (their stages pass one another's activations), so call eval() on "
+                "every rank, e.g. to log its loss on rank 0 (found on rank ", me, ").");
     const int m = shape.microbatches;
     const int64_t input_rows = given[0].item<int64_t>(), target_rows = given[1].item<int64_t>();
+    // The job's rank, and in a {pp, dp} mesh the pipeline group's too: a pipeline rank alone named
+    // another process of the job than the user's logs show.
+    const auto job_rank = [&](int pipeline_rank) {
+      const std::vector<int> global = get_process_group_ranks(group);
+      const int rank = global.empty() ? pipeline_rank : global.at(static_cast<size_t>(pipeline_rank));
+      return "rank " + std::to_string(rank) +
+             (rank == pipeline_rank ? std::string() : ", pipeline rank " + std::to_string(pipeline_rank));
+    };
     for (const auto& [rows_given, what, stage] : {std::make_tuple(input_rows, "inputs", 0),
                                                   std::make_tuple(target_rows, "targets", last_stage())}) {
-      const std::string at_stage = "pipeline stage " + std::to_string(stage) + " (rank " +
-                                   std::to_string(rank_of(stage)) + ")";
+      if (rows_given > 0 && rows_given % m == 0) continue;
+      const std::string at_stage = "pipeline stage " + std::to_string(stage) + " (" + job_rank(rank_of(stage)) + ")";
       TORCH_CHECK(rows_given >= 0, at_stage, " was given no ", what, " (or a 0-dimensional tensor) in ", call,
                   ": pass the step's ", what, " on that rank (", stage == 0 ? "the first stage reads the inputs" :
-                  "the last stage reads the targets", "); found on rank ", group.rank(), ".");
-      TORCH_CHECK(rows_given > 0 && rows_given % m == 0, at_stage, ": the ", what, "' batch of ", rows_given,
-                  " rows does not split into ", m, " micro-batches of equal size; use a batch divisible by ", m,
-                  " or a number of micro-batches that divides the batch (found on rank ", group.rank(), ").");
+                  "the last stage reads the targets", "); found on ", job_rank(me), ".");
+      TORCH_CHECK(false, at_stage, ": the ", what, "' batch of ", rows_given, " rows does not split into ", m,
+                  " micro-batches of equal size; use a batch divisible by ", m,
+                  " or a number of micro-batches that divides the batch (found on ", job_rank(me), ").");
+    }
+    if (!training) return;  // eval() sums no tie's gradients
+    for (size_t t = 0; t < cross_rank_ties.size(); ++t) {
+      const int64_t at = ties_at + static_cast<int64_t>(t) * p;
+      const std::string trained = ranks_with(at, kTrains), frozen = ranks_with(at, kFrozen);
+      TORCH_CHECK(trained.empty() || frozen.empty(), "the tied weight ", cross_rank_ties[t], " is frozen "
+                  "(requires_grad false) on pipeline rank(s) ", frozen, " but trained on rank(s) ", trained,
+                  ": the unsplit model holds it as one tensor, trained or frozen; set its requires_grad alike on "
+                  "every rank that holds it (found on rank ", me, ").");
     }
   }
 
@@ -589,6 +639,8 @@ struct PipelineSchedule::Runtime {
   // earlier gradient back too, beside whatever of its own it got to (as a failed backward leaves).
   void set_aside_earlier_tie_gradients() {
     for (auto& tie : tie_sums) {
+      tie.earlier = at::Tensor();
+      if (!tie.stage->parameters().at(tie.index).requires_grad()) continue;  // frozen: not summed
       at::Tensor grad = tie.stage->parameters().at(tie.index).grad();
       tie.earlier = grad.defined() ? grad.clone() : at::Tensor();
       if (grad.defined()) grad.zero_();
@@ -705,6 +757,10 @@ struct PipelineSchedule::Runtime {
       finalize_data_parallel();
       for (auto& tie : tie_sums) {
         at::Tensor parameter = tie.stage->parameters().at(tie.index);
+        // A frozen tie gets no gradient, as the unsplit model's frozen tensor: a zero one made here
+        // was stepped by an optimizer over every parameter (AdamW's weight decay moved it). Its
+        // holders agreed on requires_grad at the step's start (Note [A step's opening exchange]).
+        if (!parameter.requires_grad()) continue;
         if (!parameter.grad().defined()) parameter.mutable_grad() = at::zeros_like(parameter);
         all_reduce(tie.holders, parameter.mutable_grad());
       }
@@ -765,6 +821,7 @@ PipelineSchedule::PipelineSchedule(std::vector<PipelineStage*> stages, int micro
     std::sort(ranks.begin(), ranks.end());
     ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
     if (ranks.size() < 2) continue;  // one rank's stages share the tensor itself
+    rt.cross_rank_ties.push_back(ties.ties[t].description);
     auto found = holders_of.find(ranks);
     if (found == holders_of.end()) found = holders_of.emplace(ranks, new_group(rt.group, ranks)).first;
     if (!found->second.is_member()) continue;
@@ -772,7 +829,8 @@ PipelineSchedule::PipelineSchedule(std::vector<PipelineStage*> stages, int micro
       const auto& tie_of = ties.tie_of.at(stage->index());
       auto at = std::find(tie_of.begin(), tie_of.end(), static_cast<int>(t));
       if (at == tie_of.end()) continue;
-      rt.tie_sums.push_back({stage, static_cast<size_t>(at - tie_of.begin()), found->second});
+      rt.tie_sums.push_back({stage, static_cast<size_t>(at - tie_of.begin()), found->second,
+                             rt.cross_rank_ties.size() - 1, at::Tensor()});
       break;
     }
   }

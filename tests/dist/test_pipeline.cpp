@@ -16,6 +16,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <exception>
 #include <functional>
@@ -530,6 +531,68 @@ TEST_CASE("pipeline: step() twice before the optimizer accumulates as two backwa
   }
 }
 
+TEST_CASE("pipeline: a frozen tied weight gets no gradient and stays, as in one process; frozen on some of its "
+          "holders, it is refused on every rank", "[pipeline]") {
+  // AdamW over every parameter, the tied embedding/head frozen: one process leaves its gradient
+  // undefined and the optimizer skips it. The pipeline once gave each holder a zero gradient to sum,
+  // and AdamW's weight decay moved the frozen weight.
+  ddp_test::Float64Parity doubles;
+  auto frozen_lm = [] {
+    torch::nn::Sequential model = make_tied_lm();
+    model->named_parameters()["embed.weight"].requires_grad_(false);
+    return model;
+  };
+  torch::nn::Sequential whole = frozen_lm();
+  {
+    torch::optim::AdamW opt(cpprun::unique_parameters(*whole), torch::optim::AdamWOptions(1e-2));
+    for (int s = 0; s < 2; ++s) {
+      auto [x, y] = token_batch_of(s);
+      opt.zero_grad();
+      token_loss(whole->forward(x), y).backward();
+      opt.step();
+    }
+  }
+  auto expected = whole->named_parameters();
+  const at::Tensor initial = make_tied_lm()->named_parameters()["embed.weight"];
+  for (Kind kind : {Kind::k1F1B, Kind::kGPipe, Kind::kZeroBubble}) {
+    torch::nn::Sequential model = frozen_lm();
+    std::vector<cpprun::PipelineStage> stages;
+    stages.emplace_back(model, cpprun::split_evenly(model, group().size()), group());
+    auto schedule = make_schedule(kind, stages, 4, kTiedLm);
+    torch::optim::AdamW opt(stages[0].parameters(), torch::optim::AdamWOptions(1e-2));
+    for (int s = 0; s < 2; ++s) {
+      auto [x, y] = token_batch_of(s);
+      opt.zero_grad();
+      schedule->step(x, y);
+      opt.step();
+    }
+    for (const auto& item : stages[0].module()->named_parameters()) {
+      INFO("schedule " << static_cast<int>(kind) << ", " << item.key() << ", rank " << group().rank());
+      CHECK(relative_difference(item.value(), expected[item.key()]) < kTolerance);
+      if (!item.value().requires_grad()) {
+        CHECK_FALSE(item.value().grad().defined());
+        CHECK(torch::equal(item.value(), initial));
+      }
+    }
+  }
+  const int p = group().size();
+  if (p == 1) return;  // one rank holds the tie whole: one tensor
+  // Frozen on the last stage's rank alone (it holds the head): no holder may sum while another
+  // does not, so every rank refuses, naming the tie and the ranks.
+  torch::nn::Sequential model = make_tied_lm();
+  cpprun::PipelineStage stage(model, cpprun::split_evenly(model, p), group());
+  if (group().rank() == p - 1) model->named_parameters()["head.weight"].requires_grad_(false);
+  cpprun::Schedule1F1B schedule(stage, 4, token_loss);
+  auto [x, y] = token_batch_of(0);
+  CHECK_THAT(error_of([&] { schedule.step(x, y); }),
+             Catch::Contains("the tied weight stage 0's embed.weight, stage " + std::to_string(p - 1) +
+                             "'s head.weight is frozen (requires_grad false) on pipeline rank(s) " +
+                             std::to_string(p - 1) + " but trained on rank(s) 0"));
+  // Frozen on every holder, the same schedule runs.
+  model->named_parameters()["embed.weight"].requires_grad_(false);
+  CHECK(std::isfinite(schedule.step(x, y).item<double>()));
+}
+
 TEST_CASE("pipeline: {dp 2, pp} averages the stages' gradients across pipelines as one process", "[pipeline]") {
   if (group().size() % 2 != 0) return;  // np1, np3: no such mesh (np2: dp 2 x pp 1, np4: dp 2 x pp 2)
   double worst = 0;
@@ -709,6 +772,27 @@ TEST_CASE("pipeline: a careless user's mistakes are one error on every rank", "[
       }
     }
     CHECK(nested_kept);
+  }
+  // eval() on rank 0 alone (to log) while the others train: every rank says which ranks ran which,
+  // rather than all of them waiting out the group's timeout.
+  if (p > 1) {
+    std::string others;
+    for (int r = 1; r < p; ++r) others += (r > 1 ? ", " : "") + std::to_string(r);
+    CHECK_THAT(error_of([&] { pg.rank() == 0 ? schedule.eval(x, y) : schedule.step(x, y); }),
+               Catch::Contains("the pipeline's ranks called different things: pipeline rank(s) " + others +
+                               " step() and rank(s) 0 eval()"));
+  }
+  // In a {dp 2, pp} mesh the second pipeline's stage 0 is the job's rank p / 2: named so, and by its
+  // pipeline rank (the pipeline rank alone named another process than the logs show).
+  if (p == 4) {
+    cpprun::DeviceMesh mesh(pg, {2, 2}, {"dp", "pp"});
+    auto half = make_model();
+    cpprun::PipelineStage stage(half, cpprun::split_evenly(half, 2), mesh.group("pp"));
+    cpprun::Schedule1F1B two(stage, 4, mse);
+    const bool second = mesh.coordinate("dp") == 1;
+    CHECK_THAT(error_of([&] { two.step(stage.is_first() ? at::Tensor() : x, y); }),
+               Catch::Contains(second ? "pipeline stage 0 (rank 2, pipeline rank 0) was given no inputs"
+                                      : "pipeline stage 0 (rank 0) was given no inputs"));
   }
   // The schedule still runs a correct step afterwards: the reference's first loss.
   const double loss = schedule.step(x, y).item<double>();
