@@ -29,6 +29,26 @@ void agree_on_failure(const ProcessGroup& group, std::exception_ptr local, const
   }
 }
 
+void share_failure(const ProcessGroup& group, std::exception_ptr local, const std::string& what) {
+  at::Tensor failed = at::zeros({1}, at::kInt);
+  if (local) failed[0] = 1;
+  all_reduce(group, failed, ReduceOp::kSum);
+  if (failed.item<int>() == 0) return;
+  const auto all = all_gather_bytes(group, local ? describe_failure(local) : std::string());
+  if (local) std::rethrow_exception(local);
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    if (!all[r].empty()) throw_failure_of(all[r], static_cast<int>(r), what);
+  }
+  TORCH_INTERNAL_ASSERT(false, "share_failure: a failure counted but not described");
+}
+
+void throw_failure_of(const std::string& described, int rank, const std::string& what) {
+  // A checkpoint's own error keeps its kind; any other is a c10::Error, as the rank's own was.
+  if (described[0] != 'E') throw_described_failure(described, rank);
+  throw_failed_elsewhere(described.substr(1) + " (raised on rank " + std::to_string(rank) + ", so every rank refuses " +
+                         what + ")");
+}
+
 void throw_failed_elsewhere(const std::string& message) {
   throw FailedElsewhereError(c10::SourceLocation{__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, message);
 }

@@ -26,6 +26,14 @@ class FailedElsewhereError : public c10::Error {
 // without one, throws a FailedElsewhereError naming `what` and the ranks that failed; else returns.
 void agree_on_failure(const ProcessGroup& group, std::exception_ptr local, const std::string& what);
 
+// As agree_on_failure, but every rank throws the failing rank's own error (the lowest such rank's),
+// not only that it failed: a checkpoint's error of its kind (StateDictMismatchError, ...), else a
+// FailedElsewhereError of its message, naming that rank and `what`. Collective: an all-reduce, and
+// when some rank failed, an all-gather of the messages.
+void share_failure(const ProcessGroup& group, std::exception_ptr local, const std::string& what);
+// The throw of share_failure: `described` (describe_failure's bytes) raised on `rank` of a group.
+[[noreturn]] void throw_failure_of(const std::string& described, int rank, const std::string& what);
+
 // For a step only rank 0 can fail (it reads a file whose contents the others then receive): every
 // rank throws rank 0's error, of its kind and with its message, so that a user catching on any
 // rank learns what was wrong (a missing key, a damaged file), not only that rank 0 failed.

@@ -4,10 +4,14 @@
 #include <torch/nn/module.h>
 
 #include <algorithm>
+#include <exception>
+#include <optional>
+#include <set>
 #include <unordered_set>
 
 #include "comm/group_membership.h"
 #include "core/clip_grad_norm.h"
+#include "core/failure_agreement.h"
 #include "core/deferred_replay.h"
 #include "cpprun/deferred_init.h"
 #include "cpprun/unique_parameters.h"
@@ -154,40 +158,58 @@ double PipelineStage::clip_grad_norm(double max_norm, double norm_type, bool err
 
 double pipeline_clip_grad_norm(const std::vector<PipelineStage*>& stages, double max_norm, double norm_type,
                                bool error_if_nonfinite) {
-  TORCH_CHECK(!stages.empty(), "pipeline_clip_grad_norm: no stages given.");
-  std::vector<int> mine;
-  for (const auto* stage : stages) mine.push_back(stage->index());
+  TORCH_CHECK(!stages.empty() && stages[0] != nullptr, "pipeline_clip_grad_norm: no stages given; pass every stage "
+              "this rank holds.");  // no pipeline group to tell the other ranks over
   std::vector<detail::GradientToClip> grads;
-  std::unordered_set<const c10::TensorImpl*> seen;  // a tensor two of this rank's stages share: once
   // FSDP stages: each rank holds a shard of its stages' gradients, summed over the shard group too.
   const ProcessGroup* shard_group = nullptr;
-  for (const auto* stage : stages) {
-    TORCH_CHECK(stage->group().rank() == stages[0]->group().rank(),
-                "pipeline_clip_grad_norm: the stages come from different pipeline groups.");
-    const ProcessGroup* sharded_over = detail::stage_shard_group(*stage);
-    TORCH_CHECK(stage == stages[0] || (sharded_over == nullptr) == (shard_group == nullptr),
-                "pipeline_clip_grad_norm: stage ", stage->index(), " is ", sharded_over ? "" : "not ",
-                "sharded but stage ", stages[0]->index(), " is", shard_group ? "" : " not",
-                "; wrap a rank's stages alike.");
-    if (stage == stages[0]) shard_group = sharded_over;
-    const auto params = stage->parameters();
-    // Names in the same order (FSDP registers its shards in module()'s): tensor-parallel layers'
-    // split weights are parts of one gradient over their TP group.
-    const auto names = unique_named_parameters(*stage->module_).keys();
-    const auto splits = tensor_parallel_splits(*stage->module());
-    TORCH_INTERNAL_ASSERT(names.size() == params.size(), "pipeline stage ", stage->index(), ": ", params.size(),
-                          " parameters for ", names.size(), " names");
-    const auto& tie_of = stage->ties_->tie_of.at(stage->index());
-    for (size_t i = 0; i < params.size(); ++i) {
-      if (!seen.insert(params[i].unsafeGetTensorImpl()).second) continue;
-      // A tied weight is counted by the rank of the first stage holding it.
-      const bool counted = tie_of[i] < 0 || std::count(mine.begin(), mine.end(),
-                                                       stage->ties_->ties[tie_of[i]].stages.front()) > 0;
-      std::optional<ProcessGroup> split_over;
-      if (auto split = splits.find(names[i]); split != splits.end()) split_over = split->second.group;
-      grads.push_back({params[i].grad(), split_over, counted});
+  // A mistake one rank makes (one of its two stages given: each clipped by a part of the norm, the
+  // others' wait in the norm's sum) is refused on every rank, as the stages' checkpoint calls do.
+  std::exception_ptr fault;
+  try {
+    const PipelineStage& first = *stages[0];
+    std::set<int> mine;
+    for (const auto* stage : stages) {
+      TORCH_CHECK(stage != nullptr, "pipeline_clip_grad_norm: a null stage.");
+      TORCH_CHECK(stage->group().rank() == first.group().rank() && stage->group().size() == first.group().size(),
+                  "pipeline_clip_grad_norm: the stages come from different pipeline groups.");
+      TORCH_CHECK(mine.insert(stage->index()).second, "pipeline_clip_grad_norm: stage ", stage->index(),
+                  " is given twice.");
     }
+    TORCH_CHECK(static_cast<int>(stages.size()) * first.group().size() == first.num_stages(),
+                "pipeline_clip_grad_norm: this rank holds ", first.num_stages() / first.group().size(),
+                " of the split's ", first.num_stages(), " stages, but ", stages.size(), " were given; pass every "
+                "stage this rank holds (PipelineStage::clip_grad_norm takes its own alone: with several stages per "
+                "rank call cpprun::pipeline_clip_grad_norm with all of them), so that the norm is the whole model's.");
+    std::unordered_set<const c10::TensorImpl*> seen;  // a tensor two of this rank's stages share: once
+    for (const auto* stage : stages) {
+      const ProcessGroup* sharded_over = detail::stage_shard_group(*stage);
+      TORCH_CHECK(stage == stages[0] || (sharded_over == nullptr) == (shard_group == nullptr),
+                  "pipeline_clip_grad_norm: stage ", stage->index(), " is ", sharded_over ? "" : "not ",
+                  "sharded but stage ", stages[0]->index(), " is", shard_group ? "" : " not",
+                  "; wrap a rank's stages alike.");
+      if (stage == stages[0]) shard_group = sharded_over;
+      const auto params = stage->parameters();
+      // Names in the same order (FSDP registers its shards in module()'s): tensor-parallel layers'
+      // split weights are parts of one gradient over their TP group.
+      const auto names = unique_named_parameters(*stage->module_).keys();
+      const auto splits = tensor_parallel_splits(*stage->module());
+      TORCH_INTERNAL_ASSERT(names.size() == params.size(), "pipeline stage ", stage->index(), ": ", params.size(),
+                            " parameters for ", names.size(), " names");
+      const auto& tie_of = stage->ties_->tie_of.at(stage->index());
+      for (size_t i = 0; i < params.size(); ++i) {
+        if (!seen.insert(params[i].unsafeGetTensorImpl()).second) continue;
+        // A tied weight is counted by the rank of the first stage holding it.
+        const bool counted = tie_of[i] < 0 || mine.count(stage->ties_->ties[tie_of[i]].stages.front()) > 0;
+        std::optional<ProcessGroup> split_over;
+        if (auto split = splits.find(names[i]); split != splits.end()) split_over = split->second.group;
+        grads.push_back({params[i].grad(), split_over, counted});
+      }
+    }
+  } catch (...) {
+    fault = std::current_exception();
   }
+  detail::share_failure(stages[0]->group(), fault, "cpprun::pipeline_clip_grad_norm");
   // Each rank's stages hold a disjoint part of the model: the squares add up over the group (after
   // the TP parts' own sums: see clip_grad_norm.h).
   return detail::clip_grad_norm(grads, {max_norm, norm_type, error_if_nonfinite}, &stages[0]->group(),

@@ -729,6 +729,38 @@ TEST_CASE("pipeline: set_scale_grads(false) gives the sum's gradients, as PyTorc
   for (size_t k = 0; k < of_mean.size(); ++k) CHECK(torch::equal(stage.parameters()[k].grad(), 4 * of_mean[k]));
 }
 
+TEST_CASE("pipeline: clipping some of a rank's stages is refused on every rank", "[pipeline]") {
+  // Two stages per rank: the last rank clipping one of them (stage.clip_grad_norm on each in turn)
+  // clipped each by a part of the norm, silently; every rank refuses it now, as the checkpoint
+  // calls do, and a stage given twice too.
+  const auto& pg = group();
+  const int p = pg.size();
+  ddp_test::Float64Parity doubles;
+  auto model = make_model();
+  const auto split = cpprun::split_evenly(model, 2 * p);
+  cpprun::PipelineStage a(model, split, pg, pg.rank()), b(model, split, pg, pg.rank() + p);
+  cpprun::ScheduleInterleaved1F1B schedule({&a, &b}, p, mse);
+  auto [x, y] = batch_of(0);
+  schedule.step(x, y);
+  const bool last = pg.rank() == p - 1;
+  const std::string partial = "this rank holds 2 of the split's " + std::to_string(2 * p) + " stages, but 1 were given";
+  CHECK_THAT(error_of([&] { last ? a.clip_grad_norm(kMaxNorm) : cpprun::pipeline_clip_grad_norm({&a, &b}, kMaxNorm); }),
+             Catch::Contains(partial));
+  const std::vector<cpprun::PipelineStage*> twice = last ? std::vector{&a, &a} : std::vector{&a, &b};
+  CHECK_THAT(error_of([&] { cpprun::pipeline_clip_grad_norm(twice, kMaxNorm); }),
+             Catch::Contains("stage " + std::to_string(p - 1) + " is given twice"));
+  // Nothing was clipped: every stage given, the norm is the whole model's, unclipped before.
+  std::vector<at::Tensor> grads;
+  for (auto* stage : {&a, &b}) {
+    for (const auto& t : stage->parameters()) grads.push_back(t.grad());
+  }
+  const double norm = cpprun::pipeline_clip_grad_norm({&a, &b}, 1e9);
+  at::Tensor squares = at::zeros({}, at::kDouble);
+  for (const auto& g : grads) squares += g.pow(2).sum();
+  cpprun::all_reduce(pg, squares);
+  CHECK(std::abs(norm - std::sqrt(squares.item<double>())) < 1e-12 * norm);
+}
+
 TEST_CASE("pipeline: a careless user's mistakes are one error on every rank", "[pipeline]") {
   const auto& pg = group();
   const int p = pg.size();
