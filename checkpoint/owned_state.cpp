@@ -6,10 +6,12 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <numeric>
 #include <set>
 #include <sstream>
+#include <string_view>
 #include <unordered_set>
 
 #include "checkpoint/async_save.h"
@@ -286,6 +288,58 @@ std::string encode_owner_part(const std::set<std::string>& names, const StateDic
   return encode_report({report.missing_keys, {names.begin(), names.end()}, report.mismatched});
 }
 
+// Note [Tied copies held by several owners]
+// A weight tied across pipeline stages on different ranks is one copy per owner, each under its own
+// name, and each owner's root reads only its own names of the checkpoint: refuse_disagreeing_ties
+// sees one of them, and a file whose tied names differ loaded each copy its own value (they then
+// stayed apart). So each root shares a digest of the file's tensor under every tied name it found
+// (its dtype, shape and bytes), and every root refuses a difference alike, before anything loads.
+std::string digest_of(const at::Tensor& tensor) {
+  const at::Tensor bytes = tensor.contiguous();
+  const std::string_view data(static_cast<const char*>(bytes.data_ptr()), bytes.nbytes());
+  return std::string(c10::toString(tensor.scalar_type())) + c10::str(tensor.sizes()) + ":" +
+         std::to_string(std::hash<std::string_view>{}(data));
+}
+
+// Collective over the owners' roots (every one calls it, whether its read failed or not); sets
+// `failure` where it is not set already. See Note [Tied copies held by several owners].
+void refuse_disagreeing_copies(const NamedTensors& found, const std::vector<std::vector<std::string>>& tied,
+                               const ProcessGroup& owners, const std::string& path, std::exception_ptr& failure) {
+  std::set<std::string> tied_names;
+  for (const auto& names : tied) tied_names.insert(names.begin(), names.end());
+  std::string mine;  // name '\0' digest '\0', for each tied name this owner found
+  for (const auto& [name, tensor] : found) {
+    if (tied_names.count(name)) mine += name + '\0' + digest_of(tensor) + '\0';
+  }
+  const auto parts = all_gather_bytes(owners, mine);
+  if (failure) return;
+  std::map<std::string, std::string> digests;  // of every owner
+  for (const auto& part : parts) {
+    for (std::size_t at = 0; at < part.size();) {
+      const std::size_t name_end = part.find('\0', at), digest_end = part.find('\0', name_end + 1);
+      digests.emplace(part.substr(at, name_end - at), part.substr(name_end + 1, digest_end - name_end - 1));
+      at = digest_end + 1;
+    }
+  }
+  for (const auto& names : tied) {
+    const std::string* first = nullptr;
+    for (const auto& name : names) {
+      const auto found_digest = digests.find(name);
+      if (found_digest == digests.end()) continue;  // the checkpoint lacks it: see fill_ties_held_once
+      if (first == nullptr) {
+        first = &name;
+      } else if (digests.at(*first) != found_digest->second) {
+        try {
+          throw_disagreeing_ties(path, *first, name);
+        } catch (...) {
+          failure = std::current_exception();
+        }
+        return;
+      }
+    }
+  }
+}
+
 }  // namespace
 
 void save_owned_state(const NamedTensors& mine, const CheckpointTeam& team, const ProcessGroup& owners,
@@ -369,7 +423,8 @@ AsyncSave save_owned_state_async(std::vector<AsyncSavePart> parts, const Checkpo
 }
 
 StateDictLoadReport load_owned_state(const NamedTensors& into, const CheckpointTeam& team, const ProcessGroup& owners,
-                                     const std::string& path, const StateDictOptions& options) {
+                                     const std::string& path, const StateDictOptions& options,
+                                     const std::vector<std::vector<std::string>>& tied) {
   check_roots_line_up(team, owners, "loading the state dict from " + path);
   const std::string& prefix = options.file_key_prefix();  // with the consumed one: the file's names as the module's
   const std::string& consumed = options.consume_prefix_in_state_dict_if_present();
@@ -411,6 +466,7 @@ StateDictLoadReport load_owned_state(const NamedTensors& into, const CheckpointT
     } catch (...) {
       failure = std::current_exception();
     }
+    if (!tied.empty()) refuse_disagreeing_copies(found, tied, owners, path, failure);
     const auto parts = all_gather_bytes(owners, failure ? "F" + describe_failure(failure)
                                                         : "R" + encode_owner_part(names, mine));
     StateDictLoadReport whole;

@@ -47,8 +47,12 @@ AsyncSave save_owned_state_async(std::vector<AsyncSavePart> parts, const Checkpo
                                  const ProcessGroup& owners, const StateDictSaveOptions& options);
 
 // `into`: this owner's whole tensors, read into in place (by the team's root, then broadcast over
-// the team). Every rank returns the same report, or throws the same error.
+// the team). Every rank returns the same report, or throws the same error. `tied`: names whose
+// tensors are copies of one (a weight tied across pipeline stages), held by different owners or
+// one, the same list on every rank: a checkpoint holding two of them with different values is
+// refused on every rank, nothing loaded, as the unsplit model refuses it (refuse_disagreeing_ties).
 StateDictLoadReport load_owned_state(const NamedTensors& into, const CheckpointTeam& team, const ProcessGroup& owners,
-                                     const std::string& path, const StateDictOptions& options);
+                                     const std::string& path, const StateDictOptions& options,
+                                     const std::vector<std::vector<std::string>>& tied = {});
 
 }  // namespace cpprun::detail

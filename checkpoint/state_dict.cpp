@@ -446,11 +446,15 @@ void refuse_disagreeing_ties(const NamedTensors& mine, const NamedTensors& file,
       const at::Tensor a = seen->second.second->contiguous(), b = found->second->contiguous();
       if (std::memcmp(a.data_ptr(), b.data_ptr(), a.nbytes()) == 0) continue;
     }
-    throw StateDictMismatchError("cpprun: " + where + " holds \"" + seen->second.first + "\" and \"" + name +
-                                 "\" with different values, but the module ties them (one tensor under both names), "
-                                 "so it cannot load both; nothing was loaded. Was one of them edited, or is the file "
-                                 "from a model that does not tie them?");
+    throw_disagreeing_ties(where, seen->second.first, name);
   }
+}
+
+void throw_disagreeing_ties(const std::string& where, const std::string& first, const std::string& second) {
+  throw StateDictMismatchError("cpprun: " + where + " holds \"" + first + "\" and \"" + second +
+                               "\" with different values, but the module ties them (one tensor under both names), "
+                               "so it cannot load both; nothing was loaded. Was one of them edited, or is the file "
+                               "from a model that does not tie them?");
 }
 
 

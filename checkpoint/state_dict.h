@@ -33,6 +33,9 @@ using SameTiedValues = std::function<bool(const std::string& first_name, const a
                                           const std::string& name, const at::Tensor& tensor)>;
 void refuse_disagreeing_ties(const NamedTensors& module, const NamedTensors& file, const std::string& where,
                              const SameTiedValues& same = nullptr);
+// The StateDictMismatchError refuse_disagreeing_ties throws for the file's `first` and `second` names,
+// for a reader that compares tied names' values itself (pipeline stages on several ranks).
+[[noreturn]] void throw_disagreeing_ties(const std::string& where, const std::string& first, const std::string& second);
 
 // The file's bytes for `tensors`, in the format PATH's extension names (.safetensors, .pt, .pth).
 std::string encode_state_dict(const NamedTensors& tensors, const std::string& path);

@@ -244,7 +244,15 @@ StateDictLoadReport load_state_dict(std::vector<PipelineStage*> stages, const st
   // The current whole state: what the checkpoint's tensors replace in place (a replicated tensor
   // is the module's own), then cut back to each rank's part.
   const detail::NamedTensors whole = detail::whole_state(view);
-  StateDictLoadReport report = detail::load_owned_state(whole, view.team, stages[0]->group(), path, options);
+  // A tie's copies on different ranks, by their checkpoint names: the file's values under them must
+  // agree, as the unsplit model's one tensor demands (Note [Tied copies held by several owners]).
+  std::vector<std::vector<std::string>> tied;
+  for (const auto& tie : detail::StageAccess::ties(*stages[0]).ties) {
+    tied.emplace_back();
+    for (const auto& name : tie.names) tied.back().push_back(detail::renamed(stages[0]->state_dict_prefixes(), name));
+  }
+  StateDictLoadReport report =
+      detail::load_owned_state(whole, view.team, stages[0]->group(), path, options, tied);
   fill_ties_held_once(stages, whole, report);  // See Note [A tie the checkpoint holds under one name]
   detail::scatter_whole_state(view, whole);
   return report;

@@ -310,6 +310,38 @@ TEST_CASE("pipeline checkpoint: a GPT-like head tied across the first and last s
   }
 }
 
+TEST_CASE("pipeline checkpoint: a file whose tied names hold different values is refused on every rank, as the "
+          "unsplit model refuses it", "[pipeline_checkpoint]") {
+  // The embedding and the head on different ranks' stages: each rank read only its own name of the
+  // file, so each copy loaded its own value, and they stayed apart.
+  ddp_test::Float64Parity doubles;
+  JobDirectory dir;
+  if (group().rank() == 0) {
+    auto tied = make_tied_lm();
+    torch::nn::Sequential untied;  // the same names, head.weight = embed.weight + 1
+    const auto names = tied->named_children().keys();
+    for (std::size_t i = 0; i + 1 < tied->size(); ++i) {  // every child but the head
+      untied->push_back(names[i], *(tied->begin() + i));
+    }
+    untied->push_back("head", TiedHead(tied->named_parameters()["embed.weight"].detach().clone() + 1));
+    cpprun::save_state_dict(untied, dir / "untied.safetensors");
+    cpprun::save_state_dict(untied, dir / "untied/");
+  }
+  cpprun::barrier(group());
+  const std::string refused = "\"embed.weight\" and \"head.weight\" with different values, but the module ties "
+                              "them (one tensor under both names), so it cannot load both; nothing was loaded.";
+  for (const std::string& path : {dir / "untied.safetensors", dir / "untied/"}) {
+    INFO(path);
+    auto plain = make_tied_lm();
+    CHECK_THROWS_WITH(cpprun::load_state_dict(plain, path), Catch::Contains(refused));
+    Pipeline pipeline = build(make_tied_lm(), {});
+    const auto before = named(*make_tied_lm());
+    CHECK_THROWS_AS(cpprun::load_state_dict(pipeline.mine(), path), cpprun::StateDictMismatchError);
+    CHECK_THROWS_WITH(cpprun::load_state_dict(pipeline.mine(), path), Catch::Contains(refused));
+    check_stages(pipeline, before);
+  }
+}
+
 TEST_CASE("pipeline checkpoint: {pp, dp} FSDP and {pp, tp} stages save and load across layouts",
           "[pipeline_checkpoint]") {
   if (group().size() % 2 != 0) return;  // np1, np3: no even layout (the cases above ran)
