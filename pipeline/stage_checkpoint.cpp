@@ -11,6 +11,8 @@
 
 #include <algorithm>
 #include <exception>
+#include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -30,6 +32,7 @@
 #include "comm/public_call.h"
 #include "cpprun/detail/replaced_files.h"
 #include "core/failure_agreement.h"
+#include "cpprun/object_collectives.h"
 #include "cpprun/optimizer_state_dict.h"
 #include "cpprun/pipeline_state_dict.h"
 #include "cpprun/point_to_point.h"
@@ -122,19 +125,118 @@ detail::StateView merged_view(const std::vector<PipelineStage*>& stages, const c
   return merged;
 }
 
-detail::StateView stages_view(const std::vector<PipelineStage*>& stages, const char* call) {
-  check_stages(stages, call);
-  // A mistake in names that only some ranks' stages make (two tensors under one name) is refused
-  // on every rank, rather than leaving the others waiting in the save's first collective.
+// Note [One checkpoint call on every pipeline rank]
+// A stages' save or load is collective over the pipeline group, and each rank's part of it (its
+// checks of the stages, the path it writes or reads) is its own. A mistake on one rank was refused
+// on that rank alone, the others left waiting in the next collective until the group's timeout (a
+// rank given one of its two stages); ranks given different paths each read their own (a model
+// made of two saves), or took a file and a directory and waited for each other; a prefix list on
+// some ranks only wrote an index of prefixed and plain names. So every rank runs its own checks,
+// then all-gathers their outcome with what it was given (the paths, each as a file or directory,
+// and set_state_dict_prefixes): a rank's refusal is every rank's, and a difference is refused on
+// every rank, naming both ranks and what each was given, before anything is read or written.
+
+// What a rank was given, to compare: each path (as written, lexically normal, without a trailing
+// '/') and whether the save or load takes it as a directory, then the stages' prefixes.
+struct GivenCall {
+  std::vector<std::string> paths;
+  std::string prefixes;
+  std::string encode() const {
+    std::string out = prefixes + '\x01';
+    for (const auto& path : paths) out += path + '\0';
+    return out;
+  }
+  static GivenCall decode(const std::string& bytes) {
+    GivenCall out;
+    const std::size_t end = bytes.find('\x01');
+    out.prefixes = bytes.substr(0, end);
+    for (std::size_t at = end + 1; at < bytes.size();) {
+      const std::size_t next = bytes.find('\0', at);
+      out.paths.push_back(bytes.substr(at, next - at));
+      at = next + 1;
+    }
+    return out;
+  }
+};
+
+std::string path_as_given(const std::string& path) {
+  std::string normal = std::filesystem::path(path).lexically_normal().string();
+  while (normal.size() > 1 && normal.back() == '/') normal.pop_back();
+  return "\"" + normal + "\" (" + (detail::is_sharded_state_dict_path(path) ? "a directory" : "a file") + ")";
+}
+
+std::string prefixes_text(const std::vector<std::pair<std::string, std::string>>& prefixes) {
+  if (prefixes.empty()) return "none";
+  std::string out = "{";
+  for (const auto& [from, to] : prefixes) out += (out.size() > 1 ? ", {\"" : "{\"") + from + "\", \"" + to + "\"}";
+  return out + "}";
+}
+
+// Collective over the pipeline group: `local` this rank's refusal (or null), `given` what it was
+// given. Throws this rank's refusal, else another rank's (its kind and message, naming that rank),
+// else a difference in what the ranks were given; returns when they agree.
+void agree_on_call(const ProcessGroup& pipeline, std::exception_ptr local, const GivenCall& given, const char* call) {
+  const auto all = all_gather_bytes(pipeline, local ? "F" + detail::describe_failure(local) : "A" + given.encode());
+  if (local) std::rethrow_exception(local);
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    if (all[r][0] != 'F') continue;
+    detail::throw_failure_of(all[r].substr(1), static_cast<int>(r), std::string("cpprun::") + call);
+  }
+  const int me = pipeline.rank();
+  const GivenCall first = GivenCall::decode(all[0].substr(1));
+  for (std::size_t r = 1; r < all.size(); ++r) {
+    const GivenCall theirs = GivenCall::decode(all[r].substr(1));
+    for (std::size_t k = 0; k < first.paths.size() && k < theirs.paths.size(); ++k) {
+      TORCH_CHECK(first.paths[k] == theirs.paths[k], "cpprun::", call, ": the pipeline's ranks were given different ",
+                  "checkpoints: pipeline rank 0 ", first.paths[k], ", rank ", r, " ", theirs.paths[k], "; every rank ",
+                  "passes the same path, the one checkpoint of the whole model (found on rank ", me, ").");
+    }
+    TORCH_CHECK(first.prefixes == theirs.prefixes, "cpprun::", call, ": the pipeline's ranks' stages were given "
+                "different set_state_dict_prefixes: pipeline rank 0 ", first.prefixes, ", rank ", r, " ",
+                theirs.prefixes, "; give every stage of every rank the same list, so that the checkpoint's names are "
+                "one model's (found on rank ", me, ").");
+  }
+}
+
+// This rank's stages as one view, agreed over the pipeline group with the other ranks' (Note [One
+// checkpoint call on every pipeline rank]). `check_paths` (may be null) is the call's own check of
+// its paths, refused on every rank alike.
+detail::StateView stages_view(const std::vector<PipelineStage*>& stages, const char* call,
+                              const std::vector<std::string>& paths, const std::function<void()>& check_paths = {}) {
+  const auto any = std::find_if(stages.begin(), stages.end(), [](const PipelineStage* s) { return s != nullptr; });
+  // No stage: no pipeline group to tell the other ranks over.
+  TORCH_CHECK(any != stages.end(), "cpprun::", call, ": no pipeline stage given; pass every stage this rank holds.");
   std::exception_ptr fault;
   detail::StateView view;
+  GivenCall given;
   try {
+    if (check_paths) check_paths();
+    check_stages(stages, call);
+    for (const auto& path : paths) given.paths.push_back(path_as_given(path));
+    given.prefixes = prefixes_text(stages[0]->state_dict_prefixes());
+    // A mistake in names that only some ranks' stages make (two tensors under one name) too.
     view = merged_view(stages, call);
   } catch (...) {
     fault = std::current_exception();
   }
-  detail::agree_on_failure(stages[0]->group(), fault, std::string("cpprun::") + call);
+  agree_on_call((*any)->group(), fault, given, call);
   return view;
+}
+
+// A step of a save only some ranks can fail before its next collective (an optimizer over another
+// model's parameters): every rank throws the failing rank's error (Note [One checkpoint call on
+// every pipeline rank]).
+template <typename Step>
+auto refused_together(const ProcessGroup& pipeline, const char* call, Step step) -> decltype(step()) {
+  std::exception_ptr fault;
+  decltype(step()) out;
+  try {
+    out = step();
+  } catch (...) {
+    fault = std::current_exception();
+  }
+  detail::share_failure(pipeline, fault, std::string("cpprun::") + call);
+  return out;
 }
 
 }  // namespace
@@ -184,8 +286,8 @@ detail::OptimizerStateToSave optimizer_state_for(const std::vector<PipelineStage
 void save_state_dict(std::vector<PipelineStage*> stages, const std::string& path, const StateDictSaveOptions& options) {
   detail::PublicCallScope call("cpprun::save_state_dict (pipeline stages)");
   detail::finish_previous_save();
-  detail::check_state_dict_path(path);  // before any collective: every rank refuses alike
-  const detail::StateView view = stages_view(stages, "save_state_dict");
+  const detail::StateView view =
+      stages_view(stages, "save_state_dict", {path}, [&] { detail::check_state_dict_path(path); });
   at::NoGradGuard no_grad;
   // A directory: each tensor gathered to its writer alone (Note [Gathering to the writer]); every
   // owner's team plans its own files as one team's save would, only numbered after the others'.
@@ -239,7 +341,7 @@ void fill_ties_held_once(const std::vector<PipelineStage*>& stages, const detail
 StateDictLoadReport load_state_dict(std::vector<PipelineStage*> stages, const std::string& path,
                                     const StateDictOptions& options) {
   detail::PublicCallScope call("cpprun::load_state_dict (pipeline stages)");
-  const detail::StateView view = stages_view(stages, "load_state_dict");
+  const detail::StateView view = stages_view(stages, "load_state_dict", {path});
   at::NoGradGuard no_grad;
   // The current whole state: what the checkpoint's tensors replace in place (a replicated tensor
   // is the module's own), then cut back to each rank's part.
@@ -262,10 +364,12 @@ void save_optimizer_state_dict(std::vector<PipelineStage*> stages, torch::optim:
                                const std::string& path, const StateDictSaveOptions& options) {
   detail::PublicCallScope call("cpprun::save_optimizer_state_dict (stages)");
   detail::finish_previous_save();
-  detail::check_optimizer_path(path, "save_optimizer_state_dict");
-  const detail::StateView view = stages_view(stages, "save_optimizer_state_dict");
+  const detail::StateView view = stages_view(stages, "save_optimizer_state_dict", {path},
+                                             [&] { detail::check_optimizer_path(path, "save_optimizer_state_dict"); });
   at::NoGradGuard no_grad;
-  detail::OptimizerStateToSave saved = optimizer_state_for(stages, view, optimizer, path, detail::WholeTensors::kMayShare);
+  detail::OptimizerStateToSave saved = refused_together(stages[0]->group(), "save_optimizer_state_dict", [&] {
+    return optimizer_state_for(stages, view, optimizer, path, detail::WholeTensors::kMayShare);
+  });
   detail::merge_owned_param_groups(saved, stages[0]->group());
   detail::save_owned_state(saved.state, view.team, stages[0]->group(), path, options, detail::kOptimizerStem,
                            saved.metadata);
@@ -274,7 +378,7 @@ void save_optimizer_state_dict(std::vector<PipelineStage*> stages, torch::optim:
 void load_optimizer_state_dict(std::vector<PipelineStage*> stages, torch::optim::Optimizer& optimizer,
                                const std::string& path) {
   detail::PublicCallScope call("cpprun::load_optimizer_state_dict (stages)");
-  const detail::StateView view = stages_view(stages, "load_optimizer_state_dict");
+  const detail::StateView view = stages_view(stages, "load_optimizer_state_dict", {path});
   at::NoGradGuard no_grad;
   detail::load_optimizer_state_dict(stages_optimizer_params(stages, view), optimizer, view.team, path,
                                     &stages[0]->group());
@@ -283,8 +387,8 @@ void load_optimizer_state_dict(std::vector<PipelineStage*> stages, torch::optim:
 AsyncSave save_async(std::vector<PipelineStage*> stages, const std::string& path, const StateDictSaveOptions& options) {
   detail::PublicCallScope call("cpprun::save_async (pipeline stages)");
   detail::finish_previous_save();
-  detail::check_state_dict_path(path);  // before any collective: every rank refuses alike
-  const detail::StateView view = stages_view(stages, "save_async");
+  const detail::StateView view =
+      stages_view(stages, "save_async", {path}, [&] { detail::check_state_dict_path(path); });
   at::NoGradGuard no_grad;
   std::vector<detail::AsyncSavePart> parts(1);
   parts[0].state = detail::state_to_save(view, path, detail::WholeTensors::kOwned);
@@ -298,16 +402,17 @@ AsyncSave save_async(std::vector<PipelineStage*> stages, torch::optim::Optimizer
                      const StateDictSaveOptions& options) {
   detail::PublicCallScope call("cpprun::save_async (pipeline stages)");
   detail::finish_previous_save();
-  detail::check_async_save_paths(model_path, optimizer_path);
-  const detail::StateView view = stages_view(stages, "save_async");
+  const detail::StateView view = stages_view(stages, "save_async", {model_path, optimizer_path},
+                                             [&] { detail::check_async_save_paths(model_path, optimizer_path); });
   at::NoGradGuard no_grad;
   std::vector<detail::AsyncSavePart> parts;
   parts.emplace_back();
   parts[0].state = detail::state_to_save(view, model_path, detail::WholeTensors::kOwned);
   parts[0].path = model_path;
   parts[0].owned = detail::is_sharded_state_dict_path(model_path);
-  detail::OptimizerStateToSave saved =
-      optimizer_state_for(stages, view, optimizer, optimizer_path, detail::WholeTensors::kOwned);
+  detail::OptimizerStateToSave saved = refused_together(stages[0]->group(), "save_async", [&] {
+    return optimizer_state_for(stages, view, optimizer, optimizer_path, detail::WholeTensors::kOwned);
+  });
   detail::merge_owned_param_groups(saved, stages[0]->group());
   parts.push_back(
       detail::optimizer_part(std::move(saved), optimizer_path, detail::is_sharded_state_dict_path(optimizer_path)));
@@ -317,10 +422,12 @@ AsyncSave save_async(std::vector<PipelineStage*> stages, torch::optim::Optimizer
 void save_state_dict(std::vector<PipelineStage*> stages, torch::optim::Optimizer& optimizer, const std::string& dir,
                      const StateDictSaveOptions& options, const std::map<std::string, std::string>& files) {
   detail::PublicCallScope call("cpprun::save_state_dict (pipeline stages)");
-  const std::string directory = detail::checkpoint_directory(dir, "save_state_dict");
+  std::string directory;
+  const detail::StateView view = stages_view(stages, "save_state_dict", {dir}, [&] {  // checks the stages first
+    directory = detail::checkpoint_directory(dir, "save_state_dict");
+  });
   StateDictSaveOptions one = options;
   if (!one.save_id()) one.save_id(new_save_id());  // pipeline rank 0's root's counts: it is broadcast
-  const detail::StateView view = stages_view(stages, "save_state_dict");  // checks the stages first
   detail::check_save_files(view.team, &stages[0]->group(), files);
   // Every part, or none (Note [A failed save puts the previous files back]): it was missing here,
   // so an optimizer's part that failed left the new model's files beside the earlier optimizer's.
@@ -334,10 +441,12 @@ void save_state_dict(std::vector<PipelineStage*> stages, torch::optim::Optimizer
 StateDictLoadReport load_state_dict(std::vector<PipelineStage*> stages, torch::optim::Optimizer& optimizer,
                                     const std::string& dir, const StateDictOptions& options) {
   detail::PublicCallScope call("cpprun::load_state_dict (pipeline stages)");
-  const std::string directory = detail::checkpoint_directory(dir, "load_state_dict");
   // A model and an optimizer of two saves are refused before either is loaded (Note [A pair of
   // files from one save]): the optimizer's refusal used to come after the model's load.
-  const detail::StateView view = stages_view(stages, "load_state_dict");  // checks the stages first
+  std::string directory;
+  const detail::StateView view = stages_view(stages, "load_state_dict", {dir}, [&] {  // checks the stages first
+    directory = detail::checkpoint_directory(dir, "load_state_dict");
+  });
   detail::check_one_save(view.team, &stages[0]->group(), directory, directory);
   StateDictLoadReport report = load_state_dict(stages, directory, options);
   load_optimizer_state_dict(std::move(stages), optimizer, directory);

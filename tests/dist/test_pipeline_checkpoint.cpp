@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <map>
 #include <optional>
@@ -859,6 +860,81 @@ TEST_CASE("pipeline checkpoint: stages assembled from a model's modules save and
   CHECK(!error.empty());
   cpprun::barrier(group());
   if (group().rank() == 0) CHECK(!fs::exists(dir / "clash_async/model.safetensors.index.json"));
+}
+
+namespace {
+
+std::string error_of(const std::function<void()>& run) {
+  try {
+    run();
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("pipeline checkpoint: a mistake one rank makes in a stages' call is refused on every rank: some of its "
+          "stages, another model's optimizer, another path or format, other prefixes", "[pipeline_checkpoint]") {
+  // Each was refused on the rank that made it alone (the others waited out the group's timeout), or
+  // not at all: ranks given two paths each read their own (a model made of two saves), and
+  // prefixes on some ranks only wrote an index of prefixed and plain names.
+  const int p = group().size();
+  if (p == 1) return;  // nothing to differ from
+  ddp_test::Float64Parity doubles;
+  JobDirectory dir;
+  const bool last = group().rank() == p - 1;
+  const std::string elsewhere = "(raised on rank " + std::to_string(p - 1) + ", so every rank refuses cpprun::";
+  {
+    // The last rank passes one of its two stages.
+    Pipeline two = build(offset_mlp(), {.v = 2});
+    std::vector<cpprun::PipelineStage*> given = two.mine();
+    if (last) given.pop_back();
+    const std::string partial = "this rank holds 2 of the split's " + std::to_string(2 * p) + " stages, but 1 were "
+                                "given";
+    CHECK_THAT(error_of([&] { cpprun::save_state_dict(given, dir / "partial.safetensors"); }),
+               Catch::Contains(partial) && Catch::Contains(last ? "" : elsewhere + "save_state_dict)"));
+    CHECK_THAT(error_of([&] { cpprun::load_state_dict(given, dir / "partial.safetensors"); }),
+               Catch::Contains(partial));
+    CHECK_THAT(error_of([&] { cpprun::save_async(given, dir / "partial/").wait(); }), Catch::Contains(partial));
+  }
+  Pipeline pipeline = build(offset_mlp(), {});
+  {
+    // The last rank's optimizer holds another model's parameters.
+    auto other = make_mlp();
+    auto opt = adamw(last ? cpprun::unique_parameters(*other) : pipeline.stages[0].parameters());
+    const std::string refused = error_of([&] { cpprun::save_optimizer_state_dict(pipeline.mine(), *opt, dir / "o/"); });
+    CHECK(!refused.empty());
+    if (!last) CHECK_THAT(refused, Catch::Contains(elsewhere + "save_optimizer_state_dict)"));
+    CHECK(!error_of([&] { cpprun::save_state_dict(pipeline.mine(), *opt, dir / "pair/"); }).empty());
+  }
+  // Another path on the last rank: saves refused, loads too (a model of two saves), naming both.
+  cpprun::save_state_dict(pipeline.mine(), dir / "a.safetensors");
+  cpprun::save_state_dict(pipeline.mine(), dir / "b.safetensors");
+  cpprun::save_state_dict(pipeline.mine(), dir / "a/");
+  const std::string rank_of_last = ", rank " + std::to_string(p - 1) + " ";
+  for (const auto& [mine, theirs] : std::vector<std::pair<std::string, std::string>>{
+           {"a.safetensors", "b.safetensors"}, {"a.safetensors", "a/"}}) {
+    INFO(mine << " and " << theirs);
+    const std::string path = dir / (last ? theirs : mine);
+    const std::string differ = "the pipeline's ranks were given different checkpoints: pipeline rank 0 \"" +
+                               (dir / mine) + "\"" + (mine.back() == '/' ? "" : " (a file)");
+    CHECK_THAT(error_of([&] { cpprun::save_state_dict(pipeline.mine(), path); }),
+               Catch::Contains(differ) && Catch::Contains(rank_of_last));
+    CHECK_THAT(error_of([&] { (void)cpprun::load_state_dict(pipeline.mine(), path); }), Catch::Contains(differ));
+    CHECK_THAT(error_of([&] { cpprun::save_async(pipeline.mine(), path).wait(); }), Catch::Contains(differ));
+  }
+  // Prefixes on the last rank's stages alone: refused, naming both lists.
+  if (last) pipeline.stages[0].set_state_dict_prefixes({{"in", "model.in"}});
+  CHECK_THAT(error_of([&] { cpprun::save_state_dict(pipeline.mine(), dir / "prefixed/"); }),
+             Catch::Contains("different set_state_dict_prefixes: pipeline rank 0 none" + rank_of_last +
+                             "{{\"in\", \"model.in\"}}"));
+  // Agreed again, the ranks save and load together.
+  pipeline.stages[0].set_state_dict_prefixes({});
+  Pipeline loaded = build(make_mlp(), {});
+  cpprun::load_state_dict(loaded.mine(), dir / "a.safetensors");
+  check_stages(loaded, named(*offset_mlp()));
 }
 
 TEST_CASE("pipeline checkpoint: save_async writes the stages' checkpoint in the background, as it was at the call",
