@@ -86,8 +86,8 @@ class PipelineStage {
   // Scales the gradients so that the norm of the whole model's (every stage's) is at most
   // max_norm, as clip_grad_norm_ on the unsplit model; returns that norm before clipping, on
   // every rank. Collective over the pipeline group: every rank calls it, with all its stages
-  // (pipeline_clip_grad_norm below) when it holds several. norm_type and error_if_nonfinite as
-  // DataParallel::clip_grad_norm's.
+  // (pipeline_clip_grad_norm below) when it holds several; some of them is an error on every rank.
+  // norm_type and error_if_nonfinite as DataParallel::clip_grad_norm's.
   double clip_grad_norm(double max_norm, double norm_type = 2.0, bool error_if_nonfinite = false);
   // Data parallelism inside the stage (a {pp, dp} or {pp, dp, tp} mesh): `wrapper` wraps
   // module() over the ranks that hold this stage in the other pipelines, e.g.
@@ -167,7 +167,9 @@ class PipelineSchedule {
   // the pipeline group calls it; the batch must divide into the micro-batches.
   at::Tensor step(const at::Tensor& inputs = {}, const at::Tensor& targets = {});
   // Forward passes only, without gradients (evaluation): the micro-batches go through the stages
-  // in order and the mean micro-batch loss comes back on every rank, as from step().
+  // in order and the mean micro-batch loss comes back on every rank, as from step(). Every rank
+  // of the pipeline group calls it together: eval() on some ranks and step() on others is an
+  // error on every rank, naming which ran which.
   at::Tensor eval(const at::Tensor& inputs = {}, const at::Tensor& targets = {});
   // Data parallelism across pipelines (a {pp, dp} mesh): wraps each of this rank's stages that
   // has trainable parameters in DistributedDataParallel over `group` (the ranks that hold the same

@@ -12,7 +12,9 @@
 //   cpprun::load_state_dict(stage, "run/ckpt/");      // any split, any {pp, dp, tp}
 //   cpprun::save_state_dict({&stage0, &stage1}, "model.safetensors");  // interleaved: every stage of the rank
 //
-// Collective over the whole job: every rank calls it with every stage it holds. Each stage's
+// Collective over the whole job: every rank calls it with every stage it holds, the same path and
+// the same set_state_dict_prefixes; a difference, or one rank's mistake (some of its stages, an
+// optimizer over another model's parameters), is refused on every rank. Each stage's
 // tensors are gathered over its data-parallel wrapper (set_data_parallel: DDP, FSDP at any ZeRO
 // stage) and its tensor-parallel splits, as for a model, then:
 //   .safetensors, .pt   each stage's tensors go to pipeline rank 0, which writes the file;
