@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <memory>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
@@ -37,6 +38,39 @@ class KeepArrivingGradient : public torch::autograd::FunctionPreHook {
 
  private:
   variable_list* into_;
+};
+
+// Note [Tensor hooks at a meeting node]
+// What a meeting node's pre-hook keeps arrived after the node's tensor hooks ran (a hook registered
+// on the tensor the node made, h.register_hook, and retain_grad's), in the input pass. The weight
+// pass starts the engine at that node, which runs them again: a hook that scales the gradient
+// scaled the weights' part twice (PyTorch 2.15's stage_backward_weight does the same). They are
+// set aside while the weight pass runs from the node, so that each runs once, as in one backward.
+class TensorHooksSetAside {
+ public:
+  explicit TensorHooksSetAside(const std::vector<NodeRef>& nodes) {
+    for (const auto& node : nodes) {
+      held_.push_back({node.get(), std::move(node->tensor_pre_hooks()), std::move(node->retains_grad_hooks())});
+      node->tensor_pre_hooks().clear();
+      node->retains_grad_hooks().clear();
+    }
+  }
+  ~TensorHooksSetAside() {
+    for (auto& held : held_) {
+      held.node->tensor_pre_hooks() = std::move(held.tensor_hooks);
+      held.node->retains_grad_hooks() = std::move(held.retains_grad);
+    }
+  }
+  TensorHooksSetAside(const TensorHooksSetAside&) = delete;
+  TensorHooksSetAside& operator=(const TensorHooksSetAside&) = delete;
+
+ private:
+  struct Held {
+    Node* node;
+    std::vector<std::unique_ptr<torch::autograd::FunctionPreHook>> tensor_hooks;
+    std::unordered_map<size_t, std::unique_ptr<torch::autograd::FunctionPreHook>> retains_grad;
+  };
+  std::vector<Held> held_;
 };
 
 // The graph reached from the outputs: each node with the nodes whose edges lead to it.
@@ -242,6 +276,7 @@ void SplitBackward::backward_weights() {
       }
     }
     if (starts.empty()) continue;  // nothing arrived (undefined gradients): the whole backward gave none either
+    const TensorHooksSetAside once(group->meeting);  // See Note [Tensor hooks at a meeting node]
     engine.execute(starts, grads, /*keep_graph=*/true, /*create_graph=*/false, /*accumulate_grad=*/true,
                    group->weights);
   }

@@ -158,3 +158,38 @@ TEST_CASE("split backward: an activation-checkpointed segment gives one backward
   for (const auto& p : b->parameters()) params.push_back(p);
   check_split_matches_whole(forward, params, torch::randn({4, 6}), /*expect_split=*/true);
 }
+
+TEST_CASE("split backward: a tensor hook at a weight's meeting node runs once, as in one backward", "[pipeline]") {
+  // The weight pass started the engine at the node whose output carries the hook, which ran it
+  // again: a hook doubling the pre-activation's gradient doubled the layer's weight gradient twice.
+  DoubleByDefault doubles;
+  torch::manual_seed(5);
+  torch::nn::Linear a(6, 6), b(6, 3);
+  std::vector<at::Tensor> params = a->parameters();
+  for (const auto& p : b->parameters()) params.push_back(p);
+  int calls = 0;
+  at::Tensor retained;
+  auto forward = [&](const at::Tensor& in) {
+    auto h = a->forward(in);
+    h.register_hook([&calls](const at::Tensor& g) {
+      ++calls;
+      return g * 2;
+    });
+    h.retain_grad();
+    retained = h;
+    return b->forward(torch::tanh(h));
+  };
+  check_split_matches_whole(forward, params, torch::randn({4, 6}), /*expect_split=*/true);
+  CHECK(calls == 2);  // once in the whole backward, once in the split one
+  // retain_grad's hook runs once too: the pre-activation's gradient is the hooked one, not twice it.
+  zero(params);
+  const auto x = torch::randn({4, 6});
+  auto input = x.detach().requires_grad_(true);
+  forward(input).sum().backward();
+  const auto whole = retained.grad().clone();
+  zero(params);
+  input = x.detach().requires_grad_(true);
+  SplitBackward parts({forward(input).sum()}, {}, input, params);
+  parts.backward_weights();
+  CHECK(torch::allclose(retained.grad(), whole, 1e-12, 1e-14));
+}
