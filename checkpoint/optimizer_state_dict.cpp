@@ -984,6 +984,10 @@ void apply_optimizer_load(const OptimizerParams& params, torch::optim::Optimizer
 
 }  // namespace
 
+void check_optimizer_params(const OptimizerParams& params, torch::optim::Optimizer& optimizer, const char* call) {
+  (void)group_names(params, optimizer, call);
+}
+
 void load_optimizer_state_dict(const OptimizerParams& params, torch::optim::Optimizer& optimizer,
                                const CheckpointTeam& team, const std::string& path, const ProcessGroup* owners) {
   check_path(path, "load_optimizer_state_dict");

@@ -112,6 +112,10 @@ void save_optimizer_state_dict(const OptimizerParams& params, torch::optim::Opti
 void load_optimizer_state_dict(const OptimizerParams& params, torch::optim::Optimizer& optimizer,
                                const CheckpointTeam& team, const std::string& path,
                                const ProcessGroup* owners = nullptr);
+// What load_optimizer_state_dict refuses on this rank alone before its first collective (an
+// optimizer stepping a tensor that is not one of `params`): local, so that a caller can share the
+// refusal before every rank enters the load (pipeline stages).
+void check_optimizer_params(const OptimizerParams& params, torch::optim::Optimizer& optimizer, const char* call);
 
 // get_optimizer_state_dict (cpprun/optimizer_state_dict.h): what a save writes
 // (optimizer_state_to_save), in the flattened form; collective over the parameters' groups.

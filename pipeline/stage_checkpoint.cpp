@@ -380,8 +380,14 @@ void load_optimizer_state_dict(std::vector<PipelineStage*> stages, torch::optim:
   detail::PublicCallScope call("cpprun::load_optimizer_state_dict (stages)");
   const detail::StateView view = stages_view(stages, "load_optimizer_state_dict", {path});
   at::NoGradGuard no_grad;
-  detail::load_optimizer_state_dict(stages_optimizer_params(stages, view), optimizer, view.team, path,
-                                    &stages[0]->group());
+  const detail::OptimizerParams params = stages_optimizer_params(stages, view);
+  // An optimizer over another model's parameters is refused on every rank before the load's
+  // first collective, where the others waited out the timeout (a review, 2026-12-07).
+  refused_together(stages[0]->group(), "load_optimizer_state_dict", [&] {
+    detail::check_optimizer_params(params, optimizer, "load_optimizer_state_dict");
+    return 0;
+  });
+  detail::load_optimizer_state_dict(params, optimizer, view.team, path, &stages[0]->group());
 }
 
 AsyncSave save_async(std::vector<PipelineStage*> stages, const std::string& path, const StateDictSaveOptions& options) {
@@ -448,6 +454,11 @@ StateDictLoadReport load_state_dict(std::vector<PipelineStage*> stages, torch::o
     directory = detail::checkpoint_directory(dir, "load_state_dict");
   });
   detail::check_one_save(view.team, &stages[0]->group(), directory, directory);
+  // The optimizer's parameters checked before the model is loaded (its refusal came after).
+  refused_together(stages[0]->group(), "load_state_dict", [&] {
+    detail::check_optimizer_params(stages_optimizer_params(stages, view), optimizer, "load_optimizer_state_dict");
+    return 0;
+  });
   StateDictLoadReport report = load_state_dict(stages, directory, options);
   load_optimizer_state_dict(std::move(stages), optimizer, directory);
   return report;

@@ -908,6 +908,17 @@ TEST_CASE("pipeline checkpoint: a mistake one rank makes in a stages' call is re
     CHECK(!refused.empty());
     if (!last) CHECK_THAT(refused, Catch::Contains(elsewhere + "save_optimizer_state_dict)"));
     CHECK(!error_of([&] { cpprun::save_state_dict(pipeline.mine(), *opt, dir / "pair/"); }).empty());
+    // Loads too, before their first collective (the others waited in it), the pair's before the
+    // model is loaded (a review, 2026-12-07).
+    auto good = stages_adamw(pipeline);
+    cpprun::save_state_dict(pipeline.mine(), *good, dir / "good/");
+    const std::string load_refused =
+        error_of([&] { cpprun::load_optimizer_state_dict(pipeline.mine(), *opt, dir / "good/"); });
+    CHECK_THAT(load_refused, Catch::Contains("not a parameter of the model"));
+    if (!last) CHECK_THAT(load_refused, Catch::Contains(elsewhere + "load_optimizer_state_dict)"));
+    const std::string pair_refused = error_of([&] { cpprun::load_state_dict(pipeline.mine(), *opt, dir / "good/"); });
+    CHECK_THAT(pair_refused, Catch::Contains("not a parameter of the model"));
+    if (!last) CHECK_THAT(pair_refused, Catch::Contains(elsewhere + "load_state_dict)"));
   }
   // Another path on the last rank: saves refused, loads too (a model of two saves), naming both.
   cpprun::save_state_dict(pipeline.mine(), dir / "a.safetensors");
