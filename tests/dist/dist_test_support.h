@@ -1,9 +1,13 @@
-// What the multi-rank tests share: the job's process group, and slicing a global batch.
+// What the multi-rank tests share: the job's process group, slicing a global batch, and a call's
+// error as text.
 #pragma once
 
 #include <ATen/ATen.h>
+#include <c10/util/Exception.h>
 
 #include <chrono>
+#include <functional>
+#include <string>
 
 #include "cpprun/process_group.h"
 
@@ -23,6 +27,17 @@ inline const cpprun::ProcessGroup& group() {
 inline at::Tensor slice(const at::Tensor& global, int rank, int world) {
   const int64_t per_rank = global.size(0) / world;
   return global.narrow(0, rank * per_rank, per_rank);
+}
+
+// What `run` throws as a c10::Error, without its backtrace; "" when it returns (another exception
+// passes through, failing the test case).
+inline std::string error_of(const std::function<void()>& run) {
+  try {
+    run();
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  }
+  return "";
 }
 
 }  // namespace dist_test

@@ -33,6 +33,7 @@
 #include "parity_checks.h"
 #include "dist_test_support.h"
 
+using dist_test::error_of;
 using dist_test::group;
 using ddp_test::relative_difference;
 
@@ -404,15 +405,6 @@ double train_and_compare(Kind kind, int microbatches, bool deferred = false, con
   INFO("rank " << pg.rank() << " worst relative difference " << worst);
   CHECK(worst < kTolerance);
   return worst;
-}
-
-std::string error_of(const std::function<void()>& run) {
-  try {
-    run();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
-  return "";
 }
 
 }  // namespace

@@ -30,6 +30,7 @@
 #include "dist_test_support.h"
 #include "parity_checks.h"
 
+using dist_test::error_of;
 using dist_test::group;
 
 namespace {
@@ -861,19 +862,6 @@ TEST_CASE("pipeline checkpoint: stages assembled from a model's modules save and
   cpprun::barrier(group());
   if (group().rank() == 0) CHECK(!fs::exists(dir / "clash_async/model.safetensors.index.json"));
 }
-
-namespace {
-
-std::string error_of(const std::function<void()>& run) {
-  try {
-    run();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
-  return "";
-}
-
-}  // namespace
 
 TEST_CASE("pipeline checkpoint: a mistake one rank makes in a stages' call is refused on every rank: some of its "
           "stages, another model's optimizer, another path or format, other prefixes", "[pipeline_checkpoint]") {
