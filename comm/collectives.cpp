@@ -57,6 +57,8 @@ void check_tensor(const char* op, const char* name, const at::Tensor& t) {
                      : "collectives send a tensor's memory as one block: pass input.contiguous().");
 }
 
+at::Tensor written_in_place(const at::Tensor& t) { return t.defined() ? t.detach() : t; }
+
 void check_same_kind(const char* op, const at::Tensor& output, const at::Tensor& input) {
   TORCH_CHECK(output.scalar_type() == input.scalar_type(), "cpprun::", op,
               ": output dtype ", output.scalar_type(), " differs from input dtype ",
@@ -358,6 +360,7 @@ bool Work::is_completed() const {
 // ---- all_reduce ----------------------------------------------------------------------------
 
 Work all_reduce_async(const ProcessGroup& group, at::Tensor tensor, ReduceOp op) {
+  tensor = detail::written_in_place(tensor);
   check_tensor("all_reduce", "tensor", tensor);
   check_reduction("all_reduce", tensor, op);
   if (alone("all_reduce", group)) return Work();
@@ -386,6 +389,7 @@ void all_reduce(const ProcessGroup& group, at::Tensor tensor, ReduceOp op) {
 // ---- broadcast -----------------------------------------------------------------------------
 
 Work broadcast_async(const ProcessGroup& group, at::Tensor tensor, int root) {
+  tensor = detail::written_in_place(tensor);
   check_tensor("broadcast", "tensor", tensor);
   detail::check_member("broadcast", group);
   detail::check_rank("broadcast", "root", root, group);
@@ -452,6 +456,7 @@ void broadcast_coalesced(const ProcessGroup& group, const std::vector<at::Tensor
 // ---- all_gather_into -----------------------------------------------------------------------
 
 Work all_gather_into_async(const ProcessGroup& group, at::Tensor output, at::Tensor input) {
+  output = detail::written_in_place(output);
   check_tensor("all_gather_into", "input", input);
   check_tensor("all_gather_into", "output", output);
   check_same_kind("all_gather_into", output, input);
@@ -500,6 +505,7 @@ void all_gather_into(const ProcessGroup& group, at::Tensor output, at::Tensor in
 
 Work reduce_scatter_async(const ProcessGroup& group, at::Tensor output, at::Tensor input,
                           ReduceOp op) {
+  output = detail::written_in_place(output);
   check_tensor("reduce_scatter", "input", input);
   check_tensor("reduce_scatter", "output", output);
   check_same_kind("reduce_scatter", output, input);
@@ -597,6 +603,7 @@ Work all_gather_chunks_in_place_async(const ProcessGroup& group, ChunkedTensor o
 }
 
 Work reduce_scatter_chunks_async(const ProcessGroup& group, at::Tensor output, ChunkedTensor input, ReduceOp op) {
+  output = written_in_place(output);
   check_tensor("reduce_scatter", "output", output);
   check_reduction("reduce_scatter", output, op);
   check_member("reduce_scatter", group);

@@ -145,6 +145,7 @@ Work post_send(const ProcessGroup& group, at::Tensor tensor, int dst, int tag, s
 
 Work post_recv(const ProcessGroup& group, at::Tensor tensor, int src, int tag, std::string label, int64_t position,
                int* source) {
+  tensor = written_in_place(tensor);
   check_message("irecv", group, tensor, src, "src", tag);
   auto& impl = impl_of(group);
   const uint64_t record = record_message(impl.recorded, ++impl.p2p_issued, "recv", tensor,

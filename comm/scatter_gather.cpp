@@ -109,6 +109,7 @@ int64_t row_elements(const at::Tensor& t) { return t.size(0) == 0 ? -1 : t.numel
 Work all_to_all_async(const ProcessGroup& group, at::Tensor output, at::Tensor input,
                       std::vector<int64_t> output_splits, std::vector<int64_t> input_splits) {
   detail::PublicCallScope public_call("cpprun::all_to_all");  // its split check's all-gather is its own
+  output = detail::written_in_place(output);
   check_tensor("all_to_all", "input", input);
   check_tensor("all_to_all", "output", output);
   check_same_kind("all_to_all", output, input);
@@ -177,6 +178,7 @@ void all_to_all(const ProcessGroup& group, at::Tensor output, at::Tensor input,
 // ---- gather / scatter ----------------------------------------------------------------------
 
 Work gather_async(const ProcessGroup& group, at::Tensor input, std::vector<at::Tensor> outputs, int root) {
+  for (at::Tensor& output : outputs) output = detail::written_in_place(output);
   check_root_list("gather", "outputs", outputs, "input", input, group, root, "receives");
   if (alone("gather", group)) {
     outputs[0].copy_(input);
@@ -198,6 +200,7 @@ void gather(const ProcessGroup& group, at::Tensor input, std::vector<at::Tensor>
 }
 
 Work scatter_async(const ProcessGroup& group, at::Tensor output, std::vector<at::Tensor> inputs, int root) {
+  output = detail::written_in_place(output);
   check_root_list("scatter", "inputs", inputs, "output", output, group, root, "sends");
   if (alone("scatter", group)) {
     output.copy_(inputs[0]);
@@ -221,6 +224,7 @@ void scatter(const ProcessGroup& group, at::Tensor output, std::vector<at::Tenso
 // ---- reduce --------------------------------------------------------------------------------
 
 Work reduce_async(const ProcessGroup& group, at::Tensor tensor, int root, ReduceOp op) {
+  tensor = detail::written_in_place(tensor);
   check_tensor("reduce", "tensor", tensor);
   detail::check_reduction("reduce", tensor, op);
   check_member("reduce", group);
@@ -262,6 +266,7 @@ void reduce(const ProcessGroup& group, at::Tensor tensor, int root, ReduceOp op)
 // inputs (so all throw the same error), then the inputs travel padded to the largest and land in
 // the outputs sliced back. The padding costs (max - mean) elements per rank.
 Work all_gather_async(const ProcessGroup& group, std::vector<at::Tensor> outputs, const at::Tensor& input) {
+  for (at::Tensor& output : outputs) output = detail::written_in_place(output);
   check_tensor("all_gather", "input", input);
   check_member("all_gather", group);
   const int n = group.size();

@@ -325,6 +325,68 @@ TEST_CASE("collectives: a lazily conjugated or negated tensor is refused by name
   for (int r = 0; r < world; ++r) CHECK(out.narrow(0, 3 * r, 3).equal(z.resolve_conj()));
 }
 
+// A result that requires grad (a parameter, say) is written in place by every collective, as
+// c10d's all_reduce and broadcast write it in both frameworks: the ring's copies went through
+// autograd's in-place check instead, which threw after part of the result was written, on the
+// ranks whose tensor required grad only (PyTorch's Gloo throws there too, at reduce_scatter_tensor
+// and all_gather). A refusal on some ranks would leave the others waiting in the collective.
+TEST_CASE("collectives: a result that requires grad is written in place by every collective", "[collectives]") {
+  const int world = group().size(), rank = group().rank();
+  const auto leaf = [](int64_t n) { return at::zeros({n}, at::kFloat).requires_grad_(); };
+  const auto ones = [](int64_t n) { return at::ones({n}, at::kFloat); };
+  at::Tensor gathered = leaf(2 * world);
+  cpprun::all_gather_into(group(), gathered, at::full({2}, static_cast<float>(rank)));
+  for (int r = 0; r < world; ++r) CHECK(gathered.narrow(0, 2 * r, 2).equal(at::full({2}, static_cast<float>(r))));
+  at::Tensor chunk = leaf(2);
+  cpprun::reduce_scatter(group(), chunk, ones(2 * world));
+  CHECK(chunk.equal(at::full({2}, static_cast<float>(world))));
+  std::vector<at::Tensor> uneven;
+  for (int r = 0; r < world; ++r) uneven.push_back(leaf(r + 1));
+  cpprun::all_gather(group(), uneven, at::full({rank + 1}, static_cast<float>(rank)));
+  for (int r = 0; r < world; ++r) CHECK(uneven[r].equal(at::full({r + 1}, static_cast<float>(r))));
+  std::vector<at::Tensor> at_root;
+  if (rank == 0) for (int r = 0; r < world; ++r) at_root.push_back(leaf(2));
+  cpprun::gather(group(), at::full({2}, static_cast<float>(rank)), at_root, 0);
+  for (int r = 0; r < static_cast<int>(at_root.size()); ++r) {
+    CHECK(at_root[r].equal(at::full({2}, static_cast<float>(r))));
+  }
+  at::Tensor scattered = leaf(2);
+  std::vector<at::Tensor> pieces;
+  if (rank == 0) for (int r = 0; r < world; ++r) pieces.push_back(at::full({2}, static_cast<float>(r)));
+  cpprun::scatter(group(), scattered, pieces, 0);
+  CHECK(scattered.equal(at::full({2}, static_cast<float>(rank))));
+  at::Tensor exchanged = leaf(world);
+  cpprun::all_to_all(group(), exchanged, at::full({world}, static_cast<float>(rank)));
+  CHECK(exchanged.equal(at::arange(world, at::kFloat)));
+  at::Tensor summed = leaf(3);
+  summed.detach().fill_(1);
+  cpprun::all_reduce(group(), summed);
+  CHECK(summed.equal(at::full({3}, static_cast<float>(world))));
+  cpprun::all_reduce(group(), summed, cpprun::ReduceOp::kAvg);  // its division runs after Gloo's sum
+  CHECK(summed.equal(at::full({3}, static_cast<float>(world))));
+  at::Tensor reduced = leaf(3);
+  reduced.detach().fill_(1);
+  cpprun::reduce(group(), reduced, 0);
+  CHECK(reduced.equal(at::full({3}, rank == 0 ? static_cast<float>(world) : 1.0F)));
+  at::Tensor sent = leaf(3);
+  if (rank == 0) sent.detach().fill_(7);
+  cpprun::broadcast(group(), sent, 0);
+  CHECK(sent.equal(at::full({3}, 7.0F)));
+  if (world > 1) {
+    at::Tensor message = leaf(3);
+    if (rank == 0) cpprun::send(group(), at::full({3}, 5.0F), 1);
+    if (rank == 1) {
+      cpprun::recv(group(), message, 0);
+      CHECK(message.equal(at::full({3}, 5.0F)));
+    }
+  }
+  // Still leaves that require grad, and the group still in step.
+  CHECK((gathered.is_leaf() && gathered.requires_grad() && chunk.requires_grad()));
+  at::Tensor after = at::ones({1});
+  cpprun::all_reduce(group(), after);
+  CHECK(after.item<float>() == static_cast<float>(world));
+}
+
 // PyTorch's is_completed() true means the tensors hold the result. An average's division (and a
 // type carried as another, written back) ran only in wait(): code that polled read the sum.
 TEST_CASE("collectives: is_completed() true means the result is in place, before wait()", "[collectives]") {
