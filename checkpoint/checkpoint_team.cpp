@@ -53,6 +53,26 @@ void CheckpointTeam::agree(std::exception_ptr local, const std::string& what) co
   }
 }
 
+std::vector<const ProcessGroup*> CheckpointTeam::groups() const {
+  std::vector<const ProcessGroup*> out;
+  if (replicas_) out.push_back(&*replicas_);
+  for (const auto& group : tensor_parallel_) out.push_back(&group);
+  return out;
+}
+
+void CheckpointTeam::share_failure(std::exception_ptr local, const std::string& what) const {
+  // Each group's verdict is every member's before the next group's (Note [Teams over a {dp, tp}
+  // mesh]): caught between them, so that a rank that heard it passes it on.
+  for (const ProcessGroup* group : groups()) {
+    try {
+      detail::share_failure(*group, local, what);
+    } catch (...) {
+      local = std::current_exception();
+    }
+  }
+  if (local) std::rethrow_exception(local);
+}
+
 void CheckpointTeam::share_root_failure(std::exception_ptr root_failure) const {
   if (alone()) {
     if (root_failure) std::rethrow_exception(root_failure);

@@ -45,6 +45,14 @@ class CheckpointTeam {
   // Collective (a barrier too): every rank learns whether any failed. Rethrows this rank's own
   // error; the others throw a FailedElsewhereError (core/failure_agreement.h) naming `what`.
   void agree(std::exception_ptr local, const std::string& what) const;
+  // Collective: as agree, but every rank throws the failing rank's own error (share_failure's,
+  // core/failure_agreement.h: its kind and message), over the data-parallel group, then each
+  // tensor-parallel group. For a pipeline's stages, whose pipeline group agreed first: its
+  // verdict then reaches the other pipelines (Note [Agreement across pipelines] in
+  // pipeline/stage_checkpoint.cpp).
+  void share_failure(std::exception_ptr local, const std::string& what) const;
+  // Every group of the team, in agree's order: the data-parallel group, then the tensor-parallel ones.
+  std::vector<const ProcessGroup*> groups() const;
   // The root's error (null: none; ignored elsewhere) thrown on every rank, of its kind, as
   // share_root_failure does for one group.
   void share_root_failure(std::exception_ptr root_failure) const;

@@ -67,16 +67,22 @@ void check_stages(const std::vector<PipelineStage*>& stages, const char* call) {
               "checkpoint is the whole model's.");
 }
 
+// One stage's view, its team over the tensor-parallel group it was told too.
+detail::StateView stage_view(const PipelineStage& stage) {
+  detail::StateSource source;
+  source.wrapper = detail::data_parallel_core(stage);
+  if (!source.wrapper) source.module = stage.module().ptr().get();
+  detail::StateView view = detail::state_view(source);
+  if (const auto& tp = stage.tensor_parallel_group()) view.team = view.team.also_over(*tp);
+  return view;
+}
+
 // One view of this rank's stages: their entries in order, a tensor two of them share (a tie
 // within the rank) once, under each name.
 detail::StateView merged_view(const std::vector<PipelineStage*>& stages, const char* call) {
   auto views = std::make_shared<std::vector<detail::StateView>>();
   for (const PipelineStage* stage : stages) {
-    detail::StateSource source;
-    source.wrapper = detail::data_parallel_core(*stage);
-    if (!source.wrapper) source.module = stage->module().ptr().get();
-    views->push_back(detail::state_view(source));
-    if (const auto& tp = stage->tensor_parallel_group()) views->back().team = views->back().team.also_over(*tp);
+    views->push_back(stage_view(*stage));
     const auto& team = views->back().team;
     const auto& first_team = views->front().team;
     TORCH_CHECK(team.writes() == first_team.writes() && team.writer_rank() == first_team.writer_rank() &&
@@ -136,6 +142,16 @@ detail::StateView merged_view(const std::vector<PipelineStage*>& stages, const c
 // and set_state_dict_prefixes): a rank's refusal is every rank's, and a difference is refused on
 // every rank, naming both ranks and what each was given, before anything is read or written.
 
+// Note [Agreement across pipelines]
+// With data-parallel replicas of the pipeline ({pp, dp}) or tensor-parallel stages ({pp, tp}), a
+// save's collectives run over the stages' data- and tensor-parallel groups too, which the
+// pipeline group does not reach: a mistake one pipeline made was refused on its ranks while the
+// other pipelines' waited for them there until the timeout, and two pipelines given two paths
+// each wrote their own. So the agreement goes on over the first stage's team (its data-parallel
+// group, then each tensor-parallel group), the same exchange over each, a refusal heard carried
+// on: rank (d, s, t) agrees with (d, *, t) over the pipeline, with (*, s, t) over the
+// data-parallel group, then with (*, s, *) over the tensor-parallel one, which reaches every rank.
+
 // What a rank was given, to compare: each path (as written, lexically normal, without a trailing
 // '/') and whether the save or load takes it as a directory, then the stages' prefixes.
 struct GivenCall {
@@ -172,29 +188,33 @@ std::string prefixes_text(const std::vector<std::pair<std::string, std::string>>
   return out + "}";
 }
 
-// Collective over the pipeline group: `local` this rank's refusal (or null), `given` what it was
-// given. Throws this rank's refusal, else another rank's (its kind and message, naming that rank),
-// else a difference in what the ranks were given; returns when they agree.
-void agree_on_call(const ProcessGroup& pipeline, std::exception_ptr local, const GivenCall& given, const char* call) {
-  const auto all = all_gather_bytes(pipeline, local ? "F" + detail::describe_failure(local) : "A" + given.encode());
+// Collective over `group` (the pipeline group, or a group of the stages' team: `kind` names it,
+// "pipeline", "data-parallel" or "tensor-parallel"): `local` this rank's refusal (or null), `given`
+// what it was given. Throws this rank's refusal, else another rank's (its kind and message, naming
+// that rank), else a difference in what the ranks were given; returns when they agree.
+void agree_on_call(const ProcessGroup& group, const std::string& kind, std::exception_ptr local,
+                   const GivenCall& given, const char* call) {
+  const auto all = all_gather_bytes(group, local ? "F" + detail::describe_failure(local) : "A" + given.encode());
   if (local) std::rethrow_exception(local);
   for (std::size_t r = 0; r < all.size(); ++r) {
     if (all[r][0] != 'F') continue;
     detail::throw_failure_of(all[r].substr(1), static_cast<int>(r), std::string("cpprun::") + call);
   }
-  const int me = pipeline.rank();
+  const int me = group.rank();
+  const std::string ranks = kind == "pipeline" ? "the pipeline's ranks" : "the " + kind + " group's ranks";
   const GivenCall first = GivenCall::decode(all[0].substr(1));
   for (std::size_t r = 1; r < all.size(); ++r) {
     const GivenCall theirs = GivenCall::decode(all[r].substr(1));
     for (std::size_t k = 0; k < first.paths.size() && k < theirs.paths.size(); ++k) {
-      TORCH_CHECK(first.paths[k] == theirs.paths[k], "cpprun::", call, ": the pipeline's ranks were given different ",
-                  "checkpoints: pipeline rank 0 ", first.paths[k], ", rank ", r, " ", theirs.paths[k], "; every rank ",
-                  "passes the same path, the one checkpoint of the whole model (found on rank ", me, ").");
+      TORCH_CHECK(first.paths[k] == theirs.paths[k], "cpprun::", call, ": ", ranks, " were given different ",
+                  "checkpoints: ", kind, " rank 0 ", first.paths[k], ", rank ", r, " ", theirs.paths[k], "; every ",
+                  "rank passes the same path, the one checkpoint of the whole model (found on ", kind, " rank ", me,
+                  ").");
     }
-    TORCH_CHECK(first.prefixes == theirs.prefixes, "cpprun::", call, ": the pipeline's ranks' stages were given "
-                "different set_state_dict_prefixes: pipeline rank 0 ", first.prefixes, ", rank ", r, " ",
-                theirs.prefixes, "; give every stage of every rank the same list, so that the checkpoint's names are "
-                "one model's (found on rank ", me, ").");
+    TORCH_CHECK(first.prefixes == theirs.prefixes, "cpprun::", call, ": ", ranks, "' stages were given different "
+                "set_state_dict_prefixes: ", kind, " rank 0 ", first.prefixes, ", rank ", r, " ", theirs.prefixes,
+                "; give every stage of every rank the same list, so that the checkpoint's names are one model's "
+                "(found on ", kind, " rank ", me, ").");
   }
 }
 
@@ -209,7 +229,9 @@ detail::StateView stages_view(const std::vector<PipelineStage*>& stages, const c
   std::exception_ptr fault;
   detail::StateView view;
   GivenCall given;
+  detail::CheckpointTeam team;  // of the first stage: Note [Agreement across pipelines]
   try {
+    team = stage_view(**any).team;
     if (check_paths) check_paths();
     check_stages(stages, call);
     for (const auto& path : paths) given.paths.push_back(path_as_given(path));
@@ -219,15 +241,31 @@ detail::StateView stages_view(const std::vector<PipelineStage*>& stages, const c
   } catch (...) {
     fault = std::current_exception();
   }
-  agree_on_call((*any)->group(), fault, given, call);
+  try {
+    agree_on_call((*any)->group(), "pipeline", fault, given, call);
+  } catch (...) {
+    fault = std::current_exception();
+  }
+  const auto team_groups = team.groups();
+  for (std::size_t g = 0; g < team_groups.size(); ++g) {
+    // The data-parallel group first, when the team has one (CheckpointTeam::groups).
+    const bool data_parallel = g == 0 && team.replicas() != nullptr;
+    try {
+      agree_on_call(*team_groups[g], data_parallel ? "data-parallel" : "tensor-parallel", fault, given, call);
+    } catch (...) {
+      fault = std::current_exception();
+    }
+  }
+  if (fault) std::rethrow_exception(fault);
   return view;
 }
 
 // A step of a save only some ranks can fail before its next collective (an optimizer over another
-// model's parameters): every rank throws the failing rank's error (Note [One checkpoint call on
-// every pipeline rank]).
+// model's parameters): every rank of the job throws the failing rank's error (Note [One checkpoint
+// call on every pipeline rank], Note [Agreement across pipelines]).
 template <typename Step>
-auto refused_together(const ProcessGroup& pipeline, const char* call, Step step) -> decltype(step()) {
+auto refused_together(const ProcessGroup& pipeline, const detail::CheckpointTeam& team, const char* call, Step step)
+    -> decltype(step()) {
   std::exception_ptr fault;
   decltype(step()) out;
   try {
@@ -235,7 +273,12 @@ auto refused_together(const ProcessGroup& pipeline, const char* call, Step step)
   } catch (...) {
     fault = std::current_exception();
   }
-  detail::share_failure(pipeline, fault, std::string("cpprun::") + call);
+  try {
+    detail::share_failure(pipeline, fault, std::string("cpprun::") + call);
+  } catch (...) {
+    fault = std::current_exception();
+  }
+  team.share_failure(fault, std::string("cpprun::") + call);
   return out;
 }
 
@@ -367,9 +410,14 @@ void save_optimizer_state_dict(std::vector<PipelineStage*> stages, torch::optim:
   const detail::StateView view = stages_view(stages, "save_optimizer_state_dict", {path},
                                              [&] { detail::check_optimizer_path(path, "save_optimizer_state_dict"); });
   at::NoGradGuard no_grad;
-  detail::OptimizerStateToSave saved = refused_together(stages[0]->group(), "save_optimizer_state_dict", [&] {
-    return optimizer_state_for(stages, view, optimizer, path, detail::WholeTensors::kMayShare);
+  // An optimizer over another model's parameters is refused on every rank before the state's
+  // first collective (FSDP's, over the data-parallel group), where the other pipelines waited.
+  refused_together(stages[0]->group(), view.team, "save_optimizer_state_dict", [&] {
+    detail::check_optimizer_params(stages_optimizer_params(stages, view), optimizer, "save_optimizer_state_dict");
+    return 0;
   });
+  detail::OptimizerStateToSave saved =
+      optimizer_state_for(stages, view, optimizer, path, detail::WholeTensors::kMayShare);
   detail::merge_owned_param_groups(saved, stages[0]->group());
   detail::save_owned_state(saved.state, view.team, stages[0]->group(), path, options, detail::kOptimizerStem,
                            saved.metadata);
@@ -383,7 +431,7 @@ void load_optimizer_state_dict(std::vector<PipelineStage*> stages, torch::optim:
   const detail::OptimizerParams params = stages_optimizer_params(stages, view);
   // An optimizer over another model's parameters is refused on every rank before the load's
   // first collective, where the others waited out the timeout (a review, 2026-12-07).
-  refused_together(stages[0]->group(), "load_optimizer_state_dict", [&] {
+  refused_together(stages[0]->group(), view.team, "load_optimizer_state_dict", [&] {
     detail::check_optimizer_params(params, optimizer, "load_optimizer_state_dict");
     return 0;
   });
@@ -416,9 +464,12 @@ AsyncSave save_async(std::vector<PipelineStage*> stages, torch::optim::Optimizer
   parts[0].state = detail::state_to_save(view, model_path, detail::WholeTensors::kOwned);
   parts[0].path = model_path;
   parts[0].owned = detail::is_sharded_state_dict_path(model_path);
-  detail::OptimizerStateToSave saved = refused_together(stages[0]->group(), "save_async", [&] {
-    return optimizer_state_for(stages, view, optimizer, optimizer_path, detail::WholeTensors::kOwned);
+  refused_together(stages[0]->group(), view.team, "save_async", [&] {
+    detail::check_optimizer_params(stages_optimizer_params(stages, view), optimizer, "save_async");
+    return 0;
   });
+  detail::OptimizerStateToSave saved =
+      optimizer_state_for(stages, view, optimizer, optimizer_path, detail::WholeTensors::kOwned);
   detail::merge_owned_param_groups(saved, stages[0]->group());
   parts.push_back(
       detail::optimizer_part(std::move(saved), optimizer_path, detail::is_sharded_state_dict_path(optimizer_path)));
@@ -455,7 +506,7 @@ StateDictLoadReport load_state_dict(std::vector<PipelineStage*> stages, torch::o
   });
   detail::check_one_save(view.team, &stages[0]->group(), directory, directory);
   // The optimizer's parameters checked before the model is loaded (its refusal came after).
-  refused_together(stages[0]->group(), "load_state_dict", [&] {
+  refused_together(stages[0]->group(), view.team, "load_state_dict", [&] {
     detail::check_optimizer_params(stages_optimizer_params(stages, view), optimizer, "load_optimizer_state_dict");
     return 0;
   });

@@ -14,9 +14,9 @@
 //
 // Collective over the whole job: every rank calls it with every stage it holds, the same path and
 // the same set_state_dict_prefixes; a difference, or one rank's mistake (some of its stages, an
-// optimizer over another model's parameters), is refused on every rank of its pipeline group
-// (with data-parallel replicas, the same mistake on every replica, as data parallelism has the
-// ranks do anyway; one replica's alone still waits for it at the group's timeout). Each stage's
+// optimizer over another model's parameters), is refused on every rank: agreed over the pipeline
+// group, then over the stages' data- and tensor-parallel groups, which reach the other pipelines
+// of a {pp, dp} or {pp, tp} job. Each stage's
 // tensors are gathered over its data-parallel wrapper (set_data_parallel: DDP, FSDP at any ZeRO
 // stage) and its tensor-parallel splits, as for a model, then:
 //   .safetensors, .pt   each stage's tensors go to pipeline rank 0, which writes the file;

@@ -936,6 +936,52 @@ TEST_CASE("pipeline checkpoint: a mistake one rank makes in a stages' call is re
   check_stages(loaded, named(*offset_mlp()));
 }
 
+// The agreement was over the pipeline group alone: with two pipelines ({pp 2, dp 2}, or {pp 2,
+// tp 2}'s one a tensor-parallel rank), a mistake one pipeline made left the other's ranks waiting
+// in the save's data- or tensor-parallel collectives until the timeout, and two pipelines given
+// two paths each wrote their own, without an error (Note [Agreement across pipelines]).
+TEST_CASE("pipeline checkpoint: a mistake one pipeline of a {pp, dp} or {pp, tp} job makes is refused on every rank",
+          "[pipeline_checkpoint]") {
+  if (group().size() != 4) return;  // two pipelines of two stages
+  ddp_test::Float64Parity doubles;
+  JobDirectory dir;
+  const int rank = group().rank();
+  const bool last = rank == 3;  // the pipeline {1, 3} in both layouts; {0, 2} the other
+  for (const bool data_parallel : {true, false}) {
+    const Layout layout = data_parallel ? Layout{.dp = 2, .zero = 3} : Layout{.tp = 2};
+    const std::string kind = data_parallel ? "data-parallel" : "tensor-parallel";
+    INFO(kind);
+    Pipeline pipeline = build(offset_mlp(), layout);
+    // Each pipeline its own path: agreed within each, refused across them.
+    const std::string mine = kind + (rank % 2 == 1 ? "_b.safetensors" : "_a.safetensors");
+    const std::string across = "the " + kind + " group's ranks were given different checkpoints";
+    CHECK_THAT(error_of([&] { cpprun::save_state_dict(pipeline.mine(), dir / mine); }), Catch::Contains(across));
+    CHECK_THAT(error_of([&] { cpprun::save_async(pipeline.mine(), dir / mine).wait(); }), Catch::Contains(across));
+    CHECK_FALSE(fs::exists(dir / (kind + "_a.safetensors")));
+    CHECK_FALSE(fs::exists(dir / (kind + "_b.safetensors")));
+    // One rank its own path: refused in its pipeline, then the refusal carried to the other.
+    const std::string one = kind + (last ? "_b/" : "_a/");
+    CHECK_THAT(error_of([&] { cpprun::save_state_dict(pipeline.mine(), dir / one); }),
+               Catch::Contains("were given different checkpoints"));
+    // One rank's optimizer over another model's parameters: every rank refuses, in a save and a load.
+    auto other = make_mlp();
+    auto good = stages_adamw(pipeline);
+    auto opt = last ? adamw(cpprun::unique_parameters(*other)) : stages_adamw(pipeline);
+    CHECK_THAT(error_of([&] { cpprun::save_optimizer_state_dict(pipeline.mine(), *opt, dir / (kind + "_o/")); }),
+               Catch::Contains("not a parameter of the model"));
+    cpprun::save_state_dict(pipeline.mine(), *good, dir / (kind + "_pair/"));
+    CHECK_THAT(error_of([&] { cpprun::load_optimizer_state_dict(pipeline.mine(), *opt, dir / (kind + "_pair/")); }),
+               Catch::Contains("not a parameter of the model"));
+    CHECK_THAT(error_of([&] { (void)cpprun::load_state_dict(pipeline.mine(), *opt, dir / (kind + "_pair/")); }),
+               Catch::Contains("not a parameter of the model"));
+    // Agreed, the job saves and loads together.
+    Pipeline loaded = build(make_mlp(), layout);
+    auto loaded_opt = stages_adamw(loaded);
+    cpprun::load_state_dict(loaded.mine(), *loaded_opt, dir / (kind + "_pair/"));
+    check_stages(loaded, named(*offset_mlp()));
+  }
+}
+
 TEST_CASE("pipeline checkpoint: save_async writes the stages' checkpoint in the background, as it was at the call",
           "[pipeline_checkpoint]") {
   ddp_test::Float64Parity doubles;
