@@ -291,9 +291,13 @@ TEST_CASE("ddp: fp16 and bf16 compression hooks average the gradients rounded to
 // Buckets never mix dtypes. fc1 stays float32, so this case's tolerance is float32's: the ranks'
 // gradients summed in another order than the reference's. Measured at 1-4 ranks (worst
 // parameter's relative difference, printed from check_same_parameters): 9.4e-8; bound 1e-6.
+// Both with SGD: Adam's nearly sign-like step on a gradient near zero turns such a rounding
+// difference into a heavy tail (a simulation of this model over 600 seeds: worst 1.45e-6 under
+// Adam, 1.0e-7 under SGD), a verdict another machine's rounding could fail (2026-12-07); and SGD
+// shows a gradient's scale, which Adam's step hides.
 TEST_CASE("ddp: parameters of several dtypes", "[ddp]") {
   check_parity<MixedPrecisionMlp>("mlp", "sgd", cpprun::DdpOptions(), 5, nullptr, 1e-6);
-  check_parity<MixedPrecisionMlp>("mlp", "adam", cpprun::DdpOptions().bucket_cap_mb(0.001), 5, nullptr, 1e-6);
+  check_parity<MixedPrecisionMlp>("mlp", "sgd", cpprun::DdpOptions().bucket_cap_mb(0.001), 5, nullptr, 1e-6);
 }
 
 // Each rank keeps its own running statistics: the reference's are those of this rank's slices

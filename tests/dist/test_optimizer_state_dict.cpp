@@ -105,11 +105,17 @@ std::map<std::string, torch::Tensor> full_parameters(cpprun::DataParallel<Net>& 
   return out;
 }
 
-void check_close(const std::map<std::string, torch::Tensor>& a, const std::map<std::string, torch::Tensor>& b) {
+// Equal to the bit by default: a load gives back the saved values, and a resume at the world size
+// it was saved at runs the uninterrupted run's operations in its order, so nothing but a defect
+// (a state saved in a narrower type, a step count rounded) can part them, on any machine. `atol`
+// for a resume at another world size, whose reductions add in another order (float32).
+void check_close(const std::map<std::string, torch::Tensor>& a, const std::map<std::string, torch::Tensor>& b,
+                 double atol = 0) {
   REQUIRE(a.size() == b.size());
   for (const auto& [name, t] : a) {
     INFO(name << ": max difference " << (t - b.at(name)).abs().max().item<double>());
-    CHECK(torch::allclose(t, b.at(name), /*rtol=*/0, /*atol=*/1e-6));
+    if (atol == 0) CHECK(torch::equal(t, b.at(name)));
+    if (atol != 0) CHECK(torch::allclose(t, b.at(name), /*rtol=*/0, atol));
   }
 }
 
@@ -159,7 +165,7 @@ void check_resume(const std::string& wrapper, const std::string& optimizer, cons
   cpprun::load_optimizer_state_dict(resumed, *opt2, opt_path);
   CHECK(opt2->param_groups()[0].options().get_lr() == 0.01);
   for (int s = before; s < before + kAfter; ++s) {
-    CHECK(train_step(resumed, *opt2, s) == Approx(losses[s - before]).margin(1e-6));
+    CHECK(train_step(resumed, *opt2, s) == losses[s - before]);
   }
   check_close(full_parameters(resumed), expected);
   cpprun::barrier(group());
@@ -507,7 +513,7 @@ TEST_CASE("optimizer_state_dict: saved on one world size, resumed on another", "
     cpprun::load_state_dict(expected, reference);
     std::map<std::string, torch::Tensor> want;
     for (const auto& item : expected->named_parameters()) want[item.key()] = item.value().detach();
-    check_close(full_parameters(model), want);
+    check_close(full_parameters(model), want, /*atol=*/1e-6);  // a simulation of such a resume: 8.9e-8 at worst
   }
 }
 

@@ -8,13 +8,14 @@
 #           --tp 2, gives the exported model's logits exactly; bad --tp values are refused by name
 # Usage: train_gpt_tp.sh CASE CPPRUN TRAIN_GPT
 #
-# Tolerances (fp32): the split changes only the order of summation (a row-parallel layer's partial
-# products are added by the all-reduce; data-parallel gradients are averaged), so the losses and
-# logits differ from one process's by float rounding, ~1e-6 relative per step, which AdamW can
-# amplify where a gradient is near zero. The losses are printed to 4 decimals and must agree to
-# 2e-4 (two units of the last digit); the logits (%.9g, of size ~1) to 1e-5 absolute after 6 steps
-# (measured: 2.4e-7 at most). Leaving out one all-reduce (the column-parallel input's gradient)
-# moves the losses by 9e-3 by the 6th step.
+# Tolerances: the parity cases train in float64 (--dtype float64), where the split changes only
+# the order of summation (a row-parallel layer's partial products are added by the all-reduce;
+# data-parallel gradients are averaged): the losses (--losses-out, %.17g) must agree to 1e-10 and
+# the logits (%.9g, of size ~1) to 1e-8, a unit of their last printed digit (measured: 8.9e-16 and
+# equal). They once trained in float32, where the reference alone moved by 1.8e-7 between one and
+# two threads and AdamW amplifies that where a gradient is near zero: a verdict on a machine's
+# rounding (2026-12-07). Leaving out one all-reduce (the column-parallel input's gradient) moves
+# the losses by 9e-3 by the 6th step.
 set -u
 case_name=$1 cpprun=$2 gpt=$3
 tmp=$(mktemp -d)
@@ -22,18 +23,19 @@ trap 'rm -rf "$tmp"' EXIT
 fail() { echo "FAIL: $*"; echo "--- output:"; cat "$tmp/out" 2>/dev/null; exit 1; }
 ids=1,5,9,13,2,7,30,21  # token ids (the default text has more than 31 characters)
 small=(--layers 2 --embed 32 --heads 4 --block 16 --steps 6 --log-every 1 --sample 0 --straggler-every 0)
+exact=(--dtype float64)  # the parity cases' (the export's runs stay float32, as a checkpoint's)
 
 # run NAME NPROC ARGS...: train_gpt ARGS on NPROC ranks (1: without the launcher), 240 s at most;
-# its output in $tmp/NAME.out, its per-step losses in $tmp/NAME.loss, its logits in $tmp/NAME.logits.
+# its output in $tmp/NAME.out, its per-step losses (--losses-out) in $tmp/NAME.loss, its logits in
+# $tmp/NAME.logits.
 run() {
   local name=$1 nproc=$2
   shift 2
   local launch=()
   [ "$nproc" -gt 1 ] && launch=("$cpprun" --standalone --nproc_per_node="$nproc")
-  timeout 240 "${launch[@]}" "$gpt" "$@" --logits-for "$ids" --logits-out "$tmp/$name.logits" >"$tmp/out" 2>&1 ||
-    fail "exit code $? from: ${launch[*]} train_gpt $*"
+  timeout 240 "${launch[@]}" "$gpt" "$@" --logits-for "$ids" --logits-out "$tmp/$name.logits" \
+    --losses-out "$tmp/$name.loss" >"$tmp/out" 2>&1 || fail "exit code $? from: ${launch[*]} train_gpt $*"
   cp "$tmp/out" "$tmp/$name.out"
-  grep -oE 'step +[0-9]+/[0-9]+ +loss [0-9.]+' "$tmp/out" | awk '{print $NF}' >"$tmp/$name.loss"
   echo "$name: losses $(tr '\n' ' ' <"$tmp/$name.loss")"
 }
 # same A B TOLERANCE WHAT: the numbers of files A and B (whitespace-separated) agree within TOLERANCE.
@@ -45,27 +47,27 @@ same() {
 }
 # parity REFERENCE NAME: NAME's losses and logits are REFERENCE's.
 parity() {
-  echo -n "$2 vs $1 losses: " && same "$tmp/$1.loss" "$tmp/$2.loss" 2e-4 "per-step losses of $2"
-  echo -n "$2 vs $1 logits: " && same "$tmp/$1.logits" "$tmp/$2.logits" 1e-5 "trained logits of $2"
+  echo -n "$2 vs $1 losses: " && same "$tmp/$1.loss" "$tmp/$2.loss" 1e-10 "per-step losses of $2"
+  echo -n "$2 vs $1 logits: " && same "$tmp/$1.logits" "$tmp/$2.logits" 1e-8 "trained logits of $2"
 }
 
 case $case_name in
 ddp)
-  run one 1 "${small[@]}" --batch 4
+  run one 1 "${small[@]}" "${exact[@]}" --batch 4
   [ "$(wc -l <"$tmp/one.loss")" -eq 6 ] || fail "one process printed no loss for each of 6 steps"
-  run tp2 2 "${small[@]}" --batch 4 --tp 2
+  run tp2 2 "${small[@]}" "${exact[@]}" --batch 4 --tp 2
   grep -q "tensor parallel: 1 x 2 ranks" "$tmp/tp2.out" || fail "--tp 2 did not say it splits"
   parity one tp2
-  run tp2_checkpoint 2 "${small[@]}" --batch 4 --tp 2 --checkpoint-activations
+  run tp2_checkpoint 2 "${small[@]}" "${exact[@]}" --batch 4 --tp 2 --checkpoint-activations
   parity one tp2_checkpoint
   echo "PASS: train_gpt --tp 2 trains as one process, with and without --checkpoint-activations"
   ;;
 fsdp3)
-  run one 1 "${small[@]}" --batch 8
-  run fsdp3 4 "${small[@]}" --batch 4 --tp 2 --mode fsdp --stage 3
+  run one 1 "${small[@]}" "${exact[@]}" --batch 8
+  run fsdp3 4 "${small[@]}" "${exact[@]}" --batch 4 --tp 2 --mode fsdp --stage 3
   grep -q "tensor parallel: 2 x 2 ranks" "$tmp/fsdp3.out" || fail "--tp 2 on 4 ranks did not say it splits"
   parity one fsdp3
-  run fsdp3_checkpoint 4 "${small[@]}" --batch 4 --tp 2 --mode fsdp --stage 3 --checkpoint-activations
+  run fsdp3_checkpoint 4 "${small[@]}" "${exact[@]}" --batch 4 --tp 2 --mode fsdp --stage 3 --checkpoint-activations
   parity one fsdp3_checkpoint
   echo "PASS: train_gpt --tp 2 under ZeRO-3 on 2 x 2 ranks trains as one process with the global batch"
   ;;

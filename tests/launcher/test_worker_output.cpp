@@ -189,12 +189,13 @@ TEST_CASE("worker_output: the launcher's own lines keep their place, and at exit
       sink.write(std::string(300000, 'y'));  // no newline: a line cut by the drop
       sink.write_own("cpprun: exiting with code 3\n");
       sink.write(std::string(1000, 'z'));
-      // The reader comes after the first patience (1 s), well within the second.
+      // The reader comes after the first patience (2 s), well within the second: a second's margin
+      // each way, for a loaded machine that runs this thread late (it was 0.3 s before the first).
       reader = std::thread([&] {
-        std::this_thread::sleep_for(std::chrono::milliseconds(1300));
+        std::this_thread::sleep_for(std::chrono::milliseconds(3000));
         received = read_all(fds[0]);
       });
-      dropped = sink.flush_before_exit(std::chrono::milliseconds(1000));
+      dropped = sink.flush_before_exit(std::chrono::milliseconds(2000));
     }
     close(fds[1]);
     reader.join();
