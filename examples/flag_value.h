@@ -8,10 +8,12 @@
 #pragma once
 
 #include <charconv>
+#include <cmath>
 #include <cstdio>
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 namespace examples {
@@ -21,8 +23,15 @@ template <typename T>
 T number(const std::string& flag, const std::string& text, T lowest) {
   T value{};
   const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (error == std::errc::result_out_of_range) {
+    throw std::invalid_argument(flag + " " + text + " is out of range (see --help)");
+  }
   if (error != std::errc() || end != text.data() + text.size() || text.empty()) {
     throw std::invalid_argument(flag + " needs a number, got '" + text + "' (see --help)");
+  }
+  // from_chars reads "inf" and "nan" as floating-point values: no flag means either.
+  if constexpr (std::is_floating_point_v<T>) {
+    if (!std::isfinite(value)) throw std::invalid_argument(flag + " needs a finite number, got '" + text + "'");
   }
   if (!(value >= lowest)) {
     std::ostringstream message;

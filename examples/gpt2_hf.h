@@ -195,7 +195,7 @@ inline std::string gpt2_config_json(const Gpt2Config& c) {
       << "  \"tie_word_embeddings\": true,\n"
       << "  \"bos_token_id\": " << eos << ",\n"
       << "  \"eos_token_id\": " << eos << ",\n"
-      << "  \"dtype\": \"float32\"\n"
+      << "  \"dtype\": \"" << c.dtype << "\"\n"  // the weights' (a --dtype float64 run's are float64)
       << "}\n";
   return out.str();
 }

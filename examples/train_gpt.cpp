@@ -96,7 +96,8 @@ constexpr const char* kUsage = R"(usage: train_gpt [options]
                      learning-rate schedule to shorten); with --save, a checkpoint --resume continues
   --resume DIR       continue from DIR's checkpoint (--save's) with the step after it, under any --mode, --stage,
                      --tp, --pp and number of ranks; the same --text, --block, model flags (--layers, --embed,
-                     --heads, --gelu, --layer-norm-eps) and --dtype. The same global batch (--batch x the
+                     --heads, --gelu, --layer-norm-eps) and --dtype; the vocabulary and positions are the
+                     checkpoint's (an --init-from run's are its config's). The same global batch (--batch x the
                      data-parallel ranks) continues the saved run exactly (the same held-out loss as one
                      uninterrupted run) to the end of its epoch, and after it where an epoch is as many steps
                      (said if not: DistributedSampler pads an epoch to a multiple of the ranks). --lr is the
@@ -161,7 +162,9 @@ constexpr const char* kUsage = R"(usage: train_gpt [options]
   --dtype float32|float64
                      the parameters', activations' and optimizer's type (default float32); float64 (with --amp
                      fp32) makes a comparison with another implementation independent of how the CPU rounds
-                     float32 (scripts/bench_gpt.sh --dtype float64); --init-from's float32 tensors are cast to it
+                     float32 (scripts/bench_gpt.sh --dtype float64); --init-from's float32 tensors are cast to it;
+                     --export writes the run's dtype (config.json's "dtype"), and a float64 export loads back
+                     with --dtype float64
   --deferred-init on|off
                      build the model without memory (cpprun::deferred_init) and materialise it block by
                      block while sharding it (FSDP), or at once (DDP); the same values either way
@@ -180,6 +183,7 @@ struct Options {
   examples::Gelu gelu = examples::Gelu::kExact;
   double layer_norm_eps = 1e-5;
   int64_t positions = 0, vocab = 0;  // 0: --block, and the text's characters (or --init-from's config)
+  std::string init_dtype = "float32";  // --init-from's weights', as its config.json says
   int grad_accum = 1;  // micro-batches per step
   int pp = 1, microbatches = 0;  // --pp: pipeline stages (one per rank); micro-batches per step (0: 2 x pp)
   std::string pp_schedule = "1f1b";
@@ -205,7 +209,7 @@ Options parse(int argc, char** argv) {
     if (flags.is("--help") || flags.is("-h")) o.help = true;
     else if (flags.is("--text")) o.text = flags.value();
     else if (flags.is("--mode")) o.mode = flags.value();
-    else if (flags.is("--stage")) o.stage = flags.number(1);
+    else if (flags.is("--stage")) o.stage = flags.number(1), given.insert("--stage");
     else if (flags.is("--tp")) o.tp = flags.number(1);
     else if (flags.is("--pp")) o.pp = flags.number(1);
     else if (flags.is("--pp-schedule")) o.pp_schedule = flags.value(), given.insert("--pp-schedule");
@@ -294,14 +298,18 @@ Options parse(int argc, char** argv) {
                                     "; the model's sizes come from the file: drop " + flag);
       }
     };
-    if (config.dtype != "float32") {
+    // float32 weights load into any run (cast for --dtype float64); float64 ones (a --dtype float64
+    // run's --export) into a --dtype float64 run.
+    if (config.dtype != "float32" && !(config.dtype == "float64" && o.dtype == "float64")) {
       // transformers would load them cast; cpprun's load_state_dict refuses another dtype (more often
       // another model than a wish to convert), so say so once instead of once a tensor.
+      const std::string or_train = config.dtype == "float64" ? "Train with --dtype float64, or convert" : "Convert";
       throw std::invalid_argument("--init-from " + o.init_from + ": config.json says the weights are " + config.dtype +
-                                  "; train_gpt loads float32 weights (and computes in bf16 or fp16 with --amp). "
-                                  "Convert them once in Python: GPT2LMHeadModel.from_pretrained(DIR, dtype=torch."
+                                  "; train_gpt loads float32 weights (and computes in bf16 or fp16 with --amp). " +
+                                  or_train + " them once in Python: GPT2LMHeadModel.from_pretrained(DIR, dtype=torch."
                                   "float32).save_pretrained(OUT) (torch_dtype= before transformers 5)");
     }
+    o.init_dtype = config.dtype;
     agree("--layers", o.layers, "n_layer", config.layers);
     agree("--embed", o.embed, "n_embd", config.embed);
     agree("--heads", o.heads, "n_head", config.heads);
@@ -326,6 +334,10 @@ Options parse(int argc, char** argv) {
   }
   if (o.mode != "ddp" && o.mode != "fsdp" && o.mode != "none") {
     throw std::invalid_argument("--mode must be ddp, fsdp or none, got " + o.mode);
+  }
+  if (given.count("--stage") && o.mode != "fsdp") {  // it was ignored, the run training another way
+    throw std::invalid_argument("--stage " + std::to_string(o.stage) + " is FSDP's ZeRO stage and goes with --mode "
+                                "fsdp; this run's --mode is " + o.mode + ": drop --stage, or add --mode fsdp");
   }
   if (o.mode == "none" && o.tp > 1) {
     throw std::invalid_argument("--mode none does not go with --tp " + std::to_string(o.tp) +
@@ -757,6 +769,21 @@ Gpt unsplit(torch::nn::Module& sharded, int64_t vocab, const Options& o, const t
   return whole;
 }
 
+// After --export wrote DIR/model.safetensors: an earlier sharded save's index and shards there
+// (model.safetensors.index.json, model-00001-of-00007.safetensors, ...) removed, as
+// transformers' save_pretrained cleans the folder of a previous save. Left, the index beside the new
+// file made the directory one that from_pretrained and --init-from refuse (or read the old shards).
+void remove_earlier_shards(const std::string& dir) {
+  std::error_code ignored;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ignored)) {
+    const std::string name = entry.path().filename().string();
+    const bool shard = name.size() == std::string("model-00001-of-00002.safetensors").size() &&
+                       name.rfind("model-", 0) == 0 && name.find("-of-") == 11 &&
+                       name.substr(name.size() - 12) == ".safetensors";
+    if (name == "model.safetensors.index.json" || shard) std::filesystem::remove(entry.path(), ignored);
+  }
+}
+
 // Where a run stood when --save wrote its checkpoint: DIR/trainer.json, beside the model's and the
 // optimizer's files and written after them, so that a directory holding it holds a whole save.
 // train_gpt has no dropout: the only random draws of its training are the sampler's, a permutation
@@ -774,6 +801,9 @@ struct TrainerState {
   // in a trainer.json written before they were recorded.
   std::string model;
   int64_t epoch_steps = 0;
+  // The model's vocabulary and positions: the text's characters and --block, or --init-from's
+  // vocab_size and n_positions, which no flag gives a resumed run; 0 in an earlier trainer.json.
+  int64_t vocab = 0, positions = 0;
 };
 
 // The flags that make the model: another --heads or --gelu gives tensors of the same shapes.
@@ -802,7 +832,8 @@ std::string trainer_json(const TrainerState& t) {
          ", \"windows\": " + std::to_string(t.windows) + ", \"global_batch\": " + std::to_string(t.global_batch) +
          ", \"dtype\": " + quoted(t.dtype) + ", \"amp\": " + quoted(t.amp) + ", \"layout\": " + quoted(t.layout) +
          ", \"save_id\": " + quoted(t.save_id) + ", \"model\": " + quoted(t.model) +
-         ", \"epoch_steps\": " + std::to_string(t.epoch_steps) + "}\n";
+         ", \"epoch_steps\": " + std::to_string(t.epoch_steps) + ", \"vocab\": " + std::to_string(t.vocab) +
+         ", \"positions\": " + std::to_string(t.positions) + "}\n";
 }
 
 TrainerState read_trainer_json(const std::string& text, const std::string& file) {
@@ -831,6 +862,7 @@ TrainerState read_trainer_json(const std::string& text, const std::string& file)
   };
   if (has("model")) t.model = get("model", Json::Kind::kString);  // absent before they were recorded
   if (has("epoch_steps")) t.epoch_steps = integer("epoch_steps");
+  if (has("vocab")) t.vocab = integer("vocab"), t.positions = integer("positions");
   return t;
 }
 
@@ -985,7 +1017,7 @@ void check_outputs(const Options& opt, int rank) {
 }
 
 int run(int argc, char** argv) {
-  const Options opt = parse(argc, argv);
+  Options opt = parse(argc, argv);  // --resume may give the vocabulary and positions (below)
   if (opt.help) return examples::print_usage(kUsage);
   auto group = cpprun::init_process_group();
   const int rank = group.rank();
@@ -1032,11 +1064,28 @@ int run(int argc, char** argv) {
                                 "or use --mode ddp or fsdp");
   }
 
-  std::ifstream file(opt.text);
-  if (!file) throw std::runtime_error("cannot read --text " + opt.text + ": " + std::strerror(errno));
-  std::stringstream contents;
-  contents << file.rdbuf();
-  const std::string text = contents.str();
+  // A regular file's bytes: a FIFO blocked the read for ever, /dev/zero filled the memory, and a
+  // directory read as an empty text.
+  const std::string text = cpprun::detail::read_regular_file(opt.text, "--text");
+  // --resume: the saved model's vocabulary and positions, before the model is built: an --init-from
+  // run's are its config.json's, which no flag gives again (the checkpoint then refused a model
+  // built for the text's characters and --block). A trainer.json written before they were recorded
+  // has none; a missing one is refused below.
+  std::string vocab_source = opt.init_from.empty() ? "" : "--init-from " + opt.init_from + "'s vocab_size";
+  if (!opt.resume_dir.empty()) {
+    if (const auto json = read_on_rank0(group, opt.resume_dir + "/trainer.json")) {
+      const TrainerState saved = read_trainer_json(*json, opt.resume_dir + "/trainer.json");
+      if (saved.vocab > 0) {
+        if (opt.block > saved.positions) {
+          throw std::invalid_argument("--resume " + opt.resume_dir + ": the checkpoint's model has " +
+                                      std::to_string(saved.positions) + " positions, fewer than --block " +
+                                      std::to_string(opt.block) + ": resume with the saved run's --block");
+        }
+        opt.vocab = saved.vocab, opt.positions = saved.positions;
+        vocab_source = "the checkpoint's vocabulary";
+      }
+    }
+  }
   // Training windows come from the first nine tenths, held-out windows from the last tenth.
   const int64_t needed = 10 * (opt.block + 2);
   if (static_cast<int64_t>(text.size()) < needed) {
@@ -1051,7 +1100,7 @@ int run(int argc, char** argv) {
   const int64_t model_vocab = opt.vocab ? opt.vocab : static_cast<int64_t>(vocab.size());
   if (model_vocab < static_cast<int64_t>(vocab.size())) {
     throw std::invalid_argument("--text " + opt.text + " has " + std::to_string(vocab.size()) + " distinct characters, " +
-                                "more than --init-from " + opt.init_from + "'s vocab_size " + std::to_string(model_vocab) +
+                                "more than " + vocab_source + " of " + std::to_string(model_vocab) +
                                 " (train_gpt encodes a character per token)");
   }
   const auto logits_tokens = opt.logits_for.empty() ? std::vector<int64_t>{}
@@ -1076,10 +1125,14 @@ int run(int argc, char** argv) {
   for (const auto& p : cpprun::unique_parameters(*gpt)) params += p.numel();
   // --tp: every rank built the same whole model (and loads --init-from into it); each keeps its
   // shard of every block. So any --tp starts from the network one process trains.
+  // float64 weights (a --dtype float64 run's export) load into a model cast first.
+  const bool float64_file = opt.init_dtype == "float64";
   if (tp_group) {
+    if (float64_file) gpt->to(torch::kDouble);
     if (!opt.init_from.empty()) load_gpt2(gpt, opt.init_from, opt, model_vocab);
     Gpt sharded(model_vocab, opt, tp_group);
     sharded->to(device);
+    if (float64_file) sharded->to(torch::kDouble);
     shard_from(*sharded, *gpt);
     gpt = sharded;
   }
@@ -1088,6 +1141,7 @@ int run(int argc, char** argv) {
   const bool float64 = opt.dtype == "float64";
   const bool fused_loss = choose_fused_loss(opt, device);
   if (float64) {
+    if (float64_file) gpt->to(torch::kDouble);
     if (!opt.init_from.empty() && !tp_group) load_gpt2(gpt, opt.init_from, opt, model_vocab);
     gpt->to(torch::kDouble);
   }
@@ -1205,6 +1259,19 @@ int run(int argc, char** argv) {
   // --pp: every rank of the pipeline takes the same windows (its stage reads what it needs).
   const int dp_size = dp_group.size(), dp_rank = dp_group.rank();
   const int64_t global_batch = rank_batch * dp_size;                              // windows per step
+  // A step takes rank_batch windows of the rank's share of an epoch (DistributedSampler's, padded
+  // to a multiple of the ranks): a larger batch never fills, and the slice of a short one failed in
+  // ATen's words.
+  const int64_t rank_windows = (windows + dp_size - 1) / dp_size;
+  if (rank_batch > rank_windows) {
+    const std::string accum = opt.grad_accum > 1 ? " x --grad-accum " + std::to_string(opt.grad_accum) : "";
+    throw std::invalid_argument("--batch " + std::to_string(opt.batch) + accum + " takes " +
+                                std::to_string(rank_batch) + " windows a step on each data-parallel rank, more than " +
+                                "the " + std::to_string(rank_windows) + " an epoch gives each of the " +
+                                std::to_string(dp_size) + " (--text " + opt.text + " holds " + std::to_string(windows) +
+                                " training windows of --block " + std::to_string(opt.block) +
+                                "): give a smaller --batch, or a longer --text");
+  }
 
   // --resume: where the saved run stood (trainer.json), then its model and optimizer state, each
   // rank taking its part under this run's layout (collective: rank 0 reads the files).
@@ -1550,7 +1617,7 @@ int run(int argc, char** argv) {
     layout += ", " + std::to_string(group.size()) + (group.size() == 1 ? " rank" : " ranks");
     const TrainerState now{last_step, opt.steps, static_cast<int64_t>(sampler.epoch()), epoch_windows,
                            windows, global_batch, opt.dtype, opt.amp, layout, *options.save_id(),
-                           model_flags(opt), epoch_steps(windows, dp_size, rank_batch)};
+                           model_flags(opt), epoch_steps(windows, dp_size, rank_batch), model_vocab, opt.positions};
     files["trainer.json"] = trainer_json(now);
     if (schedule) {
       cpprun::save_state_dict(my_stages, optimizer, dir, options, files);
@@ -1616,8 +1683,10 @@ int run(int argc, char** argv) {
     else if (!tp_group) cpprun::save_state_dict(model, path, save_options);
     else if (rank == 0) cpprun::save_state_dict(whole, path, save_options);  // gathered already: one rank writes
     if (rank == 0) {
-      examples::Gpt2Config config{opt.layers, opt.heads, opt.embed, opt.positions, model_vocab, opt.gelu, opt.layer_norm_eps};
+      examples::Gpt2Config config{opt.layers,    opt.heads, opt.embed, opt.positions, model_vocab,
+                                  opt.gelu,      opt.layer_norm_eps, opt.dtype};
       cpprun::write_file_atomically(opt.export_dir + "/config.json", examples::gpt2_config_json(config));
+      remove_earlier_shards(opt.export_dir);
       std::printf("exported to %s (model.safetensors, config.json): transformers.GPT2LMHeadModel.from_pretrained loads it\n",
                   opt.export_dir.c_str());
     }
@@ -1655,6 +1724,14 @@ int run(int argc, char** argv) {
   if (gpu_peak_mb >= 0) std::printf("peak GPU memory per rank %.0f MB (the CUDA allocator's, the largest rank's)\n", gpu_peak_mb);
   if (opt.amp == "fp16") {
     std::printf("fp16: %d of %d steps skipped for overflow, loss scale now %g\n", skipped, last_step - start, scaler.get_scale());
+  }
+  // A model trained to NaN (too high an --lr) has no distribution to sample from: multinomial ended
+  // the run with ATen's "probability tensor contains either inf, nan or element < 0".
+  if (!std::isfinite(val.item<double>())) {
+    std::fprintf(stderr, "train_gpt: the held-out loss is %g: training diverged (its outputs are not finite), so "
+                 "there is no sample; train again with a lower --lr\n",
+                 val.item<double>());
+    return 1;
   }
   auto context = encoded.narrow(0, split, opt.block).unsqueeze(0);
   auto generator = at::make_generator<at::CPUGeneratorImpl>(1);

@@ -132,7 +132,8 @@ int run(int argc, char** argv) {
   for (auto& p : model->parameters()) checksum += p.to(torch::kDouble).sum();
   auto rank0_checksum = checksum.clone();
   cpprun::broadcast(group, rank0_checksum, 0);
-  const bool in_sync = checksum.equal(rank0_checksum);
+  // Bit for bit, so that replicas diverged alike to NaN are still in sync (NaN != NaN).
+  const bool in_sync = checksum.view(torch::kLong).equal(rank0_checksum.view(torch::kLong));
   auto accuracy = (model->forward(points).argmax(1) == labels).to(torch::kDouble).mean().item<double>();
   if (rank == 0) {
     std::printf("first loss %.4f, accuracy %.1f%%, replicas %s\n", first_loss, 100 * accuracy,

@@ -34,6 +34,7 @@
 #include <string>
 
 #include "flag_value.h"
+#include "../support/file_read.h"  // MNIST's files read whole, refusing FIFOs and devices
 #include "../support/safetensors.h"  // the model file's save id, against trainer.json's
 #include "../support/safetensors_index.h"  // kSaveIdKey
 
@@ -47,7 +48,8 @@ constexpr const char* kUsage = R"(usage: train_mnist [options]
   --batch B               examples per rank and step (default 64)
   --lr X                  Adam's learning rate (default 1e-3)
   --train-size N          train on the first N examples only (default all)
-  --resume                continue from the newest good checkpoint in --out, if there is one
+  --resume                continue from the newest good checkpoint in --out, if there is one (without it,
+                          a run starts afresh and removes the checkpoints an earlier run left in --out)
   --keep-checkpoints K    keep the newest K checkpoints (default 2), so a damaged one has a fallback
   --old-checkpoints       write checkpoints in the old format (checkpoint_epochE.pt, a TorchScript
                           archive) as earlier versions did
@@ -118,11 +120,8 @@ torch::Tensor read_idx(const fs::path& file, int dims) {
     }
     throw std::runtime_error("missing " + file.string() + ": --data DIR must hold MNIST's four idx files (see --help)");
   }
-  std::ifstream in(file, std::ios::binary);
-  std::stringstream contents;
-  contents << in.rdbuf();
-  if (!in) throw std::runtime_error("cannot read " + file.string());
-  const std::string bytes = contents.str();
+  // A regular file's bytes (a FIFO of that name blocked the read for ever; a device was read without end).
+  const std::string bytes = cpprun::detail::read_regular_file(file.string(), "MNIST file");
   const std::size_t header = 4 * (1 + dims);
   auto word = [&](int k) {
     uint32_t value = 0;
@@ -398,6 +397,22 @@ int run(int argc, char** argv) {
     throw std::invalid_argument("--out " + opt.out + ": cannot make that directory (" +
                                 (out_error ? out_error.message() : std::string("a file of that name is there")) +
                                 "); it holds the checkpoints, loss.csv and loss.svg: name one this process may write");
+  }
+
+  // A fresh run (no --resume) replaces the checkpoints an earlier run left in --out: kept, the
+  // earlier run's later epochs outranked this run's (pruning removed this run's newest, and a
+  // --resume continued the earlier run, its losses rewriting loss.csv).
+  if (!opt.resume && rank == 0) {
+    const auto earlier = checkpoints_in(opt.out);
+    std::string names;
+    for (const auto& [epoch, path] : earlier) {
+      names += (names.empty() ? "" : ", ") + path.filename().string();
+      fs::remove_all(path);
+    }
+    if (!earlier.empty()) {
+      std::printf("note: starting afresh (no --resume): removed the %zu checkpoints an earlier run left in %s (%s)\n",
+                  earlier.size(), opt.out.c_str(), names.c_str());
+    }
   }
 
   torch::manual_seed(0);

@@ -60,6 +60,21 @@ options)
   expect 1 "--embed 64 must be a multiple of --heads 5" "$gpt" --heads 5
   expect 1 "cannot read --text $tmp/none.txt: No such file or directory" "$gpt" --text "$tmp/none.txt"
   expect 1 "--straggler-every must be at least 0, got -5" "$gpt" --straggler-every -5
+  # Not a regular file: a FIFO blocked the read for ever, a directory read as an empty text.
+  mkfifo "$tmp/fifo"
+  expect 1 "cannot read --text $tmp/fifo: it is a FIFO (named pipe), not a regular file" "$gpt" --text "$tmp/fifo"
+  expect 1 "cannot read --text $tmp: it is a directory" "$gpt" --text "$tmp"
+  # Numbers: "inf" is no learning rate, and a count out of range is said to be one.
+  expect 1 "--lr needs a finite number, got 'inf'" "$gpt" --lr inf
+  expect 1 "--steps 99999999999 is out of range" "$gpt" --steps 99999999999
+  expect 1 "--stage 3 is FSDP's ZeRO stage and goes with --mode fsdp; this run's --mode is ddp" "$gpt" --stage 3
+  # A batch larger than a rank's windows an epoch: named, where the slice failed in ATen's words.
+  expect 1 "--batch 100000 takes 100000 windows a step on each data-parallel rank, more than the" \
+    "$gpt" --steps 2 --batch 100000
+  # A run trained to NaN ends saying so, where sampling from it failed in ATen's words; train_mlp's
+  # replicas diverged alike are in sync (their NaN checksums were compared as unequal).
+  expect 1 "training diverged" "$gpt" --lr 1e6 --steps 10 --log-every 10 --straggler-every 0
+  expect 0 "replicas in sync" "$mlp" --lr 1e30 --steps 20
   expect 1 "--straggler-every needs a number, got 'often'" "$gpt" --straggler-every often
   # What train_gpt writes after training is tried before the first step (nothing trained, then lost).
   touch "$tmp/a_file"
@@ -100,6 +115,8 @@ mnist_files)
   expect 1 "$tmp/bad/t10k-images-idx3-ubyte.gz is compressed: gunzip it" "$mnist" --data "$tmp/bad" --out "$tmp/run"
   bad; rm "$tmp/bad/t10k-images-idx3-ubyte"
   expect 1 "missing $tmp/bad/t10k-images-idx3-ubyte" "$mnist" --data "$tmp/bad" --out "$tmp/run"
+  bad; rm "$tmp/bad/t10k-labels-idx1-ubyte"; mkfifo "$tmp/bad/t10k-labels-idx1-ubyte"  # read for ever, before
+  expect 1 "$tmp/bad/t10k-labels-idx1-ubyte: it is a FIFO (named pipe)" "$mnist" --data "$tmp/bad" --out "$tmp/run"
   ;;
 checkpoints)
   run="$tmp/run" args="--train-size 256 --batch 64"
@@ -139,6 +156,14 @@ checkpoints)
   expect 1 "none of the 1 checkpoints in $run passes its check" "$mnist" $args --epochs 6 --out "$run" --resume
   grep -qF "$run/checkpoint_epoch5/optimizer.safetensors is invalid" "$tmp/out" ||
     fail "the truncated checkpoint was not named"
+  # A fresh run (no --resume) where an earlier, longer run left checkpoints: they are removed, said,
+  # so that --resume continues this run (the earlier run's epoch 3 outranked this run's epoch 1, and
+  # pruning removed this run's).
+  again="$tmp/again"
+  expect 0 "final test accuracy" "$mnist" $args --epochs 3 --out "$again"
+  expect 0 "removed the 2 checkpoints an earlier run left in $again (checkpoint_epoch3, checkpoint_epoch2)" \
+    "$mnist" $args --epochs 1 --out "$again"
+  expect 0 "resuming after epoch 1 from $again/checkpoint_epoch1" "$mnist" $args --epochs 2 --out "$again" --resume
   # A checkpoint in the old format (a TorchScript archive) still loads, with a one-line notice.
   old="$tmp/old"
   expect 0 "final test accuracy" "$mnist" $args --epochs 2 --out "$old" --old-checkpoints

@@ -14,6 +14,9 @@
 #             ZeRO-3 pipelines on 4 (--batch 4 each) resume; and DDP's save resumes in interleaved
 #             stages (--pp 2 --pp-schedule interleaved-1f1b: 4 stages, cut unlike the saver's 2)
 #   faults    what cannot resume is refused by name before any step (exit 1)
+#   init      a run started from a GPT-2 (--init-from: a --dtype float64 run's export, whose
+#             vocabulary and positions are not the text's characters and --block) saves and resumes;
+#             --export into a sharded save's directory leaves one model there
 # Each resumed run must print the uninterrupted run's held-out loss and train its steps 5-8 with
 # its losses (--losses-out, %.17g).
 # Usage: train_gpt_resume.sh CASE CPPRUN TRAIN_GPT
@@ -165,6 +168,35 @@ pp)
   resumed whole pptp_again
   echo "PASS: --pp's checkpoint resumes under DDP and in ZeRO-3 pipelines, DDP's in interleaved stages," \
     "{pp 2, tp 2}'s under DDP and in {pp 2, tp 2}"
+  ;;
+init)
+  # The GPT-2: 32 positions and the default text's characters; its config.json says float64.
+  run donor 1 --batch 4 --steps 2 --block 32 --export "$tmp/gpt2"
+  grep -q '"dtype": "float64"' "$tmp/gpt2/config.json" ||
+    fail "a float64 export's config.json: $(cat "$tmp/gpt2/config.json")"
+  # A text of fewer characters than the GPT-2's vocabulary, windows of 16 of its 32 positions. The
+  # resumed run built the text's model (its characters, --block's positions), which the checkpoint
+  # refused; trainer.json records the model's now.
+  head -c 6000 /usr/share/common-licenses/GPL-3 | tr -cd 'a-z \n' >"$tmp/lower.txt"
+  lower=(--text "$tmp/lower.txt" --batch 4)
+  run whole 2 "${lower[@]}" --init-from "$tmp/gpt2"
+  run first 2 "${lower[@]}" --init-from "$tmp/gpt2" --stop-after 4 --save "$tmp/ck"
+  saved first
+  grep -q '"positions": 32' "$tmp/ck/trainer.json" ||
+    fail "trainer.json has not the model's positions: $(cat "$tmp/ck/trainer.json")"
+  run second 2 "${lower[@]}" --resume "$tmp/ck"
+  resumed whole second
+  refused 1 "--init-from $tmp/gpt2: config.json says the weights are float64" --init-from "$tmp/gpt2" --dtype float32
+  # --export into the save's directory: the save's index and shards go (as save_pretrained cleans a
+  # folder), where the index beside the new model.safetensors made a directory --init-from refused.
+  cp -r "$tmp/ck" "$tmp/both"
+  run over 1 --batch 4 --steps 2 --block 32 --export "$tmp/both"
+  [ ! -e "$tmp/both/model.safetensors.index.json" ] || fail "--export left the earlier index: $(ls "$tmp/both")"
+  ! ls "$tmp/both" | grep -q '^model-.*-of-.*\.safetensors$' ||
+    fail "--export left the earlier shards: $(ls "$tmp/both")"
+  run reloaded 1 --batch 4 --steps 2 --block 32 --init-from "$tmp/both"
+  echo "PASS: an --init-from run resumes as the uninterrupted run; a float64 export loads back; --export" \
+    "cleans a sharded folder"
   ;;
 faults)
   # expect PATTERN NPROC ARGS...: exit code 1 naming PATTERN, before any step (train_gpt_runs.sh's
