@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -23,7 +24,9 @@
 #include "workers/diagnose_request.h"
 #include "workers/error_file.h"
 #include "workers/file_timer.h"
+#include "workers/flight_requests.h"
 #include "workers/job_process_tree.h"
+#include "workers/open_file_limit.h"
 #include "workers/rank_layout.h"
 #include "workers/restart_backoff.h"
 #include "workers/run_directory.h"
@@ -204,7 +207,15 @@ int run(const LaunchConfig& config) {
                 << " from " << attempt.root_worker << "\n";
       return attempt.exit_code;
     }
-    if (const int sig = sleep_until(relay, pacer.restart_at(restart + 1, config.max_restarts)); sig != 0) {
+    const auto restart_at = pacer.restart_at(restart + 1, config.max_restarts);
+    const auto answer_while_waiting = [&] {
+      const auto left = std::chrono::ceil<std::chrono::seconds>(restart_at - std::chrono::steady_clock::now());
+      answer_diagnose_without_workers("no worker runs; cpprun restarts them in " +
+                                      std::to_string(std::max<long long>(0, left.count())) + " s (restart " +
+                                      std::to_string(restart + 1) + " of --max_restarts=" +
+                                      std::to_string(config.max_restarts) + "): ask again then");
+    };
+    if (const int sig = sleep_until(relay, restart_at, answer_while_waiting); sig != 0) {
       std::cerr << "cpprun: received " << signal_name(sig) << " while waiting to restart; exiting with code "
                 << 128 + sig << " (no worker was running)\n";
       return 128 + sig;
@@ -235,6 +246,7 @@ int main(int argc, char** argv) {
       std::cout << cli.help_text;
       return 0;
     }
+    raise_open_file_limit();  // the workers get the caller's back (workers/open_file_limit.h)
     const int exit_code = run(cli.config);
     // Note [A signal in the launcher's error file]
     // torchrun's agent turns SIGTERM, SIGINT, SIGHUP and SIGQUIT into a SignalException that its

@@ -151,9 +151,8 @@ int parse_nproc_per_node(const std::string& text, const HostFacts& host) {
                      "pass the number of workers (e.g. --nproc_per_node=4), or 'gpu' or 'cpu'");
   }
   if (const std::optional<int> value = int_in_range(text, 1, kMaxNprocPerNode)) return *value;
-  throw UsageError(with_value(flag, text) +
-                   ": expected the number of workers on this node, a whole number >= 1, or one of "
-                   "auto, cpu, gpu (e.g. --nproc_per_node=4)");
+  throw UsageError(with_value(flag, text) + ": expected the number of workers on this node, a whole number from 1 to " +
+                   std::to_string(kMaxNprocPerNode) + ", or one of auto, cpu, gpu (e.g. --nproc_per_node=4)");
 }
 
 struct NodeRange {

@@ -144,8 +144,8 @@ int request_diagnosis(const std::string& pid_text, std::chrono::milliseconds tim
     if (left.count() <= 0) {
       std::cerr << "cpprun: --diagnose " << pid << ": no answer within "
                 << std::chrono::duration_cast<std::chrono::seconds>(timeout).count()
-                << " s; a cpprun answers while its workers run (not while it waits for other nodes or to "
-                   "restart)\n";
+                << " s; a cpprun answers while its workers run or it waits to restart them (not while it "
+                   "waits for other nodes)\n";
       return 1;
     }
     const timespec wait{static_cast<time_t>(left.count() / 1000), static_cast<long>(left.count() % 1000) * 1000000L};

@@ -302,10 +302,12 @@ void SignalRelay::restore_in_child() const noexcept {
   sigprocmask(SIG_SETMASK, &g_startup_mask, nullptr);
 }
 
-int sleep_until(SignalRelay& relay, std::chrono::steady_clock::time_point deadline) {
+int sleep_until(SignalRelay& relay, std::chrono::steady_clock::time_point deadline,
+                const std::function<void()>& on_diagnose) {
   while (relay.wait_until(deadline)) {
     for (int sig : relay.take_pending()) {
       if (ends_job(sig)) return sig;
+      if (sig == diagnose_signal() && on_diagnose) on_diagnose();
     }
   }
   return 0;

@@ -90,7 +90,9 @@ std::vector<DiagnoseRequest> take_diagnose_requests();
 int job_ending_signal_received();
 
 // Sleeps until `deadline` while no worker runs. Returns the job-ending signal that cut the wait
-// short, or 0; other signals are dropped.
-int sleep_until(SignalRelay& relay, std::chrono::steady_clock::time_point deadline);
+// short, or 0; `cpprun --diagnose` is answered by `on_diagnose` (when given), other signals are
+// dropped (a diagnose request once was too, and its requester waited out its own timeout).
+int sleep_until(SignalRelay& relay, std::chrono::steady_clock::time_point deadline,
+                const std::function<void()>& on_diagnose = {});
 
 }  // namespace cpprun::launcher

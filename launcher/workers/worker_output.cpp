@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "workers/console_sink.h"
+#include "workers/open_file_limit.h"
 #include "workers/worker_process.h"
 
 namespace cpprun::launcher {
@@ -112,7 +113,8 @@ OutputStream::OutputStream(Kind kind, const StreamTarget& target, const std::str
   if (pipe2(fds, O_CLOEXEC) != 0) {
     const int error = errno;
     close_fd(file_fd_);
-    throw std::system_error(error, std::generic_category(), "cpprun: pipe2() for a worker's output");
+    throw std::system_error(error, std::generic_category(),
+                            "cpprun: pipe2() for a worker's output" + open_file_limit_hint(error));
   }
   read_fd_ = fds[0];
   write_fd_ = fds[1];

@@ -18,6 +18,8 @@
 #include <cstring>
 #include <iostream>
 
+#include "workers/open_file_limit.h"
+
 namespace cpprun::launcher {
 namespace {
 
@@ -86,6 +88,7 @@ void close_on_exec_from(int first) noexcept {
     if (!installed) fail_in_child(report_fd, "dup2() of the inherited descriptor");
   }
   close_on_exec_from(STDERR_FILENO + 1);  // Note [Descriptors a worker inherits]
+  restore_open_file_limit_in_child();     // after the loop above, which the raised limit bounds
   if (stdio.extra >= 0 && fcntl(stdio.extra_target, F_SETFD, 0) != 0) {
     fail_in_child(report_fd, "fcntl() of the inherited descriptor");
   }

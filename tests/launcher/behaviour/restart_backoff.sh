@@ -63,5 +63,17 @@ for sig in TERM HUP; do
     "SIG$sig message"
   expect_eq "$(wc -l <"$WORK/starts")" 1 "attempts after SIG$sig during the wait"
 done
+
+# (6) cpprun --diagnose during the wait is answered at once, saying when the workers restart (it
+# went unanswered, the requester waiting out its own 30 s), and the wait goes on.
+start_node waiting --max_restarts=5 --restart_backoff=60 /bin/sh -c 'exit 3'
+launcher=$NODE_PID
+wait_for_text 20 "$WORK/waiting.err" "restarting in 60 s (restart 1 of --max_restarts=5"
+timeout 20 "$CPPRUN" --diagnose "$launcher" >"$WORK/asked.out" 2>&1
+expect_eq "$?" 0 "cpprun --diagnose's exit code during the wait (answered)"
+expect_in_file "$WORK/asked.out" "no worker runs; cpprun restarts them in" "the answer during the wait"
+kill -0 "$launcher" 2>/dev/null || fail "the question ended the wait"
+kill -TERM "$launcher"
+wait_node "$launcher" 15
 expect_no_leftovers
 echo PASS
