@@ -985,6 +985,7 @@ void apply_optimizer_load(const OptimizerParams& params, torch::optim::Optimizer
 }  // namespace
 
 void check_optimizer_params(const OptimizerParams& params, torch::optim::Optimizer& optimizer, const char* call) {
+  (void)kind_of(optimizer);  // an optimizer whose state cpprun cannot name, refused with the others
   (void)group_names(params, optimizer, call);
 }
 

@@ -112,9 +112,10 @@ void save_optimizer_state_dict(const OptimizerParams& params, torch::optim::Opti
 void load_optimizer_state_dict(const OptimizerParams& params, torch::optim::Optimizer& optimizer,
                                const CheckpointTeam& team, const std::string& path,
                                const ProcessGroup* owners = nullptr);
-// What load_optimizer_state_dict refuses on this rank alone before its first collective (an
-// optimizer stepping a tensor that is not one of `params`): local, so that a caller can share the
-// refusal before every rank enters the load (pipeline stages).
+// What a save or load of the optimizer's state refuses on this rank alone before its first
+// collective (an optimizer of a kind whose state cpprun cannot name, or stepping a tensor that is
+// not one of `params`): local, so that a caller can share the refusal before every rank enters the
+// save or load (pipeline stages).
 void check_optimizer_params(const OptimizerParams& params, torch::optim::Optimizer& optimizer, const char* call);
 
 // get_optimizer_state_dict (cpprun/optimizer_state_dict.h): what a save writes

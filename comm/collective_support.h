@@ -19,12 +19,12 @@ namespace cpprun::detail {
 
 void check_tensor(const char* op, const char* name, const at::Tensor& t);
 // A result tensor as the collectives write it: an alias of its memory without autograd's
-// bookkeeping (t.detach(): the same storage and version counter). c10d writes all_reduce's and
-// broadcast's results in place whatever requires_grad says, in both frameworks; the copies and
-// arithmetic cpprun adds around Gloo (the ring, kAvg's division, an uneven gather's copy-out) went
-// through autograd's in-place check and threw half-way, on the ranks whose tensor required grad
-// only, the others left waiting. The shared version counter still tells a backward that saved the
-// tensor that it changed.
+// bookkeeping (t.detach()). c10d writes all_reduce's and broadcast's results in place whatever
+// requires_grad says, in both frameworks; the copies and arithmetic cpprun adds around Gloo (the
+// ring, kAvg's division, an uneven gather's copy-out) went through autograd's in-place check and
+// threw half-way, on the ranks whose tensor required grad only, the others left waiting. As with
+// c10d's own writes, a backward that saved the tensor is not told of every write (those made by
+// ATen ops bump the version counter the alias shares; Gloo's own writes do not).
 at::Tensor written_in_place(const at::Tensor& t);
 void check_same_kind(const char* op, const at::Tensor& output, const at::Tensor& input);
 // A reduction's dtype and op: kAvg of a floating or complex tensor; kMax / kMin of an ordered one

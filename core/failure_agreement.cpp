@@ -42,11 +42,35 @@ void share_failure(const ProcessGroup& group, std::exception_ptr local, const st
   TORCH_INTERNAL_ASSERT(false, "share_failure: a failure counted but not described");
 }
 
+namespace {
+
+constexpr std::string_view kRaisedOn = " (raised on rank ";
+constexpr std::string_view kSoEveryRank = ", so every rank refuses ";
+
+// Whether `message` ends with " (raised on rank R)" or " (raised on rank R, so every rank refuses
+// ...)": a failure relayed a second time (a pipeline's stage owners hear it from owner 0, then each
+// owner's team from its owner; a pipeline group's refusal, then the data-parallel group's) names
+// the rank that raised it once, not each rank that passed it on.
+bool names_its_rank(const std::string& message) {
+  const auto at = message.rfind(kRaisedOn);
+  if (at == std::string::npos || message.back() != ')') return false;
+  std::string_view rest = std::string_view(message).substr(at + kRaisedOn.size());
+  const auto digits = rest.find_first_not_of("0123456789");
+  if (digits == 0 || digits == std::string_view::npos) return false;
+  rest.remove_prefix(digits);
+  // " (raised on rank R)", or throw_failure_of's " (raised on rank R, so every rank refuses WHAT)".
+  return rest == ")" || rest.rfind(kSoEveryRank, 0) == 0;
+}
+
+}  // namespace
+
 void throw_failure_of(const std::string& described, int rank, const std::string& what) {
   // A checkpoint's own error keeps its kind; any other is a c10::Error, as the rank's own was.
   if (described[0] != 'E') throw_described_failure(described, rank);
-  throw_failed_elsewhere(described.substr(1) + " (raised on rank " + std::to_string(rank) + ", so every rank refuses " +
-                         what + ")");
+  const std::string message = described.substr(1);
+  if (names_its_rank(message)) throw_failed_elsewhere(message);
+  throw_failed_elsewhere(message + std::string(kRaisedOn) + std::to_string(rank) + std::string(kSoEveryRank) + what +
+                         ")");
 }
 
 void throw_failed_elsewhere(const std::string& message) {
@@ -70,21 +94,6 @@ std::string describe_failure(const std::exception_ptr& failure) {
   }
 }
 
-namespace {
-
-constexpr std::string_view kRaisedOn = " (raised on rank ";
-
-// Whether `message` ends with " (raised on rank R)": a failure relayed a second time (a pipeline's
-// stage owners hear it from owner 0, then each owner's team from its owner) names the rank that
-// raised it once, not each rank that passed it on.
-bool names_its_rank(const std::string& message) {
-  const auto at = message.rfind(kRaisedOn);
-  if (at == std::string::npos || message.back() != ')') return false;
-  const auto digits = std::string_view(message).substr(at + kRaisedOn.size());
-  return digits.size() > 1 && digits.find_first_not_of("0123456789") == digits.size() - 1;
-}
-
-}  // namespace
 
 void throw_described_failure(const std::string& described, int rank) {
   TORCH_INTERNAL_ASSERT(!described.empty(), "a described failure arrived empty");

@@ -154,7 +154,8 @@ constexpr const char* kUsage = R"(usage: train_gpt [options]
   --export DIR       after training, write DIR/model.safetensors and DIR/config.json, which
                      transformers.GPT2LMHeadModel.from_pretrained(DIR) loads (under DDP/FSDP: rank 0 writes)
   --logits-for IDS   after training, the logits for these comma-separated token ids (one sequence) ...
-  --logits-out FILE  ... written to FILE, a line per position of the vocabulary's logits (%.9g, space separated)
+  --logits-out FILE  ... written to FILE, a line per position of the vocabulary's logits (%.9g, space separated;
+                     %.17g with --dtype float64)
   --checkpoint-activations
                      recompute each block's activations in backward instead of keeping them
   --amp fp32|bf16|fp16
@@ -184,6 +185,7 @@ struct Options {
   double layer_norm_eps = 1e-5;
   int64_t positions = 0, vocab = 0;  // 0: --block, and the text's characters (or --init-from's config)
   std::string init_dtype = "float32";  // --init-from's weights', as its config.json says
+  bool block_given = false;            // --block on the command line (else at most the model's positions)
   int grad_accum = 1;  // micro-batches per step
   int pp = 1, microbatches = 0;  // --pp: pipeline stages (one per rank); micro-batches per step (0: 2 x pp)
   std::string pp_schedule = "1f1b";
@@ -288,6 +290,7 @@ Options parse(int argc, char** argv) {
                                 "data position), --init-from starts one from a GPT-2; give one");
   }
   o.positions = o.block;
+  o.block_given = given.count("--block") > 0;
   if (!o.init_from.empty()) {
     // The model's sizes are the checkpoint's; a flag saying otherwise is a mistake, not an override.
     const auto config = examples::read_gpt2_config(o.init_from);
@@ -1076,6 +1079,7 @@ int run(int argc, char** argv) {
     if (const auto json = read_on_rank0(group, opt.resume_dir + "/trainer.json")) {
       const TrainerState saved = read_trainer_json(*json, opt.resume_dir + "/trainer.json");
       if (saved.vocab > 0) {
+        if (!opt.block_given) opt.block = std::min<int64_t>(opt.block, saved.positions);  // as --init-from's
         if (opt.block > saved.positions) {
           throw std::invalid_argument("--resume " + opt.resume_dir + ": the checkpoint's model has " +
                                       std::to_string(saved.positions) + " positions, fewer than --block " +
@@ -1709,7 +1713,9 @@ int run(int argc, char** argv) {
     char number[32];
     for (int64_t t = 0; t < logits.size(0); ++t) {
       for (int64_t v = 0; v < logits.size(1); ++v) {
-        std::snprintf(number, sizeof number, v ? " %.9g" : "%.9g", logits[t][v].item<float>());
+        // float64 to 17 digits, so that runs that should agree compare to more than float32 shows.
+        if (float64) std::snprintf(number, sizeof number, v ? " %.17g" : "%.17g", logits[t][v].item<double>());
+        else std::snprintf(number, sizeof number, v ? " %.9g" : "%.9g", logits[t][v].item<float>());
         lines += number;
       }
       lines += '\n';
@@ -1726,11 +1732,11 @@ int run(int argc, char** argv) {
     std::printf("fp16: %d of %d steps skipped for overflow, loss scale now %g\n", skipped, last_step - start, scaler.get_scale());
   }
   // A model trained to NaN (too high an --lr) has no distribution to sample from: multinomial ended
-  // the run with ATen's "probability tensor contains either inf, nan or element < 0".
-  if (!std::isfinite(val.item<double>())) {
+  // the run with ATen's "probability tensor contains either inf, nan or element < 0". Without a
+  // sample asked for, the run ends as it did, the held-out loss above saying nan.
+  if (!std::isfinite(val.item<double>()) && opt.sample > 0) {
     std::fprintf(stderr, "train_gpt: the held-out loss is %g: training diverged (its outputs are not finite), so "
-                 "there is no sample; train again with a lower --lr\n",
-                 val.item<double>());
+                 "there is no sample; train again with a lower --lr\n", val.item<double>());
     return 1;
   }
   auto context = encoded.narrow(0, split, opt.block).unsqueeze(0);

@@ -399,10 +399,14 @@ int run(int argc, char** argv) {
                                 "); it holds the checkpoints, loss.csv and loss.svg: name one this process may write");
   }
 
-  // A fresh run (no --resume) replaces the checkpoints an earlier run left in --out: kept, the
-  // earlier run's later epochs outranked this run's (pruning removed this run's newest, and a
-  // --resume continued the earlier run, its losses rewriting loss.csv).
-  if (!opt.resume && rank == 0) {
+  // A fresh run (no --resume) replaces the checkpoints an earlier run left in --out, once it has its
+  // first to put in their place (a run that fails before then keeps them): kept, the earlier run's
+  // later epochs outranked this run's (pruning removed this run's newest, and a --resume continued
+  // the earlier run, its losses rewriting loss.csv).
+  bool earlier_runs_to_remove = !opt.resume && rank == 0;
+  const auto remove_earlier_runs = [&] {
+    if (!earlier_runs_to_remove) return;
+    earlier_runs_to_remove = false;
     const auto earlier = checkpoints_in(opt.out);
     std::string names;
     for (const auto& [epoch, path] : earlier) {
@@ -413,7 +417,7 @@ int run(int argc, char** argv) {
       std::printf("note: starting afresh (no --resume): removed the %zu checkpoints an earlier run left in %s (%s)\n",
                   earlier.size(), opt.out.c_str(), names.c_str());
     }
-  }
+  };
 
   torch::manual_seed(0);
   Net net;
@@ -511,6 +515,7 @@ int run(int argc, char** argv) {
     const double accuracy = evaluate(net, test, group);
     if (rank == 0) {
       std::printf("%sepoch %d/%d  test accuracy %.2f%%\n", terminal ? "\n" : "", epoch + 1, opt.epochs, 100 * accuracy);
+      remove_earlier_runs();  // this run's first checkpoint comes next
       if (opt.old_checkpoints) {
         torch::serialize::OutputArchive archive;
         net->save(archive);

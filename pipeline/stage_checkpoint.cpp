@@ -150,7 +150,10 @@ detail::StateView merged_view(const std::vector<PipelineStage*>& stages, const c
 // each wrote their own. So the agreement goes on over the first stage's team (its data-parallel
 // group, then each tensor-parallel group), the same exchange over each, a refusal heard carried
 // on: rank (d, s, t) agrees with (d, *, t) over the pipeline, with (*, s, t) over the
-// data-parallel group, then with (*, s, *) over the tensor-parallel one, which reaches every rank.
+// data-parallel group, then with (d, s, *) over the tensor-parallel one, which reaches every rank.
+// Then once more over the pipeline group: a stage whose team lacks a group the other stages' have
+// (a {pp, tp} stage not told its tensor-parallel group, which a later check refuses by name) took
+// no part in that group's agreement, and would go on alone into the save's collectives.
 
 // What a rank was given, to compare: each path (as written, lexically normal, without a trailing
 // '/') and whether the save or load takes it as a directory, then the stages' prefixes.
@@ -256,7 +259,7 @@ detail::StateView stages_view(const std::vector<PipelineStage*>& stages, const c
       fault = std::current_exception();
     }
   }
-  if (fault) std::rethrow_exception(fault);
+  detail::share_failure((*any)->group(), fault, std::string("cpprun::") + call);
   return view;
 }
 
@@ -273,12 +276,18 @@ auto refused_together(const ProcessGroup& pipeline, const detail::CheckpointTeam
   } catch (...) {
     fault = std::current_exception();
   }
+  const std::string what = std::string("cpprun::") + call;
   try {
-    detail::share_failure(pipeline, fault, std::string("cpprun::") + call);
+    detail::share_failure(pipeline, fault, what);
   } catch (...) {
     fault = std::current_exception();
   }
-  team.share_failure(fault, std::string("cpprun::") + call);
+  try {
+    team.share_failure(fault, what);
+  } catch (...) {
+    fault = std::current_exception();
+  }
+  detail::share_failure(pipeline, fault, what);  // Note [Agreement across pipelines]: once more
   return out;
 }
 

@@ -37,10 +37,13 @@ std::string open_file_limit_hint(int error) {
   if (error != EMFILE) return "";
   struct rlimit limit {};
   if (getrlimit(RLIMIT_NOFILE, &limit) != 0) return "";
-  const auto text = [](rlim_t value) { return value == RLIM_INFINITY ? std::string("unlimited") : std::to_string(value); };
+  const auto text = [](rlim_t value) {
+    return value == RLIM_INFINITY ? std::string("unlimited") : std::to_string(value);
+  };
   return " (this process's open-file limit is " + text(limit.rlim_cur) + ", hard limit " + text(limit.rlim_max) +
-         ": cpprun holds about three descriptors a worker and six while starting them; raise the hard limit, "
-         "ulimit -Hn, or start fewer workers a node)";
+         ": cpprun holds about three descriptors a worker and six while starting them; start fewer workers a "
+         "node, or raise the hard limit: nofile in /etc/security/limits.conf, LimitNOFILE= of a systemd unit, "
+         "docker run --ulimit nofile=N)";
 }
 
 }  // namespace cpprun::launcher

@@ -13,6 +13,7 @@
 #endif
 
 #include <cerrno>
+#include <cstdint>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
@@ -50,16 +51,52 @@ bool install_stdio(int fd, int target) {
   return fd < 0 || retry_on_eintr([&] { return dup2(fd, target); }) == target;
 }
 
+}  // namespace
+
+bool mark_listed_descriptors_cloexec(int first) noexcept {
+  const int listing = open("/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (listing < 0) return false;
+  struct LinuxDirent64 {  // the kernel's linux_dirent64, which no libc header declares
+    uint64_t d_ino;
+    int64_t d_off;
+    unsigned short d_reclen;
+    unsigned char d_type;
+    char d_name[1];
+  };
+  alignas(8) char entries[4096];
+  for (;;) {
+    const long got = syscall(SYS_getdents64, listing, entries, sizeof(entries));
+    if (got <= 0) break;
+    for (long at = 0; at < got;) {
+      const auto* entry = reinterpret_cast<const LinuxDirent64*>(entries + at);
+      at += entry->d_reclen;
+      const char* c = entry->d_name;
+      if (*c < '0' || *c > '9') continue;  // "." and ".."
+      int fd = 0;
+      for (; *c >= '0' && *c <= '9'; ++c) fd = fd * 10 + (*c - '0');
+      if (fd >= first && fd != listing) fcntl(fd, F_SETFD, FD_CLOEXEC);
+    }
+  }
+  close(listing);
+  return true;
+}
+
+namespace {
+
 // Note [Descriptors a worker inherits]
 // A worker gets stdin, stdout, stderr and the flight recorder's request descriptor, nothing else
 // of the launcher's, as torchrun's (Python's subprocess closes the rest): a descriptor cpprun's
 // caller left open (a pipe it waits on for EOF, a lock file) must not live on in the workers and
-// their children. Every other descriptor is made close-on-exec, one call on Linux 5.11 on, one
-// fcntl() a descriptor up to the limit before. Async-signal-safe.
+// their children. Every other descriptor is made close-on-exec, one call on Linux 5.11 on; before
+// it, one fcntl() for each descriptor /proc/self/fd lists (read with raw getdents64: opendir would
+// allocate), or one a descriptor up to the limit without /proc: the launcher raises its own limit
+// (workers/open_file_limit.h), up to 2^20, too many to try one by one for each worker.
+// Async-signal-safe.
 void close_on_exec_from(int first) noexcept {
 #ifdef CLOSE_RANGE_CLOEXEC
   if (syscall(SYS_close_range, static_cast<unsigned>(first), ~0U, CLOSE_RANGE_CLOEXEC) == 0) return;
 #endif
+  if (mark_listed_descriptors_cloexec(first)) return;
   struct rlimit limit {};
   rlim_t last = 65536;
   if (getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY) last = limit.rlim_cur;
@@ -113,7 +150,9 @@ pid_t spawn_worker(const WorkerCommand& command, const ChildStdio& stdio, const 
   std::vector<char*> envp = as_c_strings(command.env);
   int report[2];
   if (pipe2(report, O_CLOEXEC) != 0) {
-    throw SpawnError(std::string("cpprun: pipe2() failed: ") + std::strerror(errno), errno);
+    const int error = errno;
+    throw SpawnError(std::string("cpprun: pipe2() failed: ") + std::strerror(error) + open_file_limit_hint(error),
+                     error);
   }
   const pid_t launcher_pid = getpid();
   // All signals blocked across fork(), so no handler runs in the child before restore_in_child():

@@ -56,6 +56,12 @@ auto retry_on_eintr(const Call& call) {
   return result;
 }
 
+// One fcntl(FD_CLOEXEC) for each descriptor from `first` on that /proc/self/fd lists, read with raw
+// getdents64 (opendir would allocate): what a worker's child does before exec where close_range()
+// is missing (Note [Descriptors a worker inherits]). False, doing nothing, without /proc.
+// Async-signal-safe.
+bool mark_listed_descriptors_cloexec(int first) noexcept;
+
 // waitpid(), retried.
 pid_t wait_for_exit(pid_t pid, int* status = nullptr, int flags = 0);
 

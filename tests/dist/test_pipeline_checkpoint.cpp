@@ -963,17 +963,27 @@ TEST_CASE("pipeline checkpoint: a mistake one pipeline of a {pp, dp} or {pp, tp}
     const std::string one = kind + (last ? "_b/" : "_a/");
     CHECK_THAT(error_of([&] { cpprun::save_state_dict(pipeline.mine(), dir / one); }),
                Catch::Contains("were given different checkpoints"));
-    // One rank's optimizer over another model's parameters: every rank refuses, in a save and a load.
+    // One rank's optimizer over another model's parameters: every rank refuses, in a save and a load,
+    // naming the rank that raised it once however many groups relayed it.
+    const auto raised_once = [](const std::string& error) {
+      const auto at = error.find("(raised on rank ");
+      return at == std::string::npos || error.find("(raised on rank ", at + 1) == std::string::npos;
+    };
     auto other = make_mlp();
     auto good = stages_adamw(pipeline);
     auto opt = last ? adamw(cpprun::unique_parameters(*other)) : stages_adamw(pipeline);
-    CHECK_THAT(error_of([&] { cpprun::save_optimizer_state_dict(pipeline.mine(), *opt, dir / (kind + "_o/")); }),
-               Catch::Contains("not a parameter of the model"));
+    std::vector<std::string> refusals;
+    refusals.push_back(
+        error_of([&] { cpprun::save_optimizer_state_dict(pipeline.mine(), *opt, dir / (kind + "_o/")); }));
     cpprun::save_state_dict(pipeline.mine(), *good, dir / (kind + "_pair/"));
-    CHECK_THAT(error_of([&] { cpprun::load_optimizer_state_dict(pipeline.mine(), *opt, dir / (kind + "_pair/")); }),
-               Catch::Contains("not a parameter of the model"));
-    CHECK_THAT(error_of([&] { (void)cpprun::load_state_dict(pipeline.mine(), *opt, dir / (kind + "_pair/")); }),
-               Catch::Contains("not a parameter of the model"));
+    refusals.push_back(
+        error_of([&] { cpprun::load_optimizer_state_dict(pipeline.mine(), *opt, dir / (kind + "_pair/")); }));
+    refusals.push_back(
+        error_of([&] { (void)cpprun::load_state_dict(pipeline.mine(), *opt, dir / (kind + "_pair/")); }));
+    for (const std::string& refusal : refusals) {
+      CHECK_THAT(refusal, Catch::Contains("not a parameter of the model"));
+      CHECK(raised_once(refusal));
+    }
     // Agreed, the job saves and loads together.
     Pipeline loaded = build(make_mlp(), layout);
     auto loaded_opt = stages_adamw(loaded);

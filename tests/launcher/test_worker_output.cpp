@@ -2,6 +2,7 @@
 // stderr tail, and the console sink that never blocks.
 #include "catch.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 
 #include "workers/console_sink.h"
 #include "workers/worker_output.h"
+#include "workers/worker_process.h"
 
 using namespace cpprun::launcher;
 
@@ -206,4 +208,28 @@ TEST_CASE("worker_output: the launcher's own lines keep their place, and at exit
     CHECK(dropped == 300000 + 1000 - (received.size() - own.size()));
     close(fds[0]);
   }
+}
+
+// Before close_range(CLOSE_RANGE_CLOEXEC) (Linux 5.11), a worker's child marks the descriptors
+// /proc/self/fd lists rather than every number up to the launcher's raised limit (2^20 fcntl calls
+// a worker): each listed one from `first` on, none below it.
+TEST_CASE("worker_output: the descriptors /proc/self/fd lists are made close-on-exec from the first asked",
+          "[worker_output]") {
+  std::vector<int> fds;
+  for (int i = 0; i < 4; ++i) {
+    int pair[2];
+    REQUIRE(pipe(pair) == 0);  // without O_CLOEXEC
+    fds.push_back(pair[0]);
+    fds.push_back(pair[1]);
+  }
+  std::sort(fds.begin(), fds.end());
+  const int first = fds[3];
+  const auto cloexec = [](int fd) { return (fcntl(fd, F_GETFD) & FD_CLOEXEC) != 0; };
+  for (int fd : fds) REQUIRE_FALSE(cloexec(fd));
+  REQUIRE(cpprun::launcher::mark_listed_descriptors_cloexec(first));
+  for (int fd : fds) {
+    INFO("descriptor " << fd << ", the first asked " << first);
+    CHECK(cloexec(fd) == (fd >= first));
+  }
+  for (int fd : fds) close(fd);
 }
