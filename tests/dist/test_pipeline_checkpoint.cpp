@@ -342,6 +342,36 @@ TEST_CASE("pipeline checkpoint: a file whose tied names hold different values is
     CHECK_THROWS_WITH(cpprun::load_state_dict(pipeline.mine(), path), Catch::Contains(refused));
     check_stages(pipeline, before);
   }
+  // A copy of another dtype is not "different values": it does not fit the module, and the load
+  // says so by name, as the unsplit model's does (the digests compared the dtype too, and said
+  // "different values" of a float32 copy of the same numbers).
+  const std::string float32_head = dir / "float32_head.safetensors";
+  if (group().rank() == 0) {
+    auto tied = make_tied_lm();
+    torch::nn::Sequential untied;  // the same names and numbers, head.weight in float32
+    const auto names = tied->named_children().keys();
+    for (std::size_t i = 0; i + 1 < tied->size(); ++i) untied->push_back(names[i], *(tied->begin() + i));
+    untied->push_back("head", TiedHead(tied->named_parameters()["embed.weight"].detach().to(at::kFloat)));
+    cpprun::save_state_dict(untied, float32_head);
+  }
+  cpprun::barrier(group());
+  const auto refusal_of = [](const std::function<void()>& load) -> std::string {
+    try {
+      load();
+    } catch (const cpprun::StateDictMismatchError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  auto plain = make_tied_lm();
+  const std::string plain_refusal = refusal_of([&] { cpprun::load_state_dict(plain, float32_head); });
+  CHECK_THAT(plain_refusal, Catch::Contains("head.weight: file float32 [20, 8], module float64"));
+  Pipeline pipeline = build(make_tied_lm(), {});
+  const auto before = named(*make_tied_lm());
+  const std::string refusal = refusal_of([&] { cpprun::load_state_dict(pipeline.mine(), float32_head); });
+  CHECK_THAT(refusal, Catch::Contains("head.weight: file float32 [20, 8], module float64"));
+  CHECK_THAT(refusal, !Catch::Contains("different values"));
+  check_stages(pipeline, before);
 }
 
 TEST_CASE("pipeline checkpoint: {pp, dp} FSDP and {pp, tp} stages save and load across layouts",
