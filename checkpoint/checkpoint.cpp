@@ -71,13 +71,17 @@ StateDictLoadReport load_model_state(StateSource source, const std::string& path
   // A directory's files are read on every rank, each tensor sent to where it is needed
   // (Note [Reading a directory on every rank]); a directory holding one file loads it as below.
   if (!view.team.alone() && is_sharded_state_dict_path(path)) {
-    if (auto report = load_directory_in_parallel(view, path, options)) return *std::move(report);
+    if (auto report = load_directory_in_parallel(view, path, options)) {
+      warn_left_as_they_were(*report, path, view.team.is_root());
+      return *std::move(report);
+    }
   }
   // The current whole state: what the file's tensors replace, and what a strict(false) load
   // leaves where the file has nothing (a replicated tensor is the module's own: loaded in place).
   const NamedTensors whole = whole_state(view);
   StateDictLoadReport report = load_state_dict(whole, view.team, path, options);
   scatter_whole_state(view, whole);
+  warn_left_as_they_were(report, path, view.team.is_root());
   return report;
 }
 
@@ -173,6 +177,7 @@ StateDictLoadReport set_model_state(StateSource source, const torch::OrderedDict
     copy_named_tensors(whole, given, options);
   }
   scatter_whole_state(view, whole);
+  warn_left_as_they_were(report, where, view.team.is_root());
   return report;
 }
 

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <iostream>
 #include <map>
 #include <string_view>
 #include <optional>
@@ -480,6 +481,18 @@ NamedTensors as_module_names(const NamedTensors& file, const StateDictOptions& o
 }
 
 }  // namespace
+
+void warn_left_as_they_were(const StateDictLoadReport& report, const std::string& where, bool first) {
+  if (!first || report.mismatched.empty()) return;
+  std::string listed;
+  for (std::size_t i = 0; i < report.mismatched.size() && i < 8; ++i) listed += "\n  " + report.mismatched[i];
+  if (report.mismatched.size() > 8) listed += "\n  ... (" + std::to_string(report.mismatched.size() - 8) + " more)";
+  std::cerr << "cpprun: warning: a strict(false) load of " << where << " left " << report.mismatched.size()
+            << " tensor(s) of the module as they were: their dtype or shape differs from the file's (cpprun loads "
+               "what fits; PyTorch's load_state_dict(strict=False) casts another dtype). Cast the checkpoint to the "
+               "model's dtype, or check StateDictLoadReport::mismatched:"
+            << listed << "\n" << std::flush;
+}
 
 StateDictLoadReport check_named_tensors(const NamedTensors& mine, const NamedTensors& file_as_saved,
                                         const std::string& where, const StateDictOptions& options,

@@ -252,9 +252,15 @@ const DistEnv& ProcessGroup::env() const { return impl_->env; }
 std::chrono::milliseconds ProcessGroup::timeout() const { return impl_->timeout; }
 bool ProcessGroup::is_member() const { return impl_->member; }
 
-ProcessGroup init_process_group(const ProcessGroupOptions& options) {
-  TORCH_CHECK(options.timeout.count() > 0, "cpprun: ProcessGroupOptions::timeout must be "
-              "positive, got ", options.timeout.count(), " ms.");
+std::chrono::milliseconds default_timeout(Backend backend) {
+  return backend == Backend::kNccl ? std::chrono::minutes(10) : std::chrono::minutes(30);
+}
+
+ProcessGroup init_process_group(const ProcessGroupOptions& given) {
+  ProcessGroupOptions options = given;
+  if (!options.timeout) options.timeout = default_timeout(options.backend);
+  TORCH_CHECK(options.timeout->count() > 0, "cpprun: ProcessGroupOptions::timeout must be "
+              "positive, got ", options.timeout->count(), " ms.");
   {
     // As torch.distributed ("trying to initialize the default process group twice!"): a second
     // call would join the job again as another world group, which the default group's users
@@ -267,7 +273,7 @@ ProcessGroup init_process_group(const ProcessGroupOptions& options) {
   }
   auto impl = std::make_shared<detail::GroupImpl>();
   impl->env = options.env ? *options.env : read_dist_env();
-  impl->timeout = options.timeout;
+  impl->timeout = *options.timeout;
   if (options.backend == Backend::kNccl) check_nccl_possible(impl->env);
   impl->debug_level = options.debug_level ? *options.debug_level : read_debug_level();
   impl->check_collectives = detail::read_check_collectives(process_env());
@@ -284,17 +290,17 @@ ProcessGroup init_process_group(const ProcessGroupOptions& options) {
     group_index = groups_created++;
   }
   impl->recorded = detail::recorded_world_group(group_index, env.world_size);
-  auto root = connect_store(env, options.timeout);
+  auto root = connect_store(env, *options.timeout);
   impl->store = c10::make_intrusive<c10d::PrefixStore>("cpprun/" + std::to_string(group_index), root);
   const detail::JoinResult joined =
-      detail::join_ranks(*impl->store, env, options.timeout, gpu_for_every_local_rank(env));
+      detail::join_ranks(*impl->store, env, *options.timeout, gpu_for_every_local_rank(env));
   impl->backend = resolve_backend(options.backend, env, joined.every_rank_has_gpu);
 
-  impl->gloo = detail::make_gloo(impl->store, env, env.rank, env.world_size, options.timeout);
+  impl->gloo = detail::make_gloo(impl->store, env, env.rank, env.world_size, *options.timeout);
   if (impl->backend == Backend::kNccl) {
-    impl->nccl = detail::make_nccl(impl->store, env, env.rank, env.world_size, options.timeout);
+    impl->nccl = detail::make_nccl(impl->store, env, env.rank, env.world_size, *options.timeout);
   }
-  detail::wait_for_every_member(*impl->store, env.world_size, options.timeout, "init_process_group");
+  detail::wait_for_every_member(*impl->store, env.world_size, *options.timeout, "init_process_group");
   ProcessGroup group = detail::GroupAccess::make(std::move(impl));
   std::lock_guard<std::mutex> lock(default_mutex);
   TORCH_CHECK(!default_pg, "cpprun: init_process_group() ran on two threads at once; call it once.");

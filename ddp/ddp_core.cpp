@@ -120,7 +120,7 @@ struct DdpCore::Impl {
   int last_active = -1;  // the highest rank active at the last handshake any rank was active in
 
   void broadcast_buffers(int source) {
-    if (options.broadcast_buffers() && !buffers.empty()) broadcast_coalesced(group, buffers, source);
+    if (options.syncs_buffers_before_forward() && !buffers.empty()) broadcast_coalesced(group, buffers, source);
   }
 };
 
@@ -149,8 +149,10 @@ DdpCore::DdpCore(torch::nn::Module& module, ProcessGroup group, DdpOptions optio
     verify_same_parameters(impl_->group, names, params);
     std::vector<at::Tensor> state = params;
     // broadcast_buffers(false) keeps each rank's buffers from the start too, as PyTorch's
-    // broadcast_buffers=False leaves them out of its construction sync.
-    if (options.broadcast_buffers()) state.insert(state.end(), impl_->buffers.begin(), impl_->buffers.end());
+    // broadcast_buffers=False leaves them out of its construction sync (forward_sync_buffers does not).
+    if (options.syncs_buffers_at_construction()) {
+      state.insert(state.end(), impl_->buffers.begin(), impl_->buffers.end());
+    }
     broadcast_coalesced(impl_->group, state, 0);
   }
   impl_->wrapped = std::make_unique<WrappedParameters>("cpprun::DistributedDataParallel", params);
@@ -212,7 +214,7 @@ void DdpCore::join(const std::function<void()>& train_loop) {
     // last steps, so every rank takes the parameters (and buffers) of the last rank to join.
     if (s.group.size() > 1 && s.last_active >= 0) {
       std::vector<at::Tensor> state = s.module.parameters(/*recurse=*/true);
-      if (s.options.broadcast_buffers()) state.insert(state.end(), s.buffers.begin(), s.buffers.end());
+      if (s.options.syncs_buffers_before_forward()) state.insert(state.end(), s.buffers.begin(), s.buffers.end());
       broadcast_coalesced(s.group, state, s.last_active);
     }
   } catch (...) {

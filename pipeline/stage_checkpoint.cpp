@@ -409,6 +409,7 @@ StateDictLoadReport load_state_dict(std::vector<PipelineStage*> stages, const st
       detail::load_owned_state(whole, view.team, stages[0]->group(), path, options, tied);
   fill_ties_held_once(stages, whole, report);  // See Note [A tie the checkpoint holds under one name]
   detail::scatter_whole_state(view, whole);
+  detail::warn_left_as_they_were(report, path, view.team.is_root() && stages[0]->group().rank() == 0);
   return report;
 }
 

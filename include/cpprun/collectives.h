@@ -9,6 +9,7 @@
 
 #include <functional>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "cpprun/process_group.h"
@@ -69,6 +70,16 @@ Work reduce_scatter_async(const ProcessGroup& group, at::Tensor output, at::Tens
 void reduce_scatter(const ProcessGroup& group, at::Tensor output, at::Tensor input,
                     ReduceOp op = ReduceOp::kSum);
 
+// PyTorch's names for the two above: all_gather_into_tensor(output, input) and
+// reduce_scatter_tensor(output, input, op) (PyTorch's all_gather and reduce_scatter take lists).
+inline void all_gather_into_tensor(const ProcessGroup& group, at::Tensor output, at::Tensor input) {
+  all_gather_into(group, std::move(output), std::move(input));
+}
+inline void reduce_scatter_tensor(const ProcessGroup& group, at::Tensor output, at::Tensor input,
+                                  ReduceOp op = ReduceOp::kSum) {
+  reduce_scatter(group, std::move(output), std::move(input), op);
+}
+
 // Every rank's `tensors` get rank `root`'s values, tensors of one dtype and device packed into
 // one message (e.g. a model's parameters and buffers).
 void broadcast_coalesced(const ProcessGroup& group, const std::vector<at::Tensor>& tensors, int root = 0);
@@ -87,6 +98,11 @@ Work all_to_all_async(const ProcessGroup& group, at::Tensor output, at::Tensor i
                       std::vector<int64_t> output_splits = {}, std::vector<int64_t> input_splits = {});
 void all_to_all(const ProcessGroup& group, at::Tensor output, at::Tensor input,
                 std::vector<int64_t> output_splits = {}, std::vector<int64_t> input_splits = {});
+// PyTorch's name for it: all_to_all_single(output, input, output_split_sizes, input_split_sizes).
+inline void all_to_all_single(const ProcessGroup& group, at::Tensor output, at::Tensor input,
+                              std::vector<int64_t> output_splits = {}, std::vector<int64_t> input_splits = {}) {
+  all_to_all(group, std::move(output), std::move(input), std::move(output_splits), std::move(input_splits));
+}
 
 // Rank `root`'s outputs[r] = rank r's input (every rank's input of one shape). Other ranks
 // pass an empty `outputs`.

@@ -24,6 +24,9 @@ namespace cpprun {
 constexpr int kMaxTag = (1 << 27) - 1;
 constexpr int kAnySource = -1;  // recv from whichever rank sends first
 
+// Every rank here (dst, src, the sender's rank a receive returns) is a rank of `group`: PyTorch's
+// group_dst / group_src, not its dst / src, which are world ranks. On the default group they agree.
+
 // Completes when `dst` has received the message (its receive acknowledges it).
 Work isend(const ProcessGroup& group, at::Tensor tensor, int dst, int tag = 0);
 void send(const ProcessGroup& group, const at::Tensor& tensor, int dst, int tag = 0);

@@ -26,14 +26,20 @@ const char* to_string(Backend backend);
 
 struct ProcessGroupOptions {
   Backend backend = Backend::kAuto;
-  // Bounds joining the group and every collective, as torch.distributed's `timeout`.
-  std::chrono::milliseconds timeout = std::chrono::minutes(30);
+  // Bounds joining the group and every collective, as torch.distributed's `timeout`. Unset, as
+  // PyTorch's default: 10 minutes with kNccl (its default_pg_nccl_timeout), 30 with kAuto and kGloo
+  // (default_pg_timeout, which PyTorch's own default backend, cpu:gloo,cuda:nccl, takes too).
+  std::optional<std::chrono::milliseconds> timeout;  // unset: default_timeout(backend)
   // Who we are; read from the environment (see env.h) when not given.
   std::optional<DistEnv> env;
   // DETAIL checks every collective across ranks before it runs; TORCH_DISTRIBUTED_DEBUG when
   // not given (see env.h).
   std::optional<DebugLevel> debug_level;
 };
+
+// PyTorch's default timeout for a backend (torch.distributed's _get_default_timeout): 10 minutes
+// for NCCL, 30 for the others.
+std::chrono::milliseconds default_timeout(Backend backend);
 
 // A cheap, copyable handle; the group lives until its last handle is gone.
 class ProcessGroup {

@@ -60,6 +60,9 @@ class StateDictOptions {
   // broadcast_from_rank0=True): only the first rank's dict is read (the others may pass an empty
   // one), its values are broadcast. Off, the default: every rank passes the whole dict and loads
   // its own part of it. Loads from files always read on the first rank and broadcast.
+  // The first rank, here and in cpu_offload: rank 0 of the wrapper's group and of each of its
+  // tensor-parallel groups. In a job laid out from rank 0 (a mesh over the world) that is world
+  // rank 0, PyTorch's; in a wrapper over a subgroup, the subgroup's rank 0, not the world's.
   StateDictOptions& broadcast_from_rank0(bool on) {
     broadcast_from_rank0_ = on;
     return *this;

@@ -80,7 +80,9 @@ Admission decide_admission(const RendezvousSettings& settings, const RoundState&
   // wait: no round can take more, and each waiting node holds a link (and its descriptors) here.
   if (static_cast<int>(state.queued.size()) >= settings.max_nodes) {
     return {Admission::Kind::kRefuse,
-            std::to_string(state.queued.size()) + " nodes already wait for a place in the job (" +
+            std::to_string(state.queued.size()) +
+                (state.queued.size() == 1 ? " node already waits" : " nodes already wait") +
+                " for a place in the job (" +
                 settings.nnodes_flag() + " takes no more than " + std::to_string(settings.max_nodes) +
                 " at once); start this one when a node has left",
             false, false};

@@ -142,9 +142,12 @@ class RendezvousMember final : public NodeRendezvous {
                         : !got.violation.empty() ? got.violation
                         : !got.stalled.empty()   ? got.stalled
                                                  : kAgentGone;
-      // See Note [Elastic rounds]: the rendezvous lives in the host's agent.
-      why += "; the job cannot go on without the agent that hosts its " + std::string(backend_name(settings_.backend)) +
-             " rendezvous";
+      // See Note [Elastic rounds]: the rendezvous lives in the host's agent. A refusal (another job
+      // secret) is this agent's alone: the job goes on without it.
+      if (got.refused.empty()) {
+        why += "; the job cannot go on without the agent that hosts its " +
+               std::string(backend_name(settings_.backend)) + " rendezvous";
+      }
       const JobEnd lost{1, false, host_title_ + " " + why};
       if (!end_) end_ = lost;
       decision_ = JobDecision{JobDecision::Kind::kExit, {}, lost};

@@ -216,9 +216,17 @@ class Step {
   // Members send nothing but these once joined; news of an earlier round is stale, and anything else
   // (an `ask`: only the host asks) is ignored.
   void heard(int id, const NodeMessage& message) {
-    if (message.round != state_.round || state_.phase != RoundPhase::kRunning) return;
     const auto node = std::find_if(state_.members.begin(), state_.members.end(),
                                    [&](const RoundMember& m) { return m.id == id; });
+    // A member of the job that got a job-ending signal while the next round was gathered (it sends
+    // its last round's number): the job ends on every node, as at any other time. It was dropped,
+    // the member left alone, and the others went on without it.
+    if (state_.phase == RoundPhase::kGathering && state_.round > 0 && node != state_.members.end() &&
+        message.kind == MessageKind::kFailed && !message.end.restartable) {
+      if (!state_.gathering_ended) state_.gathering_ended = message.end;
+      return;
+    }
+    if (message.round != state_.round || state_.phase != RoundPhase::kRunning) return;
     if (node == state_.members.end()) return;  // a queued node has no news
     if (message.kind == MessageKind::kDone) node->progress = MemberProgress::kDone;
     if (message.kind == MessageKind::kStopped) node->progress = MemberProgress::kStopped;
@@ -256,6 +264,17 @@ class Step {
     const std::string who = describe_member(node);
     const Loss loss = decide_loss(state_, node.progress);
     if (loss == Loss::kBeforeRound) {
+      // A node of a job that has run, lost while the next round is gathered, is lost as between
+      // rounds: below MIN the job ends at once (it waited out the join timeout, then blamed too
+      // few nodes joining).
+      if (state_.round > 0) {
+        const NextRound next = launcher::next_round(
+            settings_, state_, who + " " + why + " while round " + std::to_string(state_.round) + " was gathered");
+        if (!next.goes_on) {
+          if (!state_.gathering_ended) state_.gathering_ended = JobEnd{1, false, next.reason};
+          return;
+        }
+      }
       print("cpprun: warning: " + who + " left before round " + std::to_string(state_.round) + " started" +
             (fixed() ? "; waiting for a node " + std::to_string(node.node_rank) + " again" : ""));
       return count_changed();
@@ -322,6 +341,9 @@ class Step {
   // The clock, or news: gathering, whether the round starts; once the host's own attempt is over,
   // what follows it. Nothing while the host's workers run.
   void wake() {
+    if (state_.phase == RoundPhase::kGathering && state_.gathering_ended) {
+      return end_job(*std::exchange(state_.gathering_ended, std::nullopt));
+    }
     if (state_.phase == RoundPhase::kGathering) return gather();
     if (state_.own_over) follow_attempt();
   }

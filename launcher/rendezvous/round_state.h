@@ -88,6 +88,9 @@ struct RoundState {
   bool own_over = false;             // the host's own attempt is over: it waits for the job's decision
   bool late_checked = false;         // the others' evidence was collected for a done host this round
   std::optional<AfterAttempt> held;  // decided before that collection, carried out after it
+  // The job's end decided while a round after the first is gathered (a node of the job lost below
+  // MIN, a member's job-ending signal): carried out at the next wake, as only a wake ends a wait.
+  std::optional<JobEnd> gathering_ended;
 
   // The clocks, as the step was told them (it never reads one).
   RoundTime join_deadline{};              // gathering: --rdzv_conf join_timeout from when it began

@@ -358,6 +358,26 @@ TEST_CASE("ddp: buffers sync when PyTorch syncs them: not at every evaluation fo
   }
   auto kept = cpprun::DistributedDataParallel(own, group(), cpprun::DdpOptions().broadcast_buffers(false));
   CHECK(own->bn1->running_mean.eq(rank).all().item<bool>());
+
+  // forward_sync_buffers(false), PyTorch 2.13's name: rank 0's buffers at construction, as its init
+  // sync, and none before a forward (the first forward would otherwise take rank 0's again).
+  auto once = std::make_shared<SmallCnn>();
+  {
+    torch::NoGradGuard no_grad;
+    once->bn1->running_mean.fill_(rank);
+  }
+  auto synced_once = cpprun::DistributedDataParallel(once, group(), cpprun::DdpOptions().forward_sync_buffers(false));
+  CHECK(once->bn1->running_mean.eq(0).all().item<bool>());
+  {
+    torch::NoGradGuard no_grad;
+    once->bn1->running_mean.fill_(rank);
+    synced_once->eval();
+    synced_once->forward(inputs_for("cnn", 4, 70));
+  }
+  CHECK(once->bn1->running_mean.eq(rank).all().item<bool>());
+  // Given both, forward_sync_buffers wins, as PyTorch's.
+  const auto both = cpprun::DdpOptions().broadcast_buffers(false).forward_sync_buffers(true);
+  CHECK((both.syncs_buffers_before_forward() && both.syncs_buffers_at_construction()));
 }
 
 // Without init_sync nothing is broadcast at construction: equal starting weights are the

@@ -108,7 +108,7 @@ fewer)
   run short_whole 2 "${short[@]}" --batch 4
   run short_first 2 "${short[@]}" --batch 4 --stop-after 20 --save "$tmp/ck"
   saved short_first 20 30
-  grep -q '"epoch_steps": 25}' "$tmp/ck/trainer.json" || fail "trainer.json: $(cat "$tmp/ck/trainer.json")"
+  grep -q '"epoch_steps": 25,' "$tmp/ck/trainer.json" || fail "trainer.json: $(cat "$tmp/ck/trainer.json")"
   run short_four 4 "${short[@]}" --batch 2 --resume "$tmp/ck"
   ! grep -q "note: an epoch is" "$tmp/short_four.out" || fail "a note on 4 ranks, whose epochs are the saved run's"
   resumed short_whole short_four 20 30

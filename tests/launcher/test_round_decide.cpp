@@ -418,6 +418,51 @@ TEST_CASE("round_decide: the host's worker stuck in D state ends the job, restar
   CHECK(host.state.restart_count == 0);
 }
 
+// A c10d job of 2:3 nodes loses one while running; the next round is gathered from the two left,
+// waiting out its last call. A node lost then is lost as between rounds: below MIN the job ends at
+// once (it waited out the join timeout, then blamed too few joining); and a member's job-ending
+// signal then ends the job on every node (its message was dropped, the others went on).
+TEST_CASE("round_decide: while the next round is gathered, a member lost below MIN or signalled ends the job",
+          "[round_decide]") {
+  for (const bool signalled : {false, true}) {
+    INFO((signalled ? "a member signalled" : "a member lost"));
+    Host host(c10d_job(2, 3));
+    host.join();
+    host.hello(-1, "10.0.0.2:4000");
+    host.hello(-1, "10.0.0.3:4000");
+    CHECK(words(host.wake()) == Words{"open store"});  // MAX: at once
+    host.store_opened(5000);
+    CHECK(words(host.step(RoundEvent::link_lost(2, kGone))) ==
+          Words{"drop #2", "gone: group rank 2", "tell members end 0"});
+    host.own(RoundEvent::Kind::kOwnAttemptOver);
+    host.said(1, NodeMessage::make_stopped(0));
+    const RoundActions gathering = host.wake();
+    CHECK(words(gathering) == Words{"end store round 0", "print", "tell members gathering 1"});  // 2 of 3: last call
+    REQUIRE(host.state.phase == RoundPhase::kGathering);
+    if (signalled) {
+      CHECK(words(host.said(1, NodeMessage::make_failed(0, {143, false, "the agent of node 1 received SIGTERM"})))
+                .empty());
+    } else {
+      CHECK(words(host.step(RoundEvent::link_lost(1, kGone))) == Words{"drop #1"});
+    }
+    const RoundActions ended = host.wake();  // the host steps on a wake after any news
+    CHECK(words(ended) == Words{"stop store", std::string("tell all exit ") + (signalled ? "143" : "1"),
+                                std::string("end job ") + (signalled ? "143" : "1")});
+    if (!signalled) {
+      CHECK(first(ended, RoundAction::Kind::kEndJob).end.reason ==
+            "the agent at 10.0.0.2:4000 " + kGone +
+                " while round 1 was gathered; only 1 node remains, fewer than the 2 that --nnodes=2:3 needs, so the "
+                "job cannot go on");
+    }
+  }
+  // Before the job ran, a node that leaves the gathering is not counted: the others wait for more.
+  Host first_round(c10d_job(2, 3));
+  first_round.join();
+  first_round.hello(-1, "10.0.0.2:4000");
+  const RoundActions left = first_round.step(RoundEvent::link_lost(1, kGone));
+  CHECK(words(left) == Words{"drop #1", "print", "tell members gathering 0"});
+}
+
 TEST_CASE("round_decide: a signal ends the job, before it started and after; a keeper ending is fatal",
           "[round_decide]") {
   Host before(static_job(2));

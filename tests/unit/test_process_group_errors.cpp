@@ -141,6 +141,23 @@ TEST_CASE("process group: a world of one needs no launcher", "[process_group]") 
   cpprun::destroy_process_group();
 }
 
+// As torch.distributed's _get_default_timeout: NCCL's 10 minutes (default_pg_nccl_timeout), the
+// others' 30; cpprun took 30 minutes with NCCL too.
+TEST_CASE("process group: an unset timeout is PyTorch's default for the backend", "[process_group]") {
+  CHECK(cpprun::default_timeout(cpprun::Backend::kNccl) == std::chrono::minutes(10));
+  CHECK(cpprun::default_timeout(cpprun::Backend::kGloo) == std::chrono::minutes(30));
+  CHECK(cpprun::default_timeout(cpprun::Backend::kAuto) == std::chrono::minutes(30));
+  cpprun::ProcessGroupOptions options;
+  options.env = cpprun::DistEnv{};
+  CHECK_FALSE(options.timeout.has_value());
+  auto group = cpprun::init_process_group(options);
+  CHECK(group.timeout() == std::chrono::minutes(30));
+  cpprun::destroy_process_group();
+  options.timeout = std::chrono::seconds(90);
+  CHECK(cpprun::init_process_group(options).timeout() == std::chrono::seconds(90));
+  cpprun::destroy_process_group();
+}
+
 TEST_CASE("process group: a non-positive timeout is refused", "[process_group]") {
   cpprun::ProcessGroupOptions options;
   options.env = cpprun::DistEnv{};
