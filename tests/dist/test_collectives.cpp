@@ -325,6 +325,21 @@ TEST_CASE("collectives: a lazily conjugated or negated tensor is refused by name
   for (int r = 0; r < world; ++r) CHECK(out.narrow(0, 3 * r, 3).equal(z.resolve_conj()));
 }
 
+// PyTorch's names (all_gather_into_tensor, reduce_scatter_tensor, all_to_all_single) are the same
+// calls as cpprun's.
+TEST_CASE("collectives: PyTorch's names of the tensor collectives give the same results", "[collectives]") {
+  const int world = group().size(), rank = group().rank();
+  at::Tensor gathered = at::zeros({2 * world});
+  cpprun::all_gather_into_tensor(group(), gathered, at::full({2}, static_cast<float>(rank)));
+  for (int r = 0; r < world; ++r) CHECK(gathered.narrow(0, 2 * r, 2).equal(at::full({2}, static_cast<float>(r))));
+  at::Tensor chunk = at::zeros({2});
+  cpprun::reduce_scatter_tensor(group(), chunk, at::arange(2 * world, at::kFloat), cpprun::ReduceOp::kMax);
+  CHECK(chunk.equal(at::arange(2 * rank, 2 * rank + 2, at::kFloat)));
+  at::Tensor exchanged = at::zeros({world});
+  cpprun::all_to_all_single(group(), exchanged, at::full({world}, static_cast<float>(rank)));
+  CHECK(exchanged.equal(at::arange(world, at::kFloat)));
+}
+
 // A result that requires grad (a parameter, say) is written in place by every collective, as
 // c10d's all_reduce and broadcast write it in both frameworks: the ring's copies went through
 // autograd's in-place check instead, which threw after part of the result was written, on the

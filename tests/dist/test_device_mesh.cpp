@@ -29,6 +29,15 @@ TEST_CASE("device mesh: a 2-d mesh's groups are its rows and columns", "[mesh]")
   CHECK(mesh.coordinate("shard") == rank % columns);
   CHECK(mesh.group("shard").rank() == rank % columns);
   CHECK(mesh.group("replicate").rank() == rank / columns);
+  // PyTorch's names for the same.
+  CHECK(mesh.get_local_rank("shard") == rank % columns);
+  CHECK(mesh.get_local_rank(0) == rank / columns);
+  CHECK(&mesh.get_group("shard") == &mesh.group("shard"));
+  CHECK(&mesh.get_group(0) == &mesh.group(0));
+  CHECK(mesh.mesh_dim_names() == std::vector<std::string>{"replicate", "shard"});
+  CHECK(mesh.size() == world);
+  CHECK(mesh.get_rank() == rank);
+  CHECK(mesh.get_coordinate() == std::vector<int>{rank / columns, rank % columns});
   // Sum of ranks along each dimension.
   at::Tensor along_rows = at::full({1}, rank, at::kLong), along_columns = at::full({1}, rank, at::kLong);
   cpprun::all_reduce(mesh.group("shard"), along_rows);        // my row: r*C .. r*C+C-1
