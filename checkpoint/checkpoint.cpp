@@ -64,6 +64,14 @@ void save_model_state(StateSource source, const std::string& path, const StateDi
   save_state_dict(whole_state(view), view.team, path, options);
 }
 
+namespace {
+
+// Who says what a strict(false) load left as it was: the team's first rank; a plain module's team
+// is each rank alone, so only the job's rank 0 of those (one line, not one a rank).
+bool first_to_warn(const CheckpointTeam& team) { return team.is_root() && (!team.alone() || cpprun::rank() == 0); }
+
+}  // namespace
+
 StateDictLoadReport load_model_state(StateSource source, const std::string& path, const StateDictOptions& options) {
   PublicCallScope call("cpprun::load_state_dict");
   const StateView view = state_view(source);
@@ -72,7 +80,7 @@ StateDictLoadReport load_model_state(StateSource source, const std::string& path
   // (Note [Reading a directory on every rank]); a directory holding one file loads it as below.
   if (!view.team.alone() && is_sharded_state_dict_path(path)) {
     if (auto report = load_directory_in_parallel(view, path, options)) {
-      warn_left_as_they_were(*report, path, view.team.is_root());
+      warn_left_as_they_were(*report, path, first_to_warn(view.team));
       return *std::move(report);
     }
   }
@@ -81,7 +89,7 @@ StateDictLoadReport load_model_state(StateSource source, const std::string& path
   const NamedTensors whole = whole_state(view);
   StateDictLoadReport report = load_state_dict(whole, view.team, path, options);
   scatter_whole_state(view, whole);
-  warn_left_as_they_were(report, path, view.team.is_root());
+  warn_left_as_they_were(report, path, first_to_warn(view.team));
   return report;
 }
 
@@ -177,7 +185,7 @@ StateDictLoadReport set_model_state(StateSource source, const torch::OrderedDict
     copy_named_tensors(whole, given, options);
   }
   scatter_whole_state(view, whole);
-  warn_left_as_they_were(report, where, view.team.is_root());
+  warn_left_as_they_were(report, where, first_to_warn(view.team));
   return report;
 }
 

@@ -303,13 +303,22 @@ std::string digest_of(const at::Tensor& tensor) {
 
 // Collective over the owners' roots (every one calls it, whether its read failed or not); sets
 // `failure` where it is not set already. See Note [Tied copies held by several owners].
-void refuse_disagreeing_copies(const NamedTensors& found, const std::vector<std::vector<std::string>>& tied,
-                               const ProcessGroup& owners, const std::string& path, std::exception_ptr& failure) {
+void refuse_disagreeing_copies(const NamedTensors& into, const NamedTensors& found,
+                               const std::vector<std::vector<std::string>>& tied, const ProcessGroup& owners,
+                               const std::string& path, std::exception_ptr& failure) {
   std::set<std::string> tied_names;
   for (const auto& names : tied) tied_names.insert(names.begin(), names.end());
-  std::string mine;  // name '\0' digest '\0', for each tied name this owner found
+  std::map<std::string, const at::Tensor*> module;
+  for (const auto& [name, tensor] : into) module.emplace(name, &tensor);
+  // name '\0' digest '\0', for each tied name this owner found whose file tensor fits the module's
+  // (its dtype and shape): one that does not is left to the report, as refuse_disagreeing_ties
+  // leaves it, and a strict(false) load fills that copy from one that loaded (fill_ties_held_once).
+  std::string mine;
   for (const auto& [name, tensor] : found) {
-    if (tied_names.count(name)) mine += name + '\0' + digest_of(tensor) + '\0';
+    const auto own = module.find(name);
+    const bool fits = own != module.end() && own->second->sizes() == tensor.sizes() &&
+                      own->second->scalar_type() == tensor.scalar_type();
+    if (tied_names.count(name) && fits) mine += name + '\0' + digest_of(tensor) + '\0';
   }
   const auto parts = all_gather_bytes(owners, mine);
   if (failure) return;
@@ -321,8 +330,6 @@ void refuse_disagreeing_copies(const NamedTensors& found, const std::vector<std:
       at = digest_end + 1;
     }
   }
-  // A digest's dtype and shape, before its ':'.
-  const auto kind_of_digest = [](const std::string& digest) { return digest.substr(0, digest.rfind(':')); };
   for (const auto& names : tied) {
     const std::string* first = nullptr;
     for (const auto& name : names) {
@@ -330,11 +337,6 @@ void refuse_disagreeing_copies(const NamedTensors& found, const std::vector<std:
       if (found_digest == digests.end()) continue;  // the checkpoint lacks it: see fill_ties_held_once
       if (first == nullptr) {
         first = &name;
-      } else if (kind_of_digest(digests.at(*first)) != kind_of_digest(found_digest->second)) {
-        // Another dtype or shape is not "different values": at least one copy does not fit the
-        // module's tensor, which the owners' strict reports refuse by name, as the unsplit model's
-        // (refuse_disagreeing_ties compares copies of the module's dtype and shape only).
-        continue;
       } else if (digests.at(*first) != found_digest->second) {
         try {
           throw_disagreeing_ties(path, *first, name);
@@ -473,7 +475,7 @@ StateDictLoadReport load_owned_state(const NamedTensors& into, const CheckpointT
     } catch (...) {
       failure = std::current_exception();
     }
-    if (!tied.empty()) refuse_disagreeing_copies(found, tied, owners, path, failure);
+    if (!tied.empty()) refuse_disagreeing_copies(into, found, tied, owners, path, failure);
     const auto parts = all_gather_bytes(owners, failure ? "F" + describe_failure(failure)
                                                         : "R" + encode_owner_part(names, mine));
     StateDictLoadReport whole;

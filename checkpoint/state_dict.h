@@ -63,10 +63,10 @@ std::string read_state_dict_bytes(const std::string& path);
 NamedTensors read_state_dict_file(const std::string& path);
 
 // A strict(false) load's tensors left as they were because their dtype or shape differs, said on
-// stderr when `first` (the team's first rank: one line a job): PyTorch's load_state_dict(strict=
-// False) casts another dtype (and refuses another shape), so a bf16 file loaded into a float32
-// model would otherwise leave its initial weights with only the report to tell. `where`: the file
-// or dict.
+// stderr when `first` (the team's first rank; of a plain module, the job's rank 0): PyTorch's
+// load_state_dict(strict=False) casts another dtype (and refuses another shape), so a bf16 file
+// loaded into a float32 model would otherwise leave its initial weights with only the report to
+// tell. `where`: the file or dict.
 void warn_left_as_they_were(const StateDictLoadReport& report, const std::string& where, bool first);
 
 // The two halves of load_named_tensors, for a load whose ranks must agree between them (each

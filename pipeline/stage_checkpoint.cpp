@@ -360,8 +360,12 @@ constexpr int kTieCopyTag = 1;
 
 void fill_ties_held_once(const std::vector<PipelineStage*>& stages, const detail::NamedTensors& whole,
                          const StateDictLoadReport& report) {
-  if (report.missing_keys.empty()) return;
-  const std::set<std::string> missing(report.missing_keys.begin(), report.missing_keys.end());
+  // Not loaded: what the checkpoint lacks, and (strict(false)) what it holds in another dtype or
+  // shape, left as it was: a tie's copy either way takes the value of a copy that loaded, as the
+  // unsplit model's one tensor does (its copies would otherwise stay apart for good).
+  std::set<std::string> missing(report.missing_keys.begin(), report.missing_keys.end());
+  for (const std::string& line : report.mismatched) missing.insert(line.substr(0, line.find(": file ")));
+  if (missing.empty()) return;
   const detail::NamePrefixes& prefixes = stages[0]->state_dict_prefixes();
   const ProcessGroup& pipeline = stages[0]->group();
   std::map<std::string, at::Tensor> mine;

@@ -28,20 +28,25 @@ struct DdpOptions {
   }
   // Copy rank 0's buffers (e.g. BatchNorm running stats) to every rank at construction and at a
   // forward that follows one whose backward reduced (PyTorch's require_forward_param_sync); false:
-  // each rank keeps its own, from construction on.
-  TORCH_ARG(bool, broadcast_buffers) = true;
+  // each rank keeps its own, from construction on. Read back, it is the forward sync in effect, as
+  // PyTorch 2.15's broadcast_buffers property (forward_sync_buffers when that was given).
+  DdpOptions& broadcast_buffers(bool on) {
+    broadcast_buffers_ = on;
+    return *this;
+  }
+  bool broadcast_buffers() const { return forward_sync_buffers_.value_or(broadcast_buffers_); }
   // PyTorch 2.13's replacement of broadcast_buffers (DistributedDataParallel(forward_sync_buffers=)):
   // given, it decides the sync before a forward alone, and the construction copies the buffers
   // whatever it says (PyTorch's init sync, which broadcast_buffers(false) skips). Given both, this
-  // one wins, as PyTorch's (which warns that broadcast_buffers is ignored).
- public:  // TORCH_ARG leaves what follows it private
+  // one wins, as PyTorch's (which warns that broadcast_buffers is ignored). Read back: the sync in
+  // effect, given or not.
   DdpOptions& forward_sync_buffers(bool on) {
     forward_sync_buffers_ = on;
     return *this;
   }
-  std::optional<bool> forward_sync_buffers() const { return forward_sync_buffers_; }
+  bool forward_sync_buffers() const { return broadcast_buffers(); }
   // What the two above decide: a sync of the buffers before a forward, and at construction.
-  bool syncs_buffers_before_forward() const { return forward_sync_buffers_.value_or(broadcast_buffers_); }
+  bool syncs_buffers_before_forward() const { return broadcast_buffers(); }
   bool syncs_buffers_at_construction() const { return forward_sync_buffers_ ? true : broadcast_buffers_; }
   // Allow parameters that get no gradient in some iterations (on some or all ranks).
   TORCH_ARG(bool, find_unused_parameters) = false;
@@ -57,6 +62,7 @@ struct DdpOptions {
   double first_bucket_cap_mb_ = 1;
   bool bucket_cap_given_ = false;
   bool first_bucket_cap_given_ = false;
+  bool broadcast_buffers_ = true;
   std::optional<bool> forward_sync_buffers_;
 };
 

@@ -48,14 +48,15 @@ class DeviceMesh {
   int dim_of(const std::string& name) const;
   // PyTorch's names for the same (torch.distributed.device_mesh.DeviceMesh): get_group(dim),
   // get_local_rank(dim) (this rank's coordinate), mesh_dim_names(), size() the ranks of the whole
-  // mesh, get_rank() this rank's in whole(), get_coordinate() every coordinate.
+  // mesh, get_rank() this process's rank in the job (the world's, as PyTorch's, not whole()'s),
+  // get_coordinate() every coordinate.
   const ProcessGroup& get_group(int dim) const { return group(dim); }
   const ProcessGroup& get_group(const std::string& name) const { return group(name); }
   int get_local_rank(int dim) const { return coordinate(dim); }
   int get_local_rank(const std::string& name) const { return coordinate(name); }
   const std::vector<std::string>& mesh_dim_names() const { return names(); }
   int size() const { return whole_.size(); }
-  int get_rank() const { return whole_.rank(); }
+  int get_rank() const { return cpprun::rank(); }
   const std::vector<int>& get_coordinate() const { return coordinates_; }
   // The mesh of the dimensions `names` (in that order) through this rank, the others held at
   // this rank's coordinates: PyTorch's mesh["dp", "tp"]. Its per-dimension groups are this

@@ -378,6 +378,10 @@ TEST_CASE("ddp: buffers sync when PyTorch syncs them: not at every evaluation fo
   // Given both, forward_sync_buffers wins, as PyTorch's.
   const auto both = cpprun::DdpOptions().broadcast_buffers(false).forward_sync_buffers(true);
   CHECK((both.syncs_buffers_before_forward() && both.syncs_buffers_at_construction()));
+  // Read back, either name gives the sync in effect, as PyTorch 2.15's properties.
+  const auto off = cpprun::DdpOptions().forward_sync_buffers(false);
+  CHECK_FALSE((off.broadcast_buffers() || off.forward_sync_buffers()));
+  CHECK((cpprun::DdpOptions().broadcast_buffers() && cpprun::DdpOptions().forward_sync_buffers()));
 }
 
 // Without init_sync nothing is broadcast at construction: equal starting weights are the

@@ -118,6 +118,7 @@ TEST_CASE("device mesh: a 3-d {pp, dp, tp} mesh's groups and submeshes hold the 
     CHECK(dp_tp.whole().rank() == coordinates[1] * shape[2] + coordinates[2]);
     CHECK(rank_sums(dp_tp.whole()) == expected_sums(shape, coordinates, {1, 2}));
     CHECK(dp_tp.coordinate("tp") == coordinates[2]);
+    CHECK(dp_tp.get_rank() == group().rank());  // the job's rank, as PyTorch's, not the submesh's
     CHECK(rank_sums(dp_tp.group("dp")) == expected_sums(shape, coordinates, {1}));
     // The order asked for is the submesh's: {tp, pp} ranks tp-major.
     cpprun::DeviceMesh tp_pp = mesh.submesh({"tp", "pp"});

@@ -107,11 +107,14 @@ void check_wrapper(Wrapper& model, const std::string& kind) {
       CHECK(torch::allclose(model->forward(x), seeded(2)->forward(x)));
     }
     // strict(false): the same report on every rank; what fits is loaded, and what does not is said
-    // on stderr once a job (by the team's first rank), where PyTorch's would cast another dtype.
+    // on stderr by the team's first rank, where PyTorch's would cast another dtype.
     std::ostringstream said;
-    std::streambuf* const console = std::cerr.rdbuf(said.rdbuf());
+    struct Restore {  // std::cerr's own buffer back, however the load ends
+      std::streambuf* console;
+      ~Restore() { std::cerr.rdbuf(console); }
+    } restore{std::cerr.rdbuf(said.rdbuf())};
     const auto lenient = cpprun::load_state_dict(model, other, cpprun::StateDictOptions().strict(false));
-    std::cerr.rdbuf(console);
+    std::cerr.rdbuf(restore.console);
     CHECK(lenient.mismatched.size() == 3);  // fc1.weight, fc1.bias, fc2.weight
     CHECK(lenient.missing_keys.empty());
     CHECK((said.str().find("left 3 tensor(s) of the module as they were") != std::string::npos) == (rank == 0));
