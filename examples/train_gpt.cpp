@@ -1073,10 +1073,12 @@ int run(int argc, char** argv) {
   // --resume: the saved model's vocabulary and positions, before the model is built: an --init-from
   // run's are its config.json's, which no flag gives again (the checkpoint then refused a model
   // built for the text's characters and --block). A trainer.json written before they were recorded
-  // has none; a missing one is refused below.
+  // has none; a missing one is refused below. Read once (collective), here, for the checks below too.
   std::string vocab_source = opt.init_from.empty() ? "" : "--init-from " + opt.init_from + "'s vocab_size";
+  std::optional<std::string> trainer_json_bytes;  // --resume's DIR/trainer.json as rank 0 read it
   if (!opt.resume_dir.empty()) {
-    if (const auto json = read_on_rank0(group, opt.resume_dir + "/trainer.json")) {
+    trainer_json_bytes = read_on_rank0(group, opt.resume_dir + "/trainer.json");
+    if (const auto& json = trainer_json_bytes) {
       const TrainerState saved = read_trainer_json(*json, opt.resume_dir + "/trainer.json");
       if (saved.vocab > 0) {
         if (!opt.block_given) opt.block = std::min<int64_t>(opt.block, saved.positions);  // as --init-from's
@@ -1282,7 +1284,7 @@ int run(int argc, char** argv) {
   TrainerState resumed;  // step 0: a new run
   if (!opt.resume_dir.empty()) {
     const std::string dir = opt.resume_dir + "/", what = "--resume " + opt.resume_dir + ": ";
-    const auto json = read_on_rank0(group, dir + "trainer.json");
+    const auto& json = trainer_json_bytes;  // read above, before the model was built
     if (!json && !std::filesystem::is_directory(opt.resume_dir)) {
       throw std::invalid_argument(what + "no such directory: give the DIR an earlier run's --save wrote");
     }

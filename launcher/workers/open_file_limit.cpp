@@ -8,8 +8,7 @@
 namespace cpprun::launcher {
 namespace {
 
-// The caller's limits, read once before raising; rlim_cur RLIM_INFINITY + 1 would be nonsense,
-// so "not raised" is its own flag.
+// The caller's limits, kept when raise_open_file_limit raised them.
 struct rlimit g_callers_limit {};
 bool g_raised = false;
 
@@ -20,8 +19,7 @@ void raise_open_file_limit() {
   if (getrlimit(RLIMIT_NOFILE, &limit) != 0) return;
   const rlim_t cap = rlim_t{1} << 20;  // close_on_exec_from's loop bound, where close_range is missing
   const rlim_t wanted = limit.rlim_max == RLIM_INFINITY || limit.rlim_max > cap ? cap : limit.rlim_max;
-  if (limit.rlim_cur != RLIM_INFINITY && limit.rlim_cur >= wanted) return;
-  if (limit.rlim_cur == RLIM_INFINITY) return;
+  if (limit.rlim_cur == RLIM_INFINITY || limit.rlim_cur >= wanted) return;
   struct rlimit raised = limit;
   raised.rlim_cur = wanted;
   if (setrlimit(RLIMIT_NOFILE, &raised) != 0) return;
