@@ -5,7 +5,8 @@
 // which is when cpprun closes its end or dies. Note [Store keeper] in launcher/workers/store_keeper_plan.h.
 //   usage: cpprun-store-keeper --listen-fd=FD --host=ADDRESS --port=PORT
 // ADDRESS:PORT is where the socket is bound (a loopback address), which TCPStore's server reaches
-// itself at. One file with c10d's TCPStore header alone (not torch.h), linked with libtorch_cpu and
+// itself at. Its log reaches cpprun's console through comm/store_keeper_log.h's relay. One file
+// with c10d's TCPStore header alone (not torch.h), linked with libtorch_cpu and
 // c10 alone (nothing of CUDA), so that it serves within a fraction of a second.
 #include <sys/socket.h>
 #include <unistd.h>
@@ -19,6 +20,8 @@
 #include <exception>
 #include <iostream>
 #include <string>
+
+#include "comm/store_keeper_log.h"
 
 namespace {
 
@@ -80,6 +83,7 @@ int main(int argc, char** argv) {
   }
   // A worker that goes away while the server writes to it must not end the store for the others.
   std::signal(SIGPIPE, SIG_IGN);
+  cpprun::keeper::relay_stderr();  // Note [The keeper's log never stops the store]
   try {
     c10d::TCPStoreOptions options;
     options.port = static_cast<std::uint16_t>(port);
@@ -97,6 +101,7 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {
     std::cerr << "cpprun-store-keeper: cannot serve the workers' store on descriptor " << fd << " (" << host << ":"
               << port << "): " << e.what() << "\n";
+    cpprun::keeper::finish_relay();
     return 1;
   }
   std::_Exit(0);  // the store holds nothing worth a tidy shutdown

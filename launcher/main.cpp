@@ -19,6 +19,7 @@
 #include "command_line/launch_config.h"
 #include "command_line/program_command.h"
 #include "rendezvous/node_rendezvous.h"
+#include "rendezvous/store_tunnel_io.h"  // loopback_family_for
 #include "workers/attempt.h"
 #include "workers/console_sink.h"
 #include "workers/diagnose_request.h"
@@ -99,6 +100,11 @@ int run(const LaunchConfig& config) {
     RankLayout layout = assumed_layout(rendezvous);
     const StoreSocketPlan store = single_node_store(config);
     if (!rendezvous.multi_node()) layout.master_addr = store.addresses.front();
+    // With the job secret every node's workers reach the store through their agent's tunnel, on
+    // this host's loopback (Note [Store tunnel wired]): the dry run showed --master_addr instead.
+    if (rendezvous.multi_node() && config.agent_store && !rendezvous.job_secret.empty()) {
+      layout.master_addr = loopback_family_for(rendezvous.host) == LoopbackFamily::kIpv6 ? "::1" : "127.0.0.1";
+    }
     const std::string port = store.port != 0 ? std::to_string(store.port) : "a port the kernel picks";
     if (config.agent_store) {
       std::cout << "cpprun: the workers' c10d store: " << keeper.path << " (" << keeper.source << ") would serve it"
@@ -164,6 +170,9 @@ int run(const LaunchConfig& config) {
   }
 
   RestartPacer pacer(config.restart_backoff);
+  // Note [A fixed store port is held between rounds] (workers/store_keeper.h).
+  std::optional<StoreSocket> held_store_socket;
+  if (config.agent_store && !config.picked_port) held_store_socket.emplace(single_node_store(config), "--master_port");
   for (int restart = 0;; ++restart) {
     run_dir.prepare_attempt(restart, config.nproc_per_node, config.output.filtered_logs());
     // A new store each attempt, on this host's loopback alone (Note [Store keeper]); or, opted out of
@@ -171,7 +180,11 @@ int run(const LaunchConfig& config) {
     std::optional<StoreKeeper> store;
     RankLayout ranks = single_node_layout(config.nproc_per_node);
     if (config.agent_store) {
-      store.emplace(keeper_settings, single_node_store(config), config.picked_port ? "" : "--master_port", relay);
+      if (held_store_socket) {
+        store.emplace(keeper_settings, *held_store_socket, relay);
+      } else {
+        store.emplace(keeper_settings, single_node_store(config), "", relay);
+      }
       ranks.master_addr = store->address();
       ranks.master_port = store->port();
     } else {

@@ -79,6 +79,8 @@ std::vector<TunnelAction> TunnelState::on_store_connected(int channel) {
     write.bytes = std::exchange(ch.waiting, {});
     out.push_back(std::move(write));
   }
+  // The worker closed meanwhile: its bytes are written, then the channel closes (on_local_written).
+  if (ch.closed_while_connecting) ch.state = ChannelState::kPeerClosed;
   return out;
 }
 
@@ -87,7 +89,7 @@ std::vector<TunnelAction> TunnelState::on_store_refused(int channel) {
   const auto it = channels_.find(channel);
   if (link_closed_ || it == channels_.end() || it->second.state != ChannelState::kConnecting) return out;
   out.push_back(act(Kind::kCloseLocal, channel));
-  out.push_back(send(NodeMessage::make_close(channel)));
+  if (!it->second.closed_while_connecting) out.push_back(send(NodeMessage::make_close(channel)));
   forget(channel, out);
   return out;
 }
@@ -166,7 +168,7 @@ std::vector<TunnelAction> TunnelState::on_peer(const NodeMessage& m) {
   const auto it = channels_.find(m.channel);
   if (it == channels_.end()) return out;  // closed here while this was on its way: dropped
   Channel& ch = it->second;
-  if (ch.state == ChannelState::kPeerClosed) {
+  if (ch.state == ChannelState::kPeerClosed || ch.closed_while_connecting) {
     return violation(std::string("sent `") + message_word(m.kind) + "` for " + channel_words(m.channel) +
                      " after closing it");
   }
@@ -246,6 +248,12 @@ void TunnelState::on_credit(int id, Channel& ch, int credit, Actions& out) {
 void TunnelState::on_close(int id, Channel& ch, Actions& out) {
   switch (ch.state) {
     case ChannelState::kConnecting:
+      // A worker may write and close at once: what it wrote still reaches the store once it is up
+      // (it was dropped: an audit, 2026-12-07). With nothing written there is nothing to deliver.
+      if (!ch.waiting.empty()) {
+        ch.closed_while_connecting = true;
+        break;
+      }
       out.push_back(act(Kind::kCloseLocal, id));
       forget(id, out);
       break;

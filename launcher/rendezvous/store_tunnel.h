@@ -133,6 +133,7 @@ class TunnelState {
     std::size_t unwritten = 0;                      // handed to kWriteLocal, not yet written
     std::size_t written = 0;                        // written, not yet credited back
     std::string waiting;                            // host, kConnecting: the peer's bytes until the store is up
+    bool closed_while_connecting = false;           // host: the peer's `close` came before the store was up
   };
   using Actions = std::vector<TunnelAction>;
 

@@ -276,11 +276,13 @@ std::string StoreTunnel::carry_out(std::vector<TunnelAction> actions, NodeLink& 
         accepting_ = false;
         if (!told_at_cap_) {  // Note [Channels a node may hold]: a wait the workers would not explain
           told_at_cap_ = true;
-          std::cerr << "cpprun: warning: this node's workers hold " << state_.max_channels()
-                    << " connections to the job's store through the agents' link, the most one node of its workers "
-                       "may (3 per worker and 64 more, at least "
+          // Any local process may connect to MASTER_PORT, not only the workers: the message says so.
+          std::cerr << "cpprun: warning: " << state_.max_channels()
+                    << " connections to the job's store through the agents' link are open on this node, the most "
+                       "one node may hold (3 per worker and 64 more, at least "
                     << kMinChannelCap << ", at most " << kMaxChannelCap
-                    << "); a new one waits until one of them closes\n";
+                    << "); a new one waits until one of them closes. If this node's workers do not hold that many, "
+                       "another process on this host does (anything local may connect to MASTER_PORT)\n";
         }
         break;
       case Kind::kResumeAccepting:

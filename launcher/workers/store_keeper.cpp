@@ -69,13 +69,10 @@ int reap(pid_t pid, bool wait) {
 
 }  // namespace
 
-StoreKeeper::StoreKeeper(const KeeperSettings& settings, const StoreSocketPlan& plan, const std::string& port_flag,
-                         const SignalRelay& relay, const std::string& node) {
-  const KeeperChoice& choice = settings.choice;
-  int listener = -1;
-  for (std::size_t i = 0; i < plan.addresses.size() && listener < 0; ++i) {
+StoreSocket::StoreSocket(const StoreSocketPlan& plan, const std::string& port_flag) {
+  for (std::size_t i = 0; i < plan.addresses.size() && fd_ < 0; ++i) {
     try {
-      listener = listen_at(plan.addresses[i], plan.port);
+      fd_ = listen_at(plan.addresses[i], plan.port);
       address_ = plan.addresses[i];
     } catch (const std::system_error& e) {
       const int error = e.code().value();
@@ -93,6 +90,34 @@ StoreKeeper::StoreKeeper(const KeeperSettings& settings, const StoreSocketPlan& 
                                  std::strerror(error),
                              1);
     }
+  }
+  port_ = bound_port(fd_);
+}
+
+StoreSocket::~StoreSocket() {
+  if (fd_ >= 0) close(fd_);
+}
+
+StoreKeeper::StoreKeeper(const KeeperSettings& settings, const StoreSocketPlan& plan, const std::string& port_flag,
+                         const SignalRelay& relay, const std::string& node) {
+  const StoreSocket socket(plan, port_flag);  // closed here once the keeper holds its copy
+  address_ = socket.address();
+  start(settings, fcntl(socket.fd(), F_DUPFD_CLOEXEC, 3), relay, node);
+}
+
+StoreKeeper::StoreKeeper(const KeeperSettings& settings, const StoreSocket& held, const SignalRelay& relay,
+                         const std::string& node) {
+  address_ = held.address();
+  start(settings, fcntl(held.fd(), F_DUPFD_CLOEXEC, 3), relay, node);
+}
+
+void StoreKeeper::start(const KeeperSettings& settings, int listener, const SignalRelay& relay,
+                        const std::string& node) {
+  const KeeperChoice& choice = settings.choice;
+  if (listener < 0) {
+    throw StoreKeeperError(std::string("cpprun: cannot start the workers' store keeper: dup() failed: ") +
+                               std::strerror(errno),
+                           1);
   }
   port_ = bound_port(listener);
   // cpprun's end (close-on-exec: no worker inherits it) sees EOF when the keeper ends; the keeper's
@@ -121,7 +146,8 @@ StoreKeeper::StoreKeeper(const KeeperSettings& settings, const StoreSocketPlan& 
                            1);
   }
   add_job_helper(pid_);
-  // The keeper holds the socket now: once it is gone, connections are refused, not left waiting.
+  // The keeper holds the socket now: once it is gone, connections are refused, not left waiting
+  // (unless cpprun holds the socket for later rounds: Note [A fixed store port is held between rounds]).
   close(listener);
   close(watch[1]);
   watch_fd_ = watch[0];

@@ -16,6 +16,33 @@ namespace cpprun::launcher {
 
 class SignalRelay;
 
+// The workers' store's listening socket, bound as `plan` says, close-on-exec. Throws
+// StoreKeeperError (exit code 1) when it cannot be bound (the port taken: `port_flag` names where
+// the port came from, "" when the kernel picked it).
+//
+// Note [A fixed store port is held between rounds]: each round's keeper serves a socket of its own
+// (a fresh store), but a port the user fixed (--master_port) is bound once and held by cpprun for
+// the whole job, each keeper serving a copy of it, as torchrun's agent keeps its store listening
+// through restarts. Bound anew each round, the port was free during the restart wait, and any
+// local process that took it then ended the job with restarts left (an audit, 2026-12-07). Between
+// rounds a connection waits in the backlog for the next keeper instead of being refused.
+class StoreSocket {
+ public:
+  StoreSocket(const StoreSocketPlan& plan, const std::string& port_flag);
+  ~StoreSocket();
+  StoreSocket(const StoreSocket&) = delete;
+  StoreSocket& operator=(const StoreSocket&) = delete;
+
+  int fd() const { return fd_; }
+  const std::string& address() const { return address_; }
+  int port() const { return port_; }
+
+ private:
+  int fd_ = -1;
+  std::string address_;
+  int port_ = 0;
+};
+
 class StoreKeeper {
  public:
   // Binds the store's socket as `plan` says and starts settings.choice on it. The keeper is not
@@ -25,6 +52,9 @@ class StoreKeeper {
   // keeper cannot be started. `node` names this node in its description ("node 0"; "" alone).
   StoreKeeper(const KeeperSettings& settings, const StoreSocketPlan& plan, const std::string& port_flag,
               const SignalRelay& relay, const std::string& node = "");
+  // On a copy of `held`, which the caller keeps listening for the rounds after this one.
+  StoreKeeper(const KeeperSettings& settings, const StoreSocket& held, const SignalRelay& relay,
+              const std::string& node = "");
   // Stops the keeper if it still runs (SIGKILL) and reaps it.
   ~StoreKeeper();
   StoreKeeper(const StoreKeeper&) = delete;
@@ -49,6 +79,9 @@ class StoreKeeper {
   void stop();
 
  private:
+  // Starts the keeper on `listener`, which it closes.
+  void start(const KeeperSettings& settings, int listener, const SignalRelay& relay, const std::string& node);
+
   std::string address_;
   int port_ = 0;
   pid_t pid_ = -1;

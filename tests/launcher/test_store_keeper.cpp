@@ -17,6 +17,7 @@
 #include <map>
 #include <string>
 
+#include "comm/store_keeper_log.h"
 #include "scratch_dir.h"
 #include "workers/job_process_tree.h"
 #include "workers/signal_relay.h"
@@ -273,4 +274,24 @@ TEST_CASE("store_keeper: a keeper that cannot be executed is named", "[store_kee
   CHECK(error.exit_code() == 1);
   CHECK_THAT(error.what(), Contains("cannot start '" + dir.path + "/absent'"));
   CHECK_THAT(error.what(), Contains("the workers' store keeper (CPPRUN_STORE_KEEPER) could not be started"));
+}
+
+// Note [The keeper's log never stops the store]: a burst of lines passes, then a trickle; what is
+// left out is counted, and said once some seconds after the first of it.
+TEST_CASE("store keeper: its log passes a burst, then a trickle, and counts what it leaves out", "[store_keeper]") {
+  cpprun::keeper::LogLineBudget budget(/*burst=*/3, /*per_second=*/0.5);
+  CHECK(budget.take(0));
+  CHECK(budget.take(0));
+  CHECK(budget.take(0));
+  CHECK_FALSE(budget.take(0));    // the burst is spent
+  CHECK_FALSE(budget.take(1.0));  // half a line earned
+  CHECK(budget.take(2.0));        // a whole one
+  CHECK(budget.report_due(4.9, 5) == 0);  // not yet 5 s since the first left out
+  CHECK(budget.report_due(5.0, 5) == 2);
+  CHECK(budget.report_due(100, 5) == 0);  // said once
+  // A long quiet refills the burst, no more.
+  for (int line = 0; line < 3; ++line) CHECK(budget.take(100));
+  CHECK_FALSE(budget.take(100));
+  budget.left_out(100);  // a line that passed but the console did not take
+  CHECK(budget.report_due(100, 0) == 2);
 }

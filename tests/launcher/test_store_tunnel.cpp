@@ -209,6 +209,42 @@ TEST_CASE("store_tunnel: a worker's connection reaches the store and back throug
   CHECK(t.host.violations.empty());
 }
 
+// A client that writes and closes at once, before node 0's store connection is up: what it wrote
+// still reaches the store, then the channel closes (it was dropped: an audit, 2026-12-07).
+TEST_CASE("store_tunnel: a worker that writes and closes before the store is up still delivers", "[store_tunnel]") {
+  Tunnel t;
+  t.member.apply(t.member.state.on_accepted());
+  t.member.apply(t.member.state.on_local_bytes(1, "VALIDATE and a set"));
+  t.member.apply(t.member.state.on_local_eof(1));
+  settle(t.member, t.host);
+  CHECK(t.member.state.open_channels() == 0);
+  CHECK(t.host.state.channel_state(1) == ChannelState::kConnecting);
+  CHECK(t.host.closed.empty());  // not forgotten: its bytes wait for the store
+  t.host.apply(t.host.state.on_store_connected(1));
+  CHECK(t.host.unwritten[1] == "VALIDATE and a set");
+  CHECK(t.host.closed.empty());
+  t.host.drain(1);
+  CHECK(t.host.written[1] == "VALIDATE and a set");
+  CHECK(t.host.closed == std::set<int>{1});  // closed once written
+  CHECK(t.host.state.open_channels() == 0);
+  CHECK(t.host.to_peer.empty());  // the member forgot the channel: no `close` goes back
+  CHECK(t.host.violations.empty());
+
+  // Nothing written: closed at once, as before; and a store that refuses a closed one says nothing back.
+  t.member.apply(t.member.state.on_accepted());
+  t.member.apply(t.member.state.on_local_eof(2));
+  settle(t.member, t.host);
+  CHECK(t.host.state.open_channels() == 0);
+  t.member.apply(t.member.state.on_accepted());
+  t.member.apply(t.member.state.on_local_bytes(3, "bytes"));
+  t.member.apply(t.member.state.on_local_eof(3));
+  settle(t.member, t.host);
+  t.host.apply(t.host.state.on_store_refused(3));
+  CHECK(t.host.state.open_channels() == 0);
+  CHECK(t.host.to_peer.empty());
+  CHECK(t.host.violations.empty());
+}
+
 TEST_CASE("store_tunnel: the store's end closes the worker's connection once its bytes are written",
           "[store_tunnel]") {
   Tunnel t;
