@@ -68,11 +68,17 @@ void check_input(const at::Tensor& input, int64_t features) {
 }  // namespace
 
 SyncBatchNormImpl::SyncBatchNormImpl(const torch::nn::BatchNormOptions& options, ProcessGroup group)
-    : SyncBatchNormImpl(options, std::move(group), Adopted{}) {}
+    : SyncBatchNormImpl(options, std::optional<ProcessGroup>(std::move(group)), Adopted{}) {}
 
-SyncBatchNormImpl::SyncBatchNormImpl(const torch::nn::BatchNormOptions& options_, ProcessGroup group,
+SyncBatchNormImpl::SyncBatchNormImpl(const torch::nn::BatchNormOptions& options)
+    : SyncBatchNormImpl(options, std::nullopt, Adopted{}) {}
+
+SyncBatchNormImpl::SyncBatchNormImpl(const torch::nn::BatchNormOptions& options_, std::optional<ProcessGroup> group,
                                      Adopted adopted)
-    : options(options_), group_(detail::member_group("SyncBatchNorm", std::move(group))), adopted_(std::move(adopted)) {
+    : options(options_),
+      group_(group ? std::optional<ProcessGroup>(detail::member_group("SyncBatchNorm", std::move(*group)))
+                   : std::nullopt),
+      adopted_(std::move(adopted)) {
   reset();
   adopted_ = Adopted{};  // a clone() registers fresh tensors and copies the values
 }
@@ -125,7 +131,7 @@ void SyncBatchNormImpl::pretty_print(std::ostream& stream) const {
     stream << "None";
   }
   stream << ", affine=" << options.affine() << ", track_running_stats=" << options.track_running_stats()
-         << ", group of " << group_.size() << ")";
+         << (group_ ? ", group of " + std::to_string(group_->size()) : std::string(", default group")) << ")";
 }
 
 at::Tensor SyncBatchNormImpl::forward(const at::Tensor& input) {
@@ -152,7 +158,11 @@ at::Tensor SyncBatchNormImpl::forward(const at::Tensor& input) {
   const at::Tensor x = input.to(at::kDouble);
   const double count = static_cast<double>(input.numel() / c);
   at::Tensor local = at::cat({x.sum(dims), (x * x).sum(dims), at::full({1}, count, x.options())});
-  at::Tensor global = all_reduce_sum_with_grad(group_, local);
+  // No group given: the default one, looked up now as PyTorch's forward does; without one, this
+  // process's batch alone (PyTorch's SyncBatchNorm without torch.distributed).
+  const std::optional<ProcessGroup> group = group_ ? group_ : (is_initialized() ? std::optional(default_group())
+                                                                                  : std::nullopt);
+  at::Tensor global = group ? all_reduce_sum_with_grad(*group, local) : local;
   at::Tensor total = global.narrow(0, 2 * c, 1).detach();
   at::Tensor mean = global.narrow(0, 0, c) / total;
   at::Tensor var = global.narrow(0, c, c) / total - mean * mean;  // biased, as the normalisation uses
@@ -175,7 +185,7 @@ at::Tensor SyncBatchNormImpl::forward(const at::Tensor& input) {
 // ---- conversion ----------------------------------------------------------------------------
 
 std::shared_ptr<torch::nn::Module> convert_sync_batchnorm(std::shared_ptr<torch::nn::Module> module,
-                                                          const ProcessGroup& group) {
+                                                          const std::optional<ProcessGroup>& group) {
   TORCH_CHECK(module != nullptr, "cpprun::convert_sync_batchnorm: the module is null.");
   auto adopt = [&](const auto& bn) -> std::shared_ptr<torch::nn::Module> {
     SyncBatchNormImpl::Adopted tensors{bn->weight, bn->bias, bn->running_mean, bn->running_var,

@@ -2,6 +2,7 @@
 // rank's .grad the gradients averaged over all ranks, reduced in buckets while backward runs.
 //
 //   auto model = cpprun::DistributedDataParallel(net, group);   // net: std::shared_ptr<Net> or a holder
+//   auto model = cpprun::DistributedDataParallel(net);          // the default group, as PyTorch's DDP(net)
 //   torch::optim::SGD opt(model->parameters(), 0.1);
 //   auto loss = loss_fn(model->forward(x), y);
 //   loss.backward();                                             // gradients averaged here
@@ -35,6 +36,9 @@ class DistributedDataParallelImpl : public DataParallelImpl<ModuleType> {
       : Base(module, std::make_unique<detail::DdpCore>(*module, std::move(group), std::move(options))) {
     this->register_module("module", module);
   }
+  // Over the default group (init_process_group()'s), as PyTorch's process_group=None.
+  explicit DistributedDataParallelImpl(std::shared_ptr<ModuleType> module, DdpOptions options = {})
+      : DistributedDataParallelImpl(std::move(module), default_group(), std::move(options)) {}
 
   void register_comm_hook(std::shared_ptr<CommHook> hook) { ddp_core().register_comm_hook(std::move(hook)); }
 
@@ -60,6 +64,11 @@ class DistributedDataParallel : public torch::nn::ModuleHolder<DistributedDataPa
   DistributedDataParallel(const torch::nn::ModuleHolder<ModuleType>& module, ProcessGroup group,
                           DdpOptions options = {})
       : DistributedDataParallel(module.ptr(), std::move(group), std::move(options)) {}
+  // Over the default group, as PyTorch's DistributedDataParallel(module).
+  explicit DistributedDataParallel(std::shared_ptr<ModuleType> module, DdpOptions options = {})
+      : DistributedDataParallel(std::move(module), default_group(), std::move(options)) {}
+  explicit DistributedDataParallel(const torch::nn::ModuleHolder<ModuleType>& module, DdpOptions options = {})
+      : DistributedDataParallel(module.ptr(), default_group(), std::move(options)) {}
 };
 
 template <typename ModuleType>
@@ -68,5 +77,9 @@ DistributedDataParallel(std::shared_ptr<ModuleType>, ProcessGroup, DdpOptions = 
 template <typename ModuleType>
 DistributedDataParallel(torch::nn::ModuleHolder<ModuleType>, ProcessGroup, DdpOptions = {})
     -> DistributedDataParallel<ModuleType>;
+template <typename ModuleType>
+DistributedDataParallel(std::shared_ptr<ModuleType>, DdpOptions = {}) -> DistributedDataParallel<ModuleType>;
+template <typename ModuleType>
+DistributedDataParallel(torch::nn::ModuleHolder<ModuleType>, DdpOptions = {}) -> DistributedDataParallel<ModuleType>;
 
 }  // namespace cpprun

@@ -4,6 +4,7 @@
 // of the optimizer state (stage 1), of the gradients (stage 2) and of the parameters (stage 3).
 //
 //   auto model = cpprun::FullyShardedDataParallel(net, group, cpprun::FsdpOptions().stage(2));
+//   auto model = cpprun::FullyShardedDataParallel(net);    // every rank of the default group
 //   torch::optim::AdamW opt(model->parameters(), 1e-3);   // this rank's shards, by name
 //   loss_fn(model->forward(x), y).backward();              // gradients reduce-scattered
 //   opt.step();                                            // each rank steps its shards
@@ -11,7 +12,7 @@
 // model->named_parameters() are the shards under the wrapped module's own names
 // ("blocks.0.fc1.weight", ...), in its order, each tensor once (as Python lists them; a tied
 // weight under its first name): optimizer parameter groups are built from them as
-// from the unwrapped module (README, "Optimizer parameter groups"). The units (wrapped modules
+// from the unwrapped module (docs/fsdp.md, "Optimizer parameter groups"). The units (wrapped modules
 // whose parameters are gathered together) still move one all-gather and one reduce-scatter per
 // unit and dtype. Stages 1 and 2 all-gather the full parameters before the next forward; stage 3
 // gathers each unit just before an operator uses it and releases it after (see FsdpOptions).
@@ -48,6 +49,9 @@ class FullyShardedDataParallelImpl : public DataParallelImpl<ModuleType> {
       : Base(module, std::make_unique<detail::FsdpCore>(*module, std::move(group), std::nullopt, std::move(options))) {
     fsdp_core().register_shards(*this);
   }
+  // Over the default group (init_process_group()'s), as FSDP2's fully_shard(module) without a mesh.
+  explicit FullyShardedDataParallelImpl(std::shared_ptr<ModuleType> module, FsdpOptions options = {})
+      : FullyShardedDataParallelImpl(std::move(module), default_group(), std::move(options)) {}
   // A 1-D mesh: shards over it. A 2-D mesh: HSDP (hybrid sharding) shards over one dimension
   // (FsdpOptions::shard_dim, default the last) and replicates over the other: each rank holds
   // 1/size(shard_dim) of the model, the ranks with the same shard coordinate the same rows;
@@ -176,6 +180,11 @@ class FullyShardedDataParallel : public torch::nn::ModuleHolder<FullyShardedData
   FullyShardedDataParallel(const torch::nn::ModuleHolder<ModuleType>& module, const DeviceMesh& mesh,
                            FsdpOptions options = {})
       : FullyShardedDataParallel(module.ptr(), mesh, std::move(options)) {}
+  // Over the default group, as FSDP2's fully_shard(module).
+  explicit FullyShardedDataParallel(std::shared_ptr<ModuleType> module, FsdpOptions options = {})
+      : FullyShardedDataParallel(std::move(module), default_group(), std::move(options)) {}
+  explicit FullyShardedDataParallel(const torch::nn::ModuleHolder<ModuleType>& module, FsdpOptions options = {})
+      : FullyShardedDataParallel(module.ptr(), default_group(), std::move(options)) {}
 };
 
 template <typename ModuleType>
@@ -189,6 +198,11 @@ FullyShardedDataParallel(std::shared_ptr<ModuleType>, DeviceMesh, FsdpOptions = 
     -> FullyShardedDataParallel<ModuleType>;
 template <typename ModuleType>
 FullyShardedDataParallel(torch::nn::ModuleHolder<ModuleType>, DeviceMesh, FsdpOptions = {})
+    -> FullyShardedDataParallel<ModuleType>;
+template <typename ModuleType>
+FullyShardedDataParallel(std::shared_ptr<ModuleType>, FsdpOptions = {}) -> FullyShardedDataParallel<ModuleType>;
+template <typename ModuleType>
+FullyShardedDataParallel(torch::nn::ModuleHolder<ModuleType>, FsdpOptions = {})
     -> FullyShardedDataParallel<ModuleType>;
 
 }  // namespace cpprun

@@ -228,6 +228,33 @@ TEST_CASE("ddp: gradient_as_bucket_view gives the same training", "[ddp]") {
 
 // Without a hook the reducer scales gradients by 1/world as it copies them into the bucket; the
 // hook gets them unscaled and averages after the sum. Both must train the same.
+// As PyTorch's reducer: with gradient_as_bucket_view a parameter's .grad becomes its bucket's view
+// as soon as it is copied in, so autograd's own gradient is freed during backward. It became the
+// view only at the end of backward, every fresh gradient alive until then: a second copy of all
+// the gradients at the peak (an audit, 2026-12-07).
+TEST_CASE("ddp: gradient_as_bucket_view makes .grad the bucket's view during backward", "[ddp]") {
+  torch::manual_seed(1);
+  torch::nn::Sequential net(torch::nn::Linear(4, 8), torch::nn::Tanh(), torch::nn::Linear(8, 2));
+  auto ddp = cpprun::DistributedDataParallel(net, group(), cpprun::DdpOptions().gradient_as_bucket_view(true));
+  torch::optim::SGD opt(ddp->parameters(), 0.1);
+  const torch::Tensor last = net->named_parameters()["2.weight"];
+  const void* during = nullptr;
+  // The first layer's weight gets its gradient last: by then the last layer's is in its bucket.
+  net->named_parameters()["0.weight"].register_hook([&](const torch::Tensor& grad) {
+    during = last.grad().defined() ? last.grad().data_ptr() : nullptr;
+    return grad;
+  });
+  for (int step = 0; step < 3; ++step) {
+    opt.zero_grad();  // to none: each backward makes fresh gradients
+    ddp->forward(torch::randn({6, 4})).sum().backward();
+    INFO("step " << step);
+    REQUIRE(last.grad().defined());
+    // Alone, nothing is reduced and .grad stays autograd's (Note [Nothing to reduce alone]).
+    if (group().size() > 1) CHECK(during == last.grad().data_ptr());
+    opt.step();
+  }
+}
+
 TEST_CASE("ddp: allreduce_hook registered by hand trains as the built-in reduction", "[ddp]") {
   check_parity<Mlp>("mlp", "sgd", cpprun::DdpOptions(), 3, cpprun::allreduce_hook());
   check_parity<Mlp>("mlp", "sgd", cpprun::DdpOptions().gradient_as_bucket_view(true), 3, cpprun::allreduce_hook());

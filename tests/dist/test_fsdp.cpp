@@ -107,6 +107,45 @@ TEST_CASE("fsdp: ZeRO-1, ZeRO-2 and ZeRO-3 match one process, SGD-momentum and A
   }
 }
 
+// PyTorch's DistributedDataParallel(model) and fully_shard(model) take the default group when given
+// none (process_group=None, mesh=None); so do both wrappers. The tests' group() is that group.
+TEST_CASE("fsdp: given no group, DDP and FSDP train over the default group", "[fsdp]") {
+  Float64Parity float64;
+  const int rank = group().rank(), world = group().size();
+  for (int stage : {0, 3}) {
+    INFO("stage " << stage);
+    torch::manual_seed(100 + rank);  // rank 0's initial weights must win
+    auto net = std::make_shared<Mlp>();
+    auto wrap = [&]() -> cpprun::DataParallel<Mlp> {
+      if (stage == 0) return cpprun::DistributedDataParallel(net);
+      return cpprun::FullyShardedDataParallel(net, per_linear(stage));
+    };
+    cpprun::DataParallel<Mlp> model = wrap();
+    CHECK(model->process_group().size() == world);
+    CHECK(model->process_group().rank() == rank);
+    auto ref = std::make_shared<Mlp>();
+    copy_state(*ref, *net);
+    auto opt = make_optimizer("sgd", model->parameters());
+    auto ref_opt = make_optimizer("sgd", ref->parameters());
+    for (int step = 0; step < 3; ++step) {
+      auto x = inputs_for("mlp", kGlobalBatch, step);
+      auto y = targets_for(kGlobalBatch, step);
+      opt->zero_grad();
+      torch::nn::functional::cross_entropy(model->forward(slice(x, rank, world)), slice(y, rank, world)).backward();
+      opt->step();
+      ref_opt->zero_grad();
+      reference_backward([&](torch::Tensor in) { return ref->forward(in); }, x, y, world);
+      ref_opt->step();
+    }
+    model->gather_full_parameters();
+    check_same_parameters(*net, *ref, kParityTolerance);
+  }
+  // Module holders too, as with a group.
+  torch::nn::Linear linear(3, 2);
+  CHECK(cpprun::DistributedDataParallel(linear, cpprun::DdpOptions())->process_group().size() == world);
+  CHECK(cpprun::FullyShardedDataParallel(torch::nn::Linear(3, 2))->process_group().size() == world);
+}
+
 TEST_CASE("fsdp: ZeRO-3 matches with a root unit, a unit used twice, and every scheduling option", "[fsdp]") {
   auto blocks = cpprun::FsdpOptions().stage(3).wrap_policy(is_block);
   for (const std::string optimizer : {"sgd", "adamw"}) {

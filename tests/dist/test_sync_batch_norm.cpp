@@ -35,20 +35,23 @@ torch::Tensor inputs(const std::string& model, int64_t step) {
   return model == "cnn" ? torch::randn({kGlobalBatch, 1, 8, 8}) * 2 + 1 : torch::randn({kGlobalBatch, 10}) * 3;
 }
 
-void check_training_matches(const std::string& model) {
+// given_group false: the layers and DDP are given no group and take the default one (group()).
+void check_training_matches(const std::string& model, bool given_group = true) {
   const int rank = group().rank(), world = group().size();
   ddp_test::Float64Parity float64;  // See Note [Parity in float64]
   torch::manual_seed(7);  // the same initial weights everywhere
   torch::nn::Sequential net = model == "cnn" ? make_cnn() : make_mlp();
   torch::nn::Sequential ref = model == "cnn" ? make_cnn() : make_mlp();
   ddp_test::copy_state(*ref, *net);
-  auto converted = cpprun::convert_sync_batchnorm(net.ptr(), group());
+  auto converted = given_group ? cpprun::convert_sync_batchnorm(net.ptr(), group())
+                               : cpprun::convert_sync_batchnorm(net.ptr());
   CHECK(converted == net.ptr());
   int synced = 0;
   for (const auto& m : net->modules()) synced += dynamic_cast<cpprun::SyncBatchNormImpl*>(m.get()) != nullptr;
   CHECK(synced == (model == "cnn" ? 2 : 1));
 
-  auto ddp = cpprun::DistributedDataParallel(net, group());
+  auto ddp = given_group ? cpprun::DistributedDataParallel(net, group()) : cpprun::DistributedDataParallel(net);
+  CHECK(ddp->process_group().size() == world);
   torch::optim::SGD opt(ddp->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
   torch::optim::SGD ref_opt(ref->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
   for (int64_t step = 0; step < 4; ++step) {
@@ -89,6 +92,13 @@ TEST_CASE("sync batch norm: DDP with SyncBatchNorm2d trains as one process with 
 
 TEST_CASE("sync batch norm: DDP with SyncBatchNorm1d trains as one process with BatchNorm1d", "[syncbn]") {
   check_training_matches("mlp");
+}
+
+// As torch.nn.SyncBatchNorm(process_group=None), convert_sync_batchnorm(module) and DDP(module).
+TEST_CASE("sync batch norm: given no group, the layers and DDP sync over the default group", "[syncbn]") {
+  check_training_matches("mlp", /*given_group=*/false);
+  CHECK_FALSE(cpprun::SyncBatchNorm(4)->process_group().has_value());
+  CHECK(cpprun::SyncBatchNorm(4, group())->process_group()->size() == group().size());
 }
 
 TEST_CASE("sync batch norm: conversion shares the tensors; the layer checks its input", "[syncbn]") {

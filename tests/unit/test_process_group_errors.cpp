@@ -2,6 +2,8 @@
 // never a hang. Runs in a private network namespace (tests/run_isolated.sh) or on loopback.
 #include "catch.h"
 #include <c10/util/Exception.h>
+#include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/linear.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include <arpa/inet.h>
@@ -139,6 +141,32 @@ TEST_CASE("process group: a world of one needs no launcher", "[process_group]") 
   auto again = cpprun::init_process_group(options);  // after destroy_process_group, a new one
   CHECK(cpprun::default_group().size() == 1);
   cpprun::destroy_process_group();
+}
+
+// Without init_process_group(), DDP and FSDP given no group say what to do (PyTorch's: "Default
+// process group has not been initialized"); SyncBatchNorm given none normalises this process's
+// batch alone, as torch.nn.SyncBatchNorm does without torch.distributed.
+TEST_CASE("process group: without one, the wrappers ask for it and SyncBatchNorm runs alone", "[process_group]") {
+  REQUIRE_FALSE(cpprun::is_initialized());
+  torch::nn::Linear linear(3, 2);
+  const auto asks_for_it = Catch::Contains("call cpprun::init_process_group() first");
+  CHECK_THROWS_WITH(cpprun::DistributedDataParallel(linear), asks_for_it);
+  CHECK_THROWS_WITH(cpprun::FullyShardedDataParallel(linear), asks_for_it);
+
+  const auto options = torch::nn::BatchNormOptions(4).momentum(0.3);
+  cpprun::SyncBatchNorm sync(options);
+  torch::nn::BatchNorm1d plain(options);
+  sync->to(at::kDouble);
+  plain->to(at::kDouble);
+  at::manual_seed(3);
+  const at::Tensor x = at::randn({6, 4}, at::kDouble) * 3 + 1;
+  const at::Tensor weights = at::randn({6, 4}, at::kDouble);
+  (sync(x) * weights).sum().backward();
+  (plain(x) * weights).sum().backward();
+  CHECK(at::allclose(sync->weight.grad(), plain->weight.grad(), 1e-12, 1e-12));
+  CHECK(at::allclose(sync->bias.grad(), plain->bias.grad(), 1e-12, 1e-12));
+  CHECK(at::allclose(sync->running_mean, plain->running_mean, 1e-12, 1e-12));
+  CHECK(at::allclose(sync->running_var, plain->running_var, 1e-12, 1e-12));
 }
 
 // As torch.distributed's _get_default_timeout: NCCL's 10 minutes (default_pg_nccl_timeout), the
