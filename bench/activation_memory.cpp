@@ -35,12 +35,21 @@ struct Block : torch::nn::Module {
 int main(int argc, char** argv) {
   int64_t blocks = 8, width = 256, batch = 4096;
   bool checkpoint = false;
-  for (examples::Flags flags(argc, argv, "activation_memory"); flags.next();) {
-    if (flags.is("--blocks")) blocks = flags.number<int64_t>(1);
-    else if (flags.is("--width")) width = flags.number<int64_t>(1);
-    else if (flags.is("--batch")) batch = flags.number<int64_t>(1);
-    else if (flags.is("--checkpoint")) checkpoint = flags.number<int64_t>(0) != 0;
-    else flags.unknown();
+  try {
+    for (examples::Flags flags(argc, argv, "activation_memory"); flags.next();) {
+      if (flags.is("--help")) {
+        return examples::print_usage("usage: activation_memory [--blocks N (8)] [--width N (256)] [--batch N (4096)] "
+                                     "[--checkpoint 0|1 (0)]\n");
+      }
+      if (flags.is("--blocks")) blocks = flags.number<int64_t>(1);
+      else if (flags.is("--width")) width = flags.number<int64_t>(1);
+      else if (flags.is("--batch")) batch = flags.number<int64_t>(1);
+      else if (flags.is("--checkpoint")) checkpoint = flags.number<int64_t>(0) != 0;
+      else flags.unknown();
+    }
+  } catch (const std::invalid_argument& e) {
+    std::fprintf(stderr, "activation_memory: %s\n", e.what());
+    return 2;
   }
   torch::set_num_threads(1);
   torch::manual_seed(0);

@@ -84,7 +84,13 @@ Args parse(int argc, char** argv) {
       a.check = true;
       continue;
     }
-    if (i + 1 == argc) throw std::invalid_argument("flag " + k + " needs a value");
+    if (k == "--help") {
+      throw std::invalid_argument("flags: --mode ddp|zero1|zero2|zero3|local|allreduce (ddp) --hidden N (1024) "
+                                  "--batch N per rank (64) --warmup N (5) --steps N (20) --device cpu|cuda (cpu) "
+                                  "--frozen 0|1 (0) --bucket-view --check; scripts/bench_ddp.sh and bench_fsdp.sh "
+                                  "run it");
+    }
+    if (i + 1 == argc) throw std::invalid_argument("flag " + k + " needs a value (--help lists the flags)");
     const std::string v = argv[++i];
     if (k == "--mode") a.mode = v;
     else if (k == "--hidden") a.hidden = std::stoll(v);

@@ -210,12 +210,21 @@ Measured measure(const Sizes& s, const cpprun::DeviceMesh& mesh, Layout layout) 
 int main(int argc, char** argv) {
   Sizes s{512, 2048, 4};
   bool check = false;
-  for (examples::Flags flags(argc, argv, "tp_bytes"); flags.next();) {
-    if (flags.is("--hidden")) s.hidden = flags.number<int64_t>(1);
-    else if (flags.is("--tokens")) s.tokens = flags.number<int64_t>(16);
-    else if (flags.is("--blocks")) s.blocks = flags.number<int64_t>(1);
-    else if (flags.is("--check")) check = true;
-    else flags.unknown();
+  try {
+    for (examples::Flags flags(argc, argv, "tp_bytes"); flags.next();) {
+      if (flags.is("--help")) {
+        return examples::print_usage("usage: cpprun --nproc_per_node=4 tp_bytes [--hidden N (512)] [--tokens N (2048, "
+                                     "a multiple of 16)] [--blocks N (4)] [--check]\n");
+      }
+      if (flags.is("--hidden")) s.hidden = flags.number<int64_t>(1);
+      else if (flags.is("--tokens")) s.tokens = flags.number<int64_t>(16);
+      else if (flags.is("--blocks")) s.blocks = flags.number<int64_t>(1);
+      else if (flags.is("--check")) check = true;
+      else flags.unknown();
+    }
+  } catch (const std::invalid_argument& e) {
+    std::fprintf(stderr, "tp_bytes: %s\n", e.what());
+    return 2;
   }
   counting_allocator();  // before any tensor
   auto pg = cpprun::init_process_group();

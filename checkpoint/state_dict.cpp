@@ -193,6 +193,30 @@ PrefixFix prefix_fix(const StateDictLoadReport& report) {
   return {prefix_over(report.missing_keys, report.unexpected_keys), false};
 }
 
+namespace {
+
+// The dtypes of mismatched items that differ in dtype alone ("NAME: file bfloat16 [4, 3], module
+// float32 [4, 3]", compare_state's form, a directory's " (in FILE)" after it), as "file bfloat16,
+// module float32" once each; empty when any item differs in shape, or cannot be read so.
+std::set<std::string> dtype_only_differences(const std::vector<std::string>& mismatched) {
+  std::set<std::string> pairs;
+  for (const auto& item : mismatched) {
+    const std::size_t file = item.rfind(": file ");
+    if (file == std::string::npos) return {};
+    std::string rest = item.substr(file + 7);
+    if (const std::size_t in = rest.find(" (in "); in != std::string::npos) rest.resize(in);
+    const std::size_t module = rest.find(", module ");
+    if (module == std::string::npos) return {};
+    const std::string ours = rest.substr(0, module), theirs = rest.substr(module + 9);
+    const std::size_t a = ours.find(' '), b = theirs.find(' ');
+    if (a == std::string::npos || b == std::string::npos || ours.substr(a) != theirs.substr(b)) return {};
+    pairs.insert("file " + ours.substr(0, a) + ", module " + theirs.substr(0, b));
+  }
+  return pairs;
+}
+
+}  // namespace
+
 // `file_of`: a directory's tensors -> their files, added to each unexpected or mismatched name.
 std::string mismatch_message(const StateDictLoadReport& report, const std::string& path,
                              const std::map<std::string, std::string>& file_of) {
@@ -248,6 +272,18 @@ std::string mismatch_message(const StateDictLoadReport& report, const std::strin
                "floating-point parameters and buffers.";
   }
   if (!fix.prefix.empty()) return message;  // strict(false) would load nothing
+  // Another dtype alone (a bfloat16 export for a float32 model): strict(false) would load none of
+  // them either, so the hint says how to convert instead (PyTorch's load_state_dict casts).
+  const std::set<std::string> dtypes = dtype_only_differences(report.mismatched);
+  if (!dtypes.empty() && !integer_buffer_converted && report.missing_keys.empty() && report.unexpected_keys.empty()) {
+    std::string pairs;
+    for (const auto& pair : dtypes) pairs += (pairs.empty() ? "" : "; ") + pair;
+    return message + "\nEvery difference is of dtype alone (" + pairs + "). PyTorch's load_state_dict would "
+           "convert them; cpprun refuses, as another dtype is more often another model's file. To load it "
+           "converted: write the file in the module's dtype (PyTorch: {k: v.to(dtype) for k, v in "
+           "sd.items()}), or build the module in the file's dtype (torch::set_default_dtype before constructing "
+           "it), load, then convert its floating-point tensors. strict(false) would leave these as they are.";
+  }
   return message + "\nIs it another model's file? To load only what fits, pass StateDictOptions().strict(false).";
 }
 

@@ -29,10 +29,12 @@ class Reader {
 
   std::optional<std::string> get(const std::string& name) const { return lookup_(name); }
 
-  std::string require(const std::string& name, const char* hint = nullptr) const {
+  // set_by_launcher false: a variable this source's launcher does not set (srun and mpirun leave
+  // MASTER_ADDR to the user), so the message does not say it sets it.
+  std::string require(const std::string& name, const char* hint = nullptr, bool set_by_launcher = true) const {
     auto value = lookup_(name);
-    TORCH_CHECK(value && !value->empty(), "cpprun: environment variable ", name,
-                " is not set (it is ", setter_of(source_), "). ",
+    TORCH_CHECK(value && !value->empty(), "cpprun: environment variable ", name, " is not set",
+                set_by_launcher ? std::string(" (it is ") + setter_of(source_) + "). " : std::string(". "),
                 hint ? hint : "Start the program under a launcher, e.g. `cpprun --nproc_per_node=2 PROGRAM`.");
     return *value;
   }
@@ -88,8 +90,9 @@ void read_master(const Reader& env, DistEnv& out) {
           : "This launcher does not set it: export MASTER_ADDR=<host of rank 0> (under Slurm: "
             "$(scontrol show hostnames $SLURM_JOB_NODELIST | head -n1)) and MASTER_PORT=<free port> "
             "before starting the job.";
-  out.master_addr = env.require("MASTER_ADDR", hint);
-  env.require("MASTER_PORT", hint);
+  const bool set_by_launcher = out.source == EnvSource::kTorchrun;
+  out.master_addr = env.require("MASTER_ADDR", hint, set_by_launcher);
+  env.require("MASTER_PORT", hint, set_by_launcher);
   out.master_port = env.require_int("MASTER_PORT", 1);
   TORCH_CHECK(out.master_port <= 65535, "cpprun: MASTER_PORT=", out.master_port,
               " is not a TCP port (1..65535).");

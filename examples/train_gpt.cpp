@@ -1725,8 +1725,16 @@ int run(int argc, char** argv) {
     cpprun::write_file_atomically(opt.logits_out, lines);
   }
   // float64 to 12 digits, for comparing runs that should agree (a resumed one with one uninterrupted).
-  std::printf(float64 ? "first loss %.12f, held-out loss %.12f\n" : "first loss %.4f, held-out loss %.4f\n", first_loss,
-              val.item<double>());
+  // No step here (--steps 0 to evaluate or export a model, a resume with none left): no first loss
+  // to show (it said "first loss 0.0000").
+  if (losses.empty()) {
+    std::printf(float64 ? "no training step in this run, held-out loss %.12f\n"
+                        : "no training step in this run, held-out loss %.4f\n",
+                val.item<double>());
+  } else {
+    std::printf(float64 ? "first loss %.12f, held-out loss %.12f\n" : "first loss %.4f, held-out loss %.4f\n",
+                first_loss, val.item<double>());
+  }
   std::printf("%.0f tokens/s over %d ranks; peak memory per rank %.0f MB (the largest rank's resident memory)\n",
               tokens / seconds, group.size(), peak.item<double>());
   if (gpu_peak_mb >= 0) std::printf("peak GPU memory per rank %.0f MB (the CUDA allocator's, the largest rank's)\n", gpu_peak_mb);

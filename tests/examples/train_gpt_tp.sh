@@ -76,6 +76,8 @@ export)
   grep -qF "exported to $tmp/hf" "$tmp/out" || fail "train_gpt --tp 2 did not say it exported"
   # The same values computed the same way (an unsplit model): equal to the last digit.
   run loaded 1 --init-from "$tmp/hf" --steps 0 --sample 0
+  # No step: no "first loss" (it printed 0.0000).
+  grep -qE "^no training step in this run, held-out loss [0-9.]+$" "$tmp/out" || fail "--steps 0 did not say so"
   echo -n "exported vs loaded in one process: " && same "$tmp/trained.logits" "$tmp/loaded.logits" 0 "--init-from the export"
   run loaded_tp2 2 --init-from "$tmp/hf" --steps 0 --sample 0 --tp 2
   echo -n "exported vs loaded with --tp 2: " && same "$tmp/trained.logits" "$tmp/loaded_tp2.logits" 0 "--tp 2 --init-from the export"

@@ -72,6 +72,8 @@ TEST_CASE("env: Slurm variables are read when RANK is absent", "[env]") {
   // Slurm does not set MASTER_ADDR: the error says how to.
   CHECK_THROWS_WITH(read(without(slurm, "MASTER_ADDR")),
                     Catch::Contains("MASTER_ADDR is not set") && Catch::Contains("scontrol show hostnames"));
+  // ... and does not say that srun sets it (it said "(it is set by srun for each task)").
+  CHECK_THROWS_WITH(read(without(slurm, "MASTER_ADDR")), !Catch::Contains("set by srun"));
 }
 
 TEST_CASE("env: Open MPI variables are read when RANK and SLURM_PROCID are absent", "[env]") {

@@ -166,6 +166,33 @@ TEST_CASE("state_dict: a BatchNorm whose module->to(dtype) converted num_batches
              !Catch::Matchers::Contains("module->to(dtype)"));
 }
 
+// A half-precision export for a float32 model: strict(false), which the usual hint offers, would load
+// none of it, so the message says how to convert instead (PyTorch's load_state_dict casts).
+TEST_CASE("state_dict: a file that differs in dtype alone is told how to load it converted", "[state_dict]") {
+  scratch::ScratchDir dir("state_dict_dtype_only");
+  for (const char* name : {"h.safetensors", "h.pt"}) {
+    const std::string path = (dir.path / name).string();
+    auto half = torch::nn::Sequential(torch::nn::Linear(4, 3), torch::nn::Linear(3, 2));
+    half->to(torch::kBFloat16);
+    cpprun::save_state_dict(half, path);
+    auto net = torch::nn::Sequential(torch::nn::Linear(4, 3), torch::nn::Linear(3, 2));
+    const std::string message = error_text_of([&] { cpprun::load_state_dict(net, path); });
+    CHECK_THAT(message, Catch::Matchers::Contains("0.weight: file bfloat16 [3, 4], module float32 [3, 4]"));
+    CHECK_THAT(message, Catch::Matchers::Contains(
+                            "Every difference is of dtype alone (file bfloat16, module float32). PyTorch's"));
+    CHECK_THAT(message, !Catch::Matchers::Contains("To load only what fits"));
+  }
+  // A difference of shape too: the usual hint, not this one.
+  const std::string path = (dir.path / "mixed.safetensors").string();
+  auto other = torch::nn::Sequential(torch::nn::Linear(4, 5), torch::nn::Linear(5, 2));
+  other->to(torch::kBFloat16);
+  cpprun::save_state_dict(other, path);
+  auto net = torch::nn::Sequential(torch::nn::Linear(4, 3), torch::nn::Linear(3, 2));
+  const std::string message = error_text_of([&] { cpprun::load_state_dict(net, path); });
+  CHECK_THAT(message, !Catch::Matchers::Contains("of dtype alone"));
+  CHECK_THAT(message, Catch::Matchers::Contains("To load only what fits"));
+}
+
 TEST_CASE("load_full_state_dict: real numbers convert, a bool or complex one is refused rather than cast", "[state_dict]") {
   scratch::ScratchDir dir("full_state_dtypes");
   const std::string path = (dir.path / "full.pt").string();
