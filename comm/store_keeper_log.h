@@ -13,9 +13,12 @@ namespace cpprun::keeper {
 // client. Written straight to cpprun's stderr, a stranger's flood filled the console (3.4 MB in
 // 6 s), and once that stderr stopped being read the server thread blocked in write() and the job's
 // own workers waited on their store until they timed out (an audit, 2026-12-07). So the keeper's
-// stderr is a pipe of its own whose writes never block (a full pipe drops them), and a thread
-// relays it to the console: a burst of lines, then a trickle, the rest counted and named in one
-// line; where the console is a pipe or terminal, the relay's own writes do not block either.
+// stderr is a pipe of its own whose writes never block (a full pipe drops them, counted; std::cerr
+// writes through a buffer that never turns the stream bad), and a thread relays it to the console:
+// a burst of lines, then a trickle, the rest counted and named in one line. Where the console is a
+// pipe or terminal the relay's writes do not block either: a line the console takes none of now
+// is left out (counted) and the relay goes on reading. A terminate puts stderr back on the console
+// first, so that an abnormal end is still told.
 
 // Which lines pass: `burst` at once, then `per_second` a second on average; the others are counted
 // so that one line can say how many were left out.

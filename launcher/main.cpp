@@ -181,6 +181,7 @@ int run(const LaunchConfig& config) {
     RankLayout ranks = single_node_layout(config.nproc_per_node);
     if (config.agent_store) {
       if (held_store_socket) {
+        held_store_socket->drop_waiting_connections();  // Note [A fixed store port is held between rounds]
         store.emplace(keeper_settings, *held_store_socket, relay);
       } else {
         store.emplace(keeper_settings, single_node_store(config), "", relay);

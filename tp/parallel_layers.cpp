@@ -8,6 +8,7 @@
 #include "comm/group_membership.h"
 #include "core/split_parameter_registry.h"
 #include "cpprun/tensor_parallel.h"
+#include "tp/parallel_layer_checks.h"
 #include "tp/tp_collectives.h"
 
 namespace cpprun {
@@ -33,17 +34,50 @@ void refuse_embedding_options(const torch::nn::EmbeddingOptions& o, const char* 
 
 }  // namespace
 
-ColwiseParallelLinearImpl::ColwiseParallelLinearImpl(const torch::nn::LinearImpl& full, ProcessGroup group,
-                                                     ColwiseParallel style)
-    : in_features(full.options.in_features()), out_features(full.options.out_features()),
-      group_(std::move(group)), style_(style) {
-  check_member(group_, "ColwiseParallelLinear");
-  const Placement in = style_.input_layouts(), out = style_.output_layouts();
+namespace detail {
+
+void check_colwise_linear(const ColwiseParallel& style) {
+  const Placement in = style.input_layouts(), out = style.output_layouts();
   TORCH_CHECK(in.is_replicate() || (in.dim != -1 && in.dim >= 0),
               "cpprun::ColwiseParallel: input_layouts ", in.str(), " is not supported for a Linear: use "
               "Replicate() or Shard(d) with d the sequence dimension (>= 0; the input's features are whole).");
   TORCH_CHECK(out.is_replicate() || out.dim == -1, "cpprun::ColwiseParallel: output_layouts ", out.str(),
               " is not supported: use Shard(-1) (the output features stay split) or Replicate().");
+}
+
+void check_rowwise_linear(const RowwiseParallel& style) {
+  const Placement in = style.input_layouts();
+  TORCH_CHECK(in.is_replicate() || in.dim == -1, "cpprun::RowwiseParallel: input_layouts ", in.str(),
+              " is not supported for a Linear: use Shard(-1) (the input features arrive split, e.g. from a "
+              "ColwiseParallel) or Replicate() (split here).");
+}
+
+void check_vocab_parallel_embedding(const torch::nn::EmbeddingOptions& options, const RowwiseParallel& style) {
+  refuse_embedding_options(options, "RowwiseParallel");
+  const Placement out = style.output_layouts();
+  TORCH_CHECK(out.is_replicate() || out.dim >= 0, "cpprun::RowwiseParallel: output_layouts ", out.str(),
+              " is not supported for an Embedding: use Replicate() or Shard(d) with d the sequence dimension.");
+}
+
+void check_colwise_embedding(const torch::nn::EmbeddingOptions& options, const ColwiseParallel& style) {
+  refuse_embedding_options(options, "ColwiseParallel");
+  TORCH_CHECK(style.input_layouts().is_replicate(), "cpprun::ColwiseParallel: input_layouts ",
+              style.input_layouts().str(), " is not supported for an Embedding: its input (the token ids) is "
+              "Replicate() on every rank.");
+  const Placement out = style.output_layouts();
+  TORCH_CHECK(out.is_replicate() || out.dim == -1, "cpprun::ColwiseParallel: output_layouts ", out.str(),
+              " is not supported for an Embedding: use Shard(-1) (the embedding dimension stays split) or "
+              "Replicate().");
+}
+
+}  // namespace detail
+
+ColwiseParallelLinearImpl::ColwiseParallelLinearImpl(const torch::nn::LinearImpl& full, ProcessGroup group,
+                                                     ColwiseParallel style)
+    : in_features(full.options.in_features()), out_features(full.options.out_features()),
+      group_(std::move(group)), style_(style) {
+  check_member(group_, "ColwiseParallelLinear");
+  detail::check_colwise_linear(style_);
   weight = register_parameter("weight", shard_of(full.weight, group_, 0, "ColwiseParallel"),
                               full.weight.requires_grad());
   if (full.bias.defined()) {
@@ -85,10 +119,7 @@ RowwiseParallelLinearImpl::RowwiseParallelLinearImpl(const torch::nn::LinearImpl
     : in_features(full.options.in_features()), out_features(full.options.out_features()),
       group_(std::move(group)), style_(style) {
   check_member(group_, "RowwiseParallelLinear");
-  const Placement in = style_.input_layouts();
-  TORCH_CHECK(in.is_replicate() || in.dim == -1, "cpprun::RowwiseParallel: input_layouts ", in.str(),
-              " is not supported for a Linear: use Shard(-1) (the input features arrive split, e.g. from a "
-              "ColwiseParallel) or Replicate() (split here).");
+  detail::check_rowwise_linear(style_);
   weight = register_parameter("weight", shard_of(full.weight, group_, 1, "RowwiseParallel"),
                               full.weight.requires_grad());
   if (full.bias.defined()) {
@@ -137,10 +168,7 @@ VocabParallelEmbeddingImpl::VocabParallelEmbeddingImpl(const torch::nn::Embeddin
     : num_embeddings(full.weight.size(0)), embedding_dim(full.weight.size(1)), group_(std::move(group)),
       style_(style) {
   check_member(group_, "VocabParallelEmbedding");
-  refuse_embedding_options(full.options, "RowwiseParallel");
-  const Placement out = style_.output_layouts();
-  TORCH_CHECK(out.is_replicate() || out.dim >= 0, "cpprun::RowwiseParallel: output_layouts ", out.str(),
-              " is not supported for an Embedding: use Replicate() or Shard(d) with d the sequence dimension.");
+  detail::check_vocab_parallel_embedding(full.options, style_);
   weight = register_parameter("weight", shard_of(full.weight, group_, 0, "RowwiseParallel"),
                               full.weight.requires_grad());
   vocab_start_ = group_.rank() * weight.size(0);
@@ -205,14 +233,7 @@ ColwiseParallelEmbeddingImpl::ColwiseParallelEmbeddingImpl(const torch::nn::Embe
     : num_embeddings(full.weight.size(0)), embedding_dim(full.weight.size(1)), group_(std::move(group)),
       style_(style) {
   check_member(group_, "ColwiseParallelEmbedding");
-  refuse_embedding_options(full.options, "ColwiseParallel");
-  TORCH_CHECK(style_.input_layouts().is_replicate(), "cpprun::ColwiseParallel: input_layouts ",
-              style_.input_layouts().str(), " is not supported for an Embedding: its input (the token ids) is "
-              "Replicate() on every rank.");
-  const Placement out = style_.output_layouts();
-  TORCH_CHECK(out.is_replicate() || out.dim == -1, "cpprun::ColwiseParallel: output_layouts ", out.str(),
-              " is not supported for an Embedding: use Shard(-1) (the embedding dimension stays split) or "
-              "Replicate().");
+  detail::check_colwise_embedding(full.options, style_);
   weight = register_parameter("weight", shard_of(full.weight, group_, 1, "ColwiseParallel"),
                               full.weight.requires_grad());
   detail::register_split_parameters(*this, *this);  // Note [Split parameters in a parameter list]

@@ -23,6 +23,7 @@
 #include "cpprun/deferred_init.h"
 #include "cpprun/object_collectives.h"
 #include "cpprun/tensor_parallel.h"
+#include "tp/parallel_layer_checks.h"
 
 namespace cpprun {
 
@@ -136,10 +137,12 @@ void agree_on_parameters(torch::nn::Module& module, const ProcessGroup& group) {
 // Made for every entry before any is built, so that a plan with a mistake leaves the module whole.
 void check_plannable(const std::string& name, torch::nn::Module& child, const ParallelStyle& style, int tp) {
   if (std::get_if<SequenceParallel>(&style)) {
-    TORCH_CHECK(dynamic_cast<torch::nn::DropoutImpl*>(&child) || dynamic_cast<torch::nn::LayerNormImpl*>(&child),
+    auto* dropout = dynamic_cast<torch::nn::DropoutImpl*>(&child);
+    TORCH_CHECK(dropout || dynamic_cast<torch::nn::LayerNormImpl*>(&child),
                 "cpprun::parallelize_module: \"", name, "\" is a ", child.name(), "; SequenceParallel "
                 "applies to torch::nn::LayerNorm and torch::nn::Dropout only (other parameter-free modules, such "
                 "as GELU, need no plan entry).");
+    if (dropout) detail::check_sequence_parallel_dropout(dropout->options);
     return;
   }
   auto* linear = dynamic_cast<torch::nn::LinearImpl*>(&child);
@@ -147,15 +150,20 @@ void check_plannable(const std::string& name, torch::nn::Module& child, const Pa
   TORCH_CHECK(linear || embedding, "cpprun::parallelize_module: \"", name, "\" is a ", child.name(), "; ",
               style_name(style), " applies to torch::nn::Linear and torch::nn::Embedding modules only (a "
               "submodule parallelized already cannot be planned twice).");
-  if (std::get_if<ColwiseParallel>(&style)) {
+  // The layers' own refusals (tp/parallel_layer_checks.h) come first, as their constructors make them.
+  if (const auto* colwise = std::get_if<ColwiseParallel>(&style)) {
     if (embedding) {
+      detail::check_colwise_embedding(embedding->options, *colwise);
       check_divides(name, "ColwiseParallel", "embedding dimension", embedding->weight.size(1), tp);
     } else {
+      detail::check_colwise_linear(*colwise);
       check_divides(name, "ColwiseParallel", "output features", linear->options.out_features(), tp);
     }
   } else if (linear) {
+    detail::check_rowwise_linear(std::get<RowwiseParallel>(style));
     check_divides(name, "RowwiseParallel", "input features", linear->options.in_features(), tp);
   } else {
+    detail::check_vocab_parallel_embedding(embedding->options, std::get<RowwiseParallel>(style));
     check_divides(name, "RowwiseParallel", "vocabulary (num_embeddings)", embedding->weight.size(0), tp);
   }
 }
@@ -289,8 +297,10 @@ std::shared_ptr<torch::nn::Module> parallelize_module(std::shared_ptr<torch::nn:
       plan.emplace_back(name, style);
     }
   }
-  // Every entry is found and built before anything is replaced: a plan with a typo or a split
-  // that does not divide leaves the module whole (and fails alike on every rank).
+  // Every entry is found and checked before anything is replaced: a plan with a typo, a split
+  // that does not divide or a layout or option a layer refuses leaves the module whole (and fails
+  // alike on every rank). Only what fails while cutting (memory, a collective) can leave it part
+  // replaced.
   std::vector<Located> targets;
   for (const auto& [name, style] : plan) targets.push_back(locate(module, name));
   refuse_broken_ties(*module, plan, targets);

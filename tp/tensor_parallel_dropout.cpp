@@ -7,8 +7,14 @@
 #include <vector>
 
 #include "cpprun/tensor_parallel.h"
+#include "tp/parallel_layer_checks.h"
 
 namespace cpprun {
+
+void detail::check_sequence_parallel_dropout(const torch::nn::DropoutOptions& options) {
+  TORCH_CHECK(!options.inplace(), "cpprun::SequenceParallel: an in-place Dropout is not supported; construct it "
+              "with inplace(false).");
+}
 
 at::Tensor tensor_parallel_dropout(const at::Tensor& input, double p, bool train, const ProcessGroup& group,
                                    int64_t dim) {
@@ -32,8 +38,7 @@ at::Tensor tensor_parallel_dropout(const at::Tensor& input, double p, bool train
 SequenceParallelDropoutImpl::SequenceParallelDropoutImpl(const torch::nn::DropoutImpl& full, ProcessGroup group,
                                                          SequenceParallel style)
     : p(full.options.p()), group_(std::move(group)), style_(style) {
-  TORCH_CHECK(!full.options.inplace(), "cpprun::SequenceParallel: an in-place Dropout is not supported; construct it "
-              "with inplace(false).");
+  detail::check_sequence_parallel_dropout(full.options);
   TORCH_CHECK(group_.is_member(), "cpprun::SequenceParallelDropout: this rank is not a member of the "
               "tensor-parallel group.");
   train(full.is_training());

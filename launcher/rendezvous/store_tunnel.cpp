@@ -193,8 +193,14 @@ void TunnelState::on_open(const NodeMessage& m, Actions& out) {
     out.push_back(send(NodeMessage::make_close(m.channel)));
     return;
   }
-  if (channels_.size() >= max_channels_) {
-    out = violation("opened " + channel_words(m.channel) + " while " + std::to_string(channels_.size()) +
+  // The peer counts the channels it has not closed; a channel it closed that still delivers here
+  // (closed_while_connecting, kPeerClosed) is no longer among them.
+  std::size_t peer_open = 0;
+  for (const auto& entry : channels_) {
+    peer_open += entry.second.state != ChannelState::kPeerClosed && !entry.second.closed_while_connecting;
+  }
+  if (peer_open >= max_channels_) {
+    out = violation("opened " + channel_words(m.channel) + " while " + std::to_string(peer_open) +
                     " were open; at most " + std::to_string(max_channels_) + " may be");
     return;
   }

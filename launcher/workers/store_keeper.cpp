@@ -3,6 +3,7 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -96,6 +97,20 @@ StoreSocket::StoreSocket(const StoreSocketPlan& plan, const std::string& port_fl
 
 StoreSocket::~StoreSocket() {
   if (fd_ >= 0) close(fd_);
+}
+
+int StoreSocket::drop_waiting_connections() const {
+  int dropped = 0;
+  for (pollfd waiting{fd_, POLLIN, 0}; poll(&waiting, 1, 0) > 0 && (waiting.revents & POLLIN); waiting.revents = 0) {
+    const int connection = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (connection < 0) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      break;  // EAGAIN: another took it; anything else: nothing to drop
+    }
+    close(connection);
+    ++dropped;
+  }
+  return dropped;
 }
 
 StoreKeeper::StoreKeeper(const KeeperSettings& settings, const StoreSocketPlan& plan, const std::string& port_flag,

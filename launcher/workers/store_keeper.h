@@ -24,8 +24,10 @@ class SignalRelay;
 // (a fresh store), but a port the user fixed (--master_port) is bound once and held by cpprun for
 // the whole job, each keeper serving a copy of it, as torchrun's agent keeps its store listening
 // through restarts. Bound anew each round, the port was free during the restart wait, and any
-// local process that took it then ended the job with restarts left (an audit, 2026-12-07). Between
-// rounds a connection waits in the backlog for the next keeper instead of being refused.
+// local process that took it then ended the job with restarts left (an audit, 2026-12-07). What
+// connects between rounds (a straggler of the round before, a stranger) waits in the backlog, and
+// is closed before the next keeper starts (drop_waiting_connections): it must not reach the new
+// round's fresh store.
 class StoreSocket {
  public:
   StoreSocket(const StoreSocketPlan& plan, const std::string& port_flag);
@@ -36,6 +38,8 @@ class StoreSocket {
   int fd() const { return fd_; }
   const std::string& address() const { return address_; }
   int port() const { return port_; }
+  // Accepts and closes every connection in the backlog; the number closed.
+  int drop_waiting_connections() const;
 
  private:
   int fd_ = -1;

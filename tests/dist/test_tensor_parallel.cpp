@@ -233,6 +233,16 @@ TEST_CASE("tensor parallel: parallelize_module holds one entry's shard beyond th
   const int64_t shard = kFeatures * kFeatures * 4 / world;
   INFO("parallelize_module's peak beyond the model: " << extra << " bytes; one shard " << shard);
   CHECK(extra < shard * 3 / 2);  // all four shards, beside the whole weights, at once before
+
+  // A refusal a layer makes (here an Embedding option, after a valid entry) still comes before
+  // anything is replaced: the module stays whole.
+  torch::nn::Sequential lm(torch::nn::Linear(12, 24),
+                           torch::nn::Embedding(torch::nn::EmbeddingOptions(24, 12).padding_idx(0)));
+  CHECK_THROWS_WITH(cpprun::parallelize_module(lm.ptr(), group(), {{"0", cpprun::ColwiseParallel()},
+                                                                  {"1", cpprun::RowwiseParallel()}}),
+                    Catch::Contains("padding_idx"));
+  CHECK(lm[0]->as<torch::nn::Linear>() != nullptr);
+  CHECK(lm->named_children()["0"]->as<torch::nn::Linear>() != nullptr);
 }
 
 TEST_CASE("tensor parallel: tensor_parallel_splits names each split parameter, its dimension and group", "[tp]") {

@@ -16,6 +16,7 @@
 #include <fstream>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "comm/store_keeper_log.h"
 #include "scratch_dir.h"
@@ -262,6 +263,32 @@ TEST_CASE("store_keeper: a keeper that exits at once; a port that is taken", "[s
   CHECK_THAT(in_use.what(), Contains("cannot listen for the workers' store at 127.0.0.1:" + std::to_string(port) +
                                      " (--master_port=" + std::to_string(port) + "): Address already in use"));
   CHECK_THAT(in_use.what(), Contains("leave --master_port out for a free one"));
+}
+
+// Note [A fixed store port is held between rounds]: what connected while no keeper served is closed
+// before the next keeper starts; the socket goes on listening.
+TEST_CASE("store_keeper: a held socket drops the connections made between rounds", "[store_keeper]") {
+  const StoreSocket held(plan_store_socket(StoreReach::kLoopback, false, 0), "--master_port");
+  sockaddr_in at{};
+  at.sin_family = AF_INET;
+  at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  at.sin_port = htons(static_cast<uint16_t>(held.port()));
+  std::vector<int> clients;
+  for (int i = 0; i < 3; ++i) {
+    clients.push_back(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    REQUIRE(connect(clients.back(), reinterpret_cast<const sockaddr*>(&at), sizeof(at)) == 0);
+    REQUIRE(write(clients.back(), "set", 3) == 3);
+  }
+  CHECK(held.drop_waiting_connections() == 3);
+  CHECK(held.drop_waiting_connections() == 0);  // none left, and no wait
+  for (const int client : clients) {
+    char byte = 0;
+    CHECK(read(client, &byte, 1) <= 0);  // closed by the listener's side: EOF or reset
+    close(client);
+  }
+  const int late = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  CHECK(connect(late, reinterpret_cast<const sockaddr*>(&at), sizeof(at)) == 0);  // still listening
+  close(late);
 }
 
 TEST_CASE("store_keeper: a keeper that cannot be executed is named", "[store_keeper]") {

@@ -406,6 +406,24 @@ TEST_CASE("store_tunnel: a 257th open channel closes the link", "[store_tunnel]"
   CHECK(host.closed.size() == kMinChannelCap + 1);  // every one, and the one closed before
 }
 
+// A channel the member closed while node 0's store connect was under way stays here until its bytes
+// are delivered, but the member no longer counts it: it is not held against the cap (the member,
+// at its cap again, opened one more, and the host called the link a breach of it).
+TEST_CASE("store_tunnel: a channel closed before the store is up does not count against the cap",
+          "[store_tunnel]") {
+  Side host(LinkSide::kHost);
+  host.apply(host.state.on_round_started(0));
+  const int cap = static_cast<int>(kMinChannelCap);
+  host.apply(host.state.on_peer(NodeMessage::make_open(0, 1)));
+  host.apply(host.state.on_peer(NodeMessage::make_data(1, "VALIDATE and a set")));
+  host.apply(host.state.on_peer(NodeMessage::make_close(1)));  // the store is not up yet
+  for (int id = 2; id <= cap + 1; ++id) host.apply(host.state.on_peer(NodeMessage::make_open(0, id)));
+  CHECK(host.violations.empty());
+  CHECK(host.state.open_channels() == kMinChannelCap + 1);
+  host.apply(host.state.on_peer(NodeMessage::make_open(0, cap + 2)));
+  CHECK(host.violations == std::vector<std::string>{"opened channel 258 while 256 were open; at most 256 may be"});
+}
+
 // Note [Channels a node may hold]: a fixed cap of 256 left a node's 257th worker waiting in the
 // listener's backlog until its store timeout.
 TEST_CASE("store_tunnel: the channel cap grows with the member's workers, within bounds", "[store_tunnel]") {

@@ -75,11 +75,13 @@ lines=$(wc -l <"$WORK/err")
 expect_in_file "$WORK/err" "line(s) of the workers' store's log left out" "what was left out, counted"
 rm -f "$WORK/port" "$WORK/flooded"
 
-# (2) A fixed --master_port, and a process trying to take it for 3 s from attempt 0's start, which
-# covers the 2 s restart wait (attempt 1 lives 4 s, so the job holds the port all that time).
+# (2) A fixed --master_port, and a process trying to take it for 3 s; attempt 0 fails only once the
+# process is trying, so its 3 s cover the 2 s restart wait (attempt 1 lives 4 s: the job holds the
+# port all that time).
 cat >"$WORK/squat.py" <<'PY'
 import socket, sys, time
 port, deadline = int(sys.argv[1]), time.monotonic() + float(sys.argv[2])
+open(sys.argv[3], "w").close()  # trying from now on
 while time.monotonic() < deadline:
     s = socket.socket()
     try:
@@ -95,11 +97,13 @@ print("never took the port", flush=True)
 PY
 { CPPRUN_TEST_TAG=$WORK timeout 100 "$CPPRUN" --nproc_per_node=1 --max_restarts=1 --restart_backoff=2 \
     --master_port=29563 /bin/sh -c "echo \"\$MASTER_PORT\" >$WORK/port;
-      [ \"\$TORCHELASTIC_RESTART_COUNT\" = 1 ] && sleep 4 && echo 'attempt 1 ran' || exit 3" >"$WORK/out" 2>"$WORK/err";
+      if [ \"\$TORCHELASTIC_RESTART_COUNT\" = 1 ]; then sleep 4; echo 'attempt 1 ran'; exit 0; fi
+      i=0; while [ ! -e $WORK/squatting ] && [ \$i -lt 300 ]; do sleep 0.1; i=\$((i+1)); done; exit 3" \
+    >"$WORK/out" 2>"$WORK/err";
   echo $? >"$WORK/rc"; } &
 job=$!
 for i in $(seq 300); do [ -s "$WORK/port" ] && break; sleep 0.1; done
-timeout 30 python3 "$WORK/squat.py" 29563 3 >"$WORK/squat" 2>&1
+timeout 30 python3 "$WORK/squat.py" 29563 3 "$WORK/squatting" >"$WORK/squat" 2>&1
 wait "$job"
 expect_in_file "$WORK/squat" "never took the port" "the port during the restart wait"
 expect_eq "$(cat "$WORK/rc")" 0 "exit code after the restart"
