@@ -34,8 +34,7 @@ class LogLineBudget {
       tokens_ -= 1;
       return true;
     }
-    if (left_out_ == 0) first_left_out_s_ = now_s;
-    ++left_out_;
+    left_out(now_s);
     return false;
   }
   // A line that passed but could not be written (a console that takes nothing now) counts as left out.

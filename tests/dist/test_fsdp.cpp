@@ -44,19 +44,13 @@ cpprun::DataParallel<Mlp> ddp_or_fsdp(const std::shared_ptr<Mlp>& net, int stage
 }
 
 
-// options_for: the options for this net (manual wrapping names its submodules).
-template <typename Net = Mlp>
-void check_parity(const std::function<cpprun::FsdpOptions(Net&)>& options_for, const std::string& optimizer,
-                  int steps = 5) {
-  Float64Parity float64;
+// Trains `model`, which wraps `net` (rank 0's weights on every rank by now), and one process's copy
+// of `net` taken here on the same global batches, then compares the parameters.
+template <typename Net, typename Model>
+void check_trains_as_one_process(Model& model, Net& net, const std::string& optimizer, int steps) {
   const int rank = group().rank(), world = group().size();
-  torch::manual_seed(100 + rank);  // rank 0's initial weights must win
-  auto net = std::make_shared<Net>();
-  const cpprun::FsdpOptions options = options_for(*net);
-  auto model = cpprun::FullyShardedDataParallel(net, group(), options);
-  CHECK(model->bucket_count() >= 3);
   auto ref = std::make_shared<Net>();
-  copy_state(*ref, *net);
+  copy_state(*ref, net);
   auto opt = make_optimizer(optimizer, model->parameters());
   auto ref_opt = make_optimizer(optimizer, ref->parameters());
   for (int step = 0; step < steps; ++step) {
@@ -70,10 +64,23 @@ void check_parity(const std::function<cpprun::FsdpOptions(Net&)>& options_for, c
     ref_opt->step();
   }
   model->gather_full_parameters();
+  check_same_parameters(net, *ref, kParityTolerance);
+}
+
+// options_for: the options for this net (manual wrapping names its submodules).
+template <typename Net = Mlp>
+void check_parity(const std::function<cpprun::FsdpOptions(Net&)>& options_for, const std::string& optimizer,
+                  int steps = 5) {
+  Float64Parity float64;
+  torch::manual_seed(100 + group().rank());  // rank 0's initial weights must win
+  auto net = std::make_shared<Net>();
+  const cpprun::FsdpOptions options = options_for(*net);
+  auto model = cpprun::FullyShardedDataParallel(net, group(), options);
+  CHECK(model->bucket_count() >= 3);
   INFO("stage " << options.stage() << " optimizer " << optimizer << " limit " << options.gathered_unit_limit()
                 << " prefetch " << options.prefetch() << " reshard_after_forward " << options.reshard_after_forward()
                 << " cpu_offload " << options.cpu_offload());
-  check_same_parameters(*net, *ref, kParityTolerance);
+  check_trains_as_one_process(model, *net, optimizer, steps);
 }
 
 template <typename Net = Mlp>
@@ -123,22 +130,7 @@ TEST_CASE("fsdp: given no group, DDP and FSDP train over the default group", "[f
     cpprun::DataParallel<Mlp> model = wrap();
     CHECK(model->process_group().size() == world);
     CHECK(model->process_group().rank() == rank);
-    auto ref = std::make_shared<Mlp>();
-    copy_state(*ref, *net);
-    auto opt = make_optimizer("sgd", model->parameters());
-    auto ref_opt = make_optimizer("sgd", ref->parameters());
-    for (int step = 0; step < 3; ++step) {
-      auto x = inputs_for("mlp", kGlobalBatch, step);
-      auto y = targets_for(kGlobalBatch, step);
-      opt->zero_grad();
-      torch::nn::functional::cross_entropy(model->forward(slice(x, rank, world)), slice(y, rank, world)).backward();
-      opt->step();
-      ref_opt->zero_grad();
-      reference_backward([&](torch::Tensor in) { return ref->forward(in); }, x, y, world);
-      ref_opt->step();
-    }
-    model->gather_full_parameters();
-    check_same_parameters(*net, *ref, kParityTolerance);
+    check_trains_as_one_process(model, *net, "sgd", 3);
   }
   // Module holders too, as with a group.
   torch::nn::Linear linear(3, 2);

@@ -7,12 +7,9 @@
 // (Note [An asynchronous save in place] in checkpoint/async_save.cpp), and its files are the
 // synchronous save's even when training changes every tensor as soon as the call returns.
 #include "catch.h"
-#include <c10/core/CPUAllocator.h>
 #include <torch/torch.h>
 #include <unistd.h>  // getppid
 
-#include <atomic>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -27,6 +24,7 @@
 #include "checkpoint/sharded_state_dict.h"
 #include "checkpoint/state_dict.h"
 #include "cpprun/cpprun.h"
+#include "counting_allocator.h"
 #include "dist_test_support.h"
 #include "optimizer_state_check.h"
 #include "support/safetensors_index.h"
@@ -34,6 +32,8 @@
 namespace {
 
 namespace fs = std::filesystem;
+using dist_test::counting_allocator;
+using dist_test::CountingAllocator;
 using dist_test::group;
 
 // Six Linears without bias (float64) of `width` outputs: 13 or 101 rows, which divide by none of
@@ -134,56 +134,6 @@ std::string error_text_of(const std::function<void()>& call) {
 
 std::string scratch(const std::string& what) {
   return "/tmp/cpprun_sharded_save_" + what + "_" + std::to_string(::getppid()) + "/";
-}
-
-// Note [Counting the save's tensor memory]
-// Every CPU tensor's bytes, on every thread (Gloo's included), through an allocator that wraps
-// LibTorch's: its peak during a save, less what was live before, is the save's extra tensor
-// memory, which a rank holding the whole model gathered cannot keep below the model's size.
-struct CountingAllocator final : c10::Allocator {
-  struct Block {
-    c10::DataPtr inner;
-    std::size_t bytes;
-    CountingAllocator* owner;
-  };
-  c10::Allocator* inner = nullptr;
-  std::atomic<int64_t> live{0}, peak{0};
-
-  static void release(void* context) {
-    auto* block = static_cast<Block*>(context);
-    block->owner->live -= static_cast<int64_t>(block->bytes);
-    delete block;
-  }
-  // Non-zero: the next allocation of at least this many bytes fails, once (a rank out of memory).
-  std::atomic<std::size_t> fail_at_least{0};
-
-  c10::DataPtr allocate(std::size_t bytes) override {
-    if (std::size_t armed = fail_at_least.load(); armed != 0 && bytes >= armed &&
-                                                   fail_at_least.compare_exchange_strong(armed, 0)) {
-      TORCH_CHECK(false, "test: an allocation of ", bytes, " bytes made to fail on rank ", group().rank());
-    }
-    c10::DataPtr data = inner->allocate(bytes);
-    void* at = data.get();
-    const int64_t now = live += static_cast<int64_t>(bytes);
-    for (int64_t seen = peak.load(); now > seen && !peak.compare_exchange_weak(seen, now);) {
-    }
-    return {at, new Block{std::move(data), bytes, this}, &release, c10::Device(c10::kCPU)};
-  }
-  void copy_data(void* dest, const void* src, std::size_t count) const override { std::memcpy(dest, src, count); }
-  int64_t start() {
-    peak = live.load();
-    return live.load();
-  }
-};
-
-CountingAllocator& counting_allocator() {
-  static CountingAllocator* counting = [] {
-    auto* c = new CountingAllocator;  // lives as long as the tensors it made
-    c->inner = c10::GetCPUAllocator();
-    c10::SetCPUAllocator(c, /*priority=*/1);
-    return c;
-  }();
-  return *counting;
 }
 
 }  // namespace

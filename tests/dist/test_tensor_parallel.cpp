@@ -8,11 +8,8 @@
 // are compared through tensor_parallel_full_state_dict, which also loads into an unsplit model.
 // Models and data are float64, so that a wrong sum or a wrong row stands out from rounding on any CPU.
 #include "catch.h"
-#include <c10/core/CPUAllocator.h>
 #include <torch/torch.h>
 
-#include <atomic>
-#include <cstring>
 #include <map>
 #include <string>
 #include <utility>
@@ -21,6 +18,7 @@
 #include "cpprun/cpprun.h"
 #include "cpprun/tensor_parallel.h"
 #include "ddp_test_models.h"
+#include "counting_allocator.h"
 #include "dist_test_support.h"
 #include "tied_lm.h"
 #include "tp/tp_collectives.h"
@@ -56,46 +54,6 @@ torch::nn::Sequential make_lm() {
 
 double relative(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-12); }
 
-// Every CPU tensor's bytes, on every thread, through an allocator that wraps LibTorch's: the peak
-// since start() less what was live then is what a call added at its worst.
-struct PeakCounter final : c10::Allocator {
-  struct Block {
-    c10::DataPtr inner;
-    std::size_t bytes;
-    PeakCounter* owner;
-  };
-  c10::Allocator* inner = nullptr;
-  std::atomic<int64_t> live{0}, peak{0};
-
-  static void release(void* context) {
-    auto* block = static_cast<Block*>(context);
-    block->owner->live -= static_cast<int64_t>(block->bytes);
-    delete block;
-  }
-  c10::DataPtr allocate(std::size_t bytes) override {
-    c10::DataPtr data = inner->allocate(bytes);
-    void* at = data.get();
-    const int64_t now = live += static_cast<int64_t>(bytes);
-    for (int64_t seen = peak.load(); now > seen && !peak.compare_exchange_weak(seen, now);) {
-    }
-    return {at, new Block{std::move(data), bytes, this}, &release, c10::Device(c10::kCPU)};
-  }
-  void copy_data(void* dest, const void* src, std::size_t count) const override { std::memcpy(dest, src, count); }
-  int64_t start() {
-    peak = live.load();
-    return live.load();
-  }
-};
-
-PeakCounter& peak_counter() {
-  static PeakCounter* counter = [] {
-    auto* c = new PeakCounter;  // lives as long as the tensors it made
-    c->inner = c10::GetCPUAllocator();
-    c10::SetCPUAllocator(c, /*priority=*/1);
-    return c;
-  }();
-  return *counter;
-}
 
 // The parallel model's gathered state dict (tensor_parallel_full_state_dict) against the
 // reference's parameters, name by name; then loaded into a fresh unsplit model, whose output on
@@ -217,7 +175,7 @@ TEST_CASE("tensor parallel: the mappings' forward and backward", "[tp]") {
 // weights and all their shards were alive at once (a peak of 1.33x PyTorch's: an audit, 2026-12-07).
 TEST_CASE("tensor parallel: parallelize_module holds one entry's shard beyond the model at a time", "[tp]") {
   const int world = group().size();
-  PeakCounter& counter = peak_counter();
+  dist_test::CountingAllocator& counter = dist_test::counting_allocator();
   torch::manual_seed(3);
   constexpr int64_t kFeatures = 240;  // divides by 1, 2, 3 and 4
   torch::nn::Sequential net;
